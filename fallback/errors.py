@@ -1,0 +1,157 @@
+"""The one exception hierarchy of qmdbridge and its builtin engine.
+
+Every error raised on purpose derives from :class:`MemorySearchError`::
+
+    MemorySearchError
+     +-- ConfigError                 bad JSON5 or a bad value (carries file and dotted key)
+     +-- UsageError                  a bad call: empty query, bad argument
+     +-- PathRefusedError            memory_get target outside the allowed set (carries reason)
+     +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
+     |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
+     |    +-- QmdCommandError        ... because a qmd process failed (qmdbridge.runner)
+     |    +-- QmdOutputError         ... because qmd printed something we cannot parse
+     +-- IndexStoreError             a locked, read-only or corrupt SQLite store
+     +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
+     +-- ManagerClosedError          a closed MemoryManager was used
+
+Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
+``fallback/db.py``, subprocesses in ``qmdbridge/runner.py``, HTTP in
+``fallback/embeddings/_http.py``) with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendTimeoutError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "EmbeddingProviderError",
+    "IndexStoreError",
+    "ManagerClosedError",
+    "MemorySearchError",
+    "PathRefusedError",
+    "QmdOutputError",
+    "UsageError",
+]
+
+
+class MemorySearchError(Exception):
+    """Base class of every error qmdbridge raises on purpose."""
+
+
+class ConfigError(MemorySearchError):
+    """Raised when a config file cannot be parsed or a value is invalid.
+
+    Attributes:
+        file: the config file path (``None`` for values that came from code or flags).
+        key: dotted key path, e.g. ``memory.qmd.limits.timeoutMs`` (``None`` for syntax errors).
+        expected: what the value should have been, in words.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None,
+                 expected: str | None = None) -> None:
+        self.file = file
+        self.key = key
+        self.expected = expected
+        where = file or "<config>"
+        if key:
+            where += f": {key}"
+        detail = message if not expected else f"{message} (expected {expected})"
+        super().__init__(f"{where}: {detail}")
+
+
+class UsageError(MemorySearchError):
+    """Raised when a call is malformed: an empty query, a non-positive limit, and the like."""
+
+
+class PathRefusedError(MemorySearchError):
+    """Raised when ``memory_get`` is asked for something that is not a memory file.
+
+    Distinct from "not found" (a missing memory file reads as empty text).
+
+    Attributes:
+        path: the path as the caller gave it.
+        reason: short machine-friendly reason, e.g. ``escapes workspace``, ``symlink``,
+            ``not markdown``, ``absolute path``, ``parent segment``, ``not a memory path``.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"path refused: {path!r}: {reason}")
+
+
+class BackendUnavailableError(MemorySearchError):
+    """Raised when a backend cannot answer; the manager falls back on it.
+
+    Attributes:
+        backend: ``qmd`` or ``builtin``.
+        reason: one line saying why.
+    """
+
+    def __init__(self, backend: str, reason: str) -> None:
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"{backend} unavailable: {reason}")
+
+
+class BackendTimeoutError(BackendUnavailableError, TimeoutError):
+    """Raised when a backend call runs past its deadline.
+
+    Attributes:
+        timeout_ms: the deadline that was exceeded, in ms.
+        summary: the command or operation, e.g. ``qmd search foo --json -n 6``.
+    """
+
+    def __init__(self, backend: str, summary: str, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
+        self.summary = summary
+        super().__init__(backend, f"{summary} timed out after {timeout_ms}ms")
+
+
+class QmdOutputError(BackendUnavailableError):
+    """Raised when qmd's stdout cannot be parsed as search results."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("qmd", reason)
+
+
+class IndexStoreError(MemorySearchError):
+    """Raised when the SQLite store is locked past the busy timeout, read-only or corrupt.
+
+    Attributes:
+        db_path: the store file.
+    """
+
+    def __init__(self, message: str, *, db_path: str | None = None) -> None:
+        self.db_path = db_path
+        super().__init__(f"{message}" + (f" ({db_path})" if db_path else ""))
+
+
+class EmbeddingProviderError(MemorySearchError):
+    """Raised when an embedding call fails.
+
+    The message always contains the word "embedding" (the reference system keys its
+    provider fallback on that).
+
+    Attributes:
+        provider: provider id (``openai``, ``gemini``, ``local`` ...).
+        status: HTTP status code, or ``None`` for transport or local errors.
+        retryable: True for 429, 5xx and transport errors (tenacity retries on it).
+        retry_after_s: the server's Retry-After in seconds, when it sent one.
+    """
+
+    def __init__(self, provider: str, message: str, *, status: int | None = None,
+                 retryable: bool = False, retry_after_s: float | None = None) -> None:
+        self.provider = provider
+        self.status = status
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        prefix = f"{provider} embedding failed"
+        if status is not None:
+            prefix += f" (HTTP {status})"
+        super().__init__(f"{prefix}: {message}")
+
+
+class ManagerClosedError(MemorySearchError):
+    """Raised when a closed MemoryManager or engine is used."""

@@ -1,0 +1,214 @@
+"""Result and status models shared by both backends (one definition of a search hit).
+
+Conventions, stated once:
+- line numbers are 1-based and inclusive (``startLine <= endLine``);
+- ``score`` is in ``[0, 1]``, higher is better;
+- ``source`` is ``"memory"`` (Markdown memory files) or ``"sessions"`` (session transcripts);
+- lengths (snippet caps, paging budgets) are counted in code points, and no snippet or page
+  ever splits a code point;
+- paths are workspace-relative with ``/`` separators (extra paths outside the workspace may
+  start with ``../``; qmd collections outside the workspace read ``qmd/<collection>/<rel>``).
+
+All models are frozen pydantic models; JSON uses the camelCase aliases and always emits every
+key (``null`` rather than missing): dump with ``model_dump(by_alias=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "FallbackInfo",
+    "MemoryReadResult",
+    "MemorySearchResult",
+    "MemoryStatus",
+    "ScopeDecision",
+    "SearchResponse",
+    "SkippedFile",
+    "SourceCount",
+    "Source",
+]
+
+Source = Literal["memory", "sessions"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, alias_generator=to_camel,
+                              extra="ignore")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Return the JSON-ready dict: camelCase keys, every key present."""
+        return self.model_dump(by_alias=True, mode="json")
+
+
+class MemorySearchResult(_Model):
+    """One search hit.
+
+    Attributes:
+        path: workspace-relative path of the file (see module docstring).
+        start_line / end_line: 1-based inclusive line range of the chunk in that file
+            (for session transcripts: JSONL line numbers).
+        score: relevance in ``[0, 1]``, higher is better.
+        snippet: chunk text, at most ``maxSnippetChars`` (700) code points.
+        source: ``memory`` or ``sessions``.
+        citation: ``path#La-Lb`` (or ``path#La`` when one line); set by the manager.
+        vector_score / text_score: hybrid components when the builtin engine merged them.
+    """
+
+    path: str
+    start_line: int = Field(ge=1)
+    end_line: int = Field(ge=1)
+    score: float
+    snippet: str
+    source: Source = "memory"
+    citation: str | None = None
+    vector_score: float | None = None
+    text_score: float | None = None
+
+
+class MemoryReadResult(_Model):
+    """The answer of ``memory_get``.
+
+    Attributes:
+        path: the workspace-relative path that was read.
+        text: the selected lines joined by ``\\n`` (plus a continuation notice when truncated);
+            empty for a missing memory file.
+        from_line: first line returned (1-based); JSON key ``from``.
+        lines: number of file lines included.
+        truncated: True when lines remain after the page or the page was cut to the char budget.
+        next_from: the ``from`` to pass to continue, or ``None``.
+        missing: True when the file does not exist (the text is then empty).
+    """
+
+    path: str
+    text: str
+    from_line: int = Field(default=1, alias="from")
+    lines: int = 0
+    truncated: bool = False
+    next_from: int | None = None
+    missing: bool = False
+
+
+class FallbackInfo(_Model):
+    """Why an answer came from another backend than the configured one."""
+
+    from_backend: str = Field(alias="from")
+    reason: str
+
+
+class SkippedFile(_Model):
+    """A file discovery or indexing skipped (or indexed with a caveat), and why."""
+
+    path: str
+    reason: str
+
+
+class SourceCount(_Model):
+    """Indexed files and chunks for one source."""
+
+    source: Source
+    files: int
+    chunks: int
+
+
+class ScopeDecision(_Model):
+    """The outcome of the scope rules for one session key.
+
+    Attributes:
+        allowed: whether the search may run.
+        reason: one line naming the rule (or default) that decided, with the derived values.
+        chat_type: ``direct`` | ``group`` | ``channel`` | ``None`` (no key).
+        channel: derived channel, or ``None``.
+        session_key: the raw key (``None`` = owner call).
+    """
+
+    allowed: bool
+    reason: str
+    chat_type: str | None = None
+    channel: str | None = None
+    session_key: str | None = None
+
+
+class SearchResponse(_Model):
+    """What ``MemoryManager.search`` returns: the hits plus where they came from.
+
+    Attributes:
+        backend: the backend that produced the hits (``builtin`` | ``qmd`` | ``none``).
+        fallback: set when the configured backend could not answer.
+        provider / model: embedding provider and model (``none`` / ``None`` keyword-only;
+            ``qmd`` for the qmd backend).
+        mode: ``hybrid`` | ``fts-only`` | ``search`` | ``vsearch`` | ``query``.
+        citations: the citations mode in effect (``auto`` | ``on`` | ``off``).
+        results: the hits, best first.
+        denied: set (with ``results == []``) when scope rules refused the search.
+        warnings: non-fatal notes (e.g. the index was still syncing).
+    """
+
+    backend: str
+    fallback: FallbackInfo | None = None
+    provider: str | None = None
+    model: str | None = None
+    mode: str | None = None
+    citations: str = "auto"
+    results: list[MemorySearchResult] = Field(default_factory=list)
+    denied: ScopeDecision | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+class MemoryStatus(_Model):
+    """Health and counters of one backend (or of the manager, which merges both).
+
+    Attributes:
+        backend: ``builtin`` | ``qmd`` | ``none``.
+        agent_id, workspace_dir, db_path: where it works.
+        files / chunks: indexed counts over the enabled sources.
+        dirty: True when files changed since the last sync (or the watcher is degraded).
+        dirty_reason: why it is dirty, when known.
+        provider / requested_provider / model: embedding provider in use and as configured.
+        search_mode: ``hybrid`` | ``fts-only`` (builtin) or the qmd mode.
+        provider_unavailable_reason: why no embedding provider is in use, if none is.
+        sources / extra_paths / source_counts: what is indexed.
+        fts: ``{enabled, available, tokenizer, error}``.
+        vector: ``{enabled, available, mode, reason, dims, extensionPath}``; mode is
+            ``sqlite-vec`` | ``brute-force`` | ``disabled``.
+        cache: ``{enabled, entries, maxEntries}``.
+        skipped: files skipped or indexed with a caveat (binary, too large, invalid UTF-8 ...).
+        issues: human-readable problems (missing memory dir, legacy memory.md split ...).
+        last_sync_at_ms: epoch ms of the last completed sync, or ``None``.
+        fallback: set when this status is of a fallback backend.
+        healthy: False when the backend is known to be failing.
+        last_error: the last failure, one line.
+        custom: backend-specific extras (qmd: binary, version, collections, breaker ...).
+        backends: the manager's view of each backend's status (only on the manager's status).
+    """
+
+    backend: str
+    agent_id: str = "main"
+    workspace_dir: str = ""
+    db_path: str | None = None
+    files: int = 0
+    chunks: int = 0
+    dirty: bool = False
+    dirty_reason: str | None = None
+    provider: str = "none"
+    requested_provider: str | None = None
+    model: str | None = None
+    search_mode: str | None = None
+    provider_unavailable_reason: str | None = None
+    sources: list[Source] = Field(default_factory=lambda: ["memory"])
+    extra_paths: list[str] = Field(default_factory=list)
+    source_counts: list[SourceCount] = Field(default_factory=list)
+    fts: dict[str, Any] = Field(default_factory=dict)
+    vector: dict[str, Any] = Field(default_factory=dict)
+    cache: dict[str, Any] = Field(default_factory=dict)
+    skipped: list[SkippedFile] = Field(default_factory=list)
+    issues: list[str] = Field(default_factory=list)
+    last_sync_at_ms: int | None = None
+    fallback: FallbackInfo | None = None
+    healthy: bool = True
+    last_error: str | None = None
+    custom: dict[str, Any] = Field(default_factory=dict)
+    backends: dict[str, Any] = Field(default_factory=dict)

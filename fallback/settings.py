@@ -1,0 +1,346 @@
+"""Settings of the builtin engine: ``agents.defaults.memorySearch`` as pydantic models.
+
+The keys, defaults and clamping rules follow ``specs/builtin-engine-spec.md`` section 1 (E2
+behaviour) with the decisions of ``DESIGN.md`` (bounded embedding cache). Field names are
+snake_case in Python and camelCase in JSON5 (pydantic aliases), so an existing OpenClaw config
+can be loaded as is. Unknown keys are ignored.
+
+``qmdbridge.config`` composes these models into the full config; this module knows nothing
+about qmd.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "CacheSettings",
+    "ChunkingSettings",
+    "EngineSettings",
+    "HybridSettings",
+    "LocalSettings",
+    "MemorySearchSettings",
+    "MmrSettings",
+    "QuerySettings",
+    "RemoteBatchSettings",
+    "RemoteSettings",
+    "StoreSettings",
+    "SyncSettings",
+    "TemporalDecaySettings",
+    "DEFAULT_MAX_FILE_BYTES",
+]
+
+# Files larger than this are skipped by discovery (10 MiB, as the reference's multimodal cap).
+DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
+
+ProviderName = Literal[
+    "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local"
+]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
+                              validate_default=True)
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return max(lo, min(hi, x))
+
+
+class RemoteBatchSettings(_Settings):
+    """``remote.batch``: provider batch-job APIs (openai, gemini, voyage)."""
+
+    enabled: bool = False
+    wait: bool = True
+    concurrency: int = 2
+    poll_interval_ms: int = 2000
+    timeout_minutes: float = 60
+
+    @field_validator("concurrency")
+    @classmethod
+    def _min_one(cls, v: int) -> int:
+        return max(1, v)
+
+
+class RemoteSettings(_Settings):
+    """``remote``: endpoint and credentials of a remote embedding provider."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    batch: RemoteBatchSettings = Field(default_factory=RemoteBatchSettings)
+    non_batch_concurrency: int | None = None
+
+
+class LocalSettings(_Settings):
+    """``local``: the in-process GGUF model (llama-cpp-python)."""
+
+    model_path: str | None = None
+    model_cache_dir: str | None = None
+
+
+class VectorStoreSettings(_Settings):
+    """``store.vector``: sqlite-vec acceleration."""
+
+    enabled: bool = True
+    extension_path: str | None = None
+
+
+class FtsStoreSettings(_Settings):
+    """``store.fts``: FTS5 tokenizer (``unicode61`` default, or ``trigram``)."""
+
+    tokenizer: Literal["unicode61", "trigram"] = "unicode61"
+
+
+class StoreSettings(_Settings):
+    """``store``: where the index lives and how it is searched."""
+
+    path: str | None = None
+    vector: VectorStoreSettings = Field(default_factory=VectorStoreSettings)
+    fts: FtsStoreSettings = Field(default_factory=FtsStoreSettings)
+
+
+class ChunkingSettings(_Settings):
+    """``chunking``: chunk budget in tokens (4 chars per token) and overlap in tokens."""
+
+    tokens: int = 400
+    overlap: int = 80
+
+    @model_validator(mode="after")
+    def _clamp(self) -> ChunkingSettings:
+        tokens = max(1, self.tokens)
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "overlap", int(_clamp(self.overlap, 0, tokens - 1)))
+        return self
+
+
+class SessionDeltaSettings(_Settings):
+    """``sync.sessions``: transcript growth that triggers a re-sync."""
+
+    delta_bytes: int = 100_000
+    delta_messages: int = 50
+
+    @field_validator("delta_bytes", "delta_messages")
+    @classmethod
+    def _non_negative(cls, v: int) -> int:
+        return max(0, v)
+
+
+class SyncSettings(_Settings):
+    """``sync``: when the index is refreshed."""
+
+    on_session_start: bool = True
+    on_search: bool = True
+    watch: bool = True
+    watch_debounce_ms: int = 1500
+    interval_minutes: float = 0
+    sessions: SessionDeltaSettings = Field(default_factory=SessionDeltaSettings)
+    embedding_batch_timeout_seconds: float | None = None
+
+
+class MmrSettings(_Settings):
+    """``query.hybrid.mmr``: maximal marginal relevance re-ranking."""
+
+    enabled: bool = False
+    lambda_: float = Field(default=0.7, alias="lambda")
+
+    @field_validator("lambda_", mode="before")
+    @classmethod
+    def _lambda(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            return 0.7 if not math.isfinite(v) else _clamp(float(v), 0.0, 1.0)
+        return v
+
+
+class TemporalDecaySettings(_Settings):
+    """``query.hybrid.temporalDecay``: exponential decay of dated notes by half-life (days)."""
+
+    enabled: bool = False
+    half_life_days: int = 30
+
+    @field_validator("half_life_days", mode="before")
+    @classmethod
+    def _half_life(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            return 30 if not math.isfinite(v) else max(1, math.floor(v))
+        return v
+
+
+class HybridSettings(_Settings):
+    """``query.hybrid``: weights of the hybrid merge (normalised to sum 1)."""
+
+    enabled: bool = True
+    vector_weight: float = 0.7
+    text_weight: float = 0.3
+    candidate_multiplier: int = 4
+    mmr: MmrSettings = Field(default_factory=MmrSettings)
+    temporal_decay: TemporalDecaySettings = Field(default_factory=TemporalDecaySettings)
+
+    @field_validator("candidate_multiplier", mode="before")
+    @classmethod
+    def _multiplier(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return int(_clamp(math.floor(v), 1, 20))
+        return v
+
+    @model_validator(mode="after")
+    def _normalise(self) -> HybridSettings:
+        vw = _clamp(self.vector_weight, 0.0, 1.0) if math.isfinite(self.vector_weight) else 0.7
+        tw = _clamp(self.text_weight, 0.0, 1.0) if math.isfinite(self.text_weight) else 0.3
+        total = vw + tw
+        if total <= 0:
+            vw, tw, total = 0.7, 0.3, 1.0
+        object.__setattr__(self, "vector_weight", vw / total)
+        object.__setattr__(self, "text_weight", tw / total)
+        return self
+
+
+class QuerySettings(_Settings):
+    """``query``: result count and score floor."""
+
+    max_results: int = 6
+    min_score: float = 0.35
+    hybrid: HybridSettings = Field(default_factory=HybridSettings)
+
+    @field_validator("max_results")
+    @classmethod
+    def _positive(cls, v: int) -> int:
+        return max(1, v)
+
+    @field_validator("min_score", mode="before")
+    @classmethod
+    def _score(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)):
+            return 0.35 if not math.isfinite(v) else _clamp(float(v), 0.0, 1.0)
+        return v
+
+
+class CacheSettings(_Settings):
+    """``cache``: the embedding cache (bounded, oldest entries pruned first)."""
+
+    enabled: bool = True
+    max_entries: int = 50_000
+
+    @field_validator("max_entries", mode="before")
+    @classmethod
+    def _entries(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            return max(1, math.floor(v))
+        return v
+
+
+class ExperimentalSettings(_Settings):
+    """``experimental``: opt-in features."""
+
+    session_memory: bool = False
+
+
+class QmdExtraCollection(_Settings):
+    """``memorySearch.qmd.extraCollections[]``."""
+
+    path: str
+    name: str | None = None
+    pattern: str | None = None
+
+
+class MemorySearchQmdSettings(_Settings):
+    """``memorySearch.qmd``: per-agent qmd additions."""
+
+    extra_collections: list[QmdExtraCollection] = Field(default_factory=list)
+
+
+class MemorySearchSettings(_Settings):
+    """``agents.defaults.memorySearch`` (and per-agent overrides), resolved and clamped.
+
+    Defaults are those of the reference system (spec section 1); ``max_file_bytes`` (default
+    10 MiB) is ours: memory files above it are skipped with the reason in status.
+    """
+
+    enabled: bool = True
+    provider: ProviderName = "auto"
+    model: str = ""
+    fallback: str = "none"
+    remote: RemoteSettings = Field(default_factory=RemoteSettings)
+    local: LocalSettings = Field(default_factory=LocalSettings)
+    sources: list[Literal["memory", "sessions"]] = Field(default_factory=lambda: ["memory"])
+    experimental: ExperimentalSettings = Field(default_factory=ExperimentalSettings)
+    extra_paths: list[str] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    sync: SyncSettings = Field(default_factory=SyncSettings)
+    query: QuerySettings = Field(default_factory=QuerySettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    dimensions: int | None = None
+    output_dimensionality: int | None = None
+    input_type: str | None = None
+    query_input_type: str | None = None
+    document_input_type: str | None = None
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    qmd: MemorySearchQmdSettings = Field(default_factory=MemorySearchQmdSettings)
+
+    @field_validator("extra_paths", mode="after")
+    @classmethod
+    def _extra_paths(cls, v: list[str]) -> list[str]:
+        out: list[str] = []
+        for item in v:
+            s = item.strip()
+            if s and s not in out:
+                out.append(s)
+        return out
+
+    @model_validator(mode="after")
+    def _sources(self) -> MemorySearchSettings:
+        wanted = [s for s in dict.fromkeys(self.sources)
+                  if s == "memory" or (s == "sessions" and self.experimental.session_memory)]
+        object.__setattr__(self, "sources", sorted(wanted) or ["memory"])
+        return self
+
+
+class EngineSettings(BaseModel):
+    """Everything the builtin engine needs to run for one agent (resolved absolute paths).
+
+    Attributes:
+        agent_id: normalised (lower-case) agent id.
+        workspace_dir: absolute workspace directory.
+        state_dir: absolute OpenClaw state dir (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``).
+        db_path: absolute SQLite store path (``store.path`` with ``{agentId}`` substituted, or
+            ``<state_dir>/memory/<agent_id>.sqlite``).
+        sessions_dir: where this agent's ``*.jsonl`` transcripts live.
+        search: the resolved ``memorySearch`` settings.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    agent_id: str
+    workspace_dir: Path
+    state_dir: Path
+    db_path: Path
+    sessions_dir: Path
+    search: MemorySearchSettings = Field(default_factory=MemorySearchSettings)
+
+    @classmethod
+    def for_workspace(cls, workspace_dir: str | Path, *, agent_id: str = "main",
+                      state_dir: str | Path | None = None,
+                      search: MemorySearchSettings | None = None) -> EngineSettings:
+        """Build settings for a workspace with defaults (handy for tests and scripts).
+
+        Args:
+            workspace_dir: the agent workspace.
+            agent_id: agent id (lower-cased).
+            state_dir: state dir; defaults to ``<workspace>/.openclaw-state`` so that nothing
+                outside the workspace is touched.
+            search: settings; defaults to ``MemorySearchSettings()``.
+        """
+        ws = Path(workspace_dir).expanduser().resolve()
+        sd = Path(state_dir).expanduser().resolve() if state_dir else ws / ".openclaw-state"
+        aid = agent_id.strip().lower() or "main"
+        s = search or MemorySearchSettings()
+        db = Path(s.store.path.replace("{agentId}", aid)).expanduser() if s.store.path else (
+            sd / "memory" / f"{aid}.sqlite")
+        return cls(agent_id=aid, workspace_dir=ws, state_dir=sd, db_path=db.resolve(),
+                   sessions_dir=sd / "agents" / aid / "sessions", search=s)

@@ -1,0 +1,1 @@
+"""qmdbridge: memory_search / memory_get for AI agents over qmd, with a builtin SQLite fallback."""

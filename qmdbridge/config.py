@@ -1,0 +1,470 @@
+"""Config loading: the ``memory.*`` and ``agents.*`` keys of an OpenClaw JSON5 config.
+
+``load_config(path)`` parses a JSON5 file (or none) into :class:`OpenClawConfig`;
+``resolve_agent(cfg, agent_id)`` gives one agent's :class:`ResolvedAgent` with absolute paths
+and per-agent overrides applied (field by field; ``extraPaths`` concatenated). Keys, defaults
+and normalisation follow ``specs/qmd-bridge-spec.md`` section 3 and
+``specs/builtin-engine-spec.md`` section 1. Unknown keys anywhere are ignored, so a full
+OpenClaw config loads; a malformed file or a bad value raises :class:`ConfigError` naming the
+file, the dotted key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+from fallback.errors import ConfigError
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+__all__ = [
+    "AgentEntry",
+    "CompactionSettings",
+    "MemoryConfig",
+    "MemoryFlushSettings",
+    "OpenClawConfig",
+    "QmdConfig",
+    "QmdLimits",
+    "QmdPath",
+    "QmdScope",
+    "QmdSessions",
+    "QmdUpdate",
+    "ResolvedAgent",
+    "ScopeRule",
+    "default_config_path",
+    "load_config",
+    "parse_duration_ms",
+    "resolve_agent",
+    "state_dir",
+]
+
+
+class _Cfg(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
+                              validate_default=True)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(value: str | int | float) -> int:
+    """Parse ``<number>[ms|s|m|h|d]`` (default unit minutes) into milliseconds.
+
+    ``"5m"`` -> 300000, ``"15"`` -> 900000, ``"0s"`` -> 0 (disabled), a bare number is minutes.
+
+    Raises:
+        ValueError: when the text is not a duration.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration like '5m', '30s' or '1h'")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a non-negative duration")
+        return int(value * 60_000)
+    m = _DURATION_RE.match(value)
+    if not m:
+        raise ValueError("a duration like '5m', '30s' or '1h'")
+    return int(float(m.group(1)) * _UNIT_MS[(m.group(2) or "m").lower()])
+
+
+class QmdPath(_Cfg):
+    """``memory.qmd.paths[]``: an extra folder indexed as its own collection."""
+
+    path: str
+    name: str | None = None
+    pattern: str | None = None
+
+
+class QmdSessions(_Cfg):
+    """``memory.qmd.sessions``: export of session transcripts as a qmd collection."""
+
+    enabled: bool = False
+    export_dir: str | None = None
+    retention_days: int | None = None
+
+    @field_validator("retention_days")
+    @classmethod
+    def _retention(cls, v: int | None) -> int | None:
+        if v is None:
+            return None
+        if v < 0:
+            raise ValueError("retentionDays must be >= 0")
+        return v or None
+
+
+class QmdUpdate(_Cfg):
+    """``memory.qmd.update``: the update/embed cycle (durations in ms after parsing)."""
+
+    interval: str | int = "5m"
+    debounce_ms: int = Field(default=15_000, ge=0)
+    on_boot: bool = True
+    wait_for_boot_sync: bool = False
+    startup: Literal["off", "idle", "immediate"] = "off"
+    startup_delay_ms: int = Field(default=120_000, ge=0)
+    embed_interval: str | int = "60m"
+    command_timeout_ms: int = Field(default=30_000, gt=0)
+    update_timeout_ms: int = Field(default=120_000, gt=0)
+    embed_timeout_ms: int = Field(default=120_000, gt=0)
+
+    @field_validator("interval", "embed_interval")
+    @classmethod
+    def _duration(cls, v: str | int) -> str | int:
+        parse_duration_ms(v)
+        return v
+
+    @property
+    def interval_ms(self) -> int:
+        """Update interval in ms (0 = no timer)."""
+        return parse_duration_ms(self.interval)
+
+    @property
+    def embed_interval_ms(self) -> int:
+        """Embed interval in ms (0 = no embed timer)."""
+        return parse_duration_ms(self.embed_interval)
+
+
+class QmdLimits(_Cfg):
+    """``memory.qmd.limits``: result count, snippet and injection budgets (chars), deadline."""
+
+    max_results: int = Field(default=6, gt=0)
+    max_snippet_chars: int = Field(default=700, gt=0)
+    max_injected_chars: int = Field(default=4000, gt=0)
+    timeout_ms: int = Field(default=4000, gt=0)
+
+
+class ScopeMatch(_Cfg):
+    """``scope.rules[].match``: every given field must match."""
+
+    channel: str | None = None
+    chat_type: Literal["direct", "group", "channel", "dm"] | None = None
+    key_prefix: str | None = None
+    raw_key_prefix: str | None = None
+
+
+class ScopeRule(_Cfg):
+    """One ordered scope rule."""
+
+    action: Literal["allow", "deny"]
+    match: ScopeMatch = Field(default_factory=ScopeMatch)
+
+
+class QmdScope(_Cfg):
+    """``memory.qmd.scope``: which sessions may search memory (default: direct chats only)."""
+
+    default: Literal["allow", "deny"] = "deny"
+    rules: list[ScopeRule] = Field(
+        default_factory=lambda: [ScopeRule(action="allow", match=ScopeMatch(chat_type="direct"))])
+
+
+class QmdConfig(_Cfg):
+    """``memory.qmd``: the qmd sidecar."""
+
+    command: str = "qmd"
+    search_mode: Literal["search", "vsearch", "query"] = "search"
+    rerank: bool | None = None
+    include_default_memory: bool = True
+    paths: list[QmdPath] = Field(default_factory=list)
+    sessions: QmdSessions = Field(default_factory=QmdSessions)
+    update: QmdUpdate = Field(default_factory=QmdUpdate)
+    limits: QmdLimits = Field(default_factory=QmdLimits)
+    scope: QmdScope = Field(default_factory=QmdScope)
+
+    @property
+    def command_path(self) -> str:
+        """First shell-style token of ``command`` (``'"/opt/QMD Tools/qmd" --x'`` ->
+        ``/opt/QMD Tools/qmd``); ``qmd`` when empty."""
+        try:
+            parts = shlex.split(self.command)
+        except ValueError:
+            parts = self.command.split()
+        return parts[0] if parts else "qmd"
+
+
+class MemoryConfig(_Cfg):
+    """``memory``: backend choice, citations and the qmd sidecar."""
+
+    backend: Literal["builtin", "qmd", "none"] = "builtin"
+    citations: Literal["auto", "on", "off"] = "auto"
+    qmd: QmdConfig = Field(default_factory=QmdConfig)
+
+    @field_validator("citations", mode="before")
+    @classmethod
+    def _citations(cls, v: Any) -> Any:
+        return v if v in ("auto", "on", "off") else "auto"
+
+
+DEFAULT_FLUSH_SYSTEM_PROMPT = (
+    "Pre-compaction memory flush turn. The session is near auto-compaction; capture durable "
+    "memories to disk now.")
+DEFAULT_FLUSH_PROMPT = (
+    "Pre-compaction memory flush. Store durable memories now (use memory/YYYY-MM-DD.md; create "
+    "memory/ if needed). If nothing to store, reply with NO_REPLY.")
+
+
+class MemoryFlushSettings(_Cfg):
+    """``agents.defaults.compaction.memoryFlush``: the pre-compaction flush turn."""
+
+    enabled: bool = True
+    soft_threshold_tokens: int = Field(default=4000, ge=0)
+    prompt: str = DEFAULT_FLUSH_PROMPT
+    system_prompt: str = DEFAULT_FLUSH_SYSTEM_PROMPT
+
+
+class CompactionSettings(_Cfg):
+    """``agents.defaults.compaction``."""
+
+    reserve_tokens_floor: int = Field(default=20_000, ge=0)
+    memory_flush: MemoryFlushSettings = Field(default_factory=MemoryFlushSettings)
+
+
+class AgentEntry(BaseModel):
+    """``agents.list[]``: one agent with optional overrides (kept raw for field merging)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    default: bool = False
+    workspace: str | None = None
+    memory_search: dict[str, Any] = Field(default_factory=dict, alias="memorySearch")
+
+
+class OpenClawConfig(BaseModel):
+    """The parts of an OpenClaw config that qmdbridge reads (everything else is ignored).
+
+    Attributes:
+        memory: ``memory.*``.
+        defaults_memory_search: raw ``agents.defaults.memorySearch`` (merged per agent).
+        defaults_workspace: ``agents.defaults.workspace``.
+        compaction: ``agents.defaults.compaction``.
+        agents: ``agents.list[]``.
+        source_file: the file this came from, or ``None``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    defaults_memory_search: dict[str, Any] = Field(default_factory=dict)
+    defaults_workspace: str | None = None
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    agents: list[AgentEntry] = Field(default_factory=list)
+    source_file: str | None = None
+
+
+class ResolvedAgent(BaseModel):
+    """One agent's effective configuration.
+
+    Attributes:
+        agent_id: normalised (lower-case) id.
+        workspace_dir / state_dir: absolute paths.
+        memory: ``memory.*`` (shared by all agents).
+        memory_search: merged and clamped ``memorySearch`` settings.
+        compaction: flush planner settings.
+        engine: the builtin engine's settings derived from the above.
+        source_file: config file, or ``None``.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    agent_id: str
+    workspace_dir: Path
+    state_dir: Path
+    memory: MemoryConfig
+    memory_search: MemorySearchSettings
+    compaction: CompactionSettings
+    engine: EngineSettings
+    source_file: str | None = None
+
+
+def state_dir(env: dict[str, str] | None = None) -> Path:
+    """Return ``$OPENCLAW_STATE_DIR`` (``~`` expanded) or ``~/.openclaw``."""
+    e = os.environ if env is None else env
+    raw = e.get("OPENCLAW_STATE_DIR", "").strip()
+    return Path(raw).expanduser().resolve() if raw else Path("~/.openclaw").expanduser()
+
+
+def default_config_path(env: dict[str, str] | None = None) -> Path:
+    """``<stateDir>/openclaw.json`` (used when it exists and no ``--config`` is given)."""
+    return state_dir(env) / "openclaw.json"
+
+
+def _key_path(loc: tuple[Any, ...], prefix: str) -> str:
+    parts = [prefix] if prefix else []
+    for p in loc:
+        if isinstance(p, int):
+            parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def _validate(model: type[BaseModel], data: Any, *, prefix: str, file: str | None) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        raise ConfigError(f"invalid value {err.get('input')!r}", file=file,
+                          key=_key_path(loc, prefix), expected=_expected(err)) from None
+
+
+def _expected(err: Any) -> str:
+    msg = str(err.get("msg", "a valid value"))
+    msg = msg.removeprefix("Value error, ")
+    return msg[0].lower() + msg[1:] if msg else "a valid value"
+
+
+def _as_dict(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"invalid value {value!r}", file=file, key=key, expected="an object")
+    return value
+
+
+def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
+    """Build an :class:`OpenClawConfig` from an already parsed JSON5 document.
+
+    Raises:
+        ConfigError: a value has the wrong type or is out of range (key path included).
+    """
+    root = _as_dict(data, key="<root>", file=file)
+    memory_raw = _as_dict(root.get("memory"), key="memory", file=file)
+    agents_raw = _as_dict(root.get("agents"), key="agents", file=file)
+    defaults = _as_dict(agents_raw.get("defaults"), key="agents.defaults", file=file)
+    memory = _validate(MemoryConfig, memory_raw, prefix="memory", file=file)
+    ms = _as_dict(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
+    _validate(MemorySearchSettings, ms, prefix="agents.defaults.memorySearch", file=file)
+    compaction = _validate(CompactionSettings,
+                           _as_dict(defaults.get("compaction"), key="agents.defaults.compaction",
+                                    file=file),
+                           prefix="agents.defaults.compaction", file=file)
+    ws = defaults.get("workspace")
+    if ws is not None and not isinstance(ws, str):
+        raise ConfigError(f"invalid value {ws!r}", file=file, key="agents.defaults.workspace",
+                          expected="a path string")
+    entries_raw = agents_raw.get("list") or []
+    if not isinstance(entries_raw, list):
+        raise ConfigError(f"invalid value {entries_raw!r}", file=file, key="agents.list",
+                          expected="an array")
+    entries = []
+    for i, raw in enumerate(entries_raw):
+        entry = _validate(AgentEntry, raw, prefix=f"agents.list[{i}]", file=file)
+        merged = _merge_search(ms, entry.memory_search)
+        _validate(MemorySearchSettings, merged, prefix=f"agents.list[{i}].memorySearch",
+                  file=file)
+        entries.append(entry)
+    return OpenClawConfig(memory=memory, defaults_memory_search=ms, defaults_workspace=ws,
+                          compaction=compaction, agents=entries, source_file=file)
+
+
+def load_config(path: str | Path | None = None, *,
+                env: dict[str, str] | None = None) -> OpenClawConfig:
+    """Load a JSON5 config file.
+
+    Args:
+        path: the file; ``None`` means ``<stateDir>/openclaw.json`` when it exists, else the
+            built-in defaults.
+        env: environment used to find the state dir (defaults to ``os.environ``).
+
+    Raises:
+        ConfigError: the file is missing (when given explicitly), unreadable, not valid JSON5,
+            or holds a bad value. The message names the file, the key path and what was
+            expected.
+    """
+    import json5
+
+    if path is None:
+        candidate = default_config_path(env)
+        if not candidate.is_file():
+            return OpenClawConfig()
+        path = candidate
+    p = Path(path).expanduser()
+    file = str(p)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("config file not found", file=file) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file: {exc.strerror or exc}", file=file) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not valid UTF-8 at byte {exc.start}", file=file) from None
+    if not text.strip():
+        return OpenClawConfig(source_file=file)
+    try:
+        data = json5.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"invalid JSON5: {str(exc).splitlines()[0]}", file=file) from None
+    return parse_config(data, file=file)
+
+
+def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Field-by-field override of memorySearch dicts; ``extraPaths`` is concatenated."""
+    merged = copy.deepcopy(defaults)
+    for key, value in override.items():
+        if key == "extraPaths" and isinstance(value, list):
+            base = merged.get("extraPaths") if isinstance(merged.get("extraPaths"), list) else []
+            merged[key] = [*base, *value]
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge_search(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def normalize_agent_id(agent_id: str | None) -> str:
+    """Lower-case and trim an agent id; empty -> ``main``."""
+    return (agent_id or "").strip().lower() or "main"
+
+
+def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
+                  workspace: str | Path | None = None,
+                  env: dict[str, str] | None = None) -> ResolvedAgent:
+    """Resolve one agent: workspace, state dir, merged memorySearch settings, store path.
+
+    Args:
+        cfg: the loaded config.
+        agent_id: agent id; ``None`` picks the entry marked ``default`` (else the first entry,
+            else ``main``).
+        workspace: overrides the configured workspace (the CLI's ``--workspace``).
+        env: environment (``OPENCLAW_STATE_DIR``); defaults to ``os.environ``.
+
+    Workspace rule (spec 2.2): the agent's ``workspace``, else ``agents.defaults.workspace``
+    (for the default agent; ``<defaults.workspace>/<id>`` for others), else
+    ``<stateDir>/workspace`` (default agent) or ``<stateDir>/workspace-<id>``.
+
+    Raises:
+        ConfigError: the merged per-agent settings are invalid.
+    """
+    sd = state_dir(env)
+    default_entry = next((a for a in cfg.agents if a.default), cfg.agents[0] if cfg.agents else None)
+    aid = normalize_agent_id(agent_id or (default_entry.id if default_entry else None))
+    entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == aid), None)
+    is_default = default_entry is None or normalize_agent_id(default_entry.id) == aid
+    if workspace is not None:
+        ws = Path(workspace).expanduser()
+    elif entry is not None and entry.workspace:
+        ws = Path(entry.workspace).expanduser()
+    elif cfg.defaults_workspace:
+        base = Path(cfg.defaults_workspace).expanduser()
+        ws = base if is_default else base / aid
+    else:
+        ws = sd / "workspace" if is_default else sd / f"workspace-{aid}"
+    ws = ws.resolve()
+    merged = _merge_search(cfg.defaults_memory_search, entry.memory_search if entry else {})
+    prefix = "agents.defaults.memorySearch" if entry is None else f"agents.list[{cfg.agents.index(entry)}].memorySearch"
+    search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)
+    engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
+    return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
+                         memory_search=search, compaction=cfg.compaction, engine=engine,
+                         source_file=cfg.source_file)

@@ -12,6 +12,7 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- QmdOutputError         ... because qmd printed something we cannot parse
      +-- IndexStoreError             a locked, read-only or corrupt SQLite store
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
+     |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
@@ -26,6 +27,7 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigError",
     "EmbeddingProviderError",
+    "EmbeddingProviderUnavailableError",
     "IndexStoreError",
     "ManagerClosedError",
     "MemorySearchError",
@@ -151,6 +153,23 @@ class EmbeddingProviderError(MemorySearchError):
         if status is not None:
             prefix += f" (HTTP {status})"
         super().__init__(f"{prefix}: {message}")
+
+
+class EmbeddingProviderUnavailableError(EmbeddingProviderError):
+    """Raised when an embedding provider cannot be created (no call was made).
+
+    Examples: no API key, no local model file, llama-cpp-python not installed.
+
+    Attributes:
+        reason: one line, e.g. ``no API key found for openai``.
+        missing_api_key: True when the only problem is a missing API key (``auto`` skips it).
+    """
+
+    def __init__(self, provider: str, reason: str, *, missing_api_key: bool = False) -> None:
+        super().__init__(provider, reason)
+        self.reason = reason
+        self.missing_api_key = missing_api_key
+        Exception.__init__(self, f"{provider} embedding provider unavailable: {reason}")
 
 
 class ManagerClosedError(MemorySearchError):

@@ -1,0 +1,126 @@
+"""Circuit breaker for the qmd sidecar: one failure never makes the fallback permanent.
+
+After a failure the breaker opens for a cooldown that doubles with each consecutive failure
+(30 s, 60 s, 120 s ... capped at 10 min). While open, the manager answers from the builtin
+engine without spawning qmd. When the cooldown has passed, the next call is a trial
+("half-open"): success closes the breaker, failure opens it again for a longer cooldown.
+
+The state is kept in a small JSON file per agent (``<qmd_dir>/breaker.json``) so one-shot CLI
+processes share it: a hanging qmd costs one timeout per cooldown, not one per command.
+
+Source: the circuit-breaker pattern (M. Nygard, *Release It!*, 2007).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["CircuitBreaker", "BreakerState"]
+
+# First cooldown after a failure, in ms: long enough not to hammer a broken sidecar.
+BASE_COOLDOWN_MS = 30_000
+# Longest cooldown, in ms: a recovered qmd is picked up again within 10 minutes at worst.
+MAX_COOLDOWN_MS = 600_000
+
+
+@dataclass
+class BreakerState:
+    """Persisted breaker fields (epoch ms)."""
+
+    failures: int = 0
+    open_until_ms: int = 0
+    last_failure: str | None = None
+    last_failure_at_ms: int | None = None
+    last_success_at_ms: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form (camelCase keys)."""
+        return {"failures": self.failures, "openUntilMs": self.open_until_ms,
+                "lastFailure": self.last_failure, "lastFailureAtMs": self.last_failure_at_ms,
+                "lastSuccessAtMs": self.last_success_at_ms}
+
+
+@dataclass
+class CircuitBreaker:
+    """Open/half-open/closed breaker with exponential cooldown.
+
+    Args:
+        path: JSON state file, or ``None`` for an in-memory breaker.
+        base_cooldown_ms / max_cooldown_ms: cooldown after the first failure and its cap (ms).
+    """
+
+    path: Path | None = None
+    base_cooldown_ms: int = BASE_COOLDOWN_MS
+    max_cooldown_ms: int = MAX_COOLDOWN_MS
+    state: BreakerState = field(default_factory=BreakerState)
+
+    def __post_init__(self) -> None:
+        self._load()
+
+    def _load(self) -> None:
+        if self.path is None:
+            return
+        try:
+            raw = orjson.loads(self.path.read_bytes())
+            self.state = BreakerState(
+                failures=int(raw.get("failures", 0)), open_until_ms=int(raw.get("openUntilMs", 0)),
+                last_failure=raw.get("lastFailure"), last_failure_at_ms=raw.get("lastFailureAtMs"),
+                last_success_at_ms=raw.get("lastSuccessAtMs"))
+        except (OSError, ValueError, TypeError, AttributeError):
+            self.state = BreakerState()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(orjson.dumps(self.state.to_json()))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # the breaker is advisory: a read-only state dir must not break searches
+
+    def allow(self, now_ms: int | None = None) -> bool:
+        """Whether a call to the primary may be tried now (closed, or cooldown over)."""
+        self._load()
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        return self.state.failures == 0 or now >= self.state.open_until_ms
+
+    def record_success(self, now_ms: int | None = None) -> None:
+        """Close the breaker."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        changed = self.state.failures != 0
+        self.state = BreakerState(last_success_at_ms=now, last_failure=self.state.last_failure,
+                                  last_failure_at_ms=self.state.last_failure_at_ms)
+        if changed or self.path is not None:
+            self._save()
+
+    def record_failure(self, reason: str, now_ms: int | None = None) -> int:
+        """Open the breaker; returns the cooldown in ms."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        self._load()
+        failures = self.state.failures + 1
+        cooldown = min(self.max_cooldown_ms, self.base_cooldown_ms * 2 ** (failures - 1))
+        self.state = BreakerState(failures=failures, open_until_ms=now + cooldown,
+                                  last_failure=reason, last_failure_at_ms=now,
+                                  last_success_at_ms=self.state.last_success_at_ms)
+        self._save()
+        return cooldown
+
+    def describe(self, now_ms: int | None = None) -> dict[str, Any]:
+        """Status view: ``{state, failures, retryInMs, lastFailure, ...}``."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        if self.state.failures == 0:
+            mode = "closed"
+        elif now >= self.state.open_until_ms:
+            mode = "half-open"
+        else:
+            mode = "open"
+        return {"state": mode, "retryInMs": max(0, self.state.open_until_ms - now) if mode == "open" else 0,
+                **self.state.to_json()}

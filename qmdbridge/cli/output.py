@@ -1,0 +1,98 @@
+"""Human-readable output of the CLI: search hits, status, index progress (rich on a TTY)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from fallback.models import MemoryStatus, SearchResponse
+
+__all__ = ["print_search", "print_status", "progress_reporter"]
+
+
+def print_search(response: SearchResponse) -> None:
+    """Print hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY)."""
+    out = sys.stdout
+    if response.fallback is not None:
+        sys.stderr.write(f"note: answered by {response.backend} (qmd unavailable: {response.fallback.reason})\n")
+    if response.denied is not None:
+        out.write(f"Search denied by scope: {response.denied.reason}\n")
+        return
+    if not response.results:
+        out.write("No matches.\n")
+        return
+    if out.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"memory search ({response.backend}, {response.mode})", show_lines=True)
+        table.add_column("score", justify="right")
+        table.add_column("location")
+        table.add_column("snippet")
+        for r in response.results:
+            table.add_row(f"{r.score:.3f}", f"{r.path}:{r.start_line}-{r.end_line}", r.snippet)
+        Console().print(table)
+        return
+    for i, r in enumerate(response.results):
+        if i:
+            out.write("\n")
+        out.write(f"{r.score:.3f} {r.path}:{r.start_line}-{r.end_line}\n{r.snippet.rstrip()}\n")
+
+
+def print_status(st: MemoryStatus) -> None:
+    """Print the status as ``Key: value`` lines (spec 11.1 layout)."""
+    w = sys.stdout.write
+    w(f"Memory Search ({st.agent_id})\n")
+    w(f"Backend: {st.backend}\n")
+    if st.fallback:
+        w(f"Fallback: from {st.fallback.from_backend}: {st.fallback.reason}\n")
+    w(f"Provider: {st.provider} (requested: {st.requested_provider or st.provider})\n")
+    w(f"Model: {st.model or '-'}\n")
+    w(f"Mode: {st.search_mode or '-'}\n")
+    if st.provider_unavailable_reason:
+        w(f"Provider note: {st.provider_unavailable_reason}\n")
+    w(f"Sources: {', '.join(st.sources)}\n")
+    w(f"Indexed: {st.files} files · {st.chunks} chunks\n")
+    w(f"Dirty: {'yes' if st.dirty else 'no'}{' (' + st.dirty_reason + ')' if st.dirty_reason else ''}\n")
+    w(f"Store: {st.db_path or '-'}\n")
+    w(f"Workspace: {st.workspace_dir}\n")
+    if st.fts:
+        w(f"FTS: {'ready' if st.fts.get('available') else 'unavailable'} {st.fts.get('tokenizer', '')}\n")
+    if st.vector:
+        w(f"Vector: {st.vector.get('mode', '-')}"
+          f"{' (' + str(st.vector.get('reason')) + ')' if st.vector.get('reason') else ''}"
+          f"{', dims ' + str(st.vector.get('dims')) if st.vector.get('dims') else ''}\n")
+    if st.cache:
+        w(f"Embedding cache: {'enabled' if st.cache.get('enabled') else 'disabled'}"
+          f" ({st.cache.get('entries', 0)} entries, cap {st.cache.get('maxEntries')})\n")
+    for name, view in st.backends.items():
+        if name == "qmd":
+            breaker = view.get("breaker", {})
+            w(f"qmd: {'healthy' if view.get('healthy', True) and breaker.get('state') == 'closed' else 'unhealthy'}"
+              f"; breaker {breaker.get('state', '-')}; last error: {view.get('lastError') or breaker.get('lastFailure') or '-'}\n")
+    for s in st.skipped:
+        w(f"Skipped: {s.path}: {s.reason}\n")
+    for issue in st.issues:
+        w(f"Issue: {issue}\n")
+
+
+@contextmanager
+def progress_reporter(*, enabled: bool) -> Iterator[Callable[[int, int, int], None] | None]:
+    """Yield an ``on_progress(files_done, files_total, chunks_embedded)`` callback that drives a
+    rich progress bar on stderr when stderr is a terminal; ``None`` otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("files · {task.fields[chunks]} chunks embedded"),
+                  console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("index", total=None, chunks=0)
+
+        def on_progress(files_done: int, files_total: int, chunks_embedded: int) -> None:
+            progress.update(task, completed=files_done, total=files_total, chunks=chunks_embedded)
+
+        yield on_progress

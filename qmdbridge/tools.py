@@ -1,0 +1,113 @@
+"""The ``memory_search`` and ``memory_get`` agent tools: JSON schemas and handlers.
+
+An agent runtime registers the two schemas and routes tool calls to the handlers, passing the
+session key of the conversation (scope rules and citations depend on it). Handlers never raise:
+any failure becomes ``{..., "disabled": true, "error": "..."}`` as in the reference system
+(``specs/builtin-engine-spec.md`` sections 7 and 9).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fallback.errors import MemorySearchError, PathRefusedError
+from qmdbridge.manager import MemoryManager
+
+__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get", "handle_memory_search"]
+
+log = logging.getLogger("qmdbridge")
+
+MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
+    "name": "memory_search",
+    "description": (
+        "Search long-term memory (MEMORY.md, memory/*.md and configured notes) with hybrid "
+        "keyword + semantic search. Returns snippets with path, line range and score; use "
+        "memory_get to read more of a file."),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "description": "What to look for."},
+            "maxResults": {"type": "integer", "minimum": 1, "description": "Hits wanted (default 6)."},
+            "minScore": {"type": "number", "minimum": 0, "maximum": 1,
+                         "description": "Score floor (default 0.35)."},
+        },
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+}
+
+MEMORY_GET_SCHEMA: dict[str, Any] = {
+    "name": "memory_get",
+    "description": (
+        "Read a memory file (or a line range of it) returned by memory_search. Pages of 120 "
+        "lines; follow the continuation notice's 'from' to read on."),
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "description": "Workspace-relative path, e.g. memory/2026-03-01.md."},
+            "from": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
+            "lines": {"type": "integer", "minimum": 1, "description": "Number of lines."},
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+}
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
+        return int(value)
+    return None
+
+
+async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *,
+                               session_key: str | None = None) -> dict[str, Any]:
+    """Handle a ``memory_search`` call.
+
+    Returns:
+        ``{results, backend, provider, model, mode, fallback, citations, denied}`` on success,
+        ``{results: [], disabled: true, error}`` on failure. Results use camelCase keys.
+    """
+    query = params.get("query")
+    if not isinstance(query, str):
+        return {"results": [], "disabled": True, "error": "query required"}
+    try:
+        response = await manager.search(
+            query, max_results=_int_or_none(params.get("maxResults")),
+            min_score=float(params["minScore"]) if isinstance(params.get("minScore"), (int, float))
+            and not isinstance(params.get("minScore"), bool) else None,
+            session_key=session_key)
+    except MemorySearchError as exc:
+        return {"results": [], "disabled": True, "error": str(exc)}
+    except Exception as exc:  # tool edge: the agent gets an error payload, never a crash
+        log.exception("memory_search failed")
+        return {"results": [], "disabled": True, "error": f"{type(exc).__name__}: {exc}"}
+    return response.to_json_dict()
+
+
+async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> dict[str, Any]:
+    """Handle a ``memory_get`` call.
+
+    Returns:
+        ``{path, text, from, lines, truncated, nextFrom, missing}`` on success,
+        ``{path, text: "", disabled: true, error, refused}`` on failure (``refused`` is true
+        when the path is not a memory file).
+    """
+    path = params.get("path")
+    if not isinstance(path, str) or not path.strip():
+        return {"path": path or "", "text": "", "disabled": True, "error": "path required", "refused": True}
+    try:
+        result = await manager.read_file(path, from_line=_int_or_none(params.get("from")),
+                                         lines=_int_or_none(params.get("lines")))
+    except PathRefusedError as exc:
+        return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": True}
+    except MemorySearchError as exc:
+        return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": False}
+    except Exception as exc:  # tool edge
+        log.exception("memory_get failed")
+        return {"path": path, "text": "", "disabled": True, "error": f"{type(exc).__name__}: {exc}",
+                "refused": False}
+    return result.to_json_dict()

@@ -1,0 +1,432 @@
+"""Ranking of search candidates: hybrid merge, temporal decay, MMR re-ranking and result selection.
+
+Everything here is pure: plain values in, new values out, no SQLite, no clock (callers pass
+``now_ms``), no file system (callers pass an ``mtime_ms`` callback). Inputs are never mutated.
+
+The order of operations in a hybrid search (``specs/builtin-engine-spec.md`` §8.5):
+
+1. :func:`merge_hybrid` — union vector and keyword hits by chunk id, weighted score;
+2. :func:`apply_temporal_decay` — multiply each score by ``0.5 ** (age_days / half_life_days)``;
+3. :func:`mmr_rerank` — optional diversity re-ranking of the whole list;
+4. :func:`select_results` — ``min_score`` threshold (relaxed for keyword hits) and ``max_results``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+__all__ = [
+    "Candidate",
+    "apply_temporal_decay",
+    "date_from_path",
+    "decay_multiplier",
+    "is_evergreen",
+    "jaccard",
+    "merge_hybrid",
+    "mmr_rerank",
+    "mmr_score",
+    "mmr_tokens",
+    "normalize_rel_path",
+    "select_results",
+]
+
+# Milliseconds in one day, for converting ``now_ms - timestamp_ms`` into an age in days.
+MS_PER_DAY = 86_400_000
+
+# A dated memory note's file name: ``YYYY-MM-DD.md`` or ``YYYY-MM-DD<non-digit><anything>.md``.
+# The look-ahead rejects ``2026-02-101.md``; anchoring at the start rejects ``ticket-92025-06-15.md``.
+_DATED_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:\.md|[^0-9].*\.md)$", re.IGNORECASE)
+
+# Root memory files that never decay (the legacy lower-case name included).
+_ROOT_MEMORY_FILES = frozenset({"MEMORY.md", "memory.md"})
+
+
+@dataclass
+class Candidate:
+    """One search candidate (a chunk) on its way through ranking.
+
+    Attributes:
+        chunk_id: the chunk's primary key in the store.
+        path: workspace-relative path with ``/`` separators (sessions: ``sessions/<file>.jsonl``).
+        source: ``"memory"`` or ``"sessions"``.
+        start_line: first line of the chunk, 1-based inclusive.
+        end_line: last line of the chunk, 1-based inclusive.
+        snippet: text shown for the hit (also MMR's content).
+        score: the ranking score; for raw vector hits the cosine similarity, for raw keyword hits
+            the BM25-derived text score in ``[0, 1]``; after :func:`merge_hybrid`, the weighted sum.
+        vector_score: cosine similarity of the chunk to the query, ``0.0`` when not a vector hit.
+        text_score: BM25-derived text score in ``[0, 1]``, ``0.0`` when not a keyword hit.
+    """
+
+    chunk_id: str
+    path: str
+    source: str
+    start_line: int
+    end_line: int
+    snippet: str
+    score: float
+    vector_score: float = 0.0
+    text_score: float = 0.0
+
+
+def _by_score_desc(cands: list[Candidate]) -> list[Candidate]:
+    """Stable sort by score, best first (ties keep their input order)."""
+    return sorted(cands, key=lambda c: -c.score)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hybrid merge (spec §8.5 steps 1-2)
+
+
+def merge_hybrid(vector_hits: list[Candidate], keyword_hits: list[Candidate], *,
+                 vector_weight: float, text_weight: float) -> list[Candidate]:
+    """Union vector and keyword hits by chunk id and score them ``vw·vector + tw·text``.
+
+    A vector hit's similarity is its ``vector_score`` when non-zero, else its ``score``; a
+    keyword hit's text score is its ``text_score`` when non-zero, else its ``score``. Vector
+    hits come first in the union; a keyword hit for an id already present sets its
+    ``text_score`` and replaces the snippet when the keyword snippet is non-empty; a keyword hit
+    for a new id gets ``vector_score = 0``. Duplicate ids within one list keep the first hit.
+
+    Args:
+        vector_hits: candidates from vector search, any order.
+        keyword_hits: candidates from FTS5 keyword search, any order.
+        vector_weight: weight of the cosine similarity (the config normalises the two to sum 1).
+        text_weight: weight of the text score.
+
+    Returns:
+        New candidates, one per distinct chunk id, sorted by score descending (stable).
+
+    Source: OpenClaw ``mergeHybridResults`` (``specs/builtin-engine-spec.md`` §8.5).
+    """
+    merged: dict[str, Candidate] = {}
+    for hit in vector_hits:
+        if hit.chunk_id in merged:
+            continue
+        similarity = hit.vector_score or hit.score
+        merged[hit.chunk_id] = replace(hit, vector_score=similarity, text_score=0.0)
+    seen_keyword: set[str] = set()
+    for hit in keyword_hits:
+        if hit.chunk_id in seen_keyword:
+            continue
+        seen_keyword.add(hit.chunk_id)
+        text = hit.text_score or hit.score
+        existing = merged.get(hit.chunk_id)
+        if existing is None:
+            merged[hit.chunk_id] = replace(hit, vector_score=0.0, text_score=text)
+        else:
+            snippet = hit.snippet if hit.snippet else existing.snippet
+            merged[hit.chunk_id] = replace(existing, text_score=text, snippet=snippet)
+    scored = [replace(c, score=vector_weight * c.vector_score + text_weight * c.text_score)
+              for c in merged.values()]
+    return _by_score_desc(scored)
+
+
+# ---------------------------------------------------------------------------------------------
+# Temporal decay (spec §8.7, DESIGN.md decision on dated file names)
+
+
+def decay_multiplier(age_days: float, half_life_days: float) -> float:
+    """Exponential decay factor ``exp(-ln 2 / half_life_days · age_days)``.
+
+    Args:
+        age_days: age of the note in days; negative (future dates) is clamped to 0.
+        half_life_days: days after which the multiplier is 0.5.
+
+    Returns:
+        A factor in ``(0, 1]``; exactly 1.0 when the half-life is non-finite or ``<= 0`` or the
+        age is not a finite number, 0.5 when ``age_days == half_life_days``.
+
+    Source: exponential decay by half-life, ``N(t) = N0 · 2^(-t / t½)``.
+    """
+    if not math.isfinite(half_life_days) or half_life_days <= 0 or not math.isfinite(age_days):
+        return 1.0
+    age = max(0.0, age_days)
+    return math.exp(-math.log(2) / half_life_days * age)
+
+
+def normalize_rel_path(path: str) -> str:
+    """Normalise a stored path for matching: ``\\`` -> ``/``, leading ``./`` segments removed."""
+    norm = path.replace("\\", "/")
+    while norm.startswith("./"):
+        norm = norm[2:]
+    return norm
+
+
+def date_from_path(path: str) -> dt.date | None:
+    """The date of a dated memory note, taken from its file name.
+
+    A path is dated when it has a ``memory`` directory segment (at any depth, so nested folders
+    such as ``memory/archive/2026-01-10.md`` and extra paths like ``../team/memory/...`` count)
+    and its file name starts with a real calendar date ``YYYY-MM-DD`` followed by ``.md`` or by a
+    non-digit suffix (``2026-02-10-standup.md``). Malformed dates (``2026-02-30.md``) and dates not
+    at the start of the name (``ticket-92025-06-15.md``, ``notes-2026-02-10.md``) are not dated.
+
+    Args:
+        path: workspace-relative path, ``/`` or ``\\`` separators.
+
+    Returns:
+        The date (interpreted as 00:00 UTC by :func:`apply_temporal_decay`), or ``None``.
+    """
+    segments = normalize_rel_path(path).split("/")
+    if len(segments) < 2 or "memory" not in segments[:-1]:
+        return None
+    match = _DATED_NAME.match(segments[-1])
+    if match is None:
+        return None
+    try:
+        return dt.date(int(match.group(1)), int(match.group(2)), int(match.group(3)))
+    except ValueError:
+        return None
+
+
+def is_evergreen(path: str, source: str) -> bool:
+    """Whether a file never decays.
+
+    Following DESIGN.md ("dates come from a file name that starts with YYYY-MM-DD under
+    memory/; everything else is evergreen"), every file of source ``"memory"`` that is not
+    dated is evergreen: ``MEMORY.md``, ``memory.md``, undated notes under ``memory/`` and extra
+    paths alike. Other sources (``"sessions"``) are never evergreen: they decay by mtime.
+
+    Args:
+        path: workspace-relative path.
+        source: ``"memory"`` or ``"sessions"``.
+
+    Returns:
+        True when no decay applies to the file.
+    """
+    if source != "memory":
+        return False
+    if normalize_rel_path(path) in _ROOT_MEMORY_FILES:
+        return True
+    return date_from_path(path) is None
+
+
+def _timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | None]) -> int | None:
+    """The time a candidate's file is dated at, in ms since the epoch, or None for no decay."""
+    dated = date_from_path(cand.path)
+    if dated is not None:
+        midnight = dt.datetime(dated.year, dated.month, dated.day, tzinfo=dt.timezone.utc)
+        return int(midnight.timestamp() * 1000)
+    if is_evergreen(cand.path, cand.source):
+        return None
+    return mtime_ms(cand.source, cand.path)
+
+
+def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_ms: int,
+                         mtime_ms: Callable[[str, str], int | None]) -> list[Candidate]:
+    """Multiply each candidate's score by its file's decay multiplier and re-sort.
+
+    The timestamp of a file is, in order: the date in its name (:func:`date_from_path`, at
+    00:00 UTC); none (no decay) when :func:`is_evergreen`; else ``mtime_ms(source, path)``,
+    where ``None`` (unreadable) means no decay. ``mtime_ms`` is called at most once per
+    ``(source, path)`` per call, and never for dated or evergreen files.
+
+    Args:
+        cands: candidates, any order.
+        half_life_days: half-life in days (non-finite or ``<= 0`` disables decay).
+        now_ms: the current time in ms since the epoch.
+        mtime_ms: ``(source, path) -> ms since the epoch | None``.
+
+    Returns:
+        New candidates with decayed ``score`` (``vector_score``/``text_score`` unchanged),
+        sorted by score descending (stable).
+
+    Source: exponential decay by half-life (``specs/builtin-engine-spec.md`` §8.7).
+    """
+    stamps: dict[tuple[str, str], int | None] = {}
+    out: list[Candidate] = []
+    for cand in cands:
+        key = (cand.source, cand.path)
+        if key not in stamps:
+            stamps[key] = _timestamp_ms(cand, mtime_ms)
+        stamp = stamps[key]
+        if stamp is None:
+            out.append(replace(cand))
+            continue
+        age_days = (now_ms - stamp) / MS_PER_DAY
+        out.append(replace(cand, score=cand.score * decay_multiplier(age_days, half_life_days)))
+    return _by_score_desc(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# MMR (spec §8.8)
+
+
+def _is_word_char(ch: str) -> bool:
+    """Letters, combining marks, digits and underscore (``[\\p{L}\\p{M}\\p{N}_]``)."""
+    return ch == "_" or unicodedata.category(ch)[0] in "LMN"
+
+
+def _is_cjk(ch: str) -> bool:
+    """Characters written without spaces between words: Han, kana, Hangul (and their marks)."""
+    code = ord(ch)
+    return (0x3040 <= code <= 0x30FF          # Hiragana, Katakana
+            or 0x31F0 <= code <= 0x31FF       # Katakana phonetic extensions
+            or 0x3400 <= code <= 0x4DBF       # CJK Extension A
+            or 0x4E00 <= code <= 0x9FFF       # CJK Unified Ideographs
+            or 0xF900 <= code <= 0xFAFF       # CJK Compatibility Ideographs
+            or 0xFF66 <= code <= 0xFF9F       # half-width Katakana
+            or 0x1100 <= code <= 0x11FF       # Hangul Jamo
+            or 0xAC00 <= code <= 0xD7AF       # Hangul syllables
+            or 0x20000 <= code <= 0x3FFFF)    # CJK Extensions B and later
+
+
+def _emit_run(run: str, cjk: bool, tokens: set[str]) -> None:
+    """Add one homogeneous run: a word as is, a CJK run as its character bigrams."""
+    if not run:
+        return
+    if not cjk or len(run) == 1:
+        tokens.add(run)
+        return
+    tokens.update(run[i:i + 2] for i in range(len(run) - 1))
+
+
+def mmr_tokens(text: str) -> set[str]:
+    """The token set MMR compares: NFC, lower-cased, word runs, CJK runs as bigrams.
+
+    Word runs are maximal runs of letters, combining marks, digits and ``_``. Inside a run, the
+    stretches of CJK characters (Han, kana, Hangul) become their overlapping character bigrams
+    (a lone CJK character stays a unigram), because those scripts have no spaces and Jaccard over
+    whole sentences would never see an overlap; the other stretches stay whole words
+    (``"2026年度"`` -> ``{"2026", "年度"}``).
+
+    Args:
+        text: any text (a snippet).
+
+    Returns:
+        The set of tokens; empty for text without word characters.
+    """
+    tokens: set[str] = set()
+    run: list[str] = []
+    run_cjk = False
+    for ch in unicodedata.normalize("NFC", text).lower():
+        if not _is_word_char(ch):
+            _emit_run("".join(run), run_cjk, tokens)
+            run = []
+            continue
+        # Combining marks stay with the run they follow.
+        cjk = run_cjk if (run and unicodedata.category(ch)[0] == "M") else _is_cjk(ch)
+        if run and cjk != run_cjk:
+            _emit_run("".join(run), run_cjk, tokens)
+            run = []
+        run.append(ch)
+        run_cjk = cjk
+    _emit_run("".join(run), run_cjk, tokens)
+    return tokens
+
+
+def jaccard(a: set[str], b: set[str]) -> float:
+    """Jaccard similarity ``|a ∩ b| / |a ∪ b|`` in ``[0, 1]``; both empty -> 1, one empty -> 0."""
+    if not a and not b:
+        return 1.0
+    if not a or not b:
+        return 0.0
+    inter = len(a & b)
+    return inter / (len(a) + len(b) - inter)
+
+
+def mmr_score(relevance: float, max_sim: float, lambda_: float) -> float:
+    """Maximal marginal relevance ``λ·relevance − (1−λ)·max_sim``.
+
+    Source: Carbonell & Goldstein, "The use of MMR, diversity-based reranking for reordering
+    documents and producing summaries", SIGIR 1998.
+    """
+    return lambda_ * relevance - (1.0 - lambda_) * max_sim
+
+
+def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
+    """Reorder candidates greedily by maximal marginal relevance (never drops any).
+
+    Relevance is the score min-max normalised over the list (all equal -> 1). At each step the
+    remaining candidate maximising :func:`mmr_score` against the already selected ones (Jaccard
+    over :func:`mmr_tokens` of the snippets) is taken; ties go to the higher original score, then
+    to the earlier position.
+
+    Args:
+        cands: candidates, any order.
+        lambda_: trade-off in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score,
+            0 is pure diversity.
+
+    Returns:
+        The same candidate objects in MMR order (a new list; length unchanged).
+
+    Source: Carbonell & Goldstein, SIGIR 1998 (MMR); spec §8.8.
+    """
+    if len(cands) <= 1:
+        return list(cands)
+    lam = 1.0 if not math.isfinite(lambda_) else min(1.0, max(0.0, lambda_))
+    if lam == 1.0:
+        return _by_score_desc(cands)
+    ordered = _by_score_desc(cands)
+    top, bottom = ordered[0].score, ordered[-1].score
+    spread = top - bottom
+
+    def relevance(c: Candidate) -> float:
+        return 1.0 if spread == 0 or not math.isfinite(spread) else (c.score - bottom) / spread
+
+    rels = [relevance(c) for c in ordered]
+    token_sets = [mmr_tokens(c.snippet) for c in ordered]
+    max_sims = [0.0] * len(ordered)
+    remaining = list(range(len(ordered)))
+    picked: list[Candidate] = []
+    while remaining:
+        best = remaining[0]
+        best_value = mmr_score(rels[best], max_sims[best], lam)
+        for idx in remaining[1:]:
+            value = mmr_score(rels[idx], max_sims[idx], lam)
+            # ``ordered`` is by score desc, so on a tie the earlier index has the higher score.
+            if value > best_value:
+                best, best_value = idx, value
+        remaining.remove(best)
+        picked.append(ordered[best])
+        for idx in remaining:
+            sim = jaccard(token_sets[idx], token_sets[best])
+            if sim > max_sims[idx]:
+                max_sims[idx] = sim
+    return picked
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection (spec §8.5 steps 6-7)
+
+
+def _hit_key(c: Candidate) -> tuple[str, str, int, int]:
+    return (c.source, c.path, c.start_line, c.end_line)
+
+
+def select_results(merged: list[Candidate], keyword_hits: list[Candidate], *, min_score: float,
+                   text_weight: float, max_results: int) -> list[Candidate]:
+    """Apply the score threshold and the result limit, keeping ranked order.
+
+    Keep candidates with ``score >= min_score``. When none pass but there were keyword hits
+    (with default weights a pure keyword hit scores at most 0.3, below the default 0.35), keep
+    instead the merged candidates whose ``(source, path, start_line, end_line)`` is among the
+    keyword hits and whose score is at least ``min(min_score, text_weight)``.
+
+    Args:
+        merged: ranked candidates (after merge, decay and MMR).
+        keyword_hits: the raw keyword hits of the same query.
+        min_score: score threshold.
+        text_weight: the hybrid text weight (the relaxed floor).
+        max_results: maximum number of results; ``<= 0`` gives ``[]``.
+
+    Returns:
+        At most ``max_results`` candidates from ``merged``, in its order.
+
+    Source: OpenClaw ``MemoryIndexManager.search`` (``specs/builtin-engine-spec.md`` §8.5).
+    """
+    if max_results <= 0:
+        return []
+    strict = [c for c in merged if c.score >= min_score]
+    if strict or not keyword_hits:
+        return strict[:max_results]
+    keys = {_hit_key(c) for c in keyword_hits}
+    floor = min(min_score, text_weight)
+    relaxed = [c for c in merged if _hit_key(c) in keys and c.score >= floor]
+    return relaxed[:max_results]

@@ -345,8 +345,30 @@ class MemoryManager:
         return builtin_status.model_copy(update={
             "backends": backends, "fallback": FallbackInfo(from_backend="qmd", reason=reason)})
 
-    async def sync(self, *, reason: str = "manual", force: bool = False) -> None:
+    async def start(self) -> None:
+        """Start background work for ``full`` mode: the builtin engine's watcher and first sync,
+        qmd's collections, boot update and timers. One-shot (``cli``) callers need not call it.
+        """
+        self._check_open()
+        engine = await self.builtin()
+        start = getattr(engine, "start", None)
+        if start is not None:
+            await start()
+        if self.backend_name == "qmd":
+            try:
+                await self.qmd()
+            except MemorySearchError as exc:
+                self.breaker.record_failure(str(exc), self._now_ms())
+                log.warning("qmd did not start; the builtin engine answers: %s", exc)
+
+    async def sync(self, *, reason: str = "manual", force: bool = False,
+                   progress: Callable[[int, int, int], None] | None = None) -> None:
         """Sync the configured backend (and the builtin index, which is the fallback).
+
+        Args:
+            reason: why (logged): ``cli``, ``watch``, ``interval`` ...
+            force: full rebuild, swapped in atomically.
+            progress: ``progress(files_done, files_total, chunks_embedded)`` for the builtin sync.
 
         Raises:
             IndexStoreError / BackendUnavailableError: the sync failed.
@@ -357,7 +379,10 @@ class MemoryManager:
             if backend is not None:
                 await backend.sync(reason=reason, force=force)
         engine = await self.builtin()
-        await engine.sync(reason=reason, force=force)
+        if progress is not None:
+            await engine.sync(reason=reason, force=force, progress=progress)  # type: ignore[call-arg]
+        else:
+            await engine.sync(reason=reason, force=force)
 
     async def close(self) -> None:
         """Close both backends; idempotent."""

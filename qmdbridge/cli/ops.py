@@ -1,0 +1,123 @@
+"""Operator commands for the qmd sidecar: ``qmd update|embed|collections`` and ``warmup``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Any
+
+from fallback.errors import BackendUnavailableError
+from qmdbridge.cli import EXIT_FAILURE, EXIT_OK, emit_json
+
+__all__ = ["missing_model_hint", "qmd_action", "warmup"]
+
+# Model pre-warm can download ~2 GB on first use; allow 30 minutes per step.
+WARMUP_TIMEOUT_MS = 30 * 60 * 1000
+
+_MODEL_RE = re.compile(r"hf:[\w.\-]+/[\w.\-]+/[\w.\-]+\.gguf", re.IGNORECASE)
+_DEFAULT_MODELS = {
+    "embed": "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf",
+    "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
+    "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
+}
+
+
+def missing_model_hint(stderr: str, *, step: str) -> str:
+    """Explain a failed model load: which model, and which download it needs.
+
+    Args:
+        stderr: qmd's stderr of the failed ``embed``/``query``.
+        step: ``embed`` or ``query``.
+
+    Returns:
+        One or two lines for a person.
+    """
+    if "disabled in CI" in stderr:
+        return ("qmd refuses model operations while the CI environment variable is set; "
+                "unset CI to warm up the models")
+    models = sorted(set(_MODEL_RE.findall(stderr)))
+    if not models:
+        models = [_DEFAULT_MODELS["embed"]] if step == "embed" else list(_DEFAULT_MODELS.values())
+    offline = re.search(r"fetch failed|ENOTFOUND|EAI_AGAIN|ECONNREFUSED|getaddrinfo|network", stderr, re.I)
+    why = "the download failed (offline?)" if offline else "loading failed"
+    return (f"qmd {step}: {why}; it needs the model(s) {', '.join(models)} "
+            f"(downloaded from huggingface.co into the agent's xdg-cache/qmd/models on first use; "
+            f"or point QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files)")
+
+
+async def _backend(agent: Any) -> Any:
+    from qmdbridge.locate import probe_qmd
+    from qmdbridge.qmd import QmdBackend
+
+    location = await probe_qmd(agent.memory.qmd.command, env=dict(os.environ))
+    if not location.found or not location.runtime_ok:
+        raise BackendUnavailableError("qmd", location.reason or "qmd not available")
+    backend = QmdBackend(agent, location=location, mode="cli", env=dict(os.environ))
+    return backend
+
+
+async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
+    """``qmdbridge qmd update|embed|collections``: run one sidecar operation for the agent."""
+    backend = await _backend(agent)
+    try:
+        await backend.start(boot_update=False)
+        if args.action == "update":
+            await backend.update()
+            doc: dict[str, Any] = {"ok": True, "action": "update"}
+        elif args.action == "embed":
+            await backend.embed()
+            doc = {"ok": True, "action": "embed"}
+        else:
+            doc = {"ok": True, "action": "collections", "collections": await backend.list_collections()}
+    finally:
+        await backend.close()
+    if args.json:
+        emit_json(doc)
+    elif args.action == "collections":
+        for c in doc["collections"]:
+            sys.stdout.write(f"{c['name']}\t{c.get('path') or '-'}\t{c.get('pattern') or '-'}\n")
+    else:
+        sys.stdout.write(f"qmd {args.action} done ({agent.agent_id}).\n")
+    return EXIT_OK
+
+
+async def warmup(agent: Any, args: argparse.Namespace) -> int:
+    """``qmdbridge warmup``: run ``qmd embed`` and one ``qmd query`` in the agent's qmd home so
+    the GGUF models are downloaded and loaded before the first real search."""
+    from qmdbridge.paths import child_env, ensure_home, qmd_home
+    from qmdbridge.runner import run_command
+
+    backend = await _backend(agent)
+    try:
+        await backend.start(boot_update=False)
+        await backend.update()
+    finally:
+        await backend.close()
+    location = backend.location
+    home = qmd_home(agent.state_dir, agent.agent_id)
+    ensure_home(home, parent_env=os.environ)
+    env = child_env(home, parent_env=os.environ, path_env=location.child_path)
+    steps = [("embed", ["embed"]), ("query", ["query", "--json", "-n", "1", "--index", "index", "--", "test"])]
+    report: list[dict[str, Any]] = []
+    code = EXIT_OK
+    for i, (step, qargs) in enumerate(steps, start=1):
+        if not args.json:
+            sys.stderr.write(f"[{i}/{len(steps)}] qmd {step} (first run downloads models; this can take minutes)...\n")
+        argv = [location.path, *qargs] if step == "query" else [location.path, *qargs, "--index", "index"]
+        result = await run_command(argv, env=env, cwd=agent.workspace_dir, timeout_ms=WARMUP_TIMEOUT_MS)
+        ok = result.ok
+        entry: dict[str, Any] = {"step": step, "ok": ok, "durationMs": result.duration_ms}
+        if not ok:
+            entry["error"] = missing_model_hint(result.stderr, step=step)
+            code = EXIT_FAILURE
+        report.append(entry)
+        if not args.json:
+            sys.stderr.write(f"    {'ok' if ok else 'failed'} in {result.duration_ms} ms"
+                             f"{': ' + entry['error'] if not ok else ''}\n")
+        if not ok:
+            break
+    if args.json:
+        emit_json({"ok": code == EXIT_OK, "steps": report})
+    return code

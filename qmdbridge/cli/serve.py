@@ -1,0 +1,99 @@
+"""``qmdbridge serve``: the long-lived sidecar process.
+
+It keeps one ``MemoryManager`` in ``full`` mode (qmd boot update and timers, file watchers),
+and answers tool calls as JSON lines on stdin/stdout::
+
+    -> {"id": 1, "tool": "memory_search", "params": {"query": "router"}, "sessionKey": "agent:main:main"}
+    <- {"id": 1, "result": {"backend": "builtin", "results": [...], ...}}
+
+Tools: ``memory_search``, ``memory_get``, ``status``, ``sync``. A malformed line gets
+``{"id": null, "error": "..."}``. It stops cleanly on SIGTERM/SIGINT or end of input (unless
+``--no-stdin``), closing the manager so every qmd child is reaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+import anyio
+import orjson
+
+from qmdbridge.cli import EXIT_OK
+
+__all__ = ["handle_line", "serve"]
+
+
+async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
+    """Answer one JSON-lines request (see the module docstring for the shapes)."""
+    from qmdbridge.tools import handle_memory_get, handle_memory_search
+
+    try:
+        req = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return {"id": None, "error": f"invalid JSON: {exc}"}
+    if not isinstance(req, dict):
+        return {"id": None, "error": "request must be a JSON object"}
+    rid = req.get("id")
+    tool = req.get("tool")
+    params = req.get("params") if isinstance(req.get("params"), dict) else {}
+    key = req.get("sessionKey") if isinstance(req.get("sessionKey"), str) else None
+    if tool == "memory_search":
+        return {"id": rid, "result": await handle_memory_search(manager, params, session_key=key)}
+    if tool == "memory_get":
+        return {"id": rid, "result": await handle_memory_get(manager, params)}
+    if tool == "status":
+        return {"id": rid, "result": (await manager.status()).to_json_dict()}
+    if tool == "sync":
+        try:
+            await manager.sync(reason="serve", force=bool(params.get("force")))
+        except Exception as exc:  # tool edge
+            return {"id": rid, "error": str(exc)}
+        return {"id": rid, "result": {"ok": True}}
+    return {"id": rid, "error": f"unknown tool: {tool!r}"}
+
+
+async def _read_stdin(manager: Any, done: anyio.Event) -> None:
+    stream = anyio.wrap_file(sys.stdin.buffer)
+    async for line in stream:
+        if not line.strip():
+            continue
+        reply = await handle_line(manager, line)
+        sys.stdout.buffer.write(orjson.dumps(reply) + b"\n")
+        sys.stdout.flush()
+    done.set()
+
+
+async def serve(agent: Any, args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code."""
+    from qmdbridge.manager import MemoryManager
+
+    manager = MemoryManager(agent, backend=args.backend, mode="full")
+    done = anyio.Event()
+    try:
+        await manager.start()
+        sys.stderr.write(f"qmdbridge serve: agent {agent.agent_id}, backend {manager.backend_name}, "
+                         f"workspace {agent.workspace_dir}\n")
+        sys.stderr.flush()
+        async with anyio.create_task_group() as tg:
+            async def watch_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        done.set()
+                        return
+
+            async def stop_when_done() -> None:
+                await done.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_signals)
+            tg.start_soon(stop_when_done)
+            if not args.no_stdin:
+                tg.start_soon(_read_stdin, manager, done)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await manager.close()
+    sys.stderr.write("qmdbridge serve: stopped\n")
+    return EXIT_OK

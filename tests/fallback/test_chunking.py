@@ -1,0 +1,191 @@
+"""Tests for fallback.chunking (spec §3 and §12 cases 13-21)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from fallback.chunking import (
+    Chunk,
+    chunk_markdown,
+    remap_lines,
+    split_by_utf8_bytes,
+    split_lines,
+    text_weight,
+    truncate_chars,
+)
+from fallback.errors import UsageError
+
+
+def _sha(s: str) -> str:
+    return hashlib.sha256(s.encode("utf-8")).hexdigest()
+
+
+def test_text_weight_counts_cjk_as_four() -> None:
+    assert text_weight("") == 0
+    assert text_weight("abc") == 3
+    assert text_weight("你好") == 8
+    assert text_weight("한국") == 8
+    assert text_weight("カナ") == 8
+    assert text_weight("\U00020000") == 4  # Extension B: one code point, weight 4
+    assert text_weight("😀") == 1
+    assert text_weight("a你") == 5
+
+
+def test_small_file_is_one_chunk_with_hash() -> None:
+    chunks = chunk_markdown("# Title\nline two\nline three")
+    assert chunks == [Chunk("# Title\nline two\nline three", 1, 3, _sha("# Title\nline two\nline three"))]
+
+
+def test_case13_long_ascii_line_bounded() -> None:
+    chunks = chunk_markdown("a" * (1600 * 3 + 25), tokens=400, overlap=0)
+    assert [len(c.text) for c in chunks] == [1600, 1600, 1600, 25]
+    assert all(c.start_line == c.end_line == 1 for c in chunks)
+
+
+def test_case14_cjk_lines_make_more_chunks() -> None:
+    cjk = chunk_markdown("\n".join(["你" * 20] * 20), tokens=50, overlap=0)
+    ascii_ = chunk_markdown("\n".join(["a" * 20] * 20), tokens=50, overlap=0)
+    assert len(cjk) == 10
+    assert len(ascii_) == 3
+    assert [(c.start_line, c.end_line) for c in cjk][:2] == [(1, 2), (3, 4)]
+
+
+def test_case15_chinese_sentences_bounded() -> None:
+    line = ("这是一个用于测试中文分块功能是否正常工作的句子内容" * 2)[:28]
+    assert len(line) == 28
+    chunks = chunk_markdown("\n".join([line] * 50), tokens=100)
+    assert len(chunks) > 1
+    assert all(sum(1 for ch in c.text if "\u4e00" <= ch <= "\u9fff") <= 200 for c in chunks)
+    assert all(text_weight(c.text) <= 400 for c in chunks)
+
+
+def test_case16_repeated_sentence_bounded() -> None:
+    chunks = chunk_markdown("hello world this is a test. " * 50, tokens=100)
+    assert [len(c.text) for c in chunks] == [400, 400, 400, 200]
+
+
+def test_case17_mixed_lines_keep_all_content() -> None:
+    text = "\n".join(f"Line {i}: 这是中英文混合的测试内容 with some English text" for i in range(30))
+    chunks = chunk_markdown(text, tokens=50)
+    assert len(chunks) > 1
+    joined = "".join(c.text for c in chunks)
+    assert "Line 0" in joined and "Line 29" in joined
+    assert chunks[0].start_line == 1 and chunks[-1].end_line == 30
+
+
+def test_case18_cjk_single_line() -> None:
+    chunks = chunk_markdown("中" * 2000, tokens=200)
+    assert len(chunks) == 10
+    assert all(len(c.text) == 200 for c in chunks)
+
+
+def test_case19_astral_ideographs_never_corrupted() -> None:
+    chunks = chunk_markdown("\U00020000" * 120, tokens=31)
+    assert [len(c.text) for c in chunks] == [31, 31, 31, 27]
+    for c in chunks:
+        assert "\ufffd" not in c.text
+        assert not any(0xD800 <= ord(ch) <= 0xDFFF for ch in c.text)
+
+
+def test_emoji_lines_never_split() -> None:
+    chunks = chunk_markdown("😀" * 100, tokens=8, overlap=0)
+    assert [len(c.text) for c in chunks] == [32, 32, 32, 4]
+    assert "".join(c.text for c in chunks) == "😀" * 100
+
+
+def test_case20_ascii_long_line_few_chunks() -> None:
+    chunks = chunk_markdown("a" * 2000, tokens=200)
+    assert len(chunks) == 3
+
+
+def test_overlap_repeats_trailing_whole_lines() -> None:
+    lines = [f"line {i:02d} " + "x" * 12 for i in range(1, 21)]  # 20 chars each -> weight 21
+    chunks = chunk_markdown("\n".join(lines), tokens=20, overlap=10)  # 80 chars, overlap 40
+    # Budget 80, line size 21: three lines per chunk; the overlap window (40) holds one line.
+    assert [(c.start_line, c.end_line) for c in chunks] == [
+        (1, 3), (3, 5), (5, 7), (7, 9), (9, 11), (11, 13), (13, 15), (15, 17), (17, 19), (19, 20)]
+    assert chunks[1].text.split("\n")[0] == lines[2]
+    assert all(len(c.text) <= 80 for c in chunks)
+
+
+def test_no_overlap_disjoint_ranges() -> None:
+    lines = [f"line {i:02d} " + "x" * 12 for i in range(1, 11)]
+    chunks = chunk_markdown("\n".join(lines), tokens=20, overlap=0)
+    assert [(c.start_line, c.end_line) for c in chunks] == [(1, 3), (4, 6), (7, 9), (10, 10)]
+    assert chunks[0].text == "\n".join(lines[:3])
+
+
+def test_crlf_stripped_and_line_numbers_kept() -> None:
+    chunks = chunk_markdown("one\r\ntwo\r\n\r\nfour\r\n")
+    assert len(chunks) == 1
+    assert chunks[0].text == "one\ntwo\n\nfour\n"
+    assert "\r" not in chunks[0].text
+    assert (chunks[0].start_line, chunks[0].end_line) == (1, 5)
+
+
+def test_lone_cr_line_endings() -> None:
+    chunks = chunk_markdown("a" * 20 + "\r" + "b" * 20 + "\r" + "c" * 20, tokens=8, overlap=0)
+    assert [(c.text, c.start_line, c.end_line) for c in chunks] == [
+        ("a" * 20, 1, 1), ("b" * 20, 2, 2), ("c" * 20, 3, 3)]
+
+
+def test_split_lines_all_styles() -> None:
+    assert split_lines("a\r\nb\rc\nd") == ["a", "b", "c", "d"]
+    assert split_lines("a\n") == ["a", ""]
+
+
+def test_empty_and_whitespace_files_have_no_chunks() -> None:
+    assert chunk_markdown("") == []
+    assert chunk_markdown("   \n\t\n\n  ") == []
+
+
+def test_whitespace_only_chunk_dropped_between_content() -> None:
+    text = "a" * 30 + "\n" + " " * 30 + "\n" + "b" * 30
+    chunks = chunk_markdown(text, tokens=8, overlap=0)
+    assert [(c.text, c.start_line) for c in chunks] == [("a" * 30, 1), ("b" * 30, 3)]
+
+
+def test_case21_remap_five_lines() -> None:
+    chunks = chunk_markdown("l1\nl2\nl3\nl4\nl5")
+    mapped = remap_lines(chunks, [4, 6, 7, 10, 13])
+    assert (mapped[0].start_line, mapped[-1].end_line) == (4, 13)
+    assert mapped[0].text == chunks[0].text and mapped[0].content_hash == chunks[0].content_hash
+    assert remap_lines(chunks, None) == chunks
+
+
+def test_case21_remap_many_chunks() -> None:
+    text = "\n".join(f"message number {i} with words" for i in range(10))
+    line_map = [2 + 3 * i for i in range(10)]  # 2, 5, ..., 29
+    chunks = remap_lines(chunk_markdown(text, tokens=10), line_map)
+    assert len(chunks) > 1
+    assert chunks[0].start_line == 2 and chunks[-1].end_line == 29
+    assert all(c.start_line <= c.end_line for c in chunks)
+
+
+def test_truncate_chars() -> None:
+    assert truncate_chars("héllo😀x", 6) == "héllo😀"
+    assert truncate_chars("abc", 10) == "abc"
+    assert truncate_chars("abc", 0) == ""
+
+
+def test_split_by_utf8_bytes_respects_code_points() -> None:
+    text = "ab😀cd中文e"
+    chunk = Chunk(text, 3, 7, _sha(text))
+    pieces = split_by_utf8_bytes(chunk, 5)
+    assert [p.text for p in pieces] == ["ab", "😀c", "d中", "文e"]
+    assert all(len(p.text.encode("utf-8")) <= 5 for p in pieces)
+    assert all((p.start_line, p.end_line) == (3, 7) for p in pieces)
+    assert [p.content_hash for p in pieces] == [_sha(p.text) for p in pieces]
+    assert "".join(p.text for p in pieces) == text
+
+
+def test_split_by_utf8_bytes_fits_unchanged() -> None:
+    chunk = Chunk("short", 1, 1, _sha("short"))
+    assert split_by_utf8_bytes(chunk, 5) == [chunk]
+
+
+def test_split_by_utf8_bytes_rejects_tiny_cap() -> None:
+    with pytest.raises(UsageError, match="max_bytes must be >= 4, got 3"):
+        split_by_utf8_bytes(Chunk("abcdef", 1, 1, _sha("abcdef")), 3)

@@ -1,0 +1,266 @@
+"""Pre-compaction memory flush planner: when to ask the agent to write durable memories.
+
+Before a session's context is compacted, the agent gets one extra turn (system prompt plus
+prompt from ``agents.defaults.compaction.memoryFlush``) to store what it should remember in
+``memory/YYYY-MM-DD.md``. This module decides *whether* that turn is due; running the turn is
+the agent runtime's job. It fires at most once per compaction cycle: the compaction count it
+last fired for is kept per session key in ``<state_dir>/memory-flush/<sanitised key>.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from fallback.errors import UsageError
+from qmdbridge.config import CompactionSettings
+
+__all__ = ["FlushPlan", "FlushPlanner", "flush_threshold_tokens", "should_flush",
+           "workspace_is_writable"]
+
+# Longest readable part of a state file name; a hash suffix keeps distinct keys distinct.
+_MAX_KEY_NAME_CHARS = 80
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _is_count(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 20_000,
+                           soft_threshold_tokens: int = 4000) -> int | None:
+    """Return the session size (tokens) at which the flush is due, or ``None`` if invalid.
+
+    ``threshold = context_window - reserve_tokens_floor - soft_threshold_tokens``: compaction
+    starts when less than ``reserve_tokens_floor`` tokens of the window are left, and the
+    flush runs ``soft_threshold_tokens`` before that.
+
+    Args:
+        context_window: the model's context window in tokens, > 0.
+        reserve_tokens_floor: tokens kept free for the reply and compaction, >= 0.
+        soft_threshold_tokens: how many tokens before compaction the flush fires, >= 0.
+
+    Returns:
+        The threshold in tokens; ``None`` when an input is not a finite number, the window is
+        non-positive, a margin is negative, or the threshold is not positive.
+    """
+    values = (context_window, reserve_tokens_floor, soft_threshold_tokens)
+    if not all(_is_count(v) for v in values):
+        return None
+    if context_window <= 0 or reserve_tokens_floor < 0 or soft_threshold_tokens < 0:
+        return None
+    threshold = int(context_window - reserve_tokens_floor - soft_threshold_tokens)
+    return threshold if threshold > 0 else None
+
+
+def should_flush(session_tokens: int, context_window: int, *, reserve_tokens_floor: int = 20_000,
+                 soft_threshold_tokens: int = 4000) -> bool:
+    """Return whether a session is close enough to compaction for the memory flush.
+
+    True when ``session_tokens >= context_window - reserve_tokens_floor -
+    soft_threshold_tokens`` (see :func:`flush_threshold_tokens`). Example with the defaults
+    and a 200,000-token window: the flush is due from 176,000 session tokens on.
+
+    Args:
+        session_tokens: tokens currently in the session context, > 0.
+        context_window: the model's context window in tokens, > 0.
+        reserve_tokens_floor: ``compaction.reserveTokensFloor`` (tokens), default 20,000.
+        soft_threshold_tokens: ``compaction.memoryFlush.softThresholdTokens``, default 4,000.
+
+    Returns:
+        False for non-positive or non-finite inputs and for a non-positive threshold.
+    """
+    if not _is_count(session_tokens) or session_tokens <= 0:
+        return False
+    threshold = flush_threshold_tokens(context_window, reserve_tokens_floor=reserve_tokens_floor,
+                                       soft_threshold_tokens=soft_threshold_tokens)
+    return threshold is not None and session_tokens >= threshold
+
+
+def _owner_writable(path: Path) -> bool:
+    """True when ``path`` is writable: ``os.access`` and the owner's write bit.
+
+    The mode check makes a directory without ``u+w`` read-only even for root, whom
+    ``os.access`` always lets write.
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & stat.S_IWUSR) and os.access(path, os.W_OK)
+
+
+def workspace_is_writable(workspace_dir: Path) -> bool:
+    """Return whether the agent could write ``memory/YYYY-MM-DD.md`` in ``workspace_dir``.
+
+    Read-only when: the workspace is not a directory; it is not writable (``os.access`` or
+    no owner write bit in its mode); ``memory`` exists but is not a directory (e.g. a regular
+    file); or ``memory/`` exists and is not writable the same way. A missing ``memory/`` is
+    fine (the agent creates it) when the workspace is writable.
+    """
+    if not workspace_dir.is_dir() or not _owner_writable(workspace_dir):
+        return False
+    memory_dir = workspace_dir / "memory"
+    if memory_dir.is_symlink() or memory_dir.exists():
+        if not memory_dir.is_dir():
+            return False
+        return _owner_writable(memory_dir)
+    return True
+
+
+@dataclass(frozen=True)
+class FlushPlan:
+    """A due memory flush turn.
+
+    Attributes:
+        system_prompt: extra system prompt for the flush turn.
+        prompt: the user-side prompt of the flush turn.
+        session_key: the session it is for.
+        compaction_count: the compaction cycle it belongs to (pass it to ``mark_fired``).
+    """
+
+    system_prompt: str
+    prompt: str
+    session_key: str
+    compaction_count: int
+
+
+class FlushPlanner:
+    """Plan pre-compaction memory flushes, at most one per session per compaction cycle.
+
+    Planning and recording are separate: :meth:`plan` only decides; call :meth:`mark_fired`
+    once the flush turn has run, so a turn that failed to start is planned again.
+
+    Args:
+        state_dir: ``<stateDir>``; records go to ``<state_dir>/memory-flush/``.
+        settings: ``agents.defaults.compaction`` (``reserve_tokens_floor``,
+            ``memory_flush.enabled/soft_threshold_tokens/prompt/system_prompt``).
+    """
+
+    def __init__(self, state_dir: Path, settings: CompactionSettings) -> None:
+        self.state_dir = Path(state_dir)
+        self.settings = settings
+
+    @property
+    def records_dir(self) -> Path:
+        """``<state_dir>/memory-flush``."""
+        return self.state_dir / "memory-flush"
+
+    def record_path(self, session_key: str) -> Path:
+        """Return the state file of a session key.
+
+        Name: the key with every run of characters outside ``[A-Za-z0-9._-]`` replaced by
+        ``_`` (at most 80 chars), ``-``, the first 12 hex chars of the key's sha256, ``.json``
+        (``agent:main:main`` -> ``agent_main_main-<hash>.json``).
+
+        Raises:
+            UsageError: the session key is empty.
+        """
+        if not session_key or not session_key.strip():
+            raise UsageError("session key required for the memory flush planner")
+        readable = _UNSAFE_NAME_CHARS.sub("_", session_key.strip())[:_MAX_KEY_NAME_CHARS]
+        readable = readable.strip(".") or "session"
+        digest = hashlib.sha256(session_key.encode("utf-8")).hexdigest()[:12]
+        return self.records_dir / f"{readable}-{digest}.json"
+
+    def last_fired(self, session_key: str) -> int | None:
+        """Return the compaction count the flush last fired for, or ``None``.
+
+        A missing, unreadable or malformed record reads as ``None``.
+
+        Raises:
+            UsageError: the session key is empty.
+        """
+        path = self.record_path(session_key)
+        try:
+            data = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        count = data.get("compactionCount") if isinstance(data, dict) else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
+    def plan(self, session_key: str, *, session_tokens: int, context_window: int,
+             compaction_count: int, workspace_dir: Path) -> FlushPlan | None:
+        """Return the flush turn to run now, or ``None``.
+
+        ``None`` when the flush is disabled, the session is below the threshold
+        (:func:`should_flush` with the configured margins), the flush already fired for this
+        ``compaction_count``, or the workspace is read-only (:func:`workspace_is_writable`).
+
+        Args:
+            session_key: the session's key.
+            session_tokens: tokens in the session context now.
+            context_window: the model's context window in tokens.
+            compaction_count: how many times this session was compacted so far (>= 0).
+            workspace_dir: the agent workspace.
+
+        Raises:
+            UsageError: the session key is empty.
+        """
+        flush = self.settings.memory_flush
+        if not flush.enabled:
+            return None
+        if not should_flush(session_tokens, context_window,
+                            reserve_tokens_floor=self.settings.reserve_tokens_floor,
+                            soft_threshold_tokens=flush.soft_threshold_tokens):
+            return None
+        if self.last_fired(session_key) == compaction_count:
+            return None
+        if not workspace_is_writable(Path(workspace_dir)):
+            return None
+        return FlushPlan(system_prompt=flush.system_prompt, prompt=flush.prompt,
+                         session_key=session_key, compaction_count=compaction_count)
+
+    def mark_fired(self, session_key: str, *, compaction_count: int,
+                   now_ms: int | None = None) -> Path:
+        """Record that the flush ran for ``compaction_count``; returns the record file.
+
+        The record ``{"sessionKey", "compactionCount", "firedAtMs"}`` is written atomically
+        (temp file in the same directory, fsync, ``os.replace``).
+
+        Args:
+            session_key: the session's key.
+            compaction_count: the cycle the flush ran in (``FlushPlan.compaction_count``).
+            now_ms: epoch ms to record (defaults to the current time).
+
+        Raises:
+            UsageError: the session key is empty.
+            OSError: the state directory is not writable.
+        """
+        path = self.record_path(session_key)
+        fired_at = int(time.time() * 1000) if now_ms is None else now_ms
+        payload = orjson.dumps({"sessionKey": session_key, "compactionCount": compaction_count,
+                                "firedAtMs": fired_at})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def forget(self, session_key: str) -> None:
+        """Delete the record of a session (e.g. when the session is reset).
+
+        Raises:
+            UsageError: the session key is empty.
+        """
+        self.record_path(session_key).unlink(missing_ok=True)

@@ -1,0 +1,437 @@
+"""Index sync: discover memory files, diff by content hash, chunk, embed (cached), write.
+
+One :meth:`Indexer.sync` (spec §5.3, E2):
+
+1. compute the index identity (:func:`index_identity`) and compare it with the stored meta;
+   a mismatch (or ``force``, or no meta) means a full reindex (spec §4.4), done safely: build
+   into ``<db>.tmp-<uuid>`` seeded with the live embedding cache, then swap atomically
+   (spec §4.5). On any failure the live index is untouched and no ``.tmp-`` file remains;
+2. otherwise an incremental sync: a file whose ``(mtime, size)`` equals its ``files`` row is
+   not read at all; a read file whose content hash is unchanged only gets its row refreshed;
+   changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
+   transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
+3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
+   and the sync time are stored so every process's ``status()`` sees them.
+
+Embeddings (when a provider exists): chunk texts are looked up in ``embedding_cache`` by
+``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``; fresh
+vectors are upserted into the cache, which is pruned to ``cache.maxEntries`` oldest first.
+
+Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
+``CapacityLimiter(1)``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import anyio
+import orjson
+
+from fallback.chunking import Chunk, chunk_markdown, split_by_utf8_bytes
+from fallback.db import META_KEY, Store, remove_db_files, temp_db_path
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import IndexStoreError
+from fallback.files import (
+    FileContent,
+    MemoryFile,
+    list_memory_files,
+    normalize_extra_paths,
+    read_memory_text,
+)
+from fallback.models import SkippedFile
+from fallback.settings import EngineSettings
+from fallback.textutil import sha256_hex
+
+__all__ = [
+    "FTS_ONLY_MODEL",
+    "Indexer",
+    "SyncReport",
+    "chunk_id",
+    "full_reindex_reason",
+    "index_identity",
+    "pack_vector",
+]
+
+# Model name recorded for chunks written without an embedding provider (spec §3).
+FTS_ONLY_MODEL = "fts-only"
+# Hashes per SQL ``IN`` list when looking up the embedding cache (spec §6.3).
+CACHE_LOOKUP_BATCH = 400
+# Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
+MAX_EMBED_INPUT_BYTES = 8000
+# Skip reason of a file that disappeared between discovery and reading.
+_VANISHED = "vanished before read"
+# Note recorded for a file indexed with invalid UTF-8 bytes replaced.
+INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
+
+ProgressCallback = Callable[[int, int, int], None]
+
+
+def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
+             model: str) -> str:
+    """Chunk primary key: ``sha256_hex("<source>:<path>:<start>:<end>:<hash>:<model>")`` (spec §3)."""
+    return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
+
+
+def pack_vector(vector: list[float]) -> bytes:
+    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
+    return struct.pack(f"<{len(vector)}f", *vector)
+
+
+def _none_provider_key() -> str:
+    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
+
+
+def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
+    """The identity an index is built for (spec §4.3); any change forces a full reindex.
+
+    Returns:
+        ``{model, provider, providerKey, sources, chunkTokens, chunkOverlap, scopeHash,
+        ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
+        multimodal settings (always disabled here).
+    """
+    s = settings.search
+    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
+        settings.workspace_dir, s.extra_paths))
+    scope = {"extraPaths": extra,
+             "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
+    return {
+        "model": provider.model if provider else FTS_ONLY_MODEL,
+        "provider": provider.provider_id if provider else "none",
+        "providerKey": provider.provider_key if provider else _none_provider_key(),
+        "sources": sorted(s.sources),
+        "chunkTokens": s.chunking.tokens,
+        "chunkOverlap": s.chunking.overlap,
+        "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
+        "ftsTokenizer": s.store.fts.tokenizer,
+    }
+
+
+def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
+    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
+
+    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
+    ``provider settings changed``, ``sources changed``, ``scope changed``, ``chunking changed``,
+    ``FTS tokenizer changed``.
+    """
+    if not isinstance(meta, dict):
+        return "no index metadata"
+    if meta.get("model") != identity["model"]:
+        return f"model changed ({meta.get('model')} -> {identity['model']})"
+    if meta.get("provider") != identity["provider"]:
+        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
+    if meta.get("providerKey") != identity["providerKey"]:
+        return "provider settings changed"
+    if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
+        return "sources changed"
+    if meta.get("scopeHash") != identity["scopeHash"]:
+        return "scope changed"
+    if (meta.get("chunkTokens") != identity["chunkTokens"]
+            or meta.get("chunkOverlap") != identity["chunkOverlap"]):
+        return "chunking changed"
+    if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
+        return "FTS tokenizer changed"
+    return None
+
+
+@dataclass
+class SyncReport:
+    """What one sync did.
+
+    Attributes:
+        full: True when it was a full (swapped-in) reindex.
+        full_reason: why a full reindex ran (``force`` or a :func:`full_reindex_reason`).
+        files_total: files discovered.
+        files_indexed: files (re-)chunked and written.
+        files_deleted: indexed files whose rows were removed (vanished or now skipped).
+        chunks_written: chunks written.
+        chunks_embedded: chunk texts sent to the provider (cache misses).
+        skipped: files skipped or indexed with a caveat.
+        issues: scan issues (missing memory dir, legacy ``memory.md`` split ...).
+    """
+
+    full: bool = False
+    full_reason: str | None = None
+    files_total: int = 0
+    files_indexed: int = 0
+    files_deleted: int = 0
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Row:
+    chunk_id: str
+    chunk: Chunk
+    vector: list[float]
+
+
+class Indexer:
+    """Runs syncs of one engine's store.
+
+    Args:
+        settings: the engine settings (workspace, sources, chunking, cache, tokenizer).
+        provider: the embedding provider, or ``None`` (FTS-only: model ``fts-only``).
+        write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
+        now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
+        on_progress: called after each file as ``(files_done, files_total, chunks_embedded)``.
+    """
+
+    def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
+                 write_limiter: anyio.CapacityLimiter, now_ms: Callable[[], int],
+                 on_progress: ProgressCallback | None = None) -> None:
+        self.settings = settings
+        self.provider = provider
+        self._limiter = write_limiter
+        self._now_ms = now_ms
+        self.on_progress = on_progress
+        self._model = provider.model if provider else FTS_ONLY_MODEL
+
+    async def sync(self, store: Store, *, force: bool = False) -> SyncReport:
+        """Bring ``store`` up to date with the workspace.
+
+        Args:
+            store: the live store (swapped in place after a full reindex).
+            force: rebuild everything (safely, into a temporary database).
+
+        Returns:
+            A :class:`SyncReport`.
+
+        Raises:
+            IndexStoreError: the store is locked, read-only or corrupt.
+            EmbeddingProviderError: embedding failed (a full reindex leaves the live index as it
+                was).
+        """
+        identity = index_identity(self.settings, self.provider)
+        meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
+        reason = "force" if force else full_reindex_reason(meta, identity)
+        if reason is not None:
+            return await self._full_reindex(store, identity, reason)
+        report = SyncReport()
+        await self._index_into(store, report, full=False)
+        return report
+
+    async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        report = SyncReport(full=True, full_reason=reason)
+        temp_path = temp_db_path(live.path)
+        try:
+            temp = await anyio.to_thread.run_sync(partial(
+                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer))
+            try:
+                if self.settings.search.cache.enabled:
+                    try:
+                        await anyio.to_thread.run_sync(temp.attach_copy_cache, live.path)
+                    except IndexStoreError:
+                        pass  # an unreadable live store is exactly what a rebuild replaces
+                await self._index_into(temp, report, full=True)
+                meta = dict(identity)
+                dims = await anyio.to_thread.run_sync(
+                    temp.query, "SELECT dims FROM chunks WHERE dims IS NOT NULL LIMIT 1")
+                if dims:
+                    meta["vectorDims"] = int(dims[0][0])
+                await self._write(temp, partial(temp.set_meta, META_KEY, meta))
+                await self._write(temp, partial(self._prune_cache, temp))
+            finally:
+                await anyio.to_thread.run_sync(temp.close)
+            async with self._limiter:
+                await anyio.to_thread.run_sync(live.swap_from, temp_path)
+        finally:
+            await anyio.to_thread.run_sync(remove_db_files, temp_path)
+        return report
+
+    async def _write(self, store: Store, fn: Callable[[], Any]) -> Any:
+        async with self._limiter:
+            return await anyio.to_thread.run_sync(fn)
+
+    async def _index_into(self, store: Store, report: SyncReport, *, full: bool) -> None:
+        s = self.settings.search
+        discovery = await anyio.to_thread.run_sync(partial(
+            list_memory_files, self.settings.workspace_dir, s.extra_paths,
+            max_file_bytes=s.max_file_bytes))
+        report.files_total = len(discovery.files)
+        report.issues = list(discovery.issues)
+        skipped: list[SkippedFile] = list(discovery.skipped)
+        known = {} if full else {row[0]: (row[1], int(row[2]), int(row[3])) for row in
+                                 await anyio.to_thread.run_sync(
+                                     store.query, "SELECT path, hash, mtime, size FROM files"
+                                     " WHERE source = 'memory'")}
+        active: set[str] = set()
+        for done, mf in enumerate(discovery.files, start=1):
+            prev = known.get(mf.rel_path)
+            if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
+                active.add(mf.rel_path)
+            else:
+                read = await anyio.to_thread.run_sync(partial(
+                    read_memory_text, mf, max_file_bytes=s.max_file_bytes))
+                if isinstance(read, SkippedFile):
+                    if read.reason != _VANISHED:
+                        skipped.append(read)
+                else:
+                    active.add(mf.rel_path)
+                    if read.invalid_utf8:
+                        skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+                    if prev is not None and prev[0] == read.content_hash:
+                        await self._write(store, partial(self._touch_file, store, mf, read))
+                    else:
+                        await self._index_file(store, mf, read, report)
+            if self.on_progress is not None:
+                self.on_progress(done, report.files_total, report.chunks_embedded)
+        if not full:
+            stale = sorted(set(known) - active)
+            await self._write(store, partial(self._delete_paths, store, stale))
+            report.files_deleted = len(stale)
+        report.skipped = skipped
+        await self._write(store, partial(self._record_scan, store, report))
+
+    async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
+                          report: SyncReport) -> None:
+        chunks = [c for c in chunk_markdown(content.text, tokens=self.settings.search.chunking.tokens,
+                                            overlap=self.settings.search.chunking.overlap)
+                  if c.text.strip()]
+        vectors: list[list[float]] = [[] for _ in chunks]
+        if self.provider is not None and chunks:
+            cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
+            chunks = [piece for c in chunks for piece in split_by_utf8_bytes(c, cap)]
+            vectors = await self._embed(store, chunks, report)
+        rows: list[_Row] = []
+        seen: set[str] = set()
+        for chunk, vec in zip(chunks, vectors, strict=True):
+            cid = chunk_id(source=mf.source, path=mf.rel_path, start_line=chunk.start_line,
+                           end_line=chunk.end_line, content_hash=chunk.content_hash,
+                           model=self._model)
+            if cid not in seen:
+                seen.add(cid)
+                rows.append(_Row(cid, chunk, vec))
+        await self._write(store, partial(self._write_file, store, mf, content, rows))
+        report.files_indexed += 1
+        report.chunks_written += len(rows)
+
+    async def _embed(self, store: Store, chunks: list[Chunk], report: SyncReport) -> list[list[float]]:
+        assert self.provider is not None
+        p = self.provider
+        cache_on = self.settings.search.cache.enabled
+        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+        found: dict[str, list[float]] = {}
+        if cache_on:
+            found = await anyio.to_thread.run_sync(self._cache_lookup, store, hashes)
+        misses = [h for h in hashes if h not in found]
+        if misses:
+            text_of = {c.content_hash: c.text for c in chunks}
+            fresh = await p.embed_batch([text_of[h] for h in misses])
+            report.chunks_embedded += len(misses)
+            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(misses)}
+            found.update(new)
+            if cache_on:
+                await self._write(store, partial(self._cache_store, store, new))
+        return [found.get(c.content_hash, []) for c in chunks]
+
+    def _cache_lookup(self, store: Store, hashes: list[str]) -> dict[str, list[float]]:
+        assert self.provider is not None
+        p = self.provider
+        out: dict[str, list[float]] = {}
+        for i in range(0, len(hashes), CACHE_LOOKUP_BATCH):
+            part = hashes[i:i + CACHE_LOOKUP_BATCH]
+            marks = ", ".join("?" for _ in part)
+            rows = store.query(
+                f"SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ?"
+                f" AND provider_key = ? AND hash IN ({marks})",
+                [p.provider_id, p.model, p.provider_key, *part])
+            for h, emb in rows:
+                vec = orjson.loads(emb)
+                if vec:
+                    out[h] = vec
+        return out
+
+    def _cache_store(self, store: Store, vectors: dict[str, list[float]]) -> None:
+        assert self.provider is not None
+        p = self.provider
+        now = self._now_ms()
+        with store.transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash,"
+                " embedding, dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(p.provider_id, p.model, p.provider_key, h, orjson.dumps(v).decode(), len(v), now)
+                 for h, v in vectors.items() if v])
+
+    def _prune_cache(self, store: Store) -> None:
+        limit = self.settings.search.cache.max_entries
+        with store.transaction() as conn:
+            count = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+            if count > limit:
+                conn.execute(
+                    "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
+                    " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - limit,))
+
+    def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
+                    rows: list[_Row]) -> None:
+        now = self._now_ms()
+        fts_ok = store.fts_error is None
+        fill_trigram = fts_ok and store.fts_tokenizer != "trigram"
+        with store.transaction() as conn:
+            _delete_rows(conn, mf.rel_path, mf.source)
+            for row in rows:
+                c = row.chunk
+                cur = conn.execute(
+                    "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
+                    " model, text, embedding, vector, dims, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
+                     c.content_hash, self._model, c.text, orjson.dumps(row.vector).decode(),
+                     pack_vector(row.vector) if row.vector else None,
+                     len(row.vector) if row.vector else None, now))
+                if fts_ok:
+                    conn.execute(
+                        "INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line,"
+                        " end_line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (cur.lastrowid, c.text, row.chunk_id, mf.rel_path, mf.source,
+                         self._model, c.start_line, c.end_line))
+                if fill_trigram:
+                    conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
+                                 (cur.lastrowid, c.text))
+            conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size)"
+                         " VALUES (?, ?, ?, ?, ?)",
+                         (mf.rel_path, mf.source, content.content_hash, content.mtime_ms,
+                          content.size))
+
+    @staticmethod
+    def _touch_file(store: Store, mf: MemoryFile, content: FileContent) -> None:
+        with store.transaction() as conn:
+            conn.execute("UPDATE files SET mtime = ?, size = ? WHERE path = ? AND source = ?",
+                         (content.mtime_ms, content.size, mf.rel_path, mf.source))
+
+    @staticmethod
+    def _delete_paths(store: Store, paths: list[str]) -> None:
+        if not paths:
+            return
+        with store.transaction() as conn:
+            for path in paths:
+                _delete_rows(conn, path, "memory")
+                conn.execute("DELETE FROM files WHERE path = ? AND source = 'memory'", (path,))
+
+    def _record_scan(self, store: Store, report: SyncReport) -> None:
+        with store.transaction() as conn:
+            conn.execute("DELETE FROM skipped_files WHERE source = 'memory'")
+            conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
+                             " VALUES (?, 'memory', ?)",
+                             [(s.path, s.reason) for s in report.skipped])
+            store.set_meta("scan_issues", report.issues, conn=conn)
+            store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
+
+
+def _delete_rows(conn: Any, path: str, source: str) -> None:
+    """Delete one file's chunk rows and their FTS rows (inside the caller's transaction)."""
+    sub = "SELECT rowid FROM chunks WHERE path = ? AND source = ?"
+    has_fts = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name IN"
+                           " ('chunks_fts', 'chunks_trigram')").fetchone()[0]
+    if has_fts:
+        conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({sub})", (path, source))
+        conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
+    conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))
+

@@ -33,7 +33,9 @@ __all__ = [
     "escape_glob",
     "parse_collection_list",
     "parse_collection_show",
+    "rebuild",
     "reconcile",
+    "render_index_yml",
     "sanitize_name",
 ]
 
@@ -501,3 +503,38 @@ def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
 def _warn(state: ReconcileState, message: str) -> None:
     log.warning("%s", message)
     state.warnings.append(message)
+
+
+def render_index_yml(managed: list[ManagedCollection]) -> str:
+    """``index.yml`` holding exactly ``managed``, every key and value JSON-quoted (YAML accepts
+    JSON strings, so ``#``, ``:`` and ``[`` in paths and patterns stay literal);
+    ``collections: {}`` when empty."""
+    if not managed:
+        return "collections: {}\n"
+    lines = ["collections:"]
+    for mc in managed:
+        lines.append(f"  {orjson.dumps(mc.name).decode()}:")
+        lines.append(f"    path: {orjson.dumps(str(mc.path)).decode()}")
+        lines.append(f"    pattern: {orjson.dumps(mc.pattern).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand,
+                  index_yml: Path, state: ReconcileState) -> None:
+    """Update repair (spec 2.7.2): rewrite ``index_yml`` with exactly the managed collections,
+    then ``collection remove`` + ``collection add`` each one ("already exists" ignored, other
+    failures logged). Never raises for qmd errors.
+
+    Raises:
+        OSError: ``index_yml`` cannot be written.
+    """
+    index_yml.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index_yml.with_suffix(".yml.tmp")
+    tmp.write_text(render_index_yml(managed), encoding="utf-8")
+    os.replace(tmp, index_yml)
+    for mc in managed:
+        await _remove(run, mc.name)
+        res = await _add(mc, run=run, state=state)
+        if not res.ok and "exists" not in res.message.lower():
+            _warn(state, f"qmd collection re-add failed for {mc.name}: {res.message}")
+    log.warning("qmd managed collections rebuilt for update repair (%d collections)", len(managed))

@@ -7,6 +7,7 @@ Pure functions over plain values, plus :class:`DocLookup`, a read-only view of t
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
@@ -19,23 +20,30 @@ from urllib.parse import unquote
 
 import orjson
 
-from fallback.errors import BackendUnavailableError, QmdOutputError
-from fallback.models import MemorySearchResult, Source
+from fallback.errors import BackendUnavailableError, PathRefusedError, QmdOutputError
+from fallback.models import MemoryReadResult, MemorySearchResult, Source
+from fallback.readfile import DEFAULT_READ_LINES, DEFAULT_READ_MAX_CHARS, page_text
 from qmdbridge.collections import ManagedCollection
 
 __all__ = [
     "DocLookup",
+    "encode_query",
+    "index_counts",
+    "read_in_root",
     "QmdEntry",
     "clamp_injected",
     "display_path",
     "diversify_sources",
     "line_range",
     "map_entries",
+    "merge_key",
     "parse_qmd_json",
     "parse_qmd_uri",
     "slugify_path",
     "strip_ansi",
 ]
+
+log = logging.getLogger("qmdbridge.qmd")
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _NO_RESULTS_RE = re.compile(
@@ -44,6 +52,8 @@ _HEADER_RE = re.compile(r"@@\s*-([0-9]+),([0-9]+)")
 _HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
 # Largest integer JSON numbers keep exactly (JavaScript's Number.MAX_SAFE_INTEGER).
 _MAX_SAFE_INT = 2**53 - 1
+_QUERY_DOC_PREFIX_RE = re.compile(r"^(\s*)(lex|vec|hyde|intent|expand)(\s*):", re.I)
+_LEADING_DASHES_RE = re.compile(r"^(-+)(?=\S)")
 
 
 @dataclass(frozen=True)
@@ -417,6 +427,16 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
     return out
 
 
+def merge_key(entry: QmdEntry, hint: str | None) -> str:
+    """Key that merges the same hit across qmd calls: ``docid:<hex>``, else
+    ``file:<collection>:<collection-relative path>``."""
+    if entry.docid:
+        return f"docid:{entry.docid.lstrip('#')}"
+    uri = parse_qmd_uri(entry.file or "")
+    coll, rel = uri if uri else (entry.collection or hint or "", entry.file or "")
+    return f"file:{coll}:{rel}"
+
+
 def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:
     """Interleave ``memory`` and ``sessions`` hits round-robin (source with the best hit first)
     when both are present, else take the first ``limit``; input is best-first."""
@@ -450,3 +470,91 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
             out.append(r.model_copy(update={"snippet": r.snippet[:budget]}))
         break
     return out
+
+
+def encode_query(query: str, mode: str) -> str:
+    """Make a trimmed user query reach qmd literally.
+
+    ``--`` already stops flag parsing; two qmd grammars remain:
+    - ``query`` mode reads a multi-line text or a line starting with ``lex:``/``vec:``/
+      ``hyde:``/``intent:``/``expand:`` as a structured query document. Newlines become
+      spaces and a leading prefix gets a space before its colon (``lex : x``); FTS drops the
+      colon anyway, so the words searched are the same.
+    - qmd's FTS grammar reads ``-word`` as NOT. A query *starting* with ``-`` would match
+      nothing but negations, so the leading dashes are detached (``-dash x`` -> ``- dash x``);
+      a ``-word`` later in the query keeps qmd's negation meaning.
+    """
+    q = query.strip()
+    if mode == "query":
+        q = " ".join(q.splitlines())
+        q = _QUERY_DOC_PREFIX_RE.sub(lambda m: f"{m.group(1)}{m.group(2)} :", q, count=1)
+    return _LEADING_DASHES_RE.sub(lambda m: m.group(1) + " ", q, count=1)
+
+
+def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
+    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
+
+    A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
+    stats: ...")`` (logged, never raised).
+    """
+    if not db.is_file():
+        return {}, None
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            conn.execute("PRAGMA busy_timeout = 1000")
+            rows = conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 "
+                                "GROUP BY collection").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        log.warning("failed to read qmd index stats: %s", exc)
+        return {}, f"failed to read qmd index stats: {exc}"
+    return {str(c): int(n) for c, n in rows}, None
+
+
+def read_in_root(root: Path, inner: str, shown: str, from_line: int | None,
+                  lines: int | None) -> MemoryReadResult:
+    """Read one page of ``root/inner`` with the memory_get rules (qmd collection files).
+
+    Args:
+        root: the collection root (absolute).
+        inner: path inside the root, ``/``-separated.
+        shown: the path as the caller gave it (used in results and errors).
+        from_line / lines: paging as in ``fallback.readfile.page_text`` (120 lines and
+            12,000 chars by default).
+
+    Returns:
+        The page; ``missing=True`` with empty text when the file does not exist.
+
+    Raises:
+        PathRefusedError: parent segments, escapes, symlinks, non-``.md`` or non-regular files.
+    """
+    parts = inner.replace("\\", "/").split("/")
+    if inner.startswith("/") or any(p == ".." for p in parts):
+        raise PathRefusedError(shown, "parent segment" if ".." in parts else "qmd path escapes collection")
+    target = Path(os.path.normpath(root / inner))
+    try:
+        target.relative_to(root)
+    except ValueError:
+        raise PathRefusedError(shown, "qmd path escapes collection") from None
+    if not target.name.lower().endswith(".md"):
+        raise PathRefusedError(shown, "not markdown")
+    cur = root
+    for p in [x for x in parts if x and x != "."]:
+        cur = cur / p
+        if cur.is_symlink():
+            raise PathRefusedError(shown, "symlink")
+    if not target.exists():
+        return MemoryReadResult(path=shown, text="", missing=True)
+    if not target.is_file():
+        raise PathRefusedError(shown, "not a regular file")
+    try:
+        text = target.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return MemoryReadResult(path=shown, text="", missing=True)
+    body, start, count, truncated, next_from = page_text(
+        text, from_line=from_line, lines=lines, default_lines=DEFAULT_READ_LINES,
+        max_chars=DEFAULT_READ_MAX_CHARS)
+    return MemoryReadResult(path=shown, text=body, from_line=start, lines=count,
+                            truncated=truncated, next_from=next_from)

@@ -1,0 +1,261 @@
+"""Tests for fallback.files: discovery (spec §2, §12 cases 1-9, 11-12) and reading."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from fallback.files import (
+    MemoryFile,
+    is_memory_path,
+    list_memory_files,
+    normalize_extra_paths,
+    read_memory_text,
+)
+from fallback.models import SkippedFile
+
+
+def _write(path: Path, text: str = "x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _rels(ws: Path, extra: list[str] | None = None) -> list[str]:
+    return [f.rel_path for f in list_memory_files(ws, extra or []).files]
+
+
+def test_case1_normalize_extra_paths(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    out = normalize_extra_paths(ws, [" notes ", "./notes", "/shared-notes", "/shared-notes", ""])
+    assert out == [ws / "notes", Path("/shared-notes")]
+
+
+def test_normalize_expands_tilde(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    home = Path(os.path.expanduser("~"))
+    assert normalize_extra_paths(ws, ["~/notes", "~", "a/../b"]) == [home / "notes", home, ws / "b"]
+
+
+def test_case2_extra_dir_markdown_only(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    extra = tmp_path / "extra"
+    for name in ("note1.md", "note2.md", "ignore.txt"):
+        _write(extra / name)
+    assert _rels(ws, [str(extra)]) == ["MEMORY.md", "../extra/note1.md", "../extra/note2.md"]
+
+
+def test_case3_extra_single_file(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "standalone.md")
+    assert _rels(ws, ["standalone.md"]) == ["MEMORY.md", "standalone.md"]
+
+
+def test_case4_only_legacy_lowercase_is_indexed(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "memory.md")
+    disc = list_memory_files(ws, [])
+    assert [f.rel_path for f in disc.files] == ["memory.md"]
+    assert disc.issues == [f"memory directory missing: {ws / 'memory'}"]
+
+
+def test_case5_both_roots_only_upper_and_issue(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md", "upper")
+    _write(ws / "memory.md", "lower")
+    if len(os.listdir(ws)) == 1:
+        pytest.skip("case-insensitive file system")
+    disc = list_memory_files(ws, [str(ws)])
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md"]
+    assert ("both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed "
+            "(merge memory.md into MEMORY.md)") in disc.issues
+
+
+def test_case6_relative_extra_dir(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "subdir" / "nested.md")
+    assert _rels(ws, ["subdir"]) == ["MEMORY.md", "subdir/nested.md"]
+
+
+def test_case7_missing_extra_is_issue(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    (ws / "memory").mkdir()
+    disc = list_memory_files(ws, ["/does/not/exist"])
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md"]
+    assert disc.issues == ["extra path missing: /does/not/exist"]
+
+
+def test_missing_memory_dir_is_issue(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    disc = list_memory_files(ws, [])
+    assert disc.issues == [f"memory directory missing: {ws / 'memory'}"]
+
+
+def test_case8_symlinks_not_followed(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    extra = tmp_path / "extra"
+    _write(extra / "note.md")
+    outside = tmp_path / "outside"
+    _write(outside / "secret.md")
+    (extra / "linked.md").symlink_to(outside / "secret.md")
+    (extra / "linkdir").symlink_to(outside)
+    linked_extra = tmp_path / "linked-extra"
+    linked_extra.symlink_to(outside)
+    disc = list_memory_files(ws, [str(extra), str(linked_extra)])
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md", "../extra/note.md"]
+    assert disc.skipped == [SkippedFile(path="../extra/linkdir", reason="symlink (not followed)"),
+                            SkippedFile(path="../extra/linked.md", reason="symlink (not followed)")]
+    assert f"extra path is a symlink (not followed): {linked_extra}" in disc.issues
+
+
+def test_case9_dedup_by_real_path(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "memory" / "2026-01-01.md")
+    assert _rels(ws, [str(ws), ".", str(ws / "MEMORY.md")]) == ["MEMORY.md", "memory/2026-01-01.md"]
+
+
+def test_memory_tree_walk_rules(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "memory" / "b.md")
+    _write(ws / "memory" / "a.md")
+    _write(ws / "memory" / "sub" / "deep" / "c.md")
+    _write(ws / "memory" / "upper.MD")
+    _write(ws / "memory" / "notes.txt")
+    for junk in (".openclaw-repair", ".git", "node_modules", ".venv", "venv", "__pycache__",
+                 ".tox", ".pnpm-store"):
+        _write(ws / "memory" / junk / "hidden.md")
+    (ws / "MEMORY-link.md").symlink_to(ws / "MEMORY.md")
+    assert _rels(ws) == ["MEMORY.md", "memory/a.md", "memory/b.md", "memory/sub/deep/c.md"]
+
+
+def test_symlinked_root_file_skipped(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(tmp_path / "real.md")
+    ws.mkdir()
+    (ws / "MEMORY.md").symlink_to(tmp_path / "real.md")
+    disc = list_memory_files(ws, [])
+    assert disc.files == []
+    assert disc.skipped == [SkippedFile(path="MEMORY.md", reason="symlink (not followed)")]
+
+
+def test_workspace_extra_skips_repair_backups(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "README.md")
+    _write(ws / ".openclaw-repair" / "root-memory" / "2026" / "memory.md")
+    assert _rels(ws, ["."]) == ["MEMORY.md", "README.md"]
+
+
+def test_too_large_file_skipped(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md", "small")
+    _write(ws / "memory" / "big.md", "y" * 100)
+    disc = list_memory_files(ws, [], max_file_bytes=50)
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md"]
+    assert disc.skipped == [SkippedFile(path="memory/big.md", reason="too large (100 bytes > cap 50)")]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
+def test_unreadable_file_skipped(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    locked = _write(ws / "memory" / "locked.md")
+    locked.chmod(0)
+    try:
+        disc = list_memory_files(ws, [])
+    finally:
+        locked.chmod(0o644)
+    assert disc.files == []
+    assert disc.skipped == [SkippedFile(path="memory/locked.md", reason="unreadable: Permission denied")]
+
+
+def test_file_entry_fields(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    note = _write(ws / "memory" / "note.md", "hello")
+    (f,) = list_memory_files(ws, []).files
+    assert f == MemoryFile(abs_path=note, rel_path="memory/note.md", source="memory", size=5,
+                           mtime_ms=note.stat().st_mtime_ns // 1_000_000)
+
+
+def test_case11_is_memory_path() -> None:
+    assert is_memory_path("dreams.md")
+    assert is_memory_path("DREAMS.md")
+    assert is_memory_path("MEMORY.md")
+    assert is_memory_path("memory.md")
+    assert is_memory_path("./memory/2026-01-01.md")
+    assert is_memory_path("/memory/x.md")
+    assert is_memory_path("memory\\x.md")
+    assert not is_memory_path("memory/")
+    assert not is_memory_path("memory-evil/x.md")
+    assert not is_memory_path("NOTES.md")
+    assert not is_memory_path("Memory.md")
+
+
+def _mf(path: Path, rel: str) -> MemoryFile:
+    return MemoryFile(abs_path=path, rel_path=rel)
+
+
+def test_case12_read_vanished_file(tmp_path: Path) -> None:
+    got = read_memory_text(_mf(tmp_path / "gone.md", "gone.md"), max_file_bytes=100)
+    assert got == SkippedFile(path="gone.md", reason="vanished before read")
+
+
+def test_read_text_fields(tmp_path: Path) -> None:
+    note = _write(tmp_path / "note.md", "hello")
+    got = read_memory_text(_mf(note, "note.md"), max_file_bytes=100)
+    assert got.text == "hello"
+    assert got.content_hash == hashlib.sha256(b"hello").hexdigest()
+    assert (got.invalid_utf8, got.size) == (False, 5)
+    assert got.mtime_ms == note.stat().st_mtime_ns // 1_000_000
+
+
+def test_read_strips_bom_hash_of_raw_bytes(tmp_path: Path) -> None:
+    note = tmp_path / "bom.md"
+    note.write_bytes(b"\xef\xbb\xbfhi\n")
+    got = read_memory_text(_mf(note, "bom.md"), max_file_bytes=100)
+    assert got.text == "hi\n"
+    assert got.content_hash == hashlib.sha256(b"\xef\xbb\xbfhi\n").hexdigest()
+    assert got.size == 6
+
+
+def test_read_invalid_utf8_replaced(tmp_path: Path) -> None:
+    note = tmp_path / "bad.md"
+    note.write_bytes(b"ok \xff\xfe end")
+    got = read_memory_text(_mf(note, "bad.md"), max_file_bytes=100)
+    assert got.text == "ok \ufffd\ufffd end"
+    assert got.invalid_utf8 is True
+
+
+def test_read_binary_and_too_large_and_symlink(tmp_path: Path) -> None:
+    binary = tmp_path / "bin.md"
+    binary.write_bytes(b"abc\x00def")
+    assert read_memory_text(_mf(binary, "bin.md"), max_file_bytes=100) == SkippedFile(
+        path="bin.md", reason="binary file (NUL bytes)")
+    big = _write(tmp_path / "big.md", "z" * 20)
+    assert read_memory_text(_mf(big, "big.md"), max_file_bytes=10) == SkippedFile(
+        path="big.md", reason="too large (20 bytes > cap 10)")
+    link = tmp_path / "link.md"
+    link.symlink_to(big)
+    assert read_memory_text(_mf(link, "link.md"), max_file_bytes=100) == SkippedFile(
+        path="link.md", reason="symlink (not followed)")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
+def test_read_permission_denied(tmp_path: Path) -> None:
+    note = _write(tmp_path / "locked.md")
+    note.chmod(0)
+    try:
+        got = read_memory_text(_mf(note, "locked.md"), max_file_bytes=100)
+    finally:
+        note.chmod(0o644)
+    assert got == SkippedFile(path="locked.md", reason="unreadable: Permission denied")

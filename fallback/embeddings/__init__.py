@@ -1,0 +1,160 @@
+"""Embedding providers: the registry, the ``auto`` order and provider selection.
+
+``select_provider(settings)`` turns ``memorySearch.provider`` / ``fallback`` into a provider
+(or none, with the reason) without any network call. Rules (spec 6.1, E2, with the decision
+that an explicitly configured provider that cannot be created is an error, not a silent
+keyword-only mode):
+
+* ``none``: keyword-only on purpose (``unavailable_reason="provider set to none"``).
+* ``auto``: ``local`` when ``local.modelPath`` names an existing file and llama-cpp-python is
+  installed, then ``openai``, ``gemini``, ``voyage``, ``mistral`` by available API key. If none
+  can be created, there is no provider and ``unavailable_reason`` joins the reasons; this is
+  not an error (keyword-only search).
+* an explicit provider that cannot be created: the ``fallback`` provider is tried (when it is
+  not ``none`` and differs); if that fails too, ``error`` says
+  ``memory search unavailable: <provider>: <reason>``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from fallback.embeddings import (
+    gemini,
+    local_gguf,
+    mistral,
+    ollama,
+    openai,
+    openai_compatible,
+    voyage,
+)
+from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider, probe
+from fallback.errors import EmbeddingProviderUnavailableError
+from fallback.settings import MemorySearchSettings
+
+__all__ = [
+    "AUTO_ORDER",
+    "PROVIDERS",
+    "BaseProvider",
+    "CallPolicy",
+    "EmbeddingProvider",
+    "ProviderFactory",
+    "ProviderSelection",
+    "create_provider",
+    "probe",
+    "select_provider",
+]
+
+ProviderFactory = Callable[..., EmbeddingProvider]
+"""``factory(settings, *, env) -> EmbeddingProvider``; raises
+``EmbeddingProviderUnavailableError`` when the provider cannot be created."""
+
+# name -> factory; read-only (tests pass their own mapping to ``select_provider``).
+PROVIDERS: Mapping[str, ProviderFactory] = MappingProxyType({
+    "openai": openai.from_settings,
+    "openai-compatible": openai_compatible.from_settings,
+    "gemini": gemini.from_settings,
+    "voyage": voyage.from_settings,
+    "mistral": mistral.from_settings,
+    "ollama": ollama.from_settings,
+    "local": local_gguf.from_settings,
+})
+
+# The order ``auto`` tries (spec 6.1, E1/E2); ollama and openai-compatible are never guessed.
+AUTO_ORDER: tuple[str, ...] = ("local", "openai", "gemini", "voyage", "mistral")
+
+
+@dataclass(frozen=True)
+class ProviderSelection:
+    """The outcome of :func:`select_provider`.
+
+    Attributes:
+        provider: the provider to use, or None (keyword-only search).
+        requested: ``memorySearch.provider`` as configured (``auto``, ``openai``, ...).
+        unavailable_reason: why the requested provider is not in use (None when it is).
+        error: set when search must report itself unavailable (an explicit provider and its
+            fallback could not be created); None otherwise.
+        fallback_from: the requested provider's id when ``provider`` is the fallback.
+    """
+
+    provider: EmbeddingProvider | None
+    requested: str
+    unavailable_reason: str | None = None
+    error: str | None = None
+    fallback_from: str | None = None
+
+
+def create_provider(name: str, settings: MemorySearchSettings, *,
+                    env: Mapping[str, str] | None = None,
+                    registry: Mapping[str, ProviderFactory] | None = None) -> EmbeddingProvider:
+    """Create provider ``name`` from ``settings`` (no network call).
+
+    Raises:
+        EmbeddingProviderUnavailableError: unknown name, missing key, missing model file...
+    """
+    factories = PROVIDERS if registry is None else registry
+    factory = factories.get(name)
+    if factory is None:
+        raise EmbeddingProviderUnavailableError(name, f"unknown embedding provider {name!r}")
+    return factory(settings, env=os.environ if env is None else env)
+
+
+def _select_auto(settings: MemorySearchSettings, env: Mapping[str, str],
+                 registry: Mapping[str, ProviderFactory] | None) -> ProviderSelection:
+    missing_keys: list[str] = []
+    other: list[str] = []
+    for name in AUTO_ORDER:
+        try:
+            return ProviderSelection(create_provider(name, settings, env=env, registry=registry),
+                                     settings.provider)
+        except EmbeddingProviderUnavailableError as exc:
+            if exc.missing_api_key:
+                missing_keys.append(name)
+            else:
+                other.append(exc.reason)
+    reasons = ([f"no API key found for {', '.join(missing_keys)}"] if missing_keys else []) + other
+    return ProviderSelection(None, settings.provider, unavailable_reason="; ".join(reasons))
+
+
+def select_provider(settings: MemorySearchSettings, *, env: Mapping[str, str] | None = None,
+                    registry: Mapping[str, ProviderFactory] | None = None) -> ProviderSelection:
+    """Pick the embedding provider for ``settings`` (rules in the module docstring).
+
+    Args:
+        settings: ``memorySearch`` settings.
+        env: environment for API keys (default ``os.environ``).
+        registry: name -> factory (default :data:`PROVIDERS`).
+
+    Never raises for an unavailable provider: the outcome is in the returned selection.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    requested = settings.provider
+    if requested == "none":
+        return ProviderSelection(None, requested, unavailable_reason="provider set to none")
+    if requested == "auto":
+        return _select_auto(settings, environ, registry)
+    try:
+        return ProviderSelection(create_provider(requested, settings, env=environ,
+                                                 registry=registry), requested)
+    except EmbeddingProviderUnavailableError as exc:
+        reason = exc.reason
+    error = f"memory search unavailable: {requested}: {reason}"
+    fallback = (settings.fallback or "none").strip()
+    if fallback not in ("none", "", requested):
+        if fallback == "auto":
+            chosen = _select_auto(settings, environ, registry)
+            fb_provider, fb_reason = chosen.provider, chosen.unavailable_reason
+        else:
+            try:
+                fb_provider = create_provider(fallback, settings, env=environ, registry=registry)
+                fb_reason = None
+            except EmbeddingProviderUnavailableError as exc:
+                fb_provider, fb_reason = None, exc.reason
+        if fb_provider is not None:
+            return ProviderSelection(fb_provider, requested, unavailable_reason=reason,
+                                     fallback_from=requested)
+        error += f"; fallback {fallback}: {fb_reason}"
+    return ProviderSelection(None, requested, unavailable_reason=reason, error=error)

@@ -7,9 +7,42 @@ that return unnormalised vectors (local GGUF, ollama) L2-normalise them here.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import hashlib
+import json
+import math
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
 
-__all__ = ["EmbeddingProvider"]
+import anyio
+import anyio.abc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from fallback.errors import EmbeddingProviderError
+
+__all__ = [
+    "BATCH_TIMEOUT_S",
+    "LOCAL_BATCH_TIMEOUT_S",
+    "LOCAL_QUERY_TIMEOUT_S",
+    "MAX_BATCH_BYTES",
+    "QUERY_TIMEOUT_S",
+    "BaseProvider",
+    "BatchEmbedder",
+    "CallPolicy",
+    "EmbeddingProvider",
+    "compute_provider_key",
+    "group_by_bytes",
+    "is_splittable",
+    "max_input_tokens_for",
+    "probe",
+    "retry_wait_s",
+    "sanitize_vector",
+]
+
+T_in = TypeVar("T_in")
+T_out = TypeVar("T_out")
 
 
 @runtime_checkable
@@ -49,3 +82,357 @@ class EmbeddingProvider(Protocol):
     async def aclose(self) -> None:
         """Release HTTP clients or the loaded model."""
         ...
+
+
+# Request batches hold at most this many UTF-8 bytes (spec 6.3; also the chunk-split cap of spec 3).
+MAX_BATCH_BYTES = 8000
+# Default parallel requests per embed_batch call (ollama and local use 1).
+DEFAULT_CONCURRENCY = 4
+# Per-call timeouts in seconds (spec 6.4): remote query/batch, local query/batch.
+QUERY_TIMEOUT_S = 60.0
+BATCH_TIMEOUT_S = 120.0
+LOCAL_QUERY_TIMEOUT_S = 300.0
+LOCAL_BATCH_TIMEOUT_S = 600.0
+# Retry policy (spec 6.4, E2+): 3 calls in total, 500 ms doubling, jitter x[1, 1.2], cap 8 s.
+RETRY_ATTEMPTS = 3
+RETRY_BASE_S = 0.5
+RETRY_MAX_S = 8.0
+RETRY_JITTER = (1.0, 1.2)
+# Vectors with a smaller L2 magnitude are left as they are instead of being normalised.
+MIN_NORM = 1e-10
+
+# Provider input limits in tokens (spec 3 table), then per-provider defaults.
+_KNOWN_MAX_INPUT_TOKENS = (
+    ("openai", "text-embedding-3-small", 8192),
+    ("openai", "text-embedding-3-large", 8192),
+    ("openai", "text-embedding-ada-002", 8191),
+    ("gemini", "text-embedding-004", 2048),
+    ("voyage", "voyage-3", 32000),
+    ("voyage", "voyage-3-lite", 16000),
+    ("voyage", "voyage-code-3", 32000),
+)
+_DEFAULT_MAX_INPUT_TOKENS = (("gemini", 2048), ("local", 2048))
+FALLBACK_MAX_INPUT_TOKENS = 8192
+
+# Headers that carry credentials: never part of the provider key (spec 4.3).
+_SECRET_HEADERS = frozenset({"authorization", "x-goog-api-key"})
+
+# Error text that means "this request was too big; a smaller batch may pass" (spec 6.4, E2+).
+_SPLITTABLE_RE = re.compile(
+    r"maximum context length|max input length|too many inputs|batch size is invalid"
+    r"|request header fields too large|payload too large|request entity too large",
+    re.IGNORECASE,
+)
+_SPLITTABLE_STATUS = frozenset({413, 431})
+
+
+def max_input_tokens_for(provider_id: str, model: str) -> int:
+    """Input limit of a provider/model in tokens (spec section 3 table).
+
+    Known ``provider:model`` pairs first, then gemini/local 2048, anything else 8192.
+    """
+    for prov, name, limit in _KNOWN_MAX_INPUT_TOKENS:
+        if prov == provider_id and name == model:
+            return limit
+    return dict(_DEFAULT_MAX_INPUT_TOKENS).get(provider_id, FALLBACK_MAX_INPUT_TOKENS)
+
+
+def compute_provider_key(provider_id: str, model: str, *, base_url: str | None = None,
+                         headers: Mapping[str, str] | None = None,
+                         extra: Mapping[str, object] | None = None) -> str:
+    """sha256 hex of the provider's endpoint fingerprint (spec 4.3).
+
+    The fingerprint is compact JSON ``{"provider", "baseUrl"?, "model", "headers"?, ...extra}``;
+    headers are ``[[name, value], ...]`` sorted by lower-cased name with ``authorization`` and
+    ``x-goog-api-key`` dropped, so rotating a key never changes the index identity.
+    ``extra`` entries whose value is None are left out (e.g. openai ``dimensions`` unset).
+
+    Source: OpenClaw ``computeProviderKey`` (``src/memory/manager.ts``), described in spec 4.3.
+    """
+    data: dict[str, object] = {"provider": provider_id}
+    if base_url is not None:
+        data["baseUrl"] = base_url
+    data["model"] = model
+    if base_url is not None or headers:
+        pairs = sorted(((k, v) for k, v in (headers or {}).items()
+                        if k.lower() not in _SECRET_HEADERS), key=lambda kv: kv[0].lower())
+        data["headers"] = [[k, v] for k, v in pairs]
+    for key, value in (extra or {}).items():
+        if value is not None:
+            data[key] = value
+    blob = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def sanitize_vector(values: Sequence[float], *, normalize: bool) -> list[float]:
+    """Return ``values`` as floats with non-finite entries set to 0.
+
+    With ``normalize`` the result is L2-normalised unless its magnitude is below 1e-10
+    (an all-zero vector stays all zeros). Source: spec 6.2 "Normalisation".
+    """
+    out = [float(v) if math.isfinite(v) else 0.0 for v in values]
+    if normalize:
+        magnitude = math.sqrt(math.fsum(v * v for v in out))
+        if magnitude >= MIN_NORM:
+            out = [v / magnitude for v in out]
+    return out
+
+
+def group_by_bytes(texts: Sequence[str], *, max_bytes: int = MAX_BATCH_BYTES) -> list[list[int]]:
+    """Split text positions into request batches of at most ``max_bytes`` UTF-8 bytes each.
+
+    Order is kept; a text larger than ``max_bytes`` on its own forms a batch of one.
+    Returns lists of indices into ``texts``. Source: spec 6.3 step 2.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i, text in enumerate(texts):
+        n = len(text.encode("utf-8"))
+        if current and size + n > max_bytes:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def retry_wait_s(attempt: int, *, retry_after_s: float | None = None, base_s: float = RETRY_BASE_S,
+                 jitter: float | None = None) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 = wait after the first failure).
+
+    The server's Retry-After (seconds) wins when present; otherwise ``base_s * 2**(attempt-1)``
+    times a jitter factor (random in [1, 1.2] unless given). Both are capped at 8 s.
+    Source: spec 6.4 back-off.
+    """
+    if retry_after_s is not None:
+        return max(0.0, min(float(retry_after_s), RETRY_MAX_S))
+    factor = random.uniform(*RETRY_JITTER) if jitter is None else jitter
+    return min(base_s * (2 ** (attempt - 1)) * factor, RETRY_MAX_S)
+
+
+def is_splittable(exc: EmbeddingProviderError) -> bool:
+    """True when the provider rejected a request as too large (413/431 or a size message)."""
+    return exc.status in _SPLITTABLE_STATUS or bool(_SPLITTABLE_RE.search(str(exc)))
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, EmbeddingProviderError) and exc.retryable
+
+
+def format_seconds(seconds: float) -> str:
+    """``120.0`` -> ``"120"``, ``0.25`` -> ``"0.25"`` (for timeout messages)."""
+    return f"{seconds:g}"
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """How a provider runs its requests.
+
+    Attributes:
+        concurrency: parallel requests inside one ``embed_batch`` call (>= 1).
+        query_timeout_s: deadline of one query request attempt, in seconds.
+        batch_timeout_s: deadline of one document request attempt, in seconds.
+        retry_attempts: calls in total per request (first call included).
+        retry_base_s: first back-off wait in seconds (doubles per retry, capped at 8 s).
+    """
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    query_timeout_s: float = QUERY_TIMEOUT_S
+    batch_timeout_s: float = BATCH_TIMEOUT_S
+    retry_attempts: int = RETRY_ATTEMPTS
+    retry_base_s: float = RETRY_BASE_S
+
+    @classmethod
+    def remote(cls, *, concurrency: int | None = None,
+               batch_timeout_s: float | None = None) -> CallPolicy:
+        """Remote defaults (4 parallel, 60 s / 120 s), with optional overrides."""
+        return cls(concurrency=max(1, concurrency or DEFAULT_CONCURRENCY),
+                   batch_timeout_s=batch_timeout_s or BATCH_TIMEOUT_S)
+
+    @classmethod
+    def local(cls, *, batch_timeout_s: float | None = None) -> CallPolicy:
+        """Local GGUF defaults (1 at a time, 300 s / 600 s)."""
+        return cls(concurrency=1, query_timeout_s=LOCAL_QUERY_TIMEOUT_S,
+                   batch_timeout_s=batch_timeout_s or LOCAL_BATCH_TIMEOUT_S)
+
+
+class BatchEmbedder(Protocol):
+    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``)."""
+
+    @property
+    def enabled(self) -> bool:
+        """False once batch mode was disabled after repeated failures."""
+        ...
+
+    async def run(self, texts: list[str]) -> list[list[float]] | None:
+        """Vectors for ``texts``, or None when the caller must embed inline."""
+        ...
+
+
+class BaseProvider:
+    """Shared machinery of every provider: batching, retries, halving, timeouts, checks.
+
+    A subclass sets ``provider_id`` and implements ``_request_query(text)`` and
+    ``_request_batch(texts)`` (one request each, raising ``EmbeddingProviderError``); this
+    class wraps them with per-attempt timeouts, tenacity retries of retryable errors
+    (honouring Retry-After), recursive halving of batches rejected as too large, byte-bounded
+    grouping with bounded concurrency, vector sanitising and dimension checks.
+
+    Source: the shape of simonw/llm ``EmbeddingModel`` (a subclass supplies one call) and
+    OpenClaw ``embedBatchWithRetry`` for the policy (spec 6.3, 6.4).
+    """
+
+    provider_id: str = ""
+    max_batch_bytes: int = MAX_BATCH_BYTES
+
+    def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
+                 max_input_tokens: int | None = None, normalize: bool = False,
+                 policy: CallPolicy | None = None, batch_runner: BatchEmbedder | None = None) -> None:
+        """Args:
+            model: model id as sent to the provider.
+            provider_key: from :func:`compute_provider_key`.
+            dims: configured vector length; None = learned from the first vector.
+            max_input_tokens: input limit in tokens (default from the spec 3 table).
+            normalize: L2-normalise vectors (local, ollama).
+            policy: concurrency, timeouts and retry settings.
+            batch_runner: provider batch-job runner used by ``embed_batch`` when enabled.
+        """
+        self.model = model
+        self.provider_key = provider_key
+        self.dims = dims
+        self.max_input_tokens = max_input_tokens or max_input_tokens_for(self.provider_id, model)
+        self.normalize = normalize
+        self.policy = policy or CallPolicy()
+        self.batch_runner = batch_runner
+
+    async def _request_query(self, text: str) -> list[float]:
+        """One query request; subclasses override. Default: a batch of one."""
+        vectors = await self._request_batch([text])
+        return vectors[0] if vectors else []
+
+    async def _request_batch(self, texts: list[str]) -> list[list[float]]:
+        """One document request for ``texts``; subclasses must override."""
+        raise NotImplementedError
+
+    async def embed_query(self, text: str) -> list[float]:
+        """Embed one search query (retried, timed out after ``policy.query_timeout_s``).
+
+        Returns the sanitised vector (``[]`` when the provider returned none).
+        Raises ``EmbeddingProviderError`` (wrong dimensions, timeout, HTTP failure).
+        """
+        vector = await self._with_retry(self._request_query, text, kind="query",
+                                        timeout_s=self.policy.query_timeout_s)
+        return self._check([vector])[0]
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        """Embed documents; result ``i`` belongs to ``texts[i]`` (``[]`` when missing).
+
+        Uses the batch-job runner when it is enabled and succeeds; otherwise groups texts
+        into requests of at most ``max_batch_bytes`` UTF-8 bytes, runs at most
+        ``policy.concurrency`` at once, retries and halves as described on the class.
+        Raises ``EmbeddingProviderError``.
+        """
+        if not texts:
+            return []
+        if self.batch_runner is not None and self.batch_runner.enabled:
+            vectors = await self.batch_runner.run(list(texts))
+            if vectors is not None:
+                return self._check(vectors, count=len(texts))
+        results: list[list[float]] = [[] for _ in texts]
+        errors: list[EmbeddingProviderError] = []
+        limiter = anyio.CapacityLimiter(max(1, self.policy.concurrency))
+
+        async def run_group(indices: list[int], tg: anyio.abc.TaskGroup) -> None:
+            async with limiter:
+                if errors:
+                    return
+                try:
+                    vectors = await self._embed_group([texts[i] for i in indices])
+                except EmbeddingProviderError as exc:
+                    errors.append(exc)
+                    tg.cancel_scope.cancel()
+                    return
+            for pos, i in enumerate(indices):
+                results[i] = vectors[pos] if pos < len(vectors) else []
+
+        async with anyio.create_task_group() as tg:
+            for indices in group_by_bytes(texts, max_bytes=self.max_batch_bytes):
+                tg.start_soon(run_group, indices, tg)
+        if errors:
+            raise errors[0]
+        return self._check(results)
+
+    async def _embed_group(self, texts: list[str]) -> list[list[float]]:
+        try:
+            return await self._with_retry(self._request_batch, texts, kind="batch",
+                                          timeout_s=self.policy.batch_timeout_s)
+        except EmbeddingProviderError as exc:
+            if len(texts) > 1 and is_splittable(exc):
+                mid = len(texts) // 2
+                return await self._embed_group(texts[:mid]) + await self._embed_group(texts[mid:])
+            raise
+
+    async def _with_retry(self, call: Callable[[T_in], Awaitable[T_out]], arg: T_in, *, kind: str,
+                          timeout_s: float) -> T_out:
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
+            return retry_wait_s(state.attempt_number, retry_after_s=after,
+                                base_s=self.policy.retry_base_s)
+
+        retrying = AsyncRetrying(stop=stop_after_attempt(max(1, self.policy.retry_attempts)),
+                                 retry=retry_if_exception(_is_retryable), wait=wait,
+                                 sleep=anyio.sleep, reraise=True)
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    with anyio.fail_after(timeout_s):
+                        return await call(arg)
+                except TimeoutError as exc:
+                    raise EmbeddingProviderError(
+                        self.provider_id,
+                        f"memory embeddings {kind} timed out after {format_seconds(timeout_s)}s",
+                        retryable=True) from exc
+        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+    def _check(self, vectors: list[list[float]], *, count: int | None = None) -> list[list[float]]:
+        """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``."""
+        out: list[list[float]] = []
+        for vector in vectors:
+            clean = sanitize_vector(vector, normalize=self.normalize) if vector else []
+            if clean:
+                if self.dims is None:
+                    self.dims = len(clean)
+                elif len(clean) != self.dims:
+                    raise EmbeddingProviderError(
+                        self.provider_id,
+                        f"embedding has {len(clean)} dimensions, expected {self.dims} "
+                        f"(model {self.model})")
+            out.append(clean)
+        if count is not None:
+            out = (out + [[] for _ in range(count)])[:count]
+        return out
+
+    async def aclose(self) -> None:
+        """Release resources (subclasses close HTTP clients or drop the loaded model)."""
+
+
+async def probe(provider: EmbeddingProvider | None) -> tuple[bool, str | None]:
+    """Check that ``provider`` can embed: embeds ``["ping"]`` (spec 11).
+
+    Returns ``(True, None)`` on success, ``(False, message)`` on an ``EmbeddingProviderError``
+    or when the provider returned no vector; ``provider=None`` gives
+    ``(False, "No embedding provider available (FTS-only mode)")``.
+    """
+    if provider is None:
+        return False, "No embedding provider available (FTS-only mode)"
+    try:
+        vectors = await provider.embed_batch(["ping"])
+    except EmbeddingProviderError as exc:
+        return False, str(exc)
+    if not vectors or not vectors[0]:
+        return False, f"{provider.provider_id} embedding probe returned no vector"
+    return True, None

@@ -1,0 +1,241 @@
+"""The HTTP client of the remote embedding providers, and the one place httpx errors are mapped.
+
+Every remote provider owns one :class:`HttpClient` (a lazily created ``httpx.AsyncClient``).
+HTTP failures become :class:`~fallback.errors.EmbeddingProviderError` here and nowhere else:
+429 and 5xx are retryable (with the server's Retry-After), other 4xx are not, transport errors
+and timeouts are retryable. API keys never appear in messages: every known secret value is
+replaced by ``***`` in the provider's error text.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import orjson
+
+from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
+
+__all__ = [
+    "HttpClient",
+    "RemoteEndpoint",
+    "error_from_response",
+    "map_transport_errors",
+    "parse_retry_after",
+    "resolve_endpoint",
+]
+
+# Provider error text kept in our messages, in characters.
+MAX_ERROR_TEXT_CHARS = 300
+# Error text that marks a 4xx (or anything) as a transient quota problem (spec 6.4).
+_RETRYABLE_TEXT_RE = re.compile(
+    r"rate limit|too many requests|resource has been exhausted|tokens per day|cloudflare",
+    re.IGNORECASE,
+)
+
+
+def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date.
+
+    Returns None for a missing or unparsable value; a date in the past gives 0.
+    ``now_s`` is the current epoch time in seconds (default ``time.time()``).
+    """
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    current = time.time() if now_s is None else now_s
+    return max(0.0, when.timestamp() - current)
+
+
+def _redact(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The provider's error message: ``error.message`` of a JSON body, else the raw text."""
+    try:
+        body = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text.strip()
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body.get("message")))
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+        if isinstance(err, str):
+            return err
+    if isinstance(body, list) and body and isinstance(body[0], dict):
+        err = body[0].get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return err["message"]
+    return response.text.strip()
+
+
+def error_from_response(provider_id: str, response: httpx.Response, *,
+                        secrets: Sequence[str] = ()) -> EmbeddingProviderError:
+    """Build the error for a non-2xx response.
+
+    429 and 5xx (and quota messages) are retryable and carry Retry-After in seconds;
+    other statuses are not. The message holds the provider's error text, secrets redacted,
+    cut to 300 characters.
+    """
+    status = response.status_code
+    text = _redact(_error_text(response), secrets)
+    if len(text) > MAX_ERROR_TEXT_CHARS:
+        text = text[:MAX_ERROR_TEXT_CHARS] + "..."
+    retryable = status == 429 or status >= 500 or bool(_RETRYABLE_TEXT_RE.search(text))
+    retry_after = parse_retry_after(response.headers.get("retry-after")) if retryable else None
+    return EmbeddingProviderError(provider_id, text or response.reason_phrase or "request failed",
+                                  status=status, retryable=retryable, retry_after_s=retry_after)
+
+
+@contextmanager
+def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> Iterator[None]:
+    """Translate httpx transport errors and timeouts into retryable ``EmbeddingProviderError``."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise EmbeddingProviderError(provider_id, f"request timed out ({type(exc).__name__})",
+                                     retryable=True) from exc
+    except httpx.TransportError as exc:
+        detail = _redact(str(exc) or type(exc).__name__, secrets)
+        raise EmbeddingProviderError(provider_id, f"request failed: {detail}",
+                                     retryable=True) from exc
+
+
+class RemoteEndpoint:
+    """Where and how to reach a remote provider: base URL, API key, extra headers.
+
+    Attributes:
+        base_url: without a trailing slash.
+        api_key: the key, or None for providers that need none.
+        headers: configured extra headers (``remote.headers``).
+    """
+
+    def __init__(self, *, base_url: str, api_key: str | None, headers: Mapping[str, str]) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.headers = dict(headers)
+
+
+def resolve_endpoint(provider_id: str, *, base_url: str | None, api_key: str | None,
+                     headers: Mapping[str, str], env: Mapping[str, str], env_keys: Sequence[str],
+                     default_base_url: str | None, require_key: bool = True) -> RemoteEndpoint:
+    """Resolve base URL and key from config, then the environment variables ``env_keys``.
+
+    Raises:
+        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
+            ``require_key``, or no base URL when the provider has no default.
+    """
+    key = (api_key or "").strip() or next(
+        (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
+    if require_key and not key:
+        raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
+                                                missing_api_key=True)
+    url = (base_url or "").strip() or default_base_url
+    if not url:
+        raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
+    return RemoteEndpoint(base_url=url, api_key=key, headers=headers)
+
+
+class HttpClient:
+    """One provider's ``httpx.AsyncClient``, created on first use, closed by ``aclose``.
+
+    Paths are joined to ``base_url`` (an absolute ``http(s)://`` path is used as is). All
+    methods raise ``EmbeddingProviderError`` (see the module docstring).
+    """
+
+    def __init__(self, *, provider_id: str, base_url: str, headers: Mapping[str, str],
+                 secrets: Sequence[str] = (), timeout_s: float = 120.0) -> None:
+        """Args:
+            provider_id: used in error messages.
+            base_url: endpoint root, e.g. ``https://api.openai.com/v1``.
+            headers: sent with every request (auth included).
+            secrets: values to redact from any message (API keys).
+            timeout_s: httpx's own per-request timeout in seconds (a backstop; the provider
+                enforces its per-call deadline around each request).
+        """
+        self.provider_id = provider_id
+        self.base_url = base_url.rstrip("/")
+        self.headers = dict(headers)
+        self.secrets = tuple(s for s in secrets if s)
+        self.timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    def url(self, path: str) -> str:
+        """Absolute URL of ``path``."""
+        if path.startswith(("http://", "https://")):
+            return path
+        return f"{self.base_url}/{path.lstrip('/')}"
+
+    def _get_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(headers=self.headers,
+                                             timeout=httpx.Timeout(self.timeout_s))
+        return self._client
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send a request; return the 2xx response or raise ``EmbeddingProviderError``."""
+        with map_transport_errors(self.provider_id, secrets=self.secrets):
+            response = await self._get_client().request(method, self.url(path), **kwargs)
+        if response.status_code >= 400:
+            raise error_from_response(self.provider_id, response, secrets=self.secrets)
+        return response
+
+    def _json(self, response: httpx.Response) -> Any:
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise EmbeddingProviderError(
+                self.provider_id, f"invalid JSON in response from {response.request.url.path}",
+                status=response.status_code) from exc
+
+    async def post_json(self, path: str, payload: Any) -> Any:
+        """POST ``payload`` as JSON; return the decoded JSON body."""
+        response = await self.request("POST", path, content=orjson.dumps(payload),
+                                      headers={"content-type": "application/json"})
+        return self._json(response)
+
+    async def get_json(self, path: str) -> Any:
+        """GET; return the decoded JSON body."""
+        return self._json(await self.request("GET", path))
+
+    async def get_text(self, path: str) -> str:
+        """GET; return the body as text (e.g. a JSONL result file)."""
+        return (await self.request("GET", path)).text
+
+    async def post_file(self, path: str, *, fields: Mapping[str, str], file_name: str,
+                        content: bytes, content_type: str) -> Any:
+        """POST a multipart form with one file part named ``file``; return the JSON body."""
+        response = await self.request("POST", path, data=dict(fields),
+                                      files={"file": (file_name, content, content_type)})
+        return self._json(response)
+
+    async def post_raw(self, path: str, *, content: bytes, content_type: str) -> Any:
+        """POST a prepared body (e.g. ``multipart/related``); return the JSON body."""
+        response = await self.request("POST", path, content=content,
+                                      headers={"content-type": content_type})
+        return self._json(response)
+
+    async def aclose(self) -> None:
+        """Close the underlying client (safe to call twice)."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()

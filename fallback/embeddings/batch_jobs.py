@@ -1,0 +1,446 @@
+"""Provider batch-job APIs (openai, voyage, gemini) and the runner that falls back inline.
+
+A batch job uploads every text as one JSONL file, creates a job, polls it every
+``remote.batch.pollIntervalMs`` until it is done (or ``timeoutMinutes`` pass), downloads the
+result file and maps the vectors back by ``custom_id``. Any per-line error, empty embedding or
+missing id fails the whole job. :class:`BatchRunner` counts failures: a timeout is retried once,
+each failure adds its attempt count, and at 2 failures (or at once when the provider says the
+batch API is not available) batch mode is disabled and the provider embeds inline. A success
+resets the counter. Source: spec 6.3 "Provider batch APIs"; OpenClaw ``batch-openai.ts``,
+``batch-voyage.ts``, ``batch-gemini.ts``.
+
+Gemini support is best-effort: it follows Google's public Batch API
+(``models/<model>:asyncBatchEmbedContent`` with a JSONL file uploaded through the
+``upload/v1beta/files`` endpoint), as the reference does, but it has not been run against
+Google's service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import orjson
+
+from fallback.embeddings._http import HttpClient
+from fallback.embeddings.base import format_seconds
+from fallback.errors import EmbeddingProviderError
+from fallback.settings import RemoteBatchSettings
+
+__all__ = [
+    "BATCH_FAILURE_LIMIT",
+    "BatchJobApi",
+    "BatchRunner",
+    "BatchState",
+    "GeminiBatchJobs",
+    "OpenAIBatchJobs",
+    "VoyageBatchJobs",
+    "custom_id_for",
+    "run_batch_job",
+]
+
+# Failures after which batch mode is disabled for the provider (spec 6.3).
+BATCH_FAILURE_LIMIT = 2
+# Requests per job: the providers' limit (OpenAI, Voyage and Gemini accept 50,000).
+MAX_REQUESTS_PER_JOB = 50_000
+# Marker in errors that disable batch mode at once (the API does not exist for this endpoint).
+UNAVAILABLE_MARKER = "batch API not available"
+
+_DONE = frozenset({"completed", "succeeded", "done"})
+_FAILED = frozenset({"failed", "expired", "cancelled", "canceled", "cancelling"})
+
+
+def custom_id_for(index: int, text: str) -> str:
+    """Stable request id of text ``index``: sha256 hex of ``"<index>:<sha256(text)>"``."""
+    text_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(f"{index}:{text_hash}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """One observation of a batch job.
+
+    Attributes:
+        job_id: provider job id (``batch_abc``, ``batches/xyz``).
+        state: the provider's state, lower-cased, ``batch_state_``/``job_state_`` removed.
+        output_file: id of the result file once done.
+        error_file: id of the error file, when the provider wrote one.
+        error: the provider's error message, when it gave one.
+    """
+
+    job_id: str
+    state: str
+    output_file: str | None = None
+    error_file: str | None = None
+    error: str | None = None
+
+    @property
+    def is_done(self) -> bool:
+        """True when the job finished successfully."""
+        return self.state in _DONE
+
+    @property
+    def is_failed(self) -> bool:
+        """True when the job failed, expired or was cancelled."""
+        return self.state in _FAILED
+
+
+class BatchJobApi(Protocol):
+    """What :func:`run_batch_job` needs from one provider's batch API."""
+
+    provider_id: str
+
+    async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
+        """Upload ``(custom_id, text)`` pairs and create the job."""
+        ...
+
+    async def poll(self, job_id: str) -> BatchState:
+        """Current state of the job."""
+        ...
+
+    async def fetch_results(self, state: BatchState) -> str:
+        """The JSONL result file of a finished job."""
+        ...
+
+
+def _norm_state(value: Any) -> str:
+    text = str(value or "unknown").lower()
+    for prefix in ("batch_state_", "job_state_"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    return text
+
+
+def _message(obj: Any) -> str | None:
+    """``obj.message`` / ``obj.error.message`` / ``obj.body.error.message`` if present."""
+    if not isinstance(obj, dict):
+        return str(obj) if obj else None
+    if isinstance(obj.get("message"), str):
+        return obj["message"]
+    for key in ("error", "body"):
+        inner = _message(obj.get(key)) if obj.get(key) else None
+        if inner:
+            return inner
+    return None
+
+
+def parse_result_lines(provider_id: str, job_id: str, text: str,
+                       expected: Sequence[str]) -> dict[str, list[float]]:
+    """Map a JSONL result file to ``{custom_id: vector}``.
+
+    Accepts the OpenAI/Voyage line shape (``custom_id``, ``response.status_code``,
+    ``response.body.data[0].embedding``, ``error``) and Gemini's (``key``,
+    ``response.embedding.values``, ``error``).
+
+    Raises:
+        EmbeddingProviderError: a line with an error, an empty embedding, bad JSON, or an
+            expected id missing from the file.
+    """
+    vectors: dict[str, list[float]] = {}
+    errors: list[str] = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        try:
+            line = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise EmbeddingProviderError(provider_id, f"batch {job_id} result file has a line "
+                                                      "that is not JSON") from exc
+        cid = line.get("custom_id") or line.get("key") or line.get("request_id")
+        if not cid:
+            continue
+        response = line.get("response") or {}
+        status = response.get("status_code", 200)
+        failure = _message(line.get("error")) if line.get("error") else None
+        if failure is None and isinstance(status, int) and status >= 400:
+            failure = _message(response.get("body")) or f"HTTP {status}"
+        if failure is None and response.get("error"):
+            failure = _message(response.get("error"))
+        if failure:
+            errors.append(f"{cid[:12]}: {failure}")
+            continue
+        body = response.get("body") or {}
+        data = body.get("data") if isinstance(body, dict) else None
+        vector = (data[0].get("embedding") if isinstance(data, list) and data
+                  else (response.get("embedding") or line.get("embedding") or {}).get("values"))
+        if not vector:
+            errors.append(f"{cid[:12]}: empty embedding")
+            continue
+        vectors[cid] = vector
+    if errors:
+        raise EmbeddingProviderError(provider_id, f"batch {job_id} failed: {'; '.join(errors[:5])}")
+    missing = [cid for cid in expected if cid not in vectors]
+    if missing:
+        raise EmbeddingProviderError(
+            provider_id, f"batch {job_id} missing {len(missing)} embedding responses")
+    return vectors
+
+
+async def run_batch_job(api: BatchJobApi, requests: Sequence[tuple[str, str]], *, wait: bool,
+                        poll_interval_s: float, timeout_s: float) -> dict[str, list[float]]:
+    """Submit one job, wait for it, download and map its results by custom id.
+
+    Raises:
+        EmbeddingProviderError: the job failed, expired or was cancelled; it is still running
+            and ``wait`` is false; it ran past ``timeout_s`` seconds (``retryable=True``); or
+            its results are incomplete (see :func:`parse_result_lines`).
+    """
+    pid = api.provider_id
+    state = await api.submit(requests)
+    started = anyio.current_time()
+    while not state.is_done:
+        if state.is_failed:
+            detail = f": {state.error}" if state.error else ""
+            raise EmbeddingProviderError(pid, f"batch {state.job_id} {state.state}{detail}")
+        if not wait:
+            raise EmbeddingProviderError(
+                pid, f"batch {state.job_id} still {state.state}; remote.batch.wait is false")
+        if anyio.current_time() - started > timeout_s:
+            raise EmbeddingProviderError(
+                pid, f"batch {state.job_id} timed out after {format_seconds(timeout_s)}s",
+                retryable=True)
+        await anyio.sleep(poll_interval_s)
+        state = await api.poll(state.job_id)
+    if not state.output_file:
+        raise EmbeddingProviderError(pid, f"batch {state.job_id} completed without output file")
+    text = await api.fetch_results(state)
+    return parse_result_lines(pid, state.job_id, text, [cid for cid, _ in requests])
+
+
+class OpenAIBatchJobs:
+    """OpenAI Batch API: ``/files`` (purpose ``batch``) + ``/batches`` on ``/v1/embeddings``."""
+
+    provider_id = "openai"
+    completion_window = "24h"
+
+    def __init__(self, *, http: HttpClient, model: str, dimensions: int | None = None) -> None:
+        """Args: the provider's HTTP client, model id and optional ``dimensions``."""
+        self.http = http
+        self.model = model
+        self.dimensions = dimensions
+
+    def _line(self, custom_id: str, text: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "input": text}
+        if self.dimensions is not None:
+            body["dimensions"] = self.dimensions
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": body}
+
+    def _create_body(self, file_id: str) -> dict[str, Any]:
+        return {"input_file_id": file_id, "endpoint": "/v1/embeddings",
+                "completion_window": self.completion_window,
+                "metadata": {"source": "qmdbridge-memory"}}
+
+    def _state(self, body: Any) -> BatchState:
+        if not isinstance(body, dict) or not body.get("id"):
+            raise EmbeddingProviderError(self.provider_id, "batch response has no id")
+        errors = body.get("errors") or {}
+        data = errors.get("data") if isinstance(errors, dict) else None
+        error = _message(data[0]) if isinstance(data, list) and data else None
+        return BatchState(job_id=str(body["id"]), state=_norm_state(body.get("status")),
+                          output_file=body.get("output_file_id") or None,
+                          error_file=body.get("error_file_id") or None, error=error)
+
+    async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
+        """Upload the JSONL file and create the batch job."""
+        jsonl = b"\n".join(orjson.dumps(self._line(cid, text)) for cid, text in requests)
+        uploaded = await self.http.post_file("files", fields={"purpose": "batch"},
+                                             file_name="memory-embeddings.jsonl",
+                                             content=jsonl, content_type="application/jsonl")
+        file_id = uploaded.get("id") if isinstance(uploaded, dict) else None
+        if not file_id:
+            raise EmbeddingProviderError(self.provider_id, "batch file upload returned no id")
+        return self._state(await self.http.post_json("batches", self._create_body(file_id)))
+
+    async def poll(self, job_id: str) -> BatchState:
+        """GET ``/batches/{id}``."""
+        return self._state(await self.http.get_json(f"batches/{job_id}"))
+
+    async def fetch_results(self, state: BatchState) -> str:
+        """GET ``/files/{output_file_id}/content``."""
+        return await self.http.get_text(f"files/{state.output_file}/content")
+
+
+class VoyageBatchJobs(OpenAIBatchJobs):
+    """Voyage Batch API: same file/batch flow, ``request_params`` carry model and input type."""
+
+    provider_id = "voyage"
+    completion_window = "12h"
+
+    def __init__(self, *, http: HttpClient, model: str) -> None:
+        """Args: the provider's HTTP client and model id."""
+        super().__init__(http=http, model=model)
+
+    def _line(self, custom_id: str, text: str) -> dict[str, Any]:
+        return {"custom_id": custom_id, "body": {"input": [text]}}
+
+    def _create_body(self, file_id: str) -> dict[str, Any]:
+        return {"input_file_id": file_id, "endpoint": "/v1/embeddings",
+                "completion_window": self.completion_window,
+                "request_params": {"model": self.model, "input_type": "document"},
+                "metadata": {"source": "qmdbridge-memory"}}
+
+
+class GeminiBatchJobs:
+    """Gemini Batch API (best-effort, see the module docstring)."""
+
+    provider_id = "gemini"
+
+    def __init__(self, *, http: HttpClient, model_path: str) -> None:
+        """Args: the provider's HTTP client and ``models/<model>``."""
+        self.http = http
+        self.model_path = model_path
+
+    def _prefixed(self, kind: str) -> str:
+        """``https://host/v1beta`` -> ``https://host/<kind>/v1beta`` (upload, download)."""
+        base = self.http.base_url
+        scheme, _, rest = base.partition("://")
+        host, _, path = rest.partition("/")
+        return f"{scheme}://{host}/{kind}/{path}".rstrip("/")
+
+    @staticmethod
+    def _state(body: Any) -> BatchState:
+        if not isinstance(body, dict) or not body.get("name"):
+            raise EmbeddingProviderError("gemini", "batch response has no name")
+        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        state = body.get("state") or meta.get("state")
+        output = None
+        for holder in (body.get("outputConfig"), body.get("output"), meta.get("output"),
+                       body.get("response"), (body.get("response") or {}).get("output")):
+            if isinstance(holder, dict):
+                output = (holder.get("responsesFile") or holder.get("file")
+                          or holder.get("fileId") or output)
+        if state is None and body.get("done"):
+            state = "failed" if body.get("error") else "succeeded"
+        return BatchState(job_id=str(body["name"]), state=_norm_state(state), output_file=output,
+                          error=_message(body.get("error")))
+
+    async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
+        """Upload the JSONL file (multipart/related) and call ``asyncBatchEmbedContent``."""
+        jsonl = b"\n".join(orjson.dumps({"key": cid, "request": {
+            "content": {"parts": [{"text": text}]}, "task_type": "RETRIEVAL_DOCUMENT"}})
+            for cid, text in requests)
+        boundary = "qmdbridge-" + hashlib.sha256(jsonl).hexdigest()[:16]
+        meta = orjson.dumps({"file": {"displayName": f"memory-embeddings-{boundary}",
+                                      "mimeType": "application/jsonl"}})
+        body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode()
+                + meta + f"\r\n--{boundary}\r\nContent-Type: application/jsonl\r\n\r\n".encode()
+                + jsonl + f"\r\n--{boundary}--\r\n".encode())
+        uploaded = await self.http.post_raw(f"{self._prefixed('upload')}/files?uploadType=multipart",
+                                            content=body,
+                                            content_type=f"multipart/related; boundary={boundary}")
+        file_name = (uploaded.get("name") or (uploaded.get("file") or {}).get("name")
+                     if isinstance(uploaded, dict) else None)
+        if not file_name:
+            raise EmbeddingProviderError(self.provider_id, "batch file upload returned no name")
+        payload = {"batch": {"displayName": "memory-embeddings",
+                             "inputConfig": {"file_name": file_name}}}
+        try:
+            created = await self.http.post_json(f"{self.model_path}:asyncBatchEmbedContent",
+                                                payload)
+        except EmbeddingProviderError as exc:
+            if exc.status == 404:
+                raise EmbeddingProviderError(
+                    self.provider_id, f"{UNAVAILABLE_MARKER} (asyncBatchEmbedContent returned 404 "
+                    "for this model/baseUrl)", status=404) from exc
+            raise
+        return self._state(created)
+
+    async def poll(self, job_id: str) -> BatchState:
+        """GET ``/batches/<name>``."""
+        name = job_id if job_id.startswith("batches/") else f"batches/{job_id}"
+        return self._state(await self.http.get_json(name))
+
+    async def fetch_results(self, state: BatchState) -> str:
+        """GET ``/download/v1beta/files/<id>:download?alt=media``."""
+        name = state.output_file or ""
+        name = name if name.startswith("files/") else f"files/{name}"
+        return await self.http.get_text(f"{self._prefixed('download')}/{name}:download?alt=media")
+
+
+class BatchRunner:
+    """Runs provider batch jobs for ``BaseProvider.embed_batch`` and decides when to stop.
+
+    Attributes:
+        jobs: the provider's batch API.
+        failures: failed attempts since the last success (batch mode off at 2).
+        last_error: message of the last failure, if any.
+    """
+
+    def __init__(self, *, jobs: BatchJobApi, settings: RemoteBatchSettings,
+                 failure_limit: int = BATCH_FAILURE_LIMIT) -> None:
+        """Args:
+            jobs: e.g. :class:`OpenAIBatchJobs`.
+            settings: ``remote.batch`` (wait, concurrency, pollIntervalMs, timeoutMinutes).
+            failure_limit: failures that disable batch mode (2).
+        """
+        self.jobs = jobs
+        self.settings = settings
+        self.failure_limit = failure_limit
+        self.failures = 0
+        self.last_error: str | None = None
+        self._unavailable = False
+
+    @property
+    def enabled(self) -> bool:
+        """True while batch mode is configured and not disabled by failures."""
+        return (self.settings.enabled and not self._unavailable
+                and self.failures < self.failure_limit)
+
+    def describe(self) -> dict[str, Any]:
+        """The ``status().batch`` object (camelCase keys, spec 11)."""
+        return {"enabled": self.enabled, "failures": self.failures, "limit": self.failure_limit,
+                "wait": self.settings.wait, "concurrency": self.settings.concurrency,
+                "pollIntervalMs": self.settings.poll_interval_ms,
+                "timeoutMs": int(self.settings.timeout_minutes * 60_000),
+                "lastError": self.last_error, "lastProvider": self.jobs.provider_id}
+
+    async def run(self, texts: list[str]) -> list[list[float]] | None:
+        """Vectors for ``texts`` from batch jobs, or None when the caller must embed inline.
+
+        Never raises ``EmbeddingProviderError``: a failure is counted and recorded in
+        ``last_error``, and None is returned.
+        """
+        requests = [(custom_id_for(i, text), text) for i, text in enumerate(texts)]
+        groups = [requests[i:i + MAX_REQUESTS_PER_JOB]
+                  for i in range(0, len(requests), MAX_REQUESTS_PER_JOB)]
+        vectors: dict[str, list[float]] = {}
+        failed: list[tuple[EmbeddingProviderError, int]] = []
+        limiter = anyio.CapacityLimiter(max(1, self.settings.concurrency))
+
+        async def run_group(group: list[tuple[str, str]], tg: anyio.abc.TaskGroup) -> None:
+            async with limiter:
+                if failed:
+                    return
+                attempts = 0
+                while True:
+                    attempts += 1
+                    try:
+                        vectors.update(await run_batch_job(
+                            self.jobs, group, wait=self.settings.wait,
+                            poll_interval_s=self.settings.poll_interval_ms / 1000,
+                            timeout_s=self.settings.timeout_minutes * 60))
+                        return
+                    except EmbeddingProviderError as exc:
+                        if attempts == 1 and "timed out" in str(exc):
+                            continue
+                        failed.append((exc, attempts))
+                        tg.cancel_scope.cancel()
+                        return
+
+        async with anyio.create_task_group() as tg:
+            for group in groups:
+                tg.start_soon(run_group, group, tg)
+        if failed:
+            exc, attempts = failed[0]
+            self.failures += attempts
+            self.last_error = str(exc)
+            if UNAVAILABLE_MARKER in str(exc):
+                self._unavailable = True
+            return None
+        self.failures = 0
+        self.last_error = None
+        return [vectors[cid] for cid, _ in requests]

@@ -233,6 +233,8 @@ def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
     header = _HEADER_RE.search(snippet)
     body_lines = max(1, len(_HEADER_LINE_RE.sub("", snippet).rstrip("\n").split("\n")))
     width = max(1, int(header.group(2))) if header else body_lines
+    if header and snippet.endswith("\n") and width == body_lines + 1:
+        width = body_lines  # qmd counts the empty "line" after the snippet's final newline
     s, e = entry.start_line, entry.end_line
     if s and e:
         return (s, e) if s <= e else (e, s)

@@ -1,0 +1,226 @@
+"""Tests for fallback.readfile: memory_get path rules, paging (§12 cases 46-57)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from fallback.errors import PathRefusedError
+from fallback.models import MemoryReadResult
+from fallback.readfile import page_text, read_memory_page, resolve_memory_path
+
+
+def _write(path: Path, text: str = "x") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    _write(root / "MEMORY.md", "root")
+    _write(root / "memory" / "2026-01-01.md", "day")
+    return root
+
+
+def _refused(ws: Path, rel: str, reason: str, extra: list[str] | None = None) -> None:
+    with pytest.raises(PathRefusedError) as info:
+        resolve_memory_path(ws, extra or [], rel)
+    assert info.value.reason == reason
+    assert info.value.path == rel
+    assert str(info.value) == f"path refused: {rel!r}: {reason}"
+
+
+def _page(text: str, **kw: int | None) -> tuple[str, int, int, bool, int | None]:
+    kw.setdefault("from_line", None)
+    kw.setdefault("lines", None)
+    return page_text(text, **kw)  # type: ignore[arg-type]
+
+
+def test_case46_empty_file() -> None:
+    assert _page("", from_line=1, lines=2) == ("", 1, 0, False, None)
+
+
+def test_case47_trailing_newline_no_extra_line() -> None:
+    assert _page("one\ntwo\n", from_line=1, lines=2) == ("one\ntwo", 1, 2, False, None)
+
+
+def test_case48_crlf_kept() -> None:
+    assert _page("one\r\ntwo\r\n", from_line=1, lines=2) == ("one\r\ntwo\r", 1, 2, False, None)
+
+
+def test_case49_blank_lines() -> None:
+    assert _page("one\n\n", lines=2) == ("one\n", 1, 2, False, None)
+    assert _page("one\n\n\n", lines=3) == ("one\n\n", 1, 3, False, None)
+
+
+def test_case50_inner_blank_line() -> None:
+    assert _page("one\n\ntwo\n", lines=3) == ("one\n\ntwo", 1, 3, False, None)
+
+
+def test_case51_from_offsets() -> None:
+    assert _page("one\ntwo\n", from_line=2, lines=1) == ("two", 2, 1, False, None)
+    assert _page("one\ntwo\n", from_line=3, lines=1) == ("", 3, 0, False, None)
+
+
+def test_case52_continuation_notice() -> None:
+    assert _page("one\ntwo\n", from_line=1, lines=1) == (
+        "one\n\n[More content available. Use from=2 to continue.]", 1, 1, True, 2)
+
+
+def test_case53_no_trailing_newline() -> None:
+    assert _page("one\ntwo", lines=2) == ("one\ntwo", 1, 2, False, None)
+
+
+def test_default_lines_and_clamping() -> None:
+    text = "\n".join(str(i) for i in range(1, 201))
+    page, start, count, truncated, next_from = _page(text)
+    assert (start, count, truncated, next_from) == (1, 120, True, 121)
+    assert page.startswith("1\n2\n") and page.endswith("120\n\n[More content available. Use from=121 to continue.]")
+    assert _page("a\nb", from_line=-5, lines=-2) == ("a\n\n[More content available. Use from=2 to continue.]", 1, 1, True, 2)
+
+
+def test_char_budget_drops_lines() -> None:
+    assert page_text("aaaa\nbbbb\ncccc", from_line=1, lines=3, max_chars=9) == (
+        "aaaa\nbbbb\n\n[More content available. Use from=3 to continue.]", 1, 2, True, 3)
+
+
+def test_hard_truncation_single_line_code_points() -> None:
+    assert page_text("abc😀tail", from_line=1, lines=1, max_chars=4) == (
+        "abc😀\n\n[More content available. Requested excerpt exceeded the default maxChars budget."
+        " If you need the full raw line, use read on the source file.]", 1, 1, True, None)
+    assert page_text("abcdef", from_line=1, lines=1, max_chars=2, suggest_read_fallback=False) == (
+        "ab\n\n[More content available. Requested excerpt exceeded the default maxChars budget.]",
+        1, 1, True, None)
+
+
+def test_lone_cr_counts_as_line_break() -> None:
+    assert _page("one\rtwo\rthree", from_line=2, lines=1) == (
+        "two\r\n\n[More content available. Use from=3 to continue.]", 2, 1, True, 3)
+
+
+def test_resolve_memory_paths(ws: Path) -> None:
+    assert resolve_memory_path(ws, [], "MEMORY.md") == (ws / "MEMORY.md", "MEMORY.md")
+    assert resolve_memory_path(ws, [], " ./memory/2026-01-01.md ") == (
+        ws / "memory" / "2026-01-01.md", "memory/2026-01-01.md")
+    assert resolve_memory_path(ws, [], "DREAMS.md") == (ws / "DREAMS.md", "DREAMS.md")
+
+
+@pytest.mark.parametrize(("rel", "reason"), [
+    ("", "empty path"),
+    ("   ", "empty path"),
+    ("/etc/passwd.md", "absolute path"),
+    ("C:/x/memory.md", "absolute path"),
+    ("memory/../MEMORY.md", "parent segment"),
+    ("../outside.md", "parent segment"),
+    ("memory/%2e%2e/MEMORY.md", "encoded characters"),
+    ("memory%2fx.md", "encoded characters"),
+    ("memory/x%00.md", "encoded characters"),
+    ("memory/x\x00.md", "invalid characters"),
+    ("memory\\..\\MEMORY.md", "invalid characters"),
+    ("NOTES.md", "not a memory path"),
+    ("memory-evil/x.md", "not a memory path"),
+    ("memory/notes.txt", "not markdown"),
+    ("memory/upper.MD", "not markdown"),
+])
+def test_refusals(ws: Path, rel: str, reason: str) -> None:
+    _refused(ws, rel, reason)
+
+
+def test_refuses_symlinks(ws: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    _write(outside / "secret.md", "secret")
+    (ws / "memory" / "link.md").symlink_to(outside / "secret.md")
+    (ws / "memory" / "linkdir").symlink_to(outside)
+    _refused(ws, "memory/link.md", "symlink")
+    _refused(ws, "memory/linkdir/secret.md", "symlinked directory")
+    _refused(ws, "memory/linkdir/missing.md", "symlinked directory")
+    (ws / "memory" / "folder.md").mkdir()
+    _refused(ws, "memory/folder.md", "not a regular file")
+
+
+def test_refuses_symlinked_memory_dir(tmp_path: Path) -> None:
+    ws = tmp_path / "ws2"
+    ws.mkdir()
+    real = tmp_path / "real-memory"
+    _write(real / "a.md")
+    (ws / "memory").symlink_to(real)
+    _refused(ws, "memory/a.md", "symlinked directory")
+
+
+def test_read_page_and_missing(ws: Path) -> None:
+    _write(ws / "memory" / "pagination.md", "one\ntwo\n")
+    assert read_memory_page(ws, [], "memory/pagination.md", from_line=1, lines=1) == MemoryReadResult(
+        path="memory/pagination.md", text="one\n\n[More content available. Use from=2 to continue.]",
+        from_line=1, lines=1, truncated=True, next_from=2)
+    assert read_memory_page(ws, [], "memory/nope.md") == MemoryReadResult(
+        path="memory/nope.md", text="", from_line=1, lines=0, missing=True)
+    assert read_memory_page(ws, [], "memory/2026-01-01.md/child.md").missing is True
+    assert read_memory_page(ws, [], "memory/no/such/dir.md").missing is True
+
+
+def test_read_invalid_utf8_and_bom(ws: Path) -> None:
+    (ws / "memory" / "bad.md").write_bytes(b"\xef\xbb\xbfok \xff end\n")
+    result = read_memory_page(ws, [], "memory/bad.md")
+    assert (result.text, result.lines, result.truncated) == ("ok \ufffd end", 1, False)
+
+
+def test_case54_55_57_extra_paths(ws: Path, tmp_path: Path) -> None:
+    extra_in = ws / "extra"
+    _write(extra_in / "extra.md", "Extra content.")
+    extra_out = tmp_path / "notes"
+    _write(extra_out / "x.md", "outside note")
+    _write(tmp_path / "single.md", "single file")
+    _write(tmp_path / "other" / "y.md", "not configured")
+    extras = ["extra", str(extra_out), str(tmp_path / "single.md")]
+
+    got = read_memory_page(ws, extras, "extra/extra.md")
+    assert (got.path, got.text, got.missing) == ("extra/extra.md", "Extra content.", False)
+    got = read_memory_page(ws, extras, "../notes/x.md")
+    assert (got.path, got.text) == ("../notes/x.md", "outside note")
+    got = read_memory_page(ws, extras, "../single.md")
+    assert (got.path, got.text) == ("../single.md", "single file")
+    _refused(ws, "../other/y.md", "parent segment", extras)
+    _refused(ws, "../notes/../other/y.md", "parent segment", extras)
+    _refused(ws, "../single.txt", "parent segment", extras)
+
+    # case 54: missing file inside an extra dir, or under a parent that is a file
+    assert read_memory_page(ws, extras, "extra/missing.md") == MemoryReadResult(
+        path="extra/missing.md", text="", from_line=1, lines=0, missing=True)
+    assert read_memory_page(ws, extras, "extra/extra.md/below.md").missing is True
+
+    # cases 55 and 57: symlinks inside an extra dir
+    (extra_in / "linked.md").symlink_to(extra_in / "extra.md")
+    (extra_in / "inside-link").symlink_to(extra_in)
+    (extra_in / "outside-link").symlink_to(tmp_path / "other")
+    _refused(ws, "extra/linked.md", "symlink", extras)
+    _refused(ws, "extra/inside-link/extra.md", "symlinked directory", extras)
+    _refused(ws, "extra/outside-link/y.md", "symlinked directory", extras)
+    _refused(ws, "extra/outside-link/missing.md", "symlinked directory", extras)
+
+
+def test_symlinked_extra_path_admits_nothing(ws: Path, tmp_path: Path) -> None:
+    _write(tmp_path / "real" / "z.md")
+    (ws / "linked-extra").symlink_to(tmp_path / "real")
+    _refused(ws, "linked-extra/z.md", "not a memory path", ["linked-extra"])
+
+
+def test_case56_transient_error_retried(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(ws / "memory" / "flaky.md", "full text\nsecond line")
+    real_open = os.open
+    calls: list[str] = []
+
+    def flaky_open(path: object, flags: int, *args: object) -> int:
+        calls.append(str(path))
+        if len(calls) == 1:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real_open(path, flags, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", flaky_open)
+    result = read_memory_page(ws, [], "memory/flaky.md")
+    assert result.text == "full text\nsecond line"
+    assert calls == [str(ws / "memory" / "flaky.md")] * 2

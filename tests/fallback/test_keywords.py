@@ -1,0 +1,84 @@
+"""Tests for fallback.keywords (spec §8.9, §12 cases 39-45)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fallback.keywords import extract_keywords, query_tokens
+
+
+def test_case39_english_conversational() -> None:
+    assert extract_keywords("that thing we discussed about the API") == ["discussed", "api"]
+
+
+def test_case40_chinese_unigrams_bigrams() -> None:
+    kws = extract_keywords("之前讨论的那个方案")
+    assert "讨论" in kws and "方案" in kws
+    for stop in ("之前", "的", "那个"):
+        assert stop not in kws
+
+
+def test_case41_mixed_chinese_english() -> None:
+    kws = extract_keywords("昨天讨论的 API design")
+    assert "讨论" in kws and kws[-2:] == ["api", "design"]
+    assert "昨天" not in kws
+
+
+def test_case42_technical_terms() -> None:
+    assert extract_keywords("what was the solution for the CFR bug") == ["solution", "cfr", "bug"]
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("어제 논의한 배포 전략", ["논의한", "배포", "전략"]),
+    ("서버에서 발생한 에러를 확인", ["서버에서", "서버", "발생한", "에러를", "에러", "확인"]),
+    ("논의", ["논의"]),
+    ("기능으로 설명", ["기능으로", "기능", "설명"]),
+    ("API를 배포했다", ["api를", "api", "배포했다"]),
+    ("API 배포에 대한 논의", ["api", "배포에", "배포", "논의"]),
+    ("나는 그리고 그래서", []),
+    ("그녀는 우리는", []),
+])
+def test_case43_korean(query: str, expected: list[str]) -> None:
+    assert extract_keywords(query) == expected
+
+
+def test_case44_japanese() -> None:
+    kws = extract_keywords("昨日話したデプロイ戦略")
+    assert "デプロイ" in kws and "戦略" in kws and "昨日" not in kws
+    kws = extract_keywords("昨日話したAPIのバグ")
+    assert "api" in kws and "バグ" in kws and "した" not in kws and "の" not in kws
+    assert extract_keywords("これ それ そして どう") == []
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("ayer hablamos sobre la estrategia de despliegue", ["hablamos", "estrategia", "despliegue"]),
+    ("ontem falamos sobre a estratégia de implantação", ["falamos", "estratégia", "implantação"]),
+    ("cómo cuando donde porquê quando onde", []),
+    ("بالأمس ناقشنا استراتيجية النشر", ["ناقشنا", "استراتيجية", "النشر"]),
+    ("كيف متى أين ماذا", []),
+    ("hvordan var mødet om budgettet", ["mødet", "budgettet"]),
+    ("hvorfor ble avtalen forsinket", ["ble", "avtalen", "forsinket"]),
+    ("varför blev leveransen försenad", ["blev", "leveransen", "försenad"]),
+    ("", []),
+    ("   ", []),
+    ("the a an is are", []),
+    ("test test testing", ["test", "testing"]),
+    ("deploy 2026 ... !!! v2 ok", ["deploy", "v2"]),
+    ("snake_case, hyphen-ated", ["snake_case", "hyphen", "ated"]),
+])
+def test_case45_other_languages_and_filters(query: str, expected: list[str]) -> None:
+    assert extract_keywords(query) == expected
+
+
+def test_nfc_normalisation() -> None:
+    decomposed = "e\u0301te\u0301 planning"  # "été" in NFD
+    assert extract_keywords(decomposed) == ["\u00e9t\u00e9", "planning"]
+
+
+def test_query_tokens() -> None:
+    assert query_tokens("Hello World 123") == ["hello", "world", "123"]
+    assert query_tokens("") == []
+    assert query_tokens("!@#$%^&*()") == []
+    assert query_tokens("snake_case x-y") == ["snake_case", "x", "y"]
+    assert query_tokens("Café 東京 hello hello") == ["café", "東京", "hello", "hello"]
+    assert query_tokens("e\u0301") == ["\u00e9"]

@@ -61,17 +61,18 @@ _LABEL_KINDS = {
     "token": "token", "access_token": "token", "auth_token": "token", "refresh_token": "token",
 }
 _ASSIGNMENT = re.compile(
-    r"(?i)(?<![A-Za-z0-9_\-])(" + "|".join(sorted((re.escape(k) for k in _LABEL_KINDS),
-                                                  key=len, reverse=True))
-    + r")([\"']?[ \t]*([:=])[ \t]*)([\"']?)(?!\[REDACTED)([^\s\"',;]+)")
+    r"(?i)(?<![A-Za-z0-9_\-])(?P<label>" + "|".join(sorted((re.escape(k) for k in _LABEL_KINDS),
+                                                           key=len, reverse=True))
+    + r")(?P<sep>[\"']?[ \t]*(?P<op>[:=])[ \t]*)"
+    r"(?:(?P<q>[\"'])(?!\[REDACTED)(?P<quoted>[^\"'\n]+)(?P=q)|(?!\[REDACTED)(?P<bare>[^\s\"',;]+))")
 
 
 def _looks_like_value(value: str, separator: str) -> bool:
     """Decide whether the text after ``label:``/``label=`` is a credential.
 
     ``=`` is an assignment, so any value counts. After ``:`` the next word may be prose
-    ("the token: we rotate it monthly"), so the value must contain a digit or a symbol,
-    or be at least 12 chars long.
+    ("the token: we rotate it monthly"), so the value must contain a digit or a symbol and
+    be at least 4 chars long, or be at least 12 chars long. Quoted values always count.
     """
     if separator == "=":
         return True
@@ -81,11 +82,14 @@ def _looks_like_value(value: str, separator: str) -> bool:
 
 
 def _assignment(match: re.Match[str]) -> str:
-    label, sep_text, separator, quote, value = match.groups()
-    if not _looks_like_value(value, separator):
-        return match.group(0)
+    label, sep_text, op = match.group("label", "sep", "op")
     kind = _LABEL_KINDS[label.lower()]
-    return f"{label}{sep_text}{quote}[REDACTED:{kind}]"
+    quote = match.group("q")
+    if quote is not None:
+        return f"{label}{sep_text}{quote}[REDACTED:{kind}]{quote}"
+    if not _looks_like_value(match.group("bare"), op):
+        return match.group(0)
+    return f"{label}{sep_text}[REDACTED:{kind}]"
 
 
 def redact_secrets(text: str) -> str:

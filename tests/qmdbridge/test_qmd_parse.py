@@ -1,0 +1,221 @@
+"""qmd JSON parsing and hit mapping (spec 2.8.4-5, section 4 cases 26-41), pure and on SQLite."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fallback.errors import BackendUnavailableError, QmdOutputError
+from fallback.models import MemorySearchResult
+from qmdbridge.collections import ManagedCollection
+from qmdbridge.qmd_parse import (
+    DocLookup,
+    QmdEntry,
+    clamp_injected,
+    display_path,
+    diversify_sources,
+    encode_query,
+    line_range,
+    map_entries,
+    parse_qmd_json,
+    parse_qmd_uri,
+    slugify_path,
+)
+
+HIT = '{"docid": "#abc123", "score": 0.8, "file": "qmd://memory-root-main/MEMORY.md", "snippet": "@@ -3,2 @@ (2 before, 0 after)\\nalpha\\nbeta\\n"}'
+
+
+def test_strict_array() -> None:
+    entries = parse_qmd_json(f"[{HIT}]")
+    assert entries == [QmdEntry(docid="#abc123", file="qmd://memory-root-main/MEMORY.md",
+                                snippet="@@ -3,2 @@ (2 before, 0 after)\nalpha\nbeta\n", score=0.8)]
+
+
+def test_noise_banner_and_ansi_around_json() -> None:
+    out = ("\x1b[1mqmd\x1b[0m ready\ninitializing qmd reranker [ok]\n"
+           f"[\n  {HIT}\n]\n\x1b[33mWarning:\x1b[0m 1 documents need embeddings\n")
+    assert [e.docid for e in parse_qmd_json(out)] == ["#abc123"]
+
+
+@pytest.mark.parametrize("stdout,stderr", [
+    ("No results found.\n", ""), ("[qmd] warn: No results found\n", ""), ("", "No results found."),
+    ("[]", ""), ("  \n[]\n", "")])
+def test_no_results_forms(stdout: str, stderr: str) -> None:
+    assert parse_qmd_json(stdout, stderr) == []
+
+
+def test_whitespace_stdout_with_other_stderr_is_invalid() -> None:
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json("  \n", "boom happened")
+    assert str(ei.value) == ("qmd unavailable: qmd query returned invalid JSON: stdout empty "
+                             "(stderr: boom happened)")
+
+
+@pytest.mark.parametrize("garbage", ["not json", "[1, 2, 3]", '{"a": 1}', "[oops"])
+def test_garbage_raises(garbage: str) -> None:
+    with pytest.raises(QmdOutputError, match="JSON response was not an array"):
+        parse_qmd_json(garbage)
+
+
+def test_field_types_are_strict() -> None:
+    [e] = parse_qmd_json('[{"docid": 5, "score": "high", "start_line": 0, "end_line": 4.0,'
+                         ' "file": "qmd://c/x.md"}]')
+    assert (e.docid, e.score, e.start_line, e.end_line, e.file) == (None, None, None, 4, "qmd://c/x.md")
+
+
+def test_qmd_uri_manual_parse() -> None:
+    assert parse_qmd_uri("qmd://workspace-main/notes/welcome.md") == ("workspace-main", "notes/welcome.md")
+    assert parse_qmd_uri("QMD://c/a%20b/#1?.md") == ("c", "a b/#1?.md")
+    assert parse_qmd_uri("qmd://c/x.md?index=other") == ("c", "x.md")
+    assert parse_qmd_uri("notes/x.md") is None
+
+
+@pytest.mark.parametrize("entry,snippet,expected", [
+    (QmdEntry(), "@@ -5,2 @@\na\nb", (5, 6)),
+    (QmdEntry(), "@@ -7,1 @@\na", (7, 7)),
+    (QmdEntry(start_line=8, end_line=10), "@@ -5,2 @@\na\nb", (8, 10)),
+    (QmdEntry(start_line=10, end_line=8), "", (8, 10)),
+    (QmdEntry(start_line=8), "@@ -1,3 @@\na\nb\nc", (8, 10)),
+    (QmdEntry(end_line=2), "@@ -1,3 @@\na\nb\nc", (1, 2)),
+    (QmdEntry(), "one\ntwo\nthree", (1, 3)),
+    (QmdEntry(), "@@ -4,4 @@ (3 before, 0 after)\nsecond\nbravo\nthird\n", (4, 6)),
+])
+def test_line_range(entry: QmdEntry, snippet: str, expected: tuple[int, int]) -> None:
+    assert line_range(entry, snippet) == expected
+
+
+def test_slugify() -> None:
+    assert slugify_path("Notes/My File_1.MD") == "notes/my-file-1.md"
+
+
+def test_encode_query_keeps_text_literal() -> None:
+    assert encode_query("-dash topic", "search") == "- dash topic"
+    assert encode_query("lex: literal", "query") == "lex : literal"
+    assert encode_query("lex: literal", "search") == "lex: literal"
+    assert encode_query("one\ntwo", "query") == "one two"
+    assert encode_query("記憶系統升級 QMD", "search") == "記憶系統升級 QMD"
+    assert encode_query("a -b", "search") == "a -b"
+
+
+def _index(path: Path, rows: list[tuple[str, str, str, int]]) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE documents (id INTEGER PRIMARY KEY, collection TEXT, path TEXT, "
+                 "title TEXT, hash TEXT, active INTEGER DEFAULT 1)")
+    conn.executemany("INSERT INTO documents (collection, path, hash, active) VALUES (?,?,?,?)", rows)
+    conn.commit()
+    conn.close()
+
+
+def _roots(ws: Path, export: Path) -> dict[str, ManagedCollection]:
+    return {c.name: c for c in [
+        ManagedCollection("memory-root-main", ws, "MEMORY.md", "memory"),
+        ManagedCollection("workspace-main", ws, "**/*.md", "custom"),
+        ManagedCollection("notes-main", ws.parent / "notes", "**/*.md", "custom"),
+        ManagedCollection("sessions-main", export, "**/*.md", "sessions")]}
+
+
+def _map(tmp_path: Path, entries: list[QmdEntry], *, hint: str | None = None,
+         rows: list[tuple[str, str, str, int]] | None = None, export: Path | None = None,
+         min_score: float = 0.0, max_snippet: int = 700) -> list[MemorySearchResult]:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    db = tmp_path / "index.sqlite"
+    if not db.exists():
+        _index(db, rows or [])
+    lookup = DocLookup(db)
+    try:
+        return map_entries(entries, roots=_roots(ws, export or tmp_path / "exp"), workspace=ws,
+                           lookup=lookup, default_collection=hint, max_snippet_chars=max_snippet,
+                           min_score=min_score, cache={})
+    finally:
+        lookup.close()
+
+
+def test_file_hint_without_docid_maps_to_workspace_path(tmp_path: Path) -> None:
+    [hit] = _map(tmp_path, [QmdEntry(file="qmd://workspace-main/notes/welcome.md", score=0.5,
+                                     snippet="@@ -5,2 @@\nx\ny")])
+    assert (hit.path, hit.start_line, hit.end_line, hit.snippet, hit.source) == (
+        "notes/welcome.md", 5, 6, "x\ny", "memory")
+
+
+def test_docid_hinted_collection_wins_and_exact_hash_first(tmp_path: Path) -> None:
+    rows = [("stale-coll", "MEMORY.md", "abc123ff", 1), ("workspace-main", "MEMORY.md", "abc123ff", 1),
+            ("memory-root-main", "MEMORY.md", "abc123ff", 1)]
+    [hit] = _map(tmp_path, [QmdEntry(docid="#abc123", score=0.9, snippet="s")],
+                 hint="memory-root-main", rows=rows)
+    assert hit.path == "MEMORY.md"
+
+
+def test_outside_workspace_and_sessions_paths(tmp_path: Path) -> None:
+    export = tmp_path / "ws" / "qmd" / "sessions-main"
+    rows = [("notes-main", "guide.md", "aaaaaa11", 1), ("sessions-main", "session-1.md", "bbbbbb22", 1)]
+    hits = _map(tmp_path, [QmdEntry(docid="#aaaaaa", score=0.6, snippet="g"),
+                           QmdEntry(docid="#bbbbbb", score=0.7, snippet="s")], rows=rows, export=export)
+    assert [(h.path, h.source) for h in hits] == [("qmd/notes-main/guide.md", "memory"),
+                                                  ("qmd/sessions-main/session-1.md", "sessions")]
+
+
+def test_unknown_collection_and_low_scores_dropped(tmp_path: Path) -> None:
+    rows = [("elsewhere", "x.md", "cccccc33", 1)]
+    hits = _map(tmp_path, [QmdEntry(docid="#cccccc", score=0.9, snippet="x"),
+                           QmdEntry(file="qmd://memory-root-main/MEMORY.md", score=0.1, snippet="y")],
+                rows=rows, min_score=0.2)
+    assert hits == []
+
+
+def test_slugged_db_path_maps_back_to_real_file(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "Notes").mkdir(parents=True)
+    (ws / "Notes" / "My File.md").write_text("hi\n")
+    rows = [("workspace-main", "notes/my-file.md", "dddddd44", 1)]
+    [hit] = _map(tmp_path, [QmdEntry(docid="#dddddd", score=0.5, snippet="hi")], rows=rows)
+    assert hit.path == "Notes/My File.md"
+
+
+def test_snippet_cut_to_max_chars(tmp_path: Path) -> None:
+    [hit] = _map(tmp_path, [QmdEntry(file="qmd://memory-root-main/MEMORY.md", score=0.5,
+                                     snippet="@@ -1,1 @@\n" + "é" * 50)], max_snippet=10)
+    assert hit.snippet == "é" * 10
+
+
+def test_busy_index_fails_the_search(tmp_path: Path) -> None:
+    db = tmp_path / "index.sqlite"
+    _index(db, [("memory-root-main", "MEMORY.md", "eeeeee55", 1)])
+    locker = sqlite3.connect(db)
+    locker.execute("PRAGMA locking_mode = EXCLUSIVE")
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        lookup = DocLookup(db)
+        with pytest.raises(BackendUnavailableError, match="qmd index busy while reading results"):
+            lookup.by_docid("#eeeeee")
+        lookup.close()
+    finally:
+        locker.rollback()
+        locker.close()
+
+
+def _r(path: str, score: float, source: str, snippet: str = "x") -> MemorySearchResult:
+    return MemorySearchResult(path=path, start_line=1, end_line=1, score=score, snippet=snippet,
+                              source=source)  # type: ignore[arg-type]
+
+
+def test_diversify_interleaves_sources() -> None:
+    rs = [_r("s1", 0.9, "sessions"), _r("s2", 0.8, "sessions"), _r("s3", 0.7, "sessions"),
+          _r("m1", 0.5, "memory"), _r("m2", 0.4, "memory")]
+    assert [r.path for r in diversify_sources(rs, limit=4)] == ["s1", "m1", "s2", "m2"]
+    assert [r.path for r in diversify_sources(rs[:3], limit=2)] == ["s1", "s2"]
+
+
+def test_clamp_injected_chars() -> None:
+    rs = [_r("a", 0.9, "memory", "x" * 6), _r("b", 0.8, "memory", "y" * 6), _r("c", 0.7, "memory", "z")]
+    out = clamp_injected(rs, max_chars=10)
+    assert [(r.path, r.snippet) for r in out] == [("a", "xxxxxx"), ("b", "yyyy")]
+
+
+def test_display_path_under_qmd_folder(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    coll = ManagedCollection("workspace-main", ws, "**/*.md", "custom")
+    assert display_path(coll, "qmd/x.md", ws) == "qmd/workspace-main/qmd/x.md"
+    assert display_path(coll, "MEMORY.md", ws) == "MEMORY.md"

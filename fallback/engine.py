@@ -1,0 +1,500 @@
+"""BuiltinEngine: the in-process SQLite memory search backend (``MemoryBackend`` contract).
+
+It ties the store (``fallback/db.py``), sync (``fallback/index.py``), keyword plans
+(``fallback/fts.py``), vector search (``fallback/vectors.py``) and ranking
+(``fallback/ranking.py``) together:
+
+- the store is opened lazily; a search on an empty index, or one that was not synced in this
+  process yet (or was marked dirty) while ``sync.onSearch`` is on, first runs an awaited
+  incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
+  there is recorded in ``status().last_error`` and the search answers from the current index);
+- with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
+  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only;
+- an explicitly configured provider that is unavailable fails closed with
+  ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
+- one sync runs at a time (a second caller awaits the running one and gets its outcome);
+  SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
+  ``CapacityLimiter(1)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import anyio
+
+from fallback.chunking import truncate_chars
+from fallback.db import Store, keyword_rows
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import (
+    BackendUnavailableError,
+    EmbeddingProviderError,
+    IndexStoreError,
+    ManagerClosedError,
+    UsageError,
+)
+from fallback.fts import bm25_rank_to_score, build_fts_query, fts_only_score
+from fallback.index import FTS_ONLY_MODEL, Indexer, ProgressCallback, SyncReport
+from fallback.keywords import extract_keywords
+from fallback.models import (
+    MemoryReadResult,
+    MemorySearchResult,
+    MemoryStatus,
+    SkippedFile,
+    Source,
+    SourceCount,
+)
+from fallback.ranking import (
+    Candidate,
+    apply_temporal_decay,
+    merge_hybrid,
+    mmr_rerank,
+    select_results,
+)
+from fallback.settings import EngineSettings
+
+__all__ = ["BuiltinEngine"]
+
+log = logging.getLogger(__name__)
+
+# Snippets are cut to this many code points (spec §8.3, DESIGN.md maxSnippetChars).
+SNIPPET_MAX_CHARS = 700
+# Upper bound of candidates fetched per search (spec §8.1).
+MAX_CANDIDATES = 200
+# FTS-only fallback runs at most this many extracted keywords (spec §8.6).
+MAX_FALLBACK_KEYWORDS = 6
+# How the CJK substring search works (reported in status; see fallback/fts.py).
+CJK_SCHEME = "trigram+like"
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BuiltinEngine:
+    """The builtin backend for one agent.
+
+    Args:
+        settings: resolved engine settings (workspace, store path, memorySearch).
+        provider_selection: a ``ProviderSelection`` (``provider``, ``requested``,
+            ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
+            on first use.
+        now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
+        on_progress: sync progress ``(files_done, files_total, chunks_embedded)``.
+    """
+
+    name = "builtin"
+
+    def __init__(self, settings: EngineSettings, *, provider_selection: Any = None,
+                 now_ms: Callable[[], int] | None = None,
+                 on_progress: ProgressCallback | None = None) -> None:
+        self.settings = settings
+        self._selection = provider_selection
+        self._now_ms = now_ms or _wall_clock_ms
+        self.on_progress = on_progress
+        self._store: Store | None = None
+        self._vector: Any = None
+        self._write_limiter = anyio.CapacityLimiter(1)
+        self._open_lock = anyio.Lock()
+        self._closed = False
+        self._dirty = True
+        self._dirty_reason: str | None = "not synced yet"
+        self._synced = False
+        self._sync_done: anyio.Event | None = None
+        self._sync_outcome: SyncReport | BaseException | None = None
+        self._last_report: SyncReport | None = None
+        self._last_error: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("builtin engine is closed")
+
+    async def _open_store(self) -> Store:
+        self._check_open()
+        async with self._open_lock:
+            if self._store is None:
+                self._store = await anyio.to_thread.run_sync(partial(
+                    Store, self.settings.db_path,
+                    fts_tokenizer=self.settings.search.store.fts.tokenizer))
+            return self._store
+
+    def _provider_selection(self) -> Any:
+        if self._selection is None:
+            from fallback.embeddings import select_provider
+            self._selection = select_provider(self.settings.search)
+        return self._selection
+
+    def _provider(self) -> EmbeddingProvider | None:
+        return self._provider_selection().provider
+
+    def _fail_closed(self) -> None:
+        sel = self._provider_selection()
+        if sel.error:
+            raise BackendUnavailableError(
+                "builtin", f"memory search unavailable: {sel.requested}: {sel.error}")
+
+    def _vector_index(self) -> Any:
+        if self._vector is None:
+            from fallback.vectors import VectorIndex
+            vs = self.settings.search.store.vector
+            self._vector = VectorIndex(self.settings.db_path, enabled=vs.enabled,
+                                       extension_path=vs.extension_path)
+        return self._vector
+
+    def _drop_vector_index(self) -> None:
+        if self._vector is not None:
+            self._vector.close()
+            self._vector = None
+
+    def mark_dirty(self, reason: str = "files changed") -> None:
+        """Mark the index stale (the watcher calls this); the next search syncs first."""
+        self._dirty = True
+        self._dirty_reason = reason
+
+    async def close(self) -> None:
+        """Wait for a running sync, close the vector index, provider and store; idempotent."""
+        if self._closed:
+            return
+        if self._sync_done is not None:
+            await self._sync_done.wait()
+        self._closed = True
+        await anyio.to_thread.run_sync(self._drop_vector_index)
+        sel = self._selection
+        if sel is not None and sel.provider is not None:
+            await sel.provider.aclose()
+        if self._store is not None:
+            await anyio.to_thread.run_sync(self._store.close)
+            self._store = None
+
+    # -- sync ------------------------------------------------------------------------------
+
+    async def sync(self, *, reason: str, force: bool = False) -> SyncReport:
+        """Bring the index up to date; a second caller awaits the running sync.
+
+        Args:
+            reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
+            force: full rebuild into a temporary database, swapped in atomically.
+
+        Returns:
+            The :class:`~fallback.index.SyncReport` of the (possibly shared) sync.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+            BackendUnavailableError: an explicitly configured provider is unavailable.
+            IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
+                the live index untouched).
+        """
+        self._check_open()
+        if self._sync_done is not None:
+            await self._sync_done.wait()
+            outcome = self._sync_outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+            assert outcome is not None
+            return outcome
+        done = anyio.Event()
+        self._sync_done = done
+        try:
+            report = await self._run_sync(reason=reason, force=force)
+            self._sync_outcome = report
+            return report
+        except BaseException as exc:
+            self._sync_outcome = exc
+            self._last_error = f"sync ({reason}) failed: {exc}"
+            raise
+        finally:
+            self._sync_done = None
+            done.set()
+
+    async def _run_sync(self, *, reason: str, force: bool) -> SyncReport:
+        self._fail_closed()
+        store = await self._open_store()
+        indexer = Indexer(self.settings, provider=self._provider(),
+                          write_limiter=self._write_limiter, now_ms=self._now_ms,
+                          on_progress=self.on_progress)
+        log.debug("builtin sync start (%s, force=%s)", reason, force)
+        report = await indexer.sync(store, force=force)
+        if report.full:
+            await anyio.to_thread.run_sync(self._drop_vector_index)
+        elif (report.files_indexed or report.files_deleted) and self._vector is not None:
+            await anyio.to_thread.run_sync(self._vector.invalidate)
+        self._dirty = False
+        self._dirty_reason = None
+        self._synced = True
+        self._last_report = report
+        self._last_error = None
+        return report
+
+    async def _preflight(self, store: Store) -> None:
+        empty = not (await anyio.to_thread.run_sync(
+            store.query, "SELECT 1 FROM chunks LIMIT 1"))
+        stale = self.settings.search.sync.on_search and (self._dirty or not self._synced)
+        if not (empty and not self._synced) and not stale:
+            return
+        try:
+            await self.sync(reason="search")
+        except (IndexStoreError, EmbeddingProviderError) as exc:
+            log.warning("memory sync before search failed: %s", exc)
+
+    # -- search ----------------------------------------------------------------------------
+
+    async def search(self, query: str, *, max_results: int | None = None,
+                     min_score: float | None = None, session_key: str | None = None,
+                     sources: list[Source] | None = None) -> list[MemorySearchResult]:
+        """Search the memory index; hits best first.
+
+        Args:
+            query: free text (any language; FTS syntax is never interpreted).
+            max_results: cap on hits (default ``query.maxResults``, 6).
+            min_score: score floor in ``[0, 1]`` (default ``query.minScore``, 0.35).
+            session_key: accepted for the contract; scope rules are the manager's.
+            sources: subset of the enabled sources; no enabled member gives ``[]``.
+
+        Returns:
+            ``MemorySearchResult`` list (snippets at most 700 code points); in hybrid mode
+            each carries ``vector_score`` and ``text_score``.
+
+        Raises:
+            UsageError: ``query must not be empty`` for a blank query.
+            ManagerClosedError: the engine is closed.
+            BackendUnavailableError: an explicitly configured provider is unavailable.
+            IndexStoreError: the store is locked, read-only or corrupt.
+        """
+        text = query.strip()
+        if not text:
+            raise UsageError("query must not be empty")
+        self._check_open()
+        self._fail_closed()
+        store = await self._open_store()
+        await self._preflight(store)
+        q = self.settings.search.query
+        limit = max(1, max_results if max_results is not None else q.max_results)
+        floor = q.min_score if min_score is None else min_score
+        enabled = list(self.settings.search.sources)
+        srcs = [s for s in enabled if sources is None or s in sources]
+        if not srcs:
+            return []
+        candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
+        provider = self._provider()
+        if provider is None:
+            hits = await self._search_fts_only(store, text, srcs, candidates, floor, limit)
+            return [self._result(c, hybrid=False) for c in hits]
+        hits = await self._search_hybrid(store, provider, text, srcs, candidates, floor, limit)
+        return [self._result(c, hybrid=True) for c in hits]
+
+    async def _keyword(self, store: Store, text: str, srcs: list[str],
+                       limit: int) -> list[Candidate]:
+        if store.fts_error is not None:
+            return []
+        plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+        if plan is None:
+            return []
+        rows = await anyio.to_thread.run_sync(partial(
+            keyword_rows, store, plan, sources=srcs, limit=limit))
+        out = []
+        for cid, path, source, start, end, body, rank in rows:
+            score = bm25_rank_to_score(rank)
+            out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
+                                 end_line=end, snippet=body, score=score, text_score=score))
+        return out
+
+    async def _search_fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
+                               floor: float, limit: int) -> list[Candidate]:
+        hits = await self._keyword(store, text, srcs, candidates)
+        if not hits:
+            by_id: dict[str, Candidate] = {}
+            keywords = [k for k in extract_keywords(text) if k != text.lower()]
+            for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
+                for hit in await self._keyword(store, kw, srcs, candidates):
+                    prev = by_id.get(hit.chunk_id)
+                    if prev is None or hit.text_score > prev.text_score:
+                        by_id[hit.chunk_id] = hit
+            hits = list(by_id.values())
+        boosted = [replace(h, score=fts_only_score(h.text_score, query=text, text=h.snippet,
+                                                   path=h.path)) for h in hits]
+        ranked = await self._decay(store, boosted)
+        strict = [c for c in ranked if c.score >= floor]
+        return (strict or ranked)[:limit]
+
+    async def _search_hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
+                             srcs: list[str], candidates: int, floor: float,
+                             limit: int) -> list[Candidate]:
+        hybrid = self.settings.search.query.hybrid
+        keyword_hits = await self._keyword(store, text, srcs, candidates) if hybrid.enabled else []
+        try:
+            qvec = await provider.embed_query(text)
+        except EmbeddingProviderError as exc:
+            log.warning("query embedding failed, keyword-only results: %s", exc)
+            self._last_error = f"query embedding failed: {exc}"
+            qvec = []
+        vector_hits: list[Candidate] = []
+        if qvec and any(v != 0 for v in qvec):
+            vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
+        if not hybrid.enabled:
+            return [c for c in vector_hits if c.score >= floor][:limit]
+        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=hybrid.vector_weight,
+                              text_weight=hybrid.text_weight)
+        merged = await self._decay(store, merged)
+        if hybrid.mmr.enabled:
+            merged = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
+        return select_results(merged, keyword_hits, min_score=floor,
+                              text_weight=hybrid.text_weight, max_results=limit)
+
+    async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],
+                           limit: int) -> list[Candidate]:
+        index = self._vector_index()
+        found = await anyio.to_thread.run_sync(partial(
+            index.search, qvec, model=model, sources=srcs, limit=limit))
+        if not found:
+            return []
+        marks = ", ".join("?" for _ in found)
+        rows = await anyio.to_thread.run_sync(
+            store.query, f"SELECT id, path, source, start_line, end_line, text FROM chunks"
+                         f" WHERE id IN ({marks})", [cid for cid, _ in found])
+        by_id = {r[0]: r for r in rows}
+        out = []
+        for cid, sim in found:
+            r = by_id.get(cid)
+            if r is not None:
+                out.append(Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3],
+                                     end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
+        return out
+
+    async def _decay(self, store: Store, cands: list[Candidate]) -> list[Candidate]:
+        decay = self.settings.search.query.hybrid.temporal_decay
+        if not decay.enabled or not cands:
+            return sorted(cands, key=lambda c: -c.score)
+        paths = sorted({c.path for c in cands})
+        marks = ", ".join("?" for _ in paths)
+        rows = await anyio.to_thread.run_sync(
+            store.query, f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
+        mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
+        return apply_temporal_decay(cands, half_life_days=decay.half_life_days,
+                                    now_ms=self._now_ms(),
+                                    mtime_ms=lambda source, path: mtimes.get((source, path)))
+
+    @staticmethod
+    def _result(c: Candidate, *, hybrid: bool) -> MemorySearchResult:
+        return MemorySearchResult(
+            path=c.path, start_line=c.start_line, end_line=c.end_line,
+            score=max(0.0, min(1.0, c.score)), snippet=truncate_chars(c.snippet, SNIPPET_MAX_CHARS),
+            source="sessions" if c.source == "sessions" else "memory",
+            vector_score=c.vector_score if hybrid else None,
+            text_score=c.text_score if hybrid else None)
+
+    # -- read, status, probes --------------------------------------------------------------
+
+    async def read_file(self, rel_path: str, *, from_line: int | None = None,
+                        lines: int | None = None) -> MemoryReadResult:
+        """Read a page of a memory file (120 lines / 12,000 code points by default).
+
+        Raises:
+            PathRefusedError: not a memory file.
+            ManagerClosedError: the engine is closed.
+        """
+        self._check_open()
+        from fallback.readfile import read_memory_page
+        return await anyio.to_thread.run_sync(partial(
+            read_memory_page, self.settings.workspace_dir, list(self.settings.search.extra_paths),
+            rel_path, from_line=from_line, lines=lines))
+
+    async def index_stats(self) -> dict[str, int]:
+        """``{"files", "chunks", "embedded"}`` over the enabled sources (for the CLI)."""
+        store = await self._open_store()
+        return await anyio.to_thread.run_sync(self._stats, store)
+
+    def _stats(self, store: Store) -> dict[str, int]:
+        srcs = list(self.settings.search.sources)
+        marks = ", ".join("?" for _ in srcs)
+        files = store.query(f"SELECT COUNT(*) FROM files WHERE source IN ({marks})", srcs)[0][0]
+        chunks, embedded = store.query(
+            f"SELECT COUNT(*), COUNT(vector) FROM chunks WHERE source IN ({marks})", srcs)[0]
+        return {"files": int(files), "chunks": int(chunks), "embedded": int(embedded)}
+
+    async def status(self) -> MemoryStatus:
+        """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+            IndexStoreError: the store cannot be read.
+        """
+        store = await self._open_store()
+        return await anyio.to_thread.run_sync(self._status, store)
+
+    def _status(self, store: Store) -> MemoryStatus:
+        s = self.settings.search
+        sel = self._provider_selection()
+        provider = sel.provider
+        srcs = list(s.sources)
+        counts = {src: (0, 0) for src in srcs}
+        for src, nfiles in store.query("SELECT source, COUNT(*) FROM files GROUP BY source"):
+            if src in counts:
+                counts[src] = (int(nfiles), counts[src][1])
+        for src, nchunks in store.query("SELECT source, COUNT(*) FROM chunks GROUP BY source"):
+            if src in counts:
+                counts[src] = (counts[src][0], int(nchunks))
+        skipped = [SkippedFile(path=p, reason=r) for p, r in store.query(
+            "SELECT path, reason FROM skipped_files ORDER BY path, reason")]
+        issues = store.get_meta_json("scan_issues") or []
+        last_sync = store.get_meta_json("last_sync_at_ms")
+        cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
+        fts_error = store.fts_error
+        if provider is None:
+            vector: dict[str, Any] = {
+                "enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
+                "reason": sel.unavailable_reason or "no embedding provider (FTS-only mode)",
+                "dims": None}
+        else:
+            vector = dict(self._vector_index().status())
+        return MemoryStatus(
+            backend=self.name, agent_id=self.settings.agent_id,
+            workspace_dir=str(self.settings.workspace_dir), db_path=str(store.path),
+            files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
+            dirty=self._dirty, dirty_reason=self._dirty_reason if self._dirty else None,
+            provider=provider.provider_id if provider else "none",
+            requested_provider=sel.requested or s.provider,
+            model=provider.model if provider else None,
+            search_mode="hybrid" if provider else "fts-only",
+            provider_unavailable_reason=sel.error or sel.unavailable_reason,
+            sources=srcs, extra_paths=list(s.extra_paths),
+            source_counts=[SourceCount(source=src, files=f, chunks=c)
+                           for src, (f, c) in counts.items()],
+            fts={"enabled": s.query.hybrid.enabled or provider is None,
+                 "available": fts_error is None, "tokenizer": store.fts_tokenizer,
+                 "error": fts_error, "cjk": CJK_SCHEME},
+            vector=vector,
+            cache={"enabled": s.cache.enabled, "entries": cache_entries,
+                   "maxEntries": s.cache.max_entries},
+            skipped=skipped, issues=[str(i) for i in issues],
+            last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
+            healthy=self._last_error is None, last_error=self._last_error,
+            custom={"model": provider.model if provider else FTS_ONLY_MODEL})
+
+    async def probe_embeddings(self) -> tuple[bool, str | None]:
+        """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""
+        self._check_open()
+        sel = self._provider_selection()
+        if sel.provider is None:
+            return False, sel.error or sel.unavailable_reason or (
+                "No embedding provider available (FTS-only mode)")
+        try:
+            await sel.provider.embed_batch(["ping"])
+        except EmbeddingProviderError as exc:
+            return False, str(exc)
+        return True, None
+
+    async def probe_vector(self) -> bool:
+        """Whether vector search can answer (provider present and vectors not disabled)."""
+        self._check_open()
+        if self._provider() is None:
+            return False
+        status = await anyio.to_thread.run_sync(self._vector_index().status)
+        return bool(status["available"])

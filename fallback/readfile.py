@@ -288,11 +288,14 @@ def read_memory_page(workspace: Path, extra_paths: list[str], rel_path: str, *,
         raise BackendUnavailableError(
             "builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
     if data is None:
-        return MemoryReadResult(path=display, text="", from_line=1, lines=0, missing=True)
+        return MemoryReadResult.model_validate(
+            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     text = data.decode("utf-8", errors="replace")
     page, start, included, truncated, next_from = page_text(
         text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
-    return MemoryReadResult(path=display, text=page, from_line=start, lines=included,
-                            truncated=truncated, next_from=next_from)
+    # model_validate by field name: the "from" alias cannot be a Python keyword argument.
+    return MemoryReadResult.model_validate(
+        {"path": display, "text": page, "from_line": start, "lines": included,
+         "truncated": truncated, "next_from": next_from})

@@ -13,6 +13,8 @@ Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with th
 - the overlap window is capped at ``min(overlap_chars, max_chars - incoming)`` (the E3 cap) and
   holds whole lines only, so a chunk never exceeds ``max_chars`` (E2 let the carried overlap
   plus the incoming line overflow the budget);
+- a final line break does not open an extra empty line, so chunk line ranges never point past
+  the last line that ``memory_get`` pages (the reference's last chunk ended one line later);
 - chunks whose text is only whitespace are dropped here rather than at index time.
 """
 
@@ -148,7 +150,10 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80) -> list[C
             if chunk.text.strip():
                 chunks.append(chunk)
 
-    for line_no, line in enumerate(split_lines(text), start=1):
+    lines = split_lines(text)
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()  # a final line break does not start a line (as in memory_get paging)
+    for line_no, line in enumerate(lines, start=1):
         for segment in _line_segments(line, max_chars=max_chars, tokens=tokens):
             size = text_weight(segment) + 1
             if buffer and current + size > max_chars:

@@ -120,15 +120,21 @@ def test_no_overlap_disjoint_ranges() -> None:
 def test_crlf_stripped_and_line_numbers_kept() -> None:
     chunks = chunk_markdown("one\r\ntwo\r\n\r\nfour\r\n")
     assert len(chunks) == 1
-    assert chunks[0].text == "one\ntwo\n\nfour\n"
-    assert "\r" not in chunks[0].text
-    assert (chunks[0].start_line, chunks[0].end_line) == (1, 5)
+    assert chunks[0].text == "one\ntwo\n\nfour"
+    assert (chunks[0].start_line, chunks[0].end_line) == (1, 4)
 
 
 def test_lone_cr_line_endings() -> None:
     chunks = chunk_markdown("a" * 20 + "\r" + "b" * 20 + "\r" + "c" * 20, tokens=8, overlap=0)
     assert [(c.text, c.start_line, c.end_line) for c in chunks] == [
         ("a" * 20, 1, 1), ("b" * 20, 2, 2), ("c" * 20, 3, 3)]
+
+
+def test_trailing_newline_adds_no_line() -> None:
+    (chunk,) = chunk_markdown("one\ntwo\n")
+    assert (chunk.text, chunk.start_line, chunk.end_line) == ("one\ntwo", 1, 2)
+    (chunk,) = chunk_markdown("one\n\n")
+    assert (chunk.text, chunk.start_line, chunk.end_line) == ("one\n", 1, 2)
 
 
 def test_split_lines_all_styles() -> None:

@@ -56,7 +56,7 @@ NPM_PREFIX_TIMEOUT_MS = 3_000
 _FIXED_DIRS = ("/opt/homebrew/bin", "/usr/local/bin")
 _VERSION_RE = re.compile(r"^qmd (\d+\.\d+\S*)")
 _RUNTIME_MISSING_RE = re.compile(
-    r"(env: ['\"]?(node|bun)['\"]?: no such file or directory"
+    r"(env: ['\"\u2018\u2019]?[\w.+-]+['\"\u2018\u2019]?: no such file or directory"
     r"|\b(node|bun): (command )?not found"
     r"|bad interpreter)", re.IGNORECASE)
 # Exit status of "command not found" (sh, env).

@@ -264,9 +264,28 @@ def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Proce
     return alive
 
 
+def _is_dead(proc: psutil.Process) -> bool:
+    # A killed descendant was re-parented away from us; until its new parent reaps it, it is a
+    # zombie: dead, holding no resources, and not ours to reap.
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
 def _wait_gone(procs: list[psutil.Process]) -> None:
-    if procs:
-        psutil.wait_procs(procs, timeout=_REAP_WAIT_S)
+    """Block until every process in ``procs`` is dead (or ``_REAP_WAIT_S`` passed)."""
+    deadline = time.monotonic() + _REAP_WAIT_S
+    delay_s = 0.005
+    pending = list(procs)
+    while pending:
+        pending = [p for p in pending if not _is_dead(p)]
+        if not pending or time.monotonic() >= deadline:
+            return
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.1)
 
 
 async def _kill_and_reap(process: Process) -> None:

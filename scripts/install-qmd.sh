@@ -79,9 +79,18 @@ tmp_launcher="$(mktemp "$bin_dir/.qmd.XXXXXX")"
 cat >"$tmp_launcher" <<EOF
 #!/bin/sh
 # qmd $QMD_VERSION launcher written by scripts/install-qmd.sh (runtime: node >= 22, else bun $BUN_VERSION).
-# Paths are relative to this file, so the repository can move. exec: signals reach the runtime.
-case "\$0" in
-  */*) here="\${0%/*}" ;;
+# Paths are relative to this file (symlinks to it are followed), so the repository can move.
+# exec: signals reach the runtime.
+self="\$0"
+while [ -L "\$self" ]; do
+  link="\$(readlink "\$self")"
+  case "\$link" in
+    /*) self="\$link" ;;
+    *) self="\${self%/*}/\$link" ;;
+  esac
+done
+case "\$self" in
+  */*) here="\${self%/*}" ;;
   *) here=. ;;
 esac
 root="\$(cd "\$here/../qmd" 2>/dev/null && pwd -P)" || { echo "qmd launcher: missing \$here/../qmd" >&2; exit 127; }

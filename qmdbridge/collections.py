@@ -183,7 +183,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         seen.add(key)
         explicit = (raw_name or "").strip()
         base = explicit if explicit and not _is_inside(path, ws) else (
-            f"{explicit or f'custom-{i}'}-{agent_seg}")
+            f"{sanitize_name(explicit or f'custom-{i}')}-{agent_seg}")
         out.append(ManagedCollection(unique(base), path, pattern, "custom"))
 
     if qmd.sessions.enabled:

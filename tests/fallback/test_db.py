@@ -1,0 +1,206 @@
+"""The store: migrations, SQLite error mapping, atomic swap, keyword rows (fallback/db.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from fallback.db import (
+    Store,
+    keyword_rows,
+    remove_db_files,
+    swap_db_files,
+    temp_db_path,
+    translate_errors,
+)
+from fallback.errors import IndexStoreError
+from fallback.fts import build_fts_query
+from fallback.migrations import MIGRATIONS
+
+EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "chunks_trigram", "embedding_cache",
+                   "skipped_files"}
+
+
+def _schema(path: Path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(path)
+    try:
+        return sorted((r[0], r[1]) for r in conn.execute(
+            "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            " AND name NOT LIKE 'chunks_fts_%' AND name NOT LIKE 'chunks_trigram_%'"))
+    finally:
+        conn.close()
+
+
+def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
+    db = tmp_path / "deep" / "dir" / "main.sqlite"
+    store = Store(db)
+    try:
+        assert store.user_version() == len(MIGRATIONS) == 4
+        assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
+        assert {name for kind, name in _schema(db) if kind == "index"} == {
+            "idx_chunks_path", "idx_chunks_source", "idx_embedding_cache_updated_at"}
+        assert store.query("PRAGMA journal_mode")[0][0] == "wal"
+        cols = [r[1] for r in store.query("PRAGMA table_info(chunks)")]
+        assert cols == ["id", "path", "source", "start_line", "end_line", "hash", "model", "text",
+                        "embedding", "vector", "dims", "updated_at"]
+        assert store.fts_tokenizer == "unicode61"
+        assert store.fts_error is None
+        assert store.quick_check() == "ok"
+    finally:
+        store.close()
+
+
+def test_reopen_is_idempotent_and_keeps_tokenizer(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    Store(db, fts_tokenizer="trigram").close()
+    before = _schema(db)
+    store = Store(db, fts_tokenizer="unicode61")
+    try:
+        assert _schema(db) == before
+        assert store.user_version() == 4
+        assert store.fts_tokenizer == "trigram"
+    finally:
+        store.close()
+
+
+def test_older_version_is_migrated_forward(tmp_path: Path) -> None:
+    db = tmp_path / "old.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for number, migration in enumerate(MIGRATIONS[:2], start=1):
+        migration(conn, fts_tokenizer="unicode61")
+        conn.execute(f"PRAGMA user_version={number}")
+    conn.close()
+    store = Store(db)
+    try:
+        assert store.user_version() == 4
+        fresh = tmp_path / "fresh.sqlite"
+        Store(fresh).close()
+        assert _schema(db) == _schema(fresh)
+    finally:
+        store.close()
+
+
+def test_not_a_database_maps_to_index_store_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    db.write_bytes(b"this is definitely not sqlite" * 200)
+    with pytest.raises(IndexStoreError) as info:
+        Store(db)
+    assert str(info.value) == (f"index store is corrupt: file is not a database ({db})")
+    assert info.value.db_path == str(db)
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+
+
+def test_lock_past_busy_timeout_maps_to_index_store_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    store = Store(db, busy_timeout_ms=50)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(IndexStoreError) as info, store.transaction() as conn:
+            conn.execute("DELETE FROM files")
+        assert str(info.value).startswith(
+            "index store is locked by another process past the busy timeout: database is locked")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        store.close()
+
+
+def test_readonly_maps_to_index_store_error(tmp_path: Path) -> None:
+    with pytest.raises(IndexStoreError) as info, translate_errors(tmp_path / "x.sqlite"):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+    assert str(info.value) == (
+        f"index store is read-only: attempt to write a readonly database ({tmp_path / 'x.sqlite'})")
+    with pytest.raises(IndexStoreError) as info, translate_errors(None):
+        raise sqlite3.DatabaseError("database disk image is malformed")
+    assert str(info.value) == "index store is corrupt: database disk image is malformed"
+
+
+def test_closed_store_raises(tmp_path: Path) -> None:
+    store = Store(tmp_path / "main.sqlite")
+    store.close()
+    store.close()
+    with pytest.raises(IndexStoreError, match="index store is closed"):
+        store.query("SELECT 1")
+
+
+def _put(store: Store, path: str, text: str, rowid: int) -> None:
+    with store.transaction() as conn:
+        conn.execute("INSERT INTO chunks(rowid, id, path, source, start_line, end_line, hash, model,"
+                     " text, updated_at) VALUES (?, ?, ?, 'memory', 1, 1, 'h', 'fts-only', ?, 0)",
+                     (rowid, f"id{rowid}", path, text))
+        conn.execute("INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line,"
+                     " end_line) VALUES (?, ?, ?, ?, 'memory', 'fts-only', 1, 1)",
+                     (rowid, text, f"id{rowid}", path))
+        conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)", (rowid, text))
+
+
+def test_swap_publishes_temp_and_removes_backup(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    live = Store(db)
+    _put(live, "old.md", "old content", 1)
+    temp = temp_db_path(db)
+    assert temp.name.startswith("main.sqlite.tmp-")
+    built = Store(temp)
+    _put(built, "new.md", "new content", 1)
+    built.close()
+    live.swap_from(temp)
+    try:
+        assert live.query("SELECT path FROM chunks") == [("new.md",)]
+        assert sorted(p.name for p in tmp_path.iterdir()
+                      if ".tmp-" in p.name or ".backup-" in p.name) == []
+    finally:
+        live.close()
+
+
+def test_swap_failure_restores_live_db(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    Store(db).close()
+    original = db.read_bytes()
+    other_fs = Path("/dev/shm")
+    if not other_fs.is_dir() or other_fs.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs a second filesystem (rename across devices fails with EXDEV)")
+    temp = other_fs / f"qmdbridge-test-{tmp_path.name}.sqlite.tmp-x"
+    Store(temp).close()
+    try:
+        with pytest.raises(IndexStoreError, match="could not swap in the rebuilt index"):
+            swap_db_files(temp, db)
+        assert db.read_bytes() == original
+        assert [p.name for p in tmp_path.iterdir() if ".backup-" in p.name] == []
+        assert not temp.exists()
+    finally:
+        remove_db_files(temp)
+    remove_db_files(tmp_path / "absent.sqlite")  # missing files are ignored
+
+
+def test_keyword_rows_english_and_cjk_substrings(tmp_path: Path) -> None:
+    store = Store(tmp_path / "main.sqlite")
+    try:
+        _put(store, "en.md", "The deployment strategy for the API", 1)
+        _put(store, "ja.md", "昨日の戦略会議でデプロイ計画を決めた", 2)
+        _put(store, "zh.md", "今天讨论了金银价格的走势", 3)
+        _put(store, "ko.md", "어제 서버에서 발생한 에러를 확인했다", 4)
+        _put(store, "pct.md", "50%_off sale", 5)
+
+        def paths(q: str) -> list[str]:
+            plan = build_fts_query(q, tokenizer=store.fts_tokenizer)
+            assert plan is not None
+            return [r[1] for r in keyword_rows(store, plan, sources=["memory"], limit=10)]
+
+        assert paths("deployment api") == ["en.md"]
+        assert paths("戦略") == ["ja.md"]          # JA 2 chars: LIKE
+        assert paths("戦略会議") == ["ja.md"]      # JA 4 chars: trigram
+        assert paths("デプロイ") == ["ja.md"]
+        assert paths("价格") == ["zh.md"]          # ZH 2 chars
+        assert paths("金银价格") == ["zh.md"]      # ZH 4 chars
+        assert paths("서버") == ["ko.md"]          # KO 2 chars
+        assert paths("발생한") == ["ko.md"]        # KO 3 chars
+        assert paths("会議 deployment") == []      # AND across schemes
+        assert paths("50%") == ["pct.md"]
+        assert keyword_rows(store, build_fts_query("api"), sources=["sessions"], limit=10) == []
+        rank = keyword_rows(store, build_fts_query("戦略"), sources=["memory"], limit=10)[0][6]
+        assert rank == 0.0
+    finally:
+        store.close()

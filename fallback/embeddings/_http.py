@@ -32,6 +32,8 @@ __all__ = [
 
 # Provider error text kept in our messages, in characters.
 MAX_ERROR_TEXT_CHARS = 300
+# Secrets shorter than this are not redacted (see _redact).
+MIN_SECRET_CHARS = 6
 # Error text that marks a 4xx (or anything) as a transient quota problem (spec 6.4).
 _RETRYABLE_TEXT_RE = re.compile(
     r"rate limit|too many requests|resource has been exhausted|tokens per day|cloudflare",
@@ -64,7 +66,8 @@ def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float
 
 def _redact(text: str, secrets: Sequence[str]) -> str:
     for secret in secrets:
-        if secret:
+        # Shorter values are no real keys, and replacing them would garble the text.
+        if len(secret) >= MIN_SECRET_CHARS:
             text = text.replace(secret, "***")
     return text
 

@@ -1,11 +1,15 @@
 """Vector search over the store's chunk embeddings: sqlite-vec KNN or exact numpy brute force.
 
 The engine writes chunks (with a float32 little-endian ``vector`` BLOB) through its own
-``sqlite3`` connection. :class:`VectorIndex` only reads them, and in ``sqlite-vec`` mode keeps a
-``vec0`` mirror (``chunks_vec``) in the same file, refreshed incrementally before a query when
-the store changed. Python's ``sqlite3`` often cannot load extensions (macOS system Python,
-pyenv builds), so the mirror is driven through ``apsw``; without it, or when sqlite-vec does not
-load, an exact cosine over a cached numpy matrix answers instead. Both modes rank identically.
+``sqlite3`` connection; :class:`VectorIndex` only reads the store, through ``sqlite3`` too.
+Python's ``sqlite3`` often cannot load extensions (macOS system Python, pyenv builds), so
+sqlite-vec is driven through ``apsw``. apsw links its own copy of SQLite, and two SQLite copies
+in one process do not see each other's POSIX locks (closing a file in one copy drops the other's
+locks: https://www.sqlite.org/howtocorrupt.html §2.2.1). So apsw never opens the store: the
+``vec0`` mirror ``chunks_vec`` lives in a side file ``<store>-vec`` that only apsw opens, and it
+is refreshed incrementally (by chunk id and ``updated_at``) before a query when the store
+changed. Without apsw or sqlite-vec, an exact cosine over a cached numpy matrix answers instead.
+Both modes rank identically.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ MIRROR_LOCK_ATTEMPTS = 3
 # Busy timeout for plain reads, in ms (WAL readers are never blocked by writers; this covers
 # checkpoints and schema changes).
 READ_BUSY_TIMEOUT_MS = 5000
+# Chunk ids per ``IN (...)`` query when copying vectors into the mirror (SQLite's default
+# variable limit is 32,766; smaller batches keep each statement cheap).
+MIRROR_FETCH_BATCH = 500
 # sqlite-vec refuses KNN queries with k above this.
 VEC0_MAX_K = 4096
 # Bytes per stored vector component (float32).
@@ -35,16 +42,6 @@ FLOAT32_BYTES = 4
 
 _MIRROR_STATE_DDL = ("CREATE TABLE IF NOT EXISTS chunks_vec_state("
                      "id TEXT PRIMARY KEY, updated_at INTEGER NOT NULL, dims INTEGER NOT NULL)")
-
-# Mirrored ids to delete: gone from chunks, vector removed, length changed, or row rewritten.
-_STALE_SQL = ("SELECT s.id FROM chunks_vec_state s LEFT JOIN chunks c ON c.id = s.id "
-              "WHERE c.id IS NULL OR c.vector IS NULL OR length(c.vector) != ? "
-              "OR COALESCE(c.updated_at, 0) != s.updated_at")
-# Chunks with a vector of the mirror's byte length that are not mirrored yet.
-_FRESH_SQL = ("SELECT c.id, c.vector, c.model, c.source, COALESCE(c.updated_at, 0) FROM chunks c "
-              "LEFT JOIN chunks_vec_state s ON s.id = c.id "
-              "WHERE s.id IS NULL AND c.vector IS NOT NULL AND length(c.vector) = ?")
-
 
 def _mirror_ddl(dims: int) -> str:
     """The exact CREATE statement of the ``vec0`` mirror for ``dims`` dimensions."""
@@ -57,15 +54,6 @@ def _placeholders(n: int) -> str:
     return ",".join("?" * n)
 
 
-def _db_errors() -> tuple[type[BaseException], ...]:
-    """The database exception classes of both drivers (apsw only when installed)."""
-    try:
-        import apsw
-    except ImportError:
-        return (sqlite3.Error,)
-    return (sqlite3.Error, apsw.Error)
-
-
 class VectorIndex:
     """Cosine-similarity search over ``chunks.vector`` of one SQLite store.
 
@@ -74,9 +62,11 @@ class VectorIndex:
     sources and dims, reloaded when the store changes), ``"disabled"`` (``enabled=False``; every
     search returns ``[]``). ``reason`` says why the mode is not plain sqlite-vec.
 
-    The mirror is a cache: it is refreshed under a short write lock (never longer than one
-    refresh), tolerates concurrent writers (busy timeout and retries), and when it cannot be
-    refreshed or queried the query is answered by brute force and ``status()`` says so.
+    The mirror (``<db_path>-vec``, see the module docstring) is a cache: the store is only read,
+    the mirror file is written under its own short write lock (only when something changed),
+    concurrent writers get a busy timeout and retries, and when the mirror cannot be refreshed
+    or queried the query is answered by brute force and ``status()`` says so. An atomic swap of
+    the store file (new inode) is noticed and the connection reopened.
     A vector whose length differs from the query's dims is never compared (no mixing of
     dimensionalities); zero or non-finite vectors are skipped.
 
@@ -97,6 +87,8 @@ class VectorIndex:
         self._lock = threading.RLock()
         self._closed = False
         self._conn: Any = None
+        self._mirror: Any = None
+        self._mirror_path = self._db_path.with_name(self._db_path.name + "-vec")
         self._file_id: tuple[int, int] | None = None
         self._data_version: int | None = None
         self._mirror_dims: int | None = None
@@ -168,12 +160,11 @@ class VectorIndex:
         if self._conn is not None:
             try:
                 self._conn.close()
-            except _db_errors():
+            except sqlite3.Error:
                 pass  # closing a connection to a swapped-out or deleted file
         self._conn = None
         self._file_id = None
         self._data_version = None
-        self._mirror_dims = None
         self._mirror_version = None
         self._matrices.clear()
 
@@ -190,18 +181,10 @@ class VectorIndex:
             return self._conn
         self._drop_connection()
         try:
-            if self._mode == "sqlite-vec":
-                import apsw
-
-                conn = apsw.Connection(str(self._db_path), flags=apsw.SQLITE_OPEN_READWRITE)
-                conn.setbusytimeout(READ_BUSY_TIMEOUT_MS)
-                conn.enableloadextension(True)
-                conn.loadextension(self._extension_path)
-            else:
-                conn = sqlite3.connect(f"{self._db_path.resolve().as_uri()}?mode=ro", uri=True,
-                                       check_same_thread=False,
-                                       timeout=READ_BUSY_TIMEOUT_MS / 1000)
-        except (*_db_errors(), OSError) as exc:
+            conn = sqlite3.connect(f"{self._db_path.resolve().as_uri()}?mode=ro", uri=True,
+                                   check_same_thread=False, isolation_level=None,
+                                   timeout=READ_BUSY_TIMEOUT_MS / 1000)
+        except (sqlite3.Error, OSError) as exc:
             raise IndexStoreError(f"cannot open the store for vector search: {exc}",
                                   db_path=str(self._db_path)) from exc
         self._conn = conn
@@ -250,7 +233,7 @@ class VectorIndex:
                 return []
             try:
                 version = self._read_data_version(conn)
-            except _db_errors() as exc:
+            except sqlite3.Error as exc:
                 raise IndexStoreError(f"cannot read the store: {exc}",
                                       db_path=str(self._db_path)) from exc
             if version != self._data_version:
@@ -305,6 +288,8 @@ class VectorIndex:
         """Close the connection; idempotent. Later searches raise ``ManagerClosedError``."""
         with self._lock:
             self._drop_connection()
+            if self._mirror is not None:
+                self._drop_mirror()
             self._closed = True
 
     # -- brute force -----------------------------------------------------------------------
@@ -323,7 +308,7 @@ class VectorIndex:
                "ORDER BY id")
         try:
             rows = conn.execute(sql, (model, *sources, dims * FLOAT32_BYTES)).fetchall()
-        except _db_errors() as exc:
+        except sqlite3.Error as exc:
             raise IndexStoreError(f"cannot read chunk vectors: {exc}",
                                   db_path=str(self._db_path)) from exc
         if not rows:
@@ -356,7 +341,34 @@ class VectorIndex:
         order = top[np.argsort(-scores[top], kind="stable")]
         return [(ids[i], float(scores[i])) for i in order.tolist() if np.isfinite(scores[i])]
 
-    # -- sqlite-vec mirror -----------------------------------------------------------------
+    # -- sqlite-vec mirror (a side file that only apsw opens) --------------------------------
+
+    def _mirror_conn(self) -> Any:
+        """The apsw connection to the mirror file, created (WAL) on first use."""
+        if self._mirror is not None and self._mirror_path.exists():
+            return self._mirror
+        self._drop_mirror()
+        import apsw
+
+        conn = apsw.Connection(str(self._mirror_path))
+        conn.setbusytimeout(READ_BUSY_TIMEOUT_MS)
+        conn.enableloadextension(True)
+        conn.loadextension(self._extension_path)
+        conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        self._mirror = conn
+        return conn
+
+    def _drop_mirror(self) -> None:
+        import apsw
+
+        if self._mirror is not None:
+            try:
+                self._mirror.close()
+            except apsw.Error:
+                pass  # the mirror is a cache; a failed close loses nothing
+        self._mirror = None
+        self._mirror_dims = None
+        self._mirror_version = None
 
     def _search_mirror(self, conn: Any, q: Any, *, dims: int, version: int, model: str,
                        sources: list[str], limit: int) -> list[tuple[str, float]] | None:
@@ -365,8 +377,9 @@ class VectorIndex:
         import numpy as np
 
         try:
+            mirror = self._mirror_conn()
             if self._mirror_dims != dims or self._mirror_version != version:
-                if not self._refresh_mirror(conn, dims=dims):
+                if not self._refresh_mirror(conn, mirror, dims=dims):
                     return None
                 self._mirror_dims = dims
                 self._mirror_version = version
@@ -374,92 +387,110 @@ class VectorIndex:
                    f"AND model = ? AND source IN ({_placeholders(len(sources))}) "
                    "ORDER BY distance")
             blob = np.asarray(q, dtype="<f4").tobytes()
-            rows = conn.execute(sql, (blob, min(limit, VEC0_MAX_K), model, *sources)).fetchall()
+            rows = mirror.execute(sql, (blob, min(limit, VEC0_MAX_K), model, *sources)).fetchall()
         except apsw.BusyError as exc:
             self._mirror_error = f"sqlite-vec mirror busy: {exc}; answered by brute force"
             return None
-        except apsw.Error as exc:
+        except (apsw.Error, OSError) as exc:
             self._mirror_broken = f"sqlite-vec mirror failed: {exc}; answering by brute force"
-            self._mirror_dims = None
+            self._drop_mirror()
             return None
         self._mirror_error = None
         return [(r[0], 1.0 - float(r[1])) for r in rows if r[1] is not None]
 
-    def _refresh_mirror(self, conn: Any, *, dims: int) -> bool:
-        """Bring ``chunks_vec`` in line with ``chunks`` for ``dims``; False when the store stayed
-        busy (recorded in ``mirrorError``). Other apsw errors propagate to the caller."""
-        import apsw
-
-        if self._mirror_is_current(conn, dims=dims):
-            return True
-        conn.setbusytimeout(MIRROR_BUSY_TIMEOUT_MS)
+    def _store_stamps(self, conn: Any, *, dims: int) -> dict[str, int]:
+        """``{chunk_id: updated_at}`` of the store's chunks with a vector of ``dims``."""
         try:
-            for _attempt in range(MIRROR_LOCK_ATTEMPTS):
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                except apsw.BusyError:
-                    continue
-                try:
-                    self._diff_into_mirror(conn, dims=dims)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if not conn.getautocommit():
-                        conn.execute("ROLLBACK")
-                    raise
-                return True
-        except apsw.BusyError as exc:
-            self._mirror_error = f"sqlite-vec mirror busy: {exc}; answered by brute force"
-            return False
-        finally:
-            conn.setbusytimeout(READ_BUSY_TIMEOUT_MS)
-        self._mirror_error = "sqlite-vec mirror busy (store locked); answered by brute force"
-        return False
+            rows = conn.execute(
+                "SELECT id, COALESCE(updated_at, 0) FROM chunks "
+                "WHERE vector IS NOT NULL AND length(vector) = ?",
+                (dims * FLOAT32_BYTES,)).fetchall()
+        except sqlite3.Error as exc:
+            raise IndexStoreError(f"cannot read chunk ids: {exc}",
+                                  db_path=str(self._db_path)) from exc
+        return {r[0]: int(r[1]) for r in rows}
 
-    def _mirror_is_current(self, conn: Any, *, dims: int) -> bool:
-        """Read-only check: the mirror exists for ``dims`` and no id needs inserting or deleting
-        (so a change elsewhere in the store costs no write lock)."""
-        existing = conn.execute(
+    def _mirror_stamps(self, mirror: Any, *, dims: int) -> dict[str, int] | None:
+        """``{chunk_id: updated_at}`` mirrored for ``dims``; None when the mirror has another
+        shape (other dims, missing tables) and must be recreated."""
+        existing = mirror.execute(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'chunks_vec'").fetchall()
-        state = conn.execute(
+        state = mirror.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'chunks_vec_state'"
         ).fetchall()
         if not existing or existing[0][0] != _mirror_ddl(dims) or not state:
-            return False
-        nbytes = dims * FLOAT32_BYTES
-        pending = conn.execute(
-            f"SELECT EXISTS({_STALE_SQL}) OR EXISTS({_FRESH_SQL})", (nbytes, nbytes)).fetchall()
-        return not pending[0][0]
+            return None
+        return {r[0]: int(r[1]) for r in mirror.execute(
+            "SELECT id, updated_at FROM chunks_vec_state").fetchall()}
 
-    def _diff_into_mirror(self, conn: Any, *, dims: int) -> None:
-        """Inside a write transaction: recreate on a schema/dims change, then sync by id.
+    def _refresh_mirror(self, conn: Any, mirror: Any, *, dims: int) -> bool:
+        """Bring the mirror in line with the store's chunks of ``dims``.
 
-        Ids are compared with their ``updated_at``: an id that left ``chunks``, lost its vector,
-        changed length or was rewritten is deleted; ids not mirrored yet are inserted.
+        Returns False when the mirror file stayed locked by another process (recorded in
+        ``mirrorError``). The write lock is taken only when something differs, and only on the
+        mirror file: the store itself is only read, through ``sqlite3``.
         """
+        import apsw
+
+        wanted = self._store_stamps(conn, dims=dims)
+        if self._mirror_stamps(mirror, dims=dims) == wanted:
+            return True
+        mirror.setbusytimeout(MIRROR_BUSY_TIMEOUT_MS)
+        try:
+            for _attempt in range(MIRROR_LOCK_ATTEMPTS):
+                try:
+                    mirror.execute("BEGIN IMMEDIATE")
+                except apsw.BusyError:
+                    continue
+                try:
+                    self._apply_diff(conn, mirror, dims=dims, wanted=wanted)
+                    mirror.execute("COMMIT")
+                except BaseException:
+                    if not mirror.getautocommit():
+                        mirror.execute("ROLLBACK")
+                    raise
+                return True
+        finally:
+            mirror.setbusytimeout(READ_BUSY_TIMEOUT_MS)
+        self._mirror_error = "sqlite-vec mirror busy (locked by another process); answered by brute force"
+        return False
+
+    def _apply_diff(self, conn: Any, mirror: Any, *, dims: int, wanted: dict[str, int]) -> None:
+        """Inside the mirror's write transaction: recreate on a shape change, then delete ids that
+        left the store or were rewritten (other ``updated_at``) and insert the missing ones."""
         import numpy as np
 
-        ddl = _mirror_ddl(dims)
-        existing = conn.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'chunks_vec'").fetchall()
-        if not existing or existing[0][0] != ddl:
-            conn.execute("DROP TABLE IF EXISTS chunks_vec")
-            conn.execute("DROP TABLE IF EXISTS chunks_vec_state")
-            conn.execute(ddl)
-        conn.execute(_MIRROR_STATE_DDL)
-        nbytes = dims * FLOAT32_BYTES
-        stale = conn.execute(_STALE_SQL, (nbytes,)).fetchall()
+        have = self._mirror_stamps(mirror, dims=dims)
+        if have is None:
+            mirror.execute("DROP TABLE IF EXISTS chunks_vec")
+            mirror.execute("DROP TABLE IF EXISTS chunks_vec_state")
+            mirror.execute(_mirror_ddl(dims))
+            mirror.execute(_MIRROR_STATE_DDL)
+            have = {}
+        stale = [(cid,) for cid, stamp in have.items() if wanted.get(cid) != stamp]
         if stale:
-            conn.executemany("DELETE FROM chunks_vec WHERE id = ?", stale)
-            conn.executemany("DELETE FROM chunks_vec_state WHERE id = ?", stale)
-        fresh = conn.execute(_FRESH_SQL, (nbytes,)).fetchall()
-        if not fresh:
-            return
-        matrix = np.frombuffer(b"".join(bytes(r[1]) for r in fresh), dtype="<f4")
-        norms = np.linalg.norm(matrix.reshape(len(fresh), dims).astype(np.float64), axis=1)
-        usable = (np.isfinite(norms) & (norms > 0)).tolist()
-        conn.executemany(
-            "INSERT INTO chunks_vec(id, embedding, model, source) VALUES (?, ?, ?, ?)",
-            [(r[0], bytes(r[1]), r[2], r[3]) for r, ok in zip(fresh, usable, strict=True) if ok])
-        conn.executemany(
-            "INSERT INTO chunks_vec_state(id, updated_at, dims) VALUES (?, ?, ?)",
-            [(r[0], r[4], dims) for r in fresh])
+            mirror.executemany("DELETE FROM chunks_vec WHERE id = ?", stale)
+            mirror.executemany("DELETE FROM chunks_vec_state WHERE id = ?", stale)
+        missing = [cid for cid, stamp in wanted.items() if have.get(cid) != stamp]
+        nbytes = dims * FLOAT32_BYTES
+        for start in range(0, len(missing), MIRROR_FETCH_BATCH):
+            batch = missing[start:start + MIRROR_FETCH_BATCH]
+            try:
+                rows = conn.execute(
+                    "SELECT id, vector, model, source, COALESCE(updated_at, 0) FROM chunks "
+                    f"WHERE id IN ({_placeholders(len(batch))}) AND vector IS NOT NULL "
+                    "AND length(vector) = ?", (*batch, nbytes)).fetchall()
+            except sqlite3.Error as exc:
+                raise IndexStoreError(f"cannot read chunk vectors: {exc}",
+                                      db_path=str(self._db_path)) from exc
+            if not rows:
+                continue
+            matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4")
+            norms = np.linalg.norm(matrix.reshape(len(rows), dims).astype(np.float64), axis=1)
+            usable = (np.isfinite(norms) & (norms > 0)).tolist()
+            mirror.executemany(
+                "INSERT INTO chunks_vec(id, embedding, model, source) VALUES (?, ?, ?, ?)",
+                [(r[0], bytes(r[1]), r[2], r[3]) for r, ok in zip(rows, usable, strict=True) if ok])
+            mirror.executemany(
+                "INSERT INTO chunks_vec_state(id, updated_at, dims) VALUES (?, ?, ?)",
+                [(r[0], int(r[4]), dims) for r in rows])

@@ -10,7 +10,6 @@ keeps it literal (see there). The circuit breaker lives in the manager, not here
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import re
@@ -54,7 +53,7 @@ from qmdbridge.qmd_parse import (
     parse_qmd_json,
     read_in_root,
 )
-from qmdbridge.qmd_update import UpdateCycle, file_lock
+from qmdbridge.qmd_update import UpdateCycle, embed_jitter_ms, file_lock
 from qmdbridge.runner import (
     RunResult,
     is_crash_after_output,
@@ -64,7 +63,6 @@ from qmdbridge.runner import (
 )
 
 __all__ = ["QmdBackend", "encode_query"]
-
 log = logging.getLogger("qmdbridge.qmd")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
@@ -165,7 +163,6 @@ class QmdBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("qmd backend is closed")
-
     def _spawn(self, factory: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
         async def guarded() -> None:
             try:
@@ -230,7 +227,8 @@ class QmdBackend:
             self._spawn(tick, "interval update")
         if embed_every > 0 and self.cfg.search_mode != "search" and (
                 interval <= 0 or interval > embed_every):
-            first = self._embed_jitter_ms(embed_every)
+            first = embed_jitter_ms(self.agent.agent_id, [
+                (str(c.path), c.pattern) for c in self.collections if c.kind == "custom"], embed_every)
 
             async def embed_tick() -> None:
                 await anyio.sleep(first / 1000)
@@ -238,13 +236,6 @@ class QmdBackend:
                     await self.cycle.run("embed-interval")
                     await anyio.sleep(embed_every / 1000)
             self._spawn(embed_tick, "embed-interval update")
-
-    def _embed_jitter_ms(self, embed_every: int) -> int:
-        custom = sorted(f"{c.path}\0{c.pattern}" for c in self.collections if c.kind == "custom")
-        if not custom:
-            return 0
-        digest = hashlib.sha256(f"{self.agent.agent_id}:{chr(1).join(custom)}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") % (embed_every + 1)
 
     async def reconcile(self) -> None:
         """Make qmd's collections match the config (spec 2.6); never raises for qmd errors."""
@@ -385,6 +376,10 @@ class QmdBackend:
             log.warning("qmd query skipped: no managed collections configured")
             return []
         search_mode = mode or self.cfg.search_mode
+        if search_mode == "vsearch" and self.child_env.get("CI"):
+            # qmd 2.8.3 vsearch under CI prints [] (exit 0) instead of failing: say why instead.
+            raise BackendUnavailableError("qmd", "qmd vsearch cannot embed the query: LLM operations "
+                                          "are disabled in CI (CI is set in qmd's environment)")
         no_rerank = search_mode == "query" and self.cfg.rerank is False
         try:
             try:
@@ -404,7 +399,7 @@ class QmdBackend:
                 entries = await self._search_all(q, "query", colls, limit, deadline, False)
             except (_FlagRejected, _MissingCollection) as again:
                 raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
-        except _MissingCollection as exc:
+        except _MissingCollection as exc:  # still missing after the repair
             raise BackendUnavailableError("qmd", str(exc)) from None
         results = await anyio.to_thread.run_sync(
             lambda: self._map(entries, min_score=min_score or 0.0))
@@ -439,7 +434,7 @@ class QmdBackend:
         return self._multi_c
 
     @staticmethod
-    def _remaining_ms(deadline: float) -> int:
+    def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline
         return int((deadline - anyio.current_time()) * 1000)
 
     async def _search_all(self, q: str, mode: str, colls: list[ManagedCollection], limit: int,

@@ -12,6 +12,7 @@ jittered backoff (POSIX only).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,7 @@ import anyio
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 
-__all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "should_retry_update",
+__all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
            "needs_null_byte_repair", "needs_duplicate_repair"]
 
 log = logging.getLogger("qmdbridge.qmd")
@@ -40,6 +41,17 @@ _NUL_MARKERS = ("^@", "\\0", "\x00", "\\x00", "\\u0000", "null byte", "nul byte"
 def embed_backoff_ms(failures: int) -> int:
     """Backoff after ``failures`` consecutive embed failures: ``min(1h, 60s * 2^(n-1))`` in ms."""
     return min(EMBED_BACKOFF_MAX_MS, EMBED_BACKOFF_BASE_MS * 2 ** max(0, failures - 1))
+
+
+def embed_jitter_ms(agent_id: str, custom: list[tuple[str, str]], embed_interval_ms: int) -> int:
+    """Stable delay (ms) before the first embed-timer run (spec 2.7.3): the first 4 bytes
+    (big-endian) of ``sha256("<agent>:<sorted path\\0pattern joined by \\x01>")`` modulo
+    ``embed_interval_ms + 1``; 0 without custom collections."""
+    if not custom:
+        return 0
+    joined = "\x01".join(sorted(f"{p}\0{pat}" for p, pat in custom))
+    digest = hashlib.sha256(f"{agent_id}:{joined}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (embed_interval_ms + 1)
 
 
 def should_retry_update(message: str) -> bool:

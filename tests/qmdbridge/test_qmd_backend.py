@@ -1,0 +1,115 @@
+"""QmdBackend against the real qmd 2.8.3 (per-agent home, search, sync, isolation, CI failure)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from fallback.errors import BackendUnavailableError
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.locate import QmdLocation
+from qmdbridge.qmd import QmdBackend
+
+pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
+
+
+def make_backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *, agent_id: str = "main",
+                 qmd_cfg: dict | None = None, ci: bool = False) -> QmdBackend:
+    ws = tmp_path / f"ws-{agent_id}"
+    (ws / "memory").mkdir(parents=True, exist_ok=True)
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": qmd_cfg or {}}})
+    agent = resolve_agent(cfg, agent_id, workspace=ws,
+                          env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["HOME"] = str(tmp_path / "home")
+    if ci:
+        env["CI"] = "1"
+    return QmdBackend(agent, location=loc, mode="cli", env=env)
+
+
+def write_memory(b: QmdBackend) -> None:
+    ws = b.agent.workspace_dir
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha line one\n-dash topic here\nlex: literal colon\n")
+    (ws / "memory" / "2026-01-02.md").write_text("# Day\n\nfirst\nsecond\nbravo keyword\nthird\n")
+
+
+async def test_collections_search_and_sync(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    b = make_backend(tmp_path, qmd_bin, base_path_env)
+    write_memory(b)
+    try:
+        await b.start()
+        yml = (tmp_path / "state/agents/main/qmd/xdg-config/qmd/index.yml").read_text()
+        assert "memory-root-main:" in yml and "memory-dir-main:" in yml
+        [hit] = await b.search("bravo", min_score=0)
+        assert (hit.path, hit.start_line, hit.end_line, hit.source) == ("memory/2026-01-02.md", 4, 6, "memory")
+        assert hit.snippet == "second\nbravo keyword\nthird"
+        [dash] = await b.search("-dash", min_score=0)
+        assert (dash.path, dash.start_line) == ("MEMORY.md", 3)
+        [lex] = await b.search("lex: literal", min_score=0)
+        assert (lex.path, lex.start_line, lex.end_line) == ("MEMORY.md", 4, 5)
+        assert await b.search("zulu", min_score=0) == []
+        (b.agent.workspace_dir / "memory" / "2026-01-03.md").write_text("# New\n\nzulu fresh\n")
+        await b.sync(reason="test", force=True)
+        assert [r.path for r in await b.search("zulu", min_score=0)] == ["memory/2026-01-03.md"]
+        page = await b.read_file("memory/2026-01-03.md", from_line=3, lines=1)
+        assert (page.text, page.from_line, page.lines) == ("zulu fresh", 3, 1)
+        st = await b.status()
+        assert (st.files, st.custom["qmd"]["collections"]) == (3, 2)
+    finally:
+        await b.close()
+
+
+async def test_second_agent_is_isolated(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    a = make_backend(tmp_path, qmd_bin, base_path_env)
+    write_memory(a)
+    other = make_backend(tmp_path, qmd_bin, base_path_env, agent_id="ops")
+    (other.agent.workspace_dir / "MEMORY.md").write_text("# Ops\n\ncharlie only here\n")
+    try:
+        await a.start()
+        await other.start()
+        assert await other.search("bravo", min_score=0) == []
+        assert [r.path for r in await other.search("charlie", min_score=0)] == ["MEMORY.md"]
+        assert await a.search("charlie", min_score=0) == []
+        assert [c["name"] for c in await other.list_collections()] == ["memory-root-ops", "memory-dir-ops"]
+    finally:
+        await a.close()
+        await other.close()
+
+
+@pytest.mark.parametrize("mode", ["query", "vsearch"])
+async def test_ci_env_fails_fast(tmp_path: Path, qmd_bin: Path, base_path_env: str, mode: str) -> None:
+    b = make_backend(tmp_path, qmd_bin, base_path_env, ci=True,
+                     qmd_cfg={"searchMode": mode, "limits": {"timeoutMs": 20000}})
+    write_memory(b)
+    try:
+        await b.start()
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailableError) as ei:
+            await b.search("bravo", min_score=0)
+        assert "LLM operations are disabled in CI" in str(ei.value)
+        assert time.monotonic() - started < 15
+    finally:
+        await b.close()
+
+
+async def test_reconcile_rebinds_changed_pattern(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    b = make_backend(tmp_path, qmd_bin, base_path_env)
+    write_memory(b)
+    try:
+        await b.start()
+        await b._collection_cmd(["collection", "remove"], ["memory-dir-main"])
+        await b._collection_cmd(["collection", "add", "--name", "memory-dir-main", "--mask", "*.txt"],
+                                [str(b.agent.workspace_dir / "memory")])
+        before = {c["name"]: c["pattern"] for c in await b.list_collections()}
+        assert before["memory-dir-main"] == "*.txt"
+        await b.reconcile()
+        after = {c["name"]: (c["path"], c["pattern"]) for c in await b.list_collections()}
+        assert after["memory-dir-main"] == (str(b.agent.workspace_dir / "memory"), "**/*.md")
+        assert [r.path for r in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
+    finally:
+        await b.close()

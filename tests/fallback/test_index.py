@@ -1,0 +1,198 @@
+"""Index sync: hash diff, ghost chunks, odd files, identity rebuilds, cache, safe swap."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fallback.db import META_KEY, Store
+from fallback.errors import EmbeddingProviderError
+from fallback.index import Indexer, chunk_id, full_reindex_reason, index_identity
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+pytestmark = pytest.mark.anyio
+
+
+class CountProvider:
+    """Deterministic provider: vector = [count of "alpha", count of "beta"] (spec §12 fixture)."""
+
+    provider_id = "test-count"
+    dims = 2
+    provider_key = "key-1"
+    max_input_tokens = 8192
+    max_batch_bytes = 8000
+
+    def __init__(self, *, model: str = "count-v1", fail: bool = False) -> None:
+        self.model = model
+        self.fail = fail
+        self.batch_calls = 0
+        self.texts_embedded = 0
+
+    def _vec(self, text: str) -> list[float]:
+        low = text.lower()
+        return [float(low.count("alpha")), float(low.count("beta"))]
+
+    async def embed_query(self, text: str) -> list[float]:
+        return self._vec(text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        self.batch_calls += 1
+        if self.fail:
+            raise EmbeddingProviderError(self.provider_id, "mock embeddings failed")
+        self.texts_embedded += len(texts)
+        return [self._vec(t) for t in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _settings(ws: Path, **search: object) -> EngineSettings:
+    return EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="none", **search))
+
+
+async def _sync(settings: EngineSettings, store: Store, *, provider: CountProvider | None = None,
+                force: bool = False, progress: list[tuple[int, int, int]] | None = None):
+    indexer = Indexer(settings, provider=provider, write_limiter=anyio.CapacityLimiter(1),
+                      now_ms=lambda: 1_700_000_000_000,
+                      on_progress=(lambda *a: progress.append(a)) if progress is not None else None)
+    return await indexer.sync(store, force=force)
+
+
+def _rows(store: Store) -> list[tuple[str, int, int, str]]:
+    return store.query("SELECT path, start_line, end_line, text FROM chunks ORDER BY path, start_line")
+
+
+def _fts_count(store: Store) -> tuple[int, int]:
+    return (store.query("SELECT COUNT(*) FROM chunks_fts")[0][0],
+            store.query("SELECT COUNT(*) FROM chunks_trigram")[0][0])
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "MEMORY.md").write_text("Beta knowledge base entry.")
+    (tmp_path / "memory" / "2026-01-12.md").write_text(
+        "# Log\nAlpha memory line.\nZebra memory line.\nAnother line.")
+    return tmp_path
+
+
+async def test_first_sync_is_full_then_incremental_skips_unchanged(ws: Path) -> None:
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    progress: list[tuple[int, int, int]] = []
+    report = await _sync(settings, store, progress=progress)
+    assert (report.full, report.full_reason, report.files_total, report.files_indexed) == (
+        True, "no index metadata", 2, 2)
+    assert progress == [(1, 2, 0), (2, 2, 0)]
+    assert _rows(store) == [
+        ("MEMORY.md", 1, 1, "Beta knowledge base entry."),
+        ("memory/2026-01-12.md", 1, 4, "# Log\nAlpha memory line.\nZebra memory line.\nAnother line."),
+    ]
+    assert store.get_meta_json(META_KEY)["model"] == "fts-only"
+    again = await _sync(settings, store)
+    assert (again.full, again.files_indexed, again.files_deleted) == (False, 0, 0)
+    ids = [r[0] for r in store.query("SELECT id FROM chunks WHERE path = 'MEMORY.md'")]
+    assert ids == [chunk_id(source="memory", path="MEMORY.md", start_line=1, end_line=1,
+                            content_hash=store.query("SELECT hash FROM chunks WHERE path='MEMORY.md'")[0][0],
+                            model="fts-only")]
+    store.close()
+
+
+async def test_shrink_delete_and_rename_leave_no_ghost_chunks(ws: Path) -> None:
+    settings = _settings(ws, chunking={"tokens": 8, "overlap": 0})
+    long_file = ws / "memory" / "long.md"
+    long_file.write_text("\n".join(f"line number {i} here" for i in range(1, 21)))
+    store = Store(settings.db_path)
+    await _sync(settings, store)
+    before = store.query("SELECT COUNT(*) FROM chunks WHERE path = 'memory/long.md'")[0][0]
+    assert before == 20
+    long_file.write_text("only one line now")
+    await _sync(settings, store)
+    assert store.query("SELECT start_line, end_line, text FROM chunks WHERE path = 'memory/long.md'") == [
+        (1, 1, "only one line now")]
+    os.rename(long_file, ws / "memory" / "renamed.md")
+    (ws / "memory" / "2026-01-12.md").unlink()
+    report = await _sync(settings, store)
+    assert report.files_deleted == 2
+    assert [r[0] for r in _rows(store)] == ["MEMORY.md", "memory/renamed.md"]
+    assert store.query("SELECT path FROM files ORDER BY path") == [("MEMORY.md",), ("memory/renamed.md",)]
+    assert _fts_count(store) == (2, 2)
+    store.close()
+
+
+async def test_crlf_invalid_utf8_and_binary_files(ws: Path) -> None:
+    settings = _settings(ws)
+    (ws / "memory" / "crlf.md").write_bytes(b"first\r\nsecond\r\nthird\r\n")
+    (ws / "memory" / "bad.md").write_bytes(b"caf\xe9 ok\nnext")
+    (ws / "memory" / "blob.md").write_bytes(b"PK\x00\x01\x02binary")
+    store = Store(settings.db_path)
+    report = await _sync(settings, store)
+    assert store.query("SELECT start_line, end_line, text FROM chunks WHERE path = 'memory/crlf.md'") == [
+        (1, 3, "first\nsecond\nthird")]
+    assert store.query("SELECT text FROM chunks WHERE path = 'memory/bad.md'") == [("caf\ufffd ok\nnext",)]
+    assert store.query("SELECT COUNT(*) FROM chunks WHERE path = 'memory/blob.md'")[0][0] == 0
+    assert sorted((s.path, s.reason) for s in report.skipped) == [
+        ("memory/bad.md", "invalid UTF-8 (bytes replaced with U+FFFD)"),
+        ("memory/blob.md", "binary file (NUL bytes)")]
+    assert store.query("SELECT path, reason FROM skipped_files ORDER BY path") == [
+        ("memory/bad.md", "invalid UTF-8 (bytes replaced with U+FFFD)"),
+        ("memory/blob.md", "binary file (NUL bytes)")]
+    store.close()
+
+
+async def test_identity_change_triggers_full_rebuild(ws: Path) -> None:
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    await _sync(settings, store)
+    changed = _settings(ws, chunking={"tokens": 200, "overlap": 10})
+    reason = full_reindex_reason(store.get_meta_json(META_KEY), index_identity(changed, None))
+    assert reason == "chunking changed"
+    report = await _sync(changed, store)
+    assert (report.full, report.full_reason) == (True, "chunking changed")
+    trigram = _settings(ws, chunking={"tokens": 200, "overlap": 10},
+                        store={"fts": {"tokenizer": "trigram"}})
+    report = await _sync(trigram, store)
+    assert (report.full, report.full_reason) == (True, "FTS tokenizer changed")
+    assert store.fts_tokenizer == "trigram"
+    provider = CountProvider()
+    report = await _sync(trigram, store, provider=provider)
+    assert report.full_reason == "model changed (fts-only -> count-v1)"
+    assert store.query("SELECT DISTINCT model FROM chunks") == [("count-v1",)]
+    assert store.get_meta_json(META_KEY)["vectorDims"] == 2
+    assert [p.name for p in settings.db_path.parent.iterdir() if ".tmp-" in p.name] == []
+    store.close()
+
+
+async def test_forced_rebuild_reuses_cache_and_failure_keeps_live_index(ws: Path) -> None:
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    provider = CountProvider()
+    await _sync(settings, store, provider=provider, force=True)
+    assert provider.texts_embedded == 2
+    assert store.query("SELECT COUNT(*) FROM embedding_cache")[0][0] == 2
+    blob = store.query("SELECT vector, dims, embedding FROM chunks WHERE path = 'MEMORY.md'")[0]
+    assert blob == (b"\x00\x00\x00\x00\x00\x00\x80?", 2, "[0.0,1.0]")
+    await _sync(settings, store, provider=provider, force=True)
+    assert provider.texts_embedded == 2  # second forced sync: zero embedding calls (case 60)
+    (ws / "memory" / "new.md").write_text("alpha alpha fresh note")
+    failing = CountProvider(fail=True)
+    with pytest.raises(EmbeddingProviderError, match="mock embeddings failed"):
+        await _sync(settings, store, provider=failing, force=True)
+    assert store.query("SELECT COUNT(*) FROM files")[0][0] == 2
+    assert store.query("SELECT COUNT(*) FROM chunks")[0][0] == 2
+    leftovers = [p.name for p in settings.db_path.parent.iterdir()
+                 if re.search(r"\.(tmp|backup)-", p.name)]
+    assert leftovers == []
+    store.close()
+
+
+async def test_cache_is_pruned_to_max_entries(ws: Path) -> None:
+    settings = _settings(ws, cache={"maxEntries": 1})
+    store = Store(settings.db_path)
+    await _sync(settings, store, provider=CountProvider(), force=True)
+    assert store.query("SELECT COUNT(*) FROM embedding_cache")[0][0] == 1
+    store.close()

@@ -351,10 +351,15 @@ class VectorIndex:
         import apsw
 
         conn = apsw.Connection(str(self._mirror_path))
-        conn.setbusytimeout(READ_BUSY_TIMEOUT_MS)
-        conn.enableloadextension(True)
-        conn.loadextension(self._extension_path)
-        conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        try:
+            conn.setbusytimeout(READ_BUSY_TIMEOUT_MS)
+            conn.enableloadextension(True)
+            # Set whenever the mode is "sqlite-vec", the only mode that reaches here.
+            conn.loadextension(str(self._extension_path))
+            conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        except apsw.Error:
+            conn.close()
+            raise
         self._mirror = conn
         return conn
 

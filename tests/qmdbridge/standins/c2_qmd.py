@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Stand-in qmd for the backend fault tests; behaviour from $C2_BEHAVIOUR, argv logged to $C2_LOG.
+
+Collection commands succeed silently. Search commands (search/vsearch/query):
+flagreject (search rejects --json, query answers), garbage, noisy (banner + ANSI around JSON),
+crash (JSON then exit 134 with a ggml assertion), hang (sleeps with a grandchild), missing
+(first search says "Collection not found", later ones answer).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+args = sys.argv[1:]
+with open(os.environ["C2_LOG"], "a") as fh:
+    fh.write(json.dumps(args) + "\n")
+behaviour = os.environ.get("C2_BEHAVIOUR", "")
+hits = [{"score": 0.82, "file": "qmd://memory-root-main/MEMORY.md", "title": "Memory",
+         "snippet": "@@ -3,2 @@ (2 before, 0 after)\nalpha\nbeta\n"}]
+cmd = args[0] if args else ""
+if cmd not in ("search", "vsearch", "query"):
+    sys.exit(0)
+if behaviour == "flagreject" and cmd != "query":
+    sys.stderr.write("error: unknown flag: --json\n")
+    sys.exit(2)
+if behaviour == "garbage":
+    print("not json at all")
+    sys.exit(0)
+if behaviour == "noisy":
+    sys.stdout.write("\x1b[1mqmd\x1b[0m ready\n[node-llama-cpp] loading\n" + json.dumps(hits, indent=2)
+                     + "\n\x1b[33mWarning:\x1b[0m 1 documents need embeddings\n")
+    sys.exit(0)
+if behaviour == "crash":
+    sys.stdout.write("initializing\n" + json.dumps(hits) + "\n")
+    sys.stderr.write("ggml-metal-device.m:612: GGML_ASSERT assertion failed\n")
+    sys.stdout.flush()
+    os._exit(134)
+if behaviour == "hang":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(os.environ["C2_LOG"] + ".pid", "w") as fh:
+        fh.write(f"{child.pid}\n")
+    time.sleep(600)
+if behaviour == "missing":
+    marker = os.environ["C2_LOG"] + ".missing"
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        print("[]")
+        sys.stderr.write("Collection not found: memory-root-main\n")
+        sys.exit(1)
+print(json.dumps(hits))

@@ -1,0 +1,115 @@
+"""QmdBackend against stand-ins for failures the real qmd cannot be made to show."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from fallback.errors import BackendTimeoutError, QmdOutputError
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.locate import QmdLocation
+from qmdbridge.qmd import QmdBackend
+
+pytestmark = pytest.mark.anyio
+
+
+def make(tmp_path: Path, standins_dir: Path, base_path_env: str, behaviour: str,
+         timeout_ms: int = 4000) -> tuple[QmdBackend, Path]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha\nbeta\n")
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
+        "limits": {"timeoutMs": timeout_ms}, "update": {"onBoot": False}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    exe = str(standins_dir / "c2_qmd.py")
+    loc = QmdLocation(path=exe, found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    log = tmp_path / "calls.jsonl"
+    env = {"PATH": base_path_env, "HOME": str(tmp_path / "home"), "C2_LOG": str(log),
+           "C2_BEHAVIOUR": behaviour}
+    return QmdBackend(agent, location=loc, mode="cli", env=env), log
+
+
+def search_calls(log: Path) -> list[list[str]]:
+    calls = [orjson.loads(line) for line in log.read_text().splitlines()]
+    return [c for c in calls if c and c[0] in ("search", "vsearch", "query")]
+
+
+@pytest.mark.parametrize("behaviour", ["noisy", "crash"])
+async def test_noise_and_crash_after_output_recovered(tmp_path: Path, standins_dir: Path,
+                                                      base_path_env: str, behaviour: str) -> None:
+    b, _ = make(tmp_path, standins_dir, base_path_env, behaviour)
+    try:
+        await b.start()
+        [hit] = await b.search("alpha", min_score=0)
+        assert (hit.path, hit.start_line, hit.end_line, hit.snippet, hit.score) == (
+            "MEMORY.md", 3, 4, "alpha\nbeta", 0.82)
+    finally:
+        await b.close()
+
+
+async def test_flag_rejection_reruns_with_query(tmp_path: Path, standins_dir: Path,
+                                                base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "flagreject")
+    try:
+        await b.start()
+        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        calls = search_calls(log)
+        # the stand-in's --help does not promise several -c: one call per collection
+        assert calls == [
+            ["search", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"],
+            ["query", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"],
+            ["query", "--json", "-n", "6", "-c", "memory-dir-main", "--index", "index", "--", "alpha"]]
+        assert b.search_fallback_reason == "unsupported-search-flags"
+    finally:
+        await b.close()
+
+
+async def test_garbage_raises_output_error(tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, _ = make(tmp_path, standins_dir, base_path_env, "garbage")
+    try:
+        await b.start()
+        with pytest.raises(QmdOutputError, match="JSON response was not an array"):
+            await b.search("alpha")
+    finally:
+        await b.close()
+
+
+async def test_missing_collection_repaired_once(tmp_path: Path, standins_dir: Path,
+                                                base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "missing")
+    try:
+        await b.start()
+        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        calls = [orjson.loads(line) for line in log.read_text().splitlines()]
+        lists = [i for i, c in enumerate(calls) if c[:2] == ["collection", "list"]]
+        searches = [i for i, c in enumerate(calls) if c[0] == "search"]
+        assert [calls[i][-1] for i in searches] == ["alpha", "alpha", "alpha"]
+        assert [calls[i][5] for i in searches] == ["memory-root-main", "memory-root-main",
+                                                   "memory-dir-main"]
+        assert len(lists) == 2 and searches[0] < lists[1] < searches[1]
+    finally:
+        await b.close()
+
+
+async def test_hang_times_out_and_leaves_no_process(tmp_path: Path, standins_dir: Path,
+                                                    base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "hang", timeout_ms=1500)
+    try:
+        await b.start()
+        started = time.monotonic()
+        with pytest.raises(BackendTimeoutError) as ei:
+            await b.search("alpha")
+        assert time.monotonic() - started < 1.5 + 3.0
+        assert ei.value.timeout_ms == 1500
+        assert str(ei.value).endswith("timed out after 1500ms")
+        pid = int(Path(str(log) + ".pid").read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert psutil.Process(os.getpid()).children(recursive=True) == []
+    finally:
+        await b.close()

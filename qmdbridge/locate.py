@@ -30,7 +30,8 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -225,29 +226,41 @@ class QmdLocator:
         Returns:
             ``(paths, searched)``: absolute executable paths without duplicates, and folders.
         """
-        token = _first_token(command)
+        searched: list[str] = []
+        found = [exe async for exe in self._iter_candidates(_first_token(command), searched)]
+        return found, searched
+
+    async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
+        """Yield candidate executables lazily (the usual folders, which may ask npm, are only
+        looked at when PATH had no working qmd); ``searched`` is filled as folders are seen."""
         if "/" in token:
             exe = token if os.path.isabs(token) else os.path.normpath(self.cwd / token)
-            searched = [os.path.dirname(exe)]
-            return ([exe] if os.path.isfile(exe) else []), searched
-        searched: list[str] = []
-        found: list[str] = []
-        dirs = [d for d in self.path_env.split(os.pathsep) if d]
-        dirs += await self._usual_dirs()
-        for d in dirs:
-            if d in searched:
-                continue
-            searched.append(d)
-            exe = os.path.abspath(os.path.join(d, token))
-            if _is_executable_file(exe) and exe not in found:
-                found.append(exe)
-        tools = repo_tools_qmd()
+            searched.append(os.path.dirname(exe))
+            if os.path.isfile(exe):
+                yield exe
+            return
+        seen: set[str] = set()
+
+        def look(folder: str) -> str | None:
+            if folder in searched:
+                return None
+            searched.append(folder)
+            exe = os.path.abspath(os.path.join(folder, token))
+            if exe in seen or not _is_executable_file(exe):
+                return None
+            seen.add(exe)
+            return exe
+
+        for folder in [d for d in self.path_env.split(os.pathsep) if d]:
+            if (candidate := look(folder)) is not None:
+                yield candidate
+        for folder in await self._usual_dirs():
+            if (candidate := look(folder)) is not None:
+                yield candidate
         if self.repo_tools and token == "qmd":
-            if str(tools.parent) not in searched:
-                searched.append(str(tools.parent))
-            if _is_executable_file(str(tools)) and str(tools) not in found:
-                found.append(str(tools))
-        return found, searched
+            tools = repo_tools_qmd()
+            if look(str(tools.parent)) is not None:
+                yield str(tools)
 
     def child_path_for(self, exe: str) -> str:
         """``PATH`` for running ``exe``: the searched PATH plus its folder and interpreter's."""
@@ -290,16 +303,17 @@ class QmdLocator:
             The real qmd's location (``reason`` None), else the first failing candidate's, else
             a not-found location. Never raises for a missing or broken qmd.
         """
-        paths, searched = await self.candidates(command)
+        searched: list[str] = []
         first_bad: QmdLocation | None = None
         skipped: list[str] = []
-        for exe in paths:
-            location = await self.probe_path(exe)
-            if location.usable:
-                return _with(location, searched=searched, skipped=skipped)
-            skipped.append(location.reason or f"unusable: {exe}")
-            if first_bad is None:
-                first_bad = location
+        async with aclosing(self._iter_candidates(_first_token(command), searched)) as found:
+            async for exe in found:
+                location = await self.probe_path(exe)
+                if location.usable:
+                    return _with(location, searched=list(searched), skipped=skipped)
+                skipped.append(location.reason or f"unusable: {exe}")
+                if first_bad is None:
+                    first_bad = location
         if first_bad is not None:
             return _with(first_bad, searched=searched, skipped=skipped[1:])
         token = _first_token(command)

@@ -275,3 +275,36 @@ def test_summarize_and_result_properties() -> None:
     assert result.ok is True
     assert result.summary == "qmd query x"
     assert result.truncated is False
+
+
+async def test_real_qmd_double_dash_keeps_leading_dash_query(tmp_path: Path, qmd_bin: Path,
+                                                             qmd_env: dict[str, str]) -> None:
+    """After ``--`` a leading ``-`` reaches qmd's query grammar (negation), not its flag parser."""
+    workspace = tmp_path / "ws"
+    notes = workspace / "memory"
+    notes.mkdir(parents=True)
+    (notes / "a.md").write_text("# A\nalpha gamma\n")
+    (notes / "b.md").write_text("# B\nalpha only\n")
+    qmd = str(qmd_bin)
+
+    async def run(*args: str) -> str:
+        result = await run_command([qmd, *args], env=qmd_env, cwd=workspace, timeout_ms=60_000)
+        return result.check().stdout
+
+    await run("collection", "add", str(notes), "--name", "memory-dir-main", "--mask", "**/*.md",
+              "--index", "index")
+    flags = ["search", "--json", "-n", "6", "-c", "memory-dir-main", "--index", "index"]
+    with_dash = json.loads(await run(*flags, "--", "-gamma alpha"))
+    assert [h["file"] for h in with_dash] == ["qmd://memory-dir-main/b.md"]
+    # Without `--`, `-gamma` is eaten as short flags and the query is just "alpha".
+    without = json.loads(await run(*flags, "-gamma", "alpha"))
+    assert sorted(h["file"] for h in without) == ["qmd://memory-dir-main/a.md",
+                                                  "qmd://memory-dir-main/b.md"]
+    # Flags after `--` are query text: as an option, `-c nope` would fail with
+    # "Collection not found: nope"; as text it is just a query that matches nothing.
+    as_text = await run_command([qmd, *flags, "--", "alpha", "-c", "nope"], env=qmd_env,
+                                cwd=workspace, timeout_ms=60_000)
+    assert (as_text.returncode, json.loads(as_text.stdout)) == (0, [])
+    as_flag = await run_command([qmd, *flags, "-c", "nope", "--", "alpha"], env=qmd_env,
+                                cwd=workspace, timeout_ms=60_000)
+    assert (as_flag.returncode, as_flag.stderr.splitlines()[0]) == (1, "Collection not found: nope")

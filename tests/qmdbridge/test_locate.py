@@ -1,0 +1,176 @@
+"""Tests for qmdbridge.locate: the real qmd, a foreign `qmd`, missing runtimes, search order."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from qmdbridge.locate import QmdLocator, locate_qmd, probe_qmd, repo_tools_qmd
+
+pytestmark = pytest.mark.anyio
+
+
+def _script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+async def test_real_qmd_found_in_repo_tools(tmp_path: Path, qmd_bin: Path,
+                                            base_path_env: str) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": str(empty), "HOME": str(tmp_path)}
+    location = await probe_qmd("qmd", env=env, usual_dirs=[], cwd=tmp_path)
+    assert location.path == str(qmd_bin)
+    assert (location.found, location.runtime_ok, location.version) == (True, True, "2.8.3")
+    assert location.reason is None
+    assert location.usable is True
+    assert location.searched == [str(empty), str(qmd_bin.parent)]
+    assert location.path_env == str(empty)
+    assert location.child_path == os.pathsep.join([str(empty), str(qmd_bin.parent), "/bin"])
+    assert location.skipped == []
+
+
+def test_sync_wrapper_with_explicit_command_and_args(tmp_path: Path, qmd_bin: Path,
+                                                     base_path_env: str) -> None:
+    env = {"PATH": base_path_env, "HOME": str(tmp_path)}
+    location = locate_qmd(f'"{qmd_bin}" --no-gpu', env=env, repo_tools=False, usual_dirs=[])
+    assert (location.path, location.version, location.reason) == (str(qmd_bin), "2.8.3", None)
+    assert location.searched == [str(qmd_bin.parent)]
+
+
+async def test_usual_folders_in_order_npm_bin_last(tmp_path: Path, qmd_bin: Path) -> None:
+    if any(os.path.exists(f"{d}/qmd") for d in ("/opt/homebrew/bin", "/usr/local/bin")):
+        pytest.skip("a system-wide qmd would be found before the test's one")
+    home = tmp_path / "home"
+    (home / ".bun" / "bin").mkdir(parents=True)
+    link = tmp_path / "npm" / "bin" / "qmd"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(qmd_bin)  # the launcher follows symlinks to find its install
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": str(empty), "HOME": str(home), "NPM_CONFIG_PREFIX": str(tmp_path / "npm")}
+    location = await probe_qmd(env=env, repo_tools=False, cwd=tmp_path)
+    assert (location.path, location.version) == (str(link), "2.8.3")
+    assert location.searched == [str(empty), str(home / ".bun" / "bin"), "/opt/homebrew/bin",
+                                 "/usr/local/bin", str(tmp_path / "npm" / "bin")]
+
+
+async def test_bun_bin_found_before_later_folders(tmp_path: Path, qmd_bin: Path) -> None:
+    home = tmp_path / "home"
+    link = home / ".bun" / "bin" / "qmd"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(qmd_bin)
+    env = {"PATH": str(tmp_path), "HOME": str(home), "NPM_CONFIG_PREFIX": str(tmp_path / "npm")}
+    location = await probe_qmd(env=env, cwd=tmp_path)
+    assert (location.path, location.version) == (str(link), "2.8.3")
+    assert location.searched == [str(tmp_path), str(home / ".bun" / "bin")]
+
+
+async def test_foreign_program_named_qmd(tmp_path: Path, standins_dir: Path,
+                                         base_path_env: str) -> None:
+    foreign = standins_dir / "foreign"
+    env = {"PATH": f"{foreign}{os.pathsep}{base_path_env}", "HOME": str(tmp_path)}
+    location = await probe_qmd(env=env, repo_tools=False, usual_dirs=[], cwd=tmp_path)
+    exe = foreign / "qmd"
+    assert location.path == str(exe)
+    assert (location.found, location.runtime_ok, location.version) == (True, True, None)
+    assert location.reason == (f"foreign program at {exe}: --version printed "
+                               "'Quick Markdown Viewer 0.4.1'")
+    assert location.usable is False
+
+
+async def test_foreign_first_on_path_real_one_later(tmp_path: Path, standins_dir: Path,
+                                                    qmd_bin: Path, base_path_env: str) -> None:
+    foreign = standins_dir / "foreign"
+    env = {"PATH": f"{foreign}{os.pathsep}{base_path_env}", "HOME": str(tmp_path)}
+    location = await probe_qmd(env=env, usual_dirs=[], cwd=tmp_path)
+    assert (location.path, location.version, location.reason) == (str(qmd_bin), "2.8.3", None)
+    assert location.skipped == [f"foreign program at {foreign / 'qmd'}: --version printed "
+                                "'Quick Markdown Viewer 0.4.1'"]
+
+
+async def test_env_shebang_runtime_missing(tmp_path: Path) -> None:
+    exe = _script(tmp_path / "bin" / "qmd", "#!/usr/bin/env node\nconsole.log('qmd 2.8.3')\n")
+    env = {"PATH": str(exe.parent), "HOME": str(tmp_path), "LANG": "C"}
+    location = await probe_qmd(env=env, repo_tools=False, usual_dirs=[], cwd=tmp_path)
+    assert location.path == str(exe)
+    assert (location.found, location.runtime_ok, location.version) == (True, False, None)
+    assert location.reason == (f"qmd found at {exe} but its runtime (node/bun) is missing: "
+                               "/usr/bin/env: 'node': No such file or directory")
+
+
+async def test_sh_launcher_without_bun(tmp_path: Path) -> None:
+    exe = _script(tmp_path / "bin" / "qmd", '#!/bin/sh\nexec bun "$0.js" "$@"\n')
+    env = {"PATH": str(exe.parent), "HOME": str(tmp_path)}
+    location = await probe_qmd(env=env, repo_tools=False, usual_dirs=[], cwd=tmp_path)
+    assert location.runtime_ok is False
+    assert location.reason == (f"qmd found at {exe} but its runtime (node/bun) is missing: "
+                               f"{exe}: 2: exec: bun: not found")
+
+
+async def test_absolute_interpreter_missing(tmp_path: Path) -> None:
+    exe = _script(tmp_path / "bin" / "qmd", "#!/nonexistent/runtime/bun\n")
+    location = await probe_qmd(str(exe), env={"PATH": "/usr/bin:/bin"}, repo_tools=False,
+                               usual_dirs=[], cwd=tmp_path)
+    assert (location.found, location.runtime_ok) == (True, False)
+    assert location.reason == (f"qmd found at {exe} but its runtime (node/bun) is missing: "
+                               f"[Errno 2] No such file or directory: '{exe}'")
+
+
+async def test_interpreter_folder_added_to_child_path(tmp_path: Path) -> None:
+    runtime = _script(tmp_path / "rt" / "fakenode", '#!/bin/sh\necho "qmd 9.9.1 (abc)"\n')
+    exe = _script(tmp_path / "bin" / "qmd", f"#!{runtime}\n")
+    env = {"PATH": "/usr/bin:/bin"}
+    location = await probe_qmd("bin/qmd", env=env, repo_tools=False, usual_dirs=[], cwd=tmp_path)
+    assert (location.path, location.version) == (str(exe), "9.9.1")
+    assert location.child_path == os.pathsep.join(
+        ["/usr/bin", "/bin", str(exe.parent), str(runtime.parent)])
+
+
+async def test_not_found(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    location = await probe_qmd(env={"PATH": str(empty)}, repo_tools=False, usual_dirs=[],
+                               cwd=tmp_path)
+    assert (location.path, location.found, location.runtime_ok) == (None, False, False)
+    assert location.reason == f"qmd not found (command 'qmd'); searched: {empty}"
+    assert location.child_path == str(empty)
+
+
+async def test_explicit_path_missing_does_not_search_further(tmp_path: Path,
+                                                             qmd_bin: Path) -> None:
+    env = {"PATH": str(qmd_bin.parent)}
+    missing = tmp_path / "opt" / "qmd"
+    location = await probe_qmd(str(missing), env=env, usual_dirs=[], cwd=tmp_path)
+    assert location.found is False
+    assert location.reason == f"qmd not found (command '{missing}'); searched: {missing.parent}"
+
+
+async def test_npm_prefix_asked_once_and_cached(tmp_path: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not on PATH")
+    expected = subprocess.run([npm, "prefix", "-g"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k.lower() != "npm_config_prefix"}
+    locator = QmdLocator(env=env, repo_tools=False, cwd=tmp_path)
+    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+    locator.env["PATH"] = str(tmp_path)  # npm no longer reachable: the cached value is used
+    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+
+
+async def test_npm_prefix_from_env(tmp_path: Path) -> None:
+    locator = QmdLocator(env={"PATH": str(tmp_path), "npm_config_prefix": "/srv/npm"},
+                         cwd=tmp_path)
+    assert await locator.npm_global_bin() == "/srv/npm/bin"
+
+
+def test_repo_tools_path() -> None:
+    assert repo_tools_qmd() == Path(__file__).resolve().parents[2] / ".tools" / "bin" / "qmd"

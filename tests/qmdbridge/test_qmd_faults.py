@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+import anyio
 import orjson
 import psutil
 import pytest
@@ -14,6 +15,7 @@ from fallback.errors import BackendTimeoutError, QmdOutputError
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.locate import QmdLocation
 from qmdbridge.qmd import QmdBackend
+from qmdbridge.qmd_update import UpdateCycle
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +115,54 @@ async def test_hang_times_out_and_leaves_no_process(tmp_path: Path, standins_dir
         assert psutil.Process(os.getpid()).children(recursive=True) == []
     finally:
         await b.close()
+
+
+def cycle(tmp_path: Path, log: list[str], *, mode: str = "query", fail_embed: bool = False,
+          clock: list[int] | None = None) -> UpdateCycle:
+    now = clock if clock is not None else [1_000_000]
+
+    async def update() -> None:
+        log.append("update")
+        await anyio.sleep(0.05)
+
+    async def embed() -> None:
+        log.append("embed")
+        if fail_embed:
+            raise BackendTimeoutError("qmd", "qmd embed", 120000)
+
+    async def nothing() -> None:
+        return None
+
+    return UpdateCycle(update=update, embed=embed, repair=nothing, export_sessions=None,
+                       after_update=lambda: None, write_lock=tmp_path / "w.lock",
+                       embed_lock=tmp_path / "e.lock", search_mode=mode, debounce_ms=15000,
+                       embed_interval_ms=3_600_000, lock_budget_ms=5000, embed_lock_budget_ms=5000,
+                       now_ms=lambda: now[0])
+
+
+async def test_unforced_runs_debounced_forced_runs_queue(tmp_path: Path) -> None:
+    log: list[str] = []
+    c = cycle(tmp_path, log, mode="search")
+    await c.run("a")
+    await c.run("b")
+    assert log == ["update"]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: c.run("f0", force=True))
+        await anyio.sleep(0.01)
+        tg.start_soon(lambda: c.run("f1", force=True))
+        tg.start_soon(lambda: c.run("f2", force=True))
+    assert log == ["update"] * 4
+
+
+async def test_embed_failure_backs_off_and_never_fails_update(tmp_path: Path) -> None:
+    log: list[str] = []
+    clock = [1_000_000]
+    c = cycle(tmp_path, log, fail_embed=True, clock=clock)
+    await c.run("boot", force=True)
+    assert log == ["update", "embed"]
+    assert (c.embed.failures, c.embed.backoff_until) == (1, 1_060_000)
+    await c.run("manual", force=True)
+    assert log == ["update", "embed", "update"]
+    clock[0] = 1_060_001
+    await c.run("manual", force=True)
+    assert (c.embed.failures, c.embed.backoff_until) == (2, 1_060_001 + 120_000)

@@ -1,0 +1,169 @@
+"""Real watchdog events through MemoryWatcher: saves, atomic renames, deletes, moves, new
+folders, extra paths outside the workspace, and a dead observer degrading to polling."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fallback.watcher import MemoryWatcher
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 10.0
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.batches: list[tuple[set[str], str]] = []
+        self.event = anyio.Event()
+
+    async def __call__(self, paths: set[str], reason: str) -> None:
+        self.batches.append((set(paths), reason))
+        self.event.set()
+
+    def seen(self) -> set[str]:
+        out: set[str] = set()
+        for paths, _ in self.batches:
+            out |= paths
+        return out
+
+    async def wait_for(self, predicate) -> None:
+        with anyio.fail_after(DEADLINE_S):
+            while not predicate(self.seen()):
+                self.event = anyio.Event()
+                await self.event.wait()
+
+
+async def _run(watcher: MemoryWatcher, body) -> None:
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)
+        await body()
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    (w / "memory").mkdir(parents=True)
+    (w / "MEMORY.md").write_text("root\n")
+    return w
+
+
+async def test_edit_and_atomic_rename_save_are_seen(ws: Path) -> None:
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50)
+
+    async def body() -> None:
+        (ws / "memory" / "2026-01-01.md").write_text("hello\n")
+        await rec.wait_for(lambda s: str(ws / "memory" / "2026-01-01.md") in s)
+        tmp = ws / ".MEMORY.md.tmp123"
+        tmp.write_text("new root\n")
+        os.replace(tmp, ws / "MEMORY.md")
+        await rec.wait_for(lambda s: str(ws / "MEMORY.md") in s)
+
+    await _run(watcher, body)
+    assert all(reason == "watch" for _, reason in rec.batches)
+    assert str(ws / ".MEMORY.md.tmp123") not in rec.seen()
+
+
+async def test_delete_move_and_new_subfolder(ws: Path) -> None:
+    note = ws / "memory" / "a.md"
+    note.write_text("a\n")
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50)
+
+    async def body() -> None:
+        note.unlink()
+        await rec.wait_for(lambda s: str(note) in s)
+        sub = ws / "memory" / "projects" / "deep"
+        sub.mkdir(parents=True)
+        await anyio.sleep(0.2)  # let the recursive watch pick up the new folder
+        (sub / "x.md").write_text("x\n")
+        await rec.wait_for(lambda s: str(sub / "x.md") in s)
+        (sub / "x.md").rename(ws / "memory" / "y.md")
+        await rec.wait_for(lambda s: str(ws / "memory" / "y.md") in s)
+
+    await _run(watcher, body)
+
+
+async def test_memory_folder_created_later_and_irrelevant_files_ignored(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50)
+
+    async def body() -> None:
+        (ws / "notes.txt").write_text("not memory\n")
+        (ws / "memory").mkdir()
+        await rec.wait_for(lambda s: str(ws / "memory") in s)
+        await anyio.sleep(0.2)
+        (ws / "memory" / "later.md").write_text("later\n")
+        await rec.wait_for(lambda s: str(ws / "memory" / "later.md") in s)
+
+    await _run(watcher, body)
+    assert str(ws / "notes.txt") not in rec.seen()
+
+
+async def test_extra_path_outside_workspace(ws: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "shared-notes"
+    extra.mkdir()
+    single = tmp_path / "standalone.md"
+    single.write_text("one\n")
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, extra_paths=[extra, single], on_change=rec, debounce_ms=50)
+
+    async def body() -> None:
+        (extra / "n.md").write_text("n\n")
+        await rec.wait_for(lambda s: str(extra / "n.md") in s)
+        single.write_text("changed\n")
+        await rec.wait_for(lambda s: str(single) in s)
+
+    await _run(watcher, body)
+
+
+async def test_debounce_batches_a_burst(ws: Path) -> None:
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=400)
+
+    async def body() -> None:
+        for i in range(5):
+            (ws / "memory" / f"{i}.md").write_text(f"{i}\n")
+        await rec.wait_for(lambda s: all(str(ws / "memory" / f"{i}.md") in s for i in range(5)))
+
+    await _run(watcher, body)
+    assert len(rec.batches) == 1
+
+
+async def test_dead_observer_degrades_to_polling_and_still_sees_changes(ws: Path) -> None:
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50, poll_interval_s=0.2)
+
+    async def body() -> None:
+        assert watcher.state.mode == "native"
+        watcher.kill_observer_for_test()
+        with anyio.fail_after(DEADLINE_S):
+            while watcher.state.mode != "polling":
+                await anyio.sleep(0.05)
+        assert watcher.state.degraded_reason == "native watcher thread died"
+        (ws / "memory" / "after.md").write_text("after\n")
+        await rec.wait_for(lambda s: str(ws / "memory" / "after.md") in s)
+
+    await _run(watcher, body)
+    assert watcher.snapshot()["degradedReason"] == "native watcher thread died"
+
+
+async def test_periodic_rescan_callback(ws: Path) -> None:
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50, rescan_interval_ms=200)
+
+    async def body() -> None:
+        with anyio.fail_after(DEADLINE_S):
+            while not any(reason == "rescan" for _, reason in rec.batches):
+                rec.event = anyio.Event()
+                await rec.event.wait()
+
+    await _run(watcher, body)

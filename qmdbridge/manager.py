@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio

@@ -150,6 +150,8 @@ def parse_result_lines(provider_id: str, job_id: str, text: str,
         except orjson.JSONDecodeError as exc:
             raise EmbeddingProviderError(provider_id, f"batch {job_id} result file has a line "
                                                       "that is not JSON") from exc
+        if not isinstance(line, dict):
+            raise EmbeddingProviderError(provider_id, f"batch {job_id} result line is not an object")
         cid = line.get("custom_id") or line.get("key") or line.get("request_id")
         if not cid:
             continue
@@ -305,11 +307,12 @@ class GeminiBatchJobs:
     def _state(body: Any) -> BatchState:
         if not isinstance(body, dict) or not body.get("name"):
             raise EmbeddingProviderError("gemini", "batch response has no name")
-        meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        meta: dict[str, Any] = body.get("metadata") or {}
+        response: dict[str, Any] = body.get("response") or {}
         state = body.get("state") or meta.get("state")
         output = None
         for holder in (body.get("outputConfig"), body.get("output"), meta.get("output"),
-                       body.get("response"), (body.get("response") or {}).get("output")):
+                       response, response.get("output")):
             if isinstance(holder, dict):
                 output = (holder.get("responsesFile") or holder.get("file")
                           or holder.get("fileId") or output)

@@ -9,7 +9,10 @@ It ties the store (``fallback/db.py``), sync (``fallback/index.py``), keyword pl
   incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
   there is recorded in ``status().last_error`` and the search answers from the current index);
 - with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
-  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only;
+  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only.
+  Deviation: a keyword hit's text score is the FTS-only boosted score (BM25 score plus query
+  coverage, spec §8.6) in both modes, because raw BM25 scores collapse towards 0 in small
+  corpora and keyword hits would never pass the score floor;
 - an explicitly configured provider that is unavailable fails closed with
   ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
 - one sync runs at a time (a second caller awaits the running one and gets its outcome);
@@ -328,16 +331,23 @@ class BuiltinEngine:
                              srcs: list[str], candidates: int, floor: float,
                              limit: int) -> list[Candidate]:
         hybrid = self.settings.search.query.hybrid
-        keyword_hits = await self._keyword(store, text, srcs, candidates) if hybrid.enabled else []
         try:
             qvec = await provider.embed_query(text)
         except EmbeddingProviderError as exc:
             log.warning("query embedding failed, keyword-only results: %s", exc)
             self._last_error = f"query embedding failed: {exc}"
             qvec = []
-        vector_hits: list[Candidate] = []
-        if qvec and any(v != 0 for v in qvec):
-            vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
+        if not qvec or not any(v != 0 for v in qvec):
+            # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
+            return await self._search_fts_only(store, text, srcs, candidates, floor, limit)
+        keyword_hits = await self._keyword(store, text, srcs, candidates) if hybrid.enabled else []
+        # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
+        # would make every keyword hit worthless in a fresh workspace; the coverage-aware
+        # FTS-only score keeps BM25 as its base and stays in [0, 1].
+        keyword_hits = [replace(h, score=s, text_score=s) for h in keyword_hits
+                        for s in (fts_only_score(h.text_score, query=text, text=h.snippet,
+                                                 path=h.path),)]
+        vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if not hybrid.enabled:
             return [c for c in vector_hits if c.score >= floor][:limit]
         merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=hybrid.vector_weight,

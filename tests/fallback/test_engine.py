@@ -1,0 +1,236 @@
+"""BuiltinEngine end to end over real files and SQLite (spec §12 cases 58, 62-65, 68)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fallback.backend import MemoryBackend
+from fallback.embeddings import ProviderSelection
+from fallback.engine import BuiltinEngine
+from fallback.errors import (
+    BackendUnavailableError,
+    EmbeddingProviderError,
+    ManagerClosedError,
+    UsageError,
+)
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+pytestmark = pytest.mark.anyio
+
+
+class CountProvider:
+    """Deterministic provider: vector = [count of "alpha", count of "beta"] (spec §12 fixture)."""
+
+    provider_id = "test-count"
+    model = "count-v1"
+    dims = 2
+    provider_key = "key-1"
+    max_input_tokens = 8192
+    max_batch_bytes = 8000
+
+    def __init__(self, *, fail_query: bool = False) -> None:
+        self.fail_query = fail_query
+        self.texts_embedded = 0
+
+    def _vec(self, text: str) -> list[float]:
+        low = text.lower()
+        return [float(low.count("alpha")), float(low.count("beta"))]
+
+    async def embed_query(self, text: str) -> list[float]:
+        if self.fail_query:
+            raise EmbeddingProviderError(self.provider_id, "fetch failed")
+        return self._vec(text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        self.texts_embedded += len(texts)
+        return [self._vec(t) for t in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "MEMORY.md").write_text("Beta knowledge base entry.")
+    (tmp_path / "memory" / "2026-01-12.md").write_text(
+        "# Log\nAlpha memory line.\nZebra memory line.\nAnother line.")
+    return tmp_path
+
+
+def _engine(ws: Path, provider: CountProvider | None = None, **search: object) -> BuiltinEngine:
+    settings = EngineSettings.for_workspace(
+        ws, search=MemorySearchSettings(provider="none" if provider is None else "openai", **search))
+    sel = ProviderSelection(provider, "none" if provider is None else "test-count",
+                            unavailable_reason=None if provider else "provider set to none")
+    return BuiltinEngine(settings, provider_selection=sel, now_ms=lambda: 1_770_681_600_000)
+
+
+async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
+    engine = _engine(ws)
+    assert isinstance(engine, MemoryBackend)
+    hits = await engine.search("Alpha")  # no prior sync: bootstrap on first search (case 65)
+    assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/2026-01-12.md", 1, 4)]
+    assert "Alpha" in hits[0].snippet
+    assert hits[0].vector_score is None and hits[0].text_score is None
+    assert await engine.search("nonexistent_xyz_keyword") == []
+    status = await engine.status()
+    assert (status.files, status.chunks, status.dirty, status.provider, status.search_mode) == (
+        2, 2, False, "none", "fts-only")
+    assert [c.to_json_dict() for c in status.source_counts] == [
+        {"source": "memory", "files": 2, "chunks": 2}]
+    assert status.fts == {"enabled": True, "available": True, "tokenizer": "unicode61",
+                          "error": None, "cjk": "trigram+like"}
+    assert status.vector["mode"] == "disabled" and status.vector["available"] is False
+    assert status.cache == {"enabled": True, "entries": 0, "maxEntries": 50000}
+    assert status.db_path == str(ws / ".openclaw-state" / "memory" / "main.sqlite")
+    assert status.last_sync_at_ms == 1_770_681_600_000
+    assert await engine.probe_vector() is status.vector["available"]  # case 68
+    await engine.close()
+
+
+async def test_blank_query_and_closed_engine(ws: Path) -> None:
+    engine = _engine(ws)
+    with pytest.raises(UsageError, match="^query must not be empty$"):
+        await engine.search("   \n")
+    await engine.close()
+    await engine.close()
+    with pytest.raises(ManagerClosedError, match="builtin engine is closed"):
+        await engine.search("alpha")
+    with pytest.raises(ManagerClosedError):
+        await engine.sync(reason="cli")
+
+
+@pytest.mark.parametrize(("query", "path"), [
+    ("2026-03-31", "memory/dated.md"),
+    ("pre-edit", "memory/dated.md"),
+    ('"quoted"', "memory/syntax.md"),
+    ("(paren", "memory/syntax.md"),
+    ("a*", None),
+    ("key:value", "memory/syntax.md"),
+    ("^x", None),
+    ("AND", "memory/ops.md"),
+    ("OR", "memory/ops.md"),
+    ("NOT", "memory/ops.md"),
+    ("NEAR", "memory/ops.md"),
+    ("🚀", None),
+    ("launch 🚀", "memory/ops.md"),
+    ("-leading", "memory/syntax.md"),
+])
+async def test_query_syntax_hazards(ws: Path, query: str, path: str | None) -> None:
+    (ws / "memory" / "dated.md").write_text("Deadline 2026-03-31 for the pre-edit review.")
+    (ws / "memory" / "syntax.md").write_text('A "quoted" word, (paren text, key:value, -leading dash.')
+    (ws / "memory" / "ops.md").write_text("Rust AND Go, OR tools, NOT this, NEAR that; launch 🚀 day")
+    engine = _engine(ws)
+    hits = await engine.search(query, min_score=0.0)
+    if path is None:
+        assert all(h.path for h in hits)  # ran without raising
+    else:
+        assert hits[0].path == path
+    await engine.close()
+
+
+@pytest.mark.parametrize(("query", "path"), [
+    ("戦略", "memory/ja.md"), ("戦略会議", "memory/ja.md"), ("デプロイ計画", "memory/ja.md"),
+    ("价格", "memory/zh.md"), ("金银价格", "memory/zh.md"),
+    ("서버", "memory/ko.md"), ("발생한", "memory/ko.md"),
+])
+async def test_cjk_substrings(ws: Path, query: str, path: str) -> None:
+    (ws / "memory" / "ja.md").write_text("昨日の戦略会議でデプロイ計画を決めた")
+    (ws / "memory" / "zh.md").write_text("今天讨论了金银价格的走势")
+    (ws / "memory" / "ko.md").write_text("어제 서버에서 발생한 에러를 확인했다")
+    engine = _engine(ws)
+    hits = await engine.search(query)
+    assert [h.path for h in hits] == [path]
+    await engine.close()
+
+
+async def test_edits_are_picked_up_before_search(ws: Path) -> None:
+    engine = _engine(ws)
+    assert [h.path for h in await engine.search("zebra")] == ["memory/2026-01-12.md"]
+    (ws / "memory" / "2026-01-12.md").write_text("# Log\nnothing here anymore")
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01zebra")
+    engine.mark_dirty("watch")
+    assert (await engine.status()).dirty is True
+    assert await engine.search("zebra") == []
+    status = await engine.status()
+    assert [(s.path, s.reason) for s in status.skipped] == [("memory/blob.md", "binary file (NUL bytes)")]
+    await engine.close()
+
+
+async def test_hybrid_keyword_hit_for_zero_query_vector(ws: Path) -> None:
+    provider = CountProvider()
+    engine = _engine(ws, provider, query={"hybrid": {"vectorWeight": 0, "textWeight": 1}})
+    await engine.sync(reason="cli", force=True)
+    hits = await engine.search("zebra")  # case 62: query vector all zeros
+    assert [h.path for h in hits] == ["memory/2026-01-12.md"]
+    assert hits[0].vector_score == 0.0 and hits[0].text_score > 0
+    await engine.close()
+    engine = _engine(ws, CountProvider())
+    hits = await engine.search("zebra", min_score=0.35)  # case 64: relaxed threshold
+    assert [h.path for h in hits] == ["memory/2026-01-12.md"]
+    await engine.close()
+
+
+async def test_hybrid_alpha_ranks_file_first_and_reports_sources(ws: Path) -> None:
+    engine = _engine(ws, CountProvider())
+    await engine.sync(reason="cli", force=True)
+    hits = await engine.search("alpha")  # case 58
+    assert "memory/2026-01-12.md" in hits[0].path
+    assert hits[0].vector_score == pytest.approx(1.0)
+    status = await engine.status()
+    assert [c.to_json_dict() for c in status.source_counts] == [
+        {"source": "memory", "files": status.files, "chunks": status.chunks}]
+    assert (status.search_mode, status.model, status.cache["entries"]) == ("hybrid", "count-v1", 2)
+    assert await engine.probe_vector() is status.vector["available"] is True
+    await engine.close()
+
+
+@pytest.mark.parametrize(("weights", "first"), [((0.99, 0.01), "vector-only.md"),
+                                                  ((0.01, 0.99), "keyword-only.md")])
+async def test_hybrid_weights_decide_order(tmp_path: Path, weights: tuple[float, float],
+                                           first: str) -> None:
+    (tmp_path / "vector-only.md").write_text("Alpha beta. " * 4)
+    (tmp_path / "keyword-only.md").write_text("Alpha " * 200 + " beta id123.")
+    engine = _engine(tmp_path, CountProvider(), extra_paths=["vector-only.md", "keyword-only.md"],
+                     query={"hybrid": {"vectorWeight": weights[0], "textWeight": weights[1],
+                                       "candidateMultiplier": 10}})
+    hits = await engine.search("alpha beta id123", max_results=200, min_score=0.0)  # case 63
+    assert sorted(h.path for h in hits) == ["keyword-only.md", "vector-only.md"]
+    assert hits[0].path == first
+    await engine.close()
+
+
+async def test_failed_query_embedding_falls_back_to_keywords(ws: Path) -> None:
+    engine = _engine(ws, CountProvider(fail_query=True))
+    hits = await engine.search("zebra")
+    assert [h.path for h in hits] == ["memory/2026-01-12.md"]
+    assert (await engine.status()).last_error == "query embedding failed: test-count embedding failed: fetch failed"
+    await engine.close()
+
+
+async def test_explicit_unavailable_provider_fails_closed(ws: Path) -> None:
+    settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="openai"))
+    sel = ProviderSelection(None, "openai", unavailable_reason="No API key found for provider openai",
+                            error="No API key found for provider openai")
+    engine = BuiltinEngine(settings, provider_selection=sel)
+    with pytest.raises(BackendUnavailableError) as info:
+        await engine.search("alpha")
+    assert str(info.value) == ("builtin unavailable: memory search unavailable: openai: "
+                               "No API key found for provider openai")
+    await engine.close()
+
+
+async def test_force_sync_leaves_no_temp_files_and_read_file(ws: Path) -> None:
+    engine = _engine(ws)
+    await engine.sync(reason="cli", force=True)
+    await engine.sync(reason="cli", force=True)
+    names = [p.name for p in (ws / ".openclaw-state" / "memory").iterdir()]
+    assert not [n for n in names if re.search(r"\.(tmp|backup)-", n)]
+    page = await engine.read_file("memory/2026-01-12.md", from_line=2, lines=1)
+    assert (page.text, page.from_line, page.lines) == (
+        "Alpha memory line.\n\n[More content available. Use from=3 to continue.]", 2, 1)
+    await engine.close()

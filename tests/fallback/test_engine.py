@@ -234,3 +234,23 @@ async def test_force_sync_leaves_no_temp_files_and_read_file(ws: Path) -> None:
     assert (page.text, page.from_line, page.lines) == (
         "Alpha memory line.\n\n[More content available. Use from=3 to continue.]", 2, 1)
     await engine.close()
+
+
+async def test_concurrent_syncs_share_one_run_and_issues_are_reported(tmp_path: Path) -> None:
+    import anyio
+
+    (tmp_path / "MEMORY.md").write_text("Only the root file.")
+    engine = _engine(tmp_path)
+    reports: list[object] = []
+
+    async def run() -> None:
+        reports.append(await engine.sync(reason="cli"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        tg.start_soon(run)
+    assert len(reports) == 2 and reports[0] is reports[1]
+    status = await engine.status()
+    assert status.issues == [f"memory directory missing: {tmp_path / 'memory'}"]
+    assert (status.files, status.chunks) == (1, 1)
+    await engine.close()

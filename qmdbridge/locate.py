@@ -280,8 +280,11 @@ class QmdLocator:
                                reason=reason, searched=[], path_env=self.path_env,
                                child_path=child_path)
 
+        # A missing cwd would also fail the spawn with ENOENT and look like a missing runtime;
+        # `--version` reads nothing from the cwd, so probe from "/" then.
+        probe_cwd = self.cwd if self.cwd.is_dir() else Path("/")
         try:
-            result = await run_command([exe, "--version"], env=env, cwd=self.cwd,
+            result = await run_command([exe, "--version"], env=env, cwd=probe_cwd,
                                        timeout_ms=self.timeout_ms, max_chars=16_384)
         except QmdCommandError as exc:
             if spawn_error_is_missing_file(exc) and os.path.isfile(exe):

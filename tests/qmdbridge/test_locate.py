@@ -174,3 +174,9 @@ async def test_npm_prefix_from_env(tmp_path: Path) -> None:
 
 def test_repo_tools_path() -> None:
     assert repo_tools_qmd() == Path(__file__).resolve().parents[2] / ".tools" / "bin" / "qmd"
+
+
+async def test_missing_cwd_is_not_a_missing_runtime(tmp_path: Path, qmd_bin: Path) -> None:
+    location = await probe_qmd(str(qmd_bin), env={"PATH": "/usr/bin:/bin"}, repo_tools=False,
+                               usual_dirs=[], cwd=tmp_path / "deleted-workspace")
+    assert (location.runtime_ok, location.version, location.reason) == (True, "2.8.3", None)

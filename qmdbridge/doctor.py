@@ -1,0 +1,278 @@
+"""``doctor``: checks of the workspace, qmd, SQLite features, the embedding provider, the file
+watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy root file split.
+
+The legacy split: the canonical root memory file is ``MEMORY.md``. A lower-case ``memory.md``
+next to it is not indexed (``DESIGN.md``). ``repair_root_memory`` archives the legacy file under
+``<ws>/.openclaw-repair/root-memory/<timestamp>/memory.md`` (copy + unlink when a rename would
+cross devices; an earlier archive is never overwritten) and appends its content to ``MEMORY.md``
+under a marked section, so nothing a user wrote is lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from qmdbridge.config import ResolvedAgent
+
+__all__ = ["Check", "DoctorReport", "LEGACY_MARKER", "repair_root_memory", "root_memory_state", "run_doctor"]
+
+LEGACY_MARKER = "<!-- openclaw:imported-legacy-root-memory -->"
+LEGACY_HEADING = "## Imported From Legacy Root memory.md"
+
+
+@dataclass
+class Check:
+    """One doctor check: ``level`` is ``ok`` | ``warn`` | ``error``; ``hint`` says how to fix."""
+
+    name: str
+    level: Literal["ok", "warn", "error"]
+    detail: str
+    hint: str | None = None
+    fixed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (every key present)."""
+        return {"name": self.name, "level": self.level, "detail": self.detail, "hint": self.hint,
+                "fixed": self.fixed}
+
+
+@dataclass
+class DoctorReport:
+    """All checks; ``ok`` is False when any check is an error."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether no check failed with ``error``."""
+        return all(c.level != "error" for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form: ``{ok, checks: [...]}``."""
+        return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+
+
+def _exact_entries(ws: Path) -> set[str]:
+    try:
+        return set(os.listdir(ws))
+    except OSError:
+        return set()
+
+
+def root_memory_state(ws: Path) -> Literal["canonical", "legacy-only", "split", "none"]:
+    """Classify the workspace root: ``MEMORY.md`` only, ``memory.md`` only, both, or neither.
+
+    Names are compared exactly (a case-insensitive file system where both names are one file
+    counts as ``canonical``).
+    """
+    names = _exact_entries(ws)
+    upper, lower = "MEMORY.md" in names, "memory.md" in names
+    if upper and lower:
+        try:
+            if os.path.samefile(ws / "MEMORY.md", ws / "memory.md"):
+                return "canonical"
+        except OSError:
+            pass
+        return "split"
+    if upper:
+        return "canonical"
+    return "legacy-only" if lower else "none"
+
+
+def _archive_dir(ws: Path, now: float) -> Path:
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime(now)) + f"-{int(now * 1000) % 1000:03d}Z"
+    base = ws / ".openclaw-repair" / "root-memory"
+    candidate = base / stamp
+    n = 2
+    while candidate.exists():
+        candidate = base / f"{stamp}-{n}"
+        n += 1
+    return candidate
+
+
+def _move(src: Path, dst: Path) -> None:
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.copy2(src, dst)
+        os.unlink(src)
+
+
+def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
+    """Fix the root memory file layout; returns what was done (one line).
+
+    - ``split``: archive ``memory.md`` and append its text to ``MEMORY.md`` under
+      ``## Imported From Legacy Root memory.md`` with an HTML marker.
+    - ``legacy-only``: archive a copy, then rename ``memory.md`` to ``MEMORY.md``.
+    - otherwise nothing.
+
+    Raises:
+        OSError: the workspace is not writable (nothing is changed in that case, or the archive
+            copy exists and the original is untouched).
+    """
+    state = root_memory_state(ws)
+    if state not in ("split", "legacy-only"):
+        return "nothing to repair"
+    legacy = ws / "memory.md"
+    archive = _archive_dir(ws, time.time() if now is None else now)
+    archive.mkdir(parents=True)
+    target = archive / "memory.md"
+    text = legacy.read_bytes().decode("utf-8", errors="replace")
+    if state == "legacy-only":
+        shutil.copy2(legacy, target)
+        tmp = ws / f".memory-rename-{os.getpid()}.md"
+        os.rename(legacy, tmp)  # via a temp name so case-insensitive file systems rename too
+        os.rename(tmp, ws / "MEMORY.md")
+        return f"renamed memory.md to MEMORY.md (copy archived at {target.relative_to(ws)})"
+    root = ws / "MEMORY.md"
+    current = root.read_bytes().decode("utf-8", errors="replace")
+    section = f"{LEGACY_HEADING}\n\n{LEGACY_MARKER}\n\n{text.strip()}\n" if text.strip() else ""
+    if not current or current.endswith("\n\n"):
+        sep = ""
+    else:
+        sep = "\n" if current.endswith("\n") else "\n\n"
+    _move(legacy, target)
+    if section:
+        with root.open("a", encoding="utf-8") as fh:
+            fh.write(sep + section)
+    return f"merged memory.md into MEMORY.md (archived at {target.relative_to(ws)})"
+
+
+def _check_root(ws: Path, fix: bool) -> Check:
+    if not ws.is_dir():
+        return Check("workspace", "error", f"workspace missing: {ws}",
+                     "create it or pass --workspace / set agents.defaults.workspace")
+    state = root_memory_state(ws)
+    if state == "canonical":
+        return Check("root memory file", "ok", "MEMORY.md")
+    if state == "none":
+        return Check("root memory file", "warn", "no MEMORY.md in the workspace",
+                     "create MEMORY.md for curated long-term facts")
+    hint = "run `qmdbridge doctor --fix` to archive memory.md and merge it into MEMORY.md"
+    detail = ("both MEMORY.md and legacy memory.md exist; memory.md is not indexed"
+              if state == "split" else "only the legacy memory.md exists (indexed as fallback)")
+    if not fix:
+        return Check("root memory file", "warn" if state == "legacy-only" else "error", detail, hint)
+    try:
+        done = repair_root_memory(ws)
+    except OSError as exc:
+        return Check("root memory file", "error", f"{detail}; repair failed: {exc}", hint)
+    return Check("root memory file", "ok", done, fixed=True)
+
+
+async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
+    from qmdbridge.locate import probe_qmd
+
+    loc = await probe_qmd(agent.memory.qmd.command, env=env)
+    configured = agent.memory.backend == "qmd"
+    if loc.found and loc.runtime_ok:
+        return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
+    level: Literal["warn", "error"] = "error" if configured else "warn"
+    return Check("qmd", level if configured else "warn",
+                 f"{loc.reason}{'' if configured else ' (not needed: memory.backend is ' + agent.memory.backend + ')'}",
+                 "run scripts/install-qmd.sh, install qmd with `bun install -g @tobilu/qmd`, or set "
+                 "memory.qmd.command; the builtin engine answers meanwhile")
+
+
+def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
+    checks = []
+    conn = sqlite3.connect(":memory:")
+    try:
+        for name, tok in (("FTS5", "unicode61"), ("FTS5 trigram", "trigram")):
+            try:
+                conn.execute(f"CREATE VIRTUAL TABLE t_{tok} USING fts5(x, tokenize='{tok}')")
+                checks.append(Check(name, "ok", f"SQLite {sqlite3.sqlite_version}"))
+            except sqlite3.Error as exc:
+                checks.append(Check(name, "error" if tok == "unicode61" else "warn", str(exc),
+                                    "use a Python whose SQLite has FTS5 (3.34+ for trigram)"))
+    finally:
+        conn.close()
+    try:
+        import apsw
+        import sqlite_vec
+
+        c = apsw.Connection(":memory:")
+        c.enable_load_extension(True)
+        c.load_extension(agent.memory_search.store.vector.extension_path or sqlite_vec.loadable_path())
+        version = c.execute("select vec_version()").fetchone()[0]
+        c.close()
+        checks.append(Check("sqlite-vec", "ok", f"sqlite-vec {version} via apsw"))
+    except Exception as exc:  # any load failure means brute-force vectors
+        checks.append(Check("sqlite-vec", "warn", f"not loadable ({exc}); vectors use exact brute-force cosine",
+                            "pip install apsw sqlite-vec, or set store.vector.extensionPath"))
+    return checks
+
+
+async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
+    from fallback.embeddings import select_provider
+    from fallback.embeddings.base import probe
+
+    sel = select_provider(agent.memory_search, env=env)
+    if sel.error:
+        return Check("embedding provider", "error", sel.error, "fix the provider config or set provider: none")
+    if sel.provider is None:
+        return Check("embedding provider", "warn", f"keyword-only: {sel.unavailable_reason}",
+                     "set local.modelPath to a GGUF file or an API key for semantic search")
+    try:
+        ok, err = await probe(sel.provider)
+    finally:
+        await sel.provider.aclose()
+    if ok:
+        return Check("embedding provider", "ok", f"{sel.provider.provider_id} {sel.provider.model}")
+    return Check("embedding provider", "error", f"{sel.provider.provider_id}: {err}",
+                 "check the key, the endpoint and the network")
+
+
+def _check_watch_limits() -> Check:
+    path = Path("/proc/sys/fs/inotify/max_user_watches")
+    if not path.exists():
+        return Check("watcher", "ok", "native file events (no inotify limit on this platform)")
+    try:
+        limit = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return Check("watcher", "warn", "cannot read the inotify watch limit")
+    if limit < 8192:
+        return Check("watcher", "warn", f"inotify max_user_watches = {limit}",
+                     "raise it: sysctl fs.inotify.max_user_watches=524288 (the watcher falls back to polling)")
+    return Check("watcher", "ok", f"inotify max_user_watches = {limit}")
+
+
+def _check_index(agent: ResolvedAgent) -> Check:
+    db = agent.engine.db_path
+    if not db.exists():
+        return Check("index", "warn", f"no index yet at {db}", "run `qmdbridge index`")
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
+        try:
+            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return Check("index", "error", f"{db}: {exc}", "run `qmdbridge index --force` to rebuild it")
+    if result != "ok":
+        return Check("index", "error", f"{db}: quick_check: {result}", "run `qmdbridge index --force` to rebuild it")
+    return Check("index", "ok", f"{db}: quick_check ok")
+
+
+async def run_doctor(agent: ResolvedAgent, *, fix: bool = False,
+                     env: Mapping[str, str] | None = None) -> DoctorReport:
+    """Run every check (and the legacy-split repair when ``fix``)."""
+    e = dict(os.environ if env is None else env)
+    report = DoctorReport()
+    report.checks.append(_check_root(agent.workspace_dir, fix))
+    report.checks.append(await _check_qmd(agent, e))
+    report.checks.extend(_check_sqlite(agent))
+    report.checks.append(await _check_provider(agent, e))
+    report.checks.append(_check_watch_limits())
+    report.checks.append(_check_index(agent))
+    return report

@@ -1,0 +1,107 @@
+"""doctor: legacy root file split detection and repair (archive + merge), across a device
+boundary where the machine allows a tmpfs mount, and the other checks' shapes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from qmdbridge.config import OpenClawConfig, resolve_agent
+from qmdbridge.doctor import LEGACY_HEADING, LEGACY_MARKER, repair_root_memory, root_memory_state, run_doctor
+
+pytestmark = pytest.mark.anyio
+
+
+def _split_ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n- canonical fact\n")
+    (ws / "memory.md").write_text("- legacy fact about the router\n")
+    return ws
+
+
+def test_states(tmp_path: Path) -> None:
+    ws = tmp_path / "w"
+    ws.mkdir()
+    assert root_memory_state(ws) == "none"
+    (ws / "memory.md").write_text("x")
+    assert root_memory_state(ws) == "legacy-only"
+    (ws / "MEMORY.md").write_text("y")
+    assert root_memory_state(ws) == "split"
+    (ws / "memory.md").unlink()
+    assert root_memory_state(ws) == "canonical"
+
+
+def test_repair_split_archives_and_merges(tmp_path: Path) -> None:
+    ws = _split_ws(tmp_path)
+    done = repair_root_memory(ws, now=1_700_000_000.5)
+    assert done.startswith("merged memory.md into MEMORY.md (archived at .openclaw-repair/root-memory/")
+    assert not (ws / "memory.md").exists()
+    text = (ws / "MEMORY.md").read_text()
+    assert text == ("# Memory\n- canonical fact\n\n" + LEGACY_HEADING + "\n\n" + LEGACY_MARKER
+                    + "\n\n- legacy fact about the router\n")
+    archives = list((ws / ".openclaw-repair" / "root-memory").iterdir())
+    assert len(archives) == 1
+    assert (archives[0] / "memory.md").read_text() == "- legacy fact about the router\n"
+    assert root_memory_state(ws) == "canonical"
+
+
+def test_repair_never_overwrites_an_earlier_archive(tmp_path: Path) -> None:
+    ws = _split_ws(tmp_path)
+    repair_root_memory(ws, now=1_700_000_000.0)
+    (ws / "memory.md").write_text("second legacy\n")
+    repair_root_memory(ws, now=1_700_000_000.0)  # same timestamp on purpose
+    archives = sorted((ws / ".openclaw-repair" / "root-memory").iterdir())
+    assert [a.name for a in archives] == ["2023-11-14T22-13-20-000Z", "2023-11-14T22-13-20-000Z-2"]
+    assert (archives[0] / "memory.md").read_text() == "- legacy fact about the router\n"
+    assert (archives[1] / "memory.md").read_text() == "second legacy\n"
+    assert (ws / "MEMORY.md").read_text().count(LEGACY_MARKER) == 2
+
+
+def test_repair_legacy_only_renames(tmp_path: Path) -> None:
+    ws = tmp_path / "w"
+    ws.mkdir()
+    (ws / "memory.md").write_text("only legacy\n")
+    done = repair_root_memory(ws, now=1_700_000_000.0)
+    assert done.startswith("renamed memory.md to MEMORY.md")
+    assert sorted(os.listdir(ws)) == [".openclaw-repair", "MEMORY.md"]
+    assert (ws / "MEMORY.md").read_text() == "only legacy\n"
+
+
+def test_repair_across_a_device_boundary(tmp_path: Path) -> None:
+    ws = _split_ws(tmp_path)
+    repair = ws / ".openclaw-repair"
+    repair.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "none", str(repair)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here to create a device boundary")
+    try:
+        assert os.stat(repair).st_dev != os.stat(ws).st_dev
+        repair_root_memory(ws, now=1_700_000_000.0)
+        archived = repair / "root-memory" / "2023-11-14T22-13-20-000Z" / "memory.md"
+        assert archived.read_text() == "- legacy fact about the router\n"
+        assert not (ws / "memory.md").exists()
+        assert LEGACY_MARKER in (ws / "MEMORY.md").read_text()
+    finally:
+        subprocess.run(["umount", str(repair)], check=True)
+
+
+async def test_run_doctor_reports_split_then_fixes(tmp_path: Path) -> None:
+    ws = _split_ws(tmp_path)
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+    agent = resolve_agent(OpenClawConfig(), "main", workspace=ws, env=env)
+    report = await run_doctor(agent, env=env)
+    by_name = {c.name: c for c in report.checks}
+    assert by_name["root memory file"].level == "error"
+    assert "doctor --fix" in (by_name["root memory file"].hint or "")
+    assert by_name["FTS5"].level == "ok"
+    assert by_name["index"].level == "warn"  # no index yet
+    assert by_name["embedding provider"].level == "warn"  # keyword-only, no keys in env
+    assert report.ok is False
+    fixed = await run_doctor(agent, fix=True, env=env)
+    root = {c.name: c for c in fixed.checks}["root memory file"]
+    assert root.level == "ok" and root.fixed is True
+    again = await run_doctor(agent, env=env)
+    assert {c.name: c for c in again.checks}["root memory file"].detail == "MEMORY.md"

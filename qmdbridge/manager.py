@@ -146,7 +146,7 @@ class MemoryManager:
 
             selection = select_provider(self.agent.memory_search, env=self._env)
             self._builtin = BuiltinEngine(self.agent.engine, provider_selection=selection,
-                                          now_ms=self._now_ms, watch=self.mode == "full")
+                                          now_ms=self._now_ms)
         return self._builtin
 
     async def qmd(self) -> MemoryBackend | None:
@@ -378,10 +378,14 @@ class MemoryManager:
             if backend is not None:
                 await backend.sync(reason=reason, force=force)
         engine = await self.builtin()
+        previous = getattr(engine, "on_progress", None)
         if progress is not None:
-            await engine.sync(reason=reason, force=force, progress=progress)  # type: ignore[call-arg]
-        else:
+            engine.on_progress = progress  # type: ignore[attr-defined]
+        try:
             await engine.sync(reason=reason, force=force)
+        finally:
+            if progress is not None:
+                engine.on_progress = previous  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Close both backends; idempotent."""

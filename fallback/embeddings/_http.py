@@ -14,12 +14,14 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
+
+if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
+    import httpx
 
 __all__ = [
     "HttpClient",
@@ -112,6 +114,8 @@ def error_from_response(provider_id: str, response: httpx.Response, *,
 @contextmanager
 def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> Iterator[None]:
     """Translate httpx transport errors and timeouts into retryable ``EmbeddingProviderError``."""
+    import httpx
+
     try:
         yield
     except httpx.TimeoutException as exc:
@@ -190,6 +194,8 @@ class HttpClient:
 
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
+            import httpx
+
             self._client = httpx.AsyncClient(headers=self.headers,
                                              timeout=httpx.Timeout(self.timeout_s))
         return self._client

@@ -538,3 +538,45 @@ async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand
         if not res.ok and "exists" not in res.message.lower():
             _warn(state, f"qmd collection re-add failed for {mc.name}: {res.message}")
     log.warning("qmd managed collections rebuilt for update repair (%d collections)", len(managed))
+
+
+def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
+                          index_yml: Path) -> str:
+    """sha256 hex of the managed collections, qmd's version and ``index.yml``'s size and mtime:
+    while it is unchanged, a reconcile would find nothing to do."""
+    import hashlib
+
+    import orjson
+
+    try:
+        st = index_yml.stat()
+        yml: list[int] | None = [st.st_mtime_ns, st.st_size]
+    except OSError:
+        yml = None
+    doc = {"collections": [[c.name, str(c.path), c.pattern] for c in collections],
+           "version": qmd_version, "indexYml": yml}
+    return hashlib.sha256(orjson.dumps(doc)).hexdigest()
+
+
+async def describe_collections(list_output: str, *, run: Any,
+                               roots: dict[str, ManagedCollection]) -> list[dict[str, Any]]:
+    """Turn ``qmd collection list`` text into ``[{name, path, pattern, managed, kind}]``,
+    asking ``collection show`` for each path (qmd 2.8.3's list prints none).
+
+    Args:
+        list_output: stdout of ``qmd collection list``.
+        run: ``async run(args, positionals) -> CollectionRun`` for ``collection show``.
+        roots: the managed collections by name.
+    """
+    out = []
+    for name, got in parse_collection_list(list_output).items():
+        path, pattern = got.path, got.pattern
+        if path is None:
+            shown = await run(["collection", "show"], [name])
+            info = parse_collection_show(shown.stdout) if shown.ok else None
+            path = str(info.path) if info and info.path else None
+            pattern = pattern or (info.pattern if info else None)
+        mc = roots.get(name)
+        out.append({"name": name, "path": str(path) if path else None, "pattern": pattern,
+                    "managed": mc is not None, "kind": mc.kind if mc else None})
+    return out

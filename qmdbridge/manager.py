@@ -158,6 +158,8 @@ class MemoryManager:
         if self.backend_name != "qmd":
             return None
         async with self._lock:
+            if self._qmd is None and self._qmd_unavailable is not None and self.breaker.allow(self._now_ms()):
+                self._qmd_unavailable = None  # cooldown over: look for qmd again
             if self._qmd is None and self._qmd_unavailable is None:
                 from qmdbridge.locate import probe_qmd
                 from qmdbridge.qmd import QmdBackend

@@ -20,14 +20,8 @@ from typing import Any, Literal
 
 import anyio
 
-from fallback.errors import (
-    BackendTimeoutError,
-    BackendUnavailableError,
-    ManagerClosedError,
-    PathRefusedError,
-    QmdOutputError,
-    UsageError,
-)
+from fallback.errors import (BackendTimeoutError, BackendUnavailableError, ManagerClosedError,
+                             PathRefusedError, QmdOutputError, UsageError)
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.readfile import read_memory_page
 from qmdbridge.collections import (
@@ -35,10 +29,10 @@ from qmdbridge.collections import (
     ManagedCollection,
     ReconcileState,
     build_collections,
-    parse_collection_list,
-    parse_collection_show,
+    describe_collections,
     rebuild,
     reconcile,
+    reconcile_fingerprint,
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd_parse import (
@@ -54,13 +48,8 @@ from qmdbridge.qmd_parse import (
     read_in_root,
 )
 from qmdbridge.qmd_update import UpdateCycle, embed_jitter_ms, file_lock
-from qmdbridge.runner import (
-    RunResult,
-    is_crash_after_output,
-    is_flag_rejection,
-    is_missing_collection,
-    run_command,
-)
+from qmdbridge.runner import (RunResult, is_crash_after_output, is_flag_rejection,
+                              is_missing_collection, run_command)
 
 __all__ = ["QmdBackend", "encode_query"]
 log = logging.getLogger("qmdbridge.qmd")
@@ -237,10 +226,29 @@ class QmdBackend:
                     await anyio.sleep(embed_every / 1000)
             self._spawn(embed_tick, "embed-interval update")
 
-    async def reconcile(self) -> None:
-        """Make qmd's collections match the config (spec 2.6); never raises for qmd errors."""
+    async def reconcile(self, *, force: bool = False) -> None:
+        """Make qmd's collections match the config (spec 2.6); never raises for qmd errors.
+
+        A successful reconcile records a fingerprint (collections, qmd version, ``index.yml``
+        size and mtime) in ``<qmd_dir>/reconciled.json``; while nothing changed, later calls
+        skip the ``collection list/show`` round trips (they cost one qmd start each), unless
+        ``force`` (the "Collection not found" repair forces it).
+        """
+        marker = self.home.qmd_dir / "reconciled.json"
+        if not force:
+            try:
+                if marker.read_text() == reconcile_fingerprint(self.collections, getattr(self.location, "version", None), self.home.index_yml):
+                    return
+            except OSError:
+                pass
         await reconcile(self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
                         workspace=self.agent.workspace_dir, state=self.reconcile_state)
+        try:
+            tmp = marker.with_name(f".reconciled.{os.getpid()}.tmp")
+            tmp.write_text(reconcile_fingerprint(self.collections, getattr(self.location, "version", None), self.home.index_yml))
+            os.replace(tmp, marker)
+        except OSError as exc:
+            log.debug("cannot record the reconcile fingerprint: %s", exc)
 
     async def close(self) -> None:
         """Cancel timers, wait for a running update, stop; idempotent."""
@@ -321,18 +329,7 @@ class QmdBackend:
         """
         res = await self._run(["collection", "list"], timeout_ms=self.cfg.update.command_timeout_ms)
         res.check()
-        out = []
-        for name, got in parse_collection_list(res.stdout).items():
-            path, pattern = got.path, got.pattern
-            if path is None:
-                shown = await self._collection_cmd(["collection", "show"], [name])
-                info = parse_collection_show(shown.stdout) if shown.ok else None
-                path = info.path if info else None
-                pattern = pattern or (info.pattern if info else None)
-            mc = self.roots.get(name)
-            out.append({"name": name, "path": path, "pattern": pattern, "managed": mc is not None,
-                        "kind": mc.kind if mc else None})
-        return out
+        return await describe_collections(res.stdout, run=self._collection_cmd, roots=self.roots)
 
     # -- search -------------------------------------------------------------------------------
 
@@ -387,7 +384,7 @@ class QmdBackend:
             except _MissingCollection:
                 log.warning("qmd search failed because a managed collection is missing; "
                             "repairing collections and retrying once")
-                await self.reconcile()
+                await self.reconcile(force=True)
                 entries = await self._search_all(q, search_mode, colls, limit, deadline, no_rerank)
         except _FlagRejected as exc:
             if search_mode == "query":

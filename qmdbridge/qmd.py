@@ -20,8 +20,14 @@ from typing import Any, Literal
 
 import anyio
 
-from fallback.errors import (BackendTimeoutError, BackendUnavailableError, ManagerClosedError,
-                             PathRefusedError, QmdOutputError, UsageError)
+from fallback.errors import (
+    BackendTimeoutError,
+    BackendUnavailableError,
+    ManagerClosedError,
+    PathRefusedError,
+    QmdOutputError,
+    UsageError,
+)
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.readfile import read_memory_page
 from qmdbridge.collections import (
@@ -48,8 +54,13 @@ from qmdbridge.qmd_parse import (
     read_in_root,
 )
 from qmdbridge.qmd_update import UpdateCycle, embed_jitter_ms, file_lock
-from qmdbridge.runner import (RunResult, is_crash_after_output, is_flag_rejection,
-                              is_missing_collection, run_command)
+from qmdbridge.runner import (
+    RunResult,
+    is_crash_after_output,
+    is_flag_rejection,
+    is_missing_collection,
+    run_command,
+)
 
 __all__ = ["QmdBackend", "encode_query"]
 log = logging.getLogger("qmdbridge.qmd")

@@ -52,6 +52,7 @@ from qmdbridge.qmd_parse import (
     merge_key,
     parse_qmd_json,
     read_in_root,
+    read_qmd_path,
 )
 from qmdbridge.qmd_update import UpdateCycle, embed_jitter_ms, file_lock
 from qmdbridge.runner import (
@@ -518,14 +519,9 @@ class QmdBackend:
         if not rel:
             raise PathRefusedError(rel_path, "path required")
         if rel.startswith("qmd/"):
-            parts = rel.split("/", 2)
-            if len(parts) < 3 or not parts[1] or not parts[2]:
-                raise PathRefusedError(rel, "invalid qmd path")
-            coll = self.roots.get(parts[1])
-            if coll is None:
-                raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
+            roots = {name: c.path for name, c in self.roots.items()}
             return await anyio.to_thread.run_sync(
-                lambda: read_in_root(coll.path, parts[2], rel, from_line, lines))
+                lambda: read_qmd_path(roots, rel, from_line, lines))
         ws = self.agent.workspace_dir
         try:
             return await anyio.to_thread.run_sync(lambda: read_memory_page(

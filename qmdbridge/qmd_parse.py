@@ -560,3 +560,20 @@ def read_in_root(root: Path, inner: str, shown: str, from_line: int | None,
         max_chars=DEFAULT_READ_MAX_CHARS)
     return MemoryReadResult(path=shown, text=body, from_line=start, lines=count,
                             truncated=truncated, next_from=next_from)
+
+
+def read_qmd_path(roots: dict[str, Path], rel: str, from_line: int | None,
+                  lines: int | None) -> MemoryReadResult:
+    """Read ``qmd/<collection>/<rest>`` inside that collection's root (memory_get rules).
+
+    Raises:
+        PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal
+            of :func:`read_in_root`.
+    """
+    parts = rel.split("/", 2)
+    if len(parts) < 3 or not parts[1] or not parts[2]:
+        raise PathRefusedError(rel, "invalid qmd path")
+    root = roots.get(parts[1])
+    if root is None:
+        raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
+    return read_in_root(root, parts[2], rel, from_line, lines)

@@ -1,4 +1,4 @@
-"""Index sync: discover memory files, diff by content hash, chunk, embed (cached), write.
+"""Index sync: discover memory files and transcripts, diff by content hash, chunk, embed, write.
 
 One :meth:`Indexer.sync` (spec §5.3, E2):
 
@@ -11,7 +11,19 @@ One :meth:`Indexer.sync` (spec §5.3, E2):
    changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
    transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
 3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
-   and the sync time are stored so every process's ``status()`` sees them.
+   and the sync time are stored so every process's ``status()`` sees them;
+4. when ``sources`` includes ``sessions`` (spec §5.4), the same is done for the transcripts of
+   ``EngineSettings.sessions_dir`` (``*.jsonl`` and retained ``.jsonl.reset.<iso>`` /
+   ``.jsonl.deleted.<iso>`` archives, compaction checkpoints skipped): stored path
+   ``sessions/<basename>``, source ``sessions``, content flattened by
+   :func:`fallback.transcripts.session_document` and chunk lines remapped
+   (:func:`fallback.chunking.remap_lines`) so ``start_line``/``end_line`` are JSONL lines.
+   Deviation from the reference: every sync picks up grown transcripts (an unchanged
+   ``(mtime, size)`` is not re-read, so this is cheap), not only ``session-delta`` syncs.
+
+Cancellation: each file is written in its own transaction, so a sync cancelled between files
+keeps its progress and leaves a consistent index; a cancelled full reindex removes its
+temporary database (the cleanup runs shielded).
 
 Embeddings (when a provider exists): chunk texts are looked up in ``embedding_cache`` by
 ``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``; fresh
@@ -23,6 +35,7 @@ Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +45,7 @@ from typing import Any
 import anyio
 import orjson
 
-from fallback.chunking import Chunk, chunk_markdown, split_by_utf8_bytes
+from fallback.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
 from fallback.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import IndexStoreError
@@ -46,6 +59,7 @@ from fallback.files import (
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.textutil import sha256_hex
+from fallback.transcripts import scan_transcripts, session_document
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -151,8 +165,11 @@ class SyncReport:
         files_deleted: indexed files whose rows were removed (vanished or now skipped).
         chunks_written: chunks written.
         chunks_embedded: chunk texts sent to the provider (cache misses).
-        skipped: files skipped or indexed with a caveat.
-        issues: scan issues (missing memory dir, legacy ``memory.md`` split ...).
+        skipped: files skipped or indexed with a caveat (memory and sessions).
+        issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
+            enumeration failure ...).
+        session_sizes: absolute transcript path -> size in bytes as indexed, for every
+            transcript the index now holds (the engine resets its delta tracker with it).
     """
 
     full: bool = False
@@ -164,6 +181,7 @@ class SyncReport:
     chunks_embedded: int = 0
     skipped: list[SkippedFile] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
+    session_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -239,11 +257,15 @@ class Indexer:
                 await self._write(temp, partial(temp.set_meta, META_KEY, meta))
                 await self._write(temp, partial(self._prune_cache, temp))
             finally:
-                await anyio.to_thread.run_sync(temp.close)
-            async with self._limiter:
-                await anyio.to_thread.run_sync(live.swap_from, temp_path)
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(temp.close)
+            # Once built, the swap completes even if the caller is cancelled meanwhile.
+            with anyio.CancelScope(shield=True):
+                async with self._limiter:
+                    await anyio.to_thread.run_sync(live.swap_from, temp_path)
         finally:
-            await anyio.to_thread.run_sync(remove_db_files, temp_path)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(remove_db_files, temp_path)
         return report
 
     async def _write(self, store: Store, fn: Callable[[], Any]) -> Any:
@@ -255,21 +277,45 @@ class Indexer:
         discovery = await anyio.to_thread.run_sync(partial(
             list_memory_files, self.settings.workspace_dir, s.extra_paths,
             max_file_bytes=s.max_file_bytes))
-        report.files_total = len(discovery.files)
         report.issues = list(discovery.issues)
-        skipped: list[SkippedFile] = list(discovery.skipped)
+        memory_skipped: list[SkippedFile] = list(discovery.skipped)
+        session_files: list[MemoryFile] = []
+        if "sessions" in s.sources:
+            session_files, error = await anyio.to_thread.run_sync(
+                _list_session_files, self.settings.sessions_dir)
+            if error is not None:
+                report.issues.append(error)
+        report.files_total = len(discovery.files) + len(session_files)
+        done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
+                                        full=full, done=0)
+        session_skipped: list[SkippedFile] = []
+        if "sessions" in s.sources:
+            await self._index_source(store, report, "sessions", session_files, session_skipped,
+                                     full=full, done=done)
+        report.skipped = memory_skipped + session_skipped
+        await self._write(store, partial(self._record_scan, store, report,
+                                         {"memory": memory_skipped, "sessions": session_skipped}))
+
+    async def _index_source(self, store: Store, report: SyncReport, source: str,
+                            files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
+                            done: int) -> int:
+        """Index the files of one source and delete its stale rows; returns files done."""
         known = {} if full else {row[0]: (row[1], int(row[2]), int(row[3])) for row in
                                  await anyio.to_thread.run_sync(
                                      store.query, "SELECT path, hash, mtime, size FROM files"
-                                     " WHERE source = 'memory'")}
+                                     " WHERE source = ?", [source])}
         active: set[str] = set()
-        for done, mf in enumerate(discovery.files, start=1):
+        for mf in files:
             prev = known.get(mf.rel_path)
             if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
                 active.add(mf.rel_path)
             else:
-                read = await anyio.to_thread.run_sync(partial(
-                    read_memory_text, mf, max_file_bytes=s.max_file_bytes))
+                line_map: list[int] | None = None
+                if source == "sessions":
+                    read, line_map = await anyio.to_thread.run_sync(_read_session, mf)
+                else:
+                    read = await anyio.to_thread.run_sync(partial(
+                        read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
                 if isinstance(read, SkippedFile):
                     if read.reason != _VANISHED:
                         skipped.append(read)
@@ -280,21 +326,24 @@ class Indexer:
                     if prev is not None and prev[0] == read.content_hash:
                         await self._write(store, partial(self._touch_file, store, mf, read))
                     else:
-                        await self._index_file(store, mf, read, report)
+                        await self._index_file(store, mf, read, report, line_map=line_map)
+            if source == "sessions" and mf.rel_path in active:
+                report.session_sizes[str(mf.abs_path)] = mf.size
+            done += 1
             if self.on_progress is not None:
                 self.on_progress(done, report.files_total, report.chunks_embedded)
         if not full:
             stale = sorted(set(known) - active)
-            await self._write(store, partial(self._delete_paths, store, stale))
-            report.files_deleted = len(stale)
-        report.skipped = skipped
-        await self._write(store, partial(self._record_scan, store, report))
+            await self._write(store, partial(self._delete_paths, store, stale, source))
+            report.files_deleted += len(stale)
+        return done
 
     async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
-                          report: SyncReport) -> None:
+                          report: SyncReport, *, line_map: list[int] | None = None) -> None:
         chunks = [c for c in chunk_markdown(content.text, tokens=self.settings.search.chunking.tokens,
                                             overlap=self.settings.search.chunking.overlap)
                   if c.text.strip()]
+        chunks = remap_lines(chunks, line_map)
         vectors: list[list[float]] = [[] for _ in chunks]
         if self.provider is not None and chunks:
             cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
@@ -407,20 +456,21 @@ class Indexer:
                          (content.mtime_ms, content.size, mf.rel_path, mf.source))
 
     @staticmethod
-    def _delete_paths(store: Store, paths: list[str]) -> None:
+    def _delete_paths(store: Store, paths: list[str], source: str) -> None:
         if not paths:
             return
         with store.transaction() as conn:
             for path in paths:
-                _delete_rows(conn, path, "memory")
-                conn.execute("DELETE FROM files WHERE path = ? AND source = 'memory'", (path,))
+                _delete_rows(conn, path, source)
+                conn.execute("DELETE FROM files WHERE path = ? AND source = ?", (path, source))
 
-    def _record_scan(self, store: Store, report: SyncReport) -> None:
+    def _record_scan(self, store: Store, report: SyncReport,
+                     skipped: dict[str, list[SkippedFile]]) -> None:
         with store.transaction() as conn:
-            conn.execute("DELETE FROM skipped_files WHERE source = 'memory'")
-            conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
-                             " VALUES (?, 'memory', ?)",
-                             [(s.path, s.reason) for s in report.skipped])
+            for source, items in skipped.items():
+                conn.execute("DELETE FROM skipped_files WHERE source = ?", (source,))
+                conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
+                                 " VALUES (?, ?, ?)", [(s.path, source, s.reason) for s in items])
             store.set_meta("scan_issues", report.issues, conn=conn)
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
 
@@ -435,3 +485,35 @@ def _delete_rows(conn: Any, path: str, source: str) -> None:
         conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
     conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))
 
+
+
+def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None]:
+    """Transcripts of ``sessions_dir`` as ``MemoryFile`` rows (``sessions/<basename>``), and the
+    enumeration error, if any. Files that vanish while being listed are left out."""
+    scan = scan_transcripts(sessions_dir)
+    out: list[MemoryFile] = []
+    for path in scan.paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{path.name}", source="sessions",
+                              size=st.st_size, mtime_ms=int(st.st_mtime_ns // 1_000_000)))
+    return out, scan.error
+
+
+def _read_session(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
+    """Flatten one transcript (spec §5.4): ``(FileContent, line_map)`` or a ``SkippedFile``.
+
+    A cron-run or fully filtered transcript gives empty content (a files row, no chunks).
+    """
+    try:
+        with open(mf.abs_path, "rb"):
+            pass
+    except FileNotFoundError:
+        return SkippedFile(path=mf.rel_path, reason=_VANISHED), None
+    except OSError as exc:
+        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
+    doc = session_document(mf.abs_path)
+    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
+                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

@@ -175,7 +175,7 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
 
     loc = await probe_qmd(agent.memory.qmd.command, env=env)
     configured = agent.memory.backend == "qmd"
-    if loc.found and loc.runtime_ok:
+    if loc.usable:
         return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
     level: Literal["warn", "error"] = "error" if configured else "warn"
     return Check("qmd", level if configured else "warn",

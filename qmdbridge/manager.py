@@ -165,7 +165,7 @@ class MemoryManager:
                 from qmdbridge.qmd import QmdBackend
 
                 location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
-                if not location.found or not location.runtime_ok:
+                if not location.usable:
                     self._qmd_unavailable = location.reason or "qmd not available"
                     return None
                 self._qmd = QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,

@@ -52,7 +52,7 @@ async def _backend(agent: Any) -> Any:
     from qmdbridge.qmd import QmdBackend
 
     location = await probe_qmd(agent.memory.qmd.command, env=dict(os.environ))
-    if not location.found or not location.runtime_ok:
+    if not location.usable:
         raise BackendUnavailableError("qmd", location.reason or "qmd not available")
     backend = QmdBackend(agent, location=location, mode="cli", env=dict(os.environ))
     return backend

@@ -1,0 +1,226 @@
+"""MemoryManager end to end: builtin answers, qmd answers, every qmd fault class falls back to
+the builtin engine with the reason and within the deadline, the circuit breaker recovers,
+scope rules hold through the fallback, citations and the injected-chars budget."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from fallback.errors import ManagerClosedError, PathRefusedError, UsageError
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.manager import MemoryManager, decorate_citations, format_citation
+
+pytestmark = pytest.mark.anyio
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nRouter: Omada ER605 with AdGuard at 192.168.10.2.\n")
+    (ws / "memory" / "2026-03-01.md").write_text(
+        "# 2026-03-01\n\nDeployed the billing webhook fix.\nThe zebra migration is done.\n")
+    return ws
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY",
+                                                           "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                                                           "MISTRAL_API_KEY")}
+    env["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    env["HOME"] = str(tmp_path / "home")
+    env.update(extra)
+    return env
+
+
+def _manager(tmp_path: Path, memory: dict[str, Any] | None = None, **env_extra: str) -> MemoryManager:
+    ws = _workspace(tmp_path) if not (tmp_path / "ws").exists() else tmp_path / "ws"
+    env = _env(tmp_path, **env_extra)
+    cfg = parse_config({"memory": memory or {},
+                        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env=env)
+    return MemoryManager(agent, env=env)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+async def test_builtin_answers_with_citation_footer_for_owner_calls(tmp_path: Path) -> None:
+    async with _manager(tmp_path) as m:
+        resp = await m.search("zebra migration")
+    assert resp.backend == "builtin" and resp.fallback is None
+    assert resp.mode == "fts-only" and resp.provider == "none"
+    top = resp.results[0]
+    assert (top.path, top.start_line, top.end_line) == ("memory/2026-03-01.md", 1, 4)
+    assert top.citation == "memory/2026-03-01.md#L1-L4"
+    assert top.snippet.endswith("\n\nSource: memory/2026-03-01.md#L1-L4")
+
+
+async def test_blank_query_and_bad_limits_are_usage_errors(tmp_path: Path) -> None:
+    async with _manager(tmp_path) as m:
+        with pytest.raises(UsageError, match="query must not be empty"):
+            await m.search("   ")
+        with pytest.raises(UsageError, match="max results"):
+            await m.search("x", max_results=0)
+        with pytest.raises(UsageError, match="from must be >= 1"):
+            await m.read_file("MEMORY.md", from_line=0)
+    with pytest.raises(ManagerClosedError):
+        await m.search("zebra")
+
+
+async def test_read_file_refuses_and_reads(tmp_path: Path) -> None:
+    async with _manager(tmp_path) as m:
+        page = await m.read_file("memory/2026-03-01.md", from_line=3, lines=1)
+        assert (page.text, page.from_line, page.lines, page.next_from) == (
+            "Deployed the billing webhook fix.\n\n[More content available. Use from=4 to continue.]",
+            3, 1, 4)
+        missing = await m.read_file("memory/2099-01-01.md")
+        assert missing.missing and missing.text == ""
+        with pytest.raises(PathRefusedError):
+            await m.read_file("../etc/passwd.md")
+
+
+async def test_scope_denies_group_chat_with_reason(tmp_path: Path) -> None:
+    async with _manager(tmp_path) as m:
+        resp = await m.search("zebra", session_key="agent:main:discord:group:g1")
+        assert resp.results == [] and resp.denied is not None
+        assert resp.denied.allowed is False and resp.denied.chat_type == "group"
+        assert "deny" in resp.denied.reason
+        direct = await m.search("zebra", session_key="agent:main:discord:direct:u1")
+        assert direct.results and direct.denied is None
+
+
+async def test_citations_auto_off_in_channels_and_off_mode(tmp_path: Path) -> None:
+    scope = {"default": "allow"}
+    async with _manager(tmp_path, {"citations": "auto", "qmd": {"scope": scope}}) as m:
+        resp = await m.search("zebra", session_key="agent:main:slack:channel:c1")
+    assert resp.results[0].citation == "memory/2026-03-01.md#L1-L4"
+    assert "Source:" not in resp.results[0].snippet
+    async with _manager(tmp_path, {"citations": "off"}) as m:
+        resp = await m.search("zebra")
+    assert "Source:" not in resp.results[0].snippet and resp.citations == "off"
+
+
+def test_format_citation_and_budget() -> None:
+    from fallback.models import MemorySearchResult
+
+    assert format_citation("MEMORY.md", 3, 3) == "MEMORY.md#L3"
+    assert format_citation("a.md", 1, 9) == "a.md#L1-L9"
+    hits = [MemorySearchResult(path=f"m{i}.md", start_line=1, end_line=2, score=0.9, snippet="x" * 30)
+            for i in range(3)]
+    out = decorate_citations(hits, include=True, max_injected_chars=100)
+    assert [len(r.snippet) for r in out] == [51, 49]
+    assert out[0].snippet == "x" * 30 + "\n\nSource: m0.md#L1-L2"
+
+
+# -- qmd backend --------------------------------------------------------------------------------
+
+def _qmd_memory(command: str, *, timeout_ms: int = 4000, **qmd: Any) -> dict[str, Any]:
+    return {"backend": "qmd", "qmd": {"command": command, "limits": {"timeoutMs": timeout_ms}, **qmd}}
+
+
+async def test_real_qmd_answers(tmp_path: Path, qmd_bin: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
+        resp = await m.search("zebra migration")
+        st = await m.status()
+    assert resp.backend == "qmd" and resp.fallback is None and resp.mode == "search"
+    assert resp.results[0].path == "memory/2026-03-01.md"
+    assert resp.results[0].citation is not None and resp.results[0].citation.startswith("memory/2026-03-01.md#L")
+    assert st.backend == "qmd" and st.backends["qmd"]["breaker"]["state"] == "closed"
+    assert st.backends["builtin"]["backend"] == "builtin"
+
+
+async def test_missing_qmd_falls_back_with_reason(tmp_path: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(tmp_path / "nowhere" / "qmd"))) as m:
+        resp = await m.search("zebra")
+        st = await m.status()
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.from_backend == "qmd" and "not found" in resp.fallback.reason
+    assert resp.results[0].path == "memory/2026-03-01.md"
+    assert st.fallback is not None and st.backend == "builtin"
+    assert st.backends["qmd"]["healthy"] is False
+
+
+def _search_standin(tmp_path: Path, qmd_bin: Path, standin: str) -> Path:
+    """A qmd whose searches run ``standin`` and whose other commands run the real qmd."""
+    wrapper = tmp_path / f"qmd-{Path(standin).stem}"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$1\" in search|query|vsearch) exec {sys.executable} "
+                       f"{STANDINS / standin} \"$@\" ;; *) exec {qmd_bin} \"$@\" ;; esac\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.parametrize("standin,reason_part", [
+    ("garbage.py", "invalid JSON"),
+    ("flag_reject.py", "failed"),
+])
+async def test_failing_qmd_search_falls_back(tmp_path: Path, qmd_bin: Path, standin: str,
+                                            reason_part: str) -> None:
+    command = _search_standin(tmp_path, qmd_bin, standin)
+    async with _manager(tmp_path, _qmd_memory(str(command))) as m:
+        resp = await m.search("zebra")
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert reason_part in resp.fallback.reason
+    assert resp.results and resp.results[0].path == "memory/2026-03-01.md"
+
+
+async def test_foreign_program_named_qmd_falls_back(tmp_path: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(STANDINS / "foreign" / "qmd"))) as m:
+        resp = await m.search("zebra")
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert "foreign program" in resp.fallback.reason
+
+
+async def test_hanging_qmd_falls_back_within_deadline_and_leaves_no_process(tmp_path: Path,
+                                                                            qmd_bin: Path) -> None:
+    # A real qmd first (so collections exist), then a hang for the search itself.
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
+        await m.search("zebra")
+    before = _children()
+    hang = _search_standin(tmp_path, qmd_bin, "hang.py")
+    async with _manager(tmp_path, _qmd_memory(str(hang), timeout_ms=1000)) as m:
+        started = time.monotonic()
+        resp = await m.search("zebra")
+        elapsed_ms = (time.monotonic() - started) * 1000
+        assert resp.backend == "builtin" and resp.fallback is not None
+        assert "timed out after 1000ms" in resp.fallback.reason
+        assert resp.results[0].path == "memory/2026-03-01.md"
+        assert elapsed_ms >= 1000  # it really waited for qmd; the bound lives in scripts/bench_qmd.py
+        second = await m.search("zebra")  # breaker open: no second wait
+        assert second.fallback is not None and "circuit open" in second.fallback.reason
+    with anyio.fail_after(10):
+        while _children() - before:
+            await anyio.sleep(0.05)
+
+
+async def test_breaker_recovers_when_qmd_is_healthy_again(tmp_path: Path, qmd_bin: Path) -> None:
+    flag = tmp_path / "broken.flag"
+    flag.write_text("1")
+    m = _manager(tmp_path, _qmd_memory(str(STANDINS / "flaky_qmd.py")),
+                 FLAKY_FLAG=str(flag), REAL_QMD=str(qmd_bin))
+    async with m:
+        bad = await m.search("zebra")
+        assert bad.backend == "builtin" and bad.fallback is not None
+        assert m.breaker.describe()["state"] == "open"
+        flag.unlink()
+        m.breaker.state.open_until_ms = 0  # the cooldown has passed
+        m.breaker._save()
+        good = await m.search("zebra")
+        assert good.backend == "qmd" and good.fallback is None
+        assert m.breaker.describe()["state"] == "closed"
+
+
+async def test_scope_applies_through_the_fallback(tmp_path: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(tmp_path / "missing-qmd"))) as m:
+        resp = await m.search("zebra", session_key="agent:main:telegram:group:g7")
+    assert resp.results == [] and resp.denied is not None and resp.denied.chat_type == "group"

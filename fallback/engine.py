@@ -17,7 +17,13 @@ It ties the store (``fallback/db.py``), sync (``fallback/index.py``), keyword pl
   ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
 - one sync runs at a time (a second caller awaits the running one and gets its outcome);
   SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
-  ``CapacityLimiter(1)``.
+  ``CapacityLimiter(1)``;
+- a search never waits past its sync budget (``search_sync_budget_ms``, 2,000 ms, or the
+  ``sync_budget_ms`` argument) for a pre-search sync, except the bootstrap of an empty index;
+  past the budget it answers from the current index while the sync continues in the background
+  (live mode) or is cancelled between files (one-shot; progress is kept);
+- ``start()`` turns on live mode (``fallback/live.py``: watcher, session deltas, interval and
+  rescan syncs) for the long-lived ``serve`` process; one-shot use never needs it.
 """
 
 from __future__ import annotations
@@ -93,6 +99,14 @@ class BuiltinEngine:
     """
 
     name = "builtin"
+    # Longest wait of a search for a pre-search sync, in ms (not for an empty index's bootstrap).
+    search_sync_budget_ms: int = 2000
+    # Live mode: transcript event batch window (spec §5.4), safety-net rescan period, both ms.
+    session_batch_ms: int = 5000
+    rescan_interval_ms: int = 300_000
+    # Live mode: start the watcher on polling (network file systems, tests) and its period (s).
+    watch_force_polling: bool = False
+    watch_poll_interval_s: float = 1.0
 
     def __init__(self, settings: EngineSettings, *, provider_selection: Any = None,
                  now_ms: Callable[[], int] | None = None,
@@ -113,6 +127,7 @@ class BuiltinEngine:
         self._sync_outcome: SyncReport | BaseException | None = None
         self._last_report: SyncReport | None = None
         self._last_error: str | None = None
+        self._live: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -162,10 +177,55 @@ class BuiltinEngine:
         self._dirty = True
         self._dirty_reason = reason
 
+    live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
+
+    async def start(self) -> None:
+        """Enter live mode (``serve``): watcher, session deltas, interval/rescan syncs, boot sync.
+
+        Uses the class attributes ``session_batch_ms``, ``rescan_interval_ms``,
+        ``watch_force_polling`` and ``watch_poll_interval_s``. Idempotent; one-shot callers
+        need not call it. :meth:`close` stops everything it started.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+        """
+        self._check_open()
+        if self._live is not None:
+            return
+        from fallback.live import LiveSync
+        self._live = LiveSync(self, session_batch_ms=self.session_batch_ms,
+                              rescan_interval_ms=self.rescan_interval_ms,
+                              force_polling=self.watch_force_polling,
+                              poll_interval_s=self.watch_poll_interval_s)
+        await self._live.start()
+
+    def warm_session(self, session_key: str | None) -> None:
+        """Fire-and-forget ``sync("session-start")`` once per non-empty key (live mode only)."""
+        if self._live is not None and not self._closed:
+            self._live.warm(session_key)
+
+    async def sync_after_running(self, *, reason: str) -> SyncReport:
+        """Like :meth:`sync`, but first lets a running sync finish, so changes seen after that
+        sync started are picked up (the watcher's path). Raises as :meth:`sync`."""
+        while self._sync_done is not None:
+            await self._sync_done.wait()
+        return await self.sync(reason=reason)
+
+    async def rescan(self) -> SyncReport:
+        """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
+        is cleared. Raises as :meth:`sync`."""
+        report = await self.sync_after_running(reason="rescan")
+        if self._live is not None:
+            self._live.rescanned()
+        return report
+
     async def close(self) -> None:
-        """Wait for a running sync, close the vector index, provider and store; idempotent."""
+        """Stop live mode, wait for a running sync, close the vector index, provider and store;
+        idempotent."""
         if self._closed:
             return
+        if self._live is not None:
+            await self._live.close()
         if self._sync_done is not None:
             await self._sync_done.wait()
         self._closed = True
@@ -196,22 +256,27 @@ class BuiltinEngine:
                 the live index untouched).
         """
         self._check_open()
-        if self._sync_done is not None:
+        cancelled = anyio.get_cancelled_exc_class()
+        while self._sync_done is not None:
             await self._sync_done.wait()
             outcome = self._sync_outcome
-            if isinstance(outcome, BaseException):
+            if isinstance(outcome, SyncReport):
+                return outcome
+            if outcome is not None and not isinstance(outcome, cancelled):
                 raise outcome
-            assert outcome is not None
-            return outcome
+            # the sync we joined was cancelled (a search budget ran out): run our own
         done = anyio.Event()
         self._sync_done = done
         try:
             report = await self._run_sync(reason=reason, force=force)
             self._sync_outcome = report
+            if self._live is not None:
+                self._live.after_sync(report)
             return report
         except BaseException as exc:
             self._sync_outcome = exc
-            self._last_error = f"sync ({reason}) failed: {exc}"
+            if not isinstance(exc, cancelled):
+                self._last_error = f"sync ({reason}) failed: {exc}"
             raise
         finally:
             self._sync_done = None
@@ -236,12 +301,21 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _preflight(self, store: Store) -> None:
+    async def _preflight(self, store: Store, budget_ms: int) -> None:
         empty = not (await anyio.to_thread.run_sync(
             store.query, "SELECT 1 FROM chunks LIMIT 1"))
-        stale = self.settings.search.sync.on_search and (self._dirty or not self._synced)
-        if not (empty and not self._synced) and not stale:
+        if empty and not self._synced:
+            await self._search_sync()  # bootstrap: nothing to answer from otherwise
             return
+        if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
+            return
+        with anyio.move_on_after(max(0, budget_ms) / 1000):
+            if self._live is not None:
+                await self._live.spawn_sync("search").wait()
+            else:
+                await self._search_sync()
+
+    async def _search_sync(self) -> None:
         try:
             await self.sync(reason="search")
         except (IndexStoreError, EmbeddingProviderError) as exc:
@@ -251,15 +325,20 @@ class BuiltinEngine:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None) -> list[MemorySearchResult]:
+                     sources: list[Source] | None = None,
+                     sync_budget_ms: int | None = None) -> list[MemorySearchResult]:
         """Search the memory index; hits best first.
 
         Args:
             query: free text (any language; FTS syntax is never interpreted).
             max_results: cap on hits (default ``query.maxResults``, 6).
             min_score: score floor in ``[0, 1]`` (default ``query.minScore``, 0.35).
-            session_key: accepted for the contract; scope rules are the manager's.
+            session_key: scope rules are the manager's; in live mode the first search of a
+                key warms the index (:meth:`warm_session`).
             sources: subset of the enabled sources; no enabled member gives ``[]``.
+            sync_budget_ms: longest wait in ms for a pre-search sync (default
+                ``search_sync_budget_ms``, 2,000); the bootstrap of an empty index is
+                always awaited.
 
         Returns:
             ``MemorySearchResult`` list (snippets at most 700 code points); in hybrid mode
@@ -277,7 +356,9 @@ class BuiltinEngine:
         self._check_open()
         self._fail_closed()
         store = await self._open_store()
-        await self._preflight(store)
+        await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
+                              else sync_budget_ms)
+        self.warm_session(session_key)
         q = self.settings.search.query
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
@@ -457,6 +538,10 @@ class BuiltinEngine:
         last_sync = store.get_meta_json("last_sync_at_ms")
         cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
         fts_error = store.fts_error
+        live = self._live
+        degraded = live.degraded_reason if live is not None else None
+        custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
+                                  **(live.status_custom() if live is not None else {})}
         if provider is None:
             vector: dict[str, Any] = {
                 "enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
@@ -468,7 +553,8 @@ class BuiltinEngine:
             backend=self.name, agent_id=self.settings.agent_id,
             workspace_dir=str(self.settings.workspace_dir), db_path=str(store.path),
             files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
-            dirty=self._dirty, dirty_reason=self._dirty_reason if self._dirty else None,
+            dirty=self._dirty or degraded is not None,
+            dirty_reason=degraded or (self._dirty_reason if self._dirty else None),
             provider=provider.provider_id if provider else "none",
             requested_provider=sel.requested or s.provider,
             model=provider.model if provider else None,
@@ -486,7 +572,7 @@ class BuiltinEngine:
             skipped=skipped, issues=[str(i) for i in issues],
             last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
             healthy=self._last_error is None, last_error=self._last_error,
-            custom={"model": provider.model if provider else FTS_ONLY_MODEL})
+            custom=custom)
 
     async def probe_embeddings(self) -> tuple[bool, str | None]:
         """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""

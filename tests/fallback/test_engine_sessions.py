@@ -1,0 +1,205 @@
+"""Session transcripts in the builtin engine (spec §5.4, §12 cases 21 and 66): real JSONL
+files, real SQLite, FTS-only."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fallback.embeddings import ProviderSelection
+from fallback.engine import BuiltinEngine
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+pytestmark = pytest.mark.anyio
+
+NOW_MS = 1_770_681_600_000
+
+
+def _record(role: str, text: str) -> bytes:
+    return orjson.dumps({"type": "message", "message": {"role": role, "content": text}})
+
+
+def write_transcript(path: Path, lines: list[bytes | str]) -> None:
+    """Write JSONL lines (bytes are records, str are raw lines such as blanks or noise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines) + b"\n")
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    (w / "memory").mkdir(parents=True)
+    (w / "MEMORY.md").write_text("Project Nebula stale codename: ORBIT-9.\n")
+    return w
+
+
+def _engine(ws: Path, *, sessions: bool = True, **search: object) -> BuiltinEngine:
+    cfg = MemorySearchSettings(
+        provider="none", sources=["memory", "sessions"] if sessions else ["memory"],
+        experimental={"sessionMemory": sessions}, **search)
+    settings = EngineSettings.for_workspace(ws, search=cfg)
+    sel = ProviderSelection(None, "none", unavailable_reason="provider set to none")
+    return BuiltinEngine(settings, provider_selection=sel, now_ms=lambda: NOW_MS)
+
+
+def _sessions_dir(engine: BuiltinEngine) -> Path:
+    return engine.settings.sessions_dir
+
+
+async def test_transcript_hits_point_at_jsonl_lines(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        write_transcript(_sessions_dir(engine) / "abc.jsonl", [
+            orjson.dumps({"type": "session", "id": "abc"}),           # line 1: not a message
+            _record("user", "What is the launch window for Kestrel?"),  # line 2
+            "",                                                        # line 3: blank
+            "{not json",                                               # line 4: invalid
+            _record("assistant", "The Kestrel launch window opens on March 3."),  # line 5
+        ])
+        report = await engine.sync(reason="test")
+        assert report.session_sizes == {
+            str(_sessions_dir(engine) / "abc.jsonl"):
+                (_sessions_dir(engine) / "abc.jsonl").stat().st_size}
+        hits = await engine.search("Kestrel launch window")
+        assert [(h.path, h.source, h.start_line, h.end_line) for h in hits] == [
+            ("sessions/abc.jsonl", "sessions", 2, 5)]
+        assert hits[0].snippet == ("User: What is the launch window for Kestrel?\n"
+                                   "Assistant: The Kestrel launch window opens on March 3.")
+        status = await engine.status()
+        counts = {c.source: (c.files, c.chunks) for c in status.source_counts}
+        assert counts == {"memory": (1, 1), "sessions": (1, 1)}
+        assert status.sources == ["memory", "sessions"]
+    finally:
+        await engine.close()
+
+
+async def test_long_transcript_chunks_are_remapped(ws: Path) -> None:
+    """Spec §12 case 21 through the engine: several chunks, first start and last end are the
+    JSONL lines of the first and last kept messages, each start <= end."""
+    engine = _engine(ws, chunking={"tokens": 10, "overlap": 0})
+    try:
+        lines: list[bytes | str] = []
+        for i in range(10):
+            lines.append(orjson.dumps({"type": "custom", "n": i}))    # odd lines: not messages
+            lines.append(_record("user" if i % 2 == 0 else "assistant", f"message number {i}"))
+        write_transcript(_sessions_dir(engine) / "long.jsonl", lines)
+        await engine.sync(reason="test")
+        with sqlite3.connect(engine.settings.db_path) as conn:
+            rows = conn.execute("SELECT start_line, end_line FROM chunks WHERE source = 'sessions'"
+                                " ORDER BY start_line, end_line").fetchall()
+        assert len(rows) == 10
+        assert rows[0][0] == 2 and rows[-1][1] == 20
+        assert all(start <= end and start % 2 == 0 for start, end in rows)
+    finally:
+        await engine.close()
+
+
+async def test_deleting_a_transcript_removes_its_rows(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        sdir = _sessions_dir(engine)
+        write_transcript(sdir / "one.jsonl", [_record("user", "Pelican migration notes")])
+        write_transcript(sdir / "two.jsonl", [_record("user", "Heron nesting notes")])
+        await engine.sync(reason="test")
+        assert [h.path for h in await engine.search("Pelican")] == ["sessions/one.jsonl"]
+        (sdir / "one.jsonl").unlink()
+        report = await engine.sync(reason="test")
+        assert report.files_deleted == 1
+        assert await engine.search("Pelican") == []
+        assert [h.path for h in await engine.search("Heron")] == ["sessions/two.jsonl"]
+        status = await engine.status()
+        assert {c.source: c.files for c in status.source_counts} == {"memory": 1, "sessions": 1}
+    finally:
+        await engine.close()
+
+
+async def test_unchanged_transcript_is_not_reread_and_archives_count(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        sdir = _sessions_dir(engine)
+        write_transcript(sdir / "cur.jsonl", [_record("user", "Albatross sighting")])
+        write_transcript(sdir / "old.jsonl.reset.2026-01-02T03-04-05Z",
+                         [_record("user", "Cormorant sighting")])
+        write_transcript(sdir / "cur.checkpoint.0f0e0d0c-1111-2222-3333-444455556666.jsonl",
+                         [_record("user", "Checkpoint Cormorant copy")])
+        first = await engine.sync(reason="test")
+        assert first.files_indexed == 3  # MEMORY.md, cur.jsonl, the reset archive
+        assert [h.path for h in await engine.search("Cormorant")] == [
+            "sessions/old.jsonl.reset.2026-01-02T03-04-05Z"]
+        # Same (mtime, size), different bytes: an unread file keeps its old rows.
+        cur = sdir / "cur.jsonl"
+        st = cur.stat()
+        write_transcript(cur, [_record("user", "Albatrosz sighting")])
+        os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns))
+        second = await engine.sync(reason="test")
+        assert second.files_indexed == 0
+        assert [h.path for h in await engine.search("Albatross")] == ["sessions/cur.jsonl"]
+        os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+        third = await engine.sync(reason="test")
+        assert third.files_indexed == 1
+        assert await engine.search("Albatross") == []
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("prior_sync", [True, False])
+async def test_case_66_fresh_transcript_beats_stale_memory(ws: Path, prior_sync: bool) -> None:
+    engine = _engine(ws)
+    try:
+        write_transcript(_sessions_dir(engine) / "nebula.jsonl", [
+            _record("user", "What is the Project Nebula codename now?"),
+            _record("assistant", "The current Project Nebula codename is ORBIT-10."),
+        ])
+        if prior_sync:
+            await engine.sync(reason="test")
+        hits = await engine.search("current Project Nebula codename ORBIT-10")
+        assert hits[0].source == "sessions"
+        assert hits[0].path == "sessions/nebula.jsonl"
+        assert (hits[0].start_line, hits[0].end_line) == (1, 2)
+        assert "ORBIT-10" in hits[0].snippet
+    finally:
+        await engine.close()
+
+
+async def test_sources_filter_and_disabled_sessions(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        write_transcript(_sessions_dir(engine) / "s.jsonl",
+                         [_record("assistant", "Project Nebula codename is ORBIT-10.")])
+        await engine.sync(reason="test")
+        only_mem = await engine.search("Project Nebula codename", sources=["memory"])
+        assert [(h.source, h.path) for h in only_mem] == [("memory", "MEMORY.md")]
+        only_ses = await engine.search("Project Nebula codename", sources=["sessions"])
+        assert [(h.source, h.path) for h in only_ses] == [("sessions", "sessions/s.jsonl")]
+    finally:
+        await engine.close()
+    # Without experimental.sessionMemory the sessions source is off: transcripts are ignored.
+    plain = _engine(ws, sessions=False)
+    try:
+        await plain.sync(reason="test")
+        assert await plain.search("ORBIT-10", sources=["sessions"]) == []
+        status = await plain.status()
+        assert [(c.source, c.files) for c in status.source_counts] == [("memory", 1)]
+    finally:
+        await plain.close()
+
+
+async def test_unreadable_transcript_is_skipped_with_reason(ws: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads files regardless of permissions")
+    engine = _engine(ws)
+    try:
+        path = _sessions_dir(engine) / "locked.jsonl"
+        write_transcript(path, [_record("user", "Secret heron")])
+        path.chmod(0)
+        await engine.sync(reason="test")
+        status = await engine.status()
+        assert [(s.path, s.reason) for s in status.skipped] == [
+            ("sessions/locked.jsonl", "unreadable: Permission denied")]
+    finally:
+        path.chmod(0o600)
+        await engine.close()

@@ -14,6 +14,7 @@ Tools: ``memory_search``, ``memory_get``, ``status``, ``sync``. A malformed line
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Any
@@ -55,14 +56,43 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     return {"id": rid, "error": f"unknown tool: {tool!r}"}
 
 
+def _stdin_reader(send: Any, token: Any) -> None:
+    """Daemon thread: forward stdin lines to the loop (a blocked read never delays exit)."""
+    # os.read on the raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
+    # aborts the interpreter at shutdown.
+    fd = sys.stdin.fileno()
+    pending = b""
+    try:
+        while True:
+            chunk = os.read(fd, 65536)
+            pending += chunk
+            *lines, pending = pending.split(b"\n") if chunk else [*pending.splitlines(), b""]
+            for line in lines:
+                anyio.from_thread.run_sync(send.send_nowait, line + b"\n", token=token)
+            if not chunk:
+                anyio.from_thread.run_sync(send.send_nowait, b"", token=token)
+                return
+    except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        return  # stdin closed or the server is shutting down
+
+
 async def _read_stdin(manager: Any, done: anyio.Event) -> None:
-    stream = anyio.wrap_file(sys.stdin.buffer)
-    async for line in stream:
-        if not line.strip():
-            continue
-        reply = await handle_line(manager, line)
-        sys.stdout.buffer.write(orjson.dumps(reply) + b"\n")
-        sys.stdout.flush()
+    import threading
+
+    from anyio.lowlevel import current_token
+
+    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=1024)
+    threading.Thread(target=_stdin_reader, args=(send, current_token()), daemon=True,
+                     name="qmdbridge-stdin").start()
+    async with receive:
+        async for line in receive:
+            if not line:
+                break
+            if not line.strip():
+                continue
+            reply = await handle_line(manager, line)
+            sys.stdout.buffer.write(orjson.dumps(reply) + b"\n")
+            sys.stdout.flush()
     done.set()
 
 

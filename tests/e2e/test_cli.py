@@ -1,0 +1,179 @@
+"""The ``qmdbridge`` command as a real process: every command's output parsed, exit codes,
+errors on stderr without tracebacks, and ``serve`` answering JSON lines and stopping on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "workspace"
+COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "doctor"]
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    dst = tmp_path / "ws"
+    shutil.copytree(EXAMPLE, dst)
+    return dst
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
+        stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    exe = shutil.which("qmdbridge") or ""
+    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli import main; sys.exit(main())", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=120, input=stdin)
+
+
+def test_every_command_has_help(env: dict[str, str]) -> None:
+    top = run(["--help"], env)
+    assert top.returncode == 0
+    for cmd in COMMANDS:
+        assert cmd in top.stdout.decode()
+        sub = run([cmd, "--help"], env)
+        assert sub.returncode == 0, cmd
+        assert b"usage: qmdbridge " + cmd.encode() in sub.stdout
+        assert b"exit codes" in sub.stdout
+
+
+def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> None:
+    p = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert set(doc) == {"backend", "fallback", "provider", "model", "mode", "citations", "results",
+                        "denied", "warnings"}
+    assert doc["backend"] == "builtin" and doc["fallback"] is None and doc["mode"] == "fts-only"
+    top = doc["results"][0]
+    assert set(top) == {"path", "startLine", "endLine", "score", "snippet", "source", "citation",
+                        "vectorScore", "textScore"}
+    assert top["path"] == "memory/2026-11-05.md" and top["source"] == "memory"
+    assert top["citation"] == f"memory/2026-11-05.md#L{top['startLine']}-L{top['endLine']}"
+    assert 0 < top["score"] <= 1
+
+
+def test_search_japanese_substring_and_text_output(ws: Path, env: dict[str, str]) -> None:
+    p = run(["search", "東京チーム", "--workspace", str(ws), "--json"], env)
+    paths = [r["path"] for r in orjson.loads(p.stdout)["results"]]
+    assert "memory/2026-11-06.md" in paths and "memory/2026-11-19.md" in paths
+    text = run(["search", "Parquet schema", "--workspace", str(ws)], env)
+    assert text.returncode == 0
+    first = text.stdout.decode().splitlines()[0]
+    assert first.split(" ", 1)[1].startswith("memory/2026-11-17.md:")
+
+
+def test_search_no_matches_and_usage_errors(ws: Path, env: dict[str, str]) -> None:
+    p = run(["search", "nonexistent_xyz_keyword", "--workspace", str(ws)], env)
+    assert p.returncode == 0 and p.stdout == b"No matches.\n"
+    blank = run(["search", "   ", "--workspace", str(ws)], env)
+    assert blank.returncode == 2
+    assert blank.stderr == b"qmdbridge: query must not be empty\n"
+    blank_json = run(["search", "", "--workspace", str(ws), "--json"], env)
+    assert blank_json.returncode == 2
+    assert orjson.loads(blank_json.stdout) == {"error": "query must not be empty", "errorType": "UsageError",
+                                               "exitCode": 2}
+    bad_flag = run(["search", "x", "--max-results", "abc"], env)
+    assert bad_flag.returncode == 2 and b"invalid int value" in bad_flag.stderr
+
+
+def test_malformed_config_is_one_line_exit_2(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    cfg = tmp_path / "bad.json5"
+    cfg.write_text("{ memory: { backend: 'qmd', qmd: { limits: { timeoutMs: 'soon' } } } }")
+    p = run(["search", "router", "--workspace", str(ws), "--config", str(cfg)], env)
+    assert p.returncode == 2
+    lines = p.stderr.decode().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"qmdbridge: {cfg}: memory.qmd.limits.timeoutMs: invalid value 'soon'")
+    syntax = tmp_path / "syntax.json5"
+    syntax.write_text("{ memory: { backend: 'qmd',, } }")
+    q = run(["status", "--config", str(syntax)], env)
+    assert q.returncode == 2 and b"invalid JSON5" in q.stderr and b"Traceback" not in q.stderr
+    missing = run(["status", "--config", str(tmp_path / "nope.json5")], env)
+    assert missing.returncode == 2 and b"config file not found" in missing.stderr
+
+
+def test_get_pages_refuses_and_reads_missing(ws: Path, env: dict[str, str]) -> None:
+    p = run(["get", "memory/2026-11-05.md", "--from", "2", "--lines", "2", "--workspace", str(ws), "--json"], env)
+    doc = orjson.loads(p.stdout)
+    assert doc["from"] == 3 or doc["from"] == 2
+    assert doc["lines"] == 2 and doc["nextFrom"] == doc["from"] + 2 and doc["truncated"] is True
+    refused = run(["get", "../secrets.md", "--workspace", str(ws)], env)
+    assert refused.returncode == 3 and b"parent segment" in refused.stderr
+    refused_json = run(["get", "/etc/passwd", "--workspace", str(ws), "--json"], env)
+    assert refused_json.returncode == 3 and orjson.loads(refused_json.stdout)["errorType"] == "PathRefusedError"
+    missing = run(["get", "memory/2030-01-01.md", "--workspace", str(ws), "--json"], env)
+    assert missing.returncode == 0
+    assert orjson.loads(missing.stdout)["missing"] is True and orjson.loads(missing.stdout)["text"] == ""
+
+
+def test_index_force_and_status(ws: Path, env: dict[str, str]) -> None:
+    (ws / "memory" / "bad.md").write_bytes(b"caf\xe9 au lait\n")
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    p = run(["index", "--force", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert doc["ok"] is True and doc["forced"] is True
+    st = run(["status", "--workspace", str(ws), "--json"], env)
+    status = orjson.loads(st.stdout)
+    assert status["files"] == 16 and status["chunks"] >= 16
+    assert status["backend"] == "builtin" and status["dirty"] is False
+    reasons = {s["path"]: s["reason"] for s in status["skipped"]}
+    assert reasons["memory/blob.md"] == "binary file (NUL bytes)"
+    assert reasons["memory/bad.md"].startswith("invalid UTF-8")
+    assert status["dbPath"] == str(Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite")
+    human = run(["status", "--workspace", str(ws)], env).stdout.decode()
+    assert "Indexed: 16 files" in human and "Skipped: memory/blob.md: binary file (NUL bytes)" in human
+
+
+def test_doctor_json(ws: Path, env: dict[str, str]) -> None:
+    (ws / "memory.md").write_text("legacy\n")
+    p = run(["doctor", "--workspace", str(ws), "--json"], env)
+    doc = orjson.loads(p.stdout)
+    assert p.returncode == 1 and doc["ok"] is False
+    root = next(c for c in doc["checks"] if c["name"] == "root memory file")
+    assert root["level"] == "error"
+    fixed = run(["doctor", "--fix", "--workspace", str(ws), "--json"], env)
+    root = next(c for c in orjson.loads(fixed.stdout)["checks"] if c["name"] == "root memory file")
+    assert root["fixed"] is True and not (ws / "memory.md").exists()
+
+
+def test_serve_answers_json_lines_and_stops_on_sigterm(ws: Path, env: dict[str, str]) -> None:
+    exe = shutil.which("qmdbridge")
+    assert exe
+    proc = subprocess.Popen([exe, "serve", "--workspace", str(ws)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdin and proc.stdout
+        proc.stdin.write(b'{"id": 1, "tool": "memory_search", "params": {"query": "Atlas rollback"}}\n')
+        proc.stdin.write(b'{"id": 2, "tool": "memory_get", "params": {"path": "MEMORY.md", "lines": 1}}\n')
+        proc.stdin.write(b'{"id": 3, "tool": "memory_get", "params": {"path": "../x.md"}}\n')
+        proc.stdin.write(b'not json\n')
+        proc.stdin.flush()
+        replies = [orjson.loads(proc.stdout.readline()) for _ in range(4)]
+        assert replies[0]["id"] == 1 and replies[0]["result"]["results"][0]["path"].startswith("memory/2026-11-")
+        assert replies[1]["result"]["text"].startswith("# MEMORY\n\n[More content available. Use from=2")
+        assert replies[2]["result"]["refused"] is True and replies[2]["result"]["disabled"] is True
+        assert replies[3]["id"] is None and replies[3]["error"].startswith("invalid JSON")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert b"qmdbridge serve: stopped" in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,314 @@
+"""BuiltinEngine live mode (``start()``) and the search sync budget: real watchdog events, real
+files and SQLite; every wait is bounded by a deadline, nothing asserts on timing."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import orjson
+import pytest
+
+from fallback.embeddings import ProviderSelection
+from fallback.engine import BuiltinEngine
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE_S = 15.0
+NOW_MS = 1_770_681_600_000
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Re-check ``check`` until it holds; fail after ``DEADLINE_S`` seconds."""
+    try:
+        with anyio.fail_after(DEADLINE_S):
+            while not await check():
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"not reached within {DEADLINE_S}s: {what}")
+
+
+class GateProvider:
+    """Embedding provider whose ``embed_batch`` can be held at a gate the test opens.
+
+    Vector = [count of "alpha", count of "beta"], as the engine tests' provider.
+    """
+
+    provider_id = "test-gate"
+    model = "gate-v1"
+    dims = 2
+    provider_key = "gate-key"
+    max_input_tokens = 8192
+    max_batch_bytes = 8000
+
+    def __init__(self) -> None:
+        self.blocking = False
+        self.gate = anyio.Event()
+        self.entered = anyio.Event()
+
+    @staticmethod
+    def _vec(text: str) -> list[float]:
+        low = text.lower()
+        return [float(low.count("alpha")), float(low.count("beta"))]
+
+    async def embed_query(self, text: str) -> list[float]:
+        return self._vec(text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        if self.blocking:
+            self.entered.set()
+            await self.gate.wait()
+        return [self._vec(t) for t in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    (w / "memory").mkdir(parents=True)
+    (w / "MEMORY.md").write_text("Alpha base knowledge.\n")
+    return w
+
+
+def _engine(ws: Path, provider: GateProvider | None = None, *, watch: bool = True,
+            with_sessions: bool = False, **sync: object) -> BuiltinEngine:
+    cfg = MemorySearchSettings(
+        provider="none" if provider is None else "openai",
+        sources=["memory", "sessions"] if with_sessions else ["memory"],
+        experimental={"sessionMemory": with_sessions},
+        sync={"watch": watch, "watchDebounceMs": 100, **sync})
+    sel = ProviderSelection(provider, "none" if provider is None else "test-gate",
+                            unavailable_reason=None if provider else "provider set to none")
+    engine = BuiltinEngine(EngineSettings.for_workspace(ws, search=cfg), provider_selection=sel,
+                           now_ms=lambda: NOW_MS)
+    engine.rescan_interval_ms = 0
+    engine.watch_poll_interval_s = 0.2
+    return engine
+
+
+async def _booted(engine: BuiltinEngine) -> None:
+    async def done() -> bool:
+        return engine.live.sync_counts["boot"] == 1
+    await eventually(done, "boot sync finished")
+
+
+def _finds(engine: BuiltinEngine, query: str, paths: list[str]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return [h.path for h in await engine.search(query)] == paths
+    return check
+
+
+async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        await engine.start()
+        await _booted(engine)
+        mem = ws / "memory"
+        (mem / "birds.md").write_text("Falcon sighting at dawn.\n")
+        await eventually(_finds(engine, "Falcon", ["memory/birds.md"]), "saved file indexed")
+        tmp = mem / ".birds.md.swp"
+        tmp.write_text("Griffin sighting at dusk.\n")
+        os.replace(tmp, mem / "birds.md")  # editor-style atomic save
+        await eventually(_finds(engine, "Griffin", ["memory/birds.md"]), "renamed save indexed")
+        assert await engine.search("Falcon") == []
+        (mem / "birds.md").unlink()
+        await eventually(_finds(engine, "Griffin", []), "deleted file removed")
+        deep = mem / "projects" / "raptors"
+        deep.mkdir(parents=True)
+        (deep / "notes.md").write_text("Harrier nest count.\n")
+        await eventually(_finds(engine, "Harrier", ["memory/projects/raptors/notes.md"]),
+                         "file in a new sub-folder indexed")
+        assert engine.live.sync_counts["watch"] >= 1
+        status = await engine.status()
+        assert status.custom["watcher"]["mode"] == "native"
+        assert status.dirty is False
+    finally:
+        await engine.close()
+
+
+async def test_dead_watcher_is_reported_and_index_still_converges(ws: Path) -> None:
+    engine = _engine(ws)
+    try:
+        await engine.start()
+        await _booted(engine)
+        engine.live.watcher.kill_observer_for_test()
+
+        async def degraded() -> bool:
+            st = await engine.status()
+            return st.dirty and st.custom["watcher"]["mode"] == "polling"
+        await eventually(degraded, "dead watcher detected")
+        status = await engine.status()
+        assert status.dirty_reason == "watcher degraded: native watcher thread died"
+        assert status.custom["watcher"]["degradedReason"] == "native watcher thread died"
+        (ws / "memory" / "late.md").write_text("Kestrel seen after the watcher died.\n")
+        await eventually(_finds(engine, "Kestrel", ["memory/late.md"]), "polling picked it up")
+        assert (await engine.status()).dirty_reason == (
+            "watcher degraded: native watcher thread died")
+        await engine.rescan()
+        status = await engine.status()
+        assert (status.dirty, status.dirty_reason) == (False, None)
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("trigger", ["interval", "rescan"])
+async def test_interval_and_rescan_keep_index_fresh_without_watcher(ws: Path,
+                                                                    trigger: str) -> None:
+    engine = _engine(ws, watch=False,
+                     intervalMinutes=0.005 if trigger == "interval" else 0)
+    if trigger == "rescan":
+        engine.rescan_interval_ms = 300
+    try:
+        await engine.start()
+        await _booted(engine)
+        assert engine.live.watcher is None
+        (ws / "memory" / "later.md").write_text("Osprey fishing notes.\n")
+        await eventually(_finds(engine, "Osprey", ["memory/later.md"]), f"{trigger} sync ran")
+        assert engine.live.sync_counts[trigger] >= 1
+        assert engine.live.sync_counts["watch"] == 0
+    finally:
+        await engine.close()
+
+
+def _record(role: str, text: str) -> bytes:
+    return orjson.dumps({"type": "message", "message": {"role": role, "content": text}}) + b"\n"
+
+
+async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> None:
+    engine = _engine(ws, with_sessions=True, sessions={"deltaMessages": 3, "deltaBytes": 100_000})
+    engine.session_batch_ms = 200
+    sdir = engine.settings.sessions_dir
+    sdir.mkdir(parents=True)
+    path = sdir / "chat.jsonl"
+    path.write_bytes(_record("user", "Morning plans."))
+    try:
+        await engine.start()
+        await _booted(engine)
+        assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
+        with path.open("ab") as fh:
+            fh.write(_record("user", "Remember the Osprey tagging permit."))
+
+        async def counted() -> bool:
+            return engine.live.tracker.pending(path)[2] == 1
+        await eventually(counted, "first append observed")
+        assert engine.live.sync_counts["session-delta"] == 0
+        assert await engine.search("Osprey tagging permit") == []  # below threshold: no sync
+        with path.open("ab") as fh:
+            fh.write(_record("assistant", "Noted."))
+            fh.write(_record("user", "Thanks."))
+
+        async def synced() -> bool:
+            hits = await engine.search("Osprey tagging permit")
+            return [(h.path, h.source, h.start_line, h.end_line) for h in hits] == [
+                ("sessions/chat.jsonl", "sessions", 1, 4)]
+        await eventually(synced, "threshold hit -> session-delta sync")
+        assert engine.live.sync_counts["session-delta"] == 1
+        assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
+    finally:
+        await engine.close()
+
+
+async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
+    engine = _engine(ws, watch=False)
+    try:
+        await engine.start()
+        await _booted(engine)
+        (ws / "memory" / "warm.md").write_text("Plover notes.\n")
+        await engine.search("Plover", session_key="agent:main:dm:7")
+        await engine.search("Plover", session_key="agent:main:dm:7")
+        engine.warm_session("  ")
+
+        async def warmed() -> bool:
+            return engine.live.sync_counts["session-start"] == 1
+        await eventually(warmed, "session-start sync")
+        assert [h.path for h in await engine.search("Plover")] == ["memory/warm.md"]
+        assert engine.live.sync_counts["session-start"] == 1
+    finally:
+        await engine.close()
+
+
+def _our_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if not t.name.startswith("AnyIO worker thread")}
+
+
+async def test_close_stops_watcher_threads_and_tasks(ws: Path) -> None:
+    before = _our_threads()
+    engine = _engine(ws, with_sessions=True, intervalMinutes=1)
+    engine.rescan_interval_ms = 60_000
+    await engine.start()
+    await _booted(engine)
+    assert _our_threads() - before  # the observer threads run
+    await engine.close()
+    assert _our_threads() == before
+    assert engine.live._tasks == set()
+    status_mode = engine.live.watcher.snapshot()["mode"]
+    assert status_mode == "stopped"
+
+
+async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) -> None:
+    provider = GateProvider()
+    engine = _engine(ws, provider)
+    try:
+        await engine.sync(reason="test")
+        (ws / "memory" / "b1.md").write_text("Beta one.\n")
+        provider.blocking = True
+        engine.mark_dirty("files changed: 1")
+        hits = await engine.search("alpha", sync_budget_ms=50)
+        assert provider.entered.is_set() and not provider.gate.is_set()
+        assert [h.path for h in hits] == ["MEMORY.md"]
+        status = await engine.status()
+        assert (status.dirty, status.dirty_reason, status.last_error) == (
+            True, "files changed: 1", None)
+        provider.blocking = False
+        await engine.sync(reason="test")
+        assert [h.path for h in await engine.search("beta")] == ["memory/b1.md"]
+    finally:
+        await engine.close()
+
+
+async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None:
+    provider = GateProvider()
+    engine = _engine(ws, provider, watch=False)
+    try:
+        await engine.start()
+        await _booted(engine)
+        (ws / "memory" / "b2.md").write_text("Beta two.\n")
+        provider.blocking = True
+        engine.mark_dirty("files changed: 1")
+        hits = await engine.search("alpha", sync_budget_ms=50)
+        assert [h.path for h in hits] == ["MEMORY.md"]
+        assert provider.entered.is_set() and engine.live.sync_counts["search"] == 0
+        provider.gate.set()
+
+        async def finished() -> bool:
+            return engine.live.sync_counts["search"] >= 1
+        await eventually(finished, "background search sync finished")
+        assert [h.path for h in await engine.search("beta")] == ["memory/b2.md"]
+    finally:
+        await engine.close()
+
+
+async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:
+    provider = GateProvider()
+    engine = _engine(ws, provider)
+    try:
+        await engine.sync(reason="test")
+        (ws / "memory" / "b3.md").write_text("Beta three.\n")
+        provider.blocking = True
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: engine.sync(reason="test", force=True))
+            await provider.entered.wait()
+            tg.cancel_scope.cancel()
+        leftovers = [p.name for p in engine.settings.db_path.parent.iterdir() if ".tmp-" in p.name]
+        assert leftovers == []
+        provider.blocking = False
+        assert [h.path for h in await engine.search("alpha")] == ["MEMORY.md"]
+        assert await engine.search("beta") == []  # the live index was left as it was
+    finally:
+        await engine.close()

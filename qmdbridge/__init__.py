@@ -1,1 +1,86 @@
-"""qmdbridge: memory_search / memory_get for AI agents over qmd, with a builtin SQLite fallback."""
+"""qmdbridge: memory_search / memory_get for AI agents over qmd, with a builtin SQLite fallback.
+
+The public names are imported lazily (on first attribute access), so ``qmdbridge search``
+starts without loading what it does not use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "BackendTimeoutError",
+    "BackendUnavailableError",
+    "BlockingMemoryManager",
+    "ConfigError",
+    "EmbeddingProviderError",
+    "FallbackInfo",
+    "IndexStoreError",
+    "MEMORY_GET_SCHEMA",
+    "MEMORY_SEARCH_SCHEMA",
+    "ManagerClosedError",
+    "MemoryManager",
+    "MemoryReadResult",
+    "MemorySearchError",
+    "MemorySearchResult",
+    "MemoryStatus",
+    "PathRefusedError",
+    "ResolvedAgent",
+    "SearchResponse",
+    "UsageError",
+    "handle_memory_get",
+    "handle_memory_search",
+    "load_config",
+    "resolve_agent",
+]
+
+_WHERE = {
+    "BackendTimeoutError": "fallback.errors",
+    "BackendUnavailableError": "fallback.errors",
+    "ConfigError": "fallback.errors",
+    "EmbeddingProviderError": "fallback.errors",
+    "IndexStoreError": "fallback.errors",
+    "ManagerClosedError": "fallback.errors",
+    "MemorySearchError": "fallback.errors",
+    "PathRefusedError": "fallback.errors",
+    "UsageError": "fallback.errors",
+    "FallbackInfo": "fallback.models",
+    "MemoryReadResult": "fallback.models",
+    "MemorySearchResult": "fallback.models",
+    "MemoryStatus": "fallback.models",
+    "SearchResponse": "fallback.models",
+    "BlockingMemoryManager": "qmdbridge.manager",
+    "MemoryManager": "qmdbridge.manager",
+    "ResolvedAgent": "qmdbridge.config",
+    "load_config": "qmdbridge.config",
+    "resolve_agent": "qmdbridge.config",
+    "MEMORY_GET_SCHEMA": "qmdbridge.tools",
+    "MEMORY_SEARCH_SCHEMA": "qmdbridge.tools",
+    "handle_memory_get": "qmdbridge.tools",
+    "handle_memory_search": "qmdbridge.tools",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fallback.errors import (BackendTimeoutError, BackendUnavailableError, ConfigError,
+                                 EmbeddingProviderError, IndexStoreError, ManagerClosedError,
+                                 MemorySearchError, PathRefusedError, UsageError)
+    from fallback.models import (FallbackInfo, MemoryReadResult, MemorySearchResult, MemoryStatus,
+                                 SearchResponse)
+    from qmdbridge.config import ResolvedAgent, load_config, resolve_agent
+    from qmdbridge.manager import BlockingMemoryManager, MemoryManager
+    from qmdbridge.tools import (MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get,
+                                 handle_memory_search)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qmdbridge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

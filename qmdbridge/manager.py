@@ -229,8 +229,10 @@ class MemoryManager:
                                       results=results)
         engine = await self.builtin()
         try:
+            # A qmd fallback answers from the index as it is: a pre-search sync gets 50 ms.
             hits = await engine.search(query, max_results=max_results, min_score=min_score,
-                                       session_key=session_key, sources=sources)
+                                       session_key=session_key, sources=sources,
+                                       **({"sync_budget_ms": 50} if fallback is not None else {}))
         except BackendUnavailableError as exc:
             if fallback is not None:
                 raise BackendUnavailableError(

@@ -1,0 +1,160 @@
+"""Config: JSON5 loading, defaults, clamping, per-agent merge, workspace rules and the one-line
+errors (file, dotted key path, what was expected)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fallback.errors import ConfigError
+from qmdbridge.config import OpenClawConfig, load_config, parse_config, parse_duration_ms, resolve_agent
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "openclaw.json"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_match_the_specs(tmp_path: Path) -> None:
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "st")}
+    agent = resolve_agent(OpenClawConfig(), env=env)
+    assert agent.agent_id == "main"
+    assert agent.workspace_dir == (tmp_path / "st" / "workspace").resolve()
+    assert agent.engine.db_path == (tmp_path / "st" / "memory" / "main.sqlite").resolve()
+    ms = agent.memory_search
+    assert (ms.provider, ms.chunking.tokens, ms.chunking.overlap) == ("auto", 400, 80)
+    assert (ms.query.max_results, ms.query.min_score) == (6, 0.35)
+    assert (ms.query.hybrid.vector_weight, ms.query.hybrid.text_weight) == (0.7, 0.3)
+    assert ms.query.hybrid.candidate_multiplier == 4
+    assert (ms.query.hybrid.mmr.enabled, ms.query.hybrid.mmr.lambda_) == (False, 0.7)
+    assert (ms.query.hybrid.temporal_decay.enabled, ms.query.hybrid.temporal_decay.half_life_days) == (False, 30)
+    assert (ms.cache.enabled, ms.cache.max_entries) == (True, 50_000)
+    assert ms.sources == ["memory"] and ms.max_file_bytes == 10 * 1024 * 1024
+    q = agent.memory.qmd
+    assert agent.memory.backend == "builtin" and agent.memory.citations == "auto"
+    assert (q.search_mode, q.limits.max_results, q.limits.max_snippet_chars,
+            q.limits.max_injected_chars, q.limits.timeout_ms) == ("search", 6, 700, 4000, 4000)
+    assert (q.update.interval_ms, q.update.debounce_ms, q.update.embed_interval_ms) == (300_000, 15_000, 3_600_000)
+    assert (q.update.command_timeout_ms, q.update.update_timeout_ms, q.update.embed_timeout_ms) == (30_000, 120_000, 120_000)
+    assert q.scope.default == "deny" and q.scope.rules[0].match.chat_type == "direct"
+
+
+def test_clamping_and_normalisation() -> None:
+    cfg = parse_config({"agents": {"defaults": {"memorySearch": {
+        "chunking": {"tokens": 0, "overlap": 50},
+        "query": {"minScore": 3, "hybrid": {"vectorWeight": 0, "textWeight": 0, "candidateMultiplier": 99,
+                                            "mmr": {"lambda": -1}, "temporalDecay": {"halfLifeDays": 0.5}}},
+        "cache": {"maxEntries": 0},
+        "sources": ["sessions", "memory", "memory"],
+        "extraPaths": [" notes ", "notes", ""],
+    }}}})
+    ms = resolve_agent(cfg, env={}).memory_search
+    assert (ms.chunking.tokens, ms.chunking.overlap) == (1, 0)
+    assert ms.query.min_score == 1.0
+    assert (ms.query.hybrid.vector_weight, ms.query.hybrid.text_weight) == (0.7, 0.3)
+    assert ms.query.hybrid.candidate_multiplier == 20
+    assert ms.query.hybrid.mmr.lambda_ == 0.0
+    assert ms.query.hybrid.temporal_decay.half_life_days == 1
+    assert ms.cache.max_entries == 1
+    assert ms.sources == ["memory"]  # sessions need experimental.sessionMemory
+    assert ms.extra_paths == ["notes"]
+
+
+def test_sessions_source_needs_the_experimental_flag() -> None:
+    cfg = parse_config({"agents": {"defaults": {"memorySearch": {
+        "sources": ["memory", "sessions"], "experimental": {"sessionMemory": True}}}}})
+    assert resolve_agent(cfg, env={}).memory_search.sources == ["memory", "sessions"]
+
+
+def test_per_agent_override_and_workspace_rules(tmp_path: Path) -> None:
+    cfg = parse_config({
+        "agents": {
+            "defaults": {"workspace": str(tmp_path / "base"),
+                         "memorySearch": {"extraPaths": ["shared"], "query": {"maxResults": 9, "minScore": 0.2}}},
+            "list": [{"id": "Main", "default": True, "memorySearch": {"extraPaths": ["mine"], "query": {"minScore": 0.5}}},
+                     {"id": "coder"},
+                     {"id": "ops", "workspace": str(tmp_path / "ops-ws")}],
+        }})
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "st")}
+    main = resolve_agent(cfg, env=env)
+    assert main.agent_id == "main" and main.workspace_dir == (tmp_path / "base").resolve()
+    assert main.memory_search.extra_paths == ["shared", "mine"]
+    assert (main.memory_search.query.max_results, main.memory_search.query.min_score) == (9, 0.5)
+    coder = resolve_agent(cfg, "coder", env=env)
+    assert coder.workspace_dir == (tmp_path / "base" / "coder").resolve()
+    assert coder.memory_search.extra_paths == ["shared"]
+    assert resolve_agent(cfg, "ops", env=env).workspace_dir == (tmp_path / "ops-ws").resolve()
+    assert resolve_agent(cfg, "ops", workspace=tmp_path / "cli", env=env).workspace_dir == (tmp_path / "cli").resolve()
+
+
+def test_store_path_template(tmp_path: Path) -> None:
+    cfg = parse_config({"agents": {"defaults": {"memorySearch": {"store": {"path": str(tmp_path / "{agentId}.db")}}}}})
+    assert resolve_agent(cfg, "Ops", env={}).engine.db_path == (tmp_path / "ops.db").resolve()
+
+
+def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
+    p = _write(tmp_path, """{
+      // a full OpenClaw config has many other sections
+      gateway: { port: 18789 }, channels: { telegram: { enabled: true } },
+      memory: { backend: 'qmd', citations: 'bogus', qmd: { command: '"/opt/QMD Tools/qmd" --x', futureKey: 1,
+                update: { interval: '30s', embedInterval: 0 } } },
+    }""")
+    cfg = load_config(p)
+    assert cfg.memory.backend == "qmd" and cfg.memory.citations == "auto"
+    assert cfg.memory.qmd.command_path == "/opt/QMD Tools/qmd"
+    assert cfg.memory.qmd.update.interval_ms == 30_000 and cfg.memory.qmd.update.embed_interval_ms == 0
+    assert cfg.source_file == str(p)
+
+
+@pytest.mark.parametrize("text,key,expected", [
+    ("{memory: {backend: 'sqlite'}}", "memory.backend", "input should be 'builtin', 'qmd' or 'none'"),
+    ("{memory: {qmd: {limits: {timeoutMs: -5}}}}", "memory.qmd.limits.timeoutMs", "greater than 0"),
+    ("{memory: {qmd: {update: {interval: 'soon'}}}}", "memory.qmd.update.interval", "a duration like"),
+    ("{memory: {qmd: {paths: [{name: 'x'}]}}}", "memory.qmd.paths[0].path", "field required"),
+    ("{agents: {defaults: {memorySearch: {chunking: {tokens: 'many'}}}}}",
+     "agents.defaults.memorySearch.chunking.tokens", "valid integer"),
+    ("{agents: {list: [{id: 'a', memorySearch: {provider: 'bogus'}}]}}",
+     "agents.list[0].memorySearch.provider", "input should be"),
+    ("{memory: []}", "memory", "an object"),
+])
+def test_bad_values_name_file_key_and_expectation(tmp_path: Path, text: str, key: str, expected: str) -> None:
+    p = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    err = info.value
+    assert err.file == str(p) and err.key == key
+    assert expected in str(err).lower()
+    assert "\n" not in str(err)
+
+
+def test_syntax_errors_and_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid JSON5"):
+        load_config(_write(tmp_path, "{memory: {backend: 'qmd',,}}"))
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.json5")
+    bad = tmp_path / "latin1.json"
+    bad.write_bytes(b"{memory: {backend: '\xe9'}}")
+    with pytest.raises(ConfigError, match="not valid UTF-8 at byte 20"):
+        load_config(bad)
+    assert load_config(_write(tmp_path, "  \n")).memory.backend == "builtin"
+
+
+def test_default_config_path_is_used_when_present(tmp_path: Path) -> None:
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path)}
+    assert load_config(env=env).source_file is None
+    _write(tmp_path, "{memory: {backend: 'none'}}")
+    assert load_config(env=env).memory.backend == "none"
+
+
+@pytest.mark.parametrize("value,ms", [("5m", 300_000), ("15", 900_000), ("0s", 0), ("250ms", 250),
+                                      ("1.5h", 5_400_000), ("2d", 172_800_000), (0, 0), (10, 600_000)])
+def test_durations(value: str | int, ms: int) -> None:
+    assert parse_duration_ms(value) == ms
+
+
+@pytest.mark.parametrize("value", ["", "5 minutes", "-1m", True])
+def test_bad_durations(value: str | bool) -> None:
+    with pytest.raises(ValueError):
+        parse_duration_ms(value)

@@ -158,6 +158,8 @@ async def task_index(spec: dict[str, Any]) -> dict[str, Any]:
         found = await engine.search(planted_token(files // 2), max_results=1)
         times = await _time_searches(engine, list(spec["queries"]), int(spec["repeats"]))
         cjk = await _time_searches(engine, list(spec["cjk_queries"]), int(spec["repeats"]))
+        rare = await _time_searches(engine, [planted_token(i * 37 % files) for i in range(10)],
+                                    int(spec["repeats"]))
         st = await engine.status()
     finally:
         await engine.close()
@@ -165,6 +167,7 @@ async def task_index(spec: dict[str, Any]) -> dict[str, Any]:
             "noop_ms": percentile(noop, 50), "changed_ms": percentile(changed, 50),
             "search_p50": percentile(times, 50), "search_p95": percentile(times, 95),
             "cjk_p50": percentile(cjk, 50), "cjk_p95": percentile(cjk, 95),
+            "rare_p50": percentile(rare, 50), "rare_p95": percentile(rare, 95),
             "searches": len(times), "planted_found": bool(found) and
             found[0].path == note_path(files // 2)}
 

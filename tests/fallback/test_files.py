@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -166,13 +170,40 @@ def test_too_large_file_skipped(tmp_path: Path) -> None:
     assert disc.skipped == [SkippedFile(path="memory/big.md", reason="too large (100 bytes > cap 50)")]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
-def test_unreadable_file_skipped(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
+@contextlib.contextmanager
+def _unprivileged() -> Iterator[None]:
+    """Drop the effective uid to ``nobody`` while inside (tests run as root here and in CI;
+    root reads any file, so permission errors need an unprivileged uid)."""
+    if os.geteuid() != 0:
+        yield
+        return
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temp dir every uid can traverse (pytest's own tmp_path is root-only)."""
+    d = Path(tempfile.mkdtemp(prefix="qmdbridge-perm-"))
+    d.chmod(0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_unreadable_file_skipped(open_tmp: Path) -> None:
+    ws = open_tmp / "ws"
     locked = _write(ws / "memory" / "locked.md")
+    for d in (ws, ws / "memory"):
+        d.chmod(0o755)
     locked.chmod(0)
     try:
-        disc = list_memory_files(ws, [])
+        with _unprivileged():
+            disc = list_memory_files(ws, [])
     finally:
         locked.chmod(0o644)
     assert disc.files == []
@@ -250,12 +281,12 @@ def test_read_binary_and_too_large_and_symlink(tmp_path: Path) -> None:
         path="link.md", reason="symlink (not followed)")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
-def test_read_permission_denied(tmp_path: Path) -> None:
-    note = _write(tmp_path / "locked.md")
+def test_read_permission_denied(open_tmp: Path) -> None:
+    note = _write(open_tmp / "locked.md")
     note.chmod(0)
     try:
-        got = read_memory_text(_mf(note, "locked.md"), max_file_bytes=100)
+        with _unprivileged():
+            got = read_memory_text(_mf(note, "locked.md"), max_file_bytes=100)
     finally:
         note.chmod(0o644)
     assert got == SkippedFile(path="locked.md", reason="unreadable: Permission denied")

@@ -1,4 +1,4 @@
-"""The builtin engine's SQLite store: connection, migrations, error mapping and atomic swap.
+"""The builtin engine's SQLite store: connection, migrations, error mapping, publishing a rebuild.
 
 One SQLite file per agent (``EngineSettings.db_path``), opened with WAL, ``busy_timeout`` and
 ``synchronous=NORMAL``; the schema comes from the numbered migrations in
@@ -9,10 +9,30 @@ A :class:`Store` serialises all use of its one connection with a lock, so it may
 between worker threads (``anyio.to_thread``); each file's write is one ``BEGIN IMMEDIATE``
 transaction (:meth:`Store.transaction`).
 
-Atomic rebuild (spec §4.5): build into :func:`temp_db_path` (``<db>.tmp-<uuid>``), then
-:func:`swap_db_files` renames the live trio (``db``, ``-wal``, ``-shm``) to a backup, the temp
-trio onto the live name, restores the backup if that fails, and deletes the backup.
-:func:`remove_db_files` deletes a trio (used when a rebuild fails, so no ``.tmp-`` file stays).
+Concurrency model (several processes on one store: a ``serve`` process syncing while CLI
+calls search and index; the writer lock itself is described in ``fallback/locking.py``):
+
+- Readers never wait for writers (WAL) and never see a half-written index: an incremental sync
+  writes each file in one transaction, and a full rebuild is built in ``<db>.tmp-<uuid>`` and
+  published in one transaction.
+- Publishing (:meth:`Store.swap_from`) copies the finished temp database into the live one
+  with SQLite's online backup API: one write transaction on the same file, so the inode never
+  changes, readers in other processes simply see a new commit (an open read transaction keeps
+  its snapshot), and a process killed mid-publish leaves an uncommitted WAL tail that SQLite
+  ignores. Renaming files over a live WAL database is not safe (another process's ``-wal`` and
+  ``-shm`` belong to the old file and SQLite would replay that ``-wal`` into the new one), so
+  the rename swap of spec §4.5 (:func:`fallback.storefiles.swap_db_files`) is only the fallback
+  for a live file that cannot take a backup (missing, not a database, other page size).
+- ``SQLITE_BUSY``/``SQLITE_LOCKED`` (a checkpoint, a schema change, a non-engine writer) are
+  retried a few times with jittered backoff on top of the busy timeout (``Store.busy_retries``
+  counts them); only then does ``IndexStoreError`` reach the caller.
+- Opening never creates an empty database in the middle of another process's swap: an
+  existing store is opened with ``mode=rw``; a new one is created only under the writer lock;
+  when ``<db>`` is missing but a backup exists, the open waits (bounded) for the swap to
+  finish, or repairs it when the writer died. Leftovers of a killed rebuild or swap are
+  removed under the writer lock (:func:`fallback.storefiles.recover_db_files`).
+- Each open records the file's ``(st_dev, st_ino)``; :meth:`Store.reopen_if_replaced` (called
+  by the engine before every search and status) reopens when another process swapped files.
 """
 
 from __future__ import annotations
@@ -21,20 +41,34 @@ import contextlib
 import os
 import sqlite3
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from fallback.errors import IndexStoreError
-from fallback.fts import FtsPlan
+from fallback.keyword_sql import keyword_rows
+from fallback.locking import StoreWriteLock, lock_path_for
 from fallback.migrations import MIGRATIONS
+from fallback.storefiles import (
+    file_id,
+    has_leftovers,
+    recover_db_files,
+    remove_db_files,
+    swap_db_files,
+    temp_db_path,
+)
 
 __all__ = [
     "META_KEY",
+    "ReadonlyRecovery",
     "Store",
+    "is_busy_error",
+    "is_readonly_error",
     "keyword_rows",
     "remove_db_files",
     "swap_db_files",
@@ -42,12 +76,70 @@ __all__ = [
     "translate_errors",
 ]
 
+T = TypeVar("T")
+
 # Meta key of the index identity JSON (spec §4.2, E1/E2 name).
 META_KEY = "memory_index_meta_v1"
-# Default busy timeout: how long a writer waits for another process's lock (ms).
+# Default busy timeout: how long a statement waits for another connection's lock (ms).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
-# Suffixes of the files one SQLite database in WAL mode consists of.
-_DB_SUFFIXES = ("", "-wal", "-shm")
+# Attempts of a statement that keeps failing with SQLITE_BUSY/LOCKED (each one waits the busy
+# timeout first); the backoff between them is random exponential, 20 ms up to 250 ms.
+DEFAULT_BUSY_RETRY_ATTEMPTS = 3
+# How long opening waits for another process to finish a rename swap (``<db>`` missing while a
+# backup exists and the writer lock is held), in ms.
+DEFAULT_SWAP_WAIT_MS = 10_000
+# The WAL is truncated back to this size after checkpoints (bytes); a published rebuild passes
+# the whole database through the WAL once.
+WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
+# SQLite primary result codes used below.
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+
+
+def _primary_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
+    return int(code) & 0xFF if isinstance(code, int) else None
+
+
+def is_busy_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's ``SQLITE_BUSY``/``SQLITE_LOCKED`` ("database is locked")."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = _primary_code(exc)
+    if code is not None:
+        return code in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    low = str(exc).lower()
+    return "database is locked" in low or "busy" in low or "table is locked" in low
+
+
+def is_readonly_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the ``sqlite3.Error`` an ``IndexStoreError`` wraps) is
+    ``SQLITE_READONLY`` ("attempt to write a readonly database")."""
+    cause = exc.__cause__ if isinstance(exc, IndexStoreError) else exc
+    if not isinstance(cause, sqlite3.Error):
+        return False
+    code = _primary_code(cause)
+    if code is not None:
+        return code == _SQLITE_READONLY
+    low = str(cause).lower()
+    return "readonly" in low or "read-only" in low
+
+
+def _is_corrupt(exc: BaseException) -> bool:
+    code = _primary_code(exc)
+    if code is not None:
+        return code in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    low = str(exc).lower()
+    return "malformed" in low or "not a database" in low
+
+
+def _retry_busy(fn: Callable[[], T], *, attempts: int, on_retry: Callable[[], None]) -> T:
+    """Call ``fn``; retry it while it raises a busy error, at most ``attempts`` calls in all."""
+    retrying = Retrying(retry=retry_if_exception(is_busy_error),
+                        stop=stop_after_attempt(max(1, attempts)),
+                        wait=wait_random_exponential(multiplier=0.02, max=0.25),
+                        before_sleep=lambda _state: on_retry(), reraise=True)
+    return retrying(fn)
 
 
 def _describe(exc: sqlite3.Error) -> str:
@@ -81,46 +173,26 @@ def translate_errors(db_path: Path | str | None) -> Iterator[None]:
         raise IndexStoreError(_describe(exc), db_path=str(db_path) if db_path else None) from exc
 
 
-def temp_db_path(db_path: Path) -> Path:
-    """Return a fresh ``<db>.tmp-<uuid>`` path next to ``db_path`` for a safe rebuild."""
-    return db_path.with_name(f"{db_path.name}.tmp-{uuid.uuid4().hex}")
+@dataclass
+class ReadonlyRecovery:
+    """Counters of readonly recovery (spec §5.3 step 6): reopen the store and retry once.
 
-
-def remove_db_files(db_path: Path) -> None:
-    """Delete ``db_path`` and its ``-wal``/``-shm`` companions; missing files are ignored."""
-    for suffix in _DB_SUFFIXES:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(f"{db_path}{suffix}")
-
-
-def swap_db_files(temp_path: Path, db_path: Path) -> None:
-    """Atomically publish the database at ``temp_path`` as ``db_path`` (spec §4.5 step 5).
-
-    Both databases must be closed. The live trio is renamed to ``<db>.backup-<uuid>``, the temp
-    trio onto ``<db>``; if that fails the backup is renamed back and the error re-raised;
-    finally the backup trio is deleted.
-
-    Raises:
-        IndexStoreError: when the files cannot be renamed (the live database is restored).
+    Attributes:
+        attempts: recoveries started (a sync failed with ``SQLITE_READONLY``).
+        successes: retries that succeeded.
+        failures: retries that failed again.
+        last_error: the message of the last readonly error, or None.
     """
-    backup = db_path.with_name(f"{db_path.name}.backup-{uuid.uuid4().hex}")
-    moved: list[str] = []
-    try:
-        for suffix in _DB_SUFFIXES:
-            if os.path.exists(f"{db_path}{suffix}"):
-                os.replace(f"{db_path}{suffix}", f"{backup}{suffix}")
-                moved.append(suffix)
-        for suffix in _DB_SUFFIXES:
-            if os.path.exists(f"{temp_path}{suffix}"):
-                os.replace(f"{temp_path}{suffix}", f"{db_path}{suffix}")
-    except OSError as exc:
-        for suffix in moved:
-            with contextlib.suppress(OSError):
-                os.replace(f"{backup}{suffix}", f"{db_path}{suffix}")
-        remove_db_files(temp_path)
-        raise IndexStoreError(f"could not swap in the rebuilt index: {exc}",
-                              db_path=str(db_path)) from exc
-    remove_db_files(backup)
+
+    attempts: int = 0
+    successes: int = 0
+    failures: int = 0
+    last_error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"attempts", "successes", "failures", "lastError"}`` for ``status().custom``."""
+        return {"attempts": self.attempts, "successes": self.successes,
+                "failures": self.failures, "lastError": self.last_error}
 
 
 class Store:
@@ -130,39 +202,112 @@ class Store:
         path: the SQLite file; its parent directory is created.
         fts_tokenizer: ``unicode61`` or ``trigram``; used only when the FTS table is created
             (an existing store keeps its tokenizer, see :attr:`fts_tokenizer`).
-        busy_timeout_ms: how long to wait for another writer's lock, in ms.
+        busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
+        busy_retry_attempts: calls of a statement that keeps hitting ``SQLITE_BUSY`` before
+            ``IndexStoreError`` is raised (>= 1).
+        writer_lock: the inter-process writer lock to use (a rebuild's temporary store shares
+            the live store's); default a new :class:`~fallback.locking.StoreWriteLock`.
+        swap_wait_ms: how long opening waits for another process's swap to bring ``<db>``
+            back, in ms.
+
+    Attributes:
+        writer_lock: the store's :class:`~fallback.locking.StoreWriteLock`.
+        readonly_recovery: :class:`ReadonlyRecovery` counters (kept across reopens).
+        busy_retries: how many times a busy statement was retried (kept across reopens).
 
     Raises:
-        IndexStoreError: the file cannot be opened, is corrupt, read-only or locked.
+        IndexStoreError: the file cannot be opened, is corrupt, read-only or locked, or another
+            process's swap did not finish within ``swap_wait_ms``.
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
-                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+                 busy_retry_attempts: int = DEFAULT_BUSY_RETRY_ATTEMPTS,
+                 writer_lock: StoreWriteLock | None = None,
+                 swap_wait_ms: int = DEFAULT_SWAP_WAIT_MS) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
         self._tokenizer_wanted = fts_tokenizer
         self._busy_timeout_ms = busy_timeout_ms
+        self._busy_attempts = busy_retry_attempts
+        self._swap_wait_ms = swap_wait_ms
+        self._owns_writer_lock = writer_lock is None
+        self.writer_lock = writer_lock or StoreWriteLock(self.path)
+        self.readonly_recovery = ReadonlyRecovery()
+        self.busy_retries = 0
         self._conn: sqlite3.Connection | None = None
+        self._file_id: tuple[int, int] | None = None
         self._open()
 
+    # -- opening ---------------------------------------------------------------------------
+
+    def _count_retry(self) -> None:
+        self.busy_retries += 1
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        return _retry_busy(fn, attempts=self._busy_attempts, on_retry=self._count_retry)
+
     def _open(self) -> None:
+        """Open the connection (see the module docstring for when the writer lock is taken)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise IndexStoreError(f"cannot create the store directory: {exc}",
                                   db_path=str(self.path)) from exc
+        lock = self.writer_lock
+        if lock.held:  # our own sync (or the rebuild's temp store): recovery is done already
+            self._connect(create=True)
+            return
+        if self.path.exists() and not has_leftovers(self.path):
+            self._connect(create=False)
+            return
+        deadline = time.monotonic() + self._swap_wait_ms / 1000
+        pause_s = 0.01
+        while True:
+            if lock.try_acquire():
+                try:
+                    recover_db_files(self.path)
+                    self._connect(create=True)
+                finally:
+                    lock.release()
+                return
+            if self.path.exists():  # the leftovers belong to the live writer
+                self._connect(create=False)
+                return
+            if time.monotonic() >= deadline:
+                raise IndexStoreError(
+                    "index store is missing while another process holds the writer lock"
+                    f" (a swap did not finish within {self._swap_wait_ms} ms)",
+                    db_path=str(self.path))
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.2)
+
+    def _connect(self, *, create: bool) -> None:
+        uri = f"{self.path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
         with translate_errors(self.path):
-            conn = sqlite3.connect(str(self.path), timeout=self._busy_timeout_ms / 1000,
-                                   check_same_thread=False, isolation_level=None)
-            try:
-                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=NORMAL")
-                self._migrate(conn)
-            except sqlite3.Error:
-                conn.close()
-                raise
+            for _ in range(3):
+                before = file_id(self.path)
+                conn = self._retry(lambda: self._connect_once(uri))
+                after = file_id(self.path)
+                if before == after or not create and after is None:
+                    break
+                conn.close()  # swapped while opening: open the new file
         self._conn = conn
+        self._file_id = after
+
+    def _connect_once(self, uri: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000,
+                               check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+            self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -181,6 +326,8 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+
+    # -- use -------------------------------------------------------------------------------
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -204,11 +351,14 @@ class Store:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction: commit on success, roll back on any error.
 
+        ``BEGIN IMMEDIATE`` is retried while another connection holds the write lock (busy
+        timeout, then jittered backoff, ``busy_retry_attempts`` calls in all).
+
         Raises:
-            IndexStoreError: on any SQLite error (including a lock held past the busy timeout).
+            IndexStoreError: on any SQLite error (including a lock held past all retries).
         """
         with self.locked() as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
             try:
                 yield conn
             except BaseException:
@@ -217,9 +367,15 @@ class Store:
             conn.execute("COMMIT")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement and return all rows (bound parameters only)."""
+        """Run one read statement and return all rows (bound parameters only).
+
+        Retried like ``BEGIN IMMEDIATE`` when SQLite reports busy.
+
+        Raises:
+            IndexStoreError: on any SQLite error.
+        """
         with self.locked() as conn:
-            return conn.execute(sql, tuple(params)).fetchall()
+            return self._retry(lambda: conn.execute(sql, tuple(params)).fetchall())
 
     def user_version(self) -> int:
         """``PRAGMA user_version``: the number of migrations applied."""
@@ -272,102 +428,160 @@ class Store:
         """Copy every ``embedding_cache`` row of the store at ``other`` into this one (upsert).
 
         Returns the number of rows now cached. Used to seed a rebuild (spec §4.5 step 2).
+        ``other`` is attached read-only, so a missing file is never created.
+
+        Raises:
+            IndexStoreError: on any SQLite error.
         """
+        uri = f"{Path(other).resolve().as_uri()}?mode=ro"
         with self.locked() as conn:
-            conn.execute("ATTACH DATABASE ? AS seed", (str(other),))
+            self._retry(lambda: conn.execute("ATTACH DATABASE ? AS seed", (uri,)))
             try:
                 has = conn.execute("SELECT 1 FROM seed.sqlite_master WHERE type='table'"
                                    " AND name='embedding_cache'").fetchone()
                 if has:
-                    conn.execute("BEGIN IMMEDIATE")
-                    conn.execute("INSERT OR REPLACE INTO main.embedding_cache"
-                                 " SELECT provider, model, provider_key, hash, embedding, dims,"
-                                 " updated_at FROM seed.embedding_cache")
+                    self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+                    try:
+                        conn.execute("INSERT OR REPLACE INTO main.embedding_cache"
+                                     " SELECT provider, model, provider_key, hash, embedding,"
+                                     " dims, updated_at FROM seed.embedding_cache")
+                    except BaseException:
+                        conn.execute("ROLLBACK")
+                        raise
                     conn.execute("COMMIT")
             finally:
                 conn.execute("DETACH DATABASE seed")
             return int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])
 
-    def swap_from(self, temp_path: Path) -> None:
-        """Publish the (closed) rebuilt database at ``temp_path`` as this store and reopen.
+    # -- publishing, replacement and recovery ---------------------------------------------
 
-        Holds the store lock across close, swap and reopen, so concurrent readers wait
-        instead of seeing a closed store.
+    def swap_from(self, temp_path: Path) -> None:
+        """Publish the finished, closed rebuild at ``temp_path`` as this store's content.
+
+        The temp database is checkpointed and switched to ``journal_mode=DELETE`` (so it has
+        no ``-wal``), then copied into the live database with the online backup API in one
+        transaction (see the module docstring). Only when the live file cannot take that
+        (closed store, not a database, other page size) are the files renamed
+        (:func:`~fallback.storefiles.swap_db_files`) and the store reopened. The temp trio is
+        deleted in every case (and a ``<temp>.lock`` a standalone temp store made). Call under the writer lock; the store lock is held throughout,
+        so threads of this process wait instead of seeing a closed store.
 
         Raises:
-            IndexStoreError: the swap failed (the previous database is back in place and
-                reopened) or the new file cannot be opened.
+            IndexStoreError: publishing failed (the previous index stays in place) or the new
+                file cannot be opened.
         """
         with self._lock:
-            self.close()
             try:
-                swap_db_files(temp_path, self.path)
+                with translate_errors(temp_path):
+                    src = sqlite3.connect(f"{Path(temp_path).resolve().as_uri()}?mode=rw",
+                                          uri=True, isolation_level=None,
+                                          timeout=self._busy_timeout_ms / 1000)
+                    try:
+                        src.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                        src.execute("PRAGMA journal_mode=DELETE")
+                        published = self._publish_by_backup(src)
+                    finally:
+                        src.close()
+                if not published:
+                    self._close_connection()
+                    try:
+                        swap_db_files(temp_path, self.path)
+                    finally:
+                        self._open()
             finally:
-                self._open()
+                remove_db_files(temp_path)
+                with contextlib.suppress(OSError):  # a temp store opened with its own lock
+                    os.remove(lock_path_for(Path(temp_path)))
+
+    def _publish_by_backup(self, src: sqlite3.Connection) -> bool:
+        """Copy ``src`` over the live database in one transaction; False when it cannot."""
+        conn = self._conn
+        if conn is None:
+            return False
+        try:
+            live_page = conn.execute("PRAGMA page_size").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            if _is_corrupt(exc):
+                return False
+            raise
+        if live_page != src.execute("PRAGMA page_size").fetchone()[0]:
+            return False
+        budget_s = self._busy_timeout_ms * max(1, self._busy_attempts) / 1000
+        deadline = time.monotonic() + budget_s
+
+        def progress(status: int, remaining: int, total: int) -> None:
+            if status in (_SQLITE_BUSY, _SQLITE_LOCKED) and time.monotonic() > deadline:
+                raise IndexStoreError("index store is locked by another process past the busy"
+                                      f" timeout: publishing the rebuilt index waited {budget_s:g} s",
+                                      db_path=str(self.path))
+
+        try:
+            src.backup(conn, progress=progress, sleep=0.05)
+        except sqlite3.DatabaseError as exc:
+            if _is_corrupt(exc):
+                return False
+            raise
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        return True
+
+    def is_replaced(self) -> bool:
+        """Whether the file at :attr:`path` is no longer the one this store has open
+        (another process swapped or removed it); False for a closed store."""
+        return self._conn is not None and file_id(self.path) != self._file_id
+
+    def reopen_if_replaced(self) -> bool:
+        """Reopen when :meth:`is_replaced`; returns True when it reopened.
+
+        Raises:
+            IndexStoreError: the new file cannot be opened (see :class:`Store`).
+        """
+        with self._lock:
+            if not self.is_replaced():
+                return False
+            self._close_connection()
+            self._open()
+            return True
+
+    def recover_leftovers(self) -> list[str]:
+        """Repair leftovers of a killed rebuild or swap, then reopen if the file changed.
+
+        Must be called while :attr:`writer_lock` is held (before a sync). Returns the actions
+        of :func:`~fallback.storefiles.recover_db_files`.
+
+        Raises:
+            IndexStoreError: the writer lock is not held, or the files cannot be repaired.
+        """
+        if not self.writer_lock.held:
+            raise IndexStoreError("recovering index files needs the writer lock",
+                                  db_path=str(self.path))
+        with self._lock:
+            actions = recover_db_files(self.path)
+            if self._conn is not None:
+                self.reopen_if_replaced()
+            return actions
 
     def reopen(self) -> None:
-        """Close and open the connection again (after the file was swapped)."""
+        """Close and open the connection again (after the file was swapped, readonly errors).
+
+        Raises:
+            IndexStoreError: the file cannot be opened.
+        """
         with self._lock:
-            self.close()
+            self._close_connection()
             self._open()
 
-    def close(self) -> None:
-        """Close the connection; idempotent."""
+    def _close_connection(self) -> None:
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     self._conn.close()
                 self._conn = None
+                self._file_id = None
 
-
-def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
-                 limit: int) -> list[tuple[str, str, str, int, int, str, float]]:
-    """Run a keyword plan (see ``fallback/fts.py``) and return the best rows first.
-
-    Rows are ``(chunk_id, path, source, start_line, end_line, text, rank)`` where ``rank`` is
-    the FTS5 ``bm25()`` value (negative = better; ``0.0`` for LIKE-only rows), ordered by rank
-    then path and start line, at most ``limit`` rows, restricted to ``sources``. Only chunks that
-    still exist in ``chunks`` are returned. When ``MATCH`` itself fails (tokenizer quirks) the
-    plan is retried as a LIKE scan over every token with rank 0 (spec §8.2).
-
-    Raises:
-        IndexStoreError: on any other SQLite failure.
-    """
-    if limit <= 0 or not sources:
-        return []
-    try:
-        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=False)
-    except IndexStoreError as exc:
-        if not isinstance(exc.__cause__, sqlite3.OperationalError) or "fts5" not in str(
-                exc.__cause__).lower() and "match" not in str(exc.__cause__).lower():
-            raise
-        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=True)
-
-
-def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
-                  like_only: bool) -> list[tuple[str, str, str, int, int, str, float]]:
-    joins: list[str] = []
-    params: list[Any] = []
-    rank = "0.0"
-    likes = plan.fallback_like_patterns if like_only else plan.like_patterns
-    if not like_only and plan.match:
-        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_fts) AS r FROM chunks_fts"
-                     " WHERE chunks_fts MATCH ?) m ON m.rid = c.rowid")
-        params.append(plan.match)
-        rank = "m.r"
-    if not like_only and plan.trigram_match:
-        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_trigram) AS r FROM chunks_trigram"
-                     " WHERE chunks_trigram MATCH ?) t ON t.rid = c.rowid")
-        params.append(plan.trigram_match)
-        rank = rank if rank != "0.0" else "t.r"
-    where = [f"c.source IN ({', '.join('?' for _ in sources)})"]
-    params.extend(sources)
-    for pattern in likes:
-        where.append("c.text LIKE ? ESCAPE '\\'")
-        params.append(pattern)
-    sql = (f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, {rank} AS rank"
-           f" FROM chunks c {' '.join(joins)} WHERE {' AND '.join(where)}"
-           " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?")
-    params.append(int(limit))
-    rows = store.query(sql, params)
-    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows]
+    def close(self) -> None:
+        """Close the connection (and the writer lock when this store created it); idempotent."""
+        with self._lock:
+            self._close_connection()
+            if self._owns_writer_lock:
+                self.writer_lock.close()

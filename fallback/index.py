@@ -241,7 +241,8 @@ class Indexer:
         temp_path = temp_db_path(live.path)
         try:
             temp = await anyio.to_thread.run_sync(partial(
-                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer))
+                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
+                writer_lock=live.writer_lock))
             try:
                 if self.settings.search.cache.enabled:
                     try:

@@ -1,0 +1,72 @@
+"""Keyword (FTS5 BM25 / LIKE) candidate rows from the store for one FTS query plan.
+
+Kept apart from ``fallback/db.py`` (which re-exports :func:`keyword_rows`) so the store module
+stays about connections, transactions and publishing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fallback.errors import IndexStoreError
+from fallback.fts import FtsPlan
+
+if TYPE_CHECKING:
+    from fallback.db import Store
+
+__all__ = ["keyword_rows"]
+
+
+def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
+                 limit: int) -> list[tuple[str, str, str, int, int, str, float]]:
+    """Run a keyword plan (see ``fallback/fts.py``) and return the best rows first.
+
+    Rows are ``(chunk_id, path, source, start_line, end_line, text, rank)`` where ``rank`` is
+    the FTS5 ``bm25()`` value (negative = better; ``0.0`` for LIKE-only rows), ordered by rank
+    then path and start line, at most ``limit`` rows, restricted to ``sources``. Only chunks that
+    still exist in ``chunks`` are returned. When ``MATCH`` itself fails (tokenizer quirks) the
+    plan is retried as a LIKE scan over every token with rank 0 (spec §8.2).
+
+    Raises:
+        IndexStoreError: on any other SQLite failure.
+    """
+    if limit <= 0 or not sources:
+        return []
+    try:
+        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=False)
+    except IndexStoreError as exc:
+        if not isinstance(exc.__cause__, sqlite3.OperationalError) or "fts5" not in str(
+                exc.__cause__).lower() and "match" not in str(exc.__cause__).lower():
+            raise
+        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=True)
+
+
+def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
+                  like_only: bool) -> list[tuple[str, str, str, int, int, str, float]]:
+    joins: list[str] = []
+    params: list[Any] = []
+    rank = "0.0"
+    likes = plan.fallback_like_patterns if like_only else plan.like_patterns
+    if not like_only and plan.match:
+        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_fts) AS r FROM chunks_fts"
+                     " WHERE chunks_fts MATCH ?) m ON m.rid = c.rowid")
+        params.append(plan.match)
+        rank = "m.r"
+    if not like_only and plan.trigram_match:
+        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_trigram) AS r FROM chunks_trigram"
+                     " WHERE chunks_trigram MATCH ?) t ON t.rid = c.rowid")
+        params.append(plan.trigram_match)
+        rank = rank if rank != "0.0" else "t.r"
+    where = [f"c.source IN ({', '.join('?' for _ in sources)})"]
+    params.extend(sources)
+    for pattern in likes:
+        where.append("c.text LIKE ? ESCAPE '\\'")
+        params.append(pattern)
+    sql = (f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, {rank} AS rank"
+           f" FROM chunks c {' '.join(joins)} WHERE {' AND '.join(where)}"
+           " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?")
+    params.append(int(limit))
+    rows = store.query(sql, params)
+    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows]

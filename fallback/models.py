@@ -198,7 +198,7 @@ class MemoryStatus(_Model):
     model: str | None = None
     search_mode: str | None = None
     provider_unavailable_reason: str | None = None
-    sources: list[Source] = Field(default_factory=lambda: ["memory"])
+    sources: list[Source] = Field(default_factory=lambda: list(("memory",)))  # type: ignore[arg-type]
     extra_paths: list[str] = Field(default_factory=list)
     source_counts: list[SourceCount] = Field(default_factory=list)
     fts: dict[str, Any] = Field(default_factory=dict)

@@ -267,7 +267,7 @@ class MemorySearchSettings(_Settings):
     fallback: str = "none"
     remote: RemoteSettings = Field(default_factory=RemoteSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
-    sources: list[Literal["memory", "sessions"]] = Field(default_factory=lambda: ["memory"])
+    sources: list[Literal["memory", "sessions"]] = Field(default_factory=lambda: list(("memory",)))  # type: ignore[arg-type]
     experimental: ExperimentalSettings = Field(default_factory=ExperimentalSettings)
     extra_paths: list[str] = Field(default_factory=list)
     store: StoreSettings = Field(default_factory=StoreSettings)

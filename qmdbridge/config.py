@@ -413,8 +413,8 @@ def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[st
     merged = copy.deepcopy(defaults)
     for key, value in override.items():
         if key == "extraPaths" and isinstance(value, list):
-            base = merged.get("extraPaths") if isinstance(merged.get("extraPaths"), list) else []
-            merged[key] = [*base, *value]
+            base = merged.get("extraPaths")
+            merged[key] = [*(base if isinstance(base, list) else []), *value]
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge_search(merged[key], value)
         else:

@@ -204,7 +204,8 @@ def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
         c = apsw.Connection(":memory:")
         c.enable_load_extension(True)
         c.load_extension(agent.memory_search.store.vector.extension_path or sqlite_vec.loadable_path())
-        version = c.execute("select vec_version()").fetchone()[0]
+        row = c.execute("select vec_version()").fetchone()
+        version = row[0] if row else "?"
         c.close()
         checks.append(Check("sqlite-vec", "ok", f"sqlite-vec {version} via apsw"))
     except Exception as exc:  # any load failure means brute-force vectors

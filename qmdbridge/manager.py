@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -42,6 +42,9 @@ from fallback.models import (
 )
 from qmdbridge.breaker import CircuitBreaker
 from qmdbridge.config import ResolvedAgent
+
+if TYPE_CHECKING:
+    from fallback.engine import BuiltinEngine
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
 
@@ -115,7 +118,7 @@ class MemoryManager:
         self.mode = mode
         self._env = dict(os.environ if env is None else env)
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
-        self._builtin: MemoryBackend | None = None
+        self._builtin: BuiltinEngine | None = None
         self._qmd: MemoryBackend | None = None
         self._qmd_unavailable: str | None = None
         self._qmd_started = False
@@ -137,7 +140,7 @@ class MemoryManager:
         if self._closed:
             raise ManagerClosedError("memory manager is closed")
 
-    async def builtin(self) -> MemoryBackend:
+    async def builtin(self) -> BuiltinEngine:
         """The builtin engine (created on first use)."""
         self._check_open()
         if self._builtin is None:

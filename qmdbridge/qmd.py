@@ -15,6 +15,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -143,7 +144,8 @@ class QmdBackend:
             from qmdbridge.paths import child_env
 
             self._child_env = dict(child_env(self.home, parent_env=self._parent_env,
-                                             path_env=getattr(self.location, "child_path", None)))
+                                             path_env=getattr(self.location, "child_path", None)
+                                             or self._parent_env.get("PATH", "")))
         return self._child_env
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -536,7 +538,7 @@ class QmdBackend:
                 except ValueError:
                     continue
                 return await anyio.to_thread.run_sync(
-                    lambda inner=inner, root=c.path: read_in_root(root, inner, rel, from_line, lines))
+                    partial(read_in_root, c.path, inner, rel, from_line, lines))
             raise
 
     # -- status and probes --------------------------------------------------------------------

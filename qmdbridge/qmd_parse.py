@@ -111,7 +111,7 @@ def _entry(obj: Mapping[str, Any]) -> QmdEntry:
     return QmdEntry(
         docid=_str(obj.get("docid")), collection=_str(obj.get("collection")),
         file=_str(obj.get("file")), snippet=_str(obj.get("snippet")), body=_str(obj.get("body")),
-        score=float(score) if ok_score else None,
+        score=float(score) if ok_score and score is not None else None,
         start_line=_pos_int(obj.get("start_line", obj.get("startLine"))),
         end_line=_pos_int(obj.get("end_line", obj.get("endLine"))))
 

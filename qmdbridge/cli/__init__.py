@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED"]
 
@@ -30,7 +30,7 @@ config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/op
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # exit 2 with one line, like argparse, no traceback
+    def error(self, message: str) -> NoReturn:  # exit 2 with one line, like argparse, no traceback
         self.print_usage(sys.stderr)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(EXIT_USAGE)

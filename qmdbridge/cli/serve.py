@@ -39,7 +39,8 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
         return {"id": None, "error": "request must be a JSON object"}
     rid = req.get("id")
     tool = req.get("tool")
-    params = req.get("params") if isinstance(req.get("params"), dict) else {}
+    raw_params = req.get("params")
+    params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
     key = req.get("sessionKey") if isinstance(req.get("sessionKey"), str) else None
     if tool == "memory_search":
         return {"id": rid, "result": await handle_memory_search(manager, params, session_key=key)}

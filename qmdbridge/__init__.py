@@ -62,15 +62,32 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fallback.errors import (BackendTimeoutError, BackendUnavailableError, ConfigError,
-                                 EmbeddingProviderError, IndexStoreError, ManagerClosedError,
-                                 MemorySearchError, PathRefusedError, UsageError)
-    from fallback.models import (FallbackInfo, MemoryReadResult, MemorySearchResult, MemoryStatus,
-                                 SearchResponse)
+    from fallback.errors import (
+        BackendTimeoutError,
+        BackendUnavailableError,
+        ConfigError,
+        EmbeddingProviderError,
+        IndexStoreError,
+        ManagerClosedError,
+        MemorySearchError,
+        PathRefusedError,
+        UsageError,
+    )
+    from fallback.models import (
+        FallbackInfo,
+        MemoryReadResult,
+        MemorySearchResult,
+        MemoryStatus,
+        SearchResponse,
+    )
     from qmdbridge.config import ResolvedAgent, load_config, resolve_agent
     from qmdbridge.manager import BlockingMemoryManager, MemoryManager
-    from qmdbridge.tools import (MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get,
-                                 handle_memory_search)
+    from qmdbridge.tools import (
+        MEMORY_GET_SCHEMA,
+        MEMORY_SEARCH_SCHEMA,
+        handle_memory_get,
+        handle_memory_search,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,78 @@
+"""Smoke runs of the benchmark and eval scripts (``--quick --json``) as real processes.
+
+They keep the scripts from rotting: each must exit 0 and print one JSON document with the
+expected rows. No timing is asserted (timing belongs to the scripts themselves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "scripts"
+QMD = REPO / ".tools" / "bin" / "qmd"
+
+
+def run_script(*args: str, timeout_s: float = 120) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=timeout_s)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def rows_by_name(doc: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in doc["rows"]}
+
+
+def test_corpus_is_deterministic(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        subprocess.run([sys.executable, str(SCRIPTS / "corpus.py"), str(tmp_path / name),
+                        "--files", "12", "--file-bytes", "900"], check=True, capture_output=True)
+    a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.md"))
+    b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*.md"))
+    assert a == b and len(a) == 13
+    assert all((tmp_path / "a" / p).read_bytes() == (tmp_path / "b" / p).read_bytes() for p in a)
+    first = (tmp_path / "a" / "memory" / "2020-01-01.md").read_text(encoding="utf-8").splitlines()
+    assert first[:3] == ["# 2020-01-01", "", first[2]] and "zqaaaaa" in first[2]
+    text = "".join((tmp_path / "a" / p).read_text(encoding="utf-8") for p in a)
+    assert any("\u3040" <= ch <= "\u9fff" for ch in text)
+
+def test_bench_fallback_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_fallback.py"), "--quick", "--json",
+                     "--sections", "scale,live", "--live-files", "10", timeout_s=180)
+    rows = rows_by_name(doc)
+    assert doc["title"] == "bench_fallback"
+    assert rows["planted token found in its note"]["ok"] is True
+    assert rows["full FTS index"]["unit"] == "s" and rows["full FTS index"]["value"] > 0
+    assert rows["qmdbridge search CLI wall (median)"]["value"] > 0
+    assert rows["peak RSS: CLI search process"]["value"] > 10
+    assert rows["search errors during re-syncs"]["ok"] is True
+
+
+def test_bench_qmd_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_qmd.py"), "--quick", "--json", "--files", "10",
+                     "--runs", "1", timeout_s=180)
+    rows = rows_by_name(doc)
+    if not os.access(QMD, os.X_OK):
+        assert rows["real qmd"]["note"].startswith("skipped:")
+        return
+    assert rows["overhead qmd mode / raw qmd"]["value"] > 0
+    assert "answered by ['builtin']" in rows["fallback answer, hanging qmd (in-process)"]["note"]
+    assert rows["hang stand-in processes left alive"]["ok"] is True
+
+
+@pytest.mark.parametrize("mode", ["keyword"])
+def test_eval_quick(mode: str) -> None:
+    doc = run_script(str(SCRIPTS / "eval.py"), "--quick", "--json", "--modes", mode)
+    rows = rows_by_name(doc)
+    assert doc["meta"]["queries"] == 42
+    assert rows["keyword (19 queries) Hit@1"]["value"] == 1.0
+    assert rows["cjk (7 queries) Hit@3"]["value"] == 1.0
+    assert rows["paraphrases sharing a keyword with their answer"]["ok"] is True

@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 
 from fallback.chunking import truncate_chars
-from fallback.db import Store, keyword_rows
+from fallback.db import Store, is_readonly_error, keyword_rows
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     BackendUnavailableError,
@@ -136,12 +136,15 @@ class BuiltinEngine:
             raise ManagerClosedError("builtin engine is closed")
 
     async def _open_store(self) -> Store:
+        """The store, opened on first use; reopened when another process swapped its file."""
         self._check_open()
         async with self._open_lock:
             if self._store is None:
                 self._store = await anyio.to_thread.run_sync(partial(
                     Store, self.settings.db_path,
                     fts_tokenizer=self.settings.search.store.fts.tokenizer))
+            else:
+                await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
 
     def _provider_selection(self) -> Any:
@@ -285,11 +288,11 @@ class BuiltinEngine:
     async def _run_sync(self, *, reason: str, force: bool) -> SyncReport:
         self._fail_closed()
         store = await self._open_store()
-        indexer = Indexer(self.settings, provider=self._provider(),
-                          write_limiter=self._write_limiter, now_ms=self._now_ms,
-                          on_progress=self.on_progress)
-        log.debug("builtin sync start (%s, force=%s)", reason, force)
-        report = await indexer.sync(store, force=force)
+        # One writer per store across processes; the whole sync (a rebuild's publish too)
+        # runs under the lock, after repairing what a killed writer left (fallback/locking.py).
+        async with store.writer_lock.hold():
+            await anyio.to_thread.run_sync(store.recover_leftovers)
+            report = await self._sync_recovering_readonly(store, reason=reason, force=force)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
@@ -299,6 +302,35 @@ class BuiltinEngine:
         self._synced = True
         self._last_report = report
         self._last_error = None
+        return report
+
+    async def _sync_recovering_readonly(self, store: Store, *, reason: str,
+                                        force: bool) -> SyncReport:
+        """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
+
+        Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
+        """
+        indexer = Indexer(self.settings, provider=self._provider(),
+                          write_limiter=self._write_limiter, now_ms=self._now_ms,
+                          on_progress=self.on_progress)
+        log.debug("builtin sync start (%s, force=%s)", reason, force)
+        recovery = store.readonly_recovery
+        try:
+            return await indexer.sync(store, force=force)
+        except IndexStoreError as exc:
+            if not is_readonly_error(exc):
+                raise
+            recovery.attempts += 1
+            recovery.last_error = str(exc)
+            log.warning("index store is read-only, reopening and retrying once: %s", exc)
+        try:
+            await anyio.to_thread.run_sync(store.reopen)
+            report = await indexer.sync(store, force=force)
+        except Exception as exc:
+            recovery.failures += 1
+            recovery.last_error = str(exc)
+            raise
+        recovery.successes += 1
         return report
 
     async def _preflight(self, store: Store, budget_ms: int) -> None:
@@ -541,6 +573,7 @@ class BuiltinEngine:
         live = self._live
         degraded = live.degraded_reason if live is not None else None
         custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
+                                  "readonlyRecovery": store.readonly_recovery.as_dict(),
                                   **(live.status_custom() if live is not None else {})}
         if provider is None:
             vector: dict[str, Any] = {

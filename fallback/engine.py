@@ -49,15 +49,13 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.fts import bm25_rank_to_score, build_fts_query, fts_only_score
-from fallback.index import FTS_ONLY_MODEL, Indexer, ProgressCallback, SyncReport
+from fallback.index import Indexer, ProgressCallback, SyncReport
 from fallback.keywords import extract_keywords
 from fallback.models import (
     MemoryReadResult,
     MemorySearchResult,
     MemoryStatus,
-    SkippedFile,
     Source,
-    SourceCount,
 )
 from fallback.ranking import (
     Candidate,
@@ -78,8 +76,6 @@ SNIPPET_MAX_CHARS = 700
 MAX_CANDIDATES = 200
 # FTS-only fallback runs at most this many extracted keywords (spec §8.6).
 MAX_FALLBACK_KEYWORDS = 6
-# How the CJK substring search works (reported in status; see fallback/fts.py).
-CJK_SCHEME = "trigram+like"
 
 
 def _wall_clock_ms() -> int:
@@ -553,59 +549,13 @@ class BuiltinEngine:
         return await anyio.to_thread.run_sync(self._status, store)
 
     def _status(self, store: Store) -> MemoryStatus:
-        s = self.settings.search
+        from fallback.engine_status import build_status
         sel = self._provider_selection()
-        provider = sel.provider
-        srcs = list(s.sources)
-        counts = {src: (0, 0) for src in srcs}
-        for src, nfiles in store.query("SELECT source, COUNT(*) FROM files GROUP BY source"):
-            if src in counts:
-                counts[src] = (int(nfiles), counts[src][1])
-        for src, nchunks in store.query("SELECT source, COUNT(*) FROM chunks GROUP BY source"):
-            if src in counts:
-                counts[src] = (counts[src][0], int(nchunks))
-        skipped = [SkippedFile(path=p, reason=r) for p, r in store.query(
-            "SELECT path, reason FROM skipped_files ORDER BY path, reason")]
-        issues = store.get_meta_json("scan_issues") or []
-        last_sync = store.get_meta_json("last_sync_at_ms")
-        cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
-        fts_error = store.fts_error
-        live = self._live
-        degraded = live.degraded_reason if live is not None else None
-        custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
-                                  "readonlyRecovery": store.readonly_recovery.as_dict(),
-                                  **(live.status_custom() if live is not None else {})}
-        if provider is None:
-            vector: dict[str, Any] = {
-                "enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
-                "reason": sel.unavailable_reason or "no embedding provider (FTS-only mode)",
-                "dims": None}
-        else:
-            vector = dict(self._vector_index().status())
-        return MemoryStatus(
-            backend=self.name, agent_id=self.settings.agent_id,
-            workspace_dir=str(self.settings.workspace_dir), db_path=str(store.path),
-            files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
-            dirty=self._dirty or degraded is not None,
-            dirty_reason=degraded or (self._dirty_reason if self._dirty else None),
-            provider=provider.provider_id if provider else "none",
-            requested_provider=sel.requested or s.provider,
-            model=provider.model if provider else None,
-            search_mode="hybrid" if provider else "fts-only",
-            provider_unavailable_reason=sel.error or sel.unavailable_reason,
-            sources=srcs, extra_paths=list(s.extra_paths),
-            source_counts=[SourceCount(source=src, files=f, chunks=c)
-                           for src, (f, c) in counts.items()],
-            fts={"enabled": s.query.hybrid.enabled or provider is None,
-                 "available": fts_error is None, "tokenizer": store.fts_tokenizer,
-                 "error": fts_error, "cjk": CJK_SCHEME},
-            vector=vector,
-            cache={"enabled": s.cache.enabled, "entries": cache_entries,
-                   "maxEntries": s.cache.max_entries},
-            skipped=skipped, issues=[str(i) for i in issues],
-            last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-            healthy=self._last_error is None, last_error=self._last_error,
-            custom=custom)
+        return build_status(
+            store, backend=self.name, settings=self.settings, selection=sel,
+            vector=dict(self._vector_index().status()) if sel.provider is not None else None,
+            dirty=self._dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
+            live=self._live)
 
     async def probe_embeddings(self) -> tuple[bool, str | None]:
         """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""

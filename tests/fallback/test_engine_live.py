@@ -170,7 +170,10 @@ async def test_interval_and_rescan_keep_index_fresh_without_watcher(ws: Path,
         assert engine.live.watcher is None
         (ws / "memory" / "later.md").write_text("Osprey fishing notes.\n")
         await eventually(_finds(engine, "Osprey", ["memory/later.md"]), f"{trigger} sync ran")
-        assert engine.live.sync_counts[trigger] >= 1
+
+        async def counted() -> bool:
+            return engine.live.sync_counts[trigger] >= 1
+        await eventually(counted, f"{trigger} sync counted")
         assert engine.live.sync_counts["watch"] == 0
     finally:
         await engine.close()
@@ -208,7 +211,10 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
             return [(h.path, h.source, h.start_line, h.end_line) for h in hits] == [
                 ("sessions/chat.jsonl", "sessions", 1, 4)]
         await eventually(synced, "threshold hit -> session-delta sync")
-        assert engine.live.sync_counts["session-delta"] == 1
+
+        async def delta_counted() -> bool:
+            return engine.live.sync_counts["session-delta"] == 1
+        await eventually(delta_counted, "session-delta sync counted")
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
     finally:
         await engine.close()

@@ -555,7 +555,8 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
-            live=self._live)
+            live=self._live,
+            extra_custom={"readonlyRecovery": store.readonly_recovery.as_dict()})
 
     async def probe_embeddings(self) -> tuple[bool, str | None]:
         """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""

@@ -55,7 +55,7 @@ from qmdbridge.qmd_parse import (
     read_in_root,
     read_qmd_path,
 )
-from qmdbridge.qmd_update import UpdateCycle, embed_jitter_ms, file_lock
+from qmdbridge.qmd_update import UpdateCycle, file_lock
 from qmdbridge.runner import (
     RunResult,
     is_crash_after_output,
@@ -121,6 +121,8 @@ class QmdBackend:
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self.now_ms = self._now
+        self.freshness: Any = None  # QmdFreshness in full mode with sync.watch
         self._started = False
         self.last_error: str | None = None
         self.search_fallback_reason: str | None = None
@@ -163,10 +165,15 @@ class QmdBackend:
         res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms)
         return CollectionRun(res.ok, res.stdout, res.stderr)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("qmd backend is closed")
-    def _spawn(self, factory: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
+    def spawn(self, factory: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
         async def guarded() -> None:
             try:
                 await factory()
@@ -209,36 +216,17 @@ class QmdBackend:
                     self.last_error = str(exc)
                     log.warning("qmd boot update failed: %s", exc)
             elif self.mode == "full":
-                self._spawn(lambda: self.cycle.run("boot", force=True), "boot update")
+                self.spawn(lambda: self.cycle.run("boot", force=True), "boot update")
         if self.mode == "full":
-            self._start_timers()
+            from qmdbridge.qmd_watch import start_background
+
+            self.freshness = start_background(self)
 
     def _make_dirs(self) -> None:
         self.agent.workspace_dir.mkdir(parents=True, exist_ok=True)
         for c in self.collections:
             if c.kind == "sessions":
                 c.path.mkdir(parents=True, exist_ok=True)
-
-    def _start_timers(self) -> None:
-        up = self.cfg.update
-        interval, embed_every = up.interval_ms, up.embed_interval_ms
-        if interval > 0:
-            async def tick() -> None:
-                while not self._closed:
-                    await anyio.sleep(interval / 1000)
-                    await self.cycle.run("interval")
-            self._spawn(tick, "interval update")
-        if embed_every > 0 and self.cfg.search_mode != "search" and (
-                interval <= 0 or interval > embed_every):
-            first = embed_jitter_ms(self.agent.agent_id, [
-                (str(c.path), c.pattern) for c in self.collections if c.kind == "custom"], embed_every)
-
-            async def embed_tick() -> None:
-                await anyio.sleep(first / 1000)
-                while not self._closed:
-                    await self.cycle.run("embed-interval")
-                    await anyio.sleep(embed_every / 1000)
-            self._spawn(embed_tick, "embed-interval update")
 
     async def reconcile(self, *, force: bool = False) -> None:
         """Make qmd's collections match the config (spec 2.6); never raises for qmd errors.
@@ -379,6 +367,8 @@ class QmdBackend:
             raise UsageError("query required")
         limits = self.cfg.limits
         deadline = anyio.current_time() + limits.timeout_ms / 1000
+        if self.freshness is not None and self.agent.memory_search.sync.on_search:
+            await self.freshness.before_search(budget_ms=self._remaining_ms(deadline) // 2)
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
@@ -562,14 +552,16 @@ class QmdBackend:
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
             vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
-            last_error=last_error,
+            last_error=last_error, dirty=bool(self.freshness and self.freshness.dirty),
+            dirty_reason=self.freshness.dirty_reason if self.freshness else None,
             custom={"qmd": {
                 "binary": str(self.location.path), "version": getattr(self.location, "version", None),
                 "collections": len(self.collections),
                 "collectionNames": [c.name for c in self.collections],
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed.failures,
                 "embedBackoffUntil": embed.backoff_until, "searchMode": self.cfg.search_mode,
-                "searchFallbackReason": self.search_fallback_reason, "lastError": last_error}})
+                "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
+                "freshness": self.freshness.snapshot() if self.freshness else None}})
 
     async def probe_vector(self) -> bool:
         """Whether qmd has vectors (``qmd status`` ``Vectors: N`` > 0); ``False`` in ``search``

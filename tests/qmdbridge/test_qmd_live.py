@@ -1,0 +1,69 @@
+"""The qmd backend's long-lived mode with the real qmd: boot update, file watcher -> update
+(qmd's 15 s-style debounce defers the update instead of dropping it), status dirty flag, and a
+clean close with no child process left."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.locate import QmdLocation
+from qmdbridge.qmd import QmdBackend
+
+pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
+
+DEADLINE_S = 30
+
+
+def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> QmdBackend:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha fact\n")
+    cfg = parse_config({
+        "memory": {"backend": "qmd", "qmd": {"update": {"debounceMs": 1500, "interval": "0",
+                                                        "waitForBootSync": True}}},
+        "agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": 200}}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["HOME"] = str(tmp_path / "home")
+    return QmdBackend(agent, location=loc, mode="full", env=env)
+
+
+async def _wait_found(b: QmdBackend, query: str) -> list[str]:
+    with anyio.fail_after(DEADLINE_S):
+        while True:
+            paths = [r.path for r in await b.search(query, min_score=0)]
+            if paths:
+                return paths
+            await anyio.sleep(0.2)
+
+
+async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path, qmd_bin: Path,
+                                                                 base_path_env: str) -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    try:
+        await b.start()
+        assert b.freshness is not None
+        assert [r.path for r in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        # right after the boot update: the update debounce must defer, not drop, this change
+        (b.agent.workspace_dir / "memory" / "2026-05-01.md").write_text("# Day\n\nquokka sighting\n")
+        assert await _wait_found(b, "quokka") == ["memory/2026-05-01.md"]
+        st = await b.status()
+        assert st.dirty is False and st.custom["qmd"]["freshness"]["watcher"]["mode"] == "native"
+        tmp = b.agent.workspace_dir / ".MEMORY.md.swp"
+        tmp.write_text("# Memory\n\nwombat fact\n")
+        os.replace(tmp, b.agent.workspace_dir / "MEMORY.md")
+        assert await _wait_found(b, "wombat") == ["MEMORY.md"]
+    finally:
+        await b.close()
+    with anyio.fail_after(10):
+        while {p.pid for p in psutil.Process().children(recursive=True)} - before:
+            await anyio.sleep(0.05)

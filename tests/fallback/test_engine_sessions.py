@@ -203,3 +203,23 @@ async def test_unreadable_transcript_is_skipped_with_reason(ws: Path) -> None:
     finally:
         path.chmod(0o600)
         await engine.close()
+
+
+async def test_case_38_sessions_decay_by_transcript_mtime(ws: Path) -> None:
+    """Spec §8.7/§12 case 38: a transcript 30 days old scores half of a fresh one (half-life 30)."""
+    engine = _engine(ws, query={"hybrid": {"temporalDecay": {"enabled": True,
+                                                             "halfLifeDays": 30}}})
+    try:
+        sdir = _sessions_dir(engine)
+        for name in ("fresh.jsonl", "old.jsonl"):
+            write_transcript(sdir / name, [_record("user", "Lapwing census totals")])
+        day_ns = 86_400 * 10**9
+        os.utime(sdir / "fresh.jsonl", ns=(NOW_MS * 10**6, NOW_MS * 10**6))
+        old_ns = NOW_MS * 10**6 - 30 * day_ns
+        os.utime(sdir / "old.jsonl", ns=(old_ns, old_ns))
+        await engine.sync(reason="test")
+        hits = await engine.search("Lapwing census totals", min_score=0.0)
+        assert [h.path for h in hits] == ["sessions/fresh.jsonl", "sessions/old.jsonl"]
+        assert hits[1].score == pytest.approx(hits[0].score * 0.5, rel=1e-6)
+    finally:
+        await engine.close()

@@ -8,6 +8,8 @@ import re
 import sys
 from typing import Any
 
+import anyio
+
 from fallback.errors import BackendUnavailableError
 from qmdbridge.cli import EXIT_FAILURE, EXIT_OK, emit_json
 
@@ -83,11 +85,59 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _model_host(env: dict[str, str]) -> tuple[str, int]:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
+    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
+
+
+async def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
+    try:
+        with anyio.fail_after(timeout_s):
+            stream = await anyio.connect_tcp(host, port)
+            await stream.aclose()
+        return True
+    except (OSError, TimeoutError):
+        return False
+
+
+def _preflight(env: dict[str, str]) -> str | None:
+    """Why warmup cannot work here, before any process is started (``None`` = go ahead)."""
+    if env.get("CI"):
+        return missing_model_hint("LLM operations are disabled in CI", step="embed")
+    return None
+
+
 async def warmup(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge warmup``: run ``qmd embed`` and one ``qmd query`` in the agent's qmd home so
-    the GGUF models are downloaded and loaded before the first real search."""
+    the GGUF models are downloaded and loaded before the first real search.
+
+    Fails fast, naming the models and the download they need, when ``CI`` is set (qmd refuses
+    model work) or when models are missing and the model host cannot be reached (offline).
+    """
     from qmdbridge.paths import child_env, ensure_home, qmd_home
     from qmdbridge.runner import run_command
+
+    environ = dict(os.environ)
+    home = qmd_home(agent.state_dir, agent.agent_id)
+    problem = _preflight(environ)
+    if problem is None:
+        models_dir = home.xdg_cache / "qmd" / "models"
+        have = {p.name.lower() for p in models_dir.glob("*.gguf")} if models_dir.is_dir() else set()
+        missing = [uri for uri in _DEFAULT_MODELS.values() if uri.rsplit("/", 1)[-1].lower() not in have]
+        host, port = _model_host(environ)
+        if missing and not await _reachable(host, port):
+            problem = (f"offline: cannot reach {host}:{port} to download the missing model(s) "
+                       f"{', '.join(missing)} (about 2 GB in all) into {models_dir}; run warmup "
+                       f"where the host is reachable, set HF_ENDPOINT to a mirror, or point "
+                       f"QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files")
+    if problem is not None:
+        if args.json:
+            emit_json({"ok": False, "steps": [{"step": "embed", "ok": False, "durationMs": 0, "error": problem}]})
+        else:
+            sys.stderr.write(f"qmdbridge warmup: {problem}\n")
+        return EXIT_FAILURE
 
     backend = await _backend(agent)
     try:
@@ -96,7 +146,6 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     finally:
         await backend.close()
     location = backend.location
-    home = qmd_home(agent.state_dir, agent.agent_id)
     ensure_home(home, parent_env=os.environ)
     env = child_env(home, parent_env=os.environ, path_env=location.child_path)
     steps = [("embed", ["embed"]), ("query", ["query", "--json", "-n", "1", "--index", "index", "--", "test"])]

@@ -177,3 +177,39 @@ def test_serve_answers_json_lines_and_stops_on_sigterm(ws: Path, env: dict[str, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _qmd_config(tmp_path: Path) -> Path:
+    launcher = REPO / ".tools" / "bin" / "qmd"
+    if not launcher.exists():
+        if os.environ.get("CI"):
+            pytest.fail("real qmd missing: run scripts/install-qmd.sh")
+        pytest.skip("real qmd missing: run scripts/install-qmd.sh")
+    cfg = tmp_path / "qmd.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{launcher}'}}}}}}")
+    return cfg
+
+
+def test_qmd_operator_commands_and_warmup_under_ci(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    cfg = _qmd_config(tmp_path)
+    cols = run(["qmd", "collections", "--workspace", str(ws), "--config", str(cfg), "--json"], env)
+    assert cols.returncode == 0, cols.stderr
+    names = {c["name"]: c for c in orjson.loads(cols.stdout)["collections"]}
+    assert names["memory-root-main"]["pattern"] == "MEMORY.md" and names["memory-root-main"]["managed"]
+    assert names["memory-dir-main"]["path"] == str(ws.resolve() / "memory")
+    upd = run(["qmd", "update", "--workspace", str(ws), "--config", str(cfg), "--json"], env)
+    assert upd.returncode == 0 and orjson.loads(upd.stdout) == {"ok": True, "action": "update"}
+    hit = run(["search", "Parquet schema", "--workspace", str(ws), "--config", str(cfg), "--json"], env)
+    doc = orjson.loads(hit.stdout)
+    assert doc["backend"] == "qmd" and doc["results"][0]["path"] == "memory/2026-11-17.md"
+    warm = run(["warmup", "--workspace", str(ws), "--config", str(cfg), "--json"], {**env, "CI": "true"})
+    assert warm.returncode == 1
+    report = orjson.loads(warm.stdout)
+    assert report["ok"] is False and report["steps"][0]["step"] == "embed"
+    assert "refuses model operations while the CI environment variable is set" in report["steps"][0]["error"]
+    offline = run(["warmup", "--workspace", str(ws), "--config", str(cfg)],
+                  {**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert offline.returncode == 1
+    message = offline.stderr.decode()
+    assert message.startswith("qmdbridge warmup: offline: cannot reach 127.0.0.1:9")
+    assert "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf" in message

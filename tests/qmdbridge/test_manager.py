@@ -224,3 +224,16 @@ async def test_scope_applies_through_the_fallback(tmp_path: Path) -> None:
     async with _manager(tmp_path, _qmd_memory(str(tmp_path / "missing-qmd"))) as m:
         resp = await m.search("zebra", session_key="agent:main:telegram:group:g7")
     assert resp.results == [] and resp.denied is not None and resp.denied.chat_type == "group"
+
+
+@pytest.mark.parametrize("mode", ["query", "vsearch"])
+async def test_ci_set_makes_model_modes_fall_back_with_the_reason(tmp_path: Path, qmd_bin: Path,
+                                                                   mode: str) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin), searchMode=mode), CI="true") as m:
+        started = time.monotonic()
+        resp = await m.search("zebra migration")
+        elapsed_s = time.monotonic() - started
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert "disabled in CI" in resp.fallback.reason
+    assert resp.results[0].path == "memory/2026-03-01.md"
+    assert elapsed_s < 4.0  # failed fast: well inside the 4 s search deadline

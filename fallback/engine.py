@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 
 from fallback.chunking import truncate_chars
-from fallback.db import Store, is_readonly_error, keyword_rows
+from fallback.db import META_KEY, Store, is_readonly_error, keyword_rows
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     BackendUnavailableError,
@@ -551,10 +551,14 @@ class BuiltinEngine:
     def _status(self, store: Store) -> MemoryStatus:
         from fallback.engine_status import build_status
         sel = self._provider_selection()
+        dirty = self._dirty
+        if dirty and not self._synced and self._dirty_reason == "not synced yet":
+            # spec §5.1: before its first sync a process reports dirty only without an index
+            dirty = store.get_meta_json(META_KEY) is None
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
-            dirty=self._dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
+            dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
             live=self._live,
             extra_custom={"readonlyRecovery": store.readonly_recovery.as_dict()})
 

@@ -40,6 +40,8 @@ DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
 # Name markers of a rebuild's temporary database and of a parked (swapped-out) live database.
 TEMP_MARK = ".tmp-"
 BACKUP_MARK = ".backup-"
+# Lock file suffix (``fallback/locking.py``); a leftover trio's lock file goes with it.
+_LOCK_SUFFIX = ".lock"
 
 
 def temp_db_path(db_path: Path) -> Path:
@@ -84,8 +86,8 @@ def swap_db_files(temp_path: Path, db_path: Path) -> None:
     is renamed to ``<db>.backup-<uuid>`` main file first (so a companion is never left beside a
     foreign database for longer than the rename of the main file), then the temp main file is
     renamed onto ``<db>`` and its stale ``-shm`` dropped; if a rename fails the backup is put
-    back (companions first, main file last) and the error raised; finally the backup trio is
-    deleted. Between the first and the last rename ``<db>`` is missing: readers wait for it
+    back (companions first, main file last), the temp trio deleted and the error raised;
+    finally the backup trio is deleted (a ``.lock`` file at the temp or backup path too). Between the first and the last rename ``<db>`` is missing: readers wait for it
     (``Store`` opens existing stores with ``mode=rw`` and never creates one without the lock).
 
     Raises:
@@ -108,15 +110,15 @@ def swap_db_files(temp_path: Path, db_path: Path) -> None:
         for suffix in sorted(moved, key=lambda s: s == ""):
             with contextlib.suppress(OSError):
                 os.replace(f"{backup}{suffix}", f"{db_path}{suffix}")
-        remove_db_files(temp_path)
+        _remove_trio(temp_path)
         raise IndexStoreError(f"could not swap in the rebuilt index: {exc}",
                               db_path=str(db_path)) from exc
-    remove_db_files(temp_path)
-    remove_db_files(backup)
+    _remove_trio(temp_path)
+    _remove_trio(backup)
 
 
 def _base_of(name: str) -> str:
-    for suffix in DB_SUFFIXES[1:]:
+    for suffix in (*DB_SUFFIXES[1:], _LOCK_SUFFIX):
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -125,7 +127,8 @@ def _base_of(name: str) -> str:
 def leftover_bases(db_path: Path) -> tuple[list[Path], list[Path]]:
     """Find leftover trios next to ``db_path``: ``(temp bases, backup bases)``, sorted by name.
 
-    A base is the path of the trio's main file (which itself may be missing).
+    A base is the path of the trio's main file (which itself may be missing); companions and a
+    ``.lock`` file count towards their base.
     """
     temps: set[Path] = set()
     backups: set[Path] = set()
@@ -145,6 +148,13 @@ def has_leftovers(db_path: Path) -> bool:
     """Whether any ``<db>.tmp-*`` or ``<db>.backup-*`` file lies next to ``db_path``."""
     temps, backups = leftover_bases(db_path)
     return bool(temps or backups)
+
+
+def _remove_trio(base: Path) -> None:
+    """Delete a leftover trio and a lock file a store opened at its path may have made."""
+    remove_db_files(base)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(f"{base}{_LOCK_SUFFIX}")
 
 
 def _mtime_ns(path: Path) -> int:
@@ -178,7 +188,7 @@ def recover_db_files(db_path: Path) -> list[str]:
     temps, backups = leftover_bases(db_path)
     try:
         for base in temps:
-            remove_db_files(base)
+            _remove_trio(base)
             actions.append(f"removed temp {base.name}")
         if not os.path.exists(db_path):
             candidates = [b for b in backups if os.path.exists(b)]
@@ -191,6 +201,8 @@ def recover_db_files(db_path: Path) -> list[str]:
                         os.replace(f"{chosen}{suffix}", f"{db_path}{suffix}")
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(f"{chosen}-shm")
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{chosen}{_LOCK_SUFFIX}")
                 os.replace(chosen, db_path)
                 backups.remove(chosen)
                 actions.append(f"restored {chosen.name}")
@@ -200,7 +212,7 @@ def recover_db_files(db_path: Path) -> list[str]:
                         os.remove(f"{db_path}{suffix}")
                         actions.append(f"removed stray {db_path.name}{suffix}")
         for base in backups:
-            remove_db_files(base)
+            _remove_trio(base)
             actions.append(f"removed backup {base.name}")
     except OSError as exc:
         raise IndexStoreError(f"could not recover the index files: {exc}",

@@ -9,8 +9,9 @@ Run as ``python store_child.py '<json config>'``; the ``role`` key picks what it
   ``max_loops`` rounds; ``ignore_stop`` runs all of them); a hit list without the token's file
   counts as inconsistent; with ``final_token`` it then waits for ``stop_file`` and must find
   the writer's last rebuild (the store it opened long ago was published over);
-- ``sync``: one sync (``force`` true/false) with a provider that sleeps ``embed_sleep_ms`` per
-  batch and prints ``embedded <n>`` / ``progress <done> <total>`` lines, for SIGKILL tests;
+- ``sync``: one sync (``force`` true/false) that prints ``progress <done> <total>`` after each
+  file and then sleeps ``progress_sleep_ms`` (and, with ``embed_sleep_ms``, a provider that
+  sleeps per batch and prints ``embedded <n>``), for SIGKILL tests;
 - ``hold-lock``: take the store's writer lock, print ``held``, wait for a line on stdin (or
   ``restore`` first: rename the given backup back onto the store, then release);
 - ``hold-write``: open a plain ``sqlite3`` connection, ``BEGIN IMMEDIATE``, print ``locked``,
@@ -27,6 +28,7 @@ import math
 import os
 import sqlite3
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -174,6 +176,8 @@ async def run_reader(cfg: dict[str, Any]) -> dict[str, Any]:
 async def run_sync(cfg: dict[str, Any]) -> dict[str, Any]:
     def progress(done: int, total: int, embedded: int) -> None:
         print(f"progress {done} {total}", flush=True)
+        if cfg.get("progress_sleep_ms"):
+            time.sleep(cfg["progress_sleep_ms"] / 1000)  # slow the sync so a kill lands in it
 
     engine = make_engine(cfg, on_progress=progress)
     try:

@@ -91,6 +91,8 @@ DEFAULT_SWAP_WAIT_MS = 10_000
 # The WAL is truncated back to this size after checkpoints (bytes); a published rebuild passes
 # the whole database through the WAL once.
 WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
+# Opens retried when the file at the path changes while it is being opened.
+_OPEN_ATTEMPTS = 3
 # SQLite primary result codes used below.
 _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
@@ -258,8 +260,7 @@ class Store:
         if lock.held:  # our own sync (or the rebuild's temp store): recovery is done already
             self._connect(create=True)
             return
-        if self.path.exists() and not has_leftovers(self.path):
-            self._connect(create=False)
+        if self.path.exists() and not has_leftovers(self.path) and self._connect_existing():
             return
         deadline = time.monotonic() + self._swap_wait_ms / 1000
         pause_s = 0.01
@@ -271,9 +272,8 @@ class Store:
                 finally:
                     lock.release()
                 return
-            if self.path.exists():  # the leftovers belong to the live writer
-                self._connect(create=False)
-                return
+            if self.path.exists() and self._connect_existing():
+                return  # any leftovers belong to the live writer
             if time.monotonic() >= deadline:
                 raise IndexStoreError(
                     "index store is missing while another process holds the writer lock"
@@ -282,18 +282,30 @@ class Store:
             time.sleep(pause_s)
             pause_s = min(pause_s * 2, 0.2)
 
+    def _connect_existing(self) -> bool:
+        """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap)."""
+        try:
+            self._connect(create=False)
+        except IndexStoreError:
+            if self.path.exists():
+                raise
+            return False
+        return True
+
     def _connect(self, *, create: bool) -> None:
         uri = f"{self.path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
         with translate_errors(self.path):
-            for _ in range(3):
+            for attempt in range(_OPEN_ATTEMPTS):
                 before = file_id(self.path)
                 conn = self._retry(lambda: self._connect_once(uri))
                 after = file_id(self.path)
-                if before == after or not create and after is None:
+                # A different file before and after: swapped while opening, open the new one.
+                # (A file id recorded after the swap makes the next is_replaced() reopen.)
+                if before == after or attempt == _OPEN_ATTEMPTS - 1:
                     break
-                conn.close()  # swapped while opening: open the new file
+                conn.close()
         self._conn = conn
-        self._file_id = after
+        self._file_id = after if before == after else None
 
     def _connect_once(self, uri: str) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000,

@@ -120,7 +120,12 @@ def _carry_overlap(buffer: list[tuple[str, int]], *, window: int) -> tuple[list[
     return kept, total
 
 
-def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80) -> list[Chunk]:
+# A Markdown ATX heading line: up to 3 spaces, 1-6 "#", then a space or the end of the line.
+_HEADING_RE = re.compile(r"^ {0,3}#{1,6}(?:[ \t]|$)")
+
+
+def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
+                   sections: bool = False) -> list[Chunk]:
     """Split Markdown text into overlapping chunks with line ranges.
 
     Args:
@@ -129,6 +134,12 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80) -> list[C
         overlap: overlap budget in tokens; ``overlap * 4`` chars of trailing whole lines of a
             chunk are repeated at the start of the next one (capped so the next chunk still
             fits its budget; 0 disables overlap).
+        sections: also start a new chunk (without overlap) at every Markdown heading line
+            (``#`` to ``######`` after at most 3 spaces) once the current chunk has text, so
+            each section of a curated file such as ``MEMORY.md`` is its own chunk and a hit
+            cites the section, not the whole file. Sections longer than the budget are still
+            cut by size. The reference (E2) has no heading awareness; qmd's own chunker and
+            the reference's newer per-entry mode break at headings too.
 
     Returns:
         Chunks in file order. Every chunk's ``text`` weighs at most ``max(32, tokens * 4)``
@@ -154,6 +165,9 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80) -> list[C
     if len(lines) > 1 and lines[-1] == "":
         lines.pop()  # a final line break does not start a line (as in memory_get paging)
     for line_no, line in enumerate(lines, start=1):
+        if sections and _HEADING_RE.match(line) and any(seg.strip() for seg, _ in buffer):
+            flush()
+            buffer, current = [], 0
         for segment in _line_segments(line, max_chars=max_chars, tokens=tokens):
             size = text_weight(segment) + 1
             if buffer and current + size > max_chars:

@@ -418,8 +418,11 @@ class BuiltinEngine:
                                  end_line=end, snippet=body, score=score, text_score=score))
         return out
 
-    async def _search_fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
-                               floor: float, limit: int) -> list[Candidate]:
+    async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
+                                  candidates: int) -> list[Candidate]:
+        """Keyword hits for ``text`` with coverage-boosted scores (spec §8.6): the full query
+        (AND of its tokens) first; when that finds nothing, up to six extracted keywords
+        searched one by one and merged (per chunk the best text score)."""
         hits = await self._keyword(store, text, srcs, candidates)
         if not hits:
             by_id: dict[str, Candidate] = {}
@@ -430,9 +433,19 @@ class BuiltinEngine:
                     if prev is None or hit.text_score > prev.text_score:
                         by_id[hit.chunk_id] = hit
             hits = list(by_id.values())
-        boosted = [replace(h, score=fts_only_score(h.text_score, query=text, text=h.snippet,
-                                                   path=h.path)) for h in hits]
-        ranked = await self._decay(store, boosted)
+        # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
+        # would make every keyword hit worthless in a fresh workspace; the coverage-aware
+        # score keeps BM25 as its base and stays in [0, 1].
+        out = []
+        for h in hits:
+            boosted = fts_only_score(h.text_score, query=text, text=h.snippet, path=h.path)
+            out.append(replace(h, score=boosted, text_score=boosted))
+        return out
+
+    async def _search_fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
+                               floor: float, limit: int) -> list[Candidate]:
+        hits = await self._keyword_candidates(store, text, srcs, candidates)
+        ranked = await self._decay(store, hits)
         strict = [c for c in ranked if c.score >= floor]
         return (strict or ranked)[:limit]
 
@@ -449,18 +462,16 @@ class BuiltinEngine:
         if not qvec or not any(v != 0 for v in qvec):
             # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
             return await self._search_fts_only(store, text, srcs, candidates, floor, limit)
-        keyword_hits = await self._keyword(store, text, srcs, candidates) if hybrid.enabled else []
-        # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
-        # would make every keyword hit worthless in a fresh workspace; the coverage-aware
-        # FTS-only score keeps BM25 as its base and stays in [0, 1].
-        keyword_hits = [replace(h, score=s, text_score=s) for h in keyword_hits
-                        for s in (fts_only_score(h.text_score, query=text, text=h.snippet,
-                                                 path=h.path),)]
+        keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
+                        if hybrid.enabled else [])
         vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if not hybrid.enabled:
             return [c for c in vector_hits if c.score >= floor][:limit]
-        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=hybrid.vector_weight,
-                              text_weight=hybrid.text_weight)
+        # When the keyword side found nothing at all it abstains: its weight goes to the vector
+        # side (the effective-weight normalisation of spec §8.5 step 2), so a purely semantic
+        # match is scored by its cosine similarity instead of 0.7 x it.
+        vw, tw = (hybrid.vector_weight, hybrid.text_weight) if keyword_hits else (1.0, 0.0)
+        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=vw, text_weight=tw)
         merged = await self._decay(store, merged)
         if hybrid.mmr.enabled:
             merged = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)

@@ -121,6 +121,7 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         "sources": sorted(s.sources),
         "chunkTokens": s.chunking.tokens,
         "chunkOverlap": s.chunking.overlap,
+        "chunkSections": s.chunking.sections,
         "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
         "ftsTokenizer": s.store.fts.tokenizer,
     }
@@ -146,7 +147,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
     if meta.get("scopeHash") != identity["scopeHash"]:
         return "scope changed"
     if (meta.get("chunkTokens") != identity["chunkTokens"]
-            or meta.get("chunkOverlap") != identity["chunkOverlap"]):
+            or meta.get("chunkOverlap") != identity["chunkOverlap"]
+            or meta.get("chunkSections", False) != identity["chunkSections"]):
         return "chunking changed"
     if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
         return "FTS tokenizer changed"
@@ -342,7 +344,8 @@ class Indexer:
     async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
                           report: SyncReport, *, line_map: list[int] | None = None) -> None:
         chunks = [c for c in chunk_markdown(content.text, tokens=self.settings.search.chunking.tokens,
-                                            overlap=self.settings.search.chunking.overlap)
+                                            overlap=self.settings.search.chunking.overlap,
+                                            sections=self.settings.search.chunking.sections)
                   if c.text.strip()]
         chunks = remap_lines(chunks, line_map)
         vectors: list[list[float]] = [[] for _ in chunks]

@@ -106,10 +106,12 @@ class StoreSettings(_Settings):
 
 
 class ChunkingSettings(_Settings):
-    """``chunking``: chunk budget in tokens (4 chars per token) and overlap in tokens."""
+    """``chunking``: chunk budget in tokens (4 chars per token) and overlap in tokens;
+    ``sections`` (ours, default on) also starts a chunk at every Markdown heading."""
 
     tokens: int = 400
     overlap: int = 80
+    sections: bool = True
 
     @model_validator(mode="after")
     def _clamp(self) -> ChunkingSettings:

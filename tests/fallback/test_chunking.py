@@ -195,3 +195,21 @@ def test_split_by_utf8_bytes_fits_unchanged() -> None:
 def test_split_by_utf8_bytes_rejects_tiny_cap() -> None:
     with pytest.raises(UsageError, match="max_bytes must be >= 4, got 3"):
         split_by_utf8_bytes(Chunk("abcdef", 1, 1, _sha("abcdef")), 3)
+
+
+def test_sections_start_a_chunk_at_each_heading() -> None:
+    text = ("# MEMORY\n\nIntro line.\n\n## People\n- Dana is my manager.\n\n## Network\n"
+            "- Router: ER605.\n   ### deep heading\nbody\n#hashtag is not a heading\n")
+    chunks = chunk_markdown(text, tokens=400, overlap=80, sections=True)
+    assert [(c.start_line, c.end_line) for c in chunks] == [(1, 4), (5, 7), (8, 9), (10, 12)]
+    assert chunks[1].text == "## People\n- Dana is my manager.\n"
+    assert chunks[3].text == "   ### deep heading\nbody\n#hashtag is not a heading"
+    # without sections the whole small file is one chunk (reference E2 behaviour)
+    assert len(chunk_markdown(text, tokens=400, overlap=80)) == 1
+
+
+def test_sections_still_cut_long_sections_by_size() -> None:
+    body = "\n".join(f"line {i} " + "x" * 60 for i in range(40))
+    chunks = chunk_markdown(f"# A\n{body}\n# B\nshort\n", tokens=100, overlap=0, sections=True)
+    assert chunks[-1].text == "# B\nshort" and chunks[-1].start_line == 42
+    assert all(len(c.text) <= 400 for c in chunks) and len(chunks) > 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fallback.db import Store
+from fallback.db import META_KEY, Store
 from fallback.index import FTS_ONLY_MODEL
 from fallback.models import MemoryStatus, SkippedFile, SourceCount
 from fallback.settings import EngineSettings
@@ -65,6 +65,11 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         vector = {"enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
                   "reason": selection.unavailable_reason or "no embedding provider (FTS-only mode)",
                   "dims": None}
+    elif vector.get("dims") is None:
+        # the vector index learns its dims on the first query; the index meta knows them now
+        meta = store.get_meta_json(META_KEY) or {}
+        dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+        vector = {**vector, "dims": dims if isinstance(dims, int) else None}
     return MemoryStatus(
         backend=backend, agent_id=settings.agent_id,
         workspace_dir=str(settings.workspace_dir), db_path=str(store.path),

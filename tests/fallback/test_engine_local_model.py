@@ -1,0 +1,108 @@
+"""The builtin engine with the real local GGUF model (all-MiniLM-L6-v2) on the example
+workspace: paraphrased queries find notes keyword search cannot, the vector modes agree, and a
+model change rebuilds while the old index keeps answering until the swap."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fallback.embeddings import select_provider
+from fallback.engine import BuiltinEngine
+from fallback.settings import EngineSettings, MemorySearchSettings
+
+pytestmark = [pytest.mark.anyio, pytest.mark.local_model]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workspace"
+
+
+def _engine(tmp_path: Path, model: Path | None, *, state: str = "state", **extra: object) -> BuiltinEngine:
+    ws = tmp_path / "ws"
+    if not ws.exists():
+        shutil.copytree(EXAMPLE, ws)
+    raw: dict[str, object] = {"provider": "local" if model else "none", **extra}
+    if model:
+        raw["local"] = {"modelPath": str(model)}
+    s = MemorySearchSettings.model_validate(raw)
+    es = EngineSettings.for_workspace(ws, state_dir=tmp_path / state, search=s)
+    return BuiltinEngine(es, provider_selection=select_provider(s, env={}))
+
+
+@pytest.mark.parametrize("query,expected", [
+    ("medical appointment", "MEMORY.md"),            # "Health: ... Annual check-up is in March"
+    ("who manages the payment system", "MEMORY.md"),  # "Priya Raman owns the billing service"
+    ("fastest jog this month", "memory/2026-11-14.md"),
+])
+async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, local_model_path: Path,
+                                                            query: str, expected: str) -> None:
+    keyword = _engine(tmp_path, None, state="kw")
+    try:
+        assert expected not in [r.path for r in await keyword.search(query, min_score=0)][:2]
+    finally:
+        await keyword.close()
+    hybrid = _engine(tmp_path, local_model_path)
+    try:
+        hits = await hybrid.search(query, min_score=0)
+        assert expected in [h.path for h in hits[:2]]
+        st = await hybrid.status()
+        assert (st.provider, Path(st.model or "").name, st.search_mode) == ("local", "all-MiniLM-L6-v2.Q8_0.gguf", "hybrid")
+        assert st.vector["dims"] == 384 and st.vector["available"] is True
+    finally:
+        await hybrid.close()
+
+
+async def test_exact_keyword_hit_survives_min_score(tmp_path: Path, local_model_path: Path) -> None:
+    e = _engine(tmp_path, local_model_path)
+    try:
+        hits = await e.search("ORBIT-10")  # default minScore 0.35
+        assert hits and hits[0].path in ("MEMORY.md", "memory/2026-11-09.md", "memory/projects/nebula.md")
+        assert all("ORBIT" in h.snippet for h in hits)
+        assert hits[0].text_score is not None and hits[0].vector_score is not None
+    finally:
+        await e.close()
+
+
+async def test_model_change_rebuilds_and_old_index_answers_until_swap(tmp_path: Path,
+                                                                      local_model_path: Path) -> None:
+    fts = _engine(tmp_path, None)
+    try:
+        await fts.sync(reason="test")
+        assert (await fts.status()).search_mode == "fts-only"
+    finally:
+        await fts.close()
+    gate = anyio.Event()
+    e = _engine(tmp_path, local_model_path)
+    provider = e._provider_selection().provider
+    real_embed = provider.embed_batch
+
+    async def gated(texts: list[str]) -> list[list[float]]:
+        await gate.wait()
+        return await real_embed(texts)
+
+    provider.embed_batch = gated  # the rebuild waits here, inside the temporary database
+    db = e.settings.db_path
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: e.sync(reason="identity", force=False))
+            with anyio.fail_after(30):
+                while not list(db.parent.glob(f"{db.name}.tmp-*")):
+                    await anyio.sleep(0.02)
+            # mid-rebuild: the published (keyword-only) index still answers
+            assert list(db.parent.glob(f"{db.name}.tmp-*"))
+            from fallback.db import Store
+            live = Store(db)
+            try:
+                assert live.query("SELECT DISTINCT model FROM chunks") == [("fts-only",)]
+            finally:
+                live.close()
+            gate.set()
+        st = await e.status()
+        assert st.search_mode == "hybrid" and st.vector["dims"] == 384
+        assert not list(db.parent.glob(f"{db.name}.tmp-*"))
+        hits = await e.search("medical appointment", min_score=0)
+        assert hits[0].vector_score is not None and hits[0].vector_score > 0
+    finally:
+        await e.close()

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                                      vectors=args.hybrid_vectors, repeats=repeats)
         if "live" in sections:
             rows += bench_live(tmp, files=args.live_files or (30 if q else 1000),
-                               changes=2 if q else 5, seconds=1.5 if q else 8)
+                               changes=1 if q else 5, seconds=1.0 if q else 8)
     emit("bench_fallback", rows, as_json=args.json,
          meta={"quick": q, "python": sys.version.split()[0], "cpus": os.cpu_count()})
     return 0

@@ -32,14 +32,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import anyio
 
 from fallback.chunking import truncate_chars
-from fallback.db import META_KEY, Store, is_readonly_error, keyword_rows
+from fallback.db import META_KEY, Store, is_readonly_error
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     BackendUnavailableError,
@@ -48,9 +47,8 @@ from fallback.errors import (
     ManagerClosedError,
     UsageError,
 )
-from fallback.fts import bm25_rank_to_score, build_fts_query, fts_only_score
 from fallback.index import Indexer, ProgressCallback, SyncReport
-from fallback.keywords import extract_keywords
+from fallback.keyword_sql import keyword_candidates
 from fallback.models import (
     MemoryReadResult,
     MemorySearchResult,
@@ -74,8 +72,6 @@ log = logging.getLogger(__name__)
 SNIPPET_MAX_CHARS = 700
 # Upper bound of candidates fetched per search (spec §8.1).
 MAX_CANDIDATES = 200
-# FTS-only fallback runs at most this many extracted keywords (spec §8.6).
-MAX_FALLBACK_KEYWORDS = 6
 
 
 def _wall_clock_ms() -> int:
@@ -142,6 +138,14 @@ class BuiltinEngine:
             else:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
+
+    async def prepare(self) -> None:
+        """Open the store ahead of the first search (the manager does it while qmd runs).
+
+        Raises:
+            IndexStoreError: the store cannot be opened.
+        """
+        await self._open_store()
 
     def _provider_selection(self) -> Any:
         if self._selection is None:
@@ -402,45 +406,9 @@ class BuiltinEngine:
         hits = await self._search_hybrid(store, provider, text, srcs, candidates, floor, limit)
         return [self._result(c, hybrid=True) for c in hits]
 
-    async def _keyword(self, store: Store, text: str, srcs: list[str],
-                       limit: int) -> list[Candidate]:
-        if store.fts_error is not None:
-            return []
-        plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
-        if plan is None:
-            return []
-        rows = await anyio.to_thread.run_sync(partial(
-            keyword_rows, store, plan, sources=srcs, limit=limit))
-        out = []
-        for cid, path, source, start, end, body, rank in rows:
-            score = bm25_rank_to_score(rank)
-            out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
-                                 end_line=end, snippet=body, score=score, text_score=score))
-        return out
-
     async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        """Keyword hits for ``text`` with coverage-boosted scores (spec §8.6): the full query
-        (AND of its tokens) first; when that finds nothing, up to six extracted keywords
-        searched one by one and merged (per chunk the best text score)."""
-        hits = await self._keyword(store, text, srcs, candidates)
-        if not hits:
-            by_id: dict[str, Candidate] = {}
-            keywords = [k for k in extract_keywords(text) if k != text.lower()]
-            for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
-                for hit in await self._keyword(store, kw, srcs, candidates):
-                    prev = by_id.get(hit.chunk_id)
-                    if prev is None or hit.text_score > prev.text_score:
-                        by_id[hit.chunk_id] = hit
-            hits = list(by_id.values())
-        # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
-        # would make every keyword hit worthless in a fresh workspace; the coverage-aware
-        # score keeps BM25 as its base and stays in [0, 1].
-        out = []
-        for h in hits:
-            boosted = fts_only_score(h.text_score, query=text, text=h.snippet, path=h.path)
-            out.append(replace(h, score=boosted, text_score=boosted))
-        return out
+        return await keyword_candidates(store, text, srcs, candidates)
 
     async def _search_fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                                floor: float, limit: int) -> list[Candidate]:

@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from fallback.errors import IndexStoreError
-from fallback.fts import FtsPlan
+from fallback.fts import FtsPlan, bm25_rank_to_score, build_fts_query, fts_only_score
+from fallback.keywords import extract_keywords
+from fallback.ranking import Candidate
 
 if TYPE_CHECKING:
     from fallback.db import Store
 
-__all__ = ["keyword_rows"]
+__all__ = ["keyword_candidates", "keyword_hits", "keyword_rows"]
+
+# The FTS-only fallback searches at most this many extracted keywords (spec §8.6).
+MAX_FALLBACK_KEYWORDS = 6
 
 
 def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
@@ -70,3 +79,45 @@ def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit:
     params.append(int(limit))
     rows = store.query(sql, params)
     return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows]
+
+
+async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+    """Raw keyword hits for ``text`` (BM25 rank mapped to a score, spec §8.3), best first."""
+    if store.fts_error is not None:
+        return []
+    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+    if plan is None:
+        return []
+    rows = await anyio.to_thread.run_sync(partial(
+        keyword_rows, store, plan, sources=srcs, limit=limit))
+    out = []
+    for cid, path, source, start, end, body, rank in rows:
+        score = bm25_rank_to_score(rank)
+        out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
+                             end_line=end, snippet=body, score=score, text_score=score))
+    return out
+
+
+async def keyword_candidates(store: Store, text: str, srcs: list[str],
+                             candidates: int) -> list[Candidate]:
+    """Keyword hits for ``text`` with coverage-boosted scores (spec §8.6): the full query
+    (AND of its tokens) first; when that finds nothing, up to six extracted keywords
+    searched one by one and merged (per chunk the best text score)."""
+    hits = await keyword_hits(store, text, srcs, candidates)
+    if not hits:
+        by_id: dict[str, Candidate] = {}
+        keywords = [k for k in extract_keywords(text) if k != text.lower()]
+        for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
+            for hit in await keyword_hits(store, kw, srcs, candidates):
+                prev = by_id.get(hit.chunk_id)
+                if prev is None or hit.text_score > prev.text_score:
+                    by_id[hit.chunk_id] = hit
+        hits = list(by_id.values())
+    # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
+    # would make every keyword hit worthless in a fresh workspace; the coverage-aware
+    # score keeps BM25 as its base and stays in [0, 1].
+    out = []
+    for h in hits:
+        boosted = fts_only_score(h.text_score, query=text, text=h.snippet, path=h.path)
+        out.append(replace(h, score=boosted, text_score=boosted))
+    return out

@@ -52,9 +52,9 @@ log = logging.getLogger("qmdbridge")
 
 BackendName = Literal["builtin", "qmd", "none"]
 
-# Extra time (ms) the manager grants a qmd search beyond limits.timeoutMs before it gives up on
-# its own; the runner's kill normally fires first.
-QMD_DEADLINE_SLACK_MS = 250
+# Extra time (ms) the manager grants a qmd call (probe, start and search together) beyond
+# limits.timeoutMs; the fallback answer must follow within 100 ms of the deadline.
+QMD_DEADLINE_SLACK_MS = 0
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -126,6 +126,10 @@ class MemoryManager:
         self._lock = anyio.Lock()
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None)
+        from qmdbridge.probe_cache import ProbeCache
+
+        self.probe_cache = ProbeCache(agent.state_dir / "qmd" / "probe-cache.json", now_ms=self._now_ms)
+        self._probe_key = ProbeCache.key(agent.memory.qmd.command, self._env.get("PATH", ""))
         self._last_fallback: FallbackInfo | None = None
 
     async def __aenter__(self) -> MemoryManager:
@@ -167,12 +171,20 @@ class MemoryManager:
                 from qmdbridge.locate import probe_qmd
                 from qmdbridge.qmd import QmdBackend
 
-                location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
-                if not location.usable:
-                    self._qmd_unavailable = location.reason or "qmd not available"
-                    return None
+                cached = self.probe_cache.get(self._probe_key)
+                extras: dict[str, Any] = {}
+                if cached is not None:
+                    location, extras = cached
+                else:
+                    location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
+                    if not location.usable:
+                        self._qmd_unavailable = location.reason or "qmd not available"
+                        return None
+                    self.probe_cache.put(self._probe_key, location)
                 self._qmd = QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
                                        now_ms=self._now_ms)
+                if isinstance(extras.get("multiC"), bool):
+                    self._qmd._multi_c = extras["multiC"]  # type: ignore[attr-defined]
             if self._qmd is not None and not self._qmd_started:
                 self._qmd_started = True
                 await self._qmd.start()  # type: ignore[attr-defined]
@@ -220,9 +232,13 @@ class MemoryManager:
                                   results=[], denied=decision)
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
-            qmd_results, fallback = await self._search_qmd(
-                query, max_results=max_results, min_score=min_score, session_key=session_key,
-                sources=sources)
+            async with anyio.create_task_group() as tg:
+                # Open the builtin engine while qmd runs (the process mostly waits on the child),
+                # so a fallback answer is ready right after qmd's deadline.
+                tg.start_soon(self._prepare_builtin)
+                qmd_results, fallback = await self._search_qmd(
+                    query, max_results=max_results, min_score=min_score, session_key=session_key,
+                    sources=sources)
             if qmd_results is not None:
                 limits = cfg.qmd.limits
                 results = decorate_citations(qmd_results, include=include,
@@ -288,9 +304,21 @@ class MemoryManager:
             return None, self._remember(reason)
         self.breaker.record_success(self._now_ms())
         self._last_fallback = None
+        multi_c = getattr(self._qmd, "_multi_c", None)
+        cached = self.probe_cache.get(self._probe_key)
+        if isinstance(multi_c, bool) and cached is not None and cached[1].get("multiC") != multi_c:
+            self.probe_cache.put(self._probe_key, cached[0], multiC=multi_c)
         return results, None
 
+    async def _prepare_builtin(self) -> None:
+        try:
+            engine = await self.builtin()
+            await engine.prepare()
+        except MemorySearchError as exc:  # reported by the fallback search itself, if needed
+            log.debug("builtin engine not ready: %s", exc)
+
     def _remember(self, reason: str) -> FallbackInfo:
+        self.probe_cache.forget(self._probe_key)  # probe again next time: qmd may have changed
         self._last_fallback = FallbackInfo(from_backend="qmd", reason=reason)
         return self._last_fallback
 

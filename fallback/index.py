@@ -212,6 +212,7 @@ class Indexer:
         self._limiter = write_limiter
         self._now_ms = now_ms
         self.on_progress = on_progress
+        self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
         self._model = provider.model if provider else FTS_ONLY_MODEL
 
     async def sync(self, store: Store, *, force: bool = False) -> SyncReport:
@@ -245,6 +246,10 @@ class Indexer:
             temp = await anyio.to_thread.run_sync(partial(
                 Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
                 writer_lock=live.writer_lock))
+            # The temporary database is scratch until it is published: no fsync per file, and
+            # nothing to delete before writing a file (it starts empty).
+            await anyio.to_thread.run_sync(temp.query, "PRAGMA synchronous=OFF")
+            self._fresh_store = temp
             try:
                 if self.settings.search.cache.enabled:
                     try:
@@ -428,7 +433,8 @@ class Indexer:
         fts_ok = store.fts_error is None
         fill_trigram = fts_ok and store.fts_tokenizer != "trigram"
         with store.transaction() as conn:
-            _delete_rows(conn, mf.rel_path, mf.source)
+            if store is not self._fresh_store:
+                _delete_rows(conn, mf.rel_path, mf.source)
             for row in rows:
                 c = row.chunk
                 cur = conn.execute(

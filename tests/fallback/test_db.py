@@ -37,10 +37,11 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 4
+        assert store.user_version() == len(MIGRATIONS) == 5
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
-            "idx_chunks_path", "idx_chunks_source", "idx_embedding_cache_updated_at"}
+            "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",
+            "idx_embedding_cache_updated_at"}
         assert store.query("PRAGMA journal_mode")[0][0] == "wal"
         cols = [r[1] for r in store.query("PRAGMA table_info(chunks)")]
         assert cols == ["id", "path", "source", "start_line", "end_line", "hash", "model", "text",
@@ -59,7 +60,7 @@ def test_reopen_is_idempotent_and_keeps_tokenizer(tmp_path: Path) -> None:
     store = Store(db, fts_tokenizer="unicode61")
     try:
         assert _schema(db) == before
-        assert store.user_version() == 4
+        assert store.user_version() == 5
         assert store.fts_tokenizer == "trigram"
     finally:
         store.close()
@@ -74,7 +75,7 @@ def test_older_version_is_migrated_forward(tmp_path: Path) -> None:
     conn.close()
     store = Store(db)
     try:
-        assert store.user_version() == 4
+        assert store.user_version() == 5
         fresh = tmp_path / "fresh.sqlite"
         Store(fresh).close()
         assert _schema(db) == _schema(fresh)

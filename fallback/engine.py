@@ -63,6 +63,7 @@ from fallback.ranking import (
     select_results,
 )
 from fallback.settings import EngineSettings
+from fallback.storefiles import quarantine_corrupt_store
 
 __all__ = ["BuiltinEngine"]
 
@@ -111,6 +112,7 @@ class BuiltinEngine:
         self._vector: Any = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._open_lock = anyio.Lock()
+        self._notes: list[str] = []  # one-off events reported in status().issues
         self._closed = False
         self._dirty = True
         self._dirty_reason: str | None = "not synced yet"
@@ -132,9 +134,22 @@ class BuiltinEngine:
         self._check_open()
         async with self._open_lock:
             if self._store is None:
-                self._store = await anyio.to_thread.run_sync(partial(
-                    Store, self.settings.db_path,
-                    fts_tokenizer=self.settings.search.store.fts.tokenizer))
+                opener = partial(Store, self.settings.db_path,
+                                 fts_tokenizer=self.settings.search.store.fts.tokenizer)
+                try:
+                    self._store = await anyio.to_thread.run_sync(opener)
+                except IndexStoreError as exc:
+                    if "is corrupt" not in str(exc):
+                        raise
+                    # The index is derived from the Markdown files: set the broken file aside
+                    # (kept for inspection, nothing deleted) and rebuild from the sources.
+                    moved = await anyio.to_thread.run_sync(
+                        partial(quarantine_corrupt_store, self.settings.db_path, opener))
+                    if moved:
+                        self._notes.append(f"index store was corrupt ({exc}); moved aside to "
+                                           f"{moved} and rebuilt from the memory files")
+                        log.warning("%s", self._notes[-1])
+                    self._store = await anyio.to_thread.run_sync(opener)
             else:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
@@ -538,7 +553,7 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
-            live=self._live,
+            live=self._live, notes=self._notes,
             extra_custom={"readonlyRecovery": store.readonly_recovery.as_dict()})
 
     async def probe_embeddings(self) -> tuple[bool, str | None]:

@@ -18,7 +18,8 @@ CJK_SCHEME = "trigram+like"
 def build_status(store: Store, *, backend: str, settings: EngineSettings, selection: Any,
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
                  last_error: str | None, live: Any = None,
-                 extra_custom: dict[str, Any] | None = None) -> MemoryStatus:
+                 extra_custom: dict[str, Any] | None = None,
+                 notes: list[str] | None = None) -> MemoryStatus:
     """Read counters from ``store`` (blocking: call in a worker thread) and assemble the status.
 
     Args:
@@ -90,6 +91,6 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         vector=vector,
         cache={"enabled": s.cache.enabled, "entries": cache_entries,
                "maxEntries": s.cache.max_entries},
-        skipped=skipped, issues=[str(i) for i in issues],
+        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
         healthy=last_error is None, last_error=last_error, custom=custom)

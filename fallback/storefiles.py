@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fallback.errors import IndexStoreError
 
@@ -218,3 +220,40 @@ def recover_db_files(db_path: Path) -> list[str]:
         raise IndexStoreError(f"could not recover the index files: {exc}",
                               db_path=str(db_path)) from exc
     return actions
+
+
+def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | None:
+    """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>`` so a fresh one can be built.
+
+    Runs under the store's writer lock and first tries ``opener`` again, in case another
+    process already repaired the store; returns the new name of the main file, or ``None``
+    when nothing had to move.
+
+    Raises:
+        IndexStoreError: the writer lock could not be taken in time.
+    """
+    import time as _time
+
+    from fallback.locking import StoreWriteLock
+
+    lock = StoreWriteLock(db_path)
+    try:
+        with lock.hold_blocking():
+            try:
+                opener().close()
+                return None
+            except IndexStoreError:
+                pass
+            stamp = _time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime())
+            target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")
+            n = 2
+            while target.exists():
+                target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}-{n}")
+                n += 1
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(f"{db_path}{suffix}")
+                if src.exists():
+                    os.replace(src, f"{target}{suffix}")
+            return target.name
+    finally:
+        lock.close()

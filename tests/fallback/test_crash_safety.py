@@ -386,3 +386,27 @@ async def test_engine_reopens_a_store_whose_file_another_process_renamed_over(
     finally:
         await engine.close()
         await builder.close()
+
+
+@pytest.mark.anyio
+async def test_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
+    from fallback.engine import BuiltinEngine
+    from fallback.settings import EngineSettings, MemorySearchSettings
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-01-01.md").write_text("the quokka note\n")
+    settings = EngineSettings.for_workspace(ws, state_dir=tmp_path / "state",
+                                            search=MemorySearchSettings(provider="none"))
+    settings.db_path.parent.mkdir(parents=True)
+    settings.db_path.write_bytes(b"this is not an SQLite database" * 100)
+    engine = BuiltinEngine(settings)
+    try:
+        hits = await engine.search("quokka")
+        assert [h.path for h in hits] == ["memory/2026-01-01.md"]
+        st = await engine.status()
+        moved = list(settings.db_path.parent.glob("main.sqlite.corrupt-*"))
+        assert len(moved) == 1 and moved[0].read_bytes().startswith(b"this is not an SQLite database")
+        assert any("index store was corrupt" in i and moved[0].name in i for i in st.issues)
+    finally:
+        await engine.close()

@@ -28,9 +28,8 @@ rank-to-score mapping and the LIKE plan follow ``specs/builtin-engine-spec.md`` 
 
 from __future__ import annotations
 
-import re
-
 import math
+import re
 import unicodedata
 from dataclasses import dataclass
 

@@ -5,9 +5,8 @@ Everything here is pure (no I/O) and counts lengths in code points.
 
 from __future__ import annotations
 
-import re
-
 import hashlib
+import re
 
 __all__ = [
     "CJK_WEIGHT",

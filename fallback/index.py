@@ -60,7 +60,6 @@ from fallback.fts import contains_cjk
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.textutil import sha256_hex
-from fallback.transcripts import scan_transcripts, session_document
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -503,6 +502,8 @@ def _delete_rows(conn: Any, path: str, source: str) -> None:
 def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None]:
     """Transcripts of ``sessions_dir`` as ``MemoryFile`` rows (``sessions/<basename>``), and the
     enumeration error, if any. Files that vanish while being listed are left out."""
+    from fallback.transcripts import scan_transcripts  # only with the sessions source
+
     scan = scan_transcripts(sessions_dir)
     out: list[MemoryFile] = []
     for path in scan.paths:
@@ -527,6 +528,8 @@ def _read_session(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] 
         return SkippedFile(path=mf.rel_path, reason=_VANISHED), None
     except OSError as exc:
         return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
+    from fallback.transcripts import session_document
+
     doc = session_document(mf.abs_path)
     return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
                        size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

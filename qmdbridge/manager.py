@@ -126,10 +126,7 @@ class MemoryManager:
         self._lock = anyio.Lock()
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None)
-        from qmdbridge.probe_cache import ProbeCache
-
-        self.probe_cache = ProbeCache(agent.state_dir / "qmd" / "probe-cache.json", now_ms=self._now_ms)
-        self._probe_key = ProbeCache.key(agent.memory.qmd.command, self._env.get("PATH", ""))
+        self._probe_cache: Any = None
         self._last_fallback: FallbackInfo | None = None
 
     async def __aenter__(self) -> MemoryManager:
@@ -139,6 +136,22 @@ class MemoryManager:
         await self.close()
 
     # -- backends ---------------------------------------------------------------------------
+
+    @property
+    def probe_cache(self) -> Any:
+        """The on-disk cache of qmd probe results (``qmdbridge/probe_cache.py``)."""
+        if self._probe_cache is None:
+            from qmdbridge.probe_cache import ProbeCache
+
+            self._probe_cache = ProbeCache(self.agent.state_dir / "qmd" / "probe-cache.json",
+                                           now_ms=self._now_ms)
+        return self._probe_cache
+
+    @property
+    def _probe_key(self) -> str:
+        from qmdbridge.probe_cache import ProbeCache
+
+        return ProbeCache.key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
 
     def _check_open(self) -> None:
         if self._closed:

@@ -63,7 +63,8 @@ def test_bench_qmd_quick() -> None:
     if not os.access(QMD, os.X_OK):
         assert rows["real qmd"]["note"].startswith("skipped:")
         return
-    assert rows["overhead qmd mode / raw qmd"]["value"] > 0
+    assert rows["overhead qmd mode / raw qmd (long-lived)"]["value"] > 0
+    assert rows["qmd processes per qmdbridge search"]["value"] == 1
     assert "answered by ['builtin']" in rows["fallback answer, hanging qmd (in-process)"]["note"]
     assert rows["hang stand-in processes left alive"]["ok"] is True
 

@@ -409,7 +409,7 @@ class BuiltinEngine:
         q = self.settings.search.query
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
-        enabled = list(self.settings.search.sources)
+        enabled: list[str] = list(self.settings.search.sources)
         srcs = [s for s in enabled if sources is None or s in sources]
         if not srcs:
             return []

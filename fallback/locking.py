@@ -61,7 +61,7 @@ def _try_lock_fd(fd: int) -> bool:
         import msvcrt
 
         try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)  # type: ignore[attr-defined]
         except OSError:
             return False
         return True
@@ -80,7 +80,7 @@ def _unlock_fd(fd: int) -> None:
 
         os.lseek(fd, 0, os.SEEK_SET)
         with contextlib.suppress(OSError):
-            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)  # type: ignore[attr-defined]
         return
     fcntl.flock(fd, fcntl.LOCK_UN)
 

@@ -90,7 +90,8 @@ class ProbeCache:
         if not location.usable:
             return
         data = self._load()
-        old = data.get(key) if isinstance(data.get(key), dict) else {}
+        found = data.get(key)
+        old: dict[str, Any] = found if isinstance(found, dict) else {}
         data[key] = {"location": dataclasses.asdict(location), "stat": _stat_key(location.path),
                      "atMs": self._now(), "extras": {**(old.get("extras") or {}), **extras}}
         self._save(data)

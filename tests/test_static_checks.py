@@ -1,0 +1,31 @@
+"""The type checker and the linter pass on the whole code base (as the style guide asks)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str) -> list[str]:
+    if shutil.which(name) is None and subprocess.run([sys.executable, "-m", name, "--version"],
+                                                     capture_output=True).returncode != 0:
+        pytest.skip(f"{name} is not installed (pip install -e '.[test]')")
+    return [sys.executable, "-m", name]
+
+
+def test_mypy_passes() -> None:
+    out = subprocess.run([*_tool("mypy"), "qmdbridge", "fallback"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_ruff_passes() -> None:
+    out = subprocess.run([*_tool("ruff"), "check", "qmdbridge", "fallback", "tests", "scripts"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

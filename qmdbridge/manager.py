@@ -55,6 +55,8 @@ BackendName = Literal["builtin", "qmd", "none"]
 # Extra time (ms) the manager grants a qmd call (probe, start and search together) beyond
 # limits.timeoutMs; the fallback answer must follow within 100 ms of the deadline.
 QMD_DEADLINE_SLACK_MS = 0
+# Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
+MAX_LIMIT = 2**31 - 1
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -128,6 +130,7 @@ class MemoryManager:
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None)
         self._probe_cache: Any = None
         self._last_fallback: FallbackInfo | None = None
+        self._start_task: Any = None
 
     async def __aenter__(self) -> MemoryManager:
         return self
@@ -156,6 +159,14 @@ class MemoryManager:
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("memory manager is closed")
+
+    def _check_workspace(self) -> None:
+        """A missing workspace is a caller's mistake, not an empty memory: syncing it would
+        empty the index."""
+        ws = self.agent.workspace_dir
+        if not ws.is_dir():
+            what = "is not a directory" if ws.exists() else "does not exist"
+            raise UsageError(f"workspace {what}: {ws} (pass --workspace or set agents.defaults.workspace)")
 
     async def builtin(self) -> BuiltinEngine:
         """The builtin engine (created on first use)."""
@@ -226,10 +237,15 @@ class MemoryManager:
             BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
         """
         self._check_open()
+        if not isinstance(query, str):
+            raise UsageError(f"query must be a string, not {type(query).__name__}")
         if not query or not query.strip():
             raise UsageError("query must not be empty")
-        if max_results is not None and max_results < 1:
-            raise UsageError("max results must be >= 1")
+        if session_key is not None and not isinstance(session_key, str):
+            raise UsageError("session key must be a string")
+        self._check_workspace()
+        if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
+            raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
         if min_score is not None and not 0.0 <= min_score <= 1.0:
             raise UsageError("min score must be between 0 and 1")
         from qmdbridge.scope import citations_enabled, evaluate_scope
@@ -345,10 +361,13 @@ class MemoryManager:
             UsageError: ``from_line``/``lines`` below 1.
         """
         self._check_open()
-        if from_line is not None and from_line < 1:
-            raise UsageError("from must be >= 1")
-        if lines is not None and lines < 1:
-            raise UsageError("lines must be >= 1")
+        if not isinstance(rel_path, str):
+            raise UsageError(f"path must be a string, not {type(rel_path).__name__}")
+        if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
+            raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
+        if lines is not None and not 1 <= lines <= MAX_LIMIT:
+            raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
+        self._check_workspace()
         if self.backend_name == "qmd" and (rel_path.strip().startswith("qmd/") or
                                            self.breaker.allow(self._now_ms())):
             try:
@@ -402,11 +421,18 @@ class MemoryManager:
         if start is not None:
             await start()
         if self.backend_name == "qmd":
-            try:
-                await self.qmd()
-            except MemorySearchError as exc:
-                self.breaker.record_failure(str(exc), self._now_ms())
-                log.warning("qmd did not start; the builtin engine answers: %s", exc)
+            # In the background: reconciling collections with a slow or hanging qmd can take
+            # up to 3 x commandTimeoutMs; searches meanwhile answer within their own deadline.
+            import asyncio
+
+            async def start_qmd() -> None:
+                try:
+                    await self.qmd()
+                except MemorySearchError as exc:
+                    self.breaker.record_failure(str(exc), self._now_ms())
+                    log.warning("qmd did not start; the builtin engine answers: %s", exc)
+
+            self._start_task = asyncio.get_running_loop().create_task(start_qmd())
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
                    progress: Callable[[int, int, int], None] | None = None) -> None:
@@ -421,6 +447,7 @@ class MemoryManager:
             IndexStoreError / BackendUnavailableError: the sync failed.
         """
         self._check_open()
+        self._check_workspace()
         if self.backend_name == "qmd":
             backend = await self.qmd()
             if backend is not None:
@@ -440,6 +467,14 @@ class MemoryManager:
         if self._closed:
             return
         self._closed = True
+        task, self._start_task = self._start_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - cancelled or failed start: already logged
+                    pass
         for backend in (self._qmd, self._builtin):
             if backend is not None:
                 with anyio.CancelScope(shield=True):
@@ -468,21 +503,26 @@ class BlockingMemoryManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _call(self, fn: Any) -> Any:
+        if self._closed:
+            raise ManagerClosedError("memory manager is closed")
+        return self._portal.call(fn)
+
     def search(self, query: str, **kwargs: Any) -> SearchResponse:
         """See :meth:`MemoryManager.search`."""
-        return self._portal.call(lambda: self._manager.search(query, **kwargs))
+        return self._call(lambda: self._manager.search(query, **kwargs))
 
     def read_file(self, rel_path: str, **kwargs: Any) -> MemoryReadResult:
         """See :meth:`MemoryManager.read_file`."""
-        return self._portal.call(lambda: self._manager.read_file(rel_path, **kwargs))
+        return self._call(lambda: self._manager.read_file(rel_path, **kwargs))
 
     def status(self) -> MemoryStatus:
         """See :meth:`MemoryManager.status`."""
-        return self._portal.call(self._manager.status)
+        return self._call(self._manager.status)
 
     def sync(self, *, reason: str = "manual", force: bool = False) -> None:
         """See :meth:`MemoryManager.sync`."""
-        self._portal.call(lambda: self._manager.sync(reason=reason, force=force))
+        self._call(lambda: self._manager.sync(reason=reason, force=force))
 
     def close(self) -> None:
         """Close the manager and stop the portal; idempotent."""

@@ -59,7 +59,7 @@ def _int_or_none(value: Any) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
-        return int(value)
+        return int(value)  # out-of-range values are refused by the manager (UsageError)
     return None
 
 
@@ -71,6 +71,10 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
         ``{results, backend, provider, model, mode, fallback, citations, denied}`` on success,
         ``{results: [], disabled: true, error}`` on failure. Results use camelCase keys.
     """
+    if not isinstance(params, dict):
+        return {"results": [], "disabled": True, "error": "params must be an object"}
+    if session_key is not None and not isinstance(session_key, str):
+        return {"results": [], "disabled": True, "error": "session key must be a string"}
     query = params.get("query")
     if not isinstance(query, str):
         return {"results": [], "disabled": True, "error": "query required"}
@@ -96,9 +100,13 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         ``{path, text: "", disabled: true, error, refused}`` on failure (``refused`` is true
         when the path is not a memory file).
     """
+    if not isinstance(params, dict):
+        return {"path": "", "text": "", "disabled": True, "error": "params must be an object",
+                "refused": False}
     path = params.get("path")
     if not isinstance(path, str) or not path.strip():
-        return {"path": path or "", "text": "", "disabled": True, "error": "path required", "refused": True}
+        return {"path": path if isinstance(path, str) else "", "text": "", "disabled": True,
+                "error": "path required", "refused": True}
     try:
         result = await manager.read_file(path, from_line=_int_or_none(params.get("from")),
                                          lines=_int_or_none(params.get("lines")))

@@ -30,9 +30,17 @@ config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/op
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with our exit code for usage errors, and a JSON error when ``--json`` was asked."""
+
+    json_requested = False
+
     def error(self, message: str) -> NoReturn:  # exit 2 with one line, like argparse, no traceback
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        if _Parser.json_requested:
+            emit_json({"error": f"{self.prog}: {message}", "errorType": "UsageError",
+                       "exitCode": EXIT_USAGE})
+        else:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
 
 
@@ -96,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qmdbridge`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_requested = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
+    args = build_parser().parse_args(raw)
     if args.verbose:
         import logging
 

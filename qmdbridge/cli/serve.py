@@ -41,7 +41,10 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     tool = req.get("tool")
     raw_params = req.get("params")
     params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-    key = req.get("sessionKey") if isinstance(req.get("sessionKey"), str) else None
+    key = req.get("sessionKey")
+    if key is not None and not isinstance(key, str):
+        return {"id": rid, "result": {"results": [], "disabled": True,
+                                      "error": "session key must be a string"}}
     if tool == "memory_search":
         return {"id": rid, "result": await handle_memory_search(manager, params, session_key=key)}
     if tool == "memory_get":
@@ -91,23 +94,28 @@ async def _read_stdin(manager: Any, done: anyio.Event) -> None:
                 break
             if not line.strip():
                 continue
-            reply = await handle_line(manager, line)
-            sys.stdout.buffer.write(orjson.dumps(reply) + b"\n")
+            try:
+                reply = await handle_line(manager, line)
+                data = orjson.dumps(reply)
+            except Exception as exc:  # serve edge: one bad request never stops the server
+                data = orjson.dumps({"id": None, "error": f"{type(exc).__name__}: {exc}"})
+            sys.stdout.buffer.write(data + b"\n")
             sys.stdout.flush()
     done.set()
 
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code."""
+    """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code.
+
+    The signal handlers are installed before anything else starts, so a signal during start-up
+    (a slow or hanging qmd reconciling its collections) still closes the manager and reaps every
+    child process.
+    """
     from qmdbridge.manager import MemoryManager
 
     manager = MemoryManager(agent, backend=args.backend, mode="full")
     done = anyio.Event()
     try:
-        await manager.start()
-        sys.stderr.write(f"qmdbridge serve: agent {agent.agent_id}, backend {manager.backend_name}, "
-                         f"workspace {agent.workspace_dir}\n")
-        sys.stderr.flush()
         async with anyio.create_task_group() as tg:
             async def watch_signals() -> None:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -119,10 +127,18 @@ async def serve(agent: Any, args: argparse.Namespace) -> int:
                 await done.wait()
                 tg.cancel_scope.cancel()
 
+            async def run() -> None:
+                await manager.start()
+                sys.stderr.write(f"qmdbridge serve: agent {agent.agent_id}, backend "
+                                 f"{manager.backend_name}, workspace {agent.workspace_dir}\n")
+                sys.stderr.flush()
+                if not args.no_stdin:
+                    await _read_stdin(manager, done)
+
             tg.start_soon(watch_signals)
             tg.start_soon(stop_when_done)
-            if not args.no_stdin:
-                tg.start_soon(_read_stdin, manager, done)
+            await anyio.sleep(0)  # let the signal receiver install first
+            tg.start_soon(run)
     finally:
         with anyio.CancelScope(shield=True):
             await manager.close()

@@ -213,3 +213,31 @@ def test_qmd_operator_commands_and_warmup_under_ci(tmp_path: Path, ws: Path, env
     message = offline.stderr.decode()
     assert message.startswith("qmdbridge warmup: offline: cannot reach 127.0.0.1:9")
     assert "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf" in message
+
+
+def test_usage_errors_honour_json_and_huge_numbers_are_refused(ws: Path, env: dict[str, str]) -> None:
+    p = run(["get", "MEMORY.md", "--from", "abc", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 2
+    doc = orjson.loads(p.stdout)
+    assert doc["errorType"] == "UsageError" and "invalid int value: 'abc'" in doc["error"]
+    huge = run(["get", "MEMORY.md", "--from", "99999999999999999999", "--workspace", str(ws), "--json"], env)
+    assert huge.returncode == 2
+    assert orjson.loads(huge.stdout)["error"] == "from must be between 1 and 2147483647"
+    missing_ws = run(["search", "router", "--workspace", str(ws / "nope"), "--json"], env)
+    assert missing_ws.returncode == 2
+    assert orjson.loads(missing_ws.stdout)["error"].startswith("workspace does not exist: ")
+
+
+def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
+    lines = [b'{"id": 8, "tool": "memory_get", "params": {"path": "MEMORY.md", "from": 100000000000000000000000}}',
+             b'{"id": 9, "tool": "memory_search", "params": null}',
+             b'{"id": 10, "tool": "memory_search", "params": {"query": "Atlas"}, "sessionKey": {"x": 1}}',
+             b'{"id": 11, "tool": "status"}']
+    p = run(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
+    assert p.returncode == 0, p.stderr
+    replies = [orjson.loads(line) for line in p.stdout.splitlines()]
+    assert [r["id"] for r in replies] == [8, 9, 10, 11]
+    assert replies[0]["result"]["error"] == "from must be between 1 and 2147483647"
+    assert replies[1]["result"]["results"] == [] and replies[1]["result"]["disabled"] is True
+    assert replies[2]["result"]["error"] == "session key must be a string"
+    assert replies[3]["result"]["backend"] == "builtin"

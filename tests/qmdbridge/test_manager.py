@@ -72,7 +72,7 @@ async def test_blank_query_and_bad_limits_are_usage_errors(tmp_path: Path) -> No
             await m.search("   ")
         with pytest.raises(UsageError, match="max results"):
             await m.search("x", max_results=0)
-        with pytest.raises(UsageError, match="from must be >= 1"):
+        with pytest.raises(UsageError, match="from must be between 1 and 2147483647"):
             await m.read_file("MEMORY.md", from_line=0)
     with pytest.raises(ManagerClosedError):
         await m.search("zebra")

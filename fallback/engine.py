@@ -37,7 +37,6 @@ from typing import Any
 
 import anyio
 
-from fallback.chunking import truncate_chars
 from fallback.db import META_KEY, Store, is_readonly_error
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
@@ -48,20 +47,13 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.index import Indexer, ProgressCallback, SyncReport
-from fallback.keyword_sql import keyword_candidates
 from fallback.models import (
     MemoryReadResult,
     MemorySearchResult,
     MemoryStatus,
     Source,
 )
-from fallback.ranking import (
-    Candidate,
-    apply_temporal_decay,
-    merge_hybrid,
-    mmr_rerank,
-    select_results,
-)
+from fallback.searcher import Searcher
 from fallback.settings import EngineSettings
 from fallback.storefiles import quarantine_corrupt_store
 
@@ -69,8 +61,6 @@ __all__ = ["BuiltinEngine"]
 
 log = logging.getLogger(__name__)
 
-# Snippets are cut to this many code points (spec §8.3, DESIGN.md maxSnippetChars).
-SNIPPET_MAX_CHARS = 700
 # Upper bound of candidates fetched per search (spec §8.1).
 MAX_CANDIDATES = 200
 
@@ -153,6 +143,33 @@ class BuiltinEngine:
             else:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
+
+    async def _recover_corrupt(self, exc: IndexStoreError) -> None:
+        """Close the corrupt store, move its files aside and start over with an empty one."""
+        async with self._open_lock:
+            if self._store is not None:
+                await anyio.to_thread.run_sync(self._store.close)
+                self._store = None
+            await anyio.to_thread.run_sync(self._drop_vector_index)
+
+            def verify() -> Store:
+                store = Store(self.settings.db_path,
+                              fts_tokenizer=self.settings.search.store.fts.tokenizer)
+                problem = store.quick_check()
+                if problem != "ok":
+                    store.close()
+                    raise IndexStoreError(f"index store is corrupt: {problem}",
+                                          db_path=str(self.settings.db_path))
+                return store
+
+            moved = await anyio.to_thread.run_sync(
+                partial(quarantine_corrupt_store, self.settings.db_path, verify))
+        if moved:
+            self._notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and "
+                               "rebuilt from the memory files")
+            log.warning("%s", self._notes[-1])
+        self._synced = False
+        self.mark_dirty("index store was rebuilt")
 
     async def prepare(self) -> None:
         """Open the store ahead of the first search (the manager does it while qmd runs).
@@ -260,6 +277,9 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False) -> SyncReport:
         """Bring the index up to date; a second caller awaits the running sync.
 
+        A store found corrupt on the way is moved aside and rebuilt from the memory files
+        (the index is derived data), then the sync runs again once.
+
         Args:
             reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
             force: full rebuild into a temporary database, swapped in atomically.
@@ -273,6 +293,15 @@ class BuiltinEngine:
             IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
                 the live index untouched).
         """
+        try:
+            return await self._sync_shared(reason=reason, force=force)
+        except IndexStoreError as exc:
+            if not _is_corrupt(exc):
+                raise
+            await self._recover_corrupt(exc)
+            return await self._sync_shared(reason=reason, force=force)
+
+    async def _sync_shared(self, *, reason: str, force: bool) -> SyncReport:
         self._check_open()
         cancelled = anyio.get_cancelled_exc_class()
         while self._sync_done is not None:
@@ -376,6 +405,9 @@ class BuiltinEngine:
                      sync_budget_ms: int | None = None) -> list[MemorySearchResult]:
         """Search the memory index; hits best first.
 
+        A store found corrupt is moved aside and rebuilt from the memory files, and the search
+        runs again once.
+
         Args:
             query: free text (any language; FTS syntax is never interpreted).
             max_results: cap on hits (default ``query.maxResults``, 6).
@@ -397,6 +429,20 @@ class BuiltinEngine:
             BackendUnavailableError: an explicitly configured provider is unavailable.
             IndexStoreError: the store is locked, read-only or corrupt.
         """
+        kwargs = {"max_results": max_results, "min_score": min_score, "session_key": session_key,
+                  "sources": sources, "sync_budget_ms": sync_budget_ms}
+        try:
+            return await self._search_once(query, **kwargs)
+        except IndexStoreError as exc:
+            if not _is_corrupt(exc):
+                raise
+            await self._recover_corrupt(exc)
+            return await self._search_once(query, **kwargs)
+
+    async def _search_once(self, query: str, *, max_results: int | None,
+                           min_score: float | None, session_key: str | None,
+                           sources: list[Source] | None,
+                           sync_budget_ms: int | None) -> list[MemorySearchResult]:
         text = query.strip()
         if not text:
             raise UsageError("query must not be empty")
@@ -405,6 +451,7 @@ class BuiltinEngine:
         store = await self._open_store()
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
                               else sync_budget_ms)
+        store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
         q = self.settings.search.query
         limit = max(1, max_results if max_results is not None else q.max_results)
@@ -416,94 +463,17 @@ class BuiltinEngine:
         candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
         provider = self._provider()
         if provider is None:
-            hits = await self._search_fts_only(store, text, srcs, candidates, floor, limit)
-            return [self._result(c, hybrid=False) for c in hits]
-        hits = await self._search_hybrid(store, provider, text, srcs, candidates, floor, limit)
-        return [self._result(c, hybrid=True) for c in hits]
+            hits = await self._searcher().fts_only(store, text, srcs, candidates, floor, limit)
+            return [Searcher.result(c, hybrid=False) for c in hits]
+        hits = await self._searcher().hybrid(store, provider, text, srcs, candidates, floor, limit)
+        return [Searcher.result(c, hybrid=True) for c in hits]
 
-    async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
-                                  candidates: int) -> list[Candidate]:
-        return await keyword_candidates(store, text, srcs, candidates)
+    def _searcher(self) -> Searcher:
+        def record(error: str) -> None:
+            self._last_error = error
 
-    async def _search_fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
-                               floor: float, limit: int) -> list[Candidate]:
-        hits = await self._keyword_candidates(store, text, srcs, candidates)
-        ranked = await self._decay(store, hits)
-        strict = [c for c in ranked if c.score >= floor]
-        return (strict or ranked)[:limit]
-
-    async def _search_hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
-                             srcs: list[str], candidates: int, floor: float,
-                             limit: int) -> list[Candidate]:
-        hybrid = self.settings.search.query.hybrid
-        try:
-            qvec = await provider.embed_query(text)
-        except EmbeddingProviderError as exc:
-            log.warning("query embedding failed, keyword-only results: %s", exc)
-            self._last_error = f"query embedding failed: {exc}"
-            qvec = []
-        if not qvec or not any(v != 0 for v in qvec):
-            # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
-            return await self._search_fts_only(store, text, srcs, candidates, floor, limit)
-        keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
-                        if hybrid.enabled else [])
-        vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
-        if not hybrid.enabled:
-            return [c for c in vector_hits if c.score >= floor][:limit]
-        # When the keyword side found nothing at all it abstains: its weight goes to the vector
-        # side (the effective-weight normalisation of spec §8.5 step 2), so a purely semantic
-        # match is scored by its cosine similarity instead of 0.7 x it.
-        vw, tw = (hybrid.vector_weight, hybrid.text_weight) if keyword_hits else (1.0, 0.0)
-        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=vw, text_weight=tw)
-        merged = await self._decay(store, merged)
-        if hybrid.mmr.enabled:
-            merged = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
-        return select_results(merged, keyword_hits, min_score=floor,
-                              text_weight=hybrid.text_weight, max_results=limit)
-
-    async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],
-                           limit: int) -> list[Candidate]:
-        index = self._vector_index()
-        found = await anyio.to_thread.run_sync(partial(
-            index.search, qvec, model=model, sources=srcs, limit=limit))
-        if not found:
-            return []
-        marks = ", ".join("?" for _ in found)
-        rows = await anyio.to_thread.run_sync(
-            store.query, f"SELECT id, path, source, start_line, end_line, text FROM chunks"
-                         f" WHERE id IN ({marks})", [cid for cid, _ in found])
-        by_id = {r[0]: r for r in rows}
-        out = []
-        for cid, sim in found:
-            r = by_id.get(cid)
-            if r is not None:
-                out.append(Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3],
-                                     end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
-        return out
-
-    async def _decay(self, store: Store, cands: list[Candidate]) -> list[Candidate]:
-        decay = self.settings.search.query.hybrid.temporal_decay
-        if not decay.enabled or not cands:
-            return sorted(cands, key=lambda c: -c.score)
-        paths = sorted({c.path for c in cands})
-        marks = ", ".join("?" for _ in paths)
-        rows = await anyio.to_thread.run_sync(
-            store.query, f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
-        mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
-        return apply_temporal_decay(cands, half_life_days=decay.half_life_days,
-                                    now_ms=self._now_ms(),
-                                    mtime_ms=lambda source, path: mtimes.get((source, path)))
-
-    @staticmethod
-    def _result(c: Candidate, *, hybrid: bool) -> MemorySearchResult:
-        return MemorySearchResult(
-            path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=max(0.0, min(1.0, c.score)), snippet=truncate_chars(c.snippet, SNIPPET_MAX_CHARS),
-            source="sessions" if c.source == "sessions" else "memory",
-            vector_score=c.vector_score if hybrid else None,
-            text_score=c.text_score if hybrid else None)
-
-    # -- read, status, probes --------------------------------------------------------------
+        return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
+                        on_error=record)
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
@@ -576,3 +546,8 @@ class BuiltinEngine:
             return False
         status = await anyio.to_thread.run_sync(self._vector_index().status)
         return bool(status["available"])
+
+
+def _is_corrupt(exc: IndexStoreError) -> bool:
+    """Whether a store error means the file is damaged (as opposed to locked or read-only)."""
+    return "is corrupt" in str(exc)

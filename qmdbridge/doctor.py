@@ -248,7 +248,28 @@ def _check_watch_limits() -> Check:
     return Check("watcher", "ok", f"inotify max_user_watches = {limit}")
 
 
-def _check_index(agent: ResolvedAgent) -> Check:
+async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) -> Check:
+    check = _inspect_index(agent)
+    if check.level != "error" or not fix:
+        return check
+    from fallback.embeddings import select_provider
+    from fallback.engine import BuiltinEngine
+    from fallback.errors import MemorySearchError
+
+    engine = BuiltinEngine(agent.engine, provider_selection=select_provider(agent.memory_search, env=env))
+    try:
+        await engine.sync(reason="doctor", force=True)
+    except MemorySearchError as exc:
+        return Check("index", "error", f"{check.detail}; rebuild failed: {exc}", check.hint)
+    finally:
+        await engine.close()
+    after = _inspect_index(agent)
+    if after.level == "ok":
+        return Check("index", "ok", f"rebuilt ({check.detail})", fixed=True)
+    return after
+
+
+def _inspect_index(agent: ResolvedAgent) -> Check:
     db = agent.engine.db_path
     if not db.exists():
         return Check("index", "warn", f"no index yet at {db}", "run `qmdbridge index`")
@@ -259,9 +280,11 @@ def _check_index(agent: ResolvedAgent) -> Check:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        return Check("index", "error", f"{db}: {exc}", "run `qmdbridge index --force` to rebuild it")
+        return Check("index", "error", f"{db}: {exc}",
+                     "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")
     if result != "ok":
-        return Check("index", "error", f"{db}: quick_check: {result}", "run `qmdbridge index --force` to rebuild it")
+        return Check("index", "error", f"{db}: quick_check: {result}",
+                     "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")
     return Check("index", "ok", f"{db}: quick_check ok")
 
 
@@ -275,5 +298,5 @@ async def run_doctor(agent: ResolvedAgent, *, fix: bool = False,
     report.checks.extend(_check_sqlite(agent))
     report.checks.append(await _check_provider(agent, e))
     report.checks.append(_check_watch_limits())
-    report.checks.append(_check_index(agent))
+    report.checks.append(await _check_index(agent, fix, e))
     return report

@@ -410,3 +410,38 @@ async def test_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
         assert any("index store was corrupt" in i and moved[0].name in i for i in st.issues)
     finally:
         await engine.close()
+
+
+@pytest.mark.anyio
+async def test_store_damaged_inside_is_rebuilt_on_search_and_forced_sync(tmp_path: Path) -> None:
+    from fallback.engine import BuiltinEngine
+    from fallback.settings import EngineSettings, MemorySearchSettings
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    for i in range(40):
+        (ws / "memory" / f"2026-01-{i % 28 + 1:02d}-{i}.md").write_text(f"note {i} wombat {'filler ' * 200}\n")
+    settings = EngineSettings.for_workspace(ws, state_dir=tmp_path / "state",
+                                            search=MemorySearchSettings(provider="none"))
+    engine = BuiltinEngine(settings)
+    await engine.sync(reason="test")
+    await engine.close()
+    with open(settings.db_path, "r+b") as fh:  # garbage over pages in the middle of the file
+        fh.seek(8192)
+        fh.write(os.urandom(40_000))
+    for op in ("search", "sync"):
+        engine = BuiltinEngine(settings)
+        try:
+            if op == "search":
+                hits = await engine.search("wombat", max_results=3)
+                assert len(hits) == 3
+            else:
+                report = await engine.sync(reason="cli", force=True)
+                assert report.full and report.files_total == 40
+            assert (await engine.status()).files == 40
+        finally:
+            await engine.close()
+        with open(settings.db_path, "r+b") as fh:
+            fh.seek(8192)
+            fh.write(os.urandom(40_000))
+    assert len(list(settings.db_path.parent.glob("main.sqlite.corrupt-*[0-9Z]"))) >= 1

@@ -105,3 +105,18 @@ async def test_run_doctor_reports_split_then_fixes(tmp_path: Path) -> None:
     assert root.level == "ok" and root.fixed is True
     again = await run_doctor(agent, env=env)
     assert {c.name: c for c in again.checks}["root memory file"].detail == "MEMORY.md"
+
+
+async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+    agent = resolve_agent(OpenClawConfig(), "main", workspace=ws, env=env)
+    agent.engine.db_path.parent.mkdir(parents=True)
+    agent.engine.db_path.write_bytes(b"garbage, not SQLite" * 500)
+    before = {c.name: c for c in (await run_doctor(agent, env=env)).checks}["index"]
+    assert before.level == "error" and "doctor --fix" in (before.hint or "")
+    fixed = {c.name: c for c in (await run_doctor(agent, fix=True, env=env)).checks}["index"]
+    assert fixed.level == "ok" and fixed.fixed is True and fixed.detail.startswith("rebuilt (")
+    assert list(agent.engine.db_path.parent.glob("main.sqlite.corrupt-*"))

@@ -429,15 +429,15 @@ class BuiltinEngine:
             BackendUnavailableError: an explicitly configured provider is unavailable.
             IndexStoreError: the store is locked, read-only or corrupt.
         """
-        kwargs = {"max_results": max_results, "min_score": min_score, "session_key": session_key,
-                  "sources": sources, "sync_budget_ms": sync_budget_ms}
+        once = partial(self._search_once, query, max_results=max_results, min_score=min_score,
+                       session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms)
         try:
-            return await self._search_once(query, **kwargs)
+            return await once()
         except IndexStoreError as exc:
             if not _is_corrupt(exc):
                 raise
             await self._recover_corrupt(exc)
-            return await self._search_once(query, **kwargs)
+            return await once()
 
     async def _search_once(self, query: str, *, max_results: int | None,
                            min_score: float | None, session_key: str | None,

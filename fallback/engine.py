@@ -40,10 +40,10 @@ import anyio
 from fallback.db import META_KEY, Store, is_readonly_error
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
-    BackendUnavailableError,
     EmbeddingProviderError,
     IndexStoreError,
     ManagerClosedError,
+    SearchUnavailableError,
     UsageError,
 )
 from fallback.index import Indexer, ProgressCallback, SyncReport
@@ -191,8 +191,9 @@ class BuiltinEngine:
     def _fail_closed(self) -> None:
         sel = self._provider_selection()
         if sel.error:
-            raise BackendUnavailableError(
-                "builtin", f"memory search unavailable: {sel.requested}: {sel.error}")
+            message = str(sel.error)
+            prefix = f"memory search unavailable: {sel.requested}: "
+            raise SearchUnavailableError(sel.requested, message.removeprefix(prefix))
 
     def _vector_index(self) -> Any:
         if self._vector is None:
@@ -394,8 +395,20 @@ class BuiltinEngine:
     async def _search_sync(self) -> None:
         try:
             await self.sync(reason="search")
-        except (IndexStoreError, EmbeddingProviderError) as exc:
+        except EmbeddingProviderError as exc:
+            sel = self._provider_selection()
+            if sel.requested not in ("auto", "none") and sel.provider is not None:
+                # an explicitly configured provider that cannot embed is unavailable: say so
+                # rather than answer from a partial index
+                raise SearchUnavailableError(sel.provider.provider_id, str(exc)) from exc
             log.warning("memory sync before search failed: %s", exc)
+        except IndexStoreError as exc:
+            log.warning("memory sync before search failed: %s", exc)
+
+    @property
+    def last_error(self) -> str | None:
+        """The last non-fatal problem (failed sync, failed query embedding), or ``None``."""
+        return self._last_error
 
     # -- search ----------------------------------------------------------------------------
 

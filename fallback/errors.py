@@ -7,6 +7,7 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- UsageError                  a bad call: empty query, bad argument
      +-- PathRefusedError            memory_get target outside the allowed set (carries reason)
      +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
+     |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
      |    +-- QmdCommandError        ... because a qmd process failed (qmdbridge.runner)
      |    +-- QmdOutputError         ... because qmd printed something we cannot parse
@@ -33,6 +34,7 @@ __all__ = [
     "MemorySearchError",
     "PathRefusedError",
     "QmdOutputError",
+    "SearchUnavailableError",
     "UsageError",
 ]
 
@@ -95,6 +97,20 @@ class BackendUnavailableError(MemorySearchError):
         self.backend = backend
         self.reason = reason
         super().__init__(f"{backend} unavailable: {reason}")
+
+
+class SearchUnavailableError(BackendUnavailableError):
+    """Raised when an explicitly configured embedding provider cannot work, so search fails
+    closed instead of silently degrading; the message is
+    ``memory search unavailable: <provider>: <reason>``."""
+
+    def __init__(self, provider: str, reason: str) -> None:
+        super().__init__("builtin", reason)
+        self.provider = provider
+        self.args = (f"memory search unavailable: {provider}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):

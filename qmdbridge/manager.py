@@ -287,13 +287,14 @@ class MemoryManager:
                     "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
         st = await engine.status()
+        warnings = [engine.last_error] if engine.last_error else []
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]
         results = decorate_citations(hits, include=include)
         return SearchResponse(backend="builtin", fallback=fallback, provider=st.provider,
                               model=st.model, mode=st.search_mode, citations=cfg.citations,
-                              results=results)
+                              results=results, warnings=warnings)
 
     async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[list[MemorySearchResult] | None,
                                                                    FallbackInfo | None]:

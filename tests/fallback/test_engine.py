@@ -31,8 +31,9 @@ class CountProvider:
     max_input_tokens = 8192
     max_batch_bytes = 8000
 
-    def __init__(self, *, fail_query: bool = False) -> None:
+    def __init__(self, *, fail_query: bool = False, fail_batch: bool = False) -> None:
         self.fail_query = fail_query
+        self.fail_batch = fail_batch
         self.texts_embedded = 0
 
     def _vec(self, text: str) -> list[float]:
@@ -45,6 +46,8 @@ class CountProvider:
         return self._vec(text)
 
     async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        if self.fail_batch:
+            raise EmbeddingProviderError(self.provider_id, "connection refused")
         self.texts_embedded += len(texts)
         return [self._vec(t) for t in texts]
 
@@ -219,8 +222,8 @@ async def test_explicit_unavailable_provider_fails_closed(ws: Path) -> None:
     engine = BuiltinEngine(settings, provider_selection=sel)
     with pytest.raises(BackendUnavailableError) as info:
         await engine.search("alpha")
-    assert str(info.value) == ("builtin unavailable: memory search unavailable: openai: "
-                               "No API key found for provider openai")
+    assert str(info.value) == "memory search unavailable: openai: No API key found for provider openai"
+    assert info.value.backend == "builtin"
     await engine.close()
 
 
@@ -254,3 +257,16 @@ async def test_concurrent_syncs_share_one_run_and_issues_are_reported(tmp_path: 
     assert status.issues == [f"memory directory missing: {tmp_path / 'memory'}"]
     assert (status.files, status.chunks) == (1, 1)
     await engine.close()
+
+
+async def test_explicit_provider_that_cannot_embed_fails_closed(ws: Path) -> None:
+    provider = CountProvider(fail_batch=True)
+    settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="ollama"))
+    engine = BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "ollama"))
+    try:
+        with pytest.raises(BackendUnavailableError) as info:
+            await engine.search("alpha")
+        assert str(info.value) == ("memory search unavailable: test-count: "
+                                   "test-count embedding failed: connection refused")
+    finally:
+        await engine.close()

@@ -35,13 +35,14 @@ class BreakerState:
 
     failures: int = 0
     open_until_ms: int = 0
+    scope: str = ""
     last_failure: str | None = None
     last_failure_at_ms: int | None = None
     last_success_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form (camelCase keys)."""
-        return {"failures": self.failures, "openUntilMs": self.open_until_ms,
+        return {"failures": self.failures, "openUntilMs": self.open_until_ms, "scope": self.scope,
                 "lastFailure": self.last_failure, "lastFailureAtMs": self.last_failure_at_ms,
                 "lastSuccessAtMs": self.last_success_at_ms}
 
@@ -53,12 +54,15 @@ class CircuitBreaker:
     Args:
         path: JSON state file, or ``None`` for an in-memory breaker.
         base_cooldown_ms / max_cooldown_ms: cooldown after the first failure and its cap (ms).
+        scope: what the failures are about (the configured qmd command); a state recorded for
+            another scope is ignored, so fixing the config takes effect at once.
     """
 
     path: Path | None = None
     base_cooldown_ms: int = BASE_COOLDOWN_MS
     max_cooldown_ms: int = MAX_COOLDOWN_MS
     state: BreakerState = field(default_factory=BreakerState)
+    scope: str = ""
 
     def __post_init__(self) -> None:
         self._load()
@@ -70,10 +74,15 @@ class CircuitBreaker:
             raw = orjson.loads(self.path.read_bytes())
             self.state = BreakerState(
                 failures=int(raw.get("failures", 0)), open_until_ms=int(raw.get("openUntilMs", 0)),
+                scope=str(raw.get("scope", "")),
                 last_failure=raw.get("lastFailure"), last_failure_at_ms=raw.get("lastFailureAtMs"),
                 last_success_at_ms=raw.get("lastSuccessAtMs"))
-        except (OSError, ValueError, TypeError, AttributeError):
-            self.state = BreakerState()
+            if self.state.scope != self.scope:
+                self.state = BreakerState(scope=self.scope)
+        except OSError:
+            return  # no shared file (yet, or not writable here): keep what this process knows
+        except (ValueError, TypeError, AttributeError):
+            self.state = BreakerState(scope=self.scope)
 
     def _save(self) -> None:
         if self.path is None:
@@ -96,7 +105,8 @@ class CircuitBreaker:
         """Close the breaker."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         changed = self.state.failures != 0
-        self.state = BreakerState(last_success_at_ms=now, last_failure=self.state.last_failure,
+        self.state = BreakerState(last_success_at_ms=now, scope=self.scope,
+                                  last_failure=self.state.last_failure,
                                   last_failure_at_ms=self.state.last_failure_at_ms)
         if changed or self.path is not None:
             self._save()
@@ -107,7 +117,7 @@ class CircuitBreaker:
         self._load()
         failures = self.state.failures + 1
         cooldown = min(self.max_cooldown_ms, self.base_cooldown_ms * 2 ** (failures - 1))
-        self.state = BreakerState(failures=failures, open_until_ms=now + cooldown,
+        self.state = BreakerState(failures=failures, open_until_ms=now + cooldown, scope=self.scope,
                                   last_failure=reason, last_failure_at_ms=now,
                                   last_success_at_ms=self.state.last_success_at_ms)
         self._save()

@@ -422,9 +422,22 @@ def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[st
     return merged
 
 
+_AGENT_ID_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
 def normalize_agent_id(agent_id: str | None) -> str:
-    """Lower-case and trim an agent id; empty -> ``main``."""
-    return (agent_id or "").strip().lower() or "main"
+    """Lower-case and trim an agent id; empty -> ``main``.
+
+    Raises:
+        ConfigError: the id is not 1-64 of ``a-z 0-9 _ . -`` starting with a letter or digit
+            (it names files and folders, so ``../x`` or ``a/b`` must never get through).
+    """
+    aid = (agent_id or "").strip().lower() or "main"
+    if not _AGENT_ID_RE.fullmatch(aid) or ".." in aid:
+        raise ConfigError(f"invalid agent id {agent_id!r}", key="agent",
+                          expected="1-64 characters of a-z, 0-9, '_', '.', '-' starting with a "
+                                   "letter or digit")
+    return aid
 
 
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,

@@ -127,7 +127,8 @@ class MemoryManager:
         self._closed = False
         self._lock = anyio.Lock()
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
-        self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None)
+        self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None,
+                                      scope=agent.memory.qmd.command)
         self._probe_cache: Any = None
         self._last_fallback: FallbackInfo | None = None
         self._start_task: Any = None

@@ -1,0 +1,39 @@
+"""CircuitBreaker: exponential cooldown, half-open trial, shared state file, scope reset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qmdbridge.breaker import CircuitBreaker
+
+
+def test_cooldown_doubles_and_success_closes(tmp_path: Path) -> None:
+    b = CircuitBreaker(tmp_path / "b.json", scope="qmd")
+    assert b.allow(1_000)
+    assert b.record_failure("boom", now_ms=1_000) == 30_000
+    assert not b.allow(20_000) and b.describe(20_000)["state"] == "open"
+    assert b.allow(31_000) and b.describe(31_000)["state"] == "half-open"
+    assert b.record_failure("boom again", now_ms=31_000) == 60_000
+    assert b.record_failure("x", now_ms=0) == 120_000
+    for _ in range(10):
+        b.record_failure("x", now_ms=0)
+    assert b.record_failure("x", now_ms=0) == 600_000  # capped at 10 minutes
+    b.record_success(now_ms=5)
+    assert b.allow(5) and b.describe(5)["state"] == "closed"
+
+
+def test_state_is_shared_through_the_file_and_scoped(tmp_path: Path) -> None:
+    a = CircuitBreaker(tmp_path / "b.json", scope="/opt/qmd")
+    a.record_failure("qmd not found", now_ms=1_000)
+    same = CircuitBreaker(tmp_path / "b.json", scope="/opt/qmd")
+    assert not same.allow(2_000) and same.state.last_failure == "qmd not found"
+    other = CircuitBreaker(tmp_path / "b.json", scope="/usr/local/bin/qmd")
+    assert other.allow(2_000) and other.state.failures == 0
+
+
+def test_unwritable_state_dir_is_not_fatal(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    b = CircuitBreaker(blocker / "b.json")
+    assert b.record_failure("x", now_ms=0) == 30_000
+    assert not b.allow(1)

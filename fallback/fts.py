@@ -145,7 +145,12 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | No
     """
     tokens = tuple(dict.fromkeys(t for t in fts_tokens(query) if t.replace('"', "")))
     if not tokens:
-        return None
+        # No letters or digits at all (emoji, symbols such as "→" or "★"): the tokenizers drop
+        # those characters, so look for the text itself as a substring.
+        symbols = " ".join(unicodedata.normalize("NFC", query).split())
+        if not any(unicodedata.category(ch) in ("So", "Sm") for ch in symbols):
+            return None
+        return FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,))
     main: list[str] = []
     trigram: list[str] = []
     like: list[str] = []

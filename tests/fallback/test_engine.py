@@ -270,3 +270,13 @@ async def test_explicit_provider_that_cannot_embed_fails_closed(ws: Path) -> Non
                                    "test-count embedding failed: connection refused")
     finally:
         await engine.close()
+
+
+async def test_emoji_query_finds_the_note(ws: Path) -> None:
+    (ws / "memory" / "2026-02-01.md").write_text("# Trip\n- saw a 🦘 near the road\n")
+    engine = _engine(ws, None)
+    try:
+        hits = await engine.search("🦘")
+        assert [h.path for h in hits] == ["memory/2026-02-01.md"]
+    finally:
+        await engine.close()

@@ -27,7 +27,7 @@ def test_blank_and_symbol_only_queries_give_no_plan() -> None:
     assert build_fts_query("   ") is None
     assert build_fts_query("") is None
     assert build_fts_query("!@#$%^&*()") is None
-    assert build_fts_query("🙂🚀") is None
+    assert build_fts_query("🙂🚀").like_terms == ("🙂🚀",)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("query", "match"), [
@@ -102,3 +102,10 @@ def test_fts_only_score_boosts() -> None:
     # A CJK query token counts as matched when it is a substring of the chunk.
     cjk = fts_only_score(0.0, query="価格", text="金银価格表", path="m.md")
     assert cjk == pytest.approx(0.45 + 0.2 * 1 / 1 + min(5 / 160, 0.18))
+
+
+def test_symbol_only_queries_become_substring_searches() -> None:
+    plan = build_fts_query("  🦘  ")
+    assert plan is not None and plan.match is None and plan.like_terms == ("🦘",)
+    assert build_fts_query("★ →").like_terms == ("★ →",)  # type: ignore[union-attr]
+    assert build_fts_query("?!... ,") is None  # punctuation only: nothing to look for

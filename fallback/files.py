@@ -163,6 +163,10 @@ def is_memory_path(rel_path: str) -> bool:
     return p.startswith("memory/") and len(p) > len("memory/")
 
 
+# Discovery stops walking after this many directory entries in all (an extra path such as the
+# home folder would otherwise make every sync walk the whole disk); the cut is reported.
+MAX_WALK_ENTRIES = 200_000
+
 class _Collector:
     """Accumulates discovered files, skips and issues for one discovery run."""
 
@@ -172,6 +176,7 @@ class _Collector:
         self.candidates: list[tuple[str, os.stat_result]] = []
         self.skipped: list[SkippedFile] = []
         self.issues: list[str] = []
+        self.entries_left = MAX_WALK_ENTRIES
 
     def skip(self, path: str, reason: str) -> None:
         self.skipped.append(SkippedFile(path=_rel(path, self.workspace), reason=reason))
@@ -204,6 +209,11 @@ class _Collector:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
             self.issues.append(f"cannot list {directory}: {exc.strerror or exc}")
+            return
+        self.entries_left -= len(entries)
+        if self.entries_left < 0:
+            self.issues.append(f"stopped walking at {directory}: more than {MAX_WALK_ENTRIES} "
+                               "entries under the memory folders (is an extra path too broad?)")
             return
         for entry in entries:
             try:
@@ -259,6 +269,9 @@ def _add_root_file(col: _Collector, workspace: str) -> None:
 
 
 def _add_extra_path(col: _Collector, path: str) -> None:
+    if os.path.dirname(path) == path:
+        col.issues.append(f"extra path is the filesystem root, ignored: {path}")
+        return
     st = _lstat(path)
     if st is None:
         col.issues.append(f"extra path missing: {path}")

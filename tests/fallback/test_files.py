@@ -290,3 +290,23 @@ def test_read_permission_denied(open_tmp: Path) -> None:
     finally:
         note.chmod(0o644)
     assert got == SkippedFile(path="locked.md", reason="unreadable: Permission denied")
+
+
+def test_filesystem_root_as_extra_path_is_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md", "x")
+    disc = list_memory_files(ws, ["/"])
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md"]
+    assert "extra path is the filesystem root, ignored: /" in disc.issues
+
+
+def test_walk_stops_after_the_entry_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fallback.files as files
+
+    monkeypatch.setattr(files, "MAX_WALK_ENTRIES", 5)
+    ws = tmp_path / "ws"
+    for i in range(8):
+        _write(ws / "memory" / f"{i}.md", "x")
+    disc = list_memory_files(ws, [])
+    assert disc.files == []
+    assert any(i.startswith("stopped walking at ") for i in disc.issues)

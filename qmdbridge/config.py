@@ -422,22 +422,23 @@ def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[st
     return merged
 
 
-_AGENT_ID_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_AGENT_ID_UNSAFE_RE = re.compile(r"[^a-z0-9_.-]+")
 
 
 def normalize_agent_id(agent_id: str | None) -> str:
-    """Lower-case and trim an agent id; empty -> ``main``.
+    """Lower-case and trim an agent id, runs of other characters -> ``-``; empty -> ``main``
+    (``"Ops Bot"`` -> ``ops-bot``).
 
     Raises:
-        ConfigError: the id is not 1-64 of ``a-z 0-9 _ . -`` starting with a letter or digit
-            (it names files and folders, so ``../x`` or ``a/b`` must never get through).
+        ConfigError: the id contains a path separator or ``..`` or starts with ``.`` (it names
+            files and folders, so ``../x`` or ``a/b`` must never get through).
     """
-    aid = (agent_id or "").strip().lower() or "main"
-    if not _AGENT_ID_RE.fullmatch(aid) or ".." in aid:
+    raw = (agent_id or "").strip().lower()
+    if "/" in raw or "\\" in raw or ".." in raw or raw.startswith("."):
         raise ConfigError(f"invalid agent id {agent_id!r}", key="agent",
-                          expected="1-64 characters of a-z, 0-9, '_', '.', '-' starting with a "
-                                   "letter or digit")
-    return aid
+                          expected="a name without path separators or '..'")
+    aid = _AGENT_ID_UNSAFE_RE.sub("-", raw).strip("-")[:64]
+    return aid or "main"
 
 
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,

@@ -421,12 +421,26 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         coll = roots[loc[0]]
         rel = _real_rel(coll.path, loc[1])
         raw = entry.snippet if entry.snippet is not None else (entry.body or "")
-        start, end = line_range(entry, raw)
+        start, end = _clamp_lines(coll.path / rel, *line_range(entry, raw))
+        if start is None:
+            continue  # qmd points past the end of the file (stale index): no citation to give
         text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
         out.append(MemorySearchResult(
             path=display_path(coll, rel, workspace), start_line=start, end_line=end,
             score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))
     return out
+
+
+def _clamp_lines(path: Path, start: int, end: int) -> tuple[int | None, int]:
+    """Keep a line range inside the file (``(None, 0)`` when it starts past the end)."""
+    try:
+        with open(path, "rb") as fh:
+            total = sum(1 for _ in fh)
+    except OSError:
+        return start, end
+    if start > max(total, 1):
+        return None, 0
+    return start, max(start, min(end, max(total, 1)))
 
 
 def merge_key(entry: QmdEntry, hint: str | None) -> str:

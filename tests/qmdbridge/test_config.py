@@ -158,3 +158,13 @@ def test_durations(value: str | int, ms: int) -> None:
 def test_bad_durations(value: str | bool) -> None:
     with pytest.raises(ValueError):
         parse_duration_ms(value)
+
+
+@pytest.mark.parametrize("bad", ["../../evil", "a/b", "a\\b", ".hidden", "x/../y"])
+def test_agent_ids_cannot_escape_the_state_dir(bad: str) -> None:
+    with pytest.raises(ConfigError, match="invalid agent id"):
+        resolve_agent(OpenClawConfig(), bad, env={})
+
+
+def test_agent_ids_are_normalised() -> None:
+    assert resolve_agent(OpenClawConfig(), " Ops Bot ", env={}).agent_id == "ops-bot"

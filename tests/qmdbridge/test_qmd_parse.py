@@ -219,3 +219,13 @@ def test_display_path_under_qmd_folder(tmp_path: Path) -> None:
     coll = ManagedCollection("workspace-main", ws, "**/*.md", "custom")
     assert display_path(coll, "qmd/x.md", ws) == "qmd/workspace-main/qmd/x.md"
     assert display_path(coll, "MEMORY.md", ws) == "MEMORY.md"
+
+
+def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
+    from qmdbridge.qmd_parse import _clamp_lines
+
+    f = tmp_path / "MEMORY.md"
+    f.write_text("one\ntwo\nthree\n")
+    assert _clamp_lines(f, 2, 9) == (2, 3)
+    assert _clamp_lines(f, 999_999_999, 1_000_000_000) == (None, 0)
+    assert _clamp_lines(tmp_path / "missing.md", 5, 6) == (5, 6)

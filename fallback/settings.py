@@ -282,7 +282,7 @@ class MemorySearchSettings(_Settings):
     input_type: str | None = None
     query_input_type: str | None = None
     document_input_type: str | None = None
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
     qmd: MemorySearchQmdSettings = Field(default_factory=MemorySearchQmdSettings)
 
     @field_validator("extra_paths", mode="after")

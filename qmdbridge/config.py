@@ -404,8 +404,18 @@ def load_config(path: str | Path | None = None, *,
     try:
         data = json5.loads(text)
     except ValueError as exc:
+        if not _strip_comments(text).strip():  # only comments: an empty config
+            return OpenClawConfig(source_file=file)
         raise ConfigError(f"invalid JSON5: {str(exc).splitlines()[0]}", file=file) from None
     return parse_config(data, file=file)
+
+
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def _strip_comments(text: str) -> str:
+    """``text`` without ``//`` and ``/* */`` comments (only used to spot a comment-only file)."""
+    return _COMMENT_RE.sub("", text)
 
 
 def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

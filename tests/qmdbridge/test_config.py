@@ -168,3 +168,10 @@ def test_agent_ids_cannot_escape_the_state_dir(bad: str) -> None:
 
 def test_agent_ids_are_normalised() -> None:
     assert resolve_agent(OpenClawConfig(), " Ops Bot ", env={}).agent_id == "ops-bot"
+
+
+def test_comment_only_file_is_an_empty_config_and_bad_caps_are_refused(tmp_path: Path) -> None:
+    assert load_config(_write(tmp_path, "// nothing configured yet\n/* really */\n")).memory.backend == "builtin"
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, "{agents: {defaults: {memorySearch: {maxFileBytes: -1}}}}"))
+    assert info.value.key == "agents.defaults.memorySearch.maxFileBytes"

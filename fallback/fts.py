@@ -33,6 +33,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from fallback.textutil import word_runs
+
 __all__ = [
     "FtsPlan",
     "bm25_rank_to_score",
@@ -72,23 +74,9 @@ def contains_cjk(text: str) -> bool:
     return not text.isascii() and _CJK_CLASS_RE.search(text) is not None
 
 
-def _is_token_char(ch: str) -> bool:
-    return ch == "_" or unicodedata.category(ch)[0] in ("L", "M", "N")
-
-
 def fts_tokens(text: str) -> list[str]:
     """Return the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text``, in order (may repeat)."""
-    out: list[str] = []
-    current: list[str] = []
-    for ch in unicodedata.normalize("NFC", text):
-        if _is_token_char(ch):
-            current.append(ch)
-        elif current:
-            out.append("".join(current))
-            current = []
-    if current:
-        out.append("".join(current))
-    return out
+    return word_runs(text)
 
 
 def escape_like(token: str) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from fallback.textutil import is_hangul, is_hiragana, is_ideograph, is_katakana
+from fallback.textutil import is_hangul, is_hiragana, is_ideograph, is_katakana, word_runs
 
 __all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "extract_keywords", "query_tokens"]
 
@@ -105,10 +105,6 @@ KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(
     key=len, reverse=True))
 
 
-def _is_word_char(ch: str) -> bool:
-    return ch == "_" or unicodedata.category(ch)[0] in "LMN"
-
-
 def query_tokens(text: str) -> list[str]:
     """Split text into lower-case NFC word tokens.
 
@@ -118,18 +114,7 @@ def query_tokens(text: str) -> list[str]:
     Returns:
         The tokens in order, duplicates kept.
     """
-    norm = unicodedata.normalize("NFC", text).lower()
-    tokens: list[str] = []
-    current: list[str] = []
-    for ch in norm:
-        if _is_word_char(ch):
-            current.append(ch)
-        elif current:
-            tokens.append("".join(current))
-            current = []
-    if current:
-        tokens.append("".join(current))
-    return tokens
+    return [t.lower() for t in word_runs(text)]
 
 
 def _segments(query: str) -> list[str]:

@@ -179,6 +179,22 @@ class StoreWriteLock:
         backoff = min(_BACKOFF_MAX_S, _BACKOFF_INITIAL_S * 2 ** min(attempt, 16))
         return min(left, backoff + random.uniform(0, _BACKOFF_JITTER_S))
 
+    def _attempts(self, timeout_ms: int | None) -> Iterator[float]:
+        """Try to take the lock; while it is busy yield the next backoff delay in seconds.
+
+        Raises:
+            IndexStoreError: the budget ran out (``another process (pid N) is writing ...``).
+        """
+        budget = self.timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + budget / 1000
+        attempt = 0
+        while not self.try_acquire():
+            delay = self._next_delay_s(attempt, deadline)
+            if delay is None:
+                raise self._timeout_error(budget)
+            yield delay
+            attempt += 1
+
     def acquire_blocking(self, *, timeout_ms: int | None = None) -> None:
         """Acquire from a worker thread: attempts with backoff (``time.sleep``) up to a budget.
 
@@ -189,15 +205,8 @@ class StoreWriteLock:
             IndexStoreError: ``another process (pid N) is writing the index; ... timed out
                 after N ms`` past the budget, or the lock file cannot be opened.
         """
-        budget = self.timeout_ms if timeout_ms is None else timeout_ms
-        deadline = time.monotonic() + budget / 1000
-        attempt = 0
-        while not self.try_acquire():
-            delay = self._next_delay_s(attempt, deadline)
-            if delay is None:
-                raise self._timeout_error(budget)
+        for delay in self._attempts(timeout_ms):
             time.sleep(delay)
-            attempt += 1
 
     async def acquire(self, *, timeout_ms: int | None = None) -> None:
         """Acquire without blocking the event loop: attempts with backoff up to a budget.
@@ -206,18 +215,10 @@ class StoreWriteLock:
             timeout_ms: budget in ms (default :attr:`timeout_ms`).
 
         Raises:
-            IndexStoreError: ``another process (pid N) is writing the index; ... timed out
-                after N ms`` past the budget, or the lock file cannot be opened.
+            IndexStoreError: as :meth:`acquire_blocking`.
         """
-        budget = self.timeout_ms if timeout_ms is None else timeout_ms
-        deadline = time.monotonic() + budget / 1000
-        attempt = 0
-        while not self.try_acquire():
-            delay = self._next_delay_s(attempt, deadline)
-            if delay is None:
-                raise self._timeout_error(budget)
+        for delay in self._attempts(timeout_ms):
             await anyio.sleep(delay)
-            attempt += 1
 
     @contextlib.asynccontextmanager
     async def hold(self, *, timeout_ms: int | None = None) -> AsyncIterator[None]:

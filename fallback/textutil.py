@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 
 __all__ = [
     "CJK_WEIGHT",
@@ -105,3 +106,19 @@ def sha256_hex(data: str | bytes) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()
+
+
+def word_runs(text: str) -> list[str]:
+    """The NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text`` (letters, marks, digits and ``_``),
+    in order, duplicates kept: the tokens of FTS queries, keyword extraction and MMR."""
+    out: list[str] = []
+    current: list[str] = []
+    for ch in unicodedata.normalize("NFC", text):
+        if ch == "_" or unicodedata.category(ch)[0] in "LMN":
+            current.append(ch)
+        elif current:
+            out.append("".join(current))
+            current = []
+    if current:
+        out.append("".join(current))
+    return out

@@ -14,7 +14,6 @@ import math
 import os
 import re
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import orjson
 
 from fallback.errors import UsageError
 from qmdbridge.config import CompactionSettings
+from qmdbridge.paths import write_atomic
 
 __all__ = ["FlushPlan", "FlushPlanner", "flush_threshold_tokens", "should_flush",
            "workspace_is_writable"]
@@ -245,16 +245,7 @@ class FlushPlanner:
         payload = orjson.dumps({"sessionKey": session_key, "compactionCount": compaction_count,
                                 "firedAtMs": fired_at})
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, payload)
         return path
 
     def forget(self, session_key: str) -> None:

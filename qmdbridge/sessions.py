@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fallback.errors import BackendUnavailableError
 from fallback.transcripts import TranscriptMessage, parse_transcript, scan_transcripts, session_id_for
+from qmdbridge.paths import write_atomic
 
 __all__ = ["EXPORT_WRAP_CHARS", "ExportReport", "ExportState", "export_sessions",
            "render_session_markdown"]
@@ -124,19 +123,6 @@ def _confined_target(export_dir: Path, name: str) -> Path | None:
     if target.parent.resolve() != export_dir.resolve():
         return None
     return target
-
-
-def _write_atomic(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _read_bytes(path: Path) -> bytes | None:
@@ -236,7 +222,7 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                 report.unchanged.append(name)
             else:
                 try:
-                    _write_atomic(target, data)
+                    write_atomic(target, data)
                 except OSError as exc:
                     report.errors.append(f"{name}: write failed: {exc.strerror or exc}")
                     continue

@@ -7,14 +7,13 @@ where a missing prerequisite fails the test instead.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 
 from fallback.embeddings import probe, select_provider
 from fallback.embeddings.base import CallPolicy
-from fallback.embeddings.local_gguf import LocalGgufProvider, is_llama_cpp_installed
+from fallback.embeddings.local_gguf import LocalGgufProvider
 from fallback.errors import EmbeddingProviderError
 from fallback.settings import MemorySearchSettings
 
@@ -32,32 +31,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def find_model() -> Path | None:
-    """``$QMDBRIDGE_TEST_MODEL``, else ``shared/models/<MODEL_NAME>`` beside any parent."""
-    env = os.environ.get("QMDBRIDGE_TEST_MODEL")
-    if env:
-        return Path(env).expanduser() if Path(env).expanduser().is_file() else None
-    for parent in Path(__file__).resolve().parents:
-        candidate = parent / "shared" / "models" / MODEL_NAME
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
-def model_path() -> Path:
-    path = find_model()
-    problem = None
-    if path is None:
-        problem = f"test model {MODEL_NAME} not found (set QMDBRIDGE_TEST_MODEL)"
-    elif not is_llama_cpp_installed():
-        problem = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
-    assert path is not None
-    return path
+def model_path(local_model_path: Path) -> Path:
+    """The real GGUF test model (``tests/conftest.py``: skips without it, fails in CI)."""
+    return local_model_path
 
 
 def cosine(a: list[float], b: list[float]) -> float:

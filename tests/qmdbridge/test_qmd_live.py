@@ -67,3 +67,41 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
     with anyio.fail_after(10):
         while {p.pid for p in psutil.Process().children(recursive=True)} - before:
             await anyio.sleep(0.05)
+
+
+async def test_session_transcripts_are_exported_searched_and_readable(tmp_path: Path, qmd_bin: Path,
+                                                                       base_path_env: str) -> None:
+    import orjson
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nnothing about birds\n")
+    state = tmp_path / "state"
+    sessions = state / "agents" / "main" / "sessions"
+    sessions.mkdir(parents=True)
+    records = [
+        {"type": "session", "id": "s1"},
+        {"type": "message", "message": {"role": "user", "content": "Which bird did we see at the lake?"}},
+        {"type": "message", "message": {"role": "assistant", "content": [
+            {"type": "text", "text": "A grey heron, and my key is sk-proj-abcdefghijklmnopqrstuvwx1234"}]}},
+    ]
+    (sessions / "s1.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"sessions": {"enabled": True},
+                                                             "update": {"waitForBootSync": True}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(state)})
+    loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["HOME"] = str(tmp_path / "home")
+    b = QmdBackend(agent, location=loc, mode="cli", env=env)
+    try:
+        await b.start()
+        await b.sync(reason="test", force=True)
+        hits = await b.search("heron", min_score=0)
+        assert [(h.path, h.source) for h in hits] == [("qmd/sessions-main/s1.md", "sessions")]
+        page = await b.read_file("qmd/sessions-main/s1.md")
+        assert page.text.startswith("# Session s1\n\nUser: Which bird did we see at the lake?\n"
+                                    "Assistant: A grey heron, and my key is [REDACTED")
+        assert "sk-proj-" not in page.text
+    finally:
+        await b.close()

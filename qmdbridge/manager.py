@@ -132,6 +132,7 @@ class MemoryManager:
         self._probe_cache: Any = None
         self._last_fallback: FallbackInfo | None = None
         self._start_task: Any = None
+        self._qmd_location: Any = None  # the last probe (reason, folders searched, PATH)
 
     async def __aenter__(self) -> MemoryManager:
         return self
@@ -202,6 +203,7 @@ class MemoryManager:
                     location, extras = cached
                 else:
                     location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
+                    self._qmd_location = location
                     if not location.usable:
                         self._qmd_unavailable = location.reason or "qmd not available"
                         return None
@@ -402,6 +404,12 @@ class MemoryManager:
                 qmd_view.update(qmd_status.to_json_dict())
             else:
                 qmd_view.update({"healthy": False, "lastError": self._qmd_unavailable})
+            loc = self._qmd_location
+            if loc is not None:
+                qmd_view["locate"] = {"path": loc.path, "found": loc.found, "runtimeOk": loc.runtime_ok,
+                                      "version": loc.version, "reason": loc.reason,
+                                      "searched": loc.searched, "pathEnv": loc.path_env,
+                                      "skipped": loc.skipped}
         except MemorySearchError as exc:
             qmd_view.update({"healthy": False, "lastError": str(exc)})
         backends["qmd"] = qmd_view

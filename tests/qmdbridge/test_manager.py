@@ -237,3 +237,12 @@ async def test_ci_set_makes_model_modes_fall_back_with_the_reason(tmp_path: Path
     assert "disabled in CI" in resp.fallback.reason
     assert resp.results[0].path == "memory/2026-03-01.md"
     assert elapsed_s < 4.0  # failed fast: well inside the 4 s search deadline
+
+
+async def test_status_names_the_folders_searched_for_a_missing_qmd(tmp_path: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory("qmd-not-installed-anywhere")) as m:
+        st = await m.status()
+    view = st.backends["qmd"]
+    assert view["healthy"] is False and view["lastError"].startswith("qmd not found")
+    assert view["locate"]["found"] is False and view["locate"]["searched"]
+    assert view["locate"]["pathEnv"] == os.environ.get("PATH", "")

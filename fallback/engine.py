@@ -240,12 +240,14 @@ class BuiltinEngine:
         if self._live is not None and not self._closed:
             self._live.warm(session_key)
 
-    async def sync_after_running(self, *, reason: str) -> SyncReport:
+    async def sync_after_running(self, *, reason: str,
+                                 paths: set[str] | None = None) -> SyncReport:
         """Like :meth:`sync`, but first lets a running sync finish, so changes seen after that
-        sync started are picked up (the watcher's path). Raises as :meth:`sync`."""
+        sync started are picked up (the watcher's path; ``paths`` are the files it saw change).
+        Raises as :meth:`sync`."""
         while self._sync_done is not None:
             await self._sync_done.wait()
-        return await self.sync(reason=reason)
+        return await self.sync(reason=reason, paths=paths)
 
     async def rescan(self) -> SyncReport:
         """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
@@ -275,7 +277,8 @@ class BuiltinEngine:
 
     # -- sync ------------------------------------------------------------------------------
 
-    async def sync(self, *, reason: str, force: bool = False) -> SyncReport:
+    async def sync(self, *, reason: str, force: bool = False,
+                   paths: set[str] | None = None) -> SyncReport:
         """Bring the index up to date; a second caller awaits the running sync.
 
         A store found corrupt on the way is moved aside and rebuilt from the memory files
@@ -284,6 +287,8 @@ class BuiltinEngine:
         Args:
             reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
             force: full rebuild into a temporary database, swapped in atomically.
+            paths: absolute paths the watcher saw change: only those files are re-indexed when
+                each can be judged on its own (else, or when ``None``, a full incremental scan).
 
         Returns:
             The :class:`~fallback.index.SyncReport` of the (possibly shared) sync.
@@ -295,14 +300,15 @@ class BuiltinEngine:
                 the live index untouched).
         """
         try:
-            return await self._sync_shared(reason=reason, force=force)
+            return await self._sync_shared(reason=reason, force=force, paths=paths)
         except IndexStoreError as exc:
             if not _is_corrupt(exc):
                 raise
             await self._recover_corrupt(exc)
-            return await self._sync_shared(reason=reason, force=force)
+            return await self._sync_shared(reason=reason, force=force, paths=paths)
 
-    async def _sync_shared(self, *, reason: str, force: bool) -> SyncReport:
+    async def _sync_shared(self, *, reason: str, force: bool,
+                           paths: set[str] | None = None) -> SyncReport:
         self._check_open()
         cancelled = anyio.get_cancelled_exc_class()
         while self._sync_done is not None:
@@ -316,7 +322,7 @@ class BuiltinEngine:
         done = anyio.Event()
         self._sync_done = done
         try:
-            report = await self._run_sync(reason=reason, force=force)
+            report = await self._run_sync(reason=reason, force=force, paths=paths)
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
@@ -330,14 +336,16 @@ class BuiltinEngine:
             self._sync_done = None
             done.set()
 
-    async def _run_sync(self, *, reason: str, force: bool) -> SyncReport:
+    async def _run_sync(self, *, reason: str, force: bool,
+                        paths: set[str] | None = None) -> SyncReport:
         self._fail_closed()
         store = await self._open_store()
         # One writer per store across processes; the whole sync (a rebuild's publish too)
         # runs under the lock, after repairing what a killed writer left (fallback/locking.py).
         async with store.writer_lock.hold():
             await anyio.to_thread.run_sync(store.recover_leftovers)
-            report = await self._sync_recovering_readonly(store, reason=reason, force=force)
+            report = await self._sync_recovering_readonly(store, reason=reason, force=force,
+                                                          paths=paths)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
@@ -349,8 +357,8 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _sync_recovering_readonly(self, store: Store, *, reason: str,
-                                        force: bool) -> SyncReport:
+    async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
+                                        paths: set[str] | None = None) -> SyncReport:
         """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
 
         Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
@@ -361,7 +369,7 @@ class BuiltinEngine:
         log.debug("builtin sync start (%s, force=%s)", reason, force)
         recovery = store.readonly_recovery
         try:
-            return await indexer.sync(store, force=force)
+            return await indexer.sync(store, force=force, paths=paths)
         except IndexStoreError as exc:
             if not is_readonly_error(exc):
                 raise
@@ -370,7 +378,7 @@ class BuiltinEngine:
             log.warning("index store is read-only, reopening and retrying once: %s", exc)
         try:
             await anyio.to_thread.run_sync(store.reopen)
-            report = await indexer.sync(store, force=force)
+            report = await indexer.sync(store, force=force, paths=paths)
         except Exception as exc:
             recovery.failures += 1
             recovery.last_error = str(exc)
@@ -404,6 +412,14 @@ class BuiltinEngine:
             log.warning("memory sync before search failed: %s", exc)
         except IndexStoreError as exc:
             log.warning("memory sync before search failed: %s", exc)
+
+    def search_info(self) -> tuple[str, str | None, str]:
+        """``(provider id or "none", model or None, "hybrid" | "fts-only")`` without reading the
+        store (what a search response reports; ``status()`` counts rows and is slower)."""
+        provider = self._provider()
+        if provider is None:
+            return "none", None, "fts-only"
+        return provider.provider_id, provider.model, "hybrid"
 
     @property
     def last_error(self) -> str | None:

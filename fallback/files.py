@@ -395,3 +395,43 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         invalid = True
     return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=invalid,
                        size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000))
+
+
+def classify_changed_path(workspace: Path, extra_paths: list[str],
+                          path: str) -> tuple[str, MemoryFile | str | None]:
+    """Decide what one changed path means for the index, without walking anything.
+
+    Used for watcher events, so a save re-indexes one file instead of re-scanning all of them.
+
+    Returns:
+        ``("file", MemoryFile)`` for a Markdown file discovery would list (regular, not a
+        symlink, no symlinked or skipped folder on the way, within the size cap);
+        ``("gone", rel_path)`` for a ``.md`` path at such a place that no longer exists or no
+        longer qualifies (its rows must go); ``("full", None)`` when only a full scan can tell
+        (the root memory files, folders, paths outside the memory folders).
+    """
+    ws = os.path.abspath(workspace)
+    p = os.path.abspath(path)
+    if not p.endswith(".md") or os.path.dirname(p) == ws:
+        return "full", None  # folders, other files, MEMORY.md / memory.md (the root-file rule)
+    roots = [os.path.join(ws, "memory")] + [str(e) for e in normalize_extra_paths(Path(ws), extra_paths)]
+    for root in roots:
+        if p == root and root.endswith(".md"):  # an extra path that is a single file
+            break
+        if p.startswith(root.rstrip(os.sep) + os.sep):
+            inner = os.path.relpath(p, root).split(os.sep)
+            if any(part in SKIP_DIR_NAMES for part in inner[:-1]):
+                return "gone", _rel(p, ws)
+            for i in range(len(inner) - 1):  # no symlinked folder between the root and the file
+                if os.path.islink(os.path.join(root, *inner[: i + 1])):
+                    return "gone", _rel(p, ws)
+            break
+    else:
+        return "full", None
+    if os.path.islink(root) or (_rel(p, ws) == LEGACY_ROOT_MEMORY_FILE):
+        return "full", None
+    st = _lstat(p)
+    if st is None or stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        return "gone", _rel(p, ws)
+    return "file", MemoryFile(abs_path=Path(p), rel_path=_rel(p, ws), size=st.st_size,
+                              mtime_ms=int(st.st_mtime_ns // 1_000_000))

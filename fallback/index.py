@@ -52,6 +52,7 @@ from fallback.errors import IndexStoreError
 from fallback.files import (
     FileContent,
     MemoryFile,
+    classify_changed_path,
     list_memory_files,
     normalize_extra_paths,
     read_memory_text,
@@ -215,12 +216,15 @@ class Indexer:
         self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
         self._model = provider.model if provider else FTS_ONLY_MODEL
 
-    async def sync(self, store: Store, *, force: bool = False) -> SyncReport:
+    async def sync(self, store: Store, *, force: bool = False,
+                   paths: set[str] | None = None) -> SyncReport:
         """Bring ``store`` up to date with the workspace.
 
         Args:
             store: the live store (swapped in place after a full reindex).
             force: rebuild everything (safely, into a temporary database).
+            paths: absolute paths a watcher saw change; when each can be judged on its own
+                only those files are re-indexed, else a normal incremental scan runs.
 
         Returns:
             A :class:`SyncReport`.
@@ -236,8 +240,54 @@ class Indexer:
         if reason is not None:
             return await self._full_reindex(store, identity, reason)
         report = SyncReport()
+        if paths is not None and await self._index_paths(store, report, paths):
+            return report
         await self._index_into(store, report, full=False)
         return report
+
+    async def _index_paths(self, store: Store, report: SyncReport, paths: set[str]) -> bool:
+        """Re-index only ``paths`` (watcher events) when each of them can be judged on its own
+        (:func:`~fallback.files.classify_changed_path`); ``False`` = a full scan is needed."""
+        s = self.settings.search
+        verdicts = [await anyio.to_thread.run_sync(
+            classify_changed_path, self.settings.workspace_dir, s.extra_paths, p) for p in sorted(paths)]
+        if not verdicts or any(kind == "full" for kind, _ in verdicts):
+            return False
+        files = [mf for kind, mf in verdicts if kind == "file" and isinstance(mf, MemoryFile)]
+        gone = sorted({rel for kind, rel in verdicts if kind == "gone" and isinstance(rel, str)})
+        known = {row[0]: (row[1], int(row[2]), int(row[3])) for row in await anyio.to_thread.run_sync(
+            store.query, f"SELECT path, hash, mtime, size FROM files WHERE source = 'memory' AND path IN"
+                         f" ({', '.join('?' for _ in files) or 'NULL'})", [f.rel_path for f in files])}
+        report.files_total = len(files)
+        skipped: list[SkippedFile] = []
+        for mf in files:
+            prev = known.get(mf.rel_path)
+            read = await anyio.to_thread.run_sync(partial(
+                read_memory_text, mf, max_file_bytes=s.max_file_bytes))
+            if isinstance(read, SkippedFile):
+                gone.append(mf.rel_path)
+                if read.reason != _VANISHED:
+                    skipped.append(read)
+                continue
+            if read.invalid_utf8:
+                skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+            if prev is not None and prev[0] == read.content_hash:
+                await self._write(store, partial(self._touch_file, store, mf, read))
+            else:
+                await self._index_file(store, mf, read, report)
+        await self._write(store, partial(self._delete_paths, store, gone, "memory"))
+        report.files_deleted = len(gone)
+        touched = [mf.rel_path for mf in files] + gone
+        await self._write(store, partial(self._record_path_skips, store, touched, skipped))
+        return True
+
+    @staticmethod
+    def _record_path_skips(store: Store, paths: list[str], skipped: list[SkippedFile]) -> None:
+        with store.transaction() as conn:
+            conn.executemany("DELETE FROM skipped_files WHERE source = 'memory' AND path = ?",
+                             [(p,) for p in paths])
+            conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
+                             " VALUES (?, 'memory', ?)", [(x.path, x.reason) for x in skipped])
 
     async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
         report = SyncReport(full=True, full_reason=reason)

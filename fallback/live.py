@@ -212,7 +212,8 @@ class LiveSync:
             changed = len(memory_paths - {_RESCAN_MARKER})
             self._engine.mark_dirty(self._degraded if _RESCAN_MARKER in memory_paths and
                                     self._degraded else f"files changed: {changed}")
-            await self._engine.sync_after_running(reason="watch")
+            changed_paths = None if _RESCAN_MARKER in memory_paths else set(memory_paths)
+            await self._engine.sync_after_running(reason="watch", paths=changed_paths)
             self.sync_counts["watch"] += 1
 
     def _queue_sessions(self, paths: set[str]) -> None:

@@ -78,6 +78,8 @@ class _Handler:
     def dispatch(self, event: Any) -> None:
         if event.event_type in ("opened", "closed", "closed_no_write"):
             return
+        if event.is_directory and event.event_type == "modified":
+            return  # a folder "modified" only echoes the file events inside it
         paths = [event.src_path, getattr(event, "dest_path", "") or ""]
         for raw in paths:
             if not raw:

@@ -289,14 +289,14 @@ class MemoryManager:
                 raise BackendUnavailableError(
                     "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
-        st = await engine.status()
+        provider, model, mode = engine.search_info()
         warnings = [engine.last_error] if engine.last_error else []
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]
         results = decorate_citations(hits, include=include)
-        return SearchResponse(backend="builtin", fallback=fallback, provider=st.provider,
-                              model=st.model, mode=st.search_mode, citations=cfg.citations,
+        return SearchResponse(backend="builtin", fallback=fallback, provider=provider,
+                              model=model, mode=mode, citations=cfg.citations,
                               results=results, warnings=warnings)
 
     async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[list[MemorySearchResult] | None,

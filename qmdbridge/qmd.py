@@ -272,6 +272,12 @@ class QmdBackend:
         res.check()
 
     async def _run_embed_cmd(self) -> None:
+        from qmdbridge.qmd_models import model_problem
+
+        problem = await model_problem(self.home.xdg_cache / "qmd" / "models", self.child_env,
+                                      kinds=("embed",))
+        if problem is not None:  # fail fast instead of waiting out embedTimeoutMs
+            raise BackendUnavailableError("qmd", f"qmd embed skipped: {problem}")
         res = await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
                               discard_stdout=True)
         res.check()

@@ -8,10 +8,9 @@ import re
 import sys
 from typing import Any
 
-import anyio
-
 from fallback.errors import BackendUnavailableError
 from qmdbridge.cli import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.qmd_models import DEFAULT_MODELS, model_problem
 
 __all__ = ["missing_model_hint", "qmd_action", "warmup"]
 
@@ -19,11 +18,6 @@ __all__ = ["missing_model_hint", "qmd_action", "warmup"]
 WARMUP_TIMEOUT_MS = 30 * 60 * 1000
 
 _MODEL_RE = re.compile(r"hf:[\w.\-]+/[\w.\-]+/[\w.\-]+\.gguf", re.IGNORECASE)
-_DEFAULT_MODELS = {
-    "embed": "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf",
-    "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
-    "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
-}
 
 
 def missing_model_hint(stderr: str, *, step: str) -> str:
@@ -41,7 +35,7 @@ def missing_model_hint(stderr: str, *, step: str) -> str:
                 "unset CI to warm up the models")
     models = sorted(set(_MODEL_RE.findall(stderr)))
     if not models:
-        models = [_DEFAULT_MODELS["embed"]] if step == "embed" else list(_DEFAULT_MODELS.values())
+        models = [DEFAULT_MODELS["embed"]] if step == "embed" else list(DEFAULT_MODELS.values())
     offline = re.search(r"fetch failed|ENOTFOUND|EAI_AGAIN|ECONNREFUSED|getaddrinfo|network", stderr, re.I)
     why = "the download failed (offline?)" if offline else "loading failed"
     return (f"qmd {step}: {why}; it needs the model(s) {', '.join(models)} "
@@ -85,30 +79,6 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _model_host(env: dict[str, str]) -> tuple[str, int]:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
-    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
-
-
-async def _reachable(host: str, port: int, timeout_s: float = 3.0) -> bool:
-    try:
-        with anyio.fail_after(timeout_s):
-            stream = await anyio.connect_tcp(host, port)
-            await stream.aclose()
-        return True
-    except (OSError, TimeoutError):
-        return False
-
-
-def _preflight(env: dict[str, str]) -> str | None:
-    """Why warmup cannot work here, before any process is started (``None`` = go ahead)."""
-    if env.get("CI"):
-        return missing_model_hint("LLM operations are disabled in CI", step="embed")
-    return None
-
-
 async def warmup(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge warmup``: run ``qmd embed`` and one ``qmd query`` in the agent's qmd home so
     the GGUF models are downloaded and loaded before the first real search.
@@ -121,17 +91,8 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
 
     environ = dict(os.environ)
     home = qmd_home(agent.state_dir, agent.agent_id)
-    problem = _preflight(environ)
-    if problem is None:
-        models_dir = home.xdg_cache / "qmd" / "models"
-        have = {p.name.lower() for p in models_dir.glob("*.gguf")} if models_dir.is_dir() else set()
-        missing = [uri for uri in _DEFAULT_MODELS.values() if uri.rsplit("/", 1)[-1].lower() not in have]
-        host, port = _model_host(environ)
-        if missing and not await _reachable(host, port):
-            problem = (f"offline: cannot reach {host}:{port} to download the missing model(s) "
-                       f"{', '.join(missing)} (about 2 GB in all) into {models_dir}; run warmup "
-                       f"where the host is reachable, set HF_ENDPOINT to a mirror, or point "
-                       f"QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files")
+    problem = await model_problem(home.xdg_cache / "qmd" / "models", environ,
+                                  kinds=("embed", "rerank", "generate"))
     if problem is not None:
         if args.json:
             emit_json({"ok": False, "steps": [{"step": "embed", "ok": False, "durationMs": 0, "error": problem}]})

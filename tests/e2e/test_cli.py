@@ -241,3 +241,15 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
     assert replies[1]["result"]["results"] == [] and replies[1]["result"]["disabled"] is True
     assert replies[2]["result"]["error"] == "session key must be a string"
     assert replies[3]["result"]["backend"] == "builtin"
+
+
+def test_qmd_embed_fails_fast_offline_and_under_ci(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    cfg = _qmd_config(tmp_path)
+    offline = run(["qmd", "embed", "--workspace", str(ws), "--config", str(cfg), "--json"],
+                  {**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert offline.returncode == 1
+    err = orjson.loads(offline.stdout)["error"]
+    assert "qmd embed skipped: offline: cannot reach 127.0.0.1:9" in err
+    assert "embeddinggemma-300M-Q8_0.gguf" in err
+    ci = run(["qmd", "embed", "--workspace", str(ws), "--config", str(cfg)], {**env, "CI": "true"})
+    assert ci.returncode == 1 and b"refuses model operations while the CI environment" in ci.stderr

@@ -1,0 +1,74 @@
+"""qmd's GGUF models: which ones a command needs, whether they are on disk, and whether they
+can be downloaded from here, so model work fails fast with a clear reason instead of hanging.
+
+qmd downloads its models (about 2 GB, from huggingface.co or ``$HF_ENDPOINT``) inside the
+command that first needs them; offline, that download hangs until the command's timeout, and
+with ``CI`` set qmd refuses model work. :func:`model_problem` tells both cases apart up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+
+__all__ = ["DEFAULT_MODELS", "missing_models", "model_problem", "reachable"]
+
+# The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
+DEFAULT_MODELS = {
+    "embed": "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf",
+    "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
+    "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
+}
+# How long the connectivity check may take, in seconds.
+REACH_TIMEOUT_S = 3.0
+
+
+def missing_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
+    """The default model URIs of ``kinds`` (``embed``, ``rerank``, ``generate``) whose file is
+    not in ``models_dir``; an env override (``QMD_EMBED_MODEL`` ...) is the user's business."""
+    have = {p.name.lower() for p in models_dir.glob("*.gguf")} if models_dir.is_dir() else set()
+    return [DEFAULT_MODELS[k] for k in kinds if DEFAULT_MODELS[k].rsplit("/", 1)[-1].lower() not in have]
+
+
+async def reachable(host: str, port: int, timeout_s: float = REACH_TIMEOUT_S) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout_s`` seconds."""
+    try:
+        with anyio.fail_after(timeout_s):
+            stream = await anyio.connect_tcp(host, port)
+            await stream.aclose()
+        return True
+    except (OSError, TimeoutError):
+        return False
+
+
+async def model_problem(models_dir: Path, env: Mapping[str, str], *,
+                        kinds: tuple[str, ...]) -> str | None:
+    """Why model work for ``kinds`` cannot succeed here, or ``None`` when it may.
+
+    Args:
+        models_dir: the agent's ``xdg-cache/qmd/models``.
+        env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
+        kinds: the models the command needs.
+
+    Returns:
+        ``CI`` set -> qmd refuses model work; models missing and the model host unreachable ->
+        offline, naming the models and the download.
+    """
+    if env.get("CI"):
+        return ("qmd refuses model operations while the CI environment variable is set; "
+                "unset CI to embed or warm up the models")
+    overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
+    missing = missing_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
+    if not missing:
+        return None
+    parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
+    if await reachable(host, port):
+        return None
+    return (f"offline: cannot reach {host}:{port} to download the missing model(s) "
+            f"{', '.join(missing)} (about 2 GB in all) into {models_dir}; run "
+            "`qmdbridge warmup` where the host is reachable, set HF_ENDPOINT to a mirror, or point "
+            "QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files")

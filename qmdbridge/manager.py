@@ -128,7 +128,7 @@ class MemoryManager:
         self._lock = anyio.Lock()
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None,
-                                      scope=agent.memory.qmd.command)
+                                      scope=f"{agent.memory.qmd.command}\0{agent.memory.qmd.search_mode}")
         self._probe_cache: Any = None
         self._last_fallback: FallbackInfo | None = None
         self._start_task: Any = None
@@ -315,24 +315,24 @@ class MemoryManager:
                 backend = await self.qmd()
                 if backend is None:
                     reason = self._qmd_unavailable or "qmd not available"
-                    self.breaker.record_failure(reason, self._now_ms())
+                    self.breaker.record_failure(self._short(reason), self._now_ms())
                     return None, self._remember(reason)
                 results = await backend.search(query, **kwargs)
         except UsageError:
             raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
             reason = str(exc) if str(exc) else f"qmd search timed out after {timeout_ms}ms"
-            self.breaker.record_failure(reason, self._now_ms())
-            log.warning("qmd search failed; answering from builtin: %s", reason)
+            self.breaker.record_failure(self._short(reason), self._now_ms())
+            log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
             return None, self._remember(reason)
         except MemorySearchError as exc:
             reason = getattr(exc, "reason", None) or str(exc)
-            self.breaker.record_failure(reason, self._now_ms())
-            log.warning("qmd search failed; answering from builtin: %s", reason)
+            self.breaker.record_failure(self._short(reason), self._now_ms())
+            log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
             return None, self._remember(reason)
         except Exception as exc:  # fallback boundary: any qmd defect must not silence memory
             reason = f"{type(exc).__name__}: {exc}"
-            self.breaker.record_failure(reason, self._now_ms())
+            self.breaker.record_failure(self._short(reason), self._now_ms())
             log.exception("qmd backend raised unexpectedly; answering from builtin")
             return None, self._remember(reason)
         self.breaker.record_success(self._now_ms())
@@ -350,9 +350,20 @@ class MemoryManager:
         except MemorySearchError as exc:  # reported by the fallback search itself, if needed
             log.debug("builtin engine not ready: %s", exc)
 
+    @staticmethod
+    def _short(reason: str) -> str:
+        """One line of a failure for people: qmd's ``error:`` line when its stderr is a stack
+        trace, at most 300 chars."""
+        lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+        if len(lines) > 1:
+            picked = next((ln for ln in lines[1:] if ln.lower().startswith(("error:", "error ")) ), None)
+            head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
+            reason = f"{head}: {picked}" if picked else lines[0]
+        return reason if len(reason) <= 300 else reason[:297] + "..."
+
     def _remember(self, reason: str) -> FallbackInfo:
         self.probe_cache.forget(self._probe_key)  # probe again next time: qmd may have changed
-        self._last_fallback = FallbackInfo(from_backend="qmd", reason=reason)
+        self._last_fallback = FallbackInfo(from_backend="qmd", reason=self._short(reason))
         return self._last_fallback
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,

@@ -114,6 +114,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     from qmdbridge.cli.run import run_command
 
+    if args.command != "serve":  # serve handles its signals itself
+        import signal
+
+        def on_term(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # unwinds the event loop: running qmd children are killed
+
+        signal.signal(signal.SIGTERM, on_term)
     try:
         code = run_command(args)
     except KeyboardInterrupt:

@@ -253,3 +253,43 @@ def test_qmd_embed_fails_fast_offline_and_under_ci(tmp_path: Path, ws: Path, env
     assert "embeddinggemma-300M-Q8_0.gguf" in err
     ci = run(["qmd", "embed", "--workspace", str(ws), "--config", str(cfg)], {**env, "CI": "true"})
     assert ci.returncode == 1 and b"refuses model operations while the CI environment" in ci.stderr
+
+
+def test_sigterm_during_a_qmd_call_reaps_the_children(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    import time
+
+    import psutil
+
+    launcher = REPO / ".tools" / "bin" / "qmd"
+    if not launcher.exists():
+        pytest.skip("real qmd missing: run scripts/install-qmd.sh")
+    hang = REPO / "tests" / "qmdbridge" / "standins" / "hang.py"
+    wrapper = tmp_path / "qmd-hang"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$1\" in search) exec {sys.executable} {hang} ;; "
+                       f"*) exec {launcher} \"$@\" ;; esac\n")
+    wrapper.chmod(0o755)
+    cfg = tmp_path / "hang.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{wrapper}', limits: {{timeoutMs: 60000}}}}}}}}")
+    pidfile = tmp_path / "pids"
+    exe = shutil.which("qmdbridge")
+    assert exe
+    proc = subprocess.Popen([exe, "search", "router", "--workspace", str(ws), "--config", str(cfg)],
+                            env={**env, "STANDIN_PIDFILE": str(pidfile)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists():
+            assert time.monotonic() < deadline, proc.stderr.read() if proc.poll() is not None else "no pidfile"  # type: ignore[union-attr]
+            time.sleep(0.05)
+        grandchildren = [int(p) for p in pidfile.read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 130
+        deadline = time.monotonic() + 10
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                  for p in grandchildren):
+            assert time.monotonic() < deadline, "qmd's children survived the SIGTERM"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

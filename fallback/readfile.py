@@ -62,6 +62,8 @@ _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
 # A line ends at "\n" (removed) or after a lone "\r" (kept, as the "\r" of "\r\n" is kept), so
 # memory_get line numbers agree with fallback.chunking for every line-ending style.
 _PAGE_LINE_BREAK = re.compile(r"\n|(?<=\r)(?!\n)")
+# Files larger than this are paged from a stream (memory bounded by the page, not the file).
+STREAM_ABOVE_BYTES = 1 << 20
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 
 
@@ -253,6 +255,37 @@ def _read_once(target: Path, rel_path: str) -> bytes | None:
         os.close(fd)
 
 
+def _read_window(target: Path, rel_path: str, start: int, count: int) -> str | None:
+    """A big file's text reduced to what paging needs, read as a stream: the lines before
+    ``start`` as empty lines, lines ``start .. start+count-1`` as they are, plus one more line so
+    :func:`page_text` can tell whether content remains. ``None`` when the file is missing.
+    Memory stays bounded by the page, however large the file."""
+    import io
+
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        if exc.errno == errno.ELOOP:
+            raise PathRefusedError(rel_path, "symlink") from exc
+        raise
+    with io.TextIOWrapper(io.FileIO(fd, closefd=True), encoding="utf-8-sig", errors="replace",
+                          newline="") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PathRefusedError(rel_path, "not a regular file")
+        parts: list[str] = []
+        for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
+            if number < start:
+                parts.append("\n")
+            else:
+                parts.append(line)
+                if number >= start + count:  # the one line after the page
+                    break
+        return "".join(parts)
+
+
 def read_memory_page(workspace: Path, extra_paths: list[str], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
                      default_lines: int = DEFAULT_READ_LINES,
@@ -281,18 +314,27 @@ def read_memory_page(workspace: Path, extra_paths: list[str], rel_path: str, *,
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
-        data = retrying(_read_once, target, rel_path)
+        size = target.stat().st_size if target.is_file() else 0
+    except OSError:
+        size = 0
+    try:
+        if size > STREAM_ABOVE_BYTES:
+            start = max(1, int(from_line or 1))
+            count = max(1, int(lines or default_lines))
+            text: str | None = retrying(_read_window, target, rel_path, start, count)
+        else:
+            data = retrying(_read_once, target, rel_path)
+            if data is not None and data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            text = None if data is None else data.decode("utf-8", errors="replace")
     except PathRefusedError:
         raise
     except OSError as exc:
         raise BackendUnavailableError(
             "builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
-    if data is None:
+    if text is None:
         return MemoryReadResult.model_validate(
             {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    text = data.decode("utf-8", errors="replace")
     page, start, included, truncated, next_from = page_text(
         text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.

@@ -224,3 +224,22 @@ def test_case56_transient_error_retried(ws: Path, monkeypatch: pytest.MonkeyPatc
     result = read_memory_page(ws, [], "memory/flaky.md")
     assert result.text == "full text\nsecond line"
     assert calls == [str(ws / "memory" / "flaky.md")] * 2
+
+
+@pytest.mark.parametrize("body", [
+    "one\ntwo\nthree\n", "one\r\ntwo\r\nthree\r\n", "one\rtwo\rthree", "\ufeffone\ntwo\n\nfour",
+    "x\n" * 300, "caf\u00e9\n\ud83d\ude00 emoji\n" * 50 + "tail",
+])
+@pytest.mark.parametrize("window", [(None, None), (1, 1), (2, 2), (3, 5), (200, 10), (1000, 3)])
+def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   body: str, window: tuple[int | None, int | None]) -> None:
+    import fallback.readfile as rf
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    note = ws / "memory" / "big.md"
+    note.write_bytes(body.encode("utf-8", errors="surrogatepass"))
+    whole = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1])
+    monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
+    streamed = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1])
+    assert streamed == whole

@@ -188,21 +188,40 @@ async def test_sources_filter_and_disabled_sessions(ws: Path) -> None:
         await plain.close()
 
 
-async def test_unreadable_transcript_is_skipped_with_reason(ws: Path) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root reads files regardless of permissions")
-    engine = _engine(ws)
+async def test_unreadable_transcript_is_skipped_with_reason() -> None:
+    import shutil
+    import tempfile
+
+    # Root reads any file, and the tests run as root here and in CI: run the engine as uid
+    # nobody in a folder every uid may use.
+    top = Path(tempfile.mkdtemp(prefix="qmdbridge-perm-"))
     try:
-        path = _sessions_dir(engine) / "locked.jsonl"
+        ws = top / "ws"
+        (ws / "memory").mkdir(parents=True)
+        (ws / "MEMORY.md").write_text("root fact\n")
+        engine = _engine(ws)
+        sdir = _sessions_dir(engine)
+        sdir.mkdir(parents=True, exist_ok=True)
+        for d in [top, *sorted(p for p in top.rglob("*") if p.is_dir())]:
+            d.chmod(0o777)
+        (ws / "MEMORY.md").chmod(0o644)
+        path = sdir / "locked.jsonl"
         write_transcript(path, [_record("user", "Secret heron")])
         path.chmod(0)
-        await engine.sync(reason="test")
-        status = await engine.status()
+        dropped = os.geteuid() == 0
+        if dropped:
+            os.seteuid(65534)
+        try:
+            await engine.sync(reason="test")
+            status = await engine.status()
+        finally:
+            await engine.close()
+            if dropped:
+                os.seteuid(0)
         assert [(s.path, s.reason) for s in status.skipped] == [
             ("sessions/locked.jsonl", "unreadable: Permission denied")]
     finally:
-        path.chmod(0o600)
-        await engine.close()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 async def test_case_38_sessions_decay_by_transcript_mtime(ws: Path) -> None:

@@ -231,8 +231,13 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _read_once(target: Path, rel_path: str) -> bytes | None:
-    """Read the target's bytes through one descriptor (symlinks not followed); None if missing."""
+def _open_regular(target: Path, rel_path: str) -> int | None:
+    """Open the target read-only without following a symlink; ``None`` when it is missing.
+
+    Raises:
+        PathRefusedError: a symlink or not a regular file (the descriptor is closed).
+        OSError: any other failure to open.
+    """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(target, flags)
@@ -242,9 +247,18 @@ def _read_once(target: Path, rel_path: str) -> bytes | None:
         if exc.errno == errno.ELOOP:
             raise PathRefusedError(rel_path, "symlink") from exc
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PathRefusedError(rel_path, "not a regular file")
+    return fd
+
+
+def _read_once(target: Path, rel_path: str) -> bytes | None:
+    """Read the target's bytes through one descriptor (symlinks not followed); None if missing."""
+    fd = _open_regular(target, rel_path)
+    if fd is None:
+        return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PathRefusedError(rel_path, "not a regular file")
         parts: list[bytes] = []
         while True:
             block = os.read(fd, 1 << 20)
@@ -262,19 +276,11 @@ def _read_window(target: Path, rel_path: str, start: int, count: int) -> str | N
     Memory stays bounded by the page, however large the file."""
     import io
 
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(target, flags)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        if exc.errno == errno.ELOOP:
-            raise PathRefusedError(rel_path, "symlink") from exc
-        raise
+    fd = _open_regular(target, rel_path)
+    if fd is None:
+        return None
     with io.TextIOWrapper(io.FileIO(fd, closefd=True), encoding="utf-8-sig", errors="replace",
                           newline="") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise PathRefusedError(rel_path, "not a regular file")
         parts: list[str] = []
         for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
             if number < start:

@@ -186,7 +186,8 @@ def _qmd_config(tmp_path: Path) -> Path:
             pytest.fail("real qmd missing: run scripts/install-qmd.sh")
         pytest.skip("real qmd missing: run scripts/install-qmd.sh")
     cfg = tmp_path / "qmd.json5"
-    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{launcher}'}}}}}}")
+    # a generous search deadline: this test is about the commands, not about a loaded machine
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{launcher}', limits: {{timeoutMs: 20000}}}}}}}}")
     return cfg
 
 

@@ -125,7 +125,7 @@ def test_format_citation_and_budget() -> None:
 
 # -- qmd backend --------------------------------------------------------------------------------
 
-def _qmd_memory(command: str, *, timeout_ms: int = 4000, **qmd: Any) -> dict[str, Any]:
+def _qmd_memory(command: str, *, timeout_ms: int = 15000, **qmd: Any) -> dict[str, Any]:
     return {"backend": "qmd", "qmd": {"command": command, "limits": {"timeoutMs": timeout_ms}, **qmd}}
 
 

@@ -20,10 +20,10 @@ import pytest
 from fallback.db import Store
 from fallback.errors import IndexStoreError
 from fallback.locking import StoreWriteLock, lock_path_for
+from tests.fallback.child_procs import DEADLINE_S, finish
 
 CHILD = Path(__file__).with_name("store_child.py")
 # Deadline for any child process or wait in this module, in seconds.
-DEADLINE_S = 120
 # Planted token -> the file that holds it (never edited during a run).
 TOKENS = {f"plantedtoken{n}": f"memory/stable-{n}.md" for n in range(4)}
 
@@ -39,20 +39,6 @@ def _expect_line(proc: subprocess.Popen[str], wanted: str) -> None:
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
     assert line == wanted, f"child said {line!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
-
-
-def _finish(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def _workspace(tmp_path: Path) -> Path:
@@ -86,7 +72,7 @@ def test_lock_held_by_another_process_times_out_then_frees_on_sigkill(tmp_path: 
         lock.release()
         assert lock_path_for(db).exists()  # the lock file is never deleted
     finally:
-        _finish(holder)
+        finish(holder)
 
 
 @pytest.mark.anyio
@@ -99,7 +85,7 @@ async def test_async_acquire_times_out_with_the_same_message(tmp_path: Path) -> 
                            r" index; .* timed out after 100 ms"):
             await StoreWriteLock(db).acquire(timeout_ms=100)
     finally:
-        _finish(holder)
+        finish(holder)
     lock = StoreWriteLock(db)
     async with lock.hold(timeout_ms=DEADLINE_S * 1000):  # released with the holder's exit
         assert lock.held
@@ -158,7 +144,7 @@ def test_busy_begin_immediate_is_retried_until_the_other_writer_commits(tmp_path
         assert store.get_meta_json("writer") == "parent"
         assert store.get_meta("holder") == "1"
     finally:
-        _finish(holder)
+        finish(holder)
         store.close()
 
 
@@ -174,7 +160,7 @@ def test_busy_past_all_retries_is_one_index_store_error(tmp_path: Path) -> None:
                                    f" timeout: database is locked ({db})")
         assert store.busy_retries == 1
     finally:
-        _finish(holder)
+        finish(holder)
         store.close()
 
 
@@ -190,7 +176,7 @@ def test_writer_and_readers_in_parallel_never_fail_or_read_half_an_index(
     stop = tmp_path / "stop"
     build = _spawn({**base, "role": "writer", "iterations": 1, "force_every": 1,
                     "out": str(tmp_path / "build.json")})
-    _finish(build)
+    finish(build)
     assert json.loads((tmp_path / "build.json").read_text())["errors"] == []
     procs = {
         "writer": _spawn({**base, "role": "writer", "iterations": 24, "force_every": 3,
@@ -205,7 +191,7 @@ def test_writer_and_readers_in_parallel_never_fail_or_read_half_an_index(
                             "out": str(tmp_path / "searcher.json")}),
     }
     for proc in procs.values():
-        _finish(proc)
+        finish(proc)
     results = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in procs}
     for name, result in results.items():
         assert result["errors"] == [], name

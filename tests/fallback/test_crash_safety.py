@@ -26,6 +26,7 @@ from fallback.db import Store
 from fallback.errors import IndexStoreError
 from fallback.locking import StoreWriteLock
 from fallback.storefiles import recover_db_files, swap_db_files
+from tests.fallback.child_procs import DEADLINE_S, finish
 
 CHILD = Path(__file__).with_name("store_child.py")
 _spec = importlib.util.spec_from_file_location("crash_store_child", CHILD)
@@ -34,7 +35,6 @@ store_child = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(store_child)
 
 # Deadline for any child process or wait in this module, in seconds.
-DEADLINE_S = 120
 # Files in the kill-test workspace besides MEMORY.md (each one progress line of a sync).
 BULK_FILES = 24
 
@@ -53,20 +53,6 @@ def _read_line(proc: subprocess.Popen[str]) -> str:
         stderr = proc.stderr.read() if proc.stderr else ""
         raise AssertionError(f"child ended early: {stderr}")
     return line.strip()
-
-
-def _finish(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
 
 
 def _say(proc: subprocess.Popen[str], text: str) -> None:
@@ -129,7 +115,7 @@ async def test_sigkill_mid_sync_leaves_an_index_that_opens_and_answers(
             if force:
                 assert any(".tmp-" in name for name in _leftovers(db))  # mid-rebuild
     finally:
-        _finish(child)
+        finish(child)
 
     engine = store_child.make_engine(base)
     try:
@@ -237,7 +223,7 @@ def test_leftovers_of_a_live_writer_are_left_alone(tmp_path: Path) -> None:
         store.close()
         assert temp.exists()  # the writer is alive: its temp file is not ours to delete
     finally:
-        _finish(holder)
+        finish(holder)
     Store(db).close()
     assert not temp.exists()
 
@@ -263,7 +249,7 @@ def test_reader_waits_for_another_process_to_finish_a_swap(tmp_path: Path) -> No
         assert store.get_meta_json("row-live") == "live"  # never an empty database
         store.close()
     finally:
-        _finish(holder)
+        finish(holder)
 
 
 def test_reader_gives_up_when_the_store_stays_missing(tmp_path: Path) -> None:
@@ -278,7 +264,7 @@ def test_reader_gives_up_when_the_store_stays_missing(tmp_path: Path) -> None:
                                    f" ({db})")
         assert not db.exists()  # no empty database was created
     finally:
-        _finish(holder)
+        finish(holder)
 
 
 # -- the rename swap never pairs a database with a foreign WAL ------------------------------------

@@ -12,7 +12,6 @@ from fallback.errors import (
     ManagerClosedError,
     MemorySearchError,
     PathRefusedError,
-    QmdOutputError,
     UsageError,
 )
 from fallback.models import (
@@ -36,7 +35,6 @@ __all__ = [
     "MemorySearchResult",
     "MemoryStatus",
     "PathRefusedError",
-    "QmdOutputError",
     "SearchResponse",
     "UsageError",
 ]

@@ -9,15 +9,14 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
      |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
-     |    +-- QmdCommandError        ... because a qmd process failed (qmdbridge.runner)
-     |    +-- QmdOutputError         ... because qmd printed something we cannot parse
+     |    +-- QmdCommandError, QmdOutputError (qmdbridge/qmd/errors.py: qmd failed or printed garbage)
      +-- IndexStoreError             a locked, read-only or corrupt SQLite store
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
-``fallback/db.py``, subprocesses in ``qmdbridge/runner.py``, HTTP in
+``fallback/store/db.py``, subprocesses in ``qmdbridge/qmd/runner.py``, HTTP in
 ``fallback/embeddings/_http.py``) with ``raise ... from exc``.
 """
 
@@ -33,7 +32,6 @@ __all__ = [
     "ManagerClosedError",
     "MemorySearchError",
     "PathRefusedError",
-    "QmdOutputError",
     "SearchUnavailableError",
     "UsageError",
 ]
@@ -125,13 +123,6 @@ class BackendTimeoutError(BackendUnavailableError, TimeoutError):
         self.timeout_ms = timeout_ms
         self.summary = summary
         super().__init__(backend, f"{summary} timed out after {timeout_ms}ms")
-
-
-class QmdOutputError(BackendUnavailableError):
-    """Raised when qmd's stdout cannot be parsed as search results."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__("qmd", reason)
 
 
 class IndexStoreError(MemorySearchError):

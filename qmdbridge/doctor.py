@@ -171,7 +171,7 @@ def _check_root(ws: Path, fix: bool) -> Check:
 
 
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
-    from qmdbridge.locate import probe_qmd
+    from qmdbridge.qmd.locate import probe_qmd
 
     loc = await probe_qmd(agent.memory.qmd.command, env=env)
     configured = agent.memory.backend == "qmd"
@@ -253,7 +253,7 @@ async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) 
     if check.level != "error" or not fix:
         return check
     from fallback.embeddings import select_provider
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
     from fallback.errors import MemorySearchError
 
     engine = BuiltinEngine(agent.engine, provider_selection=select_provider(agent.memory_search, env=env))

@@ -7,7 +7,7 @@ The manager is the one entry point of the library. It serves ``memory_search`` a
 - ``memory.backend = "qmd"``: the qmd sidecar answers while it is healthy. When qmd is missing,
   foreign, failing, hanging or printing garbage, the builtin engine answers the same call
   (within the search deadline) and the response says ``fallback: {from: "qmd", reason}``. A
-  circuit breaker (``qmdbridge/breaker.py``) retries qmd after a cooldown, so one failure never
+  circuit breaker (``qmdbridge/policy/breaker.py``) retries qmd after a cooldown, so one failure never
   makes the fallback permanent.
 - ``memory.backend = "none"``: memory tools are disabled.
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from fallback.backend import MemoryBackend
+from fallback.contract import MemoryBackend
 from fallback.errors import (
     BackendUnavailableError,
     ManagerClosedError,
@@ -40,11 +40,11 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
-from qmdbridge.breaker import CircuitBreaker
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.policy.breaker import CircuitBreaker
 
 if TYPE_CHECKING:
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
 
@@ -144,9 +144,9 @@ class MemoryManager:
 
     @property
     def probe_cache(self) -> Any:
-        """The on-disk cache of qmd probe results (``qmdbridge/probe_cache.py``)."""
+        """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
         if self._probe_cache is None:
-            from qmdbridge.probe_cache import ProbeCache
+            from qmdbridge.qmd.probe_cache import ProbeCache
 
             self._probe_cache = ProbeCache(self.agent.state_dir / "qmd" / "probe-cache.json",
                                            now_ms=self._now_ms)
@@ -154,7 +154,7 @@ class MemoryManager:
 
     @property
     def _probe_key(self) -> str:
-        from qmdbridge.probe_cache import ProbeCache
+        from qmdbridge.qmd.probe_cache import ProbeCache
 
         return ProbeCache.key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
 
@@ -175,7 +175,7 @@ class MemoryManager:
         self._check_open()
         if self._builtin is None:
             from fallback.embeddings import select_provider
-            from fallback.engine import BuiltinEngine
+            from fallback.engine.builtin import BuiltinEngine
 
             selection = select_provider(self.agent.memory_search, env=self._env)
             self._builtin = BuiltinEngine(self.agent.engine, provider_selection=selection,
@@ -194,8 +194,8 @@ class MemoryManager:
             if self._qmd is None and self._qmd_unavailable is not None and self.breaker.allow(self._now_ms()):
                 self._qmd_unavailable = None  # cooldown over: look for qmd again
             if self._qmd is None and self._qmd_unavailable is None:
-                from qmdbridge.locate import probe_qmd
-                from qmdbridge.qmd import QmdBackend
+                from qmdbridge.qmd.backend import QmdBackend
+                from qmdbridge.qmd.locate import probe_qmd
 
                 cached = self.probe_cache.get(self._probe_key)
                 extras: dict[str, Any] = {}
@@ -251,7 +251,7 @@ class MemoryManager:
             raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
         if min_score is not None and not 0.0 <= min_score <= 1.0:
             raise UsageError("min score must be between 0 and 1")
-        from qmdbridge.scope import citations_enabled, evaluate_scope
+        from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
         cfg = self.agent.memory
         decision = evaluate_scope(cfg.qmd.scope, session_key)

@@ -110,7 +110,7 @@ class PreEmbeddedProvider:
 
 def _engine(spec: dict[str, Any], *, provider: Any = None, extension_path: str | None = None) -> Any:
     from fallback.embeddings import ProviderSelection, select_provider
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
 
     agent = agent_for(spec)
     settings = agent.engine
@@ -248,7 +248,7 @@ async def _poll(check: Callable[[], Awaitable[bool]], *, timeout_s: float,
 
 async def task_watch(spec: dict[str, Any]) -> dict[str, Any]:
     """Save-to-searchable latency through the live watcher (``MemoryManager`` full mode)."""
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
     from qmdbridge.manager import MemoryManager
 
     if not callable(getattr(BuiltinEngine, "start", None)):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fallback.vectors import VectorIndex
+from fallback.store.vectors import VectorIndex
 
 SCHEMA = """CREATE TABLE chunks(
   id TEXT PRIMARY KEY, path TEXT NOT NULL, source TEXT NOT NULL DEFAULT 'memory',

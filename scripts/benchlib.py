@@ -112,7 +112,7 @@ def cli_argv() -> list[str]:
     script = Path(sys.executable).parent / "qmdbridge"
     if script.is_file() and os.access(script, os.X_OK):
         return [str(script)]
-    return [sys.executable, "-c", "import sys; from qmdbridge.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())"]
 
 
 @dataclass(frozen=True)

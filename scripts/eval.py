@@ -8,7 +8,7 @@ the expected line. MRR is over the top 10 (0 when no correct hit).
 
 The workspace is copied to a temporary folder, so nothing is written into the repository.
 Before scoring, every paraphrase is checked against its expected lines with the engine's own
-keyword extraction (``fallback.keywords.extract_keywords``); overlaps are printed as notes.
+keyword extraction (``fallback.text.keywords.extract_keywords``); overlaps are printed as notes.
 
 Usage: ``python3 scripts/eval.py [--json] [--quick] [--modes keyword,hybrid]``.
 """
@@ -54,7 +54,7 @@ def rank_of(hits: list[Any], expect: list[dict[str, Any]]) -> int | None:
 
 def paraphrase_overlaps(queries: list[dict[str, Any]], ws: Path) -> list[str]:
     """Paraphrase queries sharing a keyword with an expected line: ``["p01: boss", ...]``."""
-    from fallback.keywords import extract_keywords
+    from fallback.text.keywords import extract_keywords
 
     out = []
     for q in queries:
@@ -74,7 +74,7 @@ async def run_mode(ws: Path, state: Path, queries: list[dict[str, Any]],
                    memory_search: dict[str, Any]) -> dict[str, int | None]:
     """Search every query with a fresh engine; returns ``{query id: rank or None}``."""
     from fallback.embeddings import select_provider
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     search = MemorySearchSettings.model_validate(memory_search)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from qmdbridge.cli import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
 
 __all__ = ["doctor"]
 

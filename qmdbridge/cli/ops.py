@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from fallback.errors import BackendUnavailableError
-from qmdbridge.cli import EXIT_FAILURE, EXIT_OK, emit_json
-from qmdbridge.qmd_models import DEFAULT_MODELS, model_problem
+from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.qmd.models import DEFAULT_MODELS, model_problem
 
 __all__ = ["missing_model_hint", "qmd_action", "warmup"]
 
@@ -44,8 +44,8 @@ def missing_model_hint(stderr: str, *, step: str) -> str:
 
 
 async def _backend(agent: Any) -> Any:
-    from qmdbridge.locate import probe_qmd
-    from qmdbridge.qmd import QmdBackend
+    from qmdbridge.qmd.backend import QmdBackend
+    from qmdbridge.qmd.locate import probe_qmd
 
     location = await probe_qmd(agent.memory.qmd.command, env=dict(os.environ))
     if not location.usable:
@@ -87,7 +87,7 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     model work) or when models are missing and the model host cannot be reached (offline).
     """
     from qmdbridge.paths import child_env, ensure_home, qmd_home
-    from qmdbridge.runner import run_command
+    from qmdbridge.qmd.runner import run_command
 
     environ = dict(os.environ)
     home = qmd_home(agent.state_dir, agent.agent_id)

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 import orjson
 
-from qmdbridge.cli import EXIT_OK
+from qmdbridge.cli.common import EXIT_OK
 
 __all__ = ["handle_line", "serve"]
 

@@ -38,7 +38,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
         stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     exe = shutil.which("qmdbridge") or ""
-    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli import main; sys.exit(main())", *args]
+    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
     return subprocess.run(argv, env=env, capture_output=True, timeout=120, input=stdin)
 
 

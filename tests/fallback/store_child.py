@@ -36,9 +36,9 @@ from typing import Any
 import anyio
 
 from fallback.embeddings import ProviderSelection
-from fallback.engine import BuiltinEngine
-from fallback.locking import StoreWriteLock
+from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.store.lock import StoreWriteLock
 
 # Dimensions of the deterministic hashing provider.
 HASH_DIMS = 16

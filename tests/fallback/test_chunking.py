@@ -1,4 +1,4 @@
-"""Tests for fallback.chunking (spec §3 and §12 cases 13-21)."""
+"""Tests for fallback.text.chunking (spec §3 and §12 cases 13-21)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import hashlib
 
 import pytest
 
-from fallback.chunking import (
+from fallback.errors import UsageError
+from fallback.text.chunking import (
     Chunk,
     chunk_markdown,
     remap_lines,
@@ -15,7 +16,6 @@ from fallback.chunking import (
     text_weight,
     truncate_chars,
 )
-from fallback.errors import UsageError
 
 
 def _sha(s: str) -> str:

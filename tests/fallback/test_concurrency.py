@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from fallback.db import Store
 from fallback.errors import IndexStoreError
-from fallback.locking import StoreWriteLock, lock_path_for
+from fallback.store.db import Store
+from fallback.store.lock import StoreWriteLock, lock_path_for
 from tests.fallback.child_procs import DEADLINE_S, finish
 
 CHILD = Path(__file__).with_name("store_child.py")

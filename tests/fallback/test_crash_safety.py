@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from fallback.db import Store
 from fallback.errors import IndexStoreError
-from fallback.locking import StoreWriteLock
-from fallback.storefiles import recover_db_files, swap_db_files
+from fallback.store.db import Store
+from fallback.store.files import recover_db_files, swap_db_files
+from fallback.store.lock import StoreWriteLock
 from tests.fallback.child_procs import DEADLINE_S, finish
 
 CHILD = Path(__file__).with_name("store_child.py")
@@ -376,7 +376,7 @@ async def test_engine_reopens_a_store_whose_file_another_process_renamed_over(
 
 @pytest.mark.anyio
 async def test_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     ws = tmp_path / "ws"
@@ -400,7 +400,7 @@ async def test_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_store_damaged_inside_is_rebuilt_on_search_and_forced_sync(tmp_path: Path) -> None:
-    from fallback.engine import BuiltinEngine
+    from fallback.engine.builtin import BuiltinEngine
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     ws = tmp_path / "ws"

@@ -1,4 +1,4 @@
-"""The store: migrations, SQLite error mapping, atomic swap, keyword rows (fallback/db.py)."""
+"""The store: migrations, SQLite error mapping, atomic swap, keyword rows (fallback/store/db.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from fallback.db import (
+from fallback.errors import IndexStoreError
+from fallback.search.fts import build_fts_query
+from fallback.search.keyword import keyword_rows
+from fallback.store.db import (
     Store,
-    keyword_rows,
     remove_db_files,
     swap_db_files,
     temp_db_path,
     translate_errors,
 )
-from fallback.errors import IndexStoreError
-from fallback.fts import build_fts_query
-from fallback.migrations import MIGRATIONS
+from fallback.store.migrations import MIGRATIONS
 
 EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "chunks_trigram", "embedding_cache",
                    "skipped_files"}

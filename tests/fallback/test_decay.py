@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fallback.ranking import (
+from fallback.search.ranking import (
     Candidate,
     apply_temporal_decay,
     date_from_path,

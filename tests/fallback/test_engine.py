@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fallback.backend import MemoryBackend
+from fallback.contract import MemoryBackend
 from fallback.embeddings import ProviderSelection
-from fallback.engine import BuiltinEngine
+from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import (
     BackendUnavailableError,
     EmbeddingProviderError,

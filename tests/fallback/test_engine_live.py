@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from fallback.embeddings import ProviderSelection
-from fallback.engine import BuiltinEngine
+from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = pytest.mark.anyio

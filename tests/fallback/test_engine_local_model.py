@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from fallback.embeddings import select_provider
-from fallback.engine import BuiltinEngine
+from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.local_model]

@@ -1,4 +1,4 @@
-"""Tests for fallback.files: discovery (spec §2, §12 cases 1-9, 11-12) and reading."""
+"""Tests for fallback.sources.memory_files: discovery (spec §2, §12 cases 1-9, 11-12) and reading."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fallback.files import (
+from fallback.models import SkippedFile
+from fallback.sources.memory_files import (
     MemoryFile,
     is_memory_path,
     list_memory_files,
     normalize_extra_paths,
     read_memory_text,
 )
-from fallback.models import SkippedFile
 
 
 def _write(path: Path, text: str = "x") -> Path:
@@ -301,7 +301,7 @@ def test_filesystem_root_as_extra_path_is_refused(tmp_path: Path) -> None:
 
 
 def test_walk_stops_after_the_entry_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import fallback.files as files
+    import fallback.sources.memory_files as files
 
     monkeypatch.setattr(files, "MAX_WALK_ENTRIES", 5)
     ws = tmp_path / "ws"

@@ -1,10 +1,10 @@
-"""FTS query plans, CJK routing and the BM25 rank mapping (fallback/fts.py)."""
+"""FTS query plans, CJK routing and the BM25 rank mapping (fallback/search/fts.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fallback.fts import (
+from fallback.search.fts import (
     FtsPlan,
     bm25_rank_to_score,
     build_fts_query,

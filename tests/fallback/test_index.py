@@ -9,10 +9,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fallback.db import META_KEY, Store
 from fallback.errors import EmbeddingProviderError
-from fallback.index import Indexer, chunk_id, full_reindex_reason, index_identity
+from fallback.index.indexer import Indexer, chunk_id, full_reindex_reason, index_identity
 from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.store.db import META_KEY, Store
 
 pytestmark = pytest.mark.anyio
 

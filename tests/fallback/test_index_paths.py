@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fallback.engine import BuiltinEngine
-from fallback.files import classify_changed_path
+from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.sources.memory_files import classify_changed_path
 
 pytestmark = pytest.mark.anyio
 

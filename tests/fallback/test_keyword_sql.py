@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fallback.db import Store
-from fallback.fts import build_fts_query
-from fallback.keyword_sql import MIN_INNER_ROWS, keyword_rows
+from fallback.search.fts import build_fts_query
+from fallback.search.keyword import MIN_INNER_ROWS, keyword_rows
+from fallback.store.db import Store
 
 
 def _fill(store: Store, rows: list[tuple[str, str, str]]) -> None:

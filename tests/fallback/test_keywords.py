@@ -1,10 +1,10 @@
-"""Tests for fallback.keywords (spec §8.9, §12 cases 39-45)."""
+"""Tests for fallback.text.keywords (spec §8.9, §12 cases 39-45)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fallback.keywords import extract_keywords, query_tokens
+from fallback.text.keywords import extract_keywords, query_tokens
 
 
 def test_case39_english_conversational() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.ranking import Candidate, jaccard, mmr_rerank, mmr_score, mmr_tokens
+from fallback.search.ranking import Candidate, jaccard, mmr_rerank, mmr_score, mmr_tokens
 
 
 def items(*pairs: tuple[float, str]) -> list[Candidate]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.ranking import Candidate, merge_hybrid, select_results
+from fallback.search.ranking import Candidate, merge_hybrid, select_results
 
 
 def cand(chunk_id: str, score: float, *, snippet: str = "", path: str = "memory/a.md",

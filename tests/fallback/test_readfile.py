@@ -1,4 +1,4 @@
-"""Tests for fallback.readfile: memory_get path rules, paging (§12 cases 46-57)."""
+"""Tests for fallback.sources.read_page: memory_get path rules, paging (§12 cases 46-57)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from fallback.errors import PathRefusedError
 from fallback.models import MemoryReadResult
-from fallback.readfile import page_text, read_memory_page, resolve_memory_path
+from fallback.sources.read_page import page_text, read_memory_page, resolve_memory_path
 
 
 def _write(path: Path, text: str = "x") -> Path:
@@ -233,7 +233,7 @@ def test_case56_transient_error_retried(ws: Path, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize("window", [(None, None), (1, 1), (2, 2), (3, 5), (200, 10), (1000, 3)])
 def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    body: str, window: tuple[int | None, int | None]) -> None:
-    import fallback.readfile as rf
+    import fallback.sources.read_page as rf
 
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)

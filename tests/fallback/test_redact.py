@@ -1,10 +1,10 @@
-"""Tests for fallback.redact: every secret kind is redacted, look-alikes are left alone."""
+"""Tests for fallback.text.redact: every secret kind is redacted, look-alikes are left alone."""
 
 from __future__ import annotations
 
 import pytest
 
-from fallback.redact import redact_secrets
+from fallback.text.redact import redact_secrets
 
 OPENAI = "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
 OPENAI_PROJ = "sk-proj-" + "Zz9_Yy8-Xx7Ww6Vv5Uu4Tt3Ss2"

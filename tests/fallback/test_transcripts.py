@@ -1,4 +1,4 @@
-"""Tests for fallback.transcripts: listing, parsing, sanitising, session documents, delta tracking."""
+"""Tests for fallback.sources.transcripts: listing, parsing, sanitising, session documents, delta tracking."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fallback.transcripts import (
+from fallback.sources.transcripts import (
     SessionDeltaTracker,
     TranscriptMessage,
     list_transcripts,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fallback.errors import ManagerClosedError
-from fallback.vectors import VectorIndex
+from fallback.store.vectors import VectorIndex
 
 SCHEMA = """CREATE TABLE chunks(
   id TEXT PRIMARY KEY, path TEXT NOT NULL, source TEXT NOT NULL DEFAULT 'memory',

@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from fallback.watcher import MemoryWatcher
+from fallback.sources.watcher import MemoryWatcher
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.locate import repo_tools_qmd
 from qmdbridge.paths import QmdHome, child_env, ensure_home, qmd_home
+from qmdbridge.qmd.locate import repo_tools_qmd
 
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmdbridge.breaker import CircuitBreaker
+from qmdbridge.policy.breaker import CircuitBreaker
 
 
 def test_cooldown_doubles_and_success_closes(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.collections import (
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.qmd.collections import (
     CollectionRun,
     ListedCollection,
     ManagedCollection,
@@ -19,7 +20,6 @@ from qmdbridge.collections import (
     render_index_yml,
     sanitize_name,
 )
-from qmdbridge.config import parse_config, resolve_agent
 
 LIST_283 = """Collections (3):
 

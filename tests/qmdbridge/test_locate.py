@@ -1,4 +1,4 @@
-"""Tests for qmdbridge.locate: the real qmd, a foreign `qmd`, missing runtimes, search order."""
+"""Tests for qmdbridge.qmd.locate: the real qmd, a foreign `qmd`, missing runtimes, search order."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.locate import QmdLocator, locate_qmd, probe_qmd, repo_tools_qmd
+from qmdbridge.qmd.locate import QmdLocator, locate_qmd, probe_qmd, repo_tools_qmd
 
 pytestmark = pytest.mark.anyio
 

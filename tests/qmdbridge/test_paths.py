@@ -10,7 +10,7 @@ import pytest
 
 from fallback.errors import UsageError
 from qmdbridge.paths import QmdHome, child_env, ensure_home, qmd_home, user_models_dir
-from qmdbridge.runner import run_command
+from qmdbridge.qmd.runner import run_command
 
 
 def test_home_layout(tmp_path: Path) -> None:

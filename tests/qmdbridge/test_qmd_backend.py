@@ -10,8 +10,8 @@ import pytest
 
 from fallback.errors import BackendUnavailableError
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.locate import QmdLocation
-from qmdbridge.qmd import QmdBackend
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.locate import QmdLocation
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 

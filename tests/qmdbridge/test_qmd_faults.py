@@ -11,11 +11,12 @@ import orjson
 import psutil
 import pytest
 
-from fallback.errors import BackendTimeoutError, QmdOutputError
+from fallback.errors import BackendTimeoutError
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.locate import QmdLocation
-from qmdbridge.qmd import QmdBackend
-from qmdbridge.qmd_update import UpdateCycle
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.errors import QmdOutputError
+from qmdbridge.qmd.locate import QmdLocation
+from qmdbridge.qmd.update import UpdateCycle
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.locate import QmdLocation
-from qmdbridge.qmd import QmdBackend
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.locate import QmdLocation
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 

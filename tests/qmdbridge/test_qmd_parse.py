@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fallback.errors import BackendUnavailableError, QmdOutputError
+from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult
-from qmdbridge.collections import ManagedCollection
-from qmdbridge.qmd_parse import (
+from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.errors import QmdOutputError
+from qmdbridge.qmd.parse import (
     DocLookup,
     QmdEntry,
     clamp_injected,
@@ -222,7 +223,7 @@ def test_display_path_under_qmd_folder(tmp_path: Path) -> None:
 
 
 def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
-    from qmdbridge.qmd_parse import _clamp_lines
+    from qmdbridge.qmd.parse import _clamp_lines
 
     f = tmp_path / "MEMORY.md"
     f.write_text("one\ntwo\nthree\n")

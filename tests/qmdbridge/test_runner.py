@@ -1,4 +1,4 @@
-"""Tests for qmdbridge.runner with real processes: the real qmd and small stand-ins."""
+"""Tests for qmdbridge.qmd.runner with real processes: the real qmd and small stand-ins."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, UsageError
-from qmdbridge.runner import (
-    QmdCommandError,
+from qmdbridge.qmd.errors import QmdCommandError
+from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,
     is_crash_after_output,

@@ -1,11 +1,11 @@
-"""Tests for qmdbridge.scope: key normalisation, chat derivation, scope rules, citations auto."""
+"""Tests for qmdbridge.policy.scope: key normalisation, chat derivation, scope rules, citations auto."""
 
 from __future__ import annotations
 
 import pytest
 
 from qmdbridge.config import QmdScope, ScopeMatch, ScopeRule
-from qmdbridge.scope import citations_enabled, derive_chat, evaluate_scope, normalize_session_key
+from qmdbridge.policy.scope import citations_enabled, derive_chat, evaluate_scope, normalize_session_key
 
 
 @pytest.mark.parametrize(("key", "expected"), [

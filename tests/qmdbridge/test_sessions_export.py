@@ -1,4 +1,4 @@
-"""Tests for qmdbridge.sessions: Markdown export of transcripts for qmd (spec 2.11, cases 23-25)."""
+"""Tests for qmdbridge.qmd.sessions: Markdown export of transcripts for qmd (spec 2.11, cases 23-25)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from fallback.errors import BackendUnavailableError
-from fallback.transcripts import TranscriptMessage
-from qmdbridge.sessions import ExportReport, ExportState, export_sessions, render_session_markdown
+from fallback.sources.transcripts import TranscriptMessage
+from qmdbridge.qmd.sessions import ExportReport, ExportState, export_sessions, render_session_markdown
 
 NOW_MS = 1_770_000_000_000
 DAY_S = 86_400

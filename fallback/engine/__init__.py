@@ -1,0 +1,1 @@
+"""The builtin engine: BuiltinEngine (the backend contract over the store), its status and its live mode."""

@@ -1,0 +1,582 @@
+"""BuiltinEngine: the in-process SQLite memory search backend (``MemoryBackend`` contract).
+
+It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py``), keyword plans
+(``fallback/search/fts.py``), vector search (``fallback/store/vectors.py``) and ranking
+(``fallback/search/ranking.py``) together:
+
+- the store is opened lazily; a search on an empty index, or one that was not synced in this
+  process yet (or was marked dirty) while ``sync.onSearch`` is on, first runs an awaited
+  incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
+  there is recorded in ``status().last_error`` and the search answers from the current index);
+- with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
+  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only.
+  Deviation: a keyword hit's text score is the FTS-only boosted score (BM25 score plus query
+  coverage, spec §8.6) in both modes, because raw BM25 scores collapse towards 0 in small
+  corpora and keyword hits would never pass the score floor;
+- an explicitly configured provider that is unavailable fails closed with
+  ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
+- one sync runs at a time (a second caller awaits the running one and gets its outcome);
+  SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
+  ``CapacityLimiter(1)``;
+- a search never waits past its sync budget (``search_sync_budget_ms``, 2,000 ms, or the
+  ``sync_budget_ms`` argument) for a pre-search sync, except the bootstrap of an empty index;
+  past the budget it answers from the current index while the sync continues in the background
+  (live mode) or is cancelled between files (one-shot; progress is kept);
+- ``start()`` turns on live mode (``fallback/engine/live.py``: watcher, session deltas, interval and
+  rescan syncs) for the long-lived ``serve`` process; one-shot use never needs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import (
+    EmbeddingProviderError,
+    IndexStoreError,
+    ManagerClosedError,
+    SearchUnavailableError,
+    UsageError,
+)
+from fallback.index.indexer import Indexer, ProgressCallback, SyncReport
+from fallback.models import (
+    MemoryReadResult,
+    MemorySearchResult,
+    MemoryStatus,
+    Source,
+)
+from fallback.search.pipeline import Searcher
+from fallback.settings import EngineSettings
+from fallback.store.db import META_KEY, Store, is_readonly_error
+from fallback.store.files import quarantine_corrupt_store
+
+__all__ = ["BuiltinEngine"]
+
+log = logging.getLogger(__name__)
+
+# Upper bound of candidates fetched per search (spec §8.1).
+MAX_CANDIDATES = 200
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class BuiltinEngine:
+    """The builtin backend for one agent.
+
+    Args:
+        settings: resolved engine settings (workspace, store path, memorySearch).
+        provider_selection: a ``ProviderSelection`` (``provider``, ``requested``,
+            ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
+            on first use.
+        now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
+        on_progress: sync progress ``(files_done, files_total, chunks_embedded)``.
+    """
+
+    name = "builtin"
+    # Longest wait of a search for a pre-search sync, in ms (not for an empty index's bootstrap).
+    search_sync_budget_ms: int = 2000
+    # Live mode: transcript event batch window (spec §5.4), safety-net rescan period, both ms.
+    session_batch_ms: int = 5000
+    rescan_interval_ms: int = 300_000
+    # Live mode: start the watcher on polling (network file systems, tests) and its period (s).
+    watch_force_polling: bool = False
+    watch_poll_interval_s: float = 1.0
+
+    def __init__(self, settings: EngineSettings, *, provider_selection: Any = None,
+                 now_ms: Callable[[], int] | None = None,
+                 on_progress: ProgressCallback | None = None) -> None:
+        self.settings = settings
+        self._selection = provider_selection
+        self._now_ms = now_ms or _wall_clock_ms
+        self.on_progress = on_progress
+        self._store: Store | None = None
+        self._vector: Any = None
+        self._write_limiter = anyio.CapacityLimiter(1)
+        self._open_lock = anyio.Lock()
+        self._notes: list[str] = []  # one-off events reported in status().issues
+        self._closed = False
+        self._dirty = True
+        self._dirty_reason: str | None = "not synced yet"
+        self._synced = False
+        self._sync_done: anyio.Event | None = None
+        self._sync_outcome: SyncReport | BaseException | None = None
+        self._last_report: SyncReport | None = None
+        self._last_error: str | None = None
+        self._live: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ManagerClosedError("builtin engine is closed")
+
+    async def _open_store(self) -> Store:
+        """The store, opened on first use; reopened when another process swapped its file."""
+        self._check_open()
+        async with self._open_lock:
+            if self._store is None:
+                opener = partial(Store, self.settings.db_path,
+                                 fts_tokenizer=self.settings.search.store.fts.tokenizer)
+                try:
+                    self._store = await anyio.to_thread.run_sync(opener)
+                except IndexStoreError as exc:
+                    if "is corrupt" not in str(exc):
+                        raise
+                    # The index is derived from the Markdown files: set the broken file aside
+                    # (kept for inspection, nothing deleted) and rebuild from the sources.
+                    moved = await anyio.to_thread.run_sync(
+                        partial(quarantine_corrupt_store, self.settings.db_path, opener))
+                    if moved:
+                        self._notes.append(f"index store was corrupt ({exc}); moved aside to "
+                                           f"{moved} and rebuilt from the memory files")
+                        log.warning("%s", self._notes[-1])
+                    self._store = await anyio.to_thread.run_sync(opener)
+            else:
+                await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
+            return self._store
+
+    async def _recover_corrupt(self, exc: IndexStoreError) -> None:
+        """Close the corrupt store, move its files aside and start over with an empty one."""
+        async with self._open_lock:
+            if self._store is not None:
+                await anyio.to_thread.run_sync(self._store.close)
+                self._store = None
+            await anyio.to_thread.run_sync(self._drop_vector_index)
+
+            def verify() -> Store:
+                store = Store(self.settings.db_path,
+                              fts_tokenizer=self.settings.search.store.fts.tokenizer)
+                problem = store.quick_check()
+                if problem != "ok":
+                    store.close()
+                    raise IndexStoreError(f"index store is corrupt: {problem}",
+                                          db_path=str(self.settings.db_path))
+                return store
+
+            moved = await anyio.to_thread.run_sync(
+                partial(quarantine_corrupt_store, self.settings.db_path, verify))
+        if moved:
+            self._notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and "
+                               "rebuilt from the memory files")
+            log.warning("%s", self._notes[-1])
+        self._synced = False
+        self.mark_dirty("index store was rebuilt")
+
+    async def prepare(self) -> None:
+        """Open the store ahead of the first search (the manager does it while qmd runs).
+
+        Raises:
+            IndexStoreError: the store cannot be opened.
+        """
+        await self._open_store()
+
+    def _provider_selection(self) -> Any:
+        if self._selection is None:
+            from fallback.embeddings import select_provider
+            self._selection = select_provider(self.settings.search)
+        return self._selection
+
+    def _provider(self) -> EmbeddingProvider | None:
+        return self._provider_selection().provider
+
+    def _fail_closed(self) -> None:
+        sel = self._provider_selection()
+        if sel.error:
+            message = str(sel.error)
+            prefix = f"memory search unavailable: {sel.requested}: "
+            raise SearchUnavailableError(sel.requested, message.removeprefix(prefix))
+
+    def _vector_index(self) -> Any:
+        if self._vector is None:
+            from fallback.store.vectors import VectorIndex
+            vs = self.settings.search.store.vector
+            self._vector = VectorIndex(self.settings.db_path, enabled=vs.enabled,
+                                       extension_path=vs.extension_path)
+        return self._vector
+
+    def _drop_vector_index(self) -> None:
+        if self._vector is not None:
+            self._vector.close()
+            self._vector = None
+
+    def mark_dirty(self, reason: str = "files changed") -> None:
+        """Mark the index stale (the watcher calls this); the next search syncs first."""
+        self._dirty = True
+        self._dirty_reason = reason
+
+    live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
+
+    async def start(self) -> None:
+        """Enter live mode (``serve``): watcher, session deltas, interval/rescan syncs, boot sync.
+
+        Uses the class attributes ``session_batch_ms``, ``rescan_interval_ms``,
+        ``watch_force_polling`` and ``watch_poll_interval_s``. Idempotent; one-shot callers
+        need not call it. :meth:`close` stops everything it started.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+        """
+        self._check_open()
+        if self._live is not None:
+            return
+        from fallback.engine.live import LiveSync
+        self._live = LiveSync(self, session_batch_ms=self.session_batch_ms,
+                              rescan_interval_ms=self.rescan_interval_ms,
+                              force_polling=self.watch_force_polling,
+                              poll_interval_s=self.watch_poll_interval_s)
+        await self._live.start()
+
+    def warm_session(self, session_key: str | None) -> None:
+        """Fire-and-forget ``sync("session-start")`` once per non-empty key (live mode only)."""
+        if self._live is not None and not self._closed:
+            self._live.warm(session_key)
+
+    async def sync_after_running(self, *, reason: str,
+                                 paths: set[str] | None = None) -> SyncReport:
+        """Like :meth:`sync`, but first lets a running sync finish, so changes seen after that
+        sync started are picked up (the watcher's path; ``paths`` are the files it saw change).
+        Raises as :meth:`sync`."""
+        while self._sync_done is not None:
+            await self._sync_done.wait()
+        return await self.sync(reason=reason, paths=paths)
+
+    async def rescan(self) -> SyncReport:
+        """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
+        is cleared. Raises as :meth:`sync`."""
+        report = await self.sync_after_running(reason="rescan")
+        if self._live is not None:
+            self._live.rescanned()
+        return report
+
+    async def close(self) -> None:
+        """Stop live mode, wait for a running sync, close the vector index, provider and store;
+        idempotent."""
+        if self._closed:
+            return
+        if self._live is not None:
+            await self._live.close()
+        if self._sync_done is not None:
+            await self._sync_done.wait()
+        self._closed = True
+        await anyio.to_thread.run_sync(self._drop_vector_index)
+        sel = self._selection
+        if sel is not None and sel.provider is not None:
+            await sel.provider.aclose()
+        if self._store is not None:
+            await anyio.to_thread.run_sync(self._store.close)
+            self._store = None
+
+    # -- sync ------------------------------------------------------------------------------
+
+    async def sync(self, *, reason: str, force: bool = False,
+                   paths: set[str] | None = None) -> SyncReport:
+        """Bring the index up to date; a second caller awaits the running sync.
+
+        A store found corrupt on the way is moved aside and rebuilt from the memory files
+        (the index is derived data), then the sync runs again once.
+
+        Args:
+            reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
+            force: full rebuild into a temporary database, swapped in atomically.
+            paths: absolute paths the watcher saw change: only those files are re-indexed when
+                each can be judged on its own (else, or when ``None``, a full incremental scan).
+
+        Returns:
+            The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+            BackendUnavailableError: an explicitly configured provider is unavailable.
+            IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
+                the live index untouched).
+        """
+        try:
+            return await self._sync_shared(reason=reason, force=force, paths=paths)
+        except IndexStoreError as exc:
+            if not _is_corrupt(exc):
+                raise
+            await self._recover_corrupt(exc)
+            return await self._sync_shared(reason=reason, force=force, paths=paths)
+
+    async def _sync_shared(self, *, reason: str, force: bool,
+                           paths: set[str] | None = None) -> SyncReport:
+        self._check_open()
+        cancelled = anyio.get_cancelled_exc_class()
+        while self._sync_done is not None:
+            await self._sync_done.wait()
+            outcome = self._sync_outcome
+            if isinstance(outcome, SyncReport):
+                return outcome
+            if outcome is not None and not isinstance(outcome, cancelled):
+                raise outcome
+            # the sync we joined was cancelled (a search budget ran out): run our own
+        done = anyio.Event()
+        self._sync_done = done
+        try:
+            report = await self._run_sync(reason=reason, force=force, paths=paths)
+            self._sync_outcome = report
+            if self._live is not None:
+                self._live.after_sync(report)
+            return report
+        except BaseException as exc:
+            self._sync_outcome = exc
+            if not isinstance(exc, cancelled):
+                self._last_error = f"sync ({reason}) failed: {exc}"
+            raise
+        finally:
+            self._sync_done = None
+            done.set()
+
+    async def _run_sync(self, *, reason: str, force: bool,
+                        paths: set[str] | None = None) -> SyncReport:
+        self._fail_closed()
+        store = await self._open_store()
+        # One writer per store across processes; the whole sync (a rebuild's publish too)
+        # runs under the lock, after repairing what a killed writer left (fallback/store/lock.py).
+        async with store.writer_lock.hold():
+            await anyio.to_thread.run_sync(store.recover_leftovers)
+            report = await self._sync_recovering_readonly(store, reason=reason, force=force,
+                                                          paths=paths)
+        if report.full:
+            await anyio.to_thread.run_sync(self._drop_vector_index)
+        elif (report.files_indexed or report.files_deleted) and self._vector is not None:
+            await anyio.to_thread.run_sync(self._vector.invalidate)
+        self._dirty = False
+        self._dirty_reason = None
+        self._synced = True
+        self._last_report = report
+        self._last_error = None
+        return report
+
+    async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
+                                        paths: set[str] | None = None) -> SyncReport:
+        """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
+
+        Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
+        """
+        indexer = Indexer(self.settings, provider=self._provider(),
+                          write_limiter=self._write_limiter, now_ms=self._now_ms,
+                          on_progress=self.on_progress)
+        log.debug("builtin sync start (%s, force=%s)", reason, force)
+        recovery = store.readonly_recovery
+        try:
+            return await indexer.sync(store, force=force, paths=paths)
+        except IndexStoreError as exc:
+            if not is_readonly_error(exc):
+                raise
+            recovery.attempts += 1
+            recovery.last_error = str(exc)
+            log.warning("index store is read-only, reopening and retrying once: %s", exc)
+        try:
+            await anyio.to_thread.run_sync(store.reopen)
+            report = await indexer.sync(store, force=force, paths=paths)
+        except Exception as exc:
+            recovery.failures += 1
+            recovery.last_error = str(exc)
+            raise
+        recovery.successes += 1
+        return report
+
+    async def _preflight(self, store: Store, budget_ms: int) -> None:
+        empty = not (await anyio.to_thread.run_sync(
+            store.query, "SELECT 1 FROM chunks LIMIT 1"))
+        if empty and not self._synced:
+            await self._search_sync()  # bootstrap: nothing to answer from otherwise
+            return
+        if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
+            return
+        with anyio.move_on_after(max(0, budget_ms) / 1000):
+            if self._live is not None:
+                await self._live.spawn_sync("search").wait()
+            else:
+                await self._search_sync()
+
+    async def _search_sync(self) -> None:
+        try:
+            await self.sync(reason="search")
+        except EmbeddingProviderError as exc:
+            sel = self._provider_selection()
+            if sel.requested not in ("auto", "none") and sel.provider is not None:
+                # an explicitly configured provider that cannot embed is unavailable: say so
+                # rather than answer from a partial index
+                raise SearchUnavailableError(sel.provider.provider_id, str(exc)) from exc
+            log.warning("memory sync before search failed: %s", exc)
+        except IndexStoreError as exc:
+            log.warning("memory sync before search failed: %s", exc)
+
+    def search_info(self) -> tuple[str, str | None, str]:
+        """``(provider id or "none", model or None, "hybrid" | "fts-only")`` without reading the
+        store (what a search response reports; ``status()`` counts rows and is slower)."""
+        provider = self._provider()
+        if provider is None:
+            return "none", None, "fts-only"
+        return provider.provider_id, provider.model, "hybrid"
+
+    @property
+    def last_error(self) -> str | None:
+        """The last non-fatal problem (failed sync, failed query embedding), or ``None``."""
+        return self._last_error
+
+    # -- search ----------------------------------------------------------------------------
+
+    async def search(self, query: str, *, max_results: int | None = None,
+                     min_score: float | None = None, session_key: str | None = None,
+                     sources: list[Source] | None = None,
+                     sync_budget_ms: int | None = None) -> list[MemorySearchResult]:
+        """Search the memory index; hits best first.
+
+        A store found corrupt is moved aside and rebuilt from the memory files, and the search
+        runs again once.
+
+        Args:
+            query: free text (any language; FTS syntax is never interpreted).
+            max_results: cap on hits (default ``query.maxResults``, 6).
+            min_score: score floor in ``[0, 1]`` (default ``query.minScore``, 0.35).
+            session_key: scope rules are the manager's; in live mode the first search of a
+                key warms the index (:meth:`warm_session`).
+            sources: subset of the enabled sources; no enabled member gives ``[]``.
+            sync_budget_ms: longest wait in ms for a pre-search sync (default
+                ``search_sync_budget_ms``, 2,000); the bootstrap of an empty index is
+                always awaited.
+
+        Returns:
+            ``MemorySearchResult`` list (snippets at most 700 code points); in hybrid mode
+            each carries ``vector_score`` and ``text_score``.
+
+        Raises:
+            UsageError: ``query must not be empty`` for a blank query.
+            ManagerClosedError: the engine is closed.
+            BackendUnavailableError: an explicitly configured provider is unavailable.
+            IndexStoreError: the store is locked, read-only or corrupt.
+        """
+        once = partial(self._search_once, query, max_results=max_results, min_score=min_score,
+                       session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms)
+        try:
+            return await once()
+        except IndexStoreError as exc:
+            if not _is_corrupt(exc):
+                raise
+            await self._recover_corrupt(exc)
+            return await once()
+
+    async def _search_once(self, query: str, *, max_results: int | None,
+                           min_score: float | None, session_key: str | None,
+                           sources: list[Source] | None,
+                           sync_budget_ms: int | None) -> list[MemorySearchResult]:
+        text = query.strip()
+        if not text:
+            raise UsageError("query must not be empty")
+        self._check_open()
+        self._fail_closed()
+        store = await self._open_store()
+        await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
+                              else sync_budget_ms)
+        store = await self._open_store()  # the sync may have replaced a corrupt store
+        self.warm_session(session_key)
+        q = self.settings.search.query
+        limit = max(1, max_results if max_results is not None else q.max_results)
+        floor = q.min_score if min_score is None else min_score
+        enabled: list[str] = list(self.settings.search.sources)
+        srcs = [s for s in enabled if sources is None or s in sources]
+        if not srcs:
+            return []
+        candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
+        provider = self._provider()
+        if provider is None:
+            hits = await self._searcher().fts_only(store, text, srcs, candidates, floor, limit)
+            return [Searcher.result(c, hybrid=False) for c in hits]
+        hits = await self._searcher().hybrid(store, provider, text, srcs, candidates, floor, limit)
+        return [Searcher.result(c, hybrid=True) for c in hits]
+
+    def _searcher(self) -> Searcher:
+        def record(error: str) -> None:
+            self._last_error = error
+
+        return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
+                        on_error=record)
+
+    async def read_file(self, rel_path: str, *, from_line: int | None = None,
+                        lines: int | None = None) -> MemoryReadResult:
+        """Read a page of a memory file (120 lines / 12,000 code points by default).
+
+        Raises:
+            PathRefusedError: not a memory file.
+            ManagerClosedError: the engine is closed.
+        """
+        self._check_open()
+        from fallback.sources.read_page import read_memory_page
+        return await anyio.to_thread.run_sync(partial(
+            read_memory_page, self.settings.workspace_dir, list(self.settings.search.extra_paths),
+            rel_path, from_line=from_line, lines=lines))
+
+    async def index_stats(self) -> dict[str, int]:
+        """``{"files", "chunks", "embedded"}`` over the enabled sources (for the CLI)."""
+        store = await self._open_store()
+        return await anyio.to_thread.run_sync(self._stats, store)
+
+    def _stats(self, store: Store) -> dict[str, int]:
+        srcs = list(self.settings.search.sources)
+        marks = ", ".join("?" for _ in srcs)
+        files = store.query(f"SELECT COUNT(*) FROM files WHERE source IN ({marks})", srcs)[0][0]
+        chunks, embedded = store.query(
+            f"SELECT COUNT(*), COUNT(vector) FROM chunks WHERE source IN ({marks})", srcs)[0]
+        return {"files": int(files), "chunks": int(chunks), "embedded": int(embedded)}
+
+    async def status(self) -> MemoryStatus:
+        """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
+
+        Raises:
+            ManagerClosedError: the engine is closed.
+            IndexStoreError: the store cannot be read.
+        """
+        store = await self._open_store()
+        return await anyio.to_thread.run_sync(self._status, store)
+
+    def _status(self, store: Store) -> MemoryStatus:
+        from fallback.engine.status import build_status
+        sel = self._provider_selection()
+        dirty = self._dirty
+        if dirty and not self._synced and self._dirty_reason == "not synced yet":
+            # spec §5.1: before its first sync a process reports dirty only without an index
+            dirty = store.get_meta_json(META_KEY) is None
+        return build_status(
+            store, backend=self.name, settings=self.settings, selection=sel,
+            vector=dict(self._vector_index().status()) if sel.provider is not None else None,
+            dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
+            live=self._live, notes=self._notes,
+            extra_custom={"readonlyRecovery": store.readonly_recovery.as_dict()})
+
+    async def probe_embeddings(self) -> tuple[bool, str | None]:
+        """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""
+        self._check_open()
+        sel = self._provider_selection()
+        if sel.provider is None:
+            return False, sel.error or sel.unavailable_reason or (
+                "No embedding provider available (FTS-only mode)")
+        try:
+            await sel.provider.embed_batch(["ping"])
+        except EmbeddingProviderError as exc:
+            return False, str(exc)
+        return True, None
+
+    async def probe_vector(self) -> bool:
+        """Whether vector search can answer (provider present and vectors not disabled)."""
+        self._check_open()
+        if self._provider() is None:
+            return False
+        status = await anyio.to_thread.run_sync(self._vector_index().status)
+        return bool(status["available"])
+
+
+def _is_corrupt(exc: IndexStoreError) -> bool:
+    """Whether a store error means the file is damaged (as opposed to locked or read-only)."""
+    return "is corrupt" in str(exc)

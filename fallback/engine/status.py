@@ -1,0 +1,96 @@
+"""Builds the builtin engine's ``MemoryStatus`` from its store and runtime state (spec §11)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fallback.index.indexer import FTS_ONLY_MODEL
+from fallback.models import MemoryStatus, SkippedFile, SourceCount
+from fallback.settings import EngineSettings
+from fallback.store.db import META_KEY, Store
+
+__all__ = ["CJK_SCHEME", "build_status"]
+
+# How the CJK substring search works (reported in status; see fallback/search/fts.py).
+CJK_SCHEME = "trigram+like"
+
+
+def build_status(store: Store, *, backend: str, settings: EngineSettings, selection: Any,
+                 vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
+                 last_error: str | None, live: Any = None,
+                 extra_custom: dict[str, Any] | None = None,
+                 notes: list[str] | None = None) -> MemoryStatus:
+    """Read counters from ``store`` (blocking: call in a worker thread) and assemble the status.
+
+    Args:
+        store: the open store.
+        backend: backend name (``builtin``).
+        settings: the engine settings.
+        selection: the ``ProviderSelection`` (``provider``, ``requested``, ``error``,
+            ``unavailable_reason``).
+        vector: the vector index status when a provider exists, else ``None``.
+        dirty / dirty_reason: the engine's own stale flag and why.
+        last_error: the last sync or query-embedding error, or ``None``.
+        live: the engine's ``LiveSync`` in live mode; its degraded-watcher mark makes the
+            status dirty with that reason, and ``custom`` gains ``watcher`` and ``live``.
+        extra_custom: more ``custom`` entries (for example store recovery counters).
+
+    Returns:
+        ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    s = settings.search
+    provider = selection.provider
+    srcs = list(s.sources)
+    counts = {src: (0, 0) for src in srcs}
+    for src, nfiles in store.query("SELECT source, COUNT(*) FROM files GROUP BY source"):
+        if src in counts:
+            counts[src] = (int(nfiles), counts[src][1])
+    for src, nchunks in store.query("SELECT source, COUNT(*) FROM chunks GROUP BY source"):
+        if src in counts:
+            counts[src] = (counts[src][0], int(nchunks))
+    skipped = [SkippedFile(path=p, reason=r) for p, r in store.query(
+        "SELECT path, reason FROM skipped_files ORDER BY path, reason")]
+    issues = store.get_meta_json("scan_issues") or []
+    last_sync = store.get_meta_json("last_sync_at_ms")
+    cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
+    fts_error = store.fts_error
+    degraded = live.degraded_reason if live is not None else None
+    custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
+                              "readonlyRecovery": store.readonly_recovery.as_dict(),
+                              **(live.status_custom() if live is not None else {}),
+                              **(extra_custom or {})}
+    if provider is None or vector is None:
+        vector = {"enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
+                  "reason": selection.unavailable_reason or "no embedding provider (FTS-only mode)",
+                  "dims": None}
+    elif vector.get("dims") is None:
+        # the vector index learns its dims on the first query; the index meta knows them now
+        meta = store.get_meta_json(META_KEY) or {}
+        dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+        vector = {**vector, "dims": dims if isinstance(dims, int) else None}
+    return MemoryStatus(
+        backend=backend, agent_id=settings.agent_id,
+        workspace_dir=str(settings.workspace_dir), db_path=str(store.path),
+        files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
+        dirty=dirty or degraded is not None,
+        dirty_reason=degraded or (dirty_reason if dirty else None),
+        provider=provider.provider_id if provider else "none",
+        requested_provider=selection.requested or s.provider,
+        model=provider.model if provider else None,
+        search_mode="hybrid" if provider else "fts-only",
+        provider_unavailable_reason=selection.error or selection.unavailable_reason,
+        sources=srcs, extra_paths=list(s.extra_paths),
+        source_counts=[SourceCount(source=src, files=f, chunks=c)
+                       for src, (f, c) in counts.items()],
+        fts={"enabled": s.query.hybrid.enabled or provider is None,
+             "available": fts_error is None, "tokenizer": store.fts_tokenizer,
+             "error": fts_error, "cjk": CJK_SCHEME},
+        vector=vector,
+        cache={"enabled": s.cache.enabled, "entries": cache_entries,
+               "maxEntries": s.cache.max_entries},
+        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []),
+        last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
+        healthy=last_error is None, last_error=last_error, custom=custom)

@@ -1,0 +1,584 @@
+"""Index sync: discover memory files and transcripts, diff by content hash, chunk, embed, write.
+
+One :meth:`Indexer.sync` (spec §5.3, E2):
+
+1. compute the index identity (:func:`index_identity`) and compare it with the stored meta;
+   a mismatch (or ``force``, or no meta) means a full reindex (spec §4.4), done safely: build
+   into ``<db>.tmp-<uuid>`` seeded with the live embedding cache, then swap atomically
+   (spec §4.5). On any failure the live index is untouched and no ``.tmp-`` file remains;
+2. otherwise an incremental sync: a file whose ``(mtime, size)`` equals its ``files`` row is
+   not read at all; a read file whose content hash is unchanged only gets its row refreshed;
+   changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
+   transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
+3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
+   and the sync time are stored so every process's ``status()`` sees them;
+4. when ``sources`` includes ``sessions`` (spec §5.4), the same is done for the transcripts of
+   ``EngineSettings.sessions_dir`` (``*.jsonl`` and retained ``.jsonl.reset.<iso>`` /
+   ``.jsonl.deleted.<iso>`` archives, compaction checkpoints skipped): stored path
+   ``sessions/<basename>``, source ``sessions``, content flattened by
+   :func:`fallback.sources.transcripts.session_document` and chunk lines remapped
+   (:func:`fallback.text.chunking.remap_lines`) so ``start_line``/``end_line`` are JSONL lines.
+   Deviation from the reference: every sync picks up grown transcripts (an unchanged
+   ``(mtime, size)`` is not re-read, so this is cheap), not only ``session-delta`` syncs.
+
+Cancellation: each file is written in its own transaction, so a sync cancelled between files
+keeps its progress and leaves a consistent index; a cancelled full reindex removes its
+temporary database (the cleanup runs shielded).
+
+Embeddings (when a provider exists): chunk texts are looked up in ``embedding_cache`` by
+``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``; fresh
+vectors are upserted into the cache, which is pruned to ``cache.maxEntries`` oldest first.
+
+Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
+``CapacityLimiter(1)``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import anyio
+import orjson
+
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import IndexStoreError
+from fallback.models import SkippedFile
+from fallback.settings import EngineSettings
+from fallback.sources.memory_files import (
+    FileContent,
+    MemoryFile,
+    classify_changed_path,
+    list_memory_files,
+    normalize_extra_paths,
+    read_memory_text,
+)
+from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
+from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
+from fallback.text.scripts import contains_cjk, sha256_hex
+
+__all__ = [
+    "FTS_ONLY_MODEL",
+    "Indexer",
+    "SyncReport",
+    "chunk_id",
+    "full_reindex_reason",
+    "index_identity",
+    "pack_vector",
+]
+
+# Model name recorded for chunks written without an embedding provider (spec §3).
+FTS_ONLY_MODEL = "fts-only"
+# Hashes per SQL ``IN`` list when looking up the embedding cache (spec §6.3).
+CACHE_LOOKUP_BATCH = 400
+# Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
+MAX_EMBED_INPUT_BYTES = 8000
+# Skip reason of a file that disappeared between discovery and reading.
+_VANISHED = "vanished before read"
+# Note recorded for a file indexed with invalid UTF-8 bytes replaced.
+INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
+
+ProgressCallback = Callable[[int, int, int], None]
+
+
+def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
+             model: str) -> str:
+    """Chunk primary key: ``sha256_hex("<source>:<path>:<start>:<end>:<hash>:<model>")`` (spec §3)."""
+    return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
+
+
+def pack_vector(vector: list[float]) -> bytes:
+    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
+    return struct.pack(f"<{len(vector)}f", *vector)
+
+
+def _none_provider_key() -> str:
+    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
+
+
+def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
+    """The identity an index is built for (spec §4.3); any change forces a full reindex.
+
+    Returns:
+        ``{model, provider, providerKey, sources, chunkTokens, chunkOverlap, scopeHash,
+        ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
+        multimodal settings (always disabled here).
+    """
+    s = settings.search
+    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
+        settings.workspace_dir, s.extra_paths))
+    scope = {"extraPaths": extra,
+             "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
+    return {
+        "model": provider.model if provider else FTS_ONLY_MODEL,
+        "provider": provider.provider_id if provider else "none",
+        "providerKey": provider.provider_key if provider else _none_provider_key(),
+        "sources": sorted(s.sources),
+        "chunkTokens": s.chunking.tokens,
+        "chunkOverlap": s.chunking.overlap,
+        "chunkSections": s.chunking.sections,
+        "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
+        "ftsTokenizer": s.store.fts.tokenizer,
+    }
+
+
+def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
+    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
+
+    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
+    ``provider settings changed``, ``sources changed``, ``scope changed``, ``chunking changed``,
+    ``FTS tokenizer changed``.
+    """
+    if not isinstance(meta, dict):
+        return "no index metadata"
+    if meta.get("model") != identity["model"]:
+        return f"model changed ({meta.get('model')} -> {identity['model']})"
+    if meta.get("provider") != identity["provider"]:
+        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
+    if meta.get("providerKey") != identity["providerKey"]:
+        return "provider settings changed"
+    if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
+        return "sources changed"
+    if meta.get("scopeHash") != identity["scopeHash"]:
+        return "scope changed"
+    if (meta.get("chunkTokens") != identity["chunkTokens"]
+            or meta.get("chunkOverlap") != identity["chunkOverlap"]
+            or meta.get("chunkSections", False) != identity["chunkSections"]):
+        return "chunking changed"
+    if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
+        return "FTS tokenizer changed"
+    return None
+
+
+@dataclass
+class SyncReport:
+    """What one sync did.
+
+    Attributes:
+        full: True when it was a full (swapped-in) reindex.
+        full_reason: why a full reindex ran (``force`` or a :func:`full_reindex_reason`).
+        files_total: files discovered.
+        files_indexed: files (re-)chunked and written.
+        files_deleted: indexed files whose rows were removed (vanished or now skipped).
+        chunks_written: chunks written.
+        chunks_embedded: chunk texts sent to the provider (cache misses).
+        skipped: files skipped or indexed with a caveat (memory and sessions).
+        issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
+            enumeration failure ...).
+        session_sizes: absolute transcript path -> size in bytes as indexed, for every
+            transcript the index now holds (the engine resets its delta tracker with it).
+    """
+
+    full: bool = False
+    full_reason: str | None = None
+    files_total: int = 0
+    files_indexed: int = 0
+    files_deleted: int = 0
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    skipped: list[SkippedFile] = field(default_factory=list)
+    issues: list[str] = field(default_factory=list)
+    session_sizes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Row:
+    chunk_id: str
+    chunk: Chunk
+    vector: list[float]
+
+
+class Indexer:
+    """Runs syncs of one engine's store.
+
+    Args:
+        settings: the engine settings (workspace, sources, chunking, cache, tokenizer).
+        provider: the embedding provider, or ``None`` (FTS-only: model ``fts-only``).
+        write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
+        now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
+        on_progress: called after each file as ``(files_done, files_total, chunks_embedded)``.
+    """
+
+    def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
+                 write_limiter: anyio.CapacityLimiter, now_ms: Callable[[], int],
+                 on_progress: ProgressCallback | None = None) -> None:
+        self.settings = settings
+        self.provider = provider
+        self._limiter = write_limiter
+        self._now_ms = now_ms
+        self.on_progress = on_progress
+        self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
+        self._model = provider.model if provider else FTS_ONLY_MODEL
+
+    async def sync(self, store: Store, *, force: bool = False,
+                   paths: set[str] | None = None) -> SyncReport:
+        """Bring ``store`` up to date with the workspace.
+
+        Args:
+            store: the live store (swapped in place after a full reindex).
+            force: rebuild everything (safely, into a temporary database).
+            paths: absolute paths a watcher saw change; when each can be judged on its own
+                only those files are re-indexed, else a normal incremental scan runs.
+
+        Returns:
+            A :class:`SyncReport`.
+
+        Raises:
+            IndexStoreError: the store is locked, read-only or corrupt.
+            EmbeddingProviderError: embedding failed (a full reindex leaves the live index as it
+                was).
+        """
+        identity = index_identity(self.settings, self.provider)
+        meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
+        reason = "force" if force else full_reindex_reason(meta, identity)
+        if reason is not None:
+            return await self._full_reindex(store, identity, reason)
+        report = SyncReport()
+        if paths is not None and await self._index_paths(store, report, paths):
+            return report
+        await self._index_into(store, report, full=False)
+        return report
+
+    async def _index_paths(self, store: Store, report: SyncReport, paths: set[str]) -> bool:
+        """Re-index only ``paths`` (watcher events) when each of them can be judged on its own
+        (:func:`~fallback.sources.memory_files.classify_changed_path`); ``False`` = a full scan is needed."""
+        s = self.settings.search
+        verdicts = [await anyio.to_thread.run_sync(
+            classify_changed_path, self.settings.workspace_dir, s.extra_paths, p) for p in sorted(paths)]
+        if not verdicts or any(kind == "full" for kind, _ in verdicts):
+            return False
+        files = [mf for kind, mf in verdicts if kind == "file" and isinstance(mf, MemoryFile)]
+        gone = sorted({rel for kind, rel in verdicts if kind == "gone" and isinstance(rel, str)})
+        known = {row[0]: (row[1], int(row[2]), int(row[3])) for row in await anyio.to_thread.run_sync(
+            store.query, f"SELECT path, hash, mtime, size FROM files WHERE source = 'memory' AND path IN"
+                         f" ({', '.join('?' for _ in files) or 'NULL'})", [f.rel_path for f in files])}
+        report.files_total = len(files)
+        skipped: list[SkippedFile] = []
+        for mf in files:
+            prev = known.get(mf.rel_path)
+            read = await anyio.to_thread.run_sync(partial(
+                read_memory_text, mf, max_file_bytes=s.max_file_bytes))
+            if isinstance(read, SkippedFile):
+                gone.append(mf.rel_path)
+                if read.reason != _VANISHED:
+                    skipped.append(read)
+                continue
+            if read.invalid_utf8:
+                skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+            if prev is not None and prev[0] == read.content_hash:
+                await self._write(store, partial(self._touch_file, store, mf, read))
+            else:
+                await self._index_file(store, mf, read, report)
+        await self._write(store, partial(self._delete_paths, store, gone, "memory"))
+        report.files_deleted = len(gone)
+        touched = [mf.rel_path for mf in files] + gone
+        await self._write(store, partial(self._record_path_skips, store, touched, skipped))
+        return True
+
+    @staticmethod
+    def _record_path_skips(store: Store, paths: list[str], skipped: list[SkippedFile]) -> None:
+        with store.transaction() as conn:
+            conn.executemany("DELETE FROM skipped_files WHERE source = 'memory' AND path = ?",
+                             [(p,) for p in paths])
+            conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
+                             " VALUES (?, 'memory', ?)", [(x.path, x.reason) for x in skipped])
+
+    async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        report = SyncReport(full=True, full_reason=reason)
+        temp_path = temp_db_path(live.path)
+        try:
+            temp = await anyio.to_thread.run_sync(partial(
+                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
+                writer_lock=live.writer_lock))
+            # The temporary database is scratch until it is published: no fsync per file, and
+            # nothing to delete before writing a file (it starts empty).
+            await anyio.to_thread.run_sync(temp.query, "PRAGMA synchronous=OFF")
+            self._fresh_store = temp
+            try:
+                if self.settings.search.cache.enabled:
+                    try:
+                        await anyio.to_thread.run_sync(temp.attach_copy_cache, live.path)
+                    except IndexStoreError:
+                        pass  # an unreadable live store is exactly what a rebuild replaces
+                await self._index_into(temp, report, full=True)
+                meta = dict(identity)
+                dims = await anyio.to_thread.run_sync(
+                    temp.query, "SELECT dims FROM chunks WHERE dims IS NOT NULL LIMIT 1")
+                if dims:
+                    meta["vectorDims"] = int(dims[0][0])
+                await self._write(temp, partial(temp.set_meta, META_KEY, meta))
+                await self._write(temp, partial(self._prune_cache, temp))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(temp.close)
+            # Once built, the swap completes even if the caller is cancelled meanwhile.
+            with anyio.CancelScope(shield=True):
+                async with self._limiter:
+                    await anyio.to_thread.run_sync(live.swap_from, temp_path)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(remove_db_files, temp_path)
+        return report
+
+    async def _write(self, store: Store, fn: Callable[[], Any]) -> Any:
+        async with self._limiter:
+            return await anyio.to_thread.run_sync(fn)
+
+    async def _index_into(self, store: Store, report: SyncReport, *, full: bool) -> None:
+        s = self.settings.search
+        discovery = await anyio.to_thread.run_sync(partial(
+            list_memory_files, self.settings.workspace_dir, s.extra_paths,
+            max_file_bytes=s.max_file_bytes))
+        report.issues = list(discovery.issues)
+        memory_skipped: list[SkippedFile] = list(discovery.skipped)
+        session_files: list[MemoryFile] = []
+        if "sessions" in s.sources:
+            session_files, error = await anyio.to_thread.run_sync(
+                _list_session_files, self.settings.sessions_dir)
+            if error is not None:
+                report.issues.append(error)
+        report.files_total = len(discovery.files) + len(session_files)
+        done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
+                                        full=full, done=0)
+        session_skipped: list[SkippedFile] = []
+        if "sessions" in s.sources:
+            await self._index_source(store, report, "sessions", session_files, session_skipped,
+                                     full=full, done=done)
+        report.skipped = memory_skipped + session_skipped
+        await self._write(store, partial(self._record_scan, store, report,
+                                         {"memory": memory_skipped, "sessions": session_skipped}))
+
+    async def _index_source(self, store: Store, report: SyncReport, source: str,
+                            files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
+                            done: int) -> int:
+        """Index the files of one source and delete its stale rows; returns files done."""
+        known = {} if full else {row[0]: (row[1], int(row[2]), int(row[3])) for row in
+                                 await anyio.to_thread.run_sync(
+                                     store.query, "SELECT path, hash, mtime, size FROM files"
+                                     " WHERE source = ?", [source])}
+        active: set[str] = set()
+        for mf in files:
+            prev = known.get(mf.rel_path)
+            if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
+                active.add(mf.rel_path)
+            else:
+                line_map: list[int] | None = None
+                if source == "sessions":
+                    read, line_map = await anyio.to_thread.run_sync(_read_session, mf)
+                else:
+                    read = await anyio.to_thread.run_sync(partial(
+                        read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
+                if isinstance(read, SkippedFile):
+                    if read.reason != _VANISHED:
+                        skipped.append(read)
+                else:
+                    active.add(mf.rel_path)
+                    if read.invalid_utf8:
+                        skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+                    if prev is not None and prev[0] == read.content_hash:
+                        await self._write(store, partial(self._touch_file, store, mf, read))
+                    else:
+                        await self._index_file(store, mf, read, report, line_map=line_map)
+            if source == "sessions" and mf.rel_path in active:
+                report.session_sizes[str(mf.abs_path)] = mf.size
+            done += 1
+            if self.on_progress is not None:
+                self.on_progress(done, report.files_total, report.chunks_embedded)
+        if not full:
+            stale = sorted(set(known) - active)
+            await self._write(store, partial(self._delete_paths, store, stale, source))
+            report.files_deleted += len(stale)
+        return done
+
+    async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
+                          report: SyncReport, *, line_map: list[int] | None = None) -> None:
+        chunks = [c for c in chunk_markdown(content.text, tokens=self.settings.search.chunking.tokens,
+                                            overlap=self.settings.search.chunking.overlap,
+                                            sections=self.settings.search.chunking.sections)
+                  if c.text.strip()]
+        chunks = remap_lines(chunks, line_map)
+        vectors: list[list[float]] = [[] for _ in chunks]
+        if self.provider is not None and chunks:
+            cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
+            chunks = [piece for c in chunks for piece in split_by_utf8_bytes(c, cap)]
+            vectors = await self._embed(store, chunks, report)
+        rows: list[_Row] = []
+        seen: set[str] = set()
+        for chunk, vec in zip(chunks, vectors, strict=True):
+            cid = chunk_id(source=mf.source, path=mf.rel_path, start_line=chunk.start_line,
+                           end_line=chunk.end_line, content_hash=chunk.content_hash,
+                           model=self._model)
+            if cid not in seen:
+                seen.add(cid)
+                rows.append(_Row(cid, chunk, vec))
+        await self._write(store, partial(self._write_file, store, mf, content, rows))
+        report.files_indexed += 1
+        report.chunks_written += len(rows)
+
+    async def _embed(self, store: Store, chunks: list[Chunk], report: SyncReport) -> list[list[float]]:
+        assert self.provider is not None
+        p = self.provider
+        cache_on = self.settings.search.cache.enabled
+        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+        found: dict[str, list[float]] = {}
+        if cache_on:
+            found = await anyio.to_thread.run_sync(self._cache_lookup, store, hashes)
+        misses = [h for h in hashes if h not in found]
+        if misses:
+            text_of = {c.content_hash: c.text for c in chunks}
+            fresh = await p.embed_batch([text_of[h] for h in misses])
+            report.chunks_embedded += len(misses)
+            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(misses)}
+            found.update(new)
+            if cache_on:
+                await self._write(store, partial(self._cache_store, store, new))
+        return [found.get(c.content_hash, []) for c in chunks]
+
+    def _cache_lookup(self, store: Store, hashes: list[str]) -> dict[str, list[float]]:
+        assert self.provider is not None
+        p = self.provider
+        out: dict[str, list[float]] = {}
+        for i in range(0, len(hashes), CACHE_LOOKUP_BATCH):
+            part = hashes[i:i + CACHE_LOOKUP_BATCH]
+            marks = ", ".join("?" for _ in part)
+            rows = store.query(
+                f"SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ?"
+                f" AND provider_key = ? AND hash IN ({marks})",
+                [p.provider_id, p.model, p.provider_key, *part])
+            for h, emb in rows:
+                vec = orjson.loads(emb)
+                if vec:
+                    out[h] = vec
+        return out
+
+    def _cache_store(self, store: Store, vectors: dict[str, list[float]]) -> None:
+        assert self.provider is not None
+        p = self.provider
+        now = self._now_ms()
+        with store.transaction() as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash,"
+                " embedding, dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(p.provider_id, p.model, p.provider_key, h, orjson.dumps(v).decode(), len(v), now)
+                 for h, v in vectors.items() if v])
+
+    def _prune_cache(self, store: Store) -> None:
+        limit = self.settings.search.cache.max_entries
+        with store.transaction() as conn:
+            count = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+            if count > limit:
+                conn.execute(
+                    "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
+                    " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - limit,))
+
+    def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
+                    rows: list[_Row]) -> None:
+        now = self._now_ms()
+        fts_ok = store.fts_error is None
+        # The trigram table only serves CJK substring queries (fallback/search/fts.py), so only
+        # chunks with CJK text go into it: indexing every chunk's trigrams doubled index time.
+        fill_trigram = fts_ok and store.fts_tokenizer != "trigram"
+        with store.transaction() as conn:
+            if store is not self._fresh_store:
+                _delete_rows(conn, mf.rel_path, mf.source)
+            for row in rows:
+                c = row.chunk
+                cur = conn.execute(
+                    "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
+                    " model, text, embedding, vector, dims, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
+                     c.content_hash, self._model, c.text, orjson.dumps(row.vector).decode(),
+                     pack_vector(row.vector) if row.vector else None,
+                     len(row.vector) if row.vector else None, now))
+                if fts_ok:
+                    conn.execute(
+                        "INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line,"
+                        " end_line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (cur.lastrowid, c.text, row.chunk_id, mf.rel_path, mf.source,
+                         self._model, c.start_line, c.end_line))
+                if fill_trigram and contains_cjk(c.text):
+                    conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
+                                 (cur.lastrowid, c.text))
+            conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size)"
+                         " VALUES (?, ?, ?, ?, ?)",
+                         (mf.rel_path, mf.source, content.content_hash, content.mtime_ms,
+                          content.size))
+
+    @staticmethod
+    def _touch_file(store: Store, mf: MemoryFile, content: FileContent) -> None:
+        with store.transaction() as conn:
+            conn.execute("UPDATE files SET mtime = ?, size = ? WHERE path = ? AND source = ?",
+                         (content.mtime_ms, content.size, mf.rel_path, mf.source))
+
+    @staticmethod
+    def _delete_paths(store: Store, paths: list[str], source: str) -> None:
+        if not paths:
+            return
+        with store.transaction() as conn:
+            for path in paths:
+                _delete_rows(conn, path, source)
+                conn.execute("DELETE FROM files WHERE path = ? AND source = ?", (path, source))
+
+    def _record_scan(self, store: Store, report: SyncReport,
+                     skipped: dict[str, list[SkippedFile]]) -> None:
+        with store.transaction() as conn:
+            for source, items in skipped.items():
+                conn.execute("DELETE FROM skipped_files WHERE source = ?", (source,))
+                conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
+                                 " VALUES (?, ?, ?)", [(s.path, source, s.reason) for s in items])
+            store.set_meta("scan_issues", report.issues, conn=conn)
+            store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
+
+
+def _delete_rows(conn: Any, path: str, source: str) -> None:
+    """Delete one file's chunk rows and their FTS rows (inside the caller's transaction)."""
+    sub = "SELECT rowid FROM chunks WHERE path = ? AND source = ?"
+    has_fts = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name IN"
+                           " ('chunks_fts', 'chunks_trigram')").fetchone()[0]
+    if has_fts:
+        conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({sub})", (path, source))
+        conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
+    conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))
+
+
+
+def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None]:
+    """Transcripts of ``sessions_dir`` as ``MemoryFile`` rows (``sessions/<basename>``), and the
+    enumeration error, if any. Files that vanish while being listed are left out."""
+    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
+
+    scan = scan_transcripts(sessions_dir)
+    out: list[MemoryFile] = []
+    for path in scan.paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{path.name}", source="sessions",
+                              size=st.st_size, mtime_ms=int(st.st_mtime_ns // 1_000_000)))
+    return out, scan.error
+
+
+def _read_session(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
+    """Flatten one transcript (spec §5.4): ``(FileContent, line_map)`` or a ``SkippedFile``.
+
+    A cron-run or fully filtered transcript gives empty content (a files row, no chunks).
+    """
+    try:
+        with open(mf.abs_path, "rb"):
+            pass
+    except FileNotFoundError:
+        return SkippedFile(path=mf.rel_path, reason=_VANISHED), None
+    except OSError as exc:
+        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
+    from fallback.sources.transcripts import session_document
+
+    doc = session_document(mf.abs_path)
+    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
+                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

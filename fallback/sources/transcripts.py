@@ -1,0 +1,474 @@
+"""Session transcripts: list, parse and sanitise ``*.jsonl`` transcripts into searchable text.
+
+Shared by the builtin engine (the ``sessions`` source, :func:`session_document` and
+:class:`SessionDeltaTracker`) and the qmd export (``qmdbridge/qmd/sessions.py``), so both see the
+same messages. A transcript is JSON Lines; a kept record is ``{"type": "message", "message":
+{"role": "user"|"assistant", "content": str | [{"type": "text", "text": str}, ...]}}``.
+
+Sanitising (spec ``qmd-bridge-spec.md`` 2.11, ``builtin-engine-spec.md`` 5.4), per message:
+inbound metadata envelopes (``Conversation info (untrusted metadata):`` fenced blocks, a
+leading JSON object or fenced JSON block, ``[message_id: ...]`` lines, a leading
+``[Sat 2026-02-14 18:49 GMT-3]`` timestamp) are stripped and the human text kept; inline
+directive tags (``[[reply_to_current]]``) are stripped; generated system wrappers
+(``System: [...]``, ``System (untrusted): [...]``), cron prompts (``[cron:...]``), heartbeat
+prompts (``Read HEARTBEAT.md ...``) and acks (``HEARTBEAT_OK``), silent replies
+(``NO_REPLY``) and inter-session user messages are dropped; whitespace runs collapse to one
+space; secrets are redacted (:func:`fallback.text.redact.redact_secrets`); empty results are
+skipped. A transcript whose first user message is a cron prompt is a cron run and is excluded
+whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from fallback.text.redact import redact_secrets
+
+__all__ = [
+    "SessionDeltaTracker",
+    "SessionDocument",
+    "TranscriptMessage",
+    "TranscriptParse",
+    "TranscriptScan",
+    "list_transcripts",
+    "parse_transcript",
+    "sanitize_message_text",
+    "scan_transcripts",
+    "session_document",
+    "session_id_for",
+]
+
+Role = Literal["user", "assistant"]
+
+# Newline counting and hashing read files in blocks of this many bytes (spec 5.4: 64 KiB).
+READ_BLOCK_BYTES = 64 * 1024
+# An assistant reply that is HEARTBEAT_OK plus at most this many chars is an ack (dropped).
+HEARTBEAT_ACK_MAX_CHARS = 300
+
+_CHECKPOINT = re.compile(
+    r"\.checkpoint\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.jsonl$", re.I)
+_ARCHIVE = re.compile(r"\.jsonl\.(?:reset|deleted)\.[^/\\]+$")
+_BACKUP = re.compile(r"\.bak(?:\.|$)|~$", re.I)
+
+_SYSTEM_WRAPPER = re.compile(r"^System(?: \(untrusted\))?:\s*\[")
+_CRON_PROMPT = re.compile(r"^\[cron:", re.I)
+_HEARTBEAT_PROMPT = re.compile(r"^Read HEARTBEAT\.md\b")
+_INTER_SESSION = re.compile(r"^\[Inter-session message\]")
+_SILENT = re.compile(r"^\W*NO_REPLY\W*$")
+_HEARTBEAT_TOKEN = "HEARTBEAT_OK"
+_METADATA_BLOCK = re.compile(
+    r"\A\s*[A-Za-z][A-Za-z ]{0,60}\((?:untrusted|metadata)[^)\n]*\):[ \t]*\n"
+    r"\s*```[A-Za-z0-9]*[ \t]*\n[\s\S]*?\n[ \t]*```[ \t]*(?:\n|\Z)")
+_FENCED_JSON = re.compile(r"\A\s*```json[ \t]*\n[\s\S]*?\n[ \t]*```[ \t]*(?:\n|\Z)", re.I)
+_MESSAGE_ID_LINE = re.compile(r"^[ \t]*\[message_id:[^\]\n]*\][ \t]*$\n?", re.M)
+_TIMESTAMP_PREFIX = re.compile(
+    r"\A\s*\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{1,2}:\d{2}[^\]\n]{0,24}\][ \t]*")
+_DIRECTIVE_TAG = re.compile(r"\[\[\s*(?:reply_to_current|reply_to\s*:[^\]]*|audio_as_voice)\s*\]\]")
+
+
+@dataclass(frozen=True)
+class TranscriptMessage:
+    """One kept, sanitised message.
+
+    Attributes:
+        role: ``user`` or ``assistant``.
+        text: sanitised single-line text (whitespace collapsed, secrets redacted), non-empty.
+        line_no: 1-based line number of the record in the JSONL file.
+    """
+
+    role: Role
+    text: str
+    line_no: int
+
+
+@dataclass(frozen=True)
+class TranscriptParse:
+    """The result of :func:`parse_transcript`.
+
+    Attributes:
+        messages: kept messages in file order.
+        skipped_lines: non-blank lines that were not valid JSON objects.
+        dropped_messages: user/assistant messages removed by sanitising.
+        errors: one line per problem (``line 3: invalid JSON``, ``read failed: ...``).
+        read_failed: True when the file could not be opened or read (messages then empty).
+        excluded_reason: set when the whole transcript is excluded (``cron run``).
+    """
+
+    messages: list[TranscriptMessage] = field(default_factory=list)
+    skipped_lines: int = 0
+    dropped_messages: int = 0
+    errors: list[str] = field(default_factory=list)
+    read_failed: bool = False
+    excluded_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class TranscriptScan:
+    """The result of :func:`scan_transcripts`: what could be listed, and whether listing failed.
+
+    Attributes:
+        paths: transcript files, sorted by name.
+        error: ``None``, or one line saying why enumeration failed part-way (``paths`` then
+            holds what was listed before the failure).
+    """
+
+    paths: list[Path]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionDocument:
+    """A transcript flattened for the builtin engine (spec 5.4).
+
+    Attributes:
+        content: one ``User: <text>`` / ``Assistant: <text>`` line per kept message, joined by
+            ``\\n`` (no trailing newline); empty when nothing survived.
+        line_map: ``line_map[i]`` is the 1-based JSONL line of content line ``i + 1``.
+        content_hash: ``sha256(content + "\\n" + ",".join(line_map))`` as hex.
+        session_id: :func:`session_id_for` of the file.
+    """
+
+    content: str
+    line_map: list[int]
+    content_hash: str
+    session_id: str
+
+
+def is_transcript_name(name: str) -> bool:
+    """Return whether a file name is a transcript to index or export.
+
+    Kept: ``<id>.jsonl`` and retained archives ``<id>.jsonl.reset.<iso>`` /
+    ``<id>.jsonl.deleted.<iso>``. Skipped: compaction checkpoints
+    ``<id>.checkpoint.<uuid>.jsonl`` and backups (``.bak``, ``.bak.<n>``, ``~``); names that
+    merely contain "checkpoint" are kept.
+    """
+    if name.startswith(".") or _BACKUP.search(name):
+        return False
+    if name.endswith(".jsonl"):
+        return not _CHECKPOINT.search(name)
+    return bool(_ARCHIVE.search(name))
+
+
+def session_id_for(path: Path) -> str:
+    """Return the session id of a transcript file: its name without ``.jsonl``.
+
+    ``abc.jsonl`` -> ``abc``; ``abc.jsonl.reset.2026-01-02T03-04-05Z`` ->
+    ``abc.reset.2026-01-02T03-04-05Z`` (archives keep their suffix so they stay distinct).
+    """
+    name = path.name
+    if name.endswith(".jsonl"):
+        return name[: -len(".jsonl")]
+    return name.replace(".jsonl.", ".", 1)
+
+
+def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
+    """List transcripts directly inside ``sessions_dir`` (not recursive), never raising.
+
+    Regular files only (symlinks are skipped), filtered by :func:`is_transcript_name`. A
+    missing directory is an empty list without error.
+
+    Args:
+        sessions_dir: ``<stateDir>/agents/<agentId>/sessions``.
+
+    Returns:
+        :class:`TranscriptScan`; ``error`` is set when the directory could not be read (not a
+        directory, permission, I/O error), with the paths listed before the failure.
+    """
+    paths: list[Path] = []
+    try:
+        with os.scandir(sessions_dir) as entries:
+            for entry in entries:
+                if is_transcript_name(entry.name) and entry.is_file(follow_symlinks=False):
+                    paths.append(Path(entry.path))
+    except FileNotFoundError:
+        return TranscriptScan(paths=[])
+    except OSError as exc:
+        detail = exc.strerror or type(exc).__name__
+        return TranscriptScan(paths=sorted(paths, key=lambda p: p.name),
+                              error=f"session enumeration failed: {sessions_dir}: {detail}")
+    return TranscriptScan(paths=sorted(paths, key=lambda p: p.name))
+
+
+def list_transcripts(sessions_dir: Path) -> list[Path]:
+    """Return the transcripts directly inside ``sessions_dir``, sorted by name.
+
+    Same selection as :func:`scan_transcripts`; a missing directory gives ``[]``.
+
+    Raises:
+        OSError: the directory exists but could not be enumerated (callers translate it:
+            the qmd export raises ``BackendUnavailableError``).
+    """
+    scan = scan_transcripts(sessions_dir)
+    if scan.error is not None:
+        raise OSError(scan.error)
+    return scan.paths
+
+
+def _strip_envelopes(text: str) -> str:
+    """Remove inbound metadata envelopes from the start of a user message."""
+    previous = None
+    while previous != text:
+        previous = text
+        text = _METADATA_BLOCK.sub("", text, count=1)
+        text = _FENCED_JSON.sub("", text, count=1)
+        text = _MESSAGE_ID_LINE.sub("", text)
+        stripped = text.lstrip()
+        if stripped.startswith("{"):
+            end = _leading_object_end(stripped)
+            if end is not None:
+                text = stripped[end:]
+        text = _TIMESTAMP_PREFIX.sub("", text, count=1)
+    return text
+
+
+def _leading_object_end(text: str) -> int | None:
+    """Return the end offset of a JSON object at the start of ``text``, or ``None``."""
+    try:
+        value, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    return end if isinstance(value, dict) else None
+
+
+def sanitize_message_text(role: Role, text: str) -> str | None:
+    """Sanitise one message's raw text (rules in the module docstring).
+
+    Args:
+        role: ``user`` or ``assistant``.
+        text: raw text (text blocks already joined by ``\\n``).
+
+    Returns:
+        The single-line, redacted text, or ``None`` when the message is dropped or empty.
+    """
+    if role == "user":
+        text = _strip_envelopes(text)
+    text = _DIRECTIVE_TAG.sub(" ", text).strip()
+    if not text:
+        return None
+    if _SYSTEM_WRAPPER.match(text) or _CRON_PROMPT.match(text) or _SILENT.match(text):
+        return None
+    if role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text)):
+        return None
+    if role == "assistant" and _HEARTBEAT_TOKEN in text:
+        rest = text
+        if rest.startswith(_HEARTBEAT_TOKEN):
+            rest = rest[len(_HEARTBEAT_TOKEN):]
+        if rest.endswith(_HEARTBEAT_TOKEN):
+            rest = rest[: -len(_HEARTBEAT_TOKEN)]
+        if rest != text:
+            if len(rest.strip()) <= HEARTBEAT_ACK_MAX_CHARS:
+                return None
+            text = rest
+    collapsed = " ".join(text.split())
+    if not collapsed:
+        return None
+    redacted = redact_secrets(collapsed)
+    return redacted or None
+
+
+def _message_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [b["text"] for b in content
+                 if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)]
+        return "\n".join(parts)
+    return None
+
+
+def _is_inter_session(record: dict[str, Any], message: dict[str, Any]) -> bool:
+    for holder in (message, record):
+        for key in ("provenance", "inputProvenance"):
+            prov = holder.get(key)
+            if isinstance(prov, dict) and prov.get("kind") == "inter_session":
+                return True
+    return False
+
+
+def parse_transcript(path: Path) -> TranscriptParse:
+    """Read a ``*.jsonl`` transcript line by line into sanitised messages, never raising.
+
+    Keeps records with ``type == "message"`` and ``message.role`` in ``user``/``assistant``;
+    content is a string or the ``text`` blocks of a list, joined by ``\\n``. Blank lines are
+    ignored; lines that are not JSON objects are skipped and counted; invalid UTF-8 is
+    replaced (U+FFFD); then each message is sanitised (:func:`sanitize_message_text`).
+
+    Args:
+        path: the transcript file.
+
+    Returns:
+        :class:`TranscriptParse`. A file that cannot be read gives ``read_failed=True`` with
+        the reason in ``errors``.
+    """
+    messages: list[TranscriptMessage] = []
+    errors: list[str] = []
+    skipped = dropped = 0
+    first_user_raw: str | None = None
+    try:
+        with open(path, "rb") as fh:
+            for line_no, raw in enumerate(fh, start=1):
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line:
+                    continue
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    skipped += 1
+                    errors.append(f"line {line_no}: invalid JSON")
+                    continue
+                if not isinstance(record, dict):
+                    skipped += 1
+                    errors.append(f"line {line_no}: not a JSON object")
+                    continue
+                message = record.get("message")
+                if record.get("type") != "message" or not isinstance(message, dict):
+                    continue
+                role = message.get("role")
+                if role not in ("user", "assistant"):
+                    continue
+                text = _message_text(message.get("content"))
+                if text is None:
+                    continue
+                if role == "user" and first_user_raw is None:
+                    first_user_raw = _strip_envelopes(text).strip()
+                if role == "user" and _is_inter_session(record, message):
+                    dropped += 1
+                    continue
+                clean = sanitize_message_text(role, text)
+                if clean is None:
+                    dropped += 1
+                    continue
+                messages.append(TranscriptMessage(role=role, text=clean, line_no=line_no))
+    except OSError as exc:
+        return TranscriptParse(errors=[f"read failed: {exc.strerror or type(exc).__name__}"],
+                               read_failed=True)
+    if first_user_raw is not None and _CRON_PROMPT.match(first_user_raw):
+        return TranscriptParse(skipped_lines=skipped, dropped_messages=dropped + len(messages),
+                               errors=errors, excluded_reason="cron run")
+    return TranscriptParse(messages=messages, skipped_lines=skipped, dropped_messages=dropped,
+                           errors=errors)
+
+
+def session_document(path: Path) -> SessionDocument:
+    """Flatten a transcript for the builtin engine's ``sessions`` source (spec 5.4).
+
+    Args:
+        path: the transcript file.
+
+    Returns:
+        :class:`SessionDocument`; an unreadable or fully filtered file gives empty content and
+        an empty line map (the hash is still defined: ``sha256("\\n")``).
+    """
+    parsed = parse_transcript(path)
+    lines = [f"{'User' if m.role == 'user' else 'Assistant'}: {m.text}" for m in parsed.messages]
+    line_map = [m.line_no for m in parsed.messages]
+    content = "\n".join(lines)
+    digest = hashlib.sha256(
+        (content + "\n" + ",".join(str(n) for n in line_map)).encode("utf-8")).hexdigest()
+    return SessionDocument(content=content, line_map=line_map, content_hash=digest,
+                           session_id=session_id_for(path))
+
+
+@dataclass
+class _DeltaState:
+    last_size: int = 0
+    pending_bytes: int = 0
+    pending_messages: int = 0
+
+
+def _count_newlines(path: Path, start: int, end: int) -> int:
+    """Count ``\\n`` bytes in ``[start, end)`` of a file, reading 64 KiB blocks."""
+    count = 0
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        remaining = end - start
+        while remaining > 0:
+            block = fh.read(min(READ_BLOCK_BYTES, remaining))
+            if not block:
+                break
+            count += block.count(b"\n")
+            remaining -= len(block)
+    return count
+
+
+class SessionDeltaTracker:
+    """Decide when a growing transcript has changed enough to re-index (spec 5.4).
+
+    Per file it keeps ``{last_size, pending_bytes, pending_messages}`` (all start at 0, so the
+    first observation counts the whole file). Growth adds the appended bytes and, when
+    messages are counted, the newline bytes in the appended range (one JSONL record per line).
+    A shrink (rotation or truncation) counts the whole file as new. The threshold is hit when
+    ``pending_bytes >= delta_bytes`` (``> 0`` when ``delta_bytes <= 0``) or
+    ``pending_messages >= delta_messages`` (``> 0`` when ``delta_messages <= 0``); on a hit the
+    thresholds are subtracted from the counters (floor 0).
+
+    Args:
+        delta_bytes: bytes of growth that trigger a re-index (``sync.sessions.deltaBytes``,
+            default 100,000).
+        delta_messages: appended lines that trigger a re-index (``deltaMessages``, default 50).
+    """
+
+    def __init__(self, delta_bytes: int, delta_messages: int) -> None:
+        self.delta_bytes = delta_bytes
+        self.delta_messages = delta_messages
+        self._states: dict[str, _DeltaState] = {}
+
+    def observe(self, path: Path) -> bool:
+        """Account for the file's current size; return True when the threshold is hit.
+
+        A missing or unreadable file returns False and forgets the file.
+        """
+        key = str(path)
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            self._states.pop(key, None)
+            return False
+        state = self._states.setdefault(key, _DeltaState())
+        if size == state.last_size:
+            return self._hit(state)
+        start = state.last_size if size > state.last_size else 0
+        state.pending_bytes += size - start
+        if self.delta_messages > 0 and (self.delta_bytes <= 0
+                                        or state.pending_bytes < self.delta_bytes):
+            try:
+                state.pending_messages += _count_newlines(path, start, size)
+            except OSError:
+                pass
+        state.last_size = size
+        return self._hit(state)
+
+    def _hit(self, state: _DeltaState) -> bool:
+        bytes_hit = (state.pending_bytes >= self.delta_bytes if self.delta_bytes > 0
+                     else state.pending_bytes > 0)
+        messages_hit = (state.pending_messages >= self.delta_messages if self.delta_messages > 0
+                        else state.pending_messages > 0)
+        if not (bytes_hit or messages_hit):
+            return False
+        state.pending_bytes = (max(0, state.pending_bytes - self.delta_bytes)
+                               if self.delta_bytes > 0 else 0)
+        state.pending_messages = (max(0, state.pending_messages - self.delta_messages)
+                                  if self.delta_messages > 0 else 0)
+        return True
+
+    def reset(self, path: Path, size: int) -> None:
+        """Record that ``path`` was indexed at ``size`` bytes: ``{size, 0, 0}``."""
+        self._states[str(path)] = _DeltaState(last_size=size)
+
+    def forget(self, path: Path) -> None:
+        """Drop the state of a transcript that no longer exists."""
+        self._states.pop(str(path), None)
+
+    def pending(self, path: Path) -> tuple[int, int, int]:
+        """Return ``(last_size, pending_bytes, pending_messages)`` for ``path`` (zeros if unknown)."""
+        state = self._states.get(str(path))
+        return (0, 0, 0) if state is None else (state.last_size, state.pending_bytes,
+                                                state.pending_messages)

@@ -1,0 +1,259 @@
+"""File-level operations on a store's SQLite files: temp paths, rename swap, crash recovery.
+
+A store on disk is the database file plus its companions (``-wal``, ``-shm``, ``-journal``),
+called a trio below. A full rebuild writes ``<db>.tmp-<uuid>``; the rename swap parks the live
+trio as ``<db>.backup-<uuid>``. A process killed during a rebuild or a swap leaves such files
+behind; :func:`recover_db_files` repairs that state and must run under the store's writer lock
+(``fallback/store/lock.py``), because a live writer's temp files look exactly like a dead one's.
+
+Why the companions matter: SQLite opens ``<name>-wal`` for whatever database sits at
+``<name>`` (and replays its frames), so a live ``-wal`` must never end up next to a different
+database. :func:`swap_db_files` therefore moves the whole live trio away before the new file
+appears, and refuses a temp database that still has a non-empty ``-wal``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fallback.errors import IndexStoreError
+
+__all__ = [
+    "BACKUP_MARK",
+    "DB_SUFFIXES",
+    "TEMP_MARK",
+    "backup_db_path",
+    "file_id",
+    "has_leftovers",
+    "leftover_bases",
+    "recover_db_files",
+    "remove_db_files",
+    "swap_db_files",
+    "temp_db_path",
+]
+
+# Suffixes of the files one SQLite database consists of; the main file first.
+DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
+# Name markers of a rebuild's temporary database and of a parked (swapped-out) live database.
+TEMP_MARK = ".tmp-"
+BACKUP_MARK = ".backup-"
+# Lock file suffix (``fallback/store/lock.py``); a leftover trio's lock file goes with it.
+_LOCK_SUFFIX = ".lock"
+
+
+def temp_db_path(db_path: Path) -> Path:
+    """Return a fresh ``<db>.tmp-<uuid>`` path next to ``db_path`` for a safe rebuild."""
+    return db_path.with_name(f"{db_path.name}{TEMP_MARK}{uuid.uuid4().hex}")
+
+
+def backup_db_path(db_path: Path) -> Path:
+    """Return a fresh ``<db>.backup-<uuid>`` path next to ``db_path`` (where a swap parks it)."""
+    return db_path.with_name(f"{db_path.name}{BACKUP_MARK}{uuid.uuid4().hex}")
+
+
+def file_id(path: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file at ``path`` (symlinks followed), or None when missing."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def remove_db_files(db_path: Path) -> None:
+    """Delete ``db_path`` and its ``-wal``/``-shm``/``-journal`` companions; missing ones are
+    ignored."""
+    for suffix in DB_SUFFIXES:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(f"{db_path}{suffix}")
+
+
+def _has_wal_frames(db_path: Path) -> bool:
+    try:
+        return os.path.getsize(f"{db_path}-wal") > 0
+    except OSError:
+        return False
+
+
+def swap_db_files(temp_path: Path, db_path: Path) -> None:
+    """Publish the finished database at ``temp_path`` as ``db_path`` by renaming files.
+
+    Preconditions: the caller holds the writer lock, the temp database is closed and has no
+    write-ahead log (checkpointed, ideally switched to ``journal_mode=DELETE``). The live trio
+    is renamed to ``<db>.backup-<uuid>`` main file first (so a companion is never left beside a
+    foreign database for longer than the rename of the main file), then the temp main file is
+    renamed onto ``<db>`` and its stale ``-shm`` dropped; if a rename fails the backup is put
+    back (companions first, main file last), the temp trio deleted and the error raised;
+    finally the backup trio is deleted (a ``.lock`` file at the temp or backup path too). Between the first and the last rename ``<db>`` is missing: readers wait for it
+    (``Store`` opens existing stores with ``mode=rw`` and never creates one without the lock).
+
+    Raises:
+        IndexStoreError: the temp database still has a write-ahead log, or the files cannot
+            be renamed (the live database is restored and the temp trio deleted).
+    """
+    if _has_wal_frames(temp_path):
+        raise IndexStoreError(f"could not swap in the rebuilt index: {temp_path.name} still has"
+                              " a write-ahead log (checkpoint and close it first)",
+                              db_path=str(db_path))
+    backup = backup_db_path(db_path)
+    moved: list[str] = []
+    try:
+        for suffix in DB_SUFFIXES:
+            if os.path.exists(f"{db_path}{suffix}"):
+                os.replace(f"{db_path}{suffix}", f"{backup}{suffix}")
+                moved.append(suffix)
+        os.replace(temp_path, db_path)
+    except OSError as exc:
+        for suffix in sorted(moved, key=lambda s: s == ""):
+            with contextlib.suppress(OSError):
+                os.replace(f"{backup}{suffix}", f"{db_path}{suffix}")
+        _remove_trio(temp_path)
+        raise IndexStoreError(f"could not swap in the rebuilt index: {exc}",
+                              db_path=str(db_path)) from exc
+    _remove_trio(temp_path)
+    _remove_trio(backup)
+
+
+def _base_of(name: str) -> str:
+    for suffix in (*DB_SUFFIXES[1:], _LOCK_SUFFIX):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def leftover_bases(db_path: Path) -> tuple[list[Path], list[Path]]:
+    """Find leftover trios next to ``db_path``: ``(temp bases, backup bases)``, sorted by name.
+
+    A base is the path of the trio's main file (which itself may be missing); companions and a
+    ``.lock`` file count towards their base.
+    """
+    temps: set[Path] = set()
+    backups: set[Path] = set()
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return [], []
+    for name in names:
+        if name.startswith(f"{db_path.name}{TEMP_MARK}"):
+            temps.add(db_path.with_name(_base_of(name)))
+        elif name.startswith(f"{db_path.name}{BACKUP_MARK}"):
+            backups.add(db_path.with_name(_base_of(name)))
+    return sorted(temps), sorted(backups)
+
+
+def has_leftovers(db_path: Path) -> bool:
+    """Whether any ``<db>.tmp-*`` or ``<db>.backup-*`` file lies next to ``db_path``."""
+    temps, backups = leftover_bases(db_path)
+    return bool(temps or backups)
+
+
+def _remove_trio(base: Path) -> None:
+    """Delete a leftover trio and a lock file a store opened at its path may have made."""
+    remove_db_files(base)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(f"{base}{_LOCK_SUFFIX}")
+
+
+def _mtime_ns(path: Path) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return -1
+
+
+def recover_db_files(db_path: Path) -> list[str]:
+    """Repair what a killed rebuild or swap left next to ``db_path``; call under the writer lock.
+
+    - every ``<db>.tmp-<uuid>`` trio is deleted (a rebuild that never published);
+    - ``<db>`` missing and a ``<db>.backup-<uuid>`` main file present (a swap killed after
+      parking the live database): the newest backup is restored, companions first and the main
+      file last; a ``-wal`` still at the live name belongs to it (the swap moves the main file
+      first) and is kept unless the backup has its own; a stale ``-shm`` is dropped (SQLite
+      rebuilds it from the WAL);
+    - ``<db>`` present: every backup trio is deleted (the swap had published);
+    - ``<db>`` missing with nothing to restore: stray companions at the live name are deleted,
+      so a new database never meets an old ``-wal``.
+
+    Returns:
+        One line per action, e.g. ``removed temp main.sqlite.tmp-ab12``,
+        ``restored main.sqlite.backup-cd34``; empty when there was nothing to do.
+
+    Raises:
+        IndexStoreError: a file cannot be renamed or deleted.
+    """
+    actions: list[str] = []
+    temps, backups = leftover_bases(db_path)
+    try:
+        for base in temps:
+            _remove_trio(base)
+            actions.append(f"removed temp {base.name}")
+        if not os.path.exists(db_path):
+            candidates = [b for b in backups if os.path.exists(b)]
+            if candidates:
+                chosen = max(candidates, key=lambda b: (_mtime_ns(b), b.name))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{db_path}-shm")
+                for suffix in ("-wal", "-journal"):
+                    if os.path.exists(f"{chosen}{suffix}"):
+                        os.replace(f"{chosen}{suffix}", f"{db_path}{suffix}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{chosen}-shm")
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(f"{chosen}{_LOCK_SUFFIX}")
+                os.replace(chosen, db_path)
+                backups.remove(chosen)
+                actions.append(f"restored {chosen.name}")
+            else:
+                for suffix in DB_SUFFIXES[1:]:
+                    if os.path.exists(f"{db_path}{suffix}"):
+                        os.remove(f"{db_path}{suffix}")
+                        actions.append(f"removed stray {db_path.name}{suffix}")
+        for base in backups:
+            _remove_trio(base)
+            actions.append(f"removed backup {base.name}")
+    except OSError as exc:
+        raise IndexStoreError(f"could not recover the index files: {exc}",
+                              db_path=str(db_path)) from exc
+    return actions
+
+
+def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | None:
+    """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>`` so a fresh one can be built.
+
+    Runs under the store's writer lock and first tries ``opener`` again, in case another
+    process already repaired the store; returns the new name of the main file, or ``None``
+    when nothing had to move.
+
+    Raises:
+        IndexStoreError: the writer lock could not be taken in time.
+    """
+    import time as _time
+
+    from fallback.store.lock import StoreWriteLock
+
+    lock = StoreWriteLock(db_path)
+    try:
+        with lock.hold_blocking():
+            try:
+                opener().close()
+                return None
+            except IndexStoreError:
+                pass
+            stamp = _time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime())
+            target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")
+            n = 2
+            while target.exists():
+                target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}-{n}")
+                n += 1
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(f"{db_path}{suffix}")
+                if src.exists():
+                    os.replace(src, f"{target}{suffix}")
+            return target.name
+    finally:
+        lock.close()

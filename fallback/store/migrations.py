@@ -1,0 +1,137 @@
+"""Numbered schema migrations of the builtin engine's SQLite store.
+
+Each migration is a small function ``mNNN_name(conn, *, fts_tokenizer)``; they run in order,
+each inside one ``BEGIN IMMEDIATE`` transaction together with ``PRAGMA user_version = N``, so
+two processes opening a new store cannot race and opening a store needs one read
+(``PRAGMA user_version``). A shipped migration is never edited: add a new one after it.
+
+Schema (E1 table names, E2 behaviour; ``specs/builtin-engine-spec.md`` §4.2):
+
+- ``meta(key, value)``: the index identity under ``memory_index_meta_v1`` plus bookkeeping
+  (``fts_tokenizer``: the tokenizer the FTS table was actually created with; ``fts_error``;
+  ``scan_issues``; ``last_sync_at_ms``).
+- ``files(path, source, hash, mtime, size)``: one row per indexed file (mtime in ms, size in
+  bytes, hash = sha256 hex of the content).
+- ``chunks(id, path, source, start_line, end_line, hash, model, text, embedding, vector, dims,
+  updated_at)``: ``embedding`` is the JSON array (``[]`` when none), ``vector`` the same numbers
+  as float32 little-endian BLOB (NULL when none), ``dims`` its length.
+- ``chunks_fts``: FTS5 over ``text`` (``unicode61`` or ``trigram case_sensitive 0``), with
+  ``id, path, source, model, start_line, end_line`` UNINDEXED; its rowid equals the chunk's
+  ``chunks.rowid``.
+- ``chunks_trigram``: FTS5 ``trigram case_sensitive 0`` over the same text, rowid = chunk rowid
+  (CJK substring search, see ``fallback/search/fts.py``).
+- ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``.
+- ``skipped_files(path, source, reason)``: files the last sync skipped or indexed with a caveat.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+__all__ = ["MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
+
+# The two FTS5 tokenizers the config may name (store.fts.tokenizer).
+FTS_TOKENIZERS = ("unicode61", "trigram")
+
+
+def fts_tokenize_clause(tokenizer: str) -> str:
+    """Return the FTS5 ``tokenize=`` value for a configured tokenizer name.
+
+    Args:
+        tokenizer: ``unicode61`` or ``trigram``; anything else is treated as ``unicode61``.
+    """
+    return "trigram case_sensitive 0" if tokenizer == "trigram" else "unicode61"
+
+
+def m001_core(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Create ``meta``, ``files`` and ``chunks`` with their indexes."""
+    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS files ("
+        " path TEXT PRIMARY KEY,"
+        " source TEXT NOT NULL DEFAULT 'memory',"
+        " hash TEXT NOT NULL,"
+        " mtime INTEGER NOT NULL,"
+        " size INTEGER NOT NULL)")
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS chunks ("
+        " id TEXT PRIMARY KEY,"
+        " path TEXT NOT NULL,"
+        " source TEXT NOT NULL DEFAULT 'memory',"
+        " start_line INTEGER NOT NULL,"
+        " end_line INTEGER NOT NULL,"
+        " hash TEXT NOT NULL,"
+        " model TEXT NOT NULL,"
+        " text TEXT NOT NULL,"
+        " embedding TEXT NOT NULL DEFAULT '[]',"
+        " vector BLOB,"
+        " dims INTEGER,"
+        " updated_at INTEGER NOT NULL)")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_chunks_path ON chunks(path)")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_chunks_source ON chunks(source)")
+
+
+def m002_fts(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Create ``chunks_fts`` (configured tokenizer) and ``chunks_trigram`` (CJK substrings).
+
+    A SQLite without FTS5 is not fatal: the error text is recorded in ``meta.fts_error`` and
+    keyword search reports FTS as unavailable.
+    """
+    tokenize = fts_tokenize_clause(fts_tokenizer)
+    try:
+        conn.execute(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5("
+            " text, id UNINDEXED, path UNINDEXED, source UNINDEXED, model UNINDEXED,"
+            f" start_line UNINDEXED, end_line UNINDEXED, tokenize='{tokenize}')")
+        conn.execute(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS chunks_trigram USING fts5("
+            " text, tokenize='trigram case_sensitive 0')")
+    except sqlite3.OperationalError as exc:
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_error', ?)", (str(exc),))
+        return
+    conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_tokenizer', ?)",
+                 ("trigram" if fts_tokenizer == "trigram" else "unicode61",))
+
+
+def m003_embedding_cache(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Create ``embedding_cache`` keyed by (provider, model, provider_key, hash)."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS embedding_cache ("
+        " provider TEXT NOT NULL,"
+        " model TEXT NOT NULL,"
+        " provider_key TEXT NOT NULL,"
+        " hash TEXT NOT NULL,"
+        " embedding TEXT NOT NULL,"
+        " dims INTEGER,"
+        " updated_at INTEGER NOT NULL,"
+        " PRIMARY KEY (provider, model, provider_key, hash))")
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_embedding_cache_updated_at"
+                 " ON embedding_cache(updated_at)")
+
+
+def m004_skipped_files(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Create ``skipped_files`` so every process's ``status()`` sees what a sync skipped."""
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS skipped_files ("
+        " path TEXT NOT NULL,"
+        " source TEXT NOT NULL DEFAULT 'memory',"
+        " reason TEXT NOT NULL,"
+        " PRIMARY KEY (path, source, reason))")
+
+
+def m005_chunks_path_source(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Index ``chunks(path, source)``: rewriting one file looks its chunks up by both, and with
+    only the single-column indexes SQLite picked ``source`` and read every chunk per file
+    (full index time grew with the square of the file count)."""
+    conn.execute("CREATE INDEX IF NOT EXISTS idx_chunks_path_source ON chunks(path, source)")
+
+
+# Ordered; position i (0-based) brings the store to user_version i + 1.
+MIGRATIONS: tuple[Callable[..., None], ...] = (
+    m001_core,
+    m002_fts,
+    m003_embedding_cache,
+    m004_skipped_files,
+    m005_chunks_path_source,
+)

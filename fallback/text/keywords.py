@@ -1,0 +1,253 @@
+"""Keyword extraction for keyword-only (FTS-only) search, and the plain query tokenizer.
+
+:func:`extract_keywords` turns a conversational query ("that thing we discussed about the API",
+"之前讨论的那个方案", "어제 논의한 배포 전략") into search terms: stop words in English, Spanish,
+Portuguese, Arabic, Chinese, Korean, Japanese, Danish, Norwegian Bokmål and Swedish are
+dropped, Chinese runs become unigrams and bigrams (the unicode61 tokenizer sees an unbroken CJK
+run as one token), Japanese mixed-script text is cut at script changes, Korean particles are
+stripped from word ends.
+
+Source: OpenClaw ``extractKeywords`` (``query-expansion.ts``, E2). The stop-word lists are our
+own.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from fallback.text.scripts import is_hangul, is_hiragana, is_ideograph, is_katakana, word_runs
+
+__all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "extract_keywords", "query_tokens"]
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_STOP_EN = _words("""
+a an the this that these those there here
+i me my mine myself we us our ours you your yours he him his she her hers it its they them
+their theirs who whom whose which what when where why how
+is am are was were be been being do does did done doing have has had having
+will would shall should can could may might must
+to of in on at by for from with without about into onto over under than then so such
+and or but nor not no yes if else also just only very really too
+any some all each every other more most much many few lot lots
+thing things stuff something anything everything someone anyone
+yesterday today tomorrow recently earlier before after ago last previous week month year
+please find search look show tell give get got let remember recall know think want need
+said say says mentioned talk talked
+""")
+_STOP_ES = _words("""
+el la los las un una unos unas lo le les de del al a en y e o u que qué por para con sin
+sobre entre hasta desde ayer hoy mañana anoche cómo como cuando cuándo donde dónde quién
+quien cuál cual cuáles porque porqué es son fue fueron era eran ser estar está están estaba
+yo tú tu él ella ellos ellas nosotros nosotras usted ustedes mi mis su sus nuestro nuestra
+ese esa eso este esta esto aquel aquella muy más menos pero también ya cosa cosas algo
+favor buscar encuentra encontrar
+""")
+_STOP_PT = _words("""
+o a os as um uma uns umas de do da dos das em no na nos nas ao aos e ou que quê por pela
+pelo para com sem sobre entre até desde ontem hoje amanhã como quando onde porque porquê
+quem qual quais é são foi foram era eram ser estar está estão estava eu você vocês ele ela
+eles elas nós meu minha seu sua nosso nossa isso isto esse essa este esta aquilo muito
+mais menos mas também já coisa coisas algo favor
+""")
+_STOP_AR = _words("""
+في من إلى الى على عن مع هذا هذه ذلك تلك التي الذي الذين هو هي هم هن نحن أنا انا أنت انت
+كيف متى أين اين ماذا لماذا ما هل و أو او ثم لكن كان كانت يكون قد لقد أمس امس بالأمس
+بالامس اليوم غدا غداً كل بعض أي اي إن ان أن شيء الشيء عندما لدي لدينا
+""")
+_STOP_ZH = _words("""
+的 了 和 是 在 我 你 他 她 它 我们 你们 他们 她们 这 那 这个 那个 这些 那些 这里 那里
+之前 以前 之后 以后 昨天 今天 明天 刚才 最近 上次 什么 怎么 怎样 为什么 哪 哪里 哪个 谁
+吗 呢 吧 啊 也 都 就 还 又 把 被 对 从 到 给 跟 与 或 或者 但 但是 而 一个 有 没有 请 帮 帮我
+找 一下 东西 事情 关于 讨论过 说过 提到
+""")
+_STOP_KO = _words("""
+나 너 저 우리 저희 그 그녀 그들 너희 당신 이것 그것 저것 이거 그거 저거 것 수 등 및
+그리고 그래서 그러나 하지만 그런데 또는 또 혹은 어제 오늘 내일 지금 아까 요즘 최근
+무엇 뭐 어디 언제 어떻게 왜 누구 어떤 좀 잘 더 매우 아주 정말 있다 없다 하다 되다
+대한 대해 관한 관련 같은 이런 그런 저런
+""")
+_STOP_JA = _words("""
+これ それ あれ どれ この その あの どの ここ そこ あそこ どこ そして しかし でも また だから
+どう なに 何 いつ だれ 誰 です ます でした ました した する して される ある いる なる
+こと もの ため よう 昨日 今日 明日 先日 前回 私 僕 俺 あなた 彼 彼女 について という
+など から まで より ので けど ください
+""")
+_STOP_DA = _words("""
+og i at det den de en et er var til på med for af som om fra har havde jeg du han hun vi
+jer dem min din sin vores ikke men eller hvad hvor hvornår hvordan hvorfor hvem igår denne
+dette disse ting noget også kan skal vil
+""")
+_STOP_NB = _words("""
+og i å det den de en et ei er var til på med for av som om fra har hadde jeg du han hun vi
+dere dem min din sin vår ikke men eller hva hvor når hvordan hvorfor hvem igår denne dette
+disse ting noe også kan skal vil
+""")
+_STOP_SV = _words("""
+och i att det den de en ett är var till på med för av som om från har hade jag du han hon
+vi ni dem min din sin vår inte men eller vad när hur varför vem igår denna detta dessa sak
+något också kan ska vill
+""")
+
+# Every stop word of every supported language, lower-case NFC; matched on whole tokens.
+STOP_WORDS: frozenset[str] = frozenset().union(
+    _STOP_EN, _STOP_ES, _STOP_PT, _STOP_AR, _STOP_ZH, _STOP_KO, _STOP_JA, _STOP_DA, _STOP_NB,
+    _STOP_SV,
+)
+
+# Korean particles stripped from word ends, longest first so "으로" wins over "로".
+KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(
+    ("에서", "으로", "에게", "한테", "처럼", "같이", "보다", "까지", "부터", "마다", "밖에", "대로",
+     "은", "는", "이", "가", "을", "를", "의", "에", "로", "와", "과", "도", "만"),
+    key=len, reverse=True))
+
+
+def query_tokens(text: str) -> list[str]:
+    """Split text into lower-case NFC word tokens.
+
+    A token is a maximal run of letters (``L*``), marks (``M*``), numbers (``N*``) or ``_``;
+    everything else separates tokens. ``"Hello World 123"`` -> ``["hello", "world", "123"]``.
+
+    Returns:
+        The tokens in order, duplicates kept.
+    """
+    return [t.lower() for t in word_runs(text)]
+
+
+def _segments(query: str) -> list[str]:
+    """Lower-case NFC segments split on whitespace and Unicode punctuation (``_`` kept)."""
+    norm = unicodedata.normalize("NFC", query).lower().strip()
+    out: list[str] = []
+    current: list[str] = []
+    for ch in norm:
+        if ch != "_" and (ch.isspace() or unicodedata.category(ch).startswith("P")):
+            if current:
+                out.append("".join(current))
+                current = []
+        else:
+            current.append(ch)
+    if current:
+        out.append("".join(current))
+    return out
+
+
+def _script(ch: str) -> str:
+    if ch.isascii() and (ch.isalnum() or ch == "_"):
+        return "ascii"
+    if is_katakana(ch):
+        return "katakana"
+    if is_hiragana(ch):
+        return "hiragana"
+    if is_ideograph(ch):
+        return "ideograph"
+    return "other"
+
+
+def _script_runs(segment: str) -> list[tuple[str, str]]:
+    runs: list[tuple[str, str]] = []
+    for ch in segment:
+        kind = _script(ch)
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1] + ch)
+        else:
+            runs.append((kind, ch))
+    return runs
+
+
+def _ideograph_terms(run: str) -> list[str]:
+    """Unigrams then adjacent bigrams of an ideograph run."""
+    return list(run) + [run[i:i + 2] for i in range(len(run) - 1)]
+
+
+def _japanese_terms(segment: str) -> list[str]:
+    terms: list[str] = []
+    for kind, run in _script_runs(segment):
+        if kind in ("ascii", "katakana"):
+            terms.append(run)
+        elif kind == "ideograph":
+            terms.append(run)
+            if len(run) > 1:
+                terms.extend(run[i:i + 2] for i in range(len(run) - 1))
+        elif kind == "hiragana" and len(run) >= 2:
+            terms.append(run)
+    return terms
+
+
+def _chinese_terms(segment: str) -> list[str]:
+    terms: list[str] = []
+    for kind, run in _script_runs(segment):
+        if kind == "ideograph":
+            terms.extend(_ideograph_terms(run))
+        else:
+            terms.append(run)
+    return terms
+
+
+def _strip_korean_particle(word: str) -> str | None:
+    for particle in KOREAN_PARTICLES:
+        if word.endswith(particle) and len(word) > len(particle):
+            return word[:-len(particle)]
+    return None
+
+
+def _korean_terms(segment: str) -> list[str]:
+    stem = _strip_korean_particle(segment)
+    if segment in STOP_WORDS or (stem is not None and stem in STOP_WORDS):
+        return []
+    terms = [segment]
+    if stem is not None:
+        all_hangul = all(is_hangul(ch) for ch in stem)
+        if (all_hangul and len(stem) >= 2) or (stem.isascii() and stem.isalnum()):
+            terms.append(stem)
+    return terms
+
+
+def _is_noise(term: str) -> bool:
+    if not term or term in STOP_WORDS:
+        return True
+    if term.isascii() and term.isalpha() and len(term) < 3:
+        return True
+    if term.isdigit():
+        return True
+    return all(unicodedata.category(ch)[0] in "PS" for ch in term)
+
+
+def extract_keywords(query: str) -> list[str]:
+    """Extract search keywords from a conversational query.
+
+    Steps: lower-case (NFC), split on whitespace and Unicode punctuation, then per segment:
+    with kana, cut at script changes and keep ASCII words, katakana runs, ideograph runs (plus
+    their bigrams) and hiragana runs of 2+; with CJK ideographs, each ideograph and each
+    adjacent bigram (other runs kept whole); with Hangul, the word (unless it or its stem is a
+    stop word) plus its stem after removing the longest trailing particle, when the stem is 2+
+    Hangul syllables or plain ASCII; otherwise the segment itself. Finally stop words,
+    ASCII-letter tokens shorter than 3, pure digits and pure punctuation/symbols are dropped.
+
+    Args:
+        query: the user's query, any language.
+
+    Returns:
+        Keywords in first-seen order without duplicates; ``[]`` for a blank or stop-word-only
+        query.
+
+    Source: OpenClaw ``extractKeywords`` (E2 ``query-expansion.ts``), unicode61 variant.
+    """
+    seen: set[str] = set()
+    out: list[str] = []
+    for segment in _segments(query):
+        if any(is_hiragana(ch) or is_katakana(ch) for ch in segment):
+            terms = _japanese_terms(segment)
+        elif any(is_ideograph(ch) for ch in segment):
+            terms = _chinese_terms(segment)
+        elif any(is_hangul(ch) for ch in segment):
+            terms = _korean_terms(segment)
+        else:
+            terms = [segment]
+        for term in terms:
+            if term not in seen and not _is_noise(term):
+                seen.add(term)
+                out.append(term)
+    return out

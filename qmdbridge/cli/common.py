@@ -1,0 +1,21 @@
+"""What every CLI command shares: exit codes and the one JSON writer for stdout."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "emit_json"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+
+
+def emit_json(doc: Any) -> None:
+    """Write one JSON document (orjson, indented) to stdout."""
+    import orjson
+
+    sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()

@@ -1,0 +1,582 @@
+"""Config -> qmd collections, and reconciling them with what qmd already has (spec 2.2, 2.6).
+
+``build_collections`` turns one agent's config into the ordered list of
+:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions);
+``parse_collection_list`` / ``parse_collection_show`` read qmd's ``collection list`` and
+``collection show`` output (qmd 2.8.3 ignores ``--json`` and prints text without paths, so the
+paths come from ``show``); ``reconcile`` adds, rebinds and migrates collections through a
+caller-supplied command function, so this module never spawns anything itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from fallback.errors import BackendUnavailableError
+from qmdbridge.config import ResolvedAgent
+
+__all__ = [
+    "CollectionKind",
+    "CollectionRun",
+    "ListedCollection",
+    "ManagedCollection",
+    "ReconcileState",
+    "build_collections",
+    "escape_glob",
+    "parse_collection_list",
+    "parse_collection_show",
+    "rebuild",
+    "reconcile",
+    "render_index_yml",
+    "sanitize_name",
+]
+
+log = logging.getLogger("qmdbridge.qmd.collections")
+
+CollectionKind = Literal["memory", "custom", "sessions"]
+
+# Pattern of every folder collection unless the config says otherwise.
+DEFAULT_PATTERN = "**/*.md"
+# Characters qmd's glob treats as syntax; a literal file name escapes them (spec 2.2 [newest]).
+_GLOB_SPECIALS = set("\\*?[]{}()!+@")
+_LIST_HEADER_RE = re.compile(r"^\s*([a-z0-9._-]+)\s+\(qmd://[^)]+\)\s*$", re.IGNORECASE)
+_FIELD_RE = re.compile(r"^\s*(pattern|mask|path)\s*:\s*(.*?)\s*$", re.IGNORECASE)
+_NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
+_UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
+                             "flag provided but not defined", "unexpected argument")
+_MISSING_MARKERS = ("not found", "does not exist", "missing")
+
+
+@dataclass(frozen=True)
+class ManagedCollection:
+    """One qmd collection this bridge owns for an agent.
+
+    Attributes:
+        name: sanitised, agent-scoped, unique collection name (``memory-root-main``).
+        path: absolute directory qmd indexes.
+        pattern: qmd glob relative to ``path`` (``MEMORY.md``, ``**/*.md``).
+        kind: ``memory`` (default memory files), ``custom`` (extra paths) or ``sessions``.
+    """
+
+    name: str
+    path: Path
+    pattern: str
+    kind: CollectionKind
+
+    @property
+    def source(self) -> Literal["memory", "sessions"]:
+        """The search-result source of this collection's hits."""
+        return "sessions" if self.kind == "sessions" else "memory"
+
+
+@dataclass(frozen=True)
+class ListedCollection:
+    """What qmd reported about one existing collection (any field may be unknown)."""
+
+    name: str
+    path: str | None = None
+    pattern: str | None = None
+
+
+def sanitize_name(raw: str, *, empty: str = "collection") -> str:
+    """Lower-case, replace runs outside ``[a-z0-9-]`` by ``-``, trim ``-``; ``empty`` if blank."""
+    s = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    return s or empty
+
+
+def escape_glob(name: str) -> str:
+    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
+    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
+
+
+def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        p = Path(text).expanduser()
+        return Path(os.path.normpath(p if p.is_absolute() else workspace / p))
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
+def _is_inside(child: Path, parent: Path) -> bool:
+    for c, p in ((child, parent), (_realpath(child), _realpath(parent))):
+        try:
+            c.relative_to(p)
+            return True
+        except ValueError:
+            continue
+    return False
+
+
+def _realpath(p: Path) -> Path:
+    try:
+        return Path(os.path.realpath(p))
+    except (OSError, RuntimeError):
+        return p
+
+
+def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[ManagedCollection]:
+    """Compute the agent's managed collections in config order (spec 2.2 [newest]).
+
+    Order: ``memory-root-<agent>`` (workspace, ``MEMORY.md``) and ``memory-dir-<agent>``
+    (``<workspace>/memory``, ``**/*.md``) when ``includeDefaultMemory``; then custom
+    collections from ``memory.qmd.paths[]``, ``memorySearch.extraPaths`` and
+    ``memorySearch.qmd.extraCollections[]``; then ``sessions-<agent>`` when
+    ``memory.qmd.sessions.enabled``. A custom path that is an existing file becomes its
+    directory plus the glob-escaped basename. Names are sanitised and made unique with
+    ``-2``, ``-3`` ...; an explicit name is kept verbatim (sanitised) for paths outside the
+    workspace, otherwise ``<name or custom-i>-<agent>``.
+
+    Args:
+        agent: the resolved agent config.
+        sessions_dir: default session export dir (``<qmdDir>/sessions``), used when
+            ``sessions.exportDir`` is not set.
+
+    Returns:
+        The collections, in order; duplicates of (path, pattern) are dropped.
+    """
+    ws = agent.workspace_dir
+    qmd = agent.memory.qmd
+    agent_seg = sanitize_name(agent.agent_id, empty="agent")
+    taken: set[str] = set()
+    out: list[ManagedCollection] = []
+
+    def unique(base: str) -> str:
+        name = sanitize_name(base)
+        candidate, n = name, 2
+        while candidate in taken:
+            candidate, n = f"{name}-{n}", n + 1
+        taken.add(candidate)
+        return candidate
+
+    if qmd.include_default_memory:
+        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, "MEMORY.md", "memory"))
+        out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / "memory",
+                                     DEFAULT_PATTERN, "memory"))
+
+    entries: list[tuple[str, str | None, str | None]] = [
+        (p.path, p.name, p.pattern) for p in qmd.paths]
+    entries += [(p, None, None) for p in agent.memory_search.extra_paths]
+    entries += [(c.path, c.name, c.pattern) for c in agent.memory_search.qmd.extra_collections]
+    seen: set[tuple[str, str]] = set()
+    for i, (raw_path, raw_name, raw_pattern) in enumerate(entries, start=1):
+        path = _resolve_user_path(raw_path, ws)
+        if path is None:
+            continue
+        pattern = (raw_pattern or "").strip() or DEFAULT_PATTERN
+        if path.is_file():
+            pattern = escape_glob(path.name)
+            path = path.parent
+        key = (str(path), pattern)
+        if key in seen:
+            continue
+        seen.add(key)
+        explicit = (raw_name or "").strip()
+        base = explicit if explicit and not _is_inside(path, ws) else (
+            f"{sanitize_name(explicit or f'custom-{i}')}-{agent_seg}")
+        out.append(ManagedCollection(unique(base), path, pattern, "custom"))
+
+    if qmd.sessions.enabled:
+        export = _resolve_user_path(qmd.sessions.export_dir, ws) if qmd.sessions.export_dir else None
+        out.append(ManagedCollection(unique(f"sessions-{agent_seg}"), export or sessions_dir,
+                                     DEFAULT_PATTERN, "sessions"))
+    return out
+
+
+def parse_collection_list(text: str) -> dict[str, ListedCollection]:
+    """Parse ``qmd collection list`` output, JSON or text (spec 2.6 step 1).
+
+    JSON: an array of names or of objects with ``name`` (and ``path``, ``pattern``/``mask``).
+    Text (qmd 2.8.3): ``<name> (qmd://<name>/)`` starts a block (a bare name line without
+    ``:`` too); ``Pattern:``/``Mask:``/``Path:`` lines set fields; a blank line ends it;
+    ``Collections (N):`` is skipped.
+
+    Returns:
+        name -> :class:`ListedCollection`, in listing order (unparseable text -> ``{}``).
+    """
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            data = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, list):
+            return _listed_from_json(data)
+    out: dict[str, ListedCollection] = {}
+    current: dict[str, Any] | None = None
+
+    def close() -> None:
+        if current is not None:
+            out[current["name"]] = ListedCollection(**current)
+
+    for line in text.splitlines():
+        if not line.strip():
+            close()
+            current = None
+            continue
+        if line.strip().lower().startswith("collections") or line.strip().startswith("No collections"):
+            continue
+        header = _LIST_HEADER_RE.match(line)
+        if header or (":" not in line and not line[:1].isspace() and " " not in line.strip()):
+            close()
+            current = {"name": header.group(1) if header else line.strip()}
+            continue
+        fieldm = _FIELD_RE.match(line)
+        if current is not None and fieldm:
+            key = "path" if fieldm.group(1).lower() == "path" else "pattern"
+            if fieldm.group(2):
+                current[key] = fieldm.group(2)
+    close()
+    return out
+
+
+def _listed_from_json(data: list[Any]) -> dict[str, ListedCollection]:
+    out: dict[str, ListedCollection] = {}
+    for item in data:
+        if isinstance(item, str) and item:
+            out[item] = ListedCollection(item)
+        elif isinstance(item, dict) and isinstance(item.get("name"), str):
+            path = item.get("path") if isinstance(item.get("path"), str) else None
+            pattern = item.get("pattern", item.get("mask"))
+            out[item["name"]] = ListedCollection(
+                item["name"], path, pattern if isinstance(pattern, str) else None)
+    return out
+
+
+def parse_collection_show(text: str) -> ListedCollection | None:
+    """Parse ``qmd collection show <name>``: ``Collection: <name>``, ``Path:``, ``Pattern:``.
+
+    Returns:
+        The collection, or ``None`` when the text has no ``Collection:`` line.
+    """
+    name: str | None = None
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*collection\s*:\s*(.+?)\s*$", line, re.IGNORECASE)
+        if m and name is None:
+            name = m.group(1)
+            continue
+        fm = _FIELD_RE.match(line)
+        if fm and fm.group(2):
+            fields["path" if fm.group(1).lower() == "path" else "pattern"] = fm.group(2)
+    if name is None:
+        return None
+    return ListedCollection(name, fields.get("path"), fields.get("pattern"))
+
+
+class CollectionRun:
+    """The outcome of one collection command, as ``reconcile`` needs it.
+
+    Attributes:
+        ok: exit status 0.
+        stdout / stderr: captured text.
+    """
+
+    __slots__ = ("ok", "stdout", "stderr")
+
+    def __init__(self, ok: bool, stdout: str, stderr: str) -> None:
+        self.ok = ok
+        self.stdout = stdout
+        self.stderr = stderr
+
+    @property
+    def message(self) -> str:
+        """stderr, or stdout when stderr is empty (what qmd said)."""
+        return self.stderr.strip() or self.stdout.strip()
+
+
+# run(args, positionals) -> CollectionRun; raises BackendUnavailableError (timeout, spawn).
+RunCollectionCommand = Callable[[list[str], list[str]], Awaitable[CollectionRun]]
+
+
+@dataclass
+class ReconcileState:
+    """What reconciliation remembers across calls (one per backend, never module-level).
+
+    Attributes:
+        pattern_flag: the ``collection add`` pattern flag that last worked (``--mask`` first,
+            then ``--glob``).
+        flags_tried: every pattern flag passed to ``collection add``, in order.
+        warnings: warnings of the last run (also logged).
+    """
+
+    pattern_flag: str = "--mask"
+    flags_tried: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _is_unsupported_flag(message: str) -> bool:
+    low = message.lower()
+    return any(m in low for m in _UNSUPPORTED_FLAG_MARKERS)
+
+
+def _is_missing(message: str) -> bool:
+    low = message.lower()
+    return any(m in low for m in _MISSING_MARKERS)
+
+
+def _norm_path(raw: str | Path, workspace: Path) -> str:
+    p = Path(raw).expanduser()
+    return os.path.normpath(p if p.is_absolute() else workspace / p)
+
+
+async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> CollectionRun:
+    try:
+        return await run(args, pos)
+    except BackendUnavailableError as exc:
+        return CollectionRun(False, "", str(exc))
+
+
+async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionCommand,
+                    agent_id: str, workspace: Path, state: ReconcileState) -> None:
+    """Make qmd's collections match ``managed`` (spec 2.6 [newest]); never raises for qmd errors.
+
+    Steps: list (failures -> empty), enrich listed collections without a path via
+    ``collection show``, remove matching unscoped legacy names (``memory-root`` for
+    ``memory-root-main``), then per managed collection: skip when listed and equal, rebind
+    (remove + add) when the listed path or pattern differs (never on a names-only listing),
+    add when missing. ``--mask`` is tried first and ``--glob`` after an "unknown flag"
+    rejection; the working flag is remembered in ``state``. "already exists" conflicts are
+    resolved as the spec says; a collection that cannot be added only produces a warning.
+
+    Args:
+        managed: the collections to have, in order.
+        run: ``run(args, positionals)`` runs ``qmd <args...> --index index -- <positionals...>``
+            and returns a :class:`CollectionRun`; it may raise ``BackendUnavailableError``.
+        agent_id: the agent (for legacy-name migration).
+        workspace: the workspace, to resolve relative listed paths.
+        state: remembered flag and warnings (``warnings`` is reset).
+    """
+    state.warnings = []
+    listing = await _safe(run, ["collection", "list", "--json"], [])
+    listed = parse_collection_list(listing.stdout) if listing.ok else {}
+    for mc in managed:
+        got = listed.get(mc.name)
+        if got is not None and got.path is None:
+            shown = await _safe(run, ["collection", "show"], [mc.name])
+            info = parse_collection_show(shown.stdout) if shown.ok else None
+            if info is not None:
+                listed[mc.name] = ListedCollection(mc.name, info.path, got.pattern or info.pattern)
+    await _migrate_legacy(managed, listed, run=run, agent_id=agent_id, workspace=workspace)
+    for mc in managed:
+        got = listed.get(mc.name)
+        if got is not None and not _needs_rebind(mc, got, workspace):
+            continue
+        if got is not None:
+            log.info("qmd collection %s is bound to %s (%s); rebinding to %s (%s)", mc.name,
+                     got.path, got.pattern, mc.path, mc.pattern)
+            await _remove(run, mc.name)
+        await _add_with_conflicts(mc, run=run, listed=listed, state=state, workspace=workspace)
+
+
+def _needs_rebind(mc: ManagedCollection, got: ListedCollection, workspace: Path) -> bool:
+    if got.path is None and got.pattern is None:
+        return False  # names-only listing: a failed re-add would lose the collection
+    if got.path is not None:
+        a, b = _norm_path(got.path, workspace), _norm_path(mc.path, workspace)
+        if os.name == "nt":
+            a, b = a.casefold(), b.casefold()
+        if a != b:
+            return True
+    return got.pattern is not None and got.pattern != mc.pattern
+
+
+async def _migrate_legacy(managed: list[ManagedCollection], listed: dict[str, ListedCollection], *,
+                          run: RunCollectionCommand, agent_id: str, workspace: Path) -> None:
+    suffix = "-" + sanitize_name(agent_id, empty="agent")
+    for mc in managed:
+        if mc.name in listed or not mc.name.endswith(suffix):
+            continue
+        legacy = mc.name[: -len(suffix)]
+        got = listed.get(legacy)
+        if not legacy or got is None:
+            continue
+        path_ok = got.path is None or _norm_path(got.path, workspace) == _norm_path(mc.path, workspace)
+        if path_ok and (got.pattern is None or got.pattern == mc.pattern):
+            await _remove(run, legacy)
+            listed.pop(legacy, None)
+        else:
+            log.debug("qmd legacy collection migration skipped for %s (path/pattern mismatch)",
+                      legacy)
+
+
+async def _remove(run: RunCollectionCommand, name: str) -> None:
+    res = await _safe(run, ["collection", "remove"], [name])
+    if not res.ok and not _is_missing(res.message):
+        log.warning("qmd collection remove failed for %s: %s", name, res.message)
+
+
+async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
+               state: ReconcileState) -> CollectionRun:
+    if any(ch in mc.pattern for ch in "*?["):
+        try:
+            mc.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return CollectionRun(False, "", f"cannot create collection dir {mc.path}: {exc}")
+    order = [state.pattern_flag] + [f for f in ("--mask", "--glob") if f != state.pattern_flag]
+    res = CollectionRun(False, "", "collection add not attempted")
+    for i, flag in enumerate(order):
+        state.flags_tried.append(flag)
+        res = await _safe(run, ["collection", "add", "--name", mc.name, flag, mc.pattern],
+                          [str(mc.path)])
+        if res.ok:
+            state.pattern_flag = flag
+            return res
+        if i + 1 < len(order) and _is_unsupported_flag(res.stderr):
+            log.info("qmd collection add rejected %s; retrying with legacy compatibility flag", flag)
+            continue
+        return res
+    return res
+
+
+async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionCommand,
+                              listed: dict[str, ListedCollection], state: ReconcileState,
+                              workspace: Path) -> None:
+    res = await _add(mc, run=run, state=state)
+    if res.ok:
+        return
+    msg = res.message
+    if "exists" not in msg.lower():
+        _warn(state, f"qmd collection add failed for {mc.name}: {msg}")
+        return
+    low = msg.lower()
+    if f"collection '{mc.name}' already exists" in low or f'collection "{mc.name}" already exists' in low:
+        log.info("qmd collection add conflict for %s: collection name already exists; "
+                 "recreating managed collection", mc.name)
+        await _remove(run, mc.name)
+        res = await _add(mc, run=run, state=state)
+        if not res.ok:
+            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        return
+    owner = _find_owner(mc, listed, workspace)
+    if owner is None:
+        relist = await _safe(run, ["collection", "list", "--json"], [])
+        if relist.ok:
+            listed.update(parse_collection_list(relist.stdout))
+            for name, got in list(listed.items()):
+                if got.path is None:
+                    shown = await _safe(run, ["collection", "show"], [name])
+                    info = parse_collection_show(shown.stdout) if shown.ok else None
+                    if info is not None:
+                        listed[name] = ListedCollection(name, info.path, got.pattern or info.pattern)
+            owner = _find_owner(mc, listed, workspace)
+    if owner == mc.name:
+        return
+    if owner is not None:
+        log.info("qmd collection %s: path+pattern already bound by %s; rebinding", mc.name, owner)
+        await _remove(run, owner)
+        res = await _add(mc, run=run, state=state)
+        if not res.ok:
+            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        return
+    named = _NAME_IN_STDERR_RE.search(msg)
+    if named:
+        other = named.group(1)
+        _warn(state, f"qmd collection add for {mc.name}: qmd reported existing collection {other}, "
+              "but list output did not include verifiable path/pattern metadata; refusing "
+              f"automatic rebind. If {other} is stale, remove it manually with "
+              f"'qmd collection remove {other}'")
+        return
+    _warn(state, f"qmd collection add skipped for {mc.name}: {msg}")
+
+
+def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
+                workspace: Path) -> str | None:
+    want = _norm_path(mc.path, workspace)
+    for name, got in listed.items():
+        if got.path is not None and got.pattern is not None and got.pattern == mc.pattern \
+                and _norm_path(got.path, workspace) == want:
+            return name
+    return None
+
+
+def _warn(state: ReconcileState, message: str) -> None:
+    log.warning("%s", message)
+    state.warnings.append(message)
+
+
+def render_index_yml(managed: list[ManagedCollection]) -> str:
+    """``index.yml`` holding exactly ``managed``, every key and value JSON-quoted (YAML accepts
+    JSON strings, so ``#``, ``:`` and ``[`` in paths and patterns stay literal);
+    ``collections: {}`` when empty."""
+    if not managed:
+        return "collections: {}\n"
+    lines = ["collections:"]
+    for mc in managed:
+        lines.append(f"  {orjson.dumps(mc.name).decode()}:")
+        lines.append(f"    path: {orjson.dumps(str(mc.path)).decode()}")
+        lines.append(f"    pattern: {orjson.dumps(mc.pattern).decode()}")
+    return "\n".join(lines) + "\n"
+
+
+async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand,
+                  index_yml: Path, state: ReconcileState) -> None:
+    """Update repair (spec 2.7.2): rewrite ``index_yml`` with exactly the managed collections,
+    then ``collection remove`` + ``collection add`` each one ("already exists" ignored, other
+    failures logged). Never raises for qmd errors.
+
+    Raises:
+        OSError: ``index_yml`` cannot be written.
+    """
+    index_yml.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index_yml.with_suffix(".yml.tmp")
+    tmp.write_text(render_index_yml(managed), encoding="utf-8")
+    os.replace(tmp, index_yml)
+    for mc in managed:
+        await _remove(run, mc.name)
+        res = await _add(mc, run=run, state=state)
+        if not res.ok and "exists" not in res.message.lower():
+            _warn(state, f"qmd collection re-add failed for {mc.name}: {res.message}")
+    log.warning("qmd managed collections rebuilt for update repair (%d collections)", len(managed))
+
+
+def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
+                          index_yml: Path) -> str:
+    """sha256 hex of the managed collections, qmd's version and ``index.yml``'s size and mtime:
+    while it is unchanged, a reconcile would find nothing to do."""
+    import hashlib
+
+    import orjson
+
+    try:
+        st = index_yml.stat()
+        yml: list[int] | None = [st.st_mtime_ns, st.st_size]
+    except OSError:
+        yml = None
+    doc = {"collections": [[c.name, str(c.path), c.pattern] for c in collections],
+           "version": qmd_version, "indexYml": yml}
+    return hashlib.sha256(orjson.dumps(doc)).hexdigest()
+
+
+async def describe_collections(list_output: str, *, run: Any,
+                               roots: dict[str, ManagedCollection]) -> list[dict[str, Any]]:
+    """Turn ``qmd collection list`` text into ``[{name, path, pattern, managed, kind}]``,
+    asking ``collection show`` for each path (qmd 2.8.3's list prints none).
+
+    Args:
+        list_output: stdout of ``qmd collection list``.
+        run: ``async run(args, positionals) -> CollectionRun`` for ``collection show``.
+        roots: the managed collections by name.
+    """
+    out = []
+    for name, got in parse_collection_list(list_output).items():
+        path, pattern = got.path, got.pattern
+        if path is None:
+            shown = await run(["collection", "show"], [name])
+            info = parse_collection_show(shown.stdout) if shown.ok else None
+            path = str(info.path) if info and info.path else None
+            pattern = pattern or (info.pattern if info else None)
+        mc = roots.get(name)
+        out.append({"name": name, "path": str(path) if path else None, "pattern": pattern,
+                    "managed": mc is not None, "kind": mc.kind if mc else None})
+    return out

@@ -1,0 +1,71 @@
+"""The qmd sidecar's errors: a qmd process that failed, and qmd output we cannot parse.
+
+Both are :class:`~fallback.errors.BackendUnavailableError` subclasses, so the manager's fallback
+boundary treats them like any other backend failure::
+
+    BackendUnavailableError (fallback/errors.py)
+     +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
+     +-- QmdOutputError    qmd's stdout is not a search-result array
+"""
+
+from __future__ import annotations
+
+from fallback.errors import BackendUnavailableError
+
+__all__ = ["QmdCommandError", "QmdOutputError"]
+
+# Most of a failing command's output kept in its error message (chars, the tail).
+_MESSAGE_TAIL_CHARS = 2_000
+
+
+def _tail(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[-limit:]
+
+
+class QmdCommandError(BackendUnavailableError):
+    """Raised when a qmd process could not start, or exited non-zero or by a signal.
+
+    Message: ``<summary> failed (code N): <stderr or, if empty, stdout>`` (``signal X`` instead
+    of ``code N`` when killed by a signal, ``<summary> failed to start: <OS error>`` when the
+    spawn failed). The excerpt in the message is the last 2,000 chars, stripped.
+
+    Attributes:
+        summary: ``qmd`` + arguments (see :func:`summarize`).
+        returncode: exit code, or ``None`` (killed by a signal, or never started).
+        signal: the signal number that ended the process, or ``None``.
+        stdout_tail: captured stdout (already capped to the runner's ``max_chars`` tail).
+        stderr_tail: captured stderr (same cap).
+        os_error: for a spawn failure, the OS error text (``[Errno 2] No such file or
+            directory: 'qmd'``); ``None`` otherwise.
+        errno: for a spawn failure, the errno (``errno.ENOENT`` ...); ``None`` otherwise.
+    """
+
+    def __init__(self, summary: str, *, returncode: int | None = None, signal: int | None = None,
+                 stdout_tail: str = "", stderr_tail: str = "", os_error: str | None = None,
+                 errno: int | None = None, backend: str = "qmd") -> None:
+        self.summary = summary
+        self.returncode = returncode
+        self.signal = signal
+        self.stdout_tail = stdout_tail
+        self.stderr_tail = stderr_tail
+        self.os_error = os_error
+        self.errno = errno
+        if os_error is not None:
+            reason = f"{summary} failed to start: {os_error}"
+        else:
+            status = f"signal {signal}" if signal is not None else f"code {returncode}"
+            detail = _tail(stderr_tail.strip() or stdout_tail.strip(), _MESSAGE_TAIL_CHARS)
+            reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
+        super().__init__(backend, reason)
+        # The bare "<summary> failed ..." text, as the reference runner words it.
+        self.args = (reason,)
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+class QmdOutputError(BackendUnavailableError):
+    """Raised when qmd's stdout cannot be parsed as search results."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("qmd", reason)

@@ -1,0 +1,135 @@
+"""Freshness of the qmd index in the long-lived mode: file watcher -> debounced ``qmd update``.
+
+A :class:`~fallback.sources.watcher.MemoryWatcher` watches the workspace's memory files and every
+custom collection folder (spec 2.7.6). A change marks the index dirty and, once the files have
+been quiet for ``sync.watchDebounceMs`` (1.5 s), runs an unforced update. qmd's own update
+debounce (``update.debounceMs``, 15 s) still applies: when an update finished less than that
+ago, the update waits for the rest of the window instead of being dropped, so a change right
+after an update is never lost until the next 5-minute tick.
+
+Searches call :meth:`QmdFreshness.before_search`: when the index is dirty and
+``sync.onSearch`` is on, they wait for the update, but never past the search's own deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from fallback.errors import BackendUnavailableError
+
+__all__ = ["QmdFreshness"]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+
+class QmdFreshness:
+    """Watcher-driven updates for one qmd backend.
+
+    Args:
+        workspace: the agent workspace (``MEMORY.md``, ``memory/``).
+        extra_dirs: custom collection roots outside ``memory/`` (folders).
+        cycle: the backend's ``UpdateCycle`` (``run(reason, force=...)``, ``last_update_at``).
+        watch_debounce_ms: quiet time after the last change before updating (1,500 ms).
+        update_debounce_ms: minimum distance between two unforced updates (15,000 ms).
+        now_ms: clock in epoch ms.
+        force_polling: use the polling observer (tests, network file systems).
+    """
+
+    def __init__(self, workspace: Path, *, extra_dirs: list[Path], cycle: Any,
+                 watch_debounce_ms: int, update_debounce_ms: int, now_ms: Callable[[], int],
+                 force_polling: bool = False) -> None:
+        from fallback.sources.watcher import MemoryWatcher
+
+        self.cycle = cycle
+        self.update_debounce_ms = max(0, update_debounce_ms)
+        self._now = now_ms
+        self.dirty = False
+        self.dirty_reason: str | None = None
+        self.last_error: str | None = None
+        self._updated = anyio.Event()
+        self.watcher = MemoryWatcher(workspace, extra_paths=extra_dirs, on_change=self._on_change,
+                                     debounce_ms=watch_debounce_ms, force_polling=force_polling)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch until cancelled (``task_status.started()`` once the observer runs)."""
+        await self.watcher.run(task_status=task_status)
+
+    async def _on_change(self, paths: set[str], reason: str) -> None:
+        self.dirty = True
+        self.dirty_reason = f"{len(paths)} file(s) changed" if paths else "rescan"
+        last = self.cycle.last_update_at
+        if last is not None:
+            wait_ms = self.update_debounce_ms - (self._now() - last)
+            if wait_ms > 0:
+                await anyio.sleep(wait_ms / 1000)
+        try:
+            await self.cycle.run("watch")
+        except BackendUnavailableError as exc:
+            self.last_error = str(exc)
+            log.warning("qmd update after file changes failed: %s", exc)
+            raise  # the watcher keeps the paths pending and retries
+        self.dirty = False
+        self.dirty_reason = None
+        self.last_error = None
+        self._updated.set()
+        self._updated = anyio.Event()
+
+    async def before_search(self, *, budget_ms: int) -> None:
+        """Wait (at most ``budget_ms``) for the pending update when the index is dirty."""
+        if not self.dirty or budget_ms <= 0:
+            return
+        with anyio.move_on_after(budget_ms / 1000):
+            await self._updated.wait()
+
+    def snapshot(self) -> dict[str, Any]:
+        """Status view: dirty flag, reason, last error and the watcher's own state."""
+        return {"dirty": self.dirty, "dirtyReason": self.dirty_reason, "lastError": self.last_error,
+                "watcher": self.watcher.snapshot()}
+
+
+def start_background(backend: Any) -> QmdFreshness | None:
+    """Start the long-lived mode's background work on ``backend`` (a ``QmdBackend``):
+    the interval update (``update.interval``), the separate embed timer (spec 2.7.3: only when
+    vectors are used and the update interval is off or longer than the embed interval), and the
+    file watcher (``memorySearch.sync.watch``). A failed run is logged and the timers go on.
+
+    Returns:
+        The :class:`QmdFreshness` when the watcher runs, else ``None``.
+    """
+    from qmdbridge.qmd.update import embed_jitter_ms
+
+    up = backend.cfg.update
+    interval, embed_every = up.interval_ms, up.embed_interval_ms
+
+    async def repeat(reason: str, first_ms: int, every_ms: int) -> None:
+        await anyio.sleep(first_ms / 1000)
+        while not backend.closed:
+            try:
+                await backend.cycle.run(reason)
+            except BackendUnavailableError as exc:
+                backend.last_error = str(exc)
+                log.warning("qmd %s update failed: %s", reason, exc)
+            await anyio.sleep(every_ms / 1000)
+
+    if interval > 0:
+        backend.spawn(lambda: repeat("interval", interval, interval), "interval update")
+    if embed_every > 0 and backend.cfg.search_mode != "search" and (interval <= 0 or interval > embed_every):
+        first = embed_jitter_ms(backend.agent.agent_id, [
+            (str(c.path), c.pattern) for c in backend.collections if c.kind == "custom"], embed_every)
+        backend.spawn(lambda: repeat("embed-interval", first, embed_every), "embed-interval update")
+    sync = backend.agent.memory_search.sync
+    if not sync.watch:
+        return None
+    freshness = QmdFreshness(
+        backend.agent.workspace_dir,
+        extra_dirs=[c.path for c in backend.collections if c.kind == "custom" and c.path.is_dir()],
+        cycle=backend.cycle, watch_debounce_ms=sync.watch_debounce_ms,
+        update_debounce_ms=up.debounce_ms, now_ms=backend.now_ms)
+    backend.spawn(freshness.run, "file watcher")
+    return freshness

@@ -1,0 +1,388 @@
+"""Find the qmd executable, and tell a working qmd from a foreign program or a missing runtime.
+
+Search order for ``memory.qmd.command`` (its first shell-style token):
+
+1. a token with a ``/`` is a path: absolute as is, relative against ``cwd``; nothing else is
+   searched (an explicit path that is wrong must not silently become another qmd);
+2. a bare name is looked up in ``PATH`` (of ``env``),
+3. then in the usual install folders: ``~/.bun/bin``, ``/opt/homebrew/bin``, ``/usr/local/bin``
+   and the npm global bin (``$NPM_CONFIG_PREFIX/bin``, else ``$(npm prefix -g)/bin`` asked once
+   with a 3 s timeout and cached on the :class:`QmdLocator`),
+4. then, for the name ``qmd`` and ``repo_tools=True``, this repository's ``.tools/bin/qmd``
+   (written by ``scripts/install-qmd.sh``).
+
+Every executable found is probed with ``<path> --version`` (5 s, through
+:func:`qmdbridge.qmd.runner.run_command`); the first one that prints ``qmd <major>.<minor>...`` wins.
+When none does, the first failure is reported: a foreign program (``--version`` printed
+something else), or a qmd whose runtime is missing (exit 127, ``env: 'node': No such file or
+directory``, ``bun: not found``, or a shebang interpreter that does not exist).
+
+Argument-parsing facts about qmd 2.8.3 that callers need (verified against the real CLI; see the
+:mod:`qmdbridge.qmd.runner` docstring): put all flags first, then ``--``, then the query (``--``
+keeps a leading ``-`` from being read as a flag; qmd's own query grammar still reads ``-word``
+as negation), and always pass ``--index index`` so a ``.qmd/`` folder above the workspace
+cannot redirect the index.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import anyio
+
+from fallback.errors import BackendTimeoutError
+from qmdbridge.qmd.errors import QmdCommandError
+from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_file
+
+__all__ = [
+    "QmdLocation",
+    "QmdLocator",
+    "locate_qmd",
+    "probe_qmd",
+    "repo_tools_qmd",
+]
+
+# Deadline of the `qmd --version` probe, in ms.
+PROBE_TIMEOUT_MS = 5_000
+# Deadline of `npm prefix -g`, in ms (npm starts a Node process: ~0.2 s normally).
+NPM_PREFIX_TIMEOUT_MS = 3_000
+# Fixed install folders checked after PATH (~/.bun/bin and the npm global bin are added per env).
+_FIXED_DIRS = ("/opt/homebrew/bin", "/usr/local/bin")
+_VERSION_RE = re.compile(r"^qmd (\d+\.\d+\S*)")
+_RUNTIME_MISSING_RE = re.compile(
+    r"(env: ['\"\u2018\u2019]?[\w.+-]+['\"\u2018\u2019]?: no such file or directory"
+    r"|\b(node|bun): (command )?not found"
+    r"|bad interpreter)", re.IGNORECASE)
+# Exit status of "command not found" (sh, env).
+_EXIT_NOT_FOUND = 127
+# Longest excerpt of foreign output quoted in a reason, in chars.
+_QUOTE_CHARS = 200
+
+
+def repo_tools_qmd() -> Path:
+    """Path of the launcher ``scripts/install-qmd.sh`` writes: ``<repo>/.tools/bin/qmd``.
+
+    The path may not exist (not installed, or qmdbridge installed from a wheel).
+    """
+    return Path(__file__).resolve().parents[2] / ".tools" / "bin" / "qmd"
+
+
+@dataclass(frozen=True)
+class QmdLocation:
+    """The outcome of locating and probing qmd.
+
+    Attributes:
+        path: absolute path of the executable chosen (or of the first problem found), else None.
+        found: an executable file was found at ``path``.
+        runtime_ok: ``path`` could be run (its interpreter, node or bun, exists).
+        version: qmd's version (``"2.8.3"``) when ``--version`` printed ``qmd <version>``.
+        reason: ``None`` when a real qmd was found; else one line for status/doctor:
+            ``qmd not found (command 'qmd'); searched: a, b``,
+            ``foreign program at <path>: --version printed '<first line>'``,
+            ``qmd found at <path> but its runtime (node/bun) is missing: <stderr line>``,
+            ``qmd at <path> did not answer --version: <error>``.
+        searched: folders searched, in order, without duplicates.
+        path_env: the ``PATH`` the search used.
+        child_path: ``PATH`` for qmd children: ``path_env`` plus the executable's folder and its
+            interpreter's folder, appended when missing.
+        skipped: reasons for candidates passed over before the chosen one (e.g. a foreign
+            ``qmd`` earlier on PATH).
+    """
+
+    path: str | None
+    found: bool
+    runtime_ok: bool
+    version: str | None
+    reason: str | None
+    searched: list[str]
+    path_env: str
+    child_path: str
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def usable(self) -> bool:
+        """True when ``path`` is a real qmd that ran."""
+        return self.found and self.runtime_ok and self.version is not None
+
+
+def _append_dirs(path_env: str, dirs: Sequence[str]) -> str:
+    parts = [p for p in path_env.split(os.pathsep) if p]
+    for d in dirs:
+        if d and d not in parts:
+            parts.append(d)
+    return os.pathsep.join(parts)
+
+
+def _interpreter_dir(exe: str, path_env: str) -> str | None:
+    """Folder of the interpreter named by ``exe``'s shebang (``#!/usr/bin/env node`` -> node's)."""
+    try:
+        with open(exe, "rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    interpreter = words[0]
+    if os.path.basename(interpreter) == "env":
+        names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+        if not names:
+            return None
+        search = _append_dirs(path_env, [os.path.dirname(exe)])
+        found = shutil.which(names[0], path=search)
+        return os.path.dirname(found) if found else None
+    return os.path.dirname(interpreter) if os.path.isfile(interpreter) else None
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()[:_QUOTE_CHARS]
+    return ""
+
+
+def _is_executable_file(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+class QmdLocator:
+    """Finds and probes qmd for one environment; caches the npm global prefix.
+
+    Args:
+        env: the environment to search (``PATH``, ``HOME``, ``NPM_CONFIG_PREFIX``); defaults to
+            ``os.environ`` at construction.
+        repo_tools: also try this repository's ``.tools/bin/qmd`` (name ``qmd`` only).
+        usual_dirs: replaces the usual install folders (``~/.bun/bin``, ``/opt/homebrew/bin``,
+            ``/usr/local/bin``, npm global bin); ``None`` keeps them. Tests pass ``[]``.
+        cwd: folder relative command paths are resolved against, and the probe's cwd.
+        timeout_ms: deadline of each ``--version`` probe, in ms.
+    """
+
+    def __init__(self, *, env: Mapping[str, str] | None = None, repo_tools: bool = True,
+                 usual_dirs: Sequence[str] | None = None, cwd: Path | str | None = None,
+                 timeout_ms: int = PROBE_TIMEOUT_MS) -> None:
+        self.env: dict[str, str] = dict(os.environ if env is None else env)
+        self.repo_tools = repo_tools
+        self.usual_dirs = None if usual_dirs is None else list(usual_dirs)
+        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
+        self.timeout_ms = timeout_ms
+        self._npm_prefix_done = False
+        self._npm_bin: str | None = None
+
+    @property
+    def path_env(self) -> str:
+        """The ``PATH`` searched (``os.defpath`` when the env has none)."""
+        return self.env.get("PATH") or os.defpath
+
+    async def npm_global_bin(self) -> str | None:
+        """``<npm global prefix>/bin``: from ``NPM_CONFIG_PREFIX``/``npm_config_prefix``, else
+        ``npm prefix -g`` (3 s deadline), computed once per locator; ``None`` if unknown."""
+        if self._npm_prefix_done:
+            return self._npm_bin
+        self._npm_prefix_done = True
+        prefix = self.env.get("NPM_CONFIG_PREFIX") or self.env.get("npm_config_prefix")
+        if not prefix:
+            npm = shutil.which("npm", path=self.path_env)
+            if npm is None:
+                return None
+            try:
+                result = await run_command([npm, "prefix", "-g"], env=self.env, cwd=self.cwd,
+                                           timeout_ms=NPM_PREFIX_TIMEOUT_MS, max_chars=4_096)
+            except (QmdCommandError, BackendTimeoutError):
+                return None
+            prefix = result.stdout.strip() if result.ok else ""
+        if prefix:
+            self._npm_bin = os.path.join(os.path.expanduser(prefix), "bin")
+        return self._npm_bin
+
+    async def _usual_dirs(self) -> list[str]:
+        if self.usual_dirs is not None:
+            return list(self.usual_dirs)
+        dirs: list[str] = []
+        home = self.env.get("HOME")
+        if home:
+            dirs.append(os.path.join(home, ".bun", "bin"))
+        dirs.extend(_FIXED_DIRS)
+        npm_bin = await self.npm_global_bin()
+        if npm_bin:
+            dirs.append(npm_bin)
+        return dirs
+
+    async def candidates(self, command: str = "qmd") -> tuple[list[str], list[str]]:
+        """Executables that may be qmd, in search order, and the folders searched.
+
+        Args:
+            command: ``memory.qmd.command``; only its first shell-style token is used.
+
+        Returns:
+            ``(paths, searched)``: absolute executable paths without duplicates, and folders.
+        """
+        searched: list[str] = []
+        found = [exe async for exe in self._iter_candidates(_first_token(command), searched)]
+        return found, searched
+
+    async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
+        """Yield candidate executables lazily (the usual folders, which may ask npm, are only
+        looked at when PATH had no working qmd); ``searched`` is filled as folders are seen."""
+        if "/" in token:
+            exe = token if os.path.isabs(token) else os.path.normpath(self.cwd / token)
+            searched.append(os.path.dirname(exe))
+            if os.path.isfile(exe):
+                yield exe
+            return
+        seen: set[str] = set()
+
+        def look(folder: str) -> str | None:
+            if folder in searched:
+                return None
+            searched.append(folder)
+            exe = os.path.abspath(os.path.join(folder, token))
+            if exe in seen or not _is_executable_file(exe):
+                return None
+            seen.add(exe)
+            return exe
+
+        for folder in [d for d in self.path_env.split(os.pathsep) if d]:
+            if (candidate := look(folder)) is not None:
+                yield candidate
+        for folder in await self._usual_dirs():
+            if (candidate := look(folder)) is not None:
+                yield candidate
+        if self.repo_tools and token == "qmd":
+            tools = repo_tools_qmd()
+            if look(str(tools.parent)) is not None:
+                yield str(tools)
+
+    def child_path_for(self, exe: str) -> str:
+        """``PATH`` for running ``exe``: the searched PATH plus its folder and interpreter's."""
+        extra = [os.path.dirname(exe)]
+        interp = _interpreter_dir(exe, self.path_env)
+        if interp:
+            extra.append(interp)
+        return _append_dirs(self.path_env, extra)
+
+    async def probe_path(self, exe: str) -> QmdLocation:
+        """Run ``exe --version`` and classify the answer (see :class:`QmdLocation`)."""
+        child_path = self.child_path_for(exe)
+        env = {**self.env, "PATH": child_path, "NO_COLOR": "1"}
+
+        def loc(*, runtime_ok: bool, version: str | None, reason: str | None) -> QmdLocation:
+            return QmdLocation(path=exe, found=True, runtime_ok=runtime_ok, version=version,
+                               reason=reason, searched=[], path_env=self.path_env,
+                               child_path=child_path)
+
+        # A missing cwd would also fail the spawn with ENOENT and look like a missing runtime;
+        # `--version` reads nothing from the cwd, so probe from "/" then.
+        probe_cwd = self.cwd if self.cwd.is_dir() else Path("/")
+        try:
+            result = await run_command([exe, "--version"], env=env, cwd=probe_cwd,
+                                       timeout_ms=self.timeout_ms, max_chars=16_384)
+        except QmdCommandError as exc:
+            if spawn_error_is_missing_file(exc) and os.path.isfile(exe):
+                return loc(runtime_ok=False, version=None,
+                           reason=f"qmd found at {exe} but its runtime (node/bun) is missing: "
+                                  f"{exc.os_error}")
+            return loc(runtime_ok=False, version=None,
+                       reason=f"qmd found at {exe} but cannot be started: {exc.os_error}")
+        except BackendTimeoutError as exc:
+            return loc(runtime_ok=True, version=None,
+                       reason=f"qmd at {exe} did not answer --version: {exc.reason}")
+        runtime_ok, version, reason = _classify(exe, result)
+        return loc(runtime_ok=runtime_ok, version=version, reason=reason)
+
+    async def probe(self, command: str = "qmd") -> QmdLocation:
+        """Search for ``command`` and probe each candidate until a real qmd answers.
+
+        Returns:
+            The real qmd's location (``reason`` None), else the first failing candidate's, else
+            a not-found location. Never raises for a missing or broken qmd.
+        """
+        searched: list[str] = []
+        first_bad: QmdLocation | None = None
+        skipped: list[str] = []
+        async with aclosing(self._iter_candidates(_first_token(command), searched)) as found:
+            async for exe in found:
+                location = await self.probe_path(exe)
+                if location.usable:
+                    return _with(location, searched=list(searched), skipped=skipped)
+                skipped.append(location.reason or f"unusable: {exe}")
+                if first_bad is None:
+                    first_bad = location
+        if first_bad is not None:
+            return _with(first_bad, searched=searched, skipped=skipped[1:])
+        token = _first_token(command)
+        return QmdLocation(path=None, found=False, runtime_ok=False, version=None,
+                           reason=f"qmd not found (command {token!r}); searched: "
+                                  + ", ".join(searched),
+                           searched=searched, path_env=self.path_env, child_path=self.path_env)
+
+
+def _with(location: QmdLocation, *, searched: list[str], skipped: list[str]) -> QmdLocation:
+    return QmdLocation(path=location.path, found=location.found, runtime_ok=location.runtime_ok,
+                       version=location.version, reason=location.reason, searched=searched,
+                       path_env=location.path_env, child_path=location.child_path,
+                       skipped=skipped)
+
+
+def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None]:
+    """``(runtime_ok, version, reason)`` for a finished ``--version`` run."""
+    match = _VERSION_RE.match(result.stdout.strip())
+    if result.ok and match:
+        return True, match.group(1), None
+    stderr_line = _first_line(result.stderr)
+    if result.returncode == _EXIT_NOT_FOUND or _RUNTIME_MISSING_RE.search(result.stderr):
+        detail = stderr_line or f"exit code {result.returncode}"
+        return False, None, f"qmd found at {exe} but its runtime (node/bun) is missing: {detail}"
+    printed = _first_line(result.stdout) or stderr_line
+    return True, None, f"foreign program at {exe}: --version printed '{printed}'"
+
+
+def _first_token(command: str) -> str:
+    try:
+        parts = shlex.split(command)
+    except ValueError:
+        parts = command.split()
+    return parts[0] if parts else "qmd"
+
+
+async def probe_qmd(command: str = "qmd", *, env: Mapping[str, str] | None = None,
+                    repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
+                    cwd: Path | str | None = None,
+                    timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
+    """Locate ``command`` (``memory.qmd.command``) and probe it with ``--version``.
+
+    Args:
+        command: the configured command; its first shell-style token is the program.
+        env: environment to search and run with (default ``os.environ``).
+        repo_tools: also try ``<repo>/.tools/bin/qmd`` last.
+        usual_dirs: replaces the usual install folders (``None`` = defaults).
+        cwd: base of a relative command path and the probe's cwd (default: current folder).
+        timeout_ms: per-candidate ``--version`` deadline in ms.
+
+    Returns:
+        A :class:`QmdLocation`; problems are described in ``reason``, never raised.
+    """
+    locator = QmdLocator(env=env, repo_tools=repo_tools, usual_dirs=usual_dirs, cwd=cwd,
+                         timeout_ms=timeout_ms)
+    return await locator.probe(command)
+
+
+def locate_qmd(command: str = "qmd", *, env: Mapping[str, str] | None = None,
+               repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
+               cwd: Path | str | None = None, timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
+    """Blocking :func:`probe_qmd` for scripts and the CLI (starts its own event loop).
+
+    Must not be called from inside a running event loop (use :func:`probe_qmd` there).
+    """
+    return anyio.run(partial(probe_qmd, command, env=env, repo_tools=repo_tools,
+                             usual_dirs=usual_dirs, cwd=cwd, timeout_ms=timeout_ms))

@@ -1,0 +1,594 @@
+"""Parse qmd's search JSON tolerantly and map its hits to ``MemorySearchResult`` (spec 2.8.4-5).
+
+Pure functions over plain values, plus :class:`DocLookup`, a read-only view of the agent's
+``index.sqlite`` (qmd writes it with bun:sqlite in WAL mode) used to turn a docid into its
+``(collection, path)`` row. Nothing above ``qmd.py`` sees qmd's JSON shape.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sqlite3
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+
+from fallback.errors import BackendUnavailableError, PathRefusedError
+from fallback.models import MemoryReadResult, MemorySearchResult, Source
+from fallback.sources.read_page import DEFAULT_READ_LINES, DEFAULT_READ_MAX_CHARS, page_text
+from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.errors import QmdOutputError
+
+__all__ = [
+    "DocLookup",
+    "encode_query",
+    "index_counts",
+    "read_in_root",
+    "QmdEntry",
+    "clamp_injected",
+    "display_path",
+    "diversify_sources",
+    "line_range",
+    "map_entries",
+    "merge_key",
+    "parse_qmd_json",
+    "parse_qmd_uri",
+    "slugify_path",
+    "strip_ansi",
+]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_NO_RESULTS_RE = re.compile(
+    r"^(?:\[[^\]]*\]\s*)?(?:(?:warn|warning|info|error|qmd):\s*)*no results found\.?$")
+_HEADER_RE = re.compile(r"@@\s*-([0-9]+),([0-9]+)")
+_HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
+# Largest integer JSON numbers keep exactly (JavaScript's Number.MAX_SAFE_INTEGER).
+_MAX_SAFE_INT = 2**53 - 1
+_QUERY_DOC_PREFIX_RE = re.compile(r"^(\s*)(lex|vec|hyde|intent|expand)(\s*):", re.I)
+_LEADING_DASHES_RE = re.compile(r"^(-+)(?=\S)")
+
+
+@dataclass(frozen=True)
+class QmdEntry:
+    """One normalised element of qmd's JSON array (every field optional).
+
+    Attributes:
+        docid: ``#abc123`` style id (the leading ``#`` kept as given).
+        collection: collection name, when the build sends it.
+        file: ``qmd://<collection>/<rel>`` (or another path form).
+        snippet / body: text (``snippet`` starts with an ``@@ -a,b @@`` header in qmd 2.8.3).
+        score: finite number, or ``None``.
+        start_line / end_line: explicit 1-based lines (only some builds send them).
+    """
+
+    docid: str | None = None
+    collection: str | None = None
+    file: str | None = None
+    snippet: str | None = None
+    body: str | None = None
+    score: float | None = None
+    start_line: int | None = None
+    end_line: int | None = None
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI colour/cursor escape sequences."""
+    return _ANSI_RE.sub("", text)
+
+
+def _is_no_results_line(line: str) -> bool:
+    return bool(_NO_RESULTS_RE.match(" ".join(line.split()).lower()))
+
+
+def _has_no_results(text: str) -> bool:
+    return any(_is_no_results_line(line) for line in text.splitlines())
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _pos_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and 0 < v <= _MAX_SAFE_INT else None
+
+
+def _entry(obj: Mapping[str, Any]) -> QmdEntry:
+    score = obj.get("score")
+    ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
+        score == score and abs(score) != float("inf")
+    return QmdEntry(
+        docid=_str(obj.get("docid")), collection=_str(obj.get("collection")),
+        file=_str(obj.get("file")), snippet=_str(obj.get("snippet")), body=_str(obj.get("body")),
+        score=float(score) if ok_score and score is not None else None,
+        start_line=_pos_int(obj.get("start_line", obj.get("startLine"))),
+        end_line=_pos_int(obj.get("end_line", obj.get("endLine"))))
+
+
+def _as_results(data: Any) -> list[QmdEntry] | None:
+    if not isinstance(data, list):
+        return None
+    objs = [x for x in data if isinstance(x, dict)]
+    if data and not objs:
+        return None
+    return [_entry(o) for o in objs]
+
+
+def _balanced_candidates(text: str) -> Iterable[str]:
+    """Yield each string-aware balanced ``[...]`` that starts a line."""
+    for m in re.finditer(r"(?m)^[ \t]*\[", text):
+        start = m.end() - 1
+        depth, in_str, esc = 0, False, False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_str:
+                if esc:
+                    esc = False
+                elif ch == "\\":
+                    esc = True
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "[{":
+                depth += 1
+            elif ch in "]}":
+                depth -= 1
+                if depth == 0:
+                    yield text[start:i + 1]
+                    break
+
+
+def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
+    """Parse a qmd search's stdout into entries, tolerating noise (spec 2.8.5).
+
+    Accepts: a JSON array of objects; an array surrounded by log lines, banners or ANSI
+    codes (the first balanced ``[...]`` starting a line that parses as a result array wins);
+    a "No results found" line (optionally ``[tag]``/``warn:``/``info:``/``qmd:`` prefixed) on
+    stdout, or on stderr with empty stdout -> ``[]``.
+
+    Returns:
+        Entries in qmd's order.
+
+    Raises:
+        QmdOutputError: empty stdout without a "no results" line, or no result array found
+            (``qmd query returned invalid JSON: ...``).
+    """
+    out = strip_ansi(stdout)
+    if not out.strip():
+        if _has_no_results(strip_ansi(stderr)):
+            return []
+        err = " ".join(strip_ansi(stderr).split())
+        if len(err) > 120:
+            err = err[:117] + "..."
+        raise QmdOutputError(f"qmd query returned invalid JSON: stdout empty (stderr: {err})")
+    try:
+        whole = _as_results(orjson.loads(out.strip()))
+    except orjson.JSONDecodeError:
+        whole = None
+    if whole is not None:
+        return whole
+    for cand in _balanced_candidates(out):
+        try:
+            parsed = _as_results(orjson.loads(cand))
+        except orjson.JSONDecodeError:
+            continue
+        if parsed is not None:
+            return parsed
+    if _has_no_results(out):
+        return []
+    raise QmdOutputError("qmd query returned invalid JSON: qmd query JSON response was not an array")
+
+
+def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
+    """Split ``qmd://<collection>/<rel>`` into ``(collection, rel)`` without a URL parser.
+
+    The path is percent-decoded and may contain ``#`` or ``?``; a trailing ``?index=<name>``
+    (added by qmd for a non-default index) is dropped. Returns ``None`` for other forms.
+    """
+    if not uri[:6].lower() == "qmd://":
+        return None
+    rest = uri[6:]
+    rest = re.sub(r"\?index=[^/]*$", "", rest)
+    coll, _, rel = rest.partition("/")
+    if not coll:
+        return None
+    return unquote(coll), unquote(rel).lstrip("/")
+
+
+def slugify_path(path: str) -> str:
+    """qmd's old "handelize" normalisation of each segment: NFKD, lower-case, non-alphanumeric
+    runs -> ``-``, trimmed; the lower-cased extension of the last segment is kept."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    out = []
+    for i, seg in enumerate(parts):
+        ext = ""
+        if i == len(parts) - 1 and "." in seg[1:]:
+            seg, ext = seg.rsplit(".", 1)
+            ext = "." + ext.lower()
+        s = unicodedata.normalize("NFKD", seg).lower()
+        s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+        out.append(s + ext)
+    return "/".join(out)
+
+
+def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
+    """1-based inclusive line range of a hit (spec 2.8.4 step 5).
+
+    Explicit ``start_line``/``end_line`` win (swapped if reversed); a lone start takes the
+    header width (``end = start + width - 1``), a lone end likewise backwards; else the
+    ``@@ -a,b`` header gives ``a .. a+b-1``; else ``1 .. number of snippet lines``.
+    """
+    header = _HEADER_RE.search(snippet)
+    body_lines = max(1, len(_HEADER_LINE_RE.sub("", snippet).rstrip("\n").split("\n")))
+    width = max(1, int(header.group(2))) if header else body_lines
+    if header and snippet.endswith("\n") and width == body_lines + 1:
+        width = body_lines  # qmd counts the empty "line" after the snippet's final newline
+    s, e = entry.start_line, entry.end_line
+    if s and e:
+        return (s, e) if s <= e else (e, s)
+    if s:
+        return s, s + width - 1
+    if e:
+        return max(1, e - width + 1), e
+    if header:
+        a = max(1, int(header.group(1)))
+        return a, a + width - 1
+    return 1, body_lines
+
+
+def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> str:
+    """Path shown to the agent: workspace-relative when inside the workspace (and not under
+    ``qmd/``), else ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3)."""
+    rel = rel.replace("\\", "/").lstrip("/")
+    absolute = Path(os.path.normpath(collection.path / rel))
+    try:
+        inside = absolute.relative_to(workspace).as_posix()
+    except ValueError:
+        inside = None
+    if inside and inside != "." and inside != "qmd" and not inside.startswith("qmd/"):
+        return inside
+    return f"qmd/{collection.name}/{rel}"
+
+
+def _real_rel(root: Path, rel: str) -> str:
+    """Map a case- or slug-normalised collection path back to the file on disk, if any."""
+    if (root / rel).exists():
+        return rel
+    cur, found = root, []
+    for seg in [p for p in rel.split("/") if p]:
+        try:
+            names = sorted(os.listdir(cur))
+        except OSError:
+            return rel
+        target = slugify_path(seg)
+        match = next((n for n in names if n == seg), None) or next(
+            (n for n in names if n.lower() == seg.lower()), None) or next(
+            (n for n in names if slugify_path(n) == target), None)
+        if match is None:
+            return rel
+        found.append(match)
+        cur = cur / match
+    return "/".join(found)
+
+
+class DocLookup:
+    """Read-only docid and path lookups in qmd's ``index.sqlite`` (``busy_timeout`` 1000 ms).
+
+    Use from a worker thread (``anyio.to_thread.run_sync``); open per search, then ``close()``.
+
+    Raises (from every method):
+        BackendUnavailableError: ``qmd index busy while reading results: <msg>`` when SQLite
+            reports the database busy or locked.
+    """
+
+    def __init__(self, db_path: Path) -> None:
+        self._db_path = db_path
+        self._conn: sqlite3.Connection | None = None
+
+    def _connection(self) -> sqlite3.Connection | None:
+        if self._conn is None:
+            if not self._db_path.is_file():
+                return None
+            try:
+                self._conn = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True,
+                                             check_same_thread=False, timeout=1.0)
+                self._conn.execute("PRAGMA busy_timeout = 1000")
+            except sqlite3.Error as exc:
+                self._raise_busy(exc)
+                return None
+        return self._conn
+
+    @staticmethod
+    def _raise_busy(exc: sqlite3.Error) -> None:
+        msg = str(exc)
+        if "locked" in msg.lower() or "busy" in msg.lower():
+            raise BackendUnavailableError(
+                "qmd", f"qmd index busy while reading results: {msg}") from exc
+
+    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, str]]:
+        conn = self._connection()
+        if conn is None:
+            return []
+        try:
+            return [(str(c), str(p)) for c, p in conn.execute(sql, params).fetchall()]
+        except sqlite3.Error as exc:
+            self._raise_busy(exc)
+            return []
+
+    def by_docid(self, docid: str) -> list[tuple[str, str]]:
+        """Active ``(collection, path)`` rows for a docid: exact ``hash = ?`` first, then prefix."""
+        h = docid.lstrip("#").lower()
+        if not h or not re.fullmatch(r"[0-9a-f]+", h):
+            return []
+        rows = self._rows("SELECT collection, path FROM documents WHERE hash = ? AND active = 1", (h,))
+        return rows or self._rows(
+            "SELECT collection, path FROM documents WHERE hash LIKE ? AND active = 1", (h + "%",))
+
+    def paths(self, collection: str) -> list[str]:
+        """All active paths of a collection."""
+        return [p for _, p in self._rows(
+            "SELECT collection, path FROM documents WHERE collection = ? AND active = 1",
+            (collection,))]
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _path_matches(row_path: str, hint: str | None) -> bool:
+    if not hint:
+        return False
+    return row_path == hint or row_path.endswith("/" + hint) or hint.endswith("/" + row_path) \
+        or slugify_path(row_path) == slugify_path(hint)
+
+
+def _locate(entry: QmdEntry, *, roots: Mapping[str, ManagedCollection], lookup: DocLookup,
+            default_collection: str | None, cache: dict[str, tuple[str, str] | None]
+            ) -> tuple[str, str] | None:
+    coll_hint, file_hint = entry.collection, entry.file
+    if file_hint and (uri := parse_qmd_uri(file_hint)):
+        coll_hint, file_hint = coll_hint or uri[0], uri[1]
+    coll_hint = coll_hint or default_collection
+    if entry.docid:
+        key = f"{coll_hint or '*'}:{entry.docid.lstrip('#')}"
+        if key not in cache:
+            rows = [r for r in lookup.by_docid(entry.docid) if r[0] in roots]
+            pick = next((r for r in rows if r[0] == coll_hint), None) or next(
+                (r for r in rows if _path_matches(r[1], file_hint)), None) or (
+                rows[0] if rows else None)
+            cache[key] = pick
+        if cache[key] is not None:
+            return cache[key]
+    if not coll_hint or coll_hint not in roots or not file_hint:
+        return None
+    paths = lookup.paths(coll_hint)
+    if file_hint in paths:
+        return coll_hint, file_hint
+    fuzzy = [p for p in paths if _path_matches(p, file_hint)]
+    if len(fuzzy) == 1:
+        return coll_hint, fuzzy[0]
+    root = roots[coll_hint].path
+    target = Path(os.path.normpath(root / file_hint))
+    try:
+        target.relative_to(root)
+    except ValueError:
+        return None
+    return coll_hint, file_hint
+
+
+def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollection],
+                workspace: Path, lookup: DocLookup, default_collection: str | None,
+                max_snippet_chars: int, min_score: float,
+                cache: dict[str, tuple[str, str] | None]) -> list[MemorySearchResult]:
+    """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
+
+    Entries that cannot be located in a managed collection, or score below ``min_score``, are
+    dropped. The snippet loses qmd's ``@@ ... @@`` header line (the range carries it) and is
+    cut to ``max_snippet_chars`` code points. Paths that qmd stored slug-normalised are mapped
+    back to the file on disk so ``memory_get`` can read them.
+
+    Args:
+        roots: managed collections by name.
+        default_collection: hint when a call searched exactly one collection.
+        cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
+
+    Raises:
+        BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
+    """
+    out: list[MemorySearchResult] = []
+    for entry in entries:
+        score = entry.score if entry.score is not None else 0.0
+        if score < min_score:
+            continue
+        loc = _locate(entry, roots=roots, lookup=lookup, default_collection=default_collection,
+                      cache=cache)
+        if loc is None:
+            continue
+        coll = roots[loc[0]]
+        rel = _real_rel(coll.path, loc[1])
+        raw = entry.snippet if entry.snippet is not None else (entry.body or "")
+        start, end = _clamp_lines(coll.path / rel, *line_range(entry, raw))
+        if start is None:
+            continue  # qmd points past the end of the file (stale index): no citation to give
+        text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
+        out.append(MemorySearchResult(
+            path=display_path(coll, rel, workspace), start_line=start, end_line=end,
+            score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))
+    return out
+
+
+def _clamp_lines(path: Path, start: int, end: int) -> tuple[int | None, int]:
+    """Keep a line range inside the file (``(None, 0)`` when it starts past the end)."""
+    try:
+        with open(path, "rb") as fh:
+            total = sum(1 for _ in fh)
+    except OSError:
+        return start, end
+    if start > max(total, 1):
+        return None, 0
+    return start, max(start, min(end, max(total, 1)))
+
+
+def merge_key(entry: QmdEntry, hint: str | None) -> str:
+    """Key that merges the same hit across qmd calls: ``docid:<hex>``, else
+    ``file:<collection>:<collection-relative path>``."""
+    if entry.docid:
+        return f"docid:{entry.docid.lstrip('#')}"
+    uri = parse_qmd_uri(entry.file or "")
+    coll, rel = uri if uri else (entry.collection or hint or "", entry.file or "")
+    return f"file:{coll}:{rel}"
+
+
+def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:
+    """Interleave ``memory`` and ``sessions`` hits round-robin (source with the best hit first)
+    when both are present, else take the first ``limit``; input is best-first."""
+    by_source: dict[Source, list[MemorySearchResult]] = {}
+    for r in results:
+        by_source.setdefault(r.source, []).append(r)
+    if len(by_source) < 2:
+        return results[:limit]
+    order = sorted(by_source, key=lambda s: -by_source[s][0].score)
+    out: list[MemorySearchResult] = []
+    idx = 0
+    while len(out) < limit and any(idx < len(by_source[s]) for s in order):
+        for s in order:
+            if idx < len(by_source[s]) and len(out) < limit:
+                out.append(by_source[s][idx])
+        idx += 1
+    return out
+
+
+def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:
+    """Keep snippets within a total budget of ``max_chars`` code points: whole snippets while
+    they fit, the first that does not is cut to the remaining budget, and the walk stops."""
+    out: list[MemorySearchResult] = []
+    budget = max_chars
+    for r in results:
+        if len(r.snippet) <= budget:
+            out.append(r)
+            budget -= len(r.snippet)
+            continue
+        if budget > 0:
+            out.append(r.model_copy(update={"snippet": r.snippet[:budget]}))
+        break
+    return out
+
+
+def encode_query(query: str, mode: str) -> str:
+    """Make a trimmed user query reach qmd literally.
+
+    ``--`` already stops flag parsing; two qmd grammars remain:
+    - ``query`` mode reads a multi-line text or a line starting with ``lex:``/``vec:``/
+      ``hyde:``/``intent:``/``expand:`` as a structured query document. Newlines become
+      spaces and a leading prefix gets a space before its colon (``lex : x``); FTS drops the
+      colon anyway, so the words searched are the same.
+    - qmd's FTS grammar reads ``-word`` as NOT. A query *starting* with ``-`` would match
+      nothing but negations, so the leading dashes are detached (``-dash x`` -> ``- dash x``);
+      a ``-word`` later in the query keeps qmd's negation meaning.
+    """
+    q = query.strip()
+    if mode == "query":
+        q = " ".join(q.splitlines())
+        q = _QUERY_DOC_PREFIX_RE.sub(lambda m: f"{m.group(1)}{m.group(2)} :", q, count=1)
+    return _LEADING_DASHES_RE.sub(lambda m: m.group(1) + " ", q, count=1)
+
+
+def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
+    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
+
+    A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
+    stats: ...")`` (logged, never raised).
+    """
+    if not db.is_file():
+        return {}, None
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            conn.execute("PRAGMA busy_timeout = 1000")
+            rows = conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 "
+                                "GROUP BY collection").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        log.warning("failed to read qmd index stats: %s", exc)
+        return {}, f"failed to read qmd index stats: {exc}"
+    return {str(c): int(n) for c, n in rows}, None
+
+
+def read_in_root(root: Path, inner: str, shown: str, from_line: int | None,
+                  lines: int | None) -> MemoryReadResult:
+    """Read one page of ``root/inner`` with the memory_get rules (qmd collection files).
+
+    Args:
+        root: the collection root (absolute).
+        inner: path inside the root, ``/``-separated.
+        shown: the path as the caller gave it (used in results and errors).
+        from_line / lines: paging as in ``fallback.sources.read_page.page_text`` (120 lines and
+            12,000 chars by default).
+
+    Returns:
+        The page; ``missing=True`` with empty text when the file does not exist.
+
+    Raises:
+        PathRefusedError: parent segments, escapes, symlinks, non-``.md`` or non-regular files.
+    """
+    parts = inner.replace("\\", "/").split("/")
+    if inner.startswith("/") or any(p == ".." for p in parts):
+        raise PathRefusedError(shown, "parent segment" if ".." in parts else "qmd path escapes collection")
+    target = Path(os.path.normpath(root / inner))
+    try:
+        target.relative_to(root)
+    except ValueError:
+        raise PathRefusedError(shown, "qmd path escapes collection") from None
+    if not target.name.lower().endswith(".md"):
+        raise PathRefusedError(shown, "not markdown")
+    cur = root
+    for p in [x for x in parts if x and x != "."]:
+        cur = cur / p
+        if cur.is_symlink():
+            raise PathRefusedError(shown, "symlink")
+    if not target.exists():
+        return MemoryReadResult(path=shown, text="", missing=True)
+    if not target.is_file():
+        raise PathRefusedError(shown, "not a regular file")
+    try:
+        text = target.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return MemoryReadResult(path=shown, text="", missing=True)
+    body, start, count, truncated, next_from = page_text(
+        text, from_line=from_line, lines=lines, default_lines=DEFAULT_READ_LINES,
+        max_chars=DEFAULT_READ_MAX_CHARS)
+    return MemoryReadResult(path=shown, text=body, from_line=start, lines=count,
+                            truncated=truncated, next_from=next_from)
+
+
+def read_qmd_path(roots: dict[str, Path], rel: str, from_line: int | None,
+                  lines: int | None) -> MemoryReadResult:
+    """Read ``qmd/<collection>/<rest>`` inside that collection's root (memory_get rules).
+
+    Raises:
+        PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal
+            of :func:`read_in_root`.
+    """
+    parts = rel.split("/", 2)
+    if len(parts) < 3 or not parts[1] or not parts[2]:
+        raise PathRefusedError(rel, "invalid qmd path")
+    root = roots.get(parts[1])
+    if root is None:
+        raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
+    return read_in_root(root, parts[2], rel, from_line, lines)

@@ -1,0 +1,381 @@
+"""Async subprocess runner for qmd: no shell, deadlines, process-group kill, capped output.
+
+``run_command(argv, env=..., cwd=..., timeout_ms=...)`` starts one process in its own session
+(``start_new_session=True``, so its pid is also its process-group id), drains stdout and stderr
+at the same time (an anyio task group, so a full pipe can never deadlock), decodes them as UTF-8
+with replacement and keeps only the *last* ``max_chars`` characters of each. It returns a frozen
+:class:`RunResult`; a non-zero exit does not raise (``RunResult.check()`` does).
+
+On a timeout, or when an enclosing cancel scope cancels the call (``anyio.fail_after`` around
+it), the runner first collects every descendant with psutil (``bin/qmd`` style launchers spawn
+a worker, and a worker may have left the group), then sends SIGKILL to the process group, kills
+the collected descendants that survived, and reaps the direct child, all inside a shielded
+scope. A timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside
+cancellation propagates unchanged.
+
+This module is also the one place where subprocess errors are translated: a spawn failure
+(``ENOENT``, ``EACCES``, a missing ``cwd``) becomes :class:`QmdCommandError` with the OS reason.
+The classifier helpers (:func:`is_flag_rejection`, :func:`is_missing_collection`,
+:func:`is_busy`, :func:`is_crash_after_output`) look at stderr only, never at the command
+summary, so a user's query can never trigger them.
+
+How qmd 2.8.3 parses arguments (checked against the real CLI, ``util.parseArgs`` with
+``strict: false``):
+
+* ``--`` ends option parsing. ``qmd search --json -n 6 -c x --index index -- -leading query``
+  keeps ``-leading query`` as the query (``positionals[1:]`` joined by one space). Without the
+  ``--``, ``-leading`` is read as ``-l eading`` and silently dropped. Put every flag first, then
+  ``--``, then the query; anything after ``--`` (even ``--index``) is query text.
+* The query then goes through qmd's lexical grammar (``buildFTS5Query``): a ``-`` at the start
+  of a word is FTS5 negation and ``"..."`` is an exact phrase. So ``-leading query`` means
+  "query NOT leading"; that is search semantics, not flag parsing, and ``--`` cannot change it.
+* ``--index index`` pins the index to ``$QMD_CONFIG_DIR/index.yml`` and
+  ``$XDG_CACHE_HOME/qmd/index.sqlite``: with it, a ``.qmd/index.yml`` in a folder above the cwd
+  is ignored (without it, that project-local file silently replaces the agent's config and DB).
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno as errno_mod
+import math
+import os
+import signal as signal_mod
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import psutil
+from anyio.abc import ByteReceiveStream, Process
+
+from fallback.errors import BackendTimeoutError, UsageError
+from qmdbridge.qmd.errors import QmdCommandError
+
+__all__ = [
+    "DEFAULT_MAX_CHARS",
+    "QmdCommandError",
+    "RunResult",
+    "is_busy",
+    "is_crash_after_output",
+    "is_flag_rejection",
+    "is_missing_collection",
+    "run_command",
+    "spawn_error_is_missing_file",
+    "summarize",
+]
+
+# Per-stream cap in characters, as in the reference runner; the buffers keep the tail.
+DEFAULT_MAX_CHARS = 200_000
+# Read size for the pipes, in bytes.
+_READ_BYTES = 65_536
+# How long to wait for killed descendants to disappear, in seconds.
+_REAP_WAIT_S = 3.0
+
+_FLAG_REJECTION_MARKERS = (
+    "unknown flag",
+    "unknown option",
+    "unrecognized option",
+    "flag provided but not defined",
+    "unexpected argument",
+)
+_MISSING_COLLECTION_MARKERS = ("not found", "does not exist", "missing")
+_BUSY_MARKERS = ("sqlite_busy", "database is locked")
+_CRASH_MARKERS = ("ggml-metal", "node-llama-cpp", "llama.cpp", "abort trap", "assertion failed")
+# Exit status of a process that called abort() as reported by a shell or Node (128 + SIGABRT).
+_ABORT_EXIT_CODE = 134
+
+
+def summarize(argv: Sequence[str]) -> str:
+    """The command summary used in every message: ``qmd`` + the arguments after argv[0].
+
+    ``summarize(["/x/bin/qmd", "search", "--json", "--", "foo"])`` -> ``"qmd search --json -- foo"``.
+    The query text is part of it, so it is for messages only, never for classification.
+    """
+    return " ".join(["qmd", *argv[1:]])
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one finished process produced.
+
+    Attributes:
+        argv: the command line as run (argv[0] is the executable).
+        returncode: exit code; ``None`` when a signal ended the process.
+        signal: signal number that ended the process, else ``None``.
+        stdout: decoded stdout (UTF-8, invalid bytes replaced), at most ``max_chars`` code points,
+            the tail kept; ``""`` when stdout was discarded.
+        stderr: decoded stderr, same rules.
+        duration_ms: wall time from spawn to reap, in ms.
+        stdout_truncated: True when stdout produced more than ``max_chars`` chars (the head was
+            dropped). A search caller reports it as
+            ``<summary> produced too much output (limit 200000 chars)``.
+        stderr_truncated: the same for stderr.
+    """
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    duration_ms: int
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the process exited with code 0."""
+        return self.returncode == 0
+
+    @property
+    def summary(self) -> str:
+        """``qmd`` + the arguments (see :func:`summarize`)."""
+        return summarize(self.argv)
+
+    @property
+    def truncated(self) -> bool:
+        """True when either stream overflowed its cap."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    def check(self) -> RunResult:
+        """Return self when the exit code is 0.
+
+        Raises:
+            QmdCommandError: exit code non-zero or killed by a signal; carries both streams.
+        """
+        if self.ok:
+            return self
+        raise QmdCommandError(self.summary, returncode=self.returncode, signal=self.signal,
+                              stdout_tail=self.stdout, stderr_tail=self.stderr)
+
+
+@dataclass
+class _TailBuffer:
+    """Incremental UTF-8 decoder that keeps the last ``max_chars`` code points."""
+
+    max_chars: int
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+    truncated: bool = False
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def feed(self, data: bytes, *, final: bool = False) -> None:
+        text = self.decoder.decode(data, final)
+        if not text:
+            return
+        self.parts.append(text)
+        self.size += len(text)
+        if self.size > 2 * self.max_chars:
+            self._compact()
+
+    def _compact(self) -> None:
+        joined = "".join(self.parts)
+        if len(joined) > self.max_chars:
+            self.truncated = True
+            joined = joined[-self.max_chars:]
+        self.parts = [joined]
+        self.size = len(joined)
+
+    def text(self) -> str:
+        self._compact()
+        return self.parts[0] if self.parts else ""
+
+
+async def _drain(stream: ByteReceiveStream | None, buffer: _TailBuffer) -> None:
+    if stream is None:
+        return
+    async for chunk in stream:
+        buffer.feed(chunk)
+    buffer.feed(b"", final=True)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGKILL the process group ``pid`` and every collected descendant; return the survivors."""
+    try:
+        os.killpg(pid, signal_mod.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    alive: list[psutil.Process] = []
+    for proc in descendants:
+        try:
+            proc.kill()  # psutil checks the pid still belongs to the same process (create time)
+            alive.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error:
+            alive.append(proc)
+    return alive
+
+
+def _is_dead(proc: psutil.Process) -> bool:
+    # A killed descendant was re-parented away from us; until its new parent reaps it, it is a
+    # zombie: dead, holding no resources, and not ours to reap.
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def _wait_gone(procs: list[psutil.Process]) -> None:
+    """Block until every process in ``procs`` is dead (or ``_REAP_WAIT_S`` passed)."""
+    deadline = time.monotonic() + _REAP_WAIT_S
+    delay_s = 0.005
+    pending = list(procs)
+    while pending:
+        pending = [p for p in pending if not _is_dead(p)]
+        if not pending or time.monotonic() >= deadline:
+            return
+        time.sleep(delay_s)
+        delay_s = min(delay_s * 2, 0.1)
+
+
+async def _kill_and_reap(process: Process) -> None:
+    """Kill ``process``'s whole tree and reap it; runs shielded so a cancellation can't skip it."""
+    with anyio.CancelScope(shield=True):
+        descendants = _descendants(process.pid)
+        survivors = _kill_tree(process.pid, descendants)
+        await process.wait()
+        await anyio.to_thread.run_sync(_wait_gone, survivors)
+
+
+def _split_status(code: int | None) -> tuple[int | None, int | None]:
+    if code is not None and code < 0:
+        return None, -code
+    return code, None
+
+
+async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
+                      timeout_ms: int, discard_stdout: bool = False,
+                      max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd") -> RunResult:
+    """Run ``argv`` (no shell) to completion or to its deadline.
+
+    Args:
+        argv: executable and arguments; the executable is used as given (a bare name is looked
+            up in ``env["PATH"]``).
+        env: the complete child environment (nothing is inherited implicitly).
+        cwd: working directory of the child (qmd's cwd is the agent workspace).
+        timeout_ms: deadline in ms, > 0, from spawn to exit.
+        discard_stdout: send stdout to /dev/null (``qmd update`` / ``qmd embed``); the result's
+            ``stdout`` is then ``""`` and never truncated.
+        max_chars: per-stream cap in code points; the last ``max_chars`` are kept.
+        backend: backend name carried by the errors.
+
+    Returns:
+        The :class:`RunResult`, whatever the exit code.
+
+    Raises:
+        UsageError: empty ``argv``, ``timeout_ms <= 0`` or ``max_chars <= 0``.
+        QmdCommandError: the process could not be started (``os_error``/``errno`` set).
+        BackendTimeoutError: the deadline passed; the whole process tree was killed and reaped
+            first. Message: ``<summary> timed out after <timeout_ms>ms``.
+    """
+    if not argv:
+        raise UsageError("run_command needs a non-empty argv")
+    if timeout_ms <= 0:
+        raise UsageError(f"timeout_ms must be > 0, got {timeout_ms}")
+    if max_chars <= 0:
+        raise UsageError(f"max_chars must be > 0, got {max_chars}")
+    argv_t = tuple(str(a) for a in argv)
+    summary = summarize(argv_t)
+    started = time.monotonic()
+    try:
+        process = await anyio.open_process(
+            list(argv_t), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=str(cwd), env=dict(env), start_new_session=True)
+    except OSError as exc:
+        raise QmdCommandError(summary, os_error=str(exc), errno=exc.errno,
+                              backend=backend) from exc
+
+    out = _TailBuffer(max_chars)
+    err = _TailBuffer(max_chars)
+    finished = False
+    try:
+        with anyio.move_on_after(timeout_ms / 1000) as deadline:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_drain, process.stdout, out)
+                tg.start_soon(_drain, process.stderr, err)
+                await process.wait()
+            finished = True
+        if deadline.cancelled_caught and not finished:
+            await _kill_and_reap(process)
+            raise BackendTimeoutError(backend, summary, timeout_ms)
+    finally:
+        if not finished and process.returncode is None:
+            await _kill_and_reap(process)
+        await _close_streams(process)
+
+    returncode, sig = _split_status(process.returncode)
+    duration_ms = max(0, math.floor((time.monotonic() - started) * 1000))
+    return RunResult(argv=argv_t, returncode=returncode, signal=sig, stdout=out.text(),
+                     stderr=err.text(), duration_ms=duration_ms,
+                     stdout_truncated=out.truncated, stderr_truncated=err.truncated)
+
+
+async def _close_streams(process: Process) -> None:
+    with anyio.CancelScope(shield=True):
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                await stream.aclose()
+
+
+def is_flag_rejection(stderr: str) -> bool:
+    """True when stderr says a flag was not understood (spec 2.8.3 list, case-insensitive).
+
+    Markers: ``unknown flag``, ``unknown option``, ``unrecognized option``,
+    ``flag provided but not defined``, ``unexpected argument``. Real qmd 2.8.3 ignores unknown
+    flags, so this only fires for other qmd builds. Match stderr only, never the summary.
+    """
+    low = stderr.lower()
+    return any(marker in low for marker in _FLAG_REJECTION_MARKERS)
+
+
+def is_missing_collection(stderr: str) -> bool:
+    """True when stderr says a collection is missing (``Collection not found: <name>``).
+
+    Rule: contains ``collection`` and one of ``not found`` / ``does not exist`` / ``missing``
+    (case-insensitive).
+    """
+    low = stderr.lower()
+    return "collection" in low and any(marker in low for marker in _MISSING_COLLECTION_MARKERS)
+
+
+def is_busy(stderr: str) -> bool:
+    """True when stderr reports a locked index (``SQLITE_BUSY`` / ``database is locked``)."""
+    low = stderr.lower()
+    return any(marker in low for marker in _BUSY_MARKERS)
+
+
+def is_crash_after_output(result: RunResult) -> bool:
+    """True when qmd aborted in native teardown after printing its answer (spec 2.8.3, case 31).
+
+    Conditions: exit code 134 or SIGABRT; stderr mentions ``ggml-metal``, ``node-llama-cpp``,
+    ``llama.cpp``, ``abort trap`` or ``assertion failed``; stdout is not empty; and stderr is
+    not a flag rejection, missing collection or busy index. The caller still has to parse stdout
+    and use it only when it is valid JSON.
+    """
+    aborted = result.returncode == _ABORT_EXIT_CODE or result.signal == signal_mod.SIGABRT
+    if not aborted or not result.stdout.strip():
+        return False
+    low = result.stderr.lower()
+    if not any(marker in low for marker in _CRASH_MARKERS):
+        return False
+    return not (is_flag_rejection(result.stderr) or is_missing_collection(result.stderr)
+                or is_busy(result.stderr))
+
+
+def spawn_error_is_missing_file(exc: QmdCommandError) -> bool:
+    """True when ``exc`` is a spawn failure with ENOENT (missing program or interpreter)."""
+    return exc.errno == errno_mod.ENOENT

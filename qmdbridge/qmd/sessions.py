@@ -1,0 +1,243 @@
+"""Session transcript export: one sanitised, redacted Markdown file per transcript, for qmd.
+
+Implements ``specs/qmd-bridge-spec.md`` 2.11 and 2.7.5: qmd indexes Markdown, so before each
+``qmd update`` the agent's ``*.jsonl`` transcripts are rendered (through
+:mod:`fallback.sources.transcripts`, the same sanitising the builtin engine uses) into
+``<export_dir>/<session id>.md``::
+
+    # Session <session id>
+
+    User: <text, at most 800 chars per line>
+    User: <continuation>
+    Assistant: <text>
+
+A file is rewritten only when its bytes change (an unchanged export keeps its mtime, so qmd
+sees nothing new); stale exports (transcripts gone or past retention) are deleted at the end of
+a pass. Passes over one export dir are serialised with an advisory lock (``.export.lock``),
+so two managers of the same agent never interleave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fallback.errors import BackendUnavailableError
+from fallback.sources.transcripts import TranscriptMessage, parse_transcript, scan_transcripts, session_id_for
+from qmdbridge.paths import write_atomic
+
+__all__ = ["EXPORT_WRAP_CHARS", "ExportReport", "ExportState", "export_sessions",
+           "render_session_markdown"]
+
+# Content chars per exported line (spec 2.11); longer messages wrap on spaces.
+EXPORT_WRAP_CHARS = 800
+_DAY_MS = 86_400_000
+_LOCK_NAME = ".export.lock"
+
+
+@dataclass(frozen=True)
+class _Seen:
+    mtime_ns: int
+    size: int
+    digest: str
+
+
+@dataclass
+class ExportState:
+    """What the last passes exported, so unchanged transcripts are not parsed again.
+
+    Keyed by transcript path: ``(mtime_ns, size, sha256 of the exported bytes)``. Entries of
+    transcripts that are gone are forgotten at the end of each pass. Keep one per manager.
+    """
+
+    seen: dict[str, _Seen] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """The outcome of one :func:`export_sessions` pass.
+
+    Attributes:
+        written: export file names (``<id>.md``) created or rewritten.
+        unchanged: export file names whose bytes were already current.
+        removed: stale export file names deleted.
+        errors: one line per transcript that could not be read or written; its previous
+            export (if any) is kept.
+    """
+
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """Split ``text`` into pieces of at most ``width`` chars, breaking on spaces.
+
+    A word longer than ``width`` is cut at ``width`` code points.
+    """
+    pieces: list[str] = []
+    rest = text
+    while len(rest) > width:
+        cut = rest.rfind(" ", 0, width + 1)
+        if cut <= 0:
+            pieces.append(rest[:width])
+            rest = rest[width:].lstrip(" ")
+        else:
+            pieces.append(rest[:cut].rstrip(" "))
+            rest = rest[cut + 1:].lstrip(" ")
+    if rest or not pieces:
+        pieces.append(rest)
+    return pieces
+
+
+def render_session_markdown(session_id: str, messages: list[TranscriptMessage], *,
+                            wrap_chars: int = EXPORT_WRAP_CHARS) -> str:
+    """Render sanitised messages as the exported Markdown document.
+
+    Args:
+        session_id: used in the ``# Session <id>`` heading.
+        messages: kept messages (already sanitised and redacted).
+        wrap_chars: content chars per line (default 800); continuation lines repeat the
+            ``User:``/``Assistant:`` label.
+
+    Returns:
+        ``# Session <id>\\n\\n<body>\\n``; the body is ``(empty)`` when there are no messages.
+    """
+    lines: list[str] = []
+    for message in messages:
+        label = "User" if message.role == "user" else "Assistant"
+        lines.extend(f"{label}: {piece}" for piece in _wrap(message.text, wrap_chars))
+    body = "\n".join(lines) if lines else "(empty)"
+    return f"# Session {session_id}\n\n{body}\n"
+
+
+def _confined_target(export_dir: Path, name: str) -> Path | None:
+    """Return ``export_dir/name`` when it stays directly inside ``export_dir``, else None."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
+        return None
+    target = export_dir / name
+    if target.parent.resolve() != export_dir.resolve():
+        return None
+    return target
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _export_lock(export_dir: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``export_dir/.export.lock`` (POSIX ``flock``).
+
+    Where ``fcntl`` is missing (Windows) the pass runs unlocked.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(export_dir / _LOCK_NAME, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int | None,
+                    now_ms: int, state: ExportState | None = None) -> ExportReport:
+    """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md``.
+
+    Steps: list transcripts (:func:`fallback.sources.transcripts.scan_transcripts`); skip those whose
+    mtime is more than ``retention_days`` days before ``now_ms``; render each (sanitised,
+    redacted, wrapped; see :func:`render_session_markdown`) and write it atomically (temp
+    file + ``os.replace``) only when the bytes differ from the current file; finally delete
+    every ``*.md`` in ``export_dir`` not produced by this pass. With ``state``, a transcript
+    whose mtime and size are unchanged since it was exported (and whose export still has the
+    recorded bytes) is not parsed again. A transcript that cannot be read keeps its previous
+    export and is reported in ``errors``; a cron-run transcript is not exported.
+
+    Args:
+        sessions_dir: ``<stateDir>/agents/<agentId>/sessions`` (missing = no transcripts).
+        export_dir: the sessions collection's folder (created if missing).
+        retention_days: ``memory.qmd.sessions.retentionDays``; ``None`` or 0 keeps all.
+        now_ms: current time, epoch ms.
+        state: per-manager cache of what was exported (updated in place).
+
+    Returns:
+        :class:`ExportReport` with export file names.
+
+    Raises:
+        BackendUnavailableError: ``("qmd", "QMD session export aborted: session enumeration
+            failed")`` when the sessions dir could not be listed; raised after writing the
+            transcripts that were listed and before deleting anything.
+    """
+    export_dir = Path(export_dir)
+    export_dir.mkdir(parents=True, exist_ok=True)
+    report = ExportReport()
+    cutoff_ms = now_ms - retention_days * _DAY_MS if retention_days else None
+    with _export_lock(export_dir):
+        scan = scan_transcripts(Path(sessions_dir))
+        produced: set[str] = set()
+        present: set[str] = set()
+        for path in scan.paths:
+            key = str(path)
+            present.add(key)
+            session_id = session_id_for(path)
+            name = f"{session_id}.md"
+            target = _confined_target(export_dir, name)
+            if target is None:
+                report.errors.append(f"{path.name}: export name {name!r} escapes the export dir")
+                continue
+            try:
+                st = path.stat()
+            except OSError as exc:
+                report.errors.append(f"{path.name}: stat failed: {exc.strerror or exc}")
+                continue
+            if cutoff_ms is not None and st.st_mtime_ns // 1_000_000 < cutoff_ms:
+                continue
+            produced.add(name)
+            seen = state.seen.get(key) if state is not None else None
+            if (seen is not None and seen.mtime_ns == st.st_mtime_ns and seen.size == st.st_size):
+                current = _read_bytes(target)
+                if current is not None and hashlib.sha256(current).hexdigest() == seen.digest:
+                    report.unchanged.append(name)
+                    continue
+            parsed = parse_transcript(path)
+            if parsed.read_failed:
+                report.errors.append(f"{path.name}: {'; '.join(parsed.errors)}")
+                continue
+            if parsed.excluded_reason is not None:
+                produced.discard(name)
+                continue
+            data = render_session_markdown(session_id, parsed.messages).encode("utf-8")
+            if _read_bytes(target) == data:
+                report.unchanged.append(name)
+            else:
+                try:
+                    write_atomic(target, data)
+                except OSError as exc:
+                    report.errors.append(f"{name}: write failed: {exc.strerror or exc}")
+                    continue
+                report.written.append(name)
+            if state is not None:
+                state.seen[key] = _Seen(st.st_mtime_ns, st.st_size,
+                                        hashlib.sha256(data).hexdigest())
+        if scan.error is not None:
+            raise BackendUnavailableError(
+                "qmd", "QMD session export aborted: session enumeration failed")
+        for entry in sorted(export_dir.glob("*.md")):
+            if entry.name not in produced and entry.is_file():
+                entry.unlink(missing_ok=True)
+                report.removed.append(entry.name)
+        if state is not None:
+            for key in [k for k in state.seen if k not in present]:
+                del state.seen[key]
+    return report

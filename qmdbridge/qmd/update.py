@@ -1,0 +1,294 @@
+"""The qmd update/embed cycle of one agent: queueing, debounce, retries, repairs, locks (spec 2.7).
+
+:class:`UpdateCycle` runs ``qmd update`` (and, outside ``search`` mode, ``qmd embed``) through
+callables given by the backend, so it never builds a command line itself. Update and embed
+never overlap on one index: one ``anyio.Lock`` per backend plus the per-store file lock
+``qmd-write.lock``; embeds across agents and processes are serialised by the global
+``<stateDir>/qmd/embed.lock`` (taken before the store lock, so waiting for embed capacity does
+not block the store). File locks are ``fcntl.flock`` with non-blocking attempts and a growing,
+jittered backoff (POSIX only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from fallback.errors import BackendTimeoutError, BackendUnavailableError
+
+__all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
+           "needs_null_byte_repair", "needs_duplicate_repair"]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+# Boot updates are retried on busy/timeout after these delays (ms); other runs get one attempt.
+BOOT_RETRY_DELAYS_MS = (500, 1000)
+# Embed backoff: 60 s doubled per consecutive failure, capped at one hour.
+EMBED_BACKOFF_BASE_MS = 60_000
+EMBED_BACKOFF_MAX_MS = 3_600_000
+# Latest epoch ms a JavaScript Date can hold; a clock beyond it is invalid (spec case 19).
+MAX_VALID_EPOCH_MS = 8_640_000_000_000_000
+_NUL_MARKERS = ("^@", "\\0", "\x00", "\\x00", "\\u0000", "null byte", "nul byte")
+
+
+def embed_backoff_ms(failures: int) -> int:
+    """Backoff after ``failures`` consecutive embed failures: ``min(1h, 60s * 2^(n-1))`` in ms."""
+    return min(EMBED_BACKOFF_MAX_MS, EMBED_BACKOFF_BASE_MS * 2 ** max(0, failures - 1))
+
+
+def embed_jitter_ms(agent_id: str, custom: list[tuple[str, str]], embed_interval_ms: int) -> int:
+    """Stable delay (ms) before the first embed-timer run (spec 2.7.3): the first 4 bytes
+    (big-endian) of ``sha256("<agent>:<sorted path\\0pattern joined by \\x01>")`` modulo
+    ``embed_interval_ms + 1``; 0 without custom collections."""
+    if not custom:
+        return 0
+    joined = "\x01".join(sorted(f"{p}\0{pat}" for p, pat in custom))
+    digest = hashlib.sha256(f"{agent_id}:{joined}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % (embed_interval_ms + 1)
+
+
+def should_retry_update(message: str) -> bool:
+    """A boot update is retried when qmd reported a busy database or the run timed out."""
+    low = message.lower()
+    return "sqlite_busy" in low or "database is locked" in low or "timed out" in low
+
+
+def needs_null_byte_repair(message: str) -> bool:
+    """ENOTDIR/ENOENT together with a NUL marker: collection metadata holds a null byte."""
+    low = message.lower()
+    fs = any(m in low for m in ("enotdir", "not a directory", "enoent", "no such file"))
+    return fs and any(m in low for m in _NUL_MARKERS)
+
+
+def needs_duplicate_repair(message: str) -> bool:
+    """``UNIQUE constraint failed: documents.collection, documents.path``."""
+    low = message.lower()
+    return "unique constraint failed" in low and "documents.collection" in low \
+        and "documents.path" in low
+
+
+@contextlib.asynccontextmanager
+async def file_lock(path: Path, *, budget_ms: int, min_delay_ms: int = 250,
+                    max_delay_ms: int = 10_000, factor: float = 1.2) -> AsyncIterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if needed) for the block.
+
+    Attempts are non-blocking; between them it sleeps ``min_delay_ms`` growing by ``factor``
+    up to ``max_delay_ms``, randomised by up to 25 %. A lock held by a dead process is released
+    by the kernel, so no stale-lock recovery is needed.
+
+    Raises:
+        BackendTimeoutError: the lock was not acquired within ``budget_ms``.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open(path, "a+")  # noqa: SIM115 - closed in finally
+    try:
+        delay = float(min_delay_ms)
+        with anyio.move_on_after(budget_ms / 1000) as scope:
+            while True:
+                try:
+                    fcntl.flock(fd.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await anyio.sleep(delay * (1 + random.random() * 0.25) / 1000)
+                    delay = min(float(max_delay_ms), delay * factor)
+        if scope.cancelled_caught:
+            raise BackendTimeoutError("qmd", f"waiting for lock {path}", budget_ms)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd.fileno(), fcntl.LOCK_UN)
+    finally:
+        fd.close()
+
+
+@dataclass
+class EmbedState:
+    """Embed bookkeeping reported by ``status()`` (epoch ms, or ``None``)."""
+
+    last_embed_at: int | None = None
+    failures: int = 0
+    backoff_until: int | None = None
+    last_error: str | None = None
+
+
+# run_update_cmd() / run_embed_cmd() raise BackendUnavailableError (incl. timeout) on failure.
+Command = Callable[[], Awaitable[None]]
+
+
+class UpdateCycle:
+    """Runs ``qmd update`` (+ maybe ``qmd embed``) for one agent with the spec 2.7 rules.
+
+    Args:
+        update: runs ``qmd update`` once; raises ``BackendUnavailableError`` on failure.
+        embed: runs ``qmd embed`` once; raises ``BackendUnavailableError`` on failure.
+        repair: rebuilds the managed collections (index.yml rewrite + remove/add).
+        export_sessions: exports transcripts before the update, or ``None``.
+        after_update: called after every completed update (clears the docid cache).
+        write_lock / embed_lock: the per-store and global lock files.
+        search_mode: ``search`` never embeds.
+        debounce_ms: unforced runs within this many ms of the last completed one are skipped.
+        embed_interval_ms: embed when this long has passed since the last embed (0 = only forced).
+        lock_budget_ms / embed_lock_budget_ms: how long to wait for the file locks.
+        now_ms: clock in epoch ms.
+    """
+
+    def __init__(self, *, update: Command, embed: Command, repair: Command,
+                 export_sessions: Command | None, after_update: Callable[[], None],
+                 write_lock: Path, embed_lock: Path, search_mode: str, debounce_ms: int,
+                 embed_interval_ms: int, lock_budget_ms: int, embed_lock_budget_ms: int,
+                 now_ms: Callable[[], int]) -> None:
+        self._update, self._embed, self._repair = update, embed, repair
+        self._export = export_sessions
+        self._after = after_update
+        self._write_lock, self._embed_lock = write_lock, embed_lock
+        self._search_mode = search_mode
+        self._debounce_ms = debounce_ms
+        self._embed_interval_ms = embed_interval_ms
+        self._lock_budget_ms, self._embed_budget_ms = lock_budget_ms, embed_lock_budget_ms
+        self._now = now_ms
+        self._lock = anyio.Lock()
+        self._running: anyio.Event | None = None
+        self._last_done_ms: int | None = None
+        self._null_repair_used = False
+        self._dup_repair_used = False
+        self.closed = False
+        self.updates_run = 0
+        self.last_update_at: int | None = None
+        self.last_error: str | None = None
+        self.embed = EmbedState()
+
+    @property
+    def is_running(self) -> bool:
+        """Whether an update is in progress."""
+        return self._running is not None
+
+    async def wait_running(self, *, max_ms: int) -> None:
+        """Wait at most ``max_ms`` for a running update to finish (spec 2.7.4)."""
+        ev = self._running
+        if ev is not None:
+            with anyio.move_on_after(max_ms / 1000):
+                await ev.wait()
+
+    async def run(self, reason: str, *, force: bool = False) -> None:
+        """``runUpdate(reason, force)``: queue, debounce, update, maybe embed (spec 2.7.1).
+
+        A forced request while an update runs queues exactly one more run; an unforced one
+        waits for the running one. Unforced runs within ``debounce_ms`` of the last completed
+        update are skipped. Closed -> no-op.
+
+        Raises:
+            BackendUnavailableError: ``qmd update`` failed after its retries and repairs
+                (``BackendTimeoutError`` for a timeout). Embed failures never raise.
+        """
+        if self.closed:
+            return
+        if not force:
+            if self._running is not None:
+                await self._running.wait()
+                return
+            if self._debounce_ms > 0 and self._last_done_ms is not None and \
+                    self._now() - self._last_done_ms < self._debounce_ms:
+                return
+        async with self._lock:
+            if self.closed:
+                return
+            ev = self._running = anyio.Event()
+            try:
+                await self._body(reason, force=force)
+            finally:
+                self._running = None
+                ev.set()
+
+    async def _body(self, reason: str, *, force: bool) -> None:
+        start = self._now()
+        async with file_lock(self._write_lock, budget_ms=self._lock_budget_ms):
+            if self._export is not None:
+                await self._export()
+            await self._update_with_retries(reason)
+        self.updates_run += 1
+        self._last_done_ms = self._now()
+        self.last_error = None
+        if self._should_embed(force=force):
+            await self._run_embed(reason)
+        self.last_update_at = self._now()
+        self._after()
+        log.info("qmd sync completed reason=%s durationMs=%d", reason, self._now() - start)
+
+    async def _update_with_retries(self, reason: str) -> None:
+        boot = reason == "boot" or reason.startswith("boot:")
+        attempts = 1 + (len(BOOT_RETRY_DELAYS_MS) if boot else 0)
+        for attempt in range(attempts):
+            try:
+                await self._update_once()
+                return
+            except BackendUnavailableError as exc:
+                self.last_error = str(exc)
+                if attempt + 1 >= attempts or not should_retry_update(str(exc)):
+                    raise
+                log.warning("qmd update retry %d/%d after failure (%s): %s", attempt + 1,
+                            attempts - 1, reason, exc)
+                await anyio.sleep(BOOT_RETRY_DELAYS_MS[attempt] / 1000)
+
+    async def _update_once(self) -> None:
+        try:
+            await self._update()
+        except BackendTimeoutError:
+            raise
+        except BackendUnavailableError as exc:
+            msg = _full_message(exc)
+            if needs_null_byte_repair(msg) and not self._null_repair_used:
+                self._null_repair_used = True
+                log.warning("qmd update failed with suspected null-byte collection metadata (%s); "
+                            "rebuilding managed collections and retrying once", exc)
+            elif needs_duplicate_repair(msg) and not self._dup_repair_used:
+                self._dup_repair_used = True
+                log.warning("qmd update failed with duplicate document rows (%s); rebuilding "
+                            "managed collections and retrying once", exc)
+            else:
+                raise
+            await self._repair()
+            await self._update()
+
+    def _should_embed(self, *, force: bool) -> bool:
+        if self._search_mode == "search":
+            return False
+        now = self._now()
+        if self.embed.backoff_until is not None and now < self.embed.backoff_until:
+            return False
+        if force or self.embed.last_embed_at is None:
+            return True
+        return self._embed_interval_ms > 0 and now - self.embed.last_embed_at > self._embed_interval_ms
+
+    async def _run_embed(self, reason: str) -> None:
+        try:
+            async with file_lock(self._embed_lock, budget_ms=self._embed_budget_ms), \
+                    file_lock(self._write_lock, budget_ms=self._lock_budget_ms):
+                await self._embed()
+        except BackendUnavailableError as exc:
+            self.embed.failures += 1
+            self.embed.last_error = str(exc)
+            wait_ms = embed_backoff_ms(self.embed.failures)
+            now = self._now()
+            until = now + wait_ms
+            self.embed.backoff_until = until if 0 <= until <= MAX_VALID_EPOCH_MS else None
+            log.warning("qmd embed failed (%s): %s; backing off for %ds", reason, exc,
+                        wait_ms // 1000)
+            return
+        self.embed.last_embed_at = self._now()
+        self.embed.failures = 0
+        self.embed.backoff_until = None
+        self.embed.last_error = None
+
+
+def _full_message(exc: BackendUnavailableError) -> str:
+    tail = getattr(exc, "stderr_tail", "") or ""
+    return f"{exc} {tail}"

@@ -26,6 +26,7 @@ and results stay sorted by score. The raw reranker relevance is shown by ``searc
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import threading
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ from fallback.errors import EmbeddingProviderError, RerankerError
 from fallback.settings import RerankSettings
 
 if TYPE_CHECKING:
+    from fallback.search.explain import SearchTrace
     from fallback.search.ranking import Candidate
 
 __all__ = [
@@ -51,9 +53,12 @@ __all__ = [
     "Reranker",
     "apply_rerank_scores",
     "parse_rerank_response",
+    "rerank_stage",
     "reranker_from_settings",
     "run_rerank",
 ]
+
+log = logging.getLogger(__name__)
 
 # Calls in total per rerank request (one retry: the stage runs inside a search's latency budget).
 HTTP_RETRY_ATTEMPTS = 2
@@ -179,6 +184,28 @@ async def run_rerank(reranker: Reranker, query: str, cands: list[Candidate], *, 
     return RerankOutcome(candidates=reordered,
                          scores={c.chunk_id: s for c, s in zip(head, scores, strict=True)},
                          reranked=len(head))
+
+
+async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
+                       cands: list[Candidate], *, trace: SearchTrace | None,
+                       warnings: list[str]) -> list[Candidate]:
+    """The pipeline's hook: :func:`run_rerank` with ``query.rerank``'s ``topN`` and deadline.
+
+    A failure is logged and its warning appended to ``warnings``; a success is recorded in
+    ``trace`` when there is one.
+
+    Returns:
+        The reordered candidates, or ``cands`` unchanged when the stage failed.
+    """
+    outcome = await run_rerank(reranker, query, cands, top_n=settings.top_n,
+                               timeout_ms=settings.effective_timeout_ms)
+    if outcome.warning is not None:
+        log.info("%s", outcome.warning)  # the warning itself is in the answer
+        warnings.append(outcome.warning)
+    elif trace is not None and outcome.reranked:
+        trace.rerank(cands, outcome.candidates, scores=outcome.scores,
+                     provider=reranker.provider_id, model=reranker.model)
+    return outcome.candidates
 
 
 def _kept(cands: list[Candidate], reason: str) -> RerankOutcome:

@@ -49,10 +49,10 @@ def print_search(response: SearchResponse) -> None:
 
 def explain_lines(e: HitExplain) -> list[str]:
     """The ``--explain`` block of one hit as lines (no indent): mode and rank, then one line per
-    ranking step that applied. Numbers: scores to 4 decimals, ages to 1."""
+    ranking step that applied. Numbers: scores to 4 decimals, BM25 to 4 significant digits, ages to 1."""
     lines = [f"explain: {e.mode}, rank {e.rank}"]
     if e.keyword is not None:
-        bm25 = "-" if e.keyword.bm25 is None else f"{e.keyword.bm25:.4f}"
+        bm25 = "-" if e.keyword.bm25 is None else f"{e.keyword.bm25:.4g}"
         lines.append(f"  keyword: rank {e.keyword.rank}, bm25 {bm25}, text score {e.keyword.text_score:.4f}")
     if e.vector is not None:
         lines.append(f"  vector: rank {e.vector.rank}, cosine {e.vector.cosine:.4f}")

@@ -61,7 +61,7 @@ def test_explain_json_and_plain_block(ws: Path, env: dict[str, str]) -> None:
     assert text.returncode == 0, text.stderr
     first = hits[0]["explain"]
     block = ["  explain: fts-only, rank 1",
-             f"    keyword: rank {first['keyword']['rank']}, bm25 {first['keyword']['bm25']:.4f}, "
+             f"    keyword: rank {first['keyword']['rank']}, bm25 {first['keyword']['bm25']:.4g}, "
              f"text score {first['keyword']['textScore']:.4f}",
              f"    floor: kept (score {hits[0]['score']:.4f} >= minScore 0.35)"]
     lines = text.stdout.decode().splitlines()

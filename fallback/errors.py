@@ -13,6 +13,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- IndexStoreError             a locked, read-only or corrupt SQLite store
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
+     +-- RerankerError               the reranker stage failed (provider, status); the search
+     |                               keeps the fused order and says so in its warnings
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
@@ -32,6 +34,7 @@ __all__ = [
     "ManagerClosedError",
     "MemorySearchError",
     "PathRefusedError",
+    "RerankerError",
     "SearchUnavailableError",
     "UsageError",
 ]
@@ -148,6 +151,7 @@ class EmbeddingProviderError(MemorySearchError):
         status: HTTP status code, or ``None`` for transport or local errors.
         retryable: True for 429, 5xx and transport errors (tenacity retries on it).
         retry_after_s: the server's Retry-After in seconds, when it sent one.
+        detail: the message without the ``<provider> embedding failed`` prefix.
     """
 
     def __init__(self, provider: str, message: str, *, status: int | None = None,
@@ -156,6 +160,7 @@ class EmbeddingProviderError(MemorySearchError):
         self.status = status
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        self.detail = message
         prefix = f"{provider} embedding failed"
         if status is not None:
             prefix += f" (HTTP {status})"
@@ -177,6 +182,26 @@ class EmbeddingProviderUnavailableError(EmbeddingProviderError):
         self.reason = reason
         self.missing_api_key = missing_api_key
         Exception.__init__(self, f"{provider} embedding provider unavailable: {reason}")
+
+
+class RerankerError(MemorySearchError):
+    """Raised when the reranker stage cannot score the candidates.
+
+    The search never fails on it: the pipeline keeps the fused order and adds the message to
+    the answer's warnings.
+
+    Attributes:
+        provider: ``http`` or ``local``.
+        reason: one line, e.g. ``HTTP 500: model overloaded`` or
+            ``reranker model file not found: /models/x.gguf``.
+        status: HTTP status code, or ``None`` for transport, timeout and local errors.
+    """
+
+    def __init__(self, provider: str, reason: str, *, status: int | None = None) -> None:
+        self.provider = provider
+        self.reason = reason
+        self.status = status
+        super().__init__(f"{provider} reranker failed: {reason}")
 
 
 class ManagerClosedError(MemorySearchError):

@@ -21,7 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "ExplainDecay",
+    "ExplainFloor",
+    "ExplainFusion",
+    "ExplainKeyword",
+    "ExplainRerank",
+    "ExplainReorder",
+    "ExplainVector",
     "FallbackInfo",
+    "HitExplain",
     "MemoryReadResult",
     "MemorySearchResult",
     "MemoryStatus",
@@ -44,6 +52,99 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, mode="json")
 
 
+class ExplainKeyword(_Model):
+    """The keyword side of a hit: ``rank`` (1-based, in BM25 order among the keyword
+    candidates), ``bm25`` (FTS5 ``bm25()``, lower is better; ``None`` for a substring-only
+    match) and ``text_score`` (the coverage-boosted text score in ``[0, 1]`` that is fused)."""
+
+    rank: int
+    bm25: float | None
+    text_score: float
+
+
+class ExplainVector(_Model):
+    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity."""
+
+    rank: int
+    cosine: float
+
+
+class ExplainFusion(_Model):
+    """The hybrid merge: ``score = vector_weight * cosine + text_weight * text_score``."""
+
+    vector_weight: float
+    text_weight: float
+    score: float
+
+
+class ExplainDecay(_Model):
+    """Temporal decay: ``score = before * factor``, ``factor = 0.5 ** (age_days / half_life_days)``.
+
+    ``age_days`` is ``None`` (and ``factor`` 1) for an evergreen file (``MEMORY.md``, undated
+    notes); ``dated_by`` is ``name`` (a ``YYYY-MM-DD`` file name), ``mtime`` or ``None``.
+    """
+
+    age_days: float | None
+    half_life_days: float
+    factor: float
+    dated_by: str | None
+    score: float
+
+
+class ExplainRerank(_Model):
+    """The reranker stage: the provider's raw ``relevance`` (its own scale; ``None`` when this
+    hit was past ``topN`` or left unscored) and the hit's 1-based rank before and after."""
+
+    provider: str
+    model: str
+    relevance: float | None
+    rank_before: int
+    rank_after: int
+
+
+class ExplainReorder(_Model):
+    """MMR diversity re-ranking: ``lambda`` and the hit's 1-based rank before and after."""
+
+    lambda_: float = Field(alias="lambda")
+    rank_before: int
+    rank_after: int
+
+
+class ExplainFloor(_Model):
+    """The score floor: ``min_score``, the relaxed floor for keyword hits (``None`` when it did
+    not apply), whether the hit was ``kept`` and why."""
+
+    min_score: float
+    relaxed_floor: float | None
+    kept: bool
+    reason: str
+
+
+class HitExplain(_Model):
+    """How the builtin engine ranked one hit (``search --explain``).
+
+    Attributes:
+        mode: ``hybrid`` | ``fts-only`` | ``vector-only``.
+        keyword / vector: the two retrieval sides (``None`` when the hit was not found there).
+        fusion: the hybrid merge (``None`` outside hybrid mode).
+        decay: temporal decay (``None`` when it is off).
+        rerank: the reranker stage (``None`` when off or when it failed).
+        mmr: MMR re-ranking (``None`` when off).
+        floor: the score-floor decision.
+        rank: the hit's final 1-based rank.
+    """
+
+    mode: str
+    keyword: ExplainKeyword | None = None
+    vector: ExplainVector | None = None
+    fusion: ExplainFusion | None = None
+    decay: ExplainDecay | None = None
+    rerank: ExplainRerank | None = None
+    mmr: ExplainReorder | None = None
+    floor: ExplainFloor
+    rank: int
+
+
 class MemorySearchResult(_Model):
     """One search hit.
 
@@ -56,6 +157,8 @@ class MemorySearchResult(_Model):
         source: ``memory`` or ``sessions``.
         citation: ``path#La-Lb`` (or ``path#La`` when one line); set by the manager.
         vector_score / text_score: hybrid components when the builtin engine merged them.
+        explain: how the builtin engine ranked the hit, only when asked (``search --explain``);
+            else ``None``.
     """
 
     path: str
@@ -67,6 +170,7 @@ class MemorySearchResult(_Model):
     citation: str | None = None
     vector_score: float | None = None
     text_score: float | None = None
+    explain: HitExplain | None = None
 
 
 class MemoryReadResult(_Model):

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "MmrSettings",
     "QuerySettings",
     "RemoteBatchSettings",
+    "RerankSettings",
     "RemoteSettings",
     "StoreSettings",
     "SyncSettings",
@@ -202,12 +203,103 @@ class HybridSettings(_Settings):
         return self
 
 
+# Reranker defaults: candidates sent to the reranker, and the deadline of the whole stage in ms
+# per provider (a local model's first call also loads the GGUF file).
+RERANK_DEFAULT_TOP_N = 20
+RERANK_MAX_TOP_N = 200
+RERANK_DEFAULT_TIMEOUT_MS = {"http": 5_000, "local": 30_000}
+RERANK_MAX_TIMEOUT_MS = 600_000
+
+
+class RerankSettings(_Settings):
+    """``query.rerank``: the optional reranker (cross-encoder) stage, off unless a provider is set.
+
+    Attributes:
+        provider: ``"http"`` (a Cohere-compatible ``POST {baseUrl}/v1/rerank`` server),
+            ``"local"`` (a GGUF reranker run by llama-cpp-python) or ``None`` (off).
+        model: ``http``: the model name sent in every request; ``local``: the GGUF file path
+            (``~`` expanded). Required with a provider.
+        top_n: how many of the best fused candidates are reranked, ``1..200`` (default 20).
+        base_url: ``http`` only, required there: ``http(s)://host[:port][/prefix]``, without
+            the ``/v1/rerank`` path.
+        api_key: ``http`` only, optional: sent as ``Authorization: Bearer <key>``.
+        timeout_ms: deadline of the whole stage per search in ms, ``1..600000`` (default 5,000
+            for ``http``, 30,000 for ``local``); past it the fused order is kept.
+
+    Invalid values raise pydantic errors that the config loader turns into a ``ConfigError``
+    naming the key (``agents.defaults.memorySearch.query.rerank.baseUrl``).
+    """
+
+    provider: Literal["http", "local"] | None = None
+    model: str = ""
+    top_n: int = RERANK_DEFAULT_TOP_N
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout_ms: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        """True when a provider is set."""
+        return self.provider is not None
+
+    @property
+    def effective_timeout_ms(self) -> int:
+        """``timeout_ms``, else the provider's default (5,000 ms http, 30,000 ms local)."""
+        if self.timeout_ms is not None:
+            return self.timeout_ms
+        return RERANK_DEFAULT_TIMEOUT_MS.get(self.provider or "http", 5_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit_base_url(cls, data: Any) -> Any:
+        # A missing baseUrl is validated as an explicit null, so its error names the JSON key.
+        if isinstance(data, dict) and data.get("provider") == "http" and not (
+                {"baseUrl", "base_url"} & data.keys()):
+            return {**data, "baseUrl": None}
+        return data
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        model = v.strip()
+        if provider is not None and not model:
+            what = "the GGUF reranker file path" if provider == "local" else "the reranker model name"
+            raise ValueError(f"{what} (required when provider is {provider!r})")
+        return model
+
+    @field_validator("top_n")
+    @classmethod
+    def _top_n(cls, v: int) -> int:
+        if not 1 <= v <= RERANK_MAX_TOP_N:
+            raise ValueError(f"an integer from 1 to {RERANK_MAX_TOP_N}")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, v: str | None, info: ValidationInfo) -> str | None:
+        url = (v or "").strip() or None
+        if info.data.get("provider") != "http":
+            return url
+        if url is None or not url.lower().startswith(("http://", "https://")):
+            raise ValueError('an http:// or https:// URL (required when provider is "http")')
+        return url.rstrip("/")
+
+    @field_validator("timeout_ms")
+    @classmethod
+    def _timeout(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= RERANK_MAX_TIMEOUT_MS:
+            raise ValueError(f"milliseconds from 1 to {RERANK_MAX_TIMEOUT_MS}")
+        return v
+
+
 class QuerySettings(_Settings):
-    """``query``: result count and score floor."""
+    """``query``: result count, score floor, hybrid merge and the optional reranker."""
 
     max_results: int = 6
     min_score: float = 0.35
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
+    rerank: RerankSettings = Field(default_factory=RerankSettings)
 
     @field_validator("max_results")
     @classmethod

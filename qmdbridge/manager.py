@@ -57,6 +57,8 @@ BackendName = Literal["builtin", "qmd", "none"]
 QMD_DEADLINE_SLACK_MS = 0
 # Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
 MAX_LIMIT = 2**31 - 1
+# The warning of a qmd answer to a search that asked for the ranking trace.
+NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -221,7 +223,7 @@ class MemoryManager:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None) -> SearchResponse:
+                     sources: list[Source] | None = None, explain: bool = False) -> SearchResponse:
         """Run ``memory_search``.
 
         Args:
@@ -230,6 +232,8 @@ class MemoryManager:
             min_score: score floor in [0, 1] (default ``query.minScore``, 0.35).
             session_key: the runtime's session key (``None`` = owner call).
             sources: restrict to ``memory`` and/or ``sessions``.
+            explain: attach the builtin engine's ranking trace to every hit (``explain``);
+                qmd answers carry none and say so in ``warnings``.
 
         Returns:
             ``SearchResponse`` naming the backend that answered and, when it fell back, why;
@@ -277,20 +281,22 @@ class MemoryManager:
                                              max_injected_chars=limits.max_injected_chars)
                 return SearchResponse(backend="qmd", provider="qmd", model="qmd",
                                       mode=cfg.qmd.search_mode, citations=cfg.citations,
-                                      results=results)
+                                      results=results, warnings=[NO_QMD_EXPLAIN] if explain else [])
         engine = await self.builtin()
         try:
             # A qmd fallback answers from the index as it is: a pre-search sync gets 50 ms.
-            hits = await engine.search(query, max_results=max_results, min_score=min_score,
-                                       session_key=session_key, sources=sources,
-                                       **({"sync_budget_ms": 50} if fallback is not None else {}))
+            outcome = await engine.search_detailed(
+                query, max_results=max_results, min_score=min_score, session_key=session_key,
+                sources=sources, explain=explain,
+                **({"sync_budget_ms": 50} if fallback is not None else {}))
         except BackendUnavailableError as exc:
             if fallback is not None:
                 raise BackendUnavailableError(
                     "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
         provider, model, mode = engine.search_info()
-        warnings = [engine.last_error] if engine.last_error else []
+        hits = outcome.results
+        warnings = [*outcome.warnings, *([engine.last_error] if engine.last_error else [])]
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]

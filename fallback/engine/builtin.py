@@ -52,7 +52,9 @@ from fallback.models import (
     MemoryStatus,
     Source,
 )
-from fallback.search.pipeline import Searcher
+from fallback.search.explain import SearchTrace
+from fallback.search.pipeline import Searcher, SearchOutcome
+from fallback.search.rerank import reranker_from_settings
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store, is_readonly_error
 from fallback.store.files import quarantine_corrupt_store
@@ -112,6 +114,7 @@ class BuiltinEngine:
         self._last_report: SyncReport | None = None
         self._last_error: str | None = None
         self._live: Any = None
+        self._reranker: Any = None  # the query.rerank provider, made on first search
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -271,6 +274,8 @@ class BuiltinEngine:
         sel = self._selection
         if sel is not None and sel.provider is not None:
             await sel.provider.aclose()
+        if self._reranker is not None:
+            await self._reranker.aclose()
         if self._store is not None:
             await anyio.to_thread.run_sync(self._store.close)
             self._store = None
@@ -432,7 +437,17 @@ class BuiltinEngine:
                      min_score: float | None = None, session_key: str | None = None,
                      sources: list[Source] | None = None,
                      sync_budget_ms: int | None = None) -> list[MemorySearchResult]:
-        """Search the memory index; hits best first.
+        """The hits of :meth:`search_detailed` (the backend contract); raises as it does."""
+        return (await self.search_detailed(query, max_results=max_results, min_score=min_score,
+                                           session_key=session_key, sources=sources,
+                                           sync_budget_ms=sync_budget_ms)).results
+
+    async def search_detailed(self, query: str, *, max_results: int | None = None,
+                              min_score: float | None = None, session_key: str | None = None,
+                              sources: list[Source] | None = None,
+                              sync_budget_ms: int | None = None,
+                              explain: bool = False) -> SearchOutcome:
+        """Search the memory index; hits best first, plus this search's warnings.
 
         A store found corrupt is moved aside and rebuilt from the memory files, and the search
         runs again once.
@@ -447,10 +462,11 @@ class BuiltinEngine:
             sync_budget_ms: longest wait in ms for a pre-search sync (default
                 ``search_sync_budget_ms``, 2,000); the bootstrap of an empty index is
                 always awaited.
+            explain: attach a ``HitExplain`` to every hit (the ranking trace).
 
         Returns:
-            ``MemorySearchResult`` list (snippets at most 700 code points); in hybrid mode
-            each carries ``vector_score`` and ``text_score``.
+            ``SearchOutcome``: hits (snippets at most 700 code points; hybrid mode: with
+            ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order).
 
         Raises:
             UsageError: ``query must not be empty`` for a blank query.
@@ -459,7 +475,8 @@ class BuiltinEngine:
             IndexStoreError: the store is locked, read-only or corrupt.
         """
         once = partial(self._search_once, query, max_results=max_results, min_score=min_score,
-                       session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms)
+                       session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms,
+                       explain=explain)
         try:
             return await once()
         except IndexStoreError as exc:
@@ -470,8 +487,8 @@ class BuiltinEngine:
 
     async def _search_once(self, query: str, *, max_results: int | None,
                            min_score: float | None, session_key: str | None,
-                           sources: list[Source] | None,
-                           sync_budget_ms: int | None) -> list[MemorySearchResult]:
+                           sources: list[Source] | None, sync_budget_ms: int | None,
+                           explain: bool) -> SearchOutcome:
         text = query.strip()
         if not text:
             raise UsageError("query must not be empty")
@@ -488,21 +505,20 @@ class BuiltinEngine:
         enabled: list[str] = list(self.settings.search.sources)
         srcs = [s for s in enabled if sources is None or s in sources]
         if not srcs:
-            return []
+            return SearchOutcome(results=[], warnings=[])
         candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
-        provider = self._provider()
-        if provider is None:
-            hits = await self._searcher().fts_only(store, text, srcs, candidates, floor, limit)
-            return [Searcher.result(c, hybrid=False) for c in hits]
-        hits = await self._searcher().hybrid(store, provider, text, srcs, candidates, floor, limit)
-        return [Searcher.result(c, hybrid=True) for c in hits]
+        return await self._searcher(explain).run(store, self._provider(), text, srcs, candidates,
+                                                 floor, limit)
 
-    def _searcher(self) -> Searcher:
+    def _searcher(self, explain: bool = False) -> Searcher:
         def record(error: str) -> None:
             self._last_error = error
 
+        if self._reranker is None and self.settings.search.query.rerank.enabled:
+            self._reranker = reranker_from_settings(self.settings.search.query.rerank)
         return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
-                        on_error=record)
+                        on_error=record, reranker=self._reranker,
+                        trace=SearchTrace() if explain else None)
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:

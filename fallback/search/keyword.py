@@ -123,7 +123,8 @@ async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> 
     for cid, path, source, start, end, body, rank in rows:
         score = bm25_rank_to_score(rank)
         out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
-                             end_line=end, snippet=body, score=score, text_score=score))
+                             end_line=end, snippet=body, score=score, text_score=score,
+                             bm25=rank if rank != 0.0 else None))  # 0.0: a LIKE-only row
     return out
 
 

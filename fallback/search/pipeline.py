@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -16,19 +17,30 @@ import anyio
 
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError
-from fallback.models import MemorySearchResult
+from fallback.models import HitExplain, MemorySearchResult
+from fallback.search.explain import SearchTrace
 from fallback.search.keyword import keyword_candidates
 from fallback.search.ranking import Candidate, apply_temporal_decay, merge_hybrid, mmr_rerank, select_results
+from fallback.search.rerank import Reranker, rerank_stage
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
 from fallback.text.chunking import truncate_chars
 
-__all__ = ["SNIPPET_MAX_CHARS", "Searcher"]
+__all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
 # Snippets are cut to this many code points (spec §8.3, DESIGN.md maxSnippetChars).
 SNIPPET_MAX_CHARS = 700
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """One search's answer: the hits (best first; each with ``explain`` when asked) and the
+    non-fatal notes that belong in the answer's ``warnings`` (a failed rerank)."""
+
+    results: list[MemorySearchResult]
+    warnings: list[str]
 
 
 class Searcher:
@@ -39,14 +51,45 @@ class Searcher:
         vector_index: returns the engine's ``VectorIndex``.
         now_ms: clock in epoch ms (temporal decay).
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
+        reranker: the optional reranker stage's provider (``query.rerank``), or ``None``.
+        trace: filled in by the ranking steps when the caller wants ``--explain``, else ``None``.
+
+    Attributes:
+        warnings: this search's non-fatal notes (a failed rerank), for the answer.
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
-                 now_ms: Callable[[], int], on_error: Callable[[str], None]) -> None:
+                 now_ms: Callable[[], int], on_error: Callable[[str], None],
+                 reranker: Reranker | None = None, trace: SearchTrace | None = None) -> None:
         self.settings = settings
         self._vector_index = vector_index
         self._now_ms = now_ms
         self._on_error = on_error
+        self._reranker = reranker
+        self.trace = trace
+        self.warnings: list[str] = []
+
+    async def run(self, store: Store, provider: EmbeddingProvider | None, text: str,
+                  srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
+        """Rank ``text``: keyword-only without a provider, else hybrid; hits as result models.
+
+        Args:
+            store: the open store.
+            provider: the embedding provider, or ``None`` (keyword-only).
+            text: the stripped query.
+            srcs: sources searched.
+            candidates: candidates fetched per side.
+            floor: the score floor (``minScore``).
+            limit: the number of hits wanted.
+        """
+        if provider is None:
+            hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
+        else:
+            hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
+        explains = self.trace.hits if self.trace else [None] * len(hits)
+        results = [Searcher.result(c, hybrid=provider is not None, explain=e)
+                   for c, e in zip(hits, explains, strict=True)]
+        return SearchOutcome(results=results, warnings=list(self.warnings))
 
     async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
@@ -57,9 +100,12 @@ class Searcher:
         """Keyword-only ranking (spec §8.6): coverage-boosted keyword hits, temporal decay, the
         score floor (all hits when none passes), first ``limit``."""
         hits = await self._keyword_candidates(store, text, srcs, candidates)
-        ranked = await self._decay(store, hits)
+        if self.trace:
+            self.trace.mode = "fts-only"
+            self.trace.keyword(hits)
+        ranked = await self._rerank(text, await self._decay(store, hits))
         strict = [c for c in ranked if c.score >= floor]
-        return (strict or ranked)[:limit]
+        return self._finish((strict or ranked)[:limit], floor, None)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
@@ -79,18 +125,42 @@ class Searcher:
         keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
                         if hybrid.enabled else [])
         vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
+        if self.trace:
+            self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
+            self.trace.keyword(keyword_hits)
+            self.trace.vector(vector_hits)
         if not hybrid.enabled:
-            return [c for c in vector_hits if c.score >= floor][:limit]
+            ranked = await self._rerank(text, vector_hits)
+            return self._finish([c for c in ranked if c.score >= floor][:limit], floor, None)
         # When the keyword side found nothing at all it abstains: its weight goes to the vector
         # side (the effective-weight normalisation of spec §8.5 step 2), so a purely semantic
         # match is scored by its cosine similarity instead of 0.7 x it.
         vw, tw = (hybrid.vector_weight, hybrid.text_weight) if keyword_hits else (1.0, 0.0)
         merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=vw, text_weight=tw)
-        merged = await self._decay(store, merged)
+        if self.trace:
+            self.trace.fusion(merged, vector_weight=vw, text_weight=tw)
+        merged = await self._rerank(text, await self._decay(store, merged))
         if hybrid.mmr.enabled:
-            merged = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
-        return select_results(merged, keyword_hits, min_score=floor,
-                              text_weight=hybrid.text_weight, max_results=limit)
+            diverse = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
+            if self.trace:
+                self.trace.mmr(merged, diverse, lambda_=hybrid.mmr.lambda_)
+            merged = diverse
+        selected = select_results(merged, keyword_hits, min_score=floor,
+                                  text_weight=hybrid.text_weight, max_results=limit)
+        return self._finish(selected, floor, min(floor, hybrid.text_weight))
+
+    async def _rerank(self, text: str, cands: list[Candidate]) -> list[Candidate]:
+        """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""
+        if self._reranker is None:
+            return cands
+        return await rerank_stage(self._reranker, self.settings.search.query.rerank, text, cands,
+                                  trace=self.trace, warnings=self.warnings)
+
+    def _finish(self, selected: list[Candidate], floor: float,
+                relaxed_floor: float | None) -> list[Candidate]:
+        if self.trace:
+            self.trace.finish(selected, min_score=floor, relaxed_floor=relaxed_floor)
+        return selected
 
     async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],
                            limit: int) -> list[Candidate]:
@@ -121,19 +191,27 @@ class Searcher:
         rows = await anyio.to_thread.run_sync(
             store.query, f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
         mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
-        return apply_temporal_decay(cands, half_life_days=decay.half_life_days,
-                                    now_ms=self._now_ms(),
-                                    mtime_ms=lambda source, path: mtimes.get((source, path)))
+        now_ms = self._now_ms()
+
+        def mtime_ms(source: str, path: str) -> int | None:
+            return mtimes.get((source, path))
+
+        decayed = apply_temporal_decay(cands, half_life_days=decay.half_life_days, now_ms=now_ms,
+                                       mtime_ms=mtime_ms)
+        if self.trace:
+            self.trace.decay(decayed, half_life_days=decay.half_life_days, now_ms=now_ms,
+                             mtime_ms=mtime_ms)
+        return decayed
 
     @staticmethod
-    def result(c: Candidate, *, hybrid: bool) -> MemorySearchResult:
+    def result(c: Candidate, *, hybrid: bool, explain: HitExplain | None = None) -> MemorySearchResult:
         """A candidate as the shared result model (snippet cut to 700 code points)."""
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
             score=max(0.0, min(1.0, c.score)), snippet=truncate_chars(c.snippet, SNIPPET_MAX_CHARS),
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,
-            text_score=c.text_score if hybrid else None)
+            text_score=c.text_score if hybrid else None, explain=explain)
 
     # -- read, status, probes --------------------------------------------------------------
 

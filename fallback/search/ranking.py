@@ -25,6 +25,7 @@ __all__ = [
     "apply_temporal_decay",
     "date_from_path",
     "decay_multiplier",
+    "decay_timestamp_ms",
     "is_evergreen",
     "jaccard",
     "merge_hybrid",
@@ -61,6 +62,8 @@ class Candidate:
             the BM25-derived text score in ``[0, 1]``; after :func:`merge_hybrid`, the weighted sum.
         vector_score: cosine similarity of the chunk to the query, ``0.0`` when not a vector hit.
         text_score: BM25-derived text score in ``[0, 1]``, ``0.0`` when not a keyword hit.
+        bm25: the FTS5 ``bm25()`` value of a keyword hit (lower is better), ``None`` otherwise
+            (also for substring-only matches, which have no BM25 rank).
     """
 
     chunk_id: str
@@ -72,6 +75,7 @@ class Candidate:
     score: float
     vector_score: float = 0.0
     text_score: float = 0.0
+    bm25: float | None = None
 
 
 def _by_score_desc(cands: list[Candidate]) -> list[Candidate]:
@@ -207,8 +211,9 @@ def is_evergreen(path: str, source: str) -> bool:
     return date_from_path(path) is None
 
 
-def _timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | None]) -> int | None:
-    """The time a candidate's file is dated at, in ms since the epoch, or None for no decay."""
+def decay_timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | None]) -> int | None:
+    """The time a candidate's file is dated at, in ms since the epoch, or None for no decay:
+    the date in its name at 00:00 UTC, none when evergreen, else ``mtime_ms(source, path)``."""
     dated = date_from_path(cand.path)
     if dated is not None:
         midnight = dt.datetime(dated.year, dated.month, dated.day, tzinfo=dt.timezone.utc)
@@ -244,7 +249,7 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
     for cand in cands:
         key = (cand.source, cand.path)
         if key not in stamps:
-            stamps[key] = _timestamp_ms(cand, mtime_ms)
+            stamps[key] = decay_timestamp_ms(cand, mtime_ms)
         stamp = stamps[key]
         if stamp is None:
             out.append(replace(cand))

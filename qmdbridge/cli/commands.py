@@ -54,7 +54,8 @@ def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli") -> Any:
 async def _search(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         response = await m.search(args.query, max_results=args.max_results,
-                                  min_score=args.min_score, session_key=args.session_key)
+                                  min_score=args.min_score, session_key=args.session_key,
+                                  explain=args.explain)
     if args.json:
         emit_json(response.to_json_dict())
         return EXIT_OK

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
     p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
     p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
+    p.add_argument("--explain", action="store_true",
+                   help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
+                        "fusion, decay, rerank, MMR, floor (builtin engine)")
     _common(p)
 
     p = sub.add_parser("get", help="read a memory file or a line range (memory_get)", epilog=EPILOG)

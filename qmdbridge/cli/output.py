@@ -6,23 +6,28 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from fallback.models import MemoryStatus, SearchResponse
+from fallback.models import HitExplain, MemoryStatus, SearchResponse
 
-__all__ = ["print_search", "print_status", "progress_reporter"]
+__all__ = ["explain_lines", "print_search", "print_status", "progress_reporter"]
 
 
 def print_search(response: SearchResponse) -> None:
-    """Print hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY)."""
+    """Print hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY), each
+    followed by its indented ``explain`` block when the search asked for one; warnings go to
+    stderr."""
     out = sys.stdout
     if response.fallback is not None:
         sys.stderr.write(f"note: answered by {response.backend} (qmd unavailable: {response.fallback.reason})\n")
+    for warning in response.warnings:
+        sys.stderr.write(f"warning: {warning}\n")
     if response.denied is not None:
         out.write(f"Search denied by scope: {response.denied.reason}\n")
         return
     if not response.results:
         out.write("No matches.\n")
         return
-    if out.isatty():
+    explained = any(r.explain is not None for r in response.results)
+    if out.isatty() and not explained:
         from rich.console import Console
         from rich.table import Table
 
@@ -38,6 +43,36 @@ def print_search(response: SearchResponse) -> None:
         if i:
             out.write("\n")
         out.write(f"{r.score:.3f} {r.path}:{r.start_line}-{r.end_line}\n{r.snippet.rstrip()}\n")
+        if r.explain is not None:
+            out.write("".join(f"  {line}\n" for line in explain_lines(r.explain)))
+
+
+def explain_lines(e: HitExplain) -> list[str]:
+    """The ``--explain`` block of one hit as lines (no indent): mode and rank, then one line per
+    ranking step that applied. Numbers: scores to 4 decimals, BM25 to 4 significant digits, ages to 1."""
+    lines = [f"explain: {e.mode}, rank {e.rank}"]
+    if e.keyword is not None:
+        bm25 = "-" if e.keyword.bm25 is None else f"{e.keyword.bm25:.4g}"
+        lines.append(f"  keyword: rank {e.keyword.rank}, bm25 {bm25}, text score {e.keyword.text_score:.4f}")
+    if e.vector is not None:
+        lines.append(f"  vector: rank {e.vector.rank}, cosine {e.vector.cosine:.4f}")
+    if e.fusion is not None:
+        f = e.fusion
+        lines.append(f"  fusion: {f.vector_weight:g} x vector + {f.text_weight:g} x text = {f.score:.4f}")
+    if e.decay is not None:
+        d = e.decay
+        age = "evergreen" if d.age_days is None else f"age {d.age_days:.1f} days (by {d.dated_by})"
+        lines.append(f"  decay: {age}, half-life {d.half_life_days:g} days, factor {d.factor:.4f}"
+                     f" -> {d.score:.4f}")
+    if e.rerank is not None:
+        rr = e.rerank
+        rel = "-" if rr.relevance is None else f"{rr.relevance:.4f}"
+        lines.append(f"  rerank: {rr.provider} {rr.model}, relevance {rel}, rank {rr.rank_before}"
+                     f" -> {rr.rank_after}")
+    if e.mmr is not None:
+        lines.append(f"  mmr: lambda {e.mmr.lambda_:g}, rank {e.mmr.rank_before} -> {e.mmr.rank_after}")
+    lines.append(f"  floor: {'kept' if e.floor.kept else 'dropped'} ({e.floor.reason})")
+    return lines
 
 
 def print_status(st: MemoryStatus) -> None:

@@ -62,7 +62,8 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert doc["backend"] == "builtin" and doc["fallback"] is None and doc["mode"] == "fts-only"
     top = doc["results"][0]
     assert set(top) == {"path", "startLine", "endLine", "score", "snippet", "source", "citation",
-                        "vectorScore", "textScore"}
+                        "vectorScore", "textScore", "explain"}
+    assert top["explain"] is None  # present, null, without --explain
     assert top["path"] == "memory/2026-11-05.md" and top["source"] == "memory"
     assert top["citation"] == f"memory/2026-11-05.md#L{top['startLine']}-L{top['endLine']}"
     assert 0 < top["score"] <= 1

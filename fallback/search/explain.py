@@ -1,0 +1,151 @@
+"""The ranking trace behind ``search --explain``: one record per candidate, filled in by the
+pipeline's ranking steps, turned into a :class:`~fallback.models.HitExplain` per returned hit.
+
+A :class:`SearchTrace` exists only when an explanation was asked for; the pipeline calls its
+step methods after each ranking step (``keyword``, ``vector``, ``fusion``, ``decay``,
+``rerank``, ``mmr``) and :meth:`SearchTrace.finish` with the selected hits, so a search without
+``--explain`` pays nothing. The steps only read the candidate lists: ranking stays pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fallback.models import (
+    ExplainDecay,
+    ExplainFloor,
+    ExplainFusion,
+    ExplainKeyword,
+    ExplainReorder,
+    ExplainRerank,
+    ExplainVector,
+    HitExplain,
+)
+from fallback.search.ranking import (
+    MS_PER_DAY,
+    Candidate,
+    date_from_path,
+    decay_multiplier,
+    decay_timestamp_ms,
+)
+
+__all__ = ["CandidateTrace", "SearchTrace"]
+
+
+@dataclass
+class CandidateTrace:
+    """What the ranking steps recorded for one candidate (chunk); ``None`` = step not applied."""
+
+    keyword: ExplainKeyword | None = None
+    vector: ExplainVector | None = None
+    fusion: ExplainFusion | None = None
+    decay: ExplainDecay | None = None
+    rerank: ExplainRerank | None = None
+    mmr: ExplainReorder | None = None
+
+
+def _ranks(cands: list[Candidate]) -> dict[str, int]:
+    """1-based rank by chunk id (the first occurrence wins)."""
+    ranks: dict[str, int] = {}
+    for i, c in enumerate(cands):
+        ranks.setdefault(c.chunk_id, i + 1)
+    return ranks
+
+
+@dataclass
+class SearchTrace:
+    """The trace of one search.
+
+    Attributes:
+        mode: ``hybrid`` | ``fts-only`` | ``vector-only`` (set by the pipeline).
+        candidates: one :class:`CandidateTrace` per chunk id seen.
+        hits: the explanations of the returned hits, in order (set by :meth:`finish`).
+    """
+
+    mode: str = "fts-only"
+    candidates: dict[str, CandidateTrace] = field(default_factory=dict)
+    hits: list[HitExplain] = field(default_factory=list)
+
+    def _of(self, chunk_id: str) -> CandidateTrace:
+        return self.candidates.setdefault(chunk_id, CandidateTrace())
+
+    def keyword(self, hits: list[Candidate]) -> None:
+        """Record the keyword candidates, in the order retrieved (BM25 order)."""
+        for chunk_id, rank in _ranks(hits).items():
+            hit = hits[rank - 1]
+            self._of(chunk_id).keyword = ExplainKeyword(rank=rank, bm25=hit.bm25,
+                                                        text_score=hit.text_score or hit.score)
+
+    def vector(self, hits: list[Candidate]) -> None:
+        """Record the vector candidates, in cosine order."""
+        for chunk_id, rank in _ranks(hits).items():
+            hit = hits[rank - 1]
+            self._of(chunk_id).vector = ExplainVector(rank=rank, cosine=hit.vector_score or hit.score)
+
+    def fusion(self, merged: list[Candidate], *, vector_weight: float, text_weight: float) -> None:
+        """Record the hybrid merge (``merged`` straight from ``merge_hybrid``)."""
+        for c in merged:
+            self._of(c.chunk_id).fusion = ExplainFusion(vector_weight=vector_weight,
+                                                        text_weight=text_weight, score=c.score)
+
+    def decay(self, decayed: list[Candidate], *, half_life_days: float, now_ms: int,
+              mtime_ms: Callable[[str, str], int | None]) -> None:
+        """Record temporal decay (``decayed`` from ``apply_temporal_decay``, same ``mtime_ms``)."""
+        for c in decayed:
+            stamp = decay_timestamp_ms(c, mtime_ms)
+            age = None if stamp is None else (now_ms - stamp) / MS_PER_DAY
+            factor = 1.0 if age is None else decay_multiplier(age, half_life_days)
+            dated_by = None if stamp is None else (
+                "name" if date_from_path(c.path) is not None else "mtime")
+            self._of(c.chunk_id).decay = ExplainDecay(age_days=age, half_life_days=half_life_days,
+                                                      factor=factor, dated_by=dated_by,
+                                                      score=c.score)
+
+    def rerank(self, before: list[Candidate], after: list[Candidate], *,
+               scores: Mapping[str, float | None], provider: str, model: str) -> None:
+        """Record the reranker stage (only when it ran)."""
+        ranks_before, ranks_after = _ranks(before), _ranks(after)
+        for chunk_id, rank in ranks_after.items():
+            self._of(chunk_id).rerank = ExplainRerank(
+                provider=provider, model=model, relevance=scores.get(chunk_id),
+                rank_before=ranks_before.get(chunk_id, rank), rank_after=rank)
+
+    def mmr(self, before: list[Candidate], after: list[Candidate], *, lambda_: float) -> None:
+        """Record MMR re-ranking (only when it is on)."""
+        ranks_before = _ranks(before)
+        for chunk_id, rank in _ranks(after).items():
+            self._of(chunk_id).mmr = ExplainReorder(
+                lambda_=lambda_, rank_before=ranks_before.get(chunk_id, rank), rank_after=rank)
+
+    def finish(self, selected: list[Candidate], *, min_score: float,
+               relaxed_floor: float | None) -> list[HitExplain]:
+        """One explanation per selected hit, in order (also kept in :attr:`hits`).
+
+        Args:
+            selected: the hits returned (after the floor and the cut).
+            min_score: the score floor of the search.
+            relaxed_floor: the floor for keyword hits when none reached ``min_score`` (hybrid
+                search), ``None`` where there is none (keyword-only search keeps its best hits).
+
+        Returns:
+            ``HitExplain`` list parallel to ``selected``.
+        """
+        out = []
+        for rank, c in enumerate(selected, start=1):
+            t = self._of(c.chunk_id)
+            if c.score >= min_score:
+                reason, relaxed = f"score {c.score:.4f} >= minScore {min_score:g}", None
+            elif relaxed_floor is not None:
+                reason = (f"no hit reached minScore {min_score:g}; keyword hit with score "
+                          f"{c.score:.4f} >= relaxed floor {relaxed_floor:g}")
+                relaxed = relaxed_floor
+            else:
+                reason = f"no hit reached minScore {min_score:g}; the best keyword hits are kept"
+                relaxed = None
+            floor = ExplainFloor(min_score=min_score, relaxed_floor=relaxed, kept=True, reason=reason)
+            out.append(HitExplain(mode=self.mode, keyword=t.keyword, vector=t.vector,
+                                  fusion=t.fusion, decay=t.decay, rerank=t.rerank, mmr=t.mmr,
+                                  floor=floor, rank=rank))
+        self.hits = out
+        return out

@@ -1,0 +1,488 @@
+"""The optional reranker stage: a cross-encoder scores (query, chunk) pairs and reorders the best
+fused candidates.
+
+Pieces:
+
+- :class:`Reranker`, the provider protocol: ``score(query, documents)`` gives one relevance per
+  document (higher is more relevant, ``None`` when the provider left it out);
+- :class:`HttpReranker`: the Cohere-compatible wire, ``POST {baseUrl}/v1/rerank`` with
+  ``{model, query, documents, top_n}`` answered by ``{results: [{index, relevance_score}]}``
+  (also read under ``data``), bearer key; it goes through the embeddings' HTTP client
+  (``fallback/embeddings/_http.py``: error mapping, Retry-After) with tenacity retries;
+- :class:`LocalGgufReranker`: a GGUF reranker run by llama-cpp-python with rank pooling
+  (``LLAMA_POOLING_TYPE_RANK``), one (query, chunk) pair per decode;
+- :func:`apply_rerank_scores`, the pure stage, and :func:`run_rerank`, which calls the provider
+  under the stage deadline and never fails the search: on any :class:`RerankerError` or timeout
+  the fused order is kept and the outcome carries a warning.
+
+What the reported score means after reranking: the reranker decides the order of the top
+``topN`` candidates, and those candidates keep the *set* of fused scores they had, handed out
+best-first in the new order (the best reranked hit gets the highest fused score of the group,
+and so on). So scores stay in ``[0, 1]``, on the same scale as without a reranker and across
+providers whose raw relevance scales differ (logits, sigmoids), ``minScore`` keeps its meaning,
+and results stay sorted by score. The raw reranker relevance is shown by ``search --explain``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from fallback.embeddings._http import HttpClient
+from fallback.embeddings.base import retry_wait_s
+from fallback.errors import EmbeddingProviderError, RerankerError
+from fallback.settings import RerankSettings
+
+if TYPE_CHECKING:
+    from fallback.search.explain import SearchTrace
+    from fallback.search.ranking import Candidate
+
+__all__ = [
+    "HttpReranker",
+    "LocalGgufReranker",
+    "RerankOutcome",
+    "Reranker",
+    "apply_rerank_scores",
+    "parse_rerank_response",
+    "rerank_stage",
+    "reranker_from_settings",
+    "run_rerank",
+]
+
+log = logging.getLogger(__name__)
+
+# Calls in total per rerank request (one retry: the stage runs inside a search's latency budget).
+HTTP_RETRY_ATTEMPTS = 2
+# First back-off wait in seconds before the retry (the server's Retry-After wins, capped at 8 s).
+HTTP_RETRY_BASE_S = 0.25
+# A local (query, chunk) pair is cut to this many tokens: a 400-token chunk plus a short query
+# fits, and the context stays small on a 2-core machine.
+LOCAL_MAX_PAIR_TOKENS = 1024
+# The GGUF pooling type that marks a reranker (llama.cpp ``LLAMA_POOLING_TYPE_RANK``).
+GGUF_POOLING_RANK = "4"
+LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """A reranker (cross-encoder) provider.
+
+    Attributes:
+        provider_id: ``http`` or ``local``.
+        model: the model name (http) or GGUF file path (local).
+    """
+
+    provider_id: str
+    model: str
+
+    async def score(self, query: str, documents: list[str]) -> list[float | None]:
+        """Relevance of each document to ``query``; result ``i`` belongs to ``documents[i]``
+        (``None`` when the provider gave no score for it). Higher is more relevant; the scale
+        is the provider's own. Raises ``RerankerError``."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release HTTP clients or the loaded model."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# The pure stage
+
+
+@dataclass(frozen=True)
+class RerankOutcome:
+    """What the reranker stage did to one candidate list.
+
+    Attributes:
+        candidates: the new list (the input list, unchanged, when the stage failed).
+        scores: raw reranker relevance by chunk id for the reranked head (``None`` = not scored).
+        reranked: how many leading candidates were sent to the reranker (0 when it failed).
+        warning: one line when the stage failed and the fused order was kept, else ``None``.
+    """
+
+    candidates: list[Candidate]
+    scores: Mapping[str, float | None]
+    reranked: int
+    warning: str | None = None
+
+
+def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], *,
+                        top_n: int) -> list[Candidate]:
+    """Reorder the first ``top_n`` candidates by reranker score (pure).
+
+    The head ``cands[:top_n]`` is sorted by ``scores`` descending (``None`` and non-finite
+    scores last; ties keep the fused order); its fused scores, sorted descending, are handed out
+    to the new order, so the best reranked hit gets the head's highest fused score. The tail
+    ``cands[top_n:]`` follows unchanged.
+
+    Args:
+        cands: candidates ranked best first (after the hybrid merge and temporal decay).
+        scores: one reranker score per head candidate, ``len(scores) == min(top_n, len(cands))``.
+        top_n: size of the reranked head, ``>= 1``.
+
+    Returns:
+        New candidates (same length); only ``score`` and order change.
+
+    Raises:
+        ValueError: ``scores`` does not match the head.
+    """
+    head, tail = cands[:top_n], cands[top_n:]
+    if len(scores) != len(head):
+        raise ValueError(f"{len(scores)} reranker scores for {len(head)} candidates")
+
+    def key(i: int) -> tuple[int, float, int]:
+        s = scores[i]
+        usable = s is not None and math.isfinite(s)
+        return (0 if usable else 1, -(s if usable and s is not None else 0.0), i)
+
+    order = sorted(range(len(head)), key=key)
+    slots = sorted((c.score for c in head), reverse=True)
+    return [replace(head[i], score=slots[pos]) for pos, i in enumerate(order)] + list(tail)
+
+
+async def run_rerank(reranker: Reranker, query: str, cands: list[Candidate], *, top_n: int,
+                     timeout_ms: int) -> RerankOutcome:
+    """Score the first ``top_n`` candidates' chunk text with ``reranker`` and reorder them.
+
+    Never raises for a provider failure: a ``RerankerError``, a reply of the wrong length or
+    the deadline keep ``cands`` as they are, with a ``warning``.
+
+    Args:
+        reranker: the provider.
+        query: the user's query text.
+        cands: candidates ranked best first.
+        top_n: candidates reranked, ``>= 1``.
+        timeout_ms: deadline of the provider call in ms (retries included).
+
+    Returns:
+        The :class:`RerankOutcome`.
+    """
+    head = cands[:top_n]
+    if not head:
+        return RerankOutcome(candidates=list(cands), scores={}, reranked=0)
+    try:
+        with anyio.fail_after(timeout_ms / 1000):
+            scores = await reranker.score(query, [c.snippet for c in head])
+        if len(scores) != len(head):
+            raise RerankerError(reranker.provider_id,
+                                f"{len(scores)} scores for {len(head)} documents")
+    except TimeoutError:
+        return _kept(cands, f"{reranker.provider_id} reranker timed out after {timeout_ms}ms")
+    except RerankerError as exc:
+        return _kept(cands, str(exc))
+    reordered = apply_rerank_scores(cands, scores, top_n=top_n)
+    return RerankOutcome(candidates=reordered,
+                         scores={c.chunk_id: s for c, s in zip(head, scores, strict=True)},
+                         reranked=len(head))
+
+
+async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
+                       cands: list[Candidate], *, trace: SearchTrace | None,
+                       warnings: list[str]) -> list[Candidate]:
+    """The pipeline's hook: :func:`run_rerank` with ``query.rerank``'s ``topN`` and deadline.
+
+    A failure is logged and its warning appended to ``warnings``; a success is recorded in
+    ``trace`` when there is one.
+
+    Returns:
+        The reordered candidates, or ``cands`` unchanged when the stage failed.
+    """
+    outcome = await run_rerank(reranker, query, cands, top_n=settings.top_n,
+                               timeout_ms=settings.effective_timeout_ms)
+    if outcome.warning is not None:
+        log.info("%s", outcome.warning)  # the warning itself is in the answer
+        warnings.append(outcome.warning)
+    elif trace is not None and outcome.reranked:
+        trace.rerank(cands, outcome.candidates, scores=outcome.scores,
+                     provider=reranker.provider_id, model=reranker.model)
+    return outcome.candidates
+
+
+def _kept(cands: list[Candidate], reason: str) -> RerankOutcome:
+    return RerankOutcome(candidates=list(cands), scores={}, reranked=0,
+                         warning=f"rerank skipped, fused order kept: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP: the Cohere-compatible wire
+
+
+def parse_rerank_response(body: Any, count: int, *, provider: str = "http") -> list[float | None]:
+    """Scores from a ``/v1/rerank`` answer, in document order.
+
+    Reads ``results`` (Cohere, Jina, llama.cpp server) or ``data`` (Voyage's key): a list of
+    ``{index, relevance_score}``. Documents missing from the answer get ``None``.
+
+    Args:
+        body: the decoded JSON body.
+        count: number of documents sent.
+        provider: for error messages.
+
+    Returns:
+        ``count`` scores.
+
+    Raises:
+        RerankerError: not that shape, an index out of range or repeated, a score that is not
+            a finite number.
+    """
+    items = body.get("results", body.get("data")) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        raise RerankerError(provider, "response has no results list")
+    scores: list[float | None] = [None] * count
+    for item in items:
+        index = item.get("index") if isinstance(item, dict) else None
+        value = item.get("relevance_score") if isinstance(item, dict) else None
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            raise RerankerError(provider, f"result index {index!r} is not one of 0..{count - 1}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise RerankerError(provider, f"result {index} has no finite relevance_score")
+        if scores[index] is not None:
+            raise RerankerError(provider, f"result index {index} appears twice")
+        scores[index] = float(value)
+    return scores
+
+
+class HttpReranker:
+    """A Cohere-compatible rerank server (Cohere, Jina, llama.cpp ``llama-server --rerank``).
+
+    Attributes:
+        provider_id: ``"http"``.
+        model: the model name sent in every request.
+        base_url: the server root (the request goes to ``{base_url}/v1/rerank``).
+    """
+
+    provider_id = "http"
+
+    def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
+                 timeout_ms: int = 5_000, retry_attempts: int = HTTP_RETRY_ATTEMPTS,
+                 retry_base_s: float = HTTP_RETRY_BASE_S) -> None:
+        """Args:
+            base_url: ``http(s)://host[:port][/prefix]``.
+            model: model name.
+            api_key: sent as ``Authorization: Bearer <key>`` when set (redacted from errors).
+            timeout_ms: httpx's per-request timeout in ms (the stage deadline bounds retries).
+            retry_attempts: calls in total per rerank (429, 5xx, transport errors are retried).
+            retry_base_s: first back-off wait in seconds (Retry-After wins).
+        """
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.retry_attempts = max(1, retry_attempts)
+        self.retry_base_s = retry_base_s
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = HttpClient(provider_id="rerank", base_url=self.base_url, headers=headers,
+                                secrets=(api_key,) if api_key else (),
+                                timeout_s=timeout_ms / 1000)
+
+    async def score(self, query: str, documents: list[str]) -> list[float | None]:
+        """POST the documents to ``/v1/rerank``; scores in document order.
+
+        Raises:
+            RerankerError: HTTP error (after the retries), transport error, bad response.
+        """
+        if not documents:
+            return []
+        payload = {"model": self.model, "query": query, "documents": documents,
+                   "top_n": len(documents)}
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
+            return retry_wait_s(state.attempt_number, retry_after_s=after, base_s=self.retry_base_s)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retry_attempts), wait=wait, sleep=anyio.sleep,
+            retry=retry_if_exception(lambda e: isinstance(e, EmbeddingProviderError) and e.retryable),
+            reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    body = await self._http.post_json("/v1/rerank", payload)
+        except EmbeddingProviderError as exc:
+            reason = f"HTTP {exc.status}: {exc.detail}" if exc.status is not None else exc.detail
+            raise RerankerError(self.provider_id, reason, status=exc.status) from exc
+        return parse_rerank_response(body, len(documents), provider=self.provider_id)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (safe to call twice)."""
+        await self._http.aclose()
+
+
+# ---------------------------------------------------------------------------------------------
+# Local: a GGUF reranker through llama-cpp-python
+
+
+def _meta(llama: Any, key: str) -> str | None:
+    value = llama.metadata.get(key)
+    return value if isinstance(value, str) else None
+
+
+class LocalGgufReranker:
+    """A GGUF reranker (e.g. bge-reranker-v2-m3, Qwen3-Reranker) run in-process.
+
+    The model is loaded on the first call, in a worker thread, with
+    ``Llama(..., embedding=True, pooling_type=LLAMA_POOLING_TYPE_RANK)``. Before any pair is
+    decoded the file's metadata must declare rank pooling (``<arch>.pooling_type = 4``, which
+    llama.cpp's converter writes for reranker models): an embedding model has no
+    classification head, and llama.cpp would abort or return garbage. Each pair is laid out as
+    llama.cpp's server does it: the model's ``rerank`` chat template with ``{query}`` and
+    ``{document}`` when it has one, else ``[BOS] query [EOS] [SEP] document [EOS]`` (each
+    special token only where the vocabulary adds it); the pair is cut to 1,024 tokens (or the
+    model's trained context when smaller, the document losing its end) and its
+    score is the rank-pooled output. Calls run one at a time (a llama.cpp context is not
+    thread-safe).
+
+    Attributes:
+        provider_id: ``"local"``.
+        model: the configured path as given.
+        model_path: the path, ``~`` expanded.
+    """
+
+    provider_id = "local"
+
+    def __init__(self, *, model_path: str) -> None:
+        """Args:
+            model_path: the GGUF file (checked on first use, not here).
+        """
+        self.model = model_path
+        self.model_path = Path(model_path).expanduser()
+        self._lock = threading.Lock()
+        self._llama: Any = None
+        self._template: str | None = None
+        self._max_tokens = LOCAL_MAX_PAIR_TOKENS
+
+    def _load_locked(self) -> Any:
+        if self._llama is not None:
+            return self._llama
+        if not self.model_path.is_file():
+            raise RerankerError(self.provider_id,
+                                f"reranker model file not found: {self.model_path}")
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise RerankerError(self.provider_id, LLAMA_CPP_MISSING) from exc
+        try:
+            llama = llama_cpp.Llama(model_path=str(self.model_path), embedding=True,
+                                    pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK,
+                                    n_ctx=LOCAL_MAX_PAIR_TOKENS, n_batch=LOCAL_MAX_PAIR_TOKENS,
+                                    n_ubatch=LOCAL_MAX_PAIR_TOKENS, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise RerankerError(self.provider_id,
+                                f"cannot load reranker model {self.model_path}: {exc}") from exc
+        arch = _meta(llama, "general.architecture") or "?"
+        pooling = _meta(llama, f"{arch}.pooling_type")
+        if pooling != GGUF_POOLING_RANK:
+            llama.close()
+            raise RerankerError(
+                self.provider_id,
+                f"{self.model_path.name} is not a reranker model ({arch}.pooling_type is "
+                f"{pooling or 'unset'}, a reranker GGUF declares {GGUF_POOLING_RANK} = rank); "
+                "set query.rerank.model to a cross-encoder GGUF such as bge-reranker-v2-m3")
+        self._template = _meta(llama, "tokenizer.chat_template.rerank")
+        # A pair never exceeds the model's trained context (BERT-style models have 512 positions).
+        trained = int(llama_cpp.llama_model_n_ctx_train(llama.model))
+        self._max_tokens = min(LOCAL_MAX_PAIR_TOKENS, trained) if trained > 0 else LOCAL_MAX_PAIR_TOKENS
+        self._llama = llama
+        return llama
+
+    def _pair_tokens(self, llama: Any, query: str, document: str) -> list[int]:
+        import llama_cpp
+
+        if self._template:
+            text = self._template.replace("{query}", query).replace("{document}", document)
+            return list(llama.tokenize(text.encode("utf-8"), add_bos=False,
+                                       special=True))[:self._max_tokens]
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        eos = llama_cpp.llama_vocab_eos(vocab)
+        eos = eos if eos >= 0 else llama_cpp.llama_vocab_sep(vocab)
+        add_eos = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
+        q = list(llama.tokenize(query.encode("utf-8"), add_bos=False, special=False))
+        d = list(llama.tokenize(document.encode("utf-8"), add_bos=False, special=False))
+        head = ([llama_cpp.llama_vocab_bos(vocab)] if llama_cpp.llama_vocab_get_add_bos(vocab) else [])
+        head += q + ([eos] if add_eos else [])
+        head += [llama_cpp.llama_vocab_sep(vocab)] if llama_cpp.llama_vocab_get_add_sep(vocab) else []
+        tail = [eos] if add_eos else []
+        room = max(0, self._max_tokens - len(head) - len(tail))
+        return (head + d[:room] + tail)[:self._max_tokens]
+
+    def _score_sync(self, query: str, documents: list[str]) -> list[float | None]:
+        with self._lock:
+            llama = self._load_locked()
+            return [self._decode_pair(llama, self._pair_tokens(llama, query, doc))
+                    for doc in documents]
+
+    def _decode_pair(self, llama: Any, tokens: list[int]) -> float:
+        """One pair through the model: every token an output (rank pooling reads them), the
+        pooled rank of sequence 0 as the score."""
+        import llama_cpp
+
+        tokens = tokens[:self._max_tokens]
+        memory = llama_cpp.llama_get_memory(llama.ctx)
+        if memory:
+            llama_cpp.llama_memory_clear(memory, True)
+        batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+        try:
+            for i, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1
+            batch.n_tokens = len(tokens)
+            rc = llama_cpp.llama_decode(llama.ctx, batch)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        if rc != 0:
+            raise RerankerError(self.provider_id, f"llama.cpp decode failed (code {rc})")
+        ptr = llama_cpp.llama_get_embeddings_seq(llama.ctx, 0)
+        if not ptr:
+            raise RerankerError(self.provider_id, "llama.cpp returned no rank score")
+        value = float(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float))[0])
+        if not math.isfinite(value):
+            raise RerankerError(self.provider_id, "the model gave a non-finite score")
+        return value
+
+    async def score(self, query: str, documents: list[str]) -> list[float | None]:
+        """Score each (query, document) pair with the model (loaded on first use).
+
+        Raises:
+            RerankerError: the file is missing, llama-cpp-python is missing, the file is not a
+                reranker GGUF, or llama.cpp failed.
+        """
+        if not documents:
+            return []
+        return await anyio.to_thread.run_sync(self._score_sync, query, list(documents),
+                                              abandon_on_cancel=True)
+
+    async def aclose(self) -> None:
+        """Drop the loaded model (it is reloaded on the next call)."""
+        def release() -> None:
+            with self._lock:
+                llama, self._llama = self._llama, None
+            if llama is not None:
+                llama.close()
+
+        await anyio.to_thread.run_sync(release)
+
+
+def reranker_from_settings(settings: RerankSettings) -> Reranker | None:
+    """The configured reranker, or ``None`` when ``query.rerank.provider`` is unset.
+
+    Nothing is loaded or contacted here; problems (a missing file, no llama-cpp-python, a dead
+    server) surface as ``RerankerError`` on the first call, as a warning in the answer.
+    """
+    if settings.provider == "http":
+        return HttpReranker(base_url=settings.base_url or "", model=settings.model,
+                            api_key=settings.api_key, timeout_ms=settings.effective_timeout_ms)
+    if settings.provider == "local":
+        return LocalGgufReranker(model_path=settings.model)
+    return None

@@ -1,0 +1,93 @@
+"""``qmdbridge search --explain`` and the reranker as a real process: the ``explain`` object in
+``--json``, the indented block in plain output, and a failing rerank server that leaves the
+answer whole with a warning."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.fallback.embeddings_fake_server import Reply, serve
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "memory").mkdir(parents=True)
+    (root / "MEMORY.md").write_text("# Facts\nThe router is an ER605.\n")
+    (root / "memory" / "2026-01-12.md").write_text("# Log\nRebooted the router twice.\n")
+    return root
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    exe = shutil.which("qmdbridge") or ""
+    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+
+
+def test_explain_json_and_plain_block(ws: Path, env: dict[str, str]) -> None:
+    p = run(["search", "router", "--workspace", str(ws), "--explain", "--json"], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert doc["mode"] == "fts-only" and doc["warnings"] == []
+    hits = doc["results"]
+    assert sorted(h["path"] for h in hits) == ["MEMORY.md", "memory/2026-01-12.md"]
+    for rank, h in enumerate(hits, start=1):
+        e = h["explain"]
+        assert set(e) == {"mode", "keyword", "vector", "fusion", "decay", "rerank", "mmr", "floor",
+                          "rank"}
+        assert (e["mode"], e["rank"], e["vector"], e["fusion"], e["decay"], e["rerank"], e["mmr"]) == (
+            "fts-only", rank, None, None, None, None, None)
+        assert e["keyword"]["textScore"] == h["score"] and e["keyword"]["bm25"] < 0
+        assert e["floor"] == {"minScore": 0.35, "relaxedFloor": None, "kept": True,
+                              "reason": f"score {h['score']:.4f} >= minScore 0.35"}
+    text = run(["search", "router", "--workspace", str(ws), "--explain"], env)
+    assert text.returncode == 0, text.stderr
+    first = hits[0]["explain"]
+    block = ["  explain: fts-only, rank 1",
+             f"    keyword: rank {first['keyword']['rank']}, bm25 {first['keyword']['bm25']:.4g}, "
+             f"text score {first['keyword']['textScore']:.4f}",
+             f"    floor: kept (score {hits[0]['score']:.4f} >= minScore 0.35)"]
+    lines = text.stdout.decode().splitlines()
+    assert lines[0] == f"{hits[0]['score']:.3f} {hits[0]['path']}:1-2"
+    at = lines.index("  explain: fts-only, rank 1")
+    assert lines[at:at + 3] == block
+    assert "  explain: fts-only, rank 2" in lines
+    plain = run(["search", "router", "--workspace", str(ws)], env)
+    assert b"explain" not in plain.stdout
+
+
+def test_a_failing_rerank_server_leaves_the_answer_whole(ws: Path, env: dict[str, str],
+                                                         tmp_path: Path) -> None:
+    baseline = orjson.loads(run(["search", "router", "--workspace", str(ws), "--json"], env).stdout)
+    with serve(lambda req: Reply(500, {"error": {"message": "no GPU left"}})) as srv:
+        cfg = tmp_path / "openclaw.json5"
+        cfg.write_text("{ agents: { defaults: { memorySearch: { query: { rerank: "
+                       f"{{ provider: 'http', model: 'rr', baseUrl: '{srv.url}' }} }} }} }} }} }}")
+        p = run(["search", "router", "--workspace", str(ws), "--config", str(cfg), "--json"], env)
+        text = run(["search", "router", "--workspace", str(ws), "--config", str(cfg)], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    warning = "rerank skipped, fused order kept: http reranker failed: HTTP 500: no GPU left"
+    assert doc["warnings"] == [warning]
+    assert [(h["path"], h["score"]) for h in doc["results"]] == [
+        (h["path"], h["score"]) for h in baseline["results"]]
+    assert len(srv.requests) == 4  # two searches, one retry each
+    assert text.returncode == 0 and f"warning: {warning}\n".encode() in text.stderr
+    assert text.stdout.decode().splitlines()[0].endswith(f" {baseline['results'][0]['path']}:1-2")

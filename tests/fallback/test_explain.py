@@ -1,0 +1,165 @@
+"""``search --explain``: the ranking trace of the builtin engine on a tiny synthetic workspace,
+with exact values for every step (keyword BM25, vector cosine, fusion, decay, MMR, floor)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fallback.embeddings import ProviderSelection
+from fallback.engine.builtin import BuiltinEngine
+from fallback.search.fts import build_fts_query
+from fallback.search.keyword import keyword_rows
+from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.store.db import Store
+
+pytestmark = pytest.mark.anyio
+
+# 2026-02-10T00:00:00Z: memory/2026-02-09.md is 1 day old, memory/2026-01-12.md 29 days.
+NOW_MS = 1_770_681_600_000
+
+
+class CountProvider:
+    """Deterministic embeddings: [count of "alpha", count of "beta"]."""
+
+    provider_id = "test-count"
+    model = "count-v1"
+    dims = 2
+    provider_key = "key-1"
+    max_input_tokens = 8192
+    max_batch_bytes = 8000
+
+    def _vec(self, text: str) -> list[float]:
+        low = text.lower()
+        return [float(low.count("alpha")), float(low.count("beta"))]
+
+    async def embed_query(self, text: str) -> list[float]:
+        return self._vec(text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        return [self._vec(t) for t in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "MEMORY.md").write_text("# Facts\nBeta alpha knowledge base entry.\n")
+    (tmp_path / "memory" / "2026-01-12.md").write_text("# Log\nAlpha memory line.\n")
+    (tmp_path / "memory" / "2026-02-09.md").write_text("# Log\nAlpha alpha beta notes.\n")
+    return tmp_path
+
+
+def _engine(ws: Path, *, embeddings: bool, **query: Any) -> BuiltinEngine:
+    search = MemorySearchSettings.model_validate(
+        {"provider": "openai" if embeddings else "none", "query": {"minScore": 0.1, **query}})
+    sel = (ProviderSelection(CountProvider(), "test-count", unavailable_reason=None) if embeddings
+           else ProviderSelection(None, "none", unavailable_reason="provider set to none"))
+    return BuiltinEngine(EngineSettings.for_workspace(ws, search=search), provider_selection=sel,
+                         now_ms=lambda: NOW_MS)
+
+
+def _bm25(engine: BuiltinEngine, query: str) -> dict[str, float]:
+    """The raw FTS5 bm25() of each keyword hit, straight from the store, by path."""
+    store = Store(engine.settings.db_path)
+    try:
+        plan = build_fts_query(query)
+        assert plan is not None
+        return {r[1]: r[6] for r in keyword_rows(store, plan, sources=["memory"], limit=10)}
+    finally:
+        store.close()
+
+
+async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
+    engine = _engine(ws, embeddings=True, hybrid={"mmr": {"enabled": True, "lambda": 0.7},
+                                              "temporalDecay": {"enabled": True}})
+    try:
+        outcome = await engine.search_detailed("alpha", explain=True)
+        bm25 = _bm25(engine, "alpha")
+    finally:
+        await engine.close()
+    assert outcome.warnings == []
+    paths = [r.path for r in outcome.results]
+    assert paths == ["memory/2026-02-09.md", "MEMORY.md", "memory/2026-01-12.md"]
+    ex = {r.path: r.explain for r in outcome.results}
+    assert all(e is not None and e.mode == "hybrid" for e in ex.values())
+    newest, facts, oldest = ex["memory/2026-02-09.md"], ex["MEMORY.md"], ex["memory/2026-01-12.md"]
+    assert newest and facts and oldest
+    # vector side: cosine of [2,1], [1,1], [1,0] with the query [1,0], ranked by cosine
+    assert (oldest.vector and oldest.vector.rank, newest.vector and newest.vector.rank,
+            facts.vector and facts.vector.rank) == (1, 2, 3)
+    assert oldest.vector and oldest.vector.cosine == pytest.approx(1.0, abs=1e-6)
+    assert newest.vector and newest.vector.cosine == pytest.approx(2 / math.sqrt(5), abs=1e-6)
+    assert facts.vector and facts.vector.cosine == pytest.approx(1 / math.sqrt(2), abs=1e-6)
+    # keyword side: the store's own bm25() values, in BM25 order
+    for path, e in ex.items():
+        assert e and e.keyword and e.keyword.bm25 == bm25[path]
+    assert [ex[p].keyword.rank for p in sorted(bm25, key=bm25.__getitem__)] == [1, 2, 3]  # type: ignore[union-attr]
+    for path, r in zip(paths, outcome.results, strict=True):
+        e = ex[path]
+        assert e and e.fusion and e.vector and e.keyword and e.decay and e.mmr
+        # fusion: 0.7 x cosine + 0.3 x text score; decay multiplies; MMR keeps scores
+        assert (e.fusion.vector_weight, e.fusion.text_weight) == (0.7, 0.3)
+        assert e.fusion.score == pytest.approx(0.7 * e.vector.cosine + 0.3 * e.keyword.text_score)
+        assert e.decay.score == pytest.approx(e.fusion.score * e.decay.factor)
+        assert r.score == pytest.approx(e.decay.score)
+        assert (r.vector_score, r.text_score) == (pytest.approx(e.vector.cosine), e.keyword.text_score)
+        assert e.rerank is None
+        assert e.mmr.lambda_ == 0.7 and e.mmr.rank_after == e.rank
+        assert e.floor.kept and e.floor.min_score == 0.1 and e.floor.relaxed_floor is None
+        assert e.floor.reason == f"score {r.score:.4f} >= minScore 0.1"
+    # decay: dated by the file name, age in days at NOW_MS; MEMORY.md is evergreen
+    assert (newest.decay and newest.decay.age_days, newest.decay and newest.decay.dated_by) == (1.0, "name")
+    assert newest.decay and newest.decay.factor == pytest.approx(0.5 ** (1 / 30), rel=1e-12)
+    assert oldest.decay and (oldest.decay.age_days, oldest.decay.half_life_days) == (29.0, 30.0)
+    assert oldest.decay.factor == pytest.approx(0.5 ** (29 / 30), rel=1e-12)
+    assert facts.decay and (facts.decay.age_days, facts.decay.factor, facts.decay.dated_by) == (None, 1.0, None)
+    # the oldest note had the best fusion score and fell to last through decay
+    assert oldest.fusion and newest.fusion and oldest.fusion.score > newest.fusion.score
+    assert [ex[p].rank for p in paths] == [1, 2, 3]  # type: ignore[union-attr]
+
+
+async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
+    engine = _engine(ws, embeddings=False)
+    try:
+        outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
+        plain = await engine.search_detailed("alpha", min_score=0.99)
+        bm25 = _bm25(engine, "alpha")
+    finally:
+        await engine.close()
+    assert [r.path for r in outcome.results] == [r.path for r in plain.results]
+    assert all(r.explain is None for r in plain.results)
+    first = outcome.results[0].explain
+    assert first is not None
+    assert first.model_dump(by_alias=True) == {
+        "mode": "fts-only",
+        "keyword": {"rank": first.keyword and first.keyword.rank,
+                    "bm25": bm25[outcome.results[0].path],
+                    "textScore": outcome.results[0].score},
+        "vector": None, "fusion": None, "decay": None, "rerank": None, "mmr": None,
+        "floor": {"minScore": 0.99, "relaxedFloor": None, "kept": True,
+                  "reason": "no hit reached minScore 0.99; the best keyword hits are kept"},
+        "rank": 1,
+    }
+
+
+async def test_hybrid_relaxed_floor_is_explained(ws: Path) -> None:
+    # No fused score reaches minScore 0.99, so keyword hits are kept down to the relaxed floor
+    # min(minScore, textWeight) = 0.3.
+    engine = _engine(ws, embeddings=True)
+    try:
+        outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
+    finally:
+        await engine.close()
+    assert len(outcome.results) == 3
+    for r in outcome.results:
+        e = r.explain
+        assert e is not None and e.mode == "hybrid" and e.decay is None and e.mmr is None
+        assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (0.99, 0.3, True)
+        assert e.floor.reason == (f"no hit reached minScore 0.99; keyword hit with score "
+                                  f"{r.score:.4f} >= relaxed floor 0.3")

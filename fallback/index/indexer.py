@@ -26,8 +26,12 @@ keeps its progress and leaves a consistent index; a cancelled full reindex remov
 temporary database (the cleanup runs shielded).
 
 Embeddings (when a provider exists): chunk texts are looked up in ``embedding_cache`` by
-``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``; fresh
-vectors are upserted into the cache, which is pruned to ``cache.maxEntries`` oldest first.
+``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``. Then, in
+one transaction per file, cache hits get ``updated_at = now`` (their recency), fresh vectors are
+upserted and the cache is pruned to ``cache.maxEntries``, least recently used first: on every
+sync, incremental ones too (the reference prunes after full reindexes only, spec §6.3 step 6).
+A chunk's vector is stored once, as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` is
+left at ``'[]'``, see migration ``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
@@ -292,12 +296,11 @@ class Indexer:
         report = SyncReport(full=True, full_reason=reason)
         temp_path = temp_db_path(live.path)
         try:
-            temp = await anyio.to_thread.run_sync(partial(
-                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
-                writer_lock=live.writer_lock))
             # The temporary database is scratch until it is published: no fsync per file, and
             # nothing to delete before writing a file (it starts empty).
-            await anyio.to_thread.run_sync(temp.query, "PRAGMA synchronous=OFF")
+            temp = await anyio.to_thread.run_sync(partial(
+                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
+                writer_lock=live.writer_lock, scratch=True))
             self._fresh_store = temp
             try:
                 if self.settings.search.cache.enabled:
@@ -428,15 +431,17 @@ class Indexer:
         found: dict[str, list[float]] = {}
         if cache_on:
             found = await anyio.to_thread.run_sync(self._cache_lookup, store, hashes)
+        hits = list(found)
         misses = [h for h in hashes if h not in found]
+        new: dict[str, list[float]] = {}
         if misses:
             text_of = {c.content_hash: c.text for c in chunks}
             fresh = await p.embed_batch([text_of[h] for h in misses])
             report.chunks_embedded += len(misses)
             new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(misses)}
             found.update(new)
-            if cache_on:
-                await self._write(store, partial(self._cache_store, store, new))
+        if cache_on and (hits or new):
+            await self._write(store, partial(self._cache_store, store, new, hits))
         return [found.get(c.content_hash, []) for c in chunks]
 
     def _cache_lookup(self, store: Store, hashes: list[str]) -> dict[str, list[float]]:
@@ -456,25 +461,37 @@ class Indexer:
                     out[h] = vec
         return out
 
-    def _cache_store(self, store: Store, vectors: dict[str, list[float]]) -> None:
+    def _cache_store(self, store: Store, vectors: dict[str, list[float]], hits: list[str]) -> None:
+        """One transaction: refresh the recency of ``hits``, upsert the non-empty ``vectors``
+        (content hash -> embedding) and prune the cache to ``cache.maxEntries``."""
         assert self.provider is not None
         p = self.provider
         now = self._now_ms()
         with store.transaction() as conn:
             conn.executemany(
+                "UPDATE embedding_cache SET updated_at = ? WHERE provider = ? AND model = ?"
+                " AND provider_key = ? AND hash = ?",
+                [(now, p.provider_id, p.model, p.provider_key, h) for h in hits])
+            conn.executemany(
                 "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash,"
                 " embedding, dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [(p.provider_id, p.model, p.provider_key, h, orjson.dumps(v).decode(), len(v), now)
                  for h, v in vectors.items() if v])
+            self._prune_cache_rows(conn)
 
     def _prune_cache(self, store: Store) -> None:
-        limit = self.settings.search.cache.max_entries
         with store.transaction() as conn:
-            count = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
-            if count > limit:
-                conn.execute(
-                    "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
-                    " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - limit,))
+            self._prune_cache_rows(conn)
+
+    def _prune_cache_rows(self, conn: Any) -> None:
+        """Delete the least recently used cache rows beyond ``cache.maxEntries`` (inside the
+        caller's transaction): oldest ``updated_at`` first, then oldest row."""
+        limit = self.settings.search.cache.max_entries
+        count = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
+        if count > limit:
+            conn.execute(
+                "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
+                " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - limit,))
 
     def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
                     rows: list[_Row]) -> None:
@@ -490,10 +507,10 @@ class Indexer:
                 c = row.chunk
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
-                    " model, text, embedding, vector, dims, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " model, text, vector, dims, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
-                     c.content_hash, self._model, c.text, orjson.dumps(row.vector).decode(),
+                     c.content_hash, self._model, c.text,
                      pack_vector(row.vector) if row.vector else None,
                      len(row.vector) if row.vector else None, now))
                 if fts_ok:

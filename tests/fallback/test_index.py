@@ -177,7 +177,7 @@ async def test_forced_rebuild_reuses_cache_and_failure_keeps_live_index(ws: Path
     assert provider.texts_embedded == 2
     assert store.query("SELECT COUNT(*) FROM embedding_cache")[0][0] == 2
     blob = store.query("SELECT vector, dims, embedding FROM chunks WHERE path = 'MEMORY.md'")[0]
-    assert blob == (b"\x00\x00\x00\x00\x00\x00\x80?", 2, "[0.0,1.0]")
+    assert blob == (b"\x00\x00\x00\x00\x00\x00\x80?", 2, "[]")  # one copy: the BLOB
     await _sync(settings, store, provider=provider, force=True)
     assert provider.texts_embedded == 2  # second forced sync: zero embedding calls (case 60)
     (ws / "memory" / "new.md").write_text("alpha alpha fresh note")

@@ -19,8 +19,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
-``fallback/store/errors.py``, by SQLite result code, subprocesses in ``qmdbridge/qmd/runner.py``, HTTP in
-``fallback/embeddings/_http.py``) with ``raise ... from exc``.
+``fallback/store/errors.py``, by SQLite result code; subprocesses in
+``qmdbridge/qmd/runner.py``; HTTP in ``fallback/embeddings/_http.py``) with ``raise ... from exc``.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ calls search and index; the writer lock itself is described in ``fallback/store/
   for a live file that cannot take a backup (missing, not a database, other page size).
 - ``SQLITE_BUSY``/``SQLITE_LOCKED`` (a checkpoint, a schema change, a non-engine writer) are
   retried a few times with jittered backoff on top of the busy timeout (``Store.busy_retries``
-  counts them); only then does ``IndexStoreError`` reach the caller.
+  counts them); only then does ``IndexStoreLockedError`` reach the caller.
 - Opening never creates an empty database in the middle of another process's swap: an
   existing store is opened with ``mode=rw``; a new one is created only under the writer lock;
   when ``<db>`` is missing but a backup exists, the open waits (bounded) for the swap to
@@ -143,7 +143,7 @@ class Store:
             (an existing store keeps its tokenizer, see :attr:`fts_tokenizer`).
         busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
         busy_retry_attempts: calls of a statement that keeps hitting ``SQLITE_BUSY`` before
-            ``IndexStoreError`` is raised (>= 1).
+            ``IndexStoreLockedError`` is raised (>= 1).
         writer_lock: the inter-process writer lock to use (a rebuild's temporary store shares
             the live store's); default a new :class:`~fallback.store.lock.StoreWriteLock`.
         swap_wait_ms: how long opening waits for another process's swap to bring ``<db>``
@@ -157,8 +157,10 @@ class Store:
         busy_retries: how many times a busy statement was retried (kept across reopens).
 
     Raises:
-        IndexStoreError: the file cannot be opened, is corrupt, read-only or locked, or another
-            process's swap did not finish within ``swap_wait_ms``.
+        IndexStoreCorruptError / IndexStoreReadOnlyError / IndexStoreLockedError: the file is
+            damaged or not a database, cannot be written, or stayed locked.
+        IndexStoreError: the file cannot be opened, or another process's swap did not finish
+            within ``swap_wait_ms``.
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
@@ -333,7 +335,8 @@ class Store:
         timeout, then jittered backoff, ``busy_retry_attempts`` calls in all).
 
         Raises:
-            IndexStoreError: on any SQLite error (including a lock held past all retries).
+            IndexStoreLockedError: the write lock stayed held past all retries.
+            IndexStoreError: on any other SQLite error (typed, see ``fallback/store/errors.py``).
         """
         with self.locked() as conn:
             self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
@@ -410,7 +413,7 @@ class Store:
         """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
 
         Raises:
-            IndexStoreError: when the file is not a database at all.
+            IndexStoreCorruptError: when the file is not a database at all.
         """
         rows = self.query("PRAGMA quick_check")
         return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])

@@ -10,7 +10,10 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
      |    +-- QmdCommandError, QmdOutputError (qmdbridge/qmd/errors.py: qmd failed or printed garbage)
-     +-- IndexStoreError             a locked, read-only or corrupt SQLite store
+     +-- IndexStoreError             a SQLite store failure (fallback/store/errors.py maps codes):
+     |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
+     |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)
+     |    +-- IndexStoreCorruptError    ... damaged or not a database (SQLITE_CORRUPT/NOTADB)
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
      +-- RerankerError               the reranker stage failed (provider, status); the search
@@ -18,8 +21,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
-``fallback/store/db.py``, subprocesses in ``qmdbridge/qmd/runner.py``, HTTP in
-``fallback/embeddings/_http.py``) with ``raise ... from exc``.
+``fallback/store/errors.py``, by SQLite result code; subprocesses in
+``qmdbridge/qmd/runner.py``; HTTP in ``fallback/embeddings/_http.py``) with ``raise ... from exc``.
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ class BackendTimeoutError(BackendUnavailableError, TimeoutError):
 
 
 class IndexStoreError(MemorySearchError):
-    """Raised when the SQLite store is locked past the busy timeout, read-only or corrupt.
+    """Raised when the SQLite store fails; the subclasses in ``fallback/store/errors.py`` say
+    whether it was locked past the busy timeout, read-only or corrupt.
 
     Attributes:
         db_path: the store file.

@@ -197,20 +197,18 @@ def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
                                     "use a Python whose SQLite has FTS5 (3.34+ for trigram)"))
     finally:
         conn.close()
-    try:
-        import apsw
-        import sqlite_vec
+    # The same probe the engine runs: sqlite-vec is only ever loaded into the store's own sqlite3.
+    from fallback.store.vectors import probe_sqlite_vec
 
-        c = apsw.Connection(":memory:")
-        c.enable_load_extension(True)
-        c.load_extension(agent.memory_search.store.vector.extension_path or sqlite_vec.loadable_path())
-        row = c.execute("select vec_version()").fetchone()
-        version = row[0] if row else "?"
-        c.close()
-        checks.append(Check("sqlite-vec", "ok", f"sqlite-vec {version} via apsw"))
-    except Exception as exc:  # any load failure means brute-force vectors
-        checks.append(Check("sqlite-vec", "warn", f"not loadable ({exc}); vectors use exact brute-force cosine",
-                            "pip install apsw sqlite-vec, or set store.vector.extensionPath"))
+    configured = agent.memory_search.store.vector.extension_path
+    path, reason = probe_sqlite_vec(configured)
+    if path is not None:
+        checks.append(Check("sqlite-vec", "ok", f"sqlite-vec loads into the store's sqlite3 ({path})"))
+    elif configured:
+        checks.append(Check("sqlite-vec", "warn", f"store.vector.extensionPath not loadable: {reason}",
+                            "fix store.vector.extensionPath, or remove it"))
+    else:  # exact search either way; only where the cosine is computed differs
+        checks.append(Check("sqlite-vec", "ok", f"vectors by exact numpy cosine: {reason}"))
     return checks
 
 

@@ -1,9 +1,11 @@
-"""Benchmark VectorIndex: sqlite-vec (apsw, side-file vec0 mirror) vs numpy brute force.
+"""Benchmark VectorIndex: sqlite-vec in the store (exact scan in SQL) vs numpy brute force.
 
 Builds a store of N chunks x D dims (deterministic random unit vectors, 80% model ``m1``,
 two sources) in a temporary directory, then times, per mode: the first search (connection,
-mirror build or matrix load), warm searches (p50/p95 over many queries), and the first search
-after one chunk changed (incremental mirror refresh / matrix reload). Prints a table in ms.
+extension load or matrix load), warm searches (p50/p95 over many queries), and the first
+search after one chunk changed (brute force reloads its matrix). Prints a table in ms. The
+sqlite-vec row needs a Python whose ``sqlite3`` loads extensions; elsewhere both rows are
+brute force (the ``mode`` column says which).
 
 Usage: python3 scripts/bench_vectors.py [--chunks 10000] [--dims 384] [--queries 200] [--limit 24]
 """

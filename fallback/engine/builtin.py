@@ -56,7 +56,8 @@ from fallback.search.explain import SearchTrace
 from fallback.search.pipeline import Searcher, SearchOutcome
 from fallback.search.rerank import reranker_from_settings
 from fallback.settings import EngineSettings
-from fallback.store.db import META_KEY, Store, is_readonly_error
+from fallback.store.db import META_KEY, Store
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 from fallback.store.files import quarantine_corrupt_store
 
 __all__ = ["BuiltinEngine"]
@@ -131,9 +132,7 @@ class BuiltinEngine:
                                  fts_tokenizer=self.settings.search.store.fts.tokenizer)
                 try:
                     self._store = await anyio.to_thread.run_sync(opener)
-                except IndexStoreError as exc:
-                    if "is corrupt" not in str(exc):
-                        raise
+                except IndexStoreCorruptError as exc:
                     # The index is derived from the Markdown files: set the broken file aside
                     # (kept for inspection, nothing deleted) and rebuild from the sources.
                     moved = await anyio.to_thread.run_sync(
@@ -147,7 +146,7 @@ class BuiltinEngine:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
 
-    async def _recover_corrupt(self, exc: IndexStoreError) -> None:
+    async def _recover_corrupt(self, exc: IndexStoreCorruptError) -> None:
         """Close the corrupt store, move its files aside and start over with an empty one."""
         async with self._open_lock:
             if self._store is not None:
@@ -161,8 +160,8 @@ class BuiltinEngine:
                 problem = store.quick_check()
                 if problem != "ok":
                     store.close()
-                    raise IndexStoreError(f"index store is corrupt: {problem}",
-                                          db_path=str(self.settings.db_path))
+                    raise IndexStoreCorruptError(f"index store is corrupt: {problem}",
+                                                 db_path=str(self.settings.db_path))
                 return store
 
             moved = await anyio.to_thread.run_sync(
@@ -306,9 +305,7 @@ class BuiltinEngine:
         """
         try:
             return await self._sync_shared(reason=reason, force=force, paths=paths)
-        except IndexStoreError as exc:
-            if not _is_corrupt(exc):
-                raise
+        except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
             return await self._sync_shared(reason=reason, force=force, paths=paths)
 
@@ -375,9 +372,7 @@ class BuiltinEngine:
         recovery = store.readonly_recovery
         try:
             return await indexer.sync(store, force=force, paths=paths)
-        except IndexStoreError as exc:
-            if not is_readonly_error(exc):
-                raise
+        except IndexStoreReadOnlyError as exc:
             recovery.attempts += 1
             recovery.last_error = str(exc)
             log.warning("index store is read-only, reopening and retrying once: %s", exc)
@@ -479,9 +474,7 @@ class BuiltinEngine:
                        explain=explain)
         try:
             return await once()
-        except IndexStoreError as exc:
-            if not _is_corrupt(exc):
-                raise
+        except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
             return await once()
 
@@ -568,8 +561,7 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
-            live=self._live, notes=self._notes,
-            extra_custom={"readonlyRecovery": store.readonly_recovery.as_dict()})
+            live=self._live, notes=self._notes)
 
     async def probe_embeddings(self) -> tuple[bool, str | None]:
         """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""
@@ -591,8 +583,3 @@ class BuiltinEngine:
             return False
         status = await anyio.to_thread.run_sync(self._vector_index().status)
         return bool(status["available"])
-
-
-def _is_corrupt(exc: IndexStoreError) -> bool:
-    """Whether a store error means the file is damaged (as opposed to locked or read-only)."""
-    return "is corrupt" in str(exc)

@@ -25,9 +25,11 @@ Cancellation: each file is written in its own transaction, so a sync cancelled b
 keeps its progress and leaves a consistent index; a cancelled full reindex removes its
 temporary database (the cleanup runs shielded).
 
-Embeddings (when a provider exists): chunk texts are looked up in ``embedding_cache`` by
-``(provider, model, provider_key, hash)``; only misses go to ``provider.embed_batch``; fresh
-vectors are upserted into the cache, which is pruned to ``cache.maxEntries`` oldest first.
+Embeddings (when a provider exists): chunk texts are looked up in the embedding cache
+(``fallback/index/embedding_cache.py``); only misses go to ``provider.embed_batch``; then, in one
+transaction per file, hits are marked used, fresh vectors cached and the cache pruned to
+``cache.maxEntries``, least recently used first (every sync). A chunk's vector is stored once,
+as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
@@ -47,6 +49,7 @@ import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import IndexStoreError
+from fallback.index import embedding_cache
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.sources.memory_files import (
@@ -73,8 +76,6 @@ __all__ = [
 
 # Model name recorded for chunks written without an embedding provider (spec §3).
 FTS_ONLY_MODEL = "fts-only"
-# Hashes per SQL ``IN`` list when looking up the embedding cache (spec §6.3).
-CACHE_LOOKUP_BATCH = 400
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000
 # Skip reason of a file that disappeared between discovery and reading.
@@ -292,12 +293,11 @@ class Indexer:
         report = SyncReport(full=True, full_reason=reason)
         temp_path = temp_db_path(live.path)
         try:
-            temp = await anyio.to_thread.run_sync(partial(
-                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
-                writer_lock=live.writer_lock))
             # The temporary database is scratch until it is published: no fsync per file, and
             # nothing to delete before writing a file (it starts empty).
-            await anyio.to_thread.run_sync(temp.query, "PRAGMA synchronous=OFF")
+            temp = await anyio.to_thread.run_sync(partial(
+                Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
+                writer_lock=live.writer_lock, scratch=True))
             self._fresh_store = temp
             try:
                 if self.settings.search.cache.enabled:
@@ -427,54 +427,28 @@ class Indexer:
         hashes = list(dict.fromkeys(c.content_hash for c in chunks))
         found: dict[str, list[float]] = {}
         if cache_on:
-            found = await anyio.to_thread.run_sync(self._cache_lookup, store, hashes)
+            found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
+        hits = list(found)
         misses = [h for h in hashes if h not in found]
+        new: dict[str, list[float]] = {}
         if misses:
             text_of = {c.content_hash: c.text for c in chunks}
             fresh = await p.embed_batch([text_of[h] for h in misses])
             report.chunks_embedded += len(misses)
             new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(misses)}
             found.update(new)
-            if cache_on:
-                await self._write(store, partial(self._cache_store, store, new))
+        if cache_on and (hits or new):
+            await self._write(store, partial(self._cache_write, store, new, hits))
         return [found.get(c.content_hash, []) for c in chunks]
 
-    def _cache_lookup(self, store: Store, hashes: list[str]) -> dict[str, list[float]]:
+    def _cache_write(self, store: Store, vectors: dict[str, list[float]], hits: list[str]) -> None:
         assert self.provider is not None
-        p = self.provider
-        out: dict[str, list[float]] = {}
-        for i in range(0, len(hashes), CACHE_LOOKUP_BATCH):
-            part = hashes[i:i + CACHE_LOOKUP_BATCH]
-            marks = ", ".join("?" for _ in part)
-            rows = store.query(
-                f"SELECT hash, embedding FROM embedding_cache WHERE provider = ? AND model = ?"
-                f" AND provider_key = ? AND hash IN ({marks})",
-                [p.provider_id, p.model, p.provider_key, *part])
-            for h, emb in rows:
-                vec = orjson.loads(emb)
-                if vec:
-                    out[h] = vec
-        return out
-
-    def _cache_store(self, store: Store, vectors: dict[str, list[float]]) -> None:
-        assert self.provider is not None
-        p = self.provider
-        now = self._now_ms()
-        with store.transaction() as conn:
-            conn.executemany(
-                "INSERT OR REPLACE INTO embedding_cache(provider, model, provider_key, hash,"
-                " embedding, dims, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(p.provider_id, p.model, p.provider_key, h, orjson.dumps(v).decode(), len(v), now)
-                 for h, v in vectors.items() if v])
+        embedding_cache.store_and_prune(store, self.provider, vectors, hits, now_ms=self._now_ms(),
+                                        max_entries=self.settings.search.cache.max_entries)
 
     def _prune_cache(self, store: Store) -> None:
-        limit = self.settings.search.cache.max_entries
         with store.transaction() as conn:
-            count = conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0]
-            if count > limit:
-                conn.execute(
-                    "DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
-                    " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - limit,))
+            embedding_cache.prune(conn, max_entries=self.settings.search.cache.max_entries)
 
     def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
                     rows: list[_Row]) -> None:
@@ -490,10 +464,10 @@ class Indexer:
                 c = row.chunk
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
-                    " model, text, embedding, vector, dims, updated_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " model, text, vector, dims, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
-                     c.content_hash, self._model, c.text, orjson.dumps(row.vector).decode(),
+                     c.content_hash, self._model, c.text,
                      pack_vector(row.vector) if row.vector else None,
                      len(row.vector) if row.vector else None, now))
                 if fts_ok:

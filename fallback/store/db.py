@@ -1,13 +1,18 @@
-"""The builtin engine's SQLite store: connection, migrations, error mapping, publishing a rebuild.
+"""The builtin engine's SQLite store: connections, migrations, publishing a rebuild.
 
 One SQLite file per agent (``EngineSettings.db_path``), opened with WAL, ``busy_timeout`` and
 ``synchronous=NORMAL``; the schema comes from the numbered migrations in
-``fallback/store/migrations.py``. Every ``sqlite3.Error`` is translated into ``IndexStoreError`` in
-exactly one place, :func:`translate_errors`.
+``fallback/store/migrations.py``. Every ``sqlite3`` error is translated into a typed
+``IndexStoreError`` by :func:`fallback.store.errors.translate_errors` (by SQLite result code).
 
-A :class:`Store` serialises all use of its one connection with a lock, so it may be shared
-between worker threads (``anyio.to_thread``); each file's write is one ``BEGIN IMMEDIATE``
-transaction (:meth:`Store.transaction`).
+A :class:`Store` holds two connections to the file, so it may be shared between worker threads
+(``anyio.to_thread``):
+
+- the writer (:attr:`Store.conn`), behind the store's write lock: migrations, each file's
+  ``BEGIN IMMEDIATE`` transaction (:meth:`Store.transaction`), publishing a rebuild;
+- the reader (``PRAGMA query_only``), behind a lock of its own: every :meth:`Store.query`.
+  Under WAL a reader never waits for a writer, so a search answers from the last committed
+  index while a sync, or a rebuild's publish, holds an open write transaction.
 
 Concurrency model (several processes on one store: a ``serve`` process syncing while CLI
 calls search and index; the writer lock itself is described in ``fallback/store/lock.py``):
@@ -25,7 +30,7 @@ calls search and index; the writer lock itself is described in ``fallback/store/
   for a live file that cannot take a backup (missing, not a database, other page size).
 - ``SQLITE_BUSY``/``SQLITE_LOCKED`` (a checkpoint, a schema change, a non-engine writer) are
   retried a few times with jittered backoff on top of the busy timeout (``Store.busy_retries``
-  counts them); only then does ``IndexStoreError`` reach the caller.
+  counts them); only then does ``IndexStoreLockedError`` reach the caller.
 - Opening never creates an empty database in the middle of another process's swap: an
   existing store is opened with ``mode=rw``; a new one is created only under the writer lock;
   when ``<db>`` is missing but a backup exists, the open waits (bounded) for the swap to
@@ -51,6 +56,14 @@ import orjson
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from fallback.errors import IndexStoreError
+from fallback.store.errors import (
+    IndexStoreCorruptError,
+    IndexStoreLockedError,
+    code_kind,
+    error_kind,
+    is_locked,
+    translate_errors,
+)
 from fallback.store.files import (
     file_id,
     has_leftovers,
@@ -66,12 +79,9 @@ __all__ = [
     "META_KEY",
     "ReadonlyRecovery",
     "Store",
-    "is_busy_error",
-    "is_readonly_error",
     "remove_db_files",
     "swap_db_files",
     "temp_db_path",
-    "translate_errors",
 ]
 
 T = TypeVar("T")
@@ -91,86 +101,15 @@ DEFAULT_SWAP_WAIT_MS = 10_000
 WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
 # Opens retried when the file at the path changes while it is being opened.
 _OPEN_ATTEMPTS = 3
-# SQLite primary result codes used below.
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
-
-
-def _primary_code(exc: BaseException) -> int | None:
-    code = getattr(exc, "sqlite_errorcode", None)  # Python >= 3.11
-    return int(code) & 0xFF if isinstance(code, int) else None
-
-
-def is_busy_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is SQLite's ``SQLITE_BUSY``/``SQLITE_LOCKED`` ("database is locked")."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = _primary_code(exc)
-    if code is not None:
-        return code in (_SQLITE_BUSY, _SQLITE_LOCKED)
-    low = str(exc).lower()
-    return "database is locked" in low or "busy" in low or "table is locked" in low
-
-
-def is_readonly_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or the ``sqlite3.Error`` an ``IndexStoreError`` wraps) is
-    ``SQLITE_READONLY`` ("attempt to write a readonly database")."""
-    cause = exc.__cause__ if isinstance(exc, IndexStoreError) else exc
-    if not isinstance(cause, sqlite3.Error):
-        return False
-    code = _primary_code(cause)
-    if code is not None:
-        return code == _SQLITE_READONLY
-    low = str(cause).lower()
-    return "readonly" in low or "read-only" in low
-
-
-def _is_corrupt(exc: BaseException) -> bool:
-    code = _primary_code(exc)
-    if code is not None:
-        return code in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
-    low = str(exc).lower()
-    return "malformed" in low or "not a database" in low
 
 
 def _retry_busy(fn: Callable[[], T], *, attempts: int, on_retry: Callable[[], None]) -> T:
-    """Call ``fn``; retry it while it raises a busy error, at most ``attempts`` calls in all."""
-    retrying = Retrying(retry=retry_if_exception(is_busy_error),
+    """Call ``fn``; retry it while it raises a locked error, at most ``attempts`` calls in all."""
+    retrying = Retrying(retry=retry_if_exception(is_locked),
                         stop=stop_after_attempt(max(1, attempts)),
                         wait=wait_random_exponential(multiplier=0.02, max=0.25),
                         before_sleep=lambda _state: on_retry(), reraise=True)
     return retrying(fn)
-
-
-def _describe(exc: sqlite3.Error) -> str:
-    text = str(exc) or type(exc).__name__
-    low = text.lower()
-    if "locked" in low or "busy" in low:
-        return f"index store is locked by another process past the busy timeout: {text}"
-    if "readonly" in low or "read-only" in low:
-        return f"index store is read-only: {text}"
-    if "malformed" in low or "not a database" in low or "corrupt" in low:
-        return f"index store is corrupt: {text}"
-    if "unable to open" in low:
-        return f"index store cannot be opened: {text}"
-    return f"index store error: {text}"
-
-
-@contextlib.contextmanager
-def translate_errors(db_path: Path | str | None) -> Iterator[None]:
-    """Re-raise any ``sqlite3.Error`` inside the block as ``IndexStoreError`` (chained).
-
-    The message names the condition: ``locked ... past the busy timeout``, ``read-only``,
-    ``corrupt`` (``database disk image is malformed``, ``file is not a database``) or a generic
-    ``index store error``, followed by SQLite's own text; ``db_path`` is kept on the error.
-
-    Raises:
-        IndexStoreError: for every ``sqlite3.Error``.
-    """
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise IndexStoreError(_describe(exc), db_path=str(db_path) if db_path else None) from exc
 
 
 @dataclass
@@ -196,7 +135,7 @@ class ReadonlyRecovery:
 
 
 class Store:
-    """An open store: one connection, migrated to the latest schema, lock-serialised.
+    """An open store: a writer and a reader connection, migrated to the latest schema.
 
     Args:
         path: the SQLite file; its parent directory is created.
@@ -204,11 +143,13 @@ class Store:
             (an existing store keeps its tokenizer, see :attr:`fts_tokenizer`).
         busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
         busy_retry_attempts: calls of a statement that keeps hitting ``SQLITE_BUSY`` before
-            ``IndexStoreError`` is raised (>= 1).
+            ``IndexStoreLockedError`` is raised (>= 1).
         writer_lock: the inter-process writer lock to use (a rebuild's temporary store shares
             the live store's); default a new :class:`~fallback.store.lock.StoreWriteLock`.
         swap_wait_ms: how long opening waits for another process's swap to bring ``<db>``
             back, in ms.
+        scratch: a rebuild's temporary database: ``synchronous=OFF`` (no fsync per file;
+            nothing is lost before it is published).
 
     Attributes:
         writer_lock: the store's :class:`~fallback.store.lock.StoreWriteLock`.
@@ -216,17 +157,22 @@ class Store:
         busy_retries: how many times a busy statement was retried (kept across reopens).
 
     Raises:
-        IndexStoreError: the file cannot be opened, is corrupt, read-only or locked, or another
-            process's swap did not finish within ``swap_wait_ms``.
+        IndexStoreCorruptError / IndexStoreReadOnlyError / IndexStoreLockedError: the file is
+            damaged or not a database, cannot be written, or stayed locked.
+        IndexStoreError: the file cannot be opened, or another process's swap did not finish
+            within ``swap_wait_ms``.
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
                  busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
                  busy_retry_attempts: int = DEFAULT_BUSY_RETRY_ATTEMPTS,
                  writer_lock: StoreWriteLock | None = None,
-                 swap_wait_ms: int = DEFAULT_SWAP_WAIT_MS) -> None:
+                 swap_wait_ms: int = DEFAULT_SWAP_WAIT_MS, scratch: bool = False) -> None:
         self.path = Path(path)
+        # Lock order: _lock (the writer) before _read_lock (the reader), never the reverse.
         self._lock = threading.RLock()
+        self._read_lock = threading.Lock()
+        self._synchronous = "OFF" if scratch else "NORMAL"
         self._tokenizer_wanted = fts_tokenizer
         self._busy_timeout_ms = busy_timeout_ms
         self._busy_attempts = busy_retry_attempts
@@ -236,6 +182,7 @@ class Store:
         self.readonly_recovery = ReadonlyRecovery()
         self.busy_retries = 0
         self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
         self._file_id: tuple[int, int] | None = None
         self._open()
 
@@ -291,29 +238,52 @@ class Store:
         return True
 
     def _connect(self, *, create: bool) -> None:
-        uri = f"{self.path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
+        """Open the writer (migrating the schema), then the reader, on the same file."""
+        base = self.path.resolve().as_uri()
         with translate_errors(self.path):
             for attempt in range(_OPEN_ATTEMPTS):
                 before = file_id(self.path)
-                conn = self._retry(lambda: self._connect_once(uri))
+                conn = self._retry(lambda: self._connect_writer(
+                    f"{base}?mode={'rwc' if create else 'rw'}"))
+                try:
+                    reader = self._retry(lambda: self._connect_reader(f"{base}?mode=rw"))
+                except BaseException:
+                    conn.close()
+                    raise
                 after = file_id(self.path)
                 # A different file before and after: swapped while opening, open the new one.
                 # (A file id recorded after the swap makes the next is_replaced() reopen.)
                 if before == after or attempt == _OPEN_ATTEMPTS - 1:
                     break
                 conn.close()
-        self._conn = conn
-        self._file_id = after if before == after else None
+                reader.close()
+        with self._read_lock:
+            self._conn = conn
+            self._reader = reader
+            self._file_id = after if before == after else None
 
-    def _connect_once(self, uri: str) -> sqlite3.Connection:
+    def _new_connection(self, uri: str) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=self._busy_timeout_ms / 1000,
                                check_same_thread=False, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
+        return conn
+
+    def _connect_writer(self, uri: str) -> sqlite3.Connection:
+        conn = self._new_connection(uri)
         try:
-            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
             self._migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _connect_reader(self, uri: str) -> sqlite3.Connection:
+        conn = self._new_connection(uri)
+        try:
+            conn.execute("PRAGMA query_only=ON")  # writes go through the writer, under its lock
         except BaseException:
             conn.close()
             raise
@@ -341,19 +311,19 @@ class Store:
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The open connection. Raises ``IndexStoreError`` after :meth:`close`."""
+        """The writer connection. Raises ``IndexStoreError`` after :meth:`close`."""
         if self._conn is None:
             raise IndexStoreError("index store is closed", db_path=str(self.path))
         return self._conn
 
     @property
     def is_open(self) -> bool:
-        """Whether the connection is open."""
+        """Whether the connections are open."""
         return self._conn is not None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[sqlite3.Connection]:
-        """Hold the store lock and translate SQLite errors; yields the connection."""
+        """Hold the write lock and translate SQLite errors; yields the writer connection."""
         with self._lock, translate_errors(self.path):
             yield self.conn
 
@@ -365,7 +335,8 @@ class Store:
         timeout, then jittered backoff, ``busy_retry_attempts`` calls in all).
 
         Raises:
-            IndexStoreError: on any SQLite error (including a lock held past all retries).
+            IndexStoreLockedError: the write lock stayed held past all retries.
+            IndexStoreError: on any other SQLite error (typed, see ``fallback/store/errors.py``).
         """
         with self.locked() as conn:
             self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
@@ -377,15 +348,28 @@ class Store:
             conn.execute("COMMIT")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement and return all rows (bound parameters only).
+        """Run one read statement on the reader and return all rows (bound parameters only).
 
-        Retried like ``BEGIN IMMEDIATE`` when SQLite reports busy.
+        Never waits for the write lock: it sees the last committed state, also while a sync or
+        a publish holds a write transaction open. Only while a rename swap reopens the files
+        does it wait for that to finish. Retried like ``BEGIN IMMEDIATE`` when SQLite reports
+        busy (a checkpoint or a schema change).
 
         Raises:
-            IndexStoreError: on any SQLite error.
+            IndexStoreError: on any SQLite error (typed, see ``fallback/store/errors.py``), or
+                ``index store is closed``; the reader cannot write.
         """
-        with self.locked() as conn:
-            return self._retry(lambda: conn.execute(sql, tuple(params)).fetchall())
+        def run(reader: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            return self._retry(lambda: reader.execute(sql, tuple(params)).fetchall())
+
+        with translate_errors(self.path):
+            with self._read_lock:
+                if self._reader is not None:
+                    return run(self._reader)
+            with self._lock, self._read_lock:  # closed, or reopening: wait for the writer
+                if self._reader is None:
+                    raise IndexStoreError("index store is closed", db_path=str(self.path))
+                return run(self._reader)
 
     def user_version(self) -> int:
         """``PRAGMA user_version``: the number of migrations applied."""
@@ -429,7 +413,7 @@ class Store:
         """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
 
         Raises:
-            IndexStoreError: when the file is not a database at all.
+            IndexStoreCorruptError: when the file is not a database at all.
         """
         rows = self.query("PRAGMA quick_check")
         return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])
@@ -511,7 +495,7 @@ class Store:
         try:
             live_page = conn.execute("PRAGMA page_size").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            if _is_corrupt(exc):
+            if error_kind(exc)[0] is IndexStoreCorruptError:
                 return False
             raise
         if live_page != src.execute("PRAGMA page_size").fetchone()[0]:
@@ -520,15 +504,16 @@ class Store:
         deadline = time.monotonic() + budget_s
 
         def progress(status: int, remaining: int, total: int) -> None:
-            if status in (_SQLITE_BUSY, _SQLITE_LOCKED) and time.monotonic() > deadline:
-                raise IndexStoreError("index store is locked by another process past the busy"
-                                      f" timeout: publishing the rebuilt index waited {budget_s:g} s",
-                                      db_path=str(self.path))
+            busy = code_kind(status)[0] is IndexStoreLockedError
+            if busy and time.monotonic() > deadline:
+                raise IndexStoreLockedError(
+                    "index store is locked by another process past the busy timeout:"
+                    f" publishing the rebuilt index waited {budget_s:g} s", db_path=str(self.path))
 
         try:
             src.backup(conn, progress=progress, sleep=0.05)
         except sqlite3.DatabaseError as exc:
-            if _is_corrupt(exc):
+            if error_kind(exc)[0] is IndexStoreCorruptError:
                 return False
             raise
         with contextlib.suppress(sqlite3.Error):
@@ -543,9 +528,13 @@ class Store:
     def reopen_if_replaced(self) -> bool:
         """Reopen when :meth:`is_replaced`; returns True when it reopened.
 
+        The check takes no lock, so a search calling it never waits for a write in progress.
+
         Raises:
             IndexStoreError: the new file cannot be opened (see :class:`Store`).
         """
+        if not self.is_replaced():
+            return False
         with self._lock:
             if not self.is_replaced():
                 return False
@@ -582,15 +571,17 @@ class Store:
             self._open()
 
     def _close_connection(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.close()
-                self._conn = None
-                self._file_id = None
+        with self._lock, self._read_lock:
+            for conn in (self._reader, self._conn):
+                if conn is not None:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.close()
+            self._conn = None
+            self._reader = None
+            self._file_id = None
 
     def close(self) -> None:
-        """Close the connection (and the writer lock when this store created it); idempotent."""
+        """Close both connections (and the writer lock when this store created it); idempotent."""
         with self._lock:
             self._close_connection()
             if self._owns_writer_lock:

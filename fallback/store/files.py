@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fallback.errors import IndexStoreError
+from fallback.store.errors import IndexStoreCorruptError
 
 __all__ = [
     "BACKUP_MARK",
@@ -226,11 +227,12 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
     """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>`` so a fresh one can be built.
 
     Runs under the store's writer lock and first tries ``opener`` again, in case another
-    process already repaired the store; returns the new name of the main file, or ``None``
-    when nothing had to move.
+    process already repaired the store; only an :class:`IndexStoreCorruptError` from it moves
+    the files. Returns the new name of the main file, or ``None`` when nothing had to move.
 
     Raises:
-        IndexStoreError: the writer lock could not be taken in time.
+        IndexStoreError: the writer lock could not be taken in time, or ``opener`` failed for
+            another reason than corruption (a locked or read-only store is never moved aside).
     """
     import time as _time
 
@@ -242,7 +244,7 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
             try:
                 opener().close()
                 return None
-            except IndexStoreError:
+            except IndexStoreCorruptError:
                 pass
             stamp = _time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime())
             target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")

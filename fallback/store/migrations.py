@@ -13,8 +13,9 @@ Schema (E1 table names, E2 behaviour; ``specs/builtin-engine-spec.md`` §4.2):
 - ``files(path, source, hash, mtime, size)``: one row per indexed file (mtime in ms, size in
   bytes, hash = sha256 hex of the content).
 - ``chunks(id, path, source, start_line, end_line, hash, model, text, embedding, vector, dims,
-  updated_at)``: ``embedding`` is the JSON array (``[]`` when none), ``vector`` the same numbers
-  as float32 little-endian BLOB (NULL when none), ``dims`` its length.
+  updated_at)``: ``vector`` is the chunk's embedding as a float32 little-endian BLOB (NULL when
+  none), ``dims`` its length; ``embedding`` is always ``'[]'`` since ``m006`` (kept for the
+  reference schema, see there).
 - ``chunks_fts``: FTS5 over ``text`` (``unicode61`` or ``trigram case_sensitive 0``), with
   ``id, path, source, model, start_line, end_line`` UNINDEXED; its rowid equals the chunk's
   ``chunks.rowid``.
@@ -26,6 +27,8 @@ Schema (E1 table names, E2 behaviour; ``specs/builtin-engine-spec.md`` §4.2):
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from collections.abc import Callable
 
@@ -127,6 +130,35 @@ def m005_chunks_path_source(conn: sqlite3.Connection, *, fts_tokenizer: str) -> 
     conn.execute("CREATE INDEX IF NOT EXISTS idx_chunks_path_source ON chunks(path, source)")
 
 
+def m006_single_vector_copy(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Keep one copy of each chunk vector: ``chunks.vector``.
+
+    Until now a chunk's embedding was stored twice in the store (``chunks.embedding`` as JSON,
+    written but never read, and ``chunks.vector`` as a float32 BLOB) and a third time in the
+    sqlite-vec side file ``<store>-vec``. Vector search now reads ``chunks.vector`` only: with
+    sqlite-vec loaded into the store's own connection, or exact numpy brute force where Python's
+    ``sqlite3`` cannot load extensions (``fallback/store/vectors.py``). So this migration:
+
+    - sets ``chunks.embedding`` to ``'[]'`` on every row (the JSON copies go; SQLite reuses the
+      freed pages). The column itself is kept: the reference schema
+      (``specs/builtin-engine-spec.md`` §4.2) declares ``chunks.embedding TEXT NOT NULL`` and
+      writes it in every chunk upsert (§4.6), and the store lives at the reference's path
+      (``<stateDir>/memory/<agentId>.sqlite``), so a reference-schema client opening this file
+      must still find the column; ``'[]'`` is that schema's own "no embedding" value, and the
+      column's default, so our writes simply leave it out;
+    - deletes the side file ``<store>-vec`` (and its ``-wal``/``-shm``), a cache that nothing
+      reads any more. Files are not transactional: should this migration roll back, the old
+      code would rebuild that cache on its next query, so nothing is lost either way.
+    """
+    conn.execute("UPDATE chunks SET embedding = '[]' WHERE embedding <> '[]'")
+    main_file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"),
+                     "")
+    if main_file:
+        for suffix in ("-vec", "-vec-wal", "-vec-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(f"{main_file}{suffix}")
+
+
 # Ordered; position i (0-based) brings the store to user_version i + 1.
 MIGRATIONS: tuple[Callable[..., None], ...] = (
     m001_core,
@@ -134,4 +166,5 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m003_embedding_cache,
     m004_skipped_files,
     m005_chunks_path_source,
+    m006_single_vector_copy,
 )

@@ -23,6 +23,7 @@ import orjson
 from fallback.errors import BackendUnavailableError, PathRefusedError
 from fallback.models import MemoryReadResult, MemorySearchResult, Source
 from fallback.sources.read_page import DEFAULT_READ_LINES, DEFAULT_READ_MAX_CHARS, page_text
+from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdOutputError
 
@@ -313,10 +314,9 @@ class DocLookup:
 
     @staticmethod
     def _raise_busy(exc: sqlite3.Error) -> None:
-        msg = str(exc)
-        if "locked" in msg.lower() or "busy" in msg.lower():
+        if is_locked(exc):  # SQLITE_BUSY / SQLITE_LOCKED, by result code
             raise BackendUnavailableError(
-                "qmd", f"qmd index busy while reading results: {msg}") from exc
+                "qmd", f"qmd index busy while reading results: {exc}") from exc
 
     def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, str]]:
         conn = self._connection()

@@ -1,4 +1,4 @@
-"""The store: migrations, SQLite error mapping, atomic swap, keyword rows (fallback/store/db.py)."""
+"""The store: migrations, typed SQLite errors, atomic swap, keyword rows (fallback/store/db.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,11 @@ from fallback.store.db import (
     remove_db_files,
     swap_db_files,
     temp_db_path,
-    translate_errors,
+)
+from fallback.store.errors import (
+    IndexStoreCorruptError,
+    IndexStoreLockedError,
+    IndexStoreReadOnlyError,
 )
 from fallback.store.migrations import MIGRATIONS
 
@@ -37,7 +41,7 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 5
+        assert store.user_version() == len(MIGRATIONS) == 6
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
             "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",
@@ -60,7 +64,7 @@ def test_reopen_is_idempotent_and_keeps_tokenizer(tmp_path: Path) -> None:
     store = Store(db, fts_tokenizer="unicode61")
     try:
         assert _schema(db) == before
-        assert store.user_version() == 5
+        assert store.user_version() == 6
         assert store.fts_tokenizer == "trigram"
     finally:
         store.close()
@@ -75,7 +79,7 @@ def test_older_version_is_migrated_forward(tmp_path: Path) -> None:
     conn.close()
     store = Store(db)
     try:
-        assert store.user_version() == 5
+        assert store.user_version() == 6
         fresh = tmp_path / "fresh.sqlite"
         Store(fresh).close()
         assert _schema(db) == _schema(fresh)
@@ -86,20 +90,20 @@ def test_older_version_is_migrated_forward(tmp_path: Path) -> None:
 def test_not_a_database_maps_to_index_store_error(tmp_path: Path) -> None:
     db = tmp_path / "main.sqlite"
     db.write_bytes(b"this is definitely not sqlite" * 200)
-    with pytest.raises(IndexStoreError) as info:
+    with pytest.raises(IndexStoreCorruptError) as info:
         Store(db)
     assert str(info.value) == (f"index store is corrupt: file is not a database ({db})")
     assert info.value.db_path == str(db)
     assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
 
 
-def test_lock_past_busy_timeout_maps_to_index_store_error(tmp_path: Path) -> None:
+def test_lock_past_busy_timeout_is_locked_error(tmp_path: Path) -> None:
     db = tmp_path / "main.sqlite"
     store = Store(db, busy_timeout_ms=50)
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
-        with pytest.raises(IndexStoreError) as info, store.transaction() as conn:
+        with pytest.raises(IndexStoreLockedError) as info, store.transaction() as conn:
             conn.execute("DELETE FROM files")
         assert str(info.value).startswith(
             "index store is locked by another process past the busy timeout: database is locked")
@@ -109,14 +113,22 @@ def test_lock_past_busy_timeout_maps_to_index_store_error(tmp_path: Path) -> Non
         store.close()
 
 
-def test_readonly_maps_to_index_store_error(tmp_path: Path) -> None:
-    with pytest.raises(IndexStoreError) as info, translate_errors(tmp_path / "x.sqlite"):
-        raise sqlite3.OperationalError("attempt to write a readonly database")
-    assert str(info.value) == (
-        f"index store is read-only: attempt to write a readonly database ({tmp_path / 'x.sqlite'})")
-    with pytest.raises(IndexStoreError) as info, translate_errors(None):
-        raise sqlite3.DatabaseError("database disk image is malformed")
-    assert str(info.value) == "index store is corrupt: database disk image is malformed"
+def test_read_only_writer_and_the_reader_are_read_only_errors(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    store = Store(db)
+    try:
+        with pytest.raises(IndexStoreReadOnlyError) as info:
+            store.query("DELETE FROM files")  # the reader never writes
+        assert str(info.value) == (
+            f"index store is read-only: attempt to write a readonly database ({db})")
+        store.conn.execute("PRAGMA query_only=ON")  # the writer can no longer write either
+        with pytest.raises(IndexStoreReadOnlyError), store.transaction() as conn:
+            conn.execute("DELETE FROM files")
+        store.reopen()
+        with store.transaction() as conn:
+            conn.execute("DELETE FROM files")
+    finally:
+        store.close()
 
 
 def test_closed_store_raises(tmp_path: Path) -> None:
@@ -205,3 +217,89 @@ def test_keyword_rows_english_and_cjk_substrings(tmp_path: Path) -> None:
         assert rank == 0.0
     finally:
         store.close()
+
+
+class _CountProvider:
+    """Deterministic provider: vector = [count of "alpha", count of "beta"]."""
+
+    provider_id = "test-count"
+    model = "count-v1"
+    dims = 2
+    provider_key = "key-1"
+    max_input_tokens = 8192
+    max_batch_bytes = 8000
+
+    def __init__(self) -> None:
+        self.texts_embedded = 0
+
+    def _vec(self, text: str) -> list[float]:
+        low = text.lower()
+        return [float(low.count("alpha")), float(low.count("beta"))]
+
+    async def embed_query(self, text: str) -> list[float]:
+        return self._vec(text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        self.texts_embedded += len(texts)
+        return [self._vec(t) for t in texts]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _hybrid_engine(ws: Path, provider: _CountProvider):
+    from fallback.embeddings import ProviderSelection
+    from fallback.engine.builtin import BuiltinEngine
+    from fallback.settings import EngineSettings, MemorySearchSettings
+
+    settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="openai"))
+    return BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "test-count"),
+                         now_ms=lambda: 1_770_681_600_000)
+
+
+@pytest.mark.anyio
+async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path: Path) -> None:
+    import json
+    import struct
+
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "MEMORY.md").write_text("Beta knowledge base entry.")
+    (tmp_path / "memory" / "2026-01-12.md").write_text("# Log\nAlpha alpha memory line.\n")
+    provider = _CountProvider()
+    engine = _hybrid_engine(tmp_path, provider)
+    await engine.sync(reason="cli")
+    db = engine.settings.db_path
+    await engine.close()
+    # Put the file back as version 5 wrote it: the same tables, every vector also as JSON in
+    # chunks.embedding, and the sqlite-vec side file next to the store.
+    conn = sqlite3.connect(db, isolation_level=None)
+    rows = conn.execute("SELECT id, vector FROM chunks ORDER BY id").fetchall()
+    for chunk_id, blob in rows:
+        vector = list(struct.unpack(f"<{len(blob) // 4}f", blob))
+        conn.execute("UPDATE chunks SET embedding = ? WHERE id = ?", (json.dumps(vector), chunk_id))
+    conn.execute("PRAGMA user_version=5")
+    before = conn.execute("SELECT id, path, start_line, end_line, vector FROM chunks ORDER BY id"
+                          ).fetchall()
+    assert sorted(r[0] for r in conn.execute("SELECT embedding FROM chunks")) == [
+        "[0.0, 1.0]", "[2.0, 0.0]"]
+    conn.close()
+    mirror = sqlite3.connect(f"{db}-vec")
+    mirror.execute("CREATE TABLE chunks_vec_state(id TEXT PRIMARY KEY, updated_at INTEGER)")
+    mirror.commit()
+    mirror.close()
+
+    upgraded = _hybrid_engine(tmp_path, provider)
+    hits = await upgraded.search("alpha", min_score=0.0)
+    assert [(h.path, h.start_line, h.end_line) for h in hits][0] == ("memory/2026-01-12.md", 1, 2)
+    assert hits[0].vector_score == pytest.approx(1.0)
+    assert provider.texts_embedded == 2  # nothing re-embedded: the old rows answered
+    await upgraded.close()
+    store = Store(db)
+    try:
+        assert store.user_version() == 6
+        assert store.query("SELECT id, path, start_line, end_line, vector FROM chunks ORDER BY id"
+                           ) == before
+        assert store.query("SELECT DISTINCT embedding FROM chunks") == [("[]",)]
+    finally:
+        store.close()
+    assert not Path(f"{db}-vec").exists()

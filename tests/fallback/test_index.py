@@ -177,7 +177,7 @@ async def test_forced_rebuild_reuses_cache_and_failure_keeps_live_index(ws: Path
     assert provider.texts_embedded == 2
     assert store.query("SELECT COUNT(*) FROM embedding_cache")[0][0] == 2
     blob = store.query("SELECT vector, dims, embedding FROM chunks WHERE path = 'MEMORY.md'")[0]
-    assert blob == (b"\x00\x00\x00\x00\x00\x00\x80?", 2, "[0.0,1.0]")
+    assert blob == (b"\x00\x00\x00\x00\x00\x00\x80?", 2, "[]")  # one copy: the BLOB
     await _sync(settings, store, provider=provider, force=True)
     assert provider.texts_embedded == 2  # second forced sync: zero embedding calls (case 60)
     (ws / "memory" / "new.md").write_text("alpha alpha fresh note")
@@ -197,4 +197,56 @@ async def test_cache_is_pruned_to_max_entries(ws: Path) -> None:
     store = Store(settings.db_path)
     await _sync(settings, store, provider=CountProvider(), force=True)
     assert store.query("SELECT COUNT(*) FROM embedding_cache")[0][0] == 1
+    store.close()
+
+
+async def test_every_sync_prunes_the_cache_least_recently_used_first(tmp_path: Path) -> None:
+    """Incremental syncs prune too, and a cache hit makes its entry the most recent one."""
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "MEMORY.md").write_text("Beta one.")
+    (tmp_path / "memory" / "a.md").write_text("alpha a")
+    settings = _settings(tmp_path, cache={"maxEntries": 3})
+    store = Store(settings.db_path)
+    provider = CountProvider()
+    clock = iter(range(1_700_000_000_000, 1_700_000_100_000, 1000))
+    indexer = Indexer(settings, provider=provider, write_limiter=anyio.CapacityLimiter(1),
+                      now_ms=lambda: next(clock))
+
+    def cached() -> list[str]:
+        """Paths whose chunk text is in the cache, least recently used first."""
+        return [r[0] for r in store.query(
+            "SELECT MIN(c.path) FROM embedding_cache e JOIN chunks c ON c.hash = e.hash"
+            " GROUP BY e.hash ORDER BY MIN(e.updated_at), MIN(e.rowid)")]
+
+    assert (await indexer.sync(store)).full is True
+    assert cached() == ["MEMORY.md", "memory/a.md"]
+    (tmp_path / "memory" / "b.md").write_text("alpha b")
+    assert (await indexer.sync(store)).full is False
+    assert cached() == ["MEMORY.md", "memory/a.md", "memory/b.md"]
+    (tmp_path / "memory" / "c.md").write_text("Beta one.")  # same text as MEMORY.md: a hit
+    report = await indexer.sync(store)
+    assert (report.files_indexed, report.chunks_embedded) == (1, 0)
+    assert cached() == ["memory/a.md", "memory/b.md", "MEMORY.md"]  # the hit is now newest
+    (tmp_path / "memory" / "d.md").write_text("alpha d")
+    report = await indexer.sync(store)
+    assert (report.full, report.chunks_embedded) == (False, 1)
+    # four entries for three places: the least recently used (a.md's) went, not MEMORY.md's
+    assert cached() == ["memory/b.md", "MEMORY.md", "memory/d.md"]
+    assert store.query("SELECT COUNT(*) FROM embedding_cache") == [(3,)]
+    assert provider.texts_embedded == 4
+    (tmp_path / "memory" / "e.md").write_text("alpha e")
+    (tmp_path / "memory" / "f.md").write_text("alpha f")
+    await indexer.sync(store)
+    assert cached() == ["memory/d.md", "memory/e.md", "memory/f.md"]
+    store.close()
+
+
+async def test_cache_off_writes_and_prunes_nothing(ws: Path) -> None:
+    settings = _settings(ws, cache={"enabled": False, "maxEntries": 1})
+    store = Store(settings.db_path)
+    provider = CountProvider()
+    await _sync(settings, store, provider=provider)
+    await _sync(settings, store, provider=provider, force=True)
+    assert provider.texts_embedded == 4  # no cache: the rebuild embedded both chunks again
+    assert store.query("SELECT COUNT(*) FROM embedding_cache") == [(0,)]
     store.close()

@@ -1,24 +1,36 @@
-"""VectorIndex: sqlite-vec mirror (through apsw) and numpy brute force give the same answers."""
+"""VectorIndex: sqlite-vec inside the store and numpy brute force give the same answers.
+
+Every test runs in both modes. Python's ``sqlite3`` on this machine may not load extensions (then
+the ``sqlite-vec`` cases skip here), so the last test runs this module again under an interpreter
+whose ``sqlite3`` does, where none of them skips.
+"""
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fallback.errors import ManagerClosedError
-from fallback.store.vectors import VectorIndex
+from fallback.store.vectors import NO_EXTENSION_LOADING, VectorIndex, probe_sqlite_vec
 
 SCHEMA = """CREATE TABLE chunks(
   id TEXT PRIMARY KEY, path TEXT NOT NULL, source TEXT NOT NULL DEFAULT 'memory',
   start_line INTEGER NOT NULL, end_line INTEGER NOT NULL, hash TEXT NOT NULL, model TEXT NOT NULL,
-  text TEXT NOT NULL, embedding TEXT NOT NULL, vector BLOB, dims INTEGER, updated_at INTEGER NOT NULL)"""
+  text TEXT NOT NULL, embedding TEXT NOT NULL DEFAULT '[]', vector BLOB, dims INTEGER,
+  updated_at INTEGER NOT NULL)"""
 
 BROKEN_EXTENSION = "/nonexistent/vec0"
+ROOT = Path(__file__).resolve().parents[2]
+LOADS_HERE = probe_sqlite_vec()[0] is not None
 
 
 def make_store(path: Path) -> sqlite3.Connection:
@@ -33,28 +45,23 @@ def put(conn: sqlite3.Connection, chunk_id: str, vec: list[float] | None, *, mod
     blob = None if vec is None else np.asarray(vec, dtype="<f4").tobytes()
     conn.execute(
         "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash, model, text, "
-        "embedding, vector, dims, updated_at) VALUES (?, ?, ?, 1, 2, 'h', ?, 't', ?, ?, ?, ?)",
-        (chunk_id, f"memory/{chunk_id}.md", source, model, json.dumps(vec or []), blob,
+        "vector, dims, updated_at) VALUES (?, ?, ?, 1, 2, 'h', ?, 't', ?, ?, ?)",
+        (chunk_id, f"memory/{chunk_id}.md", source, model, blob,
          None if vec is None else len(vec), updated_at))
 
 
-def apsw_mirror(db: Path):
-    import apsw
-    import sqlite_vec
-
-    mirror = apsw.Connection(str(db) + "-vec")
-    mirror.setbusytimeout(2000)
-    mirror.enableloadextension(True)
-    mirror.loadextension(sqlite_vec.loadable_path())
-    return mirror
+@pytest.fixture(params=["sqlite-vec", "brute-force"])
+def mode(request: pytest.FixtureRequest) -> str:
+    if request.param == "sqlite-vec" and not LOADS_HERE:
+        pytest.skip("this Python's sqlite3 cannot load extensions (the child-process test covers it)")
+    return str(request.param)
 
 
-def both(db: Path) -> tuple[VectorIndex, VectorIndex]:
-    fast = VectorIndex(db)
-    slow = VectorIndex(db, extension_path=BROKEN_EXTENSION)
-    assert fast.mode == "sqlite-vec"
-    assert slow.mode == "brute-force"
-    return fast, slow
+def index_for(db: Path, mode: str) -> VectorIndex:
+    """A VectorIndex in ``mode``; a loadable that does not exist forces brute force."""
+    index = VectorIndex(db) if mode == "sqlite-vec" else VectorIndex(db, extension_path=BROKEN_EXTENSION)
+    assert index.mode == mode
+    return index
 
 
 @pytest.fixture
@@ -87,122 +94,108 @@ def reference(vectors, query, *, model, sources, limit):
 def test_modes_and_status(tmp_path):
     db = tmp_path / "s.sqlite"
     make_store(db).close()
-    fast = VectorIndex(db)
-    assert fast.reason == "python sqlite3 cannot load extensions; using apsw"
-    status = fast.status()
+    default = VectorIndex(db)
+    status = default.status()
     assert set(status) == {"enabled", "available", "mode", "reason", "dims", "extensionPath",
-                           "mirrorError", "lastQueryMode"}
-    assert (status["enabled"], status["available"], status["mode"]) == (True, True, "sqlite-vec")
-    assert status["extensionPath"].endswith("vec0")
-    slow = VectorIndex(db, extension_path=BROKEN_EXTENSION)
-    assert slow.reason.startswith("sqlite-vec failed to load: ")
-    assert slow.status()["available"] is True
+                           "lastQueryMode"}
+    if LOADS_HERE:
+        assert (status["mode"], status["reason"]) == ("sqlite-vec", None)
+        assert status["extensionPath"].endswith("vec0")
+    else:
+        assert (status["mode"], status["reason"]) == ("brute-force", NO_EXTENSION_LOADING)
+    assert (status["enabled"], status["available"], status["lastQueryMode"]) == (True, True, None)
+    broken = VectorIndex(db, extension_path=BROKEN_EXTENSION)
+    assert broken.mode == "brute-force"
+    if LOADS_HERE:
+        assert broken.reason.startswith("sqlite-vec failed to load: index store error: ")
+        assert broken.reason.endswith("; exact brute-force cosine")
+    assert broken.status()["available"] is True
     off = VectorIndex(db, enabled=False)
     assert (off.mode, off.status()["available"]) == ("disabled", False)
     assert off.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
-    for index in (fast, slow, off):
+    for index in (default, broken, off):
         index.close()
 
 
 @pytest.mark.parametrize(("model", "sources", "limit"), [
     ("m1", ["memory"], 10), ("m1", ["memory", "sessions"], 25), ("m2", ["sessions"], 7),
     ("m2", ["memory", "sessions"], 500)])
-def test_sqlite_vec_and_brute_force_agree(random_store, model, sources, limit):
+def test_search_matches_exact_cosine(random_store, mode, model, sources, limit):
     db, _conn, vectors, rng = random_store
-    fast, slow = both(db)
+    index = index_for(db, mode)
     for _ in range(5):
         query = rng.normal(size=48).tolist()
         expected = reference(vectors, query, model=model, sources=sources, limit=limit)
-        got_fast = fast.search(query, model=model, sources=sources, limit=limit)
-        got_slow = slow.search(query, model=model, sources=sources, limit=limit)
-        assert [cid for cid, _ in got_fast] == [cid for cid, _ in expected]
-        assert [cid for cid, _ in got_slow] == [cid for cid, _ in expected]
-        for (_, a), (_, b), (_, e) in zip(got_fast, got_slow, expected, strict=True):
-            assert abs(a - b) < 1e-5
+        got = index.search(query, model=model, sources=sources, limit=limit)
+        assert [cid for cid, _ in got] == [cid for cid, _ in expected]
+        for (_, a), (_, e) in zip(got, expected, strict=True):
             assert abs(a - e) < 1e-5
-    assert fast.status()["lastQueryMode"] == "sqlite-vec"
-    assert slow.status()["lastQueryMode"] == "brute-force"
-    assert fast.dims == 48 and slow.dims == 48
-    fast.close()
-    slow.close()
+    assert index.status()["lastQueryMode"] == mode
+    assert index.dims == 48
+    index.close()
 
 
-def test_incremental_changes_seen_by_both(tmp_path):
+def test_incremental_changes_are_seen(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     conn = make_store(db)
     put(conn, "a", [1.0, 0.0, 0.0])
     put(conn, "b", [0.0, 1.0, 0.0])
-    fast, slow = both(db)
+    index = index_for(db, mode)
     q = [1.0, 0.2, 0.0]
-    for index in (fast, slow):
-        assert [c for c, _ in index.search(q, model="m1", sources=["memory"], limit=5)] == ["a", "b"]
+    assert [c for c, _ in index.search(q, model="m1", sources=["memory"], limit=5)] == ["a", "b"]
     put(conn, "c", [1.0, 0.2, 0.0])                      # new chunk, exact match
     conn.execute("DELETE FROM chunks WHERE id = 'b'")      # removed chunk
     put(conn, "a", [0.0, 0.0, 1.0], updated_at=2)          # rewritten vector
-    for index in (fast, slow):
-        hits = index.search(q, model="m1", sources=["memory"], limit=5)
-        assert [c for c, _ in hits] == ["c", "a"]
-        assert hits[0][1] == pytest.approx(1.0, abs=1e-6)
-        assert hits[1][1] == pytest.approx(0.0, abs=1e-6)
-    mirror = apsw_mirror(db)
-    state = mirror.execute("SELECT id, updated_at FROM chunks_vec_state ORDER BY id").fetchall()
-    assert state == [("a", 2), ("c", 1)]
-    mirror.close()
-    fast.close()
-    slow.close()
+    hits = index.search(q, model="m1", sources=["memory"], limit=5)
+    assert [c for c, _ in hits] == ["c", "a"]
+    assert hits[0][1] == pytest.approx(1.0, abs=1e-6)
+    assert hits[1][1] == pytest.approx(0.0, abs=1e-6)
+    index.close()
     conn.close()
 
 
-def test_dims_change_recreates_mirror_and_never_mixes(tmp_path):
+def test_dims_are_never_mixed(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     conn = make_store(db)
     put(conn, "small", [1.0, 0.0, 0.0])
     put(conn, "big", [1.0, 0.0, 0.0, 0.0, 0.0], model="m1")
-    fast, slow = both(db)
-    for index in (fast, slow):
-        assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=5)[0][0] == "small"
-        assert [c for c, _ in index.search([1.0, 0.0, 0.0, 0.0, 0.0], model="m1",
-                                           sources=["memory"], limit=5)] == ["big"]
-        assert index.dims == 5
-    mirror = apsw_mirror(db)
-    ddl = mirror.execute("SELECT sql FROM sqlite_master WHERE name = 'chunks_vec'").fetchall()[0][0]
-    assert "float[5]" in ddl
-    mirror.close()
-    fast.close()
-    slow.close()
+    index = index_for(db, mode)
+    assert [c for c, _ in index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"],
+                                       limit=5)] == ["small"]
+    assert index.dims == 3
+    assert [c for c, _ in index.search([1.0, 0.0, 0.0, 0.0, 0.0], model="m1",
+                                       sources=["memory"], limit=5)] == ["big"]
+    assert index.dims == 5
+    index.close()
     conn.close()
 
 
-def test_zero_vectors_and_degenerate_queries(tmp_path):
+def test_zero_vectors_and_degenerate_queries(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     conn = make_store(db)
     put(conn, "zero", [0.0, 0.0])
     put(conn, "none", None)
     put(conn, "a", [0.5, 0.5])
-    fast, slow = both(db)
-    for index in (fast, slow):
-        assert [c for c, _ in index.search([1.0, 1.0], model="m1", sources=["memory"], limit=5)] == ["a"]
-        assert index.search([0.0, 0.0], model="m1", sources=["memory"], limit=5) == []
-        assert index.search([], model="m1", sources=["memory"], limit=5) == []
-        assert index.search([1.0, 1.0], model="m1", sources=[], limit=5) == []
-        assert index.search([1.0, 1.0], model="m1", sources=["memory"], limit=0) == []
-        assert index.search([1.0, 1.0], model="other", sources=["memory"], limit=5) == []
-    fast.close()
-    slow.close()
+    index = index_for(db, mode)
+    assert [c for c, _ in index.search([1.0, 1.0], model="m1", sources=["memory"], limit=5)] == ["a"]
+    assert index.search([0.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    assert index.search([], model="m1", sources=["memory"], limit=5) == []
+    assert index.search([1.0, 1.0], model="m1", sources=[], limit=5) == []
+    assert index.search([1.0, 1.0], model="m1", sources=["memory"], limit=0) == []
+    assert index.search([1.0, 1.0], model="other", sources=["memory"], limit=5) == []
+    index.close()
     conn.close()
 
 
-def test_missing_store_then_atomic_swap(tmp_path):
+def test_missing_store_then_atomic_swap(tmp_path, mode):
     db = tmp_path / "s.sqlite"
-    fast, slow = both(db)
-    for index in (fast, slow):
-        assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == []
+    index = index_for(db, mode)
+    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == []
     assert not db.exists()
     conn = make_store(db)
     put(conn, "old", [1.0, 0.0])
     conn.close()
-    for index in (fast, slow):
-        assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["old"]
+    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["old"]
     tmp_db = tmp_path / "s.sqlite.tmp-1"
     conn = make_store(tmp_db)
     put(conn, "new", [0.0, 1.0])
@@ -211,87 +204,82 @@ def test_missing_store_then_atomic_swap(tmp_path):
     os.replace(tmp_db, db)
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)
-    for index in (fast, slow):
-        assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["new"]
-    fast.close()
-    slow.close()
+    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["new"]
+    index.close()
 
 
-def test_store_is_never_opened_by_apsw_and_writers_do_not_block(tmp_path):
+def test_no_vector_copies_and_writers_do_not_block(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     conn = make_store(db)
     put(conn, "a", [1.0, 0.0])
-    fast = VectorIndex(db)
-    assert fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == [("a", pytest.approx(1.0))]
-    # The store holds only the engine's tables: the mirror lives in its own file.
+    index = index_for(db, mode)
+    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == [("a", pytest.approx(1.0))]
+    # The vectors live in chunks.vector only: no vec0 table, no side file.
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert names == {"chunks", "sqlite_autoindex_chunks_1"}
-    assert (tmp_path / "s.sqlite-vec").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.sqlite", "s.sqlite-shm", "s.sqlite-wal"]
     writer = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     writer.execute("BEGIN IMMEDIATE")
     put(writer, "w", [0.9, 0.1])
     # An open write transaction on the store: the search still answers from committed data.
-    assert [c for c, _ in fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
+    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
     writer.execute("COMMIT")
-    assert [c for c, _ in fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a", "w"]
-    assert fast.status()["lastQueryMode"] == "sqlite-vec"
+    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a", "w"]
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     writer.close()
-    fast.close()
+    index.close()
     conn.close()
 
 
-def test_locked_mirror_falls_back_to_brute_force(tmp_path):
+def test_invalidate_and_close(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     conn = make_store(db)
     put(conn, "a", [1.0, 0.0])
-    fast = VectorIndex(db)
-    fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
-    other = apsw_mirror(db)          # another process refreshing the same mirror
-    other.execute("BEGIN IMMEDIATE")
-    put(conn, "b", [0.0, 1.0])
-    hits = fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
-    assert [c for c, _ in hits] == ["a", "b"]
-    status = fast.status()
-    assert status["lastQueryMode"] == "brute-force"
-    assert status["mirrorError"] == ("sqlite-vec mirror busy (locked by another process); "
-                                     "answered by brute force")
-    other.execute("COMMIT")
-    hits = fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
-    assert [c for c, _ in hits] == ["a", "b"]
-    assert fast.status()["lastQueryMode"] == "sqlite-vec"
-    assert fast.status()["mirrorError"] is None
-    other.close()
-    fast.close()
-    conn.close()
-
-
-def test_mirror_deleted_is_rebuilt(tmp_path):
-    db = tmp_path / "s.sqlite"
-    conn = make_store(db)
-    put(conn, "a", [1.0, 0.0])
-    fast = VectorIndex(db)
-    fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
-    for suffix in ("", "-wal", "-shm"):
-        Path(str(db) + "-vec" + suffix).unlink(missing_ok=True)
-    put(conn, "b", [0.5, 0.5])
-    assert [c for c, _ in fast.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a", "b"]
-    assert fast.status()["lastQueryMode"] == "sqlite-vec"
-    fast.close()
-    conn.close()
-
-
-def test_invalidate_and_close(tmp_path):
-    db = tmp_path / "s.sqlite"
-    conn = make_store(db)
-    put(conn, "a", [1.0, 0.0])
-    fast, slow = both(db)
-    for index in (fast, slow):
+    index = index_for(db, mode)
+    index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
+    index.invalidate()
+    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
+    index.close()
+    index.close()
+    with pytest.raises(ManagerClosedError, match="vector index is closed"):
         index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
-        index.invalidate()
-        assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
-        index.close()
-        index.close()
-        with pytest.raises(ManagerClosedError, match="vector index is closed"):
-            index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
     conn.close()
+
+
+def _extension_loading_python() -> str | None:
+    """Another interpreter of this Python version whose ``sqlite3`` loads extensions (the
+    compiled packages of this environment must fit it, hence the same major.minor)."""
+    wanted = f"({sys.version_info[0]}, {sys.version_info[1]})"
+    names = ["python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"]
+    candidates = [shutil.which(n) for n in names] + ["/usr/bin/python3", "/usr/local/bin/python3"]
+    seen: set[str] = set()
+    for exe in candidates:
+        if not exe or not os.path.isfile(exe) or os.path.realpath(exe) in seen:
+            continue
+        seen.add(os.path.realpath(exe))
+        probe = subprocess.run(
+            [exe, "-c", "import sqlite3, sys; print(hasattr(sqlite3.Connection, "
+             "'enable_load_extension'), tuple(sys.version_info[:2]))"],
+            capture_output=True, text=True, timeout=60, check=False)
+        if probe.returncode == 0 and probe.stdout.strip() == f"True {wanted}":
+            return exe
+    return None
+
+
+@pytest.mark.skipif(LOADS_HERE, reason="this Python loads sqlite-vec itself: covered above")
+def test_sqlite_vec_cases_under_an_interpreter_that_loads_extensions():
+    exe = _extension_loading_python()
+    if exe is None:
+        problem = "no interpreter of this Python version whose sqlite3 loads extensions"
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
+    paths = dict.fromkeys([str(ROOT), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    run = subprocess.run(
+        [exe, "-m", "pytest", str(Path(__file__)), "-q", "-p", "no:cacheprovider", "-rs",
+         "-k", "not under_an_interpreter"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300, check=False)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.fullmatch(r"\d+ passed, 1 deselected in [\d.]+s", summary), summary  # none skipped

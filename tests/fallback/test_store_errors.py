@@ -1,0 +1,226 @@
+"""Store errors: every sqlite3/apsw exception is translated, by result code, to a typed class.
+
+Like httpx's ``tests/test_exceptions.py``: enumerate the lower libraries' exception classes and
+the result codes we claim, and fail when one escapes untranslated or lands in the wrong class.
+Then produce the real conditions (a held lock, a read-only connection, a damaged page, a file
+that is not a database) with both libraries and check what comes out.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from functools import partial
+from pathlib import Path
+
+import apsw
+import pytest
+
+from fallback.errors import IndexStoreError, MemorySearchError
+from fallback.store.errors import (
+    ERROR_TABLE,
+    IndexStoreCorruptError,
+    IndexStoreLockedError,
+    IndexStoreReadOnlyError,
+    error_kind,
+    translate_errors,
+)
+
+# The primary result codes we claim, and the class each must become.
+CLAIMED = {
+    5: IndexStoreLockedError,     # SQLITE_BUSY
+    6: IndexStoreLockedError,     # SQLITE_LOCKED
+    8: IndexStoreReadOnlyError,   # SQLITE_READONLY
+    11: IndexStoreCorruptError,   # SQLITE_CORRUPT
+    26: IndexStoreCorruptError,   # SQLITE_NOTADB
+    14: IndexStoreError,          # SQLITE_CANTOPEN
+}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _exception_classes(module: object, base: type[BaseException]) -> list[type[BaseException]]:
+    found = [getattr(module, name) for name in dir(module)]
+    return sorted((c for c in found if isinstance(c, type) and issubclass(c, base)),
+                  key=lambda c: c.__name__)
+
+
+def _translated(exc: BaseException, db_path: str | None = "/x/main.sqlite") -> IndexStoreError:
+    with pytest.raises(IndexStoreError) as info, translate_errors(db_path):
+        raise exc
+    assert info.value.__cause__ is exc
+    return info.value
+
+
+def test_every_sqlite3_exception_class_is_translated() -> None:
+    classes = _exception_classes(sqlite3, sqlite3.Error)
+    assert len(classes) == 9  # Error and its eight DB-API subclasses
+    for cls in classes:
+        err = _translated(cls("boom"))
+        assert type(err) is IndexStoreError  # no result code: the plain class
+        assert str(err) == "index store error: boom (/x/main.sqlite)"
+        assert err.db_path == "/x/main.sqlite"
+
+
+def test_every_apsw_exception_class_is_translated() -> None:
+    classes = _exception_classes(apsw, apsw.Error)
+    assert len(classes) >= 40
+    for cls in classes:
+        err = _translated(cls("boom"))
+        assert isinstance(err, IndexStoreError)
+        assert isinstance(err, MemorySearchError)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in apsw.mapping_extended_result_codes
+                                        if isinstance(n, str)) +
+                         sorted(n for n in apsw.mapping_result_codes if isinstance(n, str)))
+def test_every_result_code_lands_in_its_class_for_both_libraries(name: str) -> None:
+    code = apsw.mapping_extended_result_codes.get(name, apsw.mapping_result_codes.get(name))
+    assert isinstance(code, int)
+    expected = CLAIMED.get(code & 0xFF, IndexStoreError)
+    if code & 0xFF in (0, 27, 28, 100, 101):  # OK, NOTICE, WARNING, ROW, DONE: not errors
+        return
+    from_apsw = apsw.exception_for(code)
+    assert type(_translated(from_apsw)) is expected, name
+    from_sqlite3 = sqlite3.OperationalError(name)
+    from_sqlite3.sqlite_errorcode = code  # what Python 3.11+ sets from the extended code
+    assert type(_translated(from_sqlite3)) is expected, name
+
+
+def test_table_claims_exactly_the_documented_codes() -> None:
+    assert {code & 0xFF for code in ERROR_TABLE} == set(CLAIMED)
+    for code, (cls, _condition) in ERROR_TABLE.items():
+        assert cls is CLAIMED[code & 0xFF], code
+    assert issubclass(IndexStoreLockedError, IndexStoreError)
+    assert issubclass(IndexStoreReadOnlyError, IndexStoreError)
+    assert issubclass(IndexStoreCorruptError, IndexStoreError)
+
+
+def test_our_own_errors_and_other_exceptions_pass_through() -> None:
+    own = IndexStoreLockedError("already typed")
+    with pytest.raises(IndexStoreLockedError) as info, translate_errors(None):
+        raise own
+    assert info.value is own
+    with pytest.raises(ValueError), translate_errors(None):
+        raise ValueError("not sqlite")
+
+
+# -- the real conditions, through both libraries ------------------------------------------
+
+
+def _make_db(path: Path) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t(x TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(f"row {i} " * 40,) for i in range(400)])
+    conn.close()
+
+
+def test_real_lock_is_locked_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    _make_db(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        waiter = sqlite3.connect(db, isolation_level=None, timeout=0)
+        err = _translated(_raised(lambda: waiter.execute("BEGIN IMMEDIATE")), str(db))
+        assert type(err) is IndexStoreLockedError
+        assert str(err) == ("index store is locked by another process past the busy timeout:"
+                            f" database is locked ({db})")
+        waiter.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    # apsw links its own SQLite, which does not see the other copy's locks in this process
+    # (the reason the store is never opened through apsw): hold the lock with apsw too.
+    apsw_holder, other = apsw.Connection(str(db)), apsw.Connection(str(db))
+    apsw_holder.execute("BEGIN IMMEDIATE")
+    try:
+        err = _translated(_raised(lambda: other.execute("BEGIN IMMEDIATE")), str(db))
+        assert type(err) is IndexStoreLockedError
+    finally:
+        apsw_holder.execute("ROLLBACK")
+        apsw_holder.close()
+        other.close()
+
+
+def test_real_read_only_is_read_only_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    _make_db(db)
+    ro = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+    err = _translated(_raised(lambda: ro.execute("DELETE FROM t")), str(db))
+    ro.close()
+    assert type(err) is IndexStoreReadOnlyError
+    assert str(err) == f"index store is read-only: attempt to write a readonly database ({db})"
+    ro_apsw = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
+    err = _translated(_raised(lambda: ro_apsw.execute("DELETE FROM t")), str(db))
+    ro_apsw.close()
+    assert type(err) is IndexStoreReadOnlyError
+
+
+def test_real_not_a_database_is_corrupt_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    db.write_bytes(b"this is definitely not sqlite" * 200)
+    conn = sqlite3.connect(db)
+    err = _translated(_raised(lambda: conn.execute("SELECT * FROM sqlite_master").fetchall()))
+    conn.close()
+    assert type(err) is IndexStoreCorruptError
+    assert str(err) == "index store is corrupt: file is not a database (/x/main.sqlite)"
+    other = apsw.Connection(str(db))
+    err = _translated(_raised(lambda: other.execute("SELECT * FROM sqlite_master").fetchall()))
+    other.close()
+    assert type(err) is IndexStoreCorruptError
+
+
+def test_real_damaged_page_is_corrupt_error(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    _make_db(db)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    data = bytearray(db.read_bytes())
+    assert len(data) >= 4 * page_size
+    data[2 * page_size:3 * page_size] = b"\xff" * page_size  # a b-tree page of table t
+    db.write_bytes(bytes(data))
+    for c in (sqlite3.connect(db), apsw.Connection(str(db))):
+        err = _translated(_raised(partial(_scan, c)))
+        c.close()
+        assert type(err) is IndexStoreCorruptError
+        assert str(err).startswith("index store is corrupt")
+
+
+def _scan(conn) -> list:
+    return list(conn.execute("SELECT count(*), max(x) FROM t"))
+
+
+def _raised(fn) -> BaseException:
+    try:
+        fn()
+    except BaseException as exc:  # the real exception, handed to the translator
+        return exc
+    raise AssertionError("expected a SQLite error")
+
+
+def test_error_kind_of_a_code_less_error_is_generic() -> None:
+    assert error_kind(sqlite3.ProgrammingError("Cannot operate on a closed database.")) == (
+        IndexStoreError, "error")
+
+
+def test_no_sqlite_error_is_classified_by_its_message() -> None:
+    """Kinds travel as result codes and classes: no module matches SQLite's message text.
+
+    The qmd modules that read ``qmd``'s stderr (a child process's text, with no code to go by)
+    are the only places that look for "database is locked" in text.
+    """
+    stderr_readers = {"qmdbridge/qmd/runner.py", "qmdbridge/qmd/update.py"}
+    pattern = re.compile(r"""["'][^"'\n]*(locked|corrupt|readonly|read-only|malformed|not a database|busy)"""
+                         r"""[^"'\n]*["']\s+(not\s+)?in\s+""", re.IGNORECASE)
+    offenders = []
+    for path in sorted([*ROOT.glob("fallback/**/*.py"), *ROOT.glob("qmdbridge/**/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in stderr_readers:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if pattern.search(line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == []

@@ -51,6 +51,8 @@ __all__ = [
     "Discovery",
     "ExtraPathEntry",
     "LEGACY_ROOT_MEMORY_FILE",
+    "MARKDOWN_SUFFIX",
+    "MEMORY_DIR_NAME",
     "MemoryFile",
     "MemoryRoot",
     "ROOT_MEMORY_FILE",

@@ -21,6 +21,16 @@ from typing import Any, Literal
 import orjson
 
 from fallback.errors import BackendUnavailableError
+from fallback.settings import EngineSettings, ExtraPath
+from fallback.sources.memory_files import (
+    DEFAULT_PATTERN,
+    LEGACY_ROOT_MEMORY_FILE,
+    ROOT_MEMORY_FILE,
+    MemoryRoot,
+    escape_glob,
+    extra_roots,
+    root_memory_file,
+)
 from qmdbridge.config import ResolvedAgent
 
 __all__ = [
@@ -30,6 +40,9 @@ __all__ = [
     "ManagedCollection",
     "ReconcileState",
     "build_collections",
+    "custom_extra_paths",
+    "fallback_engine_settings",
+    "rule_extra_paths",
     "escape_glob",
     "parse_collection_list",
     "parse_collection_show",
@@ -43,10 +56,6 @@ log = logging.getLogger("qmdbridge.qmd.collections")
 
 CollectionKind = Literal["memory", "custom", "sessions"]
 
-# Pattern of every folder collection unless the config says otherwise.
-DEFAULT_PATTERN = "**/*.md"
-# Characters qmd's glob treats as syntax; a literal file name escapes them (spec 2.2 [newest]).
-_GLOB_SPECIALS = set("\\*?[]{}()!+@")
 _LIST_HEADER_RE = re.compile(r"^\s*([a-z0-9._-]+)\s+\(qmd://[^)]+\)\s*$", re.IGNORECASE)
 _FIELD_RE = re.compile(r"^\s*(pattern|mask|path)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
@@ -64,17 +73,45 @@ class ManagedCollection:
         path: absolute directory qmd indexes.
         pattern: qmd glob relative to ``path`` (``MEMORY.md``, ``**/*.md``).
         kind: ``memory`` (default memory files), ``custom`` (extra paths) or ``sessions``.
+        single_file: a custom collection made from one configured file (``path`` is its
+            folder, which may be reached through a symlink; other folders may not).
     """
 
     name: str
     path: Path
     pattern: str
     kind: CollectionKind
+    single_file: bool = False
 
     @property
     def source(self) -> Literal["memory", "sessions"]:
         """The search-result source of this collection's hits."""
         return "sessions" if self.kind == "sessions" else "memory"
+
+    @property
+    def is_root_file(self) -> bool:
+        """Whether this is the root-file collection (``memory-root-<agent>``)."""
+        return self.kind == "memory" and self.pattern in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)
+
+    def rule_root(self) -> MemoryRoot:
+        """This collection as a root of the memory-file rule (its folder and pattern)."""
+        if self.is_root_file:
+            return MemoryRoot(self.path, self.pattern, "root", self.path / self.pattern)
+        return MemoryRoot(self.path, self.pattern, "memory" if self.kind == "memory" else "extra",
+                          self.path)
+
+    def admits(self, rel: str) -> bool:
+        """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this
+        collection indexes by the memory-file rule: the pattern, ``.md``, no hidden or skipped
+        segment; for the root-file collection, the workspace's root file as it is now. A qmd
+        build that ignored the pattern, or an index from before the root file changed, cannot
+        put anything else in front of the agent."""
+        if not self.rule_root().admits(rel):
+            return False
+        if self.is_root_file:
+            current = root_memory_file(self.path).name
+            return current is None or rel == current
+        return True
 
 
 @dataclass(frozen=True)
@@ -92,11 +129,6 @@ def sanitize_name(raw: str, *, empty: str = "collection") -> str:
     return s or empty
 
 
-def escape_glob(name: str) -> str:
-    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
-    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
-
-
 def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
     text = raw.strip()
     if not text:
@@ -106,6 +138,32 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
         return Path(os.path.normpath(p if p.is_absolute() else workspace / p))
     except (OSError, RuntimeError, ValueError):
         return None
+
+
+def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
+    """Every extra path of the memory-file rule in qmd mode: ``memorySearch.extraPaths`` then
+    the custom collections (:func:`custom_extra_paths`), without repeats."""
+    out: list[str | ExtraPath] = []
+    for entry in [*agent.memory_search.extra_paths, *custom_extra_paths(agent)]:
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
+    """The builtin engine's settings when it stands in for qmd: the agent's engine settings
+    with every custom collection among the extra paths, so the fallback indexes, and
+    ``memory_get`` reads, the same files qmd does."""
+    search = agent.engine.search.model_copy(update={"extra_paths": rule_extra_paths(agent)})
+    return agent.engine.model_copy(update={"search": search})
+
+
+def custom_extra_paths(agent: ResolvedAgent) -> list[ExtraPath]:
+    """The custom collections' folders as memory-rule extra paths (``memory.qmd.paths[]`` and
+    ``memorySearch.qmd.extraCollections[]``, with their patterns), in config order.
+    ``memorySearch.extraPaths`` are not repeated: the builtin engine has them already."""
+    return [ExtraPath(path=p.path, pattern=p.pattern) for p in agent.memory.qmd.paths] + [
+        ExtraPath(path=c.path, pattern=c.pattern) for c in agent.memory_search.qmd.extra_collections]
 
 
 def _is_inside(child: Path, parent: Path) -> bool:
@@ -128,12 +186,15 @@ def _realpath(p: Path) -> Path:
 def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[ManagedCollection]:
     """Compute the agent's managed collections in config order (spec 2.2 [newest]).
 
-    Order: ``memory-root-<agent>`` (workspace, ``MEMORY.md``) and ``memory-dir-<agent>``
+    The collections mirror the memory-file rule (``fallback.sources.memory_files``):
+    ``memory-root-<agent>`` (workspace, pattern = the root file: ``MEMORY.md``, or the legacy
+    ``memory.md`` when that is the root file) and ``memory-dir-<agent>``
     (``<workspace>/memory``, ``**/*.md``) when ``includeDefaultMemory``; then custom
     collections from ``memory.qmd.paths[]``, ``memorySearch.extraPaths`` and
     ``memorySearch.qmd.extraCollections[]``; then ``sessions-<agent>`` when
     ``memory.qmd.sessions.enabled``. A custom path that is an existing file becomes its
-    directory plus the glob-escaped basename. Names are sanitised and made unique with
+    directory plus the glob-escaped basename; a custom path that is a symlink is skipped (the
+    rule never follows one). Names are sanitised and made unique with
     ``-2``, ``-3`` ...; an explicit name is kept verbatim (sanitised) for paths outside the
     workspace, otherwise ``<name or custom-i>-<agent>``.
 
@@ -160,23 +221,28 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         return candidate
 
     if qmd.include_default_memory:
-        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, "MEMORY.md", "memory"))
+        root_name = root_memory_file(ws).name or ROOT_MEMORY_FILE
+        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, root_name, "memory"))
         out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / "memory",
                                      DEFAULT_PATTERN, "memory"))
 
     entries: list[tuple[str, str | None, str | None]] = [
         (p.path, p.name, p.pattern) for p in qmd.paths]
-    entries += [(p, None, None) for p in agent.memory_search.extra_paths]
+    entries += [(p, None, None) if isinstance(p, str) else (p.path, None, p.pattern)
+                for p in agent.memory_search.extra_paths]
     entries += [(c.path, c.name, c.pattern) for c in agent.memory_search.qmd.extra_collections]
     seen: set[tuple[str, str]] = set()
     for i, (raw_path, raw_name, raw_pattern) in enumerate(entries, start=1):
-        path = _resolve_user_path(raw_path, ws)
-        if path is None:
+        if _resolve_user_path(raw_path, ws) is None:
             continue
-        pattern = (raw_pattern or "").strip() or DEFAULT_PATTERN
-        if path.is_file():
-            pattern = escape_glob(path.name)
-            path = path.parent
+        (root,) = extra_roots(ws, [ExtraPath(path=raw_path, pattern=raw_pattern)]) or (None,)
+        if root is None:
+            continue
+        if root.entry.is_symlink():
+            log.warning("qmd custom collection path %s is a symlink; skipped (memory files are "
+                        "never reached through symlinks)", root.entry)
+            continue
+        path, pattern = root.path, root.pattern
         key = (str(path), pattern)
         if key in seen:
             continue
@@ -184,7 +250,8 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         explicit = (raw_name or "").strip()
         base = explicit if explicit and not _is_inside(path, ws) else (
             f"{sanitize_name(explicit or f'custom-{i}')}-{agent_seg}")
-        out.append(ManagedCollection(unique(base), path, pattern, "custom"))
+        out.append(ManagedCollection(unique(base), path, pattern, "custom",
+                                     single_file=root.entry != root.path))
 
     if qmd.sessions.enabled:
         export = _resolve_user_path(qmd.sessions.export_dir, ws) if qmd.sessions.export_dir else None

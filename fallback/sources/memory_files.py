@@ -59,6 +59,7 @@ __all__ = [
     "RootFile",
     "SKIP_DIR_NAMES",
     "classify_changed_path",
+    "describe_extra_path",
     "escape_glob",
     "extra_roots",
     "is_excluded",
@@ -239,6 +240,13 @@ def _absolute(workspace: str, raw: str) -> str:
     if raw == "~" or raw.startswith("~/"):
         raw = os.path.expanduser(raw)
     return os.path.normpath(os.path.join(workspace, raw))
+
+
+def describe_extra_path(entry: ExtraPathEntry) -> str:
+    """One configured extra path as text for status: the path, and its pattern when set
+    (``notes (pattern *.md)``)."""
+    raw, pattern = _entry_parts(entry)
+    return f"{raw} (pattern {pattern})" if pattern else raw
 
 
 def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[Path]:

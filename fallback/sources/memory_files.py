@@ -191,7 +191,7 @@ def _rel(path: str, workspace: str) -> str:
 def _lstat(path: str) -> os.stat_result | None:
     try:
         return os.lstat(path)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in a configured path
         return None
 
 
@@ -429,6 +429,8 @@ class _Collector:
             return
         for entry in entries:
             if entry.name.startswith("."):
+                if entry.name.endswith(MARKDOWN_SUFFIX) and entry.is_file(follow_symlinks=False):
+                    self.skip(entry.path, "hidden name (not memory)")  # a draft, say so
                 continue
             rel = _rel(entry.path, str(root.path))
             try:

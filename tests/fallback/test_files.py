@@ -146,7 +146,12 @@ def test_memory_tree_walk_rules(tmp_path: Path) -> None:
                  ".tox", ".pnpm-store"):
         _write(ws / "memory" / junk / "hidden.md")
     (ws / "MEMORY-link.md").symlink_to(ws / "MEMORY.md")
+    _write(ws / "memory" / ".draft.md")
+    for skipped in ("vendor", "dist", "build", ".obsidian", ".cache"):
+        _write(ws / "memory" / "sub" / skipped / "x.md")
     assert _rels(ws) == ["MEMORY.md", "memory/a.md", "memory/b.md", "memory/sub/deep/c.md"]
+    assert list_memory_files(ws, []).skipped == [
+        SkippedFile(path="memory/.draft.md", reason="hidden name (not memory)")]
 
 
 def test_symlinked_root_file_skipped(tmp_path: Path) -> None:

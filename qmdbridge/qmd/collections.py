@@ -1,11 +1,11 @@
 """Config -> qmd collections, and reconciling them with what qmd already has (spec 2.2, 2.6).
 
 ``build_collections`` turns one agent's config into the ordered list of
-:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions);
-``parse_collection_list`` / ``parse_collection_show`` read qmd's ``collection list`` and
-``collection show`` output (qmd 2.8.3 ignores ``--json`` and prints text without paths, so the
-paths come from ``show``); ``reconcile`` adds, rebinds and migrates collections through a
-caller-supplied command function, so this module never spawns anything itself.
+:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions), mirroring the
+memory-file rule of ``fallback.sources.memory_files``; qmd's ``collection list``/``show``
+output is read by ``qmdbridge.qmd.listing``; ``reconcile`` adds, rebinds and migrates
+collections through a caller-supplied command function, so this module never spawns anything
+itself.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from fallback.sources.memory_files import (
     root_memory_file,
 )
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 
 __all__ = [
     "CollectionKind",
@@ -56,8 +57,6 @@ log = logging.getLogger("qmdbridge.qmd.collections")
 
 CollectionKind = Literal["memory", "custom", "sessions"]
 
-_LIST_HEADER_RE = re.compile(r"^\s*([a-z0-9._-]+)\s+\(qmd://[^)]+\)\s*$", re.IGNORECASE)
-_FIELD_RE = re.compile(r"^\s*(pattern|mask|path)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
 _UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
                              "flag provided but not defined", "unexpected argument")
@@ -112,15 +111,6 @@ class ManagedCollection:
             current = root_memory_file(self.path).name
             return current is None or rel == current
         return True
-
-
-@dataclass(frozen=True)
-class ListedCollection:
-    """What qmd reported about one existing collection (any field may be unknown)."""
-
-    name: str
-    path: str | None = None
-    pattern: str | None = None
 
 
 def sanitize_name(raw: str, *, empty: str = "collection") -> str:
@@ -258,87 +248,6 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         out.append(ManagedCollection(unique(f"sessions-{agent_seg}"), export or sessions_dir,
                                      DEFAULT_PATTERN, "sessions"))
     return out
-
-
-def parse_collection_list(text: str) -> dict[str, ListedCollection]:
-    """Parse ``qmd collection list`` output, JSON or text (spec 2.6 step 1).
-
-    JSON: an array of names or of objects with ``name`` (and ``path``, ``pattern``/``mask``).
-    Text (qmd 2.8.3): ``<name> (qmd://<name>/)`` starts a block (a bare name line without
-    ``:`` too); ``Pattern:``/``Mask:``/``Path:`` lines set fields; a blank line ends it;
-    ``Collections (N):`` is skipped.
-
-    Returns:
-        name -> :class:`ListedCollection`, in listing order (unparseable text -> ``{}``).
-    """
-    stripped = text.strip()
-    if stripped.startswith("["):
-        try:
-            data = orjson.loads(stripped)
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, list):
-            return _listed_from_json(data)
-    out: dict[str, ListedCollection] = {}
-    current: dict[str, Any] | None = None
-
-    def close() -> None:
-        if current is not None:
-            out[current["name"]] = ListedCollection(**current)
-
-    for line in text.splitlines():
-        if not line.strip():
-            close()
-            current = None
-            continue
-        if line.strip().lower().startswith("collections") or line.strip().startswith("No collections"):
-            continue
-        header = _LIST_HEADER_RE.match(line)
-        if header or (":" not in line and not line[:1].isspace() and " " not in line.strip()):
-            close()
-            current = {"name": header.group(1) if header else line.strip()}
-            continue
-        fieldm = _FIELD_RE.match(line)
-        if current is not None and fieldm:
-            key = "path" if fieldm.group(1).lower() == "path" else "pattern"
-            if fieldm.group(2):
-                current[key] = fieldm.group(2)
-    close()
-    return out
-
-
-def _listed_from_json(data: list[Any]) -> dict[str, ListedCollection]:
-    out: dict[str, ListedCollection] = {}
-    for item in data:
-        if isinstance(item, str) and item:
-            out[item] = ListedCollection(item)
-        elif isinstance(item, dict) and isinstance(item.get("name"), str):
-            path = item.get("path") if isinstance(item.get("path"), str) else None
-            pattern = item.get("pattern", item.get("mask"))
-            out[item["name"]] = ListedCollection(
-                item["name"], path, pattern if isinstance(pattern, str) else None)
-    return out
-
-
-def parse_collection_show(text: str) -> ListedCollection | None:
-    """Parse ``qmd collection show <name>``: ``Collection: <name>``, ``Path:``, ``Pattern:``.
-
-    Returns:
-        The collection, or ``None`` when the text has no ``Collection:`` line.
-    """
-    name: str | None = None
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s*collection\s*:\s*(.+?)\s*$", line, re.IGNORECASE)
-        if m and name is None:
-            name = m.group(1)
-            continue
-        fm = _FIELD_RE.match(line)
-        if fm and fm.group(2):
-            fields["path" if fm.group(1).lower() == "path" else "pattern"] = fm.group(2)
-    if name is None:
-        return None
-    return ListedCollection(name, fields.get("path"), fields.get("pattern"))
 
 
 class CollectionRun:

@@ -33,6 +33,7 @@ issue strings (a folder or configured path that is missing or unusable).
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from collections.abc import Sequence
@@ -128,8 +129,7 @@ class MemoryRoot:
             return False
         if self.kind == "root":
             return rel == self.pattern
-        return not is_excluded(parts) and any(
-            wcglob.globmatch(rel, p, flags=_GLOB_FLAGS) for p in split_pattern(self.pattern))
+        return not is_excluded(parts) and _matcher(self.pattern).match(rel)
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,12 @@ def split_pattern(pattern: str) -> list[str]:
         current.append(ch)
     parts.append("".join(current))
     return [p.strip() for p in parts if p.strip()]
+
+
+@functools.lru_cache(maxsize=256)
+def _matcher(pattern: str) -> wcglob.WcMatcher:
+    """The compiled glob of a pattern (compiling costs ~0.1 ms; a pure function, memoised)."""
+    return wcglob.compile(split_pattern(pattern) or ["\0"], flags=_GLOB_FLAGS)
 
 
 def escape_glob(name: str) -> str:

@@ -6,6 +6,7 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- ConfigError                 bad JSON5 or a bad value (carries file and dotted key)
      +-- UsageError                  a bad call: empty query, bad argument
      +-- PathRefusedError            memory_get target outside the allowed set (carries reason)
+     +-- MemoryFileNotFoundError     memory_get target allowed, but no such file (carries reason)
      +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
      |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
@@ -35,6 +36,7 @@ __all__ = [
     "EmbeddingProviderUnavailableError",
     "IndexStoreError",
     "ManagerClosedError",
+    "MemoryFileNotFoundError",
     "MemorySearchError",
     "PathRefusedError",
     "RerankerError",
@@ -75,7 +77,7 @@ class UsageError(MemorySearchError):
 class PathRefusedError(MemorySearchError):
     """Raised when ``memory_get`` is asked for something that is not a memory file.
 
-    Distinct from "not found" (a missing memory file reads as empty text).
+    Distinct from "not found" (:class:`MemoryFileNotFoundError`).
 
     Attributes:
         path: the path as the caller gave it.
@@ -87,6 +89,25 @@ class PathRefusedError(MemorySearchError):
         self.path = path
         self.reason = reason
         super().__init__(f"path refused: {path!r}: {reason}")
+
+
+class MemoryFileNotFoundError(MemorySearchError):
+    """Raised when a path the memory rule allows names no file (never there, or removed).
+
+    The safe reader raises it where ``open`` reported ``ENOENT``/``ENOTDIR``, so a file that
+    vanishes between two calls never surfaces as a bare ``FileNotFoundError``. ``memory_get``
+    (the tool and the library) turns it into an empty page with ``missing=True``, as the
+    reference does; the CLI's ``get`` exits with code 4.
+
+    Attributes:
+        path: the path as the caller gave it.
+        reason: ``no such file`` or ``a parent is not a folder``.
+    """
+
+    def __init__(self, path: str, reason: str = "no such file") -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"no such memory file: {path!r}: {reason}")
 
 
 class BackendUnavailableError(MemorySearchError):

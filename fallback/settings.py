@@ -22,6 +22,7 @@ __all__ = [
     "CacheSettings",
     "ChunkingSettings",
     "EngineSettings",
+    "ExtraPath",
     "HybridSettings",
     "LocalSettings",
     "MemorySearchSettings",
@@ -342,6 +343,17 @@ class QmdExtraCollection(_Settings):
     pattern: str | None = None
 
 
+class ExtraPath(_Settings):
+    """One ``extraPaths[]`` entry in object form: a folder (or a single file) of memory notes
+    and the glob its files must match (``pattern``, relative to the folder; ``**/*.md`` when
+    unset). The plain string form is the same with the default pattern."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    pattern: str | None = None
+
+
 class MemorySearchQmdSettings(_Settings):
     """``memorySearch.qmd``: per-agent qmd additions."""
 
@@ -363,7 +375,7 @@ class MemorySearchSettings(_Settings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     sources: list[Literal["memory", "sessions"]] = Field(default_factory=lambda: list(("memory",)))  # type: ignore[arg-type]
     experimental: ExperimentalSettings = Field(default_factory=ExperimentalSettings)
-    extra_paths: list[str] = Field(default_factory=list)
+    extra_paths: list[str | ExtraPath] = Field(default_factory=list)
     store: StoreSettings = Field(default_factory=StoreSettings)
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     sync: SyncSettings = Field(default_factory=SyncSettings)
@@ -379,11 +391,11 @@ class MemorySearchSettings(_Settings):
 
     @field_validator("extra_paths", mode="after")
     @classmethod
-    def _extra_paths(cls, v: list[str]) -> list[str]:
-        out: list[str] = []
+    def _extra_paths(cls, v: list[str | ExtraPath]) -> list[str | ExtraPath]:
+        out: list[str | ExtraPath] = []
         for item in v:
-            s = item.strip()
-            if s and s not in out:
+            s: str | ExtraPath = item.strip() if isinstance(item, str) else item
+            if s and (isinstance(s, str) or s.path.strip()) and s not in out:
                 out.append(s)
         return out
 

@@ -1,8 +1,9 @@
 """``doctor``: checks of the workspace, qmd, SQLite features, the embedding provider, the file
 watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy root file split.
 
-The legacy split: the canonical root memory file is ``MEMORY.md``. A lower-case ``memory.md``
-next to it is not indexed (``DESIGN.md``). ``repair_root_memory`` archives the legacy file under
+The legacy split: by the memory-file rule (``fallback.sources.memory_files``) the root memory
+file is ``MEMORY.md``; a lower-case ``memory.md`` is indexed only while ``MEMORY.md`` is absent
+and is not indexed next to it (``DESIGN.md``). ``repair_root_memory`` archives the legacy file under
 ``<ws>/.openclaw-repair/root-memory/<timestamp>/memory.md`` (copy + unlink when a rename would
 cross devices; an earlier archive is never overwritten) and appends its content to ``MEMORY.md``
 under a marked section, so nothing a user wrote is lost.
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
 from qmdbridge.config import ResolvedAgent
 
 __all__ = ["Check", "DoctorReport", "LEGACY_MARKER", "repair_root_memory", "root_memory_state", "run_doctor"]
@@ -60,31 +62,21 @@ class DoctorReport:
         return {"ok": self.ok, "checks": [c.to_json() for c in self.checks]}
 
 
-def _exact_entries(ws: Path) -> set[str]:
-    try:
-        return set(os.listdir(ws))
-    except OSError:
-        return set()
-
-
 def root_memory_state(ws: Path) -> Literal["canonical", "legacy-only", "split", "none"]:
-    """Classify the workspace root: ``MEMORY.md`` only, ``memory.md`` only, both, or neither.
+    """Classify the workspace root by the memory-file rule
+    (``fallback.sources.memory_files.root_memory_file``): ``MEMORY.md`` is the root file
+    (``canonical``), the legacy ``memory.md`` is (``legacy-only``), both exist as distinct
+    files (``split``), or neither is a regular, non-symlink file (``none``).
 
     Names are compared exactly (a case-insensitive file system where both names are one file
     counts as ``canonical``).
     """
-    names = _exact_entries(ws)
-    upper, lower = "MEMORY.md" in names, "memory.md" in names
-    if upper and lower:
-        try:
-            if os.path.samefile(ws / "MEMORY.md", ws / "memory.md"):
-                return "canonical"
-        except OSError:
-            pass
+    root = root_memory_file(ws)
+    if root.legacy_shadowed:
         return "split"
-    if upper:
+    if root.name == ROOT_MEMORY_FILE:
         return "canonical"
-    return "legacy-only" if lower else "none"
+    return "legacy-only" if root.name == LEGACY_ROOT_MEMORY_FILE else "none"
 
 
 def _archive_dir(ws: Path, now: float) -> Path:
@@ -123,6 +115,8 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
     state = root_memory_state(ws)
     if state not in ("split", "legacy-only"):
         return "nothing to repair"
+    if state == "legacy-only" and (ws / ROOT_MEMORY_FILE).is_symlink():
+        return "MEMORY.md is a symlink (never followed): replace it with a regular file first"
     legacy = ws / "memory.md"
     archive = _archive_dir(ws, time.time() if now is None else now)
     archive.mkdir(parents=True)
@@ -153,6 +147,11 @@ def _check_root(ws: Path, fix: bool) -> Check:
         return Check("workspace", "error", f"workspace missing: {ws}",
                      "create it or pass --workspace / set agents.defaults.workspace")
     state = root_memory_state(ws)
+    linked = root_memory_file(ws).symlinked
+    if linked and state in ("canonical", "none"):
+        return Check("root memory file", "warn",
+                     f"{' and '.join(linked)} is a symlink: not memory (symlinks are never followed)",
+                     "replace the symlink with the file itself")
     if state == "canonical":
         return Check("root memory file", "ok", "MEMORY.md")
     if state == "none":

@@ -180,7 +180,12 @@ class MemoryManager:
             from fallback.engine.builtin import BuiltinEngine
 
             selection = select_provider(self.agent.memory_search, env=self._env)
-            self._builtin = BuiltinEngine(self.agent.engine, provider_selection=selection,
+            settings = self.agent.engine
+            if self.backend_name == "qmd":  # the fallback indexes what qmd's collections hold
+                from qmdbridge.qmd.collections import fallback_engine_settings
+
+                settings = fallback_engine_settings(self.agent)
+            self._builtin = BuiltinEngine(settings, provider_selection=selection,
                                           now_ms=self._now_ms)
         return self._builtin
 
@@ -403,8 +408,11 @@ class MemoryManager:
     async def status(self) -> MemoryStatus:
         """The status of the backend that would answer now, with both backends' health.
 
-        ``backends`` holds ``{"builtin": {...}, "qmd": {...}}``; ``fallback`` is set when qmd is
-        configured but currently not answering.
+        ``backends`` holds ``{"builtin": {...}, "qmd": {...}}``: the builtin engine's counts
+        (``files``: files it has indexed, custom collections included in qmd mode) and qmd's
+        view (``collections``: the ``{name, path, pattern}`` qmd searches, known even while
+        qmd is down; ``files``: documents in qmd's index when it answers). ``fallback`` is set
+        when qmd is configured but currently not answering.
         """
         self._check_open()
         engine = await self.builtin()
@@ -412,7 +420,15 @@ class MemoryManager:
         backends: dict[str, Any] = {"builtin": builtin_status.to_json_dict()}
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update={"backends": backends})
-        qmd_view: dict[str, Any] = {"configured": True, "breaker": self.breaker.describe(self._now_ms())}
+        from qmdbridge.paths import qmd_home
+        from qmdbridge.qmd.collections import build_collections
+
+        managed = build_collections(self.agent, sessions_dir=qmd_home(
+            self.agent.state_dir, self.agent.agent_id).sessions_dir)
+        qmd_view: dict[str, Any] = {
+            "configured": True, "breaker": self.breaker.describe(self._now_ms()),
+            "collections": [{"name": c.name, "path": str(c.path), "pattern": c.pattern}
+                            for c in managed]}
         qmd_status: MemoryStatus | None = None
         try:
             backend = await self.qmd()

@@ -39,7 +39,6 @@ import anyio
 
 from fallback.errors import MemorySearchError
 from fallback.settings import EngineSettings
-from fallback.sources.memory_files import normalize_extra_paths
 from fallback.sources.transcripts import SessionDeltaTracker
 
 if TYPE_CHECKING:
@@ -134,8 +133,7 @@ class LiveSync:
                     lambda: sessions_dir.mkdir(parents=True, exist_ok=True))
             self.watcher = MemoryWatcher(
                 settings.workspace_dir,
-                extra_paths=normalize_extra_paths(settings.workspace_dir,
-                                                  settings.search.extra_paths),
+                extra_paths=settings.search.extra_paths,
                 sessions_dir=sessions_dir, on_change=self._on_change,
                 debounce_ms=sync.watch_debounce_ms, rescan_interval_ms=0,
                 force_polling=self.force_polling, poll_interval_s=self.poll_interval_s)

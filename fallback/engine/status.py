@@ -7,6 +7,7 @@ from typing import Any
 from fallback.index.indexer import FTS_ONLY_MODEL
 from fallback.models import MemoryStatus, SkippedFile, SourceCount
 from fallback.settings import EngineSettings
+from fallback.sources.memory_files import describe_extra_path
 from fallback.store.db import META_KEY, Store
 
 __all__ = ["CJK_SCHEME", "build_status"]
@@ -82,7 +83,7 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         model=provider.model if provider else None,
         search_mode="hybrid" if provider else "fts-only",
         provider_unavailable_reason=selection.error or selection.unavailable_reason,
-        sources=srcs, extra_paths=list(s.extra_paths),
+        sources=srcs, extra_paths=[describe_extra_path(e) for e in s.extra_paths],
         source_counts=[SourceCount(source=src, files=f, chunks=c)
                        for src, (f, c) in counts.items()],
         fts={"enabled": s.query.hybrid.enabled or provider is None,

@@ -52,13 +52,12 @@ from fallback.errors import IndexStoreError
 from fallback.index import embedding_cache
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
+from fallback.sources.file_text import FileContent, read_memory_text
 from fallback.sources.memory_files import (
-    FileContent,
     MemoryFile,
     classify_changed_path,
     list_memory_files,
     normalize_extra_paths,
-    read_memory_text,
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes

@@ -1,55 +1,151 @@
-"""Memory file discovery: which Markdown files of a workspace are indexed, and reading them.
+"""The memory-file rule: which files of a workspace are memory, and discovering them.
+
+This module is the one place that decides it. Discovery (indexing), the watcher's path
+classification, ``memory_get``, ``doctor`` and the qmd collections all call it, so a file is
+searchable exactly when it is readable, whichever backend answers.
+
+The rule (spec ``builtin-engine-spec.md`` §2 with the decisions of DESIGN.md, aligned with what
+qmd 2.8.3 indexes so both backends see the same files):
+
+- **root file**: ``MEMORY.md`` (exact case, from the workspace listing, regular file, not a
+  symlink). When it is absent and a legacy ``memory.md`` is present, ``memory.md`` is the root
+  file. When both exist only ``MEMORY.md`` is memory and the split is reported (``status``,
+  ``doctor``; ``doctor --fix`` merges them).
+- **memory folder**: ``memory/**/*.md``.
+- **extra paths**: each configured folder with its glob pattern (``**/*.md`` unless an object
+  entry or a qmd custom collection sets one), or a single configured file.
+- everywhere: names end in ``.md`` (case-sensitive: ``notes.MD`` is not memory); symlinks are
+  never followed (a symlinked file or folder below a root is skipped, a symlinked extra path
+  or ``memory/`` admits nothing); below a root no segment may be hidden (start with ``.``) or
+  be one of :data:`SKIP_DIR_NAMES`. qmd skips the same (its scanner drops dot entries and
+  ``node_modules .git .cache vendor dist build``), so qmd never indexes a file the builtin
+  engine would not, and hits outside the rule are dropped anyway.
+- ``DREAMS.md`` is **not** memory (neither indexed nor readable): it is the dreaming diary, a
+  review log whose lasting findings are promoted into ``MEMORY.md``. Indexing it would return
+  each promoted fact twice and surface candidates that were rejected; reading it without
+  indexing it would make ``memory_get`` admit a file search can never cite.
 
 Discovery never raises for a bad file or a missing folder: problems become
 :class:`~fallback.models.SkippedFile` entries (a file we saw but will not index, and why) or
 issue strings (a folder or configured path that is missing or unusable).
-
-Rules (spec ``builtin-engine-spec.md`` §2, with the decisions of DESIGN.md):
-
-- root file: ``MEMORY.md`` (exact case, regular file, not a symlink). If it is absent and a
-  legacy ``memory.md`` is present, ``memory.md`` is indexed instead. When both exist only
-  ``MEMORY.md`` is indexed and the split is reported as an issue.
-- ``memory/**/*.md``: walked without following symlinks; ``.openclaw-repair`` and the usual
-  junk folders (:data:`SKIP_DIR_NAMES`) are not descended; names end in ``.md`` (case-sensitive).
-- extra paths: resolved against the workspace (a leading ``~`` is expanded), walked the same
-  way; a symlinked entry is skipped; a missing one is an issue.
-- order: root file, ``memory/`` tree, then each extra path in configured order; folders are
-  walked in sorted name order so the result is deterministic; de-duplicated by real path.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from wcmatch import glob as wcglob
 
 from fallback.models import SkippedFile
-from fallback.text.scripts import sha256_hex
+from fallback.settings import ExtraPath
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_PATTERN",
     "Discovery",
-    "FileContent",
+    "ExtraPathEntry",
+    "LEGACY_ROOT_MEMORY_FILE",
+    "MARKDOWN_SUFFIX",
+    "MEMORY_DIR_NAME",
     "MemoryFile",
+    "MemoryRoot",
+    "ROOT_MEMORY_FILE",
+    "RootFile",
     "SKIP_DIR_NAMES",
-    "is_memory_path",
+    "classify_changed_path",
+    "describe_extra_path",
+    "escape_glob",
+    "extra_roots",
+    "is_excluded",
     "list_memory_files",
+    "locate_memory_path",
+    "memory_roots",
     "normalize_extra_paths",
-    "read_memory_text",
+    "root_memory_file",
+    "split_pattern",
 ]
 
 # Files above this size (10 MiB) are not memory notes; indexing them would only bloat the store.
 DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
-# Folders never descended: repair backups (spec §2.2) and tool/VCS folders that hold no notes.
+# Folders never descended below a root: tool, VCS and build folders that hold no notes (qmd's
+# scanner skips node_modules, .git, .cache, vendor, dist and build; hidden names are skipped too).
 SKIP_DIR_NAMES = frozenset({
-    ".openclaw-repair", ".git", "node_modules", ".venv", "venv", "__pycache__", ".tox",
-    ".pnpm-store",
+    "node_modules", "vendor", "dist", "build", "venv", "__pycache__",
+    ".openclaw-repair", ".git", ".cache", ".venv", ".tox", ".pnpm-store",
 })
 ROOT_MEMORY_FILE = "MEMORY.md"
 LEGACY_ROOT_MEMORY_FILE = "memory.md"
-_UTF8_BOM = b"\xef\xbb\xbf"
+MEMORY_DIR_NAME = "memory"
+MARKDOWN_SUFFIX = ".md"
+# Pattern of every memory folder unless the config says otherwise (qmd's default too).
+DEFAULT_PATTERN = "**/*.md"
+# Characters qmd's glob treats as syntax; a literal file name escapes them.
+_GLOB_SPECIALS = frozenset("\\*?[]{}()!+@")
+# Glob dialect of qmd's fast-glob/picomatch: "**" spans folders, braces, case-sensitive.
+_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE
+# Discovery stops walking after this many directory entries in all (an extra path such as the
+# home folder would otherwise make every sync walk the whole disk); the cut is reported.
+MAX_WALK_ENTRIES = 200_000
+
+ExtraPathEntry = str | ExtraPath
+
+
+@dataclass(frozen=True)
+class MemoryRoot:
+    """One place memory files live, and which of the files below it are memory.
+
+    Attributes:
+        path: absolute folder the pattern is relative to (the workspace for the root file).
+        pattern: glob relative to ``path``; commas outside ``{}``/``[]`` join alternatives,
+            as in qmd's ``--mask``. For the root file it is the root file's name.
+        kind: ``root`` (the root memory file), ``memory`` (``memory/``) or ``extra``.
+        entry: the configured path (a folder, or the single file of a file entry).
+    """
+
+    path: Path
+    pattern: str
+    kind: Literal["root", "memory", "extra"]
+    entry: Path
+
+    @property
+    def recursive(self) -> bool:
+        """Whether the pattern can match below the top folder (a walk must descend)."""
+        return any("/" in p or "**" in p for p in split_pattern(self.pattern))
+
+    def admits(self, rel: str) -> bool:
+        """Whether ``rel`` (``/``-separated, relative to :attr:`path`) is memory by the rule's
+        text part: ``.md`` suffix (case-sensitive), no hidden or skipped segment, the
+        pattern matches. Nothing is looked up on disk (symlinks are refused where files are
+        opened or walked)."""
+        parts = rel.split("/")
+        if not rel or not rel.endswith(MARKDOWN_SUFFIX) or any(p in ("", ".", "..") for p in parts):
+            return False
+        if self.kind == "root":
+            return rel == self.pattern
+        return not is_excluded(parts) and _matcher(self.pattern).match(rel)
+
+
+@dataclass(frozen=True)
+class RootFile:
+    """The workspace's root memory file, as the rule decides it.
+
+    Attributes:
+        name: ``MEMORY.md``, ``memory.md`` (legacy, only when ``MEMORY.md`` is absent) or
+            ``None`` (neither is a regular, non-symlink file).
+        legacy_shadowed: both exist as distinct files; ``memory.md`` is not memory.
+        symlinked: root file names present as symlinks (never followed).
+    """
+
+    name: str | None
+    legacy_shadowed: bool
+    symlinked: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,32 +184,79 @@ class Discovery:
     issues: list[str]
 
 
-@dataclass(frozen=True)
-class FileContent:
-    """The text of one memory file as it will be indexed.
-
-    Attributes:
-        text: the file decoded as UTF-8 (a leading BOM removed; invalid bytes replaced by
-            U+FFFD when ``invalid_utf8``).
-        content_hash: sha256 hex of the raw bytes on disk.
-        invalid_utf8: True when the bytes were not valid UTF-8.
-        size: size in bytes.
-        mtime_ms: modification time, epoch ms.
-    """
-
-    text: str
-    content_hash: str
-    invalid_utf8: bool
-    size: int
-    mtime_ms: int
-
-
 def _rel(path: str, workspace: str) -> str:
     return os.path.relpath(path, workspace).replace(os.sep, "/")
 
 
-def normalize_extra_paths(workspace: Path, extra_paths: list[str]) -> list[Path]:
-    """Normalise the configured ``extraPaths`` into absolute paths.
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (OSError, ValueError):  # ValueError: a NUL byte in a configured path
+        return None
+
+
+def split_pattern(pattern: str) -> list[str]:
+    """Split a collection pattern into alternatives at commas outside ``{...}`` and ``[...]``
+    (qmd reads ``--mask "a.md,*.txt"`` as a union); blank alternatives are dropped."""
+    parts: list[str] = []
+    current: list[str] = []
+    braces = brackets = 0
+    for ch in pattern:
+        if ch == "," and braces == 0 and brackets == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        if ch == "{":
+            braces += 1
+        elif ch == "}" and braces:
+            braces -= 1
+        elif ch == "[":
+            brackets += 1
+        elif ch == "]" and brackets:
+            brackets -= 1
+        current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+@functools.lru_cache(maxsize=256)
+def _matcher(pattern: str) -> wcglob.WcMatcher:
+    """The compiled glob of a pattern (compiling costs ~0.1 ms; a pure function, memoised)."""
+    return wcglob.compile(split_pattern(pattern) or ["\0"], flags=_GLOB_FLAGS)
+
+
+def escape_glob(name: str) -> str:
+    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
+    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
+
+
+def is_excluded(parts: Sequence[str]) -> bool:
+    """Whether a path below a root (its segments) is outside the rule: a hidden segment (one
+    that starts with ``.``) or a folder named in :data:`SKIP_DIR_NAMES`."""
+    return any(p.startswith(".") for p in parts) or any(p in SKIP_DIR_NAMES for p in parts[:-1])
+
+
+def _entry_parts(entry: ExtraPathEntry) -> tuple[str, str | None]:
+    if isinstance(entry, ExtraPath):
+        return entry.path.strip(), (entry.pattern or "").strip() or None
+    return entry.strip(), None
+
+
+def _absolute(workspace: str, raw: str) -> str:
+    if raw == "~" or raw.startswith("~/"):
+        raw = os.path.expanduser(raw)
+    return os.path.normpath(os.path.join(workspace, raw))
+
+
+def describe_extra_path(entry: ExtraPathEntry) -> str:
+    """One configured extra path as text for status: the path, and its pattern when set
+    (``notes (pattern *.md)``)."""
+    raw, pattern = _entry_parts(entry)
+    return f"{raw} (pattern {pattern})" if pattern else raw
+
+
+def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[Path]:
+    """Normalise the configured ``extraPaths`` into absolute paths (patterns dropped).
 
     Each entry is trimmed and empty entries dropped; a leading ``~`` or ``~/`` is expanded to
     the home directory (the E3 rule; E1/E2 did not expand it, but users expect it); relative
@@ -122,50 +265,125 @@ def normalize_extra_paths(workspace: Path, extra_paths: list[str]) -> list[Path]
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: the configured entries, as written.
+        extra_paths: the configured entries, as written (strings or :class:`ExtraPath`).
 
     Returns:
         Absolute paths in configured order, without duplicates. Nothing is checked on disk.
     """
-    seen: set[str] = set()
+    ws = os.path.abspath(workspace)
     out: list[Path] = []
-    for raw in extra_paths:
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry == "~" or entry.startswith("~/"):
-            entry = os.path.expanduser(entry)
-        resolved = os.path.normpath(os.path.join(os.path.abspath(workspace), entry))
-        if resolved not in seen:
-            seen.add(resolved)
-            out.append(Path(resolved))
+    for entry in extra_paths:
+        raw, _ = _entry_parts(entry)
+        if raw and Path(_absolute(ws, raw)) not in out:
+            out.append(Path(_absolute(ws, raw)))
     return out
 
 
-def is_memory_path(rel_path: str) -> bool:
-    """Return True when a workspace-relative path names a default memory file.
+def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[MemoryRoot]:
+    """The configured extra paths as :class:`MemoryRoot` entries, in configured order.
 
-    Backslashes count as ``/`` and leading ``./`` and ``/`` prefixes are ignored. True for
-    ``MEMORY.md``, ``memory.md`` (legacy root), ``DREAMS.md``, ``dreams.md`` and anything
-    under ``memory/`` (spec §7 step 4). The check is textual: it does not look at the disk
-    and does not reject ``..`` (callers resolve and refuse those).
+    A folder entry keeps its pattern (``**/*.md`` by default); an entry that is an existing
+    regular file becomes its folder with the glob-escaped file name as the pattern (what qmd
+    indexes for a file collection). Entries are normalised as in :func:`normalize_extra_paths`;
+    duplicates of (folder, pattern) are dropped. Only ``lstat`` is used (nothing is followed).
     """
-    p = rel_path.strip().replace("\\", "/")
-    while True:
-        if p.startswith("./"):
-            p = p[2:]
-        elif p.startswith("/"):
-            p = p[1:]
+    ws = os.path.abspath(workspace)
+    out: list[MemoryRoot] = []
+    for entry in extra_paths:
+        raw, pattern = _entry_parts(entry)
+        if not raw:
+            continue
+        absolute = _absolute(ws, raw)
+        st = _lstat(absolute)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            root = MemoryRoot(Path(os.path.dirname(absolute)), escape_glob(os.path.basename(absolute)),
+                              "extra", Path(absolute))
         else:
-            break
-    if p in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, "DREAMS.md", "dreams.md"):
-        return True
-    return p.startswith("memory/") and len(p) > len("memory/")
+            root = MemoryRoot(Path(absolute), pattern or DEFAULT_PATTERN, "extra", Path(absolute))
+        if all((r.path, r.pattern) != (root.path, root.pattern) for r in out):
+            out.append(root)
+    return out
 
 
-# Discovery stops walking after this many directory entries in all (an extra path such as the
-# home folder would otherwise make every sync walk the whole disk); the cut is reported.
-MAX_WALK_ENTRIES = 200_000
+def root_memory_file(workspace: Path) -> RootFile:
+    """Decide the root memory file from the workspace listing (exact-case names).
+
+    Returns:
+        A :class:`RootFile`; an unlistable workspace gives ``RootFile(None, False)``. On a
+        case-insensitive file system where both names are one file, ``MEMORY.md`` wins and
+        nothing is shadowed.
+    """
+    ws = os.path.abspath(workspace)
+    try:
+        with os.scandir(ws) as it:
+            entries = {e.name: e for e in it if e.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)}
+    except OSError:
+        return RootFile(None, False)
+    usable: list[str] = []
+    symlinked: list[str] = []
+    for name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE):
+        entry = entries.get(name)
+        if entry is None:
+            continue
+        try:
+            if entry.is_symlink():
+                symlinked.append(name)
+            elif entry.is_file(follow_symlinks=False):
+                usable.append(name)
+        except OSError:
+            continue
+    if not usable:
+        return RootFile(None, False, tuple(symlinked))
+    shadowed = len(usable) == 2
+    if shadowed:
+        try:
+            shadowed = not os.path.samefile(os.path.join(ws, usable[0]), os.path.join(ws, usable[1]))
+        except OSError:
+            pass
+    return RootFile(usable[0], shadowed, tuple(symlinked))
+
+
+def memory_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
+                 root: RootFile | None = None) -> list[MemoryRoot]:
+    """Every place memory lives: the root file, ``memory/``, then the extra paths in order.
+
+    Args:
+        workspace: the agent workspace.
+        extra_paths: configured extra paths (strings or :class:`ExtraPath`).
+        root: the root-file decision when the caller already has it (else read from disk).
+
+    Returns:
+        ``[root file (pattern = its name, MEMORY.md when there is none), memory/, *extras]``.
+    """
+    ws = Path(os.path.abspath(workspace))
+    name = (root or root_memory_file(ws)).name or ROOT_MEMORY_FILE
+    return [MemoryRoot(ws, name, "root", ws / name),
+            MemoryRoot(ws / MEMORY_DIR_NAME, DEFAULT_PATTERN, "memory", ws / MEMORY_DIR_NAME),
+            *extra_roots(ws, extra_paths)]
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def locate_memory_path(roots: Sequence[MemoryRoot], path: str | Path) -> tuple[MemoryRoot, str] | None:
+    """Find the root that admits an absolute path by the rule's text part.
+
+    Returns:
+        ``(root, path relative to root.path with "/" separators)`` for the first root whose
+        folder contains the path and whose pattern admits it, else ``None``. Nothing is looked
+        up on disk.
+    """
+    p = os.path.normpath(os.path.abspath(path))
+    for r in roots:
+        folder = str(r.path)
+        if not _is_within(p, folder):
+            continue
+        rel = os.path.relpath(p, folder).replace(os.sep, "/")
+        if r.admits(rel):
+            return r, rel
+    return None
+
 
 class _Collector:
     """Accumulates discovered files, skips and issues for one discovery run."""
@@ -197,13 +415,13 @@ class _Collector:
         self.candidates.append((path, st))
 
     def is_auxiliary(self, path: str) -> bool:
-        """Spec §2.4: the legacy root file and repair backups are never picked up by walks."""
+        """Spec §2.4: the legacy root file (the root-file rule decides it) and repair backups
+        are never picked up by walks."""
         rel = _rel(path, self.workspace)
-        return (rel == LEGACY_ROOT_MEMORY_FILE or rel == ".openclaw-repair/root-memory"
-                or rel.startswith(".openclaw-repair/root-memory/"))
+        return rel == LEGACY_ROOT_MEMORY_FILE or rel.startswith(".openclaw-repair/")
 
-    def walk(self, directory: str) -> None:
-        """Walk ``directory`` recursively in name order without following symlinks."""
+    def walk(self, root: MemoryRoot, directory: str) -> None:
+        """Walk ``directory`` (below ``root``) in name order without following symlinks."""
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -216,16 +434,21 @@ class _Collector:
                                "entries under the memory folders (is an extra path too broad?)")
             return
         for entry in entries:
+            if entry.name.startswith("."):
+                if entry.name.endswith(MARKDOWN_SUFFIX) and entry.is_file(follow_symlinks=False):
+                    self.skip(entry.path, "hidden name (not memory)")  # a draft, say so
+                continue
+            rel = _rel(entry.path, str(root.path))
             try:
                 if entry.is_symlink():
-                    if entry.name.endswith(".md") or entry.is_dir():
+                    if entry.name.endswith(MARKDOWN_SUFFIX) or entry.is_dir():
                         self.skip(entry.path, "symlink (not followed)")
                     continue
                 if entry.is_dir(follow_symlinks=False):
-                    if entry.name not in SKIP_DIR_NAMES:
-                        self.walk(entry.path)
+                    if root.recursive and entry.name not in SKIP_DIR_NAMES:
+                        self.walk(root, entry.path)
                     continue
-                if not entry.name.endswith(".md") or self.is_auxiliary(entry.path):
+                if not root.admits(rel) or self.is_auxiliary(entry.path):
                     continue
                 st = entry.stat(follow_symlinks=False)
             except OSError as exc:
@@ -236,65 +459,51 @@ class _Collector:
                 self.add_file(entry.path, st)
 
 
-def _lstat(path: str) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def _add_root_file(col: _Collector, workspace: str) -> None:
-    try:
-        with os.scandir(workspace) as it:
-            names = {e.name: e for e in it if e.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)}
-    except OSError as exc:
-        col.issues.append(f"cannot list workspace {workspace}: {exc.strerror or exc}")
+def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:
+    for name in root.symlinked:
+        col.skip(os.path.join(workspace, name), "symlink (not followed)")
+    if root.name is None:
         return
-    usable: dict[str, tuple[str, os.stat_result]] = {}
-    for name, entry in names.items():
-        if entry.is_symlink():
-            col.skip(entry.path, "symlink (not followed)")
-            continue
-        st = _lstat(entry.path)
-        if st is not None and stat.S_ISREG(st.st_mode):
-            usable[name] = (entry.path, st)
-    if ROOT_MEMORY_FILE in usable:
-        col.add_file(*usable[ROOT_MEMORY_FILE])
-        if LEGACY_ROOT_MEMORY_FILE in usable:
-            col.issues.append(
-                "both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed "
-                "(merge memory.md into MEMORY.md)")
-    elif LEGACY_ROOT_MEMORY_FILE in usable:
-        col.add_file(*usable[LEGACY_ROOT_MEMORY_FILE])
+    path = os.path.join(workspace, root.name)
+    st = _lstat(path)
+    if st is not None and stat.S_ISREG(st.st_mode):
+        col.add_file(path, st)
+    if root.legacy_shadowed:
+        col.issues.append("both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed "
+                          "(merge memory.md into MEMORY.md)")
 
 
-def _add_extra_path(col: _Collector, path: str) -> None:
-    if os.path.dirname(path) == path:
+def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:
+    path = str(r.entry)
+    what = "memory directory" if r.kind == "memory" else "extra path"
+    if r.kind == "extra" and os.path.dirname(path) == path:
         col.issues.append(f"extra path is the filesystem root, ignored: {path}")
         return
     st = _lstat(path)
     if st is None:
-        col.issues.append(f"extra path missing: {path}")
+        col.issues.append(f"{what} missing: {path}")
     elif stat.S_ISLNK(st.st_mode):
-        col.issues.append(f"extra path is a symlink (not followed): {path}")
+        col.issues.append(f"{what} is a symlink (not followed): {path}")
     elif stat.S_ISDIR(st.st_mode):
-        col.walk(path)
+        col.walk(r, path)
+    elif r.kind == "memory":
+        col.issues.append(f"memory is not a directory: {path}")
     elif not stat.S_ISREG(st.st_mode):
         col.issues.append(f"extra path is not a regular file or folder: {path}")
-    elif not path.endswith(".md"):
+    elif not r.admits(os.path.basename(path)):
         col.issues.append(f"extra path is not a Markdown file: {path}")
     elif not col.is_auxiliary(path):
         col.add_file(path, st)
 
 
-def list_memory_files(workspace: Path, extra_paths: list[str], *,
+def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
                       max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Discovery:
-    """Discover the memory files of a workspace (spec §2 with DESIGN.md's root-file rule).
+    """Discover the memory files of a workspace by the rule in the module docstring.
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: configured extra paths (files or folders; see
-            :func:`normalize_extra_paths`).
+        extra_paths: configured extra paths (folders or files, strings or
+            :class:`ExtraPath` with a pattern; see :func:`extra_roots`).
         max_file_bytes: size cap in bytes; larger files are skipped with reason
             ``too large (N bytes > cap M)``.
 
@@ -306,19 +515,12 @@ def list_memory_files(workspace: Path, extra_paths: list[str], *,
     """
     ws = os.path.abspath(workspace)
     col = _Collector(ws, max_file_bytes)
-    _add_root_file(col, ws)
-    memory_dir = os.path.join(ws, "memory")
-    st = _lstat(memory_dir)
-    if st is None:
-        col.issues.append(f"memory directory missing: {memory_dir}")
-    elif stat.S_ISLNK(st.st_mode):
-        col.issues.append(f"memory directory is a symlink (not followed): {memory_dir}")
-    elif not stat.S_ISDIR(st.st_mode):
-        col.issues.append(f"memory is not a directory: {memory_dir}")
-    else:
-        col.walk(memory_dir)
-    for extra in normalize_extra_paths(Path(ws), extra_paths):
-        _add_extra_path(col, str(extra))
+    root = root_memory_file(Path(ws))
+    if not os.path.isdir(ws):
+        col.issues.append(f"cannot list workspace {ws}: not a folder")
+    _add_root_file(col, ws, root)
+    for r in memory_roots(Path(ws), extra_paths, root=root)[1:]:
+        _add_folder_root(col, r)
 
     files: list[MemoryFile] = []
     seen: set[str] = set()
@@ -335,103 +537,39 @@ def list_memory_files(workspace: Path, extra_paths: list[str], *,
     return Discovery(files=files, skipped=col.skipped, issues=col.issues)
 
 
-def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | SkippedFile:
-    """Read one memory file for indexing; never raises for a bad file.
-
-    The bytes are read once (through one descriptor, symlinks not followed), so the hash,
-    size and text describe the same content.
-
-    Args:
-        f: the discovered file.
-        max_file_bytes: size cap in bytes.
-
-    Returns:
-        :class:`FileContent`, or :class:`~fallback.models.SkippedFile` with ``path =
-        f.rel_path`` and reason ``vanished before read``, ``symlink (not followed)``,
-        ``unreadable: <OS reason>``, ``not a regular file``,
-        ``too large (N bytes > cap M)`` or ``binary file (NUL bytes)``.
-    """
-    def skipped(reason: str) -> SkippedFile:
-        return SkippedFile(path=f.rel_path, reason=reason)
-
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(f.abs_path, flags)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return skipped("vanished before read")
-        if exc.errno == errno.ELOOP:
-            return skipped("symlink (not followed)")
-        return skipped(f"unreadable: {exc.strerror or exc}")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return skipped("not a regular file")
-        if st.st_size > max_file_bytes:
-            return skipped(f"too large ({st.st_size} bytes > cap {max_file_bytes})")
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            total += len(block)
-            if total > max_file_bytes:
-                return skipped(f"too large ({total} bytes > cap {max_file_bytes})")
-            parts.append(block)
-    except OSError as exc:
-        return skipped(f"unreadable: {exc.strerror or exc}")
-    finally:
-        os.close(fd)
-    data = b"".join(parts)
-    if b"\x00" in data:
-        return skipped("binary file (NUL bytes)")
-    body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
-    try:
-        text = body.decode("utf-8")
-        invalid = False
-    except UnicodeDecodeError:
-        text = body.decode("utf-8", errors="replace")
-        invalid = True
-    return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=invalid,
-                       size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000))
-
-
-def classify_changed_path(workspace: Path, extra_paths: list[str],
+def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
                           path: str) -> tuple[str, MemoryFile | str | None]:
     """Decide what one changed path means for the index, without walking anything.
 
     Used for watcher events, so a save re-indexes one file instead of re-scanning all of them.
 
     Returns:
-        ``("file", MemoryFile)`` for a Markdown file discovery would list (regular, not a
-        symlink, no symlinked or skipped folder on the way, within the size cap);
-        ``("gone", rel_path)`` for a ``.md`` path at such a place that no longer exists or no
-        longer qualifies (its rows must go); ``("full", None)`` when only a full scan can tell
-        (the root memory files, folders, paths outside the memory folders).
+        ``("file", MemoryFile)`` for a file the rule admits (regular, not a symlink, no
+        symlinked folder between its root and it); ``("gone", rel_path)`` for a ``.md`` path
+        inside a memory folder that no longer exists or is not memory (its rows must go);
+        ``("full", None)`` when only a full scan can tell (the root memory files, folders,
+        paths outside the memory folders, a symlinked memory folder).
     """
     ws = os.path.abspath(workspace)
-    p = os.path.abspath(path)
-    if not p.endswith(".md") or os.path.dirname(p) == ws:
+    p = os.path.normpath(os.path.abspath(path))
+    if not p.endswith(MARKDOWN_SUFFIX) or os.path.dirname(p) == ws:
         return "full", None  # folders, other files, MEMORY.md / memory.md (the root-file rule)
-    roots = [os.path.join(ws, "memory")] + [str(e) for e in normalize_extra_paths(Path(ws), extra_paths)]
-    for root in roots:
-        if p == root and root.endswith(".md"):  # an extra path that is a single file
-            break
-        if p.startswith(root.rstrip(os.sep) + os.sep):
-            inner = os.path.relpath(p, root).split(os.sep)
-            if any(part in SKIP_DIR_NAMES for part in inner[:-1]):
-                return "gone", _rel(p, ws)
-            for i in range(len(inner) - 1):  # no symlinked folder between the root and the file
-                if os.path.islink(os.path.join(root, *inner[: i + 1])):
-                    return "gone", _rel(p, ws)
-            break
-    else:
+    folders = memory_roots(Path(ws), extra_paths, root=RootFile(None, False))[1:]
+    found = locate_memory_path(folders, p)
+    if found is None:
+        if any(_is_within(p, str(r.path)) for r in folders):
+            return "gone", _rel(p, ws)  # in a memory folder, but hidden, skipped or unmatched
         return "full", None
-    if os.path.islink(root) or (_rel(p, ws) == LEGACY_ROOT_MEMORY_FILE):
+    r, rel = found
+    st = _lstat(str(r.entry))
+    if st is None or stat.S_ISLNK(st.st_mode):
         return "full", None
-    st = _lstat(p)
-    if st is None or stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+    inner = rel.split("/")
+    for i in range(len(inner) - 1):  # no symlinked folder between the root and the file
+        if os.path.islink(os.path.join(str(r.path), *inner[: i + 1])):
+            return "gone", _rel(p, ws)
+    fst = _lstat(p)
+    if fst is None or not stat.S_ISREG(fst.st_mode):
         return "gone", _rel(p, ws)
-    return "file", MemoryFile(abs_path=Path(p), rel_path=_rel(p, ws), size=st.st_size,
-                              mtime_ms=int(st.st_mtime_ns // 1_000_000))
+    return "file", MemoryFile(abs_path=Path(p), rel_path=_rel(p, ws), size=fst.st_size,
+                              mtime_ms=int(fst.st_mtime_ns // 1_000_000))

@@ -1,9 +1,10 @@
-"""``memory_get``: resolve a requested path safely and read a page of lines from it.
+"""``memory_get``: resolve a requested path by the memory-file rule and read a page of it.
 
-Path rules (spec ``builtin-engine-spec.md`` §7, tightened): a request names a default memory
-file (:func:`fallback.sources.memory_files.is_memory_path`) relative to the workspace, or a Markdown file under
-a configured extra path. Anything else is refused with :class:`~fallback.errors.PathRefusedError`
-carrying a short reason (the reference answered a bare ``path required``):
+A request names a memory file by the rule of :mod:`fallback.sources.memory_files`, relative to
+the workspace (``MEMORY.md``, ``memory/...``, or a file of an extra path, ``../notes/x.md`` for
+an extra folder outside the workspace), or, for the qmd backend, relative to a collection's
+root. Anything else is refused with :class:`~fallback.errors.PathRefusedError` carrying a
+short reason (the reference answered a bare ``path required``):
 
 ================================  =====================================================
 reason                            when
@@ -15,39 +16,65 @@ reason                            when
 ``parent segment``                a ``..`` segment, unless the result lands inside a
                                   configured extra path (the ``../notes/x.md`` display form
                                   of an extra folder outside the workspace)
-``not a memory path``             neither a memory path nor under an extra path
+``not a memory path``             no root of the rule holds the path
+``shadowed legacy root file``     ``memory.md`` while ``MEMORY.md`` exists (the rule
+                                  indexes ``MEMORY.md`` only)
 ``not markdown``                  the name does not end in ``.md`` (case-sensitive)
-``symlinked directory``           a folder between the root (workspace or extra path)
-                                  and the target is a symlink
+``hidden or skipped segment``     a name below the root starts with ``.`` or is a skipped
+                                  folder (``node_modules``, ``build`` ...)
+``outside the pattern <glob>``    the folder's (or collection's) pattern does not match
+``symlinked directory``           a folder between the root and the target is a symlink
 ``symlink``                       the target itself is a symlink
 ``not a regular file``            the target is a folder, FIFO, device ...
-``escapes workspace``             the real path leaves the root (defence in depth)
 ================================  =====================================================
 
-A missing file (or a missing folder, or a parent that is a regular file) is not an error: it
-reads as empty text with ``missing=True``.
+Reading is one operation, not a check followed by a read: the path is opened by walking each
+folder from the root with ``os.open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent)`` and the
+file with ``O_NOFOLLOW``, then ``fstat`` confirms a regular file, and the bytes come from that
+descriptor. A folder swapped for a symlink at any moment is refused, never followed, so no
+file outside the root can be read, and the file cannot escape the root by construction.
+
+A missing file (or folder, or a parent that is a regular file) raises
+:class:`~fallback.errors.MemoryFileNotFoundError` from :func:`open_memory_file`; the page
+readers turn it into empty text with ``missing=True`` (the reference answers ``{text: ""}``).
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import stat
 import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from fallback.errors import BackendUnavailableError, PathRefusedError
+from fallback.errors import BackendUnavailableError, MemoryFileNotFoundError, PathRefusedError
 from fallback.models import MemoryReadResult
-from fallback.sources.memory_files import is_memory_path, normalize_extra_paths
+from fallback.sources.memory_files import (
+    LEGACY_ROOT_MEMORY_FILE,
+    MARKDOWN_SUFFIX,
+    MEMORY_DIR_NAME,
+    ROOT_MEMORY_FILE,
+    ExtraPathEntry,
+    MemoryRoot,
+    is_excluded,
+    locate_memory_path,
+    memory_roots,
+)
 
 __all__ = [
     "DEFAULT_READ_LINES",
     "DEFAULT_READ_MAX_CHARS",
+    "ResolvedMemoryPath",
+    "open_memory_file",
     "page_text",
     "read_memory_page",
+    "read_page_in_root",
     "resolve_memory_path",
 ]
 
@@ -65,55 +92,41 @@ _PAGE_LINE_BREAK = re.compile(r"\n|(?<=\r)(?!\n)")
 # Files larger than this are paged from a stream (memory bounded by the page, not the file).
 STREAM_ABOVE_BYTES = 1 << 20
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+# BSDs answer EMLINK instead of ELOOP when O_NOFOLLOW meets a symlink.
+_SYMLINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
+# openat-style walks need os.open(..., dir_fd=...) (every POSIX platform; not Windows).
+_HAS_DIR_FD = os.open in os.supports_dir_fd
 
 
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+@dataclass(frozen=True)
+class ResolvedMemoryPath:
+    """Where a ``memory_get`` path leads, before anything is opened.
 
-
-def _lstat(path: str) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except OSError:
-        return None
-
-
-def _extra_root(target: str, workspace: str, extra_paths: list[str]) -> str | None:
-    """Return the configured extra root that admits ``target`` (a folder containing it, or the
-    ``.md`` file itself), or None. Symlinked or missing extra entries admit nothing."""
-    for extra in normalize_extra_paths(Path(workspace), extra_paths):
-        root = str(extra)
-        st = _lstat(root)
-        if st is None or stat.S_ISLNK(st.st_mode):
-            continue
-        if stat.S_ISDIR(st.st_mode) and _is_within(target, root):
-            return root
-        if stat.S_ISREG(st.st_mode) and target == root and root.endswith(".md"):
-            return os.path.dirname(root)
-    return None
-
-
-def resolve_memory_path(workspace: Path, extra_paths: list[str], rel_path: str) -> tuple[Path, str]:
-    """Resolve a ``memory_get`` path to a file we may read.
-
-    Args:
-        workspace: the agent workspace directory.
-        extra_paths: configured extra paths (as in ``memorySearch.extraPaths``).
-        rel_path: the path as the caller gave it: workspace-relative, ``/`` separators; for
-            files of an extra folder outside the workspace, the ``../...`` form that search
-            results show.
-
-    Returns:
-        ``(absolute target, workspace-relative display path with "/" separators)``. The
-        target may not exist (the caller reports it as missing).
-
-    Raises:
-        PathRefusedError: with one of the reasons in the module docstring.
+    Attributes:
+        base: the folder the walk starts at (the workspace, an extra folder, or the folder of
+            a single-file extra path).
+        inner: the components below ``base``, the last one the file.
+        display: workspace-relative path with ``/`` separators (what results show).
+        follow_base: whether ``base`` itself may be a symlink (the workspace and the folder of
+            a single configured file may; an extra folder may not).
     """
-    def refuse(reason: str) -> PathRefusedError:
-        return PathRefusedError(rel_path, reason)
 
-    p = rel_path.strip()
+    base: Path
+    inner: tuple[str, ...]
+    display: str
+    follow_base: bool
+
+
+def _check_text(path: str, shown: str) -> list[str]:
+    """The request's own checks (no disk): returns the segments without ``""``/``"."``."""
+    def refuse(reason: str) -> PathRefusedError:
+        return PathRefusedError(shown, reason)
+
+    p = path.strip()
     if not p:
         raise refuse("empty path")
     if "\\" in p or any(unicodedata.category(ch) == "Cc" for ch in p):
@@ -125,42 +138,145 @@ def resolve_memory_path(workspace: Path, extra_paths: list[str], rel_path: str) 
     segments = [s for s in p.split("/") if s not in ("", ".")]
     if not segments:
         raise refuse("not a memory path")
+    return segments
+
+
+def _why_not(root: MemoryRoot, rel: str) -> str:
+    """The refusal reason for a path inside ``root``'s folder that the rule does not admit."""
+    if not rel.endswith(MARKDOWN_SUFFIX):
+        return "not markdown"
+    if is_excluded(rel.split("/")):
+        return "hidden or skipped segment"
+    return f"outside the pattern {root.pattern}"
+
+
+def _usable_extra(root: MemoryRoot) -> bool:
+    try:
+        st = os.lstat(root.entry)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)
+
+
+def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
+                        rel_path: str) -> ResolvedMemoryPath:
+    """Decide which root of the memory-file rule a ``memory_get`` path belongs to.
+
+    Only the workspace listing (the root-file decision) and the configured extra paths are
+    looked at; the file and the folders on the way are checked when
+    :func:`open_memory_file` opens them.
+
+    Args:
+        workspace: the agent workspace directory.
+        extra_paths: configured extra paths (strings or ``ExtraPath`` with a pattern).
+        rel_path: the path as the caller gave it: workspace-relative, ``/`` separators; for
+            files of an extra folder outside the workspace, the ``../...`` form that search
+            results show.
+
+    Returns:
+        A :class:`ResolvedMemoryPath`.
+
+    Raises:
+        PathRefusedError: with one of the reasons in the module docstring.
+    """
+    segments = _check_text(rel_path, rel_path)
     ws = os.path.abspath(workspace)
     target = os.path.normpath(os.path.join(ws, *segments))
+    display = os.path.relpath(target, ws).replace(os.sep, "/")
     has_parent = ".." in segments
+    roots = memory_roots(Path(ws), extra_paths)
+    if not has_parent and len(segments) == 1 and segments[0] in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE):
+        if segments[0] == LEGACY_ROOT_MEMORY_FILE and roots[0].pattern == ROOT_MEMORY_FILE \
+                and os.path.lexists(os.path.join(ws, ROOT_MEMORY_FILE)):
+            raise PathRefusedError(rel_path, "shadowed legacy root file")
+        return ResolvedMemoryPath(Path(ws), (segments[0],), display, True)
+    candidates = [r for r in roots[2:] if _usable_extra(r)]
+    if not has_parent:
+        candidates.insert(0, roots[1])
+    found = locate_memory_path(candidates, target)
+    if found is None:
+        holder = next((r for r in candidates if r.entry == r.path  # folders, not single files
+                       and target.startswith(str(r.path).rstrip(os.sep) + os.sep)), None)
+        if holder is None:
+            raise PathRefusedError(rel_path, "parent segment" if has_parent else "not a memory path")
+        rel = os.path.relpath(target, holder.path).replace(os.sep, "/")
+        raise PathRefusedError(rel_path, _why_not(holder, rel))
+    root, rel = found
+    if root.kind == "memory":
+        return ResolvedMemoryPath(Path(ws), (MEMORY_DIR_NAME, *rel.split("/")), display, True)
+    return ResolvedMemoryPath(root.path, tuple(rel.split("/")), display, root.entry != root.path)
 
-    root: str | None = None
-    if not has_parent and is_memory_path("/".join(segments)):
-        root = ws
-    else:
-        root = _extra_root(target, ws, extra_paths)
-    if root is None:
-        raise refuse("parent segment" if has_parent else "not a memory path")
-    if not target.endswith(".md"):
-        raise refuse("not markdown")
 
-    # Every folder between the root and the target must be a real folder, not a symlink.
-    cursor = root
-    parts = os.path.relpath(target, root).split(os.sep)
-    target_reachable = True
-    for part in parts[:-1]:
-        cursor = os.path.join(cursor, part)
-        st = _lstat(cursor)
-        if st is None or not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
-            target_reachable = False  # missing folder, or a parent that is a regular file
-            break
-        if stat.S_ISLNK(st.st_mode):
-            raise refuse("symlinked directory")
-    if target_reachable:
-        st = _lstat(target)
-        if st is not None:
-            if stat.S_ISLNK(st.st_mode):
-                raise refuse("symlink")
-            if not stat.S_ISREG(st.st_mode):
-                raise refuse("not a regular file")
-    if not _is_within(os.path.realpath(target), os.path.realpath(root)):
-        raise refuse("escapes workspace")
-    return Path(target), os.path.relpath(target, ws).replace(os.sep, "/")
+def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str) -> int:
+    flags = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW)
+    try:
+        return os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _SYMLINK_ERRNOS:
+            raise PathRefusedError(shown, "symlinked directory") from exc
+        if exc.errno == errno.ENOTDIR:  # a symlink (O_NOFOLLOW | O_DIRECTORY on Linux) or a file
+            try:
+                if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise PathRefusedError(shown, "symlinked directory") from exc
+            except FileNotFoundError:
+                pass
+            raise MemoryFileNotFoundError(shown, "a parent is not a folder") from exc
+        if exc.errno == errno.ENOENT:
+            raise MemoryFileNotFoundError(shown) from exc
+        raise
+
+
+def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_base: bool = True) -> int:
+    """Open ``base/inner...`` read-only without following any symlink below ``base``.
+
+    Each folder is opened relative to its parent's descriptor (``O_NOFOLLOW | O_DIRECTORY``,
+    ``dir_fd``), the file with ``O_NOFOLLOW | O_NONBLOCK``; ``fstat`` then confirms a regular
+    file. The returned descriptor is the caller's to close.
+
+    Args:
+        base: the root folder (absolute).
+        inner: path components below ``base``; none may be ``..`` (callers check).
+        shown: the path as the caller gave it (for errors).
+        follow_base: whether ``base`` itself may be a symlink.
+
+    Returns:
+        The open file descriptor of a regular file.
+
+    Raises:
+        PathRefusedError: ``symlinked directory``, ``symlink`` or ``not a regular file``.
+        MemoryFileNotFoundError: no such file or folder, or a parent is a regular file.
+        OSError: any other failure to open (permission denied, ...).
+    """
+    if not inner or any(part in ("", ".", "..") or "/" in part for part in inner):
+        raise PathRefusedError(shown, "parent segment")
+    if not _HAS_DIR_FD:
+        raise BackendUnavailableError("builtin", "memory_get needs a platform with dir_fd "
+                                      "support for symlink-safe reads")
+    dfd = _open_dir(base, None, follow=follow_base, shown=shown)
+    try:
+        for part in inner[:-1]:
+            nfd = _open_dir(part, dfd, follow=False, shown=shown)
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(inner[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno in _SYMLINK_ERRNOS:
+                raise PathRefusedError(shown, "symlink") from exc
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise MemoryFileNotFoundError(shown) from exc
+            raise
+    finally:
+        os.close(dfd)
+    try:
+        is_regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not is_regular:
+        os.close(fd)
+        raise PathRefusedError(shown, "not a regular file")
+    return fd
 
 
 def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) -> str:
@@ -231,76 +347,68 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _open_regular(target: Path, rel_path: str) -> int | None:
-    """Open the target read-only without following a symlink; ``None`` when it is missing.
+def _read_text(fd: int, start: int, count: int) -> str:
+    """The text behind ``fd`` for paging; the descriptor is closed.
 
-    Raises:
-        PathRefusedError: a symlink or not a regular file (the descriptor is closed).
-        OSError: any other failure to open.
+    Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded. A bigger file is read as a
+    stream and reduced to what paging needs: the lines before ``start`` as empty lines, lines
+    ``start .. start+count-1`` as they are, plus one more line so :func:`page_text` can tell
+    whether content remains. Memory stays bounded by the page, however large the file.
+    A leading BOM is removed; invalid UTF-8 becomes U+FFFD.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    with io.FileIO(fd, closefd=True) as raw:
+        if os.fstat(fd).st_size <= STREAM_ABOVE_BYTES:
+            data = raw.readall()
+            return data.decode("utf-8-sig", errors="replace")
+        with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", errors="replace",
+                              newline="") as fh:
+            parts: list[str] = []
+            for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
+                if number < start:
+                    parts.append("\n")
+                else:
+                    parts.append(line)
+                    if number >= start + count:  # the one line after the page
+                        break
+            return "".join(parts)
+
+
+def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
+               from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
+               backend: str) -> MemoryReadResult:
+    start = max(1, int(from_line or 1))
+    count = max(1, int(lines or default_lines))
+
+    def attempt() -> str:
+        return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
+                          start, count)
+
+    retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
+                        wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
-        fd = os.open(target, flags)
+        text = retrying(attempt)
+    except MemoryFileNotFoundError:
+        return MemoryReadResult.model_validate(
+            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        if exc.errno == errno.ELOOP:
-            raise PathRefusedError(rel_path, "symlink") from exc
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise PathRefusedError(rel_path, "not a regular file")
-    return fd
+        raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
+    page, first, included, truncated, next_from = page_text(
+        text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
+    # model_validate by field name: the "from" alias cannot be a Python keyword argument.
+    return MemoryReadResult.model_validate(
+        {"path": display, "text": page, "from_line": first, "lines": included,
+         "truncated": truncated, "next_from": next_from})
 
 
-def _read_once(target: Path, rel_path: str) -> bytes | None:
-    """Read the target's bytes through one descriptor (symlinks not followed); None if missing."""
-    fd = _open_regular(target, rel_path)
-    if fd is None:
-        return None
-    try:
-        parts: list[bytes] = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                return b"".join(parts)
-            parts.append(block)
-    finally:
-        os.close(fd)
-
-
-def _read_window(target: Path, rel_path: str, start: int, count: int) -> str | None:
-    """A big file's text reduced to what paging needs, read as a stream: the lines before
-    ``start`` as empty lines, lines ``start .. start+count-1`` as they are, plus one more line so
-    :func:`page_text` can tell whether content remains. ``None`` when the file is missing.
-    Memory stays bounded by the page, however large the file."""
-    import io
-
-    fd = _open_regular(target, rel_path)
-    if fd is None:
-        return None
-    with io.TextIOWrapper(io.FileIO(fd, closefd=True), encoding="utf-8-sig", errors="replace",
-                          newline="") as fh:
-        parts: list[str] = []
-        for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
-            if number < start:
-                parts.append("\n")
-            else:
-                parts.append(line)
-                if number >= start + count:  # the one line after the page
-                    break
-        return "".join(parts)
-
-
-def read_memory_page(workspace: Path, extra_paths: list[str], rel_path: str, *,
+def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
                      default_lines: int = DEFAULT_READ_LINES,
                      max_chars: int = DEFAULT_READ_MAX_CHARS) -> MemoryReadResult:
-    """Read one page of a memory file (the builtin ``memory_get``).
+    """Read one page of a workspace memory file (the builtin ``memory_get``).
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: configured extra paths.
+        extra_paths: configured extra paths (strings or ``ExtraPath`` with a pattern).
         rel_path: requested path (see :func:`resolve_memory_path`).
         from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`
             (``max_chars`` in code points).
@@ -311,39 +419,45 @@ def read_memory_page(workspace: Path, extra_paths: list[str], rel_path: str, *,
         A missing file gives ``text=""``, ``from_line=1``, ``lines=0``, ``missing=True``.
 
     Raises:
-        PathRefusedError: the path is not an allowed memory file (reasons in the module
-            docstring).
+        PathRefusedError: the path is not a memory file (reasons in the module docstring).
         BackendUnavailableError: the file exists but cannot be read (permission denied, or a
             transient EAGAIN/EINTR that persisted over 3 attempts).
     """
-    target, display = resolve_memory_path(workspace, extra_paths, rel_path)
-    retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
-                        wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
-    try:
-        size = target.stat().st_size if target.is_file() else 0
-    except OSError:
-        size = 0
-    try:
-        if size > STREAM_ABOVE_BYTES:
-            start = max(1, int(from_line or 1))
-            count = max(1, int(lines or default_lines))
-            text: str | None = retrying(_read_window, target, rel_path, start, count)
-        else:
-            data = retrying(_read_once, target, rel_path)
-            if data is not None and data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]
-            text = None if data is None else data.decode("utf-8", errors="replace")
-    except PathRefusedError:
-        raise
-    except OSError as exc:
-        raise BackendUnavailableError(
-            "builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
-    if text is None:
-        return MemoryReadResult.model_validate(
-            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
-    page, start, included, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
-    # model_validate by field name: the "from" alias cannot be a Python keyword argument.
-    return MemoryReadResult.model_validate(
-        {"path": display, "text": page, "from_line": start, "lines": included,
-         "truncated": truncated, "next_from": next_from})
+    resolved = resolve_memory_path(workspace, extra_paths, rel_path)
+    return _read_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
+                      follow_base=resolved.follow_base, from_line=from_line, lines=lines,
+                      default_lines=default_lines, max_chars=max_chars, backend="builtin")
+
+
+def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: bool,
+                      from_line: int | None = None, lines: int | None = None,
+                      default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
+                      backend: str = "qmd") -> MemoryReadResult:
+    """Read one page of ``root.path/inner`` with the rule's refusals and the same safe open
+    (qmd collection files: ``qmd/<collection>/<inner>``).
+
+    Args:
+        root: the collection as a memory root (its folder and pattern).
+        inner: path inside the root, ``/``-separated.
+        shown: the path as the caller gave it (used in results and errors).
+        follow_base: whether the root folder itself may be a symlink.
+        from_line / lines / default_lines / max_chars: paging as in :func:`page_text`.
+        backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
+
+    Returns:
+        The page; ``missing=True`` with empty text when the file does not exist.
+
+    Raises:
+        PathRefusedError: the reasons of the module docstring (a file the collection does not
+            index is refused whatever is on disk).
+        BackendUnavailableError: the file exists but cannot be read.
+    """
+    segments = _check_text(inner, shown)
+    if ".." in segments:
+        raise PathRefusedError(shown, "parent segment")
+    rel = "/".join(segments)
+    if not root.admits(rel):
+        raise PathRefusedError(shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
+    return _read_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
+                      from_line=from_line, lines=lines, default_lines=default_lines,
+                      max_chars=max_chars, backend=backend)

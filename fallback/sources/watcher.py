@@ -1,16 +1,19 @@
 """File watcher for memory files: watchdog observers, debounced hand-off to the event loop.
 
-What is watched (spec 5.2 and the freshness rules of the concurrency issue):
+What is watched (spec 5.2): the places of the memory-file rule
+(:func:`fallback.sources.memory_files.memory_roots`), and which changes matter is decided by
+that rule too:
 - the workspace root, not recursively, for ``MEMORY.md``/``memory.md`` and for the creation of
   a ``memory/`` folder (which then gets its own recursive watch);
-- ``memory/`` recursively, for ``*.md`` (new sub-folders are seen by the recursive watch);
-- each extra path: a folder recursively, a single file through its parent folder;
+- ``memory/`` recursively, for the files the rule admits and for folders (a folder moved or
+  deleted takes its notes with it);
+- each extra path: a folder recursively (or only its top level when its pattern cannot match
+  deeper), a single file through its parent folder;
 - optionally a sessions folder (``*.jsonl`` transcripts).
 
 Editors that save by writing a temp file and renaming it over the target show up as a move
-whose destination is a memory file; deletions and moves out count too. Paths with a segment
-``.git``, ``node_modules``, ``.venv``, ``venv``, ``.tox``, ``__pycache__`` or ``.pnpm-store``
-are ignored.
+whose destination is a memory file; deletions and moves out count too. Hidden names and the
+rule's skipped folders (``.git``, ``node_modules``, ``build`` ...) below a root are ignored.
 
 Threads: watchdog calls our handler on its own thread; the handler only records the path in a
 thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's token). The
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,11 +38,18 @@ import anyio
 import anyio.abc
 from anyio.lowlevel import current_token
 
-__all__ = ["WatchState", "MemoryWatcher", "IGNORED_SEGMENTS"]
+from fallback.sources.memory_files import (
+    LEGACY_ROOT_MEMORY_FILE,
+    MEMORY_DIR_NAME,
+    ROOT_MEMORY_FILE,
+    ExtraPathEntry,
+    RootFile,
+    is_excluded,
+    memory_roots,
+)
 
-# Folders that never hold memory and can hold thousands of files.
-IGNORED_SEGMENTS = frozenset({".git", "node_modules", ".pnpm-store", ".venv", "venv", ".tox",
-                              "__pycache__"})
+__all__ = ["WatchState", "MemoryWatcher"]
+
 # How often the health check looks at the observer thread, in seconds.
 HEALTH_CHECK_S = 1.0
 
@@ -63,10 +73,6 @@ class WatchState:
     events: int = 0
     last_event_ms: int | None = None
     last_error: str | None = None
-
-
-def _ignored(path: Path) -> bool:
-    return any(part.lower() in IGNORED_SEGMENTS for part in path.parts)
 
 
 class _Handler:
@@ -94,7 +100,8 @@ class MemoryWatcher:
 
     Args:
         workspace: the agent workspace.
-        extra_paths: absolute extra paths (folders or single files).
+        extra_paths: extra paths as configured (folders or single files; strings, paths or
+            ``ExtraPath`` with a pattern).
         sessions_dir: folder of ``*.jsonl`` transcripts to watch too, or ``None``.
         on_change: async callback ``(changed_paths, reason)``; reason is ``watch`` or ``rescan``.
         debounce_ms: quiet time after the last change before the callback runs (1,500 ms).
@@ -103,13 +110,15 @@ class MemoryWatcher:
         poll_interval_s: polling observer period, in seconds.
     """
 
-    def __init__(self, workspace: Path, *, extra_paths: list[Path] | None = None,
+    def __init__(self, workspace: Path, *, extra_paths: Sequence[ExtraPathEntry | Path] | None = None,
                  sessions_dir: Path | None = None,
                  on_change: Callable[[set[str], str], Awaitable[None]],
                  debounce_ms: int = 1500, rescan_interval_ms: int = 0,
                  force_polling: bool = False, poll_interval_s: float = 1.0) -> None:
         self.workspace = workspace
-        self.extra_paths = list(extra_paths or [])
+        # The rule's places; the root file is matched by name (both names), so no listing.
+        self.roots = memory_roots(workspace, [str(p) if isinstance(p, Path) else p
+                                              for p in extra_paths or []], root=RootFile(None, False))
         self.sessions_dir = sessions_dir
         self.on_change = on_change
         self.debounce_ms = max(0, debounce_ms)
@@ -127,18 +136,23 @@ class MemoryWatcher:
     # -- relevance ----------------------------------------------------------------------------
 
     def is_relevant(self, path: Path) -> bool:
-        """Whether a changed path can affect the index."""
-        if _ignored(path):
-            return False
+        """Whether a changed path can affect the index, by the memory-file rule: a root file
+        name or the ``memory`` folder at the workspace root, a file a memory folder admits, a
+        folder below a memory folder (not hidden or skipped), or a transcript."""
         ws = self.workspace
-        if path.parent == ws and path.name in ("MEMORY.md", "memory.md", "memory"):
+        if path.parent == ws and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
             return True
-        mem = ws / "memory"
-        if path == mem or mem in path.parents:
-            return path.suffix == ".md" or path.suffix == "" or path.is_dir()
-        for extra in self.extra_paths:
-            if path == extra or extra in path.parents:
-                return path.suffix == ".md" or path == extra or path.is_dir()
+        for root in self.roots[1:]:
+            if path == root.entry:
+                return True
+            if root.path not in path.parents:
+                continue
+            rel = path.relative_to(root.path).as_posix()
+            if root.admits(rel):
+                return True
+            folder = path.suffix == "" or path.is_dir()  # a deleted folder cannot be stat'ed
+            if folder and root.recursive and not is_excluded([*rel.split("/"), "-"]):
+                return True
         if self.sessions_dir is not None and path.parent == self.sessions_dir:
             return ".jsonl" in path.name
         return False
@@ -189,13 +203,13 @@ class MemoryWatcher:
         if mem.is_dir() and not mem.is_symlink():
             observer.schedule(handler, str(mem), recursive=True)
             self._memory_watched = True
-        for extra in self.extra_paths:
-            if extra.is_symlink():
+        for root in self.roots[2:]:
+            if root.entry.is_symlink():
                 continue
-            if extra.is_dir():
-                observer.schedule(handler, str(extra), recursive=True)
-            elif extra.parent.is_dir():
-                observer.schedule(handler, str(extra.parent), recursive=False)
+            if root.entry.is_dir():
+                observer.schedule(handler, str(root.entry), recursive=root.recursive)
+            elif root.path.is_dir():
+                observer.schedule(handler, str(root.path), recursive=False)
         if self.sessions_dir is not None and self.sessions_dir.is_dir():
             observer.schedule(handler, str(self.sessions_dir), recursive=False)
 

@@ -8,8 +8,14 @@ from typing import Any
 
 import anyio
 
-from fallback.errors import ConfigError, MemorySearchError, PathRefusedError, UsageError
-from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit_json
+from fallback.errors import (
+    ConfigError,
+    MemoryFileNotFoundError,
+    MemorySearchError,
+    PathRefusedError,
+    UsageError,
+)
+from qmdbridge.cli.common import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit_json
 
 __all__ = ["exit_code_for", "run_command"]
 
@@ -18,6 +24,8 @@ def exit_code_for(exc: BaseException) -> int:
     """Map our exception classes to CLI exit codes (see ``qmdbridge --help``)."""
     if isinstance(exc, PathRefusedError):
         return EXIT_REFUSED
+    if isinstance(exc, MemoryFileNotFoundError):
+        return EXIT_NOT_FOUND
     if isinstance(exc, (ConfigError, UsageError)):
         return EXIT_USAGE
     return EXIT_FAILURE
@@ -68,12 +76,12 @@ async def _search(agent: Any, args: argparse.Namespace) -> int:
 async def _get(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         result = await m.read_file(args.path, from_line=args.from_line, lines=args.lines)
+    if result.missing:  # the tool answers empty text; a command says so with its exit code
+        raise MemoryFileNotFoundError(result.path)
     if args.json:
         emit_json(result.to_json_dict())
     else:
         sys.stdout.write(result.text + ("\n" if result.text and not result.text.endswith("\n") else ""))
-        if result.missing:
-            sys.stderr.write(f"qmdbridge: {result.path}: no such memory file (empty)\n")
     return EXIT_OK
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "emit_json"]
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
+EXIT_NOT_FOUND = 4
 
 
 def emit_json(doc: Any) -> None:

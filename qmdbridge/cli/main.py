@@ -9,6 +9,7 @@ Exit codes:
     1  a backend or the index failed (message on stderr)
     2  usage or config error (bad flag, blank query, malformed config file)
     3  refused path (``get`` of something that is not a memory file)
+    4  no such memory file (``get`` of a memory path where no file is, or a file that vanished)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from qmdbridge.cli.common import EXIT_USAGE, emit_json
 __all__ = ["main", "build_parser"]
 
 
-EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 3 refused path.
+EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 3 refused path,
+4 no such memory file.
 config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/openclaw.json) when it exists."""
 
 

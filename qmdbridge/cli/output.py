@@ -102,7 +102,12 @@ def print_status(st: MemoryStatus) -> None:
         w(f"Embedding cache: {'enabled' if st.cache.get('enabled') else 'disabled'}"
           f" ({st.cache.get('entries', 0)} entries, cap {st.cache.get('maxEntries')})\n")
     for name, view in st.backends.items():
+        if name == "builtin" and st.backend != "builtin":
+            w(f"Builtin index: {view.get('files', 0)} files · {view.get('chunks', 0)} chunks\n")
         if name == "qmd":
+            colls = view.get("collections") or []
+            w(f"qmd collections: {len(colls)}"
+              f"{' (' + ', '.join(c['name'] + ': ' + c['path'] + ' ' + c['pattern'] for c in colls) + ')' if colls else ''}\n")
             breaker = view.get("breaker", {})
             w(f"qmd: {'healthy' if view.get('healthy', True) and breaker.get('state') == 'closed' else 'unhealthy'}"
               f"; breaker {breaker.get('state', '-')}; last error: {view.get('lastError') or breaker.get('lastFailure') or '-'}\n")

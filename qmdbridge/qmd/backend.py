@@ -15,8 +15,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Coroutine, Mapping
-from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -40,6 +38,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     reconcile,
     reconcile_fingerprint,
+    rule_extra_paths,
 )
 from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.parse import (
@@ -52,9 +51,8 @@ from qmdbridge.qmd.parse import (
     map_entries,
     merge_key,
     parse_qmd_json,
-    read_in_root,
-    read_qmd_path,
 )
+from qmdbridge.qmd.reads import read_qmd_path
 from qmdbridge.qmd.runner import (
     RunResult,
     is_crash_after_output,
@@ -503,39 +501,30 @@ class QmdBackend:
                         lines: int | None = None) -> MemoryReadResult:
         """``memory_get`` over qmd: workspace memory paths, or ``qmd/<collection>/<rel>``.
 
-        Workspace paths go through ``fallback.sources.read_page.read_memory_page`` (same rules as the
-        builtin engine) and, when that refuses, may still name a ``.md`` file of a managed
-        custom collection inside the workspace. ``qmd/<collection>/<rel>`` resolves inside
-        that collection's root. Paging: 120 lines / 12,000 chars by default.
+        Both go through the builtin engine's safe reader (``fallback.sources.read_page``):
+        workspace paths by the memory-file rule with every custom collection among the extra
+        paths (so a file a collection indexes is readable, and nothing else), and
+        ``qmd/<collection>/<rel>`` inside that collection with its pattern. Paging: 120 lines /
+        12,000 chars by default; files over 1 MiB are streamed.
 
         Raises:
             PathRefusedError: blank path, ``invalid qmd path``, ``unknown qmd collection: <c>``,
-                ``qmd path escapes collection``, parent segments, symlinks, non-``.md`` files.
+                or a refusal of the memory-file rule (parent segments, symlinks, non-``.md``
+                files, files outside the collection's pattern).
+            BackendUnavailableError: the file exists but cannot be read.
         """
         self._check_open()
         rel = rel_path.strip()
         if not rel:
             raise PathRefusedError(rel_path, "path required")
-        if rel.startswith("qmd/"):
-            roots = {name: c.path for name, c in self.roots.items()}
-            return await anyio.to_thread.run_sync(
-                lambda: read_qmd_path(roots, rel, from_line, lines))
         ws = self.agent.workspace_dir
-        try:
-            return await anyio.to_thread.run_sync(lambda: read_memory_page(
-                ws, list(self.agent.memory_search.extra_paths), rel, from_line=from_line,
-                lines=lines))
-        except PathRefusedError:
-            for c in self.collections:
-                if c.kind != "custom":
-                    continue
-                try:
-                    inner = Path(os.path.normpath(ws / rel)).relative_to(c.path).as_posix()
-                except ValueError:
-                    continue
-                return await anyio.to_thread.run_sync(
-                    partial(read_in_root, c.path, inner, rel, from_line, lines))
-            raise
+        if rel.startswith("qmd/"):
+            roots = dict(self.roots)
+            return await anyio.to_thread.run_sync(
+                lambda: read_qmd_path(roots, rel, from_line, lines, workspace=ws))
+        extra = rule_extra_paths(self.agent)
+        return await anyio.to_thread.run_sync(lambda: read_memory_page(
+            ws, extra, rel, from_line=from_line, lines=lines))
 
     # -- status and probes --------------------------------------------------------------------
 

@@ -1,11 +1,11 @@
 """Config -> qmd collections, and reconciling them with what qmd already has (spec 2.2, 2.6).
 
 ``build_collections`` turns one agent's config into the ordered list of
-:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions);
-``parse_collection_list`` / ``parse_collection_show`` read qmd's ``collection list`` and
-``collection show`` output (qmd 2.8.3 ignores ``--json`` and prints text without paths, so the
-paths come from ``show``); ``reconcile`` adds, rebinds and migrates collections through a
-caller-supplied command function, so this module never spawns anything itself.
+:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions), mirroring the
+memory-file rule of ``fallback.sources.memory_files``; qmd's ``collection list``/``show``
+output is read by ``qmdbridge.qmd.listing``; ``reconcile`` adds, rebinds and migrates
+collections through a caller-supplied command function, so this module never spawns anything
+itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,18 @@ from typing import Any, Literal
 import orjson
 
 from fallback.errors import BackendUnavailableError
+from fallback.settings import EngineSettings, ExtraPath
+from fallback.sources.memory_files import (
+    DEFAULT_PATTERN,
+    LEGACY_ROOT_MEMORY_FILE,
+    ROOT_MEMORY_FILE,
+    MemoryRoot,
+    escape_glob,
+    extra_roots,
+    root_memory_file,
+)
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 
 __all__ = [
     "CollectionKind",
@@ -30,6 +41,9 @@ __all__ = [
     "ManagedCollection",
     "ReconcileState",
     "build_collections",
+    "custom_extra_paths",
+    "fallback_engine_settings",
+    "rule_extra_paths",
     "escape_glob",
     "parse_collection_list",
     "parse_collection_show",
@@ -43,12 +57,6 @@ log = logging.getLogger("qmdbridge.qmd.collections")
 
 CollectionKind = Literal["memory", "custom", "sessions"]
 
-# Pattern of every folder collection unless the config says otherwise.
-DEFAULT_PATTERN = "**/*.md"
-# Characters qmd's glob treats as syntax; a literal file name escapes them (spec 2.2 [newest]).
-_GLOB_SPECIALS = set("\\*?[]{}()!+@")
-_LIST_HEADER_RE = re.compile(r"^\s*([a-z0-9._-]+)\s+\(qmd://[^)]+\)\s*$", re.IGNORECASE)
-_FIELD_RE = re.compile(r"^\s*(pattern|mask|path)\s*:\s*(.*?)\s*$", re.IGNORECASE)
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
 _UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
                              "flag provided but not defined", "unexpected argument")
@@ -64,37 +72,51 @@ class ManagedCollection:
         path: absolute directory qmd indexes.
         pattern: qmd glob relative to ``path`` (``MEMORY.md``, ``**/*.md``).
         kind: ``memory`` (default memory files), ``custom`` (extra paths) or ``sessions``.
+        single_file: a custom collection made from one configured file (``path`` is its
+            folder, which may be reached through a symlink; other folders may not).
     """
 
     name: str
     path: Path
     pattern: str
     kind: CollectionKind
+    single_file: bool = False
 
     @property
     def source(self) -> Literal["memory", "sessions"]:
         """The search-result source of this collection's hits."""
         return "sessions" if self.kind == "sessions" else "memory"
 
+    @property
+    def is_root_file(self) -> bool:
+        """Whether this is the root-file collection (``memory-root-<agent>``)."""
+        return self.kind == "memory" and self.pattern in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)
 
-@dataclass(frozen=True)
-class ListedCollection:
-    """What qmd reported about one existing collection (any field may be unknown)."""
+    def rule_root(self) -> MemoryRoot:
+        """This collection as a root of the memory-file rule (its folder and pattern)."""
+        if self.is_root_file:
+            return MemoryRoot(self.path, self.pattern, "root", self.path / self.pattern)
+        return MemoryRoot(self.path, self.pattern, "memory" if self.kind == "memory" else "extra",
+                          self.path)
 
-    name: str
-    path: str | None = None
-    pattern: str | None = None
+    def admits(self, rel: str) -> bool:
+        """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this
+        collection indexes by the memory-file rule: the pattern, ``.md``, no hidden or skipped
+        segment; for the root-file collection, the workspace's root file as it is now. A qmd
+        build that ignored the pattern, or an index from before the root file changed, cannot
+        put anything else in front of the agent."""
+        if not self.rule_root().admits(rel):
+            return False
+        if self.is_root_file:
+            current = root_memory_file(self.path).name
+            return current is None or rel == current
+        return True
 
 
 def sanitize_name(raw: str, *, empty: str = "collection") -> str:
     """Lower-case, replace runs outside ``[a-z0-9-]`` by ``-``, trim ``-``; ``empty`` if blank."""
     s = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
     return s or empty
-
-
-def escape_glob(name: str) -> str:
-    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
-    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
 
 
 def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
@@ -106,6 +128,32 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
         return Path(os.path.normpath(p if p.is_absolute() else workspace / p))
     except (OSError, RuntimeError, ValueError):
         return None
+
+
+def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
+    """Every extra path of the memory-file rule in qmd mode: ``memorySearch.extraPaths`` then
+    the custom collections (:func:`custom_extra_paths`), without repeats."""
+    out: list[str | ExtraPath] = []
+    for entry in [*agent.memory_search.extra_paths, *custom_extra_paths(agent)]:
+        if entry not in out:
+            out.append(entry)
+    return out
+
+
+def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
+    """The builtin engine's settings when it stands in for qmd: the agent's engine settings
+    with every custom collection among the extra paths, so the fallback indexes, and
+    ``memory_get`` reads, the same files qmd does."""
+    search = agent.engine.search.model_copy(update={"extra_paths": rule_extra_paths(agent)})
+    return agent.engine.model_copy(update={"search": search})
+
+
+def custom_extra_paths(agent: ResolvedAgent) -> list[ExtraPath]:
+    """The custom collections' folders as memory-rule extra paths (``memory.qmd.paths[]`` and
+    ``memorySearch.qmd.extraCollections[]``, with their patterns), in config order.
+    ``memorySearch.extraPaths`` are not repeated: the builtin engine has them already."""
+    return [ExtraPath(path=p.path, pattern=p.pattern) for p in agent.memory.qmd.paths] + [
+        ExtraPath(path=c.path, pattern=c.pattern) for c in agent.memory_search.qmd.extra_collections]
 
 
 def _is_inside(child: Path, parent: Path) -> bool:
@@ -128,12 +176,15 @@ def _realpath(p: Path) -> Path:
 def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[ManagedCollection]:
     """Compute the agent's managed collections in config order (spec 2.2 [newest]).
 
-    Order: ``memory-root-<agent>`` (workspace, ``MEMORY.md``) and ``memory-dir-<agent>``
+    The collections mirror the memory-file rule (``fallback.sources.memory_files``):
+    ``memory-root-<agent>`` (workspace, pattern = the root file: ``MEMORY.md``, or the legacy
+    ``memory.md`` when that is the root file) and ``memory-dir-<agent>``
     (``<workspace>/memory``, ``**/*.md``) when ``includeDefaultMemory``; then custom
     collections from ``memory.qmd.paths[]``, ``memorySearch.extraPaths`` and
     ``memorySearch.qmd.extraCollections[]``; then ``sessions-<agent>`` when
     ``memory.qmd.sessions.enabled``. A custom path that is an existing file becomes its
-    directory plus the glob-escaped basename. Names are sanitised and made unique with
+    directory plus the glob-escaped basename; a custom path that is a symlink is skipped (the
+    rule never follows one). Names are sanitised and made unique with
     ``-2``, ``-3`` ...; an explicit name is kept verbatim (sanitised) for paths outside the
     workspace, otherwise ``<name or custom-i>-<agent>``.
 
@@ -160,23 +211,28 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         return candidate
 
     if qmd.include_default_memory:
-        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, "MEMORY.md", "memory"))
+        root_name = root_memory_file(ws).name or ROOT_MEMORY_FILE
+        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, root_name, "memory"))
         out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / "memory",
                                      DEFAULT_PATTERN, "memory"))
 
     entries: list[tuple[str, str | None, str | None]] = [
         (p.path, p.name, p.pattern) for p in qmd.paths]
-    entries += [(p, None, None) for p in agent.memory_search.extra_paths]
+    entries += [(p, None, None) if isinstance(p, str) else (p.path, None, p.pattern)
+                for p in agent.memory_search.extra_paths]
     entries += [(c.path, c.name, c.pattern) for c in agent.memory_search.qmd.extra_collections]
     seen: set[tuple[str, str]] = set()
     for i, (raw_path, raw_name, raw_pattern) in enumerate(entries, start=1):
-        path = _resolve_user_path(raw_path, ws)
-        if path is None:
+        if _resolve_user_path(raw_path, ws) is None:
             continue
-        pattern = (raw_pattern or "").strip() or DEFAULT_PATTERN
-        if path.is_file():
-            pattern = escape_glob(path.name)
-            path = path.parent
+        (root,) = extra_roots(ws, [ExtraPath(path=raw_path, pattern=raw_pattern)]) or (None,)
+        if root is None:
+            continue
+        if root.entry.is_symlink():
+            log.warning("qmd custom collection path %s is a symlink; skipped (memory files are "
+                        "never reached through symlinks)", root.entry)
+            continue
+        path, pattern = root.path, root.pattern
         key = (str(path), pattern)
         if key in seen:
             continue
@@ -184,94 +240,14 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         explicit = (raw_name or "").strip()
         base = explicit if explicit and not _is_inside(path, ws) else (
             f"{sanitize_name(explicit or f'custom-{i}')}-{agent_seg}")
-        out.append(ManagedCollection(unique(base), path, pattern, "custom"))
+        out.append(ManagedCollection(unique(base), path, pattern, "custom",
+                                     single_file=root.entry != root.path))
 
     if qmd.sessions.enabled:
         export = _resolve_user_path(qmd.sessions.export_dir, ws) if qmd.sessions.export_dir else None
         out.append(ManagedCollection(unique(f"sessions-{agent_seg}"), export or sessions_dir,
                                      DEFAULT_PATTERN, "sessions"))
     return out
-
-
-def parse_collection_list(text: str) -> dict[str, ListedCollection]:
-    """Parse ``qmd collection list`` output, JSON or text (spec 2.6 step 1).
-
-    JSON: an array of names or of objects with ``name`` (and ``path``, ``pattern``/``mask``).
-    Text (qmd 2.8.3): ``<name> (qmd://<name>/)`` starts a block (a bare name line without
-    ``:`` too); ``Pattern:``/``Mask:``/``Path:`` lines set fields; a blank line ends it;
-    ``Collections (N):`` is skipped.
-
-    Returns:
-        name -> :class:`ListedCollection`, in listing order (unparseable text -> ``{}``).
-    """
-    stripped = text.strip()
-    if stripped.startswith("["):
-        try:
-            data = orjson.loads(stripped)
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, list):
-            return _listed_from_json(data)
-    out: dict[str, ListedCollection] = {}
-    current: dict[str, Any] | None = None
-
-    def close() -> None:
-        if current is not None:
-            out[current["name"]] = ListedCollection(**current)
-
-    for line in text.splitlines():
-        if not line.strip():
-            close()
-            current = None
-            continue
-        if line.strip().lower().startswith("collections") or line.strip().startswith("No collections"):
-            continue
-        header = _LIST_HEADER_RE.match(line)
-        if header or (":" not in line and not line[:1].isspace() and " " not in line.strip()):
-            close()
-            current = {"name": header.group(1) if header else line.strip()}
-            continue
-        fieldm = _FIELD_RE.match(line)
-        if current is not None and fieldm:
-            key = "path" if fieldm.group(1).lower() == "path" else "pattern"
-            if fieldm.group(2):
-                current[key] = fieldm.group(2)
-    close()
-    return out
-
-
-def _listed_from_json(data: list[Any]) -> dict[str, ListedCollection]:
-    out: dict[str, ListedCollection] = {}
-    for item in data:
-        if isinstance(item, str) and item:
-            out[item] = ListedCollection(item)
-        elif isinstance(item, dict) and isinstance(item.get("name"), str):
-            path = item.get("path") if isinstance(item.get("path"), str) else None
-            pattern = item.get("pattern", item.get("mask"))
-            out[item["name"]] = ListedCollection(
-                item["name"], path, pattern if isinstance(pattern, str) else None)
-    return out
-
-
-def parse_collection_show(text: str) -> ListedCollection | None:
-    """Parse ``qmd collection show <name>``: ``Collection: <name>``, ``Path:``, ``Pattern:``.
-
-    Returns:
-        The collection, or ``None`` when the text has no ``Collection:`` line.
-    """
-    name: str | None = None
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^\s*collection\s*:\s*(.+?)\s*$", line, re.IGNORECASE)
-        if m and name is None:
-            name = m.group(1)
-            continue
-        fm = _FIELD_RE.match(line)
-        if fm and fm.group(2):
-            fields["path" if fm.group(1).lower() == "path" else "pattern"] = fm.group(2)
-    if name is None:
-        return None
-    return ListedCollection(name, fields.get("path"), fields.get("pattern"))
 
 
 class CollectionRun:

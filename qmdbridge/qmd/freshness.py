@@ -14,7 +14,7 @@ Searches call :meth:`QmdFreshness.before_search`: when the index is dirty and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 
 from fallback.errors import BackendUnavailableError
+from fallback.settings import ExtraPath
 
 __all__ = ["QmdFreshness"]
 
@@ -33,7 +34,8 @@ class QmdFreshness:
 
     Args:
         workspace: the agent workspace (``MEMORY.md``, ``memory/``).
-        extra_dirs: custom collection roots outside ``memory/`` (folders).
+        extra_dirs: the custom collections as the memory-file rule's extra paths (folder and
+            pattern), so the watcher sees exactly the files qmd indexes.
         cycle: the backend's ``UpdateCycle`` (``run(reason, force=...)``, ``last_update_at``).
         watch_debounce_ms: quiet time after the last change before updating (1,500 ms).
         update_debounce_ms: minimum distance between two unforced updates (15,000 ms).
@@ -41,7 +43,7 @@ class QmdFreshness:
         force_polling: use the polling observer (tests, network file systems).
     """
 
-    def __init__(self, workspace: Path, *, extra_dirs: list[Path], cycle: Any,
+    def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,
                  watch_debounce_ms: int, update_debounce_ms: int, now_ms: Callable[[], int],
                  force_polling: bool = False) -> None:
         from fallback.sources.watcher import MemoryWatcher
@@ -128,7 +130,8 @@ def start_background(backend: Any) -> QmdFreshness | None:
         return None
     freshness = QmdFreshness(
         backend.agent.workspace_dir,
-        extra_dirs=[c.path for c in backend.collections if c.kind == "custom" and c.path.is_dir()],
+        extra_dirs=[ExtraPath(path=str(c.path), pattern=c.pattern)
+                    for c in backend.collections if c.kind == "custom"],
         cycle=backend.cycle, watch_debounce_ms=sync.watch_debounce_ms,
         update_debounce_ms=up.debounce_ms, now_ms=backend.now_ms)
     backend.spawn(freshness.run, "file watcher")

@@ -20,18 +20,17 @@ from urllib.parse import unquote
 
 import orjson
 
-from fallback.errors import BackendUnavailableError, PathRefusedError
-from fallback.models import MemoryReadResult, MemorySearchResult, Source
-from fallback.sources.read_page import DEFAULT_READ_LINES, DEFAULT_READ_MAX_CHARS, page_text
+from fallback.errors import BackendUnavailableError
+from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdOutputError
+from qmdbridge.qmd.reads import clamp_lines
 
 __all__ = [
     "DocLookup",
     "encode_query",
     "index_counts",
-    "read_in_root",
     "QmdEntry",
     "clamp_injected",
     "display_path",
@@ -397,7 +396,10 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
                 cache: dict[str, tuple[str, str] | None]) -> list[MemorySearchResult]:
     """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
 
-    Entries that cannot be located in a managed collection, or score below ``min_score``, are
+    Entries that cannot be located in a managed collection, score below ``min_score``, or
+    name a file the collection does not index by the memory-file rule
+    (:meth:`ManagedCollection.admits`: its pattern, ``.md``, no hidden or skipped folder, the
+    current root file; whatever qmd returned) or that is reached through a symlink, are
     dropped. The snippet loses qmd's ``@@ ... @@`` header line (the range carries it) and is
     cut to ``max_snippet_chars`` code points. Paths that qmd stored slug-normalised are mapped
     back to the file on disk so ``memory_get`` can read them.
@@ -421,27 +423,18 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
             continue
         coll = roots[loc[0]]
         rel = _real_rel(coll.path, loc[1])
+        if not coll.admits(rel):
+            log.debug("qmd hit outside collection %s's files dropped: %s", coll.name, rel)
+            continue
         raw = entry.snippet if entry.snippet is not None else (entry.body or "")
-        start, end = _clamp_lines(coll.path / rel, *line_range(entry, raw))
-        if start is None:
-            continue  # qmd points past the end of the file (stale index): no citation to give
+        lines = clamp_lines(coll, rel, *line_range(entry, raw), workspace=workspace)
+        if lines is None:
+            continue  # through a symlink, not a file, or past the end (stale index): no citation
         text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
         out.append(MemorySearchResult(
-            path=display_path(coll, rel, workspace), start_line=start, end_line=end,
+            path=display_path(coll, rel, workspace), start_line=lines[0], end_line=lines[1],
             score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))
     return out
-
-
-def _clamp_lines(path: Path, start: int, end: int) -> tuple[int | None, int]:
-    """Keep a line range inside the file (``(None, 0)`` when it starts past the end)."""
-    try:
-        with open(path, "rb") as fh:
-            total = sum(1 for _ in fh)
-    except OSError:
-        return start, end
-    if start > max(total, 1):
-        return None, 0
-    return start, max(start, min(end, max(total, 1)))
 
 
 def merge_key(entry: QmdEntry, hint: str | None) -> str:
@@ -528,67 +521,3 @@ def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
         log.warning("failed to read qmd index stats: %s", exc)
         return {}, f"failed to read qmd index stats: {exc}"
     return {str(c): int(n) for c, n in rows}, None
-
-
-def read_in_root(root: Path, inner: str, shown: str, from_line: int | None,
-                  lines: int | None) -> MemoryReadResult:
-    """Read one page of ``root/inner`` with the memory_get rules (qmd collection files).
-
-    Args:
-        root: the collection root (absolute).
-        inner: path inside the root, ``/``-separated.
-        shown: the path as the caller gave it (used in results and errors).
-        from_line / lines: paging as in ``fallback.sources.read_page.page_text`` (120 lines and
-            12,000 chars by default).
-
-    Returns:
-        The page; ``missing=True`` with empty text when the file does not exist.
-
-    Raises:
-        PathRefusedError: parent segments, escapes, symlinks, non-``.md`` or non-regular files.
-    """
-    parts = inner.replace("\\", "/").split("/")
-    if inner.startswith("/") or any(p == ".." for p in parts):
-        raise PathRefusedError(shown, "parent segment" if ".." in parts else "qmd path escapes collection")
-    target = Path(os.path.normpath(root / inner))
-    try:
-        target.relative_to(root)
-    except ValueError:
-        raise PathRefusedError(shown, "qmd path escapes collection") from None
-    if not target.name.lower().endswith(".md"):
-        raise PathRefusedError(shown, "not markdown")
-    cur = root
-    for p in [x for x in parts if x and x != "."]:
-        cur = cur / p
-        if cur.is_symlink():
-            raise PathRefusedError(shown, "symlink")
-    if not target.exists():
-        return MemoryReadResult(path=shown, text="", missing=True)
-    if not target.is_file():
-        raise PathRefusedError(shown, "not a regular file")
-    try:
-        text = target.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return MemoryReadResult(path=shown, text="", missing=True)
-    body, start, count, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, default_lines=DEFAULT_READ_LINES,
-        max_chars=DEFAULT_READ_MAX_CHARS)
-    return MemoryReadResult(path=shown, text=body, from_line=start, lines=count,
-                            truncated=truncated, next_from=next_from)
-
-
-def read_qmd_path(roots: dict[str, Path], rel: str, from_line: int | None,
-                  lines: int | None) -> MemoryReadResult:
-    """Read ``qmd/<collection>/<rest>`` inside that collection's root (memory_get rules).
-
-    Raises:
-        PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal
-            of :func:`read_in_root`.
-    """
-    parts = rel.split("/", 2)
-    if len(parts) < 3 or not parts[1] or not parts[2]:
-        raise PathRefusedError(rel, "invalid qmd path")
-    root = roots.get(parts[1])
-    if root is None:
-        raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
-    return read_in_root(root, parts[2], rel, from_line, lines)

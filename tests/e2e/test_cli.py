@@ -45,6 +45,7 @@ def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
 def test_every_command_has_help(env: dict[str, str]) -> None:
     top = run(["--help"], env)
     assert top.returncode == 0
+    assert b"3 refused path,\n4 no such memory file." in top.stdout
     for cmd in COMMANDS:
         assert cmd in top.stdout.decode()
         sub = run([cmd, "--help"], env)
@@ -109,7 +110,7 @@ def test_malformed_config_is_one_line_exit_2(tmp_path: Path, ws: Path, env: dict
     assert missing.returncode == 2 and b"config file not found" in missing.stderr
 
 
-def test_get_pages_refuses_and_reads_missing(ws: Path, env: dict[str, str]) -> None:
+def test_get_pages_refuses_and_reports_missing(ws: Path, env: dict[str, str]) -> None:
     p = run(["get", "memory/2026-11-05.md", "--from", "2", "--lines", "2", "--workspace", str(ws), "--json"], env)
     doc = orjson.loads(p.stdout)
     assert doc["from"] == 3 or doc["from"] == 2
@@ -119,8 +120,13 @@ def test_get_pages_refuses_and_reads_missing(ws: Path, env: dict[str, str]) -> N
     refused_json = run(["get", "/etc/passwd", "--workspace", str(ws), "--json"], env)
     assert refused_json.returncode == 3 and orjson.loads(refused_json.stdout)["errorType"] == "PathRefusedError"
     missing = run(["get", "memory/2030-01-01.md", "--workspace", str(ws), "--json"], env)
-    assert missing.returncode == 0
-    assert orjson.loads(missing.stdout)["missing"] is True and orjson.loads(missing.stdout)["text"] == ""
+    assert missing.returncode == 4
+    assert orjson.loads(missing.stdout) == {
+        "error": "no such memory file: 'memory/2030-01-01.md': no such file",
+        "errorType": "MemoryFileNotFoundError", "exitCode": 4}
+    plain = run(["get", "memory/2030-01-01.md", "--workspace", str(ws)], env)
+    assert (plain.returncode, plain.stdout) == (4, b"")
+    assert plain.stderr == b"qmdbridge: no such memory file: 'memory/2030-01-01.md': no such file\n"
 
 
 def test_index_force_and_status(ws: Path, env: dict[str, str]) -> None:

@@ -13,12 +13,18 @@ from pathlib import Path
 import pytest
 
 from fallback.models import SkippedFile
+from fallback.settings import ExtraPath
+from fallback.sources.file_text import read_memory_text
 from fallback.sources.memory_files import (
     MemoryFile,
-    is_memory_path,
+    MemoryRoot,
+    RootFile,
     list_memory_files,
+    locate_memory_path,
+    memory_roots,
     normalize_extra_paths,
-    read_memory_text,
+    root_memory_file,
+    split_pattern,
 )
 
 
@@ -140,7 +146,12 @@ def test_memory_tree_walk_rules(tmp_path: Path) -> None:
                  ".tox", ".pnpm-store"):
         _write(ws / "memory" / junk / "hidden.md")
     (ws / "MEMORY-link.md").symlink_to(ws / "MEMORY.md")
+    _write(ws / "memory" / ".draft.md")
+    for skipped in ("vendor", "dist", "build", ".obsidian", ".cache"):
+        _write(ws / "memory" / "sub" / skipped / "x.md")
     assert _rels(ws) == ["MEMORY.md", "memory/a.md", "memory/b.md", "memory/sub/deep/c.md"]
+    assert list_memory_files(ws, []).skipped == [
+        SkippedFile(path="memory/.draft.md", reason="hidden name (not memory)")]
 
 
 def test_symlinked_root_file_skipped(tmp_path: Path) -> None:
@@ -218,18 +229,52 @@ def test_file_entry_fields(tmp_path: Path) -> None:
                            mtime_ms=note.stat().st_mtime_ns // 1_000_000)
 
 
-def test_case11_is_memory_path() -> None:
-    assert is_memory_path("dreams.md")
-    assert is_memory_path("DREAMS.md")
-    assert is_memory_path("MEMORY.md")
-    assert is_memory_path("memory.md")
-    assert is_memory_path("./memory/2026-01-01.md")
-    assert is_memory_path("/memory/x.md")
-    assert is_memory_path("memory\\x.md")
-    assert not is_memory_path("memory/")
-    assert not is_memory_path("memory-evil/x.md")
-    assert not is_memory_path("NOTES.md")
-    assert not is_memory_path("Memory.md")
+def test_root_file_rule(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert root_memory_file(ws) == RootFile(None, False)
+    _write(ws / "memory.md", "legacy")
+    assert root_memory_file(ws) == RootFile("memory.md", False)
+    assert _rels(ws) == ["memory.md"]
+    _write(ws / "MEMORY.md", "canonical")
+    assert root_memory_file(ws) == RootFile("MEMORY.md", True)
+    disc = list_memory_files(ws, [])
+    assert [f.rel_path for f in disc.files] == ["MEMORY.md"]
+    assert disc.issues[0] == ("both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed "
+                              "(merge memory.md into MEMORY.md)")
+    _write(ws / "DREAMS.md", "diary")
+    _write(ws / "dreams.md", "diary")
+    assert _rels(ws) == ["MEMORY.md"]  # the dreaming diary is not memory
+
+
+def test_memory_roots_and_patterns(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(ws / "notes" / "top.md")
+    _write(ws / "notes" / "deep" / "inner.md")
+    _write(tmp_path / "one[1].md")
+    roots = memory_roots(ws, [ExtraPath(path="notes", pattern="*.md"), str(tmp_path / "one[1].md"), "notes"])
+    assert [(r.kind, r.path, r.pattern) for r in roots] == [
+        ("root", ws, "MEMORY.md"), ("memory", ws / "memory", "**/*.md"),
+        ("extra", ws / "notes", "*.md"), ("extra", tmp_path, "one\\[1\\].md"),
+        ("extra", ws / "notes", "**/*.md")]
+    assert [r.recursive for r in roots[2:]] == [False, False, True]
+    assert _rels(ws, [ExtraPath(path="notes", pattern="*.md")]) == ["MEMORY.md", "notes/top.md"]
+    assert _rels(ws, [ExtraPath(path="notes", pattern="deep/*.md,top.md")]) == [
+        "MEMORY.md", "notes/deep/inner.md", "notes/top.md"]
+    assert _rels(ws, [str(tmp_path / "one[1].md")]) == ["MEMORY.md", "../one[1].md"]
+    assert split_pattern("a.md, {b,c}/*.md,[x,y].md,") == ["a.md", "{b,c}/*.md", "[x,y].md"]
+
+
+def test_rule_admits() -> None:
+    folder = MemoryRoot(Path("/n"), "**/*.md", "extra", Path("/n"))
+    assert [folder.admits(p) for p in ("a.md", "x/y/a.md", "a.MD", ".a.md", "x/.h/a.md",
+                                       "node_modules/a.md", "dist/a.md", "x/../a.md", "")] == [
+        True, True, False, False, False, False, False, False, False]
+    root = MemoryRoot(Path("/w"), "memory.md", "root", Path("/w/memory.md"))
+    assert (root.admits("memory.md"), root.admits("MEMORY.md")) == (True, False)
+    assert locate_memory_path([folder], "/n/sub/a.md") == (folder, "sub/a.md")
+    assert locate_memory_path([folder], "/other/a.md") is None
 
 
 def _mf(path: Path, rel: str) -> MemoryFile:

@@ -1,16 +1,27 @@
-"""Tests for fallback.sources.read_page: memory_get path rules, paging (§12 cases 46-57)."""
+"""Tests for fallback.sources.read_page: memory_get path rules, the openat-style safe open (a
+folder swapped for a symlink never leaks), paging (§12 cases 46-57)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
-from fallback.errors import PathRefusedError
+from fallback.errors import MemoryFileNotFoundError, PathRefusedError
 from fallback.models import MemoryReadResult
-from fallback.sources.read_page import page_text, read_memory_page, resolve_memory_path
+from fallback.settings import ExtraPath
+from fallback.sources.memory_files import MemoryRoot
+from fallback.sources.read_page import (
+    ResolvedMemoryPath,
+    open_memory_file,
+    page_text,
+    read_memory_page,
+    read_page_in_root,
+    resolve_memory_path,
+)
 
 
 def _write(path: Path, text: str = "x") -> Path:
@@ -104,10 +115,9 @@ def test_lone_cr_counts_as_line_break() -> None:
 
 
 def test_resolve_memory_paths(ws: Path) -> None:
-    assert resolve_memory_path(ws, [], "MEMORY.md") == (ws / "MEMORY.md", "MEMORY.md")
-    assert resolve_memory_path(ws, [], " ./memory/2026-01-01.md ") == (
-        ws / "memory" / "2026-01-01.md", "memory/2026-01-01.md")
-    assert resolve_memory_path(ws, [], "DREAMS.md") == (ws / "DREAMS.md", "DREAMS.md")
+    assert resolve_memory_path(ws, [], "MEMORY.md") == ResolvedMemoryPath(ws, ("MEMORY.md",), "MEMORY.md", True)
+    assert resolve_memory_path(ws, [], " ./memory/2026-01-01.md ") == ResolvedMemoryPath(
+        ws, ("memory", "2026-01-01.md"), "memory/2026-01-01.md", True)
 
 
 @pytest.mark.parametrize(("rel", "reason"), [
@@ -123,12 +133,25 @@ def test_resolve_memory_paths(ws: Path) -> None:
     ("memory/x\x00.md", "invalid characters"),
     ("memory\\..\\MEMORY.md", "invalid characters"),
     ("NOTES.md", "not a memory path"),
+    ("DREAMS.md", "not a memory path"),
+    ("dreams.md", "not a memory path"),
+    ("Memory.md", "not a memory path"),
     ("memory-evil/x.md", "not a memory path"),
     ("memory/notes.txt", "not markdown"),
     ("memory/upper.MD", "not markdown"),
+    ("memory/.draft.md", "hidden or skipped segment"),
+    ("memory/.obsidian/x.md", "hidden or skipped segment"),
+    ("memory/node_modules/x.md", "hidden or skipped segment"),
+    ("memory/build/x.md", "hidden or skipped segment"),
 ])
 def test_refusals(ws: Path, rel: str, reason: str) -> None:
     _refused(ws, rel, reason)
+
+
+def _read_refused(ws: Path, rel: str, reason: str, extra: list[str] | None = None) -> None:
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, extra or [], rel)
+    assert (info.value.path, info.value.reason) == (rel, reason)
 
 
 def test_refuses_symlinks(ws: Path, tmp_path: Path) -> None:
@@ -136,11 +159,13 @@ def test_refuses_symlinks(ws: Path, tmp_path: Path) -> None:
     _write(outside / "secret.md", "secret")
     (ws / "memory" / "link.md").symlink_to(outside / "secret.md")
     (ws / "memory" / "linkdir").symlink_to(outside)
-    _refused(ws, "memory/link.md", "symlink")
-    _refused(ws, "memory/linkdir/secret.md", "symlinked directory")
-    _refused(ws, "memory/linkdir/missing.md", "symlinked directory")
+    _read_refused(ws, "memory/link.md", "symlink")
+    _read_refused(ws, "memory/linkdir/secret.md", "symlinked directory")
+    _read_refused(ws, "memory/linkdir/missing.md", "symlinked directory")
     (ws / "memory" / "folder.md").mkdir()
-    _refused(ws, "memory/folder.md", "not a regular file")
+    _read_refused(ws, "memory/folder.md", "not a regular file")
+    os.mkfifo(ws / "memory" / "pipe.md")
+    _read_refused(ws, "memory/pipe.md", "not a regular file")  # O_NONBLOCK: never hangs
 
 
 def test_refuses_symlinked_memory_dir(tmp_path: Path) -> None:
@@ -149,7 +174,17 @@ def test_refuses_symlinked_memory_dir(tmp_path: Path) -> None:
     real = tmp_path / "real-memory"
     _write(real / "a.md")
     (ws / "memory").symlink_to(real)
-    _refused(ws, "memory/a.md", "symlinked directory")
+    _read_refused(ws, "memory/a.md", "symlinked directory")
+
+
+def test_root_file_rule_for_reads(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "memory.md", "legacy root")
+    assert read_memory_page(ws, [], "memory.md").text == "legacy root"  # the root file
+    assert read_memory_page(ws, [], "MEMORY.md").missing is True
+    _write(ws / "MEMORY.md", "canonical root")
+    _read_refused(ws, "memory.md", "shadowed legacy root file")
+    assert read_memory_page(ws, [], "MEMORY.md").text == "canonical root"
 
 
 def test_read_page_and_missing(ws: Path) -> None:
@@ -161,6 +196,16 @@ def test_read_page_and_missing(ws: Path) -> None:
         path="memory/nope.md", text="", from_line=1, lines=0, missing=True)
     assert read_memory_page(ws, [], "memory/2026-01-01.md/child.md").missing is True
     assert read_memory_page(ws, [], "memory/no/such/dir.md").missing is True
+
+
+def test_open_raises_typed_not_found(ws: Path) -> None:
+    with pytest.raises(MemoryFileNotFoundError) as info:
+        os.close(open_memory_file(ws, ("memory", "vanished.md"), shown="memory/vanished.md"))
+    assert (info.value.path, info.value.reason) == ("memory/vanished.md", "no such file")
+    assert not isinstance(info.value, FileNotFoundError)
+    with pytest.raises(MemoryFileNotFoundError) as info:
+        os.close(open_memory_file(ws, ("memory", "2026-01-01.md", "x.md"), shown="p"))
+    assert str(info.value) == "no such memory file: 'p': a parent is not a folder"
 
 
 def test_read_invalid_utf8_and_bom(ws: Path) -> None:
@@ -197,10 +242,18 @@ def test_case54_55_57_extra_paths(ws: Path, tmp_path: Path) -> None:
     (extra_in / "linked.md").symlink_to(extra_in / "extra.md")
     (extra_in / "inside-link").symlink_to(extra_in)
     (extra_in / "outside-link").symlink_to(tmp_path / "other")
-    _refused(ws, "extra/linked.md", "symlink", extras)
-    _refused(ws, "extra/inside-link/extra.md", "symlinked directory", extras)
-    _refused(ws, "extra/outside-link/y.md", "symlinked directory", extras)
-    _refused(ws, "extra/outside-link/missing.md", "symlinked directory", extras)
+    _read_refused(ws, "extra/linked.md", "symlink", extras)
+    _read_refused(ws, "extra/inside-link/extra.md", "symlinked directory", extras)
+    _read_refused(ws, "extra/outside-link/y.md", "symlinked directory", extras)
+    _read_refused(ws, "extra/outside-link/missing.md", "symlinked directory", extras)
+
+
+def test_extra_path_patterns(ws: Path) -> None:
+    _write(ws / "notes" / "top.md", "top")
+    _write(ws / "notes" / "deep" / "inner.md", "inner")
+    extras: list[str | ExtraPath] = [ExtraPath(path="notes", pattern="*.md")]
+    assert read_memory_page(ws, extras, "notes/top.md").text == "top"
+    _refused(ws, "notes/deep/inner.md", "outside the pattern *.md", extras)
 
 
 def test_symlinked_extra_path_admits_nothing(ws: Path, tmp_path: Path) -> None:
@@ -214,16 +267,69 @@ def test_case56_transient_error_retried(ws: Path, monkeypatch: pytest.MonkeyPatc
     real_open = os.open
     calls: list[str] = []
 
-    def flaky_open(path: object, flags: int, *args: object) -> int:
+    def flaky_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
         calls.append(str(path))
-        if len(calls) == 1:
+        if str(path) == "flaky.md" and calls.count("flaky.md") == 1:
             raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
-        return real_open(path, flags, *args)  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "open", flaky_open)
     result = read_memory_page(ws, [], "memory/flaky.md")
     assert result.text == "full text\nsecond line"
-    assert calls == [str(ws / "memory" / "flaky.md")] * 2
+    assert calls == [str(ws), "memory", "flaky.md"] * 2
+
+
+def test_folder_swapped_for_symlink_never_leaks(tmp_path: Path) -> None:
+    """A thread swaps memory/sub between a real folder and a symlink to an outside folder
+    while reads run: every read sees the inside note, a missing file or a refusal."""
+    ws = tmp_path / "ws"
+    _write(ws / "memory" / "sub" / "note.md", "inside note")
+    _write(tmp_path / "outside" / "note.md", "OUTSIDE SECRET")
+    sub, parked_dir, parked_link = ws / "memory" / "sub", ws / "memory" / "sub-real", ws / "memory" / "sub-link"
+    parked_link.symlink_to(tmp_path / "outside")
+    done = threading.Event()
+
+    def swap() -> None:
+        try:
+            for _ in range(3000):
+                os.rename(sub, parked_dir)
+                os.rename(parked_link, sub)
+                os.rename(sub, parked_link)
+                os.rename(parked_dir, sub)
+        finally:
+            done.set()
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes: dict[str, int] = {}
+    try:
+        while not done.is_set():
+            try:
+                text = read_memory_page(ws, [], "memory/sub/note.md").text or "<missing>"
+            except PathRefusedError as exc:
+                text = f"<refused: {exc.reason}>"
+            outcomes[text] = outcomes.get(text, 0) + 1
+    finally:
+        swapper.join()
+    assert set(outcomes) <= {"inside note", "<missing>", "<refused: symlinked directory>"}, outcomes
+    assert sum(outcomes.values()) > 0
+
+
+def test_read_page_in_root_applies_the_collection_pattern(tmp_path: Path) -> None:
+    root = tmp_path / "coll"
+    _write(root / "a.md", "alpha")
+    _write(root / "private" / "diary.md", "diary")
+    _write(root / "b.txt", "text")
+    coll = MemoryRoot(root, "*.md", "extra", root)
+    got = read_page_in_root(coll, "a.md", shown="qmd/c/a.md", follow_base=False)
+    assert (got.path, got.text) == ("qmd/c/a.md", "alpha")
+    for inner, reason in (("private/diary.md", "outside the pattern *.md"), ("b.txt", "not markdown"),
+                          ("../coll/a.md", "parent segment"), ("/etc/x.md", "absolute path"),
+                          (".hidden.md", "hidden or skipped segment"), ("A.MD", "not markdown")):
+        with pytest.raises(PathRefusedError) as info:
+            read_page_in_root(coll, inner, shown=f"qmd/c/{inner}", follow_base=False)
+        assert (info.value.path, info.value.reason) == (f"qmd/c/{inner}", reason)
+    assert read_page_in_root(coll, "gone.md", shown="qmd/c/gone.md", follow_base=False).missing is True
 
 
 @pytest.mark.parametrize("body", [

@@ -167,3 +167,24 @@ async def test_periodic_rescan_callback(ws: Path) -> None:
                 await rec.event.wait()
 
     await _run(watcher, body)
+
+
+def test_relevance_follows_the_memory_file_rule(tmp_path: Path) -> None:
+    from fallback.settings import ExtraPath
+
+    ws = tmp_path / "ws"
+    (ws / "memory" / "sub").mkdir(parents=True)
+    notes = tmp_path / "notes"
+    (notes / "deep").mkdir(parents=True)
+
+    async def ignore(paths: set[str], reason: str) -> None:
+        return None
+
+    watcher = MemoryWatcher(ws, extra_paths=[ExtraPath(path=str(notes), pattern="*.md")], on_change=ignore)
+    relevant = {p: watcher.is_relevant(p) for p in (
+        ws / "MEMORY.md", ws / "memory.md", ws / "memory", ws / "DREAMS.md", ws / "notes.md",
+        ws / "memory" / "a.md", ws / "memory" / "a.MD", ws / "memory" / ".a.md.swp",
+        ws / "memory" / "sub", ws / "memory" / "node_modules", ws / "memory" / "build" / "x.md",
+        ws / "memory" / ".git" / "x.md", notes / "top.md", notes / "deep" / "inner.md", notes / "deep")}
+    assert [str(p.relative_to(tmp_path)) for p, yes in relevant.items() if yes] == [
+        "ws/MEMORY.md", "ws/memory.md", "ws/memory", "ws/memory/a.md", "ws/memory/sub", "notes/top.md"]

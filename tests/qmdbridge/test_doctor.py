@@ -35,6 +35,25 @@ def test_states(tmp_path: Path) -> None:
     assert root_memory_state(ws) == "canonical"
 
 
+async def test_symlinked_root_file_is_not_memory(tmp_path: Path) -> None:
+    """doctor decides the root file by the same rule as indexing: a symlinked MEMORY.md is not
+    memory, so the legacy memory.md is the root file, and --fix leaves the symlink alone."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "elsewhere.md").write_text("linked\n")
+    (ws / "MEMORY.md").symlink_to(tmp_path / "elsewhere.md")
+    assert root_memory_state(ws) == "none"
+    agent = resolve_agent(OpenClawConfig(), "main", workspace=ws,
+                          env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    report = await run_doctor(agent, env={"PATH": os.environ.get("PATH", "")})
+    check = next(c for c in report.checks if c.name == "root memory file")
+    assert (check.level, check.detail) == ("warn", "MEMORY.md is a symlink: not memory (symlinks are never followed)")
+    (ws / "memory.md").write_text("legacy\n")
+    assert root_memory_state(ws) == "legacy-only"
+    assert repair_root_memory(ws) == "MEMORY.md is a symlink (never followed): replace it with a regular file first"
+    assert (ws / "MEMORY.md").is_symlink() and (ws / "memory.md").read_text() == "legacy\n"
+
+
 def test_repair_split_archives_and_merges(tmp_path: Path) -> None:
     ws = _split_ws(tmp_path)
     done = repair_root_memory(ws, now=1_700_000_000.5)

@@ -12,7 +12,8 @@ import qmdbridge
 EXPECTED = {
     "BackendTimeoutError", "BackendUnavailableError", "BlockingMemoryManager", "ConfigError",
     "EmbeddingProviderError", "FallbackInfo", "IndexStoreError", "MEMORY_GET_SCHEMA",
-    "MEMORY_SEARCH_SCHEMA", "ManagerClosedError", "MemoryManager", "MemoryReadResult",
+    "MEMORY_SEARCH_SCHEMA", "ManagerClosedError", "MemoryFileNotFoundError", "MemoryManager",
+    "MemoryReadResult",
     "MemorySearchError", "MemorySearchResult", "MemoryStatus", "PathRefusedError", "ResolvedAgent",
     "SearchResponse", "UsageError", "handle_memory_get", "handle_memory_search", "load_config",
     "resolve_agent",

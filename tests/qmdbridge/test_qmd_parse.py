@@ -223,10 +223,30 @@ def test_display_path_under_qmd_folder(tmp_path: Path) -> None:
 
 
 def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
-    from qmdbridge.qmd.parse import _clamp_lines
+    from qmdbridge.qmd.reads import clamp_lines
 
-    f = tmp_path / "MEMORY.md"
-    f.write_text("one\ntwo\nthree\n")
-    assert _clamp_lines(f, 2, 9) == (2, 3)
-    assert _clamp_lines(f, 999_999_999, 1_000_000_000) == (None, 0)
-    assert _clamp_lines(tmp_path / "missing.md", 5, 6) == (5, 6)
+    coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
+    (tmp_path / "MEMORY.md").write_text("one\ntwo\nthree\n")
+    assert clamp_lines(coll, "MEMORY.md", 2, 9, workspace=tmp_path / "ws") == (2, 3)
+    assert clamp_lines(coll, "MEMORY.md", 999_999_999, 1_000_000_000, workspace=tmp_path / "ws") is None
+    assert clamp_lines(coll, "missing.md", 5, 6, workspace=tmp_path / "ws") == (5, 6)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "n.md").write_text("n\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    assert clamp_lines(coll, "linked/n.md", 1, 1, workspace=tmp_path / "ws") is None
+
+
+def test_hits_outside_the_rule_are_dropped_whatever_qmd_returns(tmp_path: Path) -> None:
+    """A qmd build that ignored the pattern flag returned private/diary.md from the root-file
+    collection; hidden, skipped, non-Markdown and shadowed-root hits go too."""
+    ws = tmp_path / "ws"
+    for rel in ("MEMORY.md", "memory.md", "private/diary.md", "notes/.draft.md",
+                "notes/node_modules/x.md", "notes/ok.md", "notes/a.txt"):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text("x\n")
+    entries = [QmdEntry(file=f"qmd://{c}/{r}", score=0.5, snippet="x")
+               for c, r in (("memory-root-main", "private/diary.md"), ("memory-root-main", "memory.md"),
+                            ("workspace-main", "notes/.draft.md"), ("workspace-main", "notes/node_modules/x.md"),
+                            ("workspace-main", "notes/a.txt"), ("workspace-main", "notes/ok.md"),
+                            ("memory-root-main", "MEMORY.md"))]
+    assert [h.path for h in _map(tmp_path, entries)] == ["notes/ok.md", "MEMORY.md"]

@@ -5,7 +5,8 @@
 ``extract_keywords`` on every keyword-fallback query. The text is deterministic: Markdown lines
 drawn from English notes and Japanese, Chinese and Korean lines (about 20 % of the lines CJK),
 repeated up to ``--mb`` megabytes of UTF-8. Each timing is the best of ``--repeat`` runs over
-all lines. The ``checksum`` rows (total weight, CJK line count) let two runs be compared for
+all lines, in CPU time of this process (the helpers are single-threaded and CPU-bound, so
+other load on a shared machine does not count). The ``checksum`` rows (total weight, CJK line count) let two runs be compared for
 equal results as well as speed.
 
 Usage: python3 scripts/bench_text.py [--mb 2] [--repeat 5] [--quick] [--json]
@@ -61,12 +62,12 @@ def mixed_lines(total_bytes: int, *, seed: int = 7) -> list[str]:
 
 
 def best_ms(fn: Callable[[], object], repeat: int) -> float:
-    """The fastest of ``repeat`` calls of ``fn``, in ms."""
+    """The fastest of ``repeat`` calls of ``fn``, in ms of CPU time."""
     best = float("inf")
     for _ in range(repeat):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        best = min(best, (time.perf_counter() - start) * 1000)
+        best = min(best, (time.process_time() - start) * 1000)
     return best
 
 

@@ -15,6 +15,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
      |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)
      |    +-- IndexStoreCorruptError    ... damaged or not a database (SQLITE_CORRUPT/NOTADB)
+     +-- LockTimeoutError            an inter-process file lock stayed held past the wait budget
+                                     (also a TimeoutError; the store and qmd translate it)
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
      +-- RerankerError               the reranker stage failed (provider, status); the search
@@ -35,6 +37,7 @@ __all__ = [
     "EmbeddingProviderError",
     "EmbeddingProviderUnavailableError",
     "IndexStoreError",
+    "LockTimeoutError",
     "ManagerClosedError",
     "MemoryFileNotFoundError",
     "MemorySearchError",
@@ -163,6 +166,28 @@ class IndexStoreError(MemorySearchError):
     def __init__(self, message: str, *, db_path: str | None = None) -> None:
         self.db_path = db_path
         super().__init__(f"{message}" + (f" ({db_path})" if db_path else ""))
+
+
+class LockTimeoutError(MemorySearchError, TimeoutError):
+    """Raised when an inter-process file lock (``fallback/fs/lock.py``) is still held by another
+    process when the wait budget runs out.
+
+    The message names the holder when its lock file records a live process:
+    ``another process (pid 4242) holds the lock /state/x.lock; waiting for it timed out after
+    5000 ms``.
+
+    Attributes:
+        path: the lock file.
+        timeout_ms: the budget that ran out, in ms.
+        holder_pid: the pid recorded by the live holder, or ``None`` when unknown.
+    """
+
+    def __init__(self, path: str, timeout_ms: int, holder_pid: int | None) -> None:
+        self.path = path
+        self.timeout_ms = timeout_ms
+        self.holder_pid = holder_pid
+        who = f"another process (pid {holder_pid})" if holder_pid is not None else "another process"
+        super().__init__(f"{who} holds the lock {path}; waiting for it timed out after {timeout_ms} ms")
 
 
 class EmbeddingProviderError(MemorySearchError):

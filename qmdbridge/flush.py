@@ -21,8 +21,8 @@ from pathlib import Path
 import orjson
 
 from fallback.errors import UsageError
+from fallback.fs.atomic import write_atomic
 from qmdbridge.config import CompactionSettings
-from qmdbridge.paths import write_atomic
 
 __all__ = ["FlushPlan", "FlushPlanner", "flush_threshold_tokens", "should_flush",
            "workspace_is_writable"]

@@ -149,23 +149,3 @@ def child_env(home: QmdHome, *, parent_env: Mapping[str, str], path_env: str) ->
     })
     return env
 
-
-def write_atomic(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` through a temporary file in the same folder, fsync it and
-    rename it over ``target``, so readers see the old or the new content, never a mix.
-
-    Raises:
-        OSError: the folder is missing or not writable (the temporary file is removed).
-    """
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

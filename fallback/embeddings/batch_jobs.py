@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import orjson
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import format_seconds
@@ -418,21 +419,24 @@ class BatchRunner:
             async with limiter:
                 if failed:
                     return
+                # A job that timed out is submitted once more at once; any other failure,
+                # or a second timeout, ends batch use for this call.
+                retrying = AsyncRetrying(
+                    stop=stop_after_attempt(2), reraise=True,
+                    retry=retry_if_exception(lambda exc: isinstance(exc, EmbeddingProviderError)
+                                             and "timed out" in str(exc)))
                 attempts = 0
-                while True:
-                    attempts += 1
-                    try:
-                        vectors.update(await run_batch_job(
-                            self.jobs, group, wait=self.settings.wait,
-                            poll_interval_s=self.settings.poll_interval_ms / 1000,
-                            timeout_s=self.settings.timeout_minutes * 60))
-                        return
-                    except EmbeddingProviderError as exc:
-                        if attempts == 1 and "timed out" in str(exc):
-                            continue
-                        failed.append((exc, attempts))
-                        tg.cancel_scope.cancel()
-                        return
+                try:
+                    async for attempt in retrying:
+                        attempts = attempt.retry_state.attempt_number
+                        with attempt:
+                            vectors.update(await run_batch_job(
+                                self.jobs, group, wait=self.settings.wait,
+                                poll_interval_s=self.settings.poll_interval_ms / 1000,
+                                timeout_s=self.settings.timeout_minutes * 60))
+                except EmbeddingProviderError as exc:
+                    failed.append((exc, attempts))
+                    tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             for group in groups:

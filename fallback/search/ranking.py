@@ -20,6 +20,8 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from fallback.text.scripts import word_stretches
+
 __all__ = [
     "Candidate",
     "apply_temporal_decay",
@@ -263,25 +265,6 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
 # MMR (spec §8.8)
 
 
-def _is_word_char(ch: str) -> bool:
-    """Letters, combining marks, digits and underscore (``[\\p{L}\\p{M}\\p{N}_]``)."""
-    return ch == "_" or unicodedata.category(ch)[0] in "LMN"
-
-
-def _is_cjk(ch: str) -> bool:
-    """Characters written without spaces between words: Han, kana, Hangul (and their marks)."""
-    code = ord(ch)
-    return (0x3040 <= code <= 0x30FF          # Hiragana, Katakana
-            or 0x31F0 <= code <= 0x31FF       # Katakana phonetic extensions
-            or 0x3400 <= code <= 0x4DBF       # CJK Extension A
-            or 0x4E00 <= code <= 0x9FFF       # CJK Unified Ideographs
-            or 0xF900 <= code <= 0xFAFF       # CJK Compatibility Ideographs
-            or 0xFF66 <= code <= 0xFF9F       # half-width Katakana
-            or 0x1100 <= code <= 0x11FF       # Hangul Jamo
-            or 0xAC00 <= code <= 0xD7AF       # Hangul syllables
-            or 0x20000 <= code <= 0x3FFFF)    # CJK Extensions B and later
-
-
 def _emit_run(run: str, cjk: bool, tokens: set[str]) -> None:
     """Add one homogeneous run: a word as is, a CJK run as its character bigrams."""
     if not run:
@@ -296,10 +279,11 @@ def mmr_tokens(text: str) -> set[str]:
     """The token set MMR compares: NFC, lower-cased, word runs, CJK runs as bigrams.
 
     Word runs are maximal runs of letters, combining marks, digits and ``_``. Inside a run, the
-    stretches of CJK characters (Han, kana, Hangul) become their overlapping character bigrams
-    (a lone CJK character stays a unigram), because those scripts have no spaces and Jaccard over
-    whole sentences would never see an overlap; the other stretches stay whole words
-    (``"2026年度"`` -> ``{"2026", "年度"}``).
+    stretches of CJK characters (Han, kana, Hangul, Bopomofo, Yi, as
+    :func:`fallback.text.scripts.word_stretches` cuts them) become their overlapping character
+    bigrams (a lone CJK character stays a unigram), because those scripts have no spaces and
+    Jaccard over whole sentences would never see an overlap; the other stretches stay whole
+    words (``"2026年度"`` -> ``{"2026", "年度"}``).
 
     Args:
         text: any text (a snippet).
@@ -308,21 +292,8 @@ def mmr_tokens(text: str) -> set[str]:
         The set of tokens; empty for text without word characters.
     """
     tokens: set[str] = set()
-    run: list[str] = []
-    run_cjk = False
-    for ch in unicodedata.normalize("NFC", text).lower():
-        if not _is_word_char(ch):
-            _emit_run("".join(run), run_cjk, tokens)
-            run = []
-            continue
-        # Combining marks stay with the run they follow.
-        cjk = run_cjk if (run and unicodedata.category(ch)[0] == "M") else _is_cjk(ch)
-        if run and cjk != run_cjk:
-            _emit_run("".join(run), run_cjk, tokens)
-            run = []
-        run.append(ch)
-        run_cjk = cjk
-    _emit_run("".join(run), run_cjk, tokens)
+    for stretch, cjk in word_stretches(unicodedata.normalize("NFC", text).lower()):
+        _emit_run(stretch, cjk, tokens)
     return tokens
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from fallback.text.scripts import is_hangul, is_hiragana, is_ideograph, is_katakana, word_runs
+from fallback.text.scripts import script_of, word_runs
 
 __all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "extract_keywords", "query_tokens"]
 
@@ -135,15 +135,12 @@ def _segments(query: str) -> list[str]:
 
 
 def _script(ch: str) -> str:
+    """``ascii`` (ASCII letters, digits, ``_``), ``katakana``, ``hiragana``, ``han`` or ``other``
+    (:func:`fallback.text.scripts.script_of` decides the scripts)."""
     if ch.isascii() and (ch.isalnum() or ch == "_"):
         return "ascii"
-    if is_katakana(ch):
-        return "katakana"
-    if is_hiragana(ch):
-        return "hiragana"
-    if is_ideograph(ch):
-        return "ideograph"
-    return "other"
+    script = script_of(ch)
+    return script if script in ("katakana", "hiragana", "han") else "other"
 
 
 def _script_runs(segment: str) -> list[tuple[str, str]]:
@@ -167,7 +164,7 @@ def _japanese_terms(segment: str) -> list[str]:
     for kind, run in _script_runs(segment):
         if kind in ("ascii", "katakana"):
             terms.append(run)
-        elif kind == "ideograph":
+        elif kind == "han":
             terms.append(run)
             if len(run) > 1:
                 terms.extend(run[i:i + 2] for i in range(len(run) - 1))
@@ -179,7 +176,7 @@ def _japanese_terms(segment: str) -> list[str]:
 def _chinese_terms(segment: str) -> list[str]:
     terms: list[str] = []
     for kind, run in _script_runs(segment):
-        if kind == "ideograph":
+        if kind == "han":
             terms.extend(_ideograph_terms(run))
         else:
             terms.append(run)
@@ -199,7 +196,7 @@ def _korean_terms(segment: str) -> list[str]:
         return []
     terms = [segment]
     if stem is not None:
-        all_hangul = all(is_hangul(ch) for ch in stem)
+        all_hangul = all(script_of(ch) == "hangul" for ch in stem)
         if (all_hangul and len(stem) >= 2) or (stem.isascii() and stem.isalnum()):
             terms.append(stem)
     return terms
@@ -238,11 +235,12 @@ def extract_keywords(query: str) -> list[str]:
     seen: set[str] = set()
     out: list[str] = []
     for segment in _segments(query):
-        if any(is_hiragana(ch) or is_katakana(ch) for ch in segment):
+        scripts = set() if segment.isascii() else {script_of(ch) for ch in segment}
+        if "hiragana" in scripts or "katakana" in scripts:
             terms = _japanese_terms(segment)
-        elif any(is_ideograph(ch) for ch in segment):
+        elif "han" in scripts:
             terms = _chinese_terms(segment)
-        elif any(is_hangul(ch) for ch in segment):
+        elif "hangul" in scripts:
             terms = _korean_terms(segment)
         else:
             terms = [segment]

@@ -1,54 +1,85 @@
-"""Small text helpers shared by chunking, keyword extraction and file access.
+"""Small text helpers shared by chunking, keyword extraction, MMR and file access; the one script classifier.
 
-Everything here is pure (no I/O) and counts lengths in code points.
+Everything here is pure (no I/O) and counts lengths in code points. Which characters are CJK,
+and which CJK script each belongs to, is decided only here, from Unicode's script properties
+(through the ``regex`` package), never from code-point tables.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
+from collections.abc import Iterator
+from typing import Literal
+
+import regex
 
 __all__ = [
+    "CJK_FLOOR",
+    "CJK_SCRIPTS",
     "CJK_WEIGHT",
+    "Script",
     "contains_cjk",
-    "is_cjk_wide",
-    "is_hangul",
-    "is_hiragana",
-    "is_ideograph",
-    "is_katakana",
+    "script_of",
     "sha256_hex",
     "text_weight",
+    "word_runs",
+    "word_stretches",
 ]
 
 # A CJK/kana/Hangul character carries about as much meaning as a 4-char English word piece,
 # i.e. roughly one token, so the chunk budget (4 chars per token) weighs it 4.
 CJK_WEIGHT = 4
 
-# Code-point ranges weighed as CJK by the reference estimator (spec §3): CJK radicals through
-# unified ideographs (incl. kana and bopomofo), Yi, Hangul syllables, compatibility
-# ideographs, and the supplementary ideograph planes (Extension B onwards).
-_CJK_RANGES: tuple[tuple[int, int], ...] = (
-    (0x2E80, 0x9FFF),
-    (0xA000, 0xA4FF),
-    (0xAC00, 0xD7AF),
-    (0xF900, 0xFAFF),
-    (0x20000, 0x2FA1F),
-)
+# The scripts written without spaces between words, whose characters weigh CJK_WEIGHT.
+CJK_SCRIPTS = ("Han", "Hiragana", "Katakana", "Hangul", "Bopomofo", "Yi")
 
-# The same ranges as one character class: counting with a regex is ~50x faster than a Python
-# loop over code points, and chunking weighs every line of every file.
-_CJK_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_RANGES) + "]")
+# A character is CJK when its Unicode Script_Extensions name one of CJK_SCRIPTS and not Latin:
+# extensions rather than Script, so the punctuation and marks these scripts share (、。「」 ー)
+# count too; not Latin, so a middle dot or a combining dot below in Latin text does not.
+_CJK_PROPERTIES = "[[" + "".join(rf"\p{{scx={name}}}" for name in CJK_SCRIPTS) + r"]--\p{scx=Latin}]"
+# The lowest code point with those properties (U+02EA, a Bopomofo tone mark). Testing this
+# range first lets Latin text skip the property lookups, which makes them 5x faster on it.
+CJK_FLOOR = "\u02ea"
+_CJK_SET = rf"[[^\x00-{chr(ord(CJK_FLOOR) - 1)}]&&{_CJK_PROPERTIES}]"
+# Kana as the keyword extractor splits it: katakana plus the marks only the two kana share
+# (the prolonged sound mark ー, ｰ, the voicing marks), which live inside katakana words.
+_KATAKANA_SET = r"[\p{sc=Katakana}[\p{scx=Katakana}&&\p{scx=Hiragana}--\p{scx=Han}]]"
+_WORD_SET = r"[\p{L}\p{M}\p{N}_]"
+
+# Counting whole runs is faster than matching character by character (chunking weighs every
+# line of every file; see scripts/bench_text.py); a search for one character stops sooner.
+_CJK_RUN_RE = regex.compile(_CJK_SET + "+", regex.V1)
+_CJK_RE = regex.compile(_CJK_SET, regex.V1)
+# First match wins: the Script property decides a letter; the CJK set takes the rest.
+_SCRIPT_RE = regex.compile(
+    r"(?P<han>\p{sc=Han})|(?P<hiragana>\p{sc=Hiragana})|(?P<katakana>" + _KATAKANA_SET + ")"
+    r"|(?P<hangul>\p{sc=Hangul})|(?P<cjk>" + _CJK_SET + ")", regex.V1)
+# A CJK stretch or an other-word stretch of a word run; combining marks stay with the stretch
+# they follow.
+_CJK_WORD = f"[{_CJK_SET}&&{_WORD_SET}]"
+_OTHER_WORD = f"[{_WORD_SET}--{_CJK_SET}]"
+_STRETCH_RE = regex.compile(
+    rf"(?P<cjk>{_CJK_WORD}(?:{_CJK_WORD}|\p{{M}})*)|(?P<other>{_OTHER_WORD}(?:{_OTHER_WORD}|\p{{M}})*)",
+    regex.V1)
+
+Script = Literal["han", "hiragana", "katakana", "hangul", "cjk", "other"]
 
 
-def is_cjk_wide(ch: str) -> bool:
-    """Return True when the one-character string ``ch`` weighs :data:`CJK_WEIGHT` in chunk budgets.
+def script_of(ch: str) -> Script:
+    """Classify one character for the CJK-aware helpers.
 
-    Covers U+2E80–U+9FFF, U+A000–U+A4FF, U+AC00–U+D7AF, U+F900–U+FAFF and U+20000–U+2FA1F
-    (spec §3 ``weight``).
+    Returns:
+        ``han`` (Script=Han: ideographs, ``々``, ``〇``, radicals), ``hiragana``, ``katakana``
+        (Script=Katakana, halfwidth forms, and the marks only the two kana share such as the
+        prolonged sound mark ``ー``), ``hangul`` (syllables and jamo), ``cjk`` (any other CJK
+        character: Bopomofo, Yi, and the punctuation these scripts share such as ``、。「」``),
+        or ``other``.
+
+    Source: Unicode Script and Script_Extensions properties (UAX #24), via ``regex``.
     """
-    cp = ord(ch)
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+    m = _SCRIPT_RE.match(ch)
+    return m.lastgroup if m is not None else "other"  # type: ignore[return-value]
 
 
 def text_weight(s: str) -> int:
@@ -58,47 +89,36 @@ def text_weight(s: str) -> int:
         s: any text.
 
     Returns:
-        The number of code points, where each CJK ideograph, kana or Hangul syllable
-        (see :func:`is_cjk_wide`) counts :data:`CJK_WEIGHT` (4) instead of 1. An empty string
-        weighs 0.
+        The number of code points, where each CJK character counts :data:`CJK_WEIGHT` (4)
+        instead of 1. A character is CJK when its Unicode Script_Extensions include Han,
+        Hiragana, Katakana, Hangul, Bopomofo or Yi and not Latin (:func:`script_of` is not
+        ``other``). An empty string weighs 0.
 
     Source: OpenClaw ``estimateStringChars`` (E2), measured in code points instead of UTF-16
-    units, so an Extension-B ideograph weighs 4 like any other ideograph.
+    units, with the CJK set taken from Unicode's script properties instead of its code-point
+    ranges: the same for ideographs, kana, Hangul syllables and CJK punctuation; Hangul jamo,
+    halfwidth kana and Hangul, and Extensions G+ weigh 4 too, while Lisu, CJK strokes,
+    hexagrams and squared Latin abbreviations (``㎡``) weigh 1.
     """
     if s.isascii():
         return len(s)
-    return len(s) + (CJK_WEIGHT - 1) * len(_CJK_RE.findall(s))
+    return len(s) + (CJK_WEIGHT - 1) * sum(map(len, _CJK_RUN_RE.findall(s)))
 
 
-def is_hiragana(ch: str) -> bool:
-    """Return True for a hiragana character (U+3040–U+309F)."""
-    return "\u3040" <= ch <= "\u309f"
+def contains_cjk(text: str) -> bool:
+    """Whether ``text`` contains a CJK character (as :func:`text_weight` counts them)."""
+    return not text.isascii() and _CJK_RE.search(text) is not None
 
 
-def is_katakana(ch: str) -> bool:
-    """Return True for katakana (U+30A0–U+30FF, incl. the long-vowel mark ``ー``) or
-    halfwidth/phonetic-extension katakana (U+31F0–U+31FF, U+FF66–U+FF9F)."""
-    return "\u30a0" <= ch <= "\u30ff" or "\u31f0" <= ch <= "\u31ff" or "\uff66" <= ch <= "\uff9f"
+def word_stretches(text: str) -> Iterator[tuple[str, bool]]:
+    """The word runs of ``text`` (letters, marks, digits, ``_``) cut where CJK starts or stops.
 
-
-def is_ideograph(ch: str) -> bool:
-    """Return True for a CJK ideograph: unified (incl. Extension A), compatibility, or the
-    supplementary ideograph planes (U+20000–U+3134F)."""
-    cp = ord(ch)
-    return (
-        0x4E00 <= cp <= 0x9FFF
-        or 0x3400 <= cp <= 0x4DBF
-        or 0xF900 <= cp <= 0xFAFF
-        or 0x20000 <= cp <= 0x3134F
-        or cp == 0x3005  # 々 iteration mark, part of Japanese kanji words
-    )
-
-
-def is_hangul(ch: str) -> bool:
-    """Return True for a Hangul syllable (U+AC00–U+D7AF) or Hangul jamo (U+1100–U+11FF,
-    U+3130–U+318F)."""
-    cp = ord(ch)
-    return 0xAC00 <= cp <= 0xD7AF or 0x1100 <= cp <= 0x11FF or 0x3130 <= cp <= 0x318F
+    Yields ``(stretch, is_cjk)`` in order; a combining mark stays with the stretch it follows.
+    ``"2026年度 plan"`` -> ``("2026", False), ("年度", True), ("plan", False)``. No
+    normalisation: callers NFC-normalise (and lower-case) first.
+    """
+    for m in _STRETCH_RE.finditer(text):
+        yield m.group(), m.lastgroup == "cjk"
 
 
 def sha256_hex(data: str | bytes) -> str:
@@ -123,29 +143,3 @@ def word_runs(text: str) -> list[str]:
     if current:
         out.append("".join(current))
     return out
-
-
-# CJK, kana and Hangul code point ranges (inclusive), as the chunker's weight estimator uses.
-_CJK_TEXT_RANGES = (
-    (0x1100, 0x11FF),    # Hangul Jamo
-    (0x2E80, 0x9FFF),    # CJK radicals .. kana .. CJK unified ideographs
-    (0xA000, 0xA4FF),    # Yi
-    (0xA960, 0xA97F),    # Hangul Jamo extended-A
-    (0xAC00, 0xD7AF),    # Hangul syllables
-    (0xF900, 0xFAFF),    # CJK compatibility ideographs
-    (0xFF66, 0xFF9F),    # halfwidth katakana
-    (0x20000, 0x2FA1F),  # CJK extensions B.. and compatibility supplement
-)
-
-
-def _is_cjk(ch: str) -> bool:
-    cp = ord(ch)
-    return any(lo <= cp <= hi for lo, hi in _CJK_TEXT_RANGES)
-
-
-_CJK_CLASS_RE = re.compile("[" + "".join(f"{chr(lo)}-{chr(hi)}" for lo, hi in _CJK_TEXT_RANGES) + "]")
-
-
-def contains_cjk(text: str) -> bool:
-    """Whether ``text`` contains a CJK ideograph, kana or Hangul character."""
-    return not text.isascii() and _CJK_CLASS_RE.search(text) is not None

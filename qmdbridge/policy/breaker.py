@@ -13,13 +13,14 @@ Source: the circuit-breaker pattern (M. Nygard, *Release It!*, 2007).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from fallback.fs.atomic import write_atomic
 
 __all__ = ["CircuitBreaker", "BreakerState"]
 
@@ -89,9 +90,8 @@ class CircuitBreaker:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(orjson.dumps(self.state.to_json()))
-            os.replace(tmp, self.path)
+            # Saved after every qmd search: no fsync on that path (a lost state only costs a probe).
+            write_atomic(self.path, orjson.dumps(self.state.to_json()), durable=False)
         except OSError:
             pass  # the breaker is advisory: a read-only state dir must not break searches
 

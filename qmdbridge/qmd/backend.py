@@ -26,6 +26,7 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
+from fallback.fs.atomic import write_atomic
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
@@ -244,9 +245,8 @@ class QmdBackend:
         await reconcile(self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
                         workspace=self.agent.workspace_dir, state=self.reconcile_state)
         try:
-            tmp = marker.with_name(f".reconciled.{os.getpid()}.tmp")
-            tmp.write_text(reconcile_fingerprint(self.collections, getattr(self.location, "version", None), self.home.index_yml))
-            os.replace(tmp, marker)
+            write_atomic(marker, reconcile_fingerprint(
+                self.collections, getattr(self.location, "version", None), self.home.index_yml).encode())
         except OSError as exc:
             log.debug("cannot record the reconcile fingerprint: %s", exc)
 

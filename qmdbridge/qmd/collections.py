@@ -21,6 +21,7 @@ from typing import Any, Literal
 import orjson
 
 from fallback.errors import BackendUnavailableError
+from fallback.fs.atomic import write_atomic
 from fallback.settings import EngineSettings, ExtraPath
 from fallback.sources.memory_files import (
     DEFAULT_PATTERN,
@@ -505,9 +506,7 @@ async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand
         OSError: ``index_yml`` cannot be written.
     """
     index_yml.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index_yml.with_suffix(".yml.tmp")
-    tmp.write_text(render_index_yml(managed), encoding="utf-8")
-    os.replace(tmp, index_yml)
+    write_atomic(index_yml, render_index_yml(managed).encode("utf-8"))
     for mc in managed:
         await _remove(run, mc.name)
         res = await _add(mc, run=run, state=state)

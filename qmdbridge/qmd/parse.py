@@ -1,8 +1,10 @@
-"""Parse qmd's search JSON tolerantly and map its hits to ``MemorySearchResult`` (spec 2.8.4-5).
+"""Map qmd's search hits to ``MemorySearchResult`` (spec 2.8.4).
 
 Pure functions over plain values, plus :class:`DocLookup`, a read-only view of the agent's
 ``index.sqlite`` (qmd writes it with bun:sqlite in WAL mode) used to turn a docid into its
-``(collection, path)`` row. Nothing above ``qmd.py`` sees qmd's JSON shape.
+``(collection, path)`` row. Finding the result array in qmd's stdout (spec 2.8.5) is
+``qmdbridge/qmd/results_json.py``; its names are re-exported here. Nothing above ``qmd.py``
+sees qmd's JSON shape.
 """
 
 from __future__ import annotations
@@ -12,20 +14,17 @@ import os
 import re
 import sqlite3
 import unicodedata
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
-
-import orjson
 
 from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.reads import clamp_lines
+from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
 __all__ = [
     "DocLookup",
@@ -46,150 +45,10 @@ __all__ = [
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
-_NO_RESULTS_RE = re.compile(
-    r"^(?:\[[^\]]*\]\s*)?(?:(?:warn|warning|info|error|qmd):\s*)*no results found\.?$")
 _HEADER_RE = re.compile(r"@@\s*-([0-9]+),([0-9]+)")
 _HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
-# Largest integer JSON numbers keep exactly (JavaScript's Number.MAX_SAFE_INTEGER).
-_MAX_SAFE_INT = 2**53 - 1
 _QUERY_DOC_PREFIX_RE = re.compile(r"^(\s*)(lex|vec|hyde|intent|expand)(\s*):", re.I)
 _LEADING_DASHES_RE = re.compile(r"^(-+)(?=\S)")
-
-
-@dataclass(frozen=True)
-class QmdEntry:
-    """One normalised element of qmd's JSON array (every field optional).
-
-    Attributes:
-        docid: ``#abc123`` style id (the leading ``#`` kept as given).
-        collection: collection name, when the build sends it.
-        file: ``qmd://<collection>/<rel>`` (or another path form).
-        snippet / body: text (``snippet`` starts with an ``@@ -a,b @@`` header in qmd 2.8.3).
-        score: finite number, or ``None``.
-        start_line / end_line: explicit 1-based lines (only some builds send them).
-    """
-
-    docid: str | None = None
-    collection: str | None = None
-    file: str | None = None
-    snippet: str | None = None
-    body: str | None = None
-    score: float | None = None
-    start_line: int | None = None
-    end_line: int | None = None
-
-
-def strip_ansi(text: str) -> str:
-    """Remove ANSI colour/cursor escape sequences."""
-    return _ANSI_RE.sub("", text)
-
-
-def _is_no_results_line(line: str) -> bool:
-    return bool(_NO_RESULTS_RE.match(" ".join(line.split()).lower()))
-
-
-def _has_no_results(text: str) -> bool:
-    return any(_is_no_results_line(line) for line in text.splitlines())
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-def _pos_int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return v if isinstance(v, int) and 0 < v <= _MAX_SAFE_INT else None
-
-
-def _entry(obj: Mapping[str, Any]) -> QmdEntry:
-    score = obj.get("score")
-    ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
-        score == score and abs(score) != float("inf")
-    return QmdEntry(
-        docid=_str(obj.get("docid")), collection=_str(obj.get("collection")),
-        file=_str(obj.get("file")), snippet=_str(obj.get("snippet")), body=_str(obj.get("body")),
-        score=float(score) if ok_score and score is not None else None,
-        start_line=_pos_int(obj.get("start_line", obj.get("startLine"))),
-        end_line=_pos_int(obj.get("end_line", obj.get("endLine"))))
-
-
-def _as_results(data: Any) -> list[QmdEntry] | None:
-    if not isinstance(data, list):
-        return None
-    objs = [x for x in data if isinstance(x, dict)]
-    if data and not objs:
-        return None
-    return [_entry(o) for o in objs]
-
-
-def _balanced_candidates(text: str) -> Iterable[str]:
-    """Yield each string-aware balanced ``[...]`` that starts a line."""
-    for m in re.finditer(r"(?m)^[ \t]*\[", text):
-        start = m.end() - 1
-        depth, in_str, esc = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_str:
-                if esc:
-                    esc = False
-                elif ch == "\\":
-                    esc = True
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "[{":
-                depth += 1
-            elif ch in "]}":
-                depth -= 1
-                if depth == 0:
-                    yield text[start:i + 1]
-                    break
-
-
-def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
-    """Parse a qmd search's stdout into entries, tolerating noise (spec 2.8.5).
-
-    Accepts: a JSON array of objects; an array surrounded by log lines, banners or ANSI
-    codes (the first balanced ``[...]`` starting a line that parses as a result array wins);
-    a "No results found" line (optionally ``[tag]``/``warn:``/``info:``/``qmd:`` prefixed) on
-    stdout, or on stderr with empty stdout -> ``[]``.
-
-    Returns:
-        Entries in qmd's order.
-
-    Raises:
-        QmdOutputError: empty stdout without a "no results" line, or no result array found
-            (``qmd query returned invalid JSON: ...``).
-    """
-    out = strip_ansi(stdout)
-    if not out.strip():
-        if _has_no_results(strip_ansi(stderr)):
-            return []
-        err = " ".join(strip_ansi(stderr).split())
-        if len(err) > 120:
-            err = err[:117] + "..."
-        raise QmdOutputError(f"qmd query returned invalid JSON: stdout empty (stderr: {err})")
-    try:
-        whole = _as_results(orjson.loads(out.strip()))
-    except orjson.JSONDecodeError:
-        whole = None
-    if whole is not None:
-        return whole
-    for cand in _balanced_candidates(out):
-        try:
-            parsed = _as_results(orjson.loads(cand))
-        except orjson.JSONDecodeError:
-            continue
-        if parsed is not None:
-            return parsed
-    if _has_no_results(out):
-        return []
-    raise QmdOutputError("qmd query returned invalid JSON: qmd query JSON response was not an array")
 
 
 def parse_qmd_uri(uri: str) -> tuple[str, str] | None:

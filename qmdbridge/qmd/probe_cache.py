@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from fallback.fs.atomic import write_atomic
 from qmdbridge.qmd.locate import QmdLocation
 
 __all__ = ["PROBE_CACHE_TTL_MS", "ProbeCache"]
@@ -65,9 +66,7 @@ class ProbeCache:
     def _save(self, data: dict[str, Any]) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(orjson.dumps(data))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, orjson.dumps(data))
         except OSError:
             pass  # a cache that cannot be written only costs a probe
 

@@ -13,29 +13,32 @@ Implements ``specs/qmd-bridge-spec.md`` 2.11 and 2.7.5: qmd indexes Markdown, so
 
 A file is rewritten only when its bytes change (an unchanged export keeps its mtime, so qmd
 sees nothing new); stale exports (transcripts gone or past retention) are deleted at the end of
-a pass. Passes over one export dir are serialised with an advisory lock (``.export.lock``),
-so two managers of the same agent never interleave.
+a pass. Passes over one export dir are serialised with an inter-process lock
+(``.export.lock``, a :class:`fallback.fs.lock.PidFileLock` waited for at most
+:data:`EXPORT_LOCK_TIMEOUT_MS`), so two managers of the same agent never interleave.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fallback.errors import BackendUnavailableError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
+from fallback.fs.atomic import write_atomic
+from fallback.fs.lock import PidFileLock
 from fallback.sources.transcripts import TranscriptMessage, parse_transcript, scan_transcripts, session_id_for
-from qmdbridge.paths import write_atomic
 
-__all__ = ["EXPORT_WRAP_CHARS", "ExportReport", "ExportState", "export_sessions",
+__all__ = ["EXPORT_LOCK_TIMEOUT_MS", "EXPORT_WRAP_CHARS", "ExportReport", "ExportState", "export_sessions",
            "render_session_markdown"]
 
 # Content chars per exported line (spec 2.11); longer messages wrap on spaces.
 EXPORT_WRAP_CHARS = 800
 _DAY_MS = 86_400_000
 _LOCK_NAME = ".export.lock"
+# How long a pass waits for another pass over the same export dir (ms). A pass over thousands
+# of transcripts takes seconds; two minutes means the other pass is stuck.
+EXPORT_LOCK_TIMEOUT_MS = 120_000
 
 
 @dataclass(frozen=True)
@@ -132,33 +135,15 @@ def _read_bytes(path: Path) -> bytes | None:
         return None
 
 
-@contextlib.contextmanager
-def _export_lock(export_dir: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``export_dir/.export.lock`` (POSIX ``flock``).
-
-    Where ``fcntl`` is missing (Windows) the pass runs unlocked.
-    """
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(export_dir / _LOCK_NAME, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int | None,
-                    now_ms: int, state: ExportState | None = None) -> ExportReport:
+                    now_ms: int, state: ExportState | None = None,
+                    lock_timeout_ms: int = EXPORT_LOCK_TIMEOUT_MS) -> ExportReport:
     """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md``.
 
     Steps: list transcripts (:func:`fallback.sources.transcripts.scan_transcripts`); skip those whose
     mtime is more than ``retention_days`` days before ``now_ms``; render each (sanitised,
-    redacted, wrapped; see :func:`render_session_markdown`) and write it atomically (temp
-    file + ``os.replace``) only when the bytes differ from the current file; finally delete
+    redacted, wrapped; see :func:`render_session_markdown`) and write it atomically
+    (:func:`fallback.fs.atomic.write_atomic`) only when the bytes differ from the current file; finally delete
     every ``*.md`` in ``export_dir`` not produced by this pass. With ``state``, a transcript
     whose mtime and size are unchanged since it was exported (and whose export still has the
     recorded bytes) is not parsed again. A transcript that cannot be read keeps its previous
@@ -170,20 +155,34 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
         retention_days: ``memory.qmd.sessions.retentionDays``; ``None`` or 0 keeps all.
         now_ms: current time, epoch ms.
         state: per-manager cache of what was exported (updated in place).
+        lock_timeout_ms: how long to wait for another pass over ``export_dir`` (ms).
 
     Returns:
         :class:`ExportReport` with export file names.
 
     Raises:
         BackendUnavailableError: ``("qmd", "QMD session export aborted: session enumeration
-            failed")`` when the sessions dir could not be listed; raised after writing the
-            transcripts that were listed and before deleting anything.
+            failed")`` when the sessions dir could not be listed (raised after writing the
+            transcripts that were listed and before deleting anything), or the lock file
+            cannot be opened.
+        BackendTimeoutError: another pass held ``export_dir/.export.lock`` for longer than
+            ``lock_timeout_ms`` (``qmd unavailable: waiting for the session export lock <path>
+            timed out after <N>ms``); nothing was written.
     """
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     cutoff_ms = now_ms - retention_days * _DAY_MS if retention_days else None
-    with _export_lock(export_dir):
+    lock = PidFileLock(export_dir / _LOCK_NAME, timeout_ms=lock_timeout_ms)
+    try:
+        lock.acquire_blocking()
+    except LockTimeoutError as exc:
+        raise BackendTimeoutError("qmd", f"waiting for the session export lock {lock.path}",
+                                  lock_timeout_ms) from exc
+    except OSError as exc:
+        raise BackendUnavailableError(
+            "qmd", f"cannot open the session export lock {lock.path}: {exc}") from exc
+    try:
         scan = scan_transcripts(Path(sessions_dir))
         produced: set[str] = set()
         present: set[str] = set()
@@ -240,4 +239,6 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
         if state is not None:
             for key in [k for k in state.seen if k not in present]:
                 del state.seen[key]
+    finally:
+        lock.close()
     return report

@@ -5,8 +5,8 @@ callables given by the backend, so it never builds a command line itself. Update
 never overlap on one index: one ``anyio.Lock`` per backend plus the per-store file lock
 ``qmd-write.lock``; embeds across agents and processes are serialised by the global
 ``<stateDir>/qmd/embed.lock`` (taken before the store lock, so waiting for embed capacity does
-not block the store). File locks are ``fcntl.flock`` with non-blocking attempts and a growing,
-jittered backoff (POSIX only).
+not block the store). File locks are :class:`fallback.fs.lock.PidFileLock` (the holder's pid in
+the file, a wait budget on every acquisition); boot updates are retried with tenacity.
 """
 
 from __future__ import annotations
@@ -14,14 +14,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_chain,
+    wait_fixed,
+)
 
-from fallback.errors import BackendTimeoutError, BackendUnavailableError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
+from fallback.fs.lock import PidFileLock
 
 __all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
            "needs_null_byte_repair", "needs_duplicate_repair"]
@@ -75,39 +83,30 @@ def needs_duplicate_repair(message: str) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def file_lock(path: Path, *, budget_ms: int, min_delay_ms: int = 250,
-                    max_delay_ms: int = 10_000, factor: float = 1.2) -> AsyncIterator[None]:
-    """Hold an exclusive ``fcntl.flock`` on ``path`` (created if needed) for the block.
+async def file_lock(path: Path, *, budget_ms: int) -> AsyncIterator[None]:
+    """Hold the exclusive inter-process lock ``path`` (created if needed) for the block.
 
-    Attempts are non-blocking; between them it sleeps ``min_delay_ms`` growing by ``factor``
-    up to ``max_delay_ms``, randomised by up to 25 %. A lock held by a dead process is released
-    by the kernel, so no stale-lock recovery is needed.
+    A :class:`fallback.fs.lock.PidFileLock`: the holder's pid is recorded in the file, the wait
+    polls with a jittered backoff (10 ms doubling to 250 ms) without blocking the event loop, and
+    a lock held by a dead process is released by the kernel, so no stale-lock recovery is needed.
 
     Raises:
-        BackendTimeoutError: the lock was not acquired within ``budget_ms``.
+        BackendTimeoutError: the lock was not acquired within ``budget_ms``
+            (``qmd unavailable: waiting for lock <path> timed out after <budget_ms>ms``; the
+            holder's pid is in the chained ``LockTimeoutError``).
+        BackendUnavailableError: the lock file cannot be created or opened.
     """
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open(path, "a+")  # noqa: SIM115 - closed in finally
+    lock = PidFileLock(path, timeout_ms=budget_ms)
     try:
-        delay = float(min_delay_ms)
-        with anyio.move_on_after(budget_ms / 1000) as scope:
-            while True:
-                try:
-                    fcntl.flock(fd.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    await anyio.sleep(delay * (1 + random.random() * 0.25) / 1000)
-                    delay = min(float(max_delay_ms), delay * factor)
-        if scope.cancelled_caught:
-            raise BackendTimeoutError("qmd", f"waiting for lock {path}", budget_ms)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd.fileno(), fcntl.LOCK_UN)
+        await lock.acquire()
+    except LockTimeoutError as exc:
+        raise BackendTimeoutError("qmd", f"waiting for lock {path}", budget_ms) from exc
+    except OSError as exc:
+        raise BackendUnavailableError("qmd", f"cannot open lock {path}: {exc}") from exc
+    try:
+        yield
     finally:
-        fd.close()
+        lock.close()
 
 
 @dataclass
@@ -139,13 +138,16 @@ class UpdateCycle:
         embed_interval_ms: embed when this long has passed since the last embed (0 = only forced).
         lock_budget_ms / embed_lock_budget_ms: how long to wait for the file locks.
         now_ms: clock in epoch ms.
+        boot_retry_delays_ms: waits before the retries of a boot update that found qmd's
+            database busy or timed out (default :data:`BOOT_RETRY_DELAYS_MS`).
     """
 
     def __init__(self, *, update: Command, embed: Command, repair: Command,
                  export_sessions: Command | None, after_update: Callable[[], None],
                  write_lock: Path, embed_lock: Path, search_mode: str, debounce_ms: int,
                  embed_interval_ms: int, lock_budget_ms: int, embed_lock_budget_ms: int,
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int],
+                 boot_retry_delays_ms: tuple[int, ...] = BOOT_RETRY_DELAYS_MS) -> None:
         self._update, self._embed, self._repair = update, embed, repair
         self._export = export_sessions
         self._after = after_update
@@ -155,6 +157,7 @@ class UpdateCycle:
         self._embed_interval_ms = embed_interval_ms
         self._lock_budget_ms, self._embed_budget_ms = lock_budget_ms, embed_lock_budget_ms
         self._now = now_ms
+        self._boot_retry_delays_ms = boot_retry_delays_ms
         self._lock = anyio.Lock()
         self._running: anyio.Event | None = None
         self._last_done_ms: int | None = None
@@ -224,19 +227,30 @@ class UpdateCycle:
         log.info("qmd sync completed reason=%s durationMs=%d", reason, self._now() - start)
 
     async def _update_with_retries(self, reason: str) -> None:
+        """``qmd update``; a boot run that fails busy or timed out is retried after each of
+        ``boot_retry_delays_ms`` (tenacity), every other run gets one attempt."""
         boot = reason == "boot" or reason.startswith("boot:")
-        attempts = 1 + (len(BOOT_RETRY_DELAYS_MS) if boot else 0)
-        for attempt in range(attempts):
+        delays_ms = self._boot_retry_delays_ms if boot else ()
+
+        async def attempt() -> None:
             try:
                 await self._update_once()
-                return
             except BackendUnavailableError as exc:
                 self.last_error = str(exc)
-                if attempt + 1 >= attempts or not should_retry_update(str(exc)):
-                    raise
-                log.warning("qmd update retry %d/%d after failure (%s): %s", attempt + 1,
-                            attempts - 1, reason, exc)
-                await anyio.sleep(BOOT_RETRY_DELAYS_MS[attempt] / 1000)
+                raise
+
+        def warn(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            log.warning("qmd update retry %d/%d after failure (%s): %s", state.attempt_number,
+                        len(delays_ms), reason, exc)
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(1 + len(delays_ms)),
+            wait=wait_chain(*(wait_fixed(ms / 1000) for ms in delays_ms)) if delays_ms else wait_fixed(0),
+            retry=retry_if_exception(lambda exc: isinstance(exc, BackendUnavailableError)
+                                     and should_retry_update(str(exc))),
+            before_sleep=warn, sleep=anyio.sleep, reraise=True)
+        await retrying(attempt)
 
     async def _update_once(self) -> None:
         try:

@@ -77,3 +77,13 @@ def test_eval_quick(mode: str) -> None:
     assert rows["keyword (19 queries) Hit@1"]["value"] == 1.0
     assert rows["cjk (7 queries) Hit@3"]["value"] == 1.0
     assert rows["paraphrases sharing a keyword with their answer"]["ok"] is True
+
+
+def test_bench_text_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_text.py"), "--quick", "--json")
+    rows = rows_by_name(doc)
+    assert doc["title"] == "bench_text" and doc["meta"]["mb"] == 0.1
+    assert rows["text_weight over every line"]["unit"] == "ms"
+    assert rows["text_weight over every line"]["value"] > 0
+    assert rows["lines with CJK"]["value"] > 0
+    assert rows["total text_weight"]["value"] > 100_000

@@ -11,7 +11,8 @@ import orjson
 import psutil
 import pytest
 
-from fallback.errors import BackendTimeoutError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
+from fallback.fs.lock import PidFileLock
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.errors import QmdOutputError
@@ -119,11 +120,15 @@ async def test_hang_times_out_and_leaves_no_process(tmp_path: Path, standins_dir
 
 
 def cycle(tmp_path: Path, log: list[str], *, mode: str = "query", fail_embed: bool = False,
-          clock: list[int] | None = None) -> UpdateCycle:
+          clock: list[int] | None = None, update_errors: list[str] | None = None,
+          lock_budget_ms: int = 5000) -> UpdateCycle:
     now = clock if clock is not None else [1_000_000]
+    errors = update_errors if update_errors is not None else []
 
     async def update() -> None:
         log.append("update")
+        if errors:
+            raise BackendUnavailableError("qmd", errors.pop(0))
         await anyio.sleep(0.05)
 
     async def embed() -> None:
@@ -137,8 +142,8 @@ def cycle(tmp_path: Path, log: list[str], *, mode: str = "query", fail_embed: bo
     return UpdateCycle(update=update, embed=embed, repair=nothing, export_sessions=None,
                        after_update=lambda: None, write_lock=tmp_path / "w.lock",
                        embed_lock=tmp_path / "e.lock", search_mode=mode, debounce_ms=15000,
-                       embed_interval_ms=3_600_000, lock_budget_ms=5000, embed_lock_budget_ms=5000,
-                       now_ms=lambda: now[0])
+                       embed_interval_ms=3_600_000, lock_budget_ms=lock_budget_ms,
+                       embed_lock_budget_ms=5000, now_ms=lambda: now[0], boot_retry_delays_ms=(10, 20))
 
 
 async def test_unforced_runs_debounced_forced_runs_queue(tmp_path: Path) -> None:
@@ -167,3 +172,50 @@ async def test_embed_failure_backs_off_and_never_fails_update(tmp_path: Path) ->
     clock[0] = 1_060_001
     await c.run("manual", force=True)
     assert (c.embed.failures, c.embed.backoff_until) == (2, 1_060_001 + 120_000)
+
+
+async def test_boot_update_retries_busy_failures_then_succeeds(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    log: list[str] = []
+    busy = "qmd update failed (code 1): SQLITE_BUSY: database is locked"
+    c = cycle(tmp_path, log, mode="search", update_errors=[busy, busy])
+    await c.run("boot", force=True)
+    assert log == ["update"] * 3 and c.updates_run == 1 and c.last_error is None
+    assert [r.getMessage() for r in caplog.records if "retry" in r.getMessage()] == [
+        f"qmd update retry 1/2 after failure (boot): qmd unavailable: {busy}",
+        f"qmd update retry 2/2 after failure (boot): qmd unavailable: {busy}"]
+
+
+async def test_update_retries_stop_after_two_and_only_for_boot_busy_or_timeout(tmp_path: Path) -> None:
+    log: list[str] = []
+    busy = "database is locked"
+    c = cycle(tmp_path, log, mode="search", update_errors=[busy, busy, "timed out"])
+    with pytest.raises(BackendUnavailableError, match="timed out$"):
+        await c.run("boot:startup", force=True)
+    assert log == ["update"] * 3 and c.last_error == "qmd unavailable: timed out"
+    log.clear()
+    c = cycle(tmp_path, log, mode="search", update_errors=[busy])
+    with pytest.raises(BackendUnavailableError, match="database is locked$"):
+        await c.run("manual", force=True)  # not a boot run: one attempt
+    c = cycle(tmp_path, log, mode="search", update_errors=["disk full"])
+    with pytest.raises(BackendUnavailableError, match="disk full$"):
+        await c.run("boot", force=True)  # not busy: no retry
+    assert log == ["update", "update"]
+
+
+async def test_update_lock_held_elsewhere_times_out_with_the_holder(tmp_path: Path) -> None:
+    log: list[str] = []
+    holder = PidFileLock(tmp_path / "w.lock", timeout_ms=0)
+    holder.acquire_blocking()
+    try:
+        c = cycle(tmp_path, log, mode="search", lock_budget_ms=60)
+        with pytest.raises(BackendTimeoutError) as info:
+            await c.run("manual", force=True)
+    finally:
+        holder.release()
+    assert str(info.value) == f"qmd unavailable: waiting for lock {tmp_path / 'w.lock'} timed out after 60ms"
+    assert isinstance(info.value.__cause__, LockTimeoutError)
+    assert info.value.__cause__.holder_pid == os.getpid()
+    assert log == []  # qmd update never ran without the lock
+    await c.run("manual", force=True)
+    assert log == ["update"] and (tmp_path / "w.lock").read_text() == ""

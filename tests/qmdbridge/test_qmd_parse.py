@@ -56,8 +56,68 @@ def test_whitespace_stdout_with_other_stderr_is_invalid() -> None:
 
 @pytest.mark.parametrize("garbage", ["not json", "[1, 2, 3]", '{"a": 1}', "[oops"])
 def test_garbage_raises(garbage: str) -> None:
-    with pytest.raises(QmdOutputError, match="JSON response was not an array"):
+    with pytest.raises(QmdOutputError) as ei:
         parse_qmd_json(garbage)
+    assert str(ei.value) == ("qmd unavailable: qmd query returned invalid JSON: qmd query JSON"
+                             f" response was not an array (stdout: {garbage})")
+
+
+OTHER = '{"docid": "#def456", "score": 0.5, "file": "qmd://memory-dir-main/2026-01-02.md"}'
+
+
+@pytest.mark.parametrize("stdout", [
+    f"[]\n[{HIT}]\n",                                   # a stray empty array before the hits
+    f"[\n  {HIT}\n]\n[]\n",                            # ... or after them
+    f"[{OTHER}]\nreranking...\n[{HIT}]\n",             # two result arrays: the last one wins
+    f"[{{broken\n[ {HIT} ] trailing text\n",            # a broken value, then one with a tail
+    f"[node-llama-cpp] load [1/3]\n[2, 3]\n[{HIT}]",    # log lines and a non-result array
+])
+def test_last_result_array_wins(stdout: str) -> None:
+    assert [(e.docid, e.file) for e in parse_qmd_json(stdout)] == [
+        ("#abc123", "qmd://memory-root-main/MEMORY.md")]
+
+
+def test_result_schema_needs_file_or_path_on_every_object() -> None:
+    [e] = parse_qmd_json('[{"docid": "#a1", "path": "notes/x.md", "score": 1}]')
+    assert (e.docid, e.file, e.score) == ("#a1", "notes/x.md", 1.0)
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json('[{"docid": "#a1", "score": 1}]')
+    assert str(ei.value).endswith('(stdout: [{"docid": "#a1", "score": 1}])')
+    assert parse_qmd_json(f'[{{"docid": "#zz"}}]\n[{OTHER}]')[0].docid == "#def456"
+
+
+@pytest.mark.parametrize("stdout,stderr", [
+    ("No results found.\n\nNo results found above minimum score threshold.\n", ""),
+    ("\x1b[33mwarning:\x1b[0m  No   results found\n", ""),
+    ('No results found for "alpha".\n', ""),
+    ("\n", "[qmd] info: No results found.\n")])
+def test_output_of_only_markers_means_no_hits(stdout: str, stderr: str) -> None:
+    assert parse_qmd_json(stdout, stderr) == []
+
+
+@pytest.mark.parametrize("stdout,stderr,detail", [
+    ("No results found.\nError: SQLITE_BUSY: database is locked\n", "",
+     "qmd query JSON response was not an array (stdout: No results found. Error: SQLITE_BUSY:"
+     " database is locked)"),
+    ("qmd 2.8.3 ready\nNo results found.\n", "",
+     "qmd query JSON response was not an array (stdout: qmd 2.8.3 ready No results found.)"),
+    ("", "No results found.\nError: boom\n", "stdout empty (stderr: No results found. Error: boom)"),
+])
+def test_a_marker_beside_other_lines_is_an_output_error(stdout: str, stderr: str, detail: str) -> None:
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json(stdout, stderr)
+    assert str(ei.value) == f"qmd unavailable: qmd query returned invalid JSON: {detail}"
+
+
+def test_long_garbage_is_quoted_short_and_logged_whole(caplog: pytest.LogCaptureFixture) -> None:
+    stdout = "\x1b[31mfatal:\x1b[0m " + "x" * 300 + "\nthe end"
+    with caplog.at_level("DEBUG", logger="qmdbridge.qmd.backend"), pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json(stdout)
+    excerpt = "fatal: " + "x" * 110 + "..."
+    assert str(ei.value).endswith(f"(stdout: {excerpt})") and len(excerpt) == 120
+    [record] = [r for r in caplog.records if r.levelname == "DEBUG"]
+    assert record.getMessage() == (f"qmd stdout is not a result array (315 chars):"
+                                   f" {'fatal: ' + 'x' * 300 + chr(10) + 'the end'!r}")
 
 
 def test_field_types_are_strict() -> None:

@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from fallback.errors import BackendUnavailableError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError
+from fallback.fs.lock import PidFileLock
 from fallback.sources.transcripts import TranscriptMessage
 from qmdbridge.qmd.sessions import ExportReport, ExportState, export_sessions, render_session_markdown
 
@@ -198,3 +199,22 @@ def test_concurrent_exports_are_serialised(dirs: tuple[Path, Path]) -> None:
     assert sum(len(r.unchanged) for r in reports) == 60
     assert sorted(p.name for p in export.glob("*.md")) == written
     assert not list(export.glob(".tmp-*"))
+
+
+def test_export_lock_held_elsewhere_times_out_and_writes_nothing(dirs: tuple[Path, Path]) -> None:
+    sessions, export = dirs
+    write_jsonl(sessions / "s1.jsonl", [msg("user", "hello")])
+    export.mkdir(parents=True)
+    other = PidFileLock(export / ".export.lock", timeout_ms=0)  # another manager's pass
+    other.acquire_blocking()
+    try:
+        with pytest.raises(BackendTimeoutError) as info:
+            export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, lock_timeout_ms=40)
+        assert str(info.value) == ("qmd unavailable: waiting for the session export lock"
+                                   f" {export / '.export.lock'} timed out after 40ms")
+        assert sorted(p.name for p in export.iterdir()) == [".export.lock"]
+    finally:
+        other.release()
+    report = export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, lock_timeout_ms=40)
+    assert report.written == ["s1.md"]
+    assert (export / ".export.lock").read_text() == ""  # the pass released and cleared its record

@@ -1,0 +1,79 @@
+"""Atomic file replacement: readers see a file's old content or its new content, never a mix.
+
+Used by every file the project rewrites in place (session exports, the circuit breaker's shared
+state, the qmd probe cache and ``index.yml``, reconcile markers, flush records). It lives in the
+neutral ``fallback.fs`` package so both ``fallback`` and ``qmdbridge`` can use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "write_atomic"]
+
+# Temporary files are ``.tmp-<random>.part`` beside the target: hidden, and never ``*.md``, so a
+# Markdown watcher or qmd's collection glob never picks up a half-written file.
+TEMP_PREFIX = ".tmp-"
+TEMP_SUFFIX = ".part"
+# Permission bits of a new file before the umask, as ``open(path, "w")`` would use.
+_NEW_FILE_MODE = 0o666
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(target: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``target`` with ``data``: write a temporary file in the same folder, fsync it,
+    rename it over ``target``, then fsync the folder.
+
+    Permissions are kept: an existing ``target``'s permission bits are copied to the new file;
+    a new file gets ``0o666`` minus the umask, like ``open(path, "w")`` (ownership is not
+    copied). The folder must exist.
+
+    Args:
+        target: the file to replace or create.
+        data: the complete new content.
+        durable: False skips both fsyncs, for advisory state rewritten on a hot path (the
+            circuit breaker records every search): concurrent readers still see old or new
+            content, but after a power loss the file may be old or empty.
+
+    Raises:
+        OSError: the folder is missing or not writable, or the disk is full; ``target`` is
+            unchanged and the temporary file is removed.
+    """
+    target = Path(target)
+    try:
+        keep_mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        keep_mode = None
+    tmp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, _NEW_FILE_MODE if keep_mode is None else keep_mode)
+    try:
+        with open(fd, "wb", closefd=True) as fh:
+            if keep_mode is not None:
+                os.chmod(tmp, keep_mode)  # the umask may have dropped bits of the old mode
+            fh.write(data)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(target.parent)

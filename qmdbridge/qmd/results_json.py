@@ -1,0 +1,176 @@
+"""qmd's search stdout -> :class:`QmdEntry` list: the result array among log noise, or no hits.
+
+qmd ``search|vsearch|query --json`` prints a JSON array of result objects, but a build may put
+banners, model-loading lines, ANSI colours or warnings around it, and very old builds print
+``No results found.`` instead of ``[]`` (``specs/qmd-bridge-spec.md`` 2.8.5). The rules here:
+
+1. Every balanced JSON value that starts a line with ``[`` (leading blanks allowed) is read
+   with :meth:`json.JSONDecoder.raw_decode`, which stops where the value ends, so text after
+   it never spoils it. Only a value that fits the result schema counts: an array of objects
+   that each carry a ``file`` (or ``path``) field. The LAST fitting non-empty array wins, so a
+   stray ``[]`` line before or after the real array never hides its hits; with none, a fitting
+   ``[]`` means no hits.
+2. Otherwise stdout means "no hits" only when every non-empty line is a no-results marker
+   (``No results found.``, ``No results found above minimum score threshold.``, optionally
+   prefixed ``[tag]``, ``warn:``, ``info:``, ``error:``, ``qmd:``). A marker followed by an
+   error line is not an empty answer.
+3. Anything else is :class:`~qmdbridge.qmd.errors.QmdOutputError` with a short excerpt of
+   stdout in its message; the whole stdout is logged at debug level.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from qmdbridge.qmd.errors import QmdOutputError
+
+__all__ = ["EXCERPT_CHARS", "QmdEntry", "parse_qmd_json", "strip_ansi"]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+# Characters of stdout (or stderr) quoted in an error message; the rest goes to the debug log.
+EXCERPT_CHARS = 120
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_NO_RESULTS_RE = re.compile(
+    r"^(?:\[[^\]]*\]\s*)?(?:(?:warn|warning|info|error|qmd):\s*)*"
+    r"no results found(?: above minimum score threshold| for .*)?\.?$")
+# A line that may open a result array: ``[`` then ``{`` (an object) or ``]`` (empty), so log
+# lines such as ``[node-llama-cpp] loading`` or ``[1/3]`` are never decoded.
+_ARRAY_START_RE = re.compile(r"(?m)^[ \t]*(\[)\s*[{\]]")
+# Largest integer JSON numbers keep exactly (JavaScript's Number.MAX_SAFE_INTEGER).
+_MAX_SAFE_INT = 2**53 - 1
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True)
+class QmdEntry:
+    """One normalised element of qmd's JSON array (every field optional).
+
+    Attributes:
+        docid: ``#abc123`` style id (the leading ``#`` kept as given).
+        collection: collection name, when the build sends it.
+        file: ``qmd://<collection>/<rel>`` (or another path form; a ``path`` field when a
+            build sends that instead of ``file``).
+        snippet / body: text (``snippet`` starts with an ``@@ -a,b @@`` header in qmd 2.8.3).
+        score: finite number, or ``None``.
+        start_line / end_line: explicit 1-based lines (only some builds send them).
+    """
+
+    docid: str | None = None
+    collection: str | None = None
+    file: str | None = None
+    snippet: str | None = None
+    body: str | None = None
+    score: float | None = None
+    start_line: int | None = None
+    end_line: int | None = None
+
+
+def strip_ansi(text: str) -> str:
+    """Remove ANSI colour/cursor escape sequences."""
+    return _ANSI_RE.sub("", text)
+
+
+def _is_marker(line: str) -> bool:
+    """Whether ``line`` says "no results" (whitespace-collapsed, case-insensitive)."""
+    return bool(_NO_RESULTS_RE.match(" ".join(line.split()).lower()))
+
+
+def _only_markers(text: str) -> bool:
+    """Whether ``text`` has at least one non-empty line and every one is a no-results marker."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return bool(lines) and all(_is_marker(line) for line in lines)
+
+
+def _excerpt(text: str) -> str:
+    """``text`` whitespace-collapsed and cut to :data:`EXCERPT_CHARS` (``...`` when cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS - 3] + "..."
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _pos_int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and 0 < v <= _MAX_SAFE_INT else None
+
+
+def _entry(obj: Mapping[str, Any]) -> QmdEntry:
+    score = obj.get("score")
+    ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
+        score == score and abs(score) != float("inf")
+    return QmdEntry(
+        docid=_str(obj.get("docid")), collection=_str(obj.get("collection")),
+        file=_str(obj.get("file")) or _str(obj.get("path")), snippet=_str(obj.get("snippet")),
+        body=_str(obj.get("body")),
+        score=float(score) if ok_score and score is not None else None,
+        start_line=_pos_int(obj.get("start_line", obj.get("startLine"))),
+        end_line=_pos_int(obj.get("end_line", obj.get("endLine"))))
+
+
+def _fits_schema(value: Any) -> bool:
+    """An array of objects that each have a ``file`` or ``path`` field (``[]`` fits)."""
+    return isinstance(value, list) and all(
+        isinstance(x, dict) and ("file" in x or "path" in x) for x in value)
+
+
+def _json_values(text: str) -> Iterator[Any]:
+    """Each balanced JSON value that opens a result-like line, in order of appearance.
+
+    A value is read with ``raw_decode`` from its ``[``; text inside a value already read is not
+    searched again, and a ``[`` that does not start valid JSON is skipped.
+    """
+    pos = 0
+    while (m := _ARRAY_START_RE.search(text, pos)) is not None:
+        start = m.start(1)
+        try:
+            value, end = _DECODER.raw_decode(text, start)
+        except json.JSONDecodeError:
+            pos = start + 1
+            continue
+        yield value
+        pos = end
+
+
+def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
+    """Parse a qmd search's stdout into entries, tolerating noise (see the module docstring).
+
+    Args:
+        stdout: qmd's standard output (decoded text, ANSI codes allowed).
+        stderr: qmd's standard error; read only when stdout is blank (markers there mean no
+            hits).
+
+    Returns:
+        Entries in qmd's order; ``[]`` for an empty result array or a marker-only output.
+
+    Raises:
+        QmdOutputError: blank stdout without a marker-only stderr (``qmd query returned invalid
+            JSON: stdout empty (stderr: <excerpt>)``), or no result array and not only markers
+            (``qmd query returned invalid JSON: qmd query JSON response was not an array
+            (stdout: <excerpt>)``).
+    """
+    out = strip_ansi(stdout)
+    if not out.strip():
+        err = strip_ansi(stderr)
+        if _only_markers(err):
+            return []
+        raise QmdOutputError(f"qmd query returned invalid JSON: stdout empty (stderr: {_excerpt(err)})")
+    fitting = [v for v in _json_values(out) if _fits_schema(v)]
+    if fitting:
+        hits = [v for v in fitting if v]
+        return [_entry(obj) for obj in (hits[-1] if hits else [])]
+    if _only_markers(out):
+        return []
+    log.debug("qmd stdout is not a result array (%d chars): %r", len(out), out)
+    raise QmdOutputError("qmd query returned invalid JSON: qmd query JSON response was not an"
+                         f" array (stdout: {_excerpt(out)})")

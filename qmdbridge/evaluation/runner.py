@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import UsageError
-from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.settings import EngineSettings, MemorySearchSettings, ProviderName
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
 from qmdbridge.evaluation.metrics import (
@@ -162,8 +162,12 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
 
     Raises:
         ConfigError: the merged settings are invalid.
-        UsageError: ``model_path`` given with a provider other than ``local``.
+        UsageError: an unknown provider, or ``model_path`` given with a provider other than
+            ``local``.
     """
+    if options.provider is not None and options.provider not in get_args(ProviderName):
+        raise UsageError(f"unknown embedding provider {options.provider!r} "
+                         f"(one of: {', '.join(get_args(ProviderName))})")
     agent = resolve_agent(cfg, agent_id, workspace=workspace, env={"OPENCLAW_STATE_DIR": str(state_dir)})
     raw = agent.memory_search.model_dump(by_alias=True)
     raw["store"]["path"] = None

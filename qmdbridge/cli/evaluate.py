@@ -69,7 +69,7 @@ def format_report(report: EvalReport) -> str:
     if m.per_category:
         lines += ["", "R@5 by category:"]
         for label, cat in m.per_category.items():
-            lines.append(f"  {label:<14}{_num(cat.recall_at5)}  ({cat.questions} questions, "
+            lines.append(f"  {label:<14}{_num(cat.recall_at5):<5}  ({cat.questions} questions, "
                          f"{cat.evidence} evidence items)")
     for warning in report.warnings:
         lines.append(f"warning: {warning}")

@@ -48,6 +48,7 @@ __all__ = [
     "EvalReport",
     "ProgressCallback",
     "WorkspaceReport",
+    "WorkspaceRun",
     "eval_agent",
     "evaluate_workspace",
     "load_queries",
@@ -144,8 +145,15 @@ class EvalReport(_Model):
 
 
 @dataclass
-class _Run:
-    """What one workspace's run produced (collected into the report)."""
+class WorkspaceRun:
+    """What one workspace's run produced (collected into the report).
+
+    Attributes:
+        outcomes: one judged outcome per question, in order.
+        workspace: the workspace's summary row.
+        provider / model / mode: as the first search response named them.
+        warnings: distinct warnings of the search responses.
+    """
 
     outcomes: list[QuestionOutcome]
     workspace: WorkspaceReport
@@ -186,11 +194,18 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
 
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
-                             on_progress: ProgressCallback | None = None) -> _Run:
+                             on_progress: ProgressCallback | None = None) -> WorkspaceRun:
     """Sync the agent's index, then search and judge every question (builtin backend).
 
+    Args:
+        agent: the agent config (see :func:`eval_agent`); its workspace is synced first.
+        questions: what to search, in order.
+        options: limits (the provider is already in ``agent``).
+        name / source: the workspace's name and origin, for the report.
+        on_progress: called after each search.
+
     Returns:
-        The outcomes and the workspace's summary.
+        The :class:`WorkspaceRun`: outcomes and the workspace's summary.
 
     Raises:
         UsageError: bad limits; BackendUnavailableError / IndexStoreError: the engine failed.
@@ -219,10 +234,10 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
     report = WorkspaceReport(name=name, source=source, files=status.files, chunks=status.chunks,
                              questions=len(outcomes), evidence=len(items),
                              recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms)
-    return _Run(outcomes, report, provider, model, mode, warnings)
+    return WorkspaceRun(outcomes, report, provider, model, mode, warnings)
 
 
-def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list[_Run], *,
+def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list[WorkspaceRun], *,
             agent: ResolvedAgent, options: EvalOptions, categories: Sequence[str]) -> EvalReport:
     first = runs[0] if runs else None
     warnings: list[str] = []
@@ -270,7 +285,7 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
     conversations = [c for f in files for c in load_locomo(f)]
     if not any(c.questions for c in conversations):
         raise UsageError(f"no question with evidence in {path}")
-    runs: list[_Run] = []
+    runs: list[WorkspaceRun] = []
     agent: ResolvedAgent | None = None
     for conversation in conversations:
         with tempfile.TemporaryDirectory(prefix="qmdbridge-eval-") as tmp:

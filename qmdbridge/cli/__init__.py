@@ -1,4 +1,4 @@
-"""The ``qmdbridge`` command: search, get, status, index, qmd operations, warmup, serve, doctor.
+"""The ``qmdbridge`` command: search, get, status, index, qmd operations, warmup, serve, doctor, eval.
 
 A thin layer: parse arguments, load config, call the manager, print. With ``--json`` exactly
 one JSON document goes to stdout (errors too, as ``{"error": ..., "exitCode": ...}``); logs and

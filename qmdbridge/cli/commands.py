@@ -136,7 +136,13 @@ async def _doctor(agent: Any, args: argparse.Namespace) -> int:
     return await doctor(agent, args)
 
 
+async def _eval(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.cli.evaluate import run_eval
+
+    return await run_eval(agent, args)
+
+
 _HANDLERS = {
     "search": _search, "get": _get, "status": _status, "index": _index, "qmd": _qmd,
-    "warmup": _warmup, "serve": _serve, "doctor": _doctor,
+    "warmup": _warmup, "serve": _serve, "doctor": _doctor, "eval": _eval,
 }

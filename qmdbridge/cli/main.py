@@ -1,4 +1,4 @@
-"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, doctor).
+"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, doctor, eval).
 
 A thin layer: parse arguments, load config, call the manager, print. With ``--json`` exactly
 one JSON document goes to stdout (errors too, as ``{"error": ..., "exitCode": ...}``); logs and
@@ -102,6 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG)
     p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
     _common(p)
+
+    p = sub.add_parser("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
+                       description="Index into a throw-away store (nothing is left behind), search "
+                       "every question through the builtin engine and print R@1/3/5/10, file R@5/10, "
+                       "snippet R@5, R@5 per category, lines per hit and search latency p50/p95.",
+                       epilog=EPILOG)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--locomo", metavar="PATH",
+                     help="a LoCoMo *.json file or a folder of them (one workspace per conversation)")
+    src.add_argument("--queries", metavar="FILE",
+                     help='JSONL, one {"query", "path", "line"?, "text"?, "category"?, "id"?} per line '
+                     "(needs --workspace)")
+    p.add_argument("--max-results", type=int, default=10, metavar="N", help="hits per question (default 10)")
+    p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default: config, 0.35)")
+    p.add_argument("--provider", metavar="NAME",
+                   help="embedding provider: none (keyword-only), local, auto, openai, openai-compatible, "
+                   "gemini, voyage, mistral, ollama (default: config)")
+    p.add_argument("--model", metavar="PATH", help="local GGUF embedding model (implies --provider local)")
+    p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
+    p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
+    p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
+    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     return parser
 
 

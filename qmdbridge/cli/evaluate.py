@@ -1,0 +1,108 @@
+"""The ``qmdbridge eval`` command: recall of memory_search on LoCoMo or a JSONL query set, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fallback.errors import UsageError
+from qmdbridge.cli.common import EXIT_OK, emit_json
+from qmdbridge.evaluation.runner import EvalOptions, EvalReport, ProgressCallback
+
+__all__ = ["format_report", "run_eval"]
+
+
+@contextmanager
+def eval_progress(*, enabled: bool) -> Iterator[ProgressCallback | None]:
+    """Yield an ``on_progress(workspace, done, total)`` callback drawing a rich progress bar on
+    stderr when ``enabled`` and stderr is a terminal; ``None`` otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("eval {task.fields[workspace]}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("questions"), console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("eval", total=None, workspace="")
+
+        def on_progress(workspace: str, done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total, workspace=workspace)
+
+        yield on_progress
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_report(report: EvalReport) -> str:
+    """The human-readable report: what ran, then one ``metric  value`` line per metric.
+
+    Recall values have three decimals, lines/hit one, latencies one (ms); a metric without
+    data (snippet R@5 with no evidence text, say) shows ``-``.
+    """
+    m = report.metrics
+    what = "LoCoMo" if report.dataset == "locomo" else "queries"
+    lines = [
+        f"{what} eval: {len(report.workspaces)} workspace(s), {m.questions} questions, "
+        f"{m.evidence} evidence items",
+        f"backend {report.backend}, mode {report.mode or '-'}, provider {report.provider or '-'}"
+        f"{', model ' + report.model if report.model else ''}; maxResults {report.max_results}, "
+        f"minScore {report.min_score:g}",
+        "",
+        f"R@1           {_num(m.recall_at1)}",
+        f"R@3           {_num(m.recall_at3)}",
+        f"R@5           {_num(m.recall_at5)}",
+        f"R@10          {_num(m.recall_at10)}",
+        f"file R@5      {_num(m.file_recall_at5)}",
+        f"file R@10     {_num(m.file_recall_at10)}",
+        f"snippet R@5   {_num(m.snippet_recall_at5)}"
+        f"{'' if m.snippet_recall_at5 is None else f' ({m.snippet_evidence} items with text)'}",
+        f"lines/hit     {_num(m.lines_per_hit, 1)}",
+        f"search p50    {_num(m.search_p50_ms, 1)} ms",
+        f"search p95    {_num(m.search_p95_ms, 1)} ms",
+    ]
+    if m.per_category:
+        lines += ["", "R@5 by category:"]
+        for label, cat in m.per_category.items():
+            lines.append(f"  {label:<14}{_num(cat.recall_at5):<5}  ({cat.questions} questions, "
+                         f"{cat.evidence} evidence items)")
+    for warning in report.warnings:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines) + "\n"
+
+
+async def run_eval(agent: Any, args: argparse.Namespace) -> int:
+    """Run ``qmdbridge eval`` from parsed arguments; prints the report, returns the exit code.
+
+    Raises:
+        UsageError: ``--queries`` without ``--workspace`` or ``--workspace`` with ``--locomo``,
+            and what :func:`qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise.
+    """
+    from qmdbridge.config import load_config
+    from qmdbridge.evaluation.runner import run_locomo, run_queries
+
+    del agent  # each eval workspace gets its own agent config (see eval_agent)
+    options = EvalOptions(max_results=args.max_results, min_score=args.min_score,
+                          provider=args.provider, model_path=args.model)
+    cfg = load_config(args.config)
+    with eval_progress(enabled=not args.json) as on_progress:
+        if args.locomo is not None:
+            if args.workspace is not None:
+                raise UsageError("--workspace applies to --queries; --locomo builds its own workspaces")
+            report = await run_locomo(args.locomo, cfg=cfg, agent_id=args.agent, options=options,
+                                      on_progress=on_progress)
+        else:
+            if args.workspace is None:
+                raise UsageError("--queries needs --workspace (the folder its paths are relative to)")
+            report = await run_queries(args.queries, args.workspace, cfg=cfg, agent_id=args.agent,
+                                       options=options, on_progress=on_progress)
+    if args.json:
+        emit_json(report.to_json_dict())
+    else:
+        sys.stdout.write(format_report(report))
+    return EXIT_OK

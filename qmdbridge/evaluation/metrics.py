@@ -1,0 +1,341 @@
+"""Retrieval metrics of an eval run: pure functions from labelled questions and ranked hits to recall.
+
+The unit of recall is the *evidence item* (a labelled line of a memory file, e.g. one LoCoMo
+turn), not the question: a question with three evidence turns counts three times, so every
+metric is "the share of evidence items that ...":
+
+- **R@k**: ... lie inside the ``[startLine, endLine]`` of one of the first ``k`` hits, same path
+  (an item without a line only needs the path);
+- **file R@k**: ... whose file is named by one of the first ``k`` hits (session-level recall);
+- **snippet R@5**: ... whose text appears in one of the first five snippets, whitespace
+  collapsed on both sides (only items that carry a text count; ``None`` when none does);
+- **lines/hit**: mean ``endLine - startLine + 1`` over every returned hit, the reading budget;
+- per category: R@5 over the evidence items of each category's questions;
+- search latency: p50 / p95 of the per-question search time in ms.
+
+Nothing here touches a store, a clock or the environment: the runner measures, these functions
+count. Source: the metric definitions of the LoCoMo development split's README (``bench/
+locomo-dev``); LoCoMo itself is Maharana et al., "Evaluating Very Long-Term Conversational
+Memory of LLM Agents", ACL 2024.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "CategoryRecall",
+    "EvalMetrics",
+    "EvalQuestion",
+    "Evidence",
+    "EvidenceOutcome",
+    "RECALL_KS",
+    "RankedHit",
+    "QuestionOutcome",
+    "collapse_whitespace",
+    "covers_evidence",
+    "first_rank",
+    "judge",
+    "names_evidence_file",
+    "percentile",
+    "recall_at",
+    "snippet_holds_evidence",
+    "summarize",
+]
+
+# The cut-offs R@k is reported at; 10 is also the eval's default maxResults.
+RECALL_KS = (1, 3, 5, 10)
+# Snippet recall looks at the first five snippets: what an agent reads before deciding.
+SNIPPET_K = 5
+# The per-category breakdown is at k = 5, the headline cut-off of agent-memory papers.
+CATEGORY_K = 5
+
+
+class RankedHit(Protocol):
+    """What a metric needs of one search hit (``MemorySearchResult`` fits)."""
+
+    @property
+    def path(self) -> str:
+        """Workspace-relative path, ``/`` separators."""
+        ...
+
+    @property
+    def start_line(self) -> int:
+        """First line of the hit, 1-based inclusive."""
+        ...
+
+    @property
+    def end_line(self) -> int:
+        """Last line of the hit, 1-based inclusive."""
+        ...
+
+    @property
+    def snippet(self) -> str:
+        """The text the agent reads for this hit."""
+        ...
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One labelled evidence item of a question.
+
+    Attributes:
+        path: workspace-relative path of the file that holds it (``memory/2023-05-08.md``).
+        line: its 1-based line, or ``None`` when any hit naming the file counts.
+        text: text that should appear in a snippet (compared with whitespace collapsed), or
+            ``None`` (the item then does not count for snippet recall).
+        ref: the dataset's id for it (LoCoMo ``dia_id`` such as ``D4:1``), for reports.
+    """
+
+    path: str
+    line: int | None = None
+    text: str | None = None
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class EvalQuestion:
+    """A query with its evidence items.
+
+    Attributes:
+        query: the text passed to ``memory_search`` as is.
+        evidence: one or more items, in the dataset's order.
+        category: the category label for the per-category breakdown (``single-hop``), or ``None``.
+        ref: the dataset's id for the question, for reports.
+    """
+
+    query: str
+    evidence: tuple[Evidence, ...]
+    category: str | None = None
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class EvidenceOutcome:
+    """Where one evidence item was found among a question's hits (ranks are 1-based).
+
+    Attributes:
+        line_rank: first hit whose path and line range hold the item, or ``None``.
+        file_rank: first hit naming the item's file, or ``None``.
+        snippet_rank: first hit whose snippet holds the item's text, or ``None`` (also when
+            the item has no text; see ``has_text``).
+        has_text: whether the item carries a text (counts for snippet recall).
+    """
+
+    line_rank: int | None
+    file_rank: int | None
+    snippet_rank: int | None
+    has_text: bool
+
+
+@dataclass(frozen=True)
+class QuestionOutcome:
+    """The judged result of one question.
+
+    Attributes:
+        category: the question's category, or ``None``.
+        evidence: one outcome per evidence item, in order.
+        hit_lines: ``endLine - startLine + 1`` of every returned hit, best first.
+        latency_ms: time of the search call in ms (>= 0).
+    """
+
+    category: str | None
+    evidence: tuple[EvidenceOutcome, ...]
+    hit_lines: tuple[int, ...]
+    latency_ms: float
+
+
+def collapse_whitespace(text: str) -> str:
+    """``text`` with every run of whitespace replaced by one space and the ends stripped."""
+    return " ".join(text.split())
+
+
+def covers_evidence(hit: RankedHit, evidence: Evidence) -> bool:
+    """True when ``hit`` names ``evidence.path`` and (when the item has a line) its range holds it."""
+    if hit.path != evidence.path:
+        return False
+    return evidence.line is None or hit.start_line <= evidence.line <= hit.end_line
+
+
+def names_evidence_file(hit: RankedHit, evidence: Evidence) -> bool:
+    """True when ``hit`` names the file of ``evidence``."""
+    return hit.path == evidence.path
+
+
+def snippet_holds_evidence(hit: RankedHit, evidence: Evidence) -> bool:
+    """True when the evidence text is in the hit's snippet (both whitespace-collapsed, case kept).
+
+    An item without a text, or with only whitespace, is never held.
+    """
+    needle = collapse_whitespace(evidence.text or "")
+    return bool(needle) and needle in collapse_whitespace(hit.snippet)
+
+
+def first_rank(hits: Sequence[RankedHit], evidence: Evidence,
+               match: Callable[[RankedHit, Evidence], bool]) -> int | None:
+    """1-based rank of the first hit for which ``match(hit, evidence)`` holds, else ``None``."""
+    for rank, hit in enumerate(hits, start=1):
+        if match(hit, evidence):
+            return rank
+    return None
+
+
+def judge(question: EvalQuestion, hits: Sequence[RankedHit], *, latency_ms: float) -> QuestionOutcome:
+    """Judge one question's hits (best first) against its evidence items.
+
+    Args:
+        question: the labelled question.
+        hits: what the search returned, best first (all of them: ``k`` is applied later).
+        latency_ms: the search call's duration in ms.
+
+    Returns:
+        The :class:`QuestionOutcome` (ranks, not yet cut at any ``k``).
+    """
+    outcomes = tuple(
+        EvidenceOutcome(line_rank=first_rank(hits, ev, covers_evidence),
+                        file_rank=first_rank(hits, ev, names_evidence_file),
+                        snippet_rank=first_rank(hits, ev, snippet_holds_evidence),
+                        has_text=bool(collapse_whitespace(ev.text or "")))
+        for ev in question.evidence)
+    return QuestionOutcome(category=question.category, evidence=outcomes,
+                           hit_lines=tuple(h.end_line - h.start_line + 1 for h in hits),
+                           latency_ms=latency_ms)
+
+
+def recall_at(items: Sequence[EvidenceOutcome], k: int,
+              rank_of: Callable[[EvidenceOutcome], int | None]) -> float | None:
+    """Share of ``items`` whose ``rank_of(item)`` is at most ``k``; ``None`` for no items.
+
+    Raises:
+        ValueError: ``k`` < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, not {k}")
+    if not items:
+        return None
+    found = 0
+    for item in items:
+        rank = rank_of(item)
+        if rank is not None and rank <= k:
+            found += 1
+    return found / len(items)
+
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    """The ``pct``-th percentile (0..100) of ``values`` by linear interpolation between the
+    closest ranks (numpy's default ``linear`` method); ``None`` for no values.
+
+    Raises:
+        ValueError: ``pct`` outside [0, 100].
+    """
+    if not 0 <= pct <= 100:
+        raise ValueError(f"percentile must be within [0, 100], not {pct}")
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * pct / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, alias_generator=to_camel)
+
+
+class CategoryRecall(_Model):
+    """R@5 of one question category.
+
+    Attributes:
+        questions / evidence: how many questions and evidence items the category has.
+        recall_at5: share of its evidence items inside one of the first five hits (``None``
+            when it has no evidence items).
+    """
+
+    questions: int
+    evidence: int
+    recall_at5: float | None
+
+
+class EvalMetrics(_Model):
+    """Every metric of one eval run; JSON keys are camelCase and always present.
+
+    Attributes:
+        questions / evidence / hits: questions judged, their evidence items, hits returned.
+        recall_at1 .. recall_at10: R@k (``None`` without evidence items).
+        file_recall_at5 / file_recall_at10: file R@k.
+        snippet_recall_at5: snippet R@5 over the items that carry a text; ``None`` when none does.
+        snippet_evidence: how many items carry a text.
+        lines_per_hit: mean lines per returned hit (``None`` when nothing was returned).
+        search_p50_ms / search_p95_ms: search latency percentiles in ms (``None`` without questions).
+        per_category: R@5 per category label, in the order given to :func:`summarize`.
+    """
+
+    questions: int
+    evidence: int
+    hits: int
+    recall_at1: float | None
+    recall_at3: float | None
+    recall_at5: float | None
+    recall_at10: float | None
+    file_recall_at5: float | None
+    file_recall_at10: float | None
+    snippet_recall_at5: float | None
+    snippet_evidence: int
+    lines_per_hit: float | None
+    search_p50_ms: float | None
+    search_p95_ms: float | None
+    per_category: dict[str, CategoryRecall]
+
+
+def _line_rank(item: EvidenceOutcome) -> int | None:
+    return item.line_rank
+
+
+def _file_rank(item: EvidenceOutcome) -> int | None:
+    return item.file_rank
+
+
+def _snippet_rank(item: EvidenceOutcome) -> int | None:
+    return item.snippet_rank
+
+
+def summarize(outcomes: Sequence[QuestionOutcome], *, categories: Sequence[str] = ()) -> EvalMetrics:
+    """Aggregate judged questions into :class:`EvalMetrics`.
+
+    Args:
+        outcomes: one per question.
+        categories: category labels that always appear in ``per_category`` (in this order,
+            with zero counts when no question has them); labels met in ``outcomes`` follow in
+            order of first appearance. Questions without a category are in no breakdown.
+
+    Returns:
+        The metrics; a cut-off ``k`` larger than the hits returned simply sees every hit.
+    """
+    items = [ev for q in outcomes for ev in q.evidence]
+    with_text = [ev for ev in items if ev.has_text]
+    lines = [n for q in outcomes for n in q.hit_lines]
+    labels = list(dict.fromkeys([*categories, *(q.category for q in outcomes if q.category is not None)]))
+    per_category = {}
+    for label in labels:
+        group = [q for q in outcomes if q.category == label]
+        group_items = [ev for q in group for ev in q.evidence]
+        per_category[label] = CategoryRecall(questions=len(group), evidence=len(group_items),
+                                             recall_at5=recall_at(group_items, CATEGORY_K, _line_rank))
+    latencies = [q.latency_ms for q in outcomes]
+    r = {k: recall_at(items, k, _line_rank) for k in RECALL_KS}
+    return EvalMetrics(
+        questions=len(outcomes), evidence=len(items), hits=len(lines),
+        recall_at1=r[1], recall_at3=r[3], recall_at5=r[5], recall_at10=r[10],
+        file_recall_at5=recall_at(items, 5, _file_rank),
+        file_recall_at10=recall_at(items, 10, _file_rank),
+        snippet_recall_at5=recall_at(with_text, SNIPPET_K, _snippet_rank),
+        snippet_evidence=len(with_text),
+        lines_per_hit=sum(lines) / len(lines) if lines else None,
+        search_p50_ms=percentile(latencies, 50), search_p95_ms=percentile(latencies, 95),
+        per_category=per_category)

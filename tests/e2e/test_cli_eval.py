@@ -1,0 +1,131 @@
+"""``qmdbridge eval`` as a real process on the made-up LoCoMo conversation and query set
+(``tests/qmdbridge/eval_synthetic.py``): parsed JSON with every key, the text report, exit codes,
+and nothing left in the temporary folder or the state dir."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.qmdbridge.eval_synthetic import LOCOMO_CATEGORIES, LOCOMO_R, write_locomo, write_query_workspace
+
+METRIC_KEYS = {"questions", "evidence", "hits", "recallAt1", "recallAt3", "recallAt5", "recallAt10",
+               "fileRecallAt5", "fileRecallAt10", "snippetRecallAt5", "snippetEvidence", "linesPerHit",
+               "searchP50Ms", "searchP95Ms", "perCategory"}
+REPORT_KEYS = {"dataset", "inputs", "backend", "provider", "model", "mode", "maxResults", "minScore",
+               "indexMs", "metrics", "workspaces", "warnings"}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    e["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    return e
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+
+
+def test_help_names_both_forms_and_exit_codes(env: dict[str, str]) -> None:
+    p = run(["eval", "--help"], env)
+    assert p.returncode == 0
+    out = p.stdout.decode()
+    assert out.startswith("usage: qmdbridge eval")
+    for flag in ("--locomo PATH", "--queries FILE", "--max-results N", "--min-score X", "--provider NAME",
+                 "--model PATH", "--workspace DIR", "--json", "exit codes"):
+        assert flag in out, flag
+    assert "eval" in run(["--help"], env).stdout.decode()
+
+
+def test_locomo_json(tmp_path: Path, env: dict[str, str]) -> None:
+    write_locomo(tmp_path / "data")
+    p = run(["eval", "--locomo", str(tmp_path / "data"), "--provider", "none", "--json"], env)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == b""  # no progress bar when stderr is not a terminal
+    doc = orjson.loads(p.stdout)
+    assert set(doc) == REPORT_KEYS and set(doc["metrics"]) == METRIC_KEYS
+    m = doc["metrics"]
+    assert (m["questions"], m["evidence"], m["hits"], m["linesPerHit"]) == (5, 7, 4, 4.0)
+    for key in ("recallAt1", "recallAt5", "recallAt10", "fileRecallAt5", "snippetRecallAt5"):
+        assert m[key] == pytest.approx(LOCOMO_R), key
+    assert m["perCategory"] == {k: {**v, "recallAt5": pytest.approx(v["recallAt5"])}
+                                for k, v in LOCOMO_CATEGORIES.items()}
+    assert (doc["backend"], doc["provider"], doc["mode"], doc["maxResults"]) == ("builtin", "none", "fts-only", 10)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "state").exists()
+
+
+def test_locomo_text_report(tmp_path: Path, env: dict[str, str]) -> None:
+    data = write_locomo(tmp_path / "data")
+    p = run(["eval", "--locomo", str(data), "--provider", "none", "--max-results", "3"], env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode().splitlines()
+    assert lines[0] == "LoCoMo eval: 1 workspace(s), 5 questions, 7 evidence items"
+    assert lines[1] == "backend builtin, mode fts-only, provider none; maxResults 3, minScore 0.35"
+    assert "R@5           0.714" in lines and "file R@10     0.714" in lines
+    assert "snippet R@5   0.714 (7 items with text)" in lines and "lines/hit     4.0" in lines
+    assert "  open-domain   0.000  (1 questions, 1 evidence items)" in lines
+    assert "  single-hop    0.667  (2 questions, 3 evidence items)" in lines
+
+
+def test_queries_json(tmp_path: Path, env: dict[str, str]) -> None:
+    ws, queries = write_query_workspace(tmp_path)
+    p = run(["eval", "--queries", str(queries), "--workspace", str(ws), "--provider", "none",
+             "--min-score", "0", "--json"], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    m = doc["metrics"]
+    assert set(doc) == REPORT_KEYS and set(m) == METRIC_KEYS
+    assert (m["recallAt1"], m["recallAt10"], m["fileRecallAt5"], m["linesPerHit"]) == (0.75, 0.75, 1.0, 2.5)
+    assert m["snippetRecallAt5"] == pytest.approx(2 / 3)
+    assert m["perCategory"] == {"garden": {"questions": 2, "evidence": 2, "recallAt5": 0.5}}
+    assert (doc["dataset"], doc["minScore"], doc["workspaces"][0]["name"]) == ("queries", 0.0, "ws")
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--queries", "{q}"], "--queries needs --workspace"),
+    (["--locomo", "{data}", "--workspace", "{ws}"], "--workspace applies to --queries"),
+    (["--locomo", "{missing}"], "LoCoMo path does not exist"),
+    (["--queries", "{bad}", "--workspace", "{ws}"], "bad.jsonl:1: unknown key 'lines'"),
+    (["--locomo", "{data}", "--provider", "openai", "--model", "/m.gguf"], "--model is the local GGUF model"),
+    (["--locomo", "{data}", "--max-results", "0"], "max results must be at least 1"),
+])
+def test_usage_errors_exit_2_with_a_json_error(tmp_path: Path, env: dict[str, str], args: list[str],
+                                                message: str) -> None:
+    ws, queries = write_query_workspace(tmp_path)
+    data = write_locomo(tmp_path / "data")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"query": "x", "path": "memory/projects.md", "lines": 2}\n', encoding="utf-8")
+    values = {"q": str(queries), "data": str(data), "ws": str(ws), "missing": str(tmp_path / "missing"),
+              "bad": str(bad)}
+    argv = ["eval", *(a.format(**values) for a in args)]
+    p = run([*argv, "--json"], env)
+    assert p.returncode == 2, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert doc["errorType"] == "UsageError" and doc["exitCode"] == 2 and message in doc["error"]
+    plain = run(argv, env)
+    assert plain.returncode == 2 and plain.stdout == b""
+    assert plain.stderr.decode().startswith("qmdbridge: ") and message in plain.stderr.decode()
+    assert b"Traceback" not in plain.stderr
+
+
+def test_a_source_is_required(env: dict[str, str]) -> None:
+    p = run(["eval", "--json"], env)
+    assert p.returncode == 2
+    assert "one of the arguments --locomo --queries is required" in orjson.loads(p.stdout)["error"]
+    p = run(["eval", "--locomo", "a", "--queries", "b"], env)
+    assert p.returncode == 2 and b"not allowed with argument" in p.stderr

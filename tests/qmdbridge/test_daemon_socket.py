@@ -72,6 +72,10 @@ def test_search_get_status_are_served_by_the_daemon(setup: tuple[Path, dict[str,
                                             "errorType": "PathRefusedError", "exitCode": 3}
     status = orjson.loads(cli(["status", "--workspace", str(ws), "--json"], env).stdout)
     assert status["servedBy"] == "daemon" and status["files"] == 2
+    # a missing memory file: the tool answers empty text, the command exits 4 (in-process)
+    missing = cli(["get", "memory/2030-01-01.md", "--workspace", str(ws), "--json"], env)
+    alone = cli(["get", "memory/2030-01-01.md", "--workspace", str(ws), "--json"], {**env, "QMDBRIDGE_DAEMON": "off"})
+    assert missing.returncode == alone.returncode == 4 and missing.stdout == alone.stdout
     # an error other than a refused path is left to the in-process run: same message and exit code
     blank = cli(["search", "  ", "--workspace", str(ws), "--json"], env)
     assert blank.returncode == 2 and orjson.loads(blank.stdout)["error"] == "query must not be empty"

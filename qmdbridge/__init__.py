@@ -6,8 +6,7 @@ starts without loading what it does not use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 
 __all__ = [
     "BackendTimeoutError",
@@ -64,6 +63,8 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
     from fallback.errors import (
         BackendTimeoutError,
         BackendUnavailableError,
@@ -97,7 +98,9 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'qmdbridge' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    from importlib import import_module  # here, not at the top: `qmdbridge search` imports this package
+
+    value = getattr(import_module(module), name)
     globals()[name] = value
     return value
 

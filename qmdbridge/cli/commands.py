@@ -65,7 +65,7 @@ async def _search(agent: Any, args: argparse.Namespace) -> int:
                                   min_score=args.min_score, session_key=args.session_key,
                                   explain=args.explain)
     if args.json:
-        emit_json(response.to_json_dict())
+        emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK
     from qmdbridge.cli.output import print_search
 
@@ -79,7 +79,7 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
     if args.json:
-        emit_json(result.to_json_dict())
+        emit_json({**result.to_json_dict(), "servedBy": "process"})
     else:
         sys.stdout.write(result.text + ("\n" if result.text and not result.text.endswith("\n") else ""))
     return EXIT_OK
@@ -89,7 +89,7 @@ async def _status(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         st = await m.status()
     if args.json:
-        emit_json(st.to_json_dict())
+        emit_json({**st.to_json_dict(), "servedBy": "process"})
     else:
         from qmdbridge.cli.output import print_status
 
@@ -130,6 +130,12 @@ async def _serve(agent: Any, args: argparse.Namespace) -> int:
     return await serve(agent, args)
 
 
+async def _mcp(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.server.mcp_server import run_mcp
+
+    return await run_mcp(agent, args)
+
+
 async def _doctor(agent: Any, args: argparse.Namespace) -> int:
     from qmdbridge.cli.doctor import doctor
 
@@ -144,5 +150,5 @@ async def _eval(agent: Any, args: argparse.Namespace) -> int:
 
 _HANDLERS = {
     "search": _search, "get": _get, "status": _status, "index": _index, "qmd": _qmd,
-    "warmup": _warmup, "serve": _serve, "doctor": _doctor, "eval": _eval,
+    "warmup": _warmup, "serve": _serve, "mcp": _mcp, "doctor": _doctor, "eval": _eval,
 }

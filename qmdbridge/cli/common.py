@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json"]
 

@@ -1,6 +1,9 @@
-"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, doctor, eval).
+"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, mcp, doctor, eval).
 
-A thin layer: parse arguments, load config, call the manager, print. With ``--json`` exactly
+A thin layer: parse arguments, load config, call the manager, print. ``search``, ``get`` and
+``status`` first try a running ``qmdbridge serve`` of the same agent over its daemon socket
+(:mod:`qmdbridge.cli.daemon_client`); only when none answers is anything heavy imported
+(pydantic, anyio, the engine), so this module imports the standard library only. With ``--json`` exactly
 one JSON document goes to stdout (errors too, as ``{"error": ..., "exitCode": ...}``); logs and
 progress go to stderr.
 
@@ -17,12 +20,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from qmdbridge.cli.common import EXIT_USAGE, emit_json
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 __all__ = ["main", "build_parser"]
 
+
+# Streamable HTTP port of `qmdbridge mcp --http` (qmd's own MCP server defaults to 8181).
+DEFAULT_MCP_PORT = 8191
+
+MCP_EPILOG = """mcp --http: every request needs 'Authorization: Bearer <token>'; the token is
+$QMDBRIDGE_MCP_TOKEN, else the file <stateDir>/mcp/token (created 0600, path printed to stderr).
+Only loopback Host/Origin headers are accepted (DNS-rebinding protection)."""
 
 EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 3 refused path,
 4 no such memory file.
@@ -53,78 +66,108 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and docs)."""
+# Commands a running daemon may answer; their parsers are built alone on the fast path.
+FAST_COMMANDS = ("search", "get", "status")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs).
+
+    Args:
+        only: build just this command's sub-parser (the same definition, so the same help,
+            usage and errors); ``None`` builds them all. Building one instead of nine is a
+            measurable part of a served ``qmdbridge search``.
+    """
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    p = sub.add_parser("search", help="search memory (memory_search)", epilog=EPILOG)
-    p.add_argument("query", help="what to look for")
-    p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
-    p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
-    p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
-    p.add_argument("--explain", action="store_true",
-                   help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
-                        "fusion, decay, rerank, MMR, floor (builtin engine)")
-    _common(p)
+    if only in (None, "search"):
+        p = sub.add_parser("search", help="search memory (memory_search)", epilog=EPILOG)
+        p.add_argument("query", help="what to look for")
+        p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
+        p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
+        p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
+        p.add_argument("--explain", action="store_true",
+                       help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
+                            "fusion, decay, rerank, MMR, floor (builtin engine)")
+        _common(p)
 
-    p = sub.add_parser("get", help="read a memory file or a line range (memory_get)", epilog=EPILOG)
-    p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md")
-    p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
-    p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
-    _common(p)
+    if only in (None, "get"):
+        p = sub.add_parser("get", help="read a memory file or a line range (memory_get)", epilog=EPILOG)
+        p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md")
+        p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
+        p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
+        _common(p)
 
-    p = sub.add_parser("status", help="index and backend health", epilog=EPILOG)
-    _common(p)
+    if only in (None, "status"):
+        p = sub.add_parser("status", help="index and backend health", epilog=EPILOG)
+        _common(p)
 
-    p = sub.add_parser("index", help="sync the index (--force: full rebuild, swapped in atomically)",
-                       epilog=EPILOG)
-    p.add_argument("--force", action="store_true", help="rebuild from scratch")
-    _common(p)
+    if only in (None, "index"):
+        p = sub.add_parser("index", help="sync the index (--force: full rebuild, swapped in atomically)",
+                           epilog=EPILOG)
+        p.add_argument("--force", action="store_true", help="rebuild from scratch")
+        _common(p)
 
-    p = sub.add_parser("qmd", help="operate the agent's qmd sidecar", epilog=EPILOG)
-    p.add_argument("action", choices=["update", "embed", "collections"],
-                   help="update: re-index files; embed: compute vectors; collections: reconcile and list")
-    _common(p)
+    if only in (None, "qmd"):
+        p = sub.add_parser("qmd", help="operate the agent's qmd sidecar", epilog=EPILOG)
+        p.add_argument("action", choices=["update", "embed", "collections"],
+                       help="update: re-index files; embed: compute vectors; collections: reconcile and list")
+        _common(p)
 
-    p = sub.add_parser("warmup", help="pre-warm qmd's GGUF models in the agent's qmd home", epilog=EPILOG)
-    _common(p)
+    if only in (None, "warmup"):
+        p = sub.add_parser("warmup", help="pre-warm qmd's GGUF models in the agent's qmd home", epilog=EPILOG)
+        _common(p)
 
-    p = sub.add_parser("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
-                       epilog=EPILOG)
-    p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
-    _common(p)
+    if only in (None, "serve"):
+        p = sub.add_parser("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
+                           epilog=EPILOG)
+        p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
+        p.add_argument("--no-socket", action="store_true",
+                       help="do not listen on the daemon socket (<stateDir>/daemon/<agentId>.sock)")
+        _common(p)
 
-    p = sub.add_parser("doctor", help="check the workspace, qmd, SQLite features, the provider and the index",
-                       epilog=EPILOG)
-    p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
-    _common(p)
+    if only in (None, "mcp"):
+        p = sub.add_parser("mcp", help="serve memory_search / memory_get / status over MCP (stdio, or --http)",
+                           epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--http", action="store_true", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+        p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+        p.add_argument("--port", type=int, default=DEFAULT_MCP_PORT, metavar="N",
+                       help=f"HTTP port (default {DEFAULT_MCP_PORT}; 0 picks a free one)")
+        _common(p)
 
-    p = sub.add_parser("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
-                       description="Index into a throw-away store (nothing is left behind), search "
-                       "every question through the builtin engine and print R@1/3/5/10, file R@5/10, "
-                       "snippet R@5, R@5 per category, lines per hit and search latency p50/p95.",
-                       epilog=EPILOG)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--locomo", metavar="PATH",
-                     help="a LoCoMo *.json file or a folder of them (one workspace per conversation)")
-    src.add_argument("--queries", metavar="FILE",
-                     help='JSONL, one {"query", "path", "line"?, "text"?, "category"?, "id"?} per line '
-                     "(needs --workspace)")
-    p.add_argument("--max-results", type=int, default=10, metavar="N", help="hits per question (default 10)")
-    p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default: config, 0.35)")
-    p.add_argument("--provider", metavar="NAME",
-                   help="embedding provider: none (keyword-only), local, auto, openai, openai-compatible, "
-                   "gemini, voyage, mistral, ollama (default: config)")
-    p.add_argument("--model", metavar="PATH", help="local GGUF embedding model (implies --provider local)")
-    p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
-    p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
-    p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
-    p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    if only in (None, "doctor"):
+        p = sub.add_parser("doctor", help="check the workspace, qmd, SQLite features, the provider and the index",
+                           epilog=EPILOG)
+        p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
+        _common(p)
+
+    if only in (None, "eval"):
+        p = sub.add_parser("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
+                           description="Index into a throw-away store (nothing is left behind), search "
+                           "every question through the builtin engine and print R@1/3/5/10, file R@5/10, "
+                           "snippet R@5, R@5 per category, lines per hit and search latency p50/p95.",
+                           epilog=EPILOG)
+        src = p.add_mutually_exclusive_group(required=True)
+        src.add_argument("--locomo", metavar="PATH",
+                         help="a LoCoMo *.json file or a folder of them (one workspace per conversation)")
+        src.add_argument("--queries", metavar="FILE",
+                         help='JSONL, one {"query", "path", "line"?, "text"?, "category"?, "id"?} per line '
+                         "(needs --workspace)")
+        p.add_argument("--max-results", type=int, default=10, metavar="N", help="hits per question (default 10)")
+        p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default: config, 0.35)")
+        p.add_argument("--provider", metavar="NAME",
+                       help="embedding provider: none (keyword-only), local, auto, openai, openai-compatible, "
+                       "gemini, voyage, mistral, ollama (default: config)")
+        p.add_argument("--model", metavar="PATH", help="local GGUF embedding model (implies --provider local)")
+        p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
+        p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
+        p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
+        p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+        p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     return parser
 
 
@@ -132,7 +175,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qmdbridge`` console script; returns the exit code."""
     raw = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_requested = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
-    args = build_parser().parse_args(raw)
+    args = build_parser(raw[0] if raw and raw[0] in FAST_COMMANDS else None).parse_args(raw)
+    if args.command in FAST_COMMANDS:
+        # The fast path: a running `qmdbridge serve` for this agent answers without any heavy
+        # import (the client is standard library only); otherwise fall through to in-process.
+        from qmdbridge.cli.daemon_client import try_daemon
+
+        served = try_daemon(args)
+        if served is not None:
+            return served
     if args.verbose:
         import logging
 
@@ -140,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     from qmdbridge.cli.commands import run_command
 
-    if args.command != "serve":  # serve handles its signals itself
+    if args.command not in ("serve", "mcp"):  # these handle their signals themselves
         import signal
 
         def on_term(signum: int, frame: object) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from fallback.models import HitExplain, MemoryStatus, SearchResponse
+from qmdbridge.cli.render import print_search_doc, print_status_doc
 
 __all__ = ["explain_lines", "print_search", "print_status", "progress_reporter"]
 
@@ -14,37 +15,14 @@ __all__ = ["explain_lines", "print_search", "print_status", "progress_reporter"]
 def print_search(response: SearchResponse) -> None:
     """Print hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY), each
     followed by its indented ``explain`` block when the search asked for one; warnings go to
-    stderr."""
-    out = sys.stdout
-    if response.fallback is not None:
-        sys.stderr.write(f"note: answered by {response.backend} (qmd unavailable: {response.fallback.reason})\n")
-    for warning in response.warnings:
-        sys.stderr.write(f"warning: {warning}\n")
-    if response.denied is not None:
-        out.write(f"Search denied by scope: {response.denied.reason}\n")
-        return
-    if not response.results:
-        out.write("No matches.\n")
-        return
+    stderr. See :func:`qmdbridge.cli.render.print_search_doc`."""
     explained = any(r.explain is not None for r in response.results)
-    if out.isatty() and not explained:
-        from rich.console import Console
-        from rich.table import Table
 
-        table = Table(title=f"memory search ({response.backend}, {response.mode})", show_lines=True)
-        table.add_column("score", justify="right")
-        table.add_column("location")
-        table.add_column("snippet")
-        for r in response.results:
-            table.add_row(f"{r.score:.3f}", f"{r.path}:{r.start_line}-{r.end_line}", r.snippet)
-        Console().print(table)
-        return
-    for i, r in enumerate(response.results):
-        if i:
-            out.write("\n")
-        out.write(f"{r.score:.3f} {r.path}:{r.start_line}-{r.end_line}\n{r.snippet.rstrip()}\n")
-        if r.explain is not None:
-            out.write("".join(f"  {line}\n" for line in explain_lines(r.explain)))
+    def explain_of(i: int) -> list[str]:
+        e = response.results[i].explain
+        return [] if e is None else explain_lines(e)
+
+    print_search_doc(response.to_json_dict(), explain=explain_of if explained else None)
 
 
 def explain_lines(e: HitExplain) -> list[str]:
@@ -76,45 +54,9 @@ def explain_lines(e: HitExplain) -> list[str]:
 
 
 def print_status(st: MemoryStatus) -> None:
-    """Print the status as ``Key: value`` lines (spec 11.1 layout)."""
-    w = sys.stdout.write
-    w(f"Memory Search ({st.agent_id})\n")
-    w(f"Backend: {st.backend}\n")
-    if st.fallback:
-        w(f"Fallback: from {st.fallback.from_backend}: {st.fallback.reason}\n")
-    w(f"Provider: {st.provider} (requested: {st.requested_provider or st.provider})\n")
-    w(f"Model: {st.model or '-'}\n")
-    w(f"Mode: {st.search_mode or '-'}\n")
-    if st.provider_unavailable_reason:
-        w(f"Provider note: {st.provider_unavailable_reason}\n")
-    w(f"Sources: {', '.join(st.sources)}\n")
-    w(f"Indexed: {st.files} files · {st.chunks} chunks\n")
-    w(f"Dirty: {'yes' if st.dirty else 'no'}{' (' + st.dirty_reason + ')' if st.dirty_reason else ''}\n")
-    w(f"Store: {st.db_path or '-'}\n")
-    w(f"Workspace: {st.workspace_dir}\n")
-    if st.fts:
-        w(f"FTS: {'ready' if st.fts.get('available') else 'unavailable'} {st.fts.get('tokenizer', '')}\n")
-    if st.vector:
-        w(f"Vector: {st.vector.get('mode', '-')}"
-          f"{' (' + str(st.vector.get('reason')) + ')' if st.vector.get('reason') else ''}"
-          f"{', dims ' + str(st.vector.get('dims')) if st.vector.get('dims') else ''}\n")
-    if st.cache:
-        w(f"Embedding cache: {'enabled' if st.cache.get('enabled') else 'disabled'}"
-          f" ({st.cache.get('entries', 0)} entries, cap {st.cache.get('maxEntries')})\n")
-    for name, view in st.backends.items():
-        if name == "builtin" and st.backend != "builtin":
-            w(f"Builtin index: {view.get('files', 0)} files · {view.get('chunks', 0)} chunks\n")
-        if name == "qmd":
-            colls = view.get("collections") or []
-            w(f"qmd collections: {len(colls)}"
-              f"{' (' + ', '.join(c['name'] + ': ' + c['path'] + ' ' + c['pattern'] for c in colls) + ')' if colls else ''}\n")
-            breaker = view.get("breaker", {})
-            w(f"qmd: {'healthy' if view.get('healthy', True) and breaker.get('state') == 'closed' else 'unhealthy'}"
-              f"; breaker {breaker.get('state', '-')}; last error: {view.get('lastError') or breaker.get('lastFailure') or '-'}\n")
-    for s in st.skipped:
-        w(f"Skipped: {s.path}: {s.reason}\n")
-    for issue in st.issues:
-        w(f"Issue: {issue}\n")
+    """Print the status as ``Key: value`` lines (spec 11.1 layout); see
+    :func:`qmdbridge.cli.render.print_status_doc`."""
+    print_status_doc(st.to_json_dict())
 
 
 @contextmanager

@@ -9,6 +9,10 @@ and answers tool calls as JSON lines on stdin/stdout::
 Tools: ``memory_search``, ``memory_get``, ``status``, ``sync``. A malformed line gets
 ``{"id": null, "error": "..."}``. It stops cleanly on SIGTERM/SIGINT or end of input (unless
 ``--no-stdin``), closing the manager so every qmd child is reaped.
+
+The same requests are answered on the agent's daemon socket (``<stateDir>/daemon/<agentId>.sock``,
+see ``qmdbridge.server.socket_listener``) unless ``--no-socket``, so ``qmdbridge search`` finds
+this warm process by itself.
 """
 
 from __future__ import annotations
@@ -104,6 +108,21 @@ async def _read_stdin(manager: Any, done: anyio.Event) -> None:
     done.set()
 
 
+async def _start_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> None:
+    """Start the daemon socket (``qmdbridge.server.socket_listener``) in ``tg``, answering with
+    :func:`handle_line`, so the CLI's ``search``/``get``/``status`` find this process."""
+    from qmdbridge.server.socket_listener import identity_for, serve_socket
+
+    async def handle(line: bytes) -> dict[str, Any]:
+        return await handle_line(manager, line)
+
+    identity = identity_for(agent, config=args.config, backend=args.backend)
+    path = await tg.start(serve_socket, identity, handle)
+    if path is not None:
+        sys.stderr.write(f"qmdbridge serve: daemon socket {path}\n")
+        sys.stderr.flush()
+
+
 async def serve(agent: Any, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code.
 
@@ -132,6 +151,8 @@ async def serve(agent: Any, args: argparse.Namespace) -> int:
                 sys.stderr.write(f"qmdbridge serve: agent {agent.agent_id}, backend "
                                  f"{manager.backend_name}, workspace {agent.workspace_dir}\n")
                 sys.stderr.flush()
+                if not getattr(args, "no_socket", False):
+                    await _start_socket(tg, manager, agent, args)
                 if not args.no_stdin:
                     await _read_stdin(manager, done)
 

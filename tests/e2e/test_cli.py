@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
-COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "doctor"]
+COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor"]
 
 
 @pytest.fixture
@@ -59,7 +59,8 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert p.returncode == 0, p.stderr
     doc = orjson.loads(p.stdout)
     assert set(doc) == {"backend", "fallback", "provider", "model", "mode", "citations", "results",
-                        "denied", "warnings"}
+                        "denied", "warnings", "servedBy"}
+    assert doc["servedBy"] == "process"  # no daemon serves this state dir
     assert doc["backend"] == "builtin" and doc["fallback"] is None and doc["mode"] == "fts-only"
     top = doc["results"][0]
     assert set(top) == {"path", "startLine", "endLine", "score", "snippet", "source", "citation",

@@ -87,3 +87,17 @@ def test_bench_text_quick() -> None:
     assert rows["text_weight over every line"]["value"] > 0
     assert rows["lines with CJK"]["value"] > 0
     assert rows["total text_weight"]["value"] > 100_000
+
+
+def test_bench_daemon_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_daemon.py"), "--quick", "--json", "--files", "10",
+                     "--runs", "1", timeout_s=240)
+    rows = rows_by_name(doc)
+    served = rows["qmdbridge search, served by the daemon (CLI wall)"]
+    assert served["value"] > 0 and served["note"].endswith("right note every run: True")
+    assert rows["qmdbridge search, no daemon (CLI wall)"]["note"] == "right note every run: True"
+    assert rows["daemon exit code after SIGTERM"]["ok"] is True
+    assert rows["mcp server exit code after SIGTERM"]["ok"] is True
+    assert rows["tools/list + memory_search, initialised session"]["note"].endswith("top hit True")
+    if os.access(QMD, os.X_OK):
+        assert rows["qmd search --json (CLI wall)"]["note"] == "right note every run: True"

@@ -1,0 +1,189 @@
+"""The CLI's fast path: answer ``search``, ``get`` and ``status`` through a running daemon.
+
+``qmdbridge serve`` listens on ``<stateDir>/daemon/<agentId>.sock`` (:mod:`qmdbridge.server.wire`).
+:func:`try_daemon` sends the command there as one JSON line with the command's fingerprint;
+when a daemon serves the same agent, workspace, config and backend it prints the answer (with
+``"servedBy": "daemon"`` under ``--json``) and returns the exit code. Otherwise it returns
+``None`` and the CLI works in-process as before. A socket whose daemon died is removed on the
+way.
+
+Standard library only, and a cheap part of it: no pydantic, anyio, config models or engine
+code, and not even orjson or pathlib (their imports alone cost more than the socket round trip),
+which is what makes a served ``qmdbridge search`` fast. The JSON it prints is byte for byte what
+``emit_json`` prints (2-space indent, UTF-8), which a test pins. Errors other than a refused path
+are left to the in-process run, so messages and exit codes stay exactly those of the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping
+
+from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED
+from qmdbridge.server.wire import (
+    MAX_LINE_BYTES,
+    client_fingerprint,
+    daemon_dir,
+    daemon_disabled,
+    remove_stale_socket,
+    short_socket_path,
+    state_dir,
+)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["DAEMON_COMMANDS", "build_request", "exchange", "try_daemon"]
+
+DAEMON_COMMANDS = ("search", "get", "status")
+# How long a served command waits for the daemon's answer (a first search may sync first).
+REPLY_TIMEOUT_S = 120.0
+
+
+def _emit(doc: dict[str, Any]) -> None:
+    """Write one JSON document to stdout exactly as ``qmdbridge.cli.common.emit_json`` does."""
+    sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
+    sys.stdout.flush()
+
+
+def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON-lines request (the ``serve`` protocol plus ``fingerprint``) for a parsed command.
+
+    Args:
+        args: parsed ``search`` / ``get`` / ``status`` arguments.
+        env: the caller's environment.
+
+    Returns:
+        ``{"id": 1, "tool", "params", "sessionKey", "fingerprint"}``.
+    """
+    params: dict[str, Any] = {}
+    session_key = None
+    if args.command == "search":
+        tool = "memory_search"
+        params["query"] = args.query
+        if args.max_results is not None:
+            params["maxResults"] = args.max_results
+        if args.min_score is not None:
+            params["minScore"] = args.min_score
+        session_key = args.session_key
+    elif args.command == "get":
+        tool = "memory_get"
+        params["path"] = args.path
+        if args.from_line is not None:
+            params["from"] = args.from_line
+        if args.lines is not None:
+            params["lines"] = args.lines
+    else:
+        tool = "status"
+    fingerprint = client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
+                                     backend=args.backend, env=env)
+    return {"id": 1, "tool": tool, "params": params, "sessionKey": session_key,
+            "fingerprint": fingerprint}
+
+
+def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any] | None:
+    """Send one request line to the socket at ``path`` and read one reply line.
+
+    Returns:
+        The decoded reply, or ``None`` when nobody answers: no such socket, a stale one (it is
+        removed), a refused peer, a timeout, or a reply that is not one JSON object.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        with short_socket_path(path) as where:
+            sock.connect(where)
+        sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+        buf = bytearray()
+        while b"\n" not in buf:
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                break
+            buf += chunk
+            if len(buf) > MAX_LINE_BYTES:
+                return None
+    except ConnectionRefusedError:
+        remove_stale_socket(path)
+        return None
+    except OSError:
+        return None
+    finally:
+        sock.close()
+    line = bytes(buf).split(b"\n", 1)[0]
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+def _candidates(folder: str, agent: str | None) -> list[str]:
+    """The sockets in ``folder``, the one named after ``--agent`` first."""
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".sock"))
+    except OSError:
+        return []
+    if agent:
+        wanted = f"{agent.strip().lower()}.sock"
+        names.sort(key=lambda n: n != wanted)
+    return [os.path.join(folder, n) for n in names]
+
+
+def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
+    """Print a daemon's result like the in-process command would; ``None`` to run in-process."""
+    if args.command == "get" and result.get("disabled"):
+        if not (result.get("refused") and isinstance(args.path, str) and args.path.strip()):
+            return None
+        message = str(result.get("error"))
+        if args.json:
+            _emit({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
+        else:
+            sys.stderr.write(f"qmdbridge: {message}\n")
+        return EXIT_REFUSED
+    if result.get("disabled") or (args.command == "get" and result.get("missing")):
+        return None  # in-process gives the exact message and exit code (a missing file exits 4)
+    if args.json:
+        _emit({**result, "servedBy": "daemon"})
+        return EXIT_OK
+    from qmdbridge.cli import render
+
+    if args.command == "search":
+        render.print_search_doc(result)
+    elif args.command == "get":
+        render.print_get_doc(result)
+    else:
+        render.print_status_doc(result)
+    return EXIT_OK
+
+
+def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
+    """Run a parsed ``search`` / ``get`` / ``status`` through a daemon that serves it.
+
+    Args:
+        args: the parsed command line.
+        env: environment (defaults to ``os.environ``); ``QMDBRIDGE_DAEMON=off`` skips the attempt.
+
+    Returns:
+        The exit code after printing the daemon's answer, or ``None`` when no daemon serves this
+        agent, workspace, config and backend (or the answer is an error other than a refused
+        path, or ``search --explain`` was asked): the caller then runs the command in-process.
+    """
+    e = os.environ if env is None else env
+    if args.command not in DAEMON_COMMANDS or daemon_disabled(e) or getattr(args, "explain", False):
+        return None  # --explain traces are built in-process (the serve protocol has no such flag)
+    folder = daemon_dir(state_dir(e))
+    sockets = _candidates(folder, args.agent)
+    if not sockets:
+        return None
+    request = build_request(args, e)
+    for path in sockets:
+        reply = exchange(path, request)
+        if reply is None or "mismatch" in reply or not isinstance(reply.get("result"), dict):
+            continue
+        return _print(args, reply["result"])
+    return None

@@ -1,0 +1,116 @@
+"""Plain-text rendering of the JSON documents of ``search``, ``get`` and ``status``.
+
+Works on the camelCase dicts that ``--json`` prints (``SearchResponse.to_json_dict()`` and
+friends), not on the pydantic models, so the daemon client can print an answer it received
+over the socket without importing pydantic or the engine. Only the standard library is
+imported here (rich is imported inside :func:`print_search_doc`, and only on a terminal).
+"""
+
+from __future__ import annotations
+
+import sys
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = ["print_get_doc", "print_search_doc", "print_status_doc"]
+
+
+def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None) -> None:
+    """Print search hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY).
+
+    Args:
+        doc: a search answer as ``--json`` prints it (``results``, ``backend``, ``mode``,
+            ``fallback``, ``warnings``, ``denied`` ...). The fallback note and the warnings go
+            to stderr.
+        explain: ``explain(i)`` gives the ``--explain`` lines of hit ``i``, printed indented
+            under it (plain lines then, never a table); ``None`` when nothing was explained.
+    """
+    out = sys.stdout
+    fallback = doc.get("fallback")
+    if fallback:
+        sys.stderr.write(f"note: answered by {doc.get('backend')} (qmd unavailable: {fallback.get('reason')})\n")
+    for warning in doc.get("warnings") or []:
+        sys.stderr.write(f"warning: {warning}\n")
+    denied = doc.get("denied")
+    if denied:
+        out.write(f"Search denied by scope: {denied.get('reason')}\n")
+        return
+    results = doc.get("results") or []
+    if not results:
+        out.write("No matches.\n")
+        return
+    if out.isatty() and explain is None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"memory search ({doc.get('backend')}, {doc.get('mode')})", show_lines=True)
+        table.add_column("score", justify="right")
+        table.add_column("location")
+        table.add_column("snippet")
+        for r in results:
+            table.add_row(f"{r['score']:.3f}", f"{r['path']}:{r['startLine']}-{r['endLine']}", r["snippet"])
+        Console().print(table)
+        return
+    for i, r in enumerate(results):
+        if i:
+            out.write("\n")
+        out.write(f"{r['score']:.3f} {r['path']}:{r['startLine']}-{r['endLine']}\n{r['snippet'].rstrip()}\n")
+        if explain is not None:
+            out.write("".join(f"  {line}\n" for line in explain(i)))
+
+
+def print_get_doc(doc: dict[str, Any]) -> None:
+    """Print the text of a ``memory_get`` page (newline-terminated)."""
+    text = doc.get("text") or ""
+    sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
+
+
+def print_status_doc(st: dict[str, Any]) -> None:
+    """Print a status document as ``Key: value`` lines (spec 11.1 layout)."""
+    w = sys.stdout.write
+    w(f"Memory Search ({st.get('agentId')})\n")
+    w(f"Backend: {st.get('backend')}\n")
+    fallback = st.get("fallback")
+    if fallback:
+        w(f"Fallback: from {fallback.get('from')}: {fallback.get('reason')}\n")
+    w(f"Provider: {st.get('provider')} (requested: {st.get('requestedProvider') or st.get('provider')})\n")
+    w(f"Model: {st.get('model') or '-'}\n")
+    w(f"Mode: {st.get('searchMode') or '-'}\n")
+    if st.get("providerUnavailableReason"):
+        w(f"Provider note: {st['providerUnavailableReason']}\n")
+    w(f"Sources: {', '.join(st.get('sources') or [])}\n")
+    w(f"Indexed: {st.get('files')} files · {st.get('chunks')} chunks\n")
+    reason = st.get("dirtyReason")
+    w(f"Dirty: {'yes' if st.get('dirty') else 'no'}{' (' + reason + ')' if reason else ''}\n")
+    w(f"Store: {st.get('dbPath') or '-'}\n")
+    w(f"Workspace: {st.get('workspaceDir')}\n")
+    fts = st.get("fts") or {}
+    if fts:
+        w(f"FTS: {'ready' if fts.get('available') else 'unavailable'} {fts.get('tokenizer', '')}\n")
+    vector = st.get("vector") or {}
+    if vector:
+        w(f"Vector: {vector.get('mode', '-')}"
+          f"{' (' + str(vector.get('reason')) + ')' if vector.get('reason') else ''}"
+          f"{', dims ' + str(vector.get('dims')) if vector.get('dims') else ''}\n")
+    cache = st.get("cache") or {}
+    if cache:
+        w(f"Embedding cache: {'enabled' if cache.get('enabled') else 'disabled'}"
+          f" ({cache.get('entries', 0)} entries, cap {cache.get('maxEntries')})\n")
+    for name, view in (st.get("backends") or {}).items():
+        if name == "builtin" and st.get("backend") != "builtin":
+            w(f"Builtin index: {view.get('files', 0)} files · {view.get('chunks', 0)} chunks\n")
+        if name == "qmd":
+            colls = view.get("collections") or []
+            w(f"qmd collections: {len(colls)}"
+              f"{' (' + ', '.join(c['name'] + ': ' + c['path'] + ' ' + c['pattern'] for c in colls) + ')' if colls else ''}\n")
+            breaker = view.get("breaker", {})
+            healthy = view.get("healthy", True) and breaker.get("state") == "closed"
+            w(f"qmd: {'healthy' if healthy else 'unhealthy'}"
+              f"; breaker {breaker.get('state', '-')}; last error: {view.get('lastError') or breaker.get('lastFailure') or '-'}\n")
+    for s in st.get("skipped") or []:
+        w(f"Skipped: {s.get('path')}: {s.get('reason')}\n")
+    for issue in st.get("issues") or []:
+        w(f"Issue: {issue}\n")

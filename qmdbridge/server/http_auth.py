@@ -1,0 +1,126 @@
+"""Access control of ``qmdbridge mcp --http``: the bearer token and the loopback Host/Origin rules.
+
+- **Token**: ``$QMDBRIDGE_MCP_TOKEN`` when set, else the file ``<stateDir>/mcp/token``
+  (folder 0700, file 0600, 32 random bytes URL-safe base64), created on first use and reused
+  after. Every HTTP request must carry ``Authorization: Bearer <token>``; anything else gets
+  ``401`` with ``WWW-Authenticate: Bearer`` before it reaches the MCP transport. Tokens are
+  compared in constant time (``hmac.compare_digest``).
+- **DNS rebinding**: a web page on another origin that resolves its name to 127.0.0.1 must not
+  reach the server, so the SDK's transport security is switched on with loopback names only
+  (``127.0.0.1``, ``localhost``, ``[::1]`` with any port; plus the bind address when it is
+  a specific non-loopback one). A bad ``Host`` gets ``421``, a bad ``Origin`` ``403``, as in
+  qmd's own MCP server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fallback.errors import ConfigError
+
+__all__ = ["TOKEN_ENV", "BearerTokenMiddleware", "load_or_create_token", "loopback_security", "token_file"]
+
+TOKEN_ENV = "QMDBRIDGE_MCP_TOKEN"
+# Shorter secrets are refused: a bearer token is the only thing between a local process and memory.
+MIN_TOKEN_CHARS = 16
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def token_file(state_dir: Path) -> Path:
+    """Where the generated token is kept: ``<stateDir>/mcp/token``."""
+    return state_dir / "mcp" / "token"
+
+
+def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, Path | None]:
+    """The bearer token of the HTTP server, and the file it came from (``None`` for the env var).
+
+    Args:
+        state_dir: the state dir (the token file lives under it).
+        env: environment; ``QMDBRIDGE_MCP_TOKEN`` wins when set and not blank.
+
+    Returns:
+        ``(token, path or None)``. A missing token file is created (folder 0700, file 0600,
+        written with ``O_EXCL`` so two servers starting together agree on one token); an
+        existing one is read and its mode tightened to 0600.
+
+    Raises:
+        ConfigError: the token (env or file) is shorter than 16 characters, or the file cannot
+            be read or written.
+    """
+    raw = env.get(TOKEN_ENV, "").strip()
+    if raw:
+        if len(raw) < MIN_TOKEN_CHARS:
+            raise ConfigError(f"{TOKEN_ENV} is too short", key=TOKEN_ENV,
+                              expected=f"at least {MIN_TOKEN_CHARS} characters")
+        return raw, None
+    path = token_file(state_dir)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            os.chmod(path, 0o600)
+            token = path.read_text(encoding="utf-8").strip()
+        else:
+            token = secrets.token_urlsafe(32)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(token + "\n")
+    except OSError as exc:
+        raise ConfigError(f"cannot read or create the MCP token file: {exc.strerror or exc}",
+                          file=str(path)) from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError("the MCP token file holds a token that is too short", file=str(path),
+                          expected=f"at least {MIN_TOKEN_CHARS} characters (delete the file to make a new one)")
+    return token, path
+
+
+def loopback_security(bind_host: str) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection allowing loopback Host/Origin values on any port.
+
+    Args:
+        bind_host: the address the server binds; a specific non-loopback address (not
+            ``0.0.0.0``/``::``) is allowed too, so clients that dial it are not refused.
+    """
+    names = list(LOOPBACK_NAMES)
+    if bind_host not in ("0.0.0.0", "::", "", *LOOPBACK_NAMES, "::1"):
+        names.append(f"[{bind_host}]" if ":" in bind_host else bind_host)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*names, *(f"{n}:*" for n in names)],
+        allowed_origins=[*(f"http://{n}" for n in names), *(f"http://{n}:*" for n in names)],
+    )
+
+
+class BearerTokenMiddleware:
+    """ASGI middleware: answer ``401`` unless ``Authorization: Bearer <token>`` matches.
+
+    Args:
+        app: the wrapped ASGI app (the MCP transport).
+        token: the expected token.
+    """
+
+    def __init__(self, app: ASGIApp, *, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get("authorization", "").encode()
+        if not hmac.compare_digest(given, self._expected):
+            response = JSONResponse({"error": "unauthorized: a valid bearer token is required"},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,283 @@
+"""``qmdbridge mcp``: the agent's memory as an MCP server (stdio, or Streamable HTTP).
+
+Built on the official ``mcp`` SDK's low-level ``Server``, so the tool schemas are exactly those
+of :mod:`qmdbridge.tools` (one definition) and every call goes through the same handlers
+(same results, refusals, scope rules and citations as the in-process tools and ``serve``):
+
+- ``memory_search``: ``MEMORY_SEARCH_SCHEMA`` plus an optional ``sessionKey`` (the caller's
+  session key, which scope rules and citations depend on);
+- ``memory_get``: ``MEMORY_GET_SCHEMA``;
+- ``status``: the manager's status (no arguments).
+
+Each result is the handler's JSON document, as ``structuredContent`` and as one text block;
+``isError`` is true when the handler answered ``disabled`` (a failure or a refused path).
+One long-lived ``MemoryManager`` in ``full`` mode (file watcher, qmd timers) serves every
+session. The server stops on SIGTERM/SIGINT, and on end of stdin in stdio mode, closing the
+manager so every qmd child is reaped. HTTP access rules are in :mod:`qmdbridge.server.http_auth`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import orjson
+from mcp import types
+from mcp.server.lowlevel import Server
+
+from fallback.errors import UsageError
+from qmdbridge.config import ResolvedAgent
+from qmdbridge.manager import MemoryManager
+from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get, handle_memory_search
+
+__all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
+
+SERVER_NAME = "qmdbridge"
+STATUS_TOOL_SCHEMA: dict[str, Any] = {
+    "name": "status",
+    "description": ("Health of the memory index: backend, indexed files and chunks, embedding "
+                    "provider, fallback state, skipped files and issues."),
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+}
+SESSION_KEY_PROPERTY: dict[str, Any] = {
+    "type": "string",
+    "description": "Session key of the conversation (e.g. agent:main:main); scope rules and citations depend on it.",
+}
+INSTRUCTIONS = ("Long-term memory of this agent (Markdown notes). Use memory_search to find facts, "
+                "then memory_get with the returned path and line range to read more; cite results "
+                "with their path#Lstart-Lend.")
+
+
+def mcp_tools() -> list[types.Tool]:
+    """The three MCP tools, their input schemas taken from :mod:`qmdbridge.tools`."""
+    search_params = copy.deepcopy(MEMORY_SEARCH_SCHEMA["parameters"])
+    search_params["properties"]["sessionKey"] = SESSION_KEY_PROPERTY
+    return [
+        types.Tool(name=MEMORY_SEARCH_SCHEMA["name"], description=MEMORY_SEARCH_SCHEMA["description"],
+                   inputSchema=search_params,
+                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
+        types.Tool(name=MEMORY_GET_SCHEMA["name"], description=MEMORY_GET_SCHEMA["description"],
+                   inputSchema=copy.deepcopy(MEMORY_GET_SCHEMA["parameters"]),
+                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
+        types.Tool(name=STATUS_TOOL_SCHEMA["name"], description=STATUS_TOOL_SCHEMA["description"],
+                   inputSchema=copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"]),
+                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
+    ]
+
+
+async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Route one tool call to its handler; the handlers never raise."""
+    if name == "memory_search":
+        params = {k: v for k, v in arguments.items() if k != "sessionKey"}
+        return await handle_memory_search(manager, params, session_key=arguments.get("sessionKey"))
+    if name == "memory_get":
+        return await handle_memory_get(manager, arguments)
+    if name == "status":
+        try:
+            return (await manager.status()).to_json_dict()
+        except Exception as exc:  # tool edge: the client gets an error result, never a crash
+            return {"disabled": True, "error": f"{type(exc).__name__}: {exc}"}
+    return {"disabled": True, "error": f"unknown tool: {name!r}"}
+
+
+def build_server(manager: MemoryManager) -> Server[Any, Any]:
+    """An MCP ``Server`` answering ``tools/list`` and ``tools/call`` with ``manager``.
+
+    The SDK validates arguments against the input schemas before the handler runs (a bad
+    type comes back as an ``isError`` result naming the problem).
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own_version: str | None = version("qmdbridge")
+    except PackageNotFoundError:
+        own_version = None
+    server: Server[Any, Any] = Server(SERVER_NAME, version=own_version, instructions=INSTRUCTIONS)
+
+    @server.list_tools()  # type: ignore[no-untyped-call, untyped-decorator]
+    async def list_tools() -> list[types.Tool]:
+        return mcp_tools()
+
+    @server.call_tool()  # type: ignore[untyped-decorator]
+    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        result = await _call(manager, name, arguments)
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=orjson.dumps(result).decode())],
+            structuredContent=result, isError=bool(result.get("disabled")))
+
+    return server
+
+
+class _StdinLines:
+    """Lines of stdin as an async iterator, read by a daemon thread with ``os.read``.
+
+    The SDK's own stdin reader blocks a worker thread that cancellation cannot interrupt, so a
+    SIGTERM would wait for the next input line; this one lets the loop exit at once.
+    """
+
+    def __init__(self) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[str](max_buffer_size=256)
+
+    def start(self) -> None:
+        from anyio.lowlevel import current_token
+
+        threading.Thread(target=self._pump, args=(current_token(),), daemon=True,
+                         name="qmdbridge-mcp-stdin").start()
+
+    def _pump(self, token: Any) -> None:
+        fd = sys.stdin.fileno()
+        pending = b""
+        try:
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    if pending.strip():
+                        anyio.from_thread.run(self._send.send, pending.decode("utf-8", "replace"), token=token)
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    anyio.from_thread.run(self._send.send, line.decode("utf-8", "replace") + "\n", token=token)
+        except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # stdin closed or the server is shutting down
+        try:
+            anyio.from_thread.run_sync(self._send.close, token=token)
+        except RuntimeError:
+            pass  # the loop is already gone
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._receive.__aiter__()
+
+
+async def _serve_stdio(server: Server[Any, Any]) -> None:
+    """Serve one MCP session on stdin/stdout until the client closes stdin."""
+    from mcp.server.stdio import stdio_server
+
+    lines = _StdinLines()
+    lines.start()
+    async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+@contextmanager
+def _quiet_uvicorn_signals() -> Iterator[None]:
+    """Signals belong to :func:`run_mcp`, not to uvicorn."""
+    yield
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0 picks a free one).
+
+    Raises:
+        OSError: the address is in use or cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=128, reuse_port=False)
+
+
+async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: str, token: str,
+                      token_path: Path | None) -> None:
+    """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled (token and
+    Host/Origin checks of :mod:`qmdbridge.server.http_auth`); closes ``sock``."""
+    import uvicorn
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    from qmdbridge.server.http_auth import BearerTokenMiddleware, loopback_security
+
+    sessions = StreamableHTTPSessionManager(app=server, security_settings=loopback_security(host))
+
+    class _Endpoint:
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            await sessions.handle_request(scope, receive, send)
+
+    app = Starlette(routes=[Route("/mcp", endpoint=_Endpoint())],
+                    middleware=[Middleware(BearerTokenMiddleware, token=token)])
+    bound = sock.getsockname()[1]
+
+    class _Server(uvicorn.Server):
+        def capture_signals(self) -> Any:
+            return _quiet_uvicorn_signals()
+
+    web = _Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False))
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(f"qmdbridge mcp: listening on http://{shown}:{bound}/mcp\n"
+                     + (f"qmdbridge mcp: bearer token in {token_path}\n" if token_path
+                        else "qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN\n"))
+    sys.stderr.flush()
+    try:
+        async with sessions.run():
+            try:
+                await web.serve(sockets=[sock])
+            finally:
+                web.should_exit = True
+    finally:
+        sock.close()
+
+
+async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
+    """Run ``qmdbridge mcp`` until SIGTERM/SIGINT (or end of stdin over stdio); returns 0.
+
+    Raises:
+        ConfigError: ``--http`` and the bearer token is too short or its file unusable.
+        UsageError: ``--http`` and ``host:port`` cannot be bound (in use, not an address here).
+
+    Signal handlers are installed before the manager starts, so a signal during start-up still
+    closes it and reaps every child process.
+    """
+    token: str | None = None
+    token_path: Path | None = None
+    sock: socket.socket | None = None
+    if args.http:
+        from qmdbridge.server.http_auth import load_or_create_token
+
+        token, token_path = load_or_create_token(agent.state_dir, os.environ)  # fail before starting
+        try:
+            sock = _listen(args.host, args.port)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+    manager = MemoryManager(agent, backend=args.backend, mode="full")
+    server = build_server(manager)
+    try:
+        async with anyio.create_task_group() as tg:
+            async def watch_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def run() -> None:
+                await manager.start()
+                sys.stderr.write(f"qmdbridge mcp: agent {agent.agent_id}, backend {manager.backend_name}, "
+                                 f"workspace {agent.workspace_dir}\n")
+                sys.stderr.flush()
+                if sock is not None and token is not None:
+                    await _serve_http(server, sock, host=args.host, token=token, token_path=token_path)
+                else:
+                    await _serve_stdio(server)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_signals)
+            await anyio.sleep(0)  # let the signal receiver install first
+            tg.start_soon(run)
+    finally:
+        if sock is not None:
+            sock.close()
+        with anyio.CancelScope(shield=True):
+            await manager.close()
+    sys.stderr.write("qmdbridge mcp: stopped\n")
+    sys.stderr.flush()
+    return 0

@@ -1,0 +1,240 @@
+"""The Unix-socket listener of ``qmdbridge serve``: the warm daemon the CLI finds by itself.
+
+One socket per agent, ``<stateDir>/daemon/<agentId>.sock`` (folder 0700, socket 0600, owner
+only; see :mod:`qmdbridge.server.wire` for the layout and framing). Each connection sends JSON
+request lines and gets one JSON reply line each, answered by the same handler as ``serve``'s
+stdin. A request with a ``fingerprint`` is answered only when it names what this daemon
+serves (:meth:`DaemonIdentity.mismatch`); otherwise the reply is ``{"id", "mismatch": reason}``
+and the CLI works in-process. Where the OS offers ``SO_PEERCRED`` (Linux), a peer whose uid is
+not this process's effective uid is refused before it can send anything.
+
+The socket is bound under a temporary name and renamed into place after ``listen()``, so a
+client never sees the final name refuse a connection while the daemon starts (a refused
+connect means a dead daemon, and the client removes such a socket).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+
+from fallback.errors import ConfigError
+from qmdbridge.config import ResolvedAgent, load_config, normalize_agent_id, resolve_agent
+from qmdbridge.server.wire import (
+    MAX_LINE_BYTES,
+    config_identity,
+    remove_stale_socket,
+    short_socket_path,
+    socket_path,
+)
+
+__all__ = ["DaemonIdentity", "LineHandler", "identity_for", "peer_uid", "serve_socket"]
+
+LineHandler = Callable[[bytes], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class DaemonIdentity:
+    """What one daemon serves, compared with each request's fingerprint.
+
+    Attributes:
+        state_dir: the state dir (absolute).
+        agent_id: the served agent (normalised).
+        default_agent_id: the config's default agent, or ``None`` when it cannot be resolved.
+        workspace: the served workspace (resolved).
+        configured_workspace: the agent's workspace from the config (without ``--workspace``).
+        config_path / config_stamp: the config file and its ``size:mtime_ns:inode`` at start.
+        config_backend: ``memory.backend`` from the config.
+        backend: the backend this daemon runs (``--backend`` or ``memory.backend``).
+    """
+
+    state_dir: str
+    agent_id: str
+    default_agent_id: str | None
+    workspace: str
+    configured_workspace: str | None
+    config_path: str | None
+    config_stamp: str | None
+    config_backend: str
+    backend: str
+
+    def mismatch(self, fp: dict[str, Any]) -> str | None:
+        """Why a request with fingerprint ``fp`` (see ``wire.client_fingerprint``) is not for
+        this daemon, or ``None`` when it is."""
+        if fp.get("stateDir") != self.state_dir:
+            return "state dir differs"
+        if (fp.get("config"), fp.get("configStamp")) != (self.config_path, self.config_stamp):
+            return "config file differs or changed since the daemon started"
+        raw_agent = fp.get("agent")
+        try:
+            agent = normalize_agent_id(raw_agent) if isinstance(raw_agent, str) else self.default_agent_id
+        except ConfigError:
+            return "invalid agent id"
+        if agent != self.agent_id:
+            return "agent differs"
+        workspace = fp.get("workspace")
+        if (workspace if isinstance(workspace, str) else self.configured_workspace) != self.workspace:
+            return "workspace differs"
+        backend = fp.get("backend")
+        if (backend if isinstance(backend, str) else self.config_backend) != self.backend:
+            return "backend differs"
+        return None
+
+
+def identity_for(agent: ResolvedAgent, *, config: str | None, backend: str | None) -> DaemonIdentity:
+    """The identity of a daemon serving ``agent``, started with ``--config config`` and
+    ``--backend backend``.
+
+    Raises:
+        ConfigError: the config file cannot be loaded (it was loaded moments ago to resolve
+            ``agent``, so only a concurrent edit gets here).
+    """
+    cfg = load_config(config)
+    try:
+        default_agent: str | None = resolve_agent(cfg, None).agent_id
+    except ConfigError:
+        default_agent = None
+    try:
+        configured: str | None = str(resolve_agent(cfg, agent.agent_id).workspace_dir)
+    except ConfigError:
+        configured = None
+    cfg_path, cfg_stamp = config_identity(config, str(agent.state_dir))
+    return DaemonIdentity(
+        state_dir=str(agent.state_dir), agent_id=agent.agent_id, default_agent_id=default_agent,
+        workspace=str(agent.workspace_dir), configured_workspace=configured,
+        config_path=cfg_path, config_stamp=cfg_stamp, config_backend=agent.memory.backend,
+        backend=backend or agent.memory.backend)
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The effective uid of the process at the other end of a Unix socket (``SO_PEERCRED``),
+    or ``None`` where the OS does not offer it."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def _bind(path: str) -> socket.socket:
+    """Create the folder (0700) and a listening socket (0600) at ``path``.
+
+    Raises:
+        FileExistsError: a live daemon already listens on ``path``.
+        OSError: the folder or the socket cannot be made.
+    """
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.chmod(folder, 0o700)
+    if os.path.lexists(path) and not remove_stale_socket(path):
+        raise FileExistsError(f"another daemon listens on {path}")
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with short_socket_path(tmp) as where:
+            old_umask = os.umask(0o177)
+            try:
+                sock.bind(where)
+            finally:
+                os.umask(old_umask)
+        os.chmod(tmp, 0o600)
+        sock.listen(64)
+        os.rename(tmp, path)
+    except BaseException:
+        sock.close()
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return sock
+
+
+async def _serve_connection(stream: SocketStream, identity: DaemonIdentity, handle: LineHandler) -> None:
+    """Answer request lines on one connection until the peer closes it."""
+    async with stream:
+        raw = stream.extra(SocketAttribute.raw_socket)
+        uid = peer_uid(raw)
+        if uid is not None and uid != os.geteuid():
+            await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
+            return
+        pending = b""
+        while True:
+            try:
+                chunk = await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            pending += chunk
+            if len(pending) > MAX_LINE_BYTES:
+                await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
+                return
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
+
+
+async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) -> dict[str, Any]:
+    """One reply: ``mismatch`` when the fingerprint names another agent/workspace/config."""
+    try:
+        req = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        req = None
+    if isinstance(req, dict) and isinstance(req.get("fingerprint"), dict):
+        reason = identity.mismatch(req["fingerprint"])
+        if reason is not None:
+            return {"id": req.get("id"), "mismatch": reason}
+    try:
+        return await handle(line)
+    except Exception as exc:  # serve edge: one bad request never stops the daemon
+        return {"id": req.get("id") if isinstance(req, dict) else None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
+                       task_status: TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Listen on the agent's socket and answer requests with ``handle`` until cancelled.
+
+    Args:
+        identity: what this daemon serves (requests with another fingerprint get ``mismatch``).
+        handle: the ``serve`` protocol handler, ``await handle(line) -> reply dict``.
+        task_status: started with the socket path, or ``None`` when no socket could be made
+            (another live daemon serves the agent, or the folder is not writable); the reason
+            goes to stderr and ``serve`` goes on without a socket.
+
+    The socket file is removed on the way out, unless another daemon has replaced it.
+    """
+    path = socket_path(identity.state_dir, identity.agent_id)
+    try:
+        sock = _bind(path)
+    except OSError as exc:
+        sys.stderr.write(f"qmdbridge serve: no daemon socket: {exc}\n")
+        sys.stderr.flush()
+        task_status.started(None)
+        return
+    mine = os.stat(path)
+    try:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+        async with listener, anyio.create_task_group() as tg:
+            task_status.started(path)
+
+            async def serve_one(stream: SocketStream) -> None:
+                await _serve_connection(stream, identity, handle)
+
+            await listener.serve(serve_one, task_group=tg)
+    finally:
+        try:
+            now = os.stat(path)
+            if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+                os.unlink(path)
+        except OSError:
+            pass

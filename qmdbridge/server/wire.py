@@ -1,0 +1,205 @@
+"""The daemon socket of ``qmdbridge serve``: where it lives, how to reach it, what a request names.
+
+Standard library only, and a cheap part of it (no pathlib, hashlib or orjson: the CLI's fast
+path imports this before anything else, and every millisecond of import is paid on each
+served ``qmdbridge search``). Paths are ``str``. Layout::
+
+    <stateDir>/daemon/                 folder, mode 0700
+      <agentId>.sock                   one Unix socket per serving agent, mode 0600
+
+Framing: one JSON request per line, one JSON reply per line, the same shapes ``qmdbridge
+serve`` takes on stdin (``{"id", "tool", "params", "sessionKey"}``). A request may carry a
+``fingerprint`` (:func:`client_fingerprint`): the daemon then answers only when it serves the
+same agent, workspace, config file (path, size and mtime in ns), backend and state dir, and
+replies ``{"id", "mismatch": reason}`` otherwise.
+
+Unix sockets have a path limit (``sun_path``, 108 bytes on Linux); a longer socket path is
+reached through ``/proc/self/fd/<dirfd>/<name>`` on Linux (see :func:`short_socket_path`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+from collections.abc import Iterator, Mapping
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = [
+    "DAEMON_DIR_NAME",
+    "DAEMON_ENV",
+    "MAX_LINE_BYTES",
+    "client_fingerprint",
+    "config_identity",
+    "daemon_dir",
+    "daemon_disabled",
+    "remove_stale_socket",
+    "short_socket_path",
+    "socket_path",
+    "state_dir",
+]
+
+DAEMON_DIR_NAME = "daemon"
+# "off", "0", "false" or "no" turn the CLI's daemon attempt off (in-process, as before).
+DAEMON_ENV = "QMDBRIDGE_DAEMON"
+# One request or reply line at most (a memory_get page or a status is far below this).
+MAX_LINE_BYTES = 32 * 1024 * 1024
+# sun_path is 108 bytes on Linux, 104 on the BSDs and macOS, including the final NUL.
+_SUN_PATH_MAX = 103
+
+
+def _resolve(path: str) -> str:
+    """``Path(path).expanduser().resolve()`` as a string, without importing pathlib."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def state_dir(env: Mapping[str, str]) -> str:
+    """``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``.
+
+    The same rule as :func:`qmdbridge.config.state_dir`, without importing the config models;
+    a test pins that both agree.
+    """
+    raw = env.get("OPENCLAW_STATE_DIR", "").strip()
+    return _resolve(raw) if raw else os.path.expanduser("~/.openclaw")
+
+
+def daemon_dir(state: str) -> str:
+    """The folder of the daemon sockets: ``<stateDir>/daemon``."""
+    return os.path.join(state, DAEMON_DIR_NAME)
+
+
+def socket_path(state: str, agent_id: str) -> str:
+    """The socket of ``agent_id`` (an already normalised agent id): ``<stateDir>/daemon/<id>.sock``."""
+    return os.path.join(daemon_dir(state), f"{agent_id}.sock")
+
+
+def daemon_disabled(env: Mapping[str, str]) -> bool:
+    """True when ``$QMDBRIDGE_DAEMON`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
+    return env.get(DAEMON_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
+def config_identity(explicit: str | None, state: str) -> tuple[str | None, str | None]:
+    """The config file a command would load, and a stamp that changes when the file does.
+
+    Args:
+        explicit: the ``--config`` value, or ``None`` for ``<stateDir>/openclaw.json`` when
+            that file exists.
+        state: the state dir.
+
+    Returns:
+        ``(resolved path, "<size>:<mtime ns>:<inode>")``; ``(None, None)`` when no config file
+        is used; ``(path, None)`` when the file cannot be read (such a request never matches a
+        daemon, so the command runs in-process and reports the error itself).
+    """
+    if explicit is None:
+        candidate = os.path.join(state, "openclaw.json")
+        if not os.path.isfile(candidate):
+            return None, None
+        path = _resolve(candidate)
+    else:
+        path = _resolve(explicit)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path, None
+    if not stat.S_ISREG(st.st_mode):
+        return path, None
+    return path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def client_fingerprint(*, agent: str | None, workspace: str | None, config: str | None,
+                       backend: str | None, env: Mapping[str, str]) -> dict[str, Any]:
+    """What a CLI command would work on, for the daemon to compare with what it serves.
+
+    Args:
+        agent: the raw ``--agent`` value (the daemon normalises it), or ``None`` for the
+            config's default agent.
+        workspace: the raw ``--workspace`` value, resolved here against the caller's cwd, or
+            ``None`` for the configured workspace.
+        config: the raw ``--config`` value, or ``None``.
+        backend: ``--backend`` (``builtin`` | ``qmd``) or ``None``.
+        env: the caller's environment (``OPENCLAW_STATE_DIR``).
+
+    Returns:
+        ``{stateDir, agent, workspace, config, configStamp, backend}`` (strings or ``None``).
+    """
+    state = state_dir(env)
+    cfg_path, cfg_stamp = config_identity(config, state)
+    return {
+        "stateDir": state,
+        "agent": agent,
+        "workspace": _resolve(workspace) if workspace is not None else None,
+        "config": cfg_path,
+        "configStamp": cfg_stamp,
+        "backend": backend,
+    }
+
+
+@contextlib.contextmanager
+def short_socket_path(path: str) -> Iterator[str]:
+    """Yield a path that ``bind``/``connect`` accept for the socket at ``path``.
+
+    ``path`` itself when it fits in ``sun_path``; otherwise, on Linux,
+    ``/proc/self/fd/<fd>/<name>`` through a descriptor of the parent folder, held open for the
+    duration of the ``with`` block.
+
+    Raises:
+        OSError: the path is too long and ``/proc`` cannot shorten it (not Linux), or the parent
+            folder cannot be opened.
+    """
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        yield path
+        return
+    if not os.path.isdir("/proc/self/fd"):
+        raise OSError(f"socket path too long for this system ({len(path)} bytes): {path}")
+    folder, name = os.path.split(path)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_PATH", 0))
+    try:
+        short = f"/proc/self/fd/{fd}/{name}"
+        if len(os.fsencode(short)) > _SUN_PATH_MAX:
+            raise OSError(f"socket name too long: {name}")
+        yield short
+    finally:
+        os.close(fd)
+
+
+def remove_stale_socket(path: str) -> bool:
+    """Remove ``path`` when it is a socket nobody listens on (its daemon died, e.g. SIGKILL).
+
+    A connect that is refused proves the listener is gone; the file is unlinked only if it
+    is still the same socket file (same inode) after the probe.
+
+    Returns:
+        True when a stale socket was removed; False when the path is missing, is not a
+        socket, or has a live listener.
+    """
+    try:
+        before = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(before.st_mode):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with short_socket_path(path) as where:
+            probe.connect(where)
+    except ConnectionRefusedError:
+        pass
+    except OSError:
+        return False
+    else:
+        return False
+    finally:
+        probe.close()
+    try:
+        after = os.lstat(path)
+        if (after.st_ino, after.st_dev) == (before.st_ino, before.st_dev):
+            os.unlink(path)
+            return True
+    except OSError:
+        return False
+    return False

@@ -1,0 +1,184 @@
+"""``qmdbridge mcp`` as a real process, driven by the MCP SDK's own clients over stdio and
+Streamable HTTP: tools, exact hits, memory_get, refusals, the bearer token, Host/Origin checks,
+and a clean stop with no process left."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_procs import CLI, cli_env, live_children, make_workspace, start, stop  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+TOKEN = "test-token-0123456789abcdef"
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}}}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    return make_workspace(tmp_path), cli_env(tmp_path / "state", tmp_path / "home")
+
+
+async def _exercise(session: ClientSession) -> None:
+    """The same checks over either transport."""
+    await session.initialize()
+    tools = {t.name: t for t in (await session.list_tools()).tools}
+    assert sorted(tools) == ["memory_get", "memory_search", "status"]
+    search_schema = tools["memory_search"].inputSchema
+    assert search_schema["properties"]["sessionKey"]["type"] == "string"
+    assert {k: v for k, v in search_schema["properties"].items() if k != "sessionKey"} \
+        == MEMORY_SEARCH_SCHEMA["parameters"]["properties"]
+    assert tools["memory_get"].inputSchema == MEMORY_GET_SCHEMA["parameters"]
+
+    found = await session.call_tool("memory_search", {"query": "Kestrel migration",
+                                                      "sessionKey": "agent:main:main"})
+    assert found.isError is False
+    doc: dict[str, Any] = found.structuredContent or {}
+    assert orjson.loads(found.content[0].text) == doc  # type: ignore[union-attr]
+    hit = doc["results"][0]
+    assert (hit["path"], hit["startLine"], hit["endLine"]) == ("memory/2026-01-05.md", 1, 4)
+    assert hit["citation"] == "memory/2026-01-05.md#L1-L4" and doc["backend"] == "builtin"
+
+    page = await session.call_tool("memory_get", {"path": "MEMORY.md", "from": 4, "lines": 1})
+    assert page.isError is False
+    assert (page.structuredContent or {})["text"].startswith("- Coffee: flat white, no sugar.\n")
+
+    refused = await session.call_tool("memory_get", {"path": "../secrets.md"})
+    assert refused.isError is True
+    assert refused.structuredContent == {"path": "../secrets.md", "text": "", "disabled": True,
+                                         "error": "path refused: '../secrets.md': parent segment",
+                                         "refused": True}
+    bad = await session.call_tool("memory_search", {"query": "x", "maxResults": "six"})
+    assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
+
+    status = await session.call_tool("status", {})
+    assert (status.structuredContent or {})["files"] == 2
+
+
+async def test_stdio_transport_with_the_sdk_client(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    params = StdioServerParameters(command=CLI[0], args=[*CLI[1:], "mcp", "--workspace", str(ws)], env=env)
+    with open(os.devnull, "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await _exercise(session)
+    assert live_children() == []
+
+
+def test_stdio_stops_on_end_of_input_and_on_sigterm(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    proc, _ = start(["mcp", "--workspace", str(ws)], env, ready="qmdbridge mcp: agent main",
+                    stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.close()  # end of input
+    assert stop(proc) == 0
+    proc, _ = start(["mcp", "--workspace", str(ws)], env, ready="qmdbridge mcp: agent main",
+                    stdin=subprocess.PIPE)
+    assert proc.stderr is not None
+    rest = b""
+    proc.send_signal(signal.SIGTERM)  # stdin still open: the server must not wait for input
+    rest = proc.stderr.read()
+    assert stop(proc) == 0 and rest.endswith(b"qmdbridge mcp: stopped\n")
+    assert live_children() == []
+
+
+def _http_server(ws: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+    proc, lines = start(["mcp", "--http", "--port", "0", "--workspace", str(ws)], env, ready="listening on")
+    url = re.search(r"listening on (http://\S+)", lines[-1])
+    assert url is not None
+    return proc, url.group(1), lines
+
+
+async def test_http_transport_with_the_sdk_client_and_the_token(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    proc, url, _ = _http_server(ws, {**env, "QMDBRIDGE_MCP_TOKEN": TOKEN})
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
+                streamable_http_client(url, http_client=http) as (read, write, _), \
+                ClientSession(read, write) as session:
+            await _exercise(session)
+        async with httpx.AsyncClient() as raw:
+            none = await raw.post(url, json=INIT, headers=MCP_HEADERS)
+            assert none.status_code == 401 and none.headers["www-authenticate"] == "Bearer"
+            wrong = await raw.post(url, json=INIT, headers={**MCP_HEADERS, "Authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+            auth = {**MCP_HEADERS, "Authorization": f"Bearer {TOKEN}"}
+            host = await raw.post(url, json=INIT, headers={**auth, "Host": "evil.example"})
+            assert host.status_code == 421
+            origin = await raw.post(url, json=INIT, headers={**auth, "Origin": "http://evil.example"})
+            assert origin.status_code == 403
+            local = await raw.post(url, json=INIT, headers={**auth, "Origin": "http://localhost:5173"})
+            assert local.status_code == 200
+    finally:
+        assert stop(proc, signal.SIGTERM) == 0
+    assert live_children() == []
+
+
+async def test_http_token_file_is_created_owner_only_and_reused(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    proc, url, lines = _http_server(ws, env)
+    token_path = Path(env["OPENCLAW_STATE_DIR"]) / "mcp" / "token"
+    try:
+        assert f"qmdbridge mcp: bearer token in {token_path}\n" in lines or \
+            f"qmdbridge mcp: bearer token in {token_path}\n" == proc.stderr.readline().decode()  # type: ignore[union-attr]
+        assert stat.S_IMODE(token_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_path.parent.stat().st_mode) == 0o700
+        token = token_path.read_text().strip()
+        assert len(token) >= 32
+        async with httpx.AsyncClient() as raw:
+            ok = await raw.post(url, json=INIT, headers={**MCP_HEADERS, "Authorization": f"Bearer {token}"})
+            assert ok.status_code == 200
+    finally:
+        assert stop(proc, signal.SIGINT) == 0
+    again, url, _ = _http_server(ws, env)
+    try:
+        assert token_path.read_text().strip() == token
+    finally:
+        assert stop(again, signal.SIGTERM) == 0
+    assert live_children() == []
+
+
+def test_a_short_token_is_a_config_error(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    p = subprocess.run([*CLI, "mcp", "--http", "--port", "0", "--workspace", str(ws)],
+                       env={**env, "QMDBRIDGE_MCP_TOKEN": "short"}, capture_output=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    assert p.returncode == 2
+    assert p.stderr.decode().splitlines()[-1] == ("qmdbridge: <config>: QMDBRIDGE_MCP_TOKEN: "
+                                                  "QMDBRIDGE_MCP_TOKEN is too short (expected at least 16 characters)")
+
+
+def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> None:
+    import socket
+
+    ws, env = setup
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        p = subprocess.run([*CLI, "mcp", "--http", "--port", str(port), "--workspace", str(ws), "--json"],
+                           env={**env, "QMDBRIDGE_MCP_TOKEN": TOKEN}, capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+    finally:
+        taken.close()
+    assert p.returncode == 2
+    assert orjson.loads(p.stdout) == {"error": f"cannot listen on 127.0.0.1:{port}: Address already in use",
+                                      "errorType": "UsageError", "exitCode": 2}

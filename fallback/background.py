@@ -258,9 +258,9 @@ class BackgroundTasks:
         Raises:
             UsageError: the group is not open.
         """
-        tg = self._check()
         if self._closed or self._root._closed or (dedupe and self.is_active(name)):
             return False
+        tg = self._check()
         self._begin(name)
         tg.start_soon(self._supervise, name, job, retry, None, name=f"qmdbridge {self._label}{name}")
         return True

@@ -127,7 +127,8 @@ class BackgroundTasks:
         self._outer: anyio.abc.TaskGroup | None = None
         self._host_done: anyio.Event | None = None
         self._scopes: set[anyio.CancelScope] = set()
-        self._active: Counter[str] = Counter()
+        self._active: Counter[str] = Counter()  # this handle's tasks by name
+        self._names: Counter[str] = Counter()  # root only: every task by labelled name
         self._running = 0
         self._idle: anyio.Event | None = None
         self._closed = False
@@ -228,11 +229,16 @@ class BackgroundTasks:
                 node._idle = anyio.Event()
             node._running += 1
         self._active[name] += 1
+        self._root._names[f"{self._label}{name}"] += 1
 
     def _end(self, name: str) -> None:
         self._active[name] -= 1
         if self._active[name] <= 0:
             del self._active[name]
+        names, full = self._root._names, f"{self._label}{name}"
+        names[full] -= 1
+        if names[full] <= 0:
+            del names[full]
         for node in self._chain():
             node._running -= 1
             if node._running == 0 and node._idle is not None:
@@ -396,7 +402,8 @@ class BackgroundTasks:
         return self._root._last_error
 
     def status(self) -> BackgroundStatus:
-        """``{running, failing, lastError}`` of the whole group (for ``MemoryStatus.background``)."""
+        """``{running, tasks, failing, lastError}`` of the whole group (for
+        ``MemoryStatus.background``)."""
         root = self._root
-        return BackgroundStatus(running=root._running, failing=sorted(root._failing),
-                                last_error=root._last_error)
+        return BackgroundStatus(running=root._running, tasks=sorted(root._names),
+                                failing=sorted(root._failing), last_error=root._last_error)

@@ -287,11 +287,13 @@ class BackgroundStatus(_Model):
 
     Attributes:
         running: tasks started and not finished (watchers and timers run until close).
+        tasks: their names, sorted (``builtin: file watcher``, ``qmd: interval update`` ...).
         failing: tasks whose last attempt failed and that have not succeeded since.
         last_error: the most recent failure of any background task, or ``None``.
     """
 
     running: int = 0
+    tasks: list[str] = Field(default_factory=list)
     failing: list[str] = Field(default_factory=list)
     last_error: BackgroundError | None = None
 

@@ -1,7 +1,7 @@
 """Live mode of the builtin engine: watcher, session deltas, interval and rescan syncs.
 
 :class:`LiveSync` is what ``BuiltinEngine.start(tasks)`` runs in the long-lived ``serve`` mode
-(spec §5.1/§5.2, issue 5 "Freshness"). One-shot CLI use never creates it. Every background
+(spec §5.1/§5.2). One-shot CLI use never creates it. Every background
 task runs in the manager's task group through the :class:`~fallback.background.BackgroundTasks`
 handle given to :meth:`LiveSync.start` (a subgroup of its own, so :meth:`LiveSync.close`
 cancels exactly these tasks and joins the watchdog observer threads). A failing task is

@@ -112,7 +112,7 @@ async def test_start_up_timeout_is_reported_and_never_opens_the_search_breaker(
     command = _hang_on(tmp_path, qmd_bin, "update")
     agent = _agent(tmp_path, {"backend": "qmd", "qmd": {
         "command": str(command), "limits": {"timeoutMs": 15000},
-        "update": {"waitForBootSync": True, "updateTimeoutMs": 1000}}})
+        "update": {"waitForBootSync": True, "updateTimeoutMs": 500}}})
     children = _children()
     async with MemoryManager(agent, env=_env(tmp_path)) as m:
         resp = await m.search("zebra migration")  # the boot update times out first
@@ -123,7 +123,7 @@ async def test_start_up_timeout_is_reported_and_never_opens_the_search_breaker(
     assert st.backend == "qmd" and st.fallback is None
     assert st.backends["qmd"]["startup"]["state"] == "ready"
     assert st.issues == ["qmd start-up: boot update failed: qmd update --index index timed out "
-                         "after 1000ms"]  # after the boot update's own two retries
+                         "after 500ms"]  # after the boot update's own two retries
     assert _children() == children
 
 

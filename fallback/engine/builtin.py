@@ -557,19 +557,6 @@ class BuiltinEngine:
             read_memory_page, self.settings.workspace_dir, list(self.settings.search.extra_paths),
             rel_path, from_line=from_line, lines=lines))
 
-    async def index_stats(self) -> dict[str, int]:
-        """``{"files", "chunks", "embedded"}`` over the enabled sources (for the CLI)."""
-        store = await self._open_store()
-        return await anyio.to_thread.run_sync(self._stats, store)
-
-    def _stats(self, store: Store) -> dict[str, int]:
-        srcs = list(self.settings.search.sources)
-        marks = ", ".join("?" for _ in srcs)
-        files = store.query(f"SELECT COUNT(*) FROM files WHERE source IN ({marks})", srcs)[0][0]
-        chunks, embedded = store.query(
-            f"SELECT COUNT(*), COUNT(vector) FROM chunks WHERE source IN ({marks})", srcs)[0]
-        return {"files": int(files), "chunks": int(chunks), "embedded": int(embedded)}
-
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
 
@@ -593,19 +580,6 @@ class BuiltinEngine:
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
             live=live, notes=self._notes)
-
-    async def probe_embeddings(self) -> tuple[bool, str | None]:
-        """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""
-        self._check_open()
-        sel = self._provider_selection()
-        if sel.provider is None:
-            return False, sel.error or sel.unavailable_reason or (
-                "No embedding provider available (FTS-only mode)")
-        try:
-            await sel.provider.embed_batch(["ping"])
-        except EmbeddingProviderError as exc:
-            return False, str(exc)
-        return True, None
 
     async def probe_vector(self) -> bool:
         """Whether vector search can answer (provider present and vectors not disabled)."""

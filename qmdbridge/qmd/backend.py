@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -64,7 +65,7 @@ from qmdbridge.qmd.runner import (
     is_missing_collection,
     run_command,
 )
-from qmdbridge.qmd.startup import HELP_PROBE_MAX_MS, probe_multi_c, reconcile_if_changed
+from qmdbridge.qmd.startup import prepare_home, probe_multi_c, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
 __all__ = ["QmdBackend", "encode_query"]
@@ -194,45 +195,32 @@ class QmdBackend:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Create the qmd home (per-agent XDG folders) and the workspace and sessions folders;
-        no qmd process is started. Idempotent.
+        """Create the qmd home and the workspace and sessions folders
+        (:func:`~qmdbridge.qmd.startup.prepare_home`); no qmd process is started. Idempotent.
 
         Raises:
             ManagerClosedError: closed. BackendUnavailableError: a folder cannot be created.
         """
-        from qmdbridge.paths import ensure_home
-
         self._check_open()
-        if self._prepared:
-            return
-        try:
-            for warning in ensure_home(self.home, parent_env=self._parent_env) or []:
+        if not self._prepared:
+            for warning in await anyio.to_thread.run_sync(partial(
+                    prepare_home, self.home, parent_env=self._parent_env,
+                    workspace=self.agent.workspace_dir, collections=self.collections)):
                 log.warning("%s", warning)
-            await anyio.to_thread.run_sync(self._make_dirs)
-        except OSError as exc:
-            raise BackendUnavailableError("qmd", f"cannot create the qmd home {self.home.qmd_dir}: "
-                                          f"{exc}") from exc
-        self._prepared = True
+            self._prepared = True
 
     async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:
-        """Start-up: qmd home, collections, the ``--help`` probe, the boot update, then (``full``
-        mode) timers and the file watcher in ``tasks``.
-
-        Every step runs under its own budget, never a search deadline: each collection command
-        and the probe under ``update.commandTimeoutMs``, the boot update under
-        ``update.updateTimeoutMs``. Boot update (``update.onBoot`` and ``boot_update``): awaited
-        when ``update.waitForBootSync``, else in the background (``full`` mode only). A failure
-        or timeout of a step is logged and kept in ``status()``; qmd still searches the index
-        it has.
+        """Start-up: qmd home, collections, the ``--help`` probe, the boot update (awaited with
+        ``update.waitForBootSync``, else in the background in ``full`` mode), then (``full``
+        mode) timers and the file watcher, all in ``tasks``. Each step has its own budget
+        (module docstring); a failed or timed-out step is logged and kept in ``status()``.
 
         Args:
-            tasks: the manager's task group (required in ``full`` mode; a one-shot ``cli``
-                backend starts nothing in the background).
+            tasks: the manager's task group (required in ``full`` mode).
             boot_update: ``False`` skips the boot update (operator commands).
 
         Raises:
-            ManagerClosedError: the backend was closed.
-            UsageError: ``full`` mode without ``tasks``.
+            ManagerClosedError: closed. UsageError: ``full`` mode without ``tasks``.
             BackendUnavailableError: the qmd home cannot be created.
         """
         self._check_open()
@@ -272,20 +260,14 @@ class QmdBackend:
         afterwards means one search call per collection."""
         if self._multi_c is not None or len(self.collections) < 2:
             return
-        budget = min(self.cfg.update.command_timeout_ms, HELP_PROBE_MAX_MS)
         try:
             self._multi_c = await probe_multi_c(str(self.location.path), env=self.child_env,
-                                                cwd=self.agent.workspace_dir, timeout_ms=budget)
+                                                cwd=self.agent.workspace_dir,
+                                                command_timeout_ms=self.cfg.update.command_timeout_ms)
         except BackendUnavailableError as exc:
             return self._startup_problem(exc.reason)
         if self._on_multi_c is not None:
             self._on_multi_c(self._multi_c)
-
-    def _make_dirs(self) -> None:
-        self.agent.workspace_dir.mkdir(parents=True, exist_ok=True)
-        for c in self.collections:
-            if c.kind == "sessions":
-                c.path.mkdir(parents=True, exist_ok=True)
 
     async def reconcile(self, *, force: bool = False) -> None:
         """Make qmd's collections match the config unless nothing changed since the last

@@ -1,5 +1,5 @@
-"""qmd start-up steps under their own budgets: collection reconcile (skipped while nothing
-changed) and the ``qmd --help`` probe for repeatable ``-c`` flags.
+"""qmd start-up steps under their own budgets: the qmd home, collection reconcile (skipped
+while nothing changed) and the ``qmd --help`` probe for repeatable ``-c`` flags.
 
 Neither ever runs under a search deadline (``limits.timeoutMs``): ``QmdBackend.start`` calls
 them with ``update.commandTimeoutMs`` per qmd command.
@@ -12,8 +12,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from fallback.errors import BackendTimeoutError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from fallback.fs.atomic import write_atomic
+from qmdbridge.paths import QmdHome, ensure_home
 from qmdbridge.qmd.collections import (
     CollectionRun,
     ManagedCollection,
@@ -24,7 +25,7 @@ from qmdbridge.qmd.collections import (
 )
 from qmdbridge.qmd.runner import run_command
 
-__all__ = ["HELP_PROBE_MAX_MS", "probe_multi_c", "reconcile_if_changed"]
+__all__ = ["HELP_PROBE_MAX_MS", "prepare_home", "probe_multi_c", "reconcile_if_changed"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -33,18 +34,43 @@ HELP_PROBE_MAX_MS = 5000
 _MULTI_C_RE = re.compile(r"\b(?:one or more collections|collection\(s\)|multiple -c flags)\b", re.I)
 
 
-async def probe_multi_c(exe: str, *, env: Mapping[str, str], cwd: Path, timeout_ms: int) -> bool:
+def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Path,
+                 collections: list[ManagedCollection]) -> list[str]:
+    """Create the qmd home (per-agent XDG folders), the workspace and the sessions collection's
+    folder (blocking: call in a worker thread).
+
+    Returns:
+        Warnings about the home (``qmdbridge.paths.ensure_home``), for the log.
+
+    Raises:
+        BackendUnavailableError: a folder cannot be created.
+    """
+    try:
+        warnings = list(ensure_home(home, parent_env=parent_env) or [])
+        workspace.mkdir(parents=True, exist_ok=True)
+        for c in collections:
+            if c.kind == "sessions":
+                c.path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackendUnavailableError("qmd", f"cannot create the qmd home {home.qmd_dir}: {exc}") from exc
+    return warnings
+
+
+async def probe_multi_c(exe: str, *, env: Mapping[str, str], cwd: Path,
+                        command_timeout_ms: int) -> bool:
     """Whether ``qmd --help`` promises several ``-c`` flags in one search.
 
     Args:
         exe: the qmd executable.
         env / cwd: the child's environment and folder.
-        timeout_ms: deadline of the probe, ms (> 0).
+        command_timeout_ms: ``update.commandTimeoutMs``; the probe gets at most
+            :data:`HELP_PROBE_MAX_MS` of it.
 
     Raises:
         BackendUnavailableError: qmd could not be run (``BackendTimeoutError`` past the deadline).
     """
-    res = await run_command([exe, "--help"], env=env, cwd=cwd, timeout_ms=timeout_ms)
+    res = await run_command([exe, "--help"], env=env, cwd=cwd,
+                            timeout_ms=min(command_timeout_ms, HELP_PROBE_MAX_MS))
     return bool(_MULTI_C_RE.search(res.stdout + res.stderr))
 
 

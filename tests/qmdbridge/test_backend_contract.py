@@ -64,8 +64,8 @@ def test_backend_satisfies_the_protocol_with_compatible_signatures(tmp_path: Pat
                 assert p.default is not inspect.Parameter.empty, f"{name}({pname}) is required"
     info = backend.search_info()
     assert isinstance(info, SearchInfo)
-    expected = ("none", None, "fts-only", None) if backend.name == "builtin" else ("qmd", "qmd", "search", None)
-    assert (info.provider, info.model, info.mode, info.warning) == expected
+    expected = ("none", None, "fts-only", ()) if backend.name == "builtin" else ("qmd", "qmd", "search", ())
+    assert (info.provider, info.model, info.mode, info.warnings) == expected
 
 
 def test_the_manager_uses_no_private_backend_attributes() -> None:

@@ -308,7 +308,8 @@ class MemoryManager:
                 reason=f"{reason} (circuit open; retry in {info['retryInMs'] // 1000}s)")
         backend, why = await self._qmd_started(wait=self.mode == "cli")
         if backend is None:
-            return None, self._remember(why or "qmd not available")
+            # the sidecar already dropped the probe if the start-up failed
+            return None, self._remember(why or "qmd not available", forget_probe=False)
         timeout_ms = self.agent.memory.qmd.limits.timeout_ms
         try:
             with anyio.fail_after(timeout_ms / 1000):
@@ -341,8 +342,8 @@ class MemoryManager:
 
     _short = staticmethod(short_reason)
 
-    def _remember(self, reason: str) -> FallbackInfo:
-        if self.sidecar is not None:
+    def _remember(self, reason: str, *, forget_probe: bool = True) -> FallbackInfo:
+        if forget_probe and self.sidecar is not None:
             self.sidecar.forget_probe()  # probe again next time: qmd may have changed
         self._last_fallback = FallbackInfo(from_backend="qmd", reason=self._short(reason))
         return self._last_fallback

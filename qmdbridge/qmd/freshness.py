@@ -101,12 +101,13 @@ class QmdFreshness:
         in the background and return the cause; ``None`` when it is healthy."""
         watcher = self.watcher
         cause = watcher.dead_reason()
-        if cause is not None and self.tasks.is_open:
-            log.warning("qmd file watcher is dead (%s); re-arming it", cause)
+        if cause is not None:
             self.dirty = True
             self.dirty_reason = f"watcher dead: {cause}"
-            self.tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(watcher.rearm),
-                                  dedupe=True)
+            if self.tasks.is_open and not self.tasks.is_active("watcher re-arm"):
+                log.warning("qmd file watcher is dead (%s); re-arming it", cause)
+                self.tasks.start_soon("watcher re-arm",
+                                      lambda: anyio.to_thread.run_sync(watcher.rearm))
         return cause
 
     async def before_search(self, *, budget_ms: int) -> None:

@@ -64,6 +64,18 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         os.replace(tmp, b.agent.workspace_dir / "MEMORY.md")
         assert await _wait_found(b, "wombat") == ["MEMORY.md"]
         assert tasks.running == 1  # the file watcher (interval "0"; search mode has no embed timer)
+        b.freshness.watcher.kill_observer_for_test()  # a dead watcher: noticed, re-armed, rescanned
+        with anyio.fail_after(DEADLINE_S):
+            while True:
+                st = await b.status()
+                if st.custom["qmd"]["freshness"]["watcher"]["rearms"] == 1 and not st.dirty:
+                    break
+                await anyio.sleep(0.1)
+        watcher = st.custom["qmd"]["freshness"]["watcher"]
+        assert (watcher["mode"], watcher["alive"], watcher["lastRearm"]["cause"]) == (
+            "polling", True, "native watcher thread died")
+        (b.agent.workspace_dir / "memory" / "2026-05-02.md").write_text("# Day\n\nnumbat burrow\n")
+        assert await _wait_found(b, "numbat") == ["memory/2026-05-02.md"]
         await b.close()
         assert tasks.running == 0
     with anyio.fail_after(10):

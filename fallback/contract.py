@@ -1,21 +1,53 @@
 """The backend contract both engines implement (builtin SQLite engine and qmd sidecar).
 
-All methods are async (anyio). Blocking work (SQLite, file reads) runs in
+``MemoryManager`` uses a backend only through :class:`MemoryBackend`: no private attributes,
+no swapped callbacks. All methods are async (anyio); blocking work (SQLite, file reads) runs in
 ``anyio.to_thread.run_sync``. See ``DESIGN.md`` "The backend contract".
+
+Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``, ``search``,
+``read_file``, ``status``, ``sync``, ``search_info`` -> ``close()``. A backend never creates its
+own asyncio tasks: everything that outlives a call runs in the manager's task group through
+the :class:`~fallback.background.BackgroundTasks` given to ``start``.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 
-__all__ = ["MemoryBackend"]
+if TYPE_CHECKING:
+    from fallback.background import BackgroundTasks
+
+__all__ = ["MemoryBackend", "ProgressCallback", "SearchInfo"]
+
+# Sync progress: ``progress(files_done, files_total, chunks_embedded)``, called after each file.
+ProgressCallback = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    """What a search response reports about the backend that answered.
+
+    Attributes:
+        provider: embedding provider id (``none`` keyword-only; ``qmd`` for the sidecar).
+        model: embedding model, or ``None``.
+        mode: ``hybrid`` | ``fts-only`` (builtin) or ``search`` | ``vsearch`` | ``query`` (qmd).
+        warnings: the notes of the search this backend answered last (a failed rerank), then
+            its last non-fatal problem (failed sync, failed query embedding); empty when none.
+    """
+
+    provider: str
+    model: str | None
+    mode: str
+    warnings: tuple[str, ...] = ()
 
 
 @runtime_checkable
 class MemoryBackend(Protocol):
-    """What ``MemoryManager`` needs from a backend.
+    """What ``MemoryManager`` needs from a backend, and all it uses.
 
     ``search`` returns hits best first, already cut to ``max_results`` and filtered by
     ``min_score``; it never decorates citations (the manager does). ``read_file`` raises
@@ -25,34 +57,94 @@ class MemoryBackend(Protocol):
 
     name: str
 
+    async def start(self, tasks: BackgroundTasks) -> None:
+        """Do the start-up work and begin background work (called once, before first use).
+
+        ``tasks`` is the manager's task group: every background task (watcher, timers, boot
+        sync or update) is started through it. Start-up steps run under their own budgets,
+        never under a search deadline. Returns nothing.
+
+        Raises:
+            ManagerClosedError: the backend is closed.
+            BackendUnavailableError: the backend cannot be started at all.
+        """
+        ...
+
+    async def prepare(self) -> None:
+        """Do the cheap local work a first search needs (open the store, create folders), so
+        a fallback answer is ready at once; spawns no process. Returns nothing.
+
+        Raises:
+            IndexStoreError / BackendUnavailableError: it cannot be prepared.
+        """
+        ...
+
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None) -> list[MemorySearchResult]:
-        """Search; raises ``UsageError`` for a blank query, ``BackendUnavailableError`` when
-        the backend cannot answer."""
+                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
+                     explain: bool = False) -> list[MemorySearchResult]:
+        """Search; hits best first.
+
+        Args:
+            query: the user's text.
+            max_results / min_score: cap and score floor (backend defaults when ``None``).
+            session_key: the caller's session key (scope rules are the manager's).
+            sources: restrict to ``memory`` and/or ``sessions``.
+            sync_budget_ms: longest wait in ms for a pre-search index refresh (``None``: the
+                backend's default).
+            explain: attach the ranking trace to every hit where the backend has one.
+
+        Returns:
+            ``MemorySearchResult`` list, best first; this search's non-fatal notes are in
+            :meth:`search_info` until the next search (read it before awaiting anything).
+
+        Raises:
+            UsageError: blank query. BackendUnavailableError: the backend cannot answer.
+        """
         ...
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """Read a memory file page (defaults 120 lines / 12,000 chars)."""
+        """Read a memory file page (defaults 120 lines / 12,000 chars).
+
+        Returns:
+            ``MemoryReadResult`` (``missing=True`` and empty text for an absent memory file).
+
+        Raises:
+            PathRefusedError: not a memory file.
+        """
         ...
 
     async def status(self) -> MemoryStatus:
-        """Counters and health."""
+        """Counters and health of this backend (``MemoryStatus``)."""
         ...
 
-    async def sync(self, *, reason: str, force: bool = False) -> None:
-        """Bring the index up to date (``force``: full rebuild, swapped in atomically)."""
+    async def sync(self, *, reason: str, force: bool = False,
+                   progress: ProgressCallback | None = None) -> object:
+        """Bring the index up to date (``force``: full rebuild, swapped in atomically).
+
+        Args:
+            reason: why (``cli``, ``watch``, ``interval`` ...), for logs.
+            force: full rebuild.
+            progress: ``progress(files_done, files_total, chunks_embedded)`` for this sync,
+                where the backend can tell (the builtin engine; qmd ignores it).
+
+        Returns:
+            The backend's own report (the builtin engine's ``SyncReport``; ``None`` for qmd);
+            the manager does not read it.
+
+        Raises:
+            IndexStoreError / BackendUnavailableError: the sync failed.
+        """
         ...
 
-    async def probe_embeddings(self) -> tuple[bool, str | None]:
-        """Embed a ping text: ``(ok, error)``."""
-        ...
-
-    async def probe_vector(self) -> bool:
-        """Whether vector search is available."""
+    def search_info(self) -> SearchInfo:
+        """Provider, model and mode a search response reports, plus the notes of the last
+        search and the last non-fatal problem (:class:`SearchInfo`); reads no store and spawns
+        nothing."""
         ...
 
     async def close(self) -> None:
-        """Stop timers and watchers, close stores; idempotent."""
+        """Stop this backend's background tasks, wait for a running sync, release stores and
+        child processes; idempotent. Returns nothing."""
         ...

@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "BackgroundError",
+    "BackgroundStatus",
     "ExplainDecay",
     "ExplainFloor",
     "ExplainFusion",
@@ -262,6 +264,40 @@ class SearchResponse(_Model):
     warnings: list[str] = Field(default_factory=list)
 
 
+class BackgroundError(_Model):
+    """One failure of a background task (watcher sync, update timer, boot sync ...).
+
+    Attributes:
+        task: which task failed (``builtin: watch sync``, ``qmd: interval update`` ...).
+        message: the error and its cause, one line.
+        at_ms: when it failed, epoch ms.
+        failures: consecutive failures of that task, this one included.
+        retry_in_ms: delay before the next attempt in ms, or ``None`` when it is not retried.
+    """
+
+    task: str
+    message: str
+    at_ms: int
+    failures: int = 1
+    retry_in_ms: int | None = None
+
+
+class BackgroundStatus(_Model):
+    """The manager's background task group.
+
+    Attributes:
+        running: tasks started and not finished (watchers and timers run until close).
+        tasks: their names, sorted (``builtin: file watcher``, ``qmd: interval update`` ...).
+        failing: tasks whose last attempt failed and that have not succeeded since.
+        last_error: the most recent failure of any background task, or ``None``.
+    """
+
+    running: int = 0
+    tasks: list[str] = Field(default_factory=list)
+    failing: list[str] = Field(default_factory=list)
+    last_error: BackgroundError | None = None
+
+
 class MemoryStatus(_Model):
     """Health and counters of one backend (or of the manager, which merges both).
 
@@ -287,6 +323,8 @@ class MemoryStatus(_Model):
         last_error: the last failure, one line.
         custom: backend-specific extras (qmd: binary, version, collections, breaker ...).
         backends: the manager's view of each backend's status (only on the manager's status).
+        background: the manager's background tasks and their last failure (only on the
+            manager's status; ``None`` from a backend).
     """
 
     backend: str
@@ -316,3 +354,4 @@ class MemoryStatus(_Model):
     last_error: str | None = None
     custom: dict[str, Any] = Field(default_factory=dict)
     backends: dict[str, Any] = Field(default_factory=dict)
+    background: BackgroundStatus | None = None

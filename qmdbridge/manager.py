@@ -11,6 +11,18 @@ The manager is the one entry point of the library. It serves ``memory_search`` a
   makes the fallback permanent.
 - ``memory.backend = "none"``: memory tools are disabled.
 
+Deadlines mean one thing each: ``memory.qmd.limits.timeoutMs`` bounds the qmd search call and
+nothing else, and only a failed search opens the search breaker. qmd's start-up (probe,
+collection reconcile, ``--help`` probe, the boot update with ``update.waitForBootSync``) runs
+under its own budgets (the probe's own, ``update.commandTimeoutMs``, ``update.updateTimeoutMs``);
+a one-shot caller waits for it, a long-lived one runs it in the background and answers from the
+builtin engine meanwhile. A qmd that cannot start at all opens a separate start-up breaker.
+
+Background work: the manager owns one anyio task group (:class:`~fallback.background.BackgroundTasks`,
+opened by ``async with``) in which both backends run every background task; ``close()`` cancels
+it and returns when every task and child process is gone. Backends are used only through
+``fallback.contract.MemoryBackend``.
+
 Scope rules (``memory.qmd.scope``) are enforced here for every backend, so a group chat cannot
 read DM-only memory through the fallback. Citations are decorated here for every backend.
 """
@@ -21,11 +33,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 
-from fallback.contract import MemoryBackend
+from fallback.background import BackgroundTasks
+from fallback.contract import MemoryBackend, ProgressCallback, SearchInfo
 from fallback.errors import (
     BackendUnavailableError,
     ManagerClosedError,
@@ -42,9 +55,7 @@ from fallback.models import (
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker
-
-if TYPE_CHECKING:
-    from fallback.engine.builtin import BuiltinEngine
+from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
 
@@ -52,9 +63,8 @@ log = logging.getLogger("qmdbridge")
 
 BackendName = Literal["builtin", "qmd", "none"]
 
-# Extra time (ms) the manager grants a qmd call (probe, start and search together) beyond
-# limits.timeoutMs; the fallback answer must follow within 100 ms of the deadline.
-QMD_DEADLINE_SLACK_MS = 0
+# A qmd fallback answers from the builtin index as it is: its pre-search sync gets this long, ms.
+FALLBACK_SYNC_BUDGET_MS = 50
 # Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
 MAX_LIMIT = 2**31 - 1
 # The warning of a qmd answer to a search that asked for the ranking trace.
@@ -102,14 +112,18 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
 class MemoryManager:
     """Async memory service for one agent (anyio).
 
-    Use ``async with MemoryManager(agent) as m`` or call ``close()``. All methods raise
-    ``ManagerClosedError`` after ``close()``.
+    Use ``async with MemoryManager(agent) as m``: entering opens the task group the backends'
+    background work runs in, leaving (or ``close()``, from any task) cancels it and closes both
+    backends. A one-shot (``cli``) manager also works without ``async with`` (it starts no
+    background work); a ``full`` one requires it. All methods raise ``ManagerClosedError``
+    after ``close()``.
 
     Args:
         agent: the resolved agent config (``qmdbridge.config.resolve_agent``).
         backend: override of ``memory.backend`` (the CLI's ``--backend``).
-        mode: ``cli`` (one-shot: no timers, no watchers) or ``full`` (long-lived ``serve``:
-            qmd boot update and timers, file watchers).
+        mode: ``cli`` (one-shot: no timers, no watchers; searches wait for qmd's start-up) or
+            ``full`` (long-lived ``serve``: qmd start-up, boot update and timers and the file
+            watchers run in the background).
         env: environment for qmd discovery and the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (tests).
     """
@@ -122,43 +136,31 @@ class MemoryManager:
         self.mode = mode
         self._env = dict(os.environ if env is None else env)
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
-        self._builtin: BuiltinEngine | None = None
-        self._qmd: MemoryBackend | None = None
-        self._qmd_unavailable: str | None = None
-        self._qmd_started = False
+        self.tasks = BackgroundTasks(now_ms=self._now_ms)
+        self._builtin: MemoryBackend | None = None
+        self._builtin_started = False
         self._closed = False
-        self._lock = anyio.Lock()
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None,
                                       scope=f"{agent.memory.qmd.command}\0{agent.memory.qmd.search_mode}")
-        self._probe_cache: Any = None
+        self.sidecar: QmdSidecar | None = None
+        if self.backend_name == "qmd":
+            self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
+                                      background=self._background)
         self._last_fallback: FallbackInfo | None = None
-        self._start_task: Any = None
-        self._qmd_location: Any = None  # the last probe (reason, folders searched, PATH)
 
     async def __aenter__(self) -> MemoryManager:
+        self._check_open()
+        await self.tasks.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        try:
+            await self.close()
+        finally:
+            await self.tasks.__aexit__(*exc)
 
     # -- backends ---------------------------------------------------------------------------
-
-    @property
-    def probe_cache(self) -> Any:
-        """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
-        if self._probe_cache is None:
-            from qmdbridge.qmd.probe_cache import ProbeCache
-
-            self._probe_cache = ProbeCache(self.agent.state_dir / "qmd" / "probe-cache.json",
-                                           now_ms=self._now_ms)
-        return self._probe_cache
-
-    @property
-    def _probe_key(self) -> str:
-        from qmdbridge.qmd.probe_cache import ProbeCache
-
-        return ProbeCache.key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -172,7 +174,14 @@ class MemoryManager:
             what = "is not a directory" if ws.exists() else "does not exist"
             raise UsageError(f"workspace {what}: {ws} (pass --workspace or set agents.defaults.workspace)")
 
-    async def builtin(self) -> BuiltinEngine:
+    def _background(self) -> BackgroundTasks:
+        """The task group for a backend's ``start``; a ``full`` manager needs it open."""
+        if self.mode == "full" and not self.tasks.is_open:
+            raise UsageError("a long-lived (mode='full') MemoryManager runs background work: "
+                             "use `async with MemoryManager(...)`")
+        return self.tasks
+
+    async def builtin(self) -> MemoryBackend:
         """The builtin engine (created on first use)."""
         self._check_open()
         if self._builtin is None:
@@ -190,39 +199,16 @@ class MemoryManager:
         return self._builtin
 
     async def qmd(self) -> MemoryBackend | None:
-        """The qmd backend, or ``None`` when qmd is not configured or cannot be found/started.
+        """The started qmd backend (waiting for its start-up), or ``None`` when qmd is not
+        configured or cannot be found or started (the reason is kept for ``status()``)."""
+        backend, _ = await self._qmd_started(wait=True)
+        return backend
 
-        The reason it is unavailable is kept for ``status()`` and the fallback answer.
-        """
+    async def _qmd_started(self, *, wait: bool) -> tuple[MemoryBackend | None, str | None]:
         self._check_open()
-        if self.backend_name != "qmd":
-            return None
-        async with self._lock:
-            if self._qmd is None and self._qmd_unavailable is not None and self.breaker.allow(self._now_ms()):
-                self._qmd_unavailable = None  # cooldown over: look for qmd again
-            if self._qmd is None and self._qmd_unavailable is None:
-                from qmdbridge.qmd.backend import QmdBackend
-                from qmdbridge.qmd.locate import probe_qmd
-
-                cached = self.probe_cache.get(self._probe_key)
-                extras: dict[str, Any] = {}
-                if cached is not None:
-                    location, extras = cached
-                else:
-                    location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
-                    self._qmd_location = location
-                    if not location.usable:
-                        self._qmd_unavailable = location.reason or "qmd not available"
-                        return None
-                    self.probe_cache.put(self._probe_key, location)
-                self._qmd = QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
-                                       now_ms=self._now_ms)
-                if isinstance(extras.get("multiC"), bool):
-                    self._qmd._multi_c = extras["multiC"]  # type: ignore[attr-defined]
-            if self._qmd is not None and not self._qmd_started:
-                self._qmd_started = True
-                await self._qmd.start()  # type: ignore[attr-defined]
-        return self._qmd
+        if self.sidecar is None:
+            return None, "qmd is not the configured backend"
+        return await self.sidecar.get(wait=wait)
 
     # -- the two tools ----------------------------------------------------------------------
 
@@ -277,42 +263,42 @@ class MemoryManager:
                 # Open the builtin engine while qmd runs (the process mostly waits on the child),
                 # so a fallback answer is ready right after qmd's deadline.
                 tg.start_soon(self._prepare_builtin)
-                qmd_results, fallback = await self._search_qmd(
+                answered, fallback = await self._search_qmd(
                     query, max_results=max_results, min_score=min_score, session_key=session_key,
                     sources=sources)
-            if qmd_results is not None:
-                limits = cfg.qmd.limits
+            if answered is not None:
+                qmd_results, info = answered
                 results = decorate_citations(qmd_results, include=include,
-                                             max_injected_chars=limits.max_injected_chars)
-                return SearchResponse(backend="qmd", provider="qmd", model="qmd",
-                                      mode=cfg.qmd.search_mode, citations=cfg.citations,
-                                      results=results, warnings=[NO_QMD_EXPLAIN] if explain else [])
+                                             max_injected_chars=cfg.qmd.limits.max_injected_chars)
+                warnings = [*info.warnings, *([NO_QMD_EXPLAIN] if explain else [])]
+                return SearchResponse(backend="qmd", provider=info.provider, model=info.model,
+                                      mode=info.mode, citations=cfg.citations, results=results,
+                                      warnings=warnings)
         engine = await self.builtin()
         try:
-            # A qmd fallback answers from the index as it is: a pre-search sync gets 50 ms.
-            outcome = await engine.search_detailed(
+            hits = await engine.search(
                 query, max_results=max_results, min_score=min_score, session_key=session_key,
-                sources=sources, explain=explain,
-                **({"sync_budget_ms": 50} if fallback is not None else {}))
+                sources=sources, sync_budget_ms=FALLBACK_SYNC_BUDGET_MS if fallback else None,
+                explain=explain)
         except BackendUnavailableError as exc:
             if fallback is not None:
                 raise BackendUnavailableError(
                     "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
-        provider, model, mode = engine.search_info()
-        hits = outcome.results
-        warnings = [*outcome.warnings, *([engine.last_error] if engine.last_error else [])]
+        info = engine.search_info()  # right after the search: its notes are still current
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]
         results = decorate_citations(hits, include=include)
-        return SearchResponse(backend="builtin", fallback=fallback, provider=provider,
-                              model=model, mode=mode, citations=cfg.citations,
-                              results=results, warnings=warnings)
+        return SearchResponse(backend="builtin", fallback=fallback, provider=info.provider,
+                              model=info.model, mode=info.mode, citations=cfg.citations,
+                              results=results, warnings=list(info.warnings))
 
-    async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[list[MemorySearchResult] | None,
-                                                                   FallbackInfo | None]:
-        """Try qmd under the breaker and the deadline; ``(None, fallback)`` when it can't answer."""
+    async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[
+            tuple[list[MemorySearchResult], SearchInfo] | None, FallbackInfo | None]:
+        """Try qmd under the search breaker and ``limits.timeoutMs``; ``(None, fallback)`` when
+        it can't answer. Start-up happens before the deadline starts and never opens the
+        search breaker."""
         now = self._now_ms()
         if not self.breaker.allow(now):
             reason = self.breaker.state.last_failure or "qmd failed recently"
@@ -320,39 +306,32 @@ class MemoryManager:
             return None, FallbackInfo(
                 from_backend="qmd",
                 reason=f"{reason} (circuit open; retry in {info['retryInMs'] // 1000}s)")
+        backend, why = await self._qmd_started(wait=self.mode == "cli")
+        if backend is None:
+            # the sidecar already dropped the probe if the start-up failed
+            return None, self._remember(why or "qmd not available", forget_probe=False)
         timeout_ms = self.agent.memory.qmd.limits.timeout_ms
         try:
-            with anyio.fail_after((timeout_ms + QMD_DEADLINE_SLACK_MS) / 1000):
-                backend = await self.qmd()
-                if backend is None:
-                    reason = self._qmd_unavailable or "qmd not available"
-                    self.breaker.record_failure(self._short(reason), self._now_ms())
-                    return None, self._remember(reason)
+            with anyio.fail_after(timeout_ms / 1000):
                 results = await backend.search(query, **kwargs)
         except UsageError:
             raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
             reason = str(exc) if str(exc) else f"qmd search timed out after {timeout_ms}ms"
-            self.breaker.record_failure(self._short(reason), self._now_ms())
-            log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
-            return None, self._remember(reason)
+            return None, self._search_failed(reason)
         except MemorySearchError as exc:
-            reason = getattr(exc, "reason", None) or str(exc)
-            self.breaker.record_failure(self._short(reason), self._now_ms())
-            log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
-            return None, self._remember(reason)
+            return None, self._search_failed(getattr(exc, "reason", None) or str(exc))
         except Exception as exc:  # fallback boundary: any qmd defect must not silence memory
-            reason = f"{type(exc).__name__}: {exc}"
-            self.breaker.record_failure(self._short(reason), self._now_ms())
             log.exception("qmd backend raised unexpectedly; answering from builtin")
-            return None, self._remember(reason)
+            return None, self._search_failed(f"{type(exc).__name__}: {exc}")
         self.breaker.record_success(self._now_ms())
         self._last_fallback = None
-        multi_c = getattr(self._qmd, "_multi_c", None)
-        cached = self.probe_cache.get(self._probe_key)
-        if isinstance(multi_c, bool) and cached is not None and cached[1].get("multiC") != multi_c:
-            self.probe_cache.put(self._probe_key, cached[0], multiC=multi_c)
-        return results, None
+        return (results, backend.search_info()), None
+
+    def _search_failed(self, reason: str) -> FallbackInfo:
+        self.breaker.record_failure(self._short(reason), self._now_ms())
+        log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
+        return self._remember(reason)
 
     async def _prepare_builtin(self) -> None:
         try:
@@ -361,19 +340,11 @@ class MemoryManager:
         except MemorySearchError as exc:  # reported by the fallback search itself, if needed
             log.debug("builtin engine not ready: %s", exc)
 
-    @staticmethod
-    def _short(reason: str) -> str:
-        """One line of a failure for people: qmd's ``error:`` line when its stderr is a stack
-        trace, at most 300 chars."""
-        lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-        if len(lines) > 1:
-            picked = next((ln for ln in lines[1:] if ln.lower().startswith(("error:", "error ")) ), None)
-            head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
-            reason = f"{head}: {picked}" if picked else lines[0]
-        return reason if len(reason) <= 300 else reason[:297] + "..."
+    _short = staticmethod(short_reason)
 
-    def _remember(self, reason: str) -> FallbackInfo:
-        self.probe_cache.forget(self._probe_key)  # probe again next time: qmd may have changed
+    def _remember(self, reason: str, *, forget_probe: bool = True) -> FallbackInfo:
+        if forget_probe and self.sidecar is not None:
+            self.sidecar.forget_probe()  # probe again next time: qmd may have changed
         self._last_fallback = FallbackInfo(from_backend="qmd", reason=self._short(reason))
         return self._last_fallback
 
@@ -394,12 +365,11 @@ class MemoryManager:
         if lines is not None and not 1 <= lines <= MAX_LIMIT:
             raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
         self._check_workspace()
-        if self.backend_name == "qmd" and (rel_path.strip().startswith("qmd/") or
-                                           self.breaker.allow(self._now_ms())):
-            try:
-                backend = await self.qmd()
-            except MemorySearchError:
-                backend = None
+        qmd_path = rel_path.strip().startswith("qmd/")
+        if self.backend_name == "qmd" and (qmd_path or self.breaker.allow(self._now_ms())):
+            # qmd/<collection> paths need qmd; others may come from the builtin engine while a
+            # long-lived manager's qmd is still starting
+            backend, _ = await self._qmd_started(wait=qmd_path or self.mode == "cli")
             if backend is not None:
                 return await backend.read_file(rel_path, from_line=from_line, lines=lines)
         engine = await self.builtin()
@@ -411,74 +381,75 @@ class MemoryManager:
         ``backends`` holds ``{"builtin": {...}, "qmd": {...}}``: the builtin engine's counts
         (``files``: files it has indexed, custom collections included in qmd mode) and qmd's
         view (``collections``: the ``{name, path, pattern}`` qmd searches, known even while
-        qmd is down; ``files``: documents in qmd's index when it answers). ``fallback`` is set
-        when qmd is configured but currently not answering.
+        qmd is down; ``files``: documents in qmd's index when it answers; ``breaker`` and
+        ``startup``). ``background`` is the task group and its last failure; ``fallback`` is
+        set when qmd is configured but currently not answering. A long-lived manager never
+        waits for qmd's start-up here.
         """
         self._check_open()
         engine = await self.builtin()
         builtin_status = await engine.status()
         backends: dict[str, Any] = {"builtin": builtin_status.to_json_dict()}
+        common = {"backends": backends, "background": self.tasks.status()}
         if self.backend_name != "qmd":
-            return builtin_status.model_copy(update={"backends": backends})
+            return builtin_status.model_copy(update=common)
         from qmdbridge.paths import qmd_home
         from qmdbridge.qmd.collections import build_collections
 
+        now = self._now_ms()
         managed = build_collections(self.agent, sessions_dir=qmd_home(
             self.agent.state_dir, self.agent.agent_id).sessions_dir)
         qmd_view: dict[str, Any] = {
-            "configured": True, "breaker": self.breaker.describe(self._now_ms()),
+            "configured": True, "breaker": self.breaker.describe(now),
             "collections": [{"name": c.name, "path": str(c.path), "pattern": c.pattern}
                             for c in managed]}
         qmd_status: MemoryStatus | None = None
         try:
-            backend = await self.qmd()
+            backend, why = await self._qmd_started(wait=self.mode == "cli")
             if backend is not None:
                 qmd_status = await backend.status()
                 qmd_view.update(qmd_status.to_json_dict())
             else:
-                qmd_view.update({"healthy": False, "lastError": self._qmd_unavailable})
-            loc = self._qmd_location
-            if loc is not None:
-                qmd_view["locate"] = {"path": loc.path, "found": loc.found, "runtimeOk": loc.runtime_ok,
-                                      "version": loc.version, "reason": loc.reason,
-                                      "searched": loc.searched, "pathEnv": loc.path_env,
-                                      "skipped": loc.skipped}
+                qmd_view.update({"healthy": False, "lastError": why})
         except MemorySearchError as exc:
-            qmd_view.update({"healthy": False, "lastError": str(exc)})
+            why = str(exc)
+            qmd_view.update({"healthy": False, "lastError": why})
+        if self.sidecar is not None:
+            qmd_view.update(self.sidecar.describe())
         backends["qmd"] = qmd_view
-        healthy = qmd_status is not None and self.breaker.allow(self._now_ms())
-        if healthy and qmd_status is not None:
-            return qmd_status.model_copy(update={"backends": backends})
-        reason = (self._qmd_unavailable or self.breaker.state.last_failure
-                  or (self._last_fallback.reason if self._last_fallback else "qmd unavailable"))
+        if qmd_status is not None and self.breaker.allow(now):
+            return qmd_status.model_copy(update=common)
+        reason = (why if qmd_status is None else None) or self.breaker.state.last_failure or (
+            self._last_fallback.reason if self._last_fallback else "qmd unavailable")
         return builtin_status.model_copy(update={
-            "backends": backends, "fallback": FallbackInfo(from_backend="qmd", reason=reason)})
+            **common, "fallback": FallbackInfo(from_backend="qmd", reason=reason)})
 
     async def start(self) -> None:
-        """Start background work for ``full`` mode: the builtin engine's watcher and first sync,
-        qmd's collections, boot update and timers. One-shot (``cli``) callers need not call it.
+        """Start background work for ``full`` mode: the builtin engine's live mode (watcher,
+        timers, boot sync) and qmd's start-up (collections, boot update, timers, watcher). The
+        qmd start-up runs in the background, except with ``update.waitForBootSync``: then
+        this returns after it (under the start-up budgets, never a search deadline).
+
+        Raises:
+            UsageError: the manager was not entered with ``async with``.
+            ManagerClosedError: the manager is closed.
         """
         self._check_open()
+        if not self.tasks.is_open:
+            raise UsageError("MemoryManager.start() runs background work: use "
+                             "`async with MemoryManager(...)`")
         engine = await self.builtin()
-        start = getattr(engine, "start", None)
-        if start is not None:
-            await start()
+        if not self._builtin_started:
+            self._builtin_started = True
+            await engine.start(self.tasks)
         if self.backend_name == "qmd":
-            # In the background: reconciling collections with a slow or hanging qmd can take
-            # up to 3 x commandTimeoutMs; searches meanwhile answer within their own deadline.
-            import asyncio
-
-            async def start_qmd() -> None:
-                try:
-                    await self.qmd()
-                except MemorySearchError as exc:
-                    self.breaker.record_failure(str(exc), self._now_ms())
-                    log.warning("qmd did not start; the builtin engine answers: %s", exc)
-
-            self._start_task = asyncio.get_running_loop().create_task(start_qmd())
+            if self.agent.memory.qmd.update.wait_for_boot_sync:
+                await self._qmd_started(wait=True)
+            else:
+                await self._qmd_started(wait=False)
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
-                   progress: Callable[[int, int, int], None] | None = None) -> None:
+                   progress: ProgressCallback | None = None) -> None:
         """Sync the configured backend (and the builtin index, which is the fallback).
 
         Args:
@@ -496,40 +467,29 @@ class MemoryManager:
             if backend is not None:
                 await backend.sync(reason=reason, force=force)
         engine = await self.builtin()
-        previous = getattr(engine, "on_progress", None)
-        if progress is not None:
-            engine.on_progress = progress  # type: ignore[attr-defined]
-        try:
-            await engine.sync(reason=reason, force=force)
-        finally:
-            if progress is not None:
-                engine.on_progress = previous  # type: ignore[attr-defined]
+        await engine.sync(reason=reason, force=force, progress=progress)
 
     async def close(self) -> None:
-        """Close both backends; idempotent."""
+        """Cancel the background task group (every task of both backends, their qmd children
+        killed and reaped), then close both backends; idempotent, callable from any task."""
         if self._closed:
             return
         self._closed = True
-        task, self._start_task = self._start_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with anyio.CancelScope(shield=True):
-                try:
-                    await task
-                except BaseException:  # noqa: BLE001 - cancelled or failed start: already logged
-                    pass
-        for backend in (self._qmd, self._builtin):
-            if backend is not None:
-                with anyio.CancelScope(shield=True):
-                    await backend.close()
+        with anyio.CancelScope(shield=True):
+            await self.tasks.aclose()
+            if self.sidecar is not None:
+                await self.sidecar.close()
+            if self._builtin is not None:
+                await self._builtin.close()
 
 
 class BlockingMemoryManager:
     """Blocking facade over :class:`MemoryManager` for scripts and simple hosts.
 
-    Owns an anyio blocking portal (an event loop in a thread) for its whole lifetime; every
-    method forwards to the async manager with ``portal.call`` and has the same name and
-    arguments. Use as a context manager or call ``close()``.
+    Owns an anyio blocking portal (an event loop in a thread) for its whole lifetime and enters
+    the manager there as an async context manager (so its background task group lives in one
+    portal task); every method forwards to the async manager with ``portal.call`` and has the
+    same name and arguments. Use as a context manager or call ``close()``.
     """
 
     def __init__(self, agent: ResolvedAgent, **kwargs: Any) -> None:
@@ -538,6 +498,12 @@ class BlockingMemoryManager:
         self._portal_cm = start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
         self._manager = MemoryManager(agent, **kwargs)
+        try:
+            self._entered = self._portal.wrap_async_context_manager(self._manager)
+            self._entered.__enter__()
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
         self._closed = False
 
     def __enter__(self) -> BlockingMemoryManager:
@@ -567,13 +533,16 @@ class BlockingMemoryManager:
         """See :meth:`MemoryManager.sync`."""
         self._call(lambda: self._manager.sync(reason=reason, force=force))
 
+    def start(self) -> None:
+        """See :meth:`MemoryManager.start`."""
+        self._call(self._manager.start)
+
     def close(self) -> None:
-        """Close the manager and stop the portal; idempotent."""
+        """Close the manager (its background tasks included) and stop the portal; idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._portal.call(self._manager.close)
+            self._entered.__exit__(None, None, None)
         finally:
             self._portal_cm.__exit__(None, None, None)
-

@@ -22,8 +22,9 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
   ``sync_budget_ms`` argument) for a pre-search sync, except the bootstrap of an empty index;
   past the budget it answers from the current index while the sync continues in the background
   (live mode) or is cancelled between files (one-shot; progress is kept);
-- ``start()`` turns on live mode (``fallback/engine/live.py``: watcher, session deltas, interval and
-  rescan syncs) for the long-lived ``serve`` process; one-shot use never needs it.
+- ``start(tasks)`` turns on live mode (``fallback/engine/live.py``: watcher, session deltas,
+  interval and rescan syncs, all in the manager's task group) for the long-lived ``serve``
+  process; one-shot use never needs it. Every search and status checks the watcher's health.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 
 import anyio
 
+from fallback.background import BackgroundTasks
+from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     EmbeddingProviderError,
@@ -45,7 +48,7 @@ from fallback.errors import (
     SearchUnavailableError,
     UsageError,
 )
-from fallback.index.indexer import Indexer, ProgressCallback, SyncReport
+from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import (
     MemoryReadResult,
     MemorySearchResult,
@@ -81,7 +84,8 @@ class BuiltinEngine:
             ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
             on first use.
         now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
-        on_progress: sync progress ``(files_done, files_total, chunks_embedded)``.
+        on_progress: default sync progress ``(files_done, files_total, chunks_embedded)`` for
+            syncs that pass none.
     """
 
     name = "builtin"
@@ -93,6 +97,8 @@ class BuiltinEngine:
     # Live mode: start the watcher on polling (network file systems, tests) and its period (s).
     watch_force_polling: bool = False
     watch_poll_interval_s: float = 1.0
+    # Live mode: period of the watcher loop's own health check, ms (searches and status check too).
+    watch_health_check_ms: int = 1000
 
     def __init__(self, settings: EngineSettings, *, provider_selection: Any = None,
                  now_ms: Callable[[], int] | None = None,
@@ -114,6 +120,7 @@ class BuiltinEngine:
         self._sync_outcome: SyncReport | BaseException | None = None
         self._last_report: SyncReport | None = None
         self._last_error: str | None = None
+        self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
 
@@ -178,6 +185,7 @@ class BuiltinEngine:
 
         Raises:
             IndexStoreError: the store cannot be opened.
+            ManagerClosedError: the engine is closed.
         """
         await self._open_store()
 
@@ -217,15 +225,20 @@ class BuiltinEngine:
 
     live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
 
-    async def start(self) -> None:
+    async def start(self, tasks: BackgroundTasks) -> None:
         """Enter live mode (``serve``): watcher, session deltas, interval/rescan syncs, boot sync.
 
+        Args:
+            tasks: the manager's task group; live mode runs in a ``builtin`` subgroup of it,
+                which :meth:`close` cancels.
+
         Uses the class attributes ``session_batch_ms``, ``rescan_interval_ms``,
-        ``watch_force_polling`` and ``watch_poll_interval_s``. Idempotent; one-shot callers
-        need not call it. :meth:`close` stops everything it started.
+        ``watch_force_polling``, ``watch_poll_interval_s`` and ``watch_health_check_ms``.
+        Idempotent; one-shot callers need not call it.
 
         Raises:
             ManagerClosedError: the engine is closed.
+            UsageError: ``tasks`` is not open.
         """
         self._check_open()
         if self._live is not None:
@@ -234,8 +247,9 @@ class BuiltinEngine:
         self._live = LiveSync(self, session_batch_ms=self.session_batch_ms,
                               rescan_interval_ms=self.rescan_interval_ms,
                               force_polling=self.watch_force_polling,
-                              poll_interval_s=self.watch_poll_interval_s)
-        await self._live.start()
+                              poll_interval_s=self.watch_poll_interval_s,
+                              watch_health_check_ms=self.watch_health_check_ms)
+        await self._live.start(tasks.subgroup("builtin"))
 
     def warm_session(self, session_key: str | None) -> None:
         """Fire-and-forget ``sync("session-start")`` once per non-empty key (live mode only)."""
@@ -281,8 +295,8 @@ class BuiltinEngine:
 
     # -- sync ------------------------------------------------------------------------------
 
-    async def sync(self, *, reason: str, force: bool = False,
-                   paths: set[str] | None = None) -> SyncReport:
+    async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
+                   progress: ProgressCallback | None = None) -> SyncReport:
         """Bring the index up to date; a second caller awaits the running sync.
 
         A store found corrupt on the way is moved aside and rebuilt from the memory files
@@ -293,6 +307,9 @@ class BuiltinEngine:
             force: full rebuild into a temporary database, swapped in atomically.
             paths: absolute paths the watcher saw change: only those files are re-indexed when
                 each can be judged on its own (else, or when ``None``, a full incremental scan).
+            progress: ``progress(files_done, files_total, chunks_embedded)`` for the sync this
+                call runs (a caller that joins a running sync gets no progress); default
+                the constructor's ``on_progress``.
 
         Returns:
             The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
@@ -303,14 +320,16 @@ class BuiltinEngine:
             IndexStoreError / EmbeddingProviderError: the sync failed (a full rebuild leaves
                 the live index untouched).
         """
+        shared = partial(self._sync_shared, reason=reason, force=force, paths=paths,
+                         progress=progress or self.on_progress)
         try:
-            return await self._sync_shared(reason=reason, force=force, paths=paths)
+            return await shared()
         except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
-            return await self._sync_shared(reason=reason, force=force, paths=paths)
+            return await shared()
 
-    async def _sync_shared(self, *, reason: str, force: bool,
-                           paths: set[str] | None = None) -> SyncReport:
+    async def _sync_shared(self, *, reason: str, force: bool, paths: set[str] | None,
+                           progress: ProgressCallback | None) -> SyncReport:
         self._check_open()
         cancelled = anyio.get_cancelled_exc_class()
         while self._sync_done is not None:
@@ -324,7 +343,8 @@ class BuiltinEngine:
         done = anyio.Event()
         self._sync_done = done
         try:
-            report = await self._run_sync(reason=reason, force=force, paths=paths)
+            report = await self._run_sync(reason=reason, force=force, paths=paths,
+                                          progress=progress)
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
@@ -338,8 +358,8 @@ class BuiltinEngine:
             self._sync_done = None
             done.set()
 
-    async def _run_sync(self, *, reason: str, force: bool,
-                        paths: set[str] | None = None) -> SyncReport:
+    async def _run_sync(self, *, reason: str, force: bool, paths: set[str] | None,
+                        progress: ProgressCallback | None) -> SyncReport:
         self._fail_closed()
         store = await self._open_store()
         # One writer per store across processes; the whole sync (a rebuild's publish too)
@@ -347,7 +367,7 @@ class BuiltinEngine:
         async with store.writer_lock.hold():
             await anyio.to_thread.run_sync(store.recover_leftovers)
             report = await self._sync_recovering_readonly(store, reason=reason, force=force,
-                                                          paths=paths)
+                                                          paths=paths, progress=progress)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
@@ -360,14 +380,15 @@ class BuiltinEngine:
         return report
 
     async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
-                                        paths: set[str] | None = None) -> SyncReport:
+                                        paths: set[str] | None,
+                                        progress: ProgressCallback | None) -> SyncReport:
         """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
 
         Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
         """
         indexer = Indexer(self.settings, provider=self._provider(),
                           write_limiter=self._write_limiter, now_ms=self._now_ms,
-                          on_progress=self.on_progress)
+                          on_progress=progress)
         log.debug("builtin sync start (%s, force=%s)", reason, force)
         recovery = store.readonly_recovery
         try:
@@ -413,13 +434,15 @@ class BuiltinEngine:
         except IndexStoreError as exc:
             log.warning("memory sync before search failed: %s", exc)
 
-    def search_info(self) -> tuple[str, str | None, str]:
-        """``(provider id or "none", model or None, "hybrid" | "fts-only")`` without reading the
-        store (what a search response reports; ``status()`` counts rows and is slower)."""
+    def search_info(self) -> SearchInfo:
+        """Provider id (``none``), model and mode (``hybrid`` | ``fts-only``) plus the last
+        search's warnings and the last non-fatal problem, without reading the store
+        (``status()`` counts rows and is slower)."""
         provider = self._provider()
+        warnings = (*self._search_warnings, *((self._last_error,) if self._last_error else ()))
         if provider is None:
-            return "none", None, "fts-only"
-        return provider.provider_id, provider.model, "hybrid"
+            return SearchInfo("none", None, "fts-only", warnings)
+        return SearchInfo(provider.provider_id, provider.model, "hybrid", warnings)
 
     @property
     def last_error(self) -> str | None:
@@ -430,12 +453,15 @@ class BuiltinEngine:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None,
-                     sync_budget_ms: int | None = None) -> list[MemorySearchResult]:
-        """The hits of :meth:`search_detailed` (the backend contract); raises as it does."""
-        return (await self.search_detailed(query, max_results=max_results, min_score=min_score,
-                                           session_key=session_key, sources=sources,
-                                           sync_budget_ms=sync_budget_ms)).results
+                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
+                     explain: bool = False) -> list[MemorySearchResult]:
+        """The hits of :meth:`search_detailed` (the backend contract); its warnings are in
+        :meth:`search_info` until the next search. Raises as :meth:`search_detailed`."""
+        outcome = await self.search_detailed(query, max_results=max_results, min_score=min_score,
+                                             session_key=session_key, sources=sources,
+                                             sync_budget_ms=sync_budget_ms, explain=explain)
+        self._search_warnings = tuple(outcome.warnings)
+        return outcome.results
 
     async def search_detailed(self, query: str, *, max_results: int | None = None,
                               min_score: float | None = None, session_key: str | None = None,
@@ -487,6 +513,10 @@ class BuiltinEngine:
             raise UsageError("query must not be empty")
         self._check_open()
         self._fail_closed()
+        if self._live is not None:
+            dead = self._live.check_watcher()  # a dead watcher is re-armed in the background
+            if dead is not None:
+                self.mark_dirty(f"watcher dead: {dead}; re-arming")
         store = await self._open_store()
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
                               else sync_budget_ms)
@@ -527,19 +557,6 @@ class BuiltinEngine:
             read_memory_page, self.settings.workspace_dir, list(self.settings.search.extra_paths),
             rel_path, from_line=from_line, lines=lines))
 
-    async def index_stats(self) -> dict[str, int]:
-        """``{"files", "chunks", "embedded"}`` over the enabled sources (for the CLI)."""
-        store = await self._open_store()
-        return await anyio.to_thread.run_sync(self._stats, store)
-
-    def _stats(self, store: Store) -> dict[str, int]:
-        srcs = list(self.settings.search.sources)
-        marks = ", ".join("?" for _ in srcs)
-        files = store.query(f"SELECT COUNT(*) FROM files WHERE source IN ({marks})", srcs)[0][0]
-        chunks, embedded = store.query(
-            f"SELECT COUNT(*), COUNT(vector) FROM chunks WHERE source IN ({marks})", srcs)[0]
-        return {"files": int(files), "chunks": int(chunks), "embedded": int(embedded)}
-
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
 
@@ -548,9 +565,10 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be read.
         """
         store = await self._open_store()
-        return await anyio.to_thread.run_sync(self._status, store)
+        live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
+        return await anyio.to_thread.run_sync(self._status, store, live)
 
-    def _status(self, store: Store) -> MemoryStatus:
+    def _status(self, store: Store, live: Any) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
         dirty = self._dirty
@@ -561,20 +579,7 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
-            live=self._live, notes=self._notes)
-
-    async def probe_embeddings(self) -> tuple[bool, str | None]:
-        """Embed ``"ping"``: ``(True, None)`` or ``(False, error)``."""
-        self._check_open()
-        sel = self._provider_selection()
-        if sel.provider is None:
-            return False, sel.error or sel.unavailable_reason or (
-                "No embedding provider available (FTS-only mode)")
-        try:
-            await sel.provider.embed_batch(["ping"])
-        except EmbeddingProviderError as exc:
-            return False, str(exc)
-        return True, None
+            live=live, notes=self._notes)
 
     async def probe_vector(self) -> bool:
         """Whether vector search can answer (provider present and vectors not disabled)."""

@@ -1,16 +1,18 @@
 """Live mode of the builtin engine: watcher, session deltas, interval and rescan syncs.
 
-:class:`LiveSync` is what ``BuiltinEngine.start()`` runs in the long-lived ``serve`` mode
-(spec §5.1/§5.2, issue 5 "Freshness"). One-shot CLI use never creates it. Background work runs
-as asyncio tasks owned by this object (as ``qmdbridge/qmd/backend.py`` does), so ``start()`` and
-``close()`` may be called from different tasks (a blocking portal runs each call in its own
-task); ``close()`` cancels every task and awaits them, which also stops and joins the
-watchdog observer threads.
+:class:`LiveSync` is what ``BuiltinEngine.start(tasks)`` runs in the long-lived ``serve`` mode
+(spec §5.1/§5.2). One-shot CLI use never creates it. Every background
+task runs in the manager's task group through the :class:`~fallback.background.BackgroundTasks`
+handle given to :meth:`LiveSync.start` (a subgroup of its own, so :meth:`LiveSync.close`
+cancels exactly these tasks and joins the watchdog observer threads). A failing task is
+reported there (logged once with its cause, shown in ``status().background``) and retried with
+a capped exponential backoff; nothing is swallowed.
 
 Triggers (reason strings as in the spec):
 - ``watch``: the :class:`~fallback.sources.watcher.MemoryWatcher` (when ``sync.watch``) reports memory
   changes ``sync.watchDebounceMs`` after the last one -> ``mark_dirty("files changed: <n>")``
   then a sync that starts after any running one (so a change made during a sync is not lost);
+  a failed sync keeps the paths pending and the watcher delivers them again after its backoff;
 - ``session-delta``: transcript events are collected; a batch window (``session_batch_ms``,
   5,000 ms, started by the first event and not reset) feeds them to a
   :class:`~fallback.sources.transcripts.SessionDeltaTracker`; a hit (100,000 bytes / 50 messages by
@@ -21,31 +23,34 @@ Triggers (reason strings as in the spec):
 - ``session-start``: :meth:`LiveSync.warm`, at most once per non-empty session key;
 - ``boot``: one sync right after start.
 
-Degradation: when the watcher falls back to polling (dead observer thread, inotify limit) or
-cannot start at all, :attr:`LiveSync.degraded_reason` is ``"watcher degraded: <cause>"`` until
-the next successful rescan; the engine reports it as ``dirty``/``dirty_reason``.
+Watcher health (:meth:`LiveSync.check_watcher`, called on every search and status): a dead
+observer (thread died, or a watched folder was deleted) makes the engine dirty with
+``"watcher dead: <cause>; re-arming"`` and re-arms it in the background; until the rescan that
+follows the re-arm has synced, the reason is ``"watcher re-armed after: <cause>; rescan
+pending"``. A watcher that cannot start at all marks ``"watcher degraded: ..."`` until the next
+successful rescan.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
-from fallback.errors import MemorySearchError
+from fallback.background import BackgroundTasks
 from fallback.settings import EngineSettings
 from fallback.sources.transcripts import SessionDeltaTracker
+from fallback.sources.watcher import HEALTH_CHECK_MS, RESCAN_MARKER
 
 if TYPE_CHECKING:
     from fallback.index.indexer import SyncReport
     from fallback.sources.watcher import MemoryWatcher
 
-__all__ = ["LiveSync", "Syncable"]
+__all__ = ["LiveSnapshot", "LiveSync", "Syncable"]
 
 
 class Syncable(Protocol):
@@ -69,8 +74,17 @@ class Syncable(Protocol):
 
 log = logging.getLogger(__name__)
 
-# Pending-set marker the watcher adds when it degraded (events may have been lost).
-_RESCAN_MARKER = "<rescan>"
+
+@dataclass(frozen=True)
+class LiveSnapshot:
+    """What ``status()`` reports of live mode (see :meth:`LiveSync.status_custom`)."""
+
+    degraded_reason: str | None
+    custom: dict[str, Any]
+
+    def status_custom(self) -> dict[str, Any]:
+        """The ``MemoryStatus.custom`` entries (``watcher`` and ``live``)."""
+        return self.custom
 
 
 class LiveSync:
@@ -83,26 +97,31 @@ class LiveSync:
         rescan_interval_ms: period of the safety-net rescan in ms (0 = off).
         force_polling: start the watcher with watchdog's polling observer.
         poll_interval_s: polling observer period in seconds.
+        watch_health_check_ms: period of the watcher loop's own health check in ms (searches
+            and status check too).
     """
 
     def __init__(self, engine: Syncable, *, session_batch_ms: int = 5000,
                  rescan_interval_ms: int = 300_000, force_polling: bool = False,
-                 poll_interval_s: float = 1.0) -> None:
+                 poll_interval_s: float = 1.0,
+                 watch_health_check_ms: int = HEALTH_CHECK_MS) -> None:
         self._engine = engine
         self.session_batch_ms = max(0, session_batch_ms)
         self.rescan_interval_ms = max(0, rescan_interval_ms)
         self.force_polling = force_polling
         self.poll_interval_s = poll_interval_s
+        self.watch_health_check_ms = watch_health_check_ms
         sync = engine.settings.search.sync
         self.tracker = SessionDeltaTracker(sync.sessions.delta_bytes, sync.sessions.delta_messages)
         self.watcher: MemoryWatcher | None = None
         self.sync_counts: Counter[str] = Counter()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: BackgroundTasks | None = None
+        self._sync_done: dict[str, anyio.Event] = {}
         self._session_pending: set[str] = set()
-        self._session_timer = False
+        self._session_sync_due = False
         self._warmed: set[str] = set()
         self._degraded: str | None = None
-        self._seen_cause: str | None = None
+        self._rearms_synced = 0
         self._started = False
         self._closed = False
 
@@ -111,17 +130,30 @@ class LiveSync:
         """Whether the engine indexes the ``sessions`` source."""
         return "sessions" in self._engine.settings.search.sources
 
+    @property
+    def tasks(self) -> BackgroundTasks | None:
+        """The task handle live mode runs in (after :meth:`start`)."""
+        return self._tasks
+
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, tasks: BackgroundTasks) -> None:
         """Start the watcher (waits until it runs), the timers and a background boot sync.
+
+        Args:
+            tasks: where the background tasks run (the engine passes its subgroup of the
+                manager's group).
 
         Idempotent. A watcher that cannot start at all is not an error: the state is marked
         degraded and the rescan and interval timers keep the index correct.
+
+        Raises:
+            UsageError: ``tasks`` is not open.
         """
         if self._started or self._closed:
             return
         self._started = True
+        self._tasks = tasks
         settings = self._engine.settings
         sync = settings.search.sync
         if sync.watch:
@@ -136,51 +168,55 @@ class LiveSync:
                 extra_paths=settings.search.extra_paths,
                 sessions_dir=sessions_dir, on_change=self._on_change,
                 debounce_ms=sync.watch_debounce_ms, rescan_interval_ms=0,
-                force_polling=self.force_polling, poll_interval_s=self.poll_interval_s)
-            started = anyio.Event()
-            self._spawn(lambda: self._run_watcher(started), "watcher")
-            await started.wait()
+                force_polling=self.force_polling, poll_interval_s=self.poll_interval_s,
+                retry=tasks.policy, on_error=self._watch_failed,
+                health_check_ms=self.watch_health_check_ms)
+            try:
+                await tasks.start("file watcher", self.watcher.run)
+            except OSError as exc:
+                self._degraded = f"watcher degraded: watcher failed to start: {exc}"
+                log.warning("memory %s", self._degraded)
         if sync.interval_minutes > 0:
-            self._spawn(lambda: self._every(sync.interval_minutes * 60_000, "interval"),
-                        "interval sync")
+            tasks.every("interval sync", int(sync.interval_minutes * 60_000), self._interval_tick)
         if self.rescan_interval_ms > 0:
-            self._spawn(lambda: self._every(self.rescan_interval_ms, "rescan"), "rescan")
+            tasks.every("rescan", self.rescan_interval_ms, self._rescan_tick)
         self.spawn_sync("boot")
 
     async def close(self) -> None:
-        """Cancel every background task and wait for all of them (observers joined); idempotent."""
+        """Cancel every live-mode task and wait for all of them (observers joined); idempotent."""
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._tasks is not None:
+            await self._tasks.aclose()
 
     # -- background tasks ---------------------------------------------------------------------
 
-    def _spawn(self, factory: Callable[[], Coroutine[Any, Any, Any]], what: str) -> asyncio.Task[Any]:
-        async def guarded() -> None:
-            try:
-                await factory()
-            except MemorySearchError as exc:
-                log.warning("memory %s failed: %s", what, exc)
+    async def _interval_tick(self) -> None:
+        await self._engine.sync_after_running(reason="interval")
+        self.sync_counts["interval"] += 1
 
-        task = asyncio.get_running_loop().create_task(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+    async def _rescan_tick(self) -> None:
+        await self._engine.rescan()
+        self.sync_counts["rescan"] += 1
 
     def spawn_sync(self, reason: str) -> anyio.Event:
         """Run ``engine.sync(reason=reason)`` in the background (joining a running sync).
 
+        While a sync of the same reason is still running or waiting to retry after a failure,
+        no second one is started (its event is returned).
+
         Returns:
-            An event set when that sync finished (successfully or not); a search waits on it
-            for at most its budget.
+            An event set when that sync's first attempt finished (successfully or not); a
+            search waits on it for at most its budget.
         """
         done = anyio.Event()
-        if self._closed:
+        tasks = self._tasks
+        if self._closed or tasks is None or not tasks.is_open:
             done.set()
             return done
+        name = f"{reason} sync"
+        previous = self._sync_done.get(reason)
+        if previous is not None and tasks.is_active(name):
+            return previous
 
         async def run() -> None:
             try:
@@ -189,68 +225,53 @@ class LiveSync:
             finally:
                 done.set()
 
-        self._spawn(run, f"{reason} sync")
+        self._sync_done[reason] = done
+        if not tasks.start_soon(name, run, dedupe=True):
+            done.set()
         return done
 
-    async def _run_watcher(self, started: anyio.Event) -> None:
-        assert self.watcher is not None
-        try:
-            async with anyio.create_task_group() as tg:
-                await tg.start(self.watcher.run)
-                started.set()
-        except OSError as exc:
-            self._degraded = f"watcher degraded: watcher failed to start: {exc}"
-            log.warning("memory %s", self._degraded)
-        finally:
-            started.set()
-
-    async def _every(self, period_ms: float, reason: str) -> None:
-        while True:
-            await anyio.sleep(period_ms / 1000)
-            try:
-                if reason == "rescan":
-                    await self._engine.rescan()
-                else:
-                    await self._engine.sync_after_running(reason=reason)
-                self.sync_counts[reason] += 1
-            except MemorySearchError as exc:
-                log.warning("memory %s sync failed: %s", reason, exc)
+    def _watch_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
+        if self._tasks is not None:
+            self._tasks.report("watch sync", exc, failures=failures, retry_in_ms=retry_in_ms)
 
     # -- watcher events -----------------------------------------------------------------------
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
-        """Watcher callback: split transcript events from memory events."""
-        self._check_degraded()
+        """Watcher callback: split transcript events from memory events; raises on failure
+        (the watcher keeps the paths and retries after its backoff)."""
         sessions_dir = self._engine.settings.sessions_dir
-        session_paths = {p for p in paths if p != _RESCAN_MARKER and Path(p).parent == sessions_dir}
+        session_paths = {p for p in paths if p != RESCAN_MARKER and Path(p).parent == sessions_dir}
         memory_paths = paths - session_paths
         if session_paths and self.sessions_enabled:
             self._queue_sessions(session_paths)
         if memory_paths:
-            changed = len(memory_paths - {_RESCAN_MARKER})
-            self._engine.mark_dirty(self._degraded if _RESCAN_MARKER in memory_paths and
-                                    self._degraded else f"files changed: {changed}")
-            changed_paths = None if _RESCAN_MARKER in memory_paths else set(memory_paths)
-            await self._engine.sync_after_running(reason="watch", paths=changed_paths)
+            rescan = RESCAN_MARKER in memory_paths
+            rearms = self.watcher.state.rearms if self.watcher is not None else 0
+            changed = len(memory_paths - {RESCAN_MARKER})
+            self._engine.mark_dirty(self.degraded_reason if rescan and self.degraded_reason
+                                    else f"files changed: {changed}")
+            await self._engine.sync_after_running(reason="watch",
+                                                  paths=None if rescan else set(memory_paths))
             self.sync_counts["watch"] += 1
+            if rescan:
+                self._rearms_synced = max(self._rearms_synced, rearms)
 
     def _queue_sessions(self, paths: set[str]) -> None:
         self._session_pending |= paths
-        if not self._session_timer:
-            self._session_timer = True
-            self._spawn(self._session_batch, "session-delta sync")
+        if self._tasks is not None and not self._closed:
+            self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
 
     async def _session_batch(self) -> None:
-        try:
-            await anyio.sleep(self.session_batch_ms / 1000)
-        finally:
-            self._session_timer = False
+        await anyio.sleep(self.session_batch_ms / 1000)
         batch, self._session_pending = self._session_pending, set()
         hits = [p for p in sorted(batch)
                 if await anyio.to_thread.run_sync(self.tracker.observe, Path(p))]
         if hits:
+            self._session_sync_due = True
             self._engine.mark_dirty(f"session transcripts changed: {len(hits)}")
+        if self._session_sync_due:
             await self._engine.sync_after_running(reason="session-delta")
+            self._session_sync_due = False
             self.sync_counts["session-delta"] += 1
 
     def after_sync(self, report: SyncReport) -> None:
@@ -269,23 +290,45 @@ class LiveSync:
         self._warmed.add(key)
         self.spawn_sync("session-start")
 
-    def _check_degraded(self) -> None:
-        cause = self.watcher.state.degraded_reason if self.watcher is not None else None
-        if cause is not None and cause != self._seen_cause:
-            self._seen_cause = cause
-            self._degraded = f"watcher degraded: {cause}"
-            log.warning("memory %s; polling and periodic rescans keep the index fresh",
-                        self._degraded)
+    def check_watcher(self) -> str | None:
+        """Look at the watcher's health (every search and status): when it is dead, re-arm it
+        in the background and return the cause; ``None`` when it is healthy or absent."""
+        watcher, tasks = self.watcher, self._tasks
+        if watcher is None or tasks is None or self._closed:
+            return None
+        cause = watcher.dead_reason()
+        if cause is not None and tasks.is_open and not tasks.is_active("watcher re-arm"):
+            log.warning("memory file watcher is dead (%s); re-arming it", cause)
+            tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(watcher.rearm))
+        return cause
+
+    def snapshot(self, dead: str | None = None) -> LiveSnapshot:
+        """The live part of a status, taken on the event loop (``dead``: a cause just found
+        by :meth:`check_watcher`, reported even if the re-arm finishes meanwhile)."""
+        custom = self.status_custom()
+        degraded = f"watcher dead: {dead}; re-arming" if dead else self.degraded_reason
+        custom["live"]["degraded"] = degraded
+        return LiveSnapshot(degraded, custom)
 
     def rescanned(self) -> None:
         """Called after a successful rescan sync: the index is known correct again."""
-        self._check_degraded()
         self._degraded = None
+        if self.watcher is not None:
+            self._rearms_synced = self.watcher.state.rearms
 
     @property
     def degraded_reason(self) -> str | None:
-        """``"watcher degraded: <cause>"`` until the next successful rescan, else ``None``."""
-        self._check_degraded()
+        """Why the index may be stale because of the watcher, or ``None``:
+        ``"watcher dead: <cause>; re-arming"``, ``"watcher re-armed after: <cause>; rescan
+        pending"`` or ``"watcher degraded: <cause>"`` (it could not start)."""
+        watcher = self.watcher
+        if watcher is not None:
+            dead = watcher.dead_reason()
+            if dead is not None:
+                return f"watcher dead: {dead}; re-arming"
+            last = watcher.state.last_rearm
+            if watcher.state.rearms > self._rearms_synced and last is not None:
+                return f"watcher re-armed after: {last['cause']}; rescan pending"
         return self._degraded
 
     def status_custom(self) -> dict[str, Any]:

@@ -32,8 +32,9 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         vector: the vector index status when a provider exists, else ``None``.
         dirty / dirty_reason: the engine's own stale flag and why.
         last_error: the last sync or query-embedding error, or ``None``.
-        live: the engine's ``LiveSync`` in live mode; its degraded-watcher mark makes the
-            status dirty with that reason, and ``custom`` gains ``watcher`` and ``live``.
+        live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
+            ``status_custom()``); a degraded or dead watcher makes the status dirty with that
+            reason, and ``custom`` gains ``watcher`` and ``live``.
         extra_custom: more ``custom`` entries (for example store recovery counters).
 
     Returns:

@@ -19,14 +19,25 @@ Threads: watchdog calls our handler on its own thread; the handler only records 
 thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's token). The
 debounce (``debounce_ms`` after the last change) and the callback run in the async core.
 
-Health: if the native observer cannot be started (for example the inotify watch limit,
-``ENOSPC``) or its thread dies, the watcher switches to watchdog's polling observer, marks the
-state ``degraded`` with the cause, and reports ``dirty`` so a rescan runs; a periodic rescan
-callback (``rescan_interval_ms``) keeps the index correct even if events are lost.
+Health: the observer is dead when its thread died or one of its watches stopped (watchdog
+stops the watch of a folder that is deleted, so a ``memory/`` folder that is removed and
+recreated is never watched again). :meth:`MemoryWatcher.dead_reason` tells, cheaply; callers
+check it on every search and status, and the run loop every ``health_check_ms``.
+:meth:`MemoryWatcher.rearm` replaces a dead observer with a new one (a dead native thread, or a
+native observer that cannot be started at all, e.g. the inotify watch limit ``ENOSPC``, falls
+back to watchdog's polling observer and marks the state ``degraded``) and queues a rescan, since
+events were lost meanwhile. ``snapshot()`` reports re-arms with their cause.
+
+Failures: when the ``on_change`` callback raises, the batch stays pending and is delivered
+again after an exponential backoff with a cap (:class:`~fallback.background.RetryPolicy`), not
+on the next tick; each failure goes to ``on_error`` (or is logged once) with its cause. A
+periodic rescan callback (``rescan_interval_ms``) keeps the index correct even if events are
+lost.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +49,8 @@ import anyio
 import anyio.abc
 from anyio.lowlevel import current_token
 
+from fallback.background import RetryPolicy, describe_error
+from fallback.errors import ManagerClosedError
 from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     MEMORY_DIR_NAME,
@@ -48,10 +61,14 @@ from fallback.sources.memory_files import (
     memory_roots,
 )
 
-__all__ = ["WatchState", "MemoryWatcher"]
+__all__ = ["WatchState", "MemoryWatcher", "RESCAN_MARKER"]
 
-# How often the health check looks at the observer thread, in seconds.
-HEALTH_CHECK_S = 1.0
+# How often the run loop looks at the observer's health, in ms (searches and status look too).
+HEALTH_CHECK_MS = 1000
+# Pending-set marker for "events may have been lost: rescan everything".
+RESCAN_MARKER = "<rescan>"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +81,11 @@ class WatchState:
         pending: paths changed and not yet handed to the callback.
         events: number of relevant events seen.
         last_event_ms: epoch ms of the last relevant event.
-        errors: last callback error, if any.
+        last_error: last callback error with its cause, ``None`` after a success.
+        failures: consecutive callback failures.
+        retry_at_ms: epoch ms of the next delivery attempt after a failure, or ``None``.
+        rearms: how many times a dead observer was replaced.
+        last_rearm: ``{"cause", "atMs", "mode"}`` of the last re-arm, or ``None``.
     """
 
     mode: str = "stopped"
@@ -73,6 +94,10 @@ class WatchState:
     events: int = 0
     last_event_ms: int | None = None
     last_error: str | None = None
+    failures: int = 0
+    retry_at_ms: int | None = None
+    rearms: int = 0
+    last_rearm: dict[str, Any] | None = None
 
 
 class _Handler:
@@ -103,18 +128,26 @@ class MemoryWatcher:
         extra_paths: extra paths as configured (folders or single files; strings, paths or
             ``ExtraPath`` with a pattern).
         sessions_dir: folder of ``*.jsonl`` transcripts to watch too, or ``None``.
-        on_change: async callback ``(changed_paths, reason)``; reason is ``watch`` or ``rescan``.
+        on_change: async callback ``(changed_paths, reason)``; reason is ``watch`` or ``rescan``;
+            ``changed_paths`` holds :data:`RESCAN_MARKER` when events may have been lost.
         debounce_ms: quiet time after the last change before the callback runs (1,500 ms).
         rescan_interval_ms: period of a full rescan callback (0 = off).
         force_polling: start with the polling observer (tests, network file systems).
         poll_interval_s: polling observer period, in seconds.
+        retry: delays before a failed batch is delivered again (default 1 s doubling to 5 min).
+        on_error: ``on_error(exc, failures, retry_in_ms)`` after each failed delivery (the
+            owner logs and records it); ``None``: the watcher logs it itself.
+        health_check_ms: period of the run loop's own health check, in ms.
     """
 
     def __init__(self, workspace: Path, *, extra_paths: Sequence[ExtraPathEntry | Path] | None = None,
                  sessions_dir: Path | None = None,
                  on_change: Callable[[set[str], str], Awaitable[None]],
                  debounce_ms: int = 1500, rescan_interval_ms: int = 0,
-                 force_polling: bool = False, poll_interval_s: float = 1.0) -> None:
+                 force_polling: bool = False, poll_interval_s: float = 1.0,
+                 retry: RetryPolicy | None = None,
+                 on_error: Callable[[BaseException, int, int], None] | None = None,
+                 health_check_ms: int = HEALTH_CHECK_MS) -> None:
         self.workspace = workspace
         # The rule's places; the root file is matched by name (both names), so no listing.
         self.roots = memory_roots(workspace, [str(p) if isinstance(p, Path) else p
@@ -125,8 +158,14 @@ class MemoryWatcher:
         self.rescan_interval_ms = max(0, rescan_interval_ms)
         self.force_polling = force_polling
         self.poll_interval_s = poll_interval_s
+        self.retry = retry or RetryPolicy()
+        self.on_error = on_error
+        self.health_check_ms = max(1, health_check_ms)
         self.state = WatchState()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # state.pending and counters (watchdog's thread writes them)
+        self._obs_lock = threading.Lock()  # self._observer and self._memory_watched
+        self._rearm_lock = threading.Lock()  # one re-arm at a time
+        self._retry_at_mono: float | None = None
         self._observer: Any = None
         self._memory_watched = False
         self._token: Any = None
@@ -214,45 +253,57 @@ class MemoryWatcher:
             observer.schedule(handler, str(self.sessions_dir), recursive=False)
 
     def _schedule_memory_dir(self) -> None:
-        obs = self._observer
         mem = self.workspace / "memory"
-        if obs is None or self._memory_watched or not mem.is_dir():
-            return
-        try:
-            obs.schedule(_Handler(self), str(mem), recursive=True)
-            self._memory_watched = True
-        except OSError as exc:
-            self.state.degraded_reason = f"cannot watch {mem}: {exc}"
+        with self._obs_lock:
+            obs = self._observer
+            if obs is None or self._memory_watched or not mem.is_dir():
+                return
+            try:
+                obs.schedule(_Handler(self), str(mem), recursive=True)
+                self._memory_watched = True
+            except OSError as exc:
+                self.state.degraded_reason = f"cannot watch {mem}: {exc}"
+
+    def _launch(self, polling: bool) -> Any:
+        """A new started observer with every watch scheduled (blocking)."""
+        obs = self._new_observer(polling)
+        self._schedule_all(obs)
+        obs.start()
+        return obs
+
+    def _install(self, obs: Any, mode: str) -> None:
+        with self._obs_lock:
+            self._observer = obs
+            self.state.mode = mode
+        self._schedule_memory_dir()  # memory/ may have appeared while the observer started
 
     def _start_observer(self) -> None:
         polling = self.force_polling
         try:
-            obs = self._new_observer(polling)
-            self._schedule_all(obs)
-            obs.start()
+            obs = self._launch(polling)
         except OSError as exc:
             if polling:
                 raise
-            reason = ("inotify watch limit reached (raise fs.inotify.max_user_watches)"
-                      if getattr(exc, "errno", None) == 28 else f"native watcher failed: {exc}")
-            self._degrade(reason)
+            self._degrade(self._native_failure(exc))
             return
-        self._observer = obs
-        self.state.mode = "polling" if polling else "native"
+        self._install(obs, "polling" if polling else "native")
+
+    @staticmethod
+    def _native_failure(exc: OSError) -> str:
+        return ("inotify watch limit reached (raise fs.inotify.max_user_watches)"
+                if getattr(exc, "errno", None) == 28 else f"native watcher failed: {exc}")
 
     def _degrade(self, reason: str) -> None:
+        """Switch to the polling observer (blocking); events may have been lost: rescan."""
         self._stop_observer()
         self.state.degraded_reason = reason
-        obs = self._new_observer(True)
-        self._schedule_all(obs)
-        obs.start()
-        self._observer = obs
-        self.state.mode = "polling"
+        self._install(self._launch(True), "polling")
         with self._lock:
-            self.state.pending.add("<rescan>")
+            self.state.pending.add(RESCAN_MARKER)
 
     def _stop_observer(self) -> None:
-        obs, self._observer = self._observer, None
+        with self._obs_lock:
+            obs, self._observer = self._observer, None
         if obs is not None:
             try:
                 obs.stop()
@@ -260,12 +311,75 @@ class MemoryWatcher:
             except RuntimeError:
                 pass
 
-    def check_health(self) -> None:
-        """Switch to polling if the observer thread died (called periodically by ``run``, in a
-        worker thread, since starting an observer blocks)."""
+    def dead_reason(self) -> str | None:
+        """Why the running watcher is deaf, or ``None`` when it is healthy (or not running).
+
+        Cheap (no I/O): the observer thread died (``native watcher thread died``) or one of
+        its watches stopped (``watch on <folder> stopped``: the folder was deleted).
+        """
+        if self.state.mode == "stopped":
+            return None
         obs = self._observer
-        if obs is not None and not obs.is_alive() and self.state.mode != "stopped":
-            self._degrade(f"{self.state.mode} watcher thread died")
+        if obs is None:
+            return None  # being replaced right now
+        if not obs.is_alive():
+            return f"{self.state.mode} watcher thread died"
+        try:
+            emitters = list(obs.emitters)
+        except RuntimeError:  # changed while we copied: look again next time
+            return None
+        for emitter in emitters:
+            if not emitter.is_alive():
+                return f"watch on {emitter.watch.path} stopped"
+        return None
+
+    def rearm(self, cause: str | None = None) -> bool:
+        """Replace a dead observer with a new one (blocking: run it in a worker thread).
+
+        A dead thread of the native observer falls back to polling (``degraded_reason`` is
+        the cause); a stopped watch gets an observer of the same kind, which watches whatever
+        exists now. A rescan is queued either way.
+
+        Args:
+            cause: why it was found dead (default: :meth:`dead_reason` now).
+
+        Returns:
+            Whether an observer was replaced (``False`` when it is healthy or stopped).
+        """
+        with self._rearm_lock:
+            cause = self.dead_reason()
+            if cause is None:
+                return False
+            # a dead thread may die again: polling; a stopped watch: the same kind again
+            polling = (self.force_polling or self.state.mode == "polling"
+                       or cause.endswith("thread died"))
+            self._stop_observer()
+            if polling and self.state.mode != "polling" and not self.force_polling:
+                self.state.degraded_reason = cause
+            try:
+                obs = self._launch(polling)
+            except OSError as exc:
+                if polling:
+                    raise
+                self.state.degraded_reason = self._native_failure(exc)
+                polling = True
+                obs = self._launch(True)
+            self._install(obs, "polling" if polling else "native")
+            with self._lock:
+                self.state.rearms += 1
+                self.state.last_rearm = {"cause": cause, "atMs": int(time.time() * 1000),
+                                         "mode": self.state.mode}
+                self.state.pending.add(RESCAN_MARKER)
+            log.warning("memory file watcher re-armed (%s observer): %s; rescanning",
+                        self.state.mode, cause)
+        self._poke()
+        return True
+
+    def check_health(self) -> None:
+        """Re-arm the observer if it is dead (blocking; the run loop calls it in a worker
+        thread, searches and status through their owner)."""
+        if self.dead_reason() is not None:
+            self.rearm()
             self._last_change_mono = time.monotonic()
 
     def kill_observer_for_test(self) -> None:
@@ -278,22 +392,34 @@ class MemoryWatcher:
     # -- async side ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Watch until cancelled. Signals ``task_status.started()`` once the observer runs."""
+        """Watch until cancelled. Signals ``task_status.started()`` once the observer runs.
+
+        Raises:
+            OSError: no observer could be started (not even polling).
+            ManagerClosedError: the callback's owner was closed.
+        """
         self._token = current_token()
         self._wake = anyio.Event()
         await anyio.to_thread.run_sync(self._start_observer)
         task_status.started()
         next_rescan = time.monotonic() + self.rescan_interval_ms / 1000 if self.rescan_interval_ms else None
+        next_health = time.monotonic() + self.health_check_ms / 1000
         try:
             while True:
-                timeout = HEALTH_CHECK_S
+                now = time.monotonic()
+                wake_at = [next_health]
                 if next_rescan is not None:
-                    timeout = min(timeout, max(0.0, next_rescan - time.monotonic()))
-                with anyio.move_on_after(timeout):
+                    wake_at.append(next_rescan)
+                if self.state.pending and self._retry_at_mono is not None:
+                    wake_at.append(self._retry_at_mono)
+                with anyio.move_on_after(max(0.0, min(wake_at) - now)):
                     await self._wake.wait()
                 self._wake = anyio.Event()
-                await anyio.to_thread.run_sync(self.check_health)
-                if self.state.pending:
+                if self.dead_reason() is not None or time.monotonic() >= next_health:
+                    next_health = time.monotonic() + self.health_check_ms / 1000
+                    await anyio.to_thread.run_sync(self.check_health)
+                retry_at = self._retry_at_mono
+                if self.state.pending and (retry_at is None or time.monotonic() >= retry_at):
                     # trailing-edge debounce: wait until no event arrived for debounce_ms
                     while True:
                         quiet_for = time.monotonic() - self._last_change_mono
@@ -316,15 +442,39 @@ class MemoryWatcher:
     async def _deliver(self, batch: set[str], reason: str) -> None:
         try:
             await self.on_change(batch, reason)
-            self.state.last_error = None
-        except Exception as exc:  # a failed sync must not kill the watcher; it is retried
-            self.state.last_error = f"{type(exc).__name__}: {exc}"
+        except ManagerClosedError:
             with self._lock:
-                self.state.pending |= batch or {"<rescan>"}
+                self.state.pending |= batch or {RESCAN_MARKER}
+            raise
+        except Exception as exc:  # the watcher's edge: keep the batch, back off, report
+            with self._lock:
+                self.state.pending |= batch or {RESCAN_MARKER}
+                self.state.failures += 1
+                failures = self.state.failures
+            delay_ms = self.retry.delay_ms(failures)
+            self._retry_at_mono = time.monotonic() + delay_ms / 1000
+            self.state.retry_at_ms = int(time.time() * 1000) + delay_ms
+            self.state.last_error = describe_error(exc)
+            if self.on_error is not None:
+                self.on_error(exc, failures, delay_ms)
+            else:
+                log.warning("memory watcher %s callback failed (%d in a row; retry in %gs): %s",
+                            reason, failures, delay_ms / 1000, self.state.last_error)
+            return
+        self._retry_at_mono = None
+        self.state.failures = 0
+        self.state.retry_at_ms = None
+        self.state.last_error = None
 
     def snapshot(self) -> dict[str, Any]:
-        """Status view: ``{mode, degradedReason, pending, events, lastEventMs, lastError}``."""
+        """Status view: ``{mode, alive, deadReason, degradedReason, pending, events,
+        lastEventMs, lastError, failures, retryAtMs, rearms, lastRearm}``."""
+        dead = self.dead_reason()
         with self._lock:
-            return {"mode": self.state.mode, "degradedReason": self.state.degraded_reason,
-                    "pending": len(self.state.pending), "events": self.state.events,
-                    "lastEventMs": self.state.last_event_ms, "lastError": self.state.last_error}
+            st = self.state
+            return {"mode": st.mode, "alive": st.mode != "stopped" and dead is None,
+                    "deadReason": dead, "degradedReason": st.degraded_reason,
+                    "pending": len(st.pending), "events": st.events,
+                    "lastEventMs": st.last_event_ms, "lastError": st.last_error,
+                    "failures": st.failures, "retryAtMs": st.retry_at_ms, "rearms": st.rearms,
+                    "lastRearm": dict(st.last_rearm) if st.last_rearm else None}

@@ -110,6 +110,18 @@ def print_status_doc(st: dict[str, Any]) -> None:
             healthy = view.get("healthy", True) and breaker.get("state") == "closed"
             w(f"qmd: {'healthy' if healthy else 'unhealthy'}"
               f"; breaker {breaker.get('state', '-')}; last error: {view.get('lastError') or breaker.get('lastFailure') or '-'}\n")
+            startup = view.get("startup") or {}
+            if startup:
+                w(f"qmd start-up: {startup.get('state', '-')}"
+                  f"{'; ' + str(startup['lastError']) if startup.get('lastError') else ''}\n")
+    bg = st.get("background") or {}
+    if bg.get("running") or bg.get("lastError"):
+        failing = bg.get("failing") or []
+        w(f"Background: {bg.get('running', 0)} task(s){'; failing: ' + ', '.join(failing) if failing else ''}\n")
+        err = bg.get("lastError")
+        if err:
+            w(f"Background error: {err.get('task')}: {err.get('message')} "
+              f"(at {err.get('atMs')}, {err.get('failures')} in a row)\n")
     for s in st.get("skipped") or []:
         w(f"Skipped: {s.get('path')}: {s.get('reason')}\n")
     for issue in st.get("issues") or []:

@@ -126,15 +126,15 @@ async def _start_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namesp
 async def serve(agent: Any, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code.
 
-    The signal handlers are installed before anything else starts, so a signal during start-up
-    (a slow or hanging qmd reconciling its collections) still closes the manager and reaps every
-    child process.
+    The manager is entered first (its task group holds every background task); the signal
+    handlers are installed before anything starts, so a signal during start-up (a slow or
+    hanging qmd reconciling its collections) still closes the manager, which cancels the group
+    and reaps every child process.
     """
     from qmdbridge.manager import MemoryManager
 
-    manager = MemoryManager(agent, backend=args.backend, mode="full")
     done = anyio.Event()
-    try:
+    async with MemoryManager(agent, backend=args.backend, mode="full") as manager:
         async with anyio.create_task_group() as tg:
             async def watch_signals() -> None:
                 with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -160,8 +160,5 @@ async def serve(agent: Any, args: argparse.Namespace) -> int:
             tg.start_soon(stop_when_done)
             await anyio.sleep(0)  # let the signal receiver install first
             tg.start_soon(run)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await manager.close()
     sys.stderr.write("qmdbridge serve: stopped\n")
     return EXIT_OK

@@ -5,20 +5,27 @@ first, the index pinned (a ``.qmd/`` above the workspace cannot hijack config or
 ``--``, then user text, so a query can never be read as a flag (checked against qmd 2.8.3
 under Bun). Beyond ``--``, qmd still interprets the query text itself; :func:`encode_query`
 keeps it literal (see there). The circuit breaker lives in the manager, not here.
+
+Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call it makes, the wait for a
+pending update included) and nothing else. Start-up (collection reconcile and the ``--help``
+probe: ``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
+never runs under a search deadline; a timeout there is logged, kept in ``status()``
+(``custom.qmd.startup``) and does not fail the start-up.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, Literal
 
 import anyio
 
+from fallback.background import BackgroundTasks
+from fallback.contract import ProgressCallback, SearchInfo
 from fallback.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
@@ -26,7 +33,6 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
-from fallback.fs.atomic import write_atomic
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
@@ -37,8 +43,6 @@ from qmdbridge.qmd.collections import (
     build_collections,
     describe_collections,
     rebuild,
-    reconcile,
-    reconcile_fingerprint,
     rule_extra_paths,
 )
 from qmdbridge.qmd.errors import QmdOutputError
@@ -61,6 +65,7 @@ from qmdbridge.qmd.runner import (
     is_missing_collection,
     run_command,
 )
+from qmdbridge.qmd.startup import prepare_home, probe_multi_c, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
 __all__ = ["QmdBackend", "encode_query"]
@@ -68,10 +73,6 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
 PENDING_UPDATE_WAIT_MS = 500
-# Ceiling of the `qmd --help` multi-collection probe, ms.
-HELP_PROBE_MAX_MS = 5000
-_MULTI_C_RE = re.compile(r"\b(?:one or more collections|collection\(s\)|multiple -c flags)\b", re.I)
-_VECTORS_RE = re.compile(r"^\s*Vectors(?:\s*[:=]\s*|\s+)(\d+)\b", re.I | re.M)
 
 
 class _FlagRejected(Exception):
@@ -92,16 +93,21 @@ class QmdBackend:
             ``full`` (long-lived: boot update, interval and embed timers).
         env: parent environment for the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (default wall clock).
+        multi_c: whether this qmd takes several ``-c`` in one search, when already known (the
+            manager's probe cache); ``None``: probed with ``qmd --help`` at start-up.
+        on_multi_c: called with the probe's answer when it was learned here.
 
-    Use ``start()`` before searching, ``close()`` at the end (idempotent). ``start()`` and the
-    timers run on asyncio (background work are asyncio tasks owned by this object).
+    Use ``start(tasks)`` before searching, ``close()`` at the end (idempotent). Background work
+    (boot update, interval and embed timers, the file watcher) runs in a ``qmd`` subgroup of the
+    given :class:`~fallback.background.BackgroundTasks`.
     """
 
     name = "qmd"
 
     def __init__(self, agent: ResolvedAgent, *, location: Any, mode: Literal["full", "cli"] = "cli",
                  env: Mapping[str, str] | None = None,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, multi_c: bool | None = None,
+                 on_multi_c: Callable[[bool], None] | None = None) -> None:
         from qmdbridge.paths import qmd_home
 
         self.agent = agent
@@ -116,13 +122,17 @@ class QmdBackend:
         self.roots = {c.name: c for c in self.collections}
         self.reconcile_state = ReconcileState()
         self._child_env: dict[str, str] | None = None
-        self._multi_c: bool | None = None
+        self._multi_c = multi_c
+        self._on_multi_c = on_multi_c
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._bg: BackgroundTasks | None = None
         self._closed = False
         self.now_ms = self._now
         self.freshness: Any = None  # QmdFreshness in full mode with sync.watch
+        self._prepared = False
         self._started = False
+        self._in_startup = False
+        self.startup_problems: list[str] = []  # start-up timeouts and failures (status)
         self.last_error: str | None = None
         self.search_fallback_reason: str | None = None
         up = self.cfg.update
@@ -161,8 +171,17 @@ class QmdBackend:
                                  discard_stdout=discard_stdout)
 
     async def _collection_cmd(self, args: list[str], positionals: list[str]) -> CollectionRun:
-        res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms)
+        try:
+            res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms)
+        except BackendTimeoutError as exc:
+            if self._in_startup:
+                self._startup_problem(exc.reason)
+            raise
         return CollectionRun(res.ok, res.stdout, res.stderr)
+
+    def _startup_problem(self, message: str) -> None:
+        self.startup_problems.append(message)
+        log.warning("qmd start-up: %s", message)
 
     @property
     def closed(self) -> bool:
@@ -172,94 +191,104 @@ class QmdBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("qmd backend is closed")
-    def spawn(self, factory: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
-        async def guarded() -> None:
-            try:
-                await factory()
-            except BackendUnavailableError as exc:
-                self.last_error = str(exc)
-                log.warning("qmd %s failed: %s", what, exc)
-
-        task = asyncio.get_running_loop().create_task(guarded())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self, *, boot_update: bool = True) -> None:
-        """Create the qmd home, reconcile collections, then the boot update and timers.
-
-        Boot update (``update.onBoot`` and ``boot_update``): awaited when
-        ``update.waitForBootSync`` (failures logged, not raised), else in the background
-        (``full`` mode only). ``full`` mode also starts the interval and embed timers.
+    async def prepare(self) -> None:
+        """Create the qmd home and the workspace and sessions folders
+        (:func:`~qmdbridge.qmd.startup.prepare_home`); no qmd process is started. Idempotent.
 
         Raises:
-            ManagerClosedError: the backend was closed.
+            ManagerClosedError: closed. BackendUnavailableError: a folder cannot be created.
         """
-        from qmdbridge.paths import ensure_home
+        self._check_open()
+        if not self._prepared:
+            for warning in await anyio.to_thread.run_sync(partial(
+                    prepare_home, self.home, parent_env=self._parent_env,
+                    workspace=self.agent.workspace_dir, collections=self.collections)):
+                log.warning("%s", warning)
+            self._prepared = True
 
+    async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:
+        """Start-up: qmd home, collections, the ``--help`` probe, the boot update (awaited with
+        ``update.waitForBootSync``, else in the background in ``full`` mode), then (``full``
+        mode) timers and the file watcher, all in ``tasks``. Each step has its own budget
+        (module docstring); a failed or timed-out step is logged and kept in ``status()``.
+
+        Args:
+            tasks: the manager's task group (required in ``full`` mode).
+            boot_update: ``False`` skips the boot update (operator commands).
+
+        Raises:
+            ManagerClosedError: closed. UsageError: ``full`` mode without ``tasks``.
+            BackendUnavailableError: the qmd home cannot be created.
+        """
         self._check_open()
         if self._started:
             return
+        if self.mode == "full" and tasks is None:
+            raise UsageError("a long-lived qmd backend needs the manager's background tasks")
         self._started = True
-        for warning in ensure_home(self.home, parent_env=self._parent_env) or []:
-            log.warning("%s", warning)
-        await anyio.to_thread.run_sync(self._make_dirs)
-        await self.reconcile()
-        up = self.cfg.update
-        if up.on_boot and boot_update:
-            if up.wait_for_boot_sync:
-                try:
-                    await self.cycle.run("boot", force=True)
-                except BackendUnavailableError as exc:
-                    self.last_error = str(exc)
-                    log.warning("qmd boot update failed: %s", exc)
-            elif self.mode == "full":
-                self.spawn(lambda: self.cycle.run("boot", force=True), "boot update")
-        if self.mode == "full":
+        self._bg = tasks.subgroup("qmd") if tasks is not None else None
+        self._in_startup = True
+        try:
+            await self.prepare()
+            await self.reconcile()
+            await self._probe_multi_c()
+            up = self.cfg.update
+            if up.on_boot and boot_update:
+                if up.wait_for_boot_sync:
+                    await self._boot_update()
+                elif self.mode == "full" and self._bg is not None:
+                    self._bg.start_soon("boot update", lambda: self.cycle.run("boot", force=True))
+        finally:
+            self._in_startup = False
+        if self.mode == "full" and self._bg is not None:
             from qmdbridge.qmd.freshness import start_background
 
-            self.freshness = start_background(self)
+            self.freshness = start_background(self, self._bg)
 
-    def _make_dirs(self) -> None:
-        self.agent.workspace_dir.mkdir(parents=True, exist_ok=True)
-        for c in self.collections:
-            if c.kind == "sessions":
-                c.path.mkdir(parents=True, exist_ok=True)
+    async def _boot_update(self) -> None:
+        try:
+            await self.cycle.run("boot", force=True)
+        except BackendUnavailableError as exc:  # a timeout: "... timed out after <updateTimeoutMs>ms"
+            self.last_error = str(exc)
+            self._startup_problem(f"boot update failed: {exc.reason}")
+
+    async def _probe_multi_c(self) -> None:
+        """Learn once whether ``-c`` may be repeated, for more than one collection; unknown
+        afterwards means one search call per collection."""
+        if self._multi_c is not None or len(self.collections) < 2:
+            return
+        try:
+            self._multi_c = await probe_multi_c(str(self.location.path), env=self.child_env,
+                                                cwd=self.agent.workspace_dir,
+                                                command_timeout_ms=self.cfg.update.command_timeout_ms)
+        except BackendUnavailableError as exc:
+            return self._startup_problem(exc.reason)
+        if self._on_multi_c is not None:
+            self._on_multi_c(self._multi_c)
 
     async def reconcile(self, *, force: bool = False) -> None:
-        """Make qmd's collections match the config (spec 2.6); never raises for qmd errors.
-
-        A successful reconcile records a fingerprint (collections, qmd version, ``index.yml``
-        size and mtime) in ``<qmd_dir>/reconciled.json``; while nothing changed, later calls
-        skip the ``collection list/show`` round trips (they cost one qmd start each), unless
-        ``force`` (the "Collection not found" repair forces it).
-        """
-        marker = self.home.qmd_dir / "reconciled.json"
-        if not force:
-            try:
-                if marker.read_text() == reconcile_fingerprint(self.collections, getattr(self.location, "version", None), self.home.index_yml):
-                    return
-            except OSError:
-                pass
-        await reconcile(self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
-                        workspace=self.agent.workspace_dir, state=self.reconcile_state)
-        try:
-            write_atomic(marker, reconcile_fingerprint(
-                self.collections, getattr(self.location, "version", None), self.home.index_yml).encode())
-        except OSError as exc:
-            log.debug("cannot record the reconcile fingerprint: %s", exc)
+        """Make qmd's collections match the config unless nothing changed since the last
+        complete reconcile (:func:`~qmdbridge.qmd.startup.reconcile_if_changed`); never raises
+        for qmd errors."""
+        await reconcile_if_changed(
+            self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
+            workspace=self.agent.workspace_dir, state=self.reconcile_state,
+            marker=self.home.qmd_dir / "reconciled.json",
+            qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
+            force=force)
 
     async def close(self) -> None:
-        """Cancel timers, wait for a running update, stop; idempotent."""
+        """Cancel this backend's background tasks (their qmd children are killed and reaped),
+        wait for an update a caller is running, stop; idempotent."""
         if self._closed:
             return
         self._closed = True
         self.cycle.closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._bg is not None:
+            await self._bg.aclose()
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
 
     # -- update / embed -----------------------------------------------------------------------
@@ -298,8 +327,10 @@ class QmdBackend:
         await anyio.to_thread.run_sync(lambda: export_sessions(
             self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now()))
 
-    async def sync(self, *, reason: str, force: bool = False) -> None:
-        """``runUpdate(reason, force)``: see :meth:`UpdateCycle.run`.
+    async def sync(self, *, reason: str, force: bool = False,
+                   progress: ProgressCallback | None = None) -> None:
+        """``runUpdate(reason, force)``: see :meth:`UpdateCycle.run` (``progress`` is not
+        reported: qmd does not say how far it is). Returns nothing.
 
         Raises:
             ManagerClosedError: closed. BackendUnavailableError: ``qmd update`` failed.
@@ -341,12 +372,12 @@ class QmdBackend:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None,
-                     mode: str | None = None) -> list[MemorySearchResult]:
+                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
+                     explain: bool = False, mode: str | None = None) -> list[MemorySearchResult]:
         """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
 
-        The whole search (every qmd call) finishes within ``limits.timeoutMs``; each call gets
-        the remaining budget. An "unknown flag" on stderr reruns the search with ``query``; a
+        The whole search (every qmd call, and the wait for a pending watcher update) finishes
+        within ``limits.timeoutMs``; each call gets the remaining budget. An "unknown flag" on stderr reruns the search with ``query``; a
         missing collection triggers one reconcile and one retry; a crash after valid JSON
         (exit 134 in llama.cpp/ggml) uses the JSON.
 
@@ -354,6 +385,9 @@ class QmdBackend:
             max_results: capped at ``limits.maxResults``.
             min_score: hits below are dropped (default 0).
             sources: keep only collections of these sources.
+            sync_budget_ms: longest wait in ms for a pending watcher update (default: half
+                of the search deadline; never more than that).
+            explain: accepted for the contract; qmd reports no ranking trace.
             mode: overrides ``searchMode`` (``search`` | ``vsearch`` | ``query``).
 
         Returns:
@@ -371,8 +405,12 @@ class QmdBackend:
             raise UsageError("query required")
         limits = self.cfg.limits
         deadline = anyio.current_time() + limits.timeout_ms / 1000
-        if self.freshness is not None and self.agent.memory_search.sync.on_search:
-            await self.freshness.before_search(budget_ms=self._remaining_ms(deadline) // 2)
+        if self.freshness is not None:
+            self.freshness.check_watcher()  # a dead watcher marks the index dirty, is re-armed
+            if self.agent.memory_search.sync.on_search:
+                budget = self._remaining_ms(deadline) // 2
+                await self.freshness.before_search(
+                    budget_ms=budget if sync_budget_ms is None else min(budget, sync_budget_ms))
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
@@ -427,24 +465,13 @@ class QmdBackend:
         finally:
             lookup.close()
 
-    async def _supports_multi_c(self, deadline: float) -> bool:
-        if self._multi_c is None:
-            budget = min(self._remaining_ms(deadline), HELP_PROBE_MAX_MS)
-            try:
-                res = await run_command([str(self.location.path), "--help"], env=self.child_env,
-                                        cwd=self.agent.workspace_dir, timeout_ms=max(1, budget))
-                self._multi_c = bool(_MULTI_C_RE.search(res.stdout + res.stderr))
-            except BackendUnavailableError:
-                self._multi_c = False
-        return self._multi_c
-
     @staticmethod
     def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline
         return int((deadline - anyio.current_time()) * 1000)
 
     async def _search_all(self, q: str, mode: str, colls: list[ManagedCollection], limit: int,
                           deadline: float, no_rerank: bool) -> list[tuple[QmdEntry, str | None]]:
-        if len(colls) > 1 and await self._supports_multi_c(deadline):
+        if len(colls) > 1 and self._multi_c:
             groups: dict[str, list[ManagedCollection]] = {}
             for c in colls:
                 groups.setdefault(c.source, []).append(c)
@@ -526,10 +553,18 @@ class QmdBackend:
         return await anyio.to_thread.run_sync(lambda: read_memory_page(
             ws, extra, rel, from_line=from_line, lines=lines))
 
-    # -- status and probes --------------------------------------------------------------------
+    # -- status -------------------------------------------------------------------------------
+
+    def search_info(self) -> SearchInfo:
+        """``SearchInfo("qmd", "qmd", searchMode)``: qmd embeds with its own models."""
+        return SearchInfo(provider="qmd", model="qmd", mode=self.cfg.search_mode)
 
     async def status(self) -> MemoryStatus:
-        """Counters from qmd's index (active documents per collection) and qmd health."""
+        """Counters from qmd's index (active documents per collection) and qmd health.
+
+        ``dirty`` is also set while the file watcher is dead (found here, and re-armed).
+        """
+        dead = self.freshness.check_watcher() if self.freshness is not None else None
         counts, err = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
         by_source: dict[Source, int] = {}
         for coll, n in counts.items():
@@ -538,7 +573,8 @@ class QmdBackend:
         total = sum(counts.values())
         embed = self.cycle.embed
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
-        issues = list(self.reconcile_state.warnings) + ([err] if err else [])
+        issues = (list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
+                  + ([err] if err else []))
         last_error = self.cycle.last_error or self.last_error
         return MemoryStatus(
             backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
@@ -547,8 +583,10 @@ class QmdBackend:
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
             vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
-            last_error=last_error, dirty=bool(self.freshness and self.freshness.dirty),
-            dirty_reason=self.freshness.dirty_reason if self.freshness else None,
+            last_error=last_error,
+            dirty=bool(self.freshness and (self.freshness.dirty or dead)),
+            dirty_reason=(f"watcher dead: {dead}; re-arming" if dead else
+                          self.freshness.dirty_reason if self.freshness else None),
             custom={"qmd": {
                 "binary": str(self.location.path), "version": getattr(self.location, "version", None),
                 "collections": len(self.collections),
@@ -556,32 +594,6 @@ class QmdBackend:
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed.failures,
                 "embedBackoffUntil": embed.backoff_until, "searchMode": self.cfg.search_mode,
                 "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
-                "freshness": self.freshness.snapshot() if self.freshness else None}})
-
-    async def probe_vector(self) -> bool:
-        """Whether qmd has vectors (``qmd status`` ``Vectors: N`` > 0); ``False`` in ``search``
-        mode without spawning anything."""
-        ok, _ = await self._vector_probe()
-        return ok
-
-    async def _vector_probe(self) -> tuple[bool, str | None]:
-        if self.cfg.search_mode == "search":
-            return False, "qmd search mode does not use vectors"
-        try:
-            res = await self._run(["status"], timeout_ms=self.cfg.limits.timeout_ms)
-            res.check()
-        except BackendUnavailableError as exc:
-            return False, f"QMD status probe failed: {exc}"
-        m = _VECTORS_RE.search(res.stdout)
-        if m is None:
-            return False, "Could not determine QMD vector status from `qmd status`"
-        if int(m.group(1)) == 0:
-            return False, "QMD index has 0 vectors; semantic search is unavailable until embeddings finish"
-        return True, None
-
-    async def probe_embeddings(self) -> tuple[bool, str | None]:
-        """``(ok, error)``: ``(True, None)`` in ``search`` mode (not checked), else the vector probe."""
-        if self.cfg.search_mode == "search":
-            return True, None
-        ok, detail = await self._vector_probe()
-        return ok, None if ok else (detail or "QMD semantic vectors are unavailable")
+                "freshness": self.freshness.snapshot() if self.freshness else None,
+                "startup": {"problems": list(self.startup_problems),
+                            "multiC": self._multi_c}}})

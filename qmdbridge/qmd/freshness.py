@@ -9,6 +9,13 @@ after an update is never lost until the next 5-minute tick.
 
 Searches call :meth:`QmdFreshness.before_search`: when the index is dirty and
 ``sync.onSearch`` is on, they wait for the update, but never past the search's own deadline.
+Searches and status also call :meth:`QmdFreshness.check_watcher`: a dead watcher (its thread
+died, or a watched folder was deleted) is re-armed in the background.
+
+Everything here runs in the backend's subgroup of the manager's task group
+(:class:`~fallback.background.BackgroundTasks`): a failed update is logged once with its cause,
+shown in ``status().background`` and retried with a capped exponential backoff (the watcher
+keeps the changed paths meanwhile).
 """
 
 from __future__ import annotations
@@ -21,10 +28,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from fallback.errors import BackendUnavailableError
+from fallback.background import BackgroundTasks
 from fallback.settings import ExtraPath
 
-__all__ = ["QmdFreshness"]
+__all__ = ["QmdFreshness", "start_background"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -40,15 +47,17 @@ class QmdFreshness:
         watch_debounce_ms: quiet time after the last change before updating (1,500 ms).
         update_debounce_ms: minimum distance between two unforced updates (15,000 ms).
         now_ms: clock in epoch ms.
+        tasks: where the re-arm of a dead watcher runs and failures are reported.
         force_polling: use the polling observer (tests, network file systems).
     """
 
     def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,
                  watch_debounce_ms: int, update_debounce_ms: int, now_ms: Callable[[], int],
-                 force_polling: bool = False) -> None:
+                 tasks: BackgroundTasks, force_polling: bool = False) -> None:
         from fallback.sources.watcher import MemoryWatcher
 
         self.cycle = cycle
+        self.tasks = tasks
         self.update_debounce_ms = max(0, update_debounce_ms)
         self._now = now_ms
         self.dirty = False
@@ -56,31 +65,50 @@ class QmdFreshness:
         self.last_error: str | None = None
         self._updated = anyio.Event()
         self.watcher = MemoryWatcher(workspace, extra_paths=extra_dirs, on_change=self._on_change,
-                                     debounce_ms=watch_debounce_ms, force_polling=force_polling)
+                                     debounce_ms=watch_debounce_ms, force_polling=force_polling,
+                                     retry=tasks.policy, on_error=self._update_failed)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch until cancelled (``task_status.started()`` once the observer runs)."""
         await self.watcher.run(task_status=task_status)
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
+        """Watcher callback; raises when the update fails (the watcher keeps the paths and
+        retries after its backoff)."""
+        from fallback.sources.watcher import RESCAN_MARKER
+
+        files = paths - {RESCAN_MARKER}
         self.dirty = True
-        self.dirty_reason = f"{len(paths)} file(s) changed" if paths else "rescan"
+        self.dirty_reason = f"{len(files)} file(s) changed" if files else "rescan"
         last = self.cycle.last_update_at
         if last is not None:
             wait_ms = self.update_debounce_ms - (self._now() - last)
             if wait_ms > 0:
                 await anyio.sleep(wait_ms / 1000)
-        try:
-            await self.cycle.run("watch")
-        except BackendUnavailableError as exc:
-            self.last_error = str(exc)
-            log.warning("qmd update after file changes failed: %s", exc)
-            raise  # the watcher keeps the paths pending and retries
+        await self.cycle.run("watch")
         self.dirty = False
         self.dirty_reason = None
         self.last_error = None
         self._updated.set()
         self._updated = anyio.Event()
+
+    def _update_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
+        self.last_error = str(exc)
+        self.tasks.report("watch update", exc, failures=failures, retry_in_ms=retry_in_ms)
+
+    def check_watcher(self) -> str | None:
+        """Look at the watcher's health (every search and status): when it is dead, re-arm it
+        in the background and return the cause; ``None`` when it is healthy."""
+        watcher = self.watcher
+        cause = watcher.dead_reason()
+        if cause is not None:
+            self.dirty = True
+            self.dirty_reason = f"watcher dead: {cause}"
+            if self.tasks.is_open and not self.tasks.is_active("watcher re-arm"):
+                log.warning("qmd file watcher is dead (%s); re-arming it", cause)
+                self.tasks.start_soon("watcher re-arm",
+                                      lambda: anyio.to_thread.run_sync(watcher.rearm))
+        return cause
 
     async def before_search(self, *, budget_ms: int) -> None:
         """Wait (at most ``budget_ms``) for the pending update when the index is dirty."""
@@ -95,11 +123,12 @@ class QmdFreshness:
                 "watcher": self.watcher.snapshot()}
 
 
-def start_background(backend: Any) -> QmdFreshness | None:
-    """Start the long-lived mode's background work on ``backend`` (a ``QmdBackend``):
-    the interval update (``update.interval``), the separate embed timer (spec 2.7.3: only when
-    vectors are used and the update interval is off or longer than the embed interval), and the
-    file watcher (``memorySearch.sync.watch``). A failed run is logged and the timers go on.
+def start_background(backend: Any, tasks: BackgroundTasks) -> QmdFreshness | None:
+    """Start the long-lived mode's background work on ``backend`` (a ``QmdBackend``) in
+    ``tasks``: the interval update (``update.interval``), the separate embed timer (spec 2.7.3:
+    only when vectors are used and the update interval is off or longer than the embed
+    interval), and the file watcher (``memorySearch.sync.watch``). A failed run is reported
+    by ``tasks`` and the timers go on after ``max(period, backoff)``.
 
     Returns:
         The :class:`QmdFreshness` when the watcher runs, else ``None``.
@@ -108,23 +137,13 @@ def start_background(backend: Any) -> QmdFreshness | None:
 
     up = backend.cfg.update
     interval, embed_every = up.interval_ms, up.embed_interval_ms
-
-    async def repeat(reason: str, first_ms: int, every_ms: int) -> None:
-        await anyio.sleep(first_ms / 1000)
-        while not backend.closed:
-            try:
-                await backend.cycle.run(reason)
-            except BackendUnavailableError as exc:
-                backend.last_error = str(exc)
-                log.warning("qmd %s update failed: %s", reason, exc)
-            await anyio.sleep(every_ms / 1000)
-
     if interval > 0:
-        backend.spawn(lambda: repeat("interval", interval, interval), "interval update")
+        tasks.every("interval update", interval, lambda: backend.cycle.run("interval"))
     if embed_every > 0 and backend.cfg.search_mode != "search" and (interval <= 0 or interval > embed_every):
         first = embed_jitter_ms(backend.agent.agent_id, [
             (str(c.path), c.pattern) for c in backend.collections if c.kind == "custom"], embed_every)
-        backend.spawn(lambda: repeat("embed-interval", first, embed_every), "embed-interval update")
+        tasks.every("embed-interval update", embed_every,
+                    lambda: backend.cycle.run("embed-interval"), first_ms=first)
     sync = backend.agent.memory_search.sync
     if not sync.watch:
         return None
@@ -133,6 +152,6 @@ def start_background(backend: Any) -> QmdFreshness | None:
         extra_dirs=[ExtraPath(path=str(c.path), pattern=c.pattern)
                     for c in backend.collections if c.kind == "custom"],
         cycle=backend.cycle, watch_debounce_ms=sync.watch_debounce_ms,
-        update_debounce_ms=up.debounce_ms, now_ms=backend.now_ms)
-    backend.spawn(freshness.run, "file watcher")
+        update_debounce_ms=up.debounce_ms, now_ms=backend.now_ms, tasks=tasks)
+    tasks.start_soon("file watcher", freshness.run)
     return freshness

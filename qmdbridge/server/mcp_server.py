@@ -249,35 +249,35 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
-    manager = MemoryManager(agent, backend=args.backend, mode="full")
-    server = build_server(manager)
     try:
-        async with anyio.create_task_group() as tg:
-            async def watch_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        tg.cancel_scope.cancel()
-                        return
+        # entered first: its task group holds every background task; leaving it closes the
+        # manager (tasks cancelled, qmd children reaped), a signal during start-up included
+        async with MemoryManager(agent, backend=args.backend, mode="full") as manager:
+            server = build_server(manager)
+            async with anyio.create_task_group() as tg:
+                async def watch_signals() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for _ in signals:
+                            tg.cancel_scope.cancel()
+                            return
 
-            async def run() -> None:
-                await manager.start()
-                sys.stderr.write(f"qmdbridge mcp: agent {agent.agent_id}, backend {manager.backend_name}, "
-                                 f"workspace {agent.workspace_dir}\n")
-                sys.stderr.flush()
-                if sock is not None and token is not None:
-                    await _serve_http(server, sock, host=args.host, token=token, token_path=token_path)
-                else:
-                    await _serve_stdio(server)
-                tg.cancel_scope.cancel()
+                async def run() -> None:
+                    await manager.start()
+                    sys.stderr.write(f"qmdbridge mcp: agent {agent.agent_id}, backend {manager.backend_name}, "
+                                     f"workspace {agent.workspace_dir}\n")
+                    sys.stderr.flush()
+                    if sock is not None and token is not None:
+                        await _serve_http(server, sock, host=args.host, token=token, token_path=token_path)
+                    else:
+                        await _serve_stdio(server)
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(watch_signals)
-            await anyio.sleep(0)  # let the signal receiver install first
-            tg.start_soon(run)
+                tg.start_soon(watch_signals)
+                await anyio.sleep(0)  # let the signal receiver install first
+                tg.start_soon(run)
     finally:
         if sock is not None:
             sock.close()
-        with anyio.CancelScope(shield=True):
-            await manager.close()
     sys.stderr.write("qmdbridge mcp: stopped\n")
     sys.stderr.flush()
     return 0

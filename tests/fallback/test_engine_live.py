@@ -4,14 +4,17 @@ files and SQLite; every wait is bounded by a deadline, nothing asserts on timing
 from __future__ import annotations
 
 import os
+import shutil
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import orjson
 import pytest
 
+from fallback.background import BackgroundTasks
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
@@ -92,6 +95,17 @@ def _engine(ws: Path, provider: GateProvider | None = None, *, watch: bool = Tru
     return engine
 
 
+@asynccontextmanager
+async def live(engine: BuiltinEngine) -> AsyncIterator[BackgroundTasks]:
+    """Live mode in a task group of the test's own; the engine is closed on the way out."""
+    async with BackgroundTasks() as tasks:
+        try:
+            await engine.start(tasks)
+            yield tasks
+        finally:
+            await engine.close()
+
+
 async def _booted(engine: BuiltinEngine) -> None:
     async def done() -> bool:
         return engine.live.sync_counts["boot"] == 1
@@ -106,8 +120,7 @@ def _finds(engine: BuiltinEngine, query: str, paths: list[str]) -> Callable[[], 
 
 async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path) -> None:
     engine = _engine(ws)
-    try:
-        await engine.start()
+    async with live(engine):
         await _booted(engine)
         mem = ws / "memory"
         (mem / "birds.md").write_text("Falcon sighting at dawn.\n")
@@ -128,33 +141,55 @@ async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path
         status = await engine.status()
         assert status.custom["watcher"]["mode"] == "native"
         assert status.dirty is False
-    finally:
-        await engine.close()
 
 
-async def test_dead_watcher_is_reported_and_index_still_converges(ws: Path) -> None:
+async def test_dead_watcher_thread_is_noticed_by_status_and_re_armed_on_polling(ws: Path) -> None:
     engine = _engine(ws)
-    try:
-        await engine.start()
+    engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
+    async with live(engine):
         await _booted(engine)
         engine.live.watcher.kill_observer_for_test()
+        status = await engine.status()  # notices it, reports it, re-arms it in the background
+        assert (status.dirty, status.dirty_reason) == (
+            True, "watcher dead: native watcher thread died; re-arming")
 
-        async def degraded() -> bool:
+        async def re_armed() -> bool:
             st = await engine.status()
-            return st.dirty and st.custom["watcher"]["mode"] == "polling"
-        await eventually(degraded, "dead watcher detected")
-        status = await engine.status()
-        assert status.dirty_reason == "watcher degraded: native watcher thread died"
-        assert status.custom["watcher"]["degradedReason"] == "native watcher thread died"
+            return not st.dirty and st.custom["watcher"]["rearms"] == 1
+        await eventually(re_armed, "watcher re-armed and the rescan synced")
+        watcher = (await engine.status()).custom["watcher"]
+        assert (watcher["mode"], watcher["alive"], watcher["degradedReason"]) == (
+            "polling", True, "native watcher thread died")
+        assert (watcher["lastRearm"]["cause"], watcher["lastRearm"]["mode"]) == (
+            "native watcher thread died", "polling")
         (ws / "memory" / "late.md").write_text("Kestrel seen after the watcher died.\n")
         await eventually(_finds(engine, "Kestrel", ["memory/late.md"]), "polling picked it up")
-        assert (await engine.status()).dirty_reason == (
-            "watcher degraded: native watcher thread died")
-        await engine.rescan()
-        status = await engine.status()
-        assert (status.dirty, status.dirty_reason) == (False, None)
-    finally:
-        await engine.close()
+        assert (await engine.status()).dirty is False
+
+
+async def test_deleted_and_recreated_memory_folder_is_watched_again(ws: Path) -> None:
+    engine = _engine(ws)
+    engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
+    mem = ws / "memory"
+    (mem / "old.md").write_text("Plover census.\n")
+    async with live(engine):
+        await _booted(engine)
+        shutil.rmtree(mem)  # watchdog stops the watch of a deleted folder for good
+
+        async def re_armed() -> bool:  # found by the watcher loop on the deletion's events or
+            # by this status call, whichever looks after the watch stopped
+            st = await engine.status()
+            return not st.dirty and st.custom["watcher"]["rearms"] == 1
+        await eventually(re_armed, "watcher re-armed and the rescan synced")
+        assert await engine.search("Plover") == []
+        mem.mkdir()
+        (mem / "new.md").write_text("Avocet nest on the dyke.\n")
+        # not dirty, so a search does not sync: only the re-armed watcher can index it
+        await eventually(_finds(engine, "Avocet", ["memory/new.md"]), "new folder watched")
+        snap = (await engine.status()).custom["watcher"]
+        assert (snap["mode"], snap["alive"], snap["rearms"], snap["degradedReason"]) == (
+            "native", True, 1, None)
+        assert snap["lastRearm"]["cause"] == f"watch on {mem} stopped"
 
 
 @pytest.mark.parametrize("trigger", ["interval", "rescan"])
@@ -164,8 +199,7 @@ async def test_interval_and_rescan_keep_index_fresh_without_watcher(ws: Path,
                      intervalMinutes=0.005 if trigger == "interval" else 0)
     if trigger == "rescan":
         engine.rescan_interval_ms = 300
-    try:
-        await engine.start()
+    async with live(engine):
         await _booted(engine)
         assert engine.live.watcher is None
         (ws / "memory" / "later.md").write_text("Osprey fishing notes.\n")
@@ -175,8 +209,6 @@ async def test_interval_and_rescan_keep_index_fresh_without_watcher(ws: Path,
             return engine.live.sync_counts[trigger] >= 1
         await eventually(counted, f"{trigger} sync counted")
         assert engine.live.sync_counts["watch"] == 0
-    finally:
-        await engine.close()
 
 
 def _record(role: str, text: str) -> bytes:
@@ -190,8 +222,7 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
     sdir.mkdir(parents=True)
     path = sdir / "chat.jsonl"
     path.write_bytes(_record("user", "Morning plans."))
-    try:
-        await engine.start()
+    async with live(engine):
         await _booted(engine)
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
         with path.open("ab") as fh:
@@ -216,14 +247,11 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
             return engine.live.sync_counts["session-delta"] == 1
         await eventually(delta_counted, "session-delta sync counted")
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
-    finally:
-        await engine.close()
 
 
 async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
     engine = _engine(ws, watch=False)
-    try:
-        await engine.start()
+    async with live(engine):
         await _booted(engine)
         (ws / "memory" / "warm.md").write_text("Plover notes.\n")
         await engine.search("Plover", session_key="agent:main:dm:7")
@@ -235,8 +263,6 @@ async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
         await eventually(warmed, "session-start sync")
         assert [h.path for h in await engine.search("Plover")] == ["memory/warm.md"]
         assert engine.live.sync_counts["session-start"] == 1
-    finally:
-        await engine.close()
 
 
 def _our_threads() -> set[threading.Thread]:
@@ -247,14 +273,16 @@ async def test_close_stops_watcher_threads_and_tasks(ws: Path) -> None:
     before = _our_threads()
     engine = _engine(ws, with_sessions=True, intervalMinutes=1)
     engine.rescan_interval_ms = 60_000
-    await engine.start()
-    await _booted(engine)
-    assert _our_threads() - before  # the observer threads run
-    await engine.close()
-    assert _our_threads() == before
-    assert engine.live._tasks == set()
-    status_mode = engine.live.watcher.snapshot()["mode"]
-    assert status_mode == "stopped"
+    async with BackgroundTasks() as tasks:
+        await engine.start(tasks)
+        await _booted(engine)
+        assert _our_threads() - before  # the observer threads run
+        assert tasks.running == 3  # watcher, interval sync, rescan
+        await engine.close()
+        assert _our_threads() == before
+        assert (tasks.running, engine.live.tasks.running) == (0, 0)
+        assert engine.live.watcher.snapshot()["mode"] == "stopped"
+        assert tasks.is_open  # the engine closed its own tasks, not the owner's group
 
 
 async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) -> None:
@@ -281,8 +309,7 @@ async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) 
 async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None:
     provider = GateProvider()
     engine = _engine(ws, provider, watch=False)
-    try:
-        await engine.start()
+    async with live(engine):
         await _booted(engine)
         (ws / "memory" / "b2.md").write_text("Beta two.\n")
         provider.blocking = True
@@ -296,8 +323,6 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
             return engine.live.sync_counts["search"] >= 1
         await eventually(finished, "background search sync finished")
         assert [h.path for h in await engine.search("beta")] == ["memory/b2.md"]
-    finally:
-        await engine.close()
 
 
 async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:

@@ -1,15 +1,20 @@
 """Real watchdog events through MemoryWatcher: saves, atomic renames, deletes, moves, new
-folders, extra paths outside the workspace, and a dead observer degrading to polling."""
+folders, extra paths outside the workspace, a dead observer degrading to polling, a deleted
+folder's dead watch re-armed, and a failing callback backing off instead of retrying every
+tick."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fallback.sources.watcher import MemoryWatcher
+from fallback.background import RetryPolicy
+from fallback.errors import EmbeddingProviderError
+from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
 
 pytestmark = pytest.mark.anyio
 
@@ -188,3 +193,72 @@ def test_relevance_follows_the_memory_file_rule(tmp_path: Path) -> None:
         ws / "memory" / ".git" / "x.md", notes / "top.md", notes / "deep" / "inner.md", notes / "deep")}
     assert [str(p.relative_to(tmp_path)) for p, yes in relevant.items() if yes] == [
         "ws/MEMORY.md", "ws/memory.md", "ws/memory", "ws/memory/a.md", "ws/memory/sub", "notes/top.md"]
+
+
+async def test_failed_delivery_keeps_the_batch_and_backs_off(ws: Path) -> None:
+    note = ws / "memory" / "2026-02-01.md"
+    calls: list[set[str]] = []
+    errors: list[tuple[int, int, str]] = []
+    healthy = False
+    changed = anyio.Event()
+
+    async def on_change(paths: set[str], reason: str) -> None:
+        nonlocal changed
+        calls.append(set(paths))
+        changed.set()
+        changed = anyio.Event()
+        if not healthy:
+            raise EmbeddingProviderError("openai", "invalid key", status=401)
+
+    def on_error(exc: BaseException, failures: int, retry_in_ms: int) -> None:
+        errors.append((failures, retry_in_ms, str(exc)))
+
+    watcher = MemoryWatcher(ws, on_change=on_change, debounce_ms=20, on_error=on_error,
+                            retry=RetryPolicy(base_ms=20, factor=2.0, max_ms=80))
+
+    async def body() -> None:
+        nonlocal healthy
+        note.write_text("revoked key day\n")
+        with anyio.fail_after(DEADLINE_S):
+            while len(errors) < 4:
+                await changed.wait()
+        snap = watcher.snapshot()
+        assert (snap["failures"] >= 4, snap["pending"], snap["lastError"]) == (
+            True, 1, "EmbeddingProviderError: openai embedding failed (HTTP 401): invalid key")
+        assert snap["retryAtMs"] is not None
+        healthy = True
+        with anyio.fail_after(DEADLINE_S):
+            while watcher.snapshot()["failures"]:
+                await changed.wait()
+
+    await _run(watcher, body)
+    assert [(f, r) for f, r, _ in errors[:4]] == [(1, 20), (2, 40), (3, 80), (4, 80)]
+    assert all(c == {str(note)} for c in calls)  # the same batch each time: nothing lost
+    assert len(calls) == len(errors) + 1  # one delivery per failure, then the good one
+    snap = watcher.snapshot()
+    assert (snap["failures"], snap["retryAtMs"], snap["lastError"], snap["pending"]) == (0, None, None, 0)
+
+
+async def test_deleted_memory_folder_is_a_dead_watch_that_rearm_replaces(ws: Path) -> None:
+    rec = Recorder()
+    mem = ws / "memory"
+    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50, health_check_ms=3_600_000)
+
+    async def body() -> None:
+        assert watcher.dead_reason() is None and watcher.rearm() is False  # healthy: no-op
+        shutil.rmtree(mem)
+        with anyio.fail_after(DEADLINE_S):  # the loop may notice it on the deletion's events
+            while watcher.dead_reason() is None and watcher.state.rearms == 0:
+                await anyio.sleep(0.02)
+        await anyio.to_thread.run_sync(watcher.check_health)
+        snap = watcher.snapshot()
+        assert (snap["rearms"], snap["alive"], snap["mode"], snap["degradedReason"]) == (
+            1, True, "native", None)
+        assert snap["lastRearm"]["cause"] == f"watch on {mem} stopped"
+        await rec.wait_for(lambda s: RESCAN_MARKER in s)  # events were lost: rescan
+        mem.mkdir()
+        await anyio.sleep(0.2)  # let the root watch schedule the new folder
+        (mem / "again.md").write_text("again\n")
+        await rec.wait_for(lambda s: str(mem / "again.md") in s)
+
+    await _run(watcher, body)

@@ -11,6 +11,7 @@ import anyio
 import psutil
 import pytest
 
+from fallback.background import BackgroundTasks
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.locate import QmdLocation
@@ -49,8 +50,8 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
                                                                  base_path_env: str) -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     b = _backend(tmp_path, qmd_bin, base_path_env)
-    try:
-        await b.start()
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
         assert b.freshness is not None
         assert [r.path for r in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
         # right after the boot update: the update debounce must defer, not drop, this change
@@ -62,8 +63,21 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         tmp.write_text("# Memory\n\nwombat fact\n")
         os.replace(tmp, b.agent.workspace_dir / "MEMORY.md")
         assert await _wait_found(b, "wombat") == ["MEMORY.md"]
-    finally:
+        assert tasks.running == 1  # the file watcher (interval "0"; search mode has no embed timer)
+        b.freshness.watcher.kill_observer_for_test()  # a dead watcher: noticed, re-armed, rescanned
+        with anyio.fail_after(DEADLINE_S):
+            while True:
+                st = await b.status()
+                if st.custom["qmd"]["freshness"]["watcher"]["rearms"] == 1 and not st.dirty:
+                    break
+                await anyio.sleep(0.1)
+        watcher = st.custom["qmd"]["freshness"]["watcher"]
+        assert (watcher["mode"], watcher["alive"], watcher["lastRearm"]["cause"]) == (
+            "polling", True, "native watcher thread died")
+        (b.agent.workspace_dir / "memory" / "2026-05-02.md").write_text("# Day\n\nnumbat burrow\n")
+        assert await _wait_found(b, "numbat") == ["memory/2026-05-02.md"]
         await b.close()
+        assert tasks.running == 0
     with anyio.fail_after(10):
         while {p.pid for p in psutil.Process().children(recursive=True)} - before:
             await anyio.sleep(0.05)

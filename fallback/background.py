@@ -1,0 +1,409 @@
+"""Background work of one memory service: one anyio task group, supervised tasks, capped backoff.
+
+The manager opens one :class:`BackgroundTasks` for its whole life (``async with``) and hands it
+to each backend's ``start``; every background task of both backends (file watchers, update and
+embed timers, session deltas, rescans, boot syncs) is started through it, never as a raw
+asyncio task. What it guarantees:
+
+- **Supervision**: a task that raises is logged once per failure, with its cause, and retried
+  after an exponential backoff with a cap (:class:`RetryPolicy`: 1 s, 2 s, 4 s ... at most
+  5 min). Periodic tasks (:meth:`BackgroundTasks.every`) wait ``max(period, backoff)`` after a
+  failed tick. A failure never escapes into the task group, so one broken task cannot cancel
+  the others or the caller.
+- **Reporting**: the last failure (task, message, when, failures in a row, next retry) and the
+  tasks failing right now are kept for ``status()`` (:meth:`BackgroundTasks.status`).
+- **Clean shutdown**: :meth:`BackgroundTasks.aclose` cancels the group and returns once every
+  task has finished (watchdog observers joined, qmd children reaped by their own cancel
+  handling). A backend can close only its own tasks through a :meth:`~BackgroundTasks.subgroup`.
+
+The group lives in a host task started by ``__aenter__``, so ``aclose`` may be called from any
+task of the same event loop (a blocking portal runs each call in its own task) and cancelling
+the group never cancels the code inside ``async with``.
+
+Source: exponential backoff with a cap, as in tenacity's ``wait_exponential`` (here as a small
+pure policy object so the watcher and the timers share it without a retry loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from fallback.errors import ManagerClosedError, MemorySearchError, UsageError
+from fallback.models import BackgroundError, BackgroundStatus
+
+__all__ = ["BackgroundTasks", "RetryPolicy", "describe_error"]
+
+log = logging.getLogger("qmdbridge.background")
+
+# First retry delay after a failure, ms: quick enough for a transient lock or network blip.
+RETRY_BASE_MS = 1_000
+# Longest retry delay, ms: a permanent failure (revoked API key) costs one attempt per 5 min.
+RETRY_MAX_MS = 300_000
+
+Job = Callable[[], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with a cap (pure: no clock, no randomness).
+
+    Attributes:
+        base_ms: delay after the first failure, ms (> 0).
+        factor: growth per further consecutive failure (>= 1).
+        max_ms: the cap, ms.
+    """
+
+    base_ms: int = RETRY_BASE_MS
+    factor: float = 2.0
+    max_ms: int = RETRY_MAX_MS
+
+    def delay_ms(self, failures: int) -> int:
+        """Delay before the next attempt after ``failures`` consecutive failures, in ms.
+
+        ``min(max_ms, base_ms * factor ** (failures - 1))``; 0 when ``failures < 1``.
+        """
+        if failures < 1:
+            return 0
+        delay = float(self.base_ms)
+        for _ in range(failures - 1):
+            delay *= self.factor
+            if delay >= self.max_ms:
+                return self.max_ms
+        return int(min(self.max_ms, delay))
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line naming an exception and its cause: ``Type: message (caused by Type: message)``."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None and cause is not exc:
+        text += f" (caused by {type(cause).__name__}: {cause})"
+    return text
+
+
+class _StartedProxy:
+    """Forwards ``started()`` to anyio's task status and remembers that it was called."""
+
+    def __init__(self, inner: anyio.abc.TaskStatus[Any]) -> None:
+        self.inner = inner
+        self.called = False
+
+    def started(self, value: Any = None) -> None:
+        self.called = True
+        self.inner.started(value)
+
+
+class BackgroundTasks:
+    """One task group for a service's background work, with supervision and reporting.
+
+    Use ``async with BackgroundTasks() as tasks`` (the manager does) and pass ``tasks`` (or a
+    :meth:`subgroup`) to whatever needs to run in the background.
+
+    Args:
+        policy: retry delays after failures (default: 1 s doubling, capped at 5 min).
+        now_ms: clock in epoch ms for the reported failure times (default wall clock).
+
+    Raises:
+        UsageError: (from the ``start*`` methods) the group is not open: the owner was not
+            entered with ``async with``.
+    """
+
+    def __init__(self, *, policy: RetryPolicy | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        self.policy = policy or RetryPolicy()
+        self._now = now_ms or (lambda: int(time.time() * 1000))
+        self._root: BackgroundTasks = self
+        self._parent: BackgroundTasks | None = None
+        self._label = ""
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._outer: anyio.abc.TaskGroup | None = None
+        self._host_done: anyio.Event | None = None
+        self._scopes: set[anyio.CancelScope] = set()
+        self._active: Counter[str] = Counter()  # this handle's tasks by name
+        self._names: Counter[str] = Counter()  # root only: every task by labelled name
+        self._running = 0
+        self._idle: anyio.Event | None = None
+        self._closed = False
+        self._last_error: BackgroundError | None = None
+        self._failing: dict[str, BackgroundError] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> BackgroundTasks:
+        if self._root is not self:
+            raise UsageError("a subgroup shares its parent's task group; open the parent instead")
+        if self._outer is not None or self._closed:
+            raise UsageError("background tasks can be opened once")
+        outer = anyio.create_task_group()
+        await outer.__aenter__()
+        self._outer = outer
+        await outer.start(self._host)
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool:
+        with anyio.CancelScope(shield=True):
+            await self.aclose()
+        outer, self._outer = self._outer, None
+        if outer is not None:
+            # The host task has finished: this returns at once. The body's own exception (if
+            # any) propagates unchanged instead of being wrapped in an exception group.
+            await outer.__aexit__(None, None, None)
+        return False
+
+    async def _host(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        self._host_done = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+            self._host_done.set()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether tasks can be started (the group is open and this handle is not closed)."""
+        return self._root._tg is not None and not self._closed and not self._root._closed
+
+    @property
+    def running(self) -> int:
+        """Tasks of this handle (and its subgroups) started and not finished yet."""
+        return self._running
+
+    def subgroup(self, label: str) -> BackgroundTasks:
+        """A handle on the same group whose tasks :meth:`aclose` can cancel on their own.
+
+        Args:
+            label: prefix of the task names it reports (``builtin``, ``qmd`` ...).
+        """
+        sub = BackgroundTasks(policy=self.policy, now_ms=self._now)
+        sub._root = self._root
+        sub._label = f"{self._label}{label}: "
+        sub._parent = self
+        return sub
+
+    async def aclose(self) -> None:
+        """Cancel every task of this handle and wait until all have finished; idempotent.
+
+        On the root this cancels the whole group (subgroups included).
+        """
+        self._closed = True
+        if self._root is self and self._tg is not None:
+            self._tg.cancel_scope.cancel()
+        for scope in list(self._scopes):
+            scope.cancel()
+        while self._running and self._idle is not None:
+            await self._idle.wait()
+        if self._root is self and self._host_done is not None:
+            await self._host_done.wait()
+
+    # -- starting tasks -----------------------------------------------------------------------
+
+    def _check(self) -> anyio.abc.TaskGroup:
+        tg = self._root._tg
+        if tg is None:
+            raise UsageError("background tasks need an open task group: use "
+                             "`async with MemoryManager(...)` (or `async with BackgroundTasks()`)")
+        return tg
+
+    def _chain(self) -> list[BackgroundTasks]:
+        out: list[BackgroundTasks] = []
+        node: BackgroundTasks | None = self
+        while node is not None:
+            out.append(node)
+            node = node._parent
+        return out
+
+    def _begin(self, name: str) -> None:
+        for node in self._chain():
+            if node._running == 0:
+                node._idle = anyio.Event()
+            node._running += 1
+        self._active[name] += 1
+        self._root._names[f"{self._label}{name}"] += 1
+
+    def _end(self, name: str) -> None:
+        self._active[name] -= 1
+        if self._active[name] <= 0:
+            del self._active[name]
+        names, full = self._root._names, f"{self._label}{name}"
+        names[full] -= 1
+        if names[full] <= 0:
+            del names[full]
+        for node in self._chain():
+            node._running -= 1
+            if node._running == 0 and node._idle is not None:
+                node._idle.set()
+
+    def is_active(self, name: str) -> bool:
+        """Whether a task of that name is running or waiting to retry."""
+        return self._active[name] > 0
+
+    def start_soon(self, name: str, job: Job, *, retry: bool = True, dedupe: bool = False) -> bool:
+        """Run ``job()`` in the background under supervision.
+
+        Args:
+            name: what the task does, for logs and status (``boot sync``, ``file watcher``).
+            job: an async callable with no arguments.
+            retry: after a failure, run ``job`` again after the policy's delay until it
+                succeeds (``False``: report the failure and stop).
+            dedupe: do nothing when a task of this name is already running or retrying.
+
+        Returns:
+            Whether a task was started (``False`` when closed or deduplicated).
+
+        Raises:
+            UsageError: the group is not open.
+        """
+        if self._closed or self._root._closed or (dedupe and self.is_active(name)):
+            return False
+        tg = self._check()
+        self._begin(name)
+        tg.start_soon(self._supervise, name, job, retry, None, name=f"qmdbridge {self._label}{name}")
+        return True
+
+    async def start(self, name: str, job: Callable[..., Awaitable[object]]) -> Any:
+        """Run ``job(task_status=...)`` in the background and wait until it calls ``started()``.
+
+        A failure before ``started()`` is raised here; after it, the job is supervised like
+        :meth:`start_soon` (restarted with backoff, without ``task_status``).
+
+        Returns:
+            The value passed to ``task_status.started()``.
+
+        Raises:
+            UsageError: the group is not open (or this handle is closed).
+            Exception: whatever ``job`` raised before it started.
+        """
+        tg = self._check()
+        if self._closed or self._root._closed:
+            raise UsageError("background tasks are closed")
+        self._begin(name)  # ended by _supervise, also when the job fails before it started
+        return await tg.start(self._supervise_started, name, job,
+                              name=f"qmdbridge {self._label}{name}")
+
+    def every(self, name: str, period_ms: int, tick: Job, *, first_ms: int | None = None) -> bool:
+        """Run ``tick()`` every ``period_ms`` (first after ``first_ms``, default one period).
+
+        A failed tick is reported and the next one waits ``max(period, backoff)``.
+
+        Returns:
+            Whether the timer was started.
+
+        Raises:
+            UsageError: the group is not open.
+        """
+        async def loop() -> None:
+            await anyio.sleep((period_ms if first_ms is None else first_ms) / 1000)
+            failures = 0
+            while True:
+                try:
+                    await tick()
+                except ManagerClosedError:
+                    return
+                except Exception as exc:  # the background edge: report, back off, go on
+                    failures += 1
+                    wait_ms = max(period_ms, self.policy.delay_ms(failures))
+                    self.report(name, exc, failures=failures, retry_in_ms=wait_ms)
+                    await anyio.sleep(wait_ms / 1000)
+                    continue
+                if failures:
+                    self.recovered(name, failures)
+                    failures = 0
+                await anyio.sleep(period_ms / 1000)
+
+        return self.start_soon(name, loop, retry=True)
+
+    async def _supervise(self, name: str, job: Callable[..., Awaitable[object]], retry: bool,
+                         status: _StartedProxy | None) -> None:
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                if self._closed or self._root._closed:
+                    scope.cancel()
+                failures = 0
+                while True:
+                    try:
+                        if status is not None and not status.called:
+                            await job(task_status=status)
+                        else:
+                            await job()
+                    except ManagerClosedError:
+                        return  # closing: the owner is gone, nothing to retry
+                    except Exception as exc:  # the background edge: report, back off, retry
+                        if status is not None and not status.called:
+                            raise  # failed before it started: the caller of start() gets it
+                        failures += 1
+                        delay = self.policy.delay_ms(failures) if retry else None
+                        self.report(name, exc, failures=failures, retry_in_ms=delay)
+                        if delay is None:
+                            return
+                        await anyio.sleep(delay / 1000)
+                        continue
+                    if failures:
+                        self.recovered(name, failures)
+                    return
+        finally:
+            self._scopes.discard(scope)
+            self._end(name)
+
+    async def _supervise_started(self, name: str, job: Callable[..., Awaitable[object]], *,
+                                 task_status: anyio.abc.TaskStatus[Any]) -> None:
+        await self._supervise(name, job, True, _StartedProxy(task_status))
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def report(self, name: str, exc: BaseException, *, failures: int,
+               retry_in_ms: int | None) -> BackgroundError:
+        """Record and log (once) a failure of the background task ``name``.
+
+        An unexpected exception (not a ``MemorySearchError``) is logged with its traceback the
+        first time in a row.
+
+        Args:
+            name: the task (this handle's label is prefixed).
+            exc: what it raised.
+            failures: consecutive failures of that task, this one included (>= 1).
+            retry_in_ms: when it is tried again, or ``None`` when it is not.
+
+        Returns:
+            The recorded :class:`~fallback.models.BackgroundError` (also ``status().last_error``).
+        """
+        full = f"{self._label}{name}"
+        err = BackgroundError(task=full, message=describe_error(exc), at_ms=self._now(),
+                              failures=failures, retry_in_ms=retry_in_ms)
+        root = self._root
+        root._last_error = err
+        root._failing[full] = err
+        when = "not retried" if retry_in_ms is None else f"retry in {retry_in_ms / 1000:g}s"
+        log.warning("background %s failed (%d in a row; %s): %s", full, failures, when,
+                    err.message,
+                    exc_info=exc if failures == 1 and not isinstance(exc, MemorySearchError) else None)
+        return err
+
+    def recovered(self, name: str, failures: int) -> None:
+        """Record that ``name`` succeeded again after ``failures`` failures (logged at info)."""
+        full = f"{self._label}{name}"
+        if self._root._failing.pop(full, None) is not None:
+            log.info("background %s recovered after %d failure(s)", full, failures)
+
+    @property
+    def last_error(self) -> BackgroundError | None:
+        """The last failure of any task of the group, or ``None``."""
+        return self._root._last_error
+
+    def status(self) -> BackgroundStatus:
+        """``{running, tasks, failing, lastError}`` of the whole group (for
+        ``MemoryStatus.background``)."""
+        root = self._root
+        return BackgroundStatus(running=root._running, tasks=sorted(root._names),
+                                failing=sorted(root._failing), last_error=root._last_error)

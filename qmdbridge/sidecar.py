@@ -1,0 +1,210 @@
+"""Starting the qmd sidecar for one manager: probe (cached), build, start-up, start-up breaker.
+
+:class:`QmdSidecar` owns the one qmd backend of a ``MemoryManager``. Its start-up (finding qmd,
+reconciling collections, the ``--help`` probe, the boot update with ``waitForBootSync``) runs
+under its own budgets and never under a search deadline. A qmd that cannot be started at all
+(missing, foreign, not runnable, or start-up raised) opens the *start-up* breaker, a
+:class:`~qmdbridge.policy.breaker.CircuitBreaker` of its own (``startup-breaker.json``): while it
+is open the manager answers from the builtin engine without trying, and the search breaker is
+never touched. Concurrent callers join one running start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import anyio
+
+from fallback.background import BackgroundTasks
+from fallback.contract import MemoryBackend
+from fallback.errors import ManagerClosedError, MemorySearchError, UsageError
+from qmdbridge.config import ResolvedAgent
+from qmdbridge.policy.breaker import CircuitBreaker
+
+__all__ = ["QmdSidecar", "short_reason"]
+
+log = logging.getLogger("qmdbridge")
+
+
+def short_reason(reason: str) -> str:
+    """One line of a failure for people: qmd's ``error:`` line when its stderr is a stack
+    trace, at most 300 chars."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if len(lines) > 1:
+        picked = next((ln for ln in lines[1:] if ln.lower().startswith(("error:", "error "))), None)
+        head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
+        reason = f"{head}: {picked}" if picked else lines[0]
+    return reason if len(reason) <= 300 else reason[:297] + "..."
+
+
+class QmdSidecar:
+    """The qmd backend of one manager and its start-up.
+
+    Args:
+        agent: the resolved agent config.
+        mode: ``cli`` or ``full`` (passed to ``QmdBackend``).
+        env: environment for qmd discovery and the child processes.
+        now_ms: clock in epoch ms.
+        background: returns the manager's task group for ``QmdBackend.start`` (raises
+            ``UsageError`` when a long-lived manager was not entered).
+    """
+
+    def __init__(self, agent: ResolvedAgent, *, mode: Literal["cli", "full"],
+                 env: Mapping[str, str], now_ms: Callable[[], int],
+                 background: Callable[[], BackgroundTasks]) -> None:
+        self.agent = agent
+        self.mode = mode
+        self._env = dict(env)
+        self._now = now_ms
+        self._background = background
+        qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
+        self.breaker = CircuitBreaker(qmd_dir / "startup-breaker.json",
+                                      scope=agent.memory.qmd.command)
+        self.backend: MemoryBackend | None = None
+        self.ready = False
+        self.unavailable: str | None = None  # why the last start-up failed
+        self.location: Any = None  # the last probe (reason, folders searched, PATH)
+        self._starting: anyio.Event | None = None
+        self._probe_cache: Any = None
+
+    # -- probe cache --------------------------------------------------------------------------
+
+    @property
+    def probe_cache(self) -> Any:
+        """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
+        if self._probe_cache is None:
+            from qmdbridge.qmd.probe_cache import ProbeCache
+
+            self._probe_cache = ProbeCache(self.agent.state_dir / "qmd" / "probe-cache.json",
+                                           now_ms=self._now)
+        return self._probe_cache
+
+    @property
+    def _probe_key(self) -> str:
+        from qmdbridge.qmd.probe_cache import ProbeCache
+
+        return ProbeCache.key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
+
+    def forget_probe(self) -> None:
+        """Probe qmd again next time (it may have changed)."""
+        self.probe_cache.forget(self._probe_key)
+
+    def _remember_multi_c(self, multi_c: bool) -> None:
+        cached = self.probe_cache.get(self._probe_key)
+        if cached is not None and cached[1].get("multiC") != multi_c:
+            self.probe_cache.put(self._probe_key, cached[0], multiC=multi_c)
+
+    # -- start-up -----------------------------------------------------------------------------
+
+    async def get(self, *, wait: bool) -> tuple[MemoryBackend | None, str | None]:
+        """``(backend, None)`` once qmd has started, else ``(None, reason)``.
+
+        Args:
+            wait: run the start-up here (or join a running one); ``False`` (a long-lived
+                manager's search) makes sure it runs in the background and returns at once.
+
+        Raises:
+            UsageError: a long-lived manager was not entered with ``async with``.
+            ManagerClosedError: closed meanwhile.
+        """
+        if self.ready:
+            return self.backend, None
+        running = self._starting
+        now = self._now()
+        if running is None and not self.breaker.allow(now):
+            retry_s = self.breaker.describe(now)["retryInMs"] // 1000
+            reason = self.unavailable or self.breaker.state.last_failure or "qmd did not start"
+            return None, f"{reason} (start-up retry in {retry_s}s)"
+        if not wait:
+            if running is None:
+                self._background().start_soon("qmd start-up", self._start, retry=False, dedupe=True)
+            return None, "qmd is still starting (collections, boot update)"
+        if running is not None:
+            await running.wait()
+        else:
+            await self._start()
+        return (self.backend, None) if self.ready else (None, self.unavailable or "qmd did not start")
+
+    async def _start(self) -> None:
+        """One start-up (probe, build, ``start``); the outcome goes to ``ready`` /
+        ``unavailable`` and the start-up breaker."""
+        if self.ready or self._starting is not None:
+            return
+        done = self._starting = anyio.Event()
+        ok = False
+        try:
+            backend = self.backend or await self._build()
+            if backend is not None:
+                self.backend = backend
+                await backend.start(self._background())
+                ok = True
+        except (ManagerClosedError, UsageError):
+            raise
+        except MemorySearchError as exc:
+            self.unavailable = getattr(exc, "reason", None) or str(exc)
+        except Exception as exc:  # fallback boundary: a qmd defect must not silence memory
+            self.unavailable = f"{type(exc).__name__}: {exc}"
+            log.exception("qmd start-up raised unexpectedly; the builtin engine answers")
+        finally:
+            if ok:
+                self.ready, self.unavailable = True, None
+                self.breaker.record_success(self._now())
+            else:
+                failed, self.backend = self.backend, None  # the next attempt starts afresh
+                if failed is not None:
+                    with anyio.CancelScope(shield=True):
+                        await failed.close()
+                if self.unavailable is not None:
+                    reason = short_reason(self.unavailable)
+                    self.breaker.record_failure(reason, self._now())
+                    self.forget_probe()
+                    log.warning("qmd did not start; the builtin engine answers: %s", reason)
+            self._starting = None
+            done.set()
+
+    async def _build(self) -> MemoryBackend | None:
+        """Probe qmd (or use the cached probe) and build the backend; ``None`` with
+        ``unavailable`` set when it is missing or not runnable."""
+        from qmdbridge.qmd.backend import QmdBackend
+        from qmdbridge.qmd.locate import probe_qmd
+
+        cached = self.probe_cache.get(self._probe_key)
+        extras: dict[str, Any] = {}
+        if cached is not None:
+            location, extras = cached
+        else:
+            location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
+            self.location = location
+            if not location.usable:
+                self.unavailable = location.reason or "qmd not available"
+                return None
+            self.probe_cache.put(self._probe_key, location)
+        multi_c = extras.get("multiC")
+        return QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
+                          now_ms=self._now, multi_c=multi_c if isinstance(multi_c, bool) else None,
+                          on_multi_c=self._remember_multi_c)
+
+    # -- status and close ---------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Status view: ``{"startup": {state, lastError, breaker}, "locate": {...} | absent}``."""
+        state = ("ready" if self.ready else "starting" if self._starting is not None
+                 else "failed" if self.unavailable else "not started")
+        out: dict[str, Any] = {"startup": {"state": state, "lastError": self.unavailable,
+                                           "breaker": self.breaker.describe(self._now())}}
+        loc = self.location
+        if loc is not None:
+            out["locate"] = {"path": loc.path, "found": loc.found, "runtimeOk": loc.runtime_ok,
+                             "version": loc.version, "reason": loc.reason,
+                             "searched": loc.searched, "pathEnv": loc.path_env,
+                             "skipped": loc.skipped}
+        return out
+
+    async def close(self) -> None:
+        """Close the backend (if one was built); idempotent."""
+        backend, self.backend = self.backend, None
+        self.ready = False
+        if backend is not None:
+            await backend.close()

@@ -43,6 +43,7 @@ from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     EmbeddingProviderError,
+    EmbeddingProviderUnavailableError,
     IndexStoreError,
     ManagerClosedError,
     SearchUnavailableError,
@@ -429,7 +430,8 @@ class BuiltinEngine:
             if sel.requested not in ("auto", "none") and sel.provider is not None:
                 # an explicitly configured provider that cannot embed is unavailable: say so
                 # rather than answer from a partial index
-                raise SearchUnavailableError(sel.provider.provider_id, str(exc)) from exc
+                reason = exc.reason if isinstance(exc, EmbeddingProviderUnavailableError) else str(exc)
+                raise SearchUnavailableError(sel.provider.provider_id, reason) from exc
             log.warning("memory sync before search failed: %s", exc)
         except IndexStoreError as exc:
             log.warning("memory sync before search failed: %s", exc)

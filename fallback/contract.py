@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryBackend", "ProgressCallback", "SearchInfo"]
 
-# Sync progress: ``progress(files_done, files_total, chunks_embedded)``, called after each file.
-ProgressCallback = Callable[[int, int, int], None]
+# Sync progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``, called
+# after each file and each committed embedding batch.
+ProgressCallback = Callable[[int, int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class MemoryBackend(Protocol):
         Args:
             reason: why (``cli``, ``watch``, ``interval`` ...), for logs.
             force: full rebuild.
-            progress: ``progress(files_done, files_total, chunks_embedded)`` for this sync,
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for this sync,
                 where the backend can tell (the builtin engine; qmd ignores it).
 
         Returns:

@@ -173,3 +173,31 @@ def test_status_says_a_rebuild_is_pending_and_when_the_provider_cannot_work(ws: 
     doc = orjson.loads(run(["status", "--workspace", str(ws), "--config", str(broken), "--json"], env).stdout)
     assert doc["searchMode"] == "unavailable" and doc["dirty"] is False
     assert doc["problems"][-1]["message"] == reason
+
+
+def test_a_running_daemon_answers_with_the_same_problems_paths_and_continuation(ws: Path, env: dict[str, str]) -> None:
+    import signal
+
+    from tests.qmdbridge.server_procs import start, stop
+
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    assert run(["index", "--workspace", str(ws), "--json"], env).returncode == 0
+    proc, _ = start(["serve", "--no-stdin", "--workspace", str(ws)], env, ready="daemon socket")
+    try:
+        served = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+        assert served["servedBy"] == "daemon"
+        assert served["problems"] == [{"check": "memory file", "message": "memory/blob.md is not indexed: "
+                                       "binary file (NUL bytes)", "hint": "memory files are Markdown text; "
+                                       "move the file out of the memory folders"}]
+        human = run(["status", "--workspace", str(ws)], env).stdout
+        assert "Problems: 1\n  [memory file] memory/blob.md is not indexed: binary file (NUL bytes)\n" in human
+        assert f"Root: {ws / 'memory'} (**/*.md)\n" in human
+        page = run(["get", "MEMORY.md", "--lines", "2", "--workspace", str(ws)], env)
+        assert page.stdout.endswith("\n\n[More content available. Use --from 3 to continue.]\n")
+        absolute = run(["get", str(ws / "MEMORY.md"), "--lines", "1", "--workspace", str(ws), "--json"], env)
+        doc = orjson.loads(absolute.stdout)
+        assert (doc["path"], doc["servedBy"]) == ("MEMORY.md", "process")
+        past = run(["get", "MEMORY.md", "--from", "500", "--workspace", str(ws)], env)
+        assert (past.returncode, past.stdout) == (0, "") and "is past the end of MEMORY.md" in past.stderr
+    finally:
+        assert stop(proc, signal.SIGTERM) == 0

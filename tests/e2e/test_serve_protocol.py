@@ -84,7 +84,7 @@ def test_real_serve_requests_and_replies_match_the_schema(tmp_path: Path) -> Non
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
     assert [r["id"] for r in replies] == [1, 2, 3, 4, 5, "six", 7, 8, 9, None]  # in request order
-    for (req, name), reply in zip(requests, replies, strict=False):
+    for (_, name), reply in zip(requests, replies, strict=False):
         validator(name).validate(reply)
         validator("response").validate(reply)
     hit = replies[0]["result"]["results"][0]

@@ -2,7 +2,7 @@
 
 ``MemoryManager`` uses a backend only through :class:`MemoryBackend`: no private attributes,
 no swapped callbacks. All methods are async (anyio); blocking work (SQLite, file reads) runs in
-``anyio.to_thread.run_sync``. See ``DESIGN.md`` "The backend contract".
+``anyio.to_thread.run_sync``.
 
 Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``, ``search``,
 ``read_file``, ``status``, ``sync``, ``search_info`` -> ``close()``. A backend never creates its

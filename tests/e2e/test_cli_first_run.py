@@ -201,3 +201,18 @@ def test_a_running_daemon_answers_with_the_same_problems_paths_and_continuation(
         assert (past.returncode, past.stdout) == (0, "") and "is past the end of MEMORY.md" in past.stderr
     finally:
         assert stop(proc, signal.SIGTERM) == 0
+
+
+def test_qmd_not_answering_is_a_problem_in_status_and_doctor(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    cfg = tmp_path / "qmd.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}}}")
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    assert run(["search", "router", *args], env).returncode == 0  # answered by the builtin engine
+    status = orjson.loads(run(["status", *args, "--json"], env).stdout)
+    qmd = [p for p in status["problems"] if p["check"] == "qmd"]
+    assert len(qmd) == 1 and qmd[0]["message"].startswith(f"qmd is not answering: qmd not found (command '{tmp_path / 'no-qmd'}')")
+    assert qmd[0]["message"].endswith("; the builtin engine answers meanwhile")
+    doctor = run(["doctor", *args, "--json"], env)
+    assert doctor.returncode == 1
+    failed = [c["detail"] for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"]
+    assert any(d.startswith("qmd is not answering: qmd not found") for d in failed)

@@ -109,3 +109,18 @@ def test_first_search_with_provider_local_downloads_and_answers_hybrid(tmp_path:
     doc = orjson.loads(p.stdout)
     assert (doc["provider"], doc["model"], doc["mode"]) == ("local", URI, "hybrid")
     assert doc["results"][0]["vectorScore"] is not None
+
+
+@pytest.mark.local_model
+def test_doctor_says_the_default_model_is_not_downloaded_yet(tmp_path: Path, env: dict[str, str],
+                                                              local_model_path: Path) -> None:
+    ws = tmp_path / "ws"
+    shutil.copytree(REPO / "examples" / "workspace", ws)
+    cfg = tmp_path / "local.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'local'}}}}")
+    p = run(["doctor", "--workspace", str(ws), "--config", str(cfg), "--json"], {**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    check = next(c for c in orjson.loads(p.stdout)["checks"] if c["name"] == "embedding provider")
+    assert check == {"name": "embedding provider", "level": "warn", "fixed": False,
+                     "detail": f"local model {DEFAULT_MODEL.ref.uri} is not downloaded yet (first use downloads it)",
+                     "hint": "run `qmdbridge models pull` to download it now"}
+    assert not (tmp_path / "state" / "models").exists()  # the doctor downloaded nothing

@@ -149,11 +149,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     if only in (None, "serve"):
         p = sub.add_parser("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
-                           description="Answer memory_search, memory_get, status and sync requests: one JSON "
-                           "object per line on stdin, one answer per line on stdout. Protocol (request and "
-                           "response shapes, errors, ready signal, ordering, concurrency): "
-                           "docs/serve-protocol.md; JSON Schema: docs/serve-protocol.schema.json.",
-                           epilog=EPILOG)
+                           description="Answer memory_search, memory_get, status and sync requests: one JSON\n"
+                           "object per line on stdin, one answer per line on stdout.\n"
+                           "Protocol (shapes, errors, ready signal, ordering, concurrency):\n"
+                           "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json",
+                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
         p.add_argument("--no-socket", action="store_true",
                        help="do not listen on the daemon socket (<stateDir>/daemon/<agentId>.sock)")

@@ -98,3 +98,12 @@ def test_real_serve_requests_and_replies_match_the_schema(tmp_path: Path) -> Non
     assert replies[9]["id"] is None and replies[9]["error"].startswith("invalid JSON")
     for reply in replies[8:]:
         validator("errorResponse").validate(reply)
+
+
+def test_serve_help_points_to_the_protocol_page() -> None:
+    exe = shutil.which("qmdbridge")
+    argv = [exe] if exe else [sys.executable, "-m", "qmdbridge.cli.main"]
+    p = subprocess.run([*argv, "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0
+    assert "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json\n" in p.stdout
+    assert (REPO / "docs" / "serve-protocol.md").is_file()

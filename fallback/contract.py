@@ -2,7 +2,7 @@
 
 ``MemoryManager`` uses a backend only through :class:`MemoryBackend`: no private attributes,
 no swapped callbacks. All methods are async (anyio); blocking work (SQLite, file reads) runs in
-``anyio.to_thread.run_sync``. See ``DESIGN.md`` "The backend contract".
+``anyio.to_thread.run_sync``.
 
 Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``, ``search``,
 ``read_file``, ``status``, ``sync``, ``search_info`` -> ``close()``. A backend never creates its
@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryBackend", "ProgressCallback", "SearchInfo"]
 
-# Sync progress: ``progress(files_done, files_total, chunks_embedded)``, called after each file.
-ProgressCallback = Callable[[int, int, int], None]
+# Sync progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``, called
+# after each file and each committed embedding batch.
+ProgressCallback = Callable[[int, int, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class MemoryBackend(Protocol):
         Args:
             reason: why (``cli``, ``watch``, ``interval`` ...), for logs.
             force: full rebuild.
-            progress: ``progress(files_done, files_total, chunks_embedded)`` for this sync,
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for this sync,
                 where the backend can tell (the builtin engine; qmd ignores it).
 
         Returns:

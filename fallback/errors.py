@@ -19,6 +19,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
                                      (also a TimeoutError; the store and qmd translate it)
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
+     |         +-- ModelDownloadError     ... its model file cannot be downloaded (offline, HTTP
+     |                                    error, checksum mismatch); a partial file is kept to resume
      +-- RerankerError               the reranker stage failed (provider, status); the search
      |                               keeps the fused order and says so in its warnings
      +-- ManagerClosedError          a closed MemoryManager was used
@@ -41,6 +43,7 @@ __all__ = [
     "ManagerClosedError",
     "MemoryFileNotFoundError",
     "MemorySearchError",
+    "ModelDownloadError",
     "PathRefusedError",
     "RerankerError",
     "SearchUnavailableError",
@@ -232,6 +235,25 @@ class EmbeddingProviderUnavailableError(EmbeddingProviderError):
         self.reason = reason
         self.missing_api_key = missing_api_key
         Exception.__init__(self, f"{provider} embedding provider unavailable: {reason}")
+
+
+class ModelDownloadError(EmbeddingProviderUnavailableError):
+    """Raised when a GGUF model cannot be downloaded into the model cache
+    (``fallback/embeddings/model_fetch.py``).
+
+    Attributes:
+        uri: the model, ``hf:<owner>/<repo>/<file>``.
+        offline: True when the hub could not be reached at all (connection refused, DNS,
+            connect timeout), False for an HTTP error, a dropped transfer or a bad checksum.
+        kept_bytes: bytes of the partial download kept for the next attempt to resume
+            (0 when nothing is kept, e.g. after a checksum mismatch).
+    """
+
+    def __init__(self, uri: str, reason: str, *, offline: bool = False, kept_bytes: int = 0) -> None:
+        super().__init__("local", reason)
+        self.uri = uri
+        self.offline = offline
+        self.kept_bytes = kept_bytes
 
 
 class RerankerError(MemorySearchError):

@@ -308,9 +308,12 @@ class MemoryStatus(_Model):
         dirty: True when files changed since the last sync (or the watcher is degraded).
         dirty_reason: why it is dirty, when known.
         provider / requested_provider / model: embedding provider in use and as configured.
-        search_mode: ``hybrid`` | ``fts-only`` (builtin) or the qmd mode.
+        search_mode: ``hybrid`` | ``fts-only`` | ``unavailable`` (builtin: an explicitly
+            configured provider cannot work, so search fails) or the qmd mode.
         provider_unavailable_reason: why no embedding provider is in use, if none is.
         sources / extra_paths / source_counts: what is indexed.
+        roots: where memory is read from: ``[{kind, path, pattern, exists}]``, ``kind`` one of
+            ``root`` (the root file), ``memory`` (``memory/``), ``extra`` (builtin engine).
         fts: ``{enabled, available, tokenizer, error}``.
         vector: ``{enabled, available, mode, reason, dims, extensionPath}``; mode is
             ``sqlite-vec`` | ``brute-force`` | ``disabled``.
@@ -342,6 +345,7 @@ class MemoryStatus(_Model):
     provider_unavailable_reason: str | None = None
     sources: list[Source] = Field(default_factory=lambda: list(("memory",)))  # type: ignore[arg-type]
     extra_paths: list[str] = Field(default_factory=list)
+    roots: list[dict[str, Any]] = Field(default_factory=list)
     source_counts: list[SourceCount] = Field(default_factory=list)
     fts: dict[str, Any] = Field(default_factory=dict)
     vector: dict[str, Any] = Field(default_factory=dict)

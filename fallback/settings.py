@@ -1,7 +1,7 @@
 """Settings of the builtin engine: ``agents.defaults.memorySearch`` as pydantic models.
 
-The keys, defaults and clamping rules follow ``specs/builtin-engine-spec.md`` section 1 (E2
-behaviour) with the decisions of ``DESIGN.md`` (bounded embedding cache). Field names are
+The keys, defaults and clamping rules are those of the reference system (OpenClaw's
+``memorySearch``), with one decision of ours (a bounded embedding cache). Field names are
 snake_case in Python and camelCase in JSON5 (pydantic aliases), so an existing OpenClaw config
 can be loaded as is. Unknown keys are ignored.
 

@@ -3,8 +3,8 @@
 ``load_config(path)`` parses a JSON5 file (or none) into :class:`OpenClawConfig`;
 ``resolve_agent(cfg, agent_id)`` gives one agent's :class:`ResolvedAgent` with absolute paths
 and per-agent overrides applied (field by field; ``extraPaths`` concatenated). Keys, defaults
-and normalisation follow ``specs/qmd-bridge-spec.md`` section 3 and
-``specs/builtin-engine-spec.md`` section 1. Unknown keys anywhere are ignored, so a full
+and normalisation are OpenClaw's (``memory.*`` for the qmd bridge, ``memorySearch`` for the
+builtin engine; the README's Configuration section lists them). Unknown keys anywhere are ignored, so a full
 OpenClaw config loads; a malformed file or a bad value raises :class:`ConfigError` naming the
 file, the dotted key path and what was expected.
 """

@@ -3,7 +3,7 @@ watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy
 
 The legacy split: by the memory-file rule (``fallback.sources.memory_files``) the root memory
 file is ``MEMORY.md``; a lower-case ``memory.md`` is indexed only while ``MEMORY.md`` is absent
-and is not indexed next to it (``DESIGN.md``). ``repair_root_memory`` archives the legacy file under
+and is not indexed next to it (README, "Which files are memory"). ``repair_root_memory`` archives the legacy file under
 ``<ws>/.openclaw-repair/root-memory/<timestamp>/memory.md`` (copy + unlink when a rename would
 cross devices; an earlier archive is never overwritten) and appends its content to ``MEMORY.md``
 under a marked section, so nothing a user wrote is lost.
@@ -220,7 +220,14 @@ async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check
         return Check("embedding provider", "error", sel.error, "fix the provider config or set provider: none")
     if sel.provider is None:
         return Check("embedding provider", "warn", f"keyword-only: {sel.unavailable_reason}",
-                     "set local.modelPath to a GGUF file or an API key for semantic search")
+                     'set memorySearch.provider to "local" (a small model is downloaded on first use) '
+                     'or an API key for semantic search; see README "Semantic search"')
+    download = getattr(sel.provider, "download", None)
+    if download is not None:  # probing would download the model: say what first use will do
+        await sel.provider.aclose()
+        return Check("embedding provider", "warn",
+                     f"local model {download.uri} is not downloaded yet (first use downloads it)",
+                     "run `qmdbridge models pull` to download it now")
     try:
         ok, err = await probe(sel.provider)
     finally:

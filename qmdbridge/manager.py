@@ -455,7 +455,8 @@ class MemoryManager:
         Args:
             reason: why (logged): ``cli``, ``watch``, ``interval`` ...
             force: full rebuild, swapped in atomically.
-            progress: ``progress(files_done, files_total, chunks_embedded)`` for the builtin sync.
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for
+                the builtin sync.
 
         Raises:
             IndexStoreError / BackendUnavailableError: the sync failed.

@@ -1,6 +1,6 @@
 """Per-agent qmd home: the XDG folders, lock files and child environment of one agent's qmd.
 
-Layout (``specs/qmd-bridge-spec.md`` section 2.3)::
+Layout (the reference system's per-agent qmd home, kept so an existing deployment's folders are reused)::
 
     <stateDir>/agents/<agentId>/qmd/                 qmd_dir
       xdg-config/                                    XDG_CONFIG_HOME

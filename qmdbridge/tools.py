@@ -2,8 +2,8 @@
 
 An agent runtime registers the two schemas and routes tool calls to the handlers, passing the
 session key of the conversation (scope rules and citations depend on it). Handlers never raise:
-any failure becomes ``{..., "disabled": true, "error": "..."}`` as in the reference system
-(``specs/builtin-engine-spec.md`` sections 7 and 9).
+any failure becomes ``{..., "disabled": true, "error": "..."}`` as in the reference system's
+agent tools (the shapes are in ``docs/serve-protocol.md``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,21 @@
 """The local provider: a GGUF embedding model run in-process by llama-cpp-python.
 
-The model file (``local.modelPath``, ``~`` expanded) is loaded lazily, in a worker thread, on
-the first call; every call runs in a worker thread (``anyio.to_thread.run_sync``) behind one
-lock, because a llama.cpp context is not thread-safe. Vectors are L2-normalised. Texts longer
-than the model's context are cut by llama.cpp (``truncate=True``: the first ``n_batch`` tokens,
-512 for the test model) instead of failing. ``hf:`` and ``http(s):`` model URIs are not
-downloaded: such a provider is reported unavailable.
+Where the model comes from (:func:`resolve_model_source`, ``local.modelPath``):
+
+- a file path (``~`` expanded): used as it is;
+- an ``hf:<owner>/<repo>/<file>.gguf`` URI: downloaded into the model cache on first use
+  (``fallback/embeddings/model_fetch.py``: checksum-verified, resumable, progress on stderr);
+- nothing, with ``provider: "local"``: the default model
+  (:data:`~fallback.embeddings.model_fetch.DEFAULT_MODEL`), downloaded the same way.
+
+``provider: "auto"`` never downloads: it picks the local provider only when ``modelPath`` names
+an existing file or an ``hf:`` URI that is already cached.
+
+The model is loaded lazily, in a worker thread, on the first call (after the download, which
+has no deadline of its own); every call runs in a worker thread (``anyio.to_thread.run_sync``)
+behind one lock, because a llama.cpp context is not thread-safe. Vectors are L2-normalised.
+Texts longer than the model's context are cut by llama.cpp (``truncate=True``: the first
+``n_batch`` tokens, 512 for the test model) instead of failing.
 """
 
 from __future__ import annotations
@@ -13,21 +23,28 @@ from __future__ import annotations
 import importlib.util
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from fallback.embeddings import model_fetch
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
+from fallback.embeddings.model_fetch import DEFAULT_MODEL, ModelRef, ModelSpec
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
 __all__ = [
     "LLAMA_CPP_MISSING",
     "LocalGgufProvider",
+    "ModelDownload",
+    "ModelSource",
     "from_settings",
     "is_llama_cpp_installed",
     "resolve_model_path",
+    "resolve_model_source",
 ]
 
 LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
@@ -42,20 +59,100 @@ def is_llama_cpp_installed() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+@dataclass(frozen=True)
+class ModelDownload:
+    """A model to download into the cache before first use.
+
+    Attributes:
+        model: the model (a known :class:`ModelSpec` with its pins, or a bare ``hf:`` ref).
+        cache_dir: the model cache.
+        base_url: the hub (``$HF_ENDPOINT`` or ``https://huggingface.co``).
+    """
+
+    model: ModelSpec | ModelRef
+    cache_dir: Path
+    base_url: str
+
+    @property
+    def uri(self) -> str:
+        """``hf:<owner>/<repo>/<file>``."""
+        ref = self.model.ref if isinstance(self.model, ModelSpec) else self.model
+        return ref.uri
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the local provider's GGUF file is, and how it gets there.
+
+    Attributes:
+        path: the model file (for a download: its place in the cache, maybe not there yet).
+        name: the model id of the index identity: the ``hf:`` URI, else the file path.
+        download: set when the file comes from the hub and is not cached yet.
+        query_prefix: put before search queries (the default model's retrieval instruction).
+    """
+
+    path: Path
+    name: str
+    download: ModelDownload | None = None
+    query_prefix: str = ""
+
+
+def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: Path,
+                         base_url: str = model_fetch.DEFAULT_HF_ENDPOINT) -> ModelSource:
+    """Where the GGUF model comes from (rules in the module docstring).
+
+    Args:
+        model_path: ``local.modelPath`` as configured (a path, an ``hf:`` URI, or empty).
+        explicit: True for ``provider: "local"``: an empty path means the default model and
+            an ``hf:`` URI is downloaded on first use. False (``auto``): only a file on disk
+            or an already cached URI qualifies.
+        cache_dir: the model cache (:func:`~fallback.embeddings.model_fetch.default_cache_dir`).
+        base_url: the hub to download from.
+
+    Raises:
+        EmbeddingProviderUnavailableError: nothing usable (the reason says what to set).
+    """
+    raw = (model_path or "").strip()
+    if not raw and not explicit:
+        raise EmbeddingProviderUnavailableError("local", NO_LOCAL_MODEL)
+    if not raw or raw.startswith(model_fetch.HF_URI_PREFIX):
+        try:
+            found = model_fetch.find_model(raw) if raw else DEFAULT_MODEL
+        except ValueError as exc:
+            raise EmbeddingProviderUnavailableError("local", f"local.modelPath: {exc}") from None
+        spec = found if isinstance(found, ModelSpec) else None
+        ref = spec.ref if spec is not None else found
+        assert isinstance(ref, ModelRef)
+        path = ref.cache_path(cache_dir)
+        cached = path.is_file()
+        if not cached and not explicit:
+            raise EmbeddingProviderUnavailableError(
+                "local", f"local.modelPath {raw} is not downloaded yet; set provider: \"local\" to "
+                         f"download it on first use, or run `qmdbridge models pull {raw}`")
+        return ModelSource(path=path, name=ref.uri,
+                           download=None if cached else ModelDownload(found, cache_dir, base_url),
+                           query_prefix=spec.query_prefix if spec is not None else "")
+    if raw.startswith(("http:", "https:")):
+        raise EmbeddingProviderUnavailableError(
+            "local", f"local.modelPath {raw} is a URL; give a file path or an "
+                     "hf:<owner>/<repo>/<file>.gguf URI (downloaded on first use)")
+    path = resolve_model_path(raw)
+    return ModelSource(path=path, name=str(path))
+
+
 def resolve_model_path(model_path: str | None) -> Path:
     """The local model file from ``local.modelPath`` (``~`` expanded, made absolute).
 
     Raises:
         EmbeddingProviderUnavailableError: not configured, a remote URI (``hf:``, ``http(s):``;
-            nothing is downloaded here), or no such file.
+            :func:`resolve_model_source` handles those), or no such file.
     """
     raw = (model_path or "").strip()
     if not raw:
         raise EmbeddingProviderUnavailableError("local", NO_LOCAL_MODEL)
     if raw.startswith(("hf:", "http:", "https:")):
         raise EmbeddingProviderUnavailableError(
-            "local", f"local.modelPath {raw} is a remote URI and cannot be downloaded here; "
-                     "download the GGUF file and set local.modelPath to its path")
+            "local", f"local.modelPath {raw} is a remote URI, not a file path")
     path = Path(raw).expanduser().resolve()
     if not path.is_file():
         raise EmbeddingProviderUnavailableError("local", f"local model file not found: {path}")
@@ -67,24 +164,68 @@ class LocalGgufProvider(BaseProvider):
 
     Attributes:
         model_path: absolute path of the GGUF file.
+        download: the download that brings the file into the cache on first use, or None.
+        query_prefix: text put before every search query (not before chunks).
     """
 
     provider_id = "local"
 
     def __init__(self, *, model_path: Path, model: str | None = None,
-                 policy: CallPolicy | None = None) -> None:
+                 policy: CallPolicy | None = None, download: ModelDownload | None = None,
+                 query_prefix: str = "", on_download: model_fetch.ProgressFn | None = None) -> None:
         """Args:
-            model_path: the GGUF file (must exist; see :func:`resolve_model_path`).
+            model_path: the GGUF file (must exist unless ``download`` brings it; see
+                :func:`resolve_model_source`).
             model: model id for the index identity (default: the file path).
-            policy: timeouts (default 300 s query / 600 s batch) and retries.
+            policy: timeouts (default 300 s query / 600 s batch) and retries; a download on
+                first use runs before and outside them.
+            download: fetch the file into the cache before the first embedding.
+            query_prefix: put before search queries (the default model's instruction).
+            on_download: download progress ``(done_bytes, total_bytes)``; default: lines on
+                stderr (:func:`~fallback.embeddings.model_fetch.stderr_progress`).
         """
         name = model or str(model_path)
         super().__init__(model=name, normalize=True, max_input_tokens=LOCAL_MAX_INPUT_TOKENS,
                          policy=policy or CallPolicy.local(),
                          provider_key=compute_provider_key(self.provider_id, name))
         self.model_path = model_path
+        self.download = download
+        self.query_prefix = query_prefix
+        self._on_download = on_download
         self._lock = threading.Lock()
+        self._download_lock = anyio.Lock()
         self._llama: Any = None
+
+    async def ensure_model(self) -> Path:
+        """Download the model into the cache when it is not there yet (no deadline; it can be
+        cancelled, and a partial download is resumed next time); returns the file.
+
+        Raises:
+            ModelDownloadError: offline, an HTTP error, or a failed checksum.
+        """
+        async with self._download_lock:
+            if self.download is not None and not self.model_path.is_file():
+                d = self.download
+                progress = self._on_download or model_fetch.stderr_progress(d.uri)
+                result = await anyio.to_thread.run_sync(partial(
+                    model_fetch.fetch_model, d.model, d.cache_dir, base_url=d.base_url,
+                    on_progress=progress), abandon_on_cancel=True)
+                self.model_path = result.path
+            self.download = None
+            return self.model_path
+
+    async def embed_query(self, text: str) -> list[float]:
+        """Embed a search query (with :attr:`query_prefix`), downloading the model first if
+        needed. Raises ``EmbeddingProviderError`` (``ModelDownloadError`` for a download)."""
+        await self.ensure_model()
+        return await super().embed_query(self.query_prefix + text)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        """Embed chunks, downloading the model first if needed. Raises
+        ``EmbeddingProviderError`` (``ModelDownloadError`` for a download)."""
+        if texts:
+            await self.ensure_model()
+        return await super().embed_batch(texts)
 
     def _load_locked(self) -> Any:
         if self._llama is None:
@@ -130,18 +271,25 @@ class LocalGgufProvider(BaseProvider):
 
 def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> LocalGgufProvider:
-    """Create the local provider (the model is loaded on the first call, not here).
+    """Create the local provider (no network call: a download waits for the first embedding).
 
-    ``env`` is unused (kept for the common factory signature). The batch timeout honours
+    ``provider: "local"`` (or ``fallback: "local"``) may download; ``auto`` never does.
+    ``env`` gives the model cache (``$OPENCLAW_STATE_DIR/models`` unless
+    ``local.modelCacheDir`` is set) and the hub (``$HF_ENDPOINT``). The batch timeout honours
     ``sync.embeddingBatchTimeoutSeconds``.
 
     Raises:
-        EmbeddingProviderUnavailableError: no usable model path, or llama-cpp-python missing.
+        EmbeddingProviderUnavailableError: no usable model (see :func:`resolve_model_source`),
+            or llama-cpp-python missing.
     """
-    path = resolve_model_path(settings.local.model_path)
+    source = resolve_model_source(
+        settings.local.model_path, explicit="local" in (settings.provider, settings.fallback.strip()),
+        cache_dir=model_fetch.default_cache_dir(settings.local.model_cache_dir, env),
+        base_url=model_fetch.hub_base_url(env))
     if not is_llama_cpp_installed():
         raise EmbeddingProviderUnavailableError("local", LLAMA_CPP_MISSING)
     return LocalGgufProvider(
-        model_path=path, model=settings.model.strip() or None,
+        model_path=source.path, model=settings.model.strip() or source.name,
+        download=source.download, query_prefix=source.query_prefix,
         policy=policy or CallPolicy.local(
             batch_timeout_s=settings.sync.embedding_batch_timeout_seconds))

@@ -43,6 +43,7 @@ from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import (
     EmbeddingProviderError,
+    EmbeddingProviderUnavailableError,
     IndexStoreError,
     ManagerClosedError,
     SearchUnavailableError,
@@ -84,8 +85,8 @@ class BuiltinEngine:
             ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
             on first use.
         now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
-        on_progress: default sync progress ``(files_done, files_total, chunks_embedded)`` for
-            syncs that pass none.
+        on_progress: default sync progress ``(files_done, files_total, chunks_embedded,
+            chunks_written)`` for syncs that pass none.
     """
 
     name = "builtin"
@@ -307,7 +308,7 @@ class BuiltinEngine:
             force: full rebuild into a temporary database, swapped in atomically.
             paths: absolute paths the watcher saw change: only those files are re-indexed when
                 each can be judged on its own (else, or when ``None``, a full incremental scan).
-            progress: ``progress(files_done, files_total, chunks_embedded)`` for the sync this
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for the sync this
                 call runs (a caller that joins a running sync gets no progress); default
                 the constructor's ``on_progress``.
 
@@ -429,7 +430,8 @@ class BuiltinEngine:
             if sel.requested not in ("auto", "none") and sel.provider is not None:
                 # an explicitly configured provider that cannot embed is unavailable: say so
                 # rather than answer from a partial index
-                raise SearchUnavailableError(sel.provider.provider_id, str(exc)) from exc
+                reason = exc.reason if isinstance(exc, EmbeddingProviderUnavailableError) else str(exc)
+                raise SearchUnavailableError(sel.provider.provider_id, reason) from exc
             log.warning("memory sync before search failed: %s", exc)
         except IndexStoreError as exc:
             log.warning("memory sync before search failed: %s", exc)

@@ -2,18 +2,38 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from fallback.index.indexer import FTS_ONLY_MODEL
+from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.models import MemoryStatus, SkippedFile, SourceCount
 from fallback.settings import EngineSettings
-from fallback.sources.memory_files import describe_extra_path
+from fallback.sources.memory_files import describe_extra_path, memory_roots
 from fallback.store.db import META_KEY, Store
 
-__all__ = ["CJK_SCHEME", "build_status"]
+__all__ = ["CJK_SCHEME", "build_status", "indexed_roots", "pending_rebuild"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
+
+
+def indexed_roots(settings: EngineSettings) -> list[dict[str, Any]]:
+    """Where memory is read from, by the memory-file rule: ``[{kind, path, pattern, exists}]``
+    for the root file, ``memory/`` and each extra path (absolute paths; ``exists`` is whether
+    the file or folder is there, symlinks included)."""
+    return [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
+             "exists": os.path.lexists(r.entry)}
+            for r in memory_roots(settings.workspace_dir, settings.search.extra_paths)]
+
+
+def pending_rebuild(store: Store, settings: EngineSettings, provider: Any) -> str | None:
+    """Why the next sync will rebuild the index (``provider changed (none -> local)``, ...),
+    or None: the stored index identity compared with the one the settings give now. An empty
+    store (never synced) needs no rebuild to be reported; it is simply not indexed yet."""
+    meta = store.get_meta_json(META_KEY)
+    if meta is None:
+        return None
+    return full_reindex_reason(meta, index_identity(settings, provider))
 
 
 def build_status(store: Store, *, backend: str, settings: EngineSettings, selection: Any,
@@ -73,6 +93,9 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         meta = store.get_meta_json(META_KEY) or {}
         dims = meta.get("vectorDims") if isinstance(meta, dict) else None
         vector = {**vector, "dims": dims if isinstance(dims, int) else None}
+    rebuild = None if selection.error else pending_rebuild(store, settings, provider)
+    if rebuild is not None:
+        dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
     return MemoryStatus(
         backend=backend, agent_id=settings.agent_id,
         workspace_dir=str(settings.workspace_dir), db_path=str(store.path),
@@ -82,7 +105,8 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         provider=provider.provider_id if provider else "none",
         requested_provider=selection.requested or s.provider,
         model=provider.model if provider else None,
-        search_mode="hybrid" if provider else "fts-only",
+        search_mode="hybrid" if provider else ("unavailable" if selection.error else "fts-only"),
+        roots=indexed_roots(settings),
         provider_unavailable_reason=selection.error or selection.unavailable_reason,
         sources=srcs, extra_paths=[describe_extra_path(e) for e in s.extra_paths],
         source_counts=[SourceCount(source=src, files=f, chunks=c)

@@ -1,8 +1,10 @@
 """Atomic file replacement: readers see a file's old content or its new content, never a mix.
 
 Used by every file the project rewrites in place (session exports, the circuit breaker's shared
-state, the qmd probe cache and ``index.yml``, reconcile markers, flush records). It lives in the
-neutral ``fallback.fs`` package so both ``fallback`` and ``qmdbridge`` can use it.
+state, the qmd probe cache and ``index.yml``, reconcile markers, flush records) and, through
+:func:`publish_file`, by downloads too large to hold in memory (GGUF models streamed to a partial
+file). It lives in the neutral ``fallback.fs`` package so both ``fallback`` and ``qmdbridge``
+can use it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "write_atomic"]
+__all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "publish_file", "write_atomic"]
 
 # Temporary files are ``.tmp-<random>.part`` beside the target: hidden, and never ``*.md``, so a
 # Markdown watcher or qmd's collection glob never picks up a half-written file.
@@ -75,5 +77,32 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if durable:
+        _fsync_dir(target.parent)
+
+
+def publish_file(source: Path, target: Path, *, durable: bool = True) -> None:
+    """Move a completely written file into place: fsync ``source``, rename it over ``target``,
+    then fsync the folder, so readers see no file or the whole file, never a part of it.
+
+    For content written elsewhere in pieces (a download streamed to ``<name>.part``);
+    :func:`write_atomic` covers content held in memory.
+
+    Args:
+        source: the finished file, in the same folder as ``target`` (a rename never copies).
+        target: the final path; an existing file there is replaced.
+        durable: False skips both fsyncs (see :func:`write_atomic`).
+
+    Raises:
+        OSError: ``source`` is missing or the rename fails; ``target`` is then unchanged.
+    """
+    source, target = Path(source), Path(target)
+    if durable:
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(source, target)
     if durable:
         _fsync_dir(target.parent)

@@ -26,9 +26,13 @@ keeps its progress and leaves a consistent index; a cancelled full reindex remov
 temporary database (the cleanup runs shielded).
 
 Embeddings (when a provider exists): chunk texts are looked up in the embedding cache
-(``fallback/index/embedding_cache.py``); only misses go to ``provider.embed_batch``; then, in one
-transaction per file, hits are marked used, fresh vectors cached and the cache pruned to
-``cache.maxEntries``, least recently used first (every sync). A chunk's vector is stored once,
+(``fallback/index/embedding_cache.py``); only misses go to ``provider.embed_batch``, in batches
+of :data:`EMBED_COMMIT_BATCH` texts; after each batch, in one transaction, hits are marked used,
+the fresh vectors cached and the cache pruned to ``cache.maxEntries``, least recently used
+first. During a full reindex each batch is also committed to the live store's cache, so an
+interrupted first index (Ctrl-C, a killed process) loses at most the batch in flight: the
+temporary database is removed, but the next rebuild seeds itself from the live cache and asks
+the provider only for the rest. A chunk's vector is stored once,
 as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
@@ -82,7 +86,13 @@ _VANISHED = "vanished before read"
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
 
-ProgressCallback = Callable[[int, int, int], None]
+# Texts per embedding batch; each finished batch is committed to the embedding cache (and
+# reported to the progress callback) before the next one is sent.
+EMBED_COMMIT_BATCH = 32
+
+ProgressCallback = Callable[[int, int, int, int], None]
+"""``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
+file and after each committed embedding batch."""
 
 
 def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
@@ -201,7 +211,7 @@ class Indexer:
         provider: the embedding provider, or ``None`` (FTS-only: model ``fts-only``).
         write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
         now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
-        on_progress: called after each file as ``(files_done, files_total, chunks_embedded)``.
+        on_progress: :data:`ProgressCallback`, called after each file and each embedding batch.
     """
 
     def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
@@ -213,6 +223,8 @@ class Indexer:
         self._now_ms = now_ms
         self.on_progress = on_progress
         self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
+        self._live_store: Store | None = None  # the published store while a rebuild runs
+        self._files_done = 0
         self._model = provider.model if provider else FTS_ONLY_MODEL
 
     async def sync(self, store: Store, *, force: bool = False,
@@ -298,6 +310,7 @@ class Indexer:
                 Store, temp_path, fts_tokenizer=self.settings.search.store.fts.tokenizer,
                 writer_lock=live.writer_lock, scratch=True))
             self._fresh_store = temp
+            self._live_store = live
             try:
                 if self.settings.search.cache.enabled:
                     try:
@@ -386,8 +399,8 @@ class Indexer:
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
             done += 1
-            if self.on_progress is not None:
-                self.on_progress(done, report.files_total, report.chunks_embedded)
+            self._files_done = done
+            self._report_progress(report)
         if not full:
             stale = sorted(set(known) - active)
             await self._write(store, partial(self._delete_paths, store, stale, source))
@@ -419,6 +432,11 @@ class Indexer:
         report.files_indexed += 1
         report.chunks_written += len(rows)
 
+    def _report_progress(self, report: SyncReport) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self._files_done, report.files_total, report.chunks_embedded,
+                             report.chunks_written)
+
     async def _embed(self, store: Store, chunks: list[Chunk], report: SyncReport) -> list[list[float]]:
         assert self.provider is not None
         p = self.provider
@@ -429,16 +447,31 @@ class Indexer:
             found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
         hits = list(found)
         misses = [h for h in hashes if h not in found]
-        new: dict[str, list[float]] = {}
-        if misses:
-            text_of = {c.content_hash: c.text for c in chunks}
-            fresh = await p.embed_batch([text_of[h] for h in misses])
-            report.chunks_embedded += len(misses)
-            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(misses)}
+        text_of = {c.content_hash: c.text for c in chunks}
+        for start in range(0, len(misses), EMBED_COMMIT_BATCH):
+            batch = misses[start:start + EMBED_COMMIT_BATCH]
+            fresh = await p.embed_batch([text_of[h] for h in batch])
+            report.chunks_embedded += len(batch)
+            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
             found.update(new)
-        if cache_on and (hits or new):
-            await self._write(store, partial(self._cache_write, store, new, hits))
+            if cache_on:
+                await self._commit_batch(store, new, hits)
+                hits = []
+            self._report_progress(report)
+        if cache_on and hits:
+            await self._write(store, partial(self._cache_write, store, {}, hits))
         return [found.get(c.content_hash, []) for c in chunks]
+
+    async def _commit_batch(self, store: Store, new: dict[str, list[float]], hits: list[str]) -> None:
+        """Cache one embedded batch; during a rebuild in the live store too, where it outlives
+        an interrupted rebuild's temporary database."""
+        await self._write(store, partial(self._cache_write, store, new, hits))
+        live = self._live_store
+        if live is not None and store is self._fresh_store and new:
+            try:
+                await self._write(live, partial(self._cache_write, live, new, []))
+            except IndexStoreError:
+                self._live_store = None  # a broken live store is what the rebuild replaces
 
     def _cache_write(self, store: Store, vectors: dict[str, list[float]], hits: list[str]) -> None:
         assert self.provider is not None

@@ -23,7 +23,8 @@ With ``store.fts.tokenizer = "trigram"`` the main table itself is trigram: every
 code points goes to its ``MATCH`` and every shorter token (any script) becomes a LIKE filter.
 
 Source: FTS5 BM25 (Robertson & Zaragoza 2009, as implemented by SQLite's ``bm25()``); the
-rank-to-score mapping and the LIKE plan follow ``specs/builtin-engine-spec.md`` §8.2-8.3 (E2).
+rank-to-score mapping and the LIKE plan follow the reference system's builtin engine (OpenClaw
+``MemoryIndexManager``).
 """
 
 from __future__ import annotations
@@ -173,8 +174,7 @@ def fts_only_score(text_score: float, *, query: str, text: str, path: str) -> fl
     Returns:
         A score in ``[0, 1]``.
 
-    Source: OpenClaw ``MemoryIndexManager`` FTS-only ranking (``specs/builtin-engine-spec.md``
-    §8.6).
+    Source: OpenClaw ``MemoryIndexManager`` FTS-only ranking.
     """
     q_tokens = {t.lower() for t in fts_tokens(query)}
     if not q_tokens:

@@ -30,7 +30,7 @@ __all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
-# Snippets are cut to this many code points (spec §8.3, DESIGN.md maxSnippetChars).
+# Snippets are cut to this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
 SNIPPET_MAX_CHARS = 700
 
 

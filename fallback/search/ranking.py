@@ -3,7 +3,7 @@
 Everything here is pure: plain values in, new values out, no SQLite, no clock (callers pass
 ``now_ms``), no file system (callers pass an ``mtime_ms`` callback). Inputs are never mutated.
 
-The order of operations in a hybrid search (``specs/builtin-engine-spec.md`` §8.5):
+The order of operations in a hybrid search (the reference system's, OpenClaw ``MemoryIndexManager.search``):
 
 1. :func:`merge_hybrid` — union vector and keyword hits by chunk id, weighted score;
 2. :func:`apply_temporal_decay` — multiply each score by ``0.5 ** (age_days / half_life_days)``;
@@ -108,7 +108,7 @@ def merge_hybrid(vector_hits: list[Candidate], keyword_hits: list[Candidate], *,
     Returns:
         New candidates, one per distinct chunk id, sorted by score descending (stable).
 
-    Source: OpenClaw ``mergeHybridResults`` (``specs/builtin-engine-spec.md`` §8.5).
+    Source: OpenClaw ``mergeHybridResults``.
     """
     merged: dict[str, Candidate] = {}
     for hit in vector_hits:
@@ -134,7 +134,7 @@ def merge_hybrid(vector_hits: list[Candidate], keyword_hits: list[Candidate], *,
 
 
 # ---------------------------------------------------------------------------------------------
-# Temporal decay (spec §8.7, DESIGN.md decision on dated file names)
+# Temporal decay (dates from file names, see apply_temporal_decay)
 
 
 def decay_multiplier(age_days: float, half_life_days: float) -> float:
@@ -194,7 +194,7 @@ def date_from_path(path: str) -> dt.date | None:
 def is_evergreen(path: str, source: str) -> bool:
     """Whether a file never decays.
 
-    Following DESIGN.md ("dates come from a file name that starts with YYYY-MM-DD under
+    By our rule ("dates come from a file name that starts with YYYY-MM-DD under
     memory/; everything else is evergreen"), every file of source ``"memory"`` that is not
     dated is evergreen: ``MEMORY.md``, ``memory.md``, undated notes under ``memory/`` and extra
     paths alike. Other sources (``"sessions"``) are never evergreen: they decay by mtime.
@@ -244,7 +244,7 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
         New candidates with decayed ``score`` (``vector_score``/``text_score`` unchanged),
         sorted by score descending (stable).
 
-    Source: exponential decay by half-life (``specs/builtin-engine-spec.md`` §8.7).
+    Source: exponential decay by half-life, as OpenClaw's temporal decay.
     """
     stamps: dict[tuple[str, str], int | None] = {}
     out: list[Candidate] = []
@@ -395,7 +395,7 @@ def select_results(merged: list[Candidate], keyword_hits: list[Candidate], *, mi
     Returns:
         At most ``max_results`` candidates from ``merged``, in its order.
 
-    Source: OpenClaw ``MemoryIndexManager.search`` (``specs/builtin-engine-spec.md`` §8.5).
+    Source: OpenClaw ``MemoryIndexManager.search``.
     """
     if max_results <= 0:
         return []

@@ -5,7 +5,7 @@ each inside one ``BEGIN IMMEDIATE`` transaction together with ``PRAGMA user_vers
 two processes opening a new store cannot race and opening a store needs one read
 (``PRAGMA user_version``). A shipped migration is never edited: add a new one after it.
 
-Schema (E1 table names, E2 behaviour; ``specs/builtin-engine-spec.md`` §4.2):
+Schema (the reference system's table names, so its files and ours have one layout):
 
 - ``meta(key, value)``: the index identity under ``memory_index_meta_v1`` plus bookkeeping
   (``fts_tokenizer``: the tokenizer the FTS table was actually created with; ``fts_error``;
@@ -140,9 +140,9 @@ def m006_single_vector_copy(conn: sqlite3.Connection, *, fts_tokenizer: str) -> 
     ``sqlite3`` cannot load extensions (``fallback/store/vectors.py``). So this migration:
 
     - sets ``chunks.embedding`` to ``'[]'`` on every row (the JSON copies go; SQLite reuses the
-      freed pages). The column itself is kept: the reference schema
-      (``specs/builtin-engine-spec.md`` §4.2) declares ``chunks.embedding TEXT NOT NULL`` and
-      writes it in every chunk upsert (§4.6), and the store lives at the reference's path
+      freed pages). The column itself is kept: the reference schema declares
+      ``chunks.embedding TEXT NOT NULL`` and writes it in every chunk upsert, and the store lives
+      at the reference's path
       (``<stateDir>/memory/<agentId>.sqlite``), so a reference-schema client opening this file
       must still find the column; ``'[]'`` is that schema's own "no embedding" value, and the
       column's default, so our writes simply leave it out;

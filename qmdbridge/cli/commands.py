@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -32,14 +34,34 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def _resolve(args: argparse.Namespace) -> Any:
-    from qmdbridge.config import load_config, resolve_agent
+    from qmdbridge.config import load_config, normalize_agent_id, resolve_agent
 
     cfg = load_config(args.config)
+    if args.agent is not None:
+        known = [normalize_agent_id(a.id) for a in cfg.agents] or ["main"]
+        if normalize_agent_id(args.agent) not in known:
+            raise UsageError(f"unknown agent {args.agent!r} (known: {', '.join(known)})")
     return resolve_agent(cfg, args.agent, workspace=args.workspace)
+
+
+def _quiet_logs(args: argparse.Namespace) -> None:
+    """One-shot commands print what matters themselves (a fallback note, a denial, warnings), so
+    library log records below ERROR stay off stderr unless ``-v``: one line per event, not two.
+    ``serve`` keeps logging's default (it is a long-lived process whose log is its stderr)."""
+    import logging
+
+    root = logging.getLogger()
+    if args.verbose or args.command in ("serve", "mcp") or root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter("qmdbridge: %(message)s"))
+    root.addHandler(handler)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run one parsed command; prints results and errors, returns the exit code."""
+    _quiet_logs(args)
     try:
         agent = _resolve(args)
         handler = _HANDLERS[args.command]
@@ -60,48 +82,92 @@ def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli") -> Any:
 
 
 async def _search(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.cli.progress import sync_progress
+
     async with _manager(agent, args) as m:
-        response = await m.search(args.query, max_results=args.max_results,
-                                  min_score=args.min_score, session_key=args.session_key,
-                                  explain=args.explain)
+        with sync_progress(enabled=args.progress or not args.json) as on_progress:
+            if on_progress is not None:  # the first search of a workspace indexes it first
+                engine = await m.builtin()
+                engine.on_progress = on_progress
+            response = await m.search(args.query, max_results=args.max_results,
+                                      min_score=args.min_score, session_key=args.session_key,
+                                      explain=args.explain)
     if args.json:
         emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK
     from qmdbridge.cli.output import print_search
 
-    print_search(response)
+    print_search(response, keyword_notice=agent.memory_search.provider != "none")
     return EXIT_OK
 
 
+def _workspace_relative(path: str, workspace: Path) -> str:
+    """``get``'s path argument as the tool takes it: an absolute path inside the workspace
+    becomes workspace-relative (``/ws/memory/x.md`` -> ``memory/x.md``, also through a
+    symlinked parent such as ``/tmp``), one outside it the relative form the memory-file rule
+    decides on (``../notes/x.md`` for an extra folder beside the workspace)."""
+    if not os.path.isabs(path):
+        return path
+    p = Path(os.path.normpath(path))
+    for candidate in (p, Path(os.path.realpath(p.parent)) / p.name):
+        if candidate.is_relative_to(workspace):
+            return candidate.relative_to(workspace).as_posix()
+    return Path(os.path.relpath(p, workspace)).as_posix()
+
+
 async def _get(agent: Any, args: argparse.Namespace) -> int:
+    wanted = _workspace_relative(args.path, agent.workspace_dir)
     async with _manager(agent, args) as m:
-        result = await m.read_file(args.path, from_line=args.from_line, lines=args.lines)
+        try:
+            result = await m.read_file(wanted, from_line=args.from_line, lines=args.lines)
+        except PathRefusedError as exc:
+            if wanted == args.path or not wanted.startswith("../"):
+                raise
+            raise PathRefusedError(args.path, f"outside the workspace {agent.workspace_dir} and its "
+                                              "extra paths (memory is MEMORY.md, memory/**/*.md and "
+                                              "memorySearch.extraPaths)") from exc
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
     if args.json:
         emit_json({**result.to_json_dict(), "servedBy": "process"})
-    else:
-        sys.stdout.write(result.text + ("\n" if result.text and not result.text.endswith("\n") else ""))
+        return EXIT_OK
+    from qmdbridge.cli.render import print_get_doc
+
+    print_get_doc(result.to_json_dict(), from_line=args.from_line)
     return EXIT_OK
 
 
+def _require_workspace(agent: Any) -> None:
+    """``status``/``doctor`` report on a workspace; without one they must not create an index
+    store under the state dir, so a missing workspace stops them first."""
+    ws = agent.workspace_dir
+    if not ws.is_dir():
+        what = "is not a directory" if ws.exists() else "does not exist"
+        raise UsageError(f"workspace {what}: {ws} (pass --workspace or set agents.defaults.workspace)")
+
+
 async def _status(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.problems import status_problems
+
+    _require_workspace(agent)
     async with _manager(agent, args) as m:
         st = await m.status()
+    doc = st.to_json_dict()
+    problems = status_problems(doc)
     if args.json:
-        emit_json({**st.to_json_dict(), "servedBy": "process"})
+        emit_json({**doc, "problems": problems, "servedBy": "process"})
     else:
         from qmdbridge.cli.output import print_status
 
-        print_status(st)
+        print_status(st, problems=problems)
     return EXIT_OK
 
 
 async def _index(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.output import progress_reporter
+    from qmdbridge.cli.progress import sync_progress
 
     async with _manager(agent, args) as m:
-        with progress_reporter(enabled=not args.json) as on_progress:
+        with sync_progress(enabled=args.progress or not args.json) as on_progress:
             await m.sync(reason="cli", force=args.force, progress=on_progress)
         st = await m.status()
     if args.json:
@@ -142,6 +208,12 @@ async def _doctor(agent: Any, args: argparse.Namespace) -> int:
     return await doctor(agent, args)
 
 
+async def _models(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.cli.models import models
+
+    return await models(agent, args)
+
+
 async def _eval(agent: Any, args: argparse.Namespace) -> int:
     from qmdbridge.cli.evaluate import run_eval
 
@@ -150,5 +222,6 @@ async def _eval(agent: Any, args: argparse.Namespace) -> int:
 
 _HANDLERS = {
     "search": _search, "get": _get, "status": _status, "index": _index, "qmd": _qmd,
-    "warmup": _warmup, "serve": _serve, "mcp": _mcp, "doctor": _doctor, "eval": _eval,
+    "warmup": _warmup, "serve": _serve, "mcp": _mcp, "doctor": _doctor, "models": _models,
+    "eval": _eval,
 }

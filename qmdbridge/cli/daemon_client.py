@@ -148,6 +148,10 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
     if result.get("disabled") or (args.command == "get" and result.get("missing")):
         return None  # in-process gives the exact message and exit code (a missing file exits 4)
     if args.json:
+        if args.command == "status":
+            from qmdbridge.problems import status_problems
+
+            result = {**result, "problems": status_problems(result)}
         _emit({**result, "servedBy": "daemon"})
         return EXIT_OK
     from qmdbridge.cli import render
@@ -155,9 +159,11 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
     if args.command == "search":
         render.print_search_doc(result)
     elif args.command == "get":
-        render.print_get_doc(result)
+        render.print_get_doc(result, from_line=args.from_line)
     else:
-        render.print_status_doc(result)
+        from qmdbridge.problems import status_problems
+
+        render.print_status_doc(result, problems=status_problems(result))
     return EXIT_OK
 
 
@@ -176,6 +182,8 @@ def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
     e = os.environ if env is None else env
     if args.command not in DAEMON_COMMANDS or daemon_disabled(e) or getattr(args, "explain", False):
         return None  # --explain traces are built in-process (the serve protocol has no such flag)
+    if args.command == "get" and os.path.isabs(args.path):
+        return None  # the workspace-relative form is worked out in-process (the tool refuses /x)
     folder = daemon_dir(state_dir(e))
     sockets = _candidates(folder, args.agent)
     if not sockets:

@@ -1,4 +1,8 @@
-"""``qmdbridge doctor [--fix] [--json]``: print the doctor report; exit 1 when a check failed."""
+"""``qmdbridge doctor [--fix] [--json]``: print the doctor report; exit 1 when a check failed.
+
+Besides the checks of ``qmdbridge/doctor.py`` it reports every problem ``qmdbridge status``
+lists (``qmdbridge/problems.py``) as a failed check, so the two commands never disagree.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,38 @@ from typing import Any
 
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
 
-__all__ = ["doctor"]
+__all__ = ["doctor", "problem_checks"]
+
+# Problems the doctor's own checks already report, with their repair (--fix) or a live probe.
+_OWN_CHECKS = ("embedding provider",)
+_OWN_ISSUES = ("legacy memory.md",)
+
+
+def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
+    """The status problems as doctor ``error`` checks, leaving out those the doctor checks
+    itself (the embedding provider, which it probes; the legacy ``memory.md`` split, which
+    ``--fix`` repairs)."""
+    from qmdbridge.doctor import Check
+
+    return [Check(p["check"], "error", p["message"], p["hint"]) for p in problems
+            if p["check"] not in _OWN_CHECKS and not any(s in p["message"] for s in _OWN_ISSUES)]
 
 
 async def doctor(agent: Any, args: argparse.Namespace) -> int:
-    """Run the checks and print them (``[ok]``/``[warn]``/``[error]`` lines with fix hints)."""
+    """Run the checks and print them (``[ok]``/``[warn]``/``[error]`` lines with fix hints).
+
+    Without a workspace only the checks run: the status (and with it an index store under the
+    state dir) is never opened for a workspace that does not exist.
+    """
     from qmdbridge.doctor import run_doctor
 
     report = await run_doctor(agent, fix=args.fix)
+    if agent.workspace_dir.is_dir():
+        from qmdbridge.manager import MemoryManager
+        from qmdbridge.problems import status_problems
+
+        async with MemoryManager(agent, backend=args.backend) as m:
+            report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
     if args.json:
         emit_json(report.to_json())
     else:

@@ -1,4 +1,4 @@
-"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, mcp, doctor, eval).
+"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, mcp, doctor, models, eval).
 
 A thin layer: parse arguments, load config, call the manager, print. ``search``, ``get`` and
 ``status`` first try a running ``qmdbridge serve`` of the same agent over its daemon socket
@@ -57,6 +57,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+PROGRESS_HELP = "show sync progress on stderr even with --json (it shows anyway otherwise)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print ``qmdbridge <version>`` (the installed distribution's) and exit 0;
+    the version is looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("qmdbridge")
+        except PackageNotFoundError:
+            found = "unknown (not installed)"
+        sys.stdout.write(f"qmdbridge {found}\n")
+        parser.exit(0)
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspace", metavar="DIR", help="agent workspace (default: from config)")
     p.add_argument("--agent", metavar="ID", help="agent id (default: the config's default agent, else 'main')")
@@ -81,6 +103,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -93,6 +116,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--explain", action="store_true",
                        help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
                             "fusion, decay, rerank, MMR, floor (builtin engine)")
+        p.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
         _common(p)
 
     if only in (None, "get"):
@@ -110,6 +134,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser("index", help="sync the index (--force: full rebuild, swapped in atomically)",
                            epilog=EPILOG)
         p.add_argument("--force", action="store_true", help="rebuild from scratch")
+        p.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
         _common(p)
 
     if only in (None, "qmd"):
@@ -124,7 +149,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     if only in (None, "serve"):
         p = sub.add_parser("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
-                           epilog=EPILOG)
+                           description="Answer memory_search, memory_get, status and sync requests: one JSON\n"
+                           "object per line on stdin, one answer per line on stdout.\n"
+                           "Protocol (shapes, errors, ready signal, ordering, concurrency):\n"
+                           "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json",
+                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
         p.add_argument("--no-socket", action="store_true",
                        help="do not listen on the daemon socket (<stateDir>/daemon/<agentId>.sock)")
@@ -143,6 +172,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser("doctor", help="check the workspace, qmd, SQLite features, the provider and the index",
                            epilog=EPILOG)
         p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
+        _common(p)
+
+    if only in (None, "models"):
+        p = sub.add_parser("models", help="download (pull) or list the local embedding models",
+                           description="pull: download a GGUF embedding model into the model cache "
+                           "(<stateDir>/models) ahead of first use, checksum-verified; NAME is a known model "
+                           "(bge-small-en-v1.5, the default) or hf:<owner>/<repo>/<file>.gguf (default: "
+                           "local.modelPath when it is an hf: URI, else the default model). list: the cached "
+                           "models and partial downloads.", epilog=EPILOG)
+        p.add_argument("action", choices=["pull", "list"], help="pull: download; list: show the cache")
+        p.add_argument("name", nargs="?", metavar="NAME", help="model name or hf: URI (pull)")
         _common(p)
 
     if only in (None, "eval"):

@@ -1,28 +1,32 @@
-"""Human-readable output of the CLI: search hits, status, index progress (rich on a TTY)."""
+"""Human-readable output of the CLI from the pydantic models: search hits, status (rich on a TTY).
+
+The text itself is rendered from the JSON documents by ``qmdbridge/cli/render.py`` (which the
+daemon client shares); index progress lives in ``qmdbridge/cli/progress.py``.
+"""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from typing import Any
 
 from fallback.models import HitExplain, MemoryStatus, SearchResponse
 from qmdbridge.cli.render import print_search_doc, print_status_doc
 
-__all__ = ["explain_lines", "print_search", "print_status", "progress_reporter"]
+__all__ = ["explain_lines", "print_search", "print_status"]
 
 
-def print_search(response: SearchResponse) -> None:
+def print_search(response: SearchResponse, *, keyword_notice: bool = False) -> None:
     """Print hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY), each
-    followed by its indented ``explain`` block when the search asked for one; warnings go to
-    stderr. See :func:`qmdbridge.cli.render.print_search_doc`."""
+    followed by its indented ``explain`` block when the search asked for one; notes go to
+    stderr, one line each (``keyword_notice``: say so when the answer is keyword-only). See
+    :func:`qmdbridge.cli.render.print_search_doc`."""
     explained = any(r.explain is not None for r in response.results)
 
     def explain_of(i: int) -> list[str]:
         e = response.results[i].explain
         return [] if e is None else explain_lines(e)
 
-    print_search_doc(response.to_json_dict(), explain=explain_of if explained else None)
+    print_search_doc(response.to_json_dict(), explain=explain_of if explained else None,
+                     keyword_notice=keyword_notice)
 
 
 def explain_lines(e: HitExplain) -> list[str]:
@@ -53,28 +57,8 @@ def explain_lines(e: HitExplain) -> list[str]:
     return lines
 
 
-def print_status(st: MemoryStatus) -> None:
-    """Print the status as ``Key: value`` lines (spec 11.1 layout); see
+def print_status(st: MemoryStatus, *, problems: list[dict[str, Any]] | None = None) -> None:
+    """Print the status as ``Key: value`` lines (spec 11.1 layout), the indexed roots and the
+    ``problems`` (:func:`qmdbridge.problems.status_problems`); see
     :func:`qmdbridge.cli.render.print_status_doc`."""
-    print_status_doc(st.to_json_dict())
-
-
-@contextmanager
-def progress_reporter(*, enabled: bool) -> Iterator[Callable[[int, int, int], None] | None]:
-    """Yield an ``on_progress(files_done, files_total, chunks_embedded)`` callback that drives a
-    rich progress bar on stderr when stderr is a terminal; ``None`` otherwise."""
-    if not enabled or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    with Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("files · {task.fields[chunks]} chunks embedded"),
-                  console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("index", total=None, chunks=0)
-
-        def on_progress(files_done: int, files_total: int, chunks_embedded: int) -> None:
-            progress.update(task, completed=files_done, total=files_total, chunks=chunks_embedded)
-
-        yield on_progress
+    print_status_doc(st.to_json_dict(), problems=problems)

@@ -15,10 +15,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["print_get_doc", "print_search_doc", "print_status_doc"]
+__all__ = ["KEYWORD_ONLY_NOTICE", "get_page_text", "print_get_doc", "print_search_doc", "print_status_doc"]
+
+# Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
+KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
 
 
-def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None) -> None:
+def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None,
+                     keyword_notice: bool = True) -> None:
     """Print search hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY).
 
     Args:
@@ -27,11 +31,15 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
             to stderr.
         explain: ``explain(i)`` gives the ``--explain`` lines of hit ``i``, printed indented
             under it (plain lines then, never a table); ``None`` when nothing was explained.
+        keyword_notice: print :data:`KEYWORD_ONLY_NOTICE` on stderr when the builtin engine
+            answered keyword-only (False when the user chose ``provider: "none"``).
     """
     out = sys.stdout
     fallback = doc.get("fallback")
     if fallback:
         sys.stderr.write(f"note: answered by {doc.get('backend')} (qmd unavailable: {fallback.get('reason')})\n")
+    if keyword_notice and doc.get("backend") == "builtin" and doc.get("mode") == "fts-only":
+        sys.stderr.write(KEYWORD_ONLY_NOTICE + "\n")
     for warning in doc.get("warnings") or []:
         sys.stderr.write(f"warning: {warning}\n")
     denied = doc.get("denied")
@@ -62,14 +70,32 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
             out.write("".join(f"  {line}\n" for line in explain(i)))
 
 
-def print_get_doc(doc: dict[str, Any]) -> None:
-    """Print the text of a ``memory_get`` page (newline-terminated)."""
-    text = doc.get("text") or ""
+def get_page_text(doc: dict[str, Any]) -> str:
+    """The text of a ``memory_get`` page for a person: the continuation notice names the CLI's
+    own flag (``Use --from 16 to continue.``) instead of the tool's ``from=16``."""
+    text = str(doc.get("text") or "")
+    nxt = doc.get("nextFrom")
+    tool = f"Use from={nxt} to continue.]"
+    if doc.get("truncated") and nxt is not None and text.endswith(tool):
+        text = text[: -len(tool)] + f"Use --from {nxt} to continue.]"
+    return text
+
+
+def print_get_doc(doc: dict[str, Any], *, from_line: int | None = None) -> None:
+    """Print the text of a ``memory_get`` page (newline-terminated, :func:`get_page_text`); a
+    ``--from`` past the end of the file prints nothing on stdout and says so on stderr."""
+    if not doc.get("lines") and (from_line or 1) > 1:
+        sys.stderr.write(f"qmdbridge: --from {from_line} is past the end of {doc.get('path')} "
+                         "(nothing from that line on); try a smaller --from\n")
+        return
+    text = get_page_text(doc)
     sys.stdout.write(text + ("\n" if text and not text.endswith("\n") else ""))
 
 
-def print_status_doc(st: dict[str, Any]) -> None:
-    """Print a status document as ``Key: value`` lines (spec 11.1 layout)."""
+def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | None = None) -> None:
+    """Print a status document as ``Key: value`` lines (spec 11.1 layout): with the roots memory
+    is read from, and, when given, the ``problems`` (``{check, message, hint}``, the list
+    ``doctor`` fails on) with their fixes."""
     w = sys.stdout.write
     w(f"Memory Search ({st.get('agentId')})\n")
     w(f"Backend: {st.get('backend')}\n")
@@ -78,10 +104,18 @@ def print_status_doc(st: dict[str, Any]) -> None:
         w(f"Fallback: from {fallback.get('from')}: {fallback.get('reason')}\n")
     w(f"Provider: {st.get('provider')} (requested: {st.get('requestedProvider') or st.get('provider')})\n")
     w(f"Model: {st.get('model') or '-'}\n")
-    w(f"Mode: {st.get('searchMode') or '-'}\n")
-    if st.get("providerUnavailableReason"):
-        w(f"Provider note: {st['providerUnavailableReason']}\n")
+    mode = st.get("searchMode")
+    if mode == "unavailable":
+        w(f"Mode: unavailable, search fails until this is fixed ({st.get('providerUnavailableReason')})\n")
+    else:
+        w(f"Mode: {mode or '-'}{' (keyword-only)' if mode == 'fts-only' else ''}\n")
+        if st.get("providerUnavailableReason"):
+            w(f"Provider note: {st['providerUnavailableReason']}\n")
     w(f"Sources: {', '.join(st.get('sources') or [])}\n")
+    roots = st.get("roots") or ((st.get("backends") or {}).get("builtin") or {}).get("roots") or []
+    for root in roots:
+        pattern = "" if root.get("kind") == "root" else f" ({root.get('pattern')})"
+        w(f"Root: {root.get('path')}{pattern}{'' if root.get('exists') else ' (missing)'}\n")
     w(f"Indexed: {st.get('files')} files · {st.get('chunks')} chunks\n")
     reason = st.get("dirtyReason")
     w(f"Dirty: {'yes' if st.get('dirty') else 'no'}{' (' + reason + ')' if reason else ''}\n")
@@ -126,3 +160,9 @@ def print_status_doc(st: dict[str, Any]) -> None:
         w(f"Skipped: {s.get('path')}: {s.get('reason')}\n")
     for issue in st.get("issues") or []:
         w(f"Issue: {issue}\n")
+    if problems is not None:
+        w(f"Problems: {len(problems) or 'none'}\n")
+        for p in problems:
+            w(f"  [{p.get('check')}] {p.get('message')}\n")
+            if p.get("hint"):
+                w(f"    fix: {p['hint']}\n")

@@ -1,8 +1,8 @@
 """Scope rules: which session keys may search memory, and whether citations are shown.
 
-Implements ``specs/qmd-bridge-spec.md`` 2.12 (session-key normalisation, chat-type and channel
-derivation, ordered allow/deny rules) and 2.13 (the ``auto`` citations mode), with the
-decisions of ``DESIGN.md``:
+Implements the reference system's scope rules (session-key normalisation, chat-type and channel
+derivation, ordered allow/deny rules) and its ``auto`` citations mode, with two decisions of
+ours:
 
 - no session key (a direct library or CLI call) is an owner call: always allowed, and
   ``auto`` citations are on for it;

@@ -2,7 +2,7 @@
 
 qmd ``search|vsearch|query --json`` prints a JSON array of result objects, but a build may put
 banners, model-loading lines, ANSI colours or warnings around it, and very old builds print
-``No results found.`` instead of ``[]`` (``specs/qmd-bridge-spec.md`` 2.8.5). The rules here:
+``No results found.`` instead of ``[]``. The rules here:
 
 1. Every balanced JSON value that starts a line with ``[`` (leading blanks allowed) is read
    with :meth:`json.JSONDecoder.raw_decode`, which stops where the value ends, so text after

@@ -1,6 +1,6 @@
 """Session transcript export: one sanitised, redacted Markdown file per transcript, for qmd.
 
-Implements ``specs/qmd-bridge-spec.md`` 2.11 and 2.7.5: qmd indexes Markdown, so before each
+The reference system's session export for qmd: qmd indexes Markdown, so before each
 ``qmd update`` the agent's ``*.jsonl`` transcripts are rendered (through
 :mod:`fallback.sources.transcripts`, the same sanitising the builtin engine uses) into
 ``<export_dir>/<session id>.md``::

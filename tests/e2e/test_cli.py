@@ -15,7 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
-COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor"]
+COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor", "models"]
 
 
 @pytest.fixture

@@ -174,7 +174,7 @@ async def run_reader(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 async def run_sync(cfg: dict[str, Any]) -> dict[str, Any]:
-    def progress(done: int, total: int, embedded: int) -> None:
+    def progress(done: int, total: int, embedded: int, written: int) -> None:
         print(f"progress {done} {total}", flush=True)
         if cfg.get("progress_sleep_ms"):
             time.sleep(cfg["progress_sleep_ms"] / 1000)  # slow the sync so a kill lands in it

@@ -1,4 +1,4 @@
-"""Temporal decay (spec §8.7, DESIGN.md dated names, §12 cases 32-38)."""
+"""Temporal decay: half-life, dates from file names, evergreen files."""
 
 from __future__ import annotations
 

@@ -54,11 +54,25 @@ def test_auto_reports_local_reasons(tmp_path: Path) -> None:
     missing = tmp_path / "nope.gguf"
     sel = select_provider(cfg(local={"modelPath": str(missing)}), env={})
     assert sel.unavailable_reason == f"{NO_KEYS}; local model file not found: {missing}"
-    sel = select_provider(cfg(local={"modelPath": "hf:org/repo/model.gguf"}), env={})
+    # auto never downloads: an hf: URI counts only once it is in the model cache
+    sel = select_provider(cfg(local={"modelPath": "hf:org/repo/model.gguf"}),
+                          env={"OPENCLAW_STATE_DIR": str(tmp_path)})
     assert sel.provider is None and sel.error is None
     assert sel.unavailable_reason == (
-        f"{NO_KEYS}; local.modelPath hf:org/repo/model.gguf is a remote URI and cannot be "
-        "downloaded here; download the GGUF file and set local.modelPath to its path")
+        f"{NO_KEYS}; local.modelPath hf:org/repo/model.gguf is not downloaded yet; set provider: "
+        '"local" to download it on first use, or run `qmdbridge models pull hf:org/repo/model.gguf`')
+    cached = tmp_path / "models" / "hf" / "org" / "repo" / "model.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(b"GGUF")
+    sel = select_provider(cfg(local={"modelPath": "hf:org/repo/model.gguf"}),
+                          env={"OPENCLAW_STATE_DIR": str(tmp_path)})
+    if is_llama_cpp_installed():
+        assert sel.provider is not None and sel.provider.model == "hf:org/repo/model.gguf"
+        assert sel.provider.model_path == cached and sel.provider.download is None  # type: ignore[attr-defined]
+    bad = select_provider(cfg(local={"modelPath": "https://example.com/m.gguf"}), env={})
+    assert bad.unavailable_reason == (
+        f"{NO_KEYS}; local.modelPath https://example.com/m.gguf is a URL; give a file path or an "
+        "hf:<owner>/<repo>/<file>.gguf URI (downloaded on first use)")
 
 
 def test_none_is_keyword_only_on_purpose() -> None:
@@ -97,8 +111,23 @@ def test_openai_compatible_needs_base_url_not_key() -> None:
 
 
 def test_local_explicit_without_llama_or_model(tmp_path: Path) -> None:
-    sel = select_provider(cfg(provider="local"), env={})
-    assert sel.error == "memory search unavailable: local: no local model configured"
+    # provider "local" without a modelPath: the default model, downloaded on first use
+    from fallback.embeddings.model_fetch import DEFAULT_MODEL
+
+    sel = select_provider(cfg(provider="local"), env={"OPENCLAW_STATE_DIR": str(tmp_path),
+                                                      "HF_ENDPOINT": "http://127.0.0.1:9"})
+    if is_llama_cpp_installed():
+        p = sel.provider
+        assert p is not None and sel.error is None and p.model == DEFAULT_MODEL.ref.uri
+        assert p.model_path == DEFAULT_MODEL.ref.cache_path(tmp_path / "models")  # type: ignore[attr-defined]
+        download = p.download  # type: ignore[attr-defined]
+        assert (download.model, download.base_url) == (DEFAULT_MODEL, "http://127.0.0.1:9")
+        assert p.query_prefix == DEFAULT_MODEL.query_prefix  # type: ignore[attr-defined]
+    else:
+        assert sel.error == f"memory search unavailable: local: {LLAMA_CPP_MISSING}"
+    bad = select_provider(cfg(provider="local", local={"modelPath": "hf:just-a-name"}), env={})
+    assert bad.error == ("memory search unavailable: local: local.modelPath: 'hf:just-a-name' is not "
+                         "a model URI of the form hf:<owner>/<repo>/<file>.gguf")
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     sel = select_provider(cfg(provider="local", local={"modelPath": str(model)}), env={})

@@ -225,3 +225,17 @@ def test_readers_see_old_or_new_content_never_a_mix(tmp_path: Path) -> None:
         reader.join(timeout=DEADLINE_S)
     assert seen <= {b"aa300000", b"bb300000"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TEMP_PREFIX)]
+
+
+def test_publish_file_moves_a_finished_file_into_place(tmp_path: Path) -> None:
+    from fallback.fs.atomic import publish_file
+
+    target = tmp_path / "model.gguf"
+    target.write_bytes(b"old")
+    part = tmp_path / "model.gguf.part"
+    part.write_bytes(b"GGUF new content")
+    publish_file(part, target)
+    assert target.read_bytes() == b"GGUF new content" and not part.exists()
+    with pytest.raises(FileNotFoundError):
+        publish_file(part, target)  # nothing to publish: the target stays as it was
+    assert target.read_bytes() == b"GGUF new content"

@@ -55,7 +55,7 @@ def _settings(ws: Path, **search: object) -> EngineSettings:
 
 
 async def _sync(settings: EngineSettings, store: Store, *, provider: CountProvider | None = None,
-                force: bool = False, progress: list[tuple[int, int, int]] | None = None):
+                force: bool = False, progress: list[tuple[int, int, int, int]] | None = None):
     indexer = Indexer(settings, provider=provider, write_limiter=anyio.CapacityLimiter(1),
                       now_ms=lambda: 1_700_000_000_000,
                       on_progress=(lambda *a: progress.append(a)) if progress is not None else None)
@@ -83,11 +83,11 @@ def ws(tmp_path: Path) -> Path:
 async def test_first_sync_is_full_then_incremental_skips_unchanged(ws: Path) -> None:
     settings = _settings(ws)
     store = Store(settings.db_path)
-    progress: list[tuple[int, int, int]] = []
+    progress: list[tuple[int, int, int, int]] = []
     report = await _sync(settings, store, progress=progress)
     assert (report.full, report.full_reason, report.files_total, report.files_indexed) == (
         True, "no index metadata", 2, 2)
-    assert progress == [(1, 2, 0), (2, 2, 0)]
+    assert progress == [(1, 2, 0, 1), (2, 2, 0, 2)]  # files done, files, embedded, chunks written
     assert _rows(store) == [
         ("MEMORY.md", 1, 1, "Beta knowledge base entry."),
         ("memory/2026-01-12.md", 1, 4, "# Log\nAlpha memory line.\nZebra memory line.\nAnother line."),

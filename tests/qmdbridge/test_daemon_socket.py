@@ -102,8 +102,11 @@ def test_another_workspace_agent_or_changed_config_runs_in_process(tmp_path: Pat
     (other / "memory" / "2026-01-05.md").write_text("# 2026-01-05\n\n- Kestrel is paused.\n")
     p = orjson.loads(cli(["search", "Kestrel", "--workspace", str(other), "--json"], env).stdout)
     assert p["servedBy"] == "process" and p["results"][0]["endLine"] == 3
-    ops = orjson.loads(cli(["status", "--workspace", str(ws), "--agent", "ops", "--json"], env).stdout)
-    assert ops["servedBy"] == "process" and ops["agentId"] == "ops"
+    # another agent is not served by main's daemon; without agents.list only "main" exists, so
+    # the in-process run names the known agents
+    ops = cli(["status", "--workspace", str(ws), "--agent", "ops", "--json"], env)
+    assert ops.returncode == 2
+    assert orjson.loads(ops.stdout)["error"] == "unknown agent 'ops' (known: main)"
     # a relative --workspace resolves against the caller's cwd, like in-process
     rel = orjson.loads(cli(["status", "--workspace", "ws", "--json"], env, cwd=ws.parent).stdout)
     assert rel["servedBy"] == "daemon"

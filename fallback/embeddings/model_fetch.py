@@ -1,0 +1,548 @@
+"""Model downloads: GGUF embedding models fetched from a Hugging Face-style hub into the model cache.
+
+``local.modelPath`` names a file, an ``hf:<owner>/<repo>/<file>.gguf`` URI, or nothing at all
+with ``provider: "local"`` (then :data:`DEFAULT_MODEL`). A URI is downloaded on first use (or
+ahead of time by ``qmdbridge models pull``) from ``{base}/{owner}/{repo}/resolve/main/{file}``,
+``base`` being ``$HF_ENDPOINT`` or ``https://huggingface.co``.
+
+Cache layout, under ``local.modelCacheDir`` or ``<stateDir>/models``::
+
+    hf/<owner>/<repo>/<file>           the verified model
+    hf/<owner>/<repo>/<file>.sha256    its sha256 (hex), written after the model is in place
+    hf/<owner>/<repo>/<file>.part      a partial download, resumed with an HTTP Range request
+    hf/<owner>/<repo>/<file>.lock      one downloader at a time across processes
+
+How a download is checked, strongest first: the sha256 pinned in a :class:`ModelSpec` (the
+default model's), else the sha256 the hub reports for the file (Hugging Face sends it as
+``X-Linked-Etag`` on the redirect of an LFS file, or as a plain ``ETag``; only a 64-hex value
+counts), else a ``<file>.sha256`` published next to the file; the size is compared with the
+pinned size, ``X-Linked-Size`` or the response length. A file failing a check is deleted,
+never kept. The transfer streams to ``<file>.part`` (httpx), a dropped connection is resumed
+from where it stopped (up to :data:`DOWNLOAD_ATTEMPTS` attempts, tenacity), and the finished
+file is moved into place with :func:`fallback.fs.atomic.publish_file`, so a reader sees no file
+or the whole file. Every failure is a :class:`~fallback.errors.ModelDownloadError` saying what
+to do (``offline: cannot reach ...`` when the hub cannot be reached at all).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from fallback.errors import ModelDownloadError
+from fallback.fs.atomic import publish_file, write_atomic
+from fallback.fs.lock import PidFileLock
+
+if TYPE_CHECKING:  # httpx is imported by the download itself, so loading this module is cheap
+    import httpx
+
+__all__ = [
+    "DEFAULT_HF_ENDPOINT",
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "CachedModel",
+    "FetchResult",
+    "ModelRef",
+    "ModelSpec",
+    "ProgressFn",
+    "default_cache_dir",
+    "fetch_model",
+    "find_model",
+    "format_bytes",
+    "hub_base_url",
+    "list_cached",
+    "parse_hf_uri",
+    "stderr_progress",
+]
+
+DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+HF_URI_PREFIX = "hf:"
+# Transfers that drop mid-body are resumed this many times in all within one fetch.
+DOWNLOAD_ATTEMPTS = 3
+# Connect and read deadlines of one request, in seconds (a stalled read counts as dropped).
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+# Bytes read per chunk of the response body.
+CHUNK_BYTES = 1 << 20
+# How long a second process waits for a download another process is running, in ms.
+LOCK_TIMEOUT_MS = 30 * 60 * 1000
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_CONTENT_RANGE_RE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+ProgressFn = Callable[[int, "int | None"], None]
+"""``on_progress(done_bytes, total_bytes)``: called as a download advances (``total_bytes`` is
+``None`` while unknown); ``done_bytes`` counts the resumed part too."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A file in a hub repository.
+
+    Attributes:
+        repo: ``<owner>/<name>``.
+        file: path of the file inside the repository (``/``-separated, ends in ``.gguf``).
+        revision: branch, tag or commit (``main``).
+    """
+
+    repo: str
+    file: str
+    revision: str = "main"
+
+    @property
+    def uri(self) -> str:
+        """``hf:<owner>/<repo>/<file>``, the form ``local.modelPath`` takes."""
+        return f"{HF_URI_PREFIX}{self.repo}/{self.file}"
+
+    def url(self, base_url: str) -> str:
+        """``{base_url}/{repo}/resolve/{revision}/{file}`` (the file's segments URL-quoted)."""
+        return f"{base_url.rstrip('/')}/{self.repo}/resolve/{quote(self.revision, safe='')}/{quote(self.file)}"
+
+    def cache_path(self, cache_dir: Path) -> Path:
+        """Where the model lives in the cache: ``<cache_dir>/hf/<owner>/<repo>/<file>``."""
+        return Path(cache_dir, "hf", *self.repo.split("/"), *self.file.split("/"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model qmdbridge knows by name, with what is pinned about it.
+
+    Attributes:
+        name: short name (``qmdbridge models pull <name>``).
+        ref: where it is downloaded from.
+        sha256: pinned sha256 of the file (hex), or None.
+        size_bytes: pinned size in bytes, or None.
+        license: the model's licence.
+        dims: embedding dimensions.
+        query_prefix: text put before a search query (not before chunks) when embedding it,
+            as the model's authors recommend for retrieval; ``""`` for none.
+    """
+
+    name: str
+    ref: ModelRef
+    sha256: str | None
+    size_bytes: int | None
+    license: str
+    dims: int
+    query_prefix: str = ""
+
+
+# The default local embedding model: BAAI's bge-small-en-v1.5 (MIT), 384 dimensions, 512-token
+# context, as Q8_0 GGUF (36.8 MB). On the MTEB English table of its model card it averages 62.2
+# (retrieval 51.7), against 56.3 (41.9) for all-MiniLM-L6-v2 (25 MB), and it runs on a CPU at
+# the speed of any 33M-parameter BERT; embeddinggemma-300m scores higher but is about ten times
+# the size and the compute. The digest and size are those several independent projects pin for
+# this exact file. BGE recommends the query instruction below for short retrieval queries.
+DEFAULT_MODEL = ModelSpec(
+    name="bge-small-en-v1.5",
+    ref=ModelRef("CompendiumLabs/bge-small-en-v1.5-gguf", "bge-small-en-v1.5-q8_0.gguf"),
+    sha256="ec38e8da142596baa913124ae50550de284b6916bf59577ef2f0cb9660c2f514",
+    size_bytes=36_806_944,
+    license="MIT",
+    dims=384,
+    query_prefix="Represent this sentence for searching relevant passages: ",
+)
+KNOWN_MODELS: Mapping[str, ModelSpec] = {DEFAULT_MODEL.name: DEFAULT_MODEL}
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What :func:`fetch_model` did.
+
+    Attributes:
+        path: the model file in the cache.
+        size_bytes: its size.
+        sha256: its sha256 (hex).
+        downloaded: False when it was already cached.
+        resumed_from: bytes of an earlier partial download reused (0 for a fresh start).
+        verified_by: ``pinned``, ``hub``, ``sidecar``, ``size`` (nothing but the size was known)
+            or ``cache`` (already there).
+    """
+
+    path: Path
+    size_bytes: int
+    sha256: str
+    downloaded: bool
+    resumed_from: int = 0
+    verified_by: str = "cache"
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """One model file in the cache (``qmdbridge models list``).
+
+    Attributes:
+        uri: ``hf:<owner>/<repo>/<file>``.
+        path: the file (the ``.part`` file for a partial download).
+        size_bytes: bytes on disk.
+        sha256: the recorded digest, or None (partial, or a file put there by hand).
+        complete: False for a partial download.
+        default: True for :data:`DEFAULT_MODEL`.
+    """
+
+    uri: str
+    path: Path
+    size_bytes: int
+    sha256: str | None
+    complete: bool
+    default: bool
+
+
+@dataclass
+class _Expected:
+    """What the download must match, filled in from the pin and the hub's headers."""
+
+    sha256: str | None = None
+    sha_source: str | None = None
+    size: int | None = None
+    resumed_from: int = 0
+
+
+class _Dropped(Exception):
+    """The transfer stopped mid-body; what arrived is kept in the ``.part`` file."""
+
+
+def parse_hf_uri(uri: str) -> ModelRef:
+    """Split ``hf:<owner>/<repo>/<file>.gguf`` (the file may sit in folders of the repository).
+
+    Raises:
+        ValueError: not of that form (the message says which form is expected).
+    """
+    text = uri.strip()
+    parts = text[len(HF_URI_PREFIX):].split("/") if text.startswith(HF_URI_PREFIX) else []
+    if (len(parts) < 3 or not all(_SEGMENT_RE.fullmatch(p) for p in parts)
+            or not parts[-1].lower().endswith(".gguf")):
+        raise ValueError(f"{uri!r} is not a model URI of the form hf:<owner>/<repo>/<file>.gguf")
+    return ModelRef(repo=f"{parts[0]}/{parts[1]}", file="/".join(parts[2:]))
+
+
+def find_model(name_or_uri: str) -> ModelSpec | ModelRef:
+    """A known model by name (``bge-small-en-v1.5``) or URI, else the parsed ``hf:`` URI.
+
+    Raises:
+        ValueError: neither a known name nor an ``hf:`` URI.
+    """
+    text = name_or_uri.strip()
+    if text in KNOWN_MODELS:
+        return KNOWN_MODELS[text]
+    if not text.startswith(HF_URI_PREFIX):
+        known = ", ".join(sorted(KNOWN_MODELS))
+        raise ValueError(f"unknown model {text!r} (known: {known}; or an hf:<owner>/<repo>/<file>.gguf URI)")
+    ref = parse_hf_uri(text)
+    return next((s for s in KNOWN_MODELS.values() if s.ref == ref), ref)
+
+
+def hub_base_url(env: Mapping[str, str]) -> str:
+    """``$HF_ENDPOINT`` without a trailing ``/``, else ``https://huggingface.co``."""
+    return (env.get("HF_ENDPOINT") or "").strip().rstrip("/") or DEFAULT_HF_ENDPOINT
+
+
+def default_cache_dir(configured: str | None, env: Mapping[str, str]) -> Path:
+    """The model cache: ``local.modelCacheDir`` (``~`` expanded), else ``<stateDir>/models``
+    (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``, the state dir rule of the whole project)."""
+    if configured and configured.strip():
+        return Path(configured.strip()).expanduser().resolve()
+    state = (env.get("OPENCLAW_STATE_DIR") or "").strip()
+    base = Path(state).expanduser().resolve() if state else Path("~/.openclaw").expanduser()
+    return base / "models"
+
+
+def format_bytes(n: float) -> str:
+    """``36806944`` -> ``"36.8 MB"`` (decimal units, one decimal)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _part(path: Path) -> Path:
+    return path.with_name(path.name + ".part")
+
+
+def _read_digest(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").split()
+    except OSError:
+        return None
+    return text[0].lower() if text and _SHA256_RE.fullmatch(text[0].lower()) else None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _cached(target: Path, pinned: str | None) -> FetchResult | None:
+    """The cached file when it is usable: present, and matching the pin when there is one."""
+    try:
+        size = target.stat().st_size
+    except OSError:
+        return None
+    digest = _read_digest(_sidecar(target))
+    if pinned is not None and digest != pinned:
+        if digest is not None or _file_sha256(target) != pinned:
+            return None  # another build of the file: download the pinned one over it
+        digest = pinned
+        write_atomic(_sidecar(target), f"{digest}\n".encode())
+    return FetchResult(path=target, size_bytes=size, sha256=digest or _file_sha256(target),
+                       downloaded=False)
+
+
+def list_cached(cache_dir: Path) -> list[CachedModel]:
+    """Every model file (and partial download) under ``<cache_dir>/hf``, sorted by URI."""
+    root = Path(cache_dir, "hf")
+    out: list[CachedModel] = []
+    if not root.is_dir():
+        return out
+    for path in sorted(root.rglob("*")):
+        name = path.name
+        complete = name.lower().endswith(".gguf")
+        if not path.is_file() or not (complete or name.lower().endswith(".gguf.part")):
+            continue
+        rel = path.relative_to(root).parts
+        if len(rel) < 3:
+            continue
+        file = "/".join(rel[2:])
+        uri = f"{HF_URI_PREFIX}{rel[0]}/{rel[1]}/{file if complete else file[:-len('.part')]}"
+        out.append(CachedModel(uri=uri, path=path, size_bytes=path.stat().st_size,
+                               sha256=_read_digest(_sidecar(path)) if complete else None,
+                               complete=complete, default=uri == DEFAULT_MODEL.ref.uri))
+    return out
+
+
+def _normal_etag(value: str | None) -> str | None:
+    if not value:
+        return None
+    tag = value.strip().removeprefix("W/").strip('"').lower()
+    return tag if _SHA256_RE.fullmatch(tag) else None
+
+
+def _learn(expected: _Expected, response: httpx.Response, offset: int) -> None:
+    """Take the sha256 and size the hub reports (redirects included) where nothing is pinned."""
+    for r in (*response.history, response):
+        for name in ("x-linked-etag", "etag"):
+            tag = _normal_etag(r.headers.get(name))
+            if tag and expected.sha256 is None:
+                expected.sha256, expected.sha_source = tag, "hub"
+        linked = r.headers.get("x-linked-size", "")
+        if expected.size is None and linked.isdigit():
+            expected.size = int(linked)
+    if expected.size is None:
+        match = _CONTENT_RANGE_RE.match(response.headers.get("content-range", ""))
+        length = response.headers.get("content-length", "")
+        if response.status_code == 206 and match and match.group(3) != "*":
+            expected.size = int(match.group(3))
+        elif response.status_code == 200 and length.isdigit():
+            expected.size = int(length)
+        elif response.status_code == 206 and length.isdigit():
+            expected.size = offset + int(length)
+
+
+def _offline(uri: str, url: str, cache_dir: Path, exc: Exception, kept: int) -> ModelDownloadError:
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port or (80 if parts.scheme == 'http' else 443)}"
+    return ModelDownloadError(
+        uri, f"offline: cannot reach {host} to download {uri} into {cache_dir} "
+             f"({type(exc).__name__}); run `qmdbridge models pull` where the hub is reachable, set "
+             "HF_ENDPOINT to a mirror, or download the .gguf file and set local.modelPath to its path",
+        offline=True, kept_bytes=kept)
+
+
+def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _Expected,
+              on_progress: ProgressFn | None) -> None:
+    """One GET of the file into ``part``, resuming from its current length when it has one."""
+    import httpx
+
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    try:
+        with client.stream("GET", url, headers=headers) as response:
+            _learn(expected, response, offset)
+            status = response.status_code
+            if status == 416 and offset:  # nothing past our offset: complete, or a stale part
+                total = response.headers.get("content-range", "").rpartition("/")[2].strip()
+                if total.isdigit() and int(total) == offset:
+                    return
+                part.unlink(missing_ok=True)
+                raise _Dropped("the partial download does not fit the file; starting over")
+            if status == 404:
+                raise ModelDownloadError(uri, f"not found on the hub: {url} (HTTP 404); check the "
+                                              "owner, repository and file name of the hf: URI")
+            if status >= 400:
+                raise ModelDownloadError(uri, f"download of {url} failed with HTTP {status}")
+            match = _CONTENT_RANGE_RE.match(response.headers.get("content-range", ""))
+            if status == 206 and offset and match and int(match.group(1)) == offset:
+                mode = "ab"
+                expected.resumed_from = expected.resumed_from or offset
+            else:  # the server ignored the range (or we asked for none): from the start
+                mode, offset = "wb", 0
+            done = offset
+            with open(part, mode) as fh:
+                if on_progress is not None:
+                    on_progress(done, expected.size)
+                for block in response.iter_bytes():  # as received, so a drop loses nothing
+                    fh.write(block)
+                    done += len(block)
+                    if on_progress is not None:
+                        on_progress(done, expected.size)
+    except (httpx.ReadError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.WriteError) as exc:
+        raise _Dropped(f"transfer dropped: {type(exc).__name__}") from exc
+    if expected.size is not None and done < expected.size:
+        raise _Dropped(f"transfer ended at {done} of {expected.size} bytes")
+
+
+def _sidecar_digest(client: httpx.Client, url: str) -> str | None:
+    """The sha256 of a ``<file>.sha256`` published next to the file, when there is one."""
+    import httpx
+
+    try:
+        response = client.get(url + ".sha256")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    words = response.text.split()
+    return words[0].lower() if words and _SHA256_RE.fullmatch(words[0].lower()) else None
+
+
+def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expected, *,
+              on_progress: ProgressFn | None, attempts: int,
+              transport: httpx.BaseTransport | None) -> FetchResult:
+    import httpx
+
+    part = _part(target)
+    timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+    with httpx.Client(follow_redirects=True, timeout=timeout, transport=transport,
+                      headers={"User-Agent": "qmdbridge"}) as client:
+        retrying = Retrying(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(max(1, attempts)),
+                            wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+        try:
+            retrying(_transfer, client, uri, url, part, expected, on_progress)
+        except _Dropped as exc:
+            kept = part.stat().st_size if part.exists() else 0
+            raise ModelDownloadError(
+                uri, f"download of {uri} interrupted after {format_bytes(kept)} ({exc}); "
+                     f"run again to resume from {part}", kept_bytes=kept) from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            kept = part.stat().st_size if part.exists() else 0
+            raise _offline(uri, url, cache_dir, exc, kept) from exc
+        except httpx.HTTPError as exc:
+            raise ModelDownloadError(uri, f"download of {url} failed: {type(exc).__name__}: {exc}") from exc
+        if expected.sha256 is None:
+            found = _sidecar_digest(client, url)
+            if found is not None:
+                expected.sha256, expected.sha_source = found, "sidecar"
+    size = part.stat().st_size
+    if expected.size is not None and size != expected.size:
+        part.unlink(missing_ok=True)
+        raise ModelDownloadError(uri, f"size mismatch for {uri}: got {size} bytes, expected "
+                                      f"{expected.size}; the download was discarded")
+    digest = _file_sha256(part)
+    if expected.sha256 is not None and digest != expected.sha256:
+        part.unlink(missing_ok=True)
+        source = {"pinned": "the pinned digest", "hub": "the hub's ETag",
+                  "sidecar": "the published .sha256"}[expected.sha_source or "pinned"]
+        raise ModelDownloadError(uri, f"checksum mismatch for {uri}: sha256 {digest}, but {source} is "
+                                      f"{expected.sha256}; the download was discarded")
+    publish_file(part, target)
+    write_atomic(_sidecar(target), f"{digest}\n".encode())
+    return FetchResult(path=target, size_bytes=size, sha256=digest, downloaded=True,
+                       resumed_from=expected.resumed_from,
+                       verified_by=expected.sha_source or "size")
+
+
+def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str = DEFAULT_HF_ENDPOINT,
+                on_progress: ProgressFn | None = None, attempts: int = DOWNLOAD_ATTEMPTS,
+                lock_timeout_ms: int = LOCK_TIMEOUT_MS,
+                transport: httpx.BaseTransport | None = None) -> FetchResult:
+    """Make sure ``model`` is in the cache: return it when there, else download and verify it.
+
+    Blocking (run it in a worker thread from async code). One process downloads a given file
+    at a time; a second one waits for it (up to ``lock_timeout_ms``) and then finds it cached.
+
+    Args:
+        model: a :class:`ModelSpec` (its pins are checked) or a bare :class:`ModelRef`.
+        cache_dir: the model cache (:func:`default_cache_dir`).
+        base_url: the hub, e.g. ``https://huggingface.co`` (:func:`hub_base_url`).
+        on_progress: ``on_progress(done_bytes, total_bytes)`` as bytes arrive.
+        attempts: transfers per call; a dropped one is resumed with an HTTP Range request.
+        lock_timeout_ms: longest wait for another process's download of the same file, in ms.
+        transport: an httpx transport (tests); default the network.
+
+    Returns:
+        A :class:`FetchResult`.
+
+    Raises:
+        ModelDownloadError: the hub is unreachable (``offline: ...``), answers an HTTP error,
+            the transfer kept dropping (the partial file is kept for the next call), or the
+            file fails its size or sha256 check (the file is deleted).
+        LockTimeoutError: another process held the download lock past ``lock_timeout_ms``.
+        OSError: the cache folder cannot be written.
+    """
+    spec = model if isinstance(model, ModelSpec) else None
+    ref = spec.ref if spec is not None else model
+    assert isinstance(ref, ModelRef)
+    target = ref.cache_path(cache_dir)
+    pinned = spec.sha256 if spec is not None else None
+    found = _cached(target, pinned)
+    if found is not None:
+        return found
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = PidFileLock(target.with_name(target.name + ".lock"), timeout_ms=lock_timeout_ms)
+    with lock.hold_blocking():
+        found = _cached(target, pinned)  # another process may have finished it meanwhile
+        if found is not None:
+            return found
+        expected = _Expected(sha256=pinned, sha_source="pinned" if pinned else None,
+                             size=spec.size_bytes if spec is not None else None)
+        return _download(target, Path(cache_dir), ref.uri, ref.url(base_url), expected, on_progress=on_progress,
+                         attempts=attempts, transport=transport)
+
+
+def stderr_progress(uri: str, *, stream: IO[str] | None = None, step_percent: int = 10) -> ProgressFn:
+    """A plain-text ``on_progress`` for downloads started on first use: one line when the
+    download starts (or resumes), then one per ``step_percent`` of the file, on stderr.
+
+    Lines: ``downloading hf:... (36.8 MB)``, ``resuming hf:... at 12.0 MB of 36.8 MB``,
+    ``  50% 18.4 MB of 36.8 MB``.
+    """
+    state: dict[str, Any] = {"started": False, "next": step_percent}
+
+    def on_progress(done: int, total: int | None) -> None:
+        out = stream if stream is not None else sys.stderr
+        if not state["started"]:
+            state["started"] = True
+            size = f" ({format_bytes(total)})" if total else ""
+            if done:
+                out.write(f"resuming {uri} at {format_bytes(done)}{' of ' + format_bytes(total) if total else ''}\n")
+            else:
+                out.write(f"downloading {uri}{size}\n")
+            state["next"] = (done * 100 // total // step_percent + 1) * step_percent if total else step_percent
+            out.flush()
+            return
+        if not total:
+            return
+        percent = done * 100 // total
+        if percent >= state["next"]:
+            out.write(f"  {percent:3d}% {format_bytes(done)} of {format_bytes(total)}\n")
+            out.flush()
+            state["next"] = (percent // step_percent + 1) * step_percent
+
+    return on_progress
+

@@ -1,0 +1,184 @@
+"""Progress of index syncs on stderr: files, chunks, embedded chunks, rate and ETA.
+
+A sync that ends within :data:`SHOW_AFTER_S` prints nothing. A longer one shows a rich progress
+bar when stderr is a terminal, and otherwise one plain line when it passes that second, then
+one every :data:`PLAIN_EVERY_S` seconds and a last one when it ends::
+
+    indexing: 120/3000 files, 480 chunks, 350 embedded, 12.3 chunks/s, ETA 3m 55s
+    indexing: done, 3000 files, 12000 chunks, 9000 embedded in 17m 2s
+
+When the command is interrupted (Ctrl-C, SIGTERM) it says what was kept::
+
+    indexing: interrupted at 120/3000 files; 350 embedded chunks are kept in the embedding cache, run the command again to resume
+
+The decisions (:meth:`SyncProgress.tick`, :func:`progress_line`) take the time as an argument,
+so they are tested without a clock; a small thread only calls ``tick`` while a sync runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any
+
+__all__ = ["PLAIN_EVERY_S", "SHOW_AFTER_S", "SyncProgress", "format_duration", "progress_line", "sync_progress"]
+
+# Syncs shorter than this (seconds) show no progress at all.
+SHOW_AFTER_S = 1.0
+# Seconds between two plain progress lines (a log, not an animation).
+PLAIN_EVERY_S = 5.0
+# How often the ticker thread looks at the clock, in seconds.
+_TICK_S = 0.25
+
+
+def format_duration(seconds: float) -> str:
+    """``0.4`` -> ``"0s"``, ``75`` -> ``"1m 15s"``, ``3725`` -> ``"1h 2m"``."""
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    return f"{s // 3600}h {s % 3600 // 60}m"
+
+
+def progress_line(label: str, *, files_done: int, files_total: int, chunks: int, embedded: int,
+                  elapsed_s: float) -> str:
+    """One plain progress line (see the module docstring).
+
+    The rate is embedded chunks per second while chunks are being embedded, else files per
+    second; the ETA extrapolates the files still to do at the files-per-second seen so far
+    (left out until one file is done).
+    """
+    parts = [f"{files_done}/{files_total} files", f"{chunks} chunks", f"{embedded} embedded"]
+    if elapsed_s > 0:
+        if embedded:
+            parts.append(f"{embedded / elapsed_s:.1f} chunks/s")
+        elif files_done:
+            parts.append(f"{files_done / elapsed_s:.1f} files/s")
+        if 0 < files_done < files_total:
+            parts.append(f"ETA {format_duration((files_total - files_done) * elapsed_s / files_done)}")
+    return f"{label}: " + ", ".join(parts)
+
+
+class SyncProgress:
+    """The ``on_progress(files_done, files_total, chunks_embedded, chunks_written)`` callback
+    of a sync, and what it prints.
+
+    Args:
+        label: first word of every line (``indexing``).
+        stream: where lines go (stderr).
+        rich: draw a rich progress bar instead of plain lines (stderr is a terminal).
+        started_s: the sync's start on the :func:`time.monotonic` scale.
+    """
+
+    def __init__(self, *, label: str, stream: IO[str], rich: bool, started_s: float) -> None:
+        self.label = label
+        self.stream = stream
+        self.rich = rich
+        self.started_s = started_s
+        self.files_done = self.files_total = self.embedded = self.chunks = 0
+        self.shown = False
+        self._last_line_s: float | None = None
+        self._lock = threading.Lock()
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __call__(self, files_done: int, files_total: int, chunks_embedded: int, chunks_written: int) -> None:
+        with self._lock:
+            self.files_done, self.files_total = files_done, files_total
+            self.embedded, self.chunks = chunks_embedded, chunks_written
+        if self._bar is not None:
+            self._bar.update(self._task, completed=files_done, total=files_total or None,
+                             description=self._text(time.monotonic()))
+
+    def _text(self, now_s: float) -> str:
+        with self._lock:
+            return progress_line(self.label, files_done=self.files_done, files_total=self.files_total,
+                                 chunks=self.chunks, embedded=self.embedded,
+                                 elapsed_s=now_s - self.started_s)
+
+    def tick(self, now_s: float) -> str | None:
+        """Decide what to show at ``now_s``: the plain line printed (returned), or None. Starts
+        the rich bar once the sync has run :data:`SHOW_AFTER_S`."""
+        if now_s - self.started_s < SHOW_AFTER_S:
+            return None
+        if self.rich:
+            if self._bar is None:
+                self._start_bar(now_s)
+            return None
+        if self._last_line_s is not None and now_s - self._last_line_s < PLAIN_EVERY_S:
+            return None
+        self._last_line_s = now_s
+        self.shown = True
+        line = self._text(now_s)
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        return line
+
+    def _start_bar(self, now_s: float) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self._bar = Progress(BarColumn(), TextColumn("{task.description}"),
+                             console=Console(file=self.stream), transient=True)
+        self._task = self._bar.add_task(self._text(now_s), total=self.files_total or None,
+                                        completed=self.files_done)
+        self._bar.start()
+        self.shown = True
+
+    def finish(self, now_s: float, *, interrupted: bool) -> str | None:
+        """Stop the bar and print the closing line (returned): ``done`` when progress was shown,
+        ``interrupted`` always after an interruption, nothing for a short sync."""
+        if self._bar is not None:
+            self._bar.stop()
+        with self._lock:
+            if interrupted:
+                line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
+                        f"{self.embedded} embedded chunks are kept in the embedding cache, run the "
+                        "command again to resume")
+            elif self.shown:
+                line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks, "
+                        f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")
+            else:
+                return None
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        return line
+
+
+@contextmanager
+def sync_progress(*, enabled: bool, label: str = "indexing",
+                  stream: IO[str] | None = None) -> Iterator[Callable[[int, int, int, int], None] | None]:
+    """Yield a :class:`SyncProgress` callback for the block (None when not ``enabled``) and
+    run its ticker thread; rich on a terminal, plain lines otherwise (see the module docstring).
+
+    An interrupt inside the block (``KeyboardInterrupt``, or the cancellation that anyio turns
+    SIGINT into) prints the ``interrupted`` line and propagates.
+    """
+    if not enabled:
+        yield None
+        return
+    out = stream if stream is not None else sys.stderr
+    progress = SyncProgress(label=label, stream=out, rich=out.isatty(), started_s=time.monotonic())
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(_TICK_S):
+            progress.tick(time.monotonic())
+
+    ticker = threading.Thread(target=run, name="qmdbridge-progress", daemon=True)
+    ticker.start()
+    interrupted = False
+    try:
+        yield progress
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        interrupted = True
+        raise
+    finally:
+        stop.set()
+        ticker.join()
+        progress.finish(time.monotonic(), interrupted=interrupted)

@@ -1,0 +1,97 @@
+"""The one list of problems a status shows: what keeps memory from being searched as configured.
+
+``qmdbridge status`` prints it (``--json``: ``problems``) and ``qmdbridge doctor`` turns each
+entry into a failed check (exit code 1), so the two commands can never disagree. A problem is
+something a user can act on: a memory file that is not indexed (too large, binary, unreadable,
+a symlink), an extra path that is missing or unusable, qmd not answering (its circuit breaker
+open), an explicitly configured embedding provider that cannot work, a failing sync, FTS5
+missing. Not problems: a workspace without daily notes yet (no ``memory/`` folder), a hidden
+draft (``.draft.md``), a file indexed with invalid UTF-8 replaced, keyword-only search under
+``provider: "auto"``.
+
+It reads the status as JSON (``MemoryStatus.to_json_dict()``, camelCase keys), so the CLI's
+daemon client, which imports the standard library only, can use it on a served answer too.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daemon client path)
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["status_problems"]
+
+# Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
+_NOT_PROBLEMS = ("invalid UTF-8", "hidden name")
+# Issues that describe a normal young workspace.
+_NORMAL_ISSUES = ("memory directory missing",)
+
+
+def _problem(check: str, message: str, hint: str | None) -> dict[str, Any]:
+    return {"check": check, "message": message, "hint": hint}
+
+
+def _skip_hint(reason: str) -> str | None:
+    if reason.startswith("too large"):
+        return "split the file, or raise memorySearch.maxFileBytes"
+    if reason.startswith("binary"):
+        return "memory files are Markdown text; move the file out of the memory folders"
+    if reason.startswith("symlink"):
+        return "symlinks are never followed: replace the link with the file itself"
+    if reason.startswith("unreadable"):
+        return "fix the file's permissions"
+    return None
+
+
+def _issue_hint(issue: str) -> str | None:
+    if issue.startswith("extra path"):
+        return "create it, or fix or remove the entry in memorySearch.extraPaths"
+    if "legacy memory.md" in issue:
+        return "run `qmdbridge doctor --fix` to merge memory.md into MEMORY.md"
+    return None
+
+
+def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The problems of a status document, in a stable order: memory files, memory paths,
+    index, FTS5, embedding provider, qmd.
+
+    Args:
+        status: a manager's or the builtin engine's status as JSON (camelCase keys). In qmd
+            mode the builtin engine's view (``backends.builtin``) supplies the skipped files and
+            path issues, because its index follows the same memory-file rule.
+
+    Returns:
+        ``[{"check", "message", "hint"}]``: ``check`` is ``memory file``, ``memory paths``,
+        ``index``, ``FTS5``, ``embedding provider`` or ``qmd``; ``hint`` says how to fix it
+        (or is None).
+    """
+    backends: dict[str, Any] = status.get("backends") or {}
+    builtin: dict[str, Any] = backends.get("builtin") or {}
+    view = status if status.get("backend") == "builtin" or not builtin else builtin
+    out = [_problem("memory file", f"{s.get('path')} is not indexed: {s.get('reason')}",
+                    _skip_hint(str(s.get("reason"))))
+           for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
+    out += [_problem("memory paths", str(i), _issue_hint(str(i)))
+            for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
+    if status.get("lastError"):
+        out.append(_problem("index", str(status["lastError"]), "run `qmdbridge index -v` to see the failure"))
+    fts = status.get("fts") or {}
+    if fts and fts.get("available") is False:
+        out.append(_problem("FTS5", f"keyword search unavailable: {fts.get('error')}",
+                            "use a Python whose SQLite has FTS5"))
+    if status.get("searchMode") == "unavailable":
+        out.append(_problem("embedding provider",
+                            str(status.get("providerUnavailableReason") or
+                                f"{status.get('requestedProvider')}: unavailable"),
+                            'fix the provider settings, or set memorySearch.provider to "auto" or "none"'))
+    qmd: dict[str, Any] = backends.get("qmd") or {}
+    breaker: dict[str, Any] = qmd.get("breaker") or {}
+    fallback: dict[str, Any] | None = status.get("fallback")
+    if qmd and (breaker.get("state") == "open" or fallback):
+        reason = (fallback or {}).get("reason") or breaker.get("lastFailure") or "qmd failed recently"
+        retry = breaker.get("retryInMs")
+        when = f" (circuit open, retry in {int(retry) // 1000}s)" if breaker.get("state") == "open" and retry else ""
+        out.append(_problem("qmd", f"qmd is not answering: {reason}{when}; the builtin engine answers meanwhile",
+                            "check memory.qmd.command and `qmdbridge qmd collections`, or run "
+                            "scripts/install-qmd.sh"))
+    return out

@@ -1,0 +1,218 @@
+"""What a new user meets, as real ``qmdbridge`` processes: the version, the keyword-only notice,
+unknown agents, ``get`` with absolute paths and past the end, one stderr line per event,
+``status`` and ``doctor`` sharing one problem list, and neither creating a store without a
+workspace."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "workspace"
+NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"\n'
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    dst = tmp_path / "ws"
+    shutil.copytree(EXAMPLE, dst)
+    return dst
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("qmdbridge")
+    argv = [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=120, text=True)
+
+
+def test_version(env: dict[str, str]) -> None:
+    match = re.search(r'^version = "([^"]+)"$', (REPO / "pyproject.toml").read_text(), re.M)
+    assert match
+    version = match.group(1)
+    p = run(["--version"], env)
+    assert (p.returncode, p.stdout) == (0, f"qmdbridge {version}\n")
+
+
+def test_keyword_only_search_says_so_once(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    plain = run(["search", "router dropped the WAN link", "--workspace", str(ws)], env)
+    assert plain.returncode == 0 and plain.stderr == NOTICE
+    assert plain.stdout.startswith("1.000 memory/2026-11-05.md:")
+    as_json = run(["search", "router", "--workspace", str(ws), "--json"], env)
+    assert as_json.stderr == "" and orjson.loads(as_json.stdout)["mode"] == "fts-only"
+    off = tmp_path / "none.json5"
+    off.write_text("{agents: {defaults: {memorySearch: {provider: 'none'}}}}")
+    chosen = run(["search", "router", "--workspace", str(ws), "--config", str(off)], env)
+    assert chosen.returncode == 0 and chosen.stderr == ""  # keyword-only on purpose: no notice
+
+
+def test_unknown_agent_names_the_known_ones(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    p = run(["status", "--agent", "bob", "--workspace", str(ws)], env)
+    assert (p.returncode, p.stderr) == (2, "qmdbridge: unknown agent 'bob' (known: main)\n")
+    cfg = tmp_path / "agents.json5"
+    cfg.write_text("{agents: {list: [{id: 'main', default: true}, {id: 'Ops Bot'}]}}")
+    q = run(["search", "x", "--agent", "bob", "--config", str(cfg), "--json"], env)
+    assert q.returncode == 2
+    assert orjson.loads(q.stdout)["error"] == "unknown agent 'bob' (known: main, ops-bot)"
+    ok = run(["status", "--agent", "OPS BOT", "--config", str(cfg), "--workspace", str(ws), "--json"], env)
+    assert ok.returncode == 0 and orjson.loads(ok.stdout)["agentId"] == "ops-bot"
+
+
+def test_get_absolute_paths_past_the_end_and_the_cli_continuation(ws: Path, env: dict[str, str]) -> None:
+    inside = run(["get", str(ws / "memory" / "2026-11-05.md"), "--lines", "1", "--workspace", str(ws), "--json"], env)
+    assert inside.returncode == 0, inside.stderr
+    assert orjson.loads(inside.stdout)["path"] == "memory/2026-11-05.md"
+    outside = run(["get", "/etc/passwd", "--workspace", str(ws)], env)
+    assert outside.returncode == 3
+    assert outside.stderr == (f"qmdbridge: path refused: '/etc/passwd': outside the workspace {ws} and its "
+                              "extra paths (memory is MEMORY.md, memory/**/*.md and memorySearch.extraPaths)\n")
+    not_memory = run(["get", str(ws / "notes.txt"), "--workspace", str(ws)], env)
+    assert not_memory.returncode == 3 and not_memory.stderr == "qmdbridge: path refused: 'notes.txt': not a memory path\n"
+    page = run(["get", "MEMORY.md", "--lines", "2", "--workspace", str(ws)], env)
+    assert page.stdout.endswith("\n\n[More content available. Use --from 3 to continue.]\n")
+    past = run(["get", "MEMORY.md", "--from", "500", "--workspace", str(ws)], env)
+    assert (past.returncode, past.stdout) == (0, "")
+    assert past.stderr == ("qmdbridge: --from 500 is past the end of MEMORY.md (nothing from that line on); "
+                           "try a smaller --from\n")
+
+
+def test_denial_and_fallback_are_one_stderr_line_each(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    deny = tmp_path / "deny.json5"
+    deny.write_text("{memory: {qmd: {scope: {default: 'deny', rules: [{action: 'allow', match: {chatType: 'direct'}}]}}}}")
+    p = run(["search", "router", "--workspace", str(ws), "--config", str(deny),
+             "--session-key", "agent:main:telegram:group:123"], env)
+    assert p.returncode == 0 and p.stderr == ""
+    assert p.stdout == "Search denied by scope: denied by default (deny); chatType=group channel=telegram\n"
+    missing = tmp_path / "qmd.json5"
+    missing.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}}}")
+    q = run(["search", "router", "--workspace", str(ws), "--config", str(missing)], env)
+    assert q.returncode == 0
+    lines = q.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("note: answered by builtin (qmd unavailable: qmd not found")
+    assert lines[1] + "\n" == NOTICE
+
+
+def test_status_and_doctor_without_a_workspace_create_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    st = run(["status"], env)
+    assert st.returncode == 2
+    assert st.stderr == (f"qmdbridge: workspace does not exist: {state / 'workspace'} (pass --workspace or "
+                         "set agents.defaults.workspace)\n")
+    doc = run(["doctor", "--json"], env)
+    assert doc.returncode == 1
+    checks = {c["name"]: c for c in orjson.loads(doc.stdout)["checks"]}
+    assert checks["workspace"]["level"] == "error"
+    assert not list(state.rglob("*.sqlite*")) and not (state / "memory").exists()
+
+
+def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {maxFileBytes: 2000, extraPaths: ['notes', 'journal.md']}}}}")
+    (ws / "memory" / "2026-12-01.md").write_text("# Long day\n\n" + "A long note line.\n" * 200)
+    (ws / "journal.md").write_text("# Journal\n")
+    (ws / "memory" / ".draft.md").write_text("# not yet\n")
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    assert run(["index", *args, "--json"], env).returncode == 0
+    status = orjson.loads(run(["status", *args, "--json"], env).stdout)
+    assert status["problems"] == [
+        {"check": "memory file", "message": "memory/2026-12-01.md is not indexed: too large (3612 bytes > cap 2000)",
+         "hint": "split the file, or raise memorySearch.maxFileBytes"},
+        {"check": "memory paths", "message": f"extra path missing: {ws / 'notes'}",
+         "hint": "create it, or fix or remove the entry in memorySearch.extraPaths"}]
+    assert status["roots"][0] == {"kind": "root", "path": str(ws / "MEMORY.md"), "pattern": "MEMORY.md", "exists": True}
+    assert [(r["kind"], r["path"], r["exists"]) for r in status["roots"][1:]] == [
+        ("memory", str(ws / "memory"), True), ("extra", str(ws / "notes"), False),
+        ("extra", str(ws / "journal.md"), True)]
+    human = run(["status", *args], env).stdout
+    assert "Problems: 2\n  [memory file] memory/2026-12-01.md is not indexed: too large" in human
+    assert f"Root: {ws / 'notes'} (**/*.md) (missing)\n" in human
+    doctor = run(["doctor", *args, "--json"], env)
+    assert doctor.returncode == 1
+    failed = [(c["name"], c["detail"]) for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"]
+    assert failed == [(p["check"], p["message"]) for p in status["problems"]]
+    (ws / "notes").mkdir()
+    (ws / "memory" / "2026-12-01.md").write_text("# Short day\n")
+    assert run(["index", *args, "--json"], env).returncode == 0
+    clean = run(["doctor", *args, "--json"], env)
+    assert clean.returncode == 0 and orjson.loads(clean.stdout)["ok"] is True
+    assert "Problems: none\n" in run(["status", *args], env).stdout
+
+
+def test_status_says_a_rebuild_is_pending_and_when_the_provider_cannot_work(ws: Path, env: dict[str, str],
+                                                                         tmp_path: Path) -> None:
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    remote = tmp_path / "remote.json5"
+    remote.write_text("{agents: {defaults: {memorySearch: {provider: 'openai-compatible', model: 'm',"
+                      " remote: {baseUrl: 'http://127.0.0.1:9/v1'}}}}}")
+    human = run(["status", "--workspace", str(ws), "--config", str(remote)], env).stdout
+    assert "Dirty: yes (rebuild pending: model changed (fts-only -> m))\n" in human
+    broken = tmp_path / "local.json5"
+    broken.write_text(f"{{agents: {{defaults: {{memorySearch: {{provider: 'local', local: {{modelPath: "
+                      f"'{tmp_path / 'gone.gguf'}'}}}}}}}}}}")
+    st = run(["status", "--workspace", str(ws), "--config", str(broken)], env)
+    assert "Mode: fts-only" not in st.stdout
+    reason = f"memory search unavailable: local: local model file not found: {tmp_path / 'gone.gguf'}"
+    assert f"Mode: unavailable, search fails until this is fixed ({reason})\n" in st.stdout
+    doc = orjson.loads(run(["status", "--workspace", str(ws), "--config", str(broken), "--json"], env).stdout)
+    assert doc["searchMode"] == "unavailable" and doc["dirty"] is False
+    assert doc["problems"][-1]["message"] == reason
+
+
+def test_a_running_daemon_answers_with_the_same_problems_paths_and_continuation(ws: Path, env: dict[str, str]) -> None:
+    import signal
+
+    from tests.qmdbridge.server_procs import start, stop
+
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    assert run(["index", "--workspace", str(ws), "--json"], env).returncode == 0
+    proc, _ = start(["serve", "--no-stdin", "--workspace", str(ws)], env, ready="daemon socket")
+    try:
+        served = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+        assert served["servedBy"] == "daemon"
+        assert served["problems"] == [{"check": "memory file", "message": "memory/blob.md is not indexed: "
+                                       "binary file (NUL bytes)", "hint": "memory files are Markdown text; "
+                                       "move the file out of the memory folders"}]
+        human = run(["status", "--workspace", str(ws)], env).stdout
+        assert "Problems: 1\n  [memory file] memory/blob.md is not indexed: binary file (NUL bytes)\n" in human
+        assert f"Root: {ws / 'memory'} (**/*.md)\n" in human
+        page = run(["get", "MEMORY.md", "--lines", "2", "--workspace", str(ws)], env)
+        assert page.stdout.endswith("\n\n[More content available. Use --from 3 to continue.]\n")
+        absolute = run(["get", str(ws / "MEMORY.md"), "--lines", "1", "--workspace", str(ws), "--json"], env)
+        doc = orjson.loads(absolute.stdout)
+        assert (doc["path"], doc["servedBy"]) == ("MEMORY.md", "process")
+        past = run(["get", "MEMORY.md", "--from", "500", "--workspace", str(ws)], env)
+        assert (past.returncode, past.stdout) == (0, "") and "is past the end of MEMORY.md" in past.stderr
+    finally:
+        assert stop(proc, signal.SIGTERM) == 0
+
+
+def test_qmd_not_answering_is_a_problem_in_status_and_doctor(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    cfg = tmp_path / "qmd.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}}}")
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    assert run(["search", "router", *args], env).returncode == 0  # answered by the builtin engine
+    status = orjson.loads(run(["status", *args, "--json"], env).stdout)
+    qmd = [p for p in status["problems"] if p["check"] == "qmd"]
+    assert len(qmd) == 1 and qmd[0]["message"].startswith(f"qmd is not answering: qmd not found (command '{tmp_path / 'no-qmd'}')")
+    assert qmd[0]["message"].endswith("; the builtin engine answers meanwhile")
+    doctor = run(["doctor", *args, "--json"], env)
+    assert doctor.returncode == 1
+    failed = [c["detail"] for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"]
+    assert any(d.startswith("qmd is not answering: qmd not found") for d in failed)

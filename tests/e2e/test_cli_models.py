@@ -1,0 +1,126 @@
+"""``qmdbridge models pull|list`` and a first search that downloads its model, as real processes
+against a stand-in hub on 127.0.0.1 (``HF_ENDPOINT``) serving the real GGUF test model."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fallback.embeddings.model_fetch import DEFAULT_MODEL
+from tests.conftest import TEST_MODEL_NAME, find_test_model
+from tests.fallback.hub_server import HubFile, serve_hub
+
+REPO = Path(__file__).resolve().parents[2]
+URI = f"hf:test-org/all-MiniLM-L6-v2-GGUF/{TEST_MODEL_NAME}"
+
+
+@pytest.fixture(scope="module")
+def model_data() -> bytes:
+    path = find_test_model()
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"test model {TEST_MODEL_NAME} not found")
+        pytest.skip(f"test model {TEST_MODEL_NAME} not found")
+    return path.read_bytes()
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in ("CI", "OPENAI_API_KEY", "HF_ENDPOINT")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("qmdbridge")
+    argv = [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=180, text=True)
+
+
+def test_pull_then_list(tmp_path: Path, env: dict[str, str], model_data: bytes) -> None:
+    sha = hashlib.sha256(model_data).hexdigest()
+    cached = tmp_path / "state" / "models" / "hf" / "test-org" / "all-MiniLM-L6-v2-GGUF" / TEST_MODEL_NAME
+    empty = run(["models", "list"], env)
+    assert empty.stdout == (f"Model cache: {tmp_path / 'state' / 'models'}\nNo models cached. `qmdbridge models "
+                            "pull` downloads the default, bge-small-en-v1.5 (36.8 MB).\n")
+    with serve_hub({URI.removeprefix("hf:"): HubFile(model_data)}) as hub:
+        e = {**env, "HF_ENDPOINT": hub.url}
+        pulled = run(["models", "pull", URI, "--json"], e)
+        assert pulled.returncode == 0, pulled.stderr
+        assert pulled.stderr == ""
+        assert orjson.loads(pulled.stdout) == {
+            "ok": True, "model": URI, "path": str(cached), "sizeBytes": len(model_data), "sha256": sha,
+            "downloaded": True, "resumedFrom": 0, "verifiedBy": "hub"}
+        again = run(["models", "pull", URI], e)
+        assert again.returncode == 0 and again.stderr == ""
+        assert again.stdout == (f"cached {URI}\n  {cached} (25.3 MB, already cached)\n"
+                                f'  to use it: set agents.defaults.memorySearch.provider to "local" and '
+                                f"local.modelPath to {URI}\n")
+    listed = orjson.loads(run(["models", "list", "--json"], env).stdout)
+    assert listed == {"cacheDir": str(tmp_path / "state" / "models"), "default": DEFAULT_MODEL.ref.uri,
+                      "models": [{"model": URI, "path": str(cached), "sizeBytes": len(model_data),
+                                  "sha256": sha, "complete": True, "default": False}]}
+    plain = run(["models", "list"], env).stdout
+    assert f"{URI}\n  {cached} (25.3 MB, sha256 {sha[:12]})\n" in plain
+
+
+def test_pull_progress_plain_lines_and_errors(tmp_path: Path, env: dict[str, str], model_data: bytes) -> None:
+    with serve_hub({URI.removeprefix("hf:"): HubFile(model_data)}) as hub:
+        p = run(["models", "pull", URI], {**env, "HF_ENDPOINT": hub.url})
+    assert p.returncode == 0
+    lines = p.stderr.splitlines()
+    assert lines[0] == f"downloading {URI} (25.3 MB)" and lines[-1] == "  100% 25.3 MB of 25.3 MB"
+    assert len(lines) == 11  # the start, then one line per 10 %
+    assert p.stdout.startswith(f"downloaded {URI}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    offline = run(["models", "pull", "--json"], {**env, "HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    assert offline.returncode == 1
+    doc = orjson.loads(offline.stdout)
+    assert doc["errorType"] == "ModelDownloadError"
+    assert doc["error"].startswith(f"local embedding provider unavailable: offline: cannot reach 127.0.0.1:{port} "
+                                   f"to download {DEFAULT_MODEL.ref.uri} into {tmp_path / 'state' / 'models'}")
+    unknown = run(["models", "pull", "minilm"], env)
+    assert unknown.returncode == 2 and unknown.stderr.startswith("qmdbridge: unknown model 'minilm' (known: ")
+
+
+@pytest.mark.local_model
+def test_first_search_with_provider_local_downloads_and_answers_hybrid(tmp_path: Path, env: dict[str, str],
+                                                                      local_model_path: Path) -> None:
+    ws = tmp_path / "ws"
+    shutil.copytree(REPO / "examples" / "workspace", ws)
+    cfg = tmp_path / "local.json5"
+    cfg.write_text(f"{{agents: {{defaults: {{memorySearch: {{provider: 'local', local: {{modelPath: '{URI}'}}}}}}}}}}")
+    with serve_hub({URI.removeprefix("hf:"): HubFile(local_model_path.read_bytes())}) as hub:
+        p = run(["search", "who wants the rollout plan", "--workspace", str(ws), "--config", str(cfg), "--json"],
+                {**env, "HF_ENDPOINT": hub.url})
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[0] == f"downloading {URI} (25.3 MB)"
+    doc = orjson.loads(p.stdout)
+    assert (doc["provider"], doc["model"], doc["mode"]) == ("local", URI, "hybrid")
+    assert doc["results"][0]["vectorScore"] is not None
+
+
+@pytest.mark.local_model
+def test_doctor_says_the_default_model_is_not_downloaded_yet(tmp_path: Path, env: dict[str, str],
+                                                              local_model_path: Path) -> None:
+    ws = tmp_path / "ws"
+    shutil.copytree(REPO / "examples" / "workspace", ws)
+    cfg = tmp_path / "local.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'local'}}}}")
+    p = run(["doctor", "--workspace", str(ws), "--config", str(cfg), "--json"], {**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    check = next(c for c in orjson.loads(p.stdout)["checks"] if c["name"] == "embedding provider")
+    assert check == {"name": "embedding provider", "level": "warn", "fixed": False,
+                     "detail": f"local model {DEFAULT_MODEL.ref.uri} is not downloaded yet (first use downloads it)",
+                     "hint": "run `qmdbridge models pull` to download it now"}
+    assert not (tmp_path / "state" / "models").exists()  # the doctor downloaded nothing

@@ -1,0 +1,66 @@
+"""Sync progress lines: what is printed when, decided on given times (no clock, no sleeping)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from qmdbridge.cli.progress import SyncProgress, format_duration, progress_line, sync_progress
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (0.4, 59.6, 75, 3599, 3725)] == ["0s", "1m 0s", "1m 15s", "59m 59s", "1h 2m"]
+
+
+def test_progress_line_rate_and_eta() -> None:
+    assert progress_line("indexing", files_done=120, files_total=3000, chunks=480, embedded=350,
+                         elapsed_s=28.0) == (
+        "indexing: 120/3000 files, 480 chunks, 350 embedded, 12.5 chunks/s, ETA 11m 12s")
+    # no embeddings (keyword-only): files per second; finished: no ETA
+    assert progress_line("indexing", files_done=10, files_total=10, chunks=40, embedded=0,
+                         elapsed_s=4.0) == "indexing: 10/10 files, 40 chunks, 0 embedded, 2.5 files/s"
+    assert progress_line("indexing", files_done=0, files_total=5, chunks=0, embedded=0,
+                         elapsed_s=0.0) == "indexing: 0/5 files, 0 chunks, 0 embedded"
+
+
+def test_plain_lines_after_one_second_then_every_five() -> None:
+    out = io.StringIO()
+    p = SyncProgress(label="indexing", stream=out, rich=False, started_s=100.0)
+    p(1, 4, 2, 2)
+    assert p.tick(100.9) is None  # a short sync shows nothing
+    assert p.tick(101.0) == "indexing: 1/4 files, 2 chunks, 2 embedded, 2.0 chunks/s, ETA 3s"
+    p(2, 4, 6, 6)
+    assert p.tick(105.9) is None
+    assert p.tick(106.0) == "indexing: 2/4 files, 6 chunks, 6 embedded, 1.0 chunks/s, ETA 6s"
+    p(4, 4, 9, 9)
+    assert p.finish(112.0, interrupted=False) == "indexing: done, 4 files, 9 chunks, 9 embedded in 12s"
+    assert out.getvalue().splitlines() == [
+        "indexing: 1/4 files, 2 chunks, 2 embedded, 2.0 chunks/s, ETA 3s",
+        "indexing: 2/4 files, 6 chunks, 6 embedded, 1.0 chunks/s, ETA 6s",
+        "indexing: done, 4 files, 9 chunks, 9 embedded in 12s"]
+
+
+def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> None:
+    out = io.StringIO()
+    quick = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    quick(3, 3, 0, 3)
+    assert quick.tick(0.5) is None and quick.finish(0.6, interrupted=False) is None
+    assert out.getvalue() == ""
+    stopped = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    stopped(7, 30, 21, 25)
+    assert stopped.finish(0.3, interrupted=True) == (
+        "indexing: interrupted at 7/30 files; 21 embedded chunks are kept in the embedding cache, "
+        "run the command again to resume")
+
+
+def test_sync_progress_disabled_and_interrupt() -> None:
+    with sync_progress(enabled=False) as none:
+        assert none is None
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt), sync_progress(enabled=True, stream=out) as cb:
+        assert cb is not None
+        cb(1, 2, 3, 4)
+        raise KeyboardInterrupt
+    assert out.getvalue() == ("indexing: interrupted at 1/2 files; 3 embedded chunks are kept in the "
+                              "embedding cache, run the command again to resume\n")

@@ -390,7 +390,8 @@ class MemoryManager:
         engine = await self.builtin()
         builtin_status = await engine.status()
         backends: dict[str, Any] = {"builtin": builtin_status.to_json_dict()}
-        common = {"backends": backends, "background": self.tasks.status()}
+        common = {"backends": backends, "background": self.tasks.status(),
+                  "config_warnings": list(self.agent.config_warnings)}
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update=common)
         from qmdbridge.paths import qmd_home

@@ -52,6 +52,7 @@ import psutil
 from anyio.abc import ByteReceiveStream, Process
 
 from fallback.errors import BackendTimeoutError, UsageError
+from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
 
 __all__ = [
@@ -263,7 +264,8 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
 
     Args:
         argv: executable and arguments; the executable is used as given (a bare name is looked
-            up in ``env["PATH"]``).
+            up in ``env["PATH"]``). On Windows a ``.cmd``/``.bat`` executable runs through
+            ``cmd.exe /c`` with each argument escaped for cmd.
         env: the complete child environment (nothing is inherited implicitly).
         cwd: working directory of the child (qmd's cwd is the agent workspace).
         timeout_ms: deadline in ms, > 0, from spawn to exit.
@@ -290,9 +292,14 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     argv_t = tuple(str(a) for a in argv)
     summary = summarize(argv_t)
     started = time.monotonic()
+    command: str | list[str] = list(argv_t)
+    if os.name == "nt" and is_batch_script(argv_t[0]):
+        # Windows starts .cmd/.bat only through cmd.exe; the string form runs
+        # `%COMSPEC% /c "<line>"`, with every argument escaped for cmd (qmdbridge.command_line).
+        command = batch_command(argv_t[0], argv_t[1:])
     try:
         process = await anyio.open_process(
-            list(argv_t), stdin=subprocess.DEVNULL,
+            command, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=str(cwd), env=dict(env), start_new_session=True)
     except OSError as exc:

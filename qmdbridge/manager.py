@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -214,7 +214,8 @@ class MemoryManager:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None, explain: bool = False) -> SearchResponse:
+                     sources: list[Source] | None = None, explain: bool = False,
+                     inherited_session_keys: Sequence[str] = ()) -> SearchResponse:
         """Run ``memory_search``.
 
         Args:
@@ -225,6 +226,9 @@ class MemoryManager:
             sources: restrict to ``memory`` and/or ``sessions``.
             explain: attach the builtin engine's ranking trace to every hit (``explain``);
                 qmd answers carry none and say so in ``warnings``.
+            inherited_session_keys: keys the session acts for (the session that spawned a
+                sub-agent ...); the scope rules allow the search when any key is allowed
+                (``qmdbridge.policy.scope.evaluate_scope``).
 
         Returns:
             ``SearchResponse`` naming the backend that answered and, when it fell back, why;
@@ -249,7 +253,10 @@ class MemoryManager:
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
         cfg = self.agent.memory
-        decision = evaluate_scope(cfg.qmd.scope, session_key)
+        if isinstance(inherited_session_keys, str) or not all(
+                isinstance(k, str) for k in inherited_session_keys):
+            raise UsageError("inherited session keys must be a list of strings")
+        decision = evaluate_scope(cfg.qmd.scope, session_key, inherited_keys=inherited_session_keys)
         include = citations_enabled(cfg.citations, session_key)
         if self.backend_name == "none":
             raise BackendUnavailableError("none", "memory search is disabled (memory.backend = none)")

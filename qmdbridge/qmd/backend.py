@@ -414,7 +414,8 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        colls = [c for c in self.collections if sources is None or c.source in sources]
+        colls = [c for c in self.collections if (sources is None or c.source in sources)
+                 and c.name not in self.reconcile_state.refused]
         if not colls:
             log.warning("qmd query skipped: no managed collections configured")
             return []
@@ -594,6 +595,7 @@ class QmdBackend:
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed.failures,
                 "embedBackoffUntil": embed.backoff_until, "searchMode": self.cfg.search_mode,
                 "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
+                "refusedCollections": dict(self.reconcile_state.refused),
                 "freshness": self.freshness.snapshot() if self.freshness else None,
                 "startup": {"problems": list(self.startup_problems),
                             "multiC": self._multi_c}}})

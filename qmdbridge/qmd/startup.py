@@ -80,7 +80,8 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
     """Make qmd's collections match the config (spec 2.6) unless nothing changed since the last
     complete reconcile; never raises for qmd errors.
 
-    A reconcile in which no qmd command timed out records a fingerprint (collections, qmd
+    A reconcile in which no qmd command timed out and no collection was refused (see
+    ``ReconcileState.refused``) records a fingerprint (collections, qmd
     version, ``index.yml`` size and mtime) in ``marker``; while it matches, later calls skip the
     ``collection list/show`` round trips (each costs one qmd start), unless ``force`` (the
     "Collection not found" repair forces it).
@@ -105,8 +106,8 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
             raise
 
     await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
-    if timeouts:
-        return True  # incomplete: try again next start
+    if timeouts or state.refused:
+        return True  # incomplete (or a collection refused): try again next start
     try:
         write_atomic(marker, reconcile_fingerprint(collections, qmd_version, index_yml).encode())
     except OSError as exc:

@@ -1,0 +1,83 @@
+"""Field failures on the qmd side, reproduced with the real qmd 2.8.3 (behind a thin argv filter
+where a different qmd build is the point): a build that ignores the collection pattern flag."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.locate import QmdLocation
+from qmdbridge.qmd.parse import index_counts
+
+pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha root fact\n")
+    (ws / "memory" / "2026-01-02.md").write_text("# Day\n\nbravo day note\n")
+    (ws / "README.md").write_text("# Readme\n\ncharlie stray note, not memory\n")
+    return ws
+
+
+def _backend(tmp_path: Path, exe: Path, base_path_env: str, **env_extra: str) -> QmdBackend:
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"limits": {"timeoutMs": 20000}}}})
+    agent = resolve_agent(cfg, "main", workspace=_workspace(tmp_path),
+                          env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    loc = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(HOME=str(tmp_path / "home"), **env_extra)
+    return QmdBackend(agent, location=loc, mode="cli", env=env)
+
+
+async def test_mask_dropped_collection_is_read_back_and_re_added_with_glob(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """`--mask MEMORY.md` silently dropped: qmd would index the whole workspace as the root
+    collection. Read back, removed, added again with `--glob`, which this build honours."""
+    b = _backend(tmp_path, standins_dir / "pattern_flag_ignored.py", base_path_env, REAL_QMD=str(qmd_bin))
+    ws = b.agent.workspace_dir
+    try:
+        await b.start()
+        listed = {c["name"]: (c["path"], c["pattern"]) for c in await b.list_collections()}
+        assert listed == {"memory-root-main": (str(ws), "MEMORY.md"),
+                          "memory-dir-main": (str(ws / "memory"), "**/*.md")}
+        assert b.reconcile_state.flags_tried == ["--mask", "--glob", "--glob"]
+        assert (b.reconcile_state.pattern_flag, b.reconcile_state.refused) == ("--glob", {})
+        assert index_counts(b.home.index_db) == ({"memory-root-main": 1, "memory-dir-main": 1}, None)
+        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        assert await b.search("charlie", min_score=0) == []
+    finally:
+        await b.close()
+
+
+async def test_both_flags_dropped_refuses_the_collection_with_a_reason(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    b = _backend(tmp_path, standins_dir / "pattern_flag_ignored.py", base_path_env,
+                 REAL_QMD=str(qmd_bin), IGNORE_GLOB="1")
+    ws = b.agent.workspace_dir
+    try:
+        await b.start()
+        reason = ("qmd collection memory-root-main not searched through qmd: this qmd does not honour "
+                  f"the pattern flag (--mask 'MEMORY.md' gave path {ws} pattern '**/*.md'; --glob "
+                  f"'MEMORY.md' gave path {ws} pattern '**/*.md'; wanted {ws} 'MEMORY.md'); upgrade "
+                  "qmd (2.8.3 honours --mask and --glob)")
+        assert b.reconcile_state.refused == {"memory-root-main": reason}
+        # removed again, so qmd does not index the whole workspace; memory-dir's pattern is
+        # qmd's default, so that collection is what was asked for and stays
+        assert [c["name"] for c in await b.list_collections()] == ["memory-dir-main"]
+        assert index_counts(b.home.index_db) == ({"memory-dir-main": 1}, None)
+        assert [h.path for h in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
+        assert await b.search("alpha", min_score=0) == []
+        status = await b.status()
+        assert status.custom["qmd"]["refusedCollections"] == {"memory-root-main": reason}
+        assert reason in status.issues
+        # not recorded as reconciled: the next start checks (and refuses) again
+        assert not (b.home.qmd_dir / "reconciled.json").exists()
+    finally:
+        await b.close()

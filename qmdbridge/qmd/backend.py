@@ -135,6 +135,9 @@ class QmdBackend:
         self.startup_problems: list[str] = []  # start-up timeouts and failures (status)
         self.last_error: str | None = None
         self.search_fallback_reason: str | None = None
+        # Hits the last search dropped as ambiguous (for its warnings), and the last 5 (status).
+        self.last_search_notes: list[str] = []
+        self.hit_problems: list[str] = []
         up = self.cfg.update
         longest = max(up.update_timeout_ms, up.embed_timeout_ms)
         self.cycle = UpdateCycle(
@@ -445,15 +448,18 @@ class QmdBackend:
                 raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
         except _MissingCollection as exc:  # still missing after the repair
             raise BackendUnavailableError("qmd", str(exc)) from None
+        notes: list[str] = []
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score or 0.0))
+            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes))
+        self.last_search_notes = notes
+        self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
         return clamp_injected(results, max_chars=limits.max_injected_chars)
 
-    def _map(self, entries: list[tuple[QmdEntry, str | None]], *,
-             min_score: float) -> list[MemorySearchResult]:
+    def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
+             notes: list[str]) -> list[MemorySearchResult]:
         lookup = DocLookup(self.home.index_db)
         try:
             out: list[MemorySearchResult] = []
@@ -461,7 +467,7 @@ class QmdBackend:
                 out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
                                    lookup=lookup, default_collection=hint,
                                    max_snippet_chars=self.cfg.limits.max_snippet_chars,
-                                   min_score=min_score, cache=self._docid_cache)
+                                   min_score=min_score, cache=self._docid_cache, notes=notes)
             return out
         finally:
             lookup.close()
@@ -557,8 +563,10 @@ class QmdBackend:
     # -- status -------------------------------------------------------------------------------
 
     def search_info(self) -> SearchInfo:
-        """``SearchInfo("qmd", "qmd", searchMode)``: qmd embeds with its own models."""
-        return SearchInfo(provider="qmd", model="qmd", mode=self.cfg.search_mode)
+        """``SearchInfo("qmd", "qmd", searchMode, warnings)``: qmd embeds with its own models;
+        the warnings are the last search's notes (hits dropped as ambiguous ...)."""
+        return SearchInfo(provider="qmd", model="qmd", mode=self.cfg.search_mode,
+                          warnings=tuple(self.last_search_notes))
 
     async def status(self) -> MemoryStatus:
         """Counters from qmd's index (active documents per collection) and qmd health.
@@ -575,6 +583,7 @@ class QmdBackend:
         embed = self.cycle.embed
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
         issues = (list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
+                  + self.hit_problems
                   + ([err] if err else []))
         last_error = self.cycle.last_error or self.last_error
         return MemoryStatus(

@@ -408,11 +408,11 @@ def _same_path(a: str | Path, b: str | Path, workspace: Path) -> bool:
 
 
 async def _read_back(mc: ManagedCollection, run: RunCollectionCommand) -> ListedCollection | None:
-    """What qmd recorded for ``mc`` (``collection show``, else the ``collection list`` block);
-    ``None`` when neither says."""
+    """What qmd recorded for ``mc``: ``collection show``, or the ``collection list`` block when
+    this build has no ``show``; ``None`` when it does not say."""
     shown = await _safe(run, ["collection", "show"], [mc.name])
-    if shown.ok and (info := parse_collection_show(shown.stdout)) and (info.path or info.pattern):
-        return info
+    if shown.ok:
+        return parse_collection_show(shown.stdout)
     listing = await _safe(run, ["collection", "list", "--json"], [])
     return parse_collection_list(listing.stdout).get(mc.name) if listing.ok else None
 

@@ -1,9 +1,11 @@
-"""Field failures on the qmd side, reproduced with the real qmd 2.8.3 (behind a thin argv filter
-where a different qmd build is the point): a build that ignores the collection pattern flag."""
+"""Field failures on the qmd side, reproduced with the real qmd 2.8.3 (behind a thin argv filter,
+or over an index rewritten as an older build left it, where a different qmd build is the point):
+a build that ignores the collection pattern flag; paths an old build stored normalised."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -79,5 +81,57 @@ async def test_both_flags_dropped_refuses_the_collection_with_a_reason(
         assert reason in status.issues
         # not recorded as reconciled: the next start checks (and refuses) again
         assert not (b.home.qmd_dir / "reconciled.json").exists()
+    finally:
+        await b.close()
+
+
+def _as_old_build_stored_it(db: Path, literal: str, normalised: str, *, drop: str) -> None:
+    """Rewrite qmd's index as a qmd older than 2.6 left it: paths stored normalised, so of two
+    files that normalise alike only one row survived (UNIQUE(collection, path))."""
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("DELETE FROM documents WHERE path = ?", (drop,))
+        conn.execute("UPDATE documents SET path = ? WHERE path = ?", (normalised, literal))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+async def test_normalised_index_path_is_cited_as_the_file_that_matched(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    mem = b.agent.workspace_dir / "memory"
+    (mem / "Trip Notes.md").write_text("# Trip\n\nferry to Hydra at 07:40\n")
+    (mem / "trip_notes.md").write_text("# Trip\n\nbus to Delphi at 09:15\n")
+    try:
+        await b.start()
+        _as_old_build_stored_it(b.home.index_db, "trip_notes.md", "trip-notes.md", drop="Trip Notes.md")
+        [hit] = await b.search("Delphi", min_score=0)
+        # both files normalise to trip-notes.md; the first by name is "Trip Notes.md", the
+        # one whose lines hold the snippet is trip_notes.md
+        assert (hit.path, hit.start_line, hit.end_line) == ("memory/trip_notes.md", 2, 3)
+        assert b.last_search_notes == []
+        (mem / "trip_notes.md").unlink()  # the indexed file is gone; its look-alike is not it
+        assert await b.search("Delphi", min_score=0) == []
+        assert b.last_search_notes == []
+    finally:
+        await b.close()
+
+
+async def test_two_files_that_fit_a_normalised_path_are_reported_not_guessed(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    mem = b.agent.workspace_dir / "memory"
+    (mem / "Trip Notes.md").write_text("# Trip\n\nferry to Hydra at 07:40\n")
+    (mem / "trip_notes.md").write_text("# Trip\n\nferry to Hydra at 07:40\nand back at six\n")
+    try:
+        await b.start()
+        _as_old_build_stored_it(b.home.index_db, "Trip Notes.md", "trip-notes.md", drop="trip_notes.md")
+        assert await b.search("Hydra", min_score=0) == []
+        note = ("qmd hit dropped: trip-notes.md in qmd's index (a path normalised by a qmd older than "
+                "2.6) matches 2 files (Trip Notes.md, trip_notes.md); run `qmdbridge qmd update` so "
+                "qmd stores the real paths")
+        assert b.last_search_notes == [note]
+        assert note in (await b.status()).issues
     finally:
         await b.close()

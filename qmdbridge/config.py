@@ -203,6 +203,11 @@ class QmdConfig(_Cfg):
         return program_of(self.command)
 
     @property
+    def command_key(self) -> str:
+        """``command`` as one string (the list form joined by U+001F), to key state by."""
+        return self.command if isinstance(self.command, str) else "\x1f".join(self.command)
+
+    @property
     def command_words(self) -> list[str]:
         """``command`` as ``[program, *arguments]`` (see :attr:`command_path`)."""
         return split_command(self.command)

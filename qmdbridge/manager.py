@@ -55,6 +55,7 @@ from fallback.models import (
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker
+from qmdbridge.qmd.errors import QmdBusyError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
@@ -324,8 +325,12 @@ class MemoryManager:
         except UsageError:
             raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
-            reason = str(exc) if str(exc) else f"qmd search timed out after {timeout_ms}ms"
+            reason = str(exc) if str(exc) else (
+                f"qmd search timed out after {timeout_ms}ms (memory.qmd.limits.timeoutMs)")
             return None, self._search_failed(reason)
+        except QmdBusyError as exc:  # qmd's own update holds its index: not a qmd failure
+            log.info("qmd index busy; answering from builtin without opening the breaker")
+            return None, self._remember(exc.reason, forget_probe=False)
         except MemorySearchError as exc:
             return None, self._search_failed(getattr(exc, "reason", None) or str(exc))
         except Exception as exc:  # fallback boundary: any qmd defect must not silence memory

@@ -290,3 +290,12 @@ async def test_status_and_doctor_try_a_search_instead_of_trusting_version(
                    if c.name == "qmd")
     assert (healthy.level, healthy.detail) == (
         "ok", f"2.8.3 at {standins_dir / 'c2_qmd.py'}; a test search answered")
+    # the manager's status carries it into the one problem list `status` and `doctor` print
+    from qmdbridge import MemoryManager
+    from qmdbridge.problems import status_problems
+
+    async with MemoryManager(agent, env=env) as m:
+        doc = (await m.status()).to_json_dict()
+    assert doc["backends"]["qmd"]["healthy"] is False
+    assert [(p["check"], p["message"]) for p in status_problems(doc)] == [
+        ("qmd", f"qmd is not healthy: qmd search probe failed: {failure}")]

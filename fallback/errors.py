@@ -147,15 +147,24 @@ class SearchUnavailableError(BackendUnavailableError):
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
     """Raised when a backend call runs past its deadline.
 
+    Message: ``<summary> timed out after <timeout_ms>ms``, then `` (<setting>)`` naming the
+    config key that sets the deadline when known, then ``; <hint>`` when one was given.
+
     Attributes:
         timeout_ms: the deadline that was exceeded, in ms.
         summary: the command or operation, e.g. ``qmd search foo --json -n 6``.
+        setting: the config key of the deadline (``memory.qmd.limits.timeoutMs``), or ``None``.
+        hint: what may have made it slow (``models missing or downloading? ...``), or ``None``.
     """
 
-    def __init__(self, backend: str, summary: str, timeout_ms: int) -> None:
+    def __init__(self, backend: str, summary: str, timeout_ms: int, *,
+                 setting: str | None = None, hint: str | None = None) -> None:
         self.timeout_ms = timeout_ms
         self.summary = summary
-        super().__init__(backend, f"{summary} timed out after {timeout_ms}ms")
+        self.setting = setting
+        self.hint = hint
+        super().__init__(backend, f"{summary} timed out after {timeout_ms}ms"
+                         + (f" ({setting})" if setting else "") + (f"; {hint}" if hint else ""))
 
 
 class IndexStoreError(MemorySearchError):

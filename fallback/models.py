@@ -328,6 +328,8 @@ class MemoryStatus(_Model):
         backends: the manager's view of each backend's status (only on the manager's status).
         background: the manager's background tasks and their last failure (only on the
             manager's status; ``None`` from a backend).
+        config_warnings: what the config loader noticed (keys set in two layouts, clamped
+            numbers), each naming its key path (only on the manager's status).
     """
 
     backend: str
@@ -359,3 +361,4 @@ class MemoryStatus(_Model):
     custom: dict[str, Any] = Field(default_factory=dict)
     backends: dict[str, Any] = Field(default_factory=dict)
     background: BackgroundStatus | None = None
+    config_warnings: list[str] = Field(default_factory=list)

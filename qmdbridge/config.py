@@ -7,15 +7,21 @@ and normalisation are OpenClaw's (``memory.*`` for the qmd bridge, ``memorySearc
 builtin engine; the README's Configuration section lists them). Unknown keys anywhere are ignored, so a full
 OpenClaw config loads; a malformed file or a bad value raises :class:`ConfigError` naming the
 file, the dotted key path and what was expected.
+
+Both OpenClaw layouts are read (``qmdbridge.config_compat``): the classic one
+(``agents.defaults.memorySearch``, ``agents.list[]``) and the 2026.9 one (``memory.search``,
+``agents.entries.<id>``); where both set a key the 2026.9 one wins. Keys set in both, and numbers
+the settings clamp (``chunking.tokens: 0`` -> 1), are logged once when the config is parsed and
+kept in :attr:`OpenClawConfig.warnings` (``status`` shows them).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import re
-import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +30,8 @@ from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError
 from fallback.settings import EngineSettings, MemorySearchSettings
+from qmdbridge.command_line import program_of, split_command
+from qmdbridge.config_compat import adjusted_values, read_layout
 
 __all__ = [
     "AgentEntry",
@@ -45,6 +53,8 @@ __all__ = [
     "resolve_agent",
     "state_dir",
 ]
+
+log = logging.getLogger("qmdbridge.config")
 
 
 class _Cfg(BaseModel):
@@ -168,7 +178,7 @@ class QmdScope(_Cfg):
 class QmdConfig(_Cfg):
     """``memory.qmd``: the qmd sidecar."""
 
-    command: str = "qmd"
+    command: str | list[str] = "qmd"
     search_mode: Literal["search", "vsearch", "query"] = "search"
     rerank: bool | None = None
     include_default_memory: bool = True
@@ -178,15 +188,29 @@ class QmdConfig(_Cfg):
     limits: QmdLimits = Field(default_factory=QmdLimits)
     scope: QmdScope = Field(default_factory=QmdScope)
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | list[str]) -> str | list[str]:
+        if isinstance(v, list) and not [w for w in v if w.strip()]:
+            raise ValueError("a program path, or a list whose first item is the program")
+        return v
+
     @property
     def command_path(self) -> str:
-        """First shell-style token of ``command`` (``'"/opt/QMD Tools/qmd" --x'`` ->
-        ``/opt/QMD Tools/qmd``); ``qmd`` when empty."""
-        try:
-            parts = shlex.split(self.command)
-        except ValueError:
-            parts = self.command.split()
-        return parts[0] if parts else "qmd"
+        """The program of ``command`` (``qmdbridge.command_line.split_command``):
+        ``'"/opt/QMD Tools/qmd" --x'`` -> ``/opt/QMD Tools/qmd``, ``C:\\Program
+        Files\\qmd\\qmd.cmd`` verbatim, the first item of a list; ``qmd`` when empty."""
+        return program_of(self.command)
+
+    @property
+    def command_key(self) -> str:
+        """``command`` as one string (the list form joined by U+001F), to key state by."""
+        return self.command if isinstance(self.command, str) else "\x1f".join(self.command)
+
+    @property
+    def command_words(self) -> list[str]:
+        """``command`` as ``[program, *arguments]`` (see :attr:`command_path`)."""
+        return split_command(self.command)
 
 
 class MemoryConfig(_Cfg):
@@ -227,7 +251,13 @@ class CompactionSettings(_Cfg):
 
 
 class AgentEntry(BaseModel):
-    """``agents.list[]``: one agent with optional overrides (kept raw for field merging)."""
+    """One agent: ``agents.list[]`` or ``agents.entries.<id>``, with its search overrides
+    (kept raw for field merging; both layouts already merged, see ``config_compat``).
+
+    Attributes:
+        key_path: where the entry is written (``agents.list[0]``, ``agents.entries.ops``).
+        warnings: this agent's config warnings (clamped numbers in its overrides).
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -235,6 +265,8 @@ class AgentEntry(BaseModel):
     default: bool = False
     workspace: str | None = None
     memory_search: dict[str, Any] = Field(default_factory=dict, alias="memorySearch")
+    key_path: str = ""
+    warnings: list[str] = Field(default_factory=list)
 
 
 class OpenClawConfig(BaseModel):
@@ -245,8 +277,12 @@ class OpenClawConfig(BaseModel):
         defaults_memory_search: raw ``agents.defaults.memorySearch`` (merged per agent).
         defaults_workspace: ``agents.defaults.workspace``.
         compaction: ``agents.defaults.compaction``.
-        agents: ``agents.list[]``.
+        agents: ``agents.list[]`` and ``agents.entries.<id>``, in that order.
         source_file: the file this came from, or ``None``.
+        defaults_key: where the search defaults are written (``memory.search`` or
+            ``agents.defaults.memorySearch``), for messages.
+        warnings: config-wide warnings (keys set in both layouts, clamped numbers of the
+            defaults), each naming its key path; already logged once.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -257,6 +293,8 @@ class OpenClawConfig(BaseModel):
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     agents: list[AgentEntry] = Field(default_factory=list)
     source_file: str | None = None
+    defaults_key: str = "agents.defaults.memorySearch"
+    warnings: list[str] = Field(default_factory=list)
 
 
 class ResolvedAgent(BaseModel):
@@ -270,6 +308,8 @@ class ResolvedAgent(BaseModel):
         compaction: flush planner settings.
         engine: the builtin engine's settings derived from the above.
         source_file: config file, or ``None``.
+        config_warnings: the config's warnings that concern this agent (config-wide ones and
+            its own overrides'), for ``status``.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -282,6 +322,7 @@ class ResolvedAgent(BaseModel):
     compaction: CompactionSettings
     engine: EngineSettings
     source_file: str | None = None
+    config_warnings: list[str] = Field(default_factory=list)
 
 
 def state_dir(env: dict[str, str] | None = None) -> Path:
@@ -306,12 +347,16 @@ def _key_path(loc: tuple[Any, ...], prefix: str) -> str:
     return ".".join(parts)
 
 
+# Parts of a pydantic error location that name a union member or validator, not a key.
+_UNION_TAG_RE = re.compile(r"^(?:function-.*|str|int|float|bool|list\[.*\]|dict\[.*\])$")
+
+
 def _validate(model: type[BaseModel], data: Any, *, prefix: str, file: str | None) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _UNION_TAG_RE.match(p)))
         raise ConfigError(f"invalid value {err.get('input')!r}", file=file,
                           key=_key_path(loc, prefix), expected=_expected(err)) from None
 
@@ -330,8 +375,24 @@ def _as_dict(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
     return value
 
 
+def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
+                     key_path: str, file: str | None) -> tuple[MemorySearchSettings, list[str]]:
+    """Validate each search object as written (so an error names its own key path and a
+    clamp is reported where it was written), then the merge; returns the merged settings and
+    one warning per number the settings changed."""
+    alone = [_validate(MemorySearchSettings, raw, prefix=path, file=file) for path, raw in written]
+    settings = _validate(MemorySearchSettings, merged, prefix=key_path, file=file)
+    used = settings.model_dump(by_alias=True)
+    notes: list[str] = []
+    for (path, raw), own in zip(written, alone, strict=True):
+        notes += adjusted_values(raw, own.model_dump(by_alias=True), path, used)
+    return settings, notes
+
+
 def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
-    """Build an :class:`OpenClawConfig` from an already parsed JSON5 document.
+    """Build an :class:`OpenClawConfig` from an already parsed JSON5 document, in either
+    layout (``qmdbridge.config_compat.read_layout``). Warnings (keys set in both layouts,
+    clamped numbers) are logged here, once, and kept on the result.
 
     Raises:
         ConfigError: a value has the wrong type or is out of range (key path included).
@@ -340,9 +401,14 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
     memory_raw = _as_dict(root.get("memory"), key="memory", file=file)
     agents_raw = _as_dict(root.get("agents"), key="agents", file=file)
     defaults = _as_dict(agents_raw.get("defaults"), key="agents.defaults", file=file)
-    memory = _validate(MemoryConfig, memory_raw, prefix="memory", file=file)
-    ms = _as_dict(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
-    _validate(MemorySearchSettings, ms, prefix="agents.defaults.memorySearch", file=file)
+    layout = read_layout(root, file=file)
+    memory = _validate(MemoryConfig, {k: v for k, v in memory_raw.items() if k != "search"},
+                       prefix="memory", file=file)
+    defaults_key = layout.search_sources[-1][0] if layout.search_sources else (
+        "agents.defaults.memorySearch")
+    _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
+                                file=file)
+    warnings = [*layout.warnings, *notes]
     compaction = _validate(CompactionSettings,
                            _as_dict(defaults.get("compaction"), key="agents.defaults.compaction",
                                     file=file),
@@ -351,19 +417,20 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
     if ws is not None and not isinstance(ws, str):
         raise ConfigError(f"invalid value {ws!r}", file=file, key="agents.defaults.workspace",
                           expected="a path string")
-    entries_raw = agents_raw.get("list") or []
-    if not isinstance(entries_raw, list):
-        raise ConfigError(f"invalid value {entries_raw!r}", file=file, key="agents.list",
-                          expected="an array")
     entries = []
-    for i, raw in enumerate(entries_raw):
-        entry = _validate(AgentEntry, raw, prefix=f"agents.list[{i}]", file=file)
-        merged = _merge_search(ms, entry.memory_search)
-        _validate(MemorySearchSettings, merged, prefix=f"agents.list[{i}].memorySearch",
-                  file=file)
-        entries.append(entry)
-    return OpenClawConfig(memory=memory, defaults_memory_search=ms, defaults_workspace=ws,
-                          compaction=compaction, agents=entries, source_file=file)
+    for src in layout.agents:
+        fields = {k: v for k, v in src.raw.items() if k not in ("memorySearch", "memory")}
+        entry = _validate(AgentEntry, {**fields, "memorySearch": src.search},
+                          prefix=src.key_path, file=file)
+        merged = _merge_search(layout.search, entry.memory_search)
+        key = src.search_sources[-1][0] if src.search_sources else f"{src.key_path}.memorySearch"
+        _, own = _validate_search(src.search_sources, merged, key_path=key, file=file)
+        entries.append(entry.model_copy(update={"key_path": src.key_path, "warnings": own}))
+    for warning in [*warnings, *(w for e in entries for w in e.warnings)]:
+        log.warning("config%s: %s", f" {file}" if file else "", warning)
+    return OpenClawConfig(memory=memory, defaults_memory_search=layout.search,
+                          defaults_workspace=ws, compaction=compaction, agents=entries,
+                          source_file=file, defaults_key=defaults_key, warnings=warnings)
 
 
 def load_config(path: str | Path | None = None, *,
@@ -458,8 +525,9 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
 
     Args:
         cfg: the loaded config.
-        agent_id: agent id; ``None`` picks the entry marked ``default`` (else the first entry,
-            else ``main``).
+        agent_id: agent id; ``None`` picks the entry marked ``default``, else an
+            ``agents.entries.main`` (the 2026.9 layout has no ``default`` flag), else the first
+            entry, else ``main``.
         workspace: overrides the configured workspace (the CLI's ``--workspace``).
         env: environment (``OPENCLAW_STATE_DIR``); defaults to ``os.environ``.
 
@@ -471,7 +539,9 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
         ConfigError: the merged per-agent settings are invalid.
     """
     sd = state_dir(env)
-    default_entry = next((a for a in cfg.agents if a.default), cfg.agents[0] if cfg.agents else None)
+    default_entry = next((a for a in cfg.agents if a.default), None) or next(
+        (a for a in cfg.agents if a.key_path.startswith("agents.entries.")
+         and a.id.strip().lower() == "main"), None) or (cfg.agents[0] if cfg.agents else None)
     aid = normalize_agent_id(agent_id or (default_entry.id if default_entry else None))
     entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == aid), None)
     is_default = default_entry is None or normalize_agent_id(default_entry.id) == aid
@@ -486,9 +556,11 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
         ws = sd / "workspace" if is_default else sd / f"workspace-{aid}"
     ws = ws.resolve()
     merged = _merge_search(cfg.defaults_memory_search, entry.memory_search if entry else {})
-    prefix = "agents.defaults.memorySearch" if entry is None else f"agents.list[{cfg.agents.index(entry)}].memorySearch"
+    prefix = cfg.defaults_key if entry is None else (entry.key_path or "agents.list") + (
+        ".memory.search" if entry.key_path.startswith("agents.entries.") else ".memorySearch")
     search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)
     engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
     return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
                          memory_search=search, compaction=cfg.compaction, engine=engine,
-                         source_file=cfg.source_file)
+                         source_file=cfg.source_file,
+                         config_warnings=[*cfg.warnings, *(entry.warnings if entry else [])])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from fallback.errors import MemorySearchError
 from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
 from qmdbridge.config import ResolvedAgent
 
@@ -170,13 +171,33 @@ def _check_root(ws: Path, fix: bool) -> Check:
 
 
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
+    """qmd found, its ``--version`` answered, and, when qmd is the backend and the workspace
+    exists, one tiny real search through the same spawn path as every search answered (tried,
+    not assumed): a qmd whose ``--version`` works but whose searches fail is an error, not
+    ``ok``. Nothing is created for it but qmd's own index file."""
+    from qmdbridge.qmd.backend import QmdBackend
     from qmdbridge.qmd.locate import probe_qmd
 
     loc = await probe_qmd(agent.memory.qmd.command, env=env)
     configured = agent.memory.backend == "qmd"
-    if loc.usable:
-        return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
     level: Literal["warn", "error"] = "error" if configured else "warn"
+    if loc.usable and configured and agent.workspace_dir.is_dir():
+        backend = QmdBackend(agent, location=loc, mode="cli", env=env)
+        try:
+            problem = await backend.search_probe()
+        except MemorySearchError as exc:
+            problem = str(exc)
+        finally:
+            await backend.close()
+        if problem is None:
+            return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}; a test search answered")
+        return Check("qmd", level, f"{loc.version or 'qmd'} at {loc.path} answers --version but its "
+                     f"searches fail: {problem}",
+                     "run that command by hand to see qmd's error; reinstall qmd "
+                     "(scripts/install-qmd.sh) or fix memory.qmd.command; the builtin engine "
+                     "answers meanwhile")
+    if loc.usable:  # not tried: qmd is not the backend, or there is no workspace to run it in
+        return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
     return Check("qmd", level if configured else "warn",
                  f"{loc.reason}{'' if configured else ' (not needed: memory.backend is ' + agent.memory.backend + ')'}",
                  "run scripts/install-qmd.sh, install qmd with `bun install -g @tobilu/qmd`, or set "

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -55,6 +55,7 @@ from fallback.models import (
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker
+from qmdbridge.qmd.errors import QmdBusyError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
@@ -214,7 +215,8 @@ class MemoryManager:
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None, explain: bool = False) -> SearchResponse:
+                     sources: list[Source] | None = None, explain: bool = False,
+                     inherited_session_keys: Sequence[str] = ()) -> SearchResponse:
         """Run ``memory_search``.
 
         Args:
@@ -225,6 +227,9 @@ class MemoryManager:
             sources: restrict to ``memory`` and/or ``sessions``.
             explain: attach the builtin engine's ranking trace to every hit (``explain``);
                 qmd answers carry none and say so in ``warnings``.
+            inherited_session_keys: keys the session acts for (the session that spawned a
+                sub-agent ...); the scope rules allow the search when any key is allowed
+                (``qmdbridge.policy.scope.evaluate_scope``).
 
         Returns:
             ``SearchResponse`` naming the backend that answered and, when it fell back, why;
@@ -249,7 +254,10 @@ class MemoryManager:
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
         cfg = self.agent.memory
-        decision = evaluate_scope(cfg.qmd.scope, session_key)
+        if isinstance(inherited_session_keys, str) or not all(
+                isinstance(k, str) for k in inherited_session_keys):
+            raise UsageError("inherited session keys must be a list of strings")
+        decision = evaluate_scope(cfg.qmd.scope, session_key, inherited_keys=inherited_session_keys)
         include = citations_enabled(cfg.citations, session_key)
         if self.backend_name == "none":
             raise BackendUnavailableError("none", "memory search is disabled (memory.backend = none)")
@@ -317,8 +325,12 @@ class MemoryManager:
         except UsageError:
             raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
-            reason = str(exc) if str(exc) else f"qmd search timed out after {timeout_ms}ms"
+            reason = str(exc) if str(exc) else (
+                f"qmd search timed out after {timeout_ms}ms (memory.qmd.limits.timeoutMs)")
             return None, self._search_failed(reason)
+        except QmdBusyError as exc:  # qmd's own update holds its index: not a qmd failure
+            log.info("qmd index busy; answering from builtin without opening the breaker")
+            return None, self._remember(exc.reason, forget_probe=False)
         except MemorySearchError as exc:
             return None, self._search_failed(getattr(exc, "reason", None) or str(exc))
         except Exception as exc:  # fallback boundary: any qmd defect must not silence memory
@@ -390,7 +402,8 @@ class MemoryManager:
         engine = await self.builtin()
         builtin_status = await engine.status()
         backends: dict[str, Any] = {"builtin": builtin_status.to_json_dict()}
-        common = {"backends": backends, "background": self.tasks.status()}
+        common = {"backends": backends, "background": self.tasks.status(),
+                  "config_warnings": list(self.agent.config_warnings)}
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update=common)
         from qmdbridge.paths import qmd_home

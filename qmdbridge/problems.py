@@ -4,7 +4,7 @@
 entry into a failed check (exit code 1), so the two commands can never disagree. A problem is
 something a user can act on: a memory file that is not indexed (too large, binary, unreadable,
 a symlink), an extra path that is missing or unusable, qmd not answering (its circuit breaker
-open), an explicitly configured embedding provider that cannot work, a failing sync, FTS5
+open, or the test search that status runs failing), an explicitly configured embedding provider that cannot work, a failing sync, FTS5
 missing. Not problems: a workspace without daily notes yet (no ``memory/`` folder), a hidden
 draft (``.draft.md``), a file indexed with invalid UTF-8 replaced, keyword-only search under
 ``provider: "auto"``.
@@ -19,7 +19,10 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["status_problems"]
+__all__ = ["QMD_UNHEALTHY", "status_problems"]
+
+# How the problem of a qmd whose test search (or update) failed starts.
+QMD_UNHEALTHY = "qmd is not healthy"
 
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
 _NOT_PROBLEMS = ("invalid UTF-8", "hidden name")
@@ -73,7 +76,7 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
            for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
     out += [_problem("memory paths", str(i), _issue_hint(str(i)))
             for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
-    if status.get("lastError"):
+    if status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below
         out.append(_problem("index", str(status["lastError"]), "run `qmdbridge index -v` to see the failure"))
     fts = status.get("fts") or {}
     if fts and fts.get("available") is False:
@@ -94,4 +97,9 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_problem("qmd", f"qmd is not answering: {reason}{when}; the builtin engine answers meanwhile",
                             "check memory.qmd.command and `qmdbridge qmd collections`, or run "
                             "scripts/install-qmd.sh"))
+    elif qmd and qmd.get("healthy") is False and qmd.get("lastError"):
+        # status tried a real search (not just --version) and it failed
+        out.append(_problem("qmd", f"{QMD_UNHEALTHY}: {qmd['lastError']}",
+                            "run the failing qmd command by hand to see its error; reinstall qmd "
+                            "(scripts/install-qmd.sh) or fix memory.qmd.command"))
     return out

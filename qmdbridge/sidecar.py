@@ -1,7 +1,7 @@
 """Starting the qmd sidecar for one manager: probe (cached), build, start-up, start-up breaker.
 
 :class:`QmdSidecar` owns the one qmd backend of a ``MemoryManager``. Its start-up (finding qmd,
-reconciling collections, the ``--help`` probe, the boot update with ``waitForBootSync``) runs
+reconciling collections, the boot update with ``waitForBootSync``) runs
 under its own budgets and never under a search deadline. A qmd that cannot be started at all
 (missing, foreign, not runnable, or start-up raised) opens the *start-up* breaker, a
 :class:`~qmdbridge.policy.breaker.CircuitBreaker` of its own (``startup-breaker.json``): while it
@@ -61,7 +61,7 @@ class QmdSidecar:
         self._background = background
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "startup-breaker.json",
-                                      scope=agent.memory.qmd.command)
+                                      scope=agent.memory.qmd.command_key)
         self.backend: MemoryBackend | None = None
         self.ready = False
         self.unavailable: str | None = None  # why the last start-up failed
@@ -90,11 +90,6 @@ class QmdSidecar:
     def forget_probe(self) -> None:
         """Probe qmd again next time (it may have changed)."""
         self.probe_cache.forget(self._probe_key)
-
-    def _remember_multi_c(self, multi_c: bool) -> None:
-        cached = self.probe_cache.get(self._probe_key)
-        if cached is not None and cached[1].get("multiC") != multi_c:
-            self.probe_cache.put(self._probe_key, cached[0], multiC=multi_c)
 
     # -- start-up -----------------------------------------------------------------------------
 
@@ -171,9 +166,8 @@ class QmdSidecar:
         from qmdbridge.qmd.locate import probe_qmd
 
         cached = self.probe_cache.get(self._probe_key)
-        extras: dict[str, Any] = {}
         if cached is not None:
-            location, extras = cached
+            location, _ = cached
         else:
             location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
             self.location = location
@@ -181,10 +175,8 @@ class QmdSidecar:
                 self.unavailable = location.reason or "qmd not available"
                 return None
             self.probe_cache.put(self._probe_key, location)
-        multi_c = extras.get("multiC")
         return QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
-                          now_ms=self._now, multi_c=multi_c if isinstance(multi_c, bool) else None,
-                          on_multi_c=self._remember_multi_c)
+                          now_ms=self._now)
 
     # -- status and close ---------------------------------------------------------------------
 

@@ -64,8 +64,14 @@ def _int_or_none(value: Any) -> int | None:
 
 
 async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *,
-                               session_key: str | None = None) -> dict[str, Any]:
+                               session_key: str | None = None,
+                               session_keys: list[str] | None = None) -> dict[str, Any]:
     """Handle a ``memory_search`` call.
+
+    Args:
+        session_key: the calling session's key (``None`` = owner call).
+        session_keys: keys the session inherits (the session that spawned a sub-agent ...);
+            the scope rules allow the search when any key is allowed.
 
     Returns:
         ``{results, backend, provider, model, mode, fallback, citations, denied}`` on success,
@@ -75,6 +81,9 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
         return {"results": [], "disabled": True, "error": "params must be an object"}
     if session_key is not None and not isinstance(session_key, str):
         return {"results": [], "disabled": True, "error": "session key must be a string"}
+    if session_keys is not None and (not isinstance(session_keys, list) or not all(
+            isinstance(k, str) for k in session_keys)):
+        return {"results": [], "disabled": True, "error": "session keys must be a list of strings"}
     query = params.get("query")
     if not isinstance(query, str):
         return {"results": [], "disabled": True, "error": "query required"}
@@ -83,7 +92,7 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
             query, max_results=_int_or_none(params.get("maxResults")),
             min_score=float(params["minScore"]) if isinstance(params.get("minScore"), (int, float))
             and not isinstance(params.get("minScore"), bool) else None,
-            session_key=session_key)
+            session_key=session_key, inherited_session_keys=session_keys or ())
     except MemorySearchError as exc:
         return {"results": [], "disabled": True, "error": str(exc)}
     except Exception as exc:  # tool edge: the agent gets an error payload, never a crash

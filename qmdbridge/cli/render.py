@@ -166,3 +166,5 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
             w(f"  [{p.get('check')}] {p.get('message')}\n")
             if p.get("hint"):
                 w(f"    fix: {p['hint']}\n")
+    for warning in st.get("configWarnings") or []:
+        w(f"Config warning: {warning}\n")

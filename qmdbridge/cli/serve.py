@@ -6,6 +6,9 @@ and answers tool calls as JSON lines on stdin/stdout::
     -> {"id": 1, "tool": "memory_search", "params": {"query": "router"}, "sessionKey": "agent:main:main"}
     <- {"id": 1, "result": {"backend": "builtin", "results": [...], ...}}
 
+``sessionKeys`` (optional) lists keys the session inherits, e.g. the session that spawned a
+sub-agent: ``"sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]``.
+
 Tools: ``memory_search``, ``memory_get``, ``status``, ``sync``. A malformed line gets
 ``{"id": null, "error": "..."}``. It stops cleanly on SIGTERM/SIGINT or end of input (unless
 ``--no-stdin``), closing the manager so every qmd child is reaped.
@@ -50,7 +53,8 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
         return {"id": rid, "result": {"results": [], "disabled": True,
                                       "error": "session key must be a string"}}
     if tool == "memory_search":
-        return {"id": rid, "result": await handle_memory_search(manager, params, session_key=key)}
+        return {"id": rid, "result": await handle_memory_search(
+            manager, params, session_key=key, session_keys=req.get("sessionKeys"))}
     if tool == "memory_get":
         return {"id": rid, "result": await handle_memory_get(manager, params)}
     if tool == "status":

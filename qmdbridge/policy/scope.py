@@ -12,19 +12,26 @@ ours:
 
 Session keys look like ``agent:<agentId>:<rest>``, where ``<rest>`` is e.g. ``main``,
 ``slack:dm:u123``, ``discord:channel:c1``, ``telegram:group:-100123`` or
-``subagent:<uuid>``.
+``subagent:<uuid>``. As in the reference, empty ``:``-segments are ignored (``agent::main:x``
+and ``slack::dm:u1`` read as ``agent:main:x`` and ``slack:dm:u1``).
+
+Inherited keys: a session can act for another one (a sub-agent for the session that spawned
+it, a thread or bound session for its conversation). The reference evaluates the rules for
+the session key and each inherited key the runtime passes, and allows the search when any of
+them is allowed; so does :func:`evaluate_scope` (``inherited_keys``). A sub-agent key alone
+derives nothing and falls to the default, as in the reference.
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 
 from fallback.models import ScopeDecision
 from qmdbridge.config import QmdScope, ScopeRule
 
-__all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_session_key"]
+__all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_session_key",
+           "scope_candidates"]
 
-_AGENT_PREFIX = re.compile(r"^agent:[^:]+:(.+)$", re.I | re.S)
 _CHAT_MARKERS = ("group", "channel", "direct", "dm")
 # Channels whose ids are opaque and case-sensitive (Signal group ids are base64, Matrix room
 # ids like ``!AbC:server``): only the channel and kind parts are lower-cased.
@@ -32,15 +39,20 @@ _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
 
 
 def _rest_of(key: str) -> str:
-    match = _AGENT_PREFIX.match(key)
-    return match.group(1) if match else key
+    """The part after ``agent:<id>:`` (empty segments dropped, as the reference parses agent
+    keys: at least three non-empty parts, the first ``agent``), else the key itself."""
+    parts = [p for p in key.split(":") if p]
+    if len(parts) >= 3 and parts[0].lower() == "agent":
+        return ":".join(parts[2:])
+    return key
 
 
 def normalize_session_key(key: str | None) -> str | None:
     """Normalise a session key for scope matching (spec 2.12 step 1).
 
-    Trim; strip a leading ``agent:<id>:`` (case-insensitive); lower-case (for ``signal`` and
-    ``matrix`` keys with an id part, only the first two parts, so opaque ids keep their case).
+    Trim; strip a leading ``agent:<id>:`` (case-insensitive, empty segments dropped as in the
+    reference); lower-case (for ``signal`` and ``matrix`` keys with an id part, only the first
+    two parts, so opaque ids keep their case; rules compare case-insensitively anyway).
 
     Args:
         key: the raw session key, or ``None``.
@@ -57,7 +69,7 @@ def normalize_session_key(key: str | None) -> str | None:
     rest = _rest_of(trimmed)
     if rest.lower().startswith("subagent:"):
         return None
-    parts = rest.split(":")
+    parts = [p for p in rest.split(":") if p]
     if len(parts) >= 3 and parts[0].lower() in _CASE_SENSITIVE_ID_CHANNELS:
         return ":".join([parts[0].lower(), parts[1].lower(), *parts[2:]])
     return rest.lower()
@@ -66,7 +78,7 @@ def normalize_session_key(key: str | None) -> str | None:
 def derive_chat(key: str | None) -> tuple[str | None, str | None]:
     """Derive ``(chat_type, channel)`` from a session key (spec 2.12 step 2).
 
-    On the normalised key: when its second ``:``-part is ``group``, ``channel``, ``direct`` or
+    On the normalised key's non-empty ``:``-parts: when the second is ``group``, ``channel``, ``direct`` or
     ``dm``, the channel is the first part and the chat type is ``group`` if any part is
     ``group``, else ``channel`` if any part is ``channel``, else ``direct``. Otherwise the
     chat type is ``group`` if the key contains ``:group:``, ``channel`` if it contains
@@ -82,8 +94,8 @@ def derive_chat(key: str | None) -> tuple[str | None, str | None]:
     norm = normalize_session_key(key)
     if norm is None:
         return None, None
-    parts = norm.split(":")
-    if len(parts) >= 2 and parts[1] in _CHAT_MARKERS:
+    parts = [p for p in norm.split(":") if p]
+    if len(parts) >= 2 and parts[1].lower() in _CHAT_MARKERS:
         lowered = [p.lower() for p in parts]
         if "group" in lowered:
             chat_type = "group"
@@ -123,36 +135,12 @@ def _rule_matches(rule: ScopeRule, *, raw_lower: str, norm: str | None,
     return True
 
 
-def evaluate_scope(scope: QmdScope | None, session_key: str | None) -> ScopeDecision:
-    """Apply ``memory.qmd.scope`` to one session key (spec 2.12 step 3-4, DESIGN decisions).
-
-    Rules are tried in order; a rule matches when every field it gives matches: ``channel``
-    equals the derived channel; ``chatType`` equals the derived chat type (``dm`` means
-    ``direct``); ``rawKeyPrefix`` (lower-cased) prefixes the raw lower-cased key;
-    ``keyPrefix`` (lower-cased) prefixes the normalised key, except that a ``keyPrefix``
-    starting with ``agent:`` is compared with the raw key (legacy). The first match decides;
-    no match falls to ``scope.default``.
-
-    Args:
-        scope: the configured scope; ``None`` (no scope object) allows everything.
-        session_key: the raw key; ``None`` or blank is an owner call and is allowed.
-
-    Returns:
-        :class:`ScopeDecision` with ``allowed``, ``reason`` (``allowed by rules[0] (allow);
-        chatType=direct channel=slack``, ``denied by default (deny); chatType=group
-        channel=discord``, ``owner call (no session key)``), ``chat_type``, ``channel`` and
-        the raw ``session_key``.
-    """
-    if session_key is None or not session_key.strip():
-        return ScopeDecision(allowed=True, reason="owner call (no session key)",
-                             session_key=None)
-    chat_type, channel = derive_chat(session_key)
-    if scope is None:
-        return ScopeDecision(allowed=True, reason="no scope configured (allow)",
-                             chat_type=chat_type, channel=channel, session_key=session_key)
+def _decide(scope: QmdScope, key: str) -> ScopeDecision:
+    """The rules for one session key (the first matching rule, else the default)."""
+    chat_type, channel = derive_chat(key)
     derived = f"chatType={chat_type or 'none'} channel={channel or 'none'}"
-    raw_lower = session_key.strip().lower()
-    norm = normalize_session_key(session_key)
+    raw_lower = key.strip().lower()
+    norm = normalize_session_key(key)
     for index, rule in enumerate(scope.rules):
         if _rule_matches(rule, raw_lower=raw_lower, norm=norm, chat_type=chat_type,
                          channel=channel):
@@ -160,11 +148,70 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None) -> ScopeDeci
             verdict = "allowed" if allowed else "denied"
             return ScopeDecision(allowed=allowed,
                                  reason=f"{verdict} by rules[{index}] ({rule.action}); {derived}",
-                                 chat_type=chat_type, channel=channel, session_key=session_key)
+                                 chat_type=chat_type, channel=channel, session_key=key)
     allowed = scope.default == "allow"
     verdict = "allowed" if allowed else "denied"
     return ScopeDecision(allowed=allowed, reason=f"{verdict} by default ({scope.default}); {derived}",
-                         chat_type=chat_type, channel=channel, session_key=session_key)
+                         chat_type=chat_type, channel=channel, session_key=key)
+
+
+def scope_candidates(session_key: str | None, inherited_keys: Sequence[str] = ()) -> list[str]:
+    """The keys the rules are evaluated for: the session key, then each inherited key, trimmed,
+    blanks dropped, repeats (compared case-insensitively) dropped, first seen kept."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for key in [session_key, *inherited_keys]:
+        trimmed = (key or "").strip()
+        if trimmed and trimmed.lower() not in seen:
+            seen.add(trimmed.lower())
+            out.append(trimmed)
+    return out
+
+
+def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
+                   inherited_keys: Sequence[str] = ()) -> ScopeDecision:
+    """Apply ``memory.qmd.scope`` to a session key and the keys it inherits (spec 2.12 steps
+    3-4, DESIGN decisions, the reference's session candidates).
+
+    Rules are tried in order; a rule matches when every field it gives matches: ``channel``
+    equals the derived channel; ``chatType`` equals the derived chat type (``dm`` means
+    ``direct``); ``rawKeyPrefix`` (lower-cased) prefixes the raw lower-cased key;
+    ``keyPrefix`` (lower-cased) prefixes the normalised key, except that a ``keyPrefix``
+    starting with ``agent:`` is compared with the raw key (legacy). The first match decides;
+    no match falls to ``scope.default``. This is done for each key of
+    :func:`scope_candidates`; the search is allowed when any of them is.
+
+    Args:
+        scope: the configured scope; ``None`` (no scope object) allows everything.
+        session_key: the raw key; ``None`` or blank, with no inherited key, is an owner call
+            and is allowed.
+        inherited_keys: keys this session acts for, from the runtime: the session that
+            spawned a sub-agent (``agent:main:main`` for ``agent:main:subagent:<uuid>``), the
+            conversation a thread or bound session belongs to.
+
+    Returns:
+        :class:`ScopeDecision` with ``allowed``, ``reason`` (``allowed by rules[0] (allow);
+        chatType=direct channel=slack``, ``denied by default (deny); chatType=group
+        channel=discord``, ``owner call (no session key)``; ``...; inherited from <key>`` when
+        an inherited key decided), and the deciding key's ``chat_type`` and ``channel``;
+        ``session_key`` is the raw session key. A denial is the session key's own decision.
+    """
+    candidates = scope_candidates(session_key, inherited_keys)
+    if not candidates:
+        return ScopeDecision(allowed=True, reason="owner call (no session key)",
+                             session_key=None)
+    raw = session_key if session_key is not None and session_key.strip() else None
+    if scope is None:
+        chat_type, channel = derive_chat(candidates[0])
+        return ScopeDecision(allowed=True, reason="no scope configured (allow)",
+                             chat_type=chat_type, channel=channel, session_key=raw)
+    decisions = [_decide(scope, key) for key in candidates]
+    first = decisions[0]
+    allowing = next((d for d in decisions if d.allowed), None)
+    if allowing is None or allowing is first and raw is not None:
+        return first.model_copy(update={"session_key": raw})
+    return allowing.model_copy(update={
+        "reason": f"{allowing.reason}; inherited from {allowing.session_key}", "session_key": raw})
 
 
 def citations_enabled(mode: str, session_key: str | None) -> bool:

@@ -7,8 +7,8 @@ under Bun). Beyond ``--``, qmd still interprets the query text itself; :func:`en
 keeps it literal (see there). The circuit breaker lives in the manager, not here.
 
 Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call it makes, the wait for a
-pending update included) and nothing else. Start-up (collection reconcile and the ``--help``
-probe: ``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
+pending update included) and nothing else. Start-up (collection reconcile:
+``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
 never runs under a search deadline; a timeout there is logged, kept in ``status()``
 (``custom.qmd.startup``) and does not fail the start-up.
 """
@@ -45,7 +45,6 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
-from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.parse import (
     DocLookup,
     QmdEntry,
@@ -54,18 +53,18 @@ from qmdbridge.qmd.parse import (
     encode_query,
     index_counts,
     map_entries,
-    merge_key,
-    parse_qmd_json,
 )
 from qmdbridge.qmd.reads import read_qmd_path
-from qmdbridge.qmd.runner import (
-    RunResult,
-    is_crash_after_output,
-    is_flag_rejection,
-    is_missing_collection,
-    run_command,
+from qmdbridge.qmd.runner import RunResult, run_command
+from qmdbridge.qmd.search_calls import (
+    CallPlan,
+    FlagRejected,
+    MissingCollection,
+    VectorModuleMissing,
+    probe_search,
+    search_collections,
 )
-from qmdbridge.qmd.startup import prepare_home, probe_multi_c, reconcile_if_changed
+from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
 __all__ = ["QmdBackend", "encode_query"]
@@ -75,12 +74,13 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 PENDING_UPDATE_WAIT_MS = 500
 
 
-class _FlagRejected(Exception):
-    """Internal: qmd rejected a flag of the configured mode (retry with ``query``)."""
-
-
-class _MissingCollection(Exception):
-    """Internal: qmd said a managed collection does not exist (reconcile and retry once)."""
+# The backend's search deadline ends this much before limits.timeoutMs (ms, at most a tenth of
+# it), so its own timeout, which names the setting, comes before the manager's backstop.
+SEARCH_DEADLINE_MARGIN_MS = 100
+# The hint when qmd cannot open its vector table (no such module: vec0).
+VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
+             "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
+             "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
 
 
 class QmdBackend:
@@ -93,9 +93,6 @@ class QmdBackend:
             ``full`` (long-lived: boot update, interval and embed timers).
         env: parent environment for the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (default wall clock).
-        multi_c: whether this qmd takes several ``-c`` in one search, when already known (the
-            manager's probe cache); ``None``: probed with ``qmd --help`` at start-up.
-        on_multi_c: called with the probe's answer when it was learned here.
 
     Use ``start(tasks)`` before searching, ``close()`` at the end (idempotent). Background work
     (boot update, interval and embed timers, the file watcher) runs in a ``qmd`` subgroup of the
@@ -106,8 +103,7 @@ class QmdBackend:
 
     def __init__(self, agent: ResolvedAgent, *, location: Any, mode: Literal["full", "cli"] = "cli",
                  env: Mapping[str, str] | None = None,
-                 now_ms: Callable[[], int] | None = None, multi_c: bool | None = None,
-                 on_multi_c: Callable[[bool], None] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None) -> None:
         from qmdbridge.paths import qmd_home
 
         self.agent = agent
@@ -122,8 +118,8 @@ class QmdBackend:
         self.roots = {c.name: c for c in self.collections}
         self.reconcile_state = ReconcileState()
         self._child_env: dict[str, str] | None = None
-        self._multi_c = multi_c
-        self._on_multi_c = on_multi_c
+        self.mode_override: str | None = None  # "search" once qmd's vector table cannot open
+        self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._bg: BackgroundTasks | None = None
         self._closed = False
@@ -135,6 +131,9 @@ class QmdBackend:
         self.startup_problems: list[str] = []  # start-up timeouts and failures (status)
         self.last_error: str | None = None
         self.search_fallback_reason: str | None = None
+        # Hits the last search dropped as ambiguous (for its warnings), and the last 5 (status).
+        self.last_search_notes: list[str] = []
+        self.hit_problems: list[str] = []
         up = self.cfg.update
         longest = max(up.update_timeout_ms, up.embed_timeout_ms)
         self.cycle = UpdateCycle(
@@ -165,14 +164,20 @@ class QmdBackend:
         return out + ["--", *positionals] if positionals else out
 
     async def _run(self, args: list[str], positionals: list[str] | tuple[str, ...] = (), *,
-                   timeout_ms: int, discard_stdout: bool = False) -> RunResult:
+                   timeout_ms: int, discard_stdout: bool = False,
+                   setting: str | None = None) -> RunResult:
         return await run_command(self.argv(args, positionals), env=self.child_env,
                                  cwd=self.agent.workspace_dir, timeout_ms=max(1, timeout_ms),
-                                 discard_stdout=discard_stdout)
+                                 discard_stdout=discard_stdout, setting=setting)
+
+    async def _run_search(self, args: list[str], positionals: list[str], timeout_ms: int) -> RunResult:
+        return await self._run(args, positionals, timeout_ms=timeout_ms,
+                               setting="memory.qmd.limits.timeoutMs")
 
     async def _collection_cmd(self, args: list[str], positionals: list[str]) -> CollectionRun:
         try:
-            res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms)
+            res = await self._run(args, positionals, timeout_ms=self.cfg.update.command_timeout_ms,
+                                  setting="memory.qmd.update.commandTimeoutMs")
         except BackendTimeoutError as exc:
             if self._in_startup:
                 self._startup_problem(exc.reason)
@@ -210,7 +215,7 @@ class QmdBackend:
             self._prepared = True
 
     async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:
-        """Start-up: qmd home, collections, the ``--help`` probe, the boot update (awaited with
+        """Start-up: qmd home, collections, the boot update (awaited with
         ``update.waitForBootSync``, else in the background in ``full`` mode), then (``full``
         mode) timers and the file watcher, all in ``tasks``. Each step has its own budget
         (module docstring); a failed or timed-out step is logged and kept in ``status()``.
@@ -234,7 +239,6 @@ class QmdBackend:
         try:
             await self.prepare()
             await self.reconcile()
-            await self._probe_multi_c()
             up = self.cfg.update
             if up.on_boot and boot_update:
                 if up.wait_for_boot_sync:
@@ -254,20 +258,6 @@ class QmdBackend:
         except BackendUnavailableError as exc:  # a timeout: "... timed out after <updateTimeoutMs>ms"
             self.last_error = str(exc)
             self._startup_problem(f"boot update failed: {exc.reason}")
-
-    async def _probe_multi_c(self) -> None:
-        """Learn once whether ``-c`` may be repeated, for more than one collection; unknown
-        afterwards means one search call per collection."""
-        if self._multi_c is not None or len(self.collections) < 2:
-            return
-        try:
-            self._multi_c = await probe_multi_c(str(self.location.path), env=self.child_env,
-                                                cwd=self.agent.workspace_dir,
-                                                command_timeout_ms=self.cfg.update.command_timeout_ms)
-        except BackendUnavailableError as exc:
-            return self._startup_problem(exc.reason)
-        if self._on_multi_c is not None:
-            self._on_multi_c(self._multi_c)
 
     async def reconcile(self, *, force: bool = False) -> None:
         """Make qmd's collections match the config unless nothing changed since the last
@@ -295,6 +285,7 @@ class QmdBackend:
 
     async def _run_update_cmd(self) -> None:
         res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
+                              setting="memory.qmd.update.updateTimeoutMs",
                               discard_stdout=True)
         res.check()
 
@@ -306,6 +297,7 @@ class QmdBackend:
         if problem is not None:  # fail fast instead of waiting out embedTimeoutMs
             raise BackendUnavailableError("qmd", f"qmd embed skipped: {problem}")
         res = await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
+                              setting="memory.qmd.update.embedTimeoutMs",
                               discard_stdout=True)
         res.check()
 
@@ -364,7 +356,8 @@ class QmdBackend:
         Raises:
             BackendUnavailableError: ``collection list`` failed.
         """
-        res = await self._run(["collection", "list"], timeout_ms=self.cfg.update.command_timeout_ms)
+        res = await self._run(["collection", "list"], timeout_ms=self.cfg.update.command_timeout_ms,
+                              setting="memory.qmd.update.commandTimeoutMs")
         res.check()
         return await describe_collections(res.stdout, run=self._collection_cmd, roots=self.roots)
 
@@ -377,9 +370,11 @@ class QmdBackend:
         """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
 
         The whole search (every qmd call, and the wait for a pending watcher update) finishes
-        within ``limits.timeoutMs``; each call gets the remaining budget. An "unknown flag" on stderr reruns the search with ``query``; a
-        missing collection triggers one reconcile and one retry; a crash after valid JSON
-        (exit 134 in llama.cpp/ggml) uses the JSON.
+        within ``limits.timeoutMs``; each call gets the remaining budget. One call per
+        collection that qmd's index holds documents of (``search_calls``: side by side, busy
+        answers retried, a complete answer before a crash used, with a note). An "unknown
+        flag" on stderr reruns the search with ``query``; a missing collection triggers one
+        reconcile and one retry; ``no such module: vec0`` switches this agent to ``search``.
 
         Args:
             max_results: capped at ``limits.maxResults``.
@@ -395,7 +390,10 @@ class QmdBackend:
 
         Raises:
             UsageError: blank query. ManagerClosedError: closed.
-            BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed).
+            BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed); the
+                message names the setting, and ``models missing or downloading?`` for
+                ``query``/``vsearch`` with an empty model cache.
+            QmdBusyError: qmd's index stayed busy through the retries.
             QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI").
             QmdOutputError: stdout was not a result array.
         """
@@ -404,7 +402,8 @@ class QmdBackend:
         if not q:
             raise UsageError("query required")
         limits = self.cfg.limits
-        deadline = anyio.current_time() + limits.timeout_ms / 1000
+        margin_ms = min(SEARCH_DEADLINE_MARGIN_MS, limits.timeout_ms // 10)
+        deadline = anyio.current_time() + (limits.timeout_ms - margin_ms) / 1000
         if self.freshness is not None:
             self.freshness.check_watcher()  # a dead watcher marks the index dirty, is re-armed
             if self.agent.memory_search.sync.on_search:
@@ -414,45 +413,73 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        colls = [c for c in self.collections if sources is None or c.source in sources]
+        counts, _ = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
+        colls = [c for c in self.collections if (sources is None or c.source in sources)
+                 and c.name not in self.reconcile_state.refused
+                 and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
         if not colls:
-            log.warning("qmd query skipped: no managed collections configured")
+            log.warning("qmd query skipped: no managed collection with documents in qmd's index")
             return []
-        search_mode = mode or self.cfg.search_mode
+        search_mode = mode or self.mode_override or self.cfg.search_mode
         if search_mode == "vsearch" and self.child_env.get("CI"):
             # qmd 2.8.3 vsearch under CI prints [] (exit 0) instead of failing: say why instead.
             raise BackendUnavailableError("qmd", "qmd vsearch cannot embed the query: LLM operations "
                                           "are disabled in CI (CI is set in qmd's environment)")
-        no_rerank = search_mode == "query" and self.cfg.rerank is False
+        plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
+                        deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
+                        self.child_env)
         try:
-            try:
-                entries = await self._search_all(q, search_mode, colls, limit, deadline, no_rerank)
-            except _MissingCollection:
-                log.warning("qmd search failed because a managed collection is missing; "
-                            "repairing collections and retrying once")
-                await self.reconcile(force=True)
-                entries = await self._search_all(q, search_mode, colls, limit, deadline, no_rerank)
-        except _FlagRejected as exc:
-            if search_mode == "query":
-                raise BackendUnavailableError("qmd", str(exc)) from None
-            log.warning("qmd %s does not support configured flags; retrying search with qmd query",
-                        search_mode)
-            self.search_fallback_reason = "unsupported-search-flags"
-            try:
-                entries = await self._search_all(q, "query", colls, limit, deadline, False)
-            except (_FlagRejected, _MissingCollection) as again:
-                raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
-        except _MissingCollection as exc:  # still missing after the repair
-            raise BackendUnavailableError("qmd", str(exc)) from None
+            entries = await self._search_with_repairs(q, colls, plan)
+        except BackendUnavailableError as exc:
+            self.last_search_error = exc.reason
+            raise
+        notes = plan.notes
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score or 0.0))
+            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes))
+        self.last_search_notes = notes
+        self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
         return clamp_injected(results, max_chars=limits.max_injected_chars)
 
-    def _map(self, entries: list[tuple[QmdEntry, str | None]], *,
-             min_score: float) -> list[MemorySearchResult]:
+    async def _search_with_repairs(self, q: str, colls: list[ManagedCollection],
+                                   plan: CallPlan) -> list[tuple[QmdEntry, str | None]]:
+        """The calls, with the repairs: a missing collection reconciles and retries once; an
+        unknown flag reruns with ``query``; ``no such module: vec0`` switches this agent to
+        ``search`` (kept in :attr:`mode_override`, said in the answer and in status)."""
+        try:
+            try:
+                return await search_collections(q, colls, plan, run=self._run_search)
+            except MissingCollection:
+                log.warning("qmd search failed because a managed collection is missing; "
+                            "repairing collections and retrying once")
+                await self.reconcile(force=True)
+                return await search_collections(q, colls, plan, run=self._run_search)
+        except VectorModuleMissing:
+            if plan.mode == "search":
+                raise BackendUnavailableError("qmd", VEC0_HINT) from None
+            log.warning("%s", VEC0_HINT)
+            self.mode_override = "search"
+            plan.notes.append(VEC0_HINT)
+            plan.mode, plan.no_rerank = "search", False
+            return await search_collections(q, colls, plan, run=self._run_search)
+        except FlagRejected as exc:
+            if plan.mode == "query":
+                raise BackendUnavailableError("qmd", str(exc)) from None
+            log.warning("qmd %s does not support configured flags; retrying search with qmd query",
+                        plan.mode)
+            self.search_fallback_reason = "unsupported-search-flags"
+            plan.mode, plan.no_rerank = "query", False
+            try:
+                return await search_collections(q, colls, plan, run=self._run_search)
+            except (FlagRejected, MissingCollection, VectorModuleMissing) as again:
+                raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
+        except MissingCollection as exc:  # still missing after the repair
+            raise BackendUnavailableError("qmd", str(exc)) from None
+
+    def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
+             notes: list[str]) -> list[MemorySearchResult]:
         lookup = DocLookup(self.home.index_db)
         try:
             out: list[MemorySearchResult] = []
@@ -460,7 +487,7 @@ class QmdBackend:
                 out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
                                    lookup=lookup, default_collection=hint,
                                    max_snippet_chars=self.cfg.limits.max_snippet_chars,
-                                   min_score=min_score, cache=self._docid_cache)
+                                   min_score=min_score, cache=self._docid_cache, notes=notes)
             return out
         finally:
             lookup.close()
@@ -468,59 +495,6 @@ class QmdBackend:
     @staticmethod
     def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline
         return int((deadline - anyio.current_time()) * 1000)
-
-    async def _search_all(self, q: str, mode: str, colls: list[ManagedCollection], limit: int,
-                          deadline: float, no_rerank: bool) -> list[tuple[QmdEntry, str | None]]:
-        if len(colls) > 1 and self._multi_c:
-            groups: dict[str, list[ManagedCollection]] = {}
-            for c in colls:
-                groups.setdefault(c.source, []).append(c)
-            batches = list(groups.values())
-        else:
-            batches = [[c] for c in colls]
-        merged: dict[str, tuple[QmdEntry, str | None]] = {}
-        for batch in batches:
-            hint = batch[0].name if len(batch) == 1 else None
-            for entry in await self._call(q, mode, batch, limit, deadline, no_rerank):
-                key = merge_key(entry, hint)
-                best = merged.get(key)
-                if best is None or (entry.score or 0.0) > (best[0].score or 0.0):
-                    merged[key] = (entry, hint)
-        return sorted(merged.values(), key=lambda pair: -(pair[0].score or 0.0))
-
-    async def _call(self, q: str, mode: str, batch: list[ManagedCollection], limit: int,
-                    deadline: float, no_rerank: bool) -> list[QmdEntry]:
-        timeout_ms = self.cfg.limits.timeout_ms
-        remaining = self._remaining_ms(deadline)
-        args = [mode, "--json", "-n", str(limit), *(["--no-rerank"] if no_rerank else [])]
-        for c in batch:
-            args += ["-c", c.name]
-        summary = " ".join(["qmd", *args, "--", q])
-        if remaining <= 0:
-            raise BackendTimeoutError("qmd", summary, timeout_ms)
-        try:
-            res = await self._run(args, [encode_query(q, mode)], timeout_ms=remaining)
-        except BackendTimeoutError:
-            raise BackendTimeoutError("qmd", summary, timeout_ms) from None
-        if res.stdout_truncated:
-            raise QmdOutputError(f"{res.summary} produced too much output (limit 200000 chars)")
-        if res.ok:
-            return parse_qmd_json(res.stdout, res.stderr)
-        if is_flag_rejection(res.stderr):
-            raise _FlagRejected(f"{res.summary} rejected a flag: {res.stderr.strip()[:300]}")
-        if is_missing_collection(res.stderr):
-            raise _MissingCollection(res.stderr.strip()[:300])
-        if is_crash_after_output(res):
-            try:
-                entries = parse_qmd_json(res.stdout, "")
-            except QmdOutputError:
-                res.check()
-                raise
-            log.warning("qmd %s exited non-zero after producing valid JSON; using captured search "
-                        "results (code %s)", mode, res.returncode)
-            return entries
-        res.check()
-        return []
 
     # -- read ---------------------------------------------------------------------------------
 
@@ -556,11 +530,25 @@ class QmdBackend:
     # -- status -------------------------------------------------------------------------------
 
     def search_info(self) -> SearchInfo:
-        """``SearchInfo("qmd", "qmd", searchMode)``: qmd embeds with its own models."""
-        return SearchInfo(provider="qmd", model="qmd", mode=self.cfg.search_mode)
+        """``SearchInfo("qmd", "qmd", mode, warnings)``: qmd embeds with its own models; the mode
+        is the one searches use (``search`` after a ``vec0`` switch); the warnings are the last
+        search's notes (hits dropped as ambiguous, an answer used despite a crash ...)."""
+        return SearchInfo(provider="qmd", model="qmd", mode=self.mode_override or self.cfg.search_mode,
+                          warnings=tuple(self.last_search_notes))
+
+    async def search_probe(self) -> str | None:
+        """One tiny real search through the spawn path of every search (no collection filter,
+        ``limits.timeoutMs``): ``None`` when qmd answered, else why not, one line. Needs no
+        start-up (doctor calls it on a fresh backend)."""
+        return await probe_search(self._run_search, timeout_ms=self.cfg.limits.timeout_ms)
 
     async def status(self) -> MemoryStatus:
         """Counters from qmd's index (active documents per collection) and qmd health.
+
+        Health is tried, not assumed: one tiny real search runs through the same spawn path as
+        every search (``search_calls.probe_search``), so a qmd whose ``--version`` works but
+        whose searches fail is ``healthy: false`` with the reason; ``custom.qmd`` also shows
+        the last search that failed (``lastSearchError``).
 
         ``dirty`` is also set while the file watcher is dead (found here, and re-armed).
         """
@@ -573,13 +561,17 @@ class QmdBackend:
         total = sum(counts.values())
         embed = self.cycle.embed
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
+        probe = await self.search_probe()
         issues = (list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
-                  + ([err] if err else []))
-        last_error = self.cycle.last_error or self.last_error
+                  + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
+                  + ([f"qmd search probe failed: {probe}"] if probe else []) + ([err] if err else []))
+        last_error = (f"qmd search probe failed: {probe}" if probe else None) or (
+            self.cycle.last_error or self.last_error)
         return MemoryStatus(
             backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
             db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
-            requested_provider="qmd", model="qmd", search_mode=self.cfg.search_mode, sources=sources,
+            requested_provider="qmd", model="qmd", search_mode=self.mode_override or self.cfg.search_mode,
+            sources=sources,
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
             vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
@@ -594,6 +586,9 @@ class QmdBackend:
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed.failures,
                 "embedBackoffUntil": embed.backoff_until, "searchMode": self.cfg.search_mode,
                 "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
+                "refusedCollections": dict(self.reconcile_state.refused),
+                "searchModeOverride": self.mode_override,
+                "searchProbe": {"ok": probe is None, "error": probe},
+                "lastSearchError": self.last_search_error,
                 "freshness": self.freshness.snapshot() if self.freshness else None,
-                "startup": {"problems": list(self.startup_problems),
-                            "multiC": self._multi_c}}})
+                "startup": {"problems": list(self.startup_problems)}}})

@@ -282,14 +282,18 @@ class ReconcileState:
 
     Attributes:
         pattern_flag: the ``collection add`` pattern flag that last worked (``--mask`` first,
-            then ``--glob``).
+            then ``--glob``), read back and found honoured.
         flags_tried: every pattern flag passed to ``collection add``, in order.
         warnings: warnings of the last run (also logged).
+        refused: collections qmd mode does not search, by name, with the reason: this qmd
+            indexed something else than asked (it ignored ``--mask`` and ``--glob``); they
+            are removed from qmd so it does not index the wrong files.
     """
 
     pattern_flag: str = "--mask"
     flags_tried: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def _is_unsupported_flag(message: str) -> bool:
@@ -335,15 +339,10 @@ async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionComma
         state: remembered flag and warnings (``warnings`` is reset).
     """
     state.warnings = []
+    state.refused = {}
     listing = await _safe(run, ["collection", "list", "--json"], [])
     listed = parse_collection_list(listing.stdout) if listing.ok else {}
-    for mc in managed:
-        got = listed.get(mc.name)
-        if got is not None and got.path is None:
-            shown = await _safe(run, ["collection", "show"], [mc.name])
-            info = parse_collection_show(shown.stdout) if shown.ok else None
-            if info is not None:
-                listed[mc.name] = ListedCollection(mc.name, info.path, got.pattern or info.pattern)
+    await _enrich(listed, [mc.name for mc in managed], run)
     await _migrate_legacy(managed, listed, run=run, agent_id=agent_id, workspace=workspace)
     for mc in managed:
         got = listed.get(mc.name)
@@ -356,15 +355,23 @@ async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionComma
         await _add_with_conflicts(mc, run=run, listed=listed, state=state, workspace=workspace)
 
 
+async def _enrich(listed: dict[str, ListedCollection], names: list[str],
+                  run: RunCollectionCommand) -> None:
+    """Fill in the path of each listed collection of ``names`` from ``collection show``."""
+    for name in names:
+        got = listed.get(name)
+        if got is not None and got.path is None:
+            shown = await _safe(run, ["collection", "show"], [name])
+            info = parse_collection_show(shown.stdout) if shown.ok else None
+            if info is not None:
+                listed[name] = ListedCollection(name, info.path, got.pattern or info.pattern)
+
+
 def _needs_rebind(mc: ManagedCollection, got: ListedCollection, workspace: Path) -> bool:
     if got.path is None and got.pattern is None:
         return False  # names-only listing: a failed re-add would lose the collection
-    if got.path is not None:
-        a, b = _norm_path(got.path, workspace), _norm_path(mc.path, workspace)
-        if os.name == "nt":
-            a, b = a.casefold(), b.casefold()
-        if a != b:
-            return True
+    if got.path is not None and not _same_path(got.path, mc.path, workspace):
+        return True
     return got.pattern is not None and got.pattern != mc.pattern
 
 
@@ -393,8 +400,30 @@ async def _remove(run: RunCollectionCommand, name: str) -> None:
         log.warning("qmd collection remove failed for %s: %s", name, res.message)
 
 
+def _same_path(a: str | Path, b: str | Path, workspace: Path) -> bool:
+    na, nb = _norm_path(a, workspace), _norm_path(b, workspace)
+    if os.name == "nt":
+        na, nb = na.casefold(), nb.casefold()
+    return na == nb or _realpath(Path(na)) == _realpath(Path(nb))
+
+
+async def _read_back(mc: ManagedCollection, run: RunCollectionCommand) -> ListedCollection | None:
+    """What qmd recorded for ``mc``: ``collection show``, or the ``collection list`` block when
+    this build has no ``show``; ``None`` when it does not say."""
+    shown = await _safe(run, ["collection", "show"], [mc.name])
+    if shown.ok:
+        return parse_collection_show(shown.stdout)
+    listing = await _safe(run, ["collection", "list", "--json"], [])
+    return parse_collection_list(listing.stdout).get(mc.name) if listing.ok else None
+
+
 async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                state: ReconcileState) -> CollectionRun:
+    """``collection add`` with the remembered pattern flag, then the other one; each success is
+    read back (:func:`_read_back`) and kept only when qmd recorded this path and pattern. A qmd
+    build that drops the flag silently indexes ``**/*.md`` instead (for ``memory-root`` the
+    whole workspace): that collection is removed, the other flag tried, and when no flag is
+    honoured it goes to ``state.refused`` (a failed run naming the reason)."""
     if any(ch in mc.pattern for ch in "*?["):
         try:
             mc.path.mkdir(parents=True, exist_ok=True)
@@ -402,17 +431,35 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
             return CollectionRun(False, "", f"cannot create collection dir {mc.path}: {exc}")
     order = [state.pattern_flag] + [f for f in ("--mask", "--glob") if f != state.pattern_flag]
     res = CollectionRun(False, "", "collection add not attempted")
+    ignored: list[str] = []
     for i, flag in enumerate(order):
         state.flags_tried.append(flag)
         res = await _safe(run, ["collection", "add", "--name", mc.name, flag, mc.pattern],
                           [str(mc.path)])
         if res.ok:
-            state.pattern_flag = flag
-            return res
+            got = await _read_back(mc, run)
+            if got is None or ((got.pattern is None or got.pattern == mc.pattern) and (
+                    got.path is None or _same_path(got.path, mc.path, mc.path))):
+                state.pattern_flag = flag
+                state.refused.pop(mc.name, None)
+                return res
+            ignored.append(f"{flag} {mc.pattern!r} gave path {got.path} pattern {got.pattern!r}")
+            log.warning("qmd collection add %s %s %r recorded path %s pattern %r; removing it",
+                        mc.name, flag, mc.pattern, got.path, got.pattern)
+            await _remove(run, mc.name)
+            continue
         if i + 1 < len(order) and _is_unsupported_flag(res.stderr):
             log.info("qmd collection add rejected %s; retrying with legacy compatibility flag", flag)
             continue
-        return res
+        if not ignored:
+            return res
+    if ignored:
+        reason = (f"qmd collection {mc.name} not searched through qmd: this qmd does not honour "
+                  f"the pattern flag ({'; '.join(ignored)}; wanted {mc.path} {mc.pattern!r}); "
+                  "upgrade qmd (2.8.3 honours --mask and --glob)")
+        state.refused[mc.name] = reason
+        _warn(state, reason)
+        return CollectionRun(False, "", reason)
     return res
 
 
@@ -420,7 +467,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
                               listed: dict[str, ListedCollection], state: ReconcileState,
                               workspace: Path) -> None:
     res = await _add(mc, run=run, state=state)
-    if res.ok:
+    if res.ok or mc.name in state.refused:
         return
     msg = res.message
     if "exists" not in msg.lower():
@@ -440,12 +487,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
         relist = await _safe(run, ["collection", "list", "--json"], [])
         if relist.ok:
             listed.update(parse_collection_list(relist.stdout))
-            for name, got in list(listed.items()):
-                if got.path is None:
-                    shown = await _safe(run, ["collection", "show"], [name])
-                    info = parse_collection_show(shown.stdout) if shown.ok else None
-                    if info is not None:
-                        listed[name] = ListedCollection(name, info.path, got.pattern or info.pattern)
+            await _enrich(listed, list(listed), run)
             owner = _find_owner(mc, listed, workspace)
     if owner == mc.name:
         return

@@ -5,6 +5,7 @@ boundary treats them like any other backend failure::
 
     BackendUnavailableError (fallback/errors.py)
      +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
+     |    +-- QmdBusyError qmd's index stayed busy (SQLITE_BUSY) through the retries
      +-- QmdOutputError    qmd's stdout is not a search-result array
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from fallback.errors import BackendUnavailableError
 
-__all__ = ["QmdCommandError", "QmdOutputError"]
+__all__ = ["QmdBusyError", "QmdCommandError", "QmdOutputError"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -62,6 +63,28 @@ class QmdCommandError(BackendUnavailableError):
 
     def __str__(self) -> str:
         return self.reason
+
+
+class QmdBusyError(QmdCommandError):
+    """Raised when qmd answered ``SQLITE_BUSY`` / ``database is locked`` on every attempt (its
+    own ``qmd update`` holds the index). Not a qmd failure: the manager answers from the builtin
+    engine without opening the circuit breaker.
+
+    Message: ``<summary>: qmd's index was busy (database is locked) on <n> attempts; qmd's own
+    update may be running``.
+
+    Attributes:
+        attempts: how many times the command was run.
+    """
+
+    def __init__(self, summary: str, *, attempts: int, returncode: int | None = None,
+                 stdout_tail: str = "", stderr_tail: str = "") -> None:
+        super().__init__(summary, returncode=returncode, stdout_tail=stdout_tail,
+                         stderr_tail=stderr_tail)
+        self.attempts = attempts
+        self.reason = (f"{summary}: qmd's index was busy (database is locked) on {attempts} "
+                       "attempts; qmd's own update may be running")
+        self.args = (self.reason,)
 
 
 class QmdOutputError(BackendUnavailableError):

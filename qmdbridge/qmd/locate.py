@@ -1,9 +1,11 @@
 """Find the qmd executable, and tell a working qmd from a foreign program or a missing runtime.
 
-Search order for ``memory.qmd.command`` (its first shell-style token):
+Search order for ``memory.qmd.command`` (its program: ``qmdbridge.command_line.program_of``,
+so a Windows drive or UNC path and the list form keep their program verbatim):
 
-1. a token with a ``/`` is a path: absolute as is, relative against ``cwd``; nothing else is
-   searched (an explicit path that is wrong must not silently become another qmd);
+1. a program with a ``/`` or ``\\`` is a path: absolute (POSIX, or a Windows drive or UNC path)
+   as is, relative against ``cwd``; nothing else is searched (an explicit path that is wrong
+   must not silently become another qmd);
 2. a bare name is looked up in ``PATH`` (of ``env``),
 3. then in the usual install folders: ``~/.bun/bin``, ``/opt/homebrew/bin``, ``/usr/local/bin``
    and the npm global bin (``$NPM_CONFIG_PREFIX/bin``, else ``$(npm prefix -g)/bin`` asked once
@@ -26,9 +28,9 @@ cannot redirect the index.
 
 from __future__ import annotations
 
+import ntpath
 import os
 import re
-import shlex
 import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
@@ -39,6 +41,7 @@ from pathlib import Path
 import anyio
 
 from fallback.errors import BackendTimeoutError
+from qmdbridge.command_line import is_windows_path, program_of
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_file
 
@@ -218,11 +221,11 @@ class QmdLocator:
             dirs.append(npm_bin)
         return dirs
 
-    async def candidates(self, command: str = "qmd") -> tuple[list[str], list[str]]:
+    async def candidates(self, command: str | Sequence[str] = "qmd") -> tuple[list[str], list[str]]:
         """Executables that may be qmd, in search order, and the folders searched.
 
         Args:
-            command: ``memory.qmd.command``; only its first shell-style token is used.
+            command: ``memory.qmd.command`` (string or list); only its program is used.
 
         Returns:
             ``(paths, searched)``: absolute executable paths without duplicates, and folders.
@@ -234,9 +237,10 @@ class QmdLocator:
     async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
         """Yield candidate executables lazily (the usual folders, which may ask npm, are only
         looked at when PATH had no working qmd); ``searched`` is filled as folders are seen."""
-        if "/" in token:
-            exe = token if os.path.isabs(token) else os.path.normpath(self.cwd / token)
-            searched.append(os.path.dirname(exe))
+        if "/" in token or "\\" in token:
+            exe = token if os.path.isabs(token) or is_windows_path(token) else (
+                os.path.normpath(self.cwd / token))
+            searched.append(ntpath.dirname(exe) if is_windows_path(exe) else os.path.dirname(exe))
             if os.path.isfile(exe):
                 yield exe
             return
@@ -300,7 +304,7 @@ class QmdLocator:
         runtime_ok, version, reason = _classify(exe, result)
         return loc(runtime_ok=runtime_ok, version=version, reason=reason)
 
-    async def probe(self, command: str = "qmd") -> QmdLocation:
+    async def probe(self, command: str | Sequence[str] = "qmd") -> QmdLocation:
         """Search for ``command`` and probe each candidate until a real qmd answers.
 
         Returns:
@@ -347,22 +351,19 @@ def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None
     return True, None, f"foreign program at {exe}: --version printed '{printed}'"
 
 
-def _first_token(command: str) -> str:
-    try:
-        parts = shlex.split(command)
-    except ValueError:
-        parts = command.split()
-    return parts[0] if parts else "qmd"
+def _first_token(command: str | Sequence[str]) -> str:
+    return program_of(command)
 
 
-async def probe_qmd(command: str = "qmd", *, env: Mapping[str, str] | None = None,
+async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
                     repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
                     cwd: Path | str | None = None,
                     timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
     """Locate ``command`` (``memory.qmd.command``) and probe it with ``--version``.
 
     Args:
-        command: the configured command; its first shell-style token is the program.
+        command: the configured command (string or list); see
+            ``qmdbridge.command_line.split_command`` for which part is the program.
         env: environment to search and run with (default ``os.environ``).
         repo_tools: also try ``<repo>/.tools/bin/qmd`` last.
         usual_dirs: replaces the usual install folders (``None`` = defaults).
@@ -377,7 +378,7 @@ async def probe_qmd(command: str = "qmd", *, env: Mapping[str, str] | None = Non
     return await locator.probe(command)
 
 
-def locate_qmd(command: str = "qmd", *, env: Mapping[str, str] | None = None,
+def locate_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
                repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
                cwd: Path | str | None = None, timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
     """Blocking :func:`probe_qmd` for scripts and the CLI (starts its own event loop).

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import sqlite3
-import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.reads import clamp_lines
+from qmdbridge.qmd.reads import clamp_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
 __all__ = [
@@ -67,22 +66,6 @@ def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
     return unquote(coll), unquote(rel).lstrip("/")
 
 
-def slugify_path(path: str) -> str:
-    """qmd's old "handelize" normalisation of each segment: NFKD, lower-case, non-alphanumeric
-    runs -> ``-``, trimmed; the lower-cased extension of the last segment is kept."""
-    parts = [p for p in path.replace("\\", "/").split("/") if p]
-    out = []
-    for i, seg in enumerate(parts):
-        ext = ""
-        if i == len(parts) - 1 and "." in seg[1:]:
-            seg, ext = seg.rsplit(".", 1)
-            ext = "." + ext.lower()
-        s = unicodedata.normalize("NFKD", seg).lower()
-        s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
-        out.append(s + ext)
-    return "/".join(out)
-
-
 def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
     """1-based inclusive line range of a hit (spec 2.8.4 step 5).
 
@@ -120,27 +103,6 @@ def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> st
     if inside and inside != "." and inside != "qmd" and not inside.startswith("qmd/"):
         return inside
     return f"qmd/{collection.name}/{rel}"
-
-
-def _real_rel(root: Path, rel: str) -> str:
-    """Map a case- or slug-normalised collection path back to the file on disk, if any."""
-    if (root / rel).exists():
-        return rel
-    cur, found = root, []
-    for seg in [p for p in rel.split("/") if p]:
-        try:
-            names = sorted(os.listdir(cur))
-        except OSError:
-            return rel
-        target = slugify_path(seg)
-        match = next((n for n in names if n == seg), None) or next(
-            (n for n in names if n.lower() == seg.lower()), None) or next(
-            (n for n in names if slugify_path(n) == target), None)
-        if match is None:
-            return rel
-        found.append(match)
-        cur = cur / match
-    return "/".join(found)
 
 
 class DocLookup:
@@ -252,7 +214,8 @@ def _locate(entry: QmdEntry, *, roots: Mapping[str, ManagedCollection], lookup: 
 def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollection],
                 workspace: Path, lookup: DocLookup, default_collection: str | None,
                 max_snippet_chars: int, min_score: float,
-                cache: dict[str, tuple[str, str] | None]) -> list[MemorySearchResult]:
+                cache: dict[str, tuple[str, str] | None],
+                notes: list[str] | None = None) -> list[MemorySearchResult]:
     """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
 
     Entries that cannot be located in a managed collection, score below ``min_score``, or
@@ -260,13 +223,16 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
     (:meth:`ManagedCollection.admits`: its pattern, ``.md``, no hidden or skipped folder, the
     current root file; whatever qmd returned) or that is reached through a symlink, are
     dropped. The snippet loses qmd's ``@@ ... @@`` header line (the range carries it) and is
-    cut to ``max_snippet_chars`` code points. Paths that qmd stored slug-normalised are mapped
-    back to the file on disk so ``memory_get`` can read them.
+    cut to ``max_snippet_chars`` code points. Paths that an old qmd stored slug-normalised are
+    mapped back to the file on disk (``reads.resolve_hit_file``: the look-alike whose lines hold
+    the snippet), so ``memory_get`` reads the file that matched; a hit whose file is gone, or
+    that fits several look-alikes, is dropped, the latter with a note.
 
     Args:
         roots: managed collections by name.
         default_collection: hint when a call searched exactly one collection.
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
+        notes: receives one line per ambiguous hit dropped (for the answer's warnings).
 
     Raises:
         BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
@@ -281,15 +247,24 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         if loc is None:
             continue
         coll = roots[loc[0]]
-        rel = _real_rel(coll.path, loc[1])
+        raw = entry.snippet if entry.snippet is not None else (entry.body or "")
+        text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
+        span = line_range(entry, raw)
+        rel, note = resolve_hit_file(coll, loc[1], text, *span, workspace=workspace)
+        if rel is None:
+            if note is not None and notes is not None and note not in notes:
+                notes.append(note)
+            if note is None:
+                log.debug("qmd hit dropped, its file is gone: %s/%s", coll.name, loc[1])
+            else:
+                log.warning("%s", note)
+            continue
         if not coll.admits(rel):
             log.debug("qmd hit outside collection %s's files dropped: %s", coll.name, rel)
             continue
-        raw = entry.snippet if entry.snippet is not None else (entry.body or "")
-        lines = clamp_lines(coll, rel, *line_range(entry, raw), workspace=workspace)
+        lines = clamp_lines(coll, rel, *span, workspace=workspace)
         if lines is None:
-            continue  # through a symlink, not a file, or past the end (stale index): no citation
-        text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
+            continue  # gone, through a symlink, not a file, or past the end: no citation
         out.append(MemorySearchResult(
             path=display_path(coll, rel, workspace), start_line=lines[0], end_line=lines[1],
             score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))

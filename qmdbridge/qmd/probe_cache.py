@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,10 @@ class ProbeCache:
         self._now = now_ms or (lambda: int(time.time() * 1000))
 
     @staticmethod
-    def key(command: str, path_env: str) -> str:
-        """Cache key of a configured command under a ``PATH``."""
-        return hashlib.sha256(f"{command}\0{path_env}".encode()).hexdigest()[:32]
+    def key(command: str | Sequence[str], path_env: str) -> str:
+        """Cache key of a configured command (string or list form) under a ``PATH``."""
+        text = command if isinstance(command, str) else "\x1f".join(command)
+        return hashlib.sha256(f"{text}\0{path_env}".encode()).hexdigest()[:32]
 
     def _load(self) -> dict[str, Any]:
         try:

@@ -6,6 +6,8 @@ memory-file rule and never cross a symlink."""
 from __future__ import annotations
 
 import os
+import re
+import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,7 +16,11 @@ from fallback.models import MemoryReadResult
 from fallback.sources.read_page import open_memory_file, read_page_in_root
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["clamp_lines", "read_in_root", "read_qmd_path"]
+__all__ = ["clamp_lines", "file_lines", "read_in_root", "read_qmd_path", "resolve_hit_file",
+           "slugify_path"]
+
+# Most files a normalised path may stand for before the lookup gives up (folders x names).
+_MAX_CANDIDATES = 64
 
 
 def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
@@ -23,22 +29,110 @@ def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
     return coll.path == workspace or coll.single_file
 
 
+def slugify_path(path: str) -> str:
+    """qmd's old "handelize" normalisation of each segment: NFKD, lower-case, non-alphanumeric
+    runs -> ``-``, trimmed; the lower-cased extension of the last segment is kept."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p]
+    out = []
+    for i, seg in enumerate(parts):
+        ext = ""
+        if i == len(parts) - 1 and "." in seg[1:]:
+            seg, ext = seg.rsplit(".", 1)
+            ext = "." + ext.lower()
+        s = unicodedata.normalize("NFKD", seg).lower()
+        s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
+        out.append(s + ext)
+    return "/".join(out)
+
+
+def _alike(root: Path, rel: str) -> list[str]:
+    """Files under ``root`` whose path normalises like ``rel`` (:func:`slugify_path`), sorted."""
+    paths = [""]
+    for seg in [p for p in rel.split("/") if p]:
+        target, found = slugify_path(seg), []
+        for base in paths:
+            try:
+                names = sorted(os.listdir(root / base))
+            except OSError:
+                continue
+            found += [f"{base}/{n}".lstrip("/") for n in names if n == seg or slugify_path(n) == target]
+        paths = found[:_MAX_CANDIDATES]
+    return [p for p in paths if (root / p).is_file()]
+
+
+def _needle(snippet: str) -> str:
+    """The first non-blank line of a snippet, without the ``...`` qmd appends when it cuts."""
+    for line in snippet.splitlines():
+        text = line.strip().removesuffix("...").strip()
+        if text:
+            return text
+    return ""
+
+
+def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int, end: int, *,
+                     workspace: Path) -> tuple[str | None, str | None]:
+    """Which file on disk a qmd hit is, when qmd's index may hold an old build's path.
+
+    qmd before 2.6 stored paths normalised (:func:`slugify_path`: ``Notes/My File.md`` ->
+    ``notes/my-file.md``). A path that names a file literally is that file. Otherwise every
+    file that normalises alike is a candidate, and the one whose lines ``start..end`` contain
+    the snippet's first line is the hit; several candidates that all fit (or none of several
+    with an empty snippet) are ambiguous, and no candidate that fits means the indexed file is
+    gone (a look-alike must not be cited in its place).
+
+    Args:
+        coll: the hit's collection. rel: the path qmd reported, ``/``-separated.
+        snippet: the hit's text without qmd's ``@@`` header. start / end: its 1-based lines.
+        workspace: the agent workspace (for the memory-file rule's symlink policy).
+
+    Returns:
+        ``(rel on disk, None)`` for a hit to keep; ``(None, note)`` for one to drop, ``note``
+        saying why (``None`` when the file is simply gone).
+    """
+    if (coll.path / rel).is_file() and slugify_path(rel) != rel:
+        return rel, None
+    candidates = _alike(coll.path, rel)
+    if candidates == [rel]:
+        return rel, None
+    needle = _needle(snippet)
+    fits = [c for c in candidates if (lines := file_lines(coll, c, workspace=workspace)) is not None
+            and (not needle or needle in "\n".join(lines[max(0, start - 1):max(start, end)]))]
+    if len(fits) == 1:
+        return fits[0], None
+    if len(fits) > 1:
+        return None, (f"qmd hit dropped: {rel} in qmd's index (a path normalised by a qmd older "
+                      f"than 2.6) matches {len(fits)} files ({', '.join(fits)}); run `qmdbridge "
+                      "qmd update` so qmd stores the real paths")
+    return None, None
+
+
+def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[str] | None:
+    """The lines of a collection's file (``rel`` ``/``-separated), opened as ``memory_get``
+    opens it (UTF-8, invalid bytes replaced, line ends dropped); ``None`` when it is missing,
+    reached through a symlink, not a regular file or unreadable."""
+    try:
+        fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
+                              follow_base=_follow_base(coll, workspace))
+    except (PathRefusedError, MemoryFileNotFoundError, OSError):
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read().decode("utf-8", "replace").splitlines()
+
+
 def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
-                 workspace: Path) -> tuple[int, int] | None:
+                workspace: Path) -> tuple[int, int] | None:
     """Keep a hit's line range inside its file, opened as ``memory_get`` opens it.
 
     Returns:
-        The range; ``None`` when the hit must go (reached through a symlink, not a regular
-        file, or starting past the end). A file that is gone keeps its range (the index is
-        stale; ``memory_get`` reports the file missing).
+        The range; ``None`` when the hit must go: the file no longer exists (qmd's index is
+        stale, and a citation of a missing file helps nobody), is reached through a symlink,
+        is not a regular file, or the range starts past its end.
     """
     try:
         fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
                               follow_base=_follow_base(coll, workspace))
-    except PathRefusedError:
+    except (PathRefusedError, MemoryFileNotFoundError, OSError):
         return None
-    except (MemoryFileNotFoundError, OSError):
-        return start, end
     with os.fdopen(fd, "rb") as fh:
         total = sum(1 for _ in fh)
     if start > max(total, 1):

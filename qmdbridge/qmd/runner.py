@@ -16,7 +16,8 @@ cancellation propagates unchanged.
 This module is also the one place where subprocess errors are translated: a spawn failure
 (``ENOENT``, ``EACCES``, a missing ``cwd``) becomes :class:`QmdCommandError` with the OS reason.
 The classifier helpers (:func:`is_flag_rejection`, :func:`is_missing_collection`,
-:func:`is_busy`, :func:`is_crash_after_output`) look at stderr only, never at the command
+:func:`is_busy`, :func:`is_crash_after_output`, :func:`is_vector_module_missing`) look at
+stderr (and the exit status) only, never at the command
 summary, so a user's query can never trigger them.
 
 How qmd 2.8.3 parses arguments (checked against the real CLI, ``util.parseArgs`` with
@@ -52,6 +53,7 @@ import psutil
 from anyio.abc import ByteReceiveStream, Process
 
 from fallback.errors import BackendTimeoutError, UsageError
+from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
 
 __all__ = [
@@ -62,6 +64,7 @@ __all__ = [
     "is_crash_after_output",
     "is_flag_rejection",
     "is_missing_collection",
+    "is_vector_module_missing",
     "run_command",
     "spawn_error_is_missing_file",
     "summarize",
@@ -83,9 +86,12 @@ _FLAG_REJECTION_MARKERS = (
 )
 _MISSING_COLLECTION_MARKERS = ("not found", "does not exist", "missing")
 _BUSY_MARKERS = ("sqlite_busy", "database is locked")
-_CRASH_MARKERS = ("ggml-metal", "node-llama-cpp", "llama.cpp", "abort trap", "assertion failed")
-# Exit status of a process that called abort() as reported by a shell or Node (128 + SIGABRT).
-_ABORT_EXIT_CODE = 134
+_CRASH_MARKERS = ("ggml-metal", "node-llama-cpp", "llama.cpp", "abort trap", "assertion failed",
+                  "segmentation fault", "sigsegv", "panic:", "bus error", "illegal instruction",
+                  "core dumped")
+# qmd's exit status for an ordinary error (a message on stderr): never read as a crash.
+_ERROR_EXIT_CODE = 1
+_VECTOR_MODULE_MISSING = "no such module: vec0"
 
 
 def summarize(argv: Sequence[str]) -> str:
@@ -258,12 +264,14 @@ def _split_status(code: int | None) -> tuple[int | None, int | None]:
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                       timeout_ms: int, discard_stdout: bool = False,
-                      max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd") -> RunResult:
+                      max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
+                      setting: str | None = None) -> RunResult:
     """Run ``argv`` (no shell) to completion or to its deadline.
 
     Args:
         argv: executable and arguments; the executable is used as given (a bare name is looked
-            up in ``env["PATH"]``).
+            up in ``env["PATH"]``). On Windows a ``.cmd``/``.bat`` executable runs through
+            ``cmd.exe /c`` with each argument escaped for cmd.
         env: the complete child environment (nothing is inherited implicitly).
         cwd: working directory of the child (qmd's cwd is the agent workspace).
         timeout_ms: deadline in ms, > 0, from spawn to exit.
@@ -271,6 +279,8 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
             ``stdout`` is then ``""`` and never truncated.
         max_chars: per-stream cap in code points; the last ``max_chars`` are kept.
         backend: backend name carried by the errors.
+        setting: the config key of ``timeout_ms`` (``memory.qmd.update.updateTimeoutMs``),
+            named in the timeout message.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.
@@ -279,7 +289,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
         UsageError: empty ``argv``, ``timeout_ms <= 0`` or ``max_chars <= 0``.
         QmdCommandError: the process could not be started (``os_error``/``errno`` set).
         BackendTimeoutError: the deadline passed; the whole process tree was killed and reaped
-            first. Message: ``<summary> timed out after <timeout_ms>ms``.
+            first. Message: ``<summary> timed out after <timeout_ms>ms (<setting>)``.
     """
     if not argv:
         raise UsageError("run_command needs a non-empty argv")
@@ -290,9 +300,14 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     argv_t = tuple(str(a) for a in argv)
     summary = summarize(argv_t)
     started = time.monotonic()
+    command: str | list[str] = list(argv_t)
+    if os.name == "nt" and is_batch_script(argv_t[0]):
+        # Windows starts .cmd/.bat only through cmd.exe; the string form runs
+        # `%COMSPEC% /c "<line>"`, with every argument escaped for cmd (qmdbridge.command_line).
+        command = batch_command(argv_t[0], argv_t[1:])
     try:
         process = await anyio.open_process(
-            list(argv_t), stdin=subprocess.DEVNULL,
+            command, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
             stderr=subprocess.PIPE, cwd=str(cwd), env=dict(env), start_new_session=True)
     except OSError as exc:
@@ -311,7 +326,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
             finished = True
         if deadline.cancelled_caught and not finished:
             await _kill_and_reap(process)
-            raise BackendTimeoutError(backend, summary, timeout_ms)
+            raise BackendTimeoutError(backend, summary, timeout_ms, setting=setting)
     finally:
         if not finished and process.returncode is None:
             await _kill_and_reap(process)
@@ -359,21 +374,31 @@ def is_busy(stderr: str) -> bool:
 
 
 def is_crash_after_output(result: RunResult) -> bool:
-    """True when qmd aborted in native teardown after printing its answer (spec 2.8.3, case 31).
+    """True when qmd died after printing its answer (spec 2.8.3 case 31, widened by field
+    reports: a Bun ``panic: Segmentation fault`` with exit 3).
 
-    Conditions: exit code 134 or SIGABRT; stderr mentions ``ggml-metal``, ``node-llama-cpp``,
-    ``llama.cpp``, ``abort trap`` or ``assertion failed``; stdout is not empty; and stderr is
-    not a flag rejection, missing collection or busy index. The caller still has to parse stdout
-    and use it only when it is valid JSON.
+    Conditions: killed by a signal, or any exit status but qmd's ordinary error exit 1 (134
+    from abort, 3 from a Bun panic ...); stdout is not empty; stderr carries a crash marker
+    (``ggml-metal``, ``node-llama-cpp``, ``llama.cpp``, ``abort trap``, ``assertion failed``,
+    ``segmentation fault``, ``SIGSEGV``, ``panic:``, ``bus error``, ``illegal instruction``,
+    ``core dumped``); and stderr is not a flag rejection, missing collection or busy index. The
+    caller still has to find a complete result array in stdout and use it only then.
     """
-    aborted = result.returncode == _ABORT_EXIT_CODE or result.signal == signal_mod.SIGABRT
-    if not aborted or not result.stdout.strip():
+    if result.ok or not result.stdout.strip():
+        return False
+    if result.signal is None and result.returncode == _ERROR_EXIT_CODE:
         return False
     low = result.stderr.lower()
     if not any(marker in low for marker in _CRASH_MARKERS):
         return False
     return not (is_flag_rejection(result.stderr) or is_missing_collection(result.stderr)
                 or is_busy(result.stderr))
+
+
+def is_vector_module_missing(stderr: str) -> bool:
+    """True when qmd's SQLite could not open its vector table: ``no such module: vec0`` (qmd
+    started by Bun while its sqlite-vec extension loads only under Node)."""
+    return _VECTOR_MODULE_MISSING in stderr.lower()
 
 
 def spawn_error_is_missing_file(exc: QmdCommandError) -> bool:

@@ -5,7 +5,9 @@ of :mod:`qmdbridge.tools` (one definition) and every call goes through the same 
 (same results, refusals, scope rules and citations as the in-process tools and ``serve``):
 
 - ``memory_search``: ``MEMORY_SEARCH_SCHEMA`` plus an optional ``sessionKey`` (the caller's
-  session key, which scope rules and citations depend on);
+  session key, which scope rules and citations depend on) and ``sessionKeys`` (keys the session
+  inherits, such as the session that spawned a sub-agent; the scope rules allow the search when
+  any key is allowed);
 - ``memory_get``: ``MEMORY_GET_SCHEMA``;
 - ``status``: the manager's status (no arguments).
 
@@ -53,6 +55,11 @@ SESSION_KEY_PROPERTY: dict[str, Any] = {
     "type": "string",
     "description": "Session key of the conversation (e.g. agent:main:main); scope rules and citations depend on it.",
 }
+SESSION_KEYS_PROPERTY: dict[str, Any] = {
+    "type": "array", "items": {"type": "string"},
+    "description": ("Session keys this session acts for (e.g. the session that spawned a "
+                    "sub-agent); the scope rules allow the search when any key is allowed."),
+}
 INSTRUCTIONS = ("Long-term memory of this agent (Markdown notes). Use memory_search to find facts, "
                 "then memory_get with the returned path and line range to read more; cite results "
                 "with their path#Lstart-Lend.")
@@ -62,6 +69,7 @@ def mcp_tools() -> list[types.Tool]:
     """The three MCP tools, their input schemas taken from :mod:`qmdbridge.tools`."""
     search_params = copy.deepcopy(MEMORY_SEARCH_SCHEMA["parameters"])
     search_params["properties"]["sessionKey"] = SESSION_KEY_PROPERTY
+    search_params["properties"]["sessionKeys"] = SESSION_KEYS_PROPERTY
     return [
         types.Tool(name=MEMORY_SEARCH_SCHEMA["name"], description=MEMORY_SEARCH_SCHEMA["description"],
                    inputSchema=search_params,
@@ -78,8 +86,9 @@ def mcp_tools() -> list[types.Tool]:
 async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """Route one tool call to its handler; the handlers never raise."""
     if name == "memory_search":
-        params = {k: v for k, v in arguments.items() if k != "sessionKey"}
-        return await handle_memory_search(manager, params, session_key=arguments.get("sessionKey"))
+        params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
+        return await handle_memory_search(manager, params, session_key=arguments.get("sessionKey"),
+                                          session_keys=arguments.get("sessionKeys"))
     if name == "memory_get":
         return await handle_memory_get(manager, arguments)
     if name == "status":

@@ -102,19 +102,24 @@ def test_render_index_yml_quotes_values() -> None:
 
 
 class FakeQmd:
-    """Answers collection commands like a qmd build (not our code): records every call."""
+    """Answers collection commands like a qmd build (not our code): records every call; a
+    collection added (with the pattern it was given) shows up in later listings."""
 
     def __init__(self, listing: str, *, reject: tuple[str, ...] = ()) -> None:
         self.listing = listing
         self.reject = reject
         self.calls: list[list[str]] = []
+        self.added: dict[str, str] = {}
 
     async def __call__(self, args: list[str], pos: list[str]) -> CollectionRun:
         self.calls.append([*args, *pos])
         if args[:2] == ["collection", "list"]:
-            return CollectionRun(True, self.listing, "")
+            extra = "".join(f"{n} (qmd://{n}/)\n  Pattern:  {p}\n\n" for n, p in self.added.items())
+            return CollectionRun(True, self.listing + ("\n" + extra if extra else ""), "")
         if args[:2] == ["collection", "add"] and args[4] in self.reject:
             return CollectionRun(False, "", f"error: unknown flag: {args[4]}")
+        if args[:2] == ["collection", "add"]:
+            self.added[args[3]] = args[5]
         if args[:2] == ["collection", "show"]:
             return CollectionRun(False, "", f"Collection not found: {pos[0]}")
         return CollectionRun(True, "", "")

@@ -123,7 +123,7 @@ async def test_start_up_timeout_is_reported_and_never_opens_the_search_breaker(
     assert st.backend == "qmd" and st.fallback is None
     assert st.backends["qmd"]["startup"]["state"] == "ready"
     assert st.issues == ["qmd start-up: boot update failed: qmd update --index index timed out "
-                         "after 500ms"]  # after the boot update's own two retries
+                         "after 500ms (memory.qmd.update.updateTimeoutMs)"]  # after its two retries
     assert _children() == children
 
 

@@ -45,7 +45,8 @@ async def _exercise(session: ClientSession) -> None:
     assert sorted(tools) == ["memory_get", "memory_search", "status"]
     search_schema = tools["memory_search"].inputSchema
     assert search_schema["properties"]["sessionKey"]["type"] == "string"
-    assert {k: v for k, v in search_schema["properties"].items() if k != "sessionKey"} \
+    assert search_schema["properties"]["sessionKeys"]["items"] == {"type": "string"}
+    assert {k: v for k, v in search_schema["properties"].items() if k not in ("sessionKey", "sessionKeys")} \
         == MEMORY_SEARCH_SCHEMA["parameters"]["properties"]
     assert tools["memory_get"].inputSchema == MEMORY_GET_SCHEMA["parameters"]
 
@@ -67,6 +68,9 @@ async def _exercise(session: ClientSession) -> None:
     assert refused.structuredContent == {"path": "../secrets.md", "text": "", "disabled": True,
                                          "error": "path refused: '../secrets.md': parent segment",
                                          "refused": True}
+    spawned = await session.call_tool("memory_search", {
+        "query": "Kestrel migration", "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]})
+    assert (spawned.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"
     bad = await session.call_tool("memory_search", {"query": "x", "maxResults": "six"})
     assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
 

@@ -14,7 +14,7 @@ import pytest
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
 from fallback.fs.lock import PidFileLock
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.backend import VEC0_HINT, QmdBackend
 from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.update import UpdateCycle
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.anyio
 
 
 def make(tmp_path: Path, standins_dir: Path, base_path_env: str, behaviour: str,
-         timeout_ms: int = 4000) -> tuple[QmdBackend, Path]:
+         timeout_ms: int = 4000, mode: str = "search") -> tuple[QmdBackend, Path]:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha\nbeta\n")
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
-        "limits": {"timeoutMs": timeout_ms}, "update": {"onBoot": False}}}})
+        "searchMode": mode, "limits": {"timeoutMs": timeout_ms}, "update": {"onBoot": False}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     exe = str(standins_dir / "c2_qmd.py")
     loc = QmdLocation(path=exe, found=True, runtime_ok=True, version="2.8.3", reason=None,
@@ -64,11 +64,14 @@ async def test_flag_rejection_reruns_with_query(tmp_path: Path, standins_dir: Pa
         await b.start()
         assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
         calls = search_calls(log)
-        # the stand-in's --help does not promise several -c: one call per collection
-        assert calls == [
-            ["search", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"],
-            ["query", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"],
-            ["query", "--json", "-n", "6", "-c", "memory-dir-main", "--index", "index", "--", "alpha"]]
+        # one call per collection, side by side (any order), all rerun with query
+        assert [c[0] for c in calls] == ["search", "search", "query", "query"]
+        assert sorted(calls[:2]) == [
+            ["search", "--json", "-n", "6", "-c", "memory-dir-main", "--index", "index", "--", "alpha"],
+            ["search", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"]]
+        assert sorted(calls[2:]) == [
+            ["query", "--json", "-n", "6", "-c", "memory-dir-main", "--index", "index", "--", "alpha"],
+            ["query", "--json", "-n", "6", "-c", "memory-root-main", "--index", "index", "--", "alpha"]]
         assert b.search_fallback_reason == "unsupported-search-flags"
     finally:
         await b.close()
@@ -93,10 +96,11 @@ async def test_missing_collection_repaired_once(tmp_path: Path, standins_dir: Pa
         calls = [orjson.loads(line) for line in log.read_text().splitlines()]
         lists = [i for i, c in enumerate(calls) if c[:2] == ["collection", "list"]]
         searches = [i for i, c in enumerate(calls) if c[0] == "search"]
-        assert [calls[i][-1] for i in searches] == ["alpha", "alpha", "alpha"]
-        assert [calls[i][5] for i in searches] == ["memory-root-main", "memory-root-main",
-                                                   "memory-dir-main"]
-        assert len(lists) == 2 and searches[0] < lists[1] < searches[1]
+        assert [calls[i][-1] for i in searches] == ["alpha"] * 4
+        # both collections searched side by side, the repair, then both again
+        assert sorted(calls[i][5] for i in searches[:2]) == ["memory-dir-main", "memory-root-main"]
+        assert sorted(calls[i][5] for i in searches[2:]) == ["memory-dir-main", "memory-root-main"]
+        assert len(lists) == 2 and searches[1] < lists[1] < searches[2]
     finally:
         await b.close()
 
@@ -111,7 +115,7 @@ async def test_hang_times_out_and_leaves_no_process(tmp_path: Path, standins_dir
             await b.search("alpha")
         assert time.monotonic() - started < 1.5 + 3.0
         assert ei.value.timeout_ms == 1500
-        assert str(ei.value).endswith("timed out after 1500ms")
+        assert str(ei.value).endswith("timed out after 1500ms (memory.qmd.limits.timeoutMs)")
         pid = int(Path(str(log) + ".pid").read_text())
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert psutil.Process(os.getpid()).children(recursive=True) == []
@@ -219,3 +223,79 @@ async def test_update_lock_held_elsewhere_times_out_with_the_holder(tmp_path: Pa
     assert log == []  # qmd update never ran without the lock
     await c.run("manual", force=True)
     assert log == ["update"] and (tmp_path / "w.lock").read_text() == ""
+
+
+async def test_answer_before_a_bun_panic_is_used_with_a_warning(tmp_path: Path, standins_dir: Path,
+                                                                 base_path_env: str) -> None:
+    """A complete JSON array on stdout, then `panic: Segmentation fault` and exit 3: the answer
+    was thrown away (exit 3 was not the 134 the rule knew); it is used, and the answer says so."""
+    b, _ = make(tmp_path, standins_dir, base_path_env, "panic")
+    try:
+        await b.start()
+        [hit] = await b.search("alpha", min_score=0)
+        assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 3, 4)
+        assert b.search_info().warnings == (
+            "qmd search exited with code 3 after printing a complete answer (panic: Segmentation "
+            "fault at address 0x18); the answer was used",)
+    finally:
+        await b.close()
+
+
+async def test_missing_vec0_switches_the_agent_to_search_with_a_hint(tmp_path: Path, standins_dir: Path,
+                                                                      base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "vec0", mode="vsearch")
+    try:
+        await b.start()
+        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        info = b.search_info()
+        assert (info.mode, info.warnings) == ("search", (VEC0_HINT,))
+        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        # vsearch once per collection, then search only, this search and the next
+        assert [c[0] for c in search_calls(log)] == ["vsearch", "vsearch"] + ["search"] * 4
+        st = await b.status()
+        assert (st.search_mode, st.custom["qmd"]["searchModeOverride"]) == ("search", "search")
+        assert VEC0_HINT in st.issues
+    finally:
+        await b.close()
+
+
+async def test_status_and_doctor_try_a_search_instead_of_trusting_version(
+        tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
+    """`--version` answers, every search exits 1: status said `qmd: healthy`, doctor `[ok]`."""
+    from qmdbridge.doctor import run_doctor
+
+    b, log = make(tmp_path, standins_dir, base_path_env, "searchfail")
+    failure = ("qmd search --json -n 1 --index index -- qmdbridge-health-probe failed (code 1): "
+               "error: Cannot find module '@tobilu/qmd/dist/store.js'")
+    try:
+        await b.start()
+        st = await b.status()
+        assert (st.healthy, st.last_error) == (False, f"qmd search probe failed: {failure}")
+        assert st.custom["qmd"]["searchProbe"] == {"ok": False, "error": failure}
+        with pytest.raises(BackendUnavailableError):
+            await b.search("alpha")
+        assert (await b.status()).custom["qmd"]["lastSearchError"] == (
+            "qmd search --json -n 6 -c memory-root-main --index index -- alpha failed (code 1): "
+            "error: Cannot find module '@tobilu/qmd/dist/store.js'")
+    finally:
+        await b.close()
+    agent = b.agent.model_copy(update={"memory": b.agent.memory.model_copy(update={
+        "qmd": b.agent.memory.qmd.model_copy(update={"command": str(standins_dir / "c2_qmd.py")})})})
+    env = {"PATH": base_path_env, "HOME": str(tmp_path / "home"), "C2_LOG": str(log),
+           "C2_BEHAVIOUR": "searchfail", "OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    check = next(c for c in (await run_doctor(agent, env=env)).checks if c.name == "qmd")
+    assert (check.level, check.detail) == (
+        "error", f"2.8.3 at {standins_dir / 'c2_qmd.py'} answers --version but its searches fail: {failure}")
+    healthy = next(c for c in (await run_doctor(agent, env={**env, "C2_BEHAVIOUR": "noisy"})).checks
+                   if c.name == "qmd")
+    assert (healthy.level, healthy.detail) == (
+        "ok", f"2.8.3 at {standins_dir / 'c2_qmd.py'}; a test search answered")
+    # the manager's status carries it into the one problem list `status` and `doctor` print
+    from qmdbridge import MemoryManager
+    from qmdbridge.problems import status_problems
+
+    async with MemoryManager(agent, env=env) as m:
+        doc = (await m.status()).to_json_dict()
+    assert doc["backends"]["qmd"]["healthy"] is False
+    assert [(p["check"], p["message"]) for p in status_problems(doc)] == [
+        ("qmd", f"qmd is not healthy: qmd search probe failed: {failure}")]

@@ -194,7 +194,17 @@ def _map(tmp_path: Path, entries: list[QmdEntry], *, hint: str | None = None,
         lookup.close()
 
 
+def _files(tmp_path: Path, **texts: str) -> None:
+    """Write workspace files (``a__b_md="..."`` is ``ws/a/b.md``): a hit is kept only while its
+    file exists."""
+    for name, text in texts.items():
+        path = tmp_path / "ws" / name.replace("__", "/").replace("_md", ".md")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def test_file_hint_without_docid_maps_to_workspace_path(tmp_path: Path) -> None:
+    _files(tmp_path, notes__welcome_md="1\n2\n3\n4\nx\ny\n")
     [hit] = _map(tmp_path, [QmdEntry(file="qmd://workspace-main/notes/welcome.md", score=0.5,
                                      snippet="@@ -5,2 @@\nx\ny")])
     assert (hit.path, hit.start_line, hit.end_line, hit.snippet, hit.source) == (
@@ -202,6 +212,7 @@ def test_file_hint_without_docid_maps_to_workspace_path(tmp_path: Path) -> None:
 
 
 def test_docid_hinted_collection_wins_and_exact_hash_first(tmp_path: Path) -> None:
+    _files(tmp_path, MEMORY_md="s\n")
     rows = [("stale-coll", "MEMORY.md", "abc123ff", 1), ("workspace-main", "MEMORY.md", "abc123ff", 1),
             ("memory-root-main", "MEMORY.md", "abc123ff", 1)]
     [hit] = _map(tmp_path, [QmdEntry(docid="#abc123", score=0.9, snippet="s")],
@@ -211,6 +222,10 @@ def test_docid_hinted_collection_wins_and_exact_hash_first(tmp_path: Path) -> No
 
 def test_outside_workspace_and_sessions_paths(tmp_path: Path) -> None:
     export = tmp_path / "ws" / "qmd" / "sessions-main"
+    export.mkdir(parents=True)
+    (export / "session-1.md").write_text("s\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "guide.md").write_text("g\n")
     rows = [("notes-main", "guide.md", "aaaaaa11", 1), ("sessions-main", "session-1.md", "bbbbbb22", 1)]
     hits = _map(tmp_path, [QmdEntry(docid="#aaaaaa", score=0.6, snippet="g"),
                            QmdEntry(docid="#bbbbbb", score=0.7, snippet="s")], rows=rows, export=export)
@@ -236,6 +251,7 @@ def test_slugged_db_path_maps_back_to_real_file(tmp_path: Path) -> None:
 
 
 def test_snippet_cut_to_max_chars(tmp_path: Path) -> None:
+    _files(tmp_path, MEMORY_md="é" * 50 + "\n")
     [hit] = _map(tmp_path, [QmdEntry(file="qmd://memory-root-main/MEMORY.md", score=0.5,
                                      snippet="@@ -1,1 @@\n" + "é" * 50)], max_snippet=10)
     assert hit.snippet == "é" * 10
@@ -289,7 +305,8 @@ def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
     (tmp_path / "MEMORY.md").write_text("one\ntwo\nthree\n")
     assert clamp_lines(coll, "MEMORY.md", 2, 9, workspace=tmp_path / "ws") == (2, 3)
     assert clamp_lines(coll, "MEMORY.md", 999_999_999, 1_000_000_000, workspace=tmp_path / "ws") is None
-    assert clamp_lines(coll, "missing.md", 5, 6, workspace=tmp_path / "ws") == (5, 6)
+    # a file that no longer exists is not cited (qmd's index is stale)
+    assert clamp_lines(coll, "missing.md", 5, 6, workspace=tmp_path / "ws") is None
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "n.md").write_text("n\n")
     (tmp_path / "linked").symlink_to(tmp_path / "real")

@@ -266,6 +266,10 @@ def test_crash_after_output_rules() -> None:
     assert is_crash_after_output(_result(returncode=134, stdout="[]", stderr="boom")) is False
     assert is_crash_after_output(_result(returncode=134, stdout="[]",
                                          stderr=crash + "\nSQLITE_BUSY")) is False
+    # a Bun panic after the answer: any exit status but qmd's ordinary error exit 1
+    panic = "panic: Segmentation fault at address 0x0\noh no: Bun has crashed."
+    assert is_crash_after_output(_result(returncode=3, stdout="[]", stderr=panic)) is True
+    assert is_crash_after_output(_result(returncode=1, stdout="[]", stderr=panic)) is False
 
 
 def test_summarize_and_result_properties() -> None:

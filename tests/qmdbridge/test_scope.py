@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from qmdbridge.config import QmdScope, ScopeMatch, ScopeRule
-from qmdbridge.policy.scope import citations_enabled, derive_chat, evaluate_scope, normalize_session_key
+from qmdbridge.policy.scope import (
+    citations_enabled,
+    derive_chat,
+    evaluate_scope,
+    normalize_session_key,
+    scope_candidates,
+)
 
 
 @pytest.mark.parametrize(("key", "expected"), [
@@ -154,3 +160,78 @@ def test_rule_without_match_matches_everything() -> None:
 ])
 def test_citations_enabled(mode: str, key: str | None, expected: bool) -> None:
     assert citations_enabled(mode, key) is expected
+
+
+# Every session key shape OpenClaw documents (docs/concepts/session: dmScope main, per-peer,
+# per-channel-peer, per-account-channel-peer; groups, channels, threads, Telegram topics, cron,
+# webhooks, nodes, ACP and sub-agent runs), derived as the reference's qmd scope derives them,
+# and the default scope's verdict (deny, allow direct chats).
+@pytest.mark.parametrize(("key", "chat", "allowed"), [
+    ("agent:main:main", ("direct", None), True),
+    ("agent:main:dm:u123", ("direct", None), True),
+    ("agent:main:telegram:dm:u123", ("direct", "telegram"), True),
+    ("agent:main:telegram:work-bot:dm:u123", ("direct", None), True),
+    ("agent:main:whatsapp:group:120363@g.us", ("group", "whatsapp"), False),
+    ("agent:main:discord:channel:c1", ("channel", "discord"), False),
+    ("agent:main:discord:channel:c1:thread:t9", ("channel", "discord"), False),
+    ("agent:main:telegram:group:-100123:topic:77", ("group", "telegram"), False),
+    ("agent:main:cron:nightly:run:r42", ("direct", None), True),
+    ("cron:nightly", ("direct", None), True),
+    ("hook:2f0c6b1e", ("direct", None), True),
+    ("node-kitchen-pi", ("direct", None), True),
+    ("agent:main:acp:7f3c", ("direct", None), True),
+    ("agent:main:subagent:7f3c", (None, None), False),
+    ("subagent:7f3c", (None, None), False),
+    # empty segments are skipped by the reference's parser
+    ("agent::main:discord:channel:c1", ("channel", "discord"), False),
+    ("agent:main:slack::dm:u1", ("direct", "slack"), True),
+    ("agent:main::subagent:7f3c", (None, None), False),
+])
+def test_documented_key_shapes(key: str, chat: tuple[str | None, str | None], allowed: bool) -> None:
+    assert derive_chat(key) == chat
+    assert evaluate_scope(QmdScope(), key).allowed is allowed
+
+
+def test_empty_segments_match_channel_rules_as_in_the_reference() -> None:
+    """`agent::main:...` and `slack::dm` were read with an empty part: no channel derived, so a
+    channel rule the reference applies did not match and the default denied the search."""
+    scope = QmdScope.model_validate(
+        {"default": "deny", "rules": [{"action": "allow", "match": {"channel": "discord"}},
+                                      {"action": "allow", "match": {"keyPrefix": "slack:dm:"}}]})
+    a = evaluate_scope(scope, "agent::main:discord:channel:c1")
+    assert (a.allowed, a.reason) == (True, "allowed by rules[0] (allow); chatType=channel channel=discord")
+    b = evaluate_scope(scope, "agent:main:slack::dm:u1")
+    assert (b.allowed, b.reason) == (True, "allowed by rules[1] (allow); chatType=direct channel=slack")
+    assert normalize_session_key("agent:main:slack::dm:U1") == "slack:dm:u1"
+
+
+def test_sub_agent_is_allowed_through_the_session_that_spawned_it() -> None:
+    """The reference evaluates the rules for every key a session inherits: a sub-agent spawned
+    from a direct chat may search, one spawned from a group may not."""
+    from_dm = evaluate_scope(QmdScope(), "agent:main:subagent:7f3c", inherited_keys=["agent:main:main"])
+    assert (from_dm.allowed, from_dm.reason, from_dm.chat_type, from_dm.session_key) == (
+        True, "allowed by rules[0] (allow); chatType=direct channel=none; inherited from agent:main:main",
+        "direct", "agent:main:subagent:7f3c")
+    from_group = evaluate_scope(QmdScope(), "agent:main:subagent:7f3c",
+                                inherited_keys=["agent:main:telegram:group:-100123"])
+    assert (from_group.allowed, from_group.reason, from_group.chat_type) == (
+        False, "denied by default (deny); chatType=none channel=none", None)
+
+
+def test_any_allowed_candidate_wins_and_candidates_are_deduplicated() -> None:
+    scope = QmdScope.model_validate({"default": "deny", "rules": [
+        {"action": "deny", "match": {"keyPrefix": "telegram:group:-100555"}},
+        {"action": "allow", "match": {"keyPrefix": "telegram:group:-100444:topic:12"}}]})
+    decision = evaluate_scope(scope, "agent:main:telegram:group:-100555",
+                              inherited_keys=["agent:main:telegram:group:-100444:topic:12"])
+    assert (decision.allowed, decision.reason) == (
+        True, "allowed by rules[1] (allow); chatType=group channel=telegram; inherited from "
+              "agent:main:telegram:group:-100444:topic:12")
+    assert scope_candidates(" Agent:Main:Telegram:Group:-1:Topic:9 ", [
+        "agent:main:telegram:group:-1:topic:9", "AGENT:MAIN:TELEGRAM:GROUP:-1", "", "  ",
+        "agent:main:telegram:group:-1"]) == ["Agent:Main:Telegram:Group:-1:Topic:9",
+                                             "AGENT:MAIN:TELEGRAM:GROUP:-1"]
+    # only inherited keys (no session key of its own): evaluated like any other key
+    only = evaluate_scope(QmdScope(), None, inherited_keys=["agent:main:main"])
+    assert (only.allowed, only.reason, only.session_key) == (
+        True, "allowed by rules[0] (allow); chatType=direct channel=none; inherited from agent:main:main", None)

@@ -52,3 +52,16 @@ async def test_errors_become_disabled_payloads(manager: MemoryManager) -> None:
         assert (await handle_memory_get(manager, {}))["error"] == "path required"
         denied = await handle_memory_search(manager, {"query": "oat"}, session_key="agent:main:wa:group:g1")
         assert denied["results"] == [] and denied["denied"]["allowed"] is False
+
+
+async def test_sub_agent_searches_with_the_key_it_inherits(manager: MemoryManager) -> None:
+    async with manager:
+        alone = await handle_memory_search(manager, {"query": "oat milk"},
+                                           session_key="agent:main:subagent:7f3c")
+        assert alone["results"] == [] and alone["denied"]["allowed"] is False
+        out = await handle_memory_search(manager, {"query": "oat milk"},
+                                         session_key="agent:main:subagent:7f3c",
+                                         session_keys=["agent:main:main"])
+        assert out["denied"] is None and [r["path"] for r in out["results"]] == ["MEMORY.md"]
+        bad = await handle_memory_search(manager, {"query": "oat"}, session_keys="agent:main:main")  # type: ignore[arg-type]
+        assert bad == {"results": [], "disabled": True, "error": "session keys must be a list of strings"}

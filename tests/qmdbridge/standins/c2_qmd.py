@@ -3,8 +3,10 @@
 
 Collection commands succeed silently. Search commands (search/vsearch/query):
 flagreject (search rejects --json, query answers), garbage, noisy (banner + ANSI around JSON),
-crash (JSON then exit 134 with a ggml assertion), hang (sleeps with a grandchild), missing
-(first search says "Collection not found", later ones answer).
+crash (JSON then exit 134 with a ggml assertion), panic (JSON, then a Bun segfault panic and
+exit 3), vec0 (vsearch and query fail with "no such module: vec0", search answers), searchfail
+(every search exits 1), hang (sleeps with a grandchild), missing (first search says
+"Collection not found", later ones answer). `--version` prints "qmd 2.8.3".
 """
 import json
 import os
@@ -19,6 +21,9 @@ behaviour = os.environ.get("C2_BEHAVIOUR", "")
 hits = [{"score": 0.82, "file": "qmd://memory-root-main/MEMORY.md", "title": "Memory",
          "snippet": "@@ -3,2 @@ (2 before, 0 after)\nalpha\nbeta\n"}]
 cmd = args[0] if args else ""
+if cmd == "--version":
+    print("qmd 2.8.3")
+    sys.exit(0)
 if cmd not in ("search", "vsearch", "query"):
     sys.exit(0)
 if behaviour == "flagreject" and cmd != "query":
@@ -36,6 +41,18 @@ if behaviour == "crash":
     sys.stderr.write("ggml-metal-device.m:612: GGML_ASSERT assertion failed\n")
     sys.stdout.flush()
     os._exit(134)
+if behaviour == "panic":
+    sys.stdout.write(json.dumps(hits) + "\n")
+    sys.stdout.flush()
+    sys.stderr.write("panic: Segmentation fault at address 0x18\noh no: Bun has crashed. This "
+                     "indicates a bug in Bun, not your code.\n")
+    os._exit(3)
+if behaviour == "vec0" and cmd != "search":
+    sys.stderr.write("SQLiteError: no such module: vec0\n      errno: 1,\n  code: \"SQLITE_ERROR\"\n")
+    sys.exit(1)
+if behaviour == "searchfail":
+    sys.stderr.write("error: Cannot find module '@tobilu/qmd/dist/store.js'\n")
+    sys.exit(1)
 if behaviour == "hang":
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.environ["C2_LOG"] + ".pid", "w") as fh:

@@ -1,0 +1,121 @@
+"""``memory.qmd.command`` as a program and its arguments, on POSIX and on Windows.
+
+The command may be written three ways:
+
+- a list (``["C:\\\\Program Files\\\\qmd\\\\qmd.cmd", "--no-gpu"]``): used as given, the first
+  item is the program;
+- a string starting with a Windows drive or UNC path (``C:\\Program Files\\qmd\\qmd.cmd``,
+  ``D:\\tools\\qmd.exe --index main``, ``\\\\server\\share\\qmd.exe``): the path is kept verbatim,
+  spaces and backslashes included, up to the first ``.exe``/``.cmd``/``.bat``/``.com`` that
+  ends a word (else up to the first `` -`` that starts a flag, else the whole string); POSIX
+  ``shlex.split`` would eat the backslashes (``C:Program``);
+- any other string: POSIX shell words (``"/opt/QMD Tools/qmd" --x`` -> ``/opt/QMD Tools/qmd``),
+  as the reference parses it.
+
+Windows cannot start a ``.cmd``/``.bat`` script directly: :func:`cmd_exe_command_line` builds
+the ``cmd.exe /d /s /c "..."`` line for it, with every argument quoted and cmd's metacharacters
+escaped, so a query such as ``a & del x`` stays one literal argument. Pure functions; the runner
+decides when to use them.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+__all__ = [
+    "batch_command",
+    "cmd_exe_command_line",
+    "is_batch_script",
+    "is_windows_path",
+    "program_of",
+    "split_command",
+]
+
+_WINDOWS_PATH_RE = re.compile(r"^(?:[A-Za-z]:[\\/]|\\\\[^\\/\s]+[\\/])")
+_WINDOWS_EXE_RE = re.compile(r"^(.+?\.(?:exe|cmd|bat|com))(?=\s|$)", re.IGNORECASE)
+_FLAG_START_RE = re.compile(r"\s+(?=-)")
+# cmd.exe metacharacters that must be caret-escaped outside a quoted span it can see.
+_CMD_META_RE = re.compile(r'([()\][%!^"`<>&|;, *?])')
+
+
+def is_windows_path(text: str) -> bool:
+    """Whether ``text`` starts with a Windows drive (``C:\\``, ``C:/``) or UNC (``\\\\host\\``)
+    path."""
+    return bool(_WINDOWS_PATH_RE.match(text.strip()))
+
+
+def split_command(command: str | Sequence[str]) -> list[str]:
+    """``memory.qmd.command`` -> ``[program, *arguments]`` (see the module docstring).
+
+    Returns:
+        A non-empty list; ``["qmd"]`` for an empty command. Windows paths keep their
+        backslashes and spaces; an unbalanced quote in a POSIX string falls back to
+        whitespace splitting instead of failing.
+    """
+    if not isinstance(command, str):
+        words = [str(w) for w in command if str(w).strip()]
+        return words or ["qmd"]
+    text = command.strip()
+    if not text:
+        return ["qmd"]
+    if text[0] in "\"'" and is_windows_path(text[1:]):
+        end = text.find(text[0], 1)
+        if end > 0:
+            return [text[1:end], *text[end + 1:].split()]
+    if is_windows_path(text):
+        exe = _WINDOWS_EXE_RE.match(text)
+        if exe:
+            return [exe.group(1), *text[exe.end():].split()]
+        flag = _FLAG_START_RE.search(text)
+        if flag:
+            return [text[:flag.start()], *text[flag.end():].split()]
+        return [text]
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    return words or ["qmd"]
+
+
+def program_of(command: str | Sequence[str]) -> str:
+    """The program of ``memory.qmd.command`` (the first item of :func:`split_command`)."""
+    return split_command(command)[0]
+
+
+def is_batch_script(program: str) -> bool:
+    """Whether Windows must run ``program`` through ``cmd.exe`` (a ``.cmd`` or ``.bat`` file)."""
+    return program.lower().endswith((".cmd", ".bat"))
+
+
+def _quote_for_cmd(arg: str) -> str:
+    """One argument for a batch script: MSVCRT-quoted, then every cmd metacharacter
+    caret-escaped twice (cmd reads the line once, and the batch file's ``%*`` once more)."""
+    # MSVCRT rules: backslashes before a quote are doubled and the quote escaped; trailing
+    # backslashes are doubled before the closing quote.
+    quoted = re.sub(r'(\\*)"', r'\1\1\\"', arg)
+    quoted = re.sub(r"(\\*)$", r"\1\1", quoted)
+    quoted = f'"{quoted}"'
+    once = _CMD_META_RE.sub(r"^\1", quoted)
+    return _CMD_META_RE.sub(r"^\1", once)
+
+
+def batch_command(script: str, args: Sequence[str]) -> str:
+    """What ``cmd.exe /c`` must run for a ``.cmd``/``.bat`` ``script`` with ``args``, literally:
+    the script path with cmd's metacharacters (spaces included) escaped by ``^``, then each
+    argument quoted and escaped, so no argument (a search query, say) can start a second
+    command (``a & del x`` stays one argument).
+
+    Source: the argument rules of the Microsoft C runtime ("Parsing C command-line
+    arguments") and the double caret escaping that cross-spawn uses for batch files
+    (cross-spawn ``lib/util/escape.js``).
+    """
+    return " ".join([_CMD_META_RE.sub(r"^\1", script), *(_quote_for_cmd(a) for a in args)])
+
+
+def cmd_exe_command_line(script: str, args: Sequence[str], *, comspec: str = "cmd.exe") -> str:
+    """The whole Windows command line for a batch script: ``<comspec> /d /s /c "<batch>"``
+    (``/d`` skips AutoRun, ``/s`` strips exactly the outer quotes; ``<batch>`` is
+    :func:`batch_command`). Pass it as one string to ``CreateProcess``."""
+    return f'{comspec} /d /s /c "{batch_command(script, args)}"'

@@ -1,0 +1,224 @@
+"""Config shapes across OpenClaw releases, and notes about values the settings changed.
+
+Two layouts of the same settings are read (:func:`read_layout`):
+
+- **classic** (OpenClaw up to 2026.8): search settings in ``agents.defaults.memorySearch``,
+  agents in ``agents.list[]`` (``{id, default, workspace, memorySearch}``);
+- **2026.9** (OpenClaw 2026.9 moved them, and refuses ``agents.defaults.memorySearch``):
+  search settings in ``memory.search``, agents in the map ``agents.entries.<id>``
+  (``{workspace, memory: {search}}``, several agents need ``agents.ownership: "explicit"``);
+  ``agents.list[].memory.search`` is read as a per-agent override too.
+
+Where both layouts set the same key the 2026.9 one wins and a warning names both paths.
+
+:func:`adjusted_values` compares what a user wrote with what the settings models made of it
+(clamped ranges, normalised weights) and returns one warning per changed number, naming its
+key path, so a clamp never goes unnoticed. Pure functions over parsed JSON5 values.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fallback.errors import ConfigError
+
+__all__ = ["AgentSource", "Layout", "adjusted_values", "prefer", "read_layout"]
+
+# Keys normalised together (a sum of 1), reported only when a value is outside [0, 1].
+_NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
+
+
+@dataclass
+class AgentSource:
+    """One agent as written in the config, in either layout.
+
+    Attributes:
+        agent_id: the id as written (``agents.list[].id`` or the ``agents.entries`` key).
+        raw: the entry without its search settings (``workspace``, ``default`` ...).
+        search: the agent's search overrides, both layouts merged (2026.9 wins).
+        search_sources: ``[(key path, dict)]`` of each override as written, for messages.
+        key_path: where the entry is (``agents.list[0]``, ``agents.entries.ops``).
+    """
+
+    agent_id: str
+    raw: dict[str, Any]
+    search: dict[str, Any]
+    search_sources: list[tuple[str, dict[str, Any]]]
+    key_path: str
+
+
+@dataclass
+class Layout:
+    """The settings of a config in one shape (see :func:`read_layout`).
+
+    Attributes:
+        search: ``memorySearch`` defaults, both layouts merged (2026.9 wins).
+        search_sources: ``[(key path, dict)]`` of the defaults as written.
+        agents: the agents, ``agents.list`` first then ``agents.entries`` (an id in both is
+            one agent, its ``agents.entries`` fields winning).
+        warnings: one line per key set in both layouts.
+    """
+
+    search: dict[str, Any] = field(default_factory=dict)
+    search_sources: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    agents: list[AgentSource] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _as_dict(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"invalid value {value!r}", file=file, key=key, expected="an object")
+    return value
+
+
+def _overlap(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys set (as leaves) in both ``a`` and ``b``."""
+    out = []
+    for key in a.keys() & b.keys():
+        if isinstance(a[key], dict) and isinstance(b[key], dict):
+            out += _overlap(a[key], b[key], f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return sorted(out)
+
+
+def prefer(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """``old`` overlaid with ``new``, object by object: where both set a key, ``new``'s value
+    is taken whole (lists are not concatenated)."""
+    merged = copy.deepcopy(old)
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = prefer(value, merged[key])
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
+          warnings: list[str]) -> dict[str, Any]:
+    both = _overlap(new, old)
+    if both:
+        warnings.append(f"{new_key} and {old_key} both set {', '.join(both)}; {new_key} wins "
+                        f"({old_key} is the layout before OpenClaw 2026.9)")
+    return prefer(new, old)
+
+
+def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None,
+                  warnings: list[str]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    legacy = _as_dict(entry.get("memorySearch"), key=f"{key_path}.memorySearch", file=file)
+    memory = _as_dict(entry.get("memory"), key=f"{key_path}.memory", file=file)
+    new = _as_dict(memory.get("search"), key=f"{key_path}.memory.search", file=file)
+    sources = [(f"{key_path}.memorySearch", legacy)] if legacy else []
+    sources += [(f"{key_path}.memory.search", new)] if new else []
+    return _both(new, f"{key_path}.memory.search", legacy, f"{key_path}.memorySearch",
+                 warnings), sources
+
+
+def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
+    """Read the search settings and agents of a parsed config in either layout.
+
+    Args:
+        root: the parsed JSON5 document (an object).
+        file: the config file, for messages.
+
+    Returns:
+        The :class:`Layout`; values are not validated here (the settings models do that).
+
+    Raises:
+        ConfigError: a section that must be an object (``memory.search``, an
+            ``agents.entries`` entry ...) or an array (``agents.list``) is not.
+    """
+    out = Layout()
+    memory = _as_dict(root.get("memory"), key="memory", file=file)
+    agents = _as_dict(root.get("agents"), key="agents", file=file)
+    defaults = _as_dict(agents.get("defaults"), key="agents.defaults", file=file)
+    legacy = _as_dict(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
+    new = _as_dict(memory.get("search"), key="memory.search", file=file)
+    out.search_sources = [(k, v) for k, v in (("agents.defaults.memorySearch", legacy),
+                                              ("memory.search", new)) if v]
+    out.search = _both(new, "memory.search", legacy, "agents.defaults.memorySearch", out.warnings)
+
+    listed = agents.get("list") or []
+    if not isinstance(listed, list):
+        raise ConfigError(f"invalid value {listed!r}", file=file, key="agents.list",
+                          expected="an array")
+    by_id: dict[str, AgentSource] = {}
+    for i, raw in enumerate(listed):
+        key_path = f"agents.list[{i}]"
+        entry = _as_dict(raw, key=key_path, file=file)
+        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
+        agent_id = entry.get("id")
+        src = AgentSource(agent_id if isinstance(agent_id, str) else "", entry, search, sources,
+                          key_path)
+        out.agents.append(src)
+        by_id.setdefault(src.agent_id.strip().lower(), src)
+    entries = _as_dict(agents.get("entries"), key="agents.entries", file=file)
+    for agent_id, raw in entries.items():
+        key_path = f"agents.entries.{agent_id}"
+        entry = _as_dict(raw, key=key_path, file=file)
+        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
+        fields = {k: v for k, v in entry.items() if k not in ("memory", "memorySearch")}
+        earlier = by_id.get(str(agent_id).strip().lower())
+        if earlier is None:
+            out.agents.append(AgentSource(str(agent_id), {**fields, "id": str(agent_id)}, search,
+                                          sources, key_path))
+            continue
+        both = _overlap(fields, {k: v for k, v in earlier.raw.items() if k != "id"})
+        both += [f"memory.search.{k}" for k in _overlap(search, earlier.search)]
+        if both:
+            out.warnings.append(f"{key_path} and {earlier.key_path} both set {', '.join(both)}; "
+                                f"{key_path} wins ({earlier.key_path} is the layout before "
+                                "OpenClaw 2026.9)")
+        earlier.raw = {**earlier.raw, **fields}
+        earlier.search = prefer(search, earlier.search)
+        earlier.search_sources += sources
+    return out
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path: str,
+                    used: dict[str, Any] | None = None) -> list[str]:
+    """One warning per number in ``written`` that the settings changed in ``resolved``.
+
+    Args:
+        written: a settings object as the user wrote it (camelCase keys).
+        resolved: the same object validated on its own and dumped by alias (same keys).
+        key_path: where ``written`` is in the config (``memory.search``).
+        used: the settings in effect, dumped by alias (the defaults and the agent's overrides
+            merged), where the value reported as used is read; ``resolved`` when ``None``.
+
+    Returns:
+        ``["<key path>.<key>: <written> is out of range; using <used>"]``, in key order. The
+        hybrid weights (normalised to a sum of 1 by design) are reported only when a written
+        weight lies outside [0, 1] or both are 0.
+    """
+    used = resolved if used is None else used
+    notes: list[str] = []
+    for key, value in written.items():
+        got = resolved.get(key) if isinstance(resolved, dict) else None
+        now = used.get(key) if isinstance(used, dict) else None
+        path = f"{key_path}.{key}"
+        if isinstance(value, dict) and isinstance(got, dict):
+            notes += adjusted_values(value, got, path, now if isinstance(now, dict) else got)
+            continue
+        w, r = _number(value), _number(got)
+        if w is None or r is None or w == r:
+            continue
+        if key in _NORMALISED_PAIRS and math.isfinite(w) and 0.0 <= w <= 1.0 and any(
+                _number(written.get(k)) not in (None, 0.0) for k in _NORMALISED_PAIRS):
+            continue
+        shown = _number(now)
+        shown = r if shown is None else shown
+        notes.append(f"{path}: {value!r} is out of range; using "
+                     f"{int(shown) if shown.is_integer() else round(shown, 6)}")
+    return notes

@@ -1,0 +1,304 @@
+"""qmd search calls: one call per collection, merged; each answer classified.
+
+One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection, run side by side
+(at most :data:`MAX_PARALLEL_CALLS` at once), merged by best score per hit. qmd's ``--help``
+promises several ``-c`` per call, but builds differ in what they do with them (only the last
+honoured, or an empty answer when one collection is empty), and the wording proves nothing;
+one collection per call behaves the same on every build. A collection qmd's index holds no
+document of is not searched at all.
+
+Each answer is classified from stderr and the exit status (``qmdbridge.qmd.runner``):
+
+- ``SQLITE_BUSY`` / ``database is locked`` (qmd's own update holds the index): retried with a
+  short backoff inside the search deadline (tenacity), then :class:`QmdBusyError`, which the
+  manager does not count as a qmd failure;
+- an unknown flag -> :class:`FlagRejected`; ``Collection not found`` -> :class:`MissingCollection`
+  (the backend reruns with ``query`` / repairs collections);
+- ``no such module: vec0`` -> :class:`VectorModuleMissing` (the backend switches the agent to
+  ``search``);
+- a complete result array followed by a crash (exit 134, ``panic: Segmentation fault`` and
+  exit 3 ...) -> the array, with a note for the answer's warnings;
+- a deadline -> :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs``, and for
+  ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_any,
+    wait_exponential,
+)
+from tenacity.stop import stop_base
+
+from fallback.errors import BackendTimeoutError, BackendUnavailableError
+from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.errors import QmdBusyError, QmdOutputError
+from qmdbridge.qmd.models import missing_models
+from qmdbridge.qmd.parse import QmdEntry, encode_query, merge_key, parse_qmd_json
+from qmdbridge.qmd.runner import (
+    RunResult,
+    is_busy,
+    is_crash_after_output,
+    is_flag_rejection,
+    is_missing_collection,
+    is_vector_module_missing,
+)
+
+__all__ = [
+    "BUSY_ATTEMPTS",
+    "MAX_PARALLEL_CALLS",
+    "SEARCH_TIMEOUT_SETTING",
+    "CallPlan",
+    "FlagRejected",
+    "MissingCollection",
+    "VectorModuleMissing",
+    "probe_search",
+    "search_collections",
+    "timeout_hint",
+]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+# At most this many qmd processes per search at once (each is a Bun/Node start, ~0.3 s CPU).
+MAX_PARALLEL_CALLS = 4
+# Attempts of a call answered SQLITE_BUSY (1 + retries), and the first backoff in seconds.
+BUSY_ATTEMPTS = 4
+BUSY_FIRST_WAIT_S = 0.1
+# A busy answer is not retried when less than this is left of the search deadline, ms.
+BUSY_MIN_LEFT_MS = 300
+# The config key of the search deadline, named in timeout messages.
+SEARCH_TIMEOUT_SETTING = "memory.qmd.limits.timeoutMs"
+# The query of the health probe: one word that names no memory (a probe answers [] or hits).
+PROBE_QUERY = "qmdbridge-health-probe"
+# The models a search mode needs (spec 1.8).
+_MODE_MODELS = {"vsearch": ("embed", "generate"), "query": ("embed", "rerank", "generate")}
+
+# run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
+# BackendTimeoutError past timeout_ms).
+RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
+
+
+class FlagRejected(Exception):
+    """qmd rejected a flag of this mode (the backend reruns the search with ``query``)."""
+
+
+class MissingCollection(Exception):
+    """qmd said a managed collection does not exist (reconcile and retry once)."""
+
+
+class VectorModuleMissing(Exception):
+    """qmd could not open its vector table (``no such module: vec0``): this mode cannot work."""
+
+
+class _NearDeadline(stop_base):
+    """tenacity stop: less than :data:`BUSY_MIN_LEFT_MS` left of the search deadline."""
+
+    def __init__(self, plan: CallPlan) -> None:
+        self.plan = plan
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.plan.remaining_ms() < BUSY_MIN_LEFT_MS
+
+
+class _Busy(Exception):
+    """Internal: one busy answer (retried)."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result.summary)
+        self.result = result
+
+
+@dataclass
+class CallPlan:
+    """What one search needs besides the query.
+
+    Attributes:
+        mode: ``search`` | ``vsearch`` | ``query``.
+        limit: ``-n`` per call.
+        no_rerank: pass ``--no-rerank`` (``query`` with ``rerank: false``).
+        deadline: ``anyio.current_time()`` by which every call must be done.
+        timeout_ms: ``limits.timeoutMs``, for messages.
+        models_dir: qmd's model cache (``xdg-cache/qmd/models``), for the timeout hint.
+        env: qmd's environment (``QMD_*_MODEL`` overrides), for the timeout hint.
+        notes: receives one line per answer used despite a crash (for the answer's warnings).
+    """
+
+    mode: str
+    limit: int
+    no_rerank: bool
+    deadline: float
+    timeout_ms: int
+    models_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def remaining_ms(self) -> int:
+        """ms left before :attr:`deadline`."""
+        return int((self.deadline - anyio.current_time()) * 1000)
+
+
+def timeout_hint(mode: str, models_dir: Path, env: Mapping[str, str]) -> str | None:
+    """``models missing or downloading? ...`` when ``mode`` needs GGUF models and qmd's model
+    cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
+    ``None`` otherwise."""
+    kinds = _MODE_MODELS.get(mode)
+    if not kinds:
+        return None
+    overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
+    wanted = tuple(k for k in kinds if not env.get(overrides[k]))
+    if not wanted or len(missing_models(models_dir, wanted)) < len(wanted):
+        return None
+    return ("models missing or downloading? qmd's model cache is empty; run `qmdbridge warmup` "
+            "once, online")
+
+
+def _summary(args: list[str], q: str) -> str:
+    return " ".join(["qmd", *args, "--", q])
+
+
+async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) -> list[QmdEntry]:
+    """One collection's call with the busy retries; the classified answer."""
+    args = [plan.mode, "--json", "-n", str(plan.limit), *(["--no-rerank"] if plan.no_rerank else []),
+            "-c", coll.name]
+    summary = _summary(args, q)
+    hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
+
+    async def attempt() -> RunResult:
+        remaining = plan.remaining_ms()
+        if remaining <= 0:
+            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
+                                      hint=hint)
+        try:
+            res = await run(args, [encode_query(q, plan.mode)], remaining)
+        except BackendTimeoutError:
+            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
+                                      hint=hint) from None
+        if not res.ok and is_busy(res.stderr):
+            raise _Busy(res)
+        return res
+
+    attempts = 0
+    try:
+        res: RunResult | None = None
+        async for try_ in AsyncRetrying(
+                retry=retry_if_exception_type(_Busy),
+                stop=stop_any(stop_after_attempt(BUSY_ATTEMPTS), _NearDeadline(plan)),
+                wait=wait_exponential(multiplier=BUSY_FIRST_WAIT_S, min=BUSY_FIRST_WAIT_S, max=1.0),
+                before_sleep=lambda state: log.info("qmd index busy (%s); retrying", summary),
+                reraise=True):
+            with try_:
+                attempts += 1
+                res = await attempt()
+    except _Busy as busy:
+        r = busy.result
+        raise QmdBusyError(r.summary, attempts=attempts, returncode=r.returncode,
+                           stdout_tail=r.stdout, stderr_tail=r.stderr) from None
+    assert res is not None
+    return _classify(res, plan)
+
+
+def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
+    if res.stdout_truncated:
+        raise QmdOutputError(f"{res.summary} produced too much output (limit 200000 chars)")
+    if res.ok:
+        return parse_qmd_json(res.stdout, res.stderr)
+    if is_flag_rejection(res.stderr):
+        raise FlagRejected(f"{res.summary} rejected a flag: {res.stderr.strip()[:300]}")
+    if is_missing_collection(res.stderr):
+        raise MissingCollection(res.stderr.strip()[:300])
+    if is_vector_module_missing(res.stderr):
+        raise VectorModuleMissing(res.stderr.strip()[:300])
+    if is_crash_after_output(res):
+        try:
+            entries = parse_qmd_json(res.stdout, "")
+        except QmdOutputError:
+            res.check()
+            raise
+        status = f"signal {res.signal}" if res.signal is not None else f"code {res.returncode}"
+        crash = next((ln.strip() for ln in res.stderr.splitlines() if ln.strip()), "no message")
+        note = (f"qmd {plan.mode} exited with {status} after printing a complete answer ({crash[:120]}); "
+                "the answer was used")
+        log.warning("%s", note)
+        if note not in plan.notes:
+            plan.notes.append(note)
+        return entries
+    res.check()
+    return []
+
+
+async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
+                             run: RunSearch) -> list[tuple[QmdEntry, str | None]]:
+    """Search each collection in its own call and merge the hits.
+
+    Args:
+        q: the trimmed query (encoded per mode by ``parse.encode_query``).
+        colls: the collections to search (the caller leaves out known-empty ones).
+        plan: mode, limit, deadline ... (:class:`CallPlan`); crash notes land in ``plan.notes``.
+        run: runs one qmd command (see :data:`RunSearch`).
+
+    Returns:
+        ``[(entry, collection name)]``, best score first, one per hit (``parse.merge_key``).
+
+    Raises:
+        FlagRejected / MissingCollection / VectorModuleMissing: from any call (in that order of
+            precedence, so the backend's repair runs once).
+        BackendTimeoutError, QmdBusyError, QmdCommandError, QmdOutputError: a call failed.
+    """
+    answers: list[list[QmdEntry] | BaseException | None] = [None] * len(colls)
+    limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
+
+    async def one(i: int, coll: ManagedCollection) -> None:
+        async with limiter:
+            try:
+                answers[i] = await _one(q, coll, plan, run)
+            except (FlagRejected, MissingCollection, VectorModuleMissing, BackendUnavailableError) as exc:
+                answers[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i, coll in enumerate(colls):
+            tg.start_soon(one, i, coll)
+    failures = [a for a in answers if isinstance(a, BaseException)]
+    for kind in (FlagRejected, MissingCollection, VectorModuleMissing, BackendTimeoutError,
+                 QmdBusyError):
+        picked = next((f for f in failures if isinstance(f, kind)), None)
+        if picked is not None:
+            raise picked
+    if failures:
+        raise failures[0]
+    merged: dict[str, tuple[QmdEntry, str | None]] = {}
+    for coll, answer in zip(colls, answers, strict=True):
+        assert isinstance(answer, list)
+        for entry in answer:
+            key = merge_key(entry, coll.name)
+            best = merged.get(key)
+            if best is None or (entry.score or 0.0) > (best[0].score or 0.0):
+                merged[key] = (entry, coll.name)
+    return sorted(merged.values(), key=lambda pair: -(pair[0].score or 0.0))
+
+
+async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
+    """One tiny real search through the same spawn path (``qmd search --json -n 1 -- <probe>``,
+    no collection filter, so it works before any collection exists): ``None`` when qmd
+    answered a result array, else why not (one line)."""
+    args = ["search", "--json", "-n", "1"]
+    try:
+        res = await run(args, [PROBE_QUERY], timeout_ms)
+        if not res.ok:
+            res.check()
+        parse_qmd_json(res.stdout, res.stderr)
+    except BackendTimeoutError:
+        return str(BackendTimeoutError("qmd", _summary(args, PROBE_QUERY), timeout_ms,
+                                       setting=SEARCH_TIMEOUT_SETTING))
+    except BackendUnavailableError as exc:
+        return exc.reason
+    return None

@@ -65,6 +65,7 @@ from fallback.sources.memory_files import (
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
+from fallback.text.path_names import has_escapes, printable_path
 from fallback.text.scripts import contains_cjk, sha256_hex
 
 __all__ = [
@@ -85,6 +86,8 @@ MAX_EMBED_INPUT_BYTES = 8000
 _VANISHED = "vanished before read"
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
+# Note recorded for a file whose name is not printable UTF-8 (fallback/text/path_names.py).
+ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 
 # Texts per embedding batch; each finished batch is committed to the embedding cache (and
 # reported to the progress callback) before the next one is sent.
@@ -282,6 +285,8 @@ class Indexer:
                 continue
             if read.invalid_utf8:
                 skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+            if has_escapes(mf.rel_path):
+                skipped.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
             if prev is not None and prev[0] == read.content_hash:
                 await self._write(store, partial(self._touch_file, store, mf, read))
             else:
@@ -396,6 +401,8 @@ class Indexer:
                         await self._write(store, partial(self._touch_file, store, mf, read))
                     else:
                         await self._index_file(store, mf, read, report, line_map=line_map)
+            if mf.rel_path in active and has_escapes(mf.rel_path):
+                skipped.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
             done += 1
@@ -566,7 +573,8 @@ def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
-        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{path.name}", source="sessions",
+        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
+                              source="sessions",
                               size=st.st_size, mtime_ms=int(st.st_mtime_ns // 1_000_000)))
     return out, scan.error
 

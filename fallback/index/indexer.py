@@ -86,6 +86,8 @@ MAX_EMBED_INPUT_BYTES = 8000
 _VANISHED = "vanished before read"
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
+# Note recorded for a note padded with NUL bytes, indexed without them (fallback/sources/file_text.py).
+NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
 # Note recorded for a file whose name is not printable UTF-8 (fallback/text/path_names.py).
 ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 
@@ -283,10 +285,7 @@ class Indexer:
                 if read.reason != _VANISHED:
                     skipped.append(read)
                 continue
-            if read.invalid_utf8:
-                skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
-            if has_escapes(mf.rel_path):
-                skipped.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
+            skipped.extend(_read_notes(mf, read))
             if prev is not None and prev[0] == read.content_hash:
                 await self._write(store, partial(self._touch_file, store, mf, read))
             else:
@@ -378,11 +377,18 @@ class Indexer:
                                  await anyio.to_thread.run_sync(
                                      store.query, "SELECT path, hash, mtime, size FROM files"
                                      " WHERE source = ?", [source])}
+        # caveats of files that stay unchanged (not read again) are carried over
+        caveats: dict[str, list[SkippedFile]] = {}
+        if not full:
+            for path, reason in await anyio.to_thread.run_sync(
+                    store.query, "SELECT path, reason FROM skipped_files WHERE source = ?", [source]):
+                caveats.setdefault(path, []).append(SkippedFile(path=path, reason=reason))
         active: set[str] = set()
         for mf in files:
             prev = known.get(mf.rel_path)
             if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
                 active.add(mf.rel_path)
+                skipped.extend(caveats.get(mf.rel_path, []))
             else:
                 line_map: list[int] | None = None
                 if source == "sessions":
@@ -395,14 +401,11 @@ class Indexer:
                         skipped.append(read)
                 else:
                     active.add(mf.rel_path)
-                    if read.invalid_utf8:
-                        skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+                    skipped.extend(_read_notes(mf, read))
                     if prev is not None and prev[0] == read.content_hash:
                         await self._write(store, partial(self._touch_file, store, mf, read))
                     else:
                         await self._index_file(store, mf, read, report, line_map=line_map)
-            if mf.rel_path in active and has_escapes(mf.rel_path):
-                skipped.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
             done += 1
@@ -547,6 +550,20 @@ class Indexer:
                                  " VALUES (?, ?, ?)", [(s.path, source, s.reason) for s in items])
             store.set_meta("scan_issues", report.issues, conn=conn)
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
+
+
+def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
+    """Caveats of a file that is indexed: a name shown with escapes, invalid UTF-8 replaced,
+    NUL bytes stripped (kept in ``skipped_files`` while the file is unchanged)."""
+    notes = []
+    if has_escapes(mf.rel_path):
+        notes.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
+    if read.invalid_utf8:
+        notes.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+    if read.nul_bytes:
+        notes.append(SkippedFile(path=mf.rel_path,
+                                 reason=NUL_BYTES_NOTE.format(count=read.nul_bytes)))
+    return notes
 
 
 def _delete_rows(conn: Any, path: str, source: str) -> None:

@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -242,7 +242,7 @@ class MemoryWatcher:
             folders.append(str(self.sessions_dir))
         return sorted(set(folders), key=len, reverse=True)  # deepest first
 
-    def list_folder(self, path: str | None) -> list[os.DirEntry[str]]:
+    def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
         """What the polling observer sees of one folder (its ``listdir``): the entries of
         ``path`` without hidden names and without the memory-file rule's skipped folders
         (:data:`~fallback.sources.memory_files.SKIP_DIR_NAMES`: ``node_modules``, ``.git``,
@@ -253,7 +253,8 @@ class MemoryWatcher:
             path: a folder below (or equal to) a watched root.
 
         Returns:
-            ``os.DirEntry`` items, unsorted, as ``os.scandir`` gives them.
+            An iterator of ``os.DirEntry`` items, unsorted, as ``os.scandir`` gives them (the
+            folder is read completely, and closed, before the first item).
 
         Raises:
             OSError: ``path`` cannot be listed (the snapshot treats a vanished folder as empty).
@@ -275,7 +276,7 @@ class MemoryWatcher:
             if is_dir and (entry.name in SKIP_DIR_NAMES or depth >= MAX_WATCH_DEPTH):
                 continue
             keep.append(entry)
-        return keep
+        return iter(keep)
 
     def _new_observer(self, polling: bool) -> Any:
         if polling:

@@ -314,7 +314,8 @@ class MemoryStatus(_Model):
         sources / extra_paths / source_counts: what is indexed.
         roots: where memory is read from: ``[{kind, path, pattern, exists}]``, ``kind`` one of
             ``root`` (the root file), ``memory`` (``memory/``), ``extra`` (builtin engine).
-        fts: ``{enabled, available, tokenizer, error}``.
+        fts: ``{enabled, available, tokenizer, error, cjk, keyword}``; ``keyword`` is
+            ``bm25`` (FTS5) or ``substring`` (a SQLite without FTS5: a substring scan).
         vector: ``{enabled, available, mode, reason, dims, extensionPath}``; mode is
             ``sqlite-vec`` | ``brute-force`` | ``disabled``.
         cache: ``{enabled, entries, maxEntries}``.

@@ -59,6 +59,7 @@ from fallback.models import (
 from fallback.search.explain import SearchTrace
 from fallback.search.pipeline import Searcher, SearchOutcome
 from fallback.search.rerank import reranker_from_settings
+from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
@@ -532,8 +533,13 @@ class BuiltinEngine:
         if not srcs:
             return SearchOutcome(results=[], warnings=[])
         candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
-        return await self._searcher(explain).run(store, self._provider(), text, srcs, candidates,
-                                                 floor, limit)
+        outcome = await self._searcher(explain).run(store, self._provider(), text, srcs,
+                                                    candidates, floor, limit)
+        fts_error = await anyio.to_thread.run_sync(lambda: store.fts_error)
+        if fts_error is not None:
+            outcome = SearchOutcome(results=outcome.results, warnings=[
+                *outcome.warnings, SUBSTRING_WARNING.format(error=fts_error)])
+        return outcome
 
     def _searcher(self, explain: bool = False) -> Searcher:
         def record(error: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.models import MemoryStatus, SkippedFile, SourceCount
+from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.sources.memory_files import describe_extra_path, memory_roots
 from fallback.store.db import META_KEY, Store
@@ -113,10 +114,12 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
                        for src, (f, c) in counts.items()],
         fts={"enabled": s.query.hybrid.enabled or provider is None,
              "available": fts_error is None, "tokenizer": store.fts_tokenizer,
-             "error": fts_error, "cjk": CJK_SCHEME},
+             "error": fts_error, "cjk": CJK_SCHEME,
+             "keyword": "bm25" if fts_error is None else "substring"},
         vector=vector,
         cache={"enabled": s.cache.enabled, "entries": cache_entries,
                "maxEntries": s.cache.max_entries},
-        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []),
+        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
+            [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
         healthy=last_error is None, last_error=last_error, custom=custom)

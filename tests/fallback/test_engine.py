@@ -86,7 +86,7 @@ async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
     assert [c.to_json_dict() for c in status.source_counts] == [
         {"source": "memory", "files": 2, "chunks": 2}]
     assert status.fts == {"enabled": True, "available": True, "tokenizer": "unicode61",
-                          "error": None, "cjk": "trigram+like"}
+                          "error": None, "cjk": "trigram+like", "keyword": "bm25"}
     assert status.vector["mode"] == "disabled" and status.vector["available"] is False
     assert status.cache == {"enabled": True, "entries": 0, "maxEntries": 50000}
     assert status.db_path == str(ws / ".openclaw-state" / "memory" / "main.sqlite")

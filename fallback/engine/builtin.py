@@ -41,14 +41,23 @@ import anyio
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
+from fallback.engine.query_vector import (
+    PreparedProvider,
+    QueryVector,
+    backlog_reason,
+    dims_warning,
+    embed_query_within,
+    keyword_only_warning,
+    pending_warning,
+)
 from fallback.errors import (
     EmbeddingProviderError,
-    EmbeddingProviderUnavailableError,
     IndexStoreError,
     ManagerClosedError,
     SearchUnavailableError,
     UsageError,
 )
+from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import (
     MemoryReadResult,
@@ -121,6 +130,7 @@ class BuiltinEngine:
         self._sync_done: anyio.Event | None = None
         self._sync_outcome: SyncReport | BaseException | None = None
         self._last_report: SyncReport | None = None
+        self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
         self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
         self._live: Any = None
@@ -298,7 +308,8 @@ class BuiltinEngine:
     # -- sync ------------------------------------------------------------------------------
 
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
-                   progress: ProgressCallback | None = None) -> SyncReport:
+                   progress: ProgressCallback | None = None,
+                   embed_deadline: float | None = None) -> SyncReport:
         """Bring the index up to date; a second caller awaits the running sync.
 
         A store found corrupt on the way is moved aside and rebuilt from the memory files
@@ -312,6 +323,9 @@ class BuiltinEngine:
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for the sync this
                 call runs (a caller that joins a running sync gets no progress); default
                 the constructor's ``on_progress``.
+            embed_deadline: anyio clock time after which this sync calls the embedding
+                provider no more (a search's deadline); chunks left are written for keyword
+                search and embedded by a later sync. Ignored when joining a running sync.
 
         Returns:
             The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
@@ -323,7 +337,7 @@ class BuiltinEngine:
                 the live index untouched).
         """
         shared = partial(self._sync_shared, reason=reason, force=force, paths=paths,
-                         progress=progress or self.on_progress)
+                         progress=progress or self.on_progress, embed_deadline=embed_deadline)
         try:
             return await shared()
         except IndexStoreCorruptError as exc:
@@ -331,7 +345,8 @@ class BuiltinEngine:
             return await shared()
 
     async def _sync_shared(self, *, reason: str, force: bool, paths: set[str] | None,
-                           progress: ProgressCallback | None) -> SyncReport:
+                           progress: ProgressCallback | None,
+                           embed_deadline: float | None = None) -> SyncReport:
         self._check_open()
         cancelled = anyio.get_cancelled_exc_class()
         while self._sync_done is not None:
@@ -346,7 +361,7 @@ class BuiltinEngine:
         self._sync_done = done
         try:
             report = await self._run_sync(reason=reason, force=force, paths=paths,
-                                          progress=progress)
+                                          progress=progress, embed_deadline=embed_deadline)
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
@@ -361,7 +376,8 @@ class BuiltinEngine:
             done.set()
 
     async def _run_sync(self, *, reason: str, force: bool, paths: set[str] | None,
-                        progress: ProgressCallback | None) -> SyncReport:
+                        progress: ProgressCallback | None,
+                        embed_deadline: float | None = None) -> SyncReport:
         self._fail_closed()
         store = await self._open_store()
         # One writer per store across processes; the whole sync (a rebuild's publish too)
@@ -369,28 +385,33 @@ class BuiltinEngine:
         async with store.writer_lock.hold():
             await anyio.to_thread.run_sync(store.recover_leftovers)
             report = await self._sync_recovering_readonly(store, reason=reason, force=force,
-                                                          paths=paths, progress=progress)
+                                                          paths=paths, progress=progress,
+                                                          embed_deadline=embed_deadline)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
             await anyio.to_thread.run_sync(self._vector.invalidate)
-        self._dirty = False
-        self._dirty_reason = None
+        # chunks still without a vector keep the index dirty: the next sync fills them in
+        self._dirty = report.chunks_pending > 0
+        self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
+                              if self._dirty else None)
         self._synced = True
         self._last_report = report
+        self._syncs_done += 1
         self._last_error = None
         return report
 
     async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
                                         paths: set[str] | None,
-                                        progress: ProgressCallback | None) -> SyncReport:
+                                        progress: ProgressCallback | None,
+                                        embed_deadline: float | None = None) -> SyncReport:
         """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
 
         Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
         """
         indexer = Indexer(self.settings, provider=self._provider(),
                           write_limiter=self._write_limiter, now_ms=self._now_ms,
-                          on_progress=progress)
+                          on_progress=progress, embed_deadline=embed_deadline)
         log.debug("builtin sync start (%s, force=%s)", reason, force)
         recovery = store.readonly_recovery
         try:
@@ -409,11 +430,11 @@ class BuiltinEngine:
         recovery.successes += 1
         return report
 
-    async def _preflight(self, store: Store, budget_ms: int) -> None:
+    async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> None:
         empty = not (await anyio.to_thread.run_sync(
             store.query, "SELECT 1 FROM chunks LIMIT 1"))
         if empty and not self._synced:
-            await self._search_sync()  # bootstrap: nothing to answer from otherwise
+            await self._search_sync(deadline)  # bootstrap: nothing to answer from otherwise
             return
         if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
             return
@@ -421,28 +442,40 @@ class BuiltinEngine:
             if self._live is not None:
                 await self._live.spawn_sync("search").wait()
             else:
-                await self._search_sync()
+                await self._search_sync(deadline)
 
-    async def _search_sync(self) -> None:
+    async def _search_sync(self, deadline: float) -> None:
         try:
-            await self.sync(reason="search")
-        except EmbeddingProviderError as exc:
-            sel = self._provider_selection()
-            if sel.requested not in ("auto", "none") and sel.provider is not None:
-                # an explicitly configured provider that cannot embed is unavailable: say so
-                # rather than answer from a partial index
-                reason = exc.reason if isinstance(exc, EmbeddingProviderUnavailableError) else str(exc)
-                raise SearchUnavailableError(sel.provider.provider_id, reason) from exc
+            await self.sync(reason="search", embed_deadline=deadline)
+        except (EmbeddingProviderError, IndexStoreError) as exc:
             log.warning("memory sync before search failed: %s", exc)
-        except IndexStoreError as exc:
-            log.warning("memory sync before search failed: %s", exc)
+
+    def _fails_closed(self) -> bool:
+        """Whether a failing provider fails the search (explicitly configured, no opt-in)."""
+        sel = self._provider_selection()
+        return (sel.requested not in ("auto", "none")
+                and not self.settings.search.query.keyword_fallback)
+
+    def _provider_failed(self, provider: EmbeddingProvider, error: str,
+                         warnings: list[str]) -> None:
+        """A provider failure seen by this search: fail closed or warn (``query.keywordFallback``).
+
+        Raises:
+            SearchUnavailableError: an explicitly configured provider, without the opt-in.
+        """
+        if self._fails_closed():
+            raise SearchUnavailableError(provider.provider_id, error)
+        log.warning("embedding provider failed, keyword results only: %s", error)
+        warnings.append(keyword_only_warning(error))
 
     def search_info(self) -> SearchInfo:
         """Provider id (``none``), model and mode (``hybrid`` | ``fts-only``) plus the last
         search's warnings and the last non-fatal problem, without reading the store
         (``status()`` counts rows and is slower)."""
         provider = self._provider()
-        warnings = (*self._search_warnings, *((self._last_error,) if self._last_error else ()))
+        last = self._last_error
+        seen = last is None or any(last in w for w in self._search_warnings)  # said already
+        warnings = (*self._search_warnings, *(() if seen else (last,)))
         if provider is None:
             return SearchInfo("none", None, "fts-only", warnings)
         return SearchInfo(provider.provider_id, provider.model, "hybrid", warnings)
@@ -521,25 +554,71 @@ class BuiltinEngine:
             if dead is not None:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
         store = await self._open_store()
+        q = self.settings.search.query
+        deadline = anyio.current_time() + q.timeout_ms / 1000
+        provider = self._provider()
+        warnings: list[str] = []
+        qv: QueryVector | None = None
+        if provider is not None:  # first, so the provider is never waited for past the deadline
+            qv = await embed_query_within(provider, text, deadline=deadline,
+                                          timeout_ms=q.timeout_ms)
+            if qv.error is not None:
+                self._last_error = f"query embedding failed: {qv.error}"
+                self._provider_failed(provider, self._last_error, warnings)
+        syncs = self._syncs_done
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
-                              else sync_budget_ms)
+                              else sync_budget_ms, deadline)
         store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
-        q = self.settings.search.query
+        prepared: PreparedProvider | None = None
+        if qv is not None and qv.error is not None:
+            self._last_error = f"query embedding failed: {qv.error}"  # the sync cleared it
+        if provider is not None and qv is not None:
+            prepared = await self._prepare_vector(store, provider, qv, warnings,
+                                                  synced=self._syncs_done != syncs)
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
         enabled: list[str] = list(self.settings.search.sources)
         srcs = [s for s in enabled if sources is None or s in sources]
         if not srcs:
-            return SearchOutcome(results=[], warnings=[])
+            return SearchOutcome(results=[], warnings=warnings)
         candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
-        outcome = await self._searcher(explain).run(store, self._provider(), text, srcs,
-                                                    candidates, floor, limit)
+        outcome = await self._searcher(explain).run(store, prepared, text, srcs, candidates,
+                                                    floor, limit)
         fts_error = await anyio.to_thread.run_sync(lambda: store.fts_error)
         if fts_error is not None:
-            outcome = SearchOutcome(results=outcome.results, warnings=[
-                *outcome.warnings, SUBSTRING_WARNING.format(error=fts_error)])
-        return outcome
+            warnings.append(SUBSTRING_WARNING.format(error=fts_error))
+        return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])
+
+    async def _prepare_vector(self, store: Store, provider: EmbeddingProvider,
+                              query: QueryVector, warnings: list[str], *,
+                              synced: bool) -> PreparedProvider:
+        """Check the query vector against the index (its size, its backlog) after the
+        pre-search sync; the provider the ranking code gets (a ``[]`` vector: keywords only).
+
+        Raises:
+            SearchUnavailableError: the sync this search ran could not embed, and the
+                provider is explicitly configured without ``query.keywordFallback``.
+        """
+        meta, backlog = await anyio.to_thread.run_sync(
+            lambda: (store.get_meta_json(META_KEY), store.get_meta_json(BACKLOG_KEY)))
+        report = self._last_report
+        if synced and report is not None and report.embedding_error and query.error is None:
+            self._provider_failed(provider, report.embedding_error, warnings)
+        vector = query.vector or []
+        index_dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+        if vector and isinstance(index_dims, int) and len(vector) != index_dims:
+            # the model behind the id changed: the old vectors cannot be compared with it; the
+            # next sync rebuilds the index (the identity holds the size) while this one answers
+            warnings.append(dims_warning(index_dims, len(vector), provider.model))
+            self.mark_dirty(f"embedding dimensions changed ({index_dims} -> {len(vector)})")
+            if self._live is not None:
+                self._live.spawn_sync("search")
+            vector = []
+        pending = backlog.get("pending") if isinstance(backlog, dict) else None
+        if vector and isinstance(pending, int) and pending > 0:
+            warnings.append(pending_warning(pending, backlog.get("error")))
+        return PreparedProvider(provider, vector)
 
     def _searcher(self, explain: bool = False) -> Searcher:
         def record(error: str) -> None:

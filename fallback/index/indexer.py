@@ -25,15 +25,17 @@ Cancellation: each file is written in its own transaction, so a sync cancelled b
 keeps its progress and leaves a consistent index; a cancelled full reindex removes its
 temporary database (the cleanup runs shielded).
 
-Embeddings (when a provider exists): chunk texts are looked up in the embedding cache
-(``fallback/index/embedding_cache.py``); only misses go to ``provider.embed_batch``, in batches
-of :data:`EMBED_COMMIT_BATCH` texts; after each batch, in one transaction, hits are marked used,
-the fresh vectors cached and the cache pruned to ``cache.maxEntries``, least recently used
-first. During a full reindex each batch is also committed to the live store's cache, so an
-interrupted first index (Ctrl-C, a killed process) loses at most the batch in flight: the
-temporary database is removed, but the next rebuild seeds itself from the live cache and asks
-the provider only for the rest. A chunk's vector is stored once,
-as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
+Embeddings (when a provider exists): ``fallback/index/embedding_step.py`` looks chunk texts up in
+the embedding cache and sends only misses to the provider, in batches of
+:data:`~fallback.index.embedding_step.EMBED_COMMIT_BATCH` texts; after each batch, in one
+transaction, hits are marked used, the fresh vectors cached and the cache pruned to
+``cache.maxEntries``, least recently used first. During a full reindex each batch is also
+committed to the live store's cache, so an interrupted first index (Ctrl-C, a killed process)
+loses at most the batch in flight: the next rebuild seeds itself from the live cache and asks
+the provider only for the rest. A provider failure or the sync's embedding deadline never
+stops the sync: the chunks are written without a vector (keyword search finds them at once)
+and a later sync fills the vectors in. A vector is stored once, as the ``chunks.vector``
+float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
@@ -42,9 +44,8 @@ Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -52,8 +53,16 @@ import anyio
 import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
-from fallback.errors import IndexStoreError
+from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
+from fallback.index.embedding_step import (
+    BACKLOG_KEY,
+    DimensionsChanged,
+    EmbeddingStep,
+    pack_vector,
+    pending_count,
+)
+from fallback.index.report import SyncReport
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.sources.file_text import FileContent, read_memory_text
@@ -91,10 +100,6 @@ NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
 # Note recorded for a file whose name is not printable UTF-8 (fallback/text/path_names.py).
 ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 
-# Texts per embedding batch; each finished batch is committed to the embedding cache (and
-# reported to the progress callback) before the next one is sent.
-EMBED_COMMIT_BATCH = 32
-
 ProgressCallback = Callable[[int, int, int, int], None]
 """``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
 file and after each committed embedding batch."""
@@ -106,11 +111,6 @@ def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_
     return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
 
 
-def pack_vector(vector: list[float]) -> bytes:
-    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
-    return struct.pack(f"<{len(vector)}f", *vector)
-
-
 def _none_provider_key() -> str:
     return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
 
@@ -119,8 +119,10 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
     """The identity an index is built for (spec §4.3); any change forces a full reindex.
 
     Returns:
-        ``{model, provider, providerKey, sources, chunkTokens, chunkOverlap, scopeHash,
-        ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
+        scopeHash, ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        ``vectorDims`` the provider's vector length when known (configured, or seen in this
+        process), else ``None``;
         ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
         multimodal settings (always disabled here).
     """
@@ -133,6 +135,7 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         "model": provider.model if provider else FTS_ONLY_MODEL,
         "provider": provider.provider_id if provider else "none",
         "providerKey": provider.provider_key if provider else _none_provider_key(),
+        "vectorDims": provider.dims if provider else None,
         "sources": sorted(s.sources),
         "chunkTokens": s.chunking.tokens,
         "chunkOverlap": s.chunking.overlap,
@@ -146,8 +149,9 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
     """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
 
     Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
-    ``provider settings changed``, ``sources changed``, ``scope changed``, ``chunking changed``,
-    ``FTS tokenizer changed``.
+    ``provider settings changed``, ``embedding dimensions changed (<old> -> <new>)`` (both
+    lengths known and different: the model behind the id changed), ``sources changed``,
+    ``scope changed``, ``chunking changed``, ``FTS tokenizer changed``.
     """
     if not isinstance(meta, dict):
         return "no index metadata"
@@ -157,6 +161,9 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
         return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
     if meta.get("providerKey") != identity["providerKey"]:
         return "provider settings changed"
+    old_dims, new_dims = meta.get("vectorDims"), identity.get("vectorDims")
+    if isinstance(old_dims, int) and isinstance(new_dims, int) and old_dims != new_dims:
+        return f"embedding dimensions changed ({old_dims} -> {new_dims})"
     if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
         return "sources changed"
     if meta.get("scopeHash") != identity["scopeHash"]:
@@ -168,37 +175,6 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
     if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
         return "FTS tokenizer changed"
     return None
-
-
-@dataclass
-class SyncReport:
-    """What one sync did.
-
-    Attributes:
-        full: True when it was a full (swapped-in) reindex.
-        full_reason: why a full reindex ran (``force`` or a :func:`full_reindex_reason`).
-        files_total: files discovered.
-        files_indexed: files (re-)chunked and written.
-        files_deleted: indexed files whose rows were removed (vanished or now skipped).
-        chunks_written: chunks written.
-        chunks_embedded: chunk texts sent to the provider (cache misses).
-        skipped: files skipped or indexed with a caveat (memory and sessions).
-        issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
-            enumeration failure ...).
-        session_sizes: absolute transcript path -> size in bytes as indexed, for every
-            transcript the index now holds (the engine resets its delta tracker with it).
-    """
-
-    full: bool = False
-    full_reason: str | None = None
-    files_total: int = 0
-    files_indexed: int = 0
-    files_deleted: int = 0
-    chunks_written: int = 0
-    chunks_embedded: int = 0
-    skipped: list[SkippedFile] = field(default_factory=list)
-    issues: list[str] = field(default_factory=list)
-    session_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -217,24 +193,42 @@ class Indexer:
         write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
         now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
         on_progress: :data:`ProgressCallback`, called after each file and each embedding batch.
+        embed_deadline: anyio clock time after which this sync calls the provider no more
+            (a search's ``query.timeoutMs``); ``None`` = no deadline.
     """
 
     def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
                  write_limiter: anyio.CapacityLimiter, now_ms: Callable[[], int],
-                 on_progress: ProgressCallback | None = None) -> None:
+                 on_progress: ProgressCallback | None = None,
+                 embed_deadline: float | None = None) -> None:
         self.settings = settings
         self.provider = provider
         self._limiter = write_limiter
         self._now_ms = now_ms
         self.on_progress = on_progress
+        self._embed_deadline = embed_deadline
         self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
         self._live_store: Store | None = None  # the published store while a rebuild runs
         self._files_done = 0
         self._model = provider.model if provider else FTS_ONLY_MODEL
+        self._step: EmbeddingStep | None = None
+
+    def _new_step(self, index_dims: int | None) -> EmbeddingStep | None:
+        if self.provider is None:
+            return None
+        return EmbeddingStep(self.provider, write=self._write, commit=self._commit_batch,
+                             on_batch=self._report_progress,
+                             cache_enabled=self.settings.search.cache.enabled,
+                             deadline=self._embed_deadline, index_dims=index_dims)
 
     async def sync(self, store: Store, *, force: bool = False,
                    paths: set[str] | None = None) -> SyncReport:
         """Bring ``store`` up to date with the workspace.
+
+        Embedding failures never fail the sync: the chunks are written for keyword search and
+        embedded by a later sync (``fallback/index/embedding_step.py``); the report says how
+        many wait and why. Vectors whose length differs from the index's make it a full
+        reindex (``embedding dimensions changed``).
 
         Args:
             store: the live store (swapped in place after a full reindex).
@@ -247,18 +241,23 @@ class Indexer:
 
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
-            EmbeddingProviderError: embedding failed (a full reindex leaves the live index as it
-                was).
+            EmbeddingProviderError: the provider changed its vector size again during a
+                rebuild (the live index is left as it was).
         """
         identity = index_identity(self.settings, self.provider)
         meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
         reason = "force" if force else full_reindex_reason(meta, identity)
         if reason is not None:
             return await self._full_reindex(store, identity, reason)
+        dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+        self._step = self._new_step(dims if isinstance(dims, int) else None)
         report = SyncReport()
-        if paths is not None and await self._index_paths(store, report, paths):
-            return report
-        await self._index_into(store, report, full=False)
+        try:
+            if paths is None or not await self._index_paths(store, report, paths):
+                await self._index_into(store, report, full=False)
+        except DimensionsChanged as exc:
+            return await self._full_reindex(store, index_identity(self.settings, self.provider),
+                                            str(exc))
         return report
 
     async def _index_paths(self, store: Store, report: SyncReport, paths: set[str]) -> bool:
@@ -294,6 +293,7 @@ class Indexer:
         report.files_deleted = len(gone)
         touched = [mf.rel_path for mf in files] + gone
         await self._write(store, partial(self._record_path_skips, store, touched, skipped))
+        await self._finish_embedding(store, report)
         return True
 
     @staticmethod
@@ -305,6 +305,20 @@ class Indexer:
                              " VALUES (?, 'memory', ?)", [(x.path, x.reason) for x in skipped])
 
     async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        try:
+            return await self._rebuild(live, identity, reason)
+        except DimensionsChanged:
+            # the provider switched its vector size during the rebuild: once more, at the new size
+            try:
+                return await self._rebuild(live, index_identity(self.settings, self.provider),
+                                           reason)
+            except DimensionsChanged as exc:
+                assert self.provider is not None
+                raise EmbeddingProviderError(self.provider.provider_id,
+                                             f"{exc} twice during one rebuild") from exc
+
+    async def _rebuild(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        self._step = self._new_step(None)
         report = SyncReport(full=True, full_reason=reason)
         temp_path = temp_db_path(live.path)
         try:
@@ -322,6 +336,10 @@ class Indexer:
                     except IndexStoreError:
                         pass  # an unreadable live store is exactly what a rebuild replaces
                 await self._index_into(temp, report, full=True)
+                if reason == "force" and self._step is not None and self._step.error is not None:
+                    # a forced rebuild of the same index must not trade its vectors for a
+                    # provider outage: keep the live index and say why
+                    raise self._step.error
                 meta = dict(identity)
                 dims = await anyio.to_thread.run_sync(
                     temp.query, "SELECT dims FROM chunks WHERE dims IS NOT NULL LIMIT 1")
@@ -366,8 +384,33 @@ class Indexer:
             await self._index_source(store, report, "sessions", session_files, session_skipped,
                                      full=full, done=done)
         report.skipped = memory_skipped + session_skipped
+        await self._finish_embedding(store, report)
         await self._write(store, partial(self._record_scan, store, report,
                                          {"memory": memory_skipped, "sessions": session_skipped}))
+
+    async def _finish_embedding(self, store: Store, report: SyncReport) -> None:
+        """Fill in vectors still missing (while the provider works), then record the backlog
+        (``embedding_backlog`` meta) and, once known, the index's vector length."""
+        step = self._step
+        if step is None:
+            return
+        srcs = list(self.settings.search.sources)
+        if step.is_open:
+            await step.fill_pending(store, report, model=self._model, sources=srcs)
+        report.embedding_error = str(step.error) if step.error is not None else None
+        report.embedding_deferred = step.deferred
+        report.chunks_pending = await anyio.to_thread.run_sync(partial(
+            pending_count, store, model=self._model, sources=srcs))
+        await self._write(store, partial(self._record_backlog, store, report, step.provider.dims))
+
+    @staticmethod
+    def _record_backlog(store: Store, report: SyncReport, dims: int | None) -> None:
+        with store.transaction() as conn:
+            store.set_meta(BACKLOG_KEY, {"pending": report.chunks_pending,
+                                         "error": report.embedding_error}, conn=conn)
+            meta = store.get_meta_json(META_KEY)
+            if isinstance(meta, dict) and meta.get("vectorDims") is None and dims is not None:
+                store.set_meta(META_KEY, {**meta, "vectorDims": dims}, conn=conn)
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
@@ -428,7 +471,8 @@ class Indexer:
         if self.provider is not None and chunks:
             cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
             chunks = [piece for c in chunks for piece in split_by_utf8_bytes(c, cap)]
-            vectors = await self._embed(store, chunks, report)
+            assert self._step is not None
+            vectors = await self._step.vectors(store, chunks, report)
         rows: list[_Row] = []
         seen: set[str] = set()
         for chunk, vec in zip(chunks, vectors, strict=True):
@@ -446,31 +490,6 @@ class Indexer:
         if self.on_progress is not None:
             self.on_progress(self._files_done, report.files_total, report.chunks_embedded,
                              report.chunks_written)
-
-    async def _embed(self, store: Store, chunks: list[Chunk], report: SyncReport) -> list[list[float]]:
-        assert self.provider is not None
-        p = self.provider
-        cache_on = self.settings.search.cache.enabled
-        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
-        found: dict[str, list[float]] = {}
-        if cache_on:
-            found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
-        hits = list(found)
-        misses = [h for h in hashes if h not in found]
-        text_of = {c.content_hash: c.text for c in chunks}
-        for start in range(0, len(misses), EMBED_COMMIT_BATCH):
-            batch = misses[start:start + EMBED_COMMIT_BATCH]
-            fresh = await p.embed_batch([text_of[h] for h in batch])
-            report.chunks_embedded += len(batch)
-            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
-            found.update(new)
-            if cache_on:
-                await self._commit_batch(store, new, hits)
-                hits = []
-            self._report_progress(report)
-        if cache_on and hits:
-            await self._write(store, partial(self._cache_write, store, {}, hits))
-        return [found.get(c.content_hash, []) for c in chunks]
 
     async def _commit_batch(self, store: Store, new: dict[str, list[float]], hits: list[str]) -> None:
         """Cache one embedded batch; during a rebuild in the live store too, where it outlives

@@ -1,0 +1,125 @@
+"""A search's query embedding under its deadline, and the warnings of a degraded answer.
+
+The builtin engine embeds the query before anything else a search does, within
+``query.timeoutMs`` (:func:`embed_query_within`), then hands the ranking code a
+:class:`PreparedProvider` whose ``embed_query`` returns that vector, so the provider is called
+once per search and never past the deadline. What the engine does when the provider failed
+(fail closed, or answer from keyword search with a warning) is decided in
+``fallback/engine/builtin.py``; the texts of those warnings live here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
+
+__all__ = [
+    "PreparedProvider",
+    "QueryVector",
+    "backlog_reason",
+    "dims_warning",
+    "embed_query_within",
+    "keyword_only_warning",
+    "pending_warning",
+]
+
+
+@dataclass(frozen=True)
+class QueryVector:
+    """The query embedding of one search.
+
+    Attributes:
+        vector: the vector (``[]`` when the provider returned none), or ``None`` on failure.
+        error: why there is no vector (provider error, rate limit, the deadline), or ``None``.
+    """
+
+    vector: list[float] | None
+    error: EmbeddingProviderError | None = None
+
+
+async def embed_query_within(provider: EmbeddingProvider, text: str, *, deadline: float,
+                             timeout_ms: int) -> QueryVector:
+    """Embed ``text`` before the anyio clock reaches ``deadline``.
+
+    A provider that reports a changed vector size (:class:`EmbeddingDimensionsError`) has
+    adopted the new size, so the query is embedded once more at that size (the index check
+    that follows sees the change).
+
+    Args:
+        provider: the embedding provider.
+        text: the query.
+        deadline: absolute anyio clock time (``anyio.current_time()`` based), seconds.
+        timeout_ms: the configured deadline (``query.timeoutMs``), for the timeout message.
+
+    Returns:
+        A :class:`QueryVector`; never raises for a provider failure. Past the deadline the
+        error reads ``query embedding timed out after <timeout_ms> ms (query.timeoutMs)``.
+    """
+    with anyio.move_on_at(deadline):
+        try:
+            try:
+                return QueryVector(await provider.embed_query(text))
+            except EmbeddingDimensionsError:
+                return QueryVector(await provider.embed_query(text))
+        except EmbeddingProviderError as exc:
+            return QueryVector(None, exc)
+    return QueryVector(None, EmbeddingProviderError(
+        provider.provider_id, f"query embedding timed out after {timeout_ms} ms (query.timeoutMs)"))
+
+
+class PreparedProvider:
+    """The provider as the ranking code sees it during one search: ``embed_query`` answers
+    the vector embedded beforehand (``[]`` = none: keyword-only ranking); everything else is
+    the provider's.
+
+    Args:
+        provider: the real provider.
+        vector: the prepared query vector (``[]`` when there is none).
+    """
+
+    def __init__(self, provider: EmbeddingProvider, vector: list[float]) -> None:
+        self._provider = provider
+        self._vector = list(vector)
+        self.provider_id = provider.provider_id
+        self.model = provider.model
+        self.dims = provider.dims
+        self.provider_key = provider.provider_key
+        self.max_input_tokens = provider.max_input_tokens
+        self.max_batch_bytes = provider.max_batch_bytes
+
+    async def embed_query(self, text: str) -> list[float]:
+        """The prepared vector (a copy); ``text`` is the query it was made for."""
+        return list(self._vector)
+
+    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
+        """The provider's ``embed_batch``. Raises ``EmbeddingProviderError``."""
+        return await self._provider.embed_batch(texts)
+
+    async def aclose(self) -> None:
+        """Nothing: the engine owns and closes the real provider."""
+
+
+def keyword_only_warning(error: str) -> str:
+    """The warning of an answer ranked by keywords only because the provider failed."""
+    return f"{error}; results come from keyword search only"
+
+
+def dims_warning(index_dims: int, query_dims: int, model: str) -> str:
+    """The warning while the index is rebuilt for a provider whose vector size changed."""
+    return (f"embedding dimensions changed ({index_dims} -> {query_dims}, model {model}): "
+            "results come from keyword search only until the index is rebuilt")
+
+
+def backlog_reason(pending: int, error: str | None) -> str:
+    """``status().dirty_reason`` while chunks wait for their vectors."""
+    return f"{pending} chunks wait for embeddings" + (f" ({error})" if error else "")
+
+
+def pending_warning(pending: int, error: str | None) -> str:
+    """The warning of a hybrid answer while some chunks have no vector yet."""
+    return (f"{backlog_reason(pending, error)}: they are found by keyword search only until a "
+            "later sync embeds them")

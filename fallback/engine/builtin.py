@@ -45,10 +45,10 @@ from fallback.engine.query_vector import (
     PreparedProvider,
     QueryVector,
     backlog_reason,
-    dims_warning,
+    check_query_vector,
     embed_query_within,
-    keyword_only_warning,
-    pending_warning,
+    on_provider_failure,
+    read_index_vectors,
 )
 from fallback.errors import (
     EmbeddingProviderError,
@@ -57,7 +57,6 @@ from fallback.errors import (
     SearchUnavailableError,
     UsageError,
 )
-from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import (
     MemoryReadResult,
@@ -452,21 +451,8 @@ class BuiltinEngine:
 
     def _fails_closed(self) -> bool:
         """Whether a failing provider fails the search (explicitly configured, no opt-in)."""
-        sel = self._provider_selection()
-        return (sel.requested not in ("auto", "none")
+        return (self._provider_selection().requested not in ("auto", "none")
                 and not self.settings.search.query.keyword_fallback)
-
-    def _provider_failed(self, provider: EmbeddingProvider, error: str,
-                         warnings: list[str]) -> None:
-        """A provider failure seen by this search: fail closed or warn (``query.keywordFallback``).
-
-        Raises:
-            SearchUnavailableError: an explicitly configured provider, without the opt-in.
-        """
-        if self._fails_closed():
-            raise SearchUnavailableError(provider.provider_id, error)
-        log.warning("embedding provider failed, keyword results only: %s", error)
-        warnings.append(keyword_only_warning(error))
 
     def search_info(self) -> SearchInfo:
         """Provider id (``none``), model and mode (``hybrid`` | ``fts-only``) plus the last
@@ -564,7 +550,8 @@ class BuiltinEngine:
                                           timeout_ms=q.timeout_ms)
             if qv.error is not None:
                 self._last_error = f"query embedding failed: {qv.error}"
-                self._provider_failed(provider, self._last_error, warnings)
+                on_provider_failure(provider.provider_id, self._last_error,
+                                    fail_closed=self._fails_closed(), warnings=warnings)
         syncs = self._syncs_done
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
                               else sync_budget_ms, deadline)
@@ -593,31 +580,24 @@ class BuiltinEngine:
     async def _prepare_vector(self, store: Store, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *,
                               synced: bool) -> PreparedProvider:
-        """Check the query vector against the index (its size, its backlog) after the
-        pre-search sync; the provider the ranking code gets (a ``[]`` vector: keywords only).
+        """The provider the ranking code gets after the pre-search sync: the query vector if
+        the index can use it (else ``[]``, keywords only), with the answer's warnings.
 
         Raises:
             SearchUnavailableError: the sync this search ran could not embed, and the
                 provider is explicitly configured without ``query.keywordFallback``.
         """
-        meta, backlog = await anyio.to_thread.run_sync(
-            lambda: (store.get_meta_json(META_KEY), store.get_meta_json(BACKLOG_KEY)))
         report = self._last_report
         if synced and report is not None and report.embedding_error and query.error is None:
-            self._provider_failed(provider, report.embedding_error, warnings)
-        vector = query.vector or []
-        index_dims = meta.get("vectorDims") if isinstance(meta, dict) else None
-        if vector and isinstance(index_dims, int) and len(vector) != index_dims:
-            # the model behind the id changed: the old vectors cannot be compared with it; the
-            # next sync rebuilds the index (the identity holds the size) while this one answers
-            warnings.append(dims_warning(index_dims, len(vector), provider.model))
-            self.mark_dirty(f"embedding dimensions changed ({index_dims} -> {len(vector)})")
+            on_provider_failure(provider.provider_id, report.embedding_error,
+                                fail_closed=self._fails_closed(), warnings=warnings)
+        index = await anyio.to_thread.run_sync(read_index_vectors, store)
+        vector, changed = check_query_vector(query.vector or [], index, model=provider.model,
+                                             warnings=warnings)
+        if changed is not None:  # the model behind the id changed: the next sync rebuilds
+            self.mark_dirty(f"embedding dimensions changed ({changed[0]} -> {changed[1]})")
             if self._live is not None:
                 self._live.spawn_sync("search")
-            vector = []
-        pending = backlog.get("pending") if isinstance(backlog, dict) else None
-        if vector and isinstance(pending, int) and pending > 0:
-            warnings.append(pending_warning(pending, backlog.get("error")))
         return PreparedProvider(provider, vector)
 
     def _searcher(self, explain: bool = False) -> Searcher:

@@ -10,22 +10,35 @@ once per search and never past the deadline. What the engine does when the provi
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 
 from fallback.embeddings.base import EmbeddingProvider
-from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
+from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError, SearchUnavailableError
+from fallback.index.embedding_step import BACKLOG_KEY
+from fallback.store.db import META_KEY
+
+if TYPE_CHECKING:
+    from fallback.store.db import Store
 
 __all__ = [
+    "IndexVectors",
     "PreparedProvider",
     "QueryVector",
     "backlog_reason",
+    "check_query_vector",
     "dims_warning",
     "embed_query_within",
     "keyword_only_warning",
+    "on_provider_failure",
     "pending_warning",
+    "read_index_vectors",
 ]
+
+log = logging.getLogger("fallback.engine.builtin")
 
 
 @dataclass(frozen=True)
@@ -123,3 +136,65 @@ def pending_warning(pending: int, error: str | None) -> str:
     """The warning of a hybrid answer while some chunks have no vector yet."""
     return (f"{backlog_reason(pending, error)}: they are found by keyword search only until a "
             "later sync embeds them")
+
+
+def on_provider_failure(provider_id: str, error: str, *, fail_closed: bool,
+                        warnings: list[str]) -> None:
+    """A provider failure seen by a search: fail closed, or add the keyword-only warning.
+
+    Args:
+        provider_id: the provider that failed.
+        error: one line saying how.
+        fail_closed: True for an explicitly configured provider without
+            ``query.keywordFallback``.
+        warnings: the answer's warnings (appended to).
+
+    Raises:
+        SearchUnavailableError: when ``fail_closed``.
+    """
+    if fail_closed:
+        raise SearchUnavailableError(provider_id, error)
+    log.warning("embedding provider failed, keyword results only: %s", error)
+    warnings.append(keyword_only_warning(error))
+
+
+@dataclass(frozen=True)
+class IndexVectors:
+    """What the index says about its vectors: ``dims`` (``vectorDims`` of the index meta, or
+    ``None``), ``pending`` chunks without a vector and the provider ``error`` that left them."""
+
+    dims: int | None
+    pending: int
+    error: str | None
+
+
+def read_index_vectors(store: Store) -> IndexVectors:
+    """Read :class:`IndexVectors` from the index meta (blocking: call in a worker thread).
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    meta, backlog = store.get_meta_json(META_KEY), store.get_meta_json(BACKLOG_KEY)
+    dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+    pending = backlog.get("pending") if isinstance(backlog, dict) else None
+    error = backlog.get("error") if isinstance(backlog, dict) else None
+    return IndexVectors(dims=dims if isinstance(dims, int) else None,
+                        pending=pending if isinstance(pending, int) else 0,
+                        error=error if isinstance(error, str) else None)
+
+
+def check_query_vector(vector: list[float], index: IndexVectors, *, model: str,
+                       warnings: list[str]) -> tuple[list[float], tuple[int, int] | None]:
+    """The query vector a search may rank with, given the index (pure).
+
+    Returns:
+        ``(vector, None)``, with the backlog warning appended when chunks wait for vectors; or
+        ``([], (index dims, query dims))`` with the :func:`dims_warning` when the vector's
+        length is not the index's (keyword-only until the index is rebuilt).
+    """
+    if vector and index.dims is not None and len(vector) != index.dims:
+        warnings.append(dims_warning(index.dims, len(vector), model))
+        return [], (index.dims, len(vector))
+    if vector and index.pending > 0:
+        warnings.append(pending_warning(index.pending, index.error))
+    return vector, None

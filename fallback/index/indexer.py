@@ -43,7 +43,6 @@ Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -65,7 +64,13 @@ from fallback.index.embedding_step import (
 from fallback.index.report import SyncReport
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
-from fallback.sources.file_text import FileContent, read_memory_text
+from fallback.sources.file_text import (
+    VANISHED,
+    FileContent,
+    list_session_files,
+    read_memory_text,
+    read_session_text,
+)
 from fallback.sources.memory_files import (
     MemoryFile,
     classify_changed_path,
@@ -74,7 +79,7 @@ from fallback.sources.memory_files import (
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
-from fallback.text.path_names import has_escapes, printable_path
+from fallback.text.path_names import has_escapes
 from fallback.text.scripts import contains_cjk, sha256_hex
 
 __all__ = [
@@ -91,8 +96,6 @@ __all__ = [
 FTS_ONLY_MODEL = "fts-only"
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000
-# Skip reason of a file that disappeared between discovery and reading.
-_VANISHED = "vanished before read"
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
 # Note recorded for a note padded with NUL bytes, indexed without them (fallback/sources/file_text.py).
@@ -281,7 +284,7 @@ class Indexer:
                 read_memory_text, mf, max_file_bytes=s.max_file_bytes))
             if isinstance(read, SkippedFile):
                 gone.append(mf.rel_path)
-                if read.reason != _VANISHED:
+                if read.reason != VANISHED:
                     skipped.append(read)
                 continue
             skipped.extend(_read_notes(mf, read))
@@ -373,7 +376,7 @@ class Indexer:
         session_files: list[MemoryFile] = []
         if "sessions" in s.sources:
             session_files, error = await anyio.to_thread.run_sync(
-                _list_session_files, self.settings.sessions_dir)
+                list_session_files, self.settings.sessions_dir)
             if error is not None:
                 report.issues.append(error)
         report.files_total = len(discovery.files) + len(session_files)
@@ -435,12 +438,12 @@ class Indexer:
             else:
                 line_map: list[int] | None = None
                 if source == "sessions":
-                    read, line_map = await anyio.to_thread.run_sync(_read_session, mf)
+                    read, line_map = await anyio.to_thread.run_sync(read_session_text, mf)
                 else:
                     read = await anyio.to_thread.run_sync(partial(
                         read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
                 if isinstance(read, SkippedFile):
-                    if read.reason != _VANISHED:
+                    if read.reason != VANISHED:
                         skipped.append(read)
                 else:
                     active.add(mf.rel_path)
@@ -594,41 +597,3 @@ def _delete_rows(conn: Any, path: str, source: str) -> None:
         conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({sub})", (path, source))
         conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
     conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))
-
-
-
-def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None]:
-    """Transcripts of ``sessions_dir`` as ``MemoryFile`` rows (``sessions/<basename>``), and the
-    enumeration error, if any. Files that vanish while being listed are left out."""
-    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
-
-    scan = scan_transcripts(sessions_dir)
-    out: list[MemoryFile] = []
-    for path in scan.paths:
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            continue
-        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
-                              source="sessions",
-                              size=st.st_size, mtime_ms=int(st.st_mtime_ns // 1_000_000)))
-    return out, scan.error
-
-
-def _read_session(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
-    """Flatten one transcript (spec §5.4): ``(FileContent, line_map)`` or a ``SkippedFile``.
-
-    A cron-run or fully filtered transcript gives empty content (a files row, no chunks).
-    """
-    try:
-        with open(mf.abs_path, "rb"):
-            pass
-    except FileNotFoundError:
-        return SkippedFile(path=mf.rel_path, reason=_VANISHED), None
-    except OSError as exc:
-        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
-    from fallback.sources.transcripts import session_document
-
-    doc = session_document(mf.abs_path)
-    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
-                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

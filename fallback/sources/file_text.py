@@ -1,5 +1,5 @@
-"""Reading one discovered memory file's bytes for indexing: one descriptor, no symlinks, a
-size cap, and the text, hash and size of the same bytes."""
+"""Reading one discovered memory file (or session transcript) for indexing: one descriptor, no
+symlinks, a size cap, and the text, hash and size of the same bytes."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ import os
 import re
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from fallback.models import SkippedFile
 from fallback.sources.memory_files import MemoryFile
+from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
 
-__all__ = ["FileContent", "read_memory_text"]
+__all__ = ["VANISHED", "FileContent", "list_session_files", "read_memory_text", "read_session_text"]
+
+# Skip reason of a file that disappeared between discovery and reading (not reported).
+VANISHED = "vanished before read"
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Control characters that mark a file with NUL bytes as binary (all C0 controls and DEL but
@@ -69,7 +74,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         fd = os.open(f.abs_path, flags)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return skipped("vanished before read")
+            return skipped(VANISHED)
         if exc.errno == errno.ELOOP:
             return skipped("symlink (not followed)")
         return skipped(f"unreadable: {exc.strerror or exc}")
@@ -128,3 +133,54 @@ def _text_without_nuls(body: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if _BINARY_CONTROLS.search(text) else text
+
+
+def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:
+    """Transcripts of ``sessions_dir`` as :class:`MemoryFile` rows, and the enumeration error.
+
+    Args:
+        sessions_dir: the agent's transcript folder.
+
+    Returns:
+        ``(files, error)``: each transcript (``*.jsonl`` and retained archives, see
+        :func:`fallback.sources.transcripts.scan_transcripts`) with ``rel_path``
+        ``sessions/<basename>`` (a name that is not UTF-8 in its printable form) and source
+        ``sessions``; files that vanish while being listed are left out. ``error`` is the
+        listing problem, or ``None``.
+    """
+    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
+
+    scan = scan_transcripts(sessions_dir)
+    out: list[MemoryFile] = []
+    for path in scan.paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
+                              source="sessions", size=st.st_size,
+                              mtime_ms=int(st.st_mtime_ns // 1_000_000)))
+    return out, scan.error
+
+
+def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
+    """Flatten one transcript (spec §5.4) for indexing; never raises for a bad file.
+
+    Returns:
+        ``(FileContent, line_map)`` where ``line_map[i]`` is the JSONL line of text line
+        ``i + 1``, or ``(SkippedFile, None)`` with reason ``vanished before read`` or
+        ``unreadable: <OS reason>``. A cron-run or fully filtered transcript gives empty
+        content (a files row, no chunks).
+    """
+    try:
+        with open(mf.abs_path, "rb"):
+            pass
+    except FileNotFoundError:
+        return SkippedFile(path=mf.rel_path, reason=VANISHED), None
+    except OSError as exc:
+        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
+    from fallback.sources.transcripts import session_document
+
+    doc = session_document(mf.abs_path)
+    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
+                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

@@ -9,12 +9,12 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
   incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
   there is recorded in ``status().last_error`` and the search answers from the current index);
 - with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
-  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only.
-  Deviation: a keyword hit's text score is the FTS-only boosted score (BM25 score plus query
-  coverage, spec §8.6) in both modes, because raw BM25 scores collapse towards 0 in small
-  corpora and keyword hits would never pass the score floor;
-- an explicitly configured provider that is unavailable fails closed with
-  ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
+  vector and keyword hits (spec §8.5). Deviation: a keyword hit's text score is the FTS-only
+  boosted score (BM25 plus query coverage, spec §8.6) in both modes (raw BM25 collapses towards
+  0 in small corpora); the query is embedded first, within ``query.timeoutMs``. A provider
+  that cannot be created, or fails in a search, fails it closed when explicitly configured
+  (``memory search unavailable: <provider>: <reason>``) unless ``query.keywordFallback``;
+  else the answer is keyword-only with a warning (``fallback/engine/query_vector.py``);
 - one sync runs at a time (a second caller awaits the running one and gets its outcome);
   SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
   ``CapacityLimiter(1)``;
@@ -50,6 +50,7 @@ from fallback.engine.query_vector import (
     on_provider_failure,
     read_index_vectors,
 )
+from fallback.engine.store_open import open_store, reopen_after_corruption
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -70,8 +71,7 @@ from fallback.search.rerank import reranker_from_settings
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store
-from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
-from fallback.store.files import quarantine_corrupt_store
+from fallback.store.errors import IndexStoreCorruptError
 
 __all__ = ["BuiltinEngine"]
 
@@ -142,24 +142,12 @@ class BuiltinEngine:
             raise ManagerClosedError("builtin engine is closed")
 
     async def _open_store(self) -> Store:
-        """The store, opened on first use; reopened when another process swapped its file."""
+        """The store, opened on first use (a corrupt file is moved aside first:
+        ``fallback/engine/store_open.py``); reopened when another process swapped its file."""
         self._check_open()
         async with self._open_lock:
             if self._store is None:
-                opener = partial(Store, self.settings.db_path,
-                                 fts_tokenizer=self.settings.search.store.fts.tokenizer)
-                try:
-                    self._store = await anyio.to_thread.run_sync(opener)
-                except IndexStoreCorruptError as exc:
-                    # The index is derived from the Markdown files: set the broken file aside
-                    # (kept for inspection, nothing deleted) and rebuild from the sources.
-                    moved = await anyio.to_thread.run_sync(
-                        partial(quarantine_corrupt_store, self.settings.db_path, opener))
-                    if moved:
-                        self._notes.append(f"index store was corrupt ({exc}); moved aside to "
-                                           f"{moved} and rebuilt from the memory files")
-                        log.warning("%s", self._notes[-1])
-                    self._store = await anyio.to_thread.run_sync(opener)
+                self._store = await anyio.to_thread.run_sync(open_store, self.settings, self._notes)
             else:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
@@ -171,23 +159,8 @@ class BuiltinEngine:
                 await anyio.to_thread.run_sync(self._store.close)
                 self._store = None
             await anyio.to_thread.run_sync(self._drop_vector_index)
-
-            def verify() -> Store:
-                store = Store(self.settings.db_path,
-                              fts_tokenizer=self.settings.search.store.fts.tokenizer)
-                problem = store.quick_check()
-                if problem != "ok":
-                    store.close()
-                    raise IndexStoreCorruptError(f"index store is corrupt: {problem}",
-                                                 db_path=str(self.settings.db_path))
-                return store
-
-            moved = await anyio.to_thread.run_sync(
-                partial(quarantine_corrupt_store, self.settings.db_path, verify))
-        if moved:
-            self._notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and "
-                               "rebuilt from the memory files")
-            log.warning("%s", self._notes[-1])
+            await anyio.to_thread.run_sync(reopen_after_corruption, self.settings, exc,
+                                           self._notes)
         self._synced = False
         self.mark_dirty("index store was rebuilt")
 
@@ -383,9 +356,11 @@ class BuiltinEngine:
         # runs under the lock, after repairing what a killed writer left (fallback/store/lock.py).
         async with store.writer_lock.hold():
             await anyio.to_thread.run_sync(store.recover_leftovers)
-            report = await self._sync_recovering_readonly(store, reason=reason, force=force,
-                                                          paths=paths, progress=progress,
-                                                          embed_deadline=embed_deadline)
+            indexer = Indexer(self.settings, provider=self._provider(),
+                              write_limiter=self._write_limiter, now_ms=self._now_ms,
+                              on_progress=progress, embed_deadline=embed_deadline)
+            log.debug("builtin sync start (%s, force=%s)", reason, force)
+            report = await indexer.sync_recovering_readonly(store, force=force, paths=paths)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
@@ -398,35 +373,6 @@ class BuiltinEngine:
         self._last_report = report
         self._syncs_done += 1
         self._last_error = None
-        return report
-
-    async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
-                                        paths: set[str] | None,
-                                        progress: ProgressCallback | None,
-                                        embed_deadline: float | None = None) -> SyncReport:
-        """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
-
-        Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
-        """
-        indexer = Indexer(self.settings, provider=self._provider(),
-                          write_limiter=self._write_limiter, now_ms=self._now_ms,
-                          on_progress=progress, embed_deadline=embed_deadline)
-        log.debug("builtin sync start (%s, force=%s)", reason, force)
-        recovery = store.readonly_recovery
-        try:
-            return await indexer.sync(store, force=force, paths=paths)
-        except IndexStoreReadOnlyError as exc:
-            recovery.attempts += 1
-            recovery.last_error = str(exc)
-            log.warning("index store is read-only, reopening and retrying once: %s", exc)
-        try:
-            await anyio.to_thread.run_sync(store.reopen)
-            report = await indexer.sync(store, force=force, paths=paths)
-        except Exception as exc:
-            recovery.failures += 1
-            recovery.last_error = str(exc)
-            raise
-        recovery.successes += 1
         return report
 
     async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> None:
@@ -557,12 +503,8 @@ class BuiltinEngine:
                               else sync_budget_ms, deadline)
         store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
-        prepared: PreparedProvider | None = None
-        if qv is not None and qv.error is not None:
-            self._last_error = f"query embedding failed: {qv.error}"  # the sync cleared it
-        if provider is not None and qv is not None:
-            prepared = await self._prepare_vector(store, provider, qv, warnings,
-                                                  synced=self._syncs_done != syncs)
+        prepared = None if provider is None or qv is None else await self._prepare_vector(
+            store, provider, qv, warnings, synced=self._syncs_done != syncs)
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
         enabled: list[str] = list(self.settings.search.sources)
@@ -584,9 +526,10 @@ class BuiltinEngine:
         the index can use it (else ``[]``, keywords only), with the answer's warnings.
 
         Raises:
-            SearchUnavailableError: the sync this search ran could not embed, and the
-                provider is explicitly configured without ``query.keywordFallback``.
+            SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
         """
+        if query.error is not None:
+            self._last_error = f"query embedding failed: {query.error}"  # the sync cleared it
         report = self._last_report
         if synced and report is not None and report.embedding_error and query.error is None:
             on_provider_failure(provider.provider_id, report.embedding_error,

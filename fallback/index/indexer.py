@@ -43,6 +43,7 @@ Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -78,6 +79,7 @@ from fallback.sources.memory_files import (
     normalize_extra_paths,
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
+from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
 from fallback.text.path_names import has_escapes
 from fallback.text.scripts import contains_cjk, sha256_hex
@@ -91,6 +93,8 @@ __all__ = [
     "index_identity",
     "pack_vector",
 ]
+
+log = logging.getLogger(__name__)
 
 # Model name recorded for chunks written without an embedding provider (spec §3).
 FTS_ONLY_MODEL = "fts-only"
@@ -263,6 +267,31 @@ class Indexer:
                                             str(exc))
         return report
 
+    async def sync_recovering_readonly(self, store: Store, *, force: bool = False,
+                                       paths: set[str] | None = None) -> SyncReport:
+        """:meth:`sync`; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3
+        step 6), counted in ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
+
+        Raises:
+            IndexStoreError: as :meth:`sync`, or the retry failed too.
+        """
+        recovery = store.readonly_recovery
+        try:
+            return await self.sync(store, force=force, paths=paths)
+        except IndexStoreReadOnlyError as exc:
+            recovery.attempts += 1
+            recovery.last_error = str(exc)
+            log.warning("index store is read-only, reopening and retrying once: %s", exc)
+        try:
+            await anyio.to_thread.run_sync(store.reopen)
+            report = await self.sync(store, force=force, paths=paths)
+        except Exception as exc:
+            recovery.failures += 1
+            recovery.last_error = str(exc)
+            raise
+        recovery.successes += 1
+        return report
+
     async def _index_paths(self, store: Store, report: SyncReport, paths: set[str]) -> bool:
         """Re-index only ``paths`` (watcher events) when each of them can be judged on its own
         (:func:`~fallback.sources.memory_files.classify_changed_path`); ``False`` = a full scan is needed."""
@@ -401,6 +430,7 @@ class Indexer:
         if step.is_open:
             await step.fill_pending(store, report, model=self._model, sources=srcs)
         report.embedding_error = str(step.error) if step.error is not None else None
+        report.embedding_exception = step.error
         report.embedding_deferred = step.deferred
         report.chunks_pending = await anyio.to_thread.run_sync(partial(
             pending_count, store, model=self._model, sources=srcs))

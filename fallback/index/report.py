@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fallback.errors import EmbeddingProviderError
 from fallback.models import SkippedFile
 
 __all__ = ["SyncReport"]
@@ -25,6 +26,8 @@ class SyncReport:
         chunks_pending: chunks still without a vector after this sync (the provider failed or
             the sync's embedding deadline passed; a later sync fills them in).
         embedding_error: the provider error that stopped embedding in this sync, or ``None``.
+        embedding_exception: that error itself (live mode raises it after the sync, so the
+            background task reports it and retries with backoff), or ``None``.
         embedding_deferred: True when the sync's embedding deadline stopped embedding.
         skipped: files skipped or indexed with a caveat (memory and sessions).
         issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
@@ -43,6 +46,8 @@ class SyncReport:
     chunks_filled: int = 0
     chunks_pending: int = 0
     embedding_error: str | None = None
+    embedding_exception: EmbeddingProviderError | None = field(default=None, repr=False,
+                                                                compare=False)
     embedding_deferred: bool = False
     skipped: list[SkippedFile] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)

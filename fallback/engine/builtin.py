@@ -47,6 +47,7 @@ from fallback.engine.query_vector import (
     backlog_reason,
     check_query_vector,
     embed_query_within,
+    failure_text,
     on_provider_failure,
     read_index_vectors,
 )
@@ -487,17 +488,14 @@ class BuiltinEngine:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
         store = await self._open_store()
         q = self.settings.search.query
-        deadline = anyio.current_time() + q.timeout_ms / 1000
         provider = self._provider()
         warnings: list[str] = []
-        qv: QueryVector | None = None
-        if provider is not None:  # first, so the provider is never waited for past the deadline
-            qv = await embed_query_within(provider, text, deadline=deadline,
-                                          timeout_ms=q.timeout_ms)
-            if qv.error is not None:
-                self._last_error = f"query embedding failed: {qv.error}"
-                on_provider_failure(provider.provider_id, self._last_error,
-                                    fail_closed=self._fails_closed(), warnings=warnings)
+        # first, so the provider is never waited for past the deadline
+        qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
+        if provider is not None and qv is not None and qv.error is not None:
+            self._last_error = failure_text(qv.error, query=True)
+            on_provider_failure(provider.provider_id, self._last_error,
+                                fail_closed=self._fails_closed(), warnings=warnings)
         syncs = self._syncs_done
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
                               else sync_budget_ms, deadline)
@@ -529,10 +527,11 @@ class BuiltinEngine:
             SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
         """
         if query.error is not None:
-            self._last_error = f"query embedding failed: {query.error}"  # the sync cleared it
+            self._last_error = failure_text(query.error, query=True)  # the sync cleared it
         report = self._last_report
-        if synced and report is not None and report.embedding_error and query.error is None:
-            on_provider_failure(provider.provider_id, report.embedding_error,
+        failed = report.embedding_exception if synced and report is not None else None
+        if failed is not None and query.error is None:
+            on_provider_failure(provider.provider_id, failure_text(failed, query=False),
                                 fail_closed=self._fails_closed(), warnings=warnings)
         index = await anyio.to_thread.run_sync(read_index_vectors, store)
         vector, changed = check_query_vector(query.vector or [], index, model=provider.model,

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.embeddings.base import EmbeddingProvider
-from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError, SearchUnavailableError
+from fallback.errors import (
+    EmbeddingDimensionsError,
+    EmbeddingProviderError,
+    EmbeddingProviderUnavailableError,
+    SearchUnavailableError,
+)
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.store.db import META_KEY
 
@@ -26,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "IndexVectors",
+    "ensure_model",
+    "failure_text",
     "PreparedProvider",
     "QueryVector",
     "backlog_reason",
@@ -54,34 +61,68 @@ class QueryVector:
     error: EmbeddingProviderError | None = None
 
 
-async def embed_query_within(provider: EmbeddingProvider, text: str, *, deadline: float,
-                             timeout_ms: int) -> QueryVector:
-    """Embed ``text`` before the anyio clock reaches ``deadline``.
+async def ensure_model(provider: EmbeddingProvider) -> EmbeddingProviderError | None:
+    """Bring the provider's model in before a search's deadline starts: a local model that is
+    downloaded on first use (``ensure_model()`` of the local provider) takes as long as the
+    download does, with its own progress and errors, and is not a provider that hangs.
+
+    Returns:
+        ``None`` when the model is ready (or the provider has none to fetch), else the error
+        (``ModelDownloadError``: offline, HTTP error, checksum).
+    """
+    fetch = getattr(provider, "ensure_model", None)
+    if fetch is None:
+        return None
+    try:
+        await fetch()
+    except EmbeddingProviderError as exc:
+        return exc
+    return None
+
+
+def failure_text(exc: EmbeddingProviderError, *, query: bool) -> str:
+    """How a provider failure is named in the answer: a provider that cannot work at all
+    (:class:`EmbeddingProviderUnavailableError`: no model, download failed) by its reason, a
+    failed call as ``query embedding failed: <error>`` (``query``) or the error itself."""
+    if isinstance(exc, EmbeddingProviderUnavailableError):
+        return exc.reason
+    return f"query embedding failed: {exc}" if query else str(exc)
+
+
+async def embed_query_within(provider: EmbeddingProvider | None, text: str, *,
+                             timeout_ms: int) -> tuple[QueryVector | None, float]:
+    """Embed ``text`` within ``timeout_ms``, after :func:`ensure_model` (which has no deadline).
 
     A provider that reports a changed vector size (:class:`EmbeddingDimensionsError`) has
     adopted the new size, so the query is embedded once more at that size (the index check
     that follows sees the change).
 
     Args:
-        provider: the embedding provider.
+        provider: the embedding provider, or ``None`` (keyword-only: nothing to embed).
         text: the query.
-        deadline: absolute anyio clock time (``anyio.current_time()`` based), seconds.
-        timeout_ms: the configured deadline (``query.timeoutMs``), for the timeout message.
+        timeout_ms: the search's deadline (``query.timeoutMs``), in ms.
 
     Returns:
-        A :class:`QueryVector`; never raises for a provider failure. Past the deadline the
-        error reads ``query embedding timed out after <timeout_ms> ms (query.timeoutMs)``.
+        ``(query vector or None without a provider, deadline)``: the deadline as anyio clock
+        time, for the rest of the search. Never raises for a provider failure: past the
+        deadline the error reads ``query embedding timed out after <timeout_ms> ms
+        (query.timeoutMs)``.
     """
+    fetch_error = None if provider is None else await ensure_model(provider)
+    deadline = anyio.current_time() + timeout_ms / 1000
+    if provider is None or fetch_error is not None:
+        return (None if provider is None else QueryVector(None, fetch_error)), deadline
     with anyio.move_on_at(deadline):
         try:
             try:
-                return QueryVector(await provider.embed_query(text))
+                return QueryVector(await provider.embed_query(text)), deadline
             except EmbeddingDimensionsError:
-                return QueryVector(await provider.embed_query(text))
+                return QueryVector(await provider.embed_query(text)), deadline
         except EmbeddingProviderError as exc:
-            return QueryVector(None, exc)
+            return QueryVector(None, exc), deadline
     return QueryVector(None, EmbeddingProviderError(
-        provider.provider_id, f"query embedding timed out after {timeout_ms} ms (query.timeoutMs)"))
+        provider.provider_id,
+        f"query embedding timed out after {timeout_ms} ms (query.timeoutMs)")), deadline
 
 
 class PreparedProvider:

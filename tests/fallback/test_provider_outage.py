@@ -167,7 +167,8 @@ async def test_new_vector_size_under_the_same_model_rebuilds_the_index(ws: Path)
                 "embedding dimensions changed (3 -> 5, model mini-embed): results come from "
                 "keyword search only until the index is rebuilt"]
             status = await engine.status()
-            assert (status.dirty, status.dirty_reason) == (True, "embedding dimensions changed (3 -> 5)")
+            assert (status.dirty, status.dirty_reason) == (
+                True, "rebuild pending: embedding dimensions changed (3 -> 5)")
             report = await engine.sync(reason="cli")
             assert (report.full, report.full_reason) == (True, "embedding dimensions changed (3 -> 5)")
             outcome = await engine.search_detailed("kayak", min_score=0.0)

@@ -36,6 +36,7 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 from fallback.index import embedding_cache
 from fallback.index.report import SyncReport
+from fallback.store.db import META_KEY
 from fallback.text.chunking import Chunk
 
 if TYPE_CHECKING:
@@ -187,6 +188,24 @@ class EmbeddingStep:
             raise DimensionsChanged(self.index_dims, size)
         return fresh
 
+    async def finish(self, store: Store, report: SyncReport, *, model: str,
+                     sources: Sequence[str]) -> None:
+        """End of a sync: fill in vectors still missing (while the provider works), then set
+        the report's embedding fields and record the backlog (:data:`BACKLOG_KEY`) and, once
+        known, the index's vector length (``vectorDims``) in the index meta.
+
+        Raises:
+            DimensionsChanged / IndexStoreError: as :meth:`vectors`.
+        """
+        if self.is_open:
+            await self.fill_pending(store, report, model=model, sources=sources)
+        report.embedding_error = str(self.error) if self.error is not None else None
+        report.embedding_exception = self.error
+        report.embedding_deferred = self.deferred
+        report.chunks_pending = await anyio.to_thread.run_sync(partial(
+            pending_count, store, model=model, sources=sources))
+        await self._write(store, partial(_record_backlog, store, report, self.provider.dims))
+
     async def fill_pending(self, store: Store, report: SyncReport, *, model: str,
                            sources: Sequence[str]) -> None:
         """Embed chunks written without a vector (an earlier provider failure or deadline),
@@ -213,3 +232,12 @@ class EmbeddingStep:
 def _write_vectors(store: Store, rows: list[tuple[bytes, int, str]]) -> None:
     with store.transaction() as conn:
         conn.executemany("UPDATE chunks SET vector = ?, dims = ? WHERE id = ?", rows)
+
+
+def _record_backlog(store: Store, report: SyncReport, dims: int | None) -> None:
+    with store.transaction() as conn:
+        store.set_meta(BACKLOG_KEY, {"pending": report.chunks_pending,
+                                     "error": report.embedding_error}, conn=conn)
+        meta = store.get_meta_json(META_KEY)
+        if isinstance(meta, dict) and meta.get("vectorDims") is None and dims is not None:
+            store.set_meta(META_KEY, {**meta, "vectorDims": dims}, conn=conn)

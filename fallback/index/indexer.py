@@ -50,18 +50,12 @@ from functools import partial
 from typing import Any
 
 import anyio
-import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
-from fallback.index.embedding_step import (
-    BACKLOG_KEY,
-    DimensionsChanged,
-    EmbeddingStep,
-    pack_vector,
-    pending_count,
-)
+from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep, pack_vector
+from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
 from fallback.index.report import SyncReport
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
@@ -76,13 +70,12 @@ from fallback.sources.memory_files import (
     MemoryFile,
     classify_changed_path,
     list_memory_files,
-    normalize_extra_paths,
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
 from fallback.text.path_names import has_escapes
-from fallback.text.scripts import contains_cjk, sha256_hex
+from fallback.text.scripts import contains_cjk
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -96,8 +89,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Model name recorded for chunks written without an embedding provider (spec §3).
-FTS_ONLY_MODEL = "fts-only"
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
@@ -110,78 +101,6 @@ ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes
 ProgressCallback = Callable[[int, int, int, int], None]
 """``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
 file and after each committed embedding batch."""
-
-
-def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
-             model: str) -> str:
-    """Chunk primary key: ``sha256_hex("<source>:<path>:<start>:<end>:<hash>:<model>")`` (spec §3)."""
-    return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
-
-
-def _none_provider_key() -> str:
-    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
-
-
-def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
-    """The identity an index is built for (spec §4.3); any change forces a full reindex.
-
-    Returns:
-        ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
-        scopeHash, ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
-        ``vectorDims`` the provider's vector length when known (configured, or seen in this
-        process), else ``None``;
-        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
-        multimodal settings (always disabled here).
-    """
-    s = settings.search
-    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
-        settings.workspace_dir, s.extra_paths))
-    scope = {"extraPaths": extra,
-             "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
-    return {
-        "model": provider.model if provider else FTS_ONLY_MODEL,
-        "provider": provider.provider_id if provider else "none",
-        "providerKey": provider.provider_key if provider else _none_provider_key(),
-        "vectorDims": provider.dims if provider else None,
-        "sources": sorted(s.sources),
-        "chunkTokens": s.chunking.tokens,
-        "chunkOverlap": s.chunking.overlap,
-        "chunkSections": s.chunking.sections,
-        "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
-        "ftsTokenizer": s.store.fts.tokenizer,
-    }
-
-
-def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
-    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
-
-    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
-    ``provider settings changed``, ``embedding dimensions changed (<old> -> <new>)`` (both
-    lengths known and different: the model behind the id changed), ``sources changed``,
-    ``scope changed``, ``chunking changed``, ``FTS tokenizer changed``.
-    """
-    if not isinstance(meta, dict):
-        return "no index metadata"
-    if meta.get("model") != identity["model"]:
-        return f"model changed ({meta.get('model')} -> {identity['model']})"
-    if meta.get("provider") != identity["provider"]:
-        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
-    if meta.get("providerKey") != identity["providerKey"]:
-        return "provider settings changed"
-    old_dims, new_dims = meta.get("vectorDims"), identity.get("vectorDims")
-    if isinstance(old_dims, int) and isinstance(new_dims, int) and old_dims != new_dims:
-        return f"embedding dimensions changed ({old_dims} -> {new_dims})"
-    if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
-        return "sources changed"
-    if meta.get("scopeHash") != identity["scopeHash"]:
-        return "scope changed"
-    if (meta.get("chunkTokens") != identity["chunkTokens"]
-            or meta.get("chunkOverlap") != identity["chunkOverlap"]
-            or meta.get("chunkSections", False) != identity["chunkSections"]):
-        return "chunking changed"
-    if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
-        return "FTS tokenizer changed"
-    return None
 
 
 @dataclass(frozen=True)
@@ -421,29 +340,9 @@ class Indexer:
                                          {"memory": memory_skipped, "sessions": session_skipped}))
 
     async def _finish_embedding(self, store: Store, report: SyncReport) -> None:
-        """Fill in vectors still missing (while the provider works), then record the backlog
-        (``embedding_backlog`` meta) and, once known, the index's vector length."""
-        step = self._step
-        if step is None:
-            return
-        srcs = list(self.settings.search.sources)
-        if step.is_open:
-            await step.fill_pending(store, report, model=self._model, sources=srcs)
-        report.embedding_error = str(step.error) if step.error is not None else None
-        report.embedding_exception = step.error
-        report.embedding_deferred = step.deferred
-        report.chunks_pending = await anyio.to_thread.run_sync(partial(
-            pending_count, store, model=self._model, sources=srcs))
-        await self._write(store, partial(self._record_backlog, store, report, step.provider.dims))
-
-    @staticmethod
-    def _record_backlog(store: Store, report: SyncReport, dims: int | None) -> None:
-        with store.transaction() as conn:
-            store.set_meta(BACKLOG_KEY, {"pending": report.chunks_pending,
-                                         "error": report.embedding_error}, conn=conn)
-            meta = store.get_meta_json(META_KEY)
-            if isinstance(meta, dict) and meta.get("vectorDims") is None and dims is not None:
-                store.set_meta(META_KEY, {**meta, "vectorDims": dims}, conn=conn)
+        if self._step is not None:
+            await self._step.finish(store, report, model=self._model,
+                                    sources=list(self.settings.search.sources))
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,

@@ -21,6 +21,7 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
      |         +-- ModelDownloadError     ... its model file cannot be downloaded (offline, HTTP
      |                                    error, checksum mismatch); a partial file is kept to resume
+     |    +-- EmbeddingDimensionsError  ... its vectors changed size under the same model id
      +-- RerankerError               the reranker stage failed (provider, status); the search
      |                               keeps the fused order and says so in its warnings
      +-- ManagerClosedError          a closed MemoryManager was used
@@ -36,6 +37,7 @@ __all__ = [
     "BackendTimeoutError",
     "BackendUnavailableError",
     "ConfigError",
+    "EmbeddingDimensionsError",
     "EmbeddingProviderError",
     "EmbeddingProviderUnavailableError",
     "IndexStoreError",
@@ -263,6 +265,25 @@ class ModelDownloadError(EmbeddingProviderUnavailableError):
         self.uri = uri
         self.offline = offline
         self.kept_bytes = kept_bytes
+
+
+class EmbeddingDimensionsError(EmbeddingProviderError):
+    """Raised when a provider's vectors change length under the same model id (the server was
+    switched to another model, or an ``openai-compatible`` endpoint now serves a different one).
+
+    The provider has already adopted the new length when this is raised, so the next call
+    succeeds; the index treats the change as an identity change and rebuilds.
+
+    Attributes:
+        expected: the length seen before.
+        got: the new length.
+    """
+
+    def __init__(self, provider: str, *, expected: int, got: int, model: str) -> None:
+        super().__init__(provider, f"embedding has {got} dimensions, expected {expected} "
+                                   f"(model {model})")
+        self.expected = expected
+        self.got = got
 
 
 class RerankerError(MemorySearchError):

@@ -314,9 +314,12 @@ class MemoryStatus(_Model):
         sources / extra_paths / source_counts: what is indexed.
         roots: where memory is read from: ``[{kind, path, pattern, exists}]``, ``kind`` one of
             ``root`` (the root file), ``memory`` (``memory/``), ``extra`` (builtin engine).
-        fts: ``{enabled, available, tokenizer, error}``.
+        fts: ``{enabled, available, tokenizer, error, cjk, keyword}``; ``keyword`` is
+            ``bm25`` (FTS5) or ``substring`` (a SQLite without FTS5: a substring scan).
         vector: ``{enabled, available, mode, reason, dims, extensionPath}``; mode is
-            ``sqlite-vec`` | ``brute-force`` | ``disabled``.
+            ``sqlite-vec`` | ``brute-force`` | ``disabled``; with a provider also ``pending``
+            (chunks written without a vector, waiting for a later sync) and ``providerError``
+            (the provider error that left them waiting, or ``None``).
         cache: ``{enabled, entries, maxEntries}``.
         skipped: files skipped or indexed with a caveat (binary, too large, invalid UTF-8 ...).
         issues: human-readable problems (missing memory dir, legacy memory.md split ...).

@@ -294,13 +294,41 @@ class RerankSettings(_Settings):
         return v
 
 
+# Deadline of a search's embedding work (query embedding, a pre-search sync's embeddings), ms.
+QUERY_DEFAULT_TIMEOUT_MS = 10_000
+QUERY_MIN_TIMEOUT_MS = 100
+QUERY_MAX_TIMEOUT_MS = 600_000
+
+
 class QuerySettings(_Settings):
-    """``query``: result count, score floor, hybrid merge and the optional reranker."""
+    """``query``: result count, score floor, hybrid merge, the optional reranker, and how a
+    search behaves when the embedding provider fails.
+
+    Attributes:
+        timeout_ms: deadline in ms (``100..600000``, default 10,000) of the embedding work one
+            search does: the query embedding with its retries (a ``Retry-After`` longer than
+            what is left is not waited for) and the embeddings of a pre-search sync (chunks
+            not embedded by then are written for keyword search and embedded by a later sync).
+            Past it the search answers or fails; it never waits minutes for a provider.
+        keyword_fallback: when the configured embedding provider fails during a search
+            (error, timeout, rate limit), answer from keyword search with a warning instead of
+            failing with ``memory search unavailable: <provider>: <reason>`` (default off;
+            ``provider: "auto"`` always answers keyword-only, with the same warning).
+    """
 
     max_results: int = 6
     min_score: float = 0.35
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
+    timeout_ms: int = QUERY_DEFAULT_TIMEOUT_MS
+    keyword_fallback: bool = False
+
+    @field_validator("timeout_ms")
+    @classmethod
+    def _timeout(cls, v: int) -> int:
+        if not QUERY_MIN_TIMEOUT_MS <= v <= QUERY_MAX_TIMEOUT_MS:
+            raise ValueError(f"milliseconds from {QUERY_MIN_TIMEOUT_MS} to {QUERY_MAX_TIMEOUT_MS}")
+        return v
 
     @field_validator("max_results")
     @classmethod

@@ -12,15 +12,16 @@ import json
 import math
 import random
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 import anyio
 import anyio.abc
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
-from fallback.errors import EmbeddingProviderError
+from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 
 __all__ = [
     "BATCH_TIMEOUT_S",
@@ -281,6 +282,11 @@ class BaseProvider:
     (honouring Retry-After), recursive halving of batches rejected as too large, byte-bounded
     grouping with bounded concurrency, vector sanitising and dimension checks.
 
+    Deadlines (beyond the reference): retries never outlast the caller's anyio deadline (a
+    search's ``query.timeoutMs``); a ``Retry-After`` longer than the 8 s cap is honoured by not
+    calling the provider again before it ends (each call fails at once, saying how long is
+    left) rather than by waiting; a timed-out request is not retried.
+
     Source: the shape of simonw/llm ``EmbeddingModel`` (a subclass supplies one call) and
     OpenClaw ``embedBatchWithRetry`` for the policy (spec 6.3, 6.4).
     """
@@ -307,6 +313,9 @@ class BaseProvider:
         self.normalize = normalize
         self.policy = policy or CallPolicy()
         self.batch_runner = batch_runner
+        self._configured_dims = dims
+        # (monotonic time before which no request is sent, the 429 that asked for it)
+        self._rate_limit: tuple[float, EmbeddingProviderError] | None = None
 
     async def _request_query(self, text: str) -> list[float]:
         """One query request; subclasses override. Default: a batch of one."""
@@ -375,16 +384,50 @@ class BaseProvider:
                 return await self._embed_group(texts[:mid]) + await self._embed_group(texts[mid:])
             raise
 
+    def _check_not_rate_limited(self) -> None:
+        """Raise while the provider's last ``Retry-After`` (beyond the 8 s retry cap) runs."""
+        blocked = self._rate_limit
+        if blocked is None:
+            return
+        until, last = blocked
+        left = until - time.monotonic()
+        if left <= 0:
+            self._rate_limit = None
+            return
+        raise EmbeddingProviderError(
+            self.provider_id, f"{last.detail} (rate limited: Retry-After asks to wait "
+                              f"{math.ceil(left)} s more; not called again until then)",
+            status=last.status, retryable=True, retry_after_s=left)
+
     async def _with_retry(self, call: Callable[[T_in], Awaitable[T_out]], arg: T_in, *, kind: str,
                           timeout_s: float) -> T_out:
+        """One request with retries (see the class docstring), within the caller's deadline.
+
+        Retry waits come from Retry-After (capped at 8 s) or the back-off; no retry is made
+        when the wait would end past the caller's effective anyio deadline (a search's
+        ``query.timeoutMs``), or when Retry-After asks for more than 8 s: the provider is then
+        not called again before that time (calls fail at once). A request that timed out is
+        not retried (a provider that does not answer in ``timeout_s`` is down or overloaded;
+        the next sync tries again).
+        """
+        self._check_not_rate_limited()
+
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
             after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
+            if isinstance(exc, EmbeddingProviderError) and after is not None and after > RETRY_MAX_S:
+                self._rate_limit = (time.monotonic() + after, exc)
+                return after  # past the cap: stop() gives up instead of sleeping
             return retry_wait_s(state.attempt_number, retry_after_s=after,
                                 base_s=self.policy.retry_base_s)
 
-        retrying = AsyncRetrying(stop=stop_after_attempt(max(1, self.policy.retry_attempts)),
-                                 retry=retry_if_exception(_is_retryable), wait=wait,
+        def stop(state: RetryCallState) -> bool:
+            sleep = state.upcoming_sleep
+            left = anyio.current_effective_deadline() - anyio.current_time()
+            return (state.attempt_number >= max(1, self.policy.retry_attempts)
+                    or sleep > RETRY_MAX_S or sleep >= left)
+
+        retrying = AsyncRetrying(stop=stop, retry=retry_if_exception(_is_retryable), wait=wait,
                                  sleep=anyio.sleep, reraise=True)
         async for attempt in retrying:
             with attempt:
@@ -395,22 +438,33 @@ class BaseProvider:
                     raise EmbeddingProviderError(
                         self.provider_id,
                         f"memory embeddings {kind} timed out after {format_seconds(timeout_s)}s",
-                        retryable=True) from exc
+                        retryable=False) from exc
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _check(self, vectors: list[list[float]], *, count: int | None = None) -> list[list[float]]:
-        """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``."""
+        """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``.
+
+        Raises:
+            EmbeddingProviderError: a vector's length differs from the configured
+                ``dimensions``.
+            EmbeddingDimensionsError: the length differs from the one learned from earlier
+                vectors (the model behind the id changed); the new length is adopted first.
+        """
         out: list[list[float]] = []
         for vector in vectors:
             clean = sanitize_vector(vector, normalize=self.normalize) if vector else []
             if clean:
                 if self.dims is None:
                     self.dims = len(clean)
-                elif len(clean) != self.dims:
+                elif len(clean) != self.dims and self._configured_dims is not None:
                     raise EmbeddingProviderError(
                         self.provider_id,
                         f"embedding has {len(clean)} dimensions, expected {self.dims} "
                         f"(model {self.model})")
+                elif len(clean) != self.dims:
+                    expected, self.dims = self.dims, len(clean)
+                    raise EmbeddingDimensionsError(self.provider_id, expected=expected,
+                                                   got=len(clean), model=self.model)
             out.append(clean)
         if count is not None:
             out = (out + [[] for _ in range(count)])[:count]

@@ -9,12 +9,12 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
   incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
   there is recorded in ``status().last_error`` and the search answers from the current index);
 - with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
-  vector and keyword hits (spec §8.5); a zero or failed query vector means keyword-only.
-  Deviation: a keyword hit's text score is the FTS-only boosted score (BM25 score plus query
-  coverage, spec §8.6) in both modes, because raw BM25 scores collapse towards 0 in small
-  corpora and keyword hits would never pass the score floor;
-- an explicitly configured provider that is unavailable fails closed with
-  ``BackendUnavailableError("builtin", "memory search unavailable: <provider>: <reason>")``;
+  vector and keyword hits (spec §8.5). Deviation: a keyword hit's text score is the FTS-only
+  boosted score (BM25 plus query coverage, spec §8.6) in both modes (raw BM25 collapses towards
+  0 in small corpora); the query is embedded first, within ``query.timeoutMs``. A provider
+  that cannot be created, or fails in a search, fails it closed when explicitly configured
+  (``memory search unavailable: <provider>: <reason>``) unless ``query.keywordFallback``;
+  else the answer is keyword-only with a warning (``fallback/engine/query_vector.py``);
 - one sync runs at a time (a second caller awaits the running one and gets its outcome);
   SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
   ``CapacityLimiter(1)``;
@@ -41,9 +41,19 @@ import anyio
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
+from fallback.engine.query_vector import (
+    PreparedProvider,
+    QueryVector,
+    backlog_reason,
+    check_query_vector,
+    embed_query_within,
+    failure_text,
+    on_provider_failure,
+    read_index_vectors,
+)
+from fallback.engine.store_open import open_store, reopen_after_corruption
 from fallback.errors import (
     EmbeddingProviderError,
-    EmbeddingProviderUnavailableError,
     IndexStoreError,
     ManagerClosedError,
     SearchUnavailableError,
@@ -59,10 +69,10 @@ from fallback.models import (
 from fallback.search.explain import SearchTrace
 from fallback.search.pipeline import Searcher, SearchOutcome
 from fallback.search.rerank import reranker_from_settings
+from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store
-from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
-from fallback.store.files import quarantine_corrupt_store
+from fallback.store.errors import IndexStoreCorruptError
 
 __all__ = ["BuiltinEngine"]
 
@@ -120,6 +130,7 @@ class BuiltinEngine:
         self._sync_done: anyio.Event | None = None
         self._sync_outcome: SyncReport | BaseException | None = None
         self._last_report: SyncReport | None = None
+        self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
         self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
         self._live: Any = None
@@ -132,24 +143,12 @@ class BuiltinEngine:
             raise ManagerClosedError("builtin engine is closed")
 
     async def _open_store(self) -> Store:
-        """The store, opened on first use; reopened when another process swapped its file."""
+        """The store, opened on first use (a corrupt file is moved aside first:
+        ``fallback/engine/store_open.py``); reopened when another process swapped its file."""
         self._check_open()
         async with self._open_lock:
             if self._store is None:
-                opener = partial(Store, self.settings.db_path,
-                                 fts_tokenizer=self.settings.search.store.fts.tokenizer)
-                try:
-                    self._store = await anyio.to_thread.run_sync(opener)
-                except IndexStoreCorruptError as exc:
-                    # The index is derived from the Markdown files: set the broken file aside
-                    # (kept for inspection, nothing deleted) and rebuild from the sources.
-                    moved = await anyio.to_thread.run_sync(
-                        partial(quarantine_corrupt_store, self.settings.db_path, opener))
-                    if moved:
-                        self._notes.append(f"index store was corrupt ({exc}); moved aside to "
-                                           f"{moved} and rebuilt from the memory files")
-                        log.warning("%s", self._notes[-1])
-                    self._store = await anyio.to_thread.run_sync(opener)
+                self._store = await anyio.to_thread.run_sync(open_store, self.settings, self._notes)
             else:
                 await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
             return self._store
@@ -161,23 +160,8 @@ class BuiltinEngine:
                 await anyio.to_thread.run_sync(self._store.close)
                 self._store = None
             await anyio.to_thread.run_sync(self._drop_vector_index)
-
-            def verify() -> Store:
-                store = Store(self.settings.db_path,
-                              fts_tokenizer=self.settings.search.store.fts.tokenizer)
-                problem = store.quick_check()
-                if problem != "ok":
-                    store.close()
-                    raise IndexStoreCorruptError(f"index store is corrupt: {problem}",
-                                                 db_path=str(self.settings.db_path))
-                return store
-
-            moved = await anyio.to_thread.run_sync(
-                partial(quarantine_corrupt_store, self.settings.db_path, verify))
-        if moved:
-            self._notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and "
-                               "rebuilt from the memory files")
-            log.warning("%s", self._notes[-1])
+            await anyio.to_thread.run_sync(reopen_after_corruption, self.settings, exc,
+                                           self._notes)
         self._synced = False
         self.mark_dirty("index store was rebuilt")
 
@@ -297,7 +281,8 @@ class BuiltinEngine:
     # -- sync ------------------------------------------------------------------------------
 
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
-                   progress: ProgressCallback | None = None) -> SyncReport:
+                   progress: ProgressCallback | None = None,
+                   embed_deadline: float | None = None) -> SyncReport:
         """Bring the index up to date; a second caller awaits the running sync.
 
         A store found corrupt on the way is moved aside and rebuilt from the memory files
@@ -311,6 +296,9 @@ class BuiltinEngine:
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for the sync this
                 call runs (a caller that joins a running sync gets no progress); default
                 the constructor's ``on_progress``.
+            embed_deadline: anyio clock time after which this sync calls the embedding
+                provider no more (a search's deadline); chunks left are written for keyword
+                search and embedded by a later sync. Ignored when joining a running sync.
 
         Returns:
             The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
@@ -322,7 +310,7 @@ class BuiltinEngine:
                 the live index untouched).
         """
         shared = partial(self._sync_shared, reason=reason, force=force, paths=paths,
-                         progress=progress or self.on_progress)
+                         progress=progress or self.on_progress, embed_deadline=embed_deadline)
         try:
             return await shared()
         except IndexStoreCorruptError as exc:
@@ -330,7 +318,8 @@ class BuiltinEngine:
             return await shared()
 
     async def _sync_shared(self, *, reason: str, force: bool, paths: set[str] | None,
-                           progress: ProgressCallback | None) -> SyncReport:
+                           progress: ProgressCallback | None,
+                           embed_deadline: float | None = None) -> SyncReport:
         self._check_open()
         cancelled = anyio.get_cancelled_exc_class()
         while self._sync_done is not None:
@@ -345,7 +334,7 @@ class BuiltinEngine:
         self._sync_done = done
         try:
             report = await self._run_sync(reason=reason, force=force, paths=paths,
-                                          progress=progress)
+                                          progress=progress, embed_deadline=embed_deadline)
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
@@ -360,59 +349,38 @@ class BuiltinEngine:
             done.set()
 
     async def _run_sync(self, *, reason: str, force: bool, paths: set[str] | None,
-                        progress: ProgressCallback | None) -> SyncReport:
+                        progress: ProgressCallback | None,
+                        embed_deadline: float | None = None) -> SyncReport:
         self._fail_closed()
         store = await self._open_store()
         # One writer per store across processes; the whole sync (a rebuild's publish too)
         # runs under the lock, after repairing what a killed writer left (fallback/store/lock.py).
         async with store.writer_lock.hold():
             await anyio.to_thread.run_sync(store.recover_leftovers)
-            report = await self._sync_recovering_readonly(store, reason=reason, force=force,
-                                                          paths=paths, progress=progress)
+            indexer = Indexer(self.settings, provider=self._provider(),
+                              write_limiter=self._write_limiter, now_ms=self._now_ms,
+                              on_progress=progress, embed_deadline=embed_deadline)
+            log.debug("builtin sync start (%s, force=%s)", reason, force)
+            report = await indexer.sync_recovering_readonly(store, force=force, paths=paths)
         if report.full:
             await anyio.to_thread.run_sync(self._drop_vector_index)
         elif (report.files_indexed or report.files_deleted) and self._vector is not None:
             await anyio.to_thread.run_sync(self._vector.invalidate)
-        self._dirty = False
-        self._dirty_reason = None
+        # chunks still without a vector keep the index dirty: the next sync fills them in
+        self._dirty = report.chunks_pending > 0
+        self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
+                              if self._dirty else None)
         self._synced = True
         self._last_report = report
+        self._syncs_done += 1
         self._last_error = None
         return report
 
-    async def _sync_recovering_readonly(self, store: Store, *, reason: str, force: bool,
-                                        paths: set[str] | None,
-                                        progress: ProgressCallback | None) -> SyncReport:
-        """One sync; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3 step 6).
-
-        Counters: ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
-        """
-        indexer = Indexer(self.settings, provider=self._provider(),
-                          write_limiter=self._write_limiter, now_ms=self._now_ms,
-                          on_progress=progress)
-        log.debug("builtin sync start (%s, force=%s)", reason, force)
-        recovery = store.readonly_recovery
-        try:
-            return await indexer.sync(store, force=force, paths=paths)
-        except IndexStoreReadOnlyError as exc:
-            recovery.attempts += 1
-            recovery.last_error = str(exc)
-            log.warning("index store is read-only, reopening and retrying once: %s", exc)
-        try:
-            await anyio.to_thread.run_sync(store.reopen)
-            report = await indexer.sync(store, force=force, paths=paths)
-        except Exception as exc:
-            recovery.failures += 1
-            recovery.last_error = str(exc)
-            raise
-        recovery.successes += 1
-        return report
-
-    async def _preflight(self, store: Store, budget_ms: int) -> None:
+    async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> None:
         empty = not (await anyio.to_thread.run_sync(
             store.query, "SELECT 1 FROM chunks LIMIT 1"))
         if empty and not self._synced:
-            await self._search_sync()  # bootstrap: nothing to answer from otherwise
+            await self._search_sync(deadline)  # bootstrap: nothing to answer from otherwise
             return
         if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
             return
@@ -420,28 +388,27 @@ class BuiltinEngine:
             if self._live is not None:
                 await self._live.spawn_sync("search").wait()
             else:
-                await self._search_sync()
+                await self._search_sync(deadline)
 
-    async def _search_sync(self) -> None:
+    async def _search_sync(self, deadline: float) -> None:
         try:
-            await self.sync(reason="search")
-        except EmbeddingProviderError as exc:
-            sel = self._provider_selection()
-            if sel.requested not in ("auto", "none") and sel.provider is not None:
-                # an explicitly configured provider that cannot embed is unavailable: say so
-                # rather than answer from a partial index
-                reason = exc.reason if isinstance(exc, EmbeddingProviderUnavailableError) else str(exc)
-                raise SearchUnavailableError(sel.provider.provider_id, reason) from exc
+            await self.sync(reason="search", embed_deadline=deadline)
+        except (EmbeddingProviderError, IndexStoreError) as exc:
             log.warning("memory sync before search failed: %s", exc)
-        except IndexStoreError as exc:
-            log.warning("memory sync before search failed: %s", exc)
+
+    def _fails_closed(self) -> bool:
+        """Whether a failing provider fails the search (explicitly configured, no opt-in)."""
+        return (self._provider_selection().requested not in ("auto", "none")
+                and not self.settings.search.query.keyword_fallback)
 
     def search_info(self) -> SearchInfo:
         """Provider id (``none``), model and mode (``hybrid`` | ``fts-only``) plus the last
         search's warnings and the last non-fatal problem, without reading the store
         (``status()`` counts rows and is slower)."""
         provider = self._provider()
-        warnings = (*self._search_warnings, *((self._last_error,) if self._last_error else ()))
+        last = self._last_error
+        seen = last is None or any(last in w for w in self._search_warnings)  # said already
+        warnings = (*self._search_warnings, *(() if seen else (last,)))
         if provider is None:
             return SearchInfo("none", None, "fts-only", warnings)
         return SearchInfo(provider.provider_id, provider.model, "hybrid", warnings)
@@ -520,20 +487,60 @@ class BuiltinEngine:
             if dead is not None:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
         store = await self._open_store()
+        q = self.settings.search.query
+        provider = self._provider()
+        warnings: list[str] = []
+        # first, so the provider is never waited for past the deadline
+        qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
+        if provider is not None and qv is not None and qv.error is not None:
+            self._last_error = failure_text(qv.error, query=True)
+            on_provider_failure(provider.provider_id, self._last_error,
+                                fail_closed=self._fails_closed(), warnings=warnings)
+        syncs = self._syncs_done
         await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
-                              else sync_budget_ms)
+                              else sync_budget_ms, deadline)
         store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
-        q = self.settings.search.query
+        prepared = None if provider is None or qv is None else await self._prepare_vector(
+            store, provider, qv, warnings, synced=self._syncs_done != syncs)
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
         enabled: list[str] = list(self.settings.search.sources)
         srcs = [s for s in enabled if sources is None or s in sources]
         if not srcs:
-            return SearchOutcome(results=[], warnings=[])
+            return SearchOutcome(results=[], warnings=warnings)
         candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
-        return await self._searcher(explain).run(store, self._provider(), text, srcs, candidates,
-                                                 floor, limit)
+        outcome = await self._searcher(explain).run(store, prepared, text, srcs, candidates,
+                                                    floor, limit)
+        fts_error = await anyio.to_thread.run_sync(lambda: store.fts_error)
+        if fts_error is not None:
+            warnings.append(SUBSTRING_WARNING.format(error=fts_error))
+        return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])
+
+    async def _prepare_vector(self, store: Store, provider: EmbeddingProvider,
+                              query: QueryVector, warnings: list[str], *,
+                              synced: bool) -> PreparedProvider:
+        """The provider the ranking code gets after the pre-search sync: the query vector if
+        the index can use it (else ``[]``, keywords only), with the answer's warnings.
+
+        Raises:
+            SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
+        """
+        if query.error is not None:
+            self._last_error = failure_text(query.error, query=True)  # the sync cleared it
+        report = self._last_report
+        failed = report.embedding_exception if synced and report is not None else None
+        if failed is not None and query.error is None:
+            on_provider_failure(provider.provider_id, failure_text(failed, query=False),
+                                fail_closed=self._fails_closed(), warnings=warnings)
+        index = await anyio.to_thread.run_sync(read_index_vectors, store)
+        vector, changed = check_query_vector(query.vector or [], index, model=provider.model,
+                                             warnings=warnings)
+        if changed is not None:  # the model behind the id changed: the next sync rebuilds
+            self.mark_dirty(f"embedding dimensions changed ({changed[0]} -> {changed[1]})")
+            if self._live is not None:
+                self._live.spawn_sync("search")
+        return PreparedProvider(provider, vector)
 
     def _searcher(self, explain: bool = False) -> Searcher:
         def record(error: str) -> None:

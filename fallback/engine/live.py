@@ -191,8 +191,9 @@ class LiveSync:
     # -- background tasks ---------------------------------------------------------------------
 
     async def _interval_tick(self) -> None:
-        await self._engine.sync_after_running(reason="interval")
+        report = await self._engine.sync_after_running(reason="interval")
         self.sync_counts["interval"] += 1
+        _raise_embedding_failure(report)
 
     async def _rescan_tick(self) -> None:
         await self._engine.rescan()
@@ -220,10 +221,11 @@ class LiveSync:
 
         async def run() -> None:
             try:
-                await self._engine.sync(reason=reason)
+                report = await self._engine.sync(reason=reason)
                 self.sync_counts[reason] += 1
             finally:
                 done.set()
+            _raise_embedding_failure(report)
 
         self._sync_done[reason] = done
         if not tasks.start_soon(name, run, dedupe=True):
@@ -337,3 +339,15 @@ class LiveSync:
         return {"watcher": self.watcher.snapshot() if self.watcher is not None else None,
                 "live": {"degraded": self.degraded_reason, "syncs": dict(self.sync_counts),
                          "sessionsPending": len(self._session_pending)}}
+
+
+def _raise_embedding_failure(report: SyncReport) -> None:
+    """Raise the provider error a background sync absorbed: its keyword rows are written, and
+    raising lets the supervisor report it (``status().background``) and retry after its backoff,
+    which fills the missing vectors in once the provider works again.
+
+    Raises:
+        EmbeddingProviderError: the sync's embedding failed.
+    """
+    if report.embedding_exception is not None:
+        raise report.embedding_exception

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fallback.engine.query_vector import backlog_reason
+from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.models import MemoryStatus, SkippedFile, SourceCount
+from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.sources.memory_files import describe_extra_path, memory_roots
 from fallback.store.db import META_KEY, Store
@@ -55,6 +58,9 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
             ``status_custom()``); a degraded or dead watcher makes the status dirty with that
             reason, and ``custom`` gains ``watcher`` and ``live``.
+        (Chunks that wait for their vectors, the ``embedding_backlog`` meta of the last sync,
+        make the status dirty too; ``vector`` gains ``pending`` and ``providerError``, and a
+        provider error is an issue and makes the status unhealthy.)
         extra_custom: more ``custom`` entries (for example store recovery counters).
 
     Returns:
@@ -80,6 +86,12 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
     cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
     fts_error = store.fts_error
     degraded = live.degraded_reason if live is not None else None
+    backlog = store.get_meta_json(BACKLOG_KEY) if provider is not None else None
+    pending = backlog.get("pending") if isinstance(backlog, dict) else None
+    pending = pending if isinstance(pending, int) and pending > 0 else 0
+    embed_error = backlog.get("error") if isinstance(backlog, dict) and pending else None
+    if pending:  # chunks without a vector: the index is not complete until a sync fills them in
+        dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
                               "readonlyRecovery": store.readonly_recovery.as_dict(),
                               **(live.status_custom() if live is not None else {}),
@@ -93,6 +105,8 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
         meta = store.get_meta_json(META_KEY) or {}
         dims = meta.get("vectorDims") if isinstance(meta, dict) else None
         vector = {**vector, "dims": dims if isinstance(dims, int) else None}
+    if provider is not None:
+        vector = {**vector, "pending": pending, "providerError": embed_error}
     rebuild = None if selection.error else pending_rebuild(store, settings, provider)
     if rebuild is not None:
         dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
@@ -113,10 +127,14 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
                        for src, (f, c) in counts.items()],
         fts={"enabled": s.query.hybrid.enabled or provider is None,
              "available": fts_error is None, "tokenizer": store.fts_tokenizer,
-             "error": fts_error, "cjk": CJK_SCHEME},
+             "error": fts_error, "cjk": CJK_SCHEME,
+             "keyword": "bm25" if fts_error is None else "substring"},
         vector=vector,
         cache={"enabled": s.cache.enabled, "entries": cache_entries,
                "maxEntries": s.cache.max_entries},
-        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []),
+        skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
+            [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []) + (
+            [f"embedding provider failed in the last sync: {embed_error}; {pending} chunks wait"
+             " for vectors (a later sync fills them in)"] if embed_error else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-        healthy=last_error is None, last_error=last_error, custom=custom)
+        healthy=last_error is None and embed_error is None, last_error=last_error, custom=custom)

@@ -25,15 +25,17 @@ Cancellation: each file is written in its own transaction, so a sync cancelled b
 keeps its progress and leaves a consistent index; a cancelled full reindex removes its
 temporary database (the cleanup runs shielded).
 
-Embeddings (when a provider exists): chunk texts are looked up in the embedding cache
-(``fallback/index/embedding_cache.py``); only misses go to ``provider.embed_batch``, in batches
-of :data:`EMBED_COMMIT_BATCH` texts; after each batch, in one transaction, hits are marked used,
-the fresh vectors cached and the cache pruned to ``cache.maxEntries``, least recently used
-first. During a full reindex each batch is also committed to the live store's cache, so an
-interrupted first index (Ctrl-C, a killed process) loses at most the batch in flight: the
-temporary database is removed, but the next rebuild seeds itself from the live cache and asks
-the provider only for the rest. A chunk's vector is stored once,
-as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
+Embeddings (when a provider exists): ``fallback/index/embedding_step.py`` looks chunk texts up in
+the embedding cache and sends only misses to the provider, in batches of
+:data:`~fallback.index.embedding_step.EMBED_COMMIT_BATCH` texts; after each batch, in one
+transaction, hits are marked used, the fresh vectors cached and the cache pruned to
+``cache.maxEntries``, least recently used first. During a full reindex each batch is also
+committed to the live store's cache, so an interrupted first index (Ctrl-C, a killed process)
+loses at most the batch in flight: the next rebuild seeds itself from the live cache and asks
+the provider only for the rest. A provider failure or the sync's embedding deadline never
+stops the sync: the chunks are written without a vector (keyword search finds them at once)
+and a later sync fills the vectors in. A vector is stored once, as the ``chunks.vector``
+float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
@@ -41,31 +43,39 @@ Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the
 
 from __future__ import annotations
 
-import os
-import struct
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import anyio
-import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
-from fallback.errors import IndexStoreError
+from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
+from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep, pack_vector
+from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
+from fallback.index.report import SyncReport
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
-from fallback.sources.file_text import FileContent, read_memory_text
+from fallback.sources.file_text import (
+    VANISHED,
+    FileContent,
+    list_session_files,
+    read_memory_text,
+    read_session_text,
+)
 from fallback.sources.memory_files import (
     MemoryFile,
     classify_changed_path,
     list_memory_files,
-    normalize_extra_paths,
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
+from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
-from fallback.text.scripts import contains_cjk, sha256_hex
+from fallback.text.path_names import has_escapes
+from fallback.text.scripts import contains_cjk
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -77,123 +87,20 @@ __all__ = [
     "pack_vector",
 ]
 
-# Model name recorded for chunks written without an embedding provider (spec §3).
-FTS_ONLY_MODEL = "fts-only"
+log = logging.getLogger(__name__)
+
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000
-# Skip reason of a file that disappeared between discovery and reading.
-_VANISHED = "vanished before read"
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
-
-# Texts per embedding batch; each finished batch is committed to the embedding cache (and
-# reported to the progress callback) before the next one is sent.
-EMBED_COMMIT_BATCH = 32
+# Note recorded for a note padded with NUL bytes, indexed without them (fallback/sources/file_text.py).
+NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
+# Note recorded for a file whose name is not printable UTF-8 (fallback/text/path_names.py).
+ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 
 ProgressCallback = Callable[[int, int, int, int], None]
 """``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
 file and after each committed embedding batch."""
-
-
-def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
-             model: str) -> str:
-    """Chunk primary key: ``sha256_hex("<source>:<path>:<start>:<end>:<hash>:<model>")`` (spec §3)."""
-    return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
-
-
-def pack_vector(vector: list[float]) -> bytes:
-    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
-    return struct.pack(f"<{len(vector)}f", *vector)
-
-
-def _none_provider_key() -> str:
-    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
-
-
-def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
-    """The identity an index is built for (spec §4.3); any change forces a full reindex.
-
-    Returns:
-        ``{model, provider, providerKey, sources, chunkTokens, chunkOverlap, scopeHash,
-        ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
-        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
-        multimodal settings (always disabled here).
-    """
-    s = settings.search
-    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
-        settings.workspace_dir, s.extra_paths))
-    scope = {"extraPaths": extra,
-             "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
-    return {
-        "model": provider.model if provider else FTS_ONLY_MODEL,
-        "provider": provider.provider_id if provider else "none",
-        "providerKey": provider.provider_key if provider else _none_provider_key(),
-        "sources": sorted(s.sources),
-        "chunkTokens": s.chunking.tokens,
-        "chunkOverlap": s.chunking.overlap,
-        "chunkSections": s.chunking.sections,
-        "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
-        "ftsTokenizer": s.store.fts.tokenizer,
-    }
-
-
-def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
-    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
-
-    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
-    ``provider settings changed``, ``sources changed``, ``scope changed``, ``chunking changed``,
-    ``FTS tokenizer changed``.
-    """
-    if not isinstance(meta, dict):
-        return "no index metadata"
-    if meta.get("model") != identity["model"]:
-        return f"model changed ({meta.get('model')} -> {identity['model']})"
-    if meta.get("provider") != identity["provider"]:
-        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
-    if meta.get("providerKey") != identity["providerKey"]:
-        return "provider settings changed"
-    if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
-        return "sources changed"
-    if meta.get("scopeHash") != identity["scopeHash"]:
-        return "scope changed"
-    if (meta.get("chunkTokens") != identity["chunkTokens"]
-            or meta.get("chunkOverlap") != identity["chunkOverlap"]
-            or meta.get("chunkSections", False) != identity["chunkSections"]):
-        return "chunking changed"
-    if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
-        return "FTS tokenizer changed"
-    return None
-
-
-@dataclass
-class SyncReport:
-    """What one sync did.
-
-    Attributes:
-        full: True when it was a full (swapped-in) reindex.
-        full_reason: why a full reindex ran (``force`` or a :func:`full_reindex_reason`).
-        files_total: files discovered.
-        files_indexed: files (re-)chunked and written.
-        files_deleted: indexed files whose rows were removed (vanished or now skipped).
-        chunks_written: chunks written.
-        chunks_embedded: chunk texts sent to the provider (cache misses).
-        skipped: files skipped or indexed with a caveat (memory and sessions).
-        issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
-            enumeration failure ...).
-        session_sizes: absolute transcript path -> size in bytes as indexed, for every
-            transcript the index now holds (the engine resets its delta tracker with it).
-    """
-
-    full: bool = False
-    full_reason: str | None = None
-    files_total: int = 0
-    files_indexed: int = 0
-    files_deleted: int = 0
-    chunks_written: int = 0
-    chunks_embedded: int = 0
-    skipped: list[SkippedFile] = field(default_factory=list)
-    issues: list[str] = field(default_factory=list)
-    session_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -212,24 +119,42 @@ class Indexer:
         write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
         now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
         on_progress: :data:`ProgressCallback`, called after each file and each embedding batch.
+        embed_deadline: anyio clock time after which this sync calls the provider no more
+            (a search's ``query.timeoutMs``); ``None`` = no deadline.
     """
 
     def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
                  write_limiter: anyio.CapacityLimiter, now_ms: Callable[[], int],
-                 on_progress: ProgressCallback | None = None) -> None:
+                 on_progress: ProgressCallback | None = None,
+                 embed_deadline: float | None = None) -> None:
         self.settings = settings
         self.provider = provider
         self._limiter = write_limiter
         self._now_ms = now_ms
         self.on_progress = on_progress
+        self._embed_deadline = embed_deadline
         self._fresh_store: Store | None = None  # the empty temporary store of a full rebuild
         self._live_store: Store | None = None  # the published store while a rebuild runs
         self._files_done = 0
         self._model = provider.model if provider else FTS_ONLY_MODEL
+        self._step: EmbeddingStep | None = None
+
+    def _new_step(self, index_dims: int | None) -> EmbeddingStep | None:
+        if self.provider is None:
+            return None
+        return EmbeddingStep(self.provider, write=self._write, commit=self._commit_batch,
+                             on_batch=self._report_progress,
+                             cache_enabled=self.settings.search.cache.enabled,
+                             deadline=self._embed_deadline, index_dims=index_dims)
 
     async def sync(self, store: Store, *, force: bool = False,
                    paths: set[str] | None = None) -> SyncReport:
         """Bring ``store`` up to date with the workspace.
+
+        Embedding failures never fail the sync: the chunks are written for keyword search and
+        embedded by a later sync (``fallback/index/embedding_step.py``); the report says how
+        many wait and why. Vectors whose length differs from the index's make it a full
+        reindex (``embedding dimensions changed``).
 
         Args:
             store: the live store (swapped in place after a full reindex).
@@ -242,18 +167,48 @@ class Indexer:
 
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
-            EmbeddingProviderError: embedding failed (a full reindex leaves the live index as it
-                was).
+            EmbeddingProviderError: the provider changed its vector size again during a
+                rebuild (the live index is left as it was).
         """
         identity = index_identity(self.settings, self.provider)
         meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
         reason = "force" if force else full_reindex_reason(meta, identity)
         if reason is not None:
             return await self._full_reindex(store, identity, reason)
+        dims = meta.get("vectorDims") if isinstance(meta, dict) else None
+        self._step = self._new_step(dims if isinstance(dims, int) else None)
         report = SyncReport()
-        if paths is not None and await self._index_paths(store, report, paths):
-            return report
-        await self._index_into(store, report, full=False)
+        try:
+            if paths is None or not await self._index_paths(store, report, paths):
+                await self._index_into(store, report, full=False)
+        except DimensionsChanged as exc:
+            return await self._full_reindex(store, index_identity(self.settings, self.provider),
+                                            str(exc))
+        return report
+
+    async def sync_recovering_readonly(self, store: Store, *, force: bool = False,
+                                       paths: set[str] | None = None) -> SyncReport:
+        """:meth:`sync`; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3
+        step 6), counted in ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
+
+        Raises:
+            IndexStoreError: as :meth:`sync`, or the retry failed too.
+        """
+        recovery = store.readonly_recovery
+        try:
+            return await self.sync(store, force=force, paths=paths)
+        except IndexStoreReadOnlyError as exc:
+            recovery.attempts += 1
+            recovery.last_error = str(exc)
+            log.warning("index store is read-only, reopening and retrying once: %s", exc)
+        try:
+            await anyio.to_thread.run_sync(store.reopen)
+            report = await self.sync(store, force=force, paths=paths)
+        except Exception as exc:
+            recovery.failures += 1
+            recovery.last_error = str(exc)
+            raise
+        recovery.successes += 1
         return report
 
     async def _index_paths(self, store: Store, report: SyncReport, paths: set[str]) -> bool:
@@ -277,11 +232,10 @@ class Indexer:
                 read_memory_text, mf, max_file_bytes=s.max_file_bytes))
             if isinstance(read, SkippedFile):
                 gone.append(mf.rel_path)
-                if read.reason != _VANISHED:
+                if read.reason != VANISHED:
                     skipped.append(read)
                 continue
-            if read.invalid_utf8:
-                skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+            skipped.extend(_read_notes(mf, read))
             if prev is not None and prev[0] == read.content_hash:
                 await self._write(store, partial(self._touch_file, store, mf, read))
             else:
@@ -290,6 +244,7 @@ class Indexer:
         report.files_deleted = len(gone)
         touched = [mf.rel_path for mf in files] + gone
         await self._write(store, partial(self._record_path_skips, store, touched, skipped))
+        await self._finish_embedding(store, report)
         return True
 
     @staticmethod
@@ -301,6 +256,20 @@ class Indexer:
                              " VALUES (?, 'memory', ?)", [(x.path, x.reason) for x in skipped])
 
     async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        try:
+            return await self._rebuild(live, identity, reason)
+        except DimensionsChanged:
+            # the provider switched its vector size during the rebuild: once more, at the new size
+            try:
+                return await self._rebuild(live, index_identity(self.settings, self.provider),
+                                           reason)
+            except DimensionsChanged as exc:
+                assert self.provider is not None
+                raise EmbeddingProviderError(self.provider.provider_id,
+                                             f"{exc} twice during one rebuild") from exc
+
+    async def _rebuild(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
+        self._step = self._new_step(None)
         report = SyncReport(full=True, full_reason=reason)
         temp_path = temp_db_path(live.path)
         try:
@@ -318,6 +287,10 @@ class Indexer:
                     except IndexStoreError:
                         pass  # an unreadable live store is exactly what a rebuild replaces
                 await self._index_into(temp, report, full=True)
+                if reason == "force" and self._step is not None and self._step.error is not None:
+                    # a forced rebuild of the same index must not trade its vectors for a
+                    # provider outage: keep the live index and say why
+                    raise self._step.error
                 meta = dict(identity)
                 dims = await anyio.to_thread.run_sync(
                     temp.query, "SELECT dims FROM chunks WHERE dims IS NOT NULL LIMIT 1")
@@ -351,7 +324,7 @@ class Indexer:
         session_files: list[MemoryFile] = []
         if "sessions" in s.sources:
             session_files, error = await anyio.to_thread.run_sync(
-                _list_session_files, self.settings.sessions_dir)
+                list_session_files, self.settings.sessions_dir)
             if error is not None:
                 report.issues.append(error)
         report.files_total = len(discovery.files) + len(session_files)
@@ -362,8 +335,14 @@ class Indexer:
             await self._index_source(store, report, "sessions", session_files, session_skipped,
                                      full=full, done=done)
         report.skipped = memory_skipped + session_skipped
+        await self._finish_embedding(store, report)
         await self._write(store, partial(self._record_scan, store, report,
                                          {"memory": memory_skipped, "sessions": session_skipped}))
+
+    async def _finish_embedding(self, store: Store, report: SyncReport) -> None:
+        if self._step is not None:
+            await self._step.finish(store, report, model=self._model,
+                                    sources=list(self.settings.search.sources))
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
@@ -373,25 +352,31 @@ class Indexer:
                                  await anyio.to_thread.run_sync(
                                      store.query, "SELECT path, hash, mtime, size FROM files"
                                      " WHERE source = ?", [source])}
+        # caveats of files that stay unchanged (not read again) are carried over
+        caveats: dict[str, list[SkippedFile]] = {}
+        if not full:
+            for path, reason in await anyio.to_thread.run_sync(
+                    store.query, "SELECT path, reason FROM skipped_files WHERE source = ?", [source]):
+                caveats.setdefault(path, []).append(SkippedFile(path=path, reason=reason))
         active: set[str] = set()
         for mf in files:
             prev = known.get(mf.rel_path)
             if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
                 active.add(mf.rel_path)
+                skipped.extend(caveats.get(mf.rel_path, []))
             else:
                 line_map: list[int] | None = None
                 if source == "sessions":
-                    read, line_map = await anyio.to_thread.run_sync(_read_session, mf)
+                    read, line_map = await anyio.to_thread.run_sync(read_session_text, mf)
                 else:
                     read = await anyio.to_thread.run_sync(partial(
                         read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
                 if isinstance(read, SkippedFile):
-                    if read.reason != _VANISHED:
+                    if read.reason != VANISHED:
                         skipped.append(read)
                 else:
                     active.add(mf.rel_path)
-                    if read.invalid_utf8:
-                        skipped.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+                    skipped.extend(_read_notes(mf, read))
                     if prev is not None and prev[0] == read.content_hash:
                         await self._write(store, partial(self._touch_file, store, mf, read))
                     else:
@@ -418,7 +403,8 @@ class Indexer:
         if self.provider is not None and chunks:
             cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
             chunks = [piece for c in chunks for piece in split_by_utf8_bytes(c, cap)]
-            vectors = await self._embed(store, chunks, report)
+            assert self._step is not None
+            vectors = await self._step.vectors(store, chunks, report)
         rows: list[_Row] = []
         seen: set[str] = set()
         for chunk, vec in zip(chunks, vectors, strict=True):
@@ -436,31 +422,6 @@ class Indexer:
         if self.on_progress is not None:
             self.on_progress(self._files_done, report.files_total, report.chunks_embedded,
                              report.chunks_written)
-
-    async def _embed(self, store: Store, chunks: list[Chunk], report: SyncReport) -> list[list[float]]:
-        assert self.provider is not None
-        p = self.provider
-        cache_on = self.settings.search.cache.enabled
-        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
-        found: dict[str, list[float]] = {}
-        if cache_on:
-            found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
-        hits = list(found)
-        misses = [h for h in hashes if h not in found]
-        text_of = {c.content_hash: c.text for c in chunks}
-        for start in range(0, len(misses), EMBED_COMMIT_BATCH):
-            batch = misses[start:start + EMBED_COMMIT_BATCH]
-            fresh = await p.embed_batch([text_of[h] for h in batch])
-            report.chunks_embedded += len(batch)
-            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
-            found.update(new)
-            if cache_on:
-                await self._commit_batch(store, new, hits)
-                hits = []
-            self._report_progress(report)
-        if cache_on and hits:
-            await self._write(store, partial(self._cache_write, store, {}, hits))
-        return [found.get(c.content_hash, []) for c in chunks]
 
     async def _commit_batch(self, store: Store, new: dict[str, list[float]], hits: list[str]) -> None:
         """Cache one embedded batch; during a rebuild in the live store too, where it outlives
@@ -542,6 +503,20 @@ class Indexer:
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
 
 
+def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
+    """Caveats of a file that is indexed: a name shown with escapes, invalid UTF-8 replaced,
+    NUL bytes stripped (kept in ``skipped_files`` while the file is unchanged)."""
+    notes = []
+    if has_escapes(mf.rel_path):
+        notes.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
+    if read.invalid_utf8:
+        notes.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
+    if read.nul_bytes:
+        notes.append(SkippedFile(path=mf.rel_path,
+                                 reason=NUL_BYTES_NOTE.format(count=read.nul_bytes)))
+    return notes
+
+
 def _delete_rows(conn: Any, path: str, source: str) -> None:
     """Delete one file's chunk rows and their FTS rows (inside the caller's transaction)."""
     sub = "SELECT rowid FROM chunks WHERE path = ? AND source = ?"
@@ -551,40 +526,3 @@ def _delete_rows(conn: Any, path: str, source: str) -> None:
         conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({sub})", (path, source))
         conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
     conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))
-
-
-
-def _list_session_files(sessions_dir: Any) -> tuple[list[MemoryFile], str | None]:
-    """Transcripts of ``sessions_dir`` as ``MemoryFile`` rows (``sessions/<basename>``), and the
-    enumeration error, if any. Files that vanish while being listed are left out."""
-    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
-
-    scan = scan_transcripts(sessions_dir)
-    out: list[MemoryFile] = []
-    for path in scan.paths:
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            continue
-        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{path.name}", source="sessions",
-                              size=st.st_size, mtime_ms=int(st.st_mtime_ns // 1_000_000)))
-    return out, scan.error
-
-
-def _read_session(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
-    """Flatten one transcript (spec §5.4): ``(FileContent, line_map)`` or a ``SkippedFile``.
-
-    A cron-run or fully filtered transcript gives empty content (a files row, no chunks).
-    """
-    try:
-        with open(mf.abs_path, "rb"):
-            pass
-    except FileNotFoundError:
-        return SkippedFile(path=mf.rel_path, reason=_VANISHED), None
-    except OSError as exc:
-        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
-    from fallback.sources.transcripts import session_document
-
-    doc = session_document(mf.abs_path)
-    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
-                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

@@ -17,6 +17,7 @@ import anyio
 from fallback.errors import IndexStoreError
 from fallback.search.fts import FtsPlan, bm25_rank_to_score, build_fts_query, fts_only_score
 from fallback.search.ranking import Candidate
+from fallback.search.substring import substring_hits
 from fallback.text.keywords import extract_keywords
 
 if TYPE_CHECKING:
@@ -112,8 +113,8 @@ def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: 
 
 async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """Raw keyword hits for ``text`` (BM25 rank mapped to a score, spec §8.3), best first."""
-    if store.fts_error is not None:
-        return []
+    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
+        return await substring_hits(store, text, srcs, limit)
     plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
     if plan is None:
         return []

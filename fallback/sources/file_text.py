@@ -1,20 +1,29 @@
-"""Reading one discovered memory file's bytes for indexing: one descriptor, no symlinks, a
-size cap, and the text, hash and size of the same bytes."""
+"""Reading one discovered memory file (or session transcript) for indexing: one descriptor, no
+symlinks, a size cap, and the text, hash and size of the same bytes."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from fallback.models import SkippedFile
 from fallback.sources.memory_files import MemoryFile
+from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
 
-__all__ = ["FileContent", "read_memory_text"]
+__all__ = ["VANISHED", "FileContent", "list_session_files", "read_memory_text", "read_session_text"]
+
+# Skip reason of a file that disappeared between discovery and reading (not reported).
+VANISHED = "vanished before read"
 
 _UTF8_BOM = b"\xef\xbb\xbf"
+# Control characters that mark a file with NUL bytes as binary (all C0 controls and DEL but
+# tab, line feed, vertical tab, form feed and carriage return).
+_BINARY_CONTROLS = re.compile(r"[\x01-\x08\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -23,11 +32,12 @@ class FileContent:
 
     Attributes:
         text: the file decoded as UTF-8 (a leading BOM removed; invalid bytes replaced by
-            U+FFFD when ``invalid_utf8``).
+            U+FFFD when ``invalid_utf8``; NUL bytes removed when ``nul_bytes``).
         content_hash: sha256 hex of the raw bytes on disk.
         invalid_utf8: True when the bytes were not valid UTF-8.
         size: size in bytes.
         mtime_ms: modification time, epoch ms.
+        nul_bytes: NUL bytes removed from the text (a note padded with NULs); 0 for most files.
     """
 
     text: str
@@ -35,6 +45,7 @@ class FileContent:
     invalid_utf8: bool
     size: int
     mtime_ms: int
+    nul_bytes: int = 0
 
 
 def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | SkippedFile:
@@ -51,7 +62,9 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         :class:`FileContent`, or :class:`~fallback.models.SkippedFile` with ``path =
         f.rel_path`` and reason ``vanished before read``, ``symlink (not followed)``,
         ``unreadable: <OS reason>``, ``not a regular file``,
-        ``too large (N bytes > cap M)`` or ``binary file (NUL bytes)``.
+        ``too large (N bytes > cap M)`` or ``binary file (NUL bytes)`` (NUL bytes and other
+        control bytes or invalid UTF-8; a text padded with NULs is read without them, see
+        ``FileContent.nul_bytes``).
     """
     def skipped(reason: str) -> SkippedFile:
         return SkippedFile(path=f.rel_path, reason=reason)
@@ -61,7 +74,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         fd = os.open(f.abs_path, flags)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return skipped("vanished before read")
+            return skipped(VANISHED)
         if exc.errno == errno.ELOOP:
             return skipped("symlink (not followed)")
         return skipped(f"unreadable: {exc.strerror or exc}")
@@ -86,9 +99,15 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
     finally:
         os.close(fd)
     data = b"".join(parts)
-    if b"\x00" in data:
-        return skipped("binary file (NUL bytes)")
     body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
+    nul_bytes = body.count(b"\x00")
+    if nul_bytes:
+        text = _text_without_nuls(body)
+        if text is None:
+            return skipped("binary file (NUL bytes)")
+        return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=False,
+                           size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
+                           nul_bytes=nul_bytes)
     try:
         text = body.decode("utf-8")
         invalid = False
@@ -97,3 +116,71 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         invalid = True
     return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=invalid,
                        size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000))
+
+
+def _text_without_nuls(body: bytes) -> str | None:
+    """The text of a file that holds NUL bytes, or ``None`` when it is binary.
+
+    A note padded with NUL bytes (preallocated or fixed-size files, the zero-filled tail or
+    blocks a crash leaves behind) is text once the NULs are removed: valid UTF-8 without other
+    control characters than tab, line feed, vertical tab, form feed and carriage return. Any
+    other control byte or an invalid UTF-8 sequence means a binary file (images, archives,
+    UTF-16 text), which is not indexed. Removing NUL bytes never changes line numbers, so the
+    chunks' line ranges still match what ``memory_get`` pages.
+    """
+    try:
+        text = body.replace(b"\x00", b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return None if _BINARY_CONTROLS.search(text) else text
+
+
+def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:
+    """Transcripts of ``sessions_dir`` as :class:`MemoryFile` rows, and the enumeration error.
+
+    Args:
+        sessions_dir: the agent's transcript folder.
+
+    Returns:
+        ``(files, error)``: each transcript (``*.jsonl`` and retained archives, see
+        :func:`fallback.sources.transcripts.scan_transcripts`) with ``rel_path``
+        ``sessions/<basename>`` (a name that is not UTF-8 in its printable form) and source
+        ``sessions``; files that vanish while being listed are left out. ``error`` is the
+        listing problem, or ``None``.
+    """
+    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
+
+    scan = scan_transcripts(sessions_dir)
+    out: list[MemoryFile] = []
+    for path in scan.paths:
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
+                              source="sessions", size=st.st_size,
+                              mtime_ms=int(st.st_mtime_ns // 1_000_000)))
+    return out, scan.error
+
+
+def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
+    """Flatten one transcript (spec §5.4) for indexing; never raises for a bad file.
+
+    Returns:
+        ``(FileContent, line_map)`` where ``line_map[i]`` is the JSONL line of text line
+        ``i + 1``, or ``(SkippedFile, None)`` with reason ``vanished before read`` or
+        ``unreadable: <OS reason>``. A cron-run or fully filtered transcript gives empty
+        content (a files row, no chunks).
+    """
+    try:
+        with open(mf.abs_path, "rb"):
+            pass
+    except FileNotFoundError:
+        return SkippedFile(path=mf.rel_path, reason=VANISHED), None
+    except OSError as exc:
+        return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
+    from fallback.sources.transcripts import session_document
+
+    doc = session_document(mf.abs_path)
+    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
+                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map

@@ -45,6 +45,7 @@ from wcmatch import glob as wcglob
 
 from fallback.models import SkippedFile
 from fallback.settings import ExtraPath
+from fallback.text.path_names import printable_path
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -186,6 +187,12 @@ class Discovery:
 
 def _rel(path: str, workspace: str) -> str:
     return os.path.relpath(path, workspace).replace(os.sep, "/")
+
+
+def _shown(path: str, workspace: str) -> str:
+    """The workspace-relative path as it is stored and shown (the printable form of
+    :mod:`fallback.text.path_names`: a name that is not UTF-8 gets ``\\xHH`` escapes)."""
+    return printable_path(_rel(path, workspace))
 
 
 def _lstat(path: str) -> os.stat_result | None:
@@ -397,7 +404,7 @@ class _Collector:
         self.entries_left = MAX_WALK_ENTRIES
 
     def skip(self, path: str, reason: str) -> None:
-        self.skipped.append(SkippedFile(path=_rel(path, self.workspace), reason=reason))
+        self.skipped.append(SkippedFile(path=_shown(path, self.workspace), reason=reason))
 
     def add_file(self, path: str, st: os.stat_result) -> None:
         """Accept a regular, non-symlink file seen by lstat, unless too large or unreadable."""
@@ -426,11 +433,11 @@ class _Collector:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            self.issues.append(f"cannot list {directory}: {exc.strerror or exc}")
+            self.issues.append(f"cannot list {printable_path(directory)}: {exc.strerror or exc}")
             return
         self.entries_left -= len(entries)
         if self.entries_left < 0:
-            self.issues.append(f"stopped walking at {directory}: more than {MAX_WALK_ENTRIES} "
+            self.issues.append(f"stopped walking at {printable_path(directory)}: more than {MAX_WALK_ENTRIES} "
                                "entries under the memory folders (is an extra path too broad?)")
             return
         for entry in entries:
@@ -532,7 +539,7 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
         if real in seen:
             continue
         seen.add(real)
-        files.append(MemoryFile(abs_path=Path(path), rel_path=_rel(path, ws), size=fst.st_size,
+        files.append(MemoryFile(abs_path=Path(path), rel_path=_shown(path, ws), size=fst.st_size,
                                 mtime_ms=int(fst.st_mtime_ns // 1_000_000)))
     return Discovery(files=files, skipped=col.skipped, issues=col.issues)
 
@@ -558,7 +565,7 @@ def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
     found = locate_memory_path(folders, p)
     if found is None:
         if any(_is_within(p, str(r.path)) for r in folders):
-            return "gone", _rel(p, ws)  # in a memory folder, but hidden, skipped or unmatched
+            return "gone", _shown(p, ws)  # in a memory folder, but hidden, skipped or unmatched
         return "full", None
     r, rel = found
     st = _lstat(str(r.entry))
@@ -567,9 +574,9 @@ def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
     inner = rel.split("/")
     for i in range(len(inner) - 1):  # no symlinked folder between the root and the file
         if os.path.islink(os.path.join(str(r.path), *inner[: i + 1])):
-            return "gone", _rel(p, ws)
+            return "gone", _shown(p, ws)
     fst = _lstat(p)
     if fst is None or not stat.S_ISREG(fst.st_mode):
-        return "gone", _rel(p, ws)
-    return "file", MemoryFile(abs_path=Path(p), rel_path=_rel(p, ws), size=fst.st_size,
+        return "gone", _shown(p, ws)
+    return "file", MemoryFile(abs_path=Path(p), rel_path=_shown(p, ws), size=fst.st_size,
                               mtime_ms=int(fst.st_mtime_ns // 1_000_000))

@@ -10,7 +10,10 @@ short reason (the reference answered a bare ``path required``):
 reason                            when
 ================================  =====================================================
 ``empty path``                    blank input
-``invalid characters``            a NUL byte, another control character, or a backslash
+``invalid characters``            a NUL byte or another control character, or a backslash
+                                  that does not start a ``\\xHH`` escape (the printable
+                                  form of a name that is not UTF-8:
+                                  ``fallback/text/path_names.py``)
 ``encoded characters``            any ``%XX`` escape (refused outright, never decoded)
 ``absolute path``                 ``/x``, ``C:x``
 ``parent segment``                a ``..`` segment, unless the result lands inside a
@@ -53,7 +56,12 @@ from pathlib import Path
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from fallback.errors import BackendUnavailableError, MemoryFileNotFoundError, PathRefusedError
+from fallback.errors import (
+    BackendUnavailableError,
+    MemoryFileNotFoundError,
+    PathRefusedError,
+    UsageError,
+)
 from fallback.models import MemoryReadResult
 from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
@@ -66,6 +74,7 @@ from fallback.sources.memory_files import (
     locate_memory_path,
     memory_roots,
 )
+from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = [
     "DEFAULT_READ_LINES",
@@ -129,10 +138,16 @@ def _check_text(path: str, shown: str) -> list[str]:
     p = path.strip()
     if not p:
         raise refuse("empty path")
-    if "\\" in p or any(unicodedata.category(ch) == "Cc" for ch in p):
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in p):
         raise refuse("invalid characters")
     if _PERCENT_ESCAPE.search(p):
         raise refuse("encoded characters")
+    try:
+        p = parse_printable_path(p)  # "\xHH": a name byte that is not UTF-8 (or "\", a control)
+    except UsageError:
+        raise refuse("invalid characters") from None
+    if "\x00" in p:
+        raise refuse("invalid characters")
     if os.path.isabs(p) or _WINDOWS_DRIVE.match(p):
         raise refuse("absolute path")
     segments = [s for s in p.split("/") if s not in ("", ".")]
@@ -182,7 +197,7 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
     segments = _check_text(rel_path, rel_path)
     ws = os.path.abspath(workspace)
     target = os.path.normpath(os.path.join(ws, *segments))
-    display = os.path.relpath(target, ws).replace(os.sep, "/")
+    display = printable_path(os.path.relpath(target, ws).replace(os.sep, "/"))
     has_parent = ".." in segments
     roots = memory_roots(Path(ws), extra_paths)
     if not has_parent and len(segments) == 1 and segments[0] in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE):

@@ -14,6 +14,9 @@ that rule too:
 Editors that save by writing a temp file and renaming it over the target show up as a move
 whose destination is a memory file; deletions and moves out count too. Hidden names and the
 rule's skipped folders (``.git``, ``node_modules``, ``build`` ...) below a root are ignored.
+The polling observer does not even list them (:meth:`MemoryWatcher.list_folder`, with a depth
+limit of :data:`MAX_WATCH_DEPTH` folders and symlinks never followed): a poll of an extra path
+that holds a checkout with ``node_modules`` and a virtualenv stats the notes only.
 
 Threads: watchdog calls our handler on its own thread; the handler only records the path in a
 thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's token). The
@@ -38,9 +41,10 @@ lost.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,18 +59,22 @@ from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     MEMORY_DIR_NAME,
     ROOT_MEMORY_FILE,
+    SKIP_DIR_NAMES,
     ExtraPathEntry,
     RootFile,
     is_excluded,
     memory_roots,
 )
 
-__all__ = ["WatchState", "MemoryWatcher", "RESCAN_MARKER"]
+__all__ = ["MAX_WATCH_DEPTH", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
+# The polling observer descends at most this many folders below a watched root; changes deeper
+# down (rare for notes) are found by the periodic rescan, as are any missed events.
+MAX_WATCH_DEPTH = 12
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +179,7 @@ class MemoryWatcher:
         self._token: Any = None
         self._wake: anyio.Event | None = None
         self._last_change_mono = 0.0
+        self._watched_roots = self._watched_folders()
 
     # -- relevance ----------------------------------------------------------------------------
 
@@ -225,11 +234,57 @@ class MemoryWatcher:
 
     # -- observer management ------------------------------------------------------------------
 
+    def _watched_folders(self) -> list[str]:
+        """Absolute folders the observer watches (the roots of :meth:`list_folder`'s depth)."""
+        folders = [str(self.workspace), str(self.workspace / MEMORY_DIR_NAME)]
+        folders += [str(r.entry if r.entry == r.path else r.path) for r in self.roots[2:]]
+        if self.sessions_dir is not None:
+            folders.append(str(self.sessions_dir))
+        return sorted(set(folders), key=len, reverse=True)  # deepest first
+
+    def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
+        """What the polling observer sees of one folder (its ``listdir``): the entries of
+        ``path`` without hidden names and without the memory-file rule's skipped folders
+        (:data:`~fallback.sources.memory_files.SKIP_DIR_NAMES`: ``node_modules``, ``.git``,
+        ``venv`` ...), and without any folder once ``path`` is :data:`MAX_WATCH_DEPTH` folders
+        below its watched root, so a poll never walks a dependency or VCS tree.
+
+        Args:
+            path: a folder below (or equal to) a watched root.
+
+        Returns:
+            An iterator of ``os.DirEntry`` items, unsorted, as ``os.scandir`` gives them (the
+            folder is read completely, and closed, before the first item).
+
+        Raises:
+            OSError: ``path`` cannot be listed (the snapshot treats a vanished folder as empty).
+        """
+        folder = os.fspath(path or ".")
+        root = next((r for r in self._watched_roots
+                     if folder == r or folder.startswith(r.rstrip(os.sep) + os.sep)), folder)
+        depth = 0 if folder == root else folder[len(root):].strip(os.sep).count(os.sep) + 1
+        with os.scandir(folder) as it:
+            entries = list(it)
+        keep: list[os.DirEntry[str]] = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir and (entry.name in SKIP_DIR_NAMES or depth >= MAX_WATCH_DEPTH):
+                continue
+            keep.append(entry)
+        return iter(keep)
+
     def _new_observer(self, polling: bool) -> Any:
         if polling:
-            from watchdog.observers.polling import PollingObserver
+            from watchdog.observers.polling import PollingObserverVFS
 
-            return PollingObserver(timeout=self.poll_interval_s)
+            # lstat: symlinks are never followed (the memory-file rule), nor walked into
+            return PollingObserverVFS(os.lstat, self.list_folder,
+                                      polling_interval=self.poll_interval_s)
         from watchdog.observers import Observer
 
         return Observer()

@@ -7,7 +7,9 @@ awareness: headings are ordinary lines.
 Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with these changes:
 
 - lengths are code points, so no chunk can split a code point (the reference measured UTF-16
-  units and needed surrogate guards);
+  units and needed surrogate guards), and a long line is cut on grapheme-cluster boundaries
+  (UAX #29, the ``regex`` package's ``\\X``), so no chunk or snippet splits an emoji family, a
+  flag or a letter from its combining marks;
 - ``\\r\\n`` and lone ``\\r`` both end a line and the ``\\r`` is dropped from chunk text, so line
   numbers match what an editor shows;
 - the overlap window is capped at ``min(overlap_chars, max_chars - incoming)`` (the E3 cap) and
@@ -20,8 +22,11 @@ Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with th
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, replace
+
+import regex
 
 from fallback.errors import UsageError
 from fallback.text.scripts import sha256_hex, text_weight
@@ -30,6 +35,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "Chunk",
     "chunk_markdown",
+    "grapheme_ends",
     "remap_lines",
     "split_by_utf8_bytes",
     "split_lines",
@@ -45,6 +51,8 @@ MIN_CHUNK_CHARS = 32
 MIN_SPLIT_BYTES = 4
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# One extended grapheme cluster (UAX #29).
+_GRAPHEME_RE = regex.compile(r"\X")
 
 
 @dataclass(frozen=True)
@@ -74,24 +82,78 @@ def split_lines(text: str) -> list[str]:
     return _LINE_BREAK.split(text)
 
 
+def grapheme_ends(text: str) -> list[int]:
+    """Code-point offsets where the extended grapheme clusters of ``text`` end, ascending.
+
+    A grapheme cluster is what a reader sees as one character: a ZWJ emoji family
+    (``👨‍👩‍👧‍👦``, 7 code points), a flag (two regional indicators), a letter with combining
+    marks. The last offset is ``len(text)``; ``""`` gives ``[]``.
+
+    Source: Unicode UAX #29 extended grapheme clusters, as the ``regex`` package's ``\\X``
+    matches them.
+    """
+    return [m.end() for m in _GRAPHEME_RE.finditer(text)]
+
+
+def _cut_points(ends: list[int], size: int) -> list[int]:
+    """Cut offsets (ascending, ending at the text's length) for pieces of at most ``size`` code
+    points, each cut on a grapheme boundary; a single grapheme longer than ``size`` (hundreds
+    of combining marks) is cut inside, since no boundary exists there."""
+    total = ends[-1] if ends else 0
+    cuts: list[int] = []
+    start = 0
+    while start < total:
+        limit = start + size
+        if limit >= total:
+            cuts.append(total)
+            break
+        i = bisect.bisect_right(ends, limit) - 1
+        end = ends[i] if i >= 0 and ends[i] > start else limit
+        cuts.append(end)
+        start = end
+    return cuts
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """``text`` cut into pieces of at most ``size`` code points on grapheme boundaries."""
+    if len(text) <= size:
+        return [text]
+    if text.isascii():  # every ASCII code point is its own grapheme here (no line breaks)
+        return [text[i:i + size] for i in range(0, len(text), size)]
+    out: list[str] = []
+    start = 0
+    for end in _cut_points(grapheme_ends(text), size):
+        out.append(text[start:end])
+        start = end
+    return out
+
+
 def truncate_chars(s: str, max_chars: int) -> str:
-    """Cut ``s`` to at most ``max_chars`` code points (no ellipsis; ``max_chars <= 0`` -> "")."""
+    """Cut ``s`` to at most ``max_chars`` code points (no ellipsis; ``max_chars <= 0`` -> "").
+
+    The cut falls on a grapheme-cluster boundary (:func:`grapheme_ends`), so a snippet never
+    ends in half an emoji family or half a flag; only a single cluster longer than
+    ``max_chars`` is cut inside.
+    """
     if max_chars <= 0:
         return ""
-    return s[:max_chars]
+    if len(s) <= max_chars:
+        return s
+    return _pieces(s, max_chars)[0]
 
 
 def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
-    """Cut one line into segments: slices of ``max_chars`` code points, CJK-heavy slices
-    re-cut into pieces of ``tokens`` code points (each then weighs at most ``max_chars``)."""
+    """Cut one line into segments of at most ``max_chars`` code points, CJK-heavy segments
+    re-cut into pieces of ``tokens`` code points (each then weighs at most ``max_chars``);
+    every cut falls on a grapheme-cluster boundary (see :func:`_cut_points`)."""
     if not line:
         return [""]
+    if len(line) <= max_chars and text_weight(line) <= max_chars:
+        return [line]
     segments: list[str] = []
-    for start in range(0, len(line), max_chars):
-        piece = line[start:start + max_chars]
+    for piece in _pieces(line, max_chars):
         if text_weight(piece) > max_chars:
-            step = max(1, tokens)
-            segments.extend(piece[i:i + step] for i in range(0, len(piece), step))
+            segments.extend(_pieces(piece, max(1, tokens)))
         else:
             segments.append(piece)
     return segments
@@ -215,28 +277,43 @@ def split_by_utf8_bytes(chunk: Chunk, max_bytes: int) -> list[Chunk]:
 
     Returns:
         ``[chunk]`` when it already fits; otherwise consecutive pieces of at most
-        ``max_bytes`` bytes each, cut only between code points, each with the parent's
+        ``max_bytes`` bytes each, cut between grapheme clusters (inside one only when it alone
+        is longer than ``max_bytes``, then between code points), each with the parent's
         ``start_line``/``end_line`` and its own ``content_hash``. Concatenating the pieces
         gives the parent text back.
 
     Raises:
         UsageError: ``max_bytes < 4``.
 
-    Source: OpenClaw ``enforceEmbeddingMaxInputTokens`` (split point found by walking back
-    over UTF-8 continuation bytes instead of a binary search).
+    Source: OpenClaw ``enforceEmbeddingMaxInputTokens`` (split point found by snapping back to
+    a grapheme boundary, or walking back over UTF-8 continuation bytes, instead of a binary
+    search).
     """
     if max_bytes < MIN_SPLIT_BYTES:
         raise UsageError(f"max_bytes must be >= {MIN_SPLIT_BYTES}, got {max_bytes}")
     data = chunk.text.encode("utf-8", "surrogatepass")
     if len(data) <= max_bytes:
         return [chunk]
+    # Byte offsets of the grapheme boundaries: cuts snap back to the last one that fits.
+    bounds: list[int] = []
+    offset = 0
+    start_cp = 0
+    for end_cp in grapheme_ends(chunk.text):
+        offset += len(chunk.text[start_cp:end_cp].encode("utf-8", "surrogatepass"))
+        bounds.append(offset)
+        start_cp = end_cp
     pieces: list[Chunk] = []
     pos = 0
     while pos < len(data):
         end = min(len(data), pos + max_bytes)
-        # Walk back while the byte at the cut is a continuation byte (10xxxxxx).
-        while end < len(data) and (data[end] & 0xC0) == 0x80:
-            end -= 1
+        i = bisect.bisect_right(bounds, end) - 1
+        if end < len(data) and i >= 0 and bounds[i] > pos:
+            end = bounds[i]
+        else:
+            # One grapheme longer than the cap: walk back to a code point boundary
+            # (while the byte at the cut is a continuation byte, 10xxxxxx).
+            while end < len(data) and (data[end] & 0xC0) == 0x80:
+                end -= 1
         text = data[pos:end].decode("utf-8", "surrogatepass")
         pieces.append(Chunk(text=text, start_line=chunk.start_line, end_line=chunk.end_line,
                             content_hash=sha256_hex(text)))

@@ -173,8 +173,10 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:
+        pending = st.vector.get("pending") or 0
         sys.stdout.write(f"Memory index updated ({agent.agent_id}): {st.files} files, {st.chunks} chunks"
-                         f"{', ' + str(len(st.skipped)) + ' skipped' if st.skipped else ''}.\n")
+                         f"{', ' + str(len(st.skipped)) + ' skipped' if st.skipped else ''}"
+                         f"{'; ' + str(st.dirty_reason) if pending else ''}.\n")
     return EXIT_OK
 
 

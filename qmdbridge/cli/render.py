@@ -123,7 +123,8 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
     w(f"Workspace: {st.get('workspaceDir')}\n")
     fts = st.get("fts") or {}
     if fts:
-        w(f"FTS: {'ready' if fts.get('available') else 'unavailable'} {fts.get('tokenizer', '')}\n")
+        w(f"FTS: {'ready' if fts.get('available') else 'unavailable'} {fts.get('tokenizer', '')}"
+          f"{' (keyword search: substring scan)' if fts.get('keyword') == 'substring' else ''}\n")
     vector = st.get("vector") or {}
     if vector:
         w(f"Vector: {vector.get('mode', '-')}"

@@ -102,3 +102,12 @@ def test_bench_daemon_quick() -> None:
     assert rows["tools/list + memory_search, initialised session"]["note"].endswith("top hit True")
     if os.access(QMD, os.X_OK):
         assert rows["qmd search --json (CLI wall)"]["note"] == "right note every run: True"
+
+
+def test_bench_watch_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_watch.py"), "--quick", "--json")
+    rows = rows_by_name(doc)
+    assert doc["title"] == "bench_watch" and doc["meta"]["packages"] == 20
+    assert rows["watcher listing"]["value"] == 62  # 50 notes, 10 topic folders, notes/, the root
+    assert rows["watchdog defaults"]["value"] > 1000  # node_modules, .venv and .git walked
+    assert rows["watcher listing (skip list, depth, lstat)"]["unit"] == "ms CPU"

@@ -213,3 +213,46 @@ def test_sections_still_cut_long_sections_by_size() -> None:
     chunks = chunk_markdown(f"# A\n{body}\n# B\nshort\n", tokens=100, overlap=0, sections=True)
     assert chunks[-1].text == "# B\nshort" and chunks[-1].start_line == 42
     assert all(len(c.text) <= 400 for c in chunks) and len(chunks) > 3
+
+
+FAMILY = "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466"  # 👨‍👩‍👧‍👦: 7 code points
+FLAG_JP = "\U0001F1EF\U0001F1F5"  # 🇯🇵: two regional indicators
+FLAG_FR = "\U0001F1EB\U0001F1F7"  # 🇫🇷
+
+
+def test_long_line_of_emoji_families_and_flags_is_cut_between_graphemes() -> None:
+    line = (FAMILY + FLAG_JP) * 10  # 90 code points on one line, a chunk holds 32
+    chunks = chunk_markdown(f"# Trip\n{line}\n", tokens=8, overlap=0, sections=False)
+    # cuts at 27 code points (3 x family + flag), never at 32 (inside the 4th family)
+    assert [(c.text, c.start_line, c.end_line) for c in chunks] == [
+        ("# Trip", 1, 1), ((FAMILY + FLAG_JP) * 3, 2, 2), ((FAMILY + FLAG_JP) * 3, 2, 2),
+        ((FAMILY + FLAG_JP) * 3, 2, 2), (FAMILY + FLAG_JP, 2, 2)]
+
+
+def test_flag_pairs_are_never_split() -> None:
+    line = "x" + (FLAG_JP + FLAG_FR) * 20  # an odd start: a code-point cut would pair RI halves
+    chunks = chunk_markdown(line, tokens=8, overlap=0)
+    assert [c.text for c in chunks] == [
+        "x" + (FLAG_JP + FLAG_FR) * 7 + FLAG_JP,  # 31 code points: 32 would end in half a flag
+        (FLAG_FR + FLAG_JP) * 8, (FLAG_FR + FLAG_JP) * 4 + FLAG_FR]
+
+
+def test_cjk_recut_and_combining_marks_stay_whole() -> None:
+    acute = "e\u0301"  # é as e + combining acute accent: one grapheme, two code points
+    chunks = chunk_markdown("日本" + acute * 40, tokens=8, overlap=0)
+    # the CJK-heavy first 32 code points are re-cut into 8-code-point pieces, the rest into 32
+    assert [c.text for c in chunks] == [
+        "日本" + acute * 3 + "\n" + acute * 4, acute * 4 + "\n" + acute * 4,
+        acute * 16, acute * 9]
+
+
+def test_truncate_and_byte_split_keep_grapheme_clusters() -> None:
+    assert truncate_chars("ab" + FAMILY, 5) == "ab"       # not "ab" + half a family
+    assert truncate_chars(FLAG_JP * 3, 5) == FLAG_JP * 2
+    assert truncate_chars(FAMILY, 3) == FAMILY[:3]        # one cluster longer than the cap
+    text = "ab" + FAMILY + "cd"  # the family is 25 UTF-8 bytes
+    pieces = split_by_utf8_bytes(Chunk(text, 1, 1, _sha(text)), 26)
+    assert [p.text for p in pieces] == ["ab", FAMILY + "c", "d"]
+    tiny = split_by_utf8_bytes(Chunk(FAMILY, 1, 1, _sha(FAMILY)), 8)
+    assert "".join(p.text for p in tiny) == FAMILY           # cut inside, between code points
+    assert all(len(p.text.encode()) <= 8 for p in tiny)

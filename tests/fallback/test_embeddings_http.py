@@ -9,7 +9,7 @@ import pytest
 from fallback.embeddings import create_provider, probe
 from fallback.embeddings._http import parse_retry_after
 from fallback.embeddings.base import CallPolicy, retry_wait_s, sanitize_vector
-from fallback.errors import EmbeddingProviderError
+from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 from fallback.settings import MemorySearchSettings
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
@@ -152,7 +152,7 @@ async def test_max_input_length_message_also_halves() -> None:
 
 
 @pytest.mark.anyio
-async def test_timeout_message_and_retries() -> None:
+async def test_timeout_message_and_no_retry() -> None:
     slow = CallPolicy(concurrency=1, query_timeout_s=0.2, batch_timeout_s=0.2, retry_base_s=0.01)
     with serve(lambda req: Reply(200, {"data": []}, delay_s=2.0)) as srv:
         p = make("openai", srv.url, env={"OPENAI_API_KEY": "k"}, policy=slow)
@@ -162,7 +162,8 @@ async def test_timeout_message_and_retries() -> None:
         finally:
             await p.aclose()
     assert str(info.value) == "openai embedding failed: memory embeddings batch timed out after 0.2s"
-    assert len(srv.requests) == 3
+    assert info.value.retryable is False
+    assert len(srv.requests) == 1  # a provider that did not answer is not asked again at once
 
 
 @pytest.mark.anyio
@@ -188,8 +189,10 @@ async def test_dimension_change_between_calls_is_an_error() -> None:
         p = make("mistral", srv.url, env={"MISTRAL_API_KEY": "k"})
         try:
             await p.embed_query("x")
-            with pytest.raises(EmbeddingProviderError, match="has 5 dimensions, expected 3"):
+            with pytest.raises(EmbeddingDimensionsError, match="has 5 dimensions, expected 3") as info:
                 await p.embed_query("y")
+            assert (info.value.expected, info.value.got, p.dims) == (3, 5, 5)
+            assert len(await p.embed_query("z")) == 5  # the new size is adopted
         finally:
             await p.aclose()
 

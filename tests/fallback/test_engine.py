@@ -86,7 +86,7 @@ async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
     assert [c.to_json_dict() for c in status.source_counts] == [
         {"source": "memory", "files": 2, "chunks": 2}]
     assert status.fts == {"enabled": True, "available": True, "tokenizer": "unicode61",
-                          "error": None, "cjk": "trigram+like"}
+                          "error": None, "cjk": "trigram+like", "keyword": "bm25"}
     assert status.vector["mode"] == "disabled" and status.vector["available"] is False
     assert status.cache == {"enabled": True, "entries": 0, "maxEntries": 50000}
     assert status.db_path == str(ws / ".openclaw-state" / "memory" / "main.sqlite")
@@ -207,10 +207,18 @@ async def test_hybrid_weights_decide_order(tmp_path: Path, weights: tuple[float,
     await engine.close()
 
 
-async def test_failed_query_embedding_falls_back_to_keywords(ws: Path) -> None:
+async def test_failed_query_embedding_fails_closed_unless_keyword_fallback(ws: Path) -> None:
     engine = _engine(ws, CountProvider(fail_query=True))
-    hits = await engine.search("zebra")
-    assert [h.path for h in hits] == ["memory/2026-01-12.md"]
+    with pytest.raises(BackendUnavailableError) as info:  # an explicit provider: no silent degrade
+        await engine.search("zebra")
+    assert str(info.value) == ("memory search unavailable: test-count: query embedding failed: "
+                               "test-count embedding failed: fetch failed")
+    await engine.close()
+    engine = _engine(ws, CountProvider(fail_query=True), query={"keywordFallback": True})
+    outcome = await engine.search_detailed("zebra")
+    assert [h.path for h in outcome.results] == ["memory/2026-01-12.md"]
+    assert outcome.warnings == ["query embedding failed: test-count embedding failed: fetch failed;"
+                                " results come from keyword search only"]
     assert (await engine.status()).last_error == "query embedding failed: test-count embedding failed: fetch failed"
     await engine.close()
 

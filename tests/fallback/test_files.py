@@ -312,9 +312,36 @@ def test_read_invalid_utf8_replaced(tmp_path: Path) -> None:
     assert got.invalid_utf8 is True
 
 
+@pytest.mark.parametrize(("data", "text", "stripped"), [
+    (b"# Log\nkept line\n" + b"\x00" * 4096, "# Log\nkept line\n", 4096),   # zero-filled tail
+    (b"\x00\x00first\n\x00second\x00\n", "first\nsecond\n", 4),           # leading and inside
+    (b"\xef\xbb\xbftab\tok\r\n\x00", "tab\tok\r\n", 1),                      # BOM, tab, CRLF kept
+])
+def test_read_note_padded_with_nul_bytes(tmp_path: Path, data: bytes, text: str,
+                                         stripped: int) -> None:
+    note = tmp_path / "padded.md"
+    note.write_bytes(data)
+    got = read_memory_text(_mf(note, "padded.md"), max_file_bytes=10_000)
+    assert not isinstance(got, SkippedFile)
+    assert (got.text, got.nul_bytes, got.invalid_utf8, got.size) == (text, stripped, False, len(data))
+    assert got.content_hash == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("data", [
+    b"PK\x03\x04\x14\x00\x00\x00",        # an archive: other control bytes
+    b"h\x00\xe9\x00l\x00l\x00o\x00",          # UTF-16 text: invalid UTF-8 once NULs are gone
+    b"text\x00\x1b[31mred",                  # ESC among NULs
+])
+def test_nul_bytes_with_other_binary_signs_are_skipped(tmp_path: Path, data: bytes) -> None:
+    note = tmp_path / "bin.md"
+    note.write_bytes(data)
+    assert read_memory_text(_mf(note, "bin.md"), max_file_bytes=100) == SkippedFile(
+        path="bin.md", reason="binary file (NUL bytes)")
+
+
 def test_read_binary_and_too_large_and_symlink(tmp_path: Path) -> None:
     binary = tmp_path / "bin.md"
-    binary.write_bytes(b"abc\x00def")
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")  # NULs and other control bytes
     assert read_memory_text(_mf(binary, "bin.md"), max_file_bytes=100) == SkippedFile(
         path="bin.md", reason="binary file (NUL bytes)")
     big = _write(tmp_path / "big.md", "z" * 20)

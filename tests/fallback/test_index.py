@@ -146,6 +146,27 @@ async def test_crlf_invalid_utf8_and_binary_files(ws: Path) -> None:
     store.close()
 
 
+async def test_note_padded_with_nul_bytes_is_indexed_and_the_caveat_kept(ws: Path) -> None:
+    settings = _settings(ws)
+    (ws / "memory" / "padded.md").write_bytes(b"# Trip\nthe kayak is in the garage\n" + b"\x00" * 4096)
+    (ws / "memory" / "bad.md").write_bytes(b"caf\xe9 ok\n")
+    store = Store(settings.db_path)
+    await _sync(settings, store)
+    assert store.query("SELECT start_line, end_line, text FROM chunks WHERE path = 'memory/padded.md'") == [
+        (1, 2, "# Trip\nthe kayak is in the garage")]
+    caveats = [("memory/bad.md", "invalid UTF-8 (bytes replaced with U+FFFD)"),
+               ("memory/padded.md", "NUL bytes stripped (4096 bytes)")]
+    assert store.query("SELECT path, reason FROM skipped_files ORDER BY path") == caveats
+    report = await _sync(settings, store)  # unchanged files are not read again: caveats stay
+    assert report.files_indexed == 0
+    assert sorted((s.path, s.reason) for s in report.skipped) == caveats
+    assert store.query("SELECT path, reason FROM skipped_files ORDER BY path") == caveats
+    (ws / "memory" / "padded.md").write_bytes(b"# Trip\nthe kayak is in the shed\n")
+    await _sync(settings, store)
+    assert store.query("SELECT path, reason FROM skipped_files ORDER BY path") == caveats[:1]
+    store.close()
+
+
 async def test_identity_change_triggers_full_rebuild(ws: Path) -> None:
     settings = _settings(ws)
     store = Store(settings.db_path)

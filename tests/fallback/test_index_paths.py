@@ -50,7 +50,7 @@ async def test_watch_paths_reindex_only_those_files(ws: Path, tmp_path: Path) ->
         await engine.sync(reason="test")
         (ws / "memory" / "a.md").write_text("alpha note, now with a quokka\n")
         (ws / "memory" / "sub" / "b.md").unlink()
-        (ws / "memory" / "c.md").write_bytes(b"\x00binary")
+        (ws / "memory" / "c.md").write_bytes(b"\x00\x01binary")
         report = await engine.sync(reason="watch", paths={str(ws / "memory" / "a.md"),
                                                           str(ws / "memory" / "sub" / "b.md"),
                                                           str(ws / "memory" / "c.md")})

@@ -262,3 +262,59 @@ async def test_deleted_memory_folder_is_a_dead_watch_that_rearm_replaces(ws: Pat
         await rec.wait_for(lambda s: str(mem / "again.md") in s)
 
     await _run(watcher, body)
+
+
+def _tree_with_tool_folders(root: Path) -> None:
+    """An extra path that is also a code checkout: notes next to dependency and VCS trees."""
+    (root / "notes" / "deep").mkdir(parents=True)
+    (root / "notes" / "deep" / "plan.md").write_text("plan\n")
+    (root / "README.md").write_text("readme\n")
+    for skipped in ("node_modules/pkg/lib", ".git/objects/ab", ".venv/lib/site-packages",
+                    "venv/bin", "__pycache__", "build/out", ".obsidian"):
+        (root / skipped).mkdir(parents=True)
+        (root / skipped / "x.md").write_text("not a note\n")
+    (root / "loop").symlink_to(root, target_is_directory=True)  # a cycle, never followed
+
+
+def test_polling_snapshot_skips_tool_folders_and_symlinks(ws: Path, tmp_path: Path) -> None:
+    from watchdog.utils.dirsnapshot import DirectorySnapshot
+
+    repo = tmp_path / "repo"
+    _tree_with_tool_folders(repo)
+    watcher = MemoryWatcher(ws, extra_paths=[repo], on_change=Recorder(), force_polling=True)
+    snap = DirectorySnapshot(str(repo), recursive=True, stat=os.lstat, listdir=watcher.list_folder)
+    assert sorted(os.path.relpath(p, repo) for p in snap.paths) == [
+        ".", "README.md", "loop", "notes", "notes/deep", "notes/deep/plan.md"]
+    observer = watcher._new_observer(True)
+    assert type(observer).__name__ == "PollingObserverVFS"
+
+
+def test_polling_depth_limit(ws: Path) -> None:
+    from watchdog.utils.dirsnapshot import DirectorySnapshot
+
+    from fallback.sources.watcher import MAX_WATCH_DEPTH
+
+    deep = ws / "memory" / os.path.join(*[f"d{i}" for i in range(MAX_WATCH_DEPTH + 2)])
+    deep.mkdir(parents=True)
+    watcher = MemoryWatcher(ws, on_change=Recorder(), force_polling=True)
+    snap = DirectorySnapshot(str(ws / "memory"), recursive=True, stat=os.lstat,
+                             listdir=watcher.list_folder)
+    depths = sorted(os.path.relpath(p, ws / "memory").count(os.sep) + 1
+                    for p in snap.paths if p != str(ws / "memory"))
+    assert depths == list(range(1, MAX_WATCH_DEPTH + 1))  # d0 .. d11, nothing below
+
+
+async def test_polling_watcher_sees_notes_beside_tool_folders(ws: Path, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _tree_with_tool_folders(repo)
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, extra_paths=[repo], on_change=rec, debounce_ms=50,
+                            force_polling=True, poll_interval_s=0.1)
+
+    async def body() -> None:
+        (repo / "notes" / "deep" / "plan.md").write_text("plan, revised with more text\n")
+        await rec.wait_for(lambda s: str(repo / "notes" / "deep" / "plan.md") in s)
+
+    await _run(watcher, body)
+    assert watcher.state.mode == "stopped"
+    assert not any("node_modules" in p or ".git" in p for p in rec.seen())

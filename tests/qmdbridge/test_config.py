@@ -118,6 +118,8 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
     ("{agents: {list: [{id: 'a', memorySearch: {provider: 'bogus'}}]}}",
      "agents.list[0].memorySearch.provider", "input should be"),
     ("{memory: []}", "memory", "an object"),
+    ("{agents: {defaults: {memorySearch: {query: {timeoutMs: 5}}}}}",
+     "agents.defaults.memorySearch.query.timeoutMs", "milliseconds from 100 to 600000"),
 ])
 def test_bad_values_name_file_key_and_expectation(tmp_path: Path, text: str, key: str, expected: str) -> None:
     p = _write(tmp_path, text)

@@ -1,0 +1,243 @@
+"""The embedding step of one sync: cached vectors first, then the provider while it works.
+
+A sync never fails, and never stops writing keyword rows, because the embedding provider does:
+
+- chunk texts are looked up in the embedding cache (``fallback/index/embedding_cache.py``);
+  only misses go to ``provider.embed_batch``, :data:`EMBED_COMMIT_BATCH` at a time, and each
+  finished batch is committed to the cache (by the indexer's ``commit`` callback) before the
+  next one is sent;
+- the first :class:`~fallback.errors.EmbeddingProviderError` (after the provider's own
+  retries: an error, a timeout, a rate limit) closes the step for the rest of the sync, and so
+  does the sync's embedding deadline (a search's ``query.timeoutMs``); from then on chunks are
+  written without a vector (``chunks.vector`` NULL), so keyword search finds them at once;
+- :meth:`EmbeddingStep.fill_pending` embeds such chunks later (every sync ends with it while
+  the provider works), in batches of :data:`PENDING_BATCH` chunks, each written in one
+  transaction, so a cancelled sync keeps what it filled;
+- vector length is part of the index identity: a vector whose length differs from the index's
+  (``vectorDims`` in the index meta), or a provider that reports a changed size
+  (:class:`~fallback.errors.EmbeddingDimensionsError`), raises :class:`DimensionsChanged`,
+  which makes the indexer rebuild the index into a temporary database while the old one keeps
+  answering. Cached vectors of another length are never used.
+
+The chunks still waiting for a vector, and the provider error that left them waiting, are
+stored in the index meta under :data:`BACKLOG_KEY` so every process's ``status()`` sees them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
+from fallback.index import embedding_cache
+from fallback.index.report import SyncReport
+from fallback.store.db import META_KEY
+from fallback.text.chunking import Chunk
+
+if TYPE_CHECKING:
+    from fallback.store.db import Store
+
+__all__ = ["BACKLOG_KEY", "EMBED_COMMIT_BATCH", "PENDING_BATCH", "DimensionsChanged",
+           "EmbeddingStep", "pack_vector", "pending_count"]
+
+# Meta key of ``{"pending": chunks without a vector, "error": provider error or None}``.
+BACKLOG_KEY = "embedding_backlog"
+# Texts per embedding batch; each finished batch is committed to the embedding cache (and
+# reported to the progress callback) before the next one is sent.
+EMBED_COMMIT_BATCH = 32
+# Chunks embedded (and written) per transaction when filling in missing vectors.
+PENDING_BATCH = 64
+
+Writer = Callable[["Store", Callable[[], Any]], Awaitable[Any]]
+Commit = Callable[["Store", dict[str, list[float]], list[str]], Awaitable[None]]
+
+
+def pack_vector(vector: list[float]) -> bytes:
+    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
+    return struct.pack(f"<{len(vector)}f", *vector)
+
+
+class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules, not an error
+    """The provider's vectors no longer have the index's length: the index must be rebuilt.
+
+    Attributes:
+        old: the index's vector length.
+        new: the provider's vector length now.
+    """
+
+    def __init__(self, old: int, new: int) -> None:
+        super().__init__(f"embedding dimensions changed ({old} -> {new})")
+        self.old = old
+        self.new = new
+
+
+def pending_count(store: Store, *, model: str, sources: Sequence[str]) -> int:
+    """Chunks of ``sources`` written for ``model`` that still have no vector.
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    marks = ", ".join("?" for _ in sources)
+    return int(store.query(f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
+                           f" AND source IN ({marks})", [model, *sources])[0][0])
+
+
+class EmbeddingStep:
+    """Vectors for the chunks of one sync (see the module docstring).
+
+    Args:
+        provider: the embedding provider.
+        write: runs a blocking write on a store under the sync's write limiter.
+        commit: ``commit(store, fresh vectors by hash, cache hits)`` caches one finished batch
+            (marks the hits used; during a rebuild the live store's cache gets it too).
+        on_batch: called with the sync's report after each committed batch (progress).
+        cache_enabled: ``cache.enabled``.
+        deadline: anyio clock time after which the provider is not called any more in this
+            sync (``None``: no deadline; the provider's own timeouts apply).
+        index_dims: the index's vector length (``vectorDims`` of the index meta), or ``None``
+            for a new or rebuilt index.
+
+    Attributes:
+        error: the provider error that closed the step, or ``None``.
+        deferred: True when the deadline closed the step.
+    """
+
+    def __init__(self, provider: EmbeddingProvider, *, write: Writer, commit: Commit,
+                 on_batch: Callable[[SyncReport], None], cache_enabled: bool,
+                 deadline: float | None, index_dims: int | None) -> None:
+        self.provider = provider
+        self._write = write
+        self._commit = commit
+        self._on_batch = on_batch
+        self._cache_enabled = cache_enabled
+        self._deadline = deadline
+        self.index_dims = index_dims
+        self.error: EmbeddingProviderError | None = None
+        self.deferred = False
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the provider may still be called in this sync."""
+        if self.error is not None or self.deferred:
+            return False
+        if self._deadline is not None and anyio.current_time() >= self._deadline:
+            self.deferred = True
+        return not self.deferred
+
+    def _expected_dims(self) -> int | None:
+        return self.index_dims if self.index_dims is not None else self.provider.dims
+
+    async def vectors(self, store: Store, chunks: Sequence[Chunk],
+                      report: SyncReport) -> list[list[float]]:
+        """Vectors for ``chunks`` (``[]`` for a chunk left for a later sync), cache first.
+
+        Raises:
+            DimensionsChanged: the provider's vectors no longer have the index's length.
+            IndexStoreError: the store cannot be read or written.
+        """
+        p = self.provider
+        hashes = list(dict.fromkeys(c.content_hash for c in chunks))
+        found: dict[str, list[float]] = {}
+        if self._cache_enabled:
+            found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
+            dims = self._expected_dims()
+            if dims is not None:  # vectors of another size (an older model) are not reused
+                found = {h: v for h, v in found.items() if len(v) == dims}
+        hits = list(found)
+        misses = [h for h in hashes if h not in found]
+        text_of = {c.content_hash: c.text for c in chunks}
+        for start in range(0, len(misses), EMBED_COMMIT_BATCH):
+            batch = misses[start:start + EMBED_COMMIT_BATCH]
+            fresh = await self._call([text_of[h] for h in batch]) if self.is_open else None
+            if fresh is None:
+                break  # the provider failed or the deadline passed: the rest waits
+            report.chunks_embedded += len(batch)
+            new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
+            found.update(new)
+            if self._cache_enabled:
+                await self._commit(store, new, hits)
+                hits = []
+            self._on_batch(report)
+        if self._cache_enabled and hits:
+            await self._commit(store, {}, hits)
+        return [found.get(c.content_hash, []) for c in chunks]
+
+    async def _call(self, texts: list[str]) -> list[list[float]] | None:
+        """``provider.embed_batch`` within the deadline; ``None`` once the step is closed."""
+        try:
+            if self._deadline is None:
+                fresh = await self.provider.embed_batch(texts)
+            else:
+                with anyio.move_on_at(self._deadline) as scope:
+                    fresh = await self.provider.embed_batch(texts)
+                if scope.cancelled_caught:
+                    self.deferred = True
+                    return None
+        except EmbeddingDimensionsError as exc:
+            raise DimensionsChanged(exc.expected, exc.got) from exc
+        except EmbeddingProviderError as exc:
+            self.error = exc
+            return None
+        size = next((len(v) for v in fresh if v), None)
+        if size is not None and self.index_dims is not None and size != self.index_dims:
+            raise DimensionsChanged(self.index_dims, size)
+        return fresh
+
+    async def finish(self, store: Store, report: SyncReport, *, model: str,
+                     sources: Sequence[str]) -> None:
+        """End of a sync: fill in vectors still missing (while the provider works), then set
+        the report's embedding fields and record the backlog (:data:`BACKLOG_KEY`) and, once
+        known, the index's vector length (``vectorDims``) in the index meta.
+
+        Raises:
+            DimensionsChanged / IndexStoreError: as :meth:`vectors`.
+        """
+        if self.is_open:
+            await self.fill_pending(store, report, model=model, sources=sources)
+        report.embedding_error = str(self.error) if self.error is not None else None
+        report.embedding_exception = self.error
+        report.embedding_deferred = self.deferred
+        report.chunks_pending = await anyio.to_thread.run_sync(partial(
+            pending_count, store, model=model, sources=sources))
+        await self._write(store, partial(_record_backlog, store, report, self.provider.dims))
+
+    async def fill_pending(self, store: Store, report: SyncReport, *, model: str,
+                           sources: Sequence[str]) -> None:
+        """Embed chunks written without a vector (an earlier provider failure or deadline),
+        :data:`PENDING_BATCH` at a time, each batch written in one transaction; stops when the
+        step closes. Raises as :meth:`vectors`."""
+        marks = ", ".join("?" for _ in sources)
+        after = -1
+        while self.is_open:
+            rows = await anyio.to_thread.run_sync(
+                store.query, f"SELECT rowid, id, hash, text FROM chunks WHERE vector IS NULL"
+                             f" AND model = ? AND source IN ({marks}) AND rowid > ?"
+                             " ORDER BY rowid LIMIT ?", [model, *sources, after, PENDING_BATCH])
+            if not rows:
+                return
+            after = int(rows[-1][0])
+            chunks = [Chunk(text=r[3], start_line=1, end_line=1, content_hash=r[2]) for r in rows]
+            vectors = await self.vectors(store, chunks, report)
+            done = [(pack_vector(v), len(v), r[1]) for r, v in zip(rows, vectors, strict=True) if v]
+            if done:
+                await self._write(store, partial(_write_vectors, store, done))
+                report.chunks_filled += len(done)
+
+
+def _write_vectors(store: Store, rows: list[tuple[bytes, int, str]]) -> None:
+    with store.transaction() as conn:
+        conn.executemany("UPDATE chunks SET vector = ?, dims = ? WHERE id = ?", rows)
+
+
+def _record_backlog(store: Store, report: SyncReport, dims: int | None) -> None:
+    with store.transaction() as conn:
+        store.set_meta(BACKLOG_KEY, {"pending": report.chunks_pending,
+                                     "error": report.embedding_error}, conn=conn)
+        meta = store.get_meta_json(META_KEY)
+        if isinstance(meta, dict) and meta.get("vectorDims") is None and dims is not None:
+            store.set_meta(META_KEY, {**meta, "vectorDims": dims}, conn=conn)

@@ -1,0 +1,90 @@
+"""The identity an index is built for (spec §4.3-4.4): what it holds and how, so a sync knows
+when it must rebuild rather than update, and the chunk primary key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from fallback.embeddings.base import EmbeddingProvider
+from fallback.settings import EngineSettings
+from fallback.sources.memory_files import normalize_extra_paths
+from fallback.text.scripts import sha256_hex
+
+__all__ = ["FTS_ONLY_MODEL", "chunk_id", "full_reindex_reason", "index_identity"]
+
+# Model name recorded for chunks written without an embedding provider (spec §3).
+FTS_ONLY_MODEL = "fts-only"
+
+
+def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
+             model: str) -> str:
+    """Chunk primary key: ``sha256_hex("<source>:<path>:<start>:<end>:<hash>:<model>")`` (spec §3)."""
+    return sha256_hex(f"{source}:{path}:{start_line}:{end_line}:{content_hash}:{model}")
+
+
+def _none_provider_key() -> str:
+    return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
+
+
+def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None) -> dict[str, Any]:
+    """The identity an index is built for (spec §4.3); any change forces a full reindex.
+
+    Returns:
+        ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
+        scopeHash, ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        ``vectorDims`` the provider's vector length when known (configured, or seen in this
+        process), else ``None``;
+        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
+        multimodal settings (always disabled here).
+    """
+    s = settings.search
+    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
+        settings.workspace_dir, s.extra_paths))
+    scope = {"extraPaths": extra,
+             "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
+    return {
+        "model": provider.model if provider else FTS_ONLY_MODEL,
+        "provider": provider.provider_id if provider else "none",
+        "providerKey": provider.provider_key if provider else _none_provider_key(),
+        "vectorDims": provider.dims if provider else None,
+        "sources": sorted(s.sources),
+        "chunkTokens": s.chunking.tokens,
+        "chunkOverlap": s.chunking.overlap,
+        "chunkSections": s.chunking.sections,
+        "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
+        "ftsTokenizer": s.store.fts.tokenizer,
+    }
+
+
+def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
+    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
+
+    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
+    ``provider settings changed``, ``embedding dimensions changed (<old> -> <new>)`` (both
+    lengths known and different: the model behind the id changed), ``sources changed``,
+    ``scope changed``, ``chunking changed``, ``FTS tokenizer changed``.
+    """
+    if not isinstance(meta, dict):
+        return "no index metadata"
+    if meta.get("model") != identity["model"]:
+        return f"model changed ({meta.get('model')} -> {identity['model']})"
+    if meta.get("provider") != identity["provider"]:
+        return f"provider changed ({meta.get('provider')} -> {identity['provider']})"
+    if meta.get("providerKey") != identity["providerKey"]:
+        return "provider settings changed"
+    old_dims, new_dims = meta.get("vectorDims"), identity.get("vectorDims")
+    if isinstance(old_dims, int) and isinstance(new_dims, int) and old_dims != new_dims:
+        return f"embedding dimensions changed ({old_dims} -> {new_dims})"
+    if sorted(meta.get("sources") or ["memory"]) != identity["sources"]:
+        return "sources changed"
+    if meta.get("scopeHash") != identity["scopeHash"]:
+        return "scope changed"
+    if (meta.get("chunkTokens") != identity["chunkTokens"]
+            or meta.get("chunkOverlap") != identity["chunkOverlap"]
+            or meta.get("chunkSections", False) != identity["chunkSections"]):
+        return "chunking changed"
+    if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
+        return "FTS tokenizer changed"
+    return None

@@ -1,0 +1,153 @@
+"""The ``qmdbridge`` process on a degraded builtin engine: a SQLite without FTS5 (keyword search
+by substring, said in the answer and in status), and an embedding provider that rate-limits or
+never answers (searches answer or fail within ``query.timeoutMs``; ``index`` writes keyword
+rows and status shows the chunks waiting for vectors)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "workspace"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    dst = tmp_path / "ws"
+    shutil.copytree(EXAMPLE, dst)
+    return dst
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def _argv(args: list[str]) -> list[str]:
+    exe = shutil.which("qmdbridge")
+    return [exe, *args] if exe else [
+        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120)
+
+
+def test_search_without_fts5_answers_by_substring_and_warns(ws: Path, env: dict[str, str]) -> None:
+    (ws / "memory" / "tickets.md").write_text("# Tickets\nThe outage ticket is ABC-1234.\n")
+    assert run(["index", "--workspace", str(ws), "--json"], env).returncode == 0
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    with sqlite3.connect(db) as conn:  # what a SQLite without FTS5 leaves (migration m002)
+        conn.execute("DROP TABLE chunks_fts")
+        conn.execute("DROP TABLE chunks_trigram")
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('fts_error', 'no such module: fts5')")
+    p = run(["search", "ABC-1234", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == [
+        ("memory/tickets.md", 1, 2)]
+    assert doc["warnings"] == ["FTS5 is unavailable in this SQLite (no such module: fts5): keyword "
+                               "search is a substring scan of the chunks, without BM25 ranking"]
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    assert status["fts"]["keyword"] == "substring" and status["fts"]["available"] is False
+    human = run(["status", "--workspace", str(ws)], env).stdout.decode()
+    assert "FTS: unavailable unicode61 (keyword search: substring scan)" in human
+
+
+# -- an embedding provider that rate-limits or never answers (a real server on 127.0.0.1) ----
+
+GENEROUS_S = 60.0  # far above the 1.5 s deadline: the deadline itself shows in the answers
+LIMITED_ERROR = ("memory search unavailable: openai-compatible: query embedding failed: "
+                 "openai-compatible embedding failed (HTTP 429): Rate limit reached for requests")
+
+
+def _provider_config(tmp_path: Path, url: str, *, keyword_fallback: bool = False) -> Path:
+    cfg = tmp_path / "openclaw.json5"
+    cfg.write_text(
+        "{agents: {defaults: {memorySearch: {provider: 'openai-compatible', model: 'mini-embed',"
+        f" remote: {{baseUrl: '{url}'}}, sync: {{embeddingBatchTimeoutSeconds: 1}},"
+        f" query: {{timeoutMs: 1500, keywordFallback: {'true' if keyword_fallback else 'false'}}}"
+        "}}}}")
+    return cfg
+
+
+def _limited(req: Recorded) -> Reply:
+    return Reply(429, {"error": {"message": "Rate limit reached for requests"}},
+                 {"Retry-After": "3600"})
+
+
+def _silent(req: Recorded) -> Reply:
+    return Reply(200, {"data": []}, delay_s=600)
+
+
+def test_rate_limited_provider_index_writes_keywords_and_search_fails_fast(
+        tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    with serve(_limited, max_requests=1000) as srv:
+        cfg = _provider_config(tmp_path, srv.url)
+        common = ["--workspace", str(ws), "--config", str(cfg), "--json"]
+        started = time.monotonic()
+        indexed = run(["index", *common], env)
+        assert indexed.returncode == 0, indexed.stderr
+        status = orjson.loads(indexed.stdout)["status"]
+        assert status["files"] == 15 and status["chunks"] == status["vector"]["pending"] > 0
+        assert status["dirty"] is True and status["healthy"] is False
+        assert status["vector"]["providerError"].startswith(
+            "openai-compatible embedding failed (HTTP 429): Rate limit reached for requests")
+        found = run(["search", "router dropped the WAN link", *common], env)
+        assert time.monotonic() - started < GENEROUS_S
+        assert found.returncode == 1
+        assert orjson.loads(found.stdout)["error"] == LIMITED_ERROR
+        opted = _provider_config(tmp_path, srv.url, keyword_fallback=True)
+        p = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--config",
+                 str(opted), "--json"], env)
+        assert p.returncode == 0, p.stderr
+        doc = orjson.loads(p.stdout)
+        assert doc["results"][0]["path"] == "memory/2026-11-05.md"
+        assert doc["warnings"] == [LIMITED_ERROR.removeprefix(
+            "memory search unavailable: openai-compatible: ") + "; results come from keyword search only"]
+
+
+def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
+                                                      env: dict[str, str]) -> None:
+    with serve(_silent, max_requests=1000) as srv:
+        cfg = _provider_config(tmp_path, srv.url)
+        lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "Atlas rollback"}}',
+                 b'{"id": 2, "tool": "status"}']
+        started = time.monotonic()
+        p = subprocess.run(_argv(["serve", "--workspace", str(ws), "--config", str(cfg)]),
+                           env=env, capture_output=True, timeout=120,
+                           input=b"\n".join(lines) + b"\n")
+        assert time.monotonic() - started < GENEROUS_S
+        assert p.returncode == 0, p.stderr
+        replies = {r["id"]: r["result"] for r in map(orjson.loads, p.stdout.splitlines())}
+        assert replies[1]["disabled"] is True and replies[1]["results"] == []
+        assert replies[1]["error"] == (
+            "memory search unavailable: openai-compatible: query embedding failed: "
+            "openai-compatible embedding failed: query embedding timed out after 1500 ms "
+            "(query.timeoutMs)")
+        assert replies[2]["backend"] == "builtin"
+        opted = _provider_config(tmp_path, srv.url, keyword_fallback=True)
+        found = run(["search", "Atlas rollback", "--workspace", str(ws), "--config", str(opted),
+                     "--json"], env)
+        assert found.returncode == 0, found.stderr
+        doc = orjson.loads(found.stdout)
+        assert doc["results"] and doc["results"][0]["path"].startswith("memory/2026-11-")
+        assert doc["warnings"][0].endswith(
+            "query embedding timed out after 1500 ms (query.timeoutMs); results come from "
+            "keyword search only")

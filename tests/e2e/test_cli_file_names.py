@@ -1,0 +1,102 @@
+"""File names that are not valid UTF-8 (``caf\\xe9.md`` written by another system) through the
+real ``qmdbridge`` process: ``index``, ``search``, ``status``, ``get`` and ``serve`` keep working,
+the file is indexed under its printable path and ``get`` opens it by that path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "workspace"
+LATIN1_NAME = b"caf\xe9.md"  # "café.md" as Latin-1 bytes: not UTF-8
+SHOWN = "memory/caf\\xe9.md"  # its printable path (fallback/text/path_names.py)
+NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    dst = tmp_path / "ws"
+    shutil.copytree(EXAMPLE, dst)
+    return dst
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
+                      "MISTRAL_API_KEY")}
+    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
+    e["HOME"] = str(tmp_path / "home")
+    return e
+
+
+def _argv(args: list[str]) -> list[str]:
+    exe = shutil.which("qmdbridge")
+    return [exe, *args] if exe else [
+        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+
+
+def run(args: list[str], env: dict[str, str], stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120, input=stdin)
+
+
+def _write_latin1_note(ws: Path) -> None:
+    with open(os.path.join(os.fsencode(ws / "memory"), LATIN1_NAME), "wb") as fh:
+        fh.write(b"# Espresso\nThe grinder setting for espresso is 7.\n")
+
+
+def test_index_search_status_get_with_a_latin1_file_name(ws: Path, env: dict[str, str]) -> None:
+    _write_latin1_note(ws)
+    indexed = run(["index", "--workspace", str(ws), "--json"], env)
+    assert indexed.returncode == 0, indexed.stderr
+    assert b"Traceback" not in indexed.stderr
+    assert orjson.loads(indexed.stdout)["ok"] is True
+    found = run(["search", "espresso grinder", "--workspace", str(ws), "--json"], env)
+    assert found.returncode == 0, found.stderr
+    hits = orjson.loads(found.stdout)["results"]
+    assert [(h["path"], h["startLine"], h["endLine"]) for h in hits] == [(SHOWN, 1, 2)]
+    assert hits[0]["citation"] == f"{SHOWN}#L1-L2"
+    # one odd name stops nothing: every file of the example workspace is indexed too
+    other = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--json"], env)
+    assert orjson.loads(other.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    assert status["files"] == 16 and status["dirty"] is False
+    assert [(s["path"], s["reason"]) for s in status["skipped"]] == [(SHOWN, NOTE)]
+    page = run(["get", SHOWN, "--workspace", str(ws), "--json"], env)
+    assert page.returncode == 0, page.stderr
+    doc = orjson.loads(page.stdout)
+    assert (doc["path"], doc["text"], doc["missing"]) == (
+        SHOWN, "# Espresso\nThe grinder setting for espresso is 7.", False)
+
+
+def test_a_latin1_name_that_appears_after_a_good_index(ws: Path, env: dict[str, str]) -> None:
+    first = run(["index", "--workspace", str(ws), "--json"], env)
+    assert first.returncode == 0, first.stderr
+    _write_latin1_note(ws)
+    found = run(["search", "espresso grinder", "--workspace", str(ws), "--json"], env)
+    assert found.returncode == 0, found.stderr
+    assert [h["path"] for h in orjson.loads(found.stdout)["results"]] == [SHOWN]
+    status = run(["status", "--workspace", str(ws), "--json"], env)
+    assert status.returncode == 0, status.stderr
+    assert orjson.loads(status.stdout)["files"] == 16
+
+
+def test_serve_answers_with_a_latin1_file_name(ws: Path, env: dict[str, str]) -> None:
+    _write_latin1_note(ws)
+    get = orjson.dumps({"id": 2, "tool": "memory_get", "params": {"path": SHOWN}})
+    lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "espresso grinder"}}', get,
+             b'{"id": 3, "tool": "memory_search", "params": {"query": "Atlas rollback"}}']
+    p = run(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
+    assert p.returncode == 0, p.stderr
+    replies = {r["id"]: r["result"] for r in map(orjson.loads, p.stdout.splitlines())}
+    assert replies[1].get("disabled") is None
+    assert [h["path"] for h in replies[1]["results"]] == [SHOWN]
+    assert replies[2]["text"] == "# Espresso\nThe grinder setting for espresso is 7."
+    assert replies[3]["results"][0]["path"].startswith("memory/2026-11-")

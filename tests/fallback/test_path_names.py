@@ -1,0 +1,102 @@
+"""The printable path form of names that are not UTF-8 (fallback/text/path_names.py): exact
+round trips, ``memory_get`` by that form, refusals, and transcripts with such names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fallback.embeddings import ProviderSelection
+from fallback.engine.builtin import BuiltinEngine
+from fallback.errors import PathRefusedError, UsageError
+from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.sources.memory_files import list_memory_files
+from fallback.sources.read_page import read_memory_page
+from fallback.text.path_names import parse_printable_path, printable_path
+
+
+@pytest.mark.parametrize(("raw", "shown"), [
+    (b"memory/2026-01-12.md", "memory/2026-01-12.md"),
+    ("memory/東京.md".encode(), "memory/東京.md"),
+    (b"memory/caf\xe9.md", "memory/caf\\xe9.md"),
+    (b"memory/\xff\xfe.md", "memory/\\xff\\xfe.md"),
+    (b"memory/a\\b.md", "memory/a\\x5cb.md"),
+    (b"memory/tab\there.md", "memory/tab\\x09here.md"),
+    (b"memory/c1\xc2\x85.md", "memory/c1\\xc2\\x85.md"),  # U+0085, a C1 control
+    (b"memory/caf\\xe9.md", "memory/caf\\x5cxe9.md"),    # a literal backslash-x name
+])
+def test_printable_form_round_trips_to_the_same_bytes(raw: bytes, shown: str) -> None:
+    assert printable_path(os.fsdecode(raw)) == shown
+    assert os.fsencode(parse_printable_path(shown)) == raw
+    orjson.dumps(shown)  # printable: JSON-encodable
+
+
+def test_upper_case_hex_is_accepted_and_bad_backslashes_are_refused() -> None:
+    assert os.fsencode(parse_printable_path("caf\\xE9.md")) == b"caf\xe9.md"
+    for bad in ("a\\b.md", "a\\x4.md", "trailing\\", "a\\\\x41.md"):
+        with pytest.raises(UsageError, match="backslash without a"):
+            parse_printable_path(bad)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    (w / "memory").mkdir(parents=True)
+    (w / "MEMORY.md").write_text("root\n")
+    with open(os.path.join(os.fsencode(w / "memory"), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"latin one\n")
+    with open(os.path.join(os.fsencode(w / "memory"), b"a\\b.md"), "wb") as fh:
+        fh.write(b"back slash\n")
+    return w
+
+
+def test_discovery_and_memory_get_use_the_printable_form(ws: Path) -> None:
+    found = list_memory_files(ws, [])
+    assert sorted(f.rel_path for f in found.files) == [
+        "MEMORY.md", "memory/a\\x5cb.md", "memory/caf\\xe9.md"]
+    page = read_memory_page(ws, [], "memory/caf\\xe9.md")
+    assert (page.path, page.text) == ("memory/caf\\xe9.md", "latin one")
+    page = read_memory_page(ws, [], "memory/a\\x5cb.md")
+    assert (page.path, page.text) == ("memory/a\\x5cb.md", "back slash")
+
+
+@pytest.mark.parametrize("request_path", [
+    "memory/a\\b.md",          # a bare backslash: not the printable form
+    "memory/x\\x00.md",        # an escaped NUL can name no file
+    "memory/caf\udce9.md",     # a raw surrogate is not a printable path
+])
+def test_memory_get_refuses_malformed_escapes(ws: Path, request_path: str) -> None:
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], request_path)
+    assert info.value.reason == "invalid characters"
+
+
+def test_escapes_cannot_smuggle_a_parent_segment(ws: Path) -> None:
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], "memory/\\x2e\\x2e/\\x2e\\x2e/etc.md")
+    assert info.value.reason == "parent segment"
+
+
+@pytest.mark.anyio
+async def test_a_transcript_with_a_latin1_name_is_indexed(ws: Path) -> None:
+    cfg = MemorySearchSettings(provider="none", sources=["memory", "sessions"],
+                               experimental={"sessionMemory": True})
+    engine = BuiltinEngine(EngineSettings.for_workspace(ws, search=cfg),
+                           provider_selection=ProviderSelection(None, "none"))
+    sessions = engine.settings.sessions_dir
+    sessions.mkdir(parents=True)
+    record = orjson.dumps({"type": "message", "message": {"role": "user",
+                                                          "content": "Where is the kayak stored?"}})
+    with open(os.path.join(os.fsencode(sessions), b"r\xe9union.jsonl"), "wb") as fh:
+        fh.write(record + b"\n")
+    try:
+        hits = await engine.search("kayak")
+        assert [(h.path, h.source, h.start_line) for h in hits] == [
+            ("sessions/r\\xe9union.jsonl", "sessions", 1)]
+        status = await engine.status()
+        assert {c.source: c.files for c in status.source_counts} == {"memory": 3, "sessions": 1}
+    finally:
+        await engine.close()

@@ -189,13 +189,10 @@ async def test_hanging_qmd_falls_back_within_deadline_and_leaves_no_process(tmp_
     before = _children()
     hang = _search_standin(tmp_path, qmd_bin, "hang.py")
     async with _manager(tmp_path, _qmd_memory(str(hang), timeout_ms=1000)) as m:
-        started = time.monotonic()
         resp = await m.search("zebra")
-        elapsed_ms = (time.monotonic() - started) * 1000
         assert resp.backend == "builtin" and resp.fallback is not None
         assert "timed out after 1000ms" in resp.fallback.reason
         assert resp.results[0].path == "memory/2026-03-01.md"
-        assert elapsed_ms >= 1000  # it really waited for qmd; the bound lives in scripts/bench_qmd.py
         second = await m.search("zebra")  # breaker open: no second wait
         assert second.fallback is not None and "circuit open" in second.fallback.reason
     with anyio.fail_after(10):

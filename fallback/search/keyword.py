@@ -1,11 +1,18 @@
 """Keyword (FTS5 BM25 / LIKE) candidate rows from the store for one FTS query plan.
 
+The ranking happens in SQL: ``bm25(chunks_fts, 1.0, 2.0, 1.0)`` over the OR plan of
+``fallback/search/fts.py`` weighs the chunk text, the note's title (path and first heading) and
+the derived terms (compound joins, canonical dates); only the best rows are joined with
+``chunks``. Python then maps each row's BM25 to a score relative to the best row of the query
+(:func:`relative_scores`): no chunk text is tokenized on the query path.
+
 Kept apart from ``fallback/store/db.py`` so the store module
 stays about connections, transactions and publishing.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from fallback.errors import IndexStoreError
-from fallback.search.fts import FtsPlan, bm25_rank_to_score, build_fts_query, fts_only_score
+from fallback.search.fts import FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.substring import substring_hits
 from fallback.text.keywords import extract_keywords
@@ -23,7 +30,12 @@ from fallback.text.keywords import extract_keywords
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["keyword_candidates", "keyword_hits", "keyword_rows"]
+__all__ = ["COLUMN_WEIGHTS", "keyword_candidates", "keyword_hits", "keyword_rows", "relative_scores"]
+
+# bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
+# query word found in a note's path or first heading counts twice as much as in its text.
+COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
+_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 
 # FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
 # with the chunks and filtered (see _keyword_rows).
@@ -87,7 +99,7 @@ def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: 
     likes = plan.fallback_like_patterns if like_only else plan.like_patterns
     if not like_only and plan.match:
         cut = " ORDER BY r LIMIT ?" if inner_limit is not None else ""
-        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_fts) AS r FROM chunks_fts"
+        joins.append(f"JOIN (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
                      f" WHERE chunks_fts MATCH ?{cut}) m ON m.rid = c.rowid")
         params.append(plan.match)
         if inner_limit is not None:
@@ -111,8 +123,44 @@ def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: 
     return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows]
 
 
+def relative_scores(ranks: Sequence[float]) -> list[float]:
+    """Map FTS5 ``bm25()`` ranks of one query to scores in ``[0, 1]``, the best row scoring 1.
+
+    A row's score is ``sqrt(bm25 / best bm25 of the query)`` (``bm25()`` is negative for
+    matches, more negative = better). Dividing by the best row makes the scale independent of
+    the corpus size (FTS5 clamps the IDF of a term found in more than half of the rows to
+    ``1e-6``, so in a workspace of a few notes every absolute BM25 is nearly 0); the square root
+    spreads the low end, so the default ``minScore`` 0.35 keeps a chunk holding one of a
+    question's rare words (about an eighth of the best chunk's BM25) and drops chunks that only
+    share words found nearly everywhere. Rows without a BM25 (``LIKE``-only matches, rank ``0``)
+    score 1 when no row has one, else 0; non-finite ranks score 0.
+
+    Args:
+        ranks: ``bm25()`` values, any order.
+
+    Returns:
+        One score per rank, in the same order; the order of the ranks is kept.
+
+    Source: max normalisation of a result list ("relative score fusion"), as hybrid search
+    engines do before mixing keyword and vector scores.
+    """
+    strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
+                 for r in ranks]
+    best = max(strengths, default=0.0)
+    if best <= 0:
+        return [1.0 if isinstance(r, (int, float)) and math.isfinite(r) else 0.0 for r in ranks]
+    return [math.sqrt(s / best) for s in strengths]
+
+
 async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Raw keyword hits for ``text`` (BM25 rank mapped to a score, spec §8.3), best first."""
+    """Keyword hits for ``text``, best first, each scored by :func:`relative_scores`; on a SQLite
+    without FTS5, substring hits (``fallback/search/substring.py``).
+
+    Returns ``[]`` when the text has nothing to search.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
     if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
         return await substring_hits(store, text, srcs, limit)
     plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
@@ -120,35 +168,36 @@ async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> 
         return []
     rows = await anyio.to_thread.run_sync(partial(
         keyword_rows, store, plan, sources=srcs, limit=limit))
-    out = []
-    for cid, path, source, start, end, body, rank in rows:
-        score = bm25_rank_to_score(rank)
-        out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
-                             end_line=end, snippet=body, score=score, text_score=score,
-                             bm25=rank if rank != 0.0 else None))  # 0.0: a LIKE-only row
-    return out
+    scores = relative_scores([r[6] for r in rows])
+    return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
+                      snippet=body, score=score, text_score=score,
+                      bm25=rank if rank != 0.0 else None)  # 0.0: a LIKE-only row
+            for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
 async def keyword_candidates(store: Store, text: str, srcs: list[str],
                              candidates: int) -> list[Candidate]:
-    """Keyword hits for ``text`` with coverage-boosted scores (spec §8.6): the full query
-    (AND of its tokens) first; when that finds nothing, up to six extracted keywords
-    searched one by one and merged (per chunk the best text score)."""
+    """Keyword candidates for ``text``: :func:`keyword_hits` of the whole query (an OR of its
+    content parts, ranked by BM25); when that finds nothing (a CJK run with no exact substring
+    match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK unigrams and
+    bigrams, Korean stems) are searched one by one and each chunk scores the sum of its
+    per-keyword scores, so a chunk matching more keywords ranks higher; scores are then divided
+    by the best one.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
     hits = await keyword_hits(store, text, srcs, candidates)
-    if not hits:
-        by_id: dict[str, Candidate] = {}
-        keywords = [k for k in extract_keywords(text) if k != text.lower()]
-        for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
-            for hit in await keyword_hits(store, kw, srcs, candidates):
-                prev = by_id.get(hit.chunk_id)
-                if prev is None or hit.text_score > prev.text_score:
-                    by_id[hit.chunk_id] = hit
-        hits = list(by_id.values())
-    # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
-    # would make every keyword hit worthless in a fresh workspace; the coverage-aware
-    # score keeps BM25 as its base and stays in [0, 1].
-    out = []
-    for h in hits:
-        boosted = fts_only_score(h.text_score, query=text, text=h.snippet, path=h.path)
-        out.append(replace(h, score=boosted, text_score=boosted))
-    return out
+    if hits:
+        return hits
+    by_id: dict[str, Candidate] = {}
+    totals: dict[str, float] = {}
+    keywords = [k for k in extract_keywords(text) if k != text.lower()]
+    for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
+        for hit in await keyword_hits(store, kw, srcs, candidates):
+            by_id.setdefault(hit.chunk_id, hit)
+            totals[hit.chunk_id] = totals.get(hit.chunk_id, 0.0) + hit.text_score
+    best = max(totals.values(), default=0.0)
+    merged = [replace(by_id[cid], score=total / best, text_score=total / best)
+              for cid, total in totals.items()] if best > 0 else []
+    return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]

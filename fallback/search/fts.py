@@ -17,13 +17,19 @@ parts close together scores higher:
 - **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
   the parts, or the joined form, which the ``terms`` column holds for every compound and short
   word pair of the text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
-- **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``);
+- **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``, ``wi fi`` ->
+  ``"wifi"``). Not covered: a query word written apart in the text (``wifi`` does not find
+  ``wi fi``; it finds ``wifi`` and ``Wi-Fi``);
 - **dates** (``2023-05-08``, ``May 8 2023``, ``8 May, 2023``) as the canonical ``"20230508"``,
   months (``May 2023``) as ``"202305"``: the ``terms`` column holds them for dates written in the
   text, the ``title`` column for the note's name and first heading;
 - **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
 - **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
-  ``bm25()`` only where the two stand within ten tokens of each other.
+  ``bm25()`` only where the two stand within ten tokens of each other;
+- **coverage**: every pair of the first six content parts as ``(a AND b)``, whose phrases count
+  again only in chunks holding both, so a chunk matching ``m`` parts gains ``m(m-1)/2`` pairs:
+  more distinct parts beat one part repeated, even in a workspace of a few notes where FTS5
+  clamps every IDF to ``1e-6`` and BM25 alone would only see term frequencies.
 
 CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
 a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
@@ -75,6 +81,8 @@ MAX_QUERY_PARTS = 32
 NEAR_DISTANCE = 10
 # At most this many NEAR pairs and joined adjacent pairs per query.
 MAX_PAIRS = 8
+# Pairs of the first this many content parts are ANDed (6 parts: 15 pairs).
+COVERAGE_PARTS = 6
 
 _WORD_RE = regex.compile(r"[\p{L}\p{M}\p{N}_]+")
 _QUOTED_RE = regex.compile(r'"([^"]+)"')
@@ -108,6 +116,9 @@ class FtsPlan:
             trigram tokenizer every token shorter than 3 code points).
         terms: the content parts searched, lower-case (words, compounds' joined forms,
             canonical dates, quoted phrases), in query order.
+        mark_match: the OR of the content parts alone (no joined pairs, no ``NEAR``): the
+            ``MATCH`` whose ``highlight()`` marks every occurrence of a query part in a hit,
+            for its snippet window; ``None`` when :attr:`match` is.
     """
 
     tokens: tuple[str, ...]
@@ -115,6 +126,7 @@ class FtsPlan:
     trigram_match: str | None
     like_terms: tuple[str, ...]
     terms: tuple[str, ...] = ()
+    mark_match: str | None = None
 
     @property
     def like_patterns(self) -> tuple[str, ...]:
@@ -164,8 +176,9 @@ def _query_parts(text: str) -> list[_Part]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str) -> tuple[str | None, tuple[str, ...]]:
-    """The OR expression over the non-CJK parts of a unicode61 query and its content keys."""
+def _match_expression(text: str) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
+    pairs and NEAR groups (for highlighting), and the content keys."""
     parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
     content = [p for p in parts if p.kind != "word" or p.key not in STOP_WORDS]
     if not content:
@@ -181,6 +194,7 @@ def _match_expression(text: str) -> tuple[str | None, tuple[str, ...]]:
         if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
             exprs.append(_quote(" ".join(quoted)))
             keys.append(" ".join(quoted))
+    marks = " OR ".join(exprs) or None
     joined: list[str] = []
     for a, b in itertools.pairwise(content):
         if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
@@ -192,7 +206,10 @@ def _match_expression(text: str) -> tuple[str | None, tuple[str, ...]]:
     near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
             for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
     exprs.extend(near)
-    return (" OR ".join(exprs) or None), tuple(keys)
+    both = [f"({a.expr} AND {b.expr})"
+            for a, b in itertools.combinations(unique[:COVERAGE_PARTS], 2)]
+    exprs.extend(both)
+    return (" OR ".join(exprs) or None), marks, tuple(keys)
 
 
 def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | None:
@@ -223,17 +240,19 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | No
         like = [t for t in tokens if len(t) < TRIGRAM_MIN_CHARS]
         return FtsPlan(tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
                        trigram_match=None, like_terms=tuple(like),
-                       terms=tuple(t.lower() for t in main))
+                       terms=tuple(t.lower() for t in main),
+                       mark_match=" OR ".join(_quote(t) for t in main) or None)
     cjk = [t for t in tokens if contains_cjk(t)]
     trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
     like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
-    match, keys = _match_expression(text)
+    match, mark_match, keys = _match_expression(text)
     return FtsPlan(
         tokens=tokens,
         match=match,
         trigram_match=" AND ".join(_quote(t) for t in trigram) or None,
         like_terms=tuple(like),
         terms=keys,
+        mark_match=mark_match,
     )
 
 

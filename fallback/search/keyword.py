@@ -25,12 +25,15 @@ from fallback.errors import IndexStoreError
 from fallback.search.fts import FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.substring import substring_hits
+from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.text.keywords import extract_keywords
+from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["COLUMN_WEIGHTS", "keyword_candidates", "keyword_hits", "keyword_rows", "relative_scores"]
+__all__ = ["COLUMN_WEIGHTS", "highlight_hits", "keyword_candidates", "keyword_hits", "keyword_rows",
+           "relative_scores"]
 
 # bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
 # query word found in a note's path or first heading counts twice as much as in its text.
@@ -152,6 +155,20 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
+def _ranked_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+    if store.fts_error is not None:
+        return []
+    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+    if plan is None:
+        return []
+    rows = keyword_rows(store, plan, sources=srcs, limit=limit)
+    scores = relative_scores([r[6] for r in rows])
+    return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
+                      snippet=body, score=score, text_score=score,
+                      bm25=rank if rank != 0.0 else None)  # 0.0: a LIKE-only row
+            for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
+
+
 async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """Keyword hits for ``text``, best first, each scored by :func:`relative_scores`; on a SQLite
     without FTS5, substring hits (``fallback/search/substring.py``).
@@ -163,16 +180,7 @@ async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> 
     """
     if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
         return await substring_hits(store, text, srcs, limit)
-    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
-    if plan is None:
-        return []
-    rows = await anyio.to_thread.run_sync(partial(
-        keyword_rows, store, plan, sources=srcs, limit=limit))
-    scores = relative_scores([r[6] for r in rows])
-    return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
-                      snippet=body, score=score, text_score=score,
-                      bm25=rank if rank != 0.0 else None)  # 0.0: a LIKE-only row
-            for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
+    return await anyio.to_thread.run_sync(partial(_ranked_hits, store, text, srcs, limit))
 
 
 async def keyword_candidates(store: Store, text: str, srcs: list[str],
@@ -201,3 +209,45 @@ async def keyword_candidates(store: Store, text: str, srcs: list[str],
     merged = [replace(by_id[cid], score=total / best, text_score=total / best)
               for cid, total in totals.items()] if best > 0 else []
     return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
+
+
+def highlight_hits(store: Store, text: str, hits: Sequence[Candidate]) -> dict[str, str]:
+    """The text of each hit with the query's matches marked, for snippet windows.
+
+    FTS5 ``highlight()`` wraps every token of the chunk text that matches the plan of ``text``
+    (same tokenizer and stemming as the ranking) in ``\\x01`` / ``\\x02``; CJK tokens, which
+    match as substrings through the trigram table or ``LIKE``, are marked with
+    :func:`~fallback.search.snippets.mark_substrings`. Only the given hits are read.
+
+    Args:
+        store: the store the hits came from.
+        text: the query.
+        hits: the hits to mark (any mix of keyword and vector hits).
+
+    Returns:
+        ``{chunk_id: marked text}``; a hit absent from the map has no keyword signal.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    if not hits or store.fts_error is not None:
+        return {}
+    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+    if plan is None:
+        return {}
+    ids = list(dict.fromkeys(h.chunk_id for h in hits))
+    marked: dict[str, str] = {}
+    if plan.mark_match:
+        marks = ", ".join("?" for _ in ids)
+        rows = store.query(
+            "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
+            " FROM chunks_fts WHERE chunks_fts MATCH ? AND rowid IN"
+            f" (SELECT rowid FROM chunks WHERE id IN ({marks})))"
+            " SELECT c.id, h.hl FROM h JOIN chunks c ON c.rowid = h.rid",
+            [MARK_OPEN, MARK_CLOSE, plan.mark_match, *ids])
+        marked = {r[0]: r[1] for r in rows}
+    needles = [t for t in plan.tokens if contains_cjk(t)] or list(plan.like_terms)
+    if needles:
+        for h in hits:
+            marked[h.chunk_id] = mark_substrings(marked.get(h.chunk_id, h.snippet), needles)
+    return marked

@@ -1,0 +1,51 @@
+"""Snippet windows: whole lines around the best-matching line (fallback/search/snippets.py)."""
+
+from __future__ import annotations
+
+from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, SnippetWindow, best_window, mark_substrings
+
+
+def m(word: str) -> str:
+    return f"{MARK_OPEN}{word}{MARK_CLOSE}"
+
+
+def test_short_chunk_is_its_own_snippet() -> None:
+    assert best_window(f"# Log\nthe {m('router')} died\n", max_chars=700) == SnippetWindow(
+        "# Log\nthe router died\n", 0, 2)
+
+
+def test_window_is_centred_on_the_line_with_the_rarest_marks() -> None:
+    # "Ann" is marked on every line (a speaker's name), "support group" only on line 5.
+    lines = [f"{m('Ann')}: line {i} " + "x" * 40 for i in range(10)]
+    lines[5] = f"{m('Ann')}: I went to a {m('support')} {m('group')} yesterday"
+    window = best_window("\n".join(lines), max_chars=160)
+    assert (window.first_line, window.last_line) == (4, 6)
+    assert window.text.split("\n")[1] == "Ann: I went to a support group yesterday"
+    assert MARK_OPEN not in window.text and len(window.text) <= 160
+
+
+def test_growth_prefers_lines_adding_new_query_words() -> None:
+    lines = ["filler " * 6] * 3 + [f"the {m('router')} rebooted", "filler " * 6,
+                                   f"{m('wan')} link down"] + ["filler " * 6] * 3
+    window = best_window("\n".join(lines), max_chars=90)
+    assert (window.first_line, window.last_line) == (3, 5)
+
+
+def test_no_marks_gives_the_first_lines() -> None:
+    text = "\n".join(f"line {i} " + "y" * 30 for i in range(20))
+    window = best_window(text, max_chars=100)
+    assert (window.first_line, window.last_line) == (0, 1)
+    assert window.text == "\n".join(text.split("\n")[:2])
+
+
+def test_one_long_line_is_cut_around_its_first_mark() -> None:
+    line = "a" * 500 + m("needle") + "b" * 500
+    window = best_window("head\n" + line + "\ntail", max_chars=90)
+    assert (window.first_line, window.last_line) == (1, 1)
+    assert window.text == "a" * 30 + "needle" + "b" * 54
+
+
+def test_mark_substrings_for_cjk_tokens() -> None:
+    assert mark_substrings("今天讨论了金银价格的走势", ["价格", "金银价格"]) == (
+        f"今天讨论了{m('金银价格')}的走势")
+    assert mark_substrings("no needles", []) == "no needles"

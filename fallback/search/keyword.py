@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from fallback.store.db import Store
 
 __all__ = ["COLUMN_WEIGHTS", "highlight_hits", "keyword_candidates", "keyword_hits", "keyword_rows",
-           "relative_scores"]
+           "rank_keyword_hits", "relative_scores"]
 
 # bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
 # query word found in a note's path or first heading counts twice as much as in its text.
@@ -155,7 +155,16 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
-def _ranked_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+    """Keyword hits for ``text``, best first (blocking; :func:`keyword_hits` runs it in a worker
+    thread): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
+    sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
+
+    Returns ``[]`` when FTS5 is unavailable or the text has nothing to search.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
     if store.fts_error is not None:
         return []
     plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
@@ -180,7 +189,7 @@ async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> 
     """
     if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
         return await substring_hits(store, text, srcs, limit)
-    return await anyio.to_thread.run_sync(partial(_ranked_hits, store, text, srcs, limit))
+    return await anyio.to_thread.run_sync(partial(rank_keyword_hits, store, text, srcs, limit))
 
 
 async def keyword_candidates(store: Store, text: str, srcs: list[str],

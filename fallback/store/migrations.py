@@ -34,7 +34,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from fallback.store.fts_rows import fts_table_sql, insert_chunk_fts, note_title
+from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 
 __all__ = ["MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
 
@@ -182,7 +182,7 @@ def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> Non
     row = conn.execute("SELECT value FROM meta WHERE key = 'fts_tokenizer'").fetchone()
     tokenizer = "trigram" if (row[0] if row else fts_tokenizer) == "trigram" else "unicode61"
     conn.execute("DROP TABLE IF EXISTS chunks_fts")
-    conn.execute(fts_table_sql(tokenizer))
+    create_fts_table(conn, tokenizer)
     chunks = conn.execute("SELECT rowid, path, source, text FROM chunks"
                           " ORDER BY path, source, start_line, rowid")
     current: tuple[str, str] | None = None

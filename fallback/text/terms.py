@@ -48,6 +48,7 @@ _CONNECTOR_RE = re.compile("[" + re.escape(CONNECTORS) + r"](?=[^\W_])")
 # The rest of a compound from its first connector on (possessive: no backtracking).
 _TAIL_RE = regex.compile("(?:[" + re.escape(CONNECTORS) + r"][\p{L}\p{M}\p{N}]++)+")
 _SPLIT_RE = re.compile("[" + re.escape(CONNECTORS) + "]")
+_DROP_CONNECTORS = str.maketrans("", "", CONNECTORS)
 # Joined forms longer than this are not worth indexing (URLs, long paths).
 MAX_JOINED_CHARS = 48
 
@@ -95,7 +96,7 @@ class Compound:
 
 
 def _is_part_char(ch: str) -> bool:
-    return ch.isalnum() or unicodedata.category(ch)[0] == "M"
+    return ch.isalnum() or (not ch.isascii() and unicodedata.category(ch)[0] == "M")
 
 
 def compounds(text: str) -> list[Compound]:
@@ -211,8 +212,22 @@ def date_mentions(text: str) -> list[DateMention]:
 
 
 def _compound_terms(text: str) -> Iterator[str]:
-    for c in compounds(text):
-        yield c.joined
+    """The joined forms of :func:`compounds` without building the objects (the indexer's path:
+    the same spans, a third of the work per compound)."""
+    done = 0
+    is_part = _is_part_char
+    for m in _CONNECTOR_RE.finditer(text):
+        at = m.start()
+        if at < done or at == 0 or not is_part(text[at - 1]):
+            continue
+        start = at - 1
+        while start > 0 and is_part(text[start - 1]):
+            start -= 1
+        tail = _TAIL_RE.match(text, at)
+        done = tail.end() if tail else at
+        joined = text[start:done].translate(_DROP_CONNECTORS).lower()
+        if len(joined) <= MAX_JOINED_CHARS:
+            yield joined
 
 
 def derived_terms(text: str) -> str:

@@ -89,7 +89,8 @@ class Searcher:
             hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
         else:
             hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
-        explains = self.trace.hits if self.trace else [None] * len(hits)
+        explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
+                                              else [None] * len(hits))
         results = await self.results(store, text, hits, hybrid=provider is not None,
                                      explains=explains)
         return SearchOutcome(results=results, warnings=list(self.warnings))

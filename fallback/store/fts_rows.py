@@ -1,6 +1,6 @@
 """The one writer of full-text rows: every ``chunks_fts`` / ``chunks_trigram`` row goes through here.
 
-Shape (migration ``m006_fts_title_terms``): ``chunks_fts(text, title, terms)``, rowid = the
+Shape (migration ``m007_fts_title_terms``): ``chunks_fts(text, title, terms)``, rowid = the
 chunk's ``chunks.rowid``:
 
 - ``text``: the chunk text;

@@ -42,7 +42,7 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 6
+        assert store.user_version() == len(MIGRATIONS) == 7
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
             "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",
@@ -294,7 +294,7 @@ async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path:
     await upgraded.close()
     store = Store(db)
     try:
-        assert store.user_version() == 6
+        assert store.user_version() == len(MIGRATIONS)
         assert store.query("SELECT id, path, start_line, end_line, vector FROM chunks ORDER BY id"
                            ) == before
         assert store.query("SELECT DISTINCT embedding FROM chunks") == [("[]",)]

@@ -16,12 +16,14 @@ from fallback.search.fts import (
 def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:
     assert build_fts_query("hello world") == FtsPlan(
         tokens=("hello", "world"),
-        match='"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)',
+        match=('"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)'
+               ' OR ("hello" AND "world")'),
         trigram_match=None, like_terms=(), terms=("hello", "world"),
         mark_match='"hello" OR "world"')
     assert build_fts_query("cafe\u0301").match == '"café"'
     assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == (
-        '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)')
+        '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)'
+        ' OR ("ฐานข้อมูล" AND "ข้อผิดพลาด")')
 
 
 def test_question_keeps_content_words_only() -> None:
@@ -31,7 +33,9 @@ def test_question_keeps_content_words_only() -> None:
     assert plan.match == (
         '"caroline" OR "lgbtq" OR "support" OR "group" OR "lgbtqsupport" OR "supportgroup"'
         ' OR NEAR("caroline" "lgbtq", 10) OR NEAR("lgbtq" "support", 10)'
-        ' OR NEAR("support" "group", 10)')
+        ' OR NEAR("support" "group", 10) OR ("caroline" AND "lgbtq") OR ("caroline" AND "support")'
+        ' OR ("caroline" AND "group") OR ("lgbtq" AND "support") OR ("lgbtq" AND "group")'
+        ' OR ("support" AND "group")')
     assert plan.mark_match == '"caroline" OR "lgbtq" OR "support" OR "group"'
     # Spanish stop words go too; a query of stop words only keeps them all.
     assert build_fts_query("ayer hablamos sobre la estrategia").terms == (
@@ -41,11 +45,12 @@ def test_question_keeps_content_words_only() -> None:
 
 def test_hyphen_forms_match_both_ways() -> None:
     assert build_fts_query("Wi-Fi").match == '("wi fi" OR "wifi")'
-    assert build_fts_query("wi fi").match == '"wi" OR "fi" OR "wifi" OR NEAR("wi" "fi", 10)'
+    assert build_fts_query("wi fi").match == (
+        '"wi" OR "fi" OR "wifi" OR NEAR("wi" "fi", 10) OR ("wi" AND "fi")')
     assert build_fts_query("wifi").match == '"wifi"'
     assert build_fts_query("pre-edit").match == '("pre edit" OR "preedit")'
     assert build_fts_query("ice cream").match == (
-        '"ice" OR "cream" OR "icecream" OR NEAR("ice" "cream", 10)')
+        '"ice" OR "cream" OR "icecream" OR NEAR("ice" "cream", 10) OR ("ice" AND "cream")')
 
 
 def test_identifiers_dates_and_quoted_phrases() -> None:
@@ -53,14 +58,20 @@ def test_identifiers_dates_and_quoted_phrases() -> None:
     assert plan is not None
     assert plan.terms == ("abc1234", "broke", "20230508")
     assert plan.match == ('("abc 1234" OR "abc1234") OR "broke" OR "20230508"'
-                          ' OR NEAR("abc 1234" "broke", 10)')
+                          ' OR NEAR("abc 1234" "broke", 10)'
+                          ' OR (("abc 1234" OR "abc1234") AND "broke")'
+                          ' OR (("abc 1234" OR "abc1234") AND "20230508")'
+                          ' OR ("broke" AND "20230508")')
     assert build_fts_query("FOO_bar").match == '("foo bar" OR "foobar")'
     for written in ("May 8, 2023", "8 May 2023", "8th of May, 2023", "2023/05/08"):
-        assert build_fts_query(f"what happened {written}").match == '"happened" OR "20230508"'
-    assert build_fts_query("notes from March 2023").match == '"notes" OR "202303"'
+        assert build_fts_query(f"what happened {written}").match == (
+            '"happened" OR "20230508" OR ("happened" AND "20230508")')
+    assert build_fts_query("notes from March 2023").match == (
+        '"notes" OR "202303" OR ("notes" AND "202303")')
     assert build_fts_query('"support group" meeting').match == (
         '"support" OR "group" OR "meeting" OR "support group" OR "supportgroup"'
-        ' OR NEAR("support" "group", 10) OR NEAR("group" "meeting", 10)')
+        ' OR NEAR("support" "group", 10) OR NEAR("group" "meeting", 10)'
+        ' OR ("support" AND "group") OR ("support" AND "meeting") OR ("group" AND "meeting")')
 
 
 def test_blank_and_symbol_only_queries_give_no_plan() -> None:
@@ -76,14 +87,14 @@ def test_blank_and_symbol_only_queries_give_no_plan() -> None:
     ('say "hi', '"hi"'),
     ("(paren", '"paren"'),
     ("a*", '"a"'),
-    ("key:value", '"key" OR "value" OR NEAR("key" "value", 10)'),
+    ("key:value", '"key" OR "value" OR NEAR("key" "value", 10) OR ("key" AND "value")'),
     ("^x", '"x"'),
     ("AND", '"and"'),
     ("OR", '"or"'),
     ("NOT", '"not"'),
     ("NEAR", '"near"'),
-    ("NEAR(a b)", '"near" OR "b" OR NEAR("near" "b", 10)'),
-    ("deploy 🚀 now", '"deploy" OR "now" OR NEAR("deploy" "now", 10)'),
+    ("NEAR(a b)", '"near" OR "b" OR NEAR("near" "b", 10) OR ("near" AND "b")'),
+    ("deploy 🚀 now", '"deploy" OR "now" OR NEAR("deploy" "now", 10) OR ("deploy" AND "now")'),
     ("-leading", '"leading"'),
     ('x" OR "y', '"x"'),
 ])

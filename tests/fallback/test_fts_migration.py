@@ -1,4 +1,4 @@
-"""Migration m006: an old store's chunks_fts (unicode61, UNINDEXED copies) is rebuilt as
+"""Migration m007: an old store's chunks_fts (unicode61, UNINDEXED copies) is rebuilt as
 (text, title, terms) with stemming and refilled from chunks, so it answers without a re-index."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ CHUNKS = [
 
 
 def _old_store(path: Path, *, tokenizer: str = "unicode61") -> None:
-    """A store as the code before m006 wrote it: migrations 1-5 and its FTS row shape."""
+    """A store as the code before m007 wrote it: migrations 1-6 and its FTS row shape."""
     conn = sqlite3.connect(path, isolation_level=None)
-    for number, migration in enumerate(MIGRATIONS[:5], start=1):
+    for number, migration in enumerate(MIGRATIONS[:6], start=1):
         migration(conn, fts_tokenizer=tokenizer)
         conn.execute(f"PRAGMA user_version={number}")
     for rowid, (rel, start, end, text) in enumerate(CHUNKS, start=1):
@@ -87,7 +87,7 @@ def test_store_without_fts5_is_left_alone(tmp_path: Path) -> None:
     conn = sqlite3.connect(db, isolation_level=None)
     MIGRATIONS[0](conn, fts_tokenizer="unicode61")
     conn.execute("INSERT INTO meta(key, value) VALUES ('fts_error', 'no such module: fts5')")
-    conn.execute("PRAGMA user_version=5")
+    conn.execute("PRAGMA user_version=6")
     conn.close()
     store = Store(db)
     try:

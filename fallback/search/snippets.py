@@ -5,14 +5,16 @@ A chunk is about 1,600 characters and a snippet at most ``maxSnippetChars`` (700
 matches in a hit's text (``highlight()``, the same tokenizer and stemming as the ranking, computed
 for the returned hits only); :func:`best_window` then picks the lines:
 
-1. every marked form (lower-cased) weighs ``ln(1 + L / n)`` where ``L`` is the number of lines
-   of the chunk and ``n`` the number of lines holding that form, so a word found on every line
-   (a speaker's name in a chat log) counts little and a rare one much;
+1. every marked form, lower-cased and stripped of a plural/verb ending (``loving`` and
+   ``love`` are one form), weighs ``ln(1 + L / n)`` where ``L`` is the number of lines of the
+   chunk and ``n`` the number of lines holding it, so a rare word weighs much; a form on more
+   than half of the lines (a speaker's name in a chat log) weighs only 0.1;
 2. the seed is the line with the largest sum of weights of its distinct forms (the first such
    line on a tie);
 3. the window grows one whole line at a time from the seed, towards the neighbour that adds the
-   most not-yet-covered weight (on a tie, towards the shorter side, so the seed stays central),
-   while the joined lines fit in ``max_chars`` code points.
+   most not-yet-covered weight plus a tenth of its own line score (matches count even when their
+   form is already covered); on a tie towards the shorter side, so the seed stays central; while
+   the joined lines fit in ``max_chars`` code points.
 
 A chunk that fits in ``max_chars`` is its own snippet. Without any mark (a vector-only hit, a
 match in the title or in derived terms only) the window is the chunk's first lines. CJK
@@ -44,6 +46,22 @@ __all__ = [
 MARK_OPEN = "\x01"
 MARK_CLOSE = "\x02"
 _MARK_RE = re.compile(MARK_OPEN + "(.*?)" + MARK_CLOSE, re.DOTALL)
+# Weight of a marked form found on more than half of a chunk's lines.
+UBIQUITOUS_WEIGHT = 0.1
+# Share of a neighbour line's own score added to what it newly covers when the window grows.
+DENSITY_SHARE = 0.1
+# Endings stripped to group the surface forms of one query word (longest first).
+_ENDINGS = ("ings", "ing", "ies", "ied", "es", "ed", "s", "e", "y")
+
+
+def _form(surface: str) -> str:
+    """A marked word's group key: lower-cased, one plural/verb ending stripped when 3+ letters
+    remain (FTS5 matched it through Porter stemming; this only groups what it marked)."""
+    low = surface.lower()
+    for ending in _ENDINGS:
+        if len(low) > len(ending) + 2 and low.endswith(ending):
+            return low[: -len(ending)]
+    return low
 
 
 @dataclass(frozen=True)
@@ -101,13 +119,14 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
     whole = "\n".join(lines)
     if len(whole) <= budget:
         return SnippetWindow(whole, 0, len(lines) - 1)
-    forms = [{f.lower() for f in _MARK_RE.findall(line)} for line in marked_lines]
+    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
     counts: dict[str, int] = {}
     for line_forms in forms:
         for f in line_forms:
             counts[f] = counts.get(f, 0) + 1
     total = len(lines)
-    weight = {f: math.log(1 + total / n) for f, n in counts.items()}
+    weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
+              for f, n in counts.items()}
     scores = [sum(weight[f] for f in line_forms) for line_forms in forms]
     seed = max(range(total), key=lambda i: (scores[i], -i))
     if len(lines[seed]) > budget:
@@ -117,12 +136,11 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
     covered = set(forms[seed])
     while True:
         options = []
-        if first > 0 and size + 1 + len(lines[first - 1]) <= budget:
-            gain = sum(weight[f] for f in forms[first - 1] - covered)
-            options.append((gain, -(seed - first), first - 1))
-        if last < total - 1 and size + 1 + len(lines[last + 1]) <= budget:
-            gain = sum(weight[f] for f in forms[last + 1] - covered)
-            options.append((gain, -(last - seed), last + 1))
+        for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
+            if 0 <= pick < total and size + 1 + len(lines[pick]) <= budget:
+                gain = (sum(weight[f] for f in forms[pick] - covered)
+                        + DENSITY_SHARE * scores[pick])
+                options.append((gain, -side, pick))
         if not options:
             break
         _, _, pick = max(options)

@@ -49,3 +49,25 @@ def test_mark_substrings_for_cjk_tokens() -> None:
     assert mark_substrings("今天讨论了金银价格的走势", ["价格", "金银价格"]) == (
         f"今天讨论了{m('金银价格')}的走势")
     assert mark_substrings("no needles", []) == "no needles"
+
+
+def test_a_name_on_every_line_weighs_little() -> None:
+    # "Ann" is on 9 of 10 lines: it weighs 0.1, so the one line with the rarest word wins over
+    # lines holding the name and a word found twice.
+    lines = [f"{m('Ann')}: chatting about the weekend plans, {i}" for i in range(10)]
+    lines[2] = f"{m('Ann')}: the {m('wan')} port blinked twice today"
+    lines[3] = f"{m('Ann')}: the {m('wan')} port went dark again"
+    lines[7] = f"Bob: the {m('router')} died this morning for good"
+    window = best_window("\n".join(lines), max_chars=50)
+    assert (window.first_line, window.last_line, window.text) == (
+        7, 7, "Bob: the router died this morning for good")
+
+
+def test_forms_of_one_word_count_once() -> None:
+    # "love", "loving", "loves" and "loved" are one form: line 1 covers two forms, line 4 one
+    # form three times (counted as three forms, line 4 would win).
+    lines = ["x" * 40] * 6
+    lines[1] = f"I {m('love')} the {m('turtles')} here"
+    lines[4] = f"{m('loving')}, {m('loves')}, {m('loved')}"
+    window = best_window("\n".join(lines), max_chars=30)
+    assert (window.first_line, window.last_line) == (1, 1)

@@ -26,10 +26,13 @@ parts close together scores higher:
 - **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
 - **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
   ``bm25()`` only where the two stand within ten tokens of each other;
-- **coverage**: every pair of the first six content parts as ``(a AND b)``, whose phrases count
-  again only in chunks holding both, so a chunk matching ``m`` parts gains ``m(m-1)/2`` pairs:
-  more distinct parts beat one part repeated, even in a workspace of a few notes where FTS5
-  clamps every IDF to ``1e-6`` and BM25 alone would only see term frequencies.
+- **coverage** (stores of at most :data:`COVERAGE_MAX_CHUNKS` chunks): every pair of the first
+  six content parts as ``(a AND b)``, whose phrases count again only in chunks holding both, so a
+  chunk matching ``m`` parts gains ``m(m-1)/2`` pairs: more distinct parts beat one part
+  repeated even in a workspace of a few notes, where FTS5 clamps the IDF of any word found in
+  half of the chunks to ``1e-6`` and BM25 alone would only see term frequencies. In a large
+  store BM25's IDF does this job, and the pairs would double the cost of a query made of
+  common words (every phrase's document frequency is counted per query).
 
 CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
 a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
@@ -63,6 +66,7 @@ from fallback.text.scripts import contains_cjk, word_runs
 from fallback.text.terms import compounds, date_mentions
 
 __all__ = [
+    "COVERAGE_MAX_CHUNKS",
     "FtsPlan",
     "MAX_QUERY_PARTS",
     "NEAR_DISTANCE",
@@ -81,8 +85,10 @@ MAX_QUERY_PARTS = 32
 NEAR_DISTANCE = 10
 # At most this many NEAR pairs and joined adjacent pairs per query.
 MAX_PAIRS = 8
-# Pairs of the first this many content parts are ANDed (6 parts: 15 pairs).
+# Pairs of the first this many content parts are ANDed (6 parts: 15 pairs) ...
 COVERAGE_PARTS = 6
+# ... in stores of at most this many chunks (LoCoMo conversations hold 40-100).
+COVERAGE_MAX_CHUNKS = 1000
 
 _WORD_RE = regex.compile(r"[\p{L}\p{M}\p{N}_]+")
 _QUOTED_RE = regex.compile(r'"([^"]+)"')
@@ -176,7 +182,8 @@ def _query_parts(text: str) -> list[_Part]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str) -> tuple[str | None, str | None, tuple[str, ...]]:
+def _match_expression(text: str, *, coverage_pairs: bool) -> tuple[str | None, str | None,
+                                                                   tuple[str, ...]]:
     """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
     pairs and NEAR groups (for highlighting), and the content keys."""
     parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
@@ -206,19 +213,22 @@ def _match_expression(text: str) -> tuple[str | None, str | None, tuple[str, ...
     near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
             for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
     exprs.extend(near)
-    both = [f"({a.expr} AND {b.expr})"
-            for a, b in itertools.combinations(unique[:COVERAGE_PARTS], 2)]
-    exprs.extend(both)
+    if coverage_pairs:
+        exprs.extend(f"({a.expr} AND {b.expr})"
+                     for a, b in itertools.combinations(unique[:COVERAGE_PARTS], 2))
     return (" OR ".join(exprs) or None), marks, tuple(keys)
 
 
-def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | None:
+def build_fts_query(query: str, *, tokenizer: str = "unicode61",
+                    coverage_pairs: bool = True) -> FtsPlan | None:
     """Turn free text into a safe FTS plan; never raises.
 
     Args:
         query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
         tokenizer: the configured tokenizer of ``chunks_fts``: ``unicode61`` (default; the
             table is ``porter unicode61``) or ``trigram``.
+        coverage_pairs: add the ``(a AND b)`` pairs (the caller passes ``False`` for a store of
+            more than :data:`COVERAGE_MAX_CHUNKS` chunks).
 
     Returns:
         ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
@@ -245,7 +255,7 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | No
     cjk = [t for t in tokens if contains_cjk(t)]
     trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
     like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
-    match, mark_match, keys = _match_expression(text)
+    match, mark_match, keys = _match_expression(text, coverage_pairs=coverage_pairs)
     return FtsPlan(
         tokens=tokens,
         match=match,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from fallback.errors import IndexStoreError
-from fallback.search.fts import FtsPlan, build_fts_query
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.substring import substring_hits
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
@@ -32,7 +32,7 @@ from fallback.text.scripts import contains_cjk
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["COLUMN_WEIGHTS", "highlight_hits", "keyword_candidates", "keyword_hits", "keyword_rows",
+__all__ = ["COLUMN_WEIGHTS", "fts_row_count", "highlight_hits", "keyword_candidates", "keyword_hits", "keyword_rows",
            "rank_keyword_hits", "relative_scores"]
 
 # bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
@@ -155,6 +155,16 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
+def fts_row_count(store: Store) -> int:
+    """Rows of ``chunks_fts`` (its ``docsize`` shadow table holds one row per chunk: counting
+    it reads a few pages, unlike ``chunks``, whose rows carry the text).
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    return int(store.query("SELECT COUNT(*) FROM chunks_fts_docsize")[0][0])
+
+
 def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """Keyword hits for ``text``, best first (blocking; :func:`keyword_hits` runs it in a worker
     thread): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
@@ -167,7 +177,8 @@ def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> l
     """
     if store.fts_error is not None:
         return []
-    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+    small = fts_row_count(store) <= COVERAGE_MAX_CHUNKS
+    plan = build_fts_query(text, tokenizer=store.fts_tokenizer, coverage_pairs=small)
     if plan is None:
         return []
     rows = keyword_rows(store, plan, sources=srcs, limit=limit)

@@ -20,6 +20,8 @@ def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:
                ' OR ("hello" AND "world")'),
         trigram_match=None, like_terms=(), terms=("hello", "world"),
         mark_match='"hello" OR "world"')
+    assert build_fts_query("hello world", coverage_pairs=False).match == (
+        '"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)')
     assert build_fts_query("cafe\u0301").match == '"café"'
     assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == (
         '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)'

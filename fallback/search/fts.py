@@ -48,14 +48,14 @@ filter.
 
 Source: Okapi BM25 (Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
 Beyond", 2009) as SQLite's FTS5 ``bm25()`` computes it; Porter stemming (Porter, "An algorithm
-for suffix stripping", 1980) as FTS5's ``porter`` tokenizer implements it; the LIKE plan and the
-rank-to-score mapping follow ``specs/builtin-engine-spec.md`` §8.2-8.3 (E2).
+for suffix stripping", 1980) as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
+``specs/builtin-engine-spec.md`` §8.2 (E2). The reference's rank-to-score mapping (§8.3) is
+replaced by scores relative to the best hit (``fallback/search/keyword.py``).
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import unicodedata
 from dataclasses import dataclass
 
@@ -70,7 +70,6 @@ __all__ = [
     "FtsPlan",
     "MAX_QUERY_PARTS",
     "NEAR_DISTANCE",
-    "bm25_rank_to_score",
     "build_fts_query",
     "contains_cjk",
     "escape_like",
@@ -264,18 +263,3 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61",
         terms=keys,
         mark_match=mark_match,
     )
-
-
-def bm25_rank_to_score(rank: float) -> float:
-    """Map an FTS5 ``bm25()`` rank to a score in ``(0, 1]``, higher is better (spec §8.3, E2).
-
-    ``bm25()`` is negative for matches (more negative = better): ``rank < 0`` -> ``r/(1+r)``
-    with ``r = -rank``; ``rank >= 0`` -> ``1/(1+rank)``; non-finite -> ``0.001``.
-    So ``0`` -> 1, ``1`` -> 0.5, ``-4.2`` > ``-2.1`` > ``-0.5``.
-    """
-    if not isinstance(rank, (int, float)) or not math.isfinite(rank):
-        return 1 / 1000
-    if rank < 0:
-        r = -rank
-        return r / (1 + r)
-    return 1 / (1 + rank)

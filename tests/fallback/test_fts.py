@@ -1,4 +1,4 @@
-"""FTS query plans (exact MATCH strings), CJK routing and the BM25 rank mapping (fallback/search/fts.py)."""
+"""FTS query plans (exact MATCH strings) and CJK routing (fallback/search/fts.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pytest
 
 from fallback.search.fts import (
     FtsPlan,
-    bm25_rank_to_score,
     build_fts_query,
     escape_like,
     fts_tokens,
@@ -133,16 +132,6 @@ def test_escape_like_escapes_wildcards() -> None:
 
 def test_fts_tokens_keep_marks_and_underscore() -> None:
     assert fts_tokens("snake_case, e\u0301t\u00e9! 123") == ["snake_case", "été", "123"]
-
-
-def test_bm25_rank_to_score_spec_case_23() -> None:
-    assert bm25_rank_to_score(0) == 1.0
-    assert bm25_rank_to_score(1) == 0.5
-    assert bm25_rank_to_score(10) < bm25_rank_to_score(1)
-    assert abs(bm25_rank_to_score(-100) - 1) <= 0.05
-    assert bm25_rank_to_score(-4.2) > bm25_rank_to_score(-2.1) > bm25_rank_to_score(-0.5)
-    assert bm25_rank_to_score(float("nan")) == 0.001
-    assert bm25_rank_to_score(float("-inf")) == 0.001
 
 
 def test_symbol_only_queries_become_substring_searches() -> None:

@@ -26,13 +26,13 @@ parts close together scores higher:
 - **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
 - **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
   ``bm25()`` only where the two stand within ten tokens of each other;
-- **coverage** (stores of at most :data:`COVERAGE_MAX_CHUNKS` chunks): every pair of the first
-  six content parts as ``(a AND b)``, whose phrases count again only in chunks holding both, so a
-  chunk matching ``m`` parts gains ``m(m-1)/2`` pairs: more distinct parts beat one part
-  repeated even in a workspace of a few notes, where FTS5 clamps the IDF of any word found in
-  half of the chunks to ``1e-6`` and BM25 alone would only see term frequencies. In a large
-  store BM25's IDF does this job, and the pairs would double the cost of a query made of
-  common words (every phrase's document frequency is counted per query).
+- **coverage**: BM25 adds up the parts a chunk matches, weighted by IDF; but FTS5 clamps the
+  IDF of a word found in half of the chunks or more to ``1e-6``, so in a workspace of a few
+  notes every part may weigh nothing and BM25 would only see term frequencies. Then (the caller
+  decides, ``fallback/search/keyword.py``) every pair of the first six parts is added as
+  ``(a AND b)``, whose phrases count again only in chunks holding both: a chunk matching ``m``
+  parts gains ``m(m-1)/2`` pairs, so more distinct parts beat one part repeated. Elsewhere the
+  pairs are left out: they would only double the cost of the query.
 
 CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
 a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
@@ -84,9 +84,9 @@ MAX_QUERY_PARTS = 32
 NEAR_DISTANCE = 10
 # At most this many NEAR pairs and joined adjacent pairs per query.
 MAX_PAIRS = 8
-# Pairs of the first this many content parts are ANDed (6 parts: 15 pairs) ...
+# Coverage pairs: pairs of the first this many content parts are ANDed (6 parts: 15 pairs).
 COVERAGE_PARTS = 6
-# ... in stores of at most this many chunks (LoCoMo conversations hold 40-100).
+# Stores of at most this many chunks get their parts counted (fallback/search/keyword.py).
 COVERAGE_MAX_CHUNKS = 1000
 
 _WORD_RE = regex.compile(r"[\p{L}\p{M}\p{N}_]+")
@@ -124,6 +124,8 @@ class FtsPlan:
         mark_match: the OR of the content parts alone (no joined pairs, no ``NEAR``): the
             ``MATCH`` whose ``highlight()`` marks every occurrence of a query part in a hit,
             for its snippet window; ``None`` when :attr:`match` is.
+        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
+            counting in how many chunks each occurs.
     """
 
     tokens: tuple[str, ...]
@@ -132,6 +134,7 @@ class FtsPlan:
     like_terms: tuple[str, ...]
     terms: tuple[str, ...] = ()
     mark_match: str | None = None
+    parts: tuple[tuple[str, str], ...] = ()
 
     @property
     def like_patterns(self) -> tuple[str, ...]:
@@ -181,10 +184,10 @@ def _query_parts(text: str) -> list[_Part]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str, *, coverage_pairs: bool) -> tuple[str | None, str | None,
-                                                                   tuple[str, ...]]:
+def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
+                      ) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
-    pairs and NEAR groups (for highlighting), and the content keys."""
+    pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
     parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
     content = [p for p in parts if p.kind != "word" or p.key not in STOP_WORDS]
     if not content:
@@ -200,7 +203,8 @@ def _match_expression(text: str, *, coverage_pairs: bool) -> tuple[str | None, s
         if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
             exprs.append(_quote(" ".join(quoted)))
             keys.append(" ".join(quoted))
-    marks = " OR ".join(exprs) or None
+    rare = [e for e, k in zip(exprs, keys, strict=True) if k not in common]
+    marks = " OR ".join(rare or exprs) or None
     joined: list[str] = []
     for a, b in itertools.pairwise(content):
         if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
@@ -208,26 +212,31 @@ def _match_expression(text: str, *, coverage_pairs: bool) -> tuple[str | None, s
             joined.append(_quote(a.key + b.key))
     exprs.extend(dict.fromkeys(joined[:MAX_PAIRS]))
     # Dates live in the title and terms columns, never next to words of the text: no NEAR.
-    spoken = [p for p in unique if p.kind != "date"]
+    # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
+    paired = [p for p in unique if p.key not in common]
+    spoken = [p for p in paired if p.kind != "date"]
     near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
             for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
     exprs.extend(near)
     if coverage_pairs:
         exprs.extend(f"({a.expr} AND {b.expr})"
-                     for a, b in itertools.combinations(unique[:COVERAGE_PARTS], 2))
-    return (" OR ".join(exprs) or None), marks, tuple(keys)
+                     for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
+    return (" OR ".join(exprs) or None), marks, tuple(keys), tuple((p.key, p.expr) for p in unique)
 
 
-def build_fts_query(query: str, *, tokenizer: str = "unicode61",
-                    coverage_pairs: bool = True) -> FtsPlan | None:
+def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
+                    common: frozenset[str] = frozenset()) -> FtsPlan | None:
     """Turn free text into a safe FTS plan; never raises.
 
     Args:
         query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
         tokenizer: the configured tokenizer of ``chunks_fts``: ``unicode61`` (default; the
             table is ``porter unicode61``) or ``trigram``.
-        coverage_pairs: add the ``(a AND b)`` pairs (the caller passes ``False`` for a store of
-            more than :data:`COVERAGE_MAX_CHUNKS` chunks).
+        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (the caller passes
+            ``True`` when FTS5 clamps the IDF of every part).
+        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
+            they stay single terms but join no pair and mark no snippet line (FTS5 gives them
+            an IDF of ``1e-6``; in a pair they would only add cost).
 
     Returns:
         ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
@@ -254,7 +263,8 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61",
     cjk = [t for t in tokens if contains_cjk(t)]
     trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
     like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
-    match, mark_match, keys = _match_expression(text, coverage_pairs=coverage_pairs)
+    match, mark_match, keys, parts = _match_expression(text, coverage_pairs=coverage_pairs,
+                                                       common=common)
     return FtsPlan(
         tokens=tokens,
         match=match,
@@ -262,4 +272,5 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61",
         like_terms=tuple(like),
         terms=keys,
         mark_match=mark_match,
+        parts=parts,
     )

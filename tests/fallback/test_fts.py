@@ -18,9 +18,15 @@ def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:
         match=('"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)'
                ' OR ("hello" AND "world")'),
         trigram_match=None, like_terms=(), terms=("hello", "world"),
-        mark_match='"hello" OR "world"')
+        mark_match='"hello" OR "world"', parts=(("hello", '"hello"'), ("world", '"world"')))
     assert build_fts_query("hello world", coverage_pairs=False).match == (
         '"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)')
+    # A part found in half of the chunks or more joins no pair and marks no snippet line.
+    common = build_fts_query("Nate turtle tank", coverage_pairs=False, common=frozenset({"nate"}))
+    assert common is not None
+    assert common.match == ('"nate" OR "turtle" OR "tank" OR "nateturtle" OR "turtletank"'
+                            ' OR NEAR("turtle" "tank", 10)')
+    assert common.mark_match == '"turtle" OR "tank"'
     assert build_fts_query("cafe\u0301").match == '"café"'
     assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == (
         '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)'

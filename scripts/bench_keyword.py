@@ -7,9 +7,10 @@ times, per query, warm, in one process:
   non-stop-words> ORDER BY bm25(chunks_fts) LIMIT 10`` on the same store: the floor any keyword
   search pays;
 - **keyword search**: what the engine runs for a keyword-only search, without its async
-  plumbing: the OR plan with its pairs (``fallback/search/fts.py``), BM25 ranking in SQL joined
-  with the chunks (``rank_keyword_hits``, 40 candidates), and ``highlight()`` of the first 10
-  for their snippet windows;
+  plumbing: the plan for the store (``search_plan``: the OR plan of ``fallback/search/fts.py``,
+  its parts counted in a small store), BM25 ranking in SQL joined with the chunks
+  (``rank_keyword_hits``, 40 candidates), and ``highlight()`` of the first 10 for their
+  snippet windows;
 - **engine search**: ``BuiltinEngine.search`` end to end (thread hops, the store checks before a
   search, snippets), ``maxResults`` 10.
 
@@ -138,7 +139,7 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
     """Index ``ws`` and time the three searches of every query; ms lists and index seconds."""
     from fallback.embeddings import select_provider
     from fallback.engine.builtin import BuiltinEngine
-    from fallback.search.keyword import highlight_hits, rank_keyword_hits
+    from fallback.search.keyword import highlight_hits, rank_keyword_hits, search_plan
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     search = MemorySearchSettings.model_validate({"provider": "none"})
@@ -154,8 +155,9 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
         candidates = 10 * search.query.hybrid.candidate_multiplier
 
         def keyword(q: str) -> None:
-            hits = rank_keyword_hits(store, q, ["memory"], candidates)
-            highlight_hits(store, q, hits[:10])
+            plan = search_plan(store, q)
+            hits = rank_keyword_hits(store, q, ["memory"], candidates, plan=plan)
+            highlight_hits(store, q, hits[:10], plan=plan)
 
         for q in queries:
             match = bare_match(q)

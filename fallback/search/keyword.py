@@ -207,10 +207,18 @@ def search_plan(store: Store, text: str) -> FtsPlan | None:
     return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, common=clamped)
 
 
-def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+                      plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword hits for ``text``, best first (blocking; :func:`keyword_hits` runs it in a worker
     thread): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
     sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
+
+    Args:
+        store: the store.
+        text: the query.
+        srcs: sources searched.
+        limit: rows wanted.
+        plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns ``[]`` when FTS5 is unavailable or the text has nothing to search.
 
@@ -219,7 +227,7 @@ def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> l
     """
     if store.fts_error is not None:
         return []
-    plan = search_plan(store, text)
+    plan = plan or search_plan(store, text)
     if plan is None:
         return []
     rows = keyword_rows(store, plan, sources=srcs, limit=limit)
@@ -230,9 +238,11 @@ def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> l
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Keyword hits for ``text``, best first, each scored by :func:`relative_scores`; on a SQLite
-    without FTS5, substring hits (``fallback/search/substring.py``).
+async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+                       plan: FtsPlan | None = None) -> list[Candidate]:
+    """Keyword hits for ``text``, best first, each scored by :func:`relative_scores` (one
+    worker-thread call); on a SQLite without FTS5, substring hits
+    (``fallback/search/substring.py``).
 
     Returns ``[]`` when the text has nothing to search.
 
@@ -241,11 +251,12 @@ async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> 
     """
     if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
         return await substring_hits(store, text, srcs, limit)
-    return await anyio.to_thread.run_sync(partial(rank_keyword_hits, store, text, srcs, limit))
+    return await anyio.to_thread.run_sync(partial(rank_keyword_hits, store, text, srcs, limit,
+                                                  plan=plan))
 
 
-async def keyword_candidates(store: Store, text: str, srcs: list[str],
-                             candidates: int) -> list[Candidate]:
+async def keyword_candidates(store: Store, text: str, srcs: list[str], candidates: int, *,
+                             plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword candidates for ``text``: :func:`keyword_hits` of the whole query (an OR of its
     content parts, ranked by BM25); when that finds nothing (a CJK run with no exact substring
     match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK unigrams and
@@ -256,7 +267,7 @@ async def keyword_candidates(store: Store, text: str, srcs: list[str],
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    hits = await keyword_hits(store, text, srcs, candidates)
+    hits = await keyword_hits(store, text, srcs, candidates, plan=plan)
     if hits:
         return hits
     by_id: dict[str, Candidate] = {}
@@ -272,7 +283,8 @@ async def keyword_candidates(store: Store, text: str, srcs: list[str],
     return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
 
 
-def highlight_hits(store: Store, text: str, hits: Sequence[Candidate]) -> dict[str, str]:
+def highlight_hits(store: Store, text: str, hits: Sequence[Candidate], *,
+                   plan: FtsPlan | None = None) -> dict[str, str]:
     """The text of each hit with the query's matches marked, for snippet windows.
 
     FTS5 ``highlight()`` wraps every token of the chunk text that matches the plan of ``text``
@@ -284,6 +296,7 @@ def highlight_hits(store: Store, text: str, hits: Sequence[Candidate]) -> dict[s
         store: the store the hits came from.
         text: the query.
         hits: the hits to mark (any mix of keyword and vector hits).
+        plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns:
         ``{chunk_id: marked text}``; a hit absent from the map has no keyword signal.
@@ -293,7 +306,7 @@ def highlight_hits(store: Store, text: str, hits: Sequence[Candidate]) -> dict[s
     """
     if not hits or store.fts_error is not None:
         return {}
-    plan = search_plan(store, text)
+    plan = plan or search_plan(store, text)
     if plan is None:
         return {}
     ids = list(dict.fromkeys(h.chunk_id for h in hits))

@@ -19,7 +19,8 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
-from fallback.search.keyword import highlight_hits, keyword_candidates
+from fallback.search.fts import FtsPlan
+from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
 from fallback.search.ranking import Candidate, apply_temporal_decay, merge_hybrid, mmr_rerank, select_results
 from fallback.search.rerank import Reranker, rerank_stage
 from fallback.search.snippets import best_window
@@ -65,6 +66,7 @@ class Searcher:
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> None:
         self.settings = settings
         self.max_snippet_chars = max_snippet_chars
+        self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
         self._vector_index = vector_index
         self._now_ms = now_ms
         self._on_error = on_error
@@ -97,7 +99,9 @@ class Searcher:
 
     async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        return await keyword_candidates(store, text, srcs, candidates)
+        if self._plan is None and store.fts_error is None:
+            self._plan = await anyio.to_thread.run_sync(search_plan, store, text)
+        return await keyword_candidates(store, text, srcs, candidates, plan=self._plan)
 
     async def fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
@@ -225,7 +229,8 @@ class Searcher:
         Raises:
             IndexStoreError: on a SQLite failure.
         """
-        marked = await anyio.to_thread.run_sync(partial(highlight_hits, store, text, hits))
+        marked = await anyio.to_thread.run_sync(partial(highlight_hits, store, text, hits,
+                                                        plan=self._plan))
         traces = explains if explains is not None else [None] * len(hits)
         return [self.result(c, hybrid=hybrid, explain=e, marked=marked.get(c.chunk_id),
                             max_snippet_chars=self.max_snippet_chars)

@@ -15,8 +15,8 @@ parts close together scores higher:
   supported language (``fallback.text.keywords.STOP_WORDS``); a query made only of stop words
   keeps them all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
 - **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
-  the parts, or the joined form, which the ``terms`` column holds for every compound and short
-  word pair of the text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
+  the parts, or the joined form, which the ``terms`` column holds for every compound of the
+  text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
 - **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``, ``wi fi`` ->
   ``"wifi"``). Not covered: a query word written apart in the text (``wifi`` does not find
   ``wi fi``; it finds ``wifi`` and ``Wi-Fi``);

@@ -20,8 +20,7 @@ def test_compounds_join_their_parts() -> None:
         Compound(6, 11, ("wi", "fi"), "wifi"),
         Compound(16, 24, ("abc", "1234"), "abc1234"),
         Compound(30, 45, ("snake", "case", "name"), "snakecasename"),
-        Compound(49, 55, ("v1", "2", "3"), "v123"),
-    ]
+    ]  # dots (and slashes) are no connectors
     assert compounds("a sentence. Another - and -dash") == []
     assert compounds("non\u2011breaking") == [Compound(0, 12, ("non", "breaking"), "nonbreaking")]
     assert compounds("ฐาน-ข้อมูล")[0].joined == "ฐานข้อมูล"  # marks stay in the part

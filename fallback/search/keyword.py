@@ -24,8 +24,8 @@ import anyio
 from fallback.errors import IndexStoreError
 from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
-from fallback.search.substring import substring_hits
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
+from fallback.search.substring import substring_hits
 from fallback.text.keywords import extract_keywords
 from fallback.text.scripts import contains_cjk
 

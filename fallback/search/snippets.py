@@ -33,6 +33,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fallback.text.chunking import grapheme_ends, truncate_chars
+
 __all__ = [
     "MARK_CLOSE",
     "MARK_OPEN",
@@ -151,11 +153,13 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
 
 
 def _cut_line(marked_line: str, budget: int) -> str:
-    """``budget`` code points of one long line, starting a third of the budget before its first
-    mark (or at the start when it has none)."""
+    """At most ``budget`` code points of one long line, starting about a third of the budget
+    before its first mark (or at the start when it has none); both cuts fall on grapheme-cluster
+    boundaries, so no emoji family or accented letter is split."""
     at = marked_line.find(MARK_OPEN)
     line = _strip_marks(marked_line)
     if at < 0:
-        return line[:budget]
-    start = max(0, min(at - budget // 3, len(line) - budget))
-    return line[start:start + budget]
+        return truncate_chars(line, budget)
+    wanted = max(0, min(at - budget // 3, len(line) - budget))
+    start = max((end for end in [0, *grapheme_ends(line)] if end <= wanted), default=0)
+    return truncate_chars(line[start:], budget)

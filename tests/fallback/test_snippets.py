@@ -71,3 +71,12 @@ def test_forms_of_one_word_count_once() -> None:
     lines[4] = f"{m('loving')}, {m('loves')}, {m('loved')}"
     window = best_window("\n".join(lines), max_chars=30)
     assert (window.first_line, window.last_line) == (1, 1)
+
+
+def test_a_cut_line_never_splits_a_grapheme_cluster() -> None:
+    family = "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466"  # 7 code points
+    line = family * 40 + m("needle") + family * 40
+    window = best_window(line, max_chars=50)
+    text = window.text
+    assert len(text) <= 50 and "needle" in text
+    assert text.replace("needle", "").replace(family, "") == ""

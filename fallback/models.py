@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -155,9 +155,16 @@ class MemorySearchResult(_Model):
         start_line / end_line: 1-based inclusive line range of the chunk in that file
             (for session transcripts: JSONL line numbers).
         score: relevance in ``[0, 1]``, higher is better.
-        snippet: chunk text, at most ``maxSnippetChars`` (700) code points.
+        snippet: the text shown for the hit, at most ``maxSnippetChars`` (700) code points: the
+            builtin engine's window of the chunk's whole lines that best matches the query
+            (``fallback/search/snippets.py``), qmd's own snippet for qmd hits.
+        snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet in
+            the file (inside ``start_line..end_line``); JSON ``snippetStartLine`` /
+            ``snippetEndLine``, always present: when a backend gives none they equal the hit's
+            range. Citations point at these lines.
         source: ``memory`` or ``sessions``.
-        citation: ``path#La-Lb`` (or ``path#La`` when one line); set by the manager.
+        citation: ``path#La-Lb`` (or ``path#La`` when one line) of the snippet's lines; set by
+            the manager.
         vector_score / text_score: hybrid components when the builtin engine merged them.
         explain: how the builtin engine ranked the hit, only when asked (``search --explain``);
             else ``None``.
@@ -168,11 +175,21 @@ class MemorySearchResult(_Model):
     end_line: int = Field(ge=1)
     score: float
     snippet: str
+    snippet_start_line: int = Field(default=0, ge=0)
+    snippet_end_line: int = Field(default=0, ge=0)
     source: Source = "memory"
     citation: str | None = None
     vector_score: float | None = None
     text_score: float | None = None
     explain: HitExplain | None = None
+
+    @model_validator(mode="after")
+    def _snippet_lines_default_to_hit(self) -> MemorySearchResult:
+        # Frozen model: fill the snippet range once, at construction, when a backend gave none.
+        if not self.snippet_start_line or not self.snippet_end_line:
+            object.__setattr__(self, "snippet_start_line", self.start_line)
+            object.__setattr__(self, "snippet_end_line", self.end_line)
+        return self
 
 
 class MemoryReadResult(_Model):

@@ -83,6 +83,10 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
                        max_injected_chars: int | None = None) -> list[MemorySearchResult]:
     """Add ``citation`` to every hit; when ``include``, append the ``Source:`` footer.
 
+    The citation names the snippet's lines (``snippet_start_line..snippet_end_line``): the
+    text the agent reads, which for a builtin hit is the window of the chunk that best matches
+    the query.
+
     Args:
         results: hits, best first.
         include: whether the footer goes into the snippet (citations on / auto in a direct
@@ -97,7 +101,7 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
     out: list[MemorySearchResult] = []
     budget = max_injected_chars
     for r in results:
-        citation = format_citation(r.path, r.start_line, r.end_line)
+        citation = format_citation(r.path, r.snippet_start_line, r.snippet_end_line)
         snippet = f"{r.snippet.strip()}\n\nSource: {citation}" if include else r.snippet
         if budget is not None:
             if budget <= 0:

@@ -455,8 +455,9 @@ class BuiltinEngine:
             explain: attach a ``HitExplain`` to every hit (the ranking trace).
 
         Returns:
-            ``SearchOutcome``: hits (snippets at most 700 code points; hybrid mode: with
-            ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order).
+            ``SearchOutcome``: hits (snippets at most 700 code points: the window of the
+            chunk's lines that best matches the query, with its own line range; hybrid mode:
+            with ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order).
 
         Raises:
             UsageError: ``query must not be empty`` for a blank query.

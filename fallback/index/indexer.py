@@ -73,9 +73,9 @@ from fallback.sources.memory_files import (
 )
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
+from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_title
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
 from fallback.text.path_names import has_escapes
-from fallback.text.scripts import contains_cjk
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -453,6 +453,7 @@ class Indexer:
         with store.transaction() as conn:
             if store is not self._fresh_store:
                 _delete_rows(conn, mf.rel_path, mf.source)
+            written: list[tuple[int, str]] = []
             for row in rows:
                 c = row.chunk
                 cur = conn.execute(
@@ -463,15 +464,11 @@ class Indexer:
                      c.content_hash, self._model, c.text,
                      pack_vector(row.vector) if row.vector else None,
                      len(row.vector) if row.vector else None, now))
-                if fts_ok:
-                    conn.execute(
-                        "INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line,"
-                        " end_line) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (cur.lastrowid, c.text, row.chunk_id, mf.rel_path, mf.source,
-                         self._model, c.start_line, c.end_line))
-                if fill_trigram and contains_cjk(c.text):
-                    conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
-                                 (cur.lastrowid, c.text))
+                if cur.lastrowid is not None:
+                    written.append((cur.lastrowid, c.text))
+            if fts_ok:
+                insert_chunk_fts(conn, written, title=note_title(mf.rel_path, content.text),
+                                 fill_trigram=fill_trigram)
             conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size)"
                          " VALUES (?, ?, ?, ?, ?)",
                          (mf.rel_path, mf.source, content.content_hash, content.mtime_ms,
@@ -519,10 +516,5 @@ def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
 
 def _delete_rows(conn: Any, path: str, source: str) -> None:
     """Delete one file's chunk rows and their FTS rows (inside the caller's transaction)."""
-    sub = "SELECT rowid FROM chunks WHERE path = ? AND source = ?"
-    has_fts = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name IN"
-                           " ('chunks_fts', 'chunks_trigram')").fetchone()[0]
-    if has_fts:
-        conn.execute(f"DELETE FROM chunks_fts WHERE rowid IN ({sub})", (path, source))
-        conn.execute(f"DELETE FROM chunks_trigram WHERE rowid IN ({sub})", (path, source))
+    delete_file_fts(conn, path, source)
     conn.execute("DELETE FROM chunks WHERE path = ? AND source = ?", (path, source))

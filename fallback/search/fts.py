@@ -1,52 +1,97 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
-User text reaches ``MATCH`` only through :func:`build_fts_query`: the query is NFC-normalised,
-cut into runs of Unicode letters, combining marks, digits and ``_`` (``[\\p{L}\\p{M}\\p{N}_]+``),
-each run is wrapped in double quotes (so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``,
-``-``, parentheses and quotes are always literal text, never FTS5 syntax) and the runs are ANDed
-(spec §8.2, E2).
+User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is wrapped in
+double quotes (so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``, ``-``, parentheses and
+quotes in the query are always literal text, never FTS5 syntax), and the only operators in a
+plan are the ones written here.
 
-CJK scheme (the default ``unicode61`` tokenizer treats an unbroken CJK run as one token, so a
-sub-word of a Japanese or Chinese sentence never matches by ``MATCH``):
+A question is not a keyword list ("When did Caroline go to the support group?"), so the plan for
+``chunks_fts`` (``porter unicode61``, columns ``text, title, terms``; see
+``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()`` in SQL
+(``fallback/search/keyword.py``), where a chunk matching more distinct parts, rarer parts and
+parts close together scores higher:
 
-- tokens without CJK/kana/Hangul go to ``chunks_fts`` (unicode61) and drive BM25 ranking, so
-  English ranking is unchanged;
-- CJK tokens of >= 3 code points go to ``chunks_trigram`` (FTS5 ``trigram case_sensitive 0``,
-  same text, rowid = chunk rowid), which matches any substring of >= 3 characters;
-- CJK tokens of 1-2 code points cannot be matched by a trigram index: they become
-  ``text LIKE '%tok%' ESCAPE '\\'`` filters (``\\``, ``%``, ``_`` escaped) on ``chunks.text``.
+- **content words**: the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words of every
+  supported language (``fallback.text.keywords.STOP_WORDS``); a query made only of stop words
+  keeps them all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
+- **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
+  the parts, or the joined form, which the ``terms`` column holds for every compound of the
+  text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
+- **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``, ``wi fi`` ->
+  ``"wifi"``). Not covered: a query word written apart in the text (``wifi`` does not find
+  ``wi fi``; it finds ``wifi`` and ``Wi-Fi``);
+- **dates** (``2023-05-08``, ``May 8 2023``, ``8 May, 2023``) as the canonical ``"20230508"``,
+  months (``May 2023``) as ``"202305"``: the ``terms`` column holds them for dates written in the
+  text, the ``title`` column for the note's name and first heading;
+- **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
+- **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
+  ``bm25()`` only where the two stand within ten tokens of each other;
+- **coverage**: BM25 adds up the parts a chunk matches, weighted by IDF; but FTS5 clamps the
+  IDF of a word found in half of the chunks or more to ``1e-6``, so in a workspace of a few
+  notes every part may weigh nothing and BM25 would only see term frequencies. Then (the caller
+  decides, ``fallback/search/keyword.py``) every pair of the first six parts is added as
+  ``(a AND b)``, whose phrases count again only in chunks holding both: a chunk matching ``m``
+  parts gains ``m(m-1)/2`` pairs, so more distinct parts beat one part repeated. Elsewhere the
+  pairs are left out: they would only double the cost of the query.
 
-All parts are ANDed. Rank: BM25 of ``chunks_fts`` when it has tokens, else BM25 of
-``chunks_trigram``, else 0 (LIKE-only rows). Status reports this scheme as ``trigram+like``.
+CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
+a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
+``chunks_trigram`` (FTS5 ``trigram case_sensitive 0``, same text, rowid = chunk rowid), which
+matches any substring of >= 3 characters; CJK tokens of 1-2 code points become ``text LIKE
+'%tok%' ESCAPE '\\'`` filters (``\\``, ``%``, ``_`` escaped) on ``chunks.text``. The CJK parts are
+required (ANDed with each other and with the English part). Status reports this scheme as
+``trigram+like``.
 
 With ``store.fts.tokenizer = "trigram"`` the main table itself is trigram: every token of >= 3
-code points goes to its ``MATCH`` and every shorter token (any script) becomes a LIKE filter.
+code points goes to its ``MATCH`` (ANDed) and every shorter token (any script) becomes a LIKE
+filter.
 
-Source: FTS5 BM25 (Robertson & Zaragoza 2009, as implemented by SQLite's ``bm25()``); the
-rank-to-score mapping and the LIKE plan follow the reference system's builtin engine (OpenClaw
-``MemoryIndexManager``).
+Source: Okapi BM25 (Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
+Beyond", 2009) as SQLite's FTS5 ``bm25()`` computes it; Porter stemming (Porter, "An algorithm
+for suffix stripping", 1980) as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
+``specs/builtin-engine-spec.md`` §8.2 (E2). The reference's rank-to-score mapping (§8.3) is
+replaced by scores relative to the best hit (``fallback/search/keyword.py``).
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 import unicodedata
 from dataclasses import dataclass
 
+import regex
+
+from fallback.text.keywords import STOP_WORDS
 from fallback.text.scripts import contains_cjk, word_runs
+from fallback.text.terms import compounds, date_mentions
 
 __all__ = [
+    "COVERAGE_MAX_CHUNKS",
     "FtsPlan",
-    "bm25_rank_to_score",
+    "MAX_QUERY_PARTS",
+    "NEAR_DISTANCE",
     "build_fts_query",
     "contains_cjk",
     "escape_like",
-    "fts_only_score",
     "fts_tokens",
 ]
 
 # Below this many code points a CJK token cannot be found through a trigram index.
 TRIGRAM_MIN_CHARS = 3
+# Content parts of one query that go into MATCH (a pasted page must not become a huge OR).
+MAX_QUERY_PARTS = 32
+# NEAR(a b, N): two parts count as close within this many tokens (a short sentence).
+NEAR_DISTANCE = 10
+# At most this many NEAR pairs and joined adjacent pairs per query.
+MAX_PAIRS = 8
+# Coverage pairs: pairs of the first this many content parts are ANDed (6 parts: 15 pairs).
+COVERAGE_PARTS = 6
+# Stores of at most this many chunks get their parts counted (fallback/search/keyword.py).
+COVERAGE_MAX_CHUNKS = 1000
+
+_WORD_RE = regex.compile(r"[\p{L}\p{M}\p{N}_]+")
+_QUOTED_RE = regex.compile(r'"([^"]+)"')
+
 
 def fts_tokens(text: str) -> list[str]:
     """Return the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text``, in order (may repeat)."""
@@ -69,17 +114,27 @@ class FtsPlan:
 
     Attributes:
         tokens: every query token (NFC, order kept, duplicates removed).
-        match: ``MATCH`` expression for ``chunks_fts`` (quoted tokens ANDed), or ``None``.
+        match: ``MATCH`` expression for ``chunks_fts`` (see the module docstring), or ``None``.
         trigram_match: ``MATCH`` expression for ``chunks_trigram`` (CJK tokens of >= 3 code
-            points, unicode61 stores only), or ``None``.
+            points, ANDed; unicode61 stores only), or ``None``.
         like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short CJK tokens; with the
             trigram tokenizer every token shorter than 3 code points).
+        terms: the content parts searched, lower-case (words, compounds' joined forms,
+            canonical dates, quoted phrases), in query order.
+        mark_match: the OR of the content parts alone (no joined pairs, no ``NEAR``): the
+            ``MATCH`` whose ``highlight()`` marks every occurrence of a query part in a hit,
+            for its snippet window; ``None`` when :attr:`match` is.
+        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
+            counting in how many chunks each occurs.
     """
 
     tokens: tuple[str, ...]
     match: str | None
     trigram_match: str | None
     like_terms: tuple[str, ...]
+    terms: tuple[str, ...] = ()
+    mark_match: str | None = None
+    parts: tuple[tuple[str, str], ...] = ()
 
     @property
     def like_patterns(self) -> tuple[str, ...]:
@@ -92,101 +147,130 @@ class FtsPlan:
         return tuple(escape_like(t) for t in self.tokens)
 
 
-def build_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsPlan | None:
+@dataclass(frozen=True)
+class _Part:
+    """One unit of a query: a word, a compound or a date, with its span."""
+
+    start: int
+    end: int
+    kind: str            # "word" | "compound" | "date"
+    key: str             # lower-case word, joined compound or canonical date
+    phrase: str          # the FTS5 phrase standing for it inside NEAR ("wi fi" for Wi-Fi)
+    expr: str            # its MATCH sub-expression
+
+
+def _query_parts(text: str) -> list[_Part]:
+    """Dates, then compounds, then words of ``text`` (NFC), left to right, spans disjoint."""
+    parts: list[_Part] = []
+    taken: list[tuple[int, int]] = []
+
+    def free(start: int, end: int) -> bool:
+        return not any(start < e and s < end for s, e in taken)
+
+    for d in date_mentions(text):
+        taken.append((d.start, d.end))
+        parts.append(_Part(d.start, d.end, "date", d.terms[0], _quote(d.terms[0]), _quote(d.terms[0])))
+    for c in compounds(text):
+        if not free(c.start, c.end) or any(contains_cjk(p) for p in c.parts):
+            continue
+        taken.append((c.start, c.end))
+        phrase = _quote(" ".join(c.parts))
+        parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
+                           f"({phrase} OR {_quote(c.joined)})"))
+    for m in _WORD_RE.finditer(text):
+        if free(m.start(), m.end()):
+            word = m.group().lower()
+            parts.append(_Part(m.start(), m.end(), "word", word, _quote(word), _quote(word)))
+    return sorted(parts, key=lambda p: p.start)
+
+
+def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
+                      ) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
+    pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
+    parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
+    content = [p for p in parts if p.kind != "word" or p.key not in STOP_WORDS]
+    if not content:
+        content = parts  # only stop words ("AND", "the"): search them rather than nothing
+    seen: dict[str, _Part] = {}
+    for p in content:
+        seen.setdefault(p.key, p)
+    unique = list(seen.values())[:MAX_QUERY_PARTS]
+    exprs = [p.expr for p in unique]
+    keys = [p.key for p in unique]
+    for m in _QUOTED_RE.finditer(text):
+        quoted = [w.lower() for w in word_runs(m.group(1))]
+        if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
+            exprs.append(_quote(" ".join(quoted)))
+            keys.append(" ".join(quoted))
+    rare = [e for e, k in zip(exprs, keys, strict=True) if k not in common]
+    marks = " OR ".join(rare or exprs) or None
+    joined: list[str] = []
+    for a, b in itertools.pairwise(content):
+        if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
+                and not text[a.end:b.start].strip() and a.key + b.key not in seen):
+            joined.append(_quote(a.key + b.key))
+    exprs.extend(dict.fromkeys(joined[:MAX_PAIRS]))
+    # Dates live in the title and terms columns, never next to words of the text: no NEAR.
+    # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
+    paired = [p for p in unique if p.key not in common]
+    spoken = [p for p in paired if p.kind != "date"]
+    near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
+            for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
+    exprs.extend(near)
+    if coverage_pairs:
+        exprs.extend(f"({a.expr} AND {b.expr})"
+                     for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
+    return (" OR ".join(exprs) or None), marks, tuple(keys), tuple((p.key, p.expr) for p in unique)
+
+
+def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
+                    common: frozenset[str] = frozenset()) -> FtsPlan | None:
     """Turn free text into a safe FTS plan; never raises.
 
     Args:
-        query: any user text (operators, quotes, dates like ``2026-03-31``, emoji ...).
-        tokenizer: the tokenizer of ``chunks_fts``: ``unicode61`` (default) or ``trigram``.
+        query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
+        tokenizer: the configured tokenizer of ``chunks_fts``: ``unicode61`` (default; the
+            table is ``porter unicode61``) or ``trigram``.
+        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (the caller passes
+            ``True`` when FTS5 clamps the IDF of every part).
+        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
+            they stay single terms but join no pair and mark no snippet line (FTS5 gives them
+            an IDF of ``1e-6``; in a pair they would only add cost).
 
     Returns:
-        ``None`` when the text has no token (blank, only punctuation or emoji); else a
-        :class:`FtsPlan`. Examples (unicode61): ``hello world`` -> match ``"hello" AND
-        "world"``; ``FOO_bar baz-1`` -> ``"FOO_bar" AND "baz" AND "1"``; ``価格 2026年`` ->
-        no match, trigram ``"2026年"``, like ``価格``.
+        ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
+        Examples (unicode61): ``hello world`` -> match ``"hello" OR "world" OR "helloworld" OR
+        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``the`` ->
+        ``"the"``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
     """
-    tokens = tuple(dict.fromkeys(t for t in fts_tokens(query) if t.replace('"', "")))
+    text = unicodedata.normalize("NFC", query)
+    tokens = tuple(dict.fromkeys(t for t in fts_tokens(text) if t.replace('"', "")))
     if not tokens:
         # No letters or digits at all (emoji, symbols such as "→" or "★"): the tokenizers drop
         # those characters, so look for the text itself as a substring.
-        symbols = " ".join(unicodedata.normalize("NFC", query).split())
+        symbols = " ".join(text.split())
         if not any(unicodedata.category(ch) in ("So", "Sm") for ch in symbols):
             return None
         return FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,))
-    main: list[str] = []
-    trigram: list[str] = []
-    like: list[str] = []
-    for tok in tokens:
-        if tokenizer == "trigram":
-            (main if len(tok) >= TRIGRAM_MIN_CHARS else like).append(tok)
-        elif not contains_cjk(tok):
-            main.append(tok)
-        elif len(tok) >= TRIGRAM_MIN_CHARS:
-            trigram.append(tok)
-        else:
-            like.append(tok)
+    if tokenizer == "trigram":
+        main = [t for t in tokens if len(t) >= TRIGRAM_MIN_CHARS]
+        like = [t for t in tokens if len(t) < TRIGRAM_MIN_CHARS]
+        return FtsPlan(tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
+                       trigram_match=None, like_terms=tuple(like),
+                       terms=tuple(t.lower() for t in main),
+                       mark_match=" OR ".join(_quote(t) for t in main) or None)
+    cjk = [t for t in tokens if contains_cjk(t)]
+    trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
+    like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
+    match, mark_match, keys, parts = _match_expression(text, coverage_pairs=coverage_pairs,
+                                                       common=common)
     return FtsPlan(
         tokens=tokens,
-        match=" AND ".join(_quote(t) for t in main) or None,
+        match=match,
         trigram_match=" AND ".join(_quote(t) for t in trigram) or None,
         like_terms=tuple(like),
+        terms=keys,
+        mark_match=mark_match,
+        parts=parts,
     )
-
-
-def bm25_rank_to_score(rank: float) -> float:
-    """Map an FTS5 ``bm25()`` rank to a score in ``(0, 1]``, higher is better (spec §8.3, E2).
-
-    ``bm25()`` is negative for matches (more negative = better): ``rank < 0`` -> ``r/(1+r)``
-    with ``r = -rank``; ``rank >= 0`` -> ``1/(1+rank)``; non-finite -> ``0.001``.
-    So ``0`` -> 1, ``1`` -> 0.5, ``-4.2`` > ``-2.1`` > ``-0.5``.
-    """
-    if not isinstance(rank, (int, float)) or not math.isfinite(rank):
-        return 1 / 1000
-    if rank < 0:
-        r = -rank
-        return r / (1 + r)
-    return 1 / (1 + rank)
-
-
-# FTS-only score boosts (spec §8.6, E2): query coverage, chunk focus, path match, length.
-_BOOST_QUERY_COVERAGE = 0.45
-_BOOST_CHUNK_FOCUS = 0.2
-_BOOST_PATH_TOKEN = 0.18
-_BOOST_LENGTH_MAX = 0.18
-_BOOST_LENGTH_CHARS = 160
-
-
-def fts_only_score(text_score: float, *, query: str, text: str, path: str) -> float:
-    """Boosted ranking score of a keyword hit in FTS-only mode (no embedding provider).
-
-    ``min(1, text_score + 0.45·(matched distinct query tokens / distinct query tokens)
-    + 0.2·(matched / distinct tokens in the chunk) + 0.18·(query tokens found in the lower-cased
-    path) + min(len(text)/160, 0.18))``; tokens are lower-cased NFC ``[\\p{L}\\p{M}\\p{N}_]+``
-    runs, and a CJK query token also counts as matched when it occurs as a substring of the
-    chunk (the unicode61 tokenizer keeps whole CJK runs as one token).
-
-    Args:
-        text_score: BM25-derived score in ``[0, 1]``.
-        query: the user's query.
-        text: the chunk text.
-        path: the chunk's workspace-relative path.
-
-    Returns:
-        A score in ``[0, 1]``.
-
-    Source: OpenClaw ``MemoryIndexManager`` FTS-only ranking.
-    """
-    q_tokens = {t.lower() for t in fts_tokens(query)}
-    if not q_tokens:
-        return min(1.0, text_score)
-    low_text = unicodedata.normalize("NFC", text).lower()
-    c_tokens = {t.lower() for t in fts_tokens(text)}
-    matched = sum(1 for t in q_tokens if t in c_tokens or (contains_cjk(t) and t in low_text))
-    low_path = path.lower()
-    in_path = sum(1 for t in q_tokens if t in low_path)
-    score = (text_score
-             + _BOOST_QUERY_COVERAGE * matched / len(q_tokens)
-             + (_BOOST_CHUNK_FOCUS * matched / len(c_tokens) if c_tokens else 0.0)
-             + _BOOST_PATH_TOKEN * in_path
-             + min(len(text) / _BOOST_LENGTH_CHARS, _BOOST_LENGTH_MAX))
-    return min(1.0, score)

@@ -1,11 +1,18 @@
 """Keyword (FTS5 BM25 / LIKE) candidate rows from the store for one FTS query plan.
 
+The ranking happens in SQL: ``bm25(chunks_fts, 1.0, 2.0, 1.0)`` over the OR plan of
+``fallback/search/fts.py`` weighs the chunk text, the note's title (path and first heading) and
+the derived terms (compound joins, canonical dates); only the best rows are joined with
+``chunks``. Python then maps each row's BM25 to a score relative to the best row of the query
+(:func:`relative_scores`): no chunk text is tokenized on the query path.
+
 Kept apart from ``fallback/store/db.py`` so the store module
 stays about connections, transactions and publishing.
 """
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,15 +22,23 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from fallback.errors import IndexStoreError
-from fallback.search.fts import FtsPlan, bm25_rank_to_score, build_fts_query, fts_only_score
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
+from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import substring_hits
 from fallback.text.keywords import extract_keywords
+from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["keyword_candidates", "keyword_hits", "keyword_rows"]
+__all__ = ["COLUMN_WEIGHTS", "fts_row_count", "highlight_hits", "keyword_candidates", "keyword_hits",
+           "keyword_rows", "rank_keyword_hits", "relative_scores", "search_plan"]
+
+# bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
+# query word found in a note's path or first heading counts twice as much as in its text.
+COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
+_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 
 # FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
 # with the chunks and filtered (see _keyword_rows).
@@ -63,35 +78,45 @@ def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit:
         # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text is
         # large): for a common word that matches most chunks this halves the query time. The
         # other filters (sources, trigram, LIKE) may drop rows, so when the cut was saturated
-        # and too few rows survive, run again without it.
+        # (the same statement counts the ranked rows) and too few rows survive, run again
+        # without it.
         inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
-        rows = _keyword_sql(store, plan, sources=sources, limit=limit, like_only=False,
-                            inner_limit=inner)
-        if len(rows) >= limit or not _cut_saturated(store, plan, inner):
+        rows, ranked = _keyword_sql(store, plan, sources=sources, limit=limit, like_only=False,
+                                    inner_limit=inner)
+        if ranked is None:  # nothing survived the filters: count the ranked rows apart
+            ranked = _ranked_count(store, plan, inner)
+        if len(rows) >= limit or ranked <= inner:
             return rows
     return _keyword_sql(store, plan, sources=sources, limit=limit, like_only=like_only,
-                        inner_limit=None)
+                        inner_limit=None)[0]
 
 
-def _cut_saturated(store: Store, plan: FtsPlan, inner: int) -> bool:
+def _ranked_count(store: Store, plan: FtsPlan, inner: int) -> int:
     found = store.query("SELECT COUNT(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts"
                         " MATCH ? LIMIT ?)", [plan.match, inner + 1])
-    return int(found[0][0]) > inner
+    return int(found[0][0])
 
 
 def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
-                 like_only: bool, inner_limit: int | None) -> list[tuple[str, str, str, int, int, str, float]]:
+                 like_only: bool, inner_limit: int | None
+                 ) -> tuple[list[tuple[str, str, str, int, int, str, float]], int | None]:
+    """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``, so
+    more than ``inner_limit`` means the cut dropped some; ``None`` when no row came back)."""
+    ctes: list[str] = []
     joins: list[str] = []
     params: list[Any] = []
     rank = "0.0"
+    ranked = "NULL"
     likes = plan.fallback_like_patterns if like_only else plan.like_patterns
     if not like_only and plan.match:
         cut = " ORDER BY r LIMIT ?" if inner_limit is not None else ""
-        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_fts) AS r FROM chunks_fts"
-                     f" WHERE chunks_fts MATCH ?{cut}) m ON m.rid = c.rowid")
+        ctes.append(f"m AS MATERIALIZED (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
+                    f" WHERE chunks_fts MATCH ?{cut})")
+        joins.append("JOIN m ON m.rid = c.rowid")
         params.append(plan.match)
         if inner_limit is not None:
-            params.append(int(inner_limit))
+            params.append(int(inner_limit) + 1)
+            ranked = "(SELECT COUNT(*) FROM m)"
         rank = "m.r"
     if not like_only and plan.trigram_match:
         joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_trigram) AS r FROM chunks_trigram"
@@ -103,52 +128,202 @@ def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: 
     for pattern in likes:
         where.append("c.text LIKE ? ESCAPE '\\'")
         params.append(pattern)
-    sql = (f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, {rank} AS rank"
-           f" FROM chunks c {' '.join(joins)} WHERE {' AND '.join(where)}"
-           " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?")
+    with_clause = f"WITH {', '.join(ctes)} " if ctes else ""
+    sql = (f"{with_clause}SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text,"
+           f" {rank} AS rank, {ranked} FROM chunks c {' '.join(joins)}"
+           f" WHERE {' AND '.join(where)} ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?")
     params.append(int(limit))
     rows = store.query(sql, params)
-    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows]
+    count = int(rows[0][7]) if rows and rows[0][7] is not None else None
+    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows], count
 
 
-async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Raw keyword hits for ``text`` (BM25 rank mapped to a score, spec §8.3), best first."""
-    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
-        return await substring_hits(store, text, srcs, limit)
-    plan = build_fts_query(text, tokenizer=store.fts_tokenizer)
+def relative_scores(ranks: Sequence[float]) -> list[float]:
+    """Map FTS5 ``bm25()`` ranks of one query to scores in ``[0, 1]``, the best row scoring 1.
+
+    A row's score is ``sqrt(bm25 / best bm25 of the query)`` (``bm25()`` is negative for
+    matches, more negative = better). Dividing by the best row makes the scale independent of
+    the corpus size (FTS5 clamps the IDF of a term found in more than half of the rows to
+    ``1e-6``, so in a workspace of a few notes every absolute BM25 is nearly 0); the square root
+    spreads the low end, so the default ``minScore`` 0.35 keeps a chunk holding one of a
+    question's rare words (about an eighth of the best chunk's BM25) and drops chunks that only
+    share words found nearly everywhere. Rows without a BM25 (``LIKE``-only matches, rank ``0``)
+    score 1 when no row has one, else 0; non-finite ranks score 0.
+
+    Args:
+        ranks: ``bm25()`` values, any order.
+
+    Returns:
+        One score per rank, in the same order; the order of the ranks is kept.
+
+    Source: max normalisation of a result list ("relative score fusion"), as hybrid search
+    engines do before mixing keyword and vector scores.
+    """
+    strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
+                 for r in ranks]
+    best = max(strengths, default=0.0)
+    if best <= 0:
+        return [1.0 if isinstance(r, (int, float)) and math.isfinite(r) else 0.0 for r in ranks]
+    return [math.sqrt(s / best) for s in strengths]
+
+
+def fts_row_count(store: Store) -> int:
+    """Rows of ``chunks_fts`` (its ``docsize`` shadow table holds one row per chunk: counting
+    it reads a few pages, unlike ``chunks``, whose rows carry the text).
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    return int(store.query("SELECT COUNT(*) FROM chunks_fts_docsize")[0][0])
+
+
+def search_plan(store: Store, text: str) -> FtsPlan | None:
+    """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
+
+    In a store of at most ``COVERAGE_MAX_CHUNKS`` chunks, one statement first counts the chunks
+    holding each content part (cheap there). FTS5 clamps the IDF of a part found in at least
+    half of the chunks to ``1e-6``: such parts join no ``NEAR`` pair and mark no snippet line
+    (a chat's speaker names); and when every part is like that (a workspace of a few notes),
+    BM25 cannot tell a chunk matching all parts from one matching a single part, so the plan
+    gets the coverage pairs. A larger store gets neither count nor pairs.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    tokenizer = store.fts_tokenizer
+    total = fts_row_count(store)
+    plan = build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False)
+    if total > COVERAGE_MAX_CHUNKS or plan is None or len(plan.parts) < 2:
+        return plan
+    counts = store.query("SELECT " + ", ".join(
+        "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in plan.parts),
+        [expr for _, expr in plan.parts])[0]
+    clamped = frozenset(key for (key, _), n in zip(plan.parts, counts, strict=True)
+                        if 2 * int(n) >= total)
+    if not clamped:
+        return plan
+    if len(clamped) == len(plan.parts):
+        return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=True)
+    return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, common=clamped)
+
+
+def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+                      plan: FtsPlan | None = None) -> list[Candidate]:
+    """Keyword hits for ``text``, best first (blocking; :func:`keyword_hits` runs it in a worker
+    thread): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
+    sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
+
+    Args:
+        store: the store.
+        text: the query.
+        srcs: sources searched.
+        limit: rows wanted.
+        plan: the query's :func:`search_plan`, when the caller has it already.
+
+    Returns ``[]`` when FTS5 is unavailable or the text has nothing to search.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    if store.fts_error is not None:
+        return []
+    plan = plan or search_plan(store, text)
     if plan is None:
         return []
-    rows = await anyio.to_thread.run_sync(partial(
-        keyword_rows, store, plan, sources=srcs, limit=limit))
-    out = []
-    for cid, path, source, start, end, body, rank in rows:
-        score = bm25_rank_to_score(rank)
-        out.append(Candidate(chunk_id=cid, path=path, source=source, start_line=start,
-                             end_line=end, snippet=body, score=score, text_score=score,
-                             bm25=rank if rank != 0.0 else None))  # 0.0: a LIKE-only row
-    return out
+    rows = keyword_rows(store, plan, sources=srcs, limit=limit)
+    scores = relative_scores([r[6] for r in rows])
+    return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
+                      snippet=body, score=score, text_score=score,
+                      bm25=rank if rank != 0.0 else None)  # 0.0: a LIKE-only row
+            for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-async def keyword_candidates(store: Store, text: str, srcs: list[str],
-                             candidates: int) -> list[Candidate]:
-    """Keyword hits for ``text`` with coverage-boosted scores (spec §8.6): the full query
-    (AND of its tokens) first; when that finds nothing, up to six extracted keywords
-    searched one by one and merged (per chunk the best text score)."""
-    hits = await keyword_hits(store, text, srcs, candidates)
-    if not hits:
-        by_id: dict[str, Candidate] = {}
-        keywords = [k for k in extract_keywords(text) if k != text.lower()]
-        for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
-            for hit in await keyword_hits(store, kw, srcs, candidates):
-                prev = by_id.get(hit.chunk_id)
-                if prev is None or hit.text_score > prev.text_score:
-                    by_id[hit.chunk_id] = hit
-        hits = list(by_id.values())
-    # BM25's IDF collapses to ~1e-6 in small corpora (a term in half the chunks), which
-    # would make every keyword hit worthless in a fresh workspace; the coverage-aware
-    # score keeps BM25 as its base and stays in [0, 1].
-    out = []
-    for h in hits:
-        boosted = fts_only_score(h.text_score, query=text, text=h.snippet, path=h.path)
-        out.append(replace(h, score=boosted, text_score=boosted))
-    return out
+async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+                       plan: FtsPlan | None = None) -> list[Candidate]:
+    """Keyword hits for ``text``, best first, each scored by :func:`relative_scores` (one
+    worker-thread call); on a SQLite without FTS5, substring hits
+    (``fallback/search/substring.py``).
+
+    Returns ``[]`` when the text has nothing to search.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
+        return await substring_hits(store, text, srcs, limit)
+    return await anyio.to_thread.run_sync(partial(rank_keyword_hits, store, text, srcs, limit,
+                                                  plan=plan))
+
+
+async def keyword_candidates(store: Store, text: str, srcs: list[str], candidates: int, *,
+                             plan: FtsPlan | None = None) -> list[Candidate]:
+    """Keyword candidates for ``text``: :func:`keyword_hits` of the whole query (an OR of its
+    content parts, ranked by BM25); when that finds nothing (a CJK run with no exact substring
+    match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK unigrams and
+    bigrams, Korean stems) are searched one by one and each chunk scores the sum of its
+    per-keyword scores, so a chunk matching more keywords ranks higher; scores are then divided
+    by the best one.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    hits = await keyword_hits(store, text, srcs, candidates, plan=plan)
+    if hits:
+        return hits
+    by_id: dict[str, Candidate] = {}
+    totals: dict[str, float] = {}
+    keywords = [k for k in extract_keywords(text) if k != text.lower()]
+    for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
+        for hit in await keyword_hits(store, kw, srcs, candidates):
+            by_id.setdefault(hit.chunk_id, hit)
+            totals[hit.chunk_id] = totals.get(hit.chunk_id, 0.0) + hit.text_score
+    best = max(totals.values(), default=0.0)
+    merged = [replace(by_id[cid], score=total / best, text_score=total / best)
+              for cid, total in totals.items()] if best > 0 else []
+    return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
+
+
+def highlight_hits(store: Store, text: str, hits: Sequence[Candidate], *,
+                   plan: FtsPlan | None = None) -> dict[str, str]:
+    """The text of each hit with the query's matches marked, for snippet windows.
+
+    FTS5 ``highlight()`` wraps every token of the chunk text that matches the plan of ``text``
+    (same tokenizer and stemming as the ranking) in ``\\x01`` / ``\\x02``; CJK tokens, which
+    match as substrings through the trigram table or ``LIKE``, are marked with
+    :func:`~fallback.search.snippets.mark_substrings`. Only the given hits are read.
+
+    Args:
+        store: the store the hits came from.
+        text: the query.
+        hits: the hits to mark (any mix of keyword and vector hits).
+        plan: the query's :func:`search_plan`, when the caller has it already.
+
+    Returns:
+        ``{chunk_id: marked text}``; a hit absent from the map has no keyword signal.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    if not hits or store.fts_error is not None:
+        return {}
+    plan = plan or search_plan(store, text)
+    if plan is None:
+        return {}
+    ids = list(dict.fromkeys(h.chunk_id for h in hits))
+    marked: dict[str, str] = {}
+    if plan.mark_match:
+        marks = ", ".join("?" for _ in ids)
+        # "+rowid": one pass over the plan's matches, filtered to the hits, instead of FTS5
+        # running the whole MATCH again per hit (a third of the time for ten hits).
+        rows = store.query(
+            "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
+            " FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
+            f" (SELECT rowid FROM chunks WHERE id IN ({marks})))"
+            " SELECT c.id, h.hl FROM h JOIN chunks c ON c.rowid = h.rid",
+            [MARK_OPEN, MARK_CLOSE, plan.mark_match, *ids])
+        marked = {r[0]: r[1] for r in rows}
+    needles = [t for t in plan.tokens if contains_cjk(t)] or list(plan.like_terms)
+    if needles:
+        for h in hits:
+            marked[h.chunk_id] = mark_substrings(marked.get(h.chunk_id, h.snippet), needles)
+    return marked

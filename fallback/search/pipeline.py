@@ -19,18 +19,19 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
-from fallback.search.keyword import keyword_candidates
+from fallback.search.fts import FtsPlan
+from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
 from fallback.search.ranking import Candidate, apply_temporal_decay, merge_hybrid, mmr_rerank, select_results
 from fallback.search.rerank import Reranker, rerank_stage
+from fallback.search.snippets import best_window
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
-from fallback.text.chunking import truncate_chars
 
 __all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
-# Snippets are cut to this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
+# Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
 SNIPPET_MAX_CHARS = 700
 
 
@@ -53,6 +54,7 @@ class Searcher:
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
         reranker: the optional reranker stage's provider (``query.rerank``), or ``None``.
         trace: filled in by the ranking steps when the caller wants ``--explain``, else ``None``.
+        max_snippet_chars: snippet budget in code points (``maxSnippetChars``, default 700).
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
@@ -60,8 +62,11 @@ class Searcher:
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
                  now_ms: Callable[[], int], on_error: Callable[[str], None],
-                 reranker: Reranker | None = None, trace: SearchTrace | None = None) -> None:
+                 reranker: Reranker | None = None, trace: SearchTrace | None = None,
+                 max_snippet_chars: int = SNIPPET_MAX_CHARS) -> None:
         self.settings = settings
+        self.max_snippet_chars = max_snippet_chars
+        self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
         self._vector_index = vector_index
         self._now_ms = now_ms
         self._on_error = on_error
@@ -86,14 +91,17 @@ class Searcher:
             hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
         else:
             hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
-        explains = self.trace.hits if self.trace else [None] * len(hits)
-        results = [Searcher.result(c, hybrid=provider is not None, explain=e)
-                   for c, e in zip(hits, explains, strict=True)]
+        explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
+                                              else [None] * len(hits))
+        results = await self.results(store, text, hits, hybrid=provider is not None,
+                                     explains=explains)
         return SearchOutcome(results=results, warnings=list(self.warnings))
 
     async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        return await keyword_candidates(store, text, srcs, candidates)
+        if self._plan is None and store.fts_error is None:
+            self._plan = await anyio.to_thread.run_sync(search_plan, store, text)
+        return await keyword_candidates(store, text, srcs, candidates, plan=self._plan)
 
     async def fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
@@ -203,12 +211,56 @@ class Searcher:
                              mtime_ms=mtime_ms)
         return decayed
 
+    async def results(self, store: Store, text: str, hits: list[Candidate], *, hybrid: bool,
+                      explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
+        """The ranked candidates as the shared result model, each snippet the window of its
+        chunk's lines that best matches ``text`` (``fallback/search/snippets.py``).
+
+        FTS5 ``highlight()`` marks the query's matches in the returned hits only (one SQL
+        statement for all of them); CJK tokens matched as substrings are marked in Python.
+
+        Args:
+            store: the store the hits came from.
+            text: the query.
+            hits: the ranked hits.
+            hybrid: fill ``vector_score`` / ``text_score``.
+            explains: one ranking trace per hit (``--explain``), or ``None``.
+
+        Raises:
+            IndexStoreError: on a SQLite failure.
+        """
+        marked = await anyio.to_thread.run_sync(partial(highlight_hits, store, text, hits,
+                                                        plan=self._plan))
+        traces = explains if explains is not None else [None] * len(hits)
+        return [self.result(c, hybrid=hybrid, explain=e, marked=marked.get(c.chunk_id),
+                            max_snippet_chars=self.max_snippet_chars)
+                for c, e in zip(hits, traces, strict=True)]
+
     @staticmethod
-    def result(c: Candidate, *, hybrid: bool, explain: HitExplain | None = None) -> MemorySearchResult:
-        """A candidate as the shared result model (snippet cut to 700 code points)."""
+    def result(c: Candidate, *, hybrid: bool, explain: HitExplain | None = None,
+               marked: str | None = None,
+               max_snippet_chars: int = SNIPPET_MAX_CHARS) -> MemorySearchResult:
+        """A candidate as the shared result model.
+
+        Args:
+            c: the ranked candidate (its ``snippet`` is the whole chunk text).
+            hybrid: fill ``vector_score`` / ``text_score``.
+            explain: the hit's ranking trace (``--explain``), or ``None``.
+            marked: the chunk text with the query's matches marked (:func:`highlight_hits`);
+                ``None``: no keyword signal, the snippet is the chunk's first lines.
+            max_snippet_chars: snippet budget in code points.
+        """
+        window = best_window(marked if marked is not None else c.snippet,
+                             max_chars=max_snippet_chars)
+        first, last = c.start_line, c.end_line
+        if c.end_line - c.start_line == c.snippet.count("\n"):
+            # One chunk line per file line (transcript chunks are remapped to JSONL lines and
+            # keep the chunk's range).
+            first, last = c.start_line + window.first_line, c.start_line + window.last_line
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=max(0.0, min(1.0, c.score)), snippet=truncate_chars(c.snippet, SNIPPET_MAX_CHARS),
+            score=max(0.0, min(1.0, c.score)), snippet=window.text,
+            snippet_start_line=first, snippet_end_line=last,
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,
             text_score=c.text_score if hybrid else None, explain=explain)

@@ -16,9 +16,11 @@ Schema (the reference system's table names, so its files and ours have one layou
   updated_at)``: ``vector`` is the chunk's embedding as a float32 little-endian BLOB (NULL when
   none), ``dims`` its length; ``embedding`` is always ``'[]'`` since ``m006`` (kept for the
   reference schema, see there).
-- ``chunks_fts``: FTS5 over ``text`` (``unicode61`` or ``trigram case_sensitive 0``), with
-  ``id, path, source, model, start_line, end_line`` UNINDEXED; its rowid equals the chunk's
-  ``chunks.rowid``.
+- ``chunks_fts``: FTS5 over ``text, title, terms`` (``porter unicode61`` or ``trigram
+  case_sensitive 0``) since ``m007``; its rowid equals the chunk's ``chunks.rowid``. Rows are
+  written only by ``fallback/store/fts_rows.py`` (see there for the columns). Until ``m007`` it
+  was FTS5 over ``text`` (``unicode61``) with ``id, path, source, model, start_line, end_line``
+  UNINDEXED.
 - ``chunks_trigram``: FTS5 ``trigram case_sensitive 0`` over the same text, rowid = chunk rowid
   (CJK substring search, see ``fallback/search/fts.py``).
 - ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``.
@@ -31,6 +33,8 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Callable
+
+from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 
 __all__ = ["MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
 
@@ -159,6 +163,38 @@ def m006_single_vector_copy(conn: sqlite3.Connection, *, fts_tokenizer: str) -> 
                 os.remove(f"{main_file}{suffix}")
 
 
+def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Rebuild ``chunks_fts`` as ``(text, title, terms)`` with English stemming, refilled from
+    ``chunks``.
+
+    Keyword search now ORs a question's content terms and ranks them with ``bm25()`` over three
+    weighted columns (``fallback/search/fts.py``): the chunk text stemmed by ``porter``, the
+    note's path and first heading (``title``), and terms derived from the text (compound joins,
+    canonical dates). The old table (``unicode61``, six UNINDEXED copies of ``chunks`` columns
+    nobody read) is dropped and every chunk's row is written again through
+    ``fallback/store/fts_rows.py``, so an upgraded store answers at once, without a re-index.
+    The title of a file comes from its first chunk (the first heading of a note is in it unless
+    the note starts with more than one chunk of text before any heading). A trigram store keeps
+    its tokenizer; a store without FTS5 (``meta.fts_error``) is left as it is.
+    """
+    if conn.execute("SELECT 1 FROM meta WHERE key = 'fts_error'").fetchone() is not None:
+        return
+    row = conn.execute("SELECT value FROM meta WHERE key = 'fts_tokenizer'").fetchone()
+    tokenizer = "trigram" if (row[0] if row else fts_tokenizer) == "trigram" else "unicode61"
+    conn.execute("DROP TABLE IF EXISTS chunks_fts")
+    create_fts_table(conn, tokenizer)
+    chunks = conn.execute("SELECT rowid, path, source, text FROM chunks"
+                          " ORDER BY path, source, start_line, rowid")
+    current: tuple[str, str] | None = None
+    title = ""
+    for rowid, path, source, text in chunks.fetchall():
+        if (path, source) != current:
+            current = (path, source)
+            title = note_title(path, text)
+        # chunks_trigram rows are unchanged: only chunks_fts is rebuilt.
+        insert_chunk_fts(conn, [(rowid, text)], title=title, fill_trigram=False)
+
+
 # Ordered; position i (0-based) brings the store to user_version i + 1.
 MIGRATIONS: tuple[Callable[..., None], ...] = (
     m001_core,
@@ -167,4 +203,5 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m004_skipped_files,
     m005_chunks_path_source,
     m006_single_vector_copy,
+    m007_fts_title_terms,
 )

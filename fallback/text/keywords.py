@@ -37,6 +37,8 @@ thing things stuff something anything everything someone anyone
 yesterday today tomorrow recently earlier before after ago last previous week month year
 please find search look show tell give get got let remember recall know think want need
 said say says mentioned talk talked
+own same both again further once while until during through against between above below up
+down out off go goes went gone going kind like likely ever one ones
 """)
 _STOP_ES = _words("""
 el la los las un una unos unas lo le les de del al a en y e o u que qué por para con sin

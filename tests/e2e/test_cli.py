@@ -63,11 +63,14 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert doc["servedBy"] == "process"  # no daemon serves this state dir
     assert doc["backend"] == "builtin" and doc["fallback"] is None and doc["mode"] == "fts-only"
     top = doc["results"][0]
-    assert set(top) == {"path", "startLine", "endLine", "score", "snippet", "source", "citation",
-                        "vectorScore", "textScore", "explain"}
+    assert set(top) == {"path", "startLine", "endLine", "score", "snippet", "snippetStartLine",
+                        "snippetEndLine", "source", "citation", "vectorScore", "textScore",
+                        "explain"}
     assert top["explain"] is None  # present, null, without --explain
     assert top["path"] == "memory/2026-11-05.md" and top["source"] == "memory"
-    assert top["citation"] == f"memory/2026-11-05.md#L{top['startLine']}-L{top['endLine']}"
+    assert top["startLine"] <= top["snippetStartLine"] <= top["snippetEndLine"] <= top["endLine"]
+    assert top["citation"] == (
+        f"memory/2026-11-05.md#L{top['snippetStartLine']}-L{top['snippetEndLine']}")
     assert 0 < top["score"] <= 1
 
 

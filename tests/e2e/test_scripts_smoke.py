@@ -111,3 +111,27 @@ def test_bench_watch_quick() -> None:
     assert rows["watcher listing"]["value"] == 62  # 50 notes, 10 topic folders, notes/, the root
     assert rows["watchdog defaults"]["value"] > 1000  # node_modules, .venv and .git walked
     assert rows["watcher listing (skip list, depth, lstat)"]["unit"] == "ms CPU"
+
+
+def test_bench_keyword_quick(tmp_path: Path) -> None:
+    # A made-up conversation in the LoCoMo layout (the real data is read from shared/ only).
+    conv = {
+        "speaker_a": "Ann", "speaker_b": "Bob",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [{"speaker": "Ann", "dia_id": "D1:1", "text": "I joined a pottery class."},
+                      {"speaker": "Bob", "dia_id": "D1:2", "text": "Nice! What did you make?"}],
+        "session_2_date_time": "10:00 am on 9 May, 2023",
+        "session_2": [{"speaker": "Ann", "dia_id": "D2:1", "text": "A bowl for my mother."}],
+        "qa": [{"question": "What class did Ann join?", "evidence": ["D1:1"], "category": 4},
+               {"question": "What did Ann make?", "evidence": ["D2:1"], "category": 4}],
+    }
+    (tmp_path / "conv-x.json").write_text(json.dumps(conv), encoding="utf-8")
+    doc = run_script(str(SCRIPTS / "bench_keyword.py"), "--quick", "--json", "--data", str(tmp_path),
+                     "--files", "5", timeout_s=180)
+    assert doc["title"] == "bench_keyword"
+    rows = {(r["section"], r["name"]): r for r in doc["rows"]}
+    locomo = rows[("locomo conv-x", "keyword search p50")]
+    assert locomo["value"] > 0 and locomo["unit"] == "ms"
+    assert rows[("locomo conv-x", "full index (keyword-only)")]["note"] == "2 chunks, 2 queries"
+    assert rows[("corpus 5x20000", "bare FTS5 query p50")]["value"] > 0
+    assert rows[("corpus 5x20000", "engine search p50 (end to end)")]["value"] > 0

@@ -21,6 +21,7 @@ from fallback.store.errors import (
     IndexStoreLockedError,
     IndexStoreReadOnlyError,
 )
+from fallback.store.fts_rows import insert_chunk_fts, note_title
 from fallback.store.migrations import MIGRATIONS
 
 EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "chunks_trigram", "embedding_cache",
@@ -41,7 +42,7 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 6
+        assert store.user_version() == len(MIGRATIONS) == 7
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
             "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",
@@ -64,7 +65,7 @@ def test_reopen_is_idempotent_and_keeps_tokenizer(tmp_path: Path) -> None:
     store = Store(db, fts_tokenizer="unicode61")
     try:
         assert _schema(db) == before
-        assert store.user_version() == 6
+        assert store.user_version() == len(MIGRATIONS)
         assert store.fts_tokenizer == "trigram"
     finally:
         store.close()
@@ -79,7 +80,7 @@ def test_older_version_is_migrated_forward(tmp_path: Path) -> None:
     conn.close()
     store = Store(db)
     try:
-        assert store.user_version() == 6
+        assert store.user_version() == len(MIGRATIONS)
         fresh = tmp_path / "fresh.sqlite"
         Store(fresh).close()
         assert _schema(db) == _schema(fresh)
@@ -144,10 +145,7 @@ def _put(store: Store, path: str, text: str, rowid: int) -> None:
         conn.execute("INSERT INTO chunks(rowid, id, path, source, start_line, end_line, hash, model,"
                      " text, updated_at) VALUES (?, ?, ?, 'memory', 1, 1, 'h', 'fts-only', ?, 0)",
                      (rowid, f"id{rowid}", path, text))
-        conn.execute("INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line,"
-                     " end_line) VALUES (?, ?, ?, ?, 'memory', 'fts-only', 1, 1)",
-                     (rowid, text, f"id{rowid}", path))
-        conn.execute("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)", (rowid, text))
+        insert_chunk_fts(conn, [(rowid, text)], title=note_title(path, text), fill_trigram=True)
 
 
 def test_swap_publishes_temp_and_removes_backup(tmp_path: Path) -> None:
@@ -296,7 +294,7 @@ async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path:
     await upgraded.close()
     store = Store(db)
     try:
-        assert store.user_version() == 6
+        assert store.user_version() == len(MIGRATIONS)
         assert store.query("SELECT id, path, start_line, end_line, vector FROM chunks ORDER BY id"
                            ) == before
         assert store.query("SELECT DISTINCT embedding FROM chunks") == [("[]",)]

@@ -33,7 +33,9 @@ def _engine(tmp_path: Path, model: Path | None, *, state: str = "state", **extra
 
 @pytest.mark.parametrize("query,expected", [
     ("medical appointment", "MEMORY.md"),            # "Health: ... Annual check-up is in March"
-    ("who manages the payment system", "MEMORY.md"),  # "Priya Raman owns the billing service"
+    # "Priya Raman owns the billing service" (keyword search stems "manages the payment system"
+    # to "manager" and "payments" in MEMORY.md, so that paraphrase is no longer one it misses)
+    ("who is in charge of invoices", "MEMORY.md"),
     ("fastest jog this month", "memory/2026-11-14.md"),
 ])
 async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, local_model_path: Path,

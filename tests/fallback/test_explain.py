@@ -125,13 +125,19 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
 
 
 async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
+    # Keyword scores are relative to the best hit (fallback/search/keyword.py), so the best one
+    # scores 1 and passes any minScore; with decay, none reaches 0.99 and the fallback keeps all.
     engine = _engine(ws, embeddings=False)
+    decayed = _engine(ws, embeddings=False,
+                      hybrid={"temporalDecay": {"enabled": True, "halfLifeDays": 30}})
     try:
         outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
         plain = await engine.search_detailed("alpha", min_score=0.99)
+        fallback = await decayed.search_detailed("alpha", explain=True, min_score=0.99)
         bm25 = _bm25(engine, "alpha")
     finally:
         await engine.close()
+        await decayed.close()
     assert [r.path for r in outcome.results] == [r.path for r in plain.results]
     assert all(r.explain is None for r in plain.results)
     first = outcome.results[0].explain
@@ -143,9 +149,14 @@ async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
                     "textScore": outcome.results[0].score},
         "vector": None, "fusion": None, "decay": None, "rerank": None, "mmr": None,
         "floor": {"minScore": 0.99, "relaxedFloor": None, "kept": True,
-                  "reason": "no hit reached minScore 0.99; the best keyword hits are kept"},
+                  "reason": "score 1.0000 >= minScore 0.99"},
         "rank": 1,
     }
+    assert len(fallback.results) == 3
+    for r in fallback.results:
+        assert r.explain is not None and r.score < 0.99
+        assert r.explain.floor.reason == (
+            "no hit reached minScore 0.99; the best keyword hits are kept")
 
 
 async def test_hybrid_relaxed_floor_is_explained(ws: Path) -> None:

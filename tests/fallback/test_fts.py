@@ -1,4 +1,4 @@
-"""FTS query plans, CJK routing and the BM25 rank mapping (fallback/search/fts.py)."""
+"""FTS query plans (exact MATCH strings) and CJK routing (fallback/search/fts.py)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,79 @@ import pytest
 
 from fallback.search.fts import (
     FtsPlan,
-    bm25_rank_to_score,
     build_fts_query,
     escape_like,
-    fts_only_score,
     fts_tokens,
 )
 
 
-def test_spec_examples_unicode61() -> None:
+def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:
     assert build_fts_query("hello world") == FtsPlan(
-        tokens=("hello", "world"), match='"hello" AND "world"', trigram_match=None, like_terms=())
-    assert build_fts_query("FOO_bar baz-1").match == '"FOO_bar" AND "baz" AND "1"'
+        tokens=("hello", "world"),
+        match=('"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)'
+               ' OR ("hello" AND "world")'),
+        trigram_match=None, like_terms=(), terms=("hello", "world"),
+        mark_match='"hello" OR "world"', parts=(("hello", '"hello"'), ("world", '"world"')))
+    assert build_fts_query("hello world", coverage_pairs=False).match == (
+        '"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)')
+    # A part found in half of the chunks or more joins no pair and marks no snippet line.
+    common = build_fts_query("Nate turtle tank", coverage_pairs=False, common=frozenset({"nate"}))
+    assert common is not None
+    assert common.match == ('"nate" OR "turtle" OR "tank" OR "nateturtle" OR "turtletank"'
+                            ' OR NEAR("turtle" "tank", 10)')
+    assert common.mark_match == '"turtle" OR "tank"'
     assert build_fts_query("cafe\u0301").match == '"café"'
-    assert build_fts_query("päätös äänestys").match == '"päätös" AND "äänestys"'
-    assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == '"ฐานข้อมูล" AND "ข้อผิดพลาด"'
+    assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == (
+        '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)'
+        ' OR ("ฐานข้อมูล" AND "ข้อผิดพลาด")')
+
+
+def test_question_keeps_content_words_only() -> None:
+    plan = build_fts_query("When did Caroline go to the LGBTQ support group?")
+    assert plan is not None
+    assert plan.terms == ("caroline", "lgbtq", "support", "group")
+    assert plan.match == (
+        '"caroline" OR "lgbtq" OR "support" OR "group" OR "lgbtqsupport" OR "supportgroup"'
+        ' OR NEAR("caroline" "lgbtq", 10) OR NEAR("lgbtq" "support", 10)'
+        ' OR NEAR("support" "group", 10) OR ("caroline" AND "lgbtq") OR ("caroline" AND "support")'
+        ' OR ("caroline" AND "group") OR ("lgbtq" AND "support") OR ("lgbtq" AND "group")'
+        ' OR ("support" AND "group")')
+    assert plan.mark_match == '"caroline" OR "lgbtq" OR "support" OR "group"'
+    # Spanish stop words go too; a query of stop words only keeps them all.
+    assert build_fts_query("ayer hablamos sobre la estrategia").terms == (
+        "hablamos", "estrategia")
+    assert build_fts_query("the a an").terms == ("the", "a", "an")
+
+
+def test_hyphen_forms_match_both_ways() -> None:
+    assert build_fts_query("Wi-Fi").match == '("wi fi" OR "wifi")'
+    assert build_fts_query("wi fi").match == (
+        '"wi" OR "fi" OR "wifi" OR NEAR("wi" "fi", 10) OR ("wi" AND "fi")')
+    assert build_fts_query("wifi").match == '"wifi"'
+    assert build_fts_query("pre-edit").match == '("pre edit" OR "preedit")'
+    assert build_fts_query("ice cream").match == (
+        '"ice" OR "cream" OR "icecream" OR NEAR("ice" "cream", 10) OR ("ice" AND "cream")')
+
+
+def test_identifiers_dates_and_quoted_phrases() -> None:
+    plan = build_fts_query("ABC-1234 broke on 2023-05-08")
+    assert plan is not None
+    assert plan.terms == ("abc1234", "broke", "20230508")
+    assert plan.match == ('("abc 1234" OR "abc1234") OR "broke" OR "20230508"'
+                          ' OR NEAR("abc 1234" "broke", 10)'
+                          ' OR (("abc 1234" OR "abc1234") AND "broke")'
+                          ' OR (("abc 1234" OR "abc1234") AND "20230508")'
+                          ' OR ("broke" AND "20230508")')
+    assert build_fts_query("FOO_bar").match == '("foo bar" OR "foobar")'
+    for written in ("May 8, 2023", "8 May 2023", "8th of May, 2023", "2023/05/08"):
+        assert build_fts_query(f"what happened {written}").match == (
+            '"happened" OR "20230508" OR ("happened" AND "20230508")')
+    assert build_fts_query("notes from March 2023").match == (
+        '"notes" OR "202303" OR ("notes" AND "202303")')
+    assert build_fts_query('"support group" meeting').match == (
+        '"support" OR "group" OR "meeting" OR "support group" OR "supportgroup"'
+        ' OR NEAR("support" "group", 10) OR NEAR("group" "meeting", 10)'
+        ' OR ("support" AND "group") OR ("support" AND "meeting") OR ("group" AND "meeting")')
 
 
 def test_blank_and_symbol_only_queries_give_no_plan() -> None:
@@ -31,22 +89,21 @@ def test_blank_and_symbol_only_queries_give_no_plan() -> None:
 
 
 @pytest.mark.parametrize(("query", "match"), [
-    ("2026-03-31", '"2026" AND "03" AND "31"'),
-    ("pre-edit", '"pre" AND "edit"'),
+    ("2026-03-31", '"20260331"'),
     ('"quoted"', '"quoted"'),
-    ('say "hi', '"say" AND "hi"'),
+    ('say "hi', '"hi"'),
     ("(paren", '"paren"'),
     ("a*", '"a"'),
-    ("key:value", '"key" AND "value"'),
+    ("key:value", '"key" OR "value" OR NEAR("key" "value", 10) OR ("key" AND "value")'),
     ("^x", '"x"'),
-    ("AND", '"AND"'),
-    ("OR", '"OR"'),
-    ("NOT", '"NOT"'),
-    ("NEAR", '"NEAR"'),
-    ("NEAR(a b)", '"NEAR" AND "a" AND "b"'),
-    ("deploy 🚀 now", '"deploy" AND "now"'),
+    ("AND", '"and"'),
+    ("OR", '"or"'),
+    ("NOT", '"not"'),
+    ("NEAR", '"near"'),
+    ("NEAR(a b)", '"near" OR "b" OR NEAR("near" "b", 10) OR ("near" AND "b")'),
+    ("deploy 🚀 now", '"deploy" OR "now" OR NEAR("deploy" "now", 10) OR ("deploy" AND "now")'),
     ("-leading", '"leading"'),
-    ("x AND y AND x", '"x" AND "AND" AND "y"'),
+    ('x" OR "y', '"x"'),
 ])
 def test_hazards_are_quoted_literals(query: str, match: str) -> None:
     plan = build_fts_query(query)
@@ -81,27 +138,6 @@ def test_escape_like_escapes_wildcards() -> None:
 
 def test_fts_tokens_keep_marks_and_underscore() -> None:
     assert fts_tokens("snake_case, e\u0301t\u00e9! 123") == ["snake_case", "été", "123"]
-
-
-def test_bm25_rank_to_score_spec_case_23() -> None:
-    assert bm25_rank_to_score(0) == 1.0
-    assert bm25_rank_to_score(1) == 0.5
-    assert bm25_rank_to_score(10) < bm25_rank_to_score(1)
-    assert abs(bm25_rank_to_score(-100) - 1) <= 0.05
-    assert bm25_rank_to_score(-4.2) > bm25_rank_to_score(-2.1) > bm25_rank_to_score(-0.5)
-    assert bm25_rank_to_score(float("nan")) == 0.001
-    assert bm25_rank_to_score(float("-inf")) == 0.001
-
-
-def test_fts_only_score_boosts() -> None:
-    # 2/2 query tokens matched, chunk has 4 distinct tokens, path has none, 21 chars of text.
-    score = fts_only_score(0.1, query="alpha beta", text="alpha beta gamma delta", path="a.md")
-    expected = 0.1 + 0.45 * 1.0 + 0.2 * 2 / 4 + 0.0 + min(22 / 160, 0.18)
-    assert score == pytest.approx(expected)
-    assert fts_only_score(0.9, query="alpha", text="alpha " * 100, path="alpha.md") == 1.0
-    # A CJK query token counts as matched when it is a substring of the chunk.
-    cjk = fts_only_score(0.0, query="価格", text="金银価格表", path="m.md")
-    assert cjk == pytest.approx(0.45 + 0.2 * 1 / 1 + min(5 / 160, 0.18))
 
 
 def test_symbol_only_queries_become_substring_searches() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from fallback.search.fts import build_fts_query
 from fallback.search.keyword import MIN_INNER_ROWS, keyword_rows
 from fallback.store.db import Store
+from fallback.store.fts_rows import insert_chunk_fts, note_title
 
 
 def _fill(store: Store, rows: list[tuple[str, str, str]]) -> None:
@@ -16,8 +17,7 @@ def _fill(store: Store, rows: list[tuple[str, str, str]]) -> None:
             conn.execute("INSERT INTO chunks(rowid, id, path, source, start_line, end_line, hash, model,"
                          " text, embedding, updated_at) VALUES (?, ?, ?, ?, 1, 1, 'h', 'fts-only', ?, '[]', 0)",
                          (i, f"c{i}", path, source, text))
-            conn.execute("INSERT INTO chunks_fts(rowid, text, id, path, source, model, start_line, end_line)"
-                         " VALUES (?, ?, ?, ?, ?, 'fts-only', 1, 1)", (i, text, f"c{i}", path, source))
+            insert_chunk_fts(conn, [(i, text)], title=note_title(path, text), fill_trigram=False)
 
 
 def test_filtered_rows_beyond_the_cut_are_still_found(tmp_path: Path) -> None:

@@ -1,0 +1,165 @@
+"""Snippets centred on the evidence: the window of a chunk's whole lines that best matches the query.
+
+A chunk is about 1,600 characters and a snippet at most ``maxSnippetChars`` (700), so the first
+700 characters of a chunk often miss the line the agent asked about. FTS5 marks the query's
+matches in a hit's text (``highlight()``, the same tokenizer and stemming as the ranking, computed
+for the returned hits only); :func:`best_window` then picks the lines:
+
+1. every marked form, lower-cased and stripped of a plural/verb ending (``loving`` and
+   ``love`` are one form), weighs ``ln(1 + L / n)`` where ``L`` is the number of lines of the
+   chunk and ``n`` the number of lines holding it, so a rare word weighs much; a form on more
+   than half of the lines (a speaker's name in a chat log) weighs only 0.1;
+2. the seed is the line with the largest sum of weights of its distinct forms (the first such
+   line on a tie);
+3. the window grows one whole line at a time from the seed, towards the neighbour that adds the
+   most not-yet-covered weight plus a tenth of its own line score (matches count even when their
+   form is already covered); on a tie towards the shorter side, so the seed stays central; while
+   the joined lines fit in ``max_chars`` code points.
+
+A chunk that fits in ``max_chars`` is its own snippet. Without any mark (a vector-only hit, a
+match in the title or in derived terms only) the window is the chunk's first lines. CJK
+substrings matched through ``LIKE`` or the trigram table are marked by the caller with
+:func:`mark_substrings`.
+
+Source: passage selection by query-term density with inverse line frequency, in the spirit of
+Luhn's significant-sentence extraction (Luhn, "The Automatic Creation of Literature Abstracts",
+1958) and of FTS5's own ``snippet()`` scoring.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fallback.text.chunking import grapheme_ends, truncate_chars
+
+__all__ = [
+    "MARK_CLOSE",
+    "MARK_OPEN",
+    "SnippetWindow",
+    "best_window",
+    "mark_substrings",
+]
+
+# Markers FTS5 highlight() wraps matches in: control characters that Markdown text never holds
+# (any already there are removed before the window is returned).
+MARK_OPEN = "\x01"
+MARK_CLOSE = "\x02"
+_MARK_RE = re.compile(MARK_OPEN + "(.*?)" + MARK_CLOSE, re.DOTALL)
+# Weight of a marked form found on more than half of a chunk's lines.
+UBIQUITOUS_WEIGHT = 0.1
+# Share of a neighbour line's own score added to what it newly covers when the window grows.
+DENSITY_SHARE = 0.1
+# Endings stripped to group the surface forms of one query word (longest first).
+_ENDINGS = ("ings", "ing", "ies", "ied", "es", "ed", "s", "e", "y")
+
+
+def _form(surface: str) -> str:
+    """A marked word's group key: lower-cased, one plural/verb ending stripped when 3+ letters
+    remain (FTS5 matched it through Porter stemming; this only groups what it marked)."""
+    low = surface.lower()
+    for ending in _ENDINGS:
+        if len(low) > len(ending) + 2 and low.endswith(ending):
+            return low[: -len(ending)]
+    return low
+
+
+@dataclass(frozen=True)
+class SnippetWindow:
+    """The lines of a chunk chosen as its snippet.
+
+    Attributes:
+        text: the snippet (whole lines joined by ``\\n``, markers removed), at most the budget.
+        first_line / last_line: 0-based indexes of its first and last line in the chunk text
+            (``first_line <= last_line``).
+    """
+
+    text: str
+    first_line: int
+    last_line: int
+
+
+def mark_substrings(text: str, needles: Sequence[str]) -> str:
+    """Wrap every case-insensitive occurrence of each needle in the highlight markers.
+
+    Used for CJK query tokens, which FTS5 matched as substrings (trigram table or ``LIKE``) and
+    ``highlight()`` cannot mark. Overlapping occurrences are merged.
+
+    Args:
+        text: chunk text (may already hold markers; they are kept).
+        needles: substrings to mark (empty strings are ignored).
+    """
+    wanted = [n for n in dict.fromkeys(needles) if n]
+    if not wanted:
+        return text
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(wanted, key=len, reverse=True)),
+                         re.IGNORECASE)
+    return pattern.sub(lambda m: MARK_OPEN + m.group() + MARK_CLOSE, text)
+
+
+def _strip_marks(text: str) -> str:
+    return text.replace(MARK_OPEN, "").replace(MARK_CLOSE, "")
+
+
+def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
+    """The best window of whole lines of one chunk (see the module docstring).
+
+    Args:
+        marked: the chunk text with matches wrapped in :data:`MARK_OPEN` / :data:`MARK_CLOSE`
+            (no marks at all is allowed).
+        max_chars: snippet budget in code points (``> 0``).
+
+    Returns:
+        The window. A single line longer than ``max_chars`` is cut to ``max_chars`` code
+        points around its first mark (the only case where a line is not whole).
+    """
+    budget = max(1, max_chars)
+    marked_lines = marked.split("\n")
+    lines = [_strip_marks(line) for line in marked_lines]
+    whole = "\n".join(lines)
+    if len(whole) <= budget:
+        return SnippetWindow(whole, 0, len(lines) - 1)
+    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
+    counts: dict[str, int] = {}
+    for line_forms in forms:
+        for f in line_forms:
+            counts[f] = counts.get(f, 0) + 1
+    total = len(lines)
+    weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
+              for f, n in counts.items()}
+    scores = [sum(weight[f] for f in line_forms) for line_forms in forms]
+    seed = max(range(total), key=lambda i: (scores[i], -i))
+    if len(lines[seed]) > budget:
+        return SnippetWindow(_cut_line(marked_lines[seed], budget), seed, seed)
+    first = last = seed
+    size = len(lines[seed])
+    covered = set(forms[seed])
+    while True:
+        options = []
+        for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
+            if 0 <= pick < total and size + 1 + len(lines[pick]) <= budget:
+                gain = (sum(weight[f] for f in forms[pick] - covered)
+                        + DENSITY_SHARE * scores[pick])
+                options.append((gain, -side, pick))
+        if not options:
+            break
+        _, _, pick = max(options)
+        first, last = min(first, pick), max(last, pick)
+        size += 1 + len(lines[pick])
+        covered |= forms[pick]
+    return SnippetWindow("\n".join(lines[first:last + 1]), first, last)
+
+
+def _cut_line(marked_line: str, budget: int) -> str:
+    """At most ``budget`` code points of one long line, starting about a third of the budget
+    before its first mark (or at the start when it has none); both cuts fall on grapheme-cluster
+    boundaries, so no emoji family or accented letter is split."""
+    at = marked_line.find(MARK_OPEN)
+    line = _strip_marks(marked_line)
+    if at < 0:
+        return truncate_chars(line, budget)
+    wanted = max(0, min(at - budget // 3, len(line) - budget))
+    start = max((end for end in [0, *grapheme_ends(line)] if end <= wanted), default=0)
+    return truncate_chars(line[start:], budget)

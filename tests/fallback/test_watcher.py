@@ -257,9 +257,16 @@ async def test_deleted_memory_folder_is_a_dead_watch_that_rearm_replaces(ws: Pat
         assert snap["lastRearm"]["cause"] == f"watch on {mem} stopped"
         await rec.wait_for(lambda s: RESCAN_MARKER in s)  # events were lost: rescan
         mem.mkdir()
-        await anyio.sleep(0.2)  # let the root watch schedule the new folder
-        (mem / "again.md").write_text("again\n")
-        await rec.wait_for(lambda s: str(mem / "again.md") in s)
+        # The root watch schedules the new folder on its own thread; a write that lands before
+        # that is seen by the rescan, not as an event, so write again until an event arrives.
+        target = str(mem / "again.md")
+        with anyio.fail_after(DEADLINE_S):
+            attempt = 0
+            while target not in rec.seen():
+                attempt += 1
+                (mem / "again.md").write_text(f"again {attempt}\n")
+                with anyio.move_on_after(0.5):
+                    await rec.wait_for(lambda s: target in s)
 
     await _run(watcher, body)
 

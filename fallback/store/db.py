@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from fallback.errors import IndexStoreError
 from fallback.store.errors import (
@@ -61,7 +61,7 @@ from fallback.store.errors import (
     IndexStoreLockedError,
     code_kind,
     error_kind,
-    is_locked,
+    retry_locked,
     translate_errors,
 )
 from fallback.store.files import (
@@ -103,13 +103,8 @@ WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
 _OPEN_ATTEMPTS = 3
 
 
-def _retry_busy(fn: Callable[[], T], *, attempts: int, on_retry: Callable[[], None]) -> T:
-    """Call ``fn``; retry it while it raises a locked error, at most ``attempts`` calls in all."""
-    retrying = Retrying(retry=retry_if_exception(is_locked),
-                        stop=stop_after_attempt(max(1, attempts)),
-                        wait=wait_random_exponential(multiplier=0.02, max=0.25),
-                        before_sleep=lambda _state: on_retry(), reraise=True)
-    return retrying(fn)
+class _SwapPending(Exception):
+    """Internal: the store file is missing while another process publishes a rebuild."""
 
 
 @dataclass
@@ -192,7 +187,7 @@ class Store:
         self.busy_retries += 1
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        return _retry_busy(fn, attempts=self._busy_attempts, on_retry=self._count_retry)
+        return retry_locked(fn, attempts=self._busy_attempts, on_retry=self._count_retry)
 
     def _open(self) -> None:
         """Open the connection (see the module docstring for when the writer lock is taken)."""
@@ -207,9 +202,7 @@ class Store:
             return
         if self.path.exists() and not has_leftovers(self.path) and self._connect_existing():
             return
-        deadline = time.monotonic() + self._swap_wait_ms / 1000
-        pause_s = 0.01
-        while True:
+        def open_once() -> None:
             if lock.try_acquire():
                 try:
                     recover_db_files(self.path)
@@ -219,13 +212,20 @@ class Store:
                 return
             if self.path.exists() and self._connect_existing():
                 return  # any leftovers belong to the live writer
-            if time.monotonic() >= deadline:
-                raise IndexStoreError(
-                    "index store is missing while another process holds the writer lock"
-                    f" (a swap did not finish within {self._swap_wait_ms} ms)",
-                    db_path=str(self.path))
-            time.sleep(pause_s)
-            pause_s = min(pause_s * 2, 0.2)
+            raise _SwapPending
+
+        # Another process holds the writer lock and the file is missing: it is publishing a
+        # rebuild. Poll (10 ms doubling to 200 ms) until the file is back or the wait is over.
+        waiting = Retrying(retry=retry_if_exception_type(_SwapPending),
+                           stop=stop_after_delay(self._swap_wait_ms / 1000),
+                           wait=wait_exponential(multiplier=0.01, max=0.2), reraise=True)
+        try:
+            waiting(open_once)
+        except _SwapPending:
+            raise IndexStoreError(
+                "index store is missing while another process holds the writer lock"
+                f" (a swap did not finish within {self._swap_wait_ms} ms)",
+                db_path=str(self.path)) from None
 
     def _connect_existing(self) -> bool:
         """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap)."""

@@ -24,13 +24,17 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import TypeVar
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from fallback.errors import IndexStoreError
 
 __all__ = [
+    "retry_locked",
     "ERROR_TABLE",
     "IndexStoreCorruptError",
     "IndexStoreLockedError",
@@ -208,3 +212,20 @@ def translate_errors(db_path: Path | str | None) -> Iterator[None]:
         if not is_sqlite_error(exc):
             raise
         raise store_error(exc, db_path) from exc
+
+
+_T = TypeVar("_T")
+
+
+def retry_locked(fn: Callable[[], _T], *, attempts: int, on_retry: Callable[[], None]) -> _T:
+    """Call ``fn``; retry it while it raises a locked error (:func:`is_locked`), at most
+    ``attempts`` calls in all, with random exponential backoff (20 ms up to 250 ms).
+
+    Raises:
+        whatever ``fn`` raised last (a locked error once the attempts are spent).
+    """
+    retrying = Retrying(retry=retry_if_exception(is_locked),
+                        stop=stop_after_attempt(max(1, attempts)),
+                        wait=wait_random_exponential(multiplier=0.02, max=0.25),
+                        before_sleep=lambda _state: on_retry(), reraise=True)
+    return retrying(fn)

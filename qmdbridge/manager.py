@@ -54,7 +54,7 @@ from fallback.models import (
     Source,
 )
 from qmdbridge.config import ResolvedAgent
-from qmdbridge.policy.breaker import CircuitBreaker
+from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.qmd.errors import QmdBusyError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
@@ -147,7 +147,8 @@ class MemoryManager:
         self._closed = False
         qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
         self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None,
-                                      scope=f"{agent.memory.qmd.command}\0{agent.memory.qmd.search_mode}")
+                                      scope=breaker_scope(agent.memory.qmd.command,
+                                                          agent.memory.qmd.search_mode, self._env))
         self.sidecar: QmdSidecar | None = None
         if self.backend_name == "qmd":
             self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,

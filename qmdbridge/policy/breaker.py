@@ -14,6 +14,7 @@ Source: the circuit-breaker pattern (M. Nygard, *Release It!*, 2007).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import orjson
 
 from fallback.fs.atomic import write_atomic
 
-__all__ = ["CircuitBreaker", "BreakerState"]
+__all__ = ["CircuitBreaker", "BreakerState", "breaker_scope"]
 
 # First cooldown after a failure, in ms: long enough not to hammer a broken sidecar.
 BASE_COOLDOWN_MS = 30_000
@@ -46,6 +47,13 @@ class BreakerState:
         return {"failures": self.failures, "openUntilMs": self.open_until_ms, "scope": self.scope,
                 "lastFailure": self.last_failure, "lastFailureAtMs": self.last_failure_at_ms,
                 "lastSuccessAtMs": self.last_success_at_ms}
+
+
+def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, str]) -> str:
+    """The scope of the search breaker: the qmd command, the search mode, and whether ``CI``
+    is set (qmd refuses model work under ``CI``), so a failure recorded in another setting
+    (e.g. "disabled in CI" by an earlier run with ``CI`` set) never explains a search now."""
+    return f"{command}\0{search_mode}\0ci={'1' if env.get('CI') else '0'}"
 
 
 @dataclass

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Literal
 
 import anyio
@@ -45,6 +45,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
+from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
     QmdEntry,
@@ -157,6 +158,11 @@ class QmdBackend:
                                              path_env=getattr(self.location, "child_path", None)
                                              or self._parent_env.get("PATH", "")))
         return self._child_env
+
+    @cached_property
+    def model_state(self) -> ModelState:
+        """Model availability, shared by the embed step and ``query``/``vsearch`` searches."""
+        return ModelState(self.home.xdg_cache / "qmd" / "models", self.child_env)
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``[qmd, *args, "--index", "index", "--", *positionals]`` (no ``--`` without positionals)."""
@@ -290,10 +296,7 @@ class QmdBackend:
         res.check()
 
     async def _run_embed_cmd(self) -> None:
-        from qmdbridge.qmd.models import model_problem
-
-        problem = await model_problem(self.home.xdg_cache / "qmd" / "models", self.child_env,
-                                      kinds=("embed",))
+        problem = await self.model_state.problem(("embed",))
         if problem is not None:  # fail fast instead of waiting out embedTimeoutMs
             raise BackendUnavailableError("qmd", f"qmd embed skipped: {problem}")
         res = await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
@@ -421,10 +424,13 @@ class QmdBackend:
             log.warning("qmd query skipped: no managed collection with documents in qmd's index")
             return []
         search_mode = mode or self.mode_override or self.cfg.search_mode
-        if search_mode == "vsearch" and self.child_env.get("CI"):
-            # qmd 2.8.3 vsearch under CI prints [] (exit 0) instead of failing: say why instead.
-            raise BackendUnavailableError("qmd", "qmd vsearch cannot embed the query: LLM operations "
-                                          "are disabled in CI (CI is set in qmd's environment)")
+        if search_mode in ("query", "vsearch"):  # models known missing or refused: fail fast
+            kinds = ("embed",) if search_mode == "vsearch" else (
+                ("embed", "generate") if self.cfg.rerank is False else ("embed", "rerank", "generate"))
+            problem = await self.model_state.problem(kinds)
+            if problem is not None:
+                self.last_search_error = f"qmd {search_mode} skipped: {problem}"
+                raise BackendUnavailableError("qmd", self.last_search_error)
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)

@@ -8,13 +8,14 @@ with ``CI`` set qmd refuses model work. :func:`model_problem` tells both cases a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
 
-__all__ = ["DEFAULT_MODELS", "missing_models", "model_problem", "reachable"]
+__all__ = ["DEFAULT_MODELS", "ModelState", "missing_models", "model_problem", "reachable"]
 
 # The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
 DEFAULT_MODELS = {
@@ -45,13 +46,15 @@ async def reachable(host: str, port: int, timeout_s: float = REACH_TIMEOUT_S) ->
 
 
 async def model_problem(models_dir: Path, env: Mapping[str, str], *,
-                        kinds: tuple[str, ...]) -> str | None:
+                        kinds: tuple[str, ...], reach: Callable[[str, int], Awaitable[bool]] | None = None,
+                        ) -> str | None:
     """Why model work for ``kinds`` cannot succeed here, or ``None`` when it may.
 
     Args:
         models_dir: the agent's ``xdg-cache/qmd/models``.
         env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
         kinds: the models the command needs.
+        reach: ``(host, port) -> reachable?``; default :func:`reachable`.
 
     Returns:
         ``CI`` set -> qmd refuses model work; models missing and the model host unreachable ->
@@ -66,9 +69,43 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         return None
     parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
     host, port = parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
-    if await reachable(host, port):
+    if await (reach or reachable)(host, port):
         return None
     return (f"offline: cannot reach {host}:{port} to download the missing model(s) "
             f"{', '.join(missing)} (about 2 GB in all) into {models_dir}; run "
             "`qmdbridge warmup` where the host is reachable, set HF_ENDPOINT to a mirror, or point "
             "QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files")
+
+
+class ModelState:
+    """What model work can do for one agent's qmd, shared by the embed step and the searches.
+
+    The boot step (``qmd embed``) and every ``query``/``vsearch`` search ask :meth:`problem`;
+    ``CI`` and the model files are checked anew each time (cheap), while whether the model host
+    is reachable is remembered for ``reach_ttl_s`` seconds, so an offline agent's searches fail
+    fast with the current reason instead of each waiting out ``limits.timeoutMs``.
+
+    Args:
+        models_dir: the agent's ``xdg-cache/qmd/models``.
+        env: qmd's environment.
+        reach_ttl_s: how long a reachability answer is kept, in seconds.
+    """
+
+    def __init__(self, models_dir: Path, env: Mapping[str, str], *, reach_ttl_s: float = 60.0) -> None:
+        self.models_dir = models_dir
+        self.env = env
+        self.reach_ttl_s = reach_ttl_s
+        self._reach: dict[tuple[str, int], tuple[float, bool]] = {}
+
+    async def _reachable(self, host: str, port: int) -> bool:
+        now = time.monotonic()
+        known = self._reach.get((host, port))
+        if known is not None and now - known[0] < self.reach_ttl_s:
+            return known[1]
+        ok = await reachable(host, port)
+        self._reach[(host, port)] = (time.monotonic(), ok)
+        return ok
+
+    async def problem(self, kinds: tuple[str, ...]) -> str | None:
+        """:func:`model_problem` for ``kinds`` with the remembered reachability."""
+        return await model_problem(self.models_dir, self.env, kinds=kinds, reach=self._reachable)

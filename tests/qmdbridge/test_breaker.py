@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qmdbridge.policy.breaker import CircuitBreaker
+from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 
 
 def test_cooldown_doubles_and_success_closes(tmp_path: Path) -> None:
@@ -37,3 +37,17 @@ def test_unwritable_state_dir_is_not_fatal(tmp_path: Path) -> None:
     b = CircuitBreaker(blocker / "b.json")
     assert b.record_failure("x", now_ms=0) == 30_000
     assert not b.allow(1)
+
+
+def test_a_failure_recorded_under_ci_does_not_explain_a_search_without_it(tmp_path: Path) -> None:
+    """An earlier run with CI set opened the breaker ("disabled in CI"); a run without CI must
+    not report that stale reason: the state belongs to another scope and is ignored."""
+    state = tmp_path / "breaker.json"
+    ci_scope = breaker_scope("qmd", "query", {"CI": "true"})
+    plain_scope = breaker_scope("qmd", "query", {})
+    assert ci_scope != plain_scope
+    CircuitBreaker(state, scope=ci_scope).record_failure("LLM operations are disabled in CI", now_ms=1_000)
+    assert CircuitBreaker(state, scope=ci_scope).allow(now_ms=2_000) is False
+    fresh = CircuitBreaker(state, scope=plain_scope)
+    assert fresh.allow(now_ms=2_000) is True
+    assert fresh.state.failures == 0 and "CI" not in str(fresh.describe(now_ms=2_000))

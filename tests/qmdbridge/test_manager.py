@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -227,13 +226,13 @@ async def test_scope_applies_through_the_fallback(tmp_path: Path) -> None:
 async def test_ci_set_makes_model_modes_fall_back_with_the_reason(tmp_path: Path, qmd_bin: Path,
                                                                    mode: str) -> None:
     async with _manager(tmp_path, _qmd_memory(str(qmd_bin), searchMode=mode), CI="true") as m:
-        started = time.monotonic()
         resp = await m.search("zebra migration")
-        elapsed_s = time.monotonic() - started
     assert resp.backend == "builtin" and resp.fallback is not None
-    assert "disabled in CI" in resp.fallback.reason
+    # Known before any qmd process starts: the model state says CI refuses model work.
+    assert resp.fallback.reason == (
+        f"qmd {mode} skipped: qmd refuses model operations while the CI environment variable is "
+        "set; unset CI to embed or warm up the models")
     assert resp.results[0].path == "memory/2026-03-01.md"
-    assert elapsed_s < 4.0  # failed fast: well inside the 4 s search deadline
 
 
 async def test_status_names_the_folders_searched_for_a_missing_qmd(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 
 
 def make(tmp_path: Path, standins_dir: Path, base_path_env: str, behaviour: str,
-         timeout_ms: int = 4000, mode: str = "search") -> tuple[QmdBackend, Path]:
+         timeout_ms: int = 4000, mode: str = "search", **env_extra: str) -> tuple[QmdBackend, Path]:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha\nbeta\n")
@@ -35,7 +35,7 @@ def make(tmp_path: Path, standins_dir: Path, base_path_env: str, behaviour: str,
                       searched=[], path_env=base_path_env, child_path=base_path_env)
     log = tmp_path / "calls.jsonl"
     env = {"PATH": base_path_env, "HOME": str(tmp_path / "home"), "C2_LOG": str(log),
-           "C2_BEHAVIOUR": behaviour}
+           "C2_BEHAVIOUR": behaviour, **env_extra}
     return QmdBackend(agent, location=loc, mode="cli", env=env), log
 
 
@@ -243,7 +243,9 @@ async def test_answer_before_a_bun_panic_is_used_with_a_warning(tmp_path: Path, 
 
 async def test_missing_vec0_switches_the_agent_to_search_with_a_hint(tmp_path: Path, standins_dir: Path,
                                                                       base_path_env: str) -> None:
-    b, log = make(tmp_path, standins_dir, base_path_env, "vec0", mode="vsearch")
+    # The embedding model is there (an override naming a local file): only vec0 is missing.
+    b, log = make(tmp_path, standins_dir, base_path_env, "vec0", mode="vsearch",
+                  QMD_EMBED_MODEL=str(tmp_path / "embed.gguf"))
     try:
         await b.start()
         assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]

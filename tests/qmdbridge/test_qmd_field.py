@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
-from fallback.errors import BackendTimeoutError
+from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
@@ -167,10 +169,23 @@ async def test_each_collection_is_searched_in_its_own_call(
         await b.close()
 
 
+@pytest.fixture
+def silent_model_host() -> Iterator[str]:
+    """A model host that accepts connections and never answers (a download that hangs)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.listen(8)
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+
+
 async def test_query_timeout_names_the_setting_and_the_empty_model_cache(
-        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
-    """The real qmd's `query` downloads ~2 GB of models inside the call; offline it just hangs."""
-    b = _backend(tmp_path, qmd_bin, base_path_env, {"searchMode": "query", "limits": {"timeoutMs": 1500}})
+        tmp_path: Path, qmd_bin: Path, base_path_env: str, silent_model_host: str) -> None:
+    """The real qmd's `query` downloads ~2 GB of models inside the call; from a host that is
+    reachable but stalls, it just hangs until the search deadline."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, {"searchMode": "query", "limits": {"timeoutMs": 1500}},
+                 HF_ENDPOINT=silent_model_host)
     try:
         await b.start()
         assert not list((b.home.xdg_cache / "qmd" / "models").glob("*.gguf"))
@@ -181,6 +196,28 @@ async def test_query_timeout_names_the_setting_and_the_empty_model_cache(
             "1500ms (memory.qmd.limits.timeoutMs); models missing or downloading? qmd's model cache "
             "is empty; run `qmdbridge warmup` once, online")
         assert b.last_search_error == str(info.value.reason)
+    finally:
+        await b.close()
+
+
+async def test_query_offline_with_no_models_fails_at_once_with_the_current_reason(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """The model state the embed step knows (files missing, host unreachable) decides the
+    search too: no qmd process waits out limits.timeoutMs for a download that cannot start."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, {"searchMode": "query", "limits": {"timeoutMs": 60000}},
+                 HF_ENDPOINT="http://127.0.0.1:9")
+    try:
+        await b.start()
+        with pytest.raises(BackendUnavailableError) as info:
+            await b.search("alpha root", min_score=0)
+        assert not isinstance(info.value, BackendTimeoutError)
+        assert info.value.reason.startswith(
+            "qmd query skipped: offline: cannot reach 127.0.0.1:9 to download the missing model(s) "
+            "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf, ")
+        assert b.last_search_error == info.value.reason
+        # The embed step asks the same state and gets the current reason (offline, not CI).
+        embed = await b.model_state.problem(("embed",))
+        assert embed is not None and embed.startswith("offline: cannot reach 127.0.0.1:9")
     finally:
         await b.close()
 

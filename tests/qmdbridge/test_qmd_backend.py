@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -88,11 +87,11 @@ async def test_ci_env_fails_fast(tmp_path: Path, qmd_bin: Path, base_path_env: s
     write_memory(b)
     try:
         await b.start()
-        started = time.monotonic()
         with pytest.raises(BackendUnavailableError) as ei:
             await b.search("bravo", min_score=0)
-        assert "LLM operations are disabled in CI" in str(ei.value)
-        assert time.monotonic() - started < 15
+        # Decided from the model state before any qmd search process starts.
+        assert ei.value.reason == (f"qmd {mode} skipped: qmd refuses model operations while the CI "
+                                   "environment variable is set; unset CI to embed or warm up the models")
     finally:
         await b.close()
 

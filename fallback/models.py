@@ -65,15 +65,23 @@ class ExplainKeyword(_Model):
 
 
 class ExplainVector(_Model):
-    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity."""
+    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity (of
+    the chunk's best window: chunks are embedded as windows of a few lines, max-pooled)."""
 
     rank: int
     cosine: float
 
 
 class ExplainFusion(_Model):
-    """The hybrid merge: ``score = vector_weight * cosine + text_weight * text_score``."""
+    """The hybrid merge (``fallback/search/fusion.py``): ``method`` (``scores`` or ``rrf``), the
+    hit's evidence on each side in ``[0, 1]`` relative to that side's best candidate
+    (``vector_evidence``, ``text_evidence``; 0 when the side did not return it), the weights
+    and the calibrated ``score = 0.5 * max(v, t) + 0.5 * (vector_weight * v + text_weight * t)``.
+    """
 
+    method: str
+    vector_evidence: float
+    text_evidence: float
     vector_weight: float
     text_weight: float
     score: float
@@ -114,7 +122,8 @@ class ExplainReorder(_Model):
 
 class ExplainFloor(_Model):
     """The score floor: ``min_score``, the relaxed floor for keyword hits (``None`` when it did
-    not apply), whether the hit was ``kept`` and why."""
+    not apply; hybrid search has none: its calibrated score keeps a strong one-sided hit),
+    whether the hit was ``kept`` and why."""
 
     min_score: float
     relaxed_floor: float | None

@@ -83,11 +83,13 @@ class SearchTrace:
             hit = hits[rank - 1]
             self._of(chunk_id).vector = ExplainVector(rank=rank, cosine=hit.vector_score or hit.score)
 
-    def fusion(self, merged: list[Candidate], *, vector_weight: float, text_weight: float) -> None:
-        """Record the hybrid merge (``merged`` straight from ``merge_hybrid``)."""
+    def fusion(self, merged: list[Candidate], *, method: str, vector_weight: float,
+               text_weight: float) -> None:
+        """Record the hybrid merge (``merged`` straight from ``fallback.search.fusion.fuse``)."""
         for c in merged:
-            self._of(c.chunk_id).fusion = ExplainFusion(vector_weight=vector_weight,
-                                                        text_weight=text_weight, score=c.score)
+            self._of(c.chunk_id).fusion = ExplainFusion(
+                method=method, vector_evidence=c.vector_evidence, text_evidence=c.text_evidence,
+                vector_weight=vector_weight, text_weight=text_weight, score=c.score)
 
     def decay(self, decayed: list[Candidate], *, half_life_days: float, now_ms: int,
               mtime_ms: Callable[[str, str], int | None]) -> None:
@@ -124,9 +126,10 @@ class SearchTrace:
 
         Args:
             selected: the hits returned (after the floor and the cut).
-            min_score: the score floor of the search.
-            relaxed_floor: the floor for keyword hits when none reached ``min_score`` (hybrid
-                search), ``None`` where there is none (keyword-only search keeps its best hits).
+            min_score: the score floor of the search (in hybrid mode it applies to the
+                calibrated score recorded by :meth:`fusion`, before decay).
+            relaxed_floor: a lower floor some hits were kept by, ``None`` where there is none
+                (keyword-only search keeps its best hits when none reaches ``min_score``).
 
         Returns:
             ``HitExplain`` list parallel to ``selected``.
@@ -134,7 +137,11 @@ class SearchTrace:
         out = []
         for rank, c in enumerate(selected, start=1):
             t = self._of(c.chunk_id)
-            if c.score >= min_score:
+            if t.fusion is not None:
+                # Hybrid: the floor ran on the calibrated score, before decay and reranking.
+                reason = f"calibrated score {t.fusion.score:.4f} >= minScore {min_score:g}"
+                relaxed = None
+            elif c.score >= min_score:
                 reason, relaxed = f"score {c.score:.4f} >= minScore {min_score:g}", None
             elif relaxed_floor is not None:
                 reason = (f"no hit reached minScore {min_score:g}; keyword hit with score "

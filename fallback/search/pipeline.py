@@ -1,8 +1,9 @@
-"""Ranking a query against one store: keyword-only (spec §8.6) and hybrid (spec §8.5) search.
+"""Ranking a query against one store: keyword-only (spec §8.6) and hybrid search.
 
 Split from ``fallback/engine/builtin.py``; the engine owns the store and the sync, a :class:`Searcher`
 turns candidates into ranked hits (keyword candidates from ``fallback/search/keyword.py``, vector
-hits from ``fallback/store/vectors.py``, merge/decay/MMR from ``fallback/search/ranking.py``).
+hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
+decay/MMR from ``fallback/search/ranking.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
+from fallback.search.fusion import apply_floor, fuse, select_results
 from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
-from fallback.search.ranking import Candidate, apply_temporal_decay, merge_hybrid, mmr_rerank, select_results
+from fallback.search.ranking import Candidate, apply_temporal_decay, mmr_rerank
 from fallback.search.rerank import Reranker, rerank_stage
 from fallback.search.snippets import best_window
 from fallback.settings import EngineSettings
@@ -118,8 +120,11 @@ class Searcher:
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
-        """Hybrid ranking (spec §8.5): vector and keyword candidates merged by weight, decay,
-        MMR, relaxed floor for keyword hits; keyword-only when there is no query vector."""
+        """Hybrid ranking: vector and keyword candidates fused into one calibrated score
+        (``fallback/search/fusion.py``), the ``minScore`` floor on it, then temporal decay, the
+        optional reranker and MMR (which reorder, never remove) and the result slots (session
+        transcripts at most half). Keyword-only when there is no query vector; vector-only
+        (the same steps over the vector side alone) when ``hybrid.enabled`` is false."""
         hybrid = self.settings.search.query.hybrid
         try:
             qvec = await provider.embed_query(text)
@@ -137,25 +142,18 @@ class Searcher:
             self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
             self.trace.keyword(keyword_hits)
             self.trace.vector(vector_hits)
-        if not hybrid.enabled:
-            ranked = await self._rerank(text, vector_hits)
-            return self._finish([c for c in ranked if c.score >= floor][:limit], floor, None)
-        # When the keyword side found nothing at all it abstains: its weight goes to the vector
-        # side (the effective-weight normalisation of spec §8.5 step 2), so a purely semantic
-        # match is scored by its cosine similarity instead of 0.7 x it.
-        vw, tw = (hybrid.vector_weight, hybrid.text_weight) if keyword_hits else (1.0, 0.0)
-        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=vw, text_weight=tw)
+        merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion,
+                      vector_weight=hybrid.vector_weight, text_weight=hybrid.text_weight)
         if self.trace:
-            self.trace.fusion(merged, vector_weight=vw, text_weight=tw)
-        merged = await self._rerank(text, await self._decay(store, merged))
+            self.trace.fusion(merged, method=hybrid.fusion, vector_weight=hybrid.vector_weight,
+                              text_weight=hybrid.text_weight)
+        ranked = await self._rerank(text, await self._decay(store, apply_floor(merged, floor)))
         if hybrid.mmr.enabled:
-            diverse = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
+            diverse = mmr_rerank(ranked, lambda_=hybrid.mmr.lambda_)
             if self.trace:
-                self.trace.mmr(merged, diverse, lambda_=hybrid.mmr.lambda_)
-            merged = diverse
-        selected = select_results(merged, keyword_hits, min_score=floor,
-                                  text_weight=hybrid.text_weight, max_results=limit)
-        return self._finish(selected, floor, min(floor, hybrid.text_weight))
+                self.trace.mmr(ranked, diverse, lambda_=hybrid.mmr.lambda_)
+            ranked = diverse
+        return self._finish(select_results(ranked, max_results=limit), floor, None)
 
     async def _rerank(self, text: str, cands: list[Candidate]) -> list[Candidate]:
         """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""

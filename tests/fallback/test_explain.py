@@ -100,19 +100,26 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
     for path, e in ex.items():
         assert e and e.keyword and e.keyword.bm25 == bm25[path]
     assert [ex[p].keyword.rank for p in sorted(bm25, key=bm25.__getitem__)] == [1, 2, 3]  # type: ignore[union-attr]
+    # fusion evidence: cosines min-max normalised over the vector candidates, text scores
+    # divided by the best keyword hit's
+    low = 1 / math.sqrt(2)
+    best_text = max(e.keyword.text_score for e in ex.values())  # type: ignore[union-attr]
     for path, r in zip(paths, outcome.results, strict=True):
         e = ex[path]
         assert e and e.fusion and e.vector and e.keyword and e.decay and e.mmr
-        # fusion: 0.7 x cosine + 0.3 x text score; decay multiplies; MMR keeps scores
-        assert (e.fusion.vector_weight, e.fusion.text_weight) == (0.7, 0.3)
-        assert e.fusion.score == pytest.approx(0.7 * e.vector.cosine + 0.3 * e.keyword.text_score)
+        assert (e.fusion.method, e.fusion.vector_weight, e.fusion.text_weight) == ("scores", 0.7, 0.3)
+        v, t = e.fusion.vector_evidence, e.fusion.text_evidence
+        assert v == pytest.approx((e.vector.cosine - low) / (1 - low), abs=1e-6)
+        assert t == pytest.approx(e.keyword.text_score / best_text)
+        # calibrated score: 0.5 x max(v, t) + 0.5 x (0.7 v + 0.3 t); decay multiplies; MMR keeps scores
+        assert e.fusion.score == pytest.approx(0.5 * max(v, t) + 0.5 * (0.7 * v + 0.3 * t))
         assert e.decay.score == pytest.approx(e.fusion.score * e.decay.factor)
         assert r.score == pytest.approx(e.decay.score)
         assert (r.vector_score, r.text_score) == (pytest.approx(e.vector.cosine), e.keyword.text_score)
         assert e.rerank is None
         assert e.mmr.lambda_ == 0.7 and e.mmr.rank_after == e.rank
         assert e.floor.kept and e.floor.min_score == 0.1 and e.floor.relaxed_floor is None
-        assert e.floor.reason == f"score {r.score:.4f} >= minScore 0.1"
+        assert e.floor.reason == f"calibrated score {e.fusion.score:.4f} >= minScore 0.1"
     # decay: dated by the file name, age in days at NOW_MS; MEMORY.md is evergreen
     assert (newest.decay and newest.decay.age_days, newest.decay and newest.decay.dated_by) == (1.0, "name")
     assert newest.decay and newest.decay.factor == pytest.approx(0.5 ** (1 / 30), rel=1e-12)
@@ -159,18 +166,24 @@ async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
             "no hit reached minScore 0.99; the best keyword hits are kept")
 
 
-async def test_hybrid_relaxed_floor_is_explained(ws: Path) -> None:
-    # No fused score reaches minScore 0.99, so keyword hits are kept down to the relaxed floor
-    # min(minScore, textWeight) = 0.3.
+async def test_hybrid_floor_is_on_the_calibrated_score(ws: Path) -> None:
+    # Only the chunk strong on both sides (cosine 1, nearly the best text score) reaches 0.99:
+    # there is no relaxed keyword floor, a high minScore keeps only hits both sides back.
     engine = _engine(ws, embeddings=True)
     try:
         outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
+        wide = await engine.search_detailed("alpha", explain=True, min_score=0.0)
     finally:
         await engine.close()
-    assert len(outcome.results) == 3
-    for r in outcome.results:
-        e = r.explain
-        assert e is not None and e.mode == "hybrid" and e.decay is None and e.mmr is None
-        assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (0.99, 0.3, True)
-        assert e.floor.reason == (f"no hit reached minScore 0.99; keyword hit with score "
-                                  f"{r.score:.4f} >= relaxed floor 0.3")
+    assert [r.path for r in outcome.results] == ["memory/2026-01-12.md"]
+    [hit] = outcome.results
+    e = hit.explain
+    assert e is not None and e.mode == "hybrid" and e.fusion and e.decay is None and e.mmr is None
+    v, t = e.fusion.vector_evidence, e.fusion.text_evidence
+    assert v == pytest.approx(1.0) and 0.9 < t < 1.0
+    assert hit.score == e.fusion.score == pytest.approx(0.5 + 0.5 * (0.7 * v + 0.3 * t))
+    assert hit.score >= 0.99
+    assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (0.99, None, True)
+    assert e.floor.reason == f"calibrated score {hit.score:.4f} >= minScore 0.99"
+    assert len(wide.results) == 3 and [r.score for r in wide.results] == sorted(
+        (r.score for r in wide.results), reverse=True)

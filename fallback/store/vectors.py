@@ -7,9 +7,10 @@ simply a chunk of one window. :class:`VectorIndex` reads them through a read-onl
 connection of its own (it never writes, so it never waits for the writer):
 
 - ``brute-force`` (the default): an exact cosine over a numpy matrix of every window, max-pooled
-  per chunk (``np.maximum.reduceat``). The matrix is cached per model, sources and dims; after
-  a write only the rows that changed are read again (chunks are keyed by ``(rowid, id)``, and a
-  chunk id names its content), so a re-synced note costs a scan of the ids, not a reload;
+  per chunk (``np.maximum.reduceat``), built per model, sources and dims from the chunks held
+  in memory. After a write only new rows are read (chunks are keyed by ``(rowid, id)``, listed
+  from the primary-key index, and a chunk id names its content), so a re-synced note costs a
+  scan of the ids, not a reload;
 - ``sqlite-vec``: when the window vectors would take more than ``matrix_max_bytes`` of memory
   and Python's ``sqlite3`` can load extensions, the cosine distance is computed in SQL
   (``vec_distance_cosine`` over ``vec_slice`` of each window) with no copy of the vectors.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,21 +118,28 @@ def unit_windows(blob: bytes | None, dims: int) -> Any:
     return (raw[keep] / norms[keep, None]).astype(np.float32)
 
 
-@dataclass
-class _Matrix:
-    """The window vectors of one (model, sources, dims) as of one ``data_version``.
+@dataclass(frozen=True)
+class _Chunk:
+    """One chunk row as the index holds it: its model, source, ``dims`` and unit window rows
+    (``None`` when it has no usable vector)."""
 
-    ``keys`` are the ``(rowid, chunk id)`` of the chunks with usable windows, by chunk id;
-    ``bounds[i]`` is the first row of chunk ``i``'s windows in ``windows`` (unit float32 rows);
-    ``unusable`` holds the keys of chunks without usable windows (never read again);
-    ``windows`` is ``None`` when the vectors exceed the memory budget (search in SQL).
-    """
+    chunk_id: str
+    model: str
+    source: str
+    dims: int
+    windows: Any
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """The windows of one (model, sources, dims), chunks in id order: ``windows`` stacks their
+    unit rows, ``bounds[i]`` is the first row of chunk ``ids[i]``; ``version`` is the store's
+    ``data_version`` it was built at."""
 
     version: int
-    keys: list[tuple[int, str]] = field(default_factory=list)
-    windows: Any = None
-    bounds: Any = None
-    unusable: set[tuple[int, str]] = field(default_factory=set)
+    ids: list[str]
+    windows: Any
+    bounds: Any
 
 
 class VectorIndex:
@@ -170,6 +178,9 @@ class VectorIndex:
         self._file_id: tuple[int, int] | None = None
         self._last_query_mode: str | None = None
         self._dims: int | None = None
+        self._chunks: dict[tuple[int, str], _Chunk] | None = None
+        self._version: int | None = None
+        self._sql_only = False
         self._matrices: dict[tuple[str, tuple[str, ...], int], _Matrix] = {}
         self._extension_path: str | None = None
         self._mode = "disabled"
@@ -205,6 +216,13 @@ class VectorIndex:
                 self._conn.close()
         self._conn = None
         self._file_id = None
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every vector held in memory (the next search reads them again)."""
+        self._chunks = None
+        self._version = None
+        self._sql_only = False
         self._matrices.clear()
 
     def _connect(self) -> sqlite3.Connection | None:
@@ -277,19 +295,23 @@ class VectorIndex:
                 self._dims = dims
                 conn.execute("BEGIN")  # one read snapshot for the refresh and the search
                 try:
-                    matrix = self._refresh(conn, key)
-                    if matrix.windows is None:
+                    version = int(conn.execute("PRAGMA data_version").fetchall()[0][0])
+                    if version != self._version:
+                        self._refresh(conn)
+                        self._version = version
+                    if self._sql_only:
                         self._last_query_mode = "sqlite-vec"
                         return self._search_sql(conn, q, key=key, limit=limit)
                 finally:
                     conn.execute("COMMIT")
+                matrix = self._matrix(key, version)
             self._last_query_mode = "brute-force"
             return self._search_matrix(matrix, (q / norm).astype(np.float32), limit=limit)
 
     def invalidate(self) -> None:
-        """Forget the cached matrices (the next search reloads every vector)."""
+        """Forget the vectors held in memory (the next search reads every vector again)."""
         with self._lock:
-            self._matrices.clear()
+            self._forget()
 
     def status(self) -> dict[str, Any]:
         """Health for ``status()``.
@@ -318,92 +340,80 @@ class VectorIndex:
 
     # -- the window matrix -----------------------------------------------------------------
 
-    def _refresh(self, conn: sqlite3.Connection, key: tuple[str, tuple[str, ...], int]) -> _Matrix:
-        """The matrix of ``key`` as of the current ``data_version``, reading only new chunks.
+    def _refresh(self, conn: sqlite3.Connection) -> None:
+        """Bring the chunks held in memory up to date, reading only the rows that are new.
 
-        The scan of ``(rowid, id, length(vector))`` reads no vector and no text (SQLite takes a
-        column's length from the record header); a chunk whose ``(rowid, id)`` is cached keeps
-        its rows (a chunk id names its content and model, so its windows are the same).
+        The first time, every row is read (or, when the vectors exceed the memory budget and
+        sqlite-vec loads, none: searches run in SQL). After that, the ``(rowid, id)`` pairs come
+        from the primary-key index alone; a pair already held is kept as it is (a chunk id
+        names its content and model, so its windows are the same) and only new pairs are read.
         """
+        if self._sql_only:
+            return
+        if self._chunks is None:
+            if self._extension_path is not None and (self._matrix_max_bytes <= 0 or int(conn.execute(
+                    "SELECT COALESCE(SUM(length(vector)), 0) FROM chunks").fetchall()[0][0])
+                    > self._matrix_max_bytes):
+                self._sql_only = True
+                return
+            self._chunks = self._read(conn, "", [])
+        else:
+            keys = {(int(r[0]), str(r[1])) for r in conn.execute("SELECT rowid, id FROM chunks")}
+            kept = {k: c for k, c in self._chunks.items() if k in keys}
+            new = sorted(rowid for rowid, cid in keys - kept.keys())
+            for i in range(0, len(new), ROWS_PER_FETCH):
+                part = new[i:i + ROWS_PER_FETCH]
+                kept.update(self._read(conn, f" WHERE rowid IN ({_placeholders(len(part))})", part))
+            self._chunks = kept
+        self._matrices.clear()
+        held = sum(c.windows.nbytes for c in self._chunks.values() if c.windows is not None)
+        if self._extension_path is not None and held > self._matrix_max_bytes:
+            self._chunks = None
+            self._sql_only = True
+
+    @staticmethod
+    def _read(conn: sqlite3.Connection, where: str, params: list[Any]) -> dict[tuple[int, str], _Chunk]:
+        rows = conn.execute(f"SELECT rowid, id, model, source, vector, dims FROM chunks{where}",
+                            params).fetchall()
+        out = {}
+        for rowid, chunk_id, model, source, blob, dims in rows:
+            d = int(dims or 0)
+            out[(int(rowid), str(chunk_id))] = _Chunk(str(chunk_id), str(model), str(source), d,
+                                                      unit_windows(blob, d))
+        return out
+
+    def _matrix(self, key: tuple[str, tuple[str, ...], int], version: int) -> _Matrix:
+        """The window matrix of ``key`` built from the chunks held (cached per version)."""
         import numpy as np
 
-        version = int(conn.execute("PRAGMA data_version").fetchall()[0][0])
         cached = self._matrices.get(key)
         if cached is not None and cached.version == version:
             return cached
         model, sources, dims = key
-        rows = conn.execute(
-            "SELECT rowid, id, length(vector) FROM chunks WHERE model = ? AND source IN"
-            f" ({_placeholders(len(sources))}) AND vector IS NOT NULL ORDER BY id",
-            (model, *sources)).fetchall()
-        window_bytes = dims * FLOAT32_BYTES
-        rows = [(int(r[0]), str(r[1]), int(r[2] or 0)) for r in rows]
-        total_bytes = sum(size for _, _, size in rows)
-        rows = [(rowid, cid) for rowid, cid, size in rows if size and size % window_bytes == 0]
-        if self._extension_path is not None and total_bytes > max(0, self._matrix_max_bytes):
-            matrix = _Matrix(version=version)
-            self._matrices[key] = matrix
-            return matrix
-        old: dict[tuple[int, str], Any] = {}
-        unusable: set[tuple[int, str]] = set()
-        if cached is not None and cached.windows is not None:
-            ends = [*cached.bounds.tolist()[1:], len(cached.windows)]
-            for k, start, end in zip(cached.keys, cached.bounds.tolist(), ends, strict=True):
-                old[k] = cached.windows[start:end]
-            unusable = cached.unusable
-        fresh = self._fetch(conn, [k for k in rows if k not in old and k not in unusable], dims)
-        keys: list[tuple[int, str]] = []
-        blocks: list[Any] = []
-        for k in rows:
-            block = old.get(k)
-            if block is None:
-                block = fresh.get(k)
-            if block is None:
-                unusable.add(k)
-                continue
-            keys.append(k)
-            blocks.append(block)
-        sizes = np.fromiter((len(b) for b in blocks), dtype=np.int64, count=len(blocks))
-        matrix = _Matrix(version=version, keys=keys,
-                         windows=np.ascontiguousarray(np.concatenate(blocks)) if blocks
-                         else np.zeros((0, dims), dtype=np.float32),
-                         bounds=np.concatenate(([0], np.cumsum(sizes)[:-1])) if blocks
-                         else np.zeros(0, dtype=np.int64),
-                         unusable=unusable & set(rows))
+        chosen = sorted((c for c in (self._chunks or {}).values()
+                         if c.windows is not None and c.model == model and c.source in sources
+                         and c.dims == dims), key=lambda c: c.chunk_id)
+        sizes = np.fromiter((len(c.windows) for c in chosen), dtype=np.int64, count=len(chosen))
+        matrix = _Matrix(
+            version=version, ids=[c.chunk_id for c in chosen],
+            windows=(np.ascontiguousarray(np.concatenate([c.windows for c in chosen])) if chosen
+                     else np.zeros((0, dims), dtype=np.float32)),
+            bounds=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64))
         self._matrices[key] = matrix
         return matrix
-
-    @staticmethod
-    def _fetch(conn: sqlite3.Connection, keys: list[tuple[int, str]],
-               dims: int) -> dict[tuple[int, str], Any]:
-        """The unit window rows of ``keys`` (chunks of another ``dims`` or without usable
-        windows are left out)."""
-        out: dict[tuple[int, str], Any] = {}
-        wanted = set(keys)
-        for i in range(0, len(keys), ROWS_PER_FETCH):
-            part = [rowid for rowid, _ in keys[i:i + ROWS_PER_FETCH]]
-            for rowid, chunk_id, blob, row_dims in conn.execute(
-                    f"SELECT rowid, id, vector, dims FROM chunks WHERE rowid IN ({_placeholders(len(part))})",
-                    part).fetchall():
-                k = (int(rowid), str(chunk_id))
-                if k in wanted and row_dims == dims:
-                    block = unit_windows(blob, dims)
-                    if block is not None:
-                        out[k] = block
-        return out
 
     @staticmethod
     def _search_matrix(matrix: _Matrix, unit_query: Any, *, limit: int) -> list[tuple[str, float]]:
         import numpy as np
 
-        if not matrix.keys:
+        if not matrix.ids:
             return []
         scores = np.maximum.reduceat(matrix.windows @ unit_query, matrix.bounds)
         k = min(limit, len(scores))
         top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
         # chunks are in id order, so a stable sort breaks ties by chunk id
         order = top[np.argsort(-scores[top], kind="stable")]
-        return [(matrix.keys[i][1], float(scores[i])) for i in order.tolist()]
+        return [(matrix.ids[i], float(scores[i])) for i in order.tolist()]
 
     # -- sqlite-vec ------------------------------------------------------------------------
 

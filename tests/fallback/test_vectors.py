@@ -302,7 +302,7 @@ def test_a_refresh_reads_only_the_chunks_that_changed(tmp_path):
         ("c2", pytest.approx(1 / math.sqrt(5)))]
     new_rowid = conn.execute("SELECT rowid FROM chunks WHERE id = 'c3'").fetchone()[0]
     assert [sql for sql in statements if "rowid IN" in sql] == [
-        f"SELECT rowid, id, vector, dims FROM chunks WHERE rowid IN ({new_rowid})"]
+        f"SELECT rowid, id, model, source, vector, dims FROM chunks WHERE rowid IN ({new_rowid})"]
     index.close()
     conn.close()
 

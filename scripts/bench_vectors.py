@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def ms_since(start: float) -> float:
 
 
 def bench_mode(db: Path, writer: sqlite3.Connection, *, mode: str, queries: np.ndarray, limit: int,
-               windows: int, seed: int) -> dict[str, object]:
+               windows: int, seed: int) -> dict[str, Any]:
     index = (VectorIndex(db, matrix_max_bytes=0) if mode == "sqlite-vec"
              else VectorIndex(db, extension_path="/nonexistent/vec0"))
     sources = ["memory", "sessions"]
@@ -116,7 +117,7 @@ def main() -> None:
     print(f"{'mode':<12} {'first (ms)':>11} {'p50 (ms)':>9} {'p95 (ms)':>9} {'after 1 change (ms)':>20}"
           f" {'target p50':>11}")
     for row in rows:
-        verdict = "pass" if float(row["p50"]) <= P50_TARGET_MS else "fail"  # type: ignore[arg-type]
+        verdict = "pass" if float(row["p50"]) <= P50_TARGET_MS else "fail"
         target = f"<= {P50_TARGET_MS:g} {verdict}" if row["mode"] == "brute-force" else "-"
         print(f"{row['mode']!s:<12} {row['cold']:>11.1f} {row['p50']:>9.2f} {row['p95']:>9.2f} "
               f"{row['changed']:>20.1f} {target:>11}")

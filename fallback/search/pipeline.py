@@ -21,7 +21,7 @@ from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
-from fallback.search.fusion import apply_floor, fuse, select_results
+from fallback.search.fusion import CosineStats, apply_floor, fuse, select_results
 from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
 from fallback.search.ranking import Candidate, apply_temporal_decay, mmr_rerank
 from fallback.search.rerank import Reranker, rerank_stage
@@ -137,12 +137,12 @@ class Searcher:
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
         keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
                         if hybrid.enabled else [])
-        vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
+        vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:
             self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
             self.trace.keyword(keyword_hits)
             self.trace.vector(vector_hits)
-        merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion,
+        merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion, cosine_stats=stats,
                       vector_weight=hybrid.vector_weight, text_weight=hybrid.text_weight)
         if self.trace:
             self.trace.fusion(merged, method=hybrid.fusion, vector_weight=hybrid.vector_weight,
@@ -169,12 +169,16 @@ class Searcher:
         return selected
 
     async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],
-                           limit: int) -> list[Candidate]:
+                           limit: int) -> tuple[list[Candidate], CosineStats]:
+        """The best ``limit`` chunks by best-window cosine, and the spread of that cosine over
+        every chunk searched (for the vector evidence of the fusion)."""
         index = self._vector_index()
-        found = await anyio.to_thread.run_sync(partial(
-            index.search, qvec, model=model, sources=srcs, limit=limit))
+        scored = await anyio.to_thread.run_sync(partial(
+            index.search_scored, qvec, model=model, sources=srcs, limit=limit))
+        stats = CosineStats(scored.mean, scored.std, scored.count)
+        found = scored.hits
         if not found:
-            return []
+            return [], stats
         marks = ", ".join("?" for _ in found)
         rows = await anyio.to_thread.run_sync(
             store.query, f"SELECT id, path, source, start_line, end_line, text FROM chunks"
@@ -186,7 +190,7 @@ class Searcher:
             if r is not None:
                 out.append(Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3],
                                      end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
-        return out
+        return out, stats
 
     async def _decay(self, store: Store, cands: list[Candidate]) -> list[Candidate]:
         decay = self.settings.search.query.hybrid.temporal_decay

@@ -70,8 +70,8 @@ class Candidate:
         bm25: the FTS5 ``bm25()`` value of a keyword hit (lower is better), ``None`` otherwise
             (also for substring-only matches, which have no BM25 rank).
         vector_evidence / text_evidence: the chunk's evidence on each side after fusion, in
-            ``[0, 1]`` relative to that side's best candidate (``0.0`` before fusion or when
-            the side did not return it).
+            ``[0, 1]`` (``fallback/search/fusion.py``; ``0.0`` before fusion or when the side
+            did not return it).
     """
 
     chunk_id: str

@@ -34,7 +34,7 @@ from fallback.errors import IndexStoreError, ManagerClosedError
 from fallback.store.errors import translate_errors
 from fallback.store.files import file_id
 
-__all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "probe_sqlite_vec", "unit_windows"]
+__all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec", "unit_windows"]
 
 # Busy timeout for reads, in ms (WAL readers are never blocked by writers; this covers
 # checkpoints and schema changes).
@@ -116,6 +116,27 @@ def unit_windows(blob: bytes | None, dims: int) -> Any:
     if not keep.any():
         return None
     return (raw[keep] / norms[keep, None]).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class VectorSearch:
+    """The answer of :meth:`VectorIndex.search_scored`.
+
+    Attributes:
+        hits: ``[(chunk_id, cosine)]``, best first: per chunk the cosine similarity of its best
+            window, in ``[-1, 1]``.
+        mean / std: mean and (population) standard deviation of that best-window cosine over
+            every chunk searched, not only the hits; ``0.0`` without chunks.
+        count: how many chunks were searched.
+    """
+
+    hits: list[tuple[str, float]]
+    mean: float = 0.0
+    std: float = 0.0
+    count: int = 0
+
+
+EMPTY_SEARCH = VectorSearch(hits=[])
 
 
 @dataclass(frozen=True)
@@ -254,7 +275,18 @@ class VectorIndex:
 
     def search(self, query: list[float], *, model: str, sources: list[str],
                limit: int) -> list[tuple[str, float]]:
-        """The chunks whose best window is most similar to ``query``, best first.
+        """The hits of :meth:`search_scored`: ``[(chunk_id, best-window cosine)]``, best first.
+
+        Raises:
+            ManagerClosedError: after :meth:`close`.
+            IndexStoreError: the store cannot be opened or read.
+        """
+        return self.search_scored(query, model=model, sources=sources, limit=limit).hits
+
+    def search_scored(self, query: list[float], *, model: str, sources: list[str],
+                      limit: int) -> VectorSearch:
+        """The chunks whose best window is most similar to ``query``, best first, with the
+        statistics of that similarity over every chunk searched.
 
         Only chunks with ``chunks.model == model``, ``chunks.source`` in ``sources`` and
         ``chunks.dims == len(query)`` are considered.
@@ -266,9 +298,11 @@ class VectorIndex:
             limit: maximum number of hits (``<= 0`` gives ``[]``).
 
         Returns:
-            ``[(chunk_id, cosine_similarity)]``: per chunk the largest cosine of its windows,
-            in ``[-1, 1]``, descending (ties by chunk id); ``[]`` when disabled, the store
-            does not exist, or the query is empty, zero or non-finite.
+            A :class:`VectorSearch`: hits ``[(chunk_id, cosine_similarity)]`` with per chunk
+            the largest cosine of its windows, in ``[-1, 1]``, descending (ties by chunk id),
+            and the mean, standard deviation and count of that cosine over all the chunks
+            considered; no hits when disabled, the store does not exist, or the query is
+            empty, zero or non-finite.
 
         Raises:
             ManagerClosedError: after :meth:`close`.
@@ -281,17 +315,17 @@ class VectorIndex:
             if self._closed:
                 raise ManagerClosedError("vector index is closed")
             if self._mode == "disabled" or limit <= 0 or not query or not sources:
-                return []
+                return EMPTY_SEARCH
             q = np.asarray(query, dtype=np.float64)
             norm = float(np.linalg.norm(q))
             if not np.isfinite(norm) or norm == 0.0:
-                return []
+                return EMPTY_SEARCH
             dims = len(query)
             key = (model, tuple(sorted(set(sources))), dims)
             with translate_errors(self._db_path):
                 conn = self._connect()
                 if conn is None:
-                    return []
+                    return EMPTY_SEARCH
                 self._dims = dims
                 conn.execute("BEGIN")  # one read snapshot for the refresh and the search
                 try:
@@ -403,25 +437,28 @@ class VectorIndex:
         return matrix
 
     @staticmethod
-    def _search_matrix(matrix: _Matrix, unit_query: Any, *, limit: int) -> list[tuple[str, float]]:
+    def _search_matrix(matrix: _Matrix, unit_query: Any, *, limit: int) -> VectorSearch:
         import numpy as np
 
         if not matrix.ids:
-            return []
+            return EMPTY_SEARCH
         scores = np.maximum.reduceat(matrix.windows @ unit_query, matrix.bounds)
         k = min(limit, len(scores))
         top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
         # chunks are in id order, so a stable sort breaks ties by chunk id
         order = top[np.argsort(-scores[top], kind="stable")]
-        return [(matrix.ids[i], float(scores[i])) for i in order.tolist()]
+        as64 = scores.astype(np.float64)
+        return VectorSearch(hits=[(matrix.ids[i], float(scores[i])) for i in order.tolist()],
+                            mean=float(as64.mean()), std=float(as64.std()), count=len(scores))
 
     # -- sqlite-vec ------------------------------------------------------------------------
 
     @staticmethod
     def _search_sql(conn: sqlite3.Connection, q: Any, *, key: tuple[str, tuple[str, ...], int],
-                    limit: int) -> list[tuple[str, float]]:
+                    limit: int) -> VectorSearch:
         """Exact best-window cosine in SQL: each chunk's BLOB is cut into windows with
-        ``vec_slice``; zero and non-finite windows give a NULL distance and drop out."""
+        ``vec_slice``; zero and non-finite windows give a NULL distance and drop out. The
+        statistics come from window aggregates over every grouped chunk, before the LIMIT."""
         import numpy as np
 
         model, sources, dims = key
@@ -431,12 +468,17 @@ class VectorIndex:
         params = (model, *sources, dims, window_bytes)
         most = conn.execute(f"SELECT MAX(length(vector)) FROM chunks WHERE {where}", params).fetchall()
         if not most or most[0][0] is None:
-            return []
+            return EMPTY_SEARCH
         sql = ("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
-               " SELECT id, MIN(vec_distance_cosine(vec_slice(vector, n.i * ?, (n.i + 1) * ?), ?))"
+               " SELECT id, dist, AVG(dist) OVER (), AVG(dist * dist) OVER (), COUNT(*) OVER ()"
+               " FROM (SELECT id, MIN(vec_distance_cosine(vec_slice(vector, n.i * ?, (n.i + 1) * ?), ?))"
                f" AS dist FROM chunks CROSS JOIN n WHERE n.i < length(vector) / ? AND {where}"
-               " GROUP BY id HAVING dist IS NOT NULL ORDER BY dist, id LIMIT ?")
+               " GROUP BY id HAVING dist IS NOT NULL) ORDER BY dist, id LIMIT ?")
         blob = np.asarray(q, dtype="<f4").tobytes()
         rows = conn.execute(sql, (int(most[0][0]) // window_bytes, dims, dims, blob, window_bytes,
                                   *params, limit)).fetchall()
-        return [(r[0], 1.0 - float(r[1])) for r in rows]
+        if not rows:
+            return EMPTY_SEARCH
+        mean_dist, mean_sq = float(rows[0][2]), float(rows[0][3])
+        return VectorSearch(hits=[(r[0], 1.0 - float(r[1])) for r in rows], mean=1.0 - mean_dist,
+                            std=max(0.0, mean_sq - mean_dist * mean_dist) ** 0.5, count=int(rows[0][4]))

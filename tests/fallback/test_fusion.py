@@ -8,12 +8,14 @@ import datetime as dt
 import pytest
 
 from fallback.search.fusion import (
+    CosineStats,
     apply_floor,
     calibrated_score,
     fuse,
     rank_evidence,
-    score_evidence,
     select_results,
+    text_evidence,
+    vector_evidence,
 )
 from fallback.search.ranking import Candidate, apply_temporal_decay
 
@@ -25,15 +27,25 @@ def cand(chunk_id: str, score: float, *, snippet: str = "", path: str = "memory/
                      snippet=snippet, score=score, vector_score=vector, text_score=text)
 
 
-def test_score_evidence_min_max_for_cosines_and_max_for_text():
-    assert score_evidence([0.5, 0.3, 0.1], min_max=True) == pytest.approx([1.0, 0.5, 0.0])
-    assert score_evidence([0.8, 0.4, 0.0], min_max=False) == pytest.approx([1.0, 0.5, 0.0])
-    # one candidate, or all equal: the side's best is its best
-    assert score_evidence([0.07], min_max=True) == [1.0]
-    assert score_evidence([0.2, 0.2], min_max=True) == [1.0, 1.0]
-    assert score_evidence([0.0, 0.0], min_max=False) == [0.0, 0.0]
-    assert score_evidence([float("nan"), 0.5], min_max=False) == [0.0, 1.0]
-    assert score_evidence([], min_max=True) == []
+def test_text_evidence_is_relative_to_the_best_keyword_hit():
+    assert text_evidence([0.8, 0.4, 0.0]) == pytest.approx([1.0, 0.5, 0.0])
+    assert text_evidence([float("nan"), 0.5, -1.0]) == [0.0, 1.0, 0.0]
+    assert text_evidence([0.0, 0.0]) == [0.0, 0.0]
+    assert text_evidence([]) == []
+
+
+def test_vector_evidence_is_the_standard_score_over_the_collection():
+    # z = (cos - 0.1) / 0.1: 4, 2, 0, -1 -> evidence z / 4, clamped to [0, 1]
+    stats = CosineStats(mean=0.1, std=0.1, count=100)
+    assert vector_evidence([0.5, 0.3, 0.1, 0.0, 0.9], stats) == pytest.approx([1.0, 0.5, 0.0, 0.0, 1.0])
+    # the same spread on a large model's scale gives the same evidence
+    assert vector_evidence([0.86, 0.83], CosineStats(mean=0.8, std=0.015, count=100)) == pytest.approx([1.0, 0.5])
+    # five chunks: no value can stand more than sqrt(4) = 2 deviations out, so 2 is full evidence
+    assert vector_evidence([0.3, 0.2], CosineStats(mean=0.1, std=0.1, count=5)) == pytest.approx([1.0, 0.5])
+    # no spread, or a single chunk: nothing to tell the candidates apart
+    assert vector_evidence([0.3, 0.2], CosineStats(mean=0.3, std=0.0, count=10)) == [1.0, 1.0]
+    assert vector_evidence([0.3], CosineStats(mean=0.3, std=0.0, count=1)) == [1.0]
+    assert vector_evidence([float("nan")], stats) == [0.0]
 
 
 def test_rank_evidence_is_scaled_reciprocal_rank():
@@ -57,7 +69,8 @@ def test_calibrated_score_formula():
 def test_fuse_two_lists_by_scores():
     vec = [cand("a", 0.5), cand("b", 0.3), cand("c", 0.1)]
     kw = [cand("b", 1.0, snippet="kw-b"), cand("d", 0.5)]
-    fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3)
+    fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3,
+                 cosine_stats=CosineStats(mean=0.1, std=0.1, count=100))
     assert [c.chunk_id for c in fused] == ["a", "b", "d", "c"]
     # a: v 1, t 0 -> 0.85; b: v 0.5, t 1 -> 0.5 + 0.5 * 0.65; d: v 0, t 0.5 -> 0.25 + 0.075; c: 0
     assert [c.score for c in fused] == pytest.approx([0.85, 0.825, 0.325, 0.0])
@@ -84,22 +97,26 @@ def test_fuse_two_lists_by_ranks():
 def test_fuse_specific_fields_win_and_duplicates_keep_the_first():
     vec = [cand("a", 0.0, vector=0.6), cand("a", 0.9), cand("b", 0.0, vector=0.2)]
     kw = [cand("b", 0.0, text=0.4), cand("b", 1.0)]
+    # without collection statistics they come from the candidates: mean 0.4, std 0.2, two
+    # values (full evidence at sqrt(1) = 1 deviation)
     fused = fuse(vec, kw, method="scores", vector_weight=0.5, text_weight=0.5)
     by_id = {c.chunk_id: c for c in fused}
     assert (by_id["a"].vector_score, by_id["b"].vector_score, by_id["b"].text_score) == (0.6, 0.2, 0.4)
-    assert (by_id["a"].vector_evidence, by_id["b"].vector_evidence, by_id["b"].text_evidence) == (1.0, 0.0, 1.0)
+    assert (by_id["a"].vector_evidence, by_id["b"].vector_evidence, by_id["b"].text_evidence) == (
+        pytest.approx(1.0), 0.0, 1.0)
 
 
 def test_floor_keeps_a_strong_one_sided_hit():
-    # A small local model: the true match has cosine 0.42, the other candidates less; an exact
-    # keyword hit elsewhere has a cosine of 0.02. The reference's weighted sum
-    # (0.7 x cosine + 0.3 x text) scored them 0.294 and 0.284, and minScore 0.35 lost both.
+    # A small local model: the true match has cosine 0.42, the collection's mean is 0.05; an
+    # exact keyword hit elsewhere has a cosine of 0.02. The reference's weighted sum
+    # (0.7 x cosine + 0.3 x text score) scored them 0.294 and 0.284, and minScore 0.35 lost both.
     vec = [cand("para", 0.42), cand("x", 0.21), cand("y", 0.12), cand("z", 0.05), cand("exact", 0.02)]
     kw = [cand("exact", 0.9)]
-    fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3)
-    # evidence v = (cos - 0.02) / 0.40: para 1, x 0.475, y 0.25, z 0.075, exact 0; t(exact) = 1
+    fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3,
+                 cosine_stats=CosineStats(mean=0.05, std=0.08, count=500))
+    # v = (cos - 0.05) / 0.08 / 4: para 1 (clamped), x 0.5, y 0.21875, z and exact 0; t(exact) 1
     assert {c.chunk_id: c.score for c in fused} == pytest.approx(
-        {"para": 0.85, "exact": 0.65, "x": 0.40375, "y": 0.2125, "z": 0.06375})
+        {"para": 0.85, "exact": 0.65, "x": 0.425, "y": 0.85 * 0.21875, "z": 0.0})
     kept = apply_floor(fused, 0.35)
     assert [c.chunk_id for c in kept] == ["para", "exact", "x"]
 

@@ -278,6 +278,10 @@ def test_a_chunk_scores_its_best_window(tmp_path, mode):
     assert index.search([0.0, 0.0, -1.0], model="m1", sources=["memory"], limit=5) == [
         ("one", pytest.approx(0.0)), ("two", pytest.approx(0.0)), ("zero-and-z", pytest.approx(-1.0))]
     assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    # statistics of the best-window cosine over every chunk searched, not only the hits
+    scored = index.search_scored([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1)
+    assert scored.hits == [("two", pytest.approx(1.0))] and scored.count == 3
+    assert (scored.mean, scored.std) == (pytest.approx(1.6 / 3), pytest.approx(float(np.std([1.0, 0.6, 0.0]))))
     assert index.status()["lastQueryMode"] == mode
     index.close()
     conn.close()

@@ -76,7 +76,7 @@ class ExplainFusion(_Model):
     """The hybrid merge (``fallback/search/fusion.py``): ``method`` (``scores`` or ``rrf``), the
     hit's evidence on each side in ``[0, 1]`` (``text_evidence``: its text score over the best
     keyword hit's; ``vector_evidence``: the standard score of its cosine over the index, over
-    4; 0 when the side did not return it), the weights and the calibrated
+    3.5; 0 when the side did not return it), the weights and the calibrated
     ``score = 0.5 * max(v, t) + 0.5 * (vector_weight * v + text_weight * t)``.
     """
 

@@ -63,9 +63,12 @@ MAX_EVIDENCE_SHARE = 0.5
 RRF_K = 60
 
 # A vector hit whose cosine stands this many standard deviations above the query's mean cosine
-# over the collection has full evidence (1). On LoCoMo with all-MiniLM-L6-v2, 3 to 6 rank
-# alike (R@5 0.747-0.751); 4 kept R@1 at or above keyword-only search at any weights.
-FULL_EVIDENCE_Z = 4.0
+# over the collection has full evidence (1). With all-MiniLM-L6-v2 at the default weights, R@5
+# on LoCoMo is flat from 2.5 to 6 (0.747-0.752); lower values let the vector side's flat top
+# outrank exact keyword hits (R@1 0.45 at 2.5, keyword-only 0.49) and higher ones let weak
+# keyword hits outrank clear paraphrase matches (scripts/eval.py paraphrases Hit@1 11/16 at
+# 2.5, 7/16 at 4); 3.5 gives R@1 0.50 and 9/16.
+FULL_EVIDENCE_Z = 3.5
 
 # Session transcripts may fill at most this share of the result slots while memory hits remain.
 MAX_SESSION_SHARE = 0.5
@@ -111,7 +114,7 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
     searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
 
-    A cosine at the collection's mean has evidence 0, one :data:`FULL_EVIDENCE_Z` (4) standard
+    A cosine at the collection's mean has evidence 0, one :data:`FULL_EVIDENCE_Z` (3.5) standard
     deviations above it has 1, whatever the model's cosine range. ``sqrt(count - 1)`` is the
     largest standard score any of ``count`` values can reach, so in a collection of a few
     chunks a clear outlier still reaches 1. Without spread (``std == 0``, or one chunk) every

@@ -93,10 +93,10 @@ def test_evergreen_files_unchanged_and_mtime_never_asked():
 def test_vector_only_merge_newer_note_ranks_first():
     merged = fuse([cand("memory/2025-01-01.md", 0.95), cand("memory/2026-02-10.md", 0.8),
                    cand("memory/2026-02-01.md", 0.15)], [], vector_weight=0.7, text_weight=0.3,
-                  cosine_stats=CosineStats(mean=0.15, std=0.2, count=50))
+                  cosine_stats=CosineStats(mean=0.15, std=0.8 / 3.5, count=50))
     out = apply_temporal_decay(merged, half_life_days=30, now_ms=NOW_MS, mtime_ms=MtimeLog({}))
     assert [c.path for c in out] == ["memory/2026-02-10.md", "memory/2025-01-01.md", "memory/2026-02-01.md"]
-    assert out[0].score == pytest.approx(0.65 / 0.8)  # vector evidence (z 3.25 of 4), no decay today
+    assert out[0].score == pytest.approx(0.65 / 0.8)  # vector evidence (0.65 of the 0.8 to full), no decay today
     assert out[1].vector_score == 0.95
 
 

@@ -35,11 +35,12 @@ def test_text_evidence_is_relative_to_the_best_keyword_hit():
 
 
 def test_vector_evidence_is_the_standard_score_over_the_collection():
-    # z = (cos - 0.1) / 0.1: 4, 2, 0, -1 -> evidence z / 4, clamped to [0, 1]
+    # z = (cos - 0.1) / 0.1: 3.5, 1.75, 0, -1, 8 -> evidence z / 3.5, clamped to [0, 1]
     stats = CosineStats(mean=0.1, std=0.1, count=100)
-    assert vector_evidence([0.5, 0.3, 0.1, 0.0, 0.9], stats) == pytest.approx([1.0, 0.5, 0.0, 0.0, 1.0])
+    assert vector_evidence([0.45, 0.275, 0.1, 0.0, 0.9], stats) == pytest.approx([1.0, 0.5, 0.0, 0.0, 1.0])
     # the same spread on a large model's scale gives the same evidence
-    assert vector_evidence([0.86, 0.83], CosineStats(mean=0.8, std=0.015, count=100)) == pytest.approx([1.0, 0.5])
+    assert vector_evidence([0.8525, 0.82625], CosineStats(mean=0.8, std=0.015, count=100)) == pytest.approx(
+        [1.0, 0.5])
     # five chunks: no value can stand more than sqrt(4) = 2 deviations out, so 2 is full evidence
     assert vector_evidence([0.3, 0.2], CosineStats(mean=0.1, std=0.1, count=5)) == pytest.approx([1.0, 0.5])
     # no spread, or a single chunk: nothing to tell the candidates apart
@@ -69,8 +70,9 @@ def test_calibrated_score_formula():
 def test_fuse_two_lists_by_scores():
     vec = [cand("a", 0.5), cand("b", 0.3), cand("c", 0.1)]
     kw = [cand("b", 1.0, snippet="kw-b"), cand("d", 0.5)]
+    # std 0.4 / 3.5: a stands 3.5 deviations above the mean (full evidence), b half as far
     fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3,
-                 cosine_stats=CosineStats(mean=0.1, std=0.1, count=100))
+                 cosine_stats=CosineStats(mean=0.1, std=0.4 / 3.5, count=100))
     assert [c.chunk_id for c in fused] == ["a", "b", "d", "c"]
     # a: v 1, t 0 -> 0.85; b: v 0.5, t 1 -> 0.5 + 0.5 * 0.65; d: v 0, t 0.5 -> 0.25 + 0.075; c: 0
     assert [c.score for c in fused] == pytest.approx([0.85, 0.825, 0.325, 0.0])
@@ -114,9 +116,10 @@ def test_floor_keeps_a_strong_one_sided_hit():
     kw = [cand("exact", 0.9)]
     fused = fuse(vec, kw, method="scores", vector_weight=0.7, text_weight=0.3,
                  cosine_stats=CosineStats(mean=0.05, std=0.08, count=500))
-    # v = (cos - 0.05) / 0.08 / 4: para 1 (clamped), x 0.5, y 0.21875, z and exact 0; t(exact) 1
+    # v = (cos - 0.05) / 0.08 / 3.5: para 1 (clamped), x 2/3.5, y 0.875/3.5, z and exact 0;
+    # t(exact) 1; a hit on the vector side alone scores 0.5 v + 0.5 x 0.7 v = 0.85 v
     assert {c.chunk_id: c.score for c in fused} == pytest.approx(
-        {"para": 0.85, "exact": 0.65, "x": 0.425, "y": 0.85 * 0.21875, "z": 0.0})
+        {"para": 0.85, "exact": 0.65, "x": 0.85 * 2 / 3.5, "y": 0.85 * 0.875 / 3.5, "z": 0.0})
     kept = apply_floor(fused, 0.35)
     assert [c.chunk_id for c in kept] == ["para", "exact", "x"]
 

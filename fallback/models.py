@@ -122,9 +122,10 @@ class ExplainReorder(_Model):
 
 
 class ExplainFloor(_Model):
-    """The score floor: ``min_score``, the relaxed floor for keyword hits (``None`` when it did
-    not apply; hybrid search has none: its calibrated score keeps a strong one-sided hit),
-    whether the hit was ``kept`` and why."""
+    """The score floor: ``min_score``, ``relaxed_floor`` (always ``None``: the reference's lower
+    floor for keyword hits is gone, the calibrated hybrid score keeps a strong one-sided hit;
+    the key stays for the output shape), whether the hit was ``kept`` and why (the floor runs
+    before temporal decay and reranking, on the score quoted in the reason)."""
 
     min_score: float
     relaxed_floor: float | None

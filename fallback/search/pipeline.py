@@ -107,15 +107,16 @@ class Searcher:
 
     async def fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
-        """Keyword-only ranking (spec §8.6): coverage-boosted keyword hits, temporal decay, the
-        score floor (all hits when none passes), first ``limit``."""
+        """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
+        passes), then temporal decay and the optional reranker (which reorder, never remove),
+        and the result slots (session transcripts at most half)."""
         hits = await self._keyword_candidates(store, text, srcs, candidates)
         if self.trace:
             self.trace.mode = "fts-only"
             self.trace.keyword(hits)
-        ranked = await self._rerank(text, await self._decay(store, hits))
-        strict = [c for c in ranked if c.score >= floor]
-        return self._finish((strict or ranked)[:limit], floor, None)
+        kept = apply_floor(hits, floor) or hits
+        ranked = await self._rerank(text, await self._decay(store, kept))
+        return self._finish(select_results(ranked, max_results=limit), floor)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
@@ -153,7 +154,7 @@ class Searcher:
             if self.trace:
                 self.trace.mmr(ranked, diverse, lambda_=hybrid.mmr.lambda_)
             ranked = diverse
-        return self._finish(select_results(ranked, max_results=limit), floor, None)
+        return self._finish(select_results(ranked, max_results=limit), floor)
 
     async def _rerank(self, text: str, cands: list[Candidate]) -> list[Candidate]:
         """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""
@@ -162,10 +163,9 @@ class Searcher:
         return await rerank_stage(self._reranker, self.settings.search.query.rerank, text, cands,
                                   trace=self.trace, warnings=self.warnings)
 
-    def _finish(self, selected: list[Candidate], floor: float,
-                relaxed_floor: float | None) -> list[Candidate]:
+    def _finish(self, selected: list[Candidate], floor: float) -> list[Candidate]:
         if self.trace:
-            self.trace.finish(selected, min_score=floor, relaxed_floor=relaxed_floor)
+            self.trace.finish(selected, min_score=floor)
         return selected
 
     async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],

@@ -59,7 +59,7 @@ from fallback.index import embedding_cache
 from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
 from fallback.index.report import SyncReport
-from fallback.index.windows import pack_vector, pack_windows
+from fallback.index.windows import pack_windows
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.sources.file_text import (
@@ -87,7 +87,6 @@ __all__ = [
     "chunk_id",
     "full_reindex_reason",
     "index_identity",
-    "pack_vector",
 ]
 
 log = logging.getLogger(__name__)

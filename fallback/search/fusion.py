@@ -117,8 +117,9 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     A cosine at the collection's mean has evidence 0, one :data:`FULL_EVIDENCE_Z` (3.5) standard
     deviations above it has 1, whatever the model's cosine range. ``sqrt(count - 1)`` is the
     largest standard score any of ``count`` values can reach, so in a collection of a few
-    chunks a clear outlier still reaches 1. Without spread (``std == 0``, or one chunk) every
-    candidate has evidence 1.
+    chunks a clear outlier still reaches 1. Without spread (``std == 0``, or one chunk) there
+    is no standard score and the cosine itself, clamped to ``[0, 1]``, is the evidence. A
+    cosine of 0 or less is never evidence: no model relates texts it scores so.
 
     Args:
         cosines: the candidates' cosine similarities (non-finite count as the mean).
@@ -130,13 +131,16 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     Source: standard-score ("ZMUV") normalisation for result fusion (Montague & Aslam,
     "Relevance score normalization for metasearch", CIKM 2001).
     """
-    if stats.count < 2 or not stats.std > 0 or not math.isfinite(stats.std):
-        return [1.0 for _ in cosines]
-    full = min(FULL_EVIDENCE_Z, math.sqrt(stats.count - 1))
+    spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
+    full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
     out = []
     for c in cosines:
-        z = (c - stats.mean) / stats.std if math.isfinite(c) else 0.0
-        out.append(min(1.0, max(0.0, z / full)))
+        if not math.isfinite(c) or c <= 0:
+            out.append(0.0)
+        elif not spread:
+            out.append(min(1.0, c))
+        else:
+            out.append(min(1.0, max(0.0, (c - stats.mean) / stats.std / full)))
     return out
 
 

@@ -43,9 +43,12 @@ def test_vector_evidence_is_the_standard_score_over_the_collection():
         [1.0, 0.5])
     # five chunks: no value can stand more than sqrt(4) = 2 deviations out, so 2 is full evidence
     assert vector_evidence([0.3, 0.2], CosineStats(mean=0.1, std=0.1, count=5)) == pytest.approx([1.0, 0.5])
-    # no spread, or a single chunk: nothing to tell the candidates apart
-    assert vector_evidence([0.3, 0.2], CosineStats(mean=0.3, std=0.0, count=10)) == [1.0, 1.0]
-    assert vector_evidence([0.3], CosineStats(mean=0.3, std=0.0, count=1)) == [1.0]
+    # no spread, or a single chunk: no standard score, the cosine itself is the evidence
+    assert vector_evidence([0.3, 1.2], CosineStats(mean=0.3, std=0.0, count=10)) == [0.3, 1.0]
+    assert vector_evidence([0.3], CosineStats(mean=0.3, std=0.0, count=1)) == [0.3]
+    # a cosine of 0 or less is never evidence, however far it stands above the others
+    assert vector_evidence([0.0, -0.1], CosineStats(mean=-0.5, std=0.1, count=100)) == [0.0, 0.0]
+    assert vector_evidence([0.0], CosineStats(mean=0.0, std=0.0, count=1)) == [0.0]
     assert vector_evidence([float("nan")], stats) == [0.0]
 
 

@@ -12,6 +12,7 @@ import pytest
 from fallback.embeddings import PROVIDERS, select_provider
 from fallback.embeddings.base import BaseProvider, compute_provider_key
 from fallback.engine.builtin import BuiltinEngine
+from fallback.errors import EmbeddingProviderError
 from fallback.index.indexer import full_reindex_reason, index_identity
 from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS, chunk_windows, pack_windows
 from fallback.settings import EngineSettings, MemorySearchSettings
@@ -33,6 +34,7 @@ class WordCountProvider(BaseProvider):
         super().__init__(model="words-v1", provider_key=compute_provider_key("test-words", "words-v1"),
                          max_input_tokens=8192)
         self.batches: list[list[str]] = []
+        self.down = False
 
     @staticmethod
     def vector(text: str) -> list[float]:
@@ -43,6 +45,8 @@ class WordCountProvider(BaseProvider):
         return self.vector(text)
 
     async def _request_batch(self, texts: list[str]) -> list[list[float]]:
+        if self.down:
+            raise EmbeddingProviderError(self.provider_id, "provider is down")
         self.batches.append(list(texts))
         return [self.vector(t) for t in texts]
 
@@ -132,3 +136,31 @@ async def test_a_chunk_is_found_by_its_best_window(tmp_path: Path):
     assert sorted(t for batch in provider.batches for t in batch) == sorted(texts)
     assert cached == {sha256_hex(t) for t in texts}
     assert meta["embedWindows"] == {"tokens": 192, "overlap": 96} and meta["vectorDims"] == 3
+
+
+async def test_a_chunk_left_without_vectors_gets_all_its_windows_later(tmp_path: Path):
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-03-01.md").write_text(_notes())
+    provider = WordCountProvider()
+    provider.down = True
+    search = MemorySearchSettings.model_validate({"provider": "openai"})
+    selection = select_provider(search, env={}, registry={**PROVIDERS, "openai": lambda s, *, env: provider})
+    engine = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / "state", search=search),
+                           provider_selection=selection)
+    try:
+        first = await engine.sync(reason="test")
+        assert (first.chunks_written, first.chunks_pending) == (1, 1)
+        provider.down = False
+        second = await engine.sync(reason="test")
+        assert (second.chunks_filled, second.chunks_pending, second.chunks_embedded) == (1, 0, 3)
+        store = Store(engine.settings.db_path)
+        try:
+            [(blob, dims)] = store.query("SELECT vector, dims FROM chunks")
+        finally:
+            store.close()
+    finally:
+        await engine.close()
+    assert dims == 3
+    assert np.frombuffer(blob, dtype="<f4").reshape(-1, 3).tolist() == [
+        [1.0, 1.0, 0.0], [0.0, 0.0, 9.0], [0.0, 0.0, 18.0]]

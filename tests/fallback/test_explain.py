@@ -135,7 +135,8 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
 
 async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
     # Keyword scores are relative to the best hit (fallback/search/keyword.py), so the best one
-    # scores 1 and passes any minScore; with decay, none reaches 0.99 and the fallback keeps all.
+    # scores 1 and passes any minScore; the floor runs before decay, so with decay that hit
+    # still passes (and nothing else does), its returned score decayed below minScore.
     engine = _engine(ws, embeddings=False)
     decayed = _engine(ws, embeddings=False,
                       hybrid={"temporalDecay": {"enabled": True, "halfLifeDays": 30}})
@@ -161,31 +162,29 @@ async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
                   "reason": "score 1.0000 >= minScore 0.99"},
         "rank": 1,
     }
-    assert len(fallback.results) == 3
-    for r in fallback.results:
-        assert r.explain is not None and r.score < 0.99
-        assert r.explain.floor.reason == (
-            "no hit reached minScore 0.99; the best keyword hits are kept")
+    [kept] = fallback.results
+    assert kept.path == outcome.results[0].path and kept.explain is not None and kept.explain.decay
+    assert kept.score == pytest.approx(kept.explain.decay.factor) and kept.score < 0.99
+    assert kept.explain.floor.reason == "score 1.0000 >= minScore 0.99"
 
 
 async def test_hybrid_floor_is_on_the_calibrated_score(ws: Path) -> None:
-    # Only the chunk both sides back (the best cosine, nearly the best text score) reaches 0.85:
-    # there is no relaxed keyword floor, a high minScore keeps only hits strong on both sides.
+    # A minScore between the two best calibrated scores keeps exactly the best hit: the floor
+    # needs no relaxed keyword floor, and the reason quotes the calibrated score.
     engine = _engine(ws, embeddings=True)
     try:
-        outcome = await engine.search_detailed("alpha", explain=True, min_score=0.85)
         wide = await engine.search_detailed("alpha", explain=True, min_score=0.0)
+        scores = [r.score for r in wide.results]
+        floor = (scores[0] + scores[1]) / 2
+        outcome = await engine.search_detailed("alpha", explain=True, min_score=floor)
     finally:
         await engine.close()
-    assert [r.path for r in outcome.results] == ["memory/2026-01-12.md"]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True) and scores[0] > scores[1]
+    assert [r.path for r in outcome.results] == [wide.results[0].path]
     [hit] = outcome.results
     e = hit.explain
     assert e is not None and e.mode == "hybrid" and e.fusion and e.decay is None and e.mmr is None
     v, t = e.fusion.vector_evidence, e.fusion.text_evidence
-    assert 0.75 < v < 0.8 and 0.9 < t < 1.0
-    assert hit.score == e.fusion.score == pytest.approx(0.5 * t + 0.5 * (0.7 * v + 0.3 * t))
-    assert hit.score >= 0.85
-    assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (0.85, None, True)
-    assert e.floor.reason == f"calibrated score {hit.score:.4f} >= minScore 0.85"
-    assert len(wide.results) == 3 and [r.score for r in wide.results] == sorted(
-        (r.score for r in wide.results), reverse=True)
+    assert hit.score == e.fusion.score == pytest.approx(0.5 * max(v, t) + 0.5 * (0.7 * v + 0.3 * t))
+    assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (floor, None, True)
+    assert e.floor.reason == f"calibrated score {hit.score:.4f} >= minScore {floor:g}"

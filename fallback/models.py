@@ -65,15 +65,24 @@ class ExplainKeyword(_Model):
 
 
 class ExplainVector(_Model):
-    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity."""
+    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity (of
+    the chunk's best window: chunks are embedded as windows of a few lines, max-pooled)."""
 
     rank: int
     cosine: float
 
 
 class ExplainFusion(_Model):
-    """The hybrid merge: ``score = vector_weight * cosine + text_weight * text_score``."""
+    """The hybrid merge (``fallback/search/fusion.py``): ``method`` (``scores`` or ``rrf``), the
+    hit's evidence on each side in ``[0, 1]`` (``text_evidence``: its text score over the best
+    keyword hit's; ``vector_evidence``: the standard score of its cosine over the index, over
+    3.5; 0 when the side did not return it), the weights and the calibrated
+    ``score = 0.5 * max(v, t) + 0.5 * (vector_weight * v + text_weight * t)``.
+    """
 
+    method: str
+    vector_evidence: float
+    text_evidence: float
     vector_weight: float
     text_weight: float
     score: float
@@ -113,8 +122,10 @@ class ExplainReorder(_Model):
 
 
 class ExplainFloor(_Model):
-    """The score floor: ``min_score``, the relaxed floor for keyword hits (``None`` when it did
-    not apply), whether the hit was ``kept`` and why."""
+    """The score floor: ``min_score``, ``relaxed_floor`` (always ``None``: the reference's lower
+    floor for keyword hits is gone, the calibrated hybrid score keeps a strong one-sided hit;
+    the key stays for the output shape), whether the hit was ``kept`` and why (the floor runs
+    before temporal decay and reranking, on the score quoted in the reason)."""
 
     min_score: float
     relaxed_floor: float | None

@@ -176,11 +176,20 @@ class TemporalDecaySettings(_Settings):
 
 
 class HybridSettings(_Settings):
-    """``query.hybrid``: weights of the hybrid merge (normalised to sum 1)."""
+    """``query.hybrid``: the hybrid merge (``fallback/search/fusion.py``).
+
+    Attributes:
+        enabled: fuse keyword and vector candidates (``False``: vector side only).
+        vector_weight / text_weight: fusion weights, normalised to sum 1.
+        fusion: ``"scores"`` (each side's normalised scores) or ``"rrf"`` (each side's ranks,
+            reciprocal rank fusion) as the evidence the calibrated score is built from.
+        candidate_multiplier: candidates fetched per side = ``maxResults`` x this (1..20).
+    """
 
     enabled: bool = True
     vector_weight: float = 0.7
     text_weight: float = 0.3
+    fusion: Literal["scores", "rrf"] = "scores"
     candidate_multiplier: int = 4
     mmr: MmrSettings = Field(default_factory=MmrSettings)
     temporal_decay: TemporalDecaySettings = Field(default_factory=TemporalDecaySettings)

@@ -108,17 +108,12 @@ class PreEmbeddedProvider:
         await self.inner.aclose()
 
 
-def _engine(spec: dict[str, Any], *, provider: Any = None, extension_path: str | None = None) -> Any:
+def _engine(spec: dict[str, Any], *, provider: Any = None) -> Any:
     from fallback.embeddings import ProviderSelection, select_provider
     from fallback.engine.builtin import BuiltinEngine
 
     agent = agent_for(spec)
     settings = agent.engine
-    if extension_path is not None:
-        search = settings.search.model_copy(update={"store": settings.search.store.model_copy(
-            update={"vector": settings.search.store.vector.model_copy(
-                update={"extension_path": extension_path})})})
-        settings = settings.model_copy(update={"search": search})
     selection = (ProviderSelection(provider, "local") if provider is not None
                  else select_provider(agent.memory_search, env={}))
     return BuiltinEngine(settings, provider_selection=selection)
@@ -202,7 +197,7 @@ async def task_embed(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def task_hybrid(spec: dict[str, Any]) -> dict[str, Any]:
-    """Hybrid search p50/p95 (query embedding excluded) with sqlite-vec and with brute force."""
+    """Hybrid search p50/p95 (query embedding excluded) over the window vectors."""
     from fallback.embeddings import select_provider
 
     if spec["vectors"] == "synthetic":
@@ -223,14 +218,6 @@ async def task_hybrid(spec: dict[str, Any]) -> dict[str, Any]:
         st = await engine.status()
         out["vec"] = {"p50": percentile(times, 50), "p95": percentile(times, 95),
                       "mode": st.vector.get("lastQueryMode")}
-    finally:
-        await engine.close()
-    engine = _engine(spec, provider=provider, extension_path="/nonexistent/vec0")
-    try:
-        times = await _time_searches(engine, queries, int(spec["repeats"]))
-        st = await engine.status()
-        out["brute"] = {"p50": percentile(times, 50), "p95": percentile(times, 95),
-                        "mode": st.vector.get("lastQueryMode")}
     finally:
         await engine.close()
         await provider.close_inner()

@@ -2,10 +2,12 @@
 
 A sync never fails, and never stops writing keyword rows, because the embedding provider does:
 
-- chunk texts are looked up in the embedding cache (``fallback/index/embedding_cache.py``);
-  only misses go to ``provider.embed_batch``, :data:`EMBED_COMMIT_BATCH` at a time, and each
-  finished batch is committed to the cache (by the indexer's ``commit`` callback) before the
-  next one is sent;
+- each chunk is embedded as windows of a few lines (``fallback/index/windows.py``); window
+  texts are looked up in the embedding cache (``fallback/index/embedding_cache.py``, by the
+  window text's hash); only misses go to ``provider.embed_batch``, :data:`EMBED_COMMIT_BATCH`
+  at a time, and each finished batch is committed to the cache (by the indexer's ``commit``
+  callback) before the next one is sent; a chunk gets its vector (all its windows) only when
+  every window has one;
 - the first :class:`~fallback.errors.EmbeddingProviderError` (after the provider's own
   retries: an error, a timeout, a rate limit) closes the step for the rest of the sync, and so
   does the sync's embedding deadline (a search's ``query.timeoutMs``); from then on chunks are
@@ -25,7 +27,6 @@ stored in the index meta under :data:`BACKLOG_KEY` so every process's ``status()
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,7 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 from fallback.index import embedding_cache
 from fallback.index.report import SyncReport
+from fallback.index.windows import chunk_windows, pack_vector, pack_windows
 from fallback.store.db import META_KEY
 from fallback.text.chunking import Chunk
 
@@ -55,11 +57,6 @@ PENDING_BATCH = 64
 
 Writer = Callable[["Store", Callable[[], Any]], Awaitable[Any]]
 Commit = Callable[["Store", dict[str, list[float]], list[str]], Awaitable[None]]
-
-
-def pack_vector(vector: list[float]) -> bytes:
-    """Encode a vector as float32 little-endian bytes (the ``chunks.vector`` BLOB)."""
-    return struct.pack(f"<{len(vector)}f", *vector)
 
 
 class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules, not an error
@@ -167,6 +164,26 @@ class EmbeddingStep:
             await self._commit(store, {}, hits)
         return [found.get(c.content_hash, []) for c in chunks]
 
+    async def window_vectors(self, store: Store, chunks: Sequence[Chunk],
+                             report: SyncReport) -> list[list[list[float]]]:
+        """The window vectors of each chunk (:func:`~fallback.index.windows.chunk_windows`),
+        through :meth:`vectors`; ``[]`` for a chunk any of whose windows has no vector yet (it
+        waits for a later sync as a whole).
+
+        Raises:
+            DimensionsChanged / IndexStoreError: as :meth:`vectors`.
+        """
+        limit = self.provider.max_input_tokens
+        windows = [chunk_windows(c, max_input_tokens=limit) for c in chunks]
+        flat = await self.vectors(store, [w for ws in windows for w in ws], report)
+        out: list[list[list[float]]] = []
+        start = 0
+        for ws in windows:
+            mine = flat[start:start + len(ws)]
+            start += len(ws)
+            out.append(mine if all(mine) else [])
+        return out
+
     async def _call(self, texts: list[str]) -> list[list[float]] | None:
         """``provider.embed_batch`` within the deadline; ``None`` once the step is closed."""
         try:
@@ -222,8 +239,9 @@ class EmbeddingStep:
                 return
             after = int(rows[-1][0])
             chunks = [Chunk(text=r[3], start_line=1, end_line=1, content_hash=r[2]) for r in rows]
-            vectors = await self.vectors(store, chunks, report)
-            done = [(pack_vector(v), len(v), r[1]) for r, v in zip(rows, vectors, strict=True) if v]
+            vectors = await self.window_vectors(store, chunks, report)
+            done = [(*packed, r[1]) for r, v in zip(rows, vectors, strict=True)
+                    if (packed := pack_windows(v)) is not None]
             if done:
                 await self._write(store, partial(_write_vectors, store, done))
                 report.chunks_filled += len(done)

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
+from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS
 from fallback.settings import EngineSettings
 from fallback.sources.memory_files import normalize_extra_paths
 from fallback.text.scripts import sha256_hex
@@ -33,7 +34,9 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
 
     Returns:
         ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
-        scopeHash, ftsTokenizer}``: model ``fts-only`` and provider ``none`` without a provider;
+        scopeHash, ftsTokenizer, embedWindows}``: model ``fts-only``, provider ``none`` and
+        embedWindows ``None`` without a provider (else ``{tokens, overlap}`` of the embedding
+        windows, ``fallback/index/windows.py``);
         ``vectorDims`` the provider's vector length when known (configured, or seen in this
         process), else ``None``;
         ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
@@ -55,6 +58,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         "chunkSections": s.chunking.sections,
         "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
         "ftsTokenizer": s.store.fts.tokenizer,
+        "embedWindows": ({"tokens": EMBED_WINDOW_TOKENS, "overlap": EMBED_WINDOW_OVERLAP}
+                         if provider else None),
     }
 
 
@@ -64,7 +69,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
     Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
     ``provider settings changed``, ``embedding dimensions changed (<old> -> <new>)`` (both
     lengths known and different: the model behind the id changed), ``sources changed``,
-    ``scope changed``, ``chunking changed``, ``FTS tokenizer changed``.
+    ``scope changed``, ``chunking changed``, ``embedding windows changed`` (also an index of
+    whole-chunk vectors), ``FTS tokenizer changed``.
     """
     if not isinstance(meta, dict):
         return "no index metadata"
@@ -85,6 +91,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
             or meta.get("chunkOverlap") != identity["chunkOverlap"]
             or meta.get("chunkSections", False) != identity["chunkSections"]):
         return "chunking changed"
+    if meta.get("embedWindows") != identity["embedWindows"]:
+        return "embedding windows changed"
     if (meta.get("ftsTokenizer") or "unicode61") != identity["ftsTokenizer"]:
         return "FTS tokenizer changed"
     return None

@@ -25,7 +25,8 @@ Cancellation: each file is written in its own transaction, so a sync cancelled b
 keeps its progress and leaves a consistent index; a cancelled full reindex removes its
 temporary database (the cleanup runs shielded).
 
-Embeddings (when a provider exists): ``fallback/index/embedding_step.py`` looks chunk texts up in
+Embeddings (when a provider exists): each chunk is embedded as windows of a few lines
+(``fallback/index/windows.py``); ``fallback/index/embedding_step.py`` looks window texts up in
 the embedding cache and sends only misses to the provider, in batches of
 :data:`~fallback.index.embedding_step.EMBED_COMMIT_BATCH` texts; after each batch, in one
 transaction, hits are marked used, the fresh vectors cached and the cache pruned to
@@ -34,8 +35,9 @@ committed to the live store's cache, so an interrupted first index (Ctrl-C, a ki
 loses at most the batch in flight: the next rebuild seeds itself from the live cache and asks
 the provider only for the rest. A provider failure or the sync's embedding deadline never
 stops the sync: the chunks are written without a vector (keyword search finds them at once)
-and a later sync fills the vectors in. A vector is stored once, as the ``chunks.vector``
-float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration ``m006``).
+and a later sync fills the vectors in. A chunk's window vectors are stored once, one after the
+other, as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration
+``m006``).
 
 Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
@@ -54,9 +56,10 @@ import anyio
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
-from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep, pack_vector
+from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
 from fallback.index.report import SyncReport
+from fallback.index.windows import pack_windows
 from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
 from fallback.sources.file_text import (
@@ -74,7 +77,7 @@ from fallback.sources.memory_files import (
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_title
-from fallback.text.chunking import Chunk, chunk_markdown, remap_lines, split_by_utf8_bytes
+from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes
 
 __all__ = [
@@ -84,13 +87,10 @@ __all__ = [
     "chunk_id",
     "full_reindex_reason",
     "index_identity",
-    "pack_vector",
 ]
 
 log = logging.getLogger(__name__)
 
-# Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
-MAX_EMBED_INPUT_BYTES = 8000
 # Note recorded for a file indexed with invalid UTF-8 bytes replaced.
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
 # Note recorded for a note padded with NUL bytes, indexed without them (fallback/sources/file_text.py).
@@ -107,7 +107,7 @@ file and after each committed embedding batch."""
 class _Row:
     chunk_id: str
     chunk: Chunk
-    vector: list[float]
+    vectors: list[list[float]]
 
 
 class Indexer:
@@ -399,12 +399,10 @@ class Indexer:
                                             sections=self.settings.search.chunking.sections)
                   if c.text.strip()]
         chunks = remap_lines(chunks, line_map)
-        vectors: list[list[float]] = [[] for _ in chunks]
+        vectors: list[list[list[float]]] = [[] for _ in chunks]
         if self.provider is not None and chunks:
-            cap = max(4, min(self.provider.max_input_tokens, MAX_EMBED_INPUT_BYTES))
-            chunks = [piece for c in chunks for piece in split_by_utf8_bytes(c, cap)]
             assert self._step is not None
-            vectors = await self._step.vectors(store, chunks, report)
+            vectors = await self._step.window_vectors(store, chunks, report)
         rows: list[_Row] = []
         seen: set[str] = set()
         for chunk, vec in zip(chunks, vectors, strict=True):
@@ -456,14 +454,14 @@ class Indexer:
             written: list[tuple[int, str]] = []
             for row in rows:
                 c = row.chunk
+                packed = pack_windows(row.vectors)
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
                     " model, text, vector, dims, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
                      c.content_hash, self._model, c.text,
-                     pack_vector(row.vector) if row.vector else None,
-                     len(row.vector) if row.vector else None, now))
+                     packed[0] if packed else None, packed[1] if packed else None, now))
                 if cur.lastrowid is not None:
                     written.append((cur.lastrowid, c.text))
             if fts_ok:

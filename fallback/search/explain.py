@@ -83,11 +83,13 @@ class SearchTrace:
             hit = hits[rank - 1]
             self._of(chunk_id).vector = ExplainVector(rank=rank, cosine=hit.vector_score or hit.score)
 
-    def fusion(self, merged: list[Candidate], *, vector_weight: float, text_weight: float) -> None:
-        """Record the hybrid merge (``merged`` straight from ``merge_hybrid``)."""
+    def fusion(self, merged: list[Candidate], *, method: str, vector_weight: float,
+               text_weight: float) -> None:
+        """Record the hybrid merge (``merged`` straight from ``fallback.search.fusion.fuse``)."""
         for c in merged:
-            self._of(c.chunk_id).fusion = ExplainFusion(vector_weight=vector_weight,
-                                                        text_weight=text_weight, score=c.score)
+            self._of(c.chunk_id).fusion = ExplainFusion(
+                method=method, vector_evidence=c.vector_evidence, text_evidence=c.text_evidence,
+                vector_weight=vector_weight, text_weight=text_weight, score=c.score)
 
     def decay(self, decayed: list[Candidate], *, half_life_days: float, now_ms: int,
               mtime_ms: Callable[[str, str], int | None]) -> None:
@@ -118,15 +120,16 @@ class SearchTrace:
             self._of(chunk_id).mmr = ExplainReorder(
                 lambda_=lambda_, rank_before=ranks_before.get(chunk_id, rank), rank_after=rank)
 
-    def finish(self, selected: list[Candidate], *, min_score: float,
-               relaxed_floor: float | None) -> list[HitExplain]:
+    def finish(self, selected: list[Candidate], *, min_score: float) -> list[HitExplain]:
         """One explanation per selected hit, in order (also kept in :attr:`hits`).
+
+        The floor ran before temporal decay and reranking, so its reason quotes the score it
+        saw: the calibrated score recorded by :meth:`fusion` (hybrid), else the keyword text
+        score recorded by :meth:`keyword`.
 
         Args:
             selected: the hits returned (after the floor and the cut).
             min_score: the score floor of the search.
-            relaxed_floor: the floor for keyword hits when none reached ``min_score`` (hybrid
-                search), ``None`` where there is none (keyword-only search keeps its best hits).
 
         Returns:
             ``HitExplain`` list parallel to ``selected``.
@@ -134,16 +137,13 @@ class SearchTrace:
         out = []
         for rank, c in enumerate(selected, start=1):
             t = self._of(c.chunk_id)
-            if c.score >= min_score:
-                reason, relaxed = f"score {c.score:.4f} >= minScore {min_score:g}", None
-            elif relaxed_floor is not None:
-                reason = (f"no hit reached minScore {min_score:g}; keyword hit with score "
-                          f"{c.score:.4f} >= relaxed floor {relaxed_floor:g}")
-                relaxed = relaxed_floor
+            if t.fusion is not None:
+                reason = f"calibrated score {t.fusion.score:.4f} >= minScore {min_score:g}"
             else:
-                reason = f"no hit reached minScore {min_score:g}; the best keyword hits are kept"
-                relaxed = None
-            floor = ExplainFloor(min_score=min_score, relaxed_floor=relaxed, kept=True, reason=reason)
+                seen = t.keyword.text_score if t.keyword is not None else c.score
+                reason = (f"score {seen:.4f} >= minScore {min_score:g}" if seen >= min_score else
+                          f"no hit reached minScore {min_score:g}; the best keyword hits are kept")
+            floor = ExplainFloor(min_score=min_score, relaxed_floor=None, kept=True, reason=reason)
             out.append(HitExplain(mode=self.mode, keyword=t.keyword, vector=t.vector,
                                   fusion=t.fusion, decay=t.decay, rerank=t.rerank, mmr=t.mmr,
                                   floor=floor, rank=rank))

@@ -1,8 +1,9 @@
-"""Ranking a query against one store: keyword-only (spec §8.6) and hybrid (spec §8.5) search.
+"""Ranking a query against one store: keyword-only (spec §8.6) and hybrid search.
 
 Split from ``fallback/engine/builtin.py``; the engine owns the store and the sync, a :class:`Searcher`
 turns candidates into ranked hits (keyword candidates from ``fallback/search/keyword.py``, vector
-hits from ``fallback/store/vectors.py``, merge/decay/MMR from ``fallback/search/ranking.py``).
+hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
+decay/MMR from ``fallback/search/ranking.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
+from fallback.search.fusion import CosineStats, apply_floor, fuse, select_results
 from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
-from fallback.search.ranking import Candidate, apply_temporal_decay, merge_hybrid, mmr_rerank, select_results
+from fallback.search.ranking import Candidate, apply_temporal_decay, mmr_rerank
 from fallback.search.rerank import Reranker, rerank_stage
 from fallback.search.snippets import best_window
 from fallback.settings import EngineSettings
@@ -105,21 +107,25 @@ class Searcher:
 
     async def fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
-        """Keyword-only ranking (spec §8.6): coverage-boosted keyword hits, temporal decay, the
-        score floor (all hits when none passes), first ``limit``."""
+        """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
+        passes), then temporal decay and the optional reranker (which reorder, never remove),
+        and the result slots (session transcripts at most half)."""
         hits = await self._keyword_candidates(store, text, srcs, candidates)
         if self.trace:
             self.trace.mode = "fts-only"
             self.trace.keyword(hits)
-        ranked = await self._rerank(text, await self._decay(store, hits))
-        strict = [c for c in ranked if c.score >= floor]
-        return self._finish((strict or ranked)[:limit], floor, None)
+        kept = apply_floor(hits, floor) or hits
+        ranked = await self._rerank(text, await self._decay(store, kept))
+        return self._finish(select_results(ranked, max_results=limit), floor)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
-        """Hybrid ranking (spec §8.5): vector and keyword candidates merged by weight, decay,
-        MMR, relaxed floor for keyword hits; keyword-only when there is no query vector."""
+        """Hybrid ranking: vector and keyword candidates fused into one calibrated score
+        (``fallback/search/fusion.py``), the ``minScore`` floor on it, then temporal decay, the
+        optional reranker and MMR (which reorder, never remove) and the result slots (session
+        transcripts at most half). Keyword-only when there is no query vector; vector-only
+        (the same steps over the vector side alone) when ``hybrid.enabled`` is false."""
         hybrid = self.settings.search.query.hybrid
         try:
             qvec = await provider.embed_query(text)
@@ -132,30 +138,23 @@ class Searcher:
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
         keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
                         if hybrid.enabled else [])
-        vector_hits = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
+        vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:
             self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
             self.trace.keyword(keyword_hits)
             self.trace.vector(vector_hits)
-        if not hybrid.enabled:
-            ranked = await self._rerank(text, vector_hits)
-            return self._finish([c for c in ranked if c.score >= floor][:limit], floor, None)
-        # When the keyword side found nothing at all it abstains: its weight goes to the vector
-        # side (the effective-weight normalisation of spec §8.5 step 2), so a purely semantic
-        # match is scored by its cosine similarity instead of 0.7 x it.
-        vw, tw = (hybrid.vector_weight, hybrid.text_weight) if keyword_hits else (1.0, 0.0)
-        merged = merge_hybrid(vector_hits, keyword_hits, vector_weight=vw, text_weight=tw)
+        merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion, cosine_stats=stats,
+                      vector_weight=hybrid.vector_weight, text_weight=hybrid.text_weight)
         if self.trace:
-            self.trace.fusion(merged, vector_weight=vw, text_weight=tw)
-        merged = await self._rerank(text, await self._decay(store, merged))
+            self.trace.fusion(merged, method=hybrid.fusion, vector_weight=hybrid.vector_weight,
+                              text_weight=hybrid.text_weight)
+        ranked = await self._rerank(text, await self._decay(store, apply_floor(merged, floor)))
         if hybrid.mmr.enabled:
-            diverse = mmr_rerank(merged, lambda_=hybrid.mmr.lambda_)
+            diverse = mmr_rerank(ranked, lambda_=hybrid.mmr.lambda_)
             if self.trace:
-                self.trace.mmr(merged, diverse, lambda_=hybrid.mmr.lambda_)
-            merged = diverse
-        selected = select_results(merged, keyword_hits, min_score=floor,
-                                  text_weight=hybrid.text_weight, max_results=limit)
-        return self._finish(selected, floor, min(floor, hybrid.text_weight))
+                self.trace.mmr(ranked, diverse, lambda_=hybrid.mmr.lambda_)
+            ranked = diverse
+        return self._finish(select_results(ranked, max_results=limit), floor)
 
     async def _rerank(self, text: str, cands: list[Candidate]) -> list[Candidate]:
         """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""
@@ -164,19 +163,22 @@ class Searcher:
         return await rerank_stage(self._reranker, self.settings.search.query.rerank, text, cands,
                                   trace=self.trace, warnings=self.warnings)
 
-    def _finish(self, selected: list[Candidate], floor: float,
-                relaxed_floor: float | None) -> list[Candidate]:
+    def _finish(self, selected: list[Candidate], floor: float) -> list[Candidate]:
         if self.trace:
-            self.trace.finish(selected, min_score=floor, relaxed_floor=relaxed_floor)
+            self.trace.finish(selected, min_score=floor)
         return selected
 
     async def _vector_hits(self, store: Store, qvec: list[float], model: str, srcs: list[str],
-                           limit: int) -> list[Candidate]:
+                           limit: int) -> tuple[list[Candidate], CosineStats]:
+        """The best ``limit`` chunks by best-window cosine, and the spread of that cosine over
+        every chunk searched (for the vector evidence of the fusion)."""
         index = self._vector_index()
-        found = await anyio.to_thread.run_sync(partial(
-            index.search, qvec, model=model, sources=srcs, limit=limit))
+        scored = await anyio.to_thread.run_sync(partial(
+            index.search_scored, qvec, model=model, sources=srcs, limit=limit))
+        stats = CosineStats(scored.mean, scored.std, scored.count)
+        found = scored.hits
         if not found:
-            return []
+            return [], stats
         marks = ", ".join("?" for _ in found)
         rows = await anyio.to_thread.run_sync(
             store.query, f"SELECT id, path, source, start_line, end_line, text FROM chunks"
@@ -188,7 +190,7 @@ class Searcher:
             if r is not None:
                 out.append(Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3],
                                      end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
-        return out
+        return out, stats
 
     async def _decay(self, store: Store, cands: list[Candidate]) -> list[Candidate]:
         decay = self.settings.search.query.hybrid.temporal_decay

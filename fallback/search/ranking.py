@@ -1,14 +1,17 @@
-"""Ranking of search candidates: hybrid merge, temporal decay, MMR re-ranking and result selection.
+"""Ranking of search candidates: the candidate type, temporal decay and MMR re-ranking.
 
 Everything here is pure: plain values in, new values out, no SQLite, no clock (callers pass
 ``now_ms``), no file system (callers pass an ``mtime_ms`` callback). Inputs are never mutated.
 
-The order of operations in a hybrid search (the reference system's, OpenClaw ``MemoryIndexManager.search``):
+The order of operations in a hybrid search (``fallback/search/pipeline.py``):
 
-1. :func:`merge_hybrid` — union vector and keyword hits by chunk id, weighted score;
-2. :func:`apply_temporal_decay` — multiply each score by ``0.5 ** (age_days / half_life_days)``;
+1. ``fallback/search/fusion.py`` :func:`~fallback.search.fusion.fuse` — vector and keyword
+   candidates merged by chunk id into one calibrated score, then
+   :func:`~fallback.search.fusion.apply_floor` (``minScore``);
+2. :func:`apply_temporal_decay` — multiply each score by ``0.5 ** (age_days / half_life_days)``
+   (after the floor: decay reorders, it never removes);
 3. :func:`mmr_rerank` — optional diversity re-ranking of the whole list;
-4. :func:`select_results` — ``min_score`` threshold (relaxed for keyword hits) and ``max_results``.
+4. :func:`~fallback.search.fusion.select_results` — ``maxResults``, sessions at most half.
 """
 
 from __future__ import annotations
@@ -30,12 +33,10 @@ __all__ = [
     "decay_timestamp_ms",
     "is_evergreen",
     "jaccard",
-    "merge_hybrid",
     "mmr_rerank",
     "mmr_score",
     "mmr_tokens",
     "normalize_rel_path",
-    "select_results",
 ]
 
 # Milliseconds in one day, for converting ``now_ms - timestamp_ms`` into an age in days.
@@ -61,11 +62,16 @@ class Candidate:
         end_line: last line of the chunk, 1-based inclusive.
         snippet: text shown for the hit (also MMR's content).
         score: the ranking score; for raw vector hits the cosine similarity, for raw keyword hits
-            the BM25-derived text score in ``[0, 1]``; after :func:`merge_hybrid`, the weighted sum.
-        vector_score: cosine similarity of the chunk to the query, ``0.0`` when not a vector hit.
+            the BM25-derived text score in ``[0, 1]``; after hybrid fusion the calibrated score
+            in ``[0, 1]`` (``fallback/search/fusion.py``), then multiplied by temporal decay.
+        vector_score: cosine similarity of the chunk to the query (for window vectors, of its
+            best window), ``0.0`` when not a vector hit.
         text_score: BM25-derived text score in ``[0, 1]``, ``0.0`` when not a keyword hit.
         bm25: the FTS5 ``bm25()`` value of a keyword hit (lower is better), ``None`` otherwise
             (also for substring-only matches, which have no BM25 rank).
+        vector_evidence / text_evidence: the chunk's evidence on each side after fusion, in
+            ``[0, 1]`` (``fallback/search/fusion.py``; ``0.0`` before fusion or when the side
+            did not return it).
     """
 
     chunk_id: str
@@ -78,59 +84,13 @@ class Candidate:
     vector_score: float = 0.0
     text_score: float = 0.0
     bm25: float | None = None
+    vector_evidence: float = 0.0
+    text_evidence: float = 0.0
 
 
 def _by_score_desc(cands: list[Candidate]) -> list[Candidate]:
     """Stable sort by score, best first (ties keep their input order)."""
     return sorted(cands, key=lambda c: -c.score)
-
-
-# ---------------------------------------------------------------------------------------------
-# Hybrid merge (spec §8.5 steps 1-2)
-
-
-def merge_hybrid(vector_hits: list[Candidate], keyword_hits: list[Candidate], *,
-                 vector_weight: float, text_weight: float) -> list[Candidate]:
-    """Union vector and keyword hits by chunk id and score them ``vw·vector + tw·text``.
-
-    A vector hit's similarity is its ``vector_score`` when non-zero, else its ``score``; a
-    keyword hit's text score is its ``text_score`` when non-zero, else its ``score``. Vector
-    hits come first in the union; a keyword hit for an id already present sets its
-    ``text_score`` and replaces the snippet when the keyword snippet is non-empty; a keyword hit
-    for a new id gets ``vector_score = 0``. Duplicate ids within one list keep the first hit.
-
-    Args:
-        vector_hits: candidates from vector search, any order.
-        keyword_hits: candidates from FTS5 keyword search, any order.
-        vector_weight: weight of the cosine similarity (the config normalises the two to sum 1).
-        text_weight: weight of the text score.
-
-    Returns:
-        New candidates, one per distinct chunk id, sorted by score descending (stable).
-
-    Source: OpenClaw ``mergeHybridResults``.
-    """
-    merged: dict[str, Candidate] = {}
-    for hit in vector_hits:
-        if hit.chunk_id in merged:
-            continue
-        similarity = hit.vector_score or hit.score
-        merged[hit.chunk_id] = replace(hit, vector_score=similarity, text_score=0.0)
-    seen_keyword: set[str] = set()
-    for hit in keyword_hits:
-        if hit.chunk_id in seen_keyword:
-            continue
-        seen_keyword.add(hit.chunk_id)
-        text = hit.text_score or hit.score
-        existing = merged.get(hit.chunk_id)
-        if existing is None:
-            merged[hit.chunk_id] = replace(hit, vector_score=0.0, text_score=text)
-        else:
-            snippet = hit.snippet if hit.snippet else existing.snippet
-            merged[hit.chunk_id] = replace(existing, text_score=text, snippet=snippet)
-    scored = [replace(c, score=vector_weight * c.vector_score + text_weight * c.text_score)
-              for c in merged.values()]
-    return _by_score_desc(scored)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,43 +326,3 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
             if sim > max_sims[idx]:
                 max_sims[idx] = sim
     return picked
-
-
-# ---------------------------------------------------------------------------------------------
-# Selection (spec §8.5 steps 6-7)
-
-
-def _hit_key(c: Candidate) -> tuple[str, str, int, int]:
-    return (c.source, c.path, c.start_line, c.end_line)
-
-
-def select_results(merged: list[Candidate], keyword_hits: list[Candidate], *, min_score: float,
-                   text_weight: float, max_results: int) -> list[Candidate]:
-    """Apply the score threshold and the result limit, keeping ranked order.
-
-    Keep candidates with ``score >= min_score``. When none pass but there were keyword hits
-    (with default weights a pure keyword hit scores at most 0.3, below the default 0.35), keep
-    instead the merged candidates whose ``(source, path, start_line, end_line)`` is among the
-    keyword hits and whose score is at least ``min(min_score, text_weight)``.
-
-    Args:
-        merged: ranked candidates (after merge, decay and MMR).
-        keyword_hits: the raw keyword hits of the same query.
-        min_score: score threshold.
-        text_weight: the hybrid text weight (the relaxed floor).
-        max_results: maximum number of results; ``<= 0`` gives ``[]``.
-
-    Returns:
-        At most ``max_results`` candidates from ``merged``, in its order.
-
-    Source: OpenClaw ``MemoryIndexManager.search``.
-    """
-    if max_results <= 0:
-        return []
-    strict = [c for c in merged if c.score >= min_score]
-    if strict or not keyword_hits:
-        return strict[:max_results]
-    keys = {_hit_key(c) for c in keyword_hits}
-    floor = min(min_score, text_weight)
-    relaxed = [c for c in merged if _hit_key(c) in keys and c.score >= floor]
-    return relaxed[:max_results]

@@ -1,16 +1,21 @@
-"""Vector search over the store's chunk embeddings: sqlite-vec in the store, or numpy brute force.
+"""Vector search over the store's chunk embeddings: each chunk is a few window vectors, and a
+chunk scores the cosine similarity of its best window (max pooling).
 
-Each chunk's embedding is stored once, as the float32 little-endian ``chunks.vector`` BLOB.
-:class:`VectorIndex` reads it through a read-only ``sqlite3`` connection of its own (it never
-writes, so it never waits for the writer):
+A chunk's embedding is stored once, as the ``chunks.vector`` BLOB: its window vectors (float32
+little-endian, ``dims`` components each) one after the other, so a chunk embedded whole is
+simply a chunk of one window. :class:`VectorIndex` reads them through a read-only ``sqlite3``
+connection of its own (it never writes, so it never waits for the writer):
 
-- where Python's ``sqlite3`` can load extensions, sqlite-vec is loaded into that connection and
-  the cosine distance is computed in SQL (``vec_distance_cosine``) over ``chunks.vector``: an
-  exact scan, with no copy of the vectors anywhere;
-- elsewhere (macOS system Python, pyenv builds), an exact cosine over a numpy matrix of the
-  vectors, cached per model, sources and dims and reloaded when the store changes.
+- ``brute-force`` (the default): an exact cosine over a numpy matrix of every window, max-pooled
+  per chunk (``np.maximum.reduceat``), built per model, sources and dims from the chunks held
+  in memory. After a write only new rows are read (chunks are keyed by ``(rowid, id)``, listed
+  from the primary-key index, and a chunk id names its content), so a re-synced note costs a
+  scan of the ids, not a reload;
+- ``sqlite-vec``: when the window vectors would take more than ``matrix_max_bytes`` of memory
+  and Python's ``sqlite3`` can load extensions, the cosine distance is computed in SQL
+  (``vec_distance_cosine`` over ``vec_slice`` of each window) with no copy of the vectors.
 
-Both rank identically (cosine similarity, ties by chunk id). sqlite-vec is never driven through
+Both rank identically (best-window cosine, ties by chunk id). sqlite-vec is never driven through
 a second SQLite library (``apsw``) on the store file: two SQLite copies in one process do not
 see each other's POSIX locks, and closing a file in one drops the other's locks
 (https://www.sqlite.org/howtocorrupt.html §2.2.1).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,7 @@ from fallback.errors import IndexStoreError, ManagerClosedError
 from fallback.store.errors import translate_errors
 from fallback.store.files import file_id
 
-__all__ = ["VectorIndex", "probe_sqlite_vec"]
+__all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec", "unit_windows"]
 
 # Busy timeout for reads, in ms (WAL readers are never blocked by writers; this covers
 # checkpoints and schema changes).
@@ -37,6 +43,12 @@ READ_BUSY_TIMEOUT_MS = 5000
 FLOAT32_BYTES = 4
 # Why there is no sqlite-vec where Python's sqlite3 was built without extension loading.
 NO_EXTENSION_LOADING = "python sqlite3 cannot load extensions; exact brute-force cosine"
+# Window vectors are searched in memory up to this many bytes (float32): 512 MiB is about
+# 350,000 windows of 384 dims, some 100,000 chunks. Above it sqlite-vec computes the cosine in
+# SQL when it loads (about 20x slower at 50,000 windows, but nothing is held in memory).
+MATRIX_MAX_BYTES = 512 * 1024 * 1024
+# Chunks read per statement when a refresh loads the vectors of new chunks.
+ROWS_PER_FETCH = 500
 
 
 def _placeholders(n: int) -> str:
@@ -82,16 +94,87 @@ def probe_sqlite_vec(extension_path: str | None = None) -> tuple[str | None, str
     return path, None
 
 
-class VectorIndex:
-    """Cosine-similarity search over ``chunks.vector`` of one SQLite store.
+def unit_windows(blob: bytes | None, dims: int) -> Any:
+    """A chunk's window vectors as unit float32 rows.
 
-    Modes (``mode``): ``"sqlite-vec"`` (sqlite-vec loaded into this index's ``sqlite3``
-    connection; ``vec_distance_cosine`` over the chunks in SQL), ``"brute-force"`` (exact cosine
-    over a numpy matrix cached per model, sources and dims, reloaded when the store changes),
-    ``"disabled"`` (``enabled=False``; every search returns ``[]``). ``reason`` says why the mode
-    is not sqlite-vec. An atomic swap of the store file (new inode) is noticed and the
-    connection reopened. A vector whose length differs from the query's dims is never compared
-    (no mixing of dimensionalities); zero or non-finite vectors are skipped.
+    Args:
+        blob: the ``chunks.vector`` BLOB (``n x dims`` float32 little-endian), or ``None``.
+        dims: components per window.
+
+    Returns:
+        A ``(k, dims)`` float32 array of the windows whose norm is finite and non-zero, each
+        divided by its norm; ``None`` when the blob is missing, does not hold whole vectors of
+        ``dims`` components, or no window is left.
+    """
+    import numpy as np
+
+    if not blob or dims <= 0 or len(blob) % (dims * FLOAT32_BYTES):
+        return None
+    raw = np.frombuffer(bytes(blob), dtype="<f4").reshape(-1, dims)
+    norms = np.linalg.norm(raw.astype(np.float64), axis=1)
+    keep = np.isfinite(norms) & (norms > 0)
+    if not keep.any():
+        return None
+    return (raw[keep] / norms[keep, None]).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class VectorSearch:
+    """The answer of :meth:`VectorIndex.search_scored`.
+
+    Attributes:
+        hits: ``[(chunk_id, cosine)]``, best first: per chunk the cosine similarity of its best
+            window, in ``[-1, 1]``.
+        mean / std: mean and (population) standard deviation of that best-window cosine over
+            every chunk searched, not only the hits; ``0.0`` without chunks.
+        count: how many chunks were searched.
+    """
+
+    hits: list[tuple[str, float]]
+    mean: float = 0.0
+    std: float = 0.0
+    count: int = 0
+
+
+EMPTY_SEARCH = VectorSearch(hits=[])
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One chunk row as the index holds it: its model, source, ``dims`` and unit window rows
+    (``None`` when it has no usable vector)."""
+
+    chunk_id: str
+    model: str
+    source: str
+    dims: int
+    windows: Any
+
+
+@dataclass(frozen=True)
+class _Matrix:
+    """The windows of one (model, sources, dims), chunks in id order: ``windows`` stacks their
+    unit rows, ``bounds[i]`` is the first row of chunk ``ids[i]``; ``version`` is the store's
+    ``data_version`` it was built at."""
+
+    version: int
+    ids: list[str]
+    windows: Any
+    bounds: Any
+
+
+class VectorIndex:
+    """Best-window cosine search over ``chunks.vector`` of one SQLite store.
+
+    Modes (``mode``): ``"brute-force"`` (exact cosine over an in-memory numpy matrix of the
+    window vectors, max-pooled per chunk; above ``matrix_max_bytes`` the search moves to SQL
+    when sqlite-vec loads), ``"sqlite-vec"`` (``matrix_max_bytes <= 0`` and sqlite-vec loads:
+    always in SQL), ``"disabled"`` (``enabled=False``; every search returns ``[]``).
+    ``reason`` says why sqlite-vec is not available, ``None`` when it is; ``lastQueryMode`` in
+    :meth:`status` is the mode that answered the last search. An atomic swap of the store file
+    (new inode) is noticed and everything reloaded. A chunk whose ``dims`` differs from the
+    query's is never compared (no mixing of dimensionalities); zero or non-finite windows are
+    skipped.
 
     Thread-safe: one lock serialises searches on an instance.
 
@@ -100,38 +183,44 @@ class VectorIndex:
         enabled: ``store.vector.enabled``.
         extension_path: ``store.vector.extensionPath``; default is the ``sqlite_vec`` package's
             loadable.
+        matrix_max_bytes: memory budget of the window matrix in bytes (default
+            :data:`MATRIX_MAX_BYTES`).
     """
 
-    def __init__(self, db_path: Path, *, enabled: bool = True,
-                 extension_path: str | None = None) -> None:
+    def __init__(self, db_path: Path, *, enabled: bool = True, extension_path: str | None = None,
+                 matrix_max_bytes: int = MATRIX_MAX_BYTES) -> None:
         self._db_path = Path(db_path)
         self._enabled = enabled
         self._configured_extension = extension_path
+        self._matrix_max_bytes = matrix_max_bytes
         self._lock = threading.RLock()
         self._closed = False
         self._conn: sqlite3.Connection | None = None
         self._file_id: tuple[int, int] | None = None
-        self._data_version: int | None = None
         self._last_query_mode: str | None = None
         self._dims: int | None = None
-        self._matrices: dict[tuple[str, tuple[str, ...], int], tuple[list[str], Any]] = {}
+        self._chunks: dict[tuple[int, str], _Chunk] | None = None
+        self._version: int | None = None
+        self._sql_only = False
+        self._matrices: dict[tuple[str, tuple[str, ...], int], _Matrix] = {}
         self._extension_path: str | None = None
         self._mode = "disabled"
         self._reason: str | None = "disabled by config (store.vector.enabled = false)"
         if enabled:
             self._extension_path, self._reason = probe_sqlite_vec(extension_path)
-            self._mode = "sqlite-vec" if self._extension_path else "brute-force"
+            forced_sql = self._extension_path is not None and matrix_max_bytes <= 0
+            self._mode = "sqlite-vec" if forced_sql else "brute-force"
 
     # -- properties ------------------------------------------------------------------------
 
     @property
     def mode(self) -> str:
-        """``"sqlite-vec"``, ``"brute-force"`` or ``"disabled"``."""
+        """``"brute-force"``, ``"sqlite-vec"`` or ``"disabled"``."""
         return self._mode
 
     @property
     def reason(self) -> str | None:
-        """Why sqlite-vec is not used; None when it is."""
+        """Why sqlite-vec is not available (or why vectors are off); None when it is."""
         return self._reason
 
     @property
@@ -148,7 +237,13 @@ class VectorIndex:
                 self._conn.close()
         self._conn = None
         self._file_id = None
-        self._data_version = None
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop every vector held in memory (the next search reads them again)."""
+        self._chunks = None
+        self._version = None
+        self._sql_only = False
         self._matrices.clear()
 
     def _connect(self) -> sqlite3.Connection | None:
@@ -167,8 +262,8 @@ class VectorIndex:
                                check_same_thread=False, isolation_level=None,
                                timeout=READ_BUSY_TIMEOUT_MS / 1000)
         try:
-            if self._mode == "sqlite-vec":
-                _load_sqlite_vec(conn, str(self._extension_path))
+            if self._extension_path is not None:
+                _load_sqlite_vec(conn, self._extension_path)
         except BaseException:
             conn.close()
             raise
@@ -180,10 +275,21 @@ class VectorIndex:
 
     def search(self, query: list[float], *, model: str, sources: list[str],
                limit: int) -> list[tuple[str, float]]:
-        """The chunks most similar to ``query``, best first.
+        """The hits of :meth:`search_scored`: ``[(chunk_id, best-window cosine)]``, best first.
 
-        Only chunks with ``chunks.model == model``, ``chunks.source`` in ``sources`` and a
-        vector of ``len(query)`` float32 components are considered.
+        Raises:
+            ManagerClosedError: after :meth:`close`.
+            IndexStoreError: the store cannot be opened or read.
+        """
+        return self.search_scored(query, model=model, sources=sources, limit=limit).hits
+
+    def search_scored(self, query: list[float], *, model: str, sources: list[str],
+                      limit: int) -> VectorSearch:
+        """The chunks whose best window is most similar to ``query``, best first, with the
+        statistics of that similarity over every chunk searched.
+
+        Only chunks with ``chunks.model == model``, ``chunks.source`` in ``sources`` and
+        ``chunks.dims == len(query)`` are considered.
 
         Args:
             query: the query embedding (any norm).
@@ -192,9 +298,11 @@ class VectorIndex:
             limit: maximum number of hits (``<= 0`` gives ``[]``).
 
         Returns:
-            ``[(chunk_id, cosine_similarity)]``, similarity in ``[-1, 1]``, descending (ties by
-            chunk id); ``[]`` when disabled, the store does not exist, or the query is empty,
-            zero or non-finite.
+            A :class:`VectorSearch`: hits ``[(chunk_id, cosine_similarity)]`` with per chunk
+            the largest cosine of its windows, in ``[-1, 1]``, descending (ties by chunk id),
+            and the mean, standard deviation and count of that cosine over all the chunks
+            considered; no hits when disabled, the store does not exist, or the query is
+            empty, zero or non-finite.
 
         Raises:
             ManagerClosedError: after :meth:`close`.
@@ -207,42 +315,45 @@ class VectorIndex:
             if self._closed:
                 raise ManagerClosedError("vector index is closed")
             if self._mode == "disabled" or limit <= 0 or not query or not sources:
-                return []
+                return EMPTY_SEARCH
             q = np.asarray(query, dtype=np.float64)
             norm = float(np.linalg.norm(q))
             if not np.isfinite(norm) or norm == 0.0:
-                return []
+                return EMPTY_SEARCH
             dims = len(query)
-            unique_sources = sorted(set(sources))
+            key = (model, tuple(sorted(set(sources))), dims)
             with translate_errors(self._db_path):
                 conn = self._connect()
                 if conn is None:
-                    return []
-                version = int(conn.execute("PRAGMA data_version").fetchall()[0][0])
-                if version != self._data_version:
-                    self._matrices.clear()
-                    self._data_version = version
+                    return EMPTY_SEARCH
                 self._dims = dims
-                self._last_query_mode = self._mode
-                if self._mode == "sqlite-vec":
-                    return self._search_sql(conn, q, dims=dims, model=model,
-                                            sources=unique_sources, limit=limit)
-                return self._search_brute_force(conn, q / norm, dims=dims, model=model,
-                                                sources=unique_sources, limit=limit)
+                conn.execute("BEGIN")  # one read snapshot for the refresh and the search
+                try:
+                    version = int(conn.execute("PRAGMA data_version").fetchall()[0][0])
+                    if version != self._version:
+                        self._refresh(conn)
+                        self._version = version
+                    if self._sql_only:
+                        self._last_query_mode = "sqlite-vec"
+                        return self._search_sql(conn, q, key=key, limit=limit)
+                finally:
+                    conn.execute("COMMIT")
+                matrix = self._matrix(key, version)
+            self._last_query_mode = "brute-force"
+            return self._search_matrix(matrix, (q / norm).astype(np.float32), limit=limit)
 
     def invalidate(self) -> None:
-        """Forget cached matrices (the store changed; the next search reloads)."""
+        """Forget the vectors held in memory (the next search reads every vector again)."""
         with self._lock:
-            self._matrices.clear()
+            self._forget()
 
     def status(self) -> dict[str, Any]:
         """Health for ``status()``.
 
         Returns:
             ``{"enabled", "available", "mode", "reason", "dims", "extensionPath",
-            "lastQueryMode"}``: ``available`` is True when vector search can answer
-            (sqlite-vec or brute force); ``lastQueryMode`` is the mode that answered the last
-            search (None before one).
+            "lastQueryMode"}``: ``available`` is True when vector search can answer;
+            ``lastQueryMode`` is the mode that answered the last search (None before one).
         """
         with self._lock:
             return {
@@ -261,62 +372,113 @@ class VectorIndex:
             self._drop_connection()
             self._closed = True
 
+    # -- the window matrix -----------------------------------------------------------------
+
+    def _refresh(self, conn: sqlite3.Connection) -> None:
+        """Bring the chunks held in memory up to date, reading only the rows that are new.
+
+        The first time, every row is read (or, when the vectors exceed the memory budget and
+        sqlite-vec loads, none: searches run in SQL). After that, the ``(rowid, id)`` pairs come
+        from the primary-key index alone; a pair already held is kept as it is (a chunk id
+        names its content and model, so its windows are the same) and only new pairs are read.
+        """
+        if self._sql_only:
+            return
+        if self._chunks is None:
+            if self._extension_path is not None and (self._matrix_max_bytes <= 0 or int(conn.execute(
+                    "SELECT COALESCE(SUM(length(vector)), 0) FROM chunks").fetchall()[0][0])
+                    > self._matrix_max_bytes):
+                self._sql_only = True
+                return
+            self._chunks = self._read(conn, "", [])
+        else:
+            keys = {(int(r[0]), str(r[1])) for r in conn.execute("SELECT rowid, id FROM chunks")}
+            kept = {k: c for k, c in self._chunks.items() if k in keys}
+            new = sorted(rowid for rowid, cid in keys - kept.keys())
+            for i in range(0, len(new), ROWS_PER_FETCH):
+                part = new[i:i + ROWS_PER_FETCH]
+                kept.update(self._read(conn, f" WHERE rowid IN ({_placeholders(len(part))})", part))
+            self._chunks = kept
+        self._matrices.clear()
+        held = sum(c.windows.nbytes for c in self._chunks.values() if c.windows is not None)
+        if self._extension_path is not None and held > self._matrix_max_bytes:
+            self._chunks = None
+            self._sql_only = True
+
+    @staticmethod
+    def _read(conn: sqlite3.Connection, where: str, params: list[Any]) -> dict[tuple[int, str], _Chunk]:
+        rows = conn.execute(f"SELECT rowid, id, model, source, vector, dims FROM chunks{where}",
+                            params).fetchall()
+        out = {}
+        for rowid, chunk_id, model, source, blob, dims in rows:
+            d = int(dims or 0)
+            out[(int(rowid), str(chunk_id))] = _Chunk(str(chunk_id), str(model), str(source), d,
+                                                      unit_windows(blob, d))
+        return out
+
+    def _matrix(self, key: tuple[str, tuple[str, ...], int], version: int) -> _Matrix:
+        """The window matrix of ``key`` built from the chunks held (cached per version)."""
+        import numpy as np
+
+        cached = self._matrices.get(key)
+        if cached is not None and cached.version == version:
+            return cached
+        model, sources, dims = key
+        chosen = sorted((c for c in (self._chunks or {}).values()
+                         if c.windows is not None and c.model == model and c.source in sources
+                         and c.dims == dims), key=lambda c: c.chunk_id)
+        sizes = np.fromiter((len(c.windows) for c in chosen), dtype=np.int64, count=len(chosen))
+        matrix = _Matrix(
+            version=version, ids=[c.chunk_id for c in chosen],
+            windows=(np.ascontiguousarray(np.concatenate([c.windows for c in chosen])) if chosen
+                     else np.zeros((0, dims), dtype=np.float32)),
+            bounds=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64))
+        self._matrices[key] = matrix
+        return matrix
+
+    @staticmethod
+    def _search_matrix(matrix: _Matrix, unit_query: Any, *, limit: int) -> VectorSearch:
+        import numpy as np
+
+        if not matrix.ids:
+            return EMPTY_SEARCH
+        scores = np.maximum.reduceat(matrix.windows @ unit_query, matrix.bounds)
+        k = min(limit, len(scores))
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        # chunks are in id order, so a stable sort breaks ties by chunk id
+        order = top[np.argsort(-scores[top], kind="stable")]
+        as64 = scores.astype(np.float64)
+        return VectorSearch(hits=[(matrix.ids[i], float(scores[i])) for i in order.tolist()],
+                            mean=float(as64.mean()), std=float(as64.std()), count=len(scores))
+
     # -- sqlite-vec ------------------------------------------------------------------------
 
     @staticmethod
-    def _search_sql(conn: sqlite3.Connection, q: Any, *, dims: int, model: str,
-                    sources: list[str], limit: int) -> list[tuple[str, float]]:
-        """Exact cosine in SQL; zero and non-finite vectors give a NULL distance and drop out."""
+    def _search_sql(conn: sqlite3.Connection, q: Any, *, key: tuple[str, tuple[str, ...], int],
+                    limit: int) -> VectorSearch:
+        """Exact best-window cosine in SQL: each chunk's BLOB is cut into windows with
+        ``vec_slice``; zero and non-finite windows give a NULL distance and drop out. The
+        statistics come from window aggregates over every grouped chunk, before the LIMIT."""
         import numpy as np
 
-        sql = ("SELECT id, dist FROM (SELECT id, vec_distance_cosine(vector, ?) AS dist"
-               " FROM chunks WHERE model = ? AND source IN "
-               f"({_placeholders(len(sources))}) AND vector IS NOT NULL AND length(vector) = ?)"
-               " WHERE dist IS NOT NULL ORDER BY dist, id LIMIT ?")
+        model, sources, dims = key
+        window_bytes = dims * FLOAT32_BYTES
+        where = (f"model = ? AND source IN ({_placeholders(len(sources))}) AND vector IS NOT NULL"
+                 " AND dims = ? AND length(vector) > 0 AND length(vector) % ? = 0")
+        params = (model, *sources, dims, window_bytes)
+        most = conn.execute(f"SELECT MAX(length(vector)) FROM chunks WHERE {where}", params).fetchall()
+        if not most or most[0][0] is None:
+            return EMPTY_SEARCH
+        sql = ("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)"
+               " SELECT id, dist, AVG(dist) OVER (), AVG(dist * dist) OVER (), COUNT(*) OVER ()"
+               " FROM (SELECT id, MIN(vec_distance_cosine(vec_slice(vector, n.i * ?, (n.i + 1) * ?), ?))"
+               f" AS dist FROM chunks CROSS JOIN n WHERE n.i < length(vector) / ? AND {where}"
+               " GROUP BY id HAVING dist IS NOT NULL) ORDER BY dist, id LIMIT ?")
         blob = np.asarray(q, dtype="<f4").tobytes()
-        rows = conn.execute(sql, (blob, model, *sources, dims * FLOAT32_BYTES, limit)).fetchall()
-        return [(r[0], 1.0 - float(r[1])) for r in rows]
-
-    # -- brute force -----------------------------------------------------------------------
-
-    def _load_matrix(self, conn: sqlite3.Connection, *, dims: int, model: str,
-                     sources: list[str]) -> tuple[list[str], Any]:
-        """Rows of unit vectors (float32, shape ``(n, dims)``) and their chunk ids, cached."""
-        import numpy as np
-
-        key = (model, tuple(sources), dims)
-        cached = self._matrices.get(key)
-        if cached is not None:
-            return cached
-        sql = ("SELECT id, vector FROM chunks WHERE model = ? AND source IN "
-               f"({_placeholders(len(sources))}) AND vector IS NOT NULL AND length(vector) = ? "
-               "ORDER BY id")
-        rows = conn.execute(sql, (model, *sources, dims * FLOAT32_BYTES)).fetchall()
+        rows = conn.execute(sql, (int(most[0][0]) // window_bytes, dims, dims, blob, window_bytes,
+                                  *params, limit)).fetchall()
         if not rows:
-            entry: tuple[list[str], Any] = ([], np.zeros((0, dims), dtype=np.float32))
-        else:
-            matrix = np.frombuffer(b"".join(bytes(r[1]) for r in rows), dtype="<f4")
-            matrix = matrix.reshape(len(rows), dims).astype(np.float32)
-            norms = np.linalg.norm(matrix.astype(np.float64), axis=1)
-            keep = np.isfinite(norms) & (norms > 0)
-            matrix = matrix[keep] / norms[keep, None].astype(np.float32)
-            ids = [r[0] for r, ok in zip(rows, keep.tolist(), strict=True) if ok]
-            entry = (ids, np.ascontiguousarray(matrix, dtype=np.float32))
-        self._matrices[key] = entry
-        return entry
-
-    def _search_brute_force(self, conn: sqlite3.Connection, unit_query: Any, *, dims: int,
-                            model: str, sources: list[str], limit: int) -> list[tuple[str, float]]:
-        import numpy as np
-
-        ids, matrix = self._load_matrix(conn, dims=dims, model=model, sources=sources)
-        if not ids:
-            return []
-        scores = matrix @ unit_query.astype(np.float32)
-        k = min(limit, len(ids))
-        if k < len(ids):
-            top = np.argpartition(-scores, k - 1)[:k]
-        else:
-            top = np.arange(len(ids))
-        order = top[np.argsort(-scores[top], kind="stable")]
-        return [(ids[i], float(scores[i])) for i in order.tolist() if np.isfinite(scores[i])]
+            return EMPTY_SEARCH
+        mean_dist, mean_sq = float(rows[0][2]), float(rows[0][3])
+        return VectorSearch(hits=[(r[0], 1.0 - float(r[1])) for r in rows], mean=1.0 - mean_dist,
+                            std=max(0.0, mean_sq - mean_dist * mean_dist) ** 0.5, count=int(rows[0][4]))

@@ -35,6 +35,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "Chunk",
     "chunk_markdown",
+    "embedding_windows",
     "grapheme_ends",
     "remap_lines",
     "split_by_utf8_bytes",
@@ -240,6 +241,23 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
             current += size
     flush()
     return chunks
+
+
+def embedding_windows(text: str, *, tokens: int, overlap: int) -> list[Chunk]:
+    """The windows a chunk's text is embedded as: :func:`chunk_markdown` of it with a window
+    budget, so each window is whole lines (a long line cut) of at most ``tokens`` and the next
+    one repeats up to ``overlap`` tokens of its last lines.
+
+    Args:
+        text: the chunk's text.
+        tokens: window budget in tokens (4 chars each, CJK characters 1 token each).
+        overlap: overlap budget in tokens.
+
+    Returns:
+        The windows in order, line numbers relative to ``text`` (1-based); ``[]`` for a blank
+        text.
+    """
+    return chunk_markdown(text, tokens=tokens, overlap=overlap)
 
 
 def remap_lines(chunks: list[Chunk], line_map: list[int] | None) -> list[Chunk]:

@@ -40,7 +40,9 @@ def explain_lines(e: HitExplain) -> list[str]:
         lines.append(f"  vector: rank {e.vector.rank}, cosine {e.vector.cosine:.4f}")
     if e.fusion is not None:
         f = e.fusion
-        lines.append(f"  fusion: {f.vector_weight:g} x vector + {f.text_weight:g} x text = {f.score:.4f}")
+        lines.append(f"  fusion ({f.method}): evidence vector {f.vector_evidence:.4f}, text "
+                     f"{f.text_evidence:.4f}; 0.5 x max + 0.5 x ({f.vector_weight:g} x vector + "
+                     f"{f.text_weight:g} x text) = {f.score:.4f}")
     if e.decay is not None:
         d = e.decay
         age = "evergreen" if d.age_days is None else f"age {d.age_days:.1f} days (by {d.dated_by})"

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
+from fallback.search.fusion import CosineStats, fuse
 from fallback.search.ranking import (
     Candidate,
     apply_temporal_decay,
     date_from_path,
     decay_multiplier,
     is_evergreen,
-    merge_hybrid,
 )
 
 DAY_MS = 86_400_000
@@ -91,11 +91,12 @@ def test_evergreen_files_unchanged_and_mtime_never_asked():
 
 
 def test_vector_only_merge_newer_note_ranks_first():
-    merged = merge_hybrid([cand("memory/2025-01-01.md", 0.95), cand("memory/2026-02-10.md", 0.8)],
-                          [], vector_weight=1.0, text_weight=0.0)
+    merged = fuse([cand("memory/2025-01-01.md", 0.95), cand("memory/2026-02-10.md", 0.8),
+                   cand("memory/2026-02-01.md", 0.15)], [], vector_weight=0.7, text_weight=0.3,
+                  cosine_stats=CosineStats(mean=0.15, std=0.8 / 3.5, count=50))
     out = apply_temporal_decay(merged, half_life_days=30, now_ms=NOW_MS, mtime_ms=MtimeLog({}))
-    assert [c.path for c in out] == ["memory/2026-02-10.md", "memory/2025-01-01.md"]
-    assert out[0].score == pytest.approx(0.8)
+    assert [c.path for c in out] == ["memory/2026-02-10.md", "memory/2025-01-01.md", "memory/2026-02-01.md"]
+    assert out[0].score == pytest.approx(0.65 / 0.8)  # vector evidence (0.65 of the 0.8 to full), no decay today
     assert out[1].vector_score == 0.95
 
 

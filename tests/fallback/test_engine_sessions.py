@@ -242,3 +242,24 @@ async def test_case_38_sessions_decay_by_transcript_mtime(ws: Path) -> None:
         assert hits[1].score == pytest.approx(hits[0].score * 0.5, rel=1e-6)
     finally:
         await engine.close()
+
+
+async def test_transcripts_take_at_most_half_of_the_result_slots(ws: Path) -> None:
+    # Four transcripts and two notes mention the heron; the transcripts match best (the word
+    # twice each), yet with maxResults 4 they fill only two slots while notes remain.
+    (ws / "memory" / "2026-02-01.md").write_text("A heron stood by the pond.\n")
+    (ws / "memory" / "2026-02-02.md").write_text("Saw the heron again near the reeds.\n")
+    engine = _engine(ws)
+    try:
+        for n in range(4):
+            write_transcript(_sessions_dir(engine) / f"s{n}.jsonl",
+                             [_record("user", f"heron heron sighting {n}")])
+        await engine.sync(reason="test")
+        hits = await engine.search("heron", max_results=4, min_score=0)
+        assert sorted(h.source for h in hits) == ["memory", "memory", "sessions", "sessions"]
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+        # with six slots the notes run out first, and transcripts fill the rest
+        six = await engine.search("heron", max_results=6, min_score=0)
+        assert sorted(h.source for h in six) == ["memory", "memory", *["sessions"] * 4]
+    finally:
+        await engine.close()

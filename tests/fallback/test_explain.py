@@ -100,19 +100,28 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
     for path, e in ex.items():
         assert e and e.keyword and e.keyword.bm25 == bm25[path]
     assert [ex[p].keyword.rank for p in sorted(bm25, key=bm25.__getitem__)] == [1, 2, 3]  # type: ignore[union-attr]
+    # fusion evidence: the cosine's standard score over the three chunks, divided by the
+    # sqrt(2) that three values allow at most; text scores divided by the best keyword hit's
+    cosines = [1.0, 2 / math.sqrt(5), 1 / math.sqrt(2)]
+    mean = sum(cosines) / 3
+    std = math.sqrt(sum((c - mean) ** 2 for c in cosines) / 3)
+    best_text = max(e.keyword.text_score for e in ex.values())  # type: ignore[union-attr]
     for path, r in zip(paths, outcome.results, strict=True):
         e = ex[path]
         assert e and e.fusion and e.vector and e.keyword and e.decay and e.mmr
-        # fusion: 0.7 x cosine + 0.3 x text score; decay multiplies; MMR keeps scores
-        assert (e.fusion.vector_weight, e.fusion.text_weight) == (0.7, 0.3)
-        assert e.fusion.score == pytest.approx(0.7 * e.vector.cosine + 0.3 * e.keyword.text_score)
+        assert (e.fusion.method, e.fusion.vector_weight, e.fusion.text_weight) == ("scores", 0.7, 0.3)
+        v, t = e.fusion.vector_evidence, e.fusion.text_evidence
+        assert v == pytest.approx(max(0.0, min(1.0, (e.vector.cosine - mean) / std / math.sqrt(2))), abs=1e-6)
+        assert t == pytest.approx(e.keyword.text_score / best_text)
+        # calibrated score: 0.5 x max(v, t) + 0.5 x (0.7 v + 0.3 t); decay multiplies; MMR keeps scores
+        assert e.fusion.score == pytest.approx(0.5 * max(v, t) + 0.5 * (0.7 * v + 0.3 * t))
         assert e.decay.score == pytest.approx(e.fusion.score * e.decay.factor)
         assert r.score == pytest.approx(e.decay.score)
         assert (r.vector_score, r.text_score) == (pytest.approx(e.vector.cosine), e.keyword.text_score)
         assert e.rerank is None
         assert e.mmr.lambda_ == 0.7 and e.mmr.rank_after == e.rank
         assert e.floor.kept and e.floor.min_score == 0.1 and e.floor.relaxed_floor is None
-        assert e.floor.reason == f"score {r.score:.4f} >= minScore 0.1"
+        assert e.floor.reason == f"calibrated score {e.fusion.score:.4f} >= minScore 0.1"
     # decay: dated by the file name, age in days at NOW_MS; MEMORY.md is evergreen
     assert (newest.decay and newest.decay.age_days, newest.decay and newest.decay.dated_by) == (1.0, "name")
     assert newest.decay and newest.decay.factor == pytest.approx(0.5 ** (1 / 30), rel=1e-12)
@@ -126,7 +135,8 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
 
 async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
     # Keyword scores are relative to the best hit (fallback/search/keyword.py), so the best one
-    # scores 1 and passes any minScore; with decay, none reaches 0.99 and the fallback keeps all.
+    # scores 1 and passes any minScore; the floor runs before decay, so with decay that hit
+    # still passes (and nothing else does), its returned score decayed below minScore.
     engine = _engine(ws, embeddings=False)
     decayed = _engine(ws, embeddings=False,
                       hybrid={"temporalDecay": {"enabled": True, "halfLifeDays": 30}})
@@ -152,25 +162,29 @@ async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
                   "reason": "score 1.0000 >= minScore 0.99"},
         "rank": 1,
     }
-    assert len(fallback.results) == 3
-    for r in fallback.results:
-        assert r.explain is not None and r.score < 0.99
-        assert r.explain.floor.reason == (
-            "no hit reached minScore 0.99; the best keyword hits are kept")
+    [kept] = fallback.results
+    assert kept.path == outcome.results[0].path and kept.explain is not None and kept.explain.decay
+    assert kept.score == pytest.approx(kept.explain.decay.factor) and kept.score < 0.99
+    assert kept.explain.floor.reason == "score 1.0000 >= minScore 0.99"
 
 
-async def test_hybrid_relaxed_floor_is_explained(ws: Path) -> None:
-    # No fused score reaches minScore 0.99, so keyword hits are kept down to the relaxed floor
-    # min(minScore, textWeight) = 0.3.
+async def test_hybrid_floor_is_on_the_calibrated_score(ws: Path) -> None:
+    # A minScore between the two best calibrated scores keeps exactly the best hit: the floor
+    # needs no relaxed keyword floor, and the reason quotes the calibrated score.
     engine = _engine(ws, embeddings=True)
     try:
-        outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
+        wide = await engine.search_detailed("alpha", explain=True, min_score=0.0)
+        scores = [r.score for r in wide.results]
+        floor = (scores[0] + scores[1]) / 2
+        outcome = await engine.search_detailed("alpha", explain=True, min_score=floor)
     finally:
         await engine.close()
-    assert len(outcome.results) == 3
-    for r in outcome.results:
-        e = r.explain
-        assert e is not None and e.mode == "hybrid" and e.decay is None and e.mmr is None
-        assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (0.99, 0.3, True)
-        assert e.floor.reason == (f"no hit reached minScore 0.99; keyword hit with score "
-                                  f"{r.score:.4f} >= relaxed floor 0.3")
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True) and scores[0] > scores[1]
+    assert [r.path for r in outcome.results] == [wide.results[0].path]
+    [hit] = outcome.results
+    e = hit.explain
+    assert e is not None and e.mode == "hybrid" and e.fusion and e.decay is None and e.mmr is None
+    v, t = e.fusion.vector_evidence, e.fusion.text_evidence
+    assert hit.score == e.fusion.score == pytest.approx(0.5 * max(v, t) + 0.5 * (0.7 * v + 0.3 * t))
+    assert (e.floor.min_score, e.floor.relaxed_floor, e.floor.kept) == (floor, None, True)
+    assert e.floor.reason == f"calibrated score {hit.score:.4f} >= minScore {floor:g}"

@@ -7,6 +7,7 @@ whose ``sqlite3`` does, where none of them skips.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -58,8 +59,10 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 def index_for(db: Path, mode: str) -> VectorIndex:
-    """A VectorIndex in ``mode``; a loadable that does not exist forces brute force."""
-    index = VectorIndex(db) if mode == "sqlite-vec" else VectorIndex(db, extension_path=BROKEN_EXTENSION)
+    """A VectorIndex in ``mode``: no memory budget forces sqlite-vec, a loadable that does not
+    exist forces brute force."""
+    index = (VectorIndex(db, matrix_max_bytes=0) if mode == "sqlite-vec"
+             else VectorIndex(db, extension_path=BROKEN_EXTENSION))
     assert index.mode == mode
     return index
 
@@ -98,11 +101,15 @@ def test_modes_and_status(tmp_path):
     status = default.status()
     assert set(status) == {"enabled", "available", "mode", "reason", "dims", "extensionPath",
                            "lastQueryMode"}
+    # The window matrix in memory answers by default; sqlite-vec (when it loads) takes over
+    # above the memory budget, or always with no budget.
     if LOADS_HERE:
-        assert (status["mode"], status["reason"]) == ("sqlite-vec", None)
+        assert (status["mode"], status["reason"]) == ("brute-force", None)
         assert status["extensionPath"].endswith("vec0")
+        assert VectorIndex(db, matrix_max_bytes=0).mode == "sqlite-vec"
     else:
         assert (status["mode"], status["reason"]) == ("brute-force", NO_EXTENSION_LOADING)
+        assert VectorIndex(db, matrix_max_bytes=0).mode == "brute-force"
     assert (status["enabled"], status["available"], status["lastQueryMode"]) == (True, True, None)
     broken = VectorIndex(db, extension_path=BROKEN_EXTENSION)
     assert broken.mode == "brute-force"
@@ -243,6 +250,64 @@ def test_invalidate_and_close(tmp_path, mode):
     index.close()
     with pytest.raises(ManagerClosedError, match="vector index is closed"):
         index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
+    conn.close()
+
+
+def put_windows(conn: sqlite3.Connection, chunk_id: str, windows: list[list[float]], *,
+                dims: int | None = None) -> None:
+    """A chunk embedded as several windows: their float32 vectors one after the other."""
+    blob = np.asarray(windows, dtype="<f4").tobytes()
+    conn.execute(
+        "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash, model, text, "
+        "vector, dims, updated_at) VALUES (?, ?, 'memory', 1, 2, 'h', 'm1', 't', ?, ?, 1)",
+        (chunk_id, f"memory/{chunk_id}.md", blob, dims or len(windows[0])))
+
+
+def test_a_chunk_scores_its_best_window(tmp_path, mode):
+    db = tmp_path / "s.sqlite"
+    conn = make_store(db)
+    put_windows(conn, "two", [[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+    put_windows(conn, "one", [[0.8, 0.6, 0.0]])
+    put_windows(conn, "zero-and-z", [[0.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # the zero window is skipped
+    put_windows(conn, "ragged", [[1.0, 0.0, 0.0]], dims=2)  # 3 floats are not whole 2-d windows
+    index = index_for(db, mode)
+    assert index.search([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=5) == [
+        ("two", pytest.approx(1.0)), ("one", pytest.approx(0.6)), ("zero-and-z", pytest.approx(0.0))]
+    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2) == [
+        ("two", pytest.approx(1.0)), ("one", pytest.approx(0.8))]
+    assert index.search([0.0, 0.0, -1.0], model="m1", sources=["memory"], limit=5) == [
+        ("one", pytest.approx(0.0)), ("two", pytest.approx(0.0)), ("zero-and-z", pytest.approx(-1.0))]
+    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    # statistics of the best-window cosine over every chunk searched, not only the hits
+    scored = index.search_scored([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1)
+    assert scored.hits == [("two", pytest.approx(1.0))] and scored.count == 3
+    assert (scored.mean, scored.std) == (pytest.approx(1.6 / 3), pytest.approx(float(np.std([1.0, 0.6, 0.0]))))
+    assert index.status()["lastQueryMode"] == mode
+    index.close()
+    conn.close()
+
+
+def test_a_refresh_reads_only_the_chunks_that_changed(tmp_path):
+    db = tmp_path / "s.sqlite"
+    conn = make_store(db)
+    for i in range(6):
+        put_windows(conn, f"c{i}", [[1.0, float(i), 0.0], [0.0, 1.0, float(i)]])
+    index = index_for(db, "brute-force")
+    assert [c for c, _ in index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)] == ["c0", "c1"]
+    statements: list[str] = []
+    index._conn.set_trace_callback(statements.append)  # type: ignore[union-attr]
+    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)[0][0] == "c0"
+    assert not any("rowid IN" in sql for sql in statements)  # nothing changed: nothing read
+    put_windows(conn, "c3", [[1.0, 0.0, 0.0]])  # rewritten: a new row
+    conn.execute("DELETE FROM chunks WHERE id = 'c0'")
+    statements.clear()
+    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=3) == [
+        ("c3", pytest.approx(1.0)), ("c1", pytest.approx(1 / math.sqrt(2))),
+        ("c2", pytest.approx(1 / math.sqrt(5)))]
+    new_rowid = conn.execute("SELECT rowid FROM chunks WHERE id = 'c3'").fetchone()[0]
+    assert [sql for sql in statements if "rowid IN" in sql] == [
+        f"SELECT rowid, id, model, source, vector, dims FROM chunks WHERE rowid IN ({new_rowid})"]
+    index.close()
     conn.close()
 
 

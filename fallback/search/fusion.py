@@ -1,0 +1,302 @@
+"""Hybrid fusion: keyword and vector candidates become one calibrated score, then the floor and
+the result slots.
+
+Everything here is pure (plain values in, new values out). A hybrid search runs:
+
+1. :func:`fuse` — each side's candidates get an *evidence* in ``[0, 1]`` (:func:`text_evidence`
+   and :func:`vector_evidence`, or :func:`rank_evidence`), and every chunk found by either
+   side gets :func:`calibrated_score`;
+2. :func:`apply_floor` — ``minScore`` on that calibrated score;
+3. temporal decay, the optional reranker and MMR (``fallback/search/ranking.py``,
+   ``rerank.py``): they reorder, they never remove;
+4. :func:`select_results` — ``maxResults``, with session transcripts held to half the slots.
+
+Why evidence is relative: a cosine similarity means different things for different models
+(all-MiniLM-class models give a true match 0.3-0.5, large remote models 0.6-0.9 and unrelated
+text 0.5), and FTS5's BM25 depends on the corpus size (its IDF collapses in a small
+workspace). So a keyword hit's evidence is its text score relative to the query's best keyword
+hit, and a vector hit's evidence is how far its cosine stands above the query's cosines over
+the whole collection, in standard deviations (:func:`vector_evidence`): the same scale for
+every model and corpus, so one default ``minScore`` (0.35) fits all of them. The two sides are
+not symmetric on purpose: the best keyword hit holds the query's words, while the nearest
+vector is only the nearest of whatever the memory holds, so it earns full evidence only when
+it stands out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from fallback.search.ranking import Candidate
+
+__all__ = [
+    "FUSION_METHODS",
+    "FULL_EVIDENCE_Z",
+    "MAX_EVIDENCE_SHARE",
+    "MAX_SESSION_SHARE",
+    "RRF_K",
+    "CosineStats",
+    "FusionMethod",
+    "apply_floor",
+    "calibrated_score",
+    "fuse",
+    "rank_evidence",
+    "select_results",
+    "text_evidence",
+    "vector_evidence",
+]
+
+FusionMethod = Literal["scores", "rrf"]
+# ``scores``: evidence from each side's normalised scores; ``rrf``: from each side's ranks.
+FUSION_METHODS: tuple[FusionMethod, ...] = ("scores", "rrf")
+
+# Share of the calibrated score given by a chunk's strongest evidence on either side; the rest
+# is the weighted mean of both. With 1/2, a chunk that is the best of one side alone scores at
+# least 0.5 (above the default minScore 0.35) whatever the weights, and one strong on both
+# sides scores up to 1.
+MAX_EVIDENCE_SHARE = 0.5
+
+# The rank constant of reciprocal rank fusion (Cormack, Clarke & Büttcher 2009 use 60).
+RRF_K = 60
+
+# A vector hit whose cosine stands this many standard deviations above the query's mean cosine
+# over the collection has full evidence (1). With all-MiniLM-L6-v2 at the default weights, R@5
+# on LoCoMo is flat from 2.5 to 6 (0.747-0.752); lower values let the vector side's flat top
+# outrank exact keyword hits (R@1 0.45 at 2.5, keyword-only 0.49) and higher ones let weak
+# keyword hits outrank clear paraphrase matches (scripts/eval.py paraphrases Hit@1 11/16 at
+# 2.5, 7/16 at 4); 3.5 gives R@1 0.50 and 9/16.
+FULL_EVIDENCE_Z = 3.5
+
+# Session transcripts may fill at most this share of the result slots while memory hits remain.
+MAX_SESSION_SHARE = 0.5
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+@dataclass(frozen=True)
+class CosineStats:
+    """How a query's cosine similarity is spread over the chunks searched: ``mean``, population
+    standard deviation ``std`` and ``count`` (``fallback.store.vectors.VectorSearch``)."""
+
+    mean: float
+    std: float
+    count: int
+
+
+def _stats_of(values: Sequence[float]) -> CosineStats:
+    if not values:
+        return CosineStats(0.0, 0.0, 0)
+    mean = sum(values) / len(values)
+    return CosineStats(mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)),
+                       len(values))
+
+
+def text_evidence(scores: Sequence[float]) -> list[float]:
+    """Keyword evidence of one query's keyword candidates: each text score divided by the best
+    one, so the best keyword hit has evidence 1 (non-finite or negative scores count as 0; all
+    0 gives 0).
+
+    Source: max normalisation of a result list (Lee, "Analyses of multiple evidence
+    combination", SIGIR 1997).
+    """
+    values = [max(0.0, _finite(s)) for s in scores]
+    top = max(values, default=0.0)
+    return [v / top if top > 0 else 0.0 for v in values]
+
+
+def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]:
+    """Vector evidence of one query's vector candidates: ``clamp(z / full, 0, 1)`` with
+    ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
+    searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
+
+    A cosine at the collection's mean has evidence 0, one :data:`FULL_EVIDENCE_Z` (3.5) standard
+    deviations above it has 1, whatever the model's cosine range. ``sqrt(count - 1)`` is the
+    largest standard score any of ``count`` values can reach, so in a collection of a few
+    chunks a clear outlier still reaches 1. Without spread (``std == 0``, or one chunk) there
+    is no standard score and the cosine itself, clamped to ``[0, 1]``, is the evidence. A
+    cosine of 0 or less is never evidence: no model relates texts it scores so.
+
+    Args:
+        cosines: the candidates' cosine similarities (non-finite count as the mean).
+        stats: the spread of the query's cosine over every chunk searched.
+
+    Returns:
+        One evidence in ``[0, 1]`` per cosine, same order.
+
+    Source: standard-score ("ZMUV") normalisation for result fusion (Montague & Aslam,
+    "Relevance score normalization for metasearch", CIKM 2001).
+    """
+    spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
+    full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
+    out = []
+    for c in cosines:
+        if not math.isfinite(c) or c <= 0:
+            out.append(0.0)
+        elif not spread:
+            out.append(min(1.0, c))
+        else:
+            out.append(min(1.0, max(0.0, (c - stats.mean) / stats.std / full)))
+    return out
+
+
+def rank_evidence(count: int, *, k: int = RRF_K) -> list[float]:
+    """Reciprocal-rank evidence of a ranked list of ``count`` candidates: ``(k + 1) / (k + r)``
+    for the candidate at 1-based rank ``r`` (1 for the first).
+
+    This is the reciprocal rank fusion term ``1 / (k + r)`` scaled so the first rank is 1.
+
+    Source: Cormack, Clarke & Büttcher, "Reciprocal rank fusion outperforms Condorcet and
+    individual rank learning methods", SIGIR 2009.
+    """
+    return [(k + 1) / (k + r) for r in range(1, count + 1)]
+
+
+def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_weight: float,
+                     text_weight: float) -> float:
+    """The hybrid score of one chunk: ``h·max(v, t) + (1 - h)·(wv·v + wt·t) / (wv + wt)``.
+
+    ``h`` is :data:`MAX_EVIDENCE_SHARE` (1/2): half the score is the chunk's strongest evidence
+    on either side (CombMAX), half the weighted mean of both (weighted CombSUM). So the best
+    hit of one side alone scores at least ``0.5 + 0.5·w`` of its side and is never lost to the
+    floor, agreement of both sides lifts a chunk above either alone, and ``vectorWeight`` /
+    ``textWeight`` still decide between chunks each side likes differently.
+
+    Args:
+        vector_evidence: ``v`` in ``[0, 1]`` (0 when the vector side did not return the chunk).
+        text_evidence: ``t`` in ``[0, 1]`` (0 when the keyword side did not return it).
+        vector_weight / text_weight: ``>= 0``; both 0 counts as equal weights.
+
+    Returns:
+        A score in ``[0, 1]``.
+
+    Source: CombMAX and CombSUM (Fox & Shaw, "Combination of multiple searches", TREC-2 1994).
+    """
+    v = min(1.0, max(0.0, _finite(vector_evidence)))
+    t = min(1.0, max(0.0, _finite(text_evidence)))
+    total = vector_weight + text_weight
+    mean = (vector_weight * v + text_weight * t) / total if total > 0 else (v + t) / 2
+    return MAX_EVIDENCE_SHARE * max(v, t) + (1 - MAX_EVIDENCE_SHARE) * mean
+
+
+def _dedupe(hits: Sequence[Candidate]) -> list[Candidate]:
+    seen: set[str] = set()
+    out = []
+    for hit in hits:
+        if hit.chunk_id not in seen:
+            seen.add(hit.chunk_id)
+            out.append(hit)
+    return out
+
+
+def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
+         method: FusionMethod = "scores", vector_weight: float, text_weight: float,
+         cosine_stats: CosineStats | None = None) -> list[Candidate]:
+    """Merge vector and keyword candidates into one list scored by :func:`calibrated_score`.
+
+    With ``"scores"``, a keyword hit's evidence is its text score relative to the best one
+    (:func:`text_evidence`) and a vector hit's the standard score of its cosine among every
+    chunk searched (:func:`vector_evidence`); with ``"rrf"``, each side's evidence comes from
+    its ranks alone (:func:`rank_evidence`). A side with no candidates abstains: its weight
+    goes to the other side, so a purely semantic match is scored on its own evidence.
+
+    Args:
+        vector_hits: vector candidates, best first (``vector_score`` or ``score`` = cosine).
+        keyword_hits: keyword candidates, best first (``text_score`` or ``score`` in ``[0, 1]``).
+        method: ``"scores"`` or ``"rrf"``.
+        vector_weight / text_weight: the fusion weights (``query.hybrid.vectorWeight`` /
+            ``textWeight``).
+        cosine_stats: the spread of the query's cosine over every chunk searched; ``None``
+            takes it from ``vector_hits`` alone.
+
+    Returns:
+        New candidates, one per chunk id, best first (ties: vector order, then keyword order).
+        Each carries ``vector_score`` (cosine, 0 when not a vector hit), ``text_score``,
+        ``vector_evidence``, ``text_evidence`` and ``score`` (calibrated, in ``[0, 1]``). A
+        chunk on both sides takes the keyword hit's snippet when it has one. Duplicate ids in
+        one list keep the first. The inputs are not modified.
+
+    Source: Fox & Shaw 1994 (CombMAX/CombSUM), Lee 1997 and Montague & Aslam 2001
+    (normalisation), Cormack et al. 2009 (reciprocal rank fusion).
+    """
+    vec = _dedupe(vector_hits)
+    kw = _dedupe(keyword_hits)
+    cosines = [h.vector_score or h.score for h in vec]
+    texts = [h.text_score or h.score for h in kw]
+    if method == "rrf":
+        v_list, t_list = rank_evidence(len(vec)), rank_evidence(len(kw))
+    else:
+        v_list = vector_evidence(cosines, cosine_stats or _stats_of(cosines))
+        t_list = text_evidence(texts)
+    v_ev = dict(zip((h.chunk_id for h in vec), v_list, strict=True))
+    t_ev = dict(zip((h.chunk_id for h in kw), t_list, strict=True))
+    vw, tw = vector_weight, text_weight
+    if not kw:
+        vw, tw = 1.0, 0.0
+    elif not vec:
+        vw, tw = 0.0, 1.0
+    merged: dict[str, Candidate] = {}
+    for hit, cosine in zip(vec, cosines, strict=True):
+        merged[hit.chunk_id] = replace(hit, vector_score=cosine, text_score=0.0)
+    for hit, text in zip(kw, texts, strict=True):
+        existing = merged.get(hit.chunk_id)
+        if existing is None:
+            merged[hit.chunk_id] = replace(hit, vector_score=0.0, text_score=text)
+        else:
+            merged[hit.chunk_id] = replace(existing, text_score=text,
+                                           snippet=hit.snippet or existing.snippet)
+    out = []
+    for cid, c in merged.items():
+        v, t = v_ev.get(cid, 0.0), t_ev.get(cid, 0.0)
+        out.append(replace(c, vector_evidence=v, text_evidence=t,
+                           score=calibrated_score(v, t, vector_weight=vw, text_weight=tw)))
+    return sorted(out, key=lambda c: -c.score)
+
+
+def apply_floor(cands: Sequence[Candidate], min_score: float) -> list[Candidate]:
+    """The candidates whose score is at least ``min_score``, order kept.
+
+    In a hybrid search this runs on the calibrated score, before temporal decay, so decay
+    only reorders what passed and never removes an old note that matches well.
+    """
+    return [c for c in cands if c.score >= min_score]
+
+
+def select_results(ranked: Sequence[Candidate], *, max_results: int,
+                   max_session_share: float = MAX_SESSION_SHARE) -> list[Candidate]:
+    """The first ``max_results`` candidates, with session transcripts held to a share of them.
+
+    Candidates are taken in order; a ``source == "sessions"`` candidate is taken only while
+    sessions hold fewer than ``floor(max_results · max_session_share)`` of the taken ones.
+    When the other candidates run out before the slots do, the skipped sessions fill the
+    remaining slots (nothing else matches). The result keeps the order of ``ranked``.
+
+    Args:
+        ranked: candidates, best first.
+        max_results: number of slots; ``<= 0`` gives ``[]``.
+        max_session_share: share of the slots sessions may take, in ``[0, 1]``.
+
+    Returns:
+        At most ``max_results`` candidates from ``ranked``, in its order.
+    """
+    if max_results <= 0:
+        return []
+    cap = math.floor(max_results * min(1.0, max(0.0, max_session_share)))
+    taken: list[int] = []
+    skipped: list[int] = []
+    sessions = 0
+    for i, c in enumerate(ranked):
+        if len(taken) >= max_results:
+            break
+        if c.source == "sessions":
+            if sessions >= cap:
+                skipped.append(i)
+                continue
+            sessions += 1
+        taken.append(i)
+    taken.extend(skipped[:max_results - len(taken)])
+    return [ranked[i] for i in sorted(taken)]

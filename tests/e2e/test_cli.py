@@ -18,23 +18,6 @@ EXAMPLE = REPO / "examples" / "workspace"
 COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor", "models"]
 
 
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
-    return e
-
-
 def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
         stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     exe = shutil.which("qmdbridge") or ""

@@ -5,7 +5,6 @@ rows and status shows the chunks waiting for vectors)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import sqlite3
 import subprocess
@@ -14,29 +13,11 @@ import time
 from pathlib import Path
 
 import orjson
-import pytest
 
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
-    return e
 
 
 def _argv(args: list[str]) -> list[str]:

@@ -4,7 +4,6 @@ answer whole with a warning."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -23,16 +22,6 @@ def ws(tmp_path: Path) -> Path:
     (root / "MEMORY.md").write_text("# Facts\nThe router is an ER605.\n")
     (root / "memory" / "2026-01-12.md").write_text("# Log\nRebooted the router twice.\n")
     return root
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
-    return e
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:

@@ -11,30 +11,12 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
 LATIN1_NAME = b"caf\xe9.md"  # "café.md" as Latin-1 bytes: not UTF-8
 SHOWN = "memory/caf\\xe9.md"  # its printable path (fallback/text/path_names.py)
 NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
-    return e
 
 
 def _argv(args: list[str]) -> list[str]:

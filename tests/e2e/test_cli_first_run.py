@@ -5,7 +5,6 @@ workspace."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,28 +12,10 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
 NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"\n'
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Path:
-    dst = tmp_path / "ws"
-    shutil.copytree(EXAMPLE, dst)
-    return dst
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
-    return e
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -432,9 +432,13 @@ class MemoryWatcher:
 
     def check_health(self) -> None:
         """Re-arm the observer if it is dead (blocking; the run loop calls it in a worker
-        thread, searches and status through their owner)."""
-        if self.dead_reason() is not None:
-            self.rearm()
+        thread, searches and status through their owner).
+
+        Always goes through :meth:`rearm`'s lock: a re-arm already under way elsewhere (the
+        observer is ``None`` while it is replaced, so it looks healthy) is waited for, not
+        missed.
+        """
+        if self.rearm():
             self._last_change_mono = time.monotonic()
 
     def kill_observer_for_test(self) -> None:

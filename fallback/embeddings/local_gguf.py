@@ -12,8 +12,8 @@ Where the model comes from (:func:`resolve_model_source`, ``local.modelPath``):
 an existing file or an ``hf:`` URI that is already cached.
 
 The model is loaded lazily, in a worker thread, on the first call (after the download, which
-has no deadline of its own); every call runs in a worker thread (``anyio.to_thread.run_sync``)
-behind one lock, because a llama.cpp context is not thread-safe. Vectors are L2-normalised.
+has no deadline of its own); every call runs in a worker thread behind one lock, because a
+llama.cpp context is not thread-safe (both in :class:`~fallback.embeddings.llama_slot.LlamaSlot`). Vectors are L2-normalised.
 Texts longer than the model's context are cut by llama.cpp (``truncate=True``: the first
 ``n_batch`` tokens, 512 for the test model) instead of failing.
 """
@@ -21,8 +21,7 @@ Texts longer than the model's context are cut by llama.cpp (``truncate=True``: t
 from __future__ import annotations
 
 import importlib.util
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +31,7 @@ import anyio
 
 from fallback.embeddings import model_fetch
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
+from fallback.embeddings.llama_slot import LLAMA_CPP_MISSING, LlamaSlot
 from fallback.embeddings.model_fetch import DEFAULT_MODEL, ModelRef, ModelSpec
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
@@ -47,7 +47,6 @@ __all__ = [
     "resolve_model_source",
 ]
 
-LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
 NO_LOCAL_MODEL = "no local model configured"
 # The spec-3 limit for local models; the model's own context (512 tokens for all-MiniLM-L6-v2)
 # is enforced by truncation inside llama.cpp.
@@ -192,9 +191,8 @@ class LocalGgufProvider(BaseProvider):
         self.download = download
         self.query_prefix = query_prefix
         self._on_download = on_download
-        self._lock = threading.Lock()
         self._download_lock = anyio.Lock()
-        self._llama: Any = None
+        self._model = LlamaSlot(self._load)
 
     async def ensure_model(self) -> Path:
         """Download the model into the cache when it is not there yet (no deadline; it can be
@@ -227,46 +225,37 @@ class LocalGgufProvider(BaseProvider):
             await self.ensure_model()
         return await super().embed_batch(texts)
 
-    def _load_locked(self) -> Any:
-        if self._llama is None:
-            try:
-                from llama_cpp import Llama
-            except ImportError as exc:
-                raise EmbeddingProviderUnavailableError("local", LLAMA_CPP_MISSING) from exc
-            try:
-                self._llama = Llama(model_path=str(self.model_path), embedding=True,
-                                    verbose=False)
-            except (ValueError, RuntimeError, OSError) as exc:
-                raise EmbeddingProviderError(
-                    "local", f"cannot load embedding model {self.model_path}: {exc}") from exc
-        return self._llama
+    def _load(self) -> Any:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise EmbeddingProviderUnavailableError("local", LLAMA_CPP_MISSING) from exc
+        try:
+            return Llama(model_path=str(self.model_path), embedding=True, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise EmbeddingProviderError(
+                "local", f"cannot load embedding model {self.model_path}: {exc}") from exc
 
-    def _embed_sync(self, texts: list[str]) -> list[list[float]]:
-        with self._lock:
-            llama = self._load_locked()
+    @staticmethod
+    def _embed_with(texts: list[str]) -> Callable[[Any], list[list[float]]]:
+        def embed(llama: Any) -> list[list[float]]:
             try:
                 vectors = llama.embed(texts, normalize=True, truncate=True)
             except (ValueError, RuntimeError) as exc:
                 raise EmbeddingProviderError("local", f"llama.cpp embedding failed: {exc}") from exc
-        return [list(v) for v in vectors]
+            return [list(v) for v in vectors]
+        return embed
 
     async def _request_query(self, text: str) -> list[float]:
-        vectors = await anyio.to_thread.run_sync(self._embed_sync, [text], abandon_on_cancel=True)
+        vectors = await self._model.call(self._embed_with([text]))
         return vectors[0] if vectors else []
 
     async def _request_batch(self, texts: list[str]) -> list[list[float]]:
-        return await anyio.to_thread.run_sync(self._embed_sync, list(texts),
-                                              abandon_on_cancel=True)
+        return await self._model.call(self._embed_with(list(texts)))
 
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call)."""
-        def release() -> None:
-            with self._lock:
-                llama, self._llama = self._llama, None
-            if llama is not None:
-                llama.close()
-
-        await anyio.to_thread.run_sync(release)
+        await self._model.aclose()
 
 
 def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],

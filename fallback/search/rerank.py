@@ -28,8 +28,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -39,6 +38,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import retry_wait_s
+from fallback.embeddings.llama_slot import LLAMA_CPP_MISSING, LlamaSlot
 from fallback.errors import EmbeddingProviderError, RerankerError
 from fallback.settings import RerankSettings
 
@@ -69,7 +69,6 @@ HTTP_RETRY_BASE_S = 0.25
 LOCAL_MAX_PAIR_TOKENS = 1024
 # The GGUF pooling type that marks a reranker (llama.cpp ``LLAMA_POOLING_TYPE_RANK``).
 GGUF_POOLING_RANK = "4"
-LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install 'qmdbridge[local]')"
 
 
 @runtime_checkable
@@ -355,14 +354,11 @@ class LocalGgufReranker:
         """
         self.model = model_path
         self.model_path = Path(model_path).expanduser()
-        self._lock = threading.Lock()
-        self._llama: Any = None
+        self._model = LlamaSlot(self._load)
         self._template: str | None = None
         self._max_tokens = LOCAL_MAX_PAIR_TOKENS
 
-    def _load_locked(self) -> Any:
-        if self._llama is not None:
-            return self._llama
+    def _load(self) -> Any:
         if not self.model_path.is_file():
             raise RerankerError(self.provider_id,
                                 f"reranker model file not found: {self.model_path}")
@@ -391,7 +387,6 @@ class LocalGgufReranker:
         # A pair never exceeds the model's trained context (BERT-style models have 512 positions).
         trained = int(llama_cpp.llama_model_n_ctx_train(llama.model))
         self._max_tokens = min(LOCAL_MAX_PAIR_TOKENS, trained) if trained > 0 else LOCAL_MAX_PAIR_TOKENS
-        self._llama = llama
         return llama
 
     def _pair_tokens(self, llama: Any, query: str, document: str) -> list[int]:
@@ -414,11 +409,12 @@ class LocalGgufReranker:
         room = max(0, self._max_tokens - len(head) - len(tail))
         return (head + d[:room] + tail)[:self._max_tokens]
 
-    def _score_sync(self, query: str, documents: list[str]) -> list[float | None]:
-        with self._lock:
-            llama = self._load_locked()
+    def _score_with(self, query: str,
+                    documents: list[str]) -> Callable[[Any], list[float | None]]:
+        def score(llama: Any) -> list[float | None]:
             return [self._decode_pair(llama, self._pair_tokens(llama, query, doc))
                     for doc in documents]
+        return score
 
     def _decode_pair(self, llama: Any, tokens: list[int]) -> float:
         """One pair through the model: every token an output (rank pooling reads them), the
@@ -460,18 +456,11 @@ class LocalGgufReranker:
         """
         if not documents:
             return []
-        return await anyio.to_thread.run_sync(self._score_sync, query, list(documents),
-                                              abandon_on_cancel=True)
+        return await self._model.call(self._score_with(query, list(documents)))
 
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call)."""
-        def release() -> None:
-            with self._lock:
-                llama, self._llama = self._llama, None
-            if llama is not None:
-                llama.close()
-
-        await anyio.to_thread.run_sync(release)
+        await self._model.aclose()
 
 
 def reranker_from_settings(settings: RerankSettings) -> Reranker | None:

@@ -23,6 +23,8 @@ from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailable
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
+    from fallback.settings import RemoteSettings
+
 __all__ = [
     "HttpClient",
     "RemoteEndpoint",
@@ -142,15 +144,17 @@ class RemoteEndpoint:
         self.headers = dict(headers)
 
 
-def resolve_endpoint(provider_id: str, *, base_url: str | None, api_key: str | None,
-                     headers: Mapping[str, str], env: Mapping[str, str], env_keys: Sequence[str],
-                     default_base_url: str | None, require_key: bool = True) -> RemoteEndpoint:
-    """Resolve base URL and key from config, then the environment variables ``env_keys``.
+def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
+                     env_keys: Sequence[str], default_base_url: str | None,
+                     require_key: bool = True) -> RemoteEndpoint:
+    """Resolve base URL and key from ``memorySearch.remote``, then the environment variables
+    ``env_keys``; headers come from ``remote.headers``.
 
     Raises:
         EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
             ``require_key``, or no base URL when the provider has no default.
     """
+    api_key, base_url, headers = remote.api_key, remote.base_url, remote.headers
     key = (api_key or "").strip() or next(
         (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
     if require_key and not key:

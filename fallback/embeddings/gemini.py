@@ -110,8 +110,7 @@ def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
     """
 
     remote = settings.remote
-    endpoint = resolve_endpoint("gemini", base_url=remote.base_url, api_key=remote.api_key,
-                                headers=remote.headers, env=env, env_keys=ENV_KEYS,
+    endpoint = resolve_endpoint("gemini", remote, env=env, env_keys=ENV_KEYS,
                                 default_base_url=DEFAULT_BASE_URL)
     from fallback.embeddings.batch_jobs import BatchRunner, GeminiBatchJobs
     model = strip_prefixes(settings.model, MODEL_PREFIXES) or DEFAULT_MODEL

@@ -34,8 +34,7 @@ def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
         EmbeddingProviderUnavailableError: no API key.
     """
     remote = settings.remote
-    endpoint = resolve_endpoint("mistral", base_url=remote.base_url, api_key=remote.api_key,
-                                headers=remote.headers, env=env, env_keys=ENV_KEYS,
+    endpoint = resolve_endpoint("mistral", remote, env=env, env_keys=ENV_KEYS,
                                 default_base_url=DEFAULT_BASE_URL)
     model = strip_prefixes(settings.model, ("mistral/",)) or DEFAULT_MODEL
     return MistralProvider(endpoint=endpoint, model=model, policy=policy or remote_policy(settings))

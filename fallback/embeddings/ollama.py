@@ -73,8 +73,7 @@ def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> OllamaProvider:
     """Create the ollama provider (no network call; never raises for a missing key)."""
     remote = settings.remote
-    endpoint = resolve_endpoint("ollama", base_url=remote.base_url, api_key=remote.api_key,
-                                headers=remote.headers, env=env, env_keys=ENV_KEYS,
+    endpoint = resolve_endpoint("ollama", remote, env=env, env_keys=ENV_KEYS,
                                 default_base_url=DEFAULT_BASE_URL, require_key=False)
     model = strip_prefixes(settings.model, ("ollama/",)) or DEFAULT_MODEL
     return OllamaProvider(endpoint=endpoint, model=model,

@@ -143,8 +143,7 @@ def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
     """
 
     remote = settings.remote
-    endpoint = resolve_endpoint("openai", base_url=remote.base_url, api_key=remote.api_key,
-                                headers=remote.headers, env=env, env_keys=ENV_KEYS,
+    endpoint = resolve_endpoint("openai", remote, env=env, env_keys=ENV_KEYS,
                                 default_base_url=DEFAULT_BASE_URL)
     from fallback.embeddings.batch_jobs import BatchRunner, OpenAIBatchJobs
     model = strip_prefixes(settings.model, ("openai/",)) or DEFAULT_MODEL

@@ -32,8 +32,7 @@ def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
         EmbeddingProviderUnavailableError: ``remote.baseUrl`` or ``model`` is not set.
     """
     remote = settings.remote
-    endpoint = resolve_endpoint("openai-compatible", base_url=remote.base_url,
-                                api_key=remote.api_key, headers=remote.headers, env=env,
+    endpoint = resolve_endpoint("openai-compatible", remote, env=env,
                                 env_keys=(), default_base_url=None, require_key=False)
     model = settings.model.strip()
     if not model:

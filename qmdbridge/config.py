@@ -31,7 +31,7 @@ from pydantic.alias_generators import to_camel
 from fallback.errors import ConfigError
 from fallback.settings import EngineSettings, MemorySearchSettings
 from qmdbridge.command_line import program_of, split_command
-from qmdbridge.config_compat import adjusted_values, read_layout
+from qmdbridge.config_compat import adjusted_values, as_object, read_layout
 
 __all__ = [
     "AgentEntry",
@@ -367,14 +367,6 @@ def _expected(err: Any) -> str:
     return msg[0].lower() + msg[1:] if msg else "a valid value"
 
 
-def _as_dict(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"invalid value {value!r}", file=file, key=key, expected="an object")
-    return value
-
-
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
                      key_path: str, file: str | None) -> tuple[MemorySearchSettings, list[str]]:
     """Validate each search object as written (so an error names its own key path and a
@@ -397,10 +389,10 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
     Raises:
         ConfigError: a value has the wrong type or is out of range (key path included).
     """
-    root = _as_dict(data, key="<root>", file=file)
-    memory_raw = _as_dict(root.get("memory"), key="memory", file=file)
-    agents_raw = _as_dict(root.get("agents"), key="agents", file=file)
-    defaults = _as_dict(agents_raw.get("defaults"), key="agents.defaults", file=file)
+    root = as_object(data, key="<root>", file=file)
+    memory_raw = as_object(root.get("memory"), key="memory", file=file)
+    agents_raw = as_object(root.get("agents"), key="agents", file=file)
+    defaults = as_object(agents_raw.get("defaults"), key="agents.defaults", file=file)
     layout = read_layout(root, file=file)
     memory = _validate(MemoryConfig, {k: v for k, v in memory_raw.items() if k != "search"},
                        prefix="memory", file=file)
@@ -410,7 +402,7 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
                                 file=file)
     warnings = [*layout.warnings, *notes]
     compaction = _validate(CompactionSettings,
-                           _as_dict(defaults.get("compaction"), key="agents.defaults.compaction",
+                           as_object(defaults.get("compaction"), key="agents.defaults.compaction",
                                     file=file),
                            prefix="agents.defaults.compaction", file=file)
     ws = defaults.get("workspace")

@@ -25,7 +25,7 @@ from typing import Any
 
 from fallback.errors import ConfigError
 
-__all__ = ["AgentSource", "Layout", "adjusted_values", "prefer", "read_layout"]
+__all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "prefer", "read_layout"]
 
 # Keys normalised together (a sum of 1), reported only when a value is outside [0, 1].
 _NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
@@ -68,7 +68,12 @@ class Layout:
     warnings: list[str] = field(default_factory=list)
 
 
-def _as_dict(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
+def as_object(value: Any, *, key: str, file: str | None) -> dict[str, Any]:
+    """A config value that must be an object: ``{}`` for a missing one (``None``).
+
+    Raises:
+        ConfigError: the value is not an object (names ``file`` and the dotted ``key``).
+    """
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -110,9 +115,9 @@ def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
 
 def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None,
                   warnings: list[str]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    legacy = _as_dict(entry.get("memorySearch"), key=f"{key_path}.memorySearch", file=file)
-    memory = _as_dict(entry.get("memory"), key=f"{key_path}.memory", file=file)
-    new = _as_dict(memory.get("search"), key=f"{key_path}.memory.search", file=file)
+    legacy = as_object(entry.get("memorySearch"), key=f"{key_path}.memorySearch", file=file)
+    memory = as_object(entry.get("memory"), key=f"{key_path}.memory", file=file)
+    new = as_object(memory.get("search"), key=f"{key_path}.memory.search", file=file)
     sources = [(f"{key_path}.memorySearch", legacy)] if legacy else []
     sources += [(f"{key_path}.memory.search", new)] if new else []
     return _both(new, f"{key_path}.memory.search", legacy, f"{key_path}.memorySearch",
@@ -134,11 +139,11 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
             ``agents.entries`` entry ...) or an array (``agents.list``) is not.
     """
     out = Layout()
-    memory = _as_dict(root.get("memory"), key="memory", file=file)
-    agents = _as_dict(root.get("agents"), key="agents", file=file)
-    defaults = _as_dict(agents.get("defaults"), key="agents.defaults", file=file)
-    legacy = _as_dict(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
-    new = _as_dict(memory.get("search"), key="memory.search", file=file)
+    memory = as_object(root.get("memory"), key="memory", file=file)
+    agents = as_object(root.get("agents"), key="agents", file=file)
+    defaults = as_object(agents.get("defaults"), key="agents.defaults", file=file)
+    legacy = as_object(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
+    new = as_object(memory.get("search"), key="memory.search", file=file)
     out.search_sources = [(k, v) for k, v in (("agents.defaults.memorySearch", legacy),
                                               ("memory.search", new)) if v]
     out.search = _both(new, "memory.search", legacy, "agents.defaults.memorySearch", out.warnings)
@@ -150,17 +155,17 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     by_id: dict[str, AgentSource] = {}
     for i, raw in enumerate(listed):
         key_path = f"agents.list[{i}]"
-        entry = _as_dict(raw, key=key_path, file=file)
+        entry = as_object(raw, key=key_path, file=file)
         search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
         agent_id = entry.get("id")
         src = AgentSource(agent_id if isinstance(agent_id, str) else "", entry, search, sources,
                           key_path)
         out.agents.append(src)
         by_id.setdefault(src.agent_id.strip().lower(), src)
-    entries = _as_dict(agents.get("entries"), key="agents.entries", file=file)
+    entries = as_object(agents.get("entries"), key="agents.entries", file=file)
     for agent_id, raw in entries.items():
         key_path = f"agents.entries.{agent_id}"
-        entry = _as_dict(raw, key=key_path, file=file)
+        entry = as_object(raw, key=key_path, file=file)
         search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
         fields = {k: v for k, v in entry.items() if k not in ("memory", "memorySearch")}
         earlier = by_id.get(str(agent_id).strip().lower())

@@ -110,13 +110,21 @@ def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[st
     """The lines of a collection's file (``rel`` ``/``-separated), opened as ``memory_get``
     opens it (UTF-8, invalid bytes replaced, line ends dropped); ``None`` when it is missing,
     reached through a symlink, not a regular file or unreadable."""
-    try:
-        fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
-                              follow_base=_follow_base(coll, workspace))
-    except (PathRefusedError, MemoryFileNotFoundError, OSError):
+    fd = _open_hit_file(coll, rel, workspace=workspace)
+    if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
         return fh.read().decode("utf-8", "replace").splitlines()
+
+
+def _open_hit_file(coll: ManagedCollection, rel: str, *, workspace: Path) -> int | None:
+    """A read-only descriptor of a hit's file opened as ``memory_get`` opens it; ``None`` when it
+    is missing, reached through a symlink, not a regular file or unreadable."""
+    try:
+        return open_memory_file(coll.path, rel.split("/"), shown=rel,
+                                follow_base=_follow_base(coll, workspace))
+    except (PathRefusedError, MemoryFileNotFoundError, OSError):
+        return None
 
 
 def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
@@ -128,10 +136,8 @@ def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
         stale, and a citation of a missing file helps nobody), is reached through a symlink,
         is not a regular file, or the range starts past its end.
     """
-    try:
-        fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
-                              follow_base=_follow_base(coll, workspace))
-    except (PathRefusedError, MemoryFileNotFoundError, OSError):
+    fd = _open_hit_file(coll, rel, workspace=workspace)
+    if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
         total = sum(1 for _ in fh)

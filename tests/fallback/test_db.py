@@ -23,6 +23,7 @@ from fallback.store.errors import (
 )
 from fallback.store.fts_rows import insert_chunk_fts, note_title
 from fallback.store.migrations import MIGRATIONS
+from tests.fallback.count_provider import CountProvider
 
 EXPECTED_TABLES = {"meta", "files", "chunks", "chunks_fts", "chunks_trigram", "embedding_cache",
                    "skipped_files"}
@@ -217,35 +218,7 @@ def test_keyword_rows_english_and_cjk_substrings(tmp_path: Path) -> None:
         store.close()
 
 
-class _CountProvider:
-    """Deterministic provider: vector = [count of "alpha", count of "beta"]."""
-
-    provider_id = "test-count"
-    model = "count-v1"
-    dims = 2
-    provider_key = "key-1"
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
-
-    def __init__(self) -> None:
-        self.texts_embedded = 0
-
-    def _vec(self, text: str) -> list[float]:
-        low = text.lower()
-        return [float(low.count("alpha")), float(low.count("beta"))]
-
-    async def embed_query(self, text: str) -> list[float]:
-        return self._vec(text)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        self.texts_embedded += len(texts)
-        return [self._vec(t) for t in texts]
-
-    async def aclose(self) -> None:
-        return None
-
-
-def _hybrid_engine(ws: Path, provider: _CountProvider):
+def _hybrid_engine(ws: Path, provider: CountProvider):
     from fallback.embeddings import ProviderSelection
     from fallback.engine.builtin import BuiltinEngine
     from fallback.settings import EngineSettings, MemorySearchSettings
@@ -263,7 +236,7 @@ async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path:
     (tmp_path / "memory").mkdir()
     (tmp_path / "MEMORY.md").write_text("Beta knowledge base entry.")
     (tmp_path / "memory" / "2026-01-12.md").write_text("# Log\nAlpha alpha memory line.\n")
-    provider = _CountProvider()
+    provider = CountProvider()
     engine = _hybrid_engine(tmp_path, provider)
     await engine.sync(reason="cli")
     db = engine.settings.db_path

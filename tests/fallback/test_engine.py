@@ -12,47 +12,13 @@ from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import (
     BackendUnavailableError,
-    EmbeddingProviderError,
     ManagerClosedError,
     UsageError,
 )
 from fallback.settings import EngineSettings, MemorySearchSettings
+from tests.fallback.count_provider import CountProvider
 
 pytestmark = pytest.mark.anyio
-
-
-class CountProvider:
-    """Deterministic provider: vector = [count of "alpha", count of "beta"] (spec §12 fixture)."""
-
-    provider_id = "test-count"
-    model = "count-v1"
-    dims = 2
-    provider_key = "key-1"
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
-
-    def __init__(self, *, fail_query: bool = False, fail_batch: bool = False) -> None:
-        self.fail_query = fail_query
-        self.fail_batch = fail_batch
-        self.texts_embedded = 0
-
-    def _vec(self, text: str) -> list[float]:
-        low = text.lower()
-        return [float(low.count("alpha")), float(low.count("beta"))]
-
-    async def embed_query(self, text: str) -> list[float]:
-        if self.fail_query:
-            raise EmbeddingProviderError(self.provider_id, "fetch failed")
-        return self._vec(text)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        if self.fail_batch:
-            raise EmbeddingProviderError(self.provider_id, "connection refused")
-        self.texts_embedded += len(texts)
-        return [self._vec(t) for t in texts]
-
-    async def aclose(self) -> None:
-        return None
 
 
 @pytest.fixture

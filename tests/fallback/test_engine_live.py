@@ -18,6 +18,7 @@ from fallback.background import BackgroundTasks
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
+from tests.fallback.count_provider import CountProvider
 
 pytestmark = pytest.mark.anyio
 
@@ -35,42 +36,6 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
         pytest.fail(f"not reached within {DEADLINE_S}s: {what}")
 
 
-class GateProvider:
-    """Embedding provider whose ``embed_batch`` can be held at a gate the test opens.
-
-    Vector = [count of "alpha", count of "beta"], as the engine tests' provider.
-    """
-
-    provider_id = "test-gate"
-    model = "gate-v1"
-    dims = 2
-    provider_key = "gate-key"
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
-
-    def __init__(self) -> None:
-        self.blocking = False
-        self.gate = anyio.Event()
-        self.entered = anyio.Event()
-
-    @staticmethod
-    def _vec(text: str) -> list[float]:
-        low = text.lower()
-        return [float(low.count("alpha")), float(low.count("beta"))]
-
-    async def embed_query(self, text: str) -> list[float]:
-        return self._vec(text)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        if self.blocking:
-            self.entered.set()
-            await self.gate.wait()
-        return [self._vec(t) for t in texts]
-
-    async def aclose(self) -> None:
-        return None
-
-
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
@@ -79,14 +44,14 @@ def ws(tmp_path: Path) -> Path:
     return w
 
 
-def _engine(ws: Path, provider: GateProvider | None = None, *, watch: bool = True,
+def _engine(ws: Path, provider: CountProvider | None = None, *, watch: bool = True,
             with_sessions: bool = False, **sync: object) -> BuiltinEngine:
     cfg = MemorySearchSettings(
         provider="none" if provider is None else "openai",
         sources=["memory", "sessions"] if with_sessions else ["memory"],
         experimental={"sessionMemory": with_sessions},
         sync={"watch": watch, "watchDebounceMs": 100, **sync})
-    sel = ProviderSelection(provider, "none" if provider is None else "test-gate",
+    sel = ProviderSelection(provider, "none" if provider is None else "test-count",
                             unavailable_reason=None if provider else "provider set to none")
     engine = BuiltinEngine(EngineSettings.for_workspace(ws, search=cfg), provider_selection=sel,
                            now_ms=lambda: NOW_MS)
@@ -286,7 +251,7 @@ async def test_close_stops_watcher_threads_and_tasks(ws: Path) -> None:
 
 
 async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) -> None:
-    provider = GateProvider()
+    provider = CountProvider(gated=True)
     engine = _engine(ws, provider)
     try:
         await engine.sync(reason="test")
@@ -307,7 +272,7 @@ async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) 
 
 
 async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None:
-    provider = GateProvider()
+    provider = CountProvider(gated=True)
     engine = _engine(ws, provider, watch=False)
     async with live(engine):
         await _booted(engine)
@@ -326,7 +291,7 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
 
 
 async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:
-    provider = GateProvider()
+    provider = CountProvider(gated=True)
     engine = _engine(ws, provider)
     try:
         await engine.sync(reason="test")

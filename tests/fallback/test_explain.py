@@ -15,35 +15,12 @@ from fallback.search.fts import build_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
+from tests.fallback.count_provider import CountProvider
 
 pytestmark = pytest.mark.anyio
 
 # 2026-02-10T00:00:00Z: memory/2026-02-09.md is 1 day old, memory/2026-01-12.md 29 days.
 NOW_MS = 1_770_681_600_000
-
-
-class CountProvider:
-    """Deterministic embeddings: [count of "alpha", count of "beta"]."""
-
-    provider_id = "test-count"
-    model = "count-v1"
-    dims = 2
-    provider_key = "key-1"
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
-
-    def _vec(self, text: str) -> list[float]:
-        low = text.lower()
-        return [float(low.count("alpha")), float(low.count("beta"))]
-
-    async def embed_query(self, text: str) -> list[float]:
-        return self._vec(text)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        return [self._vec(t) for t in texts]
-
-    async def aclose(self) -> None:
-        return None
 
 
 @pytest.fixture

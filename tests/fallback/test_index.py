@@ -13,41 +13,9 @@ from fallback.errors import EmbeddingProviderError
 from fallback.index.indexer import Indexer, chunk_id, full_reindex_reason, index_identity
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import META_KEY, Store
+from tests.fallback.count_provider import CountProvider
 
 pytestmark = pytest.mark.anyio
-
-
-class CountProvider:
-    """Deterministic provider: vector = [count of "alpha", count of "beta"] (spec §12 fixture)."""
-
-    provider_id = "test-count"
-    dims = 2
-    provider_key = "key-1"
-    max_input_tokens = 8192
-    max_batch_bytes = 8000
-
-    def __init__(self, *, model: str = "count-v1", fail: bool = False) -> None:
-        self.model = model
-        self.fail = fail
-        self.batch_calls = 0
-        self.texts_embedded = 0
-
-    def _vec(self, text: str) -> list[float]:
-        low = text.lower()
-        return [float(low.count("alpha")), float(low.count("beta"))]
-
-    async def embed_query(self, text: str) -> list[float]:
-        return self._vec(text)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        self.batch_calls += 1
-        if self.fail:
-            raise EmbeddingProviderError(self.provider_id, "mock embeddings failed")
-        self.texts_embedded += len(texts)
-        return [self._vec(t) for t in texts]
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _settings(ws: Path, **search: object) -> EngineSettings:
@@ -202,8 +170,8 @@ async def test_forced_rebuild_reuses_cache_and_failure_keeps_live_index(ws: Path
     await _sync(settings, store, provider=provider, force=True)
     assert provider.texts_embedded == 2  # second forced sync: zero embedding calls (case 60)
     (ws / "memory" / "new.md").write_text("alpha alpha fresh note")
-    failing = CountProvider(fail=True)
-    with pytest.raises(EmbeddingProviderError, match="mock embeddings failed"):
+    failing = CountProvider(fail_batch=True)
+    with pytest.raises(EmbeddingProviderError, match="connection refused"):
         await _sync(settings, store, provider=failing, force=True)
     assert store.query("SELECT COUNT(*) FROM files")[0][0] == 2
     assert store.query("SELECT COUNT(*) FROM chunks")[0][0] == 2

@@ -13,8 +13,8 @@ inside one of the first five hits into buckets, printed with counts:
   30-hit search with ``minScore`` 0;
 - **pushed out by overlap**: the turn ranks 6-30 and two of the first five hits overlap on more
   than half of the smaller one's lines (chunks overlap 80 tokens);
-- **one region took all slots**: a question with two or more evidence turns, at least one found
-  in the top 5, and this one's file named by none of the top 5 hits.
+- **other turns took the slots**: a question with two or more evidence turns, at least one of
+  them found in the top 5, and this one's file named by none of the top 5 hits.
 
 Buckets overlap (a turn can be ranked 11-30 and share no term); each line says how many missed
 turns fall in it. It also prints the metrics of the tune conversations (26, 30, 41) and the check
@@ -73,7 +73,7 @@ DEEP = 30
 # Two hits overlap "mostly" when they share more than this share of the smaller one's lines.
 OVERLAP_SHARE = 0.5
 BUCKETS = ("no shared term", "in a hit's file, outside its lines", "rank 6-10", "rank 11-30",
-           "not retrieved (30)", "pushed out by overlap", "one region took all slots")
+           "not retrieved (30)", "pushed out by overlap", "other turns took the slots")
 
 
 @dataclass
@@ -164,7 +164,7 @@ def buckets_of(s: Searched, ev: Evidence) -> list[str]:
         out.append("pushed out by overlap")
     found = [e for e in s.question.evidence if any(covers_evidence(h, e) for h in top)]
     if len(s.question.evidence) > 1 and found and not any(h.path == ev.path for h in top):
-        out.append("one region took all slots")
+        out.append("other turns took the slots")
     return out
 
 

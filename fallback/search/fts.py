@@ -12,8 +12,10 @@ A question is not a keyword list ("When did Caroline go to the support group?"),
 parts close together scores higher:
 
 - **content words**: the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words of every
-  supported language (``fallback.text.keywords.STOP_WORDS``); a query made only of stop words
-  keeps them all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
+  supported language (``fallback.text.keywords.STOP_WORDS``) and minus the pieces of English
+  contractions and possessives (the ``s`` of ``Nate's``, the ``don`` and ``t`` of ``don't``;
+  ``fallback.text.keywords.contraction_fragments``); a query made only of those keeps them
+  all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
 - **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
   the parts, or the joined form, which the ``terms`` column holds for every compound of the
   text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
@@ -61,7 +63,7 @@ from dataclasses import dataclass
 
 import regex
 
-from fallback.text.keywords import STOP_WORDS
+from fallback.text.keywords import STOP_WORDS, contraction_fragments
 from fallback.text.scripts import contains_cjk, word_runs
 from fallback.text.terms import compounds, date_mentions
 
@@ -157,6 +159,7 @@ class _Part:
     key: str             # lower-case word, joined compound or canonical date
     phrase: str          # the FTS5 phrase standing for it inside NEAR ("wi fi" for Wi-Fi)
     expr: str            # its MATCH sub-expression
+    fragment: bool = False  # a piece of an English contraction ("s" of "Nate's")
 
 
 def _query_parts(text: str) -> list[_Part]:
@@ -177,10 +180,12 @@ def _query_parts(text: str) -> list[_Part]:
         phrase = _quote(" ".join(c.parts))
         parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
                            f"({phrase} OR {_quote(c.joined)})"))
+    fragments = set(contraction_fragments(text))
     for m in _WORD_RE.finditer(text):
         if free(m.start(), m.end()):
             word = m.group().lower()
-            parts.append(_Part(m.start(), m.end(), "word", word, _quote(word), _quote(word)))
+            parts.append(_Part(m.start(), m.end(), "word", word, _quote(word), _quote(word),
+                               fragment=m.span() in fragments))
     return sorted(parts, key=lambda p: p.start)
 
 
@@ -189,7 +194,7 @@ def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
     """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
     pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
     parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
-    content = [p for p in parts if p.kind != "word" or p.key not in STOP_WORDS]
+    content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
     if not content:
         content = parts  # only stop words ("AND", "the"): search them rather than nothing
     seen: dict[str, _Part] = {}

@@ -23,7 +23,7 @@ from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fusion import CosineStats, apply_floor, fuse, select_results
 from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
-from fallback.search.ranking import Candidate, apply_temporal_decay, mmr_rerank
+from fallback.search.ranking import Candidate, apply_temporal_decay, drop_covered, mmr_rerank
 from fallback.search.rerank import Reranker, rerank_stage
 from fallback.search.snippets import best_window
 from fallback.settings import EngineSettings
@@ -109,13 +109,15 @@ class Searcher:
                        floor: float, limit: int) -> list[Candidate]:
         """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
         passes), then temporal decay and the optional reranker (which reorder, never remove),
-        and the result slots (session transcripts at most half)."""
+        hits mostly inside a better hit of the same file dropped
+        (:func:`~fallback.search.ranking.drop_covered`), and the result slots (session
+        transcripts at most half)."""
         hits = await self._keyword_candidates(store, text, srcs, candidates)
         if self.trace:
             self.trace.mode = "fts-only"
             self.trace.keyword(hits)
         kept = apply_floor(hits, floor) or hits
-        ranked = await self._rerank(text, await self._decay(store, kept))
+        ranked = drop_covered(await self._rerank(text, await self._decay(store, kept)))
         return self._finish(select_results(ranked, max_results=limit), floor)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,

@@ -12,6 +12,9 @@ The order of operations in a hybrid search (``fallback/search/pipeline.py``):
    (after the floor: decay reorders, it never removes);
 3. :func:`mmr_rerank` — optional diversity re-ranking of the whole list;
 4. :func:`~fallback.search.fusion.select_results` — ``maxResults``, sessions at most half.
+
+A keyword-only search skips fusion and MMR but drops, before the cut, every hit whose lines are
+mostly inside a better hit of the same file (:func:`drop_covered`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "date_from_path",
     "decay_multiplier",
     "decay_timestamp_ms",
+    "drop_covered",
     "is_evergreen",
     "jaccard",
     "mmr_rerank",
@@ -219,6 +223,44 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
         age_days = (now_ms - stamp) / MS_PER_DAY
         out.append(replace(cand, score=cand.score * decay_multiplier(age_days, half_life_days)))
     return _by_score_desc(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hits covering the same lines
+
+# A hit is dropped when more than this share of its lines lies inside better hits of its file.
+MAX_SHARED_LINES = 0.5
+
+
+def drop_covered(cands: list[Candidate], *,
+                 max_shared: float = MAX_SHARED_LINES) -> list[Candidate]:
+    """The candidates minus those whose lines the better candidates mostly show already.
+
+    Chunks overlap (80 tokens by default), and the last chunk of a file is often little more
+    than the previous chunk's tail: returned side by side, the two show the same lines twice
+    and the second takes a slot a new region could have had. Walking ``cands`` in order, a
+    candidate is dropped when more than ``max_shared`` of its own lines lie inside the already
+    kept candidates of the same source and path; two full chunks that only overlap by the chunk
+    overlap are both kept, and so is a long chunk after a short one inside it.
+
+    Args:
+        cands: candidates, best first (1-based inclusive line ranges).
+        max_shared: the share in ``[0, 1]`` of a candidate's lines above which it repeats what
+            is already shown.
+
+    Returns:
+        The kept candidates, order unchanged (a new list; the objects are not copied).
+    """
+    kept: list[Candidate] = []
+    shown: dict[tuple[str, str], set[int]] = {}
+    for c in cands:
+        lines = shown.setdefault((c.source, c.path), set())
+        own = range(c.start_line, c.end_line + 1)
+        if sum(1 for n in own if n in lines) > max_shared * len(own):
+            continue
+        lines.update(own)
+        kept.append(c)
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import unicodedata
 
+import regex
+
 from fallback.text.scripts import script_of, word_runs
 
-__all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "extract_keywords", "query_tokens"]
+__all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "contraction_fragments", "extract_keywords",
+           "query_tokens"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -105,6 +108,31 @@ KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(
     ("에서", "으로", "에게", "한테", "처럼", "같이", "보다", "까지", "부터", "마다", "밖에", "대로",
      "은", "는", "이", "가", "을", "를", "의", "에", "로", "와", "과", "도", "만"),
     key=len, reverse=True))
+
+
+# English contractions and possessives: the word tokenizers cut ``Nate's`` into ``nate`` + ``s`` and
+# ``don't`` into ``don`` + ``t``. The part after the apostrophe (``s t d ll re ve m``), and the
+# auxiliary before ``n't`` (``don``, ``isn``, ``won``), carry nothing a search can use; ``s``
+# alone is in most English chunks. Apostrophes: ASCII, right single quotation mark, modifier
+# letter apostrophe.
+_CLITIC_RE = regex.compile(r"(?<=\p{L})['\u2019\u02bc](s|t|d|ll|re|ve|m)(?![\p{L}\p{M}\p{N}_])",
+                           regex.IGNORECASE)
+_NEGATED_RE = regex.compile(r"(?<![\p{L}\p{M}\p{N}_])(\p{L}+n)['\u2019\u02bc]t(?![\p{L}\p{M}\p{N}_])",
+                            regex.IGNORECASE)
+
+
+def contraction_fragments(text: str) -> list[tuple[int, int]]:
+    """Spans ``(start, end)`` of the word runs of ``text`` that are pieces of an English
+    contraction or possessive, in order: the clitic after an apostrophe that follows a letter
+    (``s`` of ``Nate's``, ``ll`` of ``we'll``, ``t`` of ``don't``) and the auxiliary before
+    ``n't`` (``don`` of ``don't``, ``won`` of ``won't``). ``O'Brien`` and ``rock 'n' roll`` have
+    none; the apostrophes are ``'``, ``\u2019`` and ``\u02bc``.
+
+    Offsets are code points of ``text`` as given (the caller normalises it first).
+    """
+    spans = [m.span(1) for m in _CLITIC_RE.finditer(text)]
+    spans += [m.span(1) for m in _NEGATED_RE.finditer(text)]
+    return sorted(spans)
 
 
 def query_tokens(text: str) -> list[str]:

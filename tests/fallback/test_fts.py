@@ -50,6 +50,20 @@ def test_question_keeps_content_words_only() -> None:
     assert build_fts_query("the a an").terms == ("the", "a", "an")
 
 
+def test_contraction_pieces_are_not_content_parts() -> None:
+    # The "s" of a possessive and the pieces of "don't" are in most English chunks and say
+    # nothing: they are dropped like stop words, and they break no adjacency (no "natedog").
+    plan = build_fts_query("What is Nate's dog called? I don't know")
+    assert plan is not None
+    assert plan.terms == ("nate", "dog", "called")
+    assert plan.match == (
+        '"nate" OR "dog" OR "called" OR "dogcalled" OR NEAR("nate" "dog", 10)'
+        ' OR NEAR("dog" "called", 10) OR ("nate" AND "dog") OR ("nate" AND "called")'
+        ' OR ("dog" AND "called")')
+    # A query of nothing else keeps them, as a stop-word-only query does.
+    assert build_fts_query("it's").terms == ("it", "s")
+
+
 def test_hyphen_forms_match_both_ways() -> None:
     assert build_fts_query("Wi-Fi").match == '("wi fi" OR "wifi")'
     assert build_fts_query("wi fi").match == (

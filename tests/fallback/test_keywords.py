@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.text.keywords import extract_keywords, query_tokens
+from fallback.text.keywords import contraction_fragments, extract_keywords, query_tokens
 
 
 def test_case39_english_conversational() -> None:
@@ -82,3 +82,18 @@ def test_query_tokens() -> None:
     assert query_tokens("snake_case x-y") == ["snake_case", "x", "y"]
     assert query_tokens("Café 東京 hello hello") == ["café", "東京", "hello", "hello"]
     assert query_tokens("e\u0301") == ["\u00e9"]
+
+
+@pytest.mark.parametrize(("text", "fragments"), [
+    ("Nate's dog", ["s"]),
+    ("we\u2019ll see, they've gone, I'm in, she'd go, you're right", ["ll", "ve", "m", "d", "re"]),
+    ("I don't know and it won't", ["don", "t", "won", "t"]),
+    ("CAN'T STOP", ["CAN", "T"]),
+    ("O'Brien's bike", ["s"]),
+    ("rock 'n' roll", []),
+    ("James' car", []),
+    ("the 's' key, a 'quoted' word", []),
+    ("l'homme d'affaires", []),
+])
+def test_contraction_fragments(text: str, fragments: list[str]) -> None:
+    assert [text[a:b] for a, b in contraction_fragments(text)] == fragments

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -57,18 +57,14 @@ from qmdbridge.qmd.parse import (
 )
 from qmdbridge.qmd.reads import read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
-from qmdbridge.qmd.search_calls import (
-    CallPlan,
-    FlagRejected,
-    MissingCollection,
-    VectorModuleMissing,
-    probe_search,
-    search_collections,
-)
+from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
-__all__ = ["QmdBackend", "encode_query"]
+if TYPE_CHECKING:
+    from qmdbridge.qmd.warm import WarmChild
+
+__all__ = ["VEC0_HINT", "QmdBackend", "encode_query"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
@@ -78,10 +74,6 @@ PENDING_UPDATE_WAIT_MS = 500
 # The backend's search deadline ends this much before limits.timeoutMs (ms, at most a tenth of
 # it), so its own timeout, which names the setting, comes before the manager's backstop.
 SEARCH_DEADLINE_MARGIN_MS = 100
-# The hint when qmd cannot open its vector table (no such module: vec0).
-VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
-             "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
-             "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
 
 
 class QmdBackend:
@@ -126,6 +118,7 @@ class QmdBackend:
         self._closed = False
         self.now_ms = self._now
         self.freshness: Any = None  # QmdFreshness in full mode with sync.watch
+        self.warm: WarmChild | None = None  # the warm `qmd mcp` child (full mode, memory.qmd.mcp)
         self._prepared = False
         self._started = False
         self._in_startup = False
@@ -257,6 +250,16 @@ class QmdBackend:
             from qmdbridge.qmd.freshness import start_background
 
             self.freshness = start_background(self, self._bg)
+            if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
+                from qmdbridge.qmd.warm import LOOPBACK, WarmChild
+
+                self.warm = WarmChild(
+                    argv=lambda port: self.argv(["mcp", "--http", "--port", str(port), "--host", LOOPBACK]),
+                    env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
+                    startup_budget_ms=self.cfg.update.command_timeout_ms)
+                self.warm.attach(self._bg)
+                if self.cfg.search_mode == "query":
+                    self.warm.launch()
 
     async def _boot_update(self) -> None:
         try:
@@ -283,6 +286,8 @@ class QmdBackend:
             return
         self._closed = True
         self.cycle.closed = True
+        if self.warm is not None:
+            await self.warm.close()  # kills the child's process group
         if self._bg is not None:
             await self._bg.aclose()
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
@@ -435,10 +440,16 @@ class QmdBackend:
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)
         try:
-            entries = await self._search_with_repairs(q, colls, plan)
+            entries = await search_with_repairs(q, colls, plan, run=self._run_search, warm=self.warm,
+                                                reconcile=partial(self.reconcile, force=True))
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise
+        finally:
+            if plan.repair == "vec0":  # kept for the backend's lifetime, said in answers, status
+                self.mode_override = "search"
+            elif plan.repair is not None:
+                self.search_fallback_reason = plan.repair
         notes = plan.notes
         results = await anyio.to_thread.run_sync(
             lambda: self._map(entries, min_score=min_score or 0.0, notes=notes))
@@ -448,41 +459,6 @@ class QmdBackend:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
         return clamp_injected(results, max_chars=limits.max_injected_chars)
-
-    async def _search_with_repairs(self, q: str, colls: list[ManagedCollection],
-                                   plan: CallPlan) -> list[tuple[QmdEntry, str | None]]:
-        """The calls, with the repairs: a missing collection reconciles and retries once; an
-        unknown flag reruns with ``query``; ``no such module: vec0`` switches this agent to
-        ``search`` (kept in :attr:`mode_override`, said in the answer and in status)."""
-        try:
-            try:
-                return await search_collections(q, colls, plan, run=self._run_search)
-            except MissingCollection:
-                log.warning("qmd search failed because a managed collection is missing; "
-                            "repairing collections and retrying once")
-                await self.reconcile(force=True)
-                return await search_collections(q, colls, plan, run=self._run_search)
-        except VectorModuleMissing:
-            if plan.mode == "search":
-                raise BackendUnavailableError("qmd", VEC0_HINT) from None
-            log.warning("%s", VEC0_HINT)
-            self.mode_override = "search"
-            plan.notes.append(VEC0_HINT)
-            plan.mode, plan.no_rerank = "search", False
-            return await search_collections(q, colls, plan, run=self._run_search)
-        except FlagRejected as exc:
-            if plan.mode == "query":
-                raise BackendUnavailableError("qmd", str(exc)) from None
-            log.warning("qmd %s does not support configured flags; retrying search with qmd query",
-                        plan.mode)
-            self.search_fallback_reason = "unsupported-search-flags"
-            plan.mode, plan.no_rerank = "query", False
-            try:
-                return await search_collections(q, colls, plan, run=self._run_search)
-            except (FlagRejected, MissingCollection, VectorModuleMissing) as again:
-                raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
-        except MissingCollection as exc:  # still missing after the repair
-            raise BackendUnavailableError("qmd", str(exc)) from None
 
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
              notes: list[str]) -> list[MemorySearchResult]:
@@ -597,4 +573,7 @@ class QmdBackend:
                 "searchProbe": {"ok": probe is None, "error": probe},
                 "lastSearchError": self.last_search_error,
                 "freshness": self.freshness.snapshot() if self.freshness else None,
+                "warm": self.warm.describe() if self.warm is not None else {
+                    "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
+                    if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "startup": {"problems": list(self.startup_problems)}}})

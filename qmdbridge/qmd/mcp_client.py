@@ -130,6 +130,8 @@ class McpHttpClient:
                     request_id: int | None = None) -> dict[str, Any]:
         """POST one JSON-RPC message; the answer with ``request_id`` (``{}`` for a note)."""
         headers = {"Content-Type": "application/json", "MCP-Protocol-Version": MCP_PROTOCOL_VERSION}
+        if self._http.is_closed:  # the child this client belonged to was stopped
+            raise QmdMcpError(f"qmd mcp {method}: the connection to the child is closed", transport=True)
         try:
             async with self._http.stream("POST", f"{self.base_url}/mcp", content=orjson.dumps(body),
                                          headers=headers) as res:

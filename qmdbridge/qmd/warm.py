@@ -286,6 +286,7 @@ class WarmChild:
             self._error(f"qmd mcp child could not start: {exc}")
             return -1
         self.pid = process.pid
+        self._notify()
         client = McpHttpClient(f"http://{LOOPBACK}:{port}")
         tail: list[str] = [""]
         exit_note: list[str] = []

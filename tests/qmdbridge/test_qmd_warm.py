@@ -5,16 +5,13 @@ With the real qmd 2.8.3: its ``query`` answers equal the spawned ``qmd query``'s
 spawn path answers; ``search`` mode never starts it; nothing is left behind. With real small
 processes: a child that never answers or exits at once, and ``PR_SET_PDEATHSIG``.
 
-qmd's ``query`` needs GGUF models unless BM25 gives a strong signal (top hit >= 0.85, 0.15 ahead
-of the next) and nothing is embedded or reranked, so the workspace below gives every query a
-strong hit in each collection, searches run with ``rerank: false``, and ``QMD_*_MODEL`` point at
-files that do not exist: qmd never needs them, and would fail at once instead of downloading.
+The workspace and environment (``qmd_query_ws``) let qmd's ``query`` run without its GGUF
+models: strong BM25 hits, ``rerank: false``, model paths that do not exist.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -42,39 +39,16 @@ from qmdbridge.qmd.warm import (
     strip_line_numbers,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
+
 # Longest wait for a child to start, restart or die, seconds (a bound, never a timing assertion).
 DEADLINE_S = 60
-# Every query has a strong BM25 hit in both collections (see the module docstring).
-QUERIES = ("zanzibar ferry", "spice zanzibar")
-WORDS = ("router wan link dropped cats garden tomato budget meeting dentist flight coffee laptop "
-         "battery backup server disk printer invoice salary rent train bike project deadline").split()
-
-
-def _workspace(root: Path) -> Path:
-    """``MEMORY.md``, 40 filler notes, a short note and a long note (several qmd chunks) that
-    mention the queries' words."""
-    rnd = random.Random(11)
-    ws = root / "ws"
-    (ws / "memory").mkdir(parents=True)
-    (ws / "MEMORY.md").write_text("# Zanzibar\n\n## Travel\n- The zanzibar ferry leaves Dar es Salaam "
-                                  "at 07:00.\n- Spice tour booked.\n")
-    for i in range(40):
-        lines = [f"# Day {i}", ""] + [" ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 12))) + "."
-                                      for _ in range(rnd.randint(4, 20))]
-        (ws / "memory" / f"2026-02-{i:02d}.md").write_text("\n".join(lines) + "\n")
-    (ws / "memory" / "2026-03-01.md").write_text(
-        "# Zanzibar trip\n\nZanzibar: ferry tickets, spice tour, Stone Town walk.\n")
-    long = ["# Long log", ""] + [" ".join(rnd.choice(WORDS) for _ in range(12)) + "." for _ in range(120)]
-    long.insert(90, "Checked the zanzibar ferry timetable again.")
-    (ws / "memory" / "2026-03-02.md").write_text("\n".join(long) + "\n")
-    return ws
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
-    env.update(HOME=str(tmp_path / "home"), QMD_EMBED_MODEL=str(tmp_path / "absent-embed.gguf"),
-               QMD_GENERATE_MODEL=str(tmp_path / "absent-generate.gguf"),
-               QMD_RERANK_MODEL=str(tmp_path / "absent-rerank.gguf"))
+    env = model_free_env(tmp_path)
+    env["HOME"] = str(tmp_path / "home")
     return env
 
 
@@ -84,7 +58,7 @@ def _agent(tmp_path: Path, qmd_bin: Path, **qmd: Any) -> Any:
         "limits": {"timeoutMs": 20000},
         "update": {"waitForBootSync": True, "interval": "0", "embedInterval": "0"}, **qmd}},
         "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
-    ws = tmp_path / "ws" if (tmp_path / "ws").is_dir() else _workspace(tmp_path)
+    ws = tmp_path / "ws" if (tmp_path / "ws").is_dir() else make_workspace(tmp_path)
     return resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
 
 

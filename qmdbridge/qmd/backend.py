@@ -48,14 +48,14 @@ from qmdbridge.qmd.collections import (
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
+    IndexCounts,
     QmdEntry,
     clamp_injected,
     diversify_sources,
     encode_query,
-    index_counts,
     map_entries,
 )
-from qmdbridge.qmd.reads import read_qmd_path
+from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
@@ -114,6 +114,8 @@ class QmdBackend:
         self.mode_override: str | None = None  # "search" once qmd's vector table cannot open
         self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
+        self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
+        self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
         self._bg: BackgroundTasks | None = None
         self._closed = False
         self.now_ms = self._now
@@ -421,7 +423,7 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        counts, _ = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
+        counts, _ = await self.index_counts.read()
         colls = [c for c in self.collections if (sources is None or c.source in sources)
                  and c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
@@ -469,7 +471,8 @@ class QmdBackend:
                 out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
                                    lookup=lookup, default_collection=hint,
                                    max_snippet_chars=self.cfg.limits.max_snippet_chars,
-                                   min_score=min_score, cache=self._docid_cache, notes=notes)
+                                   min_score=min_score, cache=self._docid_cache, notes=notes,
+                                   listings=self._listings)
             return out
         finally:
             lookup.close()
@@ -535,7 +538,7 @@ class QmdBackend:
         ``dirty`` is also set while the file watcher is dead (found here, and re-armed).
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
-        counts, err = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
+        counts, err = await self.index_counts.read()
         by_source: dict[Source, int] = {}
         for coll, n in counts.items():
             src = self.roots[coll].source if coll in self.roots else "memory"

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.reads import Listings, clamp_lines, resolve_hit_file, slugify_path
+from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
 __all__ = [
@@ -368,7 +369,8 @@ class IndexCounts:
     ``index.sqlite``, so the ``(mtime_ns, size, inode)`` of both files is the stamp; while it is
     unchanged the last counts are returned without opening the database (a search then costs
     two ``stat`` calls instead of a connection and a query in a worker thread). A failed read
-    is not kept.
+    is not kept, nor one of files written less than ``reads.RACY_NS`` ago (file times tick
+    coarsely: a second write within the same tick could keep the stamp).
 
     Args:
         db: the agent's ``index.sqlite``.
@@ -397,5 +399,7 @@ class IndexCounts:
         if stamp == self._stamp:
             return dict(self._counts), None
         counts, err = await anyio.to_thread.run_sync(index_counts, self.db)
-        self._stamp, self._counts = (None, {}) if err else (stamp, counts)
+        newest = max((s[0] for s in stamp if s is not None), default=0)
+        settled = time.time_ns() - newest >= RACY_NS
+        self._stamp, self._counts = (stamp, counts) if settled and not err else (None, {})
         return dict(counts), err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,13 +17,16 @@ from fallback.models import MemoryReadResult
 from fallback.sources.read_page import open_memory_file, read_page_in_root
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["Listings", "clamp_lines", "file_lines", "read_in_root", "read_qmd_path",
+__all__ = ["RACY_NS", "Listings", "clamp_lines", "file_lines", "read_in_root", "read_qmd_path",
            "resolve_hit_file", "slugify_path"]
 
 # Most files a normalised path may stand for before the lookup gives up (folders x names).
 _MAX_CANDIDATES = 64
 # Most folder listings a backend keeps (then they are dropped and listed again as needed).
 _MAX_LISTINGS = 256
+# A file or folder changed less than this long ago (ns) may change again within the same
+# file-time tick without a new stamp: what was read from it is not kept.
+RACY_NS = 2_000_000_000
 
 
 def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
@@ -54,6 +58,9 @@ Listings = dict[str, tuple[tuple[int, int], list[tuple[str, str]]]]
 def _slugged_names(folder: Path, listings: Listings | None) -> list[tuple[str, str]]:
     """``[(name, slugify_path(name))]`` of ``folder``, sorted; reused from ``listings`` while the
     folder's mtime and inode are unchanged (an entry added, removed or renamed changes them).
+    A folder changed less than :data:`RACY_NS` ago is not kept: file times tick coarsely, so a
+    second change within the same tick would leave the stamp as it was (git's "racily clean"
+    entries have the same cure).
 
     Raises:
         OSError: the folder cannot be listed.
@@ -64,7 +71,7 @@ def _slugged_names(folder: Path, listings: Listings | None) -> list[tuple[str, s
     if known is not None and known[0] == stamp:
         return known[1]
     names = [(n, slugify_path(n)) for n in sorted(os.listdir(folder))]
-    if listings is not None:
+    if listings is not None and time.time_ns() - st.st_mtime_ns >= RACY_NS:
         if len(listings) >= _MAX_LISTINGS:
             listings.clear()
         listings[key] = (stamp, names)

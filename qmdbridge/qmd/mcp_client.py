@@ -141,14 +141,19 @@ class McpHttpClient:
                                       transport=res.status_code >= 500)
                 if request_id is None:
                     return {}
-                if res.headers.get("content-type", "").startswith("text/event-stream"):
-                    async for event in EventSource(res).aiter_sse():
-                        message = _message(event.data, method)
-                        if message.get("id") == request_id:
-                            return message
+                if not res.headers.get("content-type", "").startswith("text/event-stream"):
+                    return _message((await res.aread()).decode("utf-8", "replace"), method)
+                answer: dict[str, Any] | None = None
+                # Read to the end of the stream (qmd ends it after the answer): the connection is
+                # then reused, and no half-read generator is left to the loop's finalizer.
+                async for event in EventSource(res).aiter_sse():
+                    message = _message(event.data, method)
+                    if message.get("id") == request_id:
+                        answer = message
+                if answer is None:
                     raise QmdMcpError(f"qmd mcp {method}: the event stream ended without an answer",
                                       transport=True)
-                return _message((await res.aread()).decode("utf-8", "replace"), method)
+                return answer
         except (httpx.HTTPError, SSEError) as exc:
             raise QmdMcpError(f"qmd mcp {method}: {type(exc).__name__}: {exc}", transport=True) from exc
 

@@ -11,6 +11,10 @@ pending update included) and nothing else. Start-up (collection reconcile:
 ``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
 never runs under a search deadline; a timeout there is logged, kept in ``status()``
 (``custom.qmd.startup``) and does not fail the start-up.
+
+In ``full`` mode a warm ``qmd mcp --http`` child (``qmdbridge.qmd.warm``, unless
+``memory.qmd.mcp.enabled`` is false) answers ``query``-mode calls; any call it declines is
+spawned as above.
 """
 
 from __future__ import annotations

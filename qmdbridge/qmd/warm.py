@@ -241,6 +241,9 @@ class WarmChild:
         if self._scope is not None:
             self._scope.cancel()
         await self.wait_for(lambda w: w.state in ("stopped", "idle"))
+        if self.state != "stopped":  # the task group was cancelled first, or it never ran
+            self.state = "stopped"
+            self._notify()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -311,6 +314,7 @@ class WarmChild:
             self._client, self._failed = None, None
             with anyio.CancelScope(shield=True):
                 await kill_and_reap(process)
+                await process.aclose()  # its pipes
                 await client.aclose()
         if exit_note:
             when = "before it answered" if ready_at is None else "while serving"

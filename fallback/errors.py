@@ -10,7 +10,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
      |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
-     |    +-- QmdCommandError, QmdOutputError (qmdbridge/qmd/errors.py: qmd failed or printed garbage)
+     |    +-- QmdCommandError, QmdOutputError, QmdMcpError (qmdbridge/qmd/errors.py: qmd failed,
+     |        printed garbage, or its warm ``qmd mcp`` child could not answer)
      +-- IndexStoreError             a SQLite store failure (fallback/store/errors.py maps codes):
      |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
      |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)

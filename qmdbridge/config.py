@@ -41,6 +41,8 @@ __all__ = [
     "OpenClawConfig",
     "QmdConfig",
     "QmdLimits",
+    "QmdMcp",
+    "QmdMcporter",
     "QmdPath",
     "QmdScope",
     "QmdSessions",
@@ -175,6 +177,21 @@ class QmdScope(_Cfg):
         default_factory=lambda: [ScopeRule(action="allow", match=ScopeMatch(chat_type="direct"))])
 
 
+class QmdMcp(_Cfg):
+    """``memory.qmd.mcp``: the warm ``qmd mcp --http`` child of long-lived mode (``serve``,
+    ``mcp``; README "qmd"). ``enabled``: unset = on, unless OpenClaw's
+    ``memory.qmd.mcporter.enabled`` is ``false``; ``false`` = every search spawns qmd."""
+
+    enabled: bool | None = None
+
+
+class QmdMcporter(_Cfg):
+    """OpenClaw's ``memory.qmd.mcporter`` (qmd's MCP server kept alive by mcporter): only
+    ``enabled`` is read, as the default of ``memory.qmd.mcp.enabled``; mcporter is not used."""
+
+    enabled: bool | None = None
+
+
 class QmdConfig(_Cfg):
     """``memory.qmd``: the qmd sidecar."""
 
@@ -187,6 +204,17 @@ class QmdConfig(_Cfg):
     update: QmdUpdate = Field(default_factory=QmdUpdate)
     limits: QmdLimits = Field(default_factory=QmdLimits)
     scope: QmdScope = Field(default_factory=QmdScope)
+    mcp: QmdMcp = Field(default_factory=QmdMcp)
+    mcporter: QmdMcporter = Field(default_factory=QmdMcporter)
+
+    @property
+    def warm_child(self) -> bool:
+        """Whether long-lived mode keeps a warm ``qmd mcp`` child: ``mcp.enabled``, else
+        ``mcporter.enabled``, else on."""
+        for value in (self.mcp.enabled, self.mcporter.enabled):
+            if value is not None:
+                return value
+        return True
 
     @field_validator("command")
     @classmethod

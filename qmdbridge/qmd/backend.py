@@ -11,6 +11,10 @@ pending update included) and nothing else. Start-up (collection reconcile:
 ``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
 never runs under a search deadline; a timeout there is logged, kept in ``status()``
 (``custom.qmd.startup``) and does not fail the start-up.
+
+In ``full`` mode a warm ``qmd mcp --http`` child (``qmdbridge.qmd.warm``, unless
+``memory.qmd.mcp.enabled`` is false) answers ``query``-mode calls; any call it declines is
+spawned as above.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -48,27 +52,23 @@ from qmdbridge.qmd.collections import (
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
+    IndexCounts,
     QmdEntry,
     clamp_injected,
     diversify_sources,
     encode_query,
-    index_counts,
     map_entries,
 )
-from qmdbridge.qmd.reads import read_qmd_path
+from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
-from qmdbridge.qmd.search_calls import (
-    CallPlan,
-    FlagRejected,
-    MissingCollection,
-    VectorModuleMissing,
-    probe_search,
-    search_collections,
-)
+from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
-__all__ = ["QmdBackend", "encode_query"]
+if TYPE_CHECKING:
+    from qmdbridge.qmd.warm import WarmChild
+
+__all__ = ["VEC0_HINT", "QmdBackend", "encode_query"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
@@ -78,10 +78,6 @@ PENDING_UPDATE_WAIT_MS = 500
 # The backend's search deadline ends this much before limits.timeoutMs (ms, at most a tenth of
 # it), so its own timeout, which names the setting, comes before the manager's backstop.
 SEARCH_DEADLINE_MARGIN_MS = 100
-# The hint when qmd cannot open its vector table (no such module: vec0).
-VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
-             "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
-             "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
 
 
 class QmdBackend:
@@ -122,10 +118,13 @@ class QmdBackend:
         self.mode_override: str | None = None  # "search" once qmd's vector table cannot open
         self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
+        self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
+        self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
         self._bg: BackgroundTasks | None = None
         self._closed = False
         self.now_ms = self._now
         self.freshness: Any = None  # QmdFreshness in full mode with sync.watch
+        self.warm: WarmChild | None = None  # the warm `qmd mcp` child (full mode, memory.qmd.mcp)
         self._prepared = False
         self._started = False
         self._in_startup = False
@@ -257,6 +256,16 @@ class QmdBackend:
             from qmdbridge.qmd.freshness import start_background
 
             self.freshness = start_background(self, self._bg)
+            if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
+                from qmdbridge.qmd.warm import LOOPBACK, WarmChild
+
+                self.warm = WarmChild(
+                    argv=lambda port: self.argv(["mcp", "--http", "--port", str(port), "--host", LOOPBACK]),
+                    env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
+                    startup_budget_ms=self.cfg.update.command_timeout_ms)
+                self.warm.attach(self._bg)
+                if self.cfg.search_mode == "query":
+                    self.warm.launch()
 
     async def _boot_update(self) -> None:
         try:
@@ -283,6 +292,8 @@ class QmdBackend:
             return
         self._closed = True
         self.cycle.closed = True
+        if self.warm is not None:
+            await self.warm.close()  # kills the child's process group
         if self._bg is not None:
             await self._bg.aclose()
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
@@ -416,7 +427,7 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        counts, _ = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
+        counts, _ = await self.index_counts.read()
         colls = [c for c in self.collections if (sources is None or c.source in sources)
                  and c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
@@ -435,10 +446,16 @@ class QmdBackend:
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)
         try:
-            entries = await self._search_with_repairs(q, colls, plan)
+            entries = await search_with_repairs(q, colls, plan, run=self._run_search, warm=self.warm,
+                                                reconcile=partial(self.reconcile, force=True))
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise
+        finally:
+            if plan.repair == "vec0":  # kept for the backend's lifetime, said in answers, status
+                self.mode_override = "search"
+            elif plan.repair is not None:
+                self.search_fallback_reason = plan.repair
         notes = plan.notes
         results = await anyio.to_thread.run_sync(
             lambda: self._map(entries, min_score=min_score or 0.0, notes=notes))
@@ -449,41 +466,6 @@ class QmdBackend:
         results = diversify_sources(results, limit=limit)
         return clamp_injected(results, max_chars=limits.max_injected_chars)
 
-    async def _search_with_repairs(self, q: str, colls: list[ManagedCollection],
-                                   plan: CallPlan) -> list[tuple[QmdEntry, str | None]]:
-        """The calls, with the repairs: a missing collection reconciles and retries once; an
-        unknown flag reruns with ``query``; ``no such module: vec0`` switches this agent to
-        ``search`` (kept in :attr:`mode_override`, said in the answer and in status)."""
-        try:
-            try:
-                return await search_collections(q, colls, plan, run=self._run_search)
-            except MissingCollection:
-                log.warning("qmd search failed because a managed collection is missing; "
-                            "repairing collections and retrying once")
-                await self.reconcile(force=True)
-                return await search_collections(q, colls, plan, run=self._run_search)
-        except VectorModuleMissing:
-            if plan.mode == "search":
-                raise BackendUnavailableError("qmd", VEC0_HINT) from None
-            log.warning("%s", VEC0_HINT)
-            self.mode_override = "search"
-            plan.notes.append(VEC0_HINT)
-            plan.mode, plan.no_rerank = "search", False
-            return await search_collections(q, colls, plan, run=self._run_search)
-        except FlagRejected as exc:
-            if plan.mode == "query":
-                raise BackendUnavailableError("qmd", str(exc)) from None
-            log.warning("qmd %s does not support configured flags; retrying search with qmd query",
-                        plan.mode)
-            self.search_fallback_reason = "unsupported-search-flags"
-            plan.mode, plan.no_rerank = "query", False
-            try:
-                return await search_collections(q, colls, plan, run=self._run_search)
-            except (FlagRejected, MissingCollection, VectorModuleMissing) as again:
-                raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
-        except MissingCollection as exc:  # still missing after the repair
-            raise BackendUnavailableError("qmd", str(exc)) from None
-
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
              notes: list[str]) -> list[MemorySearchResult]:
         lookup = DocLookup(self.home.index_db)
@@ -493,7 +475,8 @@ class QmdBackend:
                 out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
                                    lookup=lookup, default_collection=hint,
                                    max_snippet_chars=self.cfg.limits.max_snippet_chars,
-                                   min_score=min_score, cache=self._docid_cache, notes=notes)
+                                   min_score=min_score, cache=self._docid_cache, notes=notes,
+                                   listings=self._listings)
             return out
         finally:
             lookup.close()
@@ -559,7 +542,7 @@ class QmdBackend:
         ``dirty`` is also set while the file watcher is dead (found here, and re-armed).
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
-        counts, err = await anyio.to_thread.run_sync(lambda: index_counts(self.home.index_db))
+        counts, err = await self.index_counts.read()
         by_source: dict[Source, int] = {}
         for coll, n in counts.items():
             src = self.roots[coll].source if coll in self.roots else "memory"
@@ -597,4 +580,7 @@ class QmdBackend:
                 "searchProbe": {"ok": probe is None, "error": probe},
                 "lastSearchError": self.last_search_error,
                 "freshness": self.freshness.snapshot() if self.freshness else None,
+                "warm": self.warm.describe() if self.warm is not None else {
+                    "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
+                    if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "startup": {"problems": list(self.startup_problems)}}})

@@ -1,19 +1,22 @@
-"""The qmd sidecar's errors: a qmd process that failed, and qmd output we cannot parse.
+"""The qmd sidecar's errors: a qmd process that failed, qmd output we cannot parse, and a warm
+``qmd mcp`` child that could not answer.
 
-Both are :class:`~fallback.errors.BackendUnavailableError` subclasses, so the manager's fallback
+All are :class:`~fallback.errors.BackendUnavailableError` subclasses, so the manager's fallback
 boundary treats them like any other backend failure::
 
     BackendUnavailableError (fallback/errors.py)
      +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
      |    +-- QmdBusyError qmd's index stayed busy (SQLITE_BUSY) through the retries
      +-- QmdOutputError    qmd's stdout is not a search-result array
+     +-- QmdMcpError       the warm ``qmd mcp --http`` child could not answer a call (its
+                           search is then run by spawning qmd; never reaches the manager)
 """
 
 from __future__ import annotations
 
 from fallback.errors import BackendUnavailableError
 
-__all__ = ["QmdBusyError", "QmdCommandError", "QmdOutputError"]
+__all__ = ["QmdBusyError", "QmdCommandError", "QmdMcpError", "QmdOutputError"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -92,3 +95,20 @@ class QmdOutputError(BackendUnavailableError):
 
     def __init__(self, reason: str) -> None:
         super().__init__("qmd", reason)
+
+
+class QmdMcpError(BackendUnavailableError):
+    """Raised when the warm ``qmd mcp --http`` child cannot answer an MCP call.
+
+    Message: ``qmd mcp <method>: <what happened>`` (a connection error, an HTTP status, a
+    JSON-RPC error, a tool result flagged ``isError``, or an answer of the wrong shape).
+
+    Attributes:
+        transport: ``True`` when the child or the connection failed (refused, reset, HTTP 5xx,
+            not JSON-RPC): the child is restarted. ``False`` for an answer the child gave on
+            purpose (a JSON-RPC error, ``isError``, an HTTP 4xx): the child is kept.
+    """
+
+    def __init__(self, reason: str, *, transport: bool) -> None:
+        super().__init__("qmd", reason)
+        self.transport = transport

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,12 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.reads import clamp_lines, resolve_hit_file, slugify_path
+from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
 __all__ = [
     "DocLookup",
+    "IndexCounts",
     "encode_query",
     "index_counts",
     "QmdEntry",
@@ -215,7 +217,8 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
                 workspace: Path, lookup: DocLookup, default_collection: str | None,
                 max_snippet_chars: int, min_score: float,
                 cache: dict[str, tuple[str, str] | None],
-                notes: list[str] | None = None) -> list[MemorySearchResult]:
+                notes: list[str] | None = None,
+                listings: Listings | None = None) -> list[MemorySearchResult]:
     """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
 
     Entries that cannot be located in a managed collection, score below ``min_score``, or
@@ -233,6 +236,7 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         default_collection: hint when a call searched exactly one collection.
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
         notes: receives one line per ambiguous hit dropped (for the answer's warnings).
+        listings: folder listings kept between searches (``reads.resolve_hit_file``).
 
     Raises:
         BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
@@ -250,7 +254,8 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         raw = entry.snippet if entry.snippet is not None else (entry.body or "")
         text = _HEADER_LINE_RE.sub("", raw, count=1).rstrip("\n")
         span = line_range(entry, raw)
-        rel, note = resolve_hit_file(coll, loc[1], text, *span, workspace=workspace)
+        rel, note = resolve_hit_file(coll, loc[1], text, *span, workspace=workspace,
+                                     listings=listings)
         if rel is None:
             if note is not None and notes is not None and note not in notes:
                 notes.append(note)
@@ -355,3 +360,46 @@ def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
         log.warning("failed to read qmd index stats: %s", exc)
         return {}, f"failed to read qmd index stats: {exc}"
     return {str(c): int(n) for c, n in rows}, None
+
+
+class IndexCounts:
+    """:func:`index_counts` of one ``index.sqlite``, read again only when qmd's index changed.
+
+    The index is in WAL mode: every commit writes ``index.sqlite-wal`` and a checkpoint writes
+    ``index.sqlite``, so the ``(mtime_ns, size, inode)`` of both files is the stamp; while it is
+    unchanged the last counts are returned without opening the database (a search then costs
+    two ``stat`` calls instead of a connection and a query in a worker thread). A failed read
+    is not kept, nor one of files written less than ``reads.RACY_NS`` ago (file times tick
+    coarsely: a second write within the same tick could keep the stamp).
+
+    Args:
+        db: the agent's ``index.sqlite``.
+    """
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self._stamp: tuple[tuple[int, int, int] | None, ...] | None = None
+        self._counts: dict[str, int] = {}
+
+    def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
+        out: list[tuple[int, int, int] | None] = []
+        for path in (self.db, self.db.with_name(self.db.name + "-wal")):
+            try:
+                st = os.stat(path)
+                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    async def read(self) -> tuple[dict[str, int], str | None]:
+        """``({collection: active documents}, error or None)``, as :func:`index_counts`."""
+        import anyio
+
+        stamp = self._files_stamp()
+        if stamp == self._stamp:
+            return dict(self._counts), None
+        counts, err = await anyio.to_thread.run_sync(index_counts, self.db)
+        newest = max((s[0] for s in stamp if s is not None), default=0)
+        settled = time.time_ns() - newest >= RACY_NS
+        self._stamp, self._counts = (stamp, counts) if settled and not err else (None, {})
+        return dict(counts), err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import unicodedata
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,11 +17,16 @@ from fallback.models import MemoryReadResult
 from fallback.sources.read_page import open_memory_file, read_page_in_root
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["clamp_lines", "file_lines", "read_in_root", "read_qmd_path", "resolve_hit_file",
-           "slugify_path"]
+__all__ = ["RACY_NS", "Listings", "clamp_lines", "file_lines", "read_in_root", "read_qmd_path",
+           "resolve_hit_file", "slugify_path"]
 
 # Most files a normalised path may stand for before the lookup gives up (folders x names).
 _MAX_CANDIDATES = 64
+# Most folder listings a backend keeps (then they are dropped and listed again as needed).
+_MAX_LISTINGS = 256
+# A file or folder changed less than this long ago (ns) may change again within the same
+# file-time tick without a new stamp: what was read from it is not kept.
+RACY_NS = 2_000_000_000
 
 
 def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
@@ -45,17 +51,44 @@ def slugify_path(path: str) -> str:
     return "/".join(out)
 
 
-def _alike(root: Path, rel: str) -> list[str]:
+# Folder listings kept between searches: path -> ((st_mtime_ns, st_ino), [(name, slug)]).
+Listings = dict[str, tuple[tuple[int, int], list[tuple[str, str]]]]
+
+
+def _slugged_names(folder: Path, listings: Listings | None) -> list[tuple[str, str]]:
+    """``[(name, slugify_path(name))]`` of ``folder``, sorted; reused from ``listings`` while the
+    folder's mtime and inode are unchanged (an entry added, removed or renamed changes them).
+    A folder changed less than :data:`RACY_NS` ago is not kept: file times tick coarsely, so a
+    second change within the same tick would leave the stamp as it was (git's "racily clean"
+    entries have the same cure).
+
+    Raises:
+        OSError: the folder cannot be listed.
+    """
+    st = os.stat(folder)
+    key, stamp = str(folder), (st.st_mtime_ns, st.st_ino)
+    known = listings.get(key) if listings is not None else None
+    if known is not None and known[0] == stamp:
+        return known[1]
+    names = [(n, slugify_path(n)) for n in sorted(os.listdir(folder))]
+    if listings is not None and time.time_ns() - st.st_mtime_ns >= RACY_NS:
+        if len(listings) >= _MAX_LISTINGS:
+            listings.clear()
+        listings[key] = (stamp, names)
+    return names
+
+
+def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
     """Files under ``root`` whose path normalises like ``rel`` (:func:`slugify_path`), sorted."""
     paths = [""]
     for seg in [p for p in rel.split("/") if p]:
         target, found = slugify_path(seg), []
         for base in paths:
             try:
-                names = sorted(os.listdir(root / base))
+                names = _slugged_names(root / base, listings)
             except OSError:
                 continue
-            found += [f"{base}/{n}".lstrip("/") for n in names if n == seg or slugify_path(n) == target]
+            found += [f"{base}/{n}".lstrip("/") for n, slug in names if n == seg or slug == target]
         paths = found[:_MAX_CANDIDATES]
     return [p for p in paths if (root / p).is_file()]
 
@@ -70,7 +103,7 @@ def _needle(snippet: str) -> str:
 
 
 def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int, end: int, *,
-                     workspace: Path) -> tuple[str | None, str | None]:
+                     workspace: Path, listings: Listings | None = None) -> tuple[str | None, str | None]:
     """Which file on disk a qmd hit is, when qmd's index may hold an old build's path.
 
     qmd before 2.6 stored paths normalised (:func:`slugify_path`: ``Notes/My File.md`` ->
@@ -84,6 +117,8 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
         coll: the hit's collection. rel: the path qmd reported, ``/``-separated.
         snippet: the hit's text without qmd's ``@@`` header. start / end: its 1-based lines.
         workspace: the agent workspace (for the memory-file rule's symlink policy).
+        listings: folder listings kept between calls (a backend's; each is listed again once
+            the folder changed), so a hit costs no listing of a large unchanged folder.
 
     Returns:
         ``(rel on disk, None)`` for a hit to keep; ``(None, note)`` for one to drop, ``note``
@@ -91,7 +126,7 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
     """
     if (coll.path / rel).is_file() and slugify_path(rel) != rel:
         return rel, None
-    candidates = _alike(coll.path, rel)
+    candidates = _alike(coll.path, rel, listings)
     if candidates == [rel]:
         return rel, None
     needle = _needle(snippet)

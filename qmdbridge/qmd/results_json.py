@@ -29,7 +29,7 @@ from typing import Any
 
 from qmdbridge.qmd.errors import QmdOutputError
 
-__all__ = ["EXCERPT_CHARS", "QmdEntry", "parse_qmd_json", "strip_ansi"]
+__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "parse_qmd_json", "strip_ansi"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -105,7 +105,11 @@ def _pos_int(v: Any) -> int | None:
     return v if isinstance(v, int) and 0 < v <= _MAX_SAFE_INT else None
 
 
-def _entry(obj: Mapping[str, Any]) -> QmdEntry:
+def entry_from_json(obj: Mapping[str, Any]) -> QmdEntry:
+    """One result object of qmd's JSON (``{docid, score, file, line, title, snippet ...}``) as a
+    :class:`QmdEntry`: strings kept only when they are strings, the score only when it is a finite
+    number, ``start_line``/``end_line`` (or ``startLine``/``endLine``) only when positive
+    integers; every other field is ignored."""
     score = obj.get("score")
     ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
         score == score and abs(score) != float("inf")
@@ -168,7 +172,7 @@ def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
     fitting = [v for v in _json_values(out) if _fits_schema(v)]
     if fitting:
         hits = [v for v in fitting if v]
-        return [_entry(obj) for obj in (hits[-1] if hits else [])]
+        return [entry_from_json(obj) for obj in (hits[-1] if hits else [])]
     if _only_markers(out):
         return []
     log.debug("qmd stdout is not a result array (%d chars): %r", len(out), out)

@@ -65,6 +65,8 @@ __all__ = [
     "is_flag_rejection",
     "is_missing_collection",
     "is_vector_module_missing",
+    "kill_and_reap",
+    "process_command",
     "run_command",
     "spawn_error_is_missing_file",
     "summarize",
@@ -247,8 +249,12 @@ def _wait_gone(procs: list[psutil.Process]) -> None:
         delay_s = min(delay_s * 2, 0.1)
 
 
-async def _kill_and_reap(process: Process) -> None:
-    """Kill ``process``'s whole tree and reap it; runs shielded so a cancellation can't skip it."""
+async def kill_and_reap(process: Process) -> None:
+    """Kill ``process``'s whole tree and reap it; runs shielded so a cancellation can't skip it.
+
+    Every descendant is collected with psutil first, then the process group ``process.pid``
+    (the child was started with ``start_new_session=True``) gets SIGKILL, the collected
+    descendants that survived are killed, and the direct child is reaped."""
     with anyio.CancelScope(shield=True):
         descendants = _descendants(process.pid)
         survivors = _kill_tree(process.pid, descendants)
@@ -260,6 +266,17 @@ def _split_status(code: int | None) -> tuple[int | None, int | None]:
     if code is not None and code < 0:
         return None, -code
     return code, None
+
+
+def process_command(argv: Sequence[str]) -> str | list[str]:
+    """What to hand to ``open_process`` for ``argv``: the list itself, except for a
+    ``.cmd``/``.bat`` program on Windows, which starts only through cmd.exe: then the string form
+    that runs ``%COMSPEC% /c "<line>"`` with every argument escaped for cmd
+    (:func:`qmdbridge.command_line.batch_command`)."""
+    argv_t = [str(a) for a in argv]
+    if os.name == "nt" and is_batch_script(argv_t[0]):
+        return batch_command(argv_t[0], argv_t[1:])
+    return argv_t
 
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
@@ -300,11 +317,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     argv_t = tuple(str(a) for a in argv)
     summary = summarize(argv_t)
     started = time.monotonic()
-    command: str | list[str] = list(argv_t)
-    if os.name == "nt" and is_batch_script(argv_t[0]):
-        # Windows starts .cmd/.bat only through cmd.exe; the string form runs
-        # `%COMSPEC% /c "<line>"`, with every argument escaped for cmd (qmdbridge.command_line).
-        command = batch_command(argv_t[0], argv_t[1:])
+    command = process_command(argv_t)
     try:
         process = await anyio.open_process(
             command, stdin=subprocess.DEVNULL,
@@ -325,11 +338,11 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
                 await process.wait()
             finished = True
         if deadline.cancelled_caught and not finished:
-            await _kill_and_reap(process)
+            await kill_and_reap(process)
             raise BackendTimeoutError(backend, summary, timeout_ms, setting=setting)
     finally:
         if not finished and process.returncode is None:
-            await _kill_and_reap(process)
+            await kill_and_reap(process)
         await _close_streams(process)
 
     returncode, sig = _split_status(process.returncode)

@@ -20,6 +20,10 @@ Each answer is classified from stderr and the exit status (``qmdbridge.qmd.runne
   exit 3 ...) -> the array, with a note for the answer's warnings;
 - a deadline -> :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs``, and for
   ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``.
+
+In long-lived mode a warm ``qmd mcp`` child (:class:`WarmSearch`, ``qmdbridge.qmd.warm``) may
+answer a collection's call instead of a spawned process; whenever it declines, the call is
+spawned and classified as above.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 from tenacity import (
@@ -58,12 +63,15 @@ __all__ = [
     "BUSY_ATTEMPTS",
     "MAX_PARALLEL_CALLS",
     "SEARCH_TIMEOUT_SETTING",
+    "VEC0_HINT",
     "CallPlan",
     "FlagRejected",
     "MissingCollection",
     "VectorModuleMissing",
+    "WarmSearch",
     "probe_search",
     "search_collections",
+    "search_with_repairs",
     "timeout_hint",
 ]
 
@@ -80,12 +88,32 @@ BUSY_MIN_LEFT_MS = 300
 SEARCH_TIMEOUT_SETTING = "memory.qmd.limits.timeoutMs"
 # The query of the health probe: one word that names no memory (a probe answers [] or hits).
 PROBE_QUERY = "qmdbridge-health-probe"
+# The hint when qmd cannot open its vector table (no such module: vec0).
+VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
+             "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
+             "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
 # The models a search mode needs (spec 1.8).
 _MODE_MODELS = {"vsearch": ("embed", "generate"), "query": ("embed", "rerank", "generate")}
 
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
 # BackendTimeoutError past timeout_ms).
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
+
+
+class WarmSearch(Protocol):
+    """A warm qmd that may answer one collection's call (``qmdbridge.qmd.warm.WarmChild``)."""
+
+    def serves(self, mode: str) -> bool:
+        """Whether calls in ``mode`` (``search`` | ``vsearch`` | ``query``) may go to it."""
+        ...
+
+    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
+        """The call's entries, exactly as the spawned command's, or ``None``: spawn it.
+
+        Raises:
+            BackendTimeoutError: past ``plan.deadline``.
+        """
+        ...
 
 
 class FlagRejected(Exception):
@@ -131,6 +159,8 @@ class CallPlan:
         models_dir: qmd's model cache (``xdg-cache/qmd/models``), for the timeout hint.
         env: qmd's environment (``QMD_*_MODEL`` overrides), for the timeout hint.
         notes: receives one line per answer used despite a crash (for the answer's warnings).
+        repair: set by :func:`search_with_repairs` when the search switched mode for good:
+            ``"vec0"`` (now ``search``) or ``"unsupported-search-flags"`` (rerun with ``query``).
     """
 
     mode: str
@@ -141,6 +171,7 @@ class CallPlan:
     models_dir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    repair: str | None = None
 
     def remaining_ms(self) -> int:
         """ms left before :attr:`deadline`."""
@@ -237,7 +268,8 @@ def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
 
 
 async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                             run: RunSearch) -> list[tuple[QmdEntry, str | None]]:
+                             run: RunSearch, warm: WarmSearch | None = None
+                             ) -> list[tuple[QmdEntry, str | None]]:
     """Search each collection in its own call and merge the hits.
 
     Args:
@@ -245,6 +277,8 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
         colls: the collections to search (the caller leaves out known-empty ones).
         plan: mode, limit, deadline ... (:class:`CallPlan`); crash notes land in ``plan.notes``.
         run: runs one qmd command (see :data:`RunSearch`).
+        warm: a warm qmd asked first for each call in a mode it serves; a call it declines
+            is spawned with ``run``.
 
     Returns:
         ``[(entry, collection name)]``, best score first, one per hit (``parse.merge_key``).
@@ -260,7 +294,9 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
     async def one(i: int, coll: ManagedCollection) -> None:
         async with limiter:
             try:
-                answers[i] = await _one(q, coll, plan, run)
+                answer = await warm.search(q, coll, plan) if warm is not None and warm.serves(
+                    plan.mode) else None
+                answers[i] = answer if answer is not None else await _one(q, coll, plan, run)
             except (FlagRejected, MissingCollection, VectorModuleMissing, BackendUnavailableError) as exc:
                 answers[i] = exc
 
@@ -284,6 +320,56 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
             if best is None or (entry.score or 0.0) > (best[0].score or 0.0):
                 merged[key] = (entry, coll.name)
     return sorted(merged.values(), key=lambda pair: -(pair[0].score or 0.0))
+
+
+async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
+                              run: RunSearch, warm: WarmSearch | None,
+                              reconcile: Callable[[], Awaitable[None]]
+                              ) -> list[tuple[QmdEntry, str | None]]:
+    """:func:`search_collections` with the repairs of its classified failures.
+
+    A missing collection runs ``reconcile()`` and retries once; an unknown flag reruns the
+    search with ``query`` (``plan.repair = "unsupported-search-flags"``); ``no such module:
+    vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
+    ``plan.notes``), which the caller keeps for later searches.
+
+    Raises:
+        BackendUnavailableError: a repair did not help (``qmd query fallback failed: ...``, the
+            vec0 hint in ``search`` mode, a collection still missing), or any failure of
+            :func:`search_collections`.
+    """
+    def calls() -> Awaitable[list[tuple[QmdEntry, str | None]]]:
+        return search_collections(q, colls, plan, run=run, warm=warm)
+
+    try:
+        try:
+            return await calls()
+        except MissingCollection:
+            log.warning("qmd search failed because a managed collection is missing; "
+                        "repairing collections and retrying once")
+            await reconcile()
+            return await calls()
+    except VectorModuleMissing:
+        if plan.mode == "search":
+            raise BackendUnavailableError("qmd", VEC0_HINT) from None
+        log.warning("%s", VEC0_HINT)
+        plan.repair = "vec0"
+        plan.notes.append(VEC0_HINT)
+        plan.mode, plan.no_rerank = "search", False
+        return await calls()
+    except FlagRejected as exc:
+        if plan.mode == "query":
+            raise BackendUnavailableError("qmd", str(exc)) from None
+        log.warning("qmd %s does not support configured flags; retrying search with qmd query",
+                    plan.mode)
+        plan.repair = "unsupported-search-flags"
+        plan.mode, plan.no_rerank = "query", False
+        try:
+            return await calls()
+        except (FlagRejected, MissingCollection, VectorModuleMissing) as again:
+            raise BackendUnavailableError("qmd", f"qmd query fallback failed: {again}") from None
+    except MissingCollection as exc:  # still missing after the repair
+        raise BackendUnavailableError("qmd", str(exc)) from None
 
 
 async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:

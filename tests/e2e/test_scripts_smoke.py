@@ -102,6 +102,13 @@ def test_bench_daemon_quick() -> None:
     assert rows["tools/list + memory_search, initialised session"]["note"].endswith("top hit True")
     if os.access(QMD, os.X_OK):
         assert rows["qmd search --json (CLI wall)"]["note"] == "right note every run: True"
+        warm = rows["our warm child: QmdBackend.search (in-process)"]
+        assert warm["value"] > 0 and warm["note"].endswith(
+            "right note every run: True; all answered by the child: True")
+        for name in ("qmd's own MCP: the same tool call, bare JSON-RPC POST",
+                     "spawn per call: qmd search --json (CLI wall)",
+                     "spawn per call: qmd query --json --no-rerank (CLI wall)"):
+            assert "right note every run: True" in rows[name]["note"], name
 
 
 def test_bench_watch_quick() -> None:

@@ -327,3 +327,65 @@ def test_hits_outside_the_rule_are_dropped_whatever_qmd_returns(tmp_path: Path) 
                             ("workspace-main", "notes/a.txt"), ("workspace-main", "notes/ok.md"),
                             ("memory-root-main", "MEMORY.md"))]
     assert [h.path for h in _map(tmp_path, entries)] == ["notes/ok.md", "MEMORY.md"]
+
+
+def test_hit_checks_reuse_a_folder_listing_until_the_folder_changes(tmp_path: Path) -> None:
+    """A listing is kept only for a folder that changed more than ``RACY_NS`` ago, and used
+    while the folder is unchanged; adding a look-alike file changes the folder, so the next
+    check lists it again and finds the hit ambiguous."""
+    import os
+    import time
+
+    from qmdbridge.qmd.reads import RACY_NS, Listings, resolve_hit_file
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "2020-01-02.md").write_text("# Day\n\nferry booked\n")
+    coll = ManagedCollection(name="notes", path=notes, pattern="**/*.md", kind="custom")
+    listings: Listings = {}
+    assert resolve_hit_file(coll, "2020-01-02.md", "ferry booked", 3, 3, workspace=tmp_path,
+                            listings=listings) == ("2020-01-02.md", None)
+    assert listings == {}  # just written: not kept
+    settled = time.time_ns() - 2 * RACY_NS
+    os.utime(notes, ns=(settled, settled))
+    assert resolve_hit_file(coll, "2020-01-02.md", "ferry booked", 3, 3, workspace=tmp_path,
+                            listings=listings) == ("2020-01-02.md", None)
+    assert listings[str(notes)][1] == [("2020-01-02.md", "2020-01-02.md")]
+    (notes / "2020_01_02.md").write_text("# Day\n\nferry booked\n")
+    rel, note = resolve_hit_file(coll, "2020-01-02.md", "ferry booked", 3, 3, workspace=tmp_path,
+                                 listings=listings)
+    assert rel is None and note is not None and "matches 2 files (2020-01-02.md, 2020_01_02.md)" in note
+
+
+@pytest.mark.anyio
+async def test_index_counts_are_read_again_only_when_the_index_files_change(tmp_path: Path) -> None:
+    """The index (last written ``2 x RACY_NS`` ago) is rewritten in place to bytes SQLite cannot
+    open, with its size and mtime put back: the counts still come from the last read (the
+    database is not opened); a real write (new stamp) makes the next read open it again."""
+    import os
+    import time
+
+    from qmdbridge.qmd.parse import IndexCounts
+    from qmdbridge.qmd.reads import RACY_NS
+
+    db = tmp_path / "index.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE documents (collection TEXT, path TEXT, active INTEGER)")
+    conn.execute("INSERT INTO documents VALUES ('memory-dir-main', 'a.md', 1), ('memory-dir-main', 'b.md', 0)")
+    conn.commit()
+    conn.close()
+    settled = time.time_ns() - 2 * RACY_NS
+    os.utime(db, ns=(settled, settled))
+    counts = IndexCounts(db)
+    assert await counts.read() == ({"memory-dir-main": 1}, None)
+    st = db.stat()
+    good = db.read_bytes()
+    db.write_bytes(b"x" * len(good))
+    os.utime(db, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert await counts.read() == ({"memory-dir-main": 1}, None)
+    db.write_bytes(good)
+    conn = sqlite3.connect(db)
+    conn.execute("INSERT INTO documents VALUES ('memory-root-main', 'MEMORY.md', 1)")
+    conn.commit()
+    conn.close()
+    assert await counts.read() == ({"memory-dir-main": 1, "memory-root-main": 1}, None)

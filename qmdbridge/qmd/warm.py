@@ -1,0 +1,433 @@
+"""The warm qmd child: one ``qmd mcp --http`` per agent in long-lived mode, answering ``query`` searches.
+
+A spawned ``qmd query`` starts Bun or Node and loads qmd's GGUF models (about 2 GB) on every
+call. In long-lived mode (``qmdbridge serve``, ``qmdbridge mcp``) :class:`WarmChild` keeps one
+``qmd mcp --http --port <free loopback port> --host 127.0.0.1 --index index`` running in the
+agent's qmd home, with exactly the environment, argv prefix and cwd of the spawn path, in its
+own process group, and sends searches to it over MCP (``qmdbridge.qmd.mcp_client``).
+
+Which searches it answers, and why only those: qmd 2.8.3's MCP server has one search tool,
+``query``. Called with a plain ``query`` it runs ``hybridQuery``, the very function ``qmd query``
+runs, with the same options (``limit`` = ``-n``, ``rerank: false`` = ``--no-rerank``,
+``minScore`` 0, one collection per call) and the same snippet extraction, so its hits equal the
+spawned command's once its JSON is mapped (``file`` gains ``qmd://``, the ``N: `` line numbers
+it puts before each snippet line are removed: :func:`entries_from_mcp`). ``qmd search`` (BM25)
+and ``qmd vsearch`` have no MCP equivalent: the tool's typed ``searches`` run
+``structuredSearch``, which scores hits by reciprocal-rank fusion (``1/rank`` without the
+reranker) and picks snippets inside a best chunk, so neither the scores nor the merge across
+collections would match. Those modes keep spawning qmd; the child is started on the first
+``query``-mode search (``searchMode: "query"`` starts it with the backend; a ``search`` whose
+flags qmd rejected is retried with ``query`` and reaches it too).
+
+Lifecycle: started in the backend's task group; ready once ``GET /health`` answers (polled
+with a growing interval, 20 ms to 250 ms) and ``initialize`` succeeds, within
+``update.commandTimeoutMs``; a start that fails or a child that dies (or whose connection
+fails) is restarted after the project's backoff (:class:`~fallback.background.RetryPolicy`:
+1 s doubling to 5 min, back to 1 s after a minute of good service). While it is not ready,
+or when a call fails for any reason other than the search deadline, that collection's search
+is run by spawning qmd exactly as before (``search_calls``), so the search breaker and the
+builtin fallback behave as they always did; start-up never runs under a search deadline and
+never touches the breaker. Stopping kills the child's process group (``runner.kill_and_reap``);
+on Linux the child is also started with ``PR_SET_PDEATHSIG`` = SIGKILL (a three-line exec
+wrapper, :func:`parent_death_argv`), so it dies with our process even after ``kill -9``.
+
+The port is on loopback without authentication (qmd's server has none): any local user can
+query the agent's qmd index through it while it runs. ``memory.qmd.mcp.enabled: false`` turns
+the child off on a shared host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import ByteReceiveStream, Process
+
+from fallback.background import BackgroundTasks, RetryPolicy
+from fallback.errors import BackendTimeoutError
+from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.errors import QmdMcpError
+from qmdbridge.qmd.mcp_client import McpHttpClient
+from qmdbridge.qmd.parse import encode_query
+from qmdbridge.qmd.results_json import QmdEntry, entry_from_json
+from qmdbridge.qmd.runner import kill_and_reap, process_command
+from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
+
+__all__ = ["LOOPBACK", "WarmChild", "entries_from_mcp", "free_loopback_port", "parent_death_argv",
+           "strip_line_numbers"]
+
+log = logging.getLogger("qmdbridge.qmd.warm")
+
+# The child listens here only (``--host``): qmd's origin guard then also checks Host headers.
+LOOPBACK = "127.0.0.1"
+# The search modes the child answers exactly as the spawned command (module docstring).
+WARM_MODES = ("query",)
+# A child that served this long before it died restarts after the first backoff step again, ms.
+STABLE_UPTIME_MS = 60_000
+# Health polling while the child starts: first and longest interval, seconds.
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.25
+# Characters of the child's stdout/stderr kept for error messages (the tail).
+TAIL_CHARS = 4_000
+# Execs the rest of argv with PR_SET_PDEATHSIG = SIGKILL (prctl option 1), unless the parent
+# (argv[1]) is already gone; the setting survives exec (Linux clears it only for set-uid).
+_PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
+                   "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
+                   "os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
+                   "os.execvp(sys.argv[2],sys.argv[2:])\n")
+
+
+def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+
+    qmd 2.8.3 cannot be asked for port 0 (``--port 0`` means its default 8181); a port taken in
+    between makes the child exit ("Port N already in use") and the next start picks another.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
+    """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux.
+
+    The wrapper (``python -I -S -c ...``, about 20 ms once per start) sets the signal, exits if
+    ``parent_pid`` (default: this process) is no longer its parent, and ``execvp``\\ s
+    ``argv`` in place, so the child keeps its pid and dies when the thread that started it ends
+    (the event loop's thread). Elsewhere ``argv`` is returned unchanged.
+    """
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    pid = os.getpid() if parent_pid is None else parent_pid
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(pid), *argv]
+
+
+def strip_line_numbers(snippet: str, first_line: int) -> str:
+    """Undo qmd's ``addLineNumbers(snippet, first_line)``: line ``i`` lost its ``f"{first_line +
+    i}: "`` prefix.
+
+    Raises:
+        QmdMcpError: a line without its exact prefix (``transport=False``): not qmd 2.8.3's shape.
+    """
+    out = []
+    for i, line in enumerate(snippet.split("\n")):
+        prefix = f"{first_line + i}: "
+        if not line.startswith(prefix):
+            raise QmdMcpError(f"qmd mcp query: snippet line {i + 1} lacks its {prefix!r} prefix",
+                              transport=False)
+        out.append(line[len(prefix):])
+    return "\n".join(out)
+
+
+def entries_from_mcp(structured: Mapping[str, Any]) -> list[QmdEntry]:
+    """The ``query`` tool's ``structuredContent`` as the entries ``qmd query --json`` would give.
+
+    Per result: ``file`` (``<collection>/<path>``) becomes ``qmd://<collection>/<path>``, the
+    snippet loses the line numbers the tool adds (:func:`strip_line_numbers` from ``line``), a
+    bare ``#`` docid counts as none, an empty snippet as none; the object then goes through the
+    same :func:`~qmdbridge.qmd.results_json.entry_from_json` as the CLI's.
+
+    Raises:
+        QmdMcpError: not ``{"results": [objects]}`` or a malformed snippet (``transport=False``).
+    """
+    results = structured.get("results")
+    if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
+        raise QmdMcpError("qmd mcp query: structuredContent.results is not a list of objects",
+                          transport=False)
+    out: list[QmdEntry] = []
+    for item in results:
+        obj = dict(item)
+        if isinstance(obj.get("file"), str) and not obj["file"].lower().startswith("qmd://"):
+            obj["file"] = f"qmd://{obj['file']}"
+        if obj.get("docid") in ("#", ""):
+            obj.pop("docid")
+        snippet, line = obj.get("snippet"), obj.get("line")
+        if isinstance(snippet, str):
+            first = line if isinstance(line, int) and not isinstance(line, bool) else 1
+            obj["snippet"] = strip_line_numbers(snippet, first) or None
+        out.append(entry_from_json(obj))
+    return out
+
+
+class _StartFailed(Exception):
+    """Internal: one start of the child failed (the reason is the message)."""
+
+
+class WarmChild:
+    """A supervised ``qmd mcp --http`` child that answers ``query``-mode searches.
+
+    Args:
+        argv: ``port -> argv`` of the child (the backend's argv: the qmd program, ``mcp
+            --http --port <port> --host 127.0.0.1``, ``--index index``).
+        env: the child's environment (the spawn path's: per-agent XDG dirs, ``NO_COLOR``).
+        cwd: the child's working directory (the agent workspace).
+        startup_budget_ms: how long one start may take until ``initialize`` answered, ms > 0
+            (``update.commandTimeoutMs``).
+        policy: restart backoff (default 1 s doubling to 5 min).
+        now_ms: clock in epoch ms, for status.
+
+    Call :meth:`attach` with the backend's task group, :meth:`launch` to start it (or let the
+    first ``query`` search do so), :meth:`search` per collection, :meth:`close` at the end.
+    """
+
+    name = "qmd mcp child"
+
+    def __init__(self, *, argv: Callable[[int], list[str]], env: Mapping[str, str], cwd: Path,
+                 startup_budget_ms: int, policy: RetryPolicy | None = None,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        self._argv = argv
+        self._env = dict(env)
+        self._cwd = cwd
+        self.startup_budget_ms = startup_budget_ms
+        self.policy = policy or RetryPolicy()
+        self._now = now_ms or (lambda: int(time.time() * 1000))
+        self._tasks: BackgroundTasks | None = None
+        self._client: McpHttpClient | None = None
+        self._failed: anyio.Event | None = None  # set by a call whose connection failed
+        self._changed: anyio.Event | None = None  # set (and replaced) on every state change
+        self._scope: anyio.CancelScope | None = None
+        self._closed = False
+        self.state = "idle"  # idle | starting | ready | down | stopped
+        self.pid: int | None = None
+        self.port: int | None = None
+        self.starts = 0  # times a child became ready
+        self.restarts = 0  # children started after the first
+        self.answered = 0  # collection searches the child answered
+        self.spawn_fallbacks = 0  # query-mode collection searches spawned instead
+        self.last_error: str | None = None
+        self.last_error_at_ms: int | None = None
+        self.ready_at_ms: int | None = None
+        self.startup_ms: int | None = None
+        self.retry_at_ms: int | None = None
+        self.server_version: str | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def attach(self, tasks: BackgroundTasks) -> None:
+        """Remember the task group the child's supervisor runs in (the backend's ``qmd`` group)."""
+        self._tasks = tasks
+
+    def launch(self) -> bool:
+        """Start the supervisor in the attached task group unless it runs or the child is
+        closed; returns whether it was started now."""
+        if self._closed or self._tasks is None or not self._tasks.is_open:
+            return False
+        return self._tasks.start_soon(self.name, self._supervise, retry=True, dedupe=True)
+
+    @property
+    def ready(self) -> bool:
+        """Whether a child answers now."""
+        return self.state == "ready" and self._client is not None
+
+    async def wait_for(self, predicate: Callable[[WarmChild], bool]) -> None:
+        """Return once ``predicate(self)`` holds, re-checked on every state change (wrap it in
+        ``anyio.fail_after``). E.g. ``wait_for(lambda w: w.ready and w.starts >= 2)``."""
+        while not predicate(self):
+            if self._changed is None:
+                self._changed = anyio.Event()
+            await self._changed.wait()
+
+    async def close(self) -> None:
+        """Stop the supervisor and kill the child's process group; idempotent."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+        await self.wait_for(lambda w: w.state in ("stopped", "idle"))
+        if self.state != "stopped":  # the task group was cancelled first, or it never ran
+            self.state = "stopped"
+            self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        if changed is not None:
+            changed.set()
+
+    def _error(self, message: str) -> None:
+        self.last_error, self.last_error_at_ms = message, self._now()
+        log.warning("%s", message)
+
+    async def _supervise(self) -> None:
+        """Start the child, wait while it serves, restart it with backoff; until cancelled."""
+        failures = 0
+        try:
+            with anyio.CancelScope() as self._scope:
+                if self._closed:
+                    return
+                while True:
+                    served_ms = await self._generation()
+                    failures = 1 if served_ms >= STABLE_UPTIME_MS else failures + 1
+                    delay_ms = self.policy.delay_ms(failures)
+                    self.state, self.retry_at_ms = "down", self._now() + delay_ms
+                    self._notify()
+                    await anyio.sleep(delay_ms / 1000)
+                    self.restarts += 1
+        finally:
+            self._scope, self.retry_at_ms = None, None
+            self.state = "stopped" if self._closed else "idle"
+            self._notify()
+
+    async def _generation(self) -> int:
+        """One child from spawn to death; returns how long it served in ms (-1: never ready)."""
+        port = free_loopback_port()
+        self.state, self.port, self.pid, self.retry_at_ms = "starting", port, None, None
+        self._notify()
+        started = time.monotonic()
+        try:
+            process = await anyio.open_process(
+                process_command(parent_death_argv(self._argv(port))), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self._cwd), env=self._env,
+                start_new_session=True)
+        except OSError as exc:
+            self._error(f"qmd mcp child could not start: {exc}")
+            return -1
+        self.pid = process.pid
+        self._notify()
+        client = McpHttpClient(f"http://{LOOPBACK}:{port}")
+        tail: list[str] = [""]
+        exit_note: list[str] = []
+        ready_at: float | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_drain, process.stdout, tail)
+                tg.start_soon(_drain, process.stderr, tail)
+                tg.start_soon(_watch_exit, process, tail, exit_note, tg.cancel_scope)
+                try:
+                    await self._wait_ready(client)
+                except _StartFailed as exc:
+                    self._error(f"qmd mcp child (pid {process.pid}, port {port}) did not start: {exc}")
+                    tg.cancel_scope.cancel()
+                    return -1
+                ready_at = time.monotonic()
+                self._set_ready(client, started, ready_at)
+                failed = self._failed = anyio.Event()
+                await failed.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            self._client, self._failed = None, None
+            with anyio.CancelScope(shield=True):
+                await kill_and_reap(process)
+                await process.aclose()  # its pipes
+                await client.aclose()
+        if exit_note:
+            when = "before it answered" if ready_at is None else "while serving"
+            self._error(f"qmd mcp child (pid {process.pid}, port {port}) {exit_note[0]} {when}")
+        return -1 if ready_at is None else int((time.monotonic() - ready_at) * 1000)
+
+    async def _wait_ready(self, client: McpHttpClient) -> None:
+        """Poll ``/health`` (20 ms growing to 250 ms), then ``initialize``, within the budget."""
+        with anyio.move_on_after(self.startup_budget_ms / 1000) as budget:
+            delay_s = POLL_FIRST_S
+            while not await client.health():
+                await anyio.sleep(delay_s)
+                delay_s = min(POLL_MAX_S, delay_s * 2)
+            try:
+                info = await client.initialize()
+            except QmdMcpError as exc:
+                raise _StartFailed(exc.reason) from None
+            self.server_version = str((info.get("serverInfo") or {}).get("version") or "") or None
+        if budget.cancelled_caught:
+            raise _StartFailed(f"no answer within {self.startup_budget_ms}ms "
+                               "(memory.qmd.update.commandTimeoutMs)")
+
+    def _set_ready(self, client: McpHttpClient, started: float, ready_at: float) -> None:
+        self._client = client
+        self.state, self.starts = "ready", self.starts + 1
+        self.ready_at_ms = self._now()
+        self.startup_ms = int((ready_at - started) * 1000)
+        log.info("qmd mcp child ready (pid %s, port %s, %d ms)", self.pid, self.port, self.startup_ms)
+        self._notify()
+
+    # -- searching ----------------------------------------------------------------------------
+
+    def serves(self, mode: str) -> bool:
+        """Whether searches in ``mode`` go to the child (only ``query``: module docstring)."""
+        return mode in WARM_MODES and not self._closed
+
+    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
+        """One collection's ``query`` search through the child, or ``None`` when the spawn path
+        must answer it (the child is not ready, which also launches it, or the call failed; a
+        failed connection restarts the child).
+
+        Args:
+            q: the trimmed query (sent as ``encode_query(q, "query")``, the spawn path's text).
+            coll: the collection (the call's only ``collections`` entry).
+            plan: limit, ``no_rerank``, deadline (``plan.mode`` must be served).
+
+        Returns:
+            Entries in qmd's order, equal to ``qmd query --json -n <limit> -c <coll>``'s.
+
+        Raises:
+            BackendTimeoutError: past the search deadline; the message names
+                ``memory.qmd.limits.timeoutMs`` like a spawned command's.
+        """
+        client = self._client
+        if not self.ready or client is None:
+            self.launch()
+            self.spawn_fallbacks += 1
+            return None
+        args: dict[str, Any] = {"query": encode_query(q, "query"), "limit": plan.limit,
+                                "minScore": 0, "collections": [coll.name]}
+        if plan.no_rerank:
+            args["rerank"] = False
+        summary = (f"qmd query --json -n {plan.limit}{' --no-rerank' if plan.no_rerank else ''} "
+                   f"-c {coll.name} -- {q} (warm qmd mcp, port {self.port})")
+        failed = self._failed
+        try:
+            with anyio.fail_after(max(0, plan.remaining_ms()) / 1000):
+                structured = await client.call_tool("query", args)
+            entries = entries_from_mcp(structured)
+        except TimeoutError:
+            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
+                                      hint=timeout_hint(plan.mode, plan.models_dir, plan.env)) from None
+        except QmdMcpError as exc:
+            self.spawn_fallbacks += 1
+            self._error(f"{exc.reason}; spawning qmd for this search")
+            if exc.transport and failed is not None:
+                failed.set()  # the supervisor kills and restarts this child
+            return None
+        self.answered += 1
+        return entries
+
+    # -- status -------------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """Status view: ``{enabled, state, serves, pid, port, url, restarts, answered,
+        spawnFallbacks, lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs,
+        serverVersion}`` (``pid``/``port``/``url`` only while a child runs)."""
+        running = self.state in ("starting", "ready")
+        retry_in = None if self.retry_at_ms is None else max(0, self.retry_at_ms - self._now())
+        return {"enabled": True, "state": self.state, "serves": list(WARM_MODES),
+                "pid": self.pid if running else None, "port": self.port if running else None,
+                "url": f"http://{LOOPBACK}:{self.port}/mcp" if running else None,
+                "restarts": self.restarts, "answered": self.answered,
+                "spawnFallbacks": self.spawn_fallbacks, "lastError": self.last_error,
+                "lastErrorAtMs": self.last_error_at_ms, "readyAtMs": self.ready_at_ms,
+                "startupMs": self.startup_ms, "retryInMs": retry_in,
+                "serverVersion": self.server_version}
+
+
+async def _drain(stream: ByteReceiveStream | None, tail: list[str]) -> None:
+    """Read ``stream`` to its end, keeping the last :data:`TAIL_CHARS` characters in ``tail[0]``
+    (qmd logs a line per request: the pipe must never fill)."""
+    if stream is None:
+        return
+    async for chunk in stream:
+        tail[0] = (tail[0] + chunk.decode("utf-8", "replace"))[-TAIL_CHARS:]
+
+
+async def _watch_exit(process: Process, tail: list[str], note: list[str],
+                      scope: anyio.CancelScope) -> None:
+    """Wait for the child to exit, note how (with its last output line), cancel ``scope``."""
+    code = await process.wait()
+    last = next((ln.strip() for ln in reversed(tail[0].splitlines()) if ln.strip()), "no output")
+    status = f"signal {-code}" if code < 0 else f"code {code}"
+    note.append(f"exited ({status}; last output: {last[:200]})")
+    scope.cancel()

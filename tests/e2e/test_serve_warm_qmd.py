@@ -1,0 +1,96 @@
+"""``qmdbridge serve`` keeps qmd warm: a real serve process in ``query`` mode starts its
+``qmd mcp`` child, answers a search through it (``status`` says so), and leaves no qmd process
+behind on SIGTERM; after ``kill -9`` of serve the kernel kills the child (``PR_SET_PDEATHSIG``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "qmdbridge"))
+from qmd_query_ws import make_workspace, model_free_env  # noqa: E402
+from server_procs import DEADLINE_S, cli_env, start, stop  # noqa: E402
+
+pytestmark = pytest.mark.qmd
+
+
+@pytest.fixture
+def qmd_bin() -> Path:
+    """The real qmd launcher (skip, or fail under CI, when ``scripts/install-qmd.sh`` was not run)."""
+    launcher = REPO / ".tools" / "bin" / "qmd"
+    if not os.access(launcher, os.X_OK):
+        if os.environ.get("CI"):
+            pytest.fail("real qmd missing: run scripts/install-qmd.sh")
+        pytest.skip("real qmd missing: run scripts/install-qmd.sh")
+    return launcher
+
+
+def _serve(tmp_path: Path, qmd_bin: Path) -> subprocess.Popen[bytes]:
+    ws = make_workspace(tmp_path)
+    cfg = tmp_path / "qmd.json"
+    cfg.write_text(json.dumps({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "query", "rerank": False, "limits": {"timeoutMs": 20000},
+        "update": {"waitForBootSync": True, "interval": "0", "embedInterval": "0"}}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}}))
+    env = model_free_env(tmp_path, cli_env(tmp_path / "state", tmp_path / "home"))
+    proc, _ = start(["serve", "--no-socket", "--workspace", str(ws), "--config", str(cfg)], env,
+                    ready="qmdbridge serve: agent main", stdin=subprocess.PIPE)
+    return proc
+
+
+def _call(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> Any:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(request).encode() + b"\n")
+    proc.stdin.flush()
+    return json.loads(proc.stdout.readline())["result"]
+
+
+def _warm_ready(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The warm child's status once it is ready (each ``status`` call is a real round trip)."""
+    for _ in range(DEADLINE_S * 10):
+        warm = _call(proc, {"id": 1, "tool": "status"})["custom"]["qmd"]["warm"]
+        if warm["state"] == "ready":
+            return warm
+    raise AssertionError(f"the warm qmd child never became ready: {warm}")
+
+
+def test_serve_answers_through_the_warm_child_and_sigterm_leaves_no_qmd(tmp_path: Path,
+                                                                        qmd_bin: Path) -> None:
+    proc = _serve(tmp_path, qmd_bin)
+    try:
+        warm = _warm_ready(proc)
+        found = _call(proc, {"id": 2, "tool": "memory_search", "params": {"query": "spice zanzibar"}})
+        assert (found["backend"], found["fallback"]) == ("qmd", None)
+        assert [(h["path"], h["startLine"]) for h in found["results"]] == [
+            ("MEMORY.md", 1), ("memory/2026-03-01.md", 2)]
+        after = _call(proc, {"id": 3, "tool": "status"})["custom"]["qmd"]["warm"]
+        assert (after["pid"], after["answered"], after["spawnFallbacks"]) == (warm["pid"], 2, 0)
+        child = psutil.Process(warm["pid"])
+        assert "mcp" in child.cmdline() and "--http" in child.cmdline()
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert child in tree
+    finally:
+        code = stop(proc, signal.SIGTERM)
+    assert code == 0
+    alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_kill_9_of_serve_takes_the_warm_child_with_it(tmp_path: Path, qmd_bin: Path) -> None:
+    proc = _serve(tmp_path, qmd_bin)
+    try:
+        child = psutil.Process(_warm_ready(proc)["pid"])
+    finally:
+        stop(proc, signal.SIGKILL)
+    gone, alive = psutil.wait_procs([child], timeout=DEADLINE_S)
+    assert (gone, alive) == ([child], [])

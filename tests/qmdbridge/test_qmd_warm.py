@@ -1,0 +1,349 @@
+"""The warm ``qmd mcp --http`` child of long-lived mode (``qmdbridge/qmd/warm.py``).
+
+With the real qmd 2.8.3: its ``query`` answers equal the spawned ``qmd query``'s, hit for hit
+(paths, lines, scores, snippets, collections); a child killed with SIGKILL is replaced while the
+spawn path answers; ``search`` mode never starts it; nothing is left behind. With real small
+processes: a child that never answers or exits at once, and ``PR_SET_PDEATHSIG``.
+
+The workspace and environment (``qmd_query_ws``) let qmd's ``query`` run without its GGUF
+models: strong BM25 hits, ``rerank: false``, model paths that do not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import psutil
+import pytest
+
+from fallback.background import BackgroundTasks, RetryPolicy
+from qmdbridge import MemoryManager
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.errors import QmdMcpError
+from qmdbridge.qmd.locate import QmdLocation
+from qmdbridge.qmd.results_json import parse_qmd_json
+from qmdbridge.qmd.search_calls import CallPlan, search_collections
+from qmdbridge.qmd.warm import (
+    WarmChild,
+    entries_from_mcp,
+    free_loopback_port,
+    parent_death_argv,
+    strip_line_numbers,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
+
+# Longest wait for a child to start, restart or die, seconds (a bound, never a timing assertion).
+DEADLINE_S = 60
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = model_free_env(tmp_path)
+    env["HOME"] = str(tmp_path / "home")
+    return env
+
+
+def _agent(tmp_path: Path, qmd_bin: Path, **qmd: Any) -> Any:
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "query", "rerank": False,
+        "limits": {"timeoutMs": 20000},
+        "update": {"waitForBootSync": True, "interval": "0", "embedInterval": "0"}, **qmd}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    ws = tmp_path / "ws" if (tmp_path / "ws").is_dir() else make_workspace(tmp_path)
+    return resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+
+
+def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, mode: str, **qmd: Any) -> QmdBackend:
+    loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    return QmdBackend(_agent(tmp_path, qmd_bin, **qmd), location=loc, mode=mode,  # type: ignore[arg-type]
+                      env=_env(tmp_path))
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+# -- mapping qmd's MCP answer ------------------------------------------------------------------
+
+
+def test_strip_line_numbers_undoes_qmds_numbering() -> None:
+    assert strip_line_numbers("90: @@ -89,4 @@ (88 before, 30 after)\n91: a: b\n92: \n93: 7: x", 90) == \
+        "@@ -89,4 @@ (88 before, 30 after)\na: b\n\n7: x"
+    with pytest.raises(QmdMcpError, match=r"snippet line 2 lacks its '4: ' prefix") as ei:
+        strip_line_numbers("3: a\n5: b", 3)
+    assert ei.value.transport is False
+
+
+def test_mcp_results_map_to_the_entries_of_the_cli_json() -> None:
+    cli = orjson.dumps([
+        {"docid": "#2b1d3f", "score": 0.9, "file": "qmd://memory-dir-main/2026-03-01.md", "line": 3,
+         "title": "Zanzibar trip", "snippet": "@@ -2,2 @@ (1 before, 0 after)\n\nZanzibar: ferry"},
+        {"score": 0.5, "file": "qmd://memory-dir-main/a b.md", "line": 1, "title": "x"}]).decode()
+    structured = {"results": [
+        {"docid": "#2b1d3f", "file": "memory-dir-main/2026-03-01.md", "title": "Zanzibar trip",
+         "score": 0.9, "context": None, "line": 3,
+         "snippet": "3: @@ -2,2 @@ (1 before, 0 after)\n4: \n5: Zanzibar: ferry"},
+        {"docid": "#", "file": "memory-dir-main/a b.md", "title": "x", "score": 0.5, "context": None,
+         "line": 1, "snippet": "1: "}]}
+    assert entries_from_mcp(structured) == parse_qmd_json(cli)
+    for bad in ({}, {"results": {}}, {"results": [1]}):
+        with pytest.raises(QmdMcpError, match="results is not a list of objects"):
+            entries_from_mcp(bad)
+
+
+def test_free_loopback_port_can_be_bound() -> None:
+    import socket
+
+    port = free_loopback_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+    assert 0 < port < 65536
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_parent_death_argv_kills_the_child_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """An intermediate process starts ``sleep`` through the wrapper and is SIGKILLed: the
+    kernel kills the sleep too (with no wrapper it would live on, re-parented)."""
+    starter = ("import subprocess,sys,time,psutil\n"
+               "from qmdbridge.qmd.warm import parent_death_argv\n"
+               "p = subprocess.Popen(parent_death_argv(['sleep', '300']), start_new_session=True)\n"
+               "while psutil.Process(p.pid).cmdline()[:1] != ['sleep']: time.sleep(0.01)\n"
+               "print(p.pid, flush=True)\ntime.sleep(300)\n")
+    assert parent_death_argv(["qmd", "mcp"], parent_pid=7)[-3:] == ["7", "qmd", "mcp"]
+    proc = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, env=os.environ)
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    child = psutil.Process(pid)
+    assert child.cmdline() == ["sleep", "300"]  # the wrapper exec'd in place: same pid
+    proc.kill()
+    proc.wait()
+    gone, alive = psutil.wait_procs([child], timeout=DEADLINE_S)
+    assert [p.pid for p in gone] == [pid] and alive == []
+
+
+# -- the supervisor with small real processes -----------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_child_that_never_answers_fails_its_start_within_the_budget(tmp_path: Path) -> None:
+    pids: list[int] = []
+    warm = WarmChild(argv=lambda port: [sys.executable, "-c", "import time; time.sleep(300)"],
+                     env=dict(os.environ), cwd=tmp_path, startup_budget_ms=300,
+                     policy=RetryPolicy(base_ms=20, max_ms=20))
+    async with BackgroundTasks() as tasks:
+        warm.attach(tasks)
+        assert warm.launch() and not warm.launch()  # one supervisor
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.state == "starting" and w.pid is not None)
+            pids.append(warm.pid or 0)
+            await warm.wait_for(lambda w: w.restarts >= 2)
+        st = warm.describe()
+        assert st["lastError"].endswith(
+            "did not start: no answer within 300ms (memory.qmd.update.commandTimeoutMs)")
+        assert (st["answered"], warm.ready) == (0, False)
+        await warm.close()
+        assert warm.describe()["state"] == "stopped"
+    assert not psutil.pid_exists(pids[0]) and not (set(pids) & _children())
+
+
+@pytest.mark.anyio
+async def test_a_child_that_exits_at_once_is_reported_and_retried(tmp_path: Path) -> None:
+    script = "import sys; print('Port 1 already in use. Try a different port.', file=sys.stderr); sys.exit(3)"
+    warm = WarmChild(argv=lambda port: [sys.executable, "-c", script], env=dict(os.environ),
+                     cwd=tmp_path, startup_budget_ms=30_000, policy=RetryPolicy(base_ms=20, max_ms=20))
+    async with BackgroundTasks() as tasks:
+        warm.attach(tasks)
+        warm.launch()
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.restarts >= 1 and w.last_error is not None)
+        assert "exited (code 3; last output: Port 1 already in use. Try a different port.) " \
+               "before it answered" in (warm.last_error or "")
+        await warm.close()
+
+
+@pytest.mark.anyio
+async def test_a_broken_connection_sends_the_search_to_the_spawn_path_and_restarts_the_child(
+        tmp_path: Path, standins_dir: Path) -> None:
+    warm = WarmChild(argv=lambda port: [sys.executable, str(standins_dir / "mcp_reset.py"), str(port)],
+                     env=dict(os.environ), cwd=tmp_path, startup_budget_ms=30_000,
+                     policy=RetryPolicy(base_ms=20, max_ms=20))
+    coll = ManagedCollection(name="memory-dir-main", path=tmp_path, pattern="**/*.md", kind="memory")
+    async with BackgroundTasks() as tasks:
+        warm.attach(tasks)
+        warm.launch()
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready)
+        first_pid = warm.pid
+        assert warm.server_version == "0-standin" and first_pid is not None
+        plan = CallPlan("query", 6, True, anyio.current_time() + DEADLINE_S, 20_000, tmp_path)
+        assert await warm.search("zanzibar", coll, plan) is None
+        assert (warm.answered, warm.spawn_fallbacks) == (0, 1)
+        assert warm.last_error == ("qmd mcp tools/call: RemoteProtocolError: Server disconnected "
+                                   "without sending a response.; spawning qmd for this search")
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready and w.starts == 2)
+        assert warm.restarts == 1 and warm.pid != first_pid and not psutil.pid_exists(first_pid)
+        await warm.close()
+
+
+# -- the real qmd ---------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_warm_answers_equal_the_spawned_commands(tmp_path: Path, qmd_bin: Path,
+                                                       base_path_env: str) -> None:
+    """Same workspace, same qmd home: a one-shot backend spawns ``qmd query`` per collection, a
+    long-lived one asks its child; entries per collection and the mapped hits are equal."""
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli")
+    await spawn.start()
+    warm = _backend(tmp_path, qmd_bin, base_path_env, "full")
+    before = _children()
+    async with BackgroundTasks() as tasks:
+        await warm.start(tasks)
+        assert warm.warm is not None and spawn.warm is None
+        with anyio.fail_after(DEADLINE_S):
+            await warm.warm.wait_for(lambda w: w.ready)
+        for q in QUERIES:
+            for coll in warm.collections:
+                plan = CallPlan("query", 6, True, anyio.current_time() + 20, 20_000, tmp_path)
+                by_child = await warm.warm.search(q, coll, plan)
+                by_spawn = await search_collections(q, [coll], plan, run=spawn._run_search)
+                assert by_child is not None and by_child == [e for e, _ in by_spawn]
+            assert await warm.search(q) == await spawn.search(q)
+        hits = await warm.search("zanzibar ferry")
+        assert [(h.path, h.start_line, h.end_line, h.score, h.source) for h in hits] == [
+            ("MEMORY.md", 3, 5, 1.0, "memory"), ("memory/2026-03-01.md", 2, 3, 1.0, "memory"),
+            ("memory/2026-03-02.md", 90, 93, 0.5, "memory")]
+        assert hits[2].snippet.splitlines()[1] == "Checked the zanzibar ferry timetable again."
+        st = (await warm.status()).custom["qmd"]["warm"]
+        assert (st["state"], st["answered"], st["spawnFallbacks"], st["restarts"]) == ("ready", 10, 0, 0)
+        assert st["serves"] == ["query"] and st["url"] == f"http://127.0.0.1:{st['port']}/mcp"
+        assert (await spawn.status()).custom["qmd"]["warm"] == {
+            "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"}
+        child = psutil.Process(st["pid"])
+        assert child.cwd() == str(warm.agent.workspace_dir)
+        assert child.environ()["XDG_CACHE_HOME"] == warm.child_env["XDG_CACHE_HOME"]
+        assert os.getpgid(child.pid) == child.pid  # its own process group
+        await warm.close()
+    await spawn.close()
+    assert _children() <= before and not psutil.pid_exists(st["pid"])
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_killed_child_spawn_answers_then_child_is_back(tmp_path: Path, qmd_bin: Path) -> None:
+    """Through the manager: answered by the child; SIGKILL; the next search is answered by a
+    spawned qmd (same hits, breaker closed); the child comes back on a new pid and answers."""
+    agent = _agent(tmp_path, qmd_bin)
+    before = _children()
+    async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
+        await m.start()
+        backend: Any = m.sidecar.backend if m.sidecar else None
+        assert backend is not None and backend.warm is not None
+        warm: WarmChild = backend.warm
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready)
+        first = await m.search("zanzibar ferry")
+        assert (first.backend, first.fallback, warm.answered) == ("qmd", None, 2)
+        status = await m.status()
+        assert status.custom["qmd"]["warm"]["answered"] == 2
+        old_pid = warm.pid
+        assert old_pid is not None
+        os.kill(old_pid, signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.state == "down")
+        assert (warm.last_error or "").startswith(
+            f"qmd mcp child (pid {old_pid}, port {status.custom['qmd']['warm']['port']}) exited "
+            "(signal 9; last output: ")
+        again = await m.search("zanzibar ferry")
+        assert (again.backend, again.fallback, again.results) == ("qmd", None, first.results)
+        assert warm.answered == 2 and warm.spawn_fallbacks == 2  # both collections spawned
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready and w.starts == 2)
+        assert warm.restarts == 1 and warm.pid != old_pid and not psutil.pid_exists(old_pid)
+        third = await m.search("zanzibar ferry")
+        assert (third.results, warm.answered) == (first.results, 4)
+        assert m.breaker.state.failures == 0
+        new_pid = warm.pid
+    assert _children() <= before and new_pid is not None and not psutil.pid_exists(new_pid)
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_failed_tool_call_keeps_the_child_and_a_stopped_childs_client_fails(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full")
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        warm = b.warm
+        assert warm is not None
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready)
+        client = warm._client
+        assert client is not None
+        with pytest.raises(QmdMcpError) as ei:
+            await client.call_tool("query", {})
+        assert (ei.value.transport, ei.value.reason) == (
+            False, "qmd mcp query: Error: provide either 'query' (plain text) or 'searches' "
+                   "(typed sub-queries)")
+        assert warm.ready and warm.starts == 1
+        await b.close()
+        with pytest.raises(QmdMcpError) as ei:
+            await client.call_tool("query", {"query": "x"})
+        assert (ei.value.transport, ei.value.reason) == (
+            True, "qmd mcp tools/call: the connection to the child is closed")
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_search_mode_never_starts_the_child(tmp_path: Path, qmd_bin: Path,
+                                                   base_path_env: str) -> None:
+    """qmd's MCP server has no tool with ``qmd search``'s BM25 scores: ``search`` spawns."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
+    before = _children()
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        hits = await b.search("zanzibar ferry")
+        assert [h.path for h in hits] == ["MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
+        st = (await b.status()).custom["qmd"]["warm"]
+        assert (st["state"], st["pid"], st["answered"], st["spawnFallbacks"]) == ("idle", None, 0, 0)
+        await b.close()
+    assert _children() <= before
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+@pytest.mark.parametrize("qmd_cfg", [{"mcp": {"enabled": False}}, {"mcporter": {"enabled": False}}])
+async def test_the_child_can_be_turned_off(tmp_path: Path, qmd_bin: Path, base_path_env: str,
+                                           qmd_cfg: dict[str, Any]) -> None:
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", **qmd_cfg)
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert b.warm is None
+        assert [h.path for h in await b.search("spice zanzibar")] == ["MEMORY.md", "memory/2026-03-01.md"]
+        assert (await b.status()).custom["qmd"]["warm"] == {
+            "enabled": False, "state": "off", "reason": "memory.qmd.mcp.enabled is false"}
+        await b.close()
+
+
+def test_warm_child_setting_resolution() -> None:
+    def warm(qmd: dict[str, Any]) -> bool:
+        return parse_config({"memory": {"qmd": qmd}}).memory.qmd.warm_child
+
+    assert warm({}) is True
+    assert warm({"mcp": {"enabled": False}}) is False
+    assert warm({"mcporter": {"enabled": False}}) is False
+    assert warm({"mcporter": {"enabled": True, "serverName": "qmd", "startDaemon": True}}) is True
+    assert warm({"mcp": {"enabled": True}, "mcporter": {"enabled": False}}) is True

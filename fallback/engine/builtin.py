@@ -68,7 +68,6 @@ from fallback.models import (
 )
 from fallback.search.explain import SearchTrace
 from fallback.search.pipeline import Searcher, SearchOutcome
-from fallback.search.rerank import reranker_from_settings
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store
@@ -548,6 +547,7 @@ class BuiltinEngine:
             self._last_error = error
 
         if self._reranker is None and self.settings.search.query.rerank.enabled:
+            from fallback.search.rerank import reranker_from_settings  # only when configured
             self._reranker = reranker_from_settings(self.settings.search.query.rerank)
         return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
                         on_error=record, reranker=self._reranker,

@@ -26,7 +26,7 @@ qmd 2.8.3 indexes so both backends see the same files):
   indexing it would make ``memory_get`` admit a file search can never cite.
 
 Discovery never raises for a bad file or a missing folder: problems become
-:class:`~fallback.models.SkippedFile` entries (a file we saw but will not index, and why) or
+:class:`~fallback.skipped.SkippedFile` entries (a file we saw but will not index, and why) or
 issue strings (a folder or configured path that is missing or unusable).
 """
 
@@ -39,13 +39,15 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Union
 
 from wcmatch import glob as wcglob
 
-from fallback.models import SkippedFile
-from fallback.settings import ExtraPath
+from fallback.skipped import SkippedFile
 from fallback.text.path_names import printable_path
+
+if TYPE_CHECKING:
+    from fallback.settings import ExtraPath
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -95,7 +97,10 @@ _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
 
-ExtraPathEntry = str | ExtraPath
+# A configured ``extraPaths[]`` entry: a path string, or an object with ``path`` and
+# ``pattern`` (``fallback.settings.ExtraPath``, read by attribute: this module imports no
+# pydantic, it runs on the one-shot search path).
+ExtraPathEntry = Union[str, "ExtraPath"]
 
 
 @dataclass(frozen=True)
@@ -244,9 +249,9 @@ def is_excluded(parts: Sequence[str]) -> bool:
 
 
 def _entry_parts(entry: ExtraPathEntry) -> tuple[str, str | None]:
-    if isinstance(entry, ExtraPath):
-        return entry.path.strip(), (entry.pattern or "").strip() or None
-    return entry.strip(), None
+    if isinstance(entry, str):
+        return entry.strip(), None
+    return entry.path.strip(), (entry.pattern or "").strip() or None
 
 
 def _absolute(workspace: str, raw: str) -> str:

@@ -55,6 +55,7 @@ from fallback.models import (
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
+from qmdbridge.policy.citations import cited_snippet, format_citation
 from qmdbridge.qmd.errors import QmdBusyError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
@@ -70,13 +71,6 @@ FALLBACK_SYNC_BUDGET_MS = 50
 MAX_LIMIT = 2**31 - 1
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
-
-
-def format_citation(path: str, start_line: int, end_line: int) -> str:
-    """``path#La`` when one line, else ``path#La-Lb`` (spec 9)."""
-    if start_line == end_line:
-        return f"{path}#L{start_line}"
-    return f"{path}#L{start_line}-L{end_line}"
 
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
@@ -102,7 +96,7 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
     budget = max_injected_chars
     for r in results:
         citation = format_citation(r.path, r.snippet_start_line, r.snippet_end_line)
-        snippet = f"{r.snippet.strip()}\n\nSource: {citation}" if include else r.snippet
+        snippet = cited_snippet(r.snippet, citation, include=include)
         if budget is not None:
             if budget <= 0:
                 break

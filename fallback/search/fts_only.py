@@ -16,6 +16,7 @@ and cut snippets with the same code:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,13 +29,21 @@ from fallback.search.snippets import best_window
 
 if TYPE_CHECKING:
     from fallback.search.explain import SearchTrace
-    from fallback.store.db import Store
+    from fallback.store.readonly import StoreReader
 
-__all__ = ["SNIPPET_MAX_CHARS", "HitSnippet", "decayed", "hit_snippet", "hit_snippets",
-           "keyword_ranked", "keyword_results"]
+__all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "HitSnippet", "candidate_count", "decayed",
+           "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results"]
 
 # Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
 SNIPPET_MAX_CHARS = 700
+# Upper bound of candidates fetched per search (spec §8.1).
+MAX_CANDIDATES = 200
+
+
+def candidate_count(limit: int, multiplier: float) -> int:
+    """Candidates fetched per side for ``limit`` hits: ``floor(limit x multiplier)`` within
+    ``1..MAX_CANDIDATES`` (``query.hybrid.candidateMultiplier``, spec §8.1)."""
+    return min(MAX_CANDIDATES, max(1, math.floor(limit * multiplier)))
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class HitSnippet:
     end_line: int
 
 
-def decayed(store: Store, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
+def decayed(store: StoreReader, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
             trace: SearchTrace | None = None) -> list[Candidate]:
     """Temporal decay of ``cands`` by half-life (``None``: off), best first.
 
@@ -79,7 +88,7 @@ def decayed(store: Store, cands: list[Candidate], *, half_life_days: int | None,
     return out
 
 
-def keyword_ranked(store: Store, text: str, srcs: list[str], *, candidates: int, floor: float,
+def keyword_ranked(store: StoreReader, text: str, srcs: list[str], *, candidates: int, floor: float,
                    half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
                    trace: SearchTrace | None = None) -> list[Candidate]:
     """Step 1 of keyword-only search: candidates, the score floor, temporal decay.
@@ -136,7 +145,7 @@ def hit_snippet(c: Candidate, *, marked: str | None,
     return HitSnippet(window.text, first, last)
 
 
-def hit_snippets(store: Store, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
+def hit_snippets(store: StoreReader, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
     """The snippet of every hit (:func:`hit_snippet`), the query's matches marked by one
     FTS5 ``highlight()`` statement for all of them (CJK substrings marked in Python).

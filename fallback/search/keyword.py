@@ -27,7 +27,7 @@ from fallback.text.keywords import extract_keywords
 from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
-    from fallback.store.db import Store
+    from fallback.store.readonly import StoreReader
 
 __all__ = ["COLUMN_WEIGHTS", "fts_row_count", "highlight_hits", "keyword_rows",
            "rank_keyword_candidates", "rank_keyword_hits", "relative_scores", "search_plan"]
@@ -45,7 +45,7 @@ MIN_INNER_ROWS = 200
 MAX_FALLBACK_KEYWORDS = 6
 
 
-def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
+def keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str],
                  limit: int) -> list[tuple[str, str, str, int, int, str, float]]:
     """Run a keyword plan (see ``fallback/search/fts.py``) and return the best rows first.
 
@@ -69,7 +69,7 @@ def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
         return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=True)
 
 
-def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
+def _keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
                   like_only: bool) -> list[tuple[str, str, str, int, int, str, float]]:
     if not like_only and plan.match:
         # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text is
@@ -88,13 +88,13 @@ def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit:
                         inner_limit=None)[0]
 
 
-def _ranked_count(store: Store, plan: FtsPlan, inner: int) -> int:
+def _ranked_count(store: StoreReader, plan: FtsPlan, inner: int) -> int:
     found = store.query("SELECT COUNT(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts"
                         " MATCH ? LIMIT ?)", [plan.match, inner + 1])
     return int(found[0][0])
 
 
-def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
+def _keyword_sql(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
                  like_only: bool, inner_limit: int | None
                  ) -> tuple[list[tuple[str, str, str, int, int, str, float]], int | None]:
     """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``, so
@@ -164,7 +164,7 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
-def fts_row_count(store: Store) -> int:
+def fts_row_count(store: StoreReader) -> int:
     """Rows of ``chunks_fts`` (its ``docsize`` shadow table holds one row per chunk: counting
     it reads a few pages, unlike ``chunks``, whose rows carry the text).
 
@@ -174,7 +174,7 @@ def fts_row_count(store: Store) -> int:
     return int(store.query("SELECT COUNT(*) FROM chunks_fts_docsize")[0][0])
 
 
-def search_plan(store: Store, text: str) -> FtsPlan | None:
+def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
 
     In a store of at most ``COVERAGE_MAX_CHUNKS`` chunks, one statement first counts the chunks
@@ -204,7 +204,7 @@ def search_plan(store: Store, text: str) -> FtsPlan | None:
     return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, common=clamped)
 
 
-def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
                       plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword hits for ``text``, best first (blocking): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
     sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
@@ -234,7 +234,7 @@ def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-def _hits(store: Store, text: str, srcs: list[str], limit: int, *,
+def _hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
           plan: FtsPlan | None = None) -> list[Candidate]:
     """:func:`rank_keyword_hits`, or on a SQLite without FTS5 substring hits
     (``fallback/search/substring.py``)."""
@@ -243,7 +243,7 @@ def _hits(store: Store, text: str, srcs: list[str], limit: int, *,
     return rank_keyword_hits(store, text, srcs, limit, plan=plan)
 
 
-def rank_keyword_candidates(store: Store, text: str, srcs: list[str], candidates: int, *,
+def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], candidates: int, *,
                             plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword candidates for ``text``, best first (blocking): the hits of the whole query (an
     OR of its content parts, ranked by BM25; substring hits on a SQLite without FTS5), each
@@ -281,7 +281,7 @@ def rank_keyword_candidates(store: Store, text: str, srcs: list[str], candidates
     return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
 
 
-def highlight_hits(store: Store, text: str, hits: Sequence[Candidate], *,
+def highlight_hits(store: StoreReader, text: str, hits: Sequence[Candidate], *,
                    plan: FtsPlan | None = None) -> dict[str, str]:
     """The text of each hit with the query's matches marked, for snippet windows.
 

@@ -31,7 +31,7 @@ from fallback.search.fts import escape_like, fts_tokens
 from fallback.search.ranking import Candidate
 
 if TYPE_CHECKING:
-    from fallback.store.db import Store
+    from fallback.store.readonly import StoreReader
 
 __all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_hits", "substring_score"]
 
@@ -60,7 +60,7 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
     return total / len(tokens)
 
 
-def _rows(store: Store, tokens: list[str], sources: Sequence[str],
+def _rows(store: StoreReader, tokens: list[str], sources: Sequence[str],
           ) -> list[tuple[str, str, str, int, int, str]]:
     where = [f"source IN ({', '.join('?' for _ in sources)})"]
     params: list[object] = list(sources)
@@ -73,7 +73,7 @@ def _rows(store: Store, tokens: list[str], sources: Sequence[str],
         f" WHERE {' AND '.join(where)}", params)]
 
 
-def rank_substring_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+def rank_substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking
     (:func:`substring_hits` runs it in a worker thread).
 
@@ -101,7 +101,7 @@ def rank_substring_hits(store: Store, text: str, srcs: list[str], limit: int) ->
             for score, (cid, path, source, start, end, body) in ranked[:limit]]
 
 
-async def substring_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+async def substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """:func:`rank_substring_hits` in a worker thread (same arguments, result and errors)."""
     import anyio
 

@@ -190,8 +190,17 @@ class Discovery:
     issues: list[str]
 
 
-def _rel(path: str, workspace: str) -> str:
-    return os.path.relpath(path, workspace).replace(os.sep, "/")
+def _rel(path: str, base: str) -> str:
+    """``os.path.relpath(path, base)`` with ``/`` separators. A path below ``base`` as the walk
+    builds it (``base`` + separator + plain segments) is cut by prefix: ``relpath`` normalises
+    both paths first and cost more than the rest of discovering a file."""
+    prefix = base if base.endswith(os.sep) else base + os.sep
+    if path.startswith(prefix):
+        rel = path[len(prefix):]
+        parts = rel.split(os.sep)
+        if all(p not in ("", ".", "..") for p in parts):
+            return "/".join(parts)
+    return os.path.relpath(path, base).replace(os.sep, "/")
 
 
 def _shown(path: str, workspace: str) -> str:
@@ -536,11 +545,17 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
 
     files: list[MemoryFile] = []
     seen: set[str] = set()
+    real_dirs: dict[str, str] = {}
     for path, fst in col.candidates:
-        try:
-            real = os.path.realpath(path)
-        except OSError:
-            real = path
+        # A candidate is a regular file seen by lstat, so only its folders can be symlinks:
+        # its real path is its folder's real path (resolved once per folder) plus its name.
+        folder, name = os.path.split(path)
+        if folder not in real_dirs:
+            try:
+                real_dirs[folder] = os.path.realpath(folder)
+            except OSError:
+                real_dirs[folder] = folder
+        real = os.path.join(real_dirs[folder], name)
         if real in seen:
             continue
         seen.add(real)

@@ -25,9 +25,12 @@ derives nothing and falls to the default, as in the reference.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from fallback.models import ScopeDecision
-from qmdbridge.config import QmdScope, ScopeRule
+if TYPE_CHECKING:  # the decision model is imported where it is built: the one-shot CLI search
+    # asks citations_enabled only, and loads no pydantic
+    from fallback.models import ScopeDecision
+    from qmdbridge.config import QmdScope, ScopeRule
 
 __all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_session_key",
            "scope_candidates"]
@@ -137,6 +140,8 @@ def _rule_matches(rule: ScopeRule, *, raw_lower: str, norm: str | None,
 
 def _decide(scope: QmdScope, key: str) -> ScopeDecision:
     """The rules for one session key (the first matching rule, else the default)."""
+    from fallback.models import ScopeDecision
+
     chat_type, channel = derive_chat(key)
     derived = f"chatType={chat_type or 'none'} channel={channel or 'none'}"
     raw_lower = key.strip().lower()
@@ -196,6 +201,8 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
         an inherited key decided), and the deciding key's ``chat_type`` and ``channel``;
         ``session_key`` is the raw session key. A denial is the session key's own decision.
     """
+    from fallback.models import ScopeDecision
+
     candidates = scope_candidates(session_key, inherited_keys)
     if not candidates:
         return ScopeDecision(allowed=True, reason="owner call (no session key)",

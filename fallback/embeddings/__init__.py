@@ -36,6 +36,7 @@ from fallback.errors import EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
 __all__ = [
+    "AUTO_ENV_KEYS",
     "AUTO_ORDER",
     "PROVIDERS",
     "BaseProvider",
@@ -65,6 +66,12 @@ PROVIDERS: Mapping[str, ProviderFactory] = MappingProxyType({
 
 # The order ``auto`` tries (spec 6.1, E1/E2); ollama and openai-compatible are never guessed.
 AUTO_ORDER: tuple[str, ...] = ("local", "openai", "gemini", "voyage", "mistral")
+
+# The API-key variables of the remote providers ``auto`` tries: with ``local.modelPath`` and
+# ``remote.apiKey`` unset, ``auto`` picks a provider exactly when one of them is set.
+AUTO_ENV_KEYS: tuple[str, ...] = tuple(k for name in AUTO_ORDER for k in {
+    "openai": openai.ENV_KEYS, "gemini": gemini.ENV_KEYS, "voyage": voyage.ENV_KEYS,
+    "mistral": mistral.ENV_KEYS}.get(name, ()))
 
 
 @dataclass(frozen=True)

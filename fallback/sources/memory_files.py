@@ -39,15 +39,12 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Union
+from typing import Literal, Protocol
 
 from wcmatch import glob as wcglob
 
 from fallback.skipped import SkippedFile
 from fallback.text.path_names import printable_path
-
-if TYPE_CHECKING:
-    from fallback.settings import ExtraPath
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -59,6 +56,7 @@ __all__ = [
     "MEMORY_DIR_NAME",
     "MemoryFile",
     "MemoryRoot",
+    "PatternedPath",
     "ROOT_MEMORY_FILE",
     "RootFile",
     "SKIP_DIR_NAMES",
@@ -97,10 +95,26 @@ _GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
 
-# A configured ``extraPaths[]`` entry: a path string, or an object with ``path`` and
-# ``pattern`` (``fallback.settings.ExtraPath``, read by attribute: this module imports no
-# pydantic, it runs on the one-shot search path).
-ExtraPathEntry = Union[str, "ExtraPath"]
+
+
+class PatternedPath(Protocol):
+    """An ``extraPaths[]`` entry in object form (``fallback.settings.ExtraPath`` is one): a
+    folder or file and its glob (``None``: ``**/*.md``). Read by attribute, so discovery
+    imports no pydantic (it runs on the one-shot search path)."""
+
+    @property
+    def path(self) -> str:
+        """The configured folder or file."""
+        ...
+
+    @property
+    def pattern(self) -> str | None:
+        """The glob relative to the folder, or ``None``."""
+        ...
+
+
+# A configured ``extraPaths[]`` entry: a path string, or an object with ``path`` and ``pattern``.
+ExtraPathEntry = str | PatternedPath
 
 
 @dataclass(frozen=True)

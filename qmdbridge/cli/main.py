@@ -224,6 +224,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = try_daemon(args)
         if served is not None:
             return served
+    if args.command == "search":
+        # No daemon: an index in sync is searched read-only with the recorded settings, without
+        # loading the config models, anyio or the engine (qmdbridge/cli/fast_search.py).
+        from qmdbridge.cli.fast_search import try_fast_search
+
+        try:
+            answered = try_fast_search(args)
+        except KeyboardInterrupt:
+            return 130
+        if answered is not None:
+            return answered
     if args.verbose:
         import logging
 

@@ -1,0 +1,310 @@
+"""The one-shot ``qmdbridge search`` without a daemon: answered from a read-only connection when nothing changed.
+
+An in-process search builds everything: the config's pydantic models, anyio and the
+``MemoryManager``, the store's writer, the pre-search sync under the writer lock. Most one-shot
+searches change nothing (the config file is the one the last search read, the workspace's
+files are the indexed ones), so:
+
+1. After an in-process search succeeds, :func:`record_search_settings` writes what a
+   keyword-only search of that agent reads, as plain values (workspace, store, extra paths,
+   query knobs, the index identity, the citations mode), to
+   ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
+   request fingerprint (state dir, ``--agent``, ``--workspace`` resolved against the cwd,
+   ``--backend``, the config file with its size, mtime and inode:
+   :func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME``, and the size and mtime of the
+   source files that turn a config into settings; the cwd too when the config names a
+   relative workspace or store path. It is written only when such a search needs no engine:
+   builtin backend, keyword-only (``provider: "none"``, or ``"auto"`` without
+   ``local.modelPath`` and ``remote.apiKey``, whose API-key variables are recorded and must be
+   unset on every use), the ``memory`` source, no reranker.
+2. :func:`try_fast_search` reads it back (standard-library JSON: no pydantic, no anyio),
+   checks that the index is in sync with the workspace and answers with the engine's own
+   keyword-only steps (``fallback/engine/in_sync.py``), citations decorated as the manager
+   does, printed as the in-process command prints (``"servedBy": "process"``).
+3. Anything else returns ``None`` and the command runs in-process as before, with its own
+   errors and messages: no snapshot, a changed config file, environment or code, a dirty,
+   missing or unreadable index, ``--explain``, ``--session-key``, a blank query or a bad limit.
+   So a dirty index is still synced before the search, and config errors are the loader's.
+
+``QMDBRIDGE_CLI_CACHE=off`` (or ``0``, ``false``, ``no``) turns reading and writing off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from fallback.engine.in_sync import InSyncSettings, KeywordHit, search_in_sync, stale_reason
+from fallback.errors import IndexStoreError, UsageError
+from fallback.store.readonly import ReadOnlyStore
+from qmdbridge.cli.common import EXIT_OK, emit_json
+from qmdbridge.cli.render import print_search_doc
+from qmdbridge.policy.citations import cited_snippet, format_citation
+from qmdbridge.policy.limits import check_search_limits
+from qmdbridge.policy.scope import citations_enabled
+from qmdbridge.server.wire import client_fingerprint
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "cache_disabled", "record_search_settings",
+           "search_doc", "settings_key", "settings_path", "try_fast_search"]
+
+CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
+CACHE_DIR_NAME = "cli-cache"
+# Bumped when the file's fields change; an older file is simply not used (and rewritten).
+FORMAT = 1
+# Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
+MAX_FILES = 64
+# The source files that turn a config into settings: a changed one (an upgrade, an edit in a
+# development checkout) makes every recorded file stale. Relative to the two package folders.
+CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
+              "fallback/settings.py", "fallback/index/identity.py", "fallback/embeddings/__init__.py")
+
+
+def cache_disabled(env: Mapping[str, str]) -> bool:
+    """True when ``$QMDBRIDGE_CLI_CACHE`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
+    return env.get(CACHE_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
+def _note(args: argparse.Namespace, message: str) -> None:
+    """With ``-v``, say on stderr why the search runs in-process (the logging module is not
+    loaded on this path; the line looks like the ``-v`` log lines)."""
+    if getattr(args, "verbose", False):
+        sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")
+
+
+def _code_stamp() -> list[list[Any]]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    stamp: list[list[Any]] = []
+    for rel in CODE_FILES:
+        try:
+            st = os.stat(os.path.join(root, rel))
+            stamp.append([rel, st.st_size, st.st_mtime_ns])
+        except OSError:
+            stamp.append([rel, None, None])
+    return stamp
+
+
+def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """What the command resolves its agent from (see the module docstring), as a JSON-ready
+    dict; the recorded settings are used only under the same key."""
+    return {"format": FORMAT,
+            **client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
+                                 backend=args.backend, env=env),
+            "home": env.get("HOME"), "code": _code_stamp()}
+
+
+def settings_path(key: dict[str, Any]) -> str:
+    """``<stateDir>/cli-cache/<sha256 of the key, 32 hex digits>.json`` for a
+    :func:`settings_key`."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest[:32]}.json")
+
+
+@dataclass(frozen=True)
+class _ExtraPath:
+    """An ``extraPaths[]`` object entry read back from the cache (``path`` and ``pattern``)."""
+
+    path: str
+    pattern: str | None
+
+
+def _depends_on_cwd(args: argparse.Namespace, cfg: Any, agent: Any) -> bool:
+    """Whether resolving the agent read a relative path against the cwd: the configured
+    workspace (when ``--workspace`` is not given) or ``store.path``."""
+    from qmdbridge.config import normalize_agent_id
+
+    raw: list[str | None] = [agent.memory_search.store.path]
+    if args.workspace is None:
+        entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == agent.agent_id), None)
+        raw += [entry.workspace if entry is not None else None, cfg.defaults_workspace]
+    return any(p and not os.path.isabs(os.path.expanduser(p)) for p in raw)
+
+
+def _provider_env_keys(agent: Any, env: Mapping[str, str]) -> list[str] | None:
+    """The variables whose being set would give this agent an embedding provider, when it has
+    none now and nothing else could give it one; ``None`` when it has one or may get one."""
+    from fallback.embeddings import AUTO_ENV_KEYS, select_provider
+
+    ms = agent.memory_search
+    if ms.provider == "none":
+        return []
+    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (ms.remote.api_key or "").strip():
+        return None
+    if select_provider(ms, env=env).provider is not None:
+        return None
+    return list(AUTO_ENV_KEYS)
+
+
+def record_search_settings(args: argparse.Namespace, cfg: Any, agent: Any, *,
+                           key: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+    """After a successful in-process ``search``: record the agent's keyword-only search
+    settings for :func:`try_fast_search`, or remove a recorded file when this search needs
+    the engine (see the module docstring). A cache: an unwritable folder is logged and ignored.
+
+    Args:
+        args: the parsed ``search`` command line.
+        cfg: the loaded ``OpenClawConfig``.
+        agent: the ``ResolvedAgent`` the search ran for.
+        key: :func:`settings_key`, taken before the config was read (a config written
+            meanwhile gets a new key, so its settings are never recorded under the old one).
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        True when a file was written.
+    """
+    from fallback.fs.atomic import write_atomic
+    from fallback.index.identity import index_identity
+
+    e = os.environ if env is None else env
+    if cache_disabled(e):
+        return False
+    target = Path(settings_path(key))
+    ms = agent.memory_search
+    keys = _provider_env_keys(agent, e)
+    eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
+                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled)
+    try:
+        if not eligible:
+            target.unlink(missing_ok=True)
+            return False
+        decay = ms.query.hybrid.temporal_decay
+        doc = {
+            "key": key,
+            "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
+            "dbPath": str(agent.engine.db_path), "workspaceDir": str(agent.workspace_dir),
+            "extraPaths": [p if isinstance(p, str) else {"path": p.path, "pattern": p.pattern}
+                           for p in ms.extra_paths],
+            "maxFileBytes": ms.max_file_bytes, "identity": index_identity(agent.engine, None),
+            "syncOnSearch": ms.sync.on_search, "maxResults": ms.query.max_results,
+            "minScore": ms.query.min_score, "candidateMultiplier": ms.query.hybrid.candidate_multiplier,
+            "halfLifeDays": decay.half_life_days if decay.enabled else None,
+            "citations": agent.memory.citations, "keywordNotice": ms.provider != "none",
+            "providerEnvKeys": keys,
+        }
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
+        _prune(target.parent)
+    except OSError as exc:
+        _note(args, f"search settings not cached: {exc}")
+        return False
+    return True
+
+
+def _prune(folder: Path) -> None:
+    """Keep the newest :data:`MAX_FILES` files of the cache folder."""
+    entries = []
+    for name in os.listdir(folder):
+        if name.endswith(".json"):
+            try:
+                entries.append((os.stat(folder / name).st_mtime_ns, name))
+            except OSError:
+                continue
+    for _, name in sorted(entries, reverse=True)[MAX_FILES:]:
+        try:
+            os.remove(folder / name)
+        except FileNotFoundError:
+            pass
+
+
+def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The recorded settings of this command, when they still hold (same key, cwd when it
+    matters, no API-key variable set); else ``None``."""
+    key = settings_key(args, env)
+    try:
+        with open(settings_path(key), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return None
+    if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
+        return None
+    if any(env.get(k, "").strip() for k in doc.get("providerEnvKeys") or []):
+        return None
+    return doc
+
+
+def _in_sync_settings(doc: dict[str, Any]) -> InSyncSettings:
+    return InSyncSettings(
+        db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
+        extra_paths=[p if isinstance(p, str) else _ExtraPath(p["path"], p["pattern"])
+                     for p in doc["extraPaths"]],
+        max_file_bytes=doc["maxFileBytes"], identity=doc["identity"],
+        sync_on_search=doc["syncOnSearch"], max_results=doc["maxResults"],
+        min_score=doc["minScore"], candidate_multiplier=doc["candidateMultiplier"],
+        half_life_days=doc["halfLifeDays"])
+
+
+def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
+    """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
+    key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
+    :func:`qmdbridge.manager.decorate_citations` does them."""
+    include = citations_enabled(citations, None)
+    results = []
+    for h in hits:
+        citation = format_citation(h.path, h.snippet_start_line, h.snippet_end_line)
+        results.append({
+            "path": h.path, "startLine": h.start_line, "endLine": h.end_line, "score": h.score,
+            "snippet": cited_snippet(h.snippet, citation, include=include),
+            "snippetStartLine": h.snippet_start_line, "snippetEndLine": h.snippet_end_line,
+            "source": h.source, "citation": citation, "vectorScore": None, "textScore": None,
+            "explain": None})
+    return {"backend": "builtin", "fallback": None, "provider": "none", "model": None,
+            "mode": "fts-only", "citations": citations, "results": results, "denied": None,
+            "warnings": []}
+
+
+def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
+    """Answer a parsed ``search`` from the recorded settings and an index in sync.
+
+    Args:
+        args: the parsed command line.
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        The exit code after printing the answer, or ``None`` when the command must run
+        in-process (see the module docstring); nothing is printed then.
+    """
+    e = os.environ if env is None else env
+    if (args.command != "search" or args.explain or args.session_key is not None
+            or cache_disabled(e) or not args.query.strip()):
+        return None
+    try:
+        check_search_limits(args.max_results, args.min_score)
+    except UsageError:
+        return None  # the in-process run reports it
+    doc = _recorded(args, e)
+    if doc is None:
+        return None
+    settings = _in_sync_settings(doc)
+    if not settings.workspace_dir.is_dir():
+        return None
+    try:
+        store = ReadOnlyStore.open(settings.db_path)
+        if store is None:
+            return None
+        with store:
+            why = stale_reason(store, settings)
+            if why is not None:
+                _note(args, f"one-shot search runs the engine: {why}")
+                return None
+            hits = search_in_sync(store, settings, args.query, max_results=args.max_results,
+                                  min_score=args.min_score)
+    except IndexStoreError as exc:
+        _note(args, f"one-shot search runs the engine: {exc}")
+        return None
+    answer = search_doc(hits, citations=doc["citations"])
+    if args.json:
+        emit_json({**answer, "servedBy": "process"})
+    else:
+        print_search_doc(answer, keyword_notice=doc["keywordNotice"])
+    return EXIT_OK

@@ -39,12 +39,13 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
-
-from wcmatch import glob as wcglob
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from fallback.skipped import SkippedFile
 from fallback.text.path_names import printable_path
+
+if TYPE_CHECKING:
+    from wcmatch import glob as wcglob
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -89,8 +90,6 @@ MARKDOWN_SUFFIX = ".md"
 DEFAULT_PATTERN = "**/*.md"
 # Characters qmd's glob treats as syntax; a literal file name escapes them.
 _GLOB_SPECIALS = frozenset("\\*?[]{}()!+@")
-# Glob dialect of qmd's fast-glob/picomatch: "**" spans folders, braces, case-sensitive.
-_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE
 # Discovery stops walking after this many directory entries in all (an extra path such as the
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -149,7 +148,11 @@ class MemoryRoot:
             return False
         if self.kind == "root":
             return rel == self.pattern
-        return not is_excluded(parts) and _matcher(self.pattern).match(rel)
+        if is_excluded(parts):
+            return False
+        # "**/*.md" admits every path the checks above let through: no glob engine for it
+        # (wcmatch is loaded for other patterns only; a test pins that both agree).
+        return self.pattern == DEFAULT_PATTERN or _matcher(self.pattern).match(rel)
 
 
 @dataclass(frozen=True)
@@ -210,9 +213,8 @@ def _rel(path: str, base: str) -> str:
     both paths first and cost more than the rest of discovering a file."""
     prefix = base if base.endswith(os.sep) else base + os.sep
     if path.startswith(prefix):
-        rel = path[len(prefix):]
-        parts = rel.split(os.sep)
-        if all(p not in ("", ".", "..") for p in parts):
+        parts = path[len(prefix):].split(os.sep)
+        if "" not in parts and "." not in parts and ".." not in parts:
             return "/".join(parts)
     return os.path.relpath(path, base).replace(os.sep, "/")
 
@@ -256,8 +258,12 @@ def split_pattern(pattern: str) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def _matcher(pattern: str) -> wcglob.WcMatcher:
-    """The compiled glob of a pattern (compiling costs ~0.1 ms; a pure function, memoised)."""
-    return wcglob.compile(split_pattern(pattern) or ["\0"], flags=_GLOB_FLAGS)
+    """The compiled glob of a pattern in the dialect of qmd's fast-glob/picomatch (``**`` spans
+    folders, braces, case-sensitive); compiling costs ~0.1 ms, so it is memoised."""
+    from wcmatch import glob as wcglob
+
+    return wcglob.compile(split_pattern(pattern) or ["\0"],
+                          flags=wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE)
 
 
 def escape_glob(name: str) -> str:

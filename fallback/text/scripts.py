@@ -7,7 +7,6 @@ and which CJK script each belongs to, is decided only here, from Unicode's scrip
 
 from __future__ import annotations
 
-import hashlib
 import unicodedata
 from collections.abc import Iterator
 from typing import Literal
@@ -124,6 +123,8 @@ def word_stretches(text: str) -> Iterator[tuple[str, bool]]:
 def sha256_hex(data: str | bytes) -> str:
     """Return the lower-case hex SHA-256 of ``data`` (a str is encoded as UTF-8 first;
     lone surrogates are encoded with ``surrogatepass`` so hashing never raises)."""
+    import hashlib  # here: the one-shot search path hashes nothing and skips loading OpenSSL
+
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()

@@ -8,7 +8,8 @@ when a daemon serves the same agent, workspace, config and backend it prints the
 way.
 
 Standard library only, and a cheap part of it: no pydantic, anyio, config models or engine
-code, and not even orjson or pathlib (their imports alone cost more than the socket round trip),
+code, and not even orjson or pathlib (their imports alone cost more than the socket round trip;
+``socket`` itself is loaded only when a socket file is there to connect to),
 which is what makes a served ``qmdbridge search`` fast. The JSON it prints is byte for byte what
 ``emit_json`` prints (2-space indent, UTF-8), which a test pins. Errors other than a refused path
 are left to the in-process run, so messages and exit codes stay exactly those of the CLI.
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from collections.abc import Mapping
 
@@ -93,6 +93,8 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
         The decoded reply, or ``None`` when nobody answers: no such socket, a stale one (it is
         removed), a refused peer, a timeout, or a reply that is not one JSON object.
     """
+    import socket  # here: a CLI that finds no socket file never loads it
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:

@@ -32,10 +32,10 @@ files are the indexed ones), so:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +103,13 @@ def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, 
 
 
 def settings_path(key: dict[str, Any]) -> str:
-    """``<stateDir>/cli-cache/<sha256 of the key, 32 hex digits>.json`` for a
-    :func:`settings_key`."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest[:32]}.json")
+    """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a :func:`settings_key`.
+
+    The file holds its whole key and is used only under an equal one, so two keys with one
+    CRC (about one chance in 10^7 among :data:`MAX_FILES` files) only take turns in the file.
+    """
+    digest = zlib.crc32(json.dumps(key, sort_keys=True).encode())
+    return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
 
 
 @dataclass(frozen=True)

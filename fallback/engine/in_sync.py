@@ -41,7 +41,7 @@ from fallback.store.files import has_leftovers
 from fallback.store.migrations import META_KEY, MIGRATIONS
 from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["InSyncSettings", "KeywordHit", "search_in_sync", "stale_reason"]
+__all__ = ["ExtraPathValue", "InSyncSettings", "KeywordHit", "search_in_sync", "stale_reason"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,44 @@ class InSyncSettings:
     min_score: float = 0.35
     candidate_multiplier: float = 4
     half_life_days: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict (camelCase keys; paths as strings; an object
+        extra path as ``{path, pattern}``); :meth:`from_json` reads it back."""
+        return {
+            "dbPath": str(self.db_path), "workspaceDir": str(self.workspace_dir),
+            "extraPaths": [p if isinstance(p, str) else {"path": p.path, "pattern": p.pattern}
+                           for p in self.extra_paths],
+            "maxFileBytes": self.max_file_bytes, "identity": self.identity,
+            "syncOnSearch": self.sync_on_search, "maxResults": self.max_results,
+            "minScore": self.min_score, "candidateMultiplier": self.candidate_multiplier,
+            "halfLifeDays": self.half_life_days,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> InSyncSettings:
+        """Settings from :meth:`to_json`'s dict.
+
+        Raises:
+            KeyError / TypeError: a key is missing or has the wrong shape.
+        """
+        return cls(
+            db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
+            extra_paths=[p if isinstance(p, str) else ExtraPathValue(p["path"], p["pattern"])
+                         for p in doc["extraPaths"]],
+            max_file_bytes=int(doc["maxFileBytes"]), identity=dict(doc["identity"]),
+            sync_on_search=bool(doc["syncOnSearch"]), max_results=int(doc["maxResults"]),
+            min_score=float(doc["minScore"]), candidate_multiplier=doc["candidateMultiplier"],
+            half_life_days=doc["halfLifeDays"])
+
+
+@dataclass(frozen=True)
+class ExtraPathValue:
+    """An ``extraPaths[]`` entry in object form as a plain value (``path`` and ``pattern``: the
+    glob, ``None`` for ``**/*.md``), for settings read back without pydantic."""
+
+    path: str
+    pattern: str | None
 
 
 @dataclass(frozen=True)

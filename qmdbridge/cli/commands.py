@@ -66,7 +66,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         key = None
         if args.command == "search":  # what the config is read from, before it is read
-            from qmdbridge.cli.fast_search import record_search_settings, settings_key
+            from qmdbridge.cli.fast_search import settings_key
+            from qmdbridge.cli.search_cache import record_search_settings
 
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)

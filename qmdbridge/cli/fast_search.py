@@ -5,7 +5,7 @@ An in-process search builds everything: the config's pydantic models, anyio and 
 searches change nothing (the config file is the one the last search read, the workspace's
 files are the indexed ones), so:
 
-1. After an in-process search succeeds, :func:`record_search_settings` writes what a
+1. After an in-process search succeeds, ``qmdbridge/cli/search_cache.py`` records what a
    keyword-only search of that agent reads, as plain values (workspace, store, extra paths,
    query knobs, the index identity, the citations mode), to
    ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
@@ -37,32 +37,27 @@ import os
 import sys
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
 from fallback.engine.in_sync import InSyncSettings, KeywordHit, search_in_sync, stale_reason
 from fallback.errors import IndexStoreError, UsageError
 from fallback.store.readonly import ReadOnlyStore
 from qmdbridge.cli.common import EXIT_OK, emit_json
 from qmdbridge.cli.render import print_search_doc
-from qmdbridge.policy.citations import cited_snippet, format_citation
+from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
 from qmdbridge.policy.limits import check_search_limits
-from qmdbridge.policy.scope import citations_enabled
 from qmdbridge.server.wire import client_fingerprint
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "cache_disabled", "record_search_settings",
-           "search_doc", "settings_key", "settings_path", "try_fast_search"]
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_doc",
+           "settings_key", "settings_path", "try_fast_search"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is simply not used (and rewritten).
 FORMAT = 1
-# Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
-MAX_FILES = 64
 # The source files that turn a config into settings: a changed one (an upgrade, an edit in a
 # development checkout) makes every recorded file stale. Relative to the two package folders.
 CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
@@ -106,116 +101,10 @@ def settings_path(key: dict[str, Any]) -> str:
     """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a :func:`settings_key`.
 
     The file holds its whole key and is used only under an equal one, so two keys with one
-    CRC (about one chance in 10^7 among :data:`MAX_FILES` files) only take turns in the file.
+    CRC (about one chance in 10^6 among the 64 files kept) only take turns in the file.
     """
     digest = zlib.crc32(json.dumps(key, sort_keys=True).encode())
     return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
-
-
-@dataclass(frozen=True)
-class _ExtraPath:
-    """An ``extraPaths[]`` object entry read back from the cache (``path`` and ``pattern``)."""
-
-    path: str
-    pattern: str | None
-
-
-def _depends_on_cwd(args: argparse.Namespace, cfg: Any, agent: Any) -> bool:
-    """Whether resolving the agent read a relative path against the cwd: the configured
-    workspace (when ``--workspace`` is not given) or ``store.path``."""
-    from qmdbridge.config import normalize_agent_id
-
-    raw: list[str | None] = [agent.memory_search.store.path]
-    if args.workspace is None:
-        entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == agent.agent_id), None)
-        raw += [entry.workspace if entry is not None else None, cfg.defaults_workspace]
-    return any(p and not os.path.isabs(os.path.expanduser(p)) for p in raw)
-
-
-def _provider_env_keys(agent: Any, env: Mapping[str, str]) -> list[str] | None:
-    """The variables whose being set would give this agent an embedding provider, when it has
-    none now and nothing else could give it one; ``None`` when it has one or may get one."""
-    from fallback.embeddings import AUTO_ENV_KEYS, select_provider
-
-    ms = agent.memory_search
-    if ms.provider == "none":
-        return []
-    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (ms.remote.api_key or "").strip():
-        return None
-    if select_provider(ms, env=env).provider is not None:
-        return None
-    return list(AUTO_ENV_KEYS)
-
-
-def record_search_settings(args: argparse.Namespace, cfg: Any, agent: Any, *,
-                           key: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
-    """After a successful in-process ``search``: record the agent's keyword-only search
-    settings for :func:`try_fast_search`, or remove a recorded file when this search needs
-    the engine (see the module docstring). A cache: an unwritable folder is logged and ignored.
-
-    Args:
-        args: the parsed ``search`` command line.
-        cfg: the loaded ``OpenClawConfig``.
-        agent: the ``ResolvedAgent`` the search ran for.
-        key: :func:`settings_key`, taken before the config was read (a config written
-            meanwhile gets a new key, so its settings are never recorded under the old one).
-        env: the environment (default ``os.environ``).
-
-    Returns:
-        True when a file was written.
-    """
-    from fallback.fs.atomic import write_atomic
-    from fallback.index.identity import index_identity
-
-    e = os.environ if env is None else env
-    if cache_disabled(e):
-        return False
-    target = Path(settings_path(key))
-    ms = agent.memory_search
-    keys = _provider_env_keys(agent, e)
-    eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
-                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled)
-    try:
-        if not eligible:
-            target.unlink(missing_ok=True)
-            return False
-        decay = ms.query.hybrid.temporal_decay
-        doc = {
-            "key": key,
-            "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
-            "dbPath": str(agent.engine.db_path), "workspaceDir": str(agent.workspace_dir),
-            "extraPaths": [p if isinstance(p, str) else {"path": p.path, "pattern": p.pattern}
-                           for p in ms.extra_paths],
-            "maxFileBytes": ms.max_file_bytes, "identity": index_identity(agent.engine, None),
-            "syncOnSearch": ms.sync.on_search, "maxResults": ms.query.max_results,
-            "minScore": ms.query.min_score, "candidateMultiplier": ms.query.hybrid.candidate_multiplier,
-            "halfLifeDays": decay.half_life_days if decay.enabled else None,
-            "citations": agent.memory.citations, "keywordNotice": ms.provider != "none",
-            "providerEnvKeys": keys,
-        }
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
-        _prune(target.parent)
-    except OSError as exc:
-        _note(args, f"search settings not cached: {exc}")
-        return False
-    return True
-
-
-def _prune(folder: Path) -> None:
-    """Keep the newest :data:`MAX_FILES` files of the cache folder."""
-    entries = []
-    for name in os.listdir(folder):
-        if name.endswith(".json"):
-            try:
-                entries.append((os.stat(folder / name).st_mtime_ns, name))
-            except OSError:
-                continue
-    for _, name in sorted(entries, reverse=True)[MAX_FILES:]:
-        try:
-            os.remove(folder / name)
-        except FileNotFoundError:
-            pass
 
 
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
@@ -229,22 +118,15 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
+    env_keys = doc.get("providerEnvKeys")
+    if not (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
+            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)):
+        return None  # not a file this version wrote
     if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
         return None
-    if any(env.get(k, "").strip() for k in doc.get("providerEnvKeys") or []):
+    if any(env.get(str(k), "").strip() for k in env_keys):
         return None
     return doc
-
-
-def _in_sync_settings(doc: dict[str, Any]) -> InSyncSettings:
-    return InSyncSettings(
-        db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
-        extra_paths=[p if isinstance(p, str) else _ExtraPath(p["path"], p["pattern"])
-                     for p in doc["extraPaths"]],
-        max_file_bytes=doc["maxFileBytes"], identity=doc["identity"],
-        sync_on_search=doc["syncOnSearch"], max_results=doc["maxResults"],
-        min_score=doc["minScore"], candidate_multiplier=doc["candidateMultiplier"],
-        half_life_days=doc["halfLifeDays"])
 
 
 def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
@@ -288,7 +170,10 @@ def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
     doc = _recorded(args, e)
     if doc is None:
         return None
-    settings = _in_sync_settings(doc)
+    try:
+        settings = InSyncSettings.from_json(doc["settings"])
+    except (KeyError, TypeError, ValueError):
+        return None
     if not settings.workspace_dir.is_dir():
         return None
     try:

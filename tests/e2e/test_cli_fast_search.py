@@ -31,12 +31,12 @@ import json, sys
 from qmdbridge.cli.main import main
 code = main(sys.argv[1:])
 sys.stdout.flush()
-names = %r
+names = NAMES
 loaded = sorted(n for n in names if n in sys.modules)
 sys.stderr.write("\\nPROBE " + json.dumps({"code": code, "loaded": loaded,
                  "inProcess": "qmdbridge.cli.commands" in sys.modules}))
 sys.exit(code)
-""" % (sorted(set(NOT_LOADED) | set(NEVER_LOADED)),)
+""".replace("NAMES", repr(sorted(set(NOT_LOADED) | set(NEVER_LOADED))))
 
 
 def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:

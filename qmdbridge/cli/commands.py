@@ -67,13 +67,14 @@ def run_command(args: argparse.Namespace) -> int:
         key = None
         if args.command == "search":  # what the config is read from, before it is read
             from qmdbridge.cli.fast_search import settings_key
-            from qmdbridge.cli.search_cache import record_search_settings
 
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)
         handler = _HANDLERS[args.command]
         code = anyio.run(handler, agent, args)
         if key is not None and code == EXIT_OK:
+            from qmdbridge.cli.search_cache import record_search_settings
+
             record_search_settings(args, cfg, agent, key=key)  # the next one-shot search skips all this
         return code
     except MemorySearchError as exc:

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fallback.embeddings import AUTO_ENV_KEYS, select_provider
 from fallback.engine.in_sync import InSyncSettings
 from fallback.fs.atomic import write_atomic
 from fallback.index.identity import index_identity
@@ -66,6 +65,8 @@ def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str]
         in ``env``; ``None`` otherwise (a provider is in use, or a file on disk or the config
         could bring one).
     """
+    from fallback.embeddings import AUTO_ENV_KEYS, select_provider  # not for provider "none"
+
     ms = agent.memory_search
     if ms.provider == "none":
         return []

@@ -33,19 +33,16 @@ issue strings (a folder or configured path that is missing or unusable).
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from fallback.skipped import SkippedFile
+from fallback.sources.globs import escape_glob, glob_matcher, split_pattern
 from fallback.text.path_names import printable_path
-
-if TYPE_CHECKING:
-    from wcmatch import glob as wcglob
 
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
@@ -88,8 +85,6 @@ MEMORY_DIR_NAME = "memory"
 MARKDOWN_SUFFIX = ".md"
 # Pattern of every memory folder unless the config says otherwise (qmd's default too).
 DEFAULT_PATTERN = "**/*.md"
-# Characters qmd's glob treats as syntax; a literal file name escapes them.
-_GLOB_SPECIALS = frozenset("\\*?[]{}()!+@")
 # Discovery stops walking after this many directory entries in all (an extra path such as the
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -152,7 +147,7 @@ class MemoryRoot:
             return False
         # "**/*.md" admits every path the checks above let through: no glob engine for it
         # (wcmatch is loaded for other patterns only; a test pins that both agree).
-        return self.pattern == DEFAULT_PATTERN or _matcher(self.pattern).match(rel)
+        return self.pattern == DEFAULT_PATTERN or glob_matcher(self.pattern).match(rel)
 
 
 @dataclass(frozen=True)
@@ -230,45 +225,6 @@ def _lstat(path: str) -> os.stat_result | None:
         return os.lstat(path)
     except (OSError, ValueError):  # ValueError: a NUL byte in a configured path
         return None
-
-
-def split_pattern(pattern: str) -> list[str]:
-    """Split a collection pattern into alternatives at commas outside ``{...}`` and ``[...]``
-    (qmd reads ``--mask "a.md,*.txt"`` as a union); blank alternatives are dropped."""
-    parts: list[str] = []
-    current: list[str] = []
-    braces = brackets = 0
-    for ch in pattern:
-        if ch == "," and braces == 0 and brackets == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        if ch == "{":
-            braces += 1
-        elif ch == "}" and braces:
-            braces -= 1
-        elif ch == "[":
-            brackets += 1
-        elif ch == "]" and brackets:
-            brackets -= 1
-        current.append(ch)
-    parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
-
-
-@functools.lru_cache(maxsize=256)
-def _matcher(pattern: str) -> wcglob.WcMatcher:
-    """The compiled glob of a pattern in the dialect of qmd's fast-glob/picomatch (``**`` spans
-    folders, braces, case-sensitive); compiling costs ~0.1 ms, so it is memoised."""
-    from wcmatch import glob as wcglob
-
-    return wcglob.compile(split_pattern(pattern) or ["\0"],
-                          flags=wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE)
-
-
-def escape_glob(name: str) -> str:
-    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
-    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
 
 
 def is_excluded(parts: Sequence[str]) -> bool:

@@ -387,10 +387,11 @@ def test_walk_stops_after_the_entry_budget(tmp_path: Path, monkeypatch: pytest.M
 def test_the_default_pattern_admits_what_its_glob_matches() -> None:
     # "**/*.md" is decided without the glob engine; every path the text checks let through must
     # be one the compiled glob matches, and the others are refused before either is asked.
-    from fallback.sources.memory_files import DEFAULT_PATTERN, MemoryRoot, _matcher
+    from fallback.sources.globs import glob_matcher
+    from fallback.sources.memory_files import DEFAULT_PATTERN, MemoryRoot
 
     root = MemoryRoot(Path("/ws/memory"), DEFAULT_PATTERN, "memory", Path("/ws/memory"))
-    glob = _matcher(DEFAULT_PATTERN)
+    glob = glob_matcher(DEFAULT_PATTERN)
     cases = ["a.md", "2026-01-12.md", "x/y/z.md", "deep/er/still/deeper/n.md", "[x].md", "{a,b}.md",
              "a*b?.md", "a\\b.md", "caf\udce9.md", "東京/メモ.md", "sp ace.md", "a.MD", "a.md.txt",
              ".hidden.md", "x/.hidden/y.md", "node_modules/a.md", "a/build/b.md", "build.md",

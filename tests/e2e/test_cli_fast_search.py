@@ -20,9 +20,10 @@ import pytest
 # them again is a regression.
 NOT_LOADED = ("pydantic", "pydantic_core", "anyio", "asyncio", "numpy", "llama_cpp", "watchdog", "mcp",
               "rich", "httpx", "tenacity", "filelock", "psutil", "json5", "wcmatch", "regex", "socket",
-              "shutil", "hashlib", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands", "fallback.models",
-              "fallback.settings", "fallback.engine.builtin", "fallback.store.db", "fallback.embeddings",
-              "fallback.index.indexer", "fallback.search.pipeline", "fallback.search.rerank")
+              "shutil", "hashlib", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands",
+              "fallback.models", "fallback.settings", "fallback.engine.builtin", "fallback.store.db",
+              "fallback.embeddings", "fallback.index.indexer", "fallback.search.pipeline",
+              "fallback.search.rerank")
 # Never needed by a keyword-only one-shot search, even one that syncs first.
 NEVER_LOADED = ("numpy", "llama_cpp", "watchdog", "mcp", "rich", "httpx", "fallback.search.rerank",
                 "fallback.engine.live", "fallback.sources.watcher", "fallback.store.vectors",

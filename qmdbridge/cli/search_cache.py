@@ -4,7 +4,8 @@
 the engine when it finds this agent's keyword-only search settings recorded under the
 command's key and the index in sync. This module writes them, after an in-process search
 succeeded, from the loaded config and the resolved agent (it runs in that full process, so it
-may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``:
+may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``
+(folder created 0700):
 
 - ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
 - ``cwd``: the working directory when the config names a relative workspace or store path
@@ -124,7 +125,7 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
         doc = {"key": key, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
                "settings": in_sync_settings(agent).to_json(), "citations": agent.memory.citations,
                "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
         write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
         _prune(target.parent)
     except OSError as exc:

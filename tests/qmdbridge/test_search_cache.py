@@ -66,6 +66,7 @@ def test_a_keyword_only_builtin_search_is_recorded(setup: tuple[Path, dict[str, 
     assert (settings["maxResults"], settings["minScore"], settings["halfLifeDays"]) == (6, 0.35, None)
     assert settings["identity"]["model"] == "fts-only"
     assert Path(settings_path(settings_key(args, env))).parent == state / CACHE_DIR_NAME
+    assert (state / CACHE_DIR_NAME).stat().st_mode & 0o777 == 0o700
 
 
 def test_auto_records_the_keys_that_would_give_it_a_provider(setup: tuple[Path, dict[str, str]]) -> None:

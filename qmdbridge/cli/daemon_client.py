@@ -11,7 +11,8 @@ Standard library only, and a cheap part of it: no pydantic, anyio, config models
 code, and not even orjson or pathlib (their imports alone cost more than the socket round trip;
 ``socket`` itself is loaded only when a socket file is there to connect to),
 which is what makes a served ``qmdbridge search`` fast. The JSON it prints is byte for byte what
-``emit_json`` prints (2-space indent, UTF-8), which a test pins. Errors other than a refused path
+``emit_json`` prints (``emit_plain_json``: the standard library when it writes the same bytes,
+orjson for a float it would write otherwise), which a test pins. Errors other than a refused path
 are left to the in-process run, so messages and exit codes stay exactly those of the CLI.
 """
 
@@ -23,7 +24,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED
+from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED, emit_plain_json
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     client_fingerprint,
@@ -43,12 +44,6 @@ __all__ = ["DAEMON_COMMANDS", "build_request", "exchange", "try_daemon"]
 DAEMON_COMMANDS = ("search", "get", "status")
 # How long a served command waits for the daemon's answer (a first search may sync first).
 REPLY_TIMEOUT_S = 120.0
-
-
-def _emit(doc: dict[str, Any]) -> None:
-    """Write one JSON document to stdout exactly as ``qmdbridge.cli.common.emit_json`` does."""
-    sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
-    sys.stdout.flush()
 
 
 def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
@@ -143,7 +138,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
             return None
         message = str(result.get("error"))
         if args.json:
-            _emit({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
+            emit_plain_json({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
         else:
             sys.stderr.write(f"qmdbridge: {message}\n")
         return EXIT_REFUSED
@@ -154,7 +149,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
             from qmdbridge.problems import status_problems
 
             result = {**result, "problems": status_problems(result)}
-        _emit({**result, "servedBy": "daemon"})
+        emit_plain_json({**result, "servedBy": "daemon"})
         return EXIT_OK
     from qmdbridge.cli import render
 

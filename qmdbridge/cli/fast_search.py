@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from fallback.engine.in_sync import InSyncSettings, KeywordHit, search_in_sync, stale_reason
 from fallback.errors import IndexStoreError, UsageError
 from fallback.store.readonly import ReadOnlyStore
-from qmdbridge.cli.common import EXIT_OK, emit_json
+from qmdbridge.cli.common import EXIT_OK, emit_plain_json
 from qmdbridge.cli.render import print_search_doc
 from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
 from qmdbridge.policy.limits import check_search_limits
@@ -192,7 +192,7 @@ def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
         return None
     answer = search_doc(hits, citations=doc["citations"])
     if args.json:
-        emit_json({**answer, "servedBy": "process"})
+        emit_plain_json({**answer, "servedBy": "process"})
     else:
         print_search_doc(answer, keyword_notice=doc["keywordNotice"])
     return EXIT_OK

@@ -15,12 +15,13 @@ from typing import Any
 import orjson
 import pytest
 
-# Made lazy for this path (`regex` too: an ASCII query without a connector or a year, whose
-# snippets need no cut inside a line, compiles no Unicode-property pattern); loading one of
-# them again is a regression.
+# Made lazy for this path (`regex` too: an ASCII query without a connector, a year or an
+# apostrophe, whose snippets need no cut inside a line, compiles no Unicode-property pattern;
+# `orjson` too: scores print alike through the standard library); loading one of them again is a
+# regression.
 NOT_LOADED = ("pydantic", "pydantic_core", "anyio", "asyncio", "numpy", "llama_cpp", "watchdog", "mcp",
               "rich", "httpx", "tenacity", "filelock", "psutil", "json5", "wcmatch", "regex", "socket",
-              "shutil", "hashlib", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands",
+              "shutil", "hashlib", "orjson", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands",
               "fallback.models", "fallback.settings", "fallback.engine.builtin", "fallback.store.db",
               "fallback.embeddings", "fallback.index.indexer", "fallback.search.pipeline",
               "fallback.search.rerank")

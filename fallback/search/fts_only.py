@@ -1,7 +1,7 @@
 """Keyword-only (FTS-only) ranking steps, blocking and free of pydantic and anyio.
 
 The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and the
-one-shot read-only search (``fallback/engine/readonly.py``) calls them directly, so both rank
+one-shot read-only search (``fallback/engine/in_sync.py``) calls them directly, so both rank
 and cut snippets with the same code:
 
 1. :func:`keyword_ranked`: the keyword candidates of the query

@@ -5,7 +5,7 @@ turns candidates into ranked hits (keyword candidates from ``fallback/search/key
 hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
 decay/MMR from ``fallback/search/ranking.py``). The keyword-only steps and the snippets are the
 blocking functions of ``fallback/search/fts_only.py``, which the one-shot read-only search
-(``fallback/engine/readonly.py``) calls too.
+(``fallback/engine/in_sync.py``) calls too.
 """
 
 from __future__ import annotations

@@ -93,16 +93,18 @@ class InSyncSettings:
         """Settings from :meth:`to_json`'s dict.
 
         Raises:
-            KeyError / TypeError: a key is missing or has the wrong shape.
+            KeyError / TypeError / ValueError: a key is missing or has the wrong shape.
         """
         return cls(
             db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
-            extra_paths=[p if isinstance(p, str) else ExtraPathValue(p["path"], p["pattern"])
-                         for p in doc["extraPaths"]],
+            extra_paths=[p if isinstance(p, str) else ExtraPathValue(
+                str(p["path"]), None if p["pattern"] is None else str(p["pattern"]))
+                for p in doc["extraPaths"]],
             max_file_bytes=int(doc["maxFileBytes"]), identity=dict(doc["identity"]),
             sync_on_search=bool(doc["syncOnSearch"]), max_results=int(doc["maxResults"]),
-            min_score=float(doc["minScore"]), candidate_multiplier=doc["candidateMultiplier"],
-            half_life_days=doc["halfLifeDays"])
+            min_score=float(doc["minScore"]),
+            candidate_multiplier=float(doc["candidateMultiplier"]),
+            half_life_days=None if doc["halfLifeDays"] is None else int(doc["halfLifeDays"]))
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,8 @@ def test_turned_off_or_unusable_files_leave_it_to_the_engine(setup: tuple[Path, 
     good = json.loads(path.read_text())
     for broken in ("not json", json.dumps([1, 2]), json.dumps({**good, "settings": None}),
                    json.dumps({**good, "settings": {**good["settings"], "dbPath": None}}),
+                   json.dumps({**good, "settings": {**good["settings"], "candidateMultiplier": "x"}}),
+                   json.dumps({**good, "settings": {**good["settings"], "extraPaths": [[1]]}}),
                    json.dumps({**good, "citations": 1})):
         path.write_text(broken)
         assert try_fast_search(args, env) is None

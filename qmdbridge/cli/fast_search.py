@@ -58,10 +58,12 @@ CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is simply not used (and rewritten).
 FORMAT = 1
-# The source files that turn a config into settings: a changed one (an upgrade, an edit in a
-# development checkout) makes every recorded file stale. Relative to the two package folders.
+# The source files that turn a config into recorded settings and read them back: a changed one
+# (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
+# the folder holding both packages.
 CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
-              "fallback/settings.py", "fallback/index/identity.py", "fallback/embeddings/__init__.py")
+              "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
+              "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py")
 
 
 def cache_disabled(env: Mapping[str, str]) -> bool:
@@ -101,7 +103,7 @@ def settings_path(key: dict[str, Any]) -> str:
     """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a :func:`settings_key`.
 
     The file holds its whole key and is used only under an equal one, so two keys with one
-    CRC (about one chance in 10^6 among the 64 files kept) only take turns in the file.
+    CRC (about one chance in two million among the 64 files kept) only take turns in the file.
     """
     digest = zlib.crc32(json.dumps(key, sort_keys=True).encode())
     return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")

@@ -1,26 +1,15 @@
 """The builtin memory engine: FTS5 BM25 + vectors over Markdown memory files in SQLite.
 
 Knows nothing about qmd. ``qmdbridge`` builds on it.
+
+The public names are imported lazily (on first attribute access): importing a submodule such
+as ``fallback.search.fts`` runs this file first, and a one-shot ``qmdbridge search`` must not
+pay for pydantic (``fallback.models``) when it never builds a model.
 """
 
-from fallback.errors import (
-    BackendTimeoutError,
-    BackendUnavailableError,
-    ConfigError,
-    EmbeddingProviderError,
-    IndexStoreError,
-    ManagerClosedError,
-    MemorySearchError,
-    PathRefusedError,
-    UsageError,
-)
-from fallback.models import (
-    FallbackInfo,
-    MemoryReadResult,
-    MemorySearchResult,
-    MemoryStatus,
-    SearchResponse,
-)
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 
 __all__ = [
     "BackendTimeoutError",
@@ -38,3 +27,42 @@ __all__ = [
     "SearchResponse",
     "UsageError",
 ]
+
+_MODELS = frozenset({"FallbackInfo", "MemoryReadResult", "MemorySearchResult", "MemoryStatus",
+                     "SearchResponse"})
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+    from fallback.errors import (
+        BackendTimeoutError,
+        BackendUnavailableError,
+        ConfigError,
+        EmbeddingProviderError,
+        IndexStoreError,
+        ManagerClosedError,
+        MemorySearchError,
+        PathRefusedError,
+        UsageError,
+    )
+    from fallback.models import (
+        FallbackInfo,
+        MemoryReadResult,
+        MemorySearchResult,
+        MemoryStatus,
+        SearchResponse,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'fallback' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module("fallback.models" if name in _MODELS else "fallback.errors"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -9,7 +9,8 @@ Conventions, stated once:
 - paths are workspace-relative with ``/`` separators (extra paths outside the workspace may
   start with ``../``; qmd collections outside the workspace read ``qmd/<collection>/<rel>``).
 
-All models are frozen pydantic models; JSON uses the camelCase aliases and always emits every
+All models are frozen pydantic models (``SkippedFile``, re-exported here, is a plain frozen
+dataclass of ``fallback/skipped.py``: discovery builds it without pydantic); JSON uses the camelCase aliases and always emits every
 key (``null`` rather than missing): dump with ``model_dump(by_alias=True)``.
 """
 
@@ -19,6 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from fallback.skipped import SkippedFile
 
 __all__ = [
     "BackgroundError",
@@ -230,13 +233,6 @@ class FallbackInfo(_Model):
     """Why an answer came from another backend than the configured one."""
 
     from_backend: str = Field(alias="from")
-    reason: str
-
-
-class SkippedFile(_Model):
-    """A file discovery or indexing skipped (or indexed with a caveat), and why."""
-
-    path: str
     reason: str
 
 

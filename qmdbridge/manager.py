@@ -55,6 +55,8 @@ from fallback.models import (
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
+from qmdbridge.policy.citations import cited_snippet, format_citation
+from qmdbridge.policy.limits import MAX_LIMIT, check_search_limits
 from qmdbridge.qmd.errors import QmdBusyError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
@@ -66,17 +68,8 @@ BackendName = Literal["builtin", "qmd", "none"]
 
 # A qmd fallback answers from the builtin index as it is: its pre-search sync gets this long, ms.
 FALLBACK_SYNC_BUDGET_MS = 50
-# Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
-MAX_LIMIT = 2**31 - 1
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
-
-
-def format_citation(path: str, start_line: int, end_line: int) -> str:
-    """``path#La`` when one line, else ``path#La-Lb`` (spec 9)."""
-    if start_line == end_line:
-        return f"{path}#L{start_line}"
-    return f"{path}#L{start_line}-L{end_line}"
 
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
@@ -102,7 +95,7 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
     budget = max_injected_chars
     for r in results:
         citation = format_citation(r.path, r.snippet_start_line, r.snippet_end_line)
-        snippet = f"{r.snippet.strip()}\n\nSource: {citation}" if include else r.snippet
+        snippet = cited_snippet(r.snippet, citation, include=include)
         if budget is not None:
             if budget <= 0:
                 break
@@ -252,10 +245,7 @@ class MemoryManager:
         if session_key is not None and not isinstance(session_key, str):
             raise UsageError("session key must be a string")
         self._check_workspace()
-        if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
-            raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
-        if min_score is not None and not 0.0 <= min_score <= 1.0:
-            raise UsageError("min score must be between 0 and 1")
+        check_search_limits(max_results, min_score)
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
         cfg = self.agent.memory

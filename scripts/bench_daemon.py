@@ -3,7 +3,11 @@
 Measured on one generated workspace (wall time of whole processes, median of ``--runs``, the
 three commands interleaved in each round so machine load hits them alike):
 - ``qmdbridge search --json`` answered by a running ``qmdbridge serve`` (``servedBy: daemon``);
-- the same command without a daemon (``QMDBRIDGE_DAEMON=off``: a fresh in-process engine);
+- the same command without a daemon (``QMDBRIDGE_DAEMON=off``): the one-shot fast path, an index
+  in sync searched read-only with the settings the first in-process search recorded
+  (``qmdbridge/cli/fast_search.py``);
+- the same with ``QMDBRIDGE_CLI_CACHE=off`` too: the whole in-process engine (config models,
+  manager, pre-search sync), what every one-shot search cost before the fast path;
 - ``python -c pass`` with the same interpreter: the start-up floor of any served search;
 - ``qmd search --json`` (the real qmd at ``.tools/bin/qmd``) with the argv and per-agent
   environment qmdbridge uses, on qmd's own index of the same notes;
@@ -21,6 +25,9 @@ three commands interleaved in each round so machine load hits them alike):
   date: qmd's ``query`` then finds a strong BM25 hit and needs none of its GGUF models
   (``QMD_*_MODEL`` name absent files, so a model load would fail at once, not download).
 
+The packages' bytecode is compiled first (``compileall``, as ``pip install`` does), so a
+checkout run with ``PYTHONDONTWRITEBYTECODE`` does not time the compiler.
+
 Usage: ``python3 scripts/bench_daemon.py [--quick] [--json] [--files 300] [--runs 15]
 [--only cli|mcp|warm]``. Without ``.tools/bin/qmd`` (``bash scripts/install-qmd.sh``) the qmd
 rows are skipped.
@@ -29,6 +36,7 @@ rows are skipped.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -100,12 +108,24 @@ def search_argv(ws: Path, query: str) -> list[str]:
     return [*cli_argv(), "search", query, "--workspace", str(ws), "--json"]
 
 
+def compile_packages() -> None:
+    """Write the bytecode of ``qmdbridge`` and ``fallback`` as ``pip install`` does."""
+    import fallback
+    import qmdbridge
+
+    for pkg in (qmdbridge, fallback):
+        compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=1)
+
+
 def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
-    """Served, in-process and qmd CLI walls, interleaved."""
+    """Served, fast one-shot, in-process engine and qmd CLI walls, interleaved."""
+    compile_packages()
     state = tmp / "state-builtin"
     env = base_env(state)
     env.pop("QMDBRIDGE_DAEMON", None)
+    env.pop("QMDBRIDGE_CLI_CACHE", None)
     off = {**env, "QMDBRIDGE_DAEMON": "off"}
+    engine_env = {**off, "QMDBRIDGE_CLI_CACHE": "off"}
     run_child([*cli_argv(), "index", "--workspace", str(ws), "--json"], env=off, timeout_s=900).json()
     have_qmd = os.access(QMD, os.X_OK)
     qmd_state = tmp / "state-qmd"
@@ -117,10 +137,12 @@ def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
     queries = list(expected)
     daemon, _ = start_and_wait([*cli_argv(), "serve", "--no-stdin", "--workspace", str(ws)], env,
                                ready="daemon socket")
-    served, process, raw, floor = [], [], [], []
-    served_ok = process_ok = raw_ok = True
+    served, process, engine, raw, floor = [], [], [], [], []
+    served_ok = process_ok = engine_ok = raw_ok = True
     try:
         run_child(search_argv(ws, queries[0]), env=env).json()  # first served call warms the daemon
+        for q in queries:  # the first in-process search of each command line records its settings
+            run_child(search_argv(ws, q), env=off).json()
         for i in range(runs):
             q = queries[i % len(queries)]
             a = run_child(search_argv(ws, q), env=env)
@@ -132,6 +154,10 @@ def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
             doc = b.json()
             process.append(b.wall_ms)
             process_ok &= doc["servedBy"] == "process" and doc["results"][0]["path"] == expected[q]
+            e = run_child(search_argv(ws, q), env=engine_env)
+            edoc: Any = e.json()
+            engine.append(e.wall_ms)
+            engine_ok &= edoc["results"] == doc["results"]
             if have_qmd:
                 c = run_child(raw_qmd_argv(q), env=raw_qmd_env(qmd_state), cwd=ws)
                 hits: Any = c.json()
@@ -145,6 +171,8 @@ def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
             f"{runs} runs; servedBy daemon and right note every run: {served_ok}"),
         Row(SEC, "qmdbridge search, no daemon (CLI wall)", p, "ms", "", None,
             f"right note every run: {process_ok}"),
+        Row(SEC, "qmdbridge search, no daemon, cache off: the engine (CLI wall)", median(engine), "ms",
+            "", None, f"QMDBRIDGE_CLI_CACHE=off; same hits as the fast path every run: {engine_ok}"),
         Row(SEC, "python -c pass, same interpreter (start-up floor)", median(floor), "ms", "", None,
             "what any served search pays before its first line runs"),
     ]

@@ -22,21 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from fallback.embeddings import (
-    gemini,
-    local_gguf,
-    mistral,
-    ollama,
-    openai,
-    openai_compatible,
-    voyage,
-)
 from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider, probe
 from fallback.errors import EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
 __all__ = [
+    "AUTO_ENV_KEYS",
     "AUTO_ORDER",
+    "ENV_KEYS",
     "PROVIDERS",
     "BaseProvider",
     "CallPolicy",
@@ -52,19 +45,46 @@ ProviderFactory = Callable[..., EmbeddingProvider]
 """``factory(settings, *, env) -> EmbeddingProvider``; raises
 ``EmbeddingProviderUnavailableError`` when the provider cannot be created."""
 
+
+
+def _factory(module: str) -> ProviderFactory:
+    """``fallback.embeddings.<module>.from_settings``, imported on its first call: an agent
+    without an embedding provider loads no provider module (``local`` brings the model
+    downloader, the HTTP providers their client and batch-job code)."""
+    def create(settings: MemorySearchSettings, *, env: Mapping[str, str], **kwargs: object) -> EmbeddingProvider:
+        from importlib import import_module
+
+        factory: ProviderFactory = import_module(f"fallback.embeddings.{module}").from_settings
+        return factory(settings, env=env, **kwargs)
+
+    create.__name__ = create.__qualname__ = f"{module}.from_settings"
+    return create
+
+
 # name -> factory; read-only (tests pass their own mapping to ``select_provider``).
 PROVIDERS: Mapping[str, ProviderFactory] = MappingProxyType({
-    "openai": openai.from_settings,
-    "openai-compatible": openai_compatible.from_settings,
-    "gemini": gemini.from_settings,
-    "voyage": voyage.from_settings,
-    "mistral": mistral.from_settings,
-    "ollama": ollama.from_settings,
-    "local": local_gguf.from_settings,
+    "openai": _factory("openai"),
+    "openai-compatible": _factory("openai_compatible"),
+    "gemini": _factory("gemini"),
+    "voyage": _factory("voyage"),
+    "mistral": _factory("mistral"),
+    "ollama": _factory("ollama"),
+    "local": _factory("local_gguf"),
 })
 
 # The order ``auto`` tries (spec 6.1, E1/E2); ollama and openai-compatible are never guessed.
 AUTO_ORDER: tuple[str, ...] = ("local", "openai", "gemini", "voyage", "mistral")
+
+# The environment variables each remote provider reads its API key from (first set one wins);
+# the provider modules read theirs from here.
+ENV_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "openai": ("OPENAI_API_KEY",), "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "voyage": ("VOYAGE_API_KEY",), "mistral": ("MISTRAL_API_KEY",), "ollama": ("OLLAMA_API_KEY",),
+})
+
+# The API-key variables of the remote providers ``auto`` tries: with ``local.modelPath`` and
+# ``remote.apiKey`` unset, ``auto`` picks a provider exactly when one of them is set.
+AUTO_ENV_KEYS: tuple[str, ...] = tuple(k for name in AUTO_ORDER for k in ENV_KEYS.get(name, ()))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fallback.embeddings import ENV_KEYS as PROVIDER_ENV_KEYS
 from fallback.embeddings._http import HttpClient, RemoteEndpoint, resolve_endpoint
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.embeddings.openai import remote_policy, strip_prefixes
@@ -22,7 +23,7 @@ __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "GeminiProvider", "from_settings
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 DEFAULT_MODEL = "gemini-embedding-001"
-ENV_KEYS = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+ENV_KEYS = PROVIDER_ENV_KEYS["gemini"]
 MODEL_PREFIXES = ("models/", "gemini/", "google/")
 
 

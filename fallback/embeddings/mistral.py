@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fallback.embeddings import ENV_KEYS as PROVIDER_ENV_KEYS
 from fallback.embeddings._http import resolve_endpoint
 from fallback.embeddings.base import CallPolicy
 from fallback.embeddings.openai import OpenAIProvider, remote_policy, strip_prefixes
@@ -17,7 +18,7 @@ __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "MistralProvider", "from_setting
 
 DEFAULT_BASE_URL = "https://api.mistral.ai/v1"
 DEFAULT_MODEL = "mistral-embed"
-ENV_KEYS = ("MISTRAL_API_KEY",)
+ENV_KEYS = PROVIDER_ENV_KEYS["mistral"]
 
 
 class MistralProvider(OpenAIProvider):

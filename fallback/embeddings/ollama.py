@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fallback.embeddings import ENV_KEYS as PROVIDER_ENV_KEYS
 from fallback.embeddings._http import HttpClient, RemoteEndpoint, resolve_endpoint
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.embeddings.openai import remote_policy, strip_prefixes
@@ -20,7 +21,7 @@ __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "OllamaProvider", "from_settings
 
 DEFAULT_BASE_URL = "http://127.0.0.1:11434"
 DEFAULT_MODEL = "nomic-embed-text"
-ENV_KEYS = ("OLLAMA_API_KEY",)
+ENV_KEYS = PROVIDER_ENV_KEYS["ollama"]
 
 
 class OllamaProvider(BaseProvider):

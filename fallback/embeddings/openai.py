@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fallback.embeddings import ENV_KEYS as PROVIDER_ENV_KEYS
 from fallback.embeddings._http import HttpClient, RemoteEndpoint, resolve_endpoint
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.errors import EmbeddingProviderError
@@ -26,7 +27,7 @@ __all__ = [
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "text-embedding-3-small"
-ENV_KEYS = ("OPENAI_API_KEY",)
+ENV_KEYS = PROVIDER_ENV_KEYS["openai"]
 
 
 def strip_prefixes(model: str, prefixes: tuple[str, ...]) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fallback.embeddings import ENV_KEYS as PROVIDER_ENV_KEYS
 from fallback.embeddings._http import RemoteEndpoint, resolve_endpoint
 from fallback.embeddings.base import CallPolicy
 from fallback.embeddings.openai import OpenAIProvider, remote_policy, strip_prefixes
@@ -18,7 +19,7 @@ __all__ = ["DEFAULT_BASE_URL", "DEFAULT_MODEL", "VoyageProvider", "from_settings
 
 DEFAULT_BASE_URL = "https://api.voyageai.com/v1"
 DEFAULT_MODEL = "voyage-4-large"
-ENV_KEYS = ("VOYAGE_API_KEY",)
+ENV_KEYS = PROVIDER_ENV_KEYS["voyage"]
 
 
 class VoyageProvider(OpenAIProvider):

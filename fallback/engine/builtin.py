@@ -30,7 +30,6 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from functools import partial
@@ -67,8 +66,8 @@ from fallback.models import (
     Source,
 )
 from fallback.search.explain import SearchTrace
+from fallback.search.fts_only import candidate_count
 from fallback.search.pipeline import Searcher, SearchOutcome
-from fallback.search.rerank import reranker_from_settings
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import META_KEY, Store
@@ -77,9 +76,6 @@ from fallback.store.errors import IndexStoreCorruptError
 __all__ = ["BuiltinEngine"]
 
 log = logging.getLogger(__name__)
-
-# Upper bound of candidates fetched per search (spec §8.1).
-MAX_CANDIDATES = 200
 
 
 def _wall_clock_ms() -> int:
@@ -510,7 +506,7 @@ class BuiltinEngine:
         srcs = [s for s in enabled if sources is None or s in sources]
         if not srcs:
             return SearchOutcome(results=[], warnings=warnings)
-        candidates = min(MAX_CANDIDATES, max(1, math.floor(limit * q.hybrid.candidate_multiplier)))
+        candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         outcome = await self._searcher(explain).run(store, prepared, text, srcs, candidates,
                                                     floor, limit)
         fts_error = await anyio.to_thread.run_sync(lambda: store.fts_error)
@@ -548,6 +544,7 @@ class BuiltinEngine:
             self._last_error = error
 
         if self._reranker is None and self.settings.search.query.rerank.enabled:
+            from fallback.search.rerank import reranker_from_settings  # only when configured
             self._reranker = reranker_from_settings(self.settings.search.query.rerank)
         return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
                         on_error=record, reranker=self._reranker,

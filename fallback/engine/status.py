@@ -8,9 +8,10 @@ from typing import Any
 from fallback.engine.query_vector import backlog_reason
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
-from fallback.models import MemoryStatus, SkippedFile, SourceCount
+from fallback.models import MemoryStatus, SourceCount
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
+from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import describe_extra_path, memory_roots
 from fallback.store.db import META_KEY, Store
 

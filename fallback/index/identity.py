@@ -3,15 +3,15 @@ when it must rebuild rather than update, and the chunk primary key."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from fallback.embeddings.base import EmbeddingProvider
 from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS
-from fallback.settings import EngineSettings
 from fallback.sources.memory_files import normalize_extra_paths
 from fallback.text.scripts import sha256_hex
+
+if TYPE_CHECKING:  # annotations only: the one-shot search compares identities without them
+    from fallback.embeddings.base import EmbeddingProvider
+    from fallback.settings import EngineSettings
 
 __all__ = ["FTS_ONLY_MODEL", "chunk_id", "full_reindex_reason", "index_identity"]
 
@@ -26,6 +26,8 @@ def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_
 
 
 def _none_provider_key() -> str:
+    import orjson
+
     return sha256_hex(orjson.dumps({"provider": "none", "model": FTS_ONLY_MODEL}))
 
 
@@ -42,6 +44,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
         multimodal settings (always disabled here).
     """
+    import orjson
+
     s = settings.search
     extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
         settings.workspace_dir, s.extra_paths))

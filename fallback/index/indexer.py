@@ -60,8 +60,8 @@ from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
 from fallback.index.report import SyncReport
 from fallback.index.windows import pack_windows
-from fallback.models import SkippedFile
 from fallback.settings import EngineSettings
+from fallback.skipped import SkippedFile
 from fallback.sources.file_text import (
     VANISHED,
     FileContent,

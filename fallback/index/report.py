@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fallback.errors import EmbeddingProviderError
-from fallback.models import SkippedFile
+from fallback.skipped import SkippedFile
 
 __all__ = ["SyncReport"]
 

@@ -57,15 +57,20 @@ replaced by scores relative to the best hit (``fallback/search/keyword.py``).
 
 from __future__ import annotations
 
+import functools
 import itertools
+import re
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass
-
-import regex
+from typing import TYPE_CHECKING
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
 from fallback.text.scripts import contains_cjk, word_runs
 from fallback.text.terms import compounds, date_mentions
+
+if TYPE_CHECKING:
+    import regex
 
 __all__ = [
     "COVERAGE_MAX_CHUNKS",
@@ -91,8 +96,23 @@ COVERAGE_PARTS = 6
 # Stores of at most this many chunks get their parts counted (fallback/search/keyword.py).
 COVERAGE_MAX_CHUNKS = 1000
 
-_WORD_RE = regex.compile(r"[\p{L}\p{M}\p{N}_]+")
-_QUOTED_RE = regex.compile(r'"([^"]+)"')
+# Word runs: letters, marks, digits and "_". In ASCII text those are exactly [A-Za-z0-9_] (no
+# ASCII character is a mark), so an ASCII query needs no Unicode property tables.
+_WORD_PATTERN = r"[\p{L}\p{M}\p{N}_]+"
+_ASCII_WORD_RE = re.compile(r"[A-Za-z0-9_]+")
+_QUOTED_RE = re.compile(r'"([^"]+)"')
+
+
+@functools.cache
+def _word_re() -> regex.Pattern[str]:
+    import regex  # on first use: an ASCII query never loads it
+
+    return regex.compile(_WORD_PATTERN)
+
+
+def _word_matches(text: str) -> Iterator[re.Match[str] | regex.Match[str]]:
+    """The word runs of ``text`` (``[\\p{L}\\p{M}\\p{N}_]+``) with their positions."""
+    return (_ASCII_WORD_RE if text.isascii() else _word_re()).finditer(text)
 
 
 def fts_tokens(text: str) -> list[str]:
@@ -181,7 +201,7 @@ def _query_parts(text: str) -> list[_Part]:
         parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
                            f"({phrase} OR {_quote(c.joined)})"))
     fragments = set(contraction_fragments(text))
-    for m in _WORD_RE.finditer(text):
+    for m in _word_matches(text):
         if free(m.start(), m.end()):
             word = m.group().lower()
             parts.append(_Part(m.start(), m.end(), "word", word, _quote(word), _quote(word),

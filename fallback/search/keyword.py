@@ -16,24 +16,21 @@ import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from fallback.errors import IndexStoreError
 from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
-from fallback.search.substring import substring_hits
+from fallback.search.substring import rank_substring_hits
 from fallback.text.keywords import extract_keywords
 from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
-    from fallback.store.db import Store
+    from fallback.store.readonly import StoreReader
 
-__all__ = ["COLUMN_WEIGHTS", "fts_row_count", "highlight_hits", "keyword_candidates", "keyword_hits",
-           "keyword_rows", "rank_keyword_hits", "relative_scores", "search_plan"]
+__all__ = ["COLUMN_WEIGHTS", "fts_row_count", "highlight_hits", "keyword_rows",
+           "rank_keyword_candidates", "rank_keyword_hits", "relative_scores", "search_plan"]
 
 # bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
 # query word found in a note's path or first heading counts twice as much as in its text.
@@ -48,7 +45,7 @@ MIN_INNER_ROWS = 200
 MAX_FALLBACK_KEYWORDS = 6
 
 
-def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
+def keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str],
                  limit: int) -> list[tuple[str, str, str, int, int, str, float]]:
     """Run a keyword plan (see ``fallback/search/fts.py``) and return the best rows first.
 
@@ -72,7 +69,7 @@ def keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str],
         return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=True)
 
 
-def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
+def _keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
                   like_only: bool) -> list[tuple[str, str, str, int, int, str, float]]:
     if not like_only and plan.match:
         # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text is
@@ -91,13 +88,13 @@ def _keyword_rows(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit:
                         inner_limit=None)[0]
 
 
-def _ranked_count(store: Store, plan: FtsPlan, inner: int) -> int:
+def _ranked_count(store: StoreReader, plan: FtsPlan, inner: int) -> int:
     found = store.query("SELECT COUNT(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts"
                         " MATCH ? LIMIT ?)", [plan.match, inner + 1])
     return int(found[0][0])
 
 
-def _keyword_sql(store: Store, plan: FtsPlan, *, sources: Sequence[str], limit: int,
+def _keyword_sql(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
                  like_only: bool, inner_limit: int | None
                  ) -> tuple[list[tuple[str, str, str, int, int, str, float]], int | None]:
     """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``, so
@@ -167,7 +164,7 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
-def fts_row_count(store: Store) -> int:
+def fts_row_count(store: StoreReader) -> int:
     """Rows of ``chunks_fts`` (its ``docsize`` shadow table holds one row per chunk: counting
     it reads a few pages, unlike ``chunks``, whose rows carry the text).
 
@@ -177,7 +174,7 @@ def fts_row_count(store: Store) -> int:
     return int(store.query("SELECT COUNT(*) FROM chunks_fts_docsize")[0][0])
 
 
-def search_plan(store: Store, text: str) -> FtsPlan | None:
+def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
 
     In a store of at most ``COVERAGE_MAX_CHUNKS`` chunks, one statement first counts the chunks
@@ -207,10 +204,9 @@ def search_plan(store: Store, text: str) -> FtsPlan | None:
     return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, common=clamped)
 
 
-def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
+def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
                       plan: FtsPlan | None = None) -> list[Candidate]:
-    """Keyword hits for ``text``, best first (blocking; :func:`keyword_hits` runs it in a worker
-    thread): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
+    """Keyword hits for ``text``, best first (blocking): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
     sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
 
     Args:
@@ -238,43 +234,45 @@ def rank_keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-async def keyword_hits(store: Store, text: str, srcs: list[str], limit: int, *,
-                       plan: FtsPlan | None = None) -> list[Candidate]:
-    """Keyword hits for ``text``, best first, each scored by :func:`relative_scores` (one
-    worker-thread call); on a SQLite without FTS5, substring hits
-    (``fallback/search/substring.py``).
+def _hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
+          plan: FtsPlan | None = None) -> list[Candidate]:
+    """:func:`rank_keyword_hits`, or on a SQLite without FTS5 substring hits
+    (``fallback/search/substring.py``)."""
+    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
+        return rank_substring_hits(store, text, srcs, limit)
+    return rank_keyword_hits(store, text, srcs, limit, plan=plan)
+
+
+def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], candidates: int, *,
+                            plan: FtsPlan | None = None) -> list[Candidate]:
+    """Keyword candidates for ``text``, best first (blocking): the hits of the whole query (an
+    OR of its content parts, ranked by BM25; substring hits on a SQLite without FTS5), each
+    scored by :func:`relative_scores`; when that finds nothing (a CJK run with no exact
+    substring match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK
+    unigrams and bigrams, Korean stems) are searched one by one and each chunk scores the sum
+    of its per-keyword scores, so a chunk matching more keywords ranks higher; scores are then
+    divided by the best one.
+
+    Args:
+        store: the store.
+        text: the query.
+        srcs: sources searched.
+        candidates: most candidates returned.
+        plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns ``[]`` when the text has nothing to search.
 
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
-        return await substring_hits(store, text, srcs, limit)
-    return await anyio.to_thread.run_sync(partial(rank_keyword_hits, store, text, srcs, limit,
-                                                  plan=plan))
-
-
-async def keyword_candidates(store: Store, text: str, srcs: list[str], candidates: int, *,
-                             plan: FtsPlan | None = None) -> list[Candidate]:
-    """Keyword candidates for ``text``: :func:`keyword_hits` of the whole query (an OR of its
-    content parts, ranked by BM25); when that finds nothing (a CJK run with no exact substring
-    match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK unigrams and
-    bigrams, Korean stems) are searched one by one and each chunk scores the sum of its
-    per-keyword scores, so a chunk matching more keywords ranks higher; scores are then divided
-    by the best one.
-
-    Raises:
-        IndexStoreError: on a SQLite failure.
-    """
-    hits = await keyword_hits(store, text, srcs, candidates, plan=plan)
+    hits = _hits(store, text, srcs, candidates, plan=plan)
     if hits:
         return hits
     by_id: dict[str, Candidate] = {}
     totals: dict[str, float] = {}
     keywords = [k for k in extract_keywords(text) if k != text.lower()]
     for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
-        for hit in await keyword_hits(store, kw, srcs, candidates):
+        for hit in _hits(store, kw, srcs, candidates):
             by_id.setdefault(hit.chunk_id, hit)
             totals[hit.chunk_id] = totals.get(hit.chunk_id, 0.0) + hit.text_score
     best = max(totals.values(), default=0.0)
@@ -283,7 +281,7 @@ async def keyword_candidates(store: Store, text: str, srcs: list[str], candidate
     return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
 
 
-def highlight_hits(store: Store, text: str, hits: Sequence[Candidate], *,
+def highlight_hits(store: StoreReader, text: str, hits: Sequence[Candidate], *,
                    plan: FtsPlan | None = None) -> dict[str, str]:
     """The text of each hit with the query's matches marked, for snippet windows.
 

@@ -3,7 +3,9 @@
 Split from ``fallback/engine/builtin.py``; the engine owns the store and the sync, a :class:`Searcher`
 turns candidates into ranked hits (keyword candidates from ``fallback/search/keyword.py``, vector
 hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
-decay/MMR from ``fallback/search/ranking.py``).
+decay/MMR from ``fallback/search/ranking.py``). The keyword-only steps and the snippets are the
+blocking functions of ``fallback/search/fts_only.py``, which the one-shot read-only search
+(``fallback/engine/in_sync.py``) calls too.
 """
 
 from __future__ import annotations
@@ -12,29 +14,35 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
+from fallback.search.fts_only import (
+    SNIPPET_MAX_CHARS,
+    HitSnippet,
+    decayed,
+    hit_snippets,
+    keyword_ranked,
+    keyword_results,
+)
 from fallback.search.fusion import CosineStats, apply_floor, fuse, select_results
-from fallback.search.keyword import highlight_hits, keyword_candidates, search_plan
-from fallback.search.ranking import Candidate, apply_temporal_decay, drop_covered, mmr_rerank
-from fallback.search.rerank import Reranker, rerank_stage
-from fallback.search.snippets import best_window
+from fallback.search.keyword import rank_keyword_candidates, search_plan
+from fallback.search.ranking import Candidate, mmr_rerank
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
+
+if TYPE_CHECKING:
+    from fallback.embeddings.base import EmbeddingProvider
+    from fallback.search.rerank import Reranker
 
 __all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher"]
 
 log = logging.getLogger("fallback.engine.builtin")
-
-# Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
-SNIPPET_MAX_CHARS = 700
 
 
 @dataclass(frozen=True)
@@ -54,7 +62,8 @@ class Searcher:
         vector_index: returns the engine's ``VectorIndex``.
         now_ms: clock in epoch ms (temporal decay).
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
-        reranker: the optional reranker stage's provider (``query.rerank``), or ``None``.
+        reranker: the optional reranker stage's provider (``query.rerank``,
+            ``fallback/search/rerank.py``), or ``None``.
         trace: filled in by the ranking steps when the caller wants ``--explain``, else ``None``.
         max_snippet_chars: snippet budget in code points (``maxSnippetChars``, default 700).
 
@@ -99,26 +108,34 @@ class Searcher:
                                      explains=explains)
         return SearchOutcome(results=results, warnings=list(self.warnings))
 
-    async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
-                                  candidates: int) -> list[Candidate]:
+    async def _ensure_plan(self, store: Store, text: str) -> FtsPlan | None:
         if self._plan is None and store.fts_error is None:
             self._plan = await anyio.to_thread.run_sync(search_plan, store, text)
-        return await keyword_candidates(store, text, srcs, candidates, plan=self._plan)
+        return self._plan
+
+    async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
+                                  candidates: int) -> list[Candidate]:
+        plan = await self._ensure_plan(store, text)
+        return await anyio.to_thread.run_sync(partial(rank_keyword_candidates, store, text, srcs,
+                                                      candidates, plan=plan))
+
+    def _half_life_days(self) -> int | None:
+        decay = self.settings.search.query.hybrid.temporal_decay
+        return decay.half_life_days if decay.enabled else None
 
     async def fts_only(self, store: Store, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
         """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
-        passes), then temporal decay and the optional reranker (which reorder, never remove),
-        hits mostly inside a better hit of the same file dropped
-        (:func:`~fallback.search.ranking.drop_covered`), and the result slots (session
-        transcripts at most half)."""
-        hits = await self._keyword_candidates(store, text, srcs, candidates)
-        if self.trace:
-            self.trace.mode = "fts-only"
-            self.trace.keyword(hits)
-        kept = apply_floor(hits, floor) or hits
-        ranked = drop_covered(await self._rerank(text, await self._decay(store, kept)))
-        return self._finish(select_results(ranked, max_results=limit), floor)
+        passes), then temporal decay (``fallback/search/fts_only.py``) and the optional
+        reranker (which reorder, never remove), hits mostly inside a better hit of the same
+        file dropped and the result slots (session transcripts at most half):
+        :func:`~fallback.search.fts_only.keyword_results`."""
+        plan = await self._ensure_plan(store, text)
+        ranked = await anyio.to_thread.run_sync(partial(
+            keyword_ranked, store, text, srcs, candidates=candidates, floor=floor,
+            half_life_days=self._half_life_days(), now_ms=self._now_ms(), plan=plan,
+            trace=self.trace))
+        return self._finish(keyword_results(await self._rerank(text, ranked), limit=limit), floor)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
@@ -162,6 +179,8 @@ class Searcher:
         """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""
         if self._reranker is None:
             return cands
+        from fallback.search.rerank import rerank_stage
+
         return await rerank_stage(self._reranker, self.settings.search.query.rerank, text, cands,
                                   trace=self.trace, warnings=self.warnings)
 
@@ -195,25 +214,9 @@ class Searcher:
         return out, stats
 
     async def _decay(self, store: Store, cands: list[Candidate]) -> list[Candidate]:
-        decay = self.settings.search.query.hybrid.temporal_decay
-        if not decay.enabled or not cands:
-            return sorted(cands, key=lambda c: -c.score)
-        paths = sorted({c.path for c in cands})
-        marks = ", ".join("?" for _ in paths)
-        rows = await anyio.to_thread.run_sync(
-            store.query, f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
-        mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
-        now_ms = self._now_ms()
-
-        def mtime_ms(source: str, path: str) -> int | None:
-            return mtimes.get((source, path))
-
-        decayed = apply_temporal_decay(cands, half_life_days=decay.half_life_days, now_ms=now_ms,
-                                       mtime_ms=mtime_ms)
-        if self.trace:
-            self.trace.decay(decayed, half_life_days=decay.half_life_days, now_ms=now_ms,
-                             mtime_ms=mtime_ms)
-        return decayed
+        return await anyio.to_thread.run_sync(partial(
+            decayed, store, cands, half_life_days=self._half_life_days(), now_ms=self._now_ms(),
+            trace=self.trace))
 
     async def results(self, store: Store, text: str, hits: list[Candidate], *, hybrid: bool,
                       explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
@@ -233,38 +236,22 @@ class Searcher:
         Raises:
             IndexStoreError: on a SQLite failure.
         """
-        marked = await anyio.to_thread.run_sync(partial(highlight_hits, store, text, hits,
-                                                        plan=self._plan))
+        snippets = await anyio.to_thread.run_sync(partial(
+            hit_snippets, store, text, hits, plan=self._plan,
+            max_snippet_chars=self.max_snippet_chars))
         traces = explains if explains is not None else [None] * len(hits)
-        return [self.result(c, hybrid=hybrid, explain=e, marked=marked.get(c.chunk_id),
-                            max_snippet_chars=self.max_snippet_chars)
-                for c, e in zip(hits, traces, strict=True)]
+        return [self.model_of(c, s, hybrid=hybrid, explain=e)
+                for c, s, e in zip(hits, snippets, traces, strict=True)]
 
     @staticmethod
-    def result(c: Candidate, *, hybrid: bool, explain: HitExplain | None = None,
-               marked: str | None = None,
-               max_snippet_chars: int = SNIPPET_MAX_CHARS) -> MemorySearchResult:
-        """A candidate as the shared result model.
-
-        Args:
-            c: the ranked candidate (its ``snippet`` is the whole chunk text).
-            hybrid: fill ``vector_score`` / ``text_score``.
-            explain: the hit's ranking trace (``--explain``), or ``None``.
-            marked: the chunk text with the query's matches marked (:func:`highlight_hits`);
-                ``None``: no keyword signal, the snippet is the chunk's first lines.
-            max_snippet_chars: snippet budget in code points.
-        """
-        window = best_window(marked if marked is not None else c.snippet,
-                             max_chars=max_snippet_chars)
-        first, last = c.start_line, c.end_line
-        if c.end_line - c.start_line == c.snippet.count("\n"):
-            # One chunk line per file line (transcript chunks are remapped to JSONL lines and
-            # keep the chunk's range).
-            first, last = c.start_line + window.first_line, c.start_line + window.last_line
+    def model_of(c: Candidate, snippet: HitSnippet, *, hybrid: bool,
+                 explain: HitExplain | None = None) -> MemorySearchResult:
+        """A candidate and its snippet (``fallback/search/fts_only.py``) as the shared result
+        model; the score is clamped to ``[0, 1]``."""
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=max(0.0, min(1.0, c.score)), snippet=window.text,
-            snippet_start_line=first, snippet_end_line=last,
+            score=max(0.0, min(1.0, c.score)), snippet=snippet.text,
+            snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,
             text_score=c.text_score if hybrid else None, explain=explain)

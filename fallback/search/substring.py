@@ -27,15 +27,13 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-import anyio
-
 from fallback.search.fts import escape_like, fts_tokens
 from fallback.search.ranking import Candidate
 
 if TYPE_CHECKING:
-    from fallback.store.db import Store
+    from fallback.store.readonly import StoreReader
 
-__all__ = ["SUBSTRING_WARNING", "substring_hits", "substring_score"]
+__all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_hits", "substring_score"]
 
 # The answer's warning while keyword search runs without FTS5 ({error}: the recorded reason).
 SUBSTRING_WARNING = ("FTS5 is unavailable in this SQLite ({error}): keyword search is a "
@@ -62,7 +60,7 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
     return total / len(tokens)
 
 
-def _rows(store: Store, tokens: list[str], sources: Sequence[str],
+def _rows(store: StoreReader, tokens: list[str], sources: Sequence[str],
           ) -> list[tuple[str, str, str, int, int, str]]:
     where = [f"source IN ({', '.join('?' for _ in sources)})"]
     params: list[object] = list(sources)
@@ -75,8 +73,9 @@ def _rows(store: Store, tokens: list[str], sources: Sequence[str],
         f" WHERE {' AND '.join(where)}", params)]
 
 
-async def substring_hits(store: Store, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Keyword hits for ``text`` without FTS5, best first (see the module docstring).
+def rank_substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+    """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking
+    (:func:`substring_hits` runs it in a worker thread).
 
     Args:
         store: the open store.
@@ -94,9 +93,16 @@ async def substring_hits(store: Store, text: str, srcs: list[str], limit: int) -
     tokens = list(dict.fromkeys(t.lower() for t in fts_tokens(text)))
     if not tokens or not srcs or limit <= 0:
         return []
-    rows = await anyio.to_thread.run_sync(partial(_rows, store, tokens, srcs))
+    rows = _rows(store, tokens, srcs)
     scored = [(substring_score(row[5], tokens), row) for row in rows]
     ranked = sorted(((s, r) for s, r in scored if s > 0), key=lambda x: (-x[0], x[1][1], x[1][3]))
     return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
                       snippet=body, score=score, text_score=score, bm25=None)
             for score, (cid, path, source, start, end, body) in ranked[:limit]]
+
+
+async def substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+    """:func:`rank_substring_hits` in a worker thread (same arguments, result and errors)."""
+    import anyio
+
+    return await anyio.to_thread.run_sync(partial(rank_substring_hits, store, text, srcs, limit))

@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from fallback.models import SkippedFile
+from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import MemoryFile
 from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex

@@ -26,25 +26,22 @@ qmd 2.8.3 indexes so both backends see the same files):
   indexing it would make ``memory_get`` admit a file search can never cite.
 
 Discovery never raises for a bad file or a missing folder: problems become
-:class:`~fallback.models.SkippedFile` entries (a file we saw but will not index, and why) or
+:class:`~fallback.skipped.SkippedFile` entries (a file we saw but will not index, and why) or
 issue strings (a folder or configured path that is missing or unusable).
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from wcmatch import glob as wcglob
-
-from fallback.models import SkippedFile
-from fallback.settings import ExtraPath
+from fallback.skipped import SkippedFile
+from fallback.sources.globs import escape_glob, glob_matcher, split_pattern
 from fallback.text.path_names import printable_path
 
 __all__ = [
@@ -57,6 +54,7 @@ __all__ = [
     "MEMORY_DIR_NAME",
     "MemoryFile",
     "MemoryRoot",
+    "PatternedPath",
     "ROOT_MEMORY_FILE",
     "RootFile",
     "SKIP_DIR_NAMES",
@@ -87,15 +85,30 @@ MEMORY_DIR_NAME = "memory"
 MARKDOWN_SUFFIX = ".md"
 # Pattern of every memory folder unless the config says otherwise (qmd's default too).
 DEFAULT_PATTERN = "**/*.md"
-# Characters qmd's glob treats as syntax; a literal file name escapes them.
-_GLOB_SPECIALS = frozenset("\\*?[]{}()!+@")
-# Glob dialect of qmd's fast-glob/picomatch: "**" spans folders, braces, case-sensitive.
-_GLOB_FLAGS = wcglob.GLOBSTAR | wcglob.BRACE | wcglob.CASE
 # Discovery stops walking after this many directory entries in all (an extra path such as the
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
 
-ExtraPathEntry = str | ExtraPath
+
+
+class PatternedPath(Protocol):
+    """An ``extraPaths[]`` entry in object form (``fallback.settings.ExtraPath`` is one): a
+    folder or file and its glob (``None``: ``**/*.md``). Read by attribute, so discovery
+    imports no pydantic (it runs on the one-shot search path)."""
+
+    @property
+    def path(self) -> str:
+        """The configured folder or file."""
+        ...
+
+    @property
+    def pattern(self) -> str | None:
+        """The glob relative to the folder, or ``None``."""
+        ...
+
+
+# A configured ``extraPaths[]`` entry: a path string, or an object with ``path`` and ``pattern``.
+ExtraPathEntry = str | PatternedPath
 
 
 @dataclass(frozen=True)
@@ -130,7 +143,11 @@ class MemoryRoot:
             return False
         if self.kind == "root":
             return rel == self.pattern
-        return not is_excluded(parts) and _matcher(self.pattern).match(rel)
+        if is_excluded(parts):
+            return False
+        # "**/*.md" admits every path the checks above let through: no glob engine for it
+        # (wcmatch is loaded for other patterns only; a test pins that both agree).
+        return self.pattern == DEFAULT_PATTERN or glob_matcher(self.pattern).match(rel)
 
 
 @dataclass(frozen=True)
@@ -185,8 +202,16 @@ class Discovery:
     issues: list[str]
 
 
-def _rel(path: str, workspace: str) -> str:
-    return os.path.relpath(path, workspace).replace(os.sep, "/")
+def _rel(path: str, base: str) -> str:
+    """``os.path.relpath(path, base)`` with ``/`` separators. A path below ``base`` as the walk
+    builds it (``base`` + separator + plain segments) is cut by prefix: ``relpath`` normalises
+    both paths first and cost more than the rest of discovering a file."""
+    prefix = base if base.endswith(os.sep) else base + os.sep
+    if path.startswith(prefix):
+        parts = path[len(prefix):].split(os.sep)
+        if "" not in parts and "." not in parts and ".." not in parts:
+            return "/".join(parts)
+    return os.path.relpath(path, base).replace(os.sep, "/")
 
 
 def _shown(path: str, workspace: str) -> str:
@@ -202,41 +227,6 @@ def _lstat(path: str) -> os.stat_result | None:
         return None
 
 
-def split_pattern(pattern: str) -> list[str]:
-    """Split a collection pattern into alternatives at commas outside ``{...}`` and ``[...]``
-    (qmd reads ``--mask "a.md,*.txt"`` as a union); blank alternatives are dropped."""
-    parts: list[str] = []
-    current: list[str] = []
-    braces = brackets = 0
-    for ch in pattern:
-        if ch == "," and braces == 0 and brackets == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        if ch == "{":
-            braces += 1
-        elif ch == "}" and braces:
-            braces -= 1
-        elif ch == "[":
-            brackets += 1
-        elif ch == "]" and brackets:
-            brackets -= 1
-        current.append(ch)
-    parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
-
-
-@functools.lru_cache(maxsize=256)
-def _matcher(pattern: str) -> wcglob.WcMatcher:
-    """The compiled glob of a pattern (compiling costs ~0.1 ms; a pure function, memoised)."""
-    return wcglob.compile(split_pattern(pattern) or ["\0"], flags=_GLOB_FLAGS)
-
-
-def escape_glob(name: str) -> str:
-    """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
-    return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
-
-
 def is_excluded(parts: Sequence[str]) -> bool:
     """Whether a path below a root (its segments) is outside the rule: a hidden segment (one
     that starts with ``.``) or a folder named in :data:`SKIP_DIR_NAMES`."""
@@ -244,9 +234,9 @@ def is_excluded(parts: Sequence[str]) -> bool:
 
 
 def _entry_parts(entry: ExtraPathEntry) -> tuple[str, str | None]:
-    if isinstance(entry, ExtraPath):
-        return entry.path.strip(), (entry.pattern or "").strip() or None
-    return entry.strip(), None
+    if isinstance(entry, str):
+        return entry.strip(), None
+    return entry.path.strip(), (entry.pattern or "").strip() or None
 
 
 def _absolute(workspace: str, raw: str) -> str:
@@ -531,11 +521,17 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
 
     files: list[MemoryFile] = []
     seen: set[str] = set()
+    real_dirs: dict[str, str] = {}
     for path, fst in col.candidates:
-        try:
-            real = os.path.realpath(path)
-        except OSError:
-            real = path
+        # A candidate is a regular file seen by lstat, so only its folders can be symlinks:
+        # its real path is its folder's real path (resolved once per folder) plus its name.
+        folder, name = os.path.split(path)
+        if folder not in real_dirs:
+            try:
+                real_dirs[folder] = os.path.realpath(folder)
+            except OSError:
+                real_dirs[folder] = folder
+        real = os.path.join(real_dirs[folder], name)
         if real in seen:
             continue
         seen.add(real)

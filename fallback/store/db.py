@@ -73,7 +73,7 @@ from fallback.store.files import (
     temp_db_path,
 )
 from fallback.store.lock import StoreWriteLock, lock_path_for
-from fallback.store.migrations import MIGRATIONS
+from fallback.store.migrations import META_KEY, MIGRATIONS
 
 __all__ = [
     "META_KEY",
@@ -86,8 +86,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-# Meta key of the index identity JSON (spec §4.2, E1/E2 name).
-META_KEY = "memory_index_meta_v1"
 # Default busy timeout: how long a statement waits for another connection's lock (ms).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 # Attempts of a statement that keeps failing with SQLITE_BUSY/LOCKED (each one waits the busy

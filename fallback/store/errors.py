@@ -29,8 +29,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
-
 from fallback.errors import IndexStoreError
 
 __all__ = [
@@ -224,6 +222,10 @@ def retry_locked(fn: Callable[[], _T], *, attempts: int, on_retry: Callable[[], 
     Raises:
         whatever ``fn`` raised last (a locked error once the attempts are spent).
     """
+    # tenacity is imported here, not at the top: the one-shot search reads through this module
+    # (translate_errors) and retries nothing.
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
     retrying = Retrying(retry=retry_if_exception(is_locked),
                         stop=stop_after_attempt(max(1, attempts)),
                         wait=wait_random_exponential(multiplier=0.02, max=0.25),

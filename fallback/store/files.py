@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,14 @@ _LOCK_SUFFIX = ".lock"
 
 
 def temp_db_path(db_path: Path) -> Path:
-    """Return a fresh ``<db>.tmp-<uuid>`` path next to ``db_path`` for a safe rebuild."""
-    return db_path.with_name(f"{db_path.name}{TEMP_MARK}{uuid.uuid4().hex}")
+    """Return a fresh ``<db>.tmp-<id>`` path next to ``db_path`` for a safe rebuild (``<id>``:
+    32 random hex digits)."""
+    return db_path.with_name(f"{db_path.name}{TEMP_MARK}{os.urandom(16).hex()}")
 
 
 def backup_db_path(db_path: Path) -> Path:
-    """Return a fresh ``<db>.backup-<uuid>`` path next to ``db_path`` (where a swap parks it)."""
-    return db_path.with_name(f"{db_path.name}{BACKUP_MARK}{uuid.uuid4().hex}")
+    """Return a fresh ``<db>.backup-<id>`` path next to ``db_path`` (where a swap parks it)."""
+    return db_path.with_name(f"{db_path.name}{BACKUP_MARK}{os.urandom(16).hex()}")
 
 
 def file_id(path: Path) -> tuple[int, int] | None:

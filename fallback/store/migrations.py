@@ -36,7 +36,10 @@ from collections.abc import Callable
 
 from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 
-__all__ = ["MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
+__all__ = ["META_KEY", "MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
+
+# Meta key of the index identity JSON (spec §4.2, E1/E2 name).
+META_KEY = "memory_index_meta_v1"
 
 # The two FTS5 tokenizers the config may name (store.fts.tokenizer).
 FTS_TOKENIZERS = ("unicode61", "trigram")

@@ -23,13 +23,16 @@ Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with th
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass, replace
-
-import regex
+from typing import TYPE_CHECKING
 
 from fallback.errors import UsageError
 from fallback.text.scripts import sha256_hex, text_weight
+
+if TYPE_CHECKING:
+    import regex
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -52,8 +55,15 @@ MIN_CHUNK_CHARS = 32
 MIN_SPLIT_BYTES = 4
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-# One extended grapheme cluster (UAX #29).
-_GRAPHEME_RE = regex.compile(r"\X")
+
+
+@functools.cache
+def _grapheme_re() -> regex.Pattern[str]:
+    """One extended grapheme cluster (UAX #29), compiled on first use (only lines longer than a
+    chunk or a snippet are cut, so a search rarely needs it)."""
+    import regex
+
+    return regex.compile(r"\X")
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,7 @@ def grapheme_ends(text: str) -> list[int]:
     Source: Unicode UAX #29 extended grapheme clusters, as the ``regex`` package's ``\\X``
     matches them.
     """
-    return [m.end() for m in _GRAPHEME_RE.finditer(text)]
+    return [m.end() for m in _grapheme_re().finditer(text)]
 
 
 def _cut_points(ends: list[int], size: int) -> list[int]:

@@ -13,11 +13,15 @@ own.
 
 from __future__ import annotations
 
+import functools
+import re
 import unicodedata
-
-import regex
+from typing import TYPE_CHECKING
 
 from fallback.text.scripts import script_of, word_runs
+
+if TYPE_CHECKING:
+    import regex
 
 __all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "contraction_fragments", "extract_keywords",
            "query_tokens"]
@@ -114,11 +118,22 @@ KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(
 # ``don't`` into ``don`` + ``t``. The part after the apostrophe (``s t d ll re ve m``), and the
 # auxiliary before ``n't`` (``don``, ``isn``, ``won``), carry nothing a search can use; ``s``
 # alone is in most English chunks. Apostrophes: ASCII, right single quotation mark, modifier
-# letter apostrophe.
-_CLITIC_RE = regex.compile(r"(?<=\p{L})['\u2019\u02bc](s|t|d|ll|re|ve|m)(?![\p{L}\p{M}\p{N}_])",
-                           regex.IGNORECASE)
-_NEGATED_RE = regex.compile(r"(?<![\p{L}\p{M}\p{N}_])(\p{L}+n)['\u2019\u02bc]t(?![\p{L}\p{M}\p{N}_])",
-                            regex.IGNORECASE)
+# letter apostrophe; a text without one has no contraction.
+_APOSTROPHES = "'\u2019\u02bc"
+_CLITIC = r"(?<=\p{L})['\u2019\u02bc](s|t|d|ll|re|ve|m)(?![\p{L}\p{M}\p{N}_])"
+_NEGATED = r"(?<![\p{L}\p{M}\p{N}_])(\p{L}+n)['\u2019\u02bc]t(?![\p{L}\p{M}\p{N}_])"
+# The same two in ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and no character is a
+# mark: no Unicode property tables (``regex``) for an ASCII query.
+_ASCII_CLITIC_RE = re.compile(r"(?<=[A-Za-z])'(s|t|d|ll|re|ve|m)(?![A-Za-z0-9_])", re.IGNORECASE)
+_ASCII_NEGATED_RE = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z]+n)'t(?![A-Za-z0-9_])", re.IGNORECASE)
+
+
+@functools.cache
+def _contraction_patterns() -> tuple[regex.Pattern[str], regex.Pattern[str]]:
+    """The clitic and ``n't`` patterns for any text, compiled on first use."""
+    import regex
+
+    return regex.compile(_CLITIC, regex.IGNORECASE), regex.compile(_NEGATED, regex.IGNORECASE)
 
 
 def contraction_fragments(text: str) -> list[tuple[int, int]]:
@@ -130,8 +145,12 @@ def contraction_fragments(text: str) -> list[tuple[int, int]]:
 
     Offsets are code points of ``text`` as given (the caller normalises it first).
     """
-    spans = [m.span(1) for m in _CLITIC_RE.finditer(text)]
-    spans += [m.span(1) for m in _NEGATED_RE.finditer(text)]
+    if not any(a in text for a in _APOSTROPHES):
+        return []
+    clitic, negated = ((_ASCII_CLITIC_RE, _ASCII_NEGATED_RE) if text.isascii()
+                       else _contraction_patterns())
+    spans = [m.span(1) for m in clitic.finditer(text)]
+    spans += [m.span(1) for m in negated.finditer(text)]
     return sorted(spans)
 
 

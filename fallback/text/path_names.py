@@ -34,6 +34,9 @@ __all__ = ["has_escapes", "parse_printable_path", "printable_path"]
 _ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # Lone surrogates U+DC80..U+DCFF stand for the undecodable bytes 0x80..0xFF (surrogateescape).
 _SURROGATE_LO, _SURROGATE_HI = 0xDC80, 0xDCFF
+# Any character _needs_escape accepts: a backslash, category Cc (U+0000..U+001F and
+# U+007F..U+009F) or Cs (U+D800..U+DFFF); one search instead of a lookup per character.
+_NEEDS_ESCAPE_RE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def _needs_escape(ch: str) -> bool:
@@ -51,7 +54,7 @@ def printable_path(path: str) -> str:
         The same text with undecodable bytes, control characters and backslashes written
         ``\\xHH`` (see the module docstring); a path with none of them is returned unchanged.
     """
-    if not any(_needs_escape(ch) for ch in path):
+    if _NEEDS_ESCAPE_RE.search(path) is None:
         return path
     out: list[str] = []
     for ch in path:

@@ -2,17 +2,20 @@
 
 Everything here is pure (no I/O) and counts lengths in code points. Which characters are CJK,
 and which CJK script each belongs to, is decided only here, from Unicode's script properties
-(through the ``regex`` package), never from code-point tables.
+(through the ``regex`` package), never from code-point tables. The patterns are compiled on
+first use: text below :data:`CJK_FLOOR` (all ASCII) is decided without them, so a one-shot
+search of an ASCII query never loads ``regex``.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import unicodedata
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import regex
+if TYPE_CHECKING:
+    import regex
 
 __all__ = [
     "CJK_FLOOR",
@@ -47,21 +50,31 @@ _CJK_SET = rf"[[^\x00-{chr(ord(CJK_FLOOR) - 1)}]&&{_CJK_PROPERTIES}]"
 _KATAKANA_SET = r"[\p{sc=Katakana}[\p{scx=Katakana}&&\p{scx=Hiragana}--\p{scx=Han}]]"
 _WORD_SET = r"[\p{L}\p{M}\p{N}_]"
 
-# Counting whole runs is faster than matching character by character (chunking weighs every
-# line of every file; see scripts/bench_text.py); a search for one character stops sooner.
-_CJK_RUN_RE = regex.compile(_CJK_SET + "+", regex.V1)
-_CJK_RE = regex.compile(_CJK_SET, regex.V1)
-# First match wins: the Script property decides a letter; the CJK set takes the rest.
-_SCRIPT_RE = regex.compile(
-    r"(?P<han>\p{sc=Han})|(?P<hiragana>\p{sc=Hiragana})|(?P<katakana>" + _KATAKANA_SET + ")"
-    r"|(?P<hangul>\p{sc=Hangul})|(?P<cjk>" + _CJK_SET + ")", regex.V1)
 # A CJK stretch or an other-word stretch of a word run; combining marks stay with the stretch
 # they follow.
 _CJK_WORD = f"[{_CJK_SET}&&{_WORD_SET}]"
 _OTHER_WORD = f"[{_WORD_SET}--{_CJK_SET}]"
-_STRETCH_RE = regex.compile(
-    rf"(?P<cjk>{_CJK_WORD}(?:{_CJK_WORD}|\p{{M}})*)|(?P<other>{_OTHER_WORD}(?:{_OTHER_WORD}|\p{{M}})*)",
-    regex.V1)
+_PATTERNS = {
+    # Counting whole runs is faster than matching character by character (chunking weighs
+    # every line of every file; see scripts/bench_text.py); a search for one character stops
+    # sooner.
+    "cjk_run": _CJK_SET + "+",
+    "cjk": _CJK_SET,
+    # First match wins: the Script property decides a letter; the CJK set takes the rest.
+    "script": (r"(?P<han>\p{sc=Han})|(?P<hiragana>\p{sc=Hiragana})|(?P<katakana>" + _KATAKANA_SET
+               + r")|(?P<hangul>\p{sc=Hangul})|(?P<cjk>" + _CJK_SET + ")"),
+    "stretch": (rf"(?P<cjk>{_CJK_WORD}(?:{_CJK_WORD}|\p{{M}})*)"
+                rf"|(?P<other>{_OTHER_WORD}(?:{_OTHER_WORD}|\p{{M}})*)"),
+}
+
+
+@functools.cache
+def _pattern(name: str) -> regex.Pattern[str]:
+    """One of :data:`_PATTERNS`, compiled (``regex`` V1 syntax) on first use."""
+    import regex
+
+    return regex.compile(_PATTERNS[name], regex.V1)
+
 
 Script = Literal["han", "hiragana", "katakana", "hangul", "cjk", "other"]
 
@@ -78,7 +91,9 @@ def script_of(ch: str) -> Script:
 
     Source: Unicode Script and Script_Extensions properties (UAX #24), via ``regex``.
     """
-    m = _SCRIPT_RE.match(ch)
+    if ch < CJK_FLOOR:  # no character of these scripts lies below it
+        return "other"
+    m = _pattern("script").match(ch)
     return m.lastgroup if m is not None else "other"  # type: ignore[return-value]
 
 
@@ -102,12 +117,12 @@ def text_weight(s: str) -> int:
     """
     if s.isascii():
         return len(s)
-    return len(s) + (CJK_WEIGHT - 1) * sum(map(len, _CJK_RUN_RE.findall(s)))
+    return len(s) + (CJK_WEIGHT - 1) * sum(map(len, _pattern("cjk_run").findall(s)))
 
 
 def contains_cjk(text: str) -> bool:
     """Whether ``text`` contains a CJK character (as :func:`text_weight` counts them)."""
-    return not text.isascii() and _CJK_RE.search(text) is not None
+    return not text.isascii() and _pattern("cjk").search(text) is not None
 
 
 def word_stretches(text: str) -> Iterator[tuple[str, bool]]:
@@ -117,13 +132,15 @@ def word_stretches(text: str) -> Iterator[tuple[str, bool]]:
     ``"2026年度 plan"`` -> ``("2026", False), ("年度", True), ("plan", False)``. No
     normalisation: callers NFC-normalise (and lower-case) first.
     """
-    for m in _STRETCH_RE.finditer(text):
+    for m in _pattern("stretch").finditer(text):
         yield m.group(), m.lastgroup == "cjk"
 
 
 def sha256_hex(data: str | bytes) -> str:
     """Return the lower-case hex SHA-256 of ``data`` (a str is encoded as UTF-8 first;
     lone surrogates are encoded with ``surrogatepass`` so hashing never raises)."""
+    import hashlib  # here: the one-shot search path hashes nothing and skips loading OpenSSL
+
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()

@@ -21,12 +21,15 @@ terms of a text costs about as much as FTS5 indexing it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import regex
+if TYPE_CHECKING:
+    import regex
 
 __all__ = [
     "CONNECTORS",
@@ -43,12 +46,21 @@ __all__ = [
 # Characters that glue the parts of one compound (hyphen-minus, U+2010 hyphen, U+2011 non-breaking
 # hyphen, underscore).
 CONNECTORS = "-\u2010\u2011_"
-# The rest of a compound from its first connector on (possessive: no backtracking).
-_TAIL_RE = regex.compile("(?:[" + re.escape(CONNECTORS) + r"][\p{L}\p{M}\p{N}]++)+")
+# The rest of a compound from its first connector on (possessive: no backtracking); compiled
+# on first use (:func:`_tail_re`): a text without a connector never needs it.
+_TAIL_PATTERN = "(?:[" + re.escape(CONNECTORS) + r"][\p{L}\p{M}\p{N}]++)+"
 _SPLIT_RE = re.compile("[" + re.escape(CONNECTORS) + "]")
 _DROP_CONNECTORS = str.maketrans("", "", CONNECTORS)
 # Joined forms longer than this are not worth indexing (URLs, long paths).
 MAX_JOINED_CHARS = 48
+
+
+@functools.cache
+def _tail_re() -> regex.Pattern[str]:
+    import regex
+
+    return regex.compile(_TAIL_PATTERN)
+
 
 _MONTHS = {
     "jan": 1, "january": 1, "feb": 2, "february": 2, "mar": 3, "march": 3, "apr": 4, "april": 4,
@@ -60,17 +72,25 @@ _MONTH = r"(?P<mon>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?
 _DAY = r"(?P<day>[0-3]?\d)(?:st|nd|rd|th)?"
 # Every date form has a year; the scan finds years first and reads the rest around them.
 _YEAR_RE = re.compile(r"(?:19|20)\d\d(?!\d)")
-# Forms that start at the year (ISO day, ISO month).
-_FROM_YEAR = (
-    re.compile(r"(?P<year>\d{4})[-/.](?P<num>[01]?\d)[-/.](?P<day>[0-3]?\d)(?![\w])"),
-    re.compile(r"(?P<year>\d{4})-(?P<num>[01]\d)(?![\w-])"),
-)
-# Forms that end at the year, searched in the few characters before it.
-_TO_YEAR = (
-    re.compile(r"(?<!\w)" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r",?\s+(?P<year>\d{4})\Z", re.I),
-    re.compile(r"(?<!\w)" + _MONTH + r"\s+" + _DAY + r",?\s+(?P<year>\d{4})\Z", re.I),
-    re.compile(r"(?<!\w)" + _MONTH + r",?\s+(?P<year>\d{4})\Z", re.I),
-)
+
+
+@functools.cache
+def _date_forms() -> tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]:
+    """The date forms around a year, compiled on first use (a text without a year needs none):
+    those that start at the year (ISO day, ISO month) and those that end at it, searched in the
+    few characters before it."""
+    from_year = (
+        re.compile(r"(?P<year>\d{4})[-/.](?P<num>[01]?\d)[-/.](?P<day>[0-3]?\d)(?![\w])"),
+        re.compile(r"(?P<year>\d{4})-(?P<num>[01]\d)(?![\w-])"),
+    )
+    to_year = (
+        re.compile(r"(?<!\w)" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r",?\s+(?P<year>\d{4})\Z", re.I),
+        re.compile(r"(?<!\w)" + _MONTH + r"\s+" + _DAY + r",?\s+(?P<year>\d{4})\Z", re.I),
+        re.compile(r"(?<!\w)" + _MONTH + r",?\s+(?P<year>\d{4})\Z", re.I),
+    )
+    return from_year, to_year
+
+
 # How far before a year a written date may start ("28th of September, 2023" is 23 chars).
 _LOOKBACK_CHARS = 32
 _EXTENSION_RE = re.compile(r"\.[A-Za-z0-9]{1,10}$")
@@ -130,7 +150,7 @@ def compounds(text: str) -> list[Compound]:
         start = at
         while start > 0 and _is_part_char(text[start - 1]):
             start -= 1
-        tail = _TAIL_RE.match(text, at)
+        tail = _tail_re().match(text, at)
         end = tail.end() if tail else at
         done = end
         parts = tuple(p.lower() for p in _SPLIT_RE.split(text[start:end]) if p)
@@ -214,7 +234,7 @@ def date_mentions(text: str) -> list[DateMention]:
                 or before in "._-"):
             continue
         mention = None
-        for pattern in _FROM_YEAR:
+        for pattern in _date_forms()[0]:
             m = pattern.match(text, y.start())
             if m is not None:
                 terms = _canonical(int(m["year"]), int(m["num"]),
@@ -224,7 +244,7 @@ def date_mentions(text: str) -> list[DateMention]:
                     break
         if mention is None:
             lo = max(found[-1].end if found else 0, y.start() - _LOOKBACK_CHARS)
-            for pattern in _TO_YEAR:
+            for pattern in _date_forms()[1]:
                 m = pattern.search(text, lo, y.end())
                 if m is not None:
                     groups = m.groupdict()
@@ -249,7 +269,7 @@ def _compound_terms(text: str) -> Iterator[str]:
         start = at - 1
         while start > 0 and is_part(text[start - 1]):
             start -= 1
-        tail = _TAIL_RE.match(text, at)
+        tail = _tail_re().match(text, at)
         done = tail.end() if tail else at
         joined = text[start:done].translate(_DROP_CONNECTORS).lower()
         if len(joined) <= MAX_JOINED_CHARS:

@@ -33,7 +33,8 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_FAILURE
 
 
-def _resolve(args: argparse.Namespace) -> Any:
+def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The loaded config and the agent the command runs for."""
     from qmdbridge.config import load_config, normalize_agent_id, resolve_agent
 
     cfg = load_config(args.config)
@@ -41,7 +42,7 @@ def _resolve(args: argparse.Namespace) -> Any:
         known = [normalize_agent_id(a.id) for a in cfg.agents] or ["main"]
         if normalize_agent_id(args.agent) not in known:
             raise UsageError(f"unknown agent {args.agent!r} (known: {', '.join(known)})")
-    return resolve_agent(cfg, args.agent, workspace=args.workspace)
+    return cfg, resolve_agent(cfg, args.agent, workspace=args.workspace)
 
 
 def _quiet_logs(args: argparse.Namespace) -> None:
@@ -63,9 +64,19 @@ def run_command(args: argparse.Namespace) -> int:
     """Run one parsed command; prints results and errors, returns the exit code."""
     _quiet_logs(args)
     try:
-        agent = _resolve(args)
+        key = None
+        if args.command == "search":  # what the config is read from, before it is read
+            from qmdbridge.cli.fast_search import settings_key
+
+            key = settings_key(args, os.environ)
+        cfg, agent = _resolve(args)
         handler = _HANDLERS[args.command]
-        return anyio.run(handler, agent, args)
+        code = anyio.run(handler, agent, args)
+        if key is not None and code == EXIT_OK:
+            from qmdbridge.cli.search_cache import record_search_settings
+
+            record_search_settings(args, cfg, agent, key=key)  # the next one-shot search skips all this
+        return code
     except MemorySearchError as exc:
         code = exit_code_for(exc)
         if getattr(args, "json", False):

@@ -1,4 +1,4 @@
-"""What every CLI command shares: exit codes and the one JSON writer for stdout."""
+"""What every CLI command shares: exit codes and the JSON writer for stdout."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json"]
+__all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json",
+           "emit_plain_json"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -22,4 +23,37 @@ def emit_json(doc: Any) -> None:
     import orjson
 
     sys.stdout.buffer.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.flush()
+
+
+def _floats_print_alike(doc: Any) -> bool:
+    """Whether every float in ``doc`` (dicts, lists and scalars) is 0 or has ``1e-4 <= |x| < 1e16``:
+    the range where ``repr`` (the standard library's ``json``) and orjson write the same
+    shortest decimal digits without an exponent. Outside it (``1e-05`` against ``0.00001``, a
+    NaN) they differ."""
+    stack = [doc]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, float):
+            if not (x == 0.0 or 1e-4 <= abs(x) < 1e16):  # False for NaN too
+                return False
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return True
+
+
+def emit_plain_json(doc: dict[str, Any]) -> None:
+    """Write a document of plain JSON values (dicts with string keys, lists, strings, numbers,
+    booleans, ``None``) exactly as :func:`emit_json` would, without loading orjson when the
+    standard library writes the same bytes (2-space indent, UTF-8, same float digits); the fast
+    paths of ``search``, ``get`` and ``status`` (``qmdbridge/cli/daemon_client.py``,
+    ``qmdbridge/cli/fast_search.py``) print through it."""
+    if not _floats_print_alike(doc):
+        emit_json(doc)
+        return
+    import json
+
+    sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
     sys.stdout.flush()

@@ -8,9 +8,11 @@ when a daemon serves the same agent, workspace, config and backend it prints the
 way.
 
 Standard library only, and a cheap part of it: no pydantic, anyio, config models or engine
-code, and not even orjson or pathlib (their imports alone cost more than the socket round trip),
+code, and not even orjson or pathlib (their imports alone cost more than the socket round trip;
+``socket`` itself is loaded only when a socket file is there to connect to),
 which is what makes a served ``qmdbridge search`` fast. The JSON it prints is byte for byte what
-``emit_json`` prints (2-space indent, UTF-8), which a test pins. Errors other than a refused path
+``emit_json`` prints (``emit_plain_json``: the standard library when it writes the same bytes,
+orjson for a float it would write otherwise), which a test pins. Errors other than a refused path
 are left to the in-process run, so messages and exit codes stay exactly those of the CLI.
 """
 
@@ -19,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from collections.abc import Mapping
 
-from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED
+from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED, emit_plain_json
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     client_fingerprint,
@@ -43,12 +44,6 @@ __all__ = ["DAEMON_COMMANDS", "build_request", "exchange", "try_daemon"]
 DAEMON_COMMANDS = ("search", "get", "status")
 # How long a served command waits for the daemon's answer (a first search may sync first).
 REPLY_TIMEOUT_S = 120.0
-
-
-def _emit(doc: dict[str, Any]) -> None:
-    """Write one JSON document to stdout exactly as ``qmdbridge.cli.common.emit_json`` does."""
-    sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
-    sys.stdout.flush()
 
 
 def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
@@ -93,6 +88,8 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
         The decoded reply, or ``None`` when nobody answers: no such socket, a stale one (it is
         removed), a refused peer, a timeout, or a reply that is not one JSON object.
     """
+    import socket  # here: a CLI that finds no socket file never loads it
+
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
@@ -141,7 +138,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
             return None
         message = str(result.get("error"))
         if args.json:
-            _emit({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
+            emit_plain_json({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
         else:
             sys.stderr.write(f"qmdbridge: {message}\n")
         return EXIT_REFUSED
@@ -152,7 +149,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
             from qmdbridge.problems import status_problems
 
             result = {**result, "problems": status_problems(result)}
-        _emit({**result, "servedBy": "daemon"})
+        emit_plain_json({**result, "servedBy": "daemon"})
         return EXIT_OK
     from qmdbridge.cli import render
 

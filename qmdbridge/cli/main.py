@@ -18,6 +18,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,7 +26,7 @@ from qmdbridge.cli.common import EXIT_USAGE, emit_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 __all__ = ["main", "build_parser"]
 
@@ -42,10 +43,45 @@ EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 
 config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/openclaw.json) when it exists."""
 
 
+def _terminal_columns() -> int:
+    """``shutil.get_terminal_size().columns`` without importing ``shutil`` (and the compression
+    modules it loads, a few ms of every command): ``$COLUMNS`` when it is a positive integer,
+    else the width of the terminal on stdout, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    stdout = sys.__stdout__
+    if columns <= 0 and stdout is not None:
+        try:
+            columns = os.get_terminal_size(stdout.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, as wide as argparse makes it (the terminal's width minus 2). argparse
+    builds one per ``add_argument`` call, so the width is computed here without ``shutil``."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _terminal_columns() - 2 if width is None else width)
+
+
+class _RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormatter):
+    """``RawDescriptionHelpFormatter`` sized by :class:`_HelpFormatter`."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with our exit code for usage errors, and a JSON error when ``--json`` was asked."""
 
     json_requested = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # exit 2 with one line, like argparse, no traceback
         if _Parser.json_requested:
@@ -102,7 +138,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     formatter_class=_RawDescriptionFormatter)
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -153,7 +189,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                            "object per line on stdin, one answer per line on stdout.\n"
                            "Protocol (shapes, errors, ready signal, ordering, concurrency):\n"
                            "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json",
-                           epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=EPILOG, formatter_class=_RawDescriptionFormatter)
         p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
         p.add_argument("--no-socket", action="store_true",
                        help="do not listen on the daemon socket (<stateDir>/daemon/<agentId>.sock)")
@@ -161,7 +197,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     if only in (None, "mcp"):
         p = sub.add_parser("mcp", help="serve memory_search / memory_get / status over MCP (stdio, or --http)",
-                           epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=_RawDescriptionFormatter)
         p.add_argument("--http", action="store_true", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio")
         p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
         p.add_argument("--port", type=int, default=DEFAULT_MCP_PORT, metavar="N",
@@ -224,6 +260,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = try_daemon(args)
         if served is not None:
             return served
+    if args.command == "search":
+        # No daemon: an index in sync is searched read-only with the recorded settings, without
+        # loading the config models, anyio or the engine (qmdbridge/cli/fast_search.py).
+        from qmdbridge.cli.fast_search import try_fast_search
+
+        try:
+            answered = try_fast_search(args)
+        except KeyboardInterrupt:
+            return 130
+        if answered is not None:
+            return answered
     if args.verbose:
         import logging
 

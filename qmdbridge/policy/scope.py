@@ -1,5 +1,8 @@
 """Scope rules: which session keys may search memory, and whether citations are shown.
 
+``citations_enabled`` lives in ``qmdbridge/policy/citations.py`` (which the one-shot CLI search
+loads without the config models) and is re-exported here.
+
 Implements the reference system's scope rules (session-key normalisation, chat-type and channel
 derivation, ordered allow/deny rules) and its ``auto`` citations mode, with two decisions of
 ours:
@@ -28,6 +31,7 @@ from collections.abc import Sequence
 
 from fallback.models import ScopeDecision
 from qmdbridge.config import QmdScope, ScopeRule
+from qmdbridge.policy.citations import citations_enabled, session_key_rest
 
 __all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_session_key",
            "scope_candidates"]
@@ -36,15 +40,6 @@ _CHAT_MARKERS = ("group", "channel", "direct", "dm")
 # Channels whose ids are opaque and case-sensitive (Signal group ids are base64, Matrix room
 # ids like ``!AbC:server``): only the channel and kind parts are lower-cased.
 _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
-
-
-def _rest_of(key: str) -> str:
-    """The part after ``agent:<id>:`` (empty segments dropped, as the reference parses agent
-    keys: at least three non-empty parts, the first ``agent``), else the key itself."""
-    parts = [p for p in key.split(":") if p]
-    if len(parts) >= 3 and parts[0].lower() == "agent":
-        return ":".join(parts[2:])
-    return key
 
 
 def normalize_session_key(key: str | None) -> str | None:
@@ -66,7 +61,7 @@ def normalize_session_key(key: str | None) -> str | None:
     trimmed = key.strip()
     if not trimmed:
         return None
-    rest = _rest_of(trimmed)
+    rest = session_key_rest(trimmed)
     if rest.lower().startswith("subagent:"):
         return None
     parts = [p for p in rest.split(":") if p]
@@ -212,27 +207,3 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
         return first.model_copy(update={"session_key": raw})
     return allowing.model_copy(update={
         "reason": f"{allowing.reason}; inherited from {allowing.session_key}", "session_key": raw})
-
-
-def citations_enabled(mode: str, session_key: str | None) -> bool:
-    """Decide whether hits carry citations and the ``Source:`` footer (spec 2.13, DESIGN).
-
-    ``on`` -> True; ``off`` -> False; ``auto`` (and any invalid mode, which reads as ``auto``)
-    -> True for owner calls (no key) and direct chats, False for groups and channels. The chat
-    is a group or channel when the lower-cased ``:``-tokens of the key's rest (after
-    ``agent:<id>:``) contain ``group`` or ``channel``. Divergence from the reference, which
-    counts keys without the agent prefix as direct: the same token test is applied to the
-    whole key, so ``discord:channel:c1`` is a channel here too.
-
-    Args:
-        mode: ``memory.citations``: ``auto`` | ``on`` | ``off``.
-        session_key: the raw session key, or ``None``.
-    """
-    if mode == "on":
-        return True
-    if mode == "off":
-        return False
-    if session_key is None or not session_key.strip():
-        return True
-    tokens = [t.lower() for t in _rest_of(session_key.strip()).split(":")]
-    return "channel" not in tokens and "group" not in tokens

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import stat
 from collections.abc import Iterator, Mapping
 
@@ -183,6 +182,8 @@ def remove_stale_socket(path: str) -> bool:
         return False
     if not stat.S_ISSOCK(before.st_mode):
         return False
+    import socket  # here: the CLI's fast paths import this module and connect to nothing
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with short_socket_path(path) as where:

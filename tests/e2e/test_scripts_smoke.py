@@ -97,6 +97,8 @@ def test_bench_daemon_quick() -> None:
     served = rows["qmdbridge search, served by the daemon (CLI wall)"]
     assert served["value"] > 0 and served["note"].endswith("right note every run: True")
     assert rows["qmdbridge search, no daemon (CLI wall)"]["note"] == "right note every run: True"
+    assert rows["qmdbridge search, no daemon, cache off: the engine (CLI wall)"]["note"].endswith(
+        "same hits as the fast path every run: True")
     assert rows["daemon exit code after SIGTERM"]["ok"] is True
     assert rows["mcp server exit code after SIGTERM"]["ok"] is True
     assert rows["tools/list + memory_search, initialised session"]["note"].endswith("top hit True")

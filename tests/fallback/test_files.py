@@ -382,3 +382,25 @@ def test_walk_stops_after_the_entry_budget(tmp_path: Path, monkeypatch: pytest.M
     disc = list_memory_files(ws, [])
     assert disc.files == []
     assert any(i.startswith("stopped walking at ") for i in disc.issues)
+
+
+def test_the_default_pattern_admits_what_its_glob_matches() -> None:
+    # "**/*.md" is decided without the glob engine; every path the text checks let through must
+    # be one the compiled glob matches, and the others are refused before either is asked.
+    from fallback.sources.globs import glob_matcher
+    from fallback.sources.memory_files import DEFAULT_PATTERN, MemoryRoot
+
+    root = MemoryRoot(Path("/ws/memory"), DEFAULT_PATTERN, "memory", Path("/ws/memory"))
+    glob = glob_matcher(DEFAULT_PATTERN)
+    cases = ["a.md", "2026-01-12.md", "x/y/z.md", "deep/er/still/deeper/n.md", "[x].md", "{a,b}.md",
+             "a*b?.md", "a\\b.md", "caf\udce9.md", "東京/メモ.md", "sp ace.md", "a.MD", "a.md.txt",
+             ".hidden.md", "x/.hidden/y.md", "node_modules/a.md", "a/build/b.md", "build.md",
+             "x//y.md", "./a.md", "x/../a.md", "", "md", ".md"]
+    admitted = {rel: root.admits(rel) for rel in cases}
+    assert all(glob.match(rel) for rel, ok in admitted.items() if ok)
+    assert [rel for rel, ok in admitted.items() if ok] == [
+        "a.md", "2026-01-12.md", "x/y/z.md", "deep/er/still/deeper/n.md", "[x].md", "{a,b}.md",
+        "a*b?.md", "a\\b.md", "caf\udce9.md", "東京/メモ.md", "sp ace.md", "build.md"]
+    other = MemoryRoot(Path("/ws/notes"), "team/*.md,{a,b}.md", "extra", Path("/ws/notes"))
+    assert [rel for rel in ("team/x.md", "b.md", "c.md", "team/sub/x.md") if other.admits(rel)] == [
+        "team/x.md", "b.md"]

@@ -159,3 +159,19 @@ def test_symbol_only_queries_become_substring_searches() -> None:
     assert plan is not None and plan.match is None and plan.like_terms == ("🦘",)
     assert build_fts_query("★ →").like_terms == ("★ →",)  # type: ignore[union-attr]
     assert build_fts_query("?!... ,") is None  # punctuation only: nothing to look for
+
+
+def test_ascii_word_runs_need_no_unicode_tables() -> None:
+    # An ASCII query is cut with [A-Za-z0-9_]+ (no `regex` load); it must give the very runs the
+    # Unicode pattern gives, on every ASCII character and on mixed text.
+    import regex
+
+    from fallback.search.fts import _ASCII_WORD_RE, _WORD_PATTERN, _word_matches
+
+    unicode_words = regex.compile(_WORD_PATTERN)
+    assert [chr(c) for c in range(128) if _ASCII_WORD_RE.fullmatch(chr(c))] == [
+        chr(c) for c in range(128) if unicode_words.fullmatch(chr(c))]
+    for text in ("Wi-Fi 6E router_v2 (ABC-1234) dropped 3x!", "  ", "a\tb\nc", "\x00x\x7fy"):
+        assert [(m.start(), m.group()) for m in _word_matches(text)] == [
+            (m.start(), m.group()) for m in unicode_words.finditer(text)]
+    assert [m.group() for m in _word_matches("café naïve 東京2026")] == ["café", "naïve", "東京2026"]

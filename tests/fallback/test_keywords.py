@@ -97,3 +97,33 @@ def test_query_tokens() -> None:
 ])
 def test_contraction_fragments(text: str, fragments: list[str]) -> None:
     assert [text[a:b] for a, b in contraction_fragments(text)] == fragments
+
+
+def test_no_character_below_the_cjk_floor_belongs_to_a_cjk_script() -> None:
+    # script_of answers "other" below CJK_FLOOR without compiling its pattern; the pattern agrees.
+    from fallback.text.scripts import CJK_FLOOR, _pattern, script_of
+
+    below = [chr(c) for c in range(ord(CJK_FLOOR))]
+    assert [ch for ch in below if _pattern("script").match(ch)] == []
+    assert {script_of(ch) for ch in below} == {"other"}
+    assert [script_of(ch) for ch in "\u02ea東ひカ한、a"] == [
+        "cjk", "han", "hiragana", "katakana", "hangul", "cjk", "other"]
+
+
+def test_ascii_contractions_are_found_as_the_unicode_patterns_find_them() -> None:
+    # ASCII text is read with stdlib patterns (no `regex` load); on every such text they must
+    # give the spans of the Unicode ones.
+    import random
+
+    import regex
+
+    from fallback.text.keywords import _CLITIC, _NEGATED
+
+    clitic, negated = regex.compile(_CLITIC, regex.IGNORECASE), regex.compile(_NEGATED, regex.IGNORECASE)
+    alphabet = "aDnNsStTlLrReEvVmMO9_ '.-"
+    rng = random.Random(7)
+    texts = ["Nate's dog", "I DON'T know", "won't, can't; isn't", "rock 'n' roll", "x'S y'LL"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 24))) for _ in range(4000)]
+    for text in texts:
+        want = sorted([m.span(1) for m in clitic.finditer(text)] + [m.span(1) for m in negated.finditer(text)])
+        assert contraction_fragments(text) == want, text

@@ -100,3 +100,18 @@ async def test_a_transcript_with_a_latin1_name_is_indexed(ws: Path) -> None:
         assert {c.source: c.files for c in status.source_counts} == {"memory": 3, "sessions": 1}
     finally:
         await engine.close()
+
+
+def test_the_quick_check_agrees_with_the_character_rule_on_every_code_point() -> None:
+    # printable_path returns a name unchanged when one regex search finds nothing to escape; the
+    # rule itself is per character (a backslash, Unicode category Cc or Cs).
+    import unicodedata
+
+    from fallback.text.path_names import _NEEDS_ESCAPE_RE
+
+    flagged = [c for c in range(0x110000) if _NEEDS_ESCAPE_RE.search(chr(c)) is not None]
+    wanted = [c for c in range(0x110000)
+              if chr(c) == "\\" or unicodedata.category(chr(c)) in ("Cc", "Cs")]
+    assert flagged == wanted
+    assert printable_path("memory/東京 notes.md") == "memory/東京 notes.md"
+    assert printable_path("memory/a\tb.md") == "memory/a\\x09b.md"

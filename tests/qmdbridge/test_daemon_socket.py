@@ -301,6 +301,25 @@ def test_the_fast_path_parser_is_the_full_parsers_subcommand() -> None:
     assert (args.command, args.query, args.max_results, args.json) == ("search", "x", 3, True)
 
 
+@pytest.mark.parametrize("columns", ["60", "132", "0", "wide", None])
+def test_help_is_as_wide_as_argparse_makes_it(monkeypatch: pytest.MonkeyPatch, columns: str | None) -> None:
+    # the CLI's formatters size themselves without importing shutil; argparse's own must agree
+    import argparse
+
+    from qmdbridge.cli.main import _HelpFormatter, _RawDescriptionFormatter
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    for ours, stock in ((_HelpFormatter, argparse.HelpFormatter),
+                        (_RawDescriptionFormatter, argparse.RawDescriptionHelpFormatter)):
+        a, b = ours("qmdbridge"), stock("qmdbridge")
+        assert (a._width, a._max_help_position) == (b._width, b._max_help_position)
+        text = "one line\n  kept as written"
+        assert a._fill_text(text, 40, "") == b._fill_text(text, 40, "")
+
+
 def test_explain_and_warnings_print_the_same_served_or_not(setup: tuple[Path, dict[str, str]],
                                                           daemon: subprocess.Popen[bytes]) -> None:
     ws, env = setup

@@ -1,0 +1,227 @@
+"""Keyword search of an index that is in sync: one read-only connection, blocking, no pydantic or anyio.
+
+A one-shot ``qmdbridge search`` used to run the whole :class:`~fallback.engine.builtin.BuiltinEngine`:
+open the store with its writer (migrations, recovery), take the writer lock, run the pre-search
+incremental sync, then search through anyio worker threads. When the index is already in sync
+with the workspace, that sync writes nothing but its timestamp, and the answer is the same
+when it is computed from a read-only connection with the blocking keyword-only steps the
+engine itself uses (``fallback/search/fts_only.py``). This module decides whether that holds
+(:func:`stale_reason`) and answers (:func:`search_in_sync`) through a
+:class:`~fallback.store.readonly.ReadOnlyStore`; its caller runs the engine
+whenever it does not hold, so a dirty index is still synced before the search.
+
+In sync means every sync input is unchanged: the schema is at the latest migration, the stored
+index identity matches the configured one (``fallback/index/identity.py``), FTS5 is there, no
+leftover of a killed rebuild lies next to the store, and discovery (the memory-file rule,
+``fallback/sources/memory_files.py``) finds exactly the indexed files with their recorded
+``(mtime, size)``, the same skipped files and the same scan issues. Keyword-only search of the
+``memory`` source only: an embedding provider, session transcripts or a reranker need the
+engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fallback.index.identity import full_reindex_reason
+from fallback.search.fts_only import (
+    SNIPPET_MAX_CHARS,
+    candidate_count,
+    hit_snippets,
+    keyword_ranked,
+    keyword_results,
+)
+from fallback.search.keyword import search_plan
+from fallback.sources.memory_files import ExtraPathEntry, list_memory_files
+from fallback.store.files import has_leftovers
+from fallback.store.migrations import META_KEY, MIGRATIONS
+from fallback.store.readonly import ReadOnlyStore
+
+__all__ = ["ExtraPathValue", "InSyncSettings", "KeywordHit", "search_in_sync", "stale_reason"]
+
+
+@dataclass(frozen=True)
+class InSyncSettings:
+    """What a keyword-only search of one agent's index reads, as plain values.
+
+    Attributes:
+        db_path: the SQLite store (``EngineSettings.db_path``).
+        workspace_dir: the agent workspace (absolute).
+        extra_paths: ``memorySearch.extraPaths`` entries (strings or objects with ``path`` and
+            ``pattern``).
+        max_file_bytes: discovery's size cap in bytes.
+        identity: the index identity the configured settings give
+            (``fallback.index.identity.index_identity`` without a provider).
+        sync_on_search: ``sync.onSearch``: when false the engine searches the index as it is
+            (only an empty one is synced first), so no in-sync check is needed.
+        max_results: ``query.maxResults``, hits wanted when the caller gives none.
+        min_score: ``query.minScore``, the score floor when the caller gives none.
+        candidate_multiplier: ``query.hybrid.candidateMultiplier``.
+        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
+    """
+
+    db_path: Path
+    workspace_dir: Path
+    extra_paths: Sequence[ExtraPathEntry]
+    max_file_bytes: int
+    identity: dict[str, Any]
+    sync_on_search: bool = True
+    max_results: int = 6
+    min_score: float = 0.35
+    candidate_multiplier: float = 4
+    half_life_days: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict (camelCase keys; paths as strings; an object
+        extra path as ``{path, pattern}``); :meth:`from_json` reads it back."""
+        return {
+            "dbPath": str(self.db_path), "workspaceDir": str(self.workspace_dir),
+            "extraPaths": [p if isinstance(p, str) else {"path": p.path, "pattern": p.pattern}
+                           for p in self.extra_paths],
+            "maxFileBytes": self.max_file_bytes, "identity": self.identity,
+            "syncOnSearch": self.sync_on_search, "maxResults": self.max_results,
+            "minScore": self.min_score, "candidateMultiplier": self.candidate_multiplier,
+            "halfLifeDays": self.half_life_days,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> InSyncSettings:
+        """Settings from :meth:`to_json`'s dict.
+
+        Raises:
+            KeyError / TypeError / ValueError: a key is missing or has the wrong shape.
+        """
+        return cls(
+            db_path=Path(doc["dbPath"]), workspace_dir=Path(doc["workspaceDir"]),
+            extra_paths=[p if isinstance(p, str) else ExtraPathValue(
+                str(p["path"]), None if p["pattern"] is None else str(p["pattern"]))
+                for p in doc["extraPaths"]],
+            max_file_bytes=int(doc["maxFileBytes"]), identity=dict(doc["identity"]),
+            sync_on_search=bool(doc["syncOnSearch"]), max_results=int(doc["maxResults"]),
+            min_score=float(doc["minScore"]),
+            candidate_multiplier=float(doc["candidateMultiplier"]),
+            half_life_days=None if doc["halfLifeDays"] is None else int(doc["halfLifeDays"]))
+
+
+@dataclass(frozen=True)
+class ExtraPathValue:
+    """An ``extraPaths[]`` entry in object form as a plain value (``path`` and ``pattern``: the
+    glob, ``None`` for ``**/*.md``), for settings read back without pydantic."""
+
+    path: str
+    pattern: str | None
+
+
+@dataclass(frozen=True)
+class KeywordHit:
+    """One hit as the engine returns it (``MemorySearchResult`` fields, snake_case): 1-based
+    inclusive ``start_line..end_line`` of the chunk and ``snippet_start_line..snippet_end_line``
+    of its snippet, ``score`` in ``[0, 1]``, ``source`` ``memory``."""
+
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+    snippet_start_line: int
+    snippet_end_line: int
+    source: str
+
+
+def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
+    """Why the engine's pre-search sync would change the index, or ``None`` when it is in sync
+    (see the module docstring).
+
+    Returns:
+        ``None``, or one line such as ``schema version 6 (latest 7)``, ``model changed (...)``
+        (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
+        killed rebuild``, ``index is empty``, ``changed: memory/x.md``, ``new: memory/y.md``,
+        ``gone: memory/z.md``, ``skipped files changed``, ``scan issues changed``.
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    version = index.user_version()
+    if version != len(MIGRATIONS):
+        return f"schema version {version} (latest {len(MIGRATIONS)})"
+    reason = full_reindex_reason(index.get_meta_json(META_KEY), settings.identity)
+    if reason is not None:
+        return reason
+    if index.fts_error is not None:
+        return "no FTS5"
+    if has_leftovers(index.path):
+        return "leftovers of a killed rebuild"
+    if not settings.sync_on_search:  # the engine syncs only an empty index before a search
+        return None if index.query("SELECT 1 FROM chunks LIMIT 1") else "index is empty"
+    found = list_memory_files(settings.workspace_dir, settings.extra_paths,
+                              max_file_bytes=settings.max_file_bytes)
+    known = {r[0]: (int(r[1]), int(r[2])) for r in index.query(
+        "SELECT path, mtime, size FROM files WHERE source = 'memory'")}
+    for mf in found.files:
+        row = known.pop(mf.rel_path, None)
+        if row is None:
+            return f"new: {mf.rel_path}"
+        if row != (mf.mtime_ms, mf.size):
+            return f"changed: {mf.rel_path}"
+    if known:
+        return f"gone: {min(known)}"
+    indexed = {mf.rel_path for mf in found.files}
+    # skipped rows of indexed files are their caveats, which a sync keeps while they are unchanged
+    stored = {(p, r) for p, r in index.query(
+        "SELECT path, reason FROM skipped_files WHERE source = 'memory'") if p not in indexed}
+    if stored != {(s.path, s.reason) for s in found.skipped}:
+        return "skipped files changed"
+    if (index.get_meta_json("scan_issues") or []) != found.issues:
+        return "scan issues changed"
+    return None
+
+
+def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *,
+                   max_results: int | None = None, min_score: float | None = None,
+                   now_ms: int | None = None,
+                   max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[KeywordHit]:
+    """Keyword-only search of ``index``, as the engine answers it in FTS-only mode.
+
+    The caller checks :func:`stale_reason` first. The steps are the engine's: the FTS plan
+    (``fallback/search/keyword.py``), :func:`~fallback.search.fts_only.keyword_ranked`
+    (candidates, floor, temporal decay), :func:`~fallback.search.fts_only.keyword_results`
+    (covered hits dropped, the result slots), and the snippet windows.
+
+    Args:
+        index: the open index.
+        settings: the agent's settings.
+        query: the user's text; stripped here (a blank query gives ``[]``; the engine refuses
+            it before it gets here).
+        max_results: hits wanted (default ``settings.max_results``; at least 1).
+        min_score: score floor in ``[0, 1]`` (default ``settings.min_score``).
+        now_ms: the clock for temporal decay, epoch ms (default: now).
+        max_snippet_chars: snippet budget in code points.
+
+    Returns:
+        Hits best first, at most ``max_results``.
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    text = query.strip()
+    if not text:
+        return []
+    limit = max(1, max_results if max_results is not None else settings.max_results)
+    floor = settings.min_score if min_score is None else min_score
+    plan = search_plan(index, text)
+    ranked = keyword_ranked(index, text, ["memory"],
+                            candidates=candidate_count(limit, settings.candidate_multiplier),
+                            floor=floor, half_life_days=settings.half_life_days,
+                            now_ms=int(time.time() * 1000) if now_ms is None else now_ms, plan=plan)
+    hits = keyword_results(ranked, limit=limit)
+    snippets = hit_snippets(index, text, hits, plan=plan, max_snippet_chars=max_snippet_chars)
+    return [KeywordHit(path=c.path, start_line=c.start_line, end_line=c.end_line,
+                       score=max(0.0, min(1.0, c.score)), snippet=s.text,
+                       snippet_start_line=s.start_line, snippet_end_line=s.end_line,
+                       source="memory")
+            for c, s in zip(hits, snippets, strict=True)]
+

@@ -1,0 +1,158 @@
+"""Keyword-only (FTS-only) ranking steps, blocking and free of pydantic and anyio.
+
+The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and the
+one-shot read-only search (``fallback/engine/in_sync.py``) calls them directly, so both rank
+and cut snippets with the same code:
+
+1. :func:`keyword_ranked`: the keyword candidates of the query
+   (``fallback/search/keyword.py``), the score floor (every candidate when none passes:
+   spec §8.6), then temporal decay (best first);
+2. the caller's optional reranker, then :func:`keyword_results`: hits mostly inside a better hit
+   of their file dropped (:func:`~fallback.search.ranking.drop_covered`) and the result slots
+   (:func:`~fallback.search.fusion.select_results`);
+3. :func:`hit_snippets`: the snippet window of each selected hit (``fallback/search/snippets.py``)
+   with its own 1-based inclusive line range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fallback.search.fts import FtsPlan
+from fallback.search.fusion import apply_floor, select_results
+from fallback.search.keyword import highlight_hits, rank_keyword_candidates
+from fallback.search.ranking import Candidate, apply_temporal_decay, drop_covered
+from fallback.search.snippets import best_window
+
+if TYPE_CHECKING:
+    from fallback.search.explain import SearchTrace
+    from fallback.store.readonly import StoreReader
+
+__all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "HitSnippet", "candidate_count", "decayed",
+           "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results"]
+
+# Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
+SNIPPET_MAX_CHARS = 700
+# Upper bound of candidates fetched per search (spec §8.1).
+MAX_CANDIDATES = 200
+
+
+def candidate_count(limit: int, multiplier: float) -> int:
+    """Candidates fetched per side for ``limit`` hits: ``floor(limit x multiplier)`` within
+    ``1..MAX_CANDIDATES`` (``query.hybrid.candidateMultiplier``, spec §8.1)."""
+    return min(MAX_CANDIDATES, max(1, math.floor(limit * multiplier)))
+
+
+@dataclass(frozen=True)
+class HitSnippet:
+    """The text shown for one hit and where it is.
+
+    Attributes:
+        text: at most ``max_snippet_chars`` code points of the chunk's whole lines.
+        start_line / end_line: 1-based inclusive line range of the snippet in the file (the
+            hit's own range when the chunk's lines are not one per file line).
+    """
+
+    text: str
+    start_line: int
+    end_line: int
+
+
+def decayed(store: StoreReader, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
+            trace: SearchTrace | None = None) -> list[Candidate]:
+    """Temporal decay of ``cands`` by half-life (``None``: off), best first.
+
+    Dated notes are dated by their file name, the rest by the ``files.mtime`` of the store
+    (``fallback/search/ranking.py``); with decay off the candidates are only sorted by score.
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    if half_life_days is None or not cands:
+        return sorted(cands, key=lambda c: -c.score)
+    paths = sorted({c.path for c in cands})
+    marks = ", ".join("?" for _ in paths)
+    rows = store.query(f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
+    mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
+
+    def mtime_ms(source: str, path: str) -> int | None:
+        return mtimes.get((source, path))
+
+    out = apply_temporal_decay(cands, half_life_days=half_life_days, now_ms=now_ms,
+                               mtime_ms=mtime_ms)
+    if trace:
+        trace.decay(out, half_life_days=half_life_days, now_ms=now_ms, mtime_ms=mtime_ms)
+    return out
+
+
+def keyword_ranked(store: StoreReader, text: str, srcs: list[str], *, candidates: int, floor: float,
+                   half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
+                   trace: SearchTrace | None = None) -> list[Candidate]:
+    """Step 1 of keyword-only search: candidates, the score floor, temporal decay.
+
+    Args:
+        store: the open store.
+        text: the stripped query.
+        srcs: sources searched.
+        candidates: candidates fetched (``maxResults`` x ``candidateMultiplier``, at most 200).
+        floor: ``minScore``; when no candidate reaches it, all of them are kept (spec §8.6).
+        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
+        now_ms: the clock, epoch ms.
+        plan: the query's FTS plan (:func:`~fallback.search.keyword.search_plan`), or ``None``.
+        trace: the ``--explain`` trace to fill in, or ``None``.
+
+    Returns:
+        The kept candidates, best first (decayed scores when decay is on).
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    hits = rank_keyword_candidates(store, text, srcs, candidates, plan=plan)
+    if trace:
+        trace.mode = "fts-only"
+        trace.keyword(hits)
+    kept = apply_floor(hits, floor) or hits
+    return decayed(store, kept, half_life_days=half_life_days, now_ms=now_ms, trace=trace)
+
+
+def keyword_results(ranked: list[Candidate], *, limit: int) -> list[Candidate]:
+    """Step 2's end: of the ranked candidates (after the optional reranker), those whose lines
+    are mostly inside a better candidate of their file are dropped, then the first ``limit``
+    are taken with session transcripts held to half of them."""
+    return select_results(drop_covered(ranked), max_results=limit)
+
+
+def hit_snippet(c: Candidate, *, marked: str | None,
+                max_snippet_chars: int = SNIPPET_MAX_CHARS) -> HitSnippet:
+    """The snippet of one hit: the window of its chunk's lines that best matches the query.
+
+    Args:
+        c: the ranked candidate (its ``snippet`` is the whole chunk text).
+        marked: the chunk text with the query's matches marked
+            (:func:`~fallback.search.keyword.highlight_hits`); ``None``: no keyword signal, the
+            snippet is the chunk's first lines.
+        max_snippet_chars: snippet budget in code points.
+    """
+    window = best_window(marked if marked is not None else c.snippet, max_chars=max_snippet_chars)
+    first, last = c.start_line, c.end_line
+    if c.end_line - c.start_line == c.snippet.count("\n"):
+        # One chunk line per file line (transcript chunks are remapped to JSONL lines and
+        # keep the chunk's range).
+        first, last = c.start_line + window.first_line, c.start_line + window.last_line
+    return HitSnippet(window.text, first, last)
+
+
+def hit_snippets(store: StoreReader, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
+                 max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
+    """The snippet of every hit (:func:`hit_snippet`), the query's matches marked by one
+    FTS5 ``highlight()`` statement for all of them (CJK substrings marked in Python).
+
+    Raises:
+        IndexStoreError: on a SQLite failure.
+    """
+    marked = highlight_hits(store, text, hits, plan=plan)
+    return [hit_snippet(c, marked=marked.get(c.chunk_id), max_snippet_chars=max_snippet_chars)
+            for c in hits]

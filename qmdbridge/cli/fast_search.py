@@ -1,0 +1,200 @@
+"""The one-shot ``qmdbridge search`` without a daemon: answered from a read-only connection when nothing changed.
+
+An in-process search builds everything: the config's pydantic models, anyio and the
+``MemoryManager``, the store's writer, the pre-search sync under the writer lock. Most one-shot
+searches change nothing (the config file is the one the last search read, the workspace's
+files are the indexed ones), so:
+
+1. After an in-process search succeeds, ``qmdbridge/cli/search_cache.py`` records what a
+   keyword-only search of that agent reads, as plain values (workspace, store, extra paths,
+   query knobs, the index identity, the citations mode), to
+   ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
+   request fingerprint (state dir, ``--agent``, ``--workspace`` resolved against the cwd,
+   ``--backend``, the config file with its size, mtime and inode:
+   :func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME``, and the size and mtime of the
+   source files that turn a config into settings; the cwd too when the config names a
+   relative workspace or store path. It is written only when such a search needs no engine:
+   builtin backend, keyword-only (``provider: "none"``, or ``"auto"`` without
+   ``local.modelPath`` and ``remote.apiKey``, whose API-key variables are recorded and must be
+   unset on every use), the ``memory`` source, no reranker.
+2. :func:`try_fast_search` reads it back (standard-library JSON: no pydantic, no anyio),
+   checks that the index is in sync with the workspace and answers with the engine's own
+   keyword-only steps (``fallback/engine/in_sync.py``), citations decorated as the manager
+   does, printed as the in-process command prints (``"servedBy": "process"``).
+3. Anything else returns ``None`` and the command runs in-process as before, with its own
+   errors and messages: no snapshot, a changed config file, environment or code, a dirty,
+   missing or unreadable index, ``--explain``, ``--session-key``, a blank query or a bad limit.
+   So a dirty index is still synced before the search, and config errors are the loader's.
+
+``QMDBRIDGE_CLI_CACHE=off`` (or ``0``, ``false``, ``no``) turns reading and writing off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import zlib
+from collections.abc import Mapping
+
+from fallback.engine.in_sync import InSyncSettings, KeywordHit, search_in_sync, stale_reason
+from fallback.errors import IndexStoreError, UsageError
+from fallback.store.readonly import ReadOnlyStore
+from qmdbridge.cli.common import EXIT_OK, emit_plain_json
+from qmdbridge.cli.render import print_search_doc
+from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
+from qmdbridge.policy.limits import check_search_limits
+from qmdbridge.server.wire import client_fingerprint
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_doc",
+           "settings_key", "settings_path", "try_fast_search"]
+
+CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
+CACHE_DIR_NAME = "cli-cache"
+# Bumped when the file's fields change; an older file is simply not used (and rewritten).
+FORMAT = 1
+# The source files that turn a config into recorded settings and read them back: a changed one
+# (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
+# the folder holding both packages.
+CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
+              "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
+              "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py")
+
+
+def cache_disabled(env: Mapping[str, str]) -> bool:
+    """True when ``$QMDBRIDGE_CLI_CACHE`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
+    return env.get(CACHE_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
+def _note(args: argparse.Namespace, message: str) -> None:
+    """With ``-v``, say on stderr why the search runs in-process (the logging module is not
+    loaded on this path; the line looks like the ``-v`` log lines)."""
+    if getattr(args, "verbose", False):
+        sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")
+
+
+def _code_stamp() -> list[list[Any]]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    stamp: list[list[Any]] = []
+    for rel in CODE_FILES:
+        try:
+            st = os.stat(os.path.join(root, rel))
+            stamp.append([rel, st.st_size, st.st_mtime_ns])
+        except OSError:
+            stamp.append([rel, None, None])
+    return stamp
+
+
+def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
+    """What the command resolves its agent from (see the module docstring), as a JSON-ready
+    dict; the recorded settings are used only under the same key."""
+    return {"format": FORMAT,
+            **client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
+                                 backend=args.backend, env=env),
+            "home": env.get("HOME"), "code": _code_stamp()}
+
+
+def settings_path(key: dict[str, Any]) -> str:
+    """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a :func:`settings_key`.
+
+    The file holds its whole key and is used only under an equal one, so two keys with one
+    CRC (about one chance in two million among the 64 files kept) only take turns in the file.
+    """
+    digest = zlib.crc32(json.dumps(key, sort_keys=True).encode())
+    return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
+
+
+def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """The recorded settings of this command, when they still hold (same key, cwd when it
+    matters, no API-key variable set); else ``None``."""
+    key = settings_key(args, env)
+    try:
+        with open(settings_path(key), "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return None
+    env_keys = doc.get("providerEnvKeys")
+    if not (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
+            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)):
+        return None  # not a file this version wrote
+    if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
+        return None
+    if any(env.get(str(k), "").strip() for k in env_keys):
+        return None
+    return doc
+
+
+def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
+    """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
+    key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
+    :func:`qmdbridge.manager.decorate_citations` does them."""
+    include = citations_enabled(citations, None)
+    results = []
+    for h in hits:
+        citation = format_citation(h.path, h.snippet_start_line, h.snippet_end_line)
+        results.append({
+            "path": h.path, "startLine": h.start_line, "endLine": h.end_line, "score": h.score,
+            "snippet": cited_snippet(h.snippet, citation, include=include),
+            "snippetStartLine": h.snippet_start_line, "snippetEndLine": h.snippet_end_line,
+            "source": h.source, "citation": citation, "vectorScore": None, "textScore": None,
+            "explain": None})
+    return {"backend": "builtin", "fallback": None, "provider": "none", "model": None,
+            "mode": "fts-only", "citations": citations, "results": results, "denied": None,
+            "warnings": []}
+
+
+def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
+    """Answer a parsed ``search`` from the recorded settings and an index in sync.
+
+    Args:
+        args: the parsed command line.
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        The exit code after printing the answer, or ``None`` when the command must run
+        in-process (see the module docstring); nothing is printed then.
+    """
+    e = os.environ if env is None else env
+    if (args.command != "search" or args.explain or args.session_key is not None
+            or cache_disabled(e) or not args.query.strip()):
+        return None
+    try:
+        check_search_limits(args.max_results, args.min_score)
+    except UsageError:
+        return None  # the in-process run reports it
+    doc = _recorded(args, e)
+    if doc is None:
+        return None
+    try:
+        settings = InSyncSettings.from_json(doc["settings"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not settings.workspace_dir.is_dir():
+        return None
+    try:
+        store = ReadOnlyStore.open(settings.db_path)
+        if store is None:
+            return None
+        with store:
+            why = stale_reason(store, settings)
+            if why is not None:
+                _note(args, f"one-shot search runs the engine: {why}")
+                return None
+            hits = search_in_sync(store, settings, args.query, max_results=args.max_results,
+                                  min_score=args.min_score)
+    except IndexStoreError as exc:
+        _note(args, f"one-shot search runs the engine: {exc}")
+        return None
+    answer = search_doc(hits, citations=doc["citations"])
+    if args.json:
+        emit_plain_json({**answer, "servedBy": "process"})
+    else:
+        print_search_doc(answer, keyword_notice=doc["keywordNotice"])
+    return EXIT_OK

@@ -1,0 +1,150 @@
+"""Recording the settings a one-shot ``qmdbridge search`` reads on its fast path.
+
+:mod:`qmdbridge.cli.fast_search` answers a one-shot search without the config models, anyio or
+the engine when it finds this agent's keyword-only search settings recorded under the
+command's key and the index in sync. This module writes them, after an in-process search
+succeeded, from the loaded config and the resolved agent (it runs in that full process, so it
+may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``
+(folder created 0700):
+
+- ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
+- ``cwd``: the working directory when the config names a relative workspace or store path
+  (resolved against it), else ``null``;
+- ``settings``: :class:`~fallback.engine.in_sync.InSyncSettings` as JSON (workspace, store,
+  extra paths, discovery's size cap, the index identity, ``sync.onSearch``, the query knobs);
+- ``citations``: ``memory.citations``; ``keywordNotice``: whether a plain answer says it is
+  keyword-only (the provider is ``auto``, not ``none``);
+- ``providerEnvKeys``: the API-key variables that would give ``auto`` a provider.
+
+Only a search that needs no engine is recorded: builtin backend, no embedding provider that
+anything but those variables could bring (``provider: "none"``, or ``"auto"`` without
+``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker. For any
+other, a recorded file of the key is removed. At most :data:`MAX_FILES` files are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fallback.engine.in_sync import InSyncSettings
+from fallback.fs.atomic import write_atomic
+from fallback.index.identity import index_identity
+from qmdbridge.cli.fast_search import FORMAT, cache_disabled, settings_path
+from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
+
+__all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "record_search_settings"]
+
+log = logging.getLogger("qmdbridge.cli")
+
+# Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
+MAX_FILES = 64
+
+
+def _depends_on_cwd(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent) -> bool:
+    """Whether resolving the agent read a relative path against the cwd: the configured
+    workspace (when ``--workspace`` is not given) or ``store.path``."""
+    raw: list[str | None] = [agent.memory_search.store.path]
+    if args.workspace is None:
+        entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == agent.agent_id), None)
+        raw += [entry.workspace if entry is not None else None, cfg.defaults_workspace]
+    return any(p and not os.path.isabs(os.path.expanduser(p)) for p in raw)
+
+
+def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str] | None:
+    """The variables whose being set would give ``agent`` an embedding provider, when it has
+    none now and nothing else could give it one.
+
+    Returns:
+        ``[]`` for ``provider: "none"``; :data:`~fallback.embeddings.AUTO_ENV_KEYS` for
+        ``"auto"`` without ``local.modelPath`` and ``remote.apiKey`` that selects no provider
+        in ``env``; ``None`` otherwise (a provider is in use, or a file on disk or the config
+        could bring one).
+    """
+    from fallback.embeddings import AUTO_ENV_KEYS, select_provider  # not for provider "none"
+
+    ms = agent.memory_search
+    if ms.provider == "none":
+        return []
+    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (ms.remote.api_key or "").strip():
+        return None
+    if select_provider(ms, env=env).provider is not None:
+        return None
+    return list(AUTO_ENV_KEYS)
+
+
+def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
+    """The agent's keyword-only search settings as plain values (the builtin engine's store,
+    discovery inputs and query knobs, and the identity of an index built without a provider)."""
+    ms = agent.memory_search
+    decay = ms.query.hybrid.temporal_decay
+    return InSyncSettings(
+        db_path=agent.engine.db_path, workspace_dir=agent.workspace_dir,
+        extra_paths=list(ms.extra_paths), max_file_bytes=ms.max_file_bytes,
+        identity=index_identity(agent.engine, None), sync_on_search=ms.sync.on_search,
+        max_results=ms.query.max_results, min_score=ms.query.min_score,
+        candidate_multiplier=ms.query.hybrid.candidate_multiplier,
+        half_life_days=decay.half_life_days if decay.enabled else None)
+
+
+def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent, *,
+                           key: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+    """Record (or remove) the settings of this search's key; see the module docstring.
+
+    A cache: a folder that cannot be written is skipped (logged, shown with ``-v``).
+
+    Args:
+        args: the parsed ``search`` command line.
+        cfg: the loaded config.
+        agent: the agent the search ran for.
+        key: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read
+            (a config written meanwhile has another key, so its settings are never recorded
+            under the old one).
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        True when a file was written.
+    """
+    e = os.environ if env is None else env
+    if cache_disabled(e) or key.get("format") != FORMAT:
+        return False
+    target = Path(settings_path(key))
+    ms = agent.memory_search
+    keys = provider_env_keys(agent, e)
+    eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
+                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled)
+    try:
+        if not eligible:
+            target.unlink(missing_ok=True)
+            return False
+        doc = {"key": key, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
+               "settings": in_sync_settings(agent).to_json(), "citations": agent.memory.citations,
+               "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
+        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
+        _prune(target.parent)
+    except OSError as exc:
+        log.info("search settings not recorded: %s", exc)
+        return False
+    return True
+
+
+def _prune(folder: Path) -> None:
+    """Keep the newest :data:`MAX_FILES` files of the cache folder."""
+    entries = []
+    for name in os.listdir(folder):
+        if name.endswith(".json"):
+            try:
+                entries.append((os.stat(folder / name).st_mtime_ns, name))
+            except OSError:
+                continue
+    for _, name in sorted(entries, reverse=True)[MAX_FILES:]:
+        try:
+            os.remove(folder / name)
+        except FileNotFoundError:
+            pass

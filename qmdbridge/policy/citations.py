@@ -1,0 +1,57 @@
+"""Citations: a hit's ``path#La-Lb`` and the ``Source:`` footer (spec 9, 2.13).
+
+Whether the footer is shown (``memory.citations``: ``auto`` | ``on`` | ``off``, by chat type)
+is :func:`citations_enabled` (the scope rules, ``qmdbridge/policy/scope.py``, re-export it); the
+manager decorates every backend's hits with these functions, and so does the one-shot CLI
+search, which loads no config model.
+"""
+
+from __future__ import annotations
+
+__all__ = ["cited_snippet", "citations_enabled", "format_citation", "session_key_rest"]
+
+
+def format_citation(path: str, start_line: int, end_line: int) -> str:
+    """``path#La`` when one line, else ``path#La-Lb`` (spec 9); lines are 1-based inclusive."""
+    if start_line == end_line:
+        return f"{path}#L{start_line}"
+    return f"{path}#L{start_line}-L{end_line}"
+
+
+def cited_snippet(snippet: str, citation: str, *, include: bool) -> str:
+    """The snippet an agent reads: with ``include``, stripped and followed by a blank line and
+    ``Source: <citation>``; otherwise unchanged."""
+    return f"{snippet.strip()}\n\nSource: {citation}" if include else snippet
+
+
+def session_key_rest(key: str) -> str:
+    """The part after ``agent:<id>:`` (empty segments dropped, as the reference parses agent
+    keys: at least three non-empty parts, the first ``agent``), else the key itself."""
+    parts = [p for p in key.split(":") if p]
+    if len(parts) >= 3 and parts[0].lower() == "agent":
+        return ":".join(parts[2:])
+    return key
+
+
+def citations_enabled(mode: str, session_key: str | None) -> bool:
+    """Decide whether hits carry citations and the ``Source:`` footer (spec 2.13, DESIGN).
+
+    ``on`` -> True; ``off`` -> False; ``auto`` (and any invalid mode, which reads as ``auto``)
+    -> True for owner calls (no key) and direct chats, False for groups and channels. The chat
+    is a group or channel when the lower-cased ``:``-tokens of the key's rest (after
+    ``agent:<id>:``) contain ``group`` or ``channel``. Divergence from the reference, which
+    counts keys without the agent prefix as direct: the same token test is applied to the
+    whole key, so ``discord:channel:c1`` is a channel here too.
+
+    Args:
+        mode: ``memory.citations``: ``auto`` | ``on`` | ``off``.
+        session_key: the raw session key, or ``None``.
+    """
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    if session_key is None or not session_key.strip():
+        return True
+    tokens = [t.lower() for t in session_key_rest(session_key.strip()).split(":")]
+    return "channel" not in tokens and "group" not in tokens

@@ -1,0 +1,190 @@
+"""A one-shot ``qmdbridge search`` without a daemon, as a real process: once a search recorded its
+settings, the next one on an index in sync answers without the config models, pydantic, anyio or
+the engine (the import budget is pinned by the modules it loads, not by time), with the same
+bytes on stdout and stderr as the in-process run; anything changed runs in-process as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+# Made lazy for this path (`regex` too: an ASCII query without a connector, a year or an
+# apostrophe, whose snippets need no cut inside a line, compiles no Unicode-property pattern;
+# `orjson` too: scores print alike through the standard library); loading one of them again is a
+# regression.
+NOT_LOADED = ("pydantic", "pydantic_core", "anyio", "asyncio", "numpy", "llama_cpp", "watchdog", "mcp",
+              "rich", "httpx", "tenacity", "filelock", "psutil", "json5", "wcmatch", "regex", "socket",
+              "shutil", "hashlib", "orjson", "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands",
+              "fallback.models", "fallback.settings", "fallback.engine.builtin", "fallback.store.db",
+              "fallback.embeddings", "fallback.index.indexer", "fallback.search.pipeline",
+              "fallback.search.rerank")
+# Never needed by a keyword-only one-shot search, even one that syncs first.
+NEVER_LOADED = ("numpy", "llama_cpp", "watchdog", "mcp", "rich", "httpx", "fallback.search.rerank",
+                "fallback.engine.live", "fallback.sources.watcher", "fallback.store.vectors",
+                "qmdbridge.server.mcp_server", "qmdbridge.server.socket_listener")
+
+PROBE = """
+import json, sys
+from qmdbridge.cli.main import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+names = NAMES
+loaded = sorted(n for n in names if n in sys.modules)
+sys.stderr.write("\\nPROBE " + json.dumps({"code": code, "loaded": loaded,
+                 "inProcess": "qmdbridge.cli.commands" in sys.modules}))
+sys.exit(code)
+""".replace("NAMES", repr(sorted(set(NOT_LOADED) | set(NEVER_LOADED))))
+
+
+def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run ``qmdbridge <argv>`` in a fresh interpreter; its exit code, output and loaded modules."""
+    p = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, timeout=120,
+                       cwd=cwd)
+    stderr, _, tail = p.stderr.decode().rpartition("\nPROBE ")
+    report = json.loads(tail)
+    assert p.returncode == report["code"], p.stderr
+    return {**report, "stdout": p.stdout, "stderr": stderr}
+
+
+@pytest.fixture
+def fenv(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "QMDBRIDGE_DAEMON": "off"}
+
+
+def test_a_search_that_changes_nothing_loads_none_of_the_heavy_modules(ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = probe(argv, fenv)  # indexes the workspace, records the settings
+    assert first["inProcess"] and first["code"] == 0
+    assert [m for m in first["loaded"] if m in NEVER_LOADED] == []
+    second = probe(argv, fenv)
+    assert not second["inProcess"] and second["code"] == 0
+    assert second["loaded"] == []
+    assert second["stdout"] == first["stdout"] and second["stderr"] == first["stderr"] == ""
+    doc = orjson.loads(second["stdout"])
+    assert doc["servedBy"] == "process" and doc["results"][0]["path"] == "memory/2026-11-05.md"
+
+
+QUERIES = [
+    ["router dropped the WAN link", "--json"],
+    ["router dropped the WAN link"],
+    ["東京チーム", "--json"],
+    ["Parquet schema"],
+    ["nonexistent_xyz_keyword"],
+    ["nonexistent_xyz_keyword", "--json"],
+    ["backup", "--max-results", "2", "--json"],
+    ["the team meeting notes", "--min-score", "0", "--max-results", "20", "--json"],
+]
+
+
+def _rounded(doc: Any) -> Any:
+    """The document with scores to 5 decimals (temporal decay reads the clock, which moves
+    between two processes)."""
+    return {**doc, "results": [{**r, "score": round(r["score"], 5)} for r in doc["results"]]}
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"memory": {"citations": "off"}},
+    {"agents": {"defaults": {"memorySearch": {
+        "query": {"maxResults": 3, "hybrid": {"temporalDecay": {"enabled": True, "halfLifeDays": 7}}},
+        "extraPaths": [{"path": "memory/projects", "pattern": "*.md"}]}}}},
+])
+def test_the_answer_is_the_in_process_answer_byte_for_byte(ws: Path, fenv: dict[str, str],
+                                                           config: dict[str, Any]) -> None:
+    state = Path(fenv["OPENCLAW_STATE_DIR"])
+    state.mkdir()
+    (state / "openclaw.json").write_text(json.dumps(config))
+    decay = "agents" in config
+    off = {**fenv, "QMDBRIDGE_CLI_CACHE": "off"}
+    for q in QUERIES:
+        argv = ["search", *q, "--workspace", str(ws)]
+        engine = probe(argv, off)
+        assert engine["inProcess"]
+        probe(argv, fenv)  # records the settings of this command line
+        fast = probe(argv, fenv)
+        assert not fast["inProcess"], q
+        assert (fast["code"], fast["stderr"]) == (engine["code"], engine["stderr"]), q
+        if decay and "--json" in q:
+            assert _rounded(orjson.loads(fast["stdout"])) == _rounded(orjson.loads(engine["stdout"])), q
+        elif not decay:
+            assert fast["stdout"] == engine["stdout"], q
+    footer = b"Source: memory/2026-11-05.md#L" in probe(
+        ["search", "router dropped the WAN link", "--workspace", str(ws)], fenv)["stdout"]
+    assert footer is (config != {"memory": {"citations": "off"}})
+
+
+def test_a_dirty_index_is_synced_before_the_search(ws: Path, fenv: dict[str, str]) -> None:
+    def search(query: str) -> dict[str, Any]:
+        report = probe(["search", query, "--workspace", str(ws), "--json"], fenv)
+        return {**report, "paths": [r["path"] for r in orjson.loads(report["stdout"])["results"]]}
+
+    assert search("Kestrel")["inProcess"]
+    assert not search("Kestrel")["inProcess"]
+    note = ws / "memory" / "2026-11-28.md"
+    note.write_text(note.read_text() + "\n- zanzibar uplink ordered\n")
+    changed = search("zanzibar")
+    assert changed["inProcess"] and changed["paths"] == ["memory/2026-11-28.md"]
+    again = search("zanzibar")
+    assert not again["inProcess"] and again["paths"] == ["memory/2026-11-28.md"]
+    (ws / "memory" / "2026-12-01.md").write_text("# 2026-12-01\n\n- quokka audit passed\n")
+    added = search("quokka")
+    assert added["inProcess"] and added["paths"] == ["memory/2026-12-01.md"]
+    (ws / "memory" / "2026-12-01.md").unlink()
+    gone = search("quokka")
+    assert gone["inProcess"] and gone["paths"] == []
+    (ws / "memory" / ".draft.md").write_text("quokka draft\n")  # skipped: status must list it
+    assert search("quokka")["inProcess"]
+    status = probe(["status", "--workspace", str(ws), "--json"], fenv)
+    assert {"path": "memory/.draft.md", "reason": "hidden name (not memory)"} in orjson.loads(
+        status["stdout"])["skipped"]
+    assert not search("quokka")["inProcess"]
+
+
+def test_a_changed_config_runs_in_process_and_is_used_from_then_on(ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "router dropped the WAN link", "--workspace", str(ws)]
+    assert probe(argv, fenv)["inProcess"]
+    assert not probe(argv, fenv)["inProcess"]
+    cfg = Path(fenv["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg.write_text("{memory: {citations: 'off'}}")
+    edited = probe(argv, fenv)
+    assert edited["inProcess"] and b"Source: " not in edited["stdout"]
+    fast = probe(argv, fenv)
+    assert not fast["inProcess"] and fast["stdout"] == edited["stdout"]
+    cfg.write_text("{memory: {citations: 'off', qmd: {limits: {timeoutMs: 'soon'}}}}")
+    bad = probe(argv, fenv)
+    assert bad["code"] == 2 and bad["inProcess"]  # the loader's error, as without recorded settings
+    assert bad["stderr"].splitlines()[0] == (
+        f"qmdbridge: {cfg}: memory.qmd.limits.timeoutMs: invalid value 'soon' (expected input "
+        "should be a valid integer, unable to parse string as an integer)")
+
+
+def test_errors_are_the_in_process_ones(ws: Path, fenv: dict[str, str]) -> None:
+    assert probe(["search", "router", "--workspace", str(ws)], fenv)["inProcess"]
+    for argv, message in [(["search", "   "], "query must not be empty"),
+                          (["search", "router", "--max-results", "0"],
+                           "max results must be between 1 and 2147483647"),
+                          (["search", "router", "--min-score", "2"], "min score must be between 0 and 1")]:
+        p = probe([*argv, "--workspace", str(ws)], fenv)
+        assert p["code"] == 2 and p["inProcess"] and p["stderr"].startswith(f"qmdbridge: {message}\n")
+    for f in sorted(ws.rglob("*"), reverse=True):
+        f.unlink() if f.is_file() else f.rmdir()
+    ws.rmdir()
+    p = probe(["search", "router", "--workspace", str(ws)], fenv)
+    assert p["code"] == 2 and p["inProcess"]
+    assert p["stderr"].startswith(f"qmdbridge: workspace does not exist: {ws}")
+
+
+def test_verbose_says_why_it_runs_in_process(ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "router", "--workspace", str(ws), "-v"]
+    probe(argv, fenv)
+    (ws / "memory" / "2026-11-28.md").write_text("# replaced\n")
+    report = probe(argv, fenv)
+    assert report["inProcess"]
+    assert "INFO qmdbridge.cli: one-shot search runs the engine: changed: memory/2026-11-28.md\n" in report["stderr"]
+    assert not os.path.exists(Path(fenv["OPENCLAW_STATE_DIR"]) / "daemon")

@@ -81,6 +81,7 @@ class McpStdioClient:
 
     Attributes:
         server_info: the ``serverInfo`` of the ``initialize`` answer (``{}`` before).
+        requests_sent: requests written to the child so far.
         stale_answers: answers that arrived after their caller had left, dropped.
         broken: why the connection ended (``None`` while it is open).
     """
@@ -92,6 +93,7 @@ class McpStdioClient:
         self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self.server_info: dict[str, Any] = {}
+        self.requests_sent = 0
         self.stale_answers = 0
         self.broken: str | None = None
 
@@ -192,6 +194,7 @@ class McpStdioClient:
         try:
             await self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params},
                               method)
+            self.requests_sent += 1
             await waiter.done.wait()
             answered = True
         finally:

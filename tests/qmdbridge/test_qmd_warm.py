@@ -30,7 +30,6 @@ from fallback.background import BackgroundTasks, RetryPolicy
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
-from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.results_json import parse_qmd_json
@@ -241,6 +240,70 @@ async def test_killed_child_spawn_answers_then_child_is_back(tmp_path: Path, qmd
         assert m.breaker.state.failures == 0
         new_pid = warm.pid
     assert _children() <= before and new_pid is not None and not psutil.pid_exists(new_pid)
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_concurrent_searches_and_a_cancelled_call_each_leave_every_answer_its_own(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """Two searches at once through the child (two collections each) and two raw calls at
+    once on its connection each get their own answer; a call cancelled after it was sent
+    leaves nothing the next call could read as its own; the child listens on no socket."""
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli")
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full")
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        warm = b.warm
+        assert warm is not None
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready)
+        want = {q: await spawn.search(q) for q in QUERIES}
+        assert [h.path for h in want["zanzibar ferry"]] != [h.path for h in want["spice zanzibar"]]
+        got: dict[str, Any] = {}
+
+        async def search(q: str) -> None:
+            got[q] = await b.search(q)
+
+        async with anyio.create_task_group() as tg:
+            for q in QUERIES:
+                tg.start_soon(search, q)
+        assert got == want and (warm.answered, warm.spawn_fallbacks) == (4, 0)
+
+        client = warm._client
+        assert client is not None
+        calls = {("zanzibar ferry", "memory-dir-main"): "memory-dir-main/2026-03-01.md",
+                 ("spice zanzibar", "memory-root-main"): "memory-root-main/MEMORY.md"}
+        raw: dict[str, str] = {}
+
+        async def call(q: str, coll: str) -> None:
+            answer = await client.call_tool("query", {"query": q, "limit": 6, "minScore": 0,
+                                                      "collections": [coll], "rerank": False})
+            raw[coll] = answer["results"][0]["file"]
+
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                for q, coll in calls:
+                    tg.start_soon(call, q, coll)
+        assert raw == {coll: file for (_, coll), file in calls.items()}
+
+        sent = client.requests_sent
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "zanzibar ferry", "memory-dir-main")
+                while client.requests_sent == sent:  # until the request is on the pipe
+                    await anyio.sleep(0)
+                tg.cancel_scope.cancel()
+            await call("spice zanzibar", "memory-root-main")
+        assert raw["memory-root-main"] == "memory-root-main/MEMORY.md" and client.in_flight == 0
+        assert client.broken is None and warm.ready and warm.starts == 1
+
+        child = psutil.Process(warm.pid or 0)
+        assert [c for c in child.net_connections(kind="all") if c.status == psutil.CONN_LISTEN] == []
+        if sys.platform.startswith("linux"):  # its stdin and stdout are pipes to this process
+            assert {os.readlink(f"/proc/{child.pid}/fd/{fd}").split(":")[0] for fd in (0, 1)} == {"pipe"}
+        await b.close()
+    await spawn.close()
 
 
 @pytest.mark.anyio

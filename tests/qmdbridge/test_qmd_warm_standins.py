@@ -77,9 +77,13 @@ async def test_a_late_answer_is_dropped_and_never_read_as_the_next_calls() -> No
     """The first call leaves at its deadline; the stand-in then answers it just before the
     second call's answer: the second caller gets its own, the late one is counted stale."""
     async with _connected("late") as client:
-        with anyio.move_on_after(0.2) as scope:
-            await client.call_tool("query", {**ARGS, "query": "first"})
-        assert scope.cancelled_caught and client.in_flight == 0
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "query", {**ARGS, "query": "first"})
+                while client.requests_sent < 2:  # initialize, then this call, on the pipe
+                    await anyio.sleep(0)
+                tg.cancel_scope.cancel()  # its caller leaves; the stand-in never answers it alone
+        assert client.in_flight == 0
         with anyio.fail_after(DEADLINE_S):
             second = await client.call_tool("query", {**ARGS, "query": "second"})
         assert second["results"][0]["file"] == "memory-dir-main/second.md"
@@ -157,7 +161,7 @@ async def test_a_call_past_its_deadline_times_out_and_the_next_search_gets_its_o
         with anyio.fail_after(DEADLINE_S):
             await warm.wait_for(lambda w: w.ready)
         with pytest.raises(BackendTimeoutError) as ei:
-            await warm.search("first", _coll(tmp_path), _plan(tmp_path, 0.2))
+            await warm.search("first", _coll(tmp_path), _plan(tmp_path, 0.5))
         assert ei.value.setting == "memory.qmd.limits.timeoutMs"
         assert f"(warm qmd mcp, pid {warm.pid})" in str(ei.value)
         second = await warm.search("second", _coll(tmp_path, "memory-root-main"), _plan(tmp_path, DEADLINE_S))

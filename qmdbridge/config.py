@@ -178,8 +178,8 @@ class QmdScope(_Cfg):
 
 
 class QmdMcp(_Cfg):
-    """``memory.qmd.mcp``: the warm ``qmd mcp --http`` child of long-lived mode (``serve``,
-    ``mcp``; README "qmd"). ``enabled``: unset = on, unless OpenClaw's
+    """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (``serve``, ``mcp``;
+    reached over its stdin and stdout; README "qmd"). ``enabled``: unset = on, unless OpenClaw's
     ``memory.qmd.mcporter.enabled`` is ``false``; ``false`` = every search spawns qmd."""
 
     enabled: bool | None = None

@@ -14,16 +14,19 @@ three commands interleaved in each round so machine load hits them alike):
 - ratios to qmd: served target <= 0.5x, without daemon target <= 1.0x;
 - ``qmdbridge mcp --http`` kept warm: ``tools/list`` + one ``memory_search`` in an initialised
   MCP session (the SDK's Streamable HTTP client), target <= 1 s;
-- the warm qmd child of long-lived mode (``qmdbridge/qmd/warm.py``), side by side on the same
-  notes, interleaved: a ``query``-mode search through it (``QmdBackend.search``, in-process,
-  and ``MemoryManager.search`` for the whole tool call minus its transport), qmd's own MCP
-  server answering the same ``query`` tool call (a ``qmd mcp --http`` started here, called
-  with a bare JSON-RPC POST and with the official SDK's ``ClientSession``), and a spawn per
-  call (``qmd search --json`` and ``qmd query --json --no-rerank``, whole processes); targets:
-  warm <= 1.10x qmd's own MCP time, spawned ``qmd search`` >= 3x the warm search. The notes
-  are the generated ones without ``MEMORY.md`` and each query is a note's planted token and
-  date: qmd's ``query`` then finds a strong BM25 hit and needs none of its GGUF models
-  (``QMD_*_MODEL`` name absent files, so a model load would fail at once, not download).
+- the warm qmd child of long-lived mode (``qmdbridge/qmd/warm.py``, ``qmd mcp`` over stdio),
+  side by side on the same notes, interleaved: a ``query``-mode search through it
+  (``QmdBackend.search``, in-process, and ``MemoryManager.search`` for the whole tool call minus
+  its transport), the bare tool call on its connection, qmd's own MCP server answering the same
+  ``query`` tool call (the reference: a ``qmd mcp --http`` started here, called with a bare
+  JSON-RPC POST; and a ``qmd mcp`` over stdio called with our line client and with the official
+  SDK's ``stdio_client`` + ``ClientSession``), two calls at once and two in turn on one stdio
+  connection, and a spawn per call (``qmd search --json`` and ``qmd query --json --no-rerank``,
+  whole processes); targets: warm <= 1.10x qmd's own MCP time (``--http``), spawned ``qmd
+  search`` >= 3x the warm search. The notes are the generated ones without ``MEMORY.md`` and
+  each query is a note's planted token and date: qmd's ``query`` then finds a strong BM25 hit
+  and needs none of its GGUF models (``QMD_*_MODEL`` name absent files, so a model load would
+  fail at once, not download).
 
 The packages' bytecode is compiled first (``compileall``, as ``pip install`` does), so a
 checkout run with ``PYTHONDONTWRITEBYTECODE`` does not time the compiler.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import json
 import os
 import re
@@ -253,30 +257,77 @@ def _warm_env(state: Path) -> dict[str, str]:
     return env
 
 
+class _BareHttp:
+    """A bare JSON-RPC client for qmd's own ``qmd mcp --http`` (the reference): one httpx POST
+    per call, the answer read whole (plain JSON, or the one SSE ``message`` event)."""
+
+    def __init__(self, port: int) -> None:
+        import httpx
+
+        self.base = f"http://127.0.0.1:{port}"
+        self.http = httpx.AsyncClient(timeout=None, headers={
+            "Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+            "MCP-Protocol-Version": "2025-11-25"})
+        self.next_id = 0
+
+    async def health(self) -> bool:
+        import httpx
+
+        try:
+            return (await self.http.get(f"{self.base}/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def rpc(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        res = await self.http.post(f"{self.base}/mcp", content=json.dumps(
+            {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        res.raise_for_status()
+        body = res.text
+        if res.headers.get("content-type", "").startswith("text/event-stream"):
+            body = next(ln[5:].strip() for ln in body.splitlines() if ln.startswith("data:"))
+        return dict(json.loads(body)["result"])
+
+    async def initialize(self) -> None:
+        await self.rpc("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                      "clientInfo": {"name": "bench", "version": "1"}})
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return dict((await self.rpc("tools/call", {"name": name, "arguments": arguments}))["structuredContent"])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                       spawn_runs: int) -> dict[str, Any]:
-    """Start a long-lived manager (qmd ``query`` mode) and qmd's own ``qmd mcp --http``, time
-    the same searches through each (interleaved, the order turned every round), then spawned
-    qmd commands."""
+    """Start a long-lived manager (qmd ``query`` mode), qmd's own ``qmd mcp --http`` and two
+    more ``qmd mcp`` over stdio (our line client, the SDK's ``stdio_client``), time the same
+    searches through each (interleaved, the order turned every round), then spawned commands."""
     import anyio
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
 
     from qmdbridge import MemoryManager
     from qmdbridge.config import parse_config, resolve_agent
-    from qmdbridge.qmd.mcp_client import McpHttpClient
+    from qmdbridge.qmd.mcp_client import McpStdioClient
     from qmdbridge.qmd.reads import RACY_NS
-    from qmdbridge.qmd.warm import free_loopback_port
 
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
         "command": str(QMD), "searchMode": "query", "rerank": False, "limits": {"timeoutMs": 30_000},
         "update": {"waitForBootSync": True, "interval": "0", "embedInterval": "0"}}},
         "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(state)})
-    times: dict[str, list[float]] = {k: [] for k in ("backend", "manager", "own", "sdk", "child", "search",
-                                                     "query")}
-    ok = {"backend": True, "manager": True, "own": True, "search": True, "query": True}
-    async with MemoryManager(agent, mode="full", env=_warm_env(state)) as manager:
+    keys = ("backend", "manager", "child", "http", "stdio", "sdk", "pair_at_once", "pair_in_turn")
+    times: dict[str, list[float]] = {k: [] for k in (*keys, "search", "query")}
+    ok = {"backend": True, "manager": True, "http": True, "stdio": True, "search": True, "query": True}
+    async with MemoryManager(agent, mode="full", env=_warm_env(state)) as manager, \
+            contextlib.AsyncExitStack() as stack:
         await manager.start()
         backend: Any = manager.sidecar.backend if manager.sidecar else None
         with anyio.fail_after(120):
@@ -291,7 +342,7 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                                                     backend.home.index_db.with_name("index.sqlite-wal"))
                      if p.exists())
         await anyio.sleep(max(0, RACY_NS - (time.time_ns() - newest)) / 1e9 + 0.1)
-        env, port = backend.child_env, free_loopback_port()
+        env, port = backend.child_env, _free_port()
         for q in queries:  # qmd's query needs no model only for a strong BM25 hit
             top = json.loads(run_child([str(QMD), "search", "--json", "-n", "2", "-c", "memory-dir-main",
                                         "--index", "index", "--", q], env=env, cwd=ws).stdout or "[]")
@@ -301,29 +352,54 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
         own = subprocess.Popen([str(QMD), "mcp", "--http", "--port", str(port), "--host", "127.0.0.1",
                                 "--index", "index"], env=env, cwd=ws, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        bare = McpHttpClient(f"http://127.0.0.1:{port}")
-        to_child = McpHttpClient(str(backend.warm.describe()["url"]).removesuffix("/mcp"))
+        http = _BareHttp(port)
+        stdio_proc = await anyio.open_process([str(QMD), "mcp", "--index", "index"], env=env, cwd=ws,
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, start_new_session=True)
+        assert stdio_proc.stdin is not None and stdio_proc.stdout is not None
+        stdio = McpStdioClient(stdio_proc.stdin, stdio_proc.stdout)
+        child = backend.warm._client
+        devnull = stack.enter_context(open(os.devnull, "w"))  # the SDK child's stderr
+        sdk_params = StdioServerParameters(command=str(QMD), args=["mcp", "--index", "index"], env=env,
+                                           cwd=str(ws))
         try:
-            with anyio.fail_after(120):
-                while not await bare.health():
-                    await anyio.sleep(0.05)
-            await bare.initialize()
-            await to_child.initialize()
-            async with streamablehttp_client(f"http://127.0.0.1:{port}/mcp") as (read, write, _), \
+            async with anyio.create_task_group() as readers, \
+                    stdio_client(sdk_params, errlog=devnull) as (read, write), \
                     ClientSession(read, write) as sdk:
-                await sdk.initialize()
+                readers.start_soon(stdio.run)
+                with anyio.fail_after(120):
+                    while not await http.health():
+                        await anyio.sleep(0.05)
+                    await http.initialize()
+                    await stdio.initialize()
+                    await sdk.initialize()
                 names = list(queries)
+                lock = anyio.Lock()
+
+                async def pair(args: dict[str, Any], *, in_turn: bool) -> None:
+                    async def one() -> None:
+                        async with lock if in_turn else contextlib.nullcontext():
+                            await stdio.call_tool("query", args)
+
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(one)
+                        tg.start_soon(one)
+
                 for i in range(-3, runs):  # three untimed rounds first: every path warmed up
                     q = names[i % len(names)]
                     args = {"query": q, "limit": 6, "minScore": 0, "collections": ["memory-dir-main"],
                             "rerank": False}
                     calls = {"backend": partial(backend.search, q), "manager": partial(manager.search, q),
-                             "own": partial(bare.call_tool, "query", args),
+                             "child": partial(child.call_tool, "query", args),
+                             "http": partial(http.call_tool, "query", args),
+                             "stdio": partial(stdio.call_tool, "query", args),
                              "sdk": partial(sdk.call_tool, "query", args),
-                             "child": partial(to_child.call_tool, "query", args)}
+                             "pair_at_once": partial(pair, args, in_turn=False),
+                             "pair_in_turn": partial(pair, args, in_turn=True)}
                     got: dict[str, Any] = {}
                     spent: dict[str, float] = {}
-                    for key in list(calls)[i % 5:] + list(calls)[:i % 5]:  # a new order each round
+                    turn = i % len(calls)
+                    for key in list(calls)[turn:] + list(calls)[:turn]:  # a new order each round
                         start = time.perf_counter()
                         got[key] = await calls[key]()
                         spent[key] = (time.perf_counter() - start) * 1000
@@ -332,10 +408,13 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                     for key, value in spent.items():
                         times[key].append(value)
                     want = queries[q]
-                    hits, res, own_hits = got["backend"], got["manager"], got["own"]["results"]
+                    hits, res = got["backend"], got["manager"]
                     ok["backend"] &= bool(hits) and hits[0].path == want
                     ok["manager"] &= res.backend == "qmd" and res.results[0].path == want
-                    ok["own"] &= bool(own_hits) and own_hits[0]["file"].endswith(want.split("/")[-1])
+                    for key in ("http", "stdio"):
+                        own_hits = got[key]["results"]
+                        ok[key] &= bool(own_hits) and own_hits[0]["file"].endswith(want.split("/")[-1])
+                readers.cancel_scope.cancel()
             for i in range(spawn_runs):  # whole processes, after the in-process rounds
                 q = names[i % len(names)]
                 argv = [str(QMD), "search", "--json", "-n", "6", "-c", "memory-dir-main", "--index",
@@ -348,8 +427,10 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                 ok["search"] &= queries[q].split("/")[-1] in spawned_search.stdout
                 ok["query"] &= queries[q].split("/")[-1] in spawned_query.stdout
         finally:
-            await bare.aclose()
-            await to_child.aclose()
+            await http.http.aclose()
+            stdio.close()
+            stdio_proc.kill()
+            await stdio_proc.aclose()
             own.terminate()
             own.wait(timeout=60)
         warm = backend.warm.describe()
@@ -373,33 +454,43 @@ def bench_warm_qmd(tmp: Path, *, files: int, runs: int) -> list[Row]:
     if "skip" in out:
         return [Row(WARM_SEC, "warm qmd child", None, "", "", None, f"skipped: {out['skip']}")]
     t, ok, warm = out["times"], out["ok"], out["warm"]
-    w, own, sdk, mgr = median(t["backend"]), median(t["own"]), median(t["sdk"]), median(t["manager"])
+    w, own, stdio, sdk = median(t["backend"]), median(t["http"]), median(t["stdio"]), median(t["sdk"])
     spawn_search, spawn_query = median(t["search"]), median(t["query"])
     served_all = warm["answered"] >= 8 * runs and warm["spawnFallbacks"] == 0
+
+    def spread(key: str) -> str:
+        return f"best {min(t[key]):.2f}, p90 {percentile(t[key], 90):.2f} ms"
+
     return [
         Row(WARM_SEC, "our warm child: QmdBackend.search (in-process)", w, "ms", "", None,
-            f"{4 * runs} runs, best {min(t['backend']):.1f}, p90 {percentile(t['backend'], 90):.1f} ms;"
-            f" right note every run: {ok['backend']}; all answered by the child: {served_all}"),
+            f"{4 * runs} runs, {spread('backend')}; right note every run: {ok['backend']}; all "
+            f"answered by the child: {served_all}"),
         Row(WARM_SEC, "qmd's own MCP: the same tool call, bare JSON-RPC POST", own, "ms", "", None,
-            f"best {min(t['own']):.1f}, p90 {percentile(t['own'], 90):.1f} ms; right note every "
-            f"run: {ok['own']}"),
-        Row(WARM_SEC, "qmd's own MCP: the same call, official SDK ClientSession", sdk, "ms", "", None,
-            "what the SDK client costs (why the child is driven with httpx)"),
-        Row(WARM_SEC, "our warm child: the same tool call, bare JSON-RPC POST", median(t["child"]), "ms", "",
-            None, "the child alone answers as fast as qmd's own server; the rest of the search is "
-                  "ours (hit files checked on disk, a worker-thread hop)"),
-        Row(WARM_SEC, "MemoryManager.search through the warm child", mgr, "ms", "", None,
+            f"qmd mcp --http; {spread('http')}; right note every run: {ok['http']}"),
+        Row(WARM_SEC, "qmd's own MCP over stdio: the same call, bare line client", stdio, "ms", "", None,
+            f"qmd mcp; {spread('stdio')}; right note every run: {ok['stdio']}"),
+        Row(WARM_SEC, "qmd's own MCP over stdio: the same call, SDK stdio_client + ClientSession", sdk,
+            "ms", "", None, f"{spread('sdk')}; the SDK's cost over the line client: {sdk - stdio:+.2f} ms"),
+        Row(WARM_SEC, "our warm child: the same tool call on its connection", median(t["child"]), "ms", "",
+            None, f"{spread('child')}; the rest of the search is ours (hit files checked on disk, "
+                  "a worker-thread hop)"),
+        Row(WARM_SEC, "two calls at once on one stdio connection (ids matched)", median(t["pair_at_once"]),
+            "ms", "", None, spread("pair_at_once")),
+        Row(WARM_SEC, "two calls in turn on one stdio connection (one in flight)",
+            median(t["pair_in_turn"]), "ms", "", None, f"{spread('pair_in_turn')}; what the child does"),
+        Row(WARM_SEC, "MemoryManager.search through the warm child", median(t["manager"]), "ms", "", None,
             f"the whole memory_search minus its transport; right note every run: {ok['manager']}"),
         Row(WARM_SEC, "spawn per call: qmd search --json (CLI wall)", spawn_search, "ms", "", None,
             f"right note every run: {ok['search']}"),
         Row(WARM_SEC, "spawn per call: qmd query --json --no-rerank (CLI wall)", spawn_query, "ms", "",
             None, f"the spawn path of the same mode; right note every run: {ok['query']}"),
         Row(WARM_SEC, "warm child / qmd's own MCP", w / own, "x", f"<= {WARM_MAX}x", check(w / own, WARM_MAX),
-            f"medians; best to best {min(t['backend']) / min(t['own']):.2f}x"),
+            f"medians, against qmd mcp --http; best to best {min(t['backend']) / min(t['http']):.2f}x; "
+            f"against qmd mcp (stdio) {w / stdio:.2f}x"),
         Row(WARM_SEC, "spawned qmd search / warm child", spawn_search / w, "x", f">= {SPAWN_MIN}x",
             spawn_search / w >= SPAWN_MIN),
         Row(WARM_SEC, "warm child start-up (spawn to initialize)", float(warm["startupMs"] or 0), "ms",
-            "", None, f"qmd {warm['serverVersion']}, restarts {warm['restarts']}"),
+            "", None, f"qmd {warm['serverVersion']}, {warm['transport']}, restarts {warm['restarts']}"),
     ]
 
 

@@ -12,7 +12,7 @@ pending update included) and nothing else. Start-up (collection reconcile:
 never runs under a search deadline; a timeout there is logged, kept in ``status()``
 (``custom.qmd.startup``) and does not fail the start-up.
 
-In ``full`` mode a warm ``qmd mcp --http`` child (``qmdbridge.qmd.warm``, unless
+In ``full`` mode a warm ``qmd mcp`` child over stdio (``qmdbridge.qmd.warm``, unless
 ``memory.qmd.mcp.enabled`` is false) answers ``query``-mode calls; any call it declines is
 spawned as above.
 """
@@ -257,10 +257,10 @@ class QmdBackend:
 
             self.freshness = start_background(self, self._bg)
             if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
-                from qmdbridge.qmd.warm import LOOPBACK, WarmChild
+                from qmdbridge.qmd.warm import WarmChild
 
                 self.warm = WarmChild(
-                    argv=lambda port: self.argv(["mcp", "--http", "--port", str(port), "--host", LOOPBACK]),
+                    argv=self.argv(["mcp"]),  # the stdio transport: no port, nothing to connect to
                     env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
                     startup_budget_ms=self.cfg.update.command_timeout_ms)
                 self.warm.attach(self._bg)

@@ -8,8 +8,8 @@ boundary treats them like any other backend failure::
      +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
      |    +-- QmdBusyError qmd's index stayed busy (SQLITE_BUSY) through the retries
      +-- QmdOutputError    qmd's stdout is not a search-result array
-     +-- QmdMcpError       the warm ``qmd mcp --http`` child could not answer a call (its
-                           search is then run by spawning qmd; never reaches the manager)
+     +-- QmdMcpError       the warm ``qmd mcp`` child could not answer a call (its search
+                           is then run by spawning qmd; never reaches the manager)
 """
 
 from __future__ import annotations
@@ -98,15 +98,17 @@ class QmdOutputError(BackendUnavailableError):
 
 
 class QmdMcpError(BackendUnavailableError):
-    """Raised when the warm ``qmd mcp --http`` child cannot answer an MCP call.
+    """Raised when the warm ``qmd mcp`` child cannot answer an MCP call.
 
-    Message: ``qmd mcp <method>: <what happened>`` (a connection error, an HTTP status, a
-    JSON-RPC error, a tool result flagged ``isError``, or an answer of the wrong shape).
+    Message: ``qmd mcp <method>: <what happened>`` (the connection ended: stdout closed, a line
+    that is not JSON-RPC, stdin broken; a JSON-RPC error, a tool result flagged ``isError``, or
+    an answer of the wrong shape).
 
     Attributes:
-        transport: ``True`` when the child or the connection failed (refused, reset, HTTP 5xx,
-            not JSON-RPC): the child is restarted. ``False`` for an answer the child gave on
-            purpose (a JSON-RPC error, ``isError``, an HTTP 4xx): the child is kept.
+        transport: ``True`` when the child or the connection failed (its pipes closed, it wrote
+            something that is not JSON-RPC, an answer without a result): the child is
+            restarted. ``False`` for an answer the child gave on purpose (a JSON-RPC error,
+            ``isError``, a result of the wrong shape): the child is kept.
     """
 
     def __init__(self, reason: str, *, transport: bool) -> None:

@@ -1,25 +1,34 @@
-"""A small MCP client for qmd's Streamable HTTP server: JSON-RPC calls over one httpx pool.
+"""A small MCP client for ``qmd mcp`` over stdio: newline-delimited JSON-RPC, answers matched by id.
 
-``qmd mcp --http`` (qmd 2.8.3, ``dist/mcp/server.js``) serves MCP without sessions: every
-``POST /mcp`` carries one JSON-RPC request and gets one answer, as a single SSE ``message``
-event (``text/event-stream``) or as plain JSON; no ``Mcp-Session-Id`` is issued, and 2025-era
-clients are served by the SDK's stateless fallback (``initialize`` answers on its own, later
-requests need ``Accept: application/json, text/event-stream`` and an ``MCP-Protocol-Version``
-header). ``GET /health`` answers ``{"status": "ok", "uptime": s}``. The server checks
-``Origin``/``Host`` against loopback names, which a client on 127.0.0.1 passes.
+``qmd mcp`` (no ``--http``; qmd 2.8.3, ``dist/mcp/server.js`` ``startMcpServer``) serves MCP on
+its stdin and stdout through ``serveStdio`` of ``@modelcontextprotocol/server`` 2.0.0: every
+message is one line, ``JSON.stringify(message) + "\\n"`` in both directions (its ``ReadBuffer``
+splits on ``\\n``, drops a trailing ``\\r`` and skips lines that are not JSON). An
+``initialize`` without a ``_meta`` envelope pins the connection to 2025-era MCP, after which
+``tools/call`` needs nothing more. Requests are handled concurrently and answered in the order
+they finish; a ``notifications/cancelled`` for a request suppresses its answer (the handler
+itself runs on). qmd writes only protocol messages on stdout; its logs go to stderr (``Shutting
+down (stdin closed)...`` when stdin ends, which also stops it).
 
-Why not the official ``mcp`` SDK client: measured on one warm qmd (the same ``query`` tool
-call, 300 calls each, interleaved, 2 shared cores), the SDK's ``ClientSession`` over
-``streamablehttp_client`` took 0.5-1.3 ms more per call than this client (medians 4.4 vs 3.9 ms
-idle, 9.9 vs 8.6 ms under load): it routes every message through memory object streams, a
-writer task and pydantic models. qmd's protocol is one request, one answer, so the client is one
-``httpx.AsyncClient`` (the keep-alive connection is the "session") plus ``httpx_sse`` to read
-the event, and its errors are translated in one place.
+The client writes each request as one line (one writer at a time) and one reader task
+(:meth:`McpStdioClient.run`) hands each answer to the caller waiting for its id. A caller that
+leaves before its answer (its deadline, a cancellation) sends ``notifications/cancelled``, and
+an answer that arrives anyway is dropped (:attr:`~McpStdioClient.stale_answers`): no call can
+read another's answer. A line that is not a JSON-RPC message, or the end of stdout, ends the
+connection: every waiting call fails with ``transport=True`` and :meth:`~McpStdioClient.run`
+returns why (the warm child then restarts the process). A ``ping`` from the server is
+answered; other server requests get JSON-RPC error -32601; server notifications are ignored.
 
-Errors are translated here, once: every httpx error, HTTP status, JSON-RPC error and tool
-error becomes :class:`~qmdbridge.qmd.errors.QmdMcpError` (``transport`` says whether the
-child or the connection failed). Deadlines are the caller's (``anyio.fail_after`` around a
-call): the client sets no timeout of its own.
+Why not the official ``mcp`` SDK (``mcp.client.stdio``): ``stdio_client`` starts the process
+itself and keeps it (no pid for status, its own SIGTERM-then-kill on exit, stderr written to a
+file object rather than drained), and a ``ClientSession`` over our own process streams cost
+more per call than this client (measured interleaved on one ``qmd mcp`` each; figures in the
+README's benchmark section).
+
+Errors are translated here, once: a broken pipe, a closed connection, a JSON-RPC error, a
+tool error and an answer of the wrong shape all become
+:class:`~qmdbridge.qmd.errors.QmdMcpError`. Deadlines are the caller's (``anyio.fail_after``
+around a call): the client sets no timeout of its own.
 """
 
 from __future__ import annotations
@@ -27,50 +36,105 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import httpx
+import anyio
 import orjson
-from httpx_sse import EventSource, SSEError
+from anyio.abc import ByteReceiveStream, ByteSendStream
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from qmdbridge.qmd.errors import QmdMcpError
 
-__all__ = ["MCP_PROTOCOL_VERSION", "McpHttpClient"]
+__all__ = ["EOF_REASON", "MAX_LINE_BYTES", "MCP_PROTOCOL_VERSION", "McpStdioClient"]
 
-# The MCP revision this client speaks (the newest 2025-era one, which qmd 2.8.3 serves
-# statelessly; the 2026-07-28 revision needs a per-request ``_meta`` envelope).
+# The MCP revision this client speaks (the newest 2025-era one, which qmd 2.8.3 serves after a
+# plain ``initialize``; the 2026-07-28 revision needs a per-request ``_meta`` envelope).
 MCP_PROTOCOL_VERSION = "2025-11-25"
-# Both media types: qmd answers 406 to a client that does not accept both.
-_ACCEPT = "application/json, text/event-stream"
+# Longest line read from the child, bytes: qmd's own reader refuses more than 10 MiB per
+# message, and a search answer is a few kB; a longer line is garbage.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# :attr:`McpStdioClient.broken` when the child's stdout ended (the child is exiting, or broke).
+EOF_REASON = "the child closed its stdout"
+# JSON-RPC "method not found": the answer to a server request other than ``ping``.
+_METHOD_NOT_FOUND = -32601
 _CLIENT_INFO = {"name": "qmdbridge", "version": "1"}
 
 
-class McpHttpClient:
-    """JSON-RPC over Streamable HTTP to one ``qmd mcp --http`` server.
+class _Pending:
+    """One request waiting for its answer (set once by the reader, or failed by :meth:`close`)."""
+
+    __slots__ = ("done", "error", "message")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.message: dict[str, Any] | None = None
+        self.error: QmdMcpError | None = None
+
+
+class McpStdioClient:
+    """JSON-RPC over one ``qmd mcp`` child's stdin and stdout (module docstring).
 
     Args:
-        base_url: ``http://127.0.0.1:<port>`` (no trailing slash; ``/mcp`` and ``/health`` are
-            appended).
+        send: the child's stdin.
+        receive: the child's stdout.
 
-    Use :meth:`health` until the server answers, :meth:`initialize` once, then
-    :meth:`call_tool` for every call; :meth:`aclose` at the end. Calls may run concurrently.
+    Run :meth:`run` in a task for the life of the child, then :meth:`initialize` once and
+    :meth:`call_tool` for every call (calls may run concurrently); :meth:`close` at the end.
+
+    Attributes:
+        server_info: the ``serverInfo`` of the ``initialize`` answer (``{}`` before).
+        requests_sent: requests written to the child so far.
+        stale_answers: answers that arrived after their caller had left, dropped.
+        broken: why the connection ended (``None`` while it is open).
     """
 
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self._http = httpx.AsyncClient(timeout=None, headers={"Accept": _ACCEPT})
+    def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
+        self._send = send
+        self._receive = BufferedByteReceiveStream(receive)
+        self._write_lock = anyio.Lock()
+        self._pending: dict[int, _Pending] = {}
         self._next_id = 0
         self.server_info: dict[str, Any] = {}
+        self.requests_sent = 0
+        self.stale_answers = 0
+        self.broken: str | None = None
 
-    async def health(self) -> bool:
-        """Whether ``GET /health`` answers ``{"status": "ok"}`` now (a refused or failed
-        connection is ``False``, never an error)."""
-        try:
-            res = await self._http.get(f"{self.base_url}/health")
-            return res.status_code == 200 and orjson.loads(res.content).get("status") == "ok"
-        except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError):
-            return False
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+
+    async def run(self) -> str:
+        """Read the child's stdout until it ends; returns why the connection ended.
+
+        Each line is one JSON-RPC message: an answer goes to the caller waiting for its id (or
+        is counted stale), a ``ping`` is answered. The end of stdout, a line longer than
+        :data:`MAX_LINE_BYTES` or a line that is not a JSON-RPC message ends the connection:
+        every waiting call then fails with ``transport=True``.
+        """
+        while self.broken is None:
+            try:
+                line = await self._receive.receive_until(b"\n", MAX_LINE_BYTES)
+            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError,
+                    anyio.BrokenResourceError):
+                self.close(EOF_REASON)
+                break
+            except anyio.DelimiterNotFound:
+                self.close(f"a line longer than {MAX_LINE_BYTES} bytes on stdout")
+                break
+            line = line.removesuffix(b"\r")
+            if not line.strip():
+                continue
+            try:
+                message = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                message = None
+            if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+                self.close(f"not a JSON-RPC message on stdout: {_clip(line)!r}")
+                break
+            await self._dispatch(message)
+        return self.broken or "closed"
 
     async def initialize(self) -> dict[str, Any]:
-        """The MCP ``initialize`` exchange (then the ``notifications/initialized`` note).
+        """The MCP ``initialize`` exchange, then the ``notifications/initialized`` note.
 
         Returns:
             The server's ``initialize`` result (``protocolVersion``, ``serverInfo`` ...); its
@@ -84,14 +148,14 @@ class McpHttpClient:
         if not isinstance(result.get("serverInfo"), dict):
             raise QmdMcpError(f"qmd mcp initialize: no serverInfo in {_excerpt(result)}", transport=True)
         self.server_info = result["serverInfo"]
-        await self._post({"jsonrpc": "2.0", "method": "notifications/initialized"}, "initialized")
+        await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"}, "initialized")
         return result
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Call tool ``name`` and return its ``structuredContent``.
 
         Raises:
-            QmdMcpError: ``transport=True`` when the connection or the server failed;
+            QmdMcpError: ``transport=True`` when the connection failed or is closed;
                 ``transport=False`` for a JSON-RPC error, a result flagged ``isError`` (its text
                 in the message) or a result without ``structuredContent``.
         """
@@ -106,17 +170,39 @@ class McpHttpClient:
                               transport=False)
         return structured
 
-    async def aclose(self) -> None:
-        """Close the connection pool; idempotent."""
-        await self._http.aclose()
+    def close(self, reason: str = "the connection to the child is closed") -> None:
+        """End the connection: waiting and later calls fail with ``transport=True`` and
+        ``reason``; idempotent (the first reason is kept). The streams belong to the caller."""
+        if self.broken is None:
+            self.broken = reason
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = QmdMcpError(f"qmd mcp: {self.broken}", transport=True)
+            waiter.done.set()
 
     # -- JSON-RPC -----------------------------------------------------------------------------
 
     async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for the answer with its id; on cancellation the server is
+        told (``notifications/cancelled``) and a late answer is dropped by :meth:`run`."""
+        if self.broken is not None:
+            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
         self._next_id += 1
         request_id = self._next_id
-        message = await self._post({"jsonrpc": "2.0", "id": request_id, "method": method,
-                                    "params": params}, method, request_id=request_id)
+        waiter = self._pending[request_id] = _Pending()
+        answered = False
+        try:
+            await self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params},
+                              method)
+            self.requests_sent += 1
+            await waiter.done.wait()
+            answered = True
+        finally:
+            if not answered and self._pending.pop(request_id, None) is not None:
+                await self._cancel(request_id)
+        if waiter.error is not None:
+            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True) from None
+        message = waiter.message or {}
         if "error" in message:
             error = message["error"] if isinstance(message["error"], dict) else {}
             raise QmdMcpError(f"qmd mcp {method}: JSON-RPC error {error.get('code')}: "
@@ -127,46 +213,53 @@ class McpHttpClient:
                               transport=True)
         return result
 
-    async def _post(self, body: dict[str, Any], method: str, *,
-                    request_id: int | None = None) -> dict[str, Any]:
-        """POST one JSON-RPC message; the answer with ``request_id`` (``{}`` for a note)."""
-        headers = {"Content-Type": "application/json", "MCP-Protocol-Version": MCP_PROTOCOL_VERSION}
-        if self._http.is_closed:  # the child this client belonged to was stopped
-            raise QmdMcpError(f"qmd mcp {method}: the connection to the child is closed", transport=True)
+    async def _cancel(self, request_id: int) -> None:
+        """Tell the server a request's caller left (shielded, at most 1 s; best effort)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+            try:
+                await self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                   "params": {"requestId": request_id, "reason": "deadline"}},
+                                  "notifications/cancelled")
+            except QmdMcpError:
+                pass  # the connection is gone: no answer can come either
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        if "method" in message:  # a request or notification from the server
+            if "id" in message:
+                reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+                if message["method"] == "ping":
+                    reply["result"] = {}
+                else:
+                    reply["error"] = {"code": _METHOD_NOT_FOUND,
+                                      "message": f"client does not serve {message['method']}"}
+                try:
+                    await self._write(reply, str(message["method"]))
+                except QmdMcpError:
+                    pass  # the reader notices the end of the connection itself
+            return
+        request_id = message.get("id")
+        waiter = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+        if waiter is None:
+            self.stale_answers += 1
+            return
+        waiter.message = message
+        waiter.done.set()
+
+    async def _write(self, message: dict[str, Any], method: str) -> None:
+        if self.broken is not None:
+            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
+        line = orjson.dumps(message) + b"\n"
         try:
-            async with self._http.stream("POST", f"{self.base_url}/mcp", content=orjson.dumps(body),
-                                         headers=headers) as res:
-                if res.status_code >= 400:
-                    text = (await res.aread()).decode("utf-8", "replace")
-                    raise QmdMcpError(f"qmd mcp {method}: HTTP {res.status_code}: {text[:300]}",
-                                      transport=res.status_code >= 500)
-                if request_id is None:
-                    return {}
-                if not res.headers.get("content-type", "").startswith("text/event-stream"):
-                    return _message((await res.aread()).decode("utf-8", "replace"), method)
-                answer: dict[str, Any] | None = None
-                # Read to the end of the stream (qmd ends it after the answer): the connection is
-                # then reused, and no half-read generator is left to the loop's finalizer.
-                async for event in EventSource(res).aiter_sse():
-                    message = _message(event.data, method)
-                    if message.get("id") == request_id:
-                        answer = message
-                if answer is None:
-                    raise QmdMcpError(f"qmd mcp {method}: the event stream ended without an answer",
-                                      transport=True)
-                return answer
-        except (httpx.HTTPError, SSEError) as exc:
-            raise QmdMcpError(f"qmd mcp {method}: {type(exc).__name__}: {exc}", transport=True) from exc
+            async with self._write_lock:
+                await self._send.send(line)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self.close(f"the child's stdin is closed ({type(exc).__name__})")
+            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True) from exc
 
 
-def _message(text: str, method: str) -> dict[str, Any]:
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise QmdMcpError(f"qmd mcp {method}: not JSON: {text[:200]!r}", transport=True) from exc
-    if not isinstance(value, dict):
-        raise QmdMcpError(f"qmd mcp {method}: not a JSON-RPC message: {text[:200]!r}", transport=True)
-    return value
+def _clip(line: bytes) -> str:
+    text = line.decode("utf-8", "replace")
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _excerpt(value: Any) -> str:

@@ -1,10 +1,12 @@
-"""The warm qmd child: one ``qmd mcp --http`` per agent in long-lived mode, answering ``query`` searches.
+"""The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches over stdio.
 
 A spawned ``qmd query`` starts Bun or Node and loads qmd's GGUF models (about 2 GB) on every
 call. In long-lived mode (``qmdbridge serve``, ``qmdbridge mcp``) :class:`WarmChild` keeps one
-``qmd mcp --http --port <free loopback port> --host 127.0.0.1 --index index`` running in the
-agent's qmd home, with exactly the environment, argv prefix and cwd of the spawn path, in its
-own process group, and sends searches to it over MCP (``qmdbridge.qmd.mcp_client``).
+``qmd mcp --index index`` running in the agent's qmd home, with exactly the environment, argv
+prefix and cwd of the spawn path, in its own process group, and sends searches to it as MCP
+JSON-RPC over the child's stdin and stdout (``qmdbridge.qmd.mcp_client``). The child opens no
+port and no socket: only this process holds its pipes, so no other local user can reach the
+agent's memory through it (qmd's ``--http`` server has no authentication).
 
 Which searches it answers, and why only those: qmd 2.8.3's MCP server has one search tool,
 ``query``. Called with a plain ``query`` it runs ``hybridQuery``, the very function ``qmd query``
@@ -19,28 +21,32 @@ collections would match. Those modes keep spawning qmd; the child is started on 
 ``query``-mode search (``searchMode: "query"`` starts it with the backend; a ``search`` whose
 flags qmd rejected is retried with ``query`` and reaches it too).
 
-Lifecycle: started in the backend's task group; ready once ``GET /health`` answers (polled
-with a growing interval, 20 ms to 250 ms) and ``initialize`` succeeds, within
-``update.commandTimeoutMs``; a start that fails or a child that dies (or whose connection
-fails) is restarted after the project's backoff (:class:`~fallback.background.RetryPolicy`:
-1 s doubling to 5 min, back to 1 s after a minute of good service). While it is not ready,
-or when a call fails for any reason other than the search deadline, that collection's search
-is run by spawning qmd exactly as before (``search_calls``), so the search breaker and the
-builtin fallback behave as they always did; start-up never runs under a search deadline and
-never touches the breaker. Stopping kills the child's process group (``runner.kill_and_reap``);
-on Linux the child is also started with ``PR_SET_PDEATHSIG`` = SIGKILL (a three-line exec
-wrapper, :func:`parent_death_argv`), so it dies with our process even after ``kill -9``.
+One call at a time: the collections of a search are asked in turn (an ``anyio.Lock``; ids
+still match answers to callers, so a call that left at its deadline can never hand its late
+answer to the next one). Measured on the real qmd, two calls at once finish no sooner than two
+in turn (its search runs on one JavaScript thread), and qmd 2.8.3 sends its stdout to stderr
+while node-llama-cpp loads (``llm.js`` ``withNativeStdoutRedirectedToStderr``): an answer
+finished by a second request in that window would be lost.
 
-The port is on loopback without authentication (qmd's server has none): any local user can
-query the agent's qmd index through it while it runs. ``memory.qmd.mcp.enabled: false`` turns
-the child off on a shared host.
+Lifecycle: started in the backend's task group; ready once MCP ``initialize`` is answered
+within ``update.commandTimeoutMs``. A start that fails, a child that exits, closes its stdout
+or writes anything but JSON-RPC lines there, or a call whose connection fails, ends that child;
+it is restarted after the project's backoff (:class:`~fallback.background.RetryPolicy`: 1 s
+doubling to 5 min, back to 1 s after a minute of good service). Its stderr is read all the
+time (a full pipe would block qmd) and its last line goes into ``lastError``. While it is not
+ready, or when a call fails for any reason other than the search deadline, that collection's
+search is run by spawning qmd exactly as before (``search_calls``), so the search breaker and
+the builtin fallback behave as they always did; start-up never runs under a search deadline
+and never touches the breaker. Stopping kills the child's process group
+(``runner.kill_and_reap``); on Linux the child is also started with ``PR_SET_PDEATHSIG`` =
+SIGKILL (a three-line exec wrapper, :func:`parent_death_argv`), so it dies with our process
+even after ``kill -9`` (qmd also stops by itself when its stdin ends).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -55,27 +61,24 @@ from fallback.background import BackgroundTasks, RetryPolicy
 from fallback.errors import BackendTimeoutError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
-from qmdbridge.qmd.mcp_client import McpHttpClient
+from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
 from qmdbridge.qmd.parse import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json
 from qmdbridge.qmd.runner import kill_and_reap, process_command
 from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
 
-__all__ = ["LOOPBACK", "WarmChild", "entries_from_mcp", "free_loopback_port", "parent_death_argv",
-           "strip_line_numbers"]
+__all__ = ["WarmChild", "entries_from_mcp", "parent_death_argv", "strip_line_numbers"]
 
 log = logging.getLogger("qmdbridge.qmd.warm")
 
-# The child listens here only (``--host``): qmd's origin guard then also checks Host headers.
-LOOPBACK = "127.0.0.1"
 # The search modes the child answers exactly as the spawned command (module docstring).
 WARM_MODES = ("query",)
 # A child that served this long before it died restarts after the first backoff step again, ms.
 STABLE_UPTIME_MS = 60_000
-# Health polling while the child starts: first and longest interval, seconds.
-POLL_FIRST_S = 0.02
-POLL_MAX_S = 0.25
-# Characters of the child's stdout/stderr kept for error messages (the tail).
+# A child that closed its stdout gets this long to exit by itself, so its exit status (not just
+# "closed its stdout") is reported, seconds.
+EXIT_GRACE_S = 1.0
+# Characters of the child's stderr kept for error messages (the tail).
 TAIL_CHARS = 4_000
 # Execs the rest of argv with PR_SET_PDEATHSIG = SIGKILL (prctl option 1), unless the parent
 # (argv[1]) is already gone; the setting survives exec (Linux clears it only for set-uid).
@@ -83,17 +86,6 @@ _PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
                    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
                    "os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
                    "os.execvp(sys.argv[2],sys.argv[2:])\n")
-
-
-def free_loopback_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
-
-    qmd 2.8.3 cannot be asked for port 0 (``--port 0`` means its default 8181); a port taken in
-    between makes the child exit ("Port N already in use") and the next start picks another.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
@@ -162,11 +154,10 @@ class _StartFailed(Exception):
 
 
 class WarmChild:
-    """A supervised ``qmd mcp --http`` child that answers ``query``-mode searches.
+    """A supervised ``qmd mcp`` child (stdio transport) that answers ``query``-mode searches.
 
     Args:
-        argv: ``port -> argv`` of the child (the backend's argv: the qmd program, ``mcp
-            --http --port <port> --host 127.0.0.1``, ``--index index``).
+        argv: the child's argv (the backend's: the qmd program, ``mcp``, ``--index index``).
         env: the child's environment (the spawn path's: per-agent XDG dirs, ``NO_COLOR``).
         cwd: the child's working directory (the agent workspace).
         startup_budget_ms: how long one start may take until ``initialize`` answered, ms > 0
@@ -180,24 +171,24 @@ class WarmChild:
 
     name = "qmd mcp child"
 
-    def __init__(self, *, argv: Callable[[int], list[str]], env: Mapping[str, str], cwd: Path,
+    def __init__(self, *, argv: list[str], env: Mapping[str, str], cwd: Path,
                  startup_budget_ms: int, policy: RetryPolicy | None = None,
                  now_ms: Callable[[], int] | None = None) -> None:
-        self._argv = argv
+        self._argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
         self.startup_budget_ms = startup_budget_ms
         self.policy = policy or RetryPolicy()
         self._now = now_ms or (lambda: int(time.time() * 1000))
         self._tasks: BackgroundTasks | None = None
-        self._client: McpHttpClient | None = None
+        self._client: McpStdioClient | None = None
+        self._calls = anyio.Lock()  # one call in flight at a time (module docstring)
         self._failed: anyio.Event | None = None  # set by a call whose connection failed
         self._changed: anyio.Event | None = None  # set (and replaced) on every state change
         self._scope: anyio.CancelScope | None = None
         self._closed = False
         self.state = "idle"  # idle | starting | ready | down | stopped
         self.pid: int | None = None
-        self.port: int | None = None
         self.starts = 0  # times a child became ready
         self.restarts = 0  # children started after the first
         self.answered = 0  # collection searches the child answered
@@ -276,58 +267,66 @@ class WarmChild:
 
     async def _generation(self) -> int:
         """One child from spawn to death; returns how long it served in ms (-1: never ready)."""
-        port = free_loopback_port()
-        self.state, self.port, self.pid, self.retry_at_ms = "starting", port, None, None
+        self.state, self.pid, self.retry_at_ms = "starting", None, None
         self._notify()
         started = time.monotonic()
         try:
             process = await anyio.open_process(
-                process_command(parent_death_argv(self._argv(port))), stdin=subprocess.DEVNULL,
+                process_command(parent_death_argv(self._argv)), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(self._cwd), env=self._env,
                 start_new_session=True)
         except OSError as exc:
             self._error(f"qmd mcp child could not start: {exc}")
             return -1
+        assert process.stdin is not None and process.stdout is not None
         self.pid = process.pid
         self._notify()
-        client = McpHttpClient(f"http://{LOOPBACK}:{port}")
-        tail: list[str] = [""]
-        exit_note: list[str] = []
+        client = McpStdioClient(process.stdin, process.stdout)
+        tail = [""]
+        start_failure: str | None = None
         ready_at: float | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_drain, process.stdout, tail)
                 tg.start_soon(_drain, process.stderr, tail)
-                tg.start_soon(_watch_exit, process, tail, exit_note, tg.cancel_scope)
+                tg.start_soon(_read, client, tg.cancel_scope)
+                tg.start_soon(_wait_exit, process, tg.cancel_scope)
                 try:
                     await self._wait_ready(client)
                 except _StartFailed as exc:
-                    self._error(f"qmd mcp child (pid {process.pid}, port {port}) did not start: {exc}")
+                    start_failure = str(exc)
                     tg.cancel_scope.cancel()
-                    return -1
-                ready_at = time.monotonic()
-                self._set_ready(client, started, ready_at)
-                failed = self._failed = anyio.Event()
-                await failed.wait()
-                tg.cancel_scope.cancel()
+                else:
+                    ready_at = time.monotonic()
+                    self._set_ready(client, started, ready_at)
+                    failed = self._failed = anyio.Event()
+                    await failed.wait()
+                    tg.cancel_scope.cancel()
         finally:
             self._client, self._failed = None, None
+            broken = client.broken  # set when the child ended the connection, not by us
             with anyio.CancelScope(shield=True):
+                if process.returncode is None and broken == EOF_REASON:
+                    with anyio.move_on_after(EXIT_GRACE_S):  # report its exit status if it exits
+                        await process.wait()
+                exited = process.returncode is not None
+                client.close()
                 await kill_and_reap(process)
+                with anyio.move_on_after(EXIT_GRACE_S):  # what it wrote last, to its end
+                    await _drain(process.stderr, tail)
                 await process.aclose()  # its pipes
-                await client.aclose()
-        if exit_note:
-            when = "before it answered" if ready_at is None else "while serving"
-            self._error(f"qmd mcp child (pid {process.pid}, port {port}) {exit_note[0]} {when}")
+        when = "before it answered" if ready_at is None else "while serving"
+        if exited:
+            self._error(f"qmd mcp child (pid {process.pid}) {_exit_note(process.returncode, tail[0])} {when}")
+        elif broken is not None:
+            self._error(f"qmd mcp child (pid {process.pid}) {when}: {broken} "
+                        f"(last stderr: {_last_line(tail[0])})")
+        elif start_failure is not None:
+            self._error(f"qmd mcp child (pid {process.pid}) did not start: {start_failure}")
         return -1 if ready_at is None else int((time.monotonic() - ready_at) * 1000)
 
-    async def _wait_ready(self, client: McpHttpClient) -> None:
-        """Poll ``/health`` (20 ms growing to 250 ms), then ``initialize``, within the budget."""
+    async def _wait_ready(self, client: McpStdioClient) -> None:
+        """``initialize`` within the start-up budget."""
         with anyio.move_on_after(self.startup_budget_ms / 1000) as budget:
-            delay_s = POLL_FIRST_S
-            while not await client.health():
-                await anyio.sleep(delay_s)
-                delay_s = min(POLL_MAX_S, delay_s * 2)
             try:
                 info = await client.initialize()
             except QmdMcpError as exc:
@@ -337,12 +336,12 @@ class WarmChild:
             raise _StartFailed(f"no answer within {self.startup_budget_ms}ms "
                                "(memory.qmd.update.commandTimeoutMs)")
 
-    def _set_ready(self, client: McpHttpClient, started: float, ready_at: float) -> None:
+    def _set_ready(self, client: McpStdioClient, started: float, ready_at: float) -> None:
         self._client = client
         self.state, self.starts = "ready", self.starts + 1
         self.ready_at_ms = self._now()
         self.startup_ms = int((ready_at - started) * 1000)
-        log.info("qmd mcp child ready (pid %s, port %s, %d ms)", self.pid, self.port, self.startup_ms)
+        log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
         self._notify()
 
     # -- searching ----------------------------------------------------------------------------
@@ -354,7 +353,8 @@ class WarmChild:
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
         """One collection's ``query`` search through the child, or ``None`` when the spawn path
         must answer it (the child is not ready, which also launches it, or the call failed; a
-        failed connection restarts the child).
+        failed connection restarts the child). Calls wait for the one before them
+        (module docstring); the wait counts against the search deadline.
 
         Args:
             q: the trimmed query (sent as ``encode_query(q, "query")``, the spawn path's text).
@@ -378,11 +378,12 @@ class WarmChild:
         if plan.no_rerank:
             args["rerank"] = False
         summary = (f"qmd query --json -n {plan.limit}{' --no-rerank' if plan.no_rerank else ''} "
-                   f"-c {coll.name} -- {q} (warm qmd mcp, port {self.port})")
+                   f"-c {coll.name} -- {q} (warm qmd mcp, pid {self.pid})")
         failed = self._failed
         try:
             with anyio.fail_after(max(0, plan.remaining_ms()) / 1000):
-                structured = await client.call_tool("query", args)
+                async with self._calls:
+                    structured = await client.call_tool("query", args)
             entries = entries_from_mcp(structured)
         except TimeoutError:
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
@@ -399,35 +400,45 @@ class WarmChild:
     # -- status -------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """Status view: ``{enabled, state, serves, pid, port, url, restarts, answered,
+        """Status view: ``{enabled, state, serves, transport, pid, restarts, answered,
         spawnFallbacks, lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs,
-        serverVersion}`` (``pid``/``port``/``url`` only while a child runs)."""
+        serverVersion}`` (``transport`` is ``"stdio"``; ``pid`` only while a child runs)."""
         running = self.state in ("starting", "ready")
         retry_in = None if self.retry_at_ms is None else max(0, self.retry_at_ms - self._now())
-        return {"enabled": True, "state": self.state, "serves": list(WARM_MODES),
-                "pid": self.pid if running else None, "port": self.port if running else None,
-                "url": f"http://{LOOPBACK}:{self.port}/mcp" if running else None,
-                "restarts": self.restarts, "answered": self.answered,
-                "spawnFallbacks": self.spawn_fallbacks, "lastError": self.last_error,
-                "lastErrorAtMs": self.last_error_at_ms, "readyAtMs": self.ready_at_ms,
-                "startupMs": self.startup_ms, "retryInMs": retry_in,
+        return {"enabled": True, "state": self.state, "serves": list(WARM_MODES), "transport": "stdio",
+                "pid": self.pid if running else None, "restarts": self.restarts,
+                "answered": self.answered, "spawnFallbacks": self.spawn_fallbacks,
+                "lastError": self.last_error, "lastErrorAtMs": self.last_error_at_ms,
+                "readyAtMs": self.ready_at_ms, "startupMs": self.startup_ms, "retryInMs": retry_in,
                 "serverVersion": self.server_version}
 
 
 async def _drain(stream: ByteReceiveStream | None, tail: list[str]) -> None:
-    """Read ``stream`` to its end, keeping the last :data:`TAIL_CHARS` characters in ``tail[0]``
-    (qmd logs a line per request: the pipe must never fill)."""
+    """Read the child's stderr to its end, keeping the last :data:`TAIL_CHARS` characters in
+    ``tail[0]`` (the pipe must never fill: a blocked write would stop qmd)."""
     if stream is None:
         return
     async for chunk in stream:
         tail[0] = (tail[0] + chunk.decode("utf-8", "replace"))[-TAIL_CHARS:]
 
 
-async def _watch_exit(process: Process, tail: list[str], note: list[str],
-                      scope: anyio.CancelScope) -> None:
-    """Wait for the child to exit, note how (with its last output line), cancel ``scope``."""
-    code = await process.wait()
-    last = next((ln.strip() for ln in reversed(tail[0].splitlines()) if ln.strip()), "no output")
-    status = f"signal {-code}" if code < 0 else f"code {code}"
-    note.append(f"exited ({status}; last output: {last[:200]})")
+async def _read(client: McpStdioClient, scope: anyio.CancelScope) -> None:
+    """Run the client's reader; when the connection ends (stdout closed, garbage), end the child."""
+    await client.run()
     scope.cancel()
+
+
+async def _wait_exit(process: Process, scope: anyio.CancelScope) -> None:
+    """End the child's generation when it exits (its stdout may outlive it in a grandchild)."""
+    await process.wait()
+    scope.cancel()
+
+
+def _last_line(text: str) -> str:
+    last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "no output")
+    return last[:200]
+
+
+def _exit_note(code: int | None, stderr_tail: str) -> str:
+    status = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
+    return f"exited ({status}; last output: {_last_line(stderr_tail)})"

@@ -107,7 +107,9 @@ def test_bench_daemon_quick() -> None:
         warm = rows["our warm child: QmdBackend.search (in-process)"]
         assert warm["value"] > 0 and warm["note"].endswith(
             "right note every run: True; all answered by the child: True")
+        assert rows["warm child start-up (spawn to initialize)"]["note"] == "qmd 2.8.3, stdio, restarts 0"
         for name in ("qmd's own MCP: the same tool call, bare JSON-RPC POST",
+                     "qmd's own MCP over stdio: the same call, bare line client",
                      "spawn per call: qmd search --json (CLI wall)",
                      "spawn per call: qmd query --json --no-rerank (CLI wall)"):
             assert "right note every run: True" in rows[name]["note"], name

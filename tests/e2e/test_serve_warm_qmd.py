@@ -75,7 +75,7 @@ def test_serve_answers_through_the_warm_child_and_sigterm_leaves_no_qmd(tmp_path
         after = _call(proc, {"id": 3, "tool": "status"})["custom"]["qmd"]["warm"]
         assert (after["pid"], after["answered"], after["spawnFallbacks"]) == (warm["pid"], 2, 0)
         child = psutil.Process(warm["pid"])
-        assert "mcp" in child.cmdline() and "--http" in child.cmdline()
+        assert "mcp" in child.cmdline() and "--http" not in child.cmdline()  # the stdio transport
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert child in tree
     finally:

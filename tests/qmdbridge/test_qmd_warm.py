@@ -1,9 +1,11 @@
-"""The warm ``qmd mcp --http`` child of long-lived mode (``qmdbridge/qmd/warm.py``).
+"""The warm ``qmd mcp`` child of long-lived mode over stdio (``qmdbridge/qmd/warm.py``).
 
 With the real qmd 2.8.3: its ``query`` answers equal the spawned ``qmd query``'s, hit for hit
-(paths, lines, scores, snippets, collections); a child killed with SIGKILL is replaced while the
-spawn path answers; ``search`` mode never starts it; nothing is left behind. With real small
-processes: a child that never answers or exits at once, and ``PR_SET_PDEATHSIG``.
+(paths, lines, scores, snippets, collections); concurrent searches and calls each get their own
+answer, also after a call left at its deadline; the child listens on no socket; a child killed
+with SIGKILL is replaced while the spawn path answers; ``search`` mode never starts it; nothing
+is left behind. With real small processes: a child that never answers or exits at once, and
+``PR_SET_PDEATHSIG`` (the stdio stand-ins are in ``test_qmd_warm_standins.py``).
 
 The workspace and environment (``qmd_query_ws``) let qmd's ``query`` run without its GGUF
 models: strong BM25 hits, ``rerank: false``, model paths that do not exist.
@@ -12,6 +14,7 @@ models: strong BM25 hits, ``rerank: false``, model paths that do not exist.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,18 +30,11 @@ from fallback.background import BackgroundTasks, RetryPolicy
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
-from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.results_json import parse_qmd_json
 from qmdbridge.qmd.search_calls import CallPlan, search_collections
-from qmdbridge.qmd.warm import (
-    WarmChild,
-    entries_from_mcp,
-    free_loopback_port,
-    parent_death_argv,
-    strip_line_numbers,
-)
+from qmdbridge.qmd.warm import WarmChild, entries_from_mcp, parent_death_argv, strip_line_numbers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
@@ -102,15 +98,6 @@ def test_mcp_results_map_to_the_entries_of_the_cli_json() -> None:
             entries_from_mcp(bad)
 
 
-def test_free_loopback_port_can_be_bound() -> None:
-    import socket
-
-    port = free_loopback_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
-    assert 0 < port < 65536
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_parent_death_argv_kills_the_child_when_its_parent_is_killed(tmp_path: Path) -> None:
     """An intermediate process starts ``sleep`` through the wrapper and is SIGKILLed: the
@@ -138,7 +125,7 @@ def test_parent_death_argv_kills_the_child_when_its_parent_is_killed(tmp_path: P
 @pytest.mark.anyio
 async def test_a_child_that_never_answers_fails_its_start_within_the_budget(tmp_path: Path) -> None:
     pids: list[int] = []
-    warm = WarmChild(argv=lambda port: [sys.executable, "-c", "import time; time.sleep(300)"],
+    warm = WarmChild(argv=[sys.executable, "-c", "import time; time.sleep(300)"],
                      env=dict(os.environ), cwd=tmp_path, startup_budget_ms=300,
                      policy=RetryPolicy(base_ms=20, max_ms=20))
     async with BackgroundTasks() as tasks:
@@ -159,41 +146,16 @@ async def test_a_child_that_never_answers_fails_its_start_within_the_budget(tmp_
 
 @pytest.mark.anyio
 async def test_a_child_that_exits_at_once_is_reported_and_retried(tmp_path: Path) -> None:
-    script = "import sys; print('Port 1 already in use. Try a different port.', file=sys.stderr); sys.exit(3)"
-    warm = WarmChild(argv=lambda port: [sys.executable, "-c", script], env=dict(os.environ),
+    script = "import sys; print('QMD Error: cannot open the index', file=sys.stderr); sys.exit(3)"
+    warm = WarmChild(argv=[sys.executable, "-c", script], env=dict(os.environ),
                      cwd=tmp_path, startup_budget_ms=30_000, policy=RetryPolicy(base_ms=20, max_ms=20))
     async with BackgroundTasks() as tasks:
         warm.attach(tasks)
         warm.launch()
         with anyio.fail_after(DEADLINE_S):
             await warm.wait_for(lambda w: w.restarts >= 1 and w.last_error is not None)
-        assert "exited (code 3; last output: Port 1 already in use. Try a different port.) " \
-               "before it answered" in (warm.last_error or "")
-        await warm.close()
-
-
-@pytest.mark.anyio
-async def test_a_broken_connection_sends_the_search_to_the_spawn_path_and_restarts_the_child(
-        tmp_path: Path, standins_dir: Path) -> None:
-    warm = WarmChild(argv=lambda port: [sys.executable, str(standins_dir / "mcp_reset.py"), str(port)],
-                     env=dict(os.environ), cwd=tmp_path, startup_budget_ms=30_000,
-                     policy=RetryPolicy(base_ms=20, max_ms=20))
-    coll = ManagedCollection(name="memory-dir-main", path=tmp_path, pattern="**/*.md", kind="memory")
-    async with BackgroundTasks() as tasks:
-        warm.attach(tasks)
-        warm.launch()
-        with anyio.fail_after(DEADLINE_S):
-            await warm.wait_for(lambda w: w.ready)
-        first_pid = warm.pid
-        assert warm.server_version == "0-standin" and first_pid is not None
-        plan = CallPlan("query", 6, True, anyio.current_time() + DEADLINE_S, 20_000, tmp_path)
-        assert await warm.search("zanzibar", coll, plan) is None
-        assert (warm.answered, warm.spawn_fallbacks) == (0, 1)
-        assert warm.last_error == ("qmd mcp tools/call: RemoteProtocolError: Server disconnected "
-                                   "without sending a response.; spawning qmd for this search")
-        with anyio.fail_after(DEADLINE_S):
-            await warm.wait_for(lambda w: w.ready and w.starts == 2)
-        assert warm.restarts == 1 and warm.pid != first_pid and not psutil.pid_exists(first_pid)
+        assert re.fullmatch(r"qmd mcp child \(pid \d+\) exited \(code 3; last output: QMD Error: "
+                            r"cannot open the index\) before it answered", warm.last_error or "")
         await warm.close()
 
 
@@ -229,7 +191,7 @@ async def test_warm_answers_equal_the_spawned_commands(tmp_path: Path, qmd_bin: 
         assert hits[2].snippet.splitlines()[1] == "Checked the zanzibar ferry timetable again."
         st = (await warm.status()).custom["qmd"]["warm"]
         assert (st["state"], st["answered"], st["spawnFallbacks"], st["restarts"]) == ("ready", 10, 0, 0)
-        assert st["serves"] == ["query"] and st["url"] == f"http://127.0.0.1:{st['port']}/mcp"
+        assert (st["serves"], st["transport"], st["serverVersion"]) == (["query"], "stdio", "2.8.3")
         assert (await spawn.status()).custom["qmd"]["warm"] == {
             "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"}
         child = psutil.Process(st["pid"])
@@ -265,7 +227,7 @@ async def test_killed_child_spawn_answers_then_child_is_back(tmp_path: Path, qmd
         with anyio.fail_after(DEADLINE_S):
             await warm.wait_for(lambda w: w.state == "down")
         assert (warm.last_error or "").startswith(
-            f"qmd mcp child (pid {old_pid}, port {status.custom['qmd']['warm']['port']}) exited "
+            f"qmd mcp child (pid {old_pid}) exited "
             "(signal 9; last output: ")
         again = await m.search("zanzibar ferry")
         assert (again.backend, again.fallback, again.results) == ("qmd", None, first.results)
@@ -278,6 +240,70 @@ async def test_killed_child_spawn_answers_then_child_is_back(tmp_path: Path, qmd
         assert m.breaker.state.failures == 0
         new_pid = warm.pid
     assert _children() <= before and new_pid is not None and not psutil.pid_exists(new_pid)
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_concurrent_searches_and_a_cancelled_call_each_leave_every_answer_its_own(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """Two searches at once through the child (two collections each) and two raw calls at
+    once on its connection each get their own answer; a call cancelled after it was sent
+    leaves nothing the next call could read as its own; the child listens on no socket."""
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli")
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full")
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        warm = b.warm
+        assert warm is not None
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready)
+        want = {q: await spawn.search(q) for q in QUERIES}
+        assert [h.path for h in want["zanzibar ferry"]] != [h.path for h in want["spice zanzibar"]]
+        got: dict[str, Any] = {}
+
+        async def search(q: str) -> None:
+            got[q] = await b.search(q)
+
+        async with anyio.create_task_group() as tg:
+            for q in QUERIES:
+                tg.start_soon(search, q)
+        assert got == want and (warm.answered, warm.spawn_fallbacks) == (4, 0)
+
+        client = warm._client
+        assert client is not None
+        calls = {("zanzibar ferry", "memory-dir-main"): "memory-dir-main/2026-03-01.md",
+                 ("spice zanzibar", "memory-root-main"): "memory-root-main/MEMORY.md"}
+        raw: dict[str, str] = {}
+
+        async def call(q: str, coll: str) -> None:
+            answer = await client.call_tool("query", {"query": q, "limit": 6, "minScore": 0,
+                                                      "collections": [coll], "rerank": False})
+            raw[coll] = answer["results"][0]["file"]
+
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                for q, coll in calls:
+                    tg.start_soon(call, q, coll)
+        assert raw == {coll: file for (_, coll), file in calls.items()}
+
+        sent = client.requests_sent
+        with anyio.fail_after(DEADLINE_S):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "zanzibar ferry", "memory-dir-main")
+                while client.requests_sent == sent:  # until the request is on the pipe
+                    await anyio.sleep(0)
+                tg.cancel_scope.cancel()
+            await call("spice zanzibar", "memory-root-main")
+        assert raw["memory-root-main"] == "memory-root-main/MEMORY.md" and client.in_flight == 0
+        assert client.broken is None and warm.ready and warm.starts == 1
+
+        child = psutil.Process(warm.pid or 0)
+        assert [c for c in child.net_connections(kind="all") if c.status == psutil.CONN_LISTEN] == []
+        if sys.platform.startswith("linux"):  # its stdin and stdout are pipes to this process
+            assert {os.readlink(f"/proc/{child.pid}/fd/{fd}").split(":")[0] for fd in (0, 1)} == {"pipe"}
+        await b.close()
+    await spawn.close()
 
 
 @pytest.mark.anyio

@@ -49,7 +49,7 @@ from fallback.engine.builtin import BuiltinEngine  # noqa: E402
 from fallback.index.windows import chunk_windows  # noqa: E402
 from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_words, contrast_vector  # noqa: E402
 from fallback.search.fusion import CosineStats, apply_floor, fuse, select_results  # noqa: E402
-from fallback.search.keyword import keyword_candidates, search_plan  # noqa: E402
+from fallback.search.keyword import rank_keyword_candidates, search_plan  # noqa: E402
 from fallback.search.ranking import Candidate  # noqa: E402
 from fallback.settings import EngineSettings, MemorySearchSettings  # noqa: E402
 from fallback.store.db import Store  # noqa: E402
@@ -165,8 +165,8 @@ async def prepare(conversation: LocomoConversation, tmp: Path, candidates: int) 
     try:
         chunks = [(r[0], r[1], int(r[2]), int(r[3]), r[4]) for r in store.query(
             "SELECT id, path, start_line, end_line, text FROM chunks ORDER BY id")]
-        keyword = [await keyword_candidates(store, q.query, ["memory"], candidates,
-                                            plan=search_plan(store, q.query)) for q in conversation.questions]
+        keyword = [rank_keyword_candidates(store, q.query, ["memory"], candidates,
+                                           plan=search_plan(store, q.query)) for q in conversation.questions]
         common = [common_words(store, q.query) for q in conversation.questions]
     finally:
         store.close()

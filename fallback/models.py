@@ -69,10 +69,13 @@ class ExplainKeyword(_Model):
 
 class ExplainVector(_Model):
     """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity (of
-    the chunk's best window: chunks are embedded as windows of a few lines, max-pooled)."""
+    the chunk's best window: chunks are embedded as windows of a few lines, max-pooled) to the
+    query vector searched; ``contrast``: the query's common terms contrasted out of that vector
+    (``fallback/search/contrast.py``), ``[]`` when none."""
 
     rank: int
     cosine: float
+    contrast: list[str] = Field(default_factory=list)
 
 
 class ExplainFusion(_Model):

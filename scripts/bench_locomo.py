@@ -14,11 +14,12 @@ fixes it) and is scored by the same metric functions (``qmdbridge.evaluation.met
   folder, line ranges from its snippet window; its latency is the whole process (spawn to exit).
 
 Latency is per question in ms (p50 / p95): around ``MemoryManager.search`` for qmdbridge, around
-the SQL query for the floor. Nothing is written outside temporary folders, and the data is only
-read from the given path.
+the SQL query for the floor. Nothing is written outside temporary folders (but with
+``--cache-dir``, which keeps the qmdbridge rows' indexes, embeddings included, for the next
+run), and the data is only read from the given path.
 
 Usage: ``python3 scripts/bench_locomo.py [DATA] [--systems keyword,hybrid,fts5,qmd] [--json]
-[--out FILE] [--model PATH] [--qmd PATH] [--max-results 10]``. ``DATA`` (a folder of LoCoMo
+[--out FILE] [--model PATH] [--qmd PATH] [--max-results 10] [--cache-dir DIR]``. ``DATA`` (a folder of LoCoMo
 ``*.json`` files, or one file) defaults to ``/work/shared/bench/locomo-dev`` when it exists.
 """
 
@@ -167,7 +168,8 @@ def run_system(system: str, data: Path, conversations: list[LocomoConversation],
             if not Path(args.model).is_file():
                 return Result(system, None, f"skipped: model {args.model} not found")
         options = EvalOptions(max_results=args.max_results, provider="none" if system == "keyword" else "local",
-                              model_path=None if system == "keyword" else str(args.model))
+                              model_path=None if system == "keyword" else str(args.model),
+                              cache_dir=Path(args.cache_dir) / system if args.cache_dir else None)
         report = anyio.run(lambda: run_locomo(data, cfg=load_config(args.config), options=options))
         return Result(system, report.metrics, f"mode {report.mode}, minScore {report.min_score:g}")
     if system == "fts5":
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="GGUF model of the hybrid row")
     p.add_argument("--qmd", default=str(REPO / ".tools" / "bin" / "qmd"), help="the qmd launcher")
     p.add_argument("--config", help="OpenClaw config for the qmdbridge rows (default: none)")
+    p.add_argument("--cache-dir", help="keep the qmdbridge rows' indexes (and embedding caches) in "
+                   "DIR/<system>/<conversation> for the next run (default: throw-away folders)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--out", help="also write the JSON document to this file")
     args = p.parse_args(argv)

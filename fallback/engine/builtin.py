@@ -43,6 +43,7 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.engine.query_vector import (
     PreparedProvider,
     QueryVector,
+    QueryVectorCache,
     backlog_reason,
     check_query_vector,
     embed_query_within,
@@ -59,12 +60,7 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.index.indexer import Indexer, SyncReport
-from fallback.models import (
-    MemoryReadResult,
-    MemorySearchResult,
-    MemoryStatus,
-    Source,
-)
+from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count
 from fallback.search.pipeline import Searcher, SearchOutcome
@@ -131,6 +127,7 @@ class BuiltinEngine:
         self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
+        self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -499,7 +496,8 @@ class BuiltinEngine:
         store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
-            store, provider, qv, warnings, synced=self._syncs_done != syncs)
+            store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,
+            deadline=deadline)
         limit = max(1, max_results if max_results is not None else q.max_results)
         floor = q.min_score if min_score is None else min_score
         enabled: list[str] = list(self.settings.search.sources)
@@ -515,10 +513,11 @@ class BuiltinEngine:
         return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])
 
     async def _prepare_vector(self, store: Store, provider: EmbeddingProvider,
-                              query: QueryVector, warnings: list[str], *,
-                              synced: bool) -> PreparedProvider:
-        """The provider the ranking code gets after the pre-search sync: the query vector if
-        the index can use it (else ``[]``, keywords only), with the answer's warnings.
+                              query: QueryVector, warnings: list[str], *, synced: bool,
+                              text: str, deadline: float) -> PreparedProvider:
+        """The provider the ranking code gets after the pre-search sync: the query vector of
+        ``text`` if the index can use it (else ``[]``, keywords only), other texts embedded
+        before ``deadline`` (anyio clock), with the answer's warnings.
 
         Raises:
             SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
@@ -537,7 +536,8 @@ class BuiltinEngine:
             self.mark_dirty(f"embedding dimensions changed ({changed[0]} -> {changed[1]})")
             if self._live is not None:
                 self._live.spawn_sync("search")
-        return PreparedProvider(provider, vector)
+        return PreparedProvider(provider, vector, query=text, deadline=deadline,
+                                cache=self._query_vectors)
 
     def _searcher(self, explain: bool = False) -> Searcher:
         def record(error: str) -> None:

@@ -2,8 +2,10 @@
 
 The builtin engine embeds the query before anything else a search does, within
 ``query.timeoutMs`` (:func:`embed_query_within`), then hands the ranking code a
-:class:`PreparedProvider` whose ``embed_query`` returns that vector, so the provider is called
-once per search and never past the deadline. What the engine does when the provider failed
+:class:`PreparedProvider` whose ``embed_query`` returns that vector, so the query is embedded
+once per search and the provider is never called past the deadline (the one other text a
+search embeds, the background of its common terms, ``fallback/search/contrast.py``, goes
+through the same deadline and a :class:`QueryVectorCache`). What the engine does when the provider failed
 (fail closed, or answer from keyword search with a warning) is decided in
 ``fallback/engine/builtin.py``; the texts of those warnings live here.
 """
@@ -11,6 +13,8 @@ once per search and never past the deadline. What the engine does when the provi
 from __future__ import annotations
 
 import logging
+import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,7 +38,9 @@ __all__ = [
     "ensure_model",
     "failure_text",
     "PreparedProvider",
+    "QUERY_CACHE_ENTRIES",
     "QueryVector",
+    "QueryVectorCache",
     "backlog_reason",
     "check_query_vector",
     "dims_warning",
@@ -46,6 +52,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("fallback.engine.builtin")
+
+# Query embeddings of other texts (contrast backgrounds) an engine keeps across searches.
+QUERY_CACHE_ENTRIES = 256
 
 
 @dataclass(frozen=True)
@@ -125,19 +134,58 @@ async def embed_query_within(provider: EmbeddingProvider | None, text: str, *,
         f"query embedding timed out after {timeout_ms} ms (query.timeoutMs)")), deadline
 
 
+class QueryVectorCache:
+    """Query embeddings of texts other than the query itself (the background of
+    ``fallback/search/contrast.py``), least recently used dropped first. The same few common
+    terms (a chat's speaker names) come back query after query, so after the first search they
+    cost no provider call.
+
+    Args:
+        max_entries: how many vectors are kept (>= 1).
+    """
+
+    def __init__(self, max_entries: int = QUERY_CACHE_ENTRIES) -> None:
+        self._max = max(1, max_entries)
+        self._vectors: OrderedDict[tuple[str, str, str], list[float]] = OrderedDict()
+
+    def get(self, key: tuple[str, str, str]) -> list[float] | None:
+        """The vector cached for ``(provider key, model, text)`` (marked used), or ``None``."""
+        vector = self._vectors.get(key)
+        if vector is not None:
+            self._vectors.move_to_end(key)
+        return vector
+
+    def put(self, key: tuple[str, str, str], vector: list[float]) -> None:
+        """Cache ``vector`` for ``key``; the least recently used entry goes beyond the bound."""
+        self._vectors[key] = list(vector)
+        self._vectors.move_to_end(key)
+        while len(self._vectors) > self._max:
+            self._vectors.popitem(last=False)
+
+
 class PreparedProvider:
-    """The provider as the ranking code sees it during one search: ``embed_query`` answers
-    the vector embedded beforehand (``[]`` = none: keyword-only ranking); everything else is
-    the provider's.
+    """The provider as the ranking code sees it during one search: ``embed_query`` of the query
+    answers the vector embedded beforehand (``[]`` = none: keyword-only ranking); any other
+    text is embedded by the provider within what is left of the search's deadline (through
+    ``cache`` when given); everything else is the provider's.
 
     Args:
         provider: the real provider.
         vector: the prepared query vector (``[]`` when there is none).
+        query: the text ``vector`` was made for; ``None``: every text gets ``vector``.
+        deadline: anyio clock time after which the provider is not called (``None``: no
+            deadline but the provider's own timeouts).
+        cache: embeddings of other texts kept across searches, or ``None``.
     """
 
-    def __init__(self, provider: EmbeddingProvider, vector: list[float]) -> None:
+    def __init__(self, provider: EmbeddingProvider, vector: list[float], *,
+                 query: str | None = None, deadline: float | None = None,
+                 cache: QueryVectorCache | None = None) -> None:
         self._provider = provider
         self._vector = list(vector)
+        self._query = query
+        self._deadline = deadline
+        self._cache = cache
         self.provider_id = provider.provider_id
         self.model = provider.model
         self.dims = provider.dims
@@ -146,8 +194,27 @@ class PreparedProvider:
         self.max_batch_bytes = provider.max_batch_bytes
 
     async def embed_query(self, text: str) -> list[float]:
-        """The prepared vector (a copy); ``text`` is the query it was made for."""
-        return list(self._vector)
+        """The prepared vector (a copy) for the query; another ``text`` embedded as a query.
+
+        Raises:
+            EmbeddingProviderError: the provider failed on another text, or the deadline
+                passed (``query embedding timed out (query.timeoutMs)``).
+        """
+        if self._query is None or text == self._query:
+            return list(self._vector)
+        key = (self.provider_key, self.model, text)
+        cached = self._cache.get(key) if self._cache is not None else None
+        if cached is not None:
+            return list(cached)
+        vector: list[float] | None = None
+        with anyio.move_on_at(self._deadline if self._deadline is not None else math.inf):
+            vector = await self._provider.embed_query(text)
+        if vector is None:
+            raise EmbeddingProviderError(self.provider_id,
+                                         "query embedding timed out (query.timeoutMs)")
+        if self._cache is not None and vector:
+            self._cache.put(key, vector)
+        return list(vector)
 
     async def embed_batch(self, texts: list[str]) -> list[list[float]]:
         """The provider's ``embed_batch``. Raises ``EmbeddingProviderError``."""

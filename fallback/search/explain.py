@@ -9,7 +9,7 @@ step methods after each ranking step (``keyword``, ``vector``, ``fusion``, ``dec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fallback.models import (
@@ -77,11 +77,13 @@ class SearchTrace:
             self._of(chunk_id).keyword = ExplainKeyword(rank=rank, bm25=hit.bm25,
                                                         text_score=hit.text_score or hit.score)
 
-    def vector(self, hits: list[Candidate]) -> None:
-        """Record the vector candidates, in cosine order."""
+    def vector(self, hits: list[Candidate], *, contrast: Sequence[str] = ()) -> None:
+        """Record the vector candidates, in cosine order, and the query's common terms the
+        search contrasted out (``fallback/search/contrast.py``)."""
         for chunk_id, rank in _ranks(hits).items():
             hit = hits[rank - 1]
-            self._of(chunk_id).vector = ExplainVector(rank=rank, cosine=hit.vector_score or hit.score)
+            self._of(chunk_id).vector = ExplainVector(rank=rank, cosine=hit.vector_score or hit.score,
+                                                      contrast=list(contrast))
 
     def fusion(self, merged: list[Candidate], *, method: str, vector_weight: float,
                text_weight: float) -> None:

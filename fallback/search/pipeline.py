@@ -20,6 +20,7 @@ import anyio
 
 from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
+from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_words, contrast_vector
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
@@ -143,8 +144,10 @@ class Searcher:
         """Hybrid ranking: vector and keyword candidates fused into one calibrated score
         (``fallback/search/fusion.py``), the ``minScore`` floor on it, then temporal decay, the
         optional reranker and MMR (which reorder, never remove) and the result slots (session
-        transcripts at most half). Keyword-only when there is no query vector; vector-only
-        (the same steps over the vector side alone) when ``hybrid.enabled`` is false."""
+        transcripts at most half). The vector side searches with the query's common terms
+        contrasted out (``fallback/search/contrast.py``). Keyword-only when there is no query
+        vector; vector-only (the same steps over the vector side alone) when
+        ``hybrid.enabled`` is false."""
         hybrid = self.settings.search.query.hybrid
         try:
             qvec = await provider.embed_query(text)
@@ -157,11 +160,12 @@ class Searcher:
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
         keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
                         if hybrid.enabled else [])
+        qvec, contrasted = await self._contrast(store, provider, text, qvec)
         vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:
             self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
             self.trace.keyword(keyword_hits)
-            self.trace.vector(vector_hits)
+            self.trace.vector(vector_hits, contrast=contrasted)
         merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion, cosine_stats=stats,
                       vector_weight=hybrid.vector_weight, text_weight=hybrid.text_weight)
         if self.trace:
@@ -174,6 +178,22 @@ class Searcher:
                 self.trace.mmr(ranked, diverse, lambda_=hybrid.mmr.lambda_)
             ranked = diverse
         return self._finish(select_results(ranked, max_results=limit), floor)
+
+    async def _contrast(self, store: Store, provider: EmbeddingProvider, text: str,
+                        qvec: list[float]) -> tuple[list[float], list[str]]:
+        """The query vector with its common terms contrasted out (``fallback/search/contrast.py``)
+        and those terms; ``(qvec, [])`` when the query has none, or when their embedding fails
+        (logged: the search goes on with the plain query vector)."""
+        words = await anyio.to_thread.run_sync(common_words, store, text)
+        background = background_text(words)
+        if not words or background == text:
+            return qvec, []
+        try:
+            bvec = await provider.embed_query(background)
+        except EmbeddingProviderError as exc:
+            log.warning("embedding the query's common terms failed, plain query vector: %s", exc)
+            return qvec, []
+        return contrast_vector(qvec, bvec, weight=CONTRAST_WEIGHT), words
 
     async def _rerank(self, text: str, cands: list[Candidate]) -> list[Candidate]:
         """The optional reranker stage (``fallback/search/rerank.py``), before MMR and the cut."""

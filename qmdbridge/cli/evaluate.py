@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from fallback.errors import UsageError
@@ -88,7 +89,8 @@ async def run_eval(agent: Any, args: argparse.Namespace) -> int:
 
     del agent  # each eval workspace gets its own agent config (see eval_agent)
     options = EvalOptions(max_results=args.max_results, min_score=args.min_score,
-                          provider=args.provider, model_path=args.model)
+                          provider=args.provider, model_path=args.model,
+                          cache_dir=Path(args.cache_dir) if args.cache_dir else None)
     cfg = load_config(args.config)
     with eval_progress(enabled=not args.json) as on_progress:
         if args.locomo is not None:

@@ -240,6 +240,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        "gemini, voyage, mistral, ollama (default: config)")
         p.add_argument("--model", metavar="PATH", help="local GGUF embedding model (implies --provider local)")
         p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
+        p.add_argument("--cache-dir", metavar="DIR",
+                       help="keep each workspace's index (with its embedding cache) in DIR/<name> for the next "
+                       "run, which then embeds only new text (default: a throw-away folder)")
         p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
         p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")

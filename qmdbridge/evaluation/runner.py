@@ -10,14 +10,17 @@ Two inputs:
   over an existing workspace, indexed into a temporary state dir (the agent's own index is not
   touched).
 
-Either way nothing is left behind, the config's ``memorySearch`` settings apply (with the
-store forced into the temporary state dir, and the embedding provider optionally overridden),
-and the search latency is measured around the manager's ``search`` call only.
+Either way nothing is left behind (unless a cache folder is given: :attr:`EvalOptions.cache_dir`
+keeps each workspace's store, with its embedding cache, for the next run), the config's
+``memorySearch`` settings apply (with the store forced into the state dir, and the embedding
+provider optionally overridden), and the search latency is measured around the manager's
+``search`` call only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -60,6 +63,8 @@ __all__ = [
 DEFAULT_MAX_RESULTS = 10
 # The keys a line of a queries file may have.
 QUERY_KEYS = ("query", "path", "line", "text", "category", "id")
+# What a workspace name may keep in the name of its cache folder (anything else becomes ``_``).
+_CACHE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]")
 
 ProgressCallback = Callable[[str, int, int], None]
 """``on_progress(workspace_name, questions_done, questions_total)``, called after each search."""
@@ -76,12 +81,25 @@ class EvalOptions:
             ...); ``None`` keeps the config's ``memorySearch.provider``.
         model_path: the local GGUF model (sets ``local.modelPath``; implies ``provider`` local
             when no provider is given).
+        cache_dir: keep each workspace's state dir (its store and the store's embedding cache)
+            in ``<cache_dir>/<workspace name>`` across runs instead of a temporary folder, so a
+            rerun embeds only text it has not seen (``index_ms`` is then the time of that
+            incremental sync); ``None``: everything is temporary.
     """
 
     max_results: int = DEFAULT_MAX_RESULTS
     min_score: float | None = None
     provider: str | None = None
     model_path: str | None = None
+    cache_dir: Path | None = None
+
+    def state_dir(self, name: str, scratch: Path) -> Path:
+        """The state dir of workspace ``name``: ``<cache_dir>/<name>`` (characters other than
+        letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``) when caching, else
+        ``<scratch>/state``."""
+        if self.cache_dir is None:
+            return scratch / "state"
+        return Path(self.cache_dir).expanduser() / (_CACHE_NAME_RE.sub("_", name) or "_")
 
 
 class _Model(BaseModel):
@@ -290,7 +308,8 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
     for conversation in conversations:
         with tempfile.TemporaryDirectory(prefix="qmdbridge-eval-") as tmp:
             ws = write_workspace(conversation, Path(tmp) / "workspace")
-            agent = eval_agent(cfg, agent_id=agent_id, workspace=ws, state_dir=Path(tmp) / "state",
+            agent = eval_agent(cfg, agent_id=agent_id, workspace=ws,
+                               state_dir=options.state_dir(conversation.name, Path(tmp)),
                                options=options)
             runs.append(await evaluate_workspace(agent, conversation.questions, options=options,
                                                  name=conversation.name, source=conversation.source,
@@ -385,8 +404,8 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
         raise UsageError(f"workspace {'is not a directory' if ws.exists() else 'does not exist'}: {ws}")
     questions = load_queries(queries_file, ws)
     with tempfile.TemporaryDirectory(prefix="qmdbridge-eval-") as tmp:
-        agent = eval_agent(cfg, agent_id=agent_id, workspace=ws, state_dir=Path(tmp) / "state",
-                           options=options)
+        agent = eval_agent(cfg, agent_id=agent_id, workspace=ws,
+                           state_dir=options.state_dir(ws.name, Path(tmp)), options=options)
         run = await evaluate_workspace(agent, questions, options=options, name=ws.name,
                                        source=str(ws), on_progress=on_progress)
     return _report("queries", [str(Path(queries_file).expanduser())], [run], agent=agent,

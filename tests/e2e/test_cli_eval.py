@@ -67,6 +67,18 @@ def test_locomo_json(tmp_path: Path, env: dict[str, str]) -> None:
     assert not (tmp_path / "state").exists()
 
 
+def test_locomo_cache_dir_keeps_the_index(tmp_path: Path, env: dict[str, str]) -> None:
+    write_locomo(tmp_path / "data")
+    args = ["eval", "--locomo", str(tmp_path / "data"), "--provider", "none", "--json",
+            "--cache-dir", str(tmp_path / "cache")]
+    first, second = run(args, env), run(args, env)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    m1, m2 = orjson.loads(first.stdout)["metrics"], orjson.loads(second.stdout)["metrics"]
+    assert m1["recallAt5"] == m2["recallAt5"] == pytest.approx(LOCOMO_R)
+    assert (tmp_path / "cache" / "conv-syn" / "memory" / "main.sqlite").is_file()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_locomo_text_report(tmp_path: Path, env: dict[str, str]) -> None:
     data = write_locomo(tmp_path / "data")
     p = run(["eval", "--locomo", str(data), "--provider", "none", "--max-results", "3"], env)

@@ -4,6 +4,7 @@ folders, on the made-up conversation and query set of ``eval_synthetic`` (hand-c
 from __future__ import annotations
 
 import json
+import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -170,3 +171,32 @@ async def test_hybrid_with_the_local_model(tmp_path: Path, private_tmp: Path, lo
     assert (report.provider, report.mode) == ("local", "hybrid")
     assert (report.metrics.questions, report.metrics.evidence) == (5, 7)
     assert list(private_tmp.iterdir()) == []
+
+
+def _chunk_rows(db: Path) -> list[tuple[int, str, int]]:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT rowid, id, updated_at FROM chunks ORDER BY rowid").fetchall()
+
+
+@pytest.mark.anyio
+async def test_cache_dir_keeps_each_store_for_the_next_run(tmp_path: Path, private_tmp: Path) -> None:
+    write_locomo(tmp_path / "data")
+    cache = tmp_path / "cache"
+    options = EvalOptions(provider="none", cache_dir=cache)
+    first = await run_locomo(tmp_path / "data", cfg=OpenClawConfig(), options=options)
+    db = cache / "conv-syn" / "memory" / "main.sqlite"
+    rows = _chunk_rows(db)
+    assert len(rows) == 3
+    second = await run_locomo(tmp_path / "data", cfg=OpenClawConfig(), options=options)
+    # the second run's workspace is a new temporary folder with the same notes: the sync finds
+    # every chunk unchanged (same rows, same write times), nothing is written or embedded again
+    assert _chunk_rows(db) == rows
+    assert second.metrics.recall_at5 == first.metrics.recall_at5 == pytest.approx(LOCOMO_R)
+    assert list(private_tmp.iterdir()) == []  # the workspaces are still temporary
+
+
+def test_cache_dir_names_are_safe_folder_names(tmp_path: Path) -> None:
+    options = EvalOptions(cache_dir=tmp_path / "cache")
+    assert options.state_dir("conv-26", tmp_path / "x") == tmp_path / "cache" / "conv-26"
+    assert options.state_dir("conv 26#2/../x", tmp_path / "x") == tmp_path / "cache" / "conv_26_2_.._x"
+    assert EvalOptions().state_dir("conv-26", tmp_path / "x") == tmp_path / "x" / "state"

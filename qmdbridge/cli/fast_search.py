@@ -10,7 +10,7 @@ files are the indexed ones), so:
    query knobs, the index identity, the citations mode), to
    ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
    request fingerprint (state dir, ``--agent``, ``--workspace`` resolved against the cwd,
-   ``--backend``, the config file with its size, mtime and inode:
+   ``--backend``, the config file with its size, mtime, ctime and inode:
    :func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME``, and the size and mtime of the
    source files that turn a config into settings; the cwd too when the config names a
    relative workspace or store path. It is written only when such a search needs no engine:

@@ -193,3 +193,23 @@ def test_verbose_says_why_it_runs_in_process(ws: Path, fenv: dict[str, str]) -> 
     assert report["inProcess"]
     assert "INFO qmdbridge.cli: one-shot search runs the engine: changed: memory/2026-11-28.md\n" in report["stderr"]
     assert not os.path.exists(Path(fenv["OPENCLAW_STATE_DIR"]) / "daemon")
+
+
+def test_a_config_rewritten_in_place_with_its_size_and_mtime_is_still_a_change(
+        ws: Path, fenv: dict[str, str]) -> None:
+    cfg = Path(fenv["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg.parent.mkdir()
+    cfg.write_text('{agents: {defaults: {memorySearch: {query: {maxResults: 6}}}}}')
+    argv = ["search", "the", "--workspace", str(ws), "--min-score", "0", "--json"]
+    assert probe(argv, fenv)["inProcess"]
+    six = probe(argv, fenv)
+    assert not six["inProcess"] and len(orjson.loads(six["stdout"])["results"]) == 6
+    before = cfg.stat()
+    with open(cfg, "r+") as f:  # same inode, same size, and the old mtime put back
+        f.write('{agents: {defaults: {memorySearch: {query: {maxResults: 2}}}}}')
+    os.utime(cfg, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = cfg.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    two = probe(argv, fenv)
+    assert two["inProcess"] and len(orjson.loads(two["stdout"])["results"]) == 2
+    assert not probe(argv, fenv)["inProcess"]

@@ -57,7 +57,7 @@ __all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_do
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is simply not used (and rewritten).
-FORMAT = 1
+FORMAT = 2
 # The source files that turn a config into recorded settings and read them back: a changed one
 # (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
 # the folder holding both packages.
@@ -111,7 +111,8 @@ def settings_path(key: dict[str, Any]) -> str:
 
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
     """The recorded settings of this command, when they still hold (same key, cwd when it
-    matters, no API-key variable set); else ``None``."""
+    matters, the workspace and store resolving where they did, no API-key variable set);
+    else ``None``."""
     key = settings_key(args, env)
     try:
         with open(settings_path(key), "rb") as f:
@@ -120,12 +121,19 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
-    env_keys = doc.get("providerEnvKeys")
+    env_keys, paths = doc.get("providerEnvKeys"), doc.get("paths")
     if not (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
-            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)):
+            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)
+            and isinstance(paths, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in paths)):
         return None  # not a file this version wrote
     if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
         return None
+    for named, real in paths:
+        if os.path.realpath(named) != real:
+            _note(args, f"one-shot search runs the engine: {named} resolves to {os.path.realpath(named)} now")
+            return None
     if any(env.get(str(k), "").strip() for k in env_keys):
         return None
     return doc

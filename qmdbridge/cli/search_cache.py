@@ -12,6 +12,9 @@ may import anything; the fast path never imports it). The file, ``<stateDir>/cli
   (resolved against it), else ``null``;
 - ``settings``: :class:`~fallback.engine.in_sync.InSyncSettings` as JSON (workspace, store,
   extra paths, discovery's size cap, the index identity, ``sync.onSearch``, the query knobs);
+- ``paths``: ``[as named, resolved]`` for the workspace and the store
+  (:attr:`~qmdbridge.config.ResolvedAgent.named_paths`): used only while each named path
+  still resolves to the recorded one (a symlink on the way may be retargeted);
 - ``citations``: ``memory.citations``; ``keywordNotice``: whether a plain answer says it is
   keyword-only (the provider is ``auto``, not ``none``);
 - ``providerEnvKeys``: the API-key variables that would give ``auto`` a provider.
@@ -123,7 +126,9 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
             target.unlink(missing_ok=True)
             return False
         doc = {"key": key, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
-               "settings": in_sync_settings(agent).to_json(), "citations": agent.memory.citations,
+               "settings": in_sync_settings(agent).to_json(),
+               "paths": [[str(named), str(real)] for named, real in agent.named_paths],
+               "citations": agent.memory.citations,
                "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
         write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -212,4 +213,38 @@ def test_a_config_rewritten_in_place_with_its_size_and_mtime_is_still_a_change(
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
     two = probe(argv, fenv)
     assert two["inProcess"] and len(orjson.loads(two["stdout"])["results"]) == 2
+    assert not probe(argv, fenv)["inProcess"]
+
+
+def test_a_workspace_or_store_reached_through_a_retargeted_symlink_is_searched_where_it_points_now(
+        ws: Path, fenv: dict[str, str], tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(ws, other)
+    (other / "memory" / "2026-11-05.md").write_text("# 2026-11-05\n\n- the router was replaced by a quokka\n")
+    (tmp_path / "stores-a").mkdir()
+    (tmp_path / "stores-b").mkdir()
+    agent, stores = tmp_path / "agent", tmp_path / "stores"
+    agent.symlink_to(ws)
+    stores.symlink_to(tmp_path / "stores-a")
+    cfg = Path(fenv["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"agents": {"defaults": {
+        "workspace": str(agent), "memorySearch": {"store": {"path": str(stores / "{agentId}.sqlite")}}}}}))
+    argv = ["search", "router", "--json"]
+
+    def paths(report: dict[str, Any]) -> list[str]:
+        return [r["path"] for r in orjson.loads(report["stdout"])["results"]]
+
+    assert probe(argv, fenv)["inProcess"]
+    assert not probe(argv, fenv)["inProcess"]
+    agent.unlink()
+    agent.symlink_to(other)  # the configured workspace is another folder now
+    moved = probe(argv, fenv)
+    assert moved["inProcess"] and paths(moved)[0] == "memory/2026-11-05.md"
+    assert "quokka" in orjson.loads(moved["stdout"])["results"][0]["snippet"]
+    assert not probe(argv, fenv)["inProcess"]
+    stores.unlink()
+    stores.symlink_to(tmp_path / "stores-b")  # the configured store is another (new) file now
+    assert probe(argv, fenv)["inProcess"]
+    assert (tmp_path / "stores-b" / "main.sqlite").is_file()
     assert not probe(argv, fenv)["inProcess"]

@@ -158,7 +158,8 @@ def test_turned_off_or_unusable_files_leave_it_to_the_engine(setup: tuple[Path, 
                    json.dumps({**good, "settings": {**good["settings"], "dbPath": None}}),
                    json.dumps({**good, "settings": {**good["settings"], "candidateMultiplier": "x"}}),
                    json.dumps({**good, "settings": {**good["settings"], "extraPaths": [[1]]}}),
-                   json.dumps({**good, "citations": 1})):
+                   json.dumps({**good, "citations": 1}), json.dumps({**good, "paths": [["/ws"]]}),
+                   json.dumps({k: v for k, v in good.items() if k != "paths"})):
         path.write_text(broken)
         assert try_fast_search(args, env) is None
 

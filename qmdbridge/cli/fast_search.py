@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_doc",
-           "settings_key", "settings_path", "try_fast_search"]
+           "settings_key", "settings_path", "try_fast_search", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
@@ -109,15 +109,44 @@ def settings_path(key: dict[str, Any]) -> str:
     return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
 
 
+def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may hold
+    what another user wrote: it belongs to another user, or group or others may write it.
+
+    Returns:
+        ``None`` when only this user could have written it, else one line such as
+        ``/s/cli-cache is writable by group or others`` or ``/s/cli-cache/x.json belongs to
+        uid 1001``.
+
+    Raises:
+        OSError: ``path`` cannot be stat'ed.
+    """
+    s = os.stat(path) if st is None else st
+    if hasattr(os, "geteuid") and s.st_uid != os.geteuid():
+        return f"{path} belongs to uid {s.st_uid}"
+    if s.st_mode & 0o022:
+        return f"{path} is writable by group or others"
+    return None
+
+
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
     """The recorded settings of this command, when they still hold (same key, cwd when it
     matters, the workspace and store resolving where they did, no API-key variable set);
     else ``None``."""
     key = settings_key(args, env)
+    path = settings_path(key)
+    doc: Any = None
     try:
-        with open(settings_path(key), "rb") as f:
-            doc = json.loads(f.read())
+        why = untrusted(os.path.dirname(path))  # first: only its owner could have put a FIFO there
+        if why is None:
+            with open(path, "rb") as f:
+                why = untrusted(path, os.fstat(f.fileno()))
+                if why is None:
+                    doc = json.loads(f.read())
     except (OSError, ValueError):
+        return None
+    if why is not None:
+        _note(args, f"one-shot search runs the engine: {why}")
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
@@ -131,8 +160,9 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
         return None
     for named, real in paths:
-        if os.path.realpath(named) != real:
-            _note(args, f"one-shot search runs the engine: {named} resolves to {os.path.realpath(named)} now")
+        now = os.path.realpath(named)
+        if now != real:
+            _note(args, f"one-shot search runs the engine: {named} resolves to {now} now")
             return None
     if any(env.get(str(k), "").strip() for k in env_keys):
         return None

@@ -5,7 +5,7 @@ the engine when it finds this agent's keyword-only search settings recorded unde
 command's key and the index in sync. This module writes them, after an in-process search
 succeeded, from the loaded config and the resolved agent (it runs in that full process, so it
 may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``
-(folder created 0700):
+(folder 0700, file 0600, both this user's: the fast path trusts nothing else):
 
 - ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
 - ``cwd``: the working directory when the config names a relative workspace or store path
@@ -130,25 +130,46 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
                "paths": [[str(named), str(real)] for named, real in agent.named_paths],
                "citations": agent.memory.citations,
                "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
-        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
-        _prune(target.parent)
+        if not _private_folder(target.parent):
+            return False
+        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False,
+                     mode=0o600)
+        _prune(target.parent, keep=target.name)
     except OSError as exc:
         log.info("search settings not recorded: %s", exc)
         return False
     return True
 
 
-def _prune(folder: Path) -> None:
-    """Keep the newest :data:`MAX_FILES` files of the cache folder."""
+def _private_folder(folder: Path) -> bool:
+    """Create the cache folder 0700, or take back group and other bits from ours; False (and
+    nothing is written) when it belongs to another user, whose files the fast path would not
+    trust anyway (:func:`~qmdbridge.cli.fast_search.untrusted`).
+
+    Raises:
+        OSError: the folder cannot be created or changed.
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
+    st = folder.stat()
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        log.info("search settings not recorded: %s belongs to uid %d", folder, st.st_uid)
+        return False
+    if st.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return True
+
+
+def _prune(folder: Path, *, keep: str) -> None:
+    """Keep the newest :data:`MAX_FILES` files of the cache folder, ``keep`` (the file just
+    written) always among them, however the clock stood when the others were written."""
     entries = []
     for name in os.listdir(folder):
-        if name.endswith(".json"):
+        if name.endswith(".json") and name != keep:
             try:
                 entries.append((os.stat(folder / name).st_mtime_ns, name))
             except OSError:
                 continue
-    for _, name in sorted(entries, reverse=True)[MAX_FILES:]:
+    for _, name in sorted(entries, reverse=True)[MAX_FILES - 1:]:
         try:
             os.remove(folder / name)
         except FileNotFoundError:

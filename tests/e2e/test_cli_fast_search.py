@@ -248,3 +248,20 @@ def test_a_workspace_or_store_reached_through_a_retargeted_symlink_is_searched_w
     assert probe(argv, fenv)["inProcess"]
     assert (tmp_path / "stores-b" / "main.sqlite").is_file()
     assert not probe(argv, fenv)["inProcess"]
+
+
+def test_a_cache_folder_others_may_write_is_not_trusted_and_is_made_private_again(
+        ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "router", "--workspace", str(ws), "-v"]
+    assert probe(argv, fenv)["inProcess"]
+    folder = Path(fenv["OPENCLAW_STATE_DIR"]) / "cli-cache"
+    (recorded,) = folder.iterdir()
+    assert (folder.stat().st_mode & 0o777, recorded.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert not probe(argv, fenv)["inProcess"]
+    os.chmod(folder, 0o777)
+    report = probe(argv, fenv)
+    assert report["inProcess"]
+    assert f"INFO qmdbridge.cli: one-shot search runs the engine: {folder} is writable by group or others\n" in (
+        report["stderr"])
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert not probe(argv, fenv)["inProcess"]

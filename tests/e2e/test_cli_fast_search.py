@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,21 @@ def test_a_cache_folder_others_may_write_is_not_trusted_and_is_made_private_agai
         report["stderr"])
     assert folder.stat().st_mode & 0o777 == 0o700
     assert not probe(argv, fenv)["inProcess"]
+
+
+def test_a_note_saved_again_in_the_tick_it_was_indexed_is_not_answered_from_the_old_text(
+        ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "quokka", "--workspace", str(ws), "--json", "-v"]
+    note = ws / "memory" / "2026-11-28.md"
+    note.write_text("# 2026-11-28\n\n- [ ] quokka audit\n")
+    future = (int(time.time()) + 3600) * 1_000_000_000  # stamped at or after the sync's start
+    os.utime(note, ns=(future, future))
+    first = probe(argv, fenv)
+    assert first["inProcess"] and "- [ ] quokka audit" in first["stdout"].decode()
+    note.write_text("# 2026-11-28\n\n- [x] quokka audit\n")  # same size, the same stamp
+    os.utime(note, ns=(future, future))
+    ticked = probe(argv, fenv)
+    assert ticked["inProcess"]
+    assert "INFO qmdbridge.cli: one-shot search runs the engine: racily clean: memory/2026-11-28.md\n" in (
+        ticked["stderr"])
+    assert "- [x] quokka audit" in orjson.loads(ticked["stdout"])["results"][0]["snippet"]

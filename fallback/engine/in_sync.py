@@ -176,7 +176,8 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     started = index.get_meta_json(SCAN_STARTED_META)
     if not isinstance(started, int):
         return "no scan start recorded"
-    racy = next((mf.rel_path for mf in found.files if racily_clean(mf.mtime_ms, started)), None)
+    racy = next((mf.rel_path for mf in found.files
+                 if racily_clean(mf.mtime_ms * 1_000_000, started)), None)
     if racy is not None:  # its row may hold an earlier save of the same size and mtime
         return f"racily clean: {racy}"
     indexed = {mf.rel_path for mf in found.files}

@@ -371,7 +371,7 @@ class Indexer:
         for mf in files:
             prev = known.get(mf.rel_path)
             if (prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size
-                    and not racily_clean(mf.mtime_ms, last_started)):
+                    and not racily_clean(mf.mtime_ms * 1_000_000, last_started)):
                 active.add(mf.rel_path)
                 skipped.extend(caveats.get(mf.rel_path, []))
             else:

@@ -40,23 +40,28 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def racy_window_ms(mtime_ms: int) -> int:
-    """How close to a scan's start an mtime must be for the file to count as racily clean:
-    :data:`WHOLE_SECOND_WINDOW_MS` for a whole-second mtime (one in a thousand finer ones gets
-    it too, which only costs a re-read), else :data:`FINE_WINDOW_MS`."""
-    return WHOLE_SECOND_WINDOW_MS if mtime_ms % 1000 == 0 else FINE_WINDOW_MS
+def racy_window_ms(stamp_ns: int) -> int:
+    """How close to a scan's start a file's stamp (epoch ns) must be for the file to count as
+    racily clean: :data:`WHOLE_SECOND_WINDOW_MS` for a whole-second stamp, else
+    :data:`FINE_WINDOW_MS`. A stamp known to the ms only (a ``files`` row) that falls on a
+    whole second gets the longer window too: one file in a thousand on a finer file system,
+    which costs at most one more read."""
+    return WHOLE_SECOND_WINDOW_MS if stamp_ns % 1_000_000_000 == 0 else FINE_WINDOW_MS
 
 
-def racily_clean(mtime_ms: int, scan_started_ms: int | None) -> bool:
-    """Whether a file whose row says ``mtime_ms`` (epoch ms) may have been saved again unseen.
+def racily_clean(stamp_ns: int, scan_started_ms: int | None) -> bool:
+    """Whether a file stamped at ``stamp_ns`` may have been saved again unseen since a scan
+    that started at ``scan_started_ms`` read it.
 
     Args:
-        mtime_ms: the file's mtime, equal to its row's.
-        scan_started_ms: :data:`SCAN_STARTED_META` of the index, ``None`` when none is recorded
-            (every file then counts as racily clean).
+        stamp_ns: the file's mtime (a config file's ctime), epoch ns; ``mtime_ms * 1_000_000``
+            for a stamp known to the ms.
+        scan_started_ms: :data:`SCAN_STARTED_META` of the index (or when a config file was
+            looked at), epoch ms; ``None`` when none is recorded: every file counts then.
 
     Returns:
-        True when the mtime is not at least :func:`racy_window_ms` before the scan's start
-        (a future mtime included).
+        True when the stamp is not at least :func:`racy_window_ms` before the scan's start
+        (a stamp in the future included).
     """
-    return scan_started_ms is None or mtime_ms > scan_started_ms - racy_window_ms(mtime_ms)
+    return scan_started_ms is None or (
+        stamp_ns // 1_000_000 > scan_started_ms - racy_window_ms(stamp_ns))

@@ -21,8 +21,10 @@ may import anything; the fast path never imports it). The file, ``<stateDir>/cli
 
 Only a search that needs no engine is recorded: builtin backend, no embedding provider that
 anything but those variables could bring (``provider: "none"``, or ``"auto"`` without
-``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker. For any
-other, a recorded file of the key is removed. At most :data:`MAX_FILES` files are kept.
+``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker, and a
+config file that did not change within a tick of the key (racily clean,
+``fallback/index/racy.py``). For any other, a recorded file of the key is removed. At most
+:data:`MAX_FILES` files are kept.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 from fallback.engine.in_sync import InSyncSettings
 from fallback.fs.atomic import write_atomic
 from fallback.index.identity import index_identity
+from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, settings_path
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
@@ -95,8 +98,24 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
         half_life_days=decay.half_life_days if decay.enabled else None)
 
 
+def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
+    """Whether the config file of ``key`` last changed clearly before the key was taken: not
+    racily clean (``fallback/index/racy.py``), since a save of the same size in the tick of the
+    one the key saw would keep its size, mtime and ctime, and so the key. No config file, or
+    no time given: True."""
+    path = key.get("config")
+    if path is None or key.get("configStamp") is None or key_taken_ms is None:
+        return True
+    try:
+        changed_ns = os.stat(path).st_ctime_ns
+    except OSError:
+        return False
+    return not racily_clean(changed_ns, key_taken_ms)
+
+
 def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent, *,
-                           key: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+                           key: dict[str, Any], env: Mapping[str, str] | None = None,
+                           key_taken_ms: int | None = None) -> bool:
     """Record (or remove) the settings of this search's key; see the module docstring.
 
     A cache: a folder that cannot be written is skipped (logged, shown with ``-v``).
@@ -109,6 +128,8 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
             (a config written meanwhile has another key, so its settings are never recorded
             under the old one).
         env: the environment (default ``os.environ``).
+        key_taken_ms: the wall clock (epoch ms) just before ``key`` was taken; a config file
+            changed within a tick of it is not recorded (see :func:`_config_settled`).
 
     Returns:
         True when a file was written.
@@ -120,7 +141,8 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
     ms = agent.memory_search
     keys = provider_env_keys(agent, e)
     eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
-                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled)
+                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled
+                and _config_settled(key, key_taken_ms))
     try:
         if not eligible:
             target.unlink(missing_ok=True)

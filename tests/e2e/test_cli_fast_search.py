@@ -32,6 +32,10 @@ NEVER_LOADED = ("numpy", "llama_cpp", "watchdog", "mcp", "rich", "httpx", "fallb
                 "fallback.engine.live", "fallback.sources.watcher", "fallback.store.vectors",
                 "qmdbridge.server.mcp_server", "qmdbridge.server.socket_listener")
 
+# A stamp for notes a test writes, well before any sync reads them (a note stamped within a tick
+# of the scan that read it is racily clean and left to the engine: fallback/index/racy.py).
+PAST_NS = 1_600_000_000_000_000_000
+
 PROBE = """
 import json, sys
 from qmdbridge.cli.main import main
@@ -135,11 +139,13 @@ def test_a_dirty_index_is_synced_before_the_search(ws: Path, fenv: dict[str, str
     assert not search("Kestrel")["inProcess"]
     note = ws / "memory" / "2026-11-28.md"
     note.write_text(note.read_text() + "\n- zanzibar uplink ordered\n")
+    os.utime(note, ns=(PAST_NS, PAST_NS))  # saved well before the sync reads it: not racily clean
     changed = search("zanzibar")
     assert changed["inProcess"] and changed["paths"] == ["memory/2026-11-28.md"]
     again = search("zanzibar")
     assert not again["inProcess"] and again["paths"] == ["memory/2026-11-28.md"]
     (ws / "memory" / "2026-12-01.md").write_text("# 2026-12-01\n\n- quokka audit passed\n")
+    os.utime(ws / "memory" / "2026-12-01.md", ns=(PAST_NS, PAST_NS))
     added = search("quokka")
     assert added["inProcess"] and added["paths"] == ["memory/2026-12-01.md"]
     (ws / "memory" / "2026-12-01.md").unlink()

@@ -260,3 +260,19 @@ def test_the_file_just_written_is_kept_when_the_clock_is_behind_the_others(
     names = {p.name for p in folder.iterdir()}
     assert len(names) == MAX_FILES and Path(settings_path(settings_key(args, env))).name in names
     assert _recorded(args, env) is not None
+
+
+def test_a_config_saved_in_the_tick_its_key_was_taken_is_not_recorded(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    cfg_file = Path(env["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg_file.write_text(json.dumps({"memory": {"citations": "on"}}))
+    args = _args("Kestrel", "--workspace", str(ws))
+    key = settings_key(args, env)
+    cfg = load_config(args.config, env=env)
+    agent = resolve_agent(cfg, args.agent, workspace=args.workspace, env=env)
+    changed_ms = cfg_file.stat().st_ctime_ns // 1_000_000
+    # a same-size save right after the one the key saw would keep size, mtime and ctime
+    assert not record_search_settings(args, cfg, agent, key=key, env=env, key_taken_ms=changed_ms)
+    assert not Path(settings_path(key)).exists()
+    assert record_search_settings(args, cfg, agent, key=key, env=env, key_taken_ms=changed_ms + 10_000)
+    assert _recorded(args, env) is not None

@@ -51,7 +51,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_doc",
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "code_stamped", "search_doc",
            "settings_key", "settings_path", "try_fast_search", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
@@ -92,11 +92,19 @@ def _code_stamp() -> list[list[Any]]:
 
 def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     """What the command resolves its agent from (see the module docstring), as a JSON-ready
-    dict; the recorded settings are used only under the same key."""
+    dict; the recorded settings are used only under the same key, and only when it stamps
+    every source file of :data:`CODE_FILES` (:func:`code_stamped`)."""
     return {"format": FORMAT,
             **client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
                                  backend=args.backend, env=env),
             "home": env.get("HOME"), "code": _code_stamp()}
+
+
+def code_stamped(key: dict[str, Any]) -> bool:
+    """Whether ``key`` holds the size and mtime of every file of :data:`CODE_FILES`: an
+    install without them (a zip, bytecode only) could not tell an upgrade from the version
+    that recorded the settings, so it records and reads none."""
+    return all(size is not None for _, size, _ in key["code"])
 
 
 def settings_path(key: dict[str, Any]) -> str:
@@ -134,6 +142,8 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     matters, the workspace and store resolving where they did, no API-key variable set);
     else ``None``."""
     key = settings_key(args, env)
+    if not code_stamped(key):
+        return None
     path = settings_path(key)
     doc: Any = None
     try:

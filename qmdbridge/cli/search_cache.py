@@ -41,7 +41,7 @@ from fallback.engine.in_sync import InSyncSettings
 from fallback.fs.atomic import write_atomic
 from fallback.index.identity import index_identity
 from fallback.index.racy import racily_clean
-from qmdbridge.cli.fast_search import FORMAT, cache_disabled, settings_path
+from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
 __all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "record_search_settings"]
@@ -135,7 +135,7 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
         True when a file was written.
     """
     e = os.environ if env is None else env
-    if cache_disabled(e) or key.get("format") != FORMAT:
+    if cache_disabled(e) or key.get("format") != FORMAT or not code_stamped(key):
         return False
     target = Path(settings_path(key))
     ms = agent.memory_search

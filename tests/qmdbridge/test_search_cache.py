@@ -276,3 +276,21 @@ def test_a_config_saved_in_the_tick_its_key_was_taken_is_not_recorded(setup: tup
     assert not Path(settings_path(key)).exists()
     assert record_search_settings(args, cfg, agent, key=key, env=env, key_taken_ms=changed_ms + 10_000)
     assert _recorded(args, env) is not None
+
+
+def test_without_the_source_files_to_stamp_nothing_is_recorded_or_used(
+        setup: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, env = setup
+    args = _args("Kestrel", "--workspace", str(ws))
+    # an install without the .py files (a zip, bytecode only) could not tell an upgrade
+    monkeypatch.setattr(fast_search, "CODE_FILES", (*fast_search.CODE_FILES, "qmdbridge/gone.py"))
+    assert not _record(args, env)
+    assert not Path(settings_path(settings_key(args, env))).exists()
+    path = Path(settings_path(settings_key(args, env)))
+    monkeypatch.setattr(fast_search, "CODE_FILES", fast_search.CODE_FILES[:-1])
+    assert _record(args, env)
+    doc = json.loads(Path(settings_path(settings_key(args, env))).read_text())
+    monkeypatch.setattr(fast_search, "CODE_FILES", (*fast_search.CODE_FILES, "qmdbridge/gone.py"))
+    path.write_text(json.dumps({**doc, "key": settings_key(args, env)}))  # as if written so
+    os.chmod(path, 0o600)
+    assert _recorded(args, env) is None

@@ -33,12 +33,13 @@ import argparse
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fallback.engine.in_sync import InSyncSettings
-from fallback.fs.atomic import write_atomic
+from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from fallback.index.identity import index_identity
 from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
@@ -50,6 +51,9 @@ log = logging.getLogger("qmdbridge.cli")
 
 # Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
 MAX_FILES = 64
+# A temporary file older than this (seconds) was left by a writer killed mid-write (a write
+# takes microseconds); the next recording removes it, so the folder stays bounded.
+STALE_TEMP_S = 60
 
 
 def _depends_on_cwd(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent) -> bool:
@@ -183,14 +187,20 @@ def _private_folder(folder: Path) -> bool:
 
 def _prune(folder: Path, *, keep: str) -> None:
     """Keep the newest :data:`MAX_FILES` files of the cache folder, ``keep`` (the file just
-    written) always among them, however the clock stood when the others were written."""
+    written) always among them, however the clock stood when the others were written; remove
+    the temporary files of writers killed mid-write (older than :data:`STALE_TEMP_S`)."""
     entries = []
+    now_ns = time.time_ns()
     for name in os.listdir(folder):
-        if name.endswith(".json") and name != keep:
-            try:
-                entries.append((os.stat(folder / name).st_mtime_ns, name))
-            except OSError:
-                continue
+        try:
+            mtime_ns = os.stat(folder / name).st_mtime_ns
+            if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                if now_ns - mtime_ns > STALE_TEMP_S * 1_000_000_000:
+                    os.remove(folder / name)
+            elif name.endswith(".json") and name != keep:
+                entries.append((mtime_ns, name))
+        except OSError:
+            continue
     for _, name in sorted(entries, reverse=True)[MAX_FILES - 1:]:
         try:
             os.remove(folder / name)

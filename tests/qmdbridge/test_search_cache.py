@@ -294,3 +294,17 @@ def test_without_the_source_files_to_stamp_nothing_is_recorded_or_used(
     path.write_text(json.dumps({**doc, "key": settings_key(args, env)}))  # as if written so
     os.chmod(path, 0o600)
     assert _recorded(args, env) is None
+
+
+def test_temporary_files_of_killed_writers_are_pruned(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    folder = Path(env["OPENCLAW_STATE_DIR"]) / CACHE_DIR_NAME
+    folder.mkdir(mode=0o700)
+    dead, live = folder / ".tmp-0123456789abcdef.part", folder / ".tmp-fedcba9876543210.part"
+    dead.write_text('{"key": ')  # a writer killed mid-write, long ago
+    os.utime(dead, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    live.write_text('{"key": ')  # another writer's, being written now
+    args = _args("Kestrel", "--workspace", str(ws))
+    assert _record(args, env)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [live.name, Path(settings_path(settings_key(args, env))).name])

@@ -143,7 +143,8 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         ``None``, or one line such as ``schema version 6 (latest 7)``, ``model changed (...)``
         (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
         killed rebuild``, ``index is empty``, ``changed: memory/x.md``, ``new: memory/y.md``,
-        ``gone: memory/z.md``, ``no scan start recorded``, ``racily clean: memory/x.md``
+        ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
+        (NUL bytes))``, ``no scan start recorded``, ``racily clean: memory/x.md``
         (``fallback/index/racy.py``), ``skipped files changed``, ``scan issues changed``.
 
     Raises:
@@ -165,9 +166,14 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
                               max_file_bytes=settings.max_file_bytes)
     known = {r[0]: (int(r[1]), int(r[2])) for r in index.query(
         "SELECT path, mtime, size FROM files WHERE source = 'memory'")}
+    skip_rows = index.query("SELECT path, reason FROM skipped_files WHERE source = 'memory'")
     for mf in found.files:
         row = known.pop(mf.rel_path, None)
         if row is None:
+            # a file whose text the sync refused (binary) has no row, and every sync reads it again
+            reason = next((r for p, r in skip_rows if p == mf.rel_path), None)
+            if reason is not None:
+                return f"not indexed, read by every sync: {mf.rel_path} ({reason})"
             return f"new: {mf.rel_path}"
         if row != (mf.mtime_ms, mf.size):
             return f"changed: {mf.rel_path}"
@@ -182,8 +188,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         return f"racily clean: {racy}"
     indexed = {mf.rel_path for mf in found.files}
     # skipped rows of indexed files are their caveats, which a sync keeps while they are unchanged
-    stored = {(p, r) for p, r in index.query(
-        "SELECT path, reason FROM skipped_files WHERE source = 'memory'") if p not in indexed}
+    stored = {(p, r) for p, r in skip_rows if p not in indexed}
     if stored != {(s.path, s.reason) for s in found.skipped}:
         return "skipped files changed"
     if (index.get_meta_json("scan_issues") or []) != found.issues:

@@ -165,6 +165,7 @@ async def test_every_change_a_sync_would_write_is_seen(ws: Path) -> None:
 
 async def test_a_caveat_of_an_unchanged_file_is_not_a_change(ws: Path) -> None:
     (ws / "memory" / "latin1.md").write_bytes(b"caf\xe9 router\n")  # indexed with a caveat
+    os.utime(ws / "memory" / "latin1.md", ns=(PAST_NS, PAST_NS))
     settings = _settings(ws)
     await _synced(settings)
     with sqlite3.connect(settings.db_path) as conn:
@@ -256,3 +257,15 @@ async def test_a_file_stamped_in_the_tick_the_sync_read_it_needs_the_engine(ws: 
     with sqlite3.connect(settings.db_path) as conn:  # an index synced before scans were timed
         conn.execute("DELETE FROM meta WHERE key = 'scan_started_at_ms'")
     assert _stale(settings) == "no scan start recorded"
+
+
+async def test_a_note_the_sync_reads_and_skips_is_named_as_such(ws: Path) -> None:
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01\x02 not text\n")  # binary: read, then skipped
+    os.utime(ws / "memory" / "blob.md", ns=(PAST_NS, PAST_NS))
+    settings = _settings(ws)
+    await _synced(settings)
+    assert _stale(settings) == "not indexed, read by every sync: memory/blob.md (binary file (NUL bytes))"
+    (ws / "memory" / "blob.md").unlink()
+    assert _stale(settings) == "skipped files changed"
+    await _synced(settings)
+    assert _stale(settings) is None

@@ -34,6 +34,7 @@ __all__ = [
     "StoreSettings",
     "SyncSettings",
     "TemporalDecaySettings",
+    "named_store_path",
     "DEFAULT_MAX_FILE_BYTES",
 ]
 
@@ -444,6 +445,15 @@ class MemorySearchSettings(_Settings):
         return self
 
 
+def named_store_path(search: MemorySearchSettings, agent_id: str, state_dir: Path) -> Path:
+    """The store file as the settings name it, symlinks not resolved: ``store.path`` with
+    ``{agentId}`` replaced and ``~`` expanded, else ``<state_dir>/memory/<agent_id>.sqlite``.
+    :attr:`EngineSettings.db_path` is this path resolved."""
+    if search.store.path:
+        return Path(search.store.path.replace("{agentId}", agent_id)).expanduser()
+    return state_dir / "memory" / f"{agent_id}.sqlite"
+
+
 class EngineSettings(BaseModel):
     """Everything the builtin engine needs to run for one agent (resolved absolute paths).
 
@@ -483,7 +493,6 @@ class EngineSettings(BaseModel):
         sd = Path(state_dir).expanduser().resolve() if state_dir else ws / ".openclaw-state"
         aid = agent_id.strip().lower() or "main"
         s = search or MemorySearchSettings()
-        db = Path(s.store.path.replace("{agentId}", aid)).expanduser() if s.store.path else (
-            sd / "memory" / f"{aid}.sqlite")
-        return cls(agent_id=aid, workspace_dir=ws, state_dir=sd, db_path=db.resolve(),
+        return cls(agent_id=aid, workspace_dir=ws, state_dir=sd,
+                   db_path=named_store_path(s, aid, sd).resolve(),
                    sessions_dir=sd / "agents" / aid / "sessions", search=s)

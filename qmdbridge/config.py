@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError
-from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
 from qmdbridge.command_line import program_of, split_command
 from qmdbridge.config_compat import adjusted_values, as_object, read_layout
 
@@ -336,6 +336,9 @@ class ResolvedAgent(BaseModel):
         compaction: flush planner settings.
         engine: the builtin engine's settings derived from the above.
         source_file: config file, or ``None``.
+        named_paths: ``(as named, resolved)`` for the workspace and the store: the absolute
+            path the config or command line gives, and the one it resolved to (a symlink on
+            the way may point elsewhere later).
         config_warnings: the config's warnings that concern this agent (config-wide ones and
             its own overrides'), for ``status``.
     """
@@ -350,6 +353,7 @@ class ResolvedAgent(BaseModel):
     compaction: CompactionSettings
     engine: EngineSettings
     source_file: str | None = None
+    named_paths: tuple[tuple[Path, Path], ...] = ()
     config_warnings: list[str] = Field(default_factory=list)
 
 
@@ -574,7 +578,7 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
         ws = base if is_default else base / aid
     else:
         ws = sd / "workspace" if is_default else sd / f"workspace-{aid}"
-    ws = ws.resolve()
+    named, ws = ws.absolute(), ws.resolve()
     merged = _merge_search(cfg.defaults_memory_search, entry.memory_search if entry else {})
     prefix = cfg.defaults_key if entry is None else (entry.key_path or "agents.list") + (
         ".memory.search" if entry.key_path.startswith("agents.entries.") else ".memorySearch")
@@ -582,5 +586,6 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
     engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
     return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
                          memory_search=search, compaction=cfg.compaction, engine=engine,
-                         source_file=cfg.source_file,
+                         source_file=cfg.source_file, named_paths=(
+                             (named, ws), (named_store_path(search, aid, sd).absolute(), engine.db_path)),
                          config_warnings=[*cfg.warnings, *(entry.warnings if entry else [])])

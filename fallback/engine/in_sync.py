@@ -14,7 +14,9 @@ In sync means every sync input is unchanged: the schema is at the latest migrati
 index identity matches the configured one (``fallback/index/identity.py``), FTS5 is there, no
 leftover of a killed rebuild lies next to the store, and discovery (the memory-file rule,
 ``fallback/sources/memory_files.py``) finds exactly the indexed files with their recorded
-``(mtime, size)``, the same skipped files and the same scan issues. Keyword-only search of the
+``(mtime, size)``, none of them racily clean (stamped too close to the start of the scan that
+read it to rule out a later save in the same tick: ``fallback/index/racy.py``), the same
+skipped files and the same scan issues. Keyword-only search of the
 ``memory`` source only: an embedding provider, session transcripts or a reranker need the
 engine.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fallback.index.identity import full_reindex_reason
+from fallback.index.racy import SCAN_STARTED_META, racily_clean
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
     candidate_count,
@@ -140,7 +143,9 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         ``None``, or one line such as ``schema version 6 (latest 7)``, ``model changed (...)``
         (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
         killed rebuild``, ``index is empty``, ``changed: memory/x.md``, ``new: memory/y.md``,
-        ``gone: memory/z.md``, ``skipped files changed``, ``scan issues changed``.
+        ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
+        (NUL bytes))``, ``no scan start recorded``, ``racily clean: memory/x.md``
+        (``fallback/index/racy.py``), ``skipped files changed``, ``scan issues changed``.
 
     Raises:
         IndexStoreError: the store cannot be read.
@@ -161,18 +166,29 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
                               max_file_bytes=settings.max_file_bytes)
     known = {r[0]: (int(r[1]), int(r[2])) for r in index.query(
         "SELECT path, mtime, size FROM files WHERE source = 'memory'")}
+    skip_rows = index.query("SELECT path, reason FROM skipped_files WHERE source = 'memory'")
     for mf in found.files:
         row = known.pop(mf.rel_path, None)
         if row is None:
+            # a file whose text the sync refused (binary) has no row, and every sync reads it again
+            reason = next((r for p, r in skip_rows if p == mf.rel_path), None)
+            if reason is not None:
+                return f"not indexed, read by every sync: {mf.rel_path} ({reason})"
             return f"new: {mf.rel_path}"
         if row != (mf.mtime_ms, mf.size):
             return f"changed: {mf.rel_path}"
     if known:
         return f"gone: {min(known)}"
+    started = index.get_meta_json(SCAN_STARTED_META)
+    if not isinstance(started, int):
+        return "no scan start recorded"
+    racy = next((mf.rel_path for mf in found.files
+                 if racily_clean(mf.mtime_ms * 1_000_000, started)), None)
+    if racy is not None:  # its row may hold an earlier save of the same size and mtime
+        return f"racily clean: {racy}"
     indexed = {mf.rel_path for mf in found.files}
     # skipped rows of indexed files are their caveats, which a sync keeps while they are unchanged
-    stored = {(p, r) for p, r in index.query(
-        "SELECT path, reason FROM skipped_files WHERE source = 'memory'") if p not in indexed}
+    stored = {(p, r) for p, r in skip_rows if p not in indexed}
     if stored != {(s.path, s.reason) for s in found.skipped}:
         return "skipped files changed"
     if (index.get_meta_json("scan_issues") or []) != found.issues:

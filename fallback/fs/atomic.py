@@ -38,13 +38,13 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(target: Path, data: bytes, *, durable: bool = True) -> None:
+def write_atomic(target: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
     """Replace ``target`` with ``data``: write a temporary file in the same folder, fsync it,
     rename it over ``target``, then fsync the folder.
 
-    Permissions are kept: an existing ``target``'s permission bits are copied to the new file;
-    a new file gets ``0o666`` minus the umask, like ``open(path, "w")`` (ownership is not
-    copied). The folder must exist.
+    Permissions are kept unless ``mode`` is given: an existing ``target``'s permission bits
+    are copied to the new file; a new file gets ``0o666`` minus the umask, like
+    ``open(path, "w")`` (ownership is not copied). The folder must exist.
 
     Args:
         target: the file to replace or create.
@@ -52,16 +52,20 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True) -> None:
         durable: False skips both fsyncs, for advisory state rewritten on a hot path (the
             circuit breaker records every search): concurrent readers still see old or new
             content, but after a power loss the file may be old or empty.
+        mode: the permission bits of the new file whatever the umask and the old file's
+            (``0o600`` for a file only its owner may read or write), or ``None``.
 
     Raises:
         OSError: the folder is missing or not writable, or the disk is full; ``target`` is
             unchanged and the temporary file is removed.
     """
     target = Path(target)
-    try:
-        keep_mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        keep_mode = None
+    keep_mode = mode
+    if keep_mode is None:
+        try:
+            keep_mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            pass
     tmp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     fd = os.open(tmp, flags, _NEW_FILE_MODE if keep_mode is None else keep_mode)

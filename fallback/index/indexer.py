@@ -7,7 +7,9 @@ One :meth:`Indexer.sync` (spec §5.3, E2):
    into ``<db>.tmp-<uuid>`` seeded with the live embedding cache, then swap atomically
    (spec §4.5). On any failure the live index is untouched and no ``.tmp-`` file remains;
 2. otherwise an incremental sync: a file whose ``(mtime, size)`` equals its ``files`` row is
-   not read at all; a read file whose content hash is unchanged only gets its row refreshed;
+   not read at all, unless it is racily clean (stamped too close to the start of the scan
+   that read it, ``fallback/index/racy.py``); a read file whose content hash is unchanged only
+   gets its row refreshed;
    changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
    transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
 3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
@@ -58,6 +60,7 @@ from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
+from fallback.index.racy import SCAN_STARTED_META, racily_clean, wall_clock_ms
 from fallback.index.report import SyncReport
 from fallback.index.windows import pack_windows
 from fallback.settings import EngineSettings
@@ -316,6 +319,9 @@ class Indexer:
 
     async def _index_into(self, store: Store, report: SyncReport, *, full: bool) -> None:
         s = self.settings.search
+        started = wall_clock_ms()  # before any file is looked at (fallback/index/racy.py)
+        last = None if full else await anyio.to_thread.run_sync(store.get_meta_json, SCAN_STARTED_META)
+        last_started = last if isinstance(last, int) else None
         discovery = await anyio.to_thread.run_sync(partial(
             list_memory_files, self.settings.workspace_dir, s.extra_paths,
             max_file_bytes=s.max_file_bytes))
@@ -329,15 +335,16 @@ class Indexer:
                 report.issues.append(error)
         report.files_total = len(discovery.files) + len(session_files)
         done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
-                                        full=full, done=0)
+                                        full=full, done=0, last_started=last_started)
         session_skipped: list[SkippedFile] = []
         if "sessions" in s.sources:
             await self._index_source(store, report, "sessions", session_files, session_skipped,
-                                     full=full, done=done)
+                                     full=full, done=done, last_started=last_started)
         report.skipped = memory_skipped + session_skipped
         await self._finish_embedding(store, report)
         await self._write(store, partial(self._record_scan, store, report,
-                                         {"memory": memory_skipped, "sessions": session_skipped}))
+                                         {"memory": memory_skipped, "sessions": session_skipped},
+                                         started=started))
 
     async def _finish_embedding(self, store: Store, report: SyncReport) -> None:
         if self._step is not None:
@@ -346,8 +353,10 @@ class Indexer:
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
-                            done: int) -> int:
-        """Index the files of one source and delete its stale rows; returns files done."""
+                            done: int, last_started: int | None) -> int:
+        """Index the files of one source and delete its stale rows; returns files done. A
+        file whose ``(mtime, size)`` match its row is not read unless it is racily clean
+        against ``last_started``, the previous scan's start (``fallback/index/racy.py``)."""
         known = {} if full else {row[0]: (row[1], int(row[2]), int(row[3])) for row in
                                  await anyio.to_thread.run_sync(
                                      store.query, "SELECT path, hash, mtime, size FROM files"
@@ -361,7 +370,8 @@ class Indexer:
         active: set[str] = set()
         for mf in files:
             prev = known.get(mf.rel_path)
-            if prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size:
+            if (prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size
+                    and not racily_clean(mf.mtime_ms * 1_000_000, last_started)):
                 active.add(mf.rel_path)
                 skipped.extend(caveats.get(mf.rel_path, []))
             else:
@@ -488,7 +498,7 @@ class Indexer:
                 conn.execute("DELETE FROM files WHERE path = ? AND source = ?", (path, source))
 
     def _record_scan(self, store: Store, report: SyncReport,
-                     skipped: dict[str, list[SkippedFile]]) -> None:
+                     skipped: dict[str, list[SkippedFile]], *, started: int) -> None:
         with store.transaction() as conn:
             for source, items in skipped.items():
                 conn.execute("DELETE FROM skipped_files WHERE source = ?", (source,))
@@ -496,6 +506,7 @@ class Indexer:
                                  " VALUES (?, ?, ?)", [(s.path, source, s.reason) for s in items])
             store.set_meta("scan_issues", report.issues, conn=conn)
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
+            store.set_meta(SCAN_STARTED_META, started, conn=conn)
 
 
 def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:

@@ -64,10 +64,12 @@ def run_command(args: argparse.Namespace) -> int:
     """Run one parsed command; prints results and errors, returns the exit code."""
     _quiet_logs(args)
     try:
-        key = None
+        key, key_taken_ms = None, None
         if args.command == "search":  # what the config is read from, before it is read
+            from fallback.index.racy import wall_clock_ms
             from qmdbridge.cli.fast_search import settings_key
 
+            key_taken_ms = wall_clock_ms()
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)
         handler = _HANDLERS[args.command]
@@ -75,7 +77,8 @@ def run_command(args: argparse.Namespace) -> int:
         if key is not None and code == EXIT_OK:
             from qmdbridge.cli.search_cache import record_search_settings
 
-            record_search_settings(args, cfg, agent, key=key)  # the next one-shot search skips all this
+            # the next one-shot search skips all this
+            record_search_settings(args, cfg, agent, key=key, key_taken_ms=key_taken_ms)
         return code
     except MemorySearchError as exc:
         code = exit_code_for(exc)

@@ -10,7 +10,7 @@ files are the indexed ones), so:
    query knobs, the index identity, the citations mode), to
    ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
    request fingerprint (state dir, ``--agent``, ``--workspace`` resolved against the cwd,
-   ``--backend``, the config file with its size, mtime and inode:
+   ``--backend``, the config file with its size, mtime, ctime and inode:
    :func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME``, and the size and mtime of the
    source files that turn a config into settings; the cwd too when the config names a
    relative workspace or store path. It is written only when such a search needs no engine:
@@ -51,13 +51,13 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "search_doc",
-           "settings_key", "settings_path", "try_fast_search"]
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "code_stamped", "search_doc",
+           "settings_key", "settings_path", "try_fast_search", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is simply not used (and rewritten).
-FORMAT = 1
+FORMAT = 2
 # The source files that turn a config into recorded settings and read them back: a changed one
 # (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
 # the folder holding both packages.
@@ -92,11 +92,19 @@ def _code_stamp() -> list[list[Any]]:
 
 def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     """What the command resolves its agent from (see the module docstring), as a JSON-ready
-    dict; the recorded settings are used only under the same key."""
+    dict; the recorded settings are used only under the same key, and only when it stamps
+    every source file of :data:`CODE_FILES` (:func:`code_stamped`)."""
     return {"format": FORMAT,
             **client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
                                  backend=args.backend, env=env),
             "home": env.get("HOME"), "code": _code_stamp()}
+
+
+def code_stamped(key: dict[str, Any]) -> bool:
+    """Whether ``key`` holds the size and mtime of every file of :data:`CODE_FILES`: an
+    install without them (a zip, bytecode only) could not tell an upgrade from the version
+    that recorded the settings, so it records and reads none."""
+    return all(size is not None for _, size, _ in key["code"])
 
 
 def settings_path(key: dict[str, Any]) -> str:
@@ -109,23 +117,63 @@ def settings_path(key: dict[str, Any]) -> str:
     return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
 
 
+def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may hold
+    what another user wrote: it belongs to another user, or group or others may write it.
+
+    Returns:
+        ``None`` when only this user could have written it, else one line such as
+        ``/s/cli-cache is writable by group or others`` or ``/s/cli-cache/x.json belongs to
+        uid 1001``.
+
+    Raises:
+        OSError: ``path`` cannot be stat'ed.
+    """
+    s = os.stat(path) if st is None else st
+    if hasattr(os, "geteuid") and s.st_uid != os.geteuid():
+        return f"{path} belongs to uid {s.st_uid}"
+    if s.st_mode & 0o022:
+        return f"{path} is writable by group or others"
+    return None
+
+
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
     """The recorded settings of this command, when they still hold (same key, cwd when it
-    matters, no API-key variable set); else ``None``."""
+    matters, the workspace and store resolving where they did, no API-key variable set);
+    else ``None``."""
     key = settings_key(args, env)
+    if not code_stamped(key):
+        return None
+    path = settings_path(key)
+    doc: Any = None
     try:
-        with open(settings_path(key), "rb") as f:
-            doc = json.loads(f.read())
+        why = untrusted(os.path.dirname(path))  # first: only its owner could have put a FIFO there
+        if why is None:
+            with open(path, "rb") as f:
+                why = untrusted(path, os.fstat(f.fileno()))
+                if why is None:
+                    doc = json.loads(f.read())
     except (OSError, ValueError):
+        return None
+    if why is not None:
+        _note(args, f"one-shot search runs the engine: {why}")
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
-    env_keys = doc.get("providerEnvKeys")
+    env_keys, paths = doc.get("providerEnvKeys"), doc.get("paths")
     if not (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
-            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)):
+            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)
+            and isinstance(paths, list) and all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in paths)):
         return None  # not a file this version wrote
     if doc.get("cwd") is not None and doc["cwd"] != os.getcwd():
         return None
+    for named, real in paths:
+        now = os.path.realpath(named)
+        if now != real:
+            _note(args, f"one-shot search runs the engine: {named} resolves to {now} now")
+            return None
     if any(env.get(str(k), "").strip() for k in env_keys):
         return None
     return doc

@@ -5,21 +5,26 @@ the engine when it finds this agent's keyword-only search settings recorded unde
 command's key and the index in sync. This module writes them, after an in-process search
 succeeded, from the loaded config and the resolved agent (it runs in that full process, so it
 may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``
-(folder created 0700):
+(folder 0700, file 0600, both this user's: the fast path trusts nothing else):
 
 - ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
 - ``cwd``: the working directory when the config names a relative workspace or store path
   (resolved against it), else ``null``;
 - ``settings``: :class:`~fallback.engine.in_sync.InSyncSettings` as JSON (workspace, store,
   extra paths, discovery's size cap, the index identity, ``sync.onSearch``, the query knobs);
+- ``paths``: ``[as named, resolved]`` for the workspace and the store
+  (:attr:`~qmdbridge.config.ResolvedAgent.named_paths`): used only while each named path
+  still resolves to the recorded one (a symlink on the way may be retargeted);
 - ``citations``: ``memory.citations``; ``keywordNotice``: whether a plain answer says it is
   keyword-only (the provider is ``auto``, not ``none``);
 - ``providerEnvKeys``: the API-key variables that would give ``auto`` a provider.
 
 Only a search that needs no engine is recorded: builtin backend, no embedding provider that
 anything but those variables could bring (``provider: "none"``, or ``"auto"`` without
-``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker. For any
-other, a recorded file of the key is removed. At most :data:`MAX_FILES` files are kept.
+``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker, and a
+config file that did not change within a tick of the key (racily clean,
+``fallback/index/racy.py``). For any other, a recorded file of the key is removed. At most
+:data:`MAX_FILES` files are kept.
 """
 
 from __future__ import annotations
@@ -28,14 +33,16 @@ import argparse
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fallback.engine.in_sync import InSyncSettings
-from fallback.fs.atomic import write_atomic
+from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from fallback.index.identity import index_identity
-from qmdbridge.cli.fast_search import FORMAT, cache_disabled, settings_path
+from fallback.index.racy import racily_clean
+from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
 __all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "record_search_settings"]
@@ -44,6 +51,9 @@ log = logging.getLogger("qmdbridge.cli")
 
 # Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
 MAX_FILES = 64
+# A temporary file older than this (seconds) was left by a writer killed mid-write (a write
+# takes microseconds); the next recording removes it, so the folder stays bounded.
+STALE_TEMP_S = 60
 
 
 def _depends_on_cwd(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent) -> bool:
@@ -92,8 +102,24 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
         half_life_days=decay.half_life_days if decay.enabled else None)
 
 
+def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
+    """Whether the config file of ``key`` last changed clearly before the key was taken: not
+    racily clean (``fallback/index/racy.py``), since a save of the same size in the tick of the
+    one the key saw would keep its size, mtime and ctime, and so the key. No config file, or
+    no time given: True."""
+    path = key.get("config")
+    if path is None or key.get("configStamp") is None or key_taken_ms is None:
+        return True
+    try:
+        changed_ns = os.stat(path).st_ctime_ns
+    except OSError:
+        return False
+    return not racily_clean(changed_ns, key_taken_ms)
+
+
 def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent, *,
-                           key: dict[str, Any], env: Mapping[str, str] | None = None) -> bool:
+                           key: dict[str, Any], env: Mapping[str, str] | None = None,
+                           key_taken_ms: int | None = None) -> bool:
     """Record (or remove) the settings of this search's key; see the module docstring.
 
     A cache: a folder that cannot be written is skipped (logged, shown with ``-v``).
@@ -106,44 +132,76 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
             (a config written meanwhile has another key, so its settings are never recorded
             under the old one).
         env: the environment (default ``os.environ``).
+        key_taken_ms: the wall clock (epoch ms) just before ``key`` was taken; a config file
+            changed within a tick of it is not recorded (see :func:`_config_settled`).
 
     Returns:
         True when a file was written.
     """
     e = os.environ if env is None else env
-    if cache_disabled(e) or key.get("format") != FORMAT:
+    if cache_disabled(e) or key.get("format") != FORMAT or not code_stamped(key):
         return False
     target = Path(settings_path(key))
     ms = agent.memory_search
     keys = provider_env_keys(agent, e)
     eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
-                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled)
+                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled
+                and _config_settled(key, key_taken_ms))
     try:
         if not eligible:
             target.unlink(missing_ok=True)
             return False
         doc = {"key": key, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
-               "settings": in_sync_settings(agent).to_json(), "citations": agent.memory.citations,
+               "settings": in_sync_settings(agent).to_json(),
+               "paths": [[str(named), str(real)] for named, real in agent.named_paths],
+               "citations": agent.memory.citations,
                "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
-        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False)
-        _prune(target.parent)
+        if not _private_folder(target.parent):
+            return False
+        write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False,
+                     mode=0o600)
+        _prune(target.parent, keep=target.name)
     except OSError as exc:
         log.info("search settings not recorded: %s", exc)
         return False
     return True
 
 
-def _prune(folder: Path) -> None:
-    """Keep the newest :data:`MAX_FILES` files of the cache folder."""
+def _private_folder(folder: Path) -> bool:
+    """Create the cache folder 0700, or take back group and other bits from ours; False (and
+    nothing is written) when it belongs to another user, whose files the fast path would not
+    trust anyway (:func:`~qmdbridge.cli.fast_search.untrusted`).
+
+    Raises:
+        OSError: the folder cannot be created or changed.
+    """
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
+    st = folder.stat()
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        log.info("search settings not recorded: %s belongs to uid %d", folder, st.st_uid)
+        return False
+    if st.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return True
+
+
+def _prune(folder: Path, *, keep: str) -> None:
+    """Keep the newest :data:`MAX_FILES` files of the cache folder, ``keep`` (the file just
+    written) always among them, however the clock stood when the others were written; remove
+    the temporary files of writers killed mid-write (older than :data:`STALE_TEMP_S`)."""
     entries = []
+    now_ns = time.time_ns()
     for name in os.listdir(folder):
-        if name.endswith(".json"):
-            try:
-                entries.append((os.stat(folder / name).st_mtime_ns, name))
-            except OSError:
-                continue
-    for _, name in sorted(entries, reverse=True)[MAX_FILES:]:
+        try:
+            mtime_ns = os.stat(folder / name).st_mtime_ns
+            if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                if now_ns - mtime_ns > STALE_TEMP_S * 1_000_000_000:
+                    os.remove(folder / name)
+            elif name.endswith(".json") and name != keep:
+                entries.append((mtime_ns, name))
+        except OSError:
+            continue
+    for _, name in sorted(entries, reverse=True)[MAX_FILES - 1:]:
         try:
             os.remove(folder / name)
         except FileNotFoundError:

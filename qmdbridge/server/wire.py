@@ -10,7 +10,7 @@ served ``qmdbridge search``). Paths are ``str``. Layout::
 Framing: one JSON request per line, one JSON reply per line, the same shapes ``qmdbridge
 serve`` takes on stdin (``{"id", "tool", "params", "sessionKey"}``). A request may carry a
 ``fingerprint`` (:func:`client_fingerprint`): the daemon then answers only when it serves the
-same agent, workspace, config file (path, size and mtime in ns), backend and state dir, and
+same agent, workspace, config file (path, size, mtime and ctime in ns, inode), backend and state dir, and
 replies ``{"id", "mismatch": reason}`` otherwise.
 
 Unix sockets have a path limit (``sun_path``, 108 bytes on Linux); a longer socket path is
@@ -90,7 +90,7 @@ def config_identity(explicit: str | None, state: str) -> tuple[str | None, str |
         state: the state dir.
 
     Returns:
-        ``(resolved path, "<size>:<mtime ns>:<inode>")``; ``(None, None)`` when no config file
+        ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>")``; ``(None, None)`` when no config file
         is used; ``(path, None)`` when the file cannot be read (such a request never matches a
         daemon, so the command runs in-process and reports the error itself).
     """
@@ -107,7 +107,9 @@ def config_identity(explicit: str | None, state: str) -> tuple[str | None, str |
         return path, None
     if not stat.S_ISREG(st.st_mode):
         return path, None
-    return path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+    # ctime too: a file rewritten in place with its size, and its mtime put back (``touch -r``,
+    # an editor or sync tool that keeps mtimes), has a new ctime, which no call can set.
+    return path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
 
 
 def client_fingerprint(*, agent: str | None, workspace: str | None, config: str | None,

@@ -57,6 +57,19 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert 0 < top["score"] <= 1
 
 
+def test_python_dash_m_qmdbridge_is_the_command(ws: Path, env: dict[str, str]) -> None:
+    def module(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "qmdbridge", *args], env=env, capture_output=True,
+                              timeout=120)
+
+    usage = module("search", "--help")
+    assert usage.returncode == 0 and usage.stdout.startswith(b"usage: qmdbridge search ")
+    p = module("search", "router dropped the WAN link", "--workspace", str(ws), "--json")
+    assert p.returncode == 0, p.stderr
+    assert orjson.loads(p.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
+    assert module("search", "   ", "--workspace", str(ws)).returncode == 2
+
+
 def test_search_japanese_substring_and_text_output(ws: Path, env: dict[str, str]) -> None:
     p = run(["search", "東京チーム", "--workspace", str(ws), "--json"], env)
     paths = [r["path"] for r in orjson.loads(p.stdout)["results"]]

@@ -126,12 +126,14 @@ async def test_unchanged_transcript_is_not_reread_and_archives_count(ws: Path) -
                          [_record("user", "Cormorant sighting")])
         write_transcript(sdir / "cur.checkpoint.0f0e0d0c-1111-2222-3333-444455556666.jsonl",
                          [_record("user", "Checkpoint Cormorant copy")])
+        cur = sdir / "cur.jsonl"
+        # stamped well before the sync: not racily clean (fallback/index/racy.py), so trusted
+        os.utime(cur, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
         first = await engine.sync(reason="test")
         assert first.files_indexed == 3  # MEMORY.md, cur.jsonl, the reset archive
         assert [h.path for h in await engine.search("Cormorant")] == [
             "sessions/old.jsonl.reset.2026-01-02T03-04-05Z"]
         # Same (mtime, size), different bytes: an unread file keeps its old rows.
-        cur = sdir / "cur.jsonl"
         st = cur.stat()
         write_transcript(cur, [_record("user", "Albatrosz sighting")])
         os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns))

@@ -191,6 +191,19 @@ def test_write_atomic_creates_and_replaces_keeping_permissions(tmp_path: Path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.txt", "state.json"]
 
 
+def test_write_atomic_with_a_mode_sets_it_whatever_the_umask_and_the_old_file(tmp_path: Path) -> None:
+    target = tmp_path / "private.json"
+    old = os.umask(0)
+    try:
+        write_atomic(target, b"1", mode=0o600)
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        target.chmod(0o666)
+        write_atomic(target, b"2", durable=False, mode=0o600)
+    finally:
+        os.umask(old)
+    assert (target.read_bytes(), stat.S_IMODE(target.stat().st_mode)) == (b"2", 0o600)
+
+
 def test_write_atomic_failure_keeps_the_old_file_and_no_temp(tmp_path: Path) -> None:
     target = tmp_path / "state.json"
     target.write_bytes(b"old")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ from fallback.store.readonly import ReadOnlyStore
 pytestmark = pytest.mark.anyio
 
 NOW_MS = 1_770_681_600_000  # 2026-02-10 00:00 UTC
+# Files are stamped well before any sync reads them: a file stamped within a few ms of the sync
+# that read it (racily clean, fallback/index/racy.py) is not trusted by (mtime, size).
+PAST_NS = 1_600_000_000_000_000_000
 
 QUERIES = ["router firmware", "alpha", "Kestrel rollout", "東京", "nothing-like-this-anywhere",
            "backup 2026-01-12", "WAN link dropped twice", "router backup kestrel dns"]
@@ -42,7 +46,14 @@ def ws(tmp_path: Path) -> Path:
     notes.mkdir()
     (notes / "wan.md").write_text("# WAN\nThe WAN link has a backup LTE router.\n")
     (notes / "skip.txt").write_text("router not markdown\n")
+    _backdate(tmp_path)
     return root
+
+
+def _backdate(folder: Path) -> None:
+    """Stamp every file below ``folder`` at :data:`PAST_NS` (one second apart, in name order)."""
+    for i, f in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
+        os.utime(f, ns=(PAST_NS + i * 1_000_000_000, PAST_NS + i * 1_000_000_000))
 
 
 def _settings(ws: Path, **search: Any) -> EngineSettings:
@@ -118,6 +129,7 @@ async def test_every_change_a_sync_would_write_is_seen(ws: Path) -> None:
     note = ws / "memory" / "2026-01-12.md"
     st = note.stat()
     note.write_text(note.read_text() + "- router replaced\n")
+    os.utime(note, ns=(st.st_atime_ns, st.st_mtime_ns + 60_000_000_000))  # saved a minute later
     assert _stale(settings) == "changed: memory/2026-01-12.md"
     await _synced(settings)
     assert _stale(settings) is None
@@ -127,6 +139,7 @@ async def test_every_change_a_sync_would_write_is_seen(ws: Path) -> None:
     await _synced(settings)
 
     (ws / "memory" / "2026-02-10.md").write_text("# new\n")
+    os.utime(ws / "memory" / "2026-02-10.md", ns=(PAST_NS, PAST_NS))
     assert _stale(settings) == "new: memory/2026-02-10.md"
     await _synced(settings)
 
@@ -152,6 +165,7 @@ async def test_every_change_a_sync_would_write_is_seen(ws: Path) -> None:
 
 async def test_a_caveat_of_an_unchanged_file_is_not_a_change(ws: Path) -> None:
     (ws / "memory" / "latin1.md").write_bytes(b"caf\xe9 router\n")  # indexed with a caveat
+    os.utime(ws / "memory" / "latin1.md", ns=(PAST_NS, PAST_NS))
     settings = _settings(ws)
     await _synced(settings)
     with sqlite3.connect(settings.db_path) as conn:
@@ -224,3 +238,34 @@ def test_settings_round_trip_through_json(tmp_path: Path) -> None:
     assert back.to_json() == s.to_json()
     assert back.extra_paths == ["../x", ExtraPathValue("notes", "*.md"), ExtraPathValue("more", None)]
     assert (back.db_path, back.half_life_days, back.sync_on_search) == (tmp_path / "a.sqlite", 14, False)
+
+
+async def test_a_file_stamped_in_the_tick_the_sync_read_it_needs_the_engine(ws: Path) -> None:
+    settings = _settings(ws)
+    note = ws / "memory" / "2026-01-12.md"
+    future = (int(time.time()) + 3600) * 1_000_000_000
+    os.utime(note, ns=(future, future))  # at or after the sync's start: a save may follow unseen
+    await _synced(settings)
+    assert _stale(settings) == "racily clean: memory/2026-01-12.md"
+    with sqlite3.connect(settings.db_path) as conn:
+        started = conn.execute("SELECT value FROM meta WHERE key = 'scan_started_at_ms'").fetchone()
+    assert started is not None and int(started[0]) < future // 1_000_000
+    os.utime(note, ns=(PAST_NS + 5_000_000_000, PAST_NS + 5_000_000_000))
+    assert _stale(settings) == "changed: memory/2026-01-12.md"
+    await _synced(settings)
+    assert _stale(settings) is None
+    with sqlite3.connect(settings.db_path) as conn:  # an index synced before scans were timed
+        conn.execute("DELETE FROM meta WHERE key = 'scan_started_at_ms'")
+    assert _stale(settings) == "no scan start recorded"
+
+
+async def test_a_note_the_sync_reads_and_skips_is_named_as_such(ws: Path) -> None:
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01\x02 not text\n")  # binary: read, then skipped
+    os.utime(ws / "memory" / "blob.md", ns=(PAST_NS, PAST_NS))
+    settings = _settings(ws)
+    await _synced(settings)
+    assert _stale(settings) == "not indexed, read by every sync: memory/blob.md (binary file (NUL bytes))"
+    (ws / "memory" / "blob.md").unlink()
+    assert _stale(settings) == "skipped files changed"
+    await _synced(settings)
+    assert _stale(settings) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 
 import anyio
@@ -238,4 +239,35 @@ async def test_cache_off_writes_and_prunes_nothing(ws: Path) -> None:
     await _sync(settings, store, provider=provider, force=True)
     assert provider.texts_embedded == 4  # no cache: the rebuild embedded both chunks again
     assert store.query("SELECT COUNT(*) FROM embedding_cache") == [(0,)]
+    store.close()
+
+
+def _rewrite_same_size(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` (same length) in the file and put its mtime back: what a second
+    save in the timestamp tick of the first one looks like (the clock that stamps files moves
+    in ticks of a few ms, whole seconds on FAT, HFS+ or ext3)."""
+    assert len(old) == len(new)
+    st = path.stat()
+    path.write_text(path.read_text().replace(old, new))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+async def test_a_file_saved_again_in_the_tick_the_sync_read_it_is_read_again(ws: Path) -> None:
+    note = ws / "memory" / "2026-01-12.md"
+    future = (int(time.time()) + 3600) * 1_000_000_000
+    os.utime(note, ns=(future, future))  # stamped at or after the sync's start: racily clean
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    await _sync(settings, store)
+    _rewrite_same_size(note, "Zebra", "Quagg")
+    again = await _sync(settings, store)  # (mtime, size) unchanged, yet the row is not trusted
+    assert again.files_indexed == 1
+    assert [r[3] for r in _rows(store) if r[0] == "memory/2026-01-12.md"] == [
+        "# Log\nAlpha memory line.\nQuagg memory line.\nAnother line."]
+    past = 1_600_000_000 * 1_000_000_000  # well before the sync: clean once read again
+    os.utime(note, ns=(past, past))
+    await _sync(settings, store)
+    _rewrite_same_size(note, "Quagg", "Okapi")
+    assert (await _sync(settings, store)).files_indexed == 0  # (mtime, size) are trusted now
     store.close()

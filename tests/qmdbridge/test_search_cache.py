@@ -158,7 +158,8 @@ def test_turned_off_or_unusable_files_leave_it_to_the_engine(setup: tuple[Path, 
                    json.dumps({**good, "settings": {**good["settings"], "dbPath": None}}),
                    json.dumps({**good, "settings": {**good["settings"], "candidateMultiplier": "x"}}),
                    json.dumps({**good, "settings": {**good["settings"], "extraPaths": [[1]]}}),
-                   json.dumps({**good, "citations": 1})):
+                   json.dumps({**good, "citations": 1}), json.dumps({**good, "paths": [["/ws"]]}),
+                   json.dumps({k: v for k, v in good.items() if k != "paths"})):
         path.write_text(broken)
         assert try_fast_search(args, env) is None
 
@@ -188,3 +189,122 @@ def test_the_cache_folder_keeps_the_newest_files(setup: tuple[Path, dict[str, st
     names = sorted(p.name for p in folder.iterdir())
     assert len(names) == MAX_FILES and Path(settings_path(settings_key(args, env))).name in names
     assert "old00.json" not in names and f"old{MAX_FILES + 5:02d}.json" in names
+
+
+def test_settings_another_user_could_have_written_are_not_used(setup: tuple[Path, dict[str, str]],
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    ws, env = setup
+    args = _args("Kestrel", "--workspace", str(ws), "-v")
+    assert _record(args, env)
+    path = Path(settings_path(settings_key(args, env)))
+    folder = path.parent
+    assert (folder.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert _recorded(args, env) is not None
+    os.chmod(folder, 0o777)  # anyone may have replaced the file
+    assert _recorded(args, env) is None
+    assert capsys.readouterr().err == (
+        f"INFO qmdbridge.cli: one-shot search runs the engine: {folder} is writable by group or others\n")
+    os.chmod(folder, 0o700)
+    os.chmod(path, 0o666)
+    assert _recorded(args, env) is None
+    assert capsys.readouterr().err.endswith(f"{path} is writable by group or others\n")
+    # the next in-process search puts it right: the folder 0700, the file 0600
+    os.chmod(folder, 0o775)
+    assert _record(args, env)
+    assert (folder.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert _recorded(args, env) is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
+def test_settings_owned_by_another_user_are_not_used_nor_written(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    args = _args("Kestrel", "--workspace", str(ws))
+    assert _record(args, env)
+    path = Path(settings_path(settings_key(args, env)))
+    os.chown(path, 65534, 65534)
+    assert _recorded(args, env) is None
+    os.chown(path, 0, 0)
+    assert _recorded(args, env) is not None
+    os.chown(path.parent, 65534, 65534)  # a folder of another user: neither read nor written
+    assert _recorded(args, env) is None
+    before = path.read_bytes()
+    assert not _record(args, env)
+    assert path.read_bytes() == before and path.stat().st_uid == 0
+
+
+def test_a_permissive_umask_still_writes_a_private_file(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    args = _args("Kestrel", "--workspace", str(ws))
+    old = os.umask(0)
+    try:
+        assert _record(args, env)
+    finally:
+        os.umask(old)
+    path = Path(settings_path(settings_key(args, env)))
+    assert (path.parent.stat().st_mode & 0o777, path.stat().st_mode & 0o777) == (0o700, 0o600)
+    assert _recorded(args, env) is not None
+
+
+def test_the_file_just_written_is_kept_when_the_clock_is_behind_the_others(
+        setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    folder = Path(env["OPENCLAW_STATE_DIR"]) / CACHE_DIR_NAME
+    folder.mkdir(mode=0o700)
+    future = (2**33) * 1_000_000_000  # year 2242: written while the clock was far ahead
+    for i in range(MAX_FILES):
+        other = folder / f"other{i:02d}.json"
+        other.write_text("{}")
+        os.utime(other, ns=(future, future))
+    args = _args("Kestrel", "--workspace", str(ws))
+    assert _record(args, env)
+    names = {p.name for p in folder.iterdir()}
+    assert len(names) == MAX_FILES and Path(settings_path(settings_key(args, env))).name in names
+    assert _recorded(args, env) is not None
+
+
+def test_a_config_saved_in_the_tick_its_key_was_taken_is_not_recorded(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    cfg_file = Path(env["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg_file.write_text(json.dumps({"memory": {"citations": "on"}}))
+    args = _args("Kestrel", "--workspace", str(ws))
+    key = settings_key(args, env)
+    cfg = load_config(args.config, env=env)
+    agent = resolve_agent(cfg, args.agent, workspace=args.workspace, env=env)
+    changed_ms = cfg_file.stat().st_ctime_ns // 1_000_000
+    # a same-size save right after the one the key saw would keep size, mtime and ctime
+    assert not record_search_settings(args, cfg, agent, key=key, env=env, key_taken_ms=changed_ms)
+    assert not Path(settings_path(key)).exists()
+    assert record_search_settings(args, cfg, agent, key=key, env=env, key_taken_ms=changed_ms + 10_000)
+    assert _recorded(args, env) is not None
+
+
+def test_without_the_source_files_to_stamp_nothing_is_recorded_or_used(
+        setup: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, env = setup
+    args = _args("Kestrel", "--workspace", str(ws))
+    # an install without the .py files (a zip, bytecode only) could not tell an upgrade
+    monkeypatch.setattr(fast_search, "CODE_FILES", (*fast_search.CODE_FILES, "qmdbridge/gone.py"))
+    assert not _record(args, env)
+    assert not Path(settings_path(settings_key(args, env))).exists()
+    path = Path(settings_path(settings_key(args, env)))
+    monkeypatch.setattr(fast_search, "CODE_FILES", fast_search.CODE_FILES[:-1])
+    assert _record(args, env)
+    doc = json.loads(Path(settings_path(settings_key(args, env))).read_text())
+    monkeypatch.setattr(fast_search, "CODE_FILES", (*fast_search.CODE_FILES, "qmdbridge/gone.py"))
+    path.write_text(json.dumps({**doc, "key": settings_key(args, env)}))  # as if written so
+    os.chmod(path, 0o600)
+    assert _recorded(args, env) is None
+
+
+def test_temporary_files_of_killed_writers_are_pruned(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    folder = Path(env["OPENCLAW_STATE_DIR"]) / CACHE_DIR_NAME
+    folder.mkdir(mode=0o700)
+    dead, live = folder / ".tmp-0123456789abcdef.part", folder / ".tmp-fedcba9876543210.part"
+    dead.write_text('{"key": ')  # a writer killed mid-write, long ago
+    os.utime(dead, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    live.write_text('{"key": ')  # another writer's, being written now
+    args = _args("Kestrel", "--workspace", str(ws))
+    assert _record(args, env)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [live.name, Path(settings_path(settings_key(args, env))).name])

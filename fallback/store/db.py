@@ -74,6 +74,7 @@ from fallback.store.files import (
 )
 from fallback.store.lock import StoreWriteLock, lock_path_for
 from fallback.store.migrations import META_KEY, MIGRATIONS
+from fallback.store.readonly import MetaReads
 
 __all__ = [
     "META_KEY",
@@ -127,7 +128,7 @@ class ReadonlyRecovery:
                 "failures": self.failures, "lastError": self.last_error}
 
 
-class Store:
+class Store(MetaReads):
     """An open store: a writer and a reader connection, migrated to the latest schema.
 
     Args:
@@ -368,25 +369,6 @@ class Store:
                 if self._reader is None:
                     raise IndexStoreError("index store is closed", db_path=str(self.path))
                 return run(self._reader)
-
-    def user_version(self) -> int:
-        """``PRAGMA user_version``: the number of migrations applied."""
-        return int(self.query("PRAGMA user_version")[0][0])
-
-    def get_meta(self, key: str) -> str | None:
-        """Return one ``meta`` value, or ``None``."""
-        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def get_meta_json(self, key: str) -> Any:
-        """Return one ``meta`` value parsed as JSON, or ``None`` when missing or unparsable."""
-        raw = self.get_meta(key)
-        if raw is None:
-            return None
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return None
 
     def set_meta(self, key: str, value: Any, *, conn: sqlite3.Connection | None = None) -> None:
         """Write one ``meta`` value as JSON (inside ``conn``'s transaction when given)."""

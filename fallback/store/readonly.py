@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from fallback.store.errors import translate_errors
 
-__all__ = ["BUSY_TIMEOUT_MS", "ReadOnlyStore", "StoreReader"]
+__all__ = ["BUSY_TIMEOUT_MS", "MetaReads", "ReadOnlyStore", "StoreReader"]
 
 # How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
 BUSY_TIMEOUT_MS = 5000
@@ -41,7 +41,33 @@ class StoreReader(Protocol):
         ...
 
 
-class ReadOnlyStore:
+class MetaReads:
+    """``PRAGMA user_version`` and ``meta`` reads over a class's ``query`` (the engine's
+    :class:`~fallback.store.db.Store` and :class:`ReadOnlyStore`)."""
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """One read statement's rows: each class that takes these reads defines it."""
+        raise NotImplementedError(f"{type(self).__name__} defines no query()")
+
+    def user_version(self) -> int:
+        """``PRAGMA user_version``: the number of migrations applied."""
+        return int(self.query("PRAGMA user_version")[0][0])
+
+    def get_meta(self, key: str) -> str | None:
+        """One ``meta`` value, or ``None``."""
+        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
+    def get_meta_json(self, key: str) -> Any:
+        """One ``meta`` value parsed as JSON, or ``None`` when missing or unparsable."""
+        raw = self.get_meta(key)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:
+            return None
+
+
+class ReadOnlyStore(MetaReads):
     """One ``query_only`` connection to an existing store file (a :class:`StoreReader`).
 
     Errors are the store's typed ``IndexStoreError`` classes (``fallback/store/errors.py``).
@@ -94,22 +120,6 @@ class ReadOnlyStore:
         with translate_errors(self.path):
             return self._conn.execute(sql, tuple(params)).fetchall()
 
-    def user_version(self) -> int:
-        """``PRAGMA user_version``: the number of migrations applied."""
-        return int(self.query("PRAGMA user_version")[0][0])
-
-    def get_meta(self, key: str) -> str | None:
-        """One ``meta`` value, or ``None``."""
-        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
-    def get_meta_json(self, key: str) -> Any:
-        """One ``meta`` value parsed as JSON, or ``None`` when missing or unparsable."""
-        raw = self.get_meta(key)
-        try:
-            return None if raw is None else json.loads(raw)
-        except ValueError:
-            return None
 
     @property
     def fts_tokenizer(self) -> str:

@@ -4,7 +4,6 @@ and nothing left in the temporary folder or the state dir."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +21,10 @@ REPORT_KEYS = {"dataset", "inputs", "backend", "provider", "model", "mode", "max
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items()
-         if k not in ("CI", "OPENAI_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY", "VOYAGE_API_KEY",
-                      "MISTRAL_API_KEY")}
-    e["OPENCLAW_STATE_DIR"] = str(tmp_path / "state")
-    e["HOME"] = str(tmp_path / "home")
+def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """The clean environment of ``conftest.py`` with its own ``TMPDIR`` (the eval's
+    throw-away stores go there, so a test can see they are removed)."""
+    e = dict(env)
     e["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     return e

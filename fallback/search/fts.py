@@ -93,7 +93,8 @@ NEAR_DISTANCE = 10
 MAX_PAIRS = 8
 # Coverage pairs: pairs of the first this many content parts are ANDed (6 parts: 15 pairs).
 COVERAGE_PARTS = 6
-# Stores of at most this many chunks get their parts counted (fallback/search/keyword.py).
+# A store of at most this many chunks is small (fallback/search/keyword.py): its queries get
+# coverage pairs when every part is common, and keep common parts in their OR.
 COVERAGE_MAX_CHUNKS = 1000
 
 # Word runs: letters, marks, digits and "_". In ASCII text those are exactly [A-Za-z0-9_] (no
@@ -209,8 +210,8 @@ def _query_parts(text: str) -> list[_Part]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
-                      ) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
+def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str],
+                      drop_common: bool, unpaired: frozenset[str]) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
     pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
     parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
@@ -230,6 +231,10 @@ def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
             keys.append(" ".join(quoted))
     rare = [e for e, k in zip(exprs, keys, strict=True) if k not in common]
     marks = " OR ".join(rare or exprs) or None
+    if rare and drop_common:
+        # A part found in half of the chunks or more weighs 1e-6 in bm25(): next to a rarer
+        # part it only adds the cost of walking its long list of rows.
+        exprs = rare
     joined: list[str] = []
     for a, b in itertools.pairwise(content):
         if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
@@ -238,7 +243,7 @@ def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
     exprs.extend(dict.fromkeys(joined[:MAX_PAIRS]))
     # Dates live in the title and terms columns, never next to words of the text: no NEAR.
     # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
-    paired = [p for p in unique if p.key not in common]
+    paired = [p for p in unique if p.key not in common and p.key not in unpaired]
     spoken = [p for p in paired if p.kind != "date"]
     near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
             for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
@@ -250,7 +255,9 @@ def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str]
 
 
 def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
-                    common: frozenset[str] = frozenset()) -> FtsPlan | None:
+                    common: frozenset[str] = frozenset(),
+                    drop_common: bool = False,
+                    unpaired: frozenset[str] = frozenset()) -> FtsPlan | None:
     """Turn free text into a safe FTS plan; never raises.
 
     Args:
@@ -259,9 +266,15 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs:
             table is ``porter unicode61``) or ``trigram``.
         coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (the caller passes
             ``True`` when FTS5 clamps the IDF of every part).
-        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
-            they stay single terms but join no pair and mark no snippet line (FTS5 gives them
-            an IDF of ``1e-6``; in a pair they would only add cost).
+        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks
+            (FTS5 gives them an IDF of ``1e-6``): they join no pair and mark no snippet line
+            (in a pair they would only add cost).
+        drop_common: also leave the ``common`` parts out of ``match`` when the query has a
+            rarer part: they change no rank there, only add the cost of walking their rows
+            (the caller passes ``True`` for a large store; in a small one a chunk matching
+            only common words still comes back when ``minScore`` is 0).
+        unpaired: keys of further parts that join no ``NEAR`` pair (too common for a pair
+            to be worth its cost in a large store).
 
     Returns:
         ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
@@ -289,7 +302,8 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs:
     trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
     like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
     match, mark_match, keys, parts = _match_expression(text, coverage_pairs=coverage_pairs,
-                                                       common=common)
+                                                       common=common, drop_common=drop_common,
+                                                       unpaired=unpaired)
     return FtsPlan(
         tokens=tokens,
         match=match,

@@ -21,12 +21,26 @@ def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:
         mark_match='"hello" OR "world"', parts=(("hello", '"hello"'), ("world", '"world"')))
     assert build_fts_query("hello world", coverage_pairs=False).match == (
         '"hello" OR "world" OR "helloworld" OR NEAR("hello" "world", 10)')
-    # A part found in half of the chunks or more joins no pair and marks no snippet line.
+    # A part found in half of the chunks or more joins no pair and marks no snippet line ...
     common = build_fts_query("Nate turtle tank", coverage_pairs=False, common=frozenset({"nate"}))
     assert common is not None
     assert common.match == ('"nate" OR "turtle" OR "tank" OR "nateturtle" OR "turtletank"'
                             ' OR NEAR("turtle" "tank", 10)')
     assert common.mark_match == '"turtle" OR "tank"'
+    # ... and with drop_common leaves the OR (its joined form with a rare neighbour stays) ...
+    dropped = build_fts_query("Nate turtle tank", coverage_pairs=False,
+                              common=frozenset({"nate"}), drop_common=True)
+    assert dropped is not None
+    assert dropped.match == ('"turtle" OR "tank" OR "nateturtle" OR "turtletank"'
+                             ' OR NEAR("turtle" "tank", 10)')
+    assert dropped.mark_match == '"turtle" OR "tank"'
+    assert dropped.terms == ("nate", "turtle", "tank")
+    # ... unless every part is that common: then they are all searched.
+    every = build_fts_query("Nate turtle", coverage_pairs=False,
+                            common=frozenset({"nate", "turtle"}), drop_common=True)
+    assert every is not None
+    assert every.match == '"nate" OR "turtle" OR "nateturtle"'
+    assert every.mark_match == '"nate" OR "turtle"'
     assert build_fts_query("cafe\u0301").match == '"café"'
     assert build_fts_query("ฐานข้อมูล ข้อผิดพลาด").match == (
         '"ฐานข้อมูล" OR "ข้อผิดพลาด" OR NEAR("ฐานข้อมูล" "ข้อผิดพลาด", 10)'

@@ -3,10 +3,13 @@ rows the query runs again uncapped, so filtered searches still find every match.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from fallback.search.fts import build_fts_query
-from fallback.search.keyword import MIN_INNER_ROWS, keyword_rows
+import pytest
+
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, build_fts_query
+from fallback.search.keyword import MIN_INNER_ROWS, keyword_rows, rank_keyword_hits, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
 
@@ -33,5 +36,69 @@ def test_filtered_rows_beyond_the_cut_are_still_found(tmp_path: Path) -> None:
         assert [r[1] for r in rows] == ["memory/a.md"]
         both = keyword_rows(store, plan, sources=["memory", "sessions"], limit=6)
         assert len(both) == 6 and all(r[2] == "sessions" for r in both)
+    finally:
+        store.close()
+
+
+def _chat(n: int) -> list[tuple[str, str, str]]:
+    """``n`` chunks that all name Melanie; one of them is about pottery, one about turtles."""
+    rows = [("memory/chat.md", "memory", f"Melanie: line {i} about nothing much"
+             + (" with the kids" if i % 3 == 0 else "")) for i in range(n)]
+    rows[3] = ("memory/chat.md", "memory", "Melanie: I signed up for a pottery class")
+    rows[7] = ("memory/chat.md", "memory", "Caroline: my turtles love the new tank")
+    return rows
+
+
+def test_common_words_join_no_pair_and_a_small_store_still_searches_them(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        _fill(store, _chat(40))
+        plan = search_plan(store, "Melanie pottery class?")
+        assert plan is not None
+        # "melanie" is in 39 of 40 chunks: no NEAR pair, no snippet mark, still an OR term
+        assert plan.match == ('"melanie" OR "pottery" OR "class" OR "melaniepottery"'
+                              ' OR "potteryclass" OR NEAR("pottery" "class", 10)')
+        assert plan.mark_match == '"pottery" OR "class"'
+        rows = keyword_rows(store, plan, sources=["memory"], limit=50)
+        assert len(rows) == 39 and rows[0][0] == "c4"  # every Melanie line, the pottery one first
+        # every part common: all of them are searched, with coverage pairs in a small store
+        every = search_plan(store, "Melanie line")
+        assert every is not None
+        assert every.match == ('"melanie" OR "line" OR "melanieline" OR NEAR("melanie" "line", 10)'
+                               ' OR ("melanie" AND "line")')
+        kids = search_plan(store, "kids pottery class")  # "kids": a third of the chunks
+        assert kids is not None
+        assert kids.match == ('"kids" OR "pottery" OR "class" OR "kidspottery" OR "potteryclass"'
+                              ' OR NEAR("kids" "pottery", 10) OR NEAR("pottery" "class", 10)')
+    finally:
+        store.close()
+
+
+def test_a_large_store_leaves_common_words_out_of_the_match_without_changing_ranks(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        _fill(store, _chat(COVERAGE_MAX_CHUNKS + 10))
+        plan = search_plan(store, "Melanie pottery class?")
+        assert plan is not None
+        assert plan.match == ('"pottery" OR "class" OR "melaniepottery" OR "potteryclass"'
+                              ' OR NEAR("pottery" "class", 10)')
+        assert plan.terms == ("melanie", "pottery", "class")
+        hits = rank_keyword_hits(store, "Melanie pottery class?", ["memory"], 10, plan=plan)
+        assert [h.chunk_id for h in hits] == ["c4"]
+        # the same plan with the common word searched too: the same best row and BM25
+        walked = replace(plan, match=f'{plan.match} OR "melanie"')
+        with_common = keyword_rows(store, walked, sources=["memory"], limit=5)
+        assert len(with_common) == 5 and with_common[0][0] == "c4"
+        assert with_common[0][6] == pytest.approx(hits[0].bm25, rel=1e-4)
+        # every part common: the plain OR, no coverage pairs (they would double the cost) and
+        # no NEAR pair of words found in a quarter of the chunks or more ("kids": a third)
+        every = search_plan(store, "Melanie line")
+        assert every is not None
+        assert every.match == '"melanie" OR "line" OR "melanieline"'
+        kids = search_plan(store, "kids pottery class")
+        assert kids is not None
+        assert kids.match == ('"kids" OR "pottery" OR "class" OR "kidspottery" OR "potteryclass"'
+                              ' OR NEAR("pottery" "class", 10)')
     finally:
         store.close()

@@ -226,3 +226,18 @@ def test_cache_dir_keeps_the_qmd_index_and_not_the_breakers(tmp_path: Path, env:
     assert (home / "xdg-cache" / "qmd" / "index.sqlite").is_file()
     assert (tmp_path / "cache" / "conv-syn" / "memory" / "main.sqlite").is_file()  # the fallback's store
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_failed_qmd_update_stops_the_run(tmp_path: Path, env: dict[str, str], launcher: Path) -> None:
+    data = write_locomo_qmd(tmp_path / "data")
+    script = tmp_path / "qmd-no-update"
+    script.write_text('#!/bin/sh\nif [ "$1" = update ]; then echo "error: update broken for the test" >&2; '
+                      f'exit 4; fi\nexec {launcher} "$@"\n', encoding="utf-8")
+    script.chmod(0o755)
+    cfg = config(tmp_path, f"{{command: '{script}'}}")
+    p = run(["eval", "--locomo", str(data), "--backend", "qmd", "--config", str(cfg), "--json"], env)
+    assert p.returncode == 1
+    doc = orjson.loads(p.stdout)
+    assert (doc["errorType"], doc["exitCode"]) == ("QmdCommandError", 1)
+    assert doc["error"] == "qmd update --index index failed (code 4): error: update broken for the test"
+    assert list((tmp_path / "tmp").iterdir()) == []

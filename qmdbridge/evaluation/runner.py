@@ -135,7 +135,8 @@ class WorkspaceReport(_Model):
     Attributes:
         name: conversation name or workspace folder name.
         source: the file it came from (LoCoMo) or the workspace path.
-        files / chunks: what the index holds after the sync.
+        files / chunks: what the index holds after the sync (qmd: as its ``status`` counts
+            them, from qmd's index).
         questions / evidence: questions searched and their evidence items.
         recall_at5: R@5 of this workspace alone (``None`` without evidence).
         index_ms: wall time of the sync in ms (with qmd: its start-up, ``qmd update`` and the

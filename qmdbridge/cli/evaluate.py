@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from fallback.errors import UsageError
-from qmdbridge.cli.common import EXIT_OK, emit_json
+from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
 from qmdbridge.evaluation.runner import EvalOptions, EvalReport, ProgressCallback
 
-__all__ = ["format_report", "run_eval"]
+__all__ = ["all_fell_back_message", "answered_line", "format_report", "run_eval"]
 
 
 @contextmanager
@@ -40,20 +40,41 @@ def _num(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def all_fell_back_message(report: EvalReport) -> str:
+    """The loud line of a qmd run that qmd never answered (``report.all_fell_back``)."""
+    n = report.answered_by.get("builtin", 0)
+    return (f"NOT MEASURED: every search ({n} of {n}) fell back to the builtin engine, so these "
+            f"figures are the builtin engine's, not qmd's; first reason: "
+            f"{report.first_fallback_reason or '-'}")
+
+
+def answered_line(report: EvalReport) -> str:
+    """``answered: qmd 5, builtin 0`` plus the fallbacks and the first reason, when any."""
+    qmd, builtin = report.answered_by.get("qmd", 0), report.answered_by.get("builtin", 0)
+    line = f"answered: qmd {qmd}, builtin {builtin}"
+    if report.fallbacks:
+        line += f" ({report.fallbacks} fell back; first reason: {report.first_fallback_reason or '-'})"
+    return line
+
+
 def format_report(report: EvalReport) -> str:
     """The human-readable report: what ran, then one ``metric  value`` line per metric.
 
     Recall values have three decimals, lines/hit one, latencies one (ms); a metric without
-    data (snippet R@5 with no evidence text, say) shows ``-``.
+    data (snippet R@5 with no evidence text, say) shows ``-``. A qmd run adds the line of
+    :func:`answered_line` (which backend answered), and :func:`all_fell_back_message` first
+    when qmd answered nothing.
     """
     m = report.metrics
     what = "LoCoMo" if report.dataset == "locomo" else "queries"
-    lines = [
+    lines = [all_fell_back_message(report), ""] if report.all_fell_back else []
+    lines += [
         f"{what} eval: {len(report.workspaces)} workspace(s), {m.questions} questions, "
         f"{m.evidence} evidence items",
         f"backend {report.backend}, mode {report.mode or '-'}, provider {report.provider or '-'}"
         f"{', model ' + report.model if report.model else ''}; maxResults {report.max_results}, "
         f"minScore {report.min_score:g}",
+        *([answered_line(report)] if report.backend == "qmd" else []),
         "",
         f"R@1           {_num(m.recall_at1)}",
         f"R@3           {_num(m.recall_at3)}",
@@ -78,19 +99,24 @@ def format_report(report: EvalReport) -> str:
 
 
 async def run_eval(agent: Any, args: argparse.Namespace) -> int:
-    """Run ``qmdbridge eval`` from parsed arguments; prints the report, returns the exit code.
+    """Run ``qmdbridge eval`` from parsed arguments; prints the report, returns the exit code:
+    0, or 1 when ``--backend qmd`` was asked and every search fell back to the builtin engine
+    (the report is printed all the same, and the reason goes to stderr).
 
     Raises:
         UsageError: ``--queries`` without ``--workspace`` or ``--workspace`` with ``--locomo``,
-            and what :func:`qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise.
+            and what :func:`qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise
+            (``--provider``/``--model`` with ``--backend qmd`` among them).
     """
     from qmdbridge.config import load_config
-    from qmdbridge.evaluation.runner import run_locomo, run_queries
+    from qmdbridge.evaluation.runner import check_options, run_locomo, run_queries
 
     del agent  # each eval workspace gets its own agent config (see eval_agent)
     options = EvalOptions(max_results=args.max_results, min_score=args.min_score,
                           provider=args.provider, model_path=args.model,
-                          cache_dir=Path(args.cache_dir) if args.cache_dir else None)
+                          cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                          backend=args.backend, qmd_search_mode=args.qmd_search_mode)
+    check_options(options)  # before the config is read: a usage error needs no config
     cfg = load_config(args.config)
     with eval_progress(enabled=not args.json) as on_progress:
         if args.locomo is not None:
@@ -107,4 +133,7 @@ async def run_eval(agent: Any, args: argparse.Namespace) -> int:
         emit_json(report.to_json_dict())
     else:
         sys.stdout.write(format_report(report))
+    if report.all_fell_back:
+        sys.stderr.write(f"qmdbridge eval: {all_fell_back_message(report)}\n")
+        return EXIT_FAILURE
     return EXIT_OK

@@ -42,6 +42,10 @@ EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 
 4 no such memory file.
 config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/openclaw.json) when it exists."""
 
+EVAL_EPILOG = EPILOG + """
+eval --backend qmd exits 1 (after printing the report) when not one search was answered by qmd:
+every answer fell back to the builtin engine, so the figures are not qmd's."""
+
 
 def _terminal_columns() -> int:
     """``shutil.get_terminal_size().columns`` without importing ``shutil`` (and the compression
@@ -224,9 +228,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if only in (None, "eval"):
         p = sub.add_parser("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
                            description="Index into a throw-away store (nothing is left behind), search "
-                           "every question through the builtin engine and print R@1/3/5/10, file R@5/10, "
-                           "snippet R@5, R@5 per category, lines per hit and search latency p50/p95.",
-                           epilog=EPILOG)
+                           "every question through the builtin engine (or qmd, --backend qmd) and print "
+                           "R@1/3/5/10, file R@5/10, snippet R@5, R@5 per category, lines per hit and search "
+                           "latency p50/p95.", epilog=EVAL_EPILOG)
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--locomo", metavar="PATH",
                          help="a LoCoMo *.json file or a folder of them (one workspace per conversation)")
@@ -239,10 +243,17 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        help="embedding provider: none (keyword-only), local, auto, openai, openai-compatible, "
                        "gemini, voyage, mistral, ollama (default: config)")
         p.add_argument("--model", metavar="PATH", help="local GGUF embedding model (implies --provider local)")
+        p.add_argument("--backend", choices=["builtin", "qmd"], default="builtin",
+                       help="what answers: builtin (default, whatever memory.backend says) or qmd (the qmd "
+                       "sidecar with its home and index in the throw-away state dir; --provider/--model "
+                       "do not apply)")
+        p.add_argument("--qmd-search-mode", choices=["search", "vsearch", "query"],
+                       help="override memory.qmd.searchMode for the run (--backend qmd)")
         p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
         p.add_argument("--cache-dir", metavar="DIR",
-                       help="keep each workspace's index (with its embedding cache) in DIR/<name> for the next "
-                       "run, which then embeds only new text (default: a throw-away folder)")
+                       help="keep each workspace's index (with its embedding cache; with --backend qmd also "
+                       "the qmd home and index) in DIR/<name> for the next run, which then embeds only new "
+                       "text (default: a throw-away folder)")
         p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
         p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")

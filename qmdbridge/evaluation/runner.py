@@ -1,5 +1,5 @@
 """The eval runner: index a workspace in a throw-away store, search every question through the real
-``MemoryManager`` (builtin backend), judge the hits and report recall.
+``MemoryManager`` (builtin engine, or the qmd sidecar), judge the hits and report recall.
 
 Two inputs:
 
@@ -15,43 +15,52 @@ keeps each workspace's store, with its embedding cache, for the next run), the c
 ``memorySearch`` settings apply (with the store forced into the state dir, and the embedding
 provider optionally overridden), and the search latency is measured around the manager's
 ``search`` call only.
+
+With :attr:`EvalOptions.backend` ``qmd`` the manager runs on the qmd backend: its qmd home and
+index live in the same throw-away (or cached) state dir, the manager's own ``sync`` creates the
+collections and runs ``qmd update`` before the first search, ``memory.qmd.*`` applies (the
+search mode optionally overridden), and the report counts the searches qmd answered and those
+that fell back to the builtin engine.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import UsageError
+from fallback.models import SearchResponse
 from fallback.settings import EngineSettings, MemorySearchSettings, ProviderName
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
 from qmdbridge.evaluation.metrics import (
     EvalMetrics,
     EvalQuestion,
-    Evidence,
     QuestionOutcome,
     judge,
     recall_at,
     summarize,
 )
+from qmdbridge.evaluation.queries import load_queries
 
 __all__ = [
     "DEFAULT_MAX_RESULTS",
+    "BackendTally",
+    "EvalBackend",
     "EvalOptions",
     "EvalReport",
     "ProgressCallback",
     "WorkspaceReport",
     "WorkspaceRun",
+    "check_options",
     "eval_agent",
     "evaluate_workspace",
     "load_queries",
@@ -61,13 +70,14 @@ __all__ = [
 
 # Hits per question: R@10 needs ten, and the benchmark's published figures use maxResults 10.
 DEFAULT_MAX_RESULTS = 10
-# The keys a line of a queries file may have.
-QUERY_KEYS = ("query", "path", "line", "text", "category", "id")
 # What a workspace name may keep in the name of its cache folder (anything else becomes ``_``).
 _CACHE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]")
 
 ProgressCallback = Callable[[str, int, int], None]
 """``on_progress(workspace_name, questions_done, questions_total)``, called after each search."""
+
+EvalBackend = Literal["builtin", "qmd"]
+QmdSearchMode = Literal["search", "vsearch", "query"]
 
 
 @dataclass(frozen=True)
@@ -75,16 +85,23 @@ class EvalOptions:
     """How the questions are searched.
 
     Attributes:
-        max_results: hits asked for per question (>= 1; default 10).
-        min_score: score floor in [0, 1]; ``None`` keeps the config's ``query.minScore``.
+        max_results: hits asked for per question (>= 1; default 10). The qmd backend caps it
+            at ``memory.qmd.limits.maxResults``, as it does for an agent.
+        min_score: score floor in [0, 1]; ``None`` keeps the backend's default (the config's
+            ``query.minScore`` for the builtin engine, no floor for qmd).
         provider: embedding provider override (``none`` = keyword-only, ``local``, ``openai``
-            ...); ``None`` keeps the config's ``memorySearch.provider``.
+            ...); ``None`` keeps the config's ``memorySearch.provider``. Builtin engine only.
         model_path: the local GGUF model (sets ``local.modelPath``; implies ``provider`` local
-            when no provider is given).
-        cache_dir: keep each workspace's state dir (its store and the store's embedding cache)
-            in ``<cache_dir>/<workspace name>`` across runs instead of a temporary folder, so a
-            rerun embeds only text it has not seen (``index_ms`` is then the time of that
-            incremental sync); ``None``: everything is temporary.
+            when no provider is given). Builtin engine only.
+        cache_dir: keep each workspace's state dir (its store and the store's embedding cache;
+            with qmd also the qmd home and index) in ``<cache_dir>/<workspace name>`` across
+            runs instead of a temporary folder, so a rerun embeds only text it has not seen
+            (``index_ms`` is then the time of that incremental sync); ``None``: everything is
+            temporary.
+        backend: what answers the searches: ``builtin`` (the in-process engine) or ``qmd`` (the
+            qmd sidecar, falling back to the builtin engine as it does for an agent).
+        qmd_search_mode: overrides ``memory.qmd.searchMode`` for the run (``qmd`` backend only;
+            ``None`` keeps the config's).
     """
 
     max_results: int = DEFAULT_MAX_RESULTS
@@ -92,6 +109,8 @@ class EvalOptions:
     provider: str | None = None
     model_path: str | None = None
     cache_dir: Path | None = None
+    backend: EvalBackend = "builtin"
+    qmd_search_mode: QmdSearchMode | None = None
 
     def state_dir(self, name: str, scratch: Path) -> Path:
         """The state dir of workspace ``name``: ``<cache_dir>/<name>`` (characters other than
@@ -116,10 +135,13 @@ class WorkspaceReport(_Model):
     Attributes:
         name: conversation name or workspace folder name.
         source: the file it came from (LoCoMo) or the workspace path.
-        files / chunks: what the index holds after the sync.
+        files / chunks: what the index holds after the sync (qmd: as its ``status`` counts
+            them, from qmd's index).
         questions / evidence: questions searched and their evidence items.
         recall_at5: R@5 of this workspace alone (``None`` without evidence).
-        index_ms: wall time of the sync in ms.
+        index_ms: wall time of the sync in ms (with qmd: its start-up, ``qmd update`` and the
+            builtin fallback index's sync).
+        answered_by / fallbacks / first_fallback_reason: see :class:`BackendTally`.
     """
 
     name: str
@@ -130,6 +152,9 @@ class WorkspaceReport(_Model):
     evidence: int
     recall_at5: float | None
     index_ms: float
+    answered_by: dict[str, int]
+    fallbacks: int
+    first_fallback_reason: str | None
 
 
 class EvalReport(_Model):
@@ -138,14 +163,21 @@ class EvalReport(_Model):
     Attributes:
         dataset: ``locomo`` or ``queries``.
         inputs: the files read (LoCoMo files, or the queries file).
-        backend: always ``builtin``.
+        backend: the backend measured (``builtin`` or ``qmd``).
         provider / model / mode: what answered, as the search responses name it (``mode`` is
-            ``fts-only`` or ``hybrid``).
-        max_results / min_score: the search limits in effect.
+            ``fts-only`` or ``hybrid`` for the builtin engine, the search mode for qmd, whose
+            provider and model are ``qmd``); from the first answer of ``backend``, else the
+            first answer.
+        max_results / min_score: the search limits in effect (qmd: ``max_results`` capped at
+            ``memory.qmd.limits.maxResults``, ``min_score`` 0 unless one was given).
         index_ms: total sync time in ms over all workspaces.
         metrics: the recall metrics (``qmdbridge.evaluation.metrics.EvalMetrics``).
         workspaces: one entry per indexed workspace.
         warnings: distinct warnings of the search responses.
+        answered_by / fallbacks / first_fallback_reason: over all workspaces (see
+            :class:`BackendTally`).
+        all_fell_back: ``backend`` is ``qmd`` and not one search was answered by qmd: the
+            figures measure the builtin engine (the CLI exits 1).
     """
 
     dataset: Literal["locomo", "queries"]
@@ -160,6 +192,50 @@ class EvalReport(_Model):
     metrics: EvalMetrics
     workspaces: list[WorkspaceReport]
     warnings: list[str]
+    answered_by: dict[str, int]
+    fallbacks: int
+    first_fallback_reason: str | None
+    all_fell_back: bool
+
+
+@dataclass
+class BackendTally:
+    """Which backend answered the searches of a run, from each answer's ``backend`` and
+    ``fallback`` fields.
+
+    Attributes:
+        qmd / builtin: searches answered by each backend.
+        fallbacks: answers that fell back (``fallback`` set: qmd was asked and could not answer).
+        first_fallback_reason: the ``fallback.reason`` of the first of them, ``None`` without any.
+    """
+
+    qmd: int = 0
+    builtin: int = 0
+    fallbacks: int = 0
+    first_fallback_reason: str | None = None
+
+    def add(self, response: SearchResponse) -> None:
+        """Count one search answer."""
+        if response.backend == "qmd":
+            self.qmd += 1
+        else:
+            self.builtin += 1
+        if response.fallback is not None:
+            self.fallbacks += 1
+            if self.first_fallback_reason is None:
+                self.first_fallback_reason = response.fallback.reason
+
+    def merge(self, other: BackendTally) -> None:
+        """Add ``other``'s counts (its first reason is kept when this one has none)."""
+        self.qmd += other.qmd
+        self.builtin += other.builtin
+        self.fallbacks += other.fallbacks
+        self.first_fallback_reason = self.first_fallback_reason or other.first_fallback_reason
+
+    @property
+    def answered_by(self) -> dict[str, int]:
+        """``{"qmd": n, "builtin": n}``, both keys always present."""
+        return {"qmd": self.qmd, "builtin": self.builtin}
 
 
 @dataclass
@@ -169,8 +245,10 @@ class WorkspaceRun:
     Attributes:
         outcomes: one judged outcome per question, in order.
         workspace: the workspace's summary row.
-        provider / model / mode: as the first search response named them.
+        provider / model / mode: as the first answer of the measured backend named them
+            (else the first answer).
         warnings: distinct warnings of the search responses.
+        tally: which backend answered.
     """
 
     outcomes: list[QuestionOutcome]
@@ -179,18 +257,21 @@ class WorkspaceRun:
     model: str | None
     mode: str | None
     warnings: list[str]
+    tally: BackendTally
 
 
 def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, state_dir: Path,
                options: EvalOptions) -> ResolvedAgent:
-    """The agent config an eval searches with: the configured agent moved onto ``workspace``,
-    its store forced to ``<state_dir>/memory/<agent>.sqlite``, the provider overridden.
+    """The agent config an eval searches with: the configured agent moved onto ``workspace``
+    and ``state_dir`` (so its store is ``<state_dir>/memory/<agent>.sqlite`` and its qmd home
+    ``<state_dir>/agents/<agent>/qmd``), the provider or the qmd search mode overridden.
 
     Raises:
         ConfigError: the merged settings are invalid.
-        UsageError: an unknown provider, or ``model_path`` given with a provider other than
-            ``local``.
+        UsageError: an unknown provider, ``model_path`` given with a provider other than
+            ``local``, or an option of the other backend (see :func:`check_options`).
     """
+    check_options(options)
     if options.provider is not None and options.provider not in get_args(ProviderName):
         raise UsageError(f"unknown embedding provider {options.provider!r} "
                          f"(one of: {', '.join(get_args(ProviderName))})")
@@ -207,33 +288,56 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
     search = MemorySearchSettings.model_validate(raw)
     engine = EngineSettings.for_workspace(agent.workspace_dir, agent_id=agent.agent_id,
                                           state_dir=agent.state_dir, search=search)
-    return agent.model_copy(update={"memory_search": search, "engine": engine})
+    memory = agent.memory
+    if options.qmd_search_mode is not None:
+        memory = memory.model_copy(update={"qmd": memory.qmd.model_copy(
+            update={"search_mode": options.qmd_search_mode})})
+    return agent.model_copy(update={"memory_search": search, "engine": engine, "memory": memory})
+
+
+def _forget_breakers(agent: ResolvedAgent) -> None:
+    """Remove the qmd circuit breakers' state files of the eval's own state dir (a cached one
+    keeps them between runs): a failure of an earlier run must not make this run fall back."""
+    from qmdbridge.paths import qmd_home
+
+    qmd_dir = qmd_home(agent.state_dir, agent.agent_id).qmd_dir
+    for name in ("breaker.json", "startup-breaker.json"):
+        (qmd_dir / name).unlink(missing_ok=True)
 
 
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
                              on_progress: ProgressCallback | None = None) -> WorkspaceRun:
-    """Sync the agent's index, then search and judge every question (builtin backend).
+    """Sync the agent's index, then search and judge every question (``options.backend``).
+
+    With the qmd backend the manager's ``sync`` starts qmd (qmd home, collections) and runs
+    ``qmd update`` before the first search; the builtin index it falls back to is synced too.
+    A qmd that cannot start does not stop the run: every search then falls back, and the
+    tally says so.
 
     Args:
         agent: the agent config (see :func:`eval_agent`); its workspace is synced first.
         questions: what to search, in order.
-        options: limits (the provider is already in ``agent``).
+        options: limits and the backend (the provider is already in ``agent``).
         name / source: the workspace's name and origin, for the report.
         on_progress: called after each search.
 
     Returns:
-        The :class:`WorkspaceRun`: outcomes and the workspace's summary.
+        The :class:`WorkspaceRun`: outcomes, the workspace's summary and the backend tally.
 
     Raises:
-        UsageError: bad limits; BackendUnavailableError / IndexStoreError: the engine failed.
+        UsageError: bad limits. BackendUnavailableError / IndexStoreError: the engine failed,
+            or ``qmd update`` failed (a qmd index without the workspace would measure nothing).
     """
     from qmdbridge.manager import MemoryManager
 
     outcomes: list[QuestionOutcome] = []
-    provider = model = mode = None
+    first: SearchResponse | None = None
     warnings: list[str] = []
-    async with MemoryManager(agent, backend="builtin") as manager:
+    tally = BackendTally()
+    if options.backend == "qmd":
+        _forget_breakers(agent)
+    async with MemoryManager(agent, backend=options.backend) as manager:
         start = time.perf_counter()
         await manager.sync(reason="eval")
         index_ms = (time.perf_counter() - start) * 1000
@@ -244,61 +348,99 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
                                             min_score=options.min_score)
             latency_ms = (time.perf_counter() - start) * 1000
             outcomes.append(judge(question, response.results, latency_ms=latency_ms))
-            provider, model, mode = provider or response.provider, model or response.model, mode or response.mode
+            tally.add(response)
+            if first is None or (first.backend != options.backend and response.backend == options.backend):
+                first = response
             warnings.extend(w for w in response.warnings if w not in warnings)
             if on_progress is not None:
                 on_progress(name, done, len(questions))
     items = [ev for q in outcomes for ev in q.evidence]
     report = WorkspaceReport(name=name, source=source, files=status.files, chunks=status.chunks,
                              questions=len(outcomes), evidence=len(items),
-                             recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms)
-    return WorkspaceRun(outcomes, report, provider, model, mode, warnings)
+                             recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms,
+                             answered_by=tally.answered_by, fallbacks=tally.fallbacks,
+                             first_fallback_reason=tally.first_fallback_reason)
+    return WorkspaceRun(outcomes, report, first.provider if first else None,
+                        first.model if first else None, first.mode if first else None, warnings, tally)
 
 
 def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list[WorkspaceRun], *,
             agent: ResolvedAgent, options: EvalOptions, categories: Sequence[str]) -> EvalReport:
-    first = runs[0] if runs else None
+    # the run of the measured backend that answered first names what answered
+    first = next((r for r in runs if r.tally.answered_by[options.backend]), runs[0] if runs else None)
     warnings: list[str] = []
+    tally = BackendTally()
     for run in runs:
         warnings.extend(w for w in run.warnings if w not in warnings)
-    min_score = options.min_score if options.min_score is not None else agent.memory_search.query.min_score
+        tally.merge(run.tally)
+    max_results, min_score = options.max_results, options.min_score
+    if options.backend == "qmd":  # what the qmd backend applies (QmdBackend.search)
+        max_results = min(max_results, agent.memory.qmd.limits.max_results)
+        min_score = min_score or 0.0
+    elif min_score is None:
+        min_score = agent.memory_search.query.min_score
     return EvalReport(
-        dataset=dataset, inputs=inputs,
+        dataset=dataset, inputs=inputs, backend=options.backend,
         provider=first.provider if first else None, model=first.model if first else None,
-        mode=first.mode if first else None, max_results=options.max_results, min_score=min_score,
+        mode=first.mode if first else None, max_results=max_results, min_score=min_score,
         index_ms=sum(r.workspace.index_ms for r in runs),
         metrics=summarize([o for r in runs for o in r.outcomes], categories=categories),
-        workspaces=[r.workspace for r in runs], warnings=warnings)
+        workspaces=[r.workspace for r in runs], warnings=warnings,
+        answered_by=tally.answered_by, fallbacks=tally.fallbacks,
+        first_fallback_reason=tally.first_fallback_reason,
+        all_fell_back=options.backend == "qmd" and tally.qmd == 0 and tally.builtin > 0)
 
 
-def _check_limits(options: EvalOptions) -> None:
+def check_options(options: EvalOptions) -> None:
+    """Check the limits and that every option applies to the backend measured.
+
+    Raises:
+        UsageError: ``max_results`` below 1, ``min_score`` outside [0, 1], an unknown backend
+            or search mode, ``provider`` / ``model_path`` with the qmd backend (qmd embeds with
+            its own models), or ``qmd_search_mode`` with the builtin engine.
+    """
     if options.max_results < 1:
         raise UsageError("max results must be at least 1")
     if options.min_score is not None and not 0.0 <= options.min_score <= 1.0:
         raise UsageError("min score must be between 0 and 1")
+    if options.backend not in get_args(EvalBackend):
+        raise UsageError(f"unknown backend {options.backend!r} (one of: {', '.join(get_args(EvalBackend))})")
+    if options.qmd_search_mode is not None and options.qmd_search_mode not in get_args(QmdSearchMode):
+        raise UsageError(f"unknown qmd search mode {options.qmd_search_mode!r} "
+                         f"(one of: {', '.join(get_args(QmdSearchMode))})")
+    if options.backend == "qmd":
+        given = [flag for flag, value in (("--provider", options.provider), ("--model", options.model_path))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to the "
+                             "builtin engine (its embedding provider); qmd embeds with its own models "
+                             "(choose its search mode with --qmd-search-mode)")
+    elif options.qmd_search_mode is not None:
+        raise UsageError("--qmd-search-mode applies to --backend qmd")
 
 
 async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | None = None,
                      options: EvalOptions = EvalOptions(),
                      on_progress: ProgressCallback | None = None) -> EvalReport:
     """Evaluate LoCoMo conversations: each one converted into a workspace in a temporary
-    folder, indexed into its own temporary store, every kept question searched.
+    folder, indexed into its own temporary store (and qmd index, with the qmd backend), every
+    kept question searched.
 
     Args:
         path: a LoCoMo ``*.json`` file or a folder of them.
-        cfg: the loaded config (its ``memorySearch`` settings apply).
+        cfg: the loaded config (its ``memorySearch`` and ``memory.qmd`` settings apply).
         agent_id: whose settings (default: the config's default agent).
-        options: limits and provider override.
+        options: limits, backend and provider or search mode override.
         on_progress: called after each search.
 
     Returns:
         The :class:`EvalReport` (``per_category`` always lists LoCoMo's four categories).
 
     Raises:
-        UsageError: no LoCoMo file, a malformed one, no question at all, or bad limits.
+        UsageError: no LoCoMo file, a malformed one, no question at all, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
-    _check_limits(options)
+    check_options(options)
     files = locomo_files(path)
     conversations = [c for f in files for c in load_locomo(f)]
     if not any(c.questions for c in conversations):
@@ -319,67 +461,6 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
                    categories=list(CATEGORY_NAMES.values()))
 
 
-def _query_line(obj: Any, *, where: str, workspace: Path) -> EvalQuestion:
-    if not isinstance(obj, dict):
-        raise UsageError(f"{where}: each line must be a JSON object")
-    unknown = sorted(set(obj) - set(QUERY_KEYS))
-    if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(QUERY_KEYS)})")
-    query, rel, line, text = obj.get("query"), obj.get("path"), obj.get("line"), obj.get("text")
-    if not isinstance(query, str) or not query.strip():
-        raise UsageError(f"{where}: 'query' must be a non-empty string")
-    if not isinstance(rel, str) or not rel.strip():
-        raise UsageError(f"{where}: 'path' must be a workspace-relative path")
-    posix = PurePosixPath(rel.strip().replace("\\", "/"))
-    if posix.is_absolute():
-        raise UsageError(f"{where}: 'path' must be relative to the workspace, not {rel!r}")
-    rel = posix.as_posix()
-    if not (workspace / rel).is_file():
-        raise UsageError(f"{where}: 'path' {rel!r} is not a file in the workspace {workspace}")
-    if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
-        raise UsageError(f"{where}: 'line' must be a 1-based line number")
-    if text is not None and (not isinstance(text, str) or not text.strip()):
-        raise UsageError(f"{where}: 'text' must be a non-empty string")
-    category, ref = obj.get("category"), obj.get("id")
-    if category is not None and (isinstance(category, bool) or not isinstance(category, (str, int))):
-        raise UsageError(f"{where}: 'category' must be a string or a number")
-    return EvalQuestion(query=query, evidence=(Evidence(path=rel, line=line, text=text),),
-                        category=None if category is None else str(category),
-                        ref=str(ref) if ref is not None else where)
-
-
-def load_queries(path: str | Path, workspace: str | Path) -> list[EvalQuestion]:
-    """Read a JSONL queries file: one question per line, each with one evidence item.
-
-    A line is ``{"query": str, "path": str, "line"?: int >= 1, "text"?: str, "category"?: str |
-    int, "id"?: any}``; ``path`` is workspace-relative and must name a file of ``workspace``.
-    Blank lines are skipped.
-
-    Raises:
-        UsageError: the file cannot be read, a line is not JSON or breaks the rules above (the
-            message names ``file:line``), or there is no question.
-    """
-    p, ws = Path(path).expanduser(), Path(workspace).expanduser().resolve()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read queries file {p}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{p}: not valid UTF-8 at byte {exc.start}") from None
-    questions = []
-    for n, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            raise UsageError(f"{p}:{n}: not valid JSON: {exc}") from None
-        questions.append(_query_line(obj, where=f"{p}:{n}", workspace=ws))
-    if not questions:
-        raise UsageError(f"no queries in {p}")
-    return questions
-
-
 async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: OpenClawConfig,
                       agent_id: str | None = None, options: EvalOptions = EvalOptions(),
                       on_progress: ProgressCallback | None = None) -> EvalReport:
@@ -395,10 +476,10 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
         ``per_category`` lists the ``category`` values met.
 
     Raises:
-        UsageError: the workspace does not exist, a bad queries file, or bad limits.
+        UsageError: the workspace does not exist, a bad queries file, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
-    _check_limits(options)
+    check_options(options)
     ws = Path(workspace).expanduser().resolve()
     if not ws.is_dir():
         raise UsageError(f"workspace {'is not a directory' if ws.exists() else 'does not exist'}: {ws}")

@@ -17,7 +17,10 @@ METRIC_KEYS = {"questions", "evidence", "hits", "recallAt1", "recallAt3", "recal
                "fileRecallAt5", "fileRecallAt10", "snippetRecallAt5", "snippetEvidence", "linesPerHit",
                "searchP50Ms", "searchP95Ms", "perCategory"}
 REPORT_KEYS = {"dataset", "inputs", "backend", "provider", "model", "mode", "maxResults", "minScore",
-               "indexMs", "metrics", "workspaces", "warnings"}
+               "indexMs", "metrics", "workspaces", "warnings", "answeredBy", "fallbacks", "firstFallbackReason",
+               "allFellBack"}
+WORKSPACE_KEYS = {"name", "source", "files", "chunks", "questions", "evidence", "recallAt5", "indexMs",
+                  "answeredBy", "fallbacks", "firstFallbackReason"}
 
 
 @pytest.fixture
@@ -41,7 +44,8 @@ def test_help_names_both_forms_and_exit_codes(env: dict[str, str]) -> None:
     out = p.stdout.decode()
     assert out.startswith("usage: qmdbridge eval")
     for flag in ("--locomo PATH", "--queries FILE", "--max-results N", "--min-score X", "--provider NAME",
-                 "--model PATH", "--workspace DIR", "--json", "exit codes"):
+                 "--model PATH", "--backend {builtin,qmd}", "--qmd-search-mode {search,vsearch,query}",
+                 "--workspace DIR", "--json", "exit codes", "eval --backend qmd exits 1"):
         assert flag in out, flag
     assert "eval" in run(["--help"], env).stdout.decode()
 
@@ -60,6 +64,8 @@ def test_locomo_json(tmp_path: Path, env: dict[str, str]) -> None:
     assert m["perCategory"] == {k: {**v, "recallAt5": pytest.approx(v["recallAt5"])}
                                 for k, v in LOCOMO_CATEGORIES.items()}
     assert (doc["backend"], doc["provider"], doc["mode"], doc["maxResults"]) == ("builtin", "none", "fts-only", 10)
+    assert (doc["answeredBy"], doc["fallbacks"], doc["allFellBack"]) == ({"qmd": 0, "builtin": 5}, 0, False)
+    assert set(doc["workspaces"][0]) == WORKSPACE_KEYS
     assert list((tmp_path / "tmp").iterdir()) == []
     assert not (tmp_path / "state").exists()
 
@@ -83,6 +89,7 @@ def test_locomo_text_report(tmp_path: Path, env: dict[str, str]) -> None:
     lines = p.stdout.decode().splitlines()
     assert lines[0] == "LoCoMo eval: 1 workspace(s), 5 questions, 7 evidence items"
     assert lines[1] == "backend builtin, mode fts-only, provider none; maxResults 3, minScore 0.35"
+    assert lines[2] == ""  # the builtin engine measured: no "answered:" line
     assert "R@5           0.714" in lines and "file R@10     0.714" in lines
     assert "snippet R@5   0.714 (7 items with text)" in lines and "lines/hit     4.0" in lines
     assert "  open-domain   0.000  (1 questions, 1 evidence items)" in lines
@@ -112,6 +119,11 @@ def test_queries_json(tmp_path: Path, env: dict[str, str]) -> None:
     (["--queries", "{bad}", "--workspace", "{ws}"], "bad.jsonl:1: unknown key 'lines'"),
     (["--locomo", "{data}", "--provider", "openai", "--model", "/m.gguf"], "--model is the local GGUF model"),
     (["--locomo", "{data}", "--max-results", "0"], "max results must be at least 1"),
+    (["--locomo", "{data}", "--backend", "qmd", "--provider", "none"],
+     "--provider applies to the builtin engine (its embedding provider); qmd embeds with its own models"),
+    (["--queries", "{q}", "--workspace", "{ws}", "--backend", "qmd", "--model", "/m.gguf"],
+     "--model applies to the builtin engine"),
+    (["--locomo", "{data}", "--qmd-search-mode", "query"], "--qmd-search-mode applies to --backend qmd"),
 ])
 def test_usage_errors_exit_2_with_a_json_error(tmp_path: Path, env: dict[str, str], args: list[str],
                                                 message: str) -> None:
@@ -138,3 +150,5 @@ def test_a_source_is_required(env: dict[str, str]) -> None:
     assert "one of the arguments --locomo --queries is required" in orjson.loads(p.stdout)["error"]
     p = run(["eval", "--locomo", "a", "--queries", "b"], env)
     assert p.returncode == 2 and b"not allowed with argument" in p.stderr
+    p = run(["eval", "--locomo", "a", "--backend", "lucene"], env)
+    assert p.returncode == 2 and b"argument --backend: invalid choice: 'lucene'" in p.stderr

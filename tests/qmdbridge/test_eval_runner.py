@@ -11,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from fallback.errors import UsageError
+from fallback.models import FallbackInfo, SearchResponse
 from qmdbridge.config import OpenClawConfig, parse_config
-from qmdbridge.evaluation.runner import EvalOptions, eval_agent, load_queries, run_locomo, run_queries
+from qmdbridge.evaluation.runner import (
+    BackendTally,
+    EvalOptions,
+    check_options,
+    eval_agent,
+    load_queries,
+    run_locomo,
+    run_queries,
+)
 from tests.qmdbridge.eval_synthetic import LOCOMO_CATEGORIES, LOCOMO_R, write_locomo, write_query_workspace
 
 KEYWORD = EvalOptions(provider="none")
@@ -45,9 +54,13 @@ async def test_locomo_run_hand_checked(tmp_path: Path, private_tmp: Path) -> Non
     assert (doc["dataset"], doc["backend"], doc["provider"], doc["mode"]) == ("locomo", "builtin", "none", "fts-only")
     assert (doc["maxResults"], doc["minScore"], doc["warnings"]) == (10, 0.35, [])
     assert doc["inputs"] == [str(data / "conv-syn.json")]
+    assert (doc["answeredBy"], doc["fallbacks"], doc["firstFallbackReason"], doc["allFellBack"]) == (
+        {"qmd": 0, "builtin": 5}, 0, None, False)
     [ws] = doc["workspaces"]
-    assert {k: ws[k] for k in ("name", "files", "chunks", "questions", "evidence")} == {
-        "name": "conv-syn", "files": 3, "chunks": 3, "questions": 5, "evidence": 7}
+    assert {k: ws[k] for k in ("name", "files", "chunks", "questions", "evidence", "answeredBy", "fallbacks",
+                               "firstFallbackReason")} == {
+        "name": "conv-syn", "files": 3, "chunks": 3, "questions": 5, "evidence": 7,
+        "answeredBy": {"qmd": 0, "builtin": 5}, "fallbacks": 0, "firstFallbackReason": None}
     assert list(private_tmp.iterdir()) == []  # workspaces and stores are gone
 
 
@@ -144,6 +157,60 @@ def test_eval_agent_overrides_provider_model_and_store(tmp_path: Path) -> None:
                    options=EvalOptions(provider="gemini", model_path="/m.gguf"))
     with pytest.raises(UsageError, match="unknown embedding provider 'bert' \\(one of: auto, none, openai"):
         eval_agent(cfg, agent_id=None, workspace=ws, state_dir=state, options=EvalOptions(provider="bert"))
+
+
+def test_eval_agent_on_qmd_overrides_the_search_mode_and_keeps_memory_qmd(tmp_path: Path) -> None:
+    cfg = parse_config({"memory": {"backend": "builtin", "qmd": {
+        "searchMode": "query", "limits": {"maxResults": 4, "timeoutMs": 9000}}}})
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    kept = eval_agent(cfg, agent_id=None, workspace=ws, state_dir=state, options=EvalOptions(backend="qmd"))
+    assert (kept.memory.qmd.search_mode, kept.memory.qmd.limits.max_results) == ("query", 4)
+    agent = eval_agent(cfg, agent_id=None, workspace=ws, state_dir=state,
+                       options=EvalOptions(backend="qmd", qmd_search_mode="vsearch"))
+    assert agent.memory.qmd.search_mode == "vsearch"
+    assert (agent.memory.qmd.limits.max_results, agent.memory.qmd.limits.timeout_ms) == (4, 9000)
+    assert agent.state_dir == state.resolve()  # the qmd home is <state>/agents/main/qmd
+    assert cfg.memory.qmd.search_mode == "query"  # the loaded config is not changed
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (EvalOptions(backend="qmd", provider="none"),
+     "--provider applies to the builtin engine (its embedding provider); qmd embeds with its own models"),
+    (EvalOptions(backend="qmd", model_path="/m.gguf"), "--model applies to the builtin engine"),
+    (EvalOptions(backend="qmd", provider="local", model_path="/m.gguf"), "--provider and --model apply to"),
+    (EvalOptions(qmd_search_mode="search"), "--qmd-search-mode applies to --backend qmd"),
+    (EvalOptions(backend="lucene"), "unknown backend 'lucene' (one of: builtin, qmd)"),  # type: ignore[arg-type]
+    (EvalOptions(backend="qmd", qmd_search_mode="hybrid"),  # type: ignore[arg-type]
+     "unknown qmd search mode 'hybrid' (one of: search, vsearch, query)"),
+])
+def test_options_of_the_other_backend_are_usage_errors(tmp_path: Path, options: EvalOptions,
+                                                        message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        check_options(options)
+    assert message in str(info.value)
+    with pytest.raises(UsageError):
+        eval_agent(OpenClawConfig(), agent_id=None, workspace=tmp_path, state_dir=tmp_path, options=options)
+
+
+def test_backend_tally_counts_answers_and_keeps_the_first_fallback_reason() -> None:
+    def answer(backend: str, reason: str | None = None) -> SearchResponse:
+        fallback = FallbackInfo(from_backend="qmd", reason=reason) if reason else None
+        return SearchResponse(backend=backend, fallback=fallback)
+
+    tally = BackendTally()
+    for response in (answer("qmd"), answer("builtin", "qmd search timed out"), answer("qmd"),
+                     answer("builtin", "circuit open")):
+        tally.add(response)
+    assert (tally.answered_by, tally.fallbacks, tally.first_fallback_reason) == (
+        {"qmd": 2, "builtin": 2}, 2, "qmd search timed out")
+    total = BackendTally()
+    total.merge(BackendTally(qmd=3))
+    total.merge(tally)
+    assert (total.answered_by, total.fallbacks, total.first_fallback_reason) == (
+        {"qmd": 5, "builtin": 2}, 2, "qmd search timed out")
+    plain = BackendTally()
+    plain.add(answer("builtin"))  # the builtin engine measured: an answer, no fallback
+    assert (plain.answered_by, plain.fallbacks, plain.first_fallback_reason) == ({"qmd": 0, "builtin": 1}, 0, None)
 
 
 @pytest.mark.anyio

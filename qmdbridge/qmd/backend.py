@@ -49,6 +49,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
+from qmdbridge.qmd.lexical import lexical_terms, relax
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
@@ -445,9 +446,15 @@ class QmdBackend:
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)
+        terms = lexical_terms(q) if search_mode == "search" else ()
         try:
-            entries = await search_with_repairs(q, colls, plan, run=self._run_search, warm=self.warm,
-                                                reconcile=partial(self.reconcile, force=True))
+            entries = await search_with_repairs(" ".join(terms) or q, colls, plan,
+                                                run=self._run_search, warm=self.warm,
+                                                reconcile=partial(self.reconcile, force=True),
+                                                written=q)
+            if plan.mode == "search":  # not after a repair switched the search to query
+                entries = await relax(terms, entries, colls, plan, run=self._run_search,
+                                      warm=self.warm)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise

@@ -268,7 +268,8 @@ def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
 
 
 async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                             run: RunSearch, warm: WarmSearch | None = None
+                             run: RunSearch, warm: WarmSearch | None = None,
+                             limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
     """Search each collection in its own call and merge the hits.
 
@@ -279,6 +280,8 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
         run: runs one qmd command (see :data:`RunSearch`).
         warm: a warm qmd asked first for each call in a mode it serves; a call it declines
             is spawned with ``run``.
+        limiter: bounds the calls running at once, shared with other searches of the same
+            query (default: :data:`MAX_PARALLEL_CALLS` for this one).
 
     Returns:
         ``[(entry, collection name)]``, best score first, one per hit (``parse.merge_key``).
@@ -289,7 +292,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
         BackendTimeoutError, QmdBusyError, QmdCommandError, QmdOutputError: a call failed.
     """
     answers: list[list[QmdEntry] | BaseException | None] = [None] * len(colls)
-    limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
+    limiter = limiter or anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
 
     async def one(i: int, coll: ManagedCollection) -> None:
         async with limiter:
@@ -324,14 +327,17 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
 
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
                               run: RunSearch, warm: WarmSearch | None,
-                              reconcile: Callable[[], Awaitable[None]]
+                              reconcile: Callable[[], Awaitable[None]],
+                              written: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:
     """:func:`search_collections` with the repairs of its classified failures.
 
     A missing collection runs ``reconcile()`` and retries once; an unknown flag reruns the
     search with ``query`` (``plan.repair = "unsupported-search-flags"``); ``no such module:
     vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
-    ``plan.notes``), which the caller keeps for later searches.
+    ``plan.notes``), which the caller keeps for later searches. ``written`` is the query as the
+    user wrote it, when ``q`` is the content words of ``search`` mode
+    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``).
 
     Raises:
         BackendUnavailableError: a repair did not help (``qmd query fallback failed: ...``, the
@@ -364,6 +370,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
                     plan.mode)
         plan.repair = "unsupported-search-flags"
         plan.mode, plan.no_rerank = "query", False
+        q = written or q
         try:
             return await calls()
         except (FlagRejected, MissingCollection, VectorModuleMissing) as again:

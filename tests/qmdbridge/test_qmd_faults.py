@@ -77,6 +77,20 @@ async def test_flag_rejection_reruns_with_query(tmp_path: Path, standins_dir: Pa
         await b.close()
 
 
+async def test_after_a_flag_rejection_query_mode_reads_the_question_as_written(
+        tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "flagreject")
+    try:
+        await b.start()
+        await b.search("Where is alpha kept?", min_score=0)
+        calls = search_calls(log)
+        # search gets the content words (qmdbridge/qmd/lexical.py), query the sentence
+        assert [(c[0], c[-1]) for c in calls] == [("search", "alpha kept")] * 2 + [
+            ("query", "Where is alpha kept?")] * 2
+    finally:
+        await b.close()
+
+
 async def test_garbage_raises_output_error(tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
     b, _ = make(tmp_path, standins_dir, base_path_env, "garbage")
     try:

@@ -1,0 +1,151 @@
+"""Questions through qmd's lexical search (``qmdbridge/qmd/lexical.py``): the content words
+sent to ``qmd search``, and the relaxed pass, against the real qmd 2.8.3 behind an argv logger."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, lexical_terms
+from qmdbridge.qmd.locate import QmdLocation
+
+QUESTION = "When did Caroline go to the LGBTQ support group?"
+
+
+@pytest.mark.parametrize(("query", "terms"), [
+    (QUESTION, ("Caroline", "LGBTQ", "support", "group")),
+    # possessive and contraction pieces dropped; a hyphenated token kept whole (qmd: a phrase)
+    ("What's Nate's Wi-Fi password?", ("Nate", "Wi-Fi", "password")),
+    ("qmd 2.8.3 release notes", ("qmd", "2.8.3", "release", "notes")),
+    ("ABC-1234 status?!", ("ABC-1234", "status")),
+    ("CAROLINE caroline Caroline", ("CAROLINE",)),  # once, as first written
+    ("¿Dónde vive Juan?", ("vive", "Juan")),  # Spanish stop words too
+    ("mid-size -- dash", ("mid-size", "dash")),  # a lone "--" is no negation
+    # sent as written: qmd syntax, CJK text, nothing but stop words, nothing at all
+    ('"support group" Caroline', ()),
+    ("Caroline -draft", ()),
+    ("-leading dash", ()),
+    ("部署 the server", ()),
+    ("what is it", ()),
+    ("  ", ()),
+])
+def test_lexical_terms(query: str, terms: tuple[str, ...]) -> None:
+    assert lexical_terms(query) == terms
+
+
+def _backend(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str,
+             **env_extra: str) -> tuple[QmdBackend, Path]:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nCaroline likes green tea.\n")
+    notes = {
+        "2026-03-01.md": "# Tuesday\n\nCaroline went to the LGBTQ support group on Tuesday.\n",
+        "2026-03-02.md": "# Wednesday\n\nThe support group meets weekly in the library.\n",
+        "2026-03-03.md": "# Thursday\n\nCaroline paints landscapes by the lake.\n",
+        "2026-03-04.md": "# Friday\n\nRepotted the basil and watered the garden.\n",
+    }
+    for name, text in notes.items():
+        (ws / "memory" / name).write_text(text)
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"limits": {"timeoutMs": 20000}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+    exe = standins_dir / "fail_one_query.py"
+    loc = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    log = tmp_path / "argv.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(HOME=str(tmp_path / "home"), REAL_QMD=str(qmd_bin), ARGV_LOG=str(log), **env_extra)
+    return QmdBackend(agent, location=loc, mode="cli", env=env), log
+
+
+def _queries(log: Path) -> list[str]:
+    """The query of every search call, in the order they were logged (side-by-side calls of
+    one step in any order)."""
+    return [orjson.loads(line)[-1] for line in log.read_text().splitlines()]
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_some(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
+    try:
+        await b.start()
+        hits = await b.search(QUESTION, min_score=0)
+        # the note holding every content word first; then the notes holding some of them
+        assert hits[0].path == "memory/2026-03-01.md"
+        assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
+                                                    "memory/2026-03-03.md"]
+        assert hits[0].snippet.endswith("Caroline went to the LGBTQ support group on Tuesday.")
+        queries = _queries(log)
+        # the content words ANDed (one call per collection), then each word alone
+        assert queries[:2] == ["Caroline LGBTQ support group"] * 2
+        assert sorted(queries[2:]) == sorted(["Caroline", "LGBTQ", "support", "group"] * 2)
+    finally:
+        await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_syntax(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
+    try:
+        await b.start()
+        [hit] = await b.search(QUESTION, max_results=1, min_score=0)
+        assert hit.path == "memory/2026-03-01.md"
+        assert _queries(log) == ["Caroline LGBTQ support group"] * 2
+        log.unlink()
+        # a quoted phrase is qmd syntax: sent as written, ANDed by qmd, never relaxed
+        [hit] = await b.search('"support group" weekly', min_score=0)
+        assert hit.path == "memory/2026-03-02.md"
+        assert _queries(log) == ['"support group" weekly'] * 2
+        log.unlink()
+        assert await b.search("Caroline -paints lake", min_score=0) == []
+        assert _queries(log) == ["Caroline -paints lake"] * 2
+    finally:
+        await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_failed_relaxed_call_leaves_its_hits_out_and_the_answer_stands(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support")
+    try:
+        await b.start()
+        hits = await b.search(QUESTION, min_score=0)
+        # "support" alone failed; "group" still finds Wednesday's note, "Caroline" the others
+        assert hits[0].path == "memory/2026-03-01.md"
+        assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
+                                                    "memory/2026-03-03.md"]
+        assert _queries(log).count("support") == 2
+        assert b.last_search_error is None
+    finally:
+        await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_the_relaxed_pass_searches_the_first_words_only(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
+    words = ["lake", "library", "basil", "tea", "Tuesday", "weekly", "garden", "Caroline"]
+    assert MAX_RELAXED_TERMS == 6
+    try:
+        await b.start()
+        hits = await b.search(" ".join(words), min_score=0)  # no note holds all eight
+        queries = _queries(log)
+        assert queries[:2] == [" ".join(words)] * 2
+        assert sorted(queries[2:]) == sorted(words[:MAX_RELAXED_TERMS] * 2)
+        # each note holds one of the first six words (lake: Thursday, library: Wednesday,
+        # basil: Friday, tea: MEMORY.md, Tuesday: Tuesday's note)
+        assert sorted(h.path for h in hits) == ["MEMORY.md", "memory/2026-03-01.md",
+                                                "memory/2026-03-02.md", "memory/2026-03-03.md",
+                                                "memory/2026-03-04.md"]
+    finally:
+        await b.close()

@@ -328,7 +328,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
                               run: RunSearch, warm: WarmSearch | None,
                               reconcile: Callable[[], Awaitable[None]],
-                              written: str | None = None
+                              written: str | None = None, lexical: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:
     """:func:`search_collections` with the repairs of its classified failures.
 
@@ -337,7 +337,9 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
     vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
     ``plan.notes``), which the caller keeps for later searches. ``written`` is the query as the
     user wrote it, when ``q`` is the content words of ``search`` mode
-    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``).
+    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``);
+    ``lexical`` is what ``search`` mode sends (those content words), which the rerun with
+    ``search`` sends (default ``q``).
 
     Raises:
         BackendUnavailableError: a repair did not help (``qmd query fallback failed: ...``, the
@@ -362,6 +364,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
         plan.repair = "vec0"
         plan.notes.append(VEC0_HINT)
         plan.mode, plan.no_rerank = "search", False
+        q = lexical or q
         return await calls()
     except FlagRejected as exc:
         if plan.mode == "query":

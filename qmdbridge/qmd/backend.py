@@ -409,7 +409,8 @@ class QmdBackend:
                 message names the setting, and ``models missing or downloading?`` for
                 ``query``/``vsearch`` with an empty model cache.
             QmdBusyError: qmd's index stayed busy through the retries.
-            QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI").
+            QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI");
+                ``QmdQueryTooLongError``: the system would not start it with a query that long.
             QmdOutputError: stdout was not a result array.
         """
         self._check_open()

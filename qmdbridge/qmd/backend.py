@@ -409,7 +409,8 @@ class QmdBackend:
                 message names the setting, and ``models missing or downloading?`` for
                 ``query``/``vsearch`` with an empty model cache.
             QmdBusyError: qmd's index stayed busy through the retries.
-            QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI").
+            QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI");
+                ``QmdQueryTooLongError``: the system would not start it with a query that long.
             QmdOutputError: stdout was not a result array.
         """
         self._check_open()
@@ -446,12 +447,13 @@ class QmdBackend:
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)
-        terms = lexical_terms(q) if search_mode == "search" else ()
+        terms = lexical_terms(q)  # what search mode sends, also after vec0 switched to it
+        lexical = " ".join(terms) or q
         try:
-            entries = await search_with_repairs(" ".join(terms) or q, colls, plan,
-                                                run=self._run_search, warm=self.warm,
+            entries = await search_with_repairs(lexical if search_mode == "search" else q, colls,
+                                                plan, run=self._run_search, warm=self.warm,
                                                 reconcile=partial(self.reconcile, force=True),
-                                                written=q)
+                                                written=q, lexical=lexical)
             if plan.mode == "search":  # not after a repair switched the search to query
                 entries = await relax(terms, entries, colls, plan, run=self._run_search,
                                       warm=self.warm)

@@ -7,6 +7,7 @@ boundary treats them like any other backend failure::
     BackendUnavailableError (fallback/errors.py)
      +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
      |    +-- QmdBusyError qmd's index stayed busy (SQLITE_BUSY) through the retries
+     |    +-- QmdQueryTooLongError  the system would not start qmd with a query that long
      +-- QmdOutputError    qmd's stdout is not a search-result array
      +-- QmdMcpError       the warm ``qmd mcp`` child could not answer a call (its search
                            is then run by spawning qmd; never reaches the manager)
@@ -14,9 +15,11 @@ boundary treats them like any other backend failure::
 
 from __future__ import annotations
 
+import os
+
 from fallback.errors import BackendUnavailableError
 
-__all__ = ["QmdBusyError", "QmdCommandError", "QmdMcpError", "QmdOutputError"]
+__all__ = ["QmdBusyError", "QmdCommandError", "QmdMcpError", "QmdOutputError", "QmdQueryTooLongError"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -87,6 +90,26 @@ class QmdBusyError(QmdCommandError):
         self.attempts = attempts
         self.reason = (f"{summary}: qmd's index was busy (database is locked) on {attempts} "
                        "attempts; qmd's own update may be running")
+        self.args = (self.reason,)
+
+
+class QmdQueryTooLongError(QmdCommandError):
+    """Raised when the system refuses to start qmd because the query is too long for one
+    argument (``E2BIG``: Linux takes 128 KiB in one argument, macOS 1 MiB for a whole command
+    line): a pasted text. The query's size says nothing of qmd's health, so the manager answers
+    from the builtin engine without opening the circuit breaker.
+
+    Message: ``query too long for qmd: <n> bytes in one argument (Argument list too long)``.
+
+    Attributes:
+        query_bytes: the size of the query argument, bytes (UTF-8).
+    """
+
+    def __init__(self, summary: str, *, query_bytes: int, os_error: str, errno: int) -> None:
+        super().__init__(summary, os_error=os_error, errno=errno)
+        self.query_bytes = query_bytes
+        self.reason = (f"query too long for qmd: {query_bytes} bytes in one argument "
+                       f"({os.strerror(errno)})")
         self.args = (self.reason,)
 
 

@@ -11,9 +11,13 @@ Two steps, in ``search`` mode only (``vsearch`` and ``query`` read the question 
 
 1. :func:`lexical_terms`: the query's content words, as qmd's grammar reads them: stop words of
    every supported language (``fallback.text.keywords.STOP_WORDS``) and the pieces of English
-   contractions and possessives (the ``s`` of ``Nate's``) dropped; hyphenated and dotted tokens
-   (``Wi-Fi``, ``ABC-1234``, ``2026.4.10``) kept whole, since qmd matches them as phrases. The
-   first call ANDs those (file R@5 0.18 -> 0.40 on LoCoMo, qmd alone).
+   contractions and possessives (the ``s`` of ``Nate's``, whichever apostrophe is typed) dropped;
+   hyphenated and dotted tokens (``Wi-Fi``, ``ABC-1234``, ``2026.4.10``) kept whole, since qmd
+   matches them as phrases (a token mixing both, ``1.2.3-rc1``, which qmd matches neither way,
+   is cut at its hyphens); a word keeps its combining marks, as FTS5 reads it (qmd 2.8.3 drops
+   the marks from a query term, so its search finds no word written with them, a Devanagari or
+   Thai word say; cut at its marks, the word would match any note holding words that start
+   with its consonants). The first call ANDs those (file R@5 0.18 -> 0.40 on LoCoMo, qmd alone).
 2. :func:`relax`: when that call fills fewer than the slots asked for, each content word is
    searched on its own, and the documents found that way follow the AND hits, best qmd score
    first (one entry per document, its best-scoring match; equal scores, common when qmd rounds
@@ -63,12 +67,45 @@ RELAX_MIN_LEFT_MS = 500
 
 # A token that is qmd syntax: a negation at a token start (``-word``, ``-"phrase"``).
 _NEGATION_RE = re.compile(r"(?:^|\s)-[\w\"]")
-# Word characters (Unicode letters, digits, ``_``), and a token's core without the
-# punctuation around it.
-_WORD_RE = re.compile(r"\w+")
-_CORE_RE = re.compile(r"\w(?:.*\w)?", re.DOTALL)
-# Hyphenated or dotted tokens, which qmd matches as phrases: ``wi-fi``, ``abc-1234``, ``2026.4.10``.
-_JOINED_RE = re.compile(r"\w+(?:[-.]\w+)+")
+# Apostrophes as keyboards and autocorrection write them (right and left single quotation
+# marks, the modifier letter, grave and acute accents, the fullwidth form), read as ``'``.
+_APOSTROPHES = str.maketrans(dict.fromkeys("\u2019\u2018\u02bc`\u00b4\uff07", "'"))
+# The separators of a hyphenated or dotted token, which qmd matches as a phrase or as its parts
+# ANDed: ``wi-fi``, ``abc-1234``, ``2026.4.10``.
+_JOINERS = ("-", ".")
+
+
+def _is_word_char(ch: str) -> bool:
+    """A letter, mark, digit or ``_``: what FTS5's ``unicode61`` reads as part of a token."""
+    return ch == "_" or unicodedata.category(ch)[0] in "LMN"
+
+
+def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Spans of the runs of word characters in ``text[start:end]``, in order."""
+    spans: list[tuple[int, int]] = []
+    i = start
+    while i < end:
+        if _is_word_char(text[i]):
+            j = i + 1
+            while j < end and _is_word_char(text[j]):
+                j += 1
+            spans.append((i, j))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+def _joined_pieces(text: str, spans: list[tuple[int, int]]) -> list[str] | None:
+    """The pieces qmd matches whole when the runs ``spans`` of one token are joined by single
+    hyphens or dots (``None`` otherwise): the token itself, or, when it mixes both, its
+    hyphen-separated parts (qmd matches ``1.2.3-rc1`` neither as a phrase nor by its dotted
+    parts, but ``1.2.3`` and ``rc1`` each)."""
+    seps = [text[a_end:b_start] for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)]
+    if not seps or any(sep not in _JOINERS for sep in seps):
+        return None
+    token = text[spans[0][0]:spans[-1][1]]
+    return token.split("-") if len(set(seps)) > 1 else [token]
 
 
 def lexical_terms(query: str) -> tuple[str, ...]:
@@ -82,32 +119,35 @@ def lexical_terms(query: str) -> tuple[str, ...]:
         The terms as written (qmd lower-cases them), each once whatever its case; ``()`` when
         the query should be sent as written: it uses qmd syntax (a
         double quote, a ``-`` at a token start), holds CJK text, or has no content word at all
-        (only stop words: the words are all there is to search).
+        (only stop words: the words are all there is to search). A word is a run of letters,
+        marks, digits and ``_``, as FTS5 reads a token (a Devanagari or Thai word keeps its
+        vowel signs); every apostrophe form (right and left single quotation marks, the modifier
+        letter apostrophe, grave and acute accents, the fullwidth apostrophe) separates words
+        as ``'`` does.
 
     Examples:
         ``When did Caroline go to the LGBTQ support group?`` -> ``("Caroline", "LGBTQ",
-        "support", "group")``; ``What's Nate's Wi-Fi password?`` -> ``("Nate", "Wi-Fi",
-        "password")``; ``"exact phrase" -draft`` -> ``()``.
+        "support", "group")``; ``What's Nate\u00b4s Wi-Fi password?`` -> ``("Nate", "Wi-Fi",
+        "password")``; ``1.2.3-rc1 router`` -> ``("1.2.3", "rc1", "router")``;
+        ``"exact phrase" -draft`` -> ``()``.
     """
-    text = unicodedata.normalize("NFC", query).strip()
+    text = unicodedata.normalize("NFC", query).strip().translate(_APOSTROPHES)
     if not text or '"' in text or _NEGATION_RE.search(text) or contains_cjk(text):
         return ()
     fragments = set(contraction_fragments(text))
     terms: dict[str, str] = {}  # lower-cased -> first surface form
     for token in re.finditer(r"\S+", text):
-        core = _CORE_RE.search(token.group())
-        if core is None:
+        spans = _word_spans(text, token.start(), token.end())
+        pieces = _joined_pieces(text, spans) if len(spans) > 1 else None
+        if pieces is not None:
+            for piece in pieces:
+                if any(p.lower() not in STOP_WORDS for p in piece.split(".")):
+                    terms.setdefault(piece.lower(), piece)
             continue
-        start = token.start() + core.start()
-        word = core.group()
-        if _JOINED_RE.fullmatch(word):
-            if any(p.lower() not in STOP_WORDS for p in _WORD_RE.findall(word)):
+        for span in spans:
+            word = text[span[0]:span[1]]
+            if span not in fragments and word.lower() not in STOP_WORDS:
                 terms.setdefault(word.lower(), word)
-            continue
-        for m in _WORD_RE.finditer(word):
-            span = (start + m.start(), start + m.end())
-            if span not in fragments and m.group().lower() not in STOP_WORDS:
-                terms.setdefault(m.group().lower(), m.group())
     return tuple(terms.values())
 
 

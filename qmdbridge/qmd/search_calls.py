@@ -19,7 +19,9 @@ Each answer is classified from stderr and the exit status (``qmdbridge.qmd.runne
 - a complete result array followed by a crash (exit 134, ``panic: Segmentation fault`` and
   exit 3 ...) -> the array, with a note for the answer's warnings;
 - a deadline -> :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs``, and for
-  ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``.
+  ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``;
+- a query the system will not pass as one argument (``E2BIG``) -> :class:`QmdQueryTooLongError`,
+  which the manager does not count as a qmd failure.
 
 In long-lived mode a warm ``qmd mcp`` child (:class:`WarmSearch`, ``qmdbridge.qmd.warm``) may
 answer a collection's call instead of a spawned process; whenever it declines, the call is
@@ -28,7 +30,9 @@ spawned and classified as above.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +51,7 @@ from tenacity.stop import stop_base
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.errors import QmdBusyError, QmdOutputError
+from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError
 from qmdbridge.qmd.models import missing_models
 from qmdbridge.qmd.parse import QmdEntry, encode_query, merge_key, parse_qmd_json
 from qmdbridge.qmd.runner import (
@@ -209,11 +213,17 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         if remaining <= 0:
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
                                       hint=hint)
+        query = encode_query(q, plan.mode)
         try:
-            res = await run(args, [encode_query(q, plan.mode)], remaining)
+            res = await run(args, [query], remaining)
         except BackendTimeoutError:
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
                                       hint=hint) from None
+        except QmdCommandError as exc:
+            if exc.errno != errno.E2BIG:
+                raise
+            raise QmdQueryTooLongError(summary, query_bytes=len(os.fsencode(query)),
+                                       os_error=exc.os_error or "", errno=exc.errno) from exc
         if not res.ok and is_busy(res.stderr):
             raise _Busy(res)
         return res
@@ -328,7 +338,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
                               run: RunSearch, warm: WarmSearch | None,
                               reconcile: Callable[[], Awaitable[None]],
-                              written: str | None = None
+                              written: str | None = None, lexical: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:
     """:func:`search_collections` with the repairs of its classified failures.
 
@@ -337,7 +347,9 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
     vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
     ``plan.notes``), which the caller keeps for later searches. ``written`` is the query as the
     user wrote it, when ``q`` is the content words of ``search`` mode
-    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``).
+    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``);
+    ``lexical`` is what ``search`` mode sends (those content words), which the rerun with
+    ``search`` sends (default ``q``).
 
     Raises:
         BackendUnavailableError: a repair did not help (``qmd query fallback failed: ...``, the
@@ -362,6 +374,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
         plan.repair = "vec0"
         plan.notes.append(VEC0_HINT)
         plan.mode, plan.no_rerank = "search", False
+        q = lexical or q
         return await calls()
     except FlagRejected as exc:
         if plan.mode == "query":

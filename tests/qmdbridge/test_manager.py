@@ -216,6 +216,23 @@ async def test_breaker_recovers_when_qmd_is_healthy_again(tmp_path: Path, qmd_bi
         assert m.breaker.describe()["state"] == "closed"
 
 
+async def test_a_query_too_long_to_start_qmd_with_falls_back_without_opening_the_breaker(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    # 1,120,015 bytes: more than one argument may hold (128 KiB on Linux) and than a whole
+    # command line (1 MiB on macOS); the query's size says nothing of qmd's health
+    pasted = "zebra migration " + " ".join(f"w{i:06d}" for i in range(140_000))
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
+        resp = await m.search(pasted)
+        assert resp.backend == "builtin" and resp.fallback is not None
+        assert resp.fallback.reason == ("query too long for qmd: 1120015 bytes in one argument "
+                                        "(Argument list too long)")
+        assert resp.results[0].path == "memory/2026-03-01.md"
+        assert m.breaker.describe()["state"] == "closed"
+        after = await m.search("zebra migration")
+        assert (after.backend, after.fallback) == ("qmd", None)
+        assert after.results[0].path == "memory/2026-03-01.md"
+
+
 async def test_scope_applies_through_the_fallback(tmp_path: Path) -> None:
     async with _manager(tmp_path, _qmd_memory(str(tmp_path / "missing-qmd"))) as m:
         resp = await m.search("zebra", session_key="agent:main:telegram:group:g7")

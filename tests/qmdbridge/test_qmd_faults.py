@@ -275,6 +275,27 @@ async def test_missing_vec0_switches_the_agent_to_search_with_a_hint(tmp_path: P
         await b.close()
 
 
+async def test_the_search_vec0_switched_to_sends_the_content_words_as_the_next_ones_do(
+        tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
+    b, log = make(tmp_path, standins_dir, base_path_env, "vec0", mode="vsearch",
+                  QMD_EMBED_MODEL=str(tmp_path / "embed.gguf"))
+    try:
+        await b.start()
+        for _ in range(2):
+            assert [h.path for h in await b.search("When is alpha due?", min_score=0)] == ["MEMORY.md"]
+        calls = [(c[0], c[-1]) for c in search_calls(log)]
+        # vsearch reads the sentence; the search it fell back to, like the next one, sends the
+        # content words ANDed, then each alone (one hit fills one of six slots)
+        assert calls[:2] == [("vsearch", "When is alpha due?")] * 2
+        first, second = calls[2:8], calls[8:]
+        for search in (first, second):
+            assert search[:2] == [("search", "alpha due")] * 2
+            assert sorted(search[2:]) == [("search", "alpha")] * 2 + [("search", "due")] * 2
+        assert len(second) == 6
+    finally:
+        await b.close()
+
+
 async def test_status_and_doctor_try_a_search_instead_of_trusting_version(
         tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
     """`--version` answers, every search exits 1: status said `qmd: healthy`, doctor `[ok]`."""

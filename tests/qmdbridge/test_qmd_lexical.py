@@ -4,6 +4,8 @@ sent to ``qmd search``, and the relaxed pass, against the real qmd 2.8.3 behind 
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import orjson
@@ -73,6 +75,19 @@ def _backend(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: s
     return QmdBackend(agent, location=loc, mode="cli", env=env), log
 
 
+@asynccontextmanager
+async def _started(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str,
+                   more_notes: dict[str, str] | None = None,
+                   **env_extra: str) -> AsyncIterator[tuple[QmdBackend, Path]]:
+    """The started backend of :func:`_backend` and its argv log; closed on exit."""
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes, **env_extra)
+    try:
+        await b.start()
+        yield b, log
+    finally:
+        await b.close()
+
+
 def _queries(log: Path) -> list[str]:
     """The query of every search call, in the order they were logged (side-by-side calls of
     one step in any order)."""
@@ -83,9 +98,7 @@ def _queries(log: Path) -> list[str]:
 @pytest.mark.qmd
 async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_some(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
-    try:
-        await b.start()
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         hits = await b.search(QUESTION, min_score=0)
         # the note holding every content word first; then the notes holding some of them
         assert hits[0].path == "memory/2026-03-01.md"
@@ -96,17 +109,13 @@ async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_s
         # the content words ANDed (one call per collection), then each word alone
         assert queries[:2] == ["Caroline LGBTQ support group"] * 2
         assert sorted(queries[2:]) == sorted(["Caroline", "LGBTQ", "support", "group"] * 2)
-    finally:
-        await b.close()
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_syntax(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
-    try:
-        await b.start()
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         [hit] = await b.search(QUESTION, max_results=1, min_score=0)
         assert hit.path == "memory/2026-03-01.md"
         assert _queries(log) == ["Caroline LGBTQ support group"] * 2
@@ -118,17 +127,13 @@ async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_
         log.unlink()
         assert await b.search("Caroline -paints lake", min_score=0) == []
         assert _queries(log) == ["Caroline -paints lake"] * 2
-    finally:
-        await b.close()
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_a_failed_relaxed_call_leaves_its_hits_out_and_the_answer_stands(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support")
-    try:
-        await b.start()
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support") as (b, log):
         hits = await b.search(QUESTION, min_score=0)
         # "support" alone failed; "group" still finds Wednesday's note, "Caroline" the others
         assert hits[0].path == "memory/2026-03-01.md"
@@ -136,19 +141,15 @@ async def test_a_failed_relaxed_call_leaves_its_hits_out_and_the_answer_stands(
                                                     "memory/2026-03-03.md"]
         assert _queries(log).count("support") == 2
         assert b.last_search_error is None
-    finally:
-        await b.close()
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_the_relaxed_pass_searches_the_first_words_only(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env)
     words = ["lake", "library", "basil", "tea", "Tuesday", "weekly", "garden", "Caroline"]
     assert MAX_RELAXED_TERMS == 6
-    try:
-        await b.start()
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         hits = await b.search(" ".join(words), min_score=0)  # no note holds all eight
         queries = _queries(log)
         assert queries[:2] == [" ".join(words)] * 2
@@ -158,24 +159,20 @@ async def test_the_relaxed_pass_searches_the_first_words_only(
         assert sorted(h.path for h in hits) == ["MEMORY.md", "memory/2026-03-01.md",
                                                 "memory/2026-03-02.md", "memory/2026-03-03.md",
                                                 "memory/2026-03-04.md"]
-    finally:
-        await b.close()
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_words_reach_qmd_whole_as_its_index_holds_them(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes={
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes={
         "2026-03-05.md": "# Saturday\n\nInstalled 1.2.3-rc1 on the router.\n",
         "2026-03-06.md": "# Sunday\n\nRouter log: the router rebooted, router cable replaced.\n",
         "2026-03-07.md": "# Monday\n\nNate's dog barks at the mailman.\n",
         "2026-03-08.md": "# Holi\n\nकैरोलिन को हरी चाय पसंद है।\n",
         # a word starting with each consonant of the note above, none of its words
         "2026-03-09.md": "# Diwali\n\nकल रात लड़का नया चश्मा यहाँ लाया।\n",
-    })
-    try:
-        await b.start()
+    }) as (b, log):
         # a version with a suffix: the dotted part and the suffix, which the note holds
         hits = await b.search("1.2.3-rc1 router", min_score=0)
         assert [h.path for h in hits] == ["memory/2026-03-05.md", "memory/2026-03-06.md"]
@@ -192,5 +189,3 @@ async def test_words_reach_qmd_whole_as_its_index_holds_them(
         # finds no such word at all (the builtin engine does)
         assert await b.search("कैरोलिन चाय", min_score=0) == []
         assert sorted(_queries(log)) == sorted(["कैरोलिन चाय", "कैरोलिन", "चाय"] * 2)
-    finally:
-        await b.close()

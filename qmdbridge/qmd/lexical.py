@@ -55,13 +55,15 @@ if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
-__all__ = ["MAX_RELAXED_TERMS", "RELAX_MIN_LEFT_MS", "lexical_terms", "relax"]
+__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "lexical_terms", "relax"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
 # qmd process per collection).
 MAX_RELAXED_TERMS = 6
+# Shorter terms are not searched on their own (qmd reads every term as a prefix).
+MIN_RELAXED_CHARS = 2
 # The relaxed pass is skipped when less than this is left of the search deadline, ms.
 RELAX_MIN_LEFT_MS = 500
 
@@ -155,8 +157,9 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
                 warm: WarmSearch | None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first
-    and in order), then the documents each of the first :data:`MAX_RELAXED_TERMS` terms finds
-    on its own, best qmd score first, one per document, at most ``plan.limit`` in all.
+    and in order), then the documents each of the first :data:`MAX_RELAXED_TERMS` terms of at
+    least :data:`MIN_RELAXED_CHARS` characters finds on its own, best qmd score first, one per
+    document, at most ``plan.limit`` in all.
 
     Nothing is searched when ``found`` already fills ``plan.limit``, when there are fewer than
     two terms, or when less than :data:`RELAX_MIN_LEFT_MS` is left of the search deadline. A
@@ -183,7 +186,9 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
 
     if len(found) >= plan.limit or len(terms) < 2 or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
         return found
-    picked = list(terms[:MAX_RELAXED_TERMS])
+    # A one-character term alone is a prefix of every word starting with it ("B" of "Plan B"):
+    # it narrows an AND, but searched alone it finds noise.
+    picked = [t for t in terms if len(t) >= MIN_RELAXED_CHARS][:MAX_RELAXED_TERMS]
     answers: list[list[tuple[QmdEntry, str | None]]] = [[] for _ in picked]
     limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
 

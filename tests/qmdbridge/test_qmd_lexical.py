@@ -189,3 +189,17 @@ async def test_words_reach_qmd_whole_as_its_index_holds_them(
         # finds no such word at all (the builtin engine does)
         assert await b.search("कैरोलिन चाय", min_score=0) == []
         assert sorted(_queries(log)) == sorted(["कैरोलिन चाय", "कैरोलिन", "चाय"] * 2)
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_one_letter_word_narrows_the_and_but_is_not_searched_alone(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes={
+            "2026-03-10.md": "# Roadmap\n\nThe launch plan is ready for review.\n"}) as (b, log):
+        hits = await b.search("Plan B launch", min_score=0)
+        # "b" alone would be a prefix of "basil" and "by" (Friday's and Thursday's notes)
+        assert [h.path for h in hits] == ["memory/2026-03-10.md"]
+        queries = _queries(log)
+        assert queries[:2] == ["Plan B launch"] * 2
+        assert sorted(queries[2:]) == ["Plan", "Plan", "launch", "launch"]

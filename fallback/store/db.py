@@ -379,16 +379,6 @@ class Store(MetaReads):
         with self.transaction() as c:
             c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, text))
 
-    @property
-    def fts_tokenizer(self) -> str:
-        """The tokenizer ``chunks_fts`` was created with (``unicode61`` or ``trigram``)."""
-        return self.get_meta("fts_tokenizer") or "unicode61"
-
-    @property
-    def fts_error(self) -> str | None:
-        """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
-        return self.get_meta("fts_error")
-
     def quick_check(self) -> str:
         """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
 

@@ -42,8 +42,9 @@ class StoreReader(Protocol):
 
 
 class MetaReads:
-    """``PRAGMA user_version`` and ``meta`` reads over a class's ``query`` (the engine's
-    :class:`~fallback.store.db.Store` and :class:`ReadOnlyStore`)."""
+    """``PRAGMA user_version`` and ``meta`` reads (the FTS tokenizer and error included) over a
+    class's ``query`` (the engine's :class:`~fallback.store.db.Store` and
+    :class:`ReadOnlyStore`)."""
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One read statement's rows: each class that takes these reads defines it."""
@@ -65,6 +66,16 @@ class MetaReads:
             return None if raw is None else json.loads(raw)
         except ValueError:
             return None
+
+    @property
+    def fts_tokenizer(self) -> str:
+        """The tokenizer ``chunks_fts`` was created with (``unicode61`` or ``trigram``)."""
+        return self.get_meta("fts_tokenizer") or "unicode61"
+
+    @property
+    def fts_error(self) -> str | None:
+        """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
+        return self.get_meta("fts_error")
 
 
 class ReadOnlyStore(MetaReads):
@@ -120,13 +131,3 @@ class ReadOnlyStore(MetaReads):
         with translate_errors(self.path):
             return self._conn.execute(sql, tuple(params)).fetchall()
 
-
-    @property
-    def fts_tokenizer(self) -> str:
-        """The tokenizer ``chunks_fts`` was created with (``unicode61`` or ``trigram``)."""
-        return self.get_meta("fts_tokenizer") or "unicode61"
-
-    @property
-    def fts_error(self) -> str | None:
-        """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
-        return self.get_meta("fts_error")

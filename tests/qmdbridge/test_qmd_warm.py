@@ -43,6 +43,16 @@ from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
 DEADLINE_S = 60
 
 
+async def _ready_child(b: QmdBackend, tasks: BackgroundTasks) -> WarmChild:
+    """Start ``b`` in long-lived mode and wait (up to :data:`DEADLINE_S`) for its warm child."""
+    await b.start(tasks)
+    warm = b.warm
+    assert warm is not None
+    with anyio.fail_after(DEADLINE_S):
+        await warm.wait_for(lambda w: w.ready)
+    return warm
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     env = model_free_env(tmp_path)
     env["HOME"] = str(tmp_path / "home")
@@ -253,11 +263,7 @@ async def test_concurrent_searches_and_a_cancelled_call_each_leave_every_answer_
     await spawn.start()
     b = _backend(tmp_path, qmd_bin, base_path_env, "full")
     async with BackgroundTasks() as tasks:
-        await b.start(tasks)
-        warm = b.warm
-        assert warm is not None
-        with anyio.fail_after(DEADLINE_S):
-            await warm.wait_for(lambda w: w.ready)
+        warm = await _ready_child(b, tasks)
         want = {q: await spawn.search(q) for q in QUERIES}
         assert [h.path for h in want["zanzibar ferry"]] != [h.path for h in want["spice zanzibar"]]
         got: dict[str, Any] = {}
@@ -312,11 +318,7 @@ async def test_a_failed_tool_call_keeps_the_child_and_a_stopped_childs_client_fa
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     b = _backend(tmp_path, qmd_bin, base_path_env, "full")
     async with BackgroundTasks() as tasks:
-        await b.start(tasks)
-        warm = b.warm
-        assert warm is not None
-        with anyio.fail_after(DEADLINE_S):
-            await warm.wait_for(lambda w: w.ready)
+        warm = await _ready_child(b, tasks)
         client = warm._client
         assert client is not None
         with pytest.raises(QmdMcpError) as ei:

@@ -39,6 +39,7 @@ __all__ = [
     "MARK_CLOSE",
     "MARK_OPEN",
     "SnippetWindow",
+    "best_span",
     "best_window",
     "mark_substrings",
 ]
@@ -121,15 +122,8 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
     whole = "\n".join(lines)
     if len(whole) <= budget:
         return SnippetWindow(whole, 0, len(lines) - 1)
-    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
-    counts: dict[str, int] = {}
-    for line_forms in forms:
-        for f in line_forms:
-            counts[f] = counts.get(f, 0) + 1
+    forms, weight, scores = _line_weights(marked_lines)
     total = len(lines)
-    weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
-              for f, n in counts.items()}
-    scores = [sum(weight[f] for f in line_forms) for line_forms in forms]
     seed = max(range(total), key=lambda i: (scores[i], -i))
     if len(lines[seed]) > budget:
         return SnippetWindow(_cut_line(marked_lines[seed], budget), seed, seed)
@@ -150,6 +144,48 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
         size += 1 + len(lines[pick])
         covered |= forms[pick]
     return SnippetWindow("\n".join(lines[first:last + 1]), first, last)
+
+
+def _line_weights(marked_lines: Sequence[str]
+                  ) -> tuple[list[set[str]], dict[str, float], list[float]]:
+    """Per line, its set of marked forms; each form's weight (step 1 of the module docstring,
+    over these lines); and each line's score (the sum of its distinct forms' weights)."""
+    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
+    counts: dict[str, int] = {}
+    for line_forms in forms:
+        for f in line_forms:
+            counts[f] = counts.get(f, 0) + 1
+    total = len(marked_lines)
+    weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
+              for f, n in counts.items()}
+    return forms, weight, [sum(weight[f] for f in line_forms) for line_forms in forms]
+
+
+def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:
+    """Which of several line ranges of one text best matches the query: the weights of the
+    distinct marked forms it holds (inverse line frequency over the whole text, as in
+    :func:`best_window`) plus :data:`DENSITY_SHARE` of its lines' scores, so a range holding
+    more of the query's words wins, and of two holding the same words the denser one.
+
+    Args:
+        marked: the text with matches wrapped in :data:`MARK_OPEN` / :data:`MARK_CLOSE`.
+        spans: 0-based inclusive ``(first line, last line)`` ranges of ``marked``'s lines
+            (chunks of the text; they may overlap).
+
+    Returns:
+        The index in ``spans`` of the best range (the first on a tie); ``None`` when no range
+        holds a mark.
+    """
+    forms, weight, scores = _line_weights(marked.split("\n"))
+    best: tuple[float, int] | None = None
+    for i, (first, last) in enumerate(spans):
+        held = set().union(*forms[first:last + 1])
+        if not held:
+            continue
+        value = sum(weight[f] for f in held) + DENSITY_SHARE * sum(scores[first:last + 1])
+        if best is None or value > best[0]:
+            best = (value, i)
+    return None if best is None else best[1]
 
 
 def _cut_line(marked_line: str, budget: int) -> str:

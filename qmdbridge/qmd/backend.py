@@ -60,6 +60,7 @@ from qmdbridge.qmd.parse import (
     encode_query,
     map_entries,
 )
+from qmdbridge.qmd.passages import PassageFinder
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
@@ -466,8 +467,9 @@ class QmdBackend:
             elif plan.repair is not None:
                 self.search_fallback_reason = plan.repair
         notes = plan.notes
+        focus = terms if plan.mode == "search" else ()  # vsearch/query: qmd's chunk stands
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes))
+            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes, terms=focus))
         self.last_search_notes = notes
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
@@ -476,18 +478,25 @@ class QmdBackend:
         return clamp_injected(results, max_chars=limits.max_injected_chars)
 
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
-             notes: list[str]) -> list[MemorySearchResult]:
+             notes: list[str], terms: tuple[str, ...]) -> list[MemorySearchResult]:
+        """Map qmd's entries to hits; ``terms`` (``search`` mode) choose each hit's passage
+        (``passages.py``) within the agent's ``chunking`` budget and sections."""
         lookup = DocLookup(self.home.index_db)
+        snippet_chars = self.cfg.limits.max_snippet_chars
+        chunking = self.agent.memory_search.chunking
+        finder = PassageFinder(terms, chunk_tokens=chunking.tokens, sections=chunking.sections,
+                               snippet_chars=snippet_chars)
         try:
             out: list[MemorySearchResult] = []
             for entry, hint in entries:
                 out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
                                    lookup=lookup, default_collection=hint,
-                                   max_snippet_chars=self.cfg.limits.max_snippet_chars,
+                                   max_snippet_chars=snippet_chars,
                                    min_score=min_score, cache=self._docid_cache, notes=notes,
-                                   listings=self._listings)
+                                   listings=self._listings, passages=finder if terms else None)
             return out
         finally:
+            finder.close()
             lookup.close()
 
     @staticmethod

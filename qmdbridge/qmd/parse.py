@@ -23,7 +23,8 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_lines, resolve_hit_file, slugify_path
+from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, PassageFinder
+from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
 __all__ = [
@@ -218,7 +219,8 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
                 max_snippet_chars: int, min_score: float,
                 cache: dict[str, tuple[str, str] | None],
                 notes: list[str] | None = None,
-                listings: Listings | None = None) -> list[MemorySearchResult]:
+                listings: Listings | None = None,
+                passages: PassageFinder | None = None) -> list[MemorySearchResult]:
     """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
 
     Entries that cannot be located in a managed collection, score below ``min_score``, or
@@ -237,6 +239,8 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
         notes: receives one line per ambiguous hit dropped (for the answer's warnings).
         listings: folder listings kept between searches (``reads.resolve_hit_file``).
+        passages: chooses each hit's lines and snippet again with the question's words
+            (``passages.py``, ``search`` mode); a hit it finds nothing for keeps qmd's.
 
     Raises:
         BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
@@ -267,9 +271,20 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         if not coll.admits(rel):
             log.debug("qmd hit outside collection %s's files dropped: %s", coll.name, rel)
             continue
-        lines = clamp_lines(coll, rel, *span, workspace=workspace)
-        if lines is None:
+        read = hit_lines(coll, rel, workspace=workspace,
+                         max_bytes=4 * MAX_FOCUS_CHARS if passages is not None else 0)
+        lines = None if read is None else clamp_range(*span, read[0])
+        if read is None or lines is None:
             continue  # gone, through a symlink, not a file, or past the end: no citation
+        passage = passages.find(read[1]) if passages is not None and read[1] is not None else None
+        if passage is not None:
+            out.append(MemorySearchResult(
+                path=display_path(coll, rel, workspace), start_line=passage.start_line,
+                end_line=passage.end_line, score=max(0.0, min(1.0, score)),
+                snippet=passage.snippet[:max_snippet_chars], source=coll.source,
+                snippet_start_line=passage.snippet_start_line,
+                snippet_end_line=passage.snippet_end_line))
+            continue
         out.append(MemorySearchResult(
             path=display_path(coll, rel, workspace), start_line=lines[0], end_line=lines[1],
             score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))

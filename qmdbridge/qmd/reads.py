@@ -15,10 +15,11 @@ from pathlib import Path
 from fallback.errors import MemoryFileNotFoundError, PathRefusedError
 from fallback.models import MemoryReadResult
 from fallback.sources.read_page import open_memory_file, read_page_in_root
+from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["RACY_NS", "Listings", "clamp_lines", "file_lines", "read_in_root", "read_qmd_path",
-           "resolve_hit_file", "slugify_path"]
+__all__ = ["RACY_NS", "Listings", "clamp_lines", "clamp_range", "file_lines", "hit_lines", "read_in_root",
+           "read_qmd_path", "resolve_hit_file", "slugify_path"]
 
 # Most files a normalised path may stand for before the lookup gives up (folders x names).
 _MAX_CANDIDATES = 64
@@ -27,6 +28,8 @@ _MAX_LISTINGS = 256
 # A file or folder changed less than this long ago (ns) may change again within the same
 # file-time tick without a new stamp: what was read from it is not kept.
 RACY_NS = 2_000_000_000
+# Line ends as memory_get reads them (``fallback.text.chunking.split_lines``), on bytes.
+_LINE_BREAK_BYTES = re.compile(rb"\r\n|\r|\n")
 
 
 def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
@@ -142,14 +145,24 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
 
 
 def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[str] | None:
-    """The lines of a collection's file (``rel`` ``/``-separated), opened as ``memory_get``
-    opens it (UTF-8, invalid bytes replaced, line ends dropped); ``None`` when it is missing,
-    reached through a symlink, not a regular file or unreadable."""
+    """The lines of a collection's file (``rel`` ``/``-separated), opened and numbered as
+    ``memory_get`` opens and numbers them (UTF-8, invalid bytes replaced; ``\\r\\n``, ``\\r``
+    and ``\\n`` end a line; line ``i`` is ``result[i - 1]``, line ends dropped); ``None`` when it
+    is missing, reached through a symlink, not a regular file or unreadable."""
     fd = _open_hit_file(coll, rel, workspace=workspace)
     if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
-        return fh.read().decode("utf-8", "replace").splitlines()
+        return _numbered(fh.read())
+
+
+def _numbered(body: bytes) -> list[str]:
+    """A file's lines as ``memory_get`` numbers them (no final empty line after a last line
+    break)."""
+    lines = split_lines(body.decode("utf-8", "replace")) if body else []
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _open_hit_file(coll: ManagedCollection, rel: str, *, workspace: Path) -> int | None:
@@ -171,14 +184,43 @@ def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
         stale, and a citation of a missing file helps nobody), is reached through a symlink,
         is not a regular file, or the range starts past its end.
     """
+    read = hit_lines(coll, rel, workspace=workspace, max_bytes=0)
+    return None if read is None else clamp_range(start, end, read[0])
+
+
+def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:
+    """``start..end`` kept inside a file of ``total`` lines (an empty file has line 1);
+    ``None`` when it starts past the end."""
+    if start > max(total, 1):
+        return None
+    return start, max(start, min(end, max(total, 1)))
+
+
+def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
+              max_bytes: int) -> tuple[int, list[str] | None] | None:
+    """A hit's file, opened as ``memory_get`` opens it: its number of lines, and its lines (as
+    :func:`file_lines`) when it is at most ``max_bytes`` long (else ``None``: a larger file is
+    counted as a stream, never held).
+
+    Returns:
+        ``(line count, lines or None)``; ``None`` when the file is missing, reached through a
+        symlink, not a regular file or unreadable.
+    """
     fd = _open_hit_file(coll, rel, workspace=workspace)
     if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
-        total = sum(1 for _ in fh)
-    if start > max(total, 1):
-        return None
-    return start, max(start, min(end, max(total, 1)))
+        if os.fstat(fh.fileno()).st_size <= max_bytes:
+            lines = _numbered(fh.read())
+            return len(lines), lines
+        total, after_cr, last = 0, False, b""
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            if after_cr and block.startswith(b"\n"):  # a \r\n split between blocks: counted
+                block = block[1:]
+            total += len(_LINE_BREAK_BYTES.findall(block))
+            after_cr = block.endswith(b"\r")
+            last = block[-1:] or last
+        return total + (last not in (b"", b"\n", b"\r")), None
 
 
 def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int | None,

@@ -4,7 +4,10 @@ more question whose words are not all in one note, so qmd's ``search`` (an AND o
 finds it only through the bridge's relaxed pass (``qmdbridge/qmd/lexical.py``).
 
 What qmd finds (qmd 2.8.3, ``search`` mode, the query's content words ANDed, then each word
-alone when that leaves free slots; hits checked by hand):
+alone when that leaves free slots; hits checked by hand). qmd's own snippet lines are in the
+third column; every note is shorter than the chunk budget, so the bridge's passage
+(``qmdbridge/qmd/passages.py``) makes each hit the whole note, or its Markdown section
+(projects.md: "# Garden" lines 1-3, "# Garage" lines 4-5):
 
     LoCoMo   "Quillon beagle harbour shelter"  memory/2024-03-03.md    lines 2-4
              "trombone recital Vellmar"        memory/2024-03-03-2.md  lines 2-4
@@ -20,10 +23,11 @@ alone when that leaves free slots; hits checked by hand):
                                                "tomorrow", the relaxed pass finds the note
 
 So LoCoMo: 6 questions, 8 evidence turns, 6 found at rank 1 (R@k = file R@k = snippet R@5 =
-6/8; single-hop 3 of 4), five hits of 3, 3, 3, 2 and 2 lines (lines/hit 2.6). Queries: R@k 4/5,
-file R@5 5/5, snippet R@5 2/3, hits of 4, 2, 2 and 4 lines and the relaxed one's 4 (lines/hit
-3.2), garden R@5 2/3. Sent as written, the two questions of the last rows found nothing
-(LoCoMo R@k 5/8, queries 3/5).
+6/8; single-hop 3 of 4), five hits of four lines (the notes). Queries: R@k 4/5 (the second
+"zucchini netting" asks for line 5, the Garage section), file R@5 5/5, snippet R@5 2/3 (one
+text is in no note), one hit each, of 3, 3, 2, 2 and 3 lines (lines/hit 2.6), garden R@5 2/3.
+Sent as written, the two questions of the last rows found nothing (LoCoMo R@k 5/8, queries
+3/5).
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ def test_locomo_through_qmd_found_on_path(tmp_path: Path, env: dict[str, str], l
     assert p.stderr == b""
     doc = orjson.loads(p.stdout)
     m = doc["metrics"]
-    assert (m["questions"], m["evidence"], m["hits"], m["linesPerHit"]) == (6, 8, 5, 2.6)
+    assert (m["questions"], m["evidence"], m["hits"], m["linesPerHit"]) == (6, 8, 5, 4.0)
     for key in ("recallAt1", "recallAt3", "recallAt5", "recallAt10", "fileRecallAt5", "fileRecallAt10",
                 "snippetRecallAt5"):
         assert m[key] == pytest.approx(LOCOMO_QMD_R), key
@@ -157,7 +161,7 @@ def test_queries_text_report_with_the_configured_command_and_mode_override(
                          "backend qmd, mode search, provider qmd, model qmd; maxResults 3, minScore 0",
                          "answered: qmd 5, builtin 0", ""]
     for line in ("R@1           0.800", "R@10          0.800", "file R@5      1.000",
-                 "snippet R@5   0.667 (3 items with text)", "lines/hit     3.2",
+                 "snippet R@5   0.667 (3 items with text)", "lines/hit     2.6",
                  "  garden        0.667  (3 questions, 3 evidence items)"):
         assert line in lines, line
     assert not (tmp_path / "state").exists()
@@ -204,8 +208,8 @@ def test_some_searches_fell_back(tmp_path: Path, env: dict[str, str], launcher: 
     m = doc["metrics"]
     # the builtin engine answered "Marisol cousin" and "Which orchard picnic?" (its keyword
     # search does not need every word) each with a 4-line chunk that holds the turn: 6 of 8
-    # evidence turns found, hits of 3, 3, 3, 4 and 4 lines
-    assert (m["hits"], m["linesPerHit"]) == (5, 3.4)
+    # evidence turns found; qmd's three hits are whole 4-line notes, so all five hits have 4 lines
+    assert (m["hits"], m["linesPerHit"]) == (5, 4.0)
     assert m["recallAt5"] == pytest.approx(6 / 8)
     assert p.stderr == b""
 

@@ -11,6 +11,7 @@ from fallback.text.chunking import (
     Chunk,
     chunk_markdown,
     remap_lines,
+    section_spans,
     split_by_utf8_bytes,
     split_lines,
     text_weight,
@@ -256,3 +257,26 @@ def test_truncate_and_byte_split_keep_grapheme_clusters() -> None:
     tiny = split_by_utf8_bytes(Chunk(FAMILY, 1, 1, _sha(FAMILY)), 8)
     assert "".join(p.text for p in tiny) == FAMILY           # cut inside, between code points
     assert all(len(p.text.encode()) <= 8 for p in tiny)
+
+
+@pytest.mark.parametrize("text", [
+    "# A\n\none\n## B\ntwo\n\n### C\nthree",
+    "intro\n# A\n# B\n\nbody\n   ## indented\n    # code, not a heading\n#hashtag\nend",
+    "\n\n# first after blanks\ntext",
+    "no headings at all\njust lines",
+])
+def test_section_spans_start_where_the_chunker_starts_a_section(text: str) -> None:
+    lines = text.split("\n")
+    spans = section_spans(lines)
+    # contiguous, in order, covering every line
+    assert spans[0][0] == 0 and spans[-1][1] == len(lines) - 1
+    assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:], strict=False))
+    # with a budget no section reaches, the chunker starts a chunk exactly at each section
+    # holding text (it drops blank-only chunks)
+    starts = [c.start_line - 1 for c in chunk_markdown(text, tokens=10_000, overlap=0, sections=True)]
+    assert starts == [a for a, b in spans if any(line.strip() for line in lines[a:b + 1])]
+
+
+def test_section_spans_of_nothing() -> None:
+    assert section_spans([]) == []
+    assert section_spans([""]) == [(0, 0)]

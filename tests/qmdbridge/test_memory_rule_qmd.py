@@ -83,7 +83,9 @@ async def test_real_qmd_searches_and_reads_the_legacy_root_file(tmp_path: Path, 
         with pytest.raises(PathRefusedError) as shadowed:
             await m.read_file("qmd/memory-root-main/memory.md")
     assert resp.backend == "qmd" and resp.fallback is None
-    assert [(h.path, h.start_line) for h in resp.results] == [("memory.md", 2)]
+    # a three-line note fits the chunk budget: the hit is the whole note, the snippet too
+    assert [(h.path, h.start_line, h.end_line, h.snippet_start_line, h.snippet_end_line)
+            for h in resp.results] == [("memory.md", 1, 3, 1, 3)]
     assert page.text == "# Memory\n\nThe wombat burrow is behind the shed."
     assert (via_qmd.path, via_qmd.text) == ("qmd/memory-root-main/memory.md",
                                             "The wombat burrow is behind the shed.")

@@ -45,12 +45,14 @@ async def test_collections_search_and_sync(tmp_path: Path, qmd_bin: Path, base_p
         yml = (tmp_path / "state/agents/main/qmd/xdg-config/qmd/index.yml").read_text()
         assert "memory-root-main:" in yml and "memory-dir-main:" in yml
         [hit] = await b.search("bravo", min_score=0)
-        assert (hit.path, hit.start_line, hit.end_line, hit.source) == ("memory/2026-01-02.md", 4, 6, "memory")
-        assert hit.snippet == "second\nbravo keyword\nthird"
+        # the note fits the chunk budget and the snippet's: the hit is the whole note (qmd's own
+        # snippet was lines 4-6 around "bravo")
+        assert (hit.path, hit.start_line, hit.end_line, hit.source) == ("memory/2026-01-02.md", 1, 6, "memory")
+        assert hit.snippet == "# Day\n\nfirst\nsecond\nbravo keyword\nthird"
         [dash] = await b.search("-dash", min_score=0)
-        assert (dash.path, dash.start_line) == ("MEMORY.md", 3)
+        assert (dash.path, dash.start_line) == ("MEMORY.md", 3)  # qmd syntax: qmd's lines
         [lex] = await b.search("lex: literal", min_score=0)
-        assert (lex.path, lex.start_line, lex.end_line) == ("MEMORY.md", 4, 5)
+        assert (lex.path, lex.start_line, lex.end_line) == ("MEMORY.md", 1, 5)
         assert await b.search("zulu", min_score=0) == []
         (b.agent.workspace_dir / "memory" / "2026-01-03.md").write_text("# New\n\nzulu fresh\n")
         await b.sync(reason="test", force=True)

@@ -51,8 +51,23 @@ async def test_noise_and_crash_after_output_recovered(tmp_path: Path, standins_d
     try:
         await b.start()
         [hit] = await b.search("alpha", min_score=0)
+        # the four-line note fits the chunk budget: the hit is the whole note (qmd said 3-4)
         assert (hit.path, hit.start_line, hit.end_line, hit.snippet, hit.score) == (
-            "MEMORY.md", 3, 4, "alpha\nbeta", 0.82)
+            "MEMORY.md", 1, 4, "# Memory\n\nalpha\nbeta", 0.82)
+    finally:
+        await b.close()
+
+
+async def test_a_hit_without_the_question_words_keeps_qmds_lines(
+        tmp_path: Path, standins_dir: Path, base_path_env: str) -> None:
+    """The stand-in answers MEMORY.md lines 3-4 whatever was asked: asked for a word the note
+    does not hold (qmd matched a prefix, or the path), the hit keeps qmd's lines and snippet."""
+    b, _ = make(tmp_path, standins_dir, base_path_env, "noisy")
+    try:
+        await b.start()
+        [hit] = await b.search("gamma", min_score=0)
+        assert (hit.start_line, hit.end_line, hit.snippet_start_line, hit.snippet_end_line,
+                hit.snippet) == (3, 4, 3, 4, "alpha\nbeta")
     finally:
         await b.close()
 
@@ -247,7 +262,7 @@ async def test_answer_before_a_bun_panic_is_used_with_a_warning(tmp_path: Path, 
     try:
         await b.start()
         [hit] = await b.search("alpha", min_score=0)
-        assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 3, 4)
+        assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 1, 4)
         assert b.search_info().warnings == (
             "qmd search exited with code 3 after printing a complete answer (panic: Segmentation "
             "fault at address 0x18); the answer was used",)

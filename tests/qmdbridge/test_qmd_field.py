@@ -118,7 +118,8 @@ async def test_normalised_index_path_is_cited_as_the_file_that_matched(
         [hit] = await b.search("Delphi", min_score=0)
         # both files normalise to trip-notes.md; the first by name is "Trip Notes.md", the
         # one whose lines hold the snippet is trip_notes.md
-        assert (hit.path, hit.start_line, hit.end_line) == ("memory/trip_notes.md", 2, 3)
+        assert (hit.path, hit.start_line, hit.end_line) == ("memory/trip_notes.md", 1, 3)
+        assert hit.snippet == "# Trip\n\nbus to Delphi at 09:15"
         assert b.last_search_notes == []
         (mem / "trip_notes.md").unlink()  # the indexed file is gone; its look-alike is not it
         assert await b.search("Delphi", min_score=0) == []

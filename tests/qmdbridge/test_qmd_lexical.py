@@ -203,3 +203,31 @@ async def test_a_one_letter_word_narrows_the_and_but_is_not_searched_alone(
         queries = _queries(log)
         assert queries[:2] == ["Plan B launch"] * 2
         assert sorted(queries[2:]) == ["Plan", "Plan", "launch", "launch"]
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_long_note_is_cited_at_the_lines_holding_the_question_words(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """A 60-line chat found by the relaxed pass: qmd's own snippet for ``Caroline`` alone sits at
+    the first line naming her; the bridge's passage (``passages.py``) holds the line with both
+    words, within the chunk budget, and the snippet's lines are what the citation names."""
+    chat = ["# Conversation on 5 March", ""] + [
+        f"Melanie: that sounds lovely, tell me more about the week ({i})." for i in range(3, 61)]
+    chat[3 - 1] = "Caroline: hi Melanie, long time no see!"
+    chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
+    more = {"2026-03-05.md": "\n".join(chat) + "\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
+        hits = await b.search("Caroline pottery kiln", min_score=0)
+        assert _queries(log)[:2] == ["Caroline pottery kiln"] * 2  # no note holds "kiln"
+        [hit] = [h for h in hits if h.path == "memory/2026-03-05.md"]
+        assert hits[0] is hit  # the only note holding "pottery"
+        assert hit.start_line <= hit.snippet_start_line <= 45 <= hit.snippet_end_line <= hit.end_line
+        # the range fills the chunk budget (1,600 chars): one more line would not fit
+        span = "\n".join(chat[hit.start_line - 1:hit.end_line])
+        assert len(span) <= 1600 < len(span) + 1 + min(len(chat[hit.start_line - 2]), len(chat[hit.end_line]))
+        assert hit.snippet == "\n".join(chat[hit.snippet_start_line - 1:hit.snippet_end_line])
+        assert len(hit.snippet) <= 700
+        page = await b.read_file(hit.path, from_line=hit.start_line,
+                                 lines=hit.end_line - hit.start_line + 1)
+        assert page.text == f"{span}\n\n[More content available. Use from={hit.end_line + 1} to continue.]"

@@ -9,7 +9,7 @@ import pytest
 
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Passage, PassageFinder
-from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root
+from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root, resolve_hit_file
 
 # The builtin engine's default chunking, as an agent's config gives it.
 CHUNKING = {"chunk_tokens": 400, "sections": True}
@@ -175,6 +175,17 @@ def test_lines_are_numbered_as_memory_get_numbers_them(tmp_path: Path, body: byt
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=1 << 20) == (len(lines), lines)
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=0) == (
         len(lines), None if body else [])
+
+
+def test_a_normalised_path_still_finds_a_note_that_starts_with_a_bom(tmp_path: Path) -> None:
+    """qmd keeps a note's BOM in its snippet; the note's lines are read without it (as
+    ``memory_get`` reads them), and the snippet's first line still names the note behind a
+    path an old qmd stored normalised."""
+    coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
+    (tmp_path / "My Trip.md").write_bytes("\ufeff# Trip\n\nferry booked\n".encode())
+    assert file_lines(coll, "My Trip.md", workspace=tmp_path / "ws") == ["# Trip", "", "ferry booked"]
+    assert resolve_hit_file(coll, "my-trip.md", "\ufeff# Trip\n\nferry booked", 1, 3,
+                            workspace=tmp_path / "ws") == ("My Trip.md", None)
 
 
 def test_a_stream_count_handles_a_crlf_split_between_blocks(tmp_path: Path) -> None:

@@ -50,8 +50,9 @@ from fallback.text.chunking import CHARS_PER_TOKEN, MIN_CHUNK_CHARS, section_spa
 
 __all__ = ["MAX_FOCUS_CHARS", "Passage", "PassageFinder"]
 
-# Files longer than this (code points) keep qmd's lines: choosing the lines costs ~0.4 ms for a
-# 20-line note and ~20 ms at this size, more than a search should spend on one hit.
+# Files longer than this (code points, their lines joined by \n) keep qmd's lines: choosing the
+# lines costs ~0.4 ms for a 20-line note and ~20 ms at this size, more than a search should
+# spend on one hit.
 MAX_FOCUS_CHARS = 200_000
 # The builtin index's tokenizer, so a word marks the forms the builtin engine would match.
 _TOKENIZER = "porter unicode61"

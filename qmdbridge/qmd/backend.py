@@ -481,22 +481,17 @@ class QmdBackend:
              notes: list[str], terms: tuple[str, ...]) -> list[MemorySearchResult]:
         """Map qmd's entries to hits; ``terms`` (``search`` mode) choose each hit's passage
         (``passages.py``) within the agent's ``chunking`` budget and sections."""
+        snippet_chars, chunking = self.cfg.limits.max_snippet_chars, self.agent.memory_search.chunking
         lookup = DocLookup(self.home.index_db)
-        snippet_chars = self.cfg.limits.max_snippet_chars
-        chunking = self.agent.memory_search.chunking
-        finder = PassageFinder(terms, chunk_tokens=chunking.tokens, sections=chunking.sections,
-                               snippet_chars=snippet_chars)
         try:
-            out: list[MemorySearchResult] = []
-            for entry, hint in entries:
-                out += map_entries([entry], roots=self.roots, workspace=self.agent.workspace_dir,
-                                   lookup=lookup, default_collection=hint,
-                                   max_snippet_chars=snippet_chars,
-                                   min_score=min_score, cache=self._docid_cache, notes=notes,
-                                   listings=self._listings, passages=finder if terms else None)
-            return out
+            with PassageFinder(terms, chunk_tokens=chunking.tokens, sections=chunking.sections,
+                               snippet_chars=snippet_chars) as finder:
+                return [hit for entry, hint in entries for hit in map_entries(
+                    [entry], roots=self.roots, workspace=self.agent.workspace_dir, lookup=lookup,
+                    default_collection=hint, max_snippet_chars=snippet_chars, min_score=min_score,
+                    cache=self._docid_cache, notes=notes, listings=self._listings,
+                    passages=finder if terms else None)]
         finally:
-            finder.close()
             lookup.close()
 
     @staticmethod

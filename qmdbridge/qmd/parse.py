@@ -231,7 +231,9 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
     cut to ``max_snippet_chars`` code points. Paths that an old qmd stored slug-normalised are
     mapped back to the file on disk (``reads.resolve_hit_file``: the look-alike whose lines hold
     the snippet), so ``memory_get`` reads the file that matched; a hit whose file is gone, or
-    that fits several look-alikes, is dropped, the latter with a note.
+    that fits several look-alikes, is dropped, the latter with a note. qmd's lines are kept
+    inside the file as it is now; a hit whose lines start past its end (qmd's index is older
+    than the file) is dropped unless ``passages`` finds the question's words in the file.
 
     Args:
         roots: managed collections by name.
@@ -273,9 +275,10 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
             continue
         read = hit_lines(coll, rel, workspace=workspace,
                          max_bytes=4 * MAX_FOCUS_CHARS if passages is not None else 0)
-        lines = None if read is None else clamp_range(*span, read[0])
-        if read is None or lines is None:
-            continue  # gone, through a symlink, not a file, or past the end: no citation
+        if read is None:
+            continue  # gone, through a symlink or not a file: no citation
+        # the passage is chosen in the file as it is now, so it stands even where qmd's index
+        # is older than the file and its lines are past the end
         passage = passages.find(read[1]) if passages is not None and read[1] is not None else None
         if passage is not None:
             out.append(MemorySearchResult(
@@ -285,6 +288,9 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
                 snippet_start_line=passage.snippet_start_line,
                 snippet_end_line=passage.snippet_end_line))
             continue
+        lines = clamp_range(*span, read[0])
+        if lines is None:
+            continue  # qmd's lines are past the end of the file: no citation
         out.append(MemorySearchResult(
             path=display_path(coll, rel, workspace), start_line=lines[0], end_line=lines[1],
             score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))

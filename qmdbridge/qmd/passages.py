@@ -50,8 +50,9 @@ from fallback.text.chunking import CHARS_PER_TOKEN, MIN_CHUNK_CHARS, section_spa
 
 __all__ = ["MAX_FOCUS_CHARS", "Passage", "PassageFinder"]
 
-# Files longer than this (code points) keep qmd's lines: choosing the lines costs ~0.4 ms for a
-# 20-line note and ~20 ms at this size, more than a search should spend on one hit.
+# Files longer than this (code points, their lines joined by \n) keep qmd's lines: choosing the
+# lines costs ~0.4 ms for a 20-line note and ~20 ms at this size, more than a search should
+# spend on one hit.
 MAX_FOCUS_CHARS = 200_000
 # The builtin index's tokenizer, so a word marks the forms the builtin engine would match.
 _TOKENIZER = "porter unicode61"
@@ -65,7 +66,8 @@ class Passage:
         start_line / end_line: the hit's range (``start_line <= end_line``), at most the chunk
             budget, inside one section.
         snippet: whole lines of the range (a single line longer than the snippet budget is cut
-            around its first matched word), at most the snippet budget in code points.
+            around its first matched word; NUL bytes left out), at most the snippet budget in
+            code points.
         snippet_start_line / snippet_end_line: the snippet's lines, inside the range.
     """
 
@@ -148,8 +150,12 @@ class PassageFinder:
         if not self._match or not lines:
             return None
         # The markers are control characters no note needs; any already there would read as
-        # marks, so they are dropped (the builtin engine's snippets do the same).
-        text = "\n".join(lines).replace(MARK_OPEN, "").replace(MARK_CLOSE, "")
+        # marks, so they are dropped (the builtin engine's snippets do the same). FTS5 reads a
+        # NUL as the end of the text, which would move or hide the lines after it: NULs are
+        # dropped too, as the builtin index drops them from a note (line numbers unchanged).
+        text = "\n".join(lines)
+        for control in (MARK_OPEN, MARK_CLOSE, "\x00"):
+            text = text.replace(control, "")
         if len(text) > MAX_FOCUS_CHARS:
             return None
         marked = self._marked(text)

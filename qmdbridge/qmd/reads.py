@@ -97,8 +97,10 @@ def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
 
 
 def _needle(snippet: str) -> str:
-    """The first non-blank line of a snippet, without the ``...`` qmd appends when it cuts."""
-    for line in snippet.splitlines():
+    """The first non-blank line of a snippet, without the ``...`` qmd appends when it cuts and
+    without a note's leading BOM (qmd keeps it; :func:`file_lines` drops it, as ``memory_get``
+    does)."""
+    for line in snippet.removeprefix("\ufeff").splitlines():
         text = line.strip().removesuffix("...").strip()
         if text:
             return text
@@ -146,9 +148,10 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
 
 def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[str] | None:
     """The lines of a collection's file (``rel`` ``/``-separated), opened and numbered as
-    ``memory_get`` opens and numbers them (UTF-8, invalid bytes replaced; ``\\r\\n``, ``\\r``
-    and ``\\n`` end a line; line ``i`` is ``result[i - 1]``, line ends dropped); ``None`` when it
-    is missing, reached through a symlink, not a regular file or unreadable."""
+    ``memory_get`` opens and numbers them (UTF-8, a leading BOM removed, invalid bytes
+    replaced; ``\\r\\n``, ``\\r`` and ``\\n`` end a line; line ``i`` is ``result[i - 1]``, line
+    ends dropped); ``None`` when it is missing, reached through a symlink, not a regular file or
+    unreadable."""
     fd = _open_hit_file(coll, rel, workspace=workspace)
     if fd is None:
         return None
@@ -157,9 +160,9 @@ def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[st
 
 
 def _numbered(body: bytes) -> list[str]:
-    """A file's lines as ``memory_get`` numbers them (no final empty line after a last line
-    break)."""
-    lines = split_lines(body.decode("utf-8", "replace")) if body else []
+    """A file's lines as ``memory_get`` reads and numbers them (a leading BOM removed; no final
+    empty line after a last line break)."""
+    lines = split_lines(body.decode("utf-8-sig", "replace")) if body else []
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -214,7 +217,9 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
             lines = _numbered(fh.read())
             return len(lines), lines
         total, after_cr, last = 0, False, b""
-        for block in iter(lambda: fh.read(1 << 20), b""):
+        for n, block in enumerate(iter(lambda: fh.read(1 << 20), b"")):
+            if n == 0:  # a leading BOM is no text (memory_get drops it)
+                block = block.removeprefix(b"\xef\xbb\xbf")
             if after_cr and block.startswith(b"\n"):  # a \r\n split between blocks: counted
                 block = block[1:]
             total += len(_LINE_BREAK_BYTES.findall(block))

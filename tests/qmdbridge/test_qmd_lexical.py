@@ -231,3 +231,29 @@ async def test_a_long_note_is_cited_at_the_lines_holding_the_question_words(
         page = await b.read_file(hit.path, from_line=hit.start_line,
                                  lines=hit.end_line - hit.start_line + 1)
         assert page.text == f"{span}\n\n[More content available. Use from={hit.end_line + 1} to continue.]"
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_now_are(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """qmd's index still holds the 60-line chat and its snippet at line 45; the note on disk is
+    now three lines. The passage is chosen in the note as it is now, so the hit is cited at
+    its lines; a note that lost the words too has no line to cite and is left out."""
+    chat = ["# Conversation on 5 March", ""] + [
+        f"Melanie: that sounds lovely, tell me more about the week ({i})." for i in range(3, 61)]
+    chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
+    more = {"2026-03-05.md": "\n".join(chat) + "\n",
+            "2026-03-06.md": "\n".join(["# Conversation on 6 March", *chat[1:]]) + "\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, _):
+        hits = await b.search("pottery workshop", min_score=0)
+        assert sorted((h.path, h.snippet_start_line <= 45 <= h.snippet_end_line) for h in hits) == [
+            ("memory/2026-03-05.md", True), ("memory/2026-03-06.md", True)]
+        memory = b.agent.workspace_dir / "memory"
+        (memory / "2026-03-05.md").write_text("# Conversation on 5 March\n\n"
+                                              "Caroline: the pottery workshop moved to Sunday.\n")
+        (memory / "2026-03-06.md").write_text("# Conversation on 6 March\n\nNothing new.\n")
+        [hit] = await b.search("pottery workshop", min_score=0)
+    assert (hit.path, hit.start_line, hit.end_line, hit.snippet_start_line, hit.snippet_end_line,
+            hit.snippet) == ("memory/2026-03-05.md", 1, 3, 1, 3, "# Conversation on 5 March\n\n"
+                             "Caroline: the pottery workshop moved to Sunday.")

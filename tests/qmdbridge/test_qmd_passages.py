@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fallback.sources.read_page import page_text
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Passage, PassageFinder
-from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines
+from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root, resolve_hit_file
 
 # The builtin engine's default chunking, as an agent's config gives it.
 CHUNKING = {"chunk_tokens": 400, "sections": True}
@@ -131,6 +130,19 @@ def test_marker_characters_in_a_note_are_not_read_as_matches() -> None:
     assert "\x01" not in p.snippet and "\x02" not in p.snippet
 
 
+def test_nul_bytes_in_a_note_neither_move_nor_hide_its_lines() -> None:
+    """FTS5 reads a NUL byte as the end of the text it highlights: the lines after it would
+    shift or vanish. They are left out of the marked text (as the builtin index leaves them
+    out of a note), so the line numbers stay those of the file."""
+    lines = _chat(40, {3: "Jon: padded\x00\x00 line", 33: "Jon: the wombat\x00 burrow"})
+    with PassageFinder(("wombat", "burrow"), **_small(300), snippet_chars=100) as finder:
+        p = finder.find(lines)
+    assert p is not None
+    # 22 chars; a ~79-char neighbour would not fit the 100-char snippet
+    assert (p.snippet_start_line, p.snippet_end_line, p.snippet) == (33, 33, "Jon: the wombat burrow")
+    assert p.start_line <= 33 <= p.end_line <= 40
+
+
 def test_a_file_over_the_cap_keeps_qmds_lines() -> None:
     lines = ["wombat " * 1000] * (MAX_FOCUS_CHARS // 7000 + 2)
     with PassageFinder(("wombat",), **CHUNKING, snippet_chars=700) as finder:
@@ -149,20 +161,31 @@ def test_one_finder_serves_many_files() -> None:
 @pytest.mark.parametrize("body", [
     b"", b"one", b"one\n", b"one\ntwo", b"one\r\ntwo\r\n", b"one\rtwo\rthree", b"a\r\r\nb\n\n",
     b"x\n\n\n", b"\xff\xfe bad \x80 bytes\nnext", "caf\u00e9\u2028still one line\n".encode(),
+    b"\xef\xbb\xbf# Title\r\nnext\n", b"\xef\xbb\xbf", b"nul\x00 byte\nnext",
 ])
 def test_lines_are_numbered_as_memory_get_numbers_them(tmp_path: Path, body: bytes) -> None:
     coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
     (tmp_path / "n.md").write_bytes(body)
-    text, _, count, truncated, _ = page_text(body.decode("utf-8", "replace"), from_line=1,
-                                             lines=1000, max_chars=100_000)
-    assert not truncated
-    read_by_memory_get = [line.removesuffix("\r") for line in text.split("\n")][:count]
+    page = read_in_root(coll, "n.md", "qmd/notes-main/n.md", 1, 1000, workspace=tmp_path / "ws")
+    assert not page.truncated
+    read_by_memory_get = [line.removesuffix("\r") for line in page.text.split("\n")][:page.lines]
     lines = file_lines(coll, "n.md", workspace=tmp_path / "ws")
     assert lines == read_by_memory_get
     # read whole or counted as a stream, the count is the same
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=1 << 20) == (len(lines), lines)
     assert hit_lines(coll, "n.md", workspace=tmp_path / "ws", max_bytes=0) == (
         len(lines), None if body else [])
+
+
+def test_a_normalised_path_still_finds_a_note_that_starts_with_a_bom(tmp_path: Path) -> None:
+    """qmd keeps a note's BOM in its snippet; the note's lines are read without it (as
+    ``memory_get`` reads them), and the snippet's first line still names the note behind a
+    path an old qmd stored normalised."""
+    coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
+    (tmp_path / "My Trip.md").write_bytes("\ufeff# Trip\n\nferry booked\n".encode())
+    assert file_lines(coll, "My Trip.md", workspace=tmp_path / "ws") == ["# Trip", "", "ferry booked"]
+    assert resolve_hit_file(coll, "my-trip.md", "\ufeff# Trip\n\nferry booked", 1, 3,
+                            workspace=tmp_path / "ws") == ("My Trip.md", None)
 
 
 def test_a_stream_count_handles_a_crlf_split_between_blocks(tmp_path: Path) -> None:

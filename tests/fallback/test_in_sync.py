@@ -187,8 +187,8 @@ async def test_identity_schema_fts_and_leftovers_need_the_engine(ws: Path) -> No
     assert _stale(settings) == "no FTS5"
     with sqlite3.connect(settings.db_path) as conn:
         conn.execute("DELETE FROM meta WHERE key = 'fts_error'")
-        conn.execute("PRAGMA user_version = 6")
-    assert _stale(settings) == "schema version 6 (latest 7)"
+        conn.execute("PRAGMA user_version = 7")
+    assert _stale(settings) == "schema version 7 (latest 8)"
 
 
 async def test_without_sync_on_search_only_an_empty_index_needs_the_engine(ws: Path) -> None:

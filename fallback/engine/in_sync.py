@@ -18,9 +18,9 @@ leftover of a killed rebuild lies next to the store, and discovery (the memory-f
 ``fallback/sources/stamps.py``), none of them racily clean (stamped too close to the start of
 the scan that read it to rule out a later save in the same tick: ``fallback/index/racy.py``),
 the same skipped files and the same scan issues. A store from before migration ``m008`` (no
-``files.ctime``) is not in sync by its schema version, so the engine migrates it. Keyword-only search of the
-``memory`` source only: an embedding provider, session transcripts or a reranker need the
-engine.
+``files.ctime``) is not in sync by its schema version, so the engine migrates it. Keyword-only
+search of the ``memory`` source only: an embedding provider, session transcripts or a reranker
+need the engine.
 """
 
 from __future__ import annotations

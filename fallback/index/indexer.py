@@ -360,7 +360,8 @@ class Indexer:
                             done: int, last_started: int | None) -> int:
         """Index the files of one source and delete its stale rows; returns files done. A
         file whose ``(mtime, size, ctime)`` match its row is not read unless it is racily
-        clean against ``last_started``, the previous scan's start (``fallback/index/racy.py``)."""
+        clean against ``last_started``, the previous scan's start
+        (``fallback/index/racy.py``)."""
         known: dict[str, tuple[str, tuple[int, int, int | None]]] = {} if full else {
             row[0]: (row[1], (int(row[2]), int(row[3]), row[4])) for row in
             await anyio.to_thread.run_sync(

@@ -202,10 +202,10 @@ def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> Non
 def m008_files_ctime(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
     """Add ``files.ctime``: the file's status-change time in epoch ns when it was read.
 
-    A sync trusts a row without reading its file while the file's ``(mtime, size)`` equals the
-    row's, and a rewrite of the same size whose mtime is put back (``touch -r``, ``cp -p``,
-    ``rsync -t``, editors and sync tools that keep mtimes) kept the old text indexed for good.
-    No call sets the ctime, so ``(mtime, size, ctime)`` unchanged means unchanged
+    Until now a sync trusted a row without reading its file while the file's ``(mtime, size)``
+    equalled the row's, so a rewrite of the same size whose mtime was put back (``touch -r``,
+    ``cp -p``, ``rsync -t``, editors and sync tools that keep mtimes) kept the old text indexed
+    for good. No call sets the ctime, so ``(mtime, size, ctime)`` unchanged means unchanged
     (``fallback/sources/stamps.py``). Existing rows get NULL: on a platform with a ctime the next
     sync reads each file once, and its content hash decides (an unchanged file only gets its
     row's stamps written, no chunk is rewritten or embedded); where the platform gives none,

@@ -14,11 +14,13 @@ In sync means every sync input is unchanged: the schema is at the latest migrati
 index identity matches the configured one (``fallback/index/identity.py``), FTS5 is there, no
 leftover of a killed rebuild lies next to the store, and discovery (the memory-file rule,
 ``fallback/sources/memory_files.py``) finds exactly the indexed files with their recorded
-``(mtime, size)``, none of them racily clean (stamped too close to the start of the scan that
-read it to rule out a later save in the same tick: ``fallback/index/racy.py``), the same
-skipped files and the same scan issues. Keyword-only search of the
-``memory`` source only: an embedding provider, session transcripts or a reranker need the
-engine.
+``(mtime, size, ctime)`` (the ctime catches a rewrite whose mtime was put back:
+``fallback/sources/stamps.py``), none of them racily clean (stamped too close to the start of
+the scan that read it to rule out a later save in the same tick: ``fallback/index/racy.py``),
+the same skipped files and the same scan issues. A store from before migration ``m008`` (no
+``files.ctime``) is not in sync by its schema version, so the engine migrates it. Keyword-only
+search of the ``memory`` source only: an embedding provider, session transcripts or a reranker
+need the engine.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     (see the module docstring).
 
     Returns:
-        ``None``, or one line such as ``schema version 6 (latest 7)``, ``model changed (...)``
+        ``None``, or one line such as ``schema version 7 (latest 8)``, ``model changed (...)``
         (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
         killed rebuild``, ``index is empty``, ``changed: memory/x.md``, ``new: memory/y.md``,
         ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
@@ -164,8 +166,8 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         return None if index.query("SELECT 1 FROM chunks LIMIT 1") else "index is empty"
     found = list_memory_files(settings.workspace_dir, settings.extra_paths,
                               max_file_bytes=settings.max_file_bytes)
-    known = {r[0]: (int(r[1]), int(r[2])) for r in index.query(
-        "SELECT path, mtime, size FROM files WHERE source = 'memory'")}
+    known = {r[0]: (int(r[1]), int(r[2]), r[3]) for r in index.query(
+        "SELECT path, mtime, size, ctime FROM files WHERE source = 'memory'")}
     skip_rows = index.query("SELECT path, reason FROM skipped_files WHERE source = 'memory'")
     for mf in found.files:
         row = known.pop(mf.rel_path, None)
@@ -175,7 +177,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
             if reason is not None:
                 return f"not indexed, read by every sync: {mf.rel_path} ({reason})"
             return f"new: {mf.rel_path}"
-        if row != (mf.mtime_ms, mf.size):
+        if row != (mf.mtime_ms, mf.size, mf.ctime_ns):
             return f"changed: {mf.rel_path}"
     if known:
         return f"gone: {min(known)}"

@@ -6,10 +6,13 @@ One :meth:`Indexer.sync` (spec §5.3, E2):
    a mismatch (or ``force``, or no meta) means a full reindex (spec §4.4), done safely: build
    into ``<db>.tmp-<uuid>`` seeded with the live embedding cache, then swap atomically
    (spec §4.5). On any failure the live index is untouched and no ``.tmp-`` file remains;
-2. otherwise an incremental sync: a file whose ``(mtime, size)`` equals its ``files`` row is
-   not read at all, unless it is racily clean (stamped too close to the start of the scan
-   that read it, ``fallback/index/racy.py``); a read file whose content hash is unchanged only
-   gets its row refreshed;
+2. otherwise an incremental sync: a file whose ``(mtime, size, ctime)`` equals its ``files``
+   row is not read at all, unless it is racily clean (stamped too close to the start of the
+   scan that read it, ``fallback/index/racy.py``); the ctime catches a rewrite whose mtime was
+   put back (``fallback/sources/stamps.py``; NULL on both sides where the platform gives none).
+   A read file whose content hash is unchanged only gets its row's stamps refreshed (a
+   ``chmod``, a ``touch -r`` or the first sync after migration ``m008``: no chunk is rewritten
+   or embedded);
    changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
    transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
 3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
@@ -21,7 +24,7 @@ One :meth:`Indexer.sync` (spec §5.3, E2):
    :func:`fallback.sources.transcripts.session_document` and chunk lines remapped
    (:func:`fallback.text.chunking.remap_lines`) so ``start_line``/``end_line`` are JSONL lines.
    Deviation from the reference: every sync picks up grown transcripts (an unchanged
-   ``(mtime, size)`` is not re-read, so this is cheap), not only ``session-delta`` syncs.
+   ``(mtime, size, ctime)`` is not re-read, so this is cheap), not only ``session-delta`` syncs.
 
 Cancellation: each file is written in its own transaction, so a sync cancelled between files
 keeps its progress and leaves a consistent index; a cancelled full reindex removes its
@@ -233,6 +236,7 @@ class Indexer:
             prev = known.get(mf.rel_path)
             read = await anyio.to_thread.run_sync(partial(
                 read_memory_text, mf, max_file_bytes=s.max_file_bytes))
+            report.files_read += 1
             if isinstance(read, SkippedFile):
                 gone.append(mf.rel_path)
                 if read.reason != VANISHED:
@@ -355,12 +359,14 @@ class Indexer:
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
                             done: int, last_started: int | None) -> int:
         """Index the files of one source and delete its stale rows; returns files done. A
-        file whose ``(mtime, size)`` match its row is not read unless it is racily clean
-        against ``last_started``, the previous scan's start (``fallback/index/racy.py``)."""
-        known = {} if full else {row[0]: (row[1], int(row[2]), int(row[3])) for row in
-                                 await anyio.to_thread.run_sync(
-                                     store.query, "SELECT path, hash, mtime, size FROM files"
-                                     " WHERE source = ?", [source])}
+        file whose ``(mtime, size, ctime)`` match its row is not read unless it is racily
+        clean against ``last_started``, the previous scan's start
+        (``fallback/index/racy.py``)."""
+        known: dict[str, tuple[str, tuple[int, int, int | None]]] = {} if full else {
+            row[0]: (row[1], (int(row[2]), int(row[3]), row[4])) for row in
+            await anyio.to_thread.run_sync(
+                store.query, "SELECT path, hash, mtime, size, ctime FROM files WHERE source = ?",
+                [source])}
         # caveats of files that stay unchanged (not read again) are carried over
         caveats: dict[str, list[SkippedFile]] = {}
         if not full:
@@ -370,7 +376,7 @@ class Indexer:
         active: set[str] = set()
         for mf in files:
             prev = known.get(mf.rel_path)
-            if (prev is not None and prev[1] == mf.mtime_ms and prev[2] == mf.size
+            if (prev is not None and prev[1] == (mf.mtime_ms, mf.size, mf.ctime_ns)
                     and not racily_clean(mf.mtime_ms * 1_000_000, last_started)):
                 active.add(mf.rel_path)
                 skipped.extend(caveats.get(mf.rel_path, []))
@@ -381,6 +387,7 @@ class Indexer:
                 else:
                     read = await anyio.to_thread.run_sync(partial(
                         read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
+                report.files_read += 1
                 if isinstance(read, SkippedFile):
                     if read.reason != VANISHED:
                         skipped.append(read)
@@ -477,16 +484,19 @@ class Indexer:
             if fts_ok:
                 insert_chunk_fts(conn, written, title=note_title(mf.rel_path, content.text),
                                  fill_trigram=fill_trigram)
-            conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size)"
-                         " VALUES (?, ?, ?, ?, ?)",
+            conn.execute("INSERT OR REPLACE INTO files(path, source, hash, mtime, size, ctime)"
+                         " VALUES (?, ?, ?, ?, ?, ?)",
                          (mf.rel_path, mf.source, content.content_hash, content.mtime_ms,
-                          content.size))
+                          content.size, content.ctime_ns))
 
     @staticmethod
     def _touch_file(store: Store, mf: MemoryFile, content: FileContent) -> None:
+        """Record the stamps of a file read again whose content hash is unchanged (its chunks
+        stay as they are)."""
         with store.transaction() as conn:
-            conn.execute("UPDATE files SET mtime = ?, size = ? WHERE path = ? AND source = ?",
-                         (content.mtime_ms, content.size, mf.rel_path, mf.source))
+            conn.execute("UPDATE files SET mtime = ?, size = ?, ctime = ?"
+                         " WHERE path = ? AND source = ?",
+                         (content.mtime_ms, content.size, content.ctime_ns, mf.rel_path, mf.source))
 
     @staticmethod
     def _delete_paths(store: Store, paths: list[str], source: str) -> None:

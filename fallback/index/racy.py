@@ -1,7 +1,8 @@
-"""Racily clean files: rows whose ``(mtime, size)`` match the file but whose text may not.
+"""Racily clean files: rows whose ``(mtime, size, ctime)`` match the file but whose text may not.
 
-An incremental sync does not read a file whose ``(mtime, size)`` equals its ``files`` row
-(``fallback/index/indexer.py``), and the one-shot search trusts an index whose rows all match
+An incremental sync does not read a file whose ``(mtime, size, ctime)`` equals its ``files``
+row (``fallback/index/indexer.py``; the ctime where the platform gives one,
+``fallback/sources/stamps.py``), and the one-shot search trusts an index whose rows all match
 (``fallback/engine/in_sync.py``). The clock that stamps files moves in ticks, though: a few ms
 on Linux and Windows (the coarse clock), whole seconds on FAT, HFS+, ext3 and some network file
 systems. A file saved again with the same size in the tick in which a sync read it keeps its
@@ -16,8 +17,14 @@ reads racily clean files again (their content hash decides), and the one-shot se
 an index holding one to the engine. A row stops being racy once a scan that started a window
 after its mtime has read it. The window is :func:`racy_window_ms`.
 
+The stamp judged is the mtime, as in Git: the ctime is only compared for equality. Judging the
+ctime as well would make every file whose metadata changed just before a scan (a ``chmod``, a
+restored mtime) racily clean, so a one-shot search right after a sync would go to the engine.
+
 Not covered: a file system whose clock is behind the machine's by more than the window (a
-network share with a skewed server clock).
+network share with a skewed server clock); a file whose ctime moved within one tick of the
+scan that read it and that is then rewritten with the same size, its mtime put back, in that
+same tick.
 """
 
 from __future__ import annotations

@@ -18,7 +18,10 @@ class SyncReport:
         full: True when it was a full (swapped-in) reindex.
         full_reason: why a full reindex ran (``force`` or a ``full_reindex_reason``).
         files_total: files discovered.
-        files_indexed: files (re-)chunked and written.
+        files_read: files read again (new, their stamps changed, racily clean, or not indexed
+            by the last sync); the others were trusted by their ``(mtime, size, ctime)``.
+        files_indexed: files (re-)chunked and written (a read file whose content hash is
+            unchanged only gets its stamps written and is not counted here).
         files_deleted: indexed files whose rows were removed (vanished or now skipped).
         chunks_written: chunks written.
         chunks_embedded: chunk texts sent to the provider (cache misses).
@@ -39,6 +42,7 @@ class SyncReport:
     full: bool = False
     full_reason: str | None = None
     files_total: int = 0
+    files_read: int = 0
     files_indexed: int = 0
     files_deleted: int = 0
     chunks_written: int = 0

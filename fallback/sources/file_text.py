@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import MemoryFile
+from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
 
@@ -38,6 +39,8 @@ class FileContent:
         size: size in bytes.
         mtime_ms: modification time, epoch ms.
         nul_bytes: NUL bytes removed from the text (a note padded with NULs); 0 for most files.
+        ctime_ns: status-change time, epoch ns; ``None`` where the platform gives none that
+            rewrites move (``fallback/sources/stamps.py``).
     """
 
     text: str
@@ -46,6 +49,7 @@ class FileContent:
     size: int
     mtime_ms: int
     nul_bytes: int = 0
+    ctime_ns: int | None = None
 
 
 def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | SkippedFile:
@@ -107,7 +111,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
             return skipped("binary file (NUL bytes)")
         return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=False,
                            size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
-                           nul_bytes=nul_bytes)
+                           nul_bytes=nul_bytes, ctime_ns=change_time_ns(st))
     try:
         text = body.decode("utf-8")
         invalid = False
@@ -115,7 +119,8 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         text = body.decode("utf-8", errors="replace")
         invalid = True
     return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=invalid,
-                       size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000))
+                       size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
+                       ctime_ns=change_time_ns(st))
 
 
 def _text_without_nuls(body: bytes) -> str | None:
@@ -159,7 +164,8 @@ def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None
             continue
         out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
                               source="sessions", size=st.st_size,
-                              mtime_ms=int(st.st_mtime_ns // 1_000_000)))
+                              mtime_ms=int(st.st_mtime_ns // 1_000_000),
+                              ctime_ns=change_time_ns(st)))
     return out, scan.error
 
 
@@ -183,4 +189,4 @@ def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[i
 
     doc = session_document(mf.abs_path)
     return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
-                       size=mf.size, mtime_ms=mf.mtime_ms), doc.line_map
+                       size=mf.size, mtime_ms=mf.mtime_ms, ctime_ns=mf.ctime_ns), doc.line_map

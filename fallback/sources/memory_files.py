@@ -42,6 +42,7 @@ from typing import Literal, Protocol
 
 from fallback.skipped import SkippedFile
 from fallback.sources.globs import escape_glob, glob_matcher, split_pattern
+from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
 __all__ = [
@@ -177,6 +178,8 @@ class MemoryFile:
         source: ``memory`` (session transcripts are discovered elsewhere).
         size: size in bytes at discovery.
         mtime_ms: modification time at discovery, epoch ms.
+        ctime_ns: status-change time at discovery, epoch ns; ``None`` where the platform gives
+            none that rewrites move (``fallback/sources/stamps.py``).
     """
 
     abs_path: Path
@@ -184,6 +187,7 @@ class MemoryFile:
     source: str = "memory"
     size: int = 0
     mtime_ms: int = 0
+    ctime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -536,7 +540,8 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
             continue
         seen.add(real)
         files.append(MemoryFile(abs_path=Path(path), rel_path=_shown(path, ws), size=fst.st_size,
-                                mtime_ms=int(fst.st_mtime_ns // 1_000_000)))
+                                mtime_ms=int(fst.st_mtime_ns // 1_000_000),
+                                ctime_ns=change_time_ns(fst)))
     return Discovery(files=files, skipped=col.skipped, issues=col.issues)
 
 
@@ -575,4 +580,5 @@ def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
     if fst is None or not stat.S_ISREG(fst.st_mode):
         return "gone", _shown(p, ws)
     return "file", MemoryFile(abs_path=Path(p), rel_path=_shown(p, ws), size=fst.st_size,
-                              mtime_ms=int(fst.st_mtime_ns // 1_000_000))
+                              mtime_ms=int(fst.st_mtime_ns // 1_000_000),
+                              ctime_ns=change_time_ns(fst))

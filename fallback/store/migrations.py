@@ -10,8 +10,9 @@ Schema (the reference system's table names, so its files and ours have one layou
 - ``meta(key, value)``: the index identity under ``memory_index_meta_v1`` plus bookkeeping
   (``fts_tokenizer``: the tokenizer the FTS table was actually created with; ``fts_error``;
   ``scan_issues``; ``last_sync_at_ms``).
-- ``files(path, source, hash, mtime, size)``: one row per indexed file (mtime in ms, size in
-  bytes, hash = sha256 hex of the content).
+- ``files(path, source, hash, mtime, size, ctime)``: one row per indexed file (mtime in ms,
+  size in bytes, hash = sha256 hex of the content, ctime = the status-change time in ns, NULL
+  where the platform gives none and on rows written before ``m008``; see there).
 - ``chunks(id, path, source, start_line, end_line, hash, model, text, embedding, vector, dims,
   updated_at)``: ``vector`` is the chunk's embedding as a float32 little-endian BLOB (NULL when
   none), ``dims`` its length; ``embedding`` is always ``'[]'`` since ``m006`` (kept for the
@@ -198,6 +199,26 @@ def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> Non
         insert_chunk_fts(conn, [(rowid, text)], title=title, fill_trigram=False)
 
 
+def m008_files_ctime(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Add ``files.ctime``: the file's status-change time in epoch ns when it was read.
+
+    Until now a sync trusted a row without reading its file while the file's ``(mtime, size)``
+    equalled the row's, so a rewrite of the same size whose mtime was put back (``touch -r``,
+    ``cp -p``, ``rsync -t``, editors and sync tools that keep mtimes) kept the old text indexed
+    for good. No call sets the ctime, so ``(mtime, size, ctime)`` unchanged means unchanged
+    (``fallback/sources/stamps.py``). Existing rows get NULL: on a platform with a ctime the next
+    sync reads each file once, and its content hash decides (an unchanged file only gets its
+    row's stamps written, no chunk is rewritten or embedded); where the platform gives none,
+    NULL is what the file gives too and nothing is read. No backfill here: the stamps a row
+    was written from are gone, and stamping the files as they are now would trust a rewrite
+    made since the last sync. The column is nullable, so a reference-schema client that writes
+    ``files`` with its own five columns still can (its rows are read once by our next sync).
+    """
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
+    if "ctime" not in columns:
+        conn.execute("ALTER TABLE files ADD COLUMN ctime INTEGER")
+
+
 # Ordered; position i (0-based) brings the store to user_version i + 1.
 MIGRATIONS: tuple[Callable[..., None], ...] = (
     m001_core,
@@ -207,4 +228,5 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m005_chunks_path_source,
     m006_single_vector_copy,
     m007_fts_title_terms,
+    m008_files_ctime,
 )

@@ -27,6 +27,7 @@ from pathlib import Path
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
 from fallback.fs.atomic import write_atomic
 from fallback.fs.lock import PidFileLock
+from fallback.sources.stamps import change_time_ns
 from fallback.sources.transcripts import TranscriptMessage, parse_transcript, scan_transcripts, session_id_for
 
 __all__ = ["EXPORT_LOCK_TIMEOUT_MS", "EXPORT_WRAP_CHARS", "ExportReport", "ExportState", "export_sessions",
@@ -45,6 +46,7 @@ EXPORT_LOCK_TIMEOUT_MS = 120_000
 class _Seen:
     mtime_ns: int
     size: int
+    ctime_ns: int | None
     digest: str
 
 
@@ -52,7 +54,8 @@ class _Seen:
 class ExportState:
     """What the last passes exported, so unchanged transcripts are not parsed again.
 
-    Keyed by transcript path: ``(mtime_ns, size, sha256 of the exported bytes)``. Entries of
+    Keyed by transcript path: ``(mtime_ns, size, ctime_ns, sha256 of the exported bytes)``
+    (``ctime_ns`` as :func:`fallback.sources.stamps.change_time_ns` gives it). Entries of
     transcripts that are gone are forgotten at the end of each pass. Keep one per manager.
     """
 
@@ -145,8 +148,9 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
     redacted, wrapped; see :func:`render_session_markdown`) and write it atomically
     (:func:`fallback.fs.atomic.write_atomic`) only when the bytes differ from the current file; finally delete
     every ``*.md`` in ``export_dir`` not produced by this pass. With ``state``, a transcript
-    whose mtime and size are unchanged since it was exported (and whose export still has the
-    recorded bytes) is not parsed again. A transcript that cannot be read keeps its previous
+    whose mtime, size and ctime are unchanged since it was exported (a rewrite with its mtime
+    put back moves the ctime) and whose export still has the recorded bytes is not parsed
+    again. A transcript that cannot be read keeps its previous
     export and is reported in ``errors``; a cron-run transcript is not exported.
 
     Args:
@@ -204,7 +208,8 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                 continue
             produced.add(name)
             seen = state.seen.get(key) if state is not None else None
-            if (seen is not None and seen.mtime_ns == st.st_mtime_ns and seen.size == st.st_size):
+            if (seen is not None and (seen.mtime_ns, seen.size, seen.ctime_ns)
+                    == (st.st_mtime_ns, st.st_size, change_time_ns(st))):
                 current = _read_bytes(target)
                 if current is not None and hashlib.sha256(current).hexdigest() == seen.digest:
                     report.unchanged.append(name)
@@ -227,7 +232,7 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                     continue
                 report.written.append(name)
             if state is not None:
-                state.seen[key] = _Seen(st.st_mtime_ns, st.st_size,
+                state.seen[key] = _Seen(st.st_mtime_ns, st.st_size, change_time_ns(st),
                                         hashlib.sha256(data).hexdigest())
         if scan.error is not None:
             raise BackendUnavailableError(

@@ -17,6 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.fallback.same_stamps import rewrite_keeping_size_and_mtime
+
 # Made lazy for this path (`regex` too: an ASCII query without a connector, a year or an
 # apostrophe, whose snippets need no cut inside a line, compiles no Unicode-property pattern;
 # `orjson` too: scores print alike through the standard library); loading one of them again is a
@@ -283,10 +285,40 @@ def test_a_note_saved_again_in_the_tick_it_was_indexed_is_not_answered_from_the_
     os.utime(note, ns=(future, future))
     first = probe(argv, fenv)
     assert first["inProcess"] and "- [ ] quokka audit" in first["stdout"].decode()
+    unchanged = probe(argv, fenv)  # its row may hold an earlier save of the same stamps
+    assert unchanged["inProcess"]
+    assert "INFO qmdbridge.cli: one-shot search runs the engine: racily clean: memory/2026-11-28.md\n" in (
+        unchanged["stderr"])
     note.write_text("# 2026-11-28\n\n- [x] quokka audit\n")  # same size, the same stamp
     os.utime(note, ns=(future, future))
     ticked = probe(argv, fenv)
     assert ticked["inProcess"]
-    assert "INFO qmdbridge.cli: one-shot search runs the engine: racily clean: memory/2026-11-28.md\n" in (
+    # a save in the very tick would keep the ctime too, and be racily clean as above; this one
+    # came later, so its ctime tells it apart
+    assert "INFO qmdbridge.cli: one-shot search runs the engine: changed: memory/2026-11-28.md\n" in (
         ticked["stderr"])
     assert "- [x] quokka audit" in orjson.loads(ticked["stdout"])["results"][0]["snippet"]
+
+
+def test_a_note_rewritten_with_its_size_and_mtime_put_back_is_answered_from_the_new_text(
+        ws: Path, fenv: dict[str, str]) -> None:
+    def search(query: str) -> dict[str, Any]:
+        report = probe(["search", query, "--workspace", str(ws), "--json", "-v"], fenv)
+        return {**report, "snippets": [(r["path"], r["snippet"])
+                                       for r in orjson.loads(report["stdout"])["results"]]}
+
+    before = search("Priya payments")
+    assert before["inProcess"] and before["snippets"][0][0] == "memory/2026-11-28.md"
+    assert not search("Priya payments")["inProcess"]
+    note = ws / "memory" / "2026-11-28.md"
+    # an in-place save of the same size whose mtime is put back (touch -r, cp -p, rsync -t)
+    rewrite_keeping_size_and_mtime(note, b"Priya: payments", b"Quokk: payments")
+    renamed = search("Quokk payments")
+    assert renamed["inProcess"]
+    assert "INFO qmdbridge.cli: one-shot search runs the engine: changed: memory/2026-11-28.md\n" in (
+        renamed["stderr"])
+    assert renamed["snippets"][0][0] == "memory/2026-11-28.md"
+    assert "- Quokk: payments error rate back to baseline" in renamed["snippets"][0][1]
+    again = search("Quokk payments")
+    assert not again["inProcess"] and again["snippets"] == renamed["snippets"]
+    assert [p for p, _ in search("Quokk")["snippets"]] == ["memory/2026-11-28.md"]

@@ -128,22 +128,29 @@ async def test_unchanged_transcript_is_not_reread_and_archives_count(ws: Path) -
                          [_record("user", "Checkpoint Cormorant copy")])
         cur = sdir / "cur.jsonl"
         # stamped well before the sync: not racily clean (fallback/index/racy.py), so trusted
-        os.utime(cur, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        for i, f in enumerate([ws / "MEMORY.md", *sorted(sdir.iterdir())]):
+            past = 1_600_000_000_000_000_000 + i * 1_000_000_000
+            os.utime(f, ns=(past, past))
         first = await engine.sync(reason="test")
         assert first.files_indexed == 3  # MEMORY.md, cur.jsonl, the reset archive
         assert [h.path for h in await engine.search("Cormorant")] == [
             "sessions/old.jsonl.reset.2026-01-02T03-04-05Z"]
-        # Same (mtime, size), different bytes: an unread file keeps its old rows.
+        unchanged = await engine.sync(reason="test")
+        assert (unchanged.files_read, unchanged.files_indexed) == (0, 0)  # none read again
+        # Same (mtime, size), different bytes: the rewrite moved the ctime, so it is read.
         st = cur.stat()
         write_transcript(cur, [_record("user", "Albatrosz sighting")])
         os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (cur.stat().st_size, cur.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
         second = await engine.sync(reason="test")
-        assert second.files_indexed == 0
-        assert [h.path for h in await engine.search("Albatross")] == ["sessions/cur.jsonl"]
+        assert (second.files_read, second.files_indexed) == (1, 1)
+        assert await engine.search("Albatross") == []
+        assert [h.path for h in await engine.search("Albatrosz")] == ["sessions/cur.jsonl"]
+        # New stamps, the same bytes: read and hashed, its chunks left as they are.
         os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
         third = await engine.sync(reason="test")
-        assert third.files_indexed == 1
-        assert await engine.search("Albatross") == []
+        assert (third.files_read, third.files_indexed, third.chunks_written) == (1, 0, 0)
+        assert [h.path for h in await engine.search("Albatrosz")] == ["sessions/cur.jsonl"]
     finally:
         await engine.close()
 

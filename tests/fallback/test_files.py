@@ -226,7 +226,8 @@ def test_file_entry_fields(tmp_path: Path) -> None:
     note = _write(ws / "memory" / "note.md", "hello")
     (f,) = list_memory_files(ws, []).files
     assert f == MemoryFile(abs_path=note, rel_path="memory/note.md", source="memory", size=5,
-                           mtime_ms=note.stat().st_mtime_ns // 1_000_000)
+                           mtime_ms=note.stat().st_mtime_ns // 1_000_000,
+                           ctime_ns=note.stat().st_ctime_ns)
 
 
 def test_root_file_rule(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from fallback.index.identity import index_identity
 from fallback.settings import EngineSettings, ExtraPath, MemorySearchSettings
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 from fallback.store.readonly import ReadOnlyStore
+from tests.fallback.same_stamps import rewrite_keeping_size_and_mtime
 
 pytestmark = pytest.mark.anyio
 
@@ -187,8 +188,8 @@ async def test_identity_schema_fts_and_leftovers_need_the_engine(ws: Path) -> No
     assert _stale(settings) == "no FTS5"
     with sqlite3.connect(settings.db_path) as conn:
         conn.execute("DELETE FROM meta WHERE key = 'fts_error'")
-        conn.execute("PRAGMA user_version = 6")
-    assert _stale(settings) == "schema version 6 (latest 7)"
+        conn.execute("PRAGMA user_version = 7")
+    assert _stale(settings) == "schema version 7 (latest 8)"
 
 
 async def test_without_sync_on_search_only_an_empty_index_needs_the_engine(ws: Path) -> None:
@@ -267,5 +268,27 @@ async def test_a_note_the_sync_reads_and_skips_is_named_as_such(ws: Path) -> Non
     assert _stale(settings) == "not indexed, read by every sync: memory/blob.md (binary file (NUL bytes))"
     (ws / "memory" / "blob.md").unlink()
     assert _stale(settings) == "skipped files changed"
+    await _synced(settings)
+    assert _stale(settings) is None
+
+
+async def test_a_rewrite_with_its_size_and_mtime_put_back_or_a_chmod_needs_the_engine(ws: Path) -> None:
+    settings = _settings(ws)
+    await _synced(settings)
+    assert _stale(settings) is None
+    note = ws / "memory" / "2026-01-12.md"
+    rewrite_keeping_size_and_mtime(note, b"backup verified", b"backup restored")
+    assert _stale(settings) == "changed: memory/2026-01-12.md"  # its ctime moved
+    await _synced(settings)
+    assert _stale(settings) is None
+    store = ReadOnlyStore.open(settings.db_path)
+    assert store is not None
+    with store:
+        hits = search_in_sync(store, _in_sync(settings), "backup restored", now_ms=NOW_MS)
+    assert [(h.path, h.snippet) for h in hits][:1] == [
+        ("memory/2026-01-12.md", "# 2026-01-12\n- WAN link dropped twice; router rebooted.\n"
+                                 "- backup restored")]
+    (ws / "MEMORY.md").chmod(0o600)
+    assert _stale(settings) == "changed: MEMORY.md"
     await _synced(settings)
     assert _stale(settings) is None

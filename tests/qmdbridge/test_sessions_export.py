@@ -14,6 +14,7 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from fallback.fs.lock import PidFileLock
 from fallback.sources.transcripts import TranscriptMessage
 from qmdbridge.qmd.sessions import ExportReport, ExportState, export_sessions, render_session_markdown
+from tests.fallback.same_stamps import rewrite_keeping_size_and_mtime
 
 NOW_MS = 1_770_000_000_000
 DAY_S = 86_400
@@ -111,6 +112,21 @@ def test_state_skips_parsing_and_detects_changes(dirs: tuple[Path, Path]) -> Non
     report = export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, state=state)
     assert report.removed == ["s1.md"]
     assert state.seen == {}
+
+
+def test_state_sees_a_transcript_rewritten_with_its_size_and_mtime_put_back(
+        dirs: tuple[Path, Path]) -> None:
+    sessions, export = dirs
+    src = write_jsonl(sessions / "s1.jsonl", [msg("user", "first heron")])
+    state = ExportState()
+    export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, state=state)
+    rewrite_keeping_size_and_mtime(src, b"heron", b"egret")  # only its ctime moves
+    report = export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, state=state)
+    assert report == ExportReport(written=["s1.md"], unchanged=[], removed=[], errors=[])
+    assert (export / "s1.md").read_text() == "# Session s1\n\nUser: first egret\n"
+    src.chmod(0o600)  # a new ctime, the same bytes: parsed again, the export left as it is
+    assert export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS,
+                           state=state).unchanged == ["s1.md"]
 
 
 def test_retention_and_stale_exports_removed(dirs: tuple[Path, Path]) -> None:

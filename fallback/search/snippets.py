@@ -134,7 +134,7 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
         options = []
         for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
             if 0 <= pick < total and size + 1 + len(lines[pick]) <= budget:
-                gain = (sum(weight[f] for f in forms[pick] - covered)
+                gain = (math.fsum(weight[f] for f in forms[pick] - covered)
                         + DENSITY_SHARE * scores[pick])
                 options.append((gain, -side, pick))
         if not options:
@@ -149,7 +149,11 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
 def _line_weights(marked_lines: Sequence[str]
                   ) -> tuple[list[set[str]], dict[str, float], list[float]]:
     """Per line, its set of marked forms; each form's weight (step 1 of the module docstring,
-    over these lines); and each line's score (the sum of its distinct forms' weights)."""
+    over these lines); and each line's score (the sum of its distinct forms' weights).
+
+    Sums over a set of forms use ``math.fsum`` (correctly rounded, so independent of the set's
+    iteration order, which string hashing randomises per process): two lines or windows that
+    tie, tie in every run."""
     forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
     counts: dict[str, int] = {}
     for line_forms in forms:
@@ -158,7 +162,7 @@ def _line_weights(marked_lines: Sequence[str]
     total = len(marked_lines)
     weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
               for f, n in counts.items()}
-    return forms, weight, [sum(weight[f] for f in line_forms) for line_forms in forms]
+    return forms, weight, [math.fsum(weight[f] for f in line_forms) for line_forms in forms]
 
 
 def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:
@@ -182,7 +186,7 @@ def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:
         held = set().union(*forms[first:last + 1])
         if not held:
             continue
-        value = sum(weight[f] for f in held) + DENSITY_SHARE * sum(scores[first:last + 1])
+        value = math.fsum(weight[f] for f in held) + DENSITY_SHARE * math.fsum(scores[first:last + 1])
         if best is None or value > best[0]:
             best = (value, i)
     return None if best is None else best[1]

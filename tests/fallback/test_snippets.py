@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, SnippetWindow, best_window, mark_substrings
 
 
@@ -80,3 +85,36 @@ def test_a_cut_line_never_splits_a_grapheme_cluster() -> None:
     text = window.text
     assert len(text) <= 50 and "needle" in text
     assert text.replace("needle", "").replace(family, "") == ""
+
+
+def _tie_text() -> tuple[str, int]:
+    """14 lines: line 7 holds three rare words (the seed); line 6 holds a, b, c and line 8 d, e, f,
+    found on 2, 3 and 4 lines each, so both neighbours add the same weight in exact arithmetic,
+    while a plain float sum of three such weights differs in its last bit with their order.
+    Returns the text and a budget that fits the seed and one neighbour, not both."""
+    lines = [f"filler line number {i:02d} here" for i in range(14)]
+    lines[0] = f"{m('a')} {m('b')} {m('c')} far"
+    lines[1] = f"{m('b')} {m('c')} far away"
+    lines[2] = f"{m('c')} far far away"
+    lines[6] = f"{m('a')} {m('b')} {m('c')} near"
+    lines[7] = f"{m('s1')} {m('s2')} {m('s3')} seed"
+    lines[8] = f"{m('d')} {m('e')} {m('f')} near"
+    lines[11] = f"{m('f')} far far away"
+    lines[12] = f"{m('e')} {m('f')} far away"
+    lines[13] = f"{m('d')} {m('e')} {m('f')} far"
+    plain = [line.replace(MARK_OPEN, "").replace(MARK_CLOSE, "") for line in lines]
+    return "\n".join(lines), len(plain[7]) + 1 + len(plain[8])
+
+
+def test_a_tie_is_broken_the_same_way_whatever_the_hash_seed() -> None:
+    """Sets of marked forms iterate in an order that string hashing randomises per process; the
+    window must not depend on it (the right neighbour wins an exact tie, in every process)."""
+    code = ("from tests.fallback.test_snippets import _tie_text; "
+            "from fallback.search.snippets import best_window; "
+            "text, budget = _tie_text(); w = best_window(text, max_chars=budget); "
+            "print(w.first_line, w.last_line)")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[2],
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout.strip()
+            for seed in range(12)}
+    assert seen == {"7 8"}

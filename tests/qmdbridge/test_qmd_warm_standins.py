@@ -7,6 +7,7 @@ requests of its own. Each test runs it as a real child process over real pipes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -48,7 +49,8 @@ async def _connected(mode: str) -> AsyncIterator[McpStdioClient]:
         assert info["serverInfo"] == client.server_info == {"name": "qmd", "version": "0-standin"}
         yield client
         client.close()
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):  # a stand-in that exits may be reaped already
+            process.kill()
 
 
 def _warm(tmp_path: Path, mode: str) -> WarmChild:

@@ -18,7 +18,7 @@ from fallback.sources.read_page import open_memory_file, read_page_in_root
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 
-__all__ = ["RACY_NS", "Listings", "clamp_lines", "clamp_range", "file_lines", "hit_lines", "read_in_root",
+__all__ = ["RACY_NS", "Listings", "clamp_range", "file_lines", "hit_lines", "read_in_root",
            "read_qmd_path", "resolve_hit_file", "slugify_path"]
 
 # Most files a normalised path may stand for before the lookup gives up (folders x names).
@@ -176,19 +176,6 @@ def _open_hit_file(coll: ManagedCollection, rel: str, *, workspace: Path) -> int
                                 follow_base=_follow_base(coll, workspace))
     except (PathRefusedError, MemoryFileNotFoundError, OSError):
         return None
-
-
-def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
-                workspace: Path) -> tuple[int, int] | None:
-    """Keep a hit's line range inside its file, opened as ``memory_get`` opens it.
-
-    Returns:
-        The range; ``None`` when the hit must go: the file no longer exists (qmd's index is
-        stale, and a citation of a missing file helps nobody), is reached through a symlink,
-        is not a regular file, or the range starts past its end.
-    """
-    read = hit_lines(coll, rel, workspace=workspace, max_bytes=0)
-    return None if read is None else clamp_range(start, end, read[0])
 
 
 def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:

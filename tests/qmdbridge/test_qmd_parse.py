@@ -299,7 +299,13 @@ def test_display_path_under_qmd_folder(tmp_path: Path) -> None:
 
 
 def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
-    from qmdbridge.qmd.reads import clamp_lines
+    from qmdbridge.qmd.reads import clamp_range, hit_lines
+
+    def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
+                    workspace: Path) -> tuple[int, int] | None:
+        """A hit's lines kept inside its file as ``map_entries`` keeps them."""
+        read = hit_lines(coll, rel, workspace=workspace, max_bytes=0)
+        return None if read is None else clamp_range(start, end, read[0])
 
     coll = ManagedCollection("notes-main", tmp_path, "**/*.md", "custom")
     (tmp_path / "MEMORY.md").write_text("one\ntwo\nthree\n")

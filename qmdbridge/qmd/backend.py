@@ -58,9 +58,11 @@ from qmdbridge.qmd.parse import (
     clamp_injected,
     diversify_sources,
     encode_query,
-    map_entries,
+    locate_entries,
+    passage_hits,
+    qmd_lines_hit,
 )
-from qmdbridge.qmd.passages import PassageFinder
+from qmdbridge.qmd.passages import POOL_FACTOR
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
@@ -457,7 +459,7 @@ class QmdBackend:
                                                 written=q, lexical=lexical)
             if plan.mode == "search":  # not after a repair switched the search to query
                 entries = await relax(terms, entries, colls, plan, run=self._run_search,
-                                      warm=self.warm)
+                                      warm=self.warm, keep=POOL_FACTOR * limit if terms else None)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise
@@ -467,9 +469,11 @@ class QmdBackend:
             elif plan.repair is not None:
                 self.search_fallback_reason = plan.repair
         notes = plan.notes
-        focus = terms if plan.mode == "search" else ()  # vsearch/query: qmd's chunk stands
+        # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
+        question = q if plan.mode == "search" and terms else None
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes, terms=focus))
+            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes, question=question,
+                              limit=limit))
         self.last_search_notes = notes
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
@@ -478,21 +482,26 @@ class QmdBackend:
         return clamp_injected(results, max_chars=limits.max_injected_chars)
 
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
-             notes: list[str], terms: tuple[str, ...]) -> list[MemorySearchResult]:
-        """Map qmd's entries to hits; ``terms`` (``search`` mode) choose each hit's passage
-        (``passages.py``) within the agent's ``chunking`` budget and sections."""
+             notes: list[str], question: str | None, limit: int) -> list[MemorySearchResult]:
+        """Map qmd's entries to hits: with ``question`` (``search`` mode) the passages of their
+        notes ranked for it within the agent's ``chunking`` (``parse.passage_hits``), else
+        qmd's lines."""
         snippet_chars, chunking = self.cfg.limits.max_snippet_chars, self.agent.memory_search.chunking
         lookup = DocLookup(self.home.index_db)
+        locate = partial(locate_entries, roots=self.roots, workspace=self.agent.workspace_dir,
+                         lookup=lookup, max_snippet_chars=snippet_chars, cache=self._docid_cache,
+                         notes=notes, listings=self._listings, read_lines=question is not None,
+                         min_score=min_score if question is None else 0.0)
         try:
-            with PassageFinder(terms, chunk_tokens=chunking.tokens, sections=chunking.sections,
-                               snippet_chars=snippet_chars) as finder:
-                return [hit for entry, hint in entries for hit in map_entries(
-                    [entry], roots=self.roots, workspace=self.agent.workspace_dir, lookup=lookup,
-                    default_collection=hint, max_snippet_chars=snippet_chars, min_score=min_score,
-                    cache=self._docid_cache, notes=notes, listings=self._listings,
-                    passages=finder if terms else None)]
+            located = [hit for entry, hint in entries
+                       for hit in locate([entry], default_collection=hint)]
         finally:
             lookup.close()
+        if question is None:
+            return [hit for found in located if (hit := qmd_lines_hit(found)) is not None]
+        return passage_hits(question, located, tokens=chunking.tokens, overlap=chunking.overlap,
+                            sections=chunking.sections, snippet_chars=snippet_chars, limit=limit,
+                            min_score=min_score)
 
     @staticmethod
     def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline

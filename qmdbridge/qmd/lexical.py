@@ -156,11 +156,12 @@ def lexical_terms(query: str) -> tuple[str, ...]:
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
-                warm: WarmSearch | None) -> list[tuple[QmdEntry, str | None]]:
+                warm: WarmSearch | None, keep: int | None = None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first
     and in order), then the documents each of the first :data:`MAX_RELAXED_TERMS` terms of at
     least :data:`MIN_RELAXED_CHARS` characters finds on its own, best qmd score first, one per
-    document, at most ``plan.limit`` in all.
+    document, at most ``keep`` in all (``plan.limit`` unless given: ``search`` mode keeps more
+    documents than slots for its passage ranking, ``passages.py``).
 
     Nothing is searched when ``found`` already fills ``plan.limit``, when there are fewer than
     two terms, or when less than :data:`RELAX_MIN_LEFT_MS` is left of the search deadline. A
@@ -173,6 +174,7 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
         colls: the collections the AND call searched.
         plan: that call's plan (``search`` mode, limit, deadline).
         run / warm: as for ``search_calls.search_collections``.
+        keep: documents returned at most (default ``plan.limit``).
 
     Returns:
         ``(entry, collection)`` pairs, best first.
@@ -214,4 +216,4 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
             if key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0):
                 best[key] = (entry, coll)
     more = sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))  # stable
-    return [*found, *more][:plan.limit]
+    return [*found, *more][:plan.limit if keep is None else keep]

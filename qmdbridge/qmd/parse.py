@@ -15,6 +15,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -23,7 +24,7 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, PassageFinder
+from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
@@ -36,8 +37,11 @@ __all__ = [
     "clamp_injected",
     "display_path",
     "diversify_sources",
+    "LocatedHit",
     "line_range",
-    "map_entries",
+    "locate_entries",
+    "passage_hits",
+    "qmd_lines_hit",
     "merge_key",
     "parse_qmd_json",
     "parse_qmd_uri",
@@ -214,14 +218,36 @@ def _locate(entry: QmdEntry, *, roots: Mapping[str, ManagedCollection], lookup: 
     return coll_hint, file_hint
 
 
-def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollection],
-                workspace: Path, lookup: DocLookup, default_collection: str | None,
-                max_snippet_chars: int, min_score: float,
-                cache: dict[str, tuple[str, str] | None],
-                notes: list[str] | None = None,
-                listings: Listings | None = None,
-                passages: PassageFinder | None = None) -> list[MemorySearchResult]:
-    """Turn parsed entries into hits (spec 2.8.4 steps 1-7), in qmd's order.
+@dataclass(frozen=True)
+class LocatedHit:
+    """A qmd entry found on disk, before its lines are chosen.
+
+    Attributes:
+        path: the path shown (``display_path``); source: its collection's source.
+        score: qmd's score, clamped to ``[0, 1]``.
+        lines: qmd's lines clamped to the file as it is now, or ``None`` when they start past
+            its end (qmd's index is older than the file).
+        snippet: qmd's snippet without its ``@@`` header, cut to the snippet budget.
+        text: the file's lines as ``memory_get`` numbers them, when they were read
+            (``read_lines``) and the file is small enough, else ``None``.
+    """
+
+    path: str
+    source: Source
+    score: float
+    lines: tuple[int, int] | None
+    snippet: str
+    text: list[str] | None
+
+
+def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollection],
+                   workspace: Path, lookup: DocLookup, default_collection: str | None,
+                   max_snippet_chars: int, min_score: float,
+                   cache: dict[str, tuple[str, str] | None],
+                   notes: list[str] | None = None,
+                   listings: Listings | None = None,
+                   read_lines: bool = False) -> list[LocatedHit]:
+    """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order.
 
     Entries that cannot be located in a managed collection, score below ``min_score``, or
     name a file the collection does not index by the memory-file rule
@@ -231,9 +257,7 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
     cut to ``max_snippet_chars`` code points. Paths that an old qmd stored slug-normalised are
     mapped back to the file on disk (``reads.resolve_hit_file``: the look-alike whose lines hold
     the snippet), so ``memory_get`` reads the file that matched; a hit whose file is gone, or
-    that fits several look-alikes, is dropped, the latter with a note. qmd's lines are kept
-    inside the file as it is now; a hit whose lines start past its end (qmd's index is older
-    than the file) is dropped unless ``passages`` finds the question's words in the file.
+    that fits several look-alikes, is dropped, the latter with a note.
 
     Args:
         roots: managed collections by name.
@@ -241,13 +265,14 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
         notes: receives one line per ambiguous hit dropped (for the answer's warnings).
         listings: folder listings kept between searches (``reads.resolve_hit_file``).
-        passages: chooses each hit's lines and snippet again with the question's words
-            (``passages.py``, ``search`` mode); a hit it finds nothing for keeps qmd's.
+        read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (``search``
+            mode ranks their passages, ``passages.py``); a hit whose qmd lines start past the
+            end of its file is then kept when its lines were read.
 
     Raises:
         BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
     """
-    out: list[MemorySearchResult] = []
+    out: list[LocatedHit] = []
     for entry in entries:
         score = entry.score if entry.score is not None else 0.0
         if score < min_score:
@@ -274,27 +299,62 @@ def map_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollectio
             log.debug("qmd hit outside collection %s's files dropped: %s", coll.name, rel)
             continue
         read = hit_lines(coll, rel, workspace=workspace,
-                         max_bytes=4 * MAX_FOCUS_CHARS if passages is not None else 0)
+                         max_bytes=4 * MAX_FOCUS_CHARS if read_lines else 0)
         if read is None:
             continue  # gone, through a symlink or not a file: no citation
-        # the passage is chosen in the file as it is now, so it stands even where qmd's index
-        # is older than the file and its lines are past the end
-        passage = passages.find(read[1]) if passages is not None and read[1] is not None else None
-        if passage is not None:
-            out.append(MemorySearchResult(
-                path=display_path(coll, rel, workspace), start_line=passage.start_line,
-                end_line=passage.end_line, score=max(0.0, min(1.0, score)),
-                snippet=passage.snippet[:max_snippet_chars], source=coll.source,
-                snippet_start_line=passage.snippet_start_line,
-                snippet_end_line=passage.snippet_end_line))
-            continue
         lines = clamp_range(*span, read[0])
-        if lines is None:
+        if lines is None and read[1] is None:
             continue  # qmd's lines are past the end of the file: no citation
-        out.append(MemorySearchResult(
-            path=display_path(coll, rel, workspace), start_line=lines[0], end_line=lines[1],
-            score=max(0.0, min(1.0, score)), snippet=text[:max_snippet_chars], source=coll.source))
+        out.append(LocatedHit(path=display_path(coll, rel, workspace), source=coll.source,
+                              score=max(0.0, min(1.0, score)), lines=lines,
+                              snippet=text[:max_snippet_chars], text=read[1]))
     return out
+
+
+def qmd_lines_hit(hit: LocatedHit, *, score: float | None = None) -> MemorySearchResult | None:
+    """The hit with qmd's lines and snippet (``score`` replaces qmd's when given); ``None``
+    when qmd's lines start past the end of the file."""
+    if hit.lines is None:
+        return None
+    return MemorySearchResult(path=hit.path, start_line=hit.lines[0], end_line=hit.lines[1],
+                              score=hit.score if score is None else score, snippet=hit.snippet,
+                              source=hit.source)
+
+
+def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overlap: int,
+                 sections: bool, snippet_chars: int, limit: int,
+                 min_score: float) -> list[MemorySearchResult]:
+    """``search``-mode hits: the passages of the located notes ranked for ``question``
+    (``passages.rank_passages``), then the notes the ranking could not place, with qmd's lines,
+    in qmd's order, each scored at most as the last passage; hits under ``min_score`` dropped.
+
+    Args:
+        question: the query as the agent wrote it.
+        located: :func:`locate_entries` with ``read_lines``, in qmd's order (several entries
+            of one file: the first is used).
+        tokens / overlap / sections: the agent's ``chunking``.
+        snippet_chars: the snippet budget in code points.
+        limit: passages wanted.
+        min_score: the score floor on the hits' scores (``0``: none).
+    """
+    first_of: dict[str, LocatedHit] = {}
+    for hit in located:
+        first_of.setdefault(hit.path, hit)
+    firsts = list(first_of.values())  # qmd's order, one per file
+    notes = [Note(path=hit.path, source=hit.source, lines=hit.text) for hit in firsts
+             if hit.text is not None]
+    passages, ranked = rank_passages(question, notes, tokens=tokens, overlap=overlap,
+                                     sections=sections, snippet_chars=snippet_chars, limit=limit)
+    out = [MemorySearchResult(path=notes[p.note].path, start_line=p.start_line,
+                              end_line=p.end_line, score=p.score, snippet=p.snippet,
+                              source=notes[p.note].source, snippet_start_line=p.snippet_start_line,
+                              snippet_end_line=p.snippet_end_line) for p in passages]
+    placed = {notes[i].path for i in ranked}
+    cap = out[-1].score if out else 1.0
+    for hit in firsts:  # qmd's order
+        if hit.path not in placed and (kept := qmd_lines_hit(hit, score=min(hit.score, cap))):
+            out.append(kept)
+    return [hit for hit in out if hit.score >= min_score]
 
 
 def merge_key(entry: QmdEntry, hint: str | None) -> str:

@@ -1,177 +1,215 @@
-"""The passage of a lexical qmd hit that the question's words point at.
+"""The passages of lexical qmd hits, ranked across the notes qmd found.
 
 ``qmd search`` ranks whole documents and reports, for each, a snippet of about four lines
 around the first line holding the most of the words it was sent (``extractSnippet``: raw
 substring counts, first best line). For a question the bridge sends content words, and in the
 relaxed pass (``lexical.py``) one word at a time, so a document found by ``caroline`` alone is
-shown at the first line naming Caroline, wherever the rest of the question is answered. On the
-LoCoMo development conversations qmd named the right file for 0.76 of the evidence turns
-within five hits, but its four lines held the evidence for 0.51 (the snippet text for 0.32).
+shown at the first line naming Caroline, wherever the rest of the question is answered; and a
+note gives one hit, however many of its passages answer. On the LoCoMo development
+conversations qmd named the right file for 0.76 of the evidence turns within five hits, but its
+four lines held the evidence for 0.51 (the snippet text for 0.32).
 
-So, in ``search`` mode, each hit's file is read (as ``memory_get`` reads it) and its lines are
-chosen again with every content word of the question:
+So, in ``search`` mode, qmd chooses the notes and the builtin engine's keyword ranking chooses
+the passages (:func:`rank_passages`):
 
-1. the file is marked with FTS5 ``highlight()`` in a throw-away in-memory table with the builtin
-   index's tokenizer (``porter unicode61``: ``painting`` marks ``paint``), the query an ``OR``
-   of the content words, each as an FTS5 string;
-2. with ``chunking.sections`` (the default), the Markdown section holding the most weight of the
-   marked words is chosen (:func:`fallback.search.snippets.best_span`: inverse line frequency
-   over the file, plus a tenth of the lines' scores), as the builtin engine starts a chunk at
-   every heading; without it, the whole file;
-3. the hit's range is the best window of whole lines of that section within the chunk budget
-   (``chunking.tokens`` x 4 chars, 1,600 by default, the size of a builtin hit), grown from its
-   best line (:func:`fallback.search.snippets.best_window`);
-4. the snippet is the best window of that range within ``limits.maxSnippetChars``, with its own
-   lines (``snippetStartLine``/``snippetEndLine``; citations point at them).
+1. the notes of the AND call and of the relaxed pass, up to :data:`POOL_FACTOR` per result slot,
+   are read as ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts
+   a note (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
+   with the builtin index's full-text columns (text, path and first heading, derived terms) and
+   tokenizer (``porter unicode61``);
+2. the question, as written, is ranked there by the builtin engine's keyword-only search: its
+   FTS5 query plan (content words OR-ed, compound and date forms, quoted phrases and ids,
+   ``NEAR`` pairs) and ``bm25()`` with its column weights, hits mostly inside a better hit of
+   their note dropped, session transcripts held to half of the slots; the IDF is that of the
+   chunks of the notes qmd found;
+3. each hit's snippet is the window of its chunk's lines that best matches the question, with
+   its own lines (``snippetStartLine``/``snippetEndLine``; citations point at them), and its
+   score the builtin keyword score, ``sqrt(BM25 / best BM25)``, 1 for the best passage.
 
-On LoCoMo (``qmdbridge eval --backend qmd``), ranges centred this way held the evidence for
-0.695 of the turns within five hits; the builtin engine's fixed chunks of the same notes, the
-best-matching one taken, for 0.659, at the same 10.9 lines per hit.
+A note may so give several hits, and a note qmd ranked low may give the first one. On LoCoMo
+(``qmdbridge eval --backend qmd``), with the same qmd calls: R@5 0.695 -> see the README
+("Questions in ``search`` mode") for the figures.
 
-A hit whose file holds none of the words (qmd matched a prefix the stemmer reads otherwise, or
-the path) keeps qmd's lines and snippet, as does every hit of ``vsearch`` and ``query`` (their
-snippet sits on the chunk qmd's vectors chose). Files over :data:`MAX_FOCUS_CHARS` keep qmd's
-lines too.
+A note the plan does not match (qmd matched a prefix the stemmer reads otherwise), one over
+:data:`MAX_FOCUS_CHARS`, or past :data:`MAX_POOL_CHARS` of notes ranked before it, keeps qmd's
+lines and snippet and follows the ranked passages, in qmd's order. Every hit of ``vsearch`` and
+``query`` keeps qmd's lines too (their snippet sits on the chunk qmd's vectors chose).
 
 Source: passage retrieval inside retrieved documents (Salton, Allan & Buckley, "Approaches to
-passage retrieval in full text information systems", SIGIR 1993), with the builtin engine's
-snippet window as the passage scorer.
+passage retrieval in full text information systems", SIGIR 1993; Callan, "Passage-level
+evidence in document retrieval", SIGIR 1994), with the builtin engine's keyword ranking over
+the builtin engine's chunks as the passage ranker.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
+from typing import Any
 
-from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, best_span, best_window
-from fallback.text.chunking import CHARS_PER_TOKEN, MIN_CHUNK_CHARS, section_spans
+from fallback.errors import IndexStoreError
+from fallback.models import Source
+from fallback.search.fts_only import MAX_CANDIDATES, hit_snippets, keyword_ranked, keyword_results
+from fallback.search.keyword import search_plan
+from fallback.search.snippets import MARK_CLOSE, MARK_OPEN
+from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
+from fallback.text.chunking import chunk_markdown
 
-__all__ = ["MAX_FOCUS_CHARS", "Passage", "PassageFinder"]
+__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Passage", "rank_passages"]
 
-# Files longer than this (code points, their lines joined by \n) keep qmd's lines: choosing the
-# lines costs ~0.4 ms for a 20-line note and ~20 ms at this size, more than a search should
-# spend on one hit.
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+# A note longer than this (code points, its lines joined by \n) is not ranked: it keeps qmd's
+# lines. Cutting and indexing a note costs ~70 µs per KB (~14 ms at this size).
 MAX_FOCUS_CHARS = 200_000
-# The builtin index's tokenizer, so a word marks the forms the builtin engine would match.
-_TOKENIZER = "porter unicode61"
+# Notes are ranked, in qmd's order, until this many characters are in the pool (~40 ms of
+# cutting and indexing); the later ones keep qmd's lines.
+MAX_POOL_CHARS = 600_000
+# Notes ranked per result slot: the relaxed pass keeps this many of the notes its one-word
+# searches found (LoCoMo R@5 with the default 6 slots: 6 notes 0.692, 12 0.715, 18 0.714,
+# 24 0.724, every note found (up to 42) 0.724).
+POOL_FACTOR = 4
+# The builtin index's tokenizer (``store.fts.tokenizer`` default), so a word matches the forms
+# the builtin engine would match (``painting`` -> ``paint``).
+_TOKENIZER = "unicode61"
+
+
+@dataclass(frozen=True)
+class Note:
+    """One note qmd found, as the ranking reads it.
+
+    Attributes:
+        path: the path shown for its hits (``memory/2023-05-08.md``, ``qmd/notes/a.md``); its
+            words and dates are searched as the builtin index searches a note's path.
+        source: ``memory`` or ``sessions`` (transcripts are held to half of the slots).
+        lines: the note's lines as ``memory_get`` numbers them (line ``i`` is
+            ``lines[i - 1]``), without line ends.
+    """
+
+    path: str
+    source: Source
+    lines: Sequence[str]
 
 
 @dataclass(frozen=True)
 class Passage:
-    """The lines of a file chosen for a hit (1-based, inclusive).
+    """A ranked passage of one note (lines 1-based, inclusive).
 
     Attributes:
-        start_line / end_line: the hit's range (``start_line <= end_line``), at most the chunk
-            budget, inside one section.
-        snippet: whole lines of the range (a single line longer than the snippet budget is cut
-            around its first matched word; NUL bytes left out), at most the snippet budget in
-            code points.
-        snippet_start_line / snippet_end_line: the snippet's lines, inside the range.
+        note: the index of its note in the list given to :func:`rank_passages`.
+        start_line / end_line: the chunk's lines (at most ``chunking.tokens`` x 4 chars).
+        score: the builtin keyword score in ``[0, 1]``, ``sqrt(BM25 / best BM25)``.
+        snippet: whole lines of the chunk (a line longer than the budget is cut around its
+            first matched word), at most the snippet budget in code points.
+        snippet_start_line / snippet_end_line: the snippet's lines, inside the chunk's.
     """
 
+    note: int
     start_line: int
     end_line: int
+    score: float
     snippet: str
     snippet_start_line: int
     snippet_end_line: int
 
 
-def _fts_string(term: str) -> str:
-    """``term`` as an FTS5 string (a phrase of its tokens: ``Wi-Fi`` -> ``wi fi``)."""
-    return '"' + term.replace('"', '""') + '"'
+class _NoteStore:
+    """The builtin engine's ``StoreReader`` over an in-memory SQLite of a few notes' chunks
+    (``chunks`` and ``chunks_fts`` as the builtin index writes them; ``chunks_trigram`` for
+    CJK substrings)."""
 
+    fts_tokenizer = _TOKENIZER
+    fts_error: str | None = None
 
-class PassageFinder:
-    """Chooses the passage of a file that holds a question's words (module docstring).
+    def __init__(self) -> None:
+        self.conn = sqlite3.connect(":memory:", check_same_thread=False)
+        self.conn.execute("CREATE TABLE chunks (id TEXT PRIMARY KEY, path TEXT NOT NULL,"
+                          " source TEXT NOT NULL, start_line INTEGER NOT NULL,"
+                          " end_line INTEGER NOT NULL, text TEXT NOT NULL)")
+        create_fts_table(self.conn, _TOKENIZER)
+        self.conn.execute("CREATE VIRTUAL TABLE chunks_trigram USING fts5(text,"
+                          " tokenize='trigram case_sensitive 0')")
 
-    One in-memory SQLite connection per finder (per search); use as a context manager or call
-    :meth:`close`. Not thread-safe: one search's mapping thread uses it.
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one statement. Raises ``IndexStoreError`` (the SQLite error as its cause)."""
+        try:
+            return self.conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise IndexStoreError(f"passage ranking: {exc}") from exc
 
-    Args:
-        terms: the question's content words (``lexical.lexical_terms``); none gives a finder
-            that never finds (every hit keeps qmd's lines).
-        chunk_tokens: the agent's ``chunking.tokens`` (4 chars each): the range's budget.
-        sections: the agent's ``chunking.sections``: the range stays inside one Markdown section.
-        snippet_chars: the snippet's budget in code points (``limits.maxSnippetChars``), ``> 0``.
-    """
-
-    def __init__(self, terms: Sequence[str], *, chunk_tokens: int, sections: bool,
-                 snippet_chars: int) -> None:
-        words = [t for t in dict.fromkeys(terms) if t.strip()]
-        self._match = " OR ".join(_fts_string(t) for t in words)
-        self._range_chars = max(MIN_CHUNK_CHARS, chunk_tokens * CHARS_PER_TOKEN)
-        self._sections = sections
-        self._snippet_chars = max(1, snippet_chars)
-        self._db: sqlite3.Connection | None = None
-
-    def __enter__(self) -> PassageFinder:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+    def add(self, key: str, note: Note, text: str, *, tokens: int, overlap: int,
+            sections: bool) -> int:
+        """Cut ``text`` (the note's lines joined by ``\\n``) into the builtin index's chunks and
+        index them under ``key``; returns how many chunks were written."""
+        written: list[tuple[int, str]] = []
+        for n, chunk in enumerate(chunk_markdown(text, tokens=tokens, overlap=overlap,
+                                                 sections=sections)):
+            cur = self.conn.execute(
+                "INSERT INTO chunks(id, path, source, start_line, end_line, text)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (f"{key}:{n}", key, note.source, chunk.start_line, chunk.end_line, chunk.text))
+            if cur.lastrowid is not None:
+                written.append((cur.lastrowid, chunk.text))
+        insert_chunk_fts(self.conn, written, title=note_title(note.path, text), fill_trigram=True)
+        return len(written)
 
     def close(self) -> None:
-        """Drop the in-memory table (idempotent)."""
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        self.conn.close()
 
-    def _marked(self, text: str) -> str | None:
-        """``text`` with the words matched wrapped in the snippet markers; ``None`` when no
-        word matches."""
-        if self._db is None:
-            self._db = sqlite3.connect(":memory:", check_same_thread=False)
-            self._db.execute(f"CREATE VIRTUAL TABLE doc USING fts5(body, tokenize='{_TOKENIZER}')")
-        db = self._db
-        try:
-            db.execute("INSERT INTO doc(rowid, body) VALUES (1, ?)", (text,))
-            row = db.execute("SELECT highlight(doc, 0, ?, ?) FROM doc WHERE doc MATCH ?",
-                             (MARK_OPEN, MARK_CLOSE, self._match)).fetchone()
-        except sqlite3.Error:  # a term FTS5 cannot read: keep qmd's lines
-            return None
-        finally:
-            db.execute("DELETE FROM doc")
-        return None if row is None else str(row[0])
 
-    def find(self, lines: Sequence[str]) -> Passage | None:
-        """The passage of a file for the question.
+def _note_text(lines: Sequence[str]) -> str:
+    """The lines joined by ``\\n``, without NUL bytes (FTS5 reads a NUL as the end of the text,
+    which would hide the lines after it; the builtin index drops them too) and without the
+    snippet markers (which would read as matches). Line numbers are unchanged."""
+    text = "\n".join(lines)
+    for control in (MARK_OPEN, MARK_CLOSE, "\x00"):
+        text = text.replace(control, "")
+    return text
 
-        Args:
-            lines: the file's lines as ``memory_get`` numbers them (line ``i`` is
-                ``lines[i - 1]``), without line ends.
 
-        Returns:
-            The passage; ``None`` when no word of the question is in the file, there are no
-            words, the file is empty or longer than :data:`MAX_FOCUS_CHARS`.
-        """
-        if not self._match or not lines:
-            return None
-        # The markers are control characters no note needs; any already there would read as
-        # marks, so they are dropped (the builtin engine's snippets do the same). FTS5 reads a
-        # NUL as the end of the text, which would move or hide the lines after it: NULs are
-        # dropped too, as the builtin index drops them from a note (line numbers unchanged).
-        text = "\n".join(lines)
-        for control in (MARK_OPEN, MARK_CLOSE, "\x00"):
-            text = text.replace(control, "")
-        if len(text) > MAX_FOCUS_CHARS:
-            return None
-        marked = self._marked(text)
-        if marked is None or MARK_OPEN not in marked:
-            return None
-        marked_lines = marked.split("\n")
-        spans = section_spans(marked_lines) if self._sections else [(0, len(marked_lines) - 1)]
-        pick = best_span(marked, spans)
-        if pick is None:
-            return None
-        first = spans[pick][0]
-        span = best_window("\n".join(marked_lines[first:spans[pick][1] + 1]),
-                           max_chars=self._range_chars)
-        start = first + span.first_line
-        inner = "\n".join(marked_lines[start:first + span.last_line + 1])
-        snip = best_window(inner, max_chars=self._snippet_chars)
-        return Passage(start_line=start + 1, end_line=first + span.last_line + 1,
-                       snippet=snip.text, snippet_start_line=start + snip.first_line + 1,
-                       snippet_end_line=start + snip.last_line + 1)
+def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap: int,
+                  sections: bool, snippet_chars: int, limit: int) -> tuple[list[Passage], set[int]]:
+    """The passages of ``notes`` that best answer ``question`` (module docstring).
+
+    Args:
+        question: the query as the agent wrote it (the builtin keyword plan drops stop words).
+        notes: the notes qmd found, in qmd's order.
+        tokens / overlap / sections: the agent's ``chunking`` (chunk budget and overlap in
+            tokens of 4 chars; start a chunk at every Markdown heading).
+        snippet_chars: the snippet budget in code points (``limits.maxSnippetChars``), ``> 0``.
+        limit: passages wanted (``>= 1``).
+
+    Returns:
+        ``(passages, ranked)``: at most ``limit`` passages, best first, and the indexes of the
+        notes the ranking matched (a note not among them keeps qmd's lines). Both are empty
+        when the question has nothing to search or SQLite fails (logged).
+    """
+    store = _NoteStore()
+    try:
+        pooled = 0
+        for i, note in enumerate(notes):
+            text = _note_text(note.lines)
+            if not text.strip() or len(text) > MAX_FOCUS_CHARS or pooled + len(text) > MAX_POOL_CHARS:
+                continue
+            pooled += len(text)
+            store.add(f"{i:05d}", note, text, tokens=tokens, overlap=overlap, sections=sections)
+        plan = search_plan(store, question)
+        if plan is None:
+            return [], set()
+        ranked = keyword_ranked(store, question, ["memory", "sessions"], candidates=MAX_CANDIDATES,
+                                floor=0.0, half_life_days=None, now_ms=0, plan=plan)
+        hits = keyword_results(ranked, limit=max(1, limit))
+        snippets = hit_snippets(store, question, hits, plan=plan,
+                                max_snippet_chars=max(1, snippet_chars))
+    except IndexStoreError as exc:
+        log.info("qmd hits keep qmd's lines, the passage ranking failed: %s", exc)
+        return [], set()
+    finally:
+        store.close()
+    passages = [Passage(note=int(c.path), start_line=c.start_line, end_line=c.end_line,
+                        score=max(0.0, min(1.0, c.score)), snippet=s.text,
+                        snippet_start_line=s.start_line, snippet_end_line=s.end_line)
+                for c, s in zip(hits, snippets, strict=True)]
+    return passages, {int(c.path) for c in ranked}

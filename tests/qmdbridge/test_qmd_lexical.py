@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from fallback.text.chunking import chunk_markdown
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, lexical_terms
@@ -210,27 +211,33 @@ async def test_a_one_letter_word_narrows_the_and_but_is_not_searched_alone(
 async def test_a_long_note_is_cited_at_the_lines_holding_the_question_words(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     """A 60-line chat found by the relaxed pass: qmd's own snippet for ``Caroline`` alone sits at
-    the first line naming her; the bridge's passage (``passages.py``) holds the line with both
-    words, within the chunk budget, and the snippet's lines are what the citation names."""
+    the first line naming her; the bridge ranks the note's chunks (``passages.py``): the first
+    hit is the builtin index's chunk holding the line with both words, its snippet the lines
+    around it, and the snippet's lines are what the citation names."""
     chat = ["# Conversation on 5 March", ""] + [
         f"Melanie: that sounds lovely, tell me more about the week ({i})." for i in range(3, 61)]
     chat[3 - 1] = "Caroline: hi Melanie, long time no see!"
     chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
     more = {"2026-03-05.md": "\n".join(chat) + "\n"}
+    chunks = {(c.start_line, c.end_line)
+              for c in chunk_markdown("\n".join(chat) + "\n", tokens=400, overlap=80, sections=True)}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
         hits = await b.search("Caroline pottery kiln", min_score=0)
         assert _queries(log)[:2] == ["Caroline pottery kiln"] * 2  # no note holds "kiln"
-        [hit] = [h for h in hits if h.path == "memory/2026-03-05.md"]
-        assert hits[0] is hit  # the only note holding "pottery"
+        hit = hits[0]  # the only note holding "pottery"
+        assert hit.path == "memory/2026-03-05.md" and hit.score == 1.0
         assert hit.start_line <= hit.snippet_start_line <= 45 <= hit.snippet_end_line <= hit.end_line
-        # the range fills the chunk budget (1,600 chars): one more line would not fit
-        span = "\n".join(chat[hit.start_line - 1:hit.end_line])
-        assert len(span) <= 1600 < len(span) + 1 + min(len(chat[hit.start_line - 2]), len(chat[hit.end_line]))
+        assert (hit.start_line, hit.end_line) in chunks  # within the chunk budget (1,600 chars)
         assert hit.snippet == "\n".join(chat[hit.snippet_start_line - 1:hit.snippet_end_line])
         assert len(hit.snippet) <= 700
+        # the chunk naming Caroline on line 3 follows, lower
+        assert any(h.path == hit.path and h.start_line <= 3 <= h.end_line and h.score < 1.0
+                   for h in hits[1:])
+        span = "\n".join(chat[hit.start_line - 1:hit.end_line])
         page = await b.read_file(hit.path, from_line=hit.start_line,
                                  lines=hit.end_line - hit.start_line + 1)
-        assert page.text == f"{span}\n\n[More content available. Use from={hit.end_line + 1} to continue.]"
+        more_note = f"\n\n[More content available. Use from={hit.end_line + 1} to continue.]"
+        assert page.text == (span if hit.end_line == len(chat) else f"{span}{more_note}")
 
 
 @pytest.mark.anyio
@@ -247,7 +254,9 @@ async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_no
             "2026-03-06.md": "\n".join(["# Conversation on 6 March", *chat[1:]]) + "\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, _):
         hits = await b.search("pottery workshop", min_score=0)
-        assert sorted((h.path, h.snippet_start_line <= 45 <= h.snippet_end_line) for h in hits) == [
+        firsts = {h.path: h for h in reversed(hits)}  # each note's best hit
+        assert sorted((p, h.snippet_start_line <= 45 <= h.snippet_end_line)
+                      for p, h in firsts.items()) == [
             ("memory/2026-03-05.md", True), ("memory/2026-03-06.md", True)]
         memory = b.agent.workspace_dir / "memory"
         (memory / "2026-03-05.md").write_text("# Conversation on 5 March\n\n"

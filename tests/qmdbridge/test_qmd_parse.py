@@ -19,9 +19,10 @@ from qmdbridge.qmd.parse import (
     diversify_sources,
     encode_query,
     line_range,
-    map_entries,
+    locate_entries,
     parse_qmd_json,
     parse_qmd_uri,
+    qmd_lines_hit,
     slugify_path,
 )
 
@@ -187,9 +188,10 @@ def _map(tmp_path: Path, entries: list[QmdEntry], *, hint: str | None = None,
         _index(db, rows or [])
     lookup = DocLookup(db)
     try:
-        return map_entries(entries, roots=_roots(ws, export or tmp_path / "exp"), workspace=ws,
-                           lookup=lookup, default_collection=hint, max_snippet_chars=max_snippet,
-                           min_score=min_score, cache={})
+        located = locate_entries(entries, roots=_roots(ws, export or tmp_path / "exp"),
+                                 workspace=ws, lookup=lookup, default_collection=hint,
+                                 max_snippet_chars=max_snippet, min_score=min_score, cache={})
+        return [hit for found in located if (hit := qmd_lines_hit(found)) is not None]
     finally:
         lookup.close()
 
@@ -303,7 +305,7 @@ def test_line_ranges_are_kept_inside_the_file(tmp_path: Path) -> None:
 
     def clamp_lines(coll: ManagedCollection, rel: str, start: int, end: int, *,
                     workspace: Path) -> tuple[int, int] | None:
-        """A hit's lines kept inside its file as ``map_entries`` keeps them."""
+        """A hit's lines kept inside its file as ``locate_entries`` keeps them."""
         read = hit_lines(coll, rel, workspace=workspace, max_bytes=0)
         return None if read is None else clamp_range(start, end, read[0])
 

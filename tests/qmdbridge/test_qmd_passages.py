@@ -1,5 +1,6 @@
-"""The passage of a lexical qmd hit chosen with the question's words (``qmdbridge/qmd/passages.py``)
-and the line reads behind it (``qmdbridge/qmd/reads.py``), numbered as ``memory_get`` numbers."""
+"""The passages of lexical qmd hits ranked across the notes qmd found
+(``qmdbridge/qmd/passages.py``, ``parse.passage_hits``) and the line reads behind them
+(``qmdbridge/qmd/reads.py``), numbered as ``memory_get`` numbers."""
 
 from __future__ import annotations
 
@@ -7,155 +8,219 @@ from pathlib import Path
 
 import pytest
 
+from fallback.models import MemorySearchResult, Source
+from fallback.text.chunking import chunk_markdown
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Passage, PassageFinder
+from qmdbridge.qmd.parse import LocatedHit, passage_hits
+from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, MAX_POOL_CHARS, Note, Passage, rank_passages
 from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root, resolve_hit_file
 
 # The builtin engine's default chunking, as an agent's config gives it.
-CHUNKING = {"chunk_tokens": 400, "sections": True}
-
-
-def _small(chars: int) -> dict[str, object]:
-    """A chunk budget of ``chars`` characters (tokens of 4 chars), sections on."""
-    return {"chunk_tokens": chars // 4, "sections": True}
+CHUNKING = {"tokens": 400, "overlap": 80, "sections": True}
+FILLER = "Melanie: That sounds lovely, tell me more about how the week went for you."
 
 
 def _chat(n: int, answers: dict[int, str]) -> list[str]:
     """A chat log of ``n`` lines (1-based line numbers in ``answers`` replaced), each ~77 chars."""
-    filler = "Melanie: That sounds lovely, tell me more about how the week went for you."
-    return [answers.get(i, f"{filler} ({i})") for i in range(1, n + 1)]
+    return [answers.get(i, f"{FILLER} ({i})") for i in range(1, n + 1)]
 
 
-def _check_shape(p: Passage, lines: list[str], *, range_chars: int, snippet_chars: int) -> None:
-    """Both windows fit their budgets, nest, and the snippet is its lines' text."""
-    assert 1 <= p.start_line <= p.snippet_start_line <= p.snippet_end_line <= p.end_line <= len(lines)
-    assert len("\n".join(lines[p.start_line - 1:p.end_line])) <= range_chars
+def _rank(question: str, *notes: list[str] | Note, limit: int = 6, snippet_chars: int = 700,
+          **chunking: object) -> tuple[list[Passage], set[int]]:
+    """``rank_passages`` over notes ``memory/n<i>.md`` (given as lines) with ``chunking``."""
+    given = [n if isinstance(n, Note) else Note(f"memory/n{i}.md", "memory", n)
+             for i, n in enumerate(notes)]
+    return rank_passages(question, given, **{**CHUNKING, **chunking},  # type: ignore[arg-type]
+                         snippet_chars=snippet_chars, limit=limit)
+
+
+def _chunk_ranges(lines: list[str], **chunking: object) -> set[tuple[int, int]]:
+    """The line ranges of the builtin index's chunks of ``lines``."""
+    spec = {**CHUNKING, **chunking}
+    return {(c.start_line, c.end_line) for c in chunk_markdown(
+        "\n".join(lines), tokens=spec["tokens"], overlap=spec["overlap"],  # type: ignore[arg-type]
+        sections=spec["sections"])}  # type: ignore[arg-type]
+
+
+def _check_shape(p: Passage, lines: list[str], *, snippet_chars: int, **chunking: object) -> None:
+    """The range is one of the builtin chunks of the note; the snippet is inside it, within its
+    budget, and is its lines' text."""
+    assert (p.start_line, p.end_line) in _chunk_ranges(lines, **chunking)
+    assert p.start_line <= p.snippet_start_line <= p.snippet_end_line <= p.end_line
     assert len(p.snippet) <= snippet_chars
     assert p.snippet == "\n".join(lines[p.snippet_start_line - 1:p.snippet_end_line])
-
-
-def _filled(lines: list[str], first: int, last: int, budget: int) -> bool:
-    """One more line on either side of ``first..last`` (1-based) would not fit ``budget``."""
-    size = len("\n".join(lines[first - 1:last]))
-    return all(not 1 <= i <= len(lines) or size + 1 + len(lines[i - 1]) > budget
-               for i in (first - 1, last + 1))
 
 
 def test_the_passage_holds_the_line_with_the_question_words() -> None:
     lines = _chat(60, {7: "Caroline: I love the library downtown.",
                        41: "Caroline: I went to the LGBTQ support group yesterday, so powerful."})
-    with PassageFinder(("Caroline", "LGBTQ", "support", "group"), **CHUNKING,
-                       snippet_chars=700) as finder:
-        p = finder.find(lines)
-    assert p is not None
-    _check_shape(p, lines, range_chars=1600, snippet_chars=700)
-    assert p.start_line <= 41 <= p.end_line and p.snippet_start_line <= 41 <= p.snippet_end_line
-    # each budget is filled: 20 lines of ~77 chars in 1,600, 8 in 700
-    assert (p.end_line - p.start_line + 1, p.snippet_end_line - p.snippet_start_line + 1) == (20, 8)
-    assert _filled(lines, p.start_line, p.end_line, 1600)
-    assert _filled(lines, p.snippet_start_line, p.snippet_end_line, 700)
-    assert "LGBTQ support group" in p.snippet
+    passages, ranked = _rank("When did Caroline go to the LGBTQ support group?", lines)
+    assert ranked == {0}
+    best = passages[0]
+    _check_shape(best, lines, snippet_chars=700)
+    assert best.note == 0 and best.score == 1.0
+    assert best.start_line <= 41 <= best.end_line
+    assert best.snippet_start_line <= 41 <= best.snippet_end_line
+    assert "LGBTQ support group" in best.snippet
+    # the chunk that holds line 7 only ("Caroline" is in no filler line) comes later, lower
+    assert [p.score for p in passages] == sorted((p.score for p in passages), reverse=True)
+    assert all(p.score < 1.0 for p in passages[1:])
 
 
-def test_the_section_with_more_of_the_words_wins_over_the_denser_one() -> None:
-    lines = ["# Log", "", "## Monday", *_chat(20, {5: "Jon: wombat wombat wombat", 6: "Jon: wombat"}),
-             "## Friday", *_chat(20, {15: "Jon: the wombat burrow behind the shed"})]
-    with PassageFinder(("wombat", "burrow", "shed"), **CHUNKING, snippet_chars=300) as finder:
-        p = finder.find(lines)
-    assert p is not None and p.start_line >= 24 and p.snippet_start_line <= 39 <= p.snippet_end_line
+def test_a_note_qmd_ranked_low_gives_the_first_passage() -> None:
+    """qmd's relaxed pass found the first note by one word; the third holds all of them."""
+    found_by_one_word = _chat(20, {4: "Jon: my dog Bailey loves the beach"})
+    unrelated = _chat(20, {9: "Jon: the car broke down again"})
+    answer = _chat(20, {12: "Jon: we took Bailey to the agility contest in Denver, she won"})
+    passages, ranked = _rank("Where did Jon take Bailey for the agility contest?",
+                             found_by_one_word, unrelated, answer)
+    assert [p.note for p in passages] == [2, 0, 1]  # the unrelated note: by the speaker's name
+    assert ranked == {0, 1, 2}
+    assert passages[0].start_line <= 12 <= passages[0].end_line
+    assert passages[0].score == 1.0 > passages[1].score > passages[2].score
+
+
+def test_one_note_gives_a_passage_per_region_that_answers() -> None:
+    lines = _chat(80, {5: "Jon: the wombat burrow behind the shed", 70: "Jon: another wombat burrow"})
+    passages, _ = _rank("wombat burrow", lines)
+    cited = sorted(line for line in (5, 70)
+                   for p in passages if p.start_line <= line <= p.end_line)
+    assert cited == [5, 70] and len(passages) == 2
+    assert len({p.note for p in passages}) == 1
 
 
 def test_the_range_stays_inside_its_section() -> None:
     lines = ["# API", "", "Use nouns for resources.", "", "## Versioning", "",
              "Put the API version in the URL path.", "", "## Errors", "", "Return problem JSON."]
-    with PassageFinder(("API", "version"), **CHUNKING, snippet_chars=700) as finder:
-        p = finder.find(lines)
-    assert p is not None and (p.start_line, p.end_line) == (5, 8)
-    assert p.snippet == "## Versioning\n\nPut the API version in the URL path.\n"
-    # with chunking.sections off, the whole note fits the budget and is the range
-    with PassageFinder(("API", "version"), chunk_tokens=400, sections=False,
-                       snippet_chars=700) as finder:
-        whole = finder.find(lines)
-    assert whole is not None and (whole.start_line, whole.end_line) == (1, 11)
+    passages, _ = _rank("API version", lines, limit=1)
+    assert [(p.start_line, p.end_line) for p in passages] == [(5, 8)]
+    assert passages[0].snippet == "## Versioning\n\nPut the API version in the URL path.\n"
+    # with chunking.sections off, the whole note is one chunk
+    whole, _ = _rank("API version", lines, limit=1, sections=False)
+    assert [(p.start_line, p.end_line) for p in whole] == [(1, 11)]
 
 
-def test_words_match_through_the_stemmer_and_hyphens() -> None:
+def test_words_match_through_the_stemmer_hyphens_and_dates() -> None:
     lines = _chat(40, {30: "Melanie: we finished a sunset painting last weekend",
-                       12: "Jon: the guest wi fi password is on the fridge"})
-    with PassageFinder(("paints",), **_small(400), snippet_chars=200) as finder:
-        painted = finder.find(lines)
-        assert painted is not None and painted.snippet_start_line <= 30 <= painted.snippet_end_line
-    with PassageFinder(("Wi-Fi", "password"), **_small(400), snippet_chars=200) as finder:
-        wifi = finder.find(lines)
-        assert wifi is not None and wifi.snippet_start_line <= 12 <= wifi.snippet_end_line
+                       12: "Jon: the guest wifi password is on the fridge"})
+    painted, _ = _rank("What has Melanie painted?", lines, tokens=100, overlap=0)
+    assert painted[0].start_line <= 30 <= painted[0].end_line
+    wifi, _ = _rank("guest Wi-Fi password", lines, tokens=100, overlap=0)
+    assert wifi[0].start_line <= 12 <= wifi[0].end_line
+    # a daily note is found by its date, as the builtin index finds it by its path
+    dated = [Note("memory/2023-05-07.md", "memory", _chat(5, {})),
+             Note("memory/2023-05-08.md", "memory", _chat(5, {}))]
+    on_the_day, ranked = rank_passages("What happened on 8 May 2023?", dated, **CHUNKING,
+                                       snippet_chars=700, limit=6)
+    assert [p.note for p in on_the_day] == [1] and ranked == {1}
 
 
-@pytest.mark.parametrize("terms", [(), ("zebra",), ("   ",)])
-def test_nothing_found_keeps_qmds_lines(terms: tuple[str, ...]) -> None:
-    with PassageFinder(terms, **CHUNKING, snippet_chars=700) as finder:
-        assert finder.find(_chat(30, {})) is None
-        assert finder.find([]) is None
+@pytest.mark.parametrize("question", ["zebra", "   ", "?!"])
+def test_nothing_found_ranks_nothing(question: str) -> None:
+    assert _rank(question, _chat(30, {}), []) == ([], set())
 
 
 def test_fts5_operators_and_quotes_are_read_as_words() -> None:
     lines = _chat(30, {20: 'Nate: the NEAR "field" OR the AND gate'})
-    with PassageFinder(('"field"', "NEAR", "OR", "AND", "*", "NOT"), **_small(300),
-                       snippet_chars=120) as finder:
-        p = finder.find(lines)
-    assert p is not None and p.snippet_start_line <= 20 <= p.snippet_end_line
+    passages, _ = _rank('"field" NEAR OR AND * NOT', lines, tokens=75, overlap=0,
+                        snippet_chars=120)
+    assert passages and passages[0].snippet_start_line <= 20 <= passages[0].snippet_end_line
 
 
-def test_a_small_file_is_its_own_passage() -> None:
+def test_a_small_note_is_its_own_passage() -> None:
     lines = ["# Memory", "", "The wombat burrow is behind the shed."]
-    with PassageFinder(("wombat", "burrow"), **CHUNKING, snippet_chars=700) as finder:
-        p = finder.find(lines)
-    assert p == Passage(1, 3, "\n".join(lines), 1, 3)
+    passages, _ = _rank("wombat burrow", lines)
+    assert passages == [Passage(0, 1, 3, 1.0, "\n".join(lines), 1, 3)]
 
 
 def test_a_line_longer_than_the_snippet_is_cut_around_the_word() -> None:
     long_line = "x " * 600 + "the wombat burrow " + "y " * 600
-    lines = ["# Notes", long_line, "end"]
-    with PassageFinder(("wombat",), **CHUNKING, snippet_chars=100) as finder:
-        p = finder.find(lines)
-    assert p is not None and (p.start_line, p.end_line) == (2, 2)
-    assert (p.snippet_start_line, p.snippet_end_line) == (2, 2)
-    assert "wombat" in p.snippet and len(p.snippet) <= 100
+    passages, _ = _rank("wombat", ["# Notes", long_line, "end"], snippet_chars=100)
+    assert passages and all(p.start_line <= 2 <= p.end_line for p in passages)
+    assert (passages[0].snippet_start_line, passages[0].snippet_end_line) == (2, 2)
+    assert "wombat" in passages[0].snippet and len(passages[0].snippet) <= 100
 
 
 def test_marker_characters_in_a_note_are_not_read_as_matches() -> None:
     lines = _chat(40, {3: "\x01weird\x02 control characters", 33: "Jon: the wombat burrow"})
-    with PassageFinder(("wombat",), **_small(300), snippet_chars=100) as finder:
-        p = finder.find(lines)
-    assert p is not None and p.snippet_start_line <= 33 <= p.snippet_end_line
-    assert "\x01" not in p.snippet and "\x02" not in p.snippet
+    passages, _ = _rank("wombat", lines, tokens=75, overlap=0, snippet_chars=100)
+    assert passages[0].snippet_start_line <= 33 <= passages[0].snippet_end_line
+    assert "\x01" not in passages[0].snippet and "\x02" not in passages[0].snippet
 
 
 def test_nul_bytes_in_a_note_neither_move_nor_hide_its_lines() -> None:
-    """FTS5 reads a NUL byte as the end of the text it highlights: the lines after it would
-    shift or vanish. They are left out of the marked text (as the builtin index leaves them
-    out of a note), so the line numbers stay those of the file."""
+    """FTS5 reads a NUL byte as the end of a text: the lines after it would vanish. They are
+    left out of the ranked text (as the builtin index leaves them out of a note), so the line
+    numbers stay those of the file."""
     lines = _chat(40, {3: "Jon: padded\x00\x00 line", 33: "Jon: the wombat\x00 burrow"})
-    with PassageFinder(("wombat", "burrow"), **_small(300), snippet_chars=100) as finder:
-        p = finder.find(lines)
-    assert p is not None
-    # 22 chars; a ~79-char neighbour would not fit the 100-char snippet
-    assert (p.snippet_start_line, p.snippet_end_line, p.snippet) == (33, 33, "Jon: the wombat burrow")
-    assert p.start_line <= 33 <= p.end_line <= 40
+    passages, _ = _rank("wombat burrow", lines, tokens=75, overlap=0, snippet_chars=100)
+    assert passages[0].start_line <= 33 <= passages[0].end_line <= 40
+    assert passages[0].snippet_start_line == passages[0].snippet_end_line == 33
+    assert passages[0].snippet == "Jon: the wombat burrow"
 
 
-def test_a_file_over_the_cap_keeps_qmds_lines() -> None:
-    lines = ["wombat " * 1000] * (MAX_FOCUS_CHARS // 7000 + 2)
-    with PassageFinder(("wombat",), **CHUNKING, snippet_chars=700) as finder:
-        assert finder.find(lines) is None
+def test_notes_over_the_caps_are_not_ranked() -> None:
+    big = ["wombat " * 1000] * (MAX_FOCUS_CHARS // 7000 + 2)
+    assert _rank("wombat", big) == ([], set())
+    # notes are pooled in qmd's order until MAX_POOL_CHARS: the later ones are not ranked
+    per_note = ["wombat " * 1000] * (MAX_FOCUS_CHARS // 7000 - 1)
+    fit = MAX_POOL_CHARS // len("\n".join(per_note))
+    notes = [per_note] * (fit + 2)
+    _, ranked = _rank("wombat", *notes, limit=1)
+    assert ranked == set(range(fit))
 
 
-def test_one_finder_serves_many_files() -> None:
-    with PassageFinder(("wombat",), **_small(200), snippet_chars=100) as finder:
-        first = finder.find(_chat(20, {5: "the wombat"}))
-        second = finder.find(_chat(20, {15: "a wombat"}))
-        assert finder.find(_chat(20, {})) is None
-    assert first is not None and first.snippet_start_line <= 5 <= first.snippet_end_line
-    assert second is not None and second.snippet_start_line <= 15 <= second.snippet_end_line
+def test_session_transcripts_take_at_most_half_of_the_slots() -> None:
+    notes = [Note(f"qmd/sessions-main/s{i}.md", "sessions", _chat(3, {2: "wombat burrow wombat"}))
+             for i in range(4)]
+    notes += [Note(f"memory/m{i}.md", "memory", _chat(3, {2: "a wombat"})) for i in range(3)]
+    passages, _ = rank_passages("wombat burrow", notes, **CHUNKING, snippet_chars=700, limit=4)
+    assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "memory", "memory"]
+    # with too few other hits, transcripts fill the slots (nothing else matches)
+    passages, _ = rank_passages("wombat burrow", notes[:5], **CHUNKING, snippet_chars=700, limit=4)
+    assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "sessions", "memory"]
+
+
+def _located(path: str, text: list[str] | None, *, score: float = 0.5,
+             lines: tuple[int, int] | None = (1, 2), source: Source = "memory") -> LocatedHit:
+    return LocatedHit(path=path, source=source, score=score, lines=lines, snippet="qmd's lines",
+                      text=text)
+
+
+def _shape(hits: list[MemorySearchResult]) -> list[tuple[str, int, int, float]]:
+    return [(h.path, h.start_line, h.end_line, round(h.score, 3)) for h in hits]
+
+
+def test_passage_hits_rank_then_keep_what_they_cannot_place_in_qmds_order() -> None:
+    answer = ["Jon: the wombat burrow behind the shed", "Jon: bye"]
+    located = [
+        _located("memory/big.md", None, score=0.9, lines=(3, 6)),  # too big to read: qmd's lines
+        _located("memory/a.md", ["Jon: hello", "Jon: a wombat"], score=0.8),
+        _located("memory/prefix.md", ["Jon: wombatish"], score=0.7),  # qmd's prefix match
+        _located("memory/a.md", ["Jon: hello", "Jon: a wombat"], score=0.6),  # the same file again
+        _located("memory/b.md", answer, score=0.2),
+        _located("memory/gone.md", ["Jon: nothing"], score=0.9, lines=None),  # past its end
+    ]
+    hits = passage_hits("wombat burrow", located, **CHUNKING, snippet_chars=700, limit=6,
+                        min_score=0.0)
+    [b, a, big, prefix] = hits
+    assert (b.path, b.score, b.snippet_start_line, b.snippet_end_line) == ("memory/b.md", 1.0, 1, 2)
+    assert a.path == "memory/a.md" and 0 < a.score < 1
+    # the notes left unranked keep qmd's lines, scored at most as the last passage
+    assert _shape([big, prefix]) == [("memory/big.md", 3, 6, round(a.score, 3)),
+                                     ("memory/prefix.md", 1, 2, round(a.score, 3))]
+    assert (big.snippet, big.snippet_start_line, big.snippet_end_line) == ("qmd's lines", 3, 6)
+    # min_score applies to the scores shown
+    floor = a.score + 0.01
+    assert _shape(passage_hits("wombat burrow", located, **CHUNKING, snippet_chars=700, limit=6,
+                               min_score=floor)) == [("memory/b.md", 1, 2, 1.0)]
+
+
+def test_passage_hits_without_any_match_keep_qmds_order_and_scores() -> None:
+    located = [_located("memory/x.md", ["nothing here"], score=0.4),
+               _located("memory/y.md", None, score=0.7, lines=(2, 2))]
+    hits = passage_hits("wombat", located, **CHUNKING, snippet_chars=700, limit=6, min_score=0.0)
+    assert _shape(hits) == [("memory/x.md", 1, 2, 0.4), ("memory/y.md", 2, 2, 0.7)]
 
 
 @pytest.mark.parametrize("body", [

@@ -170,14 +170,13 @@ class MemorySearchResult(_Model):
     Attributes:
         path: workspace-relative path of the file (see module docstring).
         start_line / end_line: 1-based inclusive line range of the chunk in that file
-            (for session transcripts: JSONL line numbers); for a qmd hit, the passage of the
-            note chosen for the question (``search`` mode) or qmd's snippet lines.
+            (for session transcripts: JSONL line numbers); for a qmd hit, a chunk of a note
+            qmd found, ranked for the question (``search`` mode), or qmd's snippet lines.
         score: relevance in ``[0, 1]``, higher is better.
         snippet: the text shown for the hit, at most ``maxSnippetChars`` (700) code points: the
             builtin engine's window of the chunk's whole lines that best matches the query
             (``fallback/search/snippets.py``); for qmd hits of ``search`` mode the same window
-            of the passage holding the question's words (``qmdbridge/qmd/passages.py``), else
-            qmd's own snippet.
+            of the ranked chunk (``qmdbridge/qmd/passages.py``), else qmd's own snippet.
         snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet in
             the file (inside ``start_line..end_line``); JSON ``snippetStartLine`` /
             ``snippetEndLine``, always present: when a backend gives none they equal the hit's

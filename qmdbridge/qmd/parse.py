@@ -326,7 +326,9 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
                  min_score: float) -> list[MemorySearchResult]:
     """``search``-mode hits: the passages of the located notes ranked for ``question``
     (``passages.rank_passages``), then the notes the ranking could not place, with qmd's lines,
-    in qmd's order, each scored at most as the last passage; hits under ``min_score`` dropped.
+    in qmd's order, each scored at most as the hit before it (qmd's order puts the AND call's
+    notes before the relaxed pass's, whose qmd scores may be higher; hits are best first);
+    hits under ``min_score`` dropped.
 
     Args:
         question: the query as the agent wrote it.
@@ -354,6 +356,7 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
     for hit in firsts:  # qmd's order
         if hit.path not in placed and (kept := qmd_lines_hit(hit, score=min(hit.score, cap))):
             out.append(kept)
+            cap = kept.score
     return [hit for hit in out if hit.score >= min_score]
 
 

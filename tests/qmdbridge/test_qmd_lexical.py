@@ -16,6 +16,7 @@ from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, lexical_terms
 from qmdbridge.qmd.locate import QmdLocation
+from qmdbridge.qmd.passages import MAX_FOCUS_CHARS
 
 QUESTION = "When did Caroline go to the LGBTQ support group?"
 
@@ -266,3 +267,24 @@ async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_no
     assert (hit.path, hit.start_line, hit.end_line, hit.snippet_start_line, hit.snippet_end_line,
             hit.snippet) == ("memory/2026-03-05.md", 1, 3, 1, 3, "# Conversation on 5 March\n\n"
                              "Caroline: the pottery workshop moved to Sunday.")
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_notes_too_long_to_rank_keep_qmds_order_with_scores_that_never_rise(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """Two notes over ``MAX_FOCUS_CHARS`` keep qmd's lines, in qmd's order: the one holding both
+    words (the AND call, a low qmd score in so long a note) before the one only ``pottery``
+    found (the relaxed pass, a higher qmd score); hits are best first, so the second is shown
+    no higher than the first."""
+    filler = "\n".join(f"Line {i}: ordinary words about the weather and the garden today."
+                       for i in range(3500))
+    assert len(filler) > MAX_FOCUS_CHARS
+    more = {"2026-03-05.md": f"# Big one\n{filler}\nCaroline mentioned pottery and the kiln once.\n",
+            "2026-03-06.md": "# Pottery\n" + "pottery pottery pottery\n" * 20 + filler + "\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
+        hits = await b.search("pottery kiln", min_score=0)
+        assert _queries(log)[:2] == ["pottery kiln"] * 2  # the AND call: the first note only
+        assert [(h.path, h.start_line, h.end_line) for h in hits] == [
+            ("memory/2026-03-05.md", 3501, 3502), ("memory/2026-03-06.md", 1, 3)]
+        assert hits[1].score <= hits[0].score

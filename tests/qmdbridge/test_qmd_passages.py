@@ -216,11 +216,15 @@ def test_passage_hits_rank_then_keep_what_they_cannot_place_in_qmds_order() -> N
                                min_score=floor)) == [("memory/b.md", 1, 2, 1.0)]
 
 
-def test_passage_hits_without_any_match_keep_qmds_order_and_scores() -> None:
+def test_passage_hits_without_any_match_keep_qmds_order_and_scores_that_never_rise() -> None:
+    """qmd's order puts the AND call's notes first; a later note's higher qmd score (the relaxed
+    pass) is shown no higher than the hit before it, so hits stay best first."""
     located = [_located("memory/x.md", ["nothing here"], score=0.4),
-               _located("memory/y.md", None, score=0.7, lines=(2, 2))]
+               _located("memory/y.md", None, score=0.7, lines=(2, 2)),
+               _located("memory/z.md", None, score=0.3, lines=(5, 6))]
     hits = passage_hits("wombat", located, **CHUNKING, snippet_chars=700, limit=6, min_score=0.0)
-    assert _shape(hits) == [("memory/x.md", 1, 2, 0.4), ("memory/y.md", 2, 2, 0.7)]
+    assert _shape(hits) == [("memory/x.md", 1, 2, 0.4), ("memory/y.md", 2, 2, 0.4),
+                            ("memory/z.md", 5, 6, 0.3)]
 
 
 @pytest.mark.parametrize("body", [

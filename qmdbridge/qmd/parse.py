@@ -227,7 +227,9 @@ class LocatedHit:
         score: qmd's score, clamped to ``[0, 1]``.
         lines: qmd's lines clamped to the file as it is now, or ``None`` when they start past
             its end (qmd's index is older than the file).
-        snippet: qmd's snippet without its ``@@`` header, cut to the snippet budget.
+        snippet: qmd's snippet without its ``@@`` header, or, when ``text`` was read, the
+            file's lines ``lines`` as they are now (qmd's index may be older than the file);
+            cut to the snippet budget.
         text: the file's lines as ``memory_get`` numbers them, when they were read
             (``read_lines``) and the file is small enough, else ``None``.
     """
@@ -267,7 +269,8 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
         listings: folder listings kept between searches (``reads.resolve_hit_file``).
         read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (``search``
             mode ranks their passages, ``passages.py``); a hit whose qmd lines start past the
-            end of its file is then kept when its lines were read.
+            end of its file is then kept when its lines were read, and the snippet of a hit
+            whose lines were read is those of its lines qmd named.
 
     Raises:
         BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
@@ -305,6 +308,9 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
         lines = clamp_range(*span, read[0])
         if lines is None and read[1] is None:
             continue  # qmd's lines are past the end of the file: no citation
+        if read[1] is not None and lines is not None:
+            # what qmd's lines say now: its index may be older than the file
+            text = "\n".join(read[1][lines[0] - 1:lines[1]])
         out.append(LocatedHit(path=display_path(coll, rel, workspace), source=coll.source,
                               score=max(0.0, min(1.0, score)), lines=lines,
                               snippet=text[:max_snippet_chars], text=read[1]))

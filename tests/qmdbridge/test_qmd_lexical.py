@@ -288,3 +288,24 @@ async def test_notes_too_long_to_rank_keep_qmds_order_with_scores_that_never_ris
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [
             ("memory/2026-03-05.md", 3501, 3502), ("memory/2026-03-06.md", 1, 3)]
         assert hits[1].score <= hits[0].score
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_note_that_lost_the_words_shows_its_lines_as_they_are_now(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """qmd's index still holds the chat with "pottery workshop" on line 45; the note on disk
+    has as many lines, none of them with the words. The passage ranking finds nothing in it,
+    so it keeps qmd's lines, and its snippet is what those lines say now, not qmd's copy."""
+    chat = ["# Conversation on 5 March", ""] + [
+        f"Melanie: that sounds lovely, tell me more about the week ({i})." for i in range(3, 61)]
+    chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env,
+                        {"2026-03-05.md": "\n".join(chat) + "\n"}) as (b, _):
+        hit = (await b.search("pottery workshop", min_score=0))[0]
+        assert hit.snippet_start_line <= 45 <= hit.snippet_end_line
+        now = [*chat[:44], "Caroline: we skipped the class on Saturday.", *chat[45:]]
+        (b.agent.workspace_dir / "memory" / "2026-03-05.md").write_text("\n".join(now) + "\n")
+        [hit] = await b.search("pottery workshop", min_score=0)
+        assert (hit.path, hit.start_line, hit.end_line) == ("memory/2026-03-05.md", 44, 47)
+        assert hit.snippet == "\n".join(now[hit.snippet_start_line - 1:hit.snippet_end_line])

@@ -32,8 +32,8 @@ that note alone: R@1 0.429 -> 0.471, R@5 0.695 -> 0.727, snippet R@5 0.578 -> 0.
 hit 10.9 -> 10.1; on qmd's quality set Hit@1 22/24 -> 24/24.
 
 A note the plan does not match (qmd matched a prefix the stemmer reads otherwise), one over
-:data:`MAX_FOCUS_CHARS`, or past :data:`MAX_POOL_CHARS` of notes ranked before it, keeps qmd's
-lines and snippet and follows the ranked passages, in qmd's order. Every hit of ``vsearch`` and
+:data:`MAX_FOCUS_CHARS`, or one that no longer fits the :data:`MAX_POOL_CHARS` pool, keeps qmd's
+lines and follows the ranked passages, in qmd's order (``parse.passage_hits``). Every hit of ``vsearch`` and
 ``query`` keeps qmd's lines too (their snippet sits on the chunk qmd's vectors chose).
 
 Source: passage retrieval inside retrieved documents (Salton, Allan & Buckley, "Approaches to
@@ -65,8 +65,8 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 # A note longer than this (code points, its lines joined by \n) is not ranked: it keeps qmd's
 # lines. Cutting and indexing a note costs ~70 µs per KB (~14 ms at this size).
 MAX_FOCUS_CHARS = 200_000
-# Notes are ranked, in qmd's order, until this many characters are in the pool (~40 ms of
-# cutting and indexing); the later ones keep qmd's lines.
+# Notes are pooled in qmd's order while they fit in this many characters (~40 ms of cutting and
+# indexing); a note that does not fit keeps qmd's lines.
 MAX_POOL_CHARS = 600_000
 # Notes ranked per result slot: the relaxed pass keeps this many of the notes its one-word
 # searches found (LoCoMo R@5 with the default 6 slots: 6 notes 0.692, 12 0.715, 18 0.714,

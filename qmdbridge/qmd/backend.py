@@ -49,7 +49,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
-from qmdbridge.qmd.lexical import lexical_terms, relax
+from qmdbridge.qmd.lexical import lexical_terms, relax, warm_candidates
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
@@ -268,7 +268,7 @@ class QmdBackend:
                     env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
                     startup_budget_ms=self.cfg.update.command_timeout_ms)
                 self.warm.attach(self._bg)
-                if self.cfg.search_mode == "query":
+                if self.cfg.search_mode in ("query", "search"):  # search: questions (lexical.py)
                     self.warm.launch()
 
     async def _boot_update(self) -> None:
@@ -453,13 +453,21 @@ class QmdBackend:
         terms = lexical_terms(q)  # what search mode sends, also after vec0 switched to it
         lexical = " ".join(terms) or q
         try:
-            entries = await search_with_repairs(lexical if search_mode == "search" else q, colls,
-                                                plan, run=self._run_search, warm=self.warm,
-                                                reconcile=partial(self.reconcile, force=True),
-                                                written=q, lexical=lexical)
-            if plan.mode == "search":  # not after a repair switched the search to query
-                entries = await relax(terms, entries, colls, plan, run=self._run_search,
-                                      warm=self.warm, keep=POOL_FACTOR * limit if terms else None)
+            entries = None
+            if search_mode == "search" and terms and self.warm is not None:
+                # long-lived mode: the AND and each word alone in one call per collection
+                entries = await warm_candidates(terms, colls, plan, warm=self.warm,
+                                                keep=POOL_FACTOR * limit)
+            if entries is None:  # spawned, or the child declined
+                entries = await search_with_repairs(lexical if search_mode == "search" else q,
+                                                    colls, plan, run=self._run_search,
+                                                    warm=self.warm,
+                                                    reconcile=partial(self.reconcile, force=True),
+                                                    written=q, lexical=lexical)
+                if plan.mode == "search":  # not after a repair switched the search to query
+                    entries = await relax(terms, entries, colls, plan, run=self._run_search,
+                                          warm=self.warm,
+                                          keep=POOL_FACTOR * limit if terms else None)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise

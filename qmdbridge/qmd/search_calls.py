@@ -33,7 +33,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -113,6 +113,16 @@ class WarmSearch(Protocol):
 
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
         """The call's entries, exactly as the spawned command's, or ``None``: spawn it.
+
+        Raises:
+            BackendTimeoutError: past ``plan.deadline``.
+        """
+        ...
+
+    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
+                         *, limit: int) -> list[QmdEntry] | None:
+        """One collection's documents for several lexical queries in one call, fused, or
+        ``None``: spawn the ``search`` calls instead.
 
         Raises:
             BackendTimeoutError: past ``plan.deadline``.

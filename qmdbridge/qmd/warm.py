@@ -1,4 +1,4 @@
-"""The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches over stdio.
+"""The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches and ``search``-mode questions over stdio.
 
 A spawned ``qmd query`` starts Bun or Node and loads qmd's GGUF models (about 2 GB) on every
 call. In long-lived mode (``qmdbridge serve``, ``qmdbridge mcp``) :class:`WarmChild` keeps one
@@ -8,18 +8,24 @@ JSON-RPC over the child's stdin and stdout (``qmdbridge.qmd.mcp_client``). The c
 port and no socket: only this process holds its pipes, so no other local user can reach the
 agent's memory through it (qmd's ``--http`` server has no authentication).
 
-Which searches it answers, and why only those: qmd 2.8.3's MCP server has one search tool,
-``query``. Called with a plain ``query`` it runs ``hybridQuery``, the very function ``qmd query``
-runs, with the same options (``limit`` = ``-n``, ``rerank: false`` = ``--no-rerank``,
-``minScore`` 0, one collection per call) and the same snippet extraction, so its hits equal the
-spawned command's once its JSON is mapped (``file`` gains ``qmd://``, the ``N: `` line numbers
-it puts before each snippet line are removed: :func:`entries_from_mcp`). ``qmd search`` (BM25)
-and ``qmd vsearch`` have no MCP equivalent: the tool's typed ``searches`` run
-``structuredSearch``, which scores hits by reciprocal-rank fusion (``1/rank`` without the
-reranker) and picks snippets inside a best chunk, so neither the scores nor the merge across
-collections would match. Those modes keep spawning qmd; the child is started on the first
-``query``-mode search (``searchMode: "query"`` starts it with the backend; a ``search`` whose
-flags qmd rejected is retried with ``query`` and reaches it too).
+Which searches it answers: qmd 2.8.3's MCP server has one search tool, ``query``. Called with a
+plain ``query`` it runs ``hybridQuery``, the very function ``qmd query`` runs, with the same
+options (``limit`` = ``-n``, ``rerank: false`` = ``--no-rerank``, ``minScore`` 0, one collection
+per call) and the same snippet extraction, so its hits equal the spawned command's once its JSON
+is mapped (``file`` gains ``qmd://``, the ``N: `` line numbers it puts before each snippet line
+are removed: :func:`entries_from_mcp`). ``qmd search`` (BM25) and ``qmd vsearch`` have no MCP
+equivalent: the tool's typed ``searches`` run ``structuredSearch``, which scores hits by
+reciprocal-rank fusion (``1/rank`` without the reranker) and picks snippets inside a best chunk,
+so neither the scores nor the merge across collections would match a spawned call's. So a
+``search`` call is still spawned where qmd's own scores and lines are the answer (a query in
+qmd's syntax or CJK text). A question in ``search`` mode is different: its notes are only the
+pool whose passages the bridge ranks itself (``passages.py``), so its lexical searches (the
+content words ANDed, then each word alone, ``lexical.py``) go to the child as typed ``lex``
+sub-searches, one call per collection (:meth:`WarmChild.search_lex`): about 5 ms per LoCoMo
+question instead of one qmd process per word and collection (~350 ms), with the same recall.
+The child is started with the backend in ``search`` and ``query`` mode (no model is loaded for
+``lex`` sub-searches), else by the first search it could serve (a ``search`` whose flags qmd
+rejected is retried with ``query`` and reaches it too).
 
 One call at a time: the collections of a search are asked in turn (an ``anyio.Lock``; ids
 still match answers to callers, so a call that left at its deadline can never hand its late
@@ -50,7 +56,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +79,9 @@ log = logging.getLogger("qmdbridge.qmd.warm")
 
 # The search modes the child answers exactly as the spawned command (module docstring).
 WARM_MODES = ("query",)
+# What the child serves, as status reports it: those modes, and the questions of ``search`` mode
+# (their lexical searches in one call, :meth:`WarmChild.search_lex`).
+SERVES = (*WARM_MODES, "search")
 # A child that served this long before it died restarts after the first backoff step again, ms.
 STABLE_UPTIME_MS = 60_000
 # A child that closed its stdout gets this long to exit by itself, so its exit status (not just
@@ -368,17 +377,50 @@ class WarmChild:
             BackendTimeoutError: past the search deadline; the message names
                 ``memory.qmd.limits.timeoutMs`` like a spawned command's.
         """
+        args: dict[str, Any] = {"query": encode_query(q, "query"), "limit": plan.limit,
+                                "minScore": 0, "collections": [coll.name]}
+        if plan.no_rerank:
+            args["rerank"] = False
+        return await self._call(args, plan, f"qmd query --json -n {plan.limit}"
+                                f"{' --no-rerank' if plan.no_rerank else ''} -c {coll.name} -- {q}")
+
+    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
+                         *, limit: int) -> list[QmdEntry] | None:
+        """One collection's documents for a question in ``search`` mode, in one call: qmd's
+        typed ``lex`` sub-searches (``structuredSearch``: each one ``qmd search``'s BM25 over
+        that collection, its best 20 documents, then reciprocal-rank fusion with the first
+        query weighted twice; no model is loaded, ``rerank: false``). ``None`` when the spawn
+        path must answer (as :meth:`search`).
+
+        Args:
+            queries: lexical queries, first the most important (the content words ANDed, then
+                each word alone: ``lexical.warm_candidates``); at most 10.
+            coll: the collection (the call's only ``collections`` entry).
+            plan: the search's plan (deadline, timeout for messages).
+            limit: documents wanted.
+
+        Returns:
+            Entries in fused order; ``score`` is ``1 / rank`` (what qmd reports without the
+            reranker), the snippet qmd's window for the first query.
+
+        Raises:
+            BackendTimeoutError: past the search deadline.
+        """
+        args: dict[str, Any] = {"searches": [{"type": "lex", "query": q} for q in queries],
+                                "limit": limit, "minScore": 0, "rerank": False,
+                                "collections": [coll.name]}
+        shown = " | ".join(queries)
+        return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}")
+
+    async def _call(self, args: dict[str, Any], plan: CallPlan, what: str) -> list[QmdEntry] | None:
+        """One ``query`` tool call (:meth:`search`, :meth:`search_lex`); ``what`` names it in
+        messages (``(warm qmd mcp, pid N)`` is added)."""
         client = self._client
         if not self.ready or client is None:
             self.launch()
             self.spawn_fallbacks += 1
             return None
-        args: dict[str, Any] = {"query": encode_query(q, "query"), "limit": plan.limit,
-                                "minScore": 0, "collections": [coll.name]}
-        if plan.no_rerank:
-            args["rerank"] = False
-        summary = (f"qmd query --json -n {plan.limit}{' --no-rerank' if plan.no_rerank else ''} "
-                   f"-c {coll.name} -- {q} (warm qmd mcp, pid {self.pid})")
+        summary = f"{what} (warm qmd mcp, pid {self.pid})"
         failed = self._failed
         try:
             with anyio.fail_after(max(0, plan.remaining_ms()) / 1000):
@@ -402,10 +444,12 @@ class WarmChild:
     def describe(self) -> dict[str, Any]:
         """Status view: ``{enabled, state, serves, transport, pid, restarts, answered,
         spawnFallbacks, lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs,
-        serverVersion}`` (``transport`` is ``"stdio"``; ``pid`` only while a child runs)."""
+        serverVersion}`` (``serves`` is ``["query", "search"]``: ``query`` searches and the
+        questions of ``search`` mode; ``transport`` is ``"stdio"``; ``pid`` only while a child
+        runs)."""
         running = self.state in ("starting", "ready")
         retry_in = None if self.retry_at_ms is None else max(0, self.retry_at_ms - self._now())
-        return {"enabled": True, "state": self.state, "serves": list(WARM_MODES), "transport": "stdio",
+        return {"enabled": True, "state": self.state, "serves": list(SERVES), "transport": "stdio",
                 "pid": self.pid if running else None, "restarts": self.restarts,
                 "answered": self.answered, "spawnFallbacks": self.spawn_fallbacks,
                 "lastError": self.last_error, "lastErrorAtMs": self.last_error_at_ms,

@@ -97,7 +97,7 @@ async def test_close_cancels_every_background_task_and_reaps_a_hanging_update(
         assert st.background is not None
         assert set(st.background.tasks) - {"builtin: boot sync"} == {  # it may be done already
             "builtin: file watcher", "builtin: rescan", "qmd: boot update", "qmd: file watcher",
-            "qmd: interval update"}
+            "qmd: interval update", "qmd: qmd mcp child"}
         hung = [int(p) for p in pidfile.read_text().split()]
     assert m.tasks.running == 0
     assert _pending_tasks() == tasks_before

@@ -63,7 +63,8 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         tmp.write_text("# Memory\n\nwombat fact\n")
         os.replace(tmp, b.agent.workspace_dir / "MEMORY.md")
         assert await _wait_found(b, "wombat") == ["MEMORY.md"]
-        assert tasks.running == 1  # the file watcher (interval "0"; search mode has no embed timer)
+        # the file watcher and the warm qmd mcp child (interval "0"; search mode has no embed timer)
+        assert tasks.running == 2
         b.freshness.watcher.kill_observer_for_test()  # a dead watcher: noticed, re-armed, rescanned
         with anyio.fail_after(DEADLINE_S):
             while True:

@@ -3,8 +3,8 @@
 With the real qmd 2.8.3: its ``query`` answers equal the spawned ``qmd query``'s, hit for hit
 (paths, lines, scores, snippets, collections); concurrent searches and calls each get their own
 answer, also after a call left at its deadline; the child listens on no socket; a child killed
-with SIGKILL is replaced while the spawn path answers; ``search`` mode never starts it; nothing
-is left behind. With real small processes: a child that never answers or exits at once, and
+with SIGKILL is replaced while the spawn path answers; ``search``-mode questions reach it in one
+call per collection and get the spawned calls' hits; nothing is left behind. With real small processes: a child that never answers or exits at once, and
 ``PR_SET_PDEATHSIG`` (the stdio stand-ins are in ``test_qmd_warm_standins.py``).
 
 The workspace and environment (``qmd_query_ws``) let qmd's ``query`` run without its GGUF
@@ -201,7 +201,8 @@ async def test_warm_answers_equal_the_spawned_commands(tmp_path: Path, qmd_bin: 
         assert hits[2].snippet.splitlines()[1] == "Checked the zanzibar ferry timetable again."
         st = (await warm.status()).custom["qmd"]["warm"]
         assert (st["state"], st["answered"], st["spawnFallbacks"], st["restarts"]) == ("ready", 10, 0, 0)
-        assert (st["serves"], st["transport"], st["serverVersion"]) == (["query"], "stdio", "2.8.3")
+        assert (st["serves"], st["transport"], st["serverVersion"]) == (
+            ["query", "search"], "stdio", "2.8.3")
         assert (await spawn.status()).custom["qmd"]["warm"] == {
             "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"}
         child = psutil.Process(st["pid"])
@@ -336,19 +337,34 @@ async def test_a_failed_tool_call_keeps_the_child_and_a_stopped_childs_client_fa
 
 @pytest.mark.anyio
 @pytest.mark.qmd
-async def test_search_mode_never_starts_the_child(tmp_path: Path, qmd_bin: Path,
-                                                   base_path_env: str) -> None:
-    """qmd's MCP server has no tool with ``qmd search``'s BM25 scores: ``search`` spawns."""
+async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """``search`` mode starts the child with the backend; a question's lexical searches (the
+    content words ANDed, then each word alone) reach it as qmd's typed ``lex`` sub-searches,
+    one call per collection, and give the hits the spawned calls give (the same notes, whose
+    passages the bridge ranks). A query in qmd's syntax still spawns ``qmd search``."""
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
+    await spawn.start()
     b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
     before = _children()
     async with BackgroundTasks() as tasks:
-        await b.start(tasks)
-        hits = await b.search("zanzibar ferry")
-        assert sorted({h.path for h in hits}) == [
-            "MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
+        warm = await _ready_child(b, tasks)  # started with the backend, no search needed
+        colls = len(b.collections)
+        for i, q in enumerate(["When is the zanzibar ferry leaving?", "spice tour", "ferry"]):
+            hits = await b.search(q)
+            assert warm.answered == colls * (i + 1) and warm.spawn_fallbacks == 0
+            assert hits == await spawn.search(q)
+        hits = await b.search("When is the zanzibar ferry leaving?")
+        assert [h.path for h in hits][:3] == ["MEMORY.md", "memory/2026-03-01.md",
+                                              "memory/2026-03-02.md"]
+        assert hits[0].score == 1.0 and hits[2].snippet_start_line <= 91 <= hits[2].snippet_end_line
+        phrase = await b.search('"zanzibar ferry"')  # qmd's syntax: qmd search's own lines
+        assert warm.answered == colls * 4 and [h.path for h in phrase] == [
+            h.path for h in await spawn.search('"zanzibar ferry"')]
         st = (await b.status()).custom["qmd"]["warm"]
-        assert (st["state"], st["pid"], st["answered"], st["spawnFallbacks"]) == ("idle", None, 0, 0)
+        assert (st["state"], st["serves"], st["spawnFallbacks"]) == ("ready", ["query", "search"], 0)
         await b.close()
+    await spawn.close()
     assert _children() <= before
 
 

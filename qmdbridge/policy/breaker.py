@@ -29,6 +29,10 @@ __all__ = ["CircuitBreaker", "BreakerState", "breaker_scope"]
 BASE_COOLDOWN_MS = 30_000
 # Longest cooldown, in ms: a recovered qmd is picked up again within 10 minutes at worst.
 MAX_COOLDOWN_MS = 600_000
+# A success on a closed breaker rewrites the state file (its lastSuccessAtMs) at most this often,
+# ms, while the file is as this breaker last wrote it: a long-lived process answering from the
+# warm qmd child spent ~2.4 ms of each search renaming the file.
+SUCCESS_SAVE_INTERVAL_MS = 5_000
 
 
 @dataclass
@@ -74,6 +78,8 @@ class CircuitBreaker:
     scope: str = ""
 
     def __post_init__(self) -> None:
+        # (inode, mtime_ns, size, success ms) of the file this breaker last wrote
+        self._saved: tuple[int, int, int, int] | None = None
         self._load()
 
     def _load(self) -> None:
@@ -98,10 +104,26 @@ class CircuitBreaker:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            # Saved after every qmd search: no fsync on that path (a lost state only costs a probe).
+            # Saved after qmd searches: no fsync on that path (a lost state only costs a probe).
             write_atomic(self.path, orjson.dumps(self.state.to_json()), durable=False)
+            st = self.path.stat()
+            self._saved = (st.st_ino, st.st_mtime_ns, st.st_size, self.state.last_success_at_ms or 0)
         except OSError:
-            pass  # the breaker is advisory: a read-only state dir must not break searches
+            self._saved = None
+            # the breaker is advisory: a read-only state dir must not break searches
+
+    def _unchanged_since_saved(self, now_ms: int) -> bool:
+        """Whether the file is as this breaker last wrote it, with a success of less than
+        :data:`SUCCESS_SAVE_INTERVAL_MS` ago (another process's failure changes the file)."""
+        if self._saved is None or self.path is None:
+            return False
+        try:
+            st = self.path.stat()
+        except OSError:
+            return False
+        inode, mtime_ns, size, success_ms = self._saved
+        return ((st.st_ino, st.st_mtime_ns, st.st_size) == (inode, mtime_ns, size)
+                and 0 <= now_ms - success_ms < SUCCESS_SAVE_INTERVAL_MS)
 
     def allow(self, now_ms: int | None = None) -> bool:
         """Whether a call to the primary may be tried now (closed, or cooldown over)."""
@@ -110,13 +132,16 @@ class CircuitBreaker:
         return self.state.failures == 0 or now >= self.state.open_until_ms
 
     def record_success(self, now_ms: int | None = None) -> None:
-        """Close the breaker."""
+        """Close the breaker. The file is rewritten unless this breaker was closed, the file is
+        as it last wrote it and that write recorded a success less than
+        :data:`SUCCESS_SAVE_INTERVAL_MS` ago (so a failure another process recorded is closed
+        by the next success, and ``lastSuccessAtMs`` lags by at most that interval)."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         changed = self.state.failures != 0
         self.state = BreakerState(last_success_at_ms=now, scope=self.scope,
                                   last_failure=self.state.last_failure,
                                   last_failure_at_ms=self.state.last_failure_at_ms)
-        if changed or self.path is not None:
+        if changed or (self.path is not None and not self._unchanged_since_saved(now)):
             self._save()
 
     def record_failure(self, reason: str, now_ms: int | None = None) -> int:

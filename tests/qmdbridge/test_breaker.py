@@ -31,6 +31,24 @@ def test_state_is_shared_through_the_file_and_scoped(tmp_path: Path) -> None:
     assert other.allow(2_000) and other.state.failures == 0
 
 
+def test_successes_rewrite_the_file_at_most_every_interval_unless_it_changed(tmp_path: Path) -> None:
+    from qmdbridge.policy.breaker import SUCCESS_SAVE_INTERVAL_MS
+
+    state = tmp_path / "b.json"
+    b = CircuitBreaker(state, scope="qmd")
+    b.record_success(now_ms=1_000)
+    written = state.read_bytes()
+    b.record_success(now_ms=1_000 + SUCCESS_SAVE_INTERVAL_MS - 1)  # closed, file as written
+    assert state.read_bytes() == written
+    b.record_success(now_ms=1_000 + SUCCESS_SAVE_INTERVAL_MS)
+    assert CircuitBreaker(state, scope="qmd").state.last_success_at_ms == 1_000 + SUCCESS_SAVE_INTERVAL_MS
+    # another process records a failure: the next success here closes the shared breaker at once
+    CircuitBreaker(state, scope="qmd").record_failure("qmd crashed", now_ms=7_000)
+    assert not CircuitBreaker(state, scope="qmd").allow(7_001)
+    b.record_success(now_ms=7_002)
+    assert CircuitBreaker(state, scope="qmd").allow(7_003)
+
+
 def test_unwritable_state_dir_is_not_fatal(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")

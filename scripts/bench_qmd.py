@@ -134,21 +134,25 @@ def inprocess_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 backend = res.backend
         return times, backend
 
-    async def question() -> tuple[list[float], int]:
+    async def timed_question(m: MemoryManager) -> tuple[list[float], int]:
+        """One untimed search, then ``runs`` timed ones of the question: times (ms) and the
+        hits of the last (-1 when the builtin engine answered)."""
         times, hits = [], 0
-        async with MemoryManager(agent, env=env) as m:
-            await m.search(spec["question"])
-            for _ in range(spec["runs"]):
-                start = time.perf_counter()
-                res = await m.search(spec["question"])
-                times.append((time.perf_counter() - start) * 1000)
-                hits = len(res.results) if res.backend == "qmd" else -1
+        await m.search(spec["question"])
+        for _ in range(spec["runs"]):
+            start = time.perf_counter()
+            res = await m.search(spec["question"])
+            times.append((time.perf_counter() - start) * 1000)
+            hits = len(res.results) if res.backend == "qmd" else -1
         return times, hits
+
+    async def question() -> tuple[list[float], int]:
+        async with MemoryManager(agent, env=env) as m:
+            return await timed_question(m)
 
     async def warm_question() -> tuple[list[float], int, int, int]:
         """The question in long-lived ``full`` mode (``serve``, ``mcp``), once the warm ``qmd
         mcp`` child is ready: its lexical searches go to the child, one call per collection."""
-        times, hits = [], 0
         async with MemoryManager(agent, mode="full", env=env) as m:
             await m.start()
             backend: Any = await m.qmd()
@@ -157,12 +161,7 @@ def inprocess_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 return [], 0, 0, 0
             with anyio.fail_after(60):
                 await warm.wait_for(lambda w: w.ready)
-            await m.search(spec["question"])
-            for _ in range(spec["runs"]):
-                start = time.perf_counter()
-                res = await m.search(spec["question"])
-                times.append((time.perf_counter() - start) * 1000)
-                hits = len(res.results) if res.backend == "qmd" else -1
+            times, hits = await timed_question(m)
             return times, hits, warm.answered, warm.spawn_fallbacks
 
     bridge, backend = anyio.run(run)

@@ -393,6 +393,10 @@ class QmdBackend:
         answers retried, a complete answer before a crash used, with a note). An "unknown
         flag" on stderr reruns the search with ``query``; a missing collection triggers one
         reconcile and one retry; ``no such module: vec0`` switches this agent to ``search``.
+        In long-lived ``search`` mode a question's lexical searches go to the warm child
+        (``lexical.warm_candidates``), unless qmd's index holds no document of any managed
+        collection: the child's MCP tool answers ``[]`` for a collection qmd lost, where the
+        spawned call's "Collection not found" runs the repair.
 
         Args:
             max_results: capped at ``limits.maxResults``.
@@ -454,8 +458,10 @@ class QmdBackend:
         lexical = " ".join(terms) or q
         try:
             entries = None
-            if search_mode == "search" and terms and self.warm is not None:
-                # long-lived mode: the AND and each word alone in one call per collection
+            # long-lived mode: the AND and each word alone in one call per collection; not
+            # while qmd's index holds no document of any managed collection: its MCP tool
+            # answers [] for a collection it lost, the spawn path repairs it (a reconcile)
+            if search_mode == "search" and terms and self.warm is not None and counts:
                 entries = await warm_candidates(terms, colls, plan, warm=self.warm,
                                                 keep=POOL_FACTOR * limit)
             if entries is None:  # spawned, or the child declined

@@ -368,6 +368,33 @@ async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
     assert _children() <= before
 
 
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_search_mode_repairs_collections_removed_behind_the_childs_back(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd's MCP ``query`` tool answers an empty list for a collection its index no longer
+    has, where a spawned ``qmd search -c`` says "Collection not found" and the backend re-adds
+    the collections: with every managed collection removed from qmd's index (``qmd collection
+    remove``), a long-lived search-mode question still finds its notes (the spawn path's
+    repair), and the next one goes to the child again."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        q = "When is the zanzibar ferry leaving?"
+        found = [h.path for h in await b.search(q)]
+        assert found[:3] == ["MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
+        for coll in b.collections:  # behind the bridge's back, as a user would
+            res = await anyio.run_process(b.argv(["collection", "remove"], [coll.name]),
+                                          env=b.child_env, cwd=b.agent.workspace_dir)
+            assert res.returncode == 0
+        assert (await b.index_counts.read())[0] == {}
+        assert [h.path for h in await b.search(q)] == found
+        answered = warm.answered
+        assert [h.path for h in await b.search(q)] == found
+        assert warm.answered == answered + len(b.collections)
+        await b.close()
 @pytest.mark.anyio
 @pytest.mark.qmd
 @pytest.mark.parametrize("qmd_cfg", [{"mcp": {"enabled": False}}, {"mcporter": {"enabled": False}}])

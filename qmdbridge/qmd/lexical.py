@@ -237,12 +237,15 @@ async def warm_candidates(terms: Sequence[str], colls: list[ManagedCollection], 
         colls: the collections to search.
         plan: the search's plan (``search`` mode, deadline).
         warm: the warm child.
-        keep: documents returned at most (the passage ranking's pool).
+        keep: documents asked of each collection (the passage ranking's pool).
 
     Returns:
         ``(entry, collection)`` pairs, best fused rank first (across collections, rank by
-        rank), at most ``keep``; ``None`` when a call was declined (the child is not ready,
-        or qmd refused the call): the caller spawns the ``search`` calls instead.
+        rank), at most ``keep`` per collection and not cut further: a fused rank says nothing
+        across collections (every collection's best note scores 1), so cutting the union in
+        collection order could drop the only note holding every word; the passage ranking
+        decides among them. ``None`` when a call was declined (the child is not ready, or qmd
+        refused the call): the caller spawns the ``search`` calls instead.
 
     Raises:
         BackendTimeoutError: past the search deadline.
@@ -258,4 +261,4 @@ async def warm_candidates(terms: Sequence[str], colls: list[ManagedCollection], 
             key = merge_key(entry, coll.name)
             if key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0):
                 best[key] = (entry, coll.name)
-    return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))[:keep]  # stable
+    return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))  # stable

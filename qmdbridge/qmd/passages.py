@@ -12,8 +12,8 @@ four lines held the evidence for 0.51 (the snippet text for 0.32).
 So, in ``search`` mode, qmd chooses the notes and the builtin engine's keyword ranking chooses
 the passages (:func:`rank_passages`):
 
-1. the notes of the AND call and of the relaxed pass, up to :data:`POOL_FACTOR` per result slot,
-   are read as ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts
+1. the notes of the AND call and of the relaxed pass, up to :data:`POOL_FACTOR` per result slot
+   (per collection through the warm child, ``lexical.warm_candidates``), are read as ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts
    a note (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
    with the builtin index's full-text columns (text, path and first heading, derived terms) and
    tokenizer (``porter unicode61``);

@@ -395,6 +395,38 @@ async def test_search_mode_repairs_collections_removed_behind_the_childs_back(
         assert [h.path for h in await b.search(q)] == found
         assert warm.answered == answered + len(b.collections)
         await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_search_mode_pool_is_not_cut_by_collection_order(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """The child ranks each collection's notes on their own (reciprocal rank: every
+    collection's best note scores 1), so the notes of several collections must not be cut to
+    the pool in collection order: with ``maxResults`` 1 (a pool of 4 notes) and four
+    collections before it whose best note holds one word of the question, the only note
+    holding every word (in the fifth) is the answer, as the spawned calls find it."""
+    ws = make_workspace(tmp_path)
+    (ws / "memory" / "gondola.md").write_text("# Lifts\n\nA gondola in the memory folder.\n")
+    paths = []
+    for name in ("p0", "p1", "p2", "p3"):
+        (ws / name).mkdir()
+        (ws / name / "lift.md").write_text(f"# Lift {name}\n\nThe gondola of {name} was slow.\n")
+        paths.append({"path": name, "name": name})
+    (ws / "p3" / "trip.md").write_text("# Trip\n\nThe gondola ride over the glacier at Zermatt "
+                                       "cost 80 francs.\n")
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search", paths=paths)
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search", paths=paths)
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        q = "How much did the gondola ride over the glacier at Zermatt cost?"
+        hits = await b.search(q, max_results=1)
+        assert warm.answered == len(b.collections) and warm.spawn_fallbacks == 0
+        assert [h.path for h in hits] == ["p3/trip.md"]
+        assert [h.path for h in await spawn.search(q, max_results=1)] == ["p3/trip.md"]
+        await b.close()
+    await spawn.close()
 @pytest.mark.anyio
 @pytest.mark.qmd
 @pytest.mark.parametrize("qmd_cfg", [{"mcp": {"enabled": False}}, {"mcporter": {"enabled": False}}])

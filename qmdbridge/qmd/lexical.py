@@ -255,7 +255,8 @@ async def warm_candidates(terms: Sequence[str], colls: list[ManagedCollection], 
     best: dict[str, tuple[QmdEntry, str | None]] = {}
     for coll in colls:
         answer = await warm.search_lex(queries, coll, plan, limit=keep)
-        if answer is None:
+        if answer is None:  # counted once; the question is spawned for every collection
+            warm.count_spawned(len(colls) - 1)
             return None
         for entry in answer:
             key = merge_key(entry, coll.name)

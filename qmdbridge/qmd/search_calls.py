@@ -129,6 +129,11 @@ class WarmSearch(Protocol):
         """
         ...
 
+    def count_spawned(self, calls: int) -> None:
+        """Count ``calls`` more collection searches spawned instead of answered by it (a
+        question :meth:`search_lex` declined for one collection is spawned for all)."""
+        ...
+
 
 class FlagRejected(Exception):
     """qmd rejected a flag of this mode (the backend reruns the search with ``query``)."""

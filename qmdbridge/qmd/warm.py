@@ -201,7 +201,7 @@ class WarmChild:
         self.starts = 0  # times a child became ready
         self.restarts = 0  # children started after the first
         self.answered = 0  # collection searches the child answered
-        self.spawn_fallbacks = 0  # query-mode collection searches spawned instead
+        self.spawn_fallbacks = 0  # collection searches spawned instead
         self.last_error: str | None = None
         self.last_error_at_ms: int | None = None
         self.ready_at_ms: int | None = None
@@ -411,6 +411,12 @@ class WarmChild:
                                 "collections": [coll.name]}
         shown = " | ".join(queries)
         return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}")
+
+    def count_spawned(self, calls: int) -> None:
+        """Count ``calls`` (>= 0) more collection searches spawned instead (``spawnFallbacks``):
+        a question :meth:`search_lex` declined for one collection is spawned for every
+        collection (``lexical.warm_candidates``)."""
+        self.spawn_fallbacks += calls
 
     async def _call(self, args: dict[str, Any], plan: CallPlan, what: str) -> list[QmdEntry] | None:
         """One ``query`` tool call (:meth:`search`, :meth:`search_lex`); ``what`` names it in

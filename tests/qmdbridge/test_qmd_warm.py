@@ -399,6 +399,31 @@ async def test_search_mode_repairs_collections_removed_behind_the_childs_back(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
+async def test_search_mode_question_spawned_while_the_child_is_down_counts_each_collection(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """``spawnFallbacks`` counts collection searches spawned instead (as in ``query`` mode): a
+    question the child cannot take is spawned for every collection, and says so; the spawned
+    answer has the notes the child found."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        q = "When is the zanzibar ferry leaving?"
+        found = [h.path for h in await b.search(q)]
+        colls = len(b.collections)
+        assert colls > 1 and (warm.answered, warm.spawn_fallbacks) == (colls, 0)
+        old_pid = warm.pid
+        assert old_pid is not None
+        os.kill(old_pid, signal.SIGKILL)
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.state == "down")
+        assert sorted(h.path for h in await b.search(q)) == sorted(found)
+        st = (await b.status()).custom["qmd"]["warm"]
+        assert (st["answered"], st["spawnFallbacks"]) == (colls, colls)
+        await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
 async def test_search_mode_pool_is_not_cut_by_collection_order(
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     """The child ranks each collection's notes on their own (reciprocal rank: every

@@ -13,8 +13,9 @@ So, in ``search`` mode, qmd chooses the notes and the builtin engine's keyword r
 the passages (:func:`rank_passages`):
 
 1. the notes of the AND call and of the relaxed pass, up to :data:`POOL_FACTOR` per result slot
-   (per collection through the warm child, ``lexical.warm_candidates``), are read as ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts
-   a note (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
+   (per collection through the warm child, ``lexical.warm_candidates``), are read as
+   ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts a note
+   (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
    with the builtin index's full-text columns (text, path and first heading, derived terms) and
    tokenizer (``porter unicode61``);
 2. the question, as written, is ranked there by the builtin engine's keyword-only search: its

@@ -410,7 +410,8 @@ class WarmChild:
                                 "limit": limit, "minScore": 0, "rerank": False,
                                 "collections": [coll.name]}
         shown = " | ".join(queries)
-        return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}")
+        return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}",
+                                hung_on_timeout=True)
 
     def count_spawned(self, calls: int) -> None:
         """Count ``calls`` (>= 0) more collection searches spawned instead (``spawnFallbacks``):
@@ -418,9 +419,14 @@ class WarmChild:
         collection (``lexical.warm_candidates``)."""
         self.spawn_fallbacks += calls
 
-    async def _call(self, args: dict[str, Any], plan: CallPlan, what: str) -> list[QmdEntry] | None:
+    async def _call(self, args: dict[str, Any], plan: CallPlan, what: str, *,
+                    hung_on_timeout: bool = False) -> list[QmdEntry] | None:
         """One ``query`` tool call (:meth:`search`, :meth:`search_lex`); ``what`` names it in
-        messages (``(warm qmd mcp, pid N)`` is added)."""
+        messages (``(warm qmd mcp, pid N)`` is added). With ``hung_on_timeout`` a call that
+        runs past the search deadline also ends the child, which is restarted: ``lex``
+        sub-searches take milliseconds, so a child that does not answer one within
+        ``limits.timeoutMs`` hangs (a ``query`` may legitimately load models or rerank that
+        long, and its child is kept)."""
         client = self._client
         if not self.ready or client is None:
             self.launch()
@@ -434,6 +440,9 @@ class WarmChild:
                     structured = await client.call_tool("query", args)
             entries = entries_from_mcp(structured)
         except TimeoutError:
+            if hung_on_timeout and failed is not None:
+                self._error(f"{summary} did not answer within {plan.timeout_ms} ms; restarting it")
+                failed.set()  # the supervisor kills and restarts this child
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
                                       hint=timeout_hint(plan.mode, plan.models_dir, plan.env)) from None
         except QmdMcpError as exc:

@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from fallback.background import BackgroundTasks, RetryPolicy
+from fallback.errors import BackendTimeoutError
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
@@ -452,6 +453,36 @@ async def test_search_mode_pool_is_not_cut_by_collection_order(
         assert [h.path for h in await spawn.search(q, max_results=1)] == ["p3/trip.md"]
         await b.close()
     await spawn.close()
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_hung_child_is_replaced_after_a_search_mode_question_times_out(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A child that stops answering (SIGSTOP): the question fails at ``limits.timeoutMs`` as a
+    spawned call would, and since ``lex`` sub-searches take milliseconds the child is replaced,
+    so the next questions are the new child's again (a ``query``-mode child, which may load
+    models that long, is kept)."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search",
+                 limits={"timeoutMs": 3000})
+    before = _children()
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        first = await b.search("When is the zanzibar ferry leaving?")
+        hung = warm.pid
+        assert hung is not None and first
+        os.kill(hung, signal.SIGSTOP)
+        with pytest.raises(BackendTimeoutError, match="memory.qmd.limits.timeoutMs"):
+            await b.search("When is the zanzibar ferry leaving?")
+        assert "did not answer within 3000 ms; restarting it" in (warm.last_error or "")
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.ready and w.starts == 2)
+        assert warm.pid != hung and not psutil.pid_exists(hung)
+        answered = warm.answered
+        assert await b.search("When is the zanzibar ferry leaving?") == first
+        assert warm.answered == answered + len(b.collections)
+        await b.close()
+    assert _children() <= before
+
+
 @pytest.mark.anyio
 @pytest.mark.qmd
 @pytest.mark.parametrize("qmd_cfg", [{"mcp": {"enabled": False}}, {"mcporter": {"enabled": False}}])

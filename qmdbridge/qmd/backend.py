@@ -49,7 +49,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
-from qmdbridge.qmd.lexical import lexical_terms, relax, warm_candidates
+from qmdbridge.qmd.lexical import cjk_terms, lexical_terms, relax, warm_candidates
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     DocLookup,
@@ -456,13 +456,15 @@ class QmdBackend:
                         self.child_env)
         terms = lexical_terms(q)  # what search mode sends, also after vec0 switched to it
         lexical = " ".join(terms) or q
+        # the words searched one by one: the content words, or those of a CJK question
+        words = terms or (cjk_terms(q) if search_mode == "search" else ())
         try:
             entries = None
             # long-lived mode: the AND and each word alone in one call per collection; not
             # while qmd's index holds no document of any managed collection: its MCP tool
             # answers [] for a collection it lost, the spawn path repairs it (a reconcile)
-            if search_mode == "search" and terms and self.warm is not None and counts:
-                entries = await warm_candidates(terms, colls, plan, warm=self.warm,
+            if search_mode == "search" and words and self.warm is not None and counts:
+                entries = await warm_candidates(lexical, words, colls, plan, warm=self.warm,
                                                 keep=POOL_FACTOR * limit)
             if entries is None:  # spawned, or the child declined
                 entries = await search_with_repairs(lexical if search_mode == "search" else q,
@@ -471,9 +473,9 @@ class QmdBackend:
                                                     reconcile=partial(self.reconcile, force=True),
                                                     written=q, lexical=lexical)
                 if plan.mode == "search":  # not after a repair switched the search to query
-                    entries = await relax(terms, entries, colls, plan, run=self._run_search,
+                    entries = await relax(words, entries, colls, plan, run=self._run_search,
                                           warm=self.warm,
-                                          keep=POOL_FACTOR * limit if terms else None)
+                                          keep=POOL_FACTOR * limit if words else None)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise
@@ -484,7 +486,7 @@ class QmdBackend:
                 self.search_fallback_reason = plan.repair
         notes = plan.notes
         # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
-        question = q if plan.mode == "search" and terms else None
+        question = q if plan.mode == "search" and words else None
         results = await anyio.to_thread.run_sync(
             lambda: self._map(entries, min_score=min_score or 0.0, notes=notes, question=question,
                               limit=limit))

@@ -34,9 +34,9 @@ steps of a collection in one call instead (qmd's typed ``lex`` sub-searches, fus
 reciprocal rank; ``warm.py``): on LoCoMo a search p50 of 45 ms instead of 387 ms, with the same
 recall once the passages are ranked (R@5 0.726 against 0.727, R@1 0.481 against 0.471).
 
-A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) or holding CJK
-text (qmd matches it as phrases; stop words do not apply) is sent as written, with no relaxed
-pass.
+A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) is sent as
+written, with no relaxed pass. A query holding CJK text is sent as written first (qmd matches a
+CJK term as the phrase of its characters), then its words one by one (:func:`cjk_terms`).
 
 Source: coordination-level matching (Salton & McGill, "Introduction to Modern Information
 Retrieval", 1983, ch. 4): rank by the number of query terms matched, then by weight.
@@ -44,6 +44,7 @@ Retrieval", 1983, ch. 4): rank by the number of query terms matched, then by wei
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import unicodedata
@@ -53,16 +54,16 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
-from fallback.text.keywords import STOP_WORDS, contraction_fragments
-from fallback.text.scripts import contains_cjk
+from fallback.text.keywords import STOP_WORDS, contraction_fragments, extract_keywords
+from fallback.text.scripts import contains_cjk, script_of
 from qmdbridge.qmd.parse import QmdEntry, merge_key
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
-__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "lexical_terms", "relax",
-           "warm_candidates"]
+__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "cjk_terms", "lexical_terms",
+           "relax", "warm_candidates"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -160,12 +161,74 @@ def lexical_terms(query: str) -> tuple[str, ...]:
     return tuple(terms.values())
 
 
+@functools.cache
+def _cjk_stop_words() -> tuple[str, ...]:
+    """The stop words holding a CJK character, longest first."""
+    return tuple(sorted((w for w in STOP_WORDS if contains_cjk(w)), key=len, reverse=True))
+
+
+def cjk_terms(query: str) -> tuple[str, ...]:
+    """The words of a query holding CJK text, for the relaxed pass (pure).
+
+    qmd indexes a CJK run character by character and matches a CJK query term as the phrase of
+    its characters (``normalizeCjkForFTS``), so a question sent whole ("我们什么时候去了支持小组")
+    matches only a note that holds it verbatim. Its words are those of the builtin engine's
+    keyword extraction (``fallback.text.keywords.extract_keywords``: ideograph bigrams,
+    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram
+    that takes a character of a stop word of the query is no word (``们什`` and ``么时`` of
+    ``我们什么时候``) and is left out. Then, last, each ideograph that is in no stop word and
+    no word kept (``茶`` of ``喝什么茶``: a one-character noun).
+
+    Args:
+        query: the user's query (any text).
+
+    Returns:
+        The words in query order; ``()`` without CJK text, with qmd syntax (a double quote,
+        a ``-`` at a token start) or without any word.
+
+    Examples:
+        ``我们什么时候去了支持小组？`` -> ``("时候", "候去", "支持", "持小", "小组")``;
+        ``用户喜欢喝什么茶`` -> ``("用户", "户喜", "喜欢", "欢喝", "茶")``;
+        ``東京の会議はいつですか`` -> ``("東京", "会議", "はいつですか")``.
+    """
+    text = unicodedata.normalize("NFC", query).strip().lower()
+    if not text or '"' in text or _NEGATION_RE.search(text) or not contains_cjk(text):
+        return ()
+    covered = [False] * len(text)
+    for word in _cjk_stop_words():
+        at = text.find(word)
+        while at >= 0:
+            covered[at:at + len(word)] = [True] * len(word)
+            at = text.find(word, at + 1)
+
+    def is_word(term: str) -> bool:
+        if len(term) != 2 or not all(script_of(ch) == "han" for ch in term):
+            return True
+        at = text.find(term)
+        while at >= 0:  # a word if one of its places takes no stop word's character
+            if not (covered[at] or covered[at + 1]):
+                return True
+            at = text.find(term, at + 1)
+        return False
+
+    words = [t for t in extract_keywords(text) if len(t) >= MIN_RELAXED_CHARS and is_word(t)]
+    alone = [ch for i, ch in enumerate(text) if script_of(ch) == "han" and not covered[i]
+             and not any(ch in w for w in words)]
+    return tuple(dict.fromkeys([*words, *alone]))
+
+
+def relaxed_terms(terms: Sequence[str]) -> list[str]:
+    """The terms the relaxed pass searches one by one: the first :data:`MAX_RELAXED_TERMS` of
+    at least :data:`MIN_RELAXED_CHARS` characters, or of one CJK character (qmd matches that
+    character alone, where a one-letter Latin term is a prefix of every word)."""
+    return [t for t in terms if len(t) >= MIN_RELAXED_CHARS or contains_cjk(t)][:MAX_RELAXED_TERMS]
+
+
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
                 warm: WarmSearch | None, keep: int | None = None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first
-    and in order), then the documents each of the first :data:`MAX_RELAXED_TERMS` terms of at
-    least :data:`MIN_RELAXED_CHARS` characters finds on its own, best qmd score first, one per
+    and in order), then the documents each of the :func:`relaxed_terms` finds on its own, best qmd score first, one per
     document, at most ``keep`` in all (``plan.limit`` unless given: ``search`` mode keeps more
     documents than slots for its passage ranking, ``passages.py``).
 
@@ -175,7 +238,7 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     AND hits stand on their own.
 
     Args:
-        terms: :func:`lexical_terms` of the query.
+        terms: :func:`lexical_terms` of the query, else its :func:`cjk_terms`.
         found: the AND call's ``(entry, collection)`` pairs, best first.
         colls: the collections the AND call searched.
         plan: that call's plan (``search`` mode, limit, deadline).
@@ -195,9 +258,7 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
 
     if len(found) >= plan.limit or len(terms) < 2 or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
         return found
-    # A one-character term alone is a prefix of every word starting with it ("B" of "Plan B"):
-    # it narrows an AND, but searched alone it finds noise.
-    picked = [t for t in terms if len(t) >= MIN_RELAXED_CHARS][:MAX_RELAXED_TERMS]
+    picked = relaxed_terms(terms)
     answers: list[list[tuple[QmdEntry, str | None]]] = [[] for _ in picked]
     limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
 
@@ -225,15 +286,17 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     return [*found, *more][:plan.limit if keep is None else keep]
 
 
-async def warm_candidates(terms: Sequence[str], colls: list[ManagedCollection], plan: CallPlan, *,
-                          warm: WarmSearch, keep: int) -> list[tuple[QmdEntry, str | None]] | None:
+async def warm_candidates(first: str, terms: Sequence[str], colls: list[ManagedCollection],
+                          plan: CallPlan, *, warm: WarmSearch,
+                          keep: int) -> list[tuple[QmdEntry, str | None]] | None:
     """Both steps through the warm child, one call per collection (in turn, as the child takes
-    them): the content words ANDed, then each of the first :data:`MAX_RELAXED_TERMS` words of
-    at least :data:`MIN_RELAXED_CHARS` characters alone, as qmd's ``lex`` sub-searches, fused
-    by qmd (reciprocal rank, the AND weighted twice).
+    them): ``first`` (the content words ANDed, or a CJK question as written), then each of the
+    :func:`relaxed_terms` alone, as qmd's ``lex`` sub-searches, fused by qmd (reciprocal rank,
+    ``first`` weighted twice).
 
     Args:
-        terms: :func:`lexical_terms` of the query (at least one).
+        first: the AND call's query.
+        terms: :func:`lexical_terms` of the query, else its :func:`cjk_terms` (at least one).
         colls: the collections to search.
         plan: the search's plan (``search`` mode, deadline).
         warm: the warm child.
@@ -250,8 +313,7 @@ async def warm_candidates(terms: Sequence[str], colls: list[ManagedCollection], 
     Raises:
         BackendTimeoutError: past the search deadline.
     """
-    queries = list(dict.fromkeys([" ".join(terms),
-                                  *[t for t in terms if len(t) >= MIN_RELAXED_CHARS][:MAX_RELAXED_TERMS]]))
+    queries = list(dict.fromkeys([first, *relaxed_terms(terms)]))
     best: dict[str, tuple[QmdEntry, str | None]] = {}
     for coll in colls:
         answer = await warm.search_lex(queries, coll, plan, limit=keep)

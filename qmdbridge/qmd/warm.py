@@ -18,7 +18,7 @@ equivalent: the tool's typed ``searches`` run ``structuredSearch``, which scores
 reciprocal-rank fusion (``1/rank`` without the reranker) and picks snippets inside a best chunk,
 so neither the scores nor the merge across collections would match a spawned call's. So a
 ``search`` call is still spawned where qmd's own scores and lines are the answer (a query in
-qmd's syntax or CJK text). A question in ``search`` mode is different: its notes are only the
+qmd's syntax). A question in ``search`` mode is different: its notes are only the
 pool whose passages the bridge ranks itself (``passages.py``), so its lexical searches (the
 content words ANDed, then each word alone, ``lexical.py``) go to the child as typed ``lex``
 sub-searches, one call per collection (:meth:`WarmChild.search_lex`): on LoCoMo a search p50 of

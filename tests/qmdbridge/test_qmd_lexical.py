@@ -14,7 +14,7 @@ import pytest
 from fallback.text.chunking import chunk_markdown
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
-from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, lexical_terms
+from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, cjk_terms, lexical_terms
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS
 
@@ -50,6 +50,24 @@ QUESTION = "When did Caroline go to the LGBTQ support group?"
 ])
 def test_lexical_terms(query: str, terms: tuple[str, ...]) -> None:
     assert lexical_terms(query) == terms
+
+
+@pytest.mark.parametrize(("query", "terms"), [
+    # ideograph bigrams; one taking a character of a stop word (我们, 什么, 了) is no word
+    ("我们什么时候去了支持小组？", ("时候", "候去", "支持", "持小", "小组")),
+    # an ideograph in no stop word and no word kept comes last (a one-character noun)
+    ("用户喜欢喝什么茶", ("用户", "户喜", "喜欢", "欢喝", "茶")),
+    ("東京の会議はいつですか", ("東京", "会議", "はいつですか")),
+    ("회의는 언제 시작하나요", ("회의는", "회의", "시작하나요")),
+    ("When did Caroline go to 支持小组?", ("caroline", "支持", "持小", "小组")),
+    # no CJK text, or qmd syntax: nothing to relax
+    ("router", ()),
+    ('"支持小组" 时间', ()),
+    ("支持 -小组", ()),
+    ("  ", ()),
+])
+def test_cjk_terms(query: str, terms: tuple[str, ...]) -> None:
+    assert cjk_terms(query) == terms
 
 
 def _backend(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str,
@@ -111,6 +129,29 @@ async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_s
         # the content words ANDed (one call per collection), then each word alone
         assert queries[:2] == ["Caroline LGBTQ support group"] * 2
         assert sorted(queries[2:]) == sorted(["Caroline", "LGBTQ", "support", "group"] * 2)
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_cjk_question_is_searched_as_written_then_word_by_word(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """qmd matches a CJK term as the phrase of its characters: a question sent whole finds only
+    a note that holds it verbatim (qmd answered nothing here). Then each of its words is
+    searched alone, and the passages of the notes found are ranked for the question."""
+    more = {"2026-03-05.md": "# 周五\n\n今天讨论了记忆系统升级。\n周五晚上去了支持小组，大家分享了故事。\n",
+            "2026-03-06.md": "# 周六\n\n用户喜欢喝乌龙茶。\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
+        hits = await b.search("我们什么时候去了支持小组？", min_score=0)
+        assert hits[0].path == "memory/2026-03-05.md"
+        assert hits[0].snippet_start_line <= 4 <= hits[0].snippet_end_line
+        queries = _queries(log)
+        assert queries[:2] == ["我们什么时候去了支持小组？"] * 2  # as written, one call per collection
+        assert sorted(set(queries[2:])) == ["候去", "小组", "持小", "支持", "时候"]
+        tea = await b.search("用户喜欢喝什么茶", min_score=0)
+        assert [h.path for h in tea][:1] == ["memory/2026-03-06.md"]
+        phrase = await b.search('"支持小组"', min_score=0)  # qmd syntax: as written, qmd's lines
+        assert [h.path for h in phrase] == ["memory/2026-03-05.md"]
+        assert _queries(log)[-2:] == ['"支持小组"'] * 2
 
 
 @pytest.mark.anyio

@@ -455,6 +455,32 @@ async def test_search_mode_pool_is_not_cut_by_collection_order(
     await spawn.close()
 @pytest.mark.anyio
 @pytest.mark.qmd
+async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A CJK question's lexical searches (the question as written, then its words: qmd matches
+    a CJK term as the phrase of its characters) reach the child in one call per collection and
+    give the spawned calls' hits."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# 记忆\n\n用户喜欢喝乌龙茶。\n")
+    (ws / "memory" / "2026-03-05.md").write_text(
+        "# 周五\n\n今天讨论了记忆系统升级。\n周五晚上去了支持小组，大家分享了故事。\n")
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        for i, q in enumerate(["我们什么时候去了支持小组？", "用户喜欢喝什么茶"]):
+            hits = await b.search(q)
+            assert warm.answered == len(b.collections) * (i + 1) and warm.spawn_fallbacks == 0
+            assert hits and hits == await spawn.search(q)
+        assert [h.path for h in await b.search("用户喜欢喝什么茶")][:1] == ["MEMORY.md"]
+        await b.close()
+    await spawn.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
 async def test_a_hung_child_is_replaced_after_a_search_mode_question_times_out(
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     """A child that stops answering (SIGSTOP): the question fails at ``limits.timeoutMs`` as a

@@ -57,6 +57,16 @@ def answered_line(report: EvalReport) -> str:
     return line
 
 
+def long_lived_line(report: EvalReport) -> str:
+    """``long-lived (as serve and mcp): the warm qmd child answered 751 collection searches, 0
+    spawned`` (the child's part only with the qmd backend and a child)."""
+    line = "long-lived (as serve and mcp)"
+    if report.warm_calls is not None:
+        line += (f": the warm qmd child answered {report.warm_calls['answered']} collection "
+                 f"searches, {report.warm_calls['spawned']} spawned")
+    return line
+
+
 def format_report(report: EvalReport) -> str:
     """The human-readable report: what ran, then one ``metric  value`` line per metric.
 
@@ -75,6 +85,7 @@ def format_report(report: EvalReport) -> str:
         f"{', model ' + report.model if report.model else ''}; maxResults {report.max_results}, "
         f"minScore {report.min_score:g}",
         *([answered_line(report)] if report.backend == "qmd" else []),
+        *([long_lived_line(report)] if report.long_lived else []),
         "",
         f"R@1           {_num(m.recall_at1)}",
         f"R@3           {_num(m.recall_at3)}",
@@ -115,7 +126,8 @@ async def run_eval(agent: Any, args: argparse.Namespace) -> int:
     options = EvalOptions(max_results=args.max_results, min_score=args.min_score,
                           provider=args.provider, model_path=args.model,
                           cache_dir=Path(args.cache_dir) if args.cache_dir else None,
-                          backend=args.backend, qmd_search_mode=args.qmd_search_mode)
+                          backend=args.backend, qmd_search_mode=args.qmd_search_mode,
+                          long_lived=args.long_lived)
     check_options(options)  # before the config is read: a usage error needs no config
     cfg = load_config(args.config)
     with eval_progress(enabled=not args.json) as on_progress:

@@ -249,6 +249,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                        "do not apply)")
         p.add_argument("--qmd-search-mode", choices=["search", "vsearch", "query"],
                        help="override memory.qmd.searchMode for the run (--backend qmd)")
+        p.add_argument("--long-lived", action="store_true",
+                       help="search through a long-lived manager, as serve and mcp keep one (with "
+                       "--backend qmd: its warm qmd mcp child, waited for before the first search)")
         p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
         p.add_argument("--cache-dir", metavar="DIR",
                        help="keep each workspace's index (with its embedding cache; with --backend qmd also "

@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import anyio
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -50,6 +51,9 @@ from qmdbridge.evaluation.metrics import (
     summarize,
 )
 from qmdbridge.evaluation.queries import load_queries
+
+if TYPE_CHECKING:
+    from qmdbridge.manager import MemoryManager
 
 __all__ = [
     "DEFAULT_MAX_RESULTS",
@@ -102,6 +106,9 @@ class EvalOptions:
             qmd sidecar, falling back to the builtin engine as it does for an agent).
         qmd_search_mode: overrides ``memory.qmd.searchMode`` for the run (``qmd`` backend only;
             ``None`` keeps the config's).
+        long_lived: search through a long-lived manager, as ``serve`` and ``mcp`` keep one
+            (``full`` mode, started: background work and, for qmd, its warm ``qmd mcp`` child,
+            waited for before the first search); ``False``: as one-shot CLI commands search.
     """
 
     max_results: int = DEFAULT_MAX_RESULTS
@@ -111,6 +118,7 @@ class EvalOptions:
     cache_dir: Path | None = None
     backend: EvalBackend = "builtin"
     qmd_search_mode: QmdSearchMode | None = None
+    long_lived: bool = False
 
     def state_dir(self, name: str, scratch: Path) -> Path:
         """The state dir of workspace ``name``: ``<cache_dir>/<name>`` (characters other than
@@ -176,6 +184,10 @@ class EvalReport(_Model):
         warnings: distinct warnings of the search responses.
         answered_by / fallbacks / first_fallback_reason: over all workspaces (see
             :class:`BackendTally`).
+        long_lived: searched through a long-lived manager (``--long-lived``).
+        warm_calls: with ``long_lived`` and the qmd backend, ``{"answered", "spawned"}``: the
+            collection searches the warm ``qmd mcp`` child answered, and those spawned because
+            it declined them (``None`` otherwise, or when no child ran).
         all_fell_back: ``backend`` is ``qmd`` and not one search was answered by qmd: the
             figures measure the builtin engine (the CLI exits 1).
     """
@@ -195,6 +207,8 @@ class EvalReport(_Model):
     answered_by: dict[str, int]
     fallbacks: int
     first_fallback_reason: str | None
+    long_lived: bool = False
+    warm_calls: dict[str, int] | None = None
     all_fell_back: bool
 
 
@@ -207,12 +221,15 @@ class BackendTally:
         qmd / builtin: searches answered by each backend.
         fallbacks: answers that fell back (``fallback`` set: qmd was asked and could not answer).
         first_fallback_reason: the ``fallback.reason`` of the first of them, ``None`` without any.
+        warm_calls: collection searches of the warm ``qmd mcp`` child, ``{"answered",
+            "spawned"}`` (long-lived runs of the qmd backend with a child), else ``None``.
     """
 
     qmd: int = 0
     builtin: int = 0
     fallbacks: int = 0
     first_fallback_reason: str | None = None
+    warm_calls: dict[str, int] | None = None
 
     def add(self, response: SearchResponse) -> None:
         """Count one search answer."""
@@ -231,6 +248,9 @@ class BackendTally:
         self.builtin += other.builtin
         self.fallbacks += other.fallbacks
         self.first_fallback_reason = self.first_fallback_reason or other.first_fallback_reason
+        if other.warm_calls is not None:
+            mine = self.warm_calls or {"answered": 0, "spawned": 0}
+            self.warm_calls = {k: mine[k] + other.warm_calls[k] for k in mine}
 
     @property
     def answered_by(self) -> dict[str, int]:
@@ -305,6 +325,18 @@ def _forget_breakers(agent: ResolvedAgent) -> None:
         (qmd_dir / name).unlink(missing_ok=True)
 
 
+async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any:
+    """The qmd backend's warm ``qmd mcp`` child once it answers (waited for up to
+    ``update.commandTimeoutMs``, its start-up budget), or ``None`` without one; a child not
+    ready by then is returned all the same (its searches are spawned and counted so)."""
+    backend = await manager.qmd()
+    warm = getattr(backend, "warm", None)
+    if warm is not None:
+        with anyio.move_on_after(agent.memory.qmd.update.command_timeout_ms / 1000):
+            await warm.wait_for(lambda child: child.ready)
+    return warm
+
+
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
                              on_progress: ProgressCallback | None = None) -> WorkspaceRun:
@@ -337,10 +369,14 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
     tally = BackendTally()
     if options.backend == "qmd":
         _forget_breakers(agent)
-    async with MemoryManager(agent, backend=options.backend) as manager:
+    async with MemoryManager(agent, backend=options.backend,
+                             mode="full" if options.long_lived else "cli") as manager:
         start = time.perf_counter()
+        if options.long_lived:
+            await manager.start()
         await manager.sync(reason="eval")
         index_ms = (time.perf_counter() - start) * 1000
+        warm = await _ready_warm_child(manager, agent) if options.long_lived else None
         status = await manager.status()
         for done, question in enumerate(questions, start=1):
             start = time.perf_counter()
@@ -354,6 +390,8 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
             warnings.extend(w for w in response.warnings if w not in warnings)
             if on_progress is not None:
                 on_progress(name, done, len(questions))
+        if warm is not None:
+            tally.warm_calls = {"answered": warm.answered, "spawned": warm.spawn_fallbacks}
     items = [ev for q in outcomes for ev in q.evidence]
     report = WorkspaceReport(name=name, source=source, files=status.files, chunks=status.chunks,
                              questions=len(outcomes), evidence=len(items),
@@ -387,7 +425,8 @@ def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list
         metrics=summarize([o for r in runs for o in r.outcomes], categories=categories),
         workspaces=[r.workspace for r in runs], warnings=warnings,
         answered_by=tally.answered_by, fallbacks=tally.fallbacks,
-        first_fallback_reason=tally.first_fallback_reason,
+        first_fallback_reason=tally.first_fallback_reason, long_lived=options.long_lived,
+        warm_calls=tally.warm_calls,
         all_fell_back=options.backend == "qmd" and tally.qmd == 0 and tally.builtin > 0)
 
 

@@ -18,7 +18,7 @@ METRIC_KEYS = {"questions", "evidence", "hits", "recallAt1", "recallAt3", "recal
                "searchP50Ms", "searchP95Ms", "perCategory"}
 REPORT_KEYS = {"dataset", "inputs", "backend", "provider", "model", "mode", "maxResults", "minScore",
                "indexMs", "metrics", "workspaces", "warnings", "answeredBy", "fallbacks", "firstFallbackReason",
-               "allFellBack"}
+               "longLived", "warmCalls", "allFellBack"}
 WORKSPACE_KEYS = {"name", "source", "files", "chunks", "questions", "evidence", "recallAt5", "indexMs",
                   "answeredBy", "fallbacks", "firstFallbackReason"}
 

@@ -148,6 +148,30 @@ def test_locomo_through_qmd_found_on_path(tmp_path: Path, env: dict[str, str], l
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_long_lived_eval_searches_through_the_warm_child_with_the_same_hits(
+        tmp_path: Path, env: dict[str, str], launcher: Path) -> None:
+    """``--long-lived`` searches as ``serve`` and ``mcp`` do: the questions' lexical searches go
+    to the warm ``qmd mcp`` child (one call per collection holding documents: ``memory/`` here),
+    none is spawned, and the figures are the one-shot run's."""
+    data = write_locomo_qmd(tmp_path / "data")
+    path_env = {**env, "PATH": f"{launcher.parent}{os.pathsep}{env['PATH']}"}
+    one_shot = orjson.loads(run(["eval", "--locomo", str(data), "--backend", "qmd", "--json"],
+                                path_env).stdout)
+    p = run(["eval", "--locomo", str(data), "--backend", "qmd", "--long-lived", "--json"], path_env)
+    assert p.returncode == 0, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert (doc["longLived"], doc["warmCalls"], one_shot["longLived"], one_shot["warmCalls"]) == (
+        True, {"answered": 6, "spawned": 0}, False, None)
+    latency = ("searchP50Ms", "searchP95Ms")
+    assert {k: v for k, v in doc["metrics"].items() if k not in latency} == {
+        k: v for k, v in one_shot["metrics"].items() if k not in latency}
+    assert doc["answeredBy"] == {"qmd": 6, "builtin": 0}
+    text = run(["eval", "--locomo", str(data), "--backend", "qmd", "--long-lived"], path_env)
+    assert ("long-lived (as serve and mcp): the warm qmd child answered 6 collection searches, "
+            "0 spawned") in text.stdout.decode().splitlines()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_queries_text_report_with_the_configured_command_and_mode_override(
         tmp_path: Path, env: dict[str, str], launcher: Path) -> None:
     ws, queries = write_queries_qmd(tmp_path)

@@ -475,7 +475,8 @@ class QmdBackend:
                 if plan.mode == "search":  # not after a repair switched the search to query
                     entries = await relax(words, entries, colls, plan, run=self._run_search,
                                           warm=self.warm,
-                                          keep=POOL_FACTOR * limit if words else None)
+                                          keep=POOL_FACTOR * limit if words else None,
+                                          sent=lexical)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise

@@ -226,14 +226,18 @@ def relaxed_terms(terms: Sequence[str]) -> list[str]:
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
-                warm: WarmSearch | None, keep: int | None = None) -> list[tuple[QmdEntry, str | None]]:
+                warm: WarmSearch | None, keep: int | None = None,
+                sent: str | None = None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first
-    and in order), then the documents each of the :func:`relaxed_terms` finds on its own, best qmd score first, one per
-    document, at most ``keep`` in all (``plan.limit`` unless given: ``search`` mode keeps more
-    documents than slots for its passage ranking, ``passages.py``).
+    and in order), then the documents each of the :func:`relaxed_terms` other than the AND
+    call's query finds on its own, best qmd score first, one per document, at most ``keep`` in
+    all (``plan.limit`` unless given: ``search`` mode keeps more documents than slots for its
+    passage ranking, ``passages.py``).
 
-    Nothing is searched when ``found`` already fills ``plan.limit``, when there are fewer than
-    two terms, or when less than :data:`RELAX_MIN_LEFT_MS` is left of the search deadline. A
+    Nothing is searched when ``found`` already fills ``plan.limit``, when no term differs from
+    the AND call's query (one content word: the AND call searched it), or when less than
+    :data:`RELAX_MIN_LEFT_MS` is left of the search deadline. A CJK question's one word is not
+    its AND call (``护照`` of ``我的护照呢？``, sent as written), so it is searched alone. A
     relaxed call that fails (a deadline, a busy index, a crash) is logged and left out: the
     AND hits stand on their own.
 
@@ -244,6 +248,7 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
         plan: that call's plan (``search`` mode, limit, deadline).
         run / warm: as for ``search_calls.search_collections``.
         keep: documents returned at most (default ``plan.limit``).
+        sent: the AND call's query (default the ``terms`` joined by spaces).
 
     Returns:
         ``(entry, collection)`` pairs, best first.
@@ -256,9 +261,10 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
         search_collections,
     )
 
-    if len(found) >= plan.limit or len(terms) < 2 or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
+    sent = " ".join(terms) if sent is None else sent
+    picked = [t for t in relaxed_terms(terms) if t != sent]
+    if len(found) >= plan.limit or not picked or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
         return found
-    picked = relaxed_terms(terms)
     answers: list[list[tuple[QmdEntry, str | None]]] = [[] for _ in picked]
     limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)
 

@@ -156,6 +156,25 @@ async def test_a_cjk_question_is_searched_as_written_then_word_by_word(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
+async def test_a_cjk_question_with_one_word_searches_that_word(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """A CJK question with a single word ("护照" of "我的护照呢？") is not that word: sent as
+    written it matches only a note holding it verbatim, so the word is searched alone too."""
+    more = {"2026-03-05.md": "# 周五\n\n护照放在书房的抽屉里。\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
+        assert cjk_terms("我的护照呢？") == ("护照",)
+        hits = await b.search("我的护照呢？", min_score=0)
+        assert [h.path for h in hits] == ["memory/2026-03-05.md"]
+        assert hits[0].snippet_start_line <= 3 <= hits[0].snippet_end_line
+        assert _queries(log) == ["我的护照呢？"] * 2 + ["护照"] * 2
+        log.unlink()
+        # a question that is its one word is searched once (per collection)
+        assert [h.path for h in await b.search("护照", min_score=0)] == ["memory/2026-03-05.md"]
+        assert _queries(log) == ["护照"] * 2
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
 async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_syntax(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):

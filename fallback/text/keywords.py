@@ -2,8 +2,8 @@
 
 :func:`extract_keywords` turns a conversational query ("that thing we discussed about the API",
 "之前讨论的那个方案", "어제 논의한 배포 전략") into search terms: stop words in English, Spanish,
-Portuguese, Arabic, Chinese, Korean, Japanese, Danish, Norwegian Bokmål and Swedish are
-dropped, Chinese runs become unigrams and bigrams (the unicode61 tokenizer sees an unbroken CJK
+Portuguese, Arabic, Chinese (Simplified and Traditional), Korean, Japanese, Danish, Norwegian
+Bokmål and Swedish are dropped, Chinese runs become unigrams and bigrams (the unicode61 tokenizer sees an unbroken CJK
 run as one token), Japanese mixed-script text is cut at script changes, Korean particles are
 stripped from word ends.
 
@@ -73,6 +73,13 @@ _STOP_ZH = _words("""
 吗 呢 吧 啊 也 都 就 还 又 把 被 对 从 到 给 跟 与 或 或者 但 但是 而 一个 有 没有 请 帮 帮我
 找 一下 东西 事情 关于 讨论过 说过 提到
 """)
+# The same words in Traditional script (Taiwan, Hong Kong), where it differs, with its common
+# variants (甚麼 for 什麼, 裏 for 裡, 爲 for 為).
+_STOP_ZH_HANT = _words("""
+我們 你們 他們 她們 這 這個 那個 這些 那些 這裡 這裏 那裡 那裏 之後 以後 剛才 什麼 甚麼 怎麼
+怎樣 為什麼 爲什麼 為甚麼 哪裡 哪裏 哪個 誰 嗎 還 對 從 給 與 沒有 請 幫 幫我 東西 關於 討論過
+說過 一個
+""")
 _STOP_KO = _words("""
 나 너 저 우리 저희 그 그녀 그들 너희 당신 이것 그것 저것 이거 그거 저거 것 수 등 및
 그리고 그래서 그러나 하지만 그런데 또는 또 혹은 어제 오늘 내일 지금 아까 요즘 최근
@@ -103,8 +110,8 @@ något också kan ska vill
 
 # Every stop word of every supported language, lower-case NFC; matched on whole tokens.
 STOP_WORDS: frozenset[str] = frozenset().union(
-    _STOP_EN, _STOP_ES, _STOP_PT, _STOP_AR, _STOP_ZH, _STOP_KO, _STOP_JA, _STOP_DA, _STOP_NB,
-    _STOP_SV,
+    _STOP_EN, _STOP_ES, _STOP_PT, _STOP_AR, _STOP_ZH, _STOP_ZH_HANT, _STOP_KO, _STOP_JA, _STOP_DA,
+    _STOP_NB, _STOP_SV,
 )
 
 # Korean particles stripped from word ends, longest first so "으로" wins over "로".

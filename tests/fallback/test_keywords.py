@@ -18,6 +18,13 @@ def test_case40_chinese_unigrams_bigrams() -> None:
         assert stop not in kws
 
 
+def test_traditional_chinese_stop_words() -> None:
+    kws = extract_keywords("我們之前討論的那個方案是什麼")
+    assert "討論" in kws and "方案" in kws
+    for stop in ("我們", "那個", "什麼"):
+        assert stop not in kws
+
+
 def test_case41_mixed_chinese_english() -> None:
     kws = extract_keywords("昨天讨论的 API design")
     assert "讨论" in kws and kws[-2:] == ["api", "design"]

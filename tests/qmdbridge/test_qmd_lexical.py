@@ -60,6 +60,9 @@ def test_lexical_terms(query: str, terms: tuple[str, ...]) -> None:
     ("東京の会議はいつですか", ("東京", "会議", "はいつですか")),
     ("회의는 언제 시작하나요", ("회의는", "회의", "시작하나요")),
     ("When did Caroline go to 支持小组?", ("caroline", "支持", "持小", "小组")),
+    # Traditional Chinese stop words too: 茶 stays within the six words searched
+    ("使用者喜歡喝什麼茶", ("使用", "用者", "者喜", "喜歡", "歡喝", "茶")),
+    ("我們上次去台北開會是甚麼時候", ("去台", "台北", "北開", "開會", "時候")),
     # no CJK text, or qmd syntax: nothing to relax
     ("router", ()),
     ('"支持小组" 时间', ()),
@@ -171,6 +174,19 @@ async def test_a_cjk_question_with_one_word_searches_that_word(
         # a question that is its one word is searched once (per collection)
         assert [h.path for h in await b.search("护照", min_score=0)] == ["memory/2026-03-05.md"]
         assert _queries(log) == ["护照"] * 2
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_traditional_chinese_question_searches_its_words_not_its_stop_words(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """什麼 is 什么 in Traditional script: a stop word, not two words (喝什, 麼茶) taking the
+    slots of the question's last noun."""
+    more = {"2026-03-05.md": "# 週五\n\n每天下午都喝凍頂烏龍茶。\n"}
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
+        hits = await b.search("使用者喜歡喝什麼茶", min_score=0)
+        assert [h.path for h in hits] == ["memory/2026-03-05.md"]
+        assert "茶" in _queries(log) and "喝什" not in _queries(log)
 
 
 @pytest.mark.anyio

@@ -23,8 +23,8 @@ from fallback.text.scripts import script_of, word_runs
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["KOREAN_PARTICLES", "STOP_WORDS", "contraction_fragments", "extract_keywords",
-           "query_tokens"]
+__all__ = ["CHINESE_STOP_WORDS", "JAPANESE_STOP_WORDS", "KOREAN_PARTICLES", "STOP_WORDS",
+           "contraction_fragments", "extract_keywords", "query_tokens"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -113,6 +113,10 @@ STOP_WORDS: frozenset[str] = frozenset().union(
     _STOP_EN, _STOP_ES, _STOP_PT, _STOP_AR, _STOP_ZH, _STOP_ZH_HANT, _STOP_KO, _STOP_JA, _STOP_DA,
     _STOP_NB, _STOP_SV,
 )
+
+# The Chinese (both scripts) and the Japanese stop words, for callers that know the language.
+CHINESE_STOP_WORDS: frozenset[str] = _STOP_ZH | _STOP_ZH_HANT
+JAPANESE_STOP_WORDS: frozenset[str] = _STOP_JA
 
 # Korean particles stripped from word ends, longest first so "으로" wins over "로".
 KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(

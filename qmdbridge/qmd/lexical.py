@@ -54,7 +54,13 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
-from fallback.text.keywords import STOP_WORDS, contraction_fragments, extract_keywords
+from fallback.text.keywords import (
+    CHINESE_STOP_WORDS,
+    JAPANESE_STOP_WORDS,
+    STOP_WORDS,
+    contraction_fragments,
+    extract_keywords,
+)
 from fallback.text.scripts import contains_cjk, script_of
 from qmdbridge.qmd.parse import QmdEntry, merge_key
 
@@ -162,9 +168,13 @@ def lexical_terms(query: str) -> tuple[str, ...]:
 
 
 @functools.cache
-def _cjk_stop_words() -> tuple[str, ...]:
-    """The stop words holding a CJK character, longest first."""
-    return tuple(sorted((w for w in STOP_WORDS if contains_cjk(w)), key=len, reverse=True))
+def _cjk_stop_words(japanese: bool) -> tuple[str, ...]:
+    """The stop words of a Japanese (``japanese``) or else a Chinese question, longest first.
+
+    Not both: Chinese function characters are parts of Japanese words (都 of 京都, 与 of 給与,
+    和 of 和食, 在 of 在庫)."""
+    words = JAPANESE_STOP_WORDS if japanese else CHINESE_STOP_WORDS
+    return tuple(sorted(words, key=len, reverse=True))
 
 
 def cjk_terms(query: str) -> tuple[str, ...]:
@@ -174,10 +184,12 @@ def cjk_terms(query: str) -> tuple[str, ...]:
     its characters (``normalizeCjkForFTS``), so a question sent whole ("我们什么时候去了支持小组")
     matches only a note that holds it verbatim. Its words are those of the builtin engine's
     keyword extraction (``fallback.text.keywords.extract_keywords``: ideograph bigrams,
-    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram
-    that takes a character of a stop word of the query is no word (``们什`` and ``么时`` of
-    ``我们什么时候``) and is left out. Then, last, each ideograph that is in no stop word and
-    no word kept (``茶`` of ``喝什么茶``: a one-character noun).
+    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram or
+    a run of hiragana that takes a character of a stop word of the query is no word (``们什``
+    and ``么时`` of ``我们什么时候``; ``はいつですか``, a particle, いつ and です) and is left
+    out. The stop words are those of the query's language: Japanese when it holds kana, else
+    Chinese (Simplified and Traditional). Then, last, each ideograph that is in no stop word
+    and no word kept (``茶`` of ``喝什么茶``: a one-character noun).
 
     Args:
         query: the user's query (any text).
@@ -189,24 +201,26 @@ def cjk_terms(query: str) -> tuple[str, ...]:
     Examples:
         ``我们什么时候去了支持小组？`` -> ``("时候", "候去", "支持", "持小", "小组")``;
         ``用户喜欢喝什么茶`` -> ``("用户", "户喜", "喜欢", "欢喝", "茶")``;
-        ``東京の会議はいつですか`` -> ``("東京", "会議", "はいつですか")``.
+        ``東京の会議はいつですか`` -> ``("東京", "会議")``.
     """
     text = unicodedata.normalize("NFC", query).strip().lower()
     if not text or '"' in text or _NEGATION_RE.search(text) or not contains_cjk(text):
         return ()
+    japanese = any(script_of(ch) in ("hiragana", "katakana") for ch in text)
     covered = [False] * len(text)
-    for word in _cjk_stop_words():
+    for word in _cjk_stop_words(japanese):
         at = text.find(word)
         while at >= 0:
             covered[at:at + len(word)] = [True] * len(word)
             at = text.find(word, at + 1)
 
     def is_word(term: str) -> bool:
-        if len(term) != 2 or not all(script_of(ch) == "han" for ch in term):
+        scripts = {script_of(ch) for ch in term}
+        if not (scripts == {"hiragana"} or (len(term) == 2 and scripts == {"han"})):
             return True
         at = text.find(term)
         while at >= 0:  # a word if one of its places takes no stop word's character
-            if not (covered[at] or covered[at + 1]):
+            if not any(covered[at:at + len(term)]):
                 return True
             at = text.find(term, at + 1)
         return False

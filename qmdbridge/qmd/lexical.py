@@ -188,7 +188,9 @@ def cjk_terms(query: str) -> tuple[str, ...]:
     a run of hiragana that takes a character of a stop word of the query is no word (``们什``
     and ``么时`` of ``我们什么时候``; ``はいつですか``, a particle, いつ and です) and is left
     out. The stop words are those of the query's language: Japanese when it holds kana, else
-    Chinese (Simplified and Traditional). Then, last, each ideograph that is in no stop word
+    Chinese (Simplified and Traditional). A CJK word holding another word kept (a Korean word
+    and its stem, ``부산에서`` and ``부산``; a kanji run and its bigrams) is left out: qmd
+    finds it only where it finds the shorter one. Then, last, each ideograph that is in no stop word
     and no word kept (``茶`` of ``喝什么茶``: a one-character noun).
 
     Args:
@@ -226,6 +228,10 @@ def cjk_terms(query: str) -> tuple[str, ...]:
         return False
 
     words = [t for t in extract_keywords(text) if len(t) >= MIN_RELAXED_CHARS and is_word(t)]
+    # a CJK word holding another word finds only notes that one finds (qmd: the phrase of its
+    # characters): 부산에서 of 부산, 京都旅行 of 京都; it would only take a slot
+    words = [t for t in words
+             if not (contains_cjk(t) and any(u != t and contains_cjk(u) and u in t for u in words))]
     alone = [ch for i, ch in enumerate(text) if script_of(ch) == "han" and not covered[i]
              and not any(ch in w for w in words)]
     return tuple(dict.fromkeys([*words, *alone]))

@@ -1,4 +1,4 @@
-"""LoCoMo retrieval benchmark: qmdbridge keyword-only and hybrid, a bare FTS5 floor and the real qmd, side by side.
+"""LoCoMo retrieval benchmark: qmdbridge keyword-only, hybrid and on qmd, a bare FTS5 floor and the real qmd, side by side.
 
 Every system answers the same questions over the same converted conversations (one workspace
 per conversation, converted by ``qmdbridge.evaluation.locomo`` exactly as the data's README
@@ -11,7 +11,11 @@ fixes it) and is scored by the same metric functions (``qmdbridge.evaluation.met
   unicode61``), queried with BM25 over an OR of the question's words minus stop words
   (``fallback.text.keywords.STOP_WORDS``); the snippet is the window's text;
 - ``qmd``: the real ``qmd search`` (BM25) with a per-conversation qmd home in a temporary
-  folder, line ranges from its snippet window; its latency is the whole process (spawn to exit).
+  folder, line ranges from its snippet window; its latency is the whole process (spawn to exit);
+- ``bridge-qmd``: qmdbridge on that qmd in ``search`` mode (qmd's default) through a long-lived
+  ``MemoryManager``, as ``serve`` and ``mcp`` keep one (``qmdbridge eval --backend qmd
+  --long-lived``): the warm ``qmd mcp`` child finds the notes, the bridge ranks their passages;
+  qmd caps the hits at ``memory.qmd.limits.maxResults`` (6), so its R@10 counts six.
 
 Latency is per question in ms (p50 / p95): around ``MemoryManager.search`` for qmdbridge, around
 the SQL query for the floor. Nothing is written outside temporary folders (but with
@@ -53,7 +57,7 @@ from qmdbridge.evaluation.metrics import EvalMetrics, QuestionOutcome, judge, su
 
 DEFAULT_DATA = Path("/work/shared/bench/locomo-dev")
 DEFAULT_MODEL = Path("/work/shared/models/all-MiniLM-L6-v2.Q8_0.gguf")
-SYSTEMS = ("keyword", "hybrid", "fts5", "qmd")
+SYSTEMS = ("keyword", "hybrid", "fts5", "qmd", "bridge-qmd")
 # The floor's retrieval unit: fixed windows of this many lines per file.
 WINDOW_LINES = 10
 # Deadline of one qmd process (collection add or search), ms.
@@ -63,6 +67,7 @@ LABELS = {
     "hybrid": "qmdbridge builtin, hybrid, local all-MiniLM-L6-v2",
     "fts5": "SQLite FTS5 floor: BM25, OR of non-stop-words, porter, 10-line windows",
     "qmd": "qmd 2.8.3 `qmd search` (BM25), its snippet window",
+    "bridge-qmd": "qmdbridge on qmd 2.8.3, `search` mode, long-lived (warm qmd child)",
 }
 
 
@@ -178,6 +183,15 @@ def run_system(system: str, data: Path, conversations: list[LocomoConversation],
     qmd = Path(args.qmd)
     if not os.access(qmd, os.X_OK):
         return Result(system, None, f"skipped: qmd not found at {qmd} (bash scripts/install-qmd.sh)")
+    if system == "bridge-qmd":  # what an agent on serve or mcp gets in qmd's default mode
+        cfg = load_config(args.config)
+        qmd_cfg = cfg.memory.qmd.model_copy(update={"command": str(qmd), "search_mode": "search"})
+        cfg = cfg.model_copy(update={"memory": cfg.memory.model_copy(update={"qmd": qmd_cfg})})
+        options = EvalOptions(max_results=args.max_results, backend="qmd", long_lived=True)
+        report = anyio.run(lambda: run_locomo(data, cfg=cfg, options=options))
+        return Result(system, report.metrics,
+                      f"maxResults {report.max_results} (qmd's cap), answered {report.answered_by}, "
+                      f"warm calls {report.warm_calls}")
 
     async def all_conversations() -> list[QuestionOutcome]:
         return [o for c in conversations for o in await qmd_search(c, qmd, args.max_results)]

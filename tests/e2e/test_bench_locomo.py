@@ -37,7 +37,7 @@ def test_all_systems_side_by_side(tmp_path: Path) -> None:
     assert json.loads(out.read_text(encoding="utf-8")) == doc
     assert (doc["conversations"], doc["questions"], doc["maxResults"]) == (1, 5, 10)
     rows = {r["system"]: r for r in doc["results"]}
-    assert list(rows) == ["keyword", "hybrid", "fts5", "qmd"]
+    assert list(rows) == ["keyword", "hybrid", "fts5", "qmd", "bridge-qmd"]
     keyword, floor = rows["keyword"]["metrics"], rows["fts5"]["metrics"]
     assert keyword["recallAt5"] == pytest.approx(LOCOMO_R) and keyword["linesPerHit"] == 4.0
     # the floor: one 10-line window per (4-line) file, the same files found
@@ -47,8 +47,14 @@ def test_all_systems_side_by_side(tmp_path: Path) -> None:
     if os.access(QMD, os.X_OK):
         assert rows["qmd"]["metrics"]["fileRecallAt5"] == pytest.approx(LOCOMO_R)
         assert rows["qmd"]["metrics"]["questions"] == 5
+        # through the bridge on the warm child: the notes qmd finds, their passages ranked
+        bridge = rows["bridge-qmd"]
+        assert bridge["metrics"]["recallAt5"] == pytest.approx(LOCOMO_R)
+        assert bridge["note"] == ("maxResults 6 (qmd's cap), answered {'qmd': 5, 'builtin': 0}, "
+                                  "warm calls {'answered': 5, 'spawned': 0}")
     else:
         assert rows["qmd"]["note"].startswith("skipped: qmd not found")
+        assert rows["bridge-qmd"]["note"].startswith("skipped: qmd not found")
     assert list((tmp_path / "tmp").iterdir()) == []
 
 

@@ -64,6 +64,10 @@ def test_bench_qmd_quick() -> None:
         assert rows["real qmd"]["note"].startswith("skipped:")
         return
     assert rows["overhead qmd mode / raw qmd (long-lived)"]["value"] > 0
+    assert rows["spawning manager / raw qmd"]["value"] > 0
+    # the question asked through the warm child: one call per collection, none spawned
+    assert rows["manager.search, qmd mode, a question (long-lived, warm qmd mcp child)"]["note"].endswith(
+        "(one per collection), 0 spawned instead")
     # one search call per collection qmd holds documents of (MEMORY.md and memory/)
     assert rows["qmd processes per qmdbridge search"]["value"] == 2
     assert "answered by ['builtin']" in rows["fallback answer, hanging qmd (in-process)"]["note"]

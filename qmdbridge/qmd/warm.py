@@ -22,7 +22,7 @@ qmd's syntax). A question in ``search`` mode is different: its notes are only th
 pool whose passages the bridge ranks itself (``passages.py``), so its lexical searches (the
 content words ANDed, then each word alone, ``lexical.py``) go to the child as typed ``lex``
 sub-searches, one call per collection (:meth:`WarmChild.search_lex`): on LoCoMo a search p50 of
-45 ms instead of 387 ms with one qmd process per word and collection, with the same recall.
+33 ms instead of 350 ms with one qmd process per word and collection, with the same recall.
 The child is started with the backend in ``search`` and ``query`` mode (no model is loaded for
 ``lex`` sub-searches), else by the first search it could serve (a ``search`` whose flags qmd
 rejected is retried with ``query`` and reaches it too).

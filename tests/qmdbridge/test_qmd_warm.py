@@ -54,6 +54,16 @@ async def _ready_child(b: QmdBackend, tasks: BackgroundTasks) -> WarmChild:
     return warm
 
 
+async def _same_hits_through_the_child(b: QmdBackend, warm: WarmChild, spawn: QmdBackend,
+                                       questions: list[str]) -> None:
+    """Each question through ``b``'s ready child: one call per collection, none spawned, and
+    hits (not none) equal to the one-shot backend ``spawn``'s."""
+    for i, q in enumerate(questions):
+        hits = await b.search(q)
+        assert warm.answered == len(b.collections) * (i + 1) and warm.spawn_fallbacks == 0
+        assert hits and hits == await spawn.search(q)
+
+
 def _env(tmp_path: Path) -> dict[str, str]:
     env = model_free_env(tmp_path)
     env["HOME"] = str(tmp_path / "home")
@@ -351,10 +361,8 @@ async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)  # started with the backend, no search needed
         colls = len(b.collections)
-        for i, q in enumerate(["When is the zanzibar ferry leaving?", "spice tour", "ferry"]):
-            hits = await b.search(q)
-            assert warm.answered == colls * (i + 1) and warm.spawn_fallbacks == 0
-            assert hits == await spawn.search(q)
+        await _same_hits_through_the_child(
+            b, warm, spawn, ["When is the zanzibar ferry leaving?", "spice tour", "ferry"])
         hits = await b.search("When is the zanzibar ferry leaving?")
         assert [h.path for h in hits][:3] == ["MEMORY.md", "memory/2026-03-01.md",
                                               "memory/2026-03-02.md"]
@@ -470,10 +478,7 @@ async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
     b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)
-        for i, q in enumerate(["我们什么时候去了支持小组？", "用户喜欢喝什么茶"]):
-            hits = await b.search(q)
-            assert warm.answered == len(b.collections) * (i + 1) and warm.spawn_fallbacks == 0
-            assert hits and hits == await spawn.search(q)
+        await _same_hits_through_the_child(b, warm, spawn, ["我们什么时候去了支持小组？", "用户喜欢喝什么茶"])
         assert [h.path for h in await b.search("用户喜欢喝什么茶")][:1] == ["MEMORY.md"]
         await b.close()
     await spawn.close()

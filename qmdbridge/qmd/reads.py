@@ -54,16 +54,16 @@ def slugify_path(path: str) -> str:
     return "/".join(out)
 
 
-# Folder listings kept between searches: path -> ((st_mtime_ns, st_ino), [(name, slug)]).
-Listings = dict[str, tuple[tuple[int, int], list[tuple[str, str]]]]
+# Folder listings kept between searches: path -> ((st_mtime_ns, st_ino), {slug: [names]}).
+Listings = dict[str, tuple[tuple[int, int], dict[str, list[str]]]]
 
 
-def _slugged_names(folder: Path, listings: Listings | None) -> list[tuple[str, str]]:
-    """``[(name, slugify_path(name))]`` of ``folder``, sorted; reused from ``listings`` while the
-    folder's mtime and inode are unchanged (an entry added, removed or renamed changes them).
-    A folder changed less than :data:`RACY_NS` ago is not kept: file times tick coarsely, so a
-    second change within the same tick would leave the stamp as it was (git's "racily clean"
-    entries have the same cure).
+def _slugged_names(folder: Path, listings: Listings | None) -> dict[str, list[str]]:
+    """The names of ``folder`` by their :func:`slugify_path` (each list sorted); reused from
+    ``listings`` while the folder's mtime and inode are unchanged (an entry added, removed or
+    renamed changes them). A folder changed less than :data:`RACY_NS` ago is not kept: file
+    times tick coarsely, so a second change within the same tick would leave the stamp as it
+    was (git's "racily clean" entries have the same cure).
 
     Raises:
         OSError: the folder cannot be listed.
@@ -73,16 +73,20 @@ def _slugged_names(folder: Path, listings: Listings | None) -> list[tuple[str, s
     known = listings.get(key) if listings is not None else None
     if known is not None and known[0] == stamp:
         return known[1]
-    names = [(n, slugify_path(n)) for n in sorted(os.listdir(folder))]
+    by_slug: dict[str, list[str]] = {}
+    for name in sorted(os.listdir(folder)):
+        by_slug.setdefault(slugify_path(name), []).append(name)
     if listings is not None and time.time_ns() - st.st_mtime_ns >= RACY_NS:
         if len(listings) >= _MAX_LISTINGS:
             listings.clear()
-        listings[key] = (stamp, names)
-    return names
+        listings[key] = (stamp, by_slug)
+    return by_slug
 
 
 def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
-    """Files under ``root`` whose path normalises like ``rel`` (:func:`slugify_path`), sorted."""
+    """Files under ``root`` whose path normalises like ``rel`` (:func:`slugify_path`), sorted.
+    One dictionary lookup per path segment and folder (a name equal to the segment has the
+    segment's slug), not a scan of the folder: a search checks every note it cites."""
     paths = [""]
     for seg in [p for p in rel.split("/") if p]:
         target, found = slugify_path(seg), []
@@ -91,7 +95,7 @@ def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
                 names = _slugged_names(root / base, listings)
             except OSError:
                 continue
-            found += [f"{base}/{n}".lstrip("/") for n, slug in names if n == seg or slug == target]
+            found += [f"{base}/{n}".lstrip("/") for n in names.get(target, ())]
         paths = found[:_MAX_CANDIDATES]
     return [p for p in paths if (root / p).is_file()]
 

@@ -358,7 +358,7 @@ def test_hit_checks_reuse_a_folder_listing_until_the_folder_changes(tmp_path: Pa
     os.utime(notes, ns=(settled, settled))
     assert resolve_hit_file(coll, "2020-01-02.md", "ferry booked", 3, 3, workspace=tmp_path,
                             listings=listings) == ("2020-01-02.md", None)
-    assert listings[str(notes)][1] == [("2020-01-02.md", "2020-01-02.md")]
+    assert listings[str(notes)][1] == {"2020-01-02.md": ["2020-01-02.md"]}
     (notes / "2020_01_02.md").write_text("# Day\n\nferry booked\n")
     rel, note = resolve_hit_file(coll, "2020-01-02.md", "ferry booked", 3, 3, workspace=tmp_path,
                                  listings=listings)

@@ -82,6 +82,7 @@ class SyncProgress:
         self.started_s = started_s
         self.files_done = self.files_total = self.embedded = self.chunks = 0
         self.shown = False
+        self.reported = False  # the sync called back at least once (else there is no sync to show)
         self._last_line_s: float | None = None
         self._lock = threading.Lock()
         self._bar: Any = None
@@ -91,6 +92,7 @@ class SyncProgress:
         with self._lock:
             self.files_done, self.files_total = files_done, files_total
             self.embedded, self.chunks = chunks_embedded, chunks_written
+            self.reported = True
         if self._bar is not None:
             self._bar.update(self._task, completed=files_done, total=files_total or None,
                              description=self._text(time.monotonic()))
@@ -104,8 +106,8 @@ class SyncProgress:
     def tick(self, now_s: float) -> str | None:
         """Decide what to show at ``now_s``: the plain line printed (returned), or None. Starts
         the rich bar once the sync has run :data:`SHOW_AFTER_S`."""
-        if now_s - self.started_s < SHOW_AFTER_S:
-            return None
+        if now_s - self.started_s < SHOW_AFTER_S or not self.reported:
+            return None  # short, or no sync at all (a slow qmd search): nothing to show
         if self.rich:
             if self._bar is None:
                 self._start_bar(now_s)
@@ -136,6 +138,8 @@ class SyncProgress:
         if self._bar is not None:
             self._bar.stop()
         with self._lock:
+            if not self.reported:
+                return None
             if interrupted:
                 line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
                         f"{self.embedded} embedded chunks are kept in the embedding cache, run the "

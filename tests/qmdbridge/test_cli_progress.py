@@ -64,3 +64,20 @@ def test_sync_progress_disabled_and_interrupt() -> None:
         raise KeyboardInterrupt
     assert out.getvalue() == ("indexing: interrupted at 1/2 files; 3 embedded chunks are kept in the "
                               "embedding cache, run the command again to resume\n")
+
+
+def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
+    """A search that takes over a second without indexing anything (qmd starting, a slow qmd
+    search, an index already in sync) never calls the callback: no ``indexing: 0/0 files``
+    line, no ``done, 0 files``, and no ``interrupted at 0/0 files`` on Ctrl-C."""
+    out = io.StringIO()
+    idle = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    assert idle.tick(1.0) is None and idle.tick(6.0) is None
+    assert idle.finish(7.0, interrupted=False) is None
+    stopped = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    assert stopped.finish(2.0, interrupted=True) is None
+    assert out.getvalue() == ""
+    late = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    assert late.tick(1.5) is None
+    late(1, 2, 0, 3)  # the sync reports: shown from the next tick on
+    assert late.tick(1.6) == "indexing: 1/2 files, 3 chunks, 0 embedded, 0.6 files/s, ETA 2s"

@@ -332,9 +332,13 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
                  min_score: float) -> list[MemorySearchResult]:
     """``search``-mode hits: the passages of the located notes ranked for ``question``
     (``passages.rank_passages``), then the notes the ranking could not place, with qmd's lines,
-    in qmd's order, each scored at most as the hit before it (qmd's order puts the AND call's
-    notes before the relaxed pass's, whose qmd scores may be higher; hits are best first);
-    hits under ``min_score`` dropped.
+    in qmd's order; hits under ``min_score`` dropped. A note that was ranked and holds none of
+    the question's words as the builtin engine reads them (qmd matched a prefix: ``Dr`` of
+    ``draft``) scores 0; one that could not be ranked (unread, too large, past the pool) keeps
+    qmd's score, at most the score of the hit before it (qmd's order puts the AND call's notes
+    before the relaxed pass's, whose qmd scores may be higher; hits are best first). qmd's
+    score is on another scale through the warm child (``1/rank``) than spawned (BM25), so only
+    such notes may score differently on the two paths.
 
     Args:
         question: the query as the agent wrote it.
@@ -351,16 +355,18 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
     firsts = list(first_of.values())  # qmd's order, one per file
     notes = [Note(path=hit.path, source=hit.source, lines=hit.text) for hit in firsts
              if hit.text is not None]
-    passages, ranked = rank_passages(question, notes, tokens=tokens, overlap=overlap,
-                                     sections=sections, snippet_chars=snippet_chars, limit=limit)
+    ranking = rank_passages(question, notes, tokens=tokens, overlap=overlap, sections=sections,
+                            snippet_chars=snippet_chars, limit=limit)
     out = [MemorySearchResult(path=notes[p.note].path, start_line=p.start_line,
                               end_line=p.end_line, score=p.score, snippet=p.snippet,
                               source=notes[p.note].source, snippet_start_line=p.snippet_start_line,
-                              snippet_end_line=p.snippet_end_line) for p in passages]
-    placed = {notes[i].path for i in ranked}
+                              snippet_end_line=p.snippet_end_line) for p in ranking.passages]
+    placed = {notes[i].path for i in ranking.matched}
+    wordless = {notes[i].path for i in ranking.pooled - ranking.matched}
     cap = out[-1].score if out else 1.0
     for hit in firsts:  # qmd's order
-        if hit.path not in placed and (kept := qmd_lines_hit(hit, score=min(hit.score, cap))):
+        score = 0.0 if hit.path in wordless else min(hit.score, cap)
+        if hit.path not in placed and (kept := qmd_lines_hit(hit, score=score)):
             out.append(kept)
             cap = kept.score
     return [hit for hit in out if hit.score >= min_score]

@@ -59,7 +59,8 @@ from fallback.search.snippets import MARK_CLOSE, MARK_OPEN
 from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 from fallback.text.chunking import chunk_markdown
 
-__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Passage", "rank_passages"]
+__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Passage", "Ranking",
+           "rank_passages"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -171,8 +172,25 @@ def _note_text(lines: Sequence[str]) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Ranking:
+    """What :func:`rank_passages` found.
+
+    Attributes:
+        passages: at most ``limit`` passages, best first.
+        matched: the indexes of the notes the question's plan matched (a note not among them
+            keeps qmd's lines).
+        pooled: the indexes of the notes cut and ranked, matched or not (a pooled note the plan
+            did not match holds none of the question's words as the builtin engine reads them).
+    """
+
+    passages: list[Passage]
+    matched: set[int]
+    pooled: set[int]
+
+
 def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap: int,
-                  sections: bool, snippet_chars: int, limit: int) -> tuple[list[Passage], set[int]]:
+                  sections: bool, snippet_chars: int, limit: int) -> Ranking:
     """The passages of ``notes`` that best answer ``question`` (module docstring).
 
     Args:
@@ -184,22 +202,23 @@ def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap:
         limit: passages wanted (``>= 1``).
 
     Returns:
-        ``(passages, ranked)``: at most ``limit`` passages, best first, and the indexes of the
-        notes the ranking matched (a note not among them keeps qmd's lines). Both are empty
-        when the question has nothing to search or SQLite fails (logged).
+        The :class:`Ranking`; all empty when the question has nothing to search or SQLite
+        fails (logged).
     """
     store = _NoteStore()
+    pooled: set[int] = set()
     try:
-        pooled = 0
+        size = 0
         for i, note in enumerate(notes):
             text = _note_text(note.lines)
-            if not text.strip() or len(text) > MAX_FOCUS_CHARS or pooled + len(text) > MAX_POOL_CHARS:
+            if not text.strip() or len(text) > MAX_FOCUS_CHARS or size + len(text) > MAX_POOL_CHARS:
                 continue
-            pooled += len(text)
+            size += len(text)
             store.add(f"{i:05d}", note, text, tokens=tokens, overlap=overlap, sections=sections)
+            pooled.add(i)
         plan = search_plan(store, question)
         if plan is None:
-            return [], set()
+            return Ranking([], set(), set())
         ranked = keyword_ranked(store, question, ["memory", "sessions"], candidates=MAX_CANDIDATES,
                                 floor=0.0, half_life_days=None, now_ms=0, plan=plan)
         hits = keyword_results(ranked, limit=max(1, limit))
@@ -207,11 +226,11 @@ def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap:
                                 max_snippet_chars=max(1, snippet_chars))
     except IndexStoreError as exc:
         log.info("qmd hits keep qmd's lines, the passage ranking failed: %s", exc)
-        return [], set()
+        return Ranking([], set(), set())
     finally:
         store.close()
     passages = [Passage(note=int(c.path), start_line=c.start_line, end_line=c.end_line,
                         score=max(0.0, min(1.0, c.score)), snippet=s.text,
                         snippet_start_line=s.start_line, snippet_end_line=s.end_line)
                 for c, s in zip(hits, snippets, strict=True)]
-    return passages, {int(c.path) for c in ranked}
+    return Ranking(passages, {int(c.path) for c in ranked}, pooled)

@@ -27,11 +27,13 @@ def _chat(n: int, answers: dict[int, str]) -> list[str]:
 
 def _rank(question: str, *notes: list[str] | Note, limit: int = 6, snippet_chars: int = 700,
           **chunking: object) -> tuple[list[Passage], set[int]]:
-    """``rank_passages`` over notes ``memory/n<i>.md`` (given as lines) with ``chunking``."""
+    """``rank_passages`` over notes ``memory/n<i>.md`` (given as lines) with ``chunking``: the
+    passages and the indexes of the notes matched."""
     given = [n if isinstance(n, Note) else Note(f"memory/n{i}.md", "memory", n)
              for i, n in enumerate(notes)]
-    return rank_passages(question, given, **{**CHUNKING, **chunking},  # type: ignore[arg-type]
-                         snippet_chars=snippet_chars, limit=limit)
+    ranking = rank_passages(question, given, **{**CHUNKING, **chunking},  # type: ignore[arg-type]
+                            snippet_chars=snippet_chars, limit=limit)
+    return ranking.passages, ranking.matched
 
 
 def _chunk_ranges(lines: list[str], **chunking: object) -> set[tuple[int, int]]:
@@ -110,9 +112,10 @@ def test_words_match_through_the_stemmer_hyphens_and_dates() -> None:
     # a daily note is found by its date, as the builtin index finds it by its path
     dated = [Note("memory/2023-05-07.md", "memory", _chat(5, {})),
              Note("memory/2023-05-08.md", "memory", _chat(5, {}))]
-    on_the_day, ranked = rank_passages("What happened on 8 May 2023?", dated, **CHUNKING,
-                                       snippet_chars=700, limit=6)
-    assert [p.note for p in on_the_day] == [1] and ranked == {1}
+    on_the_day = rank_passages("What happened on 8 May 2023?", dated, **CHUNKING,
+                               snippet_chars=700, limit=6)
+    assert [p.note for p in on_the_day.passages] == [1] and on_the_day.matched == {1}
+    assert on_the_day.pooled == {0, 1}  # both were ranked; the other day holds none of its words
 
 
 @pytest.mark.parametrize("question", ["zebra", "   ", "?!"])
@@ -174,10 +177,10 @@ def test_session_transcripts_take_at_most_half_of_the_slots() -> None:
     notes = [Note(f"qmd/sessions-main/s{i}.md", "sessions", _chat(3, {2: "wombat burrow wombat"}))
              for i in range(4)]
     notes += [Note(f"memory/m{i}.md", "memory", _chat(3, {2: "a wombat"})) for i in range(3)]
-    passages, _ = rank_passages("wombat burrow", notes, **CHUNKING, snippet_chars=700, limit=4)
+    passages = rank_passages("wombat burrow", notes, **CHUNKING, snippet_chars=700, limit=4).passages
     assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "memory", "memory"]
     # with too few other hits, transcripts fill the slots (nothing else matches)
-    passages, _ = rank_passages("wombat burrow", notes[:5], **CHUNKING, snippet_chars=700, limit=4)
+    passages = rank_passages("wombat burrow", notes[:5], **CHUNKING, snippet_chars=700, limit=4).passages
     assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "sessions", "memory"]
 
 
@@ -206,11 +209,16 @@ def test_passage_hits_rank_then_keep_what_they_cannot_place_in_qmds_order() -> N
     [b, a, big, prefix] = hits
     assert (b.path, b.score, b.snippet_start_line, b.snippet_end_line) == ("memory/b.md", 1.0, 1, 2)
     assert a.path == "memory/a.md" and 0 < a.score < 1
-    # the notes left unranked keep qmd's lines, scored at most as the last passage
+    # the notes left unranked keep qmd's lines, in qmd's order: one too big to read keeps qmd's
+    # score, at most the last passage's; one that was ranked and holds none of the question's
+    # words (qmd's prefix match) scores 0
     assert _shape([big, prefix]) == [("memory/big.md", 3, 6, round(a.score, 3)),
-                                     ("memory/prefix.md", 1, 2, round(a.score, 3))]
+                                     ("memory/prefix.md", 1, 2, 0.0)]
     assert (big.snippet, big.snippet_start_line, big.snippet_end_line) == ("qmd's lines", 3, 6)
     # min_score applies to the scores shown
+    assert [h.path for h in passage_hits("wombat burrow", located, **CHUNKING, snippet_chars=700,
+                                         limit=6, min_score=0.0001)] == [
+        "memory/b.md", "memory/a.md", "memory/big.md"]
     floor = a.score + 0.01
     assert _shape(passage_hits("wombat burrow", located, **CHUNKING, snippet_chars=700, limit=6,
                                min_score=floor)) == [("memory/b.md", 1, 2, 1.0)]
@@ -218,13 +226,15 @@ def test_passage_hits_rank_then_keep_what_they_cannot_place_in_qmds_order() -> N
 
 def test_passage_hits_without_any_match_keep_qmds_order_and_scores_that_never_rise() -> None:
     """qmd's order puts the AND call's notes first; a later note's higher qmd score (the relaxed
-    pass) is shown no higher than the hit before it, so hits stay best first."""
-    located = [_located("memory/x.md", ["nothing here"], score=0.4),
-               _located("memory/y.md", None, score=0.7, lines=(2, 2)),
-               _located("memory/z.md", None, score=0.3, lines=(5, 6))]
+    pass) is shown no higher than the hit before it, so hits stay best first. A note that was
+    ranked and holds none of the question's words scores 0, whatever qmd said: qmd's scores
+    differ between the warm child (1/rank) and a spawned search (BM25)."""
+    located = [_located("memory/y.md", None, score=0.4, lines=(2, 2)),
+               _located("memory/z.md", None, score=0.7, lines=(5, 6)),
+               _located("memory/x.md", ["nothing here"], score=0.9)]
     hits = passage_hits("wombat", located, **CHUNKING, snippet_chars=700, limit=6, min_score=0.0)
-    assert _shape(hits) == [("memory/x.md", 1, 2, 0.4), ("memory/y.md", 2, 2, 0.4),
-                            ("memory/z.md", 5, 6, 0.3)]
+    assert _shape(hits) == [("memory/y.md", 2, 2, 0.4), ("memory/z.md", 5, 6, 0.4),
+                            ("memory/x.md", 1, 2, 0.0)]
 
 
 @pytest.mark.parametrize("body", [

@@ -486,6 +486,32 @@ async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
+async def test_a_note_found_by_a_prefix_alone_scores_0_through_the_child_and_spawned(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd reads ``Dr`` as a prefix and finds a note saying only "draft"; it holds none of the
+    question's words, so it scores 0 on both paths (qmd's own score is 1/rank through the child
+    and BM25 spawned), and the same ``minScore`` keeps the same hits."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# People\n\nDr. Okafor is our family dentist in Leeds.\n")
+    (ws / "memory" / "2026-11-22.md").write_text("# Sunday\n\nSent the draft of the budget.\n")
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
+    async with BackgroundTasks() as tasks:
+        warm = await _ready_child(b, tasks)
+        for floor in (0.0, 0.35):
+            hits = await b.search("Who is Dr. Okafor?", min_score=floor)
+            assert hits == await spawn.search("Who is Dr. Okafor?", min_score=floor)
+            assert [(h.path, h.score) for h in hits] == [("MEMORY.md", 1.0), *(
+                [("memory/2026-11-22.md", 0.0)] if floor == 0.0 else [])]
+        assert warm.answered == 2 * len(b.collections) and warm.spawn_fallbacks == 0
+        await b.close()
+    await spawn.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
 async def test_a_hung_child_is_replaced_after_a_search_mode_question_times_out(
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     """A child that stops answering (SIGSTOP): the question fails at ``limits.timeoutMs`` as a

@@ -18,6 +18,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,23 @@ async def _ready_child(b: QmdBackend, tasks: BackgroundTasks) -> WarmChild:
     with anyio.fail_after(DEADLINE_S):
         await warm.wait_for(lambda w: w.ready)
     return warm
+
+
+@asynccontextmanager
+async def _warm_and_spawned(tmp_path: Path, qmd_bin: Path, base_path_env: str,
+                            **qmd: Any) -> AsyncIterator[tuple[QmdBackend, WarmChild, QmdBackend]]:
+    """A long-lived ``search``-mode backend with its child ready, and a one-shot one that
+    spawns qmd, over the same workspace and qmd home (``qmd``: more ``memory.qmd`` settings);
+    both closed on exit."""
+    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search", **qmd)
+    await spawn.start()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search", **qmd)
+    try:
+        async with BackgroundTasks() as tasks:
+            yield b, await _ready_child(b, tasks), spawn
+            await b.close()
+    finally:
+        await spawn.close()
 
 
 async def _same_hits_through_the_child(b: QmdBackend, warm: WarmChild, spawn: QmdBackend,
@@ -354,12 +373,9 @@ async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
     content words ANDed, then each word alone) reach it as qmd's typed ``lex`` sub-searches,
     one call per collection, and give the hits the spawned calls give (the same notes, whose
     passages the bridge ranks). A query in qmd's syntax still spawns ``qmd search``."""
-    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
-    await spawn.start()
-    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
     before = _children()
-    async with BackgroundTasks() as tasks:
-        warm = await _ready_child(b, tasks)  # started with the backend, no search needed
+    # the child is started with the backend, no search needed
+    async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env) as (b, warm, spawn):
         colls = len(b.collections)
         await _same_hits_through_the_child(
             b, warm, spawn, ["When is the zanzibar ferry leaving?", "spice tour", "ferry"])
@@ -372,11 +388,7 @@ async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
             h.path for h in await spawn.search('"zanzibar ferry"')]
         st = (await b.status()).custom["qmd"]["warm"]
         assert (st["state"], st["serves"], st["spawnFallbacks"]) == ("ready", ["query", "search"], 0)
-        await b.close()
-    await spawn.close()
     assert _children() <= before
-
-
 
 
 @pytest.mark.anyio
@@ -449,18 +461,14 @@ async def test_search_mode_pool_is_not_cut_by_collection_order(
         paths.append({"path": name, "name": name})
     (ws / "p3" / "trip.md").write_text("# Trip\n\nThe gondola ride over the glacier at Zermatt "
                                        "cost 80 francs.\n")
-    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search", paths=paths)
-    await spawn.start()
-    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search", paths=paths)
-    async with BackgroundTasks() as tasks:
-        warm = await _ready_child(b, tasks)
+    async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env, paths=paths) as (b, warm, spawn):
         q = "How much did the gondola ride over the glacier at Zermatt cost?"
         hits = await b.search(q, max_results=1)
         assert warm.answered == len(b.collections) and warm.spawn_fallbacks == 0
         assert [h.path for h in hits] == ["p3/trip.md"]
         assert [h.path for h in await spawn.search(q, max_results=1)] == ["p3/trip.md"]
-        await b.close()
-    await spawn.close()
+
+
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
@@ -473,15 +481,9 @@ async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
     (ws / "MEMORY.md").write_text("# 记忆\n\n用户喜欢喝乌龙茶。\n")
     (ws / "memory" / "2026-03-05.md").write_text(
         "# 周五\n\n今天讨论了记忆系统升级。\n周五晚上去了支持小组，大家分享了故事。\n")
-    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
-    await spawn.start()
-    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
-    async with BackgroundTasks() as tasks:
-        warm = await _ready_child(b, tasks)
+    async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env) as (b, warm, spawn):
         await _same_hits_through_the_child(b, warm, spawn, ["我们什么时候去了支持小组？", "用户喜欢喝什么茶"])
         assert [h.path for h in await b.search("用户喜欢喝什么茶")][:1] == ["MEMORY.md"]
-        await b.close()
-    await spawn.close()
 
 
 @pytest.mark.anyio
@@ -495,19 +497,13 @@ async def test_a_note_found_by_a_prefix_alone_scores_0_through_the_child_and_spa
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# People\n\nDr. Okafor is our family dentist in Leeds.\n")
     (ws / "memory" / "2026-11-22.md").write_text("# Sunday\n\nSent the draft of the budget.\n")
-    spawn = _backend(tmp_path, qmd_bin, base_path_env, "cli", searchMode="search")
-    await spawn.start()
-    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search")
-    async with BackgroundTasks() as tasks:
-        warm = await _ready_child(b, tasks)
+    async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env) as (b, warm, spawn):
         for floor in (0.0, 0.35):
             hits = await b.search("Who is Dr. Okafor?", min_score=floor)
             assert hits == await spawn.search("Who is Dr. Okafor?", min_score=floor)
             assert [(h.path, h.score) for h in hits] == [("MEMORY.md", 1.0), *(
                 [("memory/2026-11-22.md", 0.0)] if floor == 0.0 else [])]
         assert warm.answered == 2 * len(b.collections) and warm.spawn_fallbacks == 0
-        await b.close()
-    await spawn.close()
 
 
 @pytest.mark.anyio

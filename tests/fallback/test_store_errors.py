@@ -23,6 +23,7 @@ from fallback.store.errors import (
     IndexStoreLockedError,
     IndexStoreReadOnlyError,
     error_kind,
+    retry_locked,
     translate_errors,
 )
 
@@ -224,3 +225,73 @@ def test_no_sqlite_error_is_classified_by_its_message() -> None:
             if pattern.search(line):
                 offenders.append(f"{rel}:{number}: {line.strip()}")
     assert offenders == []
+
+
+# -- retry_locked: a bare first call, the loop only after a locked error ------------------
+
+
+def test_retry_locked_counts_the_bare_failure_as_its_first_attempt(tmp_path: Path) -> None:
+    db = tmp_path / "main.sqlite"
+    _make_db(db)
+    holder = sqlite3.connect(db, isolation_level=None)
+    waiter = sqlite3.connect(db, isolation_level=None, timeout=0)
+    calls: list[str] = []
+    retries: list[int] = []
+
+    def begin() -> str:
+        calls.append("call")
+        waiter.execute("BEGIN IMMEDIATE")
+        waiter.execute("ROLLBACK")
+        return "began"
+
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+            retry_locked(begin, attempts=3, on_retry=lambda: retries.append(1))
+        assert len(calls) == 3 and len(retries) == 2  # 3 calls in all, a sleep before each retry
+
+        calls.clear()
+        retries.clear()
+
+        def release_then_begin() -> str:
+            if calls:  # the lock is gone by the second call
+                holder.execute("ROLLBACK")
+            return begin()
+
+        assert retry_locked(release_then_begin, attempts=3,
+                            on_retry=lambda: retries.append(1)) == "began"
+        assert len(calls) == 2 and len(retries) == 1
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+        waiter.close()
+
+
+def test_retry_locked_returns_and_raises_at_once_without_a_lock(tmp_path: Path) -> None:
+    retries: list[int] = []
+    assert retry_locked(lambda: 7, attempts=5, on_retry=lambda: retries.append(1)) == 7
+    conn = sqlite3.connect(tmp_path / "x.sqlite")
+    calls: list[int] = []
+
+    def bad() -> None:
+        calls.append(1)
+        conn.execute("SELECT * FROM missing_table")
+
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        retry_locked(bad, attempts=5, on_retry=lambda: retries.append(1))
+    assert calls == [1] and retries == []  # not a lock: never retried
+    calls.clear()
+    holder = sqlite3.connect(tmp_path / "x.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        waiter = sqlite3.connect(tmp_path / "x.sqlite", isolation_level=None, timeout=0)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            retry_locked(lambda: (calls.append(1), waiter.execute("SELECT 1 FROM sqlite_master"))[1],
+                         attempts=1, on_retry=lambda: retries.append(1))
+        assert calls == [1] and retries == []  # one attempt allowed: no loop at all
+        waiter.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        conn.close()

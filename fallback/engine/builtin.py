@@ -369,19 +369,23 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> None:
-        empty = not (await anyio.to_thread.run_sync(
-            store.query, "SELECT 1 FROM chunks LIMIT 1"))
-        if empty and not self._synced:
+    async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> bool:
+        """The pre-search sync: awaited in full when this process has not synced and the index
+        is empty (nothing to answer from otherwise), else within ``budget_ms`` when
+        ``sync.onSearch`` is on and the index is dirty or not synced yet. Returns whether a
+        sync was run or waited for (the store may have been replaced then)."""
+        if not self._synced and not (await anyio.to_thread.run_sync(
+                store.query, "SELECT 1 FROM chunks LIMIT 1")):
             await self._search_sync(deadline)  # bootstrap: nothing to answer from otherwise
-            return
+            return True
         if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
-            return
+            return False
         with anyio.move_on_after(max(0, budget_ms) / 1000):
             if self._live is not None:
                 await self._live.spawn_sync("search").wait()
             else:
                 await self._search_sync(deadline)
+        return True
 
     async def _search_sync(self, deadline: float) -> None:
         try:
@@ -491,9 +495,9 @@ class BuiltinEngine:
             on_provider_failure(provider.provider_id, self._last_error,
                                 fail_closed=self._fails_closed(), warnings=warnings)
         syncs = self._syncs_done
-        await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
-                              else sync_budget_ms, deadline)
-        store = await self._open_store()  # the sync may have replaced a corrupt store
+        if await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
+                                 else sync_budget_ms, deadline):
+            store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,

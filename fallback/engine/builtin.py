@@ -509,9 +509,10 @@ class BuiltinEngine:
         if not srcs:
             return SearchOutcome(results=[], warnings=warnings)
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
-        outcome = await self._searcher(explain).run(store, prepared, text, srcs, candidates,
-                                                    floor, limit)
-        fts_error = await anyio.to_thread.run_sync(lambda: store.fts_error)
+        searcher = self._searcher(explain)
+        outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
+        fts_error = (searcher.fts_error if searcher.fts_checked
+                     else await anyio.to_thread.run_sync(lambda: store.fts_error))
         if fts_error is not None:
             warnings.append(SUBSTRING_WARNING.format(error=fts_error))
         return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])

@@ -79,6 +79,8 @@ class Searcher:
         self.settings = settings
         self.max_snippet_chars = max_snippet_chars
         self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
+        self._planned = False  # whether _plan (and fts_error) were looked up
+        self.fts_error: str | None = None
         self._vector_index = vector_index
         self._now_ms = now_ms
         self._on_error = on_error
@@ -109,10 +111,25 @@ class Searcher:
                                      explains=explains)
         return SearchOutcome(results=results, warnings=list(self.warnings))
 
-    async def _ensure_plan(self, store: Store, text: str) -> FtsPlan | None:
-        if self._plan is None and store.fts_error is None:
-            self._plan = await anyio.to_thread.run_sync(search_plan, store, text)
+    @property
+    def fts_checked(self) -> bool:
+        """Whether this search has read the store's FTS5 state (then :attr:`fts_error` holds
+        why FTS5 is unavailable, or ``None``)."""
+        return self._planned
+
+    def _plan_blocking(self, store: Store, text: str) -> FtsPlan | None:
+        """This search's keyword plan, made once (``None`` on a store without FTS5, whose
+        error :attr:`fts_error` keeps); blocking: call it in a worker thread."""
+        if not self._planned:
+            self.fts_error = store.fts_error
+            self._plan = search_plan(store, text) if self.fts_error is None else None
+            self._planned = True
         return self._plan
+
+    async def _ensure_plan(self, store: Store, text: str) -> FtsPlan | None:
+        if self._planned:
+            return self._plan
+        return await anyio.to_thread.run_sync(self._plan_blocking, store, text)
 
     async def _keyword_candidates(self, store: Store, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
@@ -131,11 +148,14 @@ class Searcher:
         reranker (which reorder, never remove), hits mostly inside a better hit of the same
         file dropped and the result slots (session transcripts at most half):
         :func:`~fallback.search.fts_only.keyword_results`."""
-        plan = await self._ensure_plan(store, text)
-        ranked = await anyio.to_thread.run_sync(partial(
-            keyword_ranked, store, text, srcs, candidates=candidates, floor=floor,
-            half_life_days=self._half_life_days(), now_ms=self._now_ms(), plan=plan,
-            trace=self.trace))
+        half_life_days, now_ms = self._half_life_days(), self._now_ms()
+
+        def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
+            return keyword_ranked(store, text, srcs, candidates=candidates, floor=floor,
+                                  half_life_days=half_life_days, now_ms=now_ms,
+                                  plan=self._plan_blocking(store, text), trace=self.trace)
+
+        ranked = await anyio.to_thread.run_sync(rank)
         return self._finish(keyword_results(await self._rerank(text, ranked), limit=limit), floor)
 
     async def hybrid(self, store: Store, provider: EmbeddingProvider, text: str,

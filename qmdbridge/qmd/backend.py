@@ -340,13 +340,15 @@ class QmdBackend:
     async def sync(self, *, reason: str, force: bool = False,
                    progress: ProgressCallback | None = None) -> None:
         """``runUpdate(reason, force)``: see :meth:`UpdateCycle.run` (``progress`` is not
-        reported: qmd does not say how far it is). Returns nothing.
+        reported: qmd does not say how far it is). Returns nothing, once qmd's index holds what
+        changed before the call: a request is not skipped by ``update.debounceMs`` (which
+        spaces the watcher's and the timers' updates, never this one).
 
         Raises:
             ManagerClosedError: closed. BackendUnavailableError: ``qmd update`` failed.
         """
         self._check_open()
-        await self.cycle.run(reason or "manual", force=force)
+        await self.cycle.run(reason or "manual", force=force, debounce=False)
 
     async def update(self) -> None:
         """Forced update now (CLI ``qmdbridge qmd update``); embeds too outside ``search`` mode.

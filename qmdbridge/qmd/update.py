@@ -181,12 +181,17 @@ class UpdateCycle:
             with anyio.move_on_after(max_ms / 1000):
                 await ev.wait()
 
-    async def run(self, reason: str, *, force: bool = False) -> None:
+    async def run(self, reason: str, *, force: bool = False, debounce: bool = True) -> None:
         """``runUpdate(reason, force)``: queue, debounce, update, maybe embed (spec 2.7.1).
 
         A forced request while an update runs queues exactly one more run; an unforced one
         waits for the running one. Unforced runs within ``debounce_ms`` of the last completed
         update are skipped. Closed -> no-op.
+
+        ``debounce=False`` is a request that must index what changed before it (a ``sync``
+        request; the debounce is for background runs): it is never skipped, and while an
+        update runs (which may have listed the files before the change) it runs once more
+        after it, as a forced request does, but embeds only when an unforced run would.
 
         Raises:
             BackendUnavailableError: ``qmd update`` failed after its retries and repairs
@@ -194,7 +199,7 @@ class UpdateCycle:
         """
         if self.closed:
             return
-        if not force:
+        if not force and debounce:
             if self._running is not None:
                 await self._running.wait()
                 return

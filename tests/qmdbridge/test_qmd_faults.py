@@ -194,6 +194,25 @@ async def test_unforced_runs_debounced_forced_runs_queue(tmp_path: Path) -> None
     assert log == ["update"] * 4
 
 
+async def test_explicit_runs_are_neither_debounced_nor_joined(tmp_path: Path) -> None:
+    """A ``sync`` request (``debounce=False``) must index what changed before it: within the
+    debounce window it still updates, and while an update runs (which may have listed the
+    files before the change) it runs one more after it, without forcing an embed."""
+    log: list[str] = []
+    clock = [1_000_000]
+    c = cycle(tmp_path, log, clock=clock)
+    await c.run("boot", force=True)
+    assert log == ["update", "embed"]
+    await c.run("serve", debounce=False)
+    assert log == ["update", "embed", "update"]
+    clock[0] += 15_000  # past the debounce: the interval run updates
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: c.run("interval"))
+        await anyio.sleep(0.01)
+        tg.start_soon(lambda: c.run("serve", debounce=False))
+    assert log == ["update", "embed", "update", "update", "update"]
+
+
 async def test_embed_failure_backs_off_and_never_fails_update(tmp_path: Path) -> None:
     log: list[str] = []
     clock = [1_000_000]

@@ -21,12 +21,13 @@ pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 DEADLINE_S = 30
 
 
-def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> QmdBackend:
+def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
+             debounce_ms: int = 1500) -> QmdBackend:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha fact\n")
     cfg = parse_config({
-        "memory": {"backend": "qmd", "qmd": {"update": {"debounceMs": 1500, "interval": "0",
+        "memory": {"backend": "qmd", "qmd": {"update": {"debounceMs": debounce_ms, "interval": "0",
                                                         "waitForBootSync": True}}},
         "agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": 200}}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
@@ -82,6 +83,24 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
     with anyio.fail_after(10):
         while {p.pid for p in psutil.Process().children(recursive=True)} - before:
             await anyio.sleep(0.05)
+
+
+async def test_sync_request_right_after_an_update_indexes_what_changed(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A ``sync`` request (the serve tool, ``MemoryManager.sync``) answers once qmd's index is
+    up to date: within ``update.debounceMs`` of the boot update it still runs ``qmd update``,
+    so the note saved just before it is found by the next search, without waiting for the
+    watcher (whose update waits out the debounce, a minute here)."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, debounce_ms=60_000)
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        updates = b.cycle.updates_run
+        assert updates == 1  # the boot update, just now
+        (b.agent.workspace_dir / "memory" / "2026-05-03.md").write_text("# Day\n\npelican on the quay\n")
+        await b.sync(reason="serve")
+        assert b.cycle.updates_run == updates + 1
+        assert [r.path for r in await b.search("pelican", min_score=0)] == ["memory/2026-05-03.md"]
+        await b.close()
 
 
 async def test_session_transcripts_are_exported_searched_and_readable(tmp_path: Path, qmd_bin: Path,

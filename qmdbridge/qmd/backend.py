@@ -66,7 +66,7 @@ from qmdbridge.qmd.passages import POOL_FACTOR
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
-from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
+from qmdbridge.qmd.startup import lost_collections, prepare_home, reconcile_if_changed, yml_stamp
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
 if TYPE_CHECKING:
@@ -124,6 +124,8 @@ class QmdBackend:
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
+        # index.yml's stamp when this backend last reconciled (startup.lost_collections)
+        self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
         self._closed = False
         self.now_ms = self._now
@@ -288,6 +290,20 @@ class QmdBackend:
             marker=self.home.qmd_dir / "reconciled.json",
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
+        self._yml_seen = yml_stamp(self.home.index_yml)
+
+    async def _readd_lost(self, counts: dict[str, int]) -> dict[str, int]:
+        """``counts`` (documents per collection), read again after a reconcile when a managed
+        collection has none and qmd's collection list changed since this backend last
+        reconciled (:func:`~qmdbridge.qmd.startup.lost_collections`)."""
+        stamp = yml_stamp(self.home.index_yml)
+        if stamp == self._yml_seen or not lost_collections(self.collections, counts,
+                                                           self.reconcile_state.refused):
+            return counts
+        log.warning("qmd's collection list changed and a managed collection has no document in "
+                    "qmd's index; reconciling the collections")
+        await self.reconcile()  # records the stamp it leaves: one attempt per edit
+        return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
         """Cancel this backend's background tasks (their qmd children are killed and reaped),
@@ -394,7 +410,9 @@ class QmdBackend:
         collection that qmd's index holds documents of (``search_calls``: side by side, busy
         answers retried, a complete answer before a crash used, with a note). An "unknown
         flag" on stderr reruns the search with ``query``; a missing collection triggers one
-        reconcile and one retry; ``no such module: vec0`` switches this agent to ``search``.
+        reconcile and one retry, and so does one without documents once qmd's collection list
+        changed (``startup.lost_collections``); ``no such module: vec0`` switches this agent
+        to ``search``.
         In long-lived ``search`` mode a question's lexical searches go to the warm child
         (``lexical.warm_candidates``), unless qmd's index holds no document of any managed
         collection: the child's MCP tool answers ``[]`` for a collection qmd lost, where the
@@ -438,7 +456,7 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        counts, _ = await self.index_counts.read()
+        counts = await self._readd_lost((await self.index_counts.read())[0])
         colls = [c for c in self.collections if (sources is None or c.source in sources)
                  and c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others

@@ -420,6 +420,46 @@ async def test_search_mode_repairs_collections_removed_behind_the_childs_back(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
+@pytest.mark.parametrize("warm_child", [True, False])
+async def test_search_re_adds_one_collection_removed_behind_its_back(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str, warm_child: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One managed collection removed from qmd's index (``qmd collection remove``) while the
+    others keep their documents: a long-lived search no longer finds a document of it in qmd's
+    index, so it would search the others only, through the child or spawned, and the
+    collection's notes would be missing until a restart (no update re-adds a collection). The
+    search sees that qmd's collections were edited since its last reconcile, re-adds the
+    collection, and finds its notes; a collection that is merely empty costs no reconcile."""
+    (make_workspace(tmp_path) / "empty").mkdir()
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", searchMode="search",
+                 mcp={"enabled": warm_child}, paths=[{"name": "empty", "path": "empty"}])
+    reconciles = "reconciling the collections"
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        if warm_child:
+            warm = await _ready_child(b, tasks)
+        q = "When is the zanzibar ferry leaving?"
+        found = [h.path for h in await b.search(q)]
+        assert found[:3] == ["MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
+        assert "empty-main" not in (await b.index_counts.read())[0]
+        assert reconciles not in caplog.text
+        res = await anyio.run_process(b.argv(["collection", "remove"], ["memory-dir-main"]),
+                                      env=b.child_env, cwd=b.agent.workspace_dir)
+        assert res.returncode == 0
+        assert "memory-dir-main" not in (await b.index_counts.read())[0]
+        assert [h.path for h in await b.search(q)] == found
+        assert (await b.index_counts.read())[0].get("memory-dir-main", 0) > 40
+        assert caplog.text.count(reconciles) == 1
+        answered = warm.answered if warm_child else 0
+        assert [h.path for h in await b.search(q)] == found
+        assert caplog.text.count(reconciles) == 1
+        if warm_child:  # the two collections with documents, through the child again
+            assert warm.answered == answered + 2
+        await b.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
 async def test_search_mode_question_spawned_while_the_child_is_down_counts_each_collection(
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     """``spawnFallbacks`` counts collection searches spawned instead (as in ``query`` mode): a

@@ -23,7 +23,7 @@ from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import rank_substring_hits
-from fallback.text.keywords import extract_keywords
+from fallback.text.keywords import cjk_words, extract_keywords
 from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
@@ -260,10 +260,14 @@ def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], cand
     """Keyword candidates for ``text``, best first (blocking): the hits of the whole query (an
     OR of its content parts, ranked by BM25; substring hits on a SQLite without FTS5), each
     scored by :func:`relative_scores`; when that finds nothing (a CJK run with no exact
-    substring match), the extracted keywords (``fallback.text.keywords.extract_keywords``: CJK
-    unigrams and bigrams, Korean stems) are searched one by one and each chunk scores the sum
-    of its per-keyword scores, so a chunk matching more keywords ranks higher; scores are then
-    divided by the best one.
+    substring match), the query's keywords are searched one by one (at most
+    :data:`MAX_FALLBACK_KEYWORDS`) and each chunk scores the sum of its per-keyword scores, so a
+    chunk matching more keywords ranks higher; scores are then divided by the best one. The
+    keywords of a query holding CJK text are its words (``fallback.text.keywords.cjk_words``:
+    ideograph bigrams that take no stop word's character, Japanese and Korean words, then lone
+    ideographs), so the stop words that open a question (我们什么时候) take no slot; other
+    queries, and a CJK query with no such word, take
+    ``fallback.text.keywords.extract_keywords`` (CJK unigrams and bigrams, Korean stems).
 
     Args:
         store: the store.
@@ -282,7 +286,9 @@ def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], cand
         return hits
     by_id: dict[str, Candidate] = {}
     totals: dict[str, float] = {}
-    keywords = [k for k in extract_keywords(text) if k != text.lower()]
+    whole = text.lower()
+    keywords = ([k for k in cjk_words(text) if k != whole] if contains_cjk(text) else []) or [
+        k for k in extract_keywords(text) if k != whole]
     for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
         for hit in _hits(store, kw, srcs, candidates):
             by_id.setdefault(hit.chunk_id, hit)

@@ -5,7 +5,9 @@
 Portuguese, Arabic, Chinese (Simplified and Traditional), Korean, Japanese, Danish, Norwegian
 Bokmål and Swedish are dropped, Chinese runs become unigrams and bigrams (the unicode61 tokenizer sees an unbroken CJK
 run as one token), Japanese mixed-script text is cut at script changes, Korean particles are
-stripped from word ends.
+stripped from word ends. :func:`cjk_words` keeps, of those, the words a substring search can use
+one by one (a Chinese question's bigrams that take no stop word's character, then its lone
+ideographs).
 
 Source: OpenClaw ``extractKeywords`` (``query-expansion.ts``, E2). The stop-word lists are our
 own.
@@ -18,13 +20,13 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
-from fallback.text.scripts import script_of, word_runs
+from fallback.text.scripts import contains_cjk, script_of, word_runs
 
 if TYPE_CHECKING:
     import regex
 
 __all__ = ["CHINESE_STOP_WORDS", "JAPANESE_STOP_WORDS", "KOREAN_PARTICLES", "STOP_WORDS",
-           "contraction_fragments", "extract_keywords", "query_tokens"]
+           "cjk_words", "contraction_fragments", "extract_keywords", "query_tokens"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -309,3 +311,70 @@ def extract_keywords(query: str) -> list[str]:
                 seen.add(term)
                 out.append(term)
     return out
+
+
+@functools.cache
+def _cjk_stop_words(japanese: bool) -> tuple[str, ...]:
+    """The stop words of a Japanese (``japanese``) or else a Chinese query, longest first.
+
+    Not both: Chinese function characters are parts of Japanese words (都 of 京都, 与 of 給与,
+    和 of 和食, 在 of 在庫)."""
+    words = JAPANESE_STOP_WORDS if japanese else CHINESE_STOP_WORDS
+    return tuple(sorted(words, key=len, reverse=True))
+
+
+def cjk_words(query: str) -> tuple[str, ...]:
+    """The words of a query holding CJK text, to be searched one by one as substrings (pure).
+
+    A CJK question has no spaces, so searched whole ("我们什么时候去了支持小组") it finds only a note
+    holding it verbatim. Its words are those of :func:`extract_keywords` (ideograph bigrams,
+    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram or a
+    run of hiragana that takes a character of a stop word of the query is no word (``们什`` and
+    ``么时`` of ``我们什么时候``; ``はいつですか``, a particle, いつ and です) and is left out. The stop
+    words are those of the query's language: Japanese when it holds kana, else Chinese
+    (Simplified and Traditional). A CJK word holding another word kept (a Korean word and its
+    stem, ``부산에서`` and ``부산``; a kanji run and its bigrams) is left out: a substring search
+    finds it only where it finds the shorter one. Then, last, each ideograph that is in no stop
+    word and no word kept (``茶`` of ``喝什么茶``: a one-character noun).
+
+    Args:
+        query: the user's query (any text).
+
+    Returns:
+        The words in query order; ``()`` without CJK text or without any word.
+
+    Examples:
+        ``我们什么时候去了支持小组？`` -> ``("时候", "候去", "支持", "持小", "小组")``;
+        ``用户喜欢喝什么茶`` -> ``("用户", "户喜", "喜欢", "欢喝", "茶")``;
+        ``東京の会議はいつですか`` -> ``("東京", "会議")``.
+    """
+    text = unicodedata.normalize("NFC", query).strip().lower()
+    if not text or not contains_cjk(text):
+        return ()
+    japanese = any(script_of(ch) in ("hiragana", "katakana") for ch in text)
+    covered = [False] * len(text)
+    for word in _cjk_stop_words(japanese):
+        at = text.find(word)
+        while at >= 0:
+            covered[at:at + len(word)] = [True] * len(word)
+            at = text.find(word, at + 1)
+
+    def is_word(term: str) -> bool:
+        scripts = {script_of(ch) for ch in term}
+        if not (scripts == {"hiragana"} or (len(term) == 2 and scripts == {"han"})):
+            return True
+        at = text.find(term)
+        while at >= 0:  # a word if one of its places takes no stop word's character
+            if not any(covered[at:at + len(term)]):
+                return True
+            at = text.find(term, at + 1)
+        return False
+
+    words = [t for t in extract_keywords(text) if len(t) >= 2 and is_word(t)]
+    # a CJK word holding another word is found only where that one is: 부산에서 of 부산,
+    # 京都旅行 of 京都; it would only take a slot
+    words = [t for t in words
+             if not (contains_cjk(t) and any(u != t and contains_cjk(u) and u in t for u in words))]
+    alone = [ch for i, ch in enumerate(text) if script_of(ch) == "han" and not covered[i]
+             and not any(ch in w for w in words)]
+    return tuple(dict.fromkeys([*words, *alone]))

@@ -44,7 +44,6 @@ Retrieval", 1983, ch. 4): rank by the number of query terms matched, then by wei
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import unicodedata
@@ -54,14 +53,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
-from fallback.text.keywords import (
-    CHINESE_STOP_WORDS,
-    JAPANESE_STOP_WORDS,
-    STOP_WORDS,
-    contraction_fragments,
-    extract_keywords,
-)
-from fallback.text.scripts import contains_cjk, script_of
+from fallback.text.keywords import STOP_WORDS, cjk_words, contraction_fragments
+from fallback.text.scripts import contains_cjk
 from qmdbridge.qmd.parse import QmdEntry, merge_key
 
 if TYPE_CHECKING:
@@ -167,31 +160,15 @@ def lexical_terms(query: str) -> tuple[str, ...]:
     return tuple(terms.values())
 
 
-@functools.cache
-def _cjk_stop_words(japanese: bool) -> tuple[str, ...]:
-    """The stop words of a Japanese (``japanese``) or else a Chinese question, longest first.
-
-    Not both: Chinese function characters are parts of Japanese words (都 of 京都, 与 of 給与,
-    和 of 和食, 在 of 在庫)."""
-    words = JAPANESE_STOP_WORDS if japanese else CHINESE_STOP_WORDS
-    return tuple(sorted(words, key=len, reverse=True))
-
-
 def cjk_terms(query: str) -> tuple[str, ...]:
     """The words of a query holding CJK text, for the relaxed pass (pure).
 
     qmd indexes a CJK run character by character and matches a CJK query term as the phrase of
     its characters (``normalizeCjkForFTS``), so a question sent whole ("我们什么时候去了支持小组")
-    matches only a note that holds it verbatim. Its words are those of the builtin engine's
-    keyword extraction (``fallback.text.keywords.extract_keywords``: ideograph bigrams,
-    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram or
-    a run of hiragana that takes a character of a stop word of the query is no word (``们什``
-    and ``么时`` of ``我们什么时候``; ``はいつですか``, a particle, いつ and です) and is left
-    out. The stop words are those of the query's language: Japanese when it holds kana, else
-    Chinese (Simplified and Traditional). A CJK word holding another word kept (a Korean word
-    and its stem, ``부산에서`` and ``부산``; a kanji run and its bigrams) is left out: qmd
-    finds it only where it finds the shorter one. Then, last, each ideograph that is in no stop word
-    and no word kept (``茶`` of ``喝什么茶``: a one-character noun).
+    matches only a note that holds it verbatim. Its words are the builtin engine's
+    (``fallback.text.keywords.cjk_words``: ideograph bigrams that take no stop word's
+    character, Japanese and Korean words, then lone ideographs), which its keyword search
+    also searches one by one.
 
     Args:
         query: the user's query (any text).
@@ -202,39 +179,12 @@ def cjk_terms(query: str) -> tuple[str, ...]:
 
     Examples:
         ``我们什么时候去了支持小组？`` -> ``("时候", "候去", "支持", "持小", "小组")``;
-        ``用户喜欢喝什么茶`` -> ``("用户", "户喜", "喜欢", "欢喝", "茶")``;
         ``東京の会議はいつですか`` -> ``("東京", "会議")``.
     """
     text = unicodedata.normalize("NFC", query).strip().lower()
-    if not text or '"' in text or _NEGATION_RE.search(text) or not contains_cjk(text):
+    if not text or '"' in text or _NEGATION_RE.search(text):
         return ()
-    japanese = any(script_of(ch) in ("hiragana", "katakana") for ch in text)
-    covered = [False] * len(text)
-    for word in _cjk_stop_words(japanese):
-        at = text.find(word)
-        while at >= 0:
-            covered[at:at + len(word)] = [True] * len(word)
-            at = text.find(word, at + 1)
-
-    def is_word(term: str) -> bool:
-        scripts = {script_of(ch) for ch in term}
-        if not (scripts == {"hiragana"} or (len(term) == 2 and scripts == {"han"})):
-            return True
-        at = text.find(term)
-        while at >= 0:  # a word if one of its places takes no stop word's character
-            if not any(covered[at:at + len(term)]):
-                return True
-            at = text.find(term, at + 1)
-        return False
-
-    words = [t for t in extract_keywords(text) if len(t) >= MIN_RELAXED_CHARS and is_word(t)]
-    # a CJK word holding another word finds only notes that one finds (qmd: the phrase of its
-    # characters): 부산에서 of 부산, 京都旅行 of 京都; it would only take a slot
-    words = [t for t in words
-             if not (contains_cjk(t) and any(u != t and contains_cjk(u) and u in t for u in words))]
-    alone = [ch for i, ch in enumerate(text) if script_of(ch) == "han" and not covered[i]
-             and not any(ch in w for w in words)]
-    return tuple(dict.fromkeys([*words, *alone]))
+    return cjk_words(text)
 
 
 def relaxed_terms(terms: Sequence[str]) -> list[str]:

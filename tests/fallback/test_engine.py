@@ -117,6 +117,27 @@ async def test_cjk_substrings(ws: Path, query: str, path: str) -> None:
     await engine.close()
 
 
+@pytest.mark.parametrize(("query", "path"), [
+    # no note holds the question verbatim: its words are searched one by one, and the first
+    # characters (我们什么时候: stop words) must not take the six keyword slots
+    ("我们什么时候去了支持小组？", "memory/group.md"),
+    ("我們什麼時候去了支持小組？", "memory/group-hant.md"),
+    ("用户喜欢喝什么茶？", "memory/tea.md"),
+    ("東京の会議はいつですか", "memory/tokyo.md"),
+    ("부산에서 먹은 음식은 뭐였어?", "memory/busan.md"),
+])
+async def test_cjk_questions_find_notes_by_their_words(ws: Path, query: str, path: str) -> None:
+    (ws / "memory" / "group.md").write_text("Caroline went to 支持小组 on Tuesday.\n")
+    (ws / "memory" / "group-hant.md").write_text("上週二去了支持小組。\n")
+    (ws / "memory" / "tea.md").write_text("用户只喝乌龙茶。\n")
+    (ws / "memory" / "tokyo.md").write_text("東京の会議は3月20日です。\n")
+    (ws / "memory" / "busan.md").write_text("부산 출장에서 돼지국밥을 먹었다.\n")
+    engine = _engine(ws)
+    hits = await engine.search(query, min_score=0.0)
+    assert hits and hits[0].path == path, [(h.path, h.score) for h in hits]
+    await engine.close()
+
+
 async def test_edits_are_picked_up_before_search(ws: Path) -> None:
     engine = _engine(ws)
     assert [h.path for h in await engine.search("zebra")] == ["memory/2026-01-12.md"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.text.keywords import contraction_fragments, extract_keywords, query_tokens
+from fallback.text.keywords import cjk_words, contraction_fragments, extract_keywords, query_tokens
 
 
 def test_case39_english_conversational() -> None:
@@ -134,3 +134,21 @@ def test_ascii_contractions_are_found_as_the_unicode_patterns_find_them() -> Non
     for text in texts:
         want = sorted([m.span(1) for m in clitic.finditer(text)] + [m.span(1) for m in negated.finditer(text)])
         assert contraction_fragments(text) == want, text
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    # bigrams taking a stop word's character go (们什, 么时); lone ideographs come last
+    ("我们什么时候去了支持小组？", ("时候", "候去", "支持", "持小", "小组")),
+    ("用户喜欢喝什么茶", ("用户", "户喜", "喜欢", "欢喝", "茶")),
+    # Japanese: its own stop words (not the Chinese ones, which would cut 京都 and 和食)
+    ("東京の会議はいつですか", ("東京", "会議")),
+    ("京都旅行はいつ", ("京都", "都旅", "旅行")),
+    # Korean: the stem only, the word holding it would take a slot for nothing
+    ("부산에서 먹은 음식은", ("부산", "먹은", "음식")),
+    # Latin words of a mixed query are kept
+    ("团队用什么 chat 工具", ("团队", "队用", "chat", "工具")),
+    ("no cjk here", ()),
+    ("", ()),
+])
+def test_cjk_words(query: str, words: tuple[str, ...]) -> None:
+    assert cjk_words(query) == words

@@ -6,8 +6,8 @@ something a user can act on: a memory file that is not indexed (too large, binar
 a symlink), an extra path that is missing or unusable, qmd not answering (its circuit breaker
 open, or the test search that status runs failing), an explicitly configured embedding provider that cannot work, a failing sync, FTS5
 missing. Not problems: a workspace without daily notes yet (no ``memory/`` folder), a hidden
-draft (``.draft.md``), a file indexed with invalid UTF-8 replaced, keyword-only search under
-``provider: "auto"``.
+draft (``.draft.md``), a file indexed with a caveat (invalid UTF-8 replaced, NUL padding
+stripped, a name that is not UTF-8), keyword-only search under ``provider: "auto"``.
 
 It reads the status as JSON (``MemoryStatus.to_json_dict()``, camelCase keys), so the CLI's
 daemon client, which imports the standard library only, can use it on a served answer too.
@@ -19,15 +19,25 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["QMD_UNHEALTHY", "status_problems"]
+__all__ = ["INDEXED_CAVEATS", "QMD_UNHEALTHY", "is_indexed_caveat", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
 
+# How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
+# UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
+# fallback/index/indexer.py; tests/qmdbridge/test_doctor.py keeps the two in step).
+INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", "file name is not valid UTF-8")
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
-_NOT_PROBLEMS = ("invalid UTF-8", "hidden name")
+_NOT_PROBLEMS = (*INDEXED_CAVEATS, "hidden name")
 # Issues that describe a normal young workspace.
 _NORMAL_ISSUES = ("memory directory missing",)
+
+
+def is_indexed_caveat(reason: str) -> bool:
+    """Whether a ``skipped`` entry's ``reason`` is the caveat of a file that was indexed anyway
+    (see :data:`INDEXED_CAVEATS`), rather than the reason a file was left out."""
+    return reason.startswith(INDEXED_CAVEATS)
 
 
 def _problem(check: str, message: str, hint: str | None) -> dict[str, Any]:

@@ -187,9 +187,14 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:
+        from qmdbridge.problems import is_indexed_caveat
+
         pending = st.vector.get("pending") or 0
+        caveats = sum(is_indexed_caveat(s.reason) for s in st.skipped)
+        skipped = len(st.skipped) - caveats
         sys.stdout.write(f"Memory index updated ({agent.agent_id}): {st.files} files, {st.chunks} chunks"
-                         f"{', ' + str(len(st.skipped)) + ' skipped' if st.skipped else ''}"
+                         f"{', ' + str(skipped) + ' skipped' if skipped else ''}"
+                         f"{', ' + str(caveats) + ' indexed with a caveat' if caveats else ''}"
                          f"{'; ' + str(st.dirty_reason) if pending else ''}.\n")
     return EXIT_OK
 

@@ -95,7 +95,10 @@ def print_get_doc(doc: dict[str, Any], *, from_line: int | None = None) -> None:
 def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | None = None) -> None:
     """Print a status document as ``Key: value`` lines (spec 11.1 layout): with the roots memory
     is read from, and, when given, the ``problems`` (``{check, message, hint}``, the list
-    ``doctor`` fails on) with their fixes."""
+    ``doctor`` fails on) with their fixes. A ``skipped`` entry prints as ``Skipped:``, or as
+    ``Indexed with a caveat:`` when its file was indexed anyway (invalid UTF-8 replaced ...)."""
+    from qmdbridge.problems import is_indexed_caveat
+
     w = sys.stdout.write
     w(f"Memory Search ({st.get('agentId')})\n")
     w(f"Backend: {st.get('backend')}\n")
@@ -158,7 +161,8 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
             w(f"Background error: {err.get('task')}: {err.get('message')} "
               f"(at {err.get('atMs')}, {err.get('failures')} in a row)\n")
     for s in st.get("skipped") or []:
-        w(f"Skipped: {s.get('path')}: {s.get('reason')}\n")
+        label = "Indexed with a caveat" if is_indexed_caveat(str(s.get("reason"))) else "Skipped"
+        w(f"{label}: {s.get('path')}: {s.get('reason')}\n")
     for issue in st.get("issues") or []:
         w(f"Issue: {issue}\n")
     if problems is not None:

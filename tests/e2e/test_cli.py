@@ -307,3 +307,31 @@ def test_sigterm_during_a_qmd_call_reaps_the_children(tmp_path: Path, ws: Path, 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_files_indexed_with_a_caveat_are_neither_skipped_nor_problems(ws: Path, env: dict[str, str]) -> None:
+    # three notes indexed with a caveat (NUL padding stripped, a Latin-1 name, invalid UTF-8
+    # replaced) and one note really skipped (binary): only the binary one is "not indexed"
+    (ws / "memory" / "padded.md").write_bytes(b"# Padded\nThe kayak is in the garage.\n" + b"\x00" * 64)
+    with open(os.path.join(os.fsencode(ws / "memory"), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"# Espresso\nThe grinder setting for espresso is 7.\n")
+    (ws / "memory" / "bad.md").write_bytes(b"caf\xe9 au lait\n")
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    indexed = run(["index", "--workspace", str(ws)], env)
+    assert indexed.returncode == 0, indexed.stderr
+    assert indexed.stdout.decode() == (
+        "Memory index updated (main): 18 files, 26 chunks, 1 skipped, 3 indexed with a caveat.\n")
+    found = orjson.loads(run(["search", "kayak garage", "--workspace", str(ws), "--json"], env).stdout)
+    assert [h["path"] for h in found["results"]] == ["memory/padded.md"]
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    assert [(p["check"], p["message"]) for p in status["problems"]] == [
+        ("memory file", "memory/blob.md is not indexed: binary file (NUL bytes)")]
+    human = run(["status", "--workspace", str(ws)], env).stdout.decode()
+    assert "Skipped: memory/blob.md: binary file (NUL bytes)\n" in human
+    assert "Indexed with a caveat: memory/padded.md: NUL bytes stripped (64 bytes)\n" in human
+    assert "Indexed with a caveat: memory/caf\\xe9.md: file name is not valid UTF-8" in human
+    assert "Indexed with a caveat: memory/bad.md: invalid UTF-8 (bytes replaced with U+FFFD)\n" in human
+    assert "Problems: 1\n" in human
+    doctor = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
+    failed = [c["detail"] for c in doctor["checks"] if c["name"] == "memory file"]
+    assert failed == ["memory/blob.md is not indexed: binary file (NUL bytes)"]

@@ -139,3 +139,14 @@ async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:
     fixed = {c.name: c for c in (await run_doctor(agent, fix=True, env=env)).checks}["index"]
     assert fixed.level == "ok" and fixed.fixed is True and fixed.detail.startswith("rebuilt (")
     assert list(agent.engine.db_path.parent.glob("main.sqlite.corrupt-*"))
+
+
+def test_every_note_of_a_file_indexed_anyway_is_a_caveat_not_a_problem() -> None:
+    from fallback.index.indexer import ESCAPED_NAME_NOTE, INVALID_UTF8_NOTE, NUL_BYTES_NOTE
+    from qmdbridge.problems import is_indexed_caveat, status_problems
+
+    notes = [INVALID_UTF8_NOTE, NUL_BYTES_NOTE.format(count=3), ESCAPED_NAME_NOTE]
+    assert [is_indexed_caveat(n) for n in notes] == [True, True, True]
+    assert is_indexed_caveat("binary file (NUL bytes)") is False
+    doc = {"backend": "builtin", "skipped": [{"path": f"memory/{i}.md", "reason": n} for i, n in enumerate(notes)]}
+    assert status_problems(doc) == []

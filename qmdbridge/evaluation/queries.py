@@ -50,7 +50,7 @@ def load_queries(path: str | Path, workspace: str | Path) -> list[EvalQuestion]:
 
     A line is ``{"query": str, "path": str, "line"?: int >= 1, "text"?: str, "category"?: str |
     int, "id"?: any}``; ``path`` is workspace-relative and must name a file of ``workspace``.
-    Blank lines are skipped.
+    Lines end at ``\n`` (or ``\r\n``) only; blank lines are skipped.
 
     Raises:
         UsageError: the file cannot be read, a line is not JSON or breaks the rules above (the
@@ -64,7 +64,9 @@ def load_queries(path: str | Path, workspace: str | Path) -> list[EvalQuestion]:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{p}: not valid UTF-8 at byte {exc.start}") from None
     questions = []
-    for n, raw in enumerate(text.splitlines(), start=1):
+    # JSON Lines end at "\n" (a "\r" before it is JSON whitespace); str.splitlines() would also
+    # cut at U+2028, U+2029 or U+0085, which JSON allows unescaped inside a string.
+    for n, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
         try:

@@ -267,3 +267,16 @@ def test_cache_dir_names_are_safe_folder_names(tmp_path: Path) -> None:
     assert options.state_dir("conv-26", tmp_path / "x") == tmp_path / "cache" / "conv-26"
     assert options.state_dir("conv 26#2/../x", tmp_path / "x") == tmp_path / "cache" / "conv_26_2_.._x"
     assert EvalOptions().state_dir("conv-26", tmp_path / "x") == tmp_path / "x" / "state"
+
+
+def test_query_lines_end_at_newlines_only(tmp_path: Path) -> None:
+    # JSON allows U+2028, U+2029 and U+0085 unescaped inside a string (json.dumps with
+    # ensure_ascii=False writes them raw): they are part of the line, not line ends
+    ws, _ = write_query_workspace(tmp_path)
+    queries = tmp_path / "raw.jsonl"
+    rows = [{"query": "Atlas\u2028rollback", "path": "memory/projects.md"},
+            {"query": "cron\x85jobs\u2029x", "path": "memory/projects.md", "category": 2}]
+    queries.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    loaded = load_queries(queries, ws)
+    assert [(q.query, q.ref, q.category) for q in loaded] == [
+        ("Atlas\u2028rollback", f"{queries}:1", None), ("cron\x85jobs\u2029x", f"{queries}:2", "2")]

@@ -8,12 +8,24 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fallback.errors import UsageError
+from fallback.text.chunking import split_lines
 from qmdbridge.evaluation.metrics import EvalQuestion, Evidence
 
 __all__ = ["QUERY_KEYS", "load_queries"]
 
 # The keys a line of a queries file may have.
 QUERY_KEYS = ("query", "path", "line", "text", "category", "id")
+
+
+def _line_count(path: Path) -> int:
+    """How many lines ``path`` has, counted as the index counts them (``\\n``, ``\\r\\n`` or
+    ``\\r`` ends a line; a final line break starts no extra line)."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    lines = split_lines(text) if text else []
+    return len(lines) - 1 if lines and lines[-1] == "" else len(lines)
 
 
 def _query_line(obj: Any, *, where: str, workspace: Path) -> EvalQuestion:
@@ -35,6 +47,9 @@ def _query_line(obj: Any, *, where: str, workspace: Path) -> EvalQuestion:
         raise UsageError(f"{where}: 'path' {rel!r} is not a file in the workspace {workspace}")
     if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
         raise UsageError(f"{where}: 'line' must be a 1-based line number")
+    if line is not None and line > (count := _line_count(workspace / rel)):
+        # an evidence line no hit can ever cover would only count as a miss
+        raise UsageError(f"{where}: 'line' {line} is past the end of {rel} ({count} lines)")
     if text is not None and (not isinstance(text, str) or not text.strip()):
         raise UsageError(f"{where}: 'text' must be a non-empty string")
     category, ref = obj.get("category"), obj.get("id")
@@ -49,8 +64,8 @@ def load_queries(path: str | Path, workspace: str | Path) -> list[EvalQuestion]:
     """Read a JSONL queries file: one question per line, each with one evidence item.
 
     A line is ``{"query": str, "path": str, "line"?: int >= 1, "text"?: str, "category"?: str |
-    int, "id"?: any}``; ``path`` is workspace-relative and must name a file of ``workspace``.
-    Lines end at ``\n`` (or ``\r\n``) only; blank lines are skipped.
+    int, "id"?: any}``; ``path`` is workspace-relative and must name a file of ``workspace``, and
+    ``line`` a line of that file. Lines end at ``\n`` (or ``\r\n``) only; blank lines are skipped.
 
     Raises:
         UsageError: the file cannot be read, a line is not JSON or breaks the rules above (the

@@ -109,6 +109,8 @@ async def test_queries_without_text_report_null_snippet_recall(tmp_path: Path, p
     ('{"query": "x", "path": "memory/nope.md"}', "'path' 'memory/nope.md' is not a file in the workspace"),
     ('{"query": "x", "path": "memory/projects.md", "line": 0}', "'line' must be a 1-based line number"),
     ('{"query": "x", "path": "memory/projects.md", "line": true}', "'line' must be a 1-based line number"),
+    ('{"query": "x", "path": "memory/projects.md", "line": 6}',
+     "queries.jsonl:1: 'line' 6 is past the end of memory/projects.md (5 lines)"),
     ('{"query": "x", "path": "memory/projects.md", "text": ""}', "'text' must be a non-empty string"),
     ('{"query": "x", "path": "memory/projects.md", "category": [1]}', "'category' must be a string or a number"),
 ])

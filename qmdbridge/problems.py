@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["INDEXED_CAVEATS", "QMD_UNHEALTHY", "is_indexed_caveat", "status_problems"]
+__all__ = ["INDEXED_CAVEATS", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
@@ -64,6 +64,24 @@ def _issue_hint(issue: str) -> str | None:
     return None
 
 
+def _files_view(status: dict[str, Any]) -> dict[str, Any]:
+    # in qmd mode the builtin engine's view supplies the memory files: its index follows the
+    # same memory-file rule
+    builtin: dict[str, Any] = (status.get("backends") or {}).get("builtin") or {}
+    return status if status.get("backend") == "builtin" or not builtin else builtin
+
+
+def files_checked(status: dict[str, Any]) -> bool:
+    """Whether a sync has run, so the status's memory-file and memory-path problems are known:
+    skipped files and scan issues are found by a sync (``lastSyncAtMs`` is ``None`` before the
+    first one), and a status never reads the files itself.
+
+    Args:
+        status: a status document as for :func:`status_problems`.
+    """
+    return _files_view(status).get("lastSyncAtMs") is not None
+
+
 def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     """The problems of a status document, in a stable order: memory files, memory paths,
     index, FTS5, embedding provider, qmd.
@@ -79,8 +97,7 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
         (or is None).
     """
     backends: dict[str, Any] = status.get("backends") or {}
-    builtin: dict[str, Any] = backends.get("builtin") or {}
-    view = status if status.get("backend") == "builtin" or not builtin else builtin
+    view = _files_view(status)
     out = [_problem("memory file", f"{s.get('path')} is not indexed: {s.get('reason')}",
                     _skip_hint(str(s.get("reason"))))
            for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]

@@ -96,8 +96,10 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
     """Print a status document as ``Key: value`` lines (spec 11.1 layout): with the roots memory
     is read from, and, when given, the ``problems`` (``{check, message, hint}``, the list
     ``doctor`` fails on) with their fixes. A ``skipped`` entry prints as ``Skipped:``, or as
-    ``Indexed with a caveat:`` when its file was indexed anyway (invalid UTF-8 replaced ...)."""
-    from qmdbridge.problems import is_indexed_caveat
+    ``Indexed with a caveat:`` when its file was indexed anyway (invalid UTF-8 replaced ...).
+    Before the first sync, which is what finds skipped files and missing paths, no problem
+    prints as ``none found yet`` rather than ``none``."""
+    from qmdbridge.problems import files_checked, is_indexed_caveat
 
     w = sys.stdout.write
     w(f"Memory Search ({st.get('agentId')})\n")
@@ -166,7 +168,11 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
     for issue in st.get("issues") or []:
         w(f"Issue: {issue}\n")
     if problems is not None:
-        w(f"Problems: {len(problems) or 'none'}\n")
+        if not problems and not files_checked(st):
+            w("Problems: none found yet: memory files are checked by the first sync "
+              "(run `qmdbridge index`)\n")
+        else:
+            w(f"Problems: {len(problems) or 'none'}\n")
         for p in problems:
             w(f"  [{p.get('check')}] {p.get('message')}\n")
             if p.get("hint"):

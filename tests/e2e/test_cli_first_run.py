@@ -197,3 +197,18 @@ def test_qmd_not_answering_is_a_problem_in_status_and_doctor(ws: Path, env: dict
     assert doctor.returncode == 1
     failed = [c["detail"] for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"]
     assert any(d.startswith("qmd is not answering: qmd not found") for d in failed)
+
+
+def test_status_before_the_first_sync_says_files_are_not_checked_yet(ws: Path, env: dict[str, str]) -> None:
+    # memory files and paths are checked by a sync: before one, "Problems: none" would be a guess
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    args = ["--workspace", str(ws)]
+    before = run(["status", *args], env)
+    assert before.returncode == 0, before.stderr
+    assert "Dirty: yes (not synced yet)\n" in before.stdout
+    assert ("Problems: none found yet: memory files are checked by the first sync "
+            "(run `qmdbridge index`)\n") in before.stdout
+    assert orjson.loads(run(["status", *args, "--json"], env).stdout)["lastSyncAtMs"] is None
+    assert run(["index", *args], env).returncode == 0
+    after = run(["status", *args], env).stdout
+    assert "Problems: 1\n  [memory file] memory/blob.md is not indexed: binary file (NUL bytes)\n" in after

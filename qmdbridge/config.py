@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from fallback.errors import ConfigError
+from fallback.errors import ConfigError, UsageError
 from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
 from qmdbridge.command_line import program_of, split_command
 from qmdbridge.config_compat import adjusted_values, as_object, read_layout
@@ -561,7 +561,10 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
 
     Raises:
         ConfigError: the merged per-agent settings are invalid.
+        UsageError: ``workspace`` is given but blank (``""`` would mean the current folder).
     """
+    if workspace is not None and not str(workspace).strip():
+        raise UsageError("workspace must not be empty")
     sd = state_dir(env)
     default_entry = next((a for a in cfg.agents if a.default), None) or next(
         (a for a in cfg.agents if a.key_path.startswith("agents.entries.")

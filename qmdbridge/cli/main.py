@@ -119,10 +119,22 @@ class _VersionAction(argparse.Action):
         parser.exit(0)
 
 
+def _path_arg(value: str) -> str:
+    """A ``--workspace`` or ``--config`` value: any path but a blank one (``--workspace "$WS"``
+    with ``WS`` unset would otherwise mean the current folder).
+
+    Raises:
+        argparse.ArgumentTypeError: ``value`` is empty or only whitespace.
+    """
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workspace", metavar="DIR", help="agent workspace (default: from config)")
+    p.add_argument("--workspace", metavar="DIR", type=_path_arg, help="agent workspace (default: from config)")
     p.add_argument("--agent", metavar="ID", help="agent id (default: the config's default agent, else 'main')")
-    p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
+    p.add_argument("--config", metavar="FILE", type=_path_arg, help="OpenClaw JSON5 config file")
     p.add_argument("--backend", choices=["builtin", "qmd"], help="override memory.backend")
     p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
@@ -252,13 +264,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--long-lived", action="store_true",
                        help="search through a long-lived manager, as serve and mcp keep one (with "
                        "--backend qmd: its warm qmd mcp child, waited for before the first search)")
-        p.add_argument("--workspace", metavar="DIR", help="the workspace of --queries")
+        p.add_argument("--workspace", metavar="DIR", type=_path_arg, help="the workspace of --queries")
         p.add_argument("--cache-dir", metavar="DIR",
                        help="keep each workspace's index (with its embedding cache; with --backend qmd also "
                        "the qmd home and index) in DIR/<name> for the next run, which then embeds only new "
                        "text (default: a throw-away folder)")
         p.add_argument("--agent", metavar="ID", help="whose memorySearch settings (default: the config's default agent)")
-        p.add_argument("--config", metavar="FILE", help="OpenClaw JSON5 config file")
+        p.add_argument("--config", metavar="FILE", type=_path_arg, help="OpenClaw JSON5 config file")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
     return parser

@@ -18,11 +18,15 @@ EXAMPLE = REPO / "examples" / "workspace"
 COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor", "models"]
 
 
+def _argv(args: list[str]) -> list[str]:
+    exe = shutil.which("qmdbridge") or ""
+    return [exe, *args] if exe else [
+        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+
+
 def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
         stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    exe = shutil.which("qmdbridge") or ""
-    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120, input=stdin)
+    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120, input=stdin)
 
 
 def test_every_command_has_help(env: dict[str, str]) -> None:
@@ -335,3 +339,19 @@ def test_files_indexed_with_a_caveat_are_neither_skipped_nor_problems(ws: Path, 
     doctor = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
     failed = [c["detail"] for c in doctor["checks"] if c["name"] == "memory file"]
     assert failed == ["memory/blob.md is not indexed: binary file (NUL bytes)"]
+
+
+def test_an_empty_workspace_or_config_argument_is_a_usage_error(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    # `--workspace "$WS"` with WS unset must not index the current folder into the agent's store
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    for cmd in (["search", "router"], ["get", "MEMORY.md"], ["status"], ["index"], ["doctor"]):
+        p = subprocess.run(_argv([*cmd, "--workspace", "", "--json"]), env=env, cwd=cwd,
+                           capture_output=True, timeout=120)
+        assert p.returncode == 2, cmd
+        assert orjson.loads(p.stdout)["error"].endswith("argument --workspace: must not be empty"), cmd
+    blank_config = run(["search", "router", "--workspace", str(ws), "--config", " ", "--json"], env)
+    assert blank_config.returncode == 2
+    assert orjson.loads(blank_config.stdout)["error"].endswith("argument --config: must not be empty")
+    assert orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)["files"] == 15

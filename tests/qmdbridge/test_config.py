@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fallback.errors import ConfigError
+from fallback.errors import ConfigError, UsageError
 from qmdbridge.config import OpenClawConfig, load_config, parse_config, parse_duration_ms, resolve_agent
 
 
@@ -87,6 +87,9 @@ def test_per_agent_override_and_workspace_rules(tmp_path: Path) -> None:
     assert coder.memory_search.extra_paths == ["shared"]
     assert resolve_agent(cfg, "ops", env=env).workspace_dir == (tmp_path / "ops-ws").resolve()
     assert resolve_agent(cfg, "ops", workspace=tmp_path / "cli", env=env).workspace_dir == (tmp_path / "cli").resolve()
+    for blank in ("", "  "):  # not the current folder
+        with pytest.raises(UsageError, match="workspace must not be empty"):
+            resolve_agent(cfg, "ops", workspace=blank, env=env)
 
 
 def test_store_path_template(tmp_path: Path) -> None:

@@ -446,6 +446,8 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
         fields = {k: v for k, v in src.raw.items() if k not in ("memorySearch", "memory")}
         entry = _validate(AgentEntry, {**fields, "memorySearch": src.search},
                           prefix=src.key_path, file=file)
+        _check_agent_id(entry.id, file=file, key=src.key_path if src.key_path.startswith(
+            "agents.entries.") else f"{src.key_path}.id")
         merged = _merge_search(layout.search, entry.memory_search)
         key = src.search_sources[-1][0] if src.search_sources else f"{src.key_path}.memorySearch"
         _, own = _validate_search(src.search_sources, merged, key_path=key, file=file)
@@ -540,6 +542,20 @@ def normalize_agent_id(agent_id: str | None) -> str:
                           expected="a name without path separators or '..'")
     aid = _AGENT_ID_UNSAFE_RE.sub("-", raw).strip("-")[:64]
     return aid or "main"
+
+
+def _check_agent_id(agent_id: str, *, file: str | None, key: str) -> None:
+    """Refuse an agent id of the config file as :func:`normalize_agent_id` does, naming the
+    file and the key it is written under (``agents.list[1].id``, ``agents.entries.<id>``).
+
+    Raises:
+        ConfigError: the id contains a path separator or ``..`` or starts with ``.``.
+    """
+    try:
+        normalize_agent_id(agent_id)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid agent id {agent_id!r}", file=file, key=key,
+                          expected=exc.expected) from None
 
 
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,

@@ -40,7 +40,11 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
     cfg = load_config(args.config)
     if args.agent is not None:
         known = [normalize_agent_id(a.id) for a in cfg.agents] or ["main"]
-        if normalize_agent_id(args.agent) not in known:
+        try:
+            wanted = normalize_agent_id(args.agent)
+        except ConfigError as exc:  # a bad argument, not a config value
+            raise UsageError(f"--agent: invalid agent id {args.agent!r} (expected {exc.expected})") from None
+        if wanted not in known:
             raise UsageError(f"unknown agent {args.agent!r} (known: {', '.join(known)})")
     return cfg, resolve_agent(cfg, args.agent, workspace=args.workspace)
 

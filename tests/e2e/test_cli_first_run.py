@@ -54,6 +54,15 @@ def test_unknown_agent_names_the_known_ones(ws: Path, env: dict[str, str], tmp_p
     assert orjson.loads(q.stdout)["error"] == "unknown agent 'bob' (known: main, ops-bot)"
     ok = run(["status", "--agent", "OPS BOT", "--config", str(cfg), "--workspace", str(ws), "--json"], env)
     assert ok.returncode == 0 and orjson.loads(ok.stdout)["agentId"] == "ops-bot"
+    # an id that names no file is a bad argument, not a config problem ("<config>: agent: ...")
+    bad = run(["status", "--agent", "../x", "--workspace", str(ws)], env)
+    assert (bad.returncode, bad.stderr) == (
+        2, "qmdbridge: --agent: invalid agent id '../x' (expected a name without path separators or '..')\n")
+    listed = tmp_path / "bad-id.json5"
+    listed.write_text("{agents: {list: [{id: 'main'}, {id: 'a/b'}]}}")
+    in_file = run(["status", "--config", str(listed), "--workspace", str(ws)], env)
+    assert (in_file.returncode, in_file.stderr) == (2, f"qmdbridge: {listed}: agents.list[1].id: invalid agent "
+                                                       "id 'a/b' (expected a name without path separators or '..')\n")
 
 
 def test_get_absolute_paths_past_the_end_and_the_cli_continuation(ws: Path, env: dict[str, str]) -> None:

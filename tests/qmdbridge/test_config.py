@@ -180,3 +180,17 @@ def test_comment_only_file_is_an_empty_config_and_bad_caps_are_refused(tmp_path:
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, "{agents: {defaults: {memorySearch: {maxFileBytes: -1}}}}"))
     assert info.value.key == "agents.defaults.memorySearch.maxFileBytes"
+
+
+def test_a_bad_agent_id_in_the_file_names_the_file_and_key(tmp_path: Path) -> None:
+    listed = _write(tmp_path, '{agents: {list: [{id: "main"}, {id: "a/b"}]}}')
+    with pytest.raises(ConfigError) as info:
+        load_config(listed)
+    assert (info.value.file, info.value.key) == (str(listed), "agents.list[1].id")
+    assert str(info.value) == (f"{listed}: agents.list[1].id: invalid agent id 'a/b' "
+                               "(expected a name without path separators or '..')")
+    keyed = tmp_path / "entries.json5"
+    keyed.write_text('{agents: {entries: {"../x": {workspace: "/tmp"}}}}')
+    with pytest.raises(ConfigError) as info:
+        load_config(keyed)
+    assert (info.value.file, info.value.key) == (str(keyed), "agents.entries.../x")

@@ -389,6 +389,9 @@ def _validate(model: type[BaseModel], data: Any, *, prefix: str, file: str | Non
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _UNION_TAG_RE.match(p)))
+        if err.get("type") == "missing":  # pydantic's input is then the enclosing object
+            raise ConfigError("missing", file=file, key=_key_path(loc, prefix),
+                              expected=_expected(err)) from None
         raise ConfigError(f"invalid value {err.get('input')!r}", file=file,
                           key=_key_path(loc, prefix), expected=_expected(err)) from None
 

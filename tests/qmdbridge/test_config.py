@@ -194,3 +194,11 @@ def test_a_bad_agent_id_in_the_file_names_the_file_and_key(tmp_path: Path) -> No
     with pytest.raises(ConfigError) as info:
         load_config(keyed)
     assert (info.value.file, info.value.key) == (str(keyed), "agents.entries.../x")
+
+
+def test_a_missing_required_key_is_named_as_missing(tmp_path: Path) -> None:
+    # not "invalid value {'memorySearch': {}}": the value shown would be one the user never wrote
+    p = _write(tmp_path, "{agents: {list: [{workspace: '/tmp/w'}]}}")
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert str(info.value) == f"{p}: agents.list[0].id: missing (expected field required)"

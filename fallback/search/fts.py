@@ -16,6 +16,9 @@ parts close together scores higher:
   contractions and possessives (the ``s`` of ``Nate's``, the ``don`` and ``t`` of ``don't``;
   ``fallback.text.keywords.contraction_fragments``); a query made only of those keeps them
   all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
+- **full-width words** (``ｒｏｕｔｅｒ``, typed with an input method in full-width mode):
+  ``("ｒｏｕｔｅｒ" OR "router")``, the word as typed or its ASCII form, which counts as that
+  word everywhere else (a full-width stop word is a stop word);
 - **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
   the parts, or the joined form, which the ``terms`` column holds for every compound of the
   text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
@@ -66,7 +69,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
-from fallback.text.scripts import contains_cjk, word_runs
+from fallback.text.scripts import contains_cjk, narrow_fullwidth, word_runs
 from fallback.text.terms import compounds, date_mentions
 
 if TYPE_CHECKING:
@@ -205,7 +208,9 @@ def _query_parts(text: str) -> list[_Part]:
     for m in _word_matches(text):
         if free(m.start(), m.end()):
             word = m.group().lower()
-            parts.append(_Part(m.start(), m.end(), "word", word, _quote(word), _quote(word),
+            narrow = narrow_fullwidth(word)
+            expr = _quote(word) if narrow == word else f"({_quote(word)} OR {_quote(narrow)})"
+            parts.append(_Part(m.start(), m.end(), "word", narrow, _quote(narrow), expr,
                                fragment=m.span() in fragments))
     return sorted(parts, key=lambda p: p.start)
 

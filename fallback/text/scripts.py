@@ -23,6 +23,7 @@ __all__ = [
     "CJK_WEIGHT",
     "Script",
     "contains_cjk",
+    "narrow_fullwidth",
     "script_of",
     "sha256_hex",
     "text_weight",
@@ -160,3 +161,18 @@ def word_runs(text: str) -> list[str]:
     if current:
         out.append("".join(current))
     return out
+
+
+# Full-width ASCII forms (U+FF01-U+FF5E) sit this far above the characters they stand for.
+_FULLWIDTH_SHIFT = 0xFEE0
+
+
+def narrow_fullwidth(text: str) -> str:
+    """``text`` with its full-width ASCII forms (U+FF01-U+FF5E: ``ｒｏｕｔｅｒ``, ``ＡＰＩ``,
+    ``２０２６``, typed with an input method left in full-width mode) as the ASCII characters
+    they stand for; every other character as it is (not NFKC: ligatures, superscripts and
+    half-width kana stay)."""
+    if text.isascii():
+        return text
+    return "".join(chr(ord(ch) - _FULLWIDTH_SHIFT) if "\uff01" <= ch <= "\uff5e" else ch
+                   for ch in text)

@@ -54,7 +54,7 @@ import anyio
 
 from fallback.errors import BackendUnavailableError
 from fallback.text.keywords import STOP_WORDS, cjk_words, contraction_fragments
-from fallback.text.scripts import contains_cjk
+from fallback.text.scripts import contains_cjk, narrow_fullwidth
 from qmdbridge.qmd.parse import QmdEntry, merge_key
 
 if TYPE_CHECKING:
@@ -138,7 +138,8 @@ def lexical_terms(query: str) -> tuple[str, ...]:
         ``When did Caroline go to the LGBTQ support group?`` -> ``("Caroline", "LGBTQ",
         "support", "group")``; ``What's Nate\u00b4s Wi-Fi password?`` -> ``("Nate", "Wi-Fi",
         "password")``; ``1.2.3-rc1 router`` -> ``("1.2.3", "rc1", "router")``;
-        ``"exact phrase" -draft`` -> ``()``.
+        ``"exact phrase" -draft`` -> ``()``; ``ｒｏｕｔｅｒ`` (full width) -> ``("router",
+        "ｒｏｕｔｅｒ")``: its ASCII form first, then the word as typed.
     """
     text = unicodedata.normalize("NFC", query).strip().translate(_APOSTROPHES)
     if not text or '"' in text or _NEGATION_RE.search(text) or contains_cjk(text):
@@ -155,7 +156,9 @@ def lexical_terms(query: str) -> tuple[str, ...]:
             continue
         for span in spans:
             word = text[span[0]:span[1]]
-            if span not in fragments and word.lower() not in STOP_WORDS:
+            narrow = narrow_fullwidth(word)  # qmd finds router only as router, not ｒｏｕｔｅｒ
+            if span not in fragments and narrow.lower() not in STOP_WORDS:
+                terms.setdefault(narrow.lower(), narrow)
                 terms.setdefault(word.lower(), word)
     return tuple(terms.values())
 

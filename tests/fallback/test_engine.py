@@ -138,6 +138,21 @@ async def test_cjk_questions_find_notes_by_their_words(ws: Path, query: str, pat
     await engine.close()
 
 
+async def test_fullwidth_query_words_find_their_ascii_form(ws: Path) -> None:
+    # an IME left in full-width mode types ｒｏｕｔｅｒ for router
+    (ws / "memory" / "net.md").write_text("The router dropped the WAN link at noon.\n")
+    (ws / "memory" / "wide.md").write_text("メモ: ｒｏｕｔｅｒ の設定を変えた。\n")
+    engine = _engine(ws)
+    hits = await engine.search("ｒｏｕｔｅｒ ＷＡＮ", min_score=0.0)
+    assert [h.path for h in hits] == ["memory/net.md", "memory/wide.md"]
+    assert "router" in hits[0].snippet
+    # the words as typed still match a note that holds them full-width
+    assert [h.path for h in await engine.search("ｒｏｕｔｅｒ の設定")] == ["memory/wide.md"]
+    # a full-width stop word is a stop word
+    assert [h.path for h in await engine.search("ｔｈｅ router")] == ["memory/net.md"]
+    await engine.close()
+
+
 async def test_edits_are_picked_up_before_search(ws: Path) -> None:
     engine = _engine(ws)
     assert [h.path for h in await engine.search("zebra")] == ["memory/2026-01-12.md"]

@@ -40,6 +40,9 @@ QUESTION = "When did Caroline go to the LGBTQ support group?"
     # hyphens, and the dotted parts stay whole
     ("1.2.3-rc1 router", ("1.2.3", "rc1", "router")),
     ("node-v18.2 crash", ("node", "v18.2", "crash")),
+    # full-width words (an input method in full-width mode): the ASCII form, then as typed;
+    # a full-width stop word is a stop word
+    ("ｔｈｅ ｒｏｕｔｅｒ ＷＡＮ", ("router", "ｒｏｕｔｅｒ", "WAN", "ＷＡＮ")),
     # sent as written: qmd syntax, CJK text, nothing but stop words, nothing at all
     ('"support group" Caroline', ()),
     ("Caroline -draft", ()),

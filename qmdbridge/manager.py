@@ -53,6 +53,7 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
+from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import cited_snippet, format_citation
@@ -362,6 +363,11 @@ class MemoryManager:
                         lines: int | None = None) -> MemoryReadResult:
         """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars).
 
+        In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, the transcripts
+        the builtin engine's session hits cite (``sessions/<file>``, also in a fallback
+        answer) by the builtin engine, at the lines the hit cites; other paths by either (the
+        same memory-file rule, qmd's custom collections among the builtin engine's extra paths).
+
         Raises:
             PathRefusedError: the path is not a memory file (outside the workspace, ``..``,
                 absolute, encoded escapes, symlinks, not Markdown).
@@ -376,7 +382,11 @@ class MemoryManager:
             raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
         self._check_workspace()
         qmd_path = rel_path.strip().startswith("qmd/")
-        if self.backend_name == "qmd" and (qmd_path or self.breaker.allow(self._now_ms())):
+        # a session hit of the builtin engine (sessions/<transcript>, a fallback answer) is
+        # read where it was found: qmd's session hits are its own qmd/sessions-<agent>/ paths
+        builtin_only = transcript_name(rel_path) is not None
+        if self.backend_name == "qmd" and not builtin_only and (
+                qmd_path or self.breaker.allow(self._now_ms())):
             # qmd/<collection> paths need qmd; others may come from the builtin engine while a
             # long-lived manager's qmd is still starting
             backend, _ = await self._qmd_started(wait=qmd_path or self.mode == "cli")

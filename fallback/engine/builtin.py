@@ -557,7 +557,7 @@ class BuiltinEngine:
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """Read a page of a memory file (120 lines / 12,000 code points by default).
+        """Read a page (120 lines / 12,000 code points by default) of a memory file or a transcript.
 
         Raises:
             PathRefusedError: not a memory file.
@@ -565,9 +565,10 @@ class BuiltinEngine:
         """
         self._check_open()
         from fallback.sources.read_page import read_memory_page
+        s = self.settings  # sessions source: the sessions/<transcript> a session hit cites too
         return await anyio.to_thread.run_sync(partial(
-            read_memory_page, self.settings.workspace_dir, list(self.settings.search.extra_paths),
-            rel_path, from_line=from_line, lines=lines))
+            read_memory_page, s.workspace_dir, list(s.search.extra_paths), rel_path, from_line=from_line,
+            lines=lines, sessions_dir=s.sessions_dir if "sessions" in s.search.sources else None))
 
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.

@@ -40,6 +40,10 @@ file outside the root can be read, and the file cannot escape the root by constr
 A missing file (or folder, or a parent that is a regular file) raises
 :class:`~fallback.errors.MemoryFileNotFoundError` from :func:`open_memory_file`; the page
 readers turn it into empty text with ``missing=True`` (the reference answers ``{text: ""}``).
+
+With the ``sessions`` source, the builtin engine's session hits cite ``sessions/<file>``, a
+transcript of the agent's sessions folder, at its JSONL lines; :func:`read_transcript_page`
+reads such a path back with the same line numbers (:func:`transcript_text`).
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ from fallback.sources.memory_files import (
     locate_memory_path,
     memory_roots,
 )
+from fallback.sources.transcripts import (
+    TranscriptParse,
+    is_transcript_name,
+    message_line,
+    parse_transcript,
+)
 from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = [
@@ -84,12 +94,17 @@ __all__ = [
     "page_text",
     "read_memory_page",
     "read_page_in_root",
+    "read_transcript_page",
     "resolve_memory_path",
+    "transcript_name",
+    "transcript_text",
 ]
 
 # Reference defaults for one memory_get page: 120 lines, 12,000 chars (code points here).
 DEFAULT_READ_LINES = 120
 DEFAULT_READ_MAX_CHARS = 12_000
+# The folder name of the builtin engine's session citations (``sessions/<transcript>``).
+SESSIONS_DIR_NAME = "sessions"
 # Transient read errors (EAGAIN/EINTR, "errno -11" upstream) are retried this many times in all.
 READ_ATTEMPTS = 3
 
@@ -418,7 +433,8 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
 def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
                      default_lines: int = DEFAULT_READ_LINES,
-                     max_chars: int = DEFAULT_READ_MAX_CHARS) -> MemoryReadResult:
+                     max_chars: int = DEFAULT_READ_MAX_CHARS,
+                     sessions_dir: Path | None = None) -> MemoryReadResult:
     """Read one page of a workspace memory file (the builtin ``memory_get``).
 
     Args:
@@ -427,6 +443,9 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         rel_path: requested path (see :func:`resolve_memory_path`).
         from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`
             (``max_chars`` in code points).
+        sessions_dir: the transcript folder when the ``sessions`` source is on: a
+            ``sessions/<transcript>`` path (:func:`transcript_name`) is then read by
+            :func:`read_transcript_page`; ``None``: every path is a memory file's.
 
     Returns:
         A :class:`~fallback.models.MemoryReadResult` with the workspace-relative display
@@ -438,6 +457,9 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         BackendUnavailableError: the file exists but cannot be read (permission denied, or a
             transient EAGAIN/EINTR that persisted over 3 attempts).
     """
+    if sessions_dir is not None and transcript_name(rel_path) is not None:
+        return read_transcript_page(sessions_dir, rel_path, from_line=from_line, lines=lines,
+                                    default_lines=default_lines, max_chars=max_chars)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _read_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
@@ -476,3 +498,78 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
     return _read_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
                       from_line=from_line, lines=lines, default_lines=default_lines,
                       max_chars=max_chars, backend=backend)
+
+
+def transcript_name(rel_path: str) -> str | None:
+    """The transcript a ``memory_get`` path names when it has the form of the builtin engine's
+    session citations, ``sessions/<name>`` with a transcript's name (``<id>.jsonl`` or a
+    retained archive: :func:`~fallback.sources.transcripts.is_transcript_name`); ``None`` for
+    any other path (a memory file: those end in ``.md``, no transcript name does).
+
+    Returns:
+        The file name as the OS layer gives it (``str`` with surrogate escapes), or ``None``.
+    """
+    try:
+        segments = _check_text(rel_path, rel_path)
+    except PathRefusedError:
+        return None
+    if len(segments) == 2 and segments[0] == SESSIONS_DIR_NAME and is_transcript_name(segments[1]):
+        return segments[1]
+    return None
+
+
+def transcript_text(parsed: TranscriptParse) -> str:
+    """A parsed transcript as ``memory_get`` pages it: one line per JSONL line, a kept message
+    as its indexed line (``User: <text>`` / ``Assistant: <text>``, sanitised and redacted),
+    every other line (records that are not messages, dropped messages, blank or invalid lines)
+    empty. So line ``n`` of the text is JSONL line ``n``: the lines a session hit cites."""
+    lines = [""] * parsed.line_count
+    for message in parsed.messages:
+        lines[message.line_no - 1] = message_line(message)
+    return "".join(f"{line}\n" for line in lines)
+
+
+def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | None = None,
+                         lines: int | None = None, default_lines: int = DEFAULT_READ_LINES,
+                         max_chars: int = DEFAULT_READ_MAX_CHARS) -> MemoryReadResult:
+    """Read one page of a transcript a session hit cites (``sessions/<name>``).
+
+    The file is opened inside ``sessions_dir`` as memory files are (no symlink followed, a
+    regular file only) and parsed as the index parses it; the page is
+    :func:`transcript_text` paged as :func:`page_text` pages a file.
+
+    Args:
+        sessions_dir: the agent's transcript folder (``EngineSettings.sessions_dir``).
+        rel_path: ``sessions/<name>`` as the hit cites it (a name that is not UTF-8 in its
+            printable ``\\xHH`` form).
+        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
+
+    Returns:
+        The page, its ``path`` the citation's form; ``missing=True`` with empty text when the
+        transcript is gone.
+
+    Raises:
+        PathRefusedError: not a transcript path (``not a memory path``), ``symlink`` or ``not
+            a regular file``, and the request checks of every path (``invalid characters`` ...).
+        BackendUnavailableError: the transcript exists but cannot be read.
+    """
+    name = transcript_name(rel_path)
+    if name is None:
+        _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
+        raise PathRefusedError(rel_path, "not a memory path")
+    display = f"{SESSIONS_DIR_NAME}/{printable_path(name)}"
+    try:
+        parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
+    except MemoryFileNotFoundError:
+        return MemoryReadResult.model_validate(
+            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
+    except OSError as exc:
+        raise BackendUnavailableError("builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
+    if parsed.read_failed:
+        raise BackendUnavailableError("builtin", f"cannot read {display}: {'; '.join(parsed.errors)}")
+    page, first, included, truncated, next_from = page_text(
+        transcript_text(parsed), from_line=from_line, lines=lines, default_lines=default_lines,
+        max_chars=max_chars, suggest_read_fallback=False)
+    return MemoryReadResult.model_validate(
+        {"path": display, "text": page, "from_line": first, "lines": included,
+         "truncated": truncated, "next_from": next_from})

@@ -39,6 +39,7 @@ __all__ = [
     "TranscriptParse",
     "TranscriptScan",
     "list_transcripts",
+    "message_line",
     "parse_transcript",
     "sanitize_message_text",
     "scan_transcripts",
@@ -100,6 +101,7 @@ class TranscriptParse:
         errors: one line per problem (``line 3: invalid JSON``, ``read failed: ...``).
         read_failed: True when the file could not be opened or read (messages then empty).
         excluded_reason: set when the whole transcript is excluded (``cron run``).
+        line_count: lines read (the last line counts without a final newline).
     """
 
     messages: list[TranscriptMessage] = field(default_factory=list)
@@ -108,6 +110,7 @@ class TranscriptParse:
     errors: list[str] = field(default_factory=list)
     read_failed: bool = False
     excluded_reason: str | None = None
+    line_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,12 @@ def _is_inter_session(record: dict[str, Any], message: dict[str, Any]) -> bool:
     return False
 
 
-def parse_transcript(path: Path) -> TranscriptParse:
+def message_line(message: TranscriptMessage) -> str:
+    """The line a kept message is indexed and read as: ``User: <text>`` or ``Assistant: <text>``."""
+    return f"{'User' if message.role == 'user' else 'Assistant'}: {message.text}"
+
+
+def parse_transcript(path: Path | int) -> TranscriptParse:
     """Read a ``*.jsonl`` transcript line by line into sanitised messages, never raising.
 
     Keeps records with ``type == "message"`` and ``message.role`` in ``user``/``assistant``;
@@ -302,7 +310,7 @@ def parse_transcript(path: Path) -> TranscriptParse:
     replaced (U+FFFD); then each message is sanitised (:func:`sanitize_message_text`).
 
     Args:
-        path: the transcript file.
+        path: the transcript file, or a descriptor open for reading (closed when done).
 
     Returns:
         :class:`TranscriptParse`. A file that cannot be read gives ``read_failed=True`` with
@@ -310,7 +318,7 @@ def parse_transcript(path: Path) -> TranscriptParse:
     """
     messages: list[TranscriptMessage] = []
     errors: list[str] = []
-    skipped = dropped = 0
+    skipped = dropped = line_no = 0
     first_user_raw: str | None = None
     try:
         with open(path, "rb") as fh:
@@ -352,9 +360,9 @@ def parse_transcript(path: Path) -> TranscriptParse:
                                read_failed=True)
     if first_user_raw is not None and _CRON_PROMPT.match(first_user_raw):
         return TranscriptParse(skipped_lines=skipped, dropped_messages=dropped + len(messages),
-                               errors=errors, excluded_reason="cron run")
+                               errors=errors, excluded_reason="cron run", line_count=line_no)
     return TranscriptParse(messages=messages, skipped_lines=skipped, dropped_messages=dropped,
-                           errors=errors)
+                           errors=errors, line_count=line_no)
 
 
 def session_document(path: Path) -> SessionDocument:
@@ -368,7 +376,7 @@ def session_document(path: Path) -> SessionDocument:
         an empty line map (the hash is still defined: ``sha256("\\n")``).
     """
     parsed = parse_transcript(path)
-    lines = [f"{'User' if m.role == 'user' else 'Assistant'}: {m.text}" for m in parsed.messages]
+    lines = [message_line(m) for m in parsed.messages]
     line_map = [m.line_no for m in parsed.messages]
     content = "\n".join(lines)
     digest = hashlib.sha256(

@@ -12,6 +12,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.errors import PathRefusedError
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = pytest.mark.anyio
@@ -272,3 +273,52 @@ async def test_transcripts_take_at_most_half_of_the_result_slots(ws: Path) -> No
         assert sorted(h.source for h in six) == ["memory", "memory", *["sessions"] * 4]
     finally:
         await engine.close()
+
+
+async def test_a_transcript_hit_reads_back_at_its_cited_lines(ws: Path) -> None:
+    """``memory_get`` of a session hit's path returns the hit's lines: the transcript's JSONL
+    lines, each message as the index holds it (``User:``/``Assistant:``, redacted), every
+    other line blank, so the cited line numbers are the lines read."""
+    engine = _engine(ws)
+    try:
+        write_transcript(_sessions_dir(engine) / "abc.jsonl", [
+            orjson.dumps({"type": "session", "id": "abc"}),           # line 1: not a message
+            _record("user", "What is the launch window for Kestrel?"),  # line 2
+            "",                                                        # line 3: blank
+            "{not json",                                               # line 4: invalid
+            _record("assistant", "Kestrel opens March 3; key sk-proj-abcdefghijklmnopqrstuvwx1234"),
+            orjson.dumps({"type": "custom", "n": 1}),                  # line 6: not a message
+        ])
+        [hit] = await engine.search("Kestrel launch window")
+        assert (hit.path, hit.snippet_start_line, hit.snippet_end_line) == ("sessions/abc.jsonl", 2, 5)
+        first, last = hit.snippet_start_line, hit.snippet_end_line
+        page = await engine.read_file(hit.path, from_line=first, lines=last - first + 1)
+        assert (page.path, page.from_line, page.lines, page.truncated, page.next_from) == (
+            "sessions/abc.jsonl", 2, 4, True, 6)
+        assert page.text == ("User: What is the launch window for Kestrel?\n\n\n"
+                             "Assistant: Kestrel opens March 3; key [REDACTED:openai_key]"
+                             "\n\n[More content available. Use from=6 to continue.]")
+        # the snippet's lines are the messages among them
+        lines = page.text.split("\n")
+        assert hit.snippet == f"{lines[0]}\n{lines[3]}"
+        whole = await engine.read_file("sessions/abc.jsonl")
+        assert (whole.lines, whole.truncated, whole.text.count("\n")) == (6, False, 5)
+        gone = await engine.read_file("sessions/gone.jsonl")
+        assert (gone.missing, gone.text) == (True, "")
+        (_sessions_dir(engine) / "link.jsonl").symlink_to(_sessions_dir(engine) / "abc.jsonl")
+        for path, reason in [("sessions/link.jsonl", "symlink"),
+                             ("sessions/x.md", "not a memory path"),
+                             ("sessions/../sessions/abc.jsonl", "parent segment"),
+                             ("sessions/abc.jsonl.bak", "not a memory path")]:
+            with pytest.raises(PathRefusedError) as ei:
+                await engine.read_file(path)
+            assert ei.value.reason == reason, path
+    finally:
+        await engine.close()
+    plain = _engine(ws, sessions=False)  # no sessions source: its hits never cite transcripts
+    try:
+        with pytest.raises(PathRefusedError) as ei:
+            await plain.read_file("sessions/abc.jsonl")
+        assert ei.value.reason == "not a memory path"
+    finally:
+        await plain.close()

@@ -41,11 +41,12 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _manager(tmp_path: Path, memory: dict[str, Any] | None = None, **env_extra: str) -> MemoryManager:
+def _manager(tmp_path: Path, memory: dict[str, Any] | None = None, *,
+             memory_search: dict[str, Any] | None = None, **env_extra: str) -> MemoryManager:
     ws = _workspace(tmp_path) if not (tmp_path / "ws").exists() else tmp_path / "ws"
     env = _env(tmp_path, **env_extra)
-    cfg = parse_config({"memory": memory or {},
-                        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    cfg = parse_config({"memory": memory or {}, "agents": {"defaults": {"memorySearch": {
+        "provider": "none", **(memory_search or {})}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env=env)
     return MemoryManager(agent, env=env)
 
@@ -171,6 +172,46 @@ async def test_failing_qmd_search_falls_back(tmp_path: Path, qmd_bin: Path, stan
     assert resp.backend == "builtin" and resp.fallback is not None
     assert reason_part in resp.fallback.reason
     assert resp.results and resp.results[0].path == "memory/2026-03-01.md"
+
+
+async def test_session_hits_read_back_at_their_lines_whichever_backend_answered(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """A session hit is readable with ``memory_get`` at the lines it cites: qmd's
+    (``qmd/sessions-main/<id>.md``, the exported Markdown) and, when qmd fails, the builtin
+    fallback's (``sessions/<file>.jsonl``, the transcript's lines), which the manager reads
+    through the builtin engine."""
+    import orjson
+
+    sessions = tmp_path / "state" / "agents" / "main" / "sessions"
+    sessions.mkdir(parents=True)
+    records = [{"type": "session", "id": "s1"},
+               {"type": "message", "message": {"role": "user", "content": "Which bird was at the lake?"}},
+               {"type": "custom", "note": "not a message"},
+               {"type": "message", "message": {"role": "assistant", "content": "A grey heron."}}]
+    (sessions / "s1.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
+    with_sessions = {"sources": ["memory", "sessions"], "experimental": {"sessionMemory": True}}
+
+    async def read_back(m: MemoryManager) -> tuple[str, str, str]:
+        resp = await m.search("grey heron")
+        [hit] = [h for h in resp.results if h.source == "sessions"]
+        first, last = hit.snippet_start_line, hit.snippet_end_line
+        page = await m.read_file(hit.path, from_line=first, lines=last - first + 1)
+        assert (page.from_line, page.lines) == (first, last - first + 1)
+        return resp.backend, f"{hit.path}#L{first}-L{last}", page.text.split("\n\n[More")[0]
+
+    qmd_sessions = {"sessions": {"enabled": True}}
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin), **qmd_sessions) | {"citations": "off"},
+                        memory_search=with_sessions) as m:
+        await m.sync(reason="test")  # exports the transcript for qmd and indexes it
+        assert await read_back(m) == (
+            "qmd", "qmd/sessions-main/s1.md#L1-L4",
+            "# Session s1\n\nUser: Which bird was at the lake?\nAssistant: A grey heron.")
+    garbage = _search_standin(tmp_path, qmd_bin, "garbage.py")
+    async with _manager(tmp_path, _qmd_memory(str(garbage), **qmd_sessions) | {"citations": "off"},
+                        memory_search=with_sessions) as m:
+        assert await read_back(m) == (  # JSONL line 3 is no message: read as a blank line
+            "builtin", "sessions/s1.jsonl#L2-L4",
+            "User: Which bird was at the lake?\n\nAssistant: A grey heron.")
 
 
 async def test_foreign_program_named_qmd_falls_back(tmp_path: Path) -> None:

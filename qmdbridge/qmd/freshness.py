@@ -8,7 +8,10 @@ ago, the update waits for the rest of the window instead of being dropped, so a 
 after an update is never lost until the next 5-minute tick.
 
 Searches call :meth:`QmdFreshness.before_search`: when the index is dirty and
-``sync.onSearch`` is on, they wait for the update, but never past the search's own deadline.
+``sync.onSearch`` is on, they wait for the update when it runs or starts within their wait,
+never past the search's own deadline. An update the debounce defers past that wait is not
+waited for (the search would only run out its wait and answer from the same index): the search
+answers at once from the index as it is, and the update runs when the debounce allows.
 Searches and status also call :meth:`QmdFreshness.check_watcher`: a dead watcher (its thread
 died, or a watched folder was deleted) is re-armed in the background.
 
@@ -63,7 +66,9 @@ class QmdFreshness:
         self.dirty = False
         self.dirty_reason: str | None = None
         self.last_error: str | None = None
-        self._updated = anyio.Event()
+        # When the watcher's pending update starts (epoch ms; it may run already), else None.
+        self._update_at_ms: int | None = None
+        self._settled = anyio.Event()  # set when the pending update ends, done or failed
         self.watcher = MemoryWatcher(workspace, extra_paths=extra_dirs, on_change=self._on_change,
                                      debounce_ms=watch_debounce_ms, force_polling=force_polling,
                                      retry=tasks.policy, on_error=self._update_failed)
@@ -81,16 +86,19 @@ class QmdFreshness:
         self.dirty = True
         self.dirty_reason = f"{len(files)} file(s) changed" if files else "rescan"
         last = self.cycle.last_update_at
-        if last is not None:
-            wait_ms = self.update_debounce_ms - (self._now() - last)
+        wait_ms = 0 if last is None else max(0, self.update_debounce_ms - (self._now() - last))
+        self._update_at_ms = self._now() + wait_ms
+        try:
             if wait_ms > 0:
                 await anyio.sleep(wait_ms / 1000)
-        await self.cycle.run("watch")
+            await self.cycle.run("watch")
+        finally:
+            self._update_at_ms = None
+            self._settled.set()
+            self._settled = anyio.Event()
         self.dirty = False
         self.dirty_reason = None
         self.last_error = None
-        self._updated.set()
-        self._updated = anyio.Event()
 
     def _update_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
         self.last_error = str(exc)
@@ -111,11 +119,15 @@ class QmdFreshness:
         return cause
 
     async def before_search(self, *, budget_ms: int) -> None:
-        """Wait (at most ``budget_ms``) for the pending update when the index is dirty."""
-        if not self.dirty or budget_ms <= 0:
+        """Wait at most ``budget_ms`` (ms) for the watcher's update when the index is dirty and
+        that update runs or starts within ``budget_ms``; return at once when it starts later
+        (``update.debounceMs`` defers it) or none is pending (a failed update waits for the
+        watcher's retry). The wait ends when the update ends, done or failed."""
+        start_ms = self._update_at_ms
+        if not self.dirty or budget_ms <= 0 or start_ms is None or start_ms - self._now() >= budget_ms:
             return
         with anyio.move_on_after(budget_ms / 1000):
-            await self._updated.wait()
+            await self._settled.wait()
 
     def snapshot(self) -> dict[str, Any]:
         """Status view: dirty flag, reason, last error and the watcher's own state."""

@@ -5,6 +5,7 @@ clean close with no child process left."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import anyio
@@ -22,13 +23,14 @@ DEADLINE_S = 30
 
 
 def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
-             debounce_ms: int = 1500) -> QmdBackend:
+             debounce_ms: int = 1500, timeout_ms: int = 4000) -> QmdBackend:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha fact\n")
     cfg = parse_config({
         "memory": {"backend": "qmd", "qmd": {"update": {"debounceMs": debounce_ms, "interval": "0",
-                                                        "waitForBootSync": True}}},
+                                                        "waitForBootSync": True},
+                                             "limits": {"timeoutMs": timeout_ms}}},
         "agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": 200}}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
@@ -100,6 +102,46 @@ async def test_sync_request_right_after_an_update_indexes_what_changed(
         await b.sync(reason="serve")
         assert b.cycle.updates_run == updates + 1
         assert [r.path for r in await b.search("pelican", min_score=0)] == ["memory/2026-05-03.md"]
+        await b.close()
+
+
+async def test_a_search_waits_only_for_an_update_due_within_its_wait(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A note saved within ``update.debounceMs`` of the last update marks the index dirty and
+    its update waits out the debounce (about 5.5 s here). A search meanwhile answers at once
+    from the index as it is: the update cannot start within the search's wait (half of
+    ``limits.timeoutMs``, 3.95 s), so waiting would only cost that long and answer the same.
+    The deferred update still runs when the debounce allows. A note saved once the debounce has
+    passed is updated at once, and the search waits for that update and finds it."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, debounce_ms=6000, timeout_ms=8000)
+    ws = b.agent.workspace_dir
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert b.freshness is not None and b.cycle.updates_run == 1  # the boot update, just now
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.watcher.snapshot()["alive"]:  # its observer runs
+                await anyio.sleep(0.02)
+        (ws / "memory" / "2026-05-04.md").write_text("# Day\n\nkestrel over the dunes\n")
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.dirty:  # the watcher saw the note; its update is deferred
+                await anyio.sleep(0.02)
+        started = time.monotonic()
+        assert [r.path for r in await b.search("kestrel", min_score=0)] == []
+        assert time.monotonic() - started < 2.0  # it waited for nothing (3.95 s before)
+        assert (b.cycle.updates_run, b.freshness.dirty) == (1, True)  # still deferred
+        assert await _wait_found(b, "kestrel") == ["memory/2026-05-04.md"]
+        assert b.cycle.updates_run == 2
+        last = b.cycle.last_update_at
+        assert last is not None
+        with anyio.fail_after(DEADLINE_S):  # until the debounce allows an update at once
+            while b.now_ms() - last <= 6000:
+                await anyio.sleep(0.05)
+        (ws / "memory" / "2026-05-05.md").write_text("# Day\n\nosprey at the weir\n")
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.dirty:
+                await anyio.sleep(0.02)
+        assert [r.path for r in await b.search("osprey", min_score=0)] == ["memory/2026-05-05.md"]
+        assert b.cycle.updates_run == 3
         await b.close()
 
 

@@ -23,6 +23,7 @@ from urllib.parse import unquote
 from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.store.errors import is_locked
+from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
@@ -46,6 +47,7 @@ __all__ = [
     "parse_qmd_json",
     "parse_qmd_uri",
     "slugify_path",
+    "snippet_text",
     "strip_ansi",
 ]
 
@@ -229,7 +231,7 @@ class LocatedHit:
             its end (qmd's index is older than the file).
         snippet: qmd's snippet without its ``@@`` header, or, when ``text`` was read, the
             file's lines ``lines`` as they are now (qmd's index may be older than the file);
-            cut to the snippet budget.
+            without ``\r`` and NUL bytes (:func:`snippet_text`), cut to the snippet budget.
         text: the file's lines as ``memory_get`` numbers them, when they were read
             (``read_lines``) and the file is small enough, else ``None``.
     """
@@ -313,8 +315,16 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
             text = "\n".join(read[1][lines[0] - 1:lines[1]])
         out.append(LocatedHit(path=display_path(coll, rel, workspace), source=coll.source,
                               score=max(0.0, min(1.0, score)), lines=lines,
-                              snippet=text[:max_snippet_chars], text=read[1]))
+                              snippet=snippet_text(text)[:max_snippet_chars], text=read[1]))
     return out
+
+
+def snippet_text(text: str) -> str:
+    """Lines of a note as a snippet shows them, as the builtin engine's and the passages' do:
+    ``\r\n`` and a lone ``\r`` end a line as ``\n`` does (``fallback.text.chunking``), NUL
+    bytes are dropped (the builtin index drops them), trailing line breaks removed. The number
+    of lines is the one ``memory_get`` counts, so the hit's range still names them."""
+    return "\n".join(split_lines(text.replace("\x00", ""))).rstrip("\n")
 
 
 def qmd_lines_hit(hit: LocatedHit, *, score: float | None = None) -> MemorySearchResult | None:

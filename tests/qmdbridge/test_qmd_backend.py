@@ -114,3 +114,29 @@ async def test_reconcile_rebinds_changed_pattern(tmp_path: Path, qmd_bin: Path, 
         assert [r.path for r in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
     finally:
         await b.close()
+
+
+async def test_hits_with_qmds_lines_lose_carriage_returns_and_nul_bytes(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd's snippet holds a note's ``\\r`` and NUL bytes as they are. A hit that keeps qmd's
+    lines (a query in qmd's syntax, one of stop words only) shows its lines as the passages and
+    the builtin engine show theirs: ``\\r\\n`` ends a line like ``\\n`` and NUL bytes are
+    dropped, the line range unchanged."""
+    b = make_backend(tmp_path, qmd_bin, base_path_env)
+    ws = b.agent.workspace_dir
+    (ws / "MEMORY.md").write_bytes(b"# Memory\r\n\r\nThe pelican eats fish daily.\r\nSecond line here.\r\n")
+    (ws / "memory" / "2026-01-01.md").write_bytes(b"# Day\n\nThe kestrel hovers high.\n" + b"\0" * 20 + b"\n")
+    try:
+        await b.start()
+        [passage] = await b.search("pelican", min_score=0)  # ranked passages: already clean
+        assert (passage.start_line, passage.end_line, passage.snippet) == (
+            1, 4, "# Memory\n\nThe pelican eats fish daily.\nSecond line here.")
+        [phrase] = await b.search('"pelican eats"', min_score=0)  # qmd's syntax: qmd's lines
+        assert (phrase.path, phrase.start_line, phrase.end_line, phrase.snippet) == (
+            "MEMORY.md", 1, 3, "# Memory\n\nThe pelican eats fish daily.")
+        stop_words = await b.search("the", min_score=0)
+        assert sorted((h.path, h.start_line, h.end_line, h.snippet) for h in stop_words) == [
+            ("MEMORY.md", 2, 4, "\nThe pelican eats fish daily.\nSecond line here."),
+            ("memory/2026-01-01.md", 2, 4, "\nThe kestrel hovers high.")]
+    finally:
+        await b.close()

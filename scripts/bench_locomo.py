@@ -144,7 +144,7 @@ async def qmd_search(conversation: LocomoConversation, qmd: Path, max_results: i
             if run.returncode != 0:
                 raise RuntimeError(f"qmd search failed: {run.stderr[-1000:]}")
             hits = []
-            for entry in parse_qmd_json(run.stdout, run.stderr):
+            for entry in parse_qmd_json(run.stdout, run.stderr, command="search"):
                 where = parse_qmd_uri(entry.file or "")
                 snippet = entry.snippet or entry.body or ""
                 if where is None:

@@ -146,29 +146,31 @@ def _json_values(text: str) -> Iterator[Any]:
         pos = end
 
 
-def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
+def parse_qmd_json(stdout: str, stderr: str = "", *, command: str) -> list[QmdEntry]:
     """Parse a qmd search's stdout into entries, tolerating noise (see the module docstring).
 
     Args:
         stdout: qmd's standard output (decoded text, ANSI codes allowed).
         stderr: qmd's standard error; read only when stdout is blank (markers there mean no
             hits).
+        command: the qmd subcommand that printed it (``search``, ``vsearch``, ``query``),
+            named in the error message.
 
     Returns:
         Entries in qmd's order; ``[]`` for an empty result array or a marker-only output.
 
     Raises:
-        QmdOutputError: blank stdout without a marker-only stderr (``qmd query returned invalid
-            JSON: stdout empty (stderr: <excerpt>)``), or no result array and not only markers
-            (``qmd query returned invalid JSON: qmd query JSON response was not an array
-            (stdout: <excerpt>)``).
+        QmdOutputError: blank stdout without a marker-only stderr (``qmd <command> returned
+            invalid JSON: stdout empty (stderr: <excerpt>)``), or no result array and not only
+            markers (``qmd <command> returned invalid JSON: qmd <command> JSON response was not
+            an array (stdout: <excerpt>)``).
     """
     out = strip_ansi(stdout)
     if not out.strip():
         err = strip_ansi(stderr)
         if _only_markers(err):
             return []
-        raise QmdOutputError(f"qmd query returned invalid JSON: stdout empty (stderr: {_excerpt(err)})")
+        raise QmdOutputError(f"qmd {command} returned invalid JSON: stdout empty (stderr: {_excerpt(err)})")
     fitting = [v for v in _json_values(out) if _fits_schema(v)]
     if fitting:
         hits = [v for v in fitting if v]
@@ -176,5 +178,5 @@ def parse_qmd_json(stdout: str, stderr: str = "") -> list[QmdEntry]:
     if _only_markers(out):
         return []
     log.debug("qmd stdout is not a result array (%d chars): %r", len(out), out)
-    raise QmdOutputError("qmd query returned invalid JSON: qmd query JSON response was not an"
-                         f" array (stdout: {_excerpt(out)})")
+    raise QmdOutputError(f"qmd {command} returned invalid JSON: qmd {command} JSON response was"
+                         f" not an array (stdout: {_excerpt(out)})")

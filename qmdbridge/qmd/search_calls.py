@@ -267,7 +267,7 @@ def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
     if res.stdout_truncated:
         raise QmdOutputError(f"{res.summary} produced too much output (limit 200000 chars)")
     if res.ok:
-        return parse_qmd_json(res.stdout, res.stderr)
+        return parse_qmd_json(res.stdout, res.stderr, command=plan.mode)
     if is_flag_rejection(res.stderr):
         raise FlagRejected(f"{res.summary} rejected a flag: {res.stderr.strip()[:300]}")
     if is_missing_collection(res.stderr):
@@ -276,7 +276,7 @@ def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
         raise VectorModuleMissing(res.stderr.strip()[:300])
     if is_crash_after_output(res):
         try:
-            entries = parse_qmd_json(res.stdout, "")
+            entries = parse_qmd_json(res.stdout, "", command=plan.mode)
         except QmdOutputError:
             res.check()
             raise
@@ -416,7 +416,7 @@ async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
         res = await run(args, [PROBE_QUERY], timeout_ms)
         if not res.ok:
             res.check()
-        parse_qmd_json(res.stdout, res.stderr)
+        parse_qmd_json(res.stdout, res.stderr, command="search")
     except BackendTimeoutError:
         return str(BackendTimeoutError("qmd", _summary(args, PROBE_QUERY), timeout_ms,
                                        setting=SEARCH_TIMEOUT_SETTING))

@@ -161,7 +161,7 @@ def _search_standin(tmp_path: Path, qmd_bin: Path, standin: str) -> Path:
 
 
 @pytest.mark.parametrize("standin,reason_part", [
-    ("garbage.py", "invalid JSON"),
+    ("garbage.py", "qmd search returned invalid JSON: qmd search JSON response was not an array"),
     ("flag_reject.py", "failed"),
 ])
 async def test_failing_qmd_search_falls_back(tmp_path: Path, qmd_bin: Path, standin: str,

@@ -111,8 +111,11 @@ async def test_garbage_raises_output_error(tmp_path: Path, standins_dir: Path, b
     b, _ = make(tmp_path, standins_dir, base_path_env, "garbage")
     try:
         await b.start()
-        with pytest.raises(QmdOutputError, match="JSON response was not an array"):
+        with pytest.raises(QmdOutputError) as ei:
             await b.search("alpha")
+        # the message names the subcommand that printed it (search mode: qmd search)
+        assert str(ei.value) == ("qmd unavailable: qmd search returned invalid JSON: qmd search JSON"
+                                 " response was not an array (stdout: not json at all)")
     finally:
         await b.close()
 

@@ -30,7 +30,7 @@ HIT = '{"docid": "#abc123", "score": 0.8, "file": "qmd://memory-root-main/MEMORY
 
 
 def test_strict_array() -> None:
-    entries = parse_qmd_json(f"[{HIT}]")
+    entries = parse_qmd_json(f"[{HIT}]", command="query")
     assert entries == [QmdEntry(docid="#abc123", file="qmd://memory-root-main/MEMORY.md",
                                 snippet="@@ -3,2 @@ (2 before, 0 after)\nalpha\nbeta\n", score=0.8)]
 
@@ -38,19 +38,19 @@ def test_strict_array() -> None:
 def test_noise_banner_and_ansi_around_json() -> None:
     out = ("\x1b[1mqmd\x1b[0m ready\ninitializing qmd reranker [ok]\n"
            f"[\n  {HIT}\n]\n\x1b[33mWarning:\x1b[0m 1 documents need embeddings\n")
-    assert [e.docid for e in parse_qmd_json(out)] == ["#abc123"]
+    assert [e.docid for e in parse_qmd_json(out, command="query")] == ["#abc123"]
 
 
 @pytest.mark.parametrize("stdout,stderr", [
     ("No results found.\n", ""), ("[qmd] warn: No results found\n", ""), ("", "No results found."),
     ("[]", ""), ("  \n[]\n", "")])
 def test_no_results_forms(stdout: str, stderr: str) -> None:
-    assert parse_qmd_json(stdout, stderr) == []
+    assert parse_qmd_json(stdout, stderr, command="query") == []
 
 
 def test_whitespace_stdout_with_other_stderr_is_invalid() -> None:
     with pytest.raises(QmdOutputError) as ei:
-        parse_qmd_json("  \n", "boom happened")
+        parse_qmd_json("  \n", "boom happened", command="query")
     assert str(ei.value) == ("qmd unavailable: qmd query returned invalid JSON: stdout empty "
                              "(stderr: boom happened)")
 
@@ -58,9 +58,21 @@ def test_whitespace_stdout_with_other_stderr_is_invalid() -> None:
 @pytest.mark.parametrize("garbage", ["not json", "[1, 2, 3]", '{"a": 1}', "[oops"])
 def test_garbage_raises(garbage: str) -> None:
     with pytest.raises(QmdOutputError) as ei:
-        parse_qmd_json(garbage)
+        parse_qmd_json(garbage, command="query")
     assert str(ei.value) == ("qmd unavailable: qmd query returned invalid JSON: qmd query JSON"
                              f" response was not an array (stdout: {garbage})")
+
+
+@pytest.mark.parametrize("command", ["search", "vsearch", "query"])
+def test_the_message_names_the_subcommand_that_printed_it(command: str) -> None:
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json("not json", command=command)
+    assert str(ei.value) == (f"qmd unavailable: qmd {command} returned invalid JSON: qmd {command}"
+                             " JSON response was not an array (stdout: not json)")
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json("", "boom", command=command)
+    assert str(ei.value) == (f"qmd unavailable: qmd {command} returned invalid JSON: stdout empty"
+                             " (stderr: boom)")
 
 
 OTHER = '{"docid": "#def456", "score": 0.5, "file": "qmd://memory-dir-main/2026-01-02.md"}'
@@ -74,17 +86,17 @@ OTHER = '{"docid": "#def456", "score": 0.5, "file": "qmd://memory-dir-main/2026-
     f"[node-llama-cpp] load [1/3]\n[2, 3]\n[{HIT}]",    # log lines and a non-result array
 ])
 def test_last_result_array_wins(stdout: str) -> None:
-    assert [(e.docid, e.file) for e in parse_qmd_json(stdout)] == [
+    assert [(e.docid, e.file) for e in parse_qmd_json(stdout, command="query")] == [
         ("#abc123", "qmd://memory-root-main/MEMORY.md")]
 
 
 def test_result_schema_needs_file_or_path_on_every_object() -> None:
-    [e] = parse_qmd_json('[{"docid": "#a1", "path": "notes/x.md", "score": 1}]')
+    [e] = parse_qmd_json('[{"docid": "#a1", "path": "notes/x.md", "score": 1}]', command="query")
     assert (e.docid, e.file, e.score) == ("#a1", "notes/x.md", 1.0)
     with pytest.raises(QmdOutputError) as ei:
-        parse_qmd_json('[{"docid": "#a1", "score": 1}]')
+        parse_qmd_json('[{"docid": "#a1", "score": 1}]', command="query")
     assert str(ei.value).endswith('(stdout: [{"docid": "#a1", "score": 1}])')
-    assert parse_qmd_json(f'[{{"docid": "#zz"}}]\n[{OTHER}]')[0].docid == "#def456"
+    assert parse_qmd_json(f'[{{"docid": "#zz"}}]\n[{OTHER}]', command="query")[0].docid == "#def456"
 
 
 @pytest.mark.parametrize("stdout,stderr", [
@@ -93,7 +105,7 @@ def test_result_schema_needs_file_or_path_on_every_object() -> None:
     ('No results found for "alpha".\n', ""),
     ("\n", "[qmd] info: No results found.\n")])
 def test_output_of_only_markers_means_no_hits(stdout: str, stderr: str) -> None:
-    assert parse_qmd_json(stdout, stderr) == []
+    assert parse_qmd_json(stdout, stderr, command="query") == []
 
 
 @pytest.mark.parametrize("stdout,stderr,detail", [
@@ -106,14 +118,14 @@ def test_output_of_only_markers_means_no_hits(stdout: str, stderr: str) -> None:
 ])
 def test_a_marker_beside_other_lines_is_an_output_error(stdout: str, stderr: str, detail: str) -> None:
     with pytest.raises(QmdOutputError) as ei:
-        parse_qmd_json(stdout, stderr)
+        parse_qmd_json(stdout, stderr, command="query")
     assert str(ei.value) == f"qmd unavailable: qmd query returned invalid JSON: {detail}"
 
 
 def test_long_garbage_is_quoted_short_and_logged_whole(caplog: pytest.LogCaptureFixture) -> None:
     stdout = "\x1b[31mfatal:\x1b[0m " + "x" * 300 + "\nthe end"
     with caplog.at_level("DEBUG", logger="qmdbridge.qmd.backend"), pytest.raises(QmdOutputError) as ei:
-        parse_qmd_json(stdout)
+        parse_qmd_json(stdout, command="query")
     excerpt = "fatal: " + "x" * 110 + "..."
     assert str(ei.value).endswith(f"(stdout: {excerpt})") and len(excerpt) == 120
     [record] = [r for r in caplog.records if r.levelname == "DEBUG"]
@@ -123,7 +135,7 @@ def test_long_garbage_is_quoted_short_and_logged_whole(caplog: pytest.LogCapture
 
 def test_field_types_are_strict() -> None:
     [e] = parse_qmd_json('[{"docid": 5, "score": "high", "start_line": 0, "end_line": 4.0,'
-                         ' "file": "qmd://c/x.md"}]')
+                         ' "file": "qmd://c/x.md"}]', command="query")
     assert (e.docid, e.score, e.start_line, e.end_line, e.file) == (None, None, None, 4, "qmd://c/x.md")
 
 

@@ -132,7 +132,7 @@ def test_mcp_results_map_to_the_entries_of_the_cli_json() -> None:
          "snippet": "3: @@ -2,2 @@ (1 before, 0 after)\n4: \n5: Zanzibar: ferry"},
         {"docid": "#", "file": "memory-dir-main/a b.md", "title": "x", "score": 0.5, "context": None,
          "line": 1, "snippet": "1: "}]}
-    assert entries_from_mcp(structured) == parse_qmd_json(cli)
+    assert entries_from_mcp(structured) == parse_qmd_json(cli, command="query")
     for bad in ({}, {"results": {}}, {"results": [1]}):
         with pytest.raises(QmdMcpError, match="results is not a list of objects"):
             entries_from_mcp(bad)

@@ -7,9 +7,11 @@ banners, model-loading lines, ANSI colours or warnings around it, and very old b
 1. Every balanced JSON value that starts a line with ``[`` (leading blanks allowed) is read
    with :meth:`json.JSONDecoder.raw_decode`, which stops where the value ends, so text after
    it never spoils it. Only a value that fits the result schema counts: an array of objects
-   that each carry a ``file`` (or ``path``) field. The LAST fitting non-empty array wins, so a
-   stray ``[]`` line before or after the real array never hides its hits; with none, a fitting
-   ``[]`` means no hits.
+   that each name their file with a non-empty string ``file`` (or ``path``) field
+   (:func:`is_result_object`). The LAST fitting non-empty array wins, so a stray ``[]`` line
+   before or after the real array never hides its hits; with none, a fitting ``[]`` means no
+   hits. An array with any other element (``[{"file": 42}]``, ``[1, 2]``) fits not: it is
+   unreadable output, never "no hits" (its entries would all be dropped unlocated).
 2. Otherwise stdout means "no hits" only when every non-empty line is a no-results marker
    (``No results found.``, ``No results found above minimum score threshold.``, optionally
    prefixed ``[tag]``, ``warn:``, ``info:``, ``error:``, ``qmd:``). A marker followed by an
@@ -29,7 +31,8 @@ from typing import Any
 
 from qmdbridge.qmd.errors import QmdOutputError
 
-__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "parse_qmd_json", "strip_ansi"]
+__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "is_result_object", "parse_qmd_json",
+           "strip_ansi"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -122,10 +125,16 @@ def entry_from_json(obj: Mapping[str, Any]) -> QmdEntry:
         end_line=_pos_int(obj.get("end_line", obj.get("endLine"))))
 
 
+def is_result_object(value: Any) -> bool:
+    """Whether ``value`` is one result of a qmd search: an object whose ``file`` (or, from
+    builds that send it instead, ``path``) is a non-empty string, the one field a hit cannot be
+    located without (:func:`entry_from_json` reads it the same way)."""
+    return isinstance(value, dict) and bool(_str(value.get("file")) or _str(value.get("path")))
+
+
 def _fits_schema(value: Any) -> bool:
-    """An array of objects that each have a ``file`` or ``path`` field (``[]`` fits)."""
-    return isinstance(value, list) and all(
-        isinstance(x, dict) and ("file" in x or "path" in x) for x in value)
+    """An array of result objects (:func:`is_result_object`); ``[]`` fits."""
+    return isinstance(value, list) and all(is_result_object(x) for x in value)
 
 
 def _json_values(text: str) -> Iterator[Any]:

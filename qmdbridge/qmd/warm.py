@@ -69,7 +69,7 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
 from qmdbridge.qmd.parse import encode_query
-from qmdbridge.qmd.results_json import QmdEntry, entry_from_json
+from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
 from qmdbridge.qmd.runner import kill_and_reap, process_command
 from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
 
@@ -137,7 +137,9 @@ def entries_from_mcp(structured: Mapping[str, Any]) -> list[QmdEntry]:
     same :func:`~qmdbridge.qmd.results_json.entry_from_json` as the CLI's.
 
     Raises:
-        QmdMcpError: not ``{"results": [objects]}`` or a malformed snippet (``transport=False``).
+        QmdMcpError: not ``{"results": [objects]}``, a result that names no file (no non-empty
+            string ``file``: :func:`~qmdbridge.qmd.results_json.is_result_object`) or a
+            malformed snippet (``transport=False``).
     """
     results = structured.get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
@@ -145,6 +147,9 @@ def entries_from_mcp(structured: Mapping[str, Any]) -> list[QmdEntry]:
                           transport=False)
     out: list[QmdEntry] = []
     for item in results:
+        if not is_result_object(item):
+            raise QmdMcpError(f"qmd mcp query: a result names no file: {str(item)[:120]}",
+                              transport=False)
         obj = dict(item)
         if isinstance(obj.get("file"), str) and not obj["file"].lower().startswith("qmd://"):
             obj["file"] = f"qmd://{obj['file']}"

@@ -214,6 +214,38 @@ async def test_session_hits_read_back_at_their_lines_whichever_backend_answered(
             "User: Which bird was at the lake?\n\nAssistant: A grey heron.")
 
 
+def _search_printing(tmp_path: Path, qmd_bin: Path, stdout: str) -> Path:
+    """A qmd whose searches print ``stdout`` (exit 0) and whose other commands run the real qmd."""
+    answer = tmp_path / "search-stdout"
+    answer.write_text(stdout)
+    wrapper = tmp_path / "qmd-prints"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$1\" in search|query|vsearch) exec cat {answer} ;; "
+                       f"*) exec {qmd_bin} \"$@\" ;; esac\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.parametrize("stdout", ['[{"file": 42}]', '[{"path": null, "score": 0.9}]',
+                                    '[{"file": ["qmd://memory-dir-main/2026-03-01.md"]}]',
+                                    '[{"file": ""}]'])
+async def test_results_of_the_wrong_types_are_garbage_and_fall_back(tmp_path: Path, qmd_bin: Path,
+                                                                     stdout: str) -> None:
+    """A result array whose entries carry no file qmd could have meant (a number, null, a list,
+    nothing) is garbage, as other unreadable output is: the builtin engine answers, saying why."""
+    async with _manager(tmp_path, _qmd_memory(str(_search_printing(tmp_path, qmd_bin, stdout)))) as m:
+        resp = await m.search("zebra")
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.reason == ("qmd search returned invalid JSON: qmd search JSON response was"
+                                    f" not an array (stdout: {stdout})")
+    assert resp.results[0].path == "memory/2026-03-01.md"
+
+
+async def test_an_empty_result_array_is_no_matches(tmp_path: Path, qmd_bin: Path) -> None:
+    async with _manager(tmp_path, _qmd_memory(str(_search_printing(tmp_path, qmd_bin, "[]\n")))) as m:
+        resp = await m.search("zebra")
+    assert (resp.backend, resp.fallback, resp.results) == ("qmd", None, [])
+
+
 async def test_foreign_program_named_qmd_falls_back(tmp_path: Path) -> None:
     async with _manager(tmp_path, _qmd_memory(str(STANDINS / "foreign" / "qmd"))) as m:
         resp = await m.search("zebra")

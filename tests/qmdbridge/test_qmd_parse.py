@@ -133,6 +133,20 @@ def test_long_garbage_is_quoted_short_and_logged_whole(caplog: pytest.LogCapture
                                    f" {'fatal: ' + 'x' * 300 + chr(10) + 'the end'!r}")
 
 
+@pytest.mark.parametrize("stdout", ['[{"file": 42}]', '[{"path": null}]', '[{"file": ""}]',
+                                    '[{"file": {"uri": "qmd://c/x.md"}}]',
+                                    f'[{HIT}, {{"file": 7, "score": 0.2}}]'])
+def test_entries_without_a_file_name_are_not_results(stdout: str) -> None:
+    """An entry must name its file with a non-empty string (``file``, or ``path``): one that does
+    not is no result of qmd's, and the array is unreadable output, not "no matches"."""
+    with pytest.raises(QmdOutputError) as ei:
+        parse_qmd_json(stdout, command="search")
+    assert str(ei.value).startswith("qmd unavailable: qmd search returned invalid JSON: qmd search"
+                                    " JSON response was not an array (stdout: [{")
+    [e] = parse_qmd_json('[{"file": 42, "path": "notes/x.md"}]', command="search")
+    assert e.file == "notes/x.md"
+
+
 def test_field_types_are_strict() -> None:
     [e] = parse_qmd_json('[{"docid": 5, "score": "high", "start_line": 0, "end_line": 4.0,'
                          ' "file": "qmd://c/x.md"}]', command="query")

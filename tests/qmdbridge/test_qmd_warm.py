@@ -136,6 +136,10 @@ def test_mcp_results_map_to_the_entries_of_the_cli_json() -> None:
     for bad in ({}, {"results": {}}, {"results": [1]}):
         with pytest.raises(QmdMcpError, match="results is not a list of objects"):
             entries_from_mcp(bad)
+    for bad in ({"results": [{"file": 42}]}, {"results": [{"file": None, "score": 1}]}, {"results": [{}]}):
+        with pytest.raises(QmdMcpError, match="a result names no file") as ei:
+            entries_from_mcp(bad)
+        assert ei.value.transport is False  # the child answered on purpose: kept, qmd spawned
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")

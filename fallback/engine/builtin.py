@@ -115,6 +115,7 @@ class BuiltinEngine:
         self._write_limiter = anyio.CapacityLimiter(1)
         self._open_lock = anyio.Lock()
         self._notes: list[str] = []  # one-off events reported in status().issues
+        self._notes_told = 0  # of which the first n were in an answer (take_notices)
         self._closed = False
         self._dirty = True
         self._dirty_reason: str | None = "not synced yet"
@@ -454,7 +455,8 @@ class BuiltinEngine:
         Returns:
             ``SearchOutcome``: hits (snippets at most 700 code points: the window of the
             chunk's lines that best matches the query, with its own line range; hybrid mode:
-            with ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order).
+            with ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order;
+            one-off events no answer told yet, :meth:`take_notices`).
 
         Raises:
             UsageError: ``query must not be empty`` for a blank query.
@@ -466,10 +468,17 @@ class BuiltinEngine:
                        session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms,
                        explain=explain)
         try:
-            return await once()
+            outcome = await once()
         except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
-            return await once()
+            outcome = await once()
+        return SearchOutcome(outcome.results, [*outcome.warnings, *self.take_notices()])
+
+    def take_notices(self) -> list[str]:
+        """The one-off events (a corrupt store moved aside ...) that no answer has told yet,
+        oldest first; they stay in ``status().issues``. A search adds them to its warnings."""
+        told, self._notes_told = self._notes_told, len(self._notes)
+        return self._notes[told:]
 
     async def _search_once(self, query: str, *, max_results: int | None,
                            min_score: float | None, session_key: str | None,

@@ -1,9 +1,12 @@
 """Opening the builtin engine's store, and starting over when the file is corrupt.
 
 The index is derived from the Markdown files, so a corrupt store is never repaired in place:
-its files are moved aside (``<db>.corrupt-<utc time>``, kept for inspection, nothing deleted,
+its files are moved aside (``<db>.corrupt-<utc time>``, kept for inspection, the newest
+:data:`~fallback.store.files.CORRUPT_BACKUPS_KEPT` of them only,
 :func:`fallback.store.files.quarantine_corrupt_store`) and an empty store is opened, which the
-next sync fills from the memory files. Both functions block: call them in a worker thread.
+next sync fills from the memory files. The move is noted once in the engine's notes
+(``status().issues``, and the warnings of the next answer: ``BuiltinEngine.take_notices``).
+Both functions block: call them in a worker thread.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,12 +26,15 @@ from fallback.store.errors import IndexStoreCorruptError
 
 __all__ = [
     "BACKUP_MARK",
+    "CORRUPT_BACKUPS_KEPT",
     "DB_SUFFIXES",
     "TEMP_MARK",
     "backup_db_path",
     "file_id",
     "has_leftovers",
     "leftover_bases",
+    "prune_corrupt_backups",
+    "quarantine_corrupt_store",
     "recover_db_files",
     "remove_db_files",
     "swap_db_files",
@@ -44,6 +48,9 @@ TEMP_MARK = ".tmp-"
 BACKUP_MARK = ".backup-"
 # Lock file suffix (``fallback/store/lock.py``); a leftover trio's lock file goes with it.
 _LOCK_SUFFIX = ".lock"
+# Corrupt stores moved aside that are kept for inspection, newest first: a store that keeps
+# getting damaged (a failing disk, a tool that writes into it) must not fill the disk with copies.
+CORRUPT_BACKUPS_KEPT = 3
 
 
 def temp_db_path(db_path: Path) -> Path:
@@ -223,12 +230,46 @@ def recover_db_files(db_path: Path) -> list[str]:
     return actions
 
 
+def prune_corrupt_backups(db_path: Path, *, keep: int = CORRUPT_BACKUPS_KEPT) -> list[str]:
+    """Delete all but the newest ``keep`` corrupt stores moved aside next to ``db_path``.
+
+    A moved-aside store is ``<db>.corrupt-<YYYYmmddTHHMMSSZ>`` or, for a second move within
+    the same second, ``...Z-<n>`` (n >= 2), each with its ``-wal``/``-shm``; newest means the
+    latest time, then the highest ``n``. Other files are never touched.
+
+    Args:
+        db_path: the live store file.
+        keep: how many to keep (>= 0).
+
+    Returns:
+        The names of the main files deleted, oldest first; a file that cannot be deleted is
+        left in place (never raises).
+    """
+    pattern = re.compile(re.escape(db_path.name) + r"\.corrupt-(\d{8}T\d{6}Z)(?:-(\d+))?")
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return []
+    found = sorted(((m.group(1), int(m.group(2) or 1)), name)
+                   for name in names if (m := pattern.fullmatch(name)))
+    removed: list[str] = []
+    for _, name in found[: max(0, len(found) - max(0, keep))]:
+        try:
+            _remove_trio(db_path.with_name(name))
+        except OSError:
+            continue
+        removed.append(name)
+    return removed
+
+
 def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | None:
     """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>`` so a fresh one can be built.
 
     Runs under the store's writer lock and first tries ``opener`` again, in case another
     process already repaired the store; only an :class:`IndexStoreCorruptError` from it moves
-    the files. Returns the new name of the main file, or ``None`` when nothing had to move.
+    the files, and then only the newest :data:`CORRUPT_BACKUPS_KEPT` moved-aside stores are
+    kept (:func:`prune_corrupt_backups`). Returns the new name of the main file, or ``None``
+    when nothing had to move.
 
     Raises:
         IndexStoreError: the writer lock could not be taken in time, or ``opener`` failed for
@@ -256,6 +297,7 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
                 src = Path(f"{db_path}{suffix}")
                 if src.exists():
                     os.replace(src, f"{target}{suffix}")
+            prune_corrupt_backups(db_path)
             return target.name
     finally:
         lock.close()

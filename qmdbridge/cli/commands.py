@@ -188,6 +188,9 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
         with sync_progress(enabled=args.progress or not args.json) as on_progress:
             await m.sync(reason="cli", force=args.force, progress=on_progress)
         st = await m.status()
+        notices = (await m.builtin()).take_notices()  # a corrupt store moved aside ...
+    if not args.json:
+        sys.stderr.write("".join(f"warning: {n}\n" for n in notices))
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:

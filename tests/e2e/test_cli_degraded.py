@@ -132,3 +132,36 @@ def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
         assert doc["warnings"][0].endswith(
             "query embedding timed out after 1500 ms (query.timeoutMs); results come from "
             "keyword search only")
+
+
+# -- a corrupt index store, met by a one-shot search ---------------------------------------------
+
+def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
+        ws: Path, env: dict[str, str]) -> None:
+    import re
+
+    from fallback.store.files import CORRUPT_BACKUPS_KEPT
+
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    told: list[str] = []
+    for _ in range(CORRUPT_BACKUPS_KEPT + 2):
+        db.write_bytes(b"this is not an SQLite database" * 100)
+        p = run(["search", "router dropped the WAN link", "--workspace", str(ws)], env)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.decode().startswith("1.000 memory/2026-11-05.md:1-5"), p.stdout  # rebuilt, answered
+        notes = re.findall(r"^warning: index store was corrupt \(index store is corrupt: file is not a "
+                           rf"database \({re.escape(str(db))}\)\); moved aside to (main\.sqlite\.corrupt-"
+                           r"\d{8}T\d{6}Z(?:-\d+)?) and rebuilt from the memory files$",
+                           p.stderr.decode(), flags=re.MULTILINE)
+        assert len(notes) == 1, p.stderr
+        told.append(notes[0])
+    kept = sorted(f.name for f in db.parent.iterdir() if ".corrupt-" in f.name)
+    assert kept == sorted(told[-CORRUPT_BACKUPS_KEPT:])
+    again = run(["index", "--workspace", str(ws)], env)  # told once: the next command is quiet
+    assert again.returncode == 0 and b"warning" not in again.stderr, again.stderr
+    db.write_bytes(b"this is not an SQLite database" * 100)
+    index = run(["index", "--workspace", str(ws)], env)
+    assert index.returncode == 0 and re.search(
+        rb"^warning: index store was corrupt .*; moved aside to main\.sqlite\.corrupt-", index.stderr,
+        flags=re.MULTILINE), index.stderr

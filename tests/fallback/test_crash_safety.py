@@ -431,3 +431,22 @@ async def test_store_damaged_inside_is_rebuilt_on_search_and_forced_sync(tmp_pat
             fh.seek(8192)
             fh.write(os.urandom(40_000))
     assert len(list(settings.db_path.parent.glob("main.sqlite.corrupt-*[0-9Z]"))) >= 1
+
+
+def test_prune_corrupt_backups_keeps_the_newest_by_time_then_number(tmp_path: Path) -> None:
+    from fallback.store.files import prune_corrupt_backups
+
+    db = tmp_path / "main.sqlite"
+    names = ["main.sqlite.corrupt-20260101T000000Z", "main.sqlite.corrupt-20260102T000000Z",
+             "main.sqlite.corrupt-20260102T000000Z-2", "main.sqlite.corrupt-20260102T000000Z-10"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+        (tmp_path / f"{name}-wal").write_bytes(b"w")
+    (tmp_path / "main.sqlite").write_bytes(b"live")
+    (tmp_path / "other.sqlite.corrupt-20250101T000000Z").write_bytes(b"another store's")
+    removed = prune_corrupt_backups(db, keep=2)
+    assert removed == ["main.sqlite.corrupt-20260101T000000Z", "main.sqlite.corrupt-20260102T000000Z"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "main.sqlite", "main.sqlite.corrupt-20260102T000000Z-10",
+        "main.sqlite.corrupt-20260102T000000Z-10-wal", "main.sqlite.corrupt-20260102T000000Z-2",
+        "main.sqlite.corrupt-20260102T000000Z-2-wal", "other.sqlite.corrupt-20250101T000000Z"]

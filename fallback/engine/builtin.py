@@ -59,6 +59,7 @@ from fallback.errors import (
     SearchUnavailableError,
     UsageError,
 )
+from fallback.index.identity import workspace_switch_note
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 from fallback.search.explain import SearchTrace
@@ -364,6 +365,11 @@ class BuiltinEngine:
         self._dirty = report.chunks_pending > 0
         self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
                               if self._dirty else None)
+        if report.workspace_switched_from is not None:  # told once, in the next answer
+            self._notes.append(workspace_switch_note(str(self.settings.db_path),
+                                                     report.workspace_switched_from,
+                                                     str(self.settings.workspace_dir)))
+            log.warning("%s", self._notes[-1])
         self._synced = True
         self._last_report = report
         self._syncs_done += 1

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fallback.index.identity import full_reindex_reason
+from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
 from fallback.index.racy import SCAN_STARTED_META, racily_clean
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
@@ -144,8 +144,8 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     Returns:
         ``None``, or one line such as ``schema version 7 (latest 8)``, ``model changed (...)``
         (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
-        killed rebuild``, ``index is empty``, ``changed: memory/x.md``, ``new: memory/y.md``,
-        ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
+        killed rebuild``, ``index holds workspace /other``, ``index is empty``, ``changed:
+        memory/x.md``, ``new: memory/y.md``, ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
         (NUL bytes))``, ``no scan start recorded``, ``racily clean: memory/x.md``
         (``fallback/index/racy.py``), ``skipped files changed``, ``scan issues changed``.
 
@@ -162,6 +162,9 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         return "no FTS5"
     if has_leftovers(index.path):
         return "leftovers of a killed rebuild"
+    held = other_workspace(index.get_meta_json(WORKSPACE_META), str(settings.workspace_dir))
+    if held is not None:  # the engine re-indexes the store for this workspace, and says so
+        return f"index holds workspace {held}"
     if not settings.sync_on_search:  # the engine syncs only an empty index before a search
         return None if index.query("SELECT 1 FROM chunks LIMIT 1") else "index is empty"
     found = list_memory_files(settings.workspace_dir, settings.extra_paths,

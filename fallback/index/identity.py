@@ -13,10 +13,15 @@ if TYPE_CHECKING:  # annotations only: the one-shot search compares identities w
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.settings import EngineSettings
 
-__all__ = ["FTS_ONLY_MODEL", "chunk_id", "full_reindex_reason", "index_identity"]
+__all__ = ["FTS_ONLY_MODEL", "WORKSPACE_META", "chunk_id", "full_reindex_reason", "index_identity",
+           "other_workspace", "workspace_switch_note"]
 
 # Model name recorded for chunks written without an embedding provider (spec §3).
 FTS_ONLY_MODEL = "fts-only"
+# ``meta`` key of the workspace an index holds (its absolute path as a JSON string), written
+# by every scan: a store is one agent's, so searching another workspace with the same agent
+# re-indexes the store for it, and the sync that does says so once.
+WORKSPACE_META = "workspace_dir"
 
 
 def chunk_id(*, source: str, path: str, start_line: int, end_line: int, content_hash: str,
@@ -65,6 +70,24 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         "embedWindows": ({"tokens": EMBED_WINDOW_TOKENS, "overlap": EMBED_WINDOW_OVERLAP}
                          if provider else None),
     }
+
+
+def other_workspace(stored: Any, workspace: str) -> str | None:
+    """The workspace an index holds when it is not ``workspace``, else ``None``.
+
+    Args:
+        stored: the :data:`WORKSPACE_META` value (``None`` for an index from before it was
+            recorded, or never synced: nothing to tell then).
+        workspace: the absolute workspace path a sync or search is for.
+    """
+    return stored if isinstance(stored, str) and stored != workspace else None
+
+
+def workspace_switch_note(db_path: str, held: str, workspace: str) -> str:
+    """What a sync that re-indexes a store for another workspace tells the user (one line)."""
+    return (f"index store {db_path} held workspace {held}; re-indexing it for {workspace} "
+            "(one index per agent: every switch re-indexes it; to keep both indexed, give each "
+            "workspace its own agent (--agent, agents.list) or state dir (OPENCLAW_STATE_DIR))")
 
 
 def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:

@@ -62,7 +62,14 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import DimensionsChanged, EmbeddingStep
-from fallback.index.identity import FTS_ONLY_MODEL, chunk_id, full_reindex_reason, index_identity
+from fallback.index.identity import (
+    FTS_ONLY_MODEL,
+    WORKSPACE_META,
+    chunk_id,
+    full_reindex_reason,
+    index_identity,
+    other_workspace,
+)
 from fallback.index.racy import SCAN_STARTED_META, racily_clean, wall_clock_ms
 from fallback.index.report import SyncReport
 from fallback.index.windows import pack_windows
@@ -176,6 +183,12 @@ class Indexer:
             EmbeddingProviderError: the provider changed its vector size again during a
                 rebuild (the live index is left as it was).
         """
+        held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
+        report = await self._sync(store, force=force, paths=paths)
+        report.workspace_switched_from = other_workspace(held, str(self.settings.workspace_dir))
+        return report
+
+    async def _sync(self, store: Store, *, force: bool, paths: set[str] | None) -> SyncReport:
         identity = index_identity(self.settings, self.provider)
         meta = await anyio.to_thread.run_sync(store.get_meta_json, META_KEY)
         reason = "force" if force else full_reindex_reason(meta, identity)
@@ -517,6 +530,7 @@ class Indexer:
             store.set_meta("scan_issues", report.issues, conn=conn)
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
             store.set_meta(SCAN_STARTED_META, started, conn=conn)
+            store.set_meta(WORKSPACE_META, str(self.settings.workspace_dir), conn=conn)
 
 
 def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:

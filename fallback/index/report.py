@@ -37,6 +37,8 @@ class SyncReport:
             enumeration failure ...).
         session_sizes: absolute transcript path -> size in bytes as indexed, for every
             transcript the index now holds (the engine resets its delta tracker with it).
+        workspace_switched_from: the other workspace the store held before this sync
+            re-indexed it for the configured one, or ``None``.
     """
 
     full: bool = False
@@ -56,3 +58,4 @@ class SyncReport:
     skipped: list[SkippedFile] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
     session_sizes: dict[str, int] = field(default_factory=dict)
+    workspace_switched_from: str | None = None

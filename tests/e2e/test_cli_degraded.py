@@ -165,3 +165,33 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
     assert index.returncode == 0 and re.search(
         rb"^warning: index store was corrupt .*; moved aside to main\.sqlite\.corrupt-", index.stderr,
         flags=re.MULTILINE), index.stderr
+
+
+# -- one agent's store, searched for two workspaces ----------------------------------------------
+
+def test_switching_workspaces_tells_once_per_switch_that_the_store_is_reindexed(
+        ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(ws, other)
+    (other / "MEMORY.md").write_text("# Other\nThe router of the other workspace.\n")
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+
+    def search(where: Path) -> str:
+        p = run(["search", "router", "--workspace", str(where), "--json"], env)
+        assert p.returncode == 0, p.stderr
+        assert b"warning" not in p.stderr, p.stderr  # --json: the warnings are in the document
+        return "\n".join(orjson.loads(p.stdout)["warnings"])
+
+    def note(held: Path, now: Path) -> str:
+        return (f"index store {db} held workspace {held}; re-indexing it for {now} (one index per "
+                "agent: every switch re-indexes it; to keep both indexed, give each workspace its "
+                "own agent (--agent, agents.list) or state dir (OPENCLAW_STATE_DIR))")
+
+    assert search(ws) == ""  # the first index of the store: nothing was switched
+    assert search(other) == note(ws, other)
+    assert search(other) == ""  # told once per switch
+    plain = run(["search", "router", "--workspace", str(ws)], env)
+    assert plain.returncode == 0 and f"warning: {note(other, ws)}\n" in plain.stderr.decode()
+    assert search(ws) == ""
+    index = run(["index", "--workspace", str(other)], env)
+    assert index.returncode == 0 and f"warning: {note(ws, other)}\n" in index.stderr.decode()

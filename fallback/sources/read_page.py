@@ -20,8 +20,10 @@ reason                            when
                                   configured extra path (the ``../notes/x.md`` display form
                                   of an extra folder outside the workspace)
 ``not a memory path``             no root of the rule holds the path
-``shadowed legacy root file``     ``memory.md`` while ``MEMORY.md`` exists (the rule
-                                  indexes ``MEMORY.md`` only)
+``shadowed legacy root file``     ``memory.md`` while ``MEMORY.md`` exists too, as
+                                  another file (the rule indexes ``MEMORY.md`` only)
+``the root file is MEMORY.md      ``memory.md`` where only ``MEMORY.md`` exists (or both
+(names are case-sensitive)``      names are one file, on a case-insensitive file system)
 ``not markdown``                  the name does not end in ``.md`` (case-sensitive)
 ``hidden or skipped segment``     a name below the root starts with ``.`` or is a skipped
                                   folder (``node_modules``, ``build`` ...)
@@ -77,6 +79,7 @@ from fallback.sources.memory_files import (
     is_excluded,
     locate_memory_path,
     memory_roots,
+    root_memory_file,
 )
 from fallback.sources.transcripts import (
     TranscriptParse,
@@ -89,6 +92,8 @@ from fallback.text.path_names import parse_printable_path, printable_path
 __all__ = [
     "DEFAULT_READ_LINES",
     "DEFAULT_READ_MAX_CHARS",
+    "LEGACY_SHADOWED",
+    "NOT_THE_ROOT_FILE",
     "ResolvedMemoryPath",
     "open_memory_file",
     "page_text",
@@ -105,6 +110,10 @@ DEFAULT_READ_LINES = 120
 DEFAULT_READ_MAX_CHARS = 12_000
 # The folder name of the builtin engine's session citations (``sessions/<transcript>``).
 SESSIONS_DIR_NAME = "sessions"
+# Refusals of the legacy root name ``memory.md`` once ``MEMORY.md`` exists: both files are
+# there (the legacy one is not memory), or only ``MEMORY.md`` is (there is no memory.md to read).
+LEGACY_SHADOWED = "shadowed legacy root file"
+NOT_THE_ROOT_FILE = f"the root file is {ROOT_MEMORY_FILE} (names are case-sensitive)"
 # Transient read errors (EAGAIN/EINTR, "errno -11" upstream) are retried this many times in all.
 READ_ATTEMPTS = 3
 
@@ -218,7 +227,8 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
     if not has_parent and len(segments) == 1 and segments[0] in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE):
         if segments[0] == LEGACY_ROOT_MEMORY_FILE and roots[0].pattern == ROOT_MEMORY_FILE \
                 and os.path.lexists(os.path.join(ws, ROOT_MEMORY_FILE)):
-            raise PathRefusedError(rel_path, "shadowed legacy root file")
+            shadowed = root_memory_file(Path(ws)).legacy_shadowed
+            raise PathRefusedError(rel_path, LEGACY_SHADOWED if shadowed else NOT_THE_ROOT_FILE)
         return ResolvedMemoryPath(Path(ws), (segments[0],), display, True)
     candidates = [r for r in roots[2:] if _usable_extra(r)]
     if not has_parent:

@@ -185,6 +185,10 @@ def test_root_file_rule_for_reads(tmp_path: Path) -> None:
     _write(ws / "MEMORY.md", "canonical root")
     _read_refused(ws, "memory.md", "shadowed legacy root file")
     assert read_memory_page(ws, [], "MEMORY.md").text == "canonical root"
+    (ws / "memory.md").unlink()  # only MEMORY.md: nothing is shadowed, memory.md is not there
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], "memory.md")
+    assert str(info.value) == "path refused: 'memory.md': the root file is MEMORY.md (names are case-sensitive)"
 
 
 def test_read_page_and_missing(ws: Path) -> None:

@@ -3,10 +3,12 @@ symlinks, a size cap, and the text, hash and size of the same bytes."""
 
 from __future__ import annotations
 
+import codecs
 import errno
 import os
 import re
 import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +18,13 @@ from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
 
-__all__ = ["VANISHED", "FileContent", "list_session_files", "read_memory_text", "read_session_text"]
+__all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "list_session_files",
+           "read_memory_text", "read_session_text"]
 
 # Skip reason of a file that disappeared between discovery and reading (not reported).
 VANISHED = "vanished before read"
+# Skip reason of a binary file (also memory_get's refusal of one: fallback/sources/read_page.py).
+BINARY_FILE = "binary file (NUL bytes)"
 
 _UTF8_BOM = b"\xef\xbb\xbf"
 # Control characters that mark a file with NUL bytes as binary (all C0 controls and DEL but
@@ -108,7 +113,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
     if nul_bytes:
         text = _text_without_nuls(body)
         if text is None:
-            return skipped("binary file (NUL bytes)")
+            return skipped(BINARY_FILE)
         return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=False,
                            size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
                            nul_bytes=nul_bytes, ctime_ns=change_time_ns(st))
@@ -138,6 +143,44 @@ def _text_without_nuls(body: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if _BINARY_CONTROLS.search(text) else text
+
+
+def is_binary(blocks: Iterable[bytes]) -> bool:
+    """Whether a file's bytes, given in order as blocks of any size, make it binary by the rule
+    :func:`read_memory_text` indexes by: NUL bytes together with another control character
+    (see :func:`_text_without_nuls`) or invalid UTF-8 once the NULs are removed. A file
+    without NUL bytes is never binary. Reads the blocks once, holding one at a time.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    nul = odd = False
+    for block in blocks:
+        nul = nul or b"\x00" in block
+        if not odd:
+            try:
+                odd = bool(_BINARY_CONTROLS.search(decoder.decode(block.replace(b"\x00", b""))))
+            except UnicodeDecodeError:
+                odd = True
+        if nul and odd:
+            return True
+    if nul and not odd:
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            return True
+    return False
+
+
+def is_binary_file(fd: int) -> bool:
+    """:func:`is_binary` of the whole file behind ``fd``, read with ``pread`` in 1 MiB blocks (the
+    file offset stays where it is). A first pass only looks for a NUL byte, so a text file
+    costs one read and no decoding. Raises ``OSError`` as ``os.pread``."""
+    def blocks() -> Iterator[bytes]:
+        offset = 0
+        while block := os.pread(fd, 1 << 20, offset):
+            offset += len(block)
+            yield block
+
+    return any(b"\x00" in block for block in blocks()) and is_binary(blocks())
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:

@@ -31,6 +31,7 @@ reason                            when
 ``symlinked directory``           a folder between the root and the target is a symlink
 ``symlink``                       the target itself is a symlink
 ``not a regular file``            the target is a folder, FIFO, device ...
+``binary file (NUL bytes)``       binary by indexing's rule, which skips it with this reason
 ================================  =====================================================
 
 Reading is one operation, not a check followed by a read: the path is opened by walking each
@@ -69,6 +70,7 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.models import MemoryReadResult
+from fallback.sources.file_text import BINARY_FILE, is_binary, is_binary_file
 from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     MARKDOWN_SUFFIX,
@@ -387,19 +389,25 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _read_text(fd: int, start: int, count: int) -> str:
-    """The text behind ``fd`` for paging; the descriptor is closed.
+def _read_text(fd: int, start: int, count: int) -> str | None:
+    """The text behind ``fd`` for paging, or ``None`` for a binary file; the descriptor is closed.
 
     Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded. A bigger file is read as a
     stream and reduced to what paging needs: the lines before ``start`` as empty lines, lines
     ``start .. start+count-1`` as they are, plus one more line so :func:`page_text` can tell
     whether content remains. Memory stays bounded by the page, however large the file.
-    A leading BOM is removed; invalid UTF-8 becomes U+FFFD.
+    A leading BOM is removed; invalid UTF-8 becomes U+FFFD. A file with NUL bytes is first
+    checked whole by indexing's rule (:func:`fallback.sources.file_text.is_binary`), so a file
+    the index skipped as binary is never paged out.
     """
     with io.FileIO(fd, closefd=True) as raw:
         if os.fstat(fd).st_size <= STREAM_ABOVE_BYTES:
             data = raw.readall()
+            if b"\x00" in data and is_binary([data]):
+                return None
             return data.decode("utf-8-sig", errors="replace")
+        if is_binary_file(fd):
+            return None
         with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", errors="replace",
                               newline="") as fh:
             parts: list[str] = []
@@ -419,7 +427,7 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
 
-    def attempt() -> str:
+    def attempt() -> str | None:
         return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
                           start, count)
 
@@ -432,6 +440,8 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
             {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     except OSError as exc:
         raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
+    if text is None:  # what indexing skips, no reader may return
+        raise PathRefusedError(shown, BINARY_FILE)
     page, first, included, truncated, next_from = page_text(
         text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
@@ -463,7 +473,8 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         A missing file gives ``text=""``, ``from_line=1``, ``lines=0``, ``missing=True``.
 
     Raises:
-        PathRefusedError: the path is not a memory file (reasons in the module docstring).
+        PathRefusedError: the path is not a memory file, or the file is binary (reasons in
+            the module docstring).
         BackendUnavailableError: the file exists but cannot be read (permission denied, or a
             transient EAGAIN/EINTR that persisted over 3 attempts).
     """

@@ -131,6 +131,10 @@ def test_get_pages_refuses_and_reports_missing(ws: Path, env: dict[str, str]) ->
     plain = run(["get", "memory/2030-01-01.md", "--workspace", str(ws)], env)
     assert (plain.returncode, plain.stdout) == (4, b"")
     assert plain.stderr == b"qmdbridge: no such memory file: 'memory/2030-01-01.md': no such file\n"
+    (ws / "memory" / "blob.md").write_bytes(b"GIF89a\x00\x01\x02\n")  # what indexing skips as binary
+    blob = run(["get", "memory/blob.md", "--workspace", str(ws)], env)
+    assert (blob.returncode, blob.stdout, blob.stderr) == (
+        3, b"", b"qmdbridge: path refused: 'memory/blob.md': binary file (NUL bytes)\n")
     lower = run(["get", "memory.md", "--workspace", str(ws)], env)  # only MEMORY.md exists
     assert (lower.returncode, lower.stderr) == (
         3, b"qmdbridge: path refused: 'memory.md': the root file is MEMORY.md (names are case-sensitive)\n")

@@ -353,3 +353,28 @@ def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
     streamed = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1])
     assert streamed == whole
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_binary_file_is_refused_as_indexing_skips_it(ws: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     streamed: bool) -> None:
+    import fallback.sources.read_page as rf
+    from fallback.sources.file_text import read_memory_text
+    from fallback.sources.memory_files import list_memory_files
+
+    if streamed:
+        monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
+    (ws / "memory" / "blob.md").write_bytes(b"PNG\x00\x01\x02 header\n" + b"text\n" * 10)
+    (ws / "memory" / "padded.md").write_bytes(b"padded note\n" + b"\x00" * 64)  # text once NULs go
+    (ws / "memory" / "mixed.md").write_bytes(b"note\n\x00\xff\xfe\n")  # NULs and invalid UTF-8
+    found = {f.rel_path: f for f in list_memory_files(ws, []).files}
+    skipped = {p: read_memory_text(found[p], max_file_bytes=1 << 20) for p in
+               ("memory/blob.md", "memory/padded.md", "memory/mixed.md")}
+    assert [getattr(v, "reason", None) for v in skipped.values()] == [
+        "binary file (NUL bytes)", None, "binary file (NUL bytes)"]
+    _read_refused(ws, "memory/blob.md", "binary file (NUL bytes)")
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], "memory/blob.md", from_line=5, lines=1)  # also a page past the bytes
+    assert str(info.value) == "path refused: 'memory/blob.md': binary file (NUL bytes)"
+    assert read_memory_page(ws, [], "memory/padded.md").text.startswith("padded note")
+    _read_refused(ws, "memory/mixed.md", "binary file (NUL bytes)")

@@ -50,6 +50,10 @@ async def test_errors_become_disabled_payloads(manager: MemoryManager) -> None:
         refused = await handle_memory_get(manager, {"path": "../../etc/passwd"})
         assert refused["refused"] is True and refused["disabled"] is True and refused["text"] == ""
         assert (await handle_memory_get(manager, {}))["error"] == "path required"
+        (manager.agent.workspace_dir / "memory" / "blob.md").write_bytes(b"GIF\x00\x01\x02\n")
+        assert await handle_memory_get(manager, {"path": "memory/blob.md"}) == {
+            "path": "memory/blob.md", "text": "", "disabled": True, "refused": True,
+            "error": "path refused: 'memory/blob.md': binary file (NUL bytes)"}
         denied = await handle_memory_search(manager, {"query": "oat"}, session_key="agent:main:wa:group:g1")
         assert denied["results"] == [] and denied["denied"]["allowed"] is False
 

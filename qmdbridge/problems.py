@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["INDEXED_CAVEATS", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat", "status_problems"]
+__all__ = ["INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
@@ -30,6 +30,9 @@ QMD_UNHEALTHY = "qmd is not healthy"
 INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", "file name is not valid UTF-8")
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
 _NOT_PROBLEMS = (*INDEXED_CAVEATS, "hidden name")
+# How the scan issue of an extra folder whose pattern admits no ``.md`` name starts (the text of
+# fallback.sources.memory_files.NEVER_MATCHES; tests/qmdbridge/test_doctor.py keeps the two in step).
+NEVER_MATCHES = "extra path pattern can never match a memory file:"
 # Issues that describe a normal young workspace.
 _NORMAL_ISSUES = ("memory directory missing",)
 
@@ -57,6 +60,9 @@ def _skip_hint(reason: str) -> str | None:
 
 
 def _issue_hint(issue: str) -> str | None:
+    if issue.startswith(NEVER_MATCHES):
+        return ('memory files are Markdown: give the entry a pattern whose names end in .md '
+                '(the default is "**/*.md"), or remove it from memorySearch.extraPaths')
     if issue.startswith("extra path"):
         return "create it, or fix or remove the entry in memorySearch.extraPaths"
     if "legacy memory.md" in issue:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from wcmatch import glob as wcglob
 
-__all__ = ["escape_glob", "glob_matcher", "split_pattern"]
+__all__ = ["escape_glob", "glob_matcher", "never_ends_with", "split_pattern"]
 
 # Characters qmd's glob treats as syntax; a literal file name escapes them.
 _GLOB_SPECIALS = frozenset("\\*?[]{}()!+@")
@@ -57,3 +57,58 @@ def glob_matcher(pattern: str) -> wcglob.WcMatcher:
 def escape_glob(name: str) -> str:
     """Escape glob syntax (``\\ * ? [ ] { } ( ) ! + @``) in a literal file name with ``\\``."""
     return "".join("\\" + ch if ch in _GLOB_SPECIALS else ch for ch in name)
+
+
+def _group_end(text: str, start: int) -> int:
+    """The index of the ``]`` or ``}`` closing the class or braces opened at ``start`` (braces
+    nest), or -1 when it is never closed (then the opener is a literal character)."""
+    opener, closer = text[start], "]" if text[start] == "[" else "}"
+    depth, i = 0, start
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == opener and (opener == "{" or i == start):
+            depth += 1
+        elif text[i] == closer:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def _literal_tail(alternative: str) -> str | None:
+    """The literal text every name an alternative matches ends with (escapes resolved), or
+    ``None`` when it ends in syntax (``*``, ``?``, ``[...]``, ``{...}``): any ending then."""
+    tail: list[str] = []
+    open_end = False
+    i = 0
+    while i < len(alternative):
+        ch = alternative[i]
+        if ch == "\\" and i + 1 < len(alternative):
+            tail, open_end, i = [*tail, alternative[i + 1]], False, i + 2
+        elif ch in "*?":
+            tail, open_end, i = [], True, i + 1
+        elif ch in "[{" and (close := _group_end(alternative, i)) > i:
+            tail, open_end, i = [], True, close + 1
+        else:
+            tail, open_end, i = [*tail, ch], False, i + 1
+    return None if open_end else "".join(tail)
+
+
+def never_ends_with(pattern: str, suffix: str) -> bool:
+    """Whether no name the pattern matches can end with ``suffix`` (case-sensitive): each
+    alternative ends in a literal text that neither ends with ``suffix`` nor is an ending of
+    it (``*.txt`` never ends with ``.md``; ``*md``, ``*.m?`` and ``*.{md,txt}`` may).
+    Conservative: ``False`` whenever a wildcard could supply the ending.
+
+    Args:
+        pattern: a collection pattern (commas join alternatives, see :func:`split_pattern`).
+        suffix: the ending every admitted name has (``.md``).
+    """
+    for alternative in split_pattern(pattern):
+        tail = _literal_tail(alternative.rsplit("/", 1)[-1])
+        if tail is None or tail.endswith(suffix) or suffix.endswith(tail):
+            return False
+    return bool(split_pattern(pattern))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from fallback.skipped import SkippedFile
-from fallback.sources.globs import escape_glob, glob_matcher, split_pattern
+from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, split_pattern
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
@@ -52,6 +52,7 @@ __all__ = [
     "ExtraPathEntry",
     "LEGACY_ROOT_MEMORY_FILE",
     "MARKDOWN_SUFFIX",
+    "NEVER_MATCHES",
     "MEMORY_DIR_NAME",
     "MemoryFile",
     "MemoryRoot",
@@ -86,6 +87,8 @@ MEMORY_DIR_NAME = "memory"
 MARKDOWN_SUFFIX = ".md"
 # Pattern of every memory folder unless the config says otherwise (qmd's default too).
 DEFAULT_PATTERN = "**/*.md"
+# How the scan issue of an extra folder whose pattern admits no memory file starts.
+NEVER_MATCHES = "extra path pattern can never match a memory file:"
 # Discovery stops walking after this many directory entries in all (an extra path such as the
 # home folder would otherwise make every sync walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -486,6 +489,10 @@ def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:
     elif stat.S_ISLNK(st.st_mode):
         col.issues.append(f"{what} is a symlink (not followed): {path}")
     elif stat.S_ISDIR(st.st_mode):
+        if r.kind == "extra" and never_ends_with(r.pattern, MARKDOWN_SUFFIX):
+            col.issues.append(f"{NEVER_MATCHES} {path} (pattern {r.pattern}; memory files end "
+                              f"in {MARKDOWN_SUFFIX})")
+            return
         col.walk(r, path)
     elif r.kind == "memory":
         col.issues.append(f"memory is not a directory: {path}")

@@ -171,6 +171,30 @@ def test_doctor_json(ws: Path, env: dict[str, str]) -> None:
     assert root["fixed"] is True and not (ws / "memory.md").exists()
 
 
+def test_an_extra_path_whose_pattern_admits_nothing_is_a_problem(ws: Path, env: dict[str, str],
+                                                                 tmp_path: Path) -> None:
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.md").write_text("a note\n")
+    (notes / "b.txt").write_text("not memory\n")
+    cfg = tmp_path / "openclaw.json5"
+    cfg.write_text(f"{{agents: {{defaults: {{memorySearch: {{extraPaths: [{{path: '{notes}', pattern: '*.txt'}}]}}}}}}}}")
+    common = ["--workspace", str(ws), "--config", str(cfg)]
+    assert run(["index", *common], env).returncode == 0
+    problem = {"check": "memory paths",
+               "message": f"extra path pattern can never match a memory file: {notes} (pattern *.txt; "
+                          "memory files end in .md)",
+               "hint": 'memory files are Markdown: give the entry a pattern whose names end in .md '
+                       '(the default is "**/*.md"), or remove it from memorySearch.extraPaths'}
+    status = run(["status", *common, "--json"], env)
+    assert status.returncode == 0 and orjson.loads(status.stdout)["problems"] == [problem]
+    doctor = run(["doctor", *common, "--json"], env)
+    assert doctor.returncode == 1
+    failed = [c for c in orjson.loads(doctor.stdout)["checks"] if c["level"] == "error"]
+    assert [(c["name"], c["detail"], c["hint"]) for c in failed] == [
+        ("memory paths", problem["message"], problem["hint"])], failed
+
+
 def test_serve_answers_json_lines_and_stops_on_sigterm(ws: Path, env: dict[str, str]) -> None:
     exe = shutil.which("qmdbridge")
     assert exe

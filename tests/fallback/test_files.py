@@ -405,3 +405,27 @@ def test_the_default_pattern_admits_what_its_glob_matches() -> None:
     other = MemoryRoot(Path("/ws/notes"), "team/*.md,{a,b}.md", "extra", Path("/ws/notes"))
     assert [rel for rel in ("team/x.md", "b.md", "c.md", "team/sub/x.md") if other.admits(rel)] == [
         "team/x.md", "b.md"]
+
+
+@pytest.mark.parametrize(("pattern", "never"), [
+    ("*.txt", True), ("notes/*.MD", True), ("a.txt,*.log", True), ("{a,b}.txt", True),
+    ("[ab].txt", True), ("**/*.md", False), ("*md", False), ("*.m?", False), ("*.{md,txt}", False),
+    ("*.{md,{x,y}}", False), ("a.txt,b.md", False), ("*.\\md", False), ("*.[m]d", False)])
+def test_never_ends_with_is_sure_before_it_says_so(pattern: str, never: bool) -> None:
+    from fallback.sources.globs import never_ends_with
+
+    assert never_ends_with(pattern, ".md") is never
+
+
+def test_extra_folder_whose_pattern_admits_no_markdown_is_an_issue(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    _write(tmp_path / "notes" / "a.md")
+    _write(tmp_path / "notes" / "b.txt")
+    found = list_memory_files(ws, [ExtraPath(path=str(tmp_path / "notes"), pattern="*.txt"),
+                                   ExtraPath(path=str(tmp_path / "notes"), pattern="*.{md,txt}")])
+    assert [f.rel_path for f in found.files] == ["MEMORY.md", "../notes/a.md"]
+    assert found.issues == [
+        "memory directory missing: " + str(ws / "memory"),
+        f"extra path pattern can never match a memory file: {tmp_path / 'notes'} (pattern *.txt; "
+        "memory files end in .md)"]

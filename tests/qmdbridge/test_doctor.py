@@ -150,3 +150,10 @@ def test_every_note_of_a_file_indexed_anyway_is_a_caveat_not_a_problem() -> None
     assert is_indexed_caveat("binary file (NUL bytes)") is False
     doc = {"backend": "builtin", "skipped": [{"path": f"memory/{i}.md", "reason": n} for i, n in enumerate(notes)]}
     assert status_problems(doc) == []
+
+
+def test_the_never_matching_pattern_issue_has_its_own_hint() -> None:
+    from fallback.sources.memory_files import NEVER_MATCHES
+    from qmdbridge.problems import NEVER_MATCHES as PROBLEM_PREFIX
+
+    assert PROBLEM_PREFIX == NEVER_MATCHES

@@ -14,7 +14,8 @@ from typing import Any
 from fallback.errors import MemorySearchError, PathRefusedError
 from qmdbridge.manager import MemoryManager
 
-__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get", "handle_memory_search"]
+__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get", "handle_memory_search",
+           "param_error"]
 
 log = logging.getLogger("qmdbridge")
 
@@ -55,6 +56,43 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
 }
 
 
+_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string"}
+
+
+def _fits(value: Any, json_type: str) -> bool:
+    """Whether ``value`` (as JSON decoded it) is of a JSON Schema type: ``integer`` (an int or
+    an integral float, never a bool), ``number`` (int or float, never a bool) or ``string``."""
+    if json_type == "string":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return json_type == "number" or isinstance(value, int) or value.is_integer()
+
+
+def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
+    """How ``params`` break a tool's parameter schema, as JSON Schema validation (the MCP
+    SDK's) would refuse them, or ``None``: a parameter the schema does not name, or an optional
+    one of the wrong type (a required one is the handler's own check). Ranges are the
+    manager's (``qmdbridge.policy.limits``), so both paths refuse the same values.
+
+    Args:
+        schema: ``MEMORY_SEARCH_SCHEMA`` or ``MEMORY_GET_SCHEMA``.
+        params: the call's parameters.
+
+    Returns:
+        ``unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)``,
+        ``maxResults must be an integer, not '5'``, or ``None``.
+    """
+    props: dict[str, Any] = schema["parameters"]["properties"]
+    for key, value in params.items():
+        if key not in props:
+            return f"unknown parameter {key!r} ({schema['name']} takes {', '.join(props)})"
+        json_type = props[key]["type"]
+        if key not in schema["parameters"]["required"] and not _fits(value, json_type):
+            return f"{key} must be {_TYPE_NAMES[json_type]}, not {value!r}"
+    return None
+
+
 def _int_or_none(value: Any) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
@@ -75,7 +113,8 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
 
     Returns:
         ``{results, backend, provider, model, mode, fallback, citations, denied}`` on success,
-        ``{results: [], disabled: true, error}`` on failure. Results use camelCase keys.
+        ``{results: [], disabled: true, error}`` on failure (also for parameters the schema
+        refuses: :func:`param_error`). Results use camelCase keys.
     """
     if not isinstance(params, dict):
         return {"results": [], "disabled": True, "error": "params must be an object"}
@@ -87,6 +126,9 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
     query = params.get("query")
     if not isinstance(query, str):
         return {"results": [], "disabled": True, "error": "query required"}
+    invalid = param_error(MEMORY_SEARCH_SCHEMA, params)
+    if invalid is not None:
+        return {"results": [], "disabled": True, "error": invalid}
     try:
         response = await manager.search(
             query, max_results=_int_or_none(params.get("maxResults")),
@@ -107,7 +149,7 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
     Returns:
         ``{path, text, from, lines, truncated, nextFrom, missing}`` on success,
         ``{path, text: "", disabled: true, error, refused}`` on failure (``refused`` is true
-        when the path is not a memory file).
+        when the path is not a memory file; parameters the schema refuses: :func:`param_error`).
     """
     if not isinstance(params, dict):
         return {"path": "", "text": "", "disabled": True, "error": "params must be an object",
@@ -116,6 +158,9 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
     if not isinstance(path, str) or not path.strip():
         return {"path": path if isinstance(path, str) else "", "text": "", "disabled": True,
                 "error": "path required", "refused": True}
+    invalid = param_error(MEMORY_GET_SCHEMA, params)
+    if invalid is not None:
+        return {"path": path, "text": "", "disabled": True, "error": invalid, "refused": False}
     try:
         result = await manager.read_file(path, from_line=_int_or_none(params.get("from")),
                                          lines=_int_or_none(params.get("lines")))

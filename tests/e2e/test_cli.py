@@ -278,11 +278,12 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
              b'{"id": 11, "tool": "status"}',
              b'{"id": 12, "tool": "memory_search", "params": {"query": "Atlas rollback"},'
              b' "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]}',
-             b'{"id": 13, "tool": "memory_search", "params": {"query": "Atlas"}, "sessionKeys": "main"}']
+             b'{"id": 13, "tool": "memory_search", "params": {"query": "Atlas"}, "sessionKeys": "main"}',
+             b'{"id": 14, "tool": "memory_search", "params": {"query": "Atlas", "maxResults": "5"}}']
     p = run(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
     assert p.returncode == 0, p.stderr
     replies = [orjson.loads(line) for line in p.stdout.splitlines()]
-    assert [r["id"] for r in replies] == [8, 9, 10, 11, 12, 13]
+    assert [r["id"] for r in replies] == [8, 9, 10, 11, 12, 13, 14]
     assert replies[0]["result"]["error"] == "from must be between 1 and 2147483647"
     assert replies[1]["result"]["results"] == [] and replies[1]["result"]["disabled"] is True
     assert replies[2]["result"]["error"] == "session key must be a string"
@@ -290,6 +291,9 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
     # a sub-agent searches through the session that spawned it (the scope rules allow direct chats)
     assert replies[4]["result"]["denied"] is None and replies[4]["result"]["results"]
     assert replies[5]["result"]["error"] == "session keys must be a list of strings"
+    # as the MCP tool schema says (mcp refuses it the same way): a string is not a number
+    assert replies[6]["result"] == {"results": [], "disabled": True,
+                                    "error": "maxResults must be an integer, not '5'"}
 
 
 def test_qmd_embed_fails_fast_offline_and_under_ci(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:

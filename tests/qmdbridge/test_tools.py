@@ -69,3 +69,41 @@ async def test_sub_agent_searches_with_the_key_it_inherits(manager: MemoryManage
         assert out["denied"] is None and [r["path"] for r in out["results"]] == ["MEMORY.md"]
         bad = await handle_memory_search(manager, {"query": "oat"}, session_keys="agent:main:main")  # type: ignore[arg-type]
         assert bad == {"results": [], "disabled": True, "error": "session keys must be a list of strings"}
+
+
+BAD_AND_GOOD = [  # (tool, params) pairs around every parameter's type
+    ("memory_search", {"query": "oat", "maxResults": "5"}), ("memory_search", {"query": "oat", "maxResults": True}),
+    ("memory_search", {"query": "oat", "maxResults": 2.5}), ("memory_search", {"query": "oat", "maxResults": 5.0}),
+    ("memory_search", {"query": "oat", "maxResults": 5}), ("memory_search", {"query": "oat", "minScore": "0.1"}),
+    ("memory_search", {"query": "oat", "minScore": 0}), ("memory_search", {"query": "oat", "minScore": None}),
+    ("memory_search", {"query": "oat", "max_results": 5}), ("memory_get", {"path": "MEMORY.md", "from": "1"}),
+    ("memory_get", {"path": "MEMORY.md", "lines": 3}), ("memory_get", {"path": "MEMORY.md", "lines": [3]}),
+    ("memory_get", {"path": "MEMORY.md", "offset": 3}),
+]
+
+
+@pytest.mark.parametrize(("tool", "params"), BAD_AND_GOOD)
+def test_param_error_refuses_what_the_mcp_schema_validation_refuses(tool: str, params: dict[str, object]) -> None:
+    """serve and mcp share the handlers; mcp's SDK validates the schema with jsonschema first, so
+    the handlers' own check must refuse exactly the same parameters."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from qmdbridge.tools import param_error
+
+    schema = MEMORY_SEARCH_SCHEMA if tool == "memory_search" else MEMORY_GET_SCHEMA
+    by_sdk = list(jsonschema.Draft202012Validator(schema["parameters"]).iter_errors(params))
+    assert (param_error(schema, params) is not None) == bool(by_sdk), by_sdk
+
+
+async def test_params_of_the_wrong_type_are_refused_not_ignored(manager: MemoryManager) -> None:
+    async with manager:
+        assert await handle_memory_search(manager, {"query": "oat", "maxResults": "5"}) == {
+            "results": [], "disabled": True, "error": "maxResults must be an integer, not '5'"}
+        assert (await handle_memory_search(manager, {"query": "oat", "minScore": "0.1"}))["error"] == (
+            "minScore must be a number, not '0.1'")
+        assert (await handle_memory_search(manager, {"query": "oat", "max_results": 1}))["error"] == (
+            "unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)")
+        assert await handle_memory_get(manager, {"path": "MEMORY.md", "from": "2"}) == {
+            "path": "MEMORY.md", "text": "", "disabled": True, "refused": False,
+            "error": "from must be an integer, not '2'"}
+        ok = await handle_memory_search(manager, {"query": "oat milk", "maxResults": 1.0, "minScore": 0})
+        assert [r["path"] for r in ok["results"]] == ["MEMORY.md"]

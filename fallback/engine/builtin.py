@@ -51,7 +51,7 @@ from fallback.engine.query_vector import (
     on_provider_failure,
     read_index_vectors,
 )
-from fallback.engine.store_open import open_store, reopen_after_corruption
+from fallback.engine.store_open import EngineStore, read_only_problem, read_only_warning
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -59,7 +59,6 @@ from fallback.errors import (
     SearchUnavailableError,
     UsageError,
 )
-from fallback.index.identity import workspace_switch_note
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 from fallback.search.explain import SearchTrace
@@ -67,8 +66,9 @@ from fallback.search.fts_only import candidate_count
 from fallback.search.pipeline import Searcher, SearchOutcome
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
-from fallback.store.db import META_KEY, Store
+from fallback.store.db import Store
 from fallback.store.errors import IndexStoreCorruptError
+from fallback.store.readonly import MetaReads, ReadOnlyStore
 
 __all__ = ["BuiltinEngine"]
 
@@ -111,11 +111,10 @@ class BuiltinEngine:
         self._selection = provider_selection
         self._now_ms = now_ms or _wall_clock_ms
         self.on_progress = on_progress
-        self._store: Store | None = None
         self._vector: Any = None
         self._write_limiter = anyio.CapacityLimiter(1)
-        self._open_lock = anyio.Lock()
         self._notes: list[str] = []  # one-off events reported in status().issues
+        self._stores = EngineStore(settings, self._notes)
         self._notes_told = 0  # of which the first n were in an answer (take_notices)
         self._closed = False
         self._dirty = True
@@ -138,25 +137,15 @@ class BuiltinEngine:
             raise ManagerClosedError("builtin engine is closed")
 
     async def _open_store(self) -> Store:
-        """The store, opened on first use (a corrupt file is moved aside first:
-        ``fallback/engine/store_open.py``); reopened when another process swapped its file."""
+        """The store (``fallback/engine/store_open.py``). Raises ``IndexStoreError``."""
         self._check_open()
-        async with self._open_lock:
-            if self._store is None:
-                self._store = await anyio.to_thread.run_sync(open_store, self.settings, self._notes)
-            else:
-                await anyio.to_thread.run_sync(self._store.reopen_if_replaced)
-            return self._store
+        return await self._stores.open()
+
+    _store = property(lambda self: self._stores.store, doc="The open store, or None.")
 
     async def _recover_corrupt(self, exc: IndexStoreCorruptError) -> None:
         """Close the corrupt store, move its files aside and start over with an empty one."""
-        async with self._open_lock:
-            if self._store is not None:
-                await anyio.to_thread.run_sync(self._store.close)
-                self._store = None
-            await anyio.to_thread.run_sync(self._drop_vector_index)
-            await anyio.to_thread.run_sync(reopen_after_corruption, self.settings, exc,
-                                           self._notes)
+        await self._stores.recover_corrupt(exc, before_move=self._drop_vector_index)
         self._synced = False
         self.mark_dirty("index store was rebuilt")
 
@@ -245,14 +234,6 @@ class BuiltinEngine:
             await self._sync_done.wait()
         return await self.sync(reason=reason, paths=paths)
 
-    async def rescan(self) -> SyncReport:
-        """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
-        is cleared. Raises as :meth:`sync`."""
-        report = await self.sync_after_running(reason="rescan")
-        if self._live is not None:
-            self._live.rescanned()
-        return report
-
     async def close(self) -> None:
         """Stop live mode, wait for a running sync, close the vector index, provider and store;
         idempotent."""
@@ -269,10 +250,7 @@ class BuiltinEngine:
             await sel.provider.aclose()
         if self._reranker is not None:
             await self._reranker.aclose()
-        if self._store is not None:
-            await anyio.to_thread.run_sync(self._store.close)
-            self._store = None
-
+        await self._stores.close()
     # -- sync ------------------------------------------------------------------------------
 
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
@@ -365,11 +343,9 @@ class BuiltinEngine:
         self._dirty = report.chunks_pending > 0
         self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
                               if self._dirty else None)
-        if report.workspace_switched_from is not None:  # told once, in the next answer
-            self._notes.append(workspace_switch_note(str(self.settings.db_path),
-                                                     report.workspace_switched_from,
-                                                     str(self.settings.workspace_dir)))
-            log.warning("%s", self._notes[-1])
+        for note in report.notes:  # told once, in the next answer
+            self._notes.append(note)
+            log.warning("%s", note)
         self._synced = True
         self._last_report = report
         self._syncs_done += 1
@@ -499,10 +475,10 @@ class BuiltinEngine:
             dead = self._live.check_watcher()  # a dead watcher is re-armed in the background
             if dead is not None:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
-        store = await self._open_store()
+        store, read_only = await self._stores.open_reader()  # read-only: answer without a sync
         q = self.settings.search.query
         provider = self._provider()
-        warnings: list[str] = []
+        warnings = [] if read_only is None else [read_only_warning(read_only, self.settings)]
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
         if provider is not None and qv is not None and qv.error is not None:
@@ -510,8 +486,9 @@ class BuiltinEngine:
             on_provider_failure(provider.provider_id, self._last_error,
                                 fail_closed=self._fails_closed(), warnings=warnings)
         syncs = self._syncs_done
-        if await self._preflight(store, self.search_sync_budget_ms if sync_budget_ms is None
-                                 else sync_budget_ms, deadline):
+        if isinstance(store, Store) and await self._preflight(
+                store, self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
+                deadline):
             store = await self._open_store()  # the sync may have replaced a corrupt store
         self.warm_session(session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
@@ -532,7 +509,7 @@ class BuiltinEngine:
             warnings.append(SUBSTRING_WARNING.format(error=fts_error))
         return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])
 
-    async def _prepare_vector(self, store: Store, provider: EmbeddingProvider,
+    async def _prepare_vector(self, store: MetaReads, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
         """The provider the ranking code gets after the pre-search sync: the query vector of
@@ -592,22 +569,20 @@ class BuiltinEngine:
             ManagerClosedError: the engine is closed.
             IndexStoreError: the store cannot be read.
         """
-        store = await self._open_store()
+        self._check_open()
+        store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
-        return await anyio.to_thread.run_sync(self._status, store, live)
+        problem = None if read_only is None else read_only_problem(read_only, self.settings)
+        return await anyio.to_thread.run_sync(self._status, store, live, problem)
 
-    def _status(self, store: Store, live: Any) -> MemoryStatus:
+    def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
-        dirty = self._dirty
-        if dirty and not self._synced and self._dirty_reason == "not synced yet":
-            # spec §5.1: before its first sync a process reports dirty only without an index
-            dirty = store.get_meta_json(META_KEY) is None
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
-            dirty=dirty, dirty_reason=self._dirty_reason, last_error=self._last_error,
-            live=live, notes=self._notes)
+            dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
+            last_error=problem or self._last_error, live=live, notes=self._notes)
 
     async def probe_vector(self) -> bool:
         """Whether vector search can answer (provider present and vectors not disabled)."""

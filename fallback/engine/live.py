@@ -69,8 +69,6 @@ class Syncable(Protocol):
                                  paths: set[str] | None = ...) -> SyncReport:
         """Let a running sync finish, then sync again."""
 
-    async def rescan(self) -> SyncReport:
-        """The safety-net rescan."""
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +89,8 @@ class LiveSync:
     """Background freshness for one engine (a :class:`Syncable`, e.g. ``BuiltinEngine``).
 
     Args:
-        engine: the engine to keep fresh (its ``settings``, ``mark_dirty``, ``sync``,
-            ``sync_after_running`` and ``rescan`` are used).
+        engine: the engine to keep fresh (its ``settings``, ``mark_dirty``, ``sync`` and
+            ``sync_after_running`` are used).
         session_batch_ms: transcript event batch window in ms (spec: 5,000).
         rescan_interval_ms: period of the safety-net rescan in ms (0 = off).
         force_polling: start the watcher with watchdog's polling observer.
@@ -196,7 +194,10 @@ class LiveSync:
         _raise_embedding_failure(report)
 
     async def _rescan_tick(self) -> None:
-        await self._engine.rescan()
+        """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
+        is cleared."""
+        await self._engine.sync_after_running(reason="rescan")
+        self.rescanned()
         self.sync_counts["rescan"] += 1
 
     def spawn_sync(self, reason: str) -> anyio.Event:

@@ -13,7 +13,8 @@ from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import describe_extra_path, memory_roots
-from fallback.store.db import META_KEY, Store
+from fallback.store.db import META_KEY, ReadonlyRecovery, Store
+from fallback.store.readonly import MetaReads, ReadOnlyStore
 
 __all__ = ["CJK_SCHEME", "build_status", "indexed_roots", "pending_rebuild"]
 
@@ -30,7 +31,7 @@ def indexed_roots(settings: EngineSettings) -> list[dict[str, Any]]:
             for r in memory_roots(settings.workspace_dir, settings.search.extra_paths)]
 
 
-def pending_rebuild(store: Store, settings: EngineSettings, provider: Any) -> str | None:
+def pending_rebuild(store: MetaReads, settings: EngineSettings, provider: Any) -> str | None:
     """Why the next sync will rebuild the index (``provider changed (none -> local)``, ...),
     or None: the stored index identity compared with the one the settings give now. An empty
     store (never synced) needs no rebuild to be reported; it is simply not indexed yet."""
@@ -40,21 +41,23 @@ def pending_rebuild(store: Store, settings: EngineSettings, provider: Any) -> st
     return full_reindex_reason(meta, index_identity(settings, provider))
 
 
-def build_status(store: Store, *, backend: str, settings: EngineSettings, selection: Any,
+def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: EngineSettings, selection: Any,
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
-                 last_error: str | None, live: Any = None,
+                 last_error: str | None, synced: bool = True, live: Any = None,
                  extra_custom: dict[str, Any] | None = None,
                  notes: list[str] | None = None) -> MemoryStatus:
     """Read counters from ``store`` (blocking: call in a worker thread) and assemble the status.
 
     Args:
-        store: the open store.
+        store: the open store (a :class:`ReadOnlyStore` while it cannot be written).
         backend: backend name (``builtin``).
         settings: the engine settings.
         selection: the ``ProviderSelection`` (``provider``, ``requested``, ``error``,
             ``unavailable_reason``).
         vector: the vector index status when a provider exists, else ``None``.
         dirty / dirty_reason: the engine's own stale flag and why.
+        synced: whether this process has synced; before its first sync a process reports
+            ``not synced yet`` as dirty only when the store holds no index (spec §5.1).
         last_error: the last sync or query-embedding error, or ``None``.
         live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
             ``status_custom()``); a degraded or dead watcher makes the status dirty with that
@@ -72,6 +75,8 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
     """
     s = settings.search
     provider = selection.provider
+    if dirty and not synced and dirty_reason == "not synced yet":
+        dirty = store.get_meta_json(META_KEY) is None
     srcs = list(s.sources)
     counts = {src: (0, 0) for src in srcs}
     for src, nfiles in store.query("SELECT source, COUNT(*) FROM files GROUP BY source"):
@@ -94,7 +99,8 @@ def build_status(store: Store, *, backend: str, settings: EngineSettings, select
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
-                              "readonlyRecovery": store.readonly_recovery.as_dict(),
+                              "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
+                                                   else ReadonlyRecovery()).as_dict(),
                               **(live.status_custom() if live is not None else {}),
                               **(extra_custom or {})}
     if provider is None or vector is None:

@@ -1,4 +1,5 @@
-"""Opening the builtin engine's store, and starting over when the file is corrupt.
+"""Opening the builtin engine's store, starting over when the file is corrupt, and reading
+one that this process cannot write.
 
 The index is derived from the Markdown files, so a corrupt store is never repaired in place:
 its files are moved aside (``<db>.corrupt-<utc time>``, kept for inspection, the newest
@@ -6,21 +7,30 @@ its files are moved aside (``<db>.corrupt-<utc time>``, kept for inspection, the
 :func:`fallback.store.files.quarantine_corrupt_store`) and an empty store is opened, which the
 next sync fills from the memory files. The move is noted once in the engine's notes
 (``status().issues``, and the warnings of the next answer: ``BuiltinEngine.take_notices``).
-Both functions block: call them in a worker thread.
+A store this process cannot write (a read-only state dir, another user's files) is never
+"repaired" either: :func:`open_read_only` opens the existing file for reading only, searches
+answer from it with :func:`read_only_warning`, and status reports :func:`read_only_problem`;
+nothing is indexed until the store can be written. The functions block: call them in a
+worker thread.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
+
+import anyio
 
 from fallback.errors import IndexStoreError
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
-from fallback.store.errors import IndexStoreCorruptError
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 from fallback.store.files import quarantine_corrupt_store
+from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["open_store", "reopen_after_corruption"]
+__all__ = ["EngineStore", "open_read_only", "open_store", "read_only_problem", "read_only_warning",
+           "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
@@ -72,3 +82,100 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
     moved = quarantine_corrupt_store(settings.db_path, verify)
     if moved:
         _note(exc, moved, notes)
+
+
+def open_read_only(settings: EngineSettings, exc: IndexStoreError) -> ReadOnlyStore:
+    """The existing store at ``settings.db_path``, opened for reading only, after the engine's
+    own open failed with ``exc`` (an ``IndexStoreReadOnlyError``).
+
+    Raises:
+        IndexStoreError: ``exc`` again when there is no store file to read (nothing to answer
+            from), or the file cannot be read either.
+    """
+    reader = ReadOnlyStore.open(settings.db_path)
+    if reader is None:
+        raise exc
+    return reader
+
+
+def read_only_warning(exc: IndexStoreError, settings: EngineSettings) -> str:
+    """The warning of an answer from a store this process cannot write (one line)."""
+    return (f"{exc}; answered from the index as it was last written, without updating it "
+            f"(check the permissions of {settings.db_path.parent})")
+
+
+def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
+    """``status().last_error`` while the store cannot be written (one line)."""
+    return (f"{exc}; searches answer from the index as it was last written, and memory files "
+            f"are not indexed until {settings.db_path.parent} can be written")
+
+
+class EngineStore:
+    """The builtin engine's handles on its store file: the store (opened on first use, a corrupt
+    file moved aside first, reopened when another process swapped the file) and, while this
+    process cannot write it, the file opened for reading only. Async; the blocking work runs in
+    worker threads.
+
+    Args:
+        settings: the engine settings (store path, FTS tokenizer).
+        notes: the engine's one-off events (``status().issues``); moves aside are appended.
+    """
+
+    def __init__(self, settings: EngineSettings, notes: list[str]) -> None:
+        self.settings = settings
+        self.notes = notes
+        self.store: Store | None = None
+        self.reader: ReadOnlyStore | None = None
+        self._lock = anyio.Lock()
+
+    async def open(self) -> Store:
+        """The store, opened on first use; reopened when another process swapped its file.
+
+        Raises:
+            IndexStoreError: it cannot be opened (locked, read-only, or still corrupt).
+        """
+        async with self._lock:
+            if self.store is None:
+                self.store = await anyio.to_thread.run_sync(open_store, self.settings, self.notes)
+            else:
+                await anyio.to_thread.run_sync(self.store.reopen_if_replaced)
+            return self.store
+
+    async def open_reader(self) -> tuple[Store | ReadOnlyStore, IndexStoreError | None]:
+        """``(store, None)``; or, when this process cannot write the store (a read-only state
+        dir), the existing file opened for reading only and the error that says why. Every
+        call tries the writer first.
+
+        Raises:
+            IndexStoreError: as :meth:`open`, when there is no file to read either.
+        """
+        try:
+            return await self.open(), None
+        except IndexStoreReadOnlyError as exc:
+            if self.reader is not None:
+                await anyio.to_thread.run_sync(self.reader.close)
+            self.reader = await anyio.to_thread.run_sync(open_read_only, self.settings, exc)
+            return self.reader, exc
+
+    async def recover_corrupt(self, exc: IndexStoreCorruptError, *,
+                              before_move: Callable[[], None]) -> None:
+        """Close the corrupt store, call ``before_move`` (blocking: close what else reads the
+        file), move the files aside (:func:`reopen_after_corruption`); the next :meth:`open`
+        opens an empty store.
+
+        Raises:
+            IndexStoreError: the files could not be moved aside.
+        """
+        async with self._lock:
+            if self.store is not None:
+                await anyio.to_thread.run_sync(self.store.close)
+                self.store = None
+            await anyio.to_thread.run_sync(before_move)
+            await anyio.to_thread.run_sync(reopen_after_corruption, self.settings, exc, self.notes)
+
+    async def close(self) -> None:
+        """Close the store and the reader; idempotent."""
+        for handle in (self.store, self.reader):
+            if handle is not None:
+                await anyio.to_thread.run_sync(handle.close)
+        self.store = self.reader = None

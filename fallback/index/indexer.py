@@ -69,6 +69,7 @@ from fallback.index.identity import (
     full_reindex_reason,
     index_identity,
     other_workspace,
+    workspace_switch_note,
 )
 from fallback.index.racy import SCAN_STARTED_META, racily_clean, wall_clock_ms
 from fallback.index.report import SyncReport
@@ -185,7 +186,11 @@ class Indexer:
         """
         held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
         report = await self._sync(store, force=force, paths=paths)
-        report.workspace_switched_from = other_workspace(held, str(self.settings.workspace_dir))
+        workspace = str(self.settings.workspace_dir)
+        report.workspace_switched_from = other_workspace(held, workspace)
+        if report.workspace_switched_from is not None:
+            report.notes.append(workspace_switch_note(str(store.path), report.workspace_switched_from,
+                                                      workspace))
         return report
 
     async def _sync(self, store: Store, *, force: bool, paths: set[str] | None) -> SyncReport:

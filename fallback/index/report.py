@@ -39,6 +39,7 @@ class SyncReport:
             transcript the index now holds (the engine resets its delta tracker with it).
         workspace_switched_from: the other workspace the store held before this sync
             re-indexed it for the configured one, or ``None``.
+        notes: one-off events to tell the user once (the workspace switch), one line each.
     """
 
     full: bool = False
@@ -59,3 +60,4 @@ class SyncReport:
     issues: list[str] = field(default_factory=list)
     session_sizes: dict[str, int] = field(default_factory=dict)
     workspace_switched_from: str | None = None
+    notes: list[str] = field(default_factory=list)

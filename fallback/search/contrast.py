@@ -39,7 +39,7 @@ from fallback.text.keywords import STOP_WORDS
 from fallback.text.scripts import contains_cjk, word_runs
 
 if TYPE_CHECKING:
-    from fallback.store.db import Store
+    from fallback.store.readonly import MetaReads
 
 __all__ = [
     "COMMON_MIN_CHUNKS",
@@ -90,7 +90,7 @@ def _quoted(word: str) -> str:
     return '"' + word.replace('"', "") + '"'
 
 
-def common_words(store: Store, text: str) -> list[str]:
+def common_words(store: MetaReads, text: str) -> list[str]:
     """The content words of ``text`` (:func:`content_words`) that are common in the store: held
     by at least ``max(COMMON_MIN_CHUNKS, COMMON_SHARE x chunks)`` chunks (the text column of
     ``chunks_fts``, every source). Blocking: call it in a worker thread.

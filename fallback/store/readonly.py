@@ -15,12 +15,73 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from fallback.store.errors import translate_errors
+from fallback.store.errors import (
+    SQLITE_CANTOPEN,
+    IndexStoreReadOnlyError,
+    error_kind,
+    result_code,
+    translate_errors,
+)
 
-__all__ = ["BUSY_TIMEOUT_MS", "MetaReads", "ReadOnlyStore", "StoreReader"]
+__all__ = ["BUSY_TIMEOUT_MS", "MetaReads", "ReadOnlyStore", "StoreReader", "connect_read_only"]
 
 # How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
 BUSY_TIMEOUT_MS = 5000
+
+
+def _cannot_write(exc: sqlite3.Error) -> bool:
+    """Whether opening failed only because this process may not write the store's folder or
+    files (``SQLITE_READONLY_*``, or ``SQLITE_CANTOPEN`` for a ``-shm`` it may not create)."""
+    return (issubclass(error_kind(exc)[0], IndexStoreReadOnlyError)
+            or (result_code(exc) or 0) & 0xFF == SQLITE_CANTOPEN)
+
+
+def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
+                      check_same_thread: bool = True) -> sqlite3.Connection:
+    """A connection that only reads the existing store at ``path``, also where this process may
+    not write its folder (a read-only state dir, another user's files).
+
+    Tries each of ``modes`` in turn (``rw`` gets ``PRAGMA query_only``), moving on only when
+    SQLite says it cannot write: a WAL store needs its ``-shm`` file, which a read-only folder
+    cannot hold. Last comes ``mode=ro&immutable=1``, only when no ``-wal`` file with frames
+    lies next to the store (SQLite then reads the main file alone; every committed
+    transaction is in it, and nobody can append a ``-wal`` to a folder that cannot be written).
+    Each connection is probed with ``PRAGMA user_version`` before it is returned.
+
+    Args:
+        path: an existing store file.
+        modes: the URI modes to try first, in order (``rw`` and/or ``ro``).
+        check_same_thread: passed to ``sqlite3.connect``.
+
+    Raises:
+        IndexStoreError: typed (``fallback/store/errors.py``); the last failure when no way
+            to open the file for reading works.
+    """
+    base = path.resolve().as_uri()
+    wal = Path(f"{path}-wal")
+    frames = wal.exists() and wal.stat().st_size > 0
+    uris = [f"{base}?mode={m}" for m in modes] + ([] if frames else [f"{base}?mode=ro&immutable=1"])
+
+    def probe(uri: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
+                               isolation_level=None, check_same_thread=check_same_thread)
+        try:
+            if "mode=rw" in uri:
+                conn.execute("PRAGMA query_only=ON")
+            conn.execute("PRAGMA user_version").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    with translate_errors(path):
+        for uri in uris[:-1]:
+            try:
+                return probe(uri)
+            except sqlite3.Error as exc:
+                if not _cannot_write(exc):
+                    raise
+        return probe(uris[-1])
 
 
 class StoreReader(Protocol):
@@ -95,22 +156,15 @@ class ReadOnlyStore(MetaReads):
 
         Opened read-write with ``PRAGMA query_only``, like the engine's own reader: a
         ``mode=ro`` connection to a WAL database would leave its ``-wal`` and ``-shm`` files
-        behind.
+        behind. Where the store cannot be written (a read-only state dir) it is read through
+        ``mode=ro`` or as an immutable file instead (:func:`connect_read_only`).
 
         Raises:
             IndexStoreError: the file cannot be opened as a SQLite database.
         """
         if not path.is_file():
             return None
-        with translate_errors(path):
-            conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=rw", uri=True,
-                                   timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-            try:
-                conn.execute("PRAGMA query_only=ON")
-            except BaseException:
-                conn.close()
-                raise
-        return cls(path, conn)
+        return cls(path, connect_read_only(path))
 
     def __enter__(self) -> ReadOnlyStore:
         return self

@@ -33,12 +33,10 @@ from typing import Any
 from fallback.errors import IndexStoreError, ManagerClosedError
 from fallback.store.errors import translate_errors
 from fallback.store.files import file_id
+from fallback.store.readonly import connect_read_only
 
 __all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec", "unit_windows"]
 
-# Busy timeout for reads, in ms (WAL readers are never blocked by writers; this covers
-# checkpoints and schema changes).
-READ_BUSY_TIMEOUT_MS = 5000
 # Bytes per stored vector component (float32).
 FLOAT32_BYTES = 4
 # Why there is no sqlite-vec where Python's sqlite3 was built without extension loading.
@@ -258,9 +256,8 @@ class VectorIndex:
         if self._conn is not None and current == self._file_id:
             return self._conn
         self._drop_connection()
-        conn = sqlite3.connect(f"{self._db_path.resolve().as_uri()}?mode=ro", uri=True,
-                               check_same_thread=False, isolation_level=None,
-                               timeout=READ_BUSY_TIMEOUT_MS / 1000)
+        # mode=ro; an immutable read where the store's folder cannot be written (readonly.py)
+        conn = connect_read_only(self._db_path, modes=("ro",), check_same_thread=False)
         try:
             if self._extension_path is not None:
                 _load_sqlite_vec(conn, self._extension_path)

@@ -5,6 +5,7 @@ rows and status shows the chunks waiting for vectors)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
@@ -195,3 +197,65 @@ def test_switching_workspaces_tells_once_per_switch_that_the_store_is_reindexed(
     assert search(ws) == ""
     index = run(["index", "--workspace", str(other)], env)
     assert index.returncode == 0 and f"warning: {note(ws, other)}\n" in index.stderr.decode()
+
+
+# -- a state dir this process may not write ------------------------------------------------------
+
+def _as_unprivileged() -> list[str]:
+    """argv prefix that runs the CLI without root's permission override (CAP_DAC_OVERRIDE and
+    friends dropped from the bounding set, same uid), so file modes apply; none for a user."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file modes cannot be made to apply")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-all", "--"]
+
+
+def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_updated(
+        ws: Path, env: dict[str, str]) -> None:
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    db = state / "memory" / "main.sqlite"
+    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = run(query, env)  # indexes, and records the one-shot settings
+    assert first.returncode == 0, first.stderr
+    hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
+    modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
+    for p in modes:
+        p.chmod(modes[p] & ~0o222)
+    prefix = _as_unprivileged()
+
+    def run_ro(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
+
+    try:
+        denied = subprocess.run([*prefix, sys.executable, "-c", f"open({str(db.parent / 'x')!r}, 'w')"],
+                                capture_output=True, timeout=60)
+        assert b"PermissionError" in denied.stderr, denied.stderr  # the folder really is read-only
+        fast = run_ro(query)  # nothing changed: the one-shot path reads the index as it is
+        assert fast.returncode == 0, fast.stderr
+        assert [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(fast.stdout)["results"]] == hits
+        assert orjson.loads(fast.stdout)["warnings"] == []
+        (ws / "memory" / "2026-11-30.md").write_text("The router dropped the WAN link again.\n")
+        stale = run_ro(query)  # a new note: the engine cannot index it, and says so
+        assert stale.returncode == 0, stale.stderr
+        doc = orjson.loads(stale.stdout)
+        assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == hits
+        assert doc["warnings"] == [
+            "index store is read-only (its directory is read-only): attempt to write a readonly "
+            f"database ({db}); answered from the index as it was last written, without updating "
+            f"it (check the permissions of {db.parent})"]
+        plain = run_ro(query[:-1])
+        assert plain.returncode == 0 and b"warning: index store is read-only" in plain.stderr
+        status = run_ro(["status", "--workspace", str(ws), "--json"])
+        assert status.returncode == 0, status.stderr
+        problems = orjson.loads(status.stdout)["problems"]
+        assert [p["check"] for p in problems] == ["index"] and problems[0]["message"].endswith(
+            f"searches answer from the index as it was last written, and memory files are not "
+            f"indexed until {db.parent} can be written")
+        index = run_ro(["index", "--workspace", str(ws)])
+        assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
+        assert sorted(p.name for p in db.parent.iterdir()) == ["main.sqlite", "main.sqlite.lock"]
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)

@@ -59,12 +59,14 @@ from fallback.errors import IndexStoreError
 from fallback.store.errors import (
     IndexStoreCorruptError,
     IndexStoreLockedError,
+    IndexStoreReadOnlyError,
     code_kind,
     error_kind,
     retry_locked,
     translate_errors,
 )
 from fallback.store.files import (
+    check_writable,
     file_id,
     has_leftovers,
     recover_db_files,
@@ -227,9 +229,19 @@ class Store(MetaReads):
                 db_path=str(self.path)) from None
 
     def _connect_existing(self) -> bool:
-        """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap)."""
+        """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap).
+
+        Raises:
+            IndexStoreReadOnlyError: this process may not write it, also where SQLite opened
+                it read-only without a word (:func:`check_writable`).
+        """
         try:
             self._connect(create=False)
+            try:
+                check_writable(self.path)
+            except IndexStoreReadOnlyError:
+                self._close_connection()
+                raise
         except IndexStoreError:
             if self.path.exists():
                 raise

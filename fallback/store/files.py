@@ -15,6 +15,7 @@ appears, and refuses a temp database that still has a non-empty ``-wal``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 from collections.abc import Callable
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from fallback.errors import IndexStoreError
-from fallback.store.errors import IndexStoreCorruptError
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 
 __all__ = [
     "BACKUP_MARK",
+    "check_writable",
     "CORRUPT_BACKUPS_KEPT",
     "DB_SUFFIXES",
     "TEMP_MARK",
@@ -51,6 +53,36 @@ _LOCK_SUFFIX = ".lock"
 # Corrupt stores moved aside that are kept for inspection, newest first: a store that keeps
 # getting damaged (a failing disk, a tool that writes into it) must not fill the disk with copies.
 CORRUPT_BACKUPS_KEPT = 3
+
+
+# errno values of a file this process may not open for writing (modes, a read-only mount).
+_CANNOT_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+
+def check_writable(db_path: Path) -> None:
+    """Refuse a store whose files this process may not write, as SQLite would only later.
+
+    SQLite opens a file it may not write read-only without a word, and when the store's
+    ``-wal`` and ``-shm`` are there (a writer killed, or running as another user) nothing fails
+    before the first write; this opens the main file, ``-wal`` and ``-shm`` (those present)
+    for writing, as SQLite tries to, and closes them again.
+
+    Raises:
+        IndexStoreReadOnlyError: ``index store is read-only (the file cannot be written):
+            Permission denied (<db>)`` (``(its -wal cannot be written)`` ...); other errors
+            (a file gone meanwhile) are left for SQLite to report.
+    """
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            fd = os.open(f"{db_path}{suffix}", os.O_RDWR)
+        except OSError as exc:
+            if exc.errno not in _CANNOT_WRITE:
+                continue
+            what = "the file" if not suffix else f"its {suffix}"
+            raise IndexStoreReadOnlyError(
+                f"index store is read-only ({what} cannot be written): {exc.strerror}",
+                db_path=str(db_path)) from exc
+        os.close(fd)
 
 
 def temp_db_path(db_path: Path) -> Path:

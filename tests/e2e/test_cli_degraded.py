@@ -259,3 +259,49 @@ def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_up
     finally:
         for p, mode in modes.items():
             p.chmod(mode)
+
+
+def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
+        ws: Path, env: dict[str, str]) -> None:
+    """A writer killed (or still running elsewhere) leaves ``-wal`` and ``-shm`` next to the
+    store: SQLite then opens the read-only file for writing without complaint, and only the
+    sync failed later, on the writer lock, while status said no problem and not dirty."""
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    db = state / "memory" / "main.sqlite"
+    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = run(query, env)
+    assert first.returncode == 0, first.stderr
+    hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
+    killed = subprocess.run(  # a reader that dies without closing: its -wal and -shm stay
+        [sys.executable, "-c", "import os, sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+         " c.execute('SELECT count(*) FROM chunks').fetchall(); os._exit(0)", str(db)],
+        capture_output=True, timeout=60)
+    assert killed.returncode == 0, killed.stderr
+    assert sorted(p.name for p in db.parent.iterdir()) == [
+        "main.sqlite", "main.sqlite-shm", "main.sqlite-wal", "main.sqlite.lock"]
+    modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
+    for p in modes:
+        p.chmod(modes[p] & ~0o222)
+    prefix = _as_unprivileged()
+
+    def run_ro(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
+
+    try:
+        (ws / "memory" / "2026-11-30.md").write_text("The router dropped the WAN link again.\n")
+        stale = run_ro(query)
+        assert stale.returncode == 0, stale.stderr
+        doc = orjson.loads(stale.stdout)
+        assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == hits
+        assert doc["warnings"] == [
+            "index store is read-only (the file cannot be written): Permission denied "
+            f"({db}); answered from the index as it was last written, without updating "
+            f"it (check the permissions of {db.parent})"]
+        status = run_ro(["status", "--workspace", str(ws), "--json"])
+        assert status.returncode == 0, status.stderr
+        assert [p["check"] for p in orjson.loads(status.stdout)["problems"]] == ["index"]
+        index = run_ro(["index", "--workspace", str(ws)])
+        assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)

@@ -14,8 +14,8 @@ from typing import Any
 from fallback.errors import MemorySearchError, PathRefusedError
 from qmdbridge.manager import MemoryManager
 
-__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get", "handle_memory_search",
-           "param_error"]
+__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "SYNC_SCHEMA", "handle_memory_get",
+           "handle_memory_search", "param_error"]
 
 log = logging.getLogger("qmdbridge")
 
@@ -56,14 +56,31 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
 }
 
 
-_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string"}
+# serve's ``sync`` request (not an agent tool: mcp does not offer it), as the protocol's
+# JSON Schema (``docs/serve-protocol.schema.json`` ``syncParams``) describes its parameters.
+SYNC_SCHEMA: dict[str, Any] = {
+    "name": "sync",
+    "description": "Index the memory files now (force: rebuild from scratch, swapped in atomically).",
+    "parameters": {
+        "type": "object",
+        "properties": {"force": {"type": "boolean", "description": "Rebuild from scratch."}},
+        "required": [],
+        "additionalProperties": False,
+    },
+}
+
+_TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a string",
+               "boolean": "a boolean"}
 
 
 def _fits(value: Any, json_type: str) -> bool:
     """Whether ``value`` (as JSON decoded it) is of a JSON Schema type: ``integer`` (an int or
-    an integral float, never a bool), ``number`` (int or float, never a bool) or ``string``."""
+    an integral float, never a bool), ``number`` (int or float, never a bool), ``string`` or
+    ``boolean`` (``true``/``false`` only, never ``"false"`` or 0)."""
     if json_type == "string":
         return isinstance(value, str)
+    if json_type == "boolean":
+        return isinstance(value, bool)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return json_type == "number" or isinstance(value, int) or value.is_integer()
@@ -76,7 +93,7 @@ def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
     manager's (``qmdbridge.policy.limits``), so both paths refuse the same values.
 
     Args:
-        schema: ``MEMORY_SEARCH_SCHEMA`` or ``MEMORY_GET_SCHEMA``.
+        schema: ``MEMORY_SEARCH_SCHEMA``, ``MEMORY_GET_SCHEMA`` or ``SYNC_SCHEMA``.
         params: the call's parameters.
 
     Returns:

@@ -36,7 +36,7 @@ __all__ = ["handle_line", "serve"]
 
 async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     """Answer one JSON-lines request (see the module docstring for the shapes)."""
-    from qmdbridge.tools import handle_memory_get, handle_memory_search
+    from qmdbridge.tools import SYNC_SCHEMA, handle_memory_get, handle_memory_search, param_error
 
     try:
         req = orjson.loads(line)
@@ -60,8 +60,11 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     if tool == "status":
         return {"id": rid, "result": (await manager.status()).to_json_dict()}
     if tool == "sync":
+        invalid = param_error(SYNC_SCHEMA, params)  # {"force": "false"} must not force a rebuild
+        if invalid is not None:
+            return {"id": rid, "error": invalid}
         try:
-            await manager.sync(reason="serve", force=bool(params.get("force")))
+            await manager.sync(reason="serve", force=params.get("force") is True)
         except Exception as exc:  # tool edge
             return {"id": rid, "error": str(exc)}
         return {"id": rid, "result": {"ok": True}}

@@ -107,3 +107,18 @@ async def test_params_of_the_wrong_type_are_refused_not_ignored(manager: MemoryM
             "error": "from must be an integer, not '2'"}
         ok = await handle_memory_search(manager, {"query": "oat milk", "maxResults": 1.0, "minScore": 0})
         assert [r["path"] for r in ok["results"]] == ["MEMORY.md"]
+
+
+async def test_serve_sync_refuses_a_force_that_is_not_a_boolean(manager: MemoryManager) -> None:
+    """serve's sync request is checked as the protocol's schema says (syncParams): "false", a
+    string, was truthy and forced a rebuild; an unknown parameter was ignored."""
+    from qmdbridge.cli.serve import handle_line
+
+    async with manager:
+        assert await handle_line(manager, b'{"id": 1, "tool": "sync", "params": {"force": "false"}}') == {
+            "id": 1, "error": "force must be a boolean, not 'false'"}
+        assert await handle_line(manager, b'{"id": 2, "tool": "sync", "params": {"full": true}}') == {
+            "id": 2, "error": "unknown parameter 'full' (sync takes force)"}
+        assert await handle_line(manager, b'{"id": 3, "tool": "sync", "params": {"force": false}}') == {
+            "id": 3, "result": {"ok": True}}
+        assert await handle_line(manager, b'{"id": 4, "tool": "sync"}') == {"id": 4, "result": {"ok": True}}

@@ -23,7 +23,8 @@ from fallback.store.errors import (
     translate_errors,
 )
 
-__all__ = ["BUSY_TIMEOUT_MS", "MetaReads", "ReadOnlyStore", "StoreReader", "connect_read_only"]
+__all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore", "StoreReader",
+           "connect_read_only", "is_immutable"]
 
 # How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
 BUSY_TIMEOUT_MS = 5000
@@ -36,6 +37,24 @@ def _cannot_write(exc: sqlite3.Error) -> bool:
             or (result_code(exc) or 0) & 0xFF == SQLITE_CANTOPEN)
 
 
+# The URI query of the last way connect_read_only() opens a store: the main file alone, read as
+# a file that never changes (the connection does not see later commits of other connections).
+IMMUTABLE_QUERY = "mode=ro&immutable=1"
+
+
+def is_immutable(conn: sqlite3.Connection) -> bool:
+    """Whether :func:`connect_read_only` opened ``conn`` as an immutable file (the last resort
+    where the store's folder cannot be written): such a connection never sees a commit made
+    after it opened, so a caller that keeps connections must open it again to read one."""
+    return bool(getattr(conn, "immutable", False))
+
+
+class _Connection(sqlite3.Connection):
+    """A ``sqlite3`` connection that remembers whether it was opened immutable."""
+
+    immutable = False
+
+
 def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
                       check_same_thread: bool = True) -> sqlite3.Connection:
     """A connection that only reads the existing store at ``path``, also where this process may
@@ -46,7 +65,8 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
     cannot hold. Last comes ``mode=ro&immutable=1``, only when no ``-wal`` file with frames
     lies next to the store (SQLite then reads the main file alone; every committed
     transaction is in it, and nobody can append a ``-wal`` to a folder that cannot be written).
-    Each connection is probed with ``PRAGMA user_version`` before it is returned.
+    Each connection is probed with ``PRAGMA user_version`` before it is returned; whether it
+    was opened immutable is :func:`is_immutable`.
 
     Args:
         path: an existing store file.
@@ -60,11 +80,13 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
     base = path.resolve().as_uri()
     wal = Path(f"{path}-wal")
     frames = wal.exists() and wal.stat().st_size > 0
-    uris = [f"{base}?mode={m}" for m in modes] + ([] if frames else [f"{base}?mode=ro&immutable=1"])
+    uris = [f"{base}?mode={m}" for m in modes] + ([] if frames else [f"{base}?{IMMUTABLE_QUERY}"])
 
     def probe(uri: str) -> sqlite3.Connection:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000,
-                               isolation_level=None, check_same_thread=check_same_thread)
+                               isolation_level=None, check_same_thread=check_same_thread,
+                               factory=_Connection)
+        conn.immutable = uri.endswith(IMMUTABLE_QUERY)
         try:
             if "mode=rw" in uri:
                 conn.execute("PRAGMA query_only=ON")

@@ -33,7 +33,7 @@ from typing import Any
 from fallback.errors import IndexStoreError, ManagerClosedError
 from fallback.store.errors import translate_errors
 from fallback.store.files import file_id
-from fallback.store.readonly import connect_read_only
+from fallback.store.readonly import connect_read_only, is_immutable
 
 __all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec", "unit_windows"]
 
@@ -245,7 +245,9 @@ class VectorIndex:
         self._matrices.clear()
 
     def _connect(self) -> sqlite3.Connection | None:
-        """The open connection to the current store file, reopened after an atomic swap.
+        """The open connection to the current store file, reopened after an atomic swap, and
+        for every search while it is an immutable read (a store whose folder could not be
+        written: ``fallback/store/readonly.py``), which would never see a later commit.
 
         Returns None when the store file does not exist.
         """
@@ -254,8 +256,17 @@ class VectorIndex:
             self._drop_connection()
             return None
         if self._conn is not None and current == self._file_id:
-            return self._conn
-        self._drop_connection()
+            if not is_immutable(self._conn):
+                return self._conn
+            # An immutable read (the folder could not be written) never sees a later commit:
+            # open the file again for every search, keeping the vectors held in memory; the
+            # next data_version check reads only the rows that are new (_refresh).
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+            self._version = None
+        else:
+            self._drop_connection()
         # mode=ro; an immutable read where the store's folder cannot be written (readonly.py)
         conn = connect_read_only(self._db_path, modes=("ro",), check_same_thread=False)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -305,3 +306,72 @@ def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
     finally:
         for p, mode in modes.items():
             p.chmod(mode)
+
+
+# A process that cannot write the store's folder keeps a VectorIndex open (serve): it prints the
+# best chunk of a search, waits for a line on stdin, and searches again.
+_VECTOR_READER = """
+import sys
+from pathlib import Path
+from fallback.store.vectors import VectorIndex
+index = VectorIndex(Path(sys.argv[1]), extension_path="/nonexistent/vec0")  # numpy brute force
+for _ in range(2):
+    hits = index.search([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1)
+    print(hits[0][0] if hits else "-", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _put_vector(conn: sqlite3.Connection, chunk_id: str, vec: list[float]) -> None:
+    conn.execute(
+        "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text, vector,"
+        " dims, updated_at) VALUES (?, ?, 'memory', 1, 1, 'h', 'm1', 't', ?, ?, 1)",
+        (chunk_id, f"memory/{chunk_id}.md", struct.pack(f"<{len(vec)}f", *vec), len(vec)))
+
+
+def test_vector_search_over_a_read_only_folder_sees_commits_once_it_is_writable(
+        tmp_path: Path) -> None:
+    """A long-lived reader that opened the store as an immutable file (its folder could not be
+    written) reads the file again for every search, so the chunks written after the owner
+    fixed the folder's permissions are found without a restart."""
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    db = folder / "main.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:  # a WAL store, as the engine writes: a reader needs a -shm file beside it
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE chunks(id TEXT PRIMARY KEY, path TEXT NOT NULL, source TEXT"
+                     " NOT NULL, start_line INTEGER NOT NULL, end_line INTEGER NOT NULL, hash TEXT"
+                     " NOT NULL, model TEXT NOT NULL, text TEXT NOT NULL, vector BLOB, dims INTEGER,"
+                     " updated_at INTEGER NOT NULL)")
+        _put_vector(conn, "old", [1.0, 0.2, 0.0])
+    finally:
+        conn.close()  # the last connection checkpoints and removes the -wal and -shm files
+    modes = {p: p.stat().st_mode for p in (folder, db)}
+    for p, mode in modes.items():
+        p.chmod(mode & ~0o222)
+    child = subprocess.Popen([*_as_unprivileged(), sys.executable, "-c", _VECTOR_READER, str(db)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == b"old\n"  # read while the folder was read-only
+        assert not list(folder.glob("main.sqlite-*"))  # it could not write a -shm, nor did it
+        for p, mode in modes.items():
+            p.chmod(mode)  # the owner fixes the permissions; the writer adds a chunk
+        writer = sqlite3.connect(db, isolation_level=None)
+        _put_vector(writer, "new", [0.0, 1.0, 0.0])  # committed into the -wal, left open
+        assert (folder / "main.sqlite-wal").stat().st_size > 0
+        child.stdin.write(b"\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"new\n"
+        child.stdin.write(b"\n")
+        child.stdin.flush()
+        assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else b""
+        writer.close()
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+        if child.poll() is None:
+            child.kill()
+            child.wait()

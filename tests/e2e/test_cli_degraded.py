@@ -5,6 +5,7 @@ rows and status shows the chunks waiting for vectors)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -12,6 +13,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -213,14 +215,12 @@ def _as_unprivileged() -> list[str]:
     return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-all", "--"]
 
 
-def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_updated(
-        ws: Path, env: dict[str, str]) -> None:
-    state = Path(env["OPENCLAW_STATE_DIR"])
-    db = state / "memory" / "main.sqlite"
-    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
-    first = run(query, env)  # indexes, and records the one-shot settings
-    assert first.returncode == 0, first.stderr
-    hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
+@contextlib.contextmanager
+def _read_only(state: Path, env: dict[str, str]
+               ) -> Iterator[Callable[[list[str]], subprocess.CompletedProcess[bytes]]]:
+    """``state`` and everything under it made read-only for the block, which gets a runner of
+    the CLI for which those modes apply (:func:`_as_unprivileged`); the modes are restored
+    after it."""
     modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
     for p in modes:
         p.chmod(modes[p] & ~0o222)
@@ -230,19 +230,42 @@ def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_up
         return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
 
     try:
-        denied = subprocess.run([*prefix, sys.executable, "-c", f"open({str(db.parent / 'x')!r}, 'w')"],
+        yield run_ro
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+def _warnings_after_a_new_note(run_ro: Callable[[list[str]], subprocess.CompletedProcess[bytes]],
+                               ws: Path, query: list[str],
+                               hits: list[tuple[str, int, int]]) -> list[str]:
+    """Write a new note the read-only engine cannot index, search again: the hits must be the
+    ones before it; returns the answer's warnings."""
+    (ws / "memory" / "2026-11-30.md").write_text("The router dropped the WAN link again.\n")
+    stale = run_ro(query)
+    assert stale.returncode == 0, stale.stderr
+    doc = orjson.loads(stale.stdout)
+    assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == hits
+    return list(doc["warnings"])
+
+
+def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_updated(
+        ws: Path, env: dict[str, str]) -> None:
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    db = state / "memory" / "main.sqlite"
+    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = run(query, env)  # indexes, and records the one-shot settings
+    assert first.returncode == 0, first.stderr
+    hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
+    with _read_only(state, env) as run_ro:
+        denied = subprocess.run([*_as_unprivileged(), sys.executable, "-c", f"open({str(db.parent / 'x')!r}, 'w')"],
                                 capture_output=True, timeout=60)
         assert b"PermissionError" in denied.stderr, denied.stderr  # the folder really is read-only
         fast = run_ro(query)  # nothing changed: the one-shot path reads the index as it is
         assert fast.returncode == 0, fast.stderr
         assert [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(fast.stdout)["results"]] == hits
         assert orjson.loads(fast.stdout)["warnings"] == []
-        (ws / "memory" / "2026-11-30.md").write_text("The router dropped the WAN link again.\n")
-        stale = run_ro(query)  # a new note: the engine cannot index it, and says so
-        assert stale.returncode == 0, stale.stderr
-        doc = orjson.loads(stale.stdout)
-        assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == hits
-        assert doc["warnings"] == [
+        assert _warnings_after_a_new_note(run_ro, ws, query, hits) == [
             "index store is read-only (its directory is read-only): attempt to write a readonly "
             f"database ({db}); answered from the index as it was last written, without updating "
             f"it (check the permissions of {db.parent})"]
@@ -257,9 +280,6 @@ def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_up
         index = run_ro(["index", "--workspace", str(ws)])
         assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
         assert sorted(p.name for p in db.parent.iterdir()) == ["main.sqlite", "main.sqlite.lock"]
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
 
 
 def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
@@ -280,21 +300,8 @@ def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
     assert killed.returncode == 0, killed.stderr
     assert sorted(p.name for p in db.parent.iterdir()) == [
         "main.sqlite", "main.sqlite-shm", "main.sqlite-wal", "main.sqlite.lock"]
-    modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
-    for p in modes:
-        p.chmod(modes[p] & ~0o222)
-    prefix = _as_unprivileged()
-
-    def run_ro(args: list[str]) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
-
-    try:
-        (ws / "memory" / "2026-11-30.md").write_text("The router dropped the WAN link again.\n")
-        stale = run_ro(query)
-        assert stale.returncode == 0, stale.stderr
-        doc = orjson.loads(stale.stdout)
-        assert [(r["path"], r["startLine"], r["endLine"]) for r in doc["results"]] == hits
-        assert doc["warnings"] == [
+    with _read_only(state, env) as run_ro:
+        assert _warnings_after_a_new_note(run_ro, ws, query, hits) == [
             "index store is read-only (the file cannot be written): Permission denied "
             f"({db}); answered from the index as it was last written, without updating "
             f"it (check the permissions of {db.parent})"]
@@ -303,9 +310,6 @@ def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
         assert [p["check"] for p in orjson.loads(status.stdout)["problems"]] == ["index"]
         index = run_ro(["index", "--workspace", str(ws)])
         assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
 
 
 # A process that cannot write the store's folder keeps a VectorIndex open (serve): it prints the

@@ -51,14 +51,18 @@ def _sessions_dir(engine: BuiltinEngine) -> Path:
     return engine.settings.sessions_dir
 
 
+def _kestrel_head() -> list[bytes | str]:
+    """The first four JSONL lines of the transcripts below: a record that is not a message, a
+    user question, a blank line and a line that is not JSON."""
+    return [orjson.dumps({"type": "session", "id": "abc"}),
+            _record("user", "What is the launch window for Kestrel?"), "", "{not json"]
+
+
 async def test_transcript_hits_point_at_jsonl_lines(ws: Path) -> None:
     engine = _engine(ws)
     try:
         write_transcript(_sessions_dir(engine) / "abc.jsonl", [
-            orjson.dumps({"type": "session", "id": "abc"}),           # line 1: not a message
-            _record("user", "What is the launch window for Kestrel?"),  # line 2
-            "",                                                        # line 3: blank
-            "{not json",                                               # line 4: invalid
+            *_kestrel_head(),  # lines 1-4: not a message, a question, blank, invalid
             _record("assistant", "The Kestrel launch window opens on March 3."),  # line 5
         ])
         report = await engine.sync(reason="test")
@@ -282,10 +286,7 @@ async def test_a_transcript_hit_reads_back_at_its_cited_lines(ws: Path) -> None:
     engine = _engine(ws)
     try:
         write_transcript(_sessions_dir(engine) / "abc.jsonl", [
-            orjson.dumps({"type": "session", "id": "abc"}),           # line 1: not a message
-            _record("user", "What is the launch window for Kestrel?"),  # line 2
-            "",                                                        # line 3: blank
-            "{not json",                                               # line 4: invalid
+            *_kestrel_head(),  # lines 1-4: not a message, a question, blank, invalid
             _record("assistant", "Kestrel opens March 3; key sk-proj-abcdefghijklmnopqrstuvwx1234"),
             orjson.dumps({"type": "custom", "n": 1}),                  # line 6: not a message
         ])

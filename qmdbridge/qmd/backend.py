@@ -37,7 +37,7 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
-from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
+from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.collections import (
@@ -52,21 +52,19 @@ from qmdbridge.qmd.collections import (
 from qmdbridge.qmd.lexical import cjk_terms, lexical_terms, relax, warm_candidates
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
-    DocLookup,
     IndexCounts,
     QmdEntry,
     clamp_injected,
     diversify_sources,
     encode_query,
-    locate_entries,
-    passage_hits,
-    qmd_lines_hit,
+    entry_hits,
 )
 from qmdbridge.qmd.passages import POOL_FACTOR
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import lost_collections, prepare_home, reconcile_if_changed, yml_stamp
+from qmdbridge.qmd.status_doc import status_document
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
 if TYPE_CHECKING:
@@ -520,25 +518,15 @@ class QmdBackend:
 
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
              notes: list[str], question: str | None, limit: int) -> list[MemorySearchResult]:
-        """Map qmd's entries to hits: with ``question`` (``search`` mode) the passages of their
-        notes ranked for it within the agent's ``chunking`` (``parse.passage_hits``), else
-        qmd's lines."""
-        snippet_chars, chunking = self.cfg.limits.max_snippet_chars, self.agent.memory_search.chunking
-        lookup = DocLookup(self.home.index_db)
-        locate = partial(locate_entries, roots=self.roots, workspace=self.agent.workspace_dir,
-                         lookup=lookup, max_snippet_chars=snippet_chars, cache=self._docid_cache,
-                         notes=notes, listings=self._listings, read_lines=question is not None,
-                         min_score=min_score if question is None else 0.0)
-        try:
-            located = [hit for entry, hint in entries
-                       for hit in locate([entry], default_collection=hint)]
-        finally:
-            lookup.close()
-        if question is None:
-            return [hit for found in located if (hit := qmd_lines_hit(found)) is not None]
-        return passage_hits(question, located, tokens=chunking.tokens, overlap=chunking.overlap,
-                            sections=chunking.sections, snippet_chars=snippet_chars, limit=limit,
-                            min_score=min_score)
+        """Map qmd's entries to hits (``parse.entry_hits``): with ``question`` (``search``
+        mode) the passages of their notes ranked for it, else qmd's lines."""
+        chunking = self.agent.memory_search.chunking
+        return entry_hits(entries, question=question, limit=limit, min_score=min_score,
+                          notes=notes, roots=self.roots, workspace=self.agent.workspace_dir,
+                          index_db=self.home.index_db, cache=self._docid_cache,
+                          listings=self._listings, snippet_chars=self.cfg.limits.max_snippet_chars,
+                          tokens=chunking.tokens, overlap=chunking.overlap,
+                          sections=chunking.sections)
 
     @staticmethod
     def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline
@@ -602,44 +590,5 @@ class QmdBackend:
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
         counts, err = await self.index_counts.read()
-        by_source: dict[Source, int] = {}
-        for coll, n in counts.items():
-            src = self.roots[coll].source if coll in self.roots else "memory"
-            by_source[src] = by_source.get(src, 0) + n
-        total = sum(counts.values())
-        embed = self.cycle.embed
-        sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
-        probe = await self.search_probe()
-        issues = (list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
-                  + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
-                  + ([f"qmd search probe failed: {probe}"] if probe else []) + ([err] if err else []))
-        last_error = (f"qmd search probe failed: {probe}" if probe else None) or (
-            self.cycle.last_error or self.last_error)
-        return MemoryStatus(
-            backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
-            db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
-            requested_provider="qmd", model="qmd", search_mode=self.mode_override or self.cfg.search_mode,
-            sources=sources,
-            source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
-            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
-            last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
-            last_error=last_error,
-            dirty=bool(self.freshness and (self.freshness.dirty or dead)),
-            dirty_reason=(f"watcher dead: {dead}; re-arming" if dead else
-                          self.freshness.dirty_reason if self.freshness else None),
-            custom={"qmd": {
-                "binary": str(self.location.path), "version": getattr(self.location, "version", None),
-                "collections": len(self.collections),
-                "collectionNames": [c.name for c in self.collections],
-                "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed.failures,
-                "embedBackoffUntil": embed.backoff_until, "searchMode": self.cfg.search_mode,
-                "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
-                "refusedCollections": dict(self.reconcile_state.refused),
-                "searchModeOverride": self.mode_override,
-                "searchProbe": {"ok": probe is None, "error": probe},
-                "lastSearchError": self.last_search_error,
-                "freshness": self.freshness.snapshot() if self.freshness else None,
-                "warm": self.warm.describe() if self.warm is not None else {
-                    "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
-                    if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
-                "startup": {"problems": list(self.startup_problems)}}})
+        return status_document(self, counts=counts, count_error=err,
+                               probe=await self.search_probe(), dead_watcher=dead)

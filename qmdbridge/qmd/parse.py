@@ -33,6 +33,7 @@ __all__ = [
     "DocLookup",
     "IndexCounts",
     "encode_query",
+    "entry_hits",
     "index_counts",
     "QmdEntry",
     "clamp_injected",
@@ -380,6 +381,46 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
             out.append(kept)
             cap = kept.score
     return [hit for hit in out if hit.score >= min_score]
+
+
+def entry_hits(entries: list[tuple[QmdEntry, str | None]], *, question: str | None, limit: int,
+               min_score: float, notes: list[str], roots: Mapping[str, ManagedCollection],
+               workspace: Path, index_db: Path, cache: dict[str, tuple[str, str] | None],
+               listings: Listings, snippet_chars: int, tokens: int, overlap: int,
+               sections: bool) -> list[MemorySearchResult]:
+    """qmd's entries as hits: located in their files (:func:`locate_entries`, through qmd's
+    ``index_db``), then with ``question`` (``search`` mode) the passages of their notes ranked
+    for it within the agent's chunking (:func:`passage_hits`: ``tokens``, ``overlap``,
+    ``sections``), else qmd's lines (:func:`qmd_lines_hit`).
+
+    Args:
+        entries: ``(entry, collection hint)`` pairs in qmd's order.
+        question: the question as the agent wrote it, or ``None`` to keep qmd's lines.
+        limit: hits wanted (the passage ranking's slots).
+        min_score: hits below are dropped (on the passages' scores with ``question``).
+        notes: where located entries add their notes (hits dropped as ambiguous ...).
+        roots: the managed collections by name; workspace: the agent's workspace.
+        cache / listings: the backend's docid cache and folder listings, kept across searches.
+        snippet_chars: snippet budget in code points.
+
+    Raises:
+        BackendUnavailableError: qmd's index could not be read.
+    """
+    lookup = DocLookup(index_db)
+    try:
+        located = [hit for entry, hint in entries
+                   for hit in locate_entries([entry], roots=roots, workspace=workspace,
+                                             lookup=lookup, max_snippet_chars=snippet_chars,
+                                             cache=cache, notes=notes, listings=listings,
+                                             read_lines=question is not None,
+                                             min_score=min_score if question is None else 0.0,
+                                             default_collection=hint)]
+    finally:
+        lookup.close()
+    if question is None:
+        return [hit for found in located if (hit := qmd_lines_hit(found)) is not None]
+    return passage_hits(question, located, tokens=tokens, overlap=overlap, sections=sections,
+                        snippet_chars=snippet_chars, limit=limit, min_score=min_score)
 
 
 def merge_key(entry: QmdEntry, hint: str | None) -> str:

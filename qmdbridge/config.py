@@ -17,7 +17,6 @@ kept in :attr:`OpenClawConfig.warnings` (``status`` shows them).
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import os
@@ -31,7 +30,7 @@ from pydantic.alias_generators import to_camel
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
 from qmdbridge.command_line import program_of, split_command
-from qmdbridge.config_compat import adjusted_values, as_object, read_layout
+from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout
 
 __all__ = [
     "AgentEntry",
@@ -451,7 +450,7 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
                           prefix=src.key_path, file=file)
         _check_agent_id(entry.id, file=file, key=src.key_path if src.key_path.startswith(
             "agents.entries.") else f"{src.key_path}.id")
-        merged = _merge_search(layout.search, entry.memory_search)
+        merged = merge_search(layout.search, entry.memory_search)
         key = src.search_sources[-1][0] if src.search_sources else f"{src.key_path}.memorySearch"
         _, own = _validate_search(src.search_sources, merged, key_path=key, file=file)
         entries.append(entry.model_copy(update={"key_path": src.key_path, "warnings": own}))
@@ -512,20 +511,6 @@ _COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 def _strip_comments(text: str) -> str:
     """``text`` without ``//`` and ``/* */`` comments (only used to spot a comment-only file)."""
     return _COMMENT_RE.sub("", text)
-
-
-def _merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Field-by-field override of memorySearch dicts; ``extraPaths`` is concatenated."""
-    merged = copy.deepcopy(defaults)
-    for key, value in override.items():
-        if key == "extraPaths" and isinstance(value, list):
-            base = merged.get("extraPaths")
-            merged[key] = [*(base if isinstance(base, list) else []), *value]
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge_search(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 _AGENT_ID_UNSAFE_RE = re.compile(r"[^a-z0-9_.-]+")
@@ -601,7 +586,7 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
     else:
         ws = sd / "workspace" if is_default else sd / f"workspace-{aid}"
     named, ws = ws.absolute(), ws.resolve()
-    merged = _merge_search(cfg.defaults_memory_search, entry.memory_search if entry else {})
+    merged = merge_search(cfg.defaults_memory_search, entry.memory_search if entry else {})
     prefix = cfg.defaults_key if entry is None else (entry.key_path or "agents.list") + (
         ".memory.search" if entry.key_path.startswith("agents.entries.") else ".memorySearch")
     search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)

@@ -13,7 +13,8 @@ Where both layouts set the same key the 2026.9 one wins and a warning names both
 
 :func:`adjusted_values` compares what a user wrote with what the settings models made of it
 (clamped ranges, normalised weights) and returns one warning per changed number, naming its
-key path, so a clamp never goes unnoticed. Pure functions over parsed JSON5 values.
+key path, so a clamp never goes unnoticed; :func:`merge_search` lays an agent's own search
+settings over the defaults. Pure functions over parsed JSON5 values.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 from fallback.errors import ConfigError
 
-__all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "prefer", "read_layout"]
+__all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "merge_search", "prefer",
+           "read_layout"]
 
 # Keys normalised together (a sum of 1), reported only when a value is outside [0, 1].
 _NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
@@ -227,3 +229,19 @@ def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path:
         notes.append(f"{path}: {value!r} is out of range; using "
                      f"{int(shown) if shown.is_integer() else round(shown, 6)}")
     return notes
+
+
+def merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """The search settings of one agent: ``override`` (its own ``memorySearch`` or
+    ``memory.search``) over ``defaults``, key by key into nested objects, with ``extraPaths``
+    concatenated (the defaults' first); neither input is modified."""
+    merged = copy.deepcopy(defaults)
+    for key, value in override.items():
+        if key == "extraPaths" and isinstance(value, list):
+            base = merged.get("extraPaths")
+            merged[key] = [*(base if isinstance(base, list) else []), *value]
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_search(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged

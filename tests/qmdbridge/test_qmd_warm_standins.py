@@ -2,7 +2,8 @@
 
 ``standins/mcp_stdio.py`` answers the ``initialize`` handshake as ``qmd mcp`` does and then
 misbehaves on purpose: garbage on stdout, an exit, a late answer to a call whose caller left,
-requests of its own. Each test runs it as a real child process over real pipes.
+requests of its own. Each test runs it as a real child process over real pipes. The
+supervisor also meets children that never answer and children that exit at once.
 """
 
 from __future__ import annotations
@@ -192,4 +193,44 @@ async def test_concurrent_searches_each_get_their_own_answer(tmp_path: Path) -> 
                     tg.start_soon(one, f"q{i}", f"coll-{i % 2}")
         assert got == {f"q{i}": [f"qmd://coll-{i % 2}/q{i}.md"] for i in range(6)}
         assert (warm.answered, warm.spawn_fallbacks) == (6, 0)
+        await warm.close()
+
+
+# -- the supervisor with children that never answer or exit at once -----------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_child_that_never_answers_fails_its_start_within_the_budget(tmp_path: Path) -> None:
+    pids: list[int] = []
+    warm = WarmChild(argv=[sys.executable, "-c", "import time; time.sleep(300)"],
+                     env=dict(os.environ), cwd=tmp_path, startup_budget_ms=300,
+                     policy=RetryPolicy(base_ms=20, max_ms=20))
+    async with BackgroundTasks() as tasks:
+        warm.attach(tasks)
+        assert warm.launch() and not warm.launch()  # one supervisor
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.state == "starting" and w.pid is not None)
+            pids.append(warm.pid or 0)
+            await warm.wait_for(lambda w: w.restarts >= 2)
+        st = warm.describe()
+        assert st["lastError"].endswith(
+            "did not start: no answer within 300ms (memory.qmd.update.commandTimeoutMs)")
+        assert (st["answered"], warm.ready) == (0, False)
+        await warm.close()
+        assert warm.describe()["state"] == "stopped"
+    assert not psutil.pid_exists(pids[0]) and not (set(pids) & {p.pid for p in psutil.Process().children(recursive=True)})
+
+
+@pytest.mark.anyio
+async def test_a_child_that_exits_at_once_is_reported_and_retried(tmp_path: Path) -> None:
+    script = "import sys; print('QMD Error: cannot open the index', file=sys.stderr); sys.exit(3)"
+    warm = WarmChild(argv=[sys.executable, "-c", script], env=dict(os.environ),
+                     cwd=tmp_path, startup_budget_ms=30_000, policy=RetryPolicy(base_ms=20, max_ms=20))
+    async with BackgroundTasks() as tasks:
+        warm.attach(tasks)
+        warm.launch()
+        with anyio.fail_after(DEADLINE_S):
+            await warm.wait_for(lambda w: w.restarts >= 1 and w.last_error is not None)
+        assert re.fullmatch(r"qmd mcp child \(pid \d+\) exited \(code 3; last output: QMD Error: "
+                            r"cannot open the index\) before it answered", warm.last_error or "")
         await warm.close()

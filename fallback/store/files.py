@@ -55,34 +55,39 @@ _LOCK_SUFFIX = ".lock"
 CORRUPT_BACKUPS_KEPT = 3
 
 
-# errno values of a file this process may not open for writing (modes, a read-only mount).
-_CANNOT_WRITE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
-
 
 def check_writable(db_path: Path) -> None:
     """Refuse a store whose files this process may not write, as SQLite would only later.
 
     SQLite opens a file it may not write read-only without a word, and when the store's
     ``-wal`` and ``-shm`` are there (a writer killed, or running as another user) nothing fails
-    before the first write; this opens the main file, ``-wal`` and ``-shm`` (those present)
-    for writing, as SQLite tries to, and closes them again.
+    before the first write; this asks, for the main file, ``-wal`` and ``-shm`` (those
+    present), whether this process may write them (``faccessat`` with the effective ids, so a
+    root process without ``CAP_DAC_OVERRIDE`` is refused as SQLite's open would be).
+
+    The files are never opened: POSIX drops every lock a process holds on a file when it
+    closes any descriptor of it, so opening and closing them would take the WAL read locks of
+    this process's own connections away (SQLite then answers "locking protocol", or a
+    checkpoint truncates the WAL under a reader).
 
     Raises:
         IndexStoreReadOnlyError: ``index store is read-only (the file cannot be written):
-            Permission denied (<db>)`` (``(its -wal cannot be written)`` ...); other errors
-            (a file gone meanwhile) are left for SQLite to report.
+            Permission denied (<db>)`` (``(its -wal cannot be written)`` ...; ``Read-only file
+            system`` on a read-only mount); a file gone meanwhile is left for SQLite to report.
     """
+    effective = os.access in os.supports_effective_ids
     for suffix in ("", "-wal", "-shm"):
+        path = f"{db_path}{suffix}"
+        if not os.path.exists(path) or os.access(path, os.W_OK, effective_ids=effective):
+            continue
         try:
-            fd = os.open(f"{db_path}{suffix}", os.O_RDWR)
-        except OSError as exc:
-            if exc.errno not in _CANNOT_WRITE:
-                continue
-            what = "the file" if not suffix else f"its {suffix}"
-            raise IndexStoreReadOnlyError(
-                f"index store is read-only ({what} cannot be written): {exc.strerror}",
-                db_path=str(db_path)) from exc
-        os.close(fd)
+            read_only_mount = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+        except OSError:
+            continue  # gone meanwhile
+        what = "the file" if not suffix else f"its {suffix}"
+        reason = os.strerror(errno.EROFS if read_only_mount else errno.EACCES)
+        raise IndexStoreReadOnlyError(f"index store is read-only ({what} cannot be written): {reason}",
+                                      db_path=str(db_path))
 
 
 def temp_db_path(db_path: Path) -> Path:

@@ -450,3 +450,31 @@ def test_prune_corrupt_backups_keeps_the_newest_by_time_then_number(tmp_path: Pa
         "main.sqlite", "main.sqlite.corrupt-20260102T000000Z-10",
         "main.sqlite.corrupt-20260102T000000Z-10-wal", "main.sqlite.corrupt-20260102T000000Z-2",
         "main.sqlite.corrupt-20260102T000000Z-2-wal", "other.sqlite.corrupt-20250101T000000Z"]
+
+
+def test_checking_a_store_is_writable_keeps_this_process_s_sqlite_locks(tmp_path: Path) -> None:
+    """POSIX drops every lock a process holds on a file when it closes any descriptor of that
+    file, so the writability check must not open the store's files: a reader of this process
+    in a read transaction would lose its WAL read lock, and a checkpoint elsewhere could
+    truncate the WAL under it (SQLite then answers "locking protocol", or worse)."""
+    from fallback.store.files import check_writable
+
+    db = tmp_path / "main.sqlite"
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("CREATE TABLE t(x)")
+    writer.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM t").fetchone() == (100,)  # holds a read mark
+    writer.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    check_writable(db)
+    checkpoint = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+                  " print(c.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchone()[0])")
+    busy = subprocess.run([sys.executable, "-c", checkpoint, str(db)], capture_output=True,
+                          timeout=60, check=True)
+    assert busy.stdout == b"1\n"  # our reader still holds the WAL: the truncation must wait
+    assert reader.execute("SELECT count(*) FROM t").fetchone() == (100,)
+    reader.execute("COMMIT")
+    reader.close()
+    writer.close()

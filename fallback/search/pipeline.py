@@ -126,16 +126,13 @@ class Searcher:
             self._planned = True
         return self._plan
 
-    async def _ensure_plan(self, store: MetaReads, text: str) -> FtsPlan | None:
-        if self._planned:
-            return self._plan
-        return await anyio.to_thread.run_sync(self._plan_blocking, store, text)
-
     async def _keyword_candidates(self, store: MetaReads, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        plan = await self._ensure_plan(store, text)
-        return await anyio.to_thread.run_sync(partial(rank_keyword_candidates, store, text, srcs,
-                                                      candidates, plan=plan))
+        def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
+            return rank_keyword_candidates(store, text, srcs, candidates,
+                                           plan=self._plan_blocking(store, text))
+
+        return await anyio.to_thread.run_sync(rank)
 
     def _half_life_days(self) -> int | None:
         decay = self.settings.search.query.hybrid.temporal_decay

@@ -35,7 +35,8 @@ class SearchInfo:
     Attributes:
         provider: embedding provider id (``none`` keyword-only; ``qmd`` for the sidecar).
         model: embedding model, or ``None``.
-        mode: ``hybrid`` | ``fts-only`` (builtin) or ``search`` | ``vsearch`` | ``query`` (qmd).
+        mode: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin: what the last search ran)
+            or ``search`` | ``vsearch`` | ``query`` (qmd).
         warnings: the notes of the search this backend answered last (a failed rerank), then
             its last non-fatal problem (failed sync, failed query embedding); empty when none.
     """

@@ -275,7 +275,9 @@ class SearchResponse(_Model):
         fallback: set when the configured backend could not answer.
         provider / model: embedding provider and model (``none`` / ``None`` keyword-only;
             ``qmd`` for the qmd backend).
-        mode: ``hybrid`` | ``fts-only`` | ``search`` | ``vsearch`` | ``query``.
+        mode: the ranking that produced the hits: ``hybrid`` | ``vector-only`` | ``fts-only``
+            (builtin; ``fts-only`` also when the query could not be embedded) or ``search`` |
+            ``vsearch`` | ``query`` (qmd).
         citations: the citations mode in effect (``auto`` | ``on`` | ``off``).
         results: the hits, best first.
         denied: set (with ``results == []``) when scope rules refused the search.
@@ -337,8 +339,10 @@ class MemoryStatus(_Model):
         dirty: True when files changed since the last sync (or the watcher is degraded).
         dirty_reason: why it is dirty, when known.
         provider / requested_provider / model: embedding provider in use and as configured.
-        search_mode: ``hybrid`` | ``fts-only`` | ``unavailable`` (builtin: an explicitly
-            configured provider cannot work, so search fails) or the qmd mode.
+        search_mode: the mode the settings ask for, ``hybrid`` | ``vector-only``
+            (``query.hybrid.enabled`` false) | ``fts-only`` (no provider) | ``unavailable``
+            (builtin: an explicitly configured provider cannot work, so search fails) or the
+            qmd mode.
         provider_unavailable_reason: why no embedding provider is in use, if none is.
         sources / extra_paths / source_counts: what is indexed.
         roots: where memory is read from: ``[{kind, path, pattern, exists}]``, ``kind`` one of

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -63,7 +64,7 @@ from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count
-from fallback.search.pipeline import Searcher, SearchOutcome
+from fallback.search.pipeline import Searcher, SearchOutcome, configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
@@ -126,6 +127,7 @@ class BuiltinEngine:
         self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
         self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
+        self._search_mode: str | None = None  # the mode the last search ranked with
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
         self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
@@ -382,16 +384,18 @@ class BuiltinEngine:
                 and not self.settings.search.query.keyword_fallback)
 
     def search_info(self) -> SearchInfo:
-        """Provider id (``none``), model and mode (``hybrid`` | ``fts-only``) plus the last
-        search's warnings and the last non-fatal problem, without reading the store
-        (``status()`` counts rows and is slower)."""
+        """Provider id (``none``), model, the mode the last search ran (``hybrid`` | ``vector-only``
+        | ``fts-only``; before any search the configured one), that search's warnings and the
+        last non-fatal problem, without reading the store (``status()`` is slower)."""
         provider = self._provider()
         last = self._last_error
         seen = last is None or any(last in w for w in self._search_warnings)  # said already
         warnings = (*self._search_warnings, *(() if seen else (last,)))
         if provider is None:
             return SearchInfo("none", None, "fts-only", warnings)
-        return SearchInfo(provider.provider_id, provider.model, "hybrid", warnings)
+        mode = self._search_mode or configured_mode(
+            has_provider=True, hybrid_enabled=self.settings.search.query.hybrid.enabled)
+        return SearchInfo(provider.provider_id, provider.model, mode, warnings)
 
     @property
     def last_error(self) -> str | None:
@@ -409,7 +413,7 @@ class BuiltinEngine:
         outcome = await self.search_detailed(query, max_results=max_results, min_score=min_score,
                                              session_key=session_key, sources=sources,
                                              sync_budget_ms=sync_budget_ms, explain=explain)
-        self._search_warnings = tuple(outcome.warnings)
+        self._search_warnings, self._search_mode = tuple(outcome.warnings), outcome.mode
         return outcome.results
 
     async def search_detailed(self, query: str, *, max_results: int | None = None,
@@ -454,7 +458,7 @@ class BuiltinEngine:
         except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
             outcome = await once()
-        return SearchOutcome(outcome.results, [*outcome.warnings, *self.take_notices()])
+        return replace(outcome, warnings=[*outcome.warnings, *self.take_notices()])
 
     def take_notices(self) -> list[str]:
         """The one-off events (a corrupt store moved aside ...) that no answer has told yet,
@@ -507,7 +511,7 @@ class BuiltinEngine:
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))
         if fts_error is not None:
             warnings.append(SUBSTRING_WARNING.format(error=fts_error))
-        return SearchOutcome(results=outcome.results, warnings=[*outcome.warnings, *warnings])
+        return replace(outcome, warnings=[*outcome.warnings, *warnings])
 
     async def _prepare_vector(self, store: MetaReads, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,

@@ -9,6 +9,7 @@ from fallback.engine.query_vector import backlog_reason
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.models import MemoryStatus, SourceCount
+from fallback.search.pipeline import configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
@@ -126,7 +127,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         provider=provider.provider_id if provider else "none",
         requested_provider=selection.requested or s.provider,
         model=provider.model if provider else None,
-        search_mode="hybrid" if provider else ("unavailable" if selection.error else "fts-only"),
+        search_mode=("unavailable" if selection.error and provider is None else configured_mode(
+            has_provider=provider is not None, hybrid_enabled=s.query.hybrid.enabled)),
         roots=indexed_roots(settings),
         provider_unavailable_reason=selection.error or selection.unavailable_reason,
         sources=srcs, extra_paths=[describe_extra_path(e) for e in s.extra_paths],

@@ -41,18 +41,31 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher"]
+__all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher", "configured_mode"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
 
+def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:
+    """The search mode the settings ask for: ``fts-only`` without an embedding provider, else
+    ``hybrid``, or ``vector-only`` when ``query.hybrid.enabled`` is false (spec §8.5 step 8).
+    A search may still answer keyword-only (no usable query vector): :attr:`Searcher.mode`
+    says what ran."""
+    if not has_provider:
+        return "fts-only"
+    return "hybrid" if hybrid_enabled else "vector-only"
+
+
 @dataclass(frozen=True)
 class SearchOutcome:
-    """One search's answer: the hits (best first; each with ``explain`` when asked) and the
-    non-fatal notes that belong in the answer's ``warnings`` (a failed rerank)."""
+    """One search's answer: the hits (best first; each with ``explain`` when asked), the
+    non-fatal notes that belong in the answer's ``warnings`` (a failed rerank), and the mode
+    that ranked them (``hybrid`` | ``vector-only`` | ``fts-only``; ``None`` when nothing was
+    ranked: no enabled source was asked for)."""
 
     results: list[MemorySearchResult]
     warnings: list[str]
+    mode: str | None = None
 
 
 class Searcher:
@@ -70,6 +83,8 @@ class Searcher:
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
+        mode: the ranking that ran (``hybrid`` | ``vector-only`` | ``fts-only``: keyword-only
+            also when the query had no usable vector), ``None`` before :meth:`run`.
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
@@ -87,6 +102,7 @@ class Searcher:
         self._reranker = reranker
         self.trace = trace
         self.warnings: list[str] = []
+        self.mode: str | None = None
 
     async def run(self, store: MetaReads, provider: EmbeddingProvider | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
@@ -109,7 +125,7 @@ class Searcher:
                                               else [None] * len(hits))
         results = await self.results(store, text, hits, hybrid=provider is not None,
                                      explains=explains)
-        return SearchOutcome(results=results, warnings=list(self.warnings))
+        return SearchOutcome(results=results, warnings=list(self.warnings), mode=self.mode)
 
     @property
     def fts_checked(self) -> bool:
@@ -146,6 +162,7 @@ class Searcher:
         file dropped and the result slots (session transcripts at most half):
         :func:`~fallback.search.fts_only.keyword_results`."""
         half_life_days, now_ms = self._half_life_days(), self._now_ms()
+        self.mode = "fts-only"
 
         def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
             return keyword_ranked(store, text, srcs, candidates=candidates, floor=floor,
@@ -175,12 +192,13 @@ class Searcher:
         if not qvec or not any(v != 0 for v in qvec):
             # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
+        self.mode = mode = configured_mode(has_provider=True, hybrid_enabled=hybrid.enabled)
         keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
                         if hybrid.enabled else [])
         qvec, contrasted = await self._contrast(store, provider, text, qvec)
         vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:
-            self.trace.mode = "hybrid" if hybrid.enabled else "vector-only"
+            self.trace.mode = mode
             self.trace.keyword(keyword_hits)
             self.trace.vector(vector_hits, contrast=contrasted)
         merged = fuse(vector_hits, keyword_hits, method=hybrid.fusion, cosine_stats=stats,

@@ -173,7 +173,7 @@ class EvalReport(_Model):
         inputs: the files read (LoCoMo files, or the queries file).
         backend: the backend measured (``builtin`` or ``qmd``).
         provider / model / mode: what answered, as the search responses name it (``mode`` is
-            ``fts-only`` or ``hybrid`` for the builtin engine, the search mode for qmd, whose
+            ``hybrid``, ``vector-only`` or ``fts-only`` for the builtin engine, the search mode for qmd, whose
             provider and model are ``qmd``); from the first answer of ``backend``, else the
             first answer.
         max_results / min_score: the search limits in effect (qmd: ``max_results`` capped at

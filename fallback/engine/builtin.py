@@ -4,10 +4,10 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
 (``fallback/search/fts.py``), vector search (``fallback/store/vectors.py``) and ranking
 (``fallback/search/ranking.py``) together:
 
-- the store is opened lazily; a search on an empty index, or one that was not synced in this
-  process yet (or was marked dirty) while ``sync.onSearch`` is on, first runs an awaited
-  incremental sync, so a one-shot CLI search on a fresh workspace just works (a sync failure
-  there is recorded in ``status().last_error`` and the search answers from the current index);
+- the store is opened lazily; a search first syncs an index with nothing of this workspace's
+  (empty, or of another workspace) in full, and one not synced in this process yet (or marked
+  dirty) while ``sync.onSearch`` is on within its budget (``fallback/engine/presearch.py``), so
+  a one-shot CLI search on a fresh workspace just works (a failure is in ``status().last_error``);
 - with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
   vector and keyword hits (spec §8.5). Deviation: a keyword hit's text score is the FTS-only
   boosted score (BM25 plus query coverage, spec §8.6) in both modes (raw BM25 collapses towards
@@ -19,9 +19,9 @@ It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py`
   SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
   ``CapacityLimiter(1)``;
 - a search never waits past its sync budget (``search_sync_budget_ms``, 2,000 ms, or the
-  ``sync_budget_ms`` argument) for a pre-search sync, except the bootstrap of an empty index;
-  past the budget it answers from the current index while the sync continues in the background
-  (live mode) or is cancelled between files (one-shot; progress is kept);
+  ``sync_budget_ms`` argument) for a pre-search sync, except the awaited ones above; past it,
+  it answers from the current index while the sync continues in the background (live mode) or
+  is cancelled between files (one-shot; progress is kept);
 - ``start(tasks)`` turns on live mode (``fallback/engine/live.py``: watcher, session deltas,
   interval and rescan syncs, all in the manager's task group) for the long-lived ``serve``
   process; one-shot use never needs it. Every search and status checks the watcher's health.
@@ -41,6 +41,7 @@ import anyio
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchInfo
 from fallback.embeddings.base import EmbeddingProvider
+from fallback.engine.presearch import foreign_index_warning, read_index_state, run_presearch_sync
 from fallback.engine.query_vector import (
     PreparedProvider,
     QueryVector,
@@ -354,24 +355,6 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _preflight(self, store: Store, budget_ms: int, deadline: float) -> bool:
-        """The pre-search sync: awaited in full when this process has not synced and the index
-        is empty (nothing to answer from otherwise), else within ``budget_ms`` when
-        ``sync.onSearch`` is on and the index is dirty or not synced yet. Returns whether a
-        sync was run or waited for (the store may have been replaced then)."""
-        if not self._synced and not (await anyio.to_thread.run_sync(
-                store.query, "SELECT 1 FROM chunks LIMIT 1")):
-            await self._search_sync(deadline)  # bootstrap: nothing to answer from otherwise
-            return True
-        if not (self.settings.search.sync.on_search and (self._dirty or not self._synced)):
-            return False
-        with anyio.move_on_after(max(0, budget_ms) / 1000):
-            if self._live is not None:
-                await self._live.spawn_sync("search").wait()
-            else:
-                await self._search_sync(deadline)
-        return True
-
     async def _search_sync(self, deadline: float) -> None:
         try:
             await self.sync(reason="search", embed_deadline=deadline)
@@ -489,11 +472,18 @@ class BuiltinEngine:
             self._last_error = failure_text(qv.error, query=True)
             on_provider_failure(provider.provider_id, self._last_error,
                                 fail_closed=self._fails_closed(), warnings=warnings)
-        syncs = self._syncs_done
-        if isinstance(store, Store) and await self._preflight(
-                store, self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
-                deadline):
+        syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
+        state = await anyio.to_thread.run_sync(read_index_state, store, ws)
+        if isinstance(store, Store) and await run_presearch_sync(
+                state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
+                budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
+                sync=partial(self._search_sync, deadline), live=self._live):
             store = await self._open_store()  # the sync may have replaced a corrupt store
+            if state.held_workspace is not None:
+                state = await anyio.to_thread.run_sync(read_index_state, store, ws)
+        if state.held_workspace is not None:  # not re-indexed: not this workspace's memory
+            return SearchOutcome([], [*warnings, foreign_index_warning(
+                str(store.path), state.held_workspace, ws)])
         self.warm_session(session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,

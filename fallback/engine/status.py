@@ -7,6 +7,7 @@ from typing import Any
 
 from fallback.engine.query_vector import backlog_reason
 from fallback.index.embedding_step import BACKLOG_KEY
+from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.models import MemoryStatus, SourceCount
 from fallback.search.pipeline import configured_mode
@@ -56,7 +57,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         selection: the ``ProviderSelection`` (``provider``, ``requested``, ``error``,
             ``unavailable_reason``).
         vector: the vector index status when a provider exists, else ``None``.
-        dirty / dirty_reason: the engine's own stale flag and why.
+        dirty / dirty_reason: the engine's own stale flag and why (an index of another
+            workspace is dirty: ``index holds workspace <path>``).
         synced: whether this process has synced; before its first sync a process reports
             ``not synced yet`` as dirty only when the store holds no index (spec §5.1).
         last_error: the last sync or query-embedding error, or ``None``.
@@ -118,6 +120,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     rebuild = None if selection.error else pending_rebuild(store, settings, provider)
     if rebuild is not None:
         dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
+    held = other_workspace(store.get_meta_json(WORKSPACE_META), str(settings.workspace_dir))
+    if held is not None:  # the counts are another workspace's: the next search re-indexes
+        dirty, dirty_reason = True, f"index holds workspace {held}"
     return MemoryStatus(
         backend=backend, agent_id=settings.agent_id,
         workspace_dir=str(settings.workspace_dir), db_path=str(store.path),

@@ -202,6 +202,64 @@ def test_switching_workspaces_tells_once_per_switch_that_the_store_is_reindexed(
     assert index.returncode == 0 and f"warning: {note(ws, other)}\n" in index.stderr.decode()
 
 
+def _other_workspace(tmp_path: Path) -> Path:
+    other = tmp_path / "other"
+    (other / "memory").mkdir(parents=True)
+    (other / "MEMORY.md").write_text("# Other\nThe router of the other workspace is a MikroTik.\n")
+    return other
+
+
+def test_without_sync_on_search_a_store_of_another_workspace_is_reindexed_before_answering(
+        ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """``sync.onSearch: false`` keeps a search from syncing an index of this workspace; an index
+    of another one (the same agent's store, ``--workspace`` switched) is not this workspace's
+    memory, so the search re-indexes it first and says so, as ``onSearch: true`` does."""
+    other = _other_workspace(tmp_path)
+    cfg = tmp_path / "no-sync.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {sync: {onSearch: false}}}}}")
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+
+    def search(where: Path) -> tuple[list[str], list[str]]:
+        p = run(["search", "router", "--workspace", str(where), "--config", str(cfg), "--json"], env)
+        assert p.returncode == 0, p.stderr
+        doc = orjson.loads(p.stdout)
+        return sorted({r["path"] for r in doc["results"]}), doc["warnings"]
+
+    note = (f"index store {db} held workspace {ws}; re-indexing it for {other} (one index per "
+            "agent: every switch re-indexes it; to keep both indexed, give each workspace its "
+            "own agent (--agent, agents.list) or state dir (OPENCLAW_STATE_DIR))")
+    mine = search(ws)
+    assert mine == (["MEMORY.md", "memory/2026-11-05.md"], [])
+    held = orjson.loads(run(["status", "--workspace", str(other), "--config", str(cfg), "--json"],
+                            env).stdout)
+    assert (held["dirty"], held["dirtyReason"]) == (True, f"index holds workspace {ws}")
+    assert search(other) == (["MEMORY.md"], [note])
+    assert search(other) == (["MEMORY.md"], [])
+    back, told = search(ws)
+    assert back == mine[0] and told[0].startswith(f"index store {db} held workspace {other};")
+    (other / "memory" / "2026-12-01.md").write_text("The router got a new firmware.\n")
+    assert search(ws) == (mine[0], [])  # onSearch off: this workspace's index is not synced again
+
+
+def test_a_read_only_store_of_another_workspace_answers_nothing_and_says_why(
+        ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    other = _other_workspace(tmp_path)
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    db = state / "memory" / "main.sqlite"
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    with _read_only(state, env) as run_ro:
+        p = run_ro(["search", "router", "--workspace", str(other), "--json"])
+        assert p.returncode == 0, p.stderr
+        doc = orjson.loads(p.stdout)
+        assert doc["results"] == []
+        assert doc["warnings"][-1] == (
+            f"index store {db} holds workspace {ws}, not {other}, and cannot be re-indexed: no "
+            "results from it")
+        plain = run_ro(["search", "router", "--workspace", str(other)])
+        assert plain.returncode == 0 and plain.stdout == b"No matches.\n"
+        assert f"warning: index store {db} holds workspace {ws}, not {other}".encode() in plain.stderr
+
+
 # -- a state dir this process may not write ------------------------------------------------------
 
 def _as_unprivileged() -> list[str]:

@@ -352,23 +352,21 @@ async def test_readonly_connection_is_reopened_and_the_sync_retried_once(
 async def test_engine_reopens_a_store_whose_file_another_process_renamed_over(
         tmp_path: Path) -> None:
     ws, db, base = _kill_workspace(tmp_path)
-    other_ws = tmp_path / "other-ws"
-    (other_ws / "memory").mkdir(parents=True)
-    (other_ws / "MEMORY.md").write_text("# Other\nOnly here: swaptoken.\n")
     other_db = tmp_path / "other" / "main.sqlite"
-    engine = store_child.make_engine({**base, "provider": "none"})
-    builder = store_child.make_engine({"ws": str(other_ws), "db": str(other_db),
-                                       "provider": "none"})
+    engine = store_child.make_engine({**base, "provider": "none"})  # sync.onSearch off
+    builder = store_child.make_engine({"ws": str(ws), "db": str(other_db), "provider": "none"})
     try:
         await engine.sync(reason="cli")
         assert await engine.search("swaptoken", min_score=0.0) == []
+        # a note only the other store indexes (the engine does not sync before searching)
+        (ws / "memory" / "swap.md").write_text("# Swap\nOnly here: swaptoken.\n")
         await builder.sync(reason="cli")
         await builder.close()  # the last connection checkpoints and drops its -wal
         with StoreWriteLock(db).hold_blocking():
             swap_db_files(other_db, db)
         hits = await engine.search("swaptoken", min_score=0.0)
-        assert [(h.path, h.start_line, h.end_line) for h in hits] == [("MEMORY.md", 1, 2)]
-        assert (await engine.status()).files == 1
+        assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/swap.md", 1, 2)]
+        assert (await engine.status()).files == BULK_FILES + 2
     finally:
         await engine.close()
         await builder.close()

@@ -290,3 +290,33 @@ async def test_emoji_query_finds_the_note(ws: Path) -> None:
         assert [h.path for h in hits] == ["memory/2026-02-01.md"]
     finally:
         await engine.close()
+
+
+async def test_an_index_of_another_workspace_is_reindexed_past_the_sync_budget(tmp_path: Path) -> None:
+    """One agent's store, last synced for workspace A: a search for B re-indexes it in full
+    before answering, even with no sync budget at all (else A's notes answer for B)."""
+    state = tmp_path / "state"
+    spaces = {}
+    for name, text in (("a", "Alpha router is an ER605."), ("b", "Bravo router is a MikroTik.")):
+        spaces[name] = tmp_path / name
+        (spaces[name] / "memory").mkdir(parents=True)
+        (spaces[name] / "MEMORY.md").write_text(f"# Notes\n{text}\n")
+    engines = {name: BuiltinEngine(EngineSettings.for_workspace(
+        path, state_dir=state, search=MemorySearchSettings(provider="none")),
+        provider_selection=ProviderSelection(None, "none")) for name, path in spaces.items()}
+    try:
+        first = await engines["a"].search("router", sync_budget_ms=0)  # an empty index: awaited
+        assert [(h.path, h.snippet) for h in first] == [("MEMORY.md", "# Notes\nAlpha router is an ER605.")]
+        outcome = await engines["b"].search_detailed("router", sync_budget_ms=0)
+        assert [(h.path, h.snippet) for h in outcome.results] == [
+            ("MEMORY.md", "# Notes\nBravo router is a MikroTik.")]
+        assert outcome.warnings == [
+            f"index store {state / 'memory' / 'main.sqlite'} held workspace {spaces['a']}; "
+            f"re-indexing it for {spaces['b']} (one index per agent: every switch re-indexes it; to "
+            "keep both indexed, give each workspace its own agent (--agent, agents.list) or state "
+            "dir (OPENCLAW_STATE_DIR))"]
+        status = await engines["a"].status()  # engine a synced once: the store is b's now
+        assert (status.dirty, status.dirty_reason) == (True, f"index holds workspace {spaces['b']}")
+    finally:
+        for engine in engines.values():
+            await engine.close()

@@ -1,0 +1,111 @@
+"""What a builtin search does with the index before ranking: sync it (in full, or within the
+search's sync budget), answer from it as it is, or answer nothing from it.
+
+One store serves one agent, and an agent's workspace can change between commands
+(``--workspace``, a config edit): the index then holds another workspace's notes
+(``fallback/index/identity.py`` ``WORKSPACE_META``). That index is never this workspace's
+memory, whatever ``sync.onSearch`` says: a search re-indexes it in full first, as it does an
+empty index (the sync tells the switch once, ``workspace_switch_note``), and when it could not
+(a read-only store, a failed sync) the search answers no hits and says why
+(:func:`foreign_index_warning`) rather than citing the other workspace's files as this one's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+
+from fallback.index.identity import WORKSPACE_META, other_workspace
+from fallback.store.readonly import MetaReads
+
+__all__ = ["IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
+           "run_presearch_sync"]
+
+PresearchSync = Literal["await", "budget"]
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """What a search needs to know about the index before ranking.
+
+    Attributes:
+        has_chunks: the index holds at least one chunk.
+        held_workspace: the other workspace the index was last synced for (absolute path), or
+            ``None`` when it holds this one (or was never synced).
+    """
+
+    has_chunks: bool
+    held_workspace: str | None
+
+
+def read_index_state(store: MetaReads, workspace: str) -> IndexState:
+    """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path (two small
+    reads; blocking: call it in a worker thread).
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    held = other_workspace(store.get_meta_json(WORKSPACE_META), workspace)
+    return IndexState(bool(store.query("SELECT 1 FROM chunks LIMIT 1")), held)
+
+
+def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
+                   on_search: bool) -> PresearchSync | None:
+    """Which sync a search runs before ranking.
+
+    Args:
+        state: the index as the search found it.
+        synced: whether this process has synced the store already.
+        dirty: whether the engine knows of changes not indexed yet.
+        on_search: ``sync.onSearch``.
+
+    Returns:
+        ``"await"``: a sync awaited in full (no budget), because nothing in the index is this
+        workspace's: it holds another workspace, or it is empty before this process's first
+        sync. ``"budget"``: a sync waited for within the search's sync budget (``onSearch`` on
+        and the index dirty or not synced by this process yet). ``None``: no sync.
+    """
+    if state.held_workspace is not None or (not synced and not state.has_chunks):
+        return "await"
+    if on_search and (dirty or not synced):
+        return "budget"
+    return None
+
+
+async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on_search: bool,
+                             budget_ms: int, sync: Callable[[], Awaitable[None]],
+                             live: Any = None) -> bool:
+    """Run the sync :func:`presearch_sync` asks for.
+
+    Args:
+        state / synced / dirty / on_search: as :func:`presearch_sync`.
+        budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0; an ``"await"`` sync
+            has none). Past it the search answers from the index as it is, while the sync goes
+            on in the background (live mode) or is cancelled between files (one-shot; the
+            files indexed so far are kept).
+        sync: runs one sync for the search (failures recorded, not raised).
+        live: the engine's ``LiveSync`` in live mode (a ``"budget"`` sync is spawned there, so
+            it outlives the wait), else ``None``.
+
+    Returns:
+        Whether a sync was run or waited for (the store file may have been replaced then).
+    """
+    kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
+    if kind is None:
+        return False
+    with anyio.move_on_after(max(0, budget_ms) / 1000 if kind == "budget" else None):
+        if kind == "budget" and live is not None:
+            await live.spawn_sync("search").wait()
+        else:
+            await sync()
+    return True
+
+
+def foreign_index_warning(db_path: str, held: str, workspace: str) -> str:
+    """The warning of a search that found the index holding workspace ``held`` and could not
+    re-index it for ``workspace`` (its answer has no hits); one line."""
+    return (f"index store {db_path} holds workspace {held}, not {workspace}, and cannot be "
+            "re-indexed: no results from it")

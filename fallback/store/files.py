@@ -63,7 +63,9 @@ def check_writable(db_path: Path) -> None:
     ``-wal`` and ``-shm`` are there (a writer killed, or running as another user) nothing fails
     before the first write; this asks, for the main file, ``-wal`` and ``-shm`` (those
     present), whether this process may write them (``faccessat`` with the effective ids, so a
-    root process without ``CAP_DAC_OVERRIDE`` is refused as SQLite's open would be).
+    root process without ``CAP_DAC_OVERRIDE`` is refused as SQLite's open would be). So it
+    asks for the writer lock ``<db>.lock`` too (or, while there is none, its folder), which
+    every sync writes: a lock left by another user would fail each sync, not the open.
 
     The files are never opened: POSIX drops every lock a process holds on a file when it
     closes any descriptor of it, so opening and closing them would take the WAL read locks of
@@ -72,21 +74,26 @@ def check_writable(db_path: Path) -> None:
 
     Raises:
         IndexStoreReadOnlyError: ``index store is read-only (the file cannot be written):
-            Permission denied (<db>)`` (``(its -wal cannot be written)`` ...; ``Read-only file
-            system`` on a read-only mount); a file gone meanwhile is left for SQLite to report.
+            Permission denied (<db>)`` (``(its -wal cannot be written)`` ..., ``(its writer lock
+            <db>.lock cannot be written)``, ``... cannot be created)``; ``Read-only file system``
+            on a read-only mount); a file gone meanwhile is left for SQLite to report.
     """
     effective = os.access in os.supports_effective_ids
-    for suffix in ("", "-wal", "-shm"):
-        path = f"{db_path}{suffix}"
+    lock = f"{db_path}{_LOCK_SUFFIX}"
+    checks = [(f"{db_path}{suffix}", "the file cannot be written" if not suffix
+               else f"its {suffix} cannot be written") for suffix in ("", "-wal", "-shm")]
+    # the lock file is created by the first writer: until then its folder must take it
+    checks.append((lock, f"its writer lock {lock} cannot be written") if os.path.exists(lock)
+                  else (str(db_path.parent), f"its writer lock {lock} cannot be created"))
+    for path, what in checks:
         if not os.path.exists(path) or os.access(path, os.W_OK, effective_ids=effective):
             continue
         try:
             read_only_mount = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
         except OSError:
             continue  # gone meanwhile
-        what = "the file" if not suffix else f"its {suffix}"
         reason = os.strerror(errno.EROFS if read_only_mount else errno.EACCES)
-        raise IndexStoreReadOnlyError(f"index store is read-only ({what} cannot be written): {reason}",
+        raise IndexStoreReadOnlyError(f"index store is read-only ({what}): {reason}",
                                       db_path=str(db_path))
 
 

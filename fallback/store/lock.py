@@ -23,10 +23,12 @@ Concurrency model of the builtin engine's store (see also ``fallback/store/db.py
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 from fallback.errors import IndexStoreError
 from fallback.fs.lock import PidFileLock
+from fallback.store.errors import IndexStoreReadOnlyError
 
 __all__ = ["DEFAULT_LOCK_TIMEOUT_MS", "StoreWriteLock", "lock_path_for"]
 
@@ -51,8 +53,8 @@ class StoreWriteLock(PidFileLock):
 
     Raises (from the acquiring methods):
         IndexStoreError: ``another process (pid N) is writing the index; waiting for the writer
-            lock <db>.lock timed out after N ms`` past the budget, or ``cannot open the index
-            writer lock ...`` when the lock file cannot be created.
+            lock <db>.lock timed out after N ms`` past the budget; :meth:`open_error` when the
+            lock file cannot be created or opened.
     """
 
     def __init__(self, db_path: Path, *, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
@@ -68,6 +70,17 @@ class StoreWriteLock(PidFileLock):
             f" out after {timeout_ms} ms", db_path=str(self.db_path))
 
     def open_error(self, exc: OSError) -> Exception:
-        """``IndexStoreError``: the lock file (or its folder) cannot be created or opened."""
-        return IndexStoreError(f"cannot open the index writer lock {self.path}: {exc}",
+        """The error for a lock file (or its folder) that cannot be created or opened, naming
+        the lock file and the cause: ``IndexStoreReadOnlyError`` when this process may not
+        (``index store is read-only (its writer lock <db>.lock cannot be written): Permission
+        denied (<db>)``, ``... cannot be created)`` while there is none; ``Read-only file
+        system`` on a read-only mount), else ``IndexStoreError`` (``cannot open the index writer
+        lock <db>.lock: <cause> (<db>)``)."""
+        cause = exc.strerror or str(exc)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            verb = "written" if self.path.exists() else "created"
+            return IndexStoreReadOnlyError(
+                f"index store is read-only (its writer lock {self.path} cannot be {verb}): {cause}",
+                db_path=str(self.db_path))
+        return IndexStoreError(f"cannot open the index writer lock {self.path}: {cause}",
                                db_path=str(self.db_path))

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
+from tests.fallback.child_procs import unprivileged_prefix
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,27 +262,16 @@ def test_a_read_only_store_of_another_workspace_answers_nothing_and_says_why(
 
 # -- a state dir this process may not write ------------------------------------------------------
 
-def _as_unprivileged() -> list[str]:
-    """argv prefix that runs the CLI without root's permission override (CAP_DAC_OVERRIDE and
-    friends dropped from the bounding set, same uid), so file modes apply; none for a user."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: file modes cannot be made to apply")
-    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", "--inh-caps=-all", "--"]
-
-
 @contextlib.contextmanager
 def _read_only(state: Path, env: dict[str, str]
                ) -> Iterator[Callable[[list[str]], subprocess.CompletedProcess[bytes]]]:
     """``state`` and everything under it made read-only for the block, which gets a runner of
-    the CLI for which those modes apply (:func:`_as_unprivileged`); the modes are restored
+    the CLI for which those modes apply (:func:`unprivileged_prefix`); the modes are restored
     after it."""
     modes = {p: p.stat().st_mode for p in [state, *state.rglob("*")]}
     for p in modes:
         p.chmod(modes[p] & ~0o222)
-    prefix = _as_unprivileged()
+    prefix = unprivileged_prefix()
 
     def run_ro(args: list[str]) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
@@ -316,7 +305,7 @@ def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_up
     assert first.returncode == 0, first.stderr
     hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
     with _read_only(state, env) as run_ro:
-        denied = subprocess.run([*_as_unprivileged(), sys.executable, "-c", f"open({str(db.parent / 'x')!r}, 'w')"],
+        denied = subprocess.run([*unprivileged_prefix(), sys.executable, "-c", f"open({str(db.parent / 'x')!r}, 'w')"],
                                 capture_output=True, timeout=60)
         assert b"PermissionError" in denied.stderr, denied.stderr  # the folder really is read-only
         fast = run_ro(query)  # nothing changed: the one-shot path reads the index as it is
@@ -370,6 +359,39 @@ def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
         assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
 
 
+def test_a_writer_lock_file_that_cannot_be_written_is_named_with_its_cause(
+        ws: Path, env: dict[str, str]) -> None:
+    """The store's writer lock file (``main.sqlite.lock``, which records the writer's pid) left
+    unwritable: the store is read-only as far as this process goes, and every surface says
+    which file and why, as it does for the store's own files."""
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    lock = db.with_name("main.sqlite.lock")
+    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = run(query, env)
+    assert first.returncode == 0, first.stderr
+    hits = [(r["path"], r["startLine"], r["endLine"]) for r in orjson.loads(first.stdout)["results"]]
+    prefix = unprivileged_prefix()
+
+    def run_up(args: list[str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*prefix, *_argv(args)], env=env, capture_output=True, timeout=120)
+
+    error = f"index store is read-only (its writer lock {lock} cannot be written): Permission denied ({db})"
+    lock.chmod(0o444)
+    try:
+        assert _warnings_after_a_new_note(run_up, ws, query, hits) == [
+            f"{error}; answered from the index as it was last written, without updating it (check "
+            f"the permissions of {db.parent})"]
+        index = run_up(["index", "--workspace", str(ws), "--json"])
+        assert index.returncode == 1 and orjson.loads(index.stdout)["error"] == error
+        status = run_up(["status", "--workspace", str(ws), "--json"])
+        assert [(p["check"], p["message"]) for p in orjson.loads(status.stdout)["problems"]] == [
+            ("index", f"{error}; searches answer from the index as it was last written, and memory "
+                      f"files are not indexed until {db.parent} can be written")]
+    finally:
+        lock.chmod(0o644)
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+
+
 # A process that cannot write the store's folder keeps a VectorIndex open (serve): it prints the
 # best chunk of a search, waits for a line on stdin, and searches again.
 _VECTOR_READER = """
@@ -412,7 +434,7 @@ def test_vector_search_over_a_read_only_folder_sees_commits_once_it_is_writable(
     modes = {p: p.stat().st_mode for p in (folder, db)}
     for p, mode in modes.items():
         p.chmod(mode & ~0o222)
-    child = subprocess.Popen([*_as_unprivileged(), sys.executable, "-c", _VECTOR_READER, str(db)],
+    child = subprocess.Popen([*unprivileged_prefix(), sys.executable, "-c", _VECTOR_READER, str(db)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
     try:

@@ -21,7 +21,7 @@ from fallback.errors import IndexStoreError, LockTimeoutError
 from fallback.fs.atomic import TEMP_PREFIX, write_atomic
 from fallback.fs.lock import LockHolder, PidFileLock
 from fallback.store.lock import StoreWriteLock
-from tests.fallback.child_procs import DEADLINE_S, finish
+from tests.fallback.child_procs import DEADLINE_S, finish, unprivileged_prefix
 
 # A child that takes the lock given as argv[1], says so, and releases it on a line on stdin.
 HOLDER = ("import sys; from pathlib import Path; from fallback.fs.lock import PidFileLock;"
@@ -168,6 +168,34 @@ def test_bad_budget_and_unopenable_lock_files(tmp_path: Path) -> None:
     db = tmp_path / "file" / "main.sqlite"
     with pytest.raises(IndexStoreError, match=r"^cannot open the index writer lock .*main.sqlite.lock"):
         StoreWriteLock(db).try_acquire()
+
+
+# A child that opens the store writer lock of the store argv[1] and prints the error it meets.
+OPEN_STORE_LOCK = ("import sys; from pathlib import Path; from fallback.store.lock import StoreWriteLock\n"
+                   "try:\n    StoreWriteLock(Path(sys.argv[1])).try_acquire()\n"
+                   "except Exception as exc:\n    print(type(exc).__name__, exc, flush=True)")
+
+
+def test_a_store_lock_this_process_may_not_write_is_named_with_its_cause(tmp_path: Path) -> None:
+    folder = tmp_path / "memory"
+    folder.mkdir()
+    db, lock = folder / "main.sqlite", folder / "main.sqlite.lock"
+    lock.write_text("")
+    lock.chmod(0o444)
+    argv = [*unprivileged_prefix(), sys.executable, "-c", OPEN_STORE_LOCK, str(db)]
+    cwd = Path(__file__).parents[2]
+    try:
+        unwritable = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE_S, cwd=cwd)
+        lock.unlink()
+        folder.chmod(0o555)
+        uncreatable = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE_S, cwd=cwd)
+    finally:
+        folder.chmod(0o755)
+    assert unwritable.stdout == ("IndexStoreReadOnlyError index store is read-only (its writer lock "
+                                 f"{lock} cannot be written): Permission denied ({db})\n"), unwritable.stderr
+    assert uncreatable.stdout == ("IndexStoreReadOnlyError index store is read-only (its writer lock "
+                                  f"{lock} cannot be created): Permission denied ({db})\n"), uncreatable.stderr
+    assert not lock.exists()
 
 
 # -- the atomic writer --------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fallback.errors import ModelDownloadError
+from fallback.errors import LockTimeoutError, ModelDownloadError
 from fallback.fs.atomic import publish_file, write_atomic
 from fallback.fs.lock import PidFileLock
 
@@ -492,12 +492,29 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
         ModelDownloadError: the hub is unreachable (``offline: ...``), answers an HTTP error,
             the transfer kept dropping (the partial file is kept for the next call), or the
             file fails its size or sha256 check (the file is deleted).
+            Also the model cache that this user cannot use (its folder, the download lock
+            ``<file>.lock`` or the partial file cannot be created or written): ``cannot use the
+            model cache <dir>: Permission denied (<path>); ...``.
         LockTimeoutError: another process held the download lock past ``lock_timeout_ms``.
-        OSError: the cache folder cannot be written.
     """
     spec = model if isinstance(model, ModelSpec) else None
     ref = spec.ref if spec is not None else model
     assert isinstance(ref, ModelRef)
+    try:
+        return _fetch(spec, ref, Path(cache_dir), base_url=base_url, on_progress=on_progress,
+                      attempts=attempts, lock_timeout_ms=lock_timeout_ms, transport=transport)
+    except LockTimeoutError:
+        raise  # a TimeoutError, so an OSError too: told as such
+    except OSError as exc:
+        raise ModelDownloadError(ref.uri, f"cannot use the model cache {cache_dir}: {exc.strerror or exc} "
+                                          f"({exc.filename or cache_dir}); let this user write it, or set "
+                                          "local.modelCacheDir to a folder it can write") from exc
+
+
+def _fetch(spec: ModelSpec | None, ref: ModelRef, cache_dir: Path, *, base_url: str,
+           on_progress: ProgressFn | None, attempts: int, lock_timeout_ms: int,
+           transport: httpx.BaseTransport | None) -> FetchResult:
+    """:func:`fetch_model`; file system failures raise ``OSError``."""
     target = ref.cache_path(cache_dir)
     pinned = spec.sha256 if spec is not None else None
     found = _cached(target, pinned)
@@ -511,7 +528,7 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
             return found
         expected = _Expected(sha256=pinned, sha_source="pinned" if pinned else None,
                              size=spec.size_bytes if spec is not None else None)
-        return _download(target, Path(cache_dir), ref.uri, ref.url(base_url), expected, on_progress=on_progress,
+        return _download(target, cache_dir, ref.uri, ref.url(base_url), expected, on_progress=on_progress,
                          attempts=attempts, transport=transport)
 
 

@@ -40,10 +40,13 @@ def env(tmp_path: Path) -> dict[str, str]:
     return e
 
 
-def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _argv(args: list[str]) -> list[str]:
     exe = shutil.which("qmdbridge")
-    argv = [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=180, text=True)
+    return [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=180, text=True)
 
 
 def test_pull_then_list(tmp_path: Path, env: dict[str, str], model_data: bytes) -> None:
@@ -124,3 +127,26 @@ def test_doctor_says_the_default_model_is_not_downloaded_yet(tmp_path: Path, env
                      "detail": f"local model {DEFAULT_MODEL.ref.uri} is not downloaded yet (first use downloads it)",
                      "hint": "run `qmdbridge models pull` to download it now"}
     assert not (tmp_path / "state" / "models").exists()  # the doctor downloaded nothing
+
+
+def test_a_model_cache_this_user_cannot_write_is_named_with_its_cause(tmp_path: Path,
+                                                                      env: dict[str, str]) -> None:
+    """The download lock (``<file>.lock``) and the file go into the model cache: a cache folder
+    this user may not write fails the pull with the folder and the cause, not a traceback.
+    The hub is never asked (nothing listens on port 9)."""
+    from tests.fallback.child_procs import unprivileged_prefix
+
+    cache = tmp_path / "state" / "models"
+    cache.mkdir(parents=True)
+    cache.chmod(0o555)
+    try:
+        p = subprocess.run([*unprivileged_prefix(), *_argv(["models", "pull", "--json"])],
+                           env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}, capture_output=True,
+                           timeout=180, text=True)
+    finally:
+        cache.chmod(0o755)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    doc = orjson.loads(p.stdout)
+    assert (doc["errorType"], doc["error"]) == ("ModelDownloadError", (
+        f"local embedding provider unavailable: cannot use the model cache {cache}: Permission denied "
+        f"({cache / 'hf'}); let this user write it, or set local.modelCacheDir to a folder it can write"))

@@ -554,7 +554,8 @@ class BuiltinEngine:
         s = self.settings  # sessions source: the sessions/<transcript> a session hit cites too
         return await anyio.to_thread.run_sync(partial(
             read_memory_page, s.workspace_dir, list(s.search.extra_paths), rel_path, from_line=from_line,
-            lines=lines, sessions_dir=s.sessions_dir if "sessions" in s.search.sources else None))
+            lines=lines, sessions_dir=s.sessions_dir if "sessions" in s.search.sources else None,
+            max_file_bytes=s.search.max_file_bytes))
 
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fallback.skipped import SkippedFile
-from fallback.sources.memory_files import MemoryFile
+from fallback.sources.memory_files import DEFAULT_MAX_FILE_BYTES, MemoryFile
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
@@ -145,11 +145,14 @@ def _text_without_nuls(body: bytes) -> str | None:
     return None if _BINARY_CONTROLS.search(text) else text
 
 
-def is_binary(blocks: Iterable[bytes]) -> bool:
+def is_binary(blocks: Iterable[bytes], *, complete: bool = True) -> bool:
     """Whether a file's bytes, given in order as blocks of any size, make it binary by the rule
     :func:`read_memory_text` indexes by: NUL bytes together with another control character
     (see :func:`_text_without_nuls`) or invalid UTF-8 once the NULs are removed. A file
     without NUL bytes is never binary. Reads the blocks once, holding one at a time.
+
+    ``complete=False``: the blocks are a prefix of the file, so a UTF-8 sequence cut at their
+    end is not invalid (the rest of it was not read).
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     nul = odd = False
@@ -162,7 +165,7 @@ def is_binary(blocks: Iterable[bytes]) -> bool:
                 odd = True
         if nul and odd:
             return True
-    if nul and not odd:
+    if nul and not odd and complete:
         try:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError:
@@ -170,17 +173,28 @@ def is_binary(blocks: Iterable[bytes]) -> bool:
     return False
 
 
-def is_binary_file(fd: int) -> bool:
-    """:func:`is_binary` of the whole file behind ``fd``, read with ``pread`` in 1 MiB blocks (the
-    file offset stays where it is). A first pass only looks for a NUL byte, so a text file
-    costs one read and no decoding. Raises ``OSError`` as ``os.pread``."""
+def is_binary_file(fd: int, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bool:
+    """:func:`is_binary` of the first ``max_bytes`` bytes of the file behind ``fd`` (all of it
+    when it is not larger), read with ``pread`` in 1 MiB blocks (the file offset stays where
+    it is).
+
+    With ``max_bytes`` the index's size cap (``maxFileBytes``, 10 MiB by default), every file
+    the index reads is judged whole, as :func:`read_memory_text` judges it; a larger file,
+    which the index skips as too large, is judged by that prefix alone (a NUL byte after it is
+    never read). A first pass only looks for a NUL byte, so a text file costs one read of at
+    most ``max_bytes`` bytes and no decoding; one with a NUL byte two.
+
+    Raises:
+        OSError: as ``os.fstat`` / ``os.pread``.
+    """
     def blocks() -> Iterator[bytes]:
         offset = 0
-        while block := os.pread(fd, 1 << 20, offset):
+        while offset < max_bytes and (block := os.pread(fd, min(1 << 20, max_bytes - offset), offset)):
             offset += len(block)
             yield block
 
-    return any(b"\x00" in block for block in blocks()) and is_binary(blocks())
+    complete = os.fstat(fd).st_size <= max_bytes
+    return any(b"\x00" in block for block in blocks()) and is_binary(blocks(), complete=complete)
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:

@@ -32,6 +32,9 @@ reason                            when
 ``symlink``                       the target itself is a symlink
 ``not a regular file``            the target is a folder, FIFO, device ...
 ``binary file (NUL bytes)``       binary by indexing's rule, which skips it with this reason
+                                  (a file above the index's size cap, which the index
+                                  skips as too large: by the rule over its first
+                                  ``maxFileBytes`` bytes)
 ================================  =====================================================
 
 Reading is one operation, not a check followed by a read: the path is opened by walking each
@@ -72,6 +75,7 @@ from fallback.errors import (
 from fallback.models import MemoryReadResult
 from fallback.sources.file_text import BINARY_FILE, is_binary, is_binary_file
 from fallback.sources.memory_files import (
+    DEFAULT_MAX_FILE_BYTES,
     LEGACY_ROOT_MEMORY_FILE,
     MARKDOWN_SUFFIX,
     MEMORY_DIR_NAME,
@@ -320,7 +324,7 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _read_text(fd: int, start: int, count: int) -> str | None:
+def _read_text(fd: int, start: int, count: int, max_file_bytes: int) -> str | None:
     """The text behind ``fd`` for paging, or ``None`` for a binary file; the descriptor is closed.
 
     Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded. A bigger file is read as a
@@ -328,16 +332,17 @@ def _read_text(fd: int, start: int, count: int) -> str | None:
     ``start .. start+count-1`` as they are, plus one more line so :func:`page_text` can tell
     whether content remains. Memory stays bounded by the page, however large the file.
     A leading BOM is removed; invalid UTF-8 becomes U+FFFD. A file with NUL bytes is first
-    checked whole by indexing's rule (:func:`fallback.sources.file_text.is_binary`), so a file
-    the index skipped as binary is never paged out.
+    checked by indexing's rule (:func:`fallback.sources.file_text.is_binary_file`) over its
+    first ``max_file_bytes`` bytes, the index's size cap: whole when the index reads it, so a
+    file the index skipped as binary is never paged out, and never more than the cap.
     """
     with io.FileIO(fd, closefd=True) as raw:
-        if os.fstat(fd).st_size <= STREAM_ABOVE_BYTES:
+        if os.fstat(fd).st_size <= min(STREAM_ABOVE_BYTES, max_file_bytes):
             data = raw.readall()
             if b"\x00" in data and is_binary([data]):
                 return None
             return data.decode("utf-8-sig", errors="replace")
-        if is_binary_file(fd):
+        if is_binary_file(fd, max_bytes=max_file_bytes):
             return None
         with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", errors="replace",
                               newline="") as fh:
@@ -354,13 +359,13 @@ def _read_text(fd: int, start: int, count: int) -> str | None:
 
 def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
                from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
-               backend: str) -> MemoryReadResult:
+               backend: str, max_file_bytes: int) -> MemoryReadResult:
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
 
     def attempt() -> str | None:
         return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
-                          start, count)
+                          start, count, max_file_bytes)
 
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
@@ -384,8 +389,8 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
 def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
                      default_lines: int = DEFAULT_READ_LINES,
-                     max_chars: int = DEFAULT_READ_MAX_CHARS,
-                     sessions_dir: Path | None = None) -> MemoryReadResult:
+                     max_chars: int = DEFAULT_READ_MAX_CHARS, sessions_dir: Path | None = None,
+                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
     """Read one page of a workspace memory file (the builtin ``memory_get``).
 
     Args:
@@ -397,6 +402,8 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         sessions_dir: the transcript folder when the ``sessions`` source is on: a
             ``sessions/<transcript>`` path (:func:`transcript_name`) is then read by
             :func:`read_transcript_page`; ``None``: every path is a memory file's.
+        max_file_bytes: the index's size cap in bytes (``maxFileBytes``): the most read to
+            tell whether the file is binary (see :func:`_read_text`).
 
     Returns:
         A :class:`~fallback.models.MemoryReadResult` with the workspace-relative display
@@ -415,13 +422,14 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _read_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
-                      default_lines=default_lines, max_chars=max_chars, backend="builtin")
+                      default_lines=default_lines, max_chars=max_chars, backend="builtin",
+                      max_file_bytes=max_file_bytes)
 
 
 def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: bool,
                       from_line: int | None = None, lines: int | None = None,
                       default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
-                      backend: str = "qmd") -> MemoryReadResult:
+                      backend: str = "qmd", max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
     """Read one page of ``root.path/inner`` with the rule's refusals and the same safe open
     (qmd collection files: ``qmd/<collection>/<inner>``).
 
@@ -432,6 +440,8 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         follow_base: whether the root folder itself may be a symlink.
         from_line / lines / default_lines / max_chars: paging as in :func:`page_text`.
         backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
+        max_file_bytes: the most read to tell whether the file is binary (as
+            :func:`read_memory_page`).
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.
@@ -449,7 +459,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         raise PathRefusedError(shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
     return _read_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
                       from_line=from_line, lines=lines, default_lines=default_lines,
-                      max_chars=max_chars, backend=backend)
+                      max_chars=max_chars, backend=backend, max_file_bytes=max_file_bytes)
 
 
 def transcript_name(rel_path: str) -> str | None:

@@ -378,3 +378,65 @@ def test_binary_file_is_refused_as_indexing_skips_it(ws: Path, monkeypatch: pyte
     assert str(info.value) == "path refused: 'memory/blob.md': binary file (NUL bytes)"
     assert read_memory_page(ws, [], "memory/padded.md").text.startswith("padded note")
     _read_refused(ws, "memory/mixed.md", "binary file (NUL bytes)")
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read system calls so far (Linux ``rchar``)."""
+    counters = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return int(counters["rchar"])
+
+
+LINE = b"plain note line\n"
+TEXT = LINE * ((3 << 20) // len(LINE))  # 3 MiB of text: above STREAM_ABOVE_BYTES, read as a stream
+TAIL = b"\x00\x01 binary tail\n"  # a NUL byte with another control byte: binary by indexing's rule
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").is_file(), reason="needs Linux /proc/self/io (rchar)")
+def test_get_judges_binary_as_the_index_does_reading_at_most_its_size_cap(ws: Path) -> None:
+    """A file up to the index's size cap (``maxFileBytes``) is judged whole, as the indexer
+    judges it; a larger one, which the index skips as too large, by its first cap bytes only,
+    so a NUL byte after the cap is never read and a huge file costs one bounded read."""
+    from fallback.sources.file_text import BINARY_FILE, read_memory_text
+    from fallback.sources.memory_files import list_memory_files
+
+    cap = 4 << 20
+    (ws / "memory" / "inside.md").write_bytes(TEXT + TAIL)  # under the cap, NUL at 3 MiB
+    (ws / "memory" / "beyond.md").write_bytes(TEXT * 8 + TAIL)  # 24 MiB, NUL after the cap only
+    (ws / "memory" / "early.md").write_bytes(TAIL + TEXT * 8)  # 24 MiB, NUL in the first bytes
+    cut = b"\x00" + b"a" * (cap - 2) + "\u00e9 and more\n".encode()  # NUL padding; é split at the cap
+    (ws / "memory" / "cut.md").write_bytes(cut)
+    found = list_memory_files(ws, [], max_file_bytes=cap)
+    inside = next(f for f in found.files if f.rel_path == "memory/inside.md")
+    assert getattr(read_memory_text(inside, max_file_bytes=cap), "reason", None) == BINARY_FILE
+    assert sorted((s.path, s.reason.split(" (")[0]) for s in found.skipped) == [
+        ("memory/beyond.md", "too large"), ("memory/cut.md", "too large"), ("memory/early.md", "too large")]
+    with pytest.raises(PathRefusedError) as refused:
+        read_memory_page(ws, [], "memory/inside.md", max_file_bytes=cap)
+    assert refused.value.reason == BINARY_FILE
+    before = _bytes_read()
+    page = read_memory_page(ws, [], "memory/beyond.md", lines=2, max_file_bytes=cap)
+    read = _bytes_read() - before
+    assert (page.text.split("\n\n")[0], page.lines, page.next_from) == ("plain note line\nplain note line", 2, 3)
+    assert cap <= read < cap + (1 << 20)  # the prefix once (no NUL in it), then the page
+    before = _bytes_read()
+    with pytest.raises(PathRefusedError) as early:
+        read_memory_page(ws, [], "memory/early.md", max_file_bytes=cap)
+    assert early.value.reason == BINARY_FILE and _bytes_read() - before <= 2 * cap
+    # the split é is not invalid UTF-8: the prefix ends inside it
+    assert read_memory_page(ws, [], "memory/cut.md", lines=1, max_file_bytes=cap).lines == 1
+
+
+@pytest.mark.anyio
+async def test_the_engine_judges_binary_by_its_own_size_cap(ws: Path, tmp_path: Path) -> None:
+    from fallback.engine.builtin import BuiltinEngine
+    from fallback.settings import EngineSettings, MemorySearchSettings
+
+    (ws / "memory" / "big.md").write_bytes(TEXT + TAIL)  # NUL at 3 MiB, past a 2 MiB cap
+    settings = EngineSettings.for_workspace(ws, state_dir=tmp_path / "state", search=MemorySearchSettings(
+        provider="none", maxFileBytes=2 << 20))
+    engine = BuiltinEngine(settings)
+    try:
+        page = await engine.read_file("memory/big.md", lines=1)
+    finally:
+        await engine.close()
+    assert (page.text.split("\n\n")[0], page.lines) == ("plain note line", 1)

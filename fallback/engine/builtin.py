@@ -462,6 +462,8 @@ class BuiltinEngine:
             dead = self._live.check_watcher()  # a dead watcher is re-armed in the background
             if dead is not None:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
+            elif changed := self._live.unsynced_changes():  # saved within the debounce
+                self.mark_dirty(f"files changed: {changed}")
         store, read_only = await self._stores.open_reader()  # read-only: answer without a sync
         q = self.settings.search.query
         provider = self._provider()

@@ -21,7 +21,9 @@ Triggers (reason strings as in the spec):
 - ``rescan``: every ``rescan_interval_ms`` (5 min by default) as a safety net for lost events;
   a successful rescan clears a degraded-watcher mark;
 - ``session-start``: :meth:`LiveSync.warm`, at most once per non-empty session key;
-- ``boot``: one sync right after start.
+- ``boot``: one sync right after start;
+- ``search``: a search while the watcher holds changes its debounce has not handed over yet
+  (:meth:`LiveSync.unsynced_changes`) marks the engine dirty, so the search syncs first.
 
 Watcher health (:meth:`LiveSync.check_watcher`, called on every search and status): a dead
 observer (thread died, or a watched folder was deleted) makes the engine dirty with
@@ -120,6 +122,7 @@ class LiveSync:
         self._warmed: set[str] = set()
         self._degraded: str | None = None
         self._rearms_synced = 0
+        self._events_searched = 0  # the watcher's event count a search last synced for
         self._started = False
         self._closed = False
 
@@ -304,6 +307,25 @@ class LiveSync:
             log.warning("memory file watcher is dead (%s); re-arming it", cause)
             tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(watcher.rearm))
         return cause
+
+    def unsynced_changes(self) -> int:
+        """Memory changes the watcher saw and has not handed over yet (``sync.watchDebounceMs``
+        not passed since the last one), counted once per new event: a search asks before it
+        answers, so an edit, rename or deletion is searched at once rather than after the
+        debounce (the search then syncs first, as for any dirty index). Transcript events are
+        left to their batch window. Returns the number of changed paths, or 0 when the watcher
+        saw no new event since the last call that returned more."""
+        watcher = self.watcher
+        if watcher is None or self._closed:
+            return 0
+        events, pending = watcher.unsent()
+        if events <= self._events_searched:
+            return 0
+        sessions_dir = self._engine.settings.sessions_dir
+        changed = sum(1 for p in pending if p == RESCAN_MARKER or Path(p).parent != sessions_dir)
+        if changed:
+            self._events_searched = events
+        return changed
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
         """The live part of a status, taken on the event loop (``dead``: a cause just found

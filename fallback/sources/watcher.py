@@ -366,6 +366,12 @@ class MemoryWatcher:
             except RuntimeError:
                 pass
 
+    def unsent(self) -> tuple[int, set[str]]:
+        """The events seen so far and the changed paths not handed to the callback yet (its
+        debounce still running, or a failed hand-over waiting for its retry), read together."""
+        with self._lock:
+            return self.state.events, set(self.state.pending)
+
     def dead_reason(self) -> str | None:
         """Why the running watcher is deaf, or ``None`` when it is healthy (or not running).
 

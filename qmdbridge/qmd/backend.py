@@ -49,7 +49,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
-from qmdbridge.qmd.lexical import cjk_terms, lexical_terms, relax, warm_candidates
+from qmdbridge.qmd.lexical import cjk_terms, lexical_terms, relax, warm_candidates, without_stray_quote
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     IndexCounts,
@@ -439,7 +439,7 @@ class QmdBackend:
             QmdOutputError: stdout was not a result array.
         """
         self._check_open()
-        q = query.strip()
+        q = without_stray_quote(query.strip())  # a quote left open is a typo, not qmd syntax
         if not q:
             raise UsageError("query required")
         limits = self.cfg.limits

@@ -35,7 +35,8 @@ reciprocal rank; ``warm.py``): on LoCoMo a search p50 of 33 ms instead of 350 ms
 recall once the passages are ranked (R@5 0.726 against 0.727, R@1 0.481 against 0.471).
 
 A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) is sent as
-written, with no relaxed pass. A query holding CJK text is sent as written first (qmd matches a
+written, with no relaxed pass; a double quote left open is a typo and dropped first
+(:func:`without_stray_quote`). A query holding CJK text is sent as written first (qmd matches a
 CJK term as the phrase of its characters), then its words one by one (:func:`cjk_terms`).
 
 Source: coordination-level matching (Salton & McGill, "Introduction to Modern Information
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
 __all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "cjk_terms", "lexical_terms",
-           "relax", "warm_candidates"]
+           "relax", "warm_candidates", "without_stray_quote"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -161,6 +162,32 @@ def lexical_terms(query: str) -> tuple[str, ...]:
                 terms.setdefault(narrow.lower(), narrow)
                 terms.setdefault(word.lower(), word)
     return tuple(terms.values())
+
+
+def without_stray_quote(query: str) -> str:
+    """The query without a double quote that is never closed (pure).
+
+    qmd reads a quote that opens no pair as part of the term (``"pottery``): it still finds the
+    note, but its snippet, looking for the quoted text, falls back to the note's first lines,
+    which need not hold the word, and a query in qmd's syntax keeps qmd's lines. A quote left
+    open is a typo, so the last one of an odd number is dropped: the rest is searched as a
+    question, or as the phrases its balanced quotes make.
+
+    Args:
+        query: the user's query.
+
+    Returns:
+        ``query`` unchanged when its double quotes pair up (or it holds nothing else), else
+        ``query`` without its last double quote.
+
+    Examples:
+        ``"pottery workshop`` -> ``pottery workshop``; ``"support group" "weekly`` ->
+        ``"support group" weekly``.
+    """
+    if query.count('"') % 2 == 0:
+        return query
+    i = query.rfind('"')
+    return (query[:i] + query[i + 1:]).strip() or query
 
 
 def cjk_terms(query: str) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import pytest
 from fallback.text.chunking import chunk_markdown
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
-from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, cjk_terms, lexical_terms
+from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, cjk_terms, lexical_terms, without_stray_quote
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS
 
@@ -411,3 +411,34 @@ async def test_a_note_that_lost_the_words_shows_its_lines_as_they_are_now(
         [hit] = await b.search("pottery workshop", min_score=0)
         assert (hit.path, hit.start_line, hit.end_line) == ("memory/2026-03-05.md", 44, 47)
         assert hit.snippet == "\n".join(now[hit.snippet_start_line - 1:hit.snippet_end_line])
+
+
+@pytest.mark.parametrize(("query", "balanced"), [
+    ('"pottery workshop', "pottery workshop"),  # a quote opened and never closed: a typo
+    ('pottery workshop"', "pottery workshop"),
+    ('"support group" "weekly', '"support group" weekly'),  # the phrase kept, the stray dropped
+    ('"support group" weekly', '"support group" weekly'),  # balanced: qmd syntax, untouched
+    ("Nate's dog", "Nate's dog"),
+    ('"', '"'),  # nothing else: left as it is (qmd answers no match)
+])
+def test_without_stray_quote(query: str, balanced: str) -> None:
+    assert without_stray_quote(query) == balanced
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_an_unclosed_quote_is_searched_as_a_question_not_as_qmd_syntax(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """qmd finds the note for ``"pottery`` but shows its first lines, which do not hold the
+    word (its snippet looks for the quote); a quote never closed is a typo, so the question
+    is searched as its words and cited where they are, as without the quote."""
+    chat = ["# Conversation on 5 March", ""] + [
+        f"Melanie: that sounds lovely, tell me more about the week ({i})." for i in range(3, 61)]
+    chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env,
+                        {"2026-03-05.md": "\n".join(chat) + "\n"}) as (b, log):
+        hit = (await b.search('"pottery', min_score=0))[0]
+        assert _queries(log)[:2] == ["pottery"] * 2
+        assert hit.path == "memory/2026-03-05.md" and hit.score == 1.0
+        assert hit.snippet_start_line <= 45 <= hit.snippet_end_line
+        assert "Caroline: the pottery workshop on Saturday was wonderful." in hit.snippet

@@ -15,13 +15,15 @@ Each result is the handler's JSON document, as ``structuredContent`` and as one 
 ``isError`` is true when the handler answered ``disabled`` (a failure or a refused path).
 One long-lived ``MemoryManager`` in ``full`` mode (file watcher, qmd timers) serves every
 session. The server stops on SIGTERM/SIGINT, and on end of stdin in stdio mode, closing the
-manager so every qmd child is reaped. HTTP access rules are in :mod:`qmdbridge.server.http_auth`.
+manager so every qmd child is reaped. HTTP access rules are in :mod:`qmdbridge.server.http_auth`;
+a client ending its HTTP session is routine and logs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import logging
 import os
 import signal
 import socket
@@ -178,6 +180,19 @@ async def _serve_stdio(server: Server[Any, Any]) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+class _ClosedSessionStreams(logging.Filter):
+    """Drops the MCP SDK's ``Error in standalone SSE writer`` record when its cause is the
+    session's own stream closing (``ClosedResourceError``/``BrokenResourceError``): every HTTP
+    client that ends its session closes that stream, so the SDK (1.30) logged a traceback for
+    each routine disconnect. Any other error of the writer is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether ``record`` is logged (everything but that routine stream closing)."""
+        error = record.exc_info[1] if record.exc_info else None
+        return not (record.getMessage() == "Error in standalone SSE writer"
+                    and isinstance(error, anyio.ClosedResourceError | anyio.BrokenResourceError))
+
+
 @contextmanager
 def _quiet_uvicorn_signals() -> Iterator[None]:
     """Signals belong to :func:`run_mcp`, not to uvicorn."""
@@ -207,6 +222,9 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
     from qmdbridge.server.http_auth import BearerTokenMiddleware, loopback_security
 
     sessions = StreamableHTTPSessionManager(app=server, security_settings=loopback_security(host))
+    sdk_log = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, _ClosedSessionStreams) for f in sdk_log.filters):
+        sdk_log.addFilter(_ClosedSessionStreams())
 
     class _Endpoint:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -186,3 +186,24 @@ def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> N
     assert p.returncode == 2
     assert orjson.loads(p.stdout) == {"error": f"cannot listen on 127.0.0.1:{port}: Address already in use",
                                       "errorType": "UsageError", "exitCode": 2}
+
+
+async def test_http_client_sessions_that_end_leave_no_traceback(setup: tuple[Path, dict[str, str]]) -> None:
+    """A client closing its session is routine: the server's log (its stderr) shows no error
+    for it, only the start and stop lines."""
+    ws, env = setup
+    proc, url, _ = _http_server(ws, {**env, "QMDBRIDGE_MCP_TOKEN": TOKEN})
+    assert proc.stderr is not None
+    try:
+        for _ in range(2):
+            async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
+                    streamable_http_client(url, http_client=http) as (read, write, _), \
+                    ClientSession(read, write) as session:
+                await session.initialize()
+                found = await session.call_tool("memory_search", {"query": "Kestrel migration"})
+                assert (found.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.stderr.read().decode()
+        assert stop(proc) == 0
+    assert rest.splitlines() == ["qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN", "qmdbridge mcp: stopped"]

@@ -14,7 +14,9 @@ reason                            when
                                   that does not start a ``\\xHH`` escape (the printable
                                   form of a name that is not UTF-8:
                                   ``fallback/text/path_names.py``)
-``encoded characters``            any ``%XX`` escape (refused outright, never decoded)
+``encoded characters``            a ``%XX`` escape in a path that names no memory file
+                                  (never decoded: a note named ``20%Deal.md`` is read
+                                  under that name, as search cites it)
 ``absolute path``                 ``/x``, ``C:x``
 ``parent segment``                a ``..`` segment, unless the result lands inside a
                                   configured extra path (the ``../notes/x.md`` display form
@@ -165,8 +167,6 @@ def _check_text(path: str, shown: str) -> list[str]:
         raise refuse("empty path")
     if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in p):
         raise refuse("invalid characters")
-    if _PERCENT_ESCAPE.search(p):
-        raise refuse("encoded characters")
     try:
         p = parse_printable_path(p)  # "\xHH": a name byte that is not UTF-8 (or "\", a control)
     except UsageError:
@@ -179,6 +179,16 @@ def _check_text(path: str, shown: str) -> list[str]:
     if not segments:
         raise refuse("not a memory path")
     return segments
+
+
+def _encoded(shown: str) -> PathRefusedError | None:
+    """The refusal of a path holding a ``%XX`` escape that names no memory file, else ``None``.
+
+    Such a path is taken literally, never decoded: a note may be named ``20%Deal.md``, and
+    search cites it so. Only when the literal path leads to no memory file (outside the rule,
+    or missing) is it refused as ``encoded characters``, which tells a caller that escaped a
+    path (``memory%2Fx.md``, ``%2e%2e``) what is wrong."""
+    return PathRefusedError(shown, "encoded characters") if _PERCENT_ESCAPE.search(shown) else None
 
 
 def _why_not(root: MemoryRoot, rel: str) -> str:
@@ -219,6 +229,13 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
     Raises:
         PathRefusedError: with one of the reasons in the module docstring.
     """
+    try:
+        return _resolve(workspace, extra_paths, rel_path)
+    except PathRefusedError as exc:
+        raise _encoded(rel_path) or exc from None
+
+
+def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str) -> ResolvedMemoryPath:
     segments = _check_text(rel_path, rel_path)
     ws = os.path.abspath(workspace)
     target = os.path.normpath(os.path.join(ws, *segments))
@@ -372,6 +389,9 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
     try:
         text = retrying(attempt)
     except MemoryFileNotFoundError:
+        encoded = _encoded(shown)
+        if encoded is not None:
+            raise encoded from None
         return MemoryReadResult.model_validate(
             {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     except OSError as exc:
@@ -456,7 +476,8 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         raise PathRefusedError(shown, "parent segment")
     rel = "/".join(segments)
     if not root.admits(rel):
-        raise PathRefusedError(shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
+        raise _encoded(shown) or PathRefusedError(
+            shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
     return _read_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
                       from_line=from_line, lines=lines, default_lines=default_lines,
                       max_chars=max_chars, backend=backend, max_file_bytes=max_file_bytes)
@@ -518,11 +539,14 @@ def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | 
     name = transcript_name(rel_path)
     if name is None:
         _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
-        raise PathRefusedError(rel_path, "not a memory path")
+        raise _encoded(rel_path) or PathRefusedError(rel_path, "not a memory path")
     display = f"{SESSIONS_DIR_NAME}/{printable_path(name)}"
     try:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
     except MemoryFileNotFoundError:
+        encoded = _encoded(rel_path)
+        if encoded is not None:
+            raise encoded from None
         return MemoryReadResult.model_validate(
             {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     except OSError as exc:

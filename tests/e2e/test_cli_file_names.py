@@ -82,3 +82,22 @@ def test_serve_answers_with_a_latin1_file_name(ws: Path, env: dict[str, str]) ->
     assert [h["path"] for h in replies[1]["results"]] == [SHOWN]
     assert replies[2]["text"] == "# Espresso\nThe grinder setting for espresso is 7."
     assert replies[3]["results"][0]["path"].startswith("memory/2026-11-")
+
+
+def test_a_note_whose_name_holds_a_percent_escape_is_read_where_search_cites_it(
+        ws: Path, env: dict[str, str]) -> None:
+    """``20%Deal.md`` holds ``%De``, which reads like a URL escape: the name is taken literally
+    (never decoded), so the note search cites is the note ``get`` reads; an escape that names no
+    file is still refused as ``encoded characters``."""
+    (ws / "memory" / "20%Deal.md").write_text("# Deal\nThe blackfriday deal is 20 percent off.\n")
+    found = run(["search", "blackfriday deal", "--workspace", str(ws), "--json"], env)
+    assert found.returncode == 0, found.stderr
+    hits = orjson.loads(found.stdout)["results"]
+    assert [(h["path"], h["startLine"], h["endLine"]) for h in hits] == [("memory/20%Deal.md", 1, 2)]
+    page = run(["get", "memory/20%Deal.md", "--workspace", str(ws), "--json"], env)
+    assert page.returncode == 0, page.stderr
+    assert orjson.loads(page.stdout)["text"] == "# Deal\nThe blackfriday deal is 20 percent off."
+    for encoded in ("memory/%2e%2e/MEMORY.md", "memory%2f2026-11-05.md", "memory/20%44eal.md"):
+        refused = run(["get", encoded, "--workspace", str(ws), "--json"], env)
+        assert (refused.returncode, orjson.loads(refused.stdout)["error"]) == (
+            3, f"path refused: {encoded!r}: encoded characters")

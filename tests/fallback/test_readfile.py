@@ -127,9 +127,7 @@ def test_resolve_memory_paths(ws: Path) -> None:
     ("C:/x/memory.md", "absolute path"),
     ("memory/../MEMORY.md", "parent segment"),
     ("../outside.md", "parent segment"),
-    ("memory/%2e%2e/MEMORY.md", "encoded characters"),
     ("memory%2fx.md", "encoded characters"),
-    ("memory/x%00.md", "encoded characters"),
     ("memory/x\x00.md", "invalid characters"),
     ("memory\\..\\MEMORY.md", "invalid characters"),
     ("NOTES.md", "not a memory path"),
@@ -152,6 +150,16 @@ def _read_refused(ws: Path, rel: str, reason: str, extra: list[str] | None = Non
     with pytest.raises(PathRefusedError) as info:
         read_memory_page(ws, extra or [], rel)
     assert (info.value.path, info.value.reason) == (rel, reason)
+
+
+@pytest.mark.parametrize("rel", ["memory/%2e%2e/MEMORY.md", "memory/x%00.md", "memory%2fx.md"])
+def test_a_percent_escape_naming_no_file_is_refused_never_decoded(ws: Path, rel: str) -> None:
+    _read_refused(ws, rel, "encoded characters")
+
+
+def test_a_percent_escape_in_a_real_name_is_read_literally(ws: Path) -> None:
+    (ws / "memory" / "20%Deal.md").write_text("deal\n")
+    assert read_memory_page(ws, [], "memory/20%Deal.md").text == "deal"
 
 
 def test_refuses_symlinks(ws: Path, tmp_path: Path) -> None:

@@ -53,18 +53,29 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _AWS_SECRET = re.compile(
     r"(?i)\b(aws_secret(?:_access)?_key[\"']?\s*[:=]\s*[\"']?)([A-Za-z0-9/+=]{30,})")
 
-# label -> kind for labelled assignments ("password=hunter2", "api_key: abc123", JSON keys).
-_LABEL_KINDS = {
-    "password": "password", "passwd": "password",
-    "secret": "secret", "client_secret": "secret",
-    "api_key": "api_key", "apikey": "api_key", "api-key": "api_key",
-    "token": "token", "access_token": "token", "auth_token": "token", "refresh_token": "token",
-}
+# The label of a labelled assignment ("password=hunter2", "api_key: abc123", JSON keys): a
+# name whose last word says it holds a credential, alone or ending a compound name as
+# environment variables and flags write them ("DB_PASSWORD=", "PGPASSWORD=", "GITHUB_TOKEN=",
+# "STRIPE_SIGNING_SECRET=", "X-Api-Key:", "--api-key="). Its last word decides the kind.
+_LABEL = (r"(?:[A-Za-z0-9]+[_\-.])*(?:[A-Za-z0-9]*pass(?:word|wd|phrase)|secret|token"
+          r"|api[_\-]?key|(?:secret|private|signing|encryption|master|client)[_\-]key)")
 _ASSIGNMENT = re.compile(
-    r"(?i)(?<![A-Za-z0-9_\-])(?P<label>" + "|".join(sorted((re.escape(k) for k in _LABEL_KINDS),
-                                                           key=len, reverse=True))
+    r"(?i)(?<![A-Za-z0-9_\-.])(?:--?)?(?P<label>" + _LABEL
     + r")(?P<sep>[\"']?[ \t]*(?P<op>[:=])[ \t]*)"
     r"(?:(?P<q>[\"'])(?!\[REDACTED)(?P<quoted>[^\"'\n]+)(?P=q)|(?!\[REDACTED)(?P<bare>[^\s\"',;]+))")
+
+
+def _label_kind(label: str) -> str:
+    """The kind a credential label names, by its last word: ``password``, ``token``,
+    ``api_key`` or ``secret`` (``client_secret``, ``SECRET_KEY``, ``PRIVATE_KEY`` ...)."""
+    low = label.lower()
+    if "pass" in re.split(r"[_\-.]", low)[-1]:
+        return "password"
+    if low.endswith("token"):
+        return "token"
+    if re.search(r"(?:^|[_\-.])api[_\-]?key$", low):
+        return "api_key"
+    return "secret"
 
 
 def _looks_like_value(value: str, separator: str) -> bool:
@@ -83,13 +94,14 @@ def _looks_like_value(value: str, separator: str) -> bool:
 
 def _assignment(match: re.Match[str]) -> str:
     label, sep_text, op = match.group("label", "sep", "op")
-    kind = _LABEL_KINDS[label.lower()]
+    head = match.group(0)[: match.start("label") - match.start()]  # a flag's leading dashes
+    kind = _label_kind(label)
     quote = match.group("q")
     if quote is not None:
-        return f"{label}{sep_text}{quote}[REDACTED:{kind}]{quote}"
+        return f"{head}{label}{sep_text}{quote}[REDACTED:{kind}]{quote}"
     if not _looks_like_value(match.group("bare"), op):
         return match.group(0)
-    return f"{label}{sep_text}[REDACTED:{kind}]"
+    return f"{head}{label}{sep_text}[REDACTED:{kind}]"
 
 
 def redact_secrets(text: str) -> str:
@@ -103,8 +115,11 @@ def redact_secrets(text: str) -> str:
     ``ghu_``/``ghr_`` + >= 30, ``github_pat_``), Slack (``xox[abprs]-``) keys; AWS access key
     ids (``AKIA``/``ASIA`` + 16 upper-case alphanumerics) and labelled AWS secret keys; JWTs
     (``eyJ...`` three dot-separated base64url parts of >= 8 chars each); labelled assignments
-    ``password``/``passwd``/``secret``/``client_secret``/``api_key``/``token``/... with
-    ``=`` or ``:`` and a value (the label and separator are kept).
+    with ``=`` or ``:`` and a value (the label and separator are kept), the label a name whose
+    last word is ``password``/``passwd``/``passphrase``/``secret``/``token``/``api_key`` or a
+    secret, private, signing, encryption, master or client key, alone or ending a compound
+    name as environment variables and flags write them (``DB_PASSWORD=``, ``PGPASSWORD=``,
+    ``GITHUB_TOKEN=``, ``X-Api-Key:``, ``--api-key=``; not ``max_tokens=``).
 
     Args:
         text: any text (a transcript message, possibly multi-line).

@@ -323,3 +323,32 @@ async def test_a_transcript_hit_reads_back_at_its_cited_lines(ws: Path) -> None:
         assert ei.value.reason == "not a memory path"
     finally:
         await plain.close()
+
+
+async def test_pasted_environment_variables_and_flags_are_redacted_before_indexing(ws: Path) -> None:
+    """The usual way a secret reaches a chat is a pasted ``.env`` file or command line: each
+    value is redacted before it is indexed, so neither a hit, ``memory_get`` nor the store
+    holds it."""
+    engine = _engine(ws)
+    secrets = ["hunter2pg", "gh0-abc123def456", "zz-sig-998877", "x0x0-bot-55", "k9-lab-4242"]
+    try:
+        write_transcript(_sessions_dir(engine) / "env.jsonl", [
+            _record("user", "Here is the gannet .env: DB_PASSWORD=hunter2pg "
+                            "GITHUB_TOKEN=gh0-abc123def456 STRIPE_SIGNING_SECRET=zz-sig-998877"),
+            _record("user", "and the gannet bot: SLACK_BOT_TOKEN=x0x0-bot-55 "
+                            "curl --api-key=k9-lab-4242 https://gannet.example"),
+        ])
+        hits = await engine.search("gannet", min_score=0)
+        assert [(h.path, h.start_line, h.end_line) for h in hits] == [("sessions/env.jsonl", 1, 2)]
+        page = await engine.read_file("sessions/env.jsonl")
+        assert page.text == (
+            "User: Here is the gannet .env: DB_PASSWORD=[REDACTED:password] "
+            "GITHUB_TOKEN=[REDACTED:token] STRIPE_SIGNING_SECRET=[REDACTED:secret]\n"
+            "User: and the gannet bot: SLACK_BOT_TOKEN=[REDACTED:token] "
+            "curl --api-key=[REDACTED:api_key] https://gannet.example")
+        assert hits[0].snippet == page.text
+        db = engine.settings.db_path
+        store = b"".join(f.read_bytes() for f in (db, db.with_name(db.name + "-wal")) if f.exists())
+        assert [s for s in secrets if s.encode() in store] == []
+    finally:
+        await engine.close()

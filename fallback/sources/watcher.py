@@ -176,6 +176,7 @@ class MemoryWatcher:
         self._retry_at_mono: float | None = None
         self._observer: Any = None
         self._memory_watched = False
+        self._missing: list[Path] = []  # extra folders that did not exist when last scheduled
         self._token: Any = None
         self._wake: anyio.Event | None = None
         self._last_change_mono = 0.0
@@ -297,6 +298,7 @@ class MemoryWatcher:
         if mem.is_dir() and not mem.is_symlink():
             observer.schedule(handler, str(mem), recursive=True)
             self._memory_watched = True
+        missing: list[Path] = []
         for root in self.roots[2:]:
             if root.entry.is_symlink():
                 continue
@@ -304,6 +306,9 @@ class MemoryWatcher:
                 observer.schedule(handler, str(root.entry), recursive=root.recursive)
             elif root.path.is_dir():
                 observer.schedule(handler, str(root.path), recursive=False)
+            else:
+                missing.append(root.path)  # watched once it exists (dead_reason looks)
+        self._missing = missing
         if self.sessions_dir is not None and self.sessions_dir.is_dir():
             observer.schedule(handler, str(self.sessions_dir), recursive=False)
 
@@ -375,8 +380,11 @@ class MemoryWatcher:
     def dead_reason(self) -> str | None:
         """Why the running watcher is deaf, or ``None`` when it is healthy (or not running).
 
-        Cheap (no I/O): the observer thread died (``native watcher thread died``) or one of
-        its watches stopped (``watch on <folder> stopped``: the folder was deleted).
+        Cheap (no I/O but one ``stat`` per extra folder that was missing): the observer thread
+        died (``native watcher thread died``), one of its watches stopped (``watch on <folder>
+        stopped``: the folder was deleted), or an extra folder that did not exist when the
+        watches were scheduled exists now (``<folder> appeared``: created after the start, or
+        deleted and created again), so nothing watches it yet.
         """
         if self.state.mode == "stopped":
             return None
@@ -392,14 +400,17 @@ class MemoryWatcher:
         for emitter in emitters:
             if not emitter.is_alive():
                 return f"watch on {emitter.watch.path} stopped"
+        for folder in self._missing:
+            if folder.is_dir():
+                return f"{folder} appeared"
         return None
 
     def rearm(self, cause: str | None = None) -> bool:
         """Replace a dead observer with a new one (blocking: run it in a worker thread).
 
         A dead thread of the native observer falls back to polling (``degraded_reason`` is
-        the cause); a stopped watch gets an observer of the same kind, which watches whatever
-        exists now. A rescan is queued either way.
+        the cause); a stopped watch, or an extra folder that appeared, gets an observer of the
+        same kind, which watches whatever exists now. A rescan is queued either way.
 
         Args:
             cause: why it was found dead (default: :meth:`dead_reason` now).

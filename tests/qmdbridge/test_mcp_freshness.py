@@ -117,3 +117,43 @@ def _daemon_watcher_saw(ws: Path, env: dict[str, str], changes: int) -> None:
         if doc["custom"]["watcher"]["pending"] >= changes:
             return
     raise AssertionError(f"the watcher never saw {changes} changes")
+
+
+async def _until_found(session: ClientSession, query: str, hits: list[tuple[str, int, int]]) -> None:
+    """Search until the answer is ``hits`` (the periodic rescan, 5 minutes, is far off)."""
+    with anyio.fail_after(60):
+        while _hits(await _call(session, "memory_search", {"query": query})) != hits:
+            await anyio.sleep(0.1)
+
+
+async def test_extra_folders_created_after_the_server_started_are_watched(tmp_path: Path) -> None:
+    """Extra paths configured before their folders exist (one in the workspace, one outside
+    it): once created, notes written into them are found, and so are notes written later."""
+    ws = make_workspace(tmp_path)
+    outside = tmp_path / "journal"
+    config = tmp_path / "openclaw.json"
+    config.write_text(json.dumps({"agents": {"defaults": {"memorySearch": {
+        "extraPaths": ["notes", str(outside)]}}}}))
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    params = StdioServerParameters(command=CLI[0], env=env,
+                                   args=[*CLI[1:], "mcp", "--workspace", str(ws), "--config", str(config)])
+    with open(os.devnull, "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            assert _hits(await _call(session, "memory_search", {"query": "gecko"})) == []  # synced
+            status = await _call(session, "status", {})
+            assert sorted(status["issues"]) == [f"extra path missing: {outside}",
+                                                f"extra path missing: {ws / 'notes'}"]
+            (ws / "notes").mkdir()
+            (ws / "notes" / "gecko.md").write_text("# Gecko\nThe gecko tank is at 28 degrees.\n")
+            outside.mkdir()
+            (outside / "2026-01-08.md").write_text("# 2026-01-08\nFed the gecko crickets.\n")
+            await _until_found(session, "gecko", [("notes/gecko.md", 1, 2), ("../journal/2026-01-08.md", 1, 2)])
+            with anyio.fail_after(DEADLINE_S):  # the watcher's own sync of these events is done
+                while (await _call(session, "status", {}))["custom"]["live"]["syncs"].get("watch", 0) < 1:
+                    await anyio.sleep(0.05)
+            (outside / "2026-01-09.md").write_text("# 2026-01-09\nThe axolotl moved tanks.\n")
+            (ws / "notes" / "axolotl.md").write_text("# Axolotl\nThe axolotl eats worms.\n")
+            await _until_found(session, "axolotl", [("notes/axolotl.md", 1, 2), ("../journal/2026-01-09.md", 1, 2)])
+            assert (await _call(session, "status", {}))["issues"] == []
+    assert live_children() == []

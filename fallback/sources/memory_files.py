@@ -48,6 +48,7 @@ from fallback.text.path_names import printable_path
 __all__ = [
     "DEFAULT_MAX_FILE_BYTES",
     "DEFAULT_PATTERN",
+    "DREAMS_FILE",
     "Discovery",
     "ExtraPathEntry",
     "LEGACY_ROOT_MEMORY_FILE",
@@ -65,6 +66,7 @@ __all__ = [
     "escape_glob",
     "extra_roots",
     "is_excluded",
+    "is_root_level_auxiliary",
     "list_memory_files",
     "locate_memory_path",
     "memory_roots",
@@ -83,6 +85,8 @@ SKIP_DIR_NAMES = frozenset({
 })
 ROOT_MEMORY_FILE = "MEMORY.md"
 LEGACY_ROOT_MEMORY_FILE = "memory.md"
+# The dreaming diary at the workspace root: never memory, whatever root holds it.
+DREAMS_FILE = "DREAMS.md"
 MEMORY_DIR_NAME = "memory"
 MARKDOWN_SUFFIX = ".md"
 # Pattern of every memory folder unless the config says otherwise (qmd's default too).
@@ -232,6 +236,16 @@ def _lstat(path: str) -> os.stat_result | None:
         return os.lstat(path)
     except (OSError, ValueError):  # ValueError: a NUL byte in a configured path
         return None
+
+
+def is_root_level_auxiliary(workspace: str | Path, path: str | Path) -> bool:
+    """Spec §2.4: whether ``path`` is a file at the workspace root that no root but the
+    root-file rule may admit (walks never pick it up), so that an extra path or custom collection of the workspace itself (``"."``) picks
+    up only what the rule makes memory there: the legacy ``memory.md`` (memory only as the root
+    file, when ``MEMORY.md`` is absent), ``DREAMS.md`` (never memory) and anything under
+    ``.openclaw-repair/`` (repair backups). Both paths absolute and normalised; nothing is read."""
+    rel = _rel(str(path), str(workspace))
+    return rel in (LEGACY_ROOT_MEMORY_FILE, DREAMS_FILE) or rel.startswith(".openclaw-repair/")
 
 
 def is_excluded(parts: Sequence[str]) -> bool:
@@ -418,12 +432,6 @@ class _Collector:
         os.close(fd)
         self.candidates.append((path, st))
 
-    def is_auxiliary(self, path: str) -> bool:
-        """Spec §2.4: the legacy root file (the root-file rule decides it) and repair backups
-        are never picked up by walks."""
-        rel = _rel(path, self.workspace)
-        return rel == LEGACY_ROOT_MEMORY_FILE or rel.startswith(".openclaw-repair/")
-
     def walk(self, root: MemoryRoot, directory: str) -> None:
         """Walk ``directory`` (below ``root``) in name order without following symlinks."""
         try:
@@ -452,7 +460,7 @@ class _Collector:
                     if root.recursive and entry.name not in SKIP_DIR_NAMES:
                         self.walk(root, entry.path)
                     continue
-                if not root.admits(rel) or self.is_auxiliary(entry.path):
+                if not root.admits(rel) or is_root_level_auxiliary(self.workspace, entry.path):
                     continue
                 st = entry.stat(follow_symlinks=False)
             except OSError as exc:
@@ -500,7 +508,7 @@ def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:
         col.issues.append(f"extra path is not a regular file or folder: {path}")
     elif not r.admits(os.path.basename(path)):
         col.issues.append(f"extra path is not a Markdown file: {path}")
-    elif not col.is_auxiliary(path):
+    elif not is_root_level_auxiliary(col.workspace, path):
         col.add_file(path, st)
 
 

@@ -26,6 +26,9 @@ reason                            when
                                   another file (the rule indexes ``MEMORY.md`` only)
 ``the root file is MEMORY.md      ``memory.md`` where only ``MEMORY.md`` exists (or both
 (names are case-sensitive)``      names are one file, on a case-insensitive file system)
+``the dreaming diary (DREAMS.md)  the workspace's ``DREAMS.md`` under an extra path of the
+is not memory``                   workspace itself (``"."``); without one it is ``not a
+                                  memory path``
 ``not markdown``                  the name does not end in ``.md`` (case-sensitive)
 ``hidden or skipped segment``     a name below the root starts with ``.`` or is a skipped
                                   folder (``node_modules``, ``build`` ...)
@@ -78,6 +81,7 @@ from fallback.models import MemoryReadResult
 from fallback.sources.file_text import BINARY_FILE, is_binary, is_binary_file
 from fallback.sources.memory_files import (
     DEFAULT_MAX_FILE_BYTES,
+    DREAMS_FILE,
     LEGACY_ROOT_MEMORY_FILE,
     MARKDOWN_SUFFIX,
     MEMORY_DIR_NAME,
@@ -85,6 +89,7 @@ from fallback.sources.memory_files import (
     ExtraPathEntry,
     MemoryRoot,
     is_excluded,
+    is_root_level_auxiliary,
     locate_memory_path,
     memory_roots,
     root_memory_file,
@@ -101,6 +106,7 @@ from fallback.text.path_names import parse_printable_path, printable_path
 __all__ = [
     "DEFAULT_READ_LINES",
     "DEFAULT_READ_MAX_CHARS",
+    "DREAMS_REFUSED",
     "LEGACY_SHADOWED",
     "NOT_THE_ROOT_FILE",
     "ResolvedMemoryPath",
@@ -120,6 +126,8 @@ SESSIONS_DIR_NAME = "sessions"
 # there (the legacy one is not memory), or only ``MEMORY.md`` is (there is no memory.md to read).
 LEGACY_SHADOWED = "shadowed legacy root file"
 NOT_THE_ROOT_FILE = f"the root file is {ROOT_MEMORY_FILE} (names are case-sensitive)"
+# Refusal of the workspace's DREAMS.md where an extra path of the workspace itself holds it.
+DREAMS_REFUSED = f"the dreaming diary ({DREAMS_FILE}) is not memory"
 # Transient read errors (EAGAIN/EINTR, "errno -11" upstream) are retried this many times in all.
 READ_ATTEMPTS = 3
 
@@ -260,6 +268,8 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
         rel = os.path.relpath(target, holder.path).replace(os.sep, "/")
         raise PathRefusedError(rel_path, _why_not(holder, rel))
     root, rel = found
+    if is_root_level_auxiliary(ws, target):  # an extra path of the workspace itself holds it
+        raise PathRefusedError(rel_path, DREAMS_REFUSED)
     if root.kind == "memory":
         return ResolvedMemoryPath(Path(ws), (MEMORY_DIR_NAME, *rel.split("/")), display, True)
     return ResolvedMemoryPath(root.path, tuple(rel.split("/")), display, root.entry != root.path)

@@ -22,6 +22,7 @@ from urllib.parse import unquote
 
 from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
+from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
@@ -301,7 +302,8 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
             else:
                 log.warning("%s", note)
             continue
-        if not coll.admits(rel):
+        if not coll.admits(rel) or (not coll.is_root_file
+                                    and is_root_level_auxiliary(workspace, coll.path / rel)):
             log.debug("qmd hit outside collection %s's files dropped: %s", coll.name, rel)
             continue
         read = hit_lines(coll, rel, workspace=workspace,

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from fallback.errors import MemoryFileNotFoundError, PathRefusedError
 from fallback.models import MemoryReadResult
-from fallback.sources.read_page import open_memory_file, read_page_in_root
+from fallback.sources.memory_files import (
+    DREAMS_FILE,
+    LEGACY_ROOT_MEMORY_FILE,
+    is_root_level_auxiliary,
+    root_memory_file,
+)
+from fallback.sources.read_page import DREAMS_REFUSED, LEGACY_SHADOWED, open_memory_file, read_page_in_root
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 
@@ -240,12 +246,19 @@ def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int
     Raises:
         PathRefusedError: a file the collection does not index (reasons of
             ``fallback.sources.read_page``; ``shadowed legacy root file`` for ``memory.md``
-            once ``MEMORY.md`` exists), parent segments, symlinks, non-regular files.
+            once ``MEMORY.md`` exists, and for the workspace's ``memory.md`` or ``DREAMS.md``
+            in a custom collection of the workspace itself), parent segments, symlinks,
+            non-regular files.
         BackendUnavailableError: the file exists but cannot be read.
     """
     rel = "/".join(p for p in inner.split("/") if p not in ("", "."))
     if coll.is_root_file and coll.rule_root().admits(rel) and not coll.admits(rel):
         raise PathRefusedError(shown, "shadowed legacy root file")
+    target = coll.path / rel
+    if not coll.is_root_file and is_root_level_auxiliary(workspace, target) \
+            and not (target.name == LEGACY_ROOT_MEMORY_FILE
+                     and root_memory_file(workspace).name == LEGACY_ROOT_MEMORY_FILE):
+        raise PathRefusedError(shown, DREAMS_REFUSED if target.name == DREAMS_FILE else LEGACY_SHADOWED)
     return read_page_in_root(coll.rule_root(), inner, shown=shown,
                              follow_base=_follow_base(coll, workspace), from_line=from_line,
                              lines=lines, backend="qmd")

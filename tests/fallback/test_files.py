@@ -429,3 +429,15 @@ def test_extra_folder_whose_pattern_admits_no_markdown_is_an_issue(tmp_path: Pat
         "memory directory missing: " + str(ws / "memory"),
         f"extra path pattern can never match a memory file: {tmp_path / 'notes'} (pattern *.txt; "
         "memory files end in .md)"]
+
+
+def test_an_extra_path_of_the_workspace_admits_neither_the_diary_nor_the_legacy_file(tmp_path: Path) -> None:
+    """``extraPaths: ["."]`` makes every note of the workspace memory, but the root-level
+    names the rule decides stay decided: ``DREAMS.md`` is never memory and ``memory.md``
+    beside ``MEMORY.md`` is not either (the root-file rule)."""
+    ws = tmp_path / "ws"
+    for name in ("MEMORY.md", "memory.md", "DREAMS.md", "notes.md", "sub/DREAMS.md"):
+        _write(ws / name, "text")
+    disc = list_memory_files(ws, ["."])
+    assert sorted(f.rel_path for f in disc.files) == ["MEMORY.md", "notes.md", "sub/DREAMS.md"]
+    assert [f.rel_path for f in list_memory_files(ws, [str(ws / "DREAMS.md")]).files] == ["MEMORY.md"]

@@ -448,3 +448,14 @@ async def test_the_engine_judges_binary_by_its_own_size_cap(ws: Path, tmp_path: 
     finally:
         await engine.close()
     assert (page.text.split("\n\n")[0], page.lines) == ("plain note line", 1)
+
+
+def test_the_dreaming_diary_is_refused_even_under_an_extra_path_of_the_workspace(ws: Path) -> None:
+    """With ``extraPaths: ["."]`` the workspace's other notes are readable, ``DREAMS.md`` is not
+    (search never cites it), and the refusal says why; without the extra path it is no memory
+    path at all."""
+    (ws / "DREAMS.md").write_text("dream\n")
+    (ws / "notes.md").write_text("note\n")
+    assert read_memory_page(ws, ["."], "notes.md").text == "note"
+    _read_refused(ws, "DREAMS.md", "the dreaming diary (DREAMS.md) is not memory", ["."])
+    _refused(ws, "DREAMS.md", "not a memory path")

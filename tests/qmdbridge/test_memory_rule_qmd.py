@@ -120,3 +120,44 @@ async def test_real_qmd_collection_reads_apply_its_pattern_and_stream(tmp_path: 
                        "qmd/notes/../ws/MEMORY.md": "parent segment",
                        "qmd/notes/trip.MD": "not markdown",
                        "qmd/nope/trip.md": "unknown qmd collection: nope"}
+
+
+@pytest.mark.qmd
+async def test_a_custom_collection_of_the_workspace_never_cites_the_diary_or_the_shadowed_legacy_file(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """A custom collection of the workspace itself (``paths: [{path: "."}]``) holds every note
+    at the workspace root, yet qmd mode cites only what the memory-file rule admits there, as
+    the builtin engine does: not ``DREAMS.md`` (the dreaming diary) nor ``memory.md`` beside
+    ``MEMORY.md`` (which ``memory_get`` refuses), while another root note is found."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nzebra crossing fact\n")
+    (ws / "memory.md").write_text("# Old\n\nzebra legacy line\n")
+    (ws / "DREAMS.md").write_text("# Dreams\n\nzebra dream candidate\n")
+    (ws / "notes.md").write_text("# Notes\n\nzebra note line\n")
+    async with _manager(tmp_path, str(qmd_bin), paths=[{"path": str(ws), "name": "ws"}]) as m:
+        resp = await m.search("zebra", min_score=0)
+    assert resp.backend == "qmd" and resp.fallback is None
+    assert sorted(h.path for h in resp.results) == ["MEMORY.md", "notes.md"]
+
+
+def test_reading_a_custom_collection_of_the_workspace_refuses_the_diary_and_the_shadowed_file(
+        tmp_path: Path) -> None:
+    """``qmd/<collection>/...`` reads of a custom collection of the workspace itself refuse
+    what search never cites there; ``memory.md`` is readable there while it is the root file."""
+    from qmdbridge.qmd.reads import read_in_root
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "DREAMS.md").write_text("dream\n")
+    (ws / "memory.md").write_text("legacy\n")
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"paths": [{"path": str(ws), "name": "ws"}]}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "s")})
+    coll = next(c for c in build_collections(agent, sessions_dir=tmp_path / "x") if c.kind == "custom")
+    assert read_in_root(coll, "memory.md", "qmd/ws/memory.md", None, None, workspace=ws).text == "legacy"
+    (ws / "MEMORY.md").write_text("canonical\n")
+    for name, reason in (("DREAMS.md", "the dreaming diary (DREAMS.md) is not memory"),
+                         ("memory.md", "shadowed legacy root file")):
+        with pytest.raises(PathRefusedError) as refused:
+            read_in_root(coll, name, f"qmd/ws/{name}", None, None, workspace=ws)
+        assert refused.value.reason == reason

@@ -27,7 +27,8 @@ QMD_UNHEALTHY = "qmd is not healthy"
 # How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
 # UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
 # fallback/index/indexer.py; tests/qmdbridge/test_doctor.py keeps the two in step).
-INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", "file name is not valid UTF-8")
+INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", "file name is not valid UTF-8",
+                   "file name holds a control character")
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
 _NOT_PROBLEMS = (*INDEXED_CAVEATS, "hidden name")
 # How the scan issue of an extra folder whose pattern admits no ``.md`` name starts (the text of

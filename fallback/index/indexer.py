@@ -92,7 +92,7 @@ from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_title
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
-from fallback.text.path_names import has_escapes
+from fallback.text.path_names import has_escapes, parse_printable_path
 
 __all__ = [
     "FTS_ONLY_MODEL",
@@ -109,8 +109,10 @@ log = logging.getLogger(__name__)
 INVALID_UTF8_NOTE = "invalid UTF-8 (bytes replaced with U+FFFD)"
 # Note recorded for a note padded with NUL bytes, indexed without them (fallback/sources/file_text.py).
 NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
-# Note recorded for a file whose name is not printable UTF-8 (fallback/text/path_names.py).
+# Notes recorded for a file whose name is shown with escapes (fallback/text/path_names.py): its
+# bytes are not UTF-8, or it is UTF-8 holding a control character or a backslash.
 ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
+CONTROL_NAME_NOTE = "file name holds a control character or backslash (path shown with \\xHH escapes)"
 
 ProgressCallback = Callable[[int, int, int, int], None]
 """``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
@@ -543,7 +545,8 @@ def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
     NUL bytes stripped (kept in ``skipped_files`` while the file is unchanged)."""
     notes = []
     if has_escapes(mf.rel_path):
-        notes.append(SkippedFile(path=mf.rel_path, reason=ESCAPED_NAME_NOTE))
+        utf8 = not any("\udc80" <= ch <= "\udcff" for ch in parse_printable_path(mf.rel_path))
+        notes.append(SkippedFile(path=mf.rel_path, reason=CONTROL_NAME_NOTE if utf8 else ESCAPED_NAME_NOTE))
     if read.invalid_utf8:
         notes.append(SkippedFile(path=mf.rel_path, reason=INVALID_UTF8_NOTE))
     if read.nul_bytes:

@@ -101,3 +101,17 @@ def test_a_note_whose_name_holds_a_percent_escape_is_read_where_search_cites_it(
         refused = run(["get", encoded, "--workspace", str(ws), "--json"], env)
         assert (refused.returncode, orjson.loads(refused.stdout)["error"]) == (
             3, f"path refused: {encoded!r}: encoded characters")
+
+
+def test_a_name_with_a_control_character_is_noted_as_such_not_as_invalid_utf8(ws: Path, env: dict[str, str]) -> None:
+    """A valid UTF-8 name holding a newline is shown with escapes too, and its caveat says why
+    (a control character), not that the name is not UTF-8."""
+    (ws / "memory" / "two\nlines.md").write_text("# Kiln\nThe kiln reaches cone 6.\n")
+    assert run(["index", "--workspace", str(ws), "--json"], env).returncode == 0
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    assert [(s["path"], s["reason"]) for s in status["skipped"]] == [
+        ("memory/two\\x0alines.md", "file name holds a control character or backslash (path shown with "
+                                    "\\xHH escapes)")]
+    assert status["dirty"] is False
+    doctor = run(["doctor", "--workspace", str(ws)], env)
+    assert doctor.returncode == 0, doctor.stdout

@@ -142,11 +142,11 @@ async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:
 
 
 def test_every_note_of_a_file_indexed_anyway_is_a_caveat_not_a_problem() -> None:
-    from fallback.index.indexer import ESCAPED_NAME_NOTE, INVALID_UTF8_NOTE, NUL_BYTES_NOTE
+    from fallback.index.indexer import CONTROL_NAME_NOTE, ESCAPED_NAME_NOTE, INVALID_UTF8_NOTE, NUL_BYTES_NOTE
     from qmdbridge.problems import is_indexed_caveat, status_problems
 
-    notes = [INVALID_UTF8_NOTE, NUL_BYTES_NOTE.format(count=3), ESCAPED_NAME_NOTE]
-    assert [is_indexed_caveat(n) for n in notes] == [True, True, True]
+    notes = [INVALID_UTF8_NOTE, NUL_BYTES_NOTE.format(count=3), ESCAPED_NAME_NOTE, CONTROL_NAME_NOTE]
+    assert [is_indexed_caveat(n) for n in notes] == [True, True, True, True]
     assert is_indexed_caveat("binary file (NUL bytes)") is False
     doc = {"backend": "builtin", "skipped": [{"path": f"memory/{i}.md", "reason": n} for i, n in enumerate(notes)]}
     assert status_problems(doc) == []

@@ -494,7 +494,7 @@ class QmdBackend:
                     entries = await relax(words, entries, colls, plan, run=self._run_search,
                                           warm=self.warm,
                                           keep=POOL_FACTOR * limit if words else None,
-                                          sent=lexical)
+                                          sent=lexical, counts=self.index_counts)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise

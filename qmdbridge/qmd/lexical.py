@@ -48,7 +48,7 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
@@ -60,10 +60,11 @@ from qmdbridge.qmd.parse import QmdEntry, merge_key
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
+    from qmdbridge.qmd.parse import IndexCounts
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
-__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "cjk_terms", "lexical_terms",
-           "relax", "warm_candidates", "without_stray_quote"]
+__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "all_found", "cjk_terms",
+           "lexical_terms", "relax", "warm_candidates", "without_stray_quote"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -224,10 +225,24 @@ def relaxed_terms(terms: Sequence[str]) -> list[str]:
     return [t for t in terms if len(t) >= MIN_RELAXED_CHARS or contains_cjk(t)][:MAX_RELAXED_TERMS]
 
 
+def all_found(found: list[tuple[QmdEntry, str | None]], colls: Sequence[ManagedCollection],
+              counts: Mapping[str, int] | None) -> set[str]:
+    """The collections of ``colls`` whose every document the AND call found (pure): as many
+    distinct hits (``parse.merge_key``) as qmd's index holds active documents of it
+    (``counts``). A word searched alone there could only find those notes again. A collection
+    missing from ``counts`` (or no ``counts``) is never in it."""
+    keys: dict[str | None, set[str]] = {}
+    for entry, coll in found:
+        keys.setdefault(coll, set()).add(merge_key(entry, coll))
+    return {c.name for c in colls if counts is not None and c.name in counts
+            and len(keys.get(c.name, ())) >= counts[c.name]}
+
+
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
                 warm: WarmSearch | None, keep: int | None = None,
-                sent: str | None = None) -> list[tuple[QmdEntry, str | None]]:
+                sent: str | None = None,
+                counts: IndexCounts | None = None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first
     and in order), then the documents each of the :func:`relaxed_terms` other than the AND
     call's query finds on its own, best qmd score first, one per document, at most ``keep`` in
@@ -238,8 +253,11 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     the AND call's query (one content word: the AND call searched it), or when less than
     :data:`RELAX_MIN_LEFT_MS` is left of the search deadline. A CJK question's one word is not
     its AND call (``护照`` of ``我的护照呢？``, sent as written), so it is searched alone. A
-    relaxed call that fails (a deadline, a busy index, a crash) is logged and left out: the
-    AND hits stand on their own.
+    collection whose every document ``found`` holds (:func:`all_found`: ``MEMORY.md`` alone,
+    found by the AND call) is not searched word by word: those calls could only find notes
+    already found, which the pass drops, so the answer is the same without them (and without
+    any call at all when that holds for every collection). A relaxed call that fails (a
+    deadline, a busy index, a crash) is logged and left out: the AND hits stand on their own.
 
     Args:
         terms: :func:`lexical_terms` of the query, else its :func:`cjk_terms`.
@@ -249,6 +267,8 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
         run / warm: as for ``search_calls.search_collections``.
         keep: documents returned at most (default ``plan.limit``).
         sent: the AND call's query (default the ``terms`` joined by spaces).
+        counts: qmd's index counts (active documents per collection), read after the AND call
+            when the pass would run; ``None``: not known (every collection is searched).
 
     Returns:
         ``(entry, collection)`` pairs, best first.
@@ -264,6 +284,10 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     sent = " ".join(terms) if sent is None else sent
     picked = [t for t in relaxed_terms(terms) if t != sent]
     if len(found) >= plan.limit or not picked or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
+        return found
+    done = all_found(found, colls, (await counts.read())[0] if counts is not None else None)
+    colls = [c for c in colls if c.name not in done]
+    if not colls:
         return found
     answers: list[list[tuple[QmdEntry, str | None]]] = [[] for _ in picked]
     limiter = anyio.CapacityLimiter(MAX_PARALLEL_CALLS)

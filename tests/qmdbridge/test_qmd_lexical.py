@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -85,18 +86,22 @@ def test_cjk_terms(query: str, terms: tuple[str, ...]) -> None:
     assert cjk_terms(query) == terms
 
 
+NOTES = {
+    "2026-03-01.md": "# Tuesday\n\nCaroline went to the LGBTQ support group on Tuesday.\n",
+    "2026-03-02.md": "# Wednesday\n\nThe support group meets weekly in the library.\n",
+    "2026-03-03.md": "# Thursday\n\nCaroline paints landscapes by the lake.\n",
+    "2026-03-04.md": "# Friday\n\nRepotted the basil and watered the garden.\n",
+}
+
+
 def _backend(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str,
-             more_notes: dict[str, str] | None = None, **env_extra: str) -> tuple[QmdBackend, Path]:
+             more_notes: dict[str, str] | None = None, *, daily: dict[str, str] = NOTES,
+             memory: str = "# Memory\n\nCaroline likes green tea.\n",
+             **env_extra: str) -> tuple[QmdBackend, Path]:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
-    (ws / "MEMORY.md").write_text("# Memory\n\nCaroline likes green tea.\n")
-    notes = {
-        "2026-03-01.md": "# Tuesday\n\nCaroline went to the LGBTQ support group on Tuesday.\n",
-        "2026-03-02.md": "# Wednesday\n\nThe support group meets weekly in the library.\n",
-        "2026-03-03.md": "# Thursday\n\nCaroline paints landscapes by the lake.\n",
-        "2026-03-04.md": "# Friday\n\nRepotted the basil and watered the garden.\n",
-        **(more_notes or {}),
-    }
+    (ws / "MEMORY.md").write_text(memory)
+    notes = {**daily, **(more_notes or {})}
     for name, text in notes.items():
         (ws / "memory" / name).write_text(text)
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"limits": {"timeoutMs": 20000}}}})
@@ -113,9 +118,9 @@ def _backend(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: s
 @asynccontextmanager
 async def _started(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str,
                    more_notes: dict[str, str] | None = None,
-                   **env_extra: str) -> AsyncIterator[tuple[QmdBackend, Path]]:
+                   **kwargs: Any) -> AsyncIterator[tuple[QmdBackend, Path]]:
     """The started backend of :func:`_backend` and its argv log; closed on exit."""
-    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes, **env_extra)
+    b, log = _backend(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes, **kwargs)
     try:
         await b.start()
         yield b, log
@@ -231,6 +236,56 @@ async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_
         log.unlink()
         assert await b.search("Caroline -paints lake", min_score=0) == []
         assert _queries(log) == ["Caroline -paints lake"] * 2
+
+
+def _calls(log: Path) -> list[tuple[str, str]]:
+    """``(collection, query)`` of every search call logged."""
+    return [(args[args.index("-c") + 1], args[-1])
+            for args in map(orjson.loads, log.read_text().splitlines())]
+
+
+class _Unknown:
+    """Index counts that are never known (``IndexCounts.read`` of an unreadable index)."""
+
+    async def read(self) -> tuple[dict[str, int], str | None]:
+        return {}, None
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_a_collection_whose_notes_were_all_found_is_not_searched_word_by_word(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """MEMORY.md is its collection's one note: once the AND call found it, a word searched alone
+    there could only find it again. The answer is the one every word's call gives."""
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
+        hits = await b.search("Caroline tea", min_score=0)
+        assert [h.path for h in hits][:1] == ["MEMORY.md"]
+        assert sorted(h.path for h in hits[1:]) == ["memory/2026-03-01.md", "memory/2026-03-03.md"]
+        assert sorted(_calls(log)) == [("memory-dir-main", "Caroline"), ("memory-dir-main", "Caroline tea"),
+                                       ("memory-dir-main", "tea"), ("memory-root-main", "Caroline tea")]
+        log.unlink()
+        b.index_counts = _Unknown()  # type: ignore[assignment]  # every collection is searched
+        assert await b.search("Caroline tea", min_score=0) == hits
+        assert len(_calls(log)) == 6  # the AND and both words in both collections
+
+
+@pytest.mark.anyio
+@pytest.mark.qmd
+async def test_no_word_is_searched_alone_when_the_and_found_every_note(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """A workspace of one note, found by the content words ANDed: one qmd call in all (the
+    relaxed pass spawned one more per word, which could only find that note again)."""
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, daily={},
+                        memory="# Notes\nrouter dropped the WAN link on tuesday\n") as (b, log):
+        [hit] = await b.search("did the router drop the WAN?", min_score=0)
+        assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 1, 2)
+        assert _calls(log) == [("memory-root-main", "router drop WAN")]
+        log.unlink()
+        # no note holds "lost": the AND call finds nothing, and each word is searched alone
+        assert [h.path for h in await b.search("router WAN lost", min_score=0)] == ["MEMORY.md"]
+        assert sorted(_calls(log)) == [("memory-root-main", "WAN"), ("memory-root-main", "lost"),
+                                       ("memory-root-main", "router"),
+                                       ("memory-root-main", "router WAN lost")]
 
 
 @pytest.mark.anyio

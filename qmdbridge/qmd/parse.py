@@ -26,7 +26,9 @@ from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.index_stats import index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
+from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
 
@@ -57,8 +59,6 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 _HEADER_RE = re.compile(r"@@\s*-([0-9]+),([0-9]+)")
 _HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
-_QUERY_DOC_PREFIX_RE = re.compile(r"^(\s*)(lex|vec|hyde|intent|expand)(\s*):", re.I)
-_LEADING_DASHES_RE = re.compile(r"^(-+)(?=\S)")
 
 
 def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
@@ -468,47 +468,6 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
             out.append(r.model_copy(update={"snippet": r.snippet[:budget]}))
         break
     return out
-
-
-def encode_query(query: str, mode: str) -> str:
-    """Make a trimmed user query reach qmd literally.
-
-    ``--`` already stops flag parsing; two qmd grammars remain:
-    - ``query`` mode reads a multi-line text or a line starting with ``lex:``/``vec:``/
-      ``hyde:``/``intent:``/``expand:`` as a structured query document. Newlines become
-      spaces and a leading prefix gets a space before its colon (``lex : x``); FTS drops the
-      colon anyway, so the words searched are the same.
-    - qmd's FTS grammar reads ``-word`` as NOT. A query *starting* with ``-`` would match
-      nothing but negations, so the leading dashes are detached (``-dash x`` -> ``- dash x``);
-      a ``-word`` later in the query keeps qmd's negation meaning.
-    """
-    q = query.strip()
-    if mode == "query":
-        q = " ".join(q.splitlines())
-        q = _QUERY_DOC_PREFIX_RE.sub(lambda m: f"{m.group(1)}{m.group(2)} :", q, count=1)
-    return _LEADING_DASHES_RE.sub(lambda m: m.group(1) + " ", q, count=1)
-
-
-def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
-    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
-
-    A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
-    stats: ...")`` (logged, never raised).
-    """
-    if not db.is_file():
-        return {}, None
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
-        try:
-            conn.execute("PRAGMA busy_timeout = 1000")
-            rows = conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 "
-                                "GROUP BY collection").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        log.warning("failed to read qmd index stats: %s", exc)
-        return {}, f"failed to read qmd index stats: {exc}"
-    return {str(c): int(n) for c, n in rows}, None
 
 
 class IndexCounts:

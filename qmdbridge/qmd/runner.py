@@ -37,16 +37,16 @@ How qmd 2.8.3 parses arguments (checked against the real CLI, ``util.parseArgs``
 
 from __future__ import annotations
 
-import codecs
 import errno as errno_mod
 import math
 import os
 import signal as signal_mod
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import anyio
 import psutil
@@ -55,9 +55,11 @@ from anyio.abc import ByteReceiveStream, Process
 from fallback.errors import BackendTimeoutError, UsageError
 from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
+from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, TailBuffer, split_status
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
+    "CommandRunner",
     "QmdCommandError",
     "RunResult",
     "is_busy",
@@ -66,14 +68,14 @@ __all__ = [
     "is_missing_collection",
     "is_vector_module_missing",
     "kill_and_reap",
+    "kill_tree",
     "process_command",
     "run_command",
     "spawn_error_is_missing_file",
     "summarize",
+    "wait_gone",
 ]
 
-# Per-stream cap in characters, as in the reference runner; the buffers keep the tail.
-DEFAULT_MAX_CHARS = 200_000
 # Read size for the pipes, in bytes.
 _READ_BYTES = 65_536
 # How long to wait for killed descendants to disappear, in seconds.
@@ -159,40 +161,7 @@ class RunResult:
                               stdout_tail=self.stdout, stderr_tail=self.stderr)
 
 
-@dataclass
-class _TailBuffer:
-    """Incremental UTF-8 decoder that keeps the last ``max_chars`` code points."""
-
-    max_chars: int
-    parts: list[str] = field(default_factory=list)
-    size: int = 0
-    truncated: bool = False
-    decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
-
-    def feed(self, data: bytes, *, final: bool = False) -> None:
-        text = self.decoder.decode(data, final)
-        if not text:
-            return
-        self.parts.append(text)
-        self.size += len(text)
-        if self.size > 2 * self.max_chars:
-            self._compact()
-
-    def _compact(self) -> None:
-        joined = "".join(self.parts)
-        if len(joined) > self.max_chars:
-            self.truncated = True
-            joined = joined[-self.max_chars:]
-        self.parts = [joined]
-        self.size = len(joined)
-
-    def text(self) -> str:
-        self._compact()
-        return self.parts[0] if self.parts else ""
-
-
-async def _drain(stream: ByteReceiveStream | None, buffer: _TailBuffer) -> None:
+async def _drain(stream: ByteReceiveStream | None, buffer: TailBuffer) -> None:
     if stream is None:
         return
     async for chunk in stream:
@@ -236,8 +205,15 @@ def _is_dead(proc: psutil.Process) -> bool:
         return False
 
 
-def _wait_gone(procs: list[psutil.Process]) -> None:
-    """Block until every process in ``procs`` is dead (or ``_REAP_WAIT_S`` passed)."""
+def kill_tree(pid: int) -> list[psutil.Process]:
+    """SIGKILL the process group ``pid`` (a child started with ``start_new_session=True``) and
+    every descendant collected first (a worker may have left the group); returns the killed
+    descendants, for :func:`wait_gone`. The caller reaps its direct child."""
+    return _kill_tree(pid, _descendants(pid))
+
+
+def wait_gone(procs: list[psutil.Process]) -> None:
+    """Block until every process in ``procs`` is dead (or ``_REAP_WAIT_S``, 3 s, passed)."""
     deadline = time.monotonic() + _REAP_WAIT_S
     delay_s = 0.005
     pending = list(procs)
@@ -256,16 +232,21 @@ async def kill_and_reap(process: Process) -> None:
     (the child was started with ``start_new_session=True``) gets SIGKILL, the collected
     descendants that survived are killed, and the direct child is reaped."""
     with anyio.CancelScope(shield=True):
-        descendants = _descendants(process.pid)
-        survivors = _kill_tree(process.pid, descendants)
+        survivors = kill_tree(process.pid)
         await process.wait()
-        await anyio.to_thread.run_sync(_wait_gone, survivors)
+        await anyio.to_thread.run_sync(wait_gone, survivors)
 
 
-def _split_status(code: int | None) -> tuple[int | None, int | None]:
-    if code is not None and code < 0:
-        return None, -code
-    return code, None
+class CommandRunner(Protocol):
+    """What starts a qmd process and waits for it: :func:`run_command`'s signature. The backend
+    takes one (``QmdBackend(runner=...)``); the one-shot CLI passes the calls it started ahead
+    (``qmdbridge.qmd.early.EarlyCalls.run_command``)."""
+
+    def __call__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
+                 timeout_ms: int, discard_stdout: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
+                 backend: str = "qmd", setting: str | None = None) -> Awaitable[RunResult]:
+        """Run ``argv`` to completion or to ``timeout_ms`` (see :func:`run_command`)."""
+        ...
 
 
 def process_command(argv: Sequence[str]) -> str | list[str]:
@@ -327,8 +308,8 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
         raise QmdCommandError(summary, os_error=str(exc), errno=exc.errno,
                               backend=backend) from exc
 
-    out = _TailBuffer(max_chars)
-    err = _TailBuffer(max_chars)
+    out = TailBuffer(max_chars)
+    err = TailBuffer(max_chars)
     finished = False
     try:
         with anyio.move_on_after(timeout_ms / 1000) as deadline:
@@ -345,7 +326,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
             await kill_and_reap(process)
         await _close_streams(process)
 
-    returncode, sig = _split_status(process.returncode)
+    returncode, sig = split_status(process.returncode)
     duration_ms = max(0, math.floor((time.monotonic() - started) * 1000))
     return RunResult(argv=argv_t, returncode=returncode, signal=sig, stdout=out.text(),
                      stderr=err.text(), duration_ms=duration_ms,

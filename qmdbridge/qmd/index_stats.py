@@ -1,0 +1,37 @@
+"""qmd's index read-only: how many active documents each collection holds.
+
+Standard library only (``sqlite3``), so the one-shot CLI can read it before it loads anything
+heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+__all__ = ["index_counts"]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+
+def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
+    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
+
+    A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
+    stats: ...")`` (logged, never raised).
+    """
+    if not db.is_file():
+        return {}, None
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            conn.execute("PRAGMA busy_timeout = 1000")
+            rows = conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 "
+                                "GROUP BY collection").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        log.warning("failed to read qmd index stats: %s", exc)
+        return {}, f"failed to read qmd index stats: {exc}"
+    return {str(c): int(n) for c, n in rows}, None

@@ -69,6 +69,10 @@ BackendName = Literal["builtin", "qmd", "none"]
 
 # A qmd fallback answers from the builtin index as it is: its pre-search sync gets this long, ms.
 FALLBACK_SYNC_BUDGET_MS = 50
+# A qmd search still running after this long (ms) has the builtin engine opened beside it, so a
+# fallback is ready at its deadline; one answered sooner (a warm child, a call started ahead)
+# never pays for opening it.
+BUILTIN_PREPARE_DELAY_MS = 100
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
 
@@ -148,6 +152,7 @@ class MemoryManager:
             self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
                                       background=self._background)
         self._last_fallback: FallbackInfo | None = None
+        self.builtin_prepare_delay_ms = BUILTIN_PREPARE_DELAY_MS
 
     async def __aenter__(self) -> MemoryManager:
         self._check_open()
@@ -265,11 +270,14 @@ class MemoryManager:
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
                 # Open the builtin engine while qmd runs (the process mostly waits on the child),
-                # so a fallback answer is ready right after qmd's deadline.
-                tg.start_soon(self._prepare_builtin)
+                # so a fallback answer is ready right after qmd's deadline; not for a qmd search
+                # that ends within builtin_prepare_delay_ms (a fallback then opens it itself).
+                qmd_done = anyio.Event()
+                tg.start_soon(self._prepare_builtin, qmd_done)
                 answered, fallback = await self._search_qmd(
                     query, max_results=max_results, min_score=min_score, session_key=session_key,
                     sources=sources)
+                qmd_done.set()
             if answered is not None:
                 qmd_results, info = answered
                 results = decorate_citations(qmd_results, include=include,
@@ -344,7 +352,11 @@ class MemoryManager:
         log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
         return self._remember(reason)
 
-    async def _prepare_builtin(self) -> None:
+    async def _prepare_builtin(self, qmd_done: anyio.Event) -> None:
+        with anyio.move_on_after(self.builtin_prepare_delay_ms / 1000):
+            await qmd_done.wait()
+        if qmd_done.is_set():
+            return
         try:
             engine = await self.builtin()
             await engine.prepare()

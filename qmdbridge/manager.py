@@ -129,11 +129,13 @@ class MemoryManager:
             watchers run in the background).
         env: environment for qmd discovery and the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (tests).
+        qmd_runner: runs each qmd process (``qmdbridge.qmd.runner.CommandRunner``; default
+            ``run_command``): the one-shot CLI passes the qmd calls it started ahead.
     """
 
     def __init__(self, agent: ResolvedAgent, *, backend: BackendName | None = None,
                  mode: Literal["cli", "full"] = "cli", env: Mapping[str, str] | None = None,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, qmd_runner: Any = None) -> None:
         self.agent = agent
         self.backend_name: BackendName = backend or agent.memory.backend
         self.mode = mode
@@ -150,7 +152,7 @@ class MemoryManager:
         self.sidecar: QmdSidecar | None = None
         if self.backend_name == "qmd":
             self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
-                                      background=self._background)
+                                      background=self._background, runner=qmd_runner)
         self._last_fallback: FallbackInfo | None = None
         self.builtin_prepare_delay_ms = BUILTIN_PREPARE_DELAY_MS
 

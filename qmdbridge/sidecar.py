@@ -49,12 +49,15 @@ class QmdSidecar:
         now_ms: clock in epoch ms.
         background: returns the manager's task group for ``QmdBackend.start`` (raises
             ``UsageError`` when a long-lived manager was not entered).
+        runner: runs each qmd process of the backend (``QmdBackend(runner=...)``; default the
+            runner's ``run_command``).
     """
 
     def __init__(self, agent: ResolvedAgent, *, mode: Literal["cli", "full"],
                  env: Mapping[str, str], now_ms: Callable[[], int],
-                 background: Callable[[], BackgroundTasks]) -> None:
+                 background: Callable[[], BackgroundTasks], runner: Any = None) -> None:
         self.agent = agent
+        self._runner = runner
         self.mode = mode
         self._env = dict(env)
         self._now = now_ms
@@ -176,7 +179,7 @@ class QmdSidecar:
                 return None
             self.probe_cache.put(self._probe_key, location)
         return QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
-                          now_ms=self._now)
+                          now_ms=self._now, runner=self._runner)
 
     # -- status and close ---------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,14 @@ def _quiet_logs(args: argparse.Namespace) -> None:
     root.addHandler(handler)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run one parsed command; prints results and errors, returns the exit code."""
+def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
+    """Run one parsed command; prints results and errors, returns the exit code.
+
+    Args:
+        args: the parsed command line.
+        qmd_runner: runs the qmd processes of a ``search`` (``MemoryManager(qmd_runner=...)``):
+            the calls ``qmdbridge/cli/qmd_prefetch.py`` started ahead; ``None``: spawn each.
+    """
     _quiet_logs(args)
     try:
         key, key_taken_ms = None, None
@@ -77,6 +84,8 @@ def run_command(args: argparse.Namespace) -> int:
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)
         handler = _HANDLERS[args.command]
+        if qmd_runner is not None and args.command == "search":
+            handler = partial(_search, qmd_runner=qmd_runner)
         code = anyio.run(handler, agent, args)
         if key is not None and code == EXIT_OK:
             from qmdbridge.cli.search_cache import record_search_settings
@@ -93,16 +102,17 @@ def run_command(args: argparse.Namespace) -> int:
         return code
 
 
-def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli") -> Any:
+def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli", qmd_runner: Any = None) -> Any:
     from qmdbridge.manager import MemoryManager
 
-    return MemoryManager(agent, backend=args.backend, mode=mode)  # type: ignore[arg-type]
+    return MemoryManager(agent, backend=args.backend, mode=mode,  # type: ignore[arg-type]
+                         qmd_runner=qmd_runner)
 
 
-async def _search(agent: Any, args: argparse.Namespace) -> int:
+async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
     from qmdbridge.cli.progress import sync_progress
 
-    async with _manager(agent, args) as m:
+    async with _manager(agent, args, qmd_runner=qmd_runner) as m:
         with sync_progress(enabled=args.progress or not args.json) as on_progress:
             if on_progress is not None:  # the first search of a workspace indexes it first
                 engine = await m.builtin()

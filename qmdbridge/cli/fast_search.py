@@ -25,6 +25,9 @@ files are the indexed ones), so:
    errors and messages: no snapshot, a changed config file, environment or code, a dirty,
    missing or unreadable index, ``--explain``, ``--session-key``, a blank query or a bad limit.
    So a dirty index is still synced before the search, and config errors are the loader's.
+4. In qmd mode the search always runs in-process; what is recorded for it (``backend``
+   ``qmd``, :func:`recorded_search`) only lets ``qmdbridge/cli/qmd_prefetch.py`` start its
+   qmd calls while the in-process search loads.
 
 ``QMDBRIDGE_CLI_CACHE=off`` (or ``0``, ``false``, ``no``) turns reading and writing off.
 """
@@ -38,12 +41,7 @@ import sys
 import zlib
 from collections.abc import Mapping
 
-from fallback.engine.in_sync import InSyncSettings, KeywordHit, search_in_sync, stale_reason
-from fallback.errors import IndexStoreError, UsageError
-from fallback.store.readonly import ReadOnlyStore
-from qmdbridge.cli.common import EXIT_OK, emit_plain_json
-from qmdbridge.cli.render import print_search_doc
-from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
+from fallback.errors import UsageError
 from qmdbridge.policy.limits import check_search_limits
 from qmdbridge.server.wire import client_fingerprint
 
@@ -51,19 +49,22 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "cache_disabled", "code_stamped", "search_doc",
-           "settings_key", "settings_path", "try_fast_search", "untrusted"]
+    from fallback.engine.in_sync import KeywordHit
+
+__all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "answer_recorded", "cache_disabled", "code_stamped",
+           "recorded_search", "search_doc", "settings_key", "settings_path", "try_fast_search", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is simply not used (and rewritten).
-FORMAT = 2
+FORMAT = 3
 # The source files that turn a config into recorded settings and read them back: a changed one
 # (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
 # the folder holding both packages.
 CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
               "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
-              "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py")
+              "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py",
+              "qmdbridge/cli/qmd_prefetch.py", "qmdbridge/qmd/query_text.py", "qmdbridge/paths.py")
 
 
 def cache_disabled(env: Mapping[str, str]) -> bool:
@@ -139,8 +140,8 @@ def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
 
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
     """The recorded settings of this command, when they still hold (same key, cwd when it
-    matters, the workspace and store resolving where they did, no API-key variable set);
-    else ``None``."""
+    matters, the workspace and store resolving where they did, for a builtin search no API-key
+    variable set); else ``None``."""
     key = settings_key(args, env)
     if not code_stamped(key):
         return None
@@ -161,8 +162,10 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
     env_keys, paths = doc.get("providerEnvKeys"), doc.get("paths")
-    if not (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
-            and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list)
+    builtin = (isinstance(doc.get("settings"), dict) and isinstance(doc.get("citations"), str)
+               and isinstance(doc.get("keywordNotice"), bool) and isinstance(env_keys, list))
+    if not ((builtin if doc.get("backend") == "builtin" else doc.get("backend") == "qmd"
+             and isinstance(doc.get("qmd"), dict))
             and isinstance(paths, list) and all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
                 for p in paths)):
@@ -174,7 +177,7 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
         if now != real:
             _note(args, f"one-shot search runs the engine: {named} resolves to {now} now")
             return None
-    if any(env.get(str(k), "").strip() for k in env_keys):
+    if builtin and any(env.get(str(k), "").strip() for k in env_keys or ()):
         return None
     return doc
 
@@ -183,6 +186,8 @@ def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
     """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
     key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
     :func:`qmdbridge.manager.decorate_citations` does them."""
+    from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
+
     include = citations_enabled(citations, None)
     results = []
     for h in hits:
@@ -198,16 +203,20 @@ def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
             "warnings": []}
 
 
-def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
-    """Answer a parsed ``search`` from the recorded settings and an index in sync.
+def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The settings recorded for this ``search`` command line, when they still hold (same
+    key, cwd when it matters, the workspace and store resolving where they did).
 
     Args:
         args: the parsed command line.
         env: the environment (default ``os.environ``).
 
     Returns:
-        The exit code after printing the answer, or ``None`` when the command must run
-        in-process (see the module docstring); nothing is printed then.
+        The recorded document (``backend`` ``builtin``: :func:`answer_recorded` may answer
+        from it; ``qmd``: ``qmdbridge/cli/qmd_prefetch.py`` starts the search's qmd calls
+        from it), or ``None``: no snapshot, caching off, an API-key variable now set,
+        ``--explain``, ``--session-key``, a blank query or a bad limit (the in-process run
+        reports those).
     """
     e = os.environ if env is None else env
     if (args.command != "search" or args.explain or args.session_key is not None
@@ -217,8 +226,44 @@ def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
         check_search_limits(args.max_results, args.min_score)
     except UsageError:
         return None  # the in-process run reports it
-    doc = _recorded(args, e)
-    if doc is None:
+    return _recorded(args, e)
+
+
+def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
+    """Answer a parsed ``search`` from the recorded settings and an index in sync
+    (:func:`recorded_search`, then :func:`answer_recorded`).
+
+    Args:
+        args: the parsed command line.
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        The exit code after printing the answer, or ``None`` when the command must run
+        in-process (see the module docstring); nothing is printed then.
+    """
+    doc = recorded_search(args, env)
+    return answer_recorded(args, doc) if doc is not None else None
+
+
+def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None:
+    """Answer a parsed ``search`` from its recorded builtin settings (:func:`recorded_search`)
+    and an index in sync.
+
+    Args:
+        args: the parsed command line.
+        doc: the recorded document.
+
+    Returns:
+        The exit code after printing the answer, or ``None`` when the command must run
+        in-process (see the module docstring); nothing is printed then.
+    """
+    from fallback.engine.in_sync import InSyncSettings, search_in_sync, stale_reason
+    from fallback.errors import IndexStoreError
+    from fallback.store.readonly import ReadOnlyStore
+    from qmdbridge.cli.common import EXIT_OK, emit_plain_json
+    from qmdbridge.cli.render import print_search_doc
+
+    if doc.get("backend") != "builtin":
         return None
     try:
         settings = InSyncSettings.from_json(doc["settings"])

@@ -289,17 +289,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = try_daemon(args)
         if served is not None:
             return served
+    early = None
     if args.command == "search":
         # No daemon: an index in sync is searched read-only with the recorded settings, without
-        # loading the config models, anyio or the engine (qmdbridge/cli/fast_search.py).
-        from qmdbridge.cli.fast_search import try_fast_search
+        # loading the config models, anyio or the engine (qmdbridge/cli/fast_search.py); in qmd
+        # mode the search's qmd calls start now, while the rest loads (cli/qmd_prefetch.py).
+        from qmdbridge.cli.fast_search import answer_recorded, recorded_search
 
         try:
-            answered = try_fast_search(args)
+            recorded = recorded_search(args)
+            if recorded is not None and recorded["backend"] == "qmd":
+                from qmdbridge.cli.qmd_prefetch import start_prefetch
+
+                early = start_prefetch(args, recorded)
+            elif recorded is not None:
+                answered = answer_recorded(args, recorded)
+                if answered is not None:
+                    return answered
         except KeyboardInterrupt:
             return 130
-        if answered is not None:
-            return answered
+    try:
+        return _run_in_process(args, early)
+    finally:
+        if early is not None:
+            from qmdbridge.cli.qmd_prefetch import note_used
+
+            early.close()
+            note_used(args, early)
+
+
+def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
+    """Run the command with the config loaded (``early``: the qmd calls a search started
+    ahead, its qmd runner); returns the exit code."""
     if args.verbose:
         import logging
 
@@ -315,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, on_term)
     try:
-        code = run_command(args)
+        code = run_command(args, qmd_runner=early.run_command if early is not None else None)
     except KeyboardInterrupt:
         code = 130
     return code

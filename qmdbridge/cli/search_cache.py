@@ -8,6 +8,9 @@ may import anything; the fast path never imports it). The file, ``<stateDir>/cli
 (folder 0700, file 0600, both this user's: the fast path trusts nothing else):
 
 - ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
+- ``backend``: ``builtin`` (the fields below) or ``qmd``: then ``qmd`` holds what
+  ``qmdbridge/cli/qmd_prefetch.py`` needs to start the next search's qmd calls ahead
+  (:func:`qmd_prefetch_settings`), and the search itself always runs in-process;
 - ``cwd``: the working directory when the config names a relative workspace or store path
   (resolved against it), else ``null``;
 - ``settings``: :class:`~fallback.engine.in_sync.InSyncSettings` as JSON (workspace, store,
@@ -19,12 +22,12 @@ may import anything; the fast path never imports it). The file, ``<stateDir>/cli
   keyword-only (the provider is ``auto``, not ``none``);
 - ``providerEnvKeys``: the API-key variables that would give ``auto`` a provider.
 
-Only a search that needs no engine is recorded: builtin backend, no embedding provider that
+A builtin search is recorded only when it needs no engine: no embedding provider that
 anything but those variables could bring (``provider: "none"``, or ``"auto"`` without
-``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker, and a
-config file that did not change within a tick of the key (racily clean,
-``fallback/index/racy.py``). For any other, a recorded file of the key is removed. At most
-:data:`MAX_FILES` files are kept.
+``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker; a qmd
+search only as :func:`qmd_prefetch_settings` says; either only with a config file that did not
+change within a tick of the key (racily clean, ``fallback/index/racy.py``). For any other, a
+recorded file of the key is removed. At most :data:`MAX_FILES` files are kept.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
-__all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "record_search_settings"]
+__all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "qmd_prefetch_settings",
+           "record_search_settings"]
 
 log = logging.getLogger("qmdbridge.cli")
 
@@ -102,6 +106,60 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
         half_life_days=decay.half_life_days if decay.enabled else None)
 
 
+def _healthy(breaker: Path) -> bool:
+    """Whether a breaker file records no failure (or there is none)."""
+    try:
+        state = json.loads(breaker.read_bytes())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("failures", 0) == 0
+
+
+def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[str, Any] | None:
+    """What ``qmdbridge/cli/qmd_prefetch.py`` needs to start this agent's next one-shot search's
+    qmd calls ahead, as plain values; ``None`` when it should not.
+
+    Recorded only on a POSIX system, in ``search`` mode, without a boot update the search
+    waits for (``update.onBoot`` with ``waitForBootSync``: its calls would come after an
+    update), with qmd's location in the probe cache (as the sidecar finds it) and neither
+    breaker holding a failure (a search that fell back records nothing).
+
+    Returns:
+        ``{command, childPath, stateDir, agentId, workspace, collections, maxResults, marker,
+        indexYml}``: qmd's path and its ``PATH``, the qmd home, the workspace (qmd's cwd), the
+        managed collections' names, ``limits.maxResults``, the reconcile marker's text and
+        ``index.yml``'s ``(mtime_ns, size, inode)``.
+    """
+    from qmdbridge.paths import qmd_home
+    from qmdbridge.qmd.collections import build_collections
+    from qmdbridge.qmd.probe_cache import ProbeCache
+    from qmdbridge.qmd.startup import yml_stamp
+
+    cfg = agent.memory.qmd
+    if os.name != "posix" or cfg.search_mode != "search" or (
+            cfg.update.on_boot and cfg.update.wait_for_boot_sync):
+        return None
+    home = qmd_home(agent.state_dir, agent.agent_id)
+    cached = ProbeCache(agent.state_dir / "qmd" / "probe-cache.json").get(
+        ProbeCache.key(cfg.command, env.get("PATH", "")))
+    if cached is None or not all(_healthy(home.qmd_dir / name)
+                                 for name in ("breaker.json", "startup-breaker.json")):
+        return None
+    try:
+        marker = (home.qmd_dir / "reconciled.json").read_text()
+    except OSError:
+        return None
+    location = cached[0]
+    return {"command": str(location.path), "childPath": location.child_path,
+            "stateDir": str(agent.state_dir), "agentId": agent.agent_id,
+            "workspace": str(agent.workspace_dir),
+            "collections": [c.name for c in build_collections(agent, sessions_dir=home.sessions_dir)],
+            "maxResults": cfg.limits.max_results, "marker": marker,
+            "indexYml": yml_stamp(home.index_yml)}
+
+
 def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
     """Whether the config file of ``key`` last changed clearly before the key was taken: not
     racily clean (``fallback/index/racy.py``), since a save of the same size in the tick of the
@@ -143,19 +201,24 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
         return False
     target = Path(settings_path(key))
     ms = agent.memory_search
-    keys = provider_env_keys(agent, e)
-    eligible = ((args.backend or agent.memory.backend) == "builtin" and keys is not None
-                and list(ms.sources) == ["memory"] and not ms.query.rerank.enabled
+    backend = args.backend or agent.memory.backend
+    keys = provider_env_keys(agent, e) if backend == "builtin" else None
+    qmd = qmd_prefetch_settings(agent, e) if backend == "qmd" else None
+    eligible = ((qmd is not None or (keys is not None and list(ms.sources) == ["memory"]
+                                     and not ms.query.rerank.enabled))
                 and _config_settled(key, key_taken_ms))
     try:
         if not eligible:
             target.unlink(missing_ok=True)
             return False
-        doc = {"key": key, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
-               "settings": in_sync_settings(agent).to_json(),
-               "paths": [[str(named), str(real)] for named, real in agent.named_paths],
-               "citations": agent.memory.citations,
-               "keywordNotice": ms.provider != "none", "providerEnvKeys": keys}
+        doc: dict[str, Any] = {
+            "key": key, "backend": backend, "cwd": os.getcwd() if _depends_on_cwd(args, cfg, agent) else None,
+            "paths": [[str(named), str(real)] for named, real in agent.named_paths]}
+        if qmd is not None:
+            doc["qmd"] = qmd
+        else:
+            doc.update(settings=in_sync_settings(agent).to_json(), citations=agent.memory.citations,
+                       keywordNotice=ms.provider != "none", providerEnvKeys=keys)
         if not _private_folder(target.parent):
             return False
         write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False,

@@ -49,7 +49,7 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
-from qmdbridge.qmd.lexical import cjk_terms, lexical_terms, relax, warm_candidates, without_stray_quote
+from qmdbridge.qmd.lexical import relax, warm_candidates
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     IndexCounts,
@@ -60,8 +60,9 @@ from qmdbridge.qmd.parse import (
     entry_hits,
 )
 from qmdbridge.qmd.passages import POOL_FACTOR
+from qmdbridge.qmd.query_text import search_words, without_stray_quote
 from qmdbridge.qmd.reads import Listings, read_qmd_path
-from qmdbridge.qmd.runner import RunResult, run_command
+from qmdbridge.qmd.runner import CommandRunner, RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import lost_collections, prepare_home, reconcile_if_changed, yml_stamp
 from qmdbridge.qmd.status_doc import status_document
@@ -75,7 +76,6 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
 PENDING_UPDATE_WAIT_MS = 500
-
 
 # The backend's search deadline ends this much before limits.timeoutMs (ms, at most a tenth of
 # it), so its own timeout, which names the setting, comes before the manager's backstop.
@@ -92,6 +92,8 @@ class QmdBackend:
             ``full`` (long-lived: boot update, interval and embed timers).
         env: parent environment for the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (default wall clock).
+        runner: runs each qmd process (default ``runner.run_command``; the one-shot CLI passes
+            the calls it started ahead, ``qmdbridge.qmd.early.EarlyCalls.run_command``).
 
     Use ``start(tasks)`` before searching, ``close()`` at the end (idempotent). Background work
     (boot update, interval and embed timers, the file watcher) runs in a ``qmd`` subgroup of the
@@ -102,7 +104,7 @@ class QmdBackend:
 
     def __init__(self, agent: ResolvedAgent, *, location: Any, mode: Literal["full", "cli"] = "cli",
                  env: Mapping[str, str] | None = None,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, runner: CommandRunner | None = None) -> None:
         from qmdbridge.paths import qmd_home
 
         self.agent = agent
@@ -111,6 +113,7 @@ class QmdBackend:
         self.cfg = agent.memory.qmd
         self._parent_env = dict(os.environ if env is None else env)
         self._now = now_ms or (lambda: int(time.time() * 1000))
+        self._runner: CommandRunner = runner or run_command
         self.home = qmd_home(agent.state_dir, agent.agent_id)
         self.collections: list[ManagedCollection] = build_collections(
             agent, sessions_dir=self.home.sessions_dir)
@@ -175,9 +178,9 @@ class QmdBackend:
     async def _run(self, args: list[str], positionals: list[str] | tuple[str, ...] = (), *,
                    timeout_ms: int, discard_stdout: bool = False,
                    setting: str | None = None) -> RunResult:
-        return await run_command(self.argv(args, positionals), env=self.child_env,
-                                 cwd=self.agent.workspace_dir, timeout_ms=max(1, timeout_ms),
-                                 discard_stdout=discard_stdout, setting=setting)
+        return await self._runner(self.argv(args, positionals), env=self.child_env,
+                                  cwd=self.agent.workspace_dir, timeout_ms=max(1, timeout_ms),
+                                  discard_stdout=discard_stdout, setting=setting)
 
     async def _run_search(self, args: list[str], positionals: list[str], timeout_ms: int) -> RunResult:
         return await self._run(args, positionals, timeout_ms=timeout_ms,
@@ -472,10 +475,9 @@ class QmdBackend:
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env)
-        terms = lexical_terms(q)  # what search mode sends, also after vec0 switched to it
-        lexical = " ".join(terms) or q
-        # the words searched one by one: the content words, or those of a CJK question
-        words = terms or (cjk_terms(q) if search_mode == "search" else ())
+        # what search mode sends (also after vec0 switched to it), and the words searched one
+        # by one: the content words, or those of a CJK question
+        lexical, words = search_words(q, search_mode)
         try:
             entries = None
             # long-lived mode: the AND and each word alone in one call per collection; not

@@ -61,6 +61,15 @@ def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict
     return {**report, "stdout": p.stdout, "stderr": stderr}
 
 
+def settled(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """The run after an in-process one that recorded its settings. An in-process run that took
+    its key within 50 ms of a config write records nothing (the config is racily clean then,
+    fallback/index/racy.py), so when the config was just written one more in-process run may
+    come first: it records them."""
+    report = probe(argv, env)
+    return probe(argv, env) if report["inProcess"] else report
+
+
 @pytest.fixture
 def fenv(env: dict[str, str]) -> dict[str, str]:
     return {**env, "QMDBRIDGE_DAEMON": "off"}
@@ -169,7 +178,7 @@ def test_a_changed_config_runs_in_process_and_is_used_from_then_on(ws: Path, fen
     cfg.write_text("{memory: {citations: 'off'}}")
     edited = probe(argv, fenv)
     assert edited["inProcess"] and b"Source: " not in edited["stdout"]
-    fast = probe(argv, fenv)
+    fast = settled(argv, fenv)
     assert not fast["inProcess"] and fast["stdout"] == edited["stdout"]
     cfg.write_text("{memory: {citations: 'off', qmd: {limits: {timeoutMs: 'soon'}}}}")
     bad = probe(argv, fenv)
@@ -212,7 +221,7 @@ def test_a_config_rewritten_in_place_with_its_size_and_mtime_is_still_a_change(
     cfg.write_text('{agents: {defaults: {memorySearch: {query: {maxResults: 6}}}}}')
     argv = ["search", "the", "--workspace", str(ws), "--min-score", "0", "--json"]
     assert probe(argv, fenv)["inProcess"]
-    six = probe(argv, fenv)
+    six = settled(argv, fenv)
     assert not six["inProcess"] and len(orjson.loads(six["stdout"])["results"]) == 6
     before = cfg.stat()
     with open(cfg, "r+") as f:  # same inode, same size, and the old mtime put back
@@ -222,7 +231,7 @@ def test_a_config_rewritten_in_place_with_its_size_and_mtime_is_still_a_change(
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
     two = probe(argv, fenv)
     assert two["inProcess"] and len(orjson.loads(two["stdout"])["results"]) == 2
-    assert not probe(argv, fenv)["inProcess"]
+    assert not settled(argv, fenv)["inProcess"]
 
 
 def test_a_workspace_or_store_reached_through_a_retargeted_symlink_is_searched_where_it_points_now(
@@ -245,7 +254,7 @@ def test_a_workspace_or_store_reached_through_a_retargeted_symlink_is_searched_w
         return [r["path"] for r in orjson.loads(report["stdout"])["results"]]
 
     assert probe(argv, fenv)["inProcess"]
-    assert not probe(argv, fenv)["inProcess"]
+    assert not settled(argv, fenv)["inProcess"]
     agent.unlink()
     agent.symlink_to(other)  # the configured workspace is another folder now
     moved = probe(argv, fenv)

@@ -1,0 +1,203 @@
+"""The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
+
+Without a daemon, a search in qmd mode spends ~0.4 s in Python (imports, the config models,
+the manager, qmd's start-up checks) before its first ``qmd search`` starts, then waits for the
+content words ANDed (one call per collection) and, when they leave free slots, for each word
+alone (``qmdbridge/qmd/lexical.py``), ~0.1 s per round of qmd processes. After an in-process
+search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
+made of (``search_cache.qmd_prefetch_settings``: qmd's path, the qmd home, the workspace, the
+collections, ``limits.maxResults``); the next search of the same command line (the same key,
+so the same config file, flags, code and environment) then, right after parsing its arguments:
+
+1. works out the calls as the backend will (``qmdbridge/qmd/query_text.py``: the content words,
+   the query encoded; the collections qmd's index holds active documents of;
+   ``qmdbridge.paths.child_env``) and starts the AND calls, in a thread, while the main thread
+   goes on loading;
+2. once they are done, when they found fewer notes than slots, starts each word alone in every
+   collection whose notes they did not all find (as ``lexical.relax`` will), at most
+   ``MAX_PARALLEL_CALLS`` at once;
+3. hands them to the in-process search as its qmd runner (``qmdbridge/qmd/early.py``), which
+   takes a started call only for exactly the command it is about to run, and runs everything
+   else as before: the config is loaded and checked, the breakers, the probe, the collection
+   reconcile and the fallback work as always (a reconcile or an update discards the calls
+   started ahead first), and the answer is printed by the same code.
+
+Nothing is started ahead when the reconcile marker or qmd's ``index.yml`` changed since the
+recording (a reconcile would run first), when a breaker file records a failure, for
+``--explain``, ``--session-key``, a blank query or a bad limit, or on Windows. Whatever the
+search does not take is killed and reaped when the command ends (:meth:`EarlyCalls.close`).
+Standard library and light modules only: nothing here loads pydantic, anyio or the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from qmdbridge.qmd.early import EarlyCall, EarlyCalls
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["MAX_AHEAD", "note_used", "start_prefetch"]
+
+# Calls started ahead running at once (the backend's limit per search, search_calls.MAX_PARALLEL_CALLS).
+MAX_AHEAD = 4
+# The fields of the recorded "qmd" settings and their types.
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "command": (str,), "childPath": (str, type(None)), "stateDir": (str,), "agentId": (str,),
+    "workspace": (str,), "collections": (list,), "maxResults": (int,), "marker": (str,),
+    "indexYml": (list, type(None))}
+
+
+def _healthy(breaker: Path) -> bool:
+    """Whether a breaker file records no failure (or there is none)."""
+    try:
+        state = json.loads(breaker.read_bytes())
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and state.get("failures", 0) == 0
+
+
+def _unchanged(qmd: dict[str, Any], qmd_dir: Path, index_yml: Path) -> bool:
+    """The reconcile marker and ``index.yml`` as recorded (no reconcile will run first), and
+    neither breaker holding a failure."""
+    try:
+        marker = (qmd_dir / "reconciled.json").read_text()
+        st = os.stat(index_yml)
+    except OSError:
+        return False
+    return (marker == qmd["marker"] and [st.st_mtime_ns, st.st_size, st.st_ino] == qmd["indexYml"]
+            and all(_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
+
+
+def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
+                   env: Mapping[str, str] | None = None) -> EarlyCalls | None:
+    """Start the qmd calls of this ``search`` ahead (in a thread), from its recorded settings.
+
+    Args:
+        args: the parsed ``search`` command line (``recorded_search`` checked its query and
+            limits, ``--explain`` and ``--session-key``).
+        doc: the recorded document (``backend`` ``qmd``).
+        env: the environment the search runs with (default ``os.environ``).
+
+    Returns:
+        The calls (pass ``run_command`` to the search as its qmd runner, :meth:`EarlyCalls.close`
+        when the command ends), or ``None`` when nothing is started (see the module docstring).
+    """
+    from qmdbridge.paths import qmd_home
+
+    qmd = doc.get("qmd")
+    if os.name != "posix" or not isinstance(qmd, dict) or not all(
+            isinstance(qmd.get(k), t) for k, t in _FIELDS.items()):
+        return None
+    try:
+        home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
+    except ValueError:
+        return None
+    if not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file():
+        return None
+    calls = EarlyCalls()
+    thread = threading.Thread(target=_start_calls, name="qmd-prefetch", daemon=True,
+                              args=(calls, args, qmd, dict(os.environ if env is None else env)))
+    calls.attach(thread)
+    thread.start()
+    return calls
+
+
+def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
+                 env: dict[str, str]) -> None:
+    """The thread: :func:`_plan_and_start`; a defect there only costs the head start (the search
+    runs its calls itself), so it is noted with ``-v`` and never printed otherwise."""
+    try:
+        _plan_and_start(calls, args, qmd, env)
+    except Exception as exc:  # the CLI edge: nothing may reach stderr from this thread
+        if getattr(args, "verbose", False):
+            sys.stderr.write(f"INFO qmdbridge.cli: qmd calls not started ahead: {exc!r}\n")
+
+
+def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
+                    env: dict[str, str]) -> None:
+    """The AND calls, then (when they leave free slots) each word alone."""
+    from qmdbridge.paths import child_env, qmd_home
+    from qmdbridge.qmd.index_stats import index_counts
+    from qmdbridge.qmd.query_text import encode_query, relaxed_terms, search_words, without_stray_quote
+
+    home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
+    counts, err = index_counts(home.index_db)
+    colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
+    if err is not None or not colls:
+        return
+    child = child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", ""))
+    limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
+    first, words = search_words(without_stray_quote(args.query.strip()), "search")
+
+    def argv(query: str, coll: str) -> list[str]:
+        return [qmd["command"], "search", "--json", "-n", str(limit), "-c", coll, "--index", "index",
+                "--", encode_query(query, "search")]
+
+    started = _start_all(calls, [(argv(first, c), c) for c in colls], child, qmd["workspace"])
+    if started is None or not calls.wait(call for call, _ in started):
+        return
+    found = _found(started)
+    if found is None or sum(len(keys) for keys in found.values()) >= limit:
+        return
+    picked = [t for t in relaxed_terms(words) if t != first]
+    # as lexical.all_found: a collection whose every document the AND calls found is skipped
+    open_colls = [c for c in colls if not (c in counts and len(found.get(c, ())) >= counts[c])]
+    _start_all(calls, [(argv(t, c), c) for t in picked for c in open_colls], child, qmd["workspace"])
+
+
+def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
+               cwd: str) -> list[tuple[EarlyCall, str]] | None:
+    """Start ``planned`` (argv, collection) in order, at most :data:`MAX_AHEAD` running at
+    once; ``None`` when one was not started (the search took it first, or it failed to start)
+    or the calls were discarded."""
+    started: list[tuple[EarlyCall, str]] = []
+    for argv, coll in planned:
+        if not calls.wait((c for c, _ in started), running_below=MAX_AHEAD):
+            return None
+        call = calls.start(argv, env, cwd)
+        if call is None:
+            return None
+        started.append((call, coll))
+    return started
+
+
+def _found(started: list[tuple[EarlyCall, str]]) -> dict[str, set[str]] | None:
+    """The notes each collection's AND call found (keys as ``parse.merge_key`` makes them,
+    merged across collections), or ``None`` when a call failed or printed no result array."""
+    from qmdbridge.qmd.errors import QmdOutputError
+    from qmdbridge.qmd.results_json import parse_qmd_json
+
+    found: dict[str, set[str]] = {}
+    seen: set[str] = set()
+    for call, coll in started:
+        if not call.ok:
+            return None
+        try:
+            entries = parse_qmd_json(call.stdout, call.stderr, command="search")
+        except QmdOutputError:
+            return None
+        for entry in entries:
+            key = f"docid:{entry.docid.lstrip('#')}" if entry.docid else f"file:{coll}:{entry.file}"
+            if key not in seen:
+                seen.add(key)
+                found.setdefault(coll, set()).add(key)
+    return found
+
+
+def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:
+    """With ``-v``, say on stderr how many qmd calls were started ahead and how many the search
+    took (the line looks like the ``-v`` log lines)."""
+    if getattr(args, "verbose", False):
+        sys.stderr.write(f"INFO qmdbridge.cli: qmd calls started ahead of the config: {calls.started}, "
+                         f"taken by the search: {calls.used}\n")

@@ -1,0 +1,178 @@
+"""A one-shot ``qmdbridge search`` in qmd mode, as a real process with the real qmd behind a
+wrapper that logs each search: once a search recorded its settings, the next one starts its qmd
+calls before it loads the config (``qmdbridge/cli/qmd_prefetch.py``), loading nothing heavy to
+do so, and the in-process search takes them: the same calls, none twice, the same bytes on
+stdout, the same fallback when qmd hangs; nothing is started ahead when a reconcile will run or
+a breaker holds a failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+
+STANDINS = Path(__file__).resolve().parents[1] / "qmdbridge" / "standins"
+QUESTION = "When did the router drop the WAN?"
+# Started ahead: the content words ANDed in both collections, then, MEMORY.md (its collection's
+# one note) being found by them, each word alone in memory/ only.
+CALLS = ["-c memory-root-main -- router drop WAN", "-c memory-dir-main -- router drop WAN",
+         "-c memory-dir-main -- router", "-c memory-dir-main -- drop", "-c memory-dir-main -- WAN"]
+AHEAD = "INFO qmdbridge.cli: qmd calls started ahead of the config: "
+# Loading one of these to start the calls would cost what starting them early saves.
+HEAVY = ("pydantic", "pydantic_core", "anyio", "asyncio", "psutil", "tenacity", "json5", "orjson",
+         "qmdbridge.config", "qmdbridge.manager", "qmdbridge.cli.commands", "qmdbridge.qmd.backend",
+         "qmdbridge.qmd.runner", "qmdbridge.qmd.parse", "fallback.models", "fallback.settings",
+         "fallback.engine.builtin")
+
+PROBE = """
+import json, sys, time
+import qmdbridge.cli.qmd_prefetch as qp
+start = qp.start_prefetch
+def started(*args, **kwargs):
+    calls = start(*args, **kwargs)
+    deadline = time.monotonic() + 60
+    while calls is not None and calls.started == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)  # the thread's first call (its imports are done by then)
+    loaded = sorted(n for n in NAMES if n in sys.modules)
+    sys.stderr.write("\\nLOADED " + json.dumps(loaded) + "\\n")
+    return calls
+qp.start_prefetch = started
+from qmdbridge.cli.main import main
+sys.exit(main(sys.argv[1:]))
+""".replace("NAMES", repr(HEAVY))
+
+
+@pytest.fixture
+def qmd_bin() -> Path:
+    """The real qmd 2.8.3 launcher (skip without it, fail under CI), as in tests/qmdbridge."""
+    from qmdbridge.qmd.locate import repo_tools_qmd
+
+    launcher = repo_tools_qmd()
+    if launcher.is_file() and os.access(launcher, os.X_OK):
+        return launcher
+    message = f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Notes\nrouter dropped the WAN link on tuesday\n")
+    (ws / "memory" / "2026-03-01.md").write_text("# Firmware\n\nthe router firmware was updated\n")
+    (ws / "memory" / "2026-03-02.md").write_text("# Outage\n\nWAN outage again, the ISP dropped us\n")
+    wrapper = tmp_path / "qmd-logged"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = search ] && echo "$*" >> "$QMD_CALL_LOG"\n'
+                       f'[ "$1" = search ] && [ -e "$QMD_HANG" ] && exec "{STANDINS / "hang.py"}" "$@"\n'
+                       f'exec "{qmd_bin}" "$@"\n')
+    wrapper.chmod(0o755)
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    state.mkdir()
+    (state / "openclaw.json").write_text(json.dumps({
+        "memory": {"backend": "qmd", "qmd": {"command": str(wrapper), "limits": {"timeoutMs": 4000}}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}}))
+    log, hang, pids = tmp_path / "calls.log", tmp_path / "hang", tmp_path / "hang.pids"
+    e = {**env, "QMDBRIDGE_DAEMON": "off", "QMD_CALL_LOG": str(log), "QMD_HANG": str(hang),
+         "STANDIN_PIDFILE": str(pids)}
+    return {"ws": ws, "env": e, "log": log, "hang": hang, "pids": pids, "state": state,
+            "qmd_dir": state / "agents" / "main" / "qmd"}
+
+
+def search(s: dict[str, Any], *flags: str, probe: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
+    """``qmdbridge search QUESTION --workspace WS --json -v FLAGS`` (``probe``: reporting what
+    starting the calls ahead loaded); the wrapper's log starts empty."""
+    s["log"].unlink(missing_ok=True)
+    head = [sys.executable, "-c", PROBE] if probe else [sys.executable, "-m", "qmdbridge"]
+    return subprocess.run([*head, "search", QUESTION, "--workspace", str(s["ws"]), "--json", "-v", *flags],
+                          env={**s["env"], **env}, capture_output=True, text=True, timeout=180)
+
+
+def record(s: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """An in-process search that recorded its settings. One that took its key within 50 ms of
+    the config write records nothing (the config is racily clean then, fallback/index/racy.py):
+    the next one does."""
+    for _ in range(2):
+        run = search(s)
+        assert run.returncode == 0 and ahead(run) is None, run.stderr
+        if any(json.loads(p.read_text()).get("backend") == "qmd"
+               for p in (s["state"] / "cli-cache").glob("*.json")):
+            return run
+    raise AssertionError("the search settings were not recorded")
+
+
+def calls(s: dict[str, Any]) -> list[str]:
+    """The qmd searches of the last run (collection and query), sorted."""
+    lines = s["log"].read_text().splitlines() if s["log"].exists() else []
+    return sorted(line.split(" -n 6 ")[1].replace(" --index index", "") for line in lines)
+
+
+def ahead(run: subprocess.CompletedProcess[str]) -> str | None:
+    """The ``-v`` line saying how many calls were started ahead and taken, if any."""
+    return next((ln.removeprefix(AHEAD) for ln in run.stderr.splitlines() if ln.startswith(AHEAD)), None)
+
+
+def test_the_next_search_starts_its_qmd_calls_ahead_and_prints_the_same_bytes(setup: dict[str, Any]) -> None:
+    first = record(setup)  # in-process
+    assert calls(setup) == sorted(CALLS)
+    second = search(setup)
+    assert second.returncode == 0, second.stderr
+    assert ahead(second) == "5, taken by the search: 5"
+    assert calls(setup) == sorted(CALLS)  # the same calls, none twice
+    off = search(setup, QMDBRIDGE_CLI_CACHE="off")
+    assert ahead(off) is None and calls(setup) == sorted(CALLS)
+    assert second.stdout == off.stdout == first.stdout
+    doc = orjson.loads(second.stdout)
+    assert (doc["backend"], doc["fallback"]) == ("qmd", None)
+    assert [r["path"] for r in doc["results"]][:1] == ["MEMORY.md"]
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_starting_the_calls_ahead_loads_nothing_heavy(setup: dict[str, Any]) -> None:
+    record(setup)
+    run = search(setup, probe=True)
+    assert run.returncode == 0, run.stderr
+    loaded = json.loads(run.stderr.split("\nLOADED ")[1].splitlines()[0])
+    assert loaded == []
+    assert ahead(run) == "5, taken by the search: 5"
+
+
+def test_nothing_starts_ahead_when_a_breaker_holds_a_failure_or_the_collections_changed(
+        setup: dict[str, Any]) -> None:
+    record(setup)
+    breaker = setup["qmd_dir"] / "breaker.json"
+    breaker.write_text(json.dumps({"failures": 1, "openUntilMs": 0, "scope": "another command"}))
+    run = search(setup)
+    assert ahead(run) is None and orjson.loads(run.stdout)["backend"] == "qmd"
+    assert ahead(search(setup)) == "5, taken by the search: 5"  # the success cleared it
+    index_yml = setup["qmd_dir"] / "xdg-config" / "qmd" / "index.yml"
+    st = index_yml.stat()
+    os.utime(index_yml, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    run = search(setup)  # the search reconciles the collections first: its answers come after
+    assert ahead(run) is None and orjson.loads(run.stdout)["backend"] == "qmd"
+    assert ahead(search(setup)) == "5, taken by the search: 5"
+
+
+def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[str, Any]) -> None:
+    record(setup)
+    setup["hang"].touch()
+    hung = search(setup)
+    assert hung.returncode == 0, hung.stderr
+    assert ahead(hung) == "2, taken by the search: 2"  # the AND calls: they never answered
+    (setup["qmd_dir"] / "breaker.json").unlink()  # else the next search skips qmd (breaker open)
+    off = search(setup, QMDBRIDGE_CLI_CACHE="off")
+    assert hung.stdout == off.stdout
+    doc = orjson.loads(hung.stdout)
+    assert doc["backend"] == "builtin" and doc["fallback"]["reason"] == (
+        "qmd unavailable: qmd search --json -n 6 -c memory-root-main -- router drop WAN timed out "
+        "after 4000ms (memory.qmd.limits.timeoutMs)")
+    for pid in (int(line) for line in setup["pids"].read_text().split()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -69,10 +69,10 @@ BackendName = Literal["builtin", "qmd", "none"]
 
 # A qmd fallback answers from the builtin index as it is: its pre-search sync gets this long, ms.
 FALLBACK_SYNC_BUDGET_MS = 50
-# A qmd search still running after this long (ms) has the builtin engine opened beside it, so a
-# fallback is ready at its deadline; one answered sooner (a warm child, a call started ahead)
-# never pays for opening it.
-BUILTIN_PREPARE_DELAY_MS = 100
+# The builtin engine is opened beside a qmd search this long (ms) before the search's deadline
+# (limits.timeoutMs), so a fallback at the deadline finds it open; a search that ends sooner
+# (nearly all do) never pays for opening it, and a fallback before then opens it itself.
+BUILTIN_PREPARE_LEAD_MS = 1000
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
 
@@ -154,7 +154,9 @@ class MemoryManager:
             self.sidecar = QmdSidecar(agent, mode=mode, env=self._env, now_ms=self._now_ms,
                                       background=self._background, runner=qmd_runner)
         self._last_fallback: FallbackInfo | None = None
-        self.builtin_prepare_delay_ms = BUILTIN_PREPARE_DELAY_MS
+        # ms into a qmd search before the builtin engine is opened beside it; None: the search
+        # deadline minus BUILTIN_PREPARE_LEAD_MS
+        self.builtin_prepare_delay_ms: int | None = None
 
     async def __aenter__(self) -> MemoryManager:
         self._check_open()
@@ -273,7 +275,7 @@ class MemoryManager:
             async with anyio.create_task_group() as tg:
                 # Open the builtin engine while qmd runs (the process mostly waits on the child),
                 # so a fallback answer is ready right after qmd's deadline; not for a qmd search
-                # that ends within builtin_prepare_delay_ms (a fallback then opens it itself).
+                # that ends before BUILTIN_PREPARE_LEAD_MS ahead of it (a fallback opens it).
                 qmd_done = anyio.Event()
                 tg.start_soon(self._prepare_builtin, qmd_done)
                 answered, fallback = await self._search_qmd(
@@ -355,7 +357,10 @@ class MemoryManager:
         return self._remember(reason)
 
     async def _prepare_builtin(self, qmd_done: anyio.Event) -> None:
-        with anyio.move_on_after(self.builtin_prepare_delay_ms / 1000):
+        delay_ms = self.builtin_prepare_delay_ms
+        if delay_ms is None:
+            delay_ms = max(0, self.agent.memory.qmd.limits.timeout_ms - BUILTIN_PREPARE_LEAD_MS)
+        with anyio.move_on_after(delay_ms / 1000):
             await qmd_done.wait()
         if qmd_done.is_set():
             return

@@ -142,11 +142,10 @@ async def test_real_qmd_answers(tmp_path: Path, qmd_bin: Path) -> None:
 
 async def test_the_builtin_engine_is_opened_only_beside_a_qmd_search_that_takes_a_while(
         tmp_path: Path, qmd_bin: Path) -> None:
-    """A qmd answer that comes within ``builtin_prepare_delay_ms`` (a warm child, a call the CLI
-    started ahead) does not wait for the builtin engine to open; a search running longer has it
-    opened beside it, ready for a fallback at the deadline."""
-    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
-        m.builtin_prepare_delay_ms = 600_000  # longer than any qmd search here
+    """A qmd answer that comes before ``builtin_prepare_delay_ms`` (by default 1 s before the
+    search deadline) does not wait for the builtin engine to open; a search running longer has
+    it opened beside it, ready for a fallback at the deadline."""
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:  # timeoutMs 15000
         first = await m.search("zebra migration")
         assert first.backend == "qmd" and m._builtin is None
         m.builtin_prepare_delay_ms = 0

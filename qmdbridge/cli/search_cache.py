@@ -39,14 +39,15 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fallback.engine.in_sync import InSyncSettings
 from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
-from fallback.index.identity import index_identity
 from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
+
+if TYPE_CHECKING:  # (a qmd-mode search records neither: not loaded for it)
+    from fallback.engine.in_sync import InSyncSettings
 
 __all__ = ["MAX_FILES", "in_sync_settings", "provider_env_keys", "qmd_prefetch_settings",
            "record_search_settings"]
@@ -95,6 +96,9 @@ def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str]
 def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
     """The agent's keyword-only search settings as plain values (the builtin engine's store,
     discovery inputs and query knobs, and the identity of an index built without a provider)."""
+    from fallback.engine.in_sync import InSyncSettings
+    from fallback.index.identity import index_identity
+
     ms = agent.memory_search
     decay = ms.query.hybrid.temporal_decay
     return InSyncSettings(

@@ -46,16 +46,18 @@ import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
-import psutil
 from anyio.abc import ByteReceiveStream, Process
 
 from fallback.errors import BackendTimeoutError, UsageError
 from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, TailBuffer, split_status
+
+if TYPE_CHECKING:  # psutil (~8 ms to import) is loaded only to kill a process tree
+    import psutil
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
@@ -170,6 +172,8 @@ async def _drain(stream: ByteReceiveStream | None, buffer: TailBuffer) -> None:
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
+    import psutil
+
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -178,6 +182,8 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Process]:
     """SIGKILL the process group ``pid`` and every collected descendant; return the survivors."""
+    import psutil
+
     try:
         os.killpg(pid, signal_mod.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -197,6 +203,8 @@ def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Proce
 def _is_dead(proc: psutil.Process) -> bool:
     # A killed descendant was re-parented away from us; until its new parent reaps it, it is a
     # zombie: dead, holding no resources, and not ours to reap.
+    import psutil
+
     try:
         return proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:

@@ -31,6 +31,20 @@ HEAVY = ("pydantic", "pydantic_core", "anyio", "asyncio", "psutil", "tenacity", 
          "qmdbridge.qmd.runner", "qmdbridge.qmd.parse", "fallback.models", "fallback.settings",
          "fallback.engine.builtin")
 
+# What a search qmd answers does not need: the process-tree killer (qmd exited by itself), the
+# builtin engine (a fallback would open it), its store writer, the embedding providers, nor the
+# builtin fast path (a qmd-mode search records what its qmd calls are made of, not its settings).
+NOT_NEEDED = ("psutil", "fallback.engine.builtin", "fallback.engine.in_sync", "fallback.store.db",
+              "fallback.embeddings", "fallback.index.indexer", "fallback.index.identity")
+AFTER = """
+import json, sys
+from qmdbridge.cli.main import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+sys.stderr.write("\\nLOADED " + json.dumps(sorted(n for n in NAMES if n in sys.modules)) + "\\n")
+sys.exit(code)
+""".replace("NAMES", repr(NOT_NEEDED))
+
 PROBE = """
 import json, sys, time
 import qmdbridge.cli.qmd_prefetch as qp
@@ -87,11 +101,12 @@ def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
             "qmd_dir": state / "agents" / "main" / "qmd"}
 
 
-def search(s: dict[str, Any], *flags: str, probe: bool = False, **env: str) -> subprocess.CompletedProcess[str]:
-    """``qmdbridge search QUESTION --workspace WS --json -v FLAGS`` (``probe``: reporting what
-    starting the calls ahead loaded); the wrapper's log starts empty."""
+def search(s: dict[str, Any], *flags: str, probe: str | None = None,
+           **env: str) -> subprocess.CompletedProcess[str]:
+    """``qmdbridge search QUESTION --workspace WS --json -v FLAGS`` (``probe``: Python code that
+    runs it and reports loaded modules on stderr); the wrapper's log starts empty."""
     s["log"].unlink(missing_ok=True)
-    head = [sys.executable, "-c", PROBE] if probe else [sys.executable, "-m", "qmdbridge"]
+    head = [sys.executable, "-c", probe] if probe else [sys.executable, "-m", "qmdbridge"]
     return subprocess.run([*head, "search", QUESTION, "--workspace", str(s["ws"]), "--json", "-v", *flags],
                           env={**s["env"], **env}, capture_output=True, text=True, timeout=180)
 
@@ -136,13 +151,26 @@ def test_the_next_search_starts_its_qmd_calls_ahead_and_prints_the_same_bytes(se
     assert psutil.Process().children(recursive=True) == []
 
 
+def loaded(run: subprocess.CompletedProcess[str]) -> list[str]:
+    """The modules a probe reported loaded."""
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stderr.split("\nLOADED ")[1].splitlines()[0])
+
+
 def test_starting_the_calls_ahead_loads_nothing_heavy(setup: dict[str, Any]) -> None:
     record(setup)
-    run = search(setup, probe=True)
-    assert run.returncode == 0, run.stderr
-    loaded = json.loads(run.stderr.split("\nLOADED ")[1].splitlines()[0])
-    assert loaded == []
+    run = search(setup, probe=PROBE)
+    assert loaded(run) == []
     assert ahead(run) == "5, taken by the search: 5"
+
+
+def test_a_search_qmd_answers_loads_neither_the_builtin_engine_nor_the_process_killer(
+        setup: dict[str, Any]) -> None:
+    first = search(setup, probe=AFTER)  # in-process, its qmd calls spawned by the runner
+    assert loaded(first) == [] and orjson.loads(first.stdout)["backend"] == "qmd"
+    record(setup)
+    run = search(setup, probe=AFTER)  # its qmd calls started ahead
+    assert loaded(run) == [] and ahead(run) == "5, taken by the search: 5"
 
 
 def test_nothing_starts_ahead_when_a_breaker_holds_a_failure_or_the_collections_changed(

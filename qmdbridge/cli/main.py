@@ -289,33 +289,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         served = try_daemon(args)
         if served is not None:
             return served
-    early = None
-    if args.command == "search":
-        # No daemon: an index in sync is searched read-only with the recorded settings, without
-        # loading the config models, anyio or the engine (qmdbridge/cli/fast_search.py); in qmd
-        # mode the search's qmd calls start now, while the rest loads (cli/qmd_prefetch.py).
-        from qmdbridge.cli.fast_search import answer_recorded, recorded_search
+    early: Any = None
+    try:
+        if args.command == "search":
+            # No daemon: an index in sync is searched read-only with the recorded settings,
+            # without loading the config models, anyio or the engine (cli/fast_search.py); in qmd
+            # mode the search's qmd calls start now, while the rest loads (cli/qmd_prefetch.py).
+            from qmdbridge.cli.fast_search import answer_recorded, recorded_search
 
-        try:
             recorded = recorded_search(args)
             if recorded is not None and recorded["backend"] == "qmd":
                 from qmdbridge.cli.qmd_prefetch import start_prefetch
 
+                _stop_on_sigterm()  # from now on qmd children run: killed on the way out
                 early = start_prefetch(args, recorded)
             elif recorded is not None:
                 answered = answer_recorded(args, recorded)
                 if answered is not None:
                     return answered
-        except KeyboardInterrupt:
-            return 130
-    try:
         return _run_in_process(args, early)
+    except KeyboardInterrupt:
+        return 130
     finally:
         if early is not None:
             from qmdbridge.cli.qmd_prefetch import note_used
 
             early.close()
             note_used(args, early)
+
+
+def _stop_on_sigterm() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` (exit 130): the event loop unwinds and running
+    qmd children are killed."""
+    import signal
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
@@ -329,18 +340,12 @@ def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
     from qmdbridge.cli.commands import run_command
 
     if args.command not in ("serve", "mcp"):  # these handle their signals themselves
-        import signal
-
-        def on_term(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt  # unwinds the event loop: running qmd children are killed
-
-        signal.signal(signal.SIGTERM, on_term)
+        _stop_on_sigterm()
     try:
         code = run_command(args, qmd_runner=early.run_command if early is not None else None)
     except KeyboardInterrupt:
         code = 130
     return code
-
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,30 @@ def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[s
         "after 4000ms (memory.qmd.limits.timeoutMs)")
     for pid in (int(line) for line in setup["pids"].read_text().split()):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_while_a_call_started_ahead_hangs_reaps_it(setup: dict[str, Any]) -> None:
+    """SIGTERM stops the search with exit 130 (as in-process) and kills what it started ahead,
+    the hanging stand-in's grandchildren too (one of them out of its process group)."""
+    import time
+
+    record(setup)
+    setup["hang"].touch()
+    proc = subprocess.Popen([sys.executable, "-m", "qmdbridge", "search", QUESTION, "--workspace",
+                             str(setup["ws"]), "--json"], env=setup["env"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not setup["pids"].exists():  # the stand-in started ahead wrote its grandchildren
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        grandchildren = [int(line) for line in setup["pids"].read_text().split()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for pid in grandchildren:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert psutil.Process().children(recursive=True) == []

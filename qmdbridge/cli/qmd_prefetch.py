@@ -45,15 +45,28 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MAX_AHEAD", "note_used", "start_prefetch"]
+__all__ = ["MAX_AHEAD", "ahead_limit", "note_used", "start_prefetch"]
 
-# Calls started ahead running at once (the backend's limit per search, search_calls.MAX_PARALLEL_CALLS).
+# Calls started ahead running at once, at most (the backend's limit per search,
+# search_calls.MAX_PARALLEL_CALLS); fewer with fewer cores (ahead_limit).
 MAX_AHEAD = 4
 # The fields of the recorded "qmd" settings and their types.
 _FIELDS: dict[str, tuple[type, ...]] = {
     "command": (str,), "childPath": (str, type(None)), "stateDir": (str,), "agentId": (str,),
     "workspace": (str,), "collections": (list,), "maxResults": (int,), "marker": (str,),
     "indexYml": (list, type(None))}
+
+
+def ahead_limit() -> int:
+    """How many calls may run ahead at once: the cores this process may use but the one its own
+    start-up keeps busy (``sched_getaffinity``, else ``os.cpu_count()``), from 1 to
+    :data:`MAX_AHEAD`. More would only take turns with the start-up on the same cores (each
+    qmd start costs ~0.1 s of CPU); the search starts the rest itself once it runs."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_AHEAD, cores - 1))
 
 
 def _healthy(breaker: Path) -> bool:
@@ -93,6 +106,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
         The calls (pass ``run_command`` to the search as its qmd runner, :meth:`EarlyCalls.close`
         when the command ends), or ``None`` when nothing is started (see the module docstring).
     """
+    from fallback.errors import UsageError
     from qmdbridge.paths import qmd_home
 
     qmd = doc.get("qmd")
@@ -101,7 +115,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
         return None
     try:
         home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
-    except ValueError:
+    except UsageError:  # not an agent id this version recorded
         return None
     if not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file():
         return None
@@ -158,12 +172,13 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
 
 def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
                cwd: str) -> list[tuple[EarlyCall, str]] | None:
-    """Start ``planned`` (argv, collection) in order, at most :data:`MAX_AHEAD` running at
+    """Start ``planned`` (argv, collection) in order, at most :func:`ahead_limit` running at
     once; ``None`` when one was not started (the search took it first, or it failed to start)
     or the calls were discarded."""
     started: list[tuple[EarlyCall, str]] = []
+    limit = ahead_limit()
     for argv, coll in planned:
-        if not calls.wait((c for c, _ in started), running_below=MAX_AHEAD):
+        if not calls.wait((c for c, _ in started), running_below=limit):
             return None
         call = calls.start(argv, env, cwd)
         if call is None:

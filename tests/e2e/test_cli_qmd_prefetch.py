@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,8 +22,8 @@ import pytest
 
 STANDINS = Path(__file__).resolve().parents[1] / "qmdbridge" / "standins"
 QUESTION = "When did the router drop the WAN?"
-# Started ahead: the content words ANDed in both collections, then, MEMORY.md (its collection's
-# one note) being found by them, each word alone in memory/ only.
+# The question's qmd searches: the content words ANDed in both collections, then, MEMORY.md
+# (its collection's one note) being found by them, each word alone in memory/ only.
 CALLS = ["-c memory-root-main -- router drop WAN", "-c memory-dir-main -- router drop WAN",
          "-c memory-dir-main -- router", "-c memory-dir-main -- drop", "-c memory-dir-main -- WAN"]
 AHEAD = "INFO qmdbridge.cli: qmd calls started ahead of the config: "
@@ -136,12 +137,20 @@ def ahead(run: subprocess.CompletedProcess[str]) -> str | None:
     return next((ln.removeprefix(AHEAD) for ln in run.stderr.splitlines() if ln.startswith(AHEAD)), None)
 
 
+def all_taken(run: subprocess.CompletedProcess[str], *, most: int = len(CALLS)) -> bool:
+    """Whether calls were started ahead and the search took every one. How many start ahead
+    depends on the cores (``qmd_prefetch.ahead_limit``: one at a time on two) and on when the
+    search gets there: it starts those not started yet itself."""
+    m = re.fullmatch(r"(\d+), taken by the search: (\d+)", ahead(run) or "")
+    return m is not None and 1 <= int(m[1]) == int(m[2]) <= most
+
+
 def test_the_next_search_starts_its_qmd_calls_ahead_and_prints_the_same_bytes(setup: dict[str, Any]) -> None:
     first = record(setup)  # in-process
     assert calls(setup) == sorted(CALLS)
     second = search(setup)
     assert second.returncode == 0, second.stderr
-    assert ahead(second) == "5, taken by the search: 5"
+    assert all_taken(second)
     assert calls(setup) == sorted(CALLS)  # the same calls, none twice
     off = search(setup, QMDBRIDGE_CLI_CACHE="off")
     assert ahead(off) is None and calls(setup) == sorted(CALLS)
@@ -162,16 +171,17 @@ def test_starting_the_calls_ahead_loads_nothing_heavy(setup: dict[str, Any]) -> 
     record(setup)
     run = search(setup, probe=PROBE)
     assert loaded(run) == []
-    assert ahead(run) == "5, taken by the search: 5"
+    assert all_taken(run)
 
 
 def test_a_search_qmd_answers_loads_neither_the_builtin_engine_nor_the_process_killer(
         setup: dict[str, Any]) -> None:
-    first = search(setup, probe=AFTER)  # in-process, its qmd calls spawned by the runner
-    assert loaded(first) == [] and orjson.loads(first.stdout)["backend"] == "qmd"
     record(setup)
     run = search(setup, probe=AFTER)  # its qmd calls started ahead
-    assert loaded(run) == [] and ahead(run) == "5, taken by the search: 5"
+    assert loaded(run) == [] and all_taken(run)
+    spawned = search(setup, probe=AFTER, QMDBRIDGE_CLI_CACHE="off")  # spawned by the runner
+    assert loaded(spawned) == [] and ahead(spawned) is None
+    assert orjson.loads(spawned.stdout)["backend"] == "qmd"
 
 
 def test_nothing_starts_ahead_when_a_breaker_holds_a_failure_or_the_collections_changed(
@@ -181,13 +191,13 @@ def test_nothing_starts_ahead_when_a_breaker_holds_a_failure_or_the_collections_
     breaker.write_text(json.dumps({"failures": 1, "openUntilMs": 0, "scope": "another command"}))
     run = search(setup)
     assert ahead(run) is None and orjson.loads(run.stdout)["backend"] == "qmd"
-    assert ahead(search(setup)) == "5, taken by the search: 5"  # the success cleared it
+    assert all_taken(search(setup))  # the success cleared it
     index_yml = setup["qmd_dir"] / "xdg-config" / "qmd" / "index.yml"
     st = index_yml.stat()
     os.utime(index_yml, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     run = search(setup)  # the search reconciles the collections first: its answers come after
     assert ahead(run) is None and orjson.loads(run.stdout)["backend"] == "qmd"
-    assert ahead(search(setup)) == "5, taken by the search: 5"
+    assert all_taken(search(setup))
 
 
 def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[str, Any]) -> None:
@@ -195,7 +205,7 @@ def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[s
     setup["hang"].touch()
     hung = search(setup)
     assert hung.returncode == 0, hung.stderr
-    assert ahead(hung) == "2, taken by the search: 2"  # the AND calls: they never answered
+    assert all_taken(hung, most=2)  # AND calls only: they never answered
     (setup["qmd_dir"] / "breaker.json").unlink()  # else the next search skips qmd (breaker open)
     off = search(setup, QMDBRIDGE_CLI_CACHE="off")
     assert hung.stdout == off.stdout
@@ -224,7 +234,7 @@ def test_sigterm_while_a_call_started_ahead_hangs_reaps_it(setup: dict[str, Any]
             time.sleep(0.01)
         grandchildren = [int(line) for line in setup["pids"].read_text().split()]
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 130
+        assert proc.wait(timeout=30) == 130, proc.stderr.read()  # type: ignore[union-attr]
     finally:
         if proc.poll() is None:
             proc.kill()

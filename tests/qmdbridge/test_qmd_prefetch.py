@@ -1,0 +1,46 @@
+"""Starting a one-shot search's qmd calls ahead (``qmdbridge/cli/qmd_prefetch.py``): how many run
+at once, and nothing started from a record it cannot read. The calls themselves, against the real
+qmd, are in ``tests/e2e/test_cli_qmd_prefetch.py``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qmdbridge.cli import qmd_prefetch
+from qmdbridge.cli.main import build_parser
+from qmdbridge.cli.qmd_prefetch import MAX_AHEAD, ahead_limit, start_prefetch
+
+
+@pytest.mark.parametrize(("cores", "limit"), [(1, 1), (2, 1), (3, 2), (5, 4), (64, MAX_AHEAD)])
+def test_calls_ahead_leave_a_core_to_the_search_loading_beside_them(
+        monkeypatch: pytest.MonkeyPatch, cores: int, limit: int) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert ahead_limit() == limit
+
+
+def _doc(tmp_path: Path, **qmd: Any) -> dict[str, Any]:
+    return {"backend": "qmd", "qmd": {
+        "command": "/bin/false", "childPath": None, "stateDir": str(tmp_path / "state"), "agentId": "main",
+        "workspace": str(tmp_path), "collections": ["memory-root-main"], "maxResults": 6,
+        "marker": "{}", "indexYml": [1, 2, 3], **qmd}}
+
+
+@pytest.mark.parametrize("broken", [
+    {"maxResults": "6"}, {"collections": "memory-root-main"}, {"agentId": "../x"}, {"command": None},
+])
+def test_a_record_this_version_did_not_write_starts_nothing(tmp_path: Path, broken: dict[str, Any]) -> None:
+    args = build_parser("search").parse_args(["search", "router WAN"])
+    assert start_prefetch(args, _doc(tmp_path, **broken)) is None
+    assert start_prefetch(args, {"backend": "qmd", "qmd": None}) is None
+
+
+def test_nothing_starts_without_the_reconcile_marker_and_the_index_it_recorded(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser("search").parse_args(["search", "router WAN"])
+    assert start_prefetch(args, _doc(tmp_path)) is None  # no qmd home at all
+    monkeypatch.setattr(qmd_prefetch.os, "name", "nt")
+    assert start_prefetch(args, _doc(tmp_path)) is None

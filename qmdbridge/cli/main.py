@@ -308,14 +308,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if answered is not None:
                     return answered
         return _run_in_process(args, early)
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:  # the CLI edge: Ctrl-C or SIGTERM is exit 130, anything else raises
+        if _interrupted(exc):
+            return 130
+        raise
     finally:
         if early is not None:
             from qmdbridge.cli.qmd_prefetch import note_used
 
             early.close()
             note_used(args, early)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
+    :func:`_stop_on_sigterm`), or an exception group holding one: raised inside a task of an
+    anyio task group, it leaves ``anyio.run`` wrapped in a ``BaseExceptionGroup``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return isinstance(inner, tuple) and any(isinstance(e, BaseException) and _interrupted(e) for e in inner)
 
 
 def _stop_on_sigterm() -> None:
@@ -341,11 +353,7 @@ def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
 
     if args.command not in ("serve", "mcp"):  # these handle their signals themselves
         _stop_on_sigterm()
-    try:
-        code = run_command(args, qmd_runner=early.run_command if early is not None else None)
-    except KeyboardInterrupt:
-        code = 130
-    return code
+    return run_command(args, qmd_runner=early.run_command if early is not None else None)
 
 
 if __name__ == "__main__":  # pragma: no cover

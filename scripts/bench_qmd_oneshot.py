@@ -12,6 +12,9 @@ interleaved in each round, so machine load hits them alike):
   environment the bridge's first call uses (the query's content words, every collection that
   holds documents), on the same index;
 - ``python -c pass`` with the same interpreter: the start-up floor;
+- with ``--baseline DIR``, the same search from another checkout (``PYTHONPATH=DIR``) in the
+  same rounds, so a before/after comparison sees the same machine load;
+- the CPU time of each (user + system, the qmd processes it waited for included);
 - the qmd ``search`` processes one such ``qmdbridge search`` starts (a logging wrapper around
   qmd): the content words ANDed, one per collection, then each word alone when that leaves free
   slots and qmd's index holds notes not found yet (``qmdbridge/qmd/lexical.py``).
@@ -88,8 +91,10 @@ def _call(line: str) -> str:
     return f"{head.split(' -c ')[-1].split()[0]}: {query}"
 
 
-def bench_case(tmp: Path, name: str, ws: Path, query: str, *, runs: int) -> list[Row]:
-    """One case: the interleaved walls and the qmd processes of one search."""
+def bench_case(tmp: Path, name: str, ws: Path, query: str, *, runs: int,
+               baseline: Path | None = None) -> list[Row]:
+    """One case: the interleaved walls and CPU times, and the qmd processes of one search
+    (``baseline``: another checkout's ``qmdbridge search`` in the same rounds)."""
     state = tmp / f"state-{ws.name}"
     if not state.exists():
         write_config(state, command=str(QMD), timeout_ms=30_000)
@@ -98,37 +103,50 @@ def bench_case(tmp: Path, name: str, ws: Path, query: str, *, runs: int) -> list
     env = {**base_env(state), "QMDBRIDGE_DAEMON": "off"}
     env.pop("QMDBRIDGE_CLI_CACHE", None)
     off = {**env, "QMDBRIDGE_CLI_CACHE": "off"}
-    first: object = run_child(search_argv(ws, query), env=env, timeout_s=300).json()  # records
+    old_env = {**env, "PYTHONPATH": str(baseline)} if baseline is not None else None
+    for e in (env, old_env):  # the first search of a command line records its settings
+        if e is not None:
+            first: object = run_child(search_argv(ws, query), env=e, timeout_s=300).json()
     raw_env, argv = raw_qmd_env(state), raw_argv(state, query)
-    bridge, engine, raw, floor = [], [], [], []
+    walls: dict[str, list[float]] = {k: [] for k in ("bridge", "off", "base", "raw", "floor")}
+    cpus: dict[str, list[float]] = {k: [] for k in walls}
     same = True
     for _ in range(runs):
-        a = run_child(search_argv(ws, query), env=env)
-        b = run_child(search_argv(ws, query), env=off)
-        same &= a.stdout == b.stdout and a.json() == first
-        bridge.append(a.wall_ms)
-        engine.append(b.wall_ms)
-        c = run_child(argv, env=raw_env, cwd=ws)
-        c.json()
-        raw.append(c.wall_ms)
-        floor.append(run_child([sys.executable, "-c", "pass"], env=env).wall_ms)
+        runs_now = {"bridge": run_child(search_argv(ws, query), env=env),
+                    "off": run_child(search_argv(ws, query), env=off)}
+        if old_env is not None:
+            runs_now["base"] = run_child(search_argv(ws, query), env=old_env)
+        runs_now["raw"] = run_child(argv, env=raw_env, cwd=ws)
+        runs_now["raw"].json()
+        runs_now["floor"] = run_child([sys.executable, "-c", "pass"], env=env)
+        same &= all(runs_now[k].stdout == runs_now["bridge"].stdout for k in ("off", "base")
+                    if k in runs_now) and runs_now["bridge"].json() == first
+        for k, run in runs_now.items():
+            walls[k].append(run.wall_ms)
+            cpus[k].append(run.cpu_ms)
     doc = first if isinstance(first, dict) else {}
     hits = len(doc.get("results", []))
     calls = spawned(tmp, ws, query)
-    m, e, r = median(bridge), median(engine), median(raw)
-    return [
+    m, e, r = median(walls["bridge"]), median(walls["off"]), median(walls["raw"])
+    rows = [
         Row(SEC, f"{name}: qmdbridge search (CLI wall)", m, "ms", "", None,
-            f"{runs} runs; {hits} hits, backend {doc.get('backend')}; same bytes as cache off "
-            f"every run: {same}"),
-        Row(SEC, f"{name}: qmdbridge search, QMDBRIDGE_CLI_CACHE=off (CLI wall)", e, "ms"),
-        Row(SEC, f"{name}: raw qmd search --json (CLI wall)", r, "ms", "", None,
-            " ".join(argv[1:]).split(" --index")[0][:90]),
-        Row(SEC, f"{name}: python -c pass", median(floor), "ms"),
-        Row(SEC, f"{name}: qmdbridge / raw qmd", m / r, "x", "", None,
-            f"cache off / raw qmd {e / r:.2f}x"),
-        Row(SEC, f"{name}: qmd search processes per qmdbridge search", float(len(calls)), "", "",
-            None, " | ".join(_call(c) for c in calls)[:200]),
+            f"{runs} runs; {hits} hits, backend {doc.get('backend')}; same bytes as the other "
+            f"variants every run: {same}; CPU {median(cpus['bridge']):.0f} ms (qmd included)"),
+        Row(SEC, f"{name}: qmdbridge search, QMDBRIDGE_CLI_CACHE=off (CLI wall)", e, "ms", "", None,
+            f"CPU {median(cpus['off']):.0f} ms"),
     ]
+    if baseline is not None:
+        b = median(walls["base"])
+        rows.append(Row(SEC, f"{name}: baseline qmdbridge search (CLI wall)", b, "ms", "", None,
+                        f"{baseline}; CPU {median(cpus['base']):.0f} ms; this / baseline {m / b:.2f}x"))
+    return [*rows,
+            Row(SEC, f"{name}: raw qmd search --json (CLI wall)", r, "ms", "", None,
+                f"CPU {median(cpus['raw']):.0f} ms; " + " ".join(argv[1:]).split(" --index")[0][:80]),
+            Row(SEC, f"{name}: python -c pass", median(walls["floor"]), "ms"),
+            Row(SEC, f"{name}: qmdbridge / raw qmd", m / r, "x", "", None,
+                f"cache off / raw qmd {e / r:.2f}x"),
+            Row(SEC, f"{name}: qmd search processes per qmdbridge search", float(len(calls)), "",
+                "", None, " | ".join(_call(c) for c in calls)[:200])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--files", type=int, help="generated notes (default 300)")
     p.add_argument("--runs", type=int, help="interleaved rounds per case (default 15)")
+    p.add_argument("--baseline", type=Path, metavar="DIR",
+                   help="another checkout (e.g. `git worktree add DIR main`): its qmdbridge search, "
+                   "run with PYTHONPATH=DIR, in the same rounds")
     args = p.parse_args(argv)
     files = args.files or (30 if args.quick else 300)
     runs = args.runs or (3 if args.quick else 15)
@@ -153,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
             (small / "MEMORY.md").write_text(ONE_NOTE, encoding="utf-8")
             big = tmp / "generated"
             generate_workspace(big, files=files, file_bytes=2000)
-            rows = [*bench_case(tmp, "1 note, 'router WAN'", small, "router WAN", runs=runs),
+            base = args.baseline.resolve() if args.baseline else None
+            rows = [*bench_case(tmp, "1 note, 'router WAN'", small, "router WAN", runs=runs,
+                                baseline=base),
                     *bench_case(tmp, f"{files} notes, one word", big, planted_token(files // 2),
-                                runs=runs),
+                                runs=runs, baseline=base),
                     *bench_case(tmp, f"{files} notes, a question", big,
-                                QUESTION.format(token=planted_token(files // 3)), runs=runs)]
-    emit("bench_qmd_oneshot", rows, as_json=args.json, meta={"quick": args.quick, "files": files,
-                                                             "runs": runs})
+                                QUESTION.format(token=planted_token(files // 3)), runs=runs,
+                                baseline=base)]
+    emit("bench_qmd_oneshot", rows, as_json=args.json, meta={
+        "quick": args.quick, "files": files, "runs": runs, "baseline": str(args.baseline or "")})
     return 0
 
 

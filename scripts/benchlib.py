@@ -33,6 +33,7 @@ class ChildRun:
         stdout / stderr: decoded output (UTF-8, replacement on errors).
         wall_ms: wall time from spawn to exit, in ms.
         peak_rss_mb: the child's peak resident set size in MB (``ru_maxrss``, KiB on Linux).
+        cpu_ms: user + system CPU time of the child and of the descendants it waited for, ms.
     """
 
     returncode: int
@@ -40,6 +41,7 @@ class ChildRun:
     stderr: str
     wall_ms: float
     peak_rss_mb: float
+    cpu_ms: float = 0.0
 
     def json(self) -> object:
         """Parse stdout as JSON.
@@ -89,7 +91,8 @@ def run_child(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
         return ChildRun(returncode=proc.returncode,
                         stdout=out.read().decode("utf-8", "replace"),
                         stderr=err.read().decode("utf-8", "replace"),
-                        wall_ms=wall_ms, peak_rss_mb=usage.ru_maxrss / 1024)
+                        wall_ms=wall_ms, peak_rss_mb=usage.ru_maxrss / 1024,
+                        cpu_ms=(usage.ru_utime + usage.ru_stime) * 1000)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

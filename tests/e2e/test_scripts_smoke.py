@@ -74,6 +74,20 @@ def test_bench_qmd_quick() -> None:
     assert rows["hang stand-in processes left alive"]["ok"] is True
 
 
+def test_bench_qmd_oneshot_quick() -> None:
+    doc = run_script(str(SCRIPTS / "bench_qmd_oneshot.py"), "--quick", "--json", "--files", "10",
+                     "--runs", "1", timeout_s=300)
+    rows = rows_by_name(doc)
+    if not os.access(QMD, os.X_OK):
+        assert rows["real qmd"]["note"].startswith("skipped:")
+        return
+    one = "1 note, 'router WAN'"
+    assert "same bytes as the other variants every run: True" in rows[f"{one}: qmdbridge search (CLI wall)"]["note"]
+    # the note is found by the content words ANDed: no word is searched alone
+    assert rows[f"{one}: qmd search processes per qmdbridge search"]["value"] == 1
+    assert rows["10 notes, a question: qmd search processes per qmdbridge search"]["value"] > 2
+
+
 @pytest.mark.parametrize("mode", ["keyword"])
 def test_eval_quick(mode: str) -> None:
     doc = run_script(str(SCRIPTS / "eval.py"), "--quick", "--json", "--modes", mode)

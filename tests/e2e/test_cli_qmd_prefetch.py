@@ -103,13 +103,13 @@ def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
             "qmd_dir": state / "agents" / "main" / "qmd"}
 
 
-def search(s: dict[str, Any], *flags: str, probe: str | None = None,
+def search(s: dict[str, Any], *flags: str, probe: str | None = None, query: str = QUESTION,
            **env: str) -> subprocess.CompletedProcess[str]:
-    """``qmdbridge search QUESTION --workspace WS --json -v FLAGS`` (``probe``: Python code that
+    """``qmdbridge search QUERY --workspace WS --json -v FLAGS`` (``probe``: Python code that
     runs it and reports loaded modules on stderr); the wrapper's log starts empty."""
     s["log"].unlink(missing_ok=True)
     head = [sys.executable, "-c", probe] if probe else [sys.executable, "-m", "qmdbridge"]
-    return subprocess.run([*head, "search", QUESTION, "--workspace", str(s["ws"]), "--json", "-v", *flags],
+    return subprocess.run([*head, "search", query, "--workspace", str(s["ws"]), "--json", "-v", *flags],
                           env={**s["env"], **env}, capture_output=True, text=True, timeout=180)
 
 
@@ -165,6 +165,18 @@ def loaded(run: subprocess.CompletedProcess[str]) -> list[str]:
     """The modules a probe reported loaded."""
     assert run.returncode == 0, run.stderr
     return json.loads(run.stderr.split("\nLOADED ")[1].splitlines()[0])
+
+
+def test_another_question_of_the_command_line_is_started_ahead_as_the_search_sends_it(
+        setup: dict[str, Any]) -> None:
+    """The recorded settings hold for every query of the command line; a query with a quote
+    left open is sent without it (``without_stray_quote``), ahead as by the search."""
+    record(setup)
+    run = search(setup, query='When did the router "drop the WAN?')
+    assert all_taken(run) and calls(setup) == sorted(CALLS)
+    run = search(setup, query="router")
+    assert all_taken(run, most=2)
+    assert calls(setup) == ["-c memory-dir-main -- router", "-c memory-root-main -- router"]
 
 
 def test_starting_the_calls_ahead_loads_nothing_heavy(setup: dict[str, Any]) -> None:

@@ -542,6 +542,16 @@ class MemoryWatcher:
         self.state.retry_at_ms = None
         self.state.last_error = None
 
+    def pending_delivery_in_ms(self) -> int | None:
+        """How long until the changes seen so far are handed to ``on_change``, in ms (0: due
+        now, the quiet time has passed); ``None`` when nothing is pending, or when a failed
+        delivery waits for its retry (the retry's backoff decides when, not the debounce)."""
+        with self._lock:
+            if not self.state.pending or self._retry_at_mono is not None:
+                return None
+        quiet_for = time.monotonic() - self._last_change_mono
+        return max(0, int((self.debounce_ms / 1000 - quiet_for) * 1000))
+
     def snapshot(self) -> dict[str, Any]:
         """Status view: ``{mode, alive, deadReason, degradedReason, pending, events,
         lastEventMs, lastError, failures, retryAtMs, rearms, lastRearm}``."""

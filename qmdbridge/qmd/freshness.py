@@ -7,8 +7,9 @@ debounce (``update.debounceMs``, 15 s) still applies: when an update finished le
 ago, the update waits for the rest of the window instead of being dropped, so a change right
 after an update is never lost until the next 5-minute tick.
 
-Searches call :meth:`QmdFreshness.before_search`: when the index is dirty and
-``sync.onSearch`` is on, they wait for the update when it runs or starts within their wait,
+Searches call :meth:`QmdFreshness.before_search`: when the index is dirty, or the watcher has
+seen a change whose quiet time has not passed yet, and ``sync.onSearch`` is on, they wait for
+the update when it runs or starts within their wait,
 never past the search's own deadline. An update the debounce defers past that wait is not
 waited for (the search would only run out its wait and answer from the same index): the search
 answers at once from the index as it is, and the update runs when the debounce allows.
@@ -118,16 +119,39 @@ class QmdFreshness:
                                       lambda: anyio.to_thread.run_sync(watcher.rearm))
         return cause
 
+    def _update_due_in_ms(self) -> int | None:
+        """ms until the next watcher update starts (0: it runs already), or ``None`` when none
+        is coming: the update being waited for or run, else that of changes the watcher has
+        seen but not handed over yet (its quiet time, ``sync.watchDebounceMs``, then
+        ``update.debounceMs`` after the last update)."""
+        now = self._now()
+        if self._update_at_ms is not None:
+            return max(0, self._update_at_ms - now)
+        delivery = self.watcher.pending_delivery_in_ms()
+        if delivery is None:
+            return None
+        last = self.cycle.last_update_at
+        debounce_left = 0 if last is None else self.update_debounce_ms - (now - last)
+        return max(delivery, debounce_left, 0)
+
     async def before_search(self, *, budget_ms: int) -> None:
-        """Wait at most ``budget_ms`` (ms) for the watcher's update when the index is dirty and
-        that update runs or starts within ``budget_ms``; return at once when it starts later
-        (``update.debounceMs`` defers it) or none is pending (a failed update waits for the
-        watcher's retry). The wait ends when the update ends, done or failed."""
-        start_ms = self._update_at_ms
-        if not self.dirty or budget_ms <= 0 or start_ms is None or start_ms - self._now() >= budget_ms:
+        """Wait at most ``budget_ms`` (ms) for the watcher's update when one runs or starts
+        within ``budget_ms``: that of a change already handed over (the index is dirty), or of
+        a change the watcher has seen whose quiet time has not passed yet (a note saved just
+        before the search). Return at once when the update starts later (``update.debounceMs``
+        defers it) or none is coming (a failed update waits for the watcher's retry). The wait
+        ends when no update is due within what is left of ``budget_ms`` any more (each one
+        ends done or failed)."""
+        if budget_ms <= 0:
             return
+        deadline = anyio.current_time() + budget_ms / 1000
         with anyio.move_on_after(budget_ms / 1000):
-            await self._settled.wait()
+            while True:
+                due = self._update_due_in_ms()
+                left_ms = (deadline - anyio.current_time()) * 1000
+                if due is None or due >= left_ms:
+                    return
+                await self._settled.wait()
 
     def snapshot(self) -> dict[str, Any]:
         """Status view: dirty flag, reason, last error and the watcher's own state."""

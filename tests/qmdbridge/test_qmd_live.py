@@ -23,7 +23,8 @@ DEADLINE_S = 30
 
 
 def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
-             debounce_ms: int = 1500, timeout_ms: int = 4000) -> QmdBackend:
+             debounce_ms: int = 1500, timeout_ms: int = 4000,
+             watch_debounce_ms: int = 200) -> QmdBackend:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha fact\n")
@@ -31,7 +32,7 @@ def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
         "memory": {"backend": "qmd", "qmd": {"update": {"debounceMs": debounce_ms, "interval": "0",
                                                         "waitForBootSync": True},
                                              "limits": {"timeoutMs": timeout_ms}}},
-        "agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": 200}}}}})
+        "agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": watch_debounce_ms}}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
                       searched=[], path_env=base_path_env, child_path=base_path_env)
@@ -142,6 +143,32 @@ async def test_a_search_waits_only_for_an_update_due_within_its_wait(
                 await anyio.sleep(0.02)
         assert [r.path for r in await b.search("osprey", min_score=0)] == ["memory/2026-05-05.md"]
         assert b.cycle.updates_run == 3
+        await b.close()
+
+
+async def test_a_search_right_after_a_save_waits_for_the_watchers_update(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A note saved just before a search: the watcher has seen it, but its quiet time
+    (``sync.watchDebounceMs``, 1.5 s) has not passed, so no update is pending yet. That update
+    starts within the search's wait (half of ``limits.timeoutMs``), so the search waits for it
+    and finds the note. It answered at once from the index without the note: an agent that
+    wrote a fact and searched for it at once did not find it."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, debounce_ms=0, timeout_ms=8000,
+                 watch_debounce_ms=1500)
+    ws = b.agent.workspace_dir
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert b.freshness is not None
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.watcher.snapshot()["alive"]:
+                await anyio.sleep(0.02)
+        (ws / "memory" / "2026-05-06.md").write_text("# Day\n\navocet in the saltmarsh\n")
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.watcher.snapshot()["pending"]:  # seen, not yet handed over
+                await anyio.sleep(0.01)
+        updates = b.cycle.updates_run
+        assert [r.path for r in await b.search("avocet", min_score=0)] == ["memory/2026-05-06.md"]
+        assert b.cycle.updates_run == updates + 1
         await b.close()
 
 

@@ -259,6 +259,9 @@ class LiveSync:
             await self._engine.sync_after_running(reason="watch",
                                                   paths=None if rescan else set(memory_paths))
             self.sync_counts["watch"] += 1
+            failures = self.watcher.state.failures if self.watcher is not None else 0
+            if failures and self._tasks is not None:  # the retry of a failed sync worked
+                self._tasks.recovered("watch sync", failures)
             if rescan:
                 self._rearms_synced = max(self._rearms_synced, rearms)
 

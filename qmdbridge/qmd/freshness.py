@@ -100,6 +100,8 @@ class QmdFreshness:
         self.dirty = False
         self.dirty_reason = None
         self.last_error = None
+        if self.watcher.state.failures:  # the retry of a failed update worked
+            self.tasks.recovered("watch update", self.watcher.state.failures)
 
     def _update_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
         self.last_error = str(exc)

@@ -112,6 +112,40 @@ async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path
         assert status.dirty is False
 
 
+async def test_a_watch_sync_that_failed_once_is_not_failing_after_its_retry(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A watch sync fails (stood in here by a sync that raises once, as a full disk would) and
+    ``status().background`` names it failing; the watcher retries it, the retry indexes the
+    note, and the task is no longer failing. It stayed in ``failing`` until a restart."""
+    from fallback.errors import IndexStoreError
+
+    engine = _engine(ws)
+    real = engine.sync_after_running
+    failed = anyio.Event()
+
+    async def fails_once(**kwargs: object) -> object:
+        if not failed.is_set():
+            failed.set()
+            raise IndexStoreError("database or disk is full")
+        return await real(**kwargs)  # type: ignore[arg-type]
+
+    async with live(engine) as tasks:
+        await _booted(engine)
+        monkeypatch.setattr(engine, "sync_after_running", fails_once)
+        (ws / "memory" / "tern.md").write_text("Arctic tern colony.\n")
+        await failed.wait()
+
+        async def reported() -> bool:
+            return tasks.status().failing == ["builtin: watch sync"]
+        await eventually(reported, "the failed watch sync reported")
+        await eventually(_finds(engine, "tern", ["memory/tern.md"]), "the retry indexed the note")
+
+        async def recovered() -> bool:
+            return engine.live.watcher.snapshot()["failures"] == 0
+        await eventually(recovered, "the retried delivery returned")
+        assert tasks.status().failing == []
+
+
 async def test_dead_watcher_thread_is_noticed_by_status_and_re_armed_on_polling(ws: Path) -> None:
     engine = _engine(ws)
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher

@@ -172,6 +172,39 @@ async def test_a_search_right_after_a_save_waits_for_the_watchers_update(
         await b.close()
 
 
+async def test_a_watch_update_that_fails_then_succeeds_is_no_longer_failing(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd removed from disk while ``serve`` runs: the watcher's update fails and
+    ``status().background`` names it failing. Once qmd is back, the retried update indexes the
+    note, and the task is no longer failing; it stayed in ``failing`` (and the status said
+    ``Background: ... failing: qmd: watch update``) until a restart."""
+    wrapper = tmp_path / "bin" / "qmd"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {qmd_bin} "$@"\n')
+    wrapper.chmod(0o755)
+    b = _backend(tmp_path, wrapper, base_path_env, debounce_ms=0)
+    b.cfg.mcp.enabled = False  # no warm child: every search spawns the wrapper
+    ws = b.agent.workspace_dir
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert b.freshness is not None
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.watcher.snapshot()["alive"]:
+                await anyio.sleep(0.02)
+        wrapper.rename(wrapper.with_name("qmd.away"))
+        (ws / "memory" / "2026-05-07.md").write_text("# Day\n\ngannet colony\n")
+        with anyio.fail_after(DEADLINE_S):
+            while "qmd: watch update" not in tasks.status().failing:
+                await anyio.sleep(0.02)
+        wrapper.with_name("qmd.away").rename(wrapper)
+        assert await _wait_found(b, "gannet") == ["memory/2026-05-07.md"]
+        with anyio.fail_after(DEADLINE_S):
+            while b.freshness.watcher.snapshot()["failures"]:
+                await anyio.sleep(0.02)  # the retried delivery has returned
+        assert tasks.status().failing == []
+        await b.close()
+
+
 async def test_session_transcripts_are_exported_searched_and_readable(tmp_path: Path, qmd_bin: Path,
                                                                        base_path_env: str) -> None:
     import orjson

@@ -58,7 +58,7 @@ from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import cited_snippet, format_citation
 from qmdbridge.policy.limits import MAX_LIMIT, check_search_limits
-from qmdbridge.qmd.errors import QmdBusyError, QmdQueryTooLongError
+from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
@@ -338,6 +338,9 @@ class MemoryManager:
             return None, self._search_failed(reason)
         except QmdQueryTooLongError as exc:  # the caller's pasted text: not a qmd failure
             log.info("%s; answering from builtin without opening the breaker", exc.reason)
+            return None, self._remember(exc.reason, forget_probe=False)
+        except QmdIndexLostError as exc:  # lost or corrupt, being re-indexed: not a qmd failure
+            log.warning("%s; answering from builtin without opening the breaker", exc.reason)
             return None, self._remember(exc.reason, forget_probe=False)
         except QmdBusyError as exc:  # qmd's own update holds its index: not a qmd failure
             log.info("qmd index busy; answering from builtin without opening the breaker")

@@ -100,7 +100,8 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
 
     Returns:
         ``[{"check", "message", "hint"}]``: ``check`` is ``memory file``, ``memory paths``,
-        ``index``, ``FTS5``, ``embedding provider`` or ``qmd``; ``hint`` says how to fix it
+        ``index``, ``FTS5``, ``embedding provider``, ``qmd index`` (qmd's index lost its
+        documents or is corrupt) or ``qmd``; ``hint`` says how to fix it
         (or is None).
     """
     backends: dict[str, Any] = status.get("backends") or {}
@@ -122,6 +123,10 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
                                 f"{status.get('requestedProvider')}: unavailable"),
                             'fix the provider settings, or set memorySearch.provider to "auto" or "none"'))
     qmd: dict[str, Any] = backends.get("qmd") or {}
+    lost = ((qmd.get("custom") or {}).get("qmd") or {}).get("indexProblem")
+    if lost:  # deleted, replaced or corrupt: the builtin engine answers until it is re-indexed
+        out.append(_problem("qmd index", f"{lost}; the builtin engine answers meanwhile",
+                            "a running serve re-indexes it by itself; else run `qmdbridge qmd update`"))
     breaker: dict[str, Any] = qmd.get("breaker") or {}
     fallback: dict[str, Any] | None = status.get("fallback")
     if qmd and (breaker.get("state") == "open" or fallback):

@@ -49,6 +49,8 @@ from qmdbridge.qmd.collections import (
     rebuild,
     rule_extra_paths,
 )
+from qmdbridge.qmd.errors import QmdIndexLostError
+from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.lexical import relax, warm_candidates
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
@@ -64,7 +66,7 @@ from qmdbridge.qmd.query_text import search_words, without_stray_quote
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import CommandRunner, RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
-from qmdbridge.qmd.startup import lost_collections, prepare_home, reconcile_if_changed, yml_stamp
+from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
 from qmdbridge.qmd.status_doc import status_document
 from qmdbridge.qmd.update import UpdateCycle, file_lock
 
@@ -125,6 +127,7 @@ class QmdBackend:
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
+        self.health = IndexHealth(self)  # a lost or corrupt index, noticed and re-indexed
         # index.yml's stamp when this backend last reconciled (startup.lost_collections)
         self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
@@ -251,6 +254,7 @@ class QmdBackend:
         try:
             await self.prepare()
             await self.reconcile()
+            await self.health.at_start()
             up = self.cfg.update
             if up.on_boot and boot_update:
                 if up.wait_for_boot_sync:
@@ -269,7 +273,7 @@ class QmdBackend:
                 self.warm = WarmChild(
                     argv=self.argv(["mcp"]),  # the stdio transport: no port, nothing to connect to
                     env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
-                    startup_budget_ms=self.cfg.update.command_timeout_ms)
+                    startup_budget_ms=self.cfg.update.command_timeout_ms, index_db=self.home.index_db)
                 self.warm.attach(self._bg)
                 if self.cfg.search_mode in ("query", "search"):  # search: questions (lexical.py)
                     self.warm.launch()
@@ -292,19 +296,6 @@ class QmdBackend:
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
         self._yml_seen = yml_stamp(self.home.index_yml)
-
-    async def _readd_lost(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after a reconcile when a managed
-        collection has none and qmd's collection list changed since this backend last
-        reconciled (:func:`~qmdbridge.qmd.startup.lost_collections`)."""
-        stamp = yml_stamp(self.home.index_yml)
-        if stamp == self._yml_seen or not lost_collections(self.collections, counts,
-                                                           self.reconcile_state.refused):
-            return counts
-        log.warning("qmd's collection list changed and a managed collection has no document in "
-                    "qmd's index; reconciling the collections")
-        await self.reconcile()  # records the stamp it leaves: one attempt per edit
-        return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
         """Cancel this backend's background tasks (their qmd children are killed and reaped),
@@ -440,6 +431,7 @@ class QmdBackend:
             QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI");
                 ``QmdQueryTooLongError``: the system would not start it with a query that long.
             QmdOutputError: stdout was not a result array.
+            QmdIndexLostError: qmd's index lost its documents or is corrupt (being re-indexed).
         """
         self._check_open()
         q = without_stray_quote(query.strip())  # a quote left open is a typo, not qmd syntax
@@ -457,7 +449,10 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
-        counts = await self._readd_lost((await self.index_counts.read())[0])
+        counts, count_error = await self.index_counts.read()
+        if (lost := await self.health.notice(counts, count_error)) is not None:
+            raise QmdIndexLostError(lost)  # the builtin engine answers, no breaker
+        counts = await self.health.readd_lost(counts)
         colls = [c for c in self.collections if (sources is None or c.source in sources)
                  and c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
@@ -592,5 +587,6 @@ class QmdBackend:
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
         counts, err = await self.index_counts.read()
+        await self.health.notice(counts, err)  # backend.health.problem: an issue, a problem
         return status_document(self, counts=counts, count_error=err,
                                probe=await self.search_probe(), dead_watcher=dead)

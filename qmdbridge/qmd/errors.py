@@ -9,6 +9,7 @@ boundary treats them like any other backend failure::
      |    +-- QmdBusyError qmd's index stayed busy (SQLITE_BUSY) through the retries
      |    +-- QmdQueryTooLongError  the system would not start qmd with a query that long
      +-- QmdOutputError    qmd's stdout is not a search-result array
+     +-- QmdIndexLostError qmd's index lost its documents or is corrupt; it is being re-indexed
      +-- QmdMcpError       the warm ``qmd mcp`` child could not answer a call (its search
                            is then run by spawning qmd; never reaches the manager)
 """
@@ -19,7 +20,8 @@ import os
 
 from fallback.errors import BackendUnavailableError
 
-__all__ = ["QmdBusyError", "QmdCommandError", "QmdMcpError", "QmdOutputError", "QmdQueryTooLongError"]
+__all__ = ["QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
+           "QmdQueryTooLongError"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -115,6 +117,20 @@ class QmdQueryTooLongError(QmdCommandError):
 
 class QmdOutputError(BackendUnavailableError):
     """Raised when qmd's stdout cannot be parsed as search results."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("qmd", reason)
+
+
+class QmdIndexLostError(BackendUnavailableError):
+    """Raised by a search when qmd's index holds no document of collections whose folders hold
+    memory files (deleted or replaced), or is corrupt (``qmdbridge.qmd.index_health``). Not a
+    failure of qmd: the manager answers from the builtin engine without opening the circuit
+    breaker, while the index is re-indexed.
+
+    Message: the problem and what is done about it (``qmd's index <db> is corrupt (...);
+    re-indexing it (qmd update) in the background``).
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__("qmd", reason)

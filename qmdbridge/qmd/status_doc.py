@@ -40,7 +40,9 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
     total = sum(counts.values())
     embed = backend.cycle.embed
     sources: list[Source] = sorted({c.source for c in backend.collections}) or ["memory"]
-    issues = (list(backend.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in backend.startup_problems]
+    # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
+    issues = (([backend.health.problem] if backend.health.problem else [])
+              + list(backend.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in backend.startup_problems]
               + backend.hit_problems + ([VEC0_HINT] if backend.mode_override else [])
               + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error else []))
     last_error = (f"qmd search probe failed: {probe}" if probe else None) or (
@@ -72,4 +74,5 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
             "warm": backend.warm.describe() if backend.warm is not None else {
                 "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                 if backend.mode == "cli" else "memory.qmd.mcp.enabled is false"},
+            "indexProblem": backend.health.problem,
             "startup": {"problems": list(backend.startup_problems)}}})

@@ -67,6 +67,7 @@ from fallback.background import BackgroundTasks, RetryPolicy
 from fallback.errors import BackendTimeoutError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
+from qmdbridge.qmd.index_health import db_identity
 from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
 from qmdbridge.qmd.parse import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
@@ -176,6 +177,9 @@ class WarmChild:
         cwd: the child's working directory (the agent workspace).
         startup_budget_ms: how long one start may take until ``initialize`` answered, ms > 0
             (``update.commandTimeoutMs``).
+        index_db: qmd's ``index.sqlite``: a child whose file was replaced since it started (the
+            index deleted and created again, or moved aside as corrupt) still reads the old
+            one, so it is restarted and the call spawned. ``None``: not checked.
         policy: restart backoff (default 1 s doubling to 5 min).
         now_ms: clock in epoch ms, for status.
 
@@ -187,10 +191,12 @@ class WarmChild:
 
     def __init__(self, *, argv: list[str], env: Mapping[str, str], cwd: Path,
                  startup_budget_ms: int, policy: RetryPolicy | None = None,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, index_db: Path | None = None) -> None:
         self._argv = list(argv)
         self._env = dict(env)
         self._cwd = cwd
+        self._index_db = index_db
+        self._db_ident: tuple[int, int] | None = None  # the index file the ready child opened
         self.startup_budget_ms = startup_budget_ms
         self.policy = policy or RetryPolicy()
         self._now = now_ms or (lambda: int(time.time() * 1000))
@@ -352,6 +358,7 @@ class WarmChild:
 
     def _set_ready(self, client: McpStdioClient, started: float, ready_at: float) -> None:
         self._client = client
+        self._db_ident = db_identity(self._index_db) if self._index_db is not None else None
         self.state, self.starts = "ready", self.starts + 1
         self.ready_at_ms = self._now()
         self.startup_ms = int((ready_at - started) * 1000)
@@ -439,6 +446,13 @@ class WarmChild:
             return None
         summary = f"{what} (warm qmd mcp, pid {self.pid})"
         failed = self._failed
+        if self._reads_a_replaced_index():
+            self.spawn_fallbacks += 1
+            self._error(f"qmd's index {self._index_db} was replaced since the qmd mcp child (pid "
+                        f"{self.pid}) opened it; restarting the child, spawning qmd meanwhile")
+            if failed is not None:
+                failed.set()  # the supervisor kills and restarts this child
+            return None
         try:
             with anyio.fail_after(max(0, plan.remaining_ms()) / 1000):
                 async with self._calls:
@@ -458,6 +472,17 @@ class WarmChild:
             return None
         self.answered += 1
         return entries
+
+    def _reads_a_replaced_index(self) -> bool:
+        """Whether :attr:`_index_db` names another file than the one the ready child opened
+        (one ``stat``); the first call records it when the file did not exist at start."""
+        if self._index_db is None:
+            return False
+        now = db_identity(self._index_db)
+        if self._db_ident is None:
+            self._db_ident = now
+            return False
+        return now != self._db_ident
 
     # -- status -------------------------------------------------------------------------------
 

@@ -1,0 +1,239 @@
+"""qmd's index lost or corrupt behind the bridge's back: noticed, moved aside, re-indexed.
+
+The agent's ``index.sqlite`` (``<qmd home>/xdg-cache/qmd/``) can disappear under a running
+agent (a cache clean-up, a reset by hand) or be damaged (a full disk, a crash mid-write). qmd
+then does not fail where one would expect it to: a deleted index is recreated, empty, by the
+next qmd command from ``index.yml``, so every search answers no hit; a truncated one fails
+every command with ``SQLITE_CORRUPT``. Neither is repaired by qmd itself.
+
+:class:`IndexHealth` tells both apart from a young workspace: the index holds no document of
+any managed collection while some collection's folder holds a file it indexes (by the
+memory-file rule), or reading the index fails with a corruption error. :meth:`restore` moves a
+corrupt index (with its ``-wal`` and ``-shm``) aside as ``index.sqlite.corrupt-<ms>`` and runs
+``qmd update``, which indexes every collection again. ``QmdBackend`` calls it at start-up
+(every one-shot command) and, in long-lived mode, from a search or ``status`` in the
+background, while the builtin engine answers (:class:`~qmdbridge.qmd.errors.QmdIndexLostError`,
+which never opens the circuit breaker). A warm ``qmd mcp`` child still reading the old file is
+replaced by ``WarmChild`` when the file's identity changes.
+
+The walk that looks for a memory file runs only when qmd's index holds no document at all, and
+once per index file (its device and inode): an empty workspace costs one walk per file. An index
+without documents after qmd's collection list (``index.yml``) changed is left to the reconcile
+repairs (its collections were removed, and re-adding them indexes them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from fallback.sources.memory_files import SKIP_DIR_NAMES, root_memory_file
+from qmdbridge.qmd.collections import ManagedCollection
+
+if TYPE_CHECKING:
+    from qmdbridge.qmd.backend import QmdBackend
+
+__all__ = ["IndexHealth", "db_identity", "holds_memory_file", "is_corrupt", "move_aside"]
+
+log = logging.getLogger("qmdbridge.qmd.backend")
+
+# What SQLite (Python's, or qmd's under Node and Bun) says of a damaged database file.
+_CORRUPT_MARKERS = ("database disk image is malformed", "file is not a database",
+                    "sqlite_corrupt", "sqlite_notadb")
+# The name of the background task that re-indexes (deduplicated).
+RESTORE_TASK = "index re-index"
+_UNCHECKED = object()
+
+
+def is_corrupt(text: str | None) -> bool:
+    """Whether an error message (``sqlite3``'s, or qmd's stderr) says the index is damaged."""
+    low = (text or "").lower()
+    return any(m in low for m in _CORRUPT_MARKERS)
+
+
+def db_identity(db: Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of ``db``, or ``None`` when it does not exist: what a process that
+    opened it keeps reading, whatever replaces the name later."""
+    try:
+        st = os.stat(db)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def holds_memory_file(c: ManagedCollection) -> bool:
+    """Whether the folder of ``c`` holds a regular file ``c`` indexes (its pattern, ``.md``, no
+    hidden or skipped segment; symlinks are neither followed nor counted); stops at the first.
+    Blocking: call in a worker thread."""
+    if c.is_root_file:
+        return root_memory_file(c.path).name is not None
+    base = str(c.path)
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIP_DIR_NAMES]
+        rel_dir = os.path.relpath(folder, base).replace(os.sep, "/")
+        for name in files:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            path = os.path.join(folder, name)
+            if c.admits(rel) and os.path.isfile(path) and not os.path.islink(path):
+                return True
+    return False
+
+
+def move_aside(db: Path, now_ms: int) -> Path:
+    """Rename a damaged ``db`` and its ``-wal``/``-shm`` to ``<name>.corrupt-<now_ms>[-wal|-shm]``
+    (kept for inspection; qmd creates a new index at the old name).
+
+    Returns:
+        The new name of ``db``.
+
+    Raises:
+        OSError: ``db`` cannot be renamed.
+    """
+    target = db.with_name(f"{db.name}.corrupt-{now_ms}")
+    os.replace(db, target)
+    for suffix in ("-wal", "-shm"):
+        side = db.with_name(db.name + suffix)
+        try:
+            os.replace(side, target.with_name(target.name + suffix))
+        except FileNotFoundError:
+            continue
+    return target
+
+
+class IndexHealth:
+    """Whether one backend's qmd index was lost or damaged, and its repair.
+
+    Args:
+        backend: the ``QmdBackend`` (its home, collections, update cycle, task group).
+
+    Attributes:
+        problem: what is wrong with the index now, one line, or ``None``; with what is done
+            about it (``re-indexing it ...``, or why that failed).
+    """
+
+    def __init__(self, backend: QmdBackend) -> None:
+        self.backend = backend
+        self.problem: str | None = None
+        self._checked: object = _UNCHECKED  # db_identity of an index found without a problem
+        self._restoring = False
+
+    async def check(self, counts: Mapping[str, int], count_error: str | None) -> str | None:
+        """What is wrong with qmd's index, or ``None``.
+
+        Args:
+            counts: active documents per collection in qmd's index (``IndexCounts.read``).
+            count_error: why the index could not be read, or ``None``.
+
+        Returns:
+            ``qmd's index <db> is corrupt (<error>)``, or ``qmd's index <db> holds no document of
+            <collections>, whose folders hold memory files (...)``; ``None`` otherwise.
+        """
+        b = self.backend
+        db = b.home.index_db
+        if count_error is not None:
+            return f"qmd's index {db} is corrupt ({count_error})" if is_corrupt(count_error) else None
+        managed = [c for c in b.collections if c.name not in b.reconcile_state.refused]
+        if any(counts.get(c.name, 0) > 0 for c in managed):
+            return None
+        from qmdbridge.qmd.startup import yml_stamp
+
+        if yml_stamp(b.home.index_yml) != b._yml_seen:
+            return None  # qmd's collections were edited (removed?): the reconcile repairs re-add them
+        ident = db_identity(db)
+        if ident == self._checked:
+            return None
+        holders = await anyio.to_thread.run_sync(
+            lambda: [c.name for c in managed if holds_memory_file(c)])
+        if not holders:
+            self._checked = ident
+            return None
+        return (f"qmd's index {db} holds no document of {', '.join(holders)}, whose folders hold "
+                "memory files (was it deleted or replaced?)")
+
+    async def restore(self, why: str) -> None:
+        """Move a corrupt index aside and run ``qmd update`` (``update.updateTimeoutMs``), so
+        qmd indexes every collection again; :attr:`problem` says so meanwhile.
+
+        Raises:
+            BackendUnavailableError: the update failed (:attr:`problem` keeps the reason).
+        """
+        from fallback.errors import BackendUnavailableError
+        from qmdbridge.qmd.update import file_lock
+
+        b = self.backend
+        db = b.home.index_db
+        self.problem = f"{why}; re-indexing it (qmd update)"
+        self._restoring = True
+        log.warning("%s", self.problem)
+        try:
+            if "is corrupt" in why:
+                async with file_lock(b.home.write_lock, budget_ms=b.cfg.update.update_timeout_ms):
+                    counts, err = await b.index_counts.read()  # an update may have repaired it
+                    if await self.check(counts, err) == why:
+                        try:
+                            aside = move_aside(db, int(time.time() * 1000))
+                        except OSError as exc:
+                            raise BackendUnavailableError(
+                                "qmd", f"cannot move the corrupt index {db} aside: {exc}") from exc
+                        log.warning("moved the corrupt qmd index aside to %s", aside)
+            await b.cycle.run("re-index", debounce=False)
+        except BackendUnavailableError as exc:
+            self.problem = f"{why}; re-indexing failed: {exc.reason}"
+            raise
+        finally:
+            self._restoring = False
+        self.problem = None
+        self._checked = db_identity(db)
+        log.warning("qmd's index re-indexed (%s)", db)
+
+    async def readd_lost(self, counts: dict[str, int]) -> dict[str, int]:
+        """``counts`` (documents per collection), read again after a reconcile when a managed
+        collection has none and qmd's collection list changed since the backend last
+        reconciled (:func:`~qmdbridge.qmd.startup.lost_collections`)."""
+        from qmdbridge.qmd.startup import lost_collections, yml_stamp
+
+        b = self.backend
+        stamp = yml_stamp(b.home.index_yml)
+        if stamp == b._yml_seen or not lost_collections(b.collections, counts, b.reconcile_state.refused):
+            return counts
+        log.warning("qmd's collection list changed and a managed collection has no document in "
+                    "qmd's index; reconciling the collections")
+        await b.reconcile()  # records the stamp it leaves: one attempt per edit
+        return (await b.index_counts.read())[0]
+
+    async def at_start(self) -> None:
+        """Start-up step: re-index a lost or corrupt index now (:meth:`restore`); a failure is
+        a start-up problem (``status``), and searches then answer from the builtin engine."""
+        from fallback.errors import BackendUnavailableError
+
+        counts, err = await self.backend.index_counts.read()
+        why = await self.check(counts, err)
+        if why is not None:
+            try:
+                await self.restore(why)
+            except BackendUnavailableError as exc:
+                self.backend._startup_problem(f"re-indexing a lost qmd index failed: {exc.reason}")
+
+    async def notice(self, counts: Mapping[str, int], count_error: str | None) -> str | None:
+        """:meth:`check`, and when something is wrong start :meth:`restore` in the backend's
+        task group (long-lived mode; one at a time). Returns the problem (with what is done
+        about it), or ``None``; a problem found earlier that is gone is cleared."""
+        why = await self.check(counts, count_error)
+        if why is None:
+            if not self._restoring:
+                self.problem = None
+            return None
+        bg: Any = getattr(self.backend, "_bg", None)
+        if bg is not None and bg.is_open:
+            if not self._restoring:
+                self.problem = f"{why}; re-indexing it (qmd update) in the background"
+            bg.start_soon(RESTORE_TASK, lambda: self.restore(why), retry=False, dedupe=True)
+        elif self.problem is None:
+            self.problem = f"{why}; run `qmdbridge qmd update` to re-index it"
+        return self.problem

@@ -1,0 +1,137 @@
+"""qmd's index lost or corrupt under the bridge, with the real qmd 2.8.3.
+
+An operator deletes the agent's ``index.sqlite`` (a cache clean-up, a reset by hand) or it is
+truncated (a full disk, a crash): qmd then answers every search with nothing (it recreates an
+empty index from ``index.yml``) or fails with ``SQLITE_CORRUPT``. The bridge notices that the
+index holds no document of collections whose folders hold memory files, re-indexes it (a corrupt
+one moved aside first), and until then the builtin engine answers with the reason, without
+opening the circuit breaker. A warm ``qmd mcp`` child that still reads the replaced file is
+restarted, so it never answers from the old one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from qmdbridge import MemoryManager
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.problems import status_problems
+
+pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
+
+# Longest wait for a background re-index or a child restart, seconds (a bound, not a timing).
+DEADLINE_S = 60
+
+
+def _agent(tmp_path: Path, qmd_bin: Path, **qmd: Any) -> Any:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True, exist_ok=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nThe router is a Mikrotik in the hallway.\n")
+    (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe heron nests by the weir.\n")
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "search",
+        "update": {"interval": "0", "debounceMs": 0, "waitForBootSync": True}, **qmd}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none",
+                                                 "sync": {"watchDebounceMs": 100}}}}})
+    return resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["HOME"] = str(tmp_path / "home")
+    return env
+
+
+def _index_files(agent: Any) -> list[Path]:
+    db = agent.state_dir / "agents" / "main" / "qmd" / "xdg-cache" / "qmd" / "index.sqlite"
+    return [db, db.with_name("index.sqlite-wal"), db.with_name("index.sqlite-shm")]
+
+
+def _delete_index(agent: Any) -> None:
+    for p in _index_files(agent):
+        p.unlink(missing_ok=True)
+
+
+def _corrupt_index(agent: Any) -> None:
+    db = _index_files(agent)[0]
+    with open(db, "r+b") as f:  # keep the header, lose the pages: "database disk image is malformed"
+        f.truncate(8192)
+
+
+async def _indexed(tmp_path: Path, agent: Any) -> None:
+    """A one-shot search that qmd answers with the heron note (the index is built)."""
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        r = await m.search("heron")
+        assert (r.backend, [h.path for h in r.results]) == ("qmd", ["memory/2026-03-01.md"])
+
+
+@pytest.mark.parametrize("damage", [_delete_index, _corrupt_index], ids=["deleted", "corrupt"])
+async def test_one_shot_search_reindexes_a_lost_or_corrupt_index(tmp_path: Path, qmd_bin: Path,
+                                                                damage: Any) -> None:
+    """The next one-shot command after the damage re-indexes at start-up (a corrupt index is
+    moved aside, named in the log), and qmd answers. Before: a deleted index answered every
+    search with no hit, no fallback and a healthy status; a corrupt one failed every search
+    with the reason ``... failed (code 1): 72 |  */`` and opened the breaker."""
+    agent = _agent(tmp_path, qmd_bin)
+    await _indexed(tmp_path, agent)
+    damage(agent)
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        r = await m.search("heron")
+        assert (r.backend, r.fallback, [h.path for h in r.results]) == (
+            "qmd", None, ["memory/2026-03-01.md"])
+        status = (await m.status()).to_json_dict()
+        assert (status["backend"], status["files"], status_problems(status)) == ("qmd", 2, [])
+        assert m.breaker.state.failures == 0
+    aside = [p.name for p in _index_files(agent)[0].parent.glob("index.sqlite.corrupt-*")
+             if not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == (1 if damage is _corrupt_index else 0)
+
+
+@pytest.mark.parametrize("damage", [_delete_index, _corrupt_index], ids=["deleted", "corrupt"])
+async def test_serve_answers_from_builtin_while_it_reindexes_then_qmd_finds_new_notes(
+        tmp_path: Path, qmd_bin: Path, damage: Any) -> None:
+    """Under a running long-lived manager (``serve``, its warm child ready): the index is
+    damaged and a note is saved. ``status`` says what happened and that it is re-indexing; a
+    search answers from the builtin engine with that reason, the breaker stays closed; once
+    re-indexed, qmd answers (through a child restarted on the new file) with the new note.
+    Before: qmd answered nothing for a deleted index until the next update, and then the
+    warm child kept answering from the deleted file, without the note, until a restart."""
+    agent = _agent(tmp_path, qmd_bin)
+    await _indexed(tmp_path, agent)
+    async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
+        await m.start()
+        backend: Any = m.sidecar.backend if m.sidecar else None
+        assert backend is not None and backend.warm is not None
+        with anyio.fail_after(DEADLINE_S):
+            await backend.warm.wait_for(lambda w: w.ready)
+        assert (await m.search("heron")).backend == "qmd"
+        old_pid = backend.warm.pid
+        damage(agent)
+        status = (await m.status()).to_json_dict()
+        problems = [p for p in status_problems(status) if p["check"] == "qmd index"]
+        assert len(problems) == 1, status_problems(status)
+        assert "re-indexing" in problems[0]["message"]
+        (agent.workspace_dir / "memory" / "2026-03-02.md").write_text("# Day\n\nA narwhal in the fjord.\n")
+        with anyio.fail_after(DEADLINE_S):
+            while True:
+                r = await m.search("narwhal")
+                if r.backend == "qmd" and r.results:
+                    break
+                if r.backend == "builtin":
+                    assert r.fallback is not None and "re-index" in r.fallback.reason
+                await anyio.sleep(0.1)
+        assert [h.path for h in r.results] == ["memory/2026-03-02.md"]
+        assert m.breaker.state.failures == 0
+        with anyio.fail_after(DEADLINE_S):  # the child that read the old file was replaced
+            await backend.warm.wait_for(lambda w: w.ready and w.pid != old_pid)
+        answered = backend.warm.answered
+        again = await m.search("narwhal")
+        assert (again.backend, [h.path for h in again.results]) == ("qmd", ["memory/2026-03-02.md"])
+        assert backend.warm.answered > answered
+        status = (await m.status()).to_json_dict()
+        assert [p for p in status_problems(status) if p["check"] == "qmd index"] == []

@@ -29,14 +29,11 @@ log = logging.getLogger("qmdbridge")
 
 
 def short_reason(reason: str) -> str:
-    """One line of a failure for people: qmd's ``error:`` line when its stderr is a stack
-    trace, at most 300 chars."""
-    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-    if len(lines) > 1:
-        picked = next((ln for ln in lines[1:] if ln.lower().startswith(("error:", "error "))), None)
-        head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
-        reason = f"{head}: {picked}" if picked else lines[0]
-    return reason if len(reason) <= 300 else reason[:297] + "..."
+    """One line of a failure for people (:func:`qmdbridge.qmd.errors.one_line`): qmd's error
+    line when its stderr is a stack trace, at most 300 chars."""
+    from qmdbridge.qmd.errors import one_line
+
+    return one_line(reason)
 
 
 class QmdSidecar:

@@ -17,14 +17,35 @@ boundary treats them like any other backend failure::
 from __future__ import annotations
 
 import os
+import re
 
 from fallback.errors import BackendUnavailableError
 
 __all__ = ["QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
-           "QmdQueryTooLongError"]
+           "QmdQueryTooLongError", "one_line"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
+
+
+# The line of a stack trace that names the error: ``error: ...`` (Bun), ``Error: ...``,
+# ``SQLiteError: ...``, ``TypeError: ...`` (Bun and Node).
+_ERROR_LINE_RE = re.compile(r"^(?:[A-Za-z]*Error|error)(?::|\s)")
+# Longest one-line reason, chars.
+ONE_LINE_CHARS = 300
+
+
+def one_line(reason: str) -> str:
+    """One line of a failure for people, at most 300 chars. When qmd's stderr in it is a stack
+    trace (Bun prints source lines first: ``72 |  */``), the first line's head (``qmd search
+    ... failed (code 1)``) and the line naming the error (``SQLiteError: database disk image
+    is malformed``, ``error: LLM operations are disabled in CI``), else the first line."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if len(lines) > 1:
+        head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
+        picked = next((ln for ln in lines[1:] if _ERROR_LINE_RE.match(ln)), None)
+        reason = f"{head}: {picked}" if picked else lines[0]
+    return reason if len(reason) <= ONE_LINE_CHARS else reason[: ONE_LINE_CHARS - 3] + "..."
 
 
 def _tail(text: str, limit: int) -> str:

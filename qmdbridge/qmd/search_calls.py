@@ -51,7 +51,7 @@ from tenacity.stop import stop_base
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError
+from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.models import missing_models
 from qmdbridge.qmd.parse import QmdEntry, encode_query, merge_key, parse_qmd_json
 from qmdbridge.qmd.runner import (
@@ -421,5 +421,5 @@ async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
         return str(BackendTimeoutError("qmd", _summary(args, PROBE_QUERY), timeout_ms,
                                        setting=SEARCH_TIMEOUT_SETTING))
     except BackendUnavailableError as exc:
-        return exc.reason
+        return one_line(exc.reason)  # qmd's stack trace: the line naming the error
     return None

@@ -135,3 +135,26 @@ async def test_serve_answers_from_builtin_while_it_reindexes_then_qmd_finds_new_
         assert backend.warm.answered > answered
         status = (await m.status()).to_json_dict()
         assert [p for p in status_problems(status) if p["check"] == "qmd index"] == []
+
+
+async def test_a_failing_search_is_told_in_one_line_naming_the_error(tmp_path: Path, qmd_bin: Path,
+                                                                      base_path_env: str) -> None:
+    """qmd under Bun prints a stack trace on a failure: source lines first, the error line in
+    the middle. The test search of ``status`` says why in one line, naming the error: it was
+    qmd's whole stderr, whose first line (``72 |  */``) is what ``status`` showed first and the
+    circuit breaker recorded."""
+    from qmdbridge.qmd.backend import QmdBackend
+    from qmdbridge.qmd.locate import QmdLocation
+    from qmdbridge.qmd.search_calls import probe_search
+
+    agent = _agent(tmp_path, qmd_bin)
+    await _indexed(tmp_path, agent)
+    _corrupt_index(agent)
+    loc = QmdLocation(path=str(qmd_bin), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                      searched=[], path_env=base_path_env, child_path=base_path_env)
+    b = QmdBackend(agent, location=loc, mode="cli", env=_env(tmp_path))  # not started: no repair
+    why = await probe_search(b._run_search, timeout_ms=20_000)
+    assert why is not None and "\n" not in why
+    assert why.startswith("qmd search --json -n 1 --index index -- qmdbridge-health-probe failed (code 1): ")
+    assert "database disk image is malformed" in why
+    await b.close()

@@ -128,7 +128,7 @@ class QmdBackend:
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
         self.health = IndexHealth(self)  # a lost or corrupt index, noticed and re-indexed
-        # index.yml's stamp when this backend last reconciled (startup.lost_collections)
+        # index.yml's stamp when this backend last reconciled (health.reconcile_if_edited)
         self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
         self._closed = False
@@ -402,9 +402,9 @@ class QmdBackend:
         collection that qmd's index holds documents of (``search_calls``: side by side, busy
         answers retried, a complete answer before a crash used, with a note). An "unknown
         flag" on stderr reruns the search with ``query``; a missing collection triggers one
-        reconcile and one retry, and so does one without documents once qmd's collection list
-        changed (``startup.lost_collections``); ``no such module: vec0`` switches this agent
-        to ``search``.
+        reconcile and one retry; qmd's collection list (``index.yml``) edited since the last
+        reconcile is reconciled first (``health.reconcile_if_edited``); ``no such module:
+        vec0`` switches this agent to ``search``.
         In long-lived ``search`` mode a question's lexical searches go to the warm child
         (``lexical.warm_candidates``), unless qmd's index holds no document of any managed
         collection: the child's MCP tool answers ``[]`` for a collection qmd lost, where the
@@ -450,9 +450,9 @@ class QmdBackend:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
         counts, count_error = await self.index_counts.read()
+        counts = await self.health.reconcile_if_edited(counts)
         if (lost := await self.health.notice(counts, count_error)) is not None:
             raise QmdIndexLostError(lost)  # the builtin engine answers, no breaker
-        counts = await self.health.readd_lost(counts)
         colls = [c for c in self.collections if (sources is None or c.source in sources)
                  and c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
@@ -587,6 +587,7 @@ class QmdBackend:
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
         counts, err = await self.index_counts.read()
+        counts = await self.health.reconcile_if_edited(counts)  # status shows qmd as configured
         await self.health.notice(counts, err)  # backend.health.problem: an issue, a problem
         return status_document(self, counts=counts, count_error=err,
                                probe=await self.search_probe(), dead_watcher=dead)

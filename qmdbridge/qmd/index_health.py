@@ -19,7 +19,7 @@ replaced by ``WarmChild`` when the file's identity changes.
 The walk that looks for a memory file runs only when qmd's index holds no document at all, and
 once per index file (its device and inode): an empty workspace costs one walk per file. An index
 without documents after qmd's collection list (``index.yml``) changed is left to the reconcile
-repairs (its collections were removed, and re-adding them indexes them).
+repairs (:meth:`IndexHealth.reconcile_if_edited`: re-adding a removed collection indexes it).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class IndexHealth:
         from qmdbridge.qmd.startup import yml_stamp
 
         if yml_stamp(b.home.index_yml) != b._yml_seen:
-            return None  # qmd's collections were edited (removed?): the reconcile repairs re-add them
+            return None  # qmd's collections were edited: the reconcile repairs (removed ones re-added)
         ident = db_identity(db)
         if ident == self._checked:
             return None
@@ -192,18 +192,19 @@ class IndexHealth:
         self._checked = db_identity(db)
         log.warning("qmd's index re-indexed (%s)", db)
 
-    async def readd_lost(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after a reconcile when a managed
-        collection has none and qmd's collection list changed since the backend last
-        reconciled (:func:`~qmdbridge.qmd.startup.lost_collections`)."""
-        from qmdbridge.qmd.startup import lost_collections, yml_stamp
+    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
+        """``counts`` (documents per collection), read again after a reconcile when qmd's
+        collection list (``index.yml``) changed since the backend last reconciled: a collection
+        removed (``qmd collection remove``), or its path or pattern edited by hand, which the
+        next ``qmd update`` would index instead of the configured folder. One ``stat`` while
+        it is unchanged; one reconcile per edit."""
+        from qmdbridge.qmd.startup import yml_stamp
 
         b = self.backend
-        stamp = yml_stamp(b.home.index_yml)
-        if stamp == b._yml_seen or not lost_collections(b.collections, counts, b.reconcile_state.refused):
+        if yml_stamp(b.home.index_yml) == b._yml_seen:
             return counts
-        log.warning("qmd's collection list changed and a managed collection has no document in "
-                    "qmd's index; reconciling the collections")
+        log.warning("qmd's collection list (%s) changed since the last reconcile; reconciling "
+                    "the collections", b.home.index_yml)
         await b.reconcile()  # records the stamp it leaves: one attempt per edit
         return (await b.index_counts.read())[0]
 

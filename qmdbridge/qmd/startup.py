@@ -4,8 +4,8 @@ probe is needed.
 
 Neither ever runs under a search deadline (``limits.timeoutMs``): ``QmdBackend.start`` calls
 them with ``update.commandTimeoutMs`` per qmd command. A long-lived backend reconciles again
-when a search finds a collection lost behind its back (:func:`lost_collections`), as the
-"Collection not found" repair does.
+when qmd's collection list (``index.yml``) changed behind its back
+(``index_health.IndexHealth.reconcile_if_edited``), as the "Collection not found" repair does.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from qmdbridge.qmd.collections import (
     reconcile_fingerprint,
 )
 
-__all__ = ["lost_collections", "prepare_home", "reconcile_if_changed", "yml_stamp"]
+__all__ = ["prepare_home", "reconcile_if_changed", "yml_stamp"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -63,24 +63,6 @@ def yml_stamp(index_yml: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return st.st_mtime_ns, st.st_size, st.st_ino
-
-
-def lost_collections(collections: list[ManagedCollection], counts: Mapping[str, int],
-                     refused: Mapping[str, str]) -> bool:
-    """Whether qmd may have lost a managed collection: its index holds documents of some
-    collections (``counts``, active documents per collection) but none of a managed one that
-    is not ``refused`` (pure).
-
-    Such a collection is not searched: it is empty, or it was removed behind the bridge's back
-    (``qmd collection remove``, another tool rewriting ``index.yml``). No search then says
-    "Collection not found" and no ``qmd update`` re-adds it, so a long-lived backend would
-    leave its notes out until a restart; the backend reconciles when this holds and
-    ``index.yml`` changed since its last reconcile (an empty collection alone costs a
-    ``stat`` per search). With no document at all, the searches' "Collection not found" repair
-    runs instead.
-    """
-    return bool(counts) and any(c.name not in counts for c in collections
-                                if c.name not in refused)
 
 
 async def reconcile_if_changed(collections: list[ManagedCollection], *, run: RunCollectionCommand,

@@ -158,3 +158,31 @@ async def test_a_failing_search_is_told_in_one_line_naming_the_error(tmp_path: P
     assert why.startswith("qmd search --json -n 1 --index index -- qmdbridge-health-probe failed (code 1): ")
     assert "database disk image is malformed" in why
     await b.close()
+
+
+async def test_serve_rebinds_a_collection_whose_path_was_edited_in_index_yml(tmp_path: Path,
+                                                                            qmd_bin: Path) -> None:
+    """An operator edits qmd's ``index.yml`` under a running ``serve``: the custom collection
+    ``notes`` now points at another folder. qmd's next update indexes that folder under the
+    name, so the configured folder's notes dropped out of every search, and ``status`` said
+    nothing, until a restart. The next search (or status) sees that qmd's collection list
+    changed since the last reconcile, binds the collection to its folder again, and finds them."""
+    notes, other = tmp_path / "notes", tmp_path / "other"
+    notes.mkdir()
+    other.mkdir()
+    (notes / "falcon.md").write_text("# Falcon\n\nThe falcon deploy runbook.\n")
+    (other / "unrelated.md").write_text("# Other\n\nNothing about birds of prey.\n")
+    agent = _agent(tmp_path, qmd_bin, paths=[{"name": "notes", "path": str(notes)}])
+    async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
+        await m.start()
+        first = await m.search("falcon runbook")
+        assert (first.backend, [h.path for h in first.results]) == ("qmd", ["qmd/notes/falcon.md"])
+        yml = agent.state_dir / "agents" / "main" / "qmd" / "xdg-config" / "qmd" / "index.yml"
+        text = yml.read_text()
+        assert text.count(str(notes)) == 1
+        yml.write_text(text.replace(str(notes), str(other)))
+        await m.sync(reason="test")  # qmd update: indexes the folder index.yml names
+        again = await m.search("falcon runbook")
+        assert (again.backend, again.fallback, [h.path for h in again.results]) == (
+            "qmd", None, ["qmd/notes/falcon.md"])
+        assert str(notes) in yml.read_text() and str(other) not in yml.read_text()

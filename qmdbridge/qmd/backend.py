@@ -45,13 +45,13 @@ from qmdbridge.qmd.collections import (
     ManagedCollection,
     ReconcileState,
     build_collections,
-    describe_collections,
     rebuild,
     rule_extra_paths,
 )
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.lexical import relax, warm_candidates
+from qmdbridge.qmd.listing import describe_collections
 from qmdbridge.qmd.models import ModelState
 from qmdbridge.qmd.parse import (
     IndexCounts,

@@ -16,7 +16,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
@@ -288,12 +288,16 @@ class ReconcileState:
         refused: collections qmd mode does not search, by name, with the reason: this qmd
             indexed something else than asked (it ignored ``--mask`` and ``--glob``); they
             are removed from qmd so it does not index the wrong files.
+        missing: custom collections not added because their path does not exist, by name,
+            with that path (qmd refuses it; the bridge creates nothing there). They are added
+            by the first reconcile after the path exists.
     """
 
     pattern_flag: str = "--mask"
     flags_tried: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
 
 
 def _is_unsupported_flag(message: str) -> bool:
@@ -340,6 +344,7 @@ async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionComma
     """
     state.warnings = []
     state.refused = {}
+    state.missing = {}
     listing = await _safe(run, ["collection", "list", "--json"], [])
     listed = parse_collection_list(listing.stdout) if listing.ok else {}
     await _enrich(listed, [mc.name for mc in managed], run)
@@ -347,6 +352,11 @@ async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionComma
     for mc in managed:
         got = listed.get(mc.name)
         if got is not None and not _needs_rebind(mc, got, workspace):
+            continue
+        if mc.kind == "custom" and not mc.path.is_dir():  # a typo, or a folder made later
+            state.missing[mc.name] = str(mc.path)
+            _warn(state, f"qmd collection {mc.name} not added: {mc.path} does not exist (yet); "
+                  "it is added once it does")
             continue
         if got is not None:
             log.info("qmd collection %s is bound to %s (%s); rebinding to %s (%s)", mc.name,
@@ -424,8 +434,8 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
     build that drops the flag silently indexes ``**/*.md`` instead (for ``memory-root`` the
     whole workspace): that collection is removed, the other flag tried, and when no flag is
     honoured it goes to ``state.refused`` (a failed run naming the reason)."""
-    if any(ch in mc.pattern for ch in "*?["):
-        try:
+    if mc.kind != "custom" and any(ch in mc.pattern for ch in "*?["):
+        try:  # the workspace's own memory/ (never a configured path: a typo would be created)
             mc.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             return CollectionRun(False, "", f"cannot create collection dir {mc.path}: {exc}")
@@ -559,8 +569,9 @@ async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand
 
 def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
                           index_yml: Path) -> str:
-    """sha256 hex of the managed collections, qmd's version and ``index.yml``'s size and mtime:
-    while it is unchanged, a reconcile would find nothing to do."""
+    """sha256 hex of the managed collections (with whether each folder exists: a custom one is
+    added once it does), qmd's version and ``index.yml``'s size and mtime: while it is
+    unchanged, a reconcile would find nothing to do."""
     import hashlib
 
     import orjson
@@ -570,30 +581,6 @@ def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str
         yml: list[int] | None = [st.st_mtime_ns, st.st_size]
     except OSError:
         yml = None
-    doc = {"collections": [[c.name, str(c.path), c.pattern] for c in collections],
+    doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
            "version": qmd_version, "indexYml": yml}
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()
-
-
-async def describe_collections(list_output: str, *, run: Any,
-                               roots: dict[str, ManagedCollection]) -> list[dict[str, Any]]:
-    """Turn ``qmd collection list`` text into ``[{name, path, pattern, managed, kind}]``,
-    asking ``collection show`` for each path (qmd 2.8.3's list prints none).
-
-    Args:
-        list_output: stdout of ``qmd collection list``.
-        run: ``async run(args, positionals) -> CollectionRun`` for ``collection show``.
-        roots: the managed collections by name.
-    """
-    out = []
-    for name, got in parse_collection_list(list_output).items():
-        path, pattern = got.path, got.pattern
-        if path is None:
-            shown = await run(["collection", "show"], [name])
-            info = parse_collection_show(shown.stdout) if shown.ok else None
-            path = str(info.path) if info and info.path else None
-            pattern = pattern or (info.pattern if info else None)
-        mc = roots.get(name)
-        out.append({"name": name, "path": str(path) if path else None, "pattern": pattern,
-                    "managed": mc is not None, "kind": mc.kind if mc else None})
-    return out

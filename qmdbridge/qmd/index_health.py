@@ -194,17 +194,25 @@ class IndexHealth:
 
     async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
         """``counts`` (documents per collection), read again after a reconcile when qmd's
-        collection list (``index.yml``) changed since the backend last reconciled: a collection
-        removed (``qmd collection remove``), or its path or pattern edited by hand, which the
-        next ``qmd update`` would index instead of the configured folder. One ``stat`` while
-        it is unchanged; one reconcile per edit."""
+        collection list (``index.yml``) changed since the backend last reconciled (a collection
+        removed, ``qmd collection remove``, or its path or pattern edited by hand, which the
+        next ``qmd update`` would index instead of the configured folder), or when the path of
+        a custom collection that was missing then exists now (it is added). One ``stat`` per
+        check while nothing changed; one reconcile per change."""
+        from qmdbridge.qmd.collections import build_collections
         from qmdbridge.qmd.startup import yml_stamp
 
         b = self.backend
-        if yml_stamp(b.home.index_yml) == b._yml_seen:
+        appeared = [p for p in b.reconcile_state.missing.values() if os.path.lexists(p)]
+        if appeared:  # a file entry is a folder collection while missing: build them again
+            log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
+            b.collections = build_collections(b.agent, sessions_dir=b.home.sessions_dir)
+            b.roots = {c.name: c for c in b.collections}
+        elif yml_stamp(b.home.index_yml) == b._yml_seen:
             return counts
-        log.warning("qmd's collection list (%s) changed since the last reconcile; reconciling "
-                    "the collections", b.home.index_yml)
+        else:
+            log.warning("qmd's collection list (%s) changed since the last reconcile; "
+                        "reconciling the collections", b.home.index_yml)
         await b.reconcile()  # records the stamp it leaves: one attempt per edit
         return (await b.index_counts.read())[0]
 

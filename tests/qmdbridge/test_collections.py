@@ -141,11 +141,26 @@ async def test_changed_pattern_rebinds_and_mask_then_glob_remembered(tmp_path: P
     fake = FakeQmd("memory-root-main (qmd://memory-root-main/)\n  Pattern:  *.txt\n\n",
                    reject=("--mask",))
     state = ReconcileState()
+    (tmp_path / "notes").mkdir()  # a configured folder is never created (see below)
     await reconcile(managed, run=fake, agent_id="main", workspace=tmp_path, state=state)
     assert ["collection", "remove", "memory-root-main"] in fake.calls
     assert state.flags_tried == ["--mask", "--glob", "--glob", "--glob"]
     assert state.pattern_flag == "--glob"
-    assert (tmp_path / "notes").is_dir()
+    assert (tmp_path / "memory").is_dir()  # the workspace's own memory/ is
+
+
+@pytest.mark.anyio
+async def test_custom_collection_of_a_missing_folder_is_not_added_nor_created(tmp_path: Path) -> None:
+    managed = [ManagedCollection("memory-dir-main", tmp_path / "memory", "**/*.md", "memory"),
+               ManagedCollection("notes", tmp_path / "notse", "**/*.md", "custom")]
+    fake = FakeQmd("")
+    state = ReconcileState()
+    await reconcile(managed, run=fake, agent_id="main", workspace=tmp_path, state=state)
+    assert not (tmp_path / "notse").exists()
+    assert not any(c[:2] == ["collection", "add"] and "notes" in c for c in fake.calls)
+    assert state.missing == {"notes": str(tmp_path / "notse")}
+    assert state.warnings == [f"qmd collection notes not added: {tmp_path / 'notse'} does not exist "
+                              "(yet); it is added once it does"]
 
 
 @pytest.mark.anyio

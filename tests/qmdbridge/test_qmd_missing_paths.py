@@ -1,0 +1,90 @@
+"""A custom qmd collection (``memory.qmd.paths``) whose folder or file does not exist yet, with the
+real qmd 2.8.3.
+
+qmd refuses ``collection add`` for a path that does not exist. The bridge used to create the
+folder (``mkdir -p``) to get the collection added: a typo in the config (``~/notse``) became an
+empty folder tree, a single file not written yet (``~/notes/todo.md``) became a *folder* of that
+name (so the file could never be written), and ``status`` said ``Problems: none``. Now it creates
+nothing there: ``status`` names the missing path as a problem, and the collection is added (and
+indexed) once the path exists, by the next one-shot command or the next search of ``serve``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from qmdbridge import MemoryManager
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.problems import status_problems
+
+pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
+
+DEADLINE_S = 60
+
+
+def _agent(tmp_path: Path, qmd_bin: Path) -> Any:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nThe router is in the hallway.\n")
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "search",
+        "update": {"interval": "0", "debounceMs": 0, "waitForBootSync": True},
+        "paths": [{"name": "later", "path": str(tmp_path / "later")},
+                  {"name": "todo", "path": str(tmp_path / "lists" / "todo.md")}]}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none",
+                                                 "sync": {"watchDebounceMs": 100}}}}})
+    return resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["HOME"] = str(tmp_path / "home")
+    return env
+
+
+async def test_missing_custom_paths_are_not_created_and_are_problems_until_they_exist(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    agent = _agent(tmp_path, qmd_bin)
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        r = await m.search("router")
+        assert (r.backend, [h.path for h in r.results]) == ("qmd", ["MEMORY.md"])
+        await m.sync(reason="test")
+        problems = [p["message"] for p in status_problems((await m.status()).to_json_dict())]
+    assert not (tmp_path / "later").exists() and not (tmp_path / "lists").exists()
+    assert problems == [f"extra path missing: {tmp_path / 'later'}",
+                        f"extra path missing: {tmp_path / 'lists' / 'todo.md'}"]
+    (tmp_path / "later").mkdir()
+    (tmp_path / "later" / "heron.md").write_text("# Birds\n\nA heron by the weir.\n")
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "todo.md").write_text("# Todo\n\nFeed the axolotl.\n")
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:  # the next command
+        heron = await m.search("heron weir")
+        todo = await m.search("axolotl")
+        await m.sync(reason="test")
+        problems = status_problems((await m.status()).to_json_dict())
+    assert (heron.backend, [h.path for h in heron.results]) == ("qmd", ["qmd/later/heron.md"])
+    assert (todo.backend, [h.path for h in todo.results]) == ("qmd", ["qmd/todo/todo.md"])
+    assert problems == []
+
+
+async def test_serve_adds_a_custom_collection_once_its_folder_exists(tmp_path: Path,
+                                                                    qmd_bin: Path) -> None:
+    agent = _agent(tmp_path, qmd_bin)
+    async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
+        await m.start()
+        assert (await m.search("router")).backend == "qmd"
+        assert not (tmp_path / "later").exists()
+        (tmp_path / "later").mkdir()
+        (tmp_path / "later" / "heron.md").write_text("# Birds\n\nA heron by the weir.\n")
+        with anyio.fail_after(DEADLINE_S):
+            while True:
+                r = await m.search("heron weir")
+                if r.results:
+                    break
+                await anyio.sleep(0.1)
+        assert (r.backend, [h.path for h in r.results]) == ("qmd", ["qmd/later/heron.md"])

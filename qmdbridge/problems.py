@@ -101,7 +101,8 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     Returns:
         ``[{"check", "message", "hint"}]``: ``check`` is ``memory file``, ``memory paths``,
         ``index``, ``FTS5``, ``embedding provider``, ``qmd index`` (qmd's index lost its
-        documents or is corrupt) or ``qmd``; ``hint`` says how to fix it
+        documents or is corrupt), ``qmd models`` (the models of ``query``/``vsearch`` cannot be
+        loaded) or ``qmd``; ``hint`` says how to fix it
         (or is None).
     """
     backends: dict[str, Any] = status.get("backends") or {}
@@ -127,10 +128,17 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     if lost:  # deleted, replaced or corrupt: the builtin engine answers until it is re-indexed
         out.append(_problem("qmd index", f"{lost}; the builtin engine answers meanwhile",
                             "a running serve re-indexes it by itself; else run `qmdbridge qmd update`"))
+    mode = qmd.get("searchMode")
+    models = ((qmd.get("custom") or {}).get("qmd") or {}).get("modelProblem")
+    if models:  # every query/vsearch search falls back at once; the test search (BM25) works
+        out.append(_problem("qmd models", f"qmd {mode} searches cannot run: {models}; the builtin "
+                            "engine answers them", "run `qmdbridge warmup` where the model host is "
+                            'reachable, or set memory.qmd.searchMode: "search" (BM25, no models)'))
     breaker: dict[str, Any] = qmd.get("breaker") or {}
     fallback: dict[str, Any] | None = status.get("fallback")
-    if qmd and (breaker.get("state") == "open" or fallback):
-        reason = (fallback or {}).get("reason") or breaker.get("lastFailure") or "qmd failed recently"
+    reason = (fallback or {}).get("reason") or breaker.get("lastFailure") or "qmd failed recently"
+    same_cause = bool(models) and reason.startswith(f"qmd {mode} skipped: ")  # listed above
+    if qmd and (breaker.get("state") == "open" or fallback) and not same_cause:
         retry = breaker.get("retryInMs")
         when = f" (circuit open, retry in {int(retry) // 1000}s)" if breaker.get("state") == "open" and retry else ""
         out.append(_problem("qmd", f"qmd is not answering: {reason}{when}; the builtin engine answers meanwhile",

@@ -52,7 +52,7 @@ from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.lexical import relax, warm_candidates
 from qmdbridge.qmd.listing import describe_collections
-from qmdbridge.qmd.models import ModelState
+from qmdbridge.qmd.models import ModelState, model_kinds
 from qmdbridge.qmd.parse import (
     IndexCounts,
     QmdEntry,
@@ -461,9 +461,7 @@ class QmdBackend:
             return []
         search_mode = mode or self.mode_override or self.cfg.search_mode
         if search_mode in ("query", "vsearch"):  # models known missing or refused: fail fast
-            kinds = ("embed",) if search_mode == "vsearch" else (
-                ("embed", "generate") if self.cfg.rerank is False else ("embed", "rerank", "generate"))
-            problem = await self.model_state.problem(kinds)
+            problem = await self.model_state.problem(model_kinds(search_mode, self.cfg.rerank))
             if problem is not None:
                 self.last_search_error = f"qmd {search_mode} skipped: {problem}"
                 raise BackendUnavailableError("qmd", self.last_search_error)
@@ -583,11 +581,15 @@ class QmdBackend:
         whose searches fail is ``healthy: false`` with the reason; ``custom.qmd`` also shows
         the last search that failed (``lastSearchError``).
 
-        ``dirty`` is also set while the file watcher is dead (found here, and re-armed).
+        ``dirty`` is also set while the file watcher is dead (found here, and re-armed), and
+        ``custom.qmd.modelProblem`` says why ``query``/``vsearch`` searches cannot run (their
+        models missing and the model host unreachable, or ``CI`` set), as a search finds it.
         """
         dead = self.freshness.check_watcher() if self.freshness is not None else None
+        kinds = model_kinds(self.mode_override or self.cfg.search_mode, self.cfg.rerank)
+        models = await self.model_state.problem(kinds) if kinds else None
         counts, err = await self.index_counts.read()
         counts = await self.health.reconcile_if_edited(counts)  # status shows qmd as configured
         await self.health.notice(counts, err)  # backend.health.problem: an issue, a problem
-        return status_document(self, counts=counts, count_error=err,
-                               probe=await self.search_probe(), dead_watcher=dead)
+        return status_document(self, counts=counts, count_error=err, probe=await self.search_probe(),
+                               dead_watcher=dead, model_problem=models)

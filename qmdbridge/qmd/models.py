@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-__all__ = ["DEFAULT_MODELS", "ModelState", "missing_models", "model_problem", "reachable"]
+__all__ = ["DEFAULT_MODELS", "ModelState", "missing_models", "model_kinds", "model_problem", "reachable"]
 
 # The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
 DEFAULT_MODELS = {
@@ -25,6 +25,17 @@ DEFAULT_MODELS = {
 }
 # How long the connectivity check may take, in seconds.
 REACH_TIMEOUT_S = 3.0
+
+
+def model_kinds(mode: str, rerank: bool | None) -> tuple[str, ...]:
+    """The models a search in ``mode`` loads: ``vsearch`` the embedding model, ``query`` also
+    the query-expansion one and, unless ``memory.qmd.rerank`` is ``false``, the reranker;
+    ``search`` (BM25) none."""
+    if mode == "vsearch":
+        return ("embed",)
+    if mode == "query":
+        return ("embed", "generate") if rerank is False else ("embed", "rerank", "generate")
+    return ()
 
 
 def missing_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:

@@ -19,7 +19,8 @@ __all__ = ["status_document"]
 
 
 def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_error: str | None,
-                    probe: str | None, dead_watcher: str | None) -> MemoryStatus:
+                    probe: str | None, dead_watcher: str | None,
+                    model_problem: str | None = None) -> MemoryStatus:
     """The status of ``backend`` (see :meth:`QmdBackend.status`).
 
     Args:
@@ -28,11 +29,14 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
         count_error: why qmd's index could not be counted, or ``None``.
         probe: why the search probe failed (one line), or ``None`` when qmd answered.
         dead_watcher: why the file watcher is dead (it is being re-armed), or ``None``.
+        model_problem: why the searches of the configured mode cannot load their models
+            (``models.model_problem``), or ``None`` (also in ``search`` mode, which needs none).
 
     Returns:
         ``files`` and ``chunks`` are qmd's documents, ``healthy`` is false when the probe
         failed or the last update or search failed, ``custom.qmd`` holds qmd's own state.
     """
+    mode = backend.mode_override or backend.cfg.search_mode
     by_source: dict[Source, int] = {}
     for coll, n in counts.items():
         src = backend.roots[coll].source if coll in backend.roots else "memory"
@@ -44,7 +48,8 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
     issues = (([backend.health.problem] if backend.health.problem else [])
               + list(backend.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in backend.startup_problems]
               + backend.hit_problems + ([VEC0_HINT] if backend.mode_override else [])
-              + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error else []))
+              + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error else [])
+              + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else []))
     last_error = (f"qmd search probe failed: {probe}" if probe else None) or (
         backend.cycle.last_error or backend.last_error)
     return MemoryStatus(
@@ -74,5 +79,5 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
             "warm": backend.warm.describe() if backend.warm is not None else {
                 "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                 if backend.mode == "cli" else "memory.qmd.mcp.enabled is false"},
-            "indexProblem": backend.health.problem,
+            "indexProblem": backend.health.problem, "modelProblem": model_problem,
             "startup": {"problems": list(backend.startup_problems)}}})

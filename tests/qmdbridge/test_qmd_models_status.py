@@ -1,0 +1,63 @@
+"""``status`` and ``doctor`` of an agent whose qmd ``searchMode`` needs GGUF models that are not
+on disk and cannot be downloaded (the model host unreachable), with the real qmd 2.8.3 and a real
+``qmdbridge`` process.
+
+Every ``query`` or ``vsearch`` search then falls back to the builtin engine at once with that
+reason. ``status`` said ``qmd: healthy``, ``Problems: none`` and ``doctor`` passed (their test
+search is ``qmd search``, BM25, which needs no model), so an operator had no way to learn from
+them that qmd never answered. Now both name it, with what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.qmd
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    exe = shutil.which("qmdbridge")
+    argv = [exe, *args] if exe else [
+        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
+    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["query", "vsearch"])
+def test_status_and_doctor_name_missing_models_that_cannot_be_downloaded(
+        tmp_path: Path, qmd_bin: Path, mode: str) -> None:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe router dropped the WAN link.\n")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(OPENCLAW_STATE_DIR=str(tmp_path / "state"), HOME=str(tmp_path / "home"))
+    env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens, refused at once
+    cfg = tmp_path / "openclaw.json"
+    cfg.write_bytes(orjson.dumps({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": mode}}}))
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    found = _run(["search", "router dropped the WAN link", *args, "--json"], env)
+    doc = orjson.loads(found.stdout)
+    assert doc["backend"] == "builtin" and doc["fallback"]["reason"].startswith(
+        f"qmd {mode} skipped: offline: cannot reach 127.0.0.1:9"), doc
+    status = orjson.loads(_run(["status", *args, "--json"], env).stdout)
+    models = [p for p in status["problems"] if p["check"] == "qmd models"]
+    assert len(models) == 1, status["problems"]
+    assert models[0]["message"].startswith(
+        f"qmd {mode} searches cannot run: offline: cannot reach 127.0.0.1:9")
+    assert models[0]["message"].endswith("; the builtin engine answers them")
+    assert "qmdbridge warmup" in models[0]["hint"] and 'searchMode: "search"' in models[0]["hint"]
+    doctor = _run(["doctor", *args], env)
+    assert doctor.returncode == 1, doctor.stdout
+    assert f"[error] qmd models: qmd {mode} searches cannot run: offline" in doctor.stdout.decode()
+    env["HF_ENDPOINT"] = ""  # search mode needs no model: no such problem
+    cfg.write_bytes(orjson.dumps({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "search"}}}))
+    status = orjson.loads(_run(["status", *args, "--json"], env).stdout)
+    assert [p for p in status["problems"] if p["check"] == "qmd models"] == []

@@ -254,8 +254,8 @@ class QmdBackend:
         try:
             await self.prepare()
             await self.reconcile()
-            await self.health.at_start()
             up = self.cfg.update
+            await self.health.at_start(boot_update=up.on_boot and boot_update and up.wait_for_boot_sync)
             if up.on_boot and boot_update:
                 if up.wait_for_boot_sync:
                     await self._boot_update()

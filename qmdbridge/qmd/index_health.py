@@ -67,12 +67,26 @@ def db_identity(db: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _has_text(path: str) -> bool:
+    """Whether the file holds anything but ASCII whitespace (qmd skips a file whose text trims
+    to nothing, and one it cannot read); reads until the first such byte."""
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(65536):
+                if chunk.strip(b" \t\r\n\x0b\x0c"):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
 def holds_memory_file(c: ManagedCollection) -> bool:
-    """Whether the folder of ``c`` holds a regular file ``c`` indexes (its pattern, ``.md``, no
-    hidden or skipped segment; symlinks are neither followed nor counted); stops at the first.
-    Blocking: call in a worker thread."""
+    """Whether the folder of ``c`` holds a regular file ``c`` indexes and qmd would index (its
+    pattern, ``.md``, no hidden or skipped segment, not only whitespace; symlinks are neither
+    followed nor counted); stops at the first. Blocking: call in a worker thread."""
     if c.is_root_file:
-        return root_memory_file(c.path).name is not None
+        name = root_memory_file(c.path).name
+        return name is not None and _has_text(os.path.join(c.path, name))
     base = str(c.path)
     for folder, dirs, files in os.walk(base):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIP_DIR_NAMES]
@@ -80,7 +94,7 @@ def holds_memory_file(c: ManagedCollection) -> bool:
         for name in files:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
             path = os.path.join(folder, name)
-            if c.admits(rel) and os.path.isfile(path) and not os.path.islink(path):
+            if c.admits(rel) and os.path.isfile(path) and not os.path.islink(path) and _has_text(path):
                 return True
     return False
 
@@ -216,14 +230,19 @@ class IndexHealth:
         await b.reconcile()  # records the stamp it leaves: one attempt per edit
         return (await b.index_counts.read())[0]
 
-    async def at_start(self) -> None:
+    async def at_start(self, *, boot_update: bool) -> None:
         """Start-up step: re-index a lost or corrupt index now (:meth:`restore`); a failure is
-        a start-up problem (``status``), and searches then answer from the builtin engine."""
+        a start-up problem (``status``), and searches then answer from the builtin engine.
+
+        Args:
+            boot_update: an awaited boot update follows, which re-indexes a lost index by
+                itself (a corrupt one is still moved aside here: qmd cannot open it).
+        """
         from fallback.errors import BackendUnavailableError
 
         counts, err = await self.backend.index_counts.read()
         why = await self.check(counts, err)
-        if why is not None:
+        if why is not None and (not boot_update or "is corrupt" in why):
             try:
                 await self.restore(why)
             except BackendUnavailableError as exc:

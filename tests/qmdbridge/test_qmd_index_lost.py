@@ -70,14 +70,16 @@ async def _indexed(tmp_path: Path, agent: Any) -> None:
         assert (r.backend, [h.path for h in r.results]) == ("qmd", ["memory/2026-03-01.md"])
 
 
+@pytest.mark.parametrize("boot_sync", [False, True], ids=["default", "waitForBootSync"])
 @pytest.mark.parametrize("damage", [_delete_index, _corrupt_index], ids=["deleted", "corrupt"])
 async def test_one_shot_search_reindexes_a_lost_or_corrupt_index(tmp_path: Path, qmd_bin: Path,
-                                                                damage: Any) -> None:
+                                                                damage: Any, boot_sync: bool) -> None:
     """The next one-shot command after the damage re-indexes at start-up (a corrupt index is
     moved aside, named in the log), and qmd answers. Before: a deleted index answered every
     search with no hit, no fallback and a healthy status; a corrupt one failed every search
-    with the reason ``... failed (code 1): 72 |  */`` and opened the breaker."""
-    agent = _agent(tmp_path, qmd_bin)
+    with the reason ``... failed (code 1): 72 |  */`` and opened the breaker. (One-shot
+    commands run no boot update unless ``waitForBootSync``; with it, that update re-indexes.)"""
+    agent = _agent(tmp_path, qmd_bin, update={"interval": "0", "waitForBootSync": boot_sync})
     await _indexed(tmp_path, agent)
     damage(agent)
     async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
@@ -186,3 +188,19 @@ async def test_serve_rebinds_a_collection_whose_path_was_edited_in_index_yml(tmp
         assert (again.backend, again.fallback, [h.path for h in again.results]) == (
             "qmd", None, ["qmd/notes/falcon.md"])
         assert str(notes) in yml.read_text() and str(other) not in yml.read_text()
+
+
+async def test_notes_qmd_never_indexes_are_no_lost_index(tmp_path: Path, qmd_bin: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """qmd skips a note that holds only whitespace (a new agent's empty ``MEMORY.md``): an index
+    without documents then is not a lost one, and no command re-indexes it."""
+    agent = _agent(tmp_path, qmd_bin)
+    (agent.workspace_dir / "MEMORY.md").write_text("  \n\n")
+    (agent.workspace_dir / "memory" / "2026-03-01.md").write_text("")
+    for _ in range(2):
+        async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+            r = await m.search("heron")
+            assert (r.backend, r.results) == ("qmd", [])
+            backend: Any = m.sidecar.backend if m.sidecar else None
+            assert backend is not None and backend.cycle.updates_run == 1  # waitForBootSync's
+    assert "re-index" not in caplog.text

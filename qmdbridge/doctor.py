@@ -191,11 +191,14 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
             await backend.close()
         if problem is None:
             return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}; a test search answered")
+        from qmdbridge.qmd.index_health import is_corrupt
+
+        hint = ("qmd's index is corrupt: the next qmdbridge command (a search, status, `qmdbridge "
+                "qmd update`) moves it aside and re-indexes" if is_corrupt(problem) else
+                "run that command by hand to see qmd's error; reinstall qmd "
+                "(scripts/install-qmd.sh) or fix memory.qmd.command")
         return Check("qmd", level, f"{loc.version or 'qmd'} at {loc.path} answers --version but its "
-                     f"searches fail: {problem}",
-                     "run that command by hand to see qmd's error; reinstall qmd "
-                     "(scripts/install-qmd.sh) or fix memory.qmd.command; the builtin engine "
-                     "answers meanwhile")
+                     f"searches fail: {problem}", f"{hint}; the builtin engine answers meanwhile")
     if loc.usable:  # not tried: qmd is not the backend, or there is no workspace to run it in
         return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
     return Check("qmd", level if configured else "warn",

@@ -204,3 +204,20 @@ async def test_notes_qmd_never_indexes_are_no_lost_index(tmp_path: Path, qmd_bin
             backend: Any = m.sidecar.backend if m.sidecar else None
             assert backend is not None and backend.cycle.updates_run == 1  # waitForBootSync's
     assert "re-index" not in caplog.text
+
+
+async def test_doctor_tells_a_corrupt_qmd_index_from_a_broken_qmd(tmp_path: Path, qmd_bin: Path) -> None:
+    """``doctor``'s qmd check on a corrupt index: its test search fails naming the corruption,
+    and the fix is the re-index any command runs, not reinstalling qmd (its hint said
+    ``reinstall qmd (scripts/install-qmd.sh) or fix memory.qmd.command``)."""
+    from qmdbridge.doctor import run_doctor
+
+    agent = _agent(tmp_path, qmd_bin)
+    await _indexed(tmp_path, agent)
+    _corrupt_index(agent)
+    report = await run_doctor(agent, env=_env(tmp_path))
+    check = next(c for c in report.checks if c.name == "qmd")
+    assert check.level == "error" and check.detail.endswith(
+        "failed (code 1): SQLiteError: database disk image is malformed")
+    assert check.hint is not None and check.hint.startswith("qmd's index is corrupt") \
+        and "install-qmd" not in check.hint

@@ -33,6 +33,7 @@ from fallback.sources.memory_files import (
     root_memory_file,
 )
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 
 __all__ = [
@@ -62,6 +63,8 @@ _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
 _UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
                              "flag provided but not defined", "unexpected argument")
 _MISSING_MARKERS = ("not found", "does not exist", "missing")
+# qmd could not read its collection list (a hand edit broke the YAML): every command fails so.
+_YML_UNREADABLE_RE = re.compile(r"failed to parse \S*index\.yml|yamlparseerror", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,8 @@ class ReconcileState:
         missing: custom collections not added because their path does not exist, by name,
             with that path (qmd refuses it; the bridge creates nothing there). They are added
             by the first reconcile after the path exists.
+        unreadable_yml: qmd's error when it could not parse its ``index.yml`` in the last run
+            (which then stopped: every command fails), else ``None``.
     """
 
     pattern_flag: str = "--mask"
@@ -298,6 +303,7 @@ class ReconcileState:
     warnings: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
+    unreadable_yml: str | None = None
 
 
 def _is_unsupported_flag(message: str) -> bool:
@@ -345,7 +351,11 @@ async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionComma
     state.warnings = []
     state.refused = {}
     state.missing = {}
+    state.unreadable_yml = None
     listing = await _safe(run, ["collection", "list", "--json"], [])
+    if not listing.ok and _YML_UNREADABLE_RE.search(listing.message):
+        state.unreadable_yml = one_line(listing.message)  # the caller writes it again
+        return
     listed = parse_collection_list(listing.stdout) if listing.ok else {}
     await _enrich(listed, [mc.name for mc in managed], run)
     await _migrate_legacy(managed, listed, run=run, agent_id=agent_id, workspace=workspace)
@@ -481,7 +491,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
         return
     msg = res.message
     if "exists" not in msg.lower():
-        _warn(state, f"qmd collection add failed for {mc.name}: {msg}")
+        _warn(state, f"qmd collection add failed for {mc.name}: {one_line(msg)}")
         return
     low = msg.lower()
     if f"collection '{mc.name}' already exists" in low or f'collection "{mc.name}" already exists' in low:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from qmdbridge.qmd.collections import (
     RunCollectionCommand,
     reconcile,
     reconcile_fingerprint,
+    render_index_yml,
 )
 
 __all__ = ["prepare_home", "reconcile_if_changed", "yml_stamp"]
@@ -71,6 +73,9 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
     """Make qmd's collections match the config (spec 2.6) unless nothing changed since the last
     complete reconcile; never raises for qmd errors.
 
+    An ``index.yml`` qmd cannot parse (a hand edit; every qmd command fails so) is kept as
+    ``index.yml.broken-<ms>`` and written again with the managed collections, then reconciled.
+
     A reconcile in which no qmd command timed out and no collection was refused (see
     ``ReconcileState.refused``) records a fingerprint (collections, qmd
     version, ``index.yml`` size and mtime) in ``marker``; while it matches, later calls skip the
@@ -97,7 +102,18 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
             raise
 
     await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
-    if timeouts or state.refused:
+    if state.unreadable_yml is not None:  # a hand edit qmd cannot parse: the bridge owns the file
+        broken = index_yml.with_name(f"{index_yml.name}.broken-{int(time.time() * 1000)}")
+        log.warning("qmd cannot read its collection list (%s); keeping it as %s and writing the "
+                    "managed collections again", state.unreadable_yml, broken)
+        try:
+            os.replace(index_yml, broken)
+            write_atomic(index_yml, render_index_yml(collections).encode("utf-8"))
+        except OSError as exc:
+            log.warning("cannot write %s again: %s", index_yml, exc)
+            return True
+        await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
+    if timeouts or state.refused or state.unreadable_yml is not None:
         return True  # incomplete (or a collection refused): try again next start
     try:
         write_atomic(marker, reconcile_fingerprint(collections, qmd_version, index_yml).encode())

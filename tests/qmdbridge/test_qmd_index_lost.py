@@ -221,3 +221,27 @@ async def test_doctor_tells_a_corrupt_qmd_index_from_a_broken_qmd(tmp_path: Path
         "failed (code 1): SQLiteError: database disk image is malformed")
     assert check.hint is not None and check.hint.startswith("qmd's index is corrupt") \
         and "install-qmd" not in check.hint
+
+
+async def test_an_index_yml_qmd_cannot_parse_is_written_again(tmp_path: Path, qmd_bin: Path) -> None:
+    """qmd's collection list (``index.yml``, which the bridge owns in the agent's qmd home)
+    broken by a hand edit: every qmd command failed (``Failed to parse .../index.yml``), the
+    reconcile's adds too, each leaving a stack trace in ``status``, and the advice was to
+    reinstall qmd, until someone fixed the file. The next search or status notices the edit,
+    keeps the broken file as ``index.yml.broken-<ms>``, writes the managed collections again,
+    and qmd answers; nothing is left in ``status``."""
+    agent = _agent(tmp_path, qmd_bin)
+    async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
+        await m.start()
+        assert [h.path for h in (await m.search("heron")).results] == ["memory/2026-03-01.md"]
+        yml = agent.state_dir / "agents" / "main" / "qmd" / "xdg-config" / "qmd" / "index.yml"
+        yml.write_text("collections: [oops\n  : : :\n")
+        status = (await m.status()).to_json_dict()
+        assert status_problems(status) == [] and status["issues"] == [], status["issues"]
+        (agent.workspace_dir / "memory" / "2026-03-02.md").write_text("# Day\n\nAn ibis at dawn.\n")
+        await m.sync(reason="test")  # qmd update reads index.yml
+        r = await m.search("ibis dawn")
+        assert (r.backend, r.fallback, [h.path for h in r.results]) == ("qmd", None, ["memory/2026-03-02.md"])
+    broken = list(yml.parent.glob("index.yml.broken-*"))
+    assert len(broken) == 1 and broken[0].read_text() == "collections: [oops\n  : : :\n"
+    assert "memory-dir-main" in yml.read_text()

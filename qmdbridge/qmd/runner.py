@@ -40,8 +40,10 @@ from __future__ import annotations
 import errno as errno_mod
 import math
 import os
+import shutil
 import signal as signal_mod
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -62,6 +64,7 @@ if TYPE_CHECKING:  # psutil (~8 ms to import) is loaded only to kill a process t
 __all__ = [
     "DEFAULT_MAX_CHARS",
     "CommandRunner",
+    "parent_death_argv",
     "QmdCommandError",
     "RunResult",
     "is_busy",
@@ -268,6 +271,30 @@ def process_command(argv: Sequence[str]) -> str | list[str]:
     return argv_t
 
 
+# qmd commands that may run for minutes: they die with this process (run_command).
+OUTLIVE_NO_PARENT = frozenset({"update", "embed", "collection"})
+# Execs the rest of argv with PR_SET_PDEATHSIG = SIGKILL (prctl option 1), unless the parent
+# (argv[1]) is already gone; the setting survives exec (Linux clears it only for set-uid).
+_PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
+                   "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
+                   "os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
+                   "os.execvp(sys.argv[2],sys.argv[2:])\n")
+
+
+def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
+    """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux.
+
+    The wrapper (``python -I -S -c ...``, about 20 ms once per start) sets the signal, exits if
+    ``parent_pid`` (default: this process) is no longer its parent, and ``execvp``\\ s
+    ``argv`` in place, so the child keeps its pid and dies when the thread that started it ends
+    (the event loop's thread). Elsewhere ``argv`` is returned unchanged.
+    """
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    pid = os.getpid() if parent_pid is None else parent_pid
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(pid), *argv]
+
+
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                       timeout_ms: int, discard_stdout: bool = False,
                       max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
@@ -288,6 +315,11 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
         setting: the config key of ``timeout_ms`` (``memory.qmd.update.updateTimeoutMs``),
             named in the timeout message.
 
+    A qmd ``update``, ``embed`` or ``collection`` command (:data:`OUTLIVE_NO_PARENT`: they may
+    run for minutes on a large corpus) starts on Linux behind :func:`parent_death_argv`, so it
+    is killed when this process dies, even by ``kill -9``, which leaves no one to enforce the
+    deadline; searches end within ``limits.timeoutMs`` and do not pay the wrapper's ~20 ms.
+
     Returns:
         The :class:`RunResult`, whatever the exit code.
 
@@ -307,6 +339,9 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     summary = summarize(argv_t)
     started = time.monotonic()
     command = process_command(argv_t)
+    if len(argv_t) > 1 and argv_t[1] in OUTLIVE_NO_PARENT and isinstance(command, list) \
+            and shutil.which(command[0], path=env.get("PATH")):  # a missing one fails to start
+        command = parent_death_argv(command)
     try:
         process = await anyio.open_process(
             command, stdin=subprocess.DEVNULL,

@@ -52,9 +52,7 @@ even after ``kill -9`` (qmd also stops by itself when its stdin ends).
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -71,7 +69,7 @@ from qmdbridge.qmd.index_health import db_identity
 from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
 from qmdbridge.qmd.parse import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
-from qmdbridge.qmd.runner import kill_and_reap, process_command
+from qmdbridge.qmd.runner import kill_and_reap, parent_death_argv, process_command
 from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
 
 __all__ = ["WarmChild", "entries_from_mcp", "parent_death_argv", "strip_line_numbers"]
@@ -90,28 +88,6 @@ STABLE_UPTIME_MS = 60_000
 EXIT_GRACE_S = 1.0
 # Characters of the child's stderr kept for error messages (the tail).
 TAIL_CHARS = 4_000
-# Execs the rest of argv with PR_SET_PDEATHSIG = SIGKILL (prctl option 1), unless the parent
-# (argv[1]) is already gone; the setting survives exec (Linux clears it only for set-uid).
-_PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
-                   "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL)\n"
-                   "os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
-                   "os.execvp(sys.argv[2],sys.argv[2:])\n")
-
-
-def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
-    """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux.
-
-    The wrapper (``python -I -S -c ...``, about 20 ms once per start) sets the signal, exits if
-    ``parent_pid`` (default: this process) is no longer its parent, and ``execvp``\\ s
-    ``argv`` in place, so the child keeps its pid and dies when the thread that started it ends
-    (the event loop's thread). Elsewhere ``argv`` is returned unchanged.
-    """
-    if not sys.platform.startswith("linux"):
-        return list(argv)
-    pid = os.getpid() if parent_pid is None else parent_pid
-    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(pid), *argv]
-
-
 def strip_line_numbers(snippet: str, first_line: int) -> str:
     """Undo qmd's ``addLineNumbers(snippet, first_line)``: line ``i`` lost its ``f"{first_line +
     i}: "`` prefix.

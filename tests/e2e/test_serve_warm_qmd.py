@@ -94,3 +94,42 @@ def test_kill_9_of_serve_takes_the_warm_child_with_it(tmp_path: Path, qmd_bin: P
         stop(proc, signal.SIGKILL)
     gone, alive = psutil.wait_procs([child], timeout=DEADLINE_S)
     assert (gone, alive) == ([child], [])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_kill_9_of_serve_takes_a_running_qmd_update_with_it(tmp_path: Path, qmd_bin: Path) -> None:
+    """A ``qmd update`` (or ``embed``, or a ``collection add`` indexing a large folder) runs for
+    minutes on a large corpus. ``kill -9`` of serve left it running as an orphan, writing the
+    index beside the next serve's own update (and an orphaned ``qmd embed`` kept a CPU busy for
+    as long as it took). The update is stood in for by a wrapper that execs a long sleep in its
+    place (same pid, as qmd's launcher execs Node or Bun)."""
+    pid_file = tmp_path / "update.pid"
+    wrapper = tmp_path / "qmd"
+    wrapper.write_text("#!/bin/sh\n"
+                       f'if [ "$1" = update ]; then echo $$ > "{pid_file}"; exec sleep 300; fi\n'
+                       f'exec "{qmd_bin}" "$@"\n')
+    wrapper.chmod(0o755)
+    ws = make_workspace(tmp_path)
+    cfg = tmp_path / "qmd.json"
+    cfg.write_text(json.dumps({"memory": {"backend": "qmd", "qmd": {
+        "command": str(wrapper), "searchMode": "search", "mcp": {"enabled": False},
+        "update": {"interval": "0", "updateTimeoutMs": 600000}}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}}))
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    proc, _ = start(["serve", "--no-socket", "--no-stdin", "--workspace", str(ws), "--config", str(cfg)],
+                    env, ready="qmdbridge serve: agent main")
+    update: psutil.Process | None = None
+    try:
+        for _ in range(DEADLINE_S * 20):  # the boot update runs in the background
+            if pid_file.is_file() and pid_file.read_text().strip():
+                update = psutil.Process(int(pid_file.read_text()))
+                break
+            psutil.wait_procs([psutil.Process(proc.pid)], timeout=0.05)
+        assert update is not None, "the boot update never started"
+        stop(proc, signal.SIGKILL)
+        gone, alive = psutil.wait_procs([update], timeout=DEADLINE_S)
+        assert (gone, alive) == ([update], [])
+    finally:
+        stop(proc, signal.SIGKILL)
+        if update is not None and update.is_running():
+            update.kill()

@@ -5,9 +5,10 @@ the manager, qmd's start-up checks) before its first ``qmd search`` starts, then
 content words ANDed (one call per collection) and, when they leave free slots, for each word
 alone (``qmdbridge/qmd/lexical.py``), ~0.1 s per round of qmd processes. After an in-process
 search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
-made of (``search_cache.qmd_prefetch_settings``: qmd's path, the qmd home, the workspace, the
-collections, ``limits.maxResults``); the next search of the same command line (the same key,
-so the same config file, flags, code and environment) then, right after parsing its arguments:
+made of (``search_cache.qmd_prefetch_settings``: qmd's path and ``memory.qmd.command``, the
+qmd home, the workspace, the collections, ``limits.maxResults``); the next search of the same
+command line (the same key, so the same config file, flags, code and environment) then, right
+after parsing its arguments:
 
 1. works out the calls as the backend will (``qmdbridge/qmd/query_text.py``: the content words,
    the query encoded; the collections qmd's index holds active documents of;
@@ -23,7 +24,10 @@ so the same config file, flags, code and environment) then, right after parsing 
    started ahead first), and the answer is printed by the same code.
 
 Nothing is started ahead when the reconcile marker or qmd's ``index.yml`` changed since the
-recording (a reconcile would run first), when a breaker file records a failure, for
+recording (a reconcile would run first), when a breaker file records a failure, when the probe
+cache does not hold the recorded qmd as the sidecar will look it up (the search probes first:
+a program put in its place must get ``--version`` before anything else, another ``PATH`` may
+find another qmd; ``qmdbridge/qmd/probe_cache.py``), for
 ``--explain``, ``--session-key``, a blank query or a bad limit, or on Windows. Whatever the
 search does not take is killed and reaped when the command ends (:meth:`EarlyCalls.close`).
 Standard library and light modules only: nothing here loads pydantic, anyio or the config.
@@ -54,7 +58,7 @@ MAX_AHEAD = 4
 _FIELDS: dict[str, tuple[type, ...]] = {
     "command": (str,), "childPath": (str, type(None)), "stateDir": (str,), "agentId": (str,),
     "workspace": (str,), "collections": (list,), "maxResults": (int,), "marker": (str,),
-    "indexYml": (list, type(None))}
+    "indexYml": (list, type(None)), "probeCommand": (str, list)}
 
 
 def ahead_limit() -> int:
@@ -109,6 +113,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
     from fallback.errors import UsageError
     from qmdbridge.paths import qmd_home
 
+    e = os.environ if env is None else env
     qmd = doc.get("qmd")
     if os.name != "posix" or not isinstance(qmd, dict) or not all(
             isinstance(qmd.get(k), t) for k, t in _FIELDS.items()):
@@ -117,14 +122,30 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
         home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
     except UsageError:  # not an agent id this version recorded
         return None
-    if not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file():
+    if (not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file()
+            or not _probed(qmd, e)):
         return None
     calls = EarlyCalls()
     thread = threading.Thread(target=_start_calls, name="qmd-prefetch", daemon=True,
-                              args=(calls, args, qmd, dict(os.environ if env is None else env)))
+                              args=(calls, args, qmd, dict(e)))
     calls.attach(thread)
     thread.start()
     return calls
+
+
+def _probed(qmd: dict[str, Any], env: Mapping[str, str]) -> bool:
+    """Whether the search will run the recorded qmd without probing it first: the probe cache
+    holds it, as the sidecar looks it up (``memory.qmd.command`` under this ``PATH``), at the
+    recorded path with the recorded ``PATH`` for its children, and the executable there is the
+    one probed (size and mtime). Else the search probes first (a program put in its place
+    gets ``--version`` and no search; another ``PATH`` may find another qmd), so nothing is
+    started ahead."""
+    from qmdbridge.qmd.probe_cache import cached_location
+
+    if isinstance(qmd["probeCommand"], list) and not all(isinstance(a, str) for a in qmd["probeCommand"]):
+        return False
+    loc = cached_location(Path(qmd["stateDir"]) / "qmd" / "probe-cache.json", qmd["probeCommand"], env)
+    return loc is not None and loc.get("path") == qmd["command"] and loc.get("child_path") == qmd["childPath"]
 
 
 def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],

@@ -131,8 +131,9 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
     breaker holding a failure (a search that fell back records nothing).
 
     Returns:
-        ``{command, childPath, stateDir, agentId, workspace, collections, maxResults, marker,
-        indexYml}``: qmd's path and its ``PATH``, the qmd home, the workspace (qmd's cwd), the
+        ``{command, childPath, probeCommand, stateDir, agentId, workspace, collections,
+        maxResults, marker, indexYml}``: qmd's path and its ``PATH``, ``memory.qmd.command``
+        (the probe cache's key with ``PATH``), the qmd home, the workspace (qmd's cwd), the
         managed collections' names, ``limits.maxResults``, the reconcile marker's text and
         ``index.yml``'s ``(mtime_ns, size, inode)``.
     """
@@ -157,6 +158,7 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
         return None
     location = cached[0]
     return {"command": str(location.path), "childPath": location.child_path,
+            "probeCommand": cfg.command if isinstance(cfg.command, str) else list(cfg.command),
             "stateDir": str(agent.state_dir), "agentId": agent.agent_id,
             "workspace": str(agent.workspace_dir),
             "collections": [c.name for c in build_collections(agent, sessions_dir=home.sessions_dir)],

@@ -7,24 +7,27 @@ the search itself; under Bun each start costs ~100 ms. Successful probes are rem
 while the executable's size and mtime are unchanged and the entry is younger than
 ``PROBE_CACHE_TTL_MS``. A failed search through qmd drops the entry (the manager calls
 :meth:`ProbeCache.forget`), so a broken or replaced qmd is probed again.
+
+Reading it takes the standard library only (:func:`cached_location`): a one-shot search starts
+its qmd calls ahead only when the sidecar will run the recorded qmd without probing it
+(``qmdbridge/cli/qmd_prefetch.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
+if TYPE_CHECKING:
+    from qmdbridge.qmd.locate import QmdLocation
 
-from fallback.fs.atomic import write_atomic
-from qmdbridge.qmd.locate import QmdLocation
-
-__all__ = ["PROBE_CACHE_TTL_MS", "ProbeCache"]
+__all__ = ["PROBE_CACHE_TTL_MS", "ProbeCache", "cached_location", "probe_key"]
 
 # How long a successful probe is trusted without looking again (ms): one hour.
 PROBE_CACHE_TTL_MS = 3_600_000
@@ -38,6 +41,53 @@ def _stat_key(path: str | None) -> list[int] | None:
     except OSError:
         return None
     return [st.st_mtime_ns, st.st_size]
+
+
+def probe_key(command: str | Sequence[str], path_env: str) -> str:
+    """Cache key of a configured command (string or list form) under a ``PATH``."""
+    text = command if isinstance(command, str) else "\x1f".join(command)
+    return hashlib.sha256(f"{text}\0{path_env}".encode()).hexdigest()[:32]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _valid(entry: Any, now_ms: int) -> dict[str, Any] | None:
+    """The location fields of a cache entry while it holds: younger than
+    :data:`PROBE_CACHE_TTL_MS`, a usable qmd, the executable's size and mtime as probed."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("location"), dict):
+        return None
+    loc = entry["location"]
+    try:
+        fresh = now_ms - int(entry.get("atMs", 0)) < PROBE_CACHE_TTL_MS
+    except (TypeError, ValueError):
+        return None
+    usable = loc.get("found") is True and loc.get("runtime_ok") is True and loc.get("version") is not None
+    if not fresh or not usable or _stat_key(loc.get("path")) != entry.get("stat"):
+        return None
+    return loc
+
+
+def cached_location(path: Path, command: str | Sequence[str], env: Mapping[str, str], *,
+                    now_ms: int | None = None) -> dict[str, Any] | None:
+    """The probed location the sidecar will use for ``command`` under ``env``'s ``PATH``
+    without probing again (:meth:`ProbeCache.get`), as the cache holds it (``path``,
+    ``child_path``, ...); ``None`` when it would probe (no entry, expired, the executable
+    changed). Standard library only: the one-shot CLI checks it before it loads anything heavy.
+
+    Args:
+        path: the cache file (``<stateDir>/qmd/probe-cache.json``).
+        command: ``memory.qmd.command`` (string or list form).
+        env: the environment the sidecar looks qmd up with.
+        now_ms: the wall clock in epoch ms (default now).
+    """
+    entry = _load(path).get(probe_key(command, env.get("PATH", "")))
+    return _valid(entry, int(time.time() * 1000) if now_ms is None else now_ms)
 
 
 class ProbeCache:
@@ -54,18 +104,18 @@ class ProbeCache:
 
     @staticmethod
     def key(command: str | Sequence[str], path_env: str) -> str:
-        """Cache key of a configured command (string or list form) under a ``PATH``."""
-        text = command if isinstance(command, str) else "\x1f".join(command)
-        return hashlib.sha256(f"{text}\0{path_env}".encode()).hexdigest()[:32]
+        """Cache key of a configured command (string or list form) under a ``PATH``
+        (:func:`probe_key`)."""
+        return probe_key(command, path_env)
 
     def _load(self) -> dict[str, Any]:
-        try:
-            data = orjson.loads(self.path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return _load(self.path)
 
     def _save(self, data: dict[str, Any]) -> None:
+        import orjson
+
+        from fallback.fs.atomic import write_atomic
+
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, orjson.dumps(data))
@@ -74,15 +124,15 @@ class ProbeCache:
 
     def get(self, key: str) -> tuple[QmdLocation, dict[str, Any]] | None:
         """The cached usable location and its extras (e.g. ``multiC``), or ``None``."""
+        from qmdbridge.qmd.locate import QmdLocation
+
         entry = self._load().get(key)
-        if not isinstance(entry, dict):
+        loc = _valid(entry, self._now())
+        if loc is None or not isinstance(entry, dict):
             return None
         try:
-            location = QmdLocation(**entry["location"])
-        except (KeyError, TypeError):
-            return None
-        fresh = self._now() - int(entry.get("atMs", 0)) < PROBE_CACHE_TTL_MS
-        if not fresh or not location.usable or _stat_key(location.path) != entry.get("stat"):
+            location = QmdLocation(**loc)
+        except TypeError:
             return None
         return location, dict(entry.get("extras") or {})
 

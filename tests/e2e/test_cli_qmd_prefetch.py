@@ -254,3 +254,49 @@ def test_sigterm_while_a_call_started_ahead_hangs_reaps_it(setup: dict[str, Any]
     for pid in grandchildren:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_program_put_at_the_recorded_qmd_path_is_probed_before_any_search_runs_it(
+        setup: dict[str, Any]) -> None:
+    """The recorded path is what the search spawns only while the probe cache vouches for the
+    executable there (its size and mtime as probed): a foreign program written over it gets
+    ``--version`` from the probe and nothing else, as without the cache."""
+    record(setup)
+    wrapper, seen = setup["ws"].parent / "qmd-logged", setup["ws"].parent / "foreign.log"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> "{seen}"\necho "Quick Markdown Viewer 0.4.1"\n')
+    run = search(setup)
+    assert run.returncode == 0, run.stderr
+    assert seen.read_text().splitlines() == ["--version"]  # not `search ... -- router drop WAN`
+    assert ahead(run) is None
+    for breaker in ("breaker.json", "startup-breaker.json"):  # else the next one skips qmd
+        (setup["qmd_dir"] / breaker).unlink(missing_ok=True)
+    seen.unlink()
+    off = search(setup, QMDBRIDGE_CLI_CACHE="off")
+    assert seen.read_text().splitlines() == ["--version"]
+    assert run.stdout == off.stdout and orjson.loads(run.stdout)["backend"] == "builtin"
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_path_that_finds_another_qmd_starts_nothing_ahead(setup: dict[str, Any], qmd_bin: Path) -> None:
+    """``command: "qmd"`` is looked up in ``PATH``: under another ``PATH`` the search runs the
+    qmd found there, so the one recorded under the old ``PATH`` is not started ahead."""
+    config = setup["state"] / "openclaw.json"
+    doc = json.loads(config.read_text())
+    doc["memory"]["qmd"]["command"] = "qmd"
+    config.write_text(json.dumps(doc))
+    first, second = setup["ws"].parent / "first", setup["ws"].parent / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        (folder / "qmd").write_text(f'#!/bin/sh\n[ "$1" = search ] && echo "$*" >> "{folder}.log"\n'
+                                    f'exec "{qmd_bin}" "$@"\n')
+        (folder / "qmd").chmod(0o755)
+    path = setup["env"]["PATH"]
+    setup["env"]["PATH"] = f"{first}{os.pathsep}{path}"
+    record(setup)
+    Path(f"{first}.log").unlink()
+    run = search(setup, PATH=f"{second}{os.pathsep}{first}{os.pathsep}{path}")
+    assert run.returncode == 0 and ahead(run) is None, run.stderr
+    assert not Path(f"{first}.log").exists()  # the qmd of the old PATH ran nothing
+    assert len(Path(f"{second}.log").read_text().splitlines()) == len(CALLS)
+    assert orjson.loads(run.stdout)["backend"] == "qmd"
+

@@ -44,3 +44,34 @@ def test_nothing_starts_without_the_reconcile_marker_and_the_index_it_recorded(t
     assert start_prefetch(args, _doc(tmp_path)) is None  # no qmd home at all
     monkeypatch.setattr(qmd_prefetch.os, "name", "nt")
     assert start_prefetch(args, _doc(tmp_path)) is None
+
+
+def test_the_probe_cache_read_without_loading_anything_heavy_is_the_sidecars(tmp_path: Path) -> None:
+    """``probe_cache.cached_location`` (what the prefetch checks) holds exactly while
+    ``ProbeCache.get`` (what the sidecar uses) does: same key, same ``PATH``, the executable as
+    probed, a fresh entry."""
+    from qmdbridge.qmd.locate import QmdLocation
+    from qmdbridge.qmd.probe_cache import PROBE_CACHE_TTL_MS, ProbeCache, cached_location
+
+    exe = tmp_path / "qmd"
+    exe.write_text("#!/bin/sh\necho qmd 2.8.3\n")
+    cache_file = tmp_path / "probe-cache.json"
+    now = [1_000_000]
+    cache = ProbeCache(cache_file, now_ms=lambda: now[0])
+    location = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                           searched=["/bin"], path_env="/bin", child_path="/p")
+    cache.put(ProbeCache.key(["qmd", "--x"], "/bin"), location)
+
+    def both(command: Any, path_env: str) -> tuple[bool, bool]:
+        light = cached_location(cache_file, command, {"PATH": path_env}, now_ms=now[0])
+        assert light is None or (light["path"], light["child_path"]) == (str(exe), "/p")
+        return light is not None, cache.get(ProbeCache.key(command, path_env)) is not None
+
+    assert both(["qmd", "--x"], "/bin") == (True, True)
+    assert both(["qmd", "--x"], "/usr/bin") == (False, False)  # another PATH: probed again
+    assert both("qmd", "/bin") == (False, False)
+    now[0] += PROBE_CACHE_TTL_MS
+    assert both(["qmd", "--x"], "/bin") == (False, False)  # expired
+    now[0] -= PROBE_CACHE_TTL_MS
+    exe.write_text("#!/bin/sh\necho Quick Markdown Viewer 0.4.1\n")  # another program there
+    assert both(["qmd", "--x"], "/bin") == (False, False)

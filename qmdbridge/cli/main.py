@@ -300,9 +300,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             recorded = recorded_search(args)
             if recorded is not None and recorded["backend"] == "qmd":
                 from qmdbridge.cli.qmd_prefetch import start_prefetch
+                from qmdbridge.qmd.early import EarlyCalls
 
                 _stop_on_sigterm()  # from now on qmd children run: killed on the way out
-                early = start_prefetch(args, recorded)
+                # owned (closed below) before anything starts: a signal that lands while the
+                # thread starting them starts still finds every call
+                early = EarlyCalls()
+                if start_prefetch(args, recorded, calls=early) is None:
+                    early = None
             elif recorded is not None:
                 answered = answer_recorded(args, recorded)
                 if answered is not None:

@@ -96,8 +96,8 @@ def _unchanged(qmd: dict[str, Any], qmd_dir: Path, index_yml: Path) -> bool:
             and all(_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
 
 
-def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
-                   env: Mapping[str, str] | None = None) -> EarlyCalls | None:
+def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[str, str] | None = None,
+                   *, calls: EarlyCalls | None = None) -> EarlyCalls | None:
     """Start the qmd calls of this ``search`` ahead (in a thread), from its recorded settings.
 
     Args:
@@ -105,6 +105,9 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
             limits, ``--explain`` and ``--session-key``).
         doc: the recorded document (``backend`` ``qmd``).
         env: the environment the search runs with (default ``os.environ``).
+        calls: where the calls go (default a new :class:`EarlyCalls`). The CLI passes the one
+            it will close, made before anything starts: a signal that interrupts this function
+            once the thread runs still finds every call it started.
 
     Returns:
         The calls (pass ``run_command`` to the search as its qmd runner, :meth:`EarlyCalls.close`
@@ -125,7 +128,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any],
     if (not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file()
             or not _probed(qmd, e)):
         return None
-    calls = EarlyCalls()
+    calls = EarlyCalls() if calls is None else calls
     thread = threading.Thread(target=_start_calls, name="qmd-prefetch", daemon=True,
                               args=(calls, args, qmd, dict(e)))
     calls.attach(thread)

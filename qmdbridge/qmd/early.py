@@ -256,7 +256,10 @@ class EarlyCalls:
         left running (its search was interrupted) and close every call's pipes (blocking)."""
         self.discard()
         for thread in self._threads:
-            thread.join()
+            try:
+                thread.join()
+            except RuntimeError:  # interrupted before it ran: it starts nothing once discarded
+                pass
         for call in self._all:
             call.kill()
             call.close_fds()

@@ -300,3 +300,47 @@ def test_a_path_that_finds_another_qmd_starts_nothing_ahead(setup: dict[str, Any
     assert len(Path(f"{second}.log").read_text().splitlines()) == len(CALLS)
     assert orjson.loads(run.stdout)["backend"] == "qmd"
 
+
+SIGNAL_AT_START = """
+import os, signal, sys, threading, time
+start = threading.Thread.start
+def started(self):
+    start(self)
+    if self.name == "qmd-prefetch":  # SIGTERM once a call started ahead hangs, before the
+        deadline = time.monotonic() + 60  # calls are handed back to main()
+        while not os.path.exists(os.environ["STANDIN_PIDFILE"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)  # the handler raises here
+threading.Thread.start = started
+from qmdbridge.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_while_the_calls_ahead_start_reaps_them(setup: dict[str, Any]) -> None:
+    """SIGTERM (or Ctrl-C) that lands while the thread starting the calls is itself starting
+    leaves nothing running: the command owns the calls from before their first start."""
+    record(setup)
+    setup["hang"].touch()
+    run = search(setup, probe=SIGNAL_AT_START)
+    # the stand-in and its grandchildren, all in the workspace
+    left = [p for p in psutil.process_iter() if _cwd(p) == str(setup["ws"]) and _running(p)]
+    for proc in left:  # (killed so that a failure leaves nothing behind either)
+        proc.kill()
+    assert run.returncode == 130, run.stderr
+    assert setup["pids"].exists() and left == []
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _cwd(proc: psutil.Process) -> str | None:
+    try:
+        return proc.cwd()
+    except psutil.Error:
+        return None

@@ -13,6 +13,9 @@ Exit codes:
     2  usage or config error (bad flag, blank query, malformed config file)
     3  refused path (``get`` of something that is not a memory file)
     4  no such memory file (``get`` of a memory path where no file is, or a file that vanished)
+    130  interrupted (Ctrl-C, SIGTERM)
+    141  stdout's reader went away before the output was written (``| head -c1``), as a shell
+         reports a program that SIGPIPE ended; nothing is printed about it
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["main", "build_parser"]
 
 
+# Exit code when stdout's reader is gone: 128 + SIGPIPE, as a shell reports a program it ended.
+EXIT_BROKEN_PIPE = 141
 # Streamable HTTP port of `qmdbridge mcp --http` (qmd's own MCP server defaults to 8181).
 DEFAULT_MCP_PORT = 8191
 
@@ -278,19 +283,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qmdbridge`` console script; returns the exit code."""
-    raw = list(sys.argv[1:] if argv is None else argv)
-    _Parser.json_requested = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
-    args = build_parser(raw[0] if raw and raw[0] in FAST_COMMANDS else None).parse_args(raw)
-    if args.command in FAST_COMMANDS:
-        # The fast path: a running `qmdbridge serve` for this agent answers without any heavy
-        # import (the client is standard library only); otherwise fall through to in-process.
-        from qmdbridge.cli.daemon_client import try_daemon
-
-        served = try_daemon(args)
-        if served is not None:
-            return served
     early: Any = None
     try:
+        raw = list(sys.argv[1:] if argv is None else argv)
+        _Parser.json_requested = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
+        args = build_parser(raw[0] if raw and raw[0] in FAST_COMMANDS else None).parse_args(raw)
+        if args.command in FAST_COMMANDS:
+            # The fast path: a running `qmdbridge serve` for this agent answers without any heavy
+            # import (the client is standard library only); otherwise fall through to in-process.
+            from qmdbridge.cli.daemon_client import try_daemon
+
+            served = try_daemon(args)
+            if served is not None:
+                return served
         if args.command == "search":
             # No daemon: an index in sync is searched read-only with the recorded settings,
             # without loading the config models, anyio or the engine (cli/fast_search.py); in qmd
@@ -316,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BaseException as exc:  # the CLI edge: Ctrl-C or SIGTERM is exit 130, anything else raises
         if _interrupted(exc):
             return 130
+        if _matches(exc, BrokenPipeError):  # the reader of stdout is gone (`| head -c1`)
+            _stdout_to_devnull()
+            return EXIT_BROKEN_PIPE
         raise
     finally:
         if early is not None:
@@ -325,14 +333,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             note_used(args, early)
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
-    :func:`_stop_on_sigterm`), or an exception group holding one: raised inside a task of an
-    anyio task group, it leaves ``anyio.run`` wrapped in a ``BaseExceptionGroup``."""
-    if isinstance(exc, KeyboardInterrupt):
+def _matches(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` is a ``kind``, or an exception group holding one (raised inside a task
+    of an anyio task group, it leaves ``anyio.run`` wrapped in a ``BaseExceptionGroup``)."""
+    if isinstance(exc, kind):
         return True
     inner = getattr(exc, "exceptions", None)
-    return isinstance(inner, tuple) and any(isinstance(e, BaseException) and _interrupted(e) for e in inner)
+    return isinstance(inner, tuple) and any(isinstance(e, BaseException) and _matches(e, kind) for e in inner)
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's descriptor at ``/dev/null``: what is still buffered would otherwise fail
+    again when Python flushes it on the way out (``Exception ignored ... BrokenPipeError``)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, sys.stdout.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError):  # no descriptor (a test's stand-in stream): nothing to flush
+        pass
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
+    :func:`_stop_on_sigterm`), or an exception group holding one (:func:`_matches`)."""
+    return _matches(exc, KeyboardInterrupt)
 
 
 def _stop_on_sigterm() -> None:

@@ -344,3 +344,22 @@ def _cwd(proc: psutil.Process) -> str | None:
         return proc.cwd()
     except psutil.Error:
         return None
+
+
+def test_a_reader_gone_before_the_answer_exits_141_quietly_with_nothing_left(setup: dict[str, Any]) -> None:
+    """``qmdbridge search ... | head -c1`` where the reader is gone before the answer is
+    written: exit 141 (128 + SIGPIPE, as a shell reports a program SIGPIPE ended), no
+    traceback, with the calls started ahead and without them, and no qmd left running."""
+    record(setup)
+    setup["log"].unlink()
+    runs = []
+    for env in ({}, {"QMDBRIDGE_CLI_CACHE": "off"}):
+        proc = subprocess.Popen([sys.executable, "-m", "qmdbridge", "search", QUESTION, "--workspace",
+                                 str(setup["ws"]), "--json"], env={**setup["env"], **env},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # type: ignore[union-attr]  # gone before anything is written
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        runs.append((proc.wait(timeout=180), err))
+    assert runs == [(141, ""), (141, "")]
+    assert calls(setup) == sorted(CALLS * 2)  # each searched, none twice
+    assert psutil.Process().children(recursive=True) == []

@@ -170,9 +170,13 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     from qmdbridge.qmd.query_text import encode_query, relaxed_terms, search_words, without_stray_quote
 
     home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
-    counts, err = index_counts(home.index_db)
+    counts, err = index_counts(home.index_db, log_errors=False)  # logging is not set up yet
+    if err is not None:  # (the search reads it again and logs it)
+        if getattr(args, "verbose", False):
+            sys.stderr.write(f"INFO qmdbridge.cli: qmd calls not started ahead: {err}\n")
+        return
     colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
-    if err is not None or not colls:
+    if not colls:
         return
     child = child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", ""))
     limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])

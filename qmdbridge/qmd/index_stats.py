@@ -15,11 +15,13 @@ __all__ = ["index_counts"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 
-def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
+def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], str | None]:
     """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
 
     A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
-    stats: ...")`` (logged, never raised).
+    stats: ...")`` (logged unless ``log_errors`` is False, never raised). The one-shot CLI's
+    prefetch thread reads it before logging is configured, where a warning would reach stderr
+    through logging's last-resort handler: it passes False.
     """
     if not db.is_file():
         return {}, None
@@ -32,6 +34,7 @@ def index_counts(db: Path) -> tuple[dict[str, int], str | None]:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        log.warning("failed to read qmd index stats: %s", exc)
+        if log_errors:
+            log.warning("failed to read qmd index stats: %s", exc)
         return {}, f"failed to read qmd index stats: {exc}"
     return {str(c): int(n) for c, n in rows}, None

@@ -75,3 +75,37 @@ def test_the_probe_cache_read_without_loading_anything_heavy_is_the_sidecars(tmp
     now[0] -= PROBE_CACHE_TTL_MS
     exe.write_text("#!/bin/sh\necho Quick Markdown Viewer 0.4.1\n")  # another program there
     assert both(["qmd", "--x"], "/bin") == (False, False)
+
+
+QUIET = """
+import json, sys
+from pathlib import Path
+from qmdbridge.cli import qmd_prefetch
+from qmdbridge.cli.main import build_parser
+from qmdbridge.qmd.early import EarlyCalls
+args = build_parser("search").parse_args(["search", "router WAN"])
+calls = EarlyCalls()
+qmd_prefetch._start_calls(calls, args, json.loads(sys.argv[1]), {"PATH": "/usr/bin:/bin"})  # the thread
+calls.close()
+sys.stdout.write(str(calls.started))
+"""
+
+
+def test_the_thread_starting_calls_ahead_prints_nothing_when_the_index_cannot_be_read(
+        tmp_path: Path) -> None:
+    """Before the search configures logging (one-shot commands keep records below ERROR off
+    stderr), a warning logged by the prefetch thread would reach stderr through logging's
+    last-resort handler: a qmd index it cannot read only means nothing is started."""
+    import json
+    import subprocess
+    import sys
+
+    from qmdbridge.paths import qmd_home
+
+    qmd = _doc(tmp_path)["qmd"]
+    home = qmd_home(Path(qmd["stateDir"]), "main")
+    home.index_db.parent.mkdir(parents=True)
+    home.index_db.write_bytes(b"not a database " * 100)
+    out = subprocess.run([sys.executable, "-c", QUIET, json.dumps(qmd)], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert (out.returncode, out.stdout, out.stderr) == (0, "0", "")

@@ -27,9 +27,9 @@ Nothing is started ahead when the reconcile marker or qmd's ``index.yml`` change
 recording (a reconcile would run first), when a breaker file records a failure, when the probe
 cache does not hold the recorded qmd as the sidecar will look it up (the search probes first:
 a program put in its place must get ``--version`` before anything else, another ``PATH`` may
-find another qmd; ``qmdbridge/qmd/probe_cache.py``), for
-``--explain``, ``--session-key``, a blank query or a bad limit, or on Windows. Whatever the
-search does not take is killed and reaped when the command ends (:meth:`EarlyCalls.close`).
+find another qmd; ``qmdbridge/qmd/probe_cache.py``), for ``--explain``, ``--session-key``, a
+blank query or a bad limit, or on Windows. Whatever the search does not take is killed and
+reaped when the command ends (:meth:`EarlyCalls.close`).
 Standard library and light modules only: nothing here loads pydantic, anyio or the config.
 """
 

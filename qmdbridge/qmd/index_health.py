@@ -28,6 +28,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from qmdbridge.qmd.collections import ManagedCollection
 if TYPE_CHECKING:
     from qmdbridge.qmd.backend import QmdBackend
 
-__all__ = ["IndexHealth", "db_identity", "holds_memory_file", "is_corrupt", "move_aside"]
+__all__ = ["IndexHealth", "IndexProblem", "db_identity", "holds_memory_file", "is_corrupt", "move_aside"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -120,6 +121,24 @@ def move_aside(db: Path, now_ms: int) -> Path:
     return target
 
 
+@dataclass(frozen=True)
+class IndexProblem:
+    """What :meth:`IndexHealth.check` found wrong with qmd's index.
+
+    Attributes:
+        reason: one line (``qmd's index <db> is corrupt (<error>)``, ``... holds no document
+            of <collections> ...``).
+        corrupt: qmd cannot open the index (it is moved aside before re-indexing), rather
+            than an index that lost its documents.
+    """
+
+    reason: str
+    corrupt: bool
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 class IndexHealth:
     """Whether one backend's qmd index was lost or damaged, and its repair.
 
@@ -137,7 +156,7 @@ class IndexHealth:
         self._checked: object = _UNCHECKED  # db_identity of an index found without a problem
         self._restoring = False
 
-    async def check(self, counts: Mapping[str, int], count_error: str | None) -> str | None:
+    async def check(self, counts: Mapping[str, int], count_error: str | None) -> IndexProblem | None:
         """What is wrong with qmd's index, or ``None``.
 
         Args:
@@ -145,13 +164,15 @@ class IndexHealth:
             count_error: why the index could not be read, or ``None``.
 
         Returns:
-            ``qmd's index <db> is corrupt (<error>)``, or ``qmd's index <db> holds no document of
-            <collections>, whose folders hold memory files (...)``; ``None`` otherwise.
+            The problem (``qmd's index <db> is corrupt (<error>)``, or ``qmd's index <db> holds
+            no document of <collections>, whose folders hold memory files (...)``); ``None``
+            otherwise.
         """
         b = self.backend
         db = b.home.index_db
         if count_error is not None:
-            return f"qmd's index {db} is corrupt ({count_error})" if is_corrupt(count_error) else None
+            return IndexProblem(f"qmd's index {db} is corrupt ({count_error})", True) \
+                if is_corrupt(count_error) else None
         managed = [c for c in b.collections if c.name not in b.reconcile_state.refused]
         if any(counts.get(c.name, 0) > 0 for c in managed):
             return None
@@ -167,10 +188,10 @@ class IndexHealth:
         if not holders:
             self._checked = ident
             return None
-        return (f"qmd's index {db} holds no document of {', '.join(holders)}, whose folders hold "
-                "memory files (was it deleted or replaced?)")
+        return IndexProblem(f"qmd's index {db} holds no document of {', '.join(holders)}, whose "
+                            "folders hold memory files (was it deleted or replaced?)", False)
 
-    async def restore(self, why: str) -> None:
+    async def restore(self, why: IndexProblem) -> None:
         """Move a corrupt index aside and run ``qmd update`` (``update.updateTimeoutMs``), so
         qmd indexes every collection again; :attr:`problem` says so meanwhile.
 
@@ -186,7 +207,7 @@ class IndexHealth:
         self._restoring = True
         log.warning("%s", self.problem)
         try:
-            if "is corrupt" in why:
+            if why.corrupt:
                 async with file_lock(b.home.write_lock, budget_ms=b.cfg.update.update_timeout_ms):
                     counts, err = await b.index_counts.read()  # an update may have repaired it
                     if await self.check(counts, err) == why:
@@ -242,7 +263,7 @@ class IndexHealth:
 
         counts, err = await self.backend.index_counts.read()
         why = await self.check(counts, err)
-        if why is not None and (not boot_update or "is corrupt" in why):
+        if why is not None and (not boot_update or why.corrupt):
             try:
                 await self.restore(why)
             except BackendUnavailableError as exc:

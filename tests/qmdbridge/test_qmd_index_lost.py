@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import filelock
 import pytest
 
 from qmdbridge import MemoryManager
@@ -113,8 +114,15 @@ async def test_serve_answers_from_builtin_while_it_reindexes_then_qmd_finds_new_
             await backend.warm.wait_for(lambda w: w.ready)
         assert (await m.search("heron")).backend == "qmd"
         old_pid = backend.warm.pid
-        damage(agent)
-        status = (await m.status()).to_json_dict()
+        # qmd's write lock held here keeps the re-index waiting until status has answered
+        # (a fast re-index could otherwise finish first, and status rightly say nothing)
+        holder = filelock.FileLock(str(backend.home.write_lock))
+        holder.acquire()
+        try:
+            damage(agent)
+            status = (await m.status()).to_json_dict()
+        finally:
+            holder.release()
         problems = [p for p in status_problems(status) if p["check"] == "qmd index"]
         assert len(problems) == 1, status_problems(status)
         assert "re-indexing" in problems[0]["message"]

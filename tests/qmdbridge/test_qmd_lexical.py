@@ -248,7 +248,7 @@ class _Unknown:
     """Index counts that are never known (``IndexCounts.read`` of an unreadable index)."""
 
     async def read(self) -> tuple[dict[str, int], str | None]:
-        return {}, None
+        return {}, "unable to open database file"
 
 
 @pytest.mark.anyio

@@ -15,10 +15,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["KEYWORD_ONLY_NOTICE", "get_page_text", "print_get_doc", "print_search_doc", "print_status_doc"]
+__all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "get_page_text", "print_get_doc", "print_search_doc", "print_status_doc"]
 
 # Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
 KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
+
+
+# How the fallback note names qmd's failure (and how a qmd BackendUnavailableError's text starts).
+QMD_UNAVAILABLE = "qmd unavailable: "
 
 
 def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None,
@@ -37,7 +41,9 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
     out = sys.stdout
     fallback = doc.get("fallback")
     if fallback:
-        sys.stderr.write(f"note: answered by {doc.get('backend')} (qmd unavailable: {fallback.get('reason')})\n")
+        reason = str(fallback.get("reason"))
+        reason = reason.removeprefix(QMD_UNAVAILABLE)  # the reason of a BackendUnavailableError has it
+        sys.stderr.write(f"note: answered by {doc.get('backend')} ({QMD_UNAVAILABLE}{reason})\n")
     if keyword_notice and doc.get("backend") == "builtin" and doc.get("mode") == "fts-only":
         sys.stderr.write(KEYWORD_ONLY_NOTICE + "\n")
     for warning in doc.get("warnings") or []:

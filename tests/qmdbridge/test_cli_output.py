@@ -51,3 +51,17 @@ def test_the_plain_writer_prints_what_the_orjson_writer_prints(capsysbinary: pyt
         emit_plain_json(doc)
         assert capsysbinary.readouterr().out == want
     assert _floats_print_alike({"t": (0.5, 0.25)}) and not _floats_print_alike({"t": (0.5, 1e-9)})
+
+
+@pytest.mark.parametrize(("reason", "note"), [
+    ("qmd unavailable: qmd timed out after 4000ms (memory.qmd.limits.timeoutMs)",
+     "note: answered by builtin (qmd unavailable: qmd timed out after 4000ms (memory.qmd.limits.timeoutMs))\n"),
+    ("circuit breaker open", "note: answered by builtin (qmd unavailable: circuit breaker open)\n"),
+])
+def test_the_fallback_note_says_qmd_unavailable_once(capsys: pytest.CaptureFixture[str], reason: str,
+                                                     note: str) -> None:
+    from qmdbridge.cli.render import print_search_doc
+
+    print_search_doc({"backend": "builtin", "mode": "fts-only", "results": [], "warnings": [],
+                      "fallback": {"from": "qmd", "reason": reason}}, keyword_notice=False)
+    assert capsys.readouterr().err == note

@@ -49,7 +49,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MAX_AHEAD", "ahead_limit", "note_used", "start_prefetch"]
+__all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "note_used", "start_prefetch"]
 
 # Calls started ahead running at once, at most (the backend's limit per search,
 # search_calls.MAX_PARALLEL_CALLS); fewer with fewer cores (ahead_limit).
@@ -73,8 +73,9 @@ def ahead_limit() -> int:
     return max(1, min(MAX_AHEAD, cores - 1))
 
 
-def _healthy(breaker: Path) -> bool:
-    """Whether a breaker file records no failure (or there is none)."""
+def breaker_healthy(breaker: Path) -> bool:
+    """Whether a circuit-breaker file (``breaker.json``, ``startup-breaker.json``) records no
+    failure, or there is none; an unreadable one counts as a failure. Standard library only."""
     try:
         state = json.loads(breaker.read_bytes())
     except FileNotFoundError:
@@ -93,7 +94,7 @@ def _unchanged(qmd: dict[str, Any], qmd_dir: Path, index_yml: Path) -> bool:
     except OSError:
         return False
     return (marker == qmd["marker"] and [st.st_mtime_ns, st.st_size, st.st_ino] == qmd["indexYml"]
-            and all(_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
+            and all(breaker_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
 
 
 def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[str, str] | None = None,

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
+from qmdbridge.cli.qmd_prefetch import breaker_healthy
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
 if TYPE_CHECKING:  # (a qmd-mode search records neither: not loaded for it)
@@ -110,17 +111,6 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
         half_life_days=decay.half_life_days if decay.enabled else None)
 
 
-def _healthy(breaker: Path) -> bool:
-    """Whether a breaker file records no failure (or there is none)."""
-    try:
-        state = json.loads(breaker.read_bytes())
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return isinstance(state, dict) and state.get("failures", 0) == 0
-
-
 def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[str, Any] | None:
     """What ``qmdbridge/cli/qmd_prefetch.py`` needs to start this agent's next one-shot search's
     qmd calls ahead, as plain values; ``None`` when it should not.
@@ -149,7 +139,7 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
     home = qmd_home(agent.state_dir, agent.agent_id)
     cached = ProbeCache(agent.state_dir / "qmd" / "probe-cache.json").get(
         ProbeCache.key(cfg.command, env.get("PATH", "")))
-    if cached is None or not all(_healthy(home.qmd_dir / name)
+    if cached is None or not all(breaker_healthy(home.qmd_dir / name)
                                  for name in ("breaker.json", "startup-breaker.json")):
         return None
     try:

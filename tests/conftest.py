@@ -46,3 +46,18 @@ def local_model_path() -> Path:
         pytest.skip(problem)
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def qmd_bin() -> Path:
+    """Absolute path of the real qmd 2.8.3 launcher installed by ``scripts/install-qmd.sh``
+    (skip without it, fail under CI)."""
+    from qmdbridge.qmd.locate import repo_tools_qmd
+
+    launcher = repo_tools_qmd()
+    if launcher.is_file() and os.access(launcher, os.X_OK):
+        return launcher
+    message = f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)

@@ -66,20 +66,6 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture
-def qmd_bin() -> Path:
-    """The real qmd 2.8.3 launcher (skip without it, fail under CI), as in tests/qmdbridge."""
-    from qmdbridge.qmd.locate import repo_tools_qmd
-
-    launcher = repo_tools_qmd()
-    if launcher.is_file() and os.access(launcher, os.X_OK):
-        return launcher
-    message = f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-@pytest.fixture
 def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)

@@ -5,7 +5,6 @@ behind on SIGTERM; after ``kill -9`` of serve the kernel kills the child (``PR_S
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,17 +20,6 @@ from qmd_query_ws import make_workspace, model_free_env  # noqa: E402
 from server_procs import DEADLINE_S, cli_env, start, stop  # noqa: E402
 
 pytestmark = pytest.mark.qmd
-
-
-@pytest.fixture
-def qmd_bin() -> Path:
-    """The real qmd launcher (skip, or fail under CI, when ``scripts/install-qmd.sh`` was not run)."""
-    launcher = REPO / ".tools" / "bin" / "qmd"
-    if not os.access(launcher, os.X_OK):
-        if os.environ.get("CI"):
-            pytest.fail("real qmd missing: run scripts/install-qmd.sh")
-        pytest.skip("real qmd missing: run scripts/install-qmd.sh")
-    return launcher
 
 
 def _serve(tmp_path: Path, qmd_bin: Path) -> subprocess.Popen[bytes]:

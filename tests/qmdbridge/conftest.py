@@ -17,21 +17,8 @@ from pathlib import Path
 import pytest
 
 from qmdbridge.paths import QmdHome, child_env, ensure_home, qmd_home
-from qmdbridge.qmd.locate import repo_tools_qmd
 
 STANDINS_DIR = Path(__file__).resolve().parent / "standins"
-
-
-@pytest.fixture(scope="session")
-def qmd_bin() -> Path:
-    """Absolute path of the real qmd 2.8.3 launcher (skip, or fail under CI, when absent)."""
-    launcher = repo_tools_qmd()
-    if launcher.is_file() and os.access(launcher, os.X_OK):
-        return launcher
-    message = f"real qmd not installed at {launcher}; run: bash scripts/install-qmd.sh"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.fixture

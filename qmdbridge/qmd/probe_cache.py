@@ -4,7 +4,8 @@ Each ``qmdbridge search`` in qmd mode would otherwise start qmd three times: ``-
 (is this a real qmd, is its runtime there?), ``--help`` (does it take several ``-c``?) and
 the search itself; under Bun each start costs ~100 ms. Successful probes are remembered in
 ``<stateDir>/qmd/probe-cache.json`` keyed by the configured command and ``PATH``, and are valid
-while the executable's size and mtime are unchanged and the entry is younger than
+while the executable's size, mtime, ctime and inode are unchanged (another program copied there
+with its size and mtime kept, ``cp -p``, still moves the ctime) and the entry is younger than
 ``PROBE_CACHE_TTL_MS``. A failed search through qmd drops the entry (the manager calls
 :meth:`ProbeCache.forget`), so a broken or replaced qmd is probed again.
 
@@ -40,7 +41,7 @@ def _stat_key(path: str | None) -> list[int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [st.st_mtime_ns, st.st_size]
+    return [st.st_mtime_ns, st.st_size, st.st_ctime_ns, st.st_ino]
 
 
 def probe_key(command: str | Sequence[str], path_env: str) -> str:
@@ -59,7 +60,8 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _valid(entry: Any, now_ms: int) -> dict[str, Any] | None:
     """The location fields of a cache entry while it holds: younger than
-    :data:`PROBE_CACHE_TTL_MS`, a usable qmd, the executable's size and mtime as probed."""
+    :data:`PROBE_CACHE_TTL_MS`, a usable qmd, the executable's size, mtime, ctime and inode
+    as probed."""
     if not isinstance(entry, dict) or not isinstance(entry.get("location"), dict):
         return None
     loc = entry["location"]

@@ -109,3 +109,30 @@ def test_the_thread_starting_calls_ahead_prints_nothing_when_the_index_cannot_be
     out = subprocess.run([sys.executable, "-c", QUIET, json.dumps(qmd)], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert (out.returncode, out.stdout, out.stderr) == (0, "0", "")
+
+
+def test_an_executable_replaced_with_the_same_size_and_mtime_is_probed_again(tmp_path: Path) -> None:
+    """``cp -p``, ``rsync -t`` or an installer that keeps mtimes can put another program of the
+    same size at qmd's path with its mtime put back: its change time (and inode) still differ,
+    so neither the sidecar nor the one-shot prefetch trusts the old probe."""
+    from qmdbridge.qmd.locate import QmdLocation
+    from qmdbridge.qmd.probe_cache import ProbeCache, cached_location
+
+    exe = tmp_path / "qmd"
+    exe.write_text("#!/bin/sh\necho qmd 2.8.3\n")
+    cache_file = tmp_path / "probe-cache.json"
+    cache = ProbeCache(cache_file)
+    location = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
+                           searched=["/bin"], path_env="/bin", child_path="/p")
+    key = ProbeCache.key("qmd", "/bin")
+    cache.put(key, location)
+    assert cache.get(key) is not None
+    before = os.stat(exe)
+    other = tmp_path / "other"
+    other.write_text("#!/bin/sh\necho qmd 9.9.9\n")  # same length
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, exe)
+    after = os.stat(exe)
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    assert cache.get(key) is None
+    assert cached_location(cache_file, "qmd", {"PATH": "/bin"}) is None

@@ -275,6 +275,20 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
     return ResolvedMemoryPath(root.path, tuple(rel.split("/")), display, root.entry != root.path)
 
 
+def _missing_page(requested: str, display: str) -> MemoryReadResult:
+    """The answer for a file that does not exist: empty text with ``missing: True``, unless
+    the requested path holds a ``%XX`` escape naming no file (refused, never decoded).
+
+    Raises:
+        PathRefusedError: ``encoded characters``.
+    """
+    encoded = _encoded(requested)
+    if encoded is not None:
+        raise encoded from None  # called while handling the not-found error
+    return MemoryReadResult.model_validate(
+        {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
+
+
 def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str) -> int:
     flags = os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC | (0 if follow else _O_NOFOLLOW)
     try:
@@ -399,11 +413,7 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
     try:
         text = retrying(attempt)
     except MemoryFileNotFoundError:
-        encoded = _encoded(shown)
-        if encoded is not None:
-            raise encoded from None
-        return MemoryReadResult.model_validate(
-            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
+        return _missing_page(shown, display)
     except OSError as exc:
         raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
     if text is None:  # what indexing skips, no reader may return
@@ -554,11 +564,7 @@ def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | 
     try:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
     except MemoryFileNotFoundError:
-        encoded = _encoded(rel_path)
-        if encoded is not None:
-            raise encoded from None
-        return MemoryReadResult.model_validate(
-            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
+        return _missing_page(rel_path, display)
     except OSError as exc:
         raise BackendUnavailableError("builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
     if parsed.read_failed:

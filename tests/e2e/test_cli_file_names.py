@@ -5,28 +5,17 @@ the file is indexed under its printable path and ``get`` opens it by that path."
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+
+from tests.e2e.cli_proc import run_cli as run
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
 LATIN1_NAME = b"caf\xe9.md"  # "café.md" as Latin-1 bytes: not UTF-8
 SHOWN = "memory/caf\\xe9.md"  # its printable path (fallback/text/path_names.py)
 NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
-
-
-def _argv(args: list[str]) -> list[str]:
-    exe = shutil.which("qmdbridge")
-    return [exe, *args] if exe else [
-        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-
-
-def run(args: list[str], env: dict[str, str], stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120, input=stdin)
 
 
 def _write_latin1_note(ws: Path) -> None:

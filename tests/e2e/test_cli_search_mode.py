@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import cli_argv
+from tests.e2e.cli_proc import run_cli as run
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
-
-
-def _argv(args: list[str]) -> list[str]:
-    exe = shutil.which("qmdbridge")
-    return [exe, *args] if exe else [
-        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-
-
-def run(args: list[str], env: dict[str, str], stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120, input=stdin)
 
 
 def _vector(text: str) -> list[float]:
@@ -127,7 +116,7 @@ async def test_mcp_answers_report_the_mode_that_ran(tmp_path: Path, ws: Path, en
         cfg = _config(tmp_path, {"provider": "openai-compatible", "model": "stand-in",
                                  "remote": {"baseUrl": srv.url},
                                  "query": {"minScore": 0, "hybrid": {"enabled": False}}})
-        argv = _argv(["mcp", "--workspace", str(ws), "--config", str(cfg)])
+        argv = cli_argv(["mcp", "--workspace", str(ws), "--config", str(cfg)])
         params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
         with open(os.devnull, "w") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write), \

@@ -89,3 +89,12 @@ def live_children() -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return alive
+
+
+def process_gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (it may linger as a zombie of some other parent)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() == psutil.STATUS_ZOMBIE and proc.ppid() != os.getpid()
+    except psutil.NoSuchProcess:
+        return True

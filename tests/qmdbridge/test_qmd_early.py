@@ -16,6 +16,9 @@ from fallback.errors import BackendTimeoutError
 from qmdbridge.qmd.early import EarlyCalls
 from qmdbridge.qmd.runner import run_command
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_procs import process_gone  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 
 LOGGED = """import os, sys
@@ -48,14 +51,6 @@ def _hang(tmp_path: Path, standins_dir: Path) -> tuple[list[str], dict[str, str]
     env = {"PATH": os.environ.get("PATH", ""), "STANDIN_PIDFILE": str(pidfile)}
     return [str(standins_dir / "hang.py"), "search", "--json", "--", "hello world"], env, pidfile
 
-
-def _gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (it may linger as a zombie of some other parent)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() == psutil.STATUS_ZOMBIE and proc.ppid() != os.getpid()
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def _pids(pidfile: Path) -> list[int]:
@@ -126,7 +121,7 @@ async def test_a_command_other_than_a_search_discards_the_calls_not_taken(
                                       cwd=tmp_path, timeout_ms=20_000)
         assert res.ok and _starts(log) == 1
         assert call.done.is_set() and call.proc.returncode == -9
-        assert all(_gone(pid) for pid in grandchildren)
+        assert all(process_gone(pid) for pid in grandchildren)
         assert calls.discarded and calls.start(logged, logged_env, tmp_path) is None
         await calls.run_command(logged, env=logged_env, cwd=tmp_path, timeout_ms=20_000)
         assert _starts(log) == 2 and calls.used == 0  # the search ran it itself
@@ -147,7 +142,7 @@ async def test_a_call_taken_past_its_deadline_is_killed_with_the_runners_error(
                                     setting="memory.qmd.limits.timeoutMs")
         assert str(info.value) == ("qmd unavailable: qmd search --json -- hello world timed out "
                                    "after 300ms (memory.qmd.limits.timeoutMs)")
-        assert all(_gone(pid) for pid in grandchildren)
+        assert all(process_gone(pid) for pid in grandchildren)
         assert psutil.Process().children(recursive=True) == []
     finally:
         calls.close()
@@ -164,7 +159,7 @@ async def test_an_outer_cancellation_kills_the_call_taken_and_propagates(
             with anyio.fail_after(0.3):
                 await calls.run_command(argv, env=env, cwd=tmp_path, timeout_ms=60_000)
         assert not isinstance(info.value, BackendTimeoutError)
-        assert all(_gone(pid) for pid in grandchildren)
+        assert all(process_gone(pid) for pid in grandchildren)
         assert psutil.Process().children(recursive=True) == []
     finally:
         calls.close()
@@ -178,6 +173,6 @@ async def test_close_kills_and_reaps_what_the_search_did_not_take(tmp_path: Path
     assert calls.start(argv, env, tmp_path) is None  # one call per command
     grandchildren = await _pids(pidfile)
     calls.close()
-    assert all(_gone(pid) for pid in grandchildren)
+    assert all(process_gone(pid) for pid in grandchildren)
     assert psutil.Process().children(recursive=True) == []
     assert calls.start(argv, env, tmp_path) is None

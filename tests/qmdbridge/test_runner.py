@@ -25,20 +25,15 @@ from qmdbridge.qmd.runner import (
     summarize,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_procs import process_gone  # noqa: E402
+
 pytestmark = pytest.mark.anyio
 
 
 def _env(path_env: str, **extra: str) -> dict[str, str]:
     return {"PATH": path_env, "HOME": os.environ.get("HOME", "/tmp"), "LANG": "C.UTF-8", **extra}
 
-
-def _gone(pid: int) -> bool:
-    """True when ``pid`` no longer runs (it may linger as a zombie of some other parent)."""
-    try:
-        proc = psutil.Process(pid)
-        return proc.status() == psutil.STATUS_ZOMBIE and proc.ppid() != os.getpid()
-    except psutil.NoSuchProcess:
-        return True
 
 
 async def test_timeout_kills_group_and_escaped_grandchild(tmp_path: Path, standins_dir: Path,
@@ -56,7 +51,7 @@ async def test_timeout_kills_group_and_escaped_grandchild(tmp_path: Path, standi
     grandchildren = [int(line) for line in pidfile.read_text().split()]
     assert len(grandchildren) == 2
     for pid in grandchildren:
-        assert _gone(pid), f"grandchild {pid} survived"
+        assert process_gone(pid), f"grandchild {pid} survived"
     assert psutil.Process().children(recursive=True) == []
 
 
@@ -70,7 +65,7 @@ async def test_outer_cancellation_kills_tree_and_propagates(tmp_path: Path, stan
                               timeout_ms=60_000)
     assert not isinstance(info.value, BackendTimeoutError)
     for pid in (int(line) for line in pidfile.read_text().split()):
-        assert _gone(pid), f"grandchild {pid} survived"
+        assert process_gone(pid), f"grandchild {pid} survived"
     assert psutil.Process().children(recursive=True) == []
 
 

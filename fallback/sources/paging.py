@@ -4,16 +4,13 @@ reads the files; its names re-export these)."""
 
 from __future__ import annotations
 
-import re
+from fallback.text.chunking import split_lines
 
 __all__ = ["DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "page_text"]
 
 # Reference defaults for one memory_get page: 120 lines, 12,000 chars (code points here).
 DEFAULT_READ_LINES = 120
 DEFAULT_READ_MAX_CHARS = 12_000
-# A line ends at "\n" (removed) or after a lone "\r" (kept, as the "\r" of "\r\n" is kept), so
-# memory_get line numbers agree with fallback.text.chunking for every line-ending style.
-_PAGE_LINE_BREAK = re.compile(r"\n|(?<=\r)(?!\n)")
 
 
 def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) -> str:
@@ -28,10 +25,13 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
               suggest_read_fallback: bool = True) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
-    Lines end at ``\\n``; a trailing ``\\n`` does not start an extra empty line and an empty
-    text has zero lines. ``\\r`` characters are kept (``"one\\r\\ntwo\\r\\n"`` pages as
-    ``"one\\r\\ntwo\\r"``); a lone ``\\r`` also ends a line, so line numbers agree with chunk
-    line ranges.
+    Lines are those of :func:`fallback.text.chunking.split_lines` (``\\n``, ``\\r\\n`` or a lone
+    ``\\r``), so line numbers agree with chunk line ranges; a trailing line break does not
+    start an extra empty line and an empty text has zero lines. The page is the file's text
+    as it is, from the first line's start to the last line's end, less that line's final
+    ``\\n`` (``"one\\r\\ntwo\\r\\n"`` pages as ``"one\\r\\ntwo\\r"``, ``"one\\rtwo\\r"`` as
+    itself). The work is bounded by the lines asked for and the char budget, not by the
+    file: lines past the budget are never joined.
 
     Args:
         text: the whole file.
@@ -56,19 +56,25 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     """
     default_lines = max(1, int(default_lines))
     max_chars = max(1, int(max_chars))
-    all_lines = _PAGE_LINE_BREAK.split(text) if text else []
+    all_lines = split_lines(text, keep_ends=True) if text else []
     if all_lines and all_lines[-1] == "":
         all_lines.pop()
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
-    selected = all_lines[start - 1:start - 1 + count]
+    # A page of more than max_chars + 1 lines cannot fit (each line but the last is at least
+    # its "\n"), so no more are taken, whatever ``lines`` says.
+    selected = all_lines[start - 1:start - 1 + min(count, max_chars + 1)]
     more_remain = start - 1 + len(selected) < len(all_lines)
 
-    included = len(selected)
-    page = "\n".join(selected)
-    while included > 1 and len(page) > max_chars:
-        included -= 1
-        page = "\n".join(selected[:included])
+    included, size = 0, 0
+    for line in selected:  # the longest run of whole lines within the budget (at least one)
+        grown = size + len(line)
+        if included and grown - line.endswith("\n") > max_chars:
+            break
+        included, size = included + 1, grown
+    page = "".join(selected[:included])
+    if page.endswith("\n"):
+        page = page[:-1]
     hard_truncated = len(page) > max_chars
     if hard_truncated:
         page = page[:max_chars]

@@ -365,12 +365,13 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _read_text(fd: int, start: int, count: int, max_file_bytes: int) -> str | None:
+def _read_text(fd: int, start: int, count: int, max_chars: int, max_file_bytes: int) -> str | None:
     """The text behind ``fd`` for paging, or ``None`` for a binary file; the descriptor is closed.
 
     Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded. A bigger file is read as a
-    stream and reduced to what paging needs: the lines before ``start`` as empty lines, lines
-    ``start .. start+count-1`` as they are, plus one more line so :func:`page_text` can tell
+    stream and reduced to what paging needs: the lines before ``start`` as empty lines, then
+    lines from ``start`` on as they are, up to ``count`` of them or the first that takes the
+    page past ``max_chars`` code points, plus one more line so :func:`page_text` can tell
     whether content remains. Memory stays bounded by the page, however large the file.
     A leading BOM is removed; invalid UTF-8 becomes U+FFFD. A file with NUL bytes is first
     checked by indexing's rule (:func:`fallback.sources.file_text.is_binary_file`) over its
@@ -388,13 +389,15 @@ def _read_text(fd: int, start: int, count: int, max_file_bytes: int) -> str | No
         with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", errors="replace",
                               newline="") as fh:
             parts: list[str] = []
+            page_chars = 0
             for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
                 if number < start:
                     parts.append("\n")
-                else:
-                    parts.append(line)
-                    if number >= start + count:  # the one line after the page
-                        break
+                    continue
+                parts.append(line)
+                page_chars += len(line)
+                if number >= start + count or page_chars > max_chars + 1:
+                    break  # the line after the page, or one the budget cannot hold
             return "".join(parts)
 
 
@@ -406,7 +409,7 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
 
     def attempt() -> str | None:
         return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
-                          start, count, max_file_bytes)
+                          start, count, max(1, int(max_chars)), max_file_bytes)
 
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)

@@ -7,9 +7,11 @@ awareness: headings are ordinary lines.
 Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with these changes:
 
 - lengths are code points, so no chunk can split a code point (the reference measured UTF-16
-  units and needed surrogate guards), and a long line is cut on grapheme-cluster boundaries
-  (UAX #29, the ``regex`` package's ``\\X``), so no chunk or snippet splits an emoji family, a
-  flag or a letter from its combining marks;
+  units and needed surrogate guards), and a long line is cut after its last word that fits
+  (after whitespace, else after punctuation; the reference cut at the budget, mid-word, so a
+  word at a cut of a pasted log or of prose without line breaks could not be found), always on
+  grapheme-cluster boundaries (UAX #29, the ``regex`` package's ``\\X``), so no chunk or
+  snippet splits an emoji family, a flag or a letter from its combining marks;
 - ``\\r\\n`` and lone ``\\r`` both end a line and the ``\\r`` is dropped from chunk text, so line
   numbers match what an editor shows;
 - the overlap window is capped at ``min(overlap_chars, max_chars - incoming)`` (the E3 cap) and
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "CHUNKING_VERSION",
     "MIN_CHUNK_CHARS",
     "Chunk",
     "chunk_markdown",
@@ -53,12 +56,17 @@ __all__ = [
 
 # The reference budget: one token ~ 4 characters of English text.
 CHARS_PER_TOKEN = 4
+# Version of the rules below (line breaks, where a long line is cut): an index records it, and
+# an index chunked by other rules is rebuilt (``fallback/index/identity.py``). 2: long lines are
+# cut between words.
+CHUNKING_VERSION = 2
 # Smallest chunk budget in chars, whatever ``tokens`` says (keeps tiny configs usable).
 MIN_CHUNK_CHARS = 32
 # Smallest byte cap split_by_utf8_bytes accepts: one UTF-8 code point is at most 4 bytes.
 MIN_SPLIT_BYTES = 4
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_BREAK_KEPT = re.compile(r"(\r\n|\r|\n)")
 
 
 @functools.cache
@@ -87,14 +95,24 @@ class Chunk:
     content_hash: str
 
 
-def split_lines(text: str) -> list[str]:
-    """Split ``text`` into lines on ``\\r\\n``, ``\\r`` or ``\\n``, without the line breaks.
+def split_lines(text: str, *, keep_ends: bool = False) -> list[str]:
+    """Split ``text`` into lines: a line ends at ``\\r\\n``, ``\\n`` or a lone ``\\r`` (old Mac
+    files and some exporters). The one rule of what a line is, for chunk line ranges, note
+    titles and ``memory_get`` pages alike.
+
+    Args:
+        text: any text.
+        keep_ends: keep each line's break at its end, so ``"".join(result) == text``.
 
     Returns:
         The lines; a text ending in a line break yields a final empty string, as
         ``str.split("\\n")`` does, so line ``i`` (1-based) is ``result[i - 1]``.
     """
-    return _LINE_BREAK.split(text)
+    if not keep_ends:
+        return _LINE_BREAK.split(text)
+    parts = _LINE_BREAK_KEPT.split(text)  # text, break, text, break, ..., text
+    ends = iter(parts[1::2])
+    return [line + next(ends, "") for line in parts[::2]]
 
 
 def grapheme_ends(text: str) -> list[int]:
@@ -110,37 +128,62 @@ def grapheme_ends(text: str) -> list[int]:
     return [m.end() for m in _grapheme_re().finditer(text)]
 
 
-def _cut_points(ends: list[int], size: int) -> list[int]:
-    """Cut offsets (ascending, ending at the text's length) for pieces of at most ``size`` code
-    points, each cut on a grapheme boundary; a single grapheme longer than ``size`` (hundreds
-    of combining marks) is cut inside, since no boundary exists there."""
-    total = ends[-1] if ends else 0
-    cuts: list[int] = []
+# Characters a long line is preferably cut after (whitespace: no token spans them).
+_WORD_BREAKS = (" ", "\t", "\u3000")
+# One character that is no part of a word (FTS5's unicode61 separates tokens at each).
+_NON_WORD = re.compile(r"[^\w]")
+
+
+def _word_cut(text: str, start: int, end: int) -> int | None:
+    """The offset in ``(start, end]`` where the piece ``text[start:]`` best ends without
+    cutting a word: after the last whitespace (or at ``end`` when a whitespace follows it),
+    else after the last character that is no part of a word (punctuation of a pasted log);
+    ``None`` when ``text[start:end]`` is one word."""
+    if end >= len(text) or text[end] in _WORD_BREAKS:
+        return end
+    cut = max(text.rfind(sep, start, end) for sep in _WORD_BREAKS)
+    if cut > start:
+        return cut + 1
+    last = None
+    for last in _NON_WORD.finditer(text, start + 1, end):
+        pass
+    return last.end() if last is not None else None
+
+
+def _pieces(text: str, size: int, *, at_words: bool = False) -> list[str]:
+    """``text`` cut into pieces of at most ``size`` code points, each cut on a grapheme
+    boundary; with ``at_words``, at the last word boundary that fits (:func:`_word_cut`) when
+    there is one. A single grapheme longer than ``size`` (hundreds of combining marks) is cut
+    inside, and a single word longer than ``size`` between graphemes, since no better boundary
+    exists there."""
+    total = len(text)
+    if total <= size:
+        return [text]
+    # Every ASCII code point is its own grapheme here (a line holds no "\r\n").
+    ends = None if text.isascii() else grapheme_ends(text)
+    out: list[str] = []
     start = 0
     while start < total:
         limit = start + size
         if limit >= total:
-            cuts.append(total)
+            out.append(text[start:])
             break
-        i = bisect.bisect_right(ends, limit) - 1
-        end = ends[i] if i >= 0 and ends[i] > start else limit
-        cuts.append(end)
-        start = end
-    return cuts
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    """``text`` cut into pieces of at most ``size`` code points on grapheme boundaries."""
-    if len(text) <= size:
-        return [text]
-    if text.isascii():  # every ASCII code point is its own grapheme here (no line breaks)
-        return [text[i:i + size] for i in range(0, len(text), size)]
-    out: list[str] = []
-    start = 0
-    for end in _cut_points(grapheme_ends(text), size):
+        end = limit
+        if ends is not None:
+            i = bisect.bisect_right(ends, limit) - 1
+            end = ends[i] if i >= 0 and ends[i] > start else limit
+        if at_words:
+            word = _word_cut(text, start, end)
+            if word is not None and (ends is None or _is_boundary(ends, word)):
+                end = word
         out.append(text[start:end])
         start = end
     return out
+
+
+def _is_boundary(ends: list[int], offset: int) -> bool:
+    i = bisect.bisect_left(ends, offset)
+    return i < len(ends) and ends[i] == offset
 
 
 def truncate_chars(s: str, max_chars: int) -> str:
@@ -160,15 +203,16 @@ def truncate_chars(s: str, max_chars: int) -> str:
 def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
     """Cut one line into segments of at most ``max_chars`` code points, CJK-heavy segments
     re-cut into pieces of ``tokens`` code points (each then weighs at most ``max_chars``);
-    every cut falls on a grapheme-cluster boundary (see :func:`_cut_points`)."""
+    every cut falls after a word when one fits, and always on a grapheme-cluster boundary (see
+    :func:`_pieces`), so a word is cut only when it alone is longer than a segment."""
     if not line:
         return [""]
     if len(line) <= max_chars and text_weight(line) <= max_chars:
         return [line]
     segments: list[str] = []
-    for piece in _pieces(line, max_chars):
+    for piece in _pieces(line, max_chars, at_words=True):
         if text_weight(piece) > max_chars:
-            segments.extend(_pieces(piece, max(1, tokens)))
+            segments.extend(_pieces(piece, max(1, tokens), at_words=True))
         else:
             segments.append(piece)
     return segments

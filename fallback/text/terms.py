@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fallback.text.chunking import split_lines
+
 if TYPE_CHECKING:
     import regex
 
@@ -94,7 +96,7 @@ def _date_forms() -> tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], .
 # How far before a year a written date may start ("28th of September, 2023" is 23 chars).
 _LOOKBACK_CHARS = 32
 _EXTENSION_RE = re.compile(r"\.[A-Za-z0-9]{1,10}$")
-_HEADING_RE = re.compile(r"^[ ]{0,3}#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+_HEADING_RE = re.compile(r"[ ]{0,3}#{1,6}[ \t]+(.+?)[ \t#]*")
 
 
 @dataclass(frozen=True)
@@ -296,9 +298,17 @@ def derived_terms(text: str) -> str:
 
 
 def first_heading(text: str) -> str:
-    """The text of the first ATX Markdown heading (``# Title``) in ``text``, or ``""``."""
-    m = _HEADING_RE.search(text)
-    return m.group(1).strip() if m else ""
+    """The text of the first ATX Markdown heading (``# Title``) in ``text``, or ``""``.
+
+    Lines are those of :func:`fallback.text.chunking.split_lines` (``\\n``, ``\\r\\n`` or a lone
+    ``\\r``), so a heading never runs past its line into the rest of the note.
+    """
+    for line in split_lines(text):
+        if "#" in line:
+            m = _HEADING_RE.fullmatch(line)
+            if m:
+                return m.group(1).strip()
+    return ""
 
 
 def title_text(path: str, heading: str) -> str:

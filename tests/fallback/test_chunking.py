@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import random
+import re
 
 import pytest
 
@@ -63,8 +65,39 @@ def test_case15_chinese_sentences_bounded() -> None:
 
 
 def test_case16_repeated_sentence_bounded() -> None:
-    chunks = chunk_markdown("hello world this is a test. " * 50, tokens=100)
-    assert [len(c.text) for c in chunks] == [400, 400, 400, 200]
+    text = "hello world this is a test. " * 50
+    chunks = chunk_markdown(text, tokens=100)
+    # each cut falls after the last whole word that fits in 400 chars (the third lands on a
+    # space), so together the chunks hold the line as it is (the last keeps its final space)
+    assert [len(c.text) for c in chunks] == [398, 398, 400, 204]
+    assert [c.text[-4:] for c in chunks] == ["llo ", "rld ", " is ", "st. "]
+    assert "".join(c.text for c in chunks) == text
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text))
+
+
+def test_long_line_is_cut_between_words_so_every_word_is_found() -> None:
+    rng = random.Random(7)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 10)))
+             for _ in range(6000)]
+    line = " ".join(words)  # a pasted paragraph without line breaks, ~45,000 chars
+    chunks = chunk_markdown(f"# Log\n{line}\n", tokens=400, overlap=80)
+    found = set().union(*(_words(c.text) for c in chunks))
+    assert set(words) - found == set()
+    assert all(len(c.text) <= 1600 for c in chunks)
+
+
+def test_long_line_without_spaces_is_cut_after_punctuation() -> None:
+    line = "key=value;" * 10  # 100 chars, a chunk holds 32
+    chunks = chunk_markdown(line, tokens=8, overlap=0)
+    assert [c.text for c in chunks] == ["key=value;" * 3] * 3 + ["key=value;"]
+
+
+def test_a_word_longer_than_a_chunk_is_still_cut() -> None:
+    chunks = chunk_markdown("to " + "x" * 70 + " end", tokens=8, overlap=0)
+    assert [c.text for c in chunks] == ["to ", "x" * 32, "x" * 32, "x" * 6 + " end"]
 
 
 def test_case17_mixed_lines_keep_all_content() -> None:

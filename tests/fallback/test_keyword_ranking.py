@@ -131,3 +131,24 @@ async def test_snippet_holds_the_matching_line_and_reports_its_lines(tmp_path: P
 async def test_stop_word_only_query_still_searches(tmp_path: Path) -> None:
     _write(tmp_path, {"memory/ops.md": "Rust AND Go, OR tools", "memory/other.md": "nothing"})
     assert await _paths(tmp_path, "AND") == ["memory/ops.md"]
+
+
+async def test_lone_cr_note_cites_only_the_chunk_holding_the_word(tmp_path: Path) -> None:
+    lines = [f"Entry {i}: the weekly review of project number {i} went as planned." for i in range(80)]
+    lines[60] = "Entry 60: the zeppelin model arrived broken."
+    note = tmp_path / "memory" / "mac-export.md"
+    note.parent.mkdir()
+    note.write_bytes(("# Review log\r" + "\r".join(lines) + "\r").encode())  # old Mac line ends
+    engine = _engine(tmp_path)
+    try:
+        hits = await engine.search("zeppelin", min_score=0.0)
+        page = await engine.read_file("memory/mac-export.md", from_line=61, lines=3)
+        titled = await engine.search("review log", min_score=0.0, max_results=20)
+    finally:
+        await engine.close()
+    # line 62 is in two chunks (the overlap); no other chunk is cited
+    assert [(h.path, h.start_line <= 62 <= h.end_line, "zeppelin" in h.snippet) for h in hits] == [
+        ("memory/mac-export.md", True, True)] * 2
+    assert page.text.startswith("\r".join(lines[59:62]) + "\r")  # the file's text as it is
+    assert (page.from_line, page.lines) == (61, 3)
+    assert len(titled) > 1  # the heading is every chunk's title, and only the heading

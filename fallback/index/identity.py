@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS
 from fallback.sources.memory_files import normalize_extra_paths
+from fallback.text.chunking import CHUNKING_VERSION
 from fallback.text.scripts import sha256_hex
 
 if TYPE_CHECKING:  # annotations only: the one-shot search compares identities without them
@@ -41,7 +42,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
 
     Returns:
         ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
-        scopeHash, ftsTokenizer, embedWindows}``: model ``fts-only``, provider ``none`` and
+        chunkSections, chunkingVersion, scopeHash, ftsTokenizer, embedWindows}``: model
+        ``fts-only``, provider ``none`` and
         embedWindows ``None`` without a provider (else ``{tokens, overlap}`` of the embedding
         windows, ``fallback/index/windows.py``);
         ``vectorDims`` the provider's vector length when known (configured, or seen in this
@@ -65,6 +67,7 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
         "chunkTokens": s.chunking.tokens,
         "chunkOverlap": s.chunking.overlap,
         "chunkSections": s.chunking.sections,
+        "chunkingVersion": CHUNKING_VERSION,
         "scopeHash": sha256_hex(orjson.dumps(scope, option=orjson.OPT_SORT_KEYS)),
         "ftsTokenizer": s.store.fts.tokenizer,
         "embedWindows": ({"tokens": EMBED_WINDOW_TOKENS, "overlap": EMBED_WINDOW_OVERLAP}
@@ -116,7 +119,8 @@ def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
         return "scope changed"
     if (meta.get("chunkTokens") != identity["chunkTokens"]
             or meta.get("chunkOverlap") != identity["chunkOverlap"]
-            or meta.get("chunkSections", False) != identity["chunkSections"]):
+            or meta.get("chunkSections", False) != identity["chunkSections"]
+            or meta.get("chunkingVersion", 1) != identity["chunkingVersion"]):
         return "chunking changed"
     if meta.get("embedWindows") != identity["embedWindows"]:
         return "embedding windows changed"

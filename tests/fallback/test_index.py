@@ -136,6 +136,20 @@ async def test_note_padded_with_nul_bytes_is_indexed_and_the_caveat_kept(ws: Pat
     store.close()
 
 
+async def test_index_chunked_by_older_rules_is_rebuilt(ws: Path) -> None:
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    await _sync(settings, store)
+    meta = store.get_meta_json(META_KEY)
+    assert meta["chunkingVersion"] == 2
+    # an index written before long lines were cut between words records no version
+    store.set_meta(META_KEY, {k: v for k, v in meta.items() if k != "chunkingVersion"})
+    report = await _sync(settings, store)
+    assert (report.full, report.full_reason) == (True, "chunking changed")
+    assert store.get_meta_json(META_KEY)["chunkingVersion"] == 2
+    store.close()
+
+
 async def test_identity_change_triggers_full_rebuild(ws: Path) -> None:
     settings = _settings(ws)
     store = Store(settings.db_path)

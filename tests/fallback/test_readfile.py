@@ -109,6 +109,21 @@ def test_hard_truncation_single_line_code_points() -> None:
         1, 1, True, None)
 
 
+def test_lone_cr_page_is_the_files_text_as_it_is() -> None:
+    assert _page("one\rtwo\rthree\rfour\r", from_line=2, lines=2) == (
+        "two\rthree\r\n\n[More content available. Use from=4 to continue.]", 2, 2, True, 4)
+    assert _page("one\rtwo\r\nthree\nfour\r") == ("one\rtwo\r\nthree\nfour\r", 1, 4, False, None)
+
+
+def test_a_large_lines_value_pages_up_to_the_char_budget() -> None:
+    text = "".join(f"line {i:05d} of the note\n" for i in range(1, 60_001))  # 23 chars a line
+    page, start, count, truncated, next_from = _page(text, from_line=100, lines=60_000)
+    # 12,000 chars hold 521 lines of 22 chars and their 520 line breaks
+    assert (start, count, truncated, next_from) == (100, 521, True, 621)
+    assert page.split("\n\n[More")[0] == "\n".join(f"line {i:05d} of the note" for i in range(100, 621))
+    assert _page("\n" * 50, lines=1_000, max_chars=10)[1:] == (1, 11, True, 12)
+
+
 def test_lone_cr_counts_as_line_break() -> None:
     assert _page("one\rtwo\rthree", from_line=2, lines=1) == (
         "two\r\n\n[More content available. Use from=3 to continue.]", 2, 1, True, 3)
@@ -348,18 +363,23 @@ def test_read_page_in_root_applies_the_collection_pattern(tmp_path: Path) -> Non
     "one\ntwo\nthree\n", "one\r\ntwo\r\nthree\r\n", "one\rtwo\rthree", "\ufeffone\ntwo\n\nfour",
     "x\n" * 300, "caf\u00e9\n\ud83d\ude00 emoji\n" * 50 + "tail",
 ])
-@pytest.mark.parametrize("window", [(None, None), (1, 1), (2, 2), (3, 5), (200, 10), (1000, 3)])
+@pytest.mark.parametrize("window", [(None, None), (1, 1), (2, 2), (3, 5), (200, 10), (1000, 3),
+                                    (2, 1_000_000)])
+@pytest.mark.parametrize("max_chars", [12_000, 9])
 def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   body: str, window: tuple[int | None, int | None]) -> None:
+                                                   body: str, window: tuple[int | None, int | None],
+                                                   max_chars: int) -> None:
     import fallback.sources.read_page as rf
 
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     note = ws / "memory" / "big.md"
     note.write_bytes(body.encode("utf-8", errors="surrogatepass"))
-    whole = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1])
+    whole = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1],
+                             max_chars=max_chars)
     monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
-    streamed = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1])
+    streamed = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1],
+                                max_chars=max_chars)
     assert streamed == whole
 
 

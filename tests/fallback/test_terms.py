@@ -61,6 +61,8 @@ def test_derived_terms_of_a_chunk() -> None:
 def test_title_of_a_daily_note_carries_its_date() -> None:
     assert first_heading("intro\n## Standup notes ##\n# Later") == "Standup notes"
     assert first_heading("no heading\n#hashtag") == ""
+    assert first_heading("intro\r# Mac export\rbody\rmore") == "Mac export"  # lone CR line ends
+    assert first_heading("# Windows\r\nbody") == "Windows"
     assert title_text("memory/2023-05-08.md", "Standup") == (
         "memory/2023-05-08.md Standup 20230508 202305")
     assert title_text("memory/2023-05-08-2.md", "") == (

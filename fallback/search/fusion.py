@@ -9,7 +9,8 @@ Everything here is pure (plain values in, new values out). A hybrid search runs:
 2. :func:`apply_floor` — ``minScore`` on that calibrated score;
 3. temporal decay, the optional reranker and MMR (``fallback/search/ranking.py``,
    ``rerank.py``): they reorder, they never remove;
-4. :func:`select_results` — ``maxResults``, with session transcripts held to half the slots.
+4. :func:`select_results` — ``maxResults``, with session transcripts held to half the slots
+   and the near-duplicate chunks of one transcript collapsed.
 
 Why evidence is relative: a cosine similarity means different things for different models
 (all-MiniLM-class models give a true match 0.3-0.5, large remote models 0.6-0.9 and unrelated
@@ -30,13 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from fallback.search.ranking import Candidate
+from fallback.search.ranking import Candidate, jaccard, mmr_tokens
 
 __all__ = [
     "FUSION_METHODS",
     "FULL_EVIDENCE_Z",
     "MAX_EVIDENCE_SHARE",
     "MAX_SESSION_SHARE",
+    "NEAR_DUPLICATE_JACCARD",
     "RRF_K",
     "CosineStats",
     "FusionMethod",
@@ -72,6 +74,11 @@ FULL_EVIDENCE_Z = 3.5
 
 # Session transcripts may fill at most this share of the result slots while memory hits remain.
 MAX_SESSION_SHARE = 0.5
+
+# Two chunks of one transcript whose token sets overlap at least this much (Jaccard) say the
+# same thing: the lower-ranked one is dropped. Chunks of a transcript that repeats a topic in
+# the same words share most of their tokens; consecutive chunks share only their overlap lines.
+NEAR_DUPLICATE_JACCARD = 0.6
 
 
 def _finite(x: float) -> float:
@@ -268,15 +275,20 @@ def apply_floor(cands: Sequence[Candidate], min_score: float) -> list[Candidate]
 
 def select_results(ranked: Sequence[Candidate], *, max_results: int,
                    max_session_share: float = MAX_SESSION_SHARE) -> list[Candidate]:
-    """The first ``max_results`` candidates, with session transcripts held to a share of them.
+    """The first ``max_results`` candidates, with session transcripts held to a share of them
+    and the near-duplicate chunks of one transcript collapsed.
 
-    Candidates are taken in order; a ``source == "sessions"`` candidate is taken only while
-    sessions hold fewer than ``floor(max_results · max_session_share)`` of the taken ones.
-    When the other candidates run out before the slots do, the skipped sessions fill the
-    remaining slots (nothing else matches). The result keeps the order of ``ranked``.
+    Candidates are taken in order. A ``source == "sessions"`` candidate whose tokens
+    (:func:`~fallback.search.ranking.mmr_tokens` of its text) overlap those of a better chunk
+    of the same transcript by at least :data:`NEAR_DUPLICATE_JACCARD` (Jaccard) is dropped: a
+    transcript that repeats a topic is cited once for it, not in every slot. The others are
+    taken only while sessions hold fewer than ``floor(max_results · max_session_share)`` of
+    the taken ones; when the other candidates run out before the slots do, the skipped
+    sessions fill the remaining slots (nothing else matches). The result keeps the order of
+    ``ranked``.
 
     Args:
-        ranked: candidates, best first.
+        ranked: candidates, best first (``snippet`` holds the chunk's text).
         max_results: number of slots; ``<= 0`` gives ``[]``.
         max_session_share: share of the slots sessions may take, in ``[0, 1]``.
 
@@ -289,10 +301,18 @@ def select_results(ranked: Sequence[Candidate], *, max_results: int,
     taken: list[int] = []
     skipped: list[int] = []
     sessions = 0
+    kept_tokens: dict[str, list[set[str]]] = {}  # transcript path -> tokens of its kept chunks
     for i, c in enumerate(ranked):
         if len(taken) >= max_results:
             break
         if c.source == "sessions":
+            if sessions >= cap and len(skipped) >= max_results:
+                continue  # neither a slot nor a filler left for it
+            tokens = mmr_tokens(c.snippet)
+            kept = kept_tokens.setdefault(c.path, [])
+            if tokens and any(jaccard(tokens, other) >= NEAR_DUPLICATE_JACCARD for other in kept):
+                continue
+            kept.append(tokens)
             if sessions >= cap:
                 skipped.append(i)
                 continue

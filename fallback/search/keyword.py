@@ -219,13 +219,13 @@ def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
 def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
                       plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword hits for ``text``, best first (blocking): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
-    sources ``srcs``, at most ``limit``, each scored by :func:`relative_scores`.
+    sources ``srcs``, at most ``limit`` of each source, each scored by :func:`relative_scores`.
 
     Args:
         store: the store.
         text: the query.
         srcs: sources searched.
-        limit: rows wanted.
+        limit: rows wanted of each source.
         plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns ``[]`` when FTS5 is unavailable or the text has nothing to search.
@@ -238,7 +238,12 @@ def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int
     plan = plan or search_plan(store, text)
     if plan is None:
         return []
-    rows = keyword_rows(store, plan, sources=srcs, limit=limit)
+    # Each source gets its own ``limit`` rows, so one source (a long transcript that repeats the
+    # query's words) cannot crowd the other out of the candidates; select_results then shares
+    # the result slots between them.
+    rows = (keyword_rows(store, plan, sources=srcs, limit=limit) if len(srcs) < 2 else sorted(
+        (row for src in srcs for row in keyword_rows(store, plan, sources=[src], limit=limit)),
+        key=lambda r: (r[6], r[1], r[3])))
     scores = relative_scores([r[6] for r in rows])
     return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
                       snippet=body, score=score, text_score=score,

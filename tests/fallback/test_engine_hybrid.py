@@ -68,3 +68,39 @@ async def test_temporal_decay_keeps_an_old_note_that_matches_every_word(tmp_path
         assert e.fusion.vector_evidence == pytest.approx(0.5) and e.fusion.score >= 0.35
         assert r.score == pytest.approx(e.fusion.score * 0.5 ** (age / 30)) and r.score < 0.05
         assert e.floor.reason == f"calibrated score {e.fusion.score:.4f} >= minScore 0.35"
+
+
+async def test_hybrid_search_keeps_a_note_beside_a_verbose_transcript(tmp_path: Path) -> None:
+    import orjson
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Home\nGuest Wi-Fi password: tulip-42\n")
+    search = MemorySearchSettings.model_validate({
+        "provider": "openai", "sources": ["memory", "sessions"],
+        "experimental": {"sessionMemory": True}})
+    provider = TermProvider()
+    selection = select_provider(search, env={},
+                                registry={**PROVIDERS, "openai": lambda s, *, env: provider})
+    engine = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / "state",
+                                                        search=search),
+                           provider_selection=selection, now_ms=lambda: NOW_MS)
+    lines = []
+    for i in range(120):  # one topic, nearly the same words, 60 chunks
+        lines.append(orjson.dumps({"type": "message", "message": {"role": "user", "content": (
+            f"What was the guest wifi password again, attempt {i}? "
+            + "I keep asking about the guest wifi password. " * 6)}}))
+        lines.append(orjson.dumps({"type": "message", "message": {"role": "assistant", "content": (
+            "The guest wifi password question again: it is in your notes. " * 5)}}))
+    sessions = engine.settings.sessions_dir
+    sessions.mkdir(parents=True)
+    (sessions / "chatty.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    try:
+        await engine.sync(reason="test")
+        outcome = await engine.search_detailed("guest wifi password", explain=True)
+    finally:
+        await engine.close()
+    hits = outcome.results
+    assert all(h.explain is not None and h.explain.mode == "hybrid" for h in hits)
+    assert sorted((h.path, h.source) for h in hits) == [
+        ("MEMORY.md", "memory"), ("sessions/chatty.jsonl", "sessions")]

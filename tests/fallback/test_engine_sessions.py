@@ -279,6 +279,35 @@ async def test_transcripts_take_at_most_half_of_the_result_slots(ws: Path) -> No
         await engine.close()
 
 
+def _verbose_transcript(topic: str, repeats: int) -> list[bytes | str]:
+    """A transcript that comes back to one topic ``repeats`` times in nearly the same words,
+    each exchange long enough to be a chunk of its own."""
+    out: list[bytes | str] = []
+    for i in range(repeats):
+        out.append(_record("user", f"Tell me again about the {topic}, attempt {i}. "
+                                   + f"We keep talking about the {topic} and nothing else. " * 6))
+        out.append(_record("assistant", f"The {topic} question again: it is in your notes. " * 5))
+    return out
+
+
+@pytest.mark.parametrize("max_results", [6, 20])
+async def test_a_verbose_transcript_cannot_take_every_slot(ws: Path, max_results: int) -> None:
+    (ws / "MEMORY.md").write_text("# Home\nThe garage door code is 4417.\n")
+    engine = _engine(ws)
+    try:
+        write_transcript(_sessions_dir(engine) / "chatty.jsonl",
+                         _verbose_transcript("garage door code", 120))
+        await engine.sync(reason="test")
+        hits = await engine.search("garage door code", max_results=max_results)
+    finally:
+        await engine.close()
+    # its 61 chunks say the same thing (the last, one message, less of it): the transcript is
+    # cited for the first chunk (and with room, the last), and the note is found
+    assert [(h.path, h.start_line, h.end_line) for h in hits] == [
+        ("sessions/chatty.jsonl", 1, 4),
+        *([("sessions/chatty.jsonl", 240, 240)] if max_results > 6 else []), ("MEMORY.md", 1, 2)]
+
+
 async def test_a_transcript_hit_reads_back_at_its_cited_lines(ws: Path) -> None:
     """``memory_get`` of a session hit's path returns the hit's lines: the transcript's JSONL
     lines, each message as the index holds it (``User:``/``Assistant:``, redacted), every

@@ -163,3 +163,19 @@ def test_select_sessions_fill_the_slots_when_nothing_else_matches():
     only = [cand("s1", 0.9, source="sessions"), cand("s2", 0.8, source="sessions")]
     assert [c.chunk_id for c in select_results(only, max_results=1)] == ["s1"]
     assert select_results(ranked, max_results=0) == []
+
+
+def test_select_collapses_near_duplicate_chunks_of_one_transcript():
+    repeat = "the garage door code is in your notes, the garage door code again"
+    ranked = [cand("t1", 0.9, source="sessions", path="sessions/t.jsonl", snippet=repeat + " 1"),
+              cand("t2", 0.8, source="sessions", path="sessions/t.jsonl", snippet=repeat + " 2"),
+              cand("u1", 0.7, source="sessions", path="sessions/u.jsonl", snippet=repeat + " 3"),
+              cand("t3", 0.6, source="sessions", path="sessions/t.jsonl",
+                   snippet="we fixed the garage door opener battery on Sunday"),
+              cand("m1", 0.5, path="MEMORY.md", snippet=repeat),
+              cand("m2", 0.4, path="MEMORY.md", snippet=repeat)]
+    # t2 repeats t1 (same transcript): dropped; u1 is another transcript and t3 says something
+    # else; memory chunks are never collapsed
+    assert [c.chunk_id for c in select_results(ranked, max_results=6)] == [
+        "t1", "u1", "t3", "m1", "m2"]
+    assert [c.chunk_id for c in select_results(ranked, max_results=2)] == ["t1", "m1"]

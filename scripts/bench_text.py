@@ -1,4 +1,4 @@
-"""Benchmark the per-character text helpers on a mixed English/CJK text: chunk weights and CJK tests.
+"""Benchmark the text helpers: chunk weights and CJK tests, cutting long lines, memory_get pages.
 
 ``text_weight`` runs on every line the builtin engine indexes, ``contains_cjk`` on every chunk
 (trigram table) and query token, ``mmr_tokens`` on every snippet MMR compares, and
@@ -9,6 +9,14 @@ all lines, in CPU time of this process (the helpers are single-threaded and CPU-
 other load on a shared machine does not count). The ``checksum`` rows (total weight, CJK line count) let two runs be compared for
 equal results as well as speed.
 
+The ``long line`` section chunks one line of 6,000 generated words (a pasted log, or prose
+without line breaks) and counts the words no chunk holds whole (the floor is 0). The
+``memory_get`` section pages generated notes with ``read_memory_page``: a 60,000-line note (read
+whole) with ``lines`` 120 and 60,000, and a 1,000,000-line note (above the streaming threshold)
+from its first line and from line 999,000, each with ``lines`` as large as the note; a page must
+cost what it returns, so each of these has a floor of 200 ms (best of ``--repeat`` runs, wall
+time: the read is part of the cost).
+
 Usage: python3 scripts/bench_text.py [--mb 2] [--repeat 5] [--quick] [--json]
 """
 
@@ -16,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import Row, emit  # noqa: E402
+from benchlib import Row, check, emit  # noqa: E402
 
 from fallback.search.ranking import mmr_tokens  # noqa: E402
+from fallback.sources.read_page import read_memory_page  # noqa: E402
+from fallback.text.chunking import chunk_markdown  # noqa: E402
 from fallback.text.keywords import extract_keywords  # noqa: E402
 from fallback.text.scripts import contains_cjk, text_weight  # noqa: E402
 
@@ -47,6 +59,8 @@ CJK = (
 QUERIES = ("what did Priya migrate", "東京チームのデータ連携", "数据库迁移的计划", "회의는 언제",
            "backup job 02:00")
 CJK_SHARE = 0.2
+# A memory_get page must cost what it returns, whatever the note's length or ``lines`` says.
+PAGE_FLOOR_MS = 200.0
 
 
 def mixed_lines(total_bytes: int, *, seed: int = 7) -> list[str]:
@@ -69,6 +83,60 @@ def best_ms(fn: Callable[[], object], repeat: int) -> float:
         fn()
         best = min(best, (time.process_time() - start) * 1000)
     return best
+
+
+def best_wall_ms(fn: Callable[[], object], repeat: int) -> float:
+    """The fastest of ``repeat`` calls of ``fn``, in ms of wall time."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, (time.perf_counter() - start) * 1000)
+    return best
+
+
+def long_line_rows(repeat: int) -> list[Row]:
+    """Chunk one line of 6,000 words; time it and count the words no chunk holds whole."""
+    rng = random.Random(11)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 12)))
+             for _ in range(6000)]
+    line = " ".join(words)
+    section = f"long line ({len(line) // 1000} KB, {len(words)} words, no line break)"
+    chunks = chunk_markdown(line)
+    held = set().union(*(set(re.findall(r"\w+", c.text)) for c in chunks))
+    lost = len(set(words) - held)
+    return [
+        Row(section, "chunk_markdown of the line", best_ms(lambda: chunk_markdown(line), repeat),
+            "ms", note=f"{len(chunks)} chunks"),
+        Row(section, "words no chunk holds whole", float(lost), "words", "== 0", lost == 0),
+    ]
+
+
+def page_rows(repeat: int, *, quick: bool) -> list[Row]:
+    """memory_get pages of a long note read whole and of a longer one read as a stream."""
+    rows: list[Row] = []
+    whole_lines, stream_lines = (6_000, 100_000) if quick else (60_000, 1_000_000)
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Path(tmp)
+        (ws / "memory").mkdir()
+        for name, count in (("whole.md", whole_lines), ("stream.md", stream_lines)):
+            with open(ws / "memory" / name, "w", encoding="utf-8") as fh:
+                fh.writelines(f"entry {i:07d} ok\n" for i in range(1, count + 1))
+        cases = (
+            ("whole.md", whole_lines, 1, 120),
+            ("whole.md", whole_lines, 1, whole_lines),
+            ("stream.md", stream_lines, 1, stream_lines),
+            ("stream.md", stream_lines, stream_lines - 1_000, stream_lines),
+        )
+        for name, count, from_line, lines in cases:
+            rel = f"memory/{name}"
+            page = read_memory_page(ws, [], rel, from_line=from_line, lines=lines)
+            ms = best_wall_ms(lambda rel=rel, f=from_line, n=lines: read_memory_page(
+                ws, [], rel, from_line=f, lines=n), repeat)
+            rows.append(Row(f"memory_get ({count:,}-line note)",
+                            f"from={from_line:,} lines={lines:,} ({page.lines} lines returned)",
+                            ms, "ms", f"<= {PAGE_FLOOR_MS:g} ms", check(ms, PAGE_FLOOR_MS)))
+    return rows
 
 
 def main() -> int:
@@ -95,6 +163,8 @@ def main() -> int:
         Row(section, "extract_keywords per query (1,000 queries)", kw_ms, "us"),
         Row("checksum", "total text_weight", float(sum(text_weight(line) for line in lines)), "chars"),
         Row("checksum", "lines with CJK", float(sum(contains_cjk(line) for line in lines)), "lines"),
+        *long_line_rows(repeat),
+        *page_rows(repeat, quick=args.quick),
     ]
     emit("bench_text", rows, as_json=args.json, meta={"mb": mb, "repeat": repeat,
                                                       "python": sys.version.split()[0]})

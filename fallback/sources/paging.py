@@ -56,14 +56,16 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     """
     default_lines = max(1, int(default_lines))
     max_chars = max(1, int(max_chars))
-    all_lines = split_lines(text, keep_ends=True) if text else []
-    if all_lines and all_lines[-1] == "":
-        all_lines.pop()
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
     # A page of more than max_chars + 1 lines cannot fit (each line but the last is at least
-    # its "\n"), so no more are taken, whatever ``lines`` says.
-    selected = all_lines[start - 1:start - 1 + min(count, max_chars + 1)]
+    # its "\n"), so no more are split off, whatever ``lines`` says; the rest of the text stays
+    # one element, which only tells that more lines follow.
+    take = min(count, max_chars + 1)
+    all_lines = split_lines(text, keep_ends=True, max_lines=start - 1 + take) if text else []
+    if all_lines and all_lines[-1] == "":
+        all_lines.pop()
+    selected = all_lines[start - 1:start - 1 + take]
     more_remain = start - 1 + len(selected) < len(all_lines)
 
     included, size = 0, 0

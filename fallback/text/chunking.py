@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import operator
 import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -95,7 +96,7 @@ class Chunk:
     content_hash: str
 
 
-def split_lines(text: str, *, keep_ends: bool = False) -> list[str]:
+def split_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = None) -> list[str]:
     """Split ``text`` into lines: a line ends at ``\\r\\n``, ``\\n`` or a lone ``\\r`` (old Mac
     files and some exporters). The one rule of what a line is, for chunk line ranges, note
     titles and ``memory_get`` pages alike.
@@ -103,16 +104,23 @@ def split_lines(text: str, *, keep_ends: bool = False) -> list[str]:
     Args:
         text: any text.
         keep_ends: keep each line's break at its end, so ``"".join(result) == text``.
+        max_lines: split off at most this many lines (``>= 0``); the text after them, when there
+            is any, stays whole as one more last element (a page needs only its lines and
+            whether more follow: the cost is bounded by the lines split off). ``None``: all.
 
     Returns:
         The lines; a text ending in a line break yields a final empty string, as
         ``str.split("\\n")`` does, so line ``i`` (1-based) is ``result[i - 1]``.
     """
+    splits = 0 if max_lines is None else max(0, max_lines) or -1
+    if splits < 0:
+        return [text]
     if not keep_ends:
-        return _LINE_BREAK.split(text)
-    parts = _LINE_BREAK_KEPT.split(text)  # text, break, text, break, ..., text
-    ends = iter(parts[1::2])
-    return [line + next(ends, "") for line in parts[::2]]
+        return _LINE_BREAK.split(text, maxsplit=splits)
+    parts = _LINE_BREAK_KEPT.split(text, maxsplit=splits)  # line, break, ..., line, break, rest
+    lines = list(map(operator.add, parts[0:-1:2], parts[1::2]))
+    lines.append(parts[-1])
+    return lines
 
 
 def grapheme_ends(text: str) -> list[int]:

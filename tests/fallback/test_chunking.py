@@ -174,6 +174,12 @@ def test_trailing_newline_adds_no_line() -> None:
 def test_split_lines_all_styles() -> None:
     assert split_lines("a\r\nb\rc\nd") == ["a", "b", "c", "d"]
     assert split_lines("a\n") == ["a", ""]
+    assert split_lines("a\r\nb\rc\nd", keep_ends=True) == ["a\r\n", "b\r", "c\n", "d"]
+    assert split_lines("a\n", keep_ends=True) == ["a\n", ""]
+    # max_lines: that many lines, then the rest of the text whole
+    assert split_lines("a\nb\rc\r\nd", max_lines=2) == ["a", "b", "c\r\nd"]
+    assert split_lines("a\nb\rc\r\nd", keep_ends=True, max_lines=2) == ["a\n", "b\r", "c\r\nd"]
+    assert split_lines("a\nb\n", keep_ends=True, max_lines=9) == ["a\n", "b\n", ""]
 
 
 def test_empty_and_whitespace_files_have_no_chunks() -> None:

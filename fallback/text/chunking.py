@@ -138,8 +138,9 @@ def grapheme_ends(text: str) -> list[int]:
 
 # Characters a long line is preferably cut after (whitespace: no token spans them).
 _WORD_BREAKS = (" ", "\t", "\u3000")
-# One character that is no part of a word (FTS5's unicode61 separates tokens at each).
-_NON_WORD = re.compile(r"[^\w]")
+# Text up to its last character that is no part of a word (FTS5's unicode61 separates tokens
+# at each).
+_TO_LAST_NON_WORD = re.compile(r".*\W", re.DOTALL)
 
 
 def _word_cut(text: str, start: int, end: int) -> int | None:
@@ -152,9 +153,7 @@ def _word_cut(text: str, start: int, end: int) -> int | None:
     cut = max(text.rfind(sep, start, end) for sep in _WORD_BREAKS)
     if cut > start:
         return cut + 1
-    last = None
-    for last in _NON_WORD.finditer(text, start + 1, end):
-        pass
+    last = _TO_LAST_NON_WORD.match(text, start, end)
     return last.end() if last is not None else None
 
 

@@ -22,7 +22,8 @@ def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) 
 
 def page_text(text: str, *, from_line: int | None, lines: int | None,
               default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
-              suggest_read_fallback: bool = True) -> tuple[str, int, int, bool, int | None]:
+              suggest_read_fallback: bool = True,
+              line_offset: int = 0) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
     Lines are those of :func:`fallback.text.chunking.split_lines` (``\\n``, ``\\r\\n`` or a lone
@@ -43,6 +44,8 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
             ``max_chars`` code points.
         suggest_read_fallback: when a single line had to be cut, add the hint to read the
             source file directly (true for workspace files).
+        line_offset: lines of the file before ``text`` (a stream reader that skipped them;
+            at most ``from_line - 1``); line numbers in and out stay the file's.
 
     Returns:
         ``(page text, start line, included line count, truncated, next_from)``. When
@@ -62,11 +65,12 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     # its "\n"), so no more are split off, whatever ``lines`` says; the rest of the text stays
     # one element, which only tells that more lines follow.
     take = min(count, max_chars + 1)
-    all_lines = split_lines(text, keep_ends=True, max_lines=start - 1 + take) if text else []
+    before = max(0, start - 1 - line_offset)  # lines of ``text`` before the page
+    all_lines = split_lines(text, keep_ends=True, max_lines=before + take) if text else []
     if all_lines and all_lines[-1] == "":
         all_lines.pop()
-    selected = all_lines[start - 1:start - 1 + take]
-    more_remain = start - 1 + len(selected) < len(all_lines)
+    selected = all_lines[before:before + take]
+    more_remain = before + len(selected) < len(all_lines)
 
     included, size = 0, 0
     for line in selected:  # the longest run of whole lines within the budget (at least one)

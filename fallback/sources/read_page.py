@@ -135,6 +135,9 @@ _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
 # Files larger than this are paged from a stream (memory bounded by the page, not the file).
 STREAM_ABOVE_BYTES = 1 << 20
+# Bytes counted at a time while a stream skips the lines before a page.
+SKIP_BLOCK_BYTES = 1 << 16
+_BYTE_LINE_BREAK = re.compile(rb"\r\n|\r|\n")
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -365,14 +368,47 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
-def _read_text(fd: int, start: int, count: int, max_chars: int, max_file_bytes: int) -> str | None:
-    """The text behind ``fd`` for paging, or ``None`` for a binary file; the descriptor is closed.
+def _skip_lines(fd: int, count: int) -> tuple[int, int]:
+    """Where line ``count + 1`` of the file behind ``fd`` starts: ``(byte offset, lines
+    skipped)``, fewer lines when the file ends first. Line breaks (``\\r\\n``, ``\\n``, lone
+    ``\\r``, as :func:`fallback.text.chunking.split_lines` has them) are counted a block at a
+    time in bytes (no UTF-8 sequence holds either byte); only the block where the line starts
+    is walked break by break. Reads with ``pread``; the file offset is not used."""
+    offset = skipped = 0
+    cr_before = False  # the byte before ``offset`` is "\r": a "\n" at ``offset`` ends that break
+    while skipped < count:
+        block = os.pread(fd, SKIP_BLOCK_BYTES, offset)
+        if not block:
+            break
+        lead = 1 if cr_before and block[:1] == b"\n" else 0
+        breaks = block.count(b"\n") - lead
+        if b"\r" in block:  # (most files have none: one search, not two counts)
+            breaks += block.count(b"\r") - block.count(b"\r\n")
+        if skipped + breaks < count:
+            skipped += breaks
+            offset += len(block)
+            cr_before = block.endswith(b"\r")
+            continue
+        for found in _BYTE_LINE_BREAK.finditer(block, lead):
+            skipped += 1
+            if skipped == count:
+                end = offset + found.end()
+                if found.group() == b"\r" and os.pread(fd, 1, end) == b"\n":
+                    end += 1  # a "\r\n" cut by the block's end
+                return end, skipped
+    return offset, skipped
 
-    Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded. A bigger file is read as a
-    stream and reduced to what paging needs: the lines before ``start`` as empty lines, then
-    lines from ``start`` on as they are, up to ``count`` of them or the first that takes the
-    page past ``max_chars`` code points, plus one more line so :func:`page_text` can tell
-    whether content remains. Memory stays bounded by the page, however large the file.
+
+def _read_text(fd: int, start: int, count: int, max_chars: int,
+               max_file_bytes: int) -> tuple[str, int] | None:
+    """The text behind ``fd`` for paging and the number of file lines before it, or ``None``
+    for a binary file; the descriptor is closed.
+
+    Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded (no line before it). A bigger
+    file is read as a stream from line ``start`` on (:func:`_skip_lines` finds it), up to
+    ``count`` lines or the first that takes the page past ``max_chars`` code points, plus one
+    more line so :func:`page_text` can tell whether content remains. Memory and time stay
+    bounded by the page and the bytes before it, however large the file or ``count``.
     A leading BOM is removed; invalid UTF-8 becomes U+FFFD. A file with NUL bytes is first
     checked by indexing's rule (:func:`fallback.sources.file_text.is_binary_file`) over its
     first ``max_file_bytes`` bytes, the index's size cap: whole when the index reads it, so a
@@ -383,22 +419,21 @@ def _read_text(fd: int, start: int, count: int, max_chars: int, max_file_bytes: 
             data = raw.readall()
             if b"\x00" in data and is_binary([data]):
                 return None
-            return data.decode("utf-8-sig", errors="replace")
+            return data.decode("utf-8-sig", errors="replace"), 0
         if is_binary_file(fd, max_bytes=max_file_bytes):
             return None
-        with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", errors="replace",
-                              newline="") as fh:
+        offset, skipped = _skip_lines(fd, start - 1)
+        raw.seek(offset)
+        with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig" if offset == 0 else "utf-8",
+                              errors="replace", newline="") as fh:
             parts: list[str] = []
             page_chars = 0
-            for number, line in enumerate(fh, start=1):  # newline="": ends at \n, \r\n or \r, kept
-                if number < start:
-                    parts.append("\n")
-                    continue
+            for number, line in enumerate(fh, start=skipped + 1):  # newline="": ends kept
                 parts.append(line)
                 page_chars += len(line)
                 if number >= start + count or page_chars > max_chars + 1:
                     break  # the line after the page, or one the budget cannot hold
-            return "".join(parts)
+            return "".join(parts), skipped
 
 
 def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
@@ -407,22 +442,24 @@ def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, fo
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
 
-    def attempt() -> str | None:
+    def attempt() -> tuple[str, int] | None:
         return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
                           start, count, max(1, int(max_chars)), max_file_bytes)
 
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
-        text = retrying(attempt)
+        read = retrying(attempt)
     except MemoryFileNotFoundError:
         return _missing_page(shown, display)
     except OSError as exc:
         raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
-    if text is None:  # what indexing skips, no reader may return
+    if read is None:  # what indexing skips, no reader may return
         raise PathRefusedError(shown, BINARY_FILE)
+    text, lines_before = read
     page, first, included, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars)
+        text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars,
+        line_offset=lines_before)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
     return MemoryReadResult.model_validate(
         {"path": display, "text": page, "from_line": first, "lines": included,

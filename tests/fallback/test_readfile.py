@@ -383,6 +383,23 @@ def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: 
     assert streamed == whole
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 5])
+@pytest.mark.parametrize("body", ["one\r\ntwo\r\nthree\r\n", "a\rb\r\rc\r", "\ufeffx\r\ny\nz\r\r\n",
+                                  "caf\u00e9\r\n\ud83d\ude00\r" * 5])
+def test_streamed_paging_skips_lines_across_block_edges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        body: str, block: int) -> None:
+    import fallback.sources.read_page as rf
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "big.md").write_bytes(body.encode("utf-8", errors="surrogatepass"))
+    whole = [read_memory_page(ws, [], "memory/big.md", from_line=n, lines=2) for n in range(1, 20)]
+    monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
+    monkeypatch.setattr(rf, "SKIP_BLOCK_BYTES", block)  # a "\r\n" and a character cut by a block
+    assert [read_memory_page(ws, [], "memory/big.md", from_line=n, lines=2)
+            for n in range(1, 20)] == whole
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 def test_binary_file_is_refused_as_indexing_skips_it(ws: Path, monkeypatch: pytest.MonkeyPatch,
                                                      streamed: bool) -> None:

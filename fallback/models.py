@@ -216,8 +216,9 @@ class MemoryReadResult(_Model):
 
     Attributes:
         path: the workspace-relative path that was read.
-        text: the selected lines joined by ``\\n`` (plus a continuation notice when truncated);
-            empty for a missing memory file.
+        text: the selected lines as the file has them, line breaks included, less the last
+            line's final ``\\n`` (plus a continuation notice when truncated); empty for a
+            missing memory file.
         from_line: first line returned (1-based); JSON key ``from``.
         lines: number of file lines included.
         truncated: True when lines remain after the page or the page was cut to the char budget.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fallback.models import MemorySearchResult, Source
-from fallback.text.chunking import chunk_markdown
+from fallback.text.chunking import chunk_markdown, split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.parse import LocatedHit, passage_hits
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, MAX_POOL_CHARS, Note, Passage, rank_passages
@@ -168,9 +168,10 @@ def test_notes_over_the_caps_are_not_ranked() -> None:
     # notes are pooled in qmd's order until MAX_POOL_CHARS: the later ones are not ranked
     per_note = ["wombat " * 1000] * (MAX_FOCUS_CHARS // 7000 - 1)
     fit = MAX_POOL_CHARS // len("\n".join(per_note))
-    notes = [per_note] * (fit + 2)
-    _, ranked = _rank("wombat", *notes, limit=1)
-    assert ranked == set(range(fit))
+    notes = [Note(f"memory/n{i}.md", "memory", per_note) for i in range(fit + 2)]
+    ranking = rank_passages("wombat", notes, **CHUNKING, snippet_chars=700, limit=1)  # type: ignore[arg-type]
+    assert ranking.pooled == set(range(fit))
+    assert ranking.matched <= ranking.pooled and ranking.matched
 
 
 def test_session_transcripts_take_at_most_half_of_the_slots() -> None:
@@ -247,7 +248,7 @@ def test_lines_are_numbered_as_memory_get_numbers_them(tmp_path: Path, body: byt
     (tmp_path / "n.md").write_bytes(body)
     page = read_in_root(coll, "n.md", "qmd/notes-main/n.md", 1, 1000, workspace=tmp_path / "ws")
     assert not page.truncated
-    read_by_memory_get = [line.removesuffix("\r") for line in page.text.split("\n")][:page.lines]
+    read_by_memory_get = split_lines(page.text)[:page.lines]  # the page is the file's text
     lines = file_lines(coll, "n.md", workspace=tmp_path / "ws")
     assert lines == read_by_memory_get
     # read whole or counted as a stream, the count is the same

@@ -278,7 +278,8 @@ def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], cand
         store: the store.
         text: the query.
         srcs: sources searched.
-        candidates: most candidates returned.
+        candidates: most candidates returned of each source (:func:`rank_keyword_hits`; the
+            keyword-by-keyword fallback returns at most this many in all).
         plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns ``[]`` when the text has nothing to search.

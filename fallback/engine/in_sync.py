@@ -13,11 +13,9 @@ whenever it does not hold, so a dirty index is still synced before the search.
 In sync means every sync input is unchanged: the schema is at the latest migration, the stored
 index identity matches the configured one (``fallback/index/identity.py``), FTS5 is there, no
 leftover of a killed rebuild lies next to the store, and discovery (the memory-file rule,
-``fallback/sources/memory_files.py``) finds exactly the indexed files with their recorded
-``(mtime, size, ctime)`` (the ctime catches a rewrite whose mtime was put back:
-``fallback/sources/stamps.py``), none of them racily clean (stamped too close to the start of
-the scan that read it to rule out a later save in the same tick: ``fallback/index/racy.py``),
-the same skipped files and the same scan issues. A store from before migration ``m008`` (no
+``fallback/sources/memory_files.py``) finds exactly the recorded files (indexed, or read and
+skipped) and the sync would read none of them (``fallback/index/plan.py``, the rule the sync
+itself follows), the same skipped files and the same scan issues. A store from before migration ``m008`` (no
 ``files.ctime``) is not in sync by its schema version, so the engine migrates it. Keyword-only
 search of the ``memory`` source only: an embedding provider, session transcripts or a reranker
 need the engine.
@@ -32,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
-from fallback.index.racy import SCAN_STARTED_META, racily_clean
+from fallback.index.plan import read_reason, recorded_files
+from fallback.index.racy import SCAN_STARTED_META
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
     candidate_count,
@@ -144,10 +143,10 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     Returns:
         ``None``, or one line such as ``schema version 7 (latest 8)``, ``model changed (...)``
         (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
-        killed rebuild``, ``index holds workspace /other``, ``index is empty``, ``changed:
-        memory/x.md``, ``new: memory/y.md``, ``gone: memory/z.md``, ``not indexed, read by every sync: memory/b.md (binary file
-        (NUL bytes))``, ``no scan start recorded``, ``racily clean: memory/x.md``
-        (``fallback/index/racy.py``), ``skipped files changed``, ``scan issues changed``.
+        killed rebuild``, ``index holds workspace /other``, ``index is empty``, ``no scan start
+        recorded``, ``changed: memory/x.md``, ``new: memory/y.md``, ``racily clean:
+        memory/x.md`` (:func:`~fallback.index.plan.read_reason`, the sync's own rule), ``gone:
+        memory/z.md``, ``skipped files changed``, ``scan issues changed``.
 
     Raises:
         IndexStoreError: the store cannot be read.
@@ -167,33 +166,23 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         return f"index holds workspace {held}"
     if not settings.sync_on_search:  # the engine syncs only an empty index before a search
         return None if index.query("SELECT 1 FROM chunks LIMIT 1") else "index is empty"
-    found = list_memory_files(settings.workspace_dir, settings.extra_paths,
-                              max_file_bytes=settings.max_file_bytes)
-    known = {r[0]: (int(r[1]), int(r[2]), r[3]) for r in index.query(
-        "SELECT path, mtime, size, ctime FROM files WHERE source = 'memory'")}
-    skip_rows = index.query("SELECT path, reason FROM skipped_files WHERE source = 'memory'")
-    for mf in found.files:
-        row = known.pop(mf.rel_path, None)
-        if row is None:
-            # a file whose text the sync refused (binary) has no row, and every sync reads it again
-            reason = next((r for p, r in skip_rows if p == mf.rel_path), None)
-            if reason is not None:
-                return f"not indexed, read by every sync: {mf.rel_path} ({reason})"
-            return f"new: {mf.rel_path}"
-        if row != (mf.mtime_ms, mf.size, mf.ctime_ns):
-            return f"changed: {mf.rel_path}"
-    if known:
-        return f"gone: {min(known)}"
     started = index.get_meta_json(SCAN_STARTED_META)
     if not isinstance(started, int):
         return "no scan start recorded"
-    racy = next((mf.rel_path for mf in found.files
-                 if racily_clean(mf.mtime_ms * 1_000_000, started)), None)
-    if racy is not None:  # its row may hold an earlier save of the same size and mtime
-        return f"racily clean: {racy}"
-    indexed = {mf.rel_path for mf in found.files}
-    # skipped rows of indexed files are their caveats, which a sync keeps while they are unchanged
-    stored = {(p, r) for p, r in skip_rows if p not in indexed}
+    found = list_memory_files(settings.workspace_dir, settings.extra_paths,
+                              max_file_bytes=settings.max_file_bytes)
+    recorded = recorded_files(index, "memory")
+    for mf in found.files:
+        why = read_reason(mf, recorded, last_started=started)
+        if why is not None:
+            return f"{why}: {mf.rel_path}"
+    gone = recorded.gone({mf.rel_path for mf in found.files})
+    if gone:
+        return f"gone: {gone[0]}"
+    # the rows without stamps of files not discovered are discovery's skips (caveats of
+    # indexed files and read skips are kept by a sync while their files are unchanged)
+    discovered = {mf.rel_path for mf in found.files}
+    stored = {(p, r) for p, r, stamp in recorded.skips if stamp is None and p not in discovered}
     if stored != {(s.path, s.reason) for s in found.skipped}:
         return "skipped files changed"
     if (index.get_meta_json("scan_issues") or []) != found.issues:

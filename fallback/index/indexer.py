@@ -10,6 +10,8 @@ One :meth:`Indexer.sync` (spec §5.3, E2):
    row is not read at all, unless it is racily clean (stamped too close to the start of the
    scan that read it, ``fallback/index/racy.py``); the ctime catches a rewrite whose mtime was
    put back (``fallback/sources/stamps.py``; NULL on both sides where the platform gives none).
+   A file read and skipped (binary, unreadable, too large) keeps its stamps in its
+   ``skipped_files`` row and is not read again while they hold (``fallback/index/plan.py``).
    A read file whose content hash is unchanged only gets its row's stamps refreshed (a
    ``chmod``, a ``touch -r`` or the first sync after migration ``m008``: no chunk is rewritten
    or embedded);
@@ -71,7 +73,8 @@ from fallback.index.identity import (
     other_workspace,
     workspace_switch_note,
 )
-from fallback.index.racy import SCAN_STARTED_META, racily_clean, wall_clock_ms
+from fallback.index.plan import RecordedFiles, Stamp, file_stamp, read_reason, recorded_files
+from fallback.index.racy import SCAN_STARTED_META, wall_clock_ms
 from fallback.index.report import SyncReport
 from fallback.index.windows import pack_windows
 from fallback.settings import EngineSettings
@@ -154,6 +157,8 @@ class Indexer:
         self._files_done = 0
         self._model = provider.model if provider else FTS_ONLY_MODEL
         self._step: EmbeddingStep | None = None
+        # stamps of the files this sync read and skipped, or found skipped at the same stamps
+        self._skip_stamps: dict[tuple[str, str], Stamp] = {}
 
     def _new_step(self, index_dims: int | None) -> EmbeddingStep | None:
         if self.provider is None:
@@ -187,6 +192,7 @@ class Indexer:
                 rebuild (the live index is left as it was).
         """
         held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
+        self._skip_stamps = {}
         report = await self._sync(store, force=force, paths=paths)
         workspace = str(self.settings.workspace_dir)
         report.workspace_switched_from = other_workspace(held, workspace)
@@ -261,6 +267,7 @@ class Indexer:
                 gone.append(mf.rel_path)
                 if read.reason != VANISHED:
                     skipped.append(read)
+                    self._skip_stamps[("memory", mf.rel_path)] = file_stamp(mf)
                 continue
             skipped.extend(_read_notes(mf, read))
             if prev is not None and prev[0] == read.content_hash:
@@ -274,13 +281,17 @@ class Indexer:
         await self._finish_embedding(store, report)
         return True
 
-    @staticmethod
-    def _record_path_skips(store: Store, paths: list[str], skipped: list[SkippedFile]) -> None:
+    def _record_path_skips(self, store: Store, paths: list[str], skipped: list[SkippedFile]) -> None:
         with store.transaction() as conn:
             conn.executemany("DELETE FROM skipped_files WHERE source = 'memory' AND path = ?",
                              [(p,) for p in paths])
-            conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
-                             " VALUES (?, 'memory', ?)", [(x.path, x.reason) for x in skipped])
+            conn.executemany(_INSERT_SKIP, [self._skip_row("memory", x) for x in skipped])
+
+    def _skip_row(self, source: str, item: SkippedFile) -> tuple[Any, ...]:
+        """A ``skipped_files`` row: a file read and skipped keeps the stamps it was read at
+        (``fallback/index/plan.py``), a discovery skip or a caveat none."""
+        return (item.path, source, item.reason,
+                *self._skip_stamps.get((source, item.path), (None, None, None)))
 
     async def _full_reindex(self, live: Store, identity: dict[str, Any], reason: str) -> SyncReport:
         try:
@@ -378,28 +389,25 @@ class Indexer:
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
                             done: int, last_started: int | None) -> int:
-        """Index the files of one source and delete its stale rows; returns files done. A
-        file whose ``(mtime, size, ctime)`` match its row is not read unless it is racily
-        clean against ``last_started``, the previous scan's start
-        (``fallback/index/racy.py``)."""
-        known: dict[str, tuple[str, tuple[int, int, int | None]]] = {} if full else {
-            row[0]: (row[1], (int(row[2]), int(row[3]), row[4])) for row in
-            await anyio.to_thread.run_sync(
-                store.query, "SELECT path, hash, mtime, size, ctime FROM files WHERE source = ?",
-                [source])}
-        # caveats of files that stay unchanged (not read again) are carried over
-        caveats: dict[str, list[SkippedFile]] = {}
-        if not full:
-            for path, reason in await anyio.to_thread.run_sync(
-                    store.query, "SELECT path, reason FROM skipped_files WHERE source = ?", [source]):
-                caveats.setdefault(path, []).append(SkippedFile(path=path, reason=reason))
+        """Index the files of one source and delete its stale rows; returns files done. Which
+        files are read is :func:`~fallback.index.plan.read_reason`'s rule: a file whose
+        ``(mtime, size, ctime)`` match its row, or the row of its earlier skip, is not read
+        unless it is racily clean against ``last_started``, the previous scan's start."""
+        recorded = (RecordedFiles({}, {}, []) if full
+                    else await anyio.to_thread.run_sync(recorded_files, store, source))
+        # caveats of unchanged files and skips of files still skipped are carried over
+        carried: dict[str, list[SkippedFile]] = {}
+        for path, reason, _ in recorded.skips:
+            carried.setdefault(path, []).append(SkippedFile(path=path, reason=reason))
         active: set[str] = set()
         for mf in files:
-            prev = known.get(mf.rel_path)
-            if (prev is not None and prev[1] == (mf.mtime_ms, mf.size, mf.ctime_ns)
-                    and not racily_clean(mf.mtime_ms * 1_000_000, last_started)):
-                active.add(mf.rel_path)
-                skipped.extend(caveats.get(mf.rel_path, []))
+            prev = recorded.rows.get(mf.rel_path)
+            if read_reason(mf, recorded, last_started=last_started) is None:
+                skipped.extend(carried.get(mf.rel_path, []))
+                if prev is None:  # read and skipped before, at these stamps
+                    self._skip_stamps[(source, mf.rel_path)] = file_stamp(mf)
+                else:
+                    active.add(mf.rel_path)
             else:
                 line_map: list[int] | None = None
                 if source == "sessions":
@@ -411,6 +419,7 @@ class Indexer:
                 if isinstance(read, SkippedFile):
                     if read.reason != VANISHED:
                         skipped.append(read)
+                        self._skip_stamps[(source, mf.rel_path)] = file_stamp(mf)
                 else:
                     active.add(mf.rel_path)
                     skipped.extend(_read_notes(mf, read))
@@ -424,7 +433,7 @@ class Indexer:
             self._files_done = done
             self._report_progress(report)
         if not full:
-            stale = sorted(set(known) - active)
+            stale = sorted(set(recorded.rows) - active)
             await self._write(store, partial(self._delete_paths, store, stale, source))
             report.files_deleted += len(stale)
         return done
@@ -532,12 +541,16 @@ class Indexer:
         with store.transaction() as conn:
             for source, items in skipped.items():
                 conn.execute("DELETE FROM skipped_files WHERE source = ?", (source,))
-                conn.executemany("INSERT OR IGNORE INTO skipped_files(path, source, reason)"
-                                 " VALUES (?, ?, ?)", [(s.path, source, s.reason) for s in items])
+                conn.executemany(_INSERT_SKIP, [self._skip_row(source, x) for x in items])
             store.set_meta("scan_issues", report.issues, conn=conn)
             store.set_meta("last_sync_at_ms", self._now_ms(), conn=conn)
             store.set_meta(SCAN_STARTED_META, started, conn=conn)
             store.set_meta(WORKSPACE_META, str(self.settings.workspace_dir), conn=conn)
+
+
+# A skipped_files row with the stamps (ms, bytes, ns) of a file read and skipped, else NULLs.
+_INSERT_SKIP = ("INSERT OR IGNORE INTO skipped_files(path, source, reason, mtime, size, ctime)"
+                " VALUES (?, ?, ?, ?, ?, ?)")
 
 
 def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:

@@ -25,7 +25,9 @@ Schema (the reference system's table names, so its files and ours have one layou
 - ``chunks_trigram``: FTS5 ``trigram case_sensitive 0`` over the same text, rowid = chunk rowid
   (CJK substring search, see ``fallback/search/fts.py``).
 - ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``.
-- ``skipped_files(path, source, reason)``: files the last sync skipped or indexed with a caveat.
+- ``skipped_files(path, source, reason, mtime, size, ctime)``: files the last sync skipped or
+  indexed with a caveat; a file skipped after it was read (binary, unreadable, too large) keeps
+  the stamps it was read at (``m009``), so the next sync does not read it again while they hold.
 """
 
 from __future__ import annotations
@@ -219,6 +221,21 @@ def m008_files_ctime(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
         conn.execute("ALTER TABLE files ADD COLUMN ctime INTEGER")
 
 
+def m009_skipped_files_stamps(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Add ``skipped_files.mtime``, ``size`` and ``ctime``: the stamps (ms, bytes, ns) of a file a
+    sync read and then skipped (binary, unreadable, too large).
+
+    Until now such a file had neither a ``files`` row nor a stamp, so every sync read it again
+    and the index was never in sync with a workspace that held one. Rows written before get
+    NULL (the file is read once more, then stamped); rows of files skipped by discovery alone
+    (symlinks, hidden names) and caveats of indexed files keep NULL.
+    """
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(skipped_files)")}
+    for column in ("mtime", "size", "ctime"):
+        if column not in columns:
+            conn.execute(f"ALTER TABLE skipped_files ADD COLUMN {column} INTEGER")
+
+
 # Ordered; position i (0-based) brings the store to user_version i + 1.
 MIGRATIONS: tuple[Callable[..., None], ...] = (
     m001_core,
@@ -229,4 +246,5 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m006_single_vector_copy,
     m007_fts_title_terms,
     m008_files_ctime,
+    m009_skipped_files_stamps,
 )

@@ -43,7 +43,7 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 8
+        assert store.user_version() == len(MIGRATIONS) == 9
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
             "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",

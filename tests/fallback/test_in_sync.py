@@ -189,7 +189,7 @@ async def test_identity_schema_fts_and_leftovers_need_the_engine(ws: Path) -> No
     with sqlite3.connect(settings.db_path) as conn:
         conn.execute("DELETE FROM meta WHERE key = 'fts_error'")
         conn.execute("PRAGMA user_version = 7")
-    assert _stale(settings) == "schema version 7 (latest 8)"
+    assert _stale(settings) == "schema version 7 (latest 9)"
 
 
 async def test_without_sync_on_search_only_an_empty_index_needs_the_engine(ws: Path) -> None:
@@ -258,16 +258,46 @@ async def test_a_file_stamped_in_the_tick_the_sync_read_it_needs_the_engine(ws: 
     assert _stale(settings) == "no scan start recorded"
 
 
-async def test_a_note_the_sync_reads_and_skips_is_named_as_such(ws: Path) -> None:
-    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01\x02 not text\n")  # binary: read, then skipped
-    os.utime(ws / "memory" / "blob.md", ns=(PAST_NS, PAST_NS))
+async def test_a_note_the_sync_read_and_skipped_is_not_read_again_while_unchanged(ws: Path) -> None:
+    blob = ws / "memory" / "blob.md"
+    blob.write_bytes(b"\x00\x01\x02 not text\n")  # binary: read, then skipped
+    os.utime(blob, ns=(PAST_NS, PAST_NS))
     settings = _settings(ws)
     await _synced(settings)
-    assert _stale(settings) == "not indexed, read by every sync: memory/blob.md (binary file (NUL bytes))"
-    (ws / "memory" / "blob.md").unlink()
-    assert _stale(settings) == "skipped files changed"
+    with sqlite3.connect(settings.db_path) as conn:
+        assert conn.execute("SELECT path, reason, mtime, size FROM skipped_files").fetchall() == [
+            ("memory/blob.md", "binary file (NUL bytes)", PAST_NS // 1_000_000, 13)]
+    assert _stale(settings) is None  # in sync: the next sync would not read it
+    engine = BuiltinEngine(settings, provider_selection=ProviderSelection(None, "none"),
+                           now_ms=lambda: NOW_MS)
+    try:
+        report = await engine.sync(reason="test")
+        assert report.files_read == 0
+        assert [(s.path, s.reason) for s in report.skipped] == [
+            ("memory/blob.md", "binary file (NUL bytes)")]
+        assert [(s.path, s.reason) for s in (await engine.status()).skipped] == [
+            ("memory/blob.md", "binary file (NUL bytes)")]
+    finally:
+        await engine.close()
+    blob.write_bytes(b"# now text\nrouter notes\n")
+    os.utime(blob, ns=(PAST_NS + 9_000_000_000, PAST_NS + 9_000_000_000))
+    assert _stale(settings) == "changed: memory/blob.md"
     await _synced(settings)
     assert _stale(settings) is None
+    with sqlite3.connect(settings.db_path) as conn:
+        assert conn.execute("SELECT path FROM files WHERE path = 'memory/blob.md'").fetchall() == [
+            ("memory/blob.md",)]
+        assert conn.execute("SELECT * FROM skipped_files").fetchall() == []
+    blob.write_bytes(b"\x00\x01\x02 not text\n")
+    os.utime(blob, ns=(PAST_NS, PAST_NS))
+    await _synced(settings)
+    assert _stale(settings) is None
+    blob.unlink()
+    assert _stale(settings) == "gone: memory/blob.md"
+    await _synced(settings)
+    assert _stale(settings) is None
+    with sqlite3.connect(settings.db_path) as conn:
+        assert conn.execute("SELECT * FROM skipped_files").fetchall() == []
 
 
 async def test_a_rewrite_with_its_size_and_mtime_put_back_or_a_chmod_needs_the_engine(ws: Path) -> None:

@@ -1,0 +1,96 @@
+"""The one rule of what an incremental sync does with each discovered file, blocking and free of anyio.
+
+A sync (``fallback/index/indexer.py``) and the one-shot check that no sync is needed
+(``fallback/engine/in_sync.py``) both ask :func:`read_reason` for every discovered file, over
+what the store recorded (:func:`recorded_files`):
+
+- a file whose ``files`` row holds its ``(mtime, size, ctime)`` is not read (its chunks stand);
+- a file a sync read and skipped (binary, unreadable, too large), whose ``skipped_files`` row
+  holds those stamps (migration ``m009``), is not read either: it stays skipped, so one such
+  file no longer makes every sync read it and every one-shot search run the engine;
+- anything else is read: ``new`` (nothing recorded), ``changed`` (other stamps), ``racily
+  clean`` (stamped too close to the start of the scan that read it, ``fallback/index/racy.py``).
+
+Rows (indexed or skipped) of files no longer discovered are gone: a sync deletes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fallback.index.racy import racily_clean
+from fallback.sources.memory_files import MemoryFile
+from fallback.store.readonly import StoreReader
+
+__all__ = ["RecordedFiles", "Stamp", "file_stamp", "read_reason", "recorded_files"]
+
+Stamp = tuple[int, int, int | None]
+"""``(mtime_ms, size_bytes, ctime_ns)`` of a file; ``ctime_ns`` is ``None`` where the platform
+gives none (``fallback/sources/stamps.py``)."""
+
+
+def file_stamp(mf: MemoryFile) -> Stamp:
+    """The stamps of ``mf`` as discovery saw them."""
+    return (mf.mtime_ms, mf.size, mf.ctime_ns)
+
+
+@dataclass(frozen=True)
+class RecordedFiles:
+    """What the store recorded of one source's files.
+
+    Attributes:
+        rows: ``files`` rows by path: ``(content hash, stamp)``.
+        skip_stamps: stamps of files read and skipped, by path (``skipped_files`` rows with
+            stamps).
+        skips: every ``skipped_files`` row as ``(path, reason, stamp or None)``: read skips,
+            discovery skips and caveats of indexed files.
+    """
+
+    rows: dict[str, tuple[str, Stamp]]
+    skip_stamps: dict[str, Stamp]
+    skips: list[tuple[str, str, Stamp | None]]
+
+    def gone(self, discovered: set[str]) -> list[str]:
+        """Paths recorded (indexed or read and skipped) that are not in ``discovered``, sorted."""
+        return sorted((set(self.rows) | set(self.skip_stamps)) - discovered)
+
+
+def recorded_files(store: StoreReader, source: str) -> RecordedFiles:
+    """Read :class:`RecordedFiles` of ``source`` (``memory`` | ``sessions``) from ``store``
+    (two reads; blocking).
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    rows = {r[0]: (r[1], (int(r[2]), int(r[3]), r[4])) for r in store.query(
+        "SELECT path, hash, mtime, size, ctime FROM files WHERE source = ?", [source])}
+    skips: list[tuple[str, str, Stamp | None]] = [
+        (r[0], r[1], None if r[2] is None else (int(r[2]), int(r[3]), r[4]))
+        for r in store.query("SELECT path, reason, mtime, size, ctime FROM skipped_files"
+                             " WHERE source = ? ORDER BY path, reason", [source])]
+    skip_stamps = {p: s for p, _, s in skips if s is not None}
+    return RecordedFiles(rows, skip_stamps, skips)
+
+
+def read_reason(mf: MemoryFile, recorded: RecordedFiles, *, last_started: int | None) -> str | None:
+    """Why an incremental sync reads ``mf``, or ``None`` when it trusts what it recorded.
+
+    Args:
+        mf: a discovered file.
+        recorded: the store's rows of its source.
+        last_started: the previous scan's start, epoch ms (``SCAN_STARTED_META``), ``None``
+            when none is recorded (every file is read then).
+
+    Returns:
+        ``None`` (its ``files`` row, or its read-and-skipped row, holds its stamps), or
+        ``new``, ``changed`` or ``racily clean``.
+    """
+    row = recorded.rows.get(mf.rel_path)
+    stamp = row[1] if row is not None else recorded.skip_stamps.get(mf.rel_path)
+    if stamp is None:
+        return "new"
+    if stamp != file_stamp(mf):
+        return "changed"
+    if racily_clean(mf.mtime_ms * 1_000_000, last_started):
+        return "racily clean"
+    return None

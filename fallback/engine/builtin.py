@@ -53,7 +53,7 @@ from fallback.engine.query_vector import (
     on_provider_failure,
     read_index_vectors,
 )
-from fallback.engine.store_open import EngineStore, read_only_problem, read_only_warning
+from fallback.engine.store_open import EngineStore, read_only_problem
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -70,6 +70,7 @@ from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
 from fallback.store.errors import IndexStoreCorruptError
+from fallback.store.files import read_only_warning
 from fallback.store.readonly import MetaReads, ReadOnlyStore
 
 __all__ = ["BuiltinEngine"]
@@ -467,7 +468,7 @@ class BuiltinEngine:
         store, read_only = await self._stores.open_reader()  # read-only: answer without a sync
         q = self.settings.search.query
         provider = self._provider()
-        warnings = [] if read_only is None else [read_only_warning(read_only, self.settings)]
+        warnings = [] if read_only is None else [read_only_warning(read_only, self.settings.db_path)]
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
         if provider is not None and qv is not None and qv.error is not None:

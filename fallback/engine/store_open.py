@@ -9,7 +9,7 @@ next sync fills from the memory files. The move is noted once in the engine's no
 (``status().issues``, and the warnings of the next answer: ``BuiltinEngine.take_notices``).
 A store this process cannot write (a read-only state dir, another user's files) is never
 "repaired" either: :func:`open_read_only` opens the existing file for reading only, searches
-answer from it with :func:`read_only_warning`, and status reports :func:`read_only_problem`;
+answer from it with :func:`~fallback.store.files.read_only_warning`, and status reports :func:`read_only_problem`;
 nothing is indexed until the store can be written. The functions block: call them in a
 worker thread.
 """
@@ -29,7 +29,7 @@ from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyErro
 from fallback.store.files import quarantine_corrupt_store
 from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["EngineStore", "open_read_only", "open_store", "read_only_problem", "read_only_warning",
+__all__ = ["EngineStore", "open_read_only", "open_store", "read_only_problem",
            "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
@@ -96,12 +96,6 @@ def open_read_only(settings: EngineSettings, exc: IndexStoreError) -> ReadOnlySt
     if reader is None:
         raise exc
     return reader
-
-
-def read_only_warning(exc: IndexStoreError, settings: EngineSettings) -> str:
-    """The warning of an answer from a store this process cannot write (one line)."""
-    return (f"{exc}; answered from the index as it was last written, without updating it "
-            f"(check the permissions of {settings.db_path.parent})")
 
 
 def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:

@@ -28,6 +28,7 @@ from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyErro
 __all__ = [
     "BACKUP_MARK",
     "check_writable",
+    "read_only_warning",
     "CORRUPT_BACKUPS_KEPT",
     "DB_SUFFIXES",
     "TEMP_MARK",
@@ -95,6 +96,13 @@ def check_writable(db_path: Path) -> None:
         reason = os.strerror(errno.EROFS if read_only_mount else errno.EACCES)
         raise IndexStoreReadOnlyError(f"index store is read-only ({what}): {reason}",
                                       db_path=str(db_path))
+
+
+def read_only_warning(exc: IndexStoreError, db_path: Path) -> str:
+    """The warning of an answer from the store at ``db_path`` that this process cannot write
+    (``exc`` says why; one line). Every route that answers from such a store words it so."""
+    return (f"{exc}; answered from the index as it was last written, without updating it "
+            f"(check the permissions of {db_path.parent})")
 
 
 def temp_db_path(db_path: Path) -> Path:

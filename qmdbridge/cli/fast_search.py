@@ -182,7 +182,7 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     return doc
 
 
-def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
+def search_doc(hits: list[KeywordHit], *, citations: str, warnings: list[str]) -> dict[str, Any]:
     """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
     key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
     :func:`qmdbridge.manager.decorate_citations` does them."""
@@ -200,7 +200,7 @@ def search_doc(hits: list[KeywordHit], *, citations: str) -> dict[str, Any]:
             "explain": None})
     return {"backend": "builtin", "fallback": None, "provider": "none", "model": None,
             "mode": "fts-only", "citations": citations, "results": results, "denied": None,
-            "warnings": []}
+            "warnings": warnings}
 
 
 def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -259,6 +259,8 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     """
     from fallback.engine.in_sync import InSyncSettings, search_in_sync, stale_reason
     from fallback.errors import IndexStoreError
+    from fallback.store.errors import IndexStoreReadOnlyError
+    from fallback.store.files import check_writable, read_only_warning
     from fallback.store.readonly import ReadOnlyStore
     from qmdbridge.cli.common import EXIT_OK, emit_plain_json
     from qmdbridge.cli.render import print_search_doc
@@ -271,6 +273,15 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
         return None
     if not settings.workspace_dir.is_dir():
         return None
+    if not os.access(settings.db_path.parent, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+        # the engine's SQLite open is refused first then, in its own words
+        _note(args, f"one-shot search runs the engine: {settings.db_path.parent} cannot be written")
+        return None
+    warnings: list[str] = []
+    try:
+        check_writable(settings.db_path)
+    except IndexStoreReadOnlyError as exc:  # the engine answers without a sync, and says so
+        warnings.append(read_only_warning(exc, settings.db_path))
     try:
         store = ReadOnlyStore.open(settings.db_path)
         if store is None:
@@ -285,7 +296,7 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     except IndexStoreError as exc:
         _note(args, f"one-shot search runs the engine: {exc}")
         return None
-    answer = search_doc(hits, citations=doc["citations"])
+    answer = search_doc(hits, citations=doc["citations"], warnings=warnings)
     if args.json:
         emit_plain_json({**answer, "servedBy": "process"})
     else:

@@ -331,3 +331,35 @@ def test_a_note_rewritten_with_its_size_and_mtime_put_back_is_answered_from_the_
     again = search("Quokk payments")
     assert not again["inProcess"] and again["snippets"] == renamed["snippets"]
     assert [p for p, _ in search("Quokk")["snippets"]] == ["memory/2026-11-28.md"]
+
+
+def test_a_store_this_process_cannot_write_gets_the_in_process_warning(ws: Path, fenv: dict[str, str]) -> None:
+    from tests.fallback.child_procs import unprivileged_prefix
+
+    prefix = unprivileged_prefix()
+    argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    probe(argv, fenv)  # indexes the workspace and records the settings
+    assert not probe(argv, fenv)["inProcess"]
+    store = Path(fenv["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    off = {**fenv, "QMDBRIDGE_CLI_CACHE": "off"}
+
+    def run(env: dict[str, str]) -> dict[str, Any]:
+        p = subprocess.run([*prefix, sys.executable, "-c", PROBE, *argv], env=env, capture_output=True,
+                           timeout=120)
+        stderr, _, tail = p.stderr.decode().rpartition("\nPROBE ")
+        return {**json.loads(tail), "stdout": p.stdout, "stderr": stderr}
+
+    for locked, mode in ((store.parent, 0o555), (store, 0o444)):
+        before = locked.stat().st_mode
+        locked.chmod(mode)
+        try:
+            engine, fast = run(off), run(fenv)
+        finally:
+            locked.chmod(before)
+        assert engine["inProcess"] and fast["inProcess"] is (locked == store.parent)
+        assert fast["stdout"] == engine["stdout"] and fast["stderr"] == engine["stderr"]
+        warnings = orjson.loads(fast["stdout"])["warnings"]
+        what = ("the file cannot be written): Permission denied" if locked == store
+                else "its directory is read-only): attempt to write a readonly database")
+        assert warnings == [f"index store is read-only ({what} ({store}); answered from the index as it "
+                            f"was last written, without updating it (check the permissions of {store.parent})"]

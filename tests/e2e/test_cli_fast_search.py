@@ -363,3 +363,16 @@ def test_a_store_this_process_cannot_write_gets_the_in_process_warning(ws: Path,
                 else "its directory is read-only): attempt to write a readonly database")
         assert warnings == [f"index store is read-only ({what} ({store}); answered from the index as it "
                             f"was last written, without updating it (check the permissions of {store.parent})"]
+
+
+def test_a_binary_note_does_not_keep_every_search_in_process(ws: Path, fenv: dict[str, str]) -> None:
+    blob = ws / "memory" / "scan.md"
+    blob.write_bytes(b"\x00\x01\x02 router dump\n")
+    os.utime(blob, ns=(PAST_NS, PAST_NS))
+    argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = probe(argv, fenv)  # indexes the workspace (the note skipped as binary), records the settings
+    assert first["inProcess"]
+    fast = probe(argv, fenv)
+    assert not fast["inProcess"] and fast["stdout"] == first["stdout"]
+    status = orjson.loads(probe(["status", "--workspace", str(ws), "--json"], fenv)["stdout"])
+    assert {"path": "memory/scan.md", "reason": "binary file (NUL bytes)"} in status["skipped"]

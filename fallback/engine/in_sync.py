@@ -32,20 +32,13 @@ from typing import Any
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
 from fallback.index.plan import read_reason, recorded_files
 from fallback.index.racy import SCAN_STARTED_META
-from fallback.search.fts_only import (
-    SNIPPET_MAX_CHARS,
-    candidate_count,
-    hit_snippets,
-    keyword_ranked,
-    keyword_results,
-)
-from fallback.search.keyword import search_plan
+from fallback.search.fts_only import SNIPPET_MAX_CHARS, Hit, candidate_count, keyword_search
 from fallback.sources.memory_files import ExtraPathEntry, list_memory_files
 from fallback.store.files import has_leftovers
 from fallback.store.migrations import META_KEY, MIGRATIONS
 from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["ExtraPathValue", "InSyncSettings", "KeywordHit", "search_in_sync", "stale_reason"]
+__all__ = ["ExtraPathValue", "InSyncSettings", "search_in_sync", "stale_reason"]
 
 
 @dataclass(frozen=True)
@@ -120,22 +113,6 @@ class ExtraPathValue:
     pattern: str | None
 
 
-@dataclass(frozen=True)
-class KeywordHit:
-    """One hit as the engine returns it (``MemorySearchResult`` fields, snake_case): 1-based
-    inclusive ``start_line..end_line`` of the chunk and ``snippet_start_line..snippet_end_line``
-    of its snippet, ``score`` in ``[0, 1]``, ``source`` ``memory``."""
-
-    path: str
-    start_line: int
-    end_line: int
-    score: float
-    snippet: str
-    snippet_start_line: int
-    snippet_end_line: int
-    source: str
-
-
 def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     """Why the engine's pre-search sync would change the index, or ``None`` when it is in sync
     (see the module docstring).
@@ -193,13 +170,12 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
 def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *,
                    max_results: int | None = None, min_score: float | None = None,
                    now_ms: int | None = None,
-                   max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[KeywordHit]:
+                   max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[Hit]:
     """Keyword-only search of ``index``, as the engine answers it in FTS-only mode.
 
-    The caller checks :func:`stale_reason` first. The steps are the engine's: the FTS plan
-    (``fallback/search/keyword.py``), :func:`~fallback.search.fts_only.keyword_ranked`
-    (candidates, floor, temporal decay), :func:`~fallback.search.fts_only.keyword_results`
-    (covered hits dropped, the result slots), and the snippet windows.
+    The caller checks :func:`stale_reason` first. The search is
+    :func:`~fallback.search.fts_only.keyword_search`, with the engine's limit, candidates and
+    floor for these settings.
 
     Args:
         index: the open index.
@@ -221,17 +197,10 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
     if not text:
         return []
     limit = max(1, max_results if max_results is not None else settings.max_results)
-    floor = settings.min_score if min_score is None else min_score
-    plan = search_plan(index, text)
-    ranked = keyword_ranked(index, text, ["memory"],
-                            candidates=candidate_count(limit, settings.candidate_multiplier),
-                            floor=floor, half_life_days=settings.half_life_days,
-                            now_ms=int(time.time() * 1000) if now_ms is None else now_ms, plan=plan)
-    hits = keyword_results(ranked, limit=limit)
-    snippets = hit_snippets(index, text, hits, plan=plan, max_snippet_chars=max_snippet_chars)
-    return [KeywordHit(path=c.path, start_line=c.start_line, end_line=c.end_line,
-                       score=max(0.0, min(1.0, c.score)), snippet=s.text,
-                       snippet_start_line=s.start_line, snippet_end_line=s.end_line,
-                       source="memory")
-            for c, s in zip(hits, snippets, strict=True)]
-
+    return keyword_search(
+        index, text, sources=["memory"], limit=limit,
+        candidates=candidate_count(limit, settings.candidate_multiplier),
+        floor=settings.min_score if min_score is None else min_score,
+        half_life_days=settings.half_life_days,
+        now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        max_snippet_chars=max_snippet_chars).hits

@@ -12,6 +12,12 @@ and cut snippets with the same code:
    (:func:`~fallback.search.fusion.select_results`);
 3. :func:`hit_snippets`: the snippet window of each selected hit (``fallback/search/snippets.py``)
    with its own 1-based inclusive line range.
+
+:func:`keyword_search` runs the three steps without a reranker and returns :class:`Hit` values:
+it is the whole keyword-only search of the one-shot read-only route
+(``fallback/engine/in_sync.py``) and of qmd's ``search``-mode passages
+(``qmdbridge/qmd/passages.py``). A hit's score is clamped to ``[0, 1]`` by :func:`clamp_score`
+only, on every route.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from fallback.search.fts import FtsPlan
 from fallback.search.fusion import apply_floor, select_results
-from fallback.search.keyword import highlight_hits, rank_keyword_candidates
+from fallback.search.keyword import highlight_hits, rank_keyword_candidates, search_plan
 from fallback.search.ranking import Candidate, apply_temporal_decay, drop_covered
 from fallback.search.snippets import best_window
 
@@ -31,8 +37,9 @@ if TYPE_CHECKING:
     from fallback.search.explain import SearchTrace
     from fallback.store.readonly import StoreReader
 
-__all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "HitSnippet", "candidate_count", "decayed",
-           "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results"]
+__all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "Hit", "HitSnippet", "KeywordAnswer", "candidate_count",
+           "clamp_score", "decayed", "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results",
+           "keyword_search"]
 
 # Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
 SNIPPET_MAX_CHARS = 700
@@ -44,6 +51,94 @@ def candidate_count(limit: int, multiplier: float) -> int:
     """Candidates fetched per side for ``limit`` hits: ``floor(limit x multiplier)`` within
     ``1..MAX_CANDIDATES`` (``query.hybrid.candidateMultiplier``, spec §8.1)."""
     return min(MAX_CANDIDATES, max(1, math.floor(limit * multiplier)))
+
+
+def clamp_score(score: float) -> float:
+    """A ranked score as a hit carries it: clamped to ``[0, 1]`` (decay and fusion may leave a
+    candidate's score a hair outside)."""
+    return max(0.0, min(1.0, score))
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search hit below the edge (the shared ``MemorySearchResult`` model is made from it).
+
+    Attributes:
+        path: the file's path as indexed (workspace-relative, ``/`` separators).
+        start_line / end_line: 1-based inclusive line range of the chunk.
+        score: in ``[0, 1]`` (:func:`clamp_score`).
+        snippet: the window of the chunk's lines that best matches the query, at most the
+            snippet budget in code points.
+        snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet.
+        source: ``memory`` or ``sessions``.
+    """
+
+    path: str
+    start_line: int
+    end_line: int
+    score: float
+    snippet: str
+    snippet_start_line: int
+    snippet_end_line: int
+    source: str
+
+    @classmethod
+    def of(cls, c: Candidate, snippet: HitSnippet) -> Hit:
+        """A ranked candidate and its snippet as a hit (score clamped, source ``memory``
+        unless the candidate's is ``sessions``)."""
+        return cls(path=c.path, start_line=c.start_line, end_line=c.end_line,
+                   score=clamp_score(c.score), snippet=snippet.text,
+                   snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
+                   source="sessions" if c.source == "sessions" else "memory")
+
+
+@dataclass(frozen=True)
+class KeywordAnswer:
+    """What :func:`keyword_search` found.
+
+    Attributes:
+        hits: at most ``limit`` hits, best first.
+        ranked_paths: the paths of every candidate kept by the score floor (before hits mostly
+            inside a better one were dropped and the result slots cut).
+    """
+
+    hits: list[Hit]
+    ranked_paths: frozenset[str]
+
+
+def keyword_search(store: StoreReader, text: str, *, sources: Sequence[str], limit: int,
+                   candidates: int, floor: float, half_life_days: int | None, now_ms: int,
+                   max_snippet_chars: int = SNIPPET_MAX_CHARS,
+                   plan: FtsPlan | None = None) -> KeywordAnswer:
+    """Keyword-only search of ``store`` without a reranker: :func:`keyword_ranked`,
+    :func:`keyword_results`, :func:`hit_snippets` (blocking).
+
+    Args:
+        store: the open store.
+        text: the stripped query (not blank).
+        sources: sources searched (``memory``, ``sessions``).
+        limit: hits wanted, ``>= 1``.
+        candidates: candidates fetched (:func:`candidate_count`).
+        floor: the score floor (``minScore``) in ``[0, 1]``.
+        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
+        now_ms: the clock for temporal decay, epoch ms.
+        max_snippet_chars: snippet budget in code points, ``>= 1``.
+        plan: the query's FTS plan when the caller has it (default: made here).
+
+    Returns:
+        A :class:`KeywordAnswer`.
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    if plan is None and store.fts_error is None:
+        plan = search_plan(store, text)
+    ranked = keyword_ranked(store, text, list(sources), candidates=candidates, floor=floor,
+                            half_life_days=half_life_days, now_ms=now_ms, plan=plan)
+    hits = keyword_results(ranked, limit=limit)
+    snippets = hit_snippets(store, text, hits, plan=plan, max_snippet_chars=max_snippet_chars)
+    return KeywordAnswer([Hit.of(c, s) for c, s in zip(hits, snippets, strict=True)],
+                         frozenset(c.path for c in ranked))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
     HitSnippet,
+    clamp_score,
     decayed,
     hit_snippets,
     keyword_ranked,
@@ -305,7 +306,7 @@ class Searcher:
         model; the score is clamped to ``[0, 1]``."""
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=max(0.0, min(1.0, c.score)), snippet=snippet.text,
+            score=clamp_score(c.score), snippet=snippet.text,
             snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,

@@ -33,13 +33,14 @@ Schema (the reference system's table names, so its files and ours have one layou
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 from collections.abc import Callable
 
 from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 
-__all__ = ["META_KEY", "MIGRATIONS", "FTS_TOKENIZERS", "fts_tokenize_clause"]
+__all__ = ["META_KEY", "MIGRATIONS", "FTS_TOKENIZERS", "in_memory_store", "fts_tokenize_clause"]
 
 # Meta key of the index identity JSON (spec §4.2, E1/E2 name).
 META_KEY = "memory_index_meta_v1"
@@ -248,3 +249,41 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m008_files_ctime,
     m009_skipped_files_stamps,
 )
+
+
+
+def _create_schema(conn: sqlite3.Connection, fts_tokenizer: str) -> None:
+    for migration in MIGRATIONS:
+        migration(conn, fts_tokenizer=fts_tokenizer)
+
+
+@functools.lru_cache(maxsize=2)
+def _schema_image(fts_tokenizer: str) -> bytes:
+    """An empty database at the latest schema, serialised (Python 3.11+)."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        _create_schema(conn, fts_tokenizer)
+        image: bytes = conn.serialize()  # type: ignore[attr-defined,unused-ignore]
+        return image
+    finally:
+        conn.close()
+
+
+def in_memory_store(*, fts_tokenizer: str) -> sqlite3.Connection:
+    """A new in-memory database with the store's latest schema (no version recorded), for a
+    throw-away index that the keyword search reads as it reads a store
+    (``qmdbridge/qmd/passages.py``). Store files are opened through ``fallback/store/db.py``,
+    which records each migration.
+
+    Args:
+        fts_tokenizer: ``unicode61`` or ``trigram``.
+
+    Returns:
+        A connection usable from any thread (``check_same_thread=False``); the caller closes it.
+    """
+    conn = sqlite3.connect(":memory:", check_same_thread=False)
+    if hasattr(conn, "deserialize"):  # a copy of the schema made once (running it costs ms)
+        conn.deserialize(_schema_image(fts_tokenizer))
+    else:
+        _create_schema(conn, fts_tokenizer)
+    return conn

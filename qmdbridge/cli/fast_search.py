@@ -49,7 +49,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-    from fallback.engine.in_sync import KeywordHit
+    from fallback.search.fts_only import Hit
 
 __all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "answer_recorded", "cache_disabled", "code_stamped",
            "recorded_search", "search_doc", "settings_key", "settings_path", "try_fast_search", "untrusted"]
@@ -182,7 +182,7 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     return doc
 
 
-def search_doc(hits: list[KeywordHit], *, citations: str, warnings: list[str]) -> dict[str, Any]:
+def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[str, Any]:
     """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
     key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
     :func:`qmdbridge.manager.decorate_citations` does them."""

@@ -370,9 +370,9 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
              if hit.text is not None]
     ranking = rank_passages(question, notes, tokens=tokens, overlap=overlap, sections=sections,
                             snippet_chars=snippet_chars, limit=limit)
-    out = [MemorySearchResult(path=notes[p.note].path, start_line=p.start_line,
+    out = [MemorySearchResult(path=p.path, start_line=p.start_line,
                               end_line=p.end_line, score=p.score, snippet=p.snippet,
-                              source=notes[p.note].source, snippet_start_line=p.snippet_start_line,
+                              source=p.source, snippet_start_line=p.snippet_start_line,
                               snippet_end_line=p.snippet_end_line) for p in ranking.passages]
     placed = {notes[i].path for i in ranking.matched}
     wordless = {notes[i].path for i in ranking.pooled - ranking.matched}

@@ -48,19 +48,20 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fallback.errors import IndexStoreError
 from fallback.models import Source
-from fallback.search.fts_only import MAX_CANDIDATES, hit_snippets, keyword_ranked, keyword_results
+from fallback.search.fts_only import MAX_CANDIDATES, Hit, keyword_search
 from fallback.search.keyword import search_plan
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN
-from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
+from fallback.store.fts_rows import insert_chunk_fts, note_title
+from fallback.store.migrations import in_memory_store
+from fallback.store.readonly import MetaReads
 from fallback.text.chunking import chunk_markdown
 
-__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Passage", "Ranking",
-           "rank_passages"]
+__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Ranking", "rank_passages"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -96,44 +97,13 @@ class Note:
     lines: Sequence[str]
 
 
-@dataclass(frozen=True)
-class Passage:
-    """A ranked passage of one note (lines 1-based, inclusive).
-
-    Attributes:
-        note: the index of its note in the list given to :func:`rank_passages`.
-        start_line / end_line: the chunk's lines (at most ``chunking.tokens`` x 4 chars).
-        score: the builtin keyword score in ``[0, 1]``, ``sqrt(BM25 / best BM25)``.
-        snippet: whole lines of the chunk (a line longer than the budget is cut around its
-            first matched word), at most the snippet budget in code points.
-        snippet_start_line / snippet_end_line: the snippet's lines, inside the chunk's.
-    """
-
-    note: int
-    start_line: int
-    end_line: int
-    score: float
-    snippet: str
-    snippet_start_line: int
-    snippet_end_line: int
-
-
-class _NoteStore:
-    """The builtin engine's ``StoreReader`` over an in-memory SQLite of a few notes' chunks
-    (``chunks`` and ``chunks_fts`` as the builtin index writes them; ``chunks_trigram`` for
-    CJK substrings)."""
-
-    fts_tokenizer = _TOKENIZER
-    fts_error: str | None = None
+class _NoteStore(MetaReads):
+    """A throw-away in-memory SQLite with the builtin store's schema
+    (``fallback/store/migrations.py``) holding a few notes' chunks, read by the builtin keyword
+    search as it reads a store."""
 
     def __init__(self) -> None:
-        self.conn = sqlite3.connect(":memory:", check_same_thread=False)
-        self.conn.execute("CREATE TABLE chunks (id TEXT PRIMARY KEY, path TEXT NOT NULL,"
-                          " source TEXT NOT NULL, start_line INTEGER NOT NULL,"
-                          " end_line INTEGER NOT NULL, text TEXT NOT NULL)")
-        create_fts_table(self.conn, _TOKENIZER)
-        self.conn.execute("CREATE VIRTUAL TABLE chunks_trigram USING fts5(text,"
-                          " tokenize='trigram case_sensitive 0')")
+        self.conn = in_memory_store(fts_tokenizer=_TOKENIZER)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Rows of one statement. Raises ``IndexStoreError`` (the SQLite error as its cause)."""
@@ -150,9 +120,10 @@ class _NoteStore:
         for n, chunk in enumerate(chunk_markdown(text, tokens=tokens, overlap=overlap,
                                                  sections=sections)):
             cur = self.conn.execute(
-                "INSERT INTO chunks(id, path, source, start_line, end_line, text)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (f"{key}:{n}", key, note.source, chunk.start_line, chunk.end_line, chunk.text))
+                "INSERT INTO chunks(id, path, source, start_line, end_line, hash, model, text,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?, '', ?, 0)",
+                (f"{key}:{n}", key, note.source, chunk.start_line, chunk.end_line,
+                 chunk.content_hash, chunk.text))
             if cur.lastrowid is not None:
                 written.append((cur.lastrowid, chunk.text))
         insert_chunk_fts(self.conn, written, title=note_title(note.path, text), fill_trigram=True)
@@ -177,14 +148,17 @@ class Ranking:
     """What :func:`rank_passages` found.
 
     Attributes:
-        passages: at most ``limit`` passages, best first.
+        passages: at most ``limit`` passages as hits, best first, each with its note's path
+            and source: the chunk's lines, the builtin keyword score in ``[0, 1]``
+            (``sqrt(BM25 / best BM25)``), the snippet (whole lines of the chunk within the
+            snippet budget) and its lines.
         matched: the indexes of the notes the question's plan matched (a note not among them
             keeps qmd's lines).
         pooled: the indexes of the notes cut and ranked, matched or not (a pooled note the plan
             did not match holds none of the question's words as the builtin engine reads them).
     """
 
-    passages: list[Passage]
+    passages: list[Hit]
     matched: set[int]
     pooled: set[int]
 
@@ -219,18 +193,15 @@ def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap:
         plan = search_plan(store, question)
         if plan is None:
             return Ranking([], set(), set())
-        ranked = keyword_ranked(store, question, ["memory", "sessions"], candidates=MAX_CANDIDATES,
-                                floor=0.0, half_life_days=None, now_ms=0, plan=plan)
-        hits = keyword_results(ranked, limit=max(1, limit))
-        snippets = hit_snippets(store, question, hits, plan=plan,
-                                max_snippet_chars=max(1, snippet_chars))
+        found = keyword_search(store, question, sources=["memory", "sessions"],
+                               limit=max(1, limit), candidates=MAX_CANDIDATES, floor=0.0,
+                               half_life_days=None, now_ms=0,
+                               max_snippet_chars=max(1, snippet_chars), plan=plan)
     except IndexStoreError as exc:
         log.info("qmd hits keep qmd's lines, the passage ranking failed: %s", exc)
         return Ranking([], set(), set())
     finally:
         store.close()
-    passages = [Passage(note=int(c.path), start_line=c.start_line, end_line=c.end_line,
-                        score=max(0.0, min(1.0, c.score)), snippet=s.text,
-                        snippet_start_line=s.start_line, snippet_end_line=s.end_line)
-                for c, s in zip(hits, snippets, strict=True)]
-    return Ranking(passages, {int(c.path) for c in ranked}, pooled)
+    passages = [replace(h, path=notes[int(h.path)].path, source=notes[int(h.path)].source)
+                for h in found.hits]
+    return Ranking(passages, {int(p) for p in found.ranked_paths}, pooled)

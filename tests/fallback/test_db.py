@@ -274,3 +274,19 @@ async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path:
     finally:
         store.close()
     assert not Path(f"{db}-vec").exists()
+
+
+def test_an_in_memory_store_has_the_store_files_schema(tmp_path: Path) -> None:
+    from fallback.store.migrations import in_memory_store
+
+    db = tmp_path / "main.sqlite"
+    Store(db).close()
+    conn = in_memory_store(fts_tokenizer="unicode61")
+    try:
+        schema = sorted(conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall())
+        meta = conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+    finally:
+        conn.close()
+    with sqlite3.connect(db) as file_conn:
+        assert schema == sorted(file_conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall())
+        assert meta == file_conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from fallback.models import MemorySearchResult, Source
+from fallback.search.fts_only import Hit
 from fallback.text.chunking import chunk_markdown, split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.parse import LocatedHit, passage_hits
-from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, MAX_POOL_CHARS, Note, Passage, rank_passages
+from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, MAX_POOL_CHARS, Note, rank_passages
 from qmdbridge.qmd.reads import clamp_range, file_lines, hit_lines, read_in_root, resolve_hit_file
 
 # The builtin engine's default chunking, as an agent's config gives it.
@@ -26,7 +27,7 @@ def _chat(n: int, answers: dict[int, str]) -> list[str]:
 
 
 def _rank(question: str, *notes: list[str] | Note, limit: int = 6, snippet_chars: int = 700,
-          **chunking: object) -> tuple[list[Passage], set[int]]:
+          **chunking: object) -> tuple[list[Hit], set[int]]:
     """``rank_passages`` over notes ``memory/n<i>.md`` (given as lines) with ``chunking``: the
     passages and the indexes of the notes matched."""
     given = [n if isinstance(n, Note) else Note(f"memory/n{i}.md", "memory", n)
@@ -44,7 +45,7 @@ def _chunk_ranges(lines: list[str], **chunking: object) -> set[tuple[int, int]]:
         sections=spec["sections"])}  # type: ignore[arg-type]
 
 
-def _check_shape(p: Passage, lines: list[str], *, snippet_chars: int, **chunking: object) -> None:
+def _check_shape(p: Hit, lines: list[str], *, snippet_chars: int, **chunking: object) -> None:
     """The range is one of the builtin chunks of the note; the snippet is inside it, within its
     budget, and is its lines' text."""
     assert (p.start_line, p.end_line) in _chunk_ranges(lines, **chunking)
@@ -60,7 +61,7 @@ def test_the_passage_holds_the_line_with_the_question_words() -> None:
     assert ranked == {0}
     best = passages[0]
     _check_shape(best, lines, snippet_chars=700)
-    assert best.note == 0 and best.score == 1.0
+    assert best.path == "memory/n0.md" and best.score == 1.0
     assert best.start_line <= 41 <= best.end_line
     assert best.snippet_start_line <= 41 <= best.snippet_end_line
     assert "LGBTQ support group" in best.snippet
@@ -76,7 +77,7 @@ def test_a_note_qmd_ranked_low_gives_the_first_passage() -> None:
     answer = _chat(20, {12: "Jon: we took Bailey to the agility contest in Denver, she won"})
     passages, ranked = _rank("Where did Jon take Bailey for the agility contest?",
                              found_by_one_word, unrelated, answer)
-    assert [p.note for p in passages] == [2, 0, 1]  # the unrelated note: by the speaker's name
+    assert [p.path for p in passages] == ["memory/n2.md", "memory/n0.md", "memory/n1.md"]  # the unrelated note: by the speaker's name
     assert ranked == {0, 1, 2}
     assert passages[0].start_line <= 12 <= passages[0].end_line
     assert passages[0].score == 1.0 > passages[1].score > passages[2].score
@@ -88,7 +89,7 @@ def test_one_note_gives_a_passage_per_region_that_answers() -> None:
     cited = sorted(line for line in (5, 70)
                    for p in passages if p.start_line <= line <= p.end_line)
     assert cited == [5, 70] and len(passages) == 2
-    assert len({p.note for p in passages}) == 1
+    assert len({p.path for p in passages}) == 1
 
 
 def test_the_range_stays_inside_its_section() -> None:
@@ -114,7 +115,7 @@ def test_words_match_through_the_stemmer_hyphens_and_dates() -> None:
              Note("memory/2023-05-08.md", "memory", _chat(5, {}))]
     on_the_day = rank_passages("What happened on 8 May 2023?", dated, **CHUNKING,
                                snippet_chars=700, limit=6)
-    assert [p.note for p in on_the_day.passages] == [1] and on_the_day.matched == {1}
+    assert [p.path for p in on_the_day.passages] == ["memory/2023-05-08.md"] and on_the_day.matched == {1}
     assert on_the_day.pooled == {0, 1}  # both were ranked; the other day holds none of its words
 
 
@@ -133,7 +134,7 @@ def test_fts5_operators_and_quotes_are_read_as_words() -> None:
 def test_a_small_note_is_its_own_passage() -> None:
     lines = ["# Memory", "", "The wombat burrow is behind the shed."]
     passages, _ = _rank("wombat burrow", lines)
-    assert passages == [Passage(0, 1, 3, 1.0, "\n".join(lines), 1, 3)]
+    assert passages == [Hit("memory/n0.md", 1, 3, 1.0, "\n".join(lines), 1, 3, "memory")]
 
 
 def test_a_line_longer_than_the_snippet_is_cut_around_the_word() -> None:
@@ -179,10 +180,10 @@ def test_session_transcripts_take_at_most_half_of_the_slots() -> None:
              for i in range(4)]
     notes += [Note(f"memory/m{i}.md", "memory", _chat(3, {2: "a wombat"})) for i in range(3)]
     passages = rank_passages("wombat burrow", notes, **CHUNKING, snippet_chars=700, limit=4).passages
-    assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "memory", "memory"]
+    assert [p.source for p in passages] == ["sessions", "sessions", "memory", "memory"]
     # with too few other hits, transcripts fill the slots (nothing else matches)
     passages = rank_passages("wombat burrow", notes[:5], **CHUNKING, snippet_chars=700, limit=4).passages
-    assert [notes[p.note].source for p in passages] == ["sessions", "sessions", "sessions", "memory"]
+    assert [p.source for p in passages] == ["sessions", "sessions", "sessions", "memory"]
 
 
 def _located(path: str, text: list[str] | None, *, score: float = 0.5,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from fallback.answer import answer_doc, hit_doc
 from fallback.skipped import SkippedFile
 
 __all__ = [
@@ -202,6 +203,16 @@ class MemorySearchResult(_Model):
     text_score: float | None = None
     explain: HitExplain | None = None
 
+    def to_json_dict(self) -> dict[str, Any]:
+        """The hit as :func:`fallback.answer.hit_doc` builds it for every route."""
+        return hit_doc(path=self.path, start_line=self.start_line, end_line=self.end_line,
+                       score=self.score, snippet=self.snippet,
+                       snippet_start_line=self.snippet_start_line,
+                       snippet_end_line=self.snippet_end_line, source=self.source,
+                       citation=self.citation, vector_score=self.vector_score,
+                       text_score=self.text_score,
+                       explain=None if self.explain is None else self.explain.to_json_dict())
+
     @model_validator(mode="after")
     def _snippet_lines_default_to_hit(self) -> MemorySearchResult:
         # Frozen model: fill the snippet range once, at construction, when a backend gave none.
@@ -294,6 +305,15 @@ class SearchResponse(_Model):
     results: list[MemorySearchResult] = Field(default_factory=list)
     denied: ScopeDecision | None = None
     warnings: list[str] = Field(default_factory=list)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The answer as :func:`fallback.answer.answer_doc` builds it for every route."""
+        return answer_doc(
+            backend=self.backend, results=[r.to_json_dict() for r in self.results],
+            fallback=None if self.fallback is None else self.fallback.to_json_dict(),
+            provider=self.provider, model=self.model, mode=self.mode, citations=self.citations,
+            denied=None if self.denied is None else self.denied.to_json_dict(),
+            warnings=self.warnings)
 
 
 class BackgroundError(_Model):

@@ -56,7 +56,7 @@ from fallback.models import (
 from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
-from qmdbridge.policy.citations import cited_snippet, format_citation
+from qmdbridge.policy.citations import cite, format_citation
 from qmdbridge.policy.limits import MAX_LIMIT, check_search_limits
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
 from qmdbridge.sidecar import QmdSidecar, short_reason
@@ -99,8 +99,8 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
     out: list[MemorySearchResult] = []
     budget = max_injected_chars
     for r in results:
-        citation = format_citation(r.path, r.snippet_start_line, r.snippet_end_line)
-        snippet = cited_snippet(r.snippet, citation, include=include)
+        citation, snippet = cite(r.path, r.snippet_start_line, r.snippet_end_line, r.snippet,
+                                 include=include)
         if budget is not None:
             if budget <= 0:
                 break

@@ -184,23 +184,23 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
 
 def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[str, Any]:
     """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
-    key): ``SearchResponse.to_json_dict()``'s keys in its order, citations decorated as
-    :func:`qmdbridge.manager.decorate_citations` does them."""
-    from qmdbridge.policy.citations import citations_enabled, cited_snippet, format_citation
+    key), built as ``SearchResponse.to_json_dict()`` builds it (``fallback/answer.py``), each
+    hit cited as the manager cites it (:func:`qmdbridge.policy.citations.cite`)."""
+    from fallback.answer import answer_doc, hit_doc
+    from qmdbridge.policy.citations import citations_enabled, cite
 
     include = citations_enabled(citations, None)
     results = []
     for h in hits:
-        citation = format_citation(h.path, h.snippet_start_line, h.snippet_end_line)
-        results.append({
-            "path": h.path, "startLine": h.start_line, "endLine": h.end_line, "score": h.score,
-            "snippet": cited_snippet(h.snippet, citation, include=include),
-            "snippetStartLine": h.snippet_start_line, "snippetEndLine": h.snippet_end_line,
-            "source": h.source, "citation": citation, "vectorScore": None, "textScore": None,
-            "explain": None})
-    return {"backend": "builtin", "fallback": None, "provider": "none", "model": None,
-            "mode": "fts-only", "citations": citations, "results": results, "denied": None,
-            "warnings": warnings}
+        citation, snippet = cite(h.path, h.snippet_start_line, h.snippet_end_line, h.snippet,
+                                 include=include)
+        results.append(hit_doc(path=h.path, start_line=h.start_line, end_line=h.end_line,
+                               score=h.score, snippet=snippet,
+                               snippet_start_line=h.snippet_start_line,
+                               snippet_end_line=h.snippet_end_line, source=h.source,
+                               citation=citation))
+    return answer_doc(backend="builtin", results=results, provider="none", mode="fts-only",
+                      citations=citations, warnings=warnings)
 
 
 def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ search, which loads no config model.
 
 from __future__ import annotations
 
-__all__ = ["cited_snippet", "citations_enabled", "format_citation", "session_key_rest"]
+__all__ = ["cite", "cited_snippet", "citations_enabled", "format_citation", "session_key_rest"]
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -22,6 +22,14 @@ def cited_snippet(snippet: str, citation: str, *, include: bool) -> str:
     """The snippet an agent reads: with ``include``, stripped and followed by a blank line and
     ``Source: <citation>``; otherwise unchanged."""
     return f"{snippet.strip()}\n\nSource: {citation}" if include else snippet
+
+
+def cite(path: str, snippet_start_line: int, snippet_end_line: int, snippet: str, *,
+         include: bool) -> tuple[str, str]:
+    """A hit's citation (:func:`format_citation` of its snippet's lines) and the snippet an
+    agent reads (:func:`cited_snippet`): the one decoration of every route's hits."""
+    citation = format_citation(path, snippet_start_line, snippet_end_line)
+    return citation, cited_snippet(snippet, citation, include=include)
 
 
 def session_key_rest(key: str) -> str:

@@ -31,8 +31,10 @@ three commands interleaved in each round so machine load hits them alike):
 The packages' bytecode is compiled first (``compileall``, as ``pip install`` does), so a
 checkout run with ``PYTHONDONTWRITEBYTECODE`` does not time the compiler.
 
+With ``--skipped`` the workspace also holds a binary note in ``memory/`` (skipped by every sync).
+
 Usage: ``python3 scripts/bench_daemon.py [--quick] [--json] [--files 300] [--runs 15]
-[--only cli|mcp|warm]``. Without ``.tools/bin/qmd`` (``bash scripts/install-qmd.sh``) the qmd
+[--only cli|mcp|warm] [--skipped]``. Without ``.tools/bin/qmd`` (``bash scripts/install-qmd.sh``) the qmd
 rows are skipped.
 """
 
@@ -502,12 +504,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, help="notes in the workspace (default 300)")
     p.add_argument("--runs", type=int, help="runs per measurement (default 15)")
     p.add_argument("--only", choices=("cli", "mcp", "warm"), help="run one section")
+    p.add_argument("--skipped", action="store_true",
+                   help="add a binary note (NUL bytes) to memory/, which every sync skips")
     args = p.parse_args(argv)
     files = args.files or (30 if args.quick else 300)
     runs = args.runs or (3 if args.quick else 15)
     with tempfile.TemporaryDirectory(prefix="bench-daemon-") as tmp:
         ws = Path(tmp) / "ws"
         generate_workspace(ws, files=files, file_bytes=2000)
+        if args.skipped:
+            (ws / "memory" / "scan.md").write_bytes(b"\x00\x01\x02 binary dump\n" * 64)
         rows: list[Row] = []
         if args.only in (None, "cli"):
             rows += bench_cli(Path(tmp), ws, files=files, runs=runs)
@@ -515,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += bench_mcp(Path(tmp), ws, files=files, runs=runs)
         if args.only in (None, "warm"):
             rows += bench_warm_qmd(Path(tmp), files=files, runs=runs)
-    emit("bench_daemon", rows, as_json=args.json, meta={"quick": args.quick, "files": files, "runs": runs})
+    emit("bench_daemon", rows, as_json=args.json,
+         meta={"quick": args.quick, "files": files, "runs": runs, "skipped": args.skipped})
     return 0
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -61,7 +62,8 @@ from qmdbridge.policy.limits import MAX_LIMIT, check_search_limits
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
-__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation"]
+__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation",
+           "require_workspace"]
 
 log = logging.getLogger("qmdbridge")
 
@@ -75,6 +77,20 @@ FALLBACK_SYNC_BUDGET_MS = 50
 BUILTIN_PREPARE_LEAD_MS = 1000
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
+
+
+def require_workspace(workspace_dir: Path) -> None:
+    """Refuse a workspace that is not a folder: a caller's mistake, not an empty memory (a sync
+    of it would empty the index, and ``status`` would create a store for nothing).
+
+    Raises:
+        UsageError: ``workspace does not exist: <path> (pass --workspace or set
+            agents.defaults.workspace)`` (``is not a directory`` for a file).
+    """
+    if not workspace_dir.is_dir():
+        what = "is not a directory" if workspace_dir.exists() else "does not exist"
+        raise UsageError(f"workspace {what}: {workspace_dir} (pass --workspace or set "
+                         "agents.defaults.workspace)")
 
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
@@ -178,10 +194,7 @@ class MemoryManager:
     def _check_workspace(self) -> None:
         """A missing workspace is a caller's mistake, not an empty memory: syncing it would
         empty the index."""
-        ws = self.agent.workspace_dir
-        if not ws.is_dir():
-            what = "is not a directory" if ws.exists() else "does not exist"
-            raise UsageError(f"workspace {what}: {ws} (pass --workspace or set agents.defaults.workspace)")
+        require_workspace(self.agent.workspace_dir)
 
     def _background(self) -> BackgroundTasks:
         """The task group for a backend's ``start``; a ``full`` manager needs it open."""

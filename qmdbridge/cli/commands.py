@@ -165,19 +165,12 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _require_workspace(agent: Any) -> None:
-    """``status``/``doctor`` report on a workspace; without one they must not create an index
-    store under the state dir, so a missing workspace stops them first."""
-    ws = agent.workspace_dir
-    if not ws.is_dir():
-        what = "is not a directory" if ws.exists() else "does not exist"
-        raise UsageError(f"workspace {what}: {ws} (pass --workspace or set agents.defaults.workspace)")
-
 
 async def _status(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.manager import require_workspace
     from qmdbridge.problems import status_problems
 
-    _require_workspace(agent)
+    require_workspace(agent.workspace_dir)  # without one, status must not create an index store
     async with _manager(agent, args) as m:
         st = await m.status()
     doc = st.to_json_dict()

@@ -32,8 +32,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio

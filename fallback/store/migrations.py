@@ -231,6 +231,7 @@ def m009_skipped_files_stamps(conn: sqlite3.Connection, *, fts_tokenizer: str) -
     NULL (the file is read once more, then stamped); rows of files skipped by discovery alone
     (symlinks, hidden names) and caveats of indexed files keep NULL.
     """
+    m004_skipped_files(conn, fts_tokenizer=fts_tokenizer)  # idempotent: a store built without it
     columns = {row[1] for row in conn.execute("PRAGMA table_info(skipped_files)")}
     for column in ("mtime", "size", "ctime"):
         if column not in columns:

@@ -54,6 +54,7 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
+from fallback.request import require_query
 from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
@@ -261,10 +262,7 @@ class MemoryManager:
             BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
         """
         self._check_open()
-        if not isinstance(query, str):
-            raise UsageError(f"query must be a string, not {type(query).__name__}")
-        if not query or not query.strip():
-            raise UsageError("query must not be empty")
+        require_query(query)
         if session_key is not None and not isinstance(session_key, str):
             raise UsageError("session key must be a string")
         self._check_workspace()

@@ -59,10 +59,10 @@ from fallback.errors import (
     IndexStoreError,
     ManagerClosedError,
     SearchUnavailableError,
-    UsageError,
 )
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
+from fallback.request import require_query
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count
 from fallback.search.pipeline import Searcher, SearchOutcome, configured_mode
@@ -454,9 +454,7 @@ class BuiltinEngine:
                            min_score: float | None, session_key: str | None,
                            sources: list[Source] | None, sync_budget_ms: int | None,
                            explain: bool) -> SearchOutcome:
-        text = query.strip()
-        if not text:
-            raise UsageError("query must not be empty")
+        text = require_query(query)
         self._check_open()
         self._fail_closed()
         if self._live is not None:

@@ -42,7 +42,7 @@ def answer_doc(*, backend: str, results: Sequence[dict[str, Any]],
                fallback: dict[str, Any] | None = None, provider: str | None = None,
                model: str | None = None, mode: str | None = None, citations: str = "auto",
                denied: dict[str, Any] | None = None,
-               warnings: Sequence[str] = ()) -> dict[str, Any]:
+               warnings: Sequence[str] = (), corpus: str = "all") -> dict[str, Any]:
     """A search answer: camelCase keys, every key present.
 
     Args:
@@ -54,7 +54,8 @@ def answer_doc(*, backend: str, results: Sequence[dict[str, Any]],
         citations: the citations mode in effect (``auto`` | ``on`` | ``off``).
         denied: the scope decision when scope rules refused the search, else ``None``.
         warnings: non-fatal notes, one line each.
+        corpus: the corpus searched (``memory`` | ``sessions`` | ``all`` | ``wiki``).
     """
     return {"backend": backend, "fallback": fallback, "provider": provider, "model": model,
             "mode": mode, "citations": citations, "results": list(results), "denied": denied,
-            "warnings": list(warnings)}
+            "warnings": list(warnings), "corpus": corpus}

@@ -294,6 +294,7 @@ class SearchResponse(_Model):
         results: the hits, best first.
         denied: set (with ``results == []``) when scope rules refused the search.
         warnings: non-fatal notes (e.g. the index was still syncing).
+        corpus: the corpus searched (``memory`` | ``sessions`` | ``all`` | ``wiki``).
     """
 
     backend: str
@@ -305,6 +306,7 @@ class SearchResponse(_Model):
     results: list[MemorySearchResult] = Field(default_factory=list)
     denied: ScopeDecision | None = None
     warnings: list[str] = Field(default_factory=list)
+    corpus: str = "all"
 
     def to_json_dict(self) -> dict[str, Any]:
         """The answer as :func:`fallback.answer.answer_doc` builds it for every route."""
@@ -313,7 +315,7 @@ class SearchResponse(_Model):
             fallback=None if self.fallback is None else self.fallback.to_json_dict(),
             provider=self.provider, model=self.model, mode=self.mode, citations=self.citations,
             denied=None if self.denied is None else self.denied.to_json_dict(),
-            warnings=self.warnings)
+            warnings=self.warnings, corpus=self.corpus)
 
 
 class BackgroundError(_Model):

@@ -44,6 +44,7 @@ from fallback.errors import (
     BackendUnavailableError,
     ManagerClosedError,
     MemorySearchError,
+    PathRefusedError,
     UsageError,
 )
 from fallback.models import (
@@ -238,7 +239,8 @@ class MemoryManager:
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
                      sources: list[Source] | None = None, explain: bool = False,
-                     inherited_session_keys: Sequence[str] = ()) -> SearchResponse:
+                     inherited_session_keys: Sequence[str] = (),
+                     corpus: str | None = None) -> SearchResponse:
         """Run ``memory_search``.
 
         Args:
@@ -252,13 +254,16 @@ class MemoryManager:
             inherited_session_keys: keys the session acts for (the session that spawned a
                 sub-agent ...); the scope rules allow the search when any key is allowed
                 (``qmdbridge.policy.scope.evaluate_scope``).
+            corpus: ``memory`` | ``sessions`` | ``all`` (``None``: ``all``) | ``wiki``
+                (``qmdbridge.policy.corpus.search_corpus``); narrows ``sources``.
 
         Returns:
-            ``SearchResponse`` naming the backend that answered and, when it fell back, why;
-            ``results == []`` with ``denied`` set when the scope rules refuse the session.
+            ``SearchResponse`` naming the backend that answered and, when it fell back, why,
+            and the corpus searched; ``results == []`` with ``denied`` set when the scope rules
+            refuse the session, or with a warning when the corpus holds nothing to search.
 
         Raises:
-            UsageError: blank query or a bad limit.
+            UsageError: blank query, a bad limit or an unknown corpus.
             BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
         """
         self._check_open()
@@ -267,9 +272,13 @@ class MemoryManager:
             raise UsageError("session key must be a string")
         self._check_workspace()
         check_search_limits(max_results, min_score)
+        from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
         cfg = self.agent.memory
+        chosen = search_corpus(corpus, sessions_off=sessions_off_reason(
+            backend=self.backend_name, qmd_sessions=cfg.qmd.sessions.enabled,
+            builtin_sources=self.agent.memory_search.sources))
         if isinstance(inherited_session_keys, str) or not all(
                 isinstance(k, str) for k in inherited_session_keys):
             raise UsageError("inherited session keys must be a list of strings")
@@ -280,7 +289,12 @@ class MemoryManager:
         if not decision.allowed:
             log.warning("memory search denied by scope: %s", decision.reason)
             return SearchResponse(backend=self.backend_name, citations=cfg.citations,
-                                  results=[], denied=decision)
+                                  results=[], denied=decision, corpus=chosen.corpus)
+        if chosen.sources == ():
+            return SearchResponse(backend=self.backend_name, citations=cfg.citations, results=[],
+                                  corpus=chosen.corpus, warnings=[chosen.note] if chosen.note else [])
+        if chosen.sources is not None:
+            sources = [s for s in chosen.sources if sources is None or s in sources]
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
@@ -300,7 +314,7 @@ class MemoryManager:
                 warnings = [*info.warnings, *([NO_QMD_EXPLAIN] if explain else [])]
                 return SearchResponse(backend="qmd", provider=info.provider, model=info.model,
                                       mode=info.mode, citations=cfg.citations, results=results,
-                                      warnings=warnings)
+                                      warnings=warnings, corpus=chosen.corpus)
         engine = await self.builtin()
         try:
             hits = await engine.search(
@@ -319,7 +333,7 @@ class MemoryManager:
         results = decorate_citations(hits, include=include)
         return SearchResponse(backend="builtin", fallback=fallback, provider=info.provider,
                               model=info.model, mode=info.mode, citations=cfg.citations,
-                              results=results, warnings=list(info.warnings))
+                              results=results, warnings=list(info.warnings), corpus=chosen.corpus)
 
     async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[
             tuple[list[MemorySearchResult], SearchInfo] | None, FallbackInfo | None]:
@@ -393,7 +407,7 @@ class MemoryManager:
         return self._last_fallback
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
-                        lines: int | None = None) -> MemoryReadResult:
+                        lines: int | None = None, corpus: str | None = None) -> MemoryReadResult:
         """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars).
 
         In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, the transcripts
@@ -401,14 +415,22 @@ class MemoryManager:
         answer) by the builtin engine, at the lines the hit cites; other paths by either (the
         same memory-file rule, qmd's custom collections among the builtin engine's extra paths).
 
+        Args:
+            corpus: ``memory`` | ``all`` (``None``) read memory files; ``wiki`` refuses every
+                path (no wiki corpus is configured).
+
         Raises:
             PathRefusedError: the path is not a memory file (outside the workspace, ``..``,
-                absolute, encoded escapes, symlinks, not Markdown).
-            UsageError: ``from_line``/``lines`` below 1.
+                absolute, encoded escapes, symlinks, not Markdown), or ``corpus`` is ``wiki``.
+            UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
         """
         self._check_open()
         if not isinstance(rel_path, str):
             raise UsageError(f"path must be a string, not {type(rel_path).__name__}")
+        from qmdbridge.policy.corpus import get_corpus
+
+        if (chosen := get_corpus(corpus)).note is not None:
+            raise PathRefusedError(rel_path, chosen.note)
         if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
             raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
         if lines is not None and not 1 <= lines <= MAX_LIMIT:

@@ -13,6 +13,7 @@ from typing import Any
 
 from fallback.errors import MemorySearchError, PathRefusedError
 from qmdbridge.manager import MemoryManager
+from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
 
 __all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "SYNC_SCHEMA", "handle_memory_get",
            "handle_memory_search", "param_error"]
@@ -32,6 +33,9 @@ MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
             "maxResults": {"type": "integer", "minimum": 1, "description": "Hits wanted (default 6)."},
             "minScore": {"type": "number", "minimum": 0, "maximum": 1,
                          "description": "Score floor (default 0.35)."},
+            "corpus": {"type": "string", "enum": list(SEARCH_CORPORA),
+                       "description": "What to search: memory files, session transcripts, all "
+                                      "(default) or wiki (none is configured: no hits)."},
         },
         "required": ["query"],
         "additionalProperties": False,
@@ -49,6 +53,8 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
             "path": {"type": "string", "description": "Workspace-relative path, e.g. memory/2026-03-01.md."},
             "from": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
             "lines": {"type": "integer", "minimum": 1, "description": "Number of lines."},
+            "corpus": {"type": "string", "enum": list(GET_CORPORA),
+                       "description": "memory or all (default) read memory files; no wiki corpus is configured."},
         },
         "required": ["path"],
         "additionalProperties": False,
@@ -98,7 +104,8 @@ def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
 
     Returns:
         ``unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)``,
-        ``maxResults must be an integer, not '5'``, or ``None``.
+        ``maxResults must be an integer, not '5'``, or ``None`` (a ``corpus`` outside its enum
+        is the manager's refusal: ``qmdbridge.policy.corpus``).
     """
     props: dict[str, Any] = schema["parameters"]["properties"]
     for key, value in params.items():
@@ -151,7 +158,8 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
             query, max_results=_int_or_none(params.get("maxResults")),
             min_score=float(params["minScore"]) if isinstance(params.get("minScore"), (int, float))
             and not isinstance(params.get("minScore"), bool) else None,
-            session_key=session_key, inherited_session_keys=session_keys or ())
+            session_key=session_key, inherited_session_keys=session_keys or (),
+            corpus=params.get("corpus"))
     except MemorySearchError as exc:
         return {"results": [], "disabled": True, "error": str(exc)}
     except Exception as exc:  # tool edge: the agent gets an error payload, never a crash
@@ -180,7 +188,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         return {"path": path, "text": "", "disabled": True, "error": invalid, "refused": False}
     try:
         result = await manager.read_file(path, from_line=_int_or_none(params.get("from")),
-                                         lines=_int_or_none(params.get("lines")))
+                                         lines=_int_or_none(params.get("lines")),
+                                         corpus=params.get("corpus"))
     except PathRefusedError as exc:
         return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": True}
     except MemorySearchError as exc:

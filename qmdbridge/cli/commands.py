@@ -119,7 +119,7 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
                 engine.on_progress = on_progress
             response = await m.search(args.query, max_results=args.max_results,
                                       min_score=args.min_score, session_key=args.session_key,
-                                      explain=args.explain)
+                                      explain=args.explain, corpus=args.corpus)
     if args.json:
         emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK
@@ -147,7 +147,8 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
     wanted = _workspace_relative(args.path, agent.workspace_dir)
     async with _manager(agent, args) as m:
         try:
-            result = await m.read_file(wanted, from_line=args.from_line, lines=args.lines)
+            result = await m.read_file(wanted, from_line=args.from_line, lines=args.lines,
+                                       corpus=args.corpus)
         except PathRefusedError as exc:
             if wanted == args.path or not wanted.startswith("../"):
                 raise

@@ -66,6 +66,8 @@ def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str,
         if args.min_score is not None:
             params["minScore"] = args.min_score
         session_key = args.session_key
+        if args.corpus is not None:
+            params["corpus"] = args.corpus
     elif args.command == "get":
         tool = "memory_get"
         params["path"] = args.path
@@ -73,6 +75,8 @@ def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str,
             params["from"] = args.from_line
         if args.lines is not None:
             params["lines"] = args.lines
+        if args.corpus is not None:
+            params["corpus"] = args.corpus
     else:
         tool = "status"
     fingerprint = client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,

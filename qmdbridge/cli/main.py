@@ -170,6 +170,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
         p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
         p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
+        p.add_argument("--corpus", choices=["memory", "sessions", "all", "wiki"],
+                       help="what to search: memory files, session transcripts, all (default) or wiki "
+                            "(none is configured: no hits, with a note)")
         p.add_argument("--explain", action="store_true",
                        help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
                             "fusion, decay, rerank, MMR, floor (builtin engine)")
@@ -181,6 +184,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md")
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
         p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
+        p.add_argument("--corpus", choices=["memory", "wiki", "all"],
+                       help="memory or all (default) read memory files; no wiki corpus is configured")
         _common(p)
 
     if only in (None, "status"):

@@ -27,7 +27,7 @@ def test_schemas() -> None:
     assert MEMORY_SEARCH_SCHEMA["name"] == "memory_search"
     assert MEMORY_SEARCH_SCHEMA["parameters"]["required"] == ["query"]
     assert MEMORY_GET_SCHEMA["name"] == "memory_get"
-    assert set(MEMORY_GET_SCHEMA["parameters"]["properties"]) == {"path", "from", "lines"}
+    assert set(MEMORY_GET_SCHEMA["parameters"]["properties"]) == {"path", "from", "lines", "corpus"}
 
 
 async def test_search_and_get_payloads(manager: MemoryManager) -> None:
@@ -101,7 +101,7 @@ async def test_params_of_the_wrong_type_are_refused_not_ignored(manager: MemoryM
         assert (await handle_memory_search(manager, {"query": "oat", "minScore": "0.1"}))["error"] == (
             "minScore must be a number, not '0.1'")
         assert (await handle_memory_search(manager, {"query": "oat", "max_results": 1}))["error"] == (
-            "unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)")
+            "unknown parameter 'max_results' (memory_search takes query, maxResults, minScore, corpus)")
         assert await handle_memory_get(manager, {"path": "MEMORY.md", "from": "2"}) == {
             "path": "MEMORY.md", "text": "", "disabled": True, "refused": False,
             "error": "from must be an integer, not '2'"}

@@ -92,12 +92,15 @@ class PathRefusedError(MemorySearchError):
         path: the path as the caller gave it.
         reason: short machine-friendly reason, e.g. ``escapes workspace``, ``symlink``,
             ``not markdown``, ``absolute path``, ``parent segment``, ``not a memory path``.
+        hint: what would allow the path (the config key to set), in the message after the
+            reason; ``None`` when nothing would.
     """
 
-    def __init__(self, path: str, reason: str) -> None:
+    def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"path refused: {path!r}: {reason}")
+        self.hint = hint
+        super().__init__(f"path refused: {path!r}: {reason}" + (f" ({hint})" if hint else ""))
 
 
 class MemoryFileNotFoundError(MemorySearchError):

@@ -104,6 +104,7 @@ from fallback.sources.transcripts import (
 from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = [
+    "SYMLINK_HINT",
     "DEFAULT_READ_LINES",
     "DEFAULT_READ_MAX_CHARS",
     "DREAMS_REFUSED",
@@ -127,6 +128,9 @@ SESSIONS_DIR_NAME = "sessions"
 LEGACY_SHADOWED = "shadowed legacy root file"
 NOT_THE_ROOT_FILE = f"the root file is {ROOT_MEMORY_FILE} (names are case-sensitive)"
 # Refusal of the workspace's DREAMS.md where an extra path of the workspace itself holds it.
+# How a refused symlink's target can be read: the memory-file rule follows no link, an extra
+# path names the real location instead.
+SYMLINK_HINT = "links are not followed; add the target's real path to memorySearch.extraPaths to allow it"
 DREAMS_REFUSED = f"the dreaming diary ({DREAMS_FILE}) is not memory"
 # Transient read errors (EAGAIN/EINTR, "errno -11" upstream) are retried this many times in all.
 READ_ATTEMPTS = 3
@@ -298,11 +302,11 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in _SYMLINK_ERRNOS:
-            raise PathRefusedError(shown, "symlinked directory") from exc
+            raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
         if exc.errno == errno.ENOTDIR:  # a symlink (O_NOFOLLOW | O_DIRECTORY on Linux) or a file
             try:
                 if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                    raise PathRefusedError(shown, "symlinked directory") from exc
+                    raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
             except FileNotFoundError:
                 pass
             raise MemoryFileNotFoundError(shown, "a parent is not a folder") from exc
@@ -347,7 +351,7 @@ def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_bas
             fd = os.open(inner[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
             if exc.errno in _SYMLINK_ERRNOS:
-                raise PathRefusedError(shown, "symlink") from exc
+                raise PathRefusedError(shown, "symlink", hint=SYMLINK_HINT) from exc
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise MemoryFileNotFoundError(shown) from exc
             raise

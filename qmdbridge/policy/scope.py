@@ -37,6 +37,8 @@ __all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_sess
            "scope_candidates"]
 
 _CHAT_MARKERS = ("group", "channel", "direct", "dm")
+# The config key a denial names, so the reason says what to change.
+SCOPE_KEY = "memory.qmd.scope"
 # Channels whose ids are opaque and case-sensitive (Signal group ids are base64, Matrix room
 # ids like ``!AbC:server``): only the channel and kind parts are lower-cased.
 _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
@@ -140,14 +142,25 @@ def _decide(scope: QmdScope, key: str) -> ScopeDecision:
         if _rule_matches(rule, raw_lower=raw_lower, norm=norm, chat_type=chat_type,
                          channel=channel):
             allowed = rule.action == "allow"
-            verdict = "allowed" if allowed else "denied"
-            return ScopeDecision(allowed=allowed,
-                                 reason=f"{verdict} by rules[{index}] ({rule.action}); {derived}",
-                                 chat_type=chat_type, channel=channel, session_key=key)
+            reason = (f"allowed by rules[{index}] (allow); {derived}" if allowed else
+                      f"denied by rules[{index}] (deny); {derived}; to allow it, change "
+                      f"{SCOPE_KEY}.rules[{index}] or put an allow rule before it")
+            return ScopeDecision(allowed=allowed, reason=reason, chat_type=chat_type,
+                                 channel=channel, session_key=key)
     allowed = scope.default == "allow"
-    verdict = "allowed" if allowed else "denied"
-    return ScopeDecision(allowed=allowed, reason=f"{verdict} by default ({scope.default}); {derived}",
-                         chat_type=chat_type, channel=channel, session_key=key)
+    reason = (f"allowed by default (allow); {derived}" if allowed else
+              f"denied by default (deny); {derived}; to allow it, add "
+              f"{{action: \"allow\", match: {_match_for(chat_type, raw_lower)}}} to {SCOPE_KEY}.rules")
+    return ScopeDecision(allowed=allowed, reason=reason, chat_type=chat_type, channel=channel,
+                         session_key=key)
+
+
+def _match_for(chat_type: str | None, raw_lower: str) -> str:
+    """The ``match`` of an allow rule that covers this key: its chat type, or (a key with no
+    chat type, such as a sub-agent's) its raw prefix up to the last ``:``."""
+    if chat_type is not None:
+        return f"{{chatType: \"{chat_type}\"}}"
+    return f"{{rawKeyPrefix: \"{raw_lower.rsplit(':', 1)[0]}:\"}}"
 
 
 def scope_candidates(session_key: str | None, inherited_keys: Sequence[str] = ()) -> list[str]:
@@ -187,7 +200,8 @@ def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
     Returns:
         :class:`ScopeDecision` with ``allowed``, ``reason`` (``allowed by rules[0] (allow);
         chatType=direct channel=slack``, ``denied by default (deny); chatType=group
-        channel=discord``, ``owner call (no session key)``; ``...; inherited from <key>`` when
+        channel=discord; to allow it, add {action: "allow", match: {chatType: "group"}} to
+        memory.qmd.scope.rules``, ``owner call (no session key)``; ``...; inherited from <key>`` when
         an inherited key decided), and the deciding key's ``chat_type`` and ``channel``;
         ``session_key`` is the raw session key. A denial is the session key's own decision.
     """

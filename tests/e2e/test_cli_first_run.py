@@ -89,7 +89,8 @@ def test_denial_and_fallback_are_one_stderr_line_each(ws: Path, env: dict[str, s
     p = run(["search", "router", "--workspace", str(ws), "--config", str(deny),
              "--session-key", "agent:main:telegram:group:123"], env)
     assert p.returncode == 0 and p.stderr == ""
-    assert p.stdout == "Search denied by scope: denied by default (deny); chatType=group channel=telegram\n"
+    assert p.stdout == ("Search denied by scope: denied by default (deny); chatType=group channel=telegram; "
+                        'to allow it, add {action: "allow", match: {chatType: "group"}} to memory.qmd.scope.rules\n')
     missing = tmp_path / "qmd.json5"
     missing.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{tmp_path / 'no-qmd'}'}}}}}}")
     q = run(["search", "router", "--workspace", str(ws), "--config", str(missing)], env)

@@ -185,6 +185,11 @@ def test_refuses_symlinks(ws: Path, tmp_path: Path) -> None:
     _read_refused(ws, "memory/link.md", "symlink")
     _read_refused(ws, "memory/linkdir/secret.md", "symlinked directory")
     _read_refused(ws, "memory/linkdir/missing.md", "symlinked directory")
+    for rel, reason in (("memory/link.md", "symlink"), ("memory/linkdir/secret.md", "symlinked directory")):
+        with pytest.raises(PathRefusedError) as info:
+            read_memory_page(ws, [], rel)
+        assert str(info.value) == (f"path refused: {rel!r}: {reason} (links are not followed; add the "
+                                   "target's real path to memorySearch.extraPaths to allow it)")
     (ws / "memory" / "folder.md").mkdir()
     _read_refused(ws, "memory/folder.md", "not a regular file")
     os.mkfifo(ws / "memory" / "pipe.md")

@@ -56,18 +56,21 @@ def test_default_scope_allows_direct_only() -> None:
     assert evaluate_scope(scope, "agent:main:main").allowed is True
     group = evaluate_scope(scope, "agent:main:discord:group:g1")
     assert group.allowed is False
-    assert group.reason == "denied by default (deny); chatType=group channel=discord"
+    assert group.reason == ("denied by default (deny); chatType=group channel=discord"
+        '; to allow it, add {action: "allow", match: {chatType: "group"}} to memory.qmd.scope.rules')
     assert (group.chat_type, group.channel, group.session_key) == (
         "group", "discord", "agent:main:discord:group:g1")
     channel = evaluate_scope(scope, "agent:main:discord:channel:c1")
     assert channel.allowed is False
-    assert channel.reason == "denied by default (deny); chatType=channel channel=discord"
+    assert channel.reason == ("denied by default (deny); chatType=channel channel=discord"
+        '; to allow it, add {action: "allow", match: {chatType: "channel"}} to memory.qmd.scope.rules')
 
 
 def test_sub_agent_denied_by_default_scope() -> None:
     decision = evaluate_scope(QmdScope(), "agent:main:subagent:1234")
     assert decision.allowed is False
-    assert decision.reason == "denied by default (deny); chatType=none channel=none"
+    assert decision.reason == ("denied by default (deny); chatType=none channel=none"
+        '; to allow it, add {action: "allow", match: {rawKeyPrefix: "agent:main:subagent:"}} to memory.qmd.scope.rules')
 
 
 def test_owner_call_allowed() -> None:
@@ -92,7 +95,8 @@ def test_case_42_channel_rule() -> None:
         assert evaluate_scope(scope, key).allowed is True, key
     denied = evaluate_scope(scope, "agent:main:discord:channel:c123")
     assert denied.allowed is False
-    assert denied.reason == "denied by default (deny); chatType=channel channel=discord"
+    assert denied.reason == ("denied by default (deny); chatType=channel channel=discord"
+        '; to allow it, add {action: "allow", match: {chatType: "channel"}} to memory.qmd.scope.rules')
 
 
 def test_dm_alias_and_rule_order() -> None:
@@ -102,7 +106,8 @@ def test_dm_alias_and_rule_order() -> None:
     ])
     first = evaluate_scope(scope, "agent:main:discord:direct:u1")
     assert (first.allowed, first.reason) == (
-        False, "denied by rules[0] (deny); chatType=direct channel=discord")
+        False, ("denied by rules[0] (deny); chatType=direct channel=discord"
+        "; to allow it, change memory.qmd.scope.rules[0] or put an allow rule before it"))
     second = evaluate_scope(scope, "agent:main:telegram:dm:u1")
     assert (second.allowed, second.reason) == (
         True, "allowed by rules[1] (allow); chatType=direct channel=telegram")
@@ -141,7 +146,8 @@ def test_raw_key_prefix() -> None:
 def test_rule_without_match_matches_everything() -> None:
     scope = QmdScope(default="allow", rules=[ScopeRule(action="deny")])
     assert evaluate_scope(scope, "agent:main:main").reason == (
-        "denied by rules[0] (deny); chatType=direct channel=none")
+        "denied by rules[0] (deny); chatType=direct channel=none"
+        "; to allow it, change memory.qmd.scope.rules[0] or put an allow rule before it")
 
 
 @pytest.mark.parametrize(("mode", "key", "expected"), [
@@ -215,7 +221,8 @@ def test_sub_agent_is_allowed_through_the_session_that_spawned_it() -> None:
     from_group = evaluate_scope(QmdScope(), "agent:main:subagent:7f3c",
                                 inherited_keys=["agent:main:telegram:group:-100123"])
     assert (from_group.allowed, from_group.reason, from_group.chat_type) == (
-        False, "denied by default (deny); chatType=none channel=none", None)
+        False, ("denied by default (deny); chatType=none channel=none"
+        '; to allow it, add {action: "allow", match: {rawKeyPrefix: "agent:main:subagent:"}} to memory.qmd.scope.rules'), None)
 
 
 def test_any_allowed_candidate_wins_and_candidates_are_deduplicated() -> None:

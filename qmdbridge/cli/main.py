@@ -44,7 +44,7 @@ $QMDBRIDGE_MCP_TOKEN, else the file <stateDir>/mcp/token (created 0600, path pri
 Only loopback Host/Origin headers are accepted (DNS-rebinding protection)."""
 
 EPILOG = """exit codes: 0 ok, 1 backend/index failure, 2 usage or config error, 3 refused path,
-4 no such memory file.
+4 no such memory file, 130 interrupted (Ctrl-C, SIGTERM), 141 stdout's reader went away (| head).
 config: --config FILE, else $OPENCLAW_STATE_DIR/openclaw.json (or ~/.openclaw/openclaw.json) when it exists."""
 
 EVAL_EPILOG = EPILOG + """
@@ -83,6 +83,13 @@ class _RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormat
     """``RawDescriptionHelpFormatter`` sized by :class:`_HelpFormatter`."""
 
 
+# argparse reads a query or path that starts with '-' as an option: it then reports the
+# positional missing or the word unrecognised. Both errors say how to pass it.
+_DASH_SYMPTOMS = ("the following arguments are required: query", "the following arguments are required: path",
+                  "unrecognized arguments: -")
+DASH_HINT = " (a query or path that starts with '-' goes after '--': qmdbridge search -- -flag)"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with our exit code for usage errors, and a JSON error when ``--json`` was asked."""
 
@@ -93,6 +100,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:  # exit 2 with one line, like argparse, no traceback
+        if message.startswith(_DASH_SYMPTOMS):
+            message += DASH_HINT
         if _Parser.json_requested:
             emit_json({"error": f"{self.prog}: {message}", "errorType": "UsageError",
                        "exitCode": EXIT_USAGE})
@@ -166,7 +175,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     if only in (None, "search"):
         p = sub.add_parser("search", help="search memory (memory_search)", epilog=EPILOG)
-        p.add_argument("query", help="what to look for")
+        p.add_argument("query", help="what to look for (one that starts with '-' goes after '--': "
+                                     "qmdbridge search -- -flag)")
         p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
         p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
         p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
@@ -181,7 +191,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     if only in (None, "get"):
         p = sub.add_parser("get", help="read a memory file or a line range (memory_get)", epilog=EPILOG)
-        p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md")
+        p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md (one that starts "
+                                    "with '-' goes after '--')")
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
         p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
         p.add_argument("--corpus", choices=["memory", "wiki", "all"],
@@ -228,6 +239,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
         p.add_argument("--port", type=int, default=DEFAULT_MCP_PORT, metavar="N",
                        help=f"HTTP port (default {DEFAULT_MCP_PORT}; 0 picks a free one)")
+        p.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="HTTP: cancel a request not answered within SECONDS (default 300)")
+        p.add_argument("--session-idle", type=float, default=1800.0, metavar="SECONDS",
+                       help="HTTP: close a session with no request for SECONDS (default 1800; 0: never)")
         _common(p)
 
     if only in (None, "doctor"):

@@ -2,9 +2,9 @@
 
 - **Token**: ``$QMDBRIDGE_MCP_TOKEN`` when set, else the file ``<stateDir>/mcp/token``
   (folder 0700, file 0600, 32 random bytes URL-safe base64), created on first use and reused
-  after. Every HTTP request must carry ``Authorization: Bearer <token>``; anything else gets
-  ``401`` with ``WWW-Authenticate: Bearer`` before it reaches the MCP transport. Tokens are
-  compared in constant time (``hmac.compare_digest``).
+  after. Every HTTP request must carry ``Authorization: Bearer <token>`` (the scheme in any
+  case); anything else gets ``401`` with ``WWW-Authenticate: Bearer`` before it reaches the
+  MCP transport. Tokens are compared in constant time (``hmac.compare_digest``).
 - **DNS rebinding**: a web page on another origin that resolves its name to 127.0.0.1 must not
   reach the server, so the SDK's transport security is switched on with loopback names only
   (``127.0.0.1``, ``localhost``, ``[::1]`` with any port; plus the bind address when it is
@@ -27,7 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fallback.errors import ConfigError
 
-__all__ = ["TOKEN_ENV", "BearerTokenMiddleware", "load_or_create_token", "loopback_security", "token_file"]
+__all__ = ["TOKEN_ENV", "BearerTokenMiddleware", "exposure_warning", "load_or_create_token", "loopback_security",
+           "token_file"]
 
 TOKEN_ENV = "QMDBRIDGE_MCP_TOKEN"
 # Shorter secrets are refused: a bearer token is the only thing between a local process and memory.
@@ -101,6 +102,24 @@ def loopback_security(bind_host: str) -> TransportSecuritySettings:
     )
 
 
+def exposure_warning(bind_host: str) -> str | None:
+    """The warning ``mcp --http`` prints when ``bind_host`` is not a loopback address, or ``None``.
+
+    Args:
+        bind_host: the ``--host`` value.
+
+    Returns:
+        ``warning: --host 0.0.0.0 listens on every network interface: ...`` naming what
+        protects memory then; ``None`` for ``127.0.0.1``, ``localhost`` and ``::1``.
+    """
+    if bind_host in ("127.0.0.1", "localhost", "::1", "[::1]") or bind_host.startswith("127."):
+        return None
+    where = "every network interface" if bind_host in ("0.0.0.0", "::", "") else f"{bind_host}, not loopback"
+    return (f"warning: --host {bind_host} listens on {where}: other machines can connect, and only "
+            "the bearer token keeps them from memory (use the default --host 127.0.0.1 unless you "
+            "mean that)")
+
+
 class BearerTokenMiddleware:
     """ASGI middleware: answer ``401`` unless ``Authorization: Bearer <token>`` matches.
 
@@ -111,14 +130,15 @@ class BearerTokenMiddleware:
 
     def __init__(self, app: ASGIApp, *, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._expected = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("authorization", "").encode()
-        if not hmac.compare_digest(given, self._expected):
+        # the scheme is case-insensitive (RFC 9110 11.1): "bearer", "BEARER" and "Bearer" alike
+        scheme, _, given = Headers(scope=scope).get("authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._expected):
             response = JSONResponse({"error": "unauthorized: a valid bearer token is required"},
                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)

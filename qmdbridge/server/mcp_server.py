@@ -47,6 +47,11 @@ from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memo
 __all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
 
 SERVER_NAME = "qmdbridge"
+# A POST over HTTP not answered within this many seconds is cancelled (a first search of a
+# large workspace indexes it first, so this is generous).
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+# An HTTP session with no request in flight for this many seconds is closed (the SDK's default).
+DEFAULT_SESSION_IDLE_S = 1800.0
 STATUS_TOOL_SCHEMA: dict[str, Any] = {
     "name": "status",
     "description": ("Health of the memory index: backend, indexed files and chunks, embedding "
@@ -193,6 +198,29 @@ class _ClosedSessionStreams(logging.Filter):
                     and isinstance(error, anyio.ClosedResourceError | anyio.BrokenResourceError))
 
 
+class _SdkLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """stderr lines ``qmdbridge mcp: WARNING mcp.server.transport_security: Invalid Host
+    header: evil.example`` for the MCP SDK's own log records."""
+
+
+def _route_sdk_logs(*, verbose: bool) -> None:
+    """Send the MCP SDK's log records (a refused Host or Origin header, a bad request ...)
+    through one handler of ours instead of Python's bare last-resort output: warnings and
+    below only with ``-v`` (the refused client already got its 4xx answer), errors always.
+
+    Args:
+        verbose: ``-v`` was given.
+    """
+    sdk = logging.getLogger("mcp")
+    if any(isinstance(h, _SdkLogHandler) for h in sdk.handlers):
+        return
+    handler = _SdkLogHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("qmdbridge mcp: %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO if verbose else logging.ERROR)
+    sdk.addHandler(handler)
+    sdk.propagate = False  # -v's root handler would print each record a second time
+
+
 @contextmanager
 def _quiet_uvicorn_signals() -> Iterator[None]:
     """Signals belong to :func:`run_mcp`, not to uvicorn."""
@@ -210,25 +238,39 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: str, token: str,
-                      token_path: Path | None) -> None:
+                      token_path: Path | None, verbose: bool = False,
+                      request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                      session_idle_s: float = DEFAULT_SESSION_IDLE_S) -> None:
     """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled (token and
-    Host/Origin checks of :mod:`qmdbridge.server.http_auth`); closes ``sock``."""
+    Host/Origin checks of :mod:`qmdbridge.server.http_auth`, request rules of
+    :mod:`qmdbridge.server.http_guard`); closes ``sock``.
+
+    Args:
+        request_timeout_s: deadline of one POST, seconds.
+        session_idle_s: a session with no request in flight for this long (seconds) is closed
+            (its id then answers 404); 0 keeps sessions until the client ends them.
+    """
     import uvicorn
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route
 
-    from qmdbridge.server.http_auth import BearerTokenMiddleware, loopback_security
+    from qmdbridge.server.http_auth import BearerTokenMiddleware, exposure_warning, loopback_security
+    from qmdbridge.server.http_guard import RequestGuard
 
-    sessions = StreamableHTTPSessionManager(app=server, security_settings=loopback_security(host))
+    _route_sdk_logs(verbose=verbose)
+    sessions = StreamableHTTPSessionManager(app=server, security_settings=loopback_security(host),
+                                            session_idle_timeout=session_idle_s or None)
     sdk_log = logging.getLogger("mcp.server.streamable_http")
     if not any(isinstance(f, _ClosedSessionStreams) for f in sdk_log.filters):
         sdk_log.addFilter(_ClosedSessionStreams())
 
+    guarded = RequestGuard(sessions.handle_request, request_timeout_s=request_timeout_s)
+
     class _Endpoint:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            await sessions.handle_request(scope, receive, send)
+            await guarded(scope, receive, send)
 
     app = Starlette(routes=[Route("/mcp", endpoint=_Endpoint())],
                     middleware=[Middleware(BearerTokenMiddleware, token=token)])
@@ -240,7 +282,9 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
 
     web = _Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False))
     shown = f"[{host}]" if ":" in host else host
+    exposed = exposure_warning(host)
     sys.stderr.write(f"qmdbridge mcp: listening on http://{shown}:{bound}/mcp\n"
+                     + (f"qmdbridge mcp: {exposed}\n" if exposed else "")
                      + (f"qmdbridge mcp: bearer token in {token_path}\n" if token_path
                         else "qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN\n"))
     sys.stderr.flush()
@@ -259,6 +303,7 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
 
     Raises:
         ConfigError: ``--http`` and the bearer token is too short or its file unusable.
+        UsageError: ``--request-timeout`` not above 0 or ``--session-idle`` below 0.
         UsageError: ``--http`` and ``host:port`` cannot be bound (in use, not an address here).
 
     Signal handlers are installed before the manager starts, so a signal during start-up still
@@ -269,6 +314,9 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
     sock: socket.socket | None = None
     if args.http:
         from qmdbridge.server.http_auth import load_or_create_token
+
+        if not args.request_timeout > 0 or not args.session_idle >= 0:
+            raise UsageError("--request-timeout must be above 0 and --session-idle 0 or above (seconds)")
 
         token, token_path = load_or_create_token(agent.state_dir, os.environ)  # fail before starting
         try:
@@ -294,7 +342,10 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
                                      f"workspace {agent.workspace_dir}\n")
                     sys.stderr.flush()
                     if sock is not None and token is not None:
-                        await _serve_http(server, sock, host=args.host, token=token, token_path=token_path)
+                        await _serve_http(server, sock, host=args.host, token=token, token_path=token_path,
+                                          verbose=bool(getattr(args, "verbose", False)),
+                                          request_timeout_s=args.request_timeout,
+                                          session_idle_s=args.session_idle)
                     else:
                         await _serve_stdio(server)
                     tg.cancel_scope.cancel()

@@ -32,7 +32,8 @@ def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
 def test_every_command_has_help(env: dict[str, str]) -> None:
     top = run(["--help"], env)
     assert top.returncode == 0
-    assert b"3 refused path,\n4 no such memory file." in top.stdout
+    assert (b"3 refused path,\n4 no such memory file, 130 interrupted (Ctrl-C, SIGTERM), 141 stdout's reader "
+            b"went away (| head).") in top.stdout
     for cmd in COMMANDS:
         assert cmd in top.stdout.decode()
         sub = run([cmd, "--help"], env)
@@ -46,7 +47,7 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert p.returncode == 0, p.stderr
     doc = orjson.loads(p.stdout)
     assert set(doc) == {"backend", "fallback", "provider", "model", "mode", "citations", "results",
-                        "denied", "warnings", "servedBy"}
+                        "denied", "warnings", "corpus", "servedBy"}
     assert doc["servedBy"] == "process"  # no daemon serves this state dir
     assert doc["backend"] == "builtin" and doc["fallback"] is None and doc["mode"] == "fts-only"
     top = doc["results"][0]
@@ -59,6 +60,21 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert top["citation"] == (
         f"memory/2026-11-05.md#L{top['snippetStartLine']}-L{top['snippetEndLine']}")
     assert 0 < top["score"] <= 1
+
+
+def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Path, env: dict[str, str]) -> None:
+    hint = "(a query or path that starts with '-' goes after '--': qmdbridge search -- -flag)"
+    p = run(["search", "-flag", "--workspace", str(ws)], env)
+    assert p.returncode == 2
+    assert p.stderr.decode().splitlines()[-1] == (
+        f"qmdbridge search: error: the following arguments are required: query {hint}")
+    j = run(["search", "router", "-x", "--workspace", str(ws), "--json"], env)
+    assert (j.returncode, orjson.loads(j.stdout)) == (2, {
+        "error": f"qmdbridge: unrecognized arguments: -x {hint}", "errorType": "UsageError", "exitCode": 2})
+    ok = run(["search", "--workspace", str(ws), "--json", "--", "-router dropped the WAN link"], env)
+    assert ok.returncode == 0 and orjson.loads(ok.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
+    helped = run(["search", "--help"], env).stdout.decode()
+    assert "one that starts with '-' goes after '--'" in " ".join(helped.split())
 
 
 def test_python_dash_m_qmdbridge_is_the_command(ws: Path, env: dict[str, str]) -> None:

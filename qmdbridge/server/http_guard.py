@@ -1,0 +1,124 @@
+"""Request rules of ``qmdbridge mcp --http`` that the MCP SDK's Streamable HTTP transport lacks.
+
+- **One request per JSON-RPC id and session.** The SDK (1.30) keys each POST's reply stream by
+  the request's id: a second POST with an id still in flight in the same session replaced the
+  first one's stream, so all but one of them waited forever. Such a POST is answered ``409``
+  with a JSON-RPC error naming the id, and never reaches the transport.
+- **A deadline per POST** (``request_timeout_s``): a request not answered by then is cancelled
+  (``504`` with a JSON-RPC error when no reply had started; otherwise its stream ends), so no
+  client waits without end for a reply that cannot come.
+
+GET (the session's own event stream) and DELETE pass through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import orjson
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["RequestGuard"]
+
+# Bodies above this are passed on unread past it: the SDK refuses them (413, its 4 MiB limit).
+MAX_PEEK_BYTES = 4 * 1024 * 1024
+SESSION_HEADER = "mcp-session-id"
+
+
+class RequestGuard:
+    """ASGI wrapper of the MCP transport applying the two rules of this module.
+
+    Args:
+        app: the MCP transport (``StreamableHTTPSessionManager.handle_request``).
+        request_timeout_s: the deadline of one POST in seconds (> 0).
+    """
+
+    def __init__(self, app: ASGIApp, *, request_timeout_s: float) -> None:
+        self.app = app
+        self.request_timeout_s = request_timeout_s
+        self._in_flight: set[tuple[str, ...]] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = await _peek_body(receive)
+        replay = _replaying(body, more, receive)
+        found = _request_key(Headers(scope=scope).get(SESSION_HEADER), body) if not more else None
+        key, rid = (found[:2], found[2]) if found is not None else (None, None)
+        if key is not None and key in self._in_flight:
+            await _jsonrpc_error(409, rid, f"request id {rid!r} is already in flight in this session; "
+                                 "each request needs its own id")(scope, replay, send)
+            return
+        if key is not None:
+            self._in_flight.add(key)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            with anyio.move_on_after(self.request_timeout_s) as deadline:
+                await self.app(scope, replay, tracked)
+            if deadline.cancelled_caught and not started:
+                await _jsonrpc_error(504, rid, f"no reply within {self.request_timeout_s:g}s "
+                                     "(mcp --request-timeout)")(scope, replay, send)
+        finally:
+            if key is not None:
+                self._in_flight.discard(key)
+
+
+async def _peek_body(receive: Receive) -> tuple[bytes, bool]:
+    """The request body read so far and whether more follows (stopped past MAX_PEEK_BYTES)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        more = bool(message.get("more_body", False))
+        if not more or size > MAX_PEEK_BYTES:
+            return b"".join(chunks), more
+
+
+def _replaying(body: bytes, more: bool, receive: Receive) -> Receive:
+    """A ``receive`` that first yields the peeked ``body`` (``more``: then the rest of it)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": more}
+        return await receive()
+
+    return replay
+
+
+def _request_key(session: str | None, body: bytes) -> tuple[str, str, Any] | None:
+    """``(session id, request id as the SDK keys it (str), request id)`` of a POST carrying one
+    JSON-RPC request of an open session; ``None`` for anything else (no session yet, a
+    notification, a response, not JSON)."""
+    if not session:
+        return None
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or "method" not in doc or doc.get("id") is None:
+        return None
+    return session, str(doc["id"]), doc["id"]
+
+
+def _jsonrpc_error(status: int, request_id: Any, message: str) -> JSONResponse:
+    """An HTTP ``status`` answer holding a JSON-RPC error (code -32600, invalid request)."""
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32600, "message": message}},
+                        status_code=status)

@@ -17,7 +17,9 @@ default model's), else the sha256 the hub reports for the file (Hugging Face sen
 ``X-Linked-Etag`` on the redirect of an LFS file, or as a plain ``ETag``; only a 64-hex value
 counts), else a ``<file>.sha256`` published next to the file; the size is compared with the
 pinned size, ``X-Linked-Size`` or the response length. A file failing a check is deleted,
-never kept. The transfer streams to ``<file>.part`` (httpx), a dropped connection is resumed
+never kept; a body that cannot be the file (a text, HTML or JSON ``Content-Type``, or a whole
+file without the GGUF magic: a captive portal's login page) is refused before anything of it
+is written, so no page is ever kept as a partial download. The transfer streams to ``<file>.part`` (httpx), a dropped connection is resumed
 from where it stopped (up to :data:`DOWNLOAD_ATTEMPTS` attempts, tenacity), and the finished
 file is moved into place with :func:`fallback.fs.atomic.publish_file`, so a reader sees no file
 or the whole file. Every failure is a :class:`~fallback.errors.ModelDownloadError` saying what
@@ -27,6 +29,7 @@ to do (``offline: cannot reach ...`` when the hub cannot be reached at all).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import sys
 from collections.abc import Callable, Mapping
@@ -75,6 +78,9 @@ CHUNK_BYTES = 1 << 20
 # How long a second process waits for a download another process is running, in ms.
 LOCK_TIMEOUT_MS = 30 * 60 * 1000
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# Every GGUF file starts with these bytes; a body that does not (a captive portal's login page
+# answered with 200, a proxy's error page) is never written to the cache.
+GGUF_MAGIC = b"GGUF"
 _CONTENT_RANGE_RE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -387,7 +393,20 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
             if status >= 400:
                 raise ModelDownloadError(uri, f"download of {url} failed with HTTP {status}")
             match = _CONTENT_RANGE_RE.match(response.headers.get("content-range", ""))
-            if status == 206 and offset and match and int(match.group(1)) == offset:
+            resumed = status == 206 and offset and match and int(match.group(1)) == offset
+            blocks = response.iter_bytes()
+            head = b""
+            for block in blocks:  # the first bytes decide, before the partial file is touched
+                head += block
+                if len(head) >= len(GGUF_MAGIC):
+                    break
+            refused = _not_a_model(response, head, whole=not resumed and url.endswith(".gguf"))
+            if refused is not None:
+                raise ModelDownloadError(uri, f"{url} answered {refused} (HTTP {status}), not the model "
+                                              "file: a captive portal or a proxy's login page? Nothing of "
+                                              "it was kept; sign in to the network (or set HF_ENDPOINT) "
+                                              "and run again")
+            if resumed:
                 mode = "ab"
                 expected.resumed_from = expected.resumed_from or offset
             else:  # the server ignored the range (or we asked for none): from the start
@@ -396,7 +415,7 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
             with open(part, mode) as fh:
                 if on_progress is not None:
                     on_progress(done, expected.size)
-                for block in response.iter_bytes():  # as received, so a drop loses nothing
+                for block in itertools.chain((head,), blocks):  # as received, so a drop loses nothing
                     fh.write(block)
                     done += len(block)
                     if on_progress is not None:
@@ -405,6 +424,29 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
         raise _Dropped(f"transfer dropped: {type(exc).__name__}") from exc
     if expected.size is not None and done < expected.size:
         raise _Dropped(f"transfer ended at {done} of {expected.size} bytes")
+
+
+def _not_a_model(response: httpx.Response, head: bytes, *, whole: bool) -> str | None:
+    """What a 2xx body is when it cannot be the model file, or ``None``.
+
+    Args:
+        response: the file's response (its ``Content-Type``).
+        head: the body's first bytes (at least 4 unless the body is shorter).
+        whole: the body starts at byte 0 of a ``.gguf`` file (not a resumed range).
+
+    Returns:
+        ``an HTML page (text/html)``, ``a text/plain document`` (any text, XML or JSON type);
+        when ``whole`` and the GGUF magic is missing, ``an HTML page`` (the body starts with
+        ``<``) or ``a body that is not a GGUF file``.
+    """
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if "html" in kind:
+        return f"an HTML page ({kind})"
+    if kind.startswith("text/") or kind.endswith(("/json", "/xml", "+xml")):
+        return f"a {kind} document"
+    if whole and not head.startswith(GGUF_MAGIC):
+        return "an HTML page" if head.lstrip()[:1] == b"<" else "a body that is not a GGUF file"
+    return None
 
 
 def _sidecar_digest(client: httpx.Client, url: str) -> str | None:

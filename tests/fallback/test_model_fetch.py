@@ -198,3 +198,46 @@ def test_stderr_progress_lines() -> None:
     progress(42, 100)
     progress(60, 100)
     assert resumed.getvalue() == "resuming hf:o/r/m.gguf at 42 B of 100 B\n   60% 60 B of 100 B\n"
+
+
+def test_a_captive_portal_page_is_refused_and_nothing_of_it_is_kept(tmp_path: Path, model_data: bytes) -> None:
+    """A network that answers every request with its login page (200, HTML): before, the page
+    was written as the download (a partial to resume, or over a real partial)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    page = b"<!DOCTYPE html><html><body>Sign in to Airport WiFi</body></html>"
+
+    class Portal(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(200)
+            self.send_header("Content-Type", self.server.kind)  # type: ignore[attr-defined]
+            self.send_header("Content-Length", str(len(page) * 1000))  # cut short: a "dropped" transfer
+            self.end_headers()
+            self.wfile.write(page)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Portal)
+    Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    part = REF.cache_path(tmp_path).with_name(TEST_MODEL_NAME + ".part")
+    try:
+        server.kind = "text/html; charset=utf-8"  # type: ignore[attr-defined]
+        with pytest.raises(ModelDownloadError) as info:
+            fetch_model(REF, tmp_path, base_url=url)
+        assert info.value.reason == (
+            f"{REF.url(url)} answered an HTML page (text/html) (HTTP 200), not the model file: a captive "
+            "portal or a proxy's login page? Nothing of it was kept; sign in to the network (or set "
+            "HF_ENDPOINT) and run again")
+        assert not part.exists() and list_cached(tmp_path) == []
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.write_bytes(model_data[:1000])  # a real partial download from before
+        server.kind = "application/octet-stream"  # a portal that lies about the type
+        with pytest.raises(ModelDownloadError, match=r"answered an HTML page \(HTTP 200\), not the model file"):
+            fetch_model(REF, tmp_path, base_url=url)
+        assert part.read_bytes() == model_data[:1000]  # untouched, still resumable
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -8,8 +8,9 @@ so a Windows drive or UNC path and the list form keep their program verbatim):
    must not silently become another qmd);
 2. a bare name is looked up in ``PATH`` (of ``env``),
 3. then in the usual install folders: ``~/.bun/bin``, ``/opt/homebrew/bin``, ``/usr/local/bin``
-   and the npm global bin (``$NPM_CONFIG_PREFIX/bin``, else ``$(npm prefix -g)/bin`` asked once
-   with a 3 s timeout and cached on the :class:`QmdLocator`),
+   and the npm global bin (``<prefix>/bin``: :func:`npm_global_prefix` reads npm's settings
+   and runs nothing, so looking leaves no file in the user's home; cached on the
+   :class:`QmdLocator`),
 4. then, for the name ``qmd`` and ``repo_tools=True``, this repository's ``.tools/bin/qmd``
    (written by ``scripts/install-qmd.sh``).
 
@@ -49,14 +50,13 @@ __all__ = [
     "QmdLocation",
     "QmdLocator",
     "locate_qmd",
+    "npm_global_prefix",
     "probe_qmd",
     "repo_tools_qmd",
 ]
 
 # Deadline of the `qmd --version` probe, in ms.
 PROBE_TIMEOUT_MS = 5_000
-# Deadline of `npm prefix -g`, in ms (npm starts a Node process: ~0.2 s normally).
-NPM_PREFIX_TIMEOUT_MS = 3_000
 # Fixed install folders checked after PATH (~/.bun/bin and the npm global bin are added per env).
 _FIXED_DIRS = ("/opt/homebrew/bin", "/usr/local/bin")
 _VERSION_RE = re.compile(r"^qmd (\d+\.\d+\S*)")
@@ -188,24 +188,12 @@ class QmdLocator:
         return self.env.get("PATH") or os.defpath
 
     async def npm_global_bin(self) -> str | None:
-        """``<npm global prefix>/bin``: from ``NPM_CONFIG_PREFIX``/``npm_config_prefix``, else
-        ``npm prefix -g`` (3 s deadline), computed once per locator; ``None`` if unknown."""
-        if self._npm_prefix_done:
-            return self._npm_bin
-        self._npm_prefix_done = True
-        prefix = self.env.get("NPM_CONFIG_PREFIX") or self.env.get("npm_config_prefix")
-        if not prefix:
-            npm = shutil.which("npm", path=self.path_env)
-            if npm is None:
-                return None
-            try:
-                result = await run_command([npm, "prefix", "-g"], env=self.env, cwd=self.cwd,
-                                           timeout_ms=NPM_PREFIX_TIMEOUT_MS, max_chars=4_096)
-            except (QmdCommandError, BackendTimeoutError):
-                return None
-            prefix = result.stdout.strip() if result.ok else ""
-        if prefix:
-            self._npm_bin = os.path.join(os.path.expanduser(prefix), "bin")
+        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), computed
+        once per locator; ``None`` if unknown."""
+        if not self._npm_prefix_done:
+            self._npm_prefix_done = True
+            prefix = npm_global_prefix(self.env, path_env=self.path_env)
+            self._npm_bin = os.path.join(prefix, "bin") if prefix else None
         return self._npm_bin
 
     async def _usual_dirs(self) -> list[str]:
@@ -329,6 +317,59 @@ class QmdLocator:
                            reason=f"qmd not found (command {token!r}); searched: "
                                   + ", ".join(searched),
                            searched=searched, path_env=self.path_env, child_path=self.path_env)
+
+
+def npm_global_prefix(env: Mapping[str, str], *, path_env: str) -> str | None:
+    """npm's global prefix as npm works it out, read without running npm (``npm prefix -g``
+    writes ``~/.npm/_logs/*`` on every run, and starts a Node process).
+
+    npm's order: ``NPM_CONFIG_PREFIX`` / ``npm_config_prefix``; ``prefix=`` in the user config
+    (``NPM_CONFIG_USERCONFIG``, else ``~/.npmrc``); ``prefix=`` in the global config
+    (``NPM_CONFIG_GLOBALCONFIG``, else ``<default prefix>/etc/npmrc``); the default prefix, the
+    folder above the folder of the ``node`` found in ``path_env`` (symlinks resolved, as
+    Node's ``process.execPath`` is).
+
+    Args:
+        env: the environment (``HOME`` expands ``~``).
+        path_env: the ``PATH`` ``node`` is looked up in.
+
+    Returns:
+        The prefix (absolute, ``~`` expanded), or ``None`` when no setting names one and no
+        ``node`` is on ``path_env``.
+    """
+    home = env.get("HOME") or os.path.expanduser("~")
+
+    def expand(value: str) -> str:
+        value = re.sub(r"\$\{([^}]+)\}", lambda m: env.get(m.group(1), ""), value)
+        return home + value[1:] if value == "~" or value.startswith("~/") else value
+
+    for key in ("NPM_CONFIG_PREFIX", "npm_config_prefix"):
+        if env.get(key):
+            return expand(env[key])
+    user = env.get("NPM_CONFIG_USERCONFIG") or env.get("npm_config_userconfig") or os.path.join(home, ".npmrc")
+    found = _npmrc_prefix(expand(user))
+    node = shutil.which("node", path=path_env)
+    default = os.path.dirname(os.path.dirname(os.path.realpath(node))) if node else None
+    if found is None:
+        glob = env.get("NPM_CONFIG_GLOBALCONFIG") or env.get("npm_config_globalconfig") or (
+            os.path.join(default, "etc", "npmrc") if default else None)
+        found = _npmrc_prefix(expand(glob)) if glob else None
+    return expand(found) if found else default
+
+
+def _npmrc_prefix(path: str) -> str | None:
+    """The ``prefix`` an ``.npmrc`` (ini: ``key = value``, ``;``/``#`` comments) sets, or ``None``."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    prefix = None
+    for line in lines:
+        key, sep, value = line.strip().partition("=")
+        if sep and key.strip() == "prefix":
+            prefix = value.strip().strip("\"'") or None  # the last one wins, as in npm
+    return prefix
 
 
 def _with(location: QmdLocation, *, searched: list[str], skipped: list[str]) -> QmdLocation:

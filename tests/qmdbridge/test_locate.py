@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from qmdbridge.qmd.locate import QmdLocator, locate_qmd, probe_qmd, repo_tools_qmd
+from qmdbridge.qmd.locate import QmdLocator, locate_qmd, npm_global_prefix, probe_qmd, repo_tools_qmd
 
 pytestmark = pytest.mark.anyio
 
@@ -180,3 +181,54 @@ async def test_missing_cwd_is_not_a_missing_runtime(tmp_path: Path, qmd_bin: Pat
     location = await probe_qmd(str(qmd_bin), env={"PATH": "/usr/bin:/bin"}, repo_tools=False,
                                usual_dirs=[], cwd=tmp_path / "deleted-workspace")
     assert (location.runtime_ok, location.version, location.reason) == (True, "2.8.3", None)
+
+
+async def test_npm_prefix_from_npmrc_and_from_nodes_folder(tmp_path: Path) -> None:
+    """npm's own order, read without running npm: the user .npmrc, the global npmrc beside the
+    default prefix, the folder above node's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".npmrc").write_text("; comment\nregistry=https://registry.npmjs.org/\nprefix = ~/.npm-global\n")
+    locator = QmdLocator(env={"PATH": str(tmp_path), "HOME": str(home)}, cwd=tmp_path)
+    assert await locator.npm_global_bin() == f"{home}/.npm-global/bin"
+    node_dir = tmp_path / "node" / "bin"
+    node_dir.mkdir(parents=True)
+    (node_dir / "node").write_text("#!/bin/sh\n")
+    (node_dir / "node").chmod(0o755)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    assert npm_global_prefix({"HOME": str(bare)}, path_env=str(node_dir)) == str(tmp_path / "node")
+    (tmp_path / "node" / "etc").mkdir()
+    (tmp_path / "node" / "etc" / "npmrc").write_text("prefix=/srv/global\n")
+    assert npm_global_prefix({"HOME": str(bare)}, path_env=str(node_dir)) == "/srv/global"
+    assert npm_global_prefix({"HOME": str(bare)}, path_env=str(bare)) is None
+
+
+def test_npm_prefix_matches_npm_itself(tmp_path: Path) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not on PATH")
+    env = {k: v for k, v in os.environ.items() if not k.lower().startswith("npm_config_")}
+    env["HOME"] = str(tmp_path)  # npm writes its logs here, not in the user's home
+    expected = subprocess.run([npm, "prefix", "-g"], capture_output=True, text=True, check=True,
+                              env=env).stdout.strip()
+    assert npm_global_prefix(env, path_env=env["PATH"]) == expected
+
+
+def test_doctor_looking_for_qmd_leaves_nothing_in_home(tmp_path: Path) -> None:
+    """Before, the search of the npm global bin ran `npm prefix -g`, which wrote
+    ~/.npm/_logs/<time>-debug-0.log on every doctor, status or search that looked for qmd."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm is not on PATH (the lookup never ran it then)")
+    home, ws = tmp_path / "home", tmp_path / "ws"
+    home.mkdir()
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n")
+    cfg = tmp_path / "cfg.json5"
+    cfg.write_text("{memory: {backend: 'qmd', qmd: {command: 'qmd-not-installed'}}}")
+    env = {k: v for k, v in os.environ.items() if not k.lower().startswith("npm_config_")}
+    env.update(HOME=str(home), OPENCLAW_STATE_DIR=str(tmp_path / "state"))
+    p = subprocess.run([sys.executable, "-m", "qmdbridge.cli.main", "doctor", "--workspace", str(ws),
+                        "--config", str(cfg)], env=env, capture_output=True, text=True, timeout=120)
+    assert "qmd-not-installed" in p.stdout, p.stdout + p.stderr
+    assert sorted(str(f.relative_to(home)) for f in home.rglob("*")) == []

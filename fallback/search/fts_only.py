@@ -71,6 +71,8 @@ class Hit:
             snippet budget in code points.
         snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet.
         source: ``memory`` or ``sessions``.
+        text_score: the keyword (BM25) side's score before temporal decay (``textScore``), or
+            ``None`` where the hit has none.
     """
 
     path: str
@@ -81,6 +83,7 @@ class Hit:
     snippet_start_line: int
     snippet_end_line: int
     source: str
+    text_score: float | None = None
 
     @classmethod
     def of(cls, c: Candidate, snippet: HitSnippet) -> Hit:
@@ -89,7 +92,8 @@ class Hit:
         return cls(path=c.path, start_line=c.start_line, end_line=c.end_line,
                    score=clamp_score(c.score), snippet=snippet.text,
                    snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
-                   source="sessions" if c.source == "sessions" else "memory")
+                   source="sessions" if c.source == "sessions" else "memory",
+                   text_score=c.text_score)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,7 @@ class Searcher:
             store: the store the hits came from.
             text: the query.
             hits: the ranked hits.
-            hybrid: fill ``vector_score`` / ``text_score``.
+            hybrid: fill ``vector_score`` (``text_score`` is filled for keyword-only hits too).
             explains: one ranking trace per hit (``--explain``), or ``None``.
 
         Raises:
@@ -303,14 +303,15 @@ class Searcher:
     def model_of(c: Candidate, snippet: HitSnippet, *, hybrid: bool,
                  explain: HitExplain | None = None) -> MemorySearchResult:
         """A candidate and its snippet (``fallback/search/fts_only.py``) as the shared result
-        model; the score is clamped to ``[0, 1]``."""
+        model; the score is clamped to ``[0, 1]``. ``text_score`` is the keyword side's score
+        (0 for a vector-only hit of a hybrid search), ``vector_score`` only when ``hybrid``."""
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
             score=clamp_score(c.score), snippet=snippet.text,
             snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,
-            text_score=c.text_score if hybrid else None, explain=explain)
+            text_score=c.text_score, explain=explain)
 
     # -- read, status, probes --------------------------------------------------------------
 

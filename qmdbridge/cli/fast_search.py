@@ -198,9 +198,9 @@ def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[
                                score=h.score, snippet=snippet,
                                snippet_start_line=h.snippet_start_line,
                                snippet_end_line=h.snippet_end_line, source=h.source,
-                               citation=citation))
+                               citation=citation, text_score=h.text_score))
     return answer_doc(backend="builtin", results=results, provider="none", mode="fts-only",
-                      citations=citations, warnings=warnings)
+                      citations=citations, warnings=warnings, corpus="all")
 
 
 def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:

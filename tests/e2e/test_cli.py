@@ -60,6 +60,8 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
     assert top["citation"] == (
         f"memory/2026-11-05.md#L{top['snippetStartLine']}-L{top['snippetEndLine']}")
     assert 0 < top["score"] <= 1
+    # keyword-only: the keyword score is the text side (as in a hybrid hit), with no vector side
+    assert top["vectorScore"] is None and top["score"] <= top["textScore"] <= 1
 
 
 def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Path, env: dict[str, str]) -> None:

@@ -44,7 +44,9 @@ async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
     hits = await engine.search("Alpha")  # no prior sync: bootstrap on first search (case 65)
     assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/2026-01-12.md", 1, 4)]
     assert "Alpha" in hits[0].snippet
-    assert hits[0].vector_score is None and hits[0].text_score is None
+    # keyword-only: the keyword side's score is there (as in a hybrid hit), no vector side
+    assert hits[0].vector_score is None and hits[0].text_score is not None
+    assert 0 < hits[0].score <= hits[0].text_score <= 1
     assert await engine.search("nonexistent_xyz_keyword") == []
     status = await engine.status()
     assert (status.files, status.chunks, status.dirty, status.provider, status.search_mode) == (

@@ -114,7 +114,7 @@ async def test_the_answer_is_the_engines(ws: Path, search: dict[str, Any]) -> No
         for q in QUERIES:
             got = [dataclasses.asdict(h) for h in search_in_sync(store, plain, q, now_ms=NOW_MS)]
             assert got == [{k: v for k, v in r.items() if k not in ("citation", "vector_score",
-                                                                       "text_score", "explain")}
+                                                                       "explain")}
                            for r in expected[q]], q
         got = [dataclasses.asdict(h) for h in
                search_in_sync(store, plain, "router", max_results=1, min_score=0.0, now_ms=NOW_MS)]

@@ -81,11 +81,15 @@ def _files_view(status: dict[str, Any]) -> dict[str, Any]:
 def files_checked(status: dict[str, Any]) -> bool:
     """Whether a sync has run, so the status's memory-file and memory-path problems are known:
     skipped files and scan issues are found by a sync (``lastSyncAtMs`` is ``None`` before the
-    first one), and a status never reads the files itself.
+    first one), and a status never reads the files itself. In qmd mode qmd's own update scans
+    them too: an index holding qmd's documents counts (its update time is known only to the
+    process that ran it, so a later one-shot ``status`` sees ``lastSyncAtMs`` ``None``).
 
     Args:
         status: a status document as for :func:`status_problems`.
     """
+    if status.get("backend") == "qmd" and (status.get("files") or status.get("lastSyncAtMs") is not None):
+        return True
     return _files_view(status).get("lastSyncAtMs") is not None
 
 

@@ -222,3 +222,18 @@ def test_status_before_the_first_sync_says_files_are_not_checked_yet(ws: Path, e
     assert run(["index", *args], env).returncode == 0
     after = run(["status", *args], env).stdout
     assert "Problems: 1\n  [memory file] memory/blob.md is not indexed: binary file (NUL bytes)\n" in after
+
+
+def test_qmd_mode_status_after_searches_does_not_ask_for_an_index_run(ws: Path, env: dict[str, str], tmp_path: Path,
+                                                                      qmd_bin: Path) -> None:
+    """qmd indexed the files for the searches; before, status still said they were not checked
+    (the builtin engine, which never ran, had no sync time) and told the user to run index."""
+    cfg = tmp_path / "qmd.json5"
+    cfg.write_text(f"{{memory: {{backend: 'qmd', qmd: {{command: '{qmd_bin}'}}}}}}")
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    for query in ("router", "Atlas rollback"):
+        found = run(["search", query, *args, "--json"], env)
+        assert orjson.loads(found.stdout)["backend"] == "qmd", found.stderr
+    status = run(["status", *args], env).stdout
+    assert "Backend: qmd\n" in status and "Problems: none\n" in status
+    assert "none found yet" not in status

@@ -31,7 +31,7 @@ def test_the_builder_gives_the_models_dump_key_for_key() -> None:
         doc = response.to_json_dict()
         assert doc == response.model_dump(by_alias=True, mode="json")
         assert list(doc) == ["backend", "fallback", "provider", "model", "mode", "citations", "results",
-                             "denied", "warnings"]
+                             "denied", "warnings", "corpus"]
     assert list(full.to_json_dict()["results"][1]) == [
         "path", "startLine", "endLine", "score", "snippet", "snippetStartLine", "snippetEndLine", "source",
         "citation", "vectorScore", "textScore", "explain"]

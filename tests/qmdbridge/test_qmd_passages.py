@@ -134,7 +134,7 @@ def test_fts5_operators_and_quotes_are_read_as_words() -> None:
 def test_a_small_note_is_its_own_passage() -> None:
     lines = ["# Memory", "", "The wombat burrow is behind the shed."]
     passages, _ = _rank("wombat burrow", lines)
-    assert passages == [Hit("memory/n0.md", 1, 3, 1.0, "\n".join(lines), 1, 3, "memory")]
+    assert passages == [Hit("memory/n0.md", 1, 3, 1.0, "\n".join(lines), 1, 3, "memory", 1.0)]
 
 
 def test_a_line_longer_than_the_snippet_is_cut_around_the_word() -> None:

@@ -101,11 +101,31 @@ class FtsStoreSettings(_Settings):
 
 
 class StoreSettings(_Settings):
-    """``store``: where the index lives and how it is searched."""
+    """``store``: where the index lives and how it is searched.
 
+    ``driver`` picks the store: ``sqlite`` (default: one file per agent at ``path``) or
+    ``postgres`` (one shared PostgreSQL + pgvector database, ``fallback/store/postgres``):
+    ``dsn`` is a ``postgresql://`` URI or libpq key/value string (without it, libpq's
+    environment applies: ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``, ``PGDATABASE``,
+    ``PGSSLMODE``), ``schema`` the schema of the tables, ``share_with`` the agent ids that may read
+    this agent's rows (read-only), ``connect_timeout_ms`` and ``statement_timeout_ms`` the
+    deadlines of a connection and of one statement.
+    """
+
+    driver: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = None
+    dsn: str | None = Field(default=None, repr=False)
+    schema_: str = Field(default="qmdbridge", alias="schema")
+    share_with: list[str] = Field(default_factory=list)
+    connect_timeout_ms: int = Field(default=5000, gt=0)
+    statement_timeout_ms: int = Field(default=10000, gt=0)
     vector: VectorStoreSettings = Field(default_factory=VectorStoreSettings)
     fts: FtsStoreSettings = Field(default_factory=FtsStoreSettings)
+
+    @field_validator("share_with", mode="after")
+    @classmethod
+    def _share_with(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
 
 
 class ChunkingSettings(_Settings):

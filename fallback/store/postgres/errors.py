@@ -1,0 +1,127 @@
+"""psycopg's exceptions translated into the project's hierarchy, in this one place.
+
+::
+
+    BackendUnavailableError
+     +-- PostgresUnavailableError    the server cannot be used: unreachable, login refused,
+     |                               pgvector missing, schema not writable (carries target, hint)
+     +-- BackendTimeoutError
+          +-- PostgresTimeoutError   a statement ran past statement_timeout (or the lock wait)
+    IndexStoreError
+     +-- PostgresStoreError          any other database error of the store
+
+Every message names the database, host, port and user (:meth:`PgTarget.describe`) and says
+what to do; none holds the password (every text goes through :meth:`PgTarget.redact`).
+Classification is by SQLSTATE where the server sent one; a connection that never reached the
+server has none, and libpq's own text is then the only signal (``connection refused``, a socket
+that does not exist, ``timeout expired``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, IndexStoreError
+
+if TYPE_CHECKING:
+    from fallback.store.postgres.target import PgTarget
+
+__all__ = ["PostgresStoreError", "PostgresTimeoutError", "PostgresUnavailableError", "translate"]
+
+BACKEND = "postgres"
+
+# SQLSTATEs (PostgreSQL Appendix A).
+_AUTH_STATES = {"28000", "28P01"}          # invalid authorization / invalid password
+_CANCELED = "57014"                        # query_canceled (statement_timeout)
+_LOCK_TIMEOUT = "55P03"                    # lock_not_available (lock_timeout)
+_NO_DATABASE = "3D000"
+_PRIVILEGE = "42501"
+_UNDEFINED_FILE = "58P01"                  # CREATE EXTENSION: control file missing
+_SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
+
+
+class PostgresUnavailableError(BackendUnavailableError):
+    """Raised when the postgres store cannot be used at all (the engine may fall back).
+
+    Attributes:
+        target: ``database "D" on host H port P as user U``.
+        hint: what to do, one sentence.
+    """
+
+    def __init__(self, target: str, problem: str, hint: str) -> None:
+        self.target = target
+        self.hint = hint
+        super().__init__(BACKEND, f"{problem} ({target}); {hint}")
+
+
+class PostgresTimeoutError(BackendTimeoutError):
+    """Raised when a statement of the store ran past its deadline (``statement_timeout``)."""
+
+    def __init__(self, target: str, summary: str, timeout_ms: int) -> None:
+        self.target = target
+        super().__init__(BACKEND, f"{summary} on {target}", timeout_ms,
+                         setting="memorySearch.store.statementTimeoutMs",
+                         hint="a sync holding locks, or a server overloaded")
+
+
+class PostgresStoreError(IndexStoreError):
+    """Raised on any other database error of the postgres store.
+
+    Attributes:
+        sqlstate: the server's SQLSTATE, or ``None``.
+    """
+
+    def __init__(self, message: str, *, target: str, sqlstate: str | None = None) -> None:
+        self.sqlstate = sqlstate
+        super().__init__(message, db_path=target)
+
+
+def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: int) -> Exception:
+    """The project's exception for a psycopg (or pool) exception; raise it ``from exc``.
+
+    Args:
+        exc: what psycopg or psycopg_pool raised.
+        target: the connection target (for the message and the redaction).
+        doing: what the store was doing (``connect``, ``keyword search``, ``migrate``).
+        timeout_ms: the deadline that applied, in ms.
+
+    Returns:
+        A :class:`PostgresUnavailableError`, :class:`PostgresTimeoutError` or
+        :class:`PostgresStoreError` whose text holds no password.
+    """
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    where = target.describe()
+    state = getattr(exc, "sqlstate", None)
+    detail = target.redact(" ".join(str(exc).split()))
+    if state in _AUTH_STATES or (state is None and "authentication failed" in detail):
+        return PostgresUnavailableError(
+            where, f"PostgreSQL refused the login: {detail}",
+            "check the user and password (memorySearch.store.dsn or PGUSER/PGPASSWORD) and "
+            "the server's pg_hba.conf")
+    if state in (_CANCELED, _LOCK_TIMEOUT):
+        return PostgresTimeoutError(where, doing, timeout_ms)
+    if state == _NO_DATABASE:
+        return PostgresUnavailableError(
+            where, f"the database does not exist: {detail}",
+            "create it (createdb) or fix the database name in memorySearch.store.dsn / PGDATABASE")
+    if state == _UNDEFINED_FILE or (state is not None and "vector" in detail
+                                    and "extension" in detail):
+        return PostgresUnavailableError(
+            where, f"the pgvector extension is not available: {detail}",
+            "install pgvector on the server (e.g. the postgresql-16-pgvector package) and run "
+            "CREATE EXTENSION vector as a superuser")
+    if state == _PRIVILEGE:
+        return PostgresUnavailableError(
+            where, f"permission denied while trying to {doing}: {detail}",
+            "run the store's migrations once as the schema owner, and grant the agent's role "
+            "its privileges (docs/postgres.md, Row-level security)")
+    if isinstance(exc, PoolTimeout) or state in _SERVER_GONE or (
+            isinstance(exc, psycopg.OperationalError) and state is None):
+        return PostgresUnavailableError(
+            where, f"cannot reach PostgreSQL to {doing} within {timeout_ms}ms: {detail}",
+            "start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, "
+            "PGPORT")
+    return PostgresStoreError(f"postgres store: {doing} failed: {detail}", target=where,
+                              sqlstate=state)

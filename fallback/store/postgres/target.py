@@ -1,0 +1,126 @@
+"""Where the postgres store connects, and the one redaction of its password from any text.
+
+The target is ``memorySearch.store.dsn`` (a ``postgresql://`` URI or a libpq key/value string)
+or, without one, libpq's environment (``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``,
+``PGDATABASE``, ``PGSSLMODE``), which libpq reads by itself for every key the DSN leaves out.
+Every text about a connection that may leave the process (an error, a log line, ``status``)
+goes through :meth:`PgTarget.redact`, which removes the password, whether it came from the DSN or
+from ``PGPASSWORD``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fallback.text.redact import redact_secrets
+
+__all__ = ["DEFAULT_SCHEMA", "PgTarget", "resolve_target"]
+
+# The schema the store's tables live in unless memorySearch.store.schema names another.
+DEFAULT_SCHEMA = "qmdbridge"
+# A schema name is an unquoted SQL identifier (it is interpolated, quoted, into DDL).
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# password=... in a key/value conninfo (quoted or bare).
+_KV_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
+@dataclass(frozen=True)
+class PgTarget:
+    """A resolved connection target.
+
+    Attributes:
+        conninfo: what is passed to libpq (the DSN as written; ``""`` means the environment).
+        host: the host or socket folder, for messages (``localhost`` when none is set).
+        port: the port, for messages.
+        dbname: the database, for messages.
+        user: the login role, for messages.
+        schema: the schema of the store's tables.
+        password: the password from the DSN or ``PGPASSWORD`` (never shown; only redacted).
+    """
+
+    conninfo: str = field(repr=False)
+    host: str
+    port: str
+    dbname: str
+    user: str
+    schema: str = DEFAULT_SCHEMA
+    password: str | None = field(default=None, repr=False)
+
+    def describe(self) -> str:
+        """``database "D" on host H port P as user U`` (no password)."""
+        return f'database "{self.dbname}" on host {self.host} port {self.port} as user {self.user}'
+
+    def redact(self, text: str) -> str:
+        """``text`` with this target's password and any credential-shaped text replaced by
+        ``[REDACTED:password]`` markers (:func:`fallback.text.redact.redact_secrets` for URIs and
+        labelled values, then the literal password wherever else it appears).
+
+        Args:
+            text: any message (an exception's text, a DSN, a log line).
+
+        Returns:
+            The text without the password.
+        """
+        out = _KV_PASSWORD.sub(r"\1[REDACTED:password]", redact_secrets(text))
+        if self.password:
+            out = out.replace(self.password, "[REDACTED:password]")
+        return out
+
+
+def resolve_target(dsn: str | None, *, schema: str = DEFAULT_SCHEMA,
+                   env: Mapping[str, str] | None = None) -> PgTarget:
+    """Resolve ``store.dsn`` (or libpq's environment) into a :class:`PgTarget`.
+
+    Args:
+        dsn: ``postgresql://user:pass@host:port/db?sslmode=...``, ``host=... dbname=...``, or
+            ``None``/``""`` for libpq's environment alone.
+        schema: ``store.schema``, a lower-case SQL identifier.
+        env: the environment to describe (default ``os.environ``; libpq reads the real one).
+
+    Returns:
+        The target; its ``conninfo`` is the DSN unchanged.
+
+    Raises:
+        ConfigError: the DSN cannot be parsed or the schema is not a plain identifier (the
+            message never holds the password).
+    """
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    from fallback.errors import ConfigError
+
+    env = os.environ if env is None else env
+    if not _SCHEMA_RE.match(schema):
+        raise ConfigError(f"schema {schema!r} is not a lower-case SQL identifier",
+                          key="memorySearch.store.schema", expected="e.g. qmdbridge")
+    conninfo = (dsn or "").strip()
+    try:
+        params = conninfo_to_dict(conninfo)
+    except ProgrammingError as exc:  # libpq could not parse it
+        probe = PgTarget(conninfo="", host="", port="", dbname="", user="",
+                         password=_password_in(conninfo) or env.get("PGPASSWORD"))
+        raise ConfigError(probe.redact(f"cannot parse the DSN {conninfo!r}: {exc}"),
+                          key="memorySearch.store.dsn",
+                          expected="postgresql://user@host:5432/db or host=... dbname=...") from None
+
+    def pick(key: str, var: str, default: str) -> str:
+        value = params.get(key) or env.get(var)
+        return str(value) if value else default
+
+    user = pick("user", "PGUSER", env.get("USER", "postgres"))
+    return PgTarget(conninfo=conninfo, host=pick("host", "PGHOST", "localhost"),
+                    port=pick("port", "PGPORT", "5432"), dbname=pick("dbname", "PGDATABASE", user),
+                    user=user, schema=schema,
+                    password=str(params["password"]) if params.get("password") else env.get("PGPASSWORD"))
+
+
+def _password_in(conninfo: str) -> str | None:
+    """A password in a DSN libpq could not parse (so it can still be redacted)."""
+    m = re.search(r"://[^\s:/@]+:([^\s@/]+)@", conninfo) or _KV_PASSWORD.search(conninfo)
+    if m is None:
+        return None
+    value = m.group(m.lastindex or 1)
+    return value.strip("'") or None

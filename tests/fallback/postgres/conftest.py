@@ -1,0 +1,93 @@
+"""PostgreSQL for the ``postgres`` store tests: one real server per test session (the ``pgserver``
+wheel: PostgreSQL 16 + pgvector in a temporary folder, no root needed), one fresh database per
+test. Without ``pgserver`` or the ``postgres`` extra the tests skip, except under CI, where they
+fail: a missing install step must not pass as green.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def require_postgres() -> None:
+    """Skip (fail under ``CI``) when the server wheel or the client libraries are missing."""
+    try:
+        import pgserver  # noqa: F401
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        message = f"postgres tests need pgserver and the postgres extra ({exc}); pip install -e '.[test,postgres]'"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@dataclass
+class PgServer:
+    """A running PostgreSQL: its data folder (which is also its socket folder)."""
+
+    data_dir: Path
+    handle: Any
+
+    def dsn(self, dbname: str = "postgres", *, user: str = "postgres", password: str | None = None) -> str:
+        """A key/value conninfo for ``dbname`` over the server's Unix socket."""
+        from psycopg.conninfo import make_conninfo
+
+        extra = {"password": password} if password is not None else {}
+        return make_conninfo(host=str(self.data_dir), dbname=dbname, user=user, **extra)
+
+    def admin(self, dbname: str = "postgres") -> Any:
+        """An autocommit superuser connection (caller closes it)."""
+        import psycopg
+
+        return psycopg.connect(self.dsn(dbname), autocommit=True)
+
+    def stop(self) -> None:
+        """Stop the server (``pg_ctl stop``); :meth:`start` brings it back on the same socket."""
+        self.handle.cleanup()
+
+    def start(self) -> None:
+        """Start the server again in the same data folder."""
+        self.handle = start_pgserver(self.data_dir).handle
+
+
+def start_pgserver(data_dir: Path) -> PgServer:
+    """Start (or reuse) a pgserver instance in ``data_dir``."""
+    import pgserver
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
+        handle = pgserver.get_server(data_dir, cleanup_mode="stop")
+    return PgServer(data_dir=data_dir, handle=handle)
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    """One PostgreSQL 16 (+ pgvector) for the whole session, stopped at the end."""
+    require_postgres()
+    server = start_pgserver(tmp_path_factory.mktemp("pg"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: PgServer) -> Iterator[str]:
+    """A conninfo of a fresh database of its own for one test (dropped afterwards)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with pg_server.admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_server.dsn(name)
+    finally:
+        with pg_server.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

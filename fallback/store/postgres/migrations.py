@@ -1,0 +1,172 @@
+"""Numbered schema migrations of the postgres store, safe when several hosts start at once.
+
+:func:`migrate` runs every pending ``mNNN_name(cur, schema)`` in one transaction that first takes
+a transaction-level advisory lock on the schema (``pg_advisory_xact_lock``): a second host
+starting at the same moment waits for the first to commit, then finds nothing left to do.
+Each applied migration is recorded in ``<schema>.schema_migrations(version, name)`` in the same
+transaction; running :func:`migrate` again changes nothing. A shipped migration is never edited.
+
+Schema (every data row carries ``agent_id`` and ``workspace``):
+
+- ``agents(agent_id, role_name)``: which database role acts for which agent (row-level security);
+  ``shares(owner_agent, reader_agent)``: ``reader_agent`` may read ``owner_agent``'s rows.
+- ``workspaces(agent_id, workspace, published_generation, chunk_count, token_count,
+  last_sync_at, meta)``: the pointer readers follow (see below) and the BM25 statistics of the
+  published generation (chunks, and tokens over all indexed columns).
+- ``files(agent_id, workspace, path, source, hash, mtime, size, gen_from, gen_to)``.
+- ``chunks(chunk_rowid, agent_id, workspace, id, path, source, start_line, end_line, hash, model,
+  text, doc_len, gen_from, gen_to)``; ``doc_len`` is the chunk's token count over its three
+  indexed columns (text, title, derived terms), as FTS5 counts it for ``bm25()``.
+- ``postings(agent_id, workspace, term, chunk_rowid, positions)``: one row per term of a chunk;
+  ``positions`` are FTS5 token offsets, ``column << 20 | offset`` (column 0 text, 1 title, 2
+  terms).
+- ``embedding_cache(content_hash, fingerprint, dims, embedding)``: shared by every agent.
+- ``chunk_vectors(chunk_rowid, agent_id, workspace, dims, embedding)``: pgvector; an HNSW
+  (cosine) index per dimension count is created on first use (:func:`vector_index_sql`).
+
+Generations: a row is part of generation ``G`` when ``gen_from <= G`` and (``gen_to`` is NULL or
+``gen_to > G``). A sync writes generation ``P + 1`` beside the published ``P`` and publishes it by
+updating ``workspaces.published_generation`` in one transaction; readers never wait for it.
+
+Row-level security on every table holding agent rows: a role listed in ``agents.role_name``
+reads and writes its agent's rows, and reads (only) the rows of agents that share with it. The
+schema owner (who runs the migrations) is not restricted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MIGRATIONS", "POSITION_COLUMN_SHIFT", "applied_versions", "migrate", "vector_index_sql"]
+
+# positions = column << POSITION_COLUMN_SHIFT | token offset (a column holds < 2**20 tokens).
+POSITION_COLUMN_SHIFT = 20
+# Tables whose rows belong to an agent (row-level security applies to each).
+AGENT_TABLES = ("workspaces", "files", "chunks", "postings", "chunk_vectors")
+
+
+def _q(schema: str) -> str:
+    return f'"{schema}"'
+
+
+def m001_core(cur: Any, schema: str) -> None:
+    """Create the agents, workspaces, files, chunks and postings tables with their indexes."""
+    s = _q(schema)
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.agents (agent_id text PRIMARY KEY,"
+                " role_name text UNIQUE)")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.shares ("
+                f" owner_agent text NOT NULL REFERENCES {s}.agents ON DELETE CASCADE,"
+                " reader_agent text NOT NULL, PRIMARY KEY (owner_agent, reader_agent))")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.workspaces ("
+                " agent_id text NOT NULL, workspace text NOT NULL,"
+                " published_generation bigint NOT NULL DEFAULT 0,"
+                " chunk_count bigint NOT NULL DEFAULT 0, token_count bigint NOT NULL DEFAULT 0,"
+                " last_sync_at timestamptz, meta jsonb NOT NULL DEFAULT '{}',"
+                " PRIMARY KEY (agent_id, workspace))")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.files ("
+                " agent_id text NOT NULL, workspace text NOT NULL, path text NOT NULL,"
+                " source text NOT NULL, hash text NOT NULL, mtime bigint NOT NULL,"
+                " size bigint NOT NULL, gen_from bigint NOT NULL, gen_to bigint)")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS files_scope_path ON {s}.files"
+                " (agent_id, workspace, path, source)")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.chunks ("
+                " chunk_rowid bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " agent_id text NOT NULL, workspace text NOT NULL, id text NOT NULL,"
+                " path text NOT NULL, source text NOT NULL, start_line int NOT NULL,"
+                " end_line int NOT NULL, hash text NOT NULL, model text NOT NULL,"
+                " text text NOT NULL, doc_len int NOT NULL, gen_from bigint NOT NULL,"
+                " gen_to bigint)")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS chunks_scope_id ON {s}.chunks (agent_id, workspace, id)")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS chunks_scope_path ON {s}.chunks"
+                " (agent_id, workspace, path, source)")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS chunks_scope_gen ON {s}.chunks"
+                " (agent_id, workspace, gen_from, gen_to)")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.postings ("
+                " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"
+                f" chunk_rowid bigint NOT NULL REFERENCES {s}.chunks ON DELETE CASCADE,"
+                " positions int[] NOT NULL, PRIMARY KEY (agent_id, workspace, term, chunk_rowid))")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS postings_chunk ON {s}.postings (chunk_rowid)")
+
+
+def m002_vectors(cur: Any, schema: str) -> None:
+    """Create the shared embedding cache and the chunk vectors (pgvector)."""
+    s = _q(schema)
+    cur.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.embedding_cache ("
+                " content_hash text NOT NULL, fingerprint text NOT NULL, dims int NOT NULL,"
+                " embedding vector NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),"
+                " PRIMARY KEY (content_hash, fingerprint))")
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.chunk_vectors ("
+                f" chunk_rowid bigint PRIMARY KEY REFERENCES {s}.chunks ON DELETE CASCADE,"
+                " agent_id text NOT NULL, workspace text NOT NULL, dims int NOT NULL,"
+                " embedding vector NOT NULL)")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS chunk_vectors_scope ON {s}.chunk_vectors"
+                " (agent_id, workspace)")
+
+
+def m003_row_level_security(cur: Any, schema: str) -> None:
+    """Enable row-level security: own rows read/write, shared agents' rows read-only."""
+    s = _q(schema)
+    own = f"agent_id IN (SELECT a.agent_id FROM {s}.agents a WHERE a.role_name = current_user)"
+    shared = (f"agent_id IN (SELECT sh.owner_agent FROM {s}.shares sh JOIN {s}.agents a"
+              " ON a.agent_id = sh.reader_agent WHERE a.role_name = current_user)")
+    for table in AGENT_TABLES:
+        cur.execute(f"ALTER TABLE {s}.{table} ENABLE ROW LEVEL SECURITY")
+        cur.execute(f"DROP POLICY IF EXISTS own_rows ON {s}.{table}")
+        cur.execute(f"CREATE POLICY own_rows ON {s}.{table} FOR ALL USING ({own}) WITH CHECK ({own})")
+        cur.execute(f"DROP POLICY IF EXISTS shared_rows ON {s}.{table}")
+        cur.execute(f"CREATE POLICY shared_rows ON {s}.{table} FOR SELECT USING ({shared})")
+
+
+MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (m001_core, m002_vectors, m003_row_level_security)
+
+
+def migrate(conn: Any, schema: str) -> list[str]:
+    """Bring ``schema`` to the latest version (one transaction, under an advisory lock).
+
+    Args:
+        conn: a psycopg connection (not in a transaction); committed on return.
+        schema: the store's schema (a plain identifier, see ``target.resolve_target``).
+
+    Returns:
+        The names of the migrations applied now (``[]`` when the schema was current).
+
+    Raises:
+        psycopg.Error: for the caller to translate (``errors.translate``).
+    """
+    s = _q(schema)
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"qmdbridge.migrate:{schema}",))
+        cur.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations (version int PRIMARY KEY,"
+                    " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        cur.execute(f"SELECT version FROM {s}.schema_migrations")
+        done = {row[0] for row in cur.fetchall()}
+        applied = []
+        for version, step in enumerate(MIGRATIONS, start=1):
+            if version in done:
+                continue
+            step(cur, schema)
+            cur.execute(f"INSERT INTO {s}.schema_migrations (version, name) VALUES (%s, %s)",
+                        (version, step.__name__))
+            applied.append(step.__name__)
+    return applied
+
+
+def applied_versions(conn: Any, schema: str) -> list[tuple[int, str]]:
+    """``(version, name)`` of every applied migration, ascending (``[]`` for a new schema)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migrations",))
+        if cur.fetchone()[0] is None:
+            return []
+        cur.execute(f"SELECT version, name FROM {_q(schema)}.schema_migrations ORDER BY version")
+        return [(int(v), str(n)) for v, n in cur.fetchall()]
+
+
+def vector_index_sql(schema: str, dims: int) -> str:
+    """The ``CREATE INDEX`` of the HNSW (cosine) index over the chunk vectors of ``dims``
+    dimensions (pgvector indexes need a fixed dimension count; one partial index per count)."""
+    d = int(dims)
+    return (f"CREATE INDEX IF NOT EXISTS chunk_vectors_hnsw_{d} ON {_q(schema)}.chunk_vectors"
+            f" USING hnsw ((embedding::vector({d})) vector_cosine_ops) WHERE dims = {d}")

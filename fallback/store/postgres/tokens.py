@@ -1,0 +1,86 @@
+"""The terms of a chunk exactly as the SQLite store's ``chunks_fts`` indexes them.
+
+SQLite itself does the tokenizing: an in-memory FTS5 table with the SQLite store's columns and
+tokenizer (``fallback/store/fts_rows.py``: ``text, title, terms``, ``porter unicode61``) takes a
+batch of rows, and its ``fts5vocab`` ``instance`` table lists every token with its column and
+offset. So the postgres store's postings hold the same stemmed terms at the same offsets, and
+its BM25 (``fallback/store/postgres/bm25.py``) counts what FTS5 counts.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fallback.store.fts_rows import FTS_COLUMNS
+from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
+
+__all__ = ["ChunkTerms", "Fts5Tokenizer"]
+
+# The SQLite store's chunks_fts tokenizer (fallback/store/fts_rows.py, unicode61 stores).
+TOKENIZE = "porter unicode61"
+
+
+@dataclass(frozen=True)
+class ChunkTerms:
+    """The postings of one chunk.
+
+    Attributes:
+        positions: ``{term: [column << 20 | offset, ...]}`` ascending per term.
+        doc_len: tokens in all three columns (FTS5's row size for ``bm25()``).
+    """
+
+    positions: dict[str, list[int]]
+    doc_len: int
+
+
+class Fts5Tokenizer:
+    """FTS5 ``porter unicode61`` tokenization of chunk rows and query phrases (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+        self._conn.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(FTS_COLUMNS)},"
+                           f" tokenize='{TOKENIZE}')")
+        self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
+        self._column = {name: i for i, name in enumerate(FTS_COLUMNS)}
+
+    def chunk_terms(self, rows: Sequence[tuple[str, str, str]]) -> list[ChunkTerms]:
+        """The postings of chunk rows.
+
+        Args:
+            rows: ``(text, title, derived terms)`` per chunk, the SQLite store's three columns.
+
+        Returns:
+            One :class:`ChunkTerms` per row, in order.
+        """
+        out = [ChunkTerms({}, 0) for _ in rows]
+        with self._lock:
+            conn = self._conn
+            conn.executemany("INSERT INTO t(rowid, text, title, terms) VALUES (?, ?, ?, ?)",
+                             [(i + 1, *row) for i, row in enumerate(rows)])
+            lens = [0] * len(rows)
+            for term, doc, col, offset in conn.execute(
+                    "SELECT term, doc, col, \"offset\" FROM v ORDER BY doc, col, \"offset\""):
+                i = int(doc) - 1
+                out[i].positions.setdefault(term, []).append(
+                    (self._column[col] << POSITION_COLUMN_SHIFT) | int(offset))
+                lens[i] += 1
+            conn.execute("DELETE FROM t")
+        return [ChunkTerms(c.positions, n) for c, n in zip(out, lens, strict=True)]
+
+    def phrase_tokens(self, phrase: str) -> list[str]:
+        """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""
+        with self._lock:
+            self._conn.execute("INSERT INTO t(rowid, text, title, terms) VALUES (1, ?, '', '')",
+                               (phrase,))
+            tokens = [r[0] for r in self._conn.execute(
+                "SELECT term FROM v WHERE doc = 1 ORDER BY \"offset\"")]
+            self._conn.execute("DELETE FROM t")
+        return tokens
+
+    def close(self) -> None:
+        """Close the in-memory database."""
+        self._conn.close()

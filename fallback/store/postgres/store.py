@@ -1,0 +1,614 @@
+"""The postgres store: one PostgreSQL + pgvector database shared by many agents and hosts.
+
+A :class:`PostgresStore` serves one agent's workspace (its *scope*): keyword rows ranked like the
+SQLite store's FTS5 ``bm25()``, chunk rows by id, vector rows by cosine distance, the published
+index's statistics, and the shared embedding cache. Writes go through a :class:`SyncLease`:
+
+- one sync per agent + workspace at a time across hosts: the lease holds a session-level
+  advisory lock on a connection of its own (:meth:`PostgresStore.sync_lease` waits up to
+  ``wait_ms`` or returns ``None`` with the holder named in :attr:`PostgresStore.busy_reason`);
+- readers never wait for a sync: the lease writes generation ``P + 1`` beside the published
+  ``P`` (one transaction per file) and :meth:`SyncLease.publish` moves the workspace's pointer in
+  one transaction; a search reads the pointer and the rows in one snapshot;
+- ``kill -9`` of a syncing process: the server ends its session, which releases the lock; the
+  published generation is untouched, and the files the killed sync committed stay written in
+  generation ``P + 1``, where the next lease finds them (:meth:`SyncLease.file_hash`) and
+  publishes them with the rest.
+
+Connections come from a psycopg pool that checks each connection before lending it, so a server
+restart costs the next call a reconnect, not an error. Every psycopg error is translated by
+``fallback/store/postgres/errors.py``; no message holds the password.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fallback.store.postgres.bm25 import parse_match, rank_rows
+from fallback.store.postgres.errors import translate
+from fallback.store.postgres.migrations import migrate, vector_index_sql
+from fallback.store.postgres.target import PgTarget
+from fallback.store.postgres.tokens import Fts5Tokenizer
+
+__all__ = ["ChunkRow", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
+
+# bm25() weight of each indexed column (text, title, terms): the SQLite store's weights
+# (fallback/search/keyword.py COLUMN_WEIGHTS).
+DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
+# Candidates the HNSW index is asked for per wanted row (its rows are filtered by agent after).
+EF_SEARCH_PER_ROW = 40
+
+KeywordRow = tuple[str, str, str, int, int, str, float]
+"""``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
+rows: ``rank`` is ``-bm25`` (more negative = better; ``0.0`` for a substring-only row) or, for
+vector rows, the cosine distance (smaller = closer)."""
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    """One chunk to write.
+
+    Attributes:
+        chunk_id: the chunk id (as the SQLite store's ``chunks.id``).
+        start_line / end_line: 1-based inclusive lines.
+        content_hash: sha256 hex of the chunk text.
+        model: the embedding model id (``""`` without one).
+        text: the chunk text.
+        derived_terms: the FTS ``terms`` column (``fallback.text.terms.derived_terms``).
+        embedding: the chunk's vector, or ``None``.
+    """
+
+    chunk_id: str
+    start_line: int
+    end_line: int
+    content_hash: str
+    model: str
+    text: str
+    derived_terms: str
+    embedding: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """The published index of one agent + workspace.
+
+    Attributes:
+        generation: the published generation (0: nothing published yet).
+        chunk_count: chunks in it (FTS5's ``N``).
+        token_count: tokens of all chunks in all indexed columns.
+        last_sync_at_ms: epoch ms of the last publish, or ``None``.
+    """
+
+    generation: int
+    chunk_count: int
+    token_count: int
+    last_sync_at_ms: int | None
+
+
+def _visible(alias: str) -> str:
+    return f"{alias}.gen_from <= %(gen)s AND ({alias}.gen_to IS NULL OR {alias}.gen_to > %(gen)s)"
+
+
+def _vector_text(vector: Sequence[float]) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+class PostgresStore:
+    """One agent's workspace in a shared PostgreSQL database.
+
+    Args:
+        target: where to connect (``target.resolve_target``).
+        agent_id: the agent whose rows this store reads and writes.
+        workspace: the workspace key (e.g. its absolute path).
+        connect_timeout_ms: deadline of a connection attempt and of waiting for a pooled one.
+        statement_timeout_ms: deadline of one statement (``statement_timeout``).
+        pool_size: most connections kept open.
+        run_migrations: migrate the schema on open (the schema owner's job; an agent role with
+            only row privileges passes ``False``).
+
+    Raises:
+        PostgresUnavailableError: the server cannot be reached, refuses the login, lacks
+            pgvector, or the schema cannot be created.
+    """
+
+    def __init__(self, target: PgTarget, *, agent_id: str, workspace: str,
+                 connect_timeout_ms: int = 5000, statement_timeout_ms: int = 10000,
+                 pool_size: int = 4, run_migrations: bool = True) -> None:
+        self.target = target
+        self.agent_id = agent_id
+        self.workspace = workspace
+        self.connect_timeout_ms = connect_timeout_ms
+        self.statement_timeout_ms = statement_timeout_ms
+        self.busy_reason: str | None = None
+        self._tokenizer = Fts5Tokenizer()
+        self._s = f'"{target.schema}"'
+        with self._errors("connect"):
+            first = self._connect()
+        try:
+            if run_migrations:
+                with self._errors("migrate the schema"):
+                    migrate(first, target.schema)
+        finally:
+            first.close()
+        from psycopg_pool import ConnectionPool
+
+        self._pool = ConnectionPool(
+            target.conninfo, min_size=1, max_size=pool_size, open=False,
+            kwargs=self._connect_kwargs(), configure=self._configure,
+            check=ConnectionPool.check_connection, timeout=connect_timeout_ms / 1000,
+            name="qmdbridge-postgres")
+        with self._errors("connect"):
+            self._pool.open(wait=True, timeout=connect_timeout_ms / 1000)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect_kwargs(self) -> dict[str, Any]:
+        # libpq's connect_timeout is in whole seconds (and below 2 it counts as 2).
+        return {"connect_timeout": max(2, math.ceil(self.connect_timeout_ms / 1000)),
+                "application_name": f"qmdbridge:{self.agent_id}"}
+
+    def _configure(self, conn: Any) -> None:
+        conn.autocommit = True
+        conn.execute(f"SET statement_timeout = {int(self.statement_timeout_ms)}")
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.target.conninfo, **self._connect_kwargs())
+        self._configure(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        try:
+            yield
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise translate(exc, self.target, doing=doing,
+                            timeout_ms=self.statement_timeout_ms) from None
+
+    @contextlib.contextmanager
+    def _snapshot(self, doing: str) -> Iterator[Any]:
+        """A cursor in a read-only REPEATABLE READ transaction (one consistent snapshot)."""
+        with self._errors(doing), self._pool.connection() as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                with conn.cursor() as cur:
+                    yield cur
+            finally:
+                conn.execute("ROLLBACK")
+
+    # -- setup (schema owner) --------------------------------------------------------------------
+
+    def register_agent(self, agent_id: str, *, role_name: str | None = None,
+                       share_with: Sequence[str] = ()) -> None:
+        """Record which role acts for ``agent_id`` and which agents may read its rows (the
+        schema owner runs this; ``memorySearch.store.shareWith`` is ``share_with``).
+
+        Raises:
+            PostgresUnavailableError / PostgresStoreError: on a database failure.
+        """
+        s = self._s
+        with self._errors("register the agent"), self._pool.connection() as conn, conn.transaction():
+            conn.execute(f"INSERT INTO {s}.agents (agent_id, role_name) VALUES (%s, %s)"
+                         " ON CONFLICT (agent_id) DO UPDATE SET role_name = EXCLUDED.role_name",
+                         (agent_id, role_name))
+            conn.execute(f"DELETE FROM {s}.shares WHERE owner_agent = %s", (agent_id,))
+            for reader in dict.fromkeys(share_with):
+                conn.execute(f"INSERT INTO {s}.shares (owner_agent, reader_agent) VALUES (%s, %s)",
+                             (agent_id, reader))
+
+    def grant_role(self, role_name: str) -> None:
+        """Grant an agent's role what it needs: its rows (row-level security limits them) and
+        the shared embedding cache; the schema owner runs this.
+
+        Raises:
+            PostgresUnavailableError / PostgresStoreError: on a database failure.
+        """
+        from psycopg import sql
+
+        s, role = self._s, sql.Identifier(role_name).as_string(None)
+        with self._errors("grant the agent's role"), self._pool.connection() as conn, conn.transaction():
+            conn.execute(f"GRANT USAGE ON SCHEMA {s} TO {role}")
+            conn.execute(f"GRANT SELECT ON {s}.agents, {s}.shares, {s}.schema_migrations TO {role}")
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.workspaces, {s}.files,"
+                         f" {s}.chunks, {s}.postings, {s}.chunk_vectors TO {role}")
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {s}.embedding_cache TO {role}")
+
+    # -- reads (the store seam) -------------------------------------------------------------------
+
+    def stats(self) -> ScopeStats:
+        """The published index's generation and BM25 statistics.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        with self._snapshot("read the index statistics") as cur:
+            return self._stats(cur)
+
+    def _stats(self, cur: Any) -> ScopeStats:
+        cur.execute(f"SELECT published_generation, chunk_count, token_count,"
+                    f" (extract(epoch FROM last_sync_at) * 1000)::bigint FROM {self._s}.workspaces"
+                    " WHERE agent_id = %s AND workspace = %s", (self.agent_id, self.workspace))
+        row = cur.fetchone()
+        if row is None:
+            return ScopeStats(0, 0, 0, None)
+        return ScopeStats(int(row[0]), int(row[1]), int(row[2]),
+                          int(row[3]) if row[3] is not None else None)
+
+    def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
+                     substrings: Sequence[str] = (),
+                     weights: Sequence[float] = DEFAULT_WEIGHTS) -> list[KeywordRow]:
+        """Keyword rows of the published index, best first, ranked as FTS5 ranks them.
+
+        Args:
+            match: a keyword plan's ``MATCH`` expression (``FtsPlan.match``), or ``None`` for a
+                substring-only plan.
+            sources: sources searched (``memory``, ``sessions``).
+            limit: most rows returned.
+            substrings: text every row must contain, case-insensitively (the plan's CJK
+                tokens: ``trigram_match`` tokens and ``like_terms``).
+            weights: bm25 weight of the text, title and terms columns.
+
+        Returns:
+            :data:`KeywordRow` tuples ordered by rank, then path, then start line; rank is
+            ``-bm25`` over the whole index (every source counts for IDF), ``0.0`` for
+            substring-only rows.
+
+        Raises:
+            ValueError: ``match`` is not an expression of ``fallback/search/fts.py``'s grammar.
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if limit <= 0 or not sources:
+            return []
+        query = parse_match(match, self._tokenizer.phrase_tokens) if match else None
+        s = self._s
+        with self._snapshot("keyword search") as cur:
+            st = self._stats(cur)
+            args = {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
+                    "sources": list(sources), "limit": limit,
+                    "likes": [f"%{_escape_like(t.lower())}%" for t in substrings]}
+            like_sql = " AND lower(c.text) LIKE ALL(%(likes)s)" if substrings else ""
+            if query is None:
+                if not substrings:
+                    return []
+                cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
+                            f" FROM {s}.chunks c WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s"
+                            f" AND {_visible('c')} AND c.source = ANY(%(sources)s){like_sql}"
+                            " ORDER BY c.path, c.start_line LIMIT %(limit)s", args)
+                return [_keyword_row(r) for r in cur.fetchall()]
+            args["terms"] = list(query.tokens)
+            cur.execute(f"SELECT p.chunk_rowid, p.term, p.positions, c.doc_len, c.source, c.path,"
+                        f" c.start_line FROM {s}.postings p JOIN {s}.chunks c"
+                        " ON c.chunk_rowid = p.chunk_rowid WHERE p.agent_id = %(agent)s"
+                        f" AND p.workspace = %(ws)s AND p.term = ANY(%(terms)s) AND {_visible('c')}",
+                        args)
+            rows: dict[int, dict[str, list[int]]] = {}
+            doc_len: dict[int, int] = {}
+            order: dict[int, tuple[str, int]] = {}
+            wanted: set[int] = set()
+            allowed = set(sources)
+            for rowid, term, positions, length, source, path, start in cur.fetchall():
+                rows.setdefault(rowid, {})[term] = positions
+                doc_len[rowid] = length
+                order[rowid] = (path, start)
+                if source in allowed:
+                    wanted.add(rowid)
+            ranks = rank_rows(query, rows, doc_len, row_count=st.chunk_count,
+                              token_count=st.token_count, weights=weights)
+            ranked = sorted((r for r in ranks if r in wanted),
+                            key=lambda r: (ranks[r], order[r][0], order[r][1]))
+            picked = ranked if substrings else ranked[:limit]
+            if not picked:
+                return []
+            args["ids"] = picked
+            cur.execute(f"SELECT c.chunk_rowid, c.id, c.path, c.source, c.start_line, c.end_line,"
+                        f" c.text FROM {s}.chunks c WHERE c.chunk_rowid = ANY(%(ids)s){like_sql}",
+                        args)
+            found = {r[0]: r[1:] for r in cur.fetchall()}
+        out = [(*found[r], ranks[r]) for r in picked if r in found][:limit]
+        return [_keyword_row(r) for r in out]
+
+    def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
+        """The published chunks with these ids (rank ``0.0``), in the order of ``chunk_ids``.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if not chunk_ids:
+            return []
+        with self._snapshot("read chunks") as cur:
+            st = self._stats(cur)
+            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
+                        f" FROM {self._s}.chunks c WHERE c.agent_id = %(agent)s"
+                        f" AND c.workspace = %(ws)s AND c.id = ANY(%(ids)s) AND {_visible('c')}",
+                        {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
+                         "ids": list(chunk_ids)})
+            by_id = {r[0]: r for r in cur.fetchall()}
+        return [_keyword_row(by_id[c]) for c in dict.fromkeys(chunk_ids) if c in by_id]
+
+    def vector_rows(self, vector: Sequence[float], *, sources: Sequence[str],
+                    limit: int) -> list[KeywordRow]:
+        """The published chunks nearest to ``vector`` by cosine distance, nearest first.
+
+        Args:
+            vector: the query embedding (its length selects the chunks of that many dims).
+            sources: sources searched.
+            limit: most rows returned.
+
+        Returns:
+            :data:`KeywordRow` tuples whose last field is the cosine distance (0 = same
+            direction, 2 = opposite).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if limit <= 0 or not sources or not vector:
+            return []
+        d = len(vector)
+        with self._snapshot("vector search") as cur:
+            st = self._stats(cur)
+            cur.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
+            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text,"
+                        f" v.embedding::vector({d}) <=> %(q)s::vector({d}) AS dist"
+                        f" FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+                        " ON c.chunk_rowid = v.chunk_rowid"
+                        " WHERE v.agent_id = %(agent)s AND v.workspace = %(ws)s AND v.dims = %(d)s"
+                        f" AND {_visible('c')} AND c.source = ANY(%(sources)s)"
+                        " ORDER BY dist, c.path, c.start_line LIMIT %(limit)s",
+                        {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
+                         "d": d, "gen": st.generation, "sources": list(sources), "limit": limit})
+            return [_keyword_row(r) for r in cur.fetchall()]
+
+    # -- embedding cache (shared by every agent) --------------------------------------------------
+
+    def cached_embeddings(self, content_hashes: Sequence[str], fingerprint: str) -> dict[str, list[float]]:
+        """``{content_hash: vector}`` of the hashes the shared cache holds for ``fingerprint``.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if not content_hashes:
+            return {}
+        with self._errors("read the embedding cache"), self._pool.connection() as conn:
+            rows = conn.execute(f"SELECT content_hash, embedding::text FROM {self._s}.embedding_cache"
+                                " WHERE fingerprint = %s AND content_hash = ANY(%s)",
+                                (fingerprint, list(content_hashes))).fetchall()
+        return {h: [float(x) for x in v.strip("[]").split(",")] for h, v in rows}
+
+    def cache_embeddings(self, vectors: dict[str, Sequence[float]], fingerprint: str) -> None:
+        """Store ``{content_hash: vector}`` in the shared cache (existing entries are kept).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if not vectors:
+            return
+        with self._errors("write the embedding cache"), self._pool.connection() as conn:
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {self._s}.embedding_cache (content_hash, fingerprint,"
+                                " dims, embedding) VALUES (%s, %s, %s, %s::vector)"
+                                " ON CONFLICT DO NOTHING",
+                                [(h, fingerprint, len(v), _vector_text(v)) for h, v in vectors.items()])
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
+        """Take the one sync of this agent + workspace across hosts.
+
+        Args:
+            wait_ms: how long to wait for another host's sync to finish (0: do not wait).
+
+        Returns:
+            The lease, or ``None`` when another sync holds it past ``wait_ms``; then
+            :attr:`busy_reason` names the holder (application, host, pid).
+
+        Raises:
+            PostgresUnavailableError / PostgresStoreError.
+        """
+        import psycopg
+
+        with self._errors("take the sync lock"):
+            conn = self._connect()
+        try:
+            key = f"qmdbridge.sync:{self.target.schema}:{self.agent_id}:{self.workspace}"
+            deadline = time.monotonic() + wait_ms / 1000
+            with self._errors("take the sync lock"):
+                while True:
+                    got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)).fetchone()[0]
+                    if got:
+                        break
+                    if time.monotonic() >= deadline:
+                        self.busy_reason = self._holder(conn, key)
+                        conn.close()
+                        return None
+                    # Wait on the lock itself (lock_timeout bounds it), not on a sleep.
+                    remaining = max(1, int((deadline - time.monotonic()) * 1000))
+                    conn.execute(f"SET lock_timeout = {remaining}")
+                    try:
+                        conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+                        break
+                    except psycopg.errors.LockNotAvailable:  # lock_timeout ended the wait
+                        pass
+                    finally:
+                        conn.execute("SET lock_timeout = 0")
+            self.busy_reason = None
+            return SyncLease(self, conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _holder(self, conn: Any, key: str) -> str:
+        row = conn.execute(
+            "SELECT a.application_name, coalesce(host(a.client_addr), 'local socket'), a.pid"
+            " FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory'"
+            " AND l.granted AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid LIMIT 1",
+            (key,)).fetchone()
+        who = f"{row[0] or 'a client'} from {row[1]} (server pid {row[2]})" if row else "another client"
+        return (f"another sync of agent {self.agent_id} workspace {self.workspace} is running:"
+                f" {who}")
+
+    def close(self) -> None:
+        """Close the pool and the tokenizer (idempotent)."""
+        self._pool.close()
+        self._tokenizer.close()
+
+
+class SyncLease:
+    """The one running sync of a store's agent + workspace; writes generation ``P + 1``.
+
+    Use as a context manager; leaving it without :meth:`publish` keeps what was written for the
+    next lease (nothing is published, nothing is lost).
+    """
+
+    def __init__(self, store: PostgresStore, conn: Any) -> None:
+        self.store = store
+        self._conn = conn
+        s = store._s
+        self._scope = {"agent": store.agent_id, "ws": store.workspace}
+        with store._errors("start the sync"), conn.transaction():
+            conn.execute(f"INSERT INTO {s}.workspaces (agent_id, workspace) VALUES (%(agent)s, %(ws)s)"
+                         " ON CONFLICT DO NOTHING", self._scope)
+            published = conn.execute(f"SELECT published_generation FROM {s}.workspaces"
+                                     " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
+                                     self._scope).fetchone()[0]
+        self.published = int(published)
+        self.generation = self.published + 1
+
+    def __enter__(self) -> SyncLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def file_hash(self, path: str, source: str) -> str | None:
+        """The content hash of ``path`` as generation ``P + 1`` holds it (a killed sync's write
+        included), or ``None`` when it holds no such file."""
+        s = self.store._s
+        with self.store._errors("read a file's state"):
+            row = self._conn.execute(
+                f"SELECT hash FROM {s}.files WHERE agent_id = %(agent)s AND workspace = %(ws)s"
+                " AND path = %(path)s AND source = %(source)s AND gen_from <= %(gen)s"
+                " AND (gen_to IS NULL OR gen_to > %(gen)s)",
+                {**self._scope, "path": path, "source": source, "gen": self.generation}).fetchone()
+        return str(row[0]) if row else None
+
+    def write_file(self, path: str, source: str, *, content_hash: str, mtime_ms: int, size: int,
+                   title: str, chunks: Sequence[ChunkRow]) -> None:
+        """Replace one file's rows in generation ``P + 1`` (one transaction).
+
+        Args:
+            path: workspace-relative path.
+            source: ``memory`` or ``sessions``.
+            content_hash: sha256 hex of the file.
+            mtime_ms: modification time, epoch ms.
+            size: bytes.
+            title: the file's FTS ``title`` column (``fallback.store.fts_rows.note_title``).
+            chunks: its chunks.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        store, s = self.store, self.store._s
+        terms = store._tokenizer.chunk_terms([(c.text, title, c.derived_terms) for c in chunks])
+        args = {**self._scope, "path": path, "source": source, "gen": self.generation}
+        with store._errors("write a file"), self._conn.transaction(), self._conn.cursor() as cur:
+            self._retire(cur, args)
+            cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
+                        " gen_from) VALUES (%(agent)s, %(ws)s, %(path)s, %(source)s, %(hash)s,"
+                        " %(mtime)s, %(size)s, %(gen)s)",
+                        {**args, "hash": content_hash, "mtime": mtime_ms, "size": size})
+            rowids = []
+            for c, t in zip(chunks, terms, strict=True):
+                cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                            " end_line, hash, model, text, doc_len, gen_from) VALUES (%(agent)s,"
+                            " %(ws)s, %(id)s, %(path)s, %(source)s, %(start)s, %(end)s, %(hash)s,"
+                            " %(model)s, %(text)s, %(len)s, %(gen)s) RETURNING chunk_rowid",
+                            {**args, "id": c.chunk_id, "start": c.start_line, "end": c.end_line,
+                             "hash": c.content_hash, "model": c.model, "text": c.text,
+                             "len": t.doc_len})
+                rowids.append(cur.fetchone()[0])
+            with cur.copy(f"COPY {s}.postings (agent_id, workspace, term, chunk_rowid, positions)"
+                          " FROM STDIN") as copy:
+                for rowid, t in zip(rowids, terms, strict=True):
+                    for term, positions in t.positions.items():
+                        copy.write_row((store.agent_id, store.workspace, term, rowid, positions))
+            vectors = [(rowid, c.embedding) for rowid, c in zip(rowids, chunks, strict=True)
+                       if c.embedding]
+            for dims in {len(v) for _, v in vectors}:
+                cur.execute(vector_index_sql(store.target.schema, dims))
+            if vectors:
+                cur.executemany(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
+                                " embedding) VALUES (%s, %s, %s, %s, %s::vector)",
+                                [(r, store.agent_id, store.workspace, len(v), _vector_text(v))
+                                 for r, v in vectors])
+
+    def delete_file(self, path: str, source: str) -> None:
+        """Leave ``path`` out of generation ``P + 1`` (one transaction).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        args = {**self._scope, "path": path, "source": source, "gen": self.generation}
+        with self.store._errors("delete a file"), self._conn.transaction(), self._conn.cursor() as cur:
+            self._retire(cur, args)
+
+    def _retire(self, cur: Any, args: dict[str, Any]) -> None:
+        """Drop this generation's own rows of a file and end the older ones at it."""
+        s = self.store._s
+        where = ("agent_id = %(agent)s AND workspace = %(ws)s AND path = %(path)s"
+                 " AND source = %(source)s")
+        for table in ("chunks", "files"):
+            cur.execute(f"DELETE FROM {s}.{table} WHERE {where} AND gen_from = %(gen)s", args)
+            cur.execute(f"UPDATE {s}.{table} SET gen_to = %(gen)s WHERE {where} AND gen_to IS NULL",
+                        args)
+
+    def publish(self) -> ScopeStats:
+        """Make generation ``P + 1`` the one readers see (one transaction), then delete the rows
+        no generation from it on holds. The lease ends.
+
+        Returns:
+            The new published statistics.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        s = self.store._s
+        args = {**self._scope, "gen": self.generation}
+        with self.store._errors("publish the sync"):
+            with self._conn.transaction():
+                count, tokens = self._conn.execute(
+                    f"SELECT count(*), coalesce(sum(doc_len), 0) FROM {s}.chunks c"
+                    f" WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s AND {_visible('c')}",
+                    args).fetchone()
+                self._conn.execute(f"UPDATE {s}.workspaces SET published_generation = %(gen)s,"
+                                   " chunk_count = %(n)s, token_count = %(t)s, last_sync_at = now()"
+                                   " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
+                                   {**args, "n": count, "t": tokens})
+            with self._conn.transaction():
+                for table in ("chunks", "files"):
+                    self._conn.execute(f"DELETE FROM {s}.{table} WHERE agent_id = %(agent)s"
+                                       " AND workspace = %(ws)s AND gen_to <= %(gen)s", args)
+        stats = ScopeStats(self.generation, int(count), int(tokens), None)
+        self.close()
+        return stats
+
+    def close(self) -> None:
+        """End the lease without publishing (releases the lock; idempotent)."""
+        if not self._conn.closed:
+            self._conn.close()
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _keyword_row(r: Sequence[Any]) -> KeywordRow:
+    return (str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), str(r[5]), float(r[6]))

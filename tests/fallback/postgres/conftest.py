@@ -7,6 +7,8 @@ fail: a missing install step must not pass as green.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -20,7 +22,9 @@ import pytest
 def require_postgres() -> None:
     """Skip (fail under ``CI``) when the server wheel or the client libraries are missing."""
     try:
-        import pgserver  # noqa: F401
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
+            import pgserver  # noqa: F401
         import psycopg  # noqa: F401
         import psycopg_pool  # noqa: F401
     except ImportError as exc:
@@ -61,23 +65,31 @@ class PgServer:
 
 def start_pgserver(data_dir: Path) -> PgServer:
     """Start (or reuse) a pgserver instance in ``data_dir``."""
-    import pgserver
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
+        import pgserver
+
         handle = pgserver.get_server(data_dir, cleanup_mode="stop")
     return PgServer(data_dir=data_dir, handle=handle)
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
-    """One PostgreSQL 16 (+ pgvector) for the whole session, stopped at the end."""
+def pg_server() -> Iterator[PgServer]:
+    """One PostgreSQL 16 (+ pgvector) for the whole session, stopped and removed at the end."""
     require_postgres()
-    server = start_pgserver(tmp_path_factory.mktemp("pg"))
+    server = start_pgserver(new_data_dir())
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+def new_data_dir() -> Path:
+    """A new data folder directly under the system temp folder: when run as root, pgserver
+    starts PostgreSQL as another user, which cannot enter pytest's private temp folders (and
+    the socket path must stay short)."""
+    return Path(tempfile.mkdtemp(prefix="qmdbridge-pg-"))
 
 
 @pytest.fixture

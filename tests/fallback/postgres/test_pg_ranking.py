@@ -1,0 +1,95 @@
+"""The postgres store ranks keyword rows as the SQLite store's FTS5 bm25() does: same chunks,
+same plans (fallback/search/fts.py via search_plan), same top-k order and ranks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from fallback.search.keyword import keyword_rows, search_plan
+from fallback.store.db import Store
+from fallback.store.fts_rows import insert_chunk_fts, note_title
+from fallback.store.postgres.store import ChunkRow, PostgresStore
+from fallback.store.postgres.target import resolve_target
+from fallback.text.terms import derived_terms
+
+LOCOMO = next((p / "shared" / "bench" / "locomo-dev" / "conv-26.json"
+               for p in Path(__file__).resolve().parents
+               if (p / "shared" / "bench" / "locomo-dev" / "conv-26.json").is_file()), None)
+TURNS_PER_CHUNK = 4
+
+
+def locomo_files() -> tuple[dict[str, list[tuple[int, int, str]]], list[str]]:
+    """``{path: [(start_line, end_line, text)]}`` of conv-26's sessions, and its questions."""
+    if LOCOMO is None:
+        pytest.skip("shared/bench/locomo-dev not found")
+    data = json.loads(LOCOMO.read_text())
+    files: dict[str, list[tuple[int, int, str]]] = {}
+    n = 1
+    while f"session_{n}" in data:
+        lines = [f"{t['speaker']}: {t['text']}" for t in data[f"session_{n}"]]
+        header = f"# Session {n} ({data.get(f'session_{n}_date_time', '')})"
+        body = [header, *lines]
+        files[f"memory/session-{n:02d}.md"] = [
+            (i + 1, min(i + TURNS_PER_CHUNK, len(body)), "\n".join(body[i:i + TURNS_PER_CHUNK]))
+            for i in range(0, len(body), TURNS_PER_CHUNK)]
+        n += 1
+    return files, [q["question"] for q in data["qa"][:60]]
+
+
+def chunk_id(path: str, start: int) -> str:
+    return hashlib.sha256(f"{path}:{start}".encode()).hexdigest()[:16]
+
+
+def build_sqlite(path: Path, files: dict[str, list[tuple[int, int, str]]]) -> Store:
+    store = Store(path)
+    with store.transaction() as conn:
+        for rel, chunks in files.items():
+            title = note_title(rel, "\n".join(c[2] for c in chunks))
+            written = []
+            for start, end, text in chunks:
+                cur = conn.execute(
+                    "INSERT INTO chunks (id, path, source, start_line, end_line, hash, model, text,"
+                    " updated_at) VALUES (?, ?, 'memory', ?, ?, ?, '', ?, 0)",
+                    (chunk_id(rel, start), rel, start, end, hashlib.sha256(text.encode()).hexdigest(), text))
+                written.append((cur.lastrowid, text))
+            insert_chunk_fts(conn, written, title=title, fill_trigram=True)
+    return store
+
+
+def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> PostgresStore:
+    store = PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws")
+    lease = store.sync_lease()
+    assert lease is not None
+    for rel, chunks in files.items():
+        lease.write_file(rel, "memory", content_hash="h", mtime_ms=0, size=0,
+                         title=note_title(rel, "\n".join(c[2] for c in chunks)),
+                         chunks=[ChunkRow(chunk_id(rel, s), s, e, "h", "", t, derived_terms(t))
+                                 for s, e, t in chunks])
+    lease.publish()
+    return store
+
+
+def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path) -> None:
+    files, questions = locomo_files()
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    try:
+        compared = 0
+        for question in questions:
+            plan = search_plan(lite, question)
+            if plan is None or not plan.match:
+                continue
+            want = keyword_rows(lite, plan, sources=["memory"], limit=10)
+            got = pg.keyword_rows(plan.match, sources=["memory"], limit=10,
+                                  substrings=[*plan.like_terms])
+            assert [r[0] for r in got] == [r[0] for r in want], question
+            assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
+            compared += 1
+        assert compared == len(questions)
+    finally:
+        lite.close()
+        pg.close()

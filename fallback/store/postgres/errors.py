@@ -115,8 +115,9 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
     if state == _PRIVILEGE:
         return PostgresUnavailableError(
             where, f"permission denied while trying to {doing}: {detail}",
-            "run the store's migrations once as the schema owner, and grant the agent's role "
-            "its privileges (docs/postgres.md, Row-level security)")
+            "an agent's role writes only its own agent's rows (shared rows are read-only); the "
+            "schema owner runs the migrations and grants each agent's role (docs/postgres.md, "
+            "Row-level security)")
     if isinstance(exc, PoolTimeout) or state in _SERVER_GONE or (
             isinstance(exc, psycopg.OperationalError) and state is None):
         return PostgresUnavailableError(

@@ -1,0 +1,254 @@
+"""The postgres store against a real PostgreSQL: migrations, generations and the sync lease,
+kill -9 of a syncing process, row-level security with real roles, faults, and redaction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
+from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
+from fallback.store.postgres.migrations import MIGRATIONS, applied_versions, migrate
+from fallback.store.postgres.store import ChunkRow, PostgresStore
+from fallback.store.postgres.target import resolve_target
+from tests.fallback.postgres.conftest import PgServer, new_data_dir, start_pgserver
+
+ROOT = Path(__file__).resolve().parents[3]
+PASSWORD = "s3cr3t-Pa55word"
+
+
+def write(store: PostgresStore, files: dict[str, str]) -> None:
+    lease = store.sync_lease(wait_ms=5000)
+    assert lease is not None
+    for path, text in files.items():
+        lease.write_file(path, "memory", content_hash=f"h-{text}", mtime_ms=1, size=len(text),
+                         title=path, chunks=[ChunkRow(f"{path}#1", 1, 1, f"c-{text}", "", text, "")])
+    lease.publish()
+
+
+def found(store: PostgresStore, word: str) -> list[str]:
+    return [r[0] for r in store.keyword_rows(f'"{word}"', sources=["memory"], limit=10)]
+
+
+def test_migrations_are_idempotent_and_safe_when_two_hosts_start_at_once(pg_dsn: str) -> None:
+    results: list[list[str]] = []
+
+    def run() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            results.append(migrate(conn, "qmdbridge"))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    names = [m.__name__ for m in MIGRATIONS]
+    assert sorted(results, key=len) == [[], names]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert migrate(conn, "qmdbridge") == []
+        assert applied_versions(conn, "qmdbridge") == list(enumerate(names, start=1))
+
+
+def test_readers_see_the_published_generation_until_the_next_publish(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        write(store, {"memory/a.md": "apple orchard"})
+        lease = store.sync_lease()
+        assert lease is not None and lease.generation == 2
+        lease.write_file("memory/a.md", "memory", content_hash="h2", mtime_ms=2, size=1,
+                         title="memory/a.md", chunks=[ChunkRow("memory/a.md#1", 1, 1, "c2", "", "banana grove", "")])
+        lease.write_file("memory/b.md", "memory", content_hash="h3", mtime_ms=2, size=1,
+                         title="memory/b.md", chunks=[ChunkRow("memory/b.md#1", 1, 1, "c3", "", "banana split", "")])
+        # Committed but not published: readers still answer from generation 1.
+        assert found(store, "apple") == ["memory/a.md#1"]
+        assert found(store, "banana") == []
+        # A second sync of the same agent + workspace is refused, naming the holder.
+        assert store.sync_lease(wait_ms=0) is None
+        assert store.busy_reason is not None
+        assert store.busy_reason.startswith("another sync of agent main workspace /ws is running: qmdbridge:main")
+        stats = lease.publish()
+        assert (stats.generation, stats.chunk_count) == (2, 2)
+        assert found(store, "apple") == []
+        assert found(store, "banana") == ["memory/a.md#1", "memory/b.md#1"]
+        assert store.stats().generation == 2
+    finally:
+        store.close()
+
+
+def test_kill_9_of_a_syncing_process_loses_nothing_committed_and_holds_no_lock(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        write(store, {"memory/old.md": "walrus"})
+        child = subprocess.Popen([sys.executable, str(Path(__file__).with_name("pg_sync_child.py")), pg_dsn],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "written"
+            assert store.sync_lease(wait_ms=0) is None  # the child holds the lease
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        assert child.returncode == -signal.SIGKILL
+        # Nothing was published: readers still see the old generation.
+        assert found(store, "walrus") == ["memory/old.md#1"]
+        assert found(store, "zebra") == []
+        # The lock went with the killed session (waited for on the lock itself, bounded).
+        lease = store.sync_lease(wait_ms=10_000)
+        assert lease is not None
+        # What the killed sync committed is still there for this sync to publish.
+        assert lease.file_hash("memory/new.md", "memory") == "new-hash"
+        assert lease.generation == 2
+        lease.publish()
+        assert found(store, "zebra") == ["new-1"]
+        assert found(store, "walrus") == ["memory/old.md#1"]
+    finally:
+        store.close()
+
+
+def test_row_level_security_own_rows_and_shared_rows_read_only(pg_server: PgServer, pg_dsn: str) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    with pg_server.admin(dbname) as conn:
+        for role in ("alice_role", "bob_role"):
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+            conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+    owner_target = resolve_target(pg_dsn)
+    alice = PostgresStore(owner_target, agent_id="alice", workspace="/ws")
+    carol = PostgresStore(owner_target, agent_id="carol", workspace="/ws")
+    try:
+        alice.register_agent("alice", role_name="alice_role", share_with=["bob"])
+        alice.register_agent("bob", role_name="bob_role")
+        alice.register_agent("carol", role_name=None)
+        alice.grant_role("alice_role")
+        alice.grant_role("bob_role")
+        write(alice, {"memory/a.md": "otter"})
+        write(carol, {"memory/c.md": "otter"})
+        as_bob = pg_server.dsn(dbname, user="bob_role")
+        bob_on_alice = PostgresStore(resolve_target(as_bob), agent_id="alice", workspace="/ws",
+                                     run_migrations=False)
+        bob_on_carol = PostgresStore(resolve_target(as_bob), agent_id="carol", workspace="/ws",
+                                     run_migrations=False)
+        alice_self = PostgresStore(resolve_target(pg_server.dsn(dbname, user="alice_role")),
+                                   agent_id="alice", workspace="/ws", run_migrations=False)
+        try:
+            assert found(bob_on_alice, "otter") == ["memory/a.md#1"]   # shared with bob
+            assert found(bob_on_carol, "otter") == []                  # not shared
+            assert found(alice_self, "otter") == ["memory/a.md#1"]
+            with psycopg.connect(pg_server.dsn(dbname, user="alice_role")) as conn:
+                paths = conn.execute("SELECT path FROM qmdbridge.chunks ORDER BY path").fetchall()
+            assert paths == [("memory/a.md",)]
+            # Shared rows are read-only: bob cannot start a sync of alice's workspace.
+            with pytest.raises(PostgresUnavailableError) as caught:
+                bob_on_alice.sync_lease()
+            assert str(caught.value).startswith(
+                "postgres unavailable: permission denied while trying to start the sync: new row"
+                ' violates row-level security policy for table "workspaces"')
+            assert "shared rows are read-only" in str(caught.value)
+            # Alice writes her own rows through row-level security.
+            write(alice_self, {"memory/a2.md": "otter"})
+            assert found(bob_on_alice, "otter") == ["memory/a.md#1", "memory/a2.md#1"]
+        finally:
+            for s in (bob_on_alice, bob_on_carol, alice_self):
+                s.close()
+    finally:
+        alice.close()
+        carol.close()
+
+
+def test_unreachable_server_names_the_target_and_what_to_do(tmp_path: Path) -> None:
+    dsn = f"host={tmp_path / 'no-server'} dbname=memdb user=agent password={PASSWORD}"
+    with pytest.raises(PostgresUnavailableError) as caught:
+        PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+    message = str(caught.value)
+    assert isinstance(caught.value, BackendUnavailableError)
+    assert message.startswith("postgres unavailable: cannot reach PostgreSQL to connect within 10000ms")
+    assert f'(database "memdb" on host {tmp_path / "no-server"} port 5432 as user agent)' in message
+    assert message.endswith("start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, PGPORT")
+    assert PASSWORD not in message and PASSWORD not in repr(caught.value.args)
+
+
+def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer) -> None:
+    hba = pg_server.data_dir / "pg_hba.conf"
+    original = hba.read_text()
+    with pg_server.admin() as conn:
+        conn.execute("DROP ROLE IF EXISTS pw_user")
+        conn.execute("CREATE ROLE pw_user LOGIN PASSWORD 'the-right-one'")
+        hba.write_text("local all pw_user scram-sha-256\n" + original)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        url = f"postgresql://pw_user:{PASSWORD}@/postgres?host={pg_server.data_dir}"
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(url), agent_id="main", workspace="/ws")
+        message = str(caught.value)
+        assert "PostgreSQL refused the login" in message
+        assert 'password authentication failed for user "pw_user"' in message
+        assert "check the user and password (memorySearch.store.dsn or PGUSER/PGPASSWORD)" in message
+        assert PASSWORD not in message
+    finally:
+        hba.write_text(original)
+        with pg_server.admin() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+
+
+def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws",
+                          statement_timeout_ms=200)
+    try:
+        with psycopg.connect(pg_dsn) as locker:
+            locker.execute("LOCK TABLE qmdbridge.workspaces IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(PostgresTimeoutError) as caught:
+                store.stats()
+            locker.rollback()
+        assert isinstance(caught.value, BackendTimeoutError)
+        assert caught.value.timeout_ms == 200
+        assert str(caught.value).startswith("postgres unavailable: read the index statistics on database")
+        assert store.stats().generation == 0  # the pool's connection still works
+    finally:
+        store.close()
+
+
+def test_the_pool_survives_a_server_restart() -> None:
+    server = start_pgserver(new_data_dir())
+    try:
+        store = PostgresStore(resolve_target(server.dsn()), agent_id="main", workspace="/ws",
+                              connect_timeout_ms=2000)
+        try:
+            write(store, {"memory/a.md": "heron"})
+            server.stop()
+            with pytest.raises(PostgresUnavailableError):
+                store.stats()
+            server.start()
+            assert found(store, "heron") == ["memory/a.md#1"]
+        finally:
+            store.close()
+    finally:
+        server.stop()
+
+
+def test_redaction_of_the_password_everywhere() -> None:
+    url = resolve_target(f"postgresql://agent:{PASSWORD}@db.example:6432/mem?sslmode=require")
+    assert (url.host, url.port, url.dbname, url.user) == ("db.example", "6432", "mem", "agent")
+    assert PASSWORD not in repr(url) and PASSWORD not in url.describe()
+    assert url.redact(f"failed: {url.conninfo} and {PASSWORD}") == (
+        "failed: postgresql://agent:[REDACTED:password]@db.example:6432/mem?sslmode=require"
+        " and [REDACTED:password]")
+    kv = resolve_target(f"host=h dbname=d password='{PASSWORD}'")
+    assert kv.redact(kv.conninfo) == "host=h dbname=d password=[REDACTED:password]"
+    env = resolve_target(None, env={"PGHOST": "pg.internal", "PGUSER": "u", "PGPASSWORD": PASSWORD,
+                                    "PGDATABASE": "mem"})
+    assert env.describe() == 'database "mem" on host pg.internal port 5432 as user u'
+    assert env.redact(f"x {PASSWORD} y") == "x [REDACTED:password] y"
+    with pytest.raises(ConfigError) as caught:
+        resolve_target(f"host=h password={PASSWORD} = =")
+    assert PASSWORD not in str(caught.value)
+    assert str(caught.value).startswith("<config>: memorySearch.store.dsn: cannot parse the DSN")

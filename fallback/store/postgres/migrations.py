@@ -20,6 +20,8 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``postings(agent_id, workspace, term, chunk_rowid, positions)``: one row per term of a chunk;
   ``positions`` are FTS5 token offsets, ``column << 20 | offset`` (column 0 text, 1 title, 2
   terms).
+- ``trigram_postings``: the same for the FTS5 ``trigram`` tokens of chunks with CJK text
+  (``m004``), with ``chunks.trigram_len`` and the workspace's trigram statistics.
 - ``embedding_cache(content_hash, fingerprint, dims, embedding)``: shared by every agent.
 - ``chunk_vectors(chunk_rowid, agent_id, workspace, dims, embedding)``: pgvector; an HNSW
   (cosine) index per dimension count is created on first use (:func:`vector_index_sql`).
@@ -105,21 +107,50 @@ def m002_vectors(cur: Any, schema: str) -> None:
                 " (agent_id, workspace)")
 
 
-def m003_row_level_security(cur: Any, schema: str) -> None:
-    """Enable row-level security: own rows read/write, shared agents' rows read-only."""
+def _secure(cur: Any, schema: str, table: str) -> None:
+    """Row-level security on one agent table: own rows read/write, shared rows read-only."""
     s = _q(schema)
     own = f"agent_id IN (SELECT a.agent_id FROM {s}.agents a WHERE a.role_name = current_user)"
     shared = (f"agent_id IN (SELECT sh.owner_agent FROM {s}.shares sh JOIN {s}.agents a"
               " ON a.agent_id = sh.reader_agent WHERE a.role_name = current_user)")
+    cur.execute(f"ALTER TABLE {s}.{table} ENABLE ROW LEVEL SECURITY")
+    cur.execute(f"DROP POLICY IF EXISTS own_rows ON {s}.{table}")
+    cur.execute(f"CREATE POLICY own_rows ON {s}.{table} FOR ALL USING ({own}) WITH CHECK ({own})")
+    cur.execute(f"DROP POLICY IF EXISTS shared_rows ON {s}.{table}")
+    cur.execute(f"CREATE POLICY shared_rows ON {s}.{table} FOR SELECT USING ({shared})")
+
+
+def m003_row_level_security(cur: Any, schema: str) -> None:
+    """Enable row-level security: own rows read/write, shared agents' rows read-only."""
     for table in AGENT_TABLES:
-        cur.execute(f"ALTER TABLE {s}.{table} ENABLE ROW LEVEL SECURITY")
-        cur.execute(f"DROP POLICY IF EXISTS own_rows ON {s}.{table}")
-        cur.execute(f"CREATE POLICY own_rows ON {s}.{table} FOR ALL USING ({own}) WITH CHECK ({own})")
-        cur.execute(f"DROP POLICY IF EXISTS shared_rows ON {s}.{table}")
-        cur.execute(f"CREATE POLICY shared_rows ON {s}.{table} FOR SELECT USING ({shared})")
+        _secure(cur, schema, table)
 
 
-MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (m001_core, m002_vectors, m003_row_level_security)
+def m004_trigram_postings(cur: Any, schema: str) -> None:
+    """CJK substring search as the SQLite store's ``chunks_trigram`` does it.
+
+    ``trigram_postings`` holds, for each chunk with CJK text, the FTS5 ``trigram case_sensitive
+    0`` tokens of its text (PostgreSQL's own ``pg_trgm`` is not needed, and the bundled server
+    has none); ``chunks.trigram_len`` is the chunk's trigram count (NULL: no CJK text), and
+    ``workspaces.trigram_chunk_count`` / ``trigram_token_count`` the statistics of that table's
+    ``bm25()``.
+    """
+    s = _q(schema)
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.trigram_postings ("
+                " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"
+                f" chunk_rowid bigint NOT NULL REFERENCES {s}.chunks ON DELETE CASCADE,"
+                " positions int[] NOT NULL, PRIMARY KEY (agent_id, workspace, term, chunk_rowid))")
+    cur.execute(f"CREATE INDEX IF NOT EXISTS trigram_postings_chunk ON {s}.trigram_postings (chunk_rowid)")
+    cur.execute(f"ALTER TABLE {s}.chunks ADD COLUMN IF NOT EXISTS trigram_len int")
+    cur.execute(f"ALTER TABLE {s}.workspaces ADD COLUMN IF NOT EXISTS trigram_chunk_count bigint"
+                " NOT NULL DEFAULT 0")
+    cur.execute(f"ALTER TABLE {s}.workspaces ADD COLUMN IF NOT EXISTS trigram_token_count bigint"
+                " NOT NULL DEFAULT 0")
+    _secure(cur, schema, "trigram_postings")
+
+
+MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
+    m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

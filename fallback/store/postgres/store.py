@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,8 @@ from fallback.store.postgres.bm25 import parse_match, rank_rows
 from fallback.store.postgres.errors import translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
-from fallback.store.postgres.tokens import Fts5Tokenizer
+from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
+from fallback.text.scripts import contains_cjk
 
 __all__ = ["ChunkRow", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
 
@@ -82,12 +83,16 @@ class ScopeStats:
         chunk_count: chunks in it (FTS5's ``N``).
         token_count: tokens of all chunks in all indexed columns.
         last_sync_at_ms: epoch ms of the last publish, or ``None``.
+        trigram_chunk_count: chunks with CJK text (the trigram index's ``N``).
+        trigram_token_count: trigrams of those chunks.
     """
 
     generation: int
     chunk_count: int
     token_count: int
     last_sync_at_ms: int | None
+    trigram_chunk_count: int = 0
+    trigram_token_count: int = 0
 
 
 def _visible(alias: str) -> str:
@@ -125,7 +130,8 @@ class PostgresStore:
         self.connect_timeout_ms = connect_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
-        self._tokenizer = Fts5Tokenizer()
+        self._tokenizer = Fts5Tokenizer(MAIN)
+        self._trigrams = Fts5Tokenizer(TRIGRAM)
         self._s = f'"{target.schema}"'
         with self._errors("connect"):
             first = self._connect()
@@ -236,86 +242,103 @@ class PostgresStore:
 
     def _stats(self, cur: Any) -> ScopeStats:
         cur.execute(f"SELECT published_generation, chunk_count, token_count,"
-                    f" (extract(epoch FROM last_sync_at) * 1000)::bigint FROM {self._s}.workspaces"
+                    " (extract(epoch FROM last_sync_at) * 1000)::bigint, trigram_chunk_count,"
+                    f" trigram_token_count FROM {self._s}.workspaces"
                     " WHERE agent_id = %s AND workspace = %s", (self.agent_id, self.workspace))
         row = cur.fetchone()
         if row is None:
             return ScopeStats(0, 0, 0, None)
         return ScopeStats(int(row[0]), int(row[1]), int(row[2]),
-                          int(row[3]) if row[3] is not None else None)
+                          int(row[3]) if row[3] is not None else None, int(row[4]), int(row[5]))
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
-                     substrings: Sequence[str] = (),
+                     trigram_match: str | None = None, like_patterns: Sequence[str] = (),
                      weights: Sequence[float] = DEFAULT_WEIGHTS) -> list[KeywordRow]:
-        """Keyword rows of the published index, best first, ranked as FTS5 ranks them.
+        """Keyword rows of the published index, best first, as the SQLite store's
+        ``keyword_rows`` gives them for the same plan (``fallback/search/fts.py``).
 
         Args:
-            match: a keyword plan's ``MATCH`` expression (``FtsPlan.match``), or ``None`` for a
-                substring-only plan.
+            match: the plan's ``MATCH`` expression for the main index (``FtsPlan.match``), or
+                ``None``.
             sources: sources searched (``memory``, ``sessions``).
             limit: most rows returned.
-            substrings: text every row must contain, case-insensitively (the plan's CJK
-                tokens: ``trigram_match`` tokens and ``like_terms``).
+            trigram_match: the plan's ``MATCH`` for the CJK trigram index
+                (``FtsPlan.trigram_match``), or ``None``; rows must match it too.
+            like_patterns: escaped ``%tok%`` patterns every row's text must match
+                (``FtsPlan.like_patterns``, ``LIKE ... ESCAPE '\\'``).
             weights: bm25 weight of the text, title and terms columns.
 
         Returns:
-            :data:`KeywordRow` tuples ordered by rank, then path, then start line; rank is
-            ``-bm25`` over the whole index (every source counts for IDF), ``0.0`` for
-            substring-only rows.
+            :data:`KeywordRow` tuples ordered by rank, then path, then start line. The rank is
+            FTS5's: ``-bm25`` of ``match`` over the whole index (every source counts for IDF),
+            else ``-bm25`` of ``trigram_match`` over the chunks with CJK text, else ``0.0``.
 
         Raises:
-            ValueError: ``match`` is not an expression of ``fallback/search/fts.py``'s grammar.
+            ValueError: an expression outside ``fallback/search/fts.py``'s grammar.
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
         if limit <= 0 or not sources:
             return []
-        query = parse_match(match, self._tokenizer.phrase_tokens) if match else None
+        main = parse_match(match, self._tokenizer.phrase_tokens) if match else None
+        tri = parse_match(trigram_match, self._trigrams.phrase_tokens) if trigram_match else None
         s = self._s
         with self._snapshot("keyword search") as cur:
             st = self._stats(cur)
             args = {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
-                    "sources": list(sources), "limit": limit,
-                    "likes": [f"%{_escape_like(t.lower())}%" for t in substrings]}
-            like_sql = " AND lower(c.text) LIKE ALL(%(likes)s)" if substrings else ""
-            if query is None:
-                if not substrings:
+                    "sources": list(sources), "limit": limit, "likes": list(like_patterns)}
+            like_sql = " AND c.text LIKE ALL(%(likes)s)" if like_patterns else ""
+            if main is None and tri is None:
+                if not like_patterns:
                     return []
                 cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
                             f" FROM {s}.chunks c WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s"
                             f" AND {_visible('c')} AND c.source = ANY(%(sources)s){like_sql}"
                             " ORDER BY c.path, c.start_line LIMIT %(limit)s", args)
                 return [_keyword_row(r) for r in cur.fetchall()]
-            args["terms"] = list(query.tokens)
-            cur.execute(f"SELECT p.chunk_rowid, p.term, p.positions, c.doc_len, c.source, c.path,"
-                        f" c.start_line FROM {s}.postings p JOIN {s}.chunks c"
-                        " ON c.chunk_rowid = p.chunk_rowid WHERE p.agent_id = %(agent)s"
-                        f" AND p.workspace = %(ws)s AND p.term = ANY(%(terms)s) AND {_visible('c')}",
-                        args)
-            rows: dict[int, dict[str, list[int]]] = {}
-            doc_len: dict[int, int] = {}
-            order: dict[int, tuple[str, int]] = {}
-            wanted: set[int] = set()
+            ranks: dict[int, float] | None = None
+            order: dict[int, tuple[str, str, int]] = {}
+            for query, table, length, n_rows, n_tokens, col_weights in (
+                    (main, "postings", "doc_len", st.chunk_count, st.token_count, weights),
+                    (tri, "trigram_postings", "trigram_len", st.trigram_chunk_count,
+                     st.trigram_token_count, (1.0,))):
+                if query is None:
+                    continue
+                rows, doc_len = self._postings(cur, table, length, query.tokens, args, order)
+                found = rank_rows(query, rows, doc_len, row_count=n_rows, token_count=n_tokens,
+                                  weights=col_weights)
+                ranks = found if ranks is None else {r: v for r, v in ranks.items() if r in found}
+            assert ranks is not None
             allowed = set(sources)
-            for rowid, term, positions, length, source, path, start in cur.fetchall():
-                rows.setdefault(rowid, {})[term] = positions
-                doc_len[rowid] = length
-                order[rowid] = (path, start)
-                if source in allowed:
-                    wanted.add(rowid)
-            ranks = rank_rows(query, rows, doc_len, row_count=st.chunk_count,
-                              token_count=st.token_count, weights=weights)
-            ranked = sorted((r for r in ranks if r in wanted),
-                            key=lambda r: (ranks[r], order[r][0], order[r][1]))
-            picked = ranked if substrings else ranked[:limit]
+            ranked = sorted((r for r in ranks if order[r][0] in allowed),
+                            key=lambda r: (ranks[r], order[r][1], order[r][2]))
+            picked = ranked if like_patterns else ranked[:limit]
             if not picked:
                 return []
             args["ids"] = picked
             cur.execute(f"SELECT c.chunk_rowid, c.id, c.path, c.source, c.start_line, c.end_line,"
                         f" c.text FROM {s}.chunks c WHERE c.chunk_rowid = ANY(%(ids)s){like_sql}",
                         args)
-            found = {r[0]: r[1:] for r in cur.fetchall()}
-        out = [(*found[r], ranks[r]) for r in picked if r in found][:limit]
+            text_of = {r[0]: r[1:] for r in cur.fetchall()}
+        out = [(*text_of[r], ranks[r]) for r in picked if r in text_of][:limit]
         return [_keyword_row(r) for r in out]
+
+    def _postings(self, cur: Any, table: str, length: str, tokens: Sequence[str],
+                  args: dict[str, Any], order: dict[int, tuple[str, str, int]]
+                  ) -> tuple[dict[int, dict[str, list[int]]], dict[int, int]]:
+        """Postings of ``tokens`` in the published chunks: ``({rowid: {term: positions}},
+        {rowid: doc length})``; ``order`` gets ``(source, path, start_line)`` per row."""
+        cur.execute(f"SELECT p.chunk_rowid, p.term, p.positions, c.{length}, c.source, c.path,"
+                    f" c.start_line FROM {self._s}.{table} p JOIN {self._s}.chunks c"
+                    " ON c.chunk_rowid = p.chunk_rowid WHERE p.agent_id = %(agent)s"
+                    f" AND p.workspace = %(ws)s AND p.term = ANY(%(terms)s) AND {_visible('c')}",
+                    {**args, "terms": list(tokens)})
+        rows: dict[int, dict[str, list[int]]] = {}
+        doc_len: dict[int, int] = {}
+        for rowid, term, positions, n, source, path, start in cur.fetchall():
+            rows.setdefault(rowid, {})[term] = positions
+            doc_len[rowid] = n
+            order[rowid] = (source, path, start)
+        return rows, doc_len
 
     def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
         """The published chunks with these ids (rank ``0.0``), in the order of ``chunk_ids``.
@@ -460,6 +483,7 @@ class PostgresStore:
         """Close the pool and the tokenizer (idempotent)."""
         self._pool.close()
         self._tokenizer.close()
+        self._trigrams.close()
 
 
 class SyncLease:
@@ -519,6 +543,9 @@ class SyncLease:
         """
         store, s = self.store, self.store._s
         terms = store._tokenizer.chunk_terms([(c.text, title, c.derived_terms) for c in chunks])
+        cjk = [i for i, c in enumerate(chunks) if contains_cjk(c.text)]
+        trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i].text,) for i in cjk]),
+                            strict=True))
         args = {**self._scope, "path": path, "source": source, "gen": self.generation}
         with store._errors("write a file"), self._conn.transaction(), self._conn.cursor() as cur:
             self._retire(cur, args)
@@ -528,26 +555,19 @@ class SyncLease:
                         {**args, "hash": content_hash, "mtime": mtime_ms, "size": size})
             rowids = []
             for c, t in zip(chunks, terms, strict=True):
+                tri = trigrams.get(len(rowids))
                 cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
-                            " end_line, hash, model, text, doc_len, gen_from) VALUES (%(agent)s,"
-                            " %(ws)s, %(id)s, %(path)s, %(source)s, %(start)s, %(end)s, %(hash)s,"
-                            " %(model)s, %(text)s, %(len)s, %(gen)s) RETURNING chunk_rowid",
+                            " end_line, hash, model, text, doc_len, trigram_len, gen_from) VALUES"
+                            " (%(agent)s, %(ws)s, %(id)s, %(path)s, %(source)s, %(start)s, %(end)s,"
+                            " %(hash)s, %(model)s, %(text)s, %(len)s, %(tri)s, %(gen)s)"
+                            " RETURNING chunk_rowid",
                             {**args, "id": c.chunk_id, "start": c.start_line, "end": c.end_line,
                              "hash": c.content_hash, "model": c.model, "text": c.text,
-                             "len": t.doc_len})
+                             "len": t.doc_len, "tri": tri.doc_len if tri else None})
                 rowids.append(cur.fetchone()[0])
-            # One INSERT over arrays (COPY is refused on tables with row-level security).
-            posting_rows = [(term, rowid, "{" + ",".join(map(str, positions)) + "}")
-                            for rowid, t in zip(rowids, terms, strict=True)
-                            for term, positions in t.positions.items()]
-            if posting_rows:
-                cur.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid, positions)"
-                            " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                            " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[])"
-                            " AS x(t, r, p)",
-                            {**args, "terms": [p[0] for p in posting_rows],
-                             "rowids": [p[1] for p in posting_rows],
-                             "pos": [p[2] for p in posting_rows]})
+            _insert_postings(cur, f"{s}.postings", args, zip(rowids, terms, strict=True))
+            _insert_postings(cur, f"{s}.trigram_postings", args,
+                             ((rowids[i], t) for i, t in trigrams.items()))
             vectors = [(rowid, c.embedding) for rowid, c in zip(rowids, chunks, strict=True)
                        if c.embedding]
             for dims in {len(v) for _, v in vectors}:
@@ -592,19 +612,24 @@ class SyncLease:
         args = {**self._scope, "gen": self.generation}
         with self.store._errors("publish the sync"):
             with self._conn.transaction():
-                count, tokens = self._conn.execute(
-                    f"SELECT count(*), coalesce(sum(doc_len), 0) FROM {s}.chunks c"
+                count, tokens, tri_count, tri_tokens = self._conn.execute(
+                    f"SELECT count(*), coalesce(sum(doc_len), 0), count(trigram_len),"
+                    f" coalesce(sum(trigram_len), 0) FROM {s}.chunks c"
                     f" WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s AND {_visible('c')}",
                     args).fetchone()
                 self._conn.execute(f"UPDATE {s}.workspaces SET published_generation = %(gen)s,"
-                                   " chunk_count = %(n)s, token_count = %(t)s, last_sync_at = now()"
+                                   " chunk_count = %(n)s, token_count = %(t)s,"
+                                   " trigram_chunk_count = %(tn)s, trigram_token_count = %(tt)s,"
+                                   " last_sync_at = now()"
                                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
-                                   {**args, "n": count, "t": tokens})
+                                   {**args, "n": count, "t": tokens, "tn": tri_count,
+                                    "tt": tri_tokens})
             with self._conn.transaction():
                 for table in ("chunks", "files"):
                     self._conn.execute(f"DELETE FROM {s}.{table} WHERE agent_id = %(agent)s"
                                        " AND workspace = %(ws)s AND gen_to <= %(gen)s", args)
-        stats = ScopeStats(self.generation, int(count), int(tokens), None)
+        stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
+                           int(tri_tokens))
         self.close()
         return stats
 
@@ -614,8 +639,18 @@ class SyncLease:
             self._conn.close()
 
 
-def _escape_like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+def _insert_postings(cur: Any, table: str, args: dict[str, Any],
+                     chunks: Iterable[tuple[int, ChunkTerms]]) -> None:
+    """Write the postings of freshly inserted chunks in one INSERT over arrays (``COPY`` is
+    refused on tables with row-level security)."""
+    rows = [(term, rowid, "{" + ",".join(map(str, positions)) + "}")
+            for rowid, t in chunks for term, positions in t.positions.items()]
+    if rows:
+        cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
+                    " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
+                    " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)",
+                    {**args, "terms": [r[0] for r in rows], "rowids": [r[1] for r in rows],
+                     "pos": [r[2] for r in rows]})
 
 
 def _keyword_row(r: Sequence[Any]) -> KeywordRow:

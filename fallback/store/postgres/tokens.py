@@ -1,10 +1,12 @@
-"""The terms of a chunk exactly as the SQLite store's ``chunks_fts`` indexes them.
+"""The terms of a chunk exactly as the SQLite store's FTS5 tables index them.
 
 SQLite itself does the tokenizing: an in-memory FTS5 table with the SQLite store's columns and
-tokenizer (``fallback/store/fts_rows.py``: ``text, title, terms``, ``porter unicode61``) takes a
-batch of rows, and its ``fts5vocab`` ``instance`` table lists every token with its column and
-offset. So the postgres store's postings hold the same stemmed terms at the same offsets, and
-its BM25 (``fallback/store/postgres/bm25.py``) counts what FTS5 counts.
+tokenizer takes a batch of rows, and its ``fts5vocab`` ``instance`` table lists every token with
+its column and offset. So the postgres store's postings hold the same terms at the same offsets,
+and its BM25 (``fallback/store/postgres/bm25.py``) counts what FTS5 counts. Two tokenizers:
+:data:`MAIN` as ``chunks_fts`` (``fallback/store/fts_rows.py``: ``text, title, terms``,
+``porter unicode61``) and :data:`TRIGRAM` as ``chunks_trigram`` (``text``, ``trigram
+case_sensitive 0``, CJK substrings).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import dataclass
 from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["ChunkTerms", "Fts5Tokenizer"]
+__all__ = ["MAIN", "TRIGRAM", "ChunkTerms", "Fts5Tokenizer"]
 
-# The SQLite store's chunks_fts tokenizer (fallback/store/fts_rows.py, unicode61 stores).
-TOKENIZE = "porter unicode61"
+# (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
+MAIN = (FTS_COLUMNS, "porter unicode61")
+TRIGRAM = (("text",), "trigram case_sensitive 0")
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,30 @@ class ChunkTerms:
 
 
 class Fts5Tokenizer:
-    """FTS5 ``porter unicode61`` tokenization of chunk rows and query phrases (thread-safe)."""
+    """FTS5 tokenization of chunk rows and query phrases (thread-safe).
 
-    def __init__(self) -> None:
+    Args:
+        kind: :data:`MAIN` or :data:`TRIGRAM`.
+    """
+
+    def __init__(self, kind: tuple[tuple[str, ...], str] = MAIN) -> None:
+        columns, tokenize = kind
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(":memory:", check_same_thread=False)
-        self._conn.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(FTS_COLUMNS)},"
-                           f" tokenize='{TOKENIZE}')")
+        self._conn.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(columns)},"
+                           f" tokenize='{tokenize}')")
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
-        self._column = {name: i for i, name in enumerate(FTS_COLUMNS)}
+        self._columns = columns
+        self._column = {name: i for i, name in enumerate(columns)}
+        self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
+                        f" VALUES (?, {', '.join('?' for _ in columns)})")
 
-    def chunk_terms(self, rows: Sequence[tuple[str, str, str]]) -> list[ChunkTerms]:
+    def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
         """The postings of chunk rows.
 
         Args:
-            rows: ``(text, title, derived terms)`` per chunk, the SQLite store's three columns.
+            rows: one value per column per chunk (:data:`MAIN`: text, title, derived terms;
+                :data:`TRIGRAM`: text).
 
         Returns:
             One :class:`ChunkTerms` per row, in order.
@@ -59,8 +71,7 @@ class Fts5Tokenizer:
         out = [ChunkTerms({}, 0) for _ in rows]
         with self._lock:
             conn = self._conn
-            conn.executemany("INSERT INTO t(rowid, text, title, terms) VALUES (?, ?, ?, ?)",
-                             [(i + 1, *row) for i, row in enumerate(rows)])
+            conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
             lens = [0] * len(rows)
             for term, doc, col, offset in conn.execute(
                     "SELECT term, doc, col, \"offset\" FROM v ORDER BY doc, col, \"offset\""):
@@ -74,8 +85,7 @@ class Fts5Tokenizer:
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""
         with self._lock:
-            self._conn.execute("INSERT INTO t(rowid, text, title, terms) VALUES (1, ?, '', '')",
-                               (phrase,))
+            self._conn.execute(self._insert, (1, phrase, *("" for _ in self._columns[1:])))
             tokens = [r[0] for r in self._conn.execute(
                 "SELECT term FROM v WHERE doc = 1 ORDER BY \"offset\"")]
             self._conn.execute("DELETE FROM t")

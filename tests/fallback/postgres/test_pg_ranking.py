@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fallback.text.chunking import chunk_markdown
 from fallback.search.keyword import keyword_rows, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
@@ -16,6 +17,7 @@ from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
 from fallback.text.terms import derived_terms
 
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 LOCOMO = next((p / "shared" / "bench" / "locomo-dev" / "conv-26.json"
                for p in Path(__file__).resolve().parents
                if (p / "shared" / "bench" / "locomo-dev" / "conv-26.json").is_file()), None)
@@ -85,11 +87,51 @@ def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Pa
                 continue
             want = keyword_rows(lite, plan, sources=["memory"], limit=10)
             got = pg.keyword_rows(plan.match, sources=["memory"], limit=10,
-                                  substrings=[*plan.like_terms])
+                                  trigram_match=plan.trigram_match, like_patterns=plan.like_patterns)
             assert [r[0] for r in got] == [r[0] for r in want], question
             assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
             compared += 1
         assert compared == len(questions)
+    finally:
+        lite.close()
+        pg.close()
+
+
+def corpus_files(root: Path) -> dict[str, list[tuple[int, int, str]]]:
+    """The chunks of a ``scripts/corpus.py`` workspace (English with Japanese and Chinese
+    lines), chunked as the engine chunks notes."""
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS))
+    from corpus import generate_workspace
+
+    generate_workspace(root, files=40, file_bytes=3000, cjk_every=2)
+    files = {}
+    for path in sorted(root.rglob("*.md")):
+        rel = path.relative_to(root).as_posix()
+        files[rel] = [(c.start_line, c.end_line, c.text)
+                      for c in chunk_markdown(path.read_text(), tokens=100, overlap=20, sections=True)]
+    return files
+
+
+CJK_QUESTIONS = ("東京チーム", "家計簿アプリ", "数据库迁移", "バックアップ", "数据", "家計簿アプリ backup job",
+                 "会議", "迁移 webhook timeout")
+
+
+def test_cjk_rows_match_sqlite_trigram_and_like(pg_dsn: str, tmp_path: Path) -> None:
+    files = corpus_files(tmp_path / "ws")
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    try:
+        for question in CJK_QUESTIONS:
+            plan = search_plan(lite, question)
+            assert plan is not None and (plan.trigram_match or plan.like_terms), question
+            want = keyword_rows(lite, plan, sources=["memory"], limit=10)
+            got = pg.keyword_rows(plan.match, sources=["memory"], limit=10,
+                                  trigram_match=plan.trigram_match, like_patterns=plan.like_patterns)
+            assert want, question
+            assert [r[0] for r in got] == [r[0] for r in want], question
+            assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
     finally:
         lite.close()
         pg.close()

@@ -553,7 +553,7 @@ class SyncLease:
                         " gen_from) VALUES (%(agent)s, %(ws)s, %(path)s, %(source)s, %(hash)s,"
                         " %(mtime)s, %(size)s, %(gen)s)",
                         {**args, "hash": content_hash, "mtime": mtime_ms, "size": size})
-            rowids = []
+            rowids: list[int] = []
             for c, t in zip(chunks, terms, strict=True):
                 tri = trigrams.get(len(rowids))
                 cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from fallback.text.chunking import chunk_markdown
 from fallback.search.keyword import keyword_rows, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
 from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
+from fallback.text.chunking import chunk_markdown
 from fallback.text.terms import derived_terms
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"

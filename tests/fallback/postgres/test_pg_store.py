@@ -117,7 +117,7 @@ def test_kill_9_of_a_syncing_process_loses_nothing_committed_and_holds_no_lock(p
 
 
 def test_row_level_security_own_rows_and_shared_rows_read_only(pg_server: PgServer, pg_dsn: str) -> None:
-    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
     with pg_server.admin(dbname) as conn:
         for role in ("alice_role", "bob_role"):
             conn.execute(f"DROP ROLE IF EXISTS {role}")

@@ -1,0 +1,47 @@
+"""``memorySearch.store`` for the postgres store: driver, dsn, schema, shareWith and deadlines,
+in the defaults and per agent like every memorySearch key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fallback.errors import ConfigError
+from qmdbridge.config import parse_config, resolve_agent
+
+DSN = "postgresql://agent:pa55-word@db.internal:5432/memory"
+
+
+def config(tmp_path: Path) -> dict[str, object]:
+    return {"agents": {
+        "defaults": {"memorySearch": {"store": {"driver": "postgres", "dsn": DSN, "schema": "mem",
+                                                "shareWith": ["Bob"]}}},
+        "list": [{"id": "main", "default": True, "workspace": str(tmp_path / "main")},
+                 {"id": "bob", "workspace": str(tmp_path / "bob"),
+                  "memorySearch": {"store": {"shareWith": [], "statementTimeoutMs": 2500}}},
+                 {"id": "solo", "workspace": str(tmp_path / "solo"),
+                  "memorySearch": {"store": {"driver": "sqlite"}}}]}}
+
+
+def test_store_keys_in_defaults_and_per_agent(tmp_path: Path) -> None:
+    cfg = parse_config(config(tmp_path))
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    main = resolve_agent(cfg, "main", env=env).memory_search.store
+    bob = resolve_agent(cfg, "bob", env=env).memory_search.store
+    solo = resolve_agent(cfg, "solo", env=env).memory_search.store
+    assert (main.driver, main.dsn, main.schema_, main.share_with) == ("postgres", DSN, "mem", ["bob"])
+    assert (main.connect_timeout_ms, main.statement_timeout_ms) == (5000, 10000)
+    assert (bob.driver, bob.dsn, bob.schema_, bob.share_with) == ("postgres", DSN, "mem", [])
+    assert bob.statement_timeout_ms == 2500
+    assert (solo.driver, solo.dsn) == ("sqlite", DSN)
+    assert "pa55-word" not in repr(main)
+
+
+def test_unknown_driver_names_the_key(tmp_path: Path) -> None:
+    data = config(tmp_path)
+    data["agents"]["defaults"]["memorySearch"]["store"]["driver"] = "mysql"  # type: ignore[index]
+    with pytest.raises(ConfigError) as caught:
+        resolve_agent(parse_config(data), "main", env={"OPENCLAW_STATE_DIR": str(tmp_path)})
+    assert caught.value.key == "agents.defaults.memorySearch.store.driver"
+    assert "pa55-word" not in str(caught.value)

@@ -12,10 +12,15 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
      |    +-- QmdCommandError, QmdOutputError, QmdMcpError (qmdbridge/qmd/errors.py: qmd failed,
      |        printed garbage, or its warm ``qmd mcp`` child could not answer)
+     |    +-- PostgresUnavailableError  the postgres store's server cannot be used: unreachable,
+     |    |                             login refused, pgvector missing, no privilege
+     |    |                             (fallback/store/postgres/errors.py)
+     |    +-- (BackendTimeoutError) PostgresTimeoutError  a statement past statement_timeout
      +-- IndexStoreError             a SQLite store failure (fallback/store/errors.py maps codes):
      |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
      |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)
      |    +-- IndexStoreCorruptError    ... damaged or not a database (SQLITE_CORRUPT/NOTADB)
+     |    +-- PostgresStoreError        ... any other error of the postgres store (SQLSTATE)
      +-- LockTimeoutError            an inter-process file lock stayed held past the wait budget
                                      (also a TimeoutError; the store and qmd translate it)
      +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
@@ -28,7 +33,8 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      +-- ManagerClosedError          a closed MemoryManager was used
 
 Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
-``fallback/store/errors.py``, by SQLite result code; subprocesses in
+``fallback/store/errors.py``, by SQLite result code; ``psycopg`` in
+``fallback/store/postgres/errors.py``, by SQLSTATE; subprocesses in
 ``qmdbridge/qmd/runner.py``; HTTP in ``fallback/embeddings/_http.py``) with ``raise ... from exc``.
 """
 

@@ -36,7 +36,9 @@ _CANCELED = "57014"                        # query_canceled (statement_timeout)
 _LOCK_TIMEOUT = "55P03"                    # lock_not_available (lock_timeout)
 _NO_DATABASE = "3D000"
 _PRIVILEGE = "42501"
-_UNDEFINED_FILE = "58P01"                  # CREATE EXTENSION: control file missing
+# CREATE EXTENSION of an extension whose files are not installed: feature_not_supported
+# (PostgreSQL 16: 'extension "vector" is not available') or undefined_file (older servers).
+_EXTENSION_MISSING = {"0A000", "58P01"}
 _SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
 
 
@@ -106,8 +108,8 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
         return PostgresUnavailableError(
             where, f"the database does not exist: {detail}",
             "create it (createdb) or fix the database name in memorySearch.store.dsn / PGDATABASE")
-    if state == _UNDEFINED_FILE or (state is not None and "vector" in detail
-                                    and "extension" in detail):
+    if (state in _EXTENSION_MISSING and "extension" in detail) or (
+            state == _PRIVILEGE and 'extension "vector"' in detail):
         return PostgresUnavailableError(
             where, f"the pgvector extension is not available: {detail}",
             "install pgvector on the server (e.g. the postgresql-16-pgvector package) and run "

@@ -252,3 +252,34 @@ def test_redaction_of_the_password_everywhere() -> None:
         resolve_target(f"host=h password={PASSWORD} = =")
     assert PASSWORD not in str(caught.value)
     assert str(caught.value).startswith("<config>: memorySearch.store.dsn: cannot parse the DSN")
+
+
+def test_pgvector_not_installable_by_the_migrating_role(pg_server: PgServer, pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        conn.execute("DROP ROLE IF EXISTS plain_owner")
+        conn.execute("CREATE ROLE plain_owner LOGIN NOSUPERUSER")
+        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO plain_owner')
+    with pytest.raises(PostgresUnavailableError) as caught:
+        PostgresStore(resolve_target(pg_server.dsn(dbname, user="plain_owner")), agent_id="main",
+                      workspace="/ws")
+    message = str(caught.value)
+    assert message.startswith('postgres unavailable: the pgvector extension is not available:'
+                              ' permission denied to create extension "vector"')
+    assert f'(database "{dbname}" on host {pg_server.data_dir} port 5432 as user plain_owner)' in message
+    assert message.endswith("install pgvector on the server (e.g. the postgresql-16-pgvector package)"
+                            " and run CREATE EXTENSION vector as a superuser")
+    with psycopg.connect(pg_dsn) as conn:  # the failed migration left nothing behind
+        assert conn.execute("SELECT to_regnamespace('qmdbridge')").fetchone() == (None,)
+
+
+def test_a_missing_extension_control_file_is_told_as_missing_pgvector(pg_dsn: str) -> None:
+    from fallback.store.postgres.errors import translate
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn, pytest.raises(psycopg.Error) as raised:
+        conn.execute("CREATE EXTENSION vector_not_installed")
+    assert raised.value.sqlstate == "0A000"  # PostgreSQL 16: feature_not_supported
+    err = translate(raised.value, resolve_target(pg_dsn), doing="migrate the schema", timeout_ms=1000)
+    assert isinstance(err, PostgresUnavailableError)
+    assert str(err).startswith("postgres unavailable: the pgvector extension is not available: extension"
+                               ' "vector_not_installed" is not available')

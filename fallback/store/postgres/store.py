@@ -130,6 +130,7 @@ class PostgresStore:
         self.connect_timeout_ms = connect_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
+        self._vector_dims: set[int] = set()
         self._tokenizer = Fts5Tokenizer(MAIN)
         self._trigrams = Fts5Tokenizer(TRIGRAM)
         self._s = f'"{target.schema}"'
@@ -424,6 +425,18 @@ class PostgresStore:
 
     # -- writes -------------------------------------------------------------------------------------
 
+    def _ensure_vector_index(self, conn: Any, dims: int) -> None:
+        """Create the HNSW index of ``dims``-dimensional vectors once, outside any file's
+        transaction (``CREATE INDEX`` locks the table against writers; two hosts creating it
+        at once are serialised by an advisory lock)."""
+        name = f"{self.target.schema}.chunk_vectors_hnsw_{int(dims)}"
+        with self._errors("create the vector index"), conn.transaction():
+            if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is None:
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                             (f"qmdbridge.vector-index:{self.target.schema}",))
+                conn.execute(vector_index_sql(self.target.schema, dims))
+        self._vector_dims.add(dims)
+
     def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
         """Take the one sync of this agent + workspace across hosts.
 
@@ -547,36 +560,44 @@ class SyncLease:
         trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i].text,) for i in cjk]),
                             strict=True))
         args = {**self._scope, "path": path, "source": source, "gen": self.generation}
+        vectors = {len(c.embedding) for c in chunks if c.embedding}
+        for dims in vectors - store._vector_dims:
+            store._ensure_vector_index(self._conn, dims)
         with store._errors("write a file"), self._conn.transaction(), self._conn.cursor() as cur:
             self._retire(cur, args)
             cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
                         " gen_from) VALUES (%(agent)s, %(ws)s, %(path)s, %(source)s, %(hash)s,"
                         " %(mtime)s, %(size)s, %(gen)s)",
                         {**args, "hash": content_hash, "mtime": mtime_ms, "size": size})
-            rowids: list[int] = []
-            for c, t in zip(chunks, terms, strict=True):
-                tri = trigrams.get(len(rowids))
-                cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
-                            " end_line, hash, model, text, doc_len, trigram_len, gen_from) VALUES"
-                            " (%(agent)s, %(ws)s, %(id)s, %(path)s, %(source)s, %(start)s, %(end)s,"
-                            " %(hash)s, %(model)s, %(text)s, %(len)s, %(tri)s, %(gen)s)"
-                            " RETURNING chunk_rowid",
-                            {**args, "id": c.chunk_id, "start": c.start_line, "end": c.end_line,
-                             "hash": c.content_hash, "model": c.model, "text": c.text,
-                             "len": t.doc_len, "tri": tri.doc_len if tri else None})
-                rowids.append(cur.fetchone()[0])
+            if not chunks:
+                return
+            # One INSERT per table over arrays: a round trip per file, not per chunk.
+            cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                        " end_line, hash, model, text, doc_len, trigram_len, gen_from)"
+                        " SELECT %(agent)s, %(ws)s, x.id, %(path)s, %(source)s, x.s, x.e, x.h, x.m,"
+                        " x.t, x.n, x.tri, %(gen)s FROM unnest(%(ids)s::text[], %(starts)s::int[],"
+                        " %(ends)s::int[], %(hashes)s::text[], %(models)s::text[], %(texts)s::text[],"
+                        " %(lens)s::int[], %(tris)s::int[]) AS x(id, s, e, h, m, t, n, tri)"
+                        " RETURNING chunk_rowid, id",
+                        {**args, "ids": [c.chunk_id for c in chunks],
+                         "starts": [c.start_line for c in chunks], "ends": [c.end_line for c in chunks],
+                         "hashes": [c.content_hash for c in chunks], "models": [c.model for c in chunks],
+                         "texts": [c.text for c in chunks], "lens": [t.doc_len for t in terms],
+                         "tris": [trigrams[i].doc_len if i in trigrams else None
+                                  for i in range(len(chunks))]})
+            by_id = {cid: rowid for rowid, cid in cur.fetchall()}
+            rowids = [by_id[c.chunk_id] for c in chunks]
             _insert_postings(cur, f"{s}.postings", args, zip(rowids, terms, strict=True))
             _insert_postings(cur, f"{s}.trigram_postings", args,
                              ((rowids[i], t) for i, t in trigrams.items()))
-            vectors = [(rowid, c.embedding) for rowid, c in zip(rowids, chunks, strict=True)
-                       if c.embedding]
-            for dims in {len(v) for _, v in vectors}:
-                cur.execute(vector_index_sql(store.target.schema, dims))
-            if vectors:
-                cur.executemany(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
-                                " embedding) VALUES (%s, %s, %s, %s, %s::vector)",
-                                [(r, store.agent_id, store.workspace, len(v), _vector_text(v))
-                                 for r, v in vectors])
+            embedded = [(r, c.embedding) for r, c in zip(rowids, chunks, strict=True) if c.embedding]
+            if embedded:
+                cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
+                            " embedding) SELECT r, %(agent)s, %(ws)s, d, v::vector FROM"
+                            " unnest(%(rowids)s::bigint[], %(dims)s::int[], %(vecs)s::text[]) AS x(r, d, v)",
+                            {**args, "rowids": [r for r, _ in embedded],
+                             "dims": [len(v) for _, v in embedded],
+                             "vecs": [_vector_text(v) for _, v in embedded]})
 
     def delete_file(self, path: str, source: str) -> None:
         """Leave ``path`` out of generation ``P + 1`` (one transaction).
@@ -593,8 +614,9 @@ class SyncLease:
         s = self.store._s
         where = ("agent_id = %(agent)s AND workspace = %(ws)s AND path = %(path)s"
                  " AND source = %(source)s")
+        _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
+        cur.execute(f"DELETE FROM {s}.files WHERE {where} AND gen_from = %(gen)s", args)
         for table in ("chunks", "files"):
-            cur.execute(f"DELETE FROM {s}.{table} WHERE {where} AND gen_from = %(gen)s", args)
             cur.execute(f"UPDATE {s}.{table} SET gen_to = %(gen)s WHERE {where} AND gen_to IS NULL",
                         args)
 
@@ -624,10 +646,10 @@ class SyncLease:
                                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
                                    {**args, "n": count, "t": tokens, "tn": tri_count,
                                     "tt": tri_tokens})
-            with self._conn.transaction():
-                for table in ("chunks", "files"):
-                    self._conn.execute(f"DELETE FROM {s}.{table} WHERE agent_id = %(agent)s"
-                                       " AND workspace = %(ws)s AND gen_to <= %(gen)s", args)
+            with self._conn.transaction(), self._conn.cursor() as cur:
+                where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
+                _delete_chunks(cur, s, where, args)
+                cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
         self.close()
@@ -637,6 +659,15 @@ class SyncLease:
         """End the lease without publishing (releases the lock; idempotent)."""
         if not self._conn.closed:
             self._conn.close()
+
+
+def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> None:
+    """Delete the chunks matching ``where`` with their postings, trigram postings and vectors."""
+    cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid", args)
+    gone = [r[0] for r in cur.fetchall()]
+    if gone:
+        for table in ("postings", "trigram_postings", "chunk_vectors"):
+            cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
 
 
 def _insert_postings(cur: Any, table: str, args: dict[str, Any],

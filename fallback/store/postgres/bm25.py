@@ -167,16 +167,16 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
     return MatchQuery(root=root, phrases=tuple(phrases))
 
 
-def phrase_instances(tokens: Sequence[str], postings: Mapping[str, Sequence[int]]) -> list[int]:
+def phrase_instances(tokens: Sequence[str], postings: Mapping[str, Sequence[int]]) -> Sequence[int]:
     """Start positions (``column << 20 | offset``) where ``tokens`` stand in a row in a row's
-    postings, ascending."""
+    postings, ascending (read only: may be the postings' own list)."""
     if not tokens:
         return []
     first = postings.get(tokens[0])
     if not first:
         return []
     if len(tokens) == 1:
-        return list(first)
+        return first
     rest = []
     for t in tokens[1:]:
         found = postings.get(t)
@@ -186,7 +186,7 @@ def phrase_instances(tokens: Sequence[str], postings: Mapping[str, Sequence[int]
     return [p for p in first if all(p + i + 1 in s for i, s in enumerate(rest))]
 
 
-def _near(lists: list[list[int]], lens: list[int], near: int) -> list[list[int]]:
+def _near(lists: list[Sequence[int]], lens: list[int], near: int) -> list[list[int]]:
     """FTS5's ``fts5ExprNearIsMatch`` sweep: the instances of each phrase it keeps."""
     k = len(lists)
     idx = [0] * k
@@ -221,33 +221,34 @@ def _near(lists: list[list[int]], lens: list[int], near: int) -> list[list[int]]
             return out
 
 
-def _hits(node: _Node, query: MatchQuery, postings: Mapping[str, Sequence[int]],
-          out: dict[int, list[int]]) -> bool:
-    """Whether ``node`` matches the row; its phrases' counted instances go into ``out``."""
+def _hits(node: _Node, found: list[Sequence[int]], out: dict[int, Sequence[int]],
+          query: MatchQuery) -> bool:
+    """Whether ``node`` matches the row whose phrase instances are ``found`` (one list per
+    phrase); its phrases' counted instances go into ``out``."""
     if node.kind == "phrase":
-        found = phrase_instances(query.phrases[node.phrase], postings)
-        if found:
-            out[node.phrase] = found
-        return bool(found)
+        if found[node.phrase]:
+            out[node.phrase] = found[node.phrase]
+            return True
+        return False
     if node.kind == "near":
-        lists = [phrase_instances(query.phrases[c.phrase], postings) for c in node.children]
+        lists = [found[c.phrase] for c in node.children]
         if not all(lists):
             return False
         kept = _near(lists, [len(query.phrases[c.phrase]) for c in node.children], node.near)
         if not kept[0]:
             return False
-        for c, found in zip(node.children, kept, strict=True):
-            out[c.phrase] = found
+        for c, near_found in zip(node.children, kept, strict=True):
+            out[c.phrase] = near_found
         return True
     if node.kind == "and":
-        mine: dict[int, list[int]] = {}
-        if all(_hits(c, query, postings, mine) for c in node.children):
+        mine: dict[int, Sequence[int]] = {}
+        if all(_hits(c, found, mine, query) for c in node.children):
             out.update(mine)
             return True
         return False
     matched = False
     for c in node.children:
-        matched = _hits(c, query, postings, out) or matched
+        matched = _hits(c, found, out, query) or matched
     return matched
 
 
@@ -270,24 +271,25 @@ def rank_rows(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]]
     """
     n_rows = max(row_count, 1)
     avgdl = token_count / n_rows if token_count else 1.0
-    hits: dict[int, dict[int, list[int]]] = {}
+    hits: dict[int, dict[int, Sequence[int]]] = {}
     holding = [0] * len(query.phrases)
     for rowid, postings in rows.items():
-        for i, tokens in enumerate(query.phrases):
-            if phrase_instances(tokens, postings):
+        found = [phrase_instances(tokens, postings) for tokens in query.phrases]
+        for i, instances in enumerate(found):
+            if instances:
                 holding[i] += 1
-        found: dict[int, list[int]] = {}
-        if _hits(query.root, query, postings, found):
-            hits[rowid] = found
+        counted: dict[int, Sequence[int]] = {}
+        if _hits(query.root, found, counted, query):
+            hits[rowid] = counted
     idf = []
     for n in holding:
         value = math.log((n_rows - n + 0.5) / (n + 0.5))
         idf.append(value if value > 0 else 1e-6)
     ranks = {}
-    for rowid, found in hits.items():
+    for rowid, counted_hits in hits.items():
         norm = BM25_K1 * (1 - BM25_B + BM25_B * doc_len[rowid] / avgdl)
         score = 0.0
-        for i, positions in found.items():
+        for i, positions in counted_hits.items():
             freq = sum(weights[p >> POSITION_COLUMN_SHIFT] for p in positions)
             score += idf[i] * freq * (BM25_K1 + 1) / (freq + norm)
         ranks[rowid] = -score

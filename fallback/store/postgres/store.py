@@ -156,8 +156,10 @@ class PostgresStore:
 
     def _connect_kwargs(self) -> dict[str, Any]:
         # libpq's connect_timeout is in whole seconds (and below 2 it counts as 2).
+        # prepare_threshold None: no server-side prepared statements, whose generic plans do
+        # not see which agent or terms a query names.
         return {"connect_timeout": max(2, math.ceil(self.connect_timeout_ms / 1000)),
-                "application_name": f"qmdbridge:{self.agent_id}"}
+                "application_name": f"qmdbridge:{self.agent_id}", "prepare_threshold": None}
 
     def _configure(self, conn: Any) -> None:
         conn.autocommit = True
@@ -650,6 +652,12 @@ class SyncLease:
                 where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
                 _delete_chunks(cur, s, where, args)
                 cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
+            # Fresh planner statistics once the tables changed: on tables it has not analysed,
+            # the planner took an agent's postings for a handful of rows and scanned all of them
+            # for a query's terms. A role that does not own the
+            # tables is skipped by ANALYZE with a notice.
+            for table in ("chunks", "postings", "trigram_postings", "chunk_vectors"):
+                self._conn.execute(f"ANALYZE {s}.{table}")
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
         self.close()

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import re
 import shutil
@@ -284,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             lite_kw.append(min(timed_ms(lite_keyword) for _ in range(2)))
             pg_kw.append(min(timed_ms(pg_keyword) for _ in range(2)))
             qv = qvecs[q]
-            lite_hy.append(min(timed_ms(lambda: (lite_keyword(), vindex[0].search(
+            lite_hy.append(min(timed_ms(lambda qv=qv: (lite_keyword(), vindex[0].search(  # type: ignore[misc]
                 qv, model="hash", sources=["memory"], limit=CANDIDATES))) for _ in range(2)))
-            pg_hy.append(min(timed_ms(lambda: (pg_keyword(), pgs[0].vector_rows(
+            pg_hy.append(min(timed_ms(lambda qv=qv: (pg_keyword(), pgs[0].vector_rows(  # type: ignore[misc]
                 qv, sources=["memory"], limit=CANDIDATES))) for _ in range(2)))
         note = f"{len(plans)} questions"
         rows += [

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "parse_match", "rank_rows"]
+__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "parse_match", "rank_rows"]
 
 # FTS5's bm25() constants.
 BM25_K1 = 1.2
@@ -294,3 +294,13 @@ def rank_rows(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]]
             score += idf[i] * freq * (BM25_K1 + 1) / (freq + norm)
         ranks[rowid] = -score
     return ranks
+
+
+def count_matches(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]]) -> int:
+    """How many of ``rows`` (``{row id: {term: positions}}``) the expression matches (what
+    ``SELECT COUNT(*) ... WHERE chunks_fts MATCH ?`` counts)."""
+    n = 0
+    for postings in rows.values():
+        found = [phrase_instances(tokens, postings) for tokens in query.phrases]
+        n += _hits(query.root, found, {}, query)
+    return n

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fallback.store.postgres.bm25 import parse_match, rank_rows
+from fallback.store.postgres.bm25 import count_matches, parse_match, rank_rows
 from fallback.store.postgres.errors import translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
@@ -324,6 +324,32 @@ class PostgresStore:
             text_of = {r[0]: r[1:] for r in cur.fetchall()}
         out = [(*text_of[r], ranks[r]) for r in picked if r in text_of][:limit]
         return [_keyword_row(r) for r in out]
+
+    def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
+        """The published chunk count and, per ``MATCH`` expression, how many chunks it matches
+        (what ``fallback/search/keyword.py``'s ``search_plan`` counts on the SQLite store to
+        find a plan's common parts).
+
+        Args:
+            exprs: ``MATCH`` expressions of single parts (``FtsPlan.parts`` expressions).
+
+        Returns:
+            ``(chunks, [matching chunks per expression])``, over every source.
+
+        Raises:
+            ValueError: an expression outside ``fallback/search/fts.py``'s grammar.
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        queries = [parse_match(e, self._tokenizer.phrase_tokens) for e in exprs]
+        with self._snapshot("count keyword parts") as cur:
+            st = self._stats(cur)
+            tokens = list(dict.fromkeys(t for q in queries for t in q.tokens))
+            if not tokens:
+                return st.chunk_count, [0 for _ in queries]
+            rows, _ = self._postings(cur, "postings", "doc_len", tokens,
+                                     {"agent": self.agent_id, "ws": self.workspace,
+                                      "gen": st.generation}, {})
+        return st.chunk_count, [count_matches(q, rows) for q in queries]
 
     def _postings(self, cur: Any, table: str, length: str, tokens: Sequence[str],
                   args: dict[str, Any], order: dict[int, tuple[str, str, int]]

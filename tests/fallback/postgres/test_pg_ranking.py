@@ -90,6 +90,12 @@ def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Pa
                                   trigram_match=plan.trigram_match, like_patterns=plan.like_patterns)
             assert [r[0] for r in got] == [r[0] for r in want], question
             assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
+            # The counts search_plan takes from the SQLite store to find a plan's common parts.
+            exprs = [expr for _, expr in plan.parts]
+            sql = "SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(
+                "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs)
+            counts = lite.query(sql, exprs)[0]
+            assert pg.part_counts(exprs) == (counts[0], list(counts[1:])), question
             compared += 1
         assert compared == len(questions)
     finally:

@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.cleanup()
+            shutil.rmtree(server.pgdata, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
     emit("bench_postgres", rows, as_json=args.json,
          meta={"chunks": args.chunks, "agents": agents, "dims": args.dims, "questions": args.questions})

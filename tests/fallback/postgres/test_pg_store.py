@@ -4,6 +4,7 @@ kill -9 of a syncing process, row-level security with real roles, faults, and re
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,6 +234,7 @@ def test_the_pool_survives_a_server_restart() -> None:
             store.close()
     finally:
         server.stop()
+        shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
 def test_redaction_of_the_password_everywhere() -> None:

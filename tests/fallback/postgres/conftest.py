@@ -20,7 +20,8 @@ import pytest
 
 
 def require_postgres() -> None:
-    """Skip (fail under ``CI``) when the server wheel or the client libraries are missing."""
+    """Skip (fail under ``CI``) when the server wheel or the client libraries are missing; call
+    it at the top of a test module, before it imports psycopg."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR not set
@@ -31,7 +32,7 @@ def require_postgres() -> None:
         message = f"postgres tests need pgserver and the postgres extra ({exc}); pip install -e '.[test,postgres]'"
         if os.environ.get("CI"):
             pytest.fail(message)
-        pytest.skip(message)
+        pytest.skip(message, allow_module_level=True)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """The postgres store ranks keyword rows as the SQLite store's FTS5 bm25() does: same chunks,
 same plans (fallback/search/fts.py via search_plan), same top-k order and ranks."""
+# ruff: noqa: E402  (psycopg is imported after require_postgres() decided to skip or fail)
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tests.fallback.postgres.conftest import require_postgres
+
+require_postgres()
+pytestmark = pytest.mark.postgres
 
 from fallback.search.keyword import keyword_rows, search_plan
 from fallback.store.db import Store

@@ -1,5 +1,6 @@
 """The postgres store against a real PostgreSQL: migrations, generations and the sync lease,
 kill -9 of a syncing process, row-level security with real roles, faults, and redaction."""
+# ruff: noqa: E402  (psycopg is imported after require_postgres() decided to skip or fail)
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
+
+from tests.fallback.postgres.conftest import require_postgres
+
+require_postgres()
+pytestmark = pytest.mark.postgres
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, ConfigError
 from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError

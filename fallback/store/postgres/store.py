@@ -43,6 +43,8 @@ __all__ = ["ChunkRow", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
 DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
 # Candidates the HNSW index is asked for per wanted row (its rows are filtered by agent after).
 EF_SEARCH_PER_ROW = 40
+# Nearest vectors read per wanted row before older generations and other sources are dropped.
+VECTOR_OVERSAMPLE = 4
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
@@ -409,15 +411,21 @@ class PostgresStore:
         with self._snapshot("vector search") as cur:
             st = self._stats(cur)
             cur.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text,"
-                        f" v.embedding::vector({d}) <=> %(q)s::vector({d}) AS dist"
-                        f" FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
-                        " ON c.chunk_rowid = v.chunk_rowid"
-                        " WHERE v.agent_id = %(agent)s AND v.workspace = %(ws)s AND v.dims = %(d)s"
-                        f" AND {_visible('c')} AND c.source = ANY(%(sources)s)"
-                        " ORDER BY dist, c.path, c.start_line LIMIT %(limit)s",
+            # The inner query orders by the distance alone, so the planner may answer it from
+            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
+            # or, for a small scope, exactly from the scope's rows; rows of older generations
+            # and other sources are dropped after it, hence the oversampling.
+            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
+                        f" FROM (SELECT chunk_rowid, embedding::vector({d}) <=> %(q)s::vector({d})"
+                        f" AS dist FROM {self._s}.chunk_vectors WHERE agent_id = %(agent)s"
+                        f" AND workspace = %(ws)s AND dims = {d}"
+                        f" ORDER BY embedding::vector({d}) <=> %(q)s::vector({d}) LIMIT %(inner)s) v"
+                        f" JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid"
+                        f" WHERE {_visible('c')} AND c.source = ANY(%(sources)s)"
+                        " ORDER BY v.dist, c.path, c.start_line LIMIT %(limit)s",
                         {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                         "d": d, "gen": st.generation, "sources": list(sources), "limit": limit})
+                         "gen": st.generation, "sources": list(sources), "limit": limit,
+                         "inner": limit * VECTOR_OVERSAMPLE})
             return [_keyword_row(r) for r in cur.fetchall()]
 
     # -- embedding cache (shared by every agent) --------------------------------------------------

@@ -291,3 +291,30 @@ def test_a_missing_extension_control_file_is_told_as_missing_pgvector(pg_dsn: st
     assert isinstance(err, PostgresUnavailableError)
     assert str(err).startswith("postgres unavailable: the pgvector extension is not available: extension"
                                ' "vector_not_installed" is not available')
+
+
+def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    other = PostgresStore(resolve_target(pg_dsn), agent_id="other", workspace="/ws")
+    try:
+        for s, vectors in ((store, [[1.0, 0.0, 0.0], [0.6, 0.8, 0.0], [0.0, 0.0, 1.0]]),
+                           (other, [[1.0, 0.0, 0.0]] * 3)):
+            lease = s.sync_lease()
+            assert lease is not None
+            lease.write_file("memory/v.md", "memory", content_hash="v", mtime_ms=1, size=1, title="v",
+                             chunks=[ChunkRow(f"{s.agent_id}-{i}", i + 1, i + 1, f"h{i}", "m", f"text {i}", "", v)
+                                     for i, v in enumerate(vectors)])
+            lease.publish()
+        rows = store.vector_rows([1.0, 0.0, 0.0], sources=["memory"], limit=2)
+        assert [r[0] for r in rows] == ["main-0", "main-1"]
+        assert [r[6] for r in rows] == pytest.approx([0.0, 0.4])
+        assert store.vector_rows([1.0, 0.0, 0.0], sources=["sessions"], limit=2) == []
+        with psycopg.connect(pg_dsn) as conn:
+            assert conn.execute("SELECT to_regclass('qmdbridge.chunk_vectors_hnsw_3')").fetchone() == (
+                "qmdbridge.chunk_vectors_hnsw_3",)
+        store.cache_embeddings({"hash-a": [0.5, 0.5], "hash-b": [1.0, 0.0]}, "fp-1")
+        assert other.cached_embeddings(["hash-a", "hash-c"], "fp-1") == {"hash-a": [0.5, 0.5]}
+        assert other.cached_embeddings(["hash-a"], "fp-2") == {}
+    finally:
+        store.close()
+        other.close()

@@ -318,3 +318,28 @@ def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -
     finally:
         store.close()
         other.close()
+
+
+def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        first = store.sync_lease()
+        assert first is not None and first.generation == 1
+        got: list[object] = []
+        waiter = threading.Thread(target=lambda: got.append(store.sync_lease(wait_ms=60_000)))
+        waiter.start()
+        # Publish once the second sync is waiting on the lock (seen in pg_locks, not slept for).
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            while not conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                                   " AND NOT granted").fetchone()[0]:
+                assert waiter.is_alive()
+        first.write_file("memory/a.md", "memory", content_hash="a", mtime_ms=1, size=1, title="a",
+                         chunks=[ChunkRow("a-1", 1, 1, "a1", "", "puffin", "")])
+        first.publish()
+        waiter.join()
+        second = got[0]
+        assert second is not None and second.generation == 2  # it started after the publish
+        second.close()
+        assert found(store, "puffin") == ["a-1"]
+    finally:
+        store.close()

@@ -14,10 +14,8 @@ the search runs with
 so a window's cosine with ``q'`` is, up to one factor per query, ``cos(q, w) - 0.5 cos(b, w)``:
 its similarity to the question minus half of what the common terms alone would give it. Windows
 that match only the names drop; those that match what the question asks about stay. A query
-without common terms is searched as it is. Measured on LoCoMo with all-MiniLM-L6-v2 (evidence
-lines in the top 5 chunks by vectors alone): 0.59 -> 0.65 on conversations 26/30/41, 0.58 ->
-0.63 on 42/43 (hybrid 0.755 -> 0.776 and 0.741 -> 0.758); contrasting every content word,
-rare ones included, loses (0.54 on both).
+without common terms is searched as it is. Contrasting every content word, rare ones included,
+loses (measured: docs/benchmarks.md, "The query's common terms contrasted out").
 
 Counting is one SQL statement over ``chunks_fts`` (the text column, ``MATCH`` per word), for at
 most :data:`MAX_COUNTED_WORDS` words; a store without FTS5 has no counts and no contrast.
@@ -58,9 +56,8 @@ COMMON_SHARE = 0.5
 # ... and at least this many chunks: in a workspace of a few notes half of them is one or two
 # chunks, which says nothing about a word.
 COMMON_MIN_CHUNKS = 10
-# Weight of the background query removed from the query vector. On LoCoMo (R@5 by vectors alone
-# before the minScore floor, conversations 26/30/41 | 42/43): 0 gives 0.59 | 0.58, 0.3 0.64 |
-# 0.63, 0.5 0.66 | 0.63 and 0.7 0.67 | 0.61; hybrid at 0.7 loses on 42/43 (0.744 against 0.753).
+# Weight of the background query removed from the query vector (chosen on LoCoMo:
+# docs/benchmarks.md, "The contrast weight").
 CONTRAST_WEIGHT = 0.5
 # Content words of one query whose chunk counts are read (a pasted page is not counted whole).
 MAX_COUNTED_WORDS = 8

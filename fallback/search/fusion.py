@@ -65,11 +65,9 @@ MAX_EVIDENCE_SHARE = 0.5
 RRF_K = 60
 
 # A vector hit whose cosine stands this many standard deviations above the query's mean cosine
-# over the collection has full evidence (1). With all-MiniLM-L6-v2 at the default weights, R@5
-# on LoCoMo is flat from 2.5 to 6 (0.747-0.752); lower values let the vector side's flat top
-# outrank exact keyword hits (R@1 0.45 at 2.5, keyword-only 0.49) and higher ones let weak
-# keyword hits outrank clear paraphrase matches (scripts/eval.py paraphrases Hit@1 11/16 at
-# 2.5, 7/16 at 4); 3.5 gives R@1 0.50 and 9/16.
+# over the collection has full evidence (1). Lower values let the vector side's flat top outrank
+# exact keyword hits, higher ones let weak keyword hits outrank clear paraphrase matches
+# (measured: docs/benchmarks.md, "Full vector evidence at 3.5 standard deviations").
 FULL_EVIDENCE_Z = 3.5
 
 # Session transcripts may fill at most this share of the result slots while memory hits remain.

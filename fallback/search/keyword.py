@@ -48,9 +48,8 @@ MAX_FALLBACK_KEYWORDS = 6
 COUNTED_PARTS = 12
 # In a store of more than COVERAGE_MAX_CHUNKS chunks, a part found in at least this share of
 # them joins no NEAR pair. A pair costs a walk of both parts' position lists, as long as their
-# row lists; what it adds to bm25() is their IDF, at most log(3) ~ 1.1 for such a part. On a
-# generated 10,000-chunk store whose query words are each in 40-50% of the chunks the pairs
-# took a third of the query time; on LoCoMo, pairing no part at all moves R@5 by 0.004.
+# row lists; what it adds to bm25() is their IDF, at most log(3) ~ 1.1 for such a part
+# (measured: docs/benchmarks.md, "Keyword search with common words").
 LARGE_STORE_PAIR_SHARE = 0.25
 
 
@@ -177,7 +176,7 @@ def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
 
     One statement first counts the chunks holding each of the first :data:`COUNTED_PARTS`
-    content parts (about 0.2 ms per part at 10,000 chunks). FTS5 clamps the IDF of a part found
+    content parts. FTS5 clamps the IDF of a part found
     in at least half of the chunks to ``1e-6``: such parts (a chat's speaker names, a team's
     own jargon) join no ``NEAR`` pair and mark no snippet line. In a store of more than
     ``COVERAGE_MAX_CHUNKS`` chunks they are also left out of ``MATCH`` when the query has a

@@ -4,7 +4,7 @@ This module is the one place that decides it. Discovery (indexing), the watcher'
 classification, ``memory_get``, ``doctor`` and the qmd collections all call it, so a file is
 searchable exactly when it is readable, whichever backend answers.
 
-The rule (the reference system's, with our decisions listed in the README, aligned with what
+The rule (the reference system's, with our decisions listed in docs/architecture.md, aligned with what
 qmd 2.8.3 indexes so both backends see the same files):
 
 - **root file**: ``MEMORY.md`` (exact case, from the workspace listing, regular file, not a

@@ -219,8 +219,8 @@ def retry_locked(fn: Callable[[], _T], *, attempts: int, on_retry: Callable[[], 
     """Call ``fn``; retry it while it raises a locked error (:func:`is_locked`), at most
     ``attempts`` calls in all, with random exponential backoff (20 ms up to 250 ms).
 
-    The first call runs bare: building the retry loop costs ~30 us, about a tenth of a small
-    store's keyword search, which makes several statements. Only a locked error hands over to
+    The first call runs bare: building the retry loop costs a noticeable share of a small
+    store's keyword search, which makes several statements (docs/benchmarks.md). Only a locked error hands over to
     the loop, which counts that failure as its first attempt.
 
     Raises:

@@ -43,7 +43,7 @@ FLOAT32_BYTES = 4
 NO_EXTENSION_LOADING = "python sqlite3 cannot load extensions; exact brute-force cosine"
 # Window vectors are searched in memory up to this many bytes (float32): 512 MiB is about
 # 350,000 windows of 384 dims, some 100,000 chunks. Above it sqlite-vec computes the cosine in
-# SQL when it loads (about 20x slower at 50,000 windows, but nothing is held in memory).
+# SQL when it loads (slower, but nothing is held in memory; docs/benchmarks.md).
 MATRIX_MAX_BYTES = 512 * 1024 * 1024
 # Chunks read per statement when a refresh loads the vectors of new chunks.
 ROWS_PER_FETCH = 500

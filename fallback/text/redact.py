@@ -33,7 +33,7 @@ _PEM = re.compile(
     r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----[\s\S]*?-----END \1PRIVATE KEY-----")
 # scheme://user:pass@host -> keep scheme, user and host. The scheme is at most 32 characters
 # (real ones are short): unbounded, each word start of a long run of letters, dots and hyphens
-# scanned to its end, quadratic (200,000 such characters took 140 s).
+# scanned to its end, quadratic (docs/benchmarks.md, "Costs behind constants").
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,31}://[^\s:/@]+:)([^\s@/]+)(@)")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+)"
                           r"(?!\[REDACTED)([^\s\"',;]+)")

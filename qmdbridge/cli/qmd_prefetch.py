@@ -1,9 +1,9 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
-Without a daemon, a search in qmd mode spends ~0.4 s in Python (imports, the config models,
+Without a daemon, a search in qmd mode spends its start in Python (imports, the config models,
 the manager, qmd's start-up checks) before its first ``qmd search`` starts, then waits for the
 content words ANDed (one call per collection) and, when they leave free slots, for each word
-alone (``qmdbridge/qmd/lexical.py``), ~0.1 s per round of qmd processes. After an in-process
+alone (``qmdbridge/qmd/lexical.py``), one round of qmd processes each. After an in-process
 search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
 made of (``search_cache.qmd_prefetch_settings``: qmd's path and ``memory.qmd.command``, the
 qmd home, the workspace, the collections, ``limits.maxResults``); the next search of the same
@@ -65,7 +65,7 @@ def ahead_limit() -> int:
     """How many calls may run ahead at once: the cores this process may use but the one its own
     start-up keeps busy (``sched_getaffinity``, else ``os.cpu_count()``), from 1 to
     :data:`MAX_AHEAD`. More would only take turns with the start-up on the same cores (each
-    qmd start costs ~0.1 s of CPU); the search starts the rest itself once it runs."""
+    qmd start costs CPU); the search starts the rest itself once it runs."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

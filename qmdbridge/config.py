@@ -4,7 +4,7 @@
 ``resolve_agent(cfg, agent_id)`` gives one agent's :class:`ResolvedAgent` with absolute paths
 and per-agent overrides applied (field by field; ``extraPaths`` concatenated). Keys, defaults
 and normalisation are OpenClaw's (``memory.*`` for the qmd bridge, ``memorySearch`` for the
-builtin engine; the README's Configuration section lists them). Unknown keys anywhere are ignored, so a full
+builtin engine; docs/configuration.md lists them). Unknown keys anywhere are ignored, so a full
 OpenClaw config loads; a malformed file or a bad value raises :class:`ConfigError` naming the
 file, the dotted key path and what was expected.
 
@@ -178,7 +178,7 @@ class QmdScope(_Cfg):
 
 class QmdMcp(_Cfg):
     """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (``serve``, ``mcp``;
-    reached over its stdin and stdout; README "qmd"). ``enabled``: unset = on, unless OpenClaw's
+    reached over its stdin and stdout; docs/qmd.md). ``enabled``: unset = on, unless OpenClaw's
     ``memory.qmd.mcporter.enabled`` is ``false``; ``false`` = every search spawns qmd."""
 
     enabled: bool | None = None

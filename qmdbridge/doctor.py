@@ -3,7 +3,7 @@ watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy
 
 The legacy split: by the memory-file rule (``fallback.sources.memory_files``) the root memory
 file is ``MEMORY.md``; a lower-case ``memory.md`` is indexed only while ``MEMORY.md`` is absent
-and is not indexed next to it (README, "Which files are memory"). ``repair_root_memory`` archives the legacy file under
+and is not indexed next to it (docs/architecture.md, "Which files are memory"). ``repair_root_memory`` archives the legacy file under
 ``<ws>/.openclaw-repair/root-memory/<timestamp>/memory.md`` (copy + unlink when a rename would
 cross devices; an earlier archive is never overwritten) and appends its content to ``MEMORY.md``
 under a marked section, so nothing a user wrote is lost.

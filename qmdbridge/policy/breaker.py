@@ -30,8 +30,8 @@ BASE_COOLDOWN_MS = 30_000
 # Longest cooldown, in ms: a recovered qmd is picked up again within 10 minutes at worst.
 MAX_COOLDOWN_MS = 600_000
 # A success on a closed breaker rewrites the state file (its lastSuccessAtMs) at most this often,
-# ms, while the file is as this breaker last wrote it: a long-lived process answering from the
-# warm qmd child spent ~2.4 ms of each search renaming the file.
+# ms, while the file is as this breaker last wrote it: renaming the file after every success
+# was a measurable share of each search of a long-lived process (docs/benchmarks.md).
 SUCCESS_SAVE_INTERVAL_MS = 5_000
 
 

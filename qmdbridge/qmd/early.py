@@ -1,7 +1,8 @@
 """qmd calls started ahead of the search that will make them, handed over when it makes them.
 
-A one-shot ``qmdbridge search`` in qmd mode spends its first ~0.4 s importing modules and
-loading the config before it starts a qmd process, and each qmd call then takes ~0.1 s more.
+A one-shot ``qmdbridge search`` in qmd mode spends its start importing modules and loading
+the config before it starts a qmd process, and each qmd call then takes its own time
+(docs/benchmarks.md, "One-shot search in qmd mode").
 The CLI starts the calls the search is going to make while it loads
 (``qmdbridge/cli/qmd_prefetch.py`` works them out from recorded settings), and the backend
 runs its qmd commands through :meth:`EarlyCalls.run_command` (its ``runner``), which hands over

@@ -17,22 +17,22 @@ Two steps, in ``search`` mode only (``vsearch`` and ``query`` read the question 
    is cut at its hyphens); a word keeps its combining marks, as FTS5 reads it (qmd 2.8.3 drops
    the marks from a query term, so its search finds no word written with them, a Devanagari or
    Thai word say; cut at its marks, the word would match any note holding words that start
-   with its consonants). The first call ANDs those (file R@5 0.18 -> 0.40 on LoCoMo, qmd alone).
+   with its consonants). The first call ANDs those.
 2. :func:`relax`: when that call fills fewer than the slots asked for, each content word is
    searched on its own, and the documents found that way follow the AND hits, best qmd score
    first (one entry per document, its best-scoring match; equal scores, common when qmd rounds
    a weak BM25 to 0, in the order of the query's words, then of each word's hits):
    coordination-level matching, where documents holding every query word rank first.
 
-Through the bridge (``qmdbridge eval --backend qmd``, maxResults 6) the two steps take LoCoMo
-from R@5 0.108 / file R@5 0.183 (the question as written) to 0.507 / 0.760, at a search p50 of
-345 ms instead of 120 ms (one qmd process per word and collection, side by side); the passages
-of the notes found, ranked for the question (``passages.py``), then give R@5 0.727.
+The relaxed pass costs one qmd process per word and collection, side by side; the passages of
+the notes found are then ranked for the question (``passages.py``). What each step gives
+through the bridge (``qmdbridge eval --backend qmd``) is in docs/benchmarks.md ("Questions in
+qmd's search mode").
 
 In long-lived mode with the warm ``qmd mcp`` child ready, :func:`warm_candidates` asks both
 steps of a collection in one call instead (qmd's typed ``lex`` sub-searches, fused by
-reciprocal rank; ``warm.py``): on LoCoMo a search p50 of 33 ms instead of 350 ms, with the same
-recall once the passages are ranked (R@5 0.726 against 0.727, R@1 0.481 against 0.471).
+reciprocal rank; ``warm.py``), with the same recall once the passages are ranked (figures:
+docs/benchmarks.md).
 
 A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) is sent as
 written, with no relaxed pass; a double quote left open is a typo and dropped first

@@ -22,8 +22,8 @@ answered; other server requests get JSON-RPC error -32601; server notifications 
 Why not the official ``mcp`` SDK (``mcp.client.stdio``): ``stdio_client`` starts the process
 itself and keeps it (no pid for status, its own SIGTERM-then-kill on exit, stderr written to a
 file object rather than drained), and a ``ClientSession`` over our own process streams cost
-more per call than this client (measured interleaved on one ``qmd mcp`` each; figures in the
-README's benchmark section).
+more per call than this client (measured interleaved on one ``qmd mcp`` each; figures in
+docs/benchmarks.md).
 
 Errors are translated here, once: a broken pipe, a closed connection, a JSON-RPC error, a
 tool error and an answer of the wrong shape all become

@@ -27,10 +27,9 @@ the passages (:func:`rank_passages`):
    its own lines (``snippetStartLine``/``snippetEndLine``; citations point at them), and its
    score the builtin keyword score, ``sqrt(BM25 / best BM25)``, 1 for the best passage.
 
-A note may so give several hits, and a note qmd ranked low may give the first one. On LoCoMo
-(``qmdbridge eval --backend qmd``, maxResults 6), against one window of each note chosen in
-that note alone: R@1 0.429 -> 0.471, R@5 0.695 -> 0.727, snippet R@5 0.578 -> 0.632, lines per
-hit 10.9 -> 10.1; on qmd's quality set Hit@1 22/24 -> 24/24.
+A note may so give several hits, and a note qmd ranked low may give the first one (measured
+against one window of each note chosen in that note alone: docs/benchmarks.md, "Questions in
+qmd's search mode").
 
 A note the plan does not match (qmd matched a prefix the stemmer reads otherwise), one over
 :data:`MAX_FOCUS_CHARS`, or one that no longer fits the :data:`MAX_POOL_CHARS` pool, keeps qmd's
@@ -66,14 +65,13 @@ __all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Ranking"
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # A note longer than this (code points, its lines joined by \n) is not ranked: it keeps qmd's
-# lines. Cutting and indexing a note costs ~70 µs per KB (~14 ms at this size).
+# lines (what cutting and indexing costs: docs/benchmarks.md, "Costs behind constants").
 MAX_FOCUS_CHARS = 200_000
-# Notes are pooled in qmd's order while they fit in this many characters (~40 ms of cutting and
-# indexing); a note that does not fit keeps qmd's lines.
+# Notes are pooled in qmd's order while they fit in this many characters; a note that does not
+# fit keeps qmd's lines.
 MAX_POOL_CHARS = 600_000
 # Notes ranked per result slot: the relaxed pass keeps this many of the notes its one-word
-# searches found (LoCoMo R@5 with the default 6 slots: 6 notes 0.692, 12 0.715, 18 0.714,
-# 24 0.724, every note found (up to 42) 0.724).
+# searches found (recall levels off past four per slot: docs/benchmarks.md, "The passage pool").
 POOL_FACTOR = 4
 # The builtin index's tokenizer (``store.fts.tokenizer`` default), so a word matches the forms
 # the builtin engine would match (``painting`` -> ``paint``).

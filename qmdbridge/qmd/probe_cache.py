@@ -2,7 +2,7 @@
 
 Each ``qmdbridge search`` in qmd mode would otherwise start qmd three times: ``--version``
 (is this a real qmd, is its runtime there?), ``--help`` (does it take several ``-c``?) and
-the search itself; under Bun each start costs ~100 ms. Successful probes are remembered in
+the search itself, each a Bun or Node start. Successful probes are remembered in
 ``<stateDir>/qmd/probe-cache.json`` keyed by the configured command and ``PATH``, and are valid
 while the executable's size, mtime, ctime and inode are unchanged (another program copied there
 with its size and mtime kept, ``cp -p``, still moves the ctime) and the entry is younger than

@@ -58,7 +58,7 @@ from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, TailBuffer, split_status
 
-if TYPE_CHECKING:  # psutil (~8 ms to import) is loaded only to kill a process tree
+if TYPE_CHECKING:  # psutil is loaded only to kill a process tree (its import cost: docs/benchmarks.md)
     import psutil
 
 __all__ = [
@@ -284,7 +284,7 @@ _PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
 def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
     """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux.
 
-    The wrapper (``python -I -S -c ...``, about 20 ms once per start) sets the signal, exits if
+    The wrapper (``python -I -S -c ...``, once per start) sets the signal, exits if
     ``parent_pid`` (default: this process) is no longer its parent, and ``execvp``\\ s
     ``argv`` in place, so the child keeps its pid and dies when the thread that started it ends
     (the event loop's thread). Elsewhere ``argv`` is returned unchanged.
@@ -318,7 +318,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     A qmd ``update``, ``embed`` or ``collection`` command (:data:`OUTLIVE_NO_PARENT`: they may
     run for minutes on a large corpus) starts on Linux behind :func:`parent_death_argv`, so it
     is killed when this process dies, even by ``kill -9``, which leaves no one to enforce the
-    deadline; searches end within ``limits.timeoutMs`` and do not pay the wrapper's ~20 ms.
+    deadline; searches end within ``limits.timeoutMs`` and do not pay the wrapper's start.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.

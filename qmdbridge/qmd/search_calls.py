@@ -81,7 +81,7 @@ __all__ = [
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
-# At most this many qmd processes per search at once (each is a Bun/Node start, ~0.3 s CPU).
+# At most this many qmd processes per search at once (each is a Bun/Node start).
 MAX_PARALLEL_CALLS = 4
 # Attempts of a call answered SQLITE_BUSY (1 + retries), and the first backoff in seconds.
 BUSY_ATTEMPTS = 4

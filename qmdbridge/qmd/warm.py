@@ -21,8 +21,8 @@ so neither the scores nor the merge across collections would match a spawned cal
 qmd's syntax). A question in ``search`` mode is different: its notes are only the
 pool whose passages the bridge ranks itself (``passages.py``), so its lexical searches (the
 content words ANDed, then each word alone, ``lexical.py``) go to the child as typed ``lex``
-sub-searches, one call per collection (:meth:`WarmChild.search_lex`): on LoCoMo a search p50 of
-33 ms instead of 350 ms with one qmd process per word and collection, with the same recall.
+sub-searches, one call per collection (:meth:`WarmChild.search_lex`), with the recall of one qmd
+process per word and collection (figures: docs/benchmarks.md).
 The child is started with the backend in ``search`` and ``query`` mode (no model is loaded for
 ``lex`` sub-searches), else by the first search it could serve (a ``search`` whose flags qmd
 rejected is retried with ``query`` and reaches it too).

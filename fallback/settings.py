@@ -341,9 +341,10 @@ class QuerySettings(_Settings):
             not embedded by then are written for keyword search and embedded by a later sync).
             Past it the search answers or fails; it never waits minutes for a provider.
         keyword_fallback: when the configured embedding provider fails during a search
-            (error, timeout, rate limit), answer from keyword search with a warning instead of
-            failing with ``memory search unavailable: <provider>: <reason>`` (default off;
-            ``provider: "auto"`` always answers keyword-only, with the same warning).
+            (error, timeout, rate limit), answer from keyword search with a warning that names
+            the provider's failure (default on); ``False`` fails the search instead with
+            ``memory search unavailable: <provider>: <reason>`` (``provider: "auto"`` always
+            answers keyword-only, with the same warning).
     """
 
     max_results: int = 6
@@ -351,7 +352,7 @@ class QuerySettings(_Settings):
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     timeout_ms: int = QUERY_DEFAULT_TIMEOUT_MS
-    keyword_fallback: bool = False
+    keyword_fallback: bool = True
 
     @field_validator("timeout_ms")
     @classmethod

@@ -122,6 +122,15 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     if fts and fts.get("available") is False:
         out.append(_problem("FTS5", f"keyword search unavailable: {fts.get('error')}",
                             "use a Python whose SQLite has FTS5"))
+    vector = view.get("vector") or {}
+    if vector.get("providerError") and status.get("searchMode") != "unavailable":
+        out.append(_problem("embedding provider",
+                            f"{view.get('provider')} is failing: {vector['providerError']}; "
+                            "searches answer from keyword search only"
+                            + (f" and {vector.get('pending')} chunks wait for vectors"
+                               if vector.get("pending") else ""),
+                            "check the provider (endpoint, API key, rate limit); the next sync "
+                            "embeds what waits, or set memorySearch.provider to \"none\""))
     if status.get("searchMode") == "unavailable":
         out.append(_problem("embedding provider",
                             str(status.get("providerUnavailableReason") or

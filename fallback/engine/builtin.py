@@ -128,6 +128,7 @@ class BuiltinEngine:
         self._last_report: SyncReport | None = None
         self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
+        self._provider_error: str | None = None  # the last search's query embedding failure
         self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
         self._search_mode: str | None = None  # the mode the last search ranked with
         self._live: Any = None
@@ -469,6 +470,8 @@ class BuiltinEngine:
         warnings = [] if read_only is None else [read_only_warning(read_only, self.settings.db_path)]
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
+        if provider is not None and qv is not None:  # status tells it until a query embeds
+            self._provider_error = None if qv.error is None else failure_text(qv.error, query=True)
         if provider is not None and qv is not None and qv.error is not None:
             self._last_error = failure_text(qv.error, query=True)
             on_provider_failure(provider.provider_id, self._last_error,
@@ -578,7 +581,9 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
-            last_error=problem or self._last_error, live=live, notes=self._notes)
+            last_error=problem or (None if self._last_error == self._provider_error
+                                   else self._last_error), live=live, notes=self._notes,
+            provider_error=self._provider_error)
 
     async def probe_vector(self) -> bool:
         """Whether vector search can answer (provider present and vectors not disabled)."""

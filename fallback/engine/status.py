@@ -47,7 +47,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
                  last_error: str | None, synced: bool = True, live: Any = None,
                  extra_custom: dict[str, Any] | None = None,
-                 notes: list[str] | None = None) -> MemoryStatus:
+                 notes: list[str] | None = None,
+                 provider_error: str | None = None) -> MemoryStatus:
     """Read counters from ``store`` (blocking: call in a worker thread) and assemble the status.
 
     Args:
@@ -67,8 +68,13 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
             reason, and ``custom`` gains ``watcher`` and ``live``.
         (Chunks that wait for their vectors, the ``embedding_backlog`` meta of the last sync,
         make the status dirty too; ``vector`` gains ``pending`` and ``providerError``, and a
-        provider error is an issue and makes the status unhealthy.)
+        provider error makes the status unhealthy; ``qmdbridge.problems`` lists it once, under
+        the provider.)
         extra_custom: more ``custom`` entries (for example store recovery counters).
+        notes: one-off events (a corrupt store moved aside ...), listed in ``issues``.
+        provider_error: how the last search's query embedding failed (that search answered
+            from keyword search only), or ``None``: ``vector.providerError`` when no sync
+            failure is recorded, and the status is unhealthy.
 
     Returns:
         ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
@@ -99,6 +105,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     pending = backlog.get("pending") if isinstance(backlog, dict) else None
     pending = pending if isinstance(pending, int) and pending > 0 else 0
     embed_error = backlog.get("error") if isinstance(backlog, dict) and pending else None
+    provider_error = embed_error or (provider_error if provider is not None else None)
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
@@ -116,7 +123,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         dims = meta.get("vectorDims") if isinstance(meta, dict) else None
         vector = {**vector, "dims": dims if isinstance(dims, int) else None}
     if provider is not None:
-        vector = {**vector, "pending": pending, "providerError": embed_error}
+        vector = {**vector, "pending": pending, "providerError": provider_error}
     rebuild = None if selection.error else pending_rebuild(store, settings, provider)
     if rebuild is not None:
         dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
@@ -147,8 +154,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         cache={"enabled": s.cache.enabled, "entries": cache_entries,
                "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
-            [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []) + (
-            [f"embedding provider failed in the last sync: {embed_error}; {pending} chunks wait"
-             " for vectors (a later sync fills them in)"] if embed_error else []),
+            [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-        healthy=last_error is None and embed_error is None, last_error=last_error, custom=custom)
+        healthy=last_error is None and provider_error is None, last_error=last_error,
+        custom=custom)

@@ -211,19 +211,21 @@ async def test_hybrid_weights_decide_order(tmp_path: Path, weights: tuple[float,
     await engine.close()
 
 
-async def test_failed_query_embedding_fails_closed_unless_keyword_fallback(ws: Path) -> None:
-    engine = _engine(ws, CountProvider(fail_query=True))
-    with pytest.raises(BackendUnavailableError) as info:  # an explicit provider: no silent degrade
+async def test_failed_query_embedding_answers_keyword_only_unless_strict(ws: Path) -> None:
+    engine = _engine(ws, CountProvider(fail_query=True), query={"keywordFallback": False})
+    with pytest.raises(BackendUnavailableError) as info:  # strict: no degraded answer
         await engine.search("zebra")
     assert str(info.value) == ("memory search unavailable: test-count: query embedding failed: "
                                "test-count embedding failed: fetch failed")
     await engine.close()
-    engine = _engine(ws, CountProvider(fail_query=True), query={"keywordFallback": True})
+    engine = _engine(ws, CountProvider(fail_query=True))  # the default: keyword-only, warned
     outcome = await engine.search_detailed("zebra")
     assert [h.path for h in outcome.results] == ["memory/2026-01-12.md"]
     assert outcome.warnings == ["query embedding failed: test-count embedding failed: fetch failed;"
                                 " results come from keyword search only"]
-    assert (await engine.status()).last_error == "query embedding failed: test-count embedding failed: fetch failed"
+    status = await engine.status()  # told under the provider, not as an index failure
+    assert (status.healthy, status.last_error, status.vector["providerError"]) == (
+        False, None, "query embedding failed: test-count embedding failed: fetch failed")
     await engine.close()
 
 
@@ -271,9 +273,10 @@ async def test_concurrent_syncs_share_one_run_and_issues_are_reported(tmp_path: 
     await engine.close()
 
 
-async def test_explicit_provider_that_cannot_embed_fails_closed(ws: Path) -> None:
+async def test_explicit_provider_that_cannot_embed_fails_closed_when_strict(ws: Path) -> None:
     provider = CountProvider(fail_batch=True)
-    settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="ollama"))
+    settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(
+        provider="ollama", query={"keywordFallback": False}))
     engine = BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "ollama"))
     try:
         with pytest.raises(BackendUnavailableError) as info:

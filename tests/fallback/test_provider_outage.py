@@ -16,6 +16,7 @@ from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import BackendUnavailableError
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
+from qmdbridge.problems import status_problems
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
 pytestmark = pytest.mark.anyio
@@ -75,7 +76,7 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
         await _built(ws, srv.url)
         upstream.mode = "limited"
         (ws / "memory" / "2026-04-02.md").write_text("Paddle for the kayak ordered.\n")
-        engine = _engine(ws, srv.url)
+        engine = _engine(ws, srv.url, keywordFallback=False)
         try:
             started = time.monotonic()
             with pytest.raises(BackendUnavailableError) as info:
@@ -95,18 +96,21 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
             assert status.dirty_reason.startswith("1 chunks wait for embeddings (openai-compatible "
                                                   "embedding failed (HTTP 429): Rate limit reached")
             assert (status.vector["pending"], status.vector["providerError"]) == (1, report.embedding_error)
-            assert any(i.startswith("embedding provider failed in the last sync: ") for i in status.issues)
+            problems = status_problems(status.to_json_dict())
+            assert [(p["check"], p["message"]) for p in problems] == [(
+                "embedding provider", f"openai-compatible is failing: {report.embedding_error}; "
+                "searches answer from keyword search only and 1 chunks wait for vectors")]
         finally:
             await engine.close()
-        opted = _engine(ws, srv.url, keywordFallback=True)
+        default = _engine(ws, srv.url)  # query.keywordFallback is on by default
         try:
-            outcome = await opted.search_detailed("kayak paddle")
+            outcome = await default.search_detailed("kayak paddle")
             assert [h.path for h in outcome.results] == ["memory/2026-04-02.md"]
             assert outcome.warnings == [
                 "query embedding failed: openai-compatible embedding failed (HTTP 429): Rate limit "
                 "reached for requests; results come from keyword search only"]
         finally:
-            await opted.close()
+            await default.close()
         upstream.mode = "ok"  # the provider is back: the next sync fills the vector in
         engine = _engine(ws, srv.url)
         try:
@@ -126,8 +130,8 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
     upstream = Upstream()
     upstream.mode = "hang"
     with serve(upstream, max_requests=1000) as srv:
-        engine = _engine(ws, srv.url)  # an empty index: the first search bootstraps it
-        try:
+        engine = _engine(ws, srv.url, keywordFallback=False)  # an empty index: the first
+        try:  # search bootstraps it
             started = time.monotonic()
             with pytest.raises(BackendUnavailableError) as info:
                 await engine.search("kayak")
@@ -138,7 +142,7 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
                 "(query.timeoutMs)")
         finally:
             await engine.close()
-        opted = _engine(ws, srv.url, keywordFallback=True)
+        opted = _engine(ws, srv.url)  # the default: keyword-only with a warning
         try:
             started = time.monotonic()
             outcome = await opted.search_detailed("kayak")
@@ -150,6 +154,12 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
             status = await opted.status()
             assert (status.files, status.chunks, status.dirty, status.vector["pending"]) == (2, 2, True, 2)
             assert status.dirty_reason == "2 chunks wait for embeddings"  # the deadline, no error
+            hang = ("query embedding failed: openai-compatible embedding failed: query embedding "
+                    "timed out after 1000 ms (query.timeoutMs)")
+            assert (status.healthy, status.vector["providerError"]) == (False, hang)
+            assert [(p["check"], p["message"]) for p in status_problems(status.to_json_dict())] == [
+                ("embedding provider", f"openai-compatible is failing: {hang}; searches answer "
+                 "from keyword search only and 2 chunks wait for vectors")]
         finally:
             await opted.close()
 

@@ -246,12 +246,13 @@ async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check
         return Check("embedding provider", "warn", f"keyword-only: {sel.unavailable_reason}",
                      'set memorySearch.provider to "local" (a small model is downloaded on first use) '
                      'or an API key for semantic search; see README "Semantic search"')
-    download = getattr(sel.provider, "download", None)
-    if download is not None:  # probing would download the model: say what first use will do
+    missing = sel.provider.model_problem() if hasattr(sel.provider, "model_problem") else None
+    if missing is not None:  # probing would download the model; status lists it as a problem
+        from qmdbridge.problems import model_missing_problem
+
         await sel.provider.aclose()
-        return Check("embedding provider", "warn",
-                     f"local model {download.uri} is not downloaded yet (first use downloads it)",
-                     "run `qmdbridge models pull` to download it now")
+        problem = model_missing_problem(missing)
+        return Check("embedding provider", "error", problem["message"], problem["hint"])
     try:
         ok, err = await probe(sel.provider)
     finally:

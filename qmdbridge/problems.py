@@ -19,7 +19,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat", "status_problems"]
+__all__ = ["INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat",
+           "model_missing_problem", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
@@ -46,6 +47,15 @@ def is_indexed_caveat(reason: str) -> bool:
 
 def _problem(check: str, message: str, hint: str | None) -> dict[str, Any]:
     return {"check": check, "message": message, "hint": hint}
+
+
+def model_missing_problem(missing: str) -> dict[str, Any]:
+    """The problem of an embedding model not downloaded yet (``missing``: the provider's
+    ``model_problem()``, ``local model <uri> is not downloaded yet (<path>)``), as
+    :func:`status_problems` lists it and ``doctor`` checks it: ``{check, message, hint}``."""
+    return _problem("embedding provider", f"{missing}: searches answer from keyword search only "
+                    "until it is", "run `qmdbridge models pull` where the model host is reachable "
+                    "(or set memorySearch.local.modelPath to a .gguf file you have)")
 
 
 def _skip_hint(reason: str) -> str | None:
@@ -123,7 +133,9 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(_problem("FTS5", f"keyword search unavailable: {fts.get('error')}",
                             "use a Python whose SQLite has FTS5"))
     vector = view.get("vector") or {}
-    if vector.get("providerError") and status.get("searchMode") != "unavailable":
+    if vector.get("modelMissing"):  # one problem, whatever the failed download said
+        out.append(model_missing_problem(str(vector["modelMissing"])))
+    elif vector.get("providerError") and status.get("searchMode") != "unavailable":
         out.append(_problem("embedding provider",
                             f"{view.get('provider')} is failing: {vector['providerError']}; "
                             "searches answer from keyword search only"

@@ -317,6 +317,11 @@ class BaseProvider:
         # (monotonic time before which no request is sent, the 429 that asked for it)
         self._rate_limit: tuple[float, EmbeddingProviderError] | None = None
 
+    def model_problem(self) -> str | None:
+        """Why the provider cannot embed before anything is called (read without a network
+        call: a model file not downloaded yet), or ``None``; the local provider overrides."""
+        return None
+
     async def _request_query(self, text: str) -> list[float]:
         """One query request; subclasses override. Default: a batch of one."""
         vectors = await self._request_batch([text])

@@ -212,6 +212,15 @@ class LocalGgufProvider(BaseProvider):
             self.download = None
             return self.model_path
 
+    def model_problem(self) -> str | None:
+        """``local model <hf: URI> is not downloaded yet (<cache path>)`` while the model
+        waits for its download (a search or sync tries it, ``qmdbridge models pull`` brings it
+        in ahead), else ``None``."""
+        d = self.download
+        if d is None or self.model_path.is_file():
+            return None
+        return f"local model {d.uri} is not downloaded yet ({self.model_path})"
+
     async def embed_query(self, text: str) -> list[float]:
         """Embed a search query (with :attr:`query_prefix`), downloading the model first if
         needed. Raises ``EmbeddingProviderError`` (``ModelDownloadError`` for a download)."""

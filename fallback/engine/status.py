@@ -74,7 +74,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         notes: one-off events (a corrupt store moved aside ...), listed in ``issues``.
         provider_error: how the last search's query embedding failed (that search answered
             from keyword search only), or ``None``: ``vector.providerError`` when no sync
-            failure is recorded, and the status is unhealthy.
+            failure is recorded, and the status is unhealthy. A provider whose
+            ``model_problem()`` names a model not downloaded yet gives ``vector.modelMissing``,
+            an unhealthy status and search mode ``fts-only`` (what searches answer with).
 
     Returns:
         ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
@@ -106,6 +108,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     pending = pending if isinstance(pending, int) and pending > 0 else 0
     embed_error = backlog.get("error") if isinstance(backlog, dict) and pending else None
     provider_error = embed_error or (provider_error if provider is not None else None)
+    problem_of = getattr(provider, "model_problem", None)
+    model_missing = problem_of() if problem_of is not None else None
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
@@ -123,7 +127,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         dims = meta.get("vectorDims") if isinstance(meta, dict) else None
         vector = {**vector, "dims": dims if isinstance(dims, int) else None}
     if provider is not None:
-        vector = {**vector, "pending": pending, "providerError": provider_error}
+        vector = {**vector, "pending": pending, "providerError": provider_error,
+                  "modelMissing": model_missing}
     rebuild = None if selection.error else pending_rebuild(store, settings, provider)
     if rebuild is not None:
         dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
@@ -140,7 +145,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         requested_provider=selection.requested or s.provider,
         model=provider.model if provider else None,
         search_mode=("unavailable" if selection.error and provider is None else configured_mode(
-            has_provider=provider is not None, hybrid_enabled=s.query.hybrid.enabled)),
+            has_provider=provider is not None and model_missing is None,
+            hybrid_enabled=s.query.hybrid.enabled)),
         roots=indexed_roots(settings),
         provider_unavailable_reason=selection.error or selection.unavailable_reason,
         sources=srcs, extra_paths=[describe_extra_path(e) for e in s.extra_paths],
@@ -156,5 +162,6 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
             [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-        healthy=last_error is None and provider_error is None, last_error=last_error,
+        healthy=last_error is None and provider_error is None and model_missing is None,
+        last_error=last_error,
         custom=custom)

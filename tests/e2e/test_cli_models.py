@@ -123,9 +123,12 @@ def test_doctor_says_the_default_model_is_not_downloaded_yet(tmp_path: Path, env
     cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'local'}}}}")
     p = run(["doctor", "--workspace", str(ws), "--config", str(cfg), "--json"], {**env, "HF_ENDPOINT": "http://127.0.0.1:9"})
     check = next(c for c in orjson.loads(p.stdout)["checks"] if c["name"] == "embedding provider")
-    assert check == {"name": "embedding provider", "level": "warn", "fixed": False,
-                     "detail": f"local model {DEFAULT_MODEL.ref.uri} is not downloaded yet (first use downloads it)",
-                     "hint": "run `qmdbridge models pull` to download it now"}
+    cached = tmp_path / "state" / "models" / "hf" / DEFAULT_MODEL.ref.uri.removeprefix("hf:")
+    assert check == {"name": "embedding provider", "level": "error", "fixed": False,
+                     "detail": f"local model {DEFAULT_MODEL.ref.uri} is not downloaded yet ({cached}): "
+                               "searches answer from keyword search only until it is",
+                     "hint": "run `qmdbridge models pull` where the model host is reachable (or set "
+                             "memorySearch.local.modelPath to a .gguf file you have)"}
     assert not (tmp_path / "state" / "models").exists()  # the doctor downloaded nothing
 
 

@@ -58,14 +58,16 @@ async def test_first_use_downloads_then_embeds(tmp_path: Path, local_model_path:
 
 
 @pytest.mark.anyio
-async def test_offline_first_search_fails_closed_with_the_reason(tmp_path: Path, local_model_path: Path) -> None:
+async def test_offline_first_search_fails_closed_with_the_reason_when_strict(tmp_path: Path,
+                                                                            local_model_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nThe router is an Omada ER605.\n")
-    search = MemorySearchSettings.model_validate({"provider": "local"})
+    search = MemorySearchSettings.model_validate({"provider": "local",
+                                                  "query": {"keywordFallback": False}})
     settings = EngineSettings.for_workspace(ws, state_dir=tmp_path / "state", search=search)
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
     engine = BuiltinEngine(settings, provider_selection=select_provider(search, env=env))

@@ -546,6 +546,21 @@ def _check_agent_id(agent_id: str, *, file: str | None, key: str) -> None:
                           expected=exc.expected) from None
 
 
+def _model_path_from_config_folder(search: MemorySearchSettings,
+                                   source_file: str | None) -> MemorySearchSettings:
+    """``local.modelPath`` made absolute: a relative file path is read against the folder of
+    the config file that holds it (not the current folder, so one config works from anywhere);
+    ``~``, absolute paths, ``hf:`` URIs and a config given without a file are left as they are."""
+    raw = (search.local.model_path or "").strip()
+    if not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:")):
+        return search
+    path = Path(raw)
+    if path.is_absolute():
+        return search
+    local = search.local.model_copy(update={"model_path": str(Path(source_file).absolute().parent / path)})
+    return search.model_copy(update={"local": local})
+
+
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
                   workspace: str | Path | None = None,
                   env: dict[str, str] | None = None) -> ResolvedAgent:
@@ -590,6 +605,7 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
     prefix = cfg.defaults_key if entry is None else (entry.key_path or "agents.list") + (
         ".memory.search" if entry.key_path.startswith("agents.entries.") else ".memorySearch")
     search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)
+    search = _model_path_from_config_folder(search, cfg.source_file)
     engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
     return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
                          memory_search=search, compaction=cfg.compaction, engine=engine,

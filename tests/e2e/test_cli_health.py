@@ -5,12 +5,14 @@ store, a relative ``local.modelPath``."""
 from __future__ import annotations
 
 import socket
+import subprocess
 from pathlib import Path
 
 import orjson
 
-from tests.e2e.cli_proc import run_cli
+from tests.e2e.cli_proc import cli_argv, run_cli
 
+REPO = Path(__file__).resolve().parents[2]
 MODEL_URI = "hf:CompendiumLabs/bge-small-en-v1.5-gguf/bge-small-en-v1.5-q8_0.gguf"
 PULL_HINT = ("run `qmdbridge models pull` where the model host is reachable (or set "
              "memorySearch.local.modelPath to a .gguf file you have)")
@@ -49,3 +51,28 @@ def test_a_default_model_not_downloaded_is_one_provider_problem(ws: Path, env: d
     doctor = _json(["doctor", *args], env)
     assert [(c["name"], c["detail"]) for c in doctor["checks"] if c["level"] == "error"] == [
         ("embedding provider", problem["message"])]
+
+
+def test_a_relative_model_path_is_read_against_the_config_folder(ws: Path, env: dict[str, str],
+                                                                 tmp_path: Path,
+                                                                 local_model_path: Path) -> None:
+    conf = tmp_path / "conf"
+    (conf / "models").mkdir(parents=True)
+    (conf / "models" / "mini.gguf").symlink_to(local_model_path)
+    cfg = conf / "openclaw.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'local', "
+                   "local: {modelPath: 'models/mini.gguf'}}}}}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    args = ["status", "--workspace", str(ws), "--config", str(cfg), "--json"]
+    env = {**env, "PYTHONPATH": str(REPO)}  # this checkout, from any current folder
+    for cwd in (conf, elsewhere):  # the same config works from any folder
+        p = subprocess.run(cli_argv(args), env=env, capture_output=True, timeout=120, cwd=cwd)
+        doc = orjson.loads(p.stdout)
+        assert (doc["provider"], doc["model"], doc["searchMode"], doc["problems"]) == (
+            "local", str(local_model_path.resolve()), "hybrid", [])  # the link's target
+    cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'local', "
+                   "local: {modelPath: 'models/gone.gguf'}}}}}")
+    p = subprocess.run(cli_argv(args), env=env, capture_output=True, timeout=120, cwd=elsewhere)
+    assert orjson.loads(p.stdout)["providerUnavailableReason"] == (
+        f"memory search unavailable: local: local model file not found: {conf / 'models' / 'gone.gguf'}")

@@ -20,6 +20,7 @@ Every error raised on purpose derives from :class:`MemorySearchError`::
      |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
      |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)
      |    +-- IndexStoreCorruptError    ... damaged or not a database (SQLITE_CORRUPT/NOTADB)
+     |    +-- IndexStoreFullError       ... the disk or its page limit is full (SQLITE_FULL)
      |    +-- PostgresStoreError        ... any other error of the postgres store (SQLSTATE)
      +-- LockTimeoutError            an inter-process file lock stayed held past the wait budget
                                      (also a TimeoutError; the store and qmd translate it)

@@ -126,7 +126,15 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
            for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
     out += [_problem("memory paths", str(i), _issue_hint(str(i)))
             for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
-    if status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below
+    failed = (view.get("custom") or {}).get("syncFailure")
+    if failed:  # recorded beside the store, so every process tells it
+        waiting = failed.get("filesWaiting") or 0
+        full = failed.get("errorType") == "IndexStoreFullError"
+        out.append(_problem("index", f"last sync ({failed.get('reason')}) failed: {failed.get('error')}"
+                            f"; {waiting} memory files wait to be indexed",
+                            f"free disk space for {view.get('dbPath')}, then run `qmdbridge index`"
+                            if full else "run `qmdbridge index -v` to see the failure"))
+    elif status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below
         out.append(_problem("index", str(status["lastError"]), "run `qmdbridge index -v` to see the failure"))
     fts = status.get("fts") or {}
     if fts and fts.get("available") is False:

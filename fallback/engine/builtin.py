@@ -54,6 +54,7 @@ from fallback.engine.query_vector import (
     read_index_vectors,
 )
 from fallback.engine.store_open import EngineStore, read_only_problem
+from fallback.engine.sync_record import clear_failure, record_failure
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -69,7 +70,7 @@ from fallback.search.pipeline import Searcher, SearchOutcome, configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
-from fallback.store.errors import IndexStoreCorruptError
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreLockedError
 from fallback.store.files import read_only_warning
 from fallback.store.readonly import MetaReads, ReadOnlyStore
 
@@ -316,11 +317,16 @@ class BuiltinEngine:
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
+            await anyio.to_thread.run_sync(clear_failure, self.settings.db_path)
             return report
         except BaseException as exc:
             self._sync_outcome = exc
             if not isinstance(exc, cancelled):
                 self._last_error = f"sync ({reason}) failed: {exc}"
+            if isinstance(exc, IndexStoreError) and not isinstance(exc, IndexStoreLockedError):
+                await anyio.to_thread.run_sync(partial(  # every process's status tells it
+                    record_failure, self.settings.db_path, reason=reason, error=exc,
+                    at_ms=self._now_ms()))
             raise
         finally:
             self._sync_done = None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from fallback.engine.query_vector import backlog_reason
+from fallback.engine.sync_record import read_failure
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
@@ -14,11 +16,11 @@ from fallback.search.pipeline import configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
-from fallback.sources.memory_files import describe_extra_path, memory_roots
+from fallback.sources.memory_files import describe_extra_path, list_memory_files, memory_roots
 from fallback.store.db import META_KEY, ReadonlyRecovery, Store
 from fallback.store.readonly import MetaReads, ReadOnlyStore
 
-__all__ = ["CJK_SCHEME", "build_status", "indexed_roots", "pending_rebuild"]
+__all__ = ["CJK_SCHEME", "build_status", "files_waiting", "indexed_roots", "pending_rebuild"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
@@ -43,6 +45,29 @@ def pending_rebuild(store: MetaReads, settings: EngineSettings, provider: Any) -
     return full_reindex_reason(meta, index_identity(settings, provider))
 
 
+def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
+    """Memory files the index does not hold as they are on disk (blocking; stats every memory
+    file, reads none): new or changed files (``(mtime, size, ctime)`` differs from their row)
+    plus indexed files that are gone. Files the last sync skipped (too large, binary ...) do
+    not wait. 0 when the ``memory`` source is off.
+
+    Raises:
+        IndexStoreError: the store cannot be read.
+    """
+    if "memory" not in settings.search.sources:
+        return 0
+    s = settings.search
+    found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
+    rows = {str(r[0]): (int(r[1]), int(r[2]), r[3]) for r in store.query(
+        "SELECT path, mtime, size, ctime FROM files WHERE source = 'memory'")}
+    skipped = {str(r[0]) for r in store.query(
+        "SELECT path FROM skipped_files WHERE source = 'memory'")}
+    on_disk = {f.rel_path for f in found.files}
+    changed = sum(1 for f in found.files if f.rel_path not in skipped
+                  and rows.get(f.rel_path) != (f.mtime_ms, f.size, f.ctime_ns))
+    return changed + len(set(rows) - on_disk)
+
+
 def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: EngineSettings, selection: Any,
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
                  last_error: str | None, synced: bool = True, live: Any = None,
@@ -62,7 +87,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
             workspace is dirty: ``index holds workspace <path>``).
         synced: whether this process has synced; before its first sync a process reports
             ``not synced yet`` as dirty only when the store holds no index (spec §5.1).
-        last_error: the last sync or query-embedding error, or ``None``.
+        last_error: the last sync or query-embedding error, or ``None``; without one, the
+            failure another process recorded beside the store (``sync_record.py``).
         live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
             ``status_custom()``); a degraded or dead watcher makes the status dirty with that
             reason, and ``custom`` gains ``watcher`` and ``live``.
@@ -77,6 +103,12 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
             failure is recorded, and the status is unhealthy. A provider whose
             ``model_problem()`` names a model not downloaded yet gives ``vector.modelMissing``,
             an unhealthy status and search mode ``fts-only`` (what searches answer with).
+
+    Once the index has been synced (or a sync failed), :func:`files_waiting` counts the memory
+    files it does not hold as they are on disk: ``custom.filesWaiting``, and dirty with
+    ``<n> files wait to be indexed`` when nothing else made it dirty. A recorded sync failure
+    is ``custom.syncFailure`` (``{reason, error, errorType, atMs, filesWaiting}``) and makes
+    the status unhealthy.
 
     Returns:
         ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
@@ -112,9 +144,17 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     model_missing = problem_of() if problem_of is not None else None
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
+    failed = read_failure(Path(store.path))  # kept beside the store by a failed sync
+    waiting = files_waiting(store, settings) if last_sync is not None or failed else 0
+    if waiting and not dirty:
+        dirty, dirty_reason = True, f"{waiting} files wait to be indexed"
+    if failed is not None and last_error is None:  # failed in another process (`index`)
+        last_error = f"sync ({failed.get('reason')}) failed: {failed['error']}"
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
                               "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
                                                    else ReadonlyRecovery()).as_dict(),
+                              "filesWaiting": waiting,
+                              "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
                               **(live.status_custom() if live is not None else {}),
                               **(extra_custom or {})}
     if provider is None or vector is None:
@@ -162,6 +202,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
             [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-        healthy=last_error is None and provider_error is None and model_missing is None,
+        healthy=(last_error is None and failed is None and provider_error is None
+                 and model_missing is None),
         last_error=last_error,
         custom=custom)

@@ -354,7 +354,8 @@ class Store(MetaReads):
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLITE_FULL (among others) has rolled it back already
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 

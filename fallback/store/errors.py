@@ -9,6 +9,7 @@ never by its message text. The subclasses say what a caller can do about it::
      +-- IndexStoreLockedError        SQLITE_BUSY, SQLITE_LOCKED: wait and retry
      +-- IndexStoreReadOnlyError      SQLITE_READONLY: reopen the connection, retry once
      +-- IndexStoreCorruptError       SQLITE_CORRUPT, SQLITE_NOTADB: move the file aside, rebuild
+     +-- IndexStoreFullError          SQLITE_FULL: the disk (or the store's page limit) is full
 
 Where the code comes from: ``sqlite3.Error.sqlite_errorcode`` (Python 3.11+; Python enables
 extended result codes, so it is the extended code) and ``apsw.Error.extendedresult``. An error
@@ -35,6 +36,7 @@ __all__ = [
     "retry_locked",
     "ERROR_TABLE",
     "IndexStoreCorruptError",
+    "IndexStoreFullError",
     "IndexStoreLockedError",
     "IndexStoreReadOnlyError",
     "code_kind",
@@ -63,10 +65,16 @@ class IndexStoreCorruptError(IndexStoreError):
 
 
 # SQLite primary result codes (the low 8 bits of every extended code).
+class IndexStoreFullError(IndexStoreError):
+    """Raised when a write finds the disk full (``SQLITE_FULL``, also the store's
+    ``max_page_count``); the sync stops, and status tells it with the files left waiting."""
+
+
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
 SQLITE_READONLY = 8
 SQLITE_CORRUPT = 11
+SQLITE_FULL = 13
 SQLITE_CANTOPEN = 14
 SQLITE_NOTADB = 26
 # Extended result codes whose condition deserves its own words.
@@ -113,6 +121,7 @@ ERROR_TABLE: Mapping[int, tuple[type[IndexStoreError], str]] = MappingProxyType(
     SQLITE_CORRUPT_INDEX: (IndexStoreCorruptError, _CORRUPT + " (an index is damaged)"),
     SQLITE_NOTADB: (IndexStoreCorruptError, _CORRUPT),
     SQLITE_CANTOPEN: (IndexStoreError, "cannot be opened"),
+    SQLITE_FULL: (IndexStoreFullError, "is full"),
 })
 _GENERIC = (IndexStoreError, "error")
 

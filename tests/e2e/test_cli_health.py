@@ -4,8 +4,10 @@ store, a relative ``local.modelPath``."""
 
 from __future__ import annotations
 
+import resource
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -76,3 +78,38 @@ def test_a_relative_model_path_is_read_against_the_config_folder(ws: Path, env: 
     p = subprocess.run(cli_argv(args), env=env, capture_output=True, timeout=120, cwd=elsewhere)
     assert orjson.loads(p.stdout)["providerUnavailableReason"] == (
         f"memory search unavailable: local: local model file not found: {conf / 'models' / 'gone.gguf'}")
+
+
+def _limit_file_size(max_bytes: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child: writes past max_bytes fail (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes))
+    return apply
+
+
+def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, env: dict[str, str]) -> None:
+    args = ["--workspace", str(ws)]
+    assert run_cli(["index", *args], env).returncode == 0
+    for day in range(1, 41):
+        (ws / "memory" / f"2026-10-{day:02d}.md").write_text(
+            f"# Note {day}\n" + "".join(f"Heron count line {n} for note {day}.\n" for n in range(300)))
+    failed = subprocess.run(cli_argv(["index", *args]), env=env, capture_output=True, timeout=120,
+                            preexec_fn=_limit_file_size(64 * 1024))  # the disk is "full"
+    assert failed.returncode == 1
+    error = failed.stderr.decode().strip().removeprefix("qmdbridge: ")
+    assert error.startswith("index store ")
+    status = _json(["status", *args], env)
+    assert (status["dirty"], status["dirtyReason"], status["healthy"]) == (
+        True, "40 files wait to be indexed", False)
+    assert status["custom"]["filesWaiting"] == 40
+    problem = {"check": "index",
+               "message": f"last sync (cli) failed: {error}; 40 memory files wait to be indexed",
+               "hint": "run `qmdbridge index -v` to see the failure"}
+    assert status["problems"] == [problem]
+    doctor = run_cli(["doctor", *args, "--json"], env)
+    assert doctor.returncode == 1
+    assert [(c["name"], c["detail"]) for c in orjson.loads(doctor.stdout)["checks"]
+            if c["level"] == "error"] == [("index", problem["message"])]
+    assert run_cli(["index", *args], env).returncode == 0  # space again: all is indexed
+    after = _json(["status", *args], env)
+    assert (after["dirty"], after["healthy"], after["problems"], after["custom"]["syncFailure"]) == (
+        False, True, [], None)

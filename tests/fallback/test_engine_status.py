@@ -68,3 +68,35 @@ async def test_a_configured_provider_that_cannot_load_is_unavailable_not_keyword
     assert (st.search_mode, st.provider, st.requested_provider) == ("unavailable", "none", "local")
     assert st.provider_unavailable_reason == (
         "memory search unavailable: local: llama-cpp-python is not installed (pip install 'qmdbridge[local]')")
+
+
+@pytest.mark.anyio
+async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -> None:
+    from fallback.store.errors import IndexStoreFullError
+    from qmdbridge.problems import status_problems
+
+    plain = settings_for(ws)
+    engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+    try:
+        await engine.sync(reason="cli")
+        conn = engine._store.conn  # the store may not grow by one page: SQLITE_FULL
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        for day in range(1, 31):
+            (ws / "memory" / f"2026-01-{day:02d}.md").write_text(f"Heron count {day}.\n" * 200)
+        with pytest.raises(IndexStoreFullError) as info:
+            await engine.sync(reason="cli")
+        assert str(info.value) == f"index store is full: database or disk is full ({plain.db_path})"
+    finally:
+        await engine.close()
+    later = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+    try:  # another process: only the store and the record beside it tell
+        st = await later.status()
+    finally:
+        await later.close()
+    assert (st.files, st.dirty, st.dirty_reason, st.healthy) == (1, True, "30 files wait to be indexed", False)
+    assert st.custom["syncFailure"]["errorType"] == "IndexStoreFullError"
+    assert status_problems(st.to_json_dict()) == [{
+        "check": "index",
+        "message": f"last sync (cli) failed: index store is full: database or disk is full "
+                   f"({plain.db_path}); 30 memory files wait to be indexed",
+        "hint": f"free disk space for {plain.db_path}, then run `qmdbridge index`"}]

@@ -20,6 +20,7 @@ from fallback.errors import IndexStoreError, MemorySearchError
 from fallback.store.errors import (
     ERROR_TABLE,
     IndexStoreCorruptError,
+    IndexStoreFullError,
     IndexStoreLockedError,
     IndexStoreReadOnlyError,
     error_kind,
@@ -35,6 +36,7 @@ CLAIMED = {
     11: IndexStoreCorruptError,   # SQLITE_CORRUPT
     26: IndexStoreCorruptError,   # SQLITE_NOTADB
     14: IndexStoreError,          # SQLITE_CANTOPEN
+    13: IndexStoreFullError,      # SQLITE_FULL
 }
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -191,7 +191,7 @@ async def task_embed(spec: dict[str, Any]) -> dict[str, Any]:
         embed_ms = _ms(start)
     finally:
         await provider.aclose()
-    return {"sync_ms": sync_ms, "chunks": st.chunks, "chunks_embedded": report.chunks_embedded,
+    return {"sync_ms": sync_ms, "chunks": st.chunks, "chunks_embedded": report.windows_embedded,
             "embed_ms": embed_ms, "embedded_texts": len(texts),
             "mean_chars": sum(len(t) for t in texts) / max(1, len(texts))}
 

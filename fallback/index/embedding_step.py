@@ -153,7 +153,7 @@ class EmbeddingStep:
             fresh = await self._call([text_of[h] for h in batch]) if self.is_open else None
             if fresh is None:
                 break  # the provider failed or the deadline passed: the rest waits
-            report.chunks_embedded += len(batch)
+            report.windows_embedded += len(batch)
             new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
             found.update(new)
             if self._cache_enabled:
@@ -182,6 +182,7 @@ class EmbeddingStep:
             mine = flat[start:start + len(ws)]
             start += len(ws)
             out.append(mine if all(mine) else [])
+        report.chunks_embedded += sum(1 for v in out if v)
         return out
 
     async def _call(self, texts: list[str]) -> list[list[float]] | None:

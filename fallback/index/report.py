@@ -24,7 +24,10 @@ class SyncReport:
             unchanged only gets its stamps written and is not counted here).
         files_deleted: indexed files whose rows were removed (vanished or now skipped).
         chunks_written: chunks written.
-        chunks_embedded: chunk texts sent to the provider (cache misses).
+        chunks_embedded: chunks that got their vectors in this sync (from the provider or the
+            embedding cache); written or filled in, never more than those.
+        windows_embedded: embedding window texts sent to the provider (cache misses; a chunk
+            is embedded as one or more windows, ``fallback/index/windows.py``).
         chunks_filled: chunks written earlier without a vector that got one in this sync.
         chunks_pending: chunks still without a vector after this sync (the provider failed or
             the sync's embedding deadline passed; a later sync fills them in).
@@ -50,6 +53,7 @@ class SyncReport:
     files_deleted: int = 0
     chunks_written: int = 0
     chunks_embedded: int = 0
+    windows_embedded: int = 0
     chunks_filled: int = 0
     chunks_pending: int = 0
     embedding_error: str | None = None

@@ -1,15 +1,19 @@
-"""Progress of index syncs on stderr: files, chunks, embedded chunks, rate and ETA.
+"""Progress of index syncs on stderr: files, chunks written, embedded chunks, rate and ETA.
 
 A sync that ends within :data:`SHOW_AFTER_S` prints nothing. A longer one shows a rich progress
 bar when stderr is a terminal, and otherwise one plain line when it passes that second, then
 one every :data:`PLAIN_EVERY_S` seconds and a last one when it ends::
 
-    indexing: 120/3000 files, 480 chunks, 350 embedded, 12.3 chunks/s, ETA 3m 55s
-    indexing: done, 3000 files, 12000 chunks, 9000 embedded in 17m 2s
+    indexing: 120/3000 files, 480 chunks written, 350 embedded, 12.3 chunks/s, ETA 3m 55s
+    indexing: done, 3000 files, 12000 chunks written, 9000 embedded in 17m 2s
 
-When the command is interrupted (Ctrl-C, SIGTERM) it says what was kept::
+One count per word: ``chunks written`` are the chunks this sync (re)wrote (0 when nothing
+changed; the index's own total is what ``status`` and ``index`` print as ``chunks``), and
+``embedded`` the chunks among them (or filled in) that got their vectors, from the provider or
+the embedding cache, never the embedding windows sent to the provider. When the command is
+interrupted (Ctrl-C, SIGTERM) it says what was kept::
 
-    indexing: interrupted at 120/3000 files; 350 embedded chunks are kept in the embedding cache, run the command again to resume
+    indexing: interrupted at 120/3000 files; the vectors of 350 embedded chunks are kept in the embedding cache, run the command again to resume
 
 The decisions (:meth:`SyncProgress.tick`, :func:`progress_line`) take the time as an argument,
 so they are tested without a clock; a small thread only calls ``tick`` while a sync runs.
@@ -53,7 +57,7 @@ def progress_line(label: str, *, files_done: int, files_total: int, chunks: int,
     second; the ETA extrapolates the files still to do at the files-per-second seen so far
     (left out until one file is done).
     """
-    parts = [f"{files_done}/{files_total} files", f"{chunks} chunks", f"{embedded} embedded"]
+    parts = [f"{files_done}/{files_total} files", f"{chunks} chunks written", f"{embedded} embedded"]
     if elapsed_s > 0:
         if embedded:
             parts.append(f"{embedded / elapsed_s:.1f} chunks/s")
@@ -66,7 +70,7 @@ def progress_line(label: str, *, files_done: int, files_total: int, chunks: int,
 
 class SyncProgress:
     """The ``on_progress(files_done, files_total, chunks_embedded, chunks_written)`` callback
-    of a sync, and what it prints.
+    of a sync (counts as in :class:`~fallback.index.report.SyncReport`), and what it prints.
 
     Args:
         label: first word of every line (``indexing``).
@@ -142,10 +146,10 @@ class SyncProgress:
                 return None
             if interrupted:
                 line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
-                        f"{self.embedded} embedded chunks are kept in the embedding cache, run the "
-                        "command again to resume")
+                        f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
+                        "cache, run the command again to resume")
             elif self.shown:
-                line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks, "
+                line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks written, "
                         f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")
             else:
                 return None

@@ -64,7 +64,7 @@ def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_p
             assert proc.stderr is not None
             # Progress lines come once the index ran 1 s (on a loaded machine an earlier one may
             # show the discovery still running); read until the line of the held batch.
-            want = f"indexing: {HOLD_AT - 1}/{FILES} files, {HOLD_AT - 1} chunks, {HOLD_AT - 1} embedded, "
+            want = f"indexing: {HOLD_AT - 1}/{FILES} files, {HOLD_AT - 1} chunks written, {HOLD_AT - 1} embedded, "
             first = proc.stderr.readline()
             while first and not first.startswith(want):
                 assert first.startswith("indexing: "), first
@@ -79,7 +79,7 @@ def test_sigint_keeps_committed_batches_and_the_rerun_embeds_only_the_rest(tmp_p
                 proc.kill()
                 proc.wait()
         rest = proc.stderr.read()
-        assert (f"indexing: interrupted at {HOLD_AT - 1}/{FILES} files; {HOLD_AT - 1} embedded chunks "
+        assert (f"indexing: interrupted at {HOLD_AT - 1}/{FILES} files; the vectors of {HOLD_AT - 1} embedded chunks "
                 "are kept in the embedding cache, run the command again to resume") in rest
         assert "Traceback" not in rest
         committed = [t for batch in asked[:HOLD_AT - 1] for t in batch]

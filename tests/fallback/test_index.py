@@ -229,11 +229,12 @@ async def test_every_sync_prunes_the_cache_least_recently_used_first(tmp_path: P
     assert cached() == ["MEMORY.md", "memory/a.md", "memory/b.md"]
     (tmp_path / "memory" / "c.md").write_text("Beta one.")  # same text as MEMORY.md: a hit
     report = await indexer.sync(store)
-    assert (report.files_indexed, report.chunks_embedded) == (1, 0)
+    # its vector came from the cache: no window went to the provider, the chunk has its vector
+    assert (report.files_indexed, report.windows_embedded, report.chunks_embedded) == (1, 0, 1)
     assert cached() == ["memory/a.md", "memory/b.md", "MEMORY.md"]  # the hit is now newest
     (tmp_path / "memory" / "d.md").write_text("alpha d")
     report = await indexer.sync(store)
-    assert (report.full, report.chunks_embedded) == (False, 1)
+    assert (report.full, report.windows_embedded) == (False, 1)
     # four entries for three places: the least recently used (a.md's) went, not MEMORY.md's
     assert cached() == ["memory/b.md", "MEMORY.md", "memory/d.md"]
     assert store.query("SELECT COUNT(*) FROM embedding_cache") == [(3,)]

@@ -70,7 +70,7 @@ def _ctimes(db: Path) -> dict[str, int | None]:
 
 def _counts(report: Any) -> tuple[int, int, int, int]:
     return (report.files_read, report.files_indexed, report.chunks_written,
-            report.chunks_embedded)
+            report.windows_embedded)
 
 
 def test_the_change_time_is_the_ctime_but_on_windows(tmp_path: Path) -> None:

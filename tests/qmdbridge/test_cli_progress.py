@@ -16,12 +16,12 @@ def test_format_duration() -> None:
 def test_progress_line_rate_and_eta() -> None:
     assert progress_line("indexing", files_done=120, files_total=3000, chunks=480, embedded=350,
                          elapsed_s=28.0) == (
-        "indexing: 120/3000 files, 480 chunks, 350 embedded, 12.5 chunks/s, ETA 11m 12s")
+        "indexing: 120/3000 files, 480 chunks written, 350 embedded, 12.5 chunks/s, ETA 11m 12s")
     # no embeddings (keyword-only): files per second; finished: no ETA
     assert progress_line("indexing", files_done=10, files_total=10, chunks=40, embedded=0,
-                         elapsed_s=4.0) == "indexing: 10/10 files, 40 chunks, 0 embedded, 2.5 files/s"
+                         elapsed_s=4.0) == "indexing: 10/10 files, 40 chunks written, 0 embedded, 2.5 files/s"
     assert progress_line("indexing", files_done=0, files_total=5, chunks=0, embedded=0,
-                         elapsed_s=0.0) == "indexing: 0/5 files, 0 chunks, 0 embedded"
+                         elapsed_s=0.0) == "indexing: 0/5 files, 0 chunks written, 0 embedded"
 
 
 def test_plain_lines_after_one_second_then_every_five() -> None:
@@ -29,16 +29,16 @@ def test_plain_lines_after_one_second_then_every_five() -> None:
     p = SyncProgress(label="indexing", stream=out, rich=False, started_s=100.0)
     p(1, 4, 2, 2)
     assert p.tick(100.9) is None  # a short sync shows nothing
-    assert p.tick(101.0) == "indexing: 1/4 files, 2 chunks, 2 embedded, 2.0 chunks/s, ETA 3s"
+    assert p.tick(101.0) == "indexing: 1/4 files, 2 chunks written, 2 embedded, 2.0 chunks/s, ETA 3s"
     p(2, 4, 6, 6)
     assert p.tick(105.9) is None
-    assert p.tick(106.0) == "indexing: 2/4 files, 6 chunks, 6 embedded, 1.0 chunks/s, ETA 6s"
+    assert p.tick(106.0) == "indexing: 2/4 files, 6 chunks written, 6 embedded, 1.0 chunks/s, ETA 6s"
     p(4, 4, 9, 9)
-    assert p.finish(112.0, interrupted=False) == "indexing: done, 4 files, 9 chunks, 9 embedded in 12s"
+    assert p.finish(112.0, interrupted=False) == "indexing: done, 4 files, 9 chunks written, 9 embedded in 12s"
     assert out.getvalue().splitlines() == [
-        "indexing: 1/4 files, 2 chunks, 2 embedded, 2.0 chunks/s, ETA 3s",
-        "indexing: 2/4 files, 6 chunks, 6 embedded, 1.0 chunks/s, ETA 6s",
-        "indexing: done, 4 files, 9 chunks, 9 embedded in 12s"]
+        "indexing: 1/4 files, 2 chunks written, 2 embedded, 2.0 chunks/s, ETA 3s",
+        "indexing: 2/4 files, 6 chunks written, 6 embedded, 1.0 chunks/s, ETA 6s",
+        "indexing: done, 4 files, 9 chunks written, 9 embedded in 12s"]
 
 
 def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> None:
@@ -50,7 +50,7 @@ def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> N
     stopped = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
     stopped(7, 30, 21, 25)
     assert stopped.finish(0.3, interrupted=True) == (
-        "indexing: interrupted at 7/30 files; 21 embedded chunks are kept in the embedding cache, "
+        "indexing: interrupted at 7/30 files; the vectors of 21 embedded chunks are kept in the embedding cache, "
         "run the command again to resume")
 
 
@@ -62,7 +62,7 @@ def test_sync_progress_disabled_and_interrupt() -> None:
         assert cb is not None
         cb(1, 2, 3, 4)
         raise KeyboardInterrupt
-    assert out.getvalue() == ("indexing: interrupted at 1/2 files; 3 embedded chunks are kept in the "
+    assert out.getvalue() == ("indexing: interrupted at 1/2 files; the vectors of 3 embedded chunks are kept in the "
                               "embedding cache, run the command again to resume\n")
 
 
@@ -80,4 +80,4 @@ def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
     late = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
     assert late.tick(1.5) is None
     late(1, 2, 0, 3)  # the sync reports: shown from the next tick on
-    assert late.tick(1.6) == "indexing: 1/2 files, 3 chunks, 0 embedded, 0.6 files/s, ETA 2s"
+    assert late.tick(1.6) == "indexing: 1/2 files, 3 chunks written, 0 embedded, 0.6 files/s, ETA 2s"

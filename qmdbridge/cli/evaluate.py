@@ -13,7 +13,7 @@ from fallback.errors import UsageError
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
 from qmdbridge.evaluation.runner import EvalOptions, EvalReport, ProgressCallback
 
-__all__ = ["all_fell_back_message", "answered_line", "format_report", "run_eval"]
+__all__ = ["all_fell_back_message", "answered_line", "format_misses", "format_report", "run_eval"]
 
 
 @contextmanager
@@ -65,6 +65,34 @@ def long_lived_line(report: EvalReport) -> str:
         line += (f": the warm qmd child answered {report.warm_calls['answered']} collection "
                  f"searches, {report.warm_calls['spawned']} spawned")
     return line
+
+
+def format_misses(report: EvalReport, limit: int) -> str:
+    """The first ``limit`` misses (``--misses N``), one block each::
+
+        misses: 2 of 7 questions shown (R@5 missed them)
+        [conv-1 D4:2] when did Mel paint the sunrise?
+          expected memory/2023-05-08.md:12 (D1:3)
+          got 1. memory/2023-05-08.md:1-10 0.812
+              2. memory/2023-05-20.md:4-9 0.640
+
+    ``got nothing`` when the search returned no hit; an item without a line shows its path.
+    """
+    shown = report.misses[:max(0, limit)]
+    lines = [f"misses: {len(shown)} of {len(report.misses)} questions shown (R@5 missed them)"]
+    for miss in shown:
+        label = " ".join(x for x in (miss.workspace, miss.ref) if x)
+        lines.append(f"[{label}] {miss.query}")
+        for ev in miss.expected:
+            where = ev.path if ev.line is None else f"{ev.path}:{ev.line}"
+            lines.append(f"  expected {where}{f' ({ev.ref})' if ev.ref else ''}")
+        if not miss.returned:
+            lines.append("  got nothing")
+        for rank, hit in enumerate(miss.returned, start=1):
+            score = "" if hit.score is None else f" {hit.score:.3f}"
+            lines.append(f"  {'got' if rank == 1 else '   '} {rank}. {hit.path}:{hit.start_line}-"
+                         f"{hit.end_line}{score}")
+    return "\n".join(lines) + "\n"
 
 
 def format_report(report: EvalReport) -> str:
@@ -145,6 +173,8 @@ async def run_eval(agent: Any, args: argparse.Namespace) -> int:
         emit_json(report.to_json_dict())
     else:
         sys.stdout.write(format_report(report))
+        if args.misses:
+            sys.stdout.write("\n" + format_misses(report, args.misses))
     if report.all_fell_back:
         sys.stderr.write(f"qmdbridge eval: {all_fell_back_message(report)}\n")
         return EXIT_FAILURE

@@ -289,6 +289,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--long-lived", action="store_true",
                        help="search through a long-lived manager, as serve and mcp keep one (with "
                        "--backend qmd: its warm qmd mcp child, waited for before the first search)")
+        p.add_argument("--misses", type=int, default=0, metavar="N",
+                       help="after the figures, list the first N questions R@5 missed: the question, "
+                       "the expected path and line, and what came back (--json always has them all "
+                       "under misses)")
         p.add_argument("--workspace", metavar="DIR", type=_path_arg, help="the workspace of --queries")
         p.add_argument("--cache-dir", metavar="DIR",
                        help="keep each workspace's index (with its embedding cache; with --backend qmd also "

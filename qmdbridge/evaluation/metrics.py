@@ -35,11 +35,15 @@ __all__ = [
     "EvalQuestion",
     "Evidence",
     "EvidenceOutcome",
+    "Miss",
+    "MissedEvidence",
     "RECALL_KS",
     "RankedHit",
     "QuestionOutcome",
+    "ReturnedHit",
     "collapse_whitespace",
     "covers_evidence",
+    "find_miss",
     "first_rank",
     "judge",
     "names_evidence_file",
@@ -291,6 +295,66 @@ class EvalMetrics(_Model):
     search_p50_ms: float | None
     search_p95_ms: float | None
     per_category: dict[str, CategoryRecall]
+
+
+class MissedEvidence(_Model):
+    """An evidence item not inside any of the first five hits.
+
+    Attributes:
+        path / line / ref: the item (``line`` ``None``: any hit naming the file counts).
+    """
+
+    path: str
+    line: int | None
+    ref: str | None
+
+
+class ReturnedHit(_Model):
+    """A hit as a miss shows it: ``path``, ``start_line``-``end_line`` (1-based inclusive), ``score``."""
+
+    path: str
+    start_line: int
+    end_line: int
+    score: float | None
+
+
+class Miss(_Model):
+    """A question with evidence the first five hits did not hold (R@5 missed it).
+
+    Attributes:
+        workspace: the workspace it was asked in (a LoCoMo conversation's name).
+        query / ref / category: the question.
+        expected: the evidence items it missed, in the dataset's order.
+        returned: what came back, best first (all of it, up to maxResults).
+    """
+
+    workspace: str
+    query: str
+    ref: str | None
+    category: str | None
+    expected: list[MissedEvidence]
+    returned: list[ReturnedHit]
+
+
+def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: str,
+              k: int = CATEGORY_K) -> Miss | None:
+    """The :class:`Miss` of ``question`` when one of its evidence items is not inside the first
+    ``k`` hits (the R@k rule, :func:`covers_evidence`), else ``None``.
+
+    Args:
+        question: the labelled question.
+        hits: what the search returned, best first (a hit's ``score`` is read when it has one).
+        workspace: where it was asked, for the report.
+        k: the cut-off (default 5, the headline R@5).
+    """
+    missed = [MissedEvidence(path=ev.path, line=ev.line, ref=ev.ref) for ev in question.evidence
+              if (rank := first_rank(hits, ev, covers_evidence)) is None or rank > k]
+    if not missed:
+        return None
+    returned = [ReturnedHit(path=h.path, start_line=h.start_line, end_line=h.end_line,
+                            score=getattr(h, "score", None)) for h in hits]
+    return Miss(workspace=workspace, query=question.query, ref=question.ref,
+                category=question.category, expected=missed, returned=returned)
 
 
 def _line_rank(item: EvidenceOutcome) -> int | None:

@@ -45,7 +45,9 @@ from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_file
 from qmdbridge.evaluation.metrics import (
     EvalMetrics,
     EvalQuestion,
+    Miss,
     QuestionOutcome,
+    find_miss,
     judge,
     recall_at,
     summarize,
@@ -181,6 +183,8 @@ class EvalReport(_Model):
         index_ms: total sync time in ms over all workspaces.
         metrics: the recall metrics (``qmdbridge.evaluation.metrics.EvalMetrics``).
         workspaces: one entry per indexed workspace.
+        misses: every question R@5 missed, with the evidence it missed and what came back
+            (:class:`~qmdbridge.evaluation.metrics.Miss`), in the order asked.
         warnings: distinct warnings of the search responses.
         answered_by / fallbacks / first_fallback_reason: over all workspaces (see
             :class:`BackendTally`).
@@ -203,6 +207,7 @@ class EvalReport(_Model):
     index_ms: float
     metrics: EvalMetrics
     workspaces: list[WorkspaceReport]
+    misses: list[Miss]
     warnings: list[str]
     answered_by: dict[str, int]
     fallbacks: int
@@ -264,6 +269,7 @@ class WorkspaceRun:
 
     Attributes:
         outcomes: one judged outcome per question, in order.
+        misses: the questions R@5 missed, in order (:func:`~qmdbridge.evaluation.metrics.find_miss`).
         workspace: the workspace's summary row.
         provider / model / mode: as the first answer of the measured backend named them
             (else the first answer).
@@ -272,6 +278,7 @@ class WorkspaceRun:
     """
 
     outcomes: list[QuestionOutcome]
+    misses: list[Miss]
     workspace: WorkspaceReport
     provider: str | None
     model: str | None
@@ -364,6 +371,7 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
     from qmdbridge.manager import MemoryManager
 
     outcomes: list[QuestionOutcome] = []
+    misses: list[Miss] = []
     first: SearchResponse | None = None
     warnings: list[str] = []
     tally = BackendTally()
@@ -384,6 +392,8 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
                                             min_score=options.min_score)
             latency_ms = (time.perf_counter() - start) * 1000
             outcomes.append(judge(question, response.results, latency_ms=latency_ms))
+            if (miss := find_miss(question, response.results, workspace=name)) is not None:
+                misses.append(miss)
             tally.add(response)
             if first is None or (first.backend != options.backend and response.backend == options.backend):
                 first = response
@@ -398,7 +408,7 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
                              recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms,
                              answered_by=tally.answered_by, fallbacks=tally.fallbacks,
                              first_fallback_reason=tally.first_fallback_reason)
-    return WorkspaceRun(outcomes, report, first.provider if first else None,
+    return WorkspaceRun(outcomes, misses, report, first.provider if first else None,
                         first.model if first else None, first.mode if first else None, warnings, tally)
 
 
@@ -423,7 +433,8 @@ def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list
         mode=first.mode if first else None, max_results=max_results, min_score=min_score,
         index_ms=sum(r.workspace.index_ms for r in runs),
         metrics=summarize([o for r in runs for o in r.outcomes], categories=categories),
-        workspaces=[r.workspace for r in runs], warnings=warnings,
+        workspaces=[r.workspace for r in runs], misses=[m for r in runs for m in r.misses],
+        warnings=warnings,
         answered_by=tally.answered_by, fallbacks=tally.fallbacks,
         first_fallback_reason=tally.first_fallback_reason, long_lived=options.long_lived,
         warm_calls=tally.warm_calls,

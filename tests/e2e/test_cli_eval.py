@@ -18,7 +18,7 @@ METRIC_KEYS = {"questions", "evidence", "hits", "recallAt1", "recallAt3", "recal
                "searchP50Ms", "searchP95Ms", "perCategory"}
 REPORT_KEYS = {"dataset", "inputs", "backend", "provider", "model", "mode", "maxResults", "minScore",
                "indexMs", "metrics", "workspaces", "warnings", "answeredBy", "fallbacks", "firstFallbackReason",
-               "longLived", "warmCalls", "allFellBack"}
+               "longLived", "warmCalls", "allFellBack", "misses"}
 WORKSPACE_KEYS = {"name", "source", "files", "chunks", "questions", "evidence", "recallAt5", "indexMs",
                   "answeredBy", "fallbacks", "firstFallbackReason"}
 
@@ -45,7 +45,7 @@ def test_help_names_both_forms_and_exit_codes(env: dict[str, str]) -> None:
     assert out.startswith("usage: qmdbridge eval")
     for flag in ("--locomo PATH", "--queries FILE", "--max-results N", "--min-score X", "--provider NAME",
                  "--model PATH", "--backend {builtin,qmd}", "--qmd-search-mode {search,vsearch,query}",
-                 "--workspace DIR", "--json", "exit codes", "eval --backend qmd exits 1"):
+                 "--workspace DIR", "--misses N", "--json", "exit codes", "eval --backend qmd exits 1"):
         assert flag in out, flag
     assert "eval" in run(["--help"], env).stdout.decode()
 
@@ -108,6 +108,16 @@ def test_queries_json(tmp_path: Path, env: dict[str, str]) -> None:
     assert m["snippetRecallAt5"] == pytest.approx(2 / 3)
     assert m["perCategory"] == {"garden": {"questions": 2, "evidence": 2, "recallAt5": 0.5}}
     assert (doc["dataset"], doc["minScore"], doc["workspaces"][0]["name"]) == ("queries", 0.0, "ws")
+    # the one miss: line 5 of projects.md, while the only hit was its first section
+    assert doc["misses"] == [{
+        "workspace": "ws", "query": "zucchini netting", "ref": f"{queries}:2", "category": "garden",
+        "expected": [{"path": "memory/projects.md", "line": 5, "ref": None}],
+        "returned": [{"path": "memory/projects.md", "startLine": 1, "endLine": 3, "score": 1.0}]}]
+    text = run(["eval", "--queries", str(queries), "--workspace", str(ws), "--provider", "none",
+                "--min-score", "0", "--misses", "3"], env).stdout.decode()
+    assert text.endswith(f"\nmisses: 1 of 1 questions shown (R@5 missed them)\n[ws {queries}:2] "
+                         "zucchini netting\n  expected memory/projects.md:5\n"
+                         "  got 1. memory/projects.md:1-3 1.000\n")
     assert list((tmp_path / "tmp").iterdir()) == []
     assert not (tmp_path / "state").exists()
 

@@ -24,7 +24,11 @@ debounce (``debounce_ms`` after the last change) and the callback run in the asy
 
 Health: the observer is dead when its thread died or one of its watches stopped (watchdog
 stops the watch of a folder that is deleted, so a ``memory/`` folder that is removed and
-recreated is never watched again). :meth:`MemoryWatcher.dead_reason` tells, cheaply; callers
+recreated is never watched again), or when it went deaf with its thread alive: a watched
+folder's mtime changed (a note created, renamed or deleted in it) more than
+:data:`MISSED_GRACE_MS` ago and the observer has reported no event at all since
+(``missed changes in <folder>``; the folder stamps are taken when an observer starts and again
+after each event). :meth:`MemoryWatcher.dead_reason` tells, cheaply; callers
 check it on every search and status, and the run loop every ``health_check_ms``.
 :meth:`MemoryWatcher.rearm` replaces a dead observer with a new one (a dead native thread, or a
 native observer that cannot be started at all, e.g. the inotify watch limit ``ENOSPC``, falls
@@ -66,10 +70,13 @@ from fallback.sources.memory_files import (
     memory_roots,
 )
 
-__all__ = ["MAX_WATCH_DEPTH", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
+__all__ = ["MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
+# A watched folder changed this long ago (ms) with no event since means the observer missed it;
+# a younger change may still have its event on the way (polling adds its period to this).
+MISSED_GRACE_MS = 1000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
 # The polling observer descends at most this many folders below a watched root; changes deeper
@@ -115,6 +122,7 @@ class _Handler:
         self._watcher = watcher
 
     def dispatch(self, event: Any) -> None:
+        self._watcher.heard(event)  # any event at all: that folder is not deaf
         if event.event_type in ("opened", "closed", "closed_no_write"):
             return
         if event.is_directory and event.event_type == "modified":
@@ -181,6 +189,9 @@ class MemoryWatcher:
         self._wake: anyio.Event | None = None
         self._last_change_mono = 0.0
         self._watched_roots = self._watched_folders()
+        self._heard_ns: dict[str, int] = {}  # folder -> when the observer last reported in it
+        self._stamps: dict[str, int] = {}  # folder -> mtime (ns) known to be heard of
+        self._missed: str | None = None  # the deaf observer's cause, until it is re-armed
 
     # -- relevance ----------------------------------------------------------------------------
 
@@ -331,10 +342,62 @@ class MemoryWatcher:
         obs.start()
         return obs
 
+    def _folder_stamps(self) -> dict[str, int]:
+        """mtime (ns) of the watched folders: the workspace, the sessions folder and the top
+        of a non-recursive root themselves, the other roots with the folders below them as the
+        polling observer lists them (:meth:`list_folder`); a missing folder is left out."""
+        stamps: dict[str, int] = {}
+        flat = {str(self.workspace)} | ({str(self.sessions_dir)} if self.sessions_dir else set())
+        flat |= {str(r.path) for r in self.roots[2:] if not r.recursive or r.entry != r.path}
+        todo = list(self._watched_roots)
+        while todo:
+            folder = todo.pop()
+            try:
+                stamps[folder] = os.stat(folder).st_mtime_ns
+                if folder not in flat:
+                    todo += [e.path for e in self.list_folder(folder) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+        return stamps
+
+    def heard(self, event: Any) -> None:
+        """Note that the observer reported an event (any, relevant or not) in the folder of its
+        path(s) and, for a folder event, in that folder (watchdog's thread calls it)."""
+        now = time.time_ns()
+        for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
+            if raw:
+                path = os.fsdecode(raw)
+                self._heard_ns[os.path.dirname(path)] = now
+                if event.is_directory:
+                    self._heard_ns[path] = now
+
+    def _missed_change(self) -> str | None:
+        """``missed changes in <folder>``: a watched folder whose mtime changed more than
+        :data:`MISSED_GRACE_MS` ago with no event heard in it since (blocking: a ``stat`` per
+        watched folder). A change with an event heard after it becomes the folder's stamp."""
+        now = self._folder_stamps()
+        grace_ns = int((MISSED_GRACE_MS + (self.poll_interval_s * 1000 if self.state.mode == "polling"
+                                           else 0)) * 1_000_000)
+        missed: list[str] = []
+        for folder, mtime in now.items():
+            if self._stamps.get(folder) == mtime:
+                continue
+            if self._heard_ns.get(folder, 0) >= mtime or folder not in self._stamps:
+                self._stamps[folder] = mtime  # heard of (or new: its parent tells the change)
+            elif time.time_ns() - mtime >= grace_ns:
+                missed.append(folder)
+        if not missed:
+            return None
+        missed.sort()
+        more = f" and {len(missed) - 1} more folders" if len(missed) > 1 else ""
+        return f"missed changes in {missed[0]}{more}"
+
     def _install(self, obs: Any, mode: str) -> None:
         with self._obs_lock:
             self._observer = obs
             self.state.mode = mode
+            self._missed = None
+            self._stamps = self._folder_stamps()
         self._schedule_memory_dir()  # memory/ may have appeared while the observer started
 
     def _start_observer(self) -> None:
@@ -380,11 +443,12 @@ class MemoryWatcher:
     def dead_reason(self) -> str | None:
         """Why the running watcher is deaf, or ``None`` when it is healthy (or not running).
 
-        Cheap (no I/O but one ``stat`` per extra folder that was missing): the observer thread
-        died (``native watcher thread died``), one of its watches stopped (``watch on <folder>
-        stopped``: the folder was deleted), or an extra folder that did not exist when the
+        Cheap (a ``stat`` per watched folder, none per file): the observer thread died
+        (``native watcher thread died``), one of its watches stopped (``watch on <folder>
+        stopped``: the folder was deleted), an extra folder that did not exist when the
         watches were scheduled exists now (``<folder> appeared``: created after the start, or
-        deleted and created again), so nothing watches it yet.
+        deleted and created again), so nothing watches it yet, or the observer missed a change
+        with its thread alive (``missed changes in <folder>``, see the module docstring).
         """
         if self.state.mode == "stopped":
             return None
@@ -403,7 +467,9 @@ class MemoryWatcher:
         for folder in self._missing:
             if folder.is_dir():
                 return f"{folder} appeared"
-        return None
+        if self._missed is None:
+            self._missed = self._missed_change()
+        return self._missed
 
     def rearm(self, cause: str | None = None) -> bool:
         """Replace a dead observer with a new one (blocking: run it in a worker thread).
@@ -457,6 +523,13 @@ class MemoryWatcher:
         """
         if self.rearm():
             self._last_change_mono = time.monotonic()
+
+    def silence_observer_for_test(self) -> None:
+        """Drop every watch while the observer thread runs on (simulates a watcher that went
+        deaf: no event, no dead thread, no stopped watch)."""
+        obs = self._observer
+        if obs is not None:
+            obs.unschedule_all()
 
     def kill_observer_for_test(self) -> None:
         """Stop the observer thread behind the watcher's back (simulates a dead watcher)."""

@@ -170,6 +170,25 @@ async def test_dead_watcher_thread_is_noticed_by_status_and_re_armed_on_polling(
         assert (await engine.status()).dirty is False
 
 
+async def test_a_watcher_deaf_with_its_thread_alive_is_caught_by_folder_mtimes(ws: Path) -> None:
+    engine = _engine(ws)
+    engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
+    async with live(engine):
+        await _booted(engine)
+        engine.live.watcher.silence_observer_for_test()  # no event from now on, thread alive
+        (ws / "memory" / "heron.md").write_text("Grey heron at the weir.\n")
+        assert engine.live.watcher.snapshot()["events"] == 0  # nothing reported it
+        # no rescan runs (rescan_interval_ms = 0): only the folder check can find the note
+        await eventually(_finds(engine, "heron weir", ["memory/heron.md"]), "the deaf watcher noticed")
+        snap = (await engine.status()).custom["watcher"]
+        assert (snap["rearms"], snap["lastRearm"]["cause"], snap["mode"]) == (
+            1, f"missed changes in {ws / 'memory'}", "native")
+        (ws / "memory" / "egret.md").write_text("Little egret in the reeds.\n")
+        # the re-armed observer hears it
+        await eventually(_finds(engine, "egret reeds", ["memory/egret.md"]), "re-armed watcher")
+        assert (await engine.status()).custom["watcher"]["rearms"] == 1
+
+
 async def test_deleted_and_recreated_memory_folder_is_watched_again(ws: Path) -> None:
     engine = _engine(ws)
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher

@@ -511,6 +511,8 @@ class BuiltinEngine:
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))
         if fts_error is not None:
             warnings.append(SUBSTRING_WARNING.format(error=fts_error))
+        if self._live is not None and (stale := self._live.stale_reason(memory=False)):
+            warnings.append(f"index stale: {stale}; the newest content may be missing")
         return replace(outcome, warnings=[*outcome.warnings, *warnings])
 
     async def _prepare_vector(self, store: MetaReads, provider: EmbeddingProvider,

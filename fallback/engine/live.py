@@ -77,10 +77,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LiveSnapshot:
-    """What ``status()`` reports of live mode (see :meth:`LiveSync.status_custom`)."""
+    """What ``status()`` reports of live mode (see :meth:`LiveSync.status_custom`);
+    ``stale_reason`` is :meth:`LiveSync.stale_reason` (changes seen, not indexed yet)."""
 
     degraded_reason: str | None
     custom: dict[str, Any]
+    stale_reason: str | None = None
 
     def status_custom(self) -> dict[str, Any]:
         """The ``MemoryStatus.custom`` entries (``watcher`` and ``live``)."""
@@ -336,7 +338,33 @@ class LiveSync:
         custom = self.status_custom()
         degraded = f"watcher dead: {dead}; re-arming" if dead else self.degraded_reason
         custom["live"]["degraded"] = degraded
-        return LiveSnapshot(degraded, custom)
+        return LiveSnapshot(degraded, custom, custom["live"]["stale"])
+
+    def stale_reason(self, *, memory: bool = True) -> str | None:
+        """Changes live mode has seen and the index does not hold yet, in words, or ``None``:
+        transcripts changed within the session batch window, a session-delta sync due or
+        running, and (``memory``) memory files the watcher holds in its debounce.
+
+        Args:
+            memory: count the watcher's pending memory files too, unless a search has synced
+                them since (:meth:`unsynced_changes`); a search leaves them out: it syncs them
+                first.
+        """
+        parts: list[str] = []
+        if self._session_pending:
+            parts.append(f"{len(self._session_pending)} transcripts changed and wait for the "
+                         f"session batch window ({self.session_batch_ms} ms)")
+        if self._session_sync_due:
+            parts.append("a session-delta sync is due")
+        watcher = self.watcher
+        if memory and watcher is not None:
+            sessions_dir = self._engine.settings.sessions_dir
+            events, pending = watcher.unsent()  # those a search has synced already do not wait
+            files = 0 if events <= self._events_searched else sum(
+                1 for p in pending if p != RESCAN_MARKER and Path(p).parent != sessions_dir)
+            if files:
+                parts.append(f"{files} memory files changed and wait for the watch debounce")
+        return "; ".join(parts) or None
 
     def rescanned(self) -> None:
         """Called after a successful rescan sync: the index is known correct again."""
@@ -361,10 +389,12 @@ class LiveSync:
 
     def status_custom(self) -> dict[str, Any]:
         """Entries for ``MemoryStatus.custom``: ``{"watcher": MemoryWatcher.snapshot() | None,
-        "live": {"degraded", "syncs": {reason: count}, "sessionsPending"}}``."""
+        "live": {"degraded", "syncs": {reason: count}, "sessionsPending", "stale"}}``
+        (``stale``: :meth:`stale_reason`)."""
         return {"watcher": self.watcher.snapshot() if self.watcher is not None else None,
                 "live": {"degraded": self.degraded_reason, "syncs": dict(self.sync_counts),
-                         "sessionsPending": len(self._session_pending)}}
+                         "sessionsPending": len(self._session_pending),
+                         "stale": self.stale_reason()}}
 
 
 def _raise_embedding_failure(report: SyncReport) -> None:

@@ -90,8 +90,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         last_error: the last sync or query-embedding error, or ``None``; without one, the
             failure another process recorded beside the store (``sync_record.py``).
         live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
-            ``status_custom()``); a degraded or dead watcher makes the status dirty with that
-            reason, and ``custom`` gains ``watcher`` and ``live``.
+            ``stale_reason``, ``status_custom()``); a degraded or dead watcher makes the status
+            dirty with that reason, changes seen and not indexed yet with ``index stale:
+            <what>`` (also ``custom.indexStale``), and ``custom`` gains ``watcher`` and ``live``.
         (Chunks that wait for their vectors, the ``embedding_backlog`` meta of the last sync,
         make the status dirty too; ``vector`` gains ``pending`` and ``providerError``, and a
         provider error makes the status unhealthy; ``qmdbridge.problems`` lists it once, under
@@ -135,6 +136,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
     fts_error = store.fts_error
     degraded = live.degraded_reason if live is not None else None
+    stale = getattr(live, "stale_reason", None)  # live mode: changes seen, not indexed yet
+    if stale and not dirty:
+        dirty, dirty_reason = True, f"index stale: {stale}"
     backlog = store.get_meta_json(BACKLOG_KEY) if provider is not None else None
     pending = backlog.get("pending") if isinstance(backlog, dict) else None
     pending = pending if isinstance(pending, int) and pending > 0 else 0
@@ -153,7 +157,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
                               "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
                                                    else ReadonlyRecovery()).as_dict(),
-                              "filesWaiting": waiting,
+                              "filesWaiting": waiting, "indexStale": stale,
                               "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
                               **(live.status_custom() if live is not None else {}),
                               **(extra_custom or {})}

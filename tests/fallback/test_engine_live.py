@@ -271,6 +271,31 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
 
 
+async def test_transcript_lines_waiting_for_their_sync_are_told_not_hidden(ws: Path) -> None:
+    engine = _engine(ws, with_sessions=True, sessions={"deltaMessages": 3, "deltaBytes": 100_000})
+    engine.session_batch_ms = 600_000  # the batch window stays open for the whole test
+    sdir = engine.settings.sessions_dir
+    sdir.mkdir(parents=True)
+    path = sdir / "chat.jsonl"
+    path.write_bytes(_record("user", "Morning plans."))
+    async with live(engine):
+        await _booted(engine)
+        with path.open("ab") as fh:
+            for n in range(2000):
+                fh.write(_record("user", f"Line {n} about the Osprey tagging permit."))
+
+        async def queued() -> bool:
+            return (await engine.status()).custom["live"]["sessionsPending"] == 1
+        await eventually(queued, "the watcher handed the transcript over")
+        stale = "1 transcripts changed and wait for the session batch window (600000 ms)"
+        outcome = await engine.search_detailed("Osprey tagging permit")
+        assert outcome.results == []  # not indexed yet, and the answer says so
+        assert outcome.warnings == [f"index stale: {stale}; the newest content may be missing"]
+        status = await engine.status()
+        assert (status.dirty, status.dirty_reason, status.custom["indexStale"]) == (
+            True, f"index stale: {stale}", stale)
+
+
 async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
     engine = _engine(ws, watch=False)
     async with live(engine):

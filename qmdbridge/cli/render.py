@@ -36,7 +36,8 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
         explain: ``explain(i)`` gives the ``--explain`` lines of hit ``i``, printed indented
             under it (plain lines then, never a table); ``None`` when nothing was explained.
         keyword_notice: print :data:`KEYWORD_ONLY_NOTICE` on stderr when the builtin engine
-            answered keyword-only (False when the user chose ``provider: "none"``).
+            answered keyword-only for want of a provider (False when the user chose
+            ``provider: "none"``; a provider that failed is told by its warning instead).
     """
     out = sys.stdout
     fallback = doc.get("fallback")
@@ -44,7 +45,8 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
         reason = str(fallback.get("reason"))
         reason = reason.removeprefix(QMD_UNAVAILABLE)  # the reason of a BackendUnavailableError has it
         sys.stderr.write(f"note: answered by {doc.get('backend')} ({QMD_UNAVAILABLE}{reason})\n")
-    if keyword_notice and doc.get("backend") == "builtin" and doc.get("mode") == "fts-only":
+    if (keyword_notice and doc.get("backend") == "builtin" and doc.get("mode") == "fts-only"
+            and doc.get("provider") in (None, "none")):  # a failing provider has its warning
         sys.stderr.write(KEYWORD_ONLY_NOTICE + "\n")
     for warning in doc.get("warnings") or []:
         sys.stderr.write(f"warning: {warning}\n")

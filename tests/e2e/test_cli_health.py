@@ -53,6 +53,11 @@ def test_a_default_model_not_downloaded_is_one_provider_problem(ws: Path, env: d
     doctor = _json(["doctor", *args], env)
     assert [(c["name"], c["detail"]) for c in doctor["checks"] if c["level"] == "error"] == [
         ("embedding provider", problem["message"])]
+    found = run_cli(["search", "router", *args], env)  # keyword-only, saying why
+    assert found.returncode == 0 and found.stdout
+    err = [line for line in found.stderr.decode().splitlines() if not line.startswith("indexing: ")]
+    assert len(err) == 1 and err[0].startswith("warning: offline: cannot reach 127.0.0.1:") and err[0].endswith(
+        "; results come from keyword search only"), err  # no "no embedding provider" notice
 
 
 def test_a_relative_model_path_is_read_against_the_config_folder(ws: Path, env: dict[str, str],

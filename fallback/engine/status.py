@@ -105,11 +105,11 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
             ``model_problem()`` names a model not downloaded yet gives ``vector.modelMissing``,
             an unhealthy status and search mode ``fts-only`` (what searches answer with).
 
-    Once the index has been synced (or a sync failed), :func:`files_waiting` counts the memory
-    files it does not hold as they are on disk: ``custom.filesWaiting``, and dirty with
-    ``<n> files wait to be indexed`` when nothing else made it dirty. A recorded sync failure
-    is ``custom.syncFailure`` (``{reason, error, errorType, atMs, filesWaiting}``) and makes
-    the status unhealthy.
+    After a failed sync (recorded beside the store), :func:`files_waiting` counts the memory
+    files the index does not hold as they are on disk (a stat of every memory file, so only
+    then): ``custom.filesWaiting``, and dirty with ``<n> files wait to be indexed`` when nothing
+    else made it dirty; the failure is ``custom.syncFailure`` (``{reason, error, errorType,
+    atMs, filesWaiting}``) and makes the status unhealthy.
 
     Returns:
         ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
@@ -149,7 +149,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     failed = read_failure(Path(store.path))  # kept beside the store by a failed sync
-    waiting = files_waiting(store, settings) if last_sync is not None or failed else 0
+    waiting = files_waiting(store, settings) if failed else 0  # a walk: only when it matters
     if waiting and not dirty:
         dirty, dirty_reason = True, f"{waiting} files wait to be indexed"
     if failed is not None and last_error is None:  # failed in another process (`index`)

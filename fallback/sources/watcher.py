@@ -191,6 +191,7 @@ class MemoryWatcher:
         self._watched_roots = self._watched_folders()
         self._heard_ns: dict[str, int] = {}  # folder -> when the observer last reported in it
         self._stamps: dict[str, int] = {}  # folder -> mtime (ns) known to be heard of
+        self._subfolders: dict[str, tuple[int, list[str]]] = {}  # folder -> (mtime, subfolders)
         self._missed: str | None = None  # the deaf observer's cause, until it is re-armed
 
     # -- relevance ----------------------------------------------------------------------------
@@ -345,7 +346,9 @@ class MemoryWatcher:
     def _folder_stamps(self) -> dict[str, int]:
         """mtime (ns) of the watched folders: the workspace, the sessions folder and the top
         of a non-recursive root themselves, the other roots with the folders below them as the
-        polling observer lists them (:meth:`list_folder`); a missing folder is left out."""
+        polling observer lists them (:meth:`list_folder`); a missing folder is left out. A
+        folder is listed again only when its mtime changed (a subfolder appears or goes only
+        then), so a check costs one ``stat`` per folder."""
         stamps: dict[str, int] = {}
         flat = {str(self.workspace)} | ({str(self.sessions_dir)} if self.sessions_dir else set())
         flat |= {str(r.path) for r in self.roots[2:] if not r.recursive or r.entry != r.path}
@@ -353,9 +356,15 @@ class MemoryWatcher:
         while todo:
             folder = todo.pop()
             try:
-                stamps[folder] = os.stat(folder).st_mtime_ns
-                if folder not in flat:
-                    todo += [e.path for e in self.list_folder(folder) if e.is_dir(follow_symlinks=False)]
+                mtime = stamps[folder] = os.stat(folder).st_mtime_ns
+                if folder in flat:
+                    continue
+                listed = self._subfolders.get(folder)
+                if listed is None or listed[0] != mtime:
+                    listed = (mtime, [e.path for e in self.list_folder(folder)
+                                      if e.is_dir(follow_symlinks=False)])
+                    self._subfolders[folder] = listed
+                todo += listed[1]
             except OSError:
                 continue
         return stamps

@@ -75,8 +75,9 @@ __all__ = ["MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
 # A watched folder changed this long ago (ms) with no event since means the observer missed it;
-# a younger change may still have its event on the way (polling adds its period to this).
-MISSED_GRACE_MS = 1000
+# a younger change may still have its event on the way (on a busy machine too; polling adds
+# three of its periods: a poll of a large tree takes time of its own).
+MISSED_GRACE_MS = 3000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
 # The polling observer descends at most this many folders below a watched root; changes deeper
@@ -385,8 +386,8 @@ class MemoryWatcher:
         :data:`MISSED_GRACE_MS` ago with no event heard in it since (blocking: a ``stat`` per
         watched folder). A change with an event heard after it becomes the folder's stamp."""
         now = self._folder_stamps()
-        grace_ns = int((MISSED_GRACE_MS + (self.poll_interval_s * 1000 if self.state.mode == "polling"
-                                           else 0)) * 1_000_000)
+        polling_ms = 3 * self.poll_interval_s * 1000 if self.state.mode == "polling" else 0
+        grace_ns = int((MISSED_GRACE_MS + polling_ms) * 1_000_000)
         missed: list[str] = []
         for folder, mtime in now.items():
             if self._stamps.get(folder) == mtime:

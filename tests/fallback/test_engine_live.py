@@ -180,6 +180,10 @@ async def test_a_watcher_deaf_with_its_thread_alive_is_caught_by_folder_mtimes(w
         assert engine.live.watcher.snapshot()["events"] == 0  # nothing reported it
         # no rescan runs (rescan_interval_ms = 0): only the folder check can find the note
         await eventually(_finds(engine, "heron weir", ["memory/heron.md"]), "the deaf watcher noticed")
+
+        async def re_armed() -> bool:  # in the background, after the search that noticed it
+            return (await engine.status()).custom["watcher"]["rearms"] == 1
+        await eventually(re_armed, "the deaf observer replaced")
         snap = (await engine.status()).custom["watcher"]
         assert (snap["rearms"], snap["lastRearm"]["cause"], snap["mode"]) == (
             1, f"missed changes in {ws / 'memory'}", "native")

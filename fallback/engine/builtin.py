@@ -70,7 +70,11 @@ from fallback.search.pipeline import Searcher, SearchOutcome, configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
-from fallback.store.errors import IndexStoreCorruptError, IndexStoreLockedError
+from fallback.store.errors import (
+    IndexStoreCorruptError,
+    IndexStoreLockedError,
+    IndexStoreReadOnlyError,
+)
 from fallback.store.files import read_only_warning
 from fallback.store.readonly import MetaReads, ReadOnlyStore
 
@@ -323,7 +327,8 @@ class BuiltinEngine:
             self._sync_outcome = exc
             if not isinstance(exc, cancelled):
                 self._last_error = f"sync ({reason}) failed: {exc}"
-            if isinstance(exc, IndexStoreError) and not isinstance(exc, IndexStoreLockedError):
+            if isinstance(exc, IndexStoreError) and not isinstance(  # status tells those itself
+                    exc, (IndexStoreLockedError, IndexStoreReadOnlyError)):
                 await anyio.to_thread.run_sync(partial(  # every process's status tells it
                     record_failure, self.settings.db_path, reason=reason, error=exc,
                     at_ms=self._now_ms()))

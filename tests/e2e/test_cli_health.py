@@ -118,3 +118,30 @@ def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, 
     after = _json(["status", *args], env)
     assert (after["dirty"], after["healthy"], after["problems"], after["custom"]["syncFailure"]) == (
         False, True, [], None)
+
+
+def test_serve_answers_keyword_only_while_the_provider_hangs_and_status_says_why(
+        ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
+
+    def silent(req: Recorded) -> Reply:
+        return Reply(200, {"data": []}, delay_s=600)
+
+    with serve(silent, max_requests=1000) as srv:
+        cfg = tmp_path / "openclaw.json5"  # query.keywordFallback left at its default
+        cfg.write_text("{agents: {defaults: {memorySearch: {provider: 'openai-compatible', model: "
+                       f"'mini-embed', remote: {{baseUrl: '{srv.url}'}}, sync: "
+                       "{embeddingBatchTimeoutSeconds: 1}, query: {timeoutMs: 1500}}}}}")
+        lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "Atlas rollback"}}',
+                 b'{"id": 2, "tool": "status"}']
+        p = subprocess.run(cli_argv(["serve", "--workspace", str(ws), "--config", str(cfg)]),
+                           env=env, capture_output=True, timeout=120, input=b"\n".join(lines) + b"\n")
+    assert p.returncode == 0, p.stderr
+    replies = {r["id"]: r["result"] for r in map(orjson.loads, p.stdout.splitlines())}
+    hang = ("query embedding failed: openai-compatible embedding failed: query embedding timed out "
+            "after 1500 ms (query.timeoutMs)")
+    assert replies[1]["results"] and replies[1]["results"][0]["path"].startswith("memory/2026-11-")
+    assert replies[1]["warnings"][0] == f"{hang}; results come from keyword search only"
+    status = replies[2]  # the boot sync's embedding failed first: that is the error it tells
+    assert (status["healthy"], status["vector"]["providerError"]) == (
+        False, "openai-compatible embedding failed: memory embeddings batch timed out after 1s")

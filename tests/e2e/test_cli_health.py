@@ -142,6 +142,7 @@ def test_serve_answers_keyword_only_while_the_provider_hangs_and_status_says_why
             "after 1500 ms (query.timeoutMs)")
     assert replies[1]["results"] and replies[1]["results"][0]["path"].startswith("memory/2026-11-")
     assert replies[1]["warnings"][0] == f"{hang}; results come from keyword search only"
-    status = replies[2]  # the boot sync's embedding failed first: that is the error it tells
-    assert (status["healthy"], status["vector"]["providerError"]) == (
-        False, "openai-compatible embedding failed: memory embeddings batch timed out after 1s")
+    status = replies[2]  # the boot sync's failure once it ended, else the search's
+    assert status["healthy"] is False
+    assert status["vector"]["providerError"] in (
+        "openai-compatible embedding failed: memory embeddings batch timed out after 1s", hang)

@@ -161,15 +161,19 @@ class QmdSidecar:
 
     async def _build(self) -> MemoryBackend | None:
         """Probe qmd (or use the cached probe) and build the backend; ``None`` with
-        ``unavailable`` set when it is missing or not runnable."""
+        ``unavailable`` set when it is missing or not runnable. The ``--version`` probe gets
+        ``limits.timeoutMs`` at most (``locate.PROBE_TIMEOUT_MS`` otherwise)."""
         from qmdbridge.qmd.backend import QmdBackend
-        from qmdbridge.qmd.locate import probe_qmd
+        from qmdbridge.qmd.locate import PROBE_TIMEOUT_MS, probe_qmd
 
         cached = self.probe_cache.get(self._probe_key)
         if cached is not None:
             location, _ = cached
         else:
-            location = await probe_qmd(self.agent.memory.qmd.command, env=self._env)
+            # a hung qmd costs the first search no more than its own deadline
+            probe_ms = min(PROBE_TIMEOUT_MS, self.agent.memory.qmd.limits.timeout_ms)
+            location = await probe_qmd(self.agent.memory.qmd.command, env=self._env,
+                                       timeout_ms=probe_ms)
             self.location = location
             if not location.usable:
                 self.unavailable = location.reason or "qmd not available"

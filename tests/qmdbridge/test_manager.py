@@ -286,6 +286,24 @@ async def test_hanging_qmd_falls_back_within_deadline_and_leaves_no_process(tmp_
             await anyio.sleep(0.05)
 
 
+async def test_a_qmd_hanging_on_its_version_probe_costs_the_search_its_own_deadline(
+        tmp_path: Path) -> None:
+    # hang.py hangs on every command, --version included: the probe gets limits.timeoutMs
+    hang = tmp_path / "qmd-hang"
+    hang.write_text(f"#!/bin/sh\nexec {sys.executable} {STANDINS / 'hang.py'} \"$@\"\n")
+    hang.chmod(0o755)
+    before = _children()
+    async with _manager(tmp_path, _qmd_memory(str(hang), timeout_ms=1000)) as m:
+        resp = await m.search("zebra")
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.reason == (f"qmd at {hang} did not answer --version: qmd --version "
+                                    "timed out after 1000ms")
+    assert resp.results[0].path == "memory/2026-03-01.md"
+    with anyio.fail_after(10):
+        while _children() - before:
+            await anyio.sleep(0.05)
+
+
 async def test_breaker_recovers_when_qmd_is_healthy_again(tmp_path: Path, qmd_bin: Path) -> None:
     flag = tmp_path / "broken.flag"
     flag.write_text("1")

@@ -174,7 +174,9 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
     """qmd found, its ``--version`` answered, and, when qmd is the backend and the workspace
     exists, one tiny real search through the same spawn path as every search answered (tried,
     not assumed): a qmd whose ``--version`` works but whose searches fail is an error, not
-    ``ok``. Nothing is created for it but qmd's own index file."""
+    ``ok``. Then the collections are reconciled as a search's start-up does (qmd's index, the
+    qmd home and the workspace's ``memory/`` folder may be created): a qmd that refuses every
+    collection (``ReconcileState.no_usable_collection``) is an error too."""
     from qmdbridge.qmd.backend import QmdBackend
     from qmdbridge.qmd.locate import probe_qmd
 
@@ -183,12 +185,20 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
     level: Literal["warn", "error"] = "error" if configured else "warn"
     if loc.usable and configured and agent.workspace_dir.is_dir():
         backend = QmdBackend(agent, location=loc, mode="cli", env=env)
+        unusable = None
         try:
             problem = await backend.search_probe()
+            if problem is None:  # the collections a search would reconcile, read back
+                await backend.start(boot_update=False)
+                unusable = backend.reconcile_state.no_usable_collection(backend.collections)
         except MemorySearchError as exc:
             problem = str(exc)
         finally:
             await backend.close()
+        if unusable is not None:
+            return Check("qmd", level, f"{loc.version or 'qmd'} at {loc.path} answers, but {unusable}",
+                         "install a qmd that honours `collection add --mask` (scripts/install-qmd.sh "
+                         "installs 2.8.3); the builtin engine answers meanwhile")
         if problem is None:
             return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}; a test search answered")
         from qmdbridge.qmd.index_health import is_corrupt

@@ -424,6 +424,8 @@ class QmdBackend:
 
         Raises:
             UsageError: blank query. ManagerClosedError: closed.
+            BackendUnavailableError: every collection asked for was refused at reconcile
+                (``qmd has no usable collection: ...``; ``ReconcileState.no_usable_collection``).
             BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed); the
                 message names the setting, and ``models missing or downloading?`` for
                 ``query``/``vsearch`` with an empty model cache.
@@ -453,8 +455,11 @@ class QmdBackend:
         counts = await self.health.reconcile_if_edited(counts)
         if (lost := await self.health.notice(counts, count_error)) is not None:
             raise QmdIndexLostError(lost)  # the builtin engine answers, no breaker
-        colls = [c for c in self.collections if (sources is None or c.source in sources)
-                 and c.name not in self.reconcile_state.refused
+        wanted = [c for c in self.collections if sources is None or c.source in sources]
+        if (unusable := self.reconcile_state.no_usable_collection(wanted)) is not None:
+            self.last_search_error = unusable
+            raise BackendUnavailableError("qmd", unusable)
+        colls = [c for c in wanted if c.name not in self.reconcile_state.refused
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
         if not colls:
             log.warning("qmd query skipped: no managed collection with documents in qmd's index")

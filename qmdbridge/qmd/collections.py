@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -305,6 +305,21 @@ class ReconcileState:
     missing: dict[str, str] = field(default_factory=dict)
     unreadable_yml: str | None = None
 
+    def no_usable_collection(self, colls: Sequence[ManagedCollection]) -> str | None:
+        """Why none of ``colls`` can be searched through qmd (pure): every one of them is in
+        :attr:`refused`; ``None`` when one is usable (or ``colls`` is empty). A backend with
+        no usable collection must not answer: the builtin engine answers with this reason.
+
+        Args:
+            colls: the collections a search (or status) asks for.
+
+        Returns:
+            ``qmd has no usable collection: <the first refusal>``, or ``None``.
+        """
+        if not colls or any(c.name not in self.refused for c in colls):
+            return None
+        return f"qmd has no usable collection: {self.refused[colls[0].name]}"
+
 
 def _is_unsupported_flag(message: str) -> bool:
     low = message.lower()
@@ -452,6 +467,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
     order = [state.pattern_flag] + [f for f in ("--mask", "--glob") if f != state.pattern_flag]
     res = CollectionRun(False, "", "collection add not attempted")
     ignored: list[str] = []
+    moved = False  # a read-back named another folder (not only another pattern)
     for i, flag in enumerate(order):
         state.flags_tried.append(flag)
         res = await _safe(run, ["collection", "add", "--name", mc.name, flag, mc.pattern],
@@ -463,6 +479,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                 state.pattern_flag = flag
                 state.refused.pop(mc.name, None)
                 return res
+            moved = moved or (got.path is not None and not _same_path(got.path, mc.path, mc.path))
             ignored.append(f"{flag} {mc.pattern!r} gave path {got.path} pattern {got.pattern!r}")
             log.warning("qmd collection add %s %s %r recorded path %s pattern %r; removing it",
                         mc.name, flag, mc.pattern, got.path, got.pattern)
@@ -474,8 +491,10 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
         if not ignored:
             return res
     if ignored:
-        reason = (f"qmd collection {mc.name} not searched through qmd: this qmd does not honour "
-                  f"the pattern flag ({'; '.join(ignored)}; wanted {mc.path} {mc.pattern!r}); "
+        cause = ("records another folder than the one added" if moved else
+                 "does not honour the pattern flag")
+        reason = (f"qmd collection {mc.name} not searched through qmd: this qmd {cause} "
+                  f"({'; '.join(ignored)}; wanted {mc.path} {mc.pattern!r}); "
                   "upgrade qmd (2.8.3 honours --mask and --glob)")
         state.refused[mc.name] = reason
         _warn(state, reason)

@@ -45,12 +45,14 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
     embed = backend.cycle.embed
     sources: list[Source] = sorted({c.source for c in backend.collections}) or ["memory"]
     # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
+    unusable = backend.reconcile_state.no_usable_collection(backend.collections)
     issues = (([backend.health.problem] if backend.health.problem else [])
+              + ([unusable] if unusable else [])
               + list(backend.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in backend.startup_problems]
               + backend.hit_problems + ([VEC0_HINT] if backend.mode_override else [])
               + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error else [])
               + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else []))
-    last_error = (f"qmd search probe failed: {probe}" if probe else None) or (
+    last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
         backend.cycle.last_error or backend.last_error)
     return MemoryStatus(
         backend="qmd", agent_id=backend.agent.agent_id, workspace_dir=str(backend.agent.workspace_dir),

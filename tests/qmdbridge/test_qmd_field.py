@@ -287,3 +287,46 @@ async def test_a_busy_index_does_not_open_the_breaker(tmp_path: Path, qmd_bin: P
         assert m.breaker.state.failures == 0 and m.breaker.describe()["state"] == "closed"
         again = await m.search("alpha")
         assert (again.backend, [h.path for h in again.results]) == ("qmd", ["MEMORY.md"])
+
+
+async def test_a_qmd_that_refuses_every_collection_does_not_answer(
+        tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
+    """A build that records another folder than the one asked for: the read-back refuses both
+    memory collections, so the backend has nothing to search; it must not answer `[]`: the
+    builtin engine answers with the reason, status lists it, doctor fails."""
+    from qmdbridge.doctor import run_doctor
+
+    exe = standins_dir / "pattern_flag_ignored.py"
+    b = _backend(tmp_path, exe, base_path_env, REAL_QMD=str(qmd_bin), MANGLE_PATH="1")
+    ws = b.agent.workspace_dir
+    first = (f"qmd collection memory-root-main not searched through qmd: this qmd records another "
+             f"folder than the one added (--mask 'MEMORY.md' gave path {tmp_path / '.mangled'} pattern "
+             f"'**/*.md'; --glob 'MEMORY.md' gave path {tmp_path / '.mangled'} pattern 'MEMORY.md'; "
+             f"wanted {ws} 'MEMORY.md'); upgrade qmd (2.8.3 honours --mask and --glob)")
+    try:
+        await b.start()
+        assert sorted(b.reconcile_state.refused) == ["memory-dir-main", "memory-root-main"]
+        with pytest.raises(BackendUnavailableError) as err:
+            await b.search("bravo", min_score=0)
+        assert err.value.reason == f"qmd has no usable collection: {first}"
+        status = await b.status()
+        assert f"qmd has no usable collection: {first}" in status.issues
+        assert (status.healthy, status.last_error) == (False, f"qmd has no usable collection: {first}")
+    finally:
+        await b.close()
+
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"command": str(exe)}},
+                        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env.update(HOME=str(tmp_path / "home"), PATH=base_path_env, REAL_QMD=str(qmd_bin), MANGLE_PATH="1",
+               OPENCLAW_STATE_DIR=str(tmp_path / "state"))
+    agent = resolve_agent(cfg, "main", workspace=ws, env=env)
+    async with MemoryManager(agent, env=env) as m:
+        resp = await m.search("bravo")
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.reason.startswith("qmd has no usable collection: qmd collection memory-root-main")
+    assert [h.path for h in resp.results] == ["memory/2026-01-02.md"]
+    report = await run_doctor(agent, env=env)
+    check = next(c for c in report.checks if c.name == "qmd")
+    assert not report.ok and check.level == "error"
+    assert check.detail == f"2.8.3 at {exe} answers, but qmd has no usable collection: {first}"

@@ -2,7 +2,8 @@
 """Stand-in for a qmd build that silently drops the collection pattern flag: `collection add`
 loses `--mask <glob>` (and `--glob <glob>` too when $IGNORE_GLOB is set), then the real qmd named
 by $REAL_QMD runs, so the collection gets qmd's default pattern `**/*.md`. Every other command
-is the real qmd unchanged."""
+is the real qmd unchanged. With $MANGLE_PATH set, `collection add` records another (empty)
+folder than the one asked for: `.mangled` beside it."""
 import os
 import sys
 
@@ -20,5 +21,9 @@ if args[:2] == ["collection", "add"]:
             continue
         kept.append(a)
     args = kept
+    if os.environ.get("MANGLE_PATH") and args and args[-2] == "--":
+        mangled = os.path.join(os.path.dirname(args[-1].rstrip("/")), ".mangled")
+        os.makedirs(mangled, exist_ok=True)
+        args[-1] = mangled
 real = os.environ["REAL_QMD"]
 os.execv(real, [real, *args])

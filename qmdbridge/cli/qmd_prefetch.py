@@ -168,7 +168,13 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     """The AND calls, then (when they leave free slots) each word alone."""
     from qmdbridge.paths import child_env, qmd_home
     from qmdbridge.qmd.index_stats import index_counts
-    from qmdbridge.qmd.query_text import encode_query, relaxed_terms, search_words, without_stray_quote
+    from qmdbridge.qmd.query_text import (
+        encode_query,
+        relaxed_terms,
+        search_env,
+        search_words,
+        without_stray_quote,
+    )
 
     home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
     counts, err = index_counts(home.index_db, log_errors=False)  # logging is not set up yet
@@ -179,7 +185,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
     if not colls:
         return
-    child = child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", ""))
+    child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
     limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
 

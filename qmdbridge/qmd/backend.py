@@ -50,6 +50,7 @@ from qmdbridge.qmd.collections import (
 )
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
+from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.lexical import relax, warm_candidates
 from qmdbridge.qmd.listing import describe_collections
 from qmdbridge.qmd.models import ModelState, model_kinds
@@ -62,13 +63,13 @@ from qmdbridge.qmd.parse import (
     entry_hits,
 )
 from qmdbridge.qmd.passages import POOL_FACTOR
-from qmdbridge.qmd.query_text import search_words, without_stray_quote
+from qmdbridge.qmd.query_text import search_env, search_words, without_stray_quote
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import CommandRunner, RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
 from qmdbridge.qmd.status_doc import status_document
-from qmdbridge.qmd.update import UpdateCycle, file_lock
+from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.warm import WarmChild
@@ -180,14 +181,15 @@ class QmdBackend:
 
     async def _run(self, args: list[str], positionals: list[str] | tuple[str, ...] = (), *,
                    timeout_ms: int, discard_stdout: bool = False,
-                   setting: str | None = None) -> RunResult:
-        return await self._runner(self.argv(args, positionals), env=self.child_env,
+                   setting: str | None = None, env: Mapping[str, str] | None = None) -> RunResult:
+        return await self._runner(self.argv(args, positionals), env=env or self.child_env,
                                   cwd=self.agent.workspace_dir, timeout_ms=max(1, timeout_ms),
                                   discard_stdout=discard_stdout, setting=setting)
 
     async def _run_search(self, args: list[str], positionals: list[str], timeout_ms: int) -> RunResult:
+        # qmd's busy wait bounded (query_text.search_env): a writer makes it a busy answer
         return await self._run(args, positionals, timeout_ms=timeout_ms,
-                               setting="memory.qmd.limits.timeoutMs")
+                               setting="memory.qmd.limits.timeoutMs", env=search_env(self.child_env))
 
     async def _collection_cmd(self, args: list[str], positionals: list[str]) -> CollectionRun:
         try:
@@ -472,7 +474,7 @@ class QmdBackend:
                 raise BackendUnavailableError("qmd", self.last_search_error)
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
-                        self.child_env)
+                        self.child_env, index_db=self.home.index_db)
         # what search mode sends (also after vec0 switched to it), and the words searched one
         # by one: the content words, or those of a CJK question
         lexical, words = search_words(q, search_mode)
@@ -596,5 +598,8 @@ class QmdBackend:
         counts, err = await self.index_counts.read()
         counts = await self.health.reconcile_if_edited(counts)  # status shows qmd as configured
         await self.health.notice(counts, err)  # backend.health.problem: an issue, a problem
+        locked = await anyio.to_thread.run_sync(index_locked, self.home.index_db)
+        indexing = indexing_in_progress(running=self.cycle.is_running, index_locked=locked,
+                                        locks=(self.home.write_lock, self.home.embed_lock))
         return status_document(self, counts=counts, count_error=err, probe=await self.search_probe(),
-                               dead_watcher=dead, model_problem=models)
+                               dead_watcher=dead, model_problem=models, indexing=indexing)

@@ -10,7 +10,7 @@ import logging
 import sqlite3
 from pathlib import Path
 
-__all__ = ["index_counts"]
+__all__ = ["index_counts", "index_locked"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -38,3 +38,22 @@ def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], 
             log.warning("failed to read qmd index stats: %s", exc)
         return {}, f"failed to read qmd index stats: {exc}"
     return {str(c): int(n) for c, n in rows}, None
+
+
+def index_locked(db: Path) -> bool:
+    """Whether a writer holds qmd's index so that no search can read it now (an exclusive lock:
+    ``qmd embed`` or ``qmd update`` writing, a WAL checkpoint): one read with no busy wait
+    fails with "database is locked". ``False`` for a missing or otherwise unreadable index."""
+    if not db.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    except sqlite3.Error:
+        return False
+    return False

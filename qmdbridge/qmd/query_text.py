@@ -10,19 +10,27 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fallback.text.keywords import STOP_WORDS, cjk_words, contraction_fragments
 from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
-__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "cjk_terms", "encode_query", "lexical_terms",
-           "relaxed_terms", "search_words", "without_stray_quote"]
+__all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "SEARCH_BUSY_TIMEOUT_MS",
+           "cjk_terms", "encode_query", "lexical_terms", "relaxed_terms", "search_env", "search_words",
+           "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
 # qmd process per collection).
 MAX_RELAXED_TERMS = 6
 # Shorter terms are not searched on their own (qmd reads every term as a prefix).
 MIN_RELAXED_CHARS = 2
+# qmd's SQLite busy timeout, ms, read from this variable (qmd 2.8.3: 120,000 ms by default).
+BUSY_TIMEOUT_VAR = "QMD_SQLITE_BUSY_TIMEOUT"
+# A search call waits at most this long for qmd's index while a writer (``qmd embed``, an
+# update) holds it, then answers "database is locked": a busy answer, retried within the search
+# deadline and never a qmd failure. qmd's default would outlast any search deadline, and a
+# timeout opens the circuit breaker.
+SEARCH_BUSY_TIMEOUT_MS = 250
 
 # A token that is qmd syntax: a negation at a token start (``-word``, ``-"phrase"``).
 _NEGATION_RE = re.compile(r"(?:^|\s)-[\w\"]")
@@ -214,3 +222,20 @@ def search_words(query: str, mode: str) -> tuple[str, tuple[str, ...]]:
     """
     terms = lexical_terms(query)
     return " ".join(terms) or query, terms or (cjk_terms(query) if mode == "search" else ())
+
+
+def search_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a search call (pure): ``env`` with qmd's SQLite busy timeout at most
+    :data:`SEARCH_BUSY_TIMEOUT_MS` (a smaller value already set is kept). The backend and the
+    one-shot prefetch both build a search call's environment with it.
+
+    Args:
+        env: the child environment of every qmd command (``qmdbridge.paths.child_env``).
+
+    Returns:
+        A new dict.
+    """
+    raw = env.get(BUSY_TIMEOUT_VAR, "")
+    if raw.isdigit() and int(raw) <= SEARCH_BUSY_TIMEOUT_MS:
+        return dict(env)
+    return {**env, BUSY_TIMEOUT_VAR: str(SEARCH_BUSY_TIMEOUT_MS)}

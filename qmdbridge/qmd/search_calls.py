@@ -52,8 +52,10 @@ from tenacity.stop import stop_base
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
+from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.models import missing_models
 from qmdbridge.qmd.parse import QmdEntry, encode_query, merge_key, parse_qmd_json
+from qmdbridge.qmd.query_text import SEARCH_BUSY_TIMEOUT_MS
 from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,
@@ -148,13 +150,18 @@ class VectorModuleMissing(Exception):
 
 
 class _NearDeadline(stop_base):
-    """tenacity stop: less than :data:`BUSY_MIN_LEFT_MS` left of the search deadline."""
+    """tenacity stop: less than :data:`BUSY_MIN_LEFT_MS` beyond the duration of the busy
+    attempt (qmd's start and its busy wait, ``query_text.SEARCH_BUSY_TIMEOUT_MS``) left of
+    the search deadline."""
 
     def __init__(self, plan: CallPlan) -> None:
         self.plan = plan
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        return self.plan.remaining_ms() < BUSY_MIN_LEFT_MS
+        # another attempt takes as long as the busy one did (qmd's start and its busy wait)
+        failed = retry_state.outcome.exception() if retry_state.outcome is not None else None
+        took_ms = failed.result.duration_ms if isinstance(failed, _Busy) else SEARCH_BUSY_TIMEOUT_MS
+        return self.plan.remaining_ms() < BUSY_MIN_LEFT_MS + took_ms
 
 
 class _Busy(Exception):
@@ -178,6 +185,8 @@ class CallPlan:
         models_dir: qmd's model cache (``xdg-cache/qmd/models``), for the timeout hint.
         env: qmd's environment (``QMD_*_MODEL`` overrides), for the timeout hint.
         notes: receives one line per answer used despite a crash (for the answer's warnings).
+        index_db: qmd's ``index.sqlite``: a call past the deadline while a writer holds it is
+            busy (:class:`QmdBusyError`), not a timeout; ``None``: not checked.
         repair: set by :func:`search_with_repairs` when the search switched mode for good:
             ``"vec0"`` (now ``search``) or ``"unsupported-search-flags"`` (rerun with ``query``).
     """
@@ -191,6 +200,7 @@ class CallPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     repair: str | None = None
+    index_db: Path | None = None
 
     def remaining_ms(self) -> int:
         """ms left before :attr:`deadline`."""
@@ -224,6 +234,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
     hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
 
     async def attempt() -> RunResult:
+        nonlocal busy_seen
         remaining = plan.remaining_ms()
         if remaining <= 0:
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
@@ -232,6 +243,11 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         try:
             res = await run(args, [query], remaining)
         except BackendTimeoutError:
+            # the deadline came while qmd waited for a writer (an attempt before was busy, or
+            # the index is locked now): busy, not a qmd failure
+            if busy_seen or (plan.index_db is not None
+                             and await anyio.to_thread.run_sync(index_locked, plan.index_db)):
+                raise QmdBusyError(summary, attempts=attempts) from None
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
                                       hint=hint) from None
         except QmdCommandError as exc:
@@ -240,10 +256,12 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
             raise QmdQueryTooLongError(summary, query_bytes=len(os.fsencode(query)),
                                        os_error=exc.os_error or "", errno=exc.errno) from exc
         if not res.ok and is_busy(res.stderr):
+            busy_seen = True
             raise _Busy(res)
         return res
 
     attempts = 0
+    busy_seen = False
     try:
         res: RunResult | None = None
         async for try_ in AsyncRetrying(
@@ -410,10 +428,12 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
 async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
     """One tiny real search through the same spawn path (``qmd search --json -n 1 -- <probe>``,
     no collection filter, so it works before any collection exists): ``None`` when qmd
-    answered a result array, else why not (one line)."""
+    answered a result array or that its index is busy, else why not (one line)."""
     args = ["search", "--json", "-n", "1"]
     try:
         res = await run(args, [PROBE_QUERY], timeout_ms)
+        if not res.ok and is_busy(res.stderr):
+            return None  # qmd answered: a writer holds its index (status says indexing)
         if not res.ok:
             res.check()
         parse_qmd_json(res.stdout, res.stderr, command="search")

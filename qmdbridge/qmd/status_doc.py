@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fallback.models import MemoryStatus, Source, SourceCount
+from qmdbridge.qmd.runner import is_busy
 from qmdbridge.qmd.search_calls import VEC0_HINT
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ __all__ = ["status_document"]
 
 def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_error: str | None,
                     probe: str | None, dead_watcher: str | None,
-                    model_problem: str | None = None) -> MemoryStatus:
+                    model_problem: str | None = None, indexing: str | None = None) -> MemoryStatus:
     """The status of ``backend`` (see :meth:`QmdBackend.status`).
 
     Args:
@@ -31,6 +32,9 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
         dead_watcher: why the file watcher is dead (it is being re-armed), or ``None``.
         model_problem: why the searches of the configured mode cannot load their models
             (``models.model_problem``), or ``None`` (also in ``search`` mode, which needs none).
+        indexing: ``indexing in progress (...)`` while qmd's index is being written
+            (``update.indexing_in_progress``): ``dirty`` with that reason, and an index read
+            that found it locked is no problem.
 
     Returns:
         ``files`` and ``chunks`` are qmd's documents, ``healthy`` is false when the probe
@@ -50,7 +54,7 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
               + ([unusable] if unusable else [])
               + list(backend.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in backend.startup_problems]
               + backend.hit_problems + ([VEC0_HINT] if backend.mode_override else [])
-              + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error else [])
+              + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error and not (indexing and is_busy(count_error)) else [])
               + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else []))
     last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
         backend.cycle.last_error or backend.last_error)
@@ -63,9 +67,9 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
         vector={"enabled": backend.cfg.search_mode != "search"}, issues=issues,
         last_sync_at_ms=backend.cycle.last_update_at, healthy=last_error is None,
         last_error=last_error,
-        dirty=bool(backend.freshness and (backend.freshness.dirty or dead_watcher)),
-        dirty_reason=(f"watcher dead: {dead_watcher}; re-arming" if dead_watcher else
-                      backend.freshness.dirty_reason if backend.freshness else None),
+        dirty=bool(indexing or (backend.freshness and (backend.freshness.dirty or dead_watcher))),
+        dirty_reason=(f"watcher dead: {dead_watcher}; re-arming" if dead_watcher else indexing
+                      or (backend.freshness.dirty_reason if backend.freshness else None)),
         custom={"qmd": {
             "binary": str(backend.location.path), "version": getattr(backend.location, "version", None),
             "collections": len(backend.collections),
@@ -82,4 +86,5 @@ def status_document(backend: QmdBackend, *, counts: Mapping[str, int], count_err
                 "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                 if backend.mode == "cli" else "memory.qmd.mcp.enabled is false"},
             "indexProblem": backend.health.problem, "modelProblem": model_problem,
+            "indexing": indexing,
             "startup": {"problems": list(backend.startup_problems)}}})

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTi
 from fallback.fs.lock import PidFileLock
 
 __all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
-           "needs_null_byte_repair", "needs_duplicate_repair"]
+           "needs_null_byte_repair", "needs_duplicate_repair", "indexing_in_progress"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -311,3 +311,25 @@ class UpdateCycle:
 def _full_message(exc: BackendUnavailableError) -> str:
     tail = getattr(exc, "stderr_tail", "") or ""
     return f"{exc} {tail}"
+
+
+def indexing_in_progress(*, running: bool, locks: Sequence[Path], index_locked: bool) -> str | None:
+    """What status says while qmd's index is being written (pure but for reading lock files):
+    searches meanwhile may answer busy, which is retried and never opens the breaker.
+
+    Args:
+        running: this backend's update cycle is running an update or embed.
+        locks: the update and embed lock files (``QmdHome.write_lock``, ``embed_lock``); a live
+            process named in one is indexing.
+        index_locked: a writer holds qmd's index (``index_stats.index_locked``).
+
+    Returns:
+        ``indexing in progress (...)``, or ``None``.
+    """
+    if running:
+        return "indexing in progress (qmd update or embed run by this process)"
+    for path in locks:
+        pid = PidFileLock(path, timeout_ms=0).holder_pid()
+        if pid is not None:
+            return f"indexing in progress (pid {pid} holds {path.name})"
+    return "indexing in progress (a writer holds qmd's index)" if index_locked else None

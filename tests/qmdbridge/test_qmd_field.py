@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sqlite3
 from collections.abc import Iterator
@@ -330,3 +331,37 @@ async def test_a_qmd_that_refuses_every_collection_does_not_answer(
     check = next(c for c in report.checks if c.name == "qmd")
     assert not report.ok and check.level == "error"
     assert check.detail == f"2.8.3 at {exe} answers, but qmd has no usable collection: {first}"
+
+
+async def test_a_writer_holding_the_index_past_the_deadline_keeps_the_breaker_closed(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd's own busy timeout (120 s) would outlast the search deadline: the timeout opened the
+    breaker. A search call waits at most SEARCH_BUSY_TIMEOUT_MS, so a writer holding the index
+    for the whole search is a busy answer: the builtin engine answers, the breaker stays closed
+    and status says indexing is in progress."""
+    ws = _workspace(tmp_path)
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"command": str(qmd_bin),
+                                                             "limits": {"timeoutMs": 4000}}},
+                        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "QMD_SQLITE_BUSY_TIMEOUT")}
+    env.update(HOME=str(tmp_path / "home"), PATH=base_path_env, OPENCLAW_STATE_DIR=str(tmp_path / "state"))
+    agent = resolve_agent(cfg, "main", workspace=ws, env=env)
+    async with MemoryManager(agent, env=env) as m:
+        assert (await m.search("alpha")).backend == "qmd"
+        lock = _lock(agent.state_dir / "agents" / "main" / "qmd" / "xdg-cache" / "qmd" / "index.sqlite")
+        try:
+            busy = await m.search("alpha")
+            status = await m.status()
+        finally:
+            lock.close()
+        assert busy.backend == "builtin" and busy.fallback is not None
+        # as many attempts as fit in the deadline: how many depends on the machine's speed
+        assert re.fullmatch(r"qmd search --json -n 6 -c memory-\S+ (--index index )?-- alpha: qmd's index was busy "
+                            r"\(database is locked\) on [1-9] attempts; qmd's own update may be running",
+                            busy.fallback.reason), busy.fallback.reason
+        assert m.breaker.state.failures == 0 and m.breaker.describe()["state"] == "closed"
+        qmd_status = status.backends["qmd"]
+        assert qmd_status["dirtyReason"] == "indexing in progress (a writer holds qmd's index)"
+        assert qmd_status["custom"]["qmd"]["searchProbe"] == {"ok": True, "error": None}
+        again = await m.search("alpha")
+        assert (again.backend, [h.path for h in again.results]) == ("qmd", ["MEMORY.md"])

@@ -15,9 +15,10 @@ interleaved in each round, so machine load hits them alike):
 - with ``--baseline DIR``, the same search from another checkout (``PYTHONPATH=DIR``) in the
   same rounds, so a before/after comparison sees the same machine load;
 - the CPU time of each (user + system, the qmd processes it waited for included);
-- the qmd ``search`` processes one such ``qmdbridge search`` starts (a logging wrapper around
-  qmd): the content words ANDed, one per collection, then each word alone when that leaves free
-  slots and qmd's index holds notes not found yet (``qmdbridge/qmd/lexical.py``).
+- the qmd search processes (``search``, ``vsearch``, ``query``) one such ``qmdbridge search``
+  starts (a logging wrapper around qmd): one per collection; a question's is one ``qmd query``
+  of typed ``lex`` searches (its content words ANDed, then each word alone;
+  ``qmdbridge/qmd/query_text.py``), other queries one ``qmd search``.
 
 Cases: the workspace of one note (``MEMORY.md``: "router dropped the WAN link on tuesday") asked
 ``router WAN``; a generated workspace (``scripts/corpus.py``) asked for one note's planted token
@@ -67,12 +68,13 @@ def raw_argv(state: Path, query: str) -> list[str]:
 
 
 def spawned(tmp: Path, ws: Path, query: str) -> list[str]:
-    """The qmd ``search`` processes of the second of two ``qmdbridge search`` runs (a wrapper
+    """The qmd search processes of the second of two ``qmdbridge search`` runs (a wrapper
     that logs each argv stands in for qmd; its own state dir, the first run records)."""
     log = tmp / f"calls-{abs(hash((str(ws), query)))}.log"
     wrapper = tmp / "qmd-logged"
     if not wrapper.exists():
-        wrapper.write_text(f'#!/bin/sh\n[ "$1" = search ] && echo "$*" >> "$QMD_CALL_LOG"\n'
+        wrapper.write_text(f'#!/bin/sh\ncase "$1" in search|vsearch|query) echo "$*" | tr "\\n" " " '
+                           f'>> "$QMD_CALL_LOG"; echo >> "$QMD_CALL_LOG" ;; esac\n'
                            f'exec "{QMD}" "$@"\n')
         wrapper.chmod(0o755)
     state = tmp / f"state-spy-{ws.name}"
@@ -86,9 +88,9 @@ def spawned(tmp: Path, ws: Path, query: str) -> list[str]:
 
 
 def _call(line: str) -> str:
-    """``<collection>: <query>`` of one logged ``search`` argv."""
+    """``<command> <collection>: <query>`` of one logged search argv."""
     head, _, query = line.partition(" -- ")
-    return f"{head.split(' -c ')[-1].split()[0]}: {query}"
+    return f"{head.split()[0]} {head.split(' -c ')[-1].split()[0]}: {query.strip()}"
 
 
 def bench_case(tmp: Path, name: str, ws: Path, query: str, *, runs: int,
@@ -145,7 +147,7 @@ def bench_case(tmp: Path, name: str, ws: Path, query: str, *, runs: int,
             Row(SEC, f"{name}: python -c pass", median(walls["floor"]), "ms"),
             Row(SEC, f"{name}: qmdbridge / raw qmd", m / r, "x", "", None,
                 f"cache off / raw qmd {e / r:.2f}x"),
-            Row(SEC, f"{name}: qmd search processes per qmdbridge search", float(len(calls)), "",
+            Row(SEC, f"{name}: qmd processes per qmdbridge search", float(len(calls)), "",
                 "", None, " | ".join(_call(c) for c in calls)[:200])]
 
 

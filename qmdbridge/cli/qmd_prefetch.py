@@ -1,23 +1,20 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
 Without a daemon, a search in qmd mode spends its start in Python (imports, the config models,
-the manager, qmd's start-up checks) before its first ``qmd search`` starts, then waits for the
-content words ANDed (one call per collection) and, when they leave free slots, for each word
-alone (``qmdbridge/qmd/lexical.py``), one round of qmd processes each. After an in-process
+the manager, qmd's start-up checks) before its first qmd process starts, then waits for one call
+per collection (a question: its content words ANDed and each word alone, as qmd's typed ``lex``
+searches in one ``qmd query``; ``qmdbridge/qmd/query_text.py``). After an in-process
 search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
 made of (``search_cache.qmd_prefetch_settings``: qmd's path and ``memory.qmd.command``, the
 qmd home, the workspace, the collections, ``limits.maxResults``); the next search of the same
 command line (the same key, so the same config file, flags, code and environment) then, right
 after parsing its arguments:
 
-1. works out the calls as the backend will (``qmdbridge/qmd/query_text.py``: the content words,
-   the query encoded; the collections qmd's index holds active documents of;
-   ``qmdbridge.paths.child_env``) and starts the AND calls, in a thread, while the main thread
-   goes on loading;
-2. once they are done, when they found fewer notes than slots, starts each word alone in every
-   collection whose notes they did not all find (as ``lexical.relax`` will), at most
-   ``MAX_PARALLEL_CALLS`` at once;
-3. hands them to the in-process search as its qmd runner (``qmdbridge/qmd/early.py``), which
+1. works out the calls with the backend's own functions (``query_text.search_call``,
+   ``query_text.qmd_argv``, ``query_text.search_env``; the collections qmd's index holds
+   active documents of; ``qmdbridge.paths.child_env``) and starts them, in a thread, while
+   the main thread goes on loading;
+2. hands them to the in-process search as its qmd runner (``qmdbridge/qmd/early.py``), which
    takes a started call only for exactly the command it is about to run, and runs everything
    else as before: the config is loaded and checked, the breakers, the probe, the collection
    reconcile and the fallback work as always (a reconcile or an update discards the calls
@@ -165,12 +162,14 @@ def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any
 
 def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
                     env: dict[str, str]) -> None:
-    """The AND calls, then (when they leave free slots) each word alone."""
+    """One call per collection qmd's index holds documents of, as the backend will make it
+    (``query_text.search_call``: a question's ``lex`` call, else its ``search`` call)."""
     from qmdbridge.paths import child_env, qmd_home
     from qmdbridge.qmd.index_stats import index_counts
     from qmdbridge.qmd.query_text import (
-        encode_query,
-        relaxed_terms,
+        lex_queries,
+        qmd_argv,
+        search_call,
         search_env,
         search_words,
         without_stray_quote,
@@ -188,21 +187,12 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
     limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
-
-    def argv(query: str, coll: str) -> list[str]:
-        return [qmd["command"], "search", "--json", "-n", str(limit), "-c", coll, "--index", "index",
-                "--", encode_query(query, "search")]
-
-    started = _start_all(calls, [(argv(first, c), c) for c in colls], child, qmd["workspace"])
-    if started is None or not calls.wait(call for call, _ in started):
-        return
-    found = _found(started)
-    if found is None or sum(len(keys) for keys in found.values()) >= limit:
-        return
-    picked = [t for t in relaxed_terms(words) if t != first]
-    # as lexical.all_found: a collection whose every document the AND calls found is skipped
-    open_colls = [c for c in colls if not (c in counts and len(found.get(c, ())) >= counts[c])]
-    _start_all(calls, [(argv(t, c), c) for t in picked for c in open_colls], child, qmd["workspace"])
+    lex = lex_queries(first, words) if words else ()
+    planned = []
+    for coll in colls:
+        flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)
+        planned.append((qmd_argv(qmd["command"], flags, [positional]), coll))
+    _start_all(calls, planned, child, qmd["workspace"])
 
 
 def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
@@ -220,29 +210,6 @@ def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dic
             return None
         started.append((call, coll))
     return started
-
-
-def _found(started: list[tuple[EarlyCall, str]]) -> dict[str, set[str]] | None:
-    """The notes each collection's AND call found (keys as ``parse.merge_key`` makes them,
-    merged across collections), or ``None`` when a call failed or printed no result array."""
-    from qmdbridge.qmd.errors import QmdOutputError
-    from qmdbridge.qmd.results_json import parse_qmd_json
-
-    found: dict[str, set[str]] = {}
-    seen: set[str] = set()
-    for call, coll in started:
-        if not call.ok:
-            return None
-        try:
-            entries = parse_qmd_json(call.stdout, call.stderr, command="search")
-        except QmdOutputError:
-            return None
-        for entry in entries:
-            key = f"docid:{entry.docid.lstrip('#')}" if entry.docid else f"file:{coll}:{entry.file}"
-            if key not in seen:
-                seen.add(key)
-                found.setdefault(coll, set()).add(key)
-    return found
 
 
 def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:

@@ -51,7 +51,7 @@ from qmdbridge.qmd.collections import (
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.index_stats import index_locked
-from qmdbridge.qmd.lexical import relax, warm_candidates
+from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.listing import describe_collections
 from qmdbridge.qmd.models import ModelState, model_kinds
 from qmdbridge.qmd.parse import (
@@ -62,8 +62,14 @@ from qmdbridge.qmd.parse import (
     encode_query,
     entry_hits,
 )
-from qmdbridge.qmd.passages import POOL_FACTOR
-from qmdbridge.qmd.query_text import search_env, search_words, without_stray_quote
+from qmdbridge.qmd.query_text import (
+    POOL_FACTOR,
+    lex_queries,
+    qmd_argv,
+    search_env,
+    search_words,
+    without_stray_quote,
+)
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import CommandRunner, RunResult, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
@@ -176,8 +182,7 @@ class QmdBackend:
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``[qmd, *args, "--index", "index", "--", *positionals]`` (no ``--`` without positionals)."""
-        out = [str(self.location.path), *args, "--index", "index"]
-        return out + ["--", *positionals] if positionals else out
+        return qmd_argv(str(self.location.path), args, positionals)
 
     async def _run(self, args: list[str], positionals: list[str] | tuple[str, ...] = (), *,
                    timeout_ms: int, discard_stdout: bool = False,
@@ -407,10 +412,13 @@ class QmdBackend:
         reconcile and one retry; qmd's collection list (``index.yml``) edited since the last
         reconcile is reconciled first (``health.reconcile_if_edited``); ``no such module:
         vec0`` switches this agent to ``search``.
-        In long-lived ``search`` mode a question's lexical searches go to the warm child
-        (``lexical.warm_candidates``), unless qmd's index holds no document of any managed
-        collection: the child's MCP tool answers ``[]`` for a collection qmd lost, where the
-        spawned call's "Collection not found" runs the repair.
+        In ``search`` mode a question (one with content words) makes one call per collection:
+        its AND and each word alone as qmd's typed ``lex`` searches
+        (``query_text.search_call``), answered by the warm child in long-lived mode (unless
+        qmd's index holds no document of any managed collection: the child's MCP tool answers
+        ``[]`` for a collection qmd lost, where the spawned call's "Collection not found" runs
+        the repair); a qmd that rejects that call gets the AND call and the relaxed pass
+        (``lexical.relax``).
 
         Args:
             max_results: capped at ``limits.maxResults``.
@@ -472,31 +480,27 @@ class QmdBackend:
             if problem is not None:
                 self.last_search_error = f"qmd {search_mode} skipped: {problem}"
                 raise BackendUnavailableError("qmd", self.last_search_error)
-        plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
-                        deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
-                        self.child_env, index_db=self.home.index_db)
         # what search mode sends (also after vec0 switched to it), and the words searched one
         # by one: the content words, or those of a CJK question
         lexical, words = search_words(q, search_mode)
+        # a question in search mode: its AND and each word alone in one call per collection
+        lex = lex_queries(lexical, words) if search_mode == "search" and words else ()
+        plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
+                        deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
+                        self.child_env, index_db=self.home.index_db, lex=lex)
         try:
-            entries = None
-            # long-lived mode: the AND and each word alone in one call per collection; not
-            # while qmd's index holds no document of any managed collection: its MCP tool
-            # answers [] for a collection it lost, the spawn path repairs it (a reconcile)
-            if search_mode == "search" and words and self.warm is not None and counts:
-                entries = await warm_candidates(lexical, words, colls, plan, warm=self.warm,
-                                                keep=POOL_FACTOR * limit)
-            if entries is None:  # spawned, or the child declined
-                entries = await search_with_repairs(lexical if search_mode == "search" else q,
-                                                    colls, plan, run=self._run_search,
-                                                    warm=self.warm,
-                                                    reconcile=partial(self.reconcile, force=True),
-                                                    written=q, lexical=lexical)
-                if plan.mode == "search":  # not after a repair switched the search to query
-                    entries = await relax(words, entries, colls, plan, run=self._run_search,
-                                          warm=self.warm,
-                                          keep=POOL_FACTOR * limit if words else None,
-                                          sent=lexical, counts=self.index_counts)
+            # not the warm child for lex calls while qmd's index holds no document of any
+            # managed collection: its MCP tool answers [] for a collection it lost, where the
+            # spawned call's "Collection not found" runs the repair (a reconcile)
+            entries = await search_with_repairs(lexical if search_mode == "search" else q,
+                                                colls, plan, run=self._run_search,
+                                                warm=self.warm if counts or not lex else None,
+                                                reconcile=partial(self.reconcile, force=True),
+                                                written=q, lexical=lexical)
+            if plan.mode == "search" and words and not plan.lex:  # qmd rejected the lex call
+                entries = await relax(words, entries, colls, plan, run=self._run_search,
+                                      warm=self.warm, keep=POOL_FACTOR * limit,
+                                      sent=lexical, counts=self.index_counts)
         except BackendUnavailableError as exc:
             self.last_search_error = exc.reason
             raise

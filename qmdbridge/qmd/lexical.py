@@ -29,10 +29,11 @@ the notes found are then ranked for the question (``passages.py``). What each st
 through the bridge (``qmdbridge eval --backend qmd``) is in docs/benchmarks.md ("Questions in
 qmd's search mode").
 
-In long-lived mode with the warm ``qmd mcp`` child ready, :func:`warm_candidates` asks both
-steps of a collection in one call instead (qmd's typed ``lex`` sub-searches, fused by
-reciprocal rank; ``warm.py``), with the same recall once the passages are ranked (figures:
-docs/benchmarks.md).
+A question asks both steps of a collection in one call instead (``query_text.search_call``:
+``qmd query --no-rerank`` with a ``lex:`` line per search, or the warm ``qmd mcp`` child's
+``query`` tool in long-lived mode; qmd fuses them by reciprocal rank), with the same recall once
+the passages are ranked (figures: docs/benchmarks.md); :func:`relax` is left for a qmd that
+rejects that call.
 
 A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) is sent as
 written, with no relaxed pass; a double quote left open is a typo and dropped first
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
 __all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "all_found", "cjk_terms",
-           "lexical_terms", "relax", "relaxed_terms", "warm_candidates", "without_stray_quote"]
+           "lexical_terms", "relax", "relaxed_terms", "without_stray_quote"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -165,44 +166,3 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 best[key] = (entry, coll)
     more = sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))  # stable
     return [*found, *more][:plan.limit if keep is None else keep]
-
-
-async def warm_candidates(first: str, terms: Sequence[str], colls: list[ManagedCollection],
-                          plan: CallPlan, *, warm: WarmSearch,
-                          keep: int) -> list[tuple[QmdEntry, str | None]] | None:
-    """Both steps through the warm child, one call per collection (in turn, as the child takes
-    them): ``first`` (the content words ANDed, or a CJK question as written), then each of the
-    :func:`relaxed_terms` alone, as qmd's ``lex`` sub-searches, fused by qmd (reciprocal rank,
-    ``first`` weighted twice).
-
-    Args:
-        first: the AND call's query.
-        terms: :func:`lexical_terms` of the query, else its :func:`cjk_terms` (at least one).
-        colls: the collections to search.
-        plan: the search's plan (``search`` mode, deadline).
-        warm: the warm child.
-        keep: documents asked of each collection (the passage ranking's pool).
-
-    Returns:
-        ``(entry, collection)`` pairs, best fused rank first (across collections, rank by
-        rank), at most ``keep`` per collection and not cut further: a fused rank says nothing
-        across collections (every collection's best note scores 1), so cutting the union in
-        collection order could drop the only note holding every word; the passage ranking
-        decides among them. ``None`` when a call was declined (the child is not ready, or qmd
-        refused the call): the caller spawns the ``search`` calls instead.
-
-    Raises:
-        BackendTimeoutError: past the search deadline.
-    """
-    queries = list(dict.fromkeys([first, *relaxed_terms(terms)]))
-    best: dict[str, tuple[QmdEntry, str | None]] = {}
-    for coll in colls:
-        answer = await warm.search_lex(queries, coll, plan, limit=keep)
-        if answer is None:  # counted once; the question is spawned for every collection
-            warm.count_spawned(len(colls) - 1)
-            return None
-        for entry in answer:
-            key = merge_key(entry, coll.name)
-            if key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0):
-                best[key] = (entry, coll.name)
-    return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))  # stable

@@ -15,15 +15,19 @@ from collections.abc import Mapping, Sequence
 from fallback.text.keywords import STOP_WORDS, cjk_words, contraction_fragments
 from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
-__all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "SEARCH_BUSY_TIMEOUT_MS",
-           "cjk_terms", "encode_query", "lexical_terms", "relaxed_terms", "search_env", "search_words",
-           "without_stray_quote"]
+__all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "POOL_FACTOR",
+           "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "lex_queries", "lexical_terms",
+           "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_words", "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
 # qmd process per collection).
 MAX_RELAXED_TERMS = 6
 # Shorter terms are not searched on their own (qmd reads every term as a prefix).
 MIN_RELAXED_CHARS = 2
+# Notes asked of each collection per result slot by a question's ``lex`` call: the pool whose
+# passages are ranked (``passages.py``; LoCoMo R@5 with the default 6 slots: 6 notes 0.692,
+# 12 0.715, 18 0.714, 24 0.724, every note found (up to 42) 0.724).
+POOL_FACTOR = 4
 # qmd's SQLite busy timeout, ms, read from this variable (qmd 2.8.3: 120,000 ms by default).
 BUSY_TIMEOUT_VAR = "QMD_SQLITE_BUSY_TIMEOUT"
 # A search call waits at most this long for qmd's index while a writer (``qmd embed``, an
@@ -239,3 +243,59 @@ def search_env(env: Mapping[str, str]) -> dict[str, str]:
     if raw.isdigit() and int(raw) <= SEARCH_BUSY_TIMEOUT_MS:
         return dict(env)
     return {**env, BUSY_TIMEOUT_VAR: str(SEARCH_BUSY_TIMEOUT_MS)}
+
+
+def lex_queries(first: str, terms: Sequence[str]) -> tuple[str, ...]:
+    """A question's lexical searches, most important first (pure): ``first`` (the content words
+    ANDed, or a CJK question as written), then each of the :func:`relaxed_terms` alone, once
+    each (``qmdbridge/qmd/lexical.py`` explains the two steps).
+
+    Args:
+        first: what ``search`` mode sends first (:func:`search_words`).
+        terms: the words searched one by one (:func:`search_words`), at least one.
+
+    Returns:
+        The queries, ``first`` first.
+    """
+    return tuple(dict.fromkeys([first, *relaxed_terms(terms)]))
+
+
+def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bool = False,
+                lex: Sequence[str] = ()) -> tuple[list[str], str, str]:
+    """One collection's search call (pure), as the backend runs it and the one-shot CLI
+    starts it ahead: ``(flags, positional, command)`` of ``qmd <flags> --index index --
+    <positional>``.
+
+    With ``lex`` (:func:`lex_queries`), one ``qmd query --json -n <POOL_FACTOR * limit>
+    --no-rerank -c <collection>`` whose positional is a query document with a ``lex:`` line
+    per query: qmd's typed lexical sub-searches, each ``qmd search``'s BM25, fused by
+    reciprocal rank with the first weighted twice; it loads no model and works with ``CI`` set.
+    Else one ``qmd <mode> --json -n <limit> [--no-rerank] -c <collection>`` of ``q`` encoded
+    (:func:`encode_query`).
+
+    Args:
+        q: the query as ``mode`` sends it (unused with ``lex``).
+        collection: the collection's name.
+        mode: ``search`` | ``vsearch`` | ``query``.
+        limit: results asked (result slots).
+        no_rerank: pass ``--no-rerank`` (``query`` with ``rerank: false``).
+        lex: the typed lexical sub-searches, or ``()``.
+
+    Returns:
+        ``(flags, positional, command)``; ``command`` names the qmd command (``query`` for a
+        ``lex`` call), for parsing its answer.
+    """
+    if lex:
+        return (["query", "--json", "-n", str(POOL_FACTOR * limit), "--no-rerank", "-c", collection],
+                "\n".join(f"lex: {t}" for t in lex), "query")
+    return ([mode, "--json", "-n", str(limit), *(["--no-rerank"] if no_rerank else []), "-c", collection],
+            encode_query(q, mode), mode)
+
+
+def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()) -> list[str]:
+    """Every qmd command line (pure): ``[program, *flags, "--index", "index", "--",
+    *positionals]`` (no ``--`` without positionals): the index pinned, so a ``.qmd/`` above the
+    workspace cannot hijack config or database, and user text after ``--``, so it is never
+    read as a flag."""
+    out = [program, *flags, "--index", "index"]
+    return out + ["--", *positionals] if positionals else out

@@ -54,8 +54,8 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.models import missing_models
-from qmdbridge.qmd.parse import QmdEntry, encode_query, merge_key, parse_qmd_json
-from qmdbridge.qmd.query_text import SEARCH_BUSY_TIMEOUT_MS
+from qmdbridge.qmd.parse import QmdEntry, merge_key, parse_qmd_json
+from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, search_call
 from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,
@@ -131,10 +131,6 @@ class WarmSearch(Protocol):
         """
         ...
 
-    def count_spawned(self, calls: int) -> None:
-        """Count ``calls`` more collection searches spawned instead of answered by it (a
-        question :meth:`search_lex` declined for one collection is spawned for all)."""
-        ...
 
 
 class FlagRejected(Exception):
@@ -187,6 +183,12 @@ class CallPlan:
         notes: receives one line per answer used despite a crash (for the answer's warnings).
         index_db: qmd's ``index.sqlite``: a call past the deadline while a writer holds it is
             busy (:class:`QmdBusyError`), not a timeout; ``None``: not checked.
+        lex: a ``search``-mode question's lexical searches (``lexical.lex_queries``: the content
+            words ANDed, then each word alone), asked in one call per collection as qmd's typed
+            ``lex`` sub-searches (``qmd query --no-rerank`` with a ``lex:`` line each, which
+            loads no model, or the warm child's ``query`` tool), fused by qmd (reciprocal
+            rank, the first weighted twice; ``query_text.search_call``), ``POOL_FACTOR`` notes
+            per result slot; ``()``: one ``plan.mode`` call per collection.
         repair: set by :func:`search_with_repairs` when the search switched mode for good:
             ``"vec0"`` (now ``search``) or ``"unsupported-search-flags"`` (rerun with ``query``).
     """
@@ -201,6 +203,7 @@ class CallPlan:
     notes: list[str] = field(default_factory=list)
     repair: str | None = None
     index_db: Path | None = None
+    lex: tuple[str, ...] = ()
 
     def remaining_ms(self) -> int:
         """ms left before :attr:`deadline`."""
@@ -228,10 +231,12 @@ def _summary(args: list[str], q: str) -> str:
 
 async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) -> list[QmdEntry]:
     """One collection's call with the busy retries; the classified answer."""
-    args = [plan.mode, "--json", "-n", str(plan.limit), *(["--no-rerank"] if plan.no_rerank else []),
-            "-c", coll.name]
-    summary = _summary(args, q)
-    hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
+    args, query, command = search_call(q, coll.name, mode=plan.mode, limit=plan.limit,
+                                       no_rerank=plan.no_rerank, lex=plan.lex)
+    summary = _summary(args, " | ".join(plan.lex) if plan.lex else q)
+    hint = timeout_hint(command, plan.models_dir, plan.env) if not plan.lex else None
+    attempts = 0
+    busy_seen = False  # an attempt answered busy
 
     async def attempt() -> RunResult:
         nonlocal busy_seen
@@ -239,7 +244,6 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         if remaining <= 0:
             raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
                                       hint=hint)
-        query = encode_query(q, plan.mode)
         try:
             res = await run(args, [query], remaining)
         except BackendTimeoutError:
@@ -260,8 +264,6 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
             raise _Busy(res)
         return res
 
-    attempts = 0
-    busy_seen = False
     try:
         res: RunResult | None = None
         async for try_ in AsyncRetrying(
@@ -278,14 +280,14 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         raise QmdBusyError(r.summary, attempts=attempts, returncode=r.returncode,
                            stdout_tail=r.stdout, stderr_tail=r.stderr) from None
     assert res is not None
-    return _classify(res, plan)
+    return _classify(res, plan, command)
 
 
-def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
+def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
     if res.stdout_truncated:
         raise QmdOutputError(f"{res.summary} produced too much output (limit 200000 chars)")
     if res.ok:
-        return parse_qmd_json(res.stdout, res.stderr, command=plan.mode)
+        return parse_qmd_json(res.stdout, res.stderr, command=command)
     if is_flag_rejection(res.stderr):
         raise FlagRejected(f"{res.summary} rejected a flag: {res.stderr.strip()[:300]}")
     if is_missing_collection(res.stderr):
@@ -294,13 +296,13 @@ def _classify(res: RunResult, plan: CallPlan) -> list[QmdEntry]:
         raise VectorModuleMissing(res.stderr.strip()[:300])
     if is_crash_after_output(res):
         try:
-            entries = parse_qmd_json(res.stdout, "", command=plan.mode)
+            entries = parse_qmd_json(res.stdout, "", command=command)
         except QmdOutputError:
             res.check()
             raise
         status = f"signal {res.signal}" if res.signal is not None else f"code {res.returncode}"
         crash = next((ln.strip() for ln in res.stderr.splitlines() if ln.strip()), "no message")
-        note = (f"qmd {plan.mode} exited with {status} after printing a complete answer ({crash[:120]}); "
+        note = (f"qmd {command} exited with {status} after printing a complete answer ({crash[:120]}); "
                 "the answer was used")
         log.warning("%s", note)
         if note not in plan.notes:
@@ -340,8 +342,11 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
     async def one(i: int, coll: ManagedCollection) -> None:
         async with limiter:
             try:
-                answer = await warm.search(q, coll, plan) if warm is not None and warm.serves(
-                    plan.mode) else None
+                answer = None
+                if warm is not None and plan.lex:
+                    answer = await warm.search_lex(plan.lex, coll, plan, limit=POOL_FACTOR * plan.limit)
+                elif warm is not None and warm.serves(plan.mode):
+                    answer = await warm.search(q, coll, plan)
                 answers[i] = answer if answer is not None else await _one(q, coll, plan, run)
             except (FlagRejected, MissingCollection, VectorModuleMissing, BackendUnavailableError) as exc:
                 answers[i] = exc
@@ -410,6 +415,10 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
         q = lexical or q
         return await calls()
     except FlagRejected as exc:
+        if plan.lex:  # a qmd without typed lex searches: the AND call, then the relaxed pass
+            log.warning("qmd query rejected a flag of the lex searches; searching with qmd search")
+            plan.lex = ()
+            return await calls()
         if plan.mode == "query":
             raise BackendUnavailableError("qmd", str(exc)) from None
         log.warning("qmd %s does not support configured flags; retrying search with qmd query",

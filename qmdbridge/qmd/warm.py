@@ -382,7 +382,7 @@ class WarmChild:
 
         Args:
             queries: lexical queries, first the most important (the content words ANDed, then
-                each word alone: ``lexical.warm_candidates``); at most 10.
+                each word alone: ``query_text.lex_queries``); at most 10.
             coll: the collection (the call's only ``collections`` entry).
             plan: the search's plan (deadline, timeout for messages).
             limit: documents wanted.
@@ -400,12 +400,6 @@ class WarmChild:
         shown = " | ".join(queries)
         return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}",
                                 hung_on_timeout=True)
-
-    def count_spawned(self, calls: int) -> None:
-        """Count ``calls`` (>= 0) more collection searches spawned instead (``spawnFallbacks``):
-        a question :meth:`search_lex` declined for one collection is spawned for every
-        collection (``lexical.warm_candidates``)."""
-        self.spawn_fallbacks += calls
 
     async def _call(self, args: dict[str, Any], plan: CallPlan, what: str, *,
                     hung_on_timeout: bool = False) -> list[QmdEntry] | None:

@@ -130,8 +130,21 @@ async def _started(tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_
 
 def _queries(log: Path) -> list[str]:
     """The query of every search call, in the order they were logged (side-by-side calls of
-    one step in any order)."""
-    return [orjson.loads(line)[-1] for line in log.read_text().splitlines()]
+    one step in any order); a ``lex`` call's queries one by one."""
+    return [q for sent in _sent(log) for q in ((sent,) if isinstance(sent, str) else sent)]
+
+
+def _sent(log: Path) -> list[str | tuple[str, ...]]:
+    """What each search call sent, in the order they were logged: a ``qmd search`` its query,
+    a question's ``qmd query`` its typed ``lex`` queries (a tuple)."""
+    out: list[str | tuple[str, ...]] = []
+    for args in map(orjson.loads, log.read_text().splitlines()):
+        doc = args[-1]
+        if args[0] == "query" and doc.startswith("lex: "):
+            out.append(tuple(line.removeprefix("lex: ") for line in doc.split("\n")))
+        else:
+            out.append(doc)
+    return out
 
 
 @pytest.mark.anyio
@@ -145,10 +158,10 @@ async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_s
         assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
                                                     "memory/2026-03-03.md"]
         assert hits[0].snippet.endswith("Caroline went to the LGBTQ support group on Tuesday.")
-        queries = _queries(log)
-        # the content words ANDed (one call per collection), then each word alone
-        assert queries[:2] == ["Caroline LGBTQ support group"] * 2
-        assert sorted(queries[2:]) == sorted(["Caroline", "LGBTQ", "support", "group"] * 2)
+        # one call per collection: the content words ANDed, then each word alone, as qmd's
+        # typed lex searches (fused by qmd)
+        assert _sent(log) == [("Caroline LGBTQ support group", "Caroline", "LGBTQ", "support",
+                               "group")] * 2
 
 
 @pytest.mark.anyio
@@ -164,9 +177,9 @@ async def test_a_cjk_question_is_searched_as_written_then_word_by_word(
         hits = await b.search("我们什么时候去了支持小组？", min_score=0)
         assert hits[0].path == "memory/2026-03-05.md"
         assert hits[0].snippet_start_line <= 4 <= hits[0].snippet_end_line
-        queries = _queries(log)
-        assert queries[:2] == ["我们什么时候去了支持小组？"] * 2  # as written, one call per collection
-        assert sorted(set(queries[2:])) == ["候去", "小组", "持小", "支持", "时候"]
+        [sent, again] = _sent(log)  # one call per collection: as written, then word by word
+        assert sent == again and sent[0] == "我们什么时候去了支持小组？"
+        assert sorted(sent[1:]) == ["候去", "小组", "持小", "支持", "时候"]
         tea = await b.search("用户喜欢喝什么茶", min_score=0)
         assert [h.path for h in tea][:1] == ["memory/2026-03-06.md"]
         phrase = await b.search('"支持小组"', min_score=0)  # qmd syntax: as written, qmd's lines
@@ -186,11 +199,11 @@ async def test_a_cjk_question_with_one_word_searches_that_word(
         hits = await b.search("我的护照呢？", min_score=0)
         assert [h.path for h in hits] == ["memory/2026-03-05.md"]
         assert hits[0].snippet_start_line <= 3 <= hits[0].snippet_end_line
-        assert _queries(log) == ["我的护照呢？"] * 2 + ["护照"] * 2
+        assert _sent(log) == [("我的护照呢？", "护照")] * 2
         log.unlink()
         # a question that is its one word is searched once (per collection)
         assert [h.path for h in await b.search("护照", min_score=0)] == ["memory/2026-03-05.md"]
-        assert _queries(log) == ["护照"] * 2
+        assert _sent(log) == [("护照",)] * 2
 
 
 @pytest.mark.anyio
@@ -222,12 +235,12 @@ async def test_a_japanese_question_searches_its_kanji_words_whole(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
-async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_syntax(
+async def test_one_call_per_collection_and_qmd_syntax_sent_as_written(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         [hit] = await b.search(QUESTION, max_results=1, min_score=0)
         assert hit.path == "memory/2026-03-01.md"
-        assert _queries(log) == ["Caroline LGBTQ support group"] * 2
+        assert len(_sent(log)) == 2  # one call per collection
         log.unlink()
         # a quoted phrase is qmd syntax: sent as written, ANDed by qmd, never relaxed
         [hit] = await b.search('"support group" weekly', min_score=0)
@@ -238,10 +251,10 @@ async def test_no_relaxed_pass_when_the_and_fills_the_slots_or_the_query_is_qmd_
         assert _queries(log) == ["Caroline -paints lake"] * 2
 
 
-def _calls(log: Path) -> list[tuple[str, str]]:
-    """``(collection, query)`` of every search call logged."""
-    return [(args[args.index("-c") + 1], args[-1])
-            for args in map(orjson.loads, log.read_text().splitlines())]
+def _calls(log: Path) -> list[tuple[str, str | tuple[str, ...]]]:
+    """``(collection, what was sent)`` of every search call logged (:func:`_sent`)."""
+    colls = [args[args.index("-c") + 1] for args in map(orjson.loads, log.read_text().splitlines())]
+    return list(zip(colls, _sent(log), strict=True))
 
 
 class _Unknown:
@@ -253,52 +266,58 @@ class _Unknown:
 
 @pytest.mark.anyio
 @pytest.mark.qmd
-async def test_a_collection_whose_notes_were_all_found_is_not_searched_word_by_word(
+async def test_a_question_is_one_call_per_collection_whatever_the_index_counts_say(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    """MEMORY.md is its collection's one note: once the AND call found it, a word searched alone
-    there could only find it again. The answer is the one every word's call gives."""
+    """The AND and each word alone go in one call per collection (qmd's typed lex searches),
+    so a question costs as many qmd processes as collections, and the answer is the same when
+    qmd's index cannot be counted."""
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         hits = await b.search("Caroline tea", min_score=0)
         assert [h.path for h in hits][:1] == ["MEMORY.md"]
         assert sorted(h.path for h in hits[1:]) == ["memory/2026-03-01.md", "memory/2026-03-03.md"]
-        assert sorted(_calls(log)) == [("memory-dir-main", "Caroline"), ("memory-dir-main", "Caroline tea"),
-                                       ("memory-dir-main", "tea"), ("memory-root-main", "Caroline tea")]
+        assert sorted(_calls(log)) == [("memory-dir-main", ("Caroline tea", "Caroline", "tea")),
+                                       ("memory-root-main", ("Caroline tea", "Caroline", "tea"))]
         log.unlink()
         b.index_counts = _Unknown()  # type: ignore[assignment]  # every collection is searched
         assert await b.search("Caroline tea", min_score=0) == hits
-        assert len(_calls(log)) == 6  # the AND and both words in both collections
+        assert len(_calls(log)) == 2
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
 async def test_no_word_is_searched_alone_when_the_and_found_every_note(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    """A workspace of one note, found by the content words ANDed: one qmd call in all (the
-    relaxed pass spawned one more per word, which could only find that note again)."""
+    """A workspace of one note: one qmd call in all (the collection of memory/ holds nothing),
+    the AND and each word alone in it."""
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, daily={},
                         memory="# Notes\nrouter dropped the WAN link on tuesday\n") as (b, log):
         [hit] = await b.search("did the router drop the WAN?", min_score=0)
         assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 1, 2)
-        assert _calls(log) == [("memory-root-main", "router drop WAN")]
+        assert _calls(log) == [("memory-root-main", ("router drop WAN", "router", "drop", "WAN"))]
         log.unlink()
-        # no note holds "lost": the AND call finds nothing, and each word is searched alone
+        # no note holds "lost": the AND finds nothing, each word alone finds the note
         assert [h.path for h in await b.search("router WAN lost", min_score=0)] == ["MEMORY.md"]
-        assert sorted(_calls(log)) == [("memory-root-main", "WAN"), ("memory-root-main", "lost"),
-                                       ("memory-root-main", "router"),
-                                       ("memory-root-main", "router WAN lost")]
+        assert _calls(log) == [("memory-root-main", ("router WAN lost", "router", "WAN", "lost"))]
 
 
 @pytest.mark.anyio
 @pytest.mark.qmd
-async def test_a_failed_relaxed_call_leaves_its_hits_out_and_the_answer_stands(
+async def test_a_qmd_rejecting_the_lex_call_gets_the_and_and_the_relaxed_pass(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
-    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support") as (b, log):
+    """A qmd build whose ``query`` rejects a flag of the lex call: the content words ANDed,
+    then each word alone (``lexical.relax``); a relaxed call that fails leaves its hits out
+    and the answer stands."""
+    async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support",
+                        REJECT_LEX="1") as (b, log):
         hits = await b.search(QUESTION, min_score=0)
         # "support" alone failed; "group" still finds Wednesday's note, "Caroline" the others
         assert hits[0].path == "memory/2026-03-01.md"
         assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
                                                     "memory/2026-03-03.md"]
-        assert _queries(log).count("support") == 2
+        sent = _sent(log)
+        assert sent[:2] == [("Caroline LGBTQ support group", "Caroline", "LGBTQ", "support", "group")] * 2
+        assert sent[2:4] == ["Caroline LGBTQ support group"] * 2
+        assert sorted(sent[4:]) == sorted(["Caroline", "LGBTQ", "support", "group"] * 2)
         assert b.last_search_error is None
 
 
@@ -310,9 +329,7 @@ async def test_the_relaxed_pass_searches_the_first_words_only(
     assert MAX_RELAXED_TERMS == 6
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
         hits = await b.search(" ".join(words), min_score=0)  # no note holds all eight
-        queries = _queries(log)
-        assert queries[:2] == [" ".join(words)] * 2
-        assert sorted(queries[2:]) == sorted(words[:MAX_RELAXED_TERMS] * 2)
+        assert _sent(log) == [(" ".join(words), *words[:MAX_RELAXED_TERMS])] * 2
         # each note holds one of the first six words (lake: Thursday, library: Wednesday,
         # basil: Friday, tea: MEMORY.md, Tuesday: Tuesday's note)
         assert sorted(h.path for h in hits) == ["MEMORY.md", "memory/2026-03-01.md",
@@ -335,7 +352,7 @@ async def test_words_reach_qmd_whole_as_its_index_holds_them(
         # a version with a suffix: the dotted part and the suffix, which the note holds
         hits = await b.search("1.2.3-rc1 router", min_score=0)
         assert [h.path for h in hits] == ["memory/2026-03-05.md", "memory/2026-03-06.md"]
-        assert _queries(log)[:2] == ["1.2.3 rc1 router"] * 2
+        assert [sent[0] for sent in _sent(log)] == ["1.2.3 rc1 router"] * 2
         log.unlink()
         # an acute accent typed as the apostrophe: no lone "s", which would match any note
         # with a word starting with s ("support")
@@ -359,9 +376,7 @@ async def test_a_one_letter_word_narrows_the_and_but_is_not_searched_alone(
         hits = await b.search("Plan B launch", min_score=0)
         # "b" alone would be a prefix of "basil" and "by" (Friday's and Thursday's notes)
         assert [h.path for h in hits] == ["memory/2026-03-10.md"]
-        queries = _queries(log)
-        assert queries[:2] == ["Plan B launch"] * 2
-        assert sorted(queries[2:]) == ["Plan", "Plan", "launch", "launch"]
+        assert _sent(log) == [("Plan B launch", "Plan", "launch")] * 2
 
 
 @pytest.mark.anyio
@@ -381,7 +396,7 @@ async def test_a_long_note_is_cited_at_the_lines_holding_the_question_words(
               for c in chunk_markdown("\n".join(chat) + "\n", tokens=400, overlap=80, sections=True)}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
         hits = await b.search("Caroline pottery kiln", min_score=0)
-        assert _queries(log)[:2] == ["Caroline pottery kiln"] * 2  # no note holds "kiln"
+        assert [sent[0] for sent in _sent(log)] == ["Caroline pottery kiln"] * 2  # no note holds "kiln"
         hit = hits[0]  # the only note holding "pottery"
         assert hit.path == "memory/2026-03-05.md" and hit.score == 1.0
         assert hit.start_line <= hit.snippet_start_line <= 45 <= hit.snippet_end_line <= hit.end_line
@@ -431,9 +446,8 @@ async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_no
 async def test_notes_too_long_to_rank_keep_qmds_order_with_scores_that_never_rise(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     """Two notes over ``MAX_FOCUS_CHARS`` keep qmd's lines, in qmd's order: the one holding both
-    words (the AND call, a low qmd score in so long a note) before the one only ``pottery``
-    found (the relaxed pass, a higher qmd score); hits are best first, so the second is shown
-    no higher than the first."""
+    words (the AND search, weighted twice in qmd's fusion) before the one only ``pottery``
+    found; hits are best first, so the second is shown no higher than the first."""
     filler = "\n".join(f"Line {i}: ordinary words about the weather and the garden today."
                        for i in range(3500))
     assert len(filler) > MAX_FOCUS_CHARS
@@ -441,7 +455,7 @@ async def test_notes_too_long_to_rank_keep_qmds_order_with_scores_that_never_ris
             "2026-03-06.md": "# Pottery\n" + "pottery pottery pottery\n" * 20 + filler + "\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
         hits = await b.search("pottery kiln", min_score=0)
-        assert _queries(log)[:2] == ["pottery kiln"] * 2  # the AND call: the first note only
+        assert _sent(log) == [("pottery kiln", "pottery", "kiln")] * 2
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [
             ("memory/2026-03-05.md", 3501, 3502), ("memory/2026-03-06.md", 1, 3)]
         assert hits[1].score <= hits[0].score

@@ -37,7 +37,7 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
-from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
+from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.collections import (
@@ -71,10 +71,9 @@ from qmdbridge.qmd.query_text import (
     without_stray_quote,
 )
 from qmdbridge.qmd.reads import Listings, read_qmd_path
-from qmdbridge.qmd.runner import CommandRunner, RunResult, run_command
+from qmdbridge.qmd.runner import CommandRunner, RunResult, is_busy, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
-from qmdbridge.qmd.status_doc import status_document
 from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
 
 if TYPE_CHECKING:
@@ -134,8 +133,11 @@ class QmdBackend:
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
-        self.health = IndexHealth(self)  # a lost or corrupt index, noticed and re-indexed
-        # index.yml's stamp when this backend last reconciled (health.reconcile_if_edited)
+        # a lost or corrupt index, noticed and re-indexed
+        self.health = IndexHealth(self.home, self.index_counts,
+                                  reindex=lambda: self.cycle.run("re-index", debounce=False),
+                                  update_timeout_ms=self.cfg.update.update_timeout_ms)
+        # index.yml's stamp when this backend last reconciled (reconcile_if_edited)
         self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
         self._closed = False
@@ -262,7 +264,11 @@ class QmdBackend:
             await self.prepare()
             await self.reconcile()
             up = self.cfg.update
-            await self.health.at_start(boot_update=up.on_boot and boot_update and up.wait_for_boot_sync)
+            problem = await self.health.at_start(
+                boot_update=up.on_boot and boot_update and up.wait_for_boot_sync,
+                managed=self._managed(), yml_edited=self._yml_edited())
+            if problem is not None:
+                self._startup_problem(problem)
             if up.on_boot and boot_update:
                 if up.wait_for_boot_sync:
                     await self._boot_update()
@@ -303,6 +309,40 @@ class QmdBackend:
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
         self._yml_seen = yml_stamp(self.home.index_yml)
+
+    def _managed(self) -> list[ManagedCollection]:
+        """The collections qmd should hold: every managed one not refused at reconcile."""
+        return [c for c in self.collections if c.name not in self.reconcile_state.refused]
+
+    def _yml_edited(self) -> bool:
+        """Whether qmd's collection list (``index.yml``) changed since this backend reconciled."""
+        return yml_stamp(self.home.index_yml) != self._yml_seen
+
+    async def _notice(self, counts: dict[str, int], count_error: str | None) -> str | None:
+        """``health.notice`` of these counts (a problem found is re-indexed in the background
+        in long-lived mode)."""
+        return await self.health.notice(counts, count_error, managed=self._managed(),
+                                        yml_edited=self._yml_edited(), background=self._bg)
+
+    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
+        """``counts`` (documents per collection), read again after a reconcile when qmd's
+        collection list (``index.yml``) changed since this backend last reconciled (a collection
+        removed, ``qmd collection remove``, or its path or pattern edited by hand, which the
+        next ``qmd update`` would index instead of the configured folder), or when the path of
+        a custom collection that was missing then exists now (it is added). One ``stat`` per
+        check while nothing changed; one reconcile per change."""
+        appeared = [p for p in self.reconcile_state.missing.values() if os.path.lexists(p)]
+        if appeared:  # a file entry is a folder collection while missing: build them again
+            log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
+            self.collections = build_collections(self.agent, sessions_dir=self.home.sessions_dir)
+            self.roots = {c.name: c for c in self.collections}
+        elif not self._yml_edited():
+            return counts
+        else:
+            log.warning("qmd's collection list (%s) changed since the last reconcile; "
+                        "reconciling the collections", self.home.index_yml)
+        await self.reconcile()  # records the stamp it leaves: one attempt per edit
+        return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
         """Cancel this backend's background tasks (their qmd children are killed and reaped),
@@ -410,7 +450,7 @@ class QmdBackend:
         answers retried, a complete answer before a crash used, with a note). An "unknown
         flag" on stderr reruns the search with ``query``; a missing collection triggers one
         reconcile and one retry; qmd's collection list (``index.yml``) edited since the last
-        reconcile is reconciled first (``health.reconcile_if_edited``); ``no such module:
+        reconcile is reconciled first (:meth:`reconcile_if_edited`); ``no such module:
         vec0`` switches this agent to ``search``.
         In ``search`` mode a question (one with content words) makes one call per collection:
         its AND and each word alone as qmd's typed ``lex`` searches
@@ -462,8 +502,8 @@ class QmdBackend:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit = min(limits.max_results, max_results or limits.max_results)
         counts, count_error = await self.index_counts.read()
-        counts = await self.health.reconcile_if_edited(counts)
-        if (lost := await self.health.notice(counts, count_error)) is not None:
+        counts = await self.reconcile_if_edited(counts)
+        if (lost := await self._notice(counts, count_error)) is not None:
             raise QmdIndexLostError(lost)  # the builtin engine answers, no breaker
         wanted = [c for c in self.collections if sources is None or c.source in sources]
         if (unusable := self.reconcile_state.no_usable_collection(wanted)) is not None:
@@ -600,10 +640,78 @@ class QmdBackend:
         kinds = model_kinds(self.mode_override or self.cfg.search_mode, self.cfg.rerank)
         models = await self.model_state.problem(kinds) if kinds else None
         counts, err = await self.index_counts.read()
-        counts = await self.health.reconcile_if_edited(counts)  # status shows qmd as configured
-        await self.health.notice(counts, err)  # backend.health.problem: an issue, a problem
+        counts = await self.reconcile_if_edited(counts)  # status shows qmd as configured
+        await self._notice(counts, err)  # backend.health.problem: an issue, a problem
         locked = await anyio.to_thread.run_sync(index_locked, self.home.index_db)
         indexing = indexing_in_progress(running=self.cycle.is_running, index_locked=locked,
                                         locks=(self.home.write_lock, self.home.embed_lock))
-        return status_document(self, counts=counts, count_error=err, probe=await self.search_probe(),
-                               dead_watcher=dead, model_problem=models, indexing=indexing)
+        return self._status_document(counts=counts, count_error=err, probe=await self.search_probe(),
+                                     dead_watcher=dead, model_problem=models, indexing=indexing)
+
+    def _status_document(self, *, counts: Mapping[str, int], count_error: str | None,
+                         probe: str | None, dead_watcher: str | None, model_problem: str | None,
+                         indexing: str | None) -> MemoryStatus:
+        """The status from what :meth:`status` read (pure): ``files`` and ``chunks`` are qmd's
+        documents, ``healthy`` is false when the probe failed, no collection is usable, or the
+        last update or search failed, ``custom.qmd`` holds qmd's own state.
+
+        Args:
+            counts: active documents per collection in qmd's index.
+            count_error: why qmd's index could not be counted, or ``None``.
+            probe: why the search probe failed (one line), or ``None`` when qmd answered.
+            dead_watcher: why the file watcher is dead (it is being re-armed), or ``None``.
+            model_problem: why the searches of the configured mode cannot load their models
+                (``models.model_problem``), or ``None`` (also in ``search`` mode).
+            indexing: ``indexing in progress (...)`` while qmd's index is being written
+                (``update.indexing_in_progress``): ``dirty`` with that reason, and an index
+                read that found it locked is no problem.
+        """
+        mode = self.mode_override or self.cfg.search_mode
+        by_source: dict[Source, int] = {}
+        for coll, n in counts.items():
+            src = self.roots[coll].source if coll in self.roots else "memory"
+            by_source[src] = by_source.get(src, 0) + n
+        total = sum(counts.values())
+        embed_state = self.cycle.embed
+        sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
+        # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
+        unusable = self.reconcile_state.no_usable_collection(self.collections)
+        issues = (([self.health.problem] if self.health.problem else [])
+                  + ([unusable] if unusable else [])
+                  + list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
+                  + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
+                  + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error and not (indexing and is_busy(count_error)) else [])
+                  + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else []))
+        last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
+            self.cycle.last_error or self.last_error)
+        return MemoryStatus(
+            backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
+            db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
+            requested_provider="qmd", model="qmd", search_mode=self.mode_override or self.cfg.search_mode,
+            sources=sources,
+            source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
+            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
+            last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
+            last_error=last_error,
+            dirty=bool(indexing or (self.freshness and (self.freshness.dirty or dead_watcher))),
+            dirty_reason=(f"watcher dead: {dead_watcher}; re-arming" if dead_watcher else indexing
+                          or (self.freshness.dirty_reason if self.freshness else None)),
+            custom={"qmd": {
+                "binary": str(self.location.path), "version": getattr(self.location, "version", None),
+                "collections": len(self.collections),
+                "collectionNames": [c.name for c in self.collections],
+                "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed_state.failures,
+                "embedBackoffUntil": embed_state.backoff_until, "searchMode": self.cfg.search_mode,
+                "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
+                "refusedCollections": dict(self.reconcile_state.refused),
+                "searchModeOverride": self.mode_override,
+                "searchProbe": {"ok": probe is None, "error": probe},
+                "lastSearchError": self.last_search_error,
+                "freshness": self.freshness.snapshot() if self.freshness else None,
+                "warm": self.warm.describe() if self.warm is not None else {
+                    "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
+                    if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
+                "indexProblem": self.health.problem, "modelProblem": model_problem,
+                "indexing": indexing,
+                "startup": {"problems": list(self.startup_problems)}}})
+

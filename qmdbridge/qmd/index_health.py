@@ -19,7 +19,7 @@ replaced by ``WarmChild`` when the file's identity changes.
 The walk that looks for a memory file runs only when qmd's index holds no document at all, and
 once per index file (its device and inode): an empty workspace costs one walk per file. An index
 without documents after qmd's collection list (``index.yml``) changed is left to the reconcile
-repairs (:meth:`IndexHealth.reconcile_if_edited`: re-adding a removed collection indexes it).
+repairs (``QmdBackend.reconcile_if_edited``: re-adding a removed collection indexes it).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -38,7 +38,9 @@ from fallback.sources.memory_files import SKIP_DIR_NAMES, root_memory_file
 from qmdbridge.qmd.collections import ManagedCollection
 
 if TYPE_CHECKING:
-    from qmdbridge.qmd.backend import QmdBackend
+    from fallback.background import BackgroundTasks
+    from qmdbridge.paths import QmdHome
+    from qmdbridge.qmd.parse import IndexCounts
 
 __all__ = ["IndexHealth", "IndexProblem", "db_identity", "holds_memory_file", "is_corrupt", "move_aside"]
 
@@ -140,46 +142,52 @@ class IndexProblem:
 
 
 class IndexHealth:
-    """Whether one backend's qmd index was lost or damaged, and its repair.
+    """Whether one qmd index was lost or damaged, and its repair.
 
     Args:
-        backend: the ``QmdBackend`` (its home, collections, update cycle, task group).
+        home: the agent's qmd home (its ``index.sqlite``, its update lock).
+        counts: the cached document counts of that index.
+        reindex: runs ``qmd update`` now (the backend's update cycle, ``"re-index"``).
+        update_timeout_ms: budget of the update lock's wait (``update.updateTimeoutMs``), ms.
 
     Attributes:
         problem: what is wrong with the index now, one line, or ``None``; with what is done
             about it (``re-indexing it ...``, or why that failed).
     """
 
-    def __init__(self, backend: QmdBackend) -> None:
-        self.backend = backend
+    def __init__(self, home: QmdHome, counts: IndexCounts, *, reindex: Callable[[], Awaitable[None]],
+                 update_timeout_ms: int) -> None:
+        self.home = home
+        self.counts = counts
+        self.reindex = reindex
+        self.update_timeout_ms = update_timeout_ms
         self.problem: str | None = None
         self._checked: object = _UNCHECKED  # db_identity of an index found without a problem
         self._restoring = False
 
-    async def check(self, counts: Mapping[str, int], count_error: str | None) -> IndexProblem | None:
+    async def check(self, counts: Mapping[str, int], count_error: str | None, *,
+                    managed: Sequence[ManagedCollection] = (),
+                    yml_edited: bool = False) -> IndexProblem | None:
         """What is wrong with qmd's index, or ``None``.
 
         Args:
             counts: active documents per collection in qmd's index (``IndexCounts.read``).
             count_error: why the index could not be read, or ``None``.
+            managed: the collections qmd should hold (not those refused at reconcile).
+            yml_edited: qmd's collection list (``index.yml``) changed since the last
+                reconcile: an index without documents is left to the reconcile repairs.
 
         Returns:
             The problem (``qmd's index <db> is corrupt (<error>)``, or ``qmd's index <db> holds
             no document of <collections>, whose folders hold memory files (...)``); ``None``
             otherwise.
         """
-        b = self.backend
-        db = b.home.index_db
+        db = self.home.index_db
         if count_error is not None:
             return IndexProblem(f"qmd's index {db} is corrupt ({count_error})", True) \
                 if is_corrupt(count_error) else None
-        managed = [c for c in b.collections if c.name not in b.reconcile_state.refused]
-        if any(counts.get(c.name, 0) > 0 for c in managed):
-            return None
-        from qmdbridge.qmd.startup import yml_stamp
-
-        if yml_stamp(b.home.index_yml) != b._yml_seen:
-            return None  # qmd's collections were edited: the reconcile repairs (removed ones re-added)
+        if any(counts.get(c.name, 0) > 0 for c in managed) or yml_edited:
+            return None  # (edited: the reconcile repairs; removed collections are re-added)
         ident = db_identity(db)
         if ident == self._checked:
             return None
@@ -201,15 +209,14 @@ class IndexHealth:
         from fallback.errors import BackendUnavailableError
         from qmdbridge.qmd.update import file_lock
 
-        b = self.backend
-        db = b.home.index_db
+        db = self.home.index_db
         self.problem = f"{why}; re-indexing it (qmd update)"
         self._restoring = True
         log.warning("%s", self.problem)
         try:
             if why.corrupt:
-                async with file_lock(b.home.write_lock, budget_ms=b.cfg.update.update_timeout_ms):
-                    counts, err = await b.index_counts.read()  # an update may have repaired it
+                async with file_lock(self.home.write_lock, budget_ms=self.update_timeout_ms):
+                    counts, err = await self.counts.read()  # an update may have repaired it
                     if await self.check(counts, err) == why:
                         try:
                             aside = move_aside(db, int(time.time() * 1000))
@@ -217,7 +224,7 @@ class IndexHealth:
                             raise BackendUnavailableError(
                                 "qmd", f"cannot move the corrupt index {db} aside: {exc}") from exc
                         log.warning("moved the corrupt qmd index aside to %s", aside)
-            await b.cycle.run("re-index", debounce=False)
+            await self.reindex()
         except BackendUnavailableError as exc:
             self.problem = f"{why}; re-indexing failed: {exc.reason}"
             raise
@@ -227,62 +234,45 @@ class IndexHealth:
         self._checked = db_identity(db)
         log.warning("qmd's index re-indexed (%s)", db)
 
-    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after a reconcile when qmd's
-        collection list (``index.yml``) changed since the backend last reconciled (a collection
-        removed, ``qmd collection remove``, or its path or pattern edited by hand, which the
-        next ``qmd update`` would index instead of the configured folder), or when the path of
-        a custom collection that was missing then exists now (it is added). One ``stat`` per
-        check while nothing changed; one reconcile per change."""
-        from qmdbridge.qmd.collections import build_collections
-        from qmdbridge.qmd.startup import yml_stamp
-
-        b = self.backend
-        appeared = [p for p in b.reconcile_state.missing.values() if os.path.lexists(p)]
-        if appeared:  # a file entry is a folder collection while missing: build them again
-            log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
-            b.collections = build_collections(b.agent, sessions_dir=b.home.sessions_dir)
-            b.roots = {c.name: c for c in b.collections}
-        elif yml_stamp(b.home.index_yml) == b._yml_seen:
-            return counts
-        else:
-            log.warning("qmd's collection list (%s) changed since the last reconcile; "
-                        "reconciling the collections", b.home.index_yml)
-        await b.reconcile()  # records the stamp it leaves: one attempt per edit
-        return (await b.index_counts.read())[0]
-
-    async def at_start(self, *, boot_update: bool) -> None:
-        """Start-up step: re-index a lost or corrupt index now (:meth:`restore`); a failure is
-        a start-up problem (``status``), and searches then answer from the builtin engine.
+    async def at_start(self, *, boot_update: bool, managed: Sequence[ManagedCollection],
+                       yml_edited: bool) -> str | None:
+        """Start-up step: re-index a lost or corrupt index now (:meth:`restore`).
 
         Args:
             boot_update: an awaited boot update follows, which re-indexes a lost index by
                 itself (a corrupt one is still moved aside here: qmd cannot open it).
+            managed / yml_edited: as for :meth:`check`.
+
+        Returns:
+            A start-up problem (``re-indexing a lost qmd index failed: ...``; searches then
+            answer from the builtin engine), or ``None``.
         """
         from fallback.errors import BackendUnavailableError
 
-        counts, err = await self.backend.index_counts.read()
-        why = await self.check(counts, err)
+        counts, err = await self.counts.read()
+        why = await self.check(counts, err, managed=managed, yml_edited=yml_edited)
         if why is not None and (not boot_update or why.corrupt):
             try:
                 await self.restore(why)
             except BackendUnavailableError as exc:
-                self.backend._startup_problem(f"re-indexing a lost qmd index failed: {exc.reason}")
+                return f"re-indexing a lost qmd index failed: {exc.reason}"
+        return None
 
-    async def notice(self, counts: Mapping[str, int], count_error: str | None) -> str | None:
-        """:meth:`check`, and when something is wrong start :meth:`restore` in the backend's
-        task group (long-lived mode; one at a time). Returns the problem (with what is done
-        about it), or ``None``; a problem found earlier that is gone is cleared."""
-        why = await self.check(counts, count_error)
+    async def notice(self, counts: Mapping[str, int], count_error: str | None, *,
+                     managed: Sequence[ManagedCollection], yml_edited: bool,
+                     background: BackgroundTasks | None) -> str | None:
+        """:meth:`check`, and when something is wrong start :meth:`restore` in ``background``
+        (the backend's task group in long-lived mode; one at a time). Returns the problem (with
+        what is done about it), or ``None``; a problem found earlier that is gone is cleared."""
+        why = await self.check(counts, count_error, managed=managed, yml_edited=yml_edited)
         if why is None:
             if not self._restoring:
                 self.problem = None
             return None
-        bg: Any = getattr(self.backend, "_bg", None)
-        if bg is not None and bg.is_open:
+        if background is not None and background.is_open:
             if not self._restoring:
                 self.problem = f"{why}; re-indexing it (qmd update) in the background"
-            bg.start_soon(RESTORE_TASK, lambda: self.restore(why), retry=False, dedupe=True)
+            background.start_soon(RESTORE_TASK, lambda: self.restore(why), retry=False, dedupe=True)
         elif self.problem is None:
             self.problem = f"{why}; run `qmdbridge qmd update` to re-index it"
         return self.problem

@@ -5,7 +5,7 @@ probe is needed.
 Neither ever runs under a search deadline (``limits.timeoutMs``): ``QmdBackend.start`` calls
 them with ``update.commandTimeoutMs`` per qmd command. A long-lived backend reconciles again
 when qmd's collection list (``index.yml``) changed behind its back
-(``index_health.IndexHealth.reconcile_if_edited``), as the "Collection not found" repair does.
+(``QmdBackend.reconcile_if_edited``), as the "Collection not found" repair does.
 """
 
 from __future__ import annotations

@@ -174,7 +174,12 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     if qmd and (breaker.get("state") == "open" or fallback) and not same_cause:
         retry = breaker.get("retryInMs")
         when = f" (circuit open, retry in {int(retry) // 1000}s)" if breaker.get("state") == "open" and retry else ""
+        from qmdbridge.qmd.errors import told_crash
+
         out.append(_problem("qmd", f"qmd is not answering: {reason}{when}; the builtin engine answers meanwhile",
+                            'qmd crashed: set memory.qmd.searchMode to "search" (BM25, no model '
+                            "loaded) or keep `qmdbridge serve` running (models load once)"
+                            if told_crash(reason) else
                             "check memory.qmd.command and `qmdbridge qmd collections`, or run "
                             "scripts/install-qmd.sh"))
     elif qmd and qmd.get("healthy") is False and qmd.get("lastError"):

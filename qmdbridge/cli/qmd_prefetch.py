@@ -187,7 +187,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
     limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
-    lex = lex_queries(first, words) if words else ()
+    lex = lex_queries(first, words)
     planned = []
     for coll in colls:
         flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)

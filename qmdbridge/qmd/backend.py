@@ -129,6 +129,7 @@ class QmdBackend:
         self.reconcile_state = ReconcileState()
         self._child_env: dict[str, str] | None = None
         self.mode_override: str | None = None  # "search" once qmd's vector table cannot open
+        self.lex_calls = True  # False once qmd rejected a question's lex call (search_calls)
         self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
@@ -524,7 +525,8 @@ class QmdBackend:
         # by one: the content words, or those of a CJK question
         lexical, words = search_words(q, search_mode)
         # a question in search mode: its AND and each word alone in one call per collection
-        lex = lex_queries(lexical, words) if search_mode == "search" and words else ()
+        # (search mode only: also after a vec0 switch)
+        lex = lex_queries(lexical, words) if self.lex_calls else ()
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
                         self.child_env, index_db=self.home.index_db, lex=lex)
@@ -534,10 +536,11 @@ class QmdBackend:
             # spawned call's "Collection not found" runs the repair (a reconcile)
             entries = await search_with_repairs(lexical if search_mode == "search" else q,
                                                 colls, plan, run=self._run_search,
-                                                warm=self.warm if counts or not lex else None,
+                                                warm=self.warm if counts or search_mode != "search"
+                                                or not lex else None,
                                                 reconcile=partial(self.reconcile, force=True),
                                                 written=q, lexical=lexical)
-            if plan.mode == "search" and words and not plan.lex:  # qmd rejected the lex call
+            if plan.mode == "search" and words and not plan.lex:  # one word, or lex rejected
                 entries = await relax(words, entries, colls, plan, run=self._run_search,
                                       warm=self.warm, keep=POOL_FACTOR * limit,
                                       sent=lexical, counts=self.index_counts)
@@ -545,6 +548,8 @@ class QmdBackend:
             self.last_search_error = exc.reason
             raise
         finally:
+            if lex and not plan.lex:  # this qmd rejected the lex call: plain calls from now on
+                self.lex_calls = False
             if plan.repair == "vec0":  # kept for the backend's lifetime, said in answers, status
                 self.mode_override = "search"
             elif plan.repair is not None:

@@ -21,8 +21,8 @@ import re
 
 from fallback.errors import BackendUnavailableError
 
-__all__ = ["QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
-           "QmdQueryTooLongError", "one_line"]
+__all__ = ["CRASH_HINT", "CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
+           "QmdQueryTooLongError", "one_line", "told_crash"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -33,6 +33,12 @@ _MESSAGE_TAIL_CHARS = 2_000
 _ERROR_LINE_RE = re.compile(r"^(?:[A-Za-z]*Error|error)(?::|\s)")
 # Longest one-line reason, chars.
 ONE_LINE_CHARS = 300
+# Signals of a crash (SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV), not of a kill: a GGUF model
+# that qmd's llama.cpp cannot load or run, or a runtime defect.
+CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})
+# What a crash is told with (in the reason's first line, which status and doctor show).
+CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") or the daemon "
+              "(qmdbridge serve) avoid reloading models")
 
 
 def one_line(reason: str) -> str:
@@ -56,8 +62,9 @@ class QmdCommandError(BackendUnavailableError):
     """Raised when a qmd process could not start, or exited non-zero or by a signal.
 
     Message: ``<summary> failed (code N): <stderr or, if empty, stdout>`` (``signal X`` instead
-    of ``code N`` when killed by a signal, ``<summary> failed to start: <OS error>`` when the
-    spawn failed). The excerpt in the message is the last 2,000 chars, stripped.
+    of ``code N`` when killed by a signal, followed by ``; `` and :data:`CRASH_HINT` for a crash
+    signal; ``<summary> failed to start: <OS error>`` when the spawn failed). The excerpt in
+    the message is the last 2,000 chars, stripped.
 
     Attributes:
         summary: ``qmd`` + arguments (see :func:`summarize`).
@@ -68,6 +75,7 @@ class QmdCommandError(BackendUnavailableError):
         os_error: for a spawn failure, the OS error text (``[Errno 2] No such file or
             directory: 'qmd'``); ``None`` otherwise.
         errno: for a spawn failure, the errno (``errno.ENOENT`` ...); ``None`` otherwise.
+        crashed: ended by a crash signal (:data:`CRASH_SIGNALS`, or exit 128 + one).
     """
 
     def __init__(self, summary: str, *, returncode: int | None = None, signal: int | None = None,
@@ -80,10 +88,15 @@ class QmdCommandError(BackendUnavailableError):
         self.stderr_tail = stderr_tail
         self.os_error = os_error
         self.errno = errno
+        # a crash signal, or a shell's 128 + signal for one
+        self.crashed = os_error is None and (signal in CRASH_SIGNALS or (
+            returncode is not None and returncode - 128 in CRASH_SIGNALS))
         if os_error is not None:
             reason = f"{summary} failed to start: {os_error}"
         else:
             status = f"signal {signal}" if signal is not None else f"code {returncode}"
+            if self.crashed:
+                status += f"; {CRASH_HINT}"
             detail = _tail(stderr_tail.strip() or stdout_tail.strip(), _MESSAGE_TAIL_CHARS)
             reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
         super().__init__(backend, reason)
@@ -174,3 +187,9 @@ class QmdMcpError(BackendUnavailableError):
     def __init__(self, reason: str, *, transport: bool) -> None:
         super().__init__("qmd", reason)
         self.transport = transport
+
+
+def told_crash(reason: str) -> bool:
+    """Whether a failure's text (a fallback reason, a breaker's last failure) is a qmd crash
+    as :class:`QmdCommandError` words it (with :data:`CRASH_HINT`)."""
+    return CRASH_HINT in reason

@@ -246,18 +246,20 @@ def search_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def lex_queries(first: str, terms: Sequence[str]) -> tuple[str, ...]:
-    """A question's lexical searches, most important first (pure): ``first`` (the content words
-    ANDed, or a CJK question as written), then each of the :func:`relaxed_terms` alone, once
-    each (``qmdbridge/qmd/lexical.py`` explains the two steps).
+    """A question's lexical searches for one ``lex`` call per collection, most important first
+    (pure): ``first`` (the content words ANDed, or a CJK question as written), then each of the
+    :func:`relaxed_terms` alone, once each (``qmdbridge/qmd/lexical.py`` explains the two
+    steps); ``()`` when that is ``first`` alone (one word: a plain ``qmd search`` of it).
 
     Args:
         first: what ``search`` mode sends first (:func:`search_words`).
-        terms: the words searched one by one (:func:`search_words`), at least one.
+        terms: the words searched one by one (:func:`search_words`; ``()`` for qmd syntax).
 
     Returns:
-        The queries, ``first`` first.
+        The queries, ``first`` first, or ``()``.
     """
-    return tuple(dict.fromkeys([first, *relaxed_terms(terms)]))
+    queries = tuple(dict.fromkeys([first, *relaxed_terms(terms)])) if terms else ()
+    return queries if len(queries) > 1 else ()
 
 
 def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bool = False,
@@ -266,7 +268,7 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
     starts it ahead: ``(flags, positional, command)`` of ``qmd <flags> --index index --
     <positional>``.
 
-    With ``lex`` (:func:`lex_queries`), one ``qmd query --json -n <POOL_FACTOR * limit>
+    In ``search`` mode with ``lex`` (:func:`lex_queries`), one ``qmd query --json -n <POOL_FACTOR * limit>
     --no-rerank -c <collection>`` whose positional is a query document with a ``lex:`` line
     per query: qmd's typed lexical sub-searches, each ``qmd search``'s BM25, fused by
     reciprocal rank with the first weighted twice; it loads no model and works with ``CI`` set.
@@ -279,13 +281,13 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
         mode: ``search`` | ``vsearch`` | ``query``.
         limit: results asked (result slots).
         no_rerank: pass ``--no-rerank`` (``query`` with ``rerank: false``).
-        lex: the typed lexical sub-searches, or ``()``.
+        lex: the typed lexical sub-searches (used in ``search`` mode only), or ``()``.
 
     Returns:
         ``(flags, positional, command)``; ``command`` names the qmd command (``query`` for a
         ``lex`` call), for parsing its answer.
     """
-    if lex:
+    if lex and mode == "search":
         return (["query", "--json", "-n", str(POOL_FACTOR * limit), "--no-rerank", "-c", collection],
                 "\n".join(f"lex: {t}" for t in lex), "query")
     return ([mode, "--json", "-n", str(limit), *(["--no-rerank"] if no_rerank else []), "-c", collection],

@@ -183,8 +183,9 @@ class CallPlan:
         notes: receives one line per answer used despite a crash (for the answer's warnings).
         index_db: qmd's ``index.sqlite``: a call past the deadline while a writer holds it is
             busy (:class:`QmdBusyError`), not a timeout; ``None``: not checked.
-        lex: a ``search``-mode question's lexical searches (``lexical.lex_queries``: the content
-            words ANDed, then each word alone), asked in one call per collection as qmd's typed
+        lex: a question's lexical searches (``query_text.lex_queries``: the content words
+            ANDed, then each word alone), in ``search`` mode (also once ``vec0`` switched the
+            search to it) asked in one call per collection as qmd's typed
             ``lex`` sub-searches (``qmd query --no-rerank`` with a ``lex:`` line each, which
             loads no model, or the warm child's ``query`` tool), fused by qmd (reciprocal
             rank, the first weighted twice; ``query_text.search_call``), ``POOL_FACTOR`` notes
@@ -233,8 +234,8 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
     """One collection's call with the busy retries; the classified answer."""
     args, query, command = search_call(q, coll.name, mode=plan.mode, limit=plan.limit,
                                        no_rerank=plan.no_rerank, lex=plan.lex)
-    summary = _summary(args, " | ".join(plan.lex) if plan.lex else q)
-    hint = timeout_hint(command, plan.models_dir, plan.env) if not plan.lex else None
+    summary = _summary(args, " | ".join(plan.lex) if args[0] == "query" and plan.lex else q)
+    hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
     attempts = 0
     busy_seen = False  # an attempt answered busy
 
@@ -343,7 +344,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
         async with limiter:
             try:
                 answer = None
-                if warm is not None and plan.lex:
+                if warm is not None and plan.lex and plan.mode == "search":
                     answer = await warm.search_lex(plan.lex, coll, plan, limit=POOL_FACTOR * plan.limit)
                 elif warm is not None and warm.serves(plan.mode):
                     answer = await warm.search(q, coll, plan)
@@ -380,7 +381,9 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
                               ) -> list[tuple[QmdEntry, str | None]]:
     """:func:`search_collections` with the repairs of its classified failures.
 
-    A missing collection runs ``reconcile()`` and retries once; an unknown flag reruns the
+    A missing collection runs ``reconcile()`` and retries once; a ``lex`` call (``plan.lex``)
+    that qmd rejects (an unknown flag, ``no such module: vec0``) is run as plain ``search``
+    calls (``plan.lex`` emptied; the caller runs the relaxed pass); an unknown flag reruns the
     search with ``query`` (``plan.repair = "unsupported-search-flags"``); ``no such module:
     vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
     ``plan.notes``), which the caller keeps for later searches. ``written`` is the query as the
@@ -406,16 +409,25 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
             await reconcile()
             return await calls()
     except VectorModuleMissing:
-        if plan.mode == "search":
+        if plan.mode != "search":
+            log.warning("%s", VEC0_HINT)
+            plan.repair = "vec0"
+            plan.notes.append(VEC0_HINT)
+            plan.mode, plan.no_rerank = "search", False
+            q = lexical or q
+            try:
+                return await calls()
+            except VectorModuleMissing:
+                pass  # the lex call cannot open it either (below)
+        if not plan.lex:
             raise BackendUnavailableError("qmd", VEC0_HINT) from None
-        log.warning("%s", VEC0_HINT)
-        plan.repair = "vec0"
-        plan.notes.append(VEC0_HINT)
-        plan.mode, plan.no_rerank = "search", False
-        q = lexical or q
+        # the lex call is a qmd query, which opened the vector table here: plain search calls
+        log.warning("qmd query of lex searches cannot open the vector table; searching with "
+                    "qmd search")
+        plan.lex = ()
         return await calls()
     except FlagRejected as exc:
-        if plan.lex:  # a qmd without typed lex searches: the AND call, then the relaxed pass
+        if plan.lex and plan.mode == "search":  # no typed lex searches: the AND, then relaxed
             log.warning("qmd query rejected a flag of the lex searches; searching with qmd search")
             plan.lex = ()
             return await calls()

@@ -304,6 +304,27 @@ async def test_a_qmd_hanging_on_its_version_probe_costs_the_search_its_own_deadl
             await anyio.sleep(0.05)
 
 
+async def test_a_qmd_crash_is_told_with_the_crash_hint(tmp_path: Path, qmd_bin: Path) -> None:
+    """qmd killed by SIGSEGV in query mode (llama.cpp on a model it cannot run): the reason and
+    the status problem say it crashed and what avoids reloading models, not to check
+    memory.qmd.command."""
+    from qmdbridge.problems import status_problems
+    from qmdbridge.qmd.errors import CRASH_HINT
+
+    crash = _search_standin(tmp_path, qmd_bin, "segfault.py")
+    models = {f"QMD_{k}_MODEL": str(tmp_path / f"{k}.gguf") for k in ("EMBED", "RERANK", "GENERATE")}
+    async with _manager(tmp_path, _qmd_memory(str(crash), searchMode="query"), **models) as m:
+        resp = await m.search("zebra")
+        st = await m.status()
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.reason.startswith("qmd query --json -n 6 -c memory-")
+    assert resp.fallback.reason.endswith(f" failed (signal 11; {CRASH_HINT}): "
+                                         "panic: Segmentation fault at address 0x0")
+    [problem] = [p for p in status_problems(st.to_json_dict()) if p["check"] == "qmd"]
+    assert problem["hint"] == ('qmd crashed: set memory.qmd.searchMode to "search" (BM25, no model '
+                               "loaded) or keep `qmdbridge serve` running (models load once)")
+
+
 async def test_breaker_recovers_when_qmd_is_healthy_again(tmp_path: Path, qmd_bin: Path) -> None:
     flag = tmp_path / "broken.flag"
     flag.write_text("1")

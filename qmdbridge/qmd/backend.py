@@ -658,7 +658,7 @@ class QmdBackend:
                          indexing: str | None) -> MemoryStatus:
         """The status from what :meth:`status` read (pure): ``files`` and ``chunks`` are qmd's
         documents, ``healthy`` is false when the probe failed, no collection is usable, or the
-        last update or search failed, ``custom.qmd`` holds qmd's own state.
+        last update, search or embed failed, ``custom.qmd`` holds qmd's own state.
 
         Args:
             counts: active documents per collection in qmd's index.
@@ -686,9 +686,11 @@ class QmdBackend:
                   + list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
                   + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
                   + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error and not (indexing and is_busy(count_error)) else [])
-                  + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else []))
+                  + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else [])
+              + ([f"qmd embed failed: {embed_state.last_error}"] if embed_state.last_error else []))
         last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
-            self.cycle.last_error or self.last_error)
+            self.cycle.last_error or self.last_error or (
+            f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None))
         return MemoryStatus(
             backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
             db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
@@ -706,7 +708,7 @@ class QmdBackend:
                 "collections": len(self.collections),
                 "collectionNames": [c.name for c in self.collections],
                 "lastUpdateAt": self.cycle.last_update_at, "embedFailures": embed_state.failures,
-                "embedBackoffUntil": embed_state.backoff_until, "searchMode": self.cfg.search_mode,
+                "embedBackoffUntil": embed_state.backoff_until, "lastEmbedError": embed_state.last_error, "searchMode": self.cfg.search_mode,
                 "searchFallbackReason": self.search_fallback_reason, "lastError": last_error,
                 "refusedCollections": dict(self.reconcile_state.refused),
                 "searchModeOverride": self.mode_override,

@@ -23,12 +23,14 @@ pytestmark = pytest.mark.anyio
 
 
 def make(tmp_path: Path, standins_dir: Path, base_path_env: str, behaviour: str,
-         timeout_ms: int = 4000, mode: str = "search", **env_extra: str) -> tuple[QmdBackend, Path]:
+         timeout_ms: int = 4000, mode: str = "search", update: dict | None = None,
+         **env_extra: str) -> tuple[QmdBackend, Path]:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "MEMORY.md").write_text("# Memory\n\nalpha\nbeta\n")
     cfg = parse_config({"memory": {"backend": "qmd", "qmd": {
-        "searchMode": mode, "limits": {"timeoutMs": timeout_ms}, "update": {"onBoot": False}}}})
+        "searchMode": mode, "limits": {"timeoutMs": timeout_ms},
+        "update": {"onBoot": False, **(update or {})}}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     exe = str(standins_dir / "c2_qmd.py")
     loc = QmdLocation(path=exe, found=True, runtime_ok=True, version="2.8.3", reason=None,
@@ -377,3 +379,21 @@ async def test_status_and_doctor_try_a_search_instead_of_trusting_version(
     assert doc["backends"]["qmd"]["healthy"] is False
     assert [(p["check"], p["message"]) for p in status_problems(doc)] == [
         ("qmd", f"qmd is not healthy: qmd search probe failed: {failure}")]
+
+
+async def test_a_failed_embed_is_shown_by_status(tmp_path: Path, standins_dir: Path,
+                                                 base_path_env: str) -> None:
+    """An embed killed at update.embedTimeoutMs: status said healthy, with no word of it."""
+    b, _ = make(tmp_path, standins_dir, base_path_env, "embedhang", mode="vsearch",
+                update={"embedTimeoutMs": 1000}, QMD_EMBED_MODEL=str(tmp_path / "embed.gguf"))
+    try:
+        await b.start()
+        await b.cycle.run("manual", force=True, debounce=False)  # the update, then the embed
+        st = await b.status()
+        failed = ("qmd embed failed: qmd unavailable: qmd embed --index index timed out after "
+                  "1000ms (memory.qmd.update.embedTimeoutMs)")
+        assert failed in st.issues
+        assert (st.healthy, st.last_error) == (False, failed)
+        assert st.custom["qmd"]["embedFailures"] == 1
+    finally:
+        await b.close()

@@ -6,7 +6,8 @@ flagreject (search rejects --json, query answers), garbage, noisy (banner + ANSI
 crash (JSON then exit 134 with a ggml assertion), panic (JSON, then a Bun segfault panic and
 exit 3), vec0 (vsearch and query fail with "no such module: vec0", search answers), searchfail
 (every search exits 1), hang (sleeps with a grandchild), missing (first search says
-"Collection not found", later ones answer). `--version` prints "qmd 2.8.3".
+"Collection not found", later ones answer), embedhang (`embed` sleeps). `--version` prints
+"qmd 2.8.3".
 """
 import json
 import os
@@ -24,6 +25,8 @@ cmd = args[0] if args else ""
 if cmd == "--version":
     print("qmd 2.8.3")
     sys.exit(0)
+if cmd == "embed" and behaviour == "embedhang":
+    time.sleep(600)
 if cmd not in ("search", "vsearch", "query"):
     sys.exit(0)
 if behaviour == "flagreject" and cmd != "query":

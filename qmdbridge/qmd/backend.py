@@ -53,7 +53,7 @@ from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.listing import describe_collections
-from qmdbridge.qmd.models import ModelState, model_kinds
+from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
 from qmdbridge.qmd.parse import (
     IndexCounts,
     QmdEntry,
@@ -719,6 +719,8 @@ class QmdBackend:
                     "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                     if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "indexProblem": self.health.problem, "modelProblem": model_problem,
+                "models": model_cache_state(self.home.xdg_cache / "qmd" / "models",
+                                            model_kinds(mode, self.cfg.rerank)),
                 "indexing": indexing,
                 "startup": {"problems": list(self.startup_problems)}}})
 

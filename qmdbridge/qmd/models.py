@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 
 import anyio
 
-__all__ = ["DEFAULT_MODELS", "ModelState", "missing_models", "model_kinds", "model_problem", "reachable"]
+__all__ = ["DEFAULT_MODELS", "ModelState", "damaged_models", "missing_models", "model_cache_state",
+           "model_kinds", "model_problem", "reachable"]
 
 # The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
 DEFAULT_MODELS = {
@@ -23,6 +24,8 @@ DEFAULT_MODELS = {
     "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
     "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
 }
+# The first bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
 # How long the connectivity check may take, in seconds.
 REACH_TIMEOUT_S = 3.0
 
@@ -43,6 +46,37 @@ def missing_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
     not in ``models_dir``; an env override (``QMD_EMBED_MODEL`` ...) is the user's business."""
     have = {p.name.lower() for p in models_dir.glob("*.gguf")} if models_dir.is_dir() else set()
     return [DEFAULT_MODELS[k] for k in kinds if DEFAULT_MODELS[k].rsplit("/", 1)[-1].lower() not in have]
+
+
+def _file_name(kind: str) -> str:
+    return DEFAULT_MODELS[kind].rsplit("/", 1)[-1]
+
+
+def damaged_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
+    """The default model files of ``kinds`` that are in ``models_dir`` but empty or not a GGUF
+    file (no ``GGUF`` magic: a download cut short before its first bytes, or an error page
+    saved in its place); qmd's llama.cpp then fails or hangs on it until the deadline."""
+    out = []
+    for kind in kinds:
+        path = models_dir / _file_name(kind)
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(len(GGUF_MAGIC))
+        except OSError:
+            continue  # missing (missing_models) or unreadable
+        if head != GGUF_MAGIC:
+            out.append(str(path))
+    return out
+
+
+def model_cache_state(models_dir: Path, kinds: tuple[str, ...]) -> dict[str, object]:
+    """What status shows of qmd's model cache for ``kinds``: ``{dir, present, missing,
+    damaged}`` (file names; ``damaged``: :func:`damaged_models`)."""
+    damaged = {Path(p).name for p in damaged_models(models_dir, kinds)}
+    missing = {m.rsplit("/", 1)[-1] for m in missing_models(models_dir, kinds)}
+    names = [_file_name(k) for k in kinds]
+    return {"dir": str(models_dir), "present": [n for n in names if n not in missing | damaged],
+            "missing": [n for n in names if n in missing], "damaged": [n for n in names if n in damaged]}
 
 
 async def reachable(host: str, port: int, timeout_s: float = REACH_TIMEOUT_S) -> bool:
@@ -68,13 +102,18 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         reach: ``(host, port) -> reachable?``; default :func:`reachable`.
 
     Returns:
-        ``CI`` set -> qmd refuses model work; models missing and the model host unreachable ->
-        offline, naming the models and the download.
+        ``CI`` set -> qmd refuses model work; a model file empty or not GGUF
+        (:func:`damaged_models`) -> which, and to download it again; models missing and the
+        model host unreachable -> offline, naming the models and the download.
     """
     if env.get("CI"):
         return ("qmd refuses model operations while the CI environment variable is set; "
                 "unset CI to embed or warm up the models")
     overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
+    damaged = damaged_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
+    if damaged:
+        return (f"model file(s) {', '.join(damaged)} empty or truncated (not a GGUF file); "
+                "delete them and run `qmdbridge warmup` where huggingface.co is reachable")
     missing = missing_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
     if not missing:
         return None

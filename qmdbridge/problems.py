@@ -19,11 +19,15 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked", "is_indexed_caveat",
-           "model_missing_problem", "status_problems"]
+__all__ = ["CRASH_HINT", "INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked",
+           "is_indexed_caveat", "model_missing_problem", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
+# How a qmd crash (a crash signal: qmdbridge.qmd.errors.QmdCommandError) is told, in the first
+# line of its reason; a fallback or breaker reason holding it gets the crash hint below.
+CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") or the daemon "
+              "(qmdbridge serve) avoid reloading models")
 
 # How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
 # UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
@@ -174,12 +178,10 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     if qmd and (breaker.get("state") == "open" or fallback) and not same_cause:
         retry = breaker.get("retryInMs")
         when = f" (circuit open, retry in {int(retry) // 1000}s)" if breaker.get("state") == "open" and retry else ""
-        from qmdbridge.qmd.errors import told_crash
-
         out.append(_problem("qmd", f"qmd is not answering: {reason}{when}; the builtin engine answers meanwhile",
                             'qmd crashed: set memory.qmd.searchMode to "search" (BM25, no model '
                             "loaded) or keep `qmdbridge serve` running (models load once)"
-                            if told_crash(reason) else
+                            if CRASH_HINT in reason else
                             "check memory.qmd.command and `qmdbridge qmd collections`, or run "
                             "scripts/install-qmd.sh"))
     elif qmd and qmd.get("healthy") is False and qmd.get("lastError"):

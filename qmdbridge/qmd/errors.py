@@ -20,9 +20,10 @@ import os
 import re
 
 from fallback.errors import BackendUnavailableError
+from qmdbridge.problems import CRASH_HINT
 
 __all__ = ["CRASH_HINT", "CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
-           "QmdQueryTooLongError", "one_line", "told_crash"]
+           "QmdQueryTooLongError", "one_line"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -36,9 +37,6 @@ ONE_LINE_CHARS = 300
 # Signals of a crash (SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV), not of a kill: a GGUF model
 # that qmd's llama.cpp cannot load or run, or a runtime defect.
 CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})
-# What a crash is told with (in the reason's first line, which status and doctor show).
-CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") or the daemon "
-              "(qmdbridge serve) avoid reloading models")
 
 
 def one_line(reason: str) -> str:
@@ -63,7 +61,7 @@ class QmdCommandError(BackendUnavailableError):
 
     Message: ``<summary> failed (code N): <stderr or, if empty, stdout>`` (``signal X`` instead
     of ``code N`` when killed by a signal, followed by ``; `` and :data:`CRASH_HINT` for a crash
-    signal; ``<summary> failed to start: <OS error>`` when the spawn failed). The excerpt in
+    signal (``qmdbridge.problems.CRASH_HINT``); ``<summary> failed to start: <OS error>`` when the spawn failed). The excerpt in
     the message is the last 2,000 chars, stripped.
 
     Attributes:
@@ -188,8 +186,3 @@ class QmdMcpError(BackendUnavailableError):
         super().__init__("qmd", reason)
         self.transport = transport
 
-
-def told_crash(reason: str) -> bool:
-    """Whether a failure's text (a fallback reason, a breaker's last failure) is a qmd crash
-    as :class:`QmdCommandError` words it (with :data:`CRASH_HINT`)."""
-    return CRASH_HINT in reason

@@ -308,8 +308,7 @@ async def test_a_qmd_crash_is_told_with_the_crash_hint(tmp_path: Path, qmd_bin: 
     """qmd killed by SIGSEGV in query mode (llama.cpp on a model it cannot run): the reason and
     the status problem say it crashed and what avoids reloading models, not to check
     memory.qmd.command."""
-    from qmdbridge.problems import status_problems
-    from qmdbridge.qmd.errors import CRASH_HINT
+    from qmdbridge.problems import CRASH_HINT, status_problems
 
     crash = _search_standin(tmp_path, qmd_bin, "segfault.py")
     models = {f"QMD_{k}_MODEL": str(tmp_path / f"{k}.gguf") for k in ("EMBED", "RERANK", "GENERATE")}

@@ -349,7 +349,9 @@ async def test_a_query_too_long_to_start_qmd_with_falls_back_without_opening_the
     async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
         resp = await m.search(pasted)
         assert resp.backend == "builtin" and resp.fallback is not None
-        assert resp.fallback.reason == ("query too long for qmd: 1120015 bytes in one argument "
+        # the argument is the lex call's document: "lex: " and the 140,002 content words
+        # (1,120,015 bytes), then "lex: " and each of the first six words alone on its line
+        assert resp.fallback.reason == ("query too long for qmd: 1120098 bytes in one argument "
                                         "(Argument list too long)")
         assert resp.results[0].path == "memory/2026-03-01.md"
         assert m.breaker.describe()["state"] == "closed"

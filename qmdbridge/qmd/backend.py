@@ -536,11 +536,10 @@ class QmdBackend:
             # spawned call's "Collection not found" runs the repair (a reconcile)
             entries = await search_with_repairs(lexical if search_mode == "search" else q,
                                                 colls, plan, run=self._run_search,
-                                                warm=self.warm if counts or search_mode != "search"
-                                                or not lex else None,
+                                                warm=self.warm if counts or not lex else None,
                                                 reconcile=partial(self.reconcile, force=True),
                                                 written=q, lexical=lexical)
-            if plan.mode == "search" and words and not plan.lex:  # one word, or lex rejected
+            if plan.mode == "search" and words and not plan.lex:  # qmd rejected the lex call
                 entries = await relax(words, entries, colls, plan, run=self._run_search,
                                       warm=self.warm, keep=POOL_FACTOR * limit,
                                       sent=lexical, counts=self.index_counts)

@@ -16,7 +16,7 @@ from fallback.text.keywords import STOP_WORDS, cjk_words, contraction_fragments
 from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
 __all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "POOL_FACTOR",
-           "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "lex_queries", "lexical_terms",
+           "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "is_lex_call", "lex_queries", "lexical_terms",
            "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_words", "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
@@ -249,17 +249,16 @@ def lex_queries(first: str, terms: Sequence[str]) -> tuple[str, ...]:
     """A question's lexical searches for one ``lex`` call per collection, most important first
     (pure): ``first`` (the content words ANDed, or a CJK question as written), then each of the
     :func:`relaxed_terms` alone, once each (``qmdbridge/qmd/lexical.py`` explains the two
-    steps); ``()`` when that is ``first`` alone (one word: a plain ``qmd search`` of it).
+    steps); spawned as one call only when there are several (:func:`is_lex_call`).
 
     Args:
         first: what ``search`` mode sends first (:func:`search_words`).
         terms: the words searched one by one (:func:`search_words`; ``()`` for qmd syntax).
 
     Returns:
-        The queries, ``first`` first, or ``()``.
+        The queries, ``first`` first; ``()`` for a query in qmd's syntax (no ``terms``).
     """
-    queries = tuple(dict.fromkeys([first, *relaxed_terms(terms)])) if terms else ()
-    return queries if len(queries) > 1 else ()
+    return tuple(dict.fromkeys([first, *relaxed_terms(terms)])) if terms else ()
 
 
 def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bool = False,
@@ -268,7 +267,7 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
     starts it ahead: ``(flags, positional, command)`` of ``qmd <flags> --index index --
     <positional>``.
 
-    In ``search`` mode with ``lex`` (:func:`lex_queries`), one ``qmd query --json -n <POOL_FACTOR * limit>
+    A lex call (:func:`is_lex_call`), one ``qmd query --json -n <POOL_FACTOR * limit>
     --no-rerank -c <collection>`` whose positional is a query document with a ``lex:`` line
     per query: qmd's typed lexical sub-searches, each ``qmd search``'s BM25, fused by
     reciprocal rank with the first weighted twice; it loads no model and works with ``CI`` set.
@@ -287,7 +286,7 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
         ``(flags, positional, command)``; ``command`` names the qmd command (``query`` for a
         ``lex`` call), for parsing its answer.
     """
-    if lex and mode == "search":
+    if is_lex_call(mode, lex):
         return (["query", "--json", "-n", str(POOL_FACTOR * limit), "--no-rerank", "-c", collection],
                 "\n".join(f"lex: {t}" for t in lex), "query")
     return ([mode, "--json", "-n", str(limit), *(["--no-rerank"] if no_rerank else []), "-c", collection],
@@ -301,3 +300,10 @@ def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()
     read as a flag."""
     out = [program, *flags, "--index", "index"]
     return out + ["--", *positionals] if positionals else out
+
+
+def is_lex_call(mode: str, lex: Sequence[str]) -> bool:
+    """Whether a search's spawned call is one ``qmd query`` of typed ``lex`` searches (pure):
+    in ``search`` mode with several :func:`lex_queries`; one query alone is a plain
+    ``qmd search`` (the warm child takes it as one ``lex`` search either way)."""
+    return mode == "search" and len(lex) > 1

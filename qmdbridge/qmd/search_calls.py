@@ -55,7 +55,7 @@ from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, 
 from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.models import missing_models
 from qmdbridge.qmd.parse import QmdEntry, merge_key, parse_qmd_json
-from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, search_call
+from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
 from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,
@@ -234,7 +234,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
     """One collection's call with the busy retries; the classified answer."""
     args, query, command = search_call(q, coll.name, mode=plan.mode, limit=plan.limit,
                                        no_rerank=plan.no_rerank, lex=plan.lex)
-    summary = _summary(args, " | ".join(plan.lex) if args[0] == "query" and plan.lex else q)
+    summary = _summary(args, " | ".join(plan.lex) if is_lex_call(plan.mode, plan.lex) else q)
     hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
     attempts = 0
     busy_seen = False  # an attempt answered busy
@@ -419,7 +419,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
                 return await calls()
             except VectorModuleMissing:
                 pass  # the lex call cannot open it either (below)
-        if not plan.lex:
+        if not is_lex_call(plan.mode, plan.lex):
             raise BackendUnavailableError("qmd", VEC0_HINT) from None
         # the lex call is a qmd query, which opened the vector table here: plain search calls
         log.warning("qmd query of lex searches cannot open the vector table; searching with "
@@ -427,7 +427,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
         plan.lex = ()
         return await calls()
     except FlagRejected as exc:
-        if plan.lex and plan.mode == "search":  # no typed lex searches: the AND, then relaxed
+        if is_lex_call(plan.mode, plan.lex):  # no typed lex searches: the AND, then relaxed
             log.warning("qmd query rejected a flag of the lex searches; searching with qmd search")
             plan.lex = ()
             return await calls()

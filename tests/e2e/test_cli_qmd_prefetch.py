@@ -22,10 +22,14 @@ import pytest
 
 STANDINS = Path(__file__).resolve().parents[1] / "qmdbridge" / "standins"
 QUESTION = "When did the router drop the WAN?"
-# The question's qmd searches: the content words ANDed in both collections, then, MEMORY.md
-# (its collection's one note) being found by them, each word alone in memory/ only.
-CALLS = ["-c memory-root-main -- router drop WAN", "-c memory-dir-main -- router drop WAN",
-         "-c memory-dir-main -- router", "-c memory-dir-main -- drop", "-c memory-dir-main -- WAN"]
+# The question's qmd searches: one call per collection, the content words ANDed and each word
+# alone as qmd's typed lex searches (the wrapper logs the document's lines joined by "|").
+LEX = "lex: router drop WAN|lex: router|lex: drop|lex: WAN"
+CALLS = [f"-c memory-root-main -- {LEX}", f"-c memory-dir-main -- {LEX}"]
+# The wrapper: logs each search command (search, query) on one line, and runs hang.py instead
+# while $QMD_HANG exists; everything else is the real qmd.
+LOGGED = ('case "$1" in search|query) printf "%s\\n" "$(printf "%s" "$*" | tr "\\n" "|")" >> "{log}" ;; '
+          'esac\n')
 AHEAD = "INFO qmdbridge.cli: qmd calls started ahead of the config: "
 # Loading one of these to start the calls would cost what starting them early saves.
 HEAVY = ("pydantic", "pydantic_core", "anyio", "asyncio", "psutil", "tenacity", "json5", "orjson",
@@ -73,8 +77,8 @@ def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
     (ws / "memory" / "2026-03-01.md").write_text("# Firmware\n\nthe router firmware was updated\n")
     (ws / "memory" / "2026-03-02.md").write_text("# Outage\n\nWAN outage again, the ISP dropped us\n")
     wrapper = tmp_path / "qmd-logged"
-    wrapper.write_text(f'#!/bin/sh\n[ "$1" = search ] && echo "$*" >> "$QMD_CALL_LOG"\n'
-                       f'[ "$1" = search ] && [ -e "$QMD_HANG" ] && exec "{STANDINS / "hang.py"}" "$@"\n'
+    wrapper.write_text("#!/bin/sh\n" + LOGGED.format(log="$QMD_CALL_LOG")
+                       + f'case "$1" in search|query) [ -e "$QMD_HANG" ] && exec "{STANDINS / "hang.py"}" "$@" ;; esac\n'
                        f'exec "{qmd_bin}" "$@"\n')
     wrapper.chmod(0o755)
     state = Path(env["OPENCLAW_STATE_DIR"])
@@ -115,7 +119,7 @@ def record(s: dict[str, Any]) -> subprocess.CompletedProcess[str]:
 def calls(s: dict[str, Any]) -> list[str]:
     """The qmd searches of the last run (collection and query), sorted."""
     lines = s["log"].read_text().splitlines() if s["log"].exists() else []
-    return sorted(line.split(" -n 6 ")[1].replace(" --index index", "") for line in lines)
+    return sorted(re.sub(r"^.* -c (\S+) --index index -- ", r"-c \1 -- ", ln).rstrip("|") for ln in lines)
 
 
 def ahead(run: subprocess.CompletedProcess[str]) -> str | None:
@@ -203,14 +207,14 @@ def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[s
     setup["hang"].touch()
     hung = search(setup)
     assert hung.returncode == 0, hung.stderr
-    assert all_taken(hung, most=2)  # AND calls only: they never answered
+    assert all_taken(hung, most=2)
     (setup["qmd_dir"] / "breaker.json").unlink()  # else the next search skips qmd (breaker open)
     off = search(setup, QMDBRIDGE_CLI_CACHE="off")
     assert hung.stdout == off.stdout
     doc = orjson.loads(hung.stdout)
     assert doc["backend"] == "builtin" and doc["fallback"]["reason"] == (
-        "qmd unavailable: qmd search --json -n 6 -c memory-root-main -- router drop WAN timed out "
-        "after 4000ms (memory.qmd.limits.timeoutMs)")
+        "qmd unavailable: qmd query --json -n 24 --no-rerank -c memory-root-main -- router drop WAN | "
+        "router | drop | WAN timed out after 4000ms (memory.qmd.limits.timeoutMs)")
     for pid in (int(line) for line in setup["pids"].read_text().split()):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
@@ -273,8 +277,8 @@ def test_a_path_that_finds_another_qmd_starts_nothing_ahead(setup: dict[str, Any
     first, second = setup["ws"].parent / "first", setup["ws"].parent / "second"
     for folder in (first, second):
         folder.mkdir()
-        (folder / "qmd").write_text(f'#!/bin/sh\n[ "$1" = search ] && echo "$*" >> "{folder}.log"\n'
-                                    f'exec "{qmd_bin}" "$@"\n')
+        (folder / "qmd").write_text("#!/bin/sh\n" + LOGGED.format(log=f"{folder}.log")
+                                    + f'exec "{qmd_bin}" "$@"\n')
         (folder / "qmd").chmod(0o755)
     path = setup["env"]["PATH"]
     setup["env"]["PATH"] = f"{first}{os.pathsep}{path}"

@@ -25,8 +25,7 @@ MAX_RELAXED_TERMS = 6
 # Shorter terms are not searched on their own (qmd reads every term as a prefix).
 MIN_RELAXED_CHARS = 2
 # Notes asked of each collection per result slot by a question's ``lex`` call: the pool whose
-# passages are ranked (``passages.py``; LoCoMo R@5 with the default 6 slots: 6 notes 0.692,
-# 12 0.715, 18 0.714, 24 0.724, every note found (up to 42) 0.724).
+# passages are ranked (``passages.py``); more stopped adding recall (docs/benchmarks.md).
 POOL_FACTOR = 4
 # qmd's SQLite busy timeout, ms, read from this variable (qmd 2.8.3: 120,000 ms by default).
 BUSY_TIMEOUT_VAR = "QMD_SQLITE_BUSY_TIMEOUT"

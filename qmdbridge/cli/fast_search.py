@@ -23,7 +23,8 @@ files are the indexed ones), so:
    does, printed as the in-process command prints (``"servedBy": "process"``).
 3. Anything else returns ``None`` and the command runs in-process as before, with its own
    errors and messages: no snapshot, a changed config file, environment or code, a dirty,
-   missing or unreadable index, ``--explain``, ``--session-key``, a blank query or a bad limit.
+   missing or unreadable index, ``--explain``, ``--session-key``, a ``--corpus`` other than
+   ``all``, a blank query or a bad limit.
    So a dirty index is still synced before the search, and config errors are the loader's.
 4. In qmd mode the search always runs in-process; what is recorded for it (``backend``
    ``qmd``, :func:`recorded_search`) only lets ``qmdbridge/cli/qmd_prefetch.py`` start its
@@ -215,11 +216,13 @@ def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
         The recorded document (``backend`` ``builtin``: :func:`answer_recorded` may answer
         from it; ``qmd``: ``qmdbridge/cli/qmd_prefetch.py`` starts the search's qmd calls
         from it), or ``None``: no snapshot, caching off, an API-key variable now set,
-        ``--explain``, ``--session-key``, a blank query or a bad limit (the in-process run
+        ``--explain``, ``--session-key``, a ``--corpus`` other than ``all`` (the recorded
+        answer covers every indexed source), a blank query or a bad limit (the in-process run
         reports those).
     """
     e = os.environ if env is None else env
     if (args.command != "search" or args.explain or args.session_key is not None
+            or getattr(args, "corpus", None) not in (None, "all")
             or cache_disabled(e) or not args.query.strip()):
         return None
     try:

@@ -376,3 +376,20 @@ def test_a_binary_note_does_not_keep_every_search_in_process(ws: Path, fenv: dic
     assert not fast["inProcess"] and fast["stdout"] == first["stdout"]
     status = orjson.loads(probe(["status", "--workspace", str(ws), "--json"], fenv)["stdout"])
     assert {"path": "memory/scan.md", "reason": "binary file (NUL bytes)"} in status["skipped"]
+
+
+def test_a_corpus_other_than_all_is_searched_as_asked(ws: Path, fenv: dict[str, str]) -> None:
+    argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    assert probe(argv, fenv)["inProcess"]  # records the settings
+    assert not probe(argv, fenv)["inProcess"]
+    for corpus, paths, warnings in [
+        ("wiki", [], ["no wiki corpus is configured: corpus 'wiki' has nothing to search "
+                      "(use memory, sessions or all)"]),
+        ("sessions", [], ['session transcripts are not indexed: add "sessions" to memorySearch.sources '
+                          "and set memorySearch.experimental.sessionMemory to true"]),
+        ("memory", ["memory/2026-11-05.md"], []),
+    ]:
+        p = probe([*argv, "--corpus", corpus], fenv)
+        doc = orjson.loads(p["stdout"])
+        assert p["code"] == 0
+        assert (doc["corpus"], [r["path"] for r in doc["results"]][:1], doc["warnings"]) == (corpus, paths, warnings)

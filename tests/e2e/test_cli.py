@@ -65,7 +65,8 @@ def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> 
 
 
 def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Path, env: dict[str, str]) -> None:
-    hint = "(a query or path that starts with '-' goes after '--': qmdbridge search -- -flag)"
+    hint = ("(a query or path that starts with '-' goes after '--', and the options before it: "
+            "qmdbridge search --json -- -flag)")
     p = run(["search", "-flag", "--workspace", str(ws)], env)
     assert p.returncode == 2
     assert p.stderr.decode().splitlines()[-1] == (
@@ -73,6 +74,10 @@ def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Pa
     j = run(["search", "router", "-x", "--workspace", str(ws), "--json"], env)
     assert (j.returncode, orjson.loads(j.stdout)) == (2, {
         "error": f"qmdbridge: unrecognized arguments: -x {hint}", "errorType": "UsageError", "exitCode": 2})
+    late = run(["search", "--", "-flag", "--workspace", str(ws)], env)
+    assert late.returncode == 2
+    assert late.stderr.decode().splitlines()[-1] == (
+        f"qmdbridge: error: unrecognized arguments: --workspace {ws} {hint}")
     ok = run(["search", "--workspace", str(ws), "--json", "--", "-router dropped the WAN link"], env)
     assert ok.returncode == 0 and orjson.loads(ok.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
     helped = run(["search", "--help"], env).stdout.decode()

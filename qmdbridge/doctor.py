@@ -329,7 +329,8 @@ def _inspect_index(agent: ResolvedAgent) -> Check:
 
 async def run_doctor(agent: ResolvedAgent, *, fix: bool = False,
                      env: Mapping[str, str] | None = None) -> DoctorReport:
-    """Run every check (and the legacy-split repair when ``fix``)."""
+    """Run every check (and the legacy-split repair when ``fix``); each config warning of the
+    agent is a ``warn`` check named ``config``."""
     e = dict(os.environ if env is None else env)
     report = DoctorReport()
     report.checks.append(_check_root(agent.workspace_dir, fix))
@@ -338,4 +339,6 @@ async def run_doctor(agent: ResolvedAgent, *, fix: bool = False,
     report.checks.append(await _check_provider(agent, e))
     report.checks.append(_check_watch_limits())
     report.checks.append(await _check_index(agent, fix, e))
+    # what the config loader noticed (status lists the same as "Config warning:")
+    report.checks.extend(Check("config", "warn", w) for w in agent.config_warnings)
     return report

@@ -45,3 +45,13 @@ def test_unknown_driver_names_the_key(tmp_path: Path) -> None:
         resolve_agent(parse_config(data), "main", env={"OPENCLAW_STATE_DIR": str(tmp_path)})
     assert caught.value.key == "agents.defaults.memorySearch.store.driver"
     assert "pa55-word" not in str(caught.value)
+
+
+def test_a_postgres_driver_not_routed_yet_is_a_config_warning_naming_the_sqlite_store(tmp_path: Path) -> None:
+    cfg = parse_config(config(tmp_path))
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    main = resolve_agent(cfg, "main", env=env)
+    assert main.config_warnings == [
+        'memorySearch.store.driver: "postgres" is not used yet: searches and syncs run '
+        f"on the SQLite store {tmp_path / 'state' / 'memory' / 'main.sqlite'} (docs/postgres.md)"]
+    assert resolve_agent(cfg, "solo", env=env).config_warnings == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.config import OpenClawConfig, resolve_agent
+from qmdbridge.config import OpenClawConfig, parse_config, resolve_agent
 from qmdbridge.doctor import LEGACY_HEADING, LEGACY_MARKER, repair_root_memory, root_memory_state, run_doctor
 
 pytestmark = pytest.mark.anyio
@@ -124,6 +124,17 @@ async def test_run_doctor_reports_split_then_fixes(tmp_path: Path) -> None:
     assert root.level == "ok" and root.fixed is True
     again = await run_doctor(agent, env=env)
     assert {c.name: c for c in again.checks}["root memory file"].detail == "MEMORY.md"
+
+
+async def test_config_warnings_are_warn_checks(tmp_path: Path) -> None:
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+    cfg = parse_config({"agents": {"defaults": {"memorySearch": {
+        "chunking": {"tokens": -5}, "store": {"driver": "postgres", "dsn": "postgresql://a:pw@db/m"}}}}})
+    report = await run_doctor(resolve_agent(cfg, "main", workspace=tmp_path, env=env), env=env)
+    assert [(c.level, c.detail) for c in report.checks if c.name == "config"] == [
+        ("warn", "agents.defaults.memorySearch.chunking.tokens: -5 is out of range; using 1"),
+        ("warn", 'memorySearch.store.driver: "postgres" is not used yet: searches and syncs run on the '
+                 f"SQLite store {tmp_path / 'state' / 'memory' / 'main.sqlite'} (docs/postgres.md)")]
 
 
 async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:

@@ -242,8 +242,13 @@ class Store(MetaReads):
             except IndexStoreReadOnlyError:
                 self._close_connection()
                 raise
+        except IndexStoreReadOnlyError:
+            raise
         except IndexStoreError:
             if self.path.exists():
+                # on a read-only mount SQLite cannot open the file ``mode=rw`` at all ("unable to
+                # open database file"): name the cause, as a file opened read-only is named
+                check_writable(self.path)
                 raise
             return False
         return True

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.fallback.child_procs import unprivileged_prefix
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
@@ -330,6 +331,34 @@ def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_up
         index = run_ro(["index", "--workspace", str(ws)])
         assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
         assert sorted(p.name for p in db.parent.iterdir()) == ["main.sqlite", "main.sqlite.lock"]
+
+
+def test_a_store_on_a_read_only_mount_answers_from_the_index_and_says_it_is_not_updated(
+        ws: Path, env: dict[str, str]) -> None:
+    """On a read-only file system SQLite cannot open the store ``mode=rw`` at all: every search
+    failed with 'index store cannot be opened: unable to open database file'."""
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    db = state / "memory" / "main.sqlite"
+    env = {**env, "QMDBRIDGE_CLI_CACHE": "off", "QMDBRIDGE_DAEMON": "off"}
+    query = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
+    first = run(query, env)
+    assert first.returncode == 0, first.stderr
+    if subprocess.run(["mount", "--bind", str(state), str(state)], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount the state dir here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(state)], check=True, capture_output=True)
+        p = run(query, env)
+        assert p.returncode == 0, p.stderr
+        doc = orjson.loads(p.stdout)
+        assert doc["results"] == orjson.loads(first.stdout)["results"]
+        assert doc["warnings"] == [
+            f"index store is read-only (the file cannot be written): Read-only file system ({db}); answered "
+            f"from the index as it was last written, without updating it (check the permissions of {db.parent})"]
+        index = run(["index", "--workspace", str(ws)], env)
+        assert (index.returncode, index.stderr.decode()) == (
+            1, f"qmdbridge: index store is read-only (the file cannot be written): Read-only file system ({db})\n")
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
 
 
 def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(

@@ -501,8 +501,20 @@ def load_config(path: str | Path | None = None, *,
     except ValueError as exc:
         if not _strip_comments(text).strip():  # only comments: an empty config
             return OpenClawConfig(source_file=file)
-        raise ConfigError(f"invalid JSON5: {str(exc).splitlines()[0]}", file=file) from None
+        raise ConfigError(f"invalid JSON5: {_json5_message(str(exc))}", file=file) from None
     return parse_config(data, file=file)
+
+
+# json5's syntax error: '<string>:2 Unexpected " " at column 32' (the parsed text has no name).
+_JSON5_ERROR_RE = re.compile(r"<string>:(\d+) (.*) at column (\d+)")
+
+
+def _json5_message(message: str) -> str:
+    """json5's syntax error as ``line N, column C: <what>`` (its first line, as is when it has
+    another form)."""
+    first = message.splitlines()[0] if message else message
+    m = _JSON5_ERROR_RE.fullmatch(first)
+    return f"line {m[1]}, column {m[3]}: {m[2]}" if m else first
 
 
 _COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)

@@ -137,6 +137,9 @@ def test_bad_values_name_file_key_and_expectation(tmp_path: Path, text: str, key
 def test_syntax_errors_and_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="invalid JSON5"):
         load_config(_write(tmp_path, "{memory: {backend: 'qmd',,}}"))
+    with pytest.raises(ConfigError) as unclosed:
+        load_config(_write(tmp_path, "{ agents: { defaults: {\n  memorySearch: { provider: tru } } } }\n"))
+    assert str(unclosed.value).endswith("invalid JSON5: line 2, column 32: Unexpected \" \"")
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.json5")
     bad = tmp_path / "latin1.json"

@@ -29,6 +29,7 @@ from qmdbridge.cli.common import EXIT_USAGE, emit_json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, NoReturn
 
 __all__ = ["main", "build_parser"]
@@ -93,18 +94,18 @@ DASH_HINT = (" (a query or path that starts with '-' goes after '--', and the op
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with our exit code for usage errors, and a JSON error when ``--json`` was asked."""
+    """argparse with our exit code for usage errors, and a JSON error when ``--json`` was asked
+    (``json_errors``, given to the root parser and each sub-parser it builds)."""
 
-    json_requested = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, json_errors: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.json_errors = json_errors
 
     def error(self, message: str) -> NoReturn:  # exit 2 with one line, like argparse, no traceback
         if message.startswith(_DASH_SYMPTOMS):
             message += DASH_HINT
-        if _Parser.json_requested:
+        if self.json_errors:
             emit_json({"error": f"{self.prog}: {message}", "errorType": "UsageError",
                        "exitCode": EXIT_USAGE})
         else:
@@ -160,17 +161,19 @@ def _common(p: argparse.ArgumentParser) -> None:
 FAST_COMMANDS = ("search", "get", "status")
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs).
 
     Args:
         only: build just this command's sub-parser (the same definition, so the same help,
             usage and errors); ``None`` builds them all. Building one instead of nine is a
             measurable part of a served ``qmdbridge search``.
+        json_errors: a usage error prints ``{"error", "errorType", "exitCode"}`` on stdout
+            (the command line asked for ``--json``) instead of argparse's lines on stderr.
     """
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
-                     formatter_class=_RawDescriptionFormatter)
+                     formatter_class=_RawDescriptionFormatter, json_errors=json_errors)
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
@@ -304,16 +307,20 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--config", metavar="FILE", type=_path_arg, help="OpenClaw JSON5 config file")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    for command_parser in sub.choices.values():
+        command_parser.json_errors = json_errors
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``qmdbridge`` console script; returns the exit code."""
     early: Any = None
+    restore_sigterm: Any = None
     try:
         raw = list(sys.argv[1:] if argv is None else argv)
-        _Parser.json_requested = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
-        args = build_parser(raw[0] if raw and raw[0] in FAST_COMMANDS else None).parse_args(raw)
+        json_errors = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
+        only = raw[0] if raw and raw[0] in FAST_COMMANDS else None
+        args = build_parser(only, json_errors=json_errors).parse_args(raw)
         if args.command in FAST_COMMANDS:
             # The fast path: a running `qmdbridge serve` for this agent answers without any heavy
             # import (the client is standard library only); otherwise fall through to in-process.
@@ -333,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from qmdbridge.cli.qmd_prefetch import start_prefetch
                 from qmdbridge.qmd.early import EarlyCalls
 
-                _stop_on_sigterm()  # from now on qmd children run: killed on the way out
+                restore_sigterm = _stop_on_sigterm()  # from now on qmd children run: killed on the way out
                 # owned (closed below) before anything starts: a signal that lands while the
                 # thread starting them starts still finds every call
                 early = EarlyCalls()
@@ -343,6 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 answered = answer_recorded(args, recorded)
                 if answered is not None:
                     return answered
+        if restore_sigterm is None and args.command not in ("serve", "mcp"):  # these handle their signals
+            restore_sigterm = _stop_on_sigterm()
         return _run_in_process(args, early)
     except BaseException as exc:  # the CLI edge: Ctrl-C or SIGTERM is exit 130, anything else raises
         if _interrupted(exc):
@@ -357,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             early.close()
             note_used(args, early)
+        if restore_sigterm is not None:
+            restore_sigterm()
 
 
 def _matches(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -387,30 +398,44 @@ def _interrupted(exc: BaseException) -> bool:
     return _matches(exc, KeyboardInterrupt)
 
 
-def _stop_on_sigterm() -> None:
+def _stop_on_sigterm() -> Callable[[], None]:
     """Make SIGTERM raise ``KeyboardInterrupt`` (exit 130): the event loop unwinds and running
-    qmd children are killed."""
+    qmd children are killed. Returns the function that puts the previous handler back (the
+    command is over: a caller of :func:`main` in the same process keeps its own handling)."""
     import signal
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, on_term)
+    previous = signal.signal(signal.SIGTERM, on_term)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+    return restore
 
 
 def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
     """Run the command with the config loaded (``early``: the qmd calls a search started
-    ahead, its qmd runner); returns the exit code."""
-    if args.verbose:
-        import logging
-
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                            format="%(levelname)s %(name)s: %(message)s")
+    ahead, its qmd runner); returns the exit code. With ``--verbose`` the command's log
+    records go to stderr, through a handler removed again when the command is over."""
     from qmdbridge.cli.commands import run_command
 
-    if args.command not in ("serve", "mcp"):  # these handle their signals themselves
-        _stop_on_sigterm()
-    return run_command(args, qmd_runner=early.run_command if early is not None else None)
+    if not args.verbose:
+        return run_command(args, qmd_runner=early.run_command if early is not None else None)
+    import logging
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        return run_command(args, qmd_runner=early.run_command if early is not None else None)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 if __name__ == "__main__":  # pragma: no cover

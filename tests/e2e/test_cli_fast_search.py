@@ -1,7 +1,8 @@
-"""A one-shot ``qmdbridge search`` without a daemon, as a real process: once a search recorded its
-settings, the next one on an index in sync answers without the config models, pydantic, anyio or
-the engine (the import budget is pinned by the modules it loads, not by time), with the same
-bytes on stdout and stderr as the in-process run; anything changed runs in-process as before."""
+"""A one-shot ``qmdbridge search`` without a daemon: once a search recorded its settings, the next
+one on an index in sync answers without the config models, pydantic, anyio or the engine (the
+import budget is pinned by the modules a real process loads, not by time), with the same bytes
+on stdout and stderr as the engine's run; anything changed runs the engine as before. Only the
+import budget needs a fresh interpreter; the other tests run the command in this process."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from typing import Any
 import orjson
 import pytest
 
+from fallback.index.racy import racily_clean, wall_clock_ms
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.same_stamps import rewrite_keeping_size_and_mtime
 
 # Made lazy for this path (`regex` too: an ASCII query without a connector, a year or an
@@ -51,8 +54,9 @@ sys.exit(code)
 """.replace("NAMES", repr(sorted(set(NOT_LOADED) | set(NEVER_LOADED))))
 
 
-def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
-    """Run ``qmdbridge <argv>`` in a fresh interpreter; its exit code, output and loaded modules."""
+def probe_process(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run ``qmdbridge <argv>`` in a fresh interpreter; its exit code, output and loaded modules
+    (what a process loads is the subject, so this one starts a process)."""
     p = subprocess.run([sys.executable, "-c", PROBE, *argv], env=env, capture_output=True, timeout=120,
                        cwd=cwd)
     stderr, _, tail = p.stderr.decode().rpartition("\nPROBE ")
@@ -61,11 +65,44 @@ def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict
     return {**report, "stdout": p.stdout, "stderr": stderr}
 
 
+def probe(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """Run ``qmdbridge <argv>`` in this process (``run_cli_in_process``): its exit code, output,
+    and whether the engine answered (``inProcess``: the command reached
+    ``qmdbridge.cli.commands.run_command``, which an answer from the recorded settings never
+    calls; the real function runs either way)."""
+    import qmdbridge.cli.commands as commands
+
+    calls: list[str] = []
+    run_command = commands.run_command
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        calls.append(args[0].command)
+        return run_command(*args, **kwargs)
+
+    commands.run_command = counted
+    try:
+        p = run_cli_in_process(argv, env, cwd=cwd)
+    finally:
+        commands.run_command = run_command
+    return {"code": p.returncode, "stdout": p.stdout, "stderr": p.stderr.decode(), "inProcess": bool(calls)}
+
+
+def config_settled(env: dict[str, str]) -> None:
+    """Wait until the config file's last change is out of the racy window of a run starting
+    now: a run that took its key within that window of a config write records nothing (the
+    config is racily clean then, fallback/index/racy.py), and runs in this process follow each
+    other well within it."""
+    cfg = Path(env["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    if cfg.exists():
+        changed_ns = cfg.stat().st_ctime_ns
+        while racily_clean(changed_ns, wall_clock_ms()):
+            time.sleep(0.005)
+
+
 def settled(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """The run after an in-process one that recorded its settings. An in-process run that took
-    its key within 50 ms of a config write records nothing (the config is racily clean then,
-    fallback/index/racy.py), so when the config was just written one more in-process run may
-    come first: it records them."""
+    """The run after an engine run that recorded its settings: once the config is out of the
+    racy window (:func:`config_settled`), one more engine run may come first (it records them)."""
+    config_settled(env)
     report = probe(argv, env)
     return probe(argv, env) if report["inProcess"] else report
 
@@ -77,10 +114,10 @@ def fenv(env: dict[str, str]) -> dict[str, str]:
 
 def test_a_search_that_changes_nothing_loads_none_of_the_heavy_modules(ws: Path, fenv: dict[str, str]) -> None:
     argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
-    first = probe(argv, fenv)  # indexes the workspace, records the settings
+    first = probe_process(argv, fenv)  # indexes the workspace, records the settings
     assert first["inProcess"] and first["code"] == 0
     assert [m for m in first["loaded"] if m in NEVER_LOADED] == []
-    second = probe(argv, fenv)
+    second = probe_process(argv, fenv)
     assert not second["inProcess"] and second["code"] == 0
     assert second["loaded"] == []
     assert second["stdout"] == first["stdout"] and second["stderr"] == first["stderr"] == ""
@@ -122,6 +159,7 @@ def test_the_answer_is_the_in_process_answer_byte_for_byte(ws: Path, fenv: dict[
     state = Path(fenv["OPENCLAW_STATE_DIR"])
     state.mkdir()
     (state / "openclaw.json").write_text(json.dumps(config))
+    config_settled(fenv)
     decay = "agents" in config
     off = {**fenv, "QMDBRIDGE_CLI_CACHE": "off"}
     for q in QUERIES:

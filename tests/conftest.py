@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 TEST_MODEL_NAME = "all-MiniLM-L6-v2.Q8_0.gguf"
@@ -61,3 +70,111 @@ def qmd_bin() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
+
+
+# -- leak guards ----------------------------------------------------------------------------------
+# Every test must leave no thread it started running, no child process it started alive and no
+# index store it opened open. A thread or process that is on its way out gets LEAK_GRACE_S to
+# finish (a closed server's thread returning, a killed child being reaped); after that the test
+# fails and what it left behind is named (and the processes killed, so the next test starts
+# clean). Fixtures wider than one test (module, session) are created before the test's "before"
+# snapshot and so never count.
+LEAK_GRACE_S = 5.0
+
+
+def _open_stores() -> list[object]:
+    """The index stores (``Store``, ``ReadOnlyStore``) still open, of those created so far."""
+    return [s for s in list(_STORES) if _is_open(s)]
+
+
+def _is_open(store: object) -> bool:
+    conn = getattr(store, "_conn", None)
+    if conn is None:
+        return False
+    try:
+        conn.total_changes  # noqa: B018 - raises ProgrammingError once the connection is closed
+    except sqlite3.ProgrammingError:
+        return False
+    return True
+
+
+_STORES: weakref.WeakSet[object] = weakref.WeakSet()
+
+
+def _track_stores() -> None:
+    """Test-only hook: register every store the product opens in :data:`_STORES` (weakly, so a
+    store nothing refers to any more is dropped, and closed by SQLite on deallocation)."""
+    from fallback.store.db import Store
+    from fallback.store.readonly import ReadOnlyStore
+
+    def tracking(init: Any) -> Any:
+        def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
+            _STORES.add(self)
+            init(self, *args, **kwargs)
+        return tracked
+
+    for cls in (Store, ReadOnlyStore):
+        cls.__init__ = tracking(cls.__init__)  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _track_stores()
+
+
+def _threads_left(before: set[threading.Thread]) -> list[threading.Thread]:
+    deadline = time.monotonic() + LEAK_GRACE_S
+    left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in left if t.is_alive()]
+
+
+def _children_left(before: set[int]) -> list[psutil.Process]:
+    me = psutil.Process()
+    try:
+        fresh = [p for p in me.children(recursive=True) if p.pid not in before]
+    except psutil.Error:
+        return []
+    _, alive = psutil.wait_procs(fresh, timeout=LEAK_GRACE_S) if fresh else ([], [])
+    left = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.Error:
+            pass
+    return left
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return f"{p.pid} {' '.join(p.cmdline())[:200]}"
+    except psutil.Error:
+        return str(p.pid)
+
+
+@pytest.fixture(autouse=True)
+def leak_guard() -> Iterator[None]:
+    """Fail a test that leaves a thread running, a child process alive or an index store open."""
+    threads_before = set(threading.enumerate())
+    try:
+        children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    except psutil.Error:
+        children_before = set()
+    stores_before = {id(s) for s in _open_stores()}
+    yield
+    problems: list[str] = []
+    stores = [s for s in _open_stores() if id(s) not in stores_before]
+    if stores:
+        gc.collect()  # a cycle that holds a store no one can reach is closed when collected
+        stores = [s for s in _open_stores() if id(s) not in stores_before]
+    problems += [f"store left open: {type(s).__name__} {getattr(s, 'path', '?')}" for s in stores]
+    problems += [f"thread left running: {t.name} ({t.__class__.__module__}.{t.__class__.__qualname__})"
+                 for t in _threads_left(threads_before)]
+    procs = _children_left(children_before)
+    problems += [f"child process left alive: {_describe(p)}" for p in procs]
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if problems:
+        pytest.fail("leak: " + "; ".join(problems), pytrace=False)

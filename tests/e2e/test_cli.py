@@ -1,5 +1,7 @@
-"""The ``qmdbridge`` command as a real process: every command's output parsed, exit codes,
-errors on stderr without tracebacks, and ``serve`` answering JSON lines and stopping on SIGTERM."""
+"""The ``qmdbridge`` command: every command's output parsed, exit codes, errors on stderr without
+tracebacks, and ``serve`` answering JSON lines and stopping on SIGTERM. Output shapes are checked
+by running the command in this process (``run``); ``python -m qmdbridge``, ``serve`` and SIGTERM,
+whose subject is the process, start a real one."""
 
 from __future__ import annotations
 
@@ -13,20 +15,16 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli, run_cli_in_process
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
 COMMANDS = ["search", "get", "status", "index", "qmd", "warmup", "serve", "mcp", "doctor", "models"]
 
 
-def _argv(args: list[str]) -> list[str]:
-    exe = shutil.which("qmdbridge") or ""
-    return [exe, *args] if exe else [
-        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-
-
-def run(args: list[str], env: dict[str, str], *, check_json: bool = True,
-        stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120, input=stdin)
+def run(args: list[str], env: dict[str, str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    """``qmdbridge <args>`` run to its end in this process (exit code and output bytes)."""
+    return run_cli_in_process(args, env, cwd=cwd)
 
 
 def test_every_command_has_help(env: dict[str, str]) -> None:
@@ -303,7 +301,7 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
              b' "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]}',
              b'{"id": 13, "tool": "memory_search", "params": {"query": "Atlas"}, "sessionKeys": "main"}',
              b'{"id": 14, "tool": "memory_search", "params": {"query": "Atlas", "maxResults": "5"}}']
-    p = run(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
+    p = run_cli(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")  # reads stdin to EOF
     assert p.returncode == 0, p.stderr
     replies = [orjson.loads(line) for line in p.stdout.splitlines()]
     assert [r["id"] for r in replies] == [8, 9, 10, 11, 12, 13, 14]
@@ -405,8 +403,7 @@ def test_an_empty_workspace_or_config_argument_is_a_usage_error(ws: Path, env: d
     cwd.mkdir()
     assert run(["index", "--workspace", str(ws)], env).returncode == 0
     for cmd in (["search", "router"], ["get", "MEMORY.md"], ["status"], ["index"], ["doctor"]):
-        p = subprocess.run(_argv([*cmd, "--workspace", "", "--json"]), env=env, cwd=cwd,
-                           capture_output=True, timeout=120)
+        p = run([*cmd, "--workspace", "", "--json"], env, cwd=cwd)
         assert p.returncode == 2, cmd
         assert orjson.loads(p.stdout)["error"].endswith("argument --workspace: must not be empty"), cmd
     blank_config = run(["search", "router", "--workspace", str(ws), "--config", " ", "--json"], env)

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.child_procs import unprivileged_prefix
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
@@ -33,7 +34,9 @@ def _argv(args: list[str]) -> list[str]:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=120)
+    """``qmdbridge <args>`` run in this process; ``serve`` and the runs as another user (whose
+    file modes apply to a process of theirs) start real processes (``_argv``)."""
+    return run_cli_in_process(args, env)
 
 
 def test_search_without_fts5_answers_by_substring_and_warns(ws: Path, env: dict[str, str]) -> None:

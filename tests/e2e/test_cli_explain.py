@@ -1,17 +1,16 @@
-"""``qmdbridge search --explain`` and the reranker as a real process: the ``explain`` object in
+"""``qmdbridge search --explain`` and the reranker (the command run in this process): the ``explain`` object in
 ``--json``, the indented block in plain output, and a failing rerank server that leaves the
 answer whole with a warning."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.embeddings_fake_server import Reply, serve
 
 
@@ -25,9 +24,7 @@ def ws(tmp_path: Path) -> Path:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    exe = shutil.which("qmdbridge") or ""
-    argv = [exe, *args] if exe else [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    return run_cli_in_process(args, env)
 
 
 def test_explain_json_and_plain_block(ws: Path, env: dict[str, str]) -> None:

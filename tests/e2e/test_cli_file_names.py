@@ -1,6 +1,7 @@
 """File names that are not valid UTF-8 (``caf\\xe9.md`` written by another system) through the
-real ``qmdbridge`` process: ``index``, ``search``, ``status``, ``get`` and ``serve`` keep working,
-the file is indexed under its printable path and ``get`` opens it by that path."""
+``qmdbridge`` command (in this process; ``serve``, which reads stdin to its end, as a real
+process): ``index``, ``search``, ``status``, ``get`` and ``serve`` keep working, the file is
+indexed under its printable path and ``get`` opens it by that path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import orjson
 
-from tests.e2e.cli_proc import run_cli as run
+from tests.e2e.cli_proc import run_cli
+from tests.e2e.cli_proc import run_cli_in_process as run
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
@@ -64,7 +66,7 @@ def test_serve_answers_with_a_latin1_file_name(ws: Path, env: dict[str, str]) ->
     get = orjson.dumps({"id": 2, "tool": "memory_get", "params": {"path": SHOWN}})
     lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "espresso grinder"}}', get,
              b'{"id": 3, "tool": "memory_search", "params": {"query": "Atlas rollback"}}']
-    p = run(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
+    p = run_cli(["serve", "--workspace", str(ws)], env, stdin=b"\n".join(lines) + b"\n")
     assert p.returncode == 0, p.stderr
     replies = {r["id"]: r["result"] for r in map(orjson.loads, p.stdout.splitlines())}
     assert replies[1].get("disabled") is None

@@ -1,4 +1,5 @@
-"""What a new user meets, as real ``qmdbridge`` processes: the version, the keyword-only notice,
+"""What a new user meets from the ``qmdbridge`` command (run in this process; the daemon it talks
+to is a real ``serve`` process): the version, the keyword-only notice,
 unknown agents, ``get`` with absolute paths and past the end, one stderr line per event,
 ``status`` and ``doctor`` sharing one problem list, and neither creating a store without a
 workspace."""
@@ -6,12 +7,12 @@ workspace."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
+
+from tests.e2e.cli_proc import run_cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
@@ -19,9 +20,9 @@ NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"\n
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("qmdbridge")
-    argv = [exe, *args] if exe else [sys.executable, "-m", "qmdbridge.cli.main", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120, text=True)
+    """``qmdbridge <args>`` run in this process, its output decoded."""
+    p = run_cli_in_process(args, env)
+    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
 
 
 def test_version(env: dict[str, str]) -> None:

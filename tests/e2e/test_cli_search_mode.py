@@ -13,8 +13,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.cli_proc import cli_argv
-from tests.e2e.cli_proc import run_cli as run
+from tests.e2e.cli_proc import cli_argv, run_cli
+from tests.e2e.cli_proc import run_cli_in_process as run
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
 
@@ -51,7 +51,7 @@ def _modes(ws: Path, cfg: Path, env: dict[str, str]) -> dict[str, object]:
     human = run(["status", *args], env).stdout.decode()
     lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "router dropped the WAN link"}}',
              b'{"id": 2, "tool": "status"}']
-    served = run(["serve", *args], env, stdin=b"\n".join(lines) + b"\n")
+    served = run_cli(["serve", *args], env, stdin=b"\n".join(lines) + b"\n")
     assert served.returncode == 0, served.stderr
     replies = {r["id"]: r["result"] for r in map(orjson.loads, served.stdout.splitlines())}
     return {"search": doc["mode"], "explain": sorted({h["explain"]["mode"] for h in doc["results"]}),

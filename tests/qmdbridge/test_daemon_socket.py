@@ -20,13 +20,15 @@ from qmdbridge.config import load_config, resolve_agent
 from qmdbridge.config import state_dir as config_state_dir
 from qmdbridge.server import wire
 from qmdbridge.server.socket_listener import identity_for
+from tests.e2e.cli_proc import run_cli_in_process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_procs import CLI, DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
+from server_procs import DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
 
 def cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([*CLI, *args], env=env, capture_output=True, timeout=DEADLINE_S, cwd=cwd)
+    """``qmdbridge <args>`` as a client, run in this process (the daemon is a real ``serve``)."""
+    return run_cli_in_process(args, env, cwd=cwd)
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from tests.e2e.cli_proc import run_cli_in_process
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import CLI, DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
@@ -82,8 +84,8 @@ async def test_mcp_search_right_after_notes_changed(tmp_path: Path) -> None:
 
 
 def _cli_search(query: str, ws: Path, env: dict[str, str]) -> dict[str, Any]:
-    done = subprocess.run([*CLI, "search", query, "--workspace", str(ws), "--json"], env=env,
-                          capture_output=True, timeout=DEADLINE_S, check=True)
+    done = run_cli_in_process(["search", query, "--workspace", str(ws), "--json"], env)  # the daemon is real
+    assert done.returncode == 0, done.stderr
     doc: dict[str, Any] = json.loads(done.stdout)
     return doc
 

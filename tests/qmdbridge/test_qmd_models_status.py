@@ -11,22 +11,20 @@ them that qmd never answered. Now both name it, with what to do.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli_in_process
+
 pytestmark = pytest.mark.qmd
 
 
 def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    exe = shutil.which("qmdbridge")
-    argv = [exe, *args] if exe else [
-        sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    """``qmdbridge <args>`` run in this process (qmd is a real child of it)."""
+    return run_cli_in_process(args, env)
 
 
 @pytest.mark.parametrize("mode", ["query", "vsearch"])

@@ -1,6 +1,6 @@
 """``status`` and ``doctor`` of an agent whose qmd ``searchMode`` needs GGUF models that are not
-on disk and cannot be downloaded (the model host unreachable), with the real qmd 2.8.3 and a real
-``qmdbridge`` process.
+on disk and cannot be downloaded (the model host unreachable), with the real qmd 2.8.3 (the
+``qmdbridge`` command run in this process).
 
 Every ``query`` or ``vsearch`` search then falls back to the builtin engine at once with that
 reason. ``status`` said ``qmd: healthy``, ``Problems: none`` and ``doctor`` passed (their test

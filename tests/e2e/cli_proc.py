@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -31,11 +32,14 @@ def run_cli(args: list[str], env: dict[str, str], stdin: bytes | None = None) ->
 @contextlib.contextmanager
 def _process_state(env: Mapping[str, str], cwd: Path | None) -> Iterator[None]:
     """``os.environ`` replaced by ``env`` and the working folder by ``cwd`` (when given) for the
-    block, as a child process would have them; both put back afterwards."""
+    block, as a child process would have them, and the standard library's cached temporary
+    folder forgotten (a child picks it from its ``TMPDIR``); all put back afterwards."""
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
+    saved_tempdir = tempfile.tempdir
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None
     try:
         if cwd is not None:
             os.chdir(cwd)
@@ -44,6 +48,7 @@ def _process_state(env: Mapping[str, str], cwd: Path | None) -> Iterator[None]:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+        tempfile.tempdir = saved_tempdir
 
 
 def run_cli_in_process(args: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None,

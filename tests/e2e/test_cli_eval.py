@@ -1,16 +1,16 @@
-"""``qmdbridge eval`` as a real process on the made-up LoCoMo conversation and query set
+"""``qmdbridge eval`` (run in this process) on the made-up LoCoMo conversation and query set
 (``tests/qmdbridge/eval_synthetic.py``): parsed JSON with every key, the text report, exit codes,
 and nothing left in the temporary folder or the state dir."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.qmdbridge.eval_synthetic import LOCOMO_CATEGORIES, LOCOMO_R, write_locomo, write_query_workspace
 
 METRIC_KEYS = {"questions", "evidence", "hits", "recallAt1", "recallAt3", "recallAt5", "recallAt10",
@@ -34,8 +34,8 @@ def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    """``qmdbridge <args>`` run in this process."""
+    return run_cli_in_process(args, env)
 
 
 def test_help_names_both_forms_and_exit_codes(env: dict[str, str]) -> None:

@@ -1,4 +1,4 @@
-"""``qmdbridge eval --backend qmd`` as a real process with the real qmd (``.tools/bin/qmd``) on the
+"""``qmdbridge eval --backend qmd`` (run in this process) with the real qmd (``.tools/bin/qmd``) on the
 made-up LoCoMo conversation and query set (``tests/qmdbridge/eval_synthetic.py``), each with one
 more question whose words are not all in one note, so qmd's ``search`` (an AND of every word)
 finds it only through the bridge's relaxed pass (``qmdbridge/qmd/lexical.py``).
@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.qmdbridge.eval_synthetic import locomo_sample, write_query_workspace
 
 pytestmark = pytest.mark.qmd
@@ -78,8 +78,8 @@ def env(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-c", "import sys; from qmdbridge.cli.main import main; sys.exit(main())", *args]
-    return subprocess.run(argv, env=env, capture_output=True, timeout=120)
+    """``qmdbridge <args>`` run in this process."""
+    return run_cli_in_process(args, env)
 
 
 def write_locomo_qmd(folder: Path) -> Path:

@@ -1,5 +1,6 @@
-"""``qmdbridge models pull|list`` and a first search that downloads its model, as real processes
-against a stand-in hub on 127.0.0.1 (``HF_ENDPOINT``) serving the real GGUF test model."""
+"""``qmdbridge models pull|list`` and a first search that downloads its model (the command run
+in this process; as another user, a real process) against a stand-in hub on 127.0.0.1
+(``HF_ENDPOINT``) serving the real GGUF test model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from fallback.embeddings.model_fetch import DEFAULT_MODEL
 from tests.conftest import TEST_MODEL_NAME, find_test_model
+from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.hub_server import HubFile, serve_hub
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +48,9 @@ def _argv(args: list[str]) -> list[str]:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_argv(args), env=env, capture_output=True, timeout=180, text=True)
+    """``qmdbridge <args>`` run in this process, its output decoded."""
+    p = run_cli_in_process(args, env)
+    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode(), p.stderr.decode())
 
 
 def test_pull_then_list(tmp_path: Path, env: dict[str, str], model_data: bytes) -> None:

@@ -121,6 +121,21 @@ def pytest_configure(config: pytest.Config) -> None:
     _track_stores()
 
 
+# What makes a test slow by itself: the real qmd (a Bun process per call) or the GGUF model.
+SLOW_FIXTURES = frozenset({"qmd_bin", "local_model_path"})
+SLOW_MARKERS = frozenset({"qmd", "local_model"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` every test that drives the real qmd or loads the GGUF model (by fixture or
+    marker), besides those marked ``slow`` by hand (real processes, benchmarks): ``-m "not slow"``
+    leaves them out of a quick run; the default run keeps them all."""
+    for item in items:
+        if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or any(m.name in SLOW_MARKERS for m in item.iter_markers())):
+            item.add_marker(pytest.mark.slow)
+
+
 def _threads_left(before: set[threading.Thread]) -> list[threading.Thread]:
     deadline = time.monotonic() + LEAK_GRACE_S
     left = [t for t in threading.enumerate() if t not in before and t.is_alive()]

@@ -13,6 +13,8 @@ import pytest
 
 from tests.qmdbridge.eval_synthetic import LOCOMO_R, write_locomo
 
+pytestmark = pytest.mark.slow  # runs the LoCoMo benchmark script as a process
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench_locomo.py"
 QMD = REPO / ".tools" / "bin" / "qmd"

@@ -82,6 +82,7 @@ def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Pa
     assert "one that starts with '-' goes after '--'" in " ".join(helped.split())
 
 
+@pytest.mark.slow
 def test_python_dash_m_qmdbridge_is_the_command(ws: Path, env: dict[str, str]) -> None:
     def module(*args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run([sys.executable, "-m", "qmdbridge", *args], env=env, capture_output=True,
@@ -216,6 +217,7 @@ def test_an_extra_path_whose_pattern_admits_nothing_is_a_problem(ws: Path, env: 
         ("memory paths", problem["message"], problem["hint"])], failed
 
 
+@pytest.mark.slow
 def test_serve_answers_json_lines_and_stops_on_sigterm(ws: Path, env: dict[str, str]) -> None:
     exe = shutil.which("qmdbridge")
     assert exe
@@ -254,6 +256,7 @@ def _qmd_config(tmp_path: Path) -> Path:
     return cfg
 
 
+@pytest.mark.slow
 def test_qmd_operator_commands_and_warmup_under_ci(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
     cfg = _qmd_config(tmp_path)
     cols = run(["qmd", "collections", "--workspace", str(ws), "--config", str(cfg), "--json"], env)
@@ -292,6 +295,7 @@ def test_usage_errors_honour_json_and_huge_numbers_are_refused(ws: Path, env: di
     assert orjson.loads(missing_ws.stdout)["error"].startswith("workspace does not exist: ")
 
 
+@pytest.mark.slow
 def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
     lines = [b'{"id": 8, "tool": "memory_get", "params": {"path": "MEMORY.md", "from": 100000000000000000000000}}',
              b'{"id": 9, "tool": "memory_search", "params": null}',
@@ -317,6 +321,7 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
                                     "error": "maxResults must be an integer, not '5'"}
 
 
+@pytest.mark.slow
 def test_qmd_embed_fails_fast_offline_and_under_ci(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
     cfg = _qmd_config(tmp_path)
     offline = run(["qmd", "embed", "--workspace", str(ws), "--config", str(cfg), "--json"],
@@ -329,6 +334,7 @@ def test_qmd_embed_fails_fast_offline_and_under_ci(tmp_path: Path, ws: Path, env
     assert ci.returncode == 1 and b"refuses model operations while the CI environment" in ci.stderr
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_qmd_call_reaps_the_children(tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
     import time
 

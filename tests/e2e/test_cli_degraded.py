@@ -113,6 +113,7 @@ def test_rate_limited_provider_index_writes_keywords_and_search_fails_fast(
             "memory search unavailable: openai-compatible: ") + "; results come from keyword search only"]
 
 
+@pytest.mark.slow
 def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
                                                       env: dict[str, str]) -> None:
     with serve(_silent, max_requests=1000) as srv:
@@ -245,6 +246,7 @@ def test_without_sync_on_search_a_store_of_another_workspace_is_reindexed_before
     assert search(ws) == (mine[0], [])  # onSearch off: this workspace's index is not synced again
 
 
+@pytest.mark.slow
 def test_a_read_only_store_of_another_workspace_answers_nothing_and_says_why(
         ws: Path, env: dict[str, str], tmp_path: Path) -> None:
     other = _other_workspace(tmp_path)
@@ -300,6 +302,7 @@ def _warnings_after_a_new_note(run_ro: Callable[[list[str]], subprocess.Complete
     return list(doc["warnings"])
 
 
+@pytest.mark.slow
 def test_read_only_state_dir_searches_answer_from_the_index_and_say_it_is_not_updated(
         ws: Path, env: dict[str, str]) -> None:
     state = Path(env["OPENCLAW_STATE_DIR"])
@@ -364,6 +367,7 @@ def test_a_store_on_a_read_only_mount_answers_from_the_index_and_says_it_is_not_
         subprocess.run(["umount", str(state)], check=True)
 
 
+@pytest.mark.slow
 def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
         ws: Path, env: dict[str, str]) -> None:
     """A writer killed (or still running elsewhere) leaves ``-wal`` and ``-shm`` next to the
@@ -394,6 +398,7 @@ def test_read_only_state_dir_with_wal_files_left_behind_is_read_only_too(
         assert index.returncode == 1 and index.stderr.startswith(b"qmdbridge: index store is read-only")
 
 
+@pytest.mark.slow
 def test_a_writer_lock_file_that_cannot_be_written_is_named_with_its_cause(
         ws: Path, env: dict[str, str]) -> None:
     """The store's writer lock file (``main.sqlite.lock``, which records the writer's pid) left
@@ -448,6 +453,7 @@ def _put_vector(conn: sqlite3.Connection, chunk_id: str, vec: list[float]) -> No
         (chunk_id, f"memory/{chunk_id}.md", struct.pack(f"<{len(vec)}f", *vec), len(vec)))
 
 
+@pytest.mark.slow
 def test_vector_search_over_a_read_only_folder_sees_commits_once_it_is_writable(
         tmp_path: Path) -> None:
     """A long-lived reader that opened the store as an immutable file (its folder could not be

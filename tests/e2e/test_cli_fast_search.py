@@ -112,6 +112,7 @@ def fenv(env: dict[str, str]) -> dict[str, str]:
     return {**env, "QMDBRIDGE_DAEMON": "off"}
 
 
+@pytest.mark.slow
 def test_a_search_that_changes_nothing_loads_none_of_the_heavy_modules(ws: Path, fenv: dict[str, str]) -> None:
     argv = ["search", "router dropped the WAN link", "--workspace", str(ws), "--json"]
     first = probe_process(argv, fenv)  # indexes the workspace, records the settings

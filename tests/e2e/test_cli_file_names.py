@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.e2e.cli_proc import run_cli
 from tests.e2e.cli_proc import run_cli_in_process as run
@@ -61,6 +62,7 @@ def test_a_latin1_name_that_appears_after_a_good_index(ws: Path, env: dict[str, 
     assert orjson.loads(status.stdout)["files"] == 16
 
 
+@pytest.mark.slow
 def test_serve_answers_with_a_latin1_file_name(ws: Path, env: dict[str, str]) -> None:
     _write_latin1_note(ws)
     get = orjson.dumps({"id": 2, "tool": "memory_get", "params": {"path": SHOWN}})

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.e2e.cli_proc import run_cli_in_process
 
@@ -167,6 +168,7 @@ def test_status_says_a_rebuild_is_pending_and_when_the_provider_cannot_work(ws: 
     assert doc["problems"][-1]["message"] == reason
 
 
+@pytest.mark.slow
 def test_a_running_daemon_answers_with_the_same_problems_paths_and_continuation(ws: Path, env: dict[str, str]) -> None:
     import signal
 

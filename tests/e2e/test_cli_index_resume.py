@@ -15,8 +15,11 @@ import threading
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
+
+pytestmark = pytest.mark.slow  # stops a real qmdbridge index process with SIGINT
 
 FILES = 12
 HOLD_AT = 5  # the 5th embedding request is held until the test has interrupted the index

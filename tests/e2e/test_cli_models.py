@@ -101,6 +101,7 @@ def test_pull_progress_plain_lines_and_errors(tmp_path: Path, env: dict[str, str
     assert unknown.returncode == 2 and unknown.stderr.startswith("qmdbridge: unknown model 'minilm' (known: ")
 
 
+@pytest.mark.slow
 @pytest.mark.local_model
 def test_first_search_with_provider_local_downloads_and_answers_hybrid(tmp_path: Path, env: dict[str, str],
                                                                       local_model_path: Path) -> None:
@@ -136,6 +137,7 @@ def test_doctor_says_the_default_model_is_not_downloaded_yet(tmp_path: Path, env
     assert not (tmp_path / "state" / "models").exists()  # the doctor downloaded nothing
 
 
+@pytest.mark.slow
 def test_a_model_cache_this_user_cannot_write_is_named_with_its_cause(tmp_path: Path,
                                                                       env: dict[str, str]) -> None:
     """The download lock (``<file>.lock``) and the file go into the model cache: a cache folder

@@ -20,6 +20,8 @@ import orjson
 import psutil
 import pytest
 
+pytestmark = pytest.mark.slow  # the subject is a fresh process: what it loads, its signals and children
+
 STANDINS = Path(__file__).resolve().parents[1] / "qmdbridge" / "standins"
 QUESTION = "When did the router drop the WAN?"
 # The question's qmd searches: one call per collection, the content words ANDed and each word

@@ -17,6 +17,8 @@ from tests.e2e.cli_proc import cli_argv, run_cli
 from tests.e2e.cli_proc import run_cli_in_process as run
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
+pytestmark = pytest.mark.slow  # each test starts qmdbridge serve (and mcp)
+
 
 def _vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()

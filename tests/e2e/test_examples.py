@@ -13,6 +13,8 @@ import pytest
 
 from qmdbridge.config import load_config, resolve_agent
 
+pytestmark = pytest.mark.slow  # runs the examples' clients, each starting qmdbridge serve
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 EXPECTED = ("1.000 memory/2026-11-05.md#L1-L5\n# 2026-11-05\n\n- 1:1 with Dana. She wants a written rollout "

@@ -12,6 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+pytestmark = pytest.mark.slow  # a real process's deadlines against the real qmd
+
 REPO = Path(__file__).resolve().parents[2]
 # Enough notes that registering the collections and the boot update take longer than the
 # search deadline below (about 2 s on an idle two-core machine; the old behaviour timed out).

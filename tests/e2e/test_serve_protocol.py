@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts qmdbridge serve
+
 jsonschema = pytest.importorskip("jsonschema")
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,6 +22,8 @@ from fallback.store.db import Store
 from fallback.store.lock import StoreWriteLock, lock_path_for
 from tests.fallback.child_procs import DEADLINE_S, finish
 
+pytestmark = pytest.mark.slow  # several processes share one store
+
 CHILD = Path(__file__).with_name("store_child.py")
 # Deadline for any child process or wait in this module, in seconds.
 # Planted token -> the file that holds it (never edited during a run).

@@ -28,6 +28,8 @@ from fallback.store.files import recover_db_files, swap_db_files
 from fallback.store.lock import StoreWriteLock
 from tests.fallback.child_procs import DEADLINE_S, finish
 
+pytestmark = pytest.mark.slow  # kills writer processes mid-sync
+
 CHILD = Path(__file__).with_name("store_child.py")
 _spec = importlib.util.spec_from_file_location("crash_store_child", CHILD)
 assert _spec is not None and _spec.loader is not None

@@ -25,6 +25,8 @@ from tests.e2e.cli_proc import run_cli_in_process
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test starts a qmdbridge serve daemon
+
 
 def cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     """``qmdbridge <args>`` as a client, run in this process (the daemon is a real ``serve``)."""

@@ -24,7 +24,7 @@ from tests.e2e.cli_proc import run_cli_in_process
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import CLI, DEADLINE_S, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test starts qmdbridge mcp or serve
 # The watcher's own debounce would hand the changes over only after ten minutes: whatever a
 # search finds of them, it found because the search itself looked.
 SLOW_DEBOUNCE = {"agents": {"defaults": {"memorySearch": {"sync": {"watchDebounceMs": 600_000}}}}}

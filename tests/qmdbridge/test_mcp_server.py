@@ -25,7 +25,7 @@ from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_procs import CLI, cli_env, live_children, make_workspace, start, stop  # noqa: E402
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # each test starts qmdbridge mcp
 TOKEN = "test-token-0123456789abcdef"
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},

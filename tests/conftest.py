@@ -83,12 +83,13 @@ LEAK_GRACE_S = 5.0
 
 
 def _open_stores() -> list[object]:
-    """The index stores (``Store``, ``ReadOnlyStore``) still open, of those created so far."""
+    """The index stores (``Store``, ``ReadOnlyStore``, a vector index's read-only connection)
+    still open, of those created so far."""
     return [s for s in list(_STORES) if _is_open(s)]
 
 
 def _is_open(store: object) -> bool:
-    conn = getattr(store, "_conn", None)
+    conn = store if isinstance(store, sqlite3.Connection) else getattr(store, "_conn", None)
     if conn is None:
         return False
     try:
@@ -105,7 +106,7 @@ def _track_stores() -> None:
     """Test-only hook: register every store the product opens in :data:`_STORES` (weakly, so a
     store nothing refers to any more is dropped, and closed by SQLite on deallocation)."""
     from fallback.store.db import Store
-    from fallback.store.readonly import ReadOnlyStore
+    from fallback.store.readonly import ReadOnlyStore, _Connection
 
     def tracking(init: Any) -> Any:
         def tracked(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -113,7 +114,7 @@ def _track_stores() -> None:
             init(self, *args, **kwargs)
         return tracked
 
-    for cls in (Store, ReadOnlyStore):
+    for cls in (Store, ReadOnlyStore, _Connection):  # _Connection: every read-only connection
         cls.__init__ = tracking(cls.__init__)  # type: ignore[method-assign]
 
 
@@ -183,7 +184,7 @@ def leak_guard() -> Iterator[None]:
     if stores:
         gc.collect()  # a cycle that holds a store no one can reach is closed when collected
         stores = [s for s in _open_stores() if id(s) not in stores_before]
-    problems += [f"store left open: {type(s).__name__} {getattr(s, 'path', '?')}" for s in stores]
+    problems += [f"store left open: {type(s).__name__} {getattr(s, 'path', '')}" for s in stores]
     problems += [f"thread left running: {t.name} ({t.__class__.__module__}.{t.__class__.__qualname__})"
                  for t in _threads_left(threads_before)]
     procs = _children_left(children_before)

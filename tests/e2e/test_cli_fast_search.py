@@ -372,6 +372,7 @@ def test_a_note_rewritten_with_its_size_and_mtime_put_back_is_answered_from_the_
     assert [p for p, _ in search("Quokk")["snippets"]] == ["memory/2026-11-28.md"]
 
 
+@pytest.mark.slow  # runs as another user: a real process
 def test_a_store_this_process_cannot_write_gets_the_in_process_warning(ws: Path, fenv: dict[str, str]) -> None:
     from tests.fallback.child_procs import unprivileged_prefix
 

@@ -10,7 +10,7 @@ answered by the command as a user runs it (daemon off, recorded settings on: the
 route whenever it may answer) and by the in-process engine (``QMDBRIDGE_CLI_CACHE=off``); stdout,
 stderr and the exit code must be the same, warnings included. The CLI runs in this process
 (``qmdbridge.cli.main.main``): process start-up is not the subject here (``test_cli_fast_search.py``
-runs it as real processes, a store this process cannot write included).
+runs what a fresh process loads, and a store another user cannot write, as real processes).
 """
 
 from __future__ import annotations

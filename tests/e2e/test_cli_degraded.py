@@ -19,7 +19,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.e2e.cli_proc import run_cli_in_process
+from tests.e2e.cli_proc import run_cli, run_cli_in_process
 from tests.fallback.child_procs import unprivileged_prefix
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
@@ -148,6 +148,9 @@ def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
 
 def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
         ws: Path, env: dict[str, str]) -> None:
+    """Real processes: the copies are named by the second they were moved aside in, and runs in
+    this process follow each other within one."""
+    run = run_cli  # this test only: the in-process runner is shadowed
     import re
 
     from fallback.store.files import CORRUPT_BACKUPS_KEPT

@@ -107,9 +107,12 @@ def summarize(argv: Sequence[str]) -> str:
     """The command summary used in every message: ``qmd`` + the arguments after argv[0].
 
     ``summarize(["/x/bin/qmd", "search", "--json", "--", "foo"])`` -> ``"qmd search --json -- foo"``.
-    The query text is part of it, so it is for messages only, never for classification.
+    The query text is part of it, so it is for messages only, never for classification. An
+    argument of several lines (the ``lex:`` lines of a question's ``qmd query``) is shown on one
+    line, its lines joined by `` | ``, so every message that starts with the summary stays one
+    line and keeps what follows it (``failed (code 3)``, the error).
     """
-    return " ".join(["qmd", *argv[1:]])
+    return " ".join(["qmd", *(" | ".join(a.splitlines()) if "\n" in a else a for a in argv[1:])])
 
 
 @dataclass(frozen=True)

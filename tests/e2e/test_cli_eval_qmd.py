@@ -101,11 +101,12 @@ def write_queries_qmd(root: Path) -> tuple[Path, Path]:
 
 
 def wrapper(tmp_path: Path, launcher: Path, *, fail_when: str) -> Path:
-    """A qmd command that runs the real qmd, except that ``qmd search`` fails (exit 3, an
-    ``error:`` line on stderr) when the shell test ``fail_when`` holds."""
+    """A qmd command that runs the real qmd, except that a search call (``qmd search``, or the
+    ``qmd query`` of a question's lex lines) fails (exit 3, an ``error:`` line on stderr) when
+    the shell test ``fail_when`` holds."""
     script = tmp_path / "qmd-wrapper"
     script.write_text("#!/bin/sh\n"
-                      f'if [ "$1" = search ] && {fail_when}; then echo "error: search broken for the test" >&2; '
+                      f'if {{ [ "$1" = search ] || [ "$1" = query ]; }} && {fail_when}; then echo "error: search broken for the test" >&2; '
                       "exit 3; fi\n"
                       f'exec {launcher} "$@"\n', encoding="utf-8")
     script.chmod(0o755)
@@ -200,8 +201,10 @@ def test_every_search_fell_back_is_reported_and_exits_1(tmp_path: Path, env: dic
     assert p.returncode == 1, p.stderr
     doc = orjson.loads(p.stdout)  # the report all the same, with every key
     reason = doc["firstFallbackReason"]
-    assert reason.startswith("qmd search --json -n 6 -c memory-dir-main --index index -- Quillon beagle "
-                             "harbour shelter failed (code 3)")  # the content words, as written
+    # one lex call per collection: the content words ANDed, then each word alone
+    assert reason.startswith("qmd query --json -n 24 --no-rerank -c memory-dir-main --index index -- "
+                             "lex: Quillon beagle harbour shelter | lex: Quillon | lex: beagle | lex: harbour | lex: shelter "
+                             "failed (code 3)")
     assert reason.endswith("error: search broken for the test")
     assert (doc["answeredBy"], doc["fallbacks"], doc["allFellBack"]) == ({"qmd": 0, "builtin": 6}, 6, True)
     # what was measured is the keyword-only builtin engine: its provider and mode are named
@@ -227,7 +230,7 @@ def test_some_searches_fell_back(tmp_path: Path, env: dict[str, str], launcher: 
     assert p.returncode == 0, p.stderr
     doc = orjson.loads(p.stdout)
     assert (doc["answeredBy"], doc["fallbacks"], doc["allFellBack"]) == ({"qmd": 3, "builtin": 3}, 3, False)
-    assert "-- saxophone lessons failed (code 3)" in doc["firstFallbackReason"]
+    assert "-- lex: saxophone lessons | lex: saxophone | lex: lessons failed (code 3)" in doc["firstFallbackReason"]
     assert (doc["provider"], doc["mode"]) == ("qmd", "search")  # the first answer qmd gave
     m = doc["metrics"]
     # the builtin engine answered "Marisol cousin" and "Which orchard picnic?" (its keyword

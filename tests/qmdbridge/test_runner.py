@@ -267,6 +267,11 @@ def test_crash_after_output_rules() -> None:
     assert is_crash_after_output(_result(returncode=1, stdout="[]", stderr=panic)) is False
 
 
+def test_summarize_shows_a_multi_line_argument_on_one_line() -> None:
+    argv = ["/x/bin/qmd", "query", "--json", "--", "lex: a b\nlex: a\nlex: b"]
+    assert summarize(argv) == "qmd query --json -- lex: a b | lex: a | lex: b"
+
+
 def test_summarize_and_result_properties() -> None:
     assert summarize(["/x/.tools/bin/qmd", "search", "--json", "--", "-leading q"]) == \
         "qmd search --json -- -leading q"

@@ -5,7 +5,7 @@ no swapped callbacks. All methods are async (anyio); blocking work (SQLite, file
 ``anyio.to_thread.run_sync``.
 
 Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``, ``search``,
-``read_file``, ``status``, ``sync``, ``search_info`` -> ``close()``. A backend never creates its
+``read_file``, ``status``, ``sync`` -> ``close()``. A backend never creates its
 own asyncio tasks: everything that outlives a call runs in the manager's task group through
 the :class:`~fallback.background.BackgroundTasks` given to ``start``.
 """
@@ -13,15 +13,16 @@ the :class:`~fallback.background.BackgroundTasks` given to ``start``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
+from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus
 
 if TYPE_CHECKING:
     from fallback.background import BackgroundTasks
+    from fallback.request import SearchRequest
 
-__all__ = ["MemoryBackend", "ProgressCallback", "SearchInfo"]
+__all__ = ["MemoryBackend", "ProgressCallback", "SearchOutcome"]
 
 # Sync progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``, called
 # after each file and each committed embedding batch.
@@ -29,22 +30,28 @@ ProgressCallback = Callable[[int, int, int, int], None]
 
 
 @dataclass(frozen=True)
-class SearchInfo:
-    """What a search response reports about the backend that answered.
+class SearchOutcome:
+    """One search's answer, as a backend returns it.
 
     Attributes:
-        provider: embedding provider id (``none`` keyword-only; ``qmd`` for the sidecar).
+        results: the hits, best first, cut to ``max_results`` and filtered by ``min_score``
+            (each with ``explain`` when asked and the backend has a trace).
+        warnings: this search's non-fatal notes (a failed rerank, hits dropped as ambiguous,
+            one-off events no answer told yet), then the backend's last non-fatal problem
+            (failed sync, failed query embedding) when no note says it already.
+        mode: the ranking that ran: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin) or
+            ``search`` | ``vsearch`` | ``query`` (qmd); ``None`` only inside the ranking code
+            when nothing was ranked.
+        provider: embedding provider id (``none`` keyword-only; ``qmd`` for the sidecar);
+            ``None`` only inside the ranking code.
         model: embedding model, or ``None``.
-        mode: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin: what the last search ran)
-            or ``search`` | ``vsearch`` | ``query`` (qmd).
-        warnings: the notes of the search this backend answered last (a failed rerank), then
-            its last non-fatal problem (failed sync, failed query embedding); empty when none.
     """
 
-    provider: str
-    model: str | None
-    mode: str
-    warnings: tuple[str, ...] = ()
+    results: list[MemorySearchResult]
+    warnings: list[str] = field(default_factory=list)
+    mode: str | None = None
+    provider: str | None = None
+    model: str | None = None
 
 
 @runtime_checkable
@@ -81,27 +88,26 @@ class MemoryBackend(Protocol):
         """
         ...
 
-    async def search(self, query: str, *, max_results: int | None = None,
-                     min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
-                     explain: bool = False) -> list[MemorySearchResult]:
-        """Search; hits best first.
+    async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
+                     progress: ProgressCallback | None = None) -> SearchOutcome:
+        """Search; hits best first with the notes, mode and provider the answer reports.
 
         Args:
-            query: the user's text.
-            max_results / min_score: cap and score floor (backend defaults when ``None``).
-            session_key: the caller's session key (scope rules are the manager's).
-            sources: restrict to ``memory`` and/or ``sessions``.
+            request: the checked request (:class:`~fallback.request.SearchRequest`: stripped
+                query, limits in range); ``max_results`` / ``min_score`` ``None`` take the
+                backend's defaults, ``session_key``'s scope rules are the manager's,
+                ``sources`` restricts to ``memory`` and/or ``sessions``, ``explain`` attaches
+                the ranking trace to every hit where the backend has one.
             sync_budget_ms: longest wait in ms for a pre-search index refresh (``None``: the
                 backend's default).
-            explain: attach the ranking trace to every hit where the backend has one.
+            progress: sync progress for a pre-search sync this search runs (the builtin
+                engine; qmd ignores it).
 
         Returns:
-            ``MemorySearchResult`` list, best first; this search's non-fatal notes are in
-            :meth:`search_info` until the next search (read it before awaiting anything).
+            :class:`SearchOutcome` (results, warnings, mode, provider, model all set).
 
         Raises:
-            UsageError: blank query. BackendUnavailableError: the backend cannot answer.
+            BackendUnavailableError: the backend cannot answer.
         """
         ...
 
@@ -138,12 +144,6 @@ class MemoryBackend(Protocol):
         Raises:
             IndexStoreError / BackendUnavailableError: the sync failed.
         """
-        ...
-
-    def search_info(self) -> SearchInfo:
-        """Provider, model and mode a search response reports, plus the notes of the last
-        search and the last non-fatal problem (:class:`SearchInfo`); reads no store and spawns
-        nothing."""
         ...
 
     async def close(self) -> None:

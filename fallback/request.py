@@ -1,10 +1,22 @@
-"""Checks of a search request's arguments that every edge and backend share (standard library only)."""
+"""A search or read request's arguments, checked once where a request comes in (standard
+library only).
+
+Every edge (the tools, the CLI, ``serve`` and MCP through the manager, the one-shot fast route)
+builds a :class:`SearchRequest` with :meth:`SearchRequest.of` (a :class:`ReadRequest` with
+:meth:`ReadRequest.of`); the manager and the backends take it as checked and check nothing again.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from fallback.errors import UsageError
 
-__all__ = ["require_query"]
+__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest", "check_search_limits", "require_query"]
+
+# Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
+MAX_LIMIT = 2**31 - 1
 
 
 def require_query(query: object) -> str:
@@ -25,3 +37,101 @@ def require_query(query: object) -> str:
     if not text:
         raise UsageError("query must not be empty")
     return text
+
+
+def check_search_limits(max_results: int | None, min_score: float | None) -> None:
+    """Check ``memory_search``'s optional limits.
+
+    Args:
+        max_results: hits wanted, ``1..MAX_LIMIT``, or ``None`` (the configured default).
+        min_score: score floor in ``[0, 1]``, or ``None`` (the configured default).
+
+    Raises:
+        UsageError: ``max results must be between 1 and 2147483647`` or ``min score must be
+            between 0 and 1``.
+    """
+    if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
+        raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
+    if min_score is not None and not 0.0 <= min_score <= 1.0:
+        raise UsageError("min score must be between 0 and 1")
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One ``memory_search`` request, as checked by :meth:`of`.
+
+    Attributes:
+        query: the query, stripped, never empty.
+        max_results: hits wanted, ``1..MAX_LIMIT``, or ``None`` (the backend's default).
+        min_score: score floor in ``[0, 1]``, or ``None`` (the backend's default).
+        session_key: the caller's session key (``None``: owner call).
+        sources: the sources asked for (``memory``, ``sessions``), or ``None`` for all.
+        explain: attach the ranking trace to every hit where the backend has one.
+    """
+
+    query: str
+    max_results: int | None = None
+    min_score: float | None = None
+    session_key: str | None = None
+    sources: tuple[str, ...] | None = None
+    explain: bool = False
+
+    @classmethod
+    def of(cls, query: object, *, max_results: int | None = None, min_score: float | None = None,
+           session_key: object = None, sources: Sequence[str] | None = None,
+           explain: bool = False) -> SearchRequest:
+        """The request of a caller's arguments (the one check of them).
+
+        Args:
+            query: any value (a blank or non-string one is refused).
+            max_results / min_score: see :func:`check_search_limits`.
+            session_key: a string or ``None``.
+            sources: ``memory`` and/or ``sessions``, or ``None``.
+            explain: whether to attach the ranking trace.
+
+        Returns:
+            The :class:`SearchRequest`.
+
+        Raises:
+            UsageError: as :func:`require_query` and :func:`check_search_limits`, or
+                ``session key must be a string``.
+        """
+        text = require_query(query)
+        if session_key is not None and not isinstance(session_key, str):
+            raise UsageError("session key must be a string")
+        check_search_limits(max_results, min_score)
+        return cls(text, max_results, min_score, session_key,
+                   None if sources is None else tuple(sources), bool(explain))
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One ``memory_get`` request, as checked by :meth:`of` (whether the path is a memory file
+    is the memory-file rule's, ``fallback/sources/read_page.py``).
+
+    Attributes:
+        path: the path as the caller gave it.
+        from_line: first line, 1-based, ``1..MAX_LIMIT``, or ``None`` (line 1).
+        lines: lines wanted, ``1..MAX_LIMIT``, or ``None`` (the page default).
+    """
+
+    path: str
+    from_line: int | None = None
+    lines: int | None = None
+
+    @classmethod
+    def of(cls, path: object, *, from_line: int | None = None,
+           lines: int | None = None) -> ReadRequest:
+        """The request of a caller's arguments (the one check of them).
+
+        Raises:
+            UsageError: ``path must be a string, not <type>``, ``from must be between 1 and
+                2147483647`` or ``lines must be between 1 and 2147483647``.
+        """
+        if not isinstance(path, str):
+            raise UsageError(f"path must be a string, not {type(path).__name__}")
+        if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
+            raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
+        if lines is not None and not 1 <= lines <= MAX_LIMIT:
+            raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
+        return cls(path, from_line, lines)

@@ -33,13 +33,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 
 from fallback.background import BackgroundTasks
-from fallback.contract import MemoryBackend, ProgressCallback, SearchInfo
+from fallback.contract import MemoryBackend, ProgressCallback, SearchOutcome
 from fallback.errors import (
     BackendUnavailableError,
     ManagerClosedError,
@@ -55,13 +56,13 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
-from fallback.request import require_query
+from fallback.request import ReadRequest, SearchRequest
 from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import cite, format_citation
-from qmdbridge.policy.limits import MAX_LIMIT, check_search_limits
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
+from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation",
@@ -111,23 +112,14 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
             footer, spec 2.13); ``None`` = no budget.
 
     Returns:
-        New hits; the budget keeps whole snippets until one does not fit, cuts that one to the
-        remaining budget and stops.
+        New hits, cut to the budget by :func:`~qmdbridge.qmd.parse.clamp_injected`.
     """
     out: list[MemorySearchResult] = []
-    budget = max_injected_chars
     for r in results:
         citation, snippet = cite(r.path, r.snippet_start_line, r.snippet_end_line, r.snippet,
                                  include=include)
-        if budget is not None:
-            if budget <= 0:
-                break
-            if len(snippet) > budget:
-                out.append(r.model_copy(update={"citation": citation, "snippet": snippet[:budget]}))
-                break
-            budget -= len(snippet)
         out.append(r.model_copy(update={"citation": citation, "snippet": snippet}))
-    return out
+    return out if max_injected_chars is None else clamp_injected(out, max_chars=max_injected_chars)
 
 
 class MemoryManager:
@@ -240,7 +232,8 @@ class MemoryManager:
                      min_score: float | None = None, session_key: str | None = None,
                      sources: list[Source] | None = None, explain: bool = False,
                      inherited_session_keys: Sequence[str] = (),
-                     corpus: str | None = None) -> SearchResponse:
+                     corpus: str | None = None,
+                     progress: ProgressCallback | None = None) -> SearchResponse:
         """Run ``memory_search``.
 
         Args:
@@ -256,6 +249,9 @@ class MemoryManager:
                 (``qmdbridge.policy.scope.evaluate_scope``).
             corpus: ``memory`` | ``sessions`` | ``all`` (``None``: ``all``) | ``wiki``
                 (``qmdbridge.policy.corpus.search_corpus``); narrows ``sources``.
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
+                for a sync the builtin engine runs before answering (the first search of a
+                workspace indexes it).
 
         Returns:
             ``SearchResponse`` naming the backend that answered and, when it fell back, why,
@@ -267,11 +263,9 @@ class MemoryManager:
             BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
         """
         self._check_open()
-        require_query(query)
-        if session_key is not None and not isinstance(session_key, str):
-            raise UsageError("session key must be a string")
+        request = SearchRequest.of(query, max_results=max_results, min_score=min_score,
+                                   session_key=session_key, sources=sources, explain=explain)
         self._check_workspace()
-        check_search_limits(max_results, min_score)
         from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
@@ -293,8 +287,9 @@ class MemoryManager:
         if chosen.sources == ():
             return SearchResponse(backend=self.backend_name, citations=cfg.citations, results=[],
                                   corpus=chosen.corpus, warnings=[chosen.note] if chosen.note else [])
-        if chosen.sources is not None:
-            sources = [s for s in chosen.sources if sources is None or s in sources]
+        if chosen.sources is not None:  # the corpus narrows the sources asked for
+            request = replace(request, sources=tuple(
+                s for s in chosen.sources if sources is None or s in sources))
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
@@ -303,40 +298,37 @@ class MemoryManager:
                 # that ends before BUILTIN_PREPARE_LEAD_MS ahead of it (a fallback opens it).
                 qmd_done = anyio.Event()
                 tg.start_soon(self._prepare_builtin, qmd_done)
-                answered, fallback = await self._search_qmd(
-                    query, max_results=max_results, min_score=min_score, session_key=session_key,
-                    sources=sources)
+                answered, fallback = await self._search_qmd(request)
                 qmd_done.set()
             if answered is not None:
-                qmd_results, info = answered
-                results = decorate_citations(qmd_results, include=include,
+                results = decorate_citations(answered.results, include=include,
                                              max_injected_chars=cfg.qmd.limits.max_injected_chars)
-                warnings = [*info.warnings, *([NO_QMD_EXPLAIN] if explain else [])]
-                return SearchResponse(backend="qmd", provider=info.provider, model=info.model,
-                                      mode=info.mode, citations=cfg.citations, results=results,
-                                      warnings=warnings, corpus=chosen.corpus)
+                warnings = [*answered.warnings, *([NO_QMD_EXPLAIN] if explain else [])]
+                return SearchResponse(backend="qmd", provider=answered.provider,
+                                      model=answered.model, mode=answered.mode,
+                                      citations=cfg.citations, results=results, warnings=warnings,
+                                      corpus=chosen.corpus)
         engine = await self.builtin()
         try:
-            hits = await engine.search(
-                query, max_results=max_results, min_score=min_score, session_key=session_key,
-                sources=sources, sync_budget_ms=FALLBACK_SYNC_BUDGET_MS if fallback else None,
-                explain=explain)
+            outcome = await engine.search(
+                request, sync_budget_ms=FALLBACK_SYNC_BUDGET_MS if fallback else None,
+                progress=progress)
         except BackendUnavailableError as exc:
             if fallback is not None:
                 raise BackendUnavailableError(
                     "builtin", f"{fallback.reason}; builtin fallback unavailable: {exc.reason}") from exc
             raise
-        info = engine.search_info()  # right after the search: its notes are still current
+        hits = outcome.results
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]
         results = decorate_citations(hits, include=include)
-        return SearchResponse(backend="builtin", fallback=fallback, provider=info.provider,
-                              model=info.model, mode=info.mode, citations=cfg.citations,
-                              results=results, warnings=list(info.warnings), corpus=chosen.corpus)
+        return SearchResponse(backend="builtin", fallback=fallback, provider=outcome.provider,
+                              model=outcome.model, mode=outcome.mode, citations=cfg.citations,
+                              results=results, warnings=outcome.warnings, corpus=chosen.corpus)
 
-    async def _search_qmd(self, query: str, **kwargs: Any) -> tuple[
-            tuple[list[MemorySearchResult], SearchInfo] | None, FallbackInfo | None]:
+    async def _search_qmd(self, request: SearchRequest) -> tuple[
+            SearchOutcome | None, FallbackInfo | None]:
         """Try qmd under the search breaker and ``limits.timeoutMs``; ``(None, fallback)`` when
         it can't answer. Start-up happens before the deadline starts and never opens the
         search breaker."""
@@ -354,7 +346,7 @@ class MemoryManager:
         timeout_ms = self.agent.memory.qmd.limits.timeout_ms
         try:
             with anyio.fail_after(timeout_ms / 1000):
-                results = await backend.search(query, **kwargs)
+                outcome = await backend.search(request)
         except UsageError:
             raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
@@ -377,7 +369,7 @@ class MemoryManager:
             return None, self._search_failed(f"{type(exc).__name__}: {exc}")
         self.breaker.record_success(self._now_ms())
         self._last_fallback = None
-        return (results, backend.search_info()), None
+        return outcome, None
 
     def _search_failed(self, reason: str) -> FallbackInfo:
         self.breaker.record_failure(self._short(reason), self._now_ms())
@@ -425,16 +417,11 @@ class MemoryManager:
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
         """
         self._check_open()
-        if not isinstance(rel_path, str):
-            raise UsageError(f"path must be a string, not {type(rel_path).__name__}")
+        request = ReadRequest.of(rel_path, from_line=from_line, lines=lines)
         from qmdbridge.policy.corpus import get_corpus
 
         if (chosen := get_corpus(corpus)).note is not None:
             raise PathRefusedError(rel_path, chosen.note)
-        if from_line is not None and not 1 <= from_line <= MAX_LIMIT:
-            raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
-        if lines is not None and not 1 <= lines <= MAX_LIMIT:
-            raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
         self._check_workspace()
         qmd_path = rel_path.strip().startswith("qmd/")
         # a session hit of the builtin engine (sessions/<transcript>, a fallback answer) is
@@ -446,9 +433,11 @@ class MemoryManager:
             # long-lived manager's qmd is still starting
             backend, _ = await self._qmd_started(wait=qmd_path or self.mode == "cli")
             if backend is not None:
-                return await backend.read_file(rel_path, from_line=from_line, lines=lines)
+                return await backend.read_file(request.path, from_line=request.from_line,
+                                               lines=request.lines)
         engine = await self.builtin()
-        return await engine.read_file(rel_path, from_line=from_line, lines=lines)
+        return await engine.read_file(request.path, from_line=request.from_line,
+                                      lines=request.lines)
 
     async def status(self) -> MemoryStatus:
         """The status of the backend that would answer now, with both backends' health.

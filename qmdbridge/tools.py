@@ -96,7 +96,7 @@ def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
     """How ``params`` break a tool's parameter schema, as JSON Schema validation (the MCP
     SDK's) would refuse them, or ``None``: a parameter the schema does not name, or an optional
     one of the wrong type (a required one is the handler's own check). Ranges are the
-    manager's (``qmdbridge.policy.limits``), so both paths refuse the same values.
+    manager's (``fallback.request``), so both paths refuse the same values.
 
     Args:
         schema: ``MEMORY_SEARCH_SCHEMA``, ``MEMORY_GET_SCHEMA`` or ``SYNC_SCHEMA``.

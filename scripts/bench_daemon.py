@@ -315,6 +315,7 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
+    from fallback.request import SearchRequest
     from qmdbridge import MemoryManager
     from qmdbridge.config import parse_config, resolve_agent
     from qmdbridge.qmd.mcp_client import McpStdioClient
@@ -391,7 +392,7 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                     q = names[i % len(names)]
                     args = {"query": q, "limit": 6, "minScore": 0, "collections": ["memory-dir-main"],
                             "rerank": False}
-                    calls = {"backend": partial(backend.search, q), "manager": partial(manager.search, q),
+                    calls = {"backend": partial(backend.search, SearchRequest.of(q)), "manager": partial(manager.search, q),
                              "child": partial(child.call_tool, "query", args),
                              "http": partial(http.call_tool, "query", args),
                              "stdio": partial(stdio.call_tool, "query", args),

@@ -19,6 +19,8 @@ import anyio
 from benchlib import percentile
 from corpus import change_file, note_path, planted_token
 
+from fallback.request import SearchRequest
+
 __all__ = ["PreEmbeddedProvider", "SyntheticProvider", "TASKS", "agent_for"]
 
 
@@ -121,12 +123,12 @@ def _engine(spec: dict[str, Any], *, provider: Any = None) -> Any:
 
 async def _time_searches(engine: Any, queries: list[str], repeats: int) -> list[float]:
     for q in queries:  # warm-up: connection, statement cache, page cache
-        await engine.search(q)
+        await engine.search(SearchRequest.of(q))
     times = []
     for _ in range(repeats):
         for q in queries:
             start = time.perf_counter()
-            await engine.search(q)
+            await engine.search(SearchRequest.of(q))
             times.append(_ms(start))
     return times
 
@@ -150,7 +152,7 @@ async def task_index(spec: dict[str, Any]) -> dict[str, Any]:
             start = time.perf_counter()
             await engine.sync(reason="bench")
             changed.append(_ms(start))
-        found = await engine.search(planted_token(files // 2), max_results=1)
+        found = (await engine.search(SearchRequest.of(planted_token(files // 2), max_results=1))).results
         times = await _time_searches(engine, list(spec["queries"]), int(spec["repeats"]))
         cjk = await _time_searches(engine, list(spec["cjk_queries"]), int(spec["repeats"]))
         rare = await _time_searches(engine, [planted_token(i * 37 % files) for i in range(10)],
@@ -289,12 +291,12 @@ async def task_search_probe(spec: dict[str, Any]) -> dict[str, Any]:
     queries = list(spec["queries"])
     deadline = time.perf_counter() + float(spec["seconds"])
     try:
-        await engine.search(queries[0])
+        await engine.search(SearchRequest.of(queries[0]))
         i = 0
         while time.perf_counter() < deadline:
             start = time.perf_counter()
             try:
-                await engine.search(queries[i % len(queries)])
+                await engine.search(SearchRequest.of(queries[i % len(queries)]))
                 times.append(_ms(start))
             except MemorySearchError as exc:
                 errors.append(f"{type(exc).__name__}: {exc}")

@@ -12,7 +12,12 @@ times, per query, warm, in one process:
   (``rank_keyword_hits``, 40 candidates), and ``highlight()`` of the first 10 for their
   snippet windows;
 - **engine search**: ``BuiltinEngine.search`` end to end (thread hops, the store checks before a
-  search, snippets), ``maxResults`` 10.
+  search, snippets), ``maxResults`` 10;
+- **manager search**: ``BlockingMemoryManager.search`` (mode ``full``, the path ``serve`` and MCP
+  take: scope, the engine's freshness check, snippets, citations), ``maxResults`` 10.
+
+Each search row also gives its p50 as a multiple of the bare FTS5 query's p50 (floors: keyword
+search 1.2x, manager search 3x on a LoCoMo conversation).
 
 Workspaces: each LoCoMo conversation of ``--data`` converted as its README says (read from
 there, never copied; skipped when the folder is missing); all of them copied side by side
@@ -139,6 +144,7 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
     """Index ``ws`` and time the three searches of every query; ms lists and index seconds."""
     from fallback.embeddings import select_provider
     from fallback.engine.builtin import BuiltinEngine
+    from fallback.request import SearchRequest
     from fallback.search.keyword import highlight_hits, rank_keyword_hits, search_plan
     from fallback.settings import EngineSettings, MemorySearchSettings
 
@@ -169,7 +175,7 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
             best = float("inf")
             for _ in range(repeats):
                 t = time.perf_counter()
-                await engine.search(q, max_results=10)
+                await engine.search(SearchRequest.of(q, max_results=10))
                 best = min(best, (time.perf_counter() - t) * 1000)
             out["engine"].append(best)
     finally:
@@ -177,20 +183,42 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
     return out
 
 
+def measure_manager(ws: Path, state: Path, queries: list[str], repeats: int) -> list[float]:
+    """Best-of-``repeats`` ms of ``BlockingMemoryManager.search`` per query (keyword-only,
+    mode ``full``; one untimed search first indexes the workspace)."""
+    from qmdbridge.config import parse_config, resolve_agent
+    from qmdbridge.manager import BlockingMemoryManager
+
+    cfg = parse_config({"agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(state)})
+    out: list[float] = []
+    with BlockingMemoryManager(agent, backend="builtin", mode="full", env={}) as m:
+        m.search(queries[0], max_results=10)
+        for q in queries:
+            out.append(timed(lambda q=q: m.search(q, max_results=10), repeats))  # type: ignore[misc]
+    return out
+
+
 def rows_for(section: str, m: dict[str, Any], target_ms: float | None) -> list[Row]:
     """Table rows for one workspace's measurements."""
-    bare, kw, eng = m["bare"], m["keyword"], m["engine"]
+    bare, kw, eng, mgr = m["bare"], m["keyword"], m["engine"], m.get("manager", [])
     note = f"{m['chunks']} chunks, {len(kw)} queries"
-    ratio = median(kw) / median(bare) if bare and median(bare) > 0 else None
+
+    def ratio(ms: list[float]) -> str:
+        return f"x{median(ms) / median(bare):.1f} bare" if ms and bare and median(bare) > 0 else ""
+
     return [
         Row(section, "full index (keyword-only)", m["index_s"], "s", note=note),
         Row(section, "bare FTS5 query p50", median(bare) if bare else None, "ms"),
         Row(section, "keyword search p50", median(kw), "ms",
-            f"<= {target_ms:g}" if target_ms else "", check(median(kw), target_ms),
-            f"x{ratio:.1f} bare" if ratio else ""),
+            f"<= {target_ms:g}" if target_ms else "", check(median(kw), target_ms), ratio(kw)),
         Row(section, "keyword search p95", percentile(kw, 95), "ms"),
-        Row(section, "engine search p50 (end to end)", median(eng), "ms"),
+        Row(section, "engine search p50 (end to end)", median(eng), "ms", note=ratio(eng)),
         Row(section, "engine search p95 (end to end)", percentile(eng, 95), "ms"),
+        *([Row(section, "manager search p50 (BlockingMemoryManager)", median(mgr), "ms",
+               note=ratio(mgr)),
+           Row(section, "manager search p95 (BlockingMemoryManager)", percentile(mgr, 95), "ms")]
+          if mgr else []),
     ]
 
 
@@ -206,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=470, help="corpus notes (470 x 20 KB: ~10,000 chunks)")
     p.add_argument("--file-bytes", type=int, default=20_000, help="bytes per corpus note")
     p.add_argument("--repeats", type=int, default=3, help="timings per query (best kept)")
+    p.add_argument("--conversations", type=int, default=None,
+                   help="LoCoMo conversations measured (default all); with 1, nothing at scale")
     args = p.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
     files = min(args.files, 40) if args.quick else args.files
     rows: list[Row] = []
     data = Path(args.data)
-    convs = sorted(data.glob("conv-*.json"))[: 1 if args.quick else None]
+    convs = sorted(data.glob("conv-*.json"))[: 1 if args.quick else args.conversations]
     with tempfile.TemporaryDirectory(prefix="bench-keyword-") as tmp:
         root = Path(tmp)
         if not convs:
@@ -220,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             ws = root / conv_path.stem
             questions = locomo_workspace(json.loads(conv_path.read_text(encoding="utf-8")), ws)
             m = anyio.run(measure, ws, root / f"state-{conv_path.stem}", questions, repeats)
+            m["manager"] = measure_manager(ws, root / f"mgr-{conv_path.stem}", questions, repeats)
             rows.extend(rows_for(f"locomo {conv_path.stem}", m, LOCOMO_P50_MS))
-        if convs and not args.quick:
+        if convs and not args.quick and args.conversations != 1:
             ws = root / "locomo-scale"
             questions = locomo_at_scale(convs, ws, chunks=10_000, questions=150)
             m = anyio.run(measure, ws, root / "state-locomo-scale", questions, repeats)

@@ -75,6 +75,7 @@ async def run_mode(ws: Path, state: Path, queries: list[dict[str, Any]],
     """Search every query with a fresh engine; returns ``{query id: rank or None}``."""
     from fallback.embeddings import select_provider
     from fallback.engine.builtin import BuiltinEngine
+    from fallback.request import SearchRequest
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     search = MemorySearchSettings.model_validate(memory_search)
@@ -84,7 +85,8 @@ async def run_mode(ws: Path, state: Path, queries: list[dict[str, Any]],
     try:
         await engine.sync(reason="eval")
         for q in queries:
-            hits = await engine.search(q["query"], max_results=TOP_K, min_score=0.0)
+            hits = (await engine.search(SearchRequest.of(q["query"], max_results=TOP_K,
+                                                         min_score=0.0))).results
             ranks[q["id"]] = rank_of(hits, q["expect"])
     finally:
         await engine.close()

@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 
 from fallback.background import BackgroundTasks
-from fallback.contract import ProgressCallback, SearchInfo
+from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.engine.presearch import foreign_index_warning, read_index_state, run_presearch_sync
 from fallback.engine.query_vector import (
@@ -62,11 +62,11 @@ from fallback.errors import (
     SearchUnavailableError,
 )
 from fallback.index.indexer import Indexer, SyncReport
-from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source
-from fallback.request import require_query
+from fallback.models import MemoryReadResult, MemoryStatus
+from fallback.request import SearchRequest
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count
-from fallback.search.pipeline import Searcher, SearchOutcome, configured_mode
+from fallback.search.pipeline import Searcher, configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
@@ -96,8 +96,6 @@ class BuiltinEngine:
             ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
             on first use.
         now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
-        on_progress: default sync progress ``(files_done, files_total, chunks_embedded,
-            chunks_written)`` for syncs that pass none.
     """
 
     name = "builtin"
@@ -113,12 +111,10 @@ class BuiltinEngine:
     watch_health_check_ms: int = 1000
 
     def __init__(self, settings: EngineSettings, *, provider_selection: Any = None,
-                 now_ms: Callable[[], int] | None = None,
-                 on_progress: ProgressCallback | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self._selection = provider_selection
         self._now_ms = now_ms or _wall_clock_ms
-        self.on_progress = on_progress
         self._vector: Any = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._notes: list[str] = []  # one-off events reported in status().issues
@@ -134,8 +130,6 @@ class BuiltinEngine:
         self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
         self._provider_error: str | None = None  # the last search's query embedding failure
-        self._search_warnings: tuple[str, ...] = ()  # the last search's notes (search_info)
-        self._search_mode: str | None = None  # the mode the last search ranked with
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
         self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
@@ -277,8 +271,7 @@ class BuiltinEngine:
             paths: absolute paths the watcher saw change: only those files are re-indexed when
                 each can be judged on its own (else, or when ``None``, a full incremental scan).
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for the sync this
-                call runs (a caller that joins a running sync gets no progress); default
-                the constructor's ``on_progress``.
+                call runs (a caller that joins a running sync gets no progress).
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (a search's deadline); chunks left are written for keyword
                 search and embedded by a later sync. Ignored when joining a running sync.
@@ -293,7 +286,7 @@ class BuiltinEngine:
                 the live index untouched).
         """
         shared = partial(self._sync_shared, reason=reason, force=force, paths=paths,
-                         progress=progress or self.on_progress, embed_deadline=embed_deadline)
+                         progress=progress, embed_deadline=embed_deadline)
         try:
             return await shared()
         except IndexStoreCorruptError as exc:
@@ -368,9 +361,9 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _search_sync(self, deadline: float) -> None:
+    async def _search_sync(self, deadline: float, progress: ProgressCallback | None) -> None:
         try:
-            await self.sync(reason="search", embed_deadline=deadline)
+            await self.sync(reason="search", embed_deadline=deadline, progress=progress)
         except (EmbeddingProviderError, IndexStoreError) as exc:
             log.warning("memory sync before search failed: %s", exc)
 
@@ -379,20 +372,6 @@ class BuiltinEngine:
         return (self._provider_selection().requested not in ("auto", "none")
                 and not self.settings.search.query.keyword_fallback)
 
-    def search_info(self) -> SearchInfo:
-        """Provider id (``none``), model, the mode the last search ran (``hybrid`` | ``vector-only``
-        | ``fts-only``; before any search the configured one), that search's warnings and the
-        last non-fatal problem, without reading the store (``status()`` is slower)."""
-        provider = self._provider()
-        last = self._last_error
-        seen = last is None or any(last in w for w in self._search_warnings)  # said already
-        warnings = (*self._search_warnings, *(() if seen else (last,)))
-        if provider is None:
-            return SearchInfo("none", None, "fts-only", warnings)
-        mode = self._search_mode or configured_mode(
-            has_provider=True, hybrid_enabled=self.settings.search.query.hybrid.enabled)
-        return SearchInfo(provider.provider_id, provider.model, mode, warnings)
-
     @property
     def last_error(self) -> str | None:
         """The last non-fatal problem (failed sync, failed query embedding), or ``None``."""
@@ -400,61 +379,61 @@ class BuiltinEngine:
 
     # -- search ----------------------------------------------------------------------------
 
-    async def search(self, query: str, *, max_results: int | None = None,
-                     min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
-                     explain: bool = False) -> list[MemorySearchResult]:
-        """The hits of :meth:`search_detailed` (the backend contract); its warnings are in
-        :meth:`search_info` until the next search. Raises as :meth:`search_detailed`."""
-        outcome = await self.search_detailed(query, max_results=max_results, min_score=min_score,
-                                             session_key=session_key, sources=sources,
-                                             sync_budget_ms=sync_budget_ms, explain=explain)
-        self._search_warnings, self._search_mode = tuple(outcome.warnings), outcome.mode
-        return outcome.results
-
-    async def search_detailed(self, query: str, *, max_results: int | None = None,
-                              min_score: float | None = None, session_key: str | None = None,
-                              sources: list[Source] | None = None,
-                              sync_budget_ms: int | None = None,
-                              explain: bool = False) -> SearchOutcome:
-        """Search the memory index; hits best first, plus this search's warnings.
+    async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
+                     progress: ProgressCallback | None = None) -> SearchOutcome:
+        """Search the memory index; hits best first, with this search's warnings, mode and
+        provider (the backend contract).
 
         A store found corrupt is moved aside and rebuilt from the memory files, and the search
         runs again once.
 
         Args:
-            query: free text (any language; FTS syntax is never interpreted).
-            max_results: cap on hits (default ``query.maxResults``, 6).
-            min_score: score floor in ``[0, 1]`` (default ``query.minScore``, 0.35).
-            session_key: scope rules are the manager's; in live mode the first search of a
-                key warms the index (:meth:`warm_session`).
-            sources: subset of the enabled sources; no enabled member gives ``[]``.
+            request: the checked request (``fallback/request.py``): the query is free text
+                (any language; FTS syntax is never interpreted); ``max_results`` defaults to
+                ``query.maxResults`` (6), ``min_score`` to ``query.minScore`` (0.35);
+                ``session_key``: scope rules are the manager's, in live mode the first search
+                of a key warms the index (:meth:`warm_session`); ``sources``: a subset of the
+                enabled sources (no enabled member gives no hits); ``explain``: attach a
+                ``HitExplain`` to every hit (the ranking trace).
             sync_budget_ms: longest wait in ms for a pre-search sync (default
                 ``search_sync_budget_ms``, 2,000); the bootstrap of an empty index is
                 always awaited.
-            explain: attach a ``HitExplain`` to every hit (the ranking trace).
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
+                for a pre-search sync this search runs (the first search of a workspace
+                indexes it).
 
         Returns:
             ``SearchOutcome``: hits (snippets at most 700 code points: the window of the
             chunk's lines that best matches the query, with its own line range; hybrid mode:
             with ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order;
-            one-off events no answer told yet, :meth:`take_notices`).
+            one-off events no answer told yet, :meth:`take_notices`; then the last non-fatal
+            problem, :attr:`last_error`, unless a warning says it), the mode that ranked
+            (before any ranking: the configured one), provider id (``none`` keyword-only) and
+            model.
 
         Raises:
-            UsageError: ``query must not be empty`` for a blank query.
             ManagerClosedError: the engine is closed.
             BackendUnavailableError: an explicitly configured provider is unavailable.
             IndexStoreError: the store is locked, read-only or corrupt.
         """
-        once = partial(self._search_once, query, max_results=max_results, min_score=min_score,
-                       session_key=session_key, sources=sources, sync_budget_ms=sync_budget_ms,
-                       explain=explain)
+        once = partial(self._search_once, request, sync_budget_ms=sync_budget_ms,
+                       progress=progress)
         try:
             outcome = await once()
         except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
             outcome = await once()
-        return replace(outcome, warnings=[*outcome.warnings, *self.take_notices()])
+        warnings = [*outcome.warnings, *self.take_notices()]
+        last = self._last_error
+        if last is not None and not any(last in w for w in warnings):  # not said already
+            warnings.append(last)
+        provider = self._provider()
+        mode = outcome.mode or configured_mode(
+            has_provider=provider is not None,
+            hybrid_enabled=self.settings.search.query.hybrid.enabled)
+        return replace(outcome, warnings=warnings, mode=mode,
+                       provider="none" if provider is None else provider.provider_id,
+                       model=None if provider is None else provider.model)
 
     def take_notices(self) -> list[str]:
         """The one-off events (a corrupt store moved aside ...) that no answer has told yet,
@@ -462,11 +441,9 @@ class BuiltinEngine:
         told, self._notes_told = self._notes_told, len(self._notes)
         return self._notes[told:]
 
-    async def _search_once(self, query: str, *, max_results: int | None,
-                           min_score: float | None, session_key: str | None,
-                           sources: list[Source] | None, sync_budget_ms: int | None,
-                           explain: bool) -> SearchOutcome:
-        text = require_query(query)
+    async def _search_once(self, request: SearchRequest, *, sync_budget_ms: int | None,
+                           progress: ProgressCallback | None) -> SearchOutcome:
+        text = request.query
         self._check_open()
         self._fail_closed()
         if self._live is not None:
@@ -492,25 +469,25 @@ class BuiltinEngine:
         if isinstance(store, Store) and await run_presearch_sync(
                 state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
                 budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
-                sync=partial(self._search_sync, deadline), live=self._live):
+                sync=partial(self._search_sync, deadline, progress), live=self._live):
             store = await self._open_store()  # the sync may have replaced a corrupt store
             if state.held_workspace is not None:
                 state = await anyio.to_thread.run_sync(read_index_state, store, ws)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory
             return SearchOutcome([], [*warnings, foreign_index_warning(
                 str(store.path), state.held_workspace, ws)])
-        self.warm_session(session_key)
+        self.warm_session(request.session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,
             deadline=deadline)
-        limit = max(1, max_results if max_results is not None else q.max_results)
-        floor = q.min_score if min_score is None else min_score
-        enabled: list[str] = list(self.settings.search.sources)
-        srcs = [s for s in enabled if sources is None or s in sources]
+        limit = q.max_results if request.max_results is None else request.max_results
+        floor = q.min_score if request.min_score is None else request.min_score
+        srcs: list[str] = [s for s in self.settings.search.sources
+                if request.sources is None or s in request.sources]
         if not srcs:
             return SearchOutcome(results=[], warnings=warnings)
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
-        searcher = self._searcher(explain)
+        searcher = self._searcher(request.explain)
         outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
         fts_error = (searcher.fts_error if searcher.fts_checked
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))

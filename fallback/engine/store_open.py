@@ -131,7 +131,7 @@ class EngineStore:
         async with self._lock:
             if self.store is None:
                 self.store = await anyio.to_thread.run_sync(open_store, self.settings, self.notes)
-            else:
+            elif self.store.is_replaced():  # one stat here; the reopen in a worker thread
                 await anyio.to_thread.run_sync(self.store.reopen_if_replaced)
             return self.store
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from fallback.contract import SearchOutcome
 from fallback.errors import EmbeddingProviderError
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_words, contrast_vector
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["SNIPPET_MAX_CHARS", "SearchOutcome", "Searcher", "configured_mode"]
+__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
@@ -55,18 +55,6 @@ def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:
     if not has_provider:
         return "fts-only"
     return "hybrid" if hybrid_enabled else "vector-only"
-
-
-@dataclass(frozen=True)
-class SearchOutcome:
-    """One search's answer: the hits (best first; each with ``explain`` when asked), the
-    non-fatal notes that belong in the answer's ``warnings`` (a failed rerank), and the mode
-    that ranked them (``hybrid`` | ``vector-only`` | ``fts-only``; ``None`` when nothing was
-    ranked: no enabled source was asked for)."""
-
-    results: list[MemorySearchResult]
-    warnings: list[str]
-    mode: str | None = None
 
 
 class Searcher:
@@ -104,6 +92,9 @@ class Searcher:
         self.trace = trace
         self.warnings: list[str] = []
         self.mode: str | None = None
+        # the snippets of the hits a keyword-only ranking without a reranker returned, made in
+        # its worker-thread hop (one hop for the whole search instead of two)
+        self._snippets: list[HitSnippet] | None = None
 
     async def run(self, store: MetaReads, provider: EmbeddingProvider | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
@@ -165,12 +156,20 @@ class Searcher:
         half_life_days, now_ms = self._half_life_days(), self._now_ms()
         self.mode = "fts-only"
 
-        def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
-            return keyword_ranked(store, text, srcs, candidates=candidates, floor=floor,
-                                  half_life_days=half_life_days, now_ms=now_ms,
-                                  plan=self._plan_blocking(store, text), trace=self.trace)
+        def rank() -> list[Candidate]:  # the plan, the ranking (and snippets) in one hop
+            ranked = keyword_ranked(store, text, srcs, candidates=candidates, floor=floor,
+                                    half_life_days=half_life_days, now_ms=now_ms,
+                                    plan=self._plan_blocking(store, text), trace=self.trace)
+            if self._reranker is not None:
+                return ranked
+            hits = keyword_results(ranked, limit=limit)
+            self._snippets = hit_snippets(store, text, hits, plan=self._plan,
+                                          max_snippet_chars=self.max_snippet_chars)
+            return hits
 
         ranked = await anyio.to_thread.run_sync(rank)
+        if self._reranker is None:
+            return self._finish(ranked, floor)
         return self._finish(keyword_results(await self._rerank(text, ranked), limit=limit), floor)
 
     async def hybrid(self, store: MetaReads, provider: EmbeddingProvider, text: str,
@@ -292,9 +291,9 @@ class Searcher:
         Raises:
             IndexStoreError: on a SQLite failure.
         """
-        snippets = await anyio.to_thread.run_sync(partial(
-            hit_snippets, store, text, hits, plan=self._plan,
-            max_snippet_chars=self.max_snippet_chars))
+        snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
+            partial(hit_snippets, store, text, hits, plan=self._plan,
+                    max_snippet_chars=self.max_snippet_chars))
         traces = explains if explains is not None else [None] * len(hits)
         return [self.model_of(c, s, hybrid=hybrid, explain=e)
                 for c, s, e in zip(hits, snippets, traces, strict=True)]

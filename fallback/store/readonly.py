@@ -150,15 +150,32 @@ class MetaReads:
         except ValueError:
             return None
 
+    # (connection, tokenizer, error): the FTS meta rows, read once per connection
+    _fts_meta: tuple[object, str, str | None] | None = None
+
+    def _fts_state(self) -> tuple[str, str | None]:
+        """``(tokenizer, error)`` of ``chunks_fts``, read once per open connection: only the
+        migration that creates the FTS tables writes them, and a rebuilt store is a new file,
+        opened on a new connection."""
+        conn = getattr(self, "_conn", None)
+        known = self._fts_meta
+        if known is None or conn is None or known[0] is not conn:
+            rows = dict(self.query("SELECT key, value FROM meta"
+                                   " WHERE key IN ('fts_tokenizer', 'fts_error')"))
+            known = (conn, rows.get("fts_tokenizer") or "unicode61", rows.get("fts_error"))
+            if conn is not None:
+                self._fts_meta = known
+        return known[1], known[2]
+
     @property
     def fts_tokenizer(self) -> str:
         """The tokenizer ``chunks_fts`` was created with (``unicode61`` or ``trigram``)."""
-        return self.get_meta("fts_tokenizer") or "unicode61"
+        return self._fts_state()[0]
 
     @property
     def fts_error(self) -> str | None:
         """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
-        return self.get_meta("fts_error")
+        return self._fts_state()[1]
 
 
 class ReadOnlyStore(MetaReads):

@@ -114,12 +114,11 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
 
     async with _manager(agent, args, qmd_runner=qmd_runner) as m:
         with sync_progress(enabled=args.progress or not args.json) as on_progress:
-            if on_progress is not None:  # the first search of a workspace indexes it first
-                engine = await m.builtin()
-                engine.on_progress = on_progress
+            # the first search of a workspace indexes it first
             response = await m.search(args.query, max_results=args.max_results,
                                       min_score=args.min_score, session_key=args.session_key,
-                                      explain=args.explain, corpus=args.corpus)
+                                      explain=args.explain, corpus=args.corpus,
+                                      progress=on_progress)
     if args.json:
         emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK

@@ -43,7 +43,7 @@ import zlib
 from collections.abc import Mapping
 
 from fallback.errors import UsageError
-from qmdbridge.policy.limits import check_search_limits
+from fallback.request import check_search_limits
 from qmdbridge.server.wire import client_fingerprint
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing

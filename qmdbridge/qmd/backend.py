@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from fallback.background import BackgroundTasks
-from fallback.contract import ProgressCallback, SearchInfo
+from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
@@ -38,6 +38,7 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
+from fallback.request import SearchRequest
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.collections import (
@@ -151,8 +152,7 @@ class QmdBackend:
         self.startup_problems: list[str] = []  # start-up timeouts and failures (status)
         self.last_error: str | None = None
         self.search_fallback_reason: str | None = None
-        # Hits the last search dropped as ambiguous (for its warnings), and the last 5 (status).
-        self.last_search_notes: list[str] = []
+        # The last 5 notes of searches (hits dropped as ambiguous ...), for status.
         self.hit_problems: list[str] = []
         up = self.cfg.update
         longest = max(up.update_timeout_ms, up.embed_timeout_ms)
@@ -439,10 +439,9 @@ class QmdBackend:
 
     # -- search -------------------------------------------------------------------------------
 
-    async def search(self, query: str, *, max_results: int | None = None,
-                     min_score: float | None = None, session_key: str | None = None,
-                     sources: list[Source] | None = None, sync_budget_ms: int | None = None,
-                     explain: bool = False, mode: str | None = None) -> list[MemorySearchResult]:
+    async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
+                     progress: ProgressCallback | None = None,
+                     mode: str | None = None) -> SearchOutcome:
         """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
 
         The whole search (every qmd call, and the wait for a pending watcher update) finishes
@@ -462,19 +461,23 @@ class QmdBackend:
         (``lexical.relax``).
 
         Args:
-            max_results: capped at ``limits.maxResults``.
-            min_score: hits below are dropped (default 0).
-            sources: keep only collections of these sources.
+            request: the checked request (``fallback/request.py``): ``max_results`` capped at
+                ``limits.maxResults``; hits below ``min_score`` dropped (default 0); ``sources``
+                keep only collections of these sources; ``explain`` is accepted for the
+                contract (qmd reports no ranking trace).
             sync_budget_ms: longest wait in ms for a pending watcher update (default: half
                 of the search deadline; never more than that).
-            explain: accepted for the contract; qmd reports no ranking trace.
+            progress: accepted for the contract; qmd reports no sync progress.
             mode: overrides ``searchMode`` (``search`` | ``vsearch`` | ``query``).
 
         Returns:
-            Hits, best first, diversified across sources and clamped to ``maxInjectedChars``.
+            ``SearchOutcome``: hits, best first, diversified across sources and clamped to
+            ``maxInjectedChars``; warnings: this search's notes (hits dropped as ambiguous, an
+            answer used despite a crash ...); mode: the one searches use (``search`` after a
+            ``vec0`` switch); provider and model ``qmd`` (qmd embeds with its own models).
 
         Raises:
-            UsageError: blank query. ManagerClosedError: closed.
+            ManagerClosedError: closed.
             BackendUnavailableError: every collection asked for was refused at reconcile
                 (``qmd has no usable collection: ...``; ``ReconcileState.no_usable_collection``).
             BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed); the
@@ -487,9 +490,8 @@ class QmdBackend:
             QmdIndexLostError: qmd's index lost its documents or is corrupt (being re-indexed).
         """
         self._check_open()
-        q = without_stray_quote(query.strip())  # a quote left open is a typo, not qmd syntax
-        if not q:
-            raise UsageError("query required")
+        q = without_stray_quote(request.query)  # a quote left open is a typo, not qmd syntax
+        sources = request.sources
         limits = self.cfg.limits
         margin_ms = min(SEARCH_DEADLINE_MARGIN_MS, limits.timeout_ms // 10)
         deadline = anyio.current_time() + (limits.timeout_ms - margin_ms) / 1000
@@ -501,7 +503,7 @@ class QmdBackend:
                     budget_ms=budget if sync_budget_ms is None else min(budget, sync_budget_ms))
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
-        limit = min(limits.max_results, max_results or limits.max_results)
+        limit = min(limits.max_results, request.max_results or limits.max_results)
         counts, count_error = await self.index_counts.read()
         counts = await self.reconcile_if_edited(counts)
         if (lost := await self._notice(counts, count_error)) is not None:
@@ -514,7 +516,7 @@ class QmdBackend:
                  and (not counts or counts.get(c.name, 0) > 0)]  # qmd holds nothing of the others
         if not colls:
             log.warning("qmd query skipped: no managed collection with documents in qmd's index")
-            return []
+            return self._outcome([], [])
         search_mode = mode or self.mode_override or self.cfg.search_mode
         if search_mode in ("query", "vsearch"):  # models known missing or refused: fail fast
             problem = await self.model_state.problem(model_kinds(search_mode, self.cfg.rerank))
@@ -557,14 +559,19 @@ class QmdBackend:
         # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
         question = q if plan.mode == "search" and words else None
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score or 0.0, notes=notes, question=question,
+            lambda: self._map(entries, min_score=request.min_score or 0.0, notes=notes, question=question,
                               limit=limit))
-        self.last_search_notes = notes
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
-        return clamp_injected(results, max_chars=limits.max_injected_chars)
+        return self._outcome(clamp_injected(results, max_chars=limits.max_injected_chars), notes)
+
+    def _outcome(self, results: list[MemorySearchResult], notes: list[str]) -> SearchOutcome:
+        """The answer of a search: ``results``, ``notes`` as its warnings, the mode searches
+        use now (``search`` after a ``vec0`` switch), provider and model ``qmd``."""
+        return SearchOutcome(results=results, warnings=list(notes), provider="qmd", model="qmd",
+                             mode=self.mode_override or self.cfg.search_mode)
 
     def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
              notes: list[str], question: str | None, limit: int) -> list[MemorySearchResult]:
@@ -614,13 +621,6 @@ class QmdBackend:
             ws, extra, rel, from_line=from_line, lines=lines))
 
     # -- status -------------------------------------------------------------------------------
-
-    def search_info(self) -> SearchInfo:
-        """``SearchInfo("qmd", "qmd", mode, warnings)``: qmd embeds with its own models; the mode
-        is the one searches use (``search`` after a ``vec0`` switch); the warnings are the last
-        search's notes (hits dropped as ambiguous, an answer used despite a crash ...)."""
-        return SearchInfo(provider="qmd", model="qmd", mode=self.mode_override or self.cfg.search_mode,
-                          warnings=tuple(self.last_search_notes))
 
     async def search_probe(self) -> str | None:
         """One tiny real search through the spawn path of every search (no collection filter,

@@ -455,18 +455,26 @@ def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[
 
 
 def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:
-    """Keep snippets within a total budget of ``max_chars`` code points: whole snippets while
-    they fit, the first that does not is cut to the remaining budget, and the walk stops."""
+    """The one budget of injected characters (``limits.maxInjectedChars``).
+
+    Args:
+        results: hits, best first.
+        max_chars: total snippet budget in code points.
+
+    Returns:
+        Whole snippets while they fit; the first that does not is cut to the budget left (when
+        any is left) and the walk stops; once the budget is used up no later hit is kept.
+    """
     out: list[MemorySearchResult] = []
     budget = max_chars
     for r in results:
-        if len(r.snippet) <= budget:
-            out.append(r)
-            budget -= len(r.snippet)
-            continue
-        if budget > 0:
+        if budget <= 0:
+            break
+        if len(r.snippet) > budget:
             out.append(r.model_copy(update={"snippet": r.snippet[:budget]}))
-        break
+            break
+        out.append(r)
+        budget -= len(r.snippet)
     return out
 
 

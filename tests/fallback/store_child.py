@@ -37,6 +37,7 @@ import anyio
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.lock import StoreWriteLock
 
@@ -146,7 +147,7 @@ async def run_reader(cfg: dict[str, Any]) -> dict[str, Any]:
             loops += 1
             for token, path in cfg["tokens"].items():
                 try:
-                    hits = await engine.search(token, min_score=0.0)
+                    hits = (await engine.search(SearchRequest.of(token, min_score=0.0))).results
                     searches += 1
                     if path not in [h.path for h in hits]:
                         inconsistent.append(f"{token}: {[h.path for h in hits]}")
@@ -164,7 +165,7 @@ async def run_reader(cfg: dict[str, Any]) -> dict[str, Any]:
             with anyio.fail_after(cfg.get("final_wait_s", 120)):
                 while not stop.exists():
                     await anyio.sleep(0.05)
-            hits = await engine.search(cfg["final_token"], min_score=0.0)
+            hits = (await engine.search(SearchRequest.of(cfg["final_token"], min_score=0.0))).results
             if "memory/final.md" not in [h.path for h in hits]:
                 inconsistent.append(f"final: {[h.path for h in hits]}")
     finally:
@@ -179,9 +180,9 @@ async def run_sync(cfg: dict[str, Any]) -> dict[str, Any]:
         if cfg.get("progress_sleep_ms"):
             time.sleep(cfg["progress_sleep_ms"] / 1000)  # slow the sync so a kill lands in it
 
-    engine = make_engine(cfg, on_progress=progress)
+    engine = make_engine(cfg)
     try:
-        report = await engine.sync(reason="cli", force=cfg.get("force", False))
+        report = await engine.sync(reason="cli", force=cfg.get("force", False), progress=progress)
     finally:
         await engine.close()
     print("done", flush=True)

@@ -13,6 +13,7 @@ import pytest
 from fallback.embeddings import PROVIDERS, select_provider
 from fallback.embeddings.base import BaseProvider, compute_provider_key
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.search.contrast import (
     COMMON_MIN_CHUNKS,
     MAX_COUNTED_WORDS,
@@ -173,8 +174,8 @@ async def test_vector_search_contrasts_a_name_found_in_most_chunks(tmp_path: Pat
     # and 0.68, so the chunk about books comes first.
     engine = _engine(_workspace(tmp_path, named_fillers=10), tmp_path / "state", provider)
     try:
-        first = await engine.search_detailed("Melanie book", min_score=0.0, explain=True)
-        again = await engine.search_detailed("Melanie book", min_score=0.0)
+        first = await engine.search(SearchRequest.of("Melanie book", min_score=0.0, explain=True))
+        again = await engine.search(SearchRequest.of("Melanie book", min_score=0.0))
     finally:
         await engine.close()
     assert first.results[0].path == "memory/2026-02-02.md"
@@ -193,7 +194,7 @@ async def test_a_name_in_fewer_than_half_of_the_chunks_is_searched_as_it_is(tmp_
     # Melanie in 6 of 14 chunks: not common, the plain query vector ranks the name-only chunk first
     engine = _engine(_workspace(tmp_path, named_fillers=5), tmp_path / "state", provider)
     try:
-        outcome = await engine.search_detailed("Melanie book", min_score=0.0, explain=True)
+        outcome = await engine.search(SearchRequest.of("Melanie book", min_score=0.0, explain=True))
     finally:
         await engine.close()
     assert outcome.results[0].path == "memory/2026-02-01.md"

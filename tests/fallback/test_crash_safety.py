@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from fallback.errors import IndexStoreError
+from fallback.request import SearchRequest
 from fallback.store.db import Store
 from fallback.store.files import recover_db_files, swap_db_files
 from fallback.store.lock import StoreWriteLock
@@ -124,7 +125,7 @@ async def test_sigkill_mid_sync_leaves_an_index_that_opens_and_answers(
         status = await engine.status()  # opening repairs what the dead writer left
         assert status.files == BULK_FILES + 1
         assert _leftovers(db) == []
-        hits = await engine.search("rootanchor", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("rootanchor", min_score=0.0))).results
         assert ("MEMORY.md", 1, 2) in [(h.path, h.start_line, h.end_line) for h in hits]
         store = Store(db)
         try:
@@ -134,7 +135,7 @@ async def test_sigkill_mid_sync_leaves_an_index_that_opens_and_answers(
         report = await engine.sync(reason="cli")
         assert report.full is False
         word = "oldword7" if force else "newword7"
-        hits = await engine.search(word, min_score=0.0)
+        hits = (await engine.search(SearchRequest.of(word, min_score=0.0))).results
         assert "memory/bulk-07.md" in [h.path for h in hits]
         assert (await engine.status()).files == BULK_FILES + 1
         await engine.sync(reason="cli", force=True)
@@ -344,7 +345,7 @@ async def test_readonly_connection_is_reopened_and_the_sync_retried_once(
         assert (await engine.status()).custom["readonlyRecovery"] == {
             "attempts": 1, "successes": 1, "failures": 0,
             "lastError": f"index store is read-only: attempt to write a readonly database ({db})"}
-        hits = await engine.search("freshword", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("freshword", min_score=0.0))).results
         assert [h.path for h in hits] == ["memory/bulk-03.md"]
     finally:
         await engine.close()
@@ -359,14 +360,14 @@ async def test_engine_reopens_a_store_whose_file_another_process_renamed_over(
     builder = store_child.make_engine({"ws": str(ws), "db": str(other_db), "provider": "none"})
     try:
         await engine.sync(reason="cli")
-        assert await engine.search("swaptoken", min_score=0.0) == []
+        assert (await engine.search(SearchRequest.of("swaptoken", min_score=0.0))).results == []
         # a note only the other store indexes (the engine does not sync before searching)
         (ws / "memory" / "swap.md").write_text("# Swap\nOnly here: swaptoken.\n")
         await builder.sync(reason="cli")
         await builder.close()  # the last connection checkpoints and drops its -wal
         with StoreWriteLock(db).hold_blocking():
             swap_db_files(other_db, db)
-        hits = await engine.search("swaptoken", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("swaptoken", min_score=0.0))).results
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/swap.md", 1, 2)]
         assert (await engine.status()).files == BULK_FILES + 2
     finally:
@@ -388,7 +389,7 @@ async def test_corrupt_store_is_moved_aside_and_rebuilt(tmp_path: Path) -> None:
     settings.db_path.write_bytes(b"this is not an SQLite database" * 100)
     engine = BuiltinEngine(settings)
     try:
-        hits = await engine.search("quokka")
+        hits = (await engine.search(SearchRequest.of("quokka"))).results
         assert [h.path for h in hits] == ["memory/2026-01-01.md"]
         st = await engine.status()
         moved = list(settings.db_path.parent.glob("main.sqlite.corrupt-*"))
@@ -419,7 +420,7 @@ async def test_store_damaged_inside_is_rebuilt_on_search_and_forced_sync(tmp_pat
         engine = BuiltinEngine(settings)
         try:
             if op == "search":
-                hits = await engine.search("wombat", max_results=3)
+                hits = (await engine.search(SearchRequest.of("wombat", max_results=3))).results
                 assert len(hits) == 3
             else:
                 report = await engine.sync(reason="cli", force=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fallback.errors import IndexStoreError
+from fallback.request import SearchRequest
 from fallback.search.fts import build_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.store.db import (
@@ -260,7 +261,7 @@ async def test_version_5_store_with_data_upgrades_in_place_and_answers(tmp_path:
     mirror.close()
 
     upgraded = _hybrid_engine(tmp_path, provider)
-    hits = await upgraded.search("alpha", min_score=0.0)
+    hits = (await upgraded.search(SearchRequest.of("alpha", min_score=0.0))).results
     assert [(h.path, h.start_line, h.end_line) for h in hits][0] == ("memory/2026-01-12.md", 1, 2)
     assert hits[0].vector_score == pytest.approx(1.0)
     assert provider.texts_embedded == 2  # nothing re-embedded: the old rows answered

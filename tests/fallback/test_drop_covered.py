@@ -9,6 +9,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.search.ranking import Candidate, drop_covered
 from fallback.settings import EngineSettings, MemorySearchSettings
 
@@ -68,7 +69,7 @@ async def test_keyword_search_shows_the_tail_chunk_lines_once(tmp_path: Path) ->
     engine = BuiltinEngine(EngineSettings.for_workspace(tmp_path, search=MemorySearchSettings(
         provider="none")), provider_selection=ProviderSelection(None, "none"))
     try:
-        hits = await engine.search("lighthouse", max_results=5, min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("lighthouse", max_results=5, min_score=0.0))).results
         chunks = (await engine._open_store()).query(
             "SELECT start_line, end_line FROM chunks WHERE path = 'memory/2023-05-08.md'"
             " ORDER BY start_line")

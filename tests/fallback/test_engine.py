@@ -15,6 +15,7 @@ from fallback.errors import (
     ManagerClosedError,
     UsageError,
 )
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
 
@@ -41,13 +42,13 @@ def _engine(ws: Path, provider: CountProvider | None = None, **search: object) -
 async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
     engine = _engine(ws)
     assert isinstance(engine, MemoryBackend)
-    hits = await engine.search("Alpha")  # no prior sync: bootstrap on first search (case 65)
+    hits = (await engine.search(SearchRequest.of("Alpha"))).results  # no prior sync: bootstrap on first search (case 65)
     assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/2026-01-12.md", 1, 4)]
     assert "Alpha" in hits[0].snippet
     # keyword-only: the keyword side's score is there (as in a hybrid hit), no vector side
     assert hits[0].vector_score is None and hits[0].text_score is not None
     assert 0 < hits[0].score <= hits[0].text_score <= 1
-    assert await engine.search("nonexistent_xyz_keyword") == []
+    assert (await engine.search(SearchRequest.of("nonexistent_xyz_keyword"))).results == []
     status = await engine.status()
     assert (status.files, status.chunks, status.dirty, status.provider, status.search_mode) == (
         2, 2, False, "none", "fts-only")
@@ -66,11 +67,11 @@ async def test_fts_only_bootstrap_search_and_status(ws: Path) -> None:
 async def test_blank_query_and_closed_engine(ws: Path) -> None:
     engine = _engine(ws)
     with pytest.raises(UsageError, match="^query must not be empty$"):
-        await engine.search("   \n")
+        await engine.search(SearchRequest.of("   \n"))
     await engine.close()
     await engine.close()
     with pytest.raises(ManagerClosedError, match="builtin engine is closed"):
-        await engine.search("alpha")
+        await engine.search(SearchRequest.of("alpha"))
     with pytest.raises(ManagerClosedError):
         await engine.sync(reason="cli")
 
@@ -96,7 +97,7 @@ async def test_query_syntax_hazards(ws: Path, query: str, path: str | None) -> N
     (ws / "memory" / "syntax.md").write_text('A "quoted" word, (paren text, key:value, -leading dash.')
     (ws / "memory" / "ops.md").write_text("Rust AND Go, OR tools, NOT this, NEAR that; launch 🚀 day")
     engine = _engine(ws)
-    hits = await engine.search(query, min_score=0.0)
+    hits = (await engine.search(SearchRequest.of(query, min_score=0.0))).results
     if path is None:
         assert all(h.path for h in hits)  # ran without raising
     else:
@@ -114,7 +115,7 @@ async def test_cjk_substrings(ws: Path, query: str, path: str) -> None:
     (ws / "memory" / "zh.md").write_text("今天讨论了金银价格的走势")
     (ws / "memory" / "ko.md").write_text("어제 서버에서 발생한 에러를 확인했다")
     engine = _engine(ws)
-    hits = await engine.search(query)
+    hits = (await engine.search(SearchRequest.of(query))).results
     assert [h.path for h in hits] == [path]
     await engine.close()
 
@@ -135,7 +136,7 @@ async def test_cjk_questions_find_notes_by_their_words(ws: Path, query: str, pat
     (ws / "memory" / "tokyo.md").write_text("東京の会議は3月20日です。\n")
     (ws / "memory" / "busan.md").write_text("부산 출장에서 돼지국밥을 먹었다.\n")
     engine = _engine(ws)
-    hits = await engine.search(query, min_score=0.0)
+    hits = (await engine.search(SearchRequest.of(query, min_score=0.0))).results
     assert hits and hits[0].path == path, [(h.path, h.score) for h in hits]
     await engine.close()
 
@@ -145,24 +146,24 @@ async def test_fullwidth_query_words_find_their_ascii_form(ws: Path) -> None:
     (ws / "memory" / "net.md").write_text("The router dropped the WAN link at noon.\n")
     (ws / "memory" / "wide.md").write_text("メモ: ｒｏｕｔｅｒ の設定を変えた。\n")
     engine = _engine(ws)
-    hits = await engine.search("ｒｏｕｔｅｒ ＷＡＮ", min_score=0.0)
+    hits = (await engine.search(SearchRequest.of("ｒｏｕｔｅｒ ＷＡＮ", min_score=0.0))).results
     assert [h.path for h in hits] == ["memory/net.md", "memory/wide.md"]
     assert "router" in hits[0].snippet
     # the words as typed still match a note that holds them full-width
-    assert [h.path for h in await engine.search("ｒｏｕｔｅｒ の設定")] == ["memory/wide.md"]
+    assert [h.path for h in (await engine.search(SearchRequest.of("ｒｏｕｔｅｒ の設定"))).results] == ["memory/wide.md"]
     # a full-width stop word is a stop word
-    assert [h.path for h in await engine.search("ｔｈｅ router")] == ["memory/net.md"]
+    assert [h.path for h in (await engine.search(SearchRequest.of("ｔｈｅ router"))).results] == ["memory/net.md"]
     await engine.close()
 
 
 async def test_edits_are_picked_up_before_search(ws: Path) -> None:
     engine = _engine(ws)
-    assert [h.path for h in await engine.search("zebra")] == ["memory/2026-01-12.md"]
+    assert [h.path for h in (await engine.search(SearchRequest.of("zebra"))).results] == ["memory/2026-01-12.md"]
     (ws / "memory" / "2026-01-12.md").write_text("# Log\nnothing here anymore")
     (ws / "memory" / "blob.md").write_bytes(b"\x00\x01zebra")
     engine.mark_dirty("watch")
     assert (await engine.status()).dirty is True
-    assert await engine.search("zebra") == []
+    assert (await engine.search(SearchRequest.of("zebra"))).results == []
     status = await engine.status()
     assert [(s.path, s.reason) for s in status.skipped] == [("memory/blob.md", "binary file (NUL bytes)")]
     await engine.close()
@@ -172,12 +173,12 @@ async def test_hybrid_keyword_hit_for_zero_query_vector(ws: Path) -> None:
     provider = CountProvider()
     engine = _engine(ws, provider, query={"hybrid": {"vectorWeight": 0, "textWeight": 1}})
     await engine.sync(reason="cli", force=True)
-    hits = await engine.search("zebra")  # case 62: query vector all zeros
+    hits = (await engine.search(SearchRequest.of("zebra"))).results  # case 62: query vector all zeros
     assert [h.path for h in hits] == ["memory/2026-01-12.md"]
     assert hits[0].vector_score == 0.0 and hits[0].text_score > 0
     await engine.close()
     engine = _engine(ws, CountProvider())
-    hits = await engine.search("zebra", min_score=0.35)  # case 64: relaxed threshold
+    hits = (await engine.search(SearchRequest.of("zebra", min_score=0.35))).results  # case 64: relaxed threshold
     assert [h.path for h in hits] == ["memory/2026-01-12.md"]
     await engine.close()
 
@@ -185,7 +186,7 @@ async def test_hybrid_keyword_hit_for_zero_query_vector(ws: Path) -> None:
 async def test_hybrid_alpha_ranks_file_first_and_reports_sources(ws: Path) -> None:
     engine = _engine(ws, CountProvider())
     await engine.sync(reason="cli", force=True)
-    hits = await engine.search("alpha")  # case 58
+    hits = (await engine.search(SearchRequest.of("alpha"))).results  # case 58
     assert "memory/2026-01-12.md" in hits[0].path
     assert hits[0].vector_score == pytest.approx(1.0)
     status = await engine.status()
@@ -205,7 +206,7 @@ async def test_hybrid_weights_decide_order(tmp_path: Path, weights: tuple[float,
     engine = _engine(tmp_path, CountProvider(), extra_paths=["vector-only.md", "keyword-only.md"],
                      query={"hybrid": {"vectorWeight": weights[0], "textWeight": weights[1],
                                        "candidateMultiplier": 10}})
-    hits = await engine.search("alpha beta id123", max_results=200, min_score=0.0)  # case 63
+    hits = (await engine.search(SearchRequest.of("alpha beta id123", max_results=200, min_score=0.0))).results  # case 63
     assert sorted(h.path for h in hits) == ["keyword-only.md", "vector-only.md"]
     assert hits[0].path == first
     await engine.close()
@@ -214,12 +215,12 @@ async def test_hybrid_weights_decide_order(tmp_path: Path, weights: tuple[float,
 async def test_failed_query_embedding_answers_keyword_only_unless_strict(ws: Path) -> None:
     engine = _engine(ws, CountProvider(fail_query=True), query={"keywordFallback": False})
     with pytest.raises(BackendUnavailableError) as info:  # strict: no degraded answer
-        await engine.search("zebra")
+        await engine.search(SearchRequest.of("zebra"))
     assert str(info.value) == ("memory search unavailable: test-count: query embedding failed: "
                                "test-count embedding failed: fetch failed")
     await engine.close()
     engine = _engine(ws, CountProvider(fail_query=True))  # the default: keyword-only, warned
-    outcome = await engine.search_detailed("zebra")
+    outcome = await engine.search(SearchRequest.of("zebra"))
     assert [h.path for h in outcome.results] == ["memory/2026-01-12.md"]
     assert outcome.warnings == ["query embedding failed: test-count embedding failed: fetch failed;"
                                 " results come from keyword search only"]
@@ -235,7 +236,7 @@ async def test_explicit_unavailable_provider_fails_closed(ws: Path) -> None:
                             error="No API key found for provider openai")
     engine = BuiltinEngine(settings, provider_selection=sel)
     with pytest.raises(BackendUnavailableError) as info:
-        await engine.search("alpha")
+        await engine.search(SearchRequest.of("alpha"))
     assert str(info.value) == "memory search unavailable: openai: No API key found for provider openai"
     assert info.value.backend == "builtin"
     await engine.close()
@@ -280,7 +281,7 @@ async def test_explicit_provider_that_cannot_embed_fails_closed_when_strict(ws: 
     engine = BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "ollama"))
     try:
         with pytest.raises(BackendUnavailableError) as info:
-            await engine.search("alpha")
+            await engine.search(SearchRequest.of("alpha"))
         assert str(info.value) == ("memory search unavailable: test-count: "
                                    "test-count embedding failed: connection refused")
     finally:
@@ -291,7 +292,7 @@ async def test_emoji_query_finds_the_note(ws: Path) -> None:
     (ws / "memory" / "2026-02-01.md").write_text("# Trip\n- saw a 🦘 near the road\n")
     engine = _engine(ws, None)
     try:
-        hits = await engine.search("🦘")
+        hits = (await engine.search(SearchRequest.of("🦘"))).results
         assert [h.path for h in hits] == ["memory/2026-02-01.md"]
     finally:
         await engine.close()
@@ -310,9 +311,9 @@ async def test_an_index_of_another_workspace_is_reindexed_past_the_sync_budget(t
         path, state_dir=state, search=MemorySearchSettings(provider="none")),
         provider_selection=ProviderSelection(None, "none")) for name, path in spaces.items()}
     try:
-        first = await engines["a"].search("router", sync_budget_ms=0)  # an empty index: awaited
+        first = (await engines["a"].search(SearchRequest.of("router"), sync_budget_ms=0)).results  # an empty index: awaited
         assert [(h.path, h.snippet) for h in first] == [("MEMORY.md", "# Notes\nAlpha router is an ER605.")]
-        outcome = await engines["b"].search_detailed("router", sync_budget_ms=0)
+        outcome = await engines["b"].search(SearchRequest.of("router"), sync_budget_ms=0)
         assert [(h.path, h.snippet) for h in outcome.results] == [
             ("MEMORY.md", "# Notes\nBravo router is a MikroTik.")]
         assert outcome.warnings == [

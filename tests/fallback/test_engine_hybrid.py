@@ -11,6 +11,7 @@ import pytest
 from fallback.embeddings import PROVIDERS, select_provider
 from fallback.embeddings.base import BaseProvider, compute_provider_key
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = pytest.mark.anyio
@@ -55,7 +56,7 @@ async def test_temporal_decay_keeps_an_old_note_that_matches_every_word(tmp_path
     (ws / "memory" / "2026-06-14.md").write_text("# Today\nLunch with Sam at noon\n")
     engine = _engine(ws, tmp_path / "state", temporalDecay={"enabled": True, "halfLifeDays": 30})
     try:
-        outcome = await engine.search_detailed("guest wifi password", explain=True)  # minScore 0.35
+        outcome = await engine.search(SearchRequest.of("guest wifi password", explain=True))  # minScore 0.35
     finally:
         await engine.close()
     # Five months old: decay leaves about 3 % of the score, under minScore, and the notes stay;
@@ -97,7 +98,7 @@ async def test_hybrid_search_keeps_a_note_beside_a_verbose_transcript(tmp_path: 
     (sessions / "chatty.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     try:
         await engine.sync(reason="test")
-        outcome = await engine.search_detailed("guest wifi password", explain=True)
+        outcome = await engine.search(SearchRequest.of("guest wifi password", explain=True))
     finally:
         await engine.close()
     hits = outcome.results

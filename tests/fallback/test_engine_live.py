@@ -17,6 +17,7 @@ import pytest
 from fallback.background import BackgroundTasks
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
 
@@ -79,7 +80,7 @@ async def _booted(engine: BuiltinEngine) -> None:
 
 def _finds(engine: BuiltinEngine, query: str, paths: list[str]) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
-        return [h.path for h in await engine.search(query)] == paths
+        return [h.path for h in (await engine.search(SearchRequest.of(query))).results] == paths
     return check
 
 
@@ -94,7 +95,7 @@ async def test_saved_renamed_deleted_and_nested_files_become_searchable(ws: Path
         tmp.write_text("Griffin sighting at dusk.\n")
         os.replace(tmp, mem / "birds.md")  # editor-style atomic save
         await eventually(_finds(engine, "Griffin", ["memory/birds.md"]), "renamed save indexed")
-        assert await engine.search("Falcon") == []
+        assert (await engine.search(SearchRequest.of("Falcon"))).results == []
         (mem / "birds.md").unlink()
         await eventually(_finds(engine, "Griffin", []), "deleted file removed")
         deep = mem / "projects" / "raptors"
@@ -207,7 +208,7 @@ async def test_deleted_and_recreated_memory_folder_is_watched_again(ws: Path) ->
             st = await engine.status()
             return not st.dirty and st.custom["watcher"]["rearms"] == 1
         await eventually(re_armed, "watcher re-armed and the rescan synced")
-        assert await engine.search("Plover") == []
+        assert (await engine.search(SearchRequest.of("Plover"))).results == []
         mem.mkdir()
         (mem / "new.md").write_text("Avocet nest on the dyke.\n")
         # not dirty, so a search does not sync: only the re-armed watcher can index it
@@ -258,13 +259,13 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
             return engine.live.tracker.pending(path)[2] == 1
         await eventually(counted, "first append observed")
         assert engine.live.sync_counts["session-delta"] == 0
-        assert await engine.search("Osprey tagging permit") == []  # below threshold: no sync
+        assert (await engine.search(SearchRequest.of("Osprey tagging permit"))).results == []  # below threshold: no sync
         with path.open("ab") as fh:
             fh.write(_record("assistant", "Noted."))
             fh.write(_record("user", "Thanks."))
 
         async def synced() -> bool:
-            hits = await engine.search("Osprey tagging permit")
+            hits = (await engine.search(SearchRequest.of("Osprey tagging permit"))).results
             return [(h.path, h.source, h.start_line, h.end_line) for h in hits] == [
                 ("sessions/chat.jsonl", "sessions", 1, 4)]
         await eventually(synced, "threshold hit -> session-delta sync")
@@ -292,7 +293,7 @@ async def test_transcript_lines_waiting_for_their_sync_are_told_not_hidden(ws: P
             return (await engine.status()).custom["live"]["sessionsPending"] == 1
         await eventually(queued, "the watcher handed the transcript over")
         stale = "1 transcripts changed and wait for the session batch window (600000 ms)"
-        outcome = await engine.search_detailed("Osprey tagging permit")
+        outcome = await engine.search(SearchRequest.of("Osprey tagging permit"))
         assert outcome.results == []  # not indexed yet, and the answer says so
         assert outcome.warnings == [f"index stale: {stale}; the newest content may be missing"]
         status = await engine.status()
@@ -305,14 +306,14 @@ async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
     async with live(engine):
         await _booted(engine)
         (ws / "memory" / "warm.md").write_text("Plover notes.\n")
-        await engine.search("Plover", session_key="agent:main:dm:7")
-        await engine.search("Plover", session_key="agent:main:dm:7")
+        await engine.search(SearchRequest.of("Plover", session_key="agent:main:dm:7"))
+        await engine.search(SearchRequest.of("Plover", session_key="agent:main:dm:7"))
         engine.warm_session("  ")
 
         async def warmed() -> bool:
             return engine.live.sync_counts["session-start"] == 1
         await eventually(warmed, "session-start sync")
-        assert [h.path for h in await engine.search("Plover")] == ["memory/warm.md"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("Plover"))).results] == ["memory/warm.md"]
         assert engine.live.sync_counts["session-start"] == 1
 
 
@@ -344,7 +345,7 @@ async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) 
         (ws / "memory" / "b1.md").write_text("Beta one.\n")
         provider.blocking = True
         engine.mark_dirty("files changed: 1")
-        hits = await engine.search("alpha", sync_budget_ms=50)
+        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=50)).results
         assert provider.entered.is_set() and not provider.gate.is_set()
         assert [h.path for h in hits] == ["MEMORY.md"]
         status = await engine.status()
@@ -352,7 +353,7 @@ async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) 
             True, "files changed: 1", None)
         provider.blocking = False
         await engine.sync(reason="test")
-        assert [h.path for h in await engine.search("beta")] == ["memory/b1.md"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("beta"))).results] == ["memory/b1.md"]
     finally:
         await engine.close()
 
@@ -365,7 +366,7 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
         (ws / "memory" / "b2.md").write_text("Beta two.\n")
         provider.blocking = True
         engine.mark_dirty("files changed: 1")
-        hits = await engine.search("alpha", sync_budget_ms=50)
+        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=50)).results
         assert [h.path for h in hits] == ["MEMORY.md"]
         assert provider.entered.is_set() and engine.live.sync_counts["search"] == 0
         provider.gate.set()
@@ -373,7 +374,7 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
         async def finished() -> bool:
             return engine.live.sync_counts["search"] >= 1
         await eventually(finished, "background search sync finished")
-        assert [h.path for h in await engine.search("beta")] == ["memory/b2.md"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("beta"))).results] == ["memory/b2.md"]
 
 
 async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:
@@ -390,7 +391,7 @@ async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:
         leftovers = [p.name for p in engine.settings.db_path.parent.iterdir() if ".tmp-" in p.name]
         assert leftovers == []
         provider.blocking = False
-        assert [h.path for h in await engine.search("alpha")] == ["MEMORY.md"]
-        assert await engine.search("beta") == []  # the live index was left as it was
+        assert [h.path for h in (await engine.search(SearchRequest.of("alpha"))).results] == ["MEMORY.md"]
+        assert (await engine.search(SearchRequest.of("beta"))).results == []  # the live index was left as it was
     finally:
         await engine.close()

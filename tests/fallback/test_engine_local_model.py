@@ -12,6 +12,7 @@ import pytest
 
 from fallback.embeddings import select_provider
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = [pytest.mark.anyio, pytest.mark.local_model]
@@ -42,14 +43,14 @@ async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, loca
                                                             query: str, expected: str) -> None:
     keyword = _engine(tmp_path, None, state="kw")
     try:
-        assert expected not in [r.path for r in await keyword.search(query, min_score=0)][:2]
+        assert expected not in [r.path for r in (await keyword.search(SearchRequest.of(query, min_score=0))).results][:2]
     finally:
         await keyword.close()
     hybrid = _engine(tmp_path, local_model_path)
     try:
         # the default minScore (0.35): the calibrated score keeps a small model's true match,
         # whose cosine is only 0.2-0.5
-        hits = await hybrid.search(query)
+        hits = (await hybrid.search(SearchRequest.of(query))).results
         assert expected in [h.path for h in hits[:2]]
         best = next(h for h in hits if h.path == expected)
         assert best.score >= 0.35 and best.vector_score is not None and best.vector_score < 0.7
@@ -63,7 +64,7 @@ async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, loca
 async def test_exact_keyword_hit_survives_min_score(tmp_path: Path, local_model_path: Path) -> None:
     e = _engine(tmp_path, local_model_path)
     try:
-        hits = await e.search("ORBIT-10")  # default minScore 0.35
+        hits = (await e.search(SearchRequest.of("ORBIT-10"))).results  # default minScore 0.35
         assert hits and hits[0].path in ("MEMORY.md", "memory/2026-11-09.md", "memory/projects/nebula.md")
         assert all("ORBIT" in h.snippet for h in hits)
         assert hits[0].text_score is not None and hits[0].vector_score is not None
@@ -100,7 +101,7 @@ async def test_model_change_rebuilds_and_old_index_answers_until_swap(tmp_path: 
             assert list(db.parent.glob(f"{db.name}.tmp-*"))
             reader = _engine(tmp_path, None)
             try:
-                hits = await reader.search("Parquet schema", sync_budget_ms=0)
+                hits = (await reader.search(SearchRequest.of("Parquet schema"), sync_budget_ms=0)).results
                 assert hits and hits[0].path == "memory/2026-11-17.md"
             finally:
                 await reader.close()
@@ -108,7 +109,7 @@ async def test_model_change_rebuilds_and_old_index_answers_until_swap(tmp_path: 
         st = await e.status()
         assert st.search_mode == "hybrid" and st.vector["dims"] == 384
         assert not list(db.parent.glob(f"{db.name}.tmp-*"))
-        hits = await e.search("medical appointment", min_score=0)
+        hits = (await e.search(SearchRequest.of("medical appointment", min_score=0))).results
         assert hits[0].vector_score is not None and hits[0].vector_score > 0
     finally:
         await e.close()

@@ -13,6 +13,7 @@ import pytest
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import PathRefusedError
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = pytest.mark.anyio
@@ -69,7 +70,7 @@ async def test_transcript_hits_point_at_jsonl_lines(ws: Path) -> None:
         assert report.session_sizes == {
             str(_sessions_dir(engine) / "abc.jsonl"):
                 (_sessions_dir(engine) / "abc.jsonl").stat().st_size}
-        hits = await engine.search("Kestrel launch window")
+        hits = (await engine.search(SearchRequest.of("Kestrel launch window"))).results
         assert [(h.path, h.source, h.start_line, h.end_line) for h in hits] == [
             ("sessions/abc.jsonl", "sessions", 2, 5)]
         assert hits[0].snippet == ("User: What is the launch window for Kestrel?\n"
@@ -110,12 +111,12 @@ async def test_deleting_a_transcript_removes_its_rows(ws: Path) -> None:
         write_transcript(sdir / "one.jsonl", [_record("user", "Pelican migration notes")])
         write_transcript(sdir / "two.jsonl", [_record("user", "Heron nesting notes")])
         await engine.sync(reason="test")
-        assert [h.path for h in await engine.search("Pelican")] == ["sessions/one.jsonl"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("Pelican"))).results] == ["sessions/one.jsonl"]
         (sdir / "one.jsonl").unlink()
         report = await engine.sync(reason="test")
         assert report.files_deleted == 1
-        assert await engine.search("Pelican") == []
-        assert [h.path for h in await engine.search("Heron")] == ["sessions/two.jsonl"]
+        assert (await engine.search(SearchRequest.of("Pelican"))).results == []
+        assert [h.path for h in (await engine.search(SearchRequest.of("Heron"))).results] == ["sessions/two.jsonl"]
         status = await engine.status()
         assert {c.source: c.files for c in status.source_counts} == {"memory": 1, "sessions": 1}
     finally:
@@ -138,7 +139,7 @@ async def test_unchanged_transcript_is_not_reread_and_archives_count(ws: Path) -
             os.utime(f, ns=(past, past))
         first = await engine.sync(reason="test")
         assert first.files_indexed == 3  # MEMORY.md, cur.jsonl, the reset archive
-        assert [h.path for h in await engine.search("Cormorant")] == [
+        assert [h.path for h in (await engine.search(SearchRequest.of("Cormorant"))).results] == [
             "sessions/old.jsonl.reset.2026-01-02T03-04-05Z"]
         unchanged = await engine.sync(reason="test")
         assert (unchanged.files_read, unchanged.files_indexed) == (0, 0)  # none read again
@@ -149,13 +150,13 @@ async def test_unchanged_transcript_is_not_reread_and_archives_count(ws: Path) -
         assert (cur.stat().st_size, cur.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
         second = await engine.sync(reason="test")
         assert (second.files_read, second.files_indexed) == (1, 1)
-        assert await engine.search("Albatross") == []
-        assert [h.path for h in await engine.search("Albatrosz")] == ["sessions/cur.jsonl"]
+        assert (await engine.search(SearchRequest.of("Albatross"))).results == []
+        assert [h.path for h in (await engine.search(SearchRequest.of("Albatrosz"))).results] == ["sessions/cur.jsonl"]
         # New stamps, the same bytes: read and hashed, its chunks left as they are.
         os.utime(cur, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
         third = await engine.sync(reason="test")
         assert (third.files_read, third.files_indexed, third.chunks_written) == (1, 0, 0)
-        assert [h.path for h in await engine.search("Albatrosz")] == ["sessions/cur.jsonl"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("Albatrosz"))).results] == ["sessions/cur.jsonl"]
     finally:
         await engine.close()
 
@@ -170,7 +171,7 @@ async def test_case_66_fresh_transcript_beats_stale_memory(ws: Path, prior_sync:
         ])
         if prior_sync:
             await engine.sync(reason="test")
-        hits = await engine.search("current Project Nebula codename ORBIT-10")
+        hits = (await engine.search(SearchRequest.of("current Project Nebula codename ORBIT-10"))).results
         assert hits[0].source == "sessions"
         assert hits[0].path == "sessions/nebula.jsonl"
         assert (hits[0].start_line, hits[0].end_line) == (1, 2)
@@ -185,9 +186,9 @@ async def test_sources_filter_and_disabled_sessions(ws: Path) -> None:
         write_transcript(_sessions_dir(engine) / "s.jsonl",
                          [_record("assistant", "Project Nebula codename is ORBIT-10.")])
         await engine.sync(reason="test")
-        only_mem = await engine.search("Project Nebula codename", sources=["memory"])
+        only_mem = (await engine.search(SearchRequest.of("Project Nebula codename", sources=["memory"]))).results
         assert [(h.source, h.path) for h in only_mem] == [("memory", "MEMORY.md")]
-        only_ses = await engine.search("Project Nebula codename", sources=["sessions"])
+        only_ses = (await engine.search(SearchRequest.of("Project Nebula codename", sources=["sessions"]))).results
         assert [(h.source, h.path) for h in only_ses] == [("sessions", "sessions/s.jsonl")]
     finally:
         await engine.close()
@@ -195,7 +196,7 @@ async def test_sources_filter_and_disabled_sessions(ws: Path) -> None:
     plain = _engine(ws, sessions=False)
     try:
         await plain.sync(reason="test")
-        assert await plain.search("ORBIT-10", sources=["sessions"]) == []
+        assert (await plain.search(SearchRequest.of("ORBIT-10", sources=["sessions"]))).results == []
         status = await plain.status()
         assert [(c.source, c.files) for c in status.source_counts] == [("memory", 1)]
     finally:
@@ -251,7 +252,7 @@ async def test_case_38_sessions_decay_by_transcript_mtime(ws: Path) -> None:
         old_ns = NOW_MS * 10**6 - 30 * day_ns
         os.utime(sdir / "old.jsonl", ns=(old_ns, old_ns))
         await engine.sync(reason="test")
-        hits = await engine.search("Lapwing census totals", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("Lapwing census totals", min_score=0.0))).results
         assert [h.path for h in hits] == ["sessions/fresh.jsonl", "sessions/old.jsonl"]
         assert hits[1].score == pytest.approx(hits[0].score * 0.5, rel=1e-6)
     finally:
@@ -269,11 +270,11 @@ async def test_transcripts_take_at_most_half_of_the_result_slots(ws: Path) -> No
             write_transcript(_sessions_dir(engine) / f"s{n}.jsonl",
                              [_record("user", f"heron heron sighting {n}")])
         await engine.sync(reason="test")
-        hits = await engine.search("heron", max_results=4, min_score=0)
+        hits = (await engine.search(SearchRequest.of("heron", max_results=4, min_score=0))).results
         assert sorted(h.source for h in hits) == ["memory", "memory", "sessions", "sessions"]
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
         # with six slots the notes run out first, and transcripts fill the rest
-        six = await engine.search("heron", max_results=6, min_score=0)
+        six = (await engine.search(SearchRequest.of("heron", max_results=6, min_score=0))).results
         assert sorted(h.source for h in six) == ["memory", "memory", *["sessions"] * 4]
     finally:
         await engine.close()
@@ -298,7 +299,7 @@ async def test_a_verbose_transcript_cannot_take_every_slot(ws: Path, max_results
         write_transcript(_sessions_dir(engine) / "chatty.jsonl",
                          _verbose_transcript("garage door code", 120))
         await engine.sync(reason="test")
-        hits = await engine.search("garage door code", max_results=max_results)
+        hits = (await engine.search(SearchRequest.of("garage door code", max_results=max_results))).results
     finally:
         await engine.close()
     # its 61 chunks say the same thing (the last, one message, less of it): the transcript is
@@ -319,7 +320,7 @@ async def test_a_transcript_hit_reads_back_at_its_cited_lines(ws: Path) -> None:
             _record("assistant", "Kestrel opens March 3; key sk-proj-abcdefghijklmnopqrstuvwx1234"),
             orjson.dumps({"type": "custom", "n": 1}),                  # line 6: not a message
         ])
-        [hit] = await engine.search("Kestrel launch window")
+        [hit] = (await engine.search(SearchRequest.of("Kestrel launch window"))).results
         assert (hit.path, hit.snippet_start_line, hit.snippet_end_line) == ("sessions/abc.jsonl", 2, 5)
         first, last = hit.snippet_start_line, hit.snippet_end_line
         page = await engine.read_file(hit.path, from_line=first, lines=last - first + 1)
@@ -367,7 +368,7 @@ async def test_pasted_environment_variables_and_flags_are_redacted_before_indexi
             _record("user", "and the gannet bot: SLACK_BOT_TOKEN=x0x0-bot-55 "
                             "curl --api-key=k9-lab-4242 https://gannet.example"),
         ])
-        hits = await engine.search("gannet", min_score=0)
+        hits = (await engine.search(SearchRequest.of("gannet", min_score=0))).results
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [("sessions/env.jsonl", 1, 2)]
         page = await engine.read_file("sessions/env.jsonl")
         assert page.text == (

@@ -11,6 +11,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.search.fts import build_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.settings import EngineSettings, MemorySearchSettings
@@ -56,7 +57,7 @@ async def test_hybrid_explain_with_decay_and_mmr(ws: Path) -> None:
     engine = _engine(ws, embeddings=True, hybrid={"mmr": {"enabled": True, "lambda": 0.7},
                                               "temporalDecay": {"enabled": True}})
     try:
-        outcome = await engine.search_detailed("alpha", explain=True)
+        outcome = await engine.search(SearchRequest.of("alpha", explain=True))
         bm25 = _bm25(engine, "alpha")
     finally:
         await engine.close()
@@ -118,9 +119,9 @@ async def test_fts_only_explain_and_the_floor_fallback(ws: Path) -> None:
     decayed = _engine(ws, embeddings=False,
                       hybrid={"temporalDecay": {"enabled": True, "halfLifeDays": 30}})
     try:
-        outcome = await engine.search_detailed("alpha", explain=True, min_score=0.99)
-        plain = await engine.search_detailed("alpha", min_score=0.99)
-        fallback = await decayed.search_detailed("alpha", explain=True, min_score=0.99)
+        outcome = await engine.search(SearchRequest.of("alpha", explain=True, min_score=0.99))
+        plain = await engine.search(SearchRequest.of("alpha", min_score=0.99))
+        fallback = await decayed.search(SearchRequest.of("alpha", explain=True, min_score=0.99))
         bm25 = _bm25(engine, "alpha")
     finally:
         await engine.close()
@@ -150,10 +151,10 @@ async def test_hybrid_floor_is_on_the_calibrated_score(ws: Path) -> None:
     # needs no relaxed keyword floor, and the reason quotes the calibrated score.
     engine = _engine(ws, embeddings=True)
     try:
-        wide = await engine.search_detailed("alpha", explain=True, min_score=0.0)
+        wide = await engine.search(SearchRequest.of("alpha", explain=True, min_score=0.0))
         scores = [r.score for r in wide.results]
         floor = (scores[0] + scores[1]) / 2
-        outcome = await engine.search_detailed("alpha", explain=True, min_score=floor)
+        outcome = await engine.search(SearchRequest.of("alpha", explain=True, min_score=floor))
     finally:
         await engine.close()
     assert len(scores) == 3 and scores == sorted(scores, reverse=True) and scores[0] > scores[1]

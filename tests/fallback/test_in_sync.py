@@ -16,6 +16,7 @@ from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.engine.in_sync import ExtraPathValue, InSyncSettings, search_in_sync, stale_reason
 from fallback.index.identity import index_identity
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, ExtraPath, MemorySearchSettings
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 from fallback.store.readonly import ReadOnlyStore
@@ -101,8 +102,8 @@ async def test_the_answer_is_the_engines(ws: Path, search: dict[str, Any]) -> No
     engine = BuiltinEngine(settings, provider_selection=ProviderSelection(None, "none"),
                            now_ms=lambda: NOW_MS)
     try:
-        expected = {q: [r.model_dump() for r in await engine.search(q)] for q in QUERIES}
-        limited = [r.model_dump() for r in await engine.search("router", max_results=1, min_score=0.0)]
+        expected = {q: [r.model_dump() for r in (await engine.search(SearchRequest.of(q))).results] for q in QUERIES}
+        limited = [r.model_dump() for r in (await engine.search(SearchRequest.of("router", max_results=1, min_score=0.0))).results]
     finally:
         await engine.close()
     assert any(expected.values())

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.sources.memory_files import classify_changed_path
 
@@ -55,8 +56,8 @@ async def test_watch_paths_reindex_only_those_files(ws: Path, tmp_path: Path) ->
                                                           str(ws / "memory" / "sub" / "b.md"),
                                                           str(ws / "memory" / "c.md")})
         assert (report.files_total, report.files_indexed, report.files_deleted) == (2, 1, 2)
-        assert [h.path for h in await engine.search("quokka")] == ["memory/a.md"]
-        assert await engine.search("bravo") == []
+        assert [h.path for h in (await engine.search(SearchRequest.of("quokka"))).results] == ["memory/a.md"]
+        assert (await engine.search(SearchRequest.of("bravo"))).results == []
         st = await engine.status()
         assert st.files == 2  # MEMORY.md and memory/a.md
         assert [(s.path, s.reason) for s in st.skipped] == [("memory/c.md", "binary file (NUL bytes)")]
@@ -64,6 +65,6 @@ async def test_watch_paths_reindex_only_those_files(ws: Path, tmp_path: Path) ->
         (ws / "MEMORY.md").write_text("# Memory\nnew wombat fact\n")
         full = await engine.sync(reason="watch", paths={str(ws / "MEMORY.md")})
         assert full.files_total == 3
-        assert [h.path for h in await engine.search("wombat")] == ["MEMORY.md"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("wombat"))).results] == ["MEMORY.md"]
     finally:
         await engine.close()

@@ -9,6 +9,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +33,7 @@ def _engine(ws: Path) -> BuiltinEngine:
 async def _paths(ws: Path, query: str, **kwargs: object) -> list[str]:
     engine = _engine(ws)
     try:
-        return [h.path for h in await engine.search(query, min_score=0.0, **kwargs)]  # type: ignore[arg-type]
+        return [h.path for h in (await engine.search(SearchRequest.of(query, min_score=0.0, **kwargs))).results]  # type: ignore[arg-type]
     finally:
         await engine.close()
 
@@ -103,8 +104,8 @@ async def test_note_name_and_first_heading_are_searchable(tmp_path: Path) -> Non
             provider="none", extra_paths=paths)),
         provider_selection=ProviderSelection(None, "none"))
     try:
-        assert [h.path for h in await engine.search("team-sync", min_score=0)][0] == paths[0]
-        assert [h.path for h in await engine.search("grandma lasagne", min_score=0)][0] == paths[1]
+        assert [h.path for h in (await engine.search(SearchRequest.of("team-sync", min_score=0))).results][0] == paths[0]
+        assert [h.path for h in (await engine.search(SearchRequest.of("grandma lasagne", min_score=0))).results][0] == paths[1]
     finally:
         await engine.close()
 
@@ -115,7 +116,7 @@ async def test_snippet_holds_the_matching_line_and_reports_its_lines(tmp_path: P
     _write(tmp_path, {"memory/2023-05-08.md": "# Conversation\n\n" + "\n".join(lines) + "\n"})
     engine = _engine(tmp_path)
     try:
-        hits = await engine.search("When did Ann go to the support group?", max_results=1)
+        hits = (await engine.search(SearchRequest.of("When did Ann go to the support group?", max_results=1))).results
     finally:
         await engine.close()
     hit = hits[0]
@@ -141,9 +142,9 @@ async def test_lone_cr_note_cites_only_the_chunk_holding_the_word(tmp_path: Path
     note.write_bytes(("# Review log\r" + "\r".join(lines) + "\r").encode())  # old Mac line ends
     engine = _engine(tmp_path)
     try:
-        hits = await engine.search("zeppelin", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("zeppelin", min_score=0.0))).results
         page = await engine.read_file("memory/mac-export.md", from_line=61, lines=3)
-        titled = await engine.search("review log", min_score=0.0, max_results=20)
+        titled = (await engine.search(SearchRequest.of("review log", min_score=0.0, max_results=20))).results
     finally:
         await engine.close()
     # line 62 is in two chunks (the overlap); no other chunk is cited

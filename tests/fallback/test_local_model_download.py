@@ -13,6 +13,7 @@ from fallback.embeddings import select_provider
 from fallback.embeddings.local_gguf import LocalGgufProvider
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import SearchUnavailableError
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.conftest import TEST_MODEL_NAME
 from tests.fallback.hub_server import HubFile, serve_hub
@@ -73,7 +74,7 @@ async def test_offline_first_search_fails_closed_with_the_reason_when_strict(tmp
     engine = BuiltinEngine(settings, provider_selection=select_provider(search, env=env))
     try:
         with pytest.raises(SearchUnavailableError) as info:
-            await engine.search("router")
+            await engine.search(SearchRequest.of("router"))
     finally:
         await engine.close()
     message = str(info.value)

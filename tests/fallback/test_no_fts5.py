@@ -11,6 +11,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.search.substring import substring_hits, substring_score
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
@@ -88,16 +89,16 @@ async def test_search_without_fts5_finds_substrings_and_says_so(ws: Path) -> Non
     drop_fts(engine.settings.db_path)
     engine = _engine(ws)
     try:
-        outcome = await engine.search_detailed("ABC-1234", min_score=0.0)
+        outcome = await engine.search(SearchRequest.of("ABC-1234", min_score=0.0))
         assert [(h.path, h.start_line, h.end_line) for h in outcome.results] == [
             ("memory/2026-03-01.md", 1, 1), ("MEMORY.md", 1, 2)]  # two mentions rank first
         assert outcome.warnings == [WARNING]
-        hits = await engine.search("ärger", min_score=0.0)
+        hits = (await engine.search(SearchRequest.of("ärger", min_score=0.0))).results
         assert [h.path for h in hits] == ["memory/2026-03-01.md"]
         # a file written while FTS5 is missing is found too (no FTS rows are written)
         (ws / "memory" / "2026-03-03.md").write_text("Follow-up on XYZ-77.\n")
         engine.mark_dirty("test")
-        assert [h.path for h in await engine.search("xyz-77", min_score=0.0)] == ["memory/2026-03-03.md"]
+        assert [h.path for h in (await engine.search(SearchRequest.of("xyz-77", min_score=0.0))).results] == ["memory/2026-03-03.md"]
         status = await engine.status()
         assert (status.fts["available"], status.fts["error"], status.fts["keyword"]) == (
             False, NO_FTS5, "substring")

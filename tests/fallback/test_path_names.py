@@ -12,6 +12,7 @@ import pytest
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import PathRefusedError, UsageError
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.sources.memory_files import list_memory_files
 from fallback.sources.read_page import read_memory_page
@@ -93,7 +94,7 @@ async def test_a_transcript_with_a_latin1_name_is_indexed(ws: Path) -> None:
     with open(os.path.join(os.fsencode(sessions), b"r\xe9union.jsonl"), "wb") as fh:
         fh.write(record + b"\n")
     try:
-        hits = await engine.search("kayak")
+        hits = (await engine.search(SearchRequest.of("kayak"))).results
         assert [(h.path, h.source, h.start_line) for h in hits] == [
             ("sessions/r\\xe9union.jsonl", "sessions", 1)]
         status = await engine.status()

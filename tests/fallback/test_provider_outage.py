@@ -14,6 +14,7 @@ import pytest
 from fallback.embeddings import select_provider
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import BackendUnavailableError
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
 from qmdbridge.problems import status_problems
@@ -80,7 +81,7 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
         try:
             started = time.monotonic()
             with pytest.raises(BackendUnavailableError) as info:
-                await engine.search("kayak paddle")
+                await engine.search(SearchRequest.of("kayak paddle"))
             assert time.monotonic() - started < GENEROUS_S
             assert str(info.value) == (
                 "memory search unavailable: openai-compatible: query embedding failed: "
@@ -104,7 +105,7 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
             await engine.close()
         default = _engine(ws, srv.url)  # query.keywordFallback is on by default
         try:
-            outcome = await default.search_detailed("kayak paddle")
+            outcome = await default.search(SearchRequest.of("kayak paddle"))
             assert [h.path for h in outcome.results] == ["memory/2026-04-02.md"]
             assert outcome.warnings == [
                 "query embedding failed: openai-compatible embedding failed (HTTP 429): Rate limit "
@@ -118,7 +119,7 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
             assert (report.files_indexed, report.chunks_filled, report.chunks_pending) == (0, 1, 0)
             status = await engine.status()
             assert (status.dirty, status.healthy, status.vector["pending"]) == (False, True, 0)
-            outcome = await engine.search_detailed("kayak paddle", min_score=0.0)
+            outcome = await engine.search(SearchRequest.of("kayak paddle", min_score=0.0))
             assert outcome.warnings == []
             assert outcome.results[0].path == "memory/2026-04-02.md"
             assert outcome.results[0].vector_score is not None and outcome.results[0].vector_score > 0
@@ -134,7 +135,7 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
         try:  # search bootstraps it
             started = time.monotonic()
             with pytest.raises(BackendUnavailableError) as info:
-                await engine.search("kayak")
+                await engine.search(SearchRequest.of("kayak"))
             assert time.monotonic() - started < GENEROUS_S
             assert str(info.value) == (
                 "memory search unavailable: openai-compatible: query embedding failed: "
@@ -145,7 +146,7 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
         opted = _engine(ws, srv.url)  # the default: keyword-only with a warning
         try:
             started = time.monotonic()
-            outcome = await opted.search_detailed("kayak")
+            outcome = await opted.search(SearchRequest.of("kayak"))
             assert time.monotonic() - started < GENEROUS_S
             assert [h.path for h in outcome.results] == ["MEMORY.md"]  # bootstrapped, keyword rows
             assert outcome.warnings == [
@@ -171,7 +172,7 @@ async def test_new_vector_size_under_the_same_model_rebuilds_the_index(ws: Path)
         upstream.dims = 5  # the server now runs another model under the same id
         engine = _engine(ws, srv.url)
         try:
-            outcome = await engine.search_detailed("kayak", sync_budget_ms=0, min_score=0.0)
+            outcome = await engine.search(SearchRequest.of("kayak", min_score=0.0), sync_budget_ms=0)
             assert [h.path for h in outcome.results] == ["MEMORY.md"]  # the old index, keywords
             assert outcome.warnings == [
                 "embedding dimensions changed (3 -> 5, model mini-embed): results come from "
@@ -181,7 +182,7 @@ async def test_new_vector_size_under_the_same_model_rebuilds_the_index(ws: Path)
                 True, "rebuild pending: embedding dimensions changed (3 -> 5)")
             report = await engine.sync(reason="cli")
             assert (report.full, report.full_reason) == (True, "embedding dimensions changed (3 -> 5)")
-            outcome = await engine.search_detailed("kayak", min_score=0.0)
+            outcome = await engine.search(SearchRequest.of("kayak", min_score=0.0))
             assert outcome.warnings == []
             assert outcome.results[0].path == "MEMORY.md" and outcome.results[0].vector_score
         finally:

@@ -12,6 +12,7 @@ import pytest
 
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import ConfigError, RerankerError
+from fallback.request import SearchRequest
 from fallback.search.ranking import Candidate
 from fallback.search.rerank import (
     HttpReranker,
@@ -163,7 +164,7 @@ def _engine(ws: Path, rerank: dict[str, Any] | None = None) -> BuiltinEngine:
 async def _baseline(ws: Path) -> list[tuple[str, float, str]]:
     engine = _engine(ws)
     try:
-        return [(r.path, r.score, r.snippet) for r in await engine.search("alpha")]
+        return [(r.path, r.score, r.snippet) for r in (await engine.search(SearchRequest.of("alpha"))).results]
     finally:
         await engine.close()
 
@@ -185,7 +186,7 @@ async def test_http_rerank_wire_and_the_reordering_it_causes(ws: Path) -> None:
         engine = _engine(ws, {"provider": "http", "model": "rerank-test", "baseUrl": srv.url + "/",
                               "apiKey": KEY, "topN": 20})
         try:
-            outcome = await engine.search_detailed("alpha", explain=True)
+            outcome = await engine.search(SearchRequest.of("alpha", explain=True))
         finally:
             await engine.close()
     assert srv.paths() == ["/v1/rerank"]
@@ -217,7 +218,7 @@ async def test_top_n_limits_the_documents_sent_and_the_tail_keeps_its_place(ws: 
     with serve(reverse) as srv:
         engine = _engine(ws, {"provider": "http", "model": "m", "baseUrl": srv.url, "topN": 2})
         try:
-            hits = await engine.search("alpha")
+            hits = (await engine.search(SearchRequest.of("alpha"))).results
         finally:
             await engine.close()
     assert srv.requests[0].json["documents"] == [base[0][2], base[1][2]]
@@ -232,7 +233,7 @@ async def test_a_500_keeps_the_fused_order_with_a_warning_after_one_retry(ws: Pa
     with serve(lambda req: Reply(500, {"error": {"message": "model overloaded"}})) as srv:
         engine = _engine(ws, {"provider": "http", "model": "m", "baseUrl": srv.url})
         try:
-            outcome = await engine.search_detailed("alpha", explain=True)
+            outcome = await engine.search(SearchRequest.of("alpha", explain=True))
         finally:
             await engine.close()
     assert len(srv.requests) == 2
@@ -248,7 +249,7 @@ async def test_a_4xx_is_not_retried_and_the_key_never_shows(ws: Path) -> None:
     with serve(lambda req: reply) as srv:
         engine = _engine(ws, {"provider": "http", "model": "m", "baseUrl": srv.url, "apiKey": KEY})
         try:
-            outcome = await engine.search_detailed("alpha")
+            outcome = await engine.search(SearchRequest.of("alpha"))
         finally:
             await engine.close()
     assert len(srv.requests) == 1
@@ -263,7 +264,7 @@ async def test_a_server_past_the_deadline_keeps_the_fused_order(ws: Path) -> Non
     with serve(lambda req: Reply(200, {"results": []}, delay_s=30)) as srv:
         engine = _engine(ws, {"provider": "http", "model": "m", "baseUrl": srv.url, "timeoutMs": 300})
         try:
-            outcome = await engine.search_detailed("alpha")
+            outcome = await engine.search(SearchRequest.of("alpha"))
         finally:
             await engine.close()
     assert [(r.path, r.score) for r in outcome.results] == [(p, s) for p, s, _ in base]
@@ -280,7 +281,7 @@ async def test_retry_after_is_honoured_then_the_answer_is_used(ws: Path) -> None
     with serve(flaky) as srv:
         engine = _engine(ws, {"provider": "http", "model": "m", "baseUrl": srv.url})
         try:
-            outcome = await engine.search_detailed("alpha")
+            outcome = await engine.search(SearchRequest.of("alpha"))
         finally:
             await engine.close()
     assert len(srv.requests) == 2 and outcome.warnings == []
@@ -297,7 +298,7 @@ async def test_local_missing_file_is_a_warning_and_the_order_stays(ws: Path, tmp
     missing = tmp_path / "models" / "bge-reranker.gguf"
     engine = _engine(ws, {"provider": "local", "model": str(missing)})
     try:
-        outcome = await engine.search_detailed("alpha")
+        outcome = await engine.search(SearchRequest.of("alpha"))
     finally:
         await engine.close()
     assert [(r.path, r.score) for r in outcome.results] == [(p, s) for p, s, _ in base]

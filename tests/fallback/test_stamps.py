@@ -16,6 +16,7 @@ from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.engine.in_sync import InSyncSettings, stale_reason
 from fallback.index.identity import index_identity
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.sources.stamps import change_time_ns
 from fallback.store.db import Store
@@ -93,9 +94,9 @@ async def test_a_rewrite_with_its_size_and_mtime_put_back_is_indexed_again(ws: P
         again = await engine.sync(reason="test")
         assert _counts(again) == (1, 1, 1, 1)
         assert provider.texts_embedded == embedded + 1  # the changed chunk only
-        hits = await engine.search("egret feeder")
+        hits = (await engine.search(SearchRequest.of("egret feeder"))).results
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [(NOTE, 1, 3)]
-        assert await engine.search("heron") == []
+        assert (await engine.search(SearchRequest.of("heron"))).results == []
     finally:
         await engine.close()
     assert [r[5] for r in _chunks(engine.settings.db_path) if r[2] == NOTE] == [
@@ -155,7 +156,7 @@ async def test_a_store_from_before_the_ctime_column_migrates_and_keeps_its_chunk
         report = await upgraded.sync(reason="test")
         assert (report.full, *_counts(report)) == (False, 2, 0, 0, 0)  # each file hashed once
         assert _counts(await upgraded.sync(reason="test")) == (0, 0, 0, 0)
-        assert [h.path for h in await upgraded.search("heron feeder")] == [NOTE]
+        assert [h.path for h in (await upgraded.search(SearchRequest.of("heron feeder"))).results] == [NOTE]
     finally:
         await upgraded.close()
     assert provider.texts_embedded == embedded

@@ -20,6 +20,7 @@ import pytest
 
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
 
@@ -92,11 +93,11 @@ async def test_search_answers_old_index_during_an_open_publish_transaction(tmp_p
     store = engine._store  # the engine's own store: its writer lock is the one held below
     assert store is not None
     with write_transaction_held(store, _wipe) as release:
-        hits = await engine.search("Alpha")
+        hits = (await engine.search(SearchRequest.of("Alpha"))).results
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [("memory/2026-01-12.md", 1, 2)]
         status = await engine.status()
         assert (status.files, status.chunks) == (2, 2)
         assert not release.is_set()
     assert await anyio.to_thread.run_sync(store.query, "SELECT COUNT(*) FROM chunks") == [(0,)]
-    assert await engine.search("Alpha") == []  # the published (wiped) index
+    assert (await engine.search(SearchRequest.of("Alpha"))).results == []  # the published (wiped) index
     await engine.close()

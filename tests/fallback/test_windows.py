@@ -15,6 +15,7 @@ from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import EmbeddingProviderError
 from fallback.index.indexer import full_reindex_reason, index_identity
 from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS, chunk_windows, pack_windows
+from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import META_KEY, Store
 from fallback.text.chunking import Chunk
@@ -110,7 +111,7 @@ async def test_a_chunk_is_found_by_its_best_window(tmp_path: Path):
     engine = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / "state", search=search),
                            provider_selection=selection)
     try:
-        hits = await engine.search("alpha beta")
+        hits = (await engine.search(SearchRequest.of("alpha beta"))).results
         store = Store(engine.settings.db_path)
         try:
             rows = store.query("SELECT path, start_line, end_line, text, vector, dims FROM chunks ORDER BY path")

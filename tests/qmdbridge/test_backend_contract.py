@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fallback.contract import MemoryBackend, SearchInfo
+from fallback.contract import MemoryBackend
 from fallback.engine.builtin import BuiltinEngine
 from fallback.settings import EngineSettings, MemorySearchSettings
 from qmdbridge.config import parse_config, resolve_agent
@@ -17,7 +17,7 @@ from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.locate import QmdLocation
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTOCOL_METHODS = ["close", "prepare", "read_file", "search", "search_info", "start", "status", "sync"]
+PROTOCOL_METHODS = ["close", "prepare", "read_file", "search", "start", "status", "sync"]
 
 
 def _protocol_methods() -> dict[str, object]:
@@ -62,10 +62,9 @@ def test_backend_satisfies_the_protocol_with_compatible_signatures(tmp_path: Pat
         for pname, p in got.items():
             if pname not in want:  # extras are optional keywords, so protocol calls still work
                 assert p.default is not inspect.Parameter.empty, f"{name}({pname}) is required"
-    info = backend.search_info()
-    assert isinstance(info, SearchInfo)
-    expected = ("none", None, "fts-only", ()) if backend.name == "builtin" else ("qmd", "qmd", "search", ())
-    assert (info.provider, info.model, info.mode, info.warnings) == expected
+    # one answer type: the outcome carries the notes, mode and provider (no side channel)
+    assert inspect.signature(type(backend).search).return_annotation == "SearchOutcome"
+    assert not hasattr(backend, "search_info")
 
 
 def test_the_manager_uses_no_private_backend_attributes() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fallback.errors import BackendUnavailableError
+from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.locate import QmdLocation
@@ -44,19 +45,19 @@ async def test_collections_search_and_sync(tmp_path: Path, qmd_bin: Path, base_p
         await b.start()
         yml = (tmp_path / "state/agents/main/qmd/xdg-config/qmd/index.yml").read_text()
         assert "memory-root-main:" in yml and "memory-dir-main:" in yml
-        [hit] = await b.search("bravo", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("bravo", min_score=0))).results
         # the note fits the chunk budget and the snippet's: the hit is the whole note (qmd's own
         # snippet was lines 4-6 around "bravo")
         assert (hit.path, hit.start_line, hit.end_line, hit.source) == ("memory/2026-01-02.md", 1, 6, "memory")
         assert hit.snippet == "# Day\n\nfirst\nsecond\nbravo keyword\nthird"
-        [dash] = await b.search("-dash", min_score=0)
+        [dash] = (await b.search(SearchRequest.of("-dash", min_score=0))).results
         assert (dash.path, dash.start_line) == ("MEMORY.md", 3)  # qmd syntax: qmd's lines
-        [lex] = await b.search("lex: literal", min_score=0)
+        [lex] = (await b.search(SearchRequest.of("lex: literal", min_score=0))).results
         assert (lex.path, lex.start_line, lex.end_line) == ("MEMORY.md", 1, 5)
-        assert await b.search("zulu", min_score=0) == []
+        assert (await b.search(SearchRequest.of("zulu", min_score=0))).results == []
         (b.agent.workspace_dir / "memory" / "2026-01-03.md").write_text("# New\n\nzulu fresh\n")
         await b.sync(reason="test", force=True)
-        assert [r.path for r in await b.search("zulu", min_score=0)] == ["memory/2026-01-03.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("zulu", min_score=0))).results] == ["memory/2026-01-03.md"]
         page = await b.read_file("memory/2026-01-03.md", from_line=3, lines=1)
         assert (page.text, page.from_line, page.lines) == ("zulu fresh", 3, 1)
         st = await b.status()
@@ -73,9 +74,9 @@ async def test_second_agent_is_isolated(tmp_path: Path, qmd_bin: Path, base_path
     try:
         await a.start()
         await other.start()
-        assert await other.search("bravo", min_score=0) == []
-        assert [r.path for r in await other.search("charlie", min_score=0)] == ["MEMORY.md"]
-        assert await a.search("charlie", min_score=0) == []
+        assert (await other.search(SearchRequest.of("bravo", min_score=0))).results == []
+        assert [r.path for r in (await other.search(SearchRequest.of("charlie", min_score=0))).results] == ["MEMORY.md"]
+        assert (await a.search(SearchRequest.of("charlie", min_score=0))).results == []
         assert [c["name"] for c in await other.list_collections()] == ["memory-root-ops", "memory-dir-ops"]
     finally:
         await a.close()
@@ -90,7 +91,7 @@ async def test_ci_env_fails_fast(tmp_path: Path, qmd_bin: Path, base_path_env: s
     try:
         await b.start()
         with pytest.raises(BackendUnavailableError) as ei:
-            await b.search("bravo", min_score=0)
+            await b.search(SearchRequest.of("bravo", min_score=0))
         # Decided from the model state before any qmd search process starts.
         assert ei.value.reason == (f"qmd {mode} skipped: qmd refuses model operations while the CI "
                                    "environment variable is set; unset CI to embed or warm up the models")
@@ -111,7 +112,7 @@ async def test_reconcile_rebinds_changed_pattern(tmp_path: Path, qmd_bin: Path, 
         await b.reconcile()
         after = {c["name"]: (c["path"], c["pattern"]) for c in await b.list_collections()}
         assert after["memory-dir-main"] == (str(b.agent.workspace_dir / "memory"), "**/*.md")
-        assert [r.path for r in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("bravo", min_score=0))).results] == ["memory/2026-01-02.md"]
     finally:
         await b.close()
 
@@ -128,13 +129,13 @@ async def test_hits_with_qmds_lines_lose_carriage_returns_and_nul_bytes(
     (ws / "memory" / "2026-01-01.md").write_bytes(b"# Day\n\nThe kestrel hovers high.\n" + b"\0" * 20 + b"\n")
     try:
         await b.start()
-        [passage] = await b.search("pelican", min_score=0)  # ranked passages: already clean
+        [passage] = (await b.search(SearchRequest.of("pelican", min_score=0))).results  # ranked passages: already clean
         assert (passage.start_line, passage.end_line, passage.snippet) == (
             1, 4, "# Memory\n\nThe pelican eats fish daily.\nSecond line here.")
-        [phrase] = await b.search('"pelican eats"', min_score=0)  # qmd's syntax: qmd's lines
+        [phrase] = (await b.search(SearchRequest.of('"pelican eats"', min_score=0))).results  # qmd's syntax: qmd's lines
         assert (phrase.path, phrase.start_line, phrase.end_line, phrase.snippet) == (
             "MEMORY.md", 1, 3, "# Memory\n\nThe pelican eats fish daily.")
-        stop_words = await b.search("the", min_score=0)
+        stop_words = (await b.search(SearchRequest.of("the", min_score=0))).results
         assert sorted((h.path, h.start_line, h.end_line, h.snippet) for h in stop_words) == [
             ("MEMORY.md", 2, 4, "\nThe pelican eats fish daily.\nSecond line here."),
             ("memory/2026-01-01.md", 2, 4, "\nThe kestrel hovers high.")]

@@ -13,6 +13,7 @@ import pytest
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
 from fallback.fs.lock import PidFileLock
+from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import VEC0_HINT, QmdBackend
 from qmdbridge.qmd.errors import QmdOutputError
@@ -52,7 +53,7 @@ async def test_noise_and_crash_after_output_recovered(tmp_path: Path, standins_d
     b, _ = make(tmp_path, standins_dir, base_path_env, behaviour)
     try:
         await b.start()
-        [hit] = await b.search("alpha", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("alpha", min_score=0))).results
         # the four-line note is one chunk: the hit is the whole note (qmd said 3-4), scored as
         # the best passage of the notes qmd found (qmd said 0.82)
         assert (hit.path, hit.start_line, hit.end_line, hit.snippet, hit.score) == (
@@ -68,7 +69,7 @@ async def test_a_hit_without_the_question_words_keeps_qmds_lines(
     b, _ = make(tmp_path, standins_dir, base_path_env, "noisy")
     try:
         await b.start()
-        [hit] = await b.search("gamma", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("gamma", min_score=0))).results
         assert (hit.start_line, hit.end_line, hit.snippet_start_line, hit.snippet_end_line,
                 hit.snippet) == (3, 4, 3, 4, "alpha\nbeta")
     finally:
@@ -80,7 +81,7 @@ async def test_flag_rejection_reruns_with_query(tmp_path: Path, standins_dir: Pa
     b, log = make(tmp_path, standins_dir, base_path_env, "flagreject")
     try:
         await b.start()
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
         calls = search_calls(log)
         # one call per collection, side by side (any order), all rerun with query
         assert [c[0] for c in calls] == ["search", "search", "query", "query"]
@@ -100,7 +101,7 @@ async def test_after_a_flag_rejection_query_mode_reads_the_question_as_written(
     b, log = make(tmp_path, standins_dir, base_path_env, "flagreject")
     try:
         await b.start()
-        await b.search("Where is alpha?", min_score=0)
+        await b.search(SearchRequest.of("Where is alpha?", min_score=0))
         calls = search_calls(log)
         # search gets the content word (qmdbridge/qmd/lexical.py), query the sentence
         assert [(c[0], c[-1]) for c in calls] == [("search", "alpha")] * 2 + [
@@ -114,7 +115,7 @@ async def test_garbage_raises_output_error(tmp_path: Path, standins_dir: Path, b
     try:
         await b.start()
         with pytest.raises(QmdOutputError) as ei:
-            await b.search("alpha")
+            await b.search(SearchRequest.of("alpha"))
         # the message names the subcommand that printed it (search mode: qmd search)
         assert str(ei.value) == ("qmd unavailable: qmd search returned invalid JSON: qmd search JSON"
                                  " response was not an array (stdout: not json at all)")
@@ -127,7 +128,7 @@ async def test_missing_collection_repaired_once(tmp_path: Path, standins_dir: Pa
     b, log = make(tmp_path, standins_dir, base_path_env, "missing")
     try:
         await b.start()
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
         calls = [orjson.loads(line) for line in log.read_text().splitlines()]
         lists = [i for i, c in enumerate(calls) if c[:2] == ["collection", "list"]]
         searches = [i for i, c in enumerate(calls) if c[0] == "search"]
@@ -147,7 +148,7 @@ async def test_hang_times_out_and_leaves_no_process(tmp_path: Path, standins_dir
         await b.start()
         started = time.monotonic()
         with pytest.raises(BackendTimeoutError) as ei:
-            await b.search("alpha")
+            await b.search(SearchRequest.of("alpha"))
         assert time.monotonic() - started < 1.5 + 3.0
         assert ei.value.timeout_ms == 1500
         assert str(ei.value).endswith("timed out after 1500ms (memory.qmd.limits.timeoutMs)")
@@ -286,11 +287,12 @@ async def test_answer_before_a_bun_panic_is_used_with_a_warning(tmp_path: Path, 
     b, _ = make(tmp_path, standins_dir, base_path_env, "panic")
     try:
         await b.start()
-        [hit] = await b.search("alpha", min_score=0)
+        outcome = await b.search(SearchRequest.of("alpha", min_score=0))
+        [hit] = outcome.results
         assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 1, 4)
-        assert b.search_info().warnings == (
+        assert outcome.warnings == [
             "qmd search exited with code 3 after printing a complete answer (panic: Segmentation "
-            "fault at address 0x18); the answer was used",)
+            "fault at address 0x18); the answer was used"]
     finally:
         await b.close()
 
@@ -302,10 +304,10 @@ async def test_missing_vec0_switches_the_agent_to_search_with_a_hint(tmp_path: P
                   QMD_EMBED_MODEL=str(tmp_path / "embed.gguf"))
     try:
         await b.start()
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
-        info = b.search_info()
-        assert (info.mode, info.warnings) == ("search", (VEC0_HINT,))
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        info = await b.search(SearchRequest.of("alpha", min_score=0))
+        assert [h.path for h in info.results] == ["MEMORY.md"]
+        assert (info.mode, info.warnings) == ("search", [VEC0_HINT])
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
         # vsearch once per collection, then search only, this search and the next
         assert [c[0] for c in search_calls(log)] == ["vsearch", "vsearch"] + ["search"] * 4
         st = await b.status()
@@ -324,7 +326,7 @@ async def test_the_search_vec0_switched_to_sends_the_content_words_as_the_next_o
     try:
         await b.start()
         for _ in range(2):
-            assert [h.path for h in await b.search("When is alpha due?", min_score=0)] == ["MEMORY.md"]
+            assert [h.path for h in (await b.search(SearchRequest.of("When is alpha due?", min_score=0))).results] == ["MEMORY.md"]
         calls = [(c[0], c[-1]) for c in search_calls(log)]
         # vsearch reads the sentence; the search it fell back to, like the next one, sends the
         # content words ANDed, then each alone (one hit fills one of six slots)
@@ -353,7 +355,7 @@ async def test_status_and_doctor_try_a_search_instead_of_trusting_version(
         assert (st.healthy, st.last_error) == (False, f"qmd search probe failed: {failure}")
         assert st.custom["qmd"]["searchProbe"] == {"ok": False, "error": failure}
         with pytest.raises(BackendUnavailableError):
-            await b.search("alpha")
+            await b.search(SearchRequest.of("alpha"))
         assert (await b.status()).custom["qmd"]["lastSearchError"] == (
             "qmd search --json -n 6 -c memory-root-main --index index -- alpha failed (code 1): "
             "error: Cannot find module '@tobilu/qmd/dist/store.js'")

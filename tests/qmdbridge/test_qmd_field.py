@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
+from fallback.request import SearchRequest
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
@@ -62,8 +63,8 @@ async def test_mask_dropped_collection_is_read_back_and_re_added_with_glob(
         assert b.reconcile_state.flags_tried == ["--mask", "--glob", "--glob"]
         assert (b.reconcile_state.pattern_flag, b.reconcile_state.refused) == ("--glob", {})
         assert index_counts(b.home.index_db) == ({"memory-root-main": 1, "memory-dir-main": 1}, None)
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
-        assert await b.search("charlie", min_score=0) == []
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
+        assert (await b.search(SearchRequest.of("charlie", min_score=0))).results == []
     finally:
         await b.close()
 
@@ -84,8 +85,8 @@ async def test_both_flags_dropped_refuses_the_collection_with_a_reason(
         # qmd's default, so that collection is what was asked for and stays
         assert [c["name"] for c in await b.list_collections()] == ["memory-dir-main"]
         assert index_counts(b.home.index_db) == ({"memory-dir-main": 1}, None)
-        assert [h.path for h in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
-        assert await b.search("alpha", min_score=0) == []
+        assert [h.path for h in (await b.search(SearchRequest.of("bravo", min_score=0))).results] == ["memory/2026-01-02.md"]
+        assert (await b.search(SearchRequest.of("alpha", min_score=0))).results == []
         status = await b.status()
         assert status.custom["qmd"]["refusedCollections"] == {"memory-root-main": reason}
         assert reason in status.issues
@@ -116,15 +117,16 @@ async def test_normalised_index_path_is_cited_as_the_file_that_matched(
     try:
         await b.start()
         _as_old_build_stored_it(b.home.index_db, "trip_notes.md", "trip-notes.md", drop="Trip Notes.md")
-        [hit] = await b.search("Delphi", min_score=0)
+        outcome = await b.search(SearchRequest.of("Delphi", min_score=0))
+        [hit] = outcome.results
         # both files normalise to trip-notes.md; the first by name is "Trip Notes.md", the
         # one whose lines hold the snippet is trip_notes.md
         assert (hit.path, hit.start_line, hit.end_line) == ("memory/trip_notes.md", 1, 3)
         assert hit.snippet == "# Trip\n\nbus to Delphi at 09:15"
-        assert b.last_search_notes == []
+        assert outcome.warnings == []
         (mem / "trip_notes.md").unlink()  # the indexed file is gone; its look-alike is not it
-        assert await b.search("Delphi", min_score=0) == []
-        assert b.last_search_notes == []
+        outcome = await b.search(SearchRequest.of("Delphi", min_score=0))
+        assert (outcome.results, outcome.warnings) == ([], [])
     finally:
         await b.close()
 
@@ -138,11 +140,12 @@ async def test_two_files_that_fit_a_normalised_path_are_reported_not_guessed(
     try:
         await b.start()
         _as_old_build_stored_it(b.home.index_db, "Trip Notes.md", "trip-notes.md", drop="trip_notes.md")
-        assert await b.search("Hydra", min_score=0) == []
+        outcome = await b.search(SearchRequest.of("Hydra", min_score=0))
+        assert outcome.results == []
         note = ("qmd hit dropped: trip-notes.md in qmd's index (a path normalised by a qmd older than "
                 "2.6) matches 2 files (Trip Notes.md, trip_notes.md); run `qmdbridge qmd update` so "
                 "qmd stores the real paths")
-        assert b.last_search_notes == [note]
+        assert outcome.warnings == [note]
         assert note in (await b.status()).issues
     finally:
         await b.close()
@@ -161,8 +164,8 @@ async def test_each_collection_is_searched_in_its_own_call(
     try:
         await b.start()
         assert [c.name for c in b.collections] == ["memory-root-main", "memory-dir-main", "inbox-main"]
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
-        assert [h.path for h in await b.search("bravo", min_score=0)] == ["memory/2026-01-02.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("bravo", min_score=0))).results] == ["memory/2026-01-02.md"]
         calls = [orjson.loads(line) for line in log.read_text().splitlines()]
         named = sorted(c[c.index("-c") + 1] for c in calls)
         assert all(c.count("-c") == 1 for c in calls)
@@ -192,7 +195,7 @@ async def test_query_timeout_names_the_setting_and_the_empty_model_cache(
         await b.start()
         assert not list((b.home.xdg_cache / "qmd" / "models").glob("*.gguf"))
         with pytest.raises(BackendTimeoutError) as info:
-            await b.search("alpha root", min_score=0)
+            await b.search(SearchRequest.of("alpha root", min_score=0))
         assert str(info.value) == (
             "qmd unavailable: qmd query --json -n 6 -c memory-root-main -- alpha root timed out after "
             "1500ms (memory.qmd.limits.timeoutMs); models missing or downloading? qmd's model cache "
@@ -211,7 +214,7 @@ async def test_query_offline_with_no_models_fails_at_once_with_the_current_reaso
     try:
         await b.start()
         with pytest.raises(BackendUnavailableError) as info:
-            await b.search("alpha root", min_score=0)
+            await b.search(SearchRequest.of("alpha root", min_score=0))
         assert not isinstance(info.value, BackendTimeoutError)
         assert info.value.reason.startswith(
             "qmd query skipped: offline: cannot reach 127.0.0.1:9 to download the missing model(s) "
@@ -253,7 +256,7 @@ async def test_a_busy_index_is_retried_until_it_is_free(tmp_path: Path, qmd_bin:
     try:
         await b.start()
         holder.append(_lock(b.home.index_db))
-        assert [h.path for h in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
         assert holder == []  # released by the retry's log line, so it was retried
     finally:
         logger.removeHandler(handler)
@@ -308,7 +311,7 @@ async def test_a_qmd_that_refuses_every_collection_does_not_answer(
         await b.start()
         assert sorted(b.reconcile_state.refused) == ["memory-dir-main", "memory-root-main"]
         with pytest.raises(BackendUnavailableError) as err:
-            await b.search("bravo", min_score=0)
+            await b.search(SearchRequest.of("bravo", min_score=0))
         assert err.value.reason == f"qmd has no usable collection: {first}"
         status = await b.status()
         assert f"qmd has no usable collection: {first}" in status.issues

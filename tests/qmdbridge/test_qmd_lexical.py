@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from fallback.request import SearchRequest
 from fallback.text.chunking import chunk_markdown
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
@@ -152,7 +153,7 @@ def _sent(log: Path) -> list[str | tuple[str, ...]]:
 async def test_a_question_finds_the_note_with_every_word_first_then_notes_with_some(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
-        hits = await b.search(QUESTION, min_score=0)
+        hits = (await b.search(SearchRequest.of(QUESTION, min_score=0))).results
         # the note holding every content word first; then the notes holding some of them
         assert hits[0].path == "memory/2026-03-01.md"
         assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
@@ -174,15 +175,15 @@ async def test_a_cjk_question_is_searched_as_written_then_word_by_word(
     more = {"2026-03-05.md": "# 周五\n\n今天讨论了记忆系统升级。\n周五晚上去了支持小组，大家分享了故事。\n",
             "2026-03-06.md": "# 周六\n\n用户喜欢喝乌龙茶。\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
-        hits = await b.search("我们什么时候去了支持小组？", min_score=0)
+        hits = (await b.search(SearchRequest.of("我们什么时候去了支持小组？", min_score=0))).results
         assert hits[0].path == "memory/2026-03-05.md"
         assert hits[0].snippet_start_line <= 4 <= hits[0].snippet_end_line
         [sent, again] = _sent(log)  # one call per collection: as written, then word by word
         assert sent == again and sent[0] == "我们什么时候去了支持小组？"
         assert sorted(sent[1:]) == ["候去", "小组", "持小", "支持", "时候"]
-        tea = await b.search("用户喜欢喝什么茶", min_score=0)
+        tea = (await b.search(SearchRequest.of("用户喜欢喝什么茶", min_score=0))).results
         assert [h.path for h in tea][:1] == ["memory/2026-03-06.md"]
-        phrase = await b.search('"支持小组"', min_score=0)  # qmd syntax: as written, qmd's lines
+        phrase = (await b.search(SearchRequest.of('"支持小组"', min_score=0))).results  # qmd syntax: as written, qmd's lines
         assert [h.path for h in phrase] == ["memory/2026-03-05.md"]
         assert _queries(log)[-2:] == ['"支持小组"'] * 2
 
@@ -196,13 +197,13 @@ async def test_a_cjk_question_with_one_word_searches_that_word(
     more = {"2026-03-05.md": "# 周五\n\n护照放在书房的抽屉里。\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
         assert cjk_terms("我的护照呢？") == ("护照",)
-        hits = await b.search("我的护照呢？", min_score=0)
+        hits = (await b.search(SearchRequest.of("我的护照呢？", min_score=0))).results
         assert [h.path for h in hits] == ["memory/2026-03-05.md"]
         assert hits[0].snippet_start_line <= 3 <= hits[0].snippet_end_line
         assert _sent(log) == [("我的护照呢？", "护照")] * 2
         log.unlink()
         # a question that is its one word is searched once (per collection)
-        assert [h.path for h in await b.search("护照", min_score=0)] == ["memory/2026-03-05.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("护照", min_score=0))).results] == ["memory/2026-03-05.md"]
         assert _sent(log) == ["护照"] * 2  # one word: a plain qmd search
 
 
@@ -214,7 +215,7 @@ async def test_a_traditional_chinese_question_searches_its_words_not_its_stop_wo
     slots of the question's last noun."""
     more = {"2026-03-05.md": "# 週五\n\n每天下午都喝凍頂烏龍茶。\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
-        hits = await b.search("使用者喜歡喝什麼茶", min_score=0)
+        hits = (await b.search(SearchRequest.of("使用者喜歡喝什麼茶", min_score=0))).results
         assert [h.path for h in hits] == ["memory/2026-03-05.md"]
         assert "茶" in _queries(log) and "喝什" not in _queries(log)
 
@@ -228,7 +229,7 @@ async def test_a_japanese_question_searches_its_kanji_words_whole(
     more = {f"2026-03-1{i}.md": f"# 出張\n\n東京で打ち合わせ{i}。\n" for i in range(6)}
     more["2026-03-20.md"] = "# 旅行\n\n週末は京都に行った。お寺を回って、抹茶のお菓子を買った。\n"
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
-        hits = await b.search("京都はどうだった？", max_results=1, min_score=0)
+        hits = (await b.search(SearchRequest.of("京都はどうだった？", max_results=1, min_score=0))).results
         assert [h.path for h in hits] == ["memory/2026-03-20.md"]
         assert "京都" in _queries(log)
 
@@ -238,16 +239,16 @@ async def test_a_japanese_question_searches_its_kanji_words_whole(
 async def test_one_call_per_collection_and_qmd_syntax_sent_as_written(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
-        [hit] = await b.search(QUESTION, max_results=1, min_score=0)
+        [hit] = (await b.search(SearchRequest.of(QUESTION, max_results=1, min_score=0))).results
         assert hit.path == "memory/2026-03-01.md"
         assert len(_sent(log)) == 2  # one call per collection
         log.unlink()
         # a quoted phrase is qmd syntax: sent as written, ANDed by qmd, never relaxed
-        [hit] = await b.search('"support group" weekly', min_score=0)
+        [hit] = (await b.search(SearchRequest.of('"support group" weekly', min_score=0))).results
         assert hit.path == "memory/2026-03-02.md"
         assert _queries(log) == ['"support group" weekly'] * 2
         log.unlink()
-        assert await b.search("Caroline -paints lake", min_score=0) == []
+        assert (await b.search(SearchRequest.of("Caroline -paints lake", min_score=0))).results == []
         assert _queries(log) == ["Caroline -paints lake"] * 2
 
 
@@ -272,14 +273,14 @@ async def test_a_question_is_one_call_per_collection_whatever_the_index_counts_s
     so a question costs as many qmd processes as collections, and the answer is the same when
     qmd's index cannot be counted."""
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
-        hits = await b.search("Caroline tea", min_score=0)
+        hits = (await b.search(SearchRequest.of("Caroline tea", min_score=0))).results
         assert [h.path for h in hits][:1] == ["MEMORY.md"]
         assert sorted(h.path for h in hits[1:]) == ["memory/2026-03-01.md", "memory/2026-03-03.md"]
         assert sorted(_calls(log)) == [("memory-dir-main", ("Caroline tea", "Caroline", "tea")),
                                        ("memory-root-main", ("Caroline tea", "Caroline", "tea"))]
         log.unlink()
         b.index_counts = _Unknown()  # type: ignore[assignment]  # every collection is searched
-        assert await b.search("Caroline tea", min_score=0) == hits
+        assert (await b.search(SearchRequest.of("Caroline tea", min_score=0))).results == hits
         assert len(_calls(log)) == 2
 
 
@@ -291,12 +292,12 @@ async def test_no_word_is_searched_alone_when_the_and_found_every_note(
     the AND and each word alone in it."""
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, daily={},
                         memory="# Notes\nrouter dropped the WAN link on tuesday\n") as (b, log):
-        [hit] = await b.search("did the router drop the WAN?", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("did the router drop the WAN?", min_score=0))).results
         assert (hit.path, hit.start_line, hit.end_line) == ("MEMORY.md", 1, 2)
         assert _calls(log) == [("memory-root-main", ("router drop WAN", "router", "drop", "WAN"))]
         log.unlink()
         # no note holds "lost": the AND finds nothing, each word alone finds the note
-        assert [h.path for h in await b.search("router WAN lost", min_score=0)] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("router WAN lost", min_score=0))).results] == ["MEMORY.md"]
         assert _calls(log) == [("memory-root-main", ("router WAN lost", "router", "WAN", "lost"))]
 
 
@@ -309,7 +310,7 @@ async def test_a_qmd_rejecting_the_lex_call_gets_the_and_and_the_relaxed_pass(
     and the answer stands."""
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, FAIL_QUERY="support",
                         REJECT_LEX="1") as (b, log):
-        hits = await b.search(QUESTION, min_score=0)
+        hits = (await b.search(SearchRequest.of(QUESTION, min_score=0))).results
         # "support" alone failed; "group" still finds Wednesday's note, "Caroline" the others
         assert hits[0].path == "memory/2026-03-01.md"
         assert sorted(h.path for h in hits[1:]) == ["MEMORY.md", "memory/2026-03-02.md",
@@ -328,7 +329,7 @@ async def test_the_relaxed_pass_searches_the_first_words_only(
     words = ["lake", "library", "basil", "tea", "Tuesday", "weekly", "garden", "Caroline"]
     assert MAX_RELAXED_TERMS == 6
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env) as (b, log):
-        hits = await b.search(" ".join(words), min_score=0)  # no note holds all eight
+        hits = (await b.search(SearchRequest.of(" ".join(words), min_score=0))).results  # no note holds all eight
         assert _sent(log) == [(" ".join(words), *words[:MAX_RELAXED_TERMS])] * 2
         # each note holds one of the first six words (lake: Thursday, library: Wednesday,
         # basil: Friday, tea: MEMORY.md, Tuesday: Tuesday's note)
@@ -350,20 +351,20 @@ async def test_words_reach_qmd_whole_as_its_index_holds_them(
         "2026-03-09.md": "# Diwali\n\nकल रात लड़का नया चश्मा यहाँ लाया।\n",
     }) as (b, log):
         # a version with a suffix: the dotted part and the suffix, which the note holds
-        hits = await b.search("1.2.3-rc1 router", min_score=0)
+        hits = (await b.search(SearchRequest.of("1.2.3-rc1 router", min_score=0))).results
         assert [h.path for h in hits] == ["memory/2026-03-05.md", "memory/2026-03-06.md"]
         assert [sent[0] for sent in _sent(log)] == ["1.2.3 rc1 router"] * 2
         log.unlink()
         # an acute accent typed as the apostrophe: no lone "s", which would match any note
         # with a word starting with s ("support")
-        [hit] = await b.search("Nate\u00b4s dog", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("Nate\u00b4s dog", min_score=0))).results
         assert hit.path == "memory/2026-03-07.md"
         assert sorted(_queries(log)) == sorted(["Nate dog", "Nate", "dog"] * 2)
         log.unlink()
         # Devanagari words go whole, never as their consonants (each of which begins some word
         # of the Diwali note); qmd 2.8.3 drops the vowel signs from a query term, so its search
         # finds no such word at all (the builtin engine does)
-        assert await b.search("कैरोलिन चाय", min_score=0) == []
+        assert (await b.search(SearchRequest.of("कैरोलिन चाय", min_score=0))).results == []
         assert sorted(_queries(log)) == sorted(["कैरोलिन चाय", "कैरोलिन", "चाय"] * 2)
 
 
@@ -373,7 +374,7 @@ async def test_a_one_letter_word_narrows_the_and_but_is_not_searched_alone(
         tmp_path: Path, qmd_bin: Path, standins_dir: Path, base_path_env: str) -> None:
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more_notes={
             "2026-03-10.md": "# Roadmap\n\nThe launch plan is ready for review.\n"}) as (b, log):
-        hits = await b.search("Plan B launch", min_score=0)
+        hits = (await b.search(SearchRequest.of("Plan B launch", min_score=0))).results
         # "b" alone would be a prefix of "basil" and "by" (Friday's and Thursday's notes)
         assert [h.path for h in hits] == ["memory/2026-03-10.md"]
         assert _sent(log) == [("Plan B launch", "Plan", "launch")] * 2
@@ -395,7 +396,7 @@ async def test_a_long_note_is_cited_at_the_lines_holding_the_question_words(
     chunks = {(c.start_line, c.end_line)
               for c in chunk_markdown("\n".join(chat) + "\n", tokens=400, overlap=80, sections=True)}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
-        hits = await b.search("Caroline pottery kiln", min_score=0)
+        hits = (await b.search(SearchRequest.of("Caroline pottery kiln", min_score=0))).results
         assert [sent[0] for sent in _sent(log)] == ["Caroline pottery kiln"] * 2  # no note holds "kiln"
         hit = hits[0]  # the only note holding "pottery"
         assert hit.path == "memory/2026-03-05.md" and hit.score == 1.0
@@ -426,7 +427,7 @@ async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_no
     more = {"2026-03-05.md": "\n".join(chat) + "\n",
             "2026-03-06.md": "\n".join(["# Conversation on 6 March", *chat[1:]]) + "\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, _):
-        hits = await b.search("pottery workshop", min_score=0)
+        hits = (await b.search(SearchRequest.of("pottery workshop", min_score=0))).results
         firsts = {h.path: h for h in reversed(hits)}  # each note's best hit
         assert sorted((p, h.snippet_start_line <= 45 <= h.snippet_end_line)
                       for p, h in firsts.items()) == [
@@ -435,7 +436,7 @@ async def test_a_note_shortened_after_qmd_indexed_it_is_cited_where_the_words_no
         (memory / "2026-03-05.md").write_text("# Conversation on 5 March\n\n"
                                               "Caroline: the pottery workshop moved to Sunday.\n")
         (memory / "2026-03-06.md").write_text("# Conversation on 6 March\n\nNothing new.\n")
-        [hit] = await b.search("pottery workshop", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("pottery workshop", min_score=0))).results
     assert (hit.path, hit.start_line, hit.end_line, hit.snippet_start_line, hit.snippet_end_line,
             hit.snippet) == ("memory/2026-03-05.md", 1, 3, 1, 3, "# Conversation on 5 March\n\n"
                              "Caroline: the pottery workshop moved to Sunday.")
@@ -454,7 +455,7 @@ async def test_notes_too_long_to_rank_keep_qmds_order_with_scores_that_never_ris
     more = {"2026-03-05.md": f"# Big one\n{filler}\nCaroline mentioned pottery and the kiln once.\n",
             "2026-03-06.md": "# Pottery\n" + "pottery pottery pottery\n" * 20 + filler + "\n"}
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env, more) as (b, log):
-        hits = await b.search("pottery kiln", min_score=0)
+        hits = (await b.search(SearchRequest.of("pottery kiln", min_score=0))).results
         assert _sent(log) == [("pottery kiln", "pottery", "kiln")] * 2
         assert [(h.path, h.start_line, h.end_line) for h in hits] == [
             ("memory/2026-03-05.md", 3501, 3502), ("memory/2026-03-06.md", 1, 3)]
@@ -473,11 +474,11 @@ async def test_a_note_that_lost_the_words_shows_its_lines_as_they_are_now(
     chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env,
                         {"2026-03-05.md": "\n".join(chat) + "\n"}) as (b, _):
-        hit = (await b.search("pottery workshop", min_score=0))[0]
+        hit = ((await b.search(SearchRequest.of("pottery workshop", min_score=0))).results)[0]
         assert hit.snippet_start_line <= 45 <= hit.snippet_end_line
         now = [*chat[:44], "Caroline: we skipped the class on Saturday.", *chat[45:]]
         (b.agent.workspace_dir / "memory" / "2026-03-05.md").write_text("\n".join(now) + "\n")
-        [hit] = await b.search("pottery workshop", min_score=0)
+        [hit] = (await b.search(SearchRequest.of("pottery workshop", min_score=0))).results
         assert (hit.path, hit.start_line, hit.end_line) == ("memory/2026-03-05.md", 44, 47)
         assert hit.snippet == "\n".join(now[hit.snippet_start_line - 1:hit.snippet_end_line])
 
@@ -506,7 +507,7 @@ async def test_an_unclosed_quote_is_searched_as_a_question_not_as_qmd_syntax(
     chat[45 - 1] = "Caroline: the pottery workshop on Saturday was wonderful."
     async with _started(tmp_path, qmd_bin, standins_dir, base_path_env,
                         {"2026-03-05.md": "\n".join(chat) + "\n"}) as (b, log):
-        hit = (await b.search('"pottery', min_score=0))[0]
+        hit = ((await b.search(SearchRequest.of('"pottery', min_score=0))).results)[0]
         assert _queries(log)[:2] == ["pottery"] * 2
         assert hit.path == "memory/2026-03-05.md" and hit.score == 1.0
         assert hit.snippet_start_line <= 45 <= hit.snippet_end_line

@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from fallback.background import BackgroundTasks
+from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.locate import QmdLocation
@@ -44,7 +45,7 @@ def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
 async def _wait_found(b: QmdBackend, query: str) -> list[str]:
     with anyio.fail_after(DEADLINE_S):
         while True:
-            paths = [r.path for r in await b.search(query, min_score=0)]
+            paths = [r.path for r in (await b.search(SearchRequest.of(query, min_score=0))).results]
             if paths:
                 return paths
             await anyio.sleep(0.2)
@@ -57,7 +58,7 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
     async with BackgroundTasks() as tasks:
         await b.start(tasks)
         assert b.freshness is not None
-        assert [r.path for r in await b.search("alpha", min_score=0)] == ["MEMORY.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("alpha", min_score=0))).results] == ["MEMORY.md"]
         # right after the boot update: the update debounce must defer, not drop, this change
         (b.agent.workspace_dir / "memory" / "2026-05-01.md").write_text("# Day\n\nquokka sighting\n")
         assert await _wait_found(b, "quokka") == ["memory/2026-05-01.md"]
@@ -102,7 +103,7 @@ async def test_sync_request_right_after_an_update_indexes_what_changed(
         (b.agent.workspace_dir / "memory" / "2026-05-03.md").write_text("# Day\n\npelican on the quay\n")
         await b.sync(reason="serve")
         assert b.cycle.updates_run == updates + 1
-        assert [r.path for r in await b.search("pelican", min_score=0)] == ["memory/2026-05-03.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("pelican", min_score=0))).results] == ["memory/2026-05-03.md"]
         await b.close()
 
 
@@ -127,7 +128,7 @@ async def test_a_search_waits_only_for_an_update_due_within_its_wait(
             while not b.freshness.dirty:  # the watcher saw the note; its update is deferred
                 await anyio.sleep(0.02)
         started = time.monotonic()
-        assert [r.path for r in await b.search("kestrel", min_score=0)] == []
+        assert [r.path for r in (await b.search(SearchRequest.of("kestrel", min_score=0))).results] == []
         assert time.monotonic() - started < 2.0  # it waited for nothing (3.95 s before)
         assert (b.cycle.updates_run, b.freshness.dirty) == (1, True)  # still deferred
         assert await _wait_found(b, "kestrel") == ["memory/2026-05-04.md"]
@@ -141,7 +142,7 @@ async def test_a_search_waits_only_for_an_update_due_within_its_wait(
         with anyio.fail_after(DEADLINE_S):
             while not b.freshness.dirty:
                 await anyio.sleep(0.02)
-        assert [r.path for r in await b.search("osprey", min_score=0)] == ["memory/2026-05-05.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("osprey", min_score=0))).results] == ["memory/2026-05-05.md"]
         assert b.cycle.updates_run == 3
         await b.close()
 
@@ -167,7 +168,7 @@ async def test_a_search_right_after_a_save_waits_for_the_watchers_update(
             while not b.freshness.watcher.snapshot()["pending"]:  # seen, not yet handed over
                 await anyio.sleep(0.01)
         updates = b.cycle.updates_run
-        assert [r.path for r in await b.search("avocet", min_score=0)] == ["memory/2026-05-06.md"]
+        assert [r.path for r in (await b.search(SearchRequest.of("avocet", min_score=0))).results] == ["memory/2026-05-06.md"]
         assert b.cycle.updates_run == updates + 1
         await b.close()
 
@@ -233,7 +234,7 @@ async def test_session_transcripts_are_exported_searched_and_readable(tmp_path: 
     try:
         await b.start()
         await b.sync(reason="test", force=True)
-        hits = await b.search("heron", min_score=0)
+        hits = (await b.search(SearchRequest.of("heron", min_score=0))).results
         assert [(h.path, h.source) for h in hits] == [("qmd/sessions-main/s1.md", "sessions")]
         page = await b.read_file("qmd/sessions-main/s1.md")
         assert page.text.startswith("# Session s1\n\nUser: Which bird did we see at the lake?\n"

@@ -317,6 +317,9 @@ def test_clamp_injected_chars() -> None:
     rs = [_r("a", 0.9, "memory", "x" * 6), _r("b", 0.8, "memory", "y" * 6), _r("c", 0.7, "memory", "z")]
     out = clamp_injected(rs, max_chars=10)
     assert [(r.path, r.snippet) for r in out] == [("a", "xxxxxx"), ("b", "yyyy")]
+    # a budget used up exactly keeps no later hit, not even one with an empty snippet
+    spent = [_r("a", 0.9, "memory", "x" * 10), _r("b", 0.8, "memory", ""), _r("c", 0.7, "memory", "z")]
+    assert [(r.path, r.snippet) for r in clamp_injected(spent, max_chars=10)] == [("a", "x" * 10)]
 
 
 def test_display_path_under_qmd_folder(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ from qmdbridge.qmd.warm import WarmChild, entries_from_mcp, parent_death_argv, s
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
 
+from fallback.request import SearchRequest
+
 # Longest wait for a child to start, restart or die, seconds (a bound, never a timing assertion).
 DEADLINE_S = 60
 
@@ -78,9 +80,9 @@ async def _same_hits_through_the_child(b: QmdBackend, warm: WarmChild, spawn: Qm
     """Each question through ``b``'s ready child: one call per collection, none spawned, and
     hits (not none) equal to the one-shot backend ``spawn``'s."""
     for i, q in enumerate(questions):
-        hits = await b.search(q)
+        hits = (await b.search(SearchRequest.of(q))).results
         assert warm.answered == len(b.collections) * (i + 1) and warm.spawn_fallbacks == 0
-        assert hits and hits == await spawn.search(q)
+        assert hits and hits == (await spawn.search(SearchRequest.of(q))).results
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -187,8 +189,8 @@ async def test_warm_answers_equal_the_spawned_commands(tmp_path: Path, qmd_bin: 
                 by_child = await warm.warm.search(q, coll, plan)
                 by_spawn = await search_collections(q, [coll], plan, run=spawn._run_search)
                 assert by_child is not None and by_child == [e for e, _ in by_spawn]
-            assert await warm.search(q) == await spawn.search(q)
-        hits = await warm.search("zanzibar ferry")
+            assert (await warm.search(SearchRequest.of(q))).results == (await spawn.search(SearchRequest.of(q))).results
+        hits = (await warm.search(SearchRequest.of("zanzibar ferry"))).results
         assert [(h.path, h.start_line, h.end_line, h.score, h.source) for h in hits] == [
             ("MEMORY.md", 3, 5, 1.0, "memory"), ("memory/2026-03-01.md", 2, 3, 1.0, "memory"),
             ("memory/2026-03-02.md", 90, 93, 0.5, "memory")]
@@ -259,12 +261,12 @@ async def test_concurrent_searches_and_a_cancelled_call_each_leave_every_answer_
     b = _backend(tmp_path, qmd_bin, base_path_env, "full")
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)
-        want = {q: await spawn.search(q) for q in QUERIES}
+        want = {q: (await spawn.search(SearchRequest.of(q))).results for q in QUERIES}
         assert [h.path for h in want["zanzibar ferry"]] != [h.path for h in want["spice zanzibar"]]
         got: dict[str, Any] = {}
 
         async def search(q: str) -> None:
-            got[q] = await b.search(q)
+            got[q] = (await b.search(SearchRequest.of(q))).results
 
         async with anyio.create_task_group() as tg:
             for q in QUERIES:
@@ -343,13 +345,13 @@ async def test_search_mode_questions_go_to_the_child_in_one_call_per_collection(
         colls = len(b.collections)
         await _same_hits_through_the_child(
             b, warm, spawn, ["When is the zanzibar ferry leaving?", "spice tour", "ferry"])
-        hits = await b.search("When is the zanzibar ferry leaving?")
+        hits = (await b.search(SearchRequest.of("When is the zanzibar ferry leaving?"))).results
         assert [h.path for h in hits][:3] == ["MEMORY.md", "memory/2026-03-01.md",
                                               "memory/2026-03-02.md"]
         assert hits[0].score == 1.0 and hits[2].snippet_start_line <= 91 <= hits[2].snippet_end_line
-        phrase = await b.search('"zanzibar ferry"')  # qmd's syntax: qmd search's own lines
+        phrase = (await b.search(SearchRequest.of('"zanzibar ferry"'))).results  # qmd's syntax: qmd search's own lines
         assert warm.answered == colls * 4 and [h.path for h in phrase] == [
-            h.path for h in await spawn.search('"zanzibar ferry"')]
+            h.path for h in (await spawn.search(SearchRequest.of('"zanzibar ferry"'))).results]
         st = (await b.status()).custom["qmd"]["warm"]
         assert (st["state"], st["serves"], st["spawnFallbacks"]) == ("ready", ["query", "search"], 0)
     assert _children() <= before
@@ -368,16 +370,16 @@ async def test_search_mode_repairs_collections_removed_behind_the_childs_back(
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)
         q = "When is the zanzibar ferry leaving?"
-        found = [h.path for h in await b.search(q)]
+        found = [h.path for h in (await b.search(SearchRequest.of(q))).results]
         assert found[:3] == ["MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
         for coll in b.collections:  # behind the bridge's back, as a user would
             res = await anyio.run_process(b.argv(["collection", "remove"], [coll.name]),
                                           env=b.child_env, cwd=b.agent.workspace_dir)
             assert res.returncode == 0
         assert (await b.index_counts.read())[0] == {}
-        assert [h.path for h in await b.search(q)] == found
+        assert [h.path for h in (await b.search(SearchRequest.of(q))).results] == found
         answered = warm.answered
-        assert [h.path for h in await b.search(q)] == found
+        assert [h.path for h in (await b.search(SearchRequest.of(q))).results] == found
         assert warm.answered == answered + len(b.collections)
         await b.close()
 
@@ -403,7 +405,7 @@ async def test_search_re_adds_one_collection_removed_behind_its_back(
         if warm_child:
             warm = await _ready_child(b, tasks)
         q = "When is the zanzibar ferry leaving?"
-        found = [h.path for h in await b.search(q)]
+        found = [h.path for h in (await b.search(SearchRequest.of(q))).results]
         assert found[:3] == ["MEMORY.md", "memory/2026-03-01.md", "memory/2026-03-02.md"]
         assert "empty-main" not in (await b.index_counts.read())[0]
         assert reconciles not in caplog.text
@@ -411,11 +413,11 @@ async def test_search_re_adds_one_collection_removed_behind_its_back(
                                       env=b.child_env, cwd=b.agent.workspace_dir)
         assert res.returncode == 0
         assert "memory-dir-main" not in (await b.index_counts.read())[0]
-        assert [h.path for h in await b.search(q)] == found
+        assert [h.path for h in (await b.search(SearchRequest.of(q))).results] == found
         assert (await b.index_counts.read())[0].get("memory-dir-main", 0) > 40
         assert caplog.text.count(reconciles) == 1
         answered = warm.answered if warm_child else 0
-        assert [h.path for h in await b.search(q)] == found
+        assert [h.path for h in (await b.search(SearchRequest.of(q))).results] == found
         assert caplog.text.count(reconciles) == 1
         if warm_child:  # the two collections with documents, through the child again
             assert warm.answered == answered + 2
@@ -433,7 +435,7 @@ async def test_search_mode_question_spawned_while_the_child_is_down_counts_each_
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)
         q = "When is the zanzibar ferry leaving?"
-        found = [h.path for h in await b.search(q)]
+        found = [h.path for h in (await b.search(SearchRequest.of(q))).results]
         colls = len(b.collections)
         assert colls > 1 and (warm.answered, warm.spawn_fallbacks) == (colls, 0)
         old_pid = warm.pid
@@ -441,7 +443,7 @@ async def test_search_mode_question_spawned_while_the_child_is_down_counts_each_
         os.kill(old_pid, signal.SIGKILL)
         with anyio.fail_after(DEADLINE_S):
             await warm.wait_for(lambda w: w.state == "down")
-        assert sorted(h.path for h in await b.search(q)) == sorted(found)
+        assert sorted(h.path for h in (await b.search(SearchRequest.of(q))).results) == sorted(found)
         st = (await b.status()).custom["qmd"]["warm"]
         assert (st["answered"], st["spawnFallbacks"]) == (colls, colls)
         await b.close()
@@ -467,10 +469,10 @@ async def test_search_mode_pool_is_not_cut_by_collection_order(
                                        "cost 80 francs.\n")
     async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env, paths=paths) as (b, warm, spawn):
         q = "How much did the gondola ride over the glacier at Zermatt cost?"
-        hits = await b.search(q, max_results=1)
+        hits = (await b.search(SearchRequest.of(q, max_results=1))).results
         assert warm.answered == len(b.collections) and warm.spawn_fallbacks == 0
         assert [h.path for h in hits] == ["p3/trip.md"]
-        assert [h.path for h in await spawn.search(q, max_results=1)] == ["p3/trip.md"]
+        assert [h.path for h in (await spawn.search(SearchRequest.of(q, max_results=1))).results] == ["p3/trip.md"]
 
 
 @pytest.mark.anyio
@@ -487,7 +489,7 @@ async def test_a_cjk_question_goes_to_the_child_as_written_then_word_by_word(
         "# 周五\n\n今天讨论了记忆系统升级。\n周五晚上去了支持小组，大家分享了故事。\n")
     async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env) as (b, warm, spawn):
         await _same_hits_through_the_child(b, warm, spawn, ["我们什么时候去了支持小组？", "用户喜欢喝什么茶"])
-        assert [h.path for h in await b.search("用户喜欢喝什么茶")][:1] == ["MEMORY.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("用户喜欢喝什么茶"))).results][:1] == ["MEMORY.md"]
 
 
 @pytest.mark.anyio
@@ -503,8 +505,8 @@ async def test_a_note_found_by_a_prefix_alone_scores_0_through_the_child_and_spa
     (ws / "memory" / "2026-11-22.md").write_text("# Sunday\n\nSent the draft of the budget.\n")
     async with _warm_and_spawned(tmp_path, qmd_bin, base_path_env) as (b, warm, spawn):
         for floor in (0.0, 0.35):
-            hits = await b.search("Who is Dr. Okafor?", min_score=floor)
-            assert hits == await spawn.search("Who is Dr. Okafor?", min_score=floor)
+            hits = (await b.search(SearchRequest.of("Who is Dr. Okafor?", min_score=floor))).results
+            assert hits == (await spawn.search(SearchRequest.of("Who is Dr. Okafor?", min_score=floor))).results
             assert [(h.path, h.score) for h in hits] == [("MEMORY.md", 1.0), *(
                 [("memory/2026-11-22.md", 0.0)] if floor == 0.0 else [])]
         assert warm.answered == 2 * len(b.collections) and warm.spawn_fallbacks == 0
@@ -523,18 +525,18 @@ async def test_a_hung_child_is_replaced_after_a_search_mode_question_times_out(
     before = _children()
     async with BackgroundTasks() as tasks:
         warm = await _ready_child(b, tasks)
-        first = await b.search("When is the zanzibar ferry leaving?")
+        first = (await b.search(SearchRequest.of("When is the zanzibar ferry leaving?"))).results
         hung = warm.pid
         assert hung is not None and first
         os.kill(hung, signal.SIGSTOP)
         with pytest.raises(BackendTimeoutError, match="memory.qmd.limits.timeoutMs"):
-            await b.search("When is the zanzibar ferry leaving?")
+            await b.search(SearchRequest.of("When is the zanzibar ferry leaving?"))
         assert "did not answer within 3000 ms; restarting it" in (warm.last_error or "")
         with anyio.fail_after(DEADLINE_S):
             await warm.wait_for(lambda w: w.ready and w.starts == 2)
         assert warm.pid != hung and not psutil.pid_exists(hung)
         answered = warm.answered
-        assert await b.search("When is the zanzibar ferry leaving?") == first
+        assert (await b.search(SearchRequest.of("When is the zanzibar ferry leaving?"))).results == first
         assert warm.answered == answered + len(b.collections)
         await b.close()
     assert _children() <= before
@@ -549,7 +551,7 @@ async def test_the_child_can_be_turned_off(tmp_path: Path, qmd_bin: Path, base_p
     async with BackgroundTasks() as tasks:
         await b.start(tasks)
         assert b.warm is None
-        assert [h.path for h in await b.search("spice zanzibar")] == ["MEMORY.md", "memory/2026-03-01.md"]
+        assert [h.path for h in (await b.search(SearchRequest.of("spice zanzibar"))).results] == ["MEMORY.md", "memory/2026-03-01.md"]
         assert (await b.status()).custom["qmd"]["warm"] == {
             "enabled": False, "state": "off", "reason": "memory.qmd.mcp.enabled is false"}
         await b.close()

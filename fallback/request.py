@@ -13,47 +13,10 @@ from dataclasses import dataclass
 
 from fallback.errors import UsageError
 
-__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest", "check_search_limits", "require_query"]
+__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest"]
 
 # Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
 MAX_LIMIT = 2**31 - 1
-
-
-def require_query(query: object) -> str:
-    """The query with surrounding whitespace stripped, for a search.
-
-    Args:
-        query: the caller's query (any value: it comes from JSON, argv or a library call).
-
-    Returns:
-        The stripped text, never empty.
-
-    Raises:
-        UsageError: ``query must be a string, not <type>`` or ``query must not be empty``.
-    """
-    if not isinstance(query, str):
-        raise UsageError(f"query must be a string, not {type(query).__name__}")
-    text = query.strip()
-    if not text:
-        raise UsageError("query must not be empty")
-    return text
-
-
-def check_search_limits(max_results: int | None, min_score: float | None) -> None:
-    """Check ``memory_search``'s optional limits.
-
-    Args:
-        max_results: hits wanted, ``1..MAX_LIMIT``, or ``None`` (the configured default).
-        min_score: score floor in ``[0, 1]``, or ``None`` (the configured default).
-
-    Raises:
-        UsageError: ``max results must be between 1 and 2147483647`` or ``min score must be
-            between 0 and 1``.
-    """
-    if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
-        raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
-    if min_score is not None and not 0.0 <= min_score <= 1.0:
-        raise UsageError("min score must be between 0 and 1")
 
 
 @dataclass(frozen=True)
@@ -83,8 +46,9 @@ class SearchRequest:
         """The request of a caller's arguments (the one check of them).
 
         Args:
-            query: any value (a blank or non-string one is refused).
-            max_results / min_score: see :func:`check_search_limits`.
+            query: any value (a blank or non-string one is refused); stripped.
+            max_results: hits wanted, ``1..MAX_LIMIT``, or ``None``.
+            min_score: score floor in ``[0, 1]``, or ``None``.
             session_key: a string or ``None``.
             sources: ``memory`` and/or ``sessions``, or ``None``.
             explain: whether to attach the ranking trace.
@@ -93,13 +57,21 @@ class SearchRequest:
             The :class:`SearchRequest`.
 
         Raises:
-            UsageError: as :func:`require_query` and :func:`check_search_limits`, or
-                ``session key must be a string``.
+            UsageError: ``query must be a string, not <type>``, ``query must not be empty``,
+                ``session key must be a string``, ``max results must be between 1 and
+                2147483647`` or ``min score must be between 0 and 1``.
         """
-        text = require_query(query)
+        if not isinstance(query, str):
+            raise UsageError(f"query must be a string, not {type(query).__name__}")
+        text = query.strip()
+        if not text:
+            raise UsageError("query must not be empty")
         if session_key is not None and not isinstance(session_key, str):
             raise UsageError("session key must be a string")
-        check_search_limits(max_results, min_score)
+        if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
+            raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
+        if min_score is not None and not 0.0 <= min_score <= 1.0:
+            raise UsageError("min score must be between 0 and 1")
         return cls(text, max_results, min_score, session_key,
                    None if sources is None else tuple(sources), bool(explain))
 

@@ -43,7 +43,7 @@ import zlib
 from collections.abc import Mapping
 
 from fallback.errors import UsageError
-from fallback.request import check_search_limits
+from fallback.request import SearchRequest
 from qmdbridge.server.wire import client_fingerprint
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -222,11 +222,10 @@ def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
     """
     e = os.environ if env is None else env
     if (args.command != "search" or args.explain or args.session_key is not None
-            or getattr(args, "corpus", None) not in (None, "all")
-            or cache_disabled(e) or not args.query.strip()):
+            or getattr(args, "corpus", None) not in (None, "all") or cache_disabled(e)):
         return None
     try:
-        check_search_limits(args.max_results, args.min_score)
+        SearchRequest.of(args.query, max_results=args.max_results, min_score=args.min_score)
     except UsageError:
         return None  # the in-process run reports it
     return _recorded(args, e)

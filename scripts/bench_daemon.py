@@ -411,7 +411,7 @@ async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                     for key, value in spent.items():
                         times[key].append(value)
                     want = queries[q]
-                    hits, res = got["backend"], got["manager"]
+                    hits, res = got["backend"].results, got["manager"]
                     ok["backend"] &= bool(hits) and hits[0].path == want
                     ok["manager"] &= res.backend == "qmd" and res.results[0].path == want
                     for key in ("http", "stdio"):

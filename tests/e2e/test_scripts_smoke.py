@@ -86,8 +86,9 @@ def test_bench_qmd_oneshot_quick() -> None:
     one = "1 note, 'router WAN'"
     assert "same bytes as the other variants every run: True" in rows[f"{one}: qmdbridge search (CLI wall)"]["note"]
     # the note is found by the content words ANDed: no word is searched alone
-    assert rows[f"{one}: qmd search processes per qmdbridge search"]["value"] == 1
-    assert rows["10 notes, a question: qmd search processes per qmdbridge search"]["value"] > 2
+    assert rows[f"{one}: qmd processes per qmdbridge search"]["value"] == 1
+    # a question: one lex call per collection (memory folder and MEMORY.md)
+    assert rows["10 notes, a question: qmd processes per qmdbridge search"]["value"] <= 2
 
 
 @pytest.mark.parametrize("mode", ["keyword"])

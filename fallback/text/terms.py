@@ -37,7 +37,6 @@ __all__ = [
     "CONNECTORS",
     "Compound",
     "DateMention",
-    "compound_join",
     "compounds",
     "date_mentions",
     "derived_terms",
@@ -175,18 +174,6 @@ class DateMention:
     start: int
     end: int
     terms: tuple[str, ...]
-
-
-def compound_join(compound: str) -> str:
-    """The parts of a compound glued together, lower-cased NFC: ``Wi-Fi`` -> ``wifi``.
-
-    Args:
-        compound: text such as ``ABC-1234`` or ``snake_case``; connectors are :data:`CONNECTORS`.
-
-    Returns:
-        The joined form (``""`` for text without letters or digits).
-    """
-    return "".join(_SPLIT_RE.split(unicodedata.normalize("NFC", compound))).lower()
 
 
 def _canonical(year: int, month: int, day: int | None) -> tuple[str, ...] | None:

@@ -110,22 +110,21 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
     data = b"".join(parts)
     body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
     nul_bytes = body.count(b"\x00")
+    invalid = False
     if nul_bytes:
-        text = _text_without_nuls(body)
-        if text is None:
+        nul_free = _text_without_nuls(body)
+        if nul_free is None:
             return skipped(BINARY_FILE)
-        return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=False,
-                           size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
-                           nul_bytes=nul_bytes, ctime_ns=change_time_ns(st))
-    try:
-        text = body.decode("utf-8")
-        invalid = False
-    except UnicodeDecodeError:
-        text = body.decode("utf-8", errors="replace")
-        invalid = True
+        text = nul_free
+    else:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = body.decode("utf-8", errors="replace")
+            invalid = True
     return FileContent(text=text, content_hash=sha256_hex(data), invalid_utf8=invalid,
                        size=len(data), mtime_ms=int(st.st_mtime_ns // 1_000_000),
-                       ctime_ns=change_time_ns(st))
+                       nul_bytes=nul_bytes, ctime_ns=change_time_ns(st))
 
 
 def _text_without_nuls(body: bytes) -> str | None:

@@ -21,8 +21,6 @@ this warm process by itself.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
 from typing import Any
 
@@ -71,38 +69,12 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     return {"id": rid, "error": f"unknown tool: {tool!r}"}
 
 
-def _stdin_reader(send: Any, token: Any) -> None:
-    """Daemon thread: forward stdin lines to the loop (a blocked read never delays exit)."""
-    # os.read on the raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
-    # aborts the interpreter at shutdown.
-    fd = sys.stdin.fileno()
-    pending = b""
-    try:
-        while True:
-            chunk = os.read(fd, 65536)
-            pending += chunk
-            *lines, pending = pending.split(b"\n") if chunk else [*pending.splitlines(), b""]
-            for line in lines:
-                anyio.from_thread.run_sync(send.send_nowait, line + b"\n", token=token)
-            if not chunk:
-                anyio.from_thread.run_sync(send.send_nowait, b"", token=token)
-                return
-    except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-        return  # stdin closed or the server is shutting down
+async def _read_stdin(manager: Any) -> None:
+    """Answer each request line of stdin on stdout, one JSON line each, until end of input."""
+    from qmdbridge.server.process import stdin_lines
 
-
-async def _read_stdin(manager: Any, done: anyio.Event) -> None:
-    import threading
-
-    from anyio.lowlevel import current_token
-
-    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=1024)
-    threading.Thread(target=_stdin_reader, args=(send, current_token()), daemon=True,
-                     name="qmdbridge-stdin").start()
-    async with receive:
+    async with stdin_lines() as receive:
         async for line in receive:
-            if not line:
-                break
             if not line.strip():
                 continue
             try:
@@ -112,7 +84,6 @@ async def _read_stdin(manager: Any, done: anyio.Event) -> None:
                 data = orjson.dumps({"id": None, "error": f"{type(exc).__name__}: {exc}"})
             sys.stdout.buffer.write(data + b"\n")
             sys.stdout.flush()
-    done.set()
 
 
 async def _start_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> None:
@@ -131,41 +102,19 @@ async def _start_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namesp
 
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT (or end of stdin); returns the exit code.
+    """Run until SIGTERM/SIGINT, or end of stdin unless ``--no-stdin``; returns the exit code.
 
-    The manager is entered first (its task group holds every background task); the signal
-    handlers are installed before anything starts, so a signal during start-up (a slow or
-    hanging qmd reconciling its collections) still closes the manager, which cancels the group
-    and reaps every child process.
+    The process is :func:`qmdbridge.server.process.run_until_signal`: a signal during start-up
+    still closes the manager and reaps every child process.
     """
-    from qmdbridge.manager import MemoryManager
+    from qmdbridge.server.process import run_until_signal
 
-    done = anyio.Event()
-    async with MemoryManager(agent, backend=args.backend, mode="full") as manager:
-        async with anyio.create_task_group() as tg:
-            async def watch_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for _ in signals:
-                        done.set()
-                        return
+    async def body(manager: Any, tg: Any) -> None:
+        if not getattr(args, "no_socket", False):
+            await _start_socket(tg, manager, agent, args)
+        if args.no_stdin:
+            await anyio.sleep_forever()
+        await _read_stdin(manager)
 
-            async def stop_when_done() -> None:
-                await done.wait()
-                tg.cancel_scope.cancel()
-
-            async def run() -> None:
-                await manager.start()
-                sys.stderr.write(f"qmdbridge serve: agent {agent.agent_id}, backend "
-                                 f"{manager.backend_name}, workspace {agent.workspace_dir}\n")
-                sys.stderr.flush()
-                if not getattr(args, "no_socket", False):
-                    await _start_socket(tg, manager, agent, args)
-                if not args.no_stdin:
-                    await _read_stdin(manager, done)
-
-            tg.start_soon(watch_signals)
-            tg.start_soon(stop_when_done)
-            await anyio.sleep(0)  # let the signal receiver install first
-            tg.start_soon(run)
-    sys.stderr.write("qmdbridge serve: stopped\n")
+    await run_until_signal(agent, backend=args.backend, prog="qmdbridge serve", body=body)
     return EXIT_OK

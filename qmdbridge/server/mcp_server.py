@@ -25,11 +25,9 @@ import argparse
 import copy
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -42,6 +40,7 @@ from mcp.server.lowlevel import Server
 from fallback.errors import UsageError
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.manager import MemoryManager
+from qmdbridge.server.process import run_until_signal, stdin_lines
 from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get, handle_memory_search
 
 __all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
@@ -77,17 +76,12 @@ def mcp_tools() -> list[types.Tool]:
     search_params = copy.deepcopy(MEMORY_SEARCH_SCHEMA["parameters"])
     search_params["properties"]["sessionKey"] = SESSION_KEY_PROPERTY
     search_params["properties"]["sessionKeys"] = SESSION_KEYS_PROPERTY
-    return [
-        types.Tool(name=MEMORY_SEARCH_SCHEMA["name"], description=MEMORY_SEARCH_SCHEMA["description"],
-                   inputSchema=search_params,
-                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
-        types.Tool(name=MEMORY_GET_SCHEMA["name"], description=MEMORY_GET_SCHEMA["description"],
-                   inputSchema=copy.deepcopy(MEMORY_GET_SCHEMA["parameters"]),
-                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
-        types.Tool(name=STATUS_TOOL_SCHEMA["name"], description=STATUS_TOOL_SCHEMA["description"],
-                   inputSchema=copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"]),
-                   annotations=types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)),
-    ]
+    read_only = types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)
+    return [types.Tool(name=schema["name"], description=schema["description"], inputSchema=params,
+                       annotations=read_only)
+            for schema, params in ((MEMORY_SEARCH_SCHEMA, search_params),
+                                   (MEMORY_GET_SCHEMA, copy.deepcopy(MEMORY_GET_SCHEMA["parameters"])),
+                                   (STATUS_TOOL_SCHEMA, copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"])))]
 
 
 async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -134,55 +128,14 @@ def build_server(manager: MemoryManager) -> Server[Any, Any]:
     return server
 
 
-class _StdinLines:
-    """Lines of stdin as an async iterator, read by a daemon thread with ``os.read``.
-
-    The SDK's own stdin reader blocks a worker thread that cancellation cannot interrupt, so a
-    SIGTERM would wait for the next input line; this one lets the loop exit at once.
-    """
-
-    def __init__(self) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[str](max_buffer_size=256)
-
-    def start(self) -> None:
-        from anyio.lowlevel import current_token
-
-        threading.Thread(target=self._pump, args=(current_token(),), daemon=True,
-                         name="qmdbridge-mcp-stdin").start()
-
-    def _pump(self, token: Any) -> None:
-        fd = sys.stdin.fileno()
-        pending = b""
-        try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    if pending.strip():
-                        anyio.from_thread.run(self._send.send, pending.decode("utf-8", "replace"), token=token)
-                    break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    anyio.from_thread.run(self._send.send, line.decode("utf-8", "replace") + "\n", token=token)
-        except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # stdin closed or the server is shutting down
-        try:
-            anyio.from_thread.run_sync(self._send.close, token=token)
-        except RuntimeError:
-            pass  # the loop is already gone
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._receive.__aiter__()
-
-
 async def _serve_stdio(server: Server[Any, Any]) -> None:
     """Serve one MCP session on stdin/stdout until the client closes stdin."""
     from mcp.server.stdio import stdio_server
 
-    lines = _StdinLines()
-    lines.start()
-    async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    async with stdin_lines() as receive:
+        lines = (line.decode("utf-8", "replace") async for line in receive)
+        async with stdio_server(stdin=cast(Any, lines)) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 class _ClosedSessionStreams(logging.Filter):
@@ -306,8 +259,8 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
         UsageError: ``--request-timeout`` not above 0 or ``--session-idle`` below 0.
         UsageError: ``--http`` and ``host:port`` cannot be bound (in use, not an address here).
 
-    Signal handlers are installed before the manager starts, so a signal during start-up still
-    closes it and reaps every child process.
+    The process is :func:`qmdbridge.server.process.run_until_signal`: a signal during start-up
+    still closes the manager and reaps every child process.
     """
     token: str | None = None
     token_path: Path | None = None
@@ -324,38 +277,19 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
         except OSError as exc:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+
+    async def body(manager: MemoryManager, tg: object) -> None:
+        server = build_server(manager)
+        if sock is not None and token is not None:
+            await _serve_http(server, sock, host=args.host, token=token, token_path=token_path,
+                              verbose=bool(getattr(args, "verbose", False)),
+                              request_timeout_s=args.request_timeout, session_idle_s=args.session_idle)
+        else:
+            await _serve_stdio(server)
+
     try:
-        # entered first: its task group holds every background task; leaving it closes the
-        # manager (tasks cancelled, qmd children reaped), a signal during start-up included
-        async with MemoryManager(agent, backend=args.backend, mode="full") as manager:
-            server = build_server(manager)
-            async with anyio.create_task_group() as tg:
-                async def watch_signals() -> None:
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for _ in signals:
-                            tg.cancel_scope.cancel()
-                            return
-
-                async def run() -> None:
-                    await manager.start()
-                    sys.stderr.write(f"qmdbridge mcp: agent {agent.agent_id}, backend {manager.backend_name}, "
-                                     f"workspace {agent.workspace_dir}\n")
-                    sys.stderr.flush()
-                    if sock is not None and token is not None:
-                        await _serve_http(server, sock, host=args.host, token=token, token_path=token_path,
-                                          verbose=bool(getattr(args, "verbose", False)),
-                                          request_timeout_s=args.request_timeout,
-                                          session_idle_s=args.session_idle)
-                    else:
-                        await _serve_stdio(server)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch_signals)
-                await anyio.sleep(0)  # let the signal receiver install first
-                tg.start_soon(run)
+        await run_until_signal(agent, backend=args.backend, prog="qmdbridge mcp", body=body)
     finally:
         if sock is not None:
             sock.close()
-    sys.stderr.write("qmdbridge mcp: stopped\n")
-    sys.stderr.flush()
     return 0

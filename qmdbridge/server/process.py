@@ -1,0 +1,97 @@
+"""The long-lived process of ``qmdbridge serve`` and ``qmdbridge mcp``: stdin lines, signals, one manager."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from qmdbridge.config import ResolvedAgent
+from qmdbridge.manager import BackendName, MemoryManager
+
+__all__ = ["run_until_signal", "stdin_lines"]
+
+
+def _pump_stdin(send: MemoryObjectSendStream[bytes], token: Any) -> None:
+    # os.read on the raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
+    # aborts the interpreter at shutdown.
+    fd = sys.stdin.fileno()
+    pending = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                anyio.from_thread.run(send.send, line + b"\n", token=token)
+        if pending.strip():
+            anyio.from_thread.run(send.send, pending + b"\n", token=token)
+    except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        pass  # stdin closed or the server is shutting down
+    try:
+        anyio.from_thread.run_sync(send.close, token=token)
+    except RuntimeError:
+        pass  # the loop is already gone
+
+
+def stdin_lines() -> MemoryObjectReceiveStream[bytes]:
+    """Start a daemon thread that reads stdin and hands its lines to the running event loop.
+
+    The blocked read never delays exit (a worker thread of the loop would: cancellation cannot
+    interrupt it, so a SIGTERM would wait for the next input line).
+
+    Returns:
+        A stream of stdin's lines, each ending in ``b"\\n"`` (one is added to an unterminated
+        last line); it ends at end of input.
+    """
+    from anyio.lowlevel import current_token
+
+    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=256)
+    threading.Thread(target=_pump_stdin, args=(send, current_token()), daemon=True,
+                     name="qmdbridge-stdin").start()
+    return receive
+
+
+async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None, prog: str,
+                           body: Callable[[MemoryManager, TaskGroup], Awaitable[None]]) -> None:
+    """Run one ``full``-mode manager (file watchers, qmd timers) for ``agent`` until ``body``
+    returns or SIGTERM/SIGINT arrives, then close it, so every qmd child is reaped.
+
+    The signal handlers are installed before the manager starts, so a signal during start-up
+    (a slow or hanging qmd reconciling its collections) still closes it. Once started, one
+    line ``<prog>: agent <id>, backend <name>, workspace <dir>`` goes to stderr, and
+    ``<prog>: stopped`` at the end.
+
+    Args:
+        agent: the resolved agent.
+        backend: ``--backend`` (``builtin``, ``qmd``) or ``None`` for the config's.
+        prog: the name the stderr lines start with (``qmdbridge serve``).
+        body: what the process does with the started manager; tasks it starts in the given
+            task group are cancelled with it.
+    """
+    async with MemoryManager(agent, backend=backend, mode="full") as manager:
+        async with anyio.create_task_group() as tg:
+            async def watch_signals() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for _ in signals:
+                        tg.cancel_scope.cancel()
+                        return
+
+            async def run() -> None:
+                await manager.start()
+                sys.stderr.write(f"{prog}: agent {agent.agent_id}, backend {manager.backend_name}, "
+                                 f"workspace {agent.workspace_dir}\n")
+                sys.stderr.flush()
+                await body(manager, tg)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch_signals)
+            await anyio.sleep(0)  # let the signal receiver install first
+            tg.start_soon(run)
+    sys.stderr.write(f"{prog}: stopped\n")
+    sys.stderr.flush()

@@ -23,6 +23,7 @@ from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailable
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
+    from fallback.embeddings.base import CallPolicy
     from fallback.settings import RemoteSettings
 
 __all__ = [
@@ -189,6 +190,15 @@ class HttpClient:
         self.secrets = tuple(s for s in secrets if s)
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
+
+    @classmethod
+    def for_endpoint(cls, provider_id: str, endpoint: RemoteEndpoint, *, auth: Mapping[str, str],
+                     policy: CallPolicy) -> HttpClient:
+        """A provider's client for ``endpoint``: its headers plus the ``auth`` headers, its key
+        redacted from messages, the longer of ``policy``'s two request deadlines as the backstop."""
+        return cls(provider_id=provider_id, base_url=endpoint.base_url,
+                   headers={**endpoint.headers, **auth}, secrets=[endpoint.api_key or ""],
+                   timeout_s=max(policy.query_timeout_s, policy.batch_timeout_s))
 
     def url(self, path: str) -> str:
         """Absolute URL of ``path``."""

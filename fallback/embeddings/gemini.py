@@ -64,11 +64,8 @@ class GeminiProvider(BaseProvider):
         self.output_dimensionality = output_dimensionality
         self.model_path = f"models/{model}"
         auth = {"x-goog-api-key": endpoint.api_key} if endpoint.api_key else {}
-        self.http = HttpClient(provider_id=self.provider_id, base_url=endpoint.base_url,
-                               headers={**endpoint.headers, **auth},
-                               secrets=[endpoint.api_key or ""],
-                               timeout_s=max(self.policy.query_timeout_s,
-                                             self.policy.batch_timeout_s))
+        self.http = HttpClient.for_endpoint(self.provider_id, endpoint, auth=auth,
+                                            policy=self.policy)
 
     def _request(self, text: str, task_type: str, *, with_model: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"content": {"parts": [{"text": text}]}, "taskType": task_type}

@@ -47,11 +47,8 @@ class OllamaProvider(BaseProvider):
                              headers=endpoint.headers))
         self.endpoint = endpoint
         auth = {"authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
-        self.http = HttpClient(provider_id=self.provider_id, base_url=endpoint.base_url,
-                               headers={**endpoint.headers, **auth},
-                               secrets=[endpoint.api_key or ""],
-                               timeout_s=max(self.policy.query_timeout_s,
-                                             self.policy.batch_timeout_s))
+        self.http = HttpClient.for_endpoint(self.provider_id, endpoint, auth=auth,
+                                            policy=self.policy)
 
     async def _request_query(self, text: str) -> list[float]:
         body = await self.http.post_json("api/embeddings", {"model": self.model, "prompt": text})

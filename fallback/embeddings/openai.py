@@ -91,11 +91,8 @@ class OpenAIProvider(BaseProvider):
         self.dimensions = dimensions
         self.query_input_type = query_input_type
         self.document_input_type = document_input_type
-        self.http = HttpClient(provider_id=self.provider_id, base_url=endpoint.base_url,
-                               headers={**endpoint.headers, **self._auth_headers()},
-                               secrets=[endpoint.api_key or ""],
-                               timeout_s=max(self.policy.query_timeout_s,
-                                             self.policy.batch_timeout_s))
+        self.http = HttpClient.for_endpoint(self.provider_id, endpoint, auth=self._auth_headers(),
+                                            policy=self.policy)
 
     def _auth_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.endpoint.api_key}"} if self.endpoint.api_key else {}

@@ -277,7 +277,7 @@ def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
     """Normalise the configured ``extraPaths`` into absolute paths (patterns dropped).
 
     Each entry is trimmed and empty entries dropped; a leading ``~`` or ``~/`` is expanded to
-    the home directory (the E3 rule; E1/E2 did not expand it, but users expect it); relative
+    the home directory (the E3 rule); relative
     entries are resolved against ``workspace``; ``.``/``..`` segments are collapsed lexically
     (symlinks are not resolved). Duplicates are removed keeping the first occurrence.
 

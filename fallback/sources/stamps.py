@@ -10,7 +10,7 @@ its content hash decides. Git compares ``st_ctime`` in its index for the same re
 ``core.trustctime``).
 
 On Windows ``st_ctime_ns`` is the creation time, which a rewrite does not change, so no ctime
-is used there (``None``) and the rule is ``(mtime, size)`` as before.
+is used there (``None``) and the rule is ``(mtime, size)``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 :func:`try_daemon` sends the command there as one JSON line with the command's fingerprint;
 when a daemon serves the same agent, workspace, config and backend it prints the answer (with
 ``"servedBy": "daemon"`` under ``--json``) and returns the exit code. Otherwise it returns
-``None`` and the CLI works in-process as before. A socket whose daemon died is removed on the
+``None`` and the CLI works in-process. A socket whose daemon died is removed on the
 way.
 
 Standard library only, and a cheap part of it: no pydantic, anyio, config models or engine

@@ -141,8 +141,8 @@ async def _serve_stdio(server: Server[Any, Any]) -> None:
 class _ClosedSessionStreams(logging.Filter):
     """Drops the MCP SDK's ``Error in standalone SSE writer`` record when its cause is the
     session's own stream closing (``ClosedResourceError``/``BrokenResourceError``): every HTTP
-    client that ends its session closes that stream, so the SDK (1.30) logged a traceback for
-    each routine disconnect. Any other error of the writer is still logged."""
+    client that ends its session closes that stream, and the SDK logs a traceback for it. Any
+    other error of the writer is still logged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Whether ``record`` is logged (everything but that routine stream closing)."""

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 DAEMON_DIR_NAME = "daemon"
-# "off", "0", "false" or "no" turn the CLI's daemon attempt off (in-process, as before).
+# "off", "0", "false" or "no" turn the CLI's daemon attempt off (the CLI works in-process).
 DAEMON_ENV = "QMDBRIDGE_DAEMON"
 # One request or reply line at most (a memory_get page or a status is far below this).
 MAX_LINE_BYTES = 32 * 1024 * 1024

@@ -4,7 +4,7 @@ reads the files; its names re-export these)."""
 
 from __future__ import annotations
 
-from fallback.text.chunking import split_lines
+from fallback.text.chunking import file_lines
 
 __all__ = ["DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "page_text"]
 
@@ -26,7 +26,7 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
               line_offset: int = 0) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
-    Lines are those of :func:`fallback.text.chunking.split_lines` (``\\n``, ``\\r\\n`` or a lone
+    Lines are those of :func:`fallback.text.chunking.file_lines` (``\\n``, ``\\r\\n`` or a lone
     ``\\r``), so line numbers agree with chunk line ranges; a trailing line break does not
     start an extra empty line and an empty text has zero lines. The page is the file's text
     as it is, from the first line's start to the last line's end, less that line's final
@@ -66,9 +66,7 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     # one element, which only tells that more lines follow.
     take = min(count, max_chars + 1)
     before = max(0, start - 1 - line_offset)  # lines of ``text`` before the page
-    all_lines = split_lines(text, keep_ends=True, max_lines=before + take) if text else []
-    if all_lines and all_lines[-1] == "":
-        all_lines.pop()
+    all_lines = file_lines(text, keep_ends=True, max_lines=before + take)
     selected = all_lines[before:before + take]
     more_remain = before + len(selected) < len(all_lines)
 

@@ -46,6 +46,7 @@ __all__ = [
     "Chunk",
     "chunk_markdown",
     "embedding_windows",
+    "file_lines",
     "grapheme_ends",
     "remap_lines",
     "section_spans",
@@ -120,6 +121,16 @@ def split_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = N
     parts = _LINE_BREAK_KEPT.split(text, maxsplit=splits)  # line, break, ..., line, break, rest
     lines = list(map(operator.add, parts[0:-1:2], parts[1::2]))
     lines.append(parts[-1])
+    return lines
+
+
+def file_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = None) -> list[str]:
+    """A file's numbered lines, as chunk line ranges and ``memory_get`` pages count them:
+    :func:`split_lines` (same arguments) without the empty string after a final line break,
+    so line ``i`` (1-based) is ``result[i - 1]`` and an empty text has no line."""
+    lines = split_lines(text, keep_ends=keep_ends, max_lines=max_lines) if text else []
+    if lines and lines[-1] == "":
+        lines.pop()
     return lines
 
 
@@ -289,10 +300,7 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
             if chunk.text.strip():
                 chunks.append(chunk)
 
-    lines = split_lines(text)
-    if len(lines) > 1 and lines[-1] == "":
-        lines.pop()  # a final line break does not start a line (as in memory_get paging)
-    for line_no, line in enumerate(lines, start=1):
+    for line_no, line in enumerate(file_lines(text), start=1):
         if sections and _HEADING_RE.match(line) and any(seg.strip() for seg, _ in buffer):
             flush()
             buffer, current = [], 0

@@ -12,6 +12,7 @@ from fallback.errors import UsageError
 from fallback.text.chunking import (
     Chunk,
     chunk_markdown,
+    file_lines,
     remap_lines,
     section_spans,
     split_by_utf8_bytes,
@@ -180,6 +181,15 @@ def test_split_lines_all_styles() -> None:
     assert split_lines("a\nb\rc\r\nd", max_lines=2) == ["a", "b", "c\r\nd"]
     assert split_lines("a\nb\rc\r\nd", keep_ends=True, max_lines=2) == ["a\n", "b\r", "c\r\nd"]
     assert split_lines("a\nb\n", keep_ends=True, max_lines=9) == ["a\n", "b\n", ""]
+
+
+def test_file_lines_start_no_line_after_the_final_break() -> None:
+    assert file_lines("") == []
+    assert file_lines("\n") == [""]
+    assert file_lines("a\r\nb\r") == ["a", "b"]
+    assert file_lines("a\nb\n\n", keep_ends=True) == ["a\n", "b\n", "\n"]
+    assert file_lines("a\nb\n", keep_ends=True, max_lines=1) == ["a\n", "b\n"]
+    assert file_lines("a\nb\n", keep_ends=True, max_lines=2) == ["a\n", "b\n"]
 
 
 def test_empty_and_whitespace_files_have_no_chunks() -> None:

@@ -218,10 +218,8 @@ def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
-        out.append(MemoryFile(abs_path=path, rel_path=f"sessions/{printable_path(path.name)}",
-                              source="sessions", size=st.st_size,
-                              mtime_ms=int(st.st_mtime_ns // 1_000_000),
-                              ctime_ns=change_time_ns(st)))
+        out.append(MemoryFile.from_stat(path, f"sessions/{printable_path(path.name)}", st,
+                                        source="sessions"))
     return out, scan.error
 
 

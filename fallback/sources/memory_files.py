@@ -196,6 +196,13 @@ class MemoryFile:
     mtime_ms: int = 0
     ctime_ns: int | None = None
 
+    @classmethod
+    def from_stat(cls, abs_path: Path, rel_path: str, st: os.stat_result, *,
+                  source: str = "memory") -> MemoryFile:
+        """The file with the stamps of ``st`` (an ``lstat``/``stat`` result)."""
+        return cls(abs_path=abs_path, rel_path=rel_path, source=source, size=st.st_size,
+                   mtime_ms=st.st_mtime_ns // 1_000_000, ctime_ns=change_time_ns(st))
+
 
 @dataclass(frozen=True)
 class Discovery:
@@ -554,9 +561,7 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
         if real in seen:
             continue
         seen.add(real)
-        files.append(MemoryFile(abs_path=Path(path), rel_path=_shown(path, ws), size=fst.st_size,
-                                mtime_ms=int(fst.st_mtime_ns // 1_000_000),
-                                ctime_ns=change_time_ns(fst)))
+        files.append(MemoryFile.from_stat(Path(path), _shown(path, ws), fst))
     return Discovery(files=files, skipped=col.skipped, issues=col.issues)
 
 
@@ -594,6 +599,4 @@ def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
     fst = _lstat(p)
     if fst is None or not stat.S_ISREG(fst.st_mode):
         return "gone", _shown(p, ws)
-    return "file", MemoryFile(abs_path=Path(p), rel_path=_shown(p, ws), size=fst.st_size,
-                              mtime_ms=int(fst.st_mtime_ns // 1_000_000),
-                              ctime_ns=change_time_ns(fst))
+    return "file", MemoryFile.from_stat(Path(p), _shown(p, ws), fst)

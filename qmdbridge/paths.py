@@ -48,6 +48,10 @@ class QmdHome:
         sessions_dir: ``qmd_dir/sessions`` (default session-export folder).
         write_lock: ``<stateDir>/agents/<agentId>/qmd-write.lock``.
         embed_lock: ``<stateDir>/qmd/embed.lock`` (shared by all agents).
+        breaker / startup_breaker: ``qmd_dir/breaker.json`` (searches) and
+            ``qmd_dir/startup-breaker.json`` (start-up): the circuit breakers' state files.
+        reconciled: ``qmd_dir/reconciled.json``, the marker of the last collections reconcile.
+        probe_cache: ``<stateDir>/qmd/probe-cache.json`` (where qmd was found; all agents).
     """
 
     qmd_dir: Path
@@ -60,6 +64,10 @@ class QmdHome:
     sessions_dir: Path
     write_lock: Path
     embed_lock: Path
+    breaker: Path
+    startup_breaker: Path
+    reconciled: Path
+    probe_cache: Path
 
 
 def qmd_home(state_dir: Path, agent_id: str) -> QmdHome:
@@ -86,7 +94,9 @@ def qmd_home(state_dir: Path, agent_id: str) -> QmdHome:
         qmd_dir=qmd_dir, xdg_config=xdg_config, xdg_cache=xdg_cache, config_dir=config_dir,
         index_yml=config_dir / "index.yml", index_db=xdg_cache / "qmd" / "index.sqlite",
         models_dir=xdg_cache / "qmd" / "models", sessions_dir=qmd_dir / "sessions",
-        write_lock=agent_dir / "qmd-write.lock", embed_lock=root / "qmd" / "embed.lock")
+        write_lock=agent_dir / "qmd-write.lock", embed_lock=root / "qmd" / "embed.lock",
+        breaker=qmd_dir / "breaker.json", startup_breaker=qmd_dir / "startup-breaker.json",
+        reconciled=qmd_dir / "reconciled.json", probe_cache=root / "qmd" / "probe-cache.json")
 
 
 def user_models_dir(parent_env: Mapping[str, str]) -> Path | None:

@@ -137,13 +137,11 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
             cfg.update.on_boot and cfg.update.wait_for_boot_sync):
         return None
     home = qmd_home(agent.state_dir, agent.agent_id)
-    cached = ProbeCache(agent.state_dir / "qmd" / "probe-cache.json").get(
-        ProbeCache.key(cfg.command, env.get("PATH", "")))
-    if cached is None or not all(breaker_healthy(home.qmd_dir / name)
-                                 for name in ("breaker.json", "startup-breaker.json")):
+    cached = ProbeCache(home.probe_cache).get(ProbeCache.key(cfg.command, env.get("PATH", "")))
+    if cached is None or not all(map(breaker_healthy, (home.breaker, home.startup_breaker))):
         return None
     try:
-        marker = (home.qmd_dir / "reconciled.json").read_text()
+        marker = home.reconciled.read_text()
     except OSError:
         return None
     location = cached[0]

@@ -22,7 +22,9 @@ def test_home_layout(tmp_path: Path) -> None:
         index_db=q / "xdg-cache" / "qmd" / "index.sqlite",
         models_dir=q / "xdg-cache" / "qmd" / "models", sessions_dir=q / "sessions",
         write_lock=tmp_path / "state" / "agents" / "main" / "qmd-write.lock",
-        embed_lock=tmp_path / "state" / "qmd" / "embed.lock")
+        embed_lock=tmp_path / "state" / "qmd" / "embed.lock", breaker=q / "breaker.json",
+        startup_breaker=q / "startup-breaker.json", reconciled=q / "reconciled.json",
+        probe_cache=tmp_path / "state" / "qmd" / "probe-cache.json")
     assert not q.exists()
 
 

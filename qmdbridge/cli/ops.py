@@ -91,8 +91,7 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
 
     environ = dict(os.environ)
     home = qmd_home(agent.state_dir, agent.agent_id)
-    problem = await model_problem(home.xdg_cache / "qmd" / "models", environ,
-                                  kinds=("embed", "rerank", "generate"))
+    problem = await model_problem(home.models_dir, environ, kinds=("embed", "rerank", "generate"))
     if problem is not None:
         if args.json:
             emit_json({"ok": False, "steps": [{"step": "embed", "ok": False, "durationMs": 0, "error": problem}]})

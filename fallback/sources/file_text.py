@@ -15,7 +15,6 @@ from pathlib import Path
 from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import DEFAULT_MAX_FILE_BYTES, MemoryFile
 from fallback.sources.stamps import change_time_ns
-from fallback.text.path_names import printable_path
 from fallback.text.scripts import sha256_hex
 
 __all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "list_session_files",
@@ -209,7 +208,7 @@ def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None
         ``sessions``; files that vanish while being listed are left out. ``error`` is the
         listing problem, or ``None``.
     """
-    from fallback.sources.transcripts import scan_transcripts  # only with the sessions source
+    from fallback.sources.transcripts import scan_transcripts, transcript_path  # sessions source only
 
     scan = scan_transcripts(sessions_dir)
     out: list[MemoryFile] = []
@@ -218,8 +217,7 @@ def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None
             st = os.stat(path, follow_symlinks=False)
         except OSError:
             continue
-        out.append(MemoryFile.from_stat(path, f"sessions/{printable_path(path.name)}", st,
-                                        source="sessions"))
+        out.append(MemoryFile.from_stat(path, transcript_path(path.name), st, source="sessions"))
     return out, scan.error
 
 

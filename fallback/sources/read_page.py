@@ -96,10 +96,12 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.paging import DEFAULT_READ_LINES, DEFAULT_READ_MAX_CHARS, page_text
 from fallback.sources.transcripts import (
+    SESSIONS_DIR_NAME,
     TranscriptParse,
     is_transcript_name,
     message_line,
     parse_transcript,
+    transcript_path,
 )
 from fallback.text.path_names import parse_printable_path, printable_path
 
@@ -121,8 +123,6 @@ __all__ = [
     "transcript_text",
 ]
 
-# The folder name of the builtin engine's session citations (``sessions/<transcript>``).
-SESSIONS_DIR_NAME = "sessions"
 # Refusals of the legacy root name ``memory.md`` once ``MEMORY.md`` exists: both files are
 # there (the legacy one is not memory), or only ``MEMORY.md`` is (there is no memory.md to read).
 LEGACY_SHADOWED = "shadowed legacy root file"
@@ -604,7 +604,7 @@ def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | 
     if name is None:
         _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
         raise _encoded(rel_path) or PathRefusedError(rel_path, "not a memory path")
-    display = f"{SESSIONS_DIR_NAME}/{printable_path(name)}"
+    display = transcript_path(name)
     try:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
     except MemoryFileNotFoundError:

@@ -30,9 +30,11 @@ from typing import Any, Literal
 
 import orjson
 
+from fallback.text.path_names import printable_path
 from fallback.text.redact import redact_secrets
 
 __all__ = [
+    "SESSIONS_DIR_NAME",
     "SessionDeltaTracker",
     "SessionDocument",
     "TranscriptMessage",
@@ -45,9 +47,13 @@ __all__ = [
     "scan_transcripts",
     "session_document",
     "session_id_for",
+    "transcript_path",
 ]
 
 Role = Literal["user", "assistant"]
+
+# The folder of the builtin engine's session citations: hits of a transcript cite ``sessions/<name>``.
+SESSIONS_DIR_NAME = "sessions"
 
 # Newline counting and hashing read files in blocks of this many bytes (spec 5.4: 64 KiB).
 READ_BLOCK_BYTES = 64 * 1024
@@ -158,6 +164,12 @@ def is_transcript_name(name: str) -> bool:
     if name.endswith(".jsonl"):
         return not _CHECKPOINT.search(name)
     return bool(_ARCHIVE.search(name))
+
+
+def transcript_path(name: str) -> str:
+    """The path a transcript's hits cite and ``memory_get`` reads back: ``sessions/<name>``, a
+    name that is not UTF-8 in its printable ``\\xHH`` form."""
+    return f"{SESSIONS_DIR_NAME}/{printable_path(name)}"
 
 
 def session_id_for(path: Path) -> str:

@@ -148,11 +148,11 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
         return EXIT_REFUSED
     if result.get("disabled") or (args.command == "get" and result.get("missing")):
         return None  # in-process gives the exact message and exit code (a missing file exits 4)
-    if args.json:
-        if args.command == "status":
-            from qmdbridge.problems import status_problems
+    if args.command == "status":
+        from qmdbridge.problems import status_problems
 
-            result = {**result, "problems": status_problems(result)}
+        result = {**result, "problems": status_problems(result)}
+    if args.json:
         emit_plain_json({**result, "servedBy": "daemon"})
         return EXIT_OK
     from qmdbridge.cli import render
@@ -162,9 +162,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
     elif args.command == "get":
         render.print_get_doc(result, from_line=args.from_line)
     else:
-        from qmdbridge.problems import status_problems
-
-        render.print_status_doc(result, problems=status_problems(result))
+        render.print_status_doc(result, problems=result["problems"])
     return EXIT_OK
 
 

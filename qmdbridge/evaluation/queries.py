@@ -8,7 +8,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from fallback.errors import UsageError
-from fallback.text.chunking import split_lines
+from fallback.text.chunking import file_lines
 from qmdbridge.evaluation.metrics import EvalQuestion, Evidence
 
 __all__ = ["QUERY_KEYS", "load_queries"]
@@ -24,8 +24,7 @@ def _line_count(path: Path) -> int:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    lines = split_lines(text) if text else []
-    return len(lines) - 1 if lines and lines[-1] == "" else len(lines)
+    return len(file_lines(text))
 
 
 def _query_line(obj: Any, *, where: str, workspace: Path) -> EvalQuestion:

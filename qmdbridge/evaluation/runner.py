@@ -327,9 +327,9 @@ def _forget_breakers(agent: ResolvedAgent) -> None:
     keeps them between runs): a failure of an earlier run must not make this run fall back."""
     from qmdbridge.paths import qmd_home
 
-    qmd_dir = qmd_home(agent.state_dir, agent.agent_id).qmd_dir
-    for name in ("breaker.json", "startup-breaker.json"):
-        (qmd_dir / name).unlink(missing_ok=True)
+    home = qmd_home(agent.state_dir, agent.agent_id)
+    for breaker in (home.breaker, home.startup_breaker):
+        breaker.unlink(missing_ok=True)
 
 
 async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "parse_match", "rank_rows"]
+__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "idf", "parse_match", "rank_rows",
+           "required_tokens"]
 
 # FTS5's bm25() constants.
 BM25_K1 = 1.2
@@ -252,19 +253,57 @@ def _hits(node: _Node, found: list[Sequence[int]], out: dict[int, Sequence[int]]
     return matched
 
 
+def idf(row_count: int, holding: int) -> float:
+    """FTS5's IDF of a phrase held by ``holding`` of ``row_count`` rows: ``ln((N - n + 0.5) /
+    (n + 0.5))``, or ``1e-6`` when that is not positive."""
+    n_rows = max(row_count, 1)
+    value = math.log((n_rows - holding + 0.5) / (holding + 0.5))
+    return value if value > 0 else 1e-6
+
+
+def required_tokens(query: MatchQuery) -> list[frozenset[str]]:
+    """Per phrase (in :attr:`MatchQuery.phrases` order), the tokens a row must hold for that
+    phrase to count in its ``bm25()``: its own tokens, the other phrases of its ``NEAR`` group,
+    and what every ``AND`` above it needs (of an ``OR`` below an ``AND``, only the tokens all
+    its branches need)."""
+    out: list[frozenset[str]] = [frozenset()] * len(query.phrases)
+
+    def needs(node: _Node) -> frozenset[str]:
+        if node.kind == "phrase":
+            return frozenset(query.phrases[node.phrase])
+        parts = [needs(c) for c in node.children]
+        if node.kind == "or":
+            return frozenset.intersection(*parts) if parts else frozenset()
+        return frozenset().union(*parts)
+
+    def walk(node: _Node, inherited: frozenset[str]) -> None:
+        if node.kind == "phrase":
+            out[node.phrase] = inherited | needs(node)
+            return
+        below = inherited if node.kind == "or" else inherited | needs(node)
+        for c in node.children:
+            walk(c, below)
+
+    walk(query.root, frozenset())
+    return out
+
+
 def rank_rows(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]],
               doc_len: Mapping[int, int], *, row_count: int, token_count: int,
-              weights: Sequence[float]) -> dict[int, float]:
+              weights: Sequence[float], phrase_rows: Sequence[int] | None = None) -> dict[int, float]:
     """FTS5 ``bm25()`` of every row the expression matches.
 
     Args:
         query: the parsed expression.
-        rows: ``{row id: {term: positions}}`` for every row holding any of ``query.tokens``,
-            over the whole index (IDF counts rows in every source).
+        rows: ``{row id: {term: positions}}`` for the rows to rank; without ``phrase_rows``,
+            every row holding any of ``query.tokens`` over the whole index (IDF counts rows in
+            every source).
         doc_len: ``{row id: tokens in all columns}`` for those rows.
         row_count: rows in the index (FTS5's ``N``).
         token_count: tokens of all rows in all columns (``avgdl = token_count / row_count``).
         weights: one weight per column (text, title, terms), as passed to ``bm25()``.
+        phrase_rows: per phrase, the rows of the whole index holding it (the ``n`` of its IDF),
+            when ``rows`` is only a selection; ``None``: counted in ``rows``.
 
     Returns:
         ``{row id: rank}`` for the matching rows, rank = ``-bm25`` (more negative = better).
@@ -281,17 +320,14 @@ def rank_rows(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]]
         counted: dict[int, Sequence[int]] = {}
         if _hits(query.root, found, counted, query):
             hits[rowid] = counted
-    idf = []
-    for n in holding:
-        value = math.log((n_rows - n + 0.5) / (n + 0.5))
-        idf.append(value if value > 0 else 1e-6)
+    idfs = [idf(row_count, n) for n in (holding if phrase_rows is None else phrase_rows)]
     ranks = {}
     for rowid, counted_hits in hits.items():
         norm = BM25_K1 * (1 - BM25_B + BM25_B * doc_len[rowid] / avgdl)
         score = 0.0
         for i, positions in counted_hits.items():
             freq = sum(weights[p >> POSITION_COLUMN_SHIFT] for p in positions)
-            score += idf[i] * freq * (BM25_K1 + 1) / (freq + norm)
+            score += idfs[i] * freq * (BM25_K1 + 1) / (freq + norm)
         ranks[rowid] = -score
     return ranks
 

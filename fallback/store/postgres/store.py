@@ -29,7 +29,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fallback.store.postgres.bm25 import count_matches, parse_match, rank_rows
+from fallback.store.postgres.bm25 import (
+    BM25_B,
+    BM25_K1,
+    MatchQuery,
+    count_matches,
+    parse_match,
+    rank_rows,
+    required_tokens,
+)
 from fallback.store.postgres.errors import translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
@@ -45,6 +53,13 @@ DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
 EF_SEARCH_PER_ROW = 40
 # Nearest vectors read per wanted row before older generations and other sources are dropped.
 VECTOR_OVERSAMPLE = 4
+# Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
+# candidate count per further round (see PostgresStore._top_rows).
+CANDIDATES_PER_ROW = 3
+CANDIDATE_GROWTH = 4
+# Relative margin between an exact score and a candidate bound computed in SQL (the same
+# formula summed in another order).
+BOUND_MARGIN = 1e-9
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
@@ -286,6 +301,9 @@ class PostgresStore:
             return []
         main = parse_match(match, self._tokenizer.phrase_tokens) if match else None
         tri = parse_match(trigram_match, self._trigrams.phrase_tokens) if trigram_match else None
+        if (main is not None and tri is None and not like_patterns and min(weights) >= 0
+                and all(len(p) <= 1 for p in main.phrases)):
+            return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
         with self._snapshot("keyword search") as cur:
             st = self._stats(cur)
@@ -326,6 +344,83 @@ class PostgresStore:
             text_of = {r[0]: r[1:] for r in cur.fetchall()}
         out = [(*text_of[r], ranks[r]) for r in picked if r in text_of][:limit]
         return [_keyword_row(r) for r in out]
+
+    def _top_rows(self, query: MatchQuery, *, sources: Sequence[str], limit: int,
+                  weights: Sequence[float]) -> list[KeywordRow]:
+        """:meth:`keyword_rows` of an expression whose phrases are single tokens, without
+        reading every row that holds a query term into Python.
+
+        One statement (one snapshot, one round trip) reads the published statistics, counts
+        each term's rows over every source (its IDF), and ranks the rows of ``sources``
+        holding any term by an upper bound of their ``bm25()``: each phrase adds
+        ``IDF * f * (k1 + 1) / (f + norm)`` when the row holds every token the phrase needs to
+        count (``bm25.required_tokens``), ``f`` the column-weighted frequency of its token
+        (``NEAR`` and ``AND`` only drop a phrase's instances, and the weights are not
+        negative), so no row scores above its bound. It returns the first ``K + 1`` rows by
+        bound with their postings; the first ``K`` are ranked exactly (``bm25.rank_rows``).
+        When the ``limit``-th exact score is above the bound of row ``K + 1`` (by a relative
+        :data:`BOUND_MARGIN`), no row outside the ``K`` can rank in the top ``limit``; else
+        ``K`` grows and the statement runs again, up to every row.
+        """
+        terms = list(query.tokens)
+        slot = {t: i + 1 for i, t in enumerate(terms)}
+        bound = []
+        for phrase, needed in zip(query.phrases, required_tokens(query), strict=True):
+            if not phrase:
+                continue
+            w = f"w{slot[phrase[0]]}"
+            held = " AND ".join(f"w{slot[t]} IS NOT NULL" for t in sorted(needed, key=slot.__getitem__))
+            bound.append(f"CASE WHEN {held} THEN d.idf[{slot[phrase[0]]}] * {w} * {BM25_K1 + 1!r}::float8"
+                         f" / ({w} + {BM25_K1!r}::float8 * ({1 - BM25_B!r}::float8 + {BM25_B!r}::float8"
+                         " * r.dl / st.avgdl)) ELSE 0 END")
+        cols = ", ".join(f"max(wf) FILTER (WHERE k = {k}) AS w{k}" for k in slot.values())
+        s = self._s
+        sql = (f"WITH st AS (SELECT published_generation AS g, chunk_count, token_count,"
+               " greatest(chunk_count, 1)::float8 AS n, CASE WHEN token_count > 0"
+               " THEN token_count::float8 / greatest(chunk_count, 1) ELSE 1 END AS avgdl"
+               f" FROM {s}.workspaces WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+               " t(term, k) AS (SELECT * FROM unnest(%(terms)s::text[]) WITH ORDINALITY),"
+               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.positions AS pos,"
+               " c.doc_len::float8 AS dl, c.source AS src,"
+               " (SELECT sum((%(w)s::float8[])[(x >> 20) + 1]) FROM unnest(p.positions) x) AS wf"
+               f" FROM st, t JOIN {s}.postings p ON p.agent_id = %(agent)s"
+               f" AND p.workspace = %(ws)s AND p.term = t.term JOIN {s}.chunks c"
+               " ON c.chunk_rowid = p.chunk_rowid"
+               " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)),"
+               " d AS (SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k) AS df,"
+               " array_agg(greatest(ln((st.n - coalesce(h.n, 0) + 0.5) / (coalesce(h.n, 0) + 0.5)),"
+               " 1e-6) ORDER BY t.k) AS idf FROM st, t LEFT JOIN (SELECT k, count(*) AS n FROM p"
+               " GROUP BY k) h ON h.k = t.k),"
+               f" r AS (SELECT r, dl, {cols}, array_agg(k) AS ks, array_agg(pos::text) AS poss"
+               " FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
+               f" top AS (SELECT r.r, r.dl, r.ks, r.poss, ({' + '.join(bound) or '0'})::float8 AS ub"
+               " FROM r, d, st ORDER BY ub DESC, r.r LIMIT %(k)s)"
+               " SELECT st.chunk_count, st.token_count, d.df, top.r, top.ub, top.dl, top.ks,"
+               " top.poss, c.id, c.path, c.source, c.start_line, c.end_line, c.text"
+               f" FROM st CROSS JOIN d LEFT JOIN (top JOIN {s}.chunks c ON c.chunk_rowid = top.r)"
+               " ON true")
+        args = {"agent": self.agent_id, "ws": self.workspace, "terms": terms,
+                "w": [float(w) for w in weights], "sources": list(sources)}
+        want = limit * CANDIDATES_PER_ROW
+        with self._errors("keyword search"), self._pool.connection() as conn:
+            while True:
+                found = conn.execute(sql, {**args, "k": want + 1}).fetchall()
+                if not found:
+                    return []
+                n_chunks, n_tokens, df = found[0][0], found[0][1], found[0][2]
+                bounds = sorted((r for r in found if r[3] is not None), key=lambda r: (-r[4], r[3]))
+                rows = {r[3]: {terms[k - 1]: [int(x) for x in pos[1:-1].split(",")]
+                               for k, pos in zip(r[6], r[7], strict=True)} for r in bounds[:want]}
+                by_rowid = {r[3]: r for r in bounds[:want]}
+                ranks = rank_rows(query, rows, {r: int(by_rowid[r][5]) for r in rows},
+                                  row_count=n_chunks, token_count=n_tokens, weights=weights,
+                                  phrase_rows=[df[slot[p[0]] - 1] if p else 0 for p in query.phrases])
+                picked = sorted(ranks, key=lambda r: (ranks[r], by_rowid[r][9], by_rowid[r][11]))[:limit]
+                if (len(bounds) <= want or len(picked) == limit
+                        and -ranks[picked[-1]] > float(bounds[want][4]) * (1 + BOUND_MARGIN)):
+                    return [_keyword_row((*by_rowid[r][8:13], by_rowid[r][13], ranks[r]))
+                            for r in picked]
+                want *= CANDIDATE_GROWTH
 
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
         """The published chunk count and, per ``MATCH`` expression, how many chunks it matches

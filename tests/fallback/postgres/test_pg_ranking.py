@@ -18,6 +18,7 @@ pytestmark = pytest.mark.postgres
 from fallback.search.keyword import keyword_rows, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
+from fallback.store.postgres import store as pg_store
 from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
 from fallback.text.chunking import chunk_markdown
@@ -81,8 +82,11 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
-def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path) -> None:
+def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     files, questions = locomo_files()
+    # First round of exact ranking: as many rows as asked for, so the widening is exercised.
+    monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", 1)
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:
@@ -91,11 +95,15 @@ def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Pa
             plan = search_plan(lite, question)
             if plan is None or not plan.match:
                 continue
-            want = keyword_rows(lite, plan, sources=["memory"], limit=10)
-            got = pg.keyword_rows(plan.match, sources=["memory"], limit=10,
-                                  trigram_match=plan.trigram_match, like_patterns=plan.like_patterns)
-            assert [r[0] for r in got] == [r[0] for r in want], question
-            assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
+            # The postgres store ranks exactly only the rows with the best score bounds and
+            # must widen that set until no other row can enter the top.
+            for limit in (1, 3, 10):
+                want = keyword_rows(lite, plan, sources=["memory"], limit=limit)
+                got = pg.keyword_rows(plan.match, sources=["memory"], limit=limit,
+                                      trigram_match=plan.trigram_match,
+                                      like_patterns=plan.like_patterns)
+                assert [r[0] for r in got] == [r[0] for r in want], (question, limit)
+                assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9), question
             # The counts search_plan takes from the SQLite store to find a plan's common parts.
             exprs = [expr for _, expr in plan.parts]
             sql = "SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(

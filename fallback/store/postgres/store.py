@@ -44,7 +44,7 @@ from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
 from fallback.text.scripts import contains_cjk
 
-__all__ = ["ChunkRow", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
+__all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
 
 # bm25() weight of each indexed column (text, title, terms): the SQLite store's weights
 # (fallback/search/keyword.py COLUMN_WEIGHTS).
@@ -89,6 +89,29 @@ class ChunkRow:
     text: str
     derived_terms: str
     embedding: Sequence[float] | None = None
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """One file to write with its chunks (:meth:`SyncLease.write_files`).
+
+    Attributes:
+        path: workspace-relative path.
+        source: ``memory`` or ``sessions``.
+        content_hash: sha256 hex of the file.
+        mtime_ms: modification time, epoch ms.
+        size: bytes.
+        title: the file's FTS ``title`` column (``fallback.store.fts_rows.note_title``).
+        chunks: its chunks.
+    """
+
+    path: str
+    source: str
+    content_hash: str
+    mtime_ms: int
+    size: int
+    title: str
+    chunks: tuple[ChunkRow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,7 +203,9 @@ class PostgresStore:
 
     def _configure(self, conn: Any) -> None:
         conn.autocommit = True
-        conn.execute(f"SET statement_timeout = {int(self.statement_timeout_ms)}")
+        # jit off: a search's estimated cost over a large database can pass jit_above_cost, and
+        # compiling then takes longer than the query.
+        conn.execute(f"SET statement_timeout = {int(self.statement_timeout_ms)}; SET jit = off")
 
     def _connect(self) -> Any:
         import psycopg
@@ -671,64 +696,82 @@ class SyncLease:
 
     def write_file(self, path: str, source: str, *, content_hash: str, mtime_ms: int, size: int,
                    title: str, chunks: Sequence[ChunkRow]) -> None:
-        """Replace one file's rows in generation ``P + 1`` (one transaction).
-
-        Args:
-            path: workspace-relative path.
-            source: ``memory`` or ``sessions``.
-            content_hash: sha256 hex of the file.
-            mtime_ms: modification time, epoch ms.
-            size: bytes.
-            title: the file's FTS ``title`` column (``fallback.store.fts_rows.note_title``).
-            chunks: its chunks.
+        """Replace one file's rows in generation ``P + 1`` (one transaction); see
+        :meth:`write_files` for the arguments.
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        self.write_files([FileRows(path, source, content_hash, mtime_ms, size, title, tuple(chunks))])
+
+    def write_files(self, files: Sequence[FileRows]) -> None:
+        """Replace the rows of several files in generation ``P + 1`` (one transaction, a fixed
+        number of statements whatever the number of files: each table is written by one
+        ``INSERT`` over arrays sent as array literals).
+
+        Args:
+            files: the files, each with its chunks (a path at most once).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if not files:
+            return
         store, s = self.store, self.store._s
-        terms = store._tokenizer.chunk_terms([(c.text, title, c.derived_terms) for c in chunks])
-        cjk = [i for i, c in enumerate(chunks) if contains_cjk(c.text)]
-        trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i].text,) for i in cjk]),
+        chunks = [(f, c) for f in files for c in f.chunks]
+        terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
+        cjk = [i for i, (_, c) in enumerate(chunks) if contains_cjk(c.text)]
+        trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i][1].text,) for i in cjk]),
                             strict=True))
-        args = {**self._scope, "path": path, "source": source, "gen": self.generation}
-        vectors = {len(c.embedding) for c in chunks if c.embedding}
-        for dims in vectors - store._vector_dims:
+        args = {**self._scope, "gen": self.generation,
+                "paths": _text_array(f.path for f in files),
+                "sources": _text_array(f.source for f in files)}
+        for dims in {len(c.embedding) for _, c in chunks if c.embedding} - store._vector_dims:
             store._ensure_vector_index(self._conn, dims)
-        with store._errors("write a file"), self._conn.transaction(), self._conn.cursor() as cur:
+        with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
             self._retire(cur, args)
             cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
-                        " gen_from) VALUES (%(agent)s, %(ws)s, %(path)s, %(source)s, %(hash)s,"
-                        " %(mtime)s, %(size)s, %(gen)s)",
-                        {**args, "hash": content_hash, "mtime": mtime_ms, "size": size})
+                        " gen_from) SELECT %(agent)s, %(ws)s, x.p, x.s, x.h, x.m, x.n, %(gen)s"
+                        " FROM unnest(%(paths)s::text[], %(sources)s::text[], %(hashes)s::text[],"
+                        " %(mtimes)s::bigint[], %(sizes)s::bigint[]) AS x(p, s, h, m, n)",
+                        {**args, "hashes": _text_array(f.content_hash for f in files),
+                         "mtimes": _int_array(f.mtime_ms for f in files),
+                         "sizes": _int_array(f.size for f in files)})
             if not chunks:
                 return
-            # One INSERT per table over arrays: a round trip per file, not per chunk.
             cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
                         " end_line, hash, model, text, doc_len, trigram_len, gen_from)"
-                        " SELECT %(agent)s, %(ws)s, x.id, %(path)s, %(source)s, x.s, x.e, x.h, x.m,"
-                        " x.t, x.n, x.tri, %(gen)s FROM unnest(%(ids)s::text[], %(starts)s::int[],"
-                        " %(ends)s::int[], %(hashes)s::text[], %(models)s::text[], %(texts)s::text[],"
-                        " %(lens)s::int[], %(tris)s::int[]) AS x(id, s, e, h, m, t, n, tri)"
-                        " RETURNING chunk_rowid, id",
-                        {**args, "ids": [c.chunk_id for c in chunks],
-                         "starts": [c.start_line for c in chunks], "ends": [c.end_line for c in chunks],
-                         "hashes": [c.content_hash for c in chunks], "models": [c.model for c in chunks],
-                         "texts": [c.text for c in chunks], "lens": [t.doc_len for t in terms],
-                         "tris": [trigrams[i].doc_len if i in trigrams else None
-                                  for i in range(len(chunks))]})
-            by_id = {cid: rowid for rowid, cid in cur.fetchall()}
-            rowids = [by_id[c.chunk_id] for c in chunks]
+                        " SELECT %(agent)s, %(ws)s, x.id, x.p, x.src, x.s, x.e, x.h, x.m, x.t, x.n,"
+                        " x.tri, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
+                        " %(csources)s::text[], %(starts)s::int[], %(ends)s::int[], %(hashes)s::text[],"
+                        " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[])"
+                        " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, i)"
+                        " ORDER BY x.i RETURNING chunk_rowid",
+                        {**args, "ids": _text_array(c.chunk_id for _, c in chunks),
+                         "cpaths": _text_array(f.path for f, _ in chunks),
+                         "csources": _text_array(f.source for f, _ in chunks),
+                         "starts": _int_array(c.start_line for _, c in chunks),
+                         "ends": _int_array(c.end_line for _, c in chunks),
+                         "hashes": _text_array(c.content_hash for _, c in chunks),
+                         "models": _text_array(c.model for _, c in chunks),
+                         "texts": _text_array(c.text for _, c in chunks),
+                         "lens": _int_array(t.doc_len for t in terms),
+                         "tris": _int_array(trigrams[i].doc_len if i in trigrams else None
+                                            for i in range(len(chunks)))})
+            # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
+            rowids = sorted(r[0] for r in cur.fetchall())
             _insert_postings(cur, f"{s}.postings", args, zip(rowids, terms, strict=True))
             _insert_postings(cur, f"{s}.trigram_postings", args,
                              ((rowids[i], t) for i, t in trigrams.items()))
-            embedded = [(r, c.embedding) for r, c in zip(rowids, chunks, strict=True) if c.embedding]
+            embedded = [(r, c.embedding) for r, (_, c) in zip(rowids, chunks, strict=True)
+                        if c.embedding]
             if embedded:
                 cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
                             " embedding) SELECT r, %(agent)s, %(ws)s, d, v::vector FROM"
                             " unnest(%(rowids)s::bigint[], %(dims)s::int[], %(vecs)s::text[]) AS x(r, d, v)",
-                            {**args, "rowids": [r for r, _ in embedded],
-                             "dims": [len(v) for _, v in embedded],
-                             "vecs": [_vector_text(v) for _, v in embedded]})
+                            {**args, "rowids": _int_array(r for r, _ in embedded),
+                             "dims": _int_array(len(v) for _, v in embedded),
+                             "vecs": _text_array(_vector_text(v) for _, v in embedded)})
 
     def delete_file(self, path: str, source: str) -> None:
         """Leave ``path`` out of generation ``P + 1`` (one transaction).
@@ -736,15 +779,17 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        args = {**self._scope, "path": path, "source": source, "gen": self.generation}
+        args = {**self._scope, "paths": _text_array([path]), "sources": _text_array([source]),
+                "gen": self.generation}
         with self.store._errors("delete a file"), self._conn.transaction(), self._conn.cursor() as cur:
             self._retire(cur, args)
 
     def _retire(self, cur: Any, args: dict[str, Any]) -> None:
-        """Drop this generation's own rows of a file and end the older ones at it."""
+        """Drop this generation's own rows of the files ``args["paths"]`` / ``args["sources"]``
+        (array literals) and end the older ones at it."""
         s = self.store._s
-        where = ("agent_id = %(agent)s AND workspace = %(ws)s AND path = %(path)s"
-                 " AND source = %(source)s")
+        where = ("agent_id = %(agent)s AND workspace = %(ws)s AND (path, source) IN"
+                 " (SELECT * FROM unnest(%(paths)s::text[], %(sources)s::text[]))")
         _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
         cur.execute(f"DELETE FROM {s}.files WHERE {where} AND gen_from = %(gen)s", args)
         for table in ("chunks", "files"):
@@ -811,14 +856,33 @@ def _insert_postings(cur: Any, table: str, args: dict[str, Any],
                      chunks: Iterable[tuple[int, ChunkTerms]]) -> None:
     """Write the postings of freshly inserted chunks in one INSERT over arrays (``COPY`` is
     refused on tables with row-level security)."""
-    rows = [(term, rowid, "{" + ",".join(map(str, positions)) + "}")
-            for rowid, t in chunks for term, positions in t.positions.items()]
-    if rows:
+    terms: list[str] = []
+    rowids: list[int] = []
+    positions: list[str] = []
+    for rowid, t in chunks:
+        terms += t.positions
+        rowids += [rowid] * len(t.positions)
+        positions += ["{" + ",".join(map(str, p)) + "}" for p in t.positions.values()]
+    if terms:
         cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
                     " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                    " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)",
-                    {**args, "terms": [r[0] for r in rows], "rowids": [r[1] for r in rows],
-                     "pos": [r[2] for r in rows]})
+                    " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)"
+                    # In key order: each leaf page of the primary key is visited once.
+                    " ORDER BY t, r",
+                    {**args, "terms": _text_array(terms), "rowids": _int_array(rowids),
+                     "pos": _text_array(positions)})
+
+
+def _text_array(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
+    string parameter is sent instead of a list adapted element by element."""
+    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          for v in values) + "}"
+
+
+def _int_array(values: Iterable[int | None]) -> str:
+    """A PostgreSQL array literal of integers (``None`` as ``NULL``)."""
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
 
 
 def _keyword_row(r: Sequence[Any]) -> KeywordRow:

@@ -54,9 +54,12 @@ class Fts5Tokenizer:
                            f" tokenize='{tokenize}')")
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
         self._columns = columns
-        self._column = {name: i for i, name in enumerate(columns)}
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
+        column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
+                          for i, name in enumerate(columns))
+        self._grouped = (f"SELECT doc, term, group_concat((CASE col {column} END) | \"offset\")"
+                         " FROM v GROUP BY doc, term")
 
     def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
         """The postings of chunk rows.
@@ -69,16 +72,16 @@ class Fts5Tokenizer:
             One :class:`ChunkTerms` per row, in order.
         """
         out = [ChunkTerms({}, 0) for _ in rows]
+        lens = [0] * len(rows)
         with self._lock:
             conn = self._conn
             conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-            lens = [0] * len(rows)
-            for term, doc, col, offset in conn.execute(
-                    "SELECT term, doc, col, \"offset\" FROM v ORDER BY doc, col, \"offset\""):
-                i = int(doc) - 1
-                out[i].positions.setdefault(term, []).append(
-                    (self._column[col] << POSITION_COLUMN_SHIFT) | int(offset))
-                lens[i] += 1
+            # Grouped by SQLite (one Python row per term of a chunk, not per token instance);
+            # each list is sorted here, as group_concat promises no order.
+            for doc, term, joined in conn.execute(self._grouped):
+                out[int(doc) - 1].positions[term] = sorted(map(int, joined.split(",")))
+            for doc, n in conn.execute("SELECT doc, count(*) FROM v GROUP BY doc"):
+                lens[int(doc) - 1] = int(n)
             conn.execute("DELETE FROM t")
         return [ChunkTerms(c.positions, n) for c, n in zip(out, lens, strict=True)]
 

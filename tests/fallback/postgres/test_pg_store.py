@@ -343,3 +343,38 @@ def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
         assert found(store, "puffin") == ["a-1"]
     finally:
         store.close()
+
+
+def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) -> None:
+    from fallback.store.postgres.store import FileRows
+
+    odd = 'say "hi" \\ back\\slash {brace}, comma NULL \'quote\''
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        write(store, {"memory/old.md": "stale pear", "memory/keep.md": "kept plum"})
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files([
+            FileRows("memory/old.md", "memory", "h-new", 2, 3, 'title "x"',
+                     (ChunkRow("old#1", 1, 2, "c1", "", "fresh pear", ""),
+                      ChunkRow("old#2", 3, 4, "c2", "", odd, "brace"))),
+            FileRows("memory/new, {1}.md", "sessions", "h-n", 2, 3, "n",
+                     (ChunkRow("new#1", 1, 1, "c3", "", "pear tree", ""),)),
+            FileRows("memory/empty.md", "memory", "h-e", 2, 0, "e"),
+        ])
+        assert lease.file_hash("memory/old.md", "memory") == "h-new"
+        assert lease.file_hash("memory/new, {1}.md", "sessions") == "h-n"
+        assert lease.file_hash("memory/empty.md", "memory") == "h-e"
+        assert lease.publish().chunk_count == 4
+        rows = store.chunk_rows(["old#1", "old#2", "new#1", "memory/keep.md#1", "memory/old.md#1"])
+        assert [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows] == [
+            ("old#1", "memory/old.md", "memory", 1, 2, "fresh pear"),
+            ("old#2", "memory/old.md", "memory", 3, 4, odd),
+            ("new#1", "memory/new, {1}.md", "sessions", 1, 1, "pear tree"),
+            ("memory/keep.md#1", "memory/keep.md", "memory", 1, 1, "kept plum")]
+        assert found(store, "pear") == ["old#1"]
+        assert [r[0] for r in store.keyword_rows('"pear"', sources=["memory", "sessions"],
+                                                 limit=10)] == ["new#1", "old#1"]
+        assert found(store, "backslash") == [] and found(store, "brace") == ["old#2"]
+    finally:
+        store.close()

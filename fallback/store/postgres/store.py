@@ -57,6 +57,8 @@ VECTOR_OVERSAMPLE = 4
 # candidate count per further round (see PostgresStore._top_rows).
 CANDIDATES_PER_ROW = 3
 CANDIDATE_GROWTH = 4
+# publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
+ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
 # formula summed in another order).
 BOUND_MARGIN = 1e-9
@@ -660,6 +662,11 @@ class SyncLease:
 
     Use as a context manager; leaving it without :meth:`publish` keeps what was written for the
     next lease (nothing is published, nothing is lost).
+
+    Attributes:
+        published / generation: the published generation ``P`` and the one written, ``P + 1``.
+        chunks_written: chunks this lease wrote; :meth:`publish` refreshes the planner's
+            statistics when they are at least a tenth of the published chunks.
     """
 
     def __init__(self, store: PostgresStore, conn: Any) -> None:
@@ -675,6 +682,7 @@ class SyncLease:
                                      self._scope).fetchone()[0]
         self.published = int(published)
         self.generation = self.published + 1
+        self.chunks_written = 0
 
     def __enter__(self) -> SyncLease:
         return self
@@ -719,6 +727,7 @@ class SyncLease:
             return
         store, s = self.store, self.store._s
         chunks = [(f, c) for f in files for c in f.chunks]
+        self.chunks_written += len(chunks)
         terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
         cjk = [i for i, (_, c) in enumerate(chunks) if contains_cjk(c.text)]
         trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i][1].text,) for i in cjk]),
@@ -826,12 +835,15 @@ class SyncLease:
                 where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
                 _delete_chunks(cur, s, where, args)
                 cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
-            # Fresh planner statistics once the tables changed: on tables it has not analysed,
-            # the planner took an agent's postings for a handful of rows and scanned all of them
-            # for a query's terms. A role that does not own the
-            # tables is skipped by ANALYZE with a notice.
-            for table in ("chunks", "postings", "trigram_postings", "chunk_vectors"):
-                self._conn.execute(f"ANALYZE {s}.{table}")
+            # Fresh planner statistics once the tables changed much: on tables it has not
+            # analysed, the planner took an agent's postings for a handful of rows and scanned
+            # all of them for a query's terms. A small sync skips it (autovacuum's analyze
+            # follows the drift; ANALYZE of a large table after every small sync took CPU from
+            # the searches). A role that does not own the tables is skipped by ANALYZE with a
+            # notice.
+            if self.chunks_written * ANALYZE_SHARE >= count:
+                for table in ("chunks", "postings", "trigram_postings", "chunk_vectors"):
+                    self._conn.execute(f"ANALYZE {s}.{table}")
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
         self.close()

@@ -530,24 +530,29 @@ class PostgresStore:
         if limit <= 0 or not sources or not vector:
             return []
         d = len(vector)
-        with self._snapshot("vector search") as cur:
-            st = self._stats(cur)
-            cur.execute(f"SET LOCAL hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-            # The inner query orders by the distance alone, so the planner may answer it from
-            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
-            # or, for a small scope, exactly from the scope's rows; rows of older generations
-            # and other sources are dropped after it, hence the oversampling.
-            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
-                        f" FROM (SELECT chunk_rowid, embedding::vector({d}) <=> %(q)s::vector({d})"
-                        f" AS dist FROM {self._s}.chunk_vectors WHERE agent_id = %(agent)s"
-                        f" AND workspace = %(ws)s AND dims = {d}"
-                        f" ORDER BY embedding::vector({d}) <=> %(q)s::vector({d}) LIMIT %(inner)s) v"
-                        f" JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid"
-                        f" WHERE {_visible('c')} AND c.source = ANY(%(sources)s)"
-                        " ORDER BY v.dist, c.path, c.start_line LIMIT %(limit)s",
-                        {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                         "gen": st.generation, "sources": list(sources), "limit": limit,
-                         "inner": limit * VECTOR_OVERSAMPLE})
+        with self._errors("vector search"), self._pool.connection() as conn:
+            # One round trip: the session's ef_search and the search go out in one pipeline;
+            # the search is one statement (one snapshot), the published generation read in it.
+            with conn.pipeline():
+                conn.execute(f"SET hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
+                # The inner query orders by the distance alone, so the planner may answer it
+                # from the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial
+                # on dims) or, for a small scope, exactly from the scope's rows; rows of older
+                # generations and other sources are dropped after it, hence the oversampling.
+                cur = conn.execute(
+                    f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s)"
+                    f" SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
+                    f" FROM (SELECT chunk_rowid, embedding::vector({d}) <=> %(q)s::vector({d})"
+                    f" AS dist FROM {self._s}.chunk_vectors WHERE agent_id = %(agent)s"
+                    f" AND workspace = %(ws)s AND dims = {d}"
+                    f" ORDER BY embedding::vector({d}) <=> %(q)s::vector({d}) LIMIT %(inner)s) v"
+                    f" JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st"
+                    " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)"
+                    " AND c.source = ANY(%(sources)s)"
+                    " ORDER BY v.dist, c.path, c.start_line LIMIT %(limit)s",
+                    {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
+                     "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE})
             return [_keyword_row(r) for r in cur.fetchall()]
 
     # -- embedding cache (shared by every agent) --------------------------------------------------

@@ -407,7 +407,7 @@ class PostgresStore:
                " THEN token_count::float8 / greatest(chunk_count, 1) ELSE 1 END AS avgdl"
                f" FROM {s}.workspaces WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
                " t(term, k) AS (SELECT * FROM unnest(%(terms)s::text[]) WITH ORDINALITY),"
-               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.positions AS pos,"
+               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k,"
                " c.doc_len::float8 AS dl, c.source AS src,"
                " (SELECT sum((%(w)s::float8[])[(x >> 20) + 1]) FROM unnest(p.positions) x) AS wf"
                f" FROM st, t JOIN {s}.postings p ON p.agent_id = %(agent)s"
@@ -418,14 +418,16 @@ class PostgresStore:
                " array_agg(greatest(ln((st.n - coalesce(h.n, 0) + 0.5) / (coalesce(h.n, 0) + 0.5)),"
                " 1e-6) ORDER BY t.k) AS idf FROM st, t LEFT JOIN (SELECT k, count(*) AS n FROM p"
                " GROUP BY k) h ON h.k = t.k),"
-               f" r AS (SELECT r, dl, {cols}, array_agg(k) AS ks, array_agg(pos::text) AS poss"
-               " FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
-               f" top AS (SELECT r.r, r.dl, r.ks, r.poss, ({' + '.join(bound) or '0'})::float8 AS ub"
+               f" r AS (SELECT r, dl, {cols} FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
+               f" top AS (SELECT r.r, r.dl, ({' + '.join(bound) or '0'})::float8 AS ub"
                " FROM r, d, st ORDER BY ub DESC, r.r LIMIT %(k)s)"
-               " SELECT st.chunk_count, st.token_count, d.df, top.r, top.ub, top.dl, top.ks,"
-               " top.poss, c.id, c.path, c.source, c.start_line, c.end_line, c.text"
-               f" FROM st CROSS JOIN d LEFT JOIN (top JOIN {s}.chunks c ON c.chunk_rowid = top.r)"
-               " ON true")
+               # The positions of the candidates only, read again by key.
+               " SELECT st.chunk_count, st.token_count, d.df, top.r, top.ub, top.dl, x.ks,"
+               " x.poss, c.id, c.path, c.source, c.start_line, c.end_line, c.text"
+               f" FROM st CROSS JOIN d LEFT JOIN (top JOIN {s}.chunks c ON c.chunk_rowid = top.r"
+               " CROSS JOIN LATERAL (SELECT array_agg(t.k) AS ks, array_agg(q.positions::text)"
+               f" AS poss FROM t JOIN {s}.postings q ON q.agent_id = %(agent)s"
+               " AND q.workspace = %(ws)s AND q.term = t.term AND q.chunk_rowid = top.r) x) ON true")
         args = {"agent": self.agent_id, "ws": self.workspace, "terms": terms,
                 "w": [float(w) for w in weights], "sources": list(sources)}
         want = limit * CANDIDATES_PER_ROW

@@ -8,8 +8,10 @@ builds a :class:`SearchRequest` with :meth:`SearchRequest.of` (a :class:`ReadReq
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from fallback.errors import UsageError
 
@@ -107,3 +109,23 @@ class ReadRequest:
         if lines is not None and not 1 <= lines <= MAX_LIMIT:
             raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
         return cls(path, from_line, lines)
+
+
+def workspace_relative(path: str, workspace: Path) -> str:
+    """A ``memory_get`` path as the memory-file rule takes it: an absolute path inside the
+    workspace becomes workspace-relative (``/ws/memory/x.md`` -> ``memory/x.md``, also through a
+    symlinked parent such as ``/tmp``), one outside it the relative form the rule decides on
+    (``../notes/x.md`` for an extra folder beside the workspace); a relative path is returned
+    as it is.
+
+    Args:
+        path: the caller's path.
+        workspace: the agent workspace, absolute.
+    """
+    if not os.path.isabs(path):
+        return path
+    p = Path(os.path.normpath(path))
+    for candidate in (p, Path(os.path.realpath(p.parent)) / p.name):
+        if candidate.is_relative_to(workspace):
+            return candidate.relative_to(workspace).as_posix()
+    return Path(os.path.relpath(p, workspace)).as_posix()

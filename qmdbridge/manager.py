@@ -56,7 +56,7 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
-from fallback.request import ReadRequest, SearchRequest
+from fallback.request import ReadRequest, SearchRequest, workspace_relative
 from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
@@ -413,7 +413,9 @@ class MemoryManager:
 
         Raises:
             PathRefusedError: the path is not a memory file (outside the workspace, ``..``,
-                absolute, encoded escapes, symlinks, not Markdown), or ``corpus`` is ``wiki``.
+                encoded escapes, symlinks, not Markdown), or ``corpus`` is ``wiki``. An absolute
+                path inside the workspace is read as its workspace-relative path
+                (:func:`fallback.request.workspace_relative`).
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
         """
         self._check_open()
@@ -423,6 +425,17 @@ class MemoryManager:
         if (chosen := get_corpus(corpus)).note is not None:
             raise PathRefusedError(rel_path, chosen.note)
         self._check_workspace()
+        wanted = workspace_relative(request.path, self.agent.workspace_dir)
+        if wanted != request.path:  # an absolute path: read as the workspace-relative one
+            try:
+                return await self.read_file(wanted, from_line=request.from_line,
+                                            lines=request.lines, corpus=corpus)
+            except PathRefusedError as exc:
+                if not wanted.startswith("../"):
+                    raise
+                raise PathRefusedError(
+                    request.path, f"outside the workspace {self.agent.workspace_dir} and its extra "
+                    "paths (memory is MEMORY.md, memory/**/*.md and memorySearch.extraPaths)") from exc
         qmd_path = rel_path.strip().startswith("qmd/")
         # a session hit of the builtin engine (sessions/<transcript>, a fallback answer) is
         # read where it was found: qmd's session hits are its own qmd/sessions-<agent>/ paths

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -128,32 +127,10 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
     return EXIT_OK
 
 
-def _workspace_relative(path: str, workspace: Path) -> str:
-    """``get``'s path argument as the tool takes it: an absolute path inside the workspace
-    becomes workspace-relative (``/ws/memory/x.md`` -> ``memory/x.md``, also through a
-    symlinked parent such as ``/tmp``), one outside it the relative form the memory-file rule
-    decides on (``../notes/x.md`` for an extra folder beside the workspace)."""
-    if not os.path.isabs(path):
-        return path
-    p = Path(os.path.normpath(path))
-    for candidate in (p, Path(os.path.realpath(p.parent)) / p.name):
-        if candidate.is_relative_to(workspace):
-            return candidate.relative_to(workspace).as_posix()
-    return Path(os.path.relpath(p, workspace)).as_posix()
-
-
 async def _get(agent: Any, args: argparse.Namespace) -> int:
-    wanted = _workspace_relative(args.path, agent.workspace_dir)
     async with _manager(agent, args) as m:
-        try:
-            result = await m.read_file(wanted, from_line=args.from_line, lines=args.lines,
-                                       corpus=args.corpus)
-        except PathRefusedError as exc:
-            if wanted == args.path or not wanted.startswith("../"):
-                raise
-            raise PathRefusedError(args.path, f"outside the workspace {agent.workspace_dir} and its "
-                                              "extra paths (memory is MEMORY.md, memory/**/*.md and "
-                                              "memorySearch.extraPaths)") from exc
+        result = await m.read_file(args.path, from_line=args.from_line, lines=args.lines,
+                                   corpus=args.corpus)
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
     if args.json:

@@ -122,3 +122,17 @@ async def test_serve_sync_refuses_a_force_that_is_not_a_boolean(manager: MemoryM
         assert await handle_line(manager, b'{"id": 3, "tool": "sync", "params": {"force": false}}') == {
             "id": 3, "result": {"ok": True}}
         assert await handle_line(manager, b'{"id": 4, "tool": "sync"}') == {"id": 4, "result": {"ok": True}}
+
+
+async def test_an_absolute_path_inside_the_workspace_is_read_on_every_surface(manager: MemoryManager) -> None:
+    """memory_get takes an absolute path inside the workspace as the CLI does (the tools are
+    what serve, its daemon socket and MCP call); one outside it is refused with the reason."""
+    ws = manager.agent.workspace_dir
+    async with manager:
+        page = await handle_memory_get(manager, {"path": str(ws / "MEMORY.md"), "lines": 5})
+        assert (page["path"], page["text"]) == ("MEMORY.md", "Coffee: flat white with oat milk.")
+        outside = ws.parent / "notes" / "x.md"
+        refused = await handle_memory_get(manager, {"path": str(outside)})
+        assert refused["refused"] is True
+        assert refused["error"] == (f"path refused: '{outside}': outside the workspace {ws} and its extra "
+                                    "paths (memory is MEMORY.md, memory/**/*.md and memorySearch.extraPaths)")

@@ -40,6 +40,7 @@ from urllib.parse import quote, urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from fallback.embeddings.gguf_file import GGUF_MAGIC
 from fallback.errors import LockTimeoutError, ModelDownloadError
 from fallback.fs.atomic import publish_file, write_atomic
 from fallback.fs.lock import PidFileLock
@@ -78,9 +79,6 @@ CHUNK_BYTES = 1 << 20
 # How long a second process waits for a download another process is running, in ms.
 LOCK_TIMEOUT_MS = 30 * 60 * 1000
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-# Every GGUF file starts with these bytes; a body that does not (a captive portal's login page
-# answered with 200, a proxy's error page) is never written to the cache.
-GGUF_MAGIC = b"GGUF"
 _CONTENT_RANGE_RE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 

@@ -719,7 +719,8 @@ class QmdBackend:
                     if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "indexProblem": self.health.problem, "modelProblem": model_problem,
                 "models": model_cache_state(self.home.xdg_cache / "qmd" / "models",
-                                            model_kinds(mode, self.cfg.rerank)),
+                                            model_kinds(mode, self.cfg.rerank),
+                                            checked=self.model_state.gguf_checked),
                 "indexing": indexing,
                 "startup": {"problems": list(self.startup_problems)}}})
 

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from fallback.embeddings.gguf_file import gguf_problem
+
 __all__ = ["DEFAULT_MODELS", "ModelState", "damaged_models", "missing_models", "model_cache_state",
            "model_kinds", "model_problem", "reachable"]
 
@@ -24,8 +26,6 @@ DEFAULT_MODELS = {
     "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
     "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
 }
-# The first bytes of every GGUF file.
-GGUF_MAGIC = b"GGUF"
 # How long the connectivity check may take, in seconds.
 REACH_TIMEOUT_S = 3.0
 
@@ -52,27 +52,43 @@ def _file_name(kind: str) -> str:
     return DEFAULT_MODELS[kind].rsplit("/", 1)[-1]
 
 
-def damaged_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
-    """The default model files of ``kinds`` that are in ``models_dir`` but empty or not a GGUF
-    file (no ``GGUF`` magic: a download cut short before its first bytes, or an error page
-    saved in its place); qmd's llama.cpp then fails or hangs on it until the deadline."""
+def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
+                   checked: dict[tuple[str, int, int], str | None] | None = None) -> list[str]:
+    """The default model files of ``kinds`` that are in ``models_dir`` but cannot be whole GGUF
+    models (:func:`fallback.embeddings.gguf_file.gguf_problem`: empty, not GGUF, an error page
+    saved in its place, or a download cut short); qmd's llama.cpp then fails or hangs on it
+    until the deadline.
+
+    Args:
+        models_dir: the agent's ``xdg-cache/qmd/models``.
+        kinds: the models to check.
+        checked: answers already found, by ``(path, size, mtime ns)``, read and filled here, so a
+            file is parsed once while it is unchanged (:class:`ModelState` keeps one).
+    """
     out = []
     for kind in kinds:
         path = models_dir / _file_name(kind)
         try:
-            with path.open("rb") as fh:
-                head = fh.read(len(GGUF_MAGIC))
+            st = path.stat()
+            key = (str(path), st.st_size, st.st_mtime_ns)
+            if checked is not None and key in checked:
+                problem = checked[key]
+            else:
+                problem = gguf_problem(path)
+                if checked is not None:
+                    checked[key] = problem
         except OSError:
             continue  # missing (missing_models) or unreadable
-        if head != GGUF_MAGIC:
+        if problem is not None:
             out.append(str(path))
     return out
 
 
-def model_cache_state(models_dir: Path, kinds: tuple[str, ...]) -> dict[str, object]:
+def model_cache_state(models_dir: Path, kinds: tuple[str, ...], *,
+                      checked: dict[tuple[str, int, int], str | None] | None = None) -> dict[str, object]:
     """What status shows of qmd's model cache for ``kinds``: ``{dir, present, missing,
     damaged}`` (file names; ``damaged``: :func:`damaged_models`)."""
-    damaged = {Path(p).name for p in damaged_models(models_dir, kinds)}
+    damaged = {Path(p).name for p in damaged_models(models_dir, kinds, checked=checked)}
     missing = {m.rsplit("/", 1)[-1] for m in missing_models(models_dir, kinds)}
     names = [_file_name(k) for k in kinds]
     return {"dir": str(models_dir), "present": [n for n in names if n not in missing | damaged],
@@ -92,7 +108,7 @@ async def reachable(host: str, port: int, timeout_s: float = REACH_TIMEOUT_S) ->
 
 async def model_problem(models_dir: Path, env: Mapping[str, str], *,
                         kinds: tuple[str, ...], reach: Callable[[str, int], Awaitable[bool]] | None = None,
-                        ) -> str | None:
+                        checked: dict[tuple[str, int, int], str | None] | None = None) -> str | None:
     """Why model work for ``kinds`` cannot succeed here, or ``None`` when it may.
 
     Args:
@@ -100,9 +116,10 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
         kinds: the models the command needs.
         reach: ``(host, port) -> reachable?``; default :func:`reachable`.
+        checked: the :func:`damaged_models` answers already found (``ModelState`` keeps one).
 
     Returns:
-        ``CI`` set -> qmd refuses model work; a model file empty or not GGUF
+        ``CI`` set -> qmd refuses model work; a model file empty, truncated or not GGUF
         (:func:`damaged_models`) -> which, and to download it again; models missing and the
         model host unreachable -> offline, naming the models and the download.
     """
@@ -110,9 +127,10 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         return ("qmd refuses model operations while the CI environment variable is set; "
                 "unset CI to embed or warm up the models")
     overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
-    damaged = damaged_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
+    damaged = damaged_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])),
+                             checked=checked)
     if damaged:
-        return (f"model file(s) {', '.join(damaged)} empty or truncated (not a GGUF file); "
+        return (f"model file(s) {', '.join(damaged)} empty, truncated or not GGUF; "
                 "delete them and run `qmdbridge warmup` where huggingface.co is reachable")
     missing = missing_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
     if not missing:
@@ -131,7 +149,8 @@ class ModelState:
     """What model work can do for one agent's qmd, shared by the embed step and the searches.
 
     The boot step (``qmd embed``) and every ``query``/``vsearch`` search ask :meth:`problem`;
-    ``CI`` and the model files are checked anew each time (cheap), while whether the model host
+    ``CI`` and the model files' stamps are checked anew each time (a file's GGUF header is parsed
+    once while its size and mtime hold: :attr:`gguf_checked`), while whether the model host
     is reachable is remembered for ``reach_ttl_s`` seconds, so an offline agent's searches fail
     fast with the current reason instead of each waiting out ``limits.timeoutMs``.
 
@@ -146,6 +165,7 @@ class ModelState:
         self.env = env
         self.reach_ttl_s = reach_ttl_s
         self._reach: dict[tuple[str, int], tuple[float, bool]] = {}
+        self.gguf_checked: dict[tuple[str, int, int], str | None] = {}
 
     async def _reachable(self, host: str, port: int) -> bool:
         now = time.monotonic()
@@ -158,4 +178,5 @@ class ModelState:
 
     async def problem(self, kinds: tuple[str, ...]) -> str | None:
         """:func:`model_problem` for ``kinds`` with the remembered reachability."""
-        return await model_problem(self.models_dir, self.env, kinds=kinds, reach=self._reachable)
+        return await model_problem(self.models_dir, self.env, kinds=kinds, reach=self._reachable,
+                                   checked=self.gguf_checked)

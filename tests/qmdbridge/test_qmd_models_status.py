@@ -17,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.conftest import find_test_model
 from tests.e2e.cli_proc import run_cli_in_process
 
 pytestmark = pytest.mark.qmd
@@ -61,23 +62,29 @@ def test_status_and_doctor_name_missing_models_that_cannot_be_downloaded(
     assert [p for p in status["problems"] if p["check"] == "qmd models"] == []
 
 
-def test_an_empty_model_file_is_named_by_search_status_and_doctor(tmp_path: Path, qmd_bin: Path) -> None:
-    """A model file cut short before its GGUF header (an interrupted download): qmd's searches
-    timed out with no hint, and status showed nothing of qmd's model cache."""
+@pytest.mark.parametrize("cut", ["empty", "half"])
+def test_an_empty_or_truncated_model_file_is_named_by_search_status_and_doctor(
+        tmp_path: Path, qmd_bin: Path, cut: str) -> None:
+    """A model file cut short (an interrupted download), before its GGUF header or inside its
+    tensor data, whose header is whole: qmd's searches timed out with no hint, and status showed
+    nothing of qmd's model cache."""
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe router dropped the WAN link.\n")
     models = tmp_path / "state" / "agents" / "main" / "qmd" / "xdg-cache" / "qmd" / "models"
     models.mkdir(parents=True)
-    (models / "embeddinggemma-300M-Q8_0.gguf").write_bytes(b"")
+    whole = find_test_model()
+    assert whole is not None, "the GGUF test model (../shared/models) is needed"
+    data = whole.read_bytes()
+    (models / "embeddinggemma-300M-Q8_0.gguf").write_bytes(b"" if cut == "empty" else data[: len(data) // 2])
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env.update(OPENCLAW_STATE_DIR=str(tmp_path / "state"), HOME=str(tmp_path / "home"))
     cfg = tmp_path / "openclaw.json"
     cfg.write_bytes(orjson.dumps({"memory": {"backend": "qmd", "qmd": {
         "command": str(qmd_bin), "searchMode": "vsearch"}}}))
     args = ["--workspace", str(ws), "--config", str(cfg)]
-    damaged = (f"model file(s) {models / 'embeddinggemma-300M-Q8_0.gguf'} empty or truncated (not a "
-               "GGUF file); delete them and run `qmdbridge warmup` where huggingface.co is reachable")
+    damaged = (f"model file(s) {models / 'embeddinggemma-300M-Q8_0.gguf'} empty, truncated or "
+               "not GGUF; delete them and run `qmdbridge warmup` where huggingface.co is reachable")
     doc = orjson.loads(_run(["search", "router dropped the WAN link", *args, "--json"], env).stdout)
     assert doc["backend"] == "builtin" and doc["fallback"]["reason"] == f"qmd vsearch skipped: {damaged}"
     status = orjson.loads(_run(["status", *args, "--json"], env).stdout)

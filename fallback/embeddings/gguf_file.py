@@ -1,0 +1,124 @@
+"""Whether a file on disk can be a whole GGUF model: the magic, a header that parses, and tensor
+data that starts inside the file.
+
+A model download cut short keeps a valid ``GGUF`` header, so the magic alone does not tell a
+truncated file from a whole one; llama.cpp then fails or hangs on it. The header lists every
+tensor with its offset into the data section, so a file that ends before the last tensor's data
+starts is truncated, whatever its name says. Reads only the header (a few hundred KB for
+the largest vocabularies), never the tensor data.
+
+Source: the GGUF file format (ggml, ``docs/gguf.md``): little-endian; magic, version (uint32),
+tensor count and metadata count (uint64), metadata key/value pairs, tensor infos, then the
+tensor data aligned to ``general.alignment`` (default 32 bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["GGUF_MAGIC", "gguf_problem"]
+
+# The first bytes of every GGUF file.
+GGUF_MAGIC = b"GGUF"
+# Alignment of the tensor data when the file does not set general.alignment (GGUF spec).
+DEFAULT_ALIGNMENT = 32
+# Byte sizes of the fixed-size metadata value types, by type id (GGUF spec):
+# uint8, int8, uint16, int16, uint32, int32, float32, bool, -, -, uint64, int64, float64.
+_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+# More entries than this in a header is a damaged count, not a model.
+_MAX_COUNT = 1 << 24
+
+
+class _Truncated(Exception):
+    """The header ends before what it declares."""
+
+
+def _read(fh: BinaryIO, n: int) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise _Truncated
+    return data
+
+
+def _u32(fh: BinaryIO) -> int:
+    return int(struct.unpack("<I", _read(fh, 4))[0])
+
+
+def _u64(fh: BinaryIO) -> int:
+    return int(struct.unpack("<Q", _read(fh, 8))[0])
+
+
+def _count(fh: BinaryIO) -> int:
+    n = _u64(fh)
+    if n > _MAX_COUNT:
+        raise ValueError(f"implausible count {n}")
+    return n
+
+
+def _string(fh: BinaryIO) -> bytes:
+    return _read(fh, _count(fh))
+
+
+def _value(fh: BinaryIO, kind: int) -> int | None:
+    """Skip one metadata value of type ``kind``; its integer value when it is an unsigned
+    integer (for ``general.alignment``), else ``None``."""
+    if kind in _FIXED:
+        raw = _read(fh, _FIXED[kind])
+        return int.from_bytes(raw, "little") if kind in (0, 2, 4, 10) else None
+    if kind == _STRING:
+        _string(fh)
+        return None
+    if kind == _ARRAY:
+        item, n = _u32(fh), _count(fh)
+        if item in _FIXED:
+            _read(fh, _FIXED[item] * n)
+        else:
+            for _ in range(n):
+                _value(fh, item)
+        return None
+    raise ValueError(f"unknown metadata type {kind}")
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a whole GGUF model, or ``None`` when it can.
+
+    Returns:
+        ``None``; or one of ``empty file``, ``not a GGUF file``, ``truncated (the header ends
+        early)``, ``truncated (<size> bytes, the tensor data reaches past <offset>)``,
+        ``damaged header (<what>)``.
+
+    Raises:
+        OSError: the file cannot be opened or read.
+    """
+    size = path.stat().st_size
+    if size == 0:
+        return "empty file"
+    with path.open("rb") as fh:
+        if fh.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            return "not a GGUF file"
+        try:
+            _u32(fh)  # version
+            tensors, kvs = _count(fh), _count(fh)
+            alignment = DEFAULT_ALIGNMENT
+            for _ in range(kvs):
+                key, kind = _string(fh), _u32(fh)
+                value = _value(fh, kind)
+                if key == b"general.alignment" and value:
+                    alignment = value
+            last = 0
+            for _ in range(tensors):
+                _string(fh)
+                dims = _u32(fh)
+                _read(fh, 8 * dims + 4)  # the dimensions, the tensor type
+                last = max(last, _u64(fh))
+            start = -(-fh.tell() // alignment) * alignment
+        except _Truncated:
+            return "truncated (the header ends early)"
+        except ValueError as exc:
+            return f"damaged header ({exc})"
+    if tensors and start + last >= size:
+        return f"truncated ({size} bytes, the tensor data reaches past {start + last})"
+    return None

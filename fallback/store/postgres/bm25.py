@@ -144,23 +144,22 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
         take(")")
         return node
 
-    def and_expr() -> _Node:
-        node = primary()
-        while peek() == "AND":
-            take("AND")
-            right = primary()
-            node = node if node.kind == "and" else _Node("and", children=[node])
+    def chain(operator: str, operand: Callable[[], _Node]) -> _Node:
+        """Operands joined by ``operator`` (``AND`` binds tighter than ``OR``) as one node."""
+        node = operand()
+        while peek() == operator:
+            take(operator)
+            right = operand()
+            kind = operator.lower()
+            node = node if node.kind == kind else _Node(kind, children=[node])
             node.children.append(right)
         return node
 
+    def and_expr() -> _Node:
+        return chain("AND", primary)
+
     def or_expr() -> _Node:
-        node = and_expr()
-        while peek() == "OR":
-            take("OR")
-            right = and_expr()
-            node = node if node.kind == "or" else _Node("or", children=[node])
-            node.children.append(right)
-        return node
+        return chain("OR", and_expr)
 
     root = or_expr()
     if at != len(items):

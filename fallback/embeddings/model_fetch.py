@@ -40,10 +40,10 @@ from urllib.parse import quote, urlsplit
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from fallback.embeddings.gguf_file import GGUF_MAGIC
 from fallback.errors import LockTimeoutError, ModelDownloadError
 from fallback.fs.atomic import publish_file, write_atomic
 from fallback.fs.lock import PidFileLock
+from fallback.gguf_file import GGUF_MAGIC
 
 if TYPE_CHECKING:  # httpx is imported by the download itself, so loading this module is cheap
     import httpx

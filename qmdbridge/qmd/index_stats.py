@@ -10,6 +10,9 @@ import logging
 import sqlite3
 from pathlib import Path
 
+# SQLite's primary result codes for a lock held by another connection.
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6
+
 __all__ = ["index_counts", "index_locked"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
@@ -52,8 +55,8 @@ def index_locked(db: Path) -> bool:
             conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         finally:
             conn.close()
-    except sqlite3.OperationalError as exc:
-        return "locked" in str(exc) or "busy" in str(exc)
-    except sqlite3.Error:
-        return False
+    except sqlite3.Error as exc:
+        # by primary result code, never by message (this module runs before fallback loads)
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
     return False

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from fallback.embeddings.gguf_file import gguf_problem
+from fallback.gguf_file import gguf_problem
 
 __all__ = ["DEFAULT_MODELS", "ModelState", "damaged_models", "missing_models", "model_cache_state",
            "model_kinds", "model_problem", "reachable"]
@@ -55,7 +55,7 @@ def _file_name(kind: str) -> str:
 def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
                    checked: dict[tuple[str, int, int], str | None] | None = None) -> list[str]:
     """The default model files of ``kinds`` that are in ``models_dir`` but cannot be whole GGUF
-    models (:func:`fallback.embeddings.gguf_file.gguf_problem`: empty, not GGUF, an error page
+    models (:func:`fallback.gguf_file.gguf_problem`: empty, not GGUF, an error page
     saved in its place, or a download cut short); qmd's llama.cpp then fails or hangs on it
     until the deadline.
 

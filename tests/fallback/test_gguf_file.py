@@ -1,4 +1,4 @@
-"""fallback/embeddings/gguf_file.py: a whole GGUF model, and every way a file can fail to be one,
+"""fallback/gguf_file.py: a whole GGUF model, and every way a file can fail to be one,
 on the real test model (../shared/models)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fallback.embeddings.gguf_file import gguf_problem
+from fallback.gguf_file import gguf_problem
 from tests.conftest import find_test_model
 
 

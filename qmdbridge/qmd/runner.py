@@ -85,6 +85,8 @@ __all__ = [
 _READ_BYTES = 65_536
 # How long to wait for killed descendants to disappear, in seconds.
 _REAP_WAIT_S = 3.0
+# How many descendant walks a kill makes at most before it stops looking for new processes.
+_FREEZE_WALKS = 8
 
 _FLAG_REJECTION_MARKERS = (
     "unknown flag",
@@ -177,13 +179,33 @@ async def _drain(stream: ByteReceiveStream | None, buffer: TailBuffer) -> None:
     buffer.feed(b"", final=True)
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
+def _freeze(pid: int) -> list[psutil.Process]:
+    """SIGSTOP the process group ``pid`` and every descendant, walking again until a walk finds
+    no process it had not stopped; return the descendants. A stopped process can't fork, so a
+    child that would leave the group (``setsid``) between the walk and the kill is not missed
+    (Linux restarts a fork that a signal interrupts, so no child is half made)."""
     import psutil
 
     try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return []
+        os.killpg(pid, signal_mod.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        pass
+    found: dict[int, psutil.Process] = {}
+    for _ in range(_FREEZE_WALKS):
+        try:
+            walk = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            walk = []
+        fresh = [p for p in walk if p.pid not in found]
+        if not fresh:
+            break
+        for proc in fresh:
+            found[proc.pid] = proc
+            try:
+                proc.suspend()
+            except psutil.Error:
+                continue
+    return list(found.values())
 
 
 def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Process]:
@@ -221,9 +243,10 @@ def _is_dead(proc: psutil.Process) -> bool:
 
 def kill_tree(pid: int) -> list[psutil.Process]:
     """SIGKILL the process group ``pid`` (a child started with ``start_new_session=True``) and
-    every descendant collected first (a worker may have left the group); returns the killed
-    descendants, for :func:`wait_gone`. The caller reaps its direct child."""
-    return _kill_tree(pid, _descendants(pid))
+    every descendant, all stopped and collected first (a worker may have left the group, and a
+    running one could start another after the walk); returns the killed descendants, for
+    :func:`wait_gone`. The caller reaps its direct child."""
+    return _kill_tree(pid, _freeze(pid))
 
 
 def wait_gone(procs: list[psutil.Process]) -> None:

@@ -312,3 +312,42 @@ async def test_real_qmd_double_dash_keeps_leading_dash_query(tmp_path: Path, qmd
     as_flag = await run_command([qmd, *flags, "-c", "nope", "--", "alpha"], env=qmd_env,
                                 cwd=workspace, timeout_ms=60_000)
     assert (as_flag.returncode, as_flag.stderr.splitlines()[0]) == (1, "Collection not found: nope")
+
+
+# Starts a sleeper that leaves the process group (setsid), again and again, as fast as it can.
+_SPAWNER = """
+import subprocess, sys
+while True:
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]],
+                     start_new_session=True)
+"""
+
+
+def test_kill_tree_leaves_nothing_of_a_process_that_keeps_forking(tmp_path: Path) -> None:
+    """A child that starts a process leaving its group between the descendant walk and the kill
+    must not leave it running: the tree is stopped before it is walked (five rounds; a walk
+    then kill without stopping first left a sleeper behind in most runs)."""
+    import subprocess
+    import uuid
+
+    from qmdbridge.qmd.runner import kill_tree, wait_gone
+
+    for _ in range(5):
+        marker = f"spawner-{uuid.uuid4().hex}"
+        proc = subprocess.Popen([sys.executable, "-c", _SPAWNER, marker], start_new_session=True)
+        try:
+            while True:  # wait until it has started sleepers (they name the marker)
+                started = [p for p in psutil.process_iter(["cmdline"])
+                           if p.pid != proc.pid and marker in (p.info["cmdline"] or [])]
+                if len(started) >= 3:
+                    break
+                assert proc.poll() is None
+        finally:
+            survivors = kill_tree(proc.pid)
+            proc.wait(timeout=30)
+            wait_gone(survivors)
+        alive = [p for p in psutil.process_iter(["cmdline", "status"])
+                 if marker in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+        for p in alive:
+            p.kill()
+        assert alive == []

@@ -142,7 +142,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     if held is not None:  # the engine re-indexes the store for this workspace, and says so
         return f"index holds workspace {held}"
     if not settings.sync_on_search:  # the engine syncs only an empty index before a search
-        return None if index.query("SELECT 1 FROM chunks LIMIT 1") else "index is empty"
+        return None if index.has_chunks() else "index is empty"
     started = index.get_meta_json(SCAN_STARTED_META)
     if not isinstance(started, int):
         return "no scan start recorded"

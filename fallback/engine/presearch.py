@@ -49,7 +49,7 @@ def read_index_state(store: MetaReads, workspace: str) -> IndexState:
         IndexStoreError: the store cannot be read.
     """
     held = other_workspace(store.get_meta_json(WORKSPACE_META), workspace)
-    return IndexState(bool(store.query("SELECT 1 FROM chunks LIMIT 1")), held)
+    return IndexState(store.has_chunks(), held)
 
 
 def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,

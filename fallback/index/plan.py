@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fallback.index.racy import racily_clean
 from fallback.sources.memory_files import MemoryFile
-from fallback.store.readonly import StoreReader
+from fallback.store.readonly import MetaReads
 
 __all__ = ["RecordedFiles", "Stamp", "file_stamp", "read_reason", "recorded_files"]
 
@@ -55,7 +55,7 @@ class RecordedFiles:
         return sorted((set(self.rows) | set(self.skip_stamps)) - discovered)
 
 
-def recorded_files(store: StoreReader, source: str) -> RecordedFiles:
+def recorded_files(store: MetaReads, source: str) -> RecordedFiles:
     """Read :class:`RecordedFiles` of ``source`` (``memory`` | ``sessions``) from ``store``
     (two reads; blocking).
 

@@ -37,7 +37,7 @@ from fallback.text.keywords import STOP_WORDS
 from fallback.text.scripts import contains_cjk, word_runs
 
 if TYPE_CHECKING:
-    from fallback.store.readonly import MetaReads
+    from fallback.store.seam import SearchStore
 
 __all__ = [
     "COMMON_MIN_CHUNKS",
@@ -87,7 +87,7 @@ def _quoted(word: str) -> str:
     return '"' + word.replace('"', "") + '"'
 
 
-def common_words(store: MetaReads, text: str) -> list[str]:
+def common_words(store: SearchStore, text: str) -> list[str]:
     """The content words of ``text`` (:func:`content_words`) that are common in the store: held
     by at least ``max(COMMON_MIN_CHUNKS, COMMON_SHARE x chunks)`` chunks (the text column of
     ``chunks_fts``, every source). Blocking: call it in a worker thread.
@@ -107,12 +107,9 @@ def common_words(store: MetaReads, text: str) -> list[str]:
         words = [w for w in words if len(w) >= TRIGRAM_MIN_CHARS]
     if not words:
         return []
-    counts = store.query("SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(
-        "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in words),
-        [f"text : {_quoted(w)}" for w in words])[0]
-    total = int(counts[0])
+    total, counts = store.part_counts([f"text : {_quoted(w)}" for w in words])
     need = max(COMMON_MIN_CHUNKS, math.ceil(COMMON_SHARE * total))
-    return [w for w, n in zip(words, counts[1:], strict=True) if int(n) >= need]
+    return [w for w, n in zip(words, counts, strict=True) if n >= need]
 
 
 def background_text(words: Sequence[str]) -> str:

@@ -35,7 +35,7 @@ from fallback.search.snippets import best_window
 
 if TYPE_CHECKING:
     from fallback.search.explain import SearchTrace
-    from fallback.store.readonly import StoreReader
+    from fallback.store.seam import SearchStore
 
 __all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "Hit", "HitSnippet", "KeywordAnswer", "candidate_count",
            "clamp_score", "decayed", "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results",
@@ -110,7 +110,7 @@ class KeywordAnswer:
     ranked_paths: frozenset[str]
 
 
-def keyword_search(store: StoreReader, text: str, *, sources: Sequence[str], limit: int,
+def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], limit: int,
                    candidates: int, floor: float, half_life_days: int | None, now_ms: int,
                    max_snippet_chars: int = SNIPPET_MAX_CHARS,
                    plan: FtsPlan | None = None) -> KeywordAnswer:
@@ -160,7 +160,7 @@ class HitSnippet:
     end_line: int
 
 
-def decayed(store: StoreReader, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
+def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
             trace: SearchTrace | None = None) -> list[Candidate]:
     """Temporal decay of ``cands`` by half-life (``None``: off), best first.
 
@@ -172,10 +172,7 @@ def decayed(store: StoreReader, cands: list[Candidate], *, half_life_days: int |
     """
     if half_life_days is None or not cands:
         return sorted(cands, key=lambda c: -c.score)
-    paths = sorted({c.path for c in cands})
-    marks = ", ".join("?" for _ in paths)
-    rows = store.query(f"SELECT source, path, mtime FROM files WHERE path IN ({marks})", paths)
-    mtimes = {(r[0], r[1]): int(r[2]) for r in rows}
+    mtimes = store.file_mtimes(sorted({c.path for c in cands}))
 
     def mtime_ms(source: str, path: str) -> int | None:
         return mtimes.get((source, path))
@@ -187,7 +184,7 @@ def decayed(store: StoreReader, cands: list[Candidate], *, half_life_days: int |
     return out
 
 
-def keyword_ranked(store: StoreReader, text: str, srcs: list[str], *, candidates: int, floor: float,
+def keyword_ranked(store: SearchStore, text: str, srcs: list[str], *, candidates: int, floor: float,
                    half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
                    trace: SearchTrace | None = None) -> list[Candidate]:
     """Step 1 of keyword-only search: candidates, the score floor, temporal decay.
@@ -244,7 +241,7 @@ def hit_snippet(c: Candidate, *, marked: str | None,
     return HitSnippet(window.text, first, last)
 
 
-def hit_snippets(store: StoreReader, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
+def hit_snippets(store: SearchStore, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
     """The snippet of every hit (:func:`hit_snippet`), the query's matches marked by one
     FTS5 ``highlight()`` statement for all of them (CJK substrings marked in Python).

@@ -1,24 +1,20 @@
-"""Keyword (FTS5 BM25 / LIKE) candidate rows from the store for one FTS query plan.
+"""Keyword (BM25 / LIKE) candidates of a query from the store, through the store seam.
 
-The ranking happens in SQL: ``bm25(chunks_fts, 1.0, 2.0, 1.0)`` over the OR plan of
-``fallback/search/fts.py`` weighs the chunk text, the note's title (path and first heading) and
-the derived terms (compound joins, canonical dates); only the best rows are joined with
-``chunks``. Python then maps each row's BM25 to a score relative to the best row of the query
-(:func:`relative_scores`): no chunk text is tokenized on the query path.
-
-Kept apart from ``fallback/store/db.py`` so the store module
-stays about connections, transactions and publishing.
+The store ranks (``fallback/store/seam.py`` ``SearchStore.keyword_rows``: FTS5's
+``bm25(chunks_fts, 1.0, 2.0, 1.0)`` in SQLite, the same BM25 from postings in PostgreSQL) the
+OR plan of ``fallback/search/fts.py``, which weighs the chunk text, the note's title (path and
+first heading) and the derived terms (compound joins, canonical dates). Python then maps each
+row's BM25 to a score relative to the best row of the query (:func:`relative_scores`): no chunk
+text is tokenized on the query path.
 """
 
 from __future__ import annotations
 
 import math
-import sqlite3
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from fallback.errors import IndexStoreError
 from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
@@ -27,20 +23,11 @@ from fallback.text.keywords import cjk_words, extract_keywords
 from fallback.text.scripts import contains_cjk
 
 if TYPE_CHECKING:
-    from fallback.store.readonly import StoreReader
+    from fallback.store.seam import KeywordRow, SearchStore
 
-__all__ = ["COLUMN_WEIGHTS", "highlight_hits", "keyword_rows",
+__all__ = ["highlight_hits", "keyword_rows",
            "rank_keyword_candidates", "rank_keyword_hits", "relative_scores", "search_plan"]
 
-# bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
-# query word found in a note's path or first heading counts twice as much as in its text.
-COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
-_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
-
-# FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
-# with the chunks and filtered (see _keyword_rows).
-INNER_OVERSAMPLE = 4
-MIN_INNER_ROWS = 200
 # The FTS-only fallback searches at most this many extracted keywords (spec §8.6).
 MAX_FALLBACK_KEYWORDS = 6
 # search_plan() counts the chunks of at most this many parts of a query (a pasted page is not
@@ -53,94 +40,18 @@ COUNTED_PARTS = 12
 LARGE_STORE_PAIR_SHARE = 0.25
 
 
-def keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str],
-                 limit: int) -> list[tuple[str, str, str, int, int, str, float]]:
-    """Run a keyword plan (see ``fallback/search/fts.py``) and return the best rows first.
-
-    Rows are ``(chunk_id, path, source, start_line, end_line, text, rank)`` where ``rank`` is
-    the FTS5 ``bm25()`` value (negative = better; ``0.0`` for LIKE-only rows), ordered by rank
-    then path and start line, at most ``limit`` rows, restricted to ``sources``. Only chunks that
-    still exist in ``chunks`` are returned. When ``MATCH`` itself fails (tokenizer quirks) the
-    plan is retried as a LIKE scan over every token with rank 0 (spec §8.2).
+def keyword_rows(store: SearchStore, plan: FtsPlan, *, sources: Sequence[str],
+                 limit: int) -> list[KeywordRow]:
+    """Run a keyword plan (see ``fallback/search/fts.py``) on the store and return the best
+    ``limit`` rows of ``sources`` first (``SearchStore.keyword_rows``; rank ``0.0`` for a
+    LIKE-only row).
 
     Raises:
-        IndexStoreError: on any other SQLite failure.
+        IndexStoreError: the store cannot be read.
     """
-    if limit <= 0 or not sources:
-        return []
-    try:
-        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=False)
-    except IndexStoreError as exc:
-        if not isinstance(exc.__cause__, sqlite3.OperationalError) or "fts5" not in str(
-                exc.__cause__).lower() and "match" not in str(exc.__cause__).lower():
-            raise
-        return _keyword_rows(store, plan, sources=sources, limit=limit, like_only=True)
-
-
-def _keyword_rows(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
-                  like_only: bool) -> list[tuple[str, str, str, int, int, str, float]]:
-    if not like_only and plan.match:
-        # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text is
-        # large): for a common word that matches most chunks this halves the query time. The
-        # other filters (sources, trigram, LIKE) may drop rows, so when the cut was saturated
-        # (the same statement counts the ranked rows) and too few rows survive, run again
-        # without it.
-        inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
-        rows, ranked = _keyword_sql(store, plan, sources=sources, limit=limit, like_only=False,
-                                    inner_limit=inner)
-        if ranked is None:  # nothing survived the filters: count the ranked rows apart
-            ranked = _ranked_count(store, plan, inner)
-        if len(rows) >= limit or ranked <= inner:
-            return rows
-    return _keyword_sql(store, plan, sources=sources, limit=limit, like_only=like_only,
-                        inner_limit=None)[0]
-
-
-def _ranked_count(store: StoreReader, plan: FtsPlan, inner: int) -> int:
-    found = store.query("SELECT COUNT(*) FROM (SELECT rowid FROM chunks_fts WHERE chunks_fts"
-                        " MATCH ? LIMIT ?)", [plan.match, inner + 1])
-    return int(found[0][0])
-
-
-def _keyword_sql(store: StoreReader, plan: FtsPlan, *, sources: Sequence[str], limit: int,
-                 like_only: bool, inner_limit: int | None
-                 ) -> tuple[list[tuple[str, str, str, int, int, str, float]], int | None]:
-    """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``, so
-    more than ``inner_limit`` means the cut dropped some; ``None`` when no row came back)."""
-    ctes: list[str] = []
-    joins: list[str] = []
-    params: list[Any] = []
-    rank = "0.0"
-    ranked = "NULL"
-    likes = plan.fallback_like_patterns if like_only else plan.like_patterns
-    if not like_only and plan.match:
-        cut = " ORDER BY r LIMIT ?" if inner_limit is not None else ""
-        ctes.append(f"m AS MATERIALIZED (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
-                    f" WHERE chunks_fts MATCH ?{cut})")
-        joins.append("JOIN m ON m.rid = c.rowid")
-        params.append(plan.match)
-        if inner_limit is not None:
-            params.append(int(inner_limit) + 1)
-            ranked = "(SELECT COUNT(*) FROM m)"
-        rank = "m.r"
-    if not like_only and plan.trigram_match:
-        joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_trigram) AS r FROM chunks_trigram"
-                     " WHERE chunks_trigram MATCH ?) t ON t.rid = c.rowid")
-        params.append(plan.trigram_match)
-        rank = rank if rank != "0.0" else "t.r"
-    where = [f"c.source IN ({', '.join('?' for _ in sources)})"]
-    params.extend(sources)
-    for pattern in likes:
-        where.append("c.text LIKE ? ESCAPE '\\'")
-        params.append(pattern)
-    with_clause = f"WITH {', '.join(ctes)} " if ctes else ""
-    sql = (f"{with_clause}SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text,"
-           f" {rank} AS rank, {ranked} FROM chunks c {' '.join(joins)}"
-           f" WHERE {' AND '.join(where)} ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?")
-    params.append(int(limit))
-    rows = store.query(sql, params)
-    count = int(rows[0][7]) if rows and rows[0][7] is not None else None
-    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6])) for r in rows], count
+    return store.keyword_rows(plan.match, sources=sources, limit=limit,
+                              trigram_match=plan.trigram_match, like_patterns=plan.like_patterns,
+                              fallback_like_patterns=plan.fallback_like_patterns)
 
 
 def relative_scores(ranks: Sequence[float]) -> list[float]:
@@ -172,7 +83,7 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     return [math.sqrt(s / best) for s in strengths]
 
 
-def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
+def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
 
     One statement first counts the chunks holding each of the first :data:`COUNTED_PARTS`
@@ -195,15 +106,11 @@ def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
     if plan is None or len(plan.parts) < 2:
         return plan
     counted = plan.parts[:COUNTED_PARTS]
-    counts = store.query("SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(
-        "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in counted),
-        [expr for _, expr in counted])[0]
-    total = int(counts[0])
-    clamped = frozenset(key for (key, _), n in zip(counted, counts[1:], strict=True)
-                        if 2 * int(n) >= total)
+    total, counts = store.part_counts([expr for _, expr in counted])
+    clamped = frozenset(key for (key, _), n in zip(counted, counts, strict=True) if 2 * n >= total)
     large = total > COVERAGE_MAX_CHUNKS
-    unpaired = frozenset(key for (key, _), n in zip(counted, counts[1:], strict=True)
-                         if large and int(n) >= LARGE_STORE_PAIR_SHARE * total)
+    unpaired = frozenset(key for (key, _), n in zip(counted, counts, strict=True)
+                         if large and n >= LARGE_STORE_PAIR_SHARE * total)
     if not clamped:
         if not unpaired:
             return plan
@@ -215,7 +122,7 @@ def search_plan(store: StoreReader, text: str) -> FtsPlan | None:
                            drop_common=large, unpaired=unpaired)
 
 
-def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
+def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int, *,
                       plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword hits for ``text``, best first (blocking): the plan of ``fallback/search/fts.py`` ranked by BM25 in SQL, restricted to the
     sources ``srcs``, at most ``limit`` of each source, each scored by :func:`relative_scores`.
@@ -250,7 +157,7 @@ def rank_keyword_hits(store: StoreReader, text: str, srcs: list[str], limit: int
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-def _hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
+def _hits(store: SearchStore, text: str, srcs: list[str], limit: int, *,
           plan: FtsPlan | None = None) -> list[Candidate]:
     """:func:`rank_keyword_hits`, or on a SQLite without FTS5 substring hits
     (``fallback/search/substring.py``)."""
@@ -259,7 +166,7 @@ def _hits(store: StoreReader, text: str, srcs: list[str], limit: int, *,
     return rank_keyword_hits(store, text, srcs, limit, plan=plan)
 
 
-def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], candidates: int, *,
+def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], candidates: int, *,
                             plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword candidates for ``text``, best first (blocking): the hits of the whole query (an
     OR of its content parts, ranked by BM25; substring hits on a SQLite without FTS5), each
@@ -304,7 +211,7 @@ def rank_keyword_candidates(store: StoreReader, text: str, srcs: list[str], cand
     return sorted(merged, key=lambda c: (-c.score, c.path, c.start_line))[:candidates]
 
 
-def highlight_hits(store: StoreReader, text: str, hits: Sequence[Candidate], *,
+def highlight_hits(store: SearchStore, text: str, hits: Sequence[Candidate], *,
                    plan: FtsPlan | None = None) -> dict[str, str]:
     """The text of each hit with the query's matches marked, for snippet windows.
 
@@ -331,18 +238,8 @@ def highlight_hits(store: StoreReader, text: str, hits: Sequence[Candidate], *,
     if plan is None:
         return {}
     ids = list(dict.fromkeys(h.chunk_id for h in hits))
-    marked: dict[str, str] = {}
-    if plan.mark_match:
-        marks = ", ".join("?" for _ in ids)
-        # "+rowid": one pass over the plan's matches, filtered to the hits, instead of FTS5
-        # running the whole MATCH again per hit (a third of the time for ten hits).
-        rows = store.query(
-            "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
-            " FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
-            f" (SELECT rowid FROM chunks WHERE id IN ({marks})))"
-            " SELECT c.id, h.hl FROM h JOIN chunks c ON c.rowid = h.rid",
-            [MARK_OPEN, MARK_CLOSE, plan.mark_match, *ids])
-        marked = {r[0]: r[1] for r in rows}
+    marked = (store.highlights(plan.mark_match, ids, open_mark=MARK_OPEN, close_mark=MARK_CLOSE)
+              if plan.mark_match else {})
     needles = [t for t in plan.tokens if contains_cjk(t)] or list(plan.like_terms)
     if needles:
         for h in hits:

@@ -36,7 +36,7 @@ from fallback.search.fusion import CosineStats, apply_floor, fuse, select_result
 from fallback.search.keyword import rank_keyword_candidates, search_plan
 from fallback.search.ranking import Candidate, mmr_rerank
 from fallback.settings import EngineSettings
-from fallback.store.readonly import MetaReads
+from fallback.store.seam import SearchStore
 
 if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
@@ -96,7 +96,7 @@ class Searcher:
         # its worker-thread hop (one hop for the whole search instead of two)
         self._snippets: list[HitSnippet] | None = None
 
-    async def run(self, store: MetaReads, provider: EmbeddingProvider | None, text: str,
+    async def run(self, store: SearchStore, provider: EmbeddingProvider | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
         """Rank ``text``: keyword-only without a provider, else hybrid; hits as result models.
 
@@ -125,7 +125,7 @@ class Searcher:
         why FTS5 is unavailable, or ``None``)."""
         return self._planned
 
-    def _plan_blocking(self, store: MetaReads, text: str) -> FtsPlan | None:
+    def _plan_blocking(self, store: SearchStore, text: str) -> FtsPlan | None:
         """This search's keyword plan, made once (``None`` on a store without FTS5, whose
         error :attr:`fts_error` keeps); blocking: call it in a worker thread."""
         if not self._planned:
@@ -134,7 +134,7 @@ class Searcher:
             self._planned = True
         return self._plan
 
-    async def _keyword_candidates(self, store: MetaReads, text: str, srcs: list[str],
+    async def _keyword_candidates(self, store: SearchStore, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
         def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
             return rank_keyword_candidates(store, text, srcs, candidates,
@@ -146,7 +146,7 @@ class Searcher:
         decay = self.settings.search.query.hybrid.temporal_decay
         return decay.half_life_days if decay.enabled else None
 
-    async def fts_only(self, store: MetaReads, text: str, srcs: list[str], candidates: int,
+    async def fts_only(self, store: SearchStore, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
         """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
         passes), then temporal decay (``fallback/search/fts_only.py``) and the optional
@@ -172,7 +172,7 @@ class Searcher:
             return self._finish(ranked, floor)
         return self._finish(keyword_results(await self._rerank(text, ranked), limit=limit), floor)
 
-    async def hybrid(self, store: MetaReads, provider: EmbeddingProvider, text: str,
+    async def hybrid(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
         """Hybrid ranking: vector and keyword candidates fused into one calibrated score
@@ -214,7 +214,7 @@ class Searcher:
             ranked = diverse
         return self._finish(select_results(ranked, max_results=limit), floor)
 
-    async def _contrast(self, store: MetaReads, provider: EmbeddingProvider, text: str,
+    async def _contrast(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                         qvec: list[float]) -> tuple[list[float], list[str]]:
         """The query vector with its common terms contrasted out (``fallback/search/contrast.py``)
         and those terms; ``(qvec, [])`` when the query has none, or when their embedding fails
@@ -244,7 +244,7 @@ class Searcher:
             self.trace.finish(selected, min_score=floor)
         return selected
 
-    async def _vector_hits(self, store: MetaReads, qvec: list[float], model: str, srcs: list[str],
+    async def _vector_hits(self, store: SearchStore, qvec: list[float], model: str, srcs: list[str],
                            limit: int) -> tuple[list[Candidate], CosineStats]:
         """The best ``limit`` chunks by best-window cosine, and the spread of that cosine over
         every chunk searched (for the vector evidence of the fusion)."""
@@ -255,10 +255,7 @@ class Searcher:
         found = scored.hits
         if not found:
             return [], stats
-        marks = ", ".join("?" for _ in found)
-        rows = await anyio.to_thread.run_sync(
-            store.query, f"SELECT id, path, source, start_line, end_line, text FROM chunks"
-                         f" WHERE id IN ({marks})", [cid for cid, _ in found])
+        rows = await anyio.to_thread.run_sync(store.chunk_rows, [cid for cid, _ in found])
         by_id = {r[0]: r for r in rows}
         out = []
         for cid, sim in found:
@@ -268,12 +265,12 @@ class Searcher:
                                      end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
         return out, stats
 
-    async def _decay(self, store: MetaReads, cands: list[Candidate]) -> list[Candidate]:
+    async def _decay(self, store: SearchStore, cands: list[Candidate]) -> list[Candidate]:
         return await anyio.to_thread.run_sync(partial(
             decayed, store, cands, half_life_days=self._half_life_days(), now_ms=self._now_ms(),
             trace=self.trace))
 
-    async def results(self, store: MetaReads, text: str, hits: list[Candidate], *, hybrid: bool,
+    async def results(self, store: SearchStore, text: str, hits: list[Candidate], *, hybrid: bool,
                       explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
         """The ranked candidates as the shared result model, each snippet the window of its
         chunk's lines that best matches ``text`` (``fallback/search/snippets.py``).

@@ -31,7 +31,7 @@ from fallback.search.fts import escape_like, fts_tokens
 from fallback.search.ranking import Candidate
 
 if TYPE_CHECKING:
-    from fallback.store.readonly import StoreReader
+    from fallback.store.seam import SearchStore
 
 __all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_hits", "substring_score"]
 
@@ -60,20 +60,7 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
     return total / len(tokens)
 
 
-def _rows(store: StoreReader, tokens: list[str], sources: Sequence[str],
-          ) -> list[tuple[str, str, str, int, int, str]]:
-    where = [f"source IN ({', '.join('?' for _ in sources)})"]
-    params: list[object] = list(sources)
-    for token in tokens:
-        if token.isascii():
-            where.append("text LIKE ? ESCAPE '\\'")
-            params.append(escape_like(token))
-    return [(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5]) for r in store.query(
-        "SELECT id, path, source, start_line, end_line, text FROM chunks"
-        f" WHERE {' AND '.join(where)}", params)]
-
-
-def rank_substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking
     (:func:`substring_hits` runs it in a worker thread).
 
@@ -93,15 +80,15 @@ def rank_substring_hits(store: StoreReader, text: str, srcs: list[str], limit: i
     tokens = list(dict.fromkeys(t.lower() for t in fts_tokens(text)))
     if not tokens or not srcs or limit <= 0:
         return []
-    rows = _rows(store, tokens, srcs)
+    rows = store.substring_rows([escape_like(t) for t in tokens if t.isascii()], sources=srcs)
     scored = [(substring_score(row[5], tokens), row) for row in rows]
     ranked = sorted(((s, r) for s, r in scored if s > 0), key=lambda x: (-x[0], x[1][1], x[1][3]))
     return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
                       snippet=body, score=score, text_score=score, bm25=None)
-            for score, (cid, path, source, start, end, body) in ranked[:limit]]
+            for score, (cid, path, source, start, end, body, _) in ranked[:limit]]
 
 
-async def substring_hits(store: StoreReader, text: str, srcs: list[str], limit: int) -> list[Candidate]:
+async def substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
     """:func:`rank_substring_hits` in a worker thread (same arguments, result and errors)."""
     import anyio
 

@@ -1,10 +1,11 @@
-"""Reading a store without writing it: the ``StoreReader`` protocol and a read-only connection.
+"""Reading the SQLite store without writing it: the store seam's reads and a read-only connection.
 
-The keyword search steps (``fallback/search/keyword.py``, ``substring.py``, ``fts_only.py``)
-only read, through :class:`StoreReader`; the engine's :class:`~fallback.store.db.Store`
-implements it with its reader connection, and :class:`ReadOnlyStore` with one ``query_only``
-connection to an existing file, for the one-shot search of an index that is in sync
-(``fallback/engine/in_sync.py``), which opens no writer, runs no migration and takes no lock.
+The search pipeline reads only through the store seam (``fallback/store/seam.py``
+``SearchStore``); :class:`MetaReads` implements it in SQL over a class's ``query``, for the
+engine's :class:`~fallback.store.db.Store` (its reader connection) and :class:`ReadOnlyStore`
+(one ``query_only`` connection to an existing file, for the one-shot search of an index that is
+in sync, ``fallback/engine/in_sync.py``, which opens no writer, runs no migration and takes no
+lock).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from fallback.errors import IndexStoreError
 from fallback.store.errors import (
     SQLITE_CANTOPEN,
     IndexStoreReadOnlyError,
@@ -22,9 +24,19 @@ from fallback.store.errors import (
     result_code,
     translate_errors,
 )
+from fallback.store.seam import KeywordRow
 
-__all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore", "StoreReader",
+__all__ = ["BUSY_TIMEOUT_MS", "COLUMN_WEIGHTS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore",
            "connect_read_only", "is_immutable"]
+
+# bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
+# query word found in a note's path or first heading counts twice as much as in its text.
+COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
+_BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
+# FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
+# with the chunks and filtered (see MetaReads.keyword_rows).
+INNER_OVERSAMPLE = 4
+MIN_INNER_ROWS = 200
 
 # How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
 BUSY_TIMEOUT_MS = 5000
@@ -106,24 +118,6 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
         return probe(uris[-1])
 
 
-class StoreReader(Protocol):
-    """What read-only search code needs from a store."""
-
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement with bound parameters; all rows. Raises ``IndexStoreError``."""
-        ...
-
-    @property
-    def fts_tokenizer(self) -> str:
-        """The tokenizer ``chunks_fts`` was created with (``unicode61`` or ``trigram``)."""
-        ...
-
-    @property
-    def fts_error(self) -> str | None:
-        """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
-        ...
-
-
 class MetaReads:
     """``PRAGMA user_version`` and ``meta`` reads (the FTS tokenizer and error included) over a
     class's ``query`` (the engine's :class:`~fallback.store.db.Store` and
@@ -176,6 +170,139 @@ class MetaReads:
     def fts_error(self) -> str | None:
         """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
         return self._fts_state()[1]
+
+    # -- the store seam's reads (fallback/store/seam.py SearchStore) ------------------------------
+
+    def has_chunks(self) -> bool:
+        """Whether the index holds at least one chunk."""
+        return bool(self.query("SELECT 1 FROM chunks LIMIT 1"))
+
+    def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
+        """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement."""
+        counts = self.query("SELECT (SELECT COUNT(*) FROM chunks_fts_docsize)" + "".join(
+            ", (SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs), exprs)[0]
+        return int(counts[0]), [int(n) for n in counts[1:]]
+
+    def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
+                     trigram_match: str | None = None, like_patterns: Sequence[str] = (),
+                     fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
+        """The best ``limit`` rows of a keyword plan (``SearchStore.keyword_rows``), ranked by
+        ``bm25()`` with :data:`COLUMN_WEIGHTS` in SQL. When ``MATCH`` itself fails (tokenizer
+        quirks) the plan is retried as a LIKE scan of ``fallback_like_patterns`` (every token)
+        with rank 0 (spec §8.2).
+
+        Raises:
+            IndexStoreError: on any other SQLite failure.
+        """
+        if limit <= 0 or not sources:
+            return []
+        try:
+            return self._keyword_rows(match, trigram_match, like_patterns, sources=sources,
+                                      limit=limit)
+        except IndexStoreError as exc:
+            cause = str(exc.__cause__).lower()
+            if not isinstance(exc.__cause__, sqlite3.OperationalError) or (
+                    "fts5" not in cause and "match" not in cause):
+                raise
+            return self._keyword_sql(None, None, fallback_like_patterns, sources=sources,
+                                     limit=limit, inner_limit=None)[0]
+
+    def _keyword_rows(self, match: str | None, trigram: str | None, likes: Sequence[str], *,
+                      sources: Sequence[str], limit: int) -> list[KeywordRow]:
+        if match:
+            # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text
+            # is large): for a common word that matches most chunks this halves the query
+            # time. The other filters (sources, trigram, LIKE) may drop rows, so when the cut
+            # was saturated (the same statement counts the ranked rows) and too few rows
+            # survive, run again without it.
+            inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
+            rows, ranked = self._keyword_sql(match, trigram, likes, sources=sources, limit=limit,
+                                             inner_limit=inner)
+            if ranked is None:  # nothing survived the filters: count the ranked rows apart
+                ranked = int(self.query("SELECT COUNT(*) FROM (SELECT rowid FROM chunks_fts"
+                                        " WHERE chunks_fts MATCH ? LIMIT ?)", [match, inner + 1])[0][0])
+            if len(rows) >= limit or ranked <= inner:
+                return rows
+        return self._keyword_sql(match, trigram, likes, sources=sources, limit=limit,
+                                 inner_limit=None)[0]
+
+    def _keyword_sql(self, match: str | None, trigram: str | None, likes: Sequence[str], *,
+                     sources: Sequence[str], limit: int, inner_limit: int | None,
+                     ) -> tuple[list[KeywordRow], int | None]:
+        """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``,
+        so more than ``inner_limit`` means the cut dropped some; ``None`` when no row came
+        back)."""
+        ctes: list[str] = []
+        joins: list[str] = []
+        params: list[Any] = []
+        rank = "0.0"
+        ranked = "NULL"
+        if match:
+            cut = " ORDER BY r LIMIT ?" if inner_limit is not None else ""
+            ctes.append(f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
+                        f" WHERE chunks_fts MATCH ?{cut}) ")
+            joins.append("JOIN m ON m.rid = c.rowid")
+            params.append(match)
+            if inner_limit is not None:
+                params.append(int(inner_limit) + 1)
+                ranked = "(SELECT COUNT(*) FROM m)"
+            rank = "m.r"
+        if trigram:
+            joins.append("JOIN (SELECT rowid AS rid, bm25(chunks_trigram) AS r FROM chunks_trigram"
+                         " WHERE chunks_trigram MATCH ?) t ON t.rid = c.rowid")
+            params.append(trigram)
+            rank = rank if rank != "0.0" else "t.r"
+        where = [f"c.source IN ({', '.join('?' for _ in sources)})",
+                 *("c.text LIKE ? ESCAPE '\\'" for _ in likes)]
+        rows = self.query(f"{''.join(ctes)}SELECT c.id, c.path, c.source, c.start_line, c.end_line,"
+                          f" c.text, {rank} AS rank, {ranked} FROM chunks c {' '.join(joins)}"
+                          f" WHERE {' AND '.join(where)}"
+                          " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?",
+                          [*params, *sources, *likes, int(limit)])
+        count = int(rows[0][7]) if rows and rows[0][7] is not None else None
+        return [_row(r) for r in rows], count
+
+    def substring_rows(self, like_patterns: Sequence[str], *,
+                       sources: Sequence[str]) -> list[KeywordRow]:
+        """Every chunk of ``sources`` whose text matches all ``like_patterns`` (rank 0)."""
+        where = [f"source IN ({', '.join('?' for _ in sources)})",
+                 *("text LIKE ? ESCAPE '\\'" for _ in like_patterns)]
+        return [_row((*r, 0.0)) for r in self.query(
+            "SELECT id, path, source, start_line, end_line, text FROM chunks"
+            f" WHERE {' AND '.join(where)}", [*sources, *like_patterns])]
+
+    def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
+        """The chunks with these ids (rank 0), in no particular order."""
+        if not chunk_ids:
+            return []
+        return [_row((*r, 0.0)) for r in self.query(
+            "SELECT id, path, source, start_line, end_line, text FROM chunks"
+            f" WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)]
+
+    def file_mtimes(self, paths: Sequence[str]) -> dict[tuple[str, str], int]:
+        """``{(source, path): files.mtime}`` (epoch ms) of the indexed files among ``paths``."""
+        if not paths:
+            return {}
+        return {(r[0], r[1]): int(r[2]) for r in self.query(
+            f"SELECT source, path, mtime FROM files WHERE path IN ({', '.join('?' for _ in paths)})",
+            paths)}
+
+    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+                   close_mark: str) -> dict[str, str]:
+        """FTS5 ``highlight()`` of the text of the chunks among ``chunk_ids`` matching
+        ``mark_match`` (same tokenizer and stemming as the ranking)."""
+        # "+rowid": one pass over the plan's matches, filtered to the hits, instead of FTS5
+        # running the whole MATCH again per hit (a third of the time for ten hits).
+        return dict(self.query(
+            "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
+            " FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
+            f" (SELECT rowid FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})))"
+            " SELECT c.id, h.hl FROM h JOIN chunks c ON c.rowid = h.rid",
+            [open_mark, close_mark, mark_match, *chunk_ids]))
+
+
+def _row(r: Sequence[Any]) -> KeywordRow:
+    return (r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6]))
 
 
 class ReadOnlyStore(MetaReads):

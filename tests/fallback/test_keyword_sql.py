@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from fallback.search.fts import COVERAGE_MAX_CHUNKS, build_fts_query
-from fallback.search.keyword import MIN_INNER_ROWS, keyword_rows, rank_keyword_hits, search_plan
+from fallback.search.keyword import keyword_rows, rank_keyword_hits, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
+from fallback.store.readonly import MIN_INNER_ROWS
 
 
 def _fill(store: Store, rows: list[tuple[str, str, str]]) -> None:

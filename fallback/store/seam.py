@@ -1,0 +1,102 @@
+"""The store seam: what the ranking pipeline and the sync need from a store, in their terms.
+
+Both stores implement :class:`SearchStore`: the SQLite store (``fallback/store/readonly.py``
+``MetaReads``, shared by the engine's :class:`~fallback.store.db.Store` and
+:class:`~fallback.store.readonly.ReadOnlyStore`) and the postgres store
+(``fallback/store/postgres/seam.py``). The keyword pipeline (``fallback/search/keyword.py``,
+``fts_only.py``, ``contrast.py``, ``pipeline.py``) reads only through it, so ranking, snippets,
+decay and MMR never know which store they run on; every SQL statement lives in the store
+modules. Writes of a sync go through a :class:`SyncLease` (files written beside the published
+index, published at once), and embeddings through the store's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["KeywordRow", "SearchStore", "SyncLease"]
+
+KeywordRow = tuple[str, str, str, int, int, str, float]
+"""``(chunk_id, path, source, start_line, end_line, text, rank)``: ``rank`` is FTS5's
+``bm25()`` (more negative = better; ``0.0`` for a row without one: a LIKE-only match, a chunk
+read by id)."""
+
+
+class SearchStore(Protocol):
+    """The reads of one search (blocking: call them in a worker thread).
+
+    Every method raises ``IndexStoreError`` (or a subclass: the postgres store's
+    ``PostgresUnavailableError`` ...) when the store cannot be read.
+    """
+
+    @property
+    def fts_tokenizer(self) -> str:
+        """The main full-text index's tokenizer (``unicode61`` or ``trigram``)."""
+        ...
+
+    @property
+    def fts_error(self) -> str | None:
+        """Why the store has no full-text index, or ``None`` when it has one."""
+        ...
+
+    def has_chunks(self) -> bool:
+        """Whether the index holds at least one chunk."""
+        ...
+
+    def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
+        """``(chunks, [chunks matching each MATCH expression])`` over every source (the
+        counts the plan of a query is built on, ``fallback/search/keyword.py``)."""
+        ...
+
+    def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
+                     trigram_match: str | None = None,
+                     like_patterns: Sequence[str] = (),
+                     fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
+        """The best ``limit`` rows of one keyword plan (``fallback/search/fts.py``: its
+        ``match``, ``trigram_match`` and ``like_patterns``, ANDed), restricted to ``sources``,
+        ordered by rank, then path, then start line; a store whose full-text engine refuses
+        ``match`` answers with the rows matching every ``fallback_like_patterns`` (rank 0)."""
+        ...
+
+    def substring_rows(self, like_patterns: Sequence[str], *,
+                       sources: Sequence[str]) -> list[KeywordRow]:
+        """Every chunk of ``sources`` whose text matches all escaped ``%tok%`` patterns
+        (rank ``0.0``): keyword search of a store without a full-text index."""
+        ...
+
+    def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
+        """The chunks with these ids (rank ``0.0``); ids no longer indexed are left out."""
+        ...
+
+    def file_mtimes(self, paths: Sequence[str]) -> dict[tuple[str, str], int]:
+        """``{(source, path): mtime in epoch ms}`` of the indexed files among ``paths`` (the
+        dates of temporal decay for undated notes)."""
+        ...
+
+    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+                   close_mark: str) -> dict[str, str]:
+        """``{chunk_id: text}`` of the chunks among ``chunk_ids`` that match ``mark_match``,
+        each token of the text matching it wrapped in ``open_mark`` / ``close_mark``."""
+        ...
+
+
+class SyncLease(Protocol):
+    """The one running sync of an index: files written beside what readers see, then published
+    at once (leaving without :meth:`publish` publishes nothing)."""
+
+    def file_hash(self, path: str, source: str) -> str | None:
+        """The content hash the written index holds for ``path``, or ``None``."""
+        ...
+
+    def delete_file(self, path: str, source: str) -> None:
+        """Leave ``path`` out of the written index."""
+        ...
+
+    def publish(self) -> object:
+        """Make the written index the one readers see; the lease ends."""
+        ...
+
+    def close(self) -> None:
+        """End the lease without publishing (idempotent)."""
+        ...

@@ -619,12 +619,8 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
     search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)
     search = _model_path_from_config_folder(search, cfg.source_file)
     engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
-    # The postgres store is built but the engine does not route to it yet: say so, naming the
-    # store that answers, rather than take the setting silently.
-    unrouted = [f'memorySearch.store.driver: "postgres" is not used yet: searches and syncs run on '
-                f"the SQLite store {engine.db_path} (docs/postgres.md)"] if search.store.driver == "postgres" else []
     return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
                          memory_search=search, compaction=cfg.compaction, engine=engine,
                          source_file=cfg.source_file, named_paths=(
                              (named, ws), (named_store_path(search, aid, sd).absolute(), engine.db_path)),
-                         config_warnings=[*cfg.warnings, *(entry.warnings if entry else []), *unrouted])
+                         config_warnings=[*cfg.warnings, *(entry.warnings if entry else [])])

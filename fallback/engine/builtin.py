@@ -76,7 +76,8 @@ from fallback.store.errors import (
     IndexStoreReadOnlyError,
 )
 from fallback.store.files import read_only_warning
-from fallback.store.readonly import MetaReads, ReadOnlyStore
+from fallback.store.readonly import ReadOnlyStore
+from fallback.store.seam import SearchStore
 
 __all__ = ["BuiltinEngine"]
 
@@ -160,7 +161,8 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be opened.
             ManagerClosedError: the engine is closed.
         """
-        await self._open_store()
+        self._check_open()
+        await self._stores.open_search()
 
     def _provider_selection(self) -> Any:
         if self._selection is None:
@@ -334,6 +336,14 @@ class BuiltinEngine:
                         progress: ProgressCallback | None,
                         embed_deadline: float | None = None) -> SyncReport:
         self._fail_closed()
+        if self._stores.is_postgres:  # the store's sync lease is the one writer
+            from fallback.index.lease_sync import sync_through_lease
+            shared = await self._stores.open_postgres()
+            report = await anyio.to_thread.run_sync(sync_through_lease, self.settings, shared)
+            self._dirty, self._dirty_reason = False, None
+            self._synced, self._last_report, self._last_error = True, report, None
+            self._syncs_done += 1
+            return report
         store = await self._open_store()
         # One writer per store across processes; the whole sync (a rebuild's publish too)
         # runs under the lock, after repairing what a killed writer left (fallback/store/lock.py).
@@ -427,7 +437,7 @@ class BuiltinEngine:
         last = self._last_error
         if last is not None and not any(last in w for w in warnings):  # not said already
             warnings.append(last)
-        provider = self._provider()
+        provider = None if self._stores.is_postgres else self._provider()
         mode = outcome.mode or configured_mode(
             has_provider=provider is not None,
             hybrid_enabled=self.settings.search.query.hybrid.enabled)
@@ -452,9 +462,10 @@ class BuiltinEngine:
                 self.mark_dirty(f"watcher dead: {dead}; re-arming")
             elif changed := self._live.unsynced_changes():  # saved within the debounce
                 self.mark_dirty(f"files changed: {changed}")
-        store, read_only = await self._stores.open_reader()  # read-only: answer without a sync
+        store, read_only = await self._stores.open_search()  # read-only: answer without a sync
         q = self.settings.search.query
-        provider = self._provider()
+        # the postgres store's sync writes keyword rows only: its searches rank by keywords
+        provider = None if self._stores.is_postgres else self._provider()
         warnings = [] if read_only is None else [read_only_warning(read_only, self.settings.db_path)]
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
@@ -466,16 +477,16 @@ class BuiltinEngine:
                                 fail_closed=self._fails_closed(), warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
         state = await anyio.to_thread.run_sync(read_index_state, store, ws)
-        if isinstance(store, Store) and await run_presearch_sync(
+        if not isinstance(store, ReadOnlyStore) and await run_presearch_sync(
                 state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
                 budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
                 sync=partial(self._search_sync, deadline, progress), live=self._live):
-            store = await self._open_store()  # the sync may have replaced a corrupt store
+            store = (await self._stores.open_search())[0]  # it may have replaced a corrupt store
             if state.held_workspace is not None:
                 state = await anyio.to_thread.run_sync(read_index_state, store, ws)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory
             return SearchOutcome([], [*warnings, foreign_index_warning(
-                str(store.path), state.held_workspace, ws)])
+                str(self.settings.db_path), state.held_workspace, ws)])
         self.warm_session(request.session_key)
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,
@@ -497,7 +508,7 @@ class BuiltinEngine:
             warnings.append(f"index stale: {stale}; the newest content may be missing")
         return replace(outcome, warnings=[*outcome.warnings, *warnings])
 
-    async def _prepare_vector(self, store: MetaReads, provider: EmbeddingProvider,
+    async def _prepare_vector(self, store: SearchStore, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
         """The provider the ranking code gets after the pre-search sync: the query vector of
@@ -559,6 +570,13 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be read.
         """
         self._check_open()
+        if self._stores.is_postgres:
+            from fallback.engine.status import build_postgres_status
+            shared = await self._stores.open_postgres()
+            return build_postgres_status(
+                await anyio.to_thread.run_sync(shared.describe), backend=self.name,
+                settings=self.settings, dirty=self._dirty, dirty_reason=self._dirty_reason,
+                last_error=self._last_error)
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import anyio
 
 from fallback.index.identity import WORKSPACE_META, other_workspace
-from fallback.store.readonly import MetaReads
+from fallback.store.seam import SearchStore
 
 __all__ = ["IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
            "run_presearch_sync"]
@@ -41,7 +41,7 @@ class IndexState:
     held_workspace: str | None
 
 
-def read_index_state(store: MetaReads, workspace: str) -> IndexState:
+def read_index_state(store: SearchStore, workspace: str) -> IndexState:
     """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path (two small
     reads; blocking: call it in a worker thread).
 

@@ -31,7 +31,7 @@ from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.store.db import META_KEY
 
 if TYPE_CHECKING:
-    from fallback.store.readonly import MetaReads
+    from fallback.store.seam import SearchStore
 
 __all__ = [
     "IndexVectors",
@@ -276,7 +276,7 @@ class IndexVectors:
     error: str | None
 
 
-def read_index_vectors(store: MetaReads) -> IndexVectors:
+def read_index_vectors(store: SearchStore) -> IndexVectors:
     """Read :class:`IndexVectors` from the index meta (blocking: call in a worker thread).
 
     Raises:

@@ -20,7 +20,8 @@ from fallback.sources.memory_files import describe_extra_path, list_memory_files
 from fallback.store.db import META_KEY, ReadonlyRecovery, Store
 from fallback.store.readonly import MetaReads, ReadOnlyStore
 
-__all__ = ["CJK_SCHEME", "build_status", "files_waiting", "indexed_roots", "pending_rebuild"]
+__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots",
+           "pending_rebuild"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
@@ -210,3 +211,37 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                  and model_missing is None),
         last_error=last_error,
         custom=custom)
+
+
+def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
+                          dirty: bool, dirty_reason: str | None,
+                          last_error: str | None) -> MemoryStatus:
+    """The status of an engine on the postgres store (keyword search only) from the store's
+    ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, and
+    ``custom.store`` with the driver, the redacted target, the schema and its version.
+
+    Args:
+        described: ``PostgresSearchStore.describe()``.
+        backend: backend name (``builtin``).
+        settings: the engine settings.
+        dirty / dirty_reason / last_error: the engine's own state.
+    """
+    s = settings.search
+    counts = described["counts"]
+    per = [SourceCount(source=src, files=counts.get(src, {}).get("files", 0),
+                       chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
+    return MemoryStatus(
+        backend=backend, agent_id=settings.agent_id, workspace_dir=str(settings.workspace_dir),
+        db_path=described["target"], files=sum(c.files for c in per),
+        chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
+        provider="none", requested_provider=s.provider, search_mode="fts-only",
+        provider_unavailable_reason="the postgres store ranks by keywords only",
+        roots=indexed_roots(settings), sources=list(s.sources),
+        extra_paths=[describe_extra_path(e) for e in s.extra_paths], source_counts=per,
+        fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
+             "cjk": CJK_SCHEME, "keyword": "bm25"},
+        vector={"enabled": False, "available": False, "mode": "disabled",
+                "reason": "the postgres store ranks by keywords only", "dims": None},
+        cache={"enabled": s.cache.enabled, "entries": 0, "maxEntries": s.cache.max_entries},
+        last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
+        last_error=last_error, custom={"store": described})

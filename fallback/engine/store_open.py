@@ -10,8 +10,9 @@ next sync fills from the memory files. The move is noted once in the engine's no
 A store this process cannot write (a read-only state dir, another user's files) is never
 "repaired" either: :func:`open_read_only` opens the existing file for reading only, searches
 answer from it with :func:`~fallback.store.files.read_only_warning`, and status reports :func:`read_only_problem`;
-nothing is indexed until the store can be written. The functions block: call them in a
-worker thread.
+nothing is indexed until the store can be written. With ``store.driver: "postgres"`` the
+engine's store is the agent's scope of the shared database instead (:func:`open_postgres`),
+opened on first use and never moved aside. The functions block: call them in a worker thread.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -29,7 +31,10 @@ from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyErro
 from fallback.store.files import quarantine_corrupt_store
 from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["EngineStore", "open_read_only", "open_store", "read_only_problem",
+if TYPE_CHECKING:
+    from fallback.store.postgres.seam import PostgresSearchStore
+
+__all__ = ["EngineStore", "open_postgres", "open_read_only", "open_store", "read_only_problem",
            "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
@@ -59,6 +64,34 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
         if moved:
             _note(exc, moved, notes)
         return opener()
+
+
+def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
+    """The agent's scope (agent id + workspace path) of the postgres store ``store.dsn`` and
+    ``store.schema`` name, its schema migrated and, with ``store.shareWith``, the agents that
+    may read its rows recorded.
+
+    Raises:
+        ConfigError: the DSN or schema cannot be used.
+        PostgresUnavailableError: the server cannot be reached, refuses the login or lacks
+            pgvector.
+    """
+    from fallback.store.postgres.seam import PostgresSearchStore
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+
+    st = settings.search.store
+    store = PostgresStore(resolve_target(st.dsn, schema=st.schema_), agent_id=settings.agent_id,
+                          workspace=str(settings.workspace_dir),
+                          connect_timeout_ms=st.connect_timeout_ms,
+                          statement_timeout_ms=st.statement_timeout_ms)
+    try:
+        if st.share_with:
+            store.register_agent(settings.agent_id, share_with=st.share_with)
+    except BaseException:
+        store.close()
+        raise
+    return PostgresSearchStore(store)
 
 
 def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptError,
@@ -120,7 +153,31 @@ class EngineStore:
         self.notes = notes
         self.store: Store | None = None
         self.reader: ReadOnlyStore | None = None
+        self.shared: PostgresSearchStore | None = None
         self._lock = anyio.Lock()
+
+    @property
+    def is_postgres(self) -> bool:
+        """Whether the settings name the postgres store (``store.driver``)."""
+        return self.settings.search.store.driver == "postgres"
+
+    async def open_search(self) -> tuple[Store | ReadOnlyStore | PostgresSearchStore,
+                                         IndexStoreError | None]:
+        """The store a search reads: the postgres store when the settings name it, else
+        :meth:`open_reader`'s.
+
+        Raises:
+            IndexStoreError: as :meth:`open_reader`.
+            PostgresUnavailableError: the postgres store cannot be opened.
+        """
+        return (await self.open_postgres(), None) if self.is_postgres else await self.open_reader()
+
+    async def open_postgres(self) -> PostgresSearchStore:
+        """The postgres store, opened on first use (:func:`open_postgres`)."""
+        async with self._lock:
+            if self.shared is None:
+                self.shared = await anyio.to_thread.run_sync(open_postgres, self.settings)
+            return self.shared
 
     async def open(self) -> Store:
         """The store, opened on first use; reopened when another process swapped its file.
@@ -169,7 +226,7 @@ class EngineStore:
 
     async def close(self) -> None:
         """Close the store and the reader; idempotent."""
-        for handle in (self.store, self.reader):
+        for handle in (self.store, self.reader, self.shared):
             if handle is not None:
                 await anyio.to_thread.run_sync(handle.close)
-        self.store = self.reader = None
+        self.store = self.reader = self.shared = None

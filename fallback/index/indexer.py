@@ -102,8 +102,10 @@ __all__ = [
     "Indexer",
     "SyncReport",
     "chunk_id",
+    "file_chunks",
     "full_reindex_reason",
     "index_identity",
+    "read_notes",
 ]
 
 log = logging.getLogger(__name__)
@@ -269,7 +271,7 @@ class Indexer:
                     skipped.append(read)
                     self._skip_stamps[("memory", mf.rel_path)] = file_stamp(mf)
                 continue
-            skipped.extend(_read_notes(mf, read))
+            skipped.extend(read_notes(mf, read))
             if prev is not None and prev[0] == read.content_hash:
                 await self._write(store, partial(self._touch_file, store, mf, read))
             else:
@@ -422,7 +424,7 @@ class Indexer:
                         self._skip_stamps[(source, mf.rel_path)] = file_stamp(mf)
                 else:
                     active.add(mf.rel_path)
-                    skipped.extend(_read_notes(mf, read))
+                    skipped.extend(read_notes(mf, read))
                     if prev is not None and prev[0] == read.content_hash:
                         await self._write(store, partial(self._touch_file, store, mf, read))
                     else:
@@ -440,24 +442,12 @@ class Indexer:
 
     async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
                           report: SyncReport, *, line_map: list[int] | None = None) -> None:
-        chunks = [c for c in chunk_markdown(content.text, tokens=self.settings.search.chunking.tokens,
-                                            overlap=self.settings.search.chunking.overlap,
-                                            sections=self.settings.search.chunking.sections)
-                  if c.text.strip()]
-        chunks = remap_lines(chunks, line_map)
+        chunks = file_chunks(self.settings, mf, content.text, line_map=line_map, model=self._model)
         vectors: list[list[list[float]]] = [[] for _ in chunks]
         if self.provider is not None and chunks:
             assert self._step is not None
-            vectors = await self._step.window_vectors(store, chunks, report)
-        rows: list[_Row] = []
-        seen: set[str] = set()
-        for chunk, vec in zip(chunks, vectors, strict=True):
-            cid = chunk_id(source=mf.source, path=mf.rel_path, start_line=chunk.start_line,
-                           end_line=chunk.end_line, content_hash=chunk.content_hash,
-                           model=self._model)
-            if cid not in seen:
-                seen.add(cid)
-                rows.append(_Row(cid, chunk, vec))
+            vectors = await self._step.window_vectors(store, [c for _, c in chunks], report)
+        rows = [_Row(cid, chunk, vec) for (cid, chunk), vec in zip(chunks, vectors, strict=True)]
         await self._write(store, partial(self._write_file, store, mf, content, rows))
         report.files_indexed += 1
         report.chunks_written += len(rows)
@@ -553,7 +543,25 @@ _INSERT_SKIP = ("INSERT OR IGNORE INTO skipped_files(path, source, reason, mtime
                 " VALUES (?, ?, ?, ?, ?, ?)")
 
 
-def _read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
+def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,
+                line_map: list[int] | None, model: str) -> list[tuple[str, Chunk]]:
+    """The chunks of one file's text as every store indexes them: ``chunking.*`` applied, blank
+    chunks dropped, transcript lines remapped by ``line_map`` (JSONL lines), each with its
+    chunk id (:func:`~fallback.index.identity.chunk_id` for ``model``), the first of equal ids
+    kept."""
+    c = settings.search.chunking
+    chunks = remap_lines([ch for ch in chunk_markdown(text, tokens=c.tokens, overlap=c.overlap,
+                                                      sections=c.sections) if ch.text.strip()],
+                         line_map)
+    out: dict[str, Chunk] = {}
+    for chunk in chunks:
+        out.setdefault(chunk_id(source=mf.source, path=mf.rel_path, start_line=chunk.start_line,
+                                end_line=chunk.end_line, content_hash=chunk.content_hash,
+                                model=model), chunk)
+    return list(out.items())
+
+
+def read_notes(mf: MemoryFile, read: FileContent) -> list[SkippedFile]:
     """Caveats of a file that is indexed: a name shown with escapes, invalid UTF-8 replaced,
     NUL bytes stripped (kept in ``skipped_files`` while the file is unchanged)."""
     notes = []

@@ -40,6 +40,11 @@ class SearchStore(Protocol):
         """Why the store has no full-text index, or ``None`` when it has one."""
         ...
 
+    def get_meta_json(self, key: str) -> object:
+        """An index ``meta`` value parsed as JSON (identity, workspace held, embedding
+        backlog), or ``None`` (missing, unparsable, or a store that keeps no meta)."""
+        ...
+
     def has_chunks(self) -> bool:
         """Whether the index holds at least one chunk."""
         ...

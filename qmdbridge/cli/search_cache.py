@@ -199,7 +199,8 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
     keys = provider_env_keys(agent, e) if backend == "builtin" else None
     qmd = qmd_prefetch_settings(agent, e) if backend == "qmd" else None
     eligible = ((qmd is not None or (keys is not None and list(ms.sources) == ["memory"]
-                                     and not ms.query.rerank.enabled))
+                                     and not ms.query.rerank.enabled
+                                     and ms.store.driver == "sqlite"))
                 and _config_settled(key, key_taken_ms))
     try:
         if not eligible:

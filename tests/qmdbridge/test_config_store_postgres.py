@@ -47,11 +47,8 @@ def test_unknown_driver_names_the_key(tmp_path: Path) -> None:
     assert "pa55-word" not in str(caught.value)
 
 
-def test_a_postgres_driver_not_routed_yet_is_a_config_warning_naming_the_sqlite_store(tmp_path: Path) -> None:
+def test_a_postgres_driver_is_taken_without_a_config_warning(tmp_path: Path) -> None:
     cfg = parse_config(config(tmp_path))
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
     main = resolve_agent(cfg, "main", env=env)
-    assert main.config_warnings == [
-        'memorySearch.store.driver: "postgres" is not used yet: searches and syncs run '
-        f"on the SQLite store {tmp_path / 'state' / 'memory' / 'main.sqlite'} (docs/postgres.md)"]
-    assert resolve_agent(cfg, "solo", env=env).config_warnings == []
+    assert (main.memory_search.store.driver, main.config_warnings) == ("postgres", [])

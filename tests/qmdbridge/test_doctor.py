@@ -129,12 +129,10 @@ async def test_run_doctor_reports_split_then_fixes(tmp_path: Path) -> None:
 async def test_config_warnings_are_warn_checks(tmp_path: Path) -> None:
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
     cfg = parse_config({"agents": {"defaults": {"memorySearch": {
-        "chunking": {"tokens": -5}, "store": {"driver": "postgres", "dsn": "postgresql://a:pw@db/m"}}}}})
+        "chunking": {"tokens": -5}}}}})
     report = await run_doctor(resolve_agent(cfg, "main", workspace=tmp_path, env=env), env=env)
     assert [(c.level, c.detail) for c in report.checks if c.name == "config"] == [
-        ("warn", "agents.defaults.memorySearch.chunking.tokens: -5 is out of range; using 1"),
-        ("warn", 'memorySearch.store.driver: "postgres" is not used yet: searches and syncs run on the '
-                 f"SQLite store {tmp_path / 'state' / 'memory' / 'main.sqlite'} (docs/postgres.md)")]
+        ("warn", "agents.defaults.memorySearch.chunking.tokens: -5 is out of range; using 1")]
 
 
 async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:

@@ -1,0 +1,155 @@
+"""The postgres store behind the store seam (``fallback/store/seam.py``).
+
+:class:`PostgresSearchStore` gives the search pipeline the reads of ``SearchStore`` over one
+:class:`~fallback.store.postgres.store.PostgresStore` (its keyword rows, part counts, chunk rows
+and statistics as they are), plus what that store does not answer itself: the files' mtimes for
+temporal decay, the paths a sync lease holds, and FTS5 ``highlight()`` of the hits' texts, done
+by SQLite over an in-memory table with the SQLite store's tokenizer (so a snippet window marks
+the same tokens on both stores). The postgres store keeps no ``meta`` table: an agent's scope
+(agent + workspace) is its key, so an index never holds another workspace.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from fallback.store.fts_rows import FTS_COLUMNS
+from fallback.store.postgres.store import PostgresStore, ScopeStats, SyncLease
+from fallback.store.postgres.tokens import MAIN
+from fallback.store.seam import KeywordRow
+
+__all__ = ["PostgresSearchStore"]
+
+
+class PostgresSearchStore:
+    """One agent's scope of a postgres store as a ``SearchStore`` (thread-safe).
+
+    Args:
+        store: the open postgres store (closed by :meth:`close`).
+    """
+
+    fts_tokenizer = "unicode61"
+    fts_error: str | None = None
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._marks = sqlite3.connect(":memory:", check_same_thread=False)
+        self._marks.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(FTS_COLUMNS)},"
+                            f" tokenize='{MAIN[1]}')")
+
+    def get_meta_json(self, key: str) -> None:
+        """``None``: the postgres store keeps no ``meta`` (its scope key names the workspace)."""
+        return None
+
+    def stats(self) -> ScopeStats:
+        """The published index's statistics (``PostgresStore.stats``)."""
+        return self.store.stats()
+
+    def has_chunks(self) -> bool:
+        """Whether the published index holds a chunk."""
+        return self.store.stats().chunk_count > 0
+
+    def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
+        """``PostgresStore.part_counts``."""
+        return self.store.part_counts(exprs)
+
+    def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
+                     trigram_match: str | None = None, like_patterns: Sequence[str] = (),
+                     fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
+        """``PostgresStore.keyword_rows`` (its parser takes every plan of
+        ``fallback/search/fts.py``, so ``fallback_like_patterns`` is never needed)."""
+        return self.store.keyword_rows(match, sources=sources, limit=limit,
+                                       trigram_match=trigram_match, like_patterns=like_patterns)
+
+    def substring_rows(self, like_patterns: Sequence[str], *,
+                       sources: Sequence[str]) -> list[KeywordRow]:
+        """Every published chunk of ``sources`` matching all ``like_patterns`` (rank 0)."""
+        return self.store.keyword_rows(None, sources=sources, limit=2**31 - 1,
+                                       like_patterns=like_patterns)
+
+    def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
+        """``PostgresStore.chunk_rows``."""
+        return self.store.chunk_rows(chunk_ids)
+
+    def file_mtimes(self, paths: Sequence[str]) -> dict[tuple[str, str], int]:
+        """``{(source, path): mtime}`` (epoch ms) of the published files among ``paths``."""
+        if not paths:
+            return {}
+        st = self.store
+        with st._snapshot("read file times") as cur:
+            gen = st._stats(cur).generation
+            cur.execute(f"SELECT source, path, mtime FROM {st._s}.files WHERE agent_id = %s"
+                        " AND workspace = %s AND path = ANY(%s) AND gen_from <= %s"
+                        " AND (gen_to IS NULL OR gen_to > %s)",
+                        (st.agent_id, st.workspace, list(paths), gen, gen))
+            return {(r[0], r[1]): int(r[2]) for r in cur.fetchall()}
+
+    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+                   close_mark: str) -> dict[str, str]:
+        """FTS5 ``highlight()`` of the published texts of ``chunk_ids`` that match
+        ``mark_match``, computed by SQLite over the texts alone."""
+        rows = self.chunk_rows(chunk_ids)
+        if not rows:
+            return {}
+        with self._lock:
+            conn = self._marks
+            conn.executemany("INSERT INTO t(rowid, text) VALUES (?, ?)",
+                             [(i, r[5]) for i, r in enumerate(rows)])
+            try:
+                marked = conn.execute("SELECT rowid, highlight(t, 0, ?, ?) FROM t WHERE t MATCH ?",
+                                      (open_mark, close_mark, mark_match)).fetchall()
+            finally:
+                conn.execute("DELETE FROM t")
+        return {rows[i][0]: text for i, text in marked}
+
+    def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
+        """``PostgresStore.sync_lease``; ``None`` with :attr:`busy_reason` when another sync
+        holds it past ``wait_ms``."""
+        return self.store.sync_lease(wait_ms=wait_ms)
+
+    @property
+    def busy_reason(self) -> str | None:
+        """Who holds the sync lease after :meth:`sync_lease` returned ``None``."""
+        return self.store.busy_reason
+
+    def lease_paths(self, lease: SyncLease, source: str) -> dict[str, str]:
+        """``{path: content hash}`` of the files of ``source`` that ``lease``'s generation holds
+        (the published ones and those a killed sync wrote)."""
+        st = self.store
+        with st._errors("read the indexed files"):
+            rows = lease._conn.execute(
+                f"SELECT path, hash FROM {st._s}.files WHERE agent_id = %s AND workspace = %s"
+                " AND source = %s AND gen_from <= %s AND (gen_to IS NULL OR gen_to > %s)",
+                (st.agent_id, st.workspace, source, lease.generation, lease.generation)).fetchall()
+        return {str(p): str(h) for p, h in rows}
+
+    def describe(self) -> dict[str, Any]:
+        """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
+        generation, counts: {source: {files, chunks}}, lastSyncAtMs}``; the target without
+        its password (``PgTarget.describe``)."""
+        st = self.store
+        with st._snapshot("read the store's counts") as cur:
+            stats = st._stats(cur)
+            cur.execute(f"SELECT max(version) FROM {st._s}.schema_migrations")
+            version: Any = cur.fetchone()
+            counts: dict[str, dict[str, int]] = {}
+            for table in ("files", "chunks"):
+                cur.execute(f"SELECT source, count(*) FROM {st._s}.{table} WHERE agent_id = %s"
+                            " AND workspace = %s AND gen_from <= %s AND (gen_to IS NULL OR gen_to > %s)"
+                            " GROUP BY source", (st.agent_id, st.workspace, stats.generation,
+                                                 stats.generation))
+                for source, n in cur.fetchall():
+                    counts.setdefault(source, {"files": 0, "chunks": 0})[table] = int(n)
+        return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
+                "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
+                "generation": stats.generation, "counts": counts,
+                "lastSyncAtMs": stats.last_sync_at_ms}
+
+    def close(self) -> None:
+        """Close the postgres store and the in-memory table (idempotent)."""
+        self.store.close()
+        self._marks.close()

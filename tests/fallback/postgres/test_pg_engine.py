@@ -1,0 +1,128 @@
+"""The builtin engine on the postgres store (``memorySearch.store.driver: "postgres"``): a sync
+writes through the store's lease, and searches rank, cut snippets and cite exactly as on the
+SQLite store of the same workspace; ``index`` then ``search`` of the CLI give the same JSON."""
+# ruff: noqa: E402  (psycopg is imported after require_postgres() decided to skip or fail)
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fallback.postgres.conftest import require_postgres
+
+require_postgres()
+pytestmark = pytest.mark.postgres
+
+from fallback.embeddings import select_provider
+from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
+from fallback.settings import EngineSettings, MemorySearchSettings
+from tests.e2e.cli_proc import run_cli_in_process
+
+LOCOMO = next((p / "shared" / "bench" / "locomo-dev" / "conv-26.json"
+               for p in Path(__file__).resolve().parents
+               if (p / "shared" / "bench" / "locomo-dev" / "conv-26.json").is_file()), None)
+QUESTIONS = 25
+
+
+def locomo_workspace(ws: Path) -> list[str]:
+    """conv-26 as daily notes (``scripts/bench_keyword.py``'s conversion) and its questions."""
+    if LOCOMO is None:
+        pytest.skip("shared/bench/locomo-dev not found")
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+    from bench_keyword import locomo_workspace as convert
+
+    return convert(json.loads(LOCOMO.read_text(encoding="utf-8")), ws)[:QUESTIONS]
+
+
+def engine(ws: Path, state: Path, store: dict[str, Any]) -> BuiltinEngine:
+    search = MemorySearchSettings.model_validate(
+        {"provider": "none", "store": store,
+         "query": {"hybrid": {"temporalDecay": {"enabled": True, "halfLifeDays": 30}}}})
+    return BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=state, search=search),
+                         provider_selection=select_provider(search, env={}), now_ms=lambda: 1_700_000_000_000)
+
+
+def rounded(hits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hits with their scores to 9 places: both stores compute the same BM25, summed in another
+    order (the last bits of a float differ)."""
+    return [{**h, **{k: round(h[k], 9) for k in ("score", "textScore") if h.get(k) is not None}}
+            for h in hits]
+
+
+async def answers(eng: BuiltinEngine, questions: list[str]) -> list[list[dict[str, Any]]]:
+    out = []
+    for q in questions:
+        outcome = await eng.search(SearchRequest.of(q, max_results=5))
+        out.append(rounded([r.model_dump(by_alias=True) for r in outcome.results]))
+    return out
+
+
+@pytest.mark.anyio
+async def test_search_on_postgres_ranks_snippets_and_decays_as_on_sqlite(tmp_path: Path,
+                                                                         pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    questions = locomo_workspace(ws)
+    lite = engine(ws, tmp_path / "lite", {})
+    pg = engine(ws, tmp_path / "pg", {"driver": "postgres", "dsn": pg_dsn})
+    try:
+        report = await pg.sync(reason="test")
+        assert (report.files_indexed, report.files_deleted) == (report.files_total, 0)
+        want = await answers(lite, questions)
+        got = await answers(pg, questions)
+        assert sum(len(a) for a in want) > QUESTIONS  # the questions find hits
+        assert got == want
+        # a second sync writes nothing; a deleted note leaves both stores alike
+        again = await pg.sync(reason="test")
+        assert (again.files_indexed, again.files_deleted) == (0, 0)
+        gone = sorted((ws / "memory").glob("*.md"))[0]
+        gone.unlink()
+        assert (await pg.sync(reason="test")).files_deleted == 1
+        await lite.sync(reason="test")
+        assert await answers(pg, questions[:5]) == await answers(lite, questions[:5])
+        status = await pg.status()
+        assert status.custom["store"]["driver"] == "postgres"
+        assert (status.files, status.chunks) == ((await lite.status()).files, (await lite.status()).chunks)
+    finally:
+        await lite.close()
+        await pg.close()
+
+
+def cli_env(tmp_path: Path, name: str, store: dict[str, Any]) -> dict[str, str]:
+    state = tmp_path / name
+    state.mkdir()
+    (state / "openclaw.json").write_text(json.dumps({"agents": {"defaults": {
+        "memorySearch": {"provider": "none", "store": store}}}}))
+    return {"OPENCLAW_STATE_DIR": str(state), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+
+def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    questions = locomo_workspace(ws)[:4]
+    results = {}
+    for name, store in (("sqlite", {}), ("postgres", {"driver": "postgres", "dsn": pg_dsn})):
+        env = cli_env(tmp_path, name, store)
+        index = run_cli_in_process(["index", "--workspace", str(ws), "--backend", "builtin"], env)
+        assert index.returncode == 0, index.stderr.decode()
+        docs = []
+        for q in questions:
+            p = run_cli_in_process(["search", "--json", "--workspace", str(ws), "--backend",
+                                    "builtin", q], env)
+            assert p.returncode == 0, p.stderr.decode()
+            doc = json.loads(p.stdout)
+            docs.append(rounded(doc["results"]))
+        results[name] = docs
+    assert any(results["sqlite"])
+    assert results["postgres"] == results["sqlite"]
+    # the postgres agent's rows are in the database, and it never made a SQLite store
+    assert not (tmp_path / "postgres" / "memory" / "main.sqlite").exists()
+    import psycopg
+
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute("SELECT agent_id, count(*) FROM qmdbridge.chunks GROUP BY agent_id").fetchall()
+    assert [(agent, n > 0) for agent, n in rows] == [("main", True)]

@@ -287,7 +287,39 @@ def _check_watch_limits() -> Check:
     return Check("watcher", "ok", f"inotify max_user_watches = {limit}")
 
 
+def _check_postgres(agent: ResolvedAgent) -> Check:
+    """The ``index`` check of an agent on the postgres store: the store opens (server reached,
+    login accepted, pgvector there, schema migrated) and its published index is counted."""
+    from fallback.engine.store_open import open_postgres
+    from fallback.errors import MemorySearchError
+
+    try:
+        shared = open_postgres(agent.engine)
+    except ImportError as exc:
+        return Check("index", "error", f"postgres store: {exc}",
+                     "install the postgres extra: pip install 'qmdbridge[postgres]'")
+    except MemorySearchError as exc:
+        return Check("index", "error", f"postgres store: {exc}", getattr(exc, "hint", None))
+    try:
+        d = shared.describe()
+    except MemorySearchError as exc:
+        return Check("index", "error", f"postgres store: {exc}", getattr(exc, "hint", None))
+    finally:
+        shared.close()
+    files = sum(c.get("files", 0) for c in d["counts"].values())
+    chunks = sum(c.get("chunks", 0) for c in d["counts"].values())
+    detail = (f"postgres {d['target']}, schema {d['schema']} version {d['schemaVersion']}:"
+              f" {files} files, {chunks} chunks")
+    if not chunks:
+        return Check("index", "warn", f"{detail} (no index yet)", "run `qmdbridge index`")
+    return Check("index", "ok", detail)
+
+
 async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) -> Check:
+    if agent.memory_search.store.driver == "postgres":
+        import anyio
+
+        return await anyio.to_thread.run_sync(_check_postgres, agent)
     check = _inspect_index(agent)
     if check.level != "error" or not fix:
         return check

@@ -217,8 +217,9 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                           dirty: bool, dirty_reason: str | None,
                           last_error: str | None) -> MemoryStatus:
     """The status of an engine on the postgres store (keyword search only) from the store's
-    ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, and
-    ``custom.store`` with the driver, the redacted target, the schema and its version.
+    ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, the
+    store (``db_path``) as ``postgres <target>, schema <name> version <n>`` without the password,
+    and ``custom.store`` with the same and the published generation.
 
     Args:
         described: ``PostgresSearchStore.describe()``.
@@ -232,7 +233,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
     return MemoryStatus(
         backend=backend, agent_id=settings.agent_id, workspace_dir=str(settings.workspace_dir),
-        db_path=described["target"], files=sum(c.files for c in per),
+        db_path=(f"postgres {described['target']}, schema {described['schema']}"
+                 f" version {described['schemaVersion']}"), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
         provider="none", requested_provider=s.provider, search_mode="fts-only",
         provider_unavailable_reason="the postgres store ranks by keywords only",

@@ -117,8 +117,16 @@ def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_
             doc = json.loads(p.stdout)
             docs.append(rounded(doc["results"]))
         results[name] = docs
+        status = run_cli_in_process(["status", "--json", "--workspace", str(ws), "--backend", "builtin"], env)
+        doc = json.loads(status.stdout)
+        if name == "postgres":
+            assert doc["dbPath"] == (f'postgres database "{pg_dsn.split("dbname=")[1].split()[0]}" on host'
+                                     f' {pg_dsn.split("host=")[1].split()[0]} port 5432 as user postgres,'
+                                     " schema qmdbridge version 4")
+        results[f"{name} counts"] = (doc["files"], doc["chunks"])
     assert any(results["sqlite"])
     assert results["postgres"] == results["sqlite"]
+    assert results["postgres counts"] == results["sqlite counts"]
     # the postgres agent's rows are in the database, and it never made a SQLite store
     assert not (tmp_path / "postgres" / "memory" / "main.sqlite").exists()
     import psycopg
@@ -126,3 +134,47 @@ def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute("SELECT agent_id, count(*) FROM qmdbridge.chunks GROUP BY agent_id").fetchall()
     assert [(agent, n > 0) for agent, n in rows] == [("main", True)]
+
+
+@pytest.mark.anyio
+async def test_doctor_checks_the_postgres_store(tmp_path: Path, pg_dsn: str, pg_server: Any) -> None:
+    from qmdbridge.config import parse_config, resolve_agent
+    from qmdbridge.doctor import run_doctor
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+
+    async def index_check(dsn: str) -> tuple[str, str, str | None]:
+        cfg = parse_config({"agents": {"defaults": {"memorySearch": {
+            "provider": "none", "store": {"driver": "postgres", "dsn": dsn, "connectTimeoutMs": 2000}}}}})
+        agent = resolve_agent(cfg, "main", workspace=ws, env=env)
+        check = next(c for c in (await run_doctor(agent, env=env)).checks if c.name == "index")
+        return check.level, check.detail, check.hint
+
+    level, detail, hint = await index_check(pg_dsn)
+    assert (level, hint) == ("warn", "run `qmdbridge index`")
+    assert detail.endswith(", schema qmdbridge version 4: 0 files, 0 chunks (no index yet)")
+    gone = pg_server.dsn("postgres").replace(str(pg_server.data_dir), str(tmp_path / "no-server"))
+    level, detail, hint = await index_check(gone)
+    assert level == "error" and "cannot reach PostgreSQL to connect" in detail
+    assert hint is not None and hint.startswith("start the server")
+    hba = pg_server.data_dir / "pg_hba.conf"
+    original = hba.read_text()
+    with pg_server.admin() as conn:
+        conn.execute("DROP ROLE IF EXISTS doctor_user")
+        conn.execute("CREATE ROLE doctor_user LOGIN PASSWORD 'the-right-one'")
+        hba.write_text("local all doctor_user scram-sha-256\n" + original)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        level, detail, hint = await index_check(
+            pg_server.dsn("postgres", user="doctor_user", password="s3cret-pw"))
+    finally:
+        hba.write_text(original)
+        with pg_server.admin() as conn:
+            conn.execute("SELECT pg_reload_conf()")
+    assert level == "error" and "PostgreSQL refused the login" in detail
+    assert 'password authentication failed for user "doctor_user"' in detail
+    assert "s3cret-pw" not in detail
+    assert hint is not None and hint.startswith("check the user and password")

@@ -11,6 +11,7 @@ from fallback.engine.sync_record import read_failure
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
+from fallback.index.plan import file_stamp, recorded_files
 from fallback.models import MemoryStatus, SourceCount
 from fallback.search.pipeline import configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
@@ -59,14 +60,11 @@ def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
         return 0
     s = settings.search
     found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
-    rows = {str(r[0]): (int(r[1]), int(r[2]), r[3]) for r in store.query(
-        "SELECT path, mtime, size, ctime FROM files WHERE source = 'memory'")}
-    skipped = {str(r[0]) for r in store.query(
-        "SELECT path FROM skipped_files WHERE source = 'memory'")}
-    on_disk = {f.rel_path for f in found.files}
+    recorded = recorded_files(store, "memory")
+    skipped = {path for path, _, _ in recorded.skips}
     changed = sum(1 for f in found.files if f.rel_path not in skipped
-                  and rows.get(f.rel_path) != (f.mtime_ms, f.size, f.ctime_ns))
-    return changed + len(set(rows) - on_disk)
+                  and recorded.rows.get(f.rel_path, ("", None))[1] != file_stamp(f))
+    return changed + len(set(recorded.rows) - {f.rel_path for f in found.files})
 
 
 def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: EngineSettings, selection: Any,
@@ -123,18 +121,11 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     if dirty and not synced and dirty_reason == "not synced yet":
         dirty = store.get_meta_json(META_KEY) is None
     srcs = list(s.sources)
-    counts = {src: (0, 0) for src in srcs}
-    for src, nfiles in store.query("SELECT source, COUNT(*) FROM files GROUP BY source"):
-        if src in counts:
-            counts[src] = (int(nfiles), counts[src][1])
-    for src, nchunks in store.query("SELECT source, COUNT(*) FROM chunks GROUP BY source"):
-        if src in counts:
-            counts[src] = (counts[src][0], int(nchunks))
-    skipped = [SkippedFile(path=p, reason=r) for p, r in store.query(
-        "SELECT path, reason FROM skipped_files ORDER BY path, reason")]
+    nfiles, nchunks, cache_entries = store.index_counts()
+    counts = {src: (nfiles.get(src, 0), nchunks.get(src, 0)) for src in srcs}
+    skipped = [SkippedFile(path=p, reason=r) for p, r, *_ in store.skip_rows()]
     issues = store.get_meta_json("scan_issues") or []
     last_sync = store.get_meta_json("last_sync_at_ms")
-    cache_entries = int(store.query("SELECT COUNT(*) FROM embedding_cache")[0][0])
     fts_error = store.fts_error
     degraded = live.degraded_reason if live is not None else None
     stale = getattr(live, "stale_reason", None)  # live mode: changes seen, not indexed yet

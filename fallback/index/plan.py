@@ -62,12 +62,9 @@ def recorded_files(store: MetaReads, source: str) -> RecordedFiles:
     Raises:
         IndexStoreError: the store cannot be read.
     """
-    rows = {r[0]: (r[1], (int(r[2]), int(r[3]), r[4])) for r in store.query(
-        "SELECT path, hash, mtime, size, ctime FROM files WHERE source = ?", [source])}
+    rows = {p: (h, (m, n, c)) for p, h, m, n, c in store.file_rows(source)}
     skips: list[tuple[str, str, Stamp | None]] = [
-        (r[0], r[1], None if r[2] is None else (int(r[2]), int(r[3]), r[4]))
-        for r in store.query("SELECT path, reason, mtime, size, ctime FROM skipped_files"
-                             " WHERE source = ? ORDER BY path, reason", [source])]
+        (p, r, None if m is None or n is None else (m, n, c)) for p, r, m, n, c in store.skip_rows(source)]
     skip_stamps = {p: s for p, _, s in skips if s is not None}
     return RecordedFiles(rows, skip_stamps, skips)
 

@@ -287,6 +287,37 @@ class MetaReads:
             f"SELECT source, path, mtime FROM files WHERE path IN ({', '.join('?' for _ in paths)})",
             paths)}
 
+    def file_rows(self, source: str) -> list[tuple[str, str, int, int, int | None]]:
+        """``(path, content hash, mtime ms, size bytes, ctime ns or None)`` of every indexed
+        file of ``source``."""
+        return [(r[0], r[1], int(r[2]), int(r[3]), r[4]) for r in self.query(
+            "SELECT path, hash, mtime, size, ctime FROM files WHERE source = ?", [source])]
+
+    def skip_rows(self, source: str | None = None
+                  ) -> list[tuple[str, str, int | None, int | None, int | None]]:
+        """``(path, reason, mtime ms, size bytes, ctime ns)`` of the ``skipped_files`` rows of
+        ``source`` (``None``: every source), by path and reason; the stamps are ``None`` for a
+        file skipped without being read (a discovery skip, a caveat)."""
+        where, params = ("WHERE source = ? ", [source]) if source is not None else ("", [])
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self.query(
+            f"SELECT path, reason, mtime, size, ctime FROM skipped_files {where}"
+            "ORDER BY path, reason", params)]
+
+    def index_counts(self) -> tuple[dict[str, int], dict[str, int], int]:
+        """``({source: files}, {source: chunks}, embedding cache entries)`` in one statement."""
+        files: dict[str, int] = {}
+        chunks: dict[str, int] = {}
+        entries = 0
+        for kind, source, n in self.query(
+                "SELECT 'f', source, COUNT(*) FROM files GROUP BY source UNION ALL"
+                " SELECT 'c', source, COUNT(*) FROM chunks GROUP BY source UNION ALL"
+                " SELECT 'e', NULL, COUNT(*) FROM embedding_cache"):
+            if kind == "e":
+                entries = int(n)
+            else:
+                (files if kind == "f" else chunks)[str(source)] = int(n)
+        return files, chunks, entries
+
     def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:
         """FTS5 ``highlight()`` of the text of the chunks among ``chunk_ids`` matching

@@ -572,11 +572,12 @@ class BuiltinEngine:
         self._check_open()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status
-            shared = await self._stores.open_postgres()
+            shared, report = await self._stores.open_postgres(), self._last_report
             return build_postgres_status(
                 await anyio.to_thread.run_sync(shared.describe), backend=self.name,
                 settings=self.settings, dirty=self._dirty, dirty_reason=self._dirty_reason,
-                last_error=self._last_error)
+                last_error=self._last_error, skipped=report.skipped if report else [],
+                issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)

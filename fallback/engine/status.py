@@ -205,8 +205,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
 
 
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
-                          dirty: bool, dirty_reason: str | None,
-                          last_error: str | None) -> MemoryStatus:
+                          dirty: bool, dirty_reason: str | None, last_error: str | None,
+                          skipped: list[SkippedFile], issues: list[str]) -> MemoryStatus:
     """The status of an engine on the postgres store (keyword search only) from the store's
     ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, the
     store (``db_path``) as ``postgres <target>, schema <name> version <n>`` without the password,
@@ -217,6 +217,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         backend: backend name (``builtin``).
         settings: the engine settings.
         dirty / dirty_reason / last_error: the engine's own state.
+        skipped / issues: what this process's last sync skipped and noticed (the postgres store
+            keeps neither).
     """
     s = settings.search
     counts = described["counts"]
@@ -236,5 +238,5 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         vector={"enabled": False, "available": False, "mode": "disabled",
                 "reason": "the postgres store ranks by keywords only", "dims": None},
         cache={"enabled": s.cache.enabled, "entries": 0, "maxEntries": s.cache.max_entries},
-        last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
+        skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

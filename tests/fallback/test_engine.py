@@ -1,4 +1,5 @@
-"""BuiltinEngine end to end over real files and SQLite (spec §12 cases 58, 62-65, 68)."""
+"""BuiltinEngine end to end over real files and SQLite (spec §12 cases 58, 62-65, 68); the
+keyword searches that take a ``store`` run on the postgres store too (``pgserver``)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,18 @@ from fallback.errors import (
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
+from tests.fallback.postgres.conftest import pg_dsn, pg_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> dict[str, object]:
+    """``memorySearch.store`` of each store: the default SQLite file, or a fresh postgres
+    database."""
+    if request.param == "sqlite":
+        return {}
+    return {"driver": "postgres", "dsn": request.getfixturevalue("pg_dsn")}
 
 
 @pytest.fixture
@@ -92,11 +103,11 @@ async def test_blank_query_and_closed_engine(ws: Path) -> None:
     ("launch 🚀", "memory/ops.md"),
     ("-leading", "memory/syntax.md"),
 ])
-async def test_query_syntax_hazards(ws: Path, query: str, path: str | None) -> None:
+async def test_query_syntax_hazards(ws: Path, store: dict[str, object], query: str, path: str | None) -> None:
     (ws / "memory" / "dated.md").write_text("Deadline 2026-03-31 for the pre-edit review.")
     (ws / "memory" / "syntax.md").write_text('A "quoted" word, (paren text, key:value, -leading dash.')
     (ws / "memory" / "ops.md").write_text("Rust AND Go, OR tools, NOT this, NEAR that; launch 🚀 day")
-    engine = _engine(ws)
+    engine = _engine(ws, store=store)
     hits = (await engine.search(SearchRequest.of(query, min_score=0.0))).results
     if path is None:
         assert all(h.path for h in hits)  # ran without raising
@@ -110,11 +121,11 @@ async def test_query_syntax_hazards(ws: Path, query: str, path: str | None) -> N
     ("价格", "memory/zh.md"), ("金银价格", "memory/zh.md"),
     ("서버", "memory/ko.md"), ("발생한", "memory/ko.md"),
 ])
-async def test_cjk_substrings(ws: Path, query: str, path: str) -> None:
+async def test_cjk_substrings(ws: Path, store: dict[str, object], query: str, path: str) -> None:
     (ws / "memory" / "ja.md").write_text("昨日の戦略会議でデプロイ計画を決めた")
     (ws / "memory" / "zh.md").write_text("今天讨论了金银价格的走势")
     (ws / "memory" / "ko.md").write_text("어제 서버에서 발생한 에러를 확인했다")
-    engine = _engine(ws)
+    engine = _engine(ws, store=store)
     hits = (await engine.search(SearchRequest.of(query))).results
     assert [h.path for h in hits] == [path]
     await engine.close()
@@ -129,23 +140,23 @@ async def test_cjk_substrings(ws: Path, query: str, path: str) -> None:
     ("東京の会議はいつですか", "memory/tokyo.md"),
     ("부산에서 먹은 음식은 뭐였어?", "memory/busan.md"),
 ])
-async def test_cjk_questions_find_notes_by_their_words(ws: Path, query: str, path: str) -> None:
+async def test_cjk_questions_find_notes_by_their_words(ws: Path, store: dict[str, object], query: str, path: str) -> None:
     (ws / "memory" / "group.md").write_text("Caroline went to 支持小组 on Tuesday.\n")
     (ws / "memory" / "group-hant.md").write_text("上週二去了支持小組。\n")
     (ws / "memory" / "tea.md").write_text("用户只喝乌龙茶。\n")
     (ws / "memory" / "tokyo.md").write_text("東京の会議は3月20日です。\n")
     (ws / "memory" / "busan.md").write_text("부산 출장에서 돼지국밥을 먹었다.\n")
-    engine = _engine(ws)
+    engine = _engine(ws, store=store)
     hits = (await engine.search(SearchRequest.of(query, min_score=0.0))).results
     assert hits and hits[0].path == path, [(h.path, h.score) for h in hits]
     await engine.close()
 
 
-async def test_fullwidth_query_words_find_their_ascii_form(ws: Path) -> None:
+async def test_fullwidth_query_words_find_their_ascii_form(ws: Path, store: dict[str, object]) -> None:
     # an IME left in full-width mode types ｒｏｕｔｅｒ for router
     (ws / "memory" / "net.md").write_text("The router dropped the WAN link at noon.\n")
     (ws / "memory" / "wide.md").write_text("メモ: ｒｏｕｔｅｒ の設定を変えた。\n")
-    engine = _engine(ws)
+    engine = _engine(ws, store=store)
     hits = (await engine.search(SearchRequest.of("ｒｏｕｔｅｒ ＷＡＮ", min_score=0.0))).results
     assert [h.path for h in hits] == ["memory/net.md", "memory/wide.md"]
     assert "router" in hits[0].snippet
@@ -156,8 +167,8 @@ async def test_fullwidth_query_words_find_their_ascii_form(ws: Path) -> None:
     await engine.close()
 
 
-async def test_edits_are_picked_up_before_search(ws: Path) -> None:
-    engine = _engine(ws)
+async def test_edits_are_picked_up_before_search(ws: Path, store: dict[str, object]) -> None:
+    engine = _engine(ws, store=store)
     assert [h.path for h in (await engine.search(SearchRequest.of("zebra"))).results] == ["memory/2026-01-12.md"]
     (ws / "memory" / "2026-01-12.md").write_text("# Log\nnothing here anymore")
     (ws / "memory" / "blob.md").write_bytes(b"\x00\x01zebra")
@@ -288,9 +299,9 @@ async def test_explicit_provider_that_cannot_embed_fails_closed_when_strict(ws: 
         await engine.close()
 
 
-async def test_emoji_query_finds_the_note(ws: Path) -> None:
+async def test_emoji_query_finds_the_note(ws: Path, store: dict[str, object]) -> None:
     (ws / "memory" / "2026-02-01.md").write_text("# Trip\n- saw a 🦘 near the road\n")
-    engine = _engine(ws, None)
+    engine = _engine(ws, None, store=store)
     try:
         hits = (await engine.search(SearchRequest.of("🦘"))).results
         assert [h.path for h in hits] == ["memory/2026-02-01.md"]

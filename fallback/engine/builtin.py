@@ -339,7 +339,8 @@ class BuiltinEngine:
         if self._stores.is_postgres:  # the store's sync lease is the one writer
             from fallback.index.lease_sync import sync_through_lease
             shared = await self._stores.open_postgres()
-            report = await anyio.to_thread.run_sync(sync_through_lease, self.settings, shared)
+            report = await anyio.to_thread.run_sync(partial(sync_through_lease, self.settings, shared,
+                                                            force=force))
             self._dirty, self._dirty_reason = False, None
             self._synced, self._last_report, self._last_error = True, report, None
             self._syncs_done += 1

@@ -36,13 +36,15 @@ LEASE_WAIT_MS = 30_000
 WRITE_BATCH_FILES = 100
 
 
-def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *,
+def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, force: bool = False,
                        wait_ms: int = LEASE_WAIT_MS) -> SyncReport:
     """Bring the store's index of ``settings``' workspace up to date (blocking).
 
     Args:
         settings: the engine settings (workspace, extra paths, sources, chunking).
         store: the open store.
+        force: rewrite every file, whatever the lease's generation holds (a full reindex,
+            published at once like any sync).
         wait_ms: longest wait for another sync's lease, ms.
 
     Returns:
@@ -57,7 +59,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *,
     from fallback.store.postgres.store import ChunkRow, FileRows
 
     s = settings.search
-    report = SyncReport()
+    report = SyncReport(full=force, full_reason="force" if force else None)
     found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
     report.issues = list(found.issues)
     skipped: list[SkippedFile] = list(found.skipped)
@@ -87,7 +89,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *,
                 continue
             active.add((mf.source, mf.rel_path))
             skipped.extend(read_notes(mf, read))
-            if held[mf.source].get(mf.rel_path) == read.content_hash:
+            if not force and held[mf.source].get(mf.rel_path) == read.content_hash:
                 continue
             chunks = file_chunks(settings, mf, read.text, line_map=line_map, model=FTS_ONLY_MODEL)
             batch.append(FileRows(

@@ -80,6 +80,9 @@ async def test_search_on_postgres_ranks_snippets_and_decays_as_on_sqlite(tmp_pat
         # a second sync writes nothing; a deleted note leaves both stores alike
         again = await pg.sync(reason="test")
         assert (again.files_indexed, again.files_deleted) == (0, 0)
+        forced = await pg.sync(reason="test", force=True)
+        assert (forced.full, forced.files_indexed) == (True, report.files_total)
+        assert await answers(pg, questions[:5]) == want[:5]
         gone = sorted((ws / "memory").glob("*.md"))[0]
         gone.unlink()
         assert (await pg.sync(reason="test")).files_deleted == 1

@@ -119,9 +119,10 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
 
 
 class MetaReads:
-    """``PRAGMA user_version`` and ``meta`` reads (the FTS tokenizer and error included) over a
-    class's ``query`` (the engine's :class:`~fallback.store.db.Store` and
-    :class:`ReadOnlyStore`)."""
+    """The SQLite store's reads over a class's ``query`` (the engine's
+    :class:`~fallback.store.db.Store` and :class:`ReadOnlyStore`): ``PRAGMA user_version``,
+    ``meta`` (the FTS tokenizer and error included), and the store seam's ``SearchStore``
+    (``fallback/store/seam.py``) in SQL."""
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One read statement's rows: each class that takes these reads defines it."""
@@ -337,7 +338,7 @@ def _row(r: Sequence[Any]) -> KeywordRow:
 
 
 class ReadOnlyStore(MetaReads):
-    """One ``query_only`` connection to an existing store file (a :class:`StoreReader`).
+    """One ``query_only`` connection to an existing store file (a ``SearchStore``).
 
     Errors are the store's typed ``IndexStoreError`` classes (``fallback/store/errors.py``).
     Use :meth:`open`; close with :meth:`close` or a ``with`` block.

@@ -237,8 +237,8 @@ def highlight_hits(store: SearchStore, text: str, hits: Sequence[Candidate], *,
     plan = plan or search_plan(store, text)
     if plan is None:
         return {}
-    ids = list(dict.fromkeys(h.chunk_id for h in hits))
-    marked = (store.highlights(plan.mark_match, ids, open_mark=MARK_OPEN, close_mark=MARK_CLOSE)
+    texts = {h.chunk_id: h.snippet for h in hits}
+    marked = (store.highlights(plan.mark_match, texts, open_mark=MARK_OPEN, close_mark=MARK_CLOSE)
               if plan.mark_match else {})
     needles = [t for t in plan.tokens if contains_cjk(t)] or list(plan.like_terms)
     if needles:

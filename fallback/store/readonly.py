@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -319,10 +319,11 @@ class MetaReads:
                 (files if kind == "f" else chunks)[str(source)] = int(n)
         return files, chunks, entries
 
-    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+    def highlights(self, mark_match: str, texts: Mapping[str, str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:
-        """FTS5 ``highlight()`` of the text of the chunks among ``chunk_ids`` matching
-        ``mark_match`` (same tokenizer and stemming as the ranking)."""
+        """FTS5 ``highlight()`` of the indexed text of the chunks ``texts`` names, for those
+        matching ``mark_match`` (same tokenizer and stemming as the ranking)."""
+        chunk_ids = list(texts)
         # "+rowid": one pass over the plan's matches, filtered to the hits, instead of FTS5
         # running the whole MATCH again per hit (a third of the time for ten hits).
         return dict(self.query(

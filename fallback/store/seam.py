@@ -12,7 +12,7 @@ index, published at once), and embeddings through the store's cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 __all__ = ["KeywordRow", "SearchStore", "SyncLease"]
@@ -79,10 +79,11 @@ class SearchStore(Protocol):
         dates of temporal decay for undated notes)."""
         ...
 
-    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+    def highlights(self, mark_match: str, texts: Mapping[str, str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:
-        """``{chunk_id: text}`` of the chunks among ``chunk_ids`` that match ``mark_match``,
-        each token of the text matching it wrapped in ``open_mark`` / ``close_mark``."""
+        """``{chunk_id: text}`` of the hits (``texts``: ``{chunk_id: chunk text}``, as indexed)
+        that match ``mark_match``, each token of the text matching it wrapped in
+        ``open_mark`` / ``close_mark``."""
         ...
 
 

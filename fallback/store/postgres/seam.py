@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fallback.store.fts_rows import FTS_COLUMNS
@@ -88,23 +88,23 @@ class PostgresSearchStore:
                         (st.agent_id, st.workspace, list(paths), gen, gen))
             return {(r[0], r[1]): int(r[2]) for r in cur.fetchall()}
 
-    def highlights(self, mark_match: str, chunk_ids: Sequence[str], *, open_mark: str,
+    def highlights(self, mark_match: str, texts: Mapping[str, str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:
-        """FTS5 ``highlight()`` of the published texts of ``chunk_ids`` that match
-        ``mark_match``, computed by SQLite over the texts alone."""
-        rows = self.chunk_rows(chunk_ids)
-        if not rows:
+        """FTS5 ``highlight()`` of the hits' ``texts`` (``{chunk_id: text}``) that match
+        ``mark_match``, computed by SQLite over the texts alone (no round trip)."""
+        ids = list(texts)
+        if not ids:
             return {}
         with self._lock:
             conn = self._marks
             conn.executemany("INSERT INTO t(rowid, text) VALUES (?, ?)",
-                             [(i, r[5]) for i, r in enumerate(rows)])
+                             [(i, texts[cid]) for i, cid in enumerate(ids)])
             try:
                 marked = conn.execute("SELECT rowid, highlight(t, 0, ?, ?) FROM t WHERE t MATCH ?",
                                       (open_mark, close_mark, mark_match)).fetchall()
             finally:
                 conn.execute("DELETE FROM t")
-        return {rows[i][0]: text for i, text in marked}
+        return {ids[i]: text for i, text in marked}
 
     def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
         """``PostgresStore.sync_lease``; ``None`` with :attr:`busy_reason` when another sync

@@ -19,18 +19,11 @@ from fallback.errors import (
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
-from tests.fallback.postgres.conftest import pg_dsn, pg_server  # noqa: F401  (fixtures)
+from tests.fallback.postgres import conftest as pg_fixtures
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest) -> dict[str, object]:
-    """``memorySearch.store`` of each store: the default SQLite file, or a fresh postgres
-    database."""
-    if request.param == "sqlite":
-        return {}
-    return {"driver": "postgres", "dsn": request.getfixturevalue("pg_dsn")}
+# the fixtures of the tests that run on both stores (tests/fallback/postgres/conftest.py)
+pg_server, pg_dsn, store = pg_fixtures.pg_server, pg_fixtures.pg_dsn, pg_fixtures.store
 
 
 @pytest.fixture

@@ -16,8 +16,11 @@ import pytest
 from fallback.errors import ManagerClosedError, PathRefusedError, UsageError
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.manager import MemoryManager, decorate_citations, format_citation
+from tests.fallback.postgres import conftest as pg_fixtures
 
 pytestmark = pytest.mark.anyio
+# the fixtures of the tests that run on both stores (tests/fallback/postgres/conftest.py)
+pg_server, pg_dsn, store = pg_fixtures.pg_server, pg_fixtures.pg_dsn, pg_fixtures.store
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 
@@ -55,8 +58,9 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-async def test_builtin_answers_with_citation_footer_for_owner_calls(tmp_path: Path) -> None:
-    async with _manager(tmp_path) as m:
+async def test_builtin_answers_with_citation_footer_for_owner_calls(tmp_path: Path,
+                                                                   store: dict[str, Any]) -> None:
+    async with _manager(tmp_path, memory_search={"store": store}) as m:
         resp = await m.search("zebra migration")
     assert resp.backend == "builtin" and resp.fallback is None
     assert resp.mode == "fts-only" and resp.provider == "none"
@@ -100,13 +104,15 @@ async def test_scope_denies_group_chat_with_reason(tmp_path: Path) -> None:
         assert direct.results and direct.denied is None
 
 
-async def test_citations_auto_off_in_channels_and_off_mode(tmp_path: Path) -> None:
+async def test_citations_auto_off_in_channels_and_off_mode(tmp_path: Path,
+                                                           store: dict[str, Any]) -> None:
     scope = {"default": "allow"}
-    async with _manager(tmp_path, {"citations": "auto", "qmd": {"scope": scope}}) as m:
+    async with _manager(tmp_path, {"citations": "auto", "qmd": {"scope": scope}},
+                        memory_search={"store": store}) as m:
         resp = await m.search("zebra", session_key="agent:main:slack:channel:c1")
     assert resp.results[0].citation == "memory/2026-03-01.md#L1-L4"
     assert "Source:" not in resp.results[0].snippet
-    async with _manager(tmp_path, {"citations": "off"}) as m:
+    async with _manager(tmp_path, {"citations": "off"}, memory_search={"store": store}) as m:
         resp = await m.search("zebra")
     assert "Source:" not in resp.results[0].snippet and resp.citations == "off"
 

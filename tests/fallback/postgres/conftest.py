@@ -104,3 +104,12 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
     finally:
         with pg_server.admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> dict[str, object]:
+    """``memorySearch.store`` of each store, for a test that runs on both: the default SQLite
+    file, or a fresh postgres database (import this fixture with ``pg_server`` and ``pg_dsn``)."""
+    if request.param == "sqlite":
+        return {}
+    return {"driver": "postgres", "dsn": request.getfixturevalue("pg_dsn")}

@@ -20,6 +20,7 @@ from fallback.embeddings import select_provider
 from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.store.postgres.migrations import MIGRATIONS
 from tests.e2e.cli_proc import run_cli_in_process
 
 LOCOMO = next((p / "shared" / "bench" / "locomo-dev" / "conv-26.json"
@@ -125,7 +126,7 @@ def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_
         if name == "postgres":
             assert doc["dbPath"] == (f'postgres database "{pg_dsn.split("dbname=")[1].split()[0]}" on host'
                                      f' {pg_dsn.split("host=")[1].split()[0]} port 5432 as user postgres,'
-                                     " schema qmdbridge version 4")
+                                     f" schema qmdbridge version {len(MIGRATIONS)}")
         results[f"{name} counts"] = (doc["files"], doc["chunks"])
     assert any(results["sqlite"])
     assert results["postgres"] == results["sqlite"]
@@ -158,7 +159,7 @@ async def test_doctor_checks_the_postgres_store(tmp_path: Path, pg_dsn: str, pg_
 
     level, detail, hint = await index_check(pg_dsn)
     assert (level, hint) == ("warn", "run `qmdbridge index`")
-    assert detail.endswith(", schema qmdbridge version 4: 0 files, 0 chunks (no index yet)")
+    assert detail.endswith(f", schema qmdbridge version {len(MIGRATIONS)}: 0 files, 0 chunks (no index yet)")
     gone = pg_server.dsn("postgres").replace(str(pg_server.data_dir), str(tmp_path / "no-server"))
     level, detail, hint = await index_check(gone)
     assert level == "error" and "cannot reach PostgreSQL to connect" in detail

@@ -16,6 +16,10 @@ from typing import Any
 import psutil
 import pytest
 
+# The PostgreSQL fixtures (one server per session, a database per test, the both-stores `store`),
+# registered once here so every module shares the one server.
+pytest_plugins = ["tests.pg_fixtures"]
+
 TEST_MODEL_NAME = "all-MiniLM-L6-v2.Q8_0.gguf"
 
 

@@ -19,11 +19,8 @@ from fallback.errors import (
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
-from tests.fallback.postgres import conftest as pg_fixtures
 
 pytestmark = pytest.mark.anyio
-# the fixtures of the tests that run on both stores (tests/fallback/postgres/conftest.py)
-pg_server, pg_dsn, store = pg_fixtures.pg_server, pg_fixtures.pg_dsn, pg_fixtures.store
 
 
 @pytest.fixture

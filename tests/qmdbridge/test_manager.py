@@ -16,11 +16,8 @@ import pytest
 from fallback.errors import ManagerClosedError, PathRefusedError, UsageError
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.manager import MemoryManager, decorate_citations, format_citation
-from tests.fallback.postgres import conftest as pg_fixtures
 
 pytestmark = pytest.mark.anyio
-# the fixtures of the tests that run on both stores (tests/fallback/postgres/conftest.py)
-pg_server, pg_dsn, store = pg_fixtures.pg_server, pg_fixtures.pg_dsn, pg_fixtures.store
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fallback.postgres.conftest import require_postgres
+from tests.pg_fixtures import require_postgres
 
 require_postgres()
 pytestmark = pytest.mark.postgres

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fallback.postgres.conftest import require_postgres
+from tests.pg_fixtures import require_postgres
 
 require_postgres()
 pytestmark = pytest.mark.postgres

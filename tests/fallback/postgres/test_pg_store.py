@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.fallback.postgres.conftest import require_postgres
+from tests.pg_fixtures import require_postgres
 
 require_postgres()
 pytestmark = pytest.mark.postgres
@@ -25,7 +25,7 @@ from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavail
 from fallback.store.postgres.migrations import MIGRATIONS, applied_versions, migrate
 from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
-from tests.fallback.postgres.conftest import PgServer, new_data_dir, start_pgserver
+from tests.pg_fixtures import PgServer, new_data_dir, start_pgserver
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "s3cr3t-Pa55word"

@@ -1,4 +1,4 @@
-"""PostgreSQL for the ``postgres`` store tests: one real server per test session (the ``pgserver``
+"""PostgreSQL for the ``postgres`` store tests (a pytest plugin, registered by ``tests/conftest.py``): one real server per test session (the ``pgserver``
 wheel: PostgreSQL 16 + pgvector in a temporary folder, no root needed), one fresh database per
 test. Without ``pgserver`` or the ``postgres`` extra the tests skip, except under CI, where they
 fail: a missing install step must not pass as green.

@@ -1,33 +1,21 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
-Without a daemon, a search in qmd mode spends its start in Python (imports, the config models,
-the manager, qmd's start-up checks) before its first qmd process starts, then waits for one call
-per collection (a question: its content words ANDed and each word alone, as qmd's typed ``lex``
-searches in one ``qmd query``; ``qmdbridge/qmd/query_text.py``). After an in-process
-search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
-made of (``search_cache.qmd_prefetch_settings``: qmd's path and ``memory.qmd.command``, the
-qmd home, the workspace, the collections, ``limits.maxResults``); the next search of the same
-command line (the same key, so the same config file, flags, code and environment) then, right
-after parsing its arguments:
+After an in-process search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what
+its calls are made of (``search_cache.qmd_prefetch_settings``); the next search of the same
+command line then, right after parsing its arguments, works out the calls with the backend's
+own functions (``query_text.search_call``, ``qmd_argv``, ``search_env``, ``search_limits``; the
+collections qmd's index holds documents of; ``qmdbridge.paths.child_env``) and starts them in a
+thread while the main thread loads, and hands them to the in-process search as its qmd runner
+(``qmdbridge/qmd/early.py``). Everything else runs as before (config, breakers, probe,
+reconcile, fallback, output).
 
-1. works out the calls with the backend's own functions (``query_text.search_call``,
-   ``query_text.qmd_argv``, ``query_text.search_env``; the collections qmd's index holds
-   active documents of; ``qmdbridge.paths.child_env``) and starts them, in a thread, while
-   the main thread goes on loading;
-2. hands them to the in-process search as its qmd runner (``qmdbridge/qmd/early.py``), which
-   takes a started call only for exactly the command it is about to run, and runs everything
-   else as before: the config is loaded and checked, the breakers, the probe, the collection
-   reconcile and the fallback work as always (a reconcile or an update discards the calls
-   started ahead first), and the answer is printed by the same code.
-
-Nothing is started ahead when the reconcile marker or qmd's ``index.yml`` changed since the
-recording (a reconcile would run first), when a breaker file records a failure, when the probe
-cache does not hold the recorded qmd as the sidecar will look it up (the search probes first:
-a program put in its place must get ``--version`` before anything else, another ``PATH`` may
-find another qmd; ``qmdbridge/qmd/probe_cache.py``), for ``--explain``, ``--session-key``, a
-blank query or a bad limit, or on Windows. Whatever the search does not take is killed and
-reaped when the command ends (:meth:`EarlyCalls.close`).
-Standard library and light modules only: nothing here loads pydantic, anyio or the config.
+Nothing is started ahead when the reconcile marker or ``index.yml`` changed since the recording,
+when a breaker file records a failure, when the probe cache does not hold the recorded qmd as
+the sidecar will look it up (``qmdbridge/qmd/probe_cache.py``), for ``--explain``,
+``--session-key``, a blank query or a bad limit, or on Windows. What the search does not take
+is killed and reaped when the command ends (:meth:`EarlyCalls.close`). docs/cli.md, "One-shot
+search without a daemon", says more. Standard library and light modules only: nothing here
+loads pydantic, anyio or the config.
 """
 
 from __future__ import annotations
@@ -40,11 +28,14 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from qmdbridge.qmd.early import EarlyCall, EarlyCalls
+from qmdbridge.qmd.early import EarlyCalls
+from qmdbridge.qmd.streams import QmdProcess
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
+
+    from qmdbridge.paths import QmdHome
 
 __all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "note_used", "start_prefetch"]
 
@@ -82,16 +73,18 @@ def breaker_healthy(breaker: Path) -> bool:
     return isinstance(state, dict) and state.get("failures", 0) == 0
 
 
-def _unchanged(qmd: dict[str, Any], qmd_dir: Path, index_yml: Path) -> bool:
+def _unchanged(qmd: dict[str, Any], home: QmdHome) -> bool:
     """The reconcile marker and ``index.yml`` as recorded (no reconcile will run first), and
     neither breaker holding a failure."""
+    from qmdbridge.qmd.index_stats import file_stamp
+
     try:
-        marker = (qmd_dir / "reconciled.json").read_text()
-        st = os.stat(index_yml)
+        marker = home.reconciled.read_text()
     except OSError:
         return False
-    return (marker == qmd["marker"] and [st.st_mtime_ns, st.st_size, st.st_ino] == qmd["indexYml"]
-            and all(breaker_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
+    stamp = file_stamp(home.index_yml)
+    return (marker == qmd["marker"] and stamp is not None and list(stamp) == qmd["indexYml"]
+            and breaker_healthy(home.breaker) and breaker_healthy(home.startup_breaker))
 
 
 def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[str, str] | None = None,
@@ -123,8 +116,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
         home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
     except UsageError:  # not an agent id this version recorded
         return None
-    if (not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file()
-            or not _probed(qmd, e)):
+    if not _unchanged(qmd, home) or not home.index_db.is_file() or not _probed(qmd, home, e):
         return None
     calls = EarlyCalls() if calls is None else calls
     thread = threading.Thread(target=_start_calls, name="qmd-prefetch", daemon=True,
@@ -134,7 +126,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
     return calls
 
 
-def _probed(qmd: dict[str, Any], env: Mapping[str, str]) -> bool:
+def _probed(qmd: dict[str, Any], home: QmdHome, env: Mapping[str, str]) -> bool:
     """Whether the search will run the recorded qmd without probing it first: the probe cache
     holds it, as the sidecar looks it up (``memory.qmd.command`` under this ``PATH``), at the
     recorded path with the recorded ``PATH`` for its children, and the executable there is the
@@ -145,7 +137,7 @@ def _probed(qmd: dict[str, Any], env: Mapping[str, str]) -> bool:
 
     if isinstance(qmd["probeCommand"], list) and not all(isinstance(a, str) for a in qmd["probeCommand"]):
         return False
-    loc = cached_location(Path(qmd["stateDir"]) / "qmd" / "probe-cache.json", qmd["probeCommand"], env)
+    loc = cached_location(home.probe_cache, qmd["probeCommand"], env)
     return loc is not None and loc.get("path") == qmd["command"] and loc.get("child_path") == qmd["childPath"]
 
 
@@ -171,6 +163,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
         qmd_argv,
         search_call,
         search_env,
+        search_limits,
         search_words,
         without_stray_quote,
     )
@@ -185,31 +178,17 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     if not colls:
         return
     child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
-    limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
+    limit, _ = search_limits(qmd["maxResults"], args.max_results, None)
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
     lex = lex_queries(first, words)
-    planned = []
-    for coll in colls:
+    started: list[QmdProcess] = []
+    running = ahead_limit()  # at most this many at once; stop once one is not started
+    for coll in colls:       # (the search took it first, it failed to start, or discarded)
         flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)
-        planned.append((qmd_argv(qmd["command"], flags, [positional]), coll))
-    _start_all(calls, planned, child, qmd["workspace"])
-
-
-def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
-               cwd: str) -> list[tuple[EarlyCall, str]] | None:
-    """Start ``planned`` (argv, collection) in order, at most :func:`ahead_limit` running at
-    once; ``None`` when one was not started (the search took it first, or it failed to start)
-    or the calls were discarded."""
-    started: list[tuple[EarlyCall, str]] = []
-    limit = ahead_limit()
-    for argv, coll in planned:
-        if not calls.wait((c for c, _ in started), running_below=limit):
-            return None
-        call = calls.start(argv, env, cwd)
-        if call is None:
-            return None
-        started.append((call, coll))
-    return started
+        if not calls.wait(started, running_below=running) or (call := calls.start(
+                qmd_argv(qmd["command"], flags, [positional]), child, qmd["workspace"])) is None:
+            return
+        started.append(call)
 
 
 def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:

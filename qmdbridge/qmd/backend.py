@@ -1,10 +1,7 @@
 """QmdBackend: the qmd sidecar as a ``MemoryBackend`` (collections, update cycle, search, read).
 
-Every qmd call is ``[qmd, <flags...>, "--index", "index", "--", <positionals...>]``: flags
-first, the index pinned (a ``.qmd/`` above the workspace cannot hijack config or DB), then
-``--``, then user text, so a query can never be read as a flag (checked against qmd 2.8.3
-under Bun). Beyond ``--``, qmd still interprets the query text itself; :func:`encode_query`
-keeps it literal (see there). The circuit breaker lives in the manager, not here.
+Every qmd command line is ``query_text.qmd_argv``'s; ``query_text.encode_query`` keeps the
+query text literal. The circuit breaker lives in the manager, not here.
 
 Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call it makes, the wait for a
 pending update included) and nothing else. Start-up (collection reconcile:
@@ -46,32 +43,32 @@ from qmdbridge.qmd.collections import (
     ManagedCollection,
     ReconcileState,
     build_collections,
+    describe_collections,
     rebuild,
     rule_extra_paths,
 )
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
-from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.lexical import relax
-from qmdbridge.qmd.listing import describe_collections
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
 from qmdbridge.qmd.parse import (
     IndexCounts,
-    QmdEntry,
     clamp_injected,
     diversify_sources,
-    encode_query,
     entry_hits,
+    index_locked,
 )
 from qmdbridge.qmd.query_text import (
     POOL_FACTOR,
     lex_queries,
     qmd_argv,
     search_env,
+    search_limits,
     search_words,
     without_stray_quote,
 )
 from qmdbridge.qmd.reads import Listings, read_qmd_path
+from qmdbridge.qmd.results_json import QmdEntry
 from qmdbridge.qmd.runner import CommandRunner, RunResult, is_busy, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
@@ -80,7 +77,7 @@ from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
 if TYPE_CHECKING:
     from qmdbridge.qmd.warm import WarmChild
 
-__all__ = ["VEC0_HINT", "QmdBackend", "encode_query"]
+__all__ = ["QmdBackend"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
@@ -134,6 +131,7 @@ class QmdBackend:
         self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
+        self._export_state: Any = None  # what the session export wrote (qmd.sessions.ExportState)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
         # a lost or corrupt index, noticed and re-indexed
         self.health = IndexHealth(self.home, self.index_counts,
@@ -181,7 +179,7 @@ class QmdBackend:
     @cached_property
     def model_state(self) -> ModelState:
         """Model availability, shared by the embed step and ``query``/``vsearch`` searches."""
-        return ModelState(self.home.xdg_cache / "qmd" / "models", self.child_env)
+        return ModelState(self.home.models_dir, self.child_env)
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``[qmd, *args, "--index", "index", "--", *positionals]`` (no ``--`` without positionals)."""
@@ -212,11 +210,6 @@ class QmdBackend:
     def _startup_problem(self, message: str) -> None:
         self.startup_problems.append(message)
         log.warning("qmd start-up: %s", message)
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` was called."""
-        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:
@@ -306,7 +299,7 @@ class QmdBackend:
         await reconcile_if_changed(
             self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
             workspace=self.agent.workspace_dir, state=self.reconcile_state,
-            marker=self.home.qmd_dir / "reconciled.json",
+            marker=self.home.reconciled,
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
         self._yml_seen = yml_stamp(self.home.index_yml)
@@ -383,15 +376,14 @@ class QmdBackend:
             raise BackendUnavailableError("qmd", f"cannot rewrite {self.home.index_yml}: {exc}") from exc
 
     async def _export_sessions(self) -> None:
-        try:
-            from qmdbridge.qmd.sessions import export_sessions
-        except ImportError:
-            log.warning("qmd session export unavailable (qmdbridge.qmd.sessions missing)")
-            return
+        from qmdbridge.qmd.sessions import ExportState, export_sessions
+
         target = next(c.path for c in self.collections if c.kind == "sessions")
         retention = self.cfg.sessions.retention_days
+        state = self._export_state = self._export_state or ExportState()  # unchanged: not parsed
         await anyio.to_thread.run_sync(lambda: export_sessions(
-            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now()))
+            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now(),
+            state=state))
 
     async def sync(self, *, reason: str, force: bool = False,
                    progress: ProgressCallback | None = None) -> None:
@@ -445,20 +437,10 @@ class QmdBackend:
         """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
 
         The whole search (every qmd call, and the wait for a pending watcher update) finishes
-        within ``limits.timeoutMs``; each call gets the remaining budget. One call per
-        collection that qmd's index holds documents of (``search_calls``: side by side, busy
-        answers retried, a complete answer before a crash used, with a note). An "unknown
-        flag" on stderr reruns the search with ``query``; a missing collection triggers one
-        reconcile and one retry; qmd's collection list (``index.yml``) edited since the last
-        reconcile is reconciled first (:meth:`reconcile_if_edited`); ``no such module:
-        vec0`` switches this agent to ``search``.
-        In ``search`` mode a question (one with content words) makes one call per collection:
-        its AND and each word alone as qmd's typed ``lex`` searches
-        (``query_text.search_call``), answered by the warm child in long-lived mode (unless
-        qmd's index holds no document of any managed collection: the child's MCP tool answers
-        ``[]`` for a collection qmd lost, where the spawned call's "Collection not found" runs
-        the repair); a qmd that rejects that call gets the AND call and the relaxed pass
-        (``lexical.relax``).
+        within ``limits.timeoutMs``; each call gets the remaining budget. qmd's collection list
+        (``index.yml``) edited since the last reconcile is reconciled first
+        (:meth:`reconcile_if_edited`). The calls, their repairs and what a question sends:
+        ``search_calls.search_with_repairs``, ``query_text.search_call``, ``lexical.relax``.
 
         Args:
             request: the checked request (``fallback/request.py``): ``max_results`` capped at
@@ -503,7 +485,7 @@ class QmdBackend:
                     budget_ms=budget if sync_budget_ms is None else min(budget, sync_budget_ms))
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
-        limit = min(limits.max_results, request.max_results or limits.max_results)
+        limit, min_score = search_limits(limits.max_results, request.max_results, request.min_score)
         counts, count_error = await self.index_counts.read()
         counts = await self.reconcile_if_edited(counts)
         if (lost := await self._notice(counts, count_error)) is not None:
@@ -530,7 +512,7 @@ class QmdBackend:
         # (search mode only: also after a vec0 switch)
         lex = lex_queries(lexical, words) if self.lex_calls else ()
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
-                        deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
+                        deadline, limits.timeout_ms, self.home.models_dir,
                         self.child_env, index_db=self.home.index_db, lex=lex)
         try:
             # not the warm child for lex calls while qmd's index holds no document of any
@@ -559,7 +541,7 @@ class QmdBackend:
         # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
         question = q if plan.mode == "search" and words else None
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=request.min_score or 0.0, notes=notes, question=question,
+            lambda: self._map(entries, min_score=min_score, notes=notes, question=question,
                               limit=limit))
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
@@ -680,20 +662,20 @@ class QmdBackend:
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
         # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
         unusable = self.reconcile_state.no_usable_collection(self.collections)
-        issues = (([self.health.problem] if self.health.problem else [])
-                  + ([unusable] if unusable else [])
-                  + list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
-                  + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
-                  + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error and not (indexing and is_busy(count_error)) else [])
-                  + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else [])
-              + ([f"qmd embed failed: {embed_state.last_error}"] if embed_state.last_error else []))
-        last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
-            self.cycle.last_error or self.last_error or (
-            f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None))
+        probe_error = f"qmd search probe failed: {probe}" if probe else None
+        embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None
+        issues = [i for i in (
+            self.health.problem, unusable, *self.reconcile_state.warnings,
+            *(f"qmd start-up: {p}" for p in self.startup_problems), *self.hit_problems,
+            VEC0_HINT if self.mode_override else None, probe_error,
+            count_error if not (indexing and count_error and is_busy(count_error)) else None,
+            f"qmd {mode} searches cannot run: {model_problem}" if model_problem else None,
+            embed_error) if i]
+        last_error = probe_error or unusable or self.cycle.last_error or self.last_error or embed_error
         return MemoryStatus(
             backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
             db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
-            requested_provider="qmd", model="qmd", search_mode=self.mode_override or self.cfg.search_mode,
+            requested_provider="qmd", model="qmd", search_mode=mode,
             sources=sources,
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
             vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
@@ -718,7 +700,7 @@ class QmdBackend:
                     "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                     if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "indexProblem": self.health.problem, "modelProblem": model_problem,
-                "models": model_cache_state(self.home.xdg_cache / "qmd" / "models",
+                "models": model_cache_state(self.home.models_dir,
                                             model_kinds(mode, self.cfg.rerank),
                                             checked=self.model_state.gguf_checked),
                 "indexing": indexing,

@@ -28,41 +28,24 @@ from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     ROOT_MEMORY_FILE,
     MemoryRoot,
-    escape_glob,
     extra_roots,
     root_memory_file,
 )
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
+from qmdbridge.qmd.runner import is_flag_rejection, is_missing_collection
 
-__all__ = [
-    "CollectionKind",
-    "CollectionRun",
-    "ListedCollection",
-    "ManagedCollection",
-    "ReconcileState",
-    "build_collections",
-    "custom_extra_paths",
-    "fallback_engine_settings",
-    "rule_extra_paths",
-    "escape_glob",
-    "parse_collection_list",
-    "parse_collection_show",
-    "rebuild",
-    "reconcile",
-    "render_index_yml",
-    "sanitize_name",
-]
+__all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState",
+           "build_collections", "custom_extra_paths", "describe_collections",
+           "fallback_engine_settings", "rule_extra_paths", "rebuild", "reconcile", "render_index_yml",
+           "sanitize_name"]
 
 log = logging.getLogger("qmdbridge.qmd.collections")
 
 CollectionKind = Literal["memory", "custom", "sessions"]
 
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
-_UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
-                             "flag provided but not defined", "unexpected argument")
-_MISSING_MARKERS = ("not found", "does not exist", "missing")
 # qmd could not read its collection list (a hand edit broke the YAML): every command fails so.
 _YML_UNREADABLE_RE = re.compile(r"failed to parse \S*index\.yml|yamlparseerror", re.IGNORECASE)
 
@@ -124,12 +107,8 @@ def sanitize_name(raw: str, *, empty: str = "collection") -> str:
 
 
 def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
-    text = raw.strip()
-    if not text:
-        return None
     try:
-        p = Path(text).expanduser()
-        return Path(os.path.normpath(p if p.is_absolute() else workspace / p))
+        return Path(_norm_path(raw.strip(), workspace)) if raw.strip() else None
     except (OSError, RuntimeError, ValueError):
         return None
 
@@ -254,6 +233,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
     return out
 
 
+@dataclass(frozen=True)
 class CollectionRun:
     """The outcome of one collection command, as ``reconcile`` needs it.
 
@@ -262,12 +242,9 @@ class CollectionRun:
         stdout / stderr: captured text.
     """
 
-    __slots__ = ("ok", "stdout", "stderr")
-
-    def __init__(self, ok: bool, stdout: str, stderr: str) -> None:
-        self.ok = ok
-        self.stdout = stdout
-        self.stderr = stderr
+    ok: bool
+    stdout: str
+    stderr: str
 
     @property
     def message(self) -> str:
@@ -319,16 +296,6 @@ class ReconcileState:
         if not colls or any(c.name not in self.refused for c in colls):
             return None
         return f"qmd has no usable collection: {self.refused[colls[0].name]}"
-
-
-def _is_unsupported_flag(message: str) -> bool:
-    low = message.lower()
-    return any(m in low for m in _UNSUPPORTED_FLAG_MARKERS)
-
-
-def _is_missing(message: str) -> bool:
-    low = message.lower()
-    return any(m in low for m in _MISSING_MARKERS)
 
 
 def _norm_path(raw: str | Path, workspace: Path) -> str:
@@ -402,6 +369,22 @@ async def _enrich(listed: dict[str, ListedCollection], names: list[str],
                 listed[name] = ListedCollection(name, info.path, got.pattern or info.pattern)
 
 
+async def describe_collections(list_output: str, *, run: RunCollectionCommand,
+                               roots: dict[str, ManagedCollection]) -> list[dict[str, object]]:
+    """``qmd collection list`` output as ``[{name, path, pattern, managed, kind}]``, each path
+    from ``collection show`` when the list prints none (:func:`_enrich`; qmd 2.8.3's prints none).
+
+    Args:
+        list_output: stdout of ``qmd collection list``.
+        run: runs ``collection show`` (see :func:`reconcile`).
+        roots: the managed collections by name.
+    """
+    listed = parse_collection_list(list_output)
+    await _enrich(listed, list(listed), run)
+    return [{"name": name, "path": got.path, "pattern": got.pattern, "managed": name in roots,
+             "kind": roots[name].kind if name in roots else None} for name, got in listed.items()]
+
+
 def _needs_rebind(mc: ManagedCollection, got: ListedCollection, workspace: Path) -> bool:
     if got.path is None and got.pattern is None:
         return False  # names-only listing: a failed re-add would lose the collection
@@ -431,7 +414,7 @@ async def _migrate_legacy(managed: list[ManagedCollection], listed: dict[str, Li
 
 async def _remove(run: RunCollectionCommand, name: str) -> None:
     res = await _safe(run, ["collection", "remove"], [name])
-    if not res.ok and not _is_missing(res.message):
+    if not res.ok and not is_missing_collection(res.message):
         log.warning("qmd collection remove failed for %s: %s", name, res.message)
 
 
@@ -485,7 +468,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                         mc.name, flag, mc.pattern, got.path, got.pattern)
             await _remove(run, mc.name)
             continue
-        if i + 1 < len(order) and _is_unsupported_flag(res.stderr):
+        if i + 1 < len(order) and is_flag_rejection(res.stderr):
             log.info("qmd collection add rejected %s; retrying with legacy compatibility flag", flag)
             continue
         if not ignored:
@@ -516,10 +499,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
     if f"collection '{mc.name}' already exists" in low or f'collection "{mc.name}" already exists' in low:
         log.info("qmd collection add conflict for %s: collection name already exists; "
                  "recreating managed collection", mc.name)
-        await _remove(run, mc.name)
-        res = await _add(mc, run=run, state=state)
-        if not res.ok:
-            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        await _replace(mc, mc.name, run=run, state=state)
         return
     owner = _find_owner(mc, listed, workspace)
     if owner is None:
@@ -532,10 +512,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
         return
     if owner is not None:
         log.info("qmd collection %s: path+pattern already bound by %s; rebinding", mc.name, owner)
-        await _remove(run, owner)
-        res = await _add(mc, run=run, state=state)
-        if not res.ok:
-            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        await _replace(mc, owner, run=run, state=state)
         return
     named = _NAME_IN_STDERR_RE.search(msg)
     if named:
@@ -546,6 +523,15 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
               f"'qmd collection remove {other}'")
         return
     _warn(state, f"qmd collection add skipped for {mc.name}: {msg}")
+
+
+async def _replace(mc: ManagedCollection, old: str, *, run: RunCollectionCommand,
+                   state: ReconcileState) -> None:
+    """Remove collection ``old`` and add ``mc`` (a warning when the add fails)."""
+    await _remove(run, old)
+    res = await _add(mc, run=run, state=state)
+    if not res.ok:
+        _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
 
 
 def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
@@ -594,22 +580,3 @@ async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand
         if not res.ok and "exists" not in res.message.lower():
             _warn(state, f"qmd collection re-add failed for {mc.name}: {res.message}")
     log.warning("qmd managed collections rebuilt for update repair (%d collections)", len(managed))
-
-
-def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
-                          index_yml: Path) -> str:
-    """sha256 hex of the managed collections (with whether each folder exists: a custom one is
-    added once it does), qmd's version and ``index.yml``'s size and mtime: while it is
-    unchanged, a reconcile would find nothing to do."""
-    import hashlib
-
-    import orjson
-
-    try:
-        st = index_yml.stat()
-        yml: list[int] | None = [st.st_mtime_ns, st.st_size]
-    except OSError:
-        yml = None
-    doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
-           "version": qmd_version, "indexYml": yml}
-    return hashlib.sha256(orjson.dumps(doc)).hexdigest()

@@ -22,8 +22,8 @@ import re
 from fallback.errors import BackendUnavailableError
 from qmdbridge.problems import CRASH_HINT
 
-__all__ = ["CRASH_HINT", "CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
-           "QmdQueryTooLongError", "one_line"]
+__all__ = ["CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError",
+           "QmdOutputError", "QmdQueryTooLongError", "one_line"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000
@@ -50,10 +50,6 @@ def one_line(reason: str) -> str:
         picked = next((ln for ln in lines[1:] if _ERROR_LINE_RE.match(ln)), None)
         reason = f"{head}: {picked}" if picked else lines[0]
     return reason if len(reason) <= ONE_LINE_CHARS else reason[: ONE_LINE_CHARS - 3] + "..."
-
-
-def _tail(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[-limit:]
 
 
 class QmdCommandError(BackendUnavailableError):
@@ -95,7 +91,7 @@ class QmdCommandError(BackendUnavailableError):
             status = f"signal {signal}" if signal is not None else f"code {returncode}"
             if self.crashed:
                 status += f"; {CRASH_HINT}"
-            detail = _tail(stderr_tail.strip() or stdout_tail.strip(), _MESSAGE_TAIL_CHARS)
+            detail = (stderr_tail.strip() or stdout_tail.strip())[-_MESSAGE_TAIL_CHARS:]
             reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
         super().__init__(backend, reason)
         # The bare "<summary> failed ..." text, as the reference runner words it.

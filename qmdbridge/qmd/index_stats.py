@@ -7,15 +7,22 @@ heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for t
 from __future__ import annotations
 
 import logging
-import sqlite3
+import os
 from pathlib import Path
 
-# SQLite's primary result codes for a lock held by another connection.
-SQLITE_BUSY, SQLITE_LOCKED = 5, 6
-
-__all__ = ["index_counts", "index_locked"]
+__all__ = ["file_stamp", "index_counts"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """``(mtime_ns, size, inode)`` of a file of qmd's (``index.yml``, ``index.sqlite`` and its
+    ``-wal``): what changes whenever qmd writes it; ``None`` when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], str | None]:
@@ -26,6 +33,8 @@ def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], 
     prefetch thread reads it before logging is configured, where a warning would reach stderr
     through logging's last-resort handler: it passes False.
     """
+    import sqlite3  # (file_stamp runs before the one-shot CLI loads anything but the basics)
+
     if not db.is_file():
         return {}, None
     try:
@@ -41,22 +50,3 @@ def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], 
             log.warning("failed to read qmd index stats: %s", exc)
         return {}, f"failed to read qmd index stats: {exc}"
     return {str(c): int(n) for c, n in rows}, None
-
-
-def index_locked(db: Path) -> bool:
-    """Whether a writer holds qmd's index so that no search can read it now (an exclusive lock:
-    ``qmd embed`` or ``qmd update`` writing, a WAL checkpoint): one read with no busy wait
-    fails with "database is locked". ``False`` for a missing or otherwise unreadable index."""
-    if not db.is_file():
-        return False
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
-        try:
-            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error as exc:
-        # by primary result code, never by message (this module runs before fallback loads)
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code is not None and code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
-    return False

@@ -19,12 +19,6 @@ Every executable found is probed with ``<path> --version`` (5 s, through
 When none does, the first failure is reported: a foreign program (``--version`` printed
 something else), or a qmd whose runtime is missing (exit 127, ``env: 'node': No such file or
 directory``, ``bun: not found``, or a shebang interpreter that does not exist).
-
-Argument-parsing facts about qmd 2.8.3 that callers need (verified against the real CLI; see the
-:mod:`qmdbridge.qmd.runner` docstring): put all flags first, then ``--``, then the query (``--``
-keeps a leading ``-`` from being read as a flag; qmd's own query grammar still reads ``-word``
-as negation), and always pass ``--index index`` so a ``.qmd/`` folder above the workspace
-cannot redirect the index.
 """
 
 from __future__ import annotations
@@ -35,11 +29,9 @@ import re
 import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
-
-import anyio
 
 from fallback.errors import BackendTimeoutError
 from qmdbridge.command_line import is_windows_path, program_of
@@ -49,7 +41,6 @@ from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_
 __all__ = [
     "QmdLocation",
     "QmdLocator",
-    "locate_qmd",
     "npm_global_prefix",
     "probe_qmd",
     "repo_tools_qmd",
@@ -179,24 +170,20 @@ class QmdLocator:
         self.usual_dirs = None if usual_dirs is None else list(usual_dirs)
         self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.timeout_ms = timeout_ms
-        self._npm_prefix_done = False
-        self._npm_bin: str | None = None
 
     @property
     def path_env(self) -> str:
         """The ``PATH`` searched (``os.defpath`` when the env has none)."""
         return self.env.get("PATH") or os.defpath
 
-    async def npm_global_bin(self) -> str | None:
-        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), computed
-        once per locator; ``None`` if unknown."""
-        if not self._npm_prefix_done:
-            self._npm_prefix_done = True
-            prefix = npm_global_prefix(self.env, path_env=self.path_env)
-            self._npm_bin = os.path.join(prefix, "bin") if prefix else None
-        return self._npm_bin
+    @cached_property
+    def npm_global_bin(self) -> str | None:
+        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), worked
+        out once per locator; ``None`` if unknown."""
+        prefix = npm_global_prefix(self.env, path_env=self.path_env)
+        return os.path.join(prefix, "bin") if prefix else None
 
-    async def _usual_dirs(self) -> list[str]:
+    def _usual_dirs(self) -> list[str]:
         if self.usual_dirs is not None:
             return list(self.usual_dirs)
         dirs: list[str] = []
@@ -204,23 +191,9 @@ class QmdLocator:
         if home:
             dirs.append(os.path.join(home, ".bun", "bin"))
         dirs.extend(_FIXED_DIRS)
-        npm_bin = await self.npm_global_bin()
-        if npm_bin:
-            dirs.append(npm_bin)
+        if self.npm_global_bin:
+            dirs.append(self.npm_global_bin)
         return dirs
-
-    async def candidates(self, command: str | Sequence[str] = "qmd") -> tuple[list[str], list[str]]:
-        """Executables that may be qmd, in search order, and the folders searched.
-
-        Args:
-            command: ``memory.qmd.command`` (string or list); only its program is used.
-
-        Returns:
-            ``(paths, searched)``: absolute executable paths without duplicates, and folders.
-        """
-        searched: list[str] = []
-        found = [exe async for exe in self._iter_candidates(_first_token(command), searched)]
-        return found, searched
 
     async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
         """Yield candidate executables lazily (the usual folders, which may ask npm, are only
@@ -247,7 +220,7 @@ class QmdLocator:
         for folder in [d for d in self.path_env.split(os.pathsep) if d]:
             if (candidate := look(folder)) is not None:
                 yield candidate
-        for folder in await self._usual_dirs():
+        for folder in self._usual_dirs():
             if (candidate := look(folder)) is not None:
                 yield candidate
         if self.repo_tools and token == "qmd":
@@ -302,17 +275,17 @@ class QmdLocator:
         searched: list[str] = []
         first_bad: QmdLocation | None = None
         skipped: list[str] = []
-        async with aclosing(self._iter_candidates(_first_token(command), searched)) as found:
+        async with aclosing(self._iter_candidates(program_of(command), searched)) as found:
             async for exe in found:
                 location = await self.probe_path(exe)
                 if location.usable:
-                    return _with(location, searched=list(searched), skipped=skipped)
+                    return replace(location, searched=list(searched), skipped=skipped)
                 skipped.append(location.reason or f"unusable: {exe}")
                 if first_bad is None:
                     first_bad = location
         if first_bad is not None:
-            return _with(first_bad, searched=searched, skipped=skipped[1:])
-        token = _first_token(command)
+            return replace(first_bad, searched=searched, skipped=skipped[1:])
+        token = program_of(command)
         return QmdLocation(path=None, found=False, runtime_ok=False, version=None,
                            reason=f"qmd not found (command {token!r}); searched: "
                                   + ", ".join(searched),
@@ -372,13 +345,6 @@ def _npmrc_prefix(path: str) -> str | None:
     return prefix
 
 
-def _with(location: QmdLocation, *, searched: list[str], skipped: list[str]) -> QmdLocation:
-    return QmdLocation(path=location.path, found=location.found, runtime_ok=location.runtime_ok,
-                       version=location.version, reason=location.reason, searched=searched,
-                       path_env=location.path_env, child_path=location.child_path,
-                       skipped=skipped)
-
-
 def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None]:
     """``(runtime_ok, version, reason)`` for a finished ``--version`` run."""
     match = _VERSION_RE.match(result.stdout.strip())
@@ -390,10 +356,6 @@ def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None
         return False, None, f"qmd found at {exe} but its runtime (node/bun) is missing: {detail}"
     printed = _first_line(result.stdout) or stderr_line
     return True, None, f"foreign program at {exe}: --version printed '{printed}'"
-
-
-def _first_token(command: str | Sequence[str]) -> str:
-    return program_of(command)
 
 
 async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
@@ -417,14 +379,3 @@ async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, s
     locator = QmdLocator(env=env, repo_tools=repo_tools, usual_dirs=usual_dirs, cwd=cwd,
                          timeout_ms=timeout_ms)
     return await locator.probe(command)
-
-
-def locate_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
-               repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
-               cwd: Path | str | None = None, timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
-    """Blocking :func:`probe_qmd` for scripts and the CLI (starts its own event loop).
-
-    Must not be called from inside a running event loop (use :func:`probe_qmd` there).
-    """
-    return anyio.run(partial(probe_qmd, command, env=env, repo_tools=repo_tools,
-                             usual_dirs=usual_dirs, cwd=cwd, timeout_ms=timeout_ms))

@@ -14,7 +14,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,34 +26,14 @@ from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.index_stats import index_counts
+from qmdbridge.qmd.index_stats import file_stamp, index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
-from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
-from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
+from qmdbridge.qmd.results_json import QmdEntry
 
-__all__ = [
-    "DocLookup",
-    "IndexCounts",
-    "encode_query",
-    "entry_hits",
-    "index_counts",
-    "QmdEntry",
-    "clamp_injected",
-    "display_path",
-    "diversify_sources",
-    "LocatedHit",
-    "line_range",
-    "locate_entries",
-    "passage_hits",
-    "qmd_lines_hit",
-    "merge_key",
-    "parse_qmd_json",
-    "parse_qmd_uri",
-    "slugify_path",
-    "snippet_text",
-    "strip_ansi",
-]
+__all__ = ["DocLookup", "IndexCounts", "entry_hits", "index_locked", "clamp_injected", "display_path",
+           "diversify_sources", "LocatedHit", "line_range", "locate_entries", "passage_hits",
+           "qmd_lines_hit", "merge_best", "merge_key", "parse_qmd_uri", "snippet_text"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -435,6 +415,18 @@ def merge_key(entry: QmdEntry, hint: str | None) -> str:
     return f"file:{coll}:{rel}"
 
 
+def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
+               skip: Container[str] = ()) -> list[tuple[QmdEntry, str | None]]:
+    """One ``(entry, collection)`` pair per hit (:func:`merge_key`), its best-scoring one, best
+    first (equal scores keep the input order); hits whose key is in ``skip`` are dropped."""
+    best: dict[str, tuple[QmdEntry, str | None]] = {}
+    for entry, coll in pairs:
+        key = merge_key(entry, coll)
+        if key not in skip and (key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0)):
+            best[key] = (entry, coll)
+    return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))
+
+
 def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:
     """Interleave ``memory`` and ``sessions`` hits round-robin (source with the best hit first)
     when both are present, else take the first ``limit``; input is best-first."""
@@ -478,6 +470,23 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
     return out
 
 
+def index_locked(db: Path) -> bool:
+    """Whether a writer holds qmd's index so that no search can read it now (an exclusive lock:
+    ``qmd embed`` or ``qmd update`` writing, a WAL checkpoint): one read with no busy wait
+    fails with "database is locked". ``False`` for a missing or otherwise unreadable index."""
+    if not db.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return is_locked(exc)  # by SQLite's result code, never by message
+    return False
+
+
 class IndexCounts:
     """:func:`index_counts` of one ``index.sqlite``, read again only when qmd's index changed.
 
@@ -498,14 +507,7 @@ class IndexCounts:
         self._counts: dict[str, int] = {}
 
     def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
-        out: list[tuple[int, int, int] | None] = []
-        for path in (self.db, self.db.with_name(self.db.name + "-wal")):
-            try:
-                st = os.stat(path)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
+        return file_stamp(self.db), file_stamp(self.db.with_name(self.db.name + "-wal"))
 
     async def read(self) -> tuple[dict[str, int], str | None]:
         """``({collection: active documents}, error or None)``, as :func:`index_counts`."""

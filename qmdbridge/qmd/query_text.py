@@ -17,7 +17,7 @@ from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
 __all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "POOL_FACTOR",
            "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "is_lex_call", "lex_queries", "lexical_terms",
-           "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_words", "without_stray_quote"]
+           "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_limits", "search_words", "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
 # qmd process per collection).
@@ -227,6 +227,13 @@ def search_words(query: str, mode: str) -> tuple[str, tuple[str, ...]]:
     return " ".join(terms) or query, terms or (cjk_terms(query) if mode == "search" else ())
 
 
+def search_limits(cap: int, max_results: int | None, min_score: float | None) -> tuple[int, float]:
+    """What a qmd search applies (pure): ``(hits, score floor)``, ``max_results`` capped at
+    ``limits.maxResults`` (``cap``; ``cap`` when none was asked) and ``min_score`` (0, no floor,
+    when none was given). The backend, the one-shot prefetch and the eval report call it."""
+    return min(cap, max_results or cap), min_score or 0.0
+
+
 def search_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment of a search call (pure): ``env`` with qmd's SQLite busy timeout at most
     :data:`SEARCH_BUSY_TIMEOUT_MS` (a smaller value already set is kept). The backend and the
@@ -294,9 +301,15 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
 
 def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()) -> list[str]:
     """Every qmd command line (pure): ``[program, *flags, "--index", "index", "--",
-    *positionals]`` (no ``--`` without positionals): the index pinned, so a ``.qmd/`` above the
-    workspace cannot hijack config or database, and user text after ``--``, so it is never
-    read as a flag."""
+    *positionals]`` (no ``--`` without positionals).
+
+    How qmd 2.8.3 parses it (``util.parseArgs``, ``strict: false``; checked against the real
+    CLI): ``--`` ends option parsing, so user text after it is never read as a flag (without
+    it, ``-leading`` is read as ``-l eading`` and dropped; after it even ``--index`` is query
+    text); the query then goes through qmd's FTS grammar, where ``-word`` is a negation and
+    ``"..."`` a phrase (:func:`encode_query`). ``--index index`` pins the collections to
+    ``$QMD_CONFIG_DIR/index.yml`` and the database to ``$XDG_CACHE_HOME/qmd/index.sqlite``, so
+    a ``.qmd/index.yml`` in a folder above the cwd cannot replace them."""
     out = [program, *flags, "--index", "index"]
     return out + ["--", *positionals] if positionals else out
 

@@ -1,31 +1,17 @@
 """qmd search calls: one call per collection, merged; each answer classified.
 
-One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection, run side by side
-(at most :data:`MAX_PARALLEL_CALLS` at once), merged by best score per hit. qmd's ``--help``
-promises several ``-c`` per call, but builds differ in what they do with them (only the last
-honoured, or an empty answer when one collection is empty), and the wording proves nothing;
-one collection per call behaves the same on every build. A collection qmd's index holds no
-document of is not searched at all.
-
-Each answer is classified from stderr and the exit status (``qmdbridge.qmd.runner``):
-
-- ``SQLITE_BUSY`` / ``database is locked`` (qmd's own update holds the index): retried with a
-  short backoff inside the search deadline (tenacity), then :class:`QmdBusyError`, which the
-  manager does not count as a qmd failure;
-- an unknown flag -> :class:`FlagRejected`; ``Collection not found`` -> :class:`MissingCollection`
-  (the backend reruns with ``query`` / repairs collections);
-- ``no such module: vec0`` -> :class:`VectorModuleMissing` (the backend switches the agent to
-  ``search``);
-- a complete result array followed by a crash (exit 134, ``panic: Segmentation fault`` and
-  exit 3 ...) -> the array, with a note for the answer's warnings;
-- a deadline -> :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs``, and for
-  ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``;
-- a query the system will not pass as one argument (``E2BIG``) -> :class:`QmdQueryTooLongError`,
-  which the manager does not count as a qmd failure.
-
-In long-lived mode a warm ``qmd mcp`` child (:class:`WarmSearch`, ``qmdbridge.qmd.warm``) may
-answer a collection's call instead of a spawned process; whenever it declines, the call is
-spawned and classified as above.
+One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection (builds differ in
+what they do with several ``-c``), run side by side (at most :data:`MAX_PARALLEL_CALLS` at
+once) and merged by best score per hit (``parse.merge_best``); a collection qmd's index holds
+no document of is not searched. Each answer is classified from stderr and the exit status
+(``qmdbridge.qmd.runner``): a busy index is retried inside the search deadline (tenacity), then
+:class:`QmdBusyError`; an unknown flag is :class:`FlagRejected`, ``Collection not found``
+:class:`MissingCollection`, ``no such module: vec0`` :class:`VectorModuleMissing` (repaired by
+:func:`search_with_repairs`); a complete result array followed by a crash is used, with a note;
+a deadline is :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs`` (with
+:func:`timeout_hint`); ``E2BIG`` is :class:`QmdQueryTooLongError`. In long-lived mode the warm
+``qmd mcp`` child (``qmdbridge.qmd.warm.WarmChild``) may answer a collection's call; whenever
+it declines, the call is spawned and classified as above.
 """
 
 from __future__ import annotations
@@ -33,10 +19,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 from tenacity import (
@@ -52,10 +38,10 @@ from tenacity.stop import stop_base
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
-from qmdbridge.qmd.index_stats import index_locked
-from qmdbridge.qmd.models import missing_models
-from qmdbridge.qmd.parse import QmdEntry, merge_key, parse_qmd_json
+from qmdbridge.qmd.models import default_kinds, missing_models, model_kinds
+from qmdbridge.qmd.parse import index_locked, merge_best
 from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
+from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json
 from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,
@@ -64,6 +50,9 @@ from qmdbridge.qmd.runner import (
     is_missing_collection,
     is_vector_module_missing,
 )
+
+if TYPE_CHECKING:
+    from qmdbridge.qmd.warm import WarmChild
 
 __all__ = [
     "BUSY_ATTEMPTS",
@@ -74,7 +63,6 @@ __all__ = [
     "FlagRejected",
     "MissingCollection",
     "VectorModuleMissing",
-    "WarmSearch",
     "probe_search",
     "search_collections",
     "search_with_repairs",
@@ -98,39 +86,10 @@ PROBE_QUERY = "qmdbridge-health-probe"
 VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
              "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
              "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
-# The models a search mode needs (spec 1.8).
-_MODE_MODELS = {"vsearch": ("embed", "generate"), "query": ("embed", "rerank", "generate")}
 
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
 # BackendTimeoutError past timeout_ms).
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
-
-
-class WarmSearch(Protocol):
-    """A warm qmd that may answer one collection's call (``qmdbridge.qmd.warm.WarmChild``)."""
-
-    def serves(self, mode: str) -> bool:
-        """Whether calls in ``mode`` (``search`` | ``vsearch`` | ``query``) may go to it."""
-        ...
-
-    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
-        """The call's entries, exactly as the spawned command's, or ``None``: spawn it.
-
-        Raises:
-            BackendTimeoutError: past ``plan.deadline``.
-        """
-        ...
-
-    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
-                         *, limit: int) -> list[QmdEntry] | None:
-        """One collection's documents for several lexical queries in one call, fused, or
-        ``None``: spawn the ``search`` calls instead.
-
-        Raises:
-            BackendTimeoutError: past ``plan.deadline``.
-        """
-        ...
-
 
 
 class FlagRejected(Exception):
@@ -212,14 +171,10 @@ class CallPlan:
 
 
 def timeout_hint(mode: str, models_dir: Path, env: Mapping[str, str]) -> str | None:
-    """``models missing or downloading? ...`` when ``mode`` needs GGUF models and qmd's model
-    cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
+    """``models missing or downloading? ...`` when ``mode`` needs GGUF models
+    (``models.model_kinds``) and qmd's model cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
     ``None`` otherwise."""
-    kinds = _MODE_MODELS.get(mode)
-    if not kinds:
-        return None
-    overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
-    wanted = tuple(k for k in kinds if not env.get(overrides[k]))
+    wanted = default_kinds(model_kinds(mode, None), env)
     if not wanted or len(missing_models(models_dir, wanted)) < len(wanted):
         return None
     return ("models missing or downloading? qmd's model cache is empty; run `qmdbridge warmup` "
@@ -314,7 +269,7 @@ def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
 
 
 async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                             run: RunSearch, warm: WarmSearch | None = None,
+                             run: RunSearch, warm: WarmChild | None = None,
                              limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
     """Search each collection in its own call and merge the hits.
@@ -363,19 +318,12 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
             raise picked
     if failures:
         raise failures[0]
-    merged: dict[str, tuple[QmdEntry, str | None]] = {}
-    for coll, answer in zip(colls, answers, strict=True):
-        assert isinstance(answer, list)
-        for entry in answer:
-            key = merge_key(entry, coll.name)
-            best = merged.get(key)
-            if best is None or (entry.score or 0.0) > (best[0].score or 0.0):
-                merged[key] = (entry, coll.name)
-    return sorted(merged.values(), key=lambda pair: -(pair[0].score or 0.0))
+    return merge_best((entry, coll.name) for coll, answer in zip(colls, answers, strict=True)
+                      if isinstance(answer, list) for entry in answer)
 
 
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                              run: RunSearch, warm: WarmSearch | None,
+                              run: RunSearch, warm: WarmChild | None,
                               reconcile: Callable[[], Awaitable[None]],
                               written: str | None = None, lexical: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.qmd.locate import QmdLocator, locate_qmd, npm_global_prefix, probe_qmd, repo_tools_qmd
+from qmdbridge.qmd.locate import QmdLocator, npm_global_prefix, probe_qmd, repo_tools_qmd
 
 pytestmark = pytest.mark.anyio
 
@@ -38,10 +38,9 @@ async def test_real_qmd_found_in_repo_tools(tmp_path: Path, qmd_bin: Path,
     assert location.skipped == []
 
 
-def test_sync_wrapper_with_explicit_command_and_args(tmp_path: Path, qmd_bin: Path,
-                                                     base_path_env: str) -> None:
+async def test_explicit_command_with_args(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     env = {"PATH": base_path_env, "HOME": str(tmp_path)}
-    location = locate_qmd(f'"{qmd_bin}" --no-gpu', env=env, repo_tools=False, usual_dirs=[])
+    location = await probe_qmd(f'"{qmd_bin}" --no-gpu', env=env, repo_tools=False, usual_dirs=[])
     assert (location.path, location.version, location.reason) == (str(qmd_bin), "2.8.3", None)
     assert location.searched == [str(qmd_bin.parent)]
 
@@ -162,15 +161,15 @@ async def test_npm_prefix_asked_once_and_cached(tmp_path: Path) -> None:
                               check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if k.lower() != "npm_config_prefix"}
     locator = QmdLocator(env=env, repo_tools=False, cwd=tmp_path)
-    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+    assert locator.npm_global_bin == os.path.join(expected, "bin")
     locator.env["PATH"] = str(tmp_path)  # npm no longer reachable: the cached value is used
-    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+    assert locator.npm_global_bin == os.path.join(expected, "bin")
 
 
 async def test_npm_prefix_from_env(tmp_path: Path) -> None:
     locator = QmdLocator(env={"PATH": str(tmp_path), "npm_config_prefix": "/srv/npm"},
                          cwd=tmp_path)
-    assert await locator.npm_global_bin() == "/srv/npm/bin"
+    assert locator.npm_global_bin == "/srv/npm/bin"
 
 
 def test_repo_tools_path() -> None:
@@ -190,7 +189,7 @@ async def test_npm_prefix_from_npmrc_and_from_nodes_folder(tmp_path: Path) -> No
     home.mkdir()
     (home / ".npmrc").write_text("; comment\nregistry=https://registry.npmjs.org/\nprefix = ~/.npm-global\n")
     locator = QmdLocator(env={"PATH": str(tmp_path), "HOME": str(home)}, cwd=tmp_path)
-    assert await locator.npm_global_bin() == f"{home}/.npm-global/bin"
+    assert locator.npm_global_bin == f"{home}/.npm-global/bin"
     node_dir = tmp_path / "node" / "bin"
     node_dir.mkdir(parents=True)
     (node_dir / "node").write_text("#!/bin/sh\n")

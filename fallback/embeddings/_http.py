@@ -18,21 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
+from fallback.errors import EmbeddingProviderError
 
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
-    from fallback.embeddings.base import CallPolicy
-    from fallback.settings import RemoteSettings
-
 __all__ = [
     "HttpClient",
-    "RemoteEndpoint",
     "error_from_response",
     "map_transport_errors",
     "parse_retry_after",
-    "resolve_endpoint",
 ]
 
 # Provider error text kept in our messages, in characters.
@@ -130,43 +125,6 @@ def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> It
                                      retryable=True) from exc
 
 
-class RemoteEndpoint:
-    """Where and how to reach a remote provider: base URL, API key, extra headers.
-
-    Attributes:
-        base_url: without a trailing slash.
-        api_key: the key, or None for providers that need none.
-        headers: configured extra headers (``remote.headers``).
-    """
-
-    def __init__(self, *, base_url: str, api_key: str | None, headers: Mapping[str, str]) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
-        self.headers = dict(headers)
-
-
-def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
-                     env_keys: Sequence[str], default_base_url: str | None,
-                     require_key: bool = True) -> RemoteEndpoint:
-    """Resolve base URL and key from ``memorySearch.remote``, then the environment variables
-    ``env_keys``; headers come from ``remote.headers``.
-
-    Raises:
-        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
-            ``require_key``, or no base URL when the provider has no default.
-    """
-    api_key, base_url, headers = remote.api_key, remote.base_url, remote.headers
-    key = (api_key or "").strip() or next(
-        (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
-    if require_key and not key:
-        raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
-                                                missing_api_key=True)
-    url = (base_url or "").strip() or default_base_url
-    if not url:
-        raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
-    return RemoteEndpoint(base_url=url, api_key=key, headers=headers)
-
-
 class HttpClient:
     """One provider's ``httpx.AsyncClient``, created on first use, closed by ``aclose``.
 
@@ -191,15 +149,6 @@ class HttpClient:
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
 
-    @classmethod
-    def for_endpoint(cls, provider_id: str, endpoint: RemoteEndpoint, *, auth: Mapping[str, str],
-                     policy: CallPolicy) -> HttpClient:
-        """A provider's client for ``endpoint``: its headers plus the ``auth`` headers, its key
-        redacted from messages, the longer of ``policy``'s two request deadlines as the backstop."""
-        return cls(provider_id=provider_id, base_url=endpoint.base_url,
-                   headers={**endpoint.headers, **auth}, secrets=[endpoint.api_key or ""],
-                   timeout_s=max(policy.query_timeout_s, policy.batch_timeout_s))
-
     def url(self, path: str) -> str:
         """Absolute URL of ``path``."""
         if path.startswith(("http://", "https://")):
@@ -222,7 +171,10 @@ class HttpClient:
             raise error_from_response(self.provider_id, response, secrets=self.secrets)
         return response
 
-    def _json(self, response: httpx.Response) -> Any:
+    async def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send a request (``httpx`` keyword arguments: ``content``, ``data``, ``files``,
+        ``headers`` ...); return the decoded JSON body."""
+        response = await self.request(method, path, **kwargs)
         try:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
@@ -232,30 +184,8 @@ class HttpClient:
 
     async def post_json(self, path: str, payload: Any) -> Any:
         """POST ``payload`` as JSON; return the decoded JSON body."""
-        response = await self.request("POST", path, content=orjson.dumps(payload),
-                                      headers={"content-type": "application/json"})
-        return self._json(response)
-
-    async def get_json(self, path: str) -> Any:
-        """GET; return the decoded JSON body."""
-        return self._json(await self.request("GET", path))
-
-    async def get_text(self, path: str) -> str:
-        """GET; return the body as text (e.g. a JSONL result file)."""
-        return (await self.request("GET", path)).text
-
-    async def post_file(self, path: str, *, fields: Mapping[str, str], file_name: str,
-                        content: bytes, content_type: str) -> Any:
-        """POST a multipart form with one file part named ``file``; return the JSON body."""
-        response = await self.request("POST", path, data=dict(fields),
-                                      files={"file": (file_name, content, content_type)})
-        return self._json(response)
-
-    async def post_raw(self, path: str, *, content: bytes, content_type: str) -> Any:
-        """POST a prepared body (e.g. ``multipart/related``); return the JSON body."""
-        response = await self.request("POST", path, content=content,
-                                      headers={"content-type": content_type})
-        return self._json(response)
+        return await self.json("POST", path, content=orjson.dumps(payload),
+                               headers={"content-type": "application/json"})
 
     async def aclose(self) -> None:
         """Close the underlying client (safe to call twice)."""

@@ -103,16 +103,12 @@ RETRY_JITTER = (1.0, 1.2)
 MIN_NORM = 1e-10
 
 # Provider input limits in tokens (spec 3 table), then per-provider defaults.
-_KNOWN_MAX_INPUT_TOKENS = (
-    ("openai", "text-embedding-3-small", 8192),
-    ("openai", "text-embedding-3-large", 8192),
-    ("openai", "text-embedding-ada-002", 8191),
-    ("gemini", "text-embedding-004", 2048),
-    ("voyage", "voyage-3", 32000),
-    ("voyage", "voyage-3-lite", 16000),
-    ("voyage", "voyage-code-3", 32000),
-)
-_DEFAULT_MAX_INPUT_TOKENS = (("gemini", 2048), ("local", 2048))
+_KNOWN_MAX_INPUT_TOKENS = {
+    ("openai", "text-embedding-3-small"): 8192, ("openai", "text-embedding-3-large"): 8192,
+    ("openai", "text-embedding-ada-002"): 8191, ("gemini", "text-embedding-004"): 2048,
+    ("voyage", "voyage-3"): 32000, ("voyage", "voyage-3-lite"): 16000, ("voyage", "voyage-code-3"): 32000,
+}
+_DEFAULT_MAX_INPUT_TOKENS = {"gemini": 2048, "local": 2048}
 FALLBACK_MAX_INPUT_TOKENS = 8192
 
 # Headers that carry credentials: never part of the provider key (spec 4.3).
@@ -132,10 +128,8 @@ def max_input_tokens_for(provider_id: str, model: str) -> int:
 
     Known ``provider:model`` pairs first, then gemini/local 2048, anything else 8192.
     """
-    for prov, name, limit in _KNOWN_MAX_INPUT_TOKENS:
-        if prov == provider_id and name == model:
-            return limit
-    return dict(_DEFAULT_MAX_INPUT_TOKENS).get(provider_id, FALLBACK_MAX_INPUT_TOKENS)
+    return _KNOWN_MAX_INPUT_TOKENS.get((provider_id, model),
+                                       _DEFAULT_MAX_INPUT_TOKENS.get(provider_id, FALLBACK_MAX_INPUT_TOKENS))
 
 
 def compute_provider_key(provider_id: str, model: str, *, base_url: str | None = None,
@@ -223,11 +217,6 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, EmbeddingProviderError) and exc.retryable
 
 
-def format_seconds(seconds: float) -> str:
-    """``120.0`` -> ``"120"``, ``0.25`` -> ``"0.25"`` (for timeout messages)."""
-    return f"{seconds:g}"
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """How a provider runs its requests.
@@ -261,7 +250,8 @@ class CallPolicy:
 
 
 class BatchEmbedder(Protocol):
-    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``)."""
+    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``; a protocol,
+    so this module does not import the batch-job module that imports it)."""
 
     @property
     def enabled(self) -> bool:
@@ -442,7 +432,7 @@ class BaseProvider:
                 except TimeoutError as exc:
                     raise EmbeddingProviderError(
                         self.provider_id,
-                        f"memory embeddings {kind} timed out after {format_seconds(timeout_s)}s",
+                        f"memory embeddings {kind} timed out after {timeout_s:g}s",
                         retryable=False) from exc
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

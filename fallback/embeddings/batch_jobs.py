@@ -28,7 +28,6 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from fallback.embeddings._http import HttpClient
-from fallback.embeddings.base import format_seconds
 from fallback.errors import EmbeddingProviderError
 from fallback.settings import RemoteBatchSettings
 
@@ -69,14 +68,12 @@ class BatchState:
         job_id: provider job id (``batch_abc``, ``batches/xyz``).
         state: the provider's state, lower-cased, ``batch_state_``/``job_state_`` removed.
         output_file: id of the result file once done.
-        error_file: id of the error file, when the provider wrote one.
         error: the provider's error message, when it gave one.
     """
 
     job_id: str
     state: str
     output_file: str | None = None
-    error_file: str | None = None
     error: str | None = None
 
     @property
@@ -204,7 +201,7 @@ async def run_batch_job(api: BatchJobApi, requests: Sequence[tuple[str, str]], *
                 pid, f"batch {state.job_id} still {state.state}; remote.batch.wait is false")
         if anyio.current_time() - started > timeout_s:
             raise EmbeddingProviderError(
-                pid, f"batch {state.job_id} timed out after {format_seconds(timeout_s)}s",
+                pid, f"batch {state.job_id} timed out after {timeout_s:g}s",
                 retryable=True)
         await anyio.sleep(poll_interval_s)
         state = await api.poll(state.job_id)
@@ -244,15 +241,13 @@ class OpenAIBatchJobs:
         data = errors.get("data") if isinstance(errors, dict) else None
         error = _message(data[0]) if isinstance(data, list) and data else None
         return BatchState(job_id=str(body["id"]), state=_norm_state(body.get("status")),
-                          output_file=body.get("output_file_id") or None,
-                          error_file=body.get("error_file_id") or None, error=error)
+                          output_file=body.get("output_file_id") or None, error=error)
 
     async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
         """Upload the JSONL file and create the batch job."""
         jsonl = b"\n".join(orjson.dumps(self._line(cid, text)) for cid, text in requests)
-        uploaded = await self.http.post_file("files", fields={"purpose": "batch"},
-                                             file_name="memory-embeddings.jsonl",
-                                             content=jsonl, content_type="application/jsonl")
+        uploaded = await self.http.json("POST", "files", data={"purpose": "batch"}, files={
+            "file": ("memory-embeddings.jsonl", jsonl, "application/jsonl")})
         file_id = uploaded.get("id") if isinstance(uploaded, dict) else None
         if not file_id:
             raise EmbeddingProviderError(self.provider_id, "batch file upload returned no id")
@@ -260,31 +255,26 @@ class OpenAIBatchJobs:
 
     async def poll(self, job_id: str) -> BatchState:
         """GET ``/batches/{id}``."""
-        return self._state(await self.http.get_json(f"batches/{job_id}"))
+        return self._state(await self.http.json("GET", f"batches/{job_id}"))
 
     async def fetch_results(self, state: BatchState) -> str:
         """GET ``/files/{output_file_id}/content``."""
-        return await self.http.get_text(f"files/{state.output_file}/content")
+        return (await self.http.request("GET", f"files/{state.output_file}/content")).text
 
 
 class VoyageBatchJobs(OpenAIBatchJobs):
-    """Voyage Batch API: same file/batch flow, ``request_params`` carry model and input type."""
+    """Voyage Batch API: same file/batch flow, ``request_params`` carry model and input type
+    (construct without ``dimensions``)."""
 
     provider_id = "voyage"
     completion_window = "12h"
-
-    def __init__(self, *, http: HttpClient, model: str) -> None:
-        """Args: the provider's HTTP client and model id."""
-        super().__init__(http=http, model=model)
 
     def _line(self, custom_id: str, text: str) -> dict[str, Any]:
         return {"custom_id": custom_id, "body": {"input": [text]}}
 
     def _create_body(self, file_id: str) -> dict[str, Any]:
-        return {"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                "completion_window": self.completion_window,
-                "request_params": {"model": self.model, "input_type": "document"},
-                "metadata": {"source": "qmdbridge-memory"}}
+        return {**super()._create_body(file_id),
+                "request_params": {"model": self.model, "input_type": "document"}}
 
 
 class GeminiBatchJobs:
@@ -333,9 +323,9 @@ class GeminiBatchJobs:
         body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode()
                 + meta + f"\r\n--{boundary}\r\nContent-Type: application/jsonl\r\n\r\n".encode()
                 + jsonl + f"\r\n--{boundary}--\r\n".encode())
-        uploaded = await self.http.post_raw(f"{self._prefixed('upload')}/files?uploadType=multipart",
-                                            content=body,
-                                            content_type=f"multipart/related; boundary={boundary}")
+        uploaded = await self.http.json(
+            "POST", f"{self._prefixed('upload')}/files?uploadType=multipart", content=body,
+            headers={"content-type": f"multipart/related; boundary={boundary}"})
         file_name = (uploaded.get("name") or (uploaded.get("file") or {}).get("name")
                      if isinstance(uploaded, dict) else None)
         if not file_name:
@@ -356,13 +346,14 @@ class GeminiBatchJobs:
     async def poll(self, job_id: str) -> BatchState:
         """GET ``/batches/<name>``."""
         name = job_id if job_id.startswith("batches/") else f"batches/{job_id}"
-        return self._state(await self.http.get_json(name))
+        return self._state(await self.http.json("GET", name))
 
     async def fetch_results(self, state: BatchState) -> str:
         """GET ``/download/v1beta/files/<id>:download?alt=media``."""
         name = state.output_file or ""
         name = name if name.startswith("files/") else f"files/{name}"
-        return await self.http.get_text(f"{self._prefixed('download')}/{name}:download?alt=media")
+        return (await self.http.request(
+            "GET", f"{self._prefixed('download')}/{name}:download?alt=media")).text
 
 
 class BatchRunner:
@@ -393,14 +384,6 @@ class BatchRunner:
         """True while batch mode is configured and not disabled by failures."""
         return (self.settings.enabled and not self._unavailable
                 and self.failures < self.failure_limit)
-
-    def describe(self) -> dict[str, Any]:
-        """The ``status().batch`` object (camelCase keys, spec 11)."""
-        return {"enabled": self.enabled, "failures": self.failures, "limit": self.failure_limit,
-                "wait": self.settings.wait, "concurrency": self.settings.concurrency,
-                "pollIntervalMs": self.settings.poll_interval_ms,
-                "timeoutMs": int(self.settings.timeout_minutes * 60_000),
-                "lastError": self.last_error, "lastProvider": self.jobs.provider_id}
 
     async def run(self, texts: list[str]) -> list[list[float]] | None:
         """Vectors for ``texts`` from batch jobs, or None when the caller must embed inline.

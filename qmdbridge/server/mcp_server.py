@@ -27,8 +27,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,7 +40,7 @@ from fallback.errors import UsageError
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.manager import MemoryManager
 from qmdbridge.server.process import run_until_signal, stdin_lines
-from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get, handle_memory_search
+from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, call_tool
 
 __all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
 
@@ -84,22 +83,6 @@ def mcp_tools() -> list[types.Tool]:
                                    (STATUS_TOOL_SCHEMA, copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"])))]
 
 
-async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Route one tool call to its handler; the handlers never raise."""
-    if name == "memory_search":
-        params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
-        return await handle_memory_search(manager, params, session_key=arguments.get("sessionKey"),
-                                          session_keys=arguments.get("sessionKeys"))
-    if name == "memory_get":
-        return await handle_memory_get(manager, arguments)
-    if name == "status":
-        try:
-            return (await manager.status()).to_json_dict()
-        except Exception as exc:  # tool edge: the client gets an error result, never a crash
-            return {"disabled": True, "error": f"{type(exc).__name__}: {exc}"}
-    return {"disabled": True, "error": f"unknown tool: {name!r}"}
-
-
 def build_server(manager: MemoryManager) -> Server[Any, Any]:
     """An MCP ``Server`` answering ``tools/list`` and ``tools/call`` with ``manager``.
 
@@ -119,8 +102,13 @@ def build_server(manager: MemoryManager) -> Server[Any, Any]:
         return mcp_tools()
 
     @server.call_tool()  # type: ignore[untyped-decorator]
-    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        result = await _call(manager, name, arguments)
+    async def call(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
+        try:  # the one routing of a tool call; a failure is a disabled result
+            result = await call_tool(manager, name, params, session_key=arguments.get("sessionKey"),
+                                     session_keys=arguments.get("sessionKeys"))
+        except Exception as exc:  # tool edge: the client gets an error result, never a crash
+            result = {"disabled": True, "error": str(exc) if isinstance(exc, UsageError) else f"{type(exc).__name__}: {exc}"}
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=orjson.dumps(result).decode())],
             structuredContent=result, isError=bool(result.get("disabled")))
@@ -174,12 +162,6 @@ def _route_sdk_logs(*, verbose: bool) -> None:
     sdk.propagate = False  # -v's root handler would print each record a second time
 
 
-@contextmanager
-def _quiet_uvicorn_signals() -> Iterator[None]:
-    """Signals belong to :func:`run_mcp`, not to uvicorn."""
-    yield
-
-
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0 picks a free one).
 
@@ -220,18 +202,13 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
         sdk_log.addFilter(_ClosedSessionStreams())
 
     guarded = RequestGuard(sessions.handle_request, request_timeout_s=request_timeout_s)
-
-    class _Endpoint:
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            await guarded(scope, receive, send)
-
-    app = Starlette(routes=[Route("/mcp", endpoint=_Endpoint())],
+    app = Starlette(routes=[Route("/mcp", endpoint=guarded)],
                     middleware=[Middleware(BearerTokenMiddleware, token=token)])
     bound = sock.getsockname()[1]
 
     class _Server(uvicorn.Server):
         def capture_signals(self) -> Any:
-            return _quiet_uvicorn_signals()
+            return nullcontext()  # signals belong to run_mcp, not to uvicorn
 
     web = _Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False))
     shown = f"[{host}]" if ":" in host else host

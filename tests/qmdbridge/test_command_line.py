@@ -11,7 +11,6 @@ import pytest
 from fallback.errors import ConfigError
 from qmdbridge.command_line import (
     batch_command,
-    cmd_exe_command_line,
     is_batch_script,
     is_windows_path,
     program_of,
@@ -64,16 +63,14 @@ def test_batch_arguments_are_quoted_and_escaped_for_cmd() -> None:
     assert batch_command("q.cmd", ['say "hi"\\']) == 'q.cmd ^^^"say^^^ \\^^^"hi\\^^^"\\\\^^^"'
     assert batch_command("q.cmd", ["50%", "!x!", "a|b", "(c)"]) == (
         'q.cmd ^^^"50^^^%^^^" ^^^"^^^!x^^^!^^^" ^^^"a^^^|b^^^" ^^^"^^^(c^^^)^^^"')
-    assert cmd_exe_command_line("D:\\q.bat", ["--", "x"], comspec="C:\\Windows\\system32\\cmd.exe") == (
-        'C:\\Windows\\system32\\cmd.exe /d /s /c "D:\\q.bat ^^^"--^^^" ^^^"x^^^""')
 
 
 def test_config_accepts_the_list_form_and_windows_strings() -> None:
     listed = parse_config({"memory": {"qmd": {"command": ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]}}})
-    assert listed.memory.qmd.command_path == "C:\\Program Files\\qmd\\qmd.cmd"
-    assert listed.memory.qmd.command_words == ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]
+    assert program_of(listed.memory.qmd.command) == "C:\\Program Files\\qmd\\qmd.cmd"
+    assert split_command(listed.memory.qmd.command) == ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]
     text = parse_config({"memory": {"qmd": {"command": "D:\\tools\\qmd.exe --index main"}}})
-    assert text.memory.qmd.command_path == "D:\\tools\\qmd.exe"
+    assert program_of(text.memory.qmd.command) == "D:\\tools\\qmd.exe"
     with pytest.raises(ConfigError) as info:
         parse_config({"memory": {"qmd": {"command": ["", " "]}}})
     assert info.value.key == "memory.qmd.command"

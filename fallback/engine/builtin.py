@@ -61,6 +61,7 @@ from fallback.errors import (
     ManagerClosedError,
     SearchUnavailableError,
 )
+from fallback.index.identity import index_identity
 from fallback.index.indexer import Indexer, SyncReport
 from fallback.models import MemoryReadResult, MemoryStatus
 from fallback.request import SearchRequest
@@ -477,14 +478,15 @@ class BuiltinEngine:
             on_provider_failure(provider.provider_id, self._last_error,
                                 fail_closed=self._fails_closed(), warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
-        state = await anyio.to_thread.run_sync(read_index_state, store, ws)
+        identity = index_identity(self.settings, provider)
+        state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if not isinstance(store, ReadOnlyStore) and await run_presearch_sync(
                 state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
                 budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
                 sync=partial(self._search_sync, deadline, progress), live=self._live):
             store = (await self._stores.open_search())[0]  # it may have replaced a corrupt store
             if state.held_workspace is not None:
-                state = await anyio.to_thread.run_sync(read_index_state, store, ws)
+                state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory
             return SearchOutcome([], [*warnings, foreign_index_warning(
                 str(self.settings.db_path), state.held_workspace, ws)])

@@ -8,6 +8,10 @@ memory, whatever ``sync.onSearch`` says: a search re-indexes it in full first, a
 empty index (the sync tells the switch once, ``workspace_switch_note``), and when it could not
 (a read-only store, a failed sync) the search answers no hits and says why
 (:func:`foreign_index_warning`) rather than citing the other workspace's files as this one's.
+
+Another process or tool can also replace the index under a long-lived engine (an index of
+another identity, or a file without our metadata): what this process synced is then no
+longer there, and its search decides as a fresh process's would.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any, Literal
 
 import anyio
 
-from fallback.index.identity import WORKSPACE_META, other_workspace
+from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
+from fallback.store.migrations import META_KEY
 from fallback.store.seam import SearchStore
 
 __all__ = ["IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
@@ -35,21 +40,29 @@ class IndexState:
         has_chunks: the index holds at least one chunk.
         held_workspace: the other workspace the index was last synced for (absolute path), or
             ``None`` when it holds this one (or was never synced).
+        rebuild: why the index is not one this engine builds
+            (:func:`~fallback.index.identity.full_reindex_reason`: ``no index metadata``,
+            ``chunking changed`` ...), or ``None``.
     """
 
     has_chunks: bool
     held_workspace: str | None
+    rebuild: str | None = None
 
 
-def read_index_state(store: SearchStore, workspace: str) -> IndexState:
-    """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path (two small
-    reads; blocking: call it in a worker thread).
+def read_index_state(store: SearchStore, workspace: str, identity: dict[str, Any]) -> IndexState:
+    """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path and the
+    ``identity`` this engine builds (``index_identity``); three small reads, blocking: call it
+    in a worker thread. A store that holds chunks and no metadata (the postgres store keeps
+    none) tells no rebuild.
 
     Raises:
         IndexStoreError: the store cannot be read.
     """
     held = other_workspace(store.get_meta_json(WORKSPACE_META), workspace)
-    return IndexState(store.has_chunks(), held)
+    has_chunks, meta = store.has_chunks(), store.get_meta_json(META_KEY)
+    rebuild = full_reindex_reason(meta, identity) if meta is not None or not has_chunks else None
+    return IndexState(has_chunks, held, rebuild)
 
 
 def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
@@ -58,7 +71,8 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
 
     Args:
         state: the index as the search found it.
-        synced: whether this process has synced the store already.
+        synced: whether this process has synced the store already (not counted while
+            ``state.rebuild`` says the index is another's: it replaced what was synced).
         dirty: whether the engine knows of changes not indexed yet.
         on_search: ``sync.onSearch``.
 
@@ -68,6 +82,7 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
         sync. ``"budget"``: a sync waited for within the search's sync budget (``onSearch`` on
         and the index dirty or not synced by this process yet). ``None``: no sync.
     """
+    synced = synced and state.rebuild is None
     if state.held_workspace is not None or (not synced and not state.has_chunks):
         return "await"
     if on_search and (dirty or not synced):

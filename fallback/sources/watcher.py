@@ -44,6 +44,7 @@ lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -338,10 +339,17 @@ class MemoryWatcher:
                 self.state.degraded_reason = f"cannot watch {mem}: {exc}"
 
     def _launch(self, polling: bool) -> Any:
-        """A new started observer with every watch scheduled (blocking)."""
+        """A new started observer with every watch scheduled (blocking); one that fails to
+        start (a watched folder deleted meanwhile) is stopped with the threads it began."""
         obs = self._new_observer(polling)
-        self._schedule_all(obs)
-        obs.start()
+        try:
+            self._schedule_all(obs)
+            obs.start()
+        except BaseException:
+            obs.stop()
+            with contextlib.suppress(RuntimeError):  # never started: nothing to join
+                obs.join(timeout=5)
+            raise
         return obs
 
     def _folder_stamps(self) -> dict[str, int]:

@@ -122,8 +122,9 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
         emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK
     from qmdbridge.cli.output import print_search
+    from qmdbridge.cli.render import keyword_notice
 
-    print_search(response, keyword_notice=agent.memory_search.provider != "none")
+    print_search(response, keyword_notice=keyword_notice(agent.memory_search.provider))
     return EXIT_OK
 
 

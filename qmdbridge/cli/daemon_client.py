@@ -135,8 +135,9 @@ def _candidates(folder: str, agent: str | None) -> list[str]:
     return [os.path.join(folder, n) for n in names]
 
 
-def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
-    """Print a daemon's result like the in-process command would; ``None`` to run in-process."""
+def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: bool = True) -> int | None:
+    """Print a daemon's result like the in-process command would; ``None`` to run in-process.
+    ``keyword_notice``: the daemon's ``keywordNotice`` (``render.keyword_notice``)."""
     if args.command == "get" and result.get("disabled"):
         if not (result.get("refused") and isinstance(args.path, str) and args.path.strip()):
             return None
@@ -158,7 +159,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any]) -> int | None:
     from qmdbridge.cli import render
 
     if args.command == "search":
-        render.print_search_doc(result)
+        render.print_search_doc(result, keyword_notice=keyword_notice)
     elif args.command == "get":
         render.print_get_doc(result, from_line=args.from_line)
     else:
@@ -192,5 +193,5 @@ def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         reply = exchange(path, request)
         if reply is None or "mismatch" in reply or not isinstance(reply.get("result"), dict):
             continue
-        return _print(args, reply["result"])
+        return _print(args, reply["result"], keyword_notice=reply.get("keywordNotice") is not False)
     return None

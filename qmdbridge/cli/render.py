@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "get_page_text", "print_get_doc", "print_search_doc", "print_status_doc"]
+__all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "get_page_text", "keyword_notice", "print_get_doc",
+           "print_search_doc", "print_status_doc"]
 
 # Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
 KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
@@ -23,6 +24,13 @@ KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Seman
 
 # How the fallback note names qmd's failure (and how a qmd BackendUnavailableError's text starts).
 QMD_UNAVAILABLE = "qmd unavailable: "
+
+
+def keyword_notice(provider: str) -> bool:
+    """Whether a plain search answer of an agent whose ``memorySearch.provider`` is ``provider``
+    may say it is keyword-only (:data:`KEYWORD_ONLY_NOTICE`): not when the user chose
+    ``"none"``. Every route asks this (in-process, the recorded settings, the daemon)."""
+    return provider != "none"
 
 
 def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None,

@@ -45,6 +45,7 @@ from fallback.fs.atomic import TEMP_PREFIX, TEMP_SUFFIX, write_atomic
 from fallback.index.racy import racily_clean
 from qmdbridge.cli.fast_search import FORMAT, cache_disabled, code_stamped, settings_path
 from qmdbridge.cli.qmd_prefetch import breaker_healthy
+from qmdbridge.cli.render import keyword_notice
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, normalize_agent_id
 
 if TYPE_CHECKING:  # (a qmd-mode search records neither: not loaded for it)
@@ -213,7 +214,7 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
             doc["qmd"] = qmd
         else:
             doc.update(settings=in_sync_settings(agent).to_json(), citations=agent.memory.citations,
-                       keywordNotice=ms.provider != "none", providerEnvKeys=keys)
+                       keywordNotice=keyword_notice(ms.provider), providerEnvKeys=keys)
         if not _private_folder(target.parent):
             return False
         write_atomic(target, json.dumps(doc, indent=1, sort_keys=True).encode(), durable=False,

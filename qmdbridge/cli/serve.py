@@ -29,7 +29,7 @@ import orjson
 
 from qmdbridge.cli.common import EXIT_OK
 
-__all__ = ["handle_line", "serve"]
+__all__ = ["handle_line", "serve", "start_daemon_socket"]
 
 
 async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
@@ -86,19 +86,35 @@ async def _read_stdin(manager: Any) -> None:
             sys.stdout.flush()
 
 
-async def _start_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> None:
+async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> str | None:
     """Start the daemon socket (``qmdbridge.server.socket_listener``) in ``tg``, answering with
-    :func:`handle_line`, so the CLI's ``search``/``get``/``status`` find this process."""
+    :func:`handle_line`, so the CLI's ``search``/``get``/``status`` find this process. Each
+    reply also carries ``keywordNotice`` (:func:`qmdbridge.cli.render.keyword_notice`), which
+    the CLI's plain output follows as it does in-process.
+
+    Args:
+        tg: the task group the listener runs in.
+        manager: the started long-lived manager.
+        agent: the agent it serves.
+        args: ``--config`` and ``--backend`` of the command line (the daemon's identity).
+
+    Returns:
+        The socket's path, or ``None`` when none could be made (the reason is on stderr).
+    """
+    from qmdbridge.cli.render import keyword_notice
     from qmdbridge.server.socket_listener import identity_for, serve_socket
 
+    notice = keyword_notice(agent.memory_search.provider)
+
     async def handle(line: bytes) -> dict[str, Any]:
-        return await handle_line(manager, line)
+        return {**await handle_line(manager, line), "keywordNotice": notice}
 
     identity = identity_for(agent, config=args.config, backend=args.backend)
     path = await tg.start(serve_socket, identity, handle)
     if path is not None:
         sys.stderr.write(f"qmdbridge serve: daemon socket {path}\n")
         sys.stderr.flush()
+    return path
 
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
@@ -111,7 +127,7 @@ async def serve(agent: Any, args: argparse.Namespace) -> int:
 
     async def body(manager: Any, tg: Any) -> None:
         if not getattr(args, "no_socket", False):
-            await _start_socket(tg, manager, agent, args)
+            await start_daemon_socket(tg, manager, agent, args)
         if args.no_stdin:
             await anyio.sleep_forever()
         await _read_stdin(manager)

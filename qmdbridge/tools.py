@@ -1,9 +1,11 @@
-"""The ``memory_search`` and ``memory_get`` agent tools: JSON schemas and handlers.
+"""The ``memory_search`` and ``memory_get`` agent tools: JSON schemas, handlers and routing.
 
 An agent runtime registers the two schemas and routes tool calls to the handlers, passing the
 session key of the conversation (scope rules and citations depend on it). Handlers never raise:
 any failure becomes ``{..., "disabled": true, "error": "..."}`` as in the reference system's
-agent tools (the shapes are in ``docs/serve-protocol.md``).
+agent tools (the shapes are in ``docs/serve-protocol.md``). :func:`call_tool` is the one routing
+of a named call (``qmdbridge mcp``, ``serve`` and its daemon socket); the arguments themselves
+are checked once, by the manager's request (``fallback.request``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fallback.errors import MemorySearchError, PathRefusedError
+from fallback.errors import MemorySearchError, PathRefusedError, UsageError
 from qmdbridge.manager import MemoryManager
 from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
 
-__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "SYNC_SCHEMA", "handle_memory_get",
+__all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "SYNC_SCHEMA", "call_tool", "handle_memory_get",
            "handle_memory_search", "param_error"]
 
 log = logging.getLogger("qmdbridge")
@@ -94,20 +96,24 @@ def _fits(value: Any, json_type: str) -> bool:
 
 def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
     """How ``params`` break a tool's parameter schema, as JSON Schema validation (the MCP
-    SDK's) would refuse them, or ``None``: a parameter the schema does not name, or an optional
-    one of the wrong type (a required one is the handler's own check). Ranges are the
-    manager's (``fallback.request``), so both paths refuse the same values.
+    SDK's) would refuse them, or ``None``: a required parameter missing, a parameter the schema
+    does not name, or an optional one of the wrong type (a required one's value, and every
+    range, is the manager's request's check, ``fallback.request``, so every path refuses the
+    same values).
 
     Args:
         schema: ``MEMORY_SEARCH_SCHEMA``, ``MEMORY_GET_SCHEMA`` or ``SYNC_SCHEMA``.
         params: the call's parameters.
 
     Returns:
-        ``unknown parameter 'max_results' (memory_search takes query, maxResults, minScore)``,
-        ``maxResults must be an integer, not '5'``, or ``None`` (a ``corpus`` outside its enum
+        ``query required``, ``unknown parameter 'max_results' (memory_search takes query,
+        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None`` (a ``corpus`` outside its enum
         is the manager's refusal: ``qmdbridge.policy.corpus``).
     """
     props: dict[str, Any] = schema["parameters"]["properties"]
+    missing = [key for key in schema["parameters"]["required"] if key not in params]
+    if missing:
+        return f"{missing[0]} required"
     for key, value in params.items():
         if key not in props:
             return f"unknown parameter {key!r} ({schema['name']} takes {', '.join(props)})"
@@ -142,20 +148,12 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
     """
     if not isinstance(params, dict):
         return {"results": [], "disabled": True, "error": "params must be an object"}
-    if session_key is not None and not isinstance(session_key, str):
-        return {"results": [], "disabled": True, "error": "session key must be a string"}
-    if session_keys is not None and (not isinstance(session_keys, list) or not all(
-            isinstance(k, str) for k in session_keys)):
-        return {"results": [], "disabled": True, "error": "session keys must be a list of strings"}
-    query = params.get("query")
-    if not isinstance(query, str):
-        return {"results": [], "disabled": True, "error": "query required"}
     invalid = param_error(MEMORY_SEARCH_SCHEMA, params)
     if invalid is not None:
         return {"results": [], "disabled": True, "error": invalid}
     try:
         response = await manager.search(
-            query, max_results=_int_or_none(params.get("maxResults")),
+            params["query"], max_results=_int_or_none(params.get("maxResults")),
             min_score=float(params["minScore"]) if isinstance(params.get("minScore"), (int, float))
             and not isinstance(params.get("minScore"), bool) else None,
             session_key=session_key, inherited_session_keys=session_keys or (),
@@ -180,14 +178,12 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         return {"path": "", "text": "", "disabled": True, "error": "params must be an object",
                 "refused": False}
     path = params.get("path")
-    if not isinstance(path, str) or not path.strip():
-        return {"path": path if isinstance(path, str) else "", "text": "", "disabled": True,
-                "error": "path required", "refused": True}
+    path = path if isinstance(path, str) else ""
     invalid = param_error(MEMORY_GET_SCHEMA, params)
     if invalid is not None:
         return {"path": path, "text": "", "disabled": True, "error": invalid, "refused": False}
     try:
-        result = await manager.read_file(path, from_line=_int_or_none(params.get("from")),
+        result = await manager.read_file(params["path"], from_line=_int_or_none(params.get("from")),
                                          lines=_int_or_none(params.get("lines")),
                                          corpus=params.get("corpus"))
     except PathRefusedError as exc:
@@ -199,3 +195,32 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         return {"path": path, "text": "", "disabled": True, "error": f"{type(exc).__name__}: {exc}",
                 "refused": False}
     return result.to_json_dict()
+
+
+async def call_tool(manager: MemoryManager, name: object, params: dict[str, Any], *,
+                    session_key: str | None = None,
+                    session_keys: list[str] | None = None) -> dict[str, Any]:
+    """Answer one named tool call: ``memory_search`` and ``memory_get`` by their handlers,
+    ``status`` by the manager's status. Every long-lived surface routes through it (the MCP
+    server, ``serve`` on stdin and on its daemon socket); each frames what it raises.
+
+    Args:
+        name: the tool's name as the caller sent it.
+        params: its parameters.
+        session_key / session_keys: as for :func:`handle_memory_search` (other tools ignore them).
+
+    Returns:
+        The tool's JSON document.
+
+    Raises:
+        UsageError: ``unknown tool: 'memory_delete'``.
+        Exception: whatever ``status`` raises (the handlers never raise).
+    """
+    if name == "memory_search":
+        return await handle_memory_search(manager, params, session_key=session_key,
+                                          session_keys=session_keys)
+    if name == "memory_get":
+        return await handle_memory_get(manager, params)
+    if name == "status":
+        return (await manager.status()).to_json_dict()
+    raise UsageError(f"unknown tool: {name!r}")

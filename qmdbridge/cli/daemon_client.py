@@ -139,7 +139,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
     """Print a daemon's result like the in-process command would; ``None`` to run in-process.
     ``keyword_notice``: the daemon's ``keywordNotice`` (``render.keyword_notice``)."""
     if args.command == "get" and result.get("disabled"):
-        if not (result.get("refused") and isinstance(args.path, str) and args.path.strip()):
+        if not result.get("refused"):
             return None
         message = str(result.get("error"))
         if args.json:

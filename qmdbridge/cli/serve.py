@@ -27,14 +27,16 @@ from typing import Any
 import anyio
 import orjson
 
+from fallback.errors import UsageError
 from qmdbridge.cli.common import EXIT_OK
 
 __all__ = ["handle_line", "serve", "start_daemon_socket"]
 
 
 async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
-    """Answer one JSON-lines request (see the module docstring for the shapes)."""
-    from qmdbridge.tools import SYNC_SCHEMA, handle_memory_get, handle_memory_search, param_error
+    """Answer one JSON-lines request (see the module docstring for the shapes): ``sync`` here,
+    every other tool by :func:`qmdbridge.tools.call_tool`."""
+    from qmdbridge.tools import SYNC_SCHEMA, call_tool, param_error
 
     try:
         req = orjson.loads(line)
@@ -42,31 +44,21 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
         return {"id": None, "error": f"invalid JSON: {exc}"}
     if not isinstance(req, dict):
         return {"id": None, "error": "request must be a JSON object"}
-    rid = req.get("id")
-    tool = req.get("tool")
-    raw_params = req.get("params")
-    params: dict[str, Any] = raw_params if isinstance(raw_params, dict) else {}
-    key = req.get("sessionKey")
-    if key is not None and not isinstance(key, str):
-        return {"id": rid, "result": {"results": [], "disabled": True,
-                                      "error": "session key must be a string"}}
-    if tool == "memory_search":
-        return {"id": rid, "result": await handle_memory_search(
-            manager, params, session_key=key, session_keys=req.get("sessionKeys"))}
-    if tool == "memory_get":
-        return {"id": rid, "result": await handle_memory_get(manager, params)}
-    if tool == "status":
-        return {"id": rid, "result": (await manager.status()).to_json_dict()}
-    if tool == "sync":
+    rid, tool = req.get("id"), req.get("tool")
+    params: dict[str, Any] = req["params"] if isinstance(req.get("params"), dict) else {}
+    try:
+        if tool != "sync":
+            return {"id": rid, "result": await call_tool(
+                manager, tool, params, session_key=req.get("sessionKey"), session_keys=req.get("sessionKeys"))}
         invalid = param_error(SYNC_SCHEMA, params)  # {"force": "false"} must not force a rebuild
         if invalid is not None:
             return {"id": rid, "error": invalid}
-        try:
-            await manager.sync(reason="serve", force=params.get("force") is True)
-        except Exception as exc:  # tool edge
-            return {"id": rid, "error": str(exc)}
+        await manager.sync(reason="serve", force=params.get("force") is True)
         return {"id": rid, "result": {"ok": True}}
-    return {"id": rid, "error": f"unknown tool: {tool!r}"}
+    except UsageError as exc:  # an unknown tool
+        return {"id": rid, "error": str(exc)}
+    except Exception as exc:  # serve edge: a failed sync or status answers its request
+        return {"id": rid, "error": f"{type(exc).__name__}: {exc}" if tool == "status" else str(exc)}
 
 
 async def _read_stdin(manager: Any) -> None:

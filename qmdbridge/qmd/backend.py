@@ -34,7 +34,6 @@ from fallback.errors import (
     BackendTimeoutError,
     BackendUnavailableError,
     ManagerClosedError,
-    PathRefusedError,
     UsageError,
 )
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
@@ -602,15 +601,13 @@ class QmdBackend:
         12,000 chars by default; files over 1 MiB are streamed.
 
         Raises:
-            PathRefusedError: blank path, ``invalid qmd path``, ``unknown qmd collection: <c>``,
+            PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``,
                 or a refusal of the memory-file rule (parent segments, symlinks, non-``.md``
                 files, files outside the collection's pattern).
             BackendUnavailableError: the file exists but cannot be read.
         """
         self._check_open()
-        rel = rel_path.strip()
-        if not rel:
-            raise PathRefusedError(rel_path, "path required")
+        rel = rel_path.strip()  # blank: refused by the memory-file rule (empty path)
         ws = self.agent.workspace_dir
         if rel.startswith("qmd/"):
             roots = dict(self.roots)

@@ -41,7 +41,7 @@ from fallback.errors import UsageError
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.manager import MemoryManager
 from qmdbridge.server.process import run_until_signal, stdin_lines
-from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get, handle_memory_search
+from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, call_tool
 
 __all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
 
@@ -85,19 +85,13 @@ def mcp_tools() -> list[types.Tool]:
 
 
 async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Route one tool call to its handler; the handlers never raise."""
-    if name == "memory_search":
-        params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
-        return await handle_memory_search(manager, params, session_key=arguments.get("sessionKey"),
-                                          session_keys=arguments.get("sessionKeys"))
-    if name == "memory_get":
-        return await handle_memory_get(manager, arguments)
-    if name == "status":
-        try:
-            return (await manager.status()).to_json_dict()
-        except Exception as exc:  # tool edge: the client gets an error result, never a crash
-            return {"disabled": True, "error": f"{type(exc).__name__}: {exc}"}
-    return {"disabled": True, "error": f"unknown tool: {name!r}"}
+    """One tool call (:func:`qmdbridge.tools.call_tool`); a failure is a disabled result."""
+    params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
+    try:
+        return await call_tool(manager, name, params, session_key=arguments.get("sessionKey"),
+                               session_keys=arguments.get("sessionKeys"))
+    except Exception as exc:  # tool edge: the client gets an error result, never a crash
+        return {"disabled": True, "error": str(exc) if isinstance(exc, UsageError) else f"{type(exc).__name__}: {exc}"}
 
 
 def build_server(manager: MemoryManager) -> Server[Any, Any]:

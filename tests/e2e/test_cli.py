@@ -315,7 +315,7 @@ def test_serve_survives_bad_requests(ws: Path, env: dict[str, str]) -> None:
     assert replies[3]["result"]["backend"] == "builtin"
     # a sub-agent searches through the session that spawned it (the scope rules allow direct chats)
     assert replies[4]["result"]["denied"] is None and replies[4]["result"]["results"]
-    assert replies[5]["result"]["error"] == "session keys must be a list of strings"
+    assert replies[5]["result"]["error"] == "inherited session keys must be a list of strings"
     # as the MCP tool schema says (mcp refuses it the same way): a string is not a number
     assert replies[6]["result"] == {"results": [], "disabled": True,
                                     "error": "maxResults must be an integer, not '5'"}

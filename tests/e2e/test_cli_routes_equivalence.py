@@ -265,6 +265,13 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
                 answers[route] = _run(argv, capsys)
             _same(answers["no daemon"], answers["engine"], decay=decay)
             _same(_daemon_stdout(answers["daemon"]), answers["engine"], decay=decay)
+        if state != "gone":  # a blank `get`: refused in the same words, served or not
+            get = ["get", " ", "--workspace", str(ws), *([] if seed % 2 else ["--json"])]
+            monkeypatch.setenv("QMDBRIDGE_DAEMON", "off")
+            refused = _run(get, capsys)
+            monkeypatch.delenv("QMDBRIDGE_DAEMON")
+            assert _run(get, capsys) == refused and refused[0] == 3
+            assert "path refused: ' ': empty path" in refused[1] + refused[2]
     plain_keyword = search["provider"] == "none" and "sources" not in search
     if plain_keyword and state not in ("gone", *FOREIGN):  # the read-only route answered (else it was declined)
         assert any(code == 0 for code in fast_answers), fast_answers

@@ -68,6 +68,9 @@ async def _exercise(session: ClientSession) -> None:
     assert refused.structuredContent == {"path": "../secrets.md", "text": "", "disabled": True,
                                          "error": "path refused: '../secrets.md': parent segment",
                                          "refused": True}
+    blank = await session.call_tool("memory_get", {"path": ""})  # the words of `qmdbridge get ""`
+    assert blank.structuredContent == {"path": "", "text": "", "disabled": True,
+                                       "error": "path refused: '': empty path", "refused": True}
     spawned = await session.call_tool("memory_search", {
         "query": "Kestrel migration", "sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]})
     assert (spawned.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"

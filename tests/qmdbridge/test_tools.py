@@ -43,13 +43,21 @@ async def test_search_and_get_payloads(manager: MemoryManager) -> None:
 
 async def test_errors_become_disabled_payloads(manager: MemoryManager) -> None:
     async with manager:
-        assert await handle_memory_search(manager, {"query": 5}) == {
+        assert await handle_memory_search(manager, {}) == {
             "results": [], "disabled": True, "error": "query required"}
+        # the request's own checks (fallback/request.py), in the words every route uses
+        assert await handle_memory_search(manager, {"query": 5}) == {
+            "results": [], "disabled": True, "error": "query must be a string, not int"}
         blank = await handle_memory_search(manager, {"query": "  "})
         assert blank["disabled"] is True and blank["error"] == "query must not be empty"
         refused = await handle_memory_get(manager, {"path": "../../etc/passwd"})
         assert refused["refused"] is True and refused["disabled"] is True and refused["text"] == ""
         assert (await handle_memory_get(manager, {}))["error"] == "path required"
+        # a blank path is refused by the memory-file rule, as `qmdbridge get ""` refuses it
+        assert await handle_memory_get(manager, {"path": " "}) == {
+            "path": " ", "text": "", "disabled": True, "refused": True, "error": "path refused: ' ': empty path"}
+        assert await handle_memory_get(manager, {"path": 5}) == {
+            "path": "", "text": "", "disabled": True, "refused": False, "error": "path must be a string, not int"}
         (manager.agent.workspace_dir / "memory" / "blob.md").write_bytes(b"GIF\x00\x01\x02\n")
         assert await handle_memory_get(manager, {"path": "memory/blob.md"}) == {
             "path": "memory/blob.md", "text": "", "disabled": True, "refused": True,
@@ -68,7 +76,8 @@ async def test_sub_agent_searches_with_the_key_it_inherits(manager: MemoryManage
                                          session_keys=["agent:main:main"])
         assert out["denied"] is None and [r["path"] for r in out["results"]] == ["MEMORY.md"]
         bad = await handle_memory_search(manager, {"query": "oat"}, session_keys="agent:main:main")  # type: ignore[arg-type]
-        assert bad == {"results": [], "disabled": True, "error": "session keys must be a list of strings"}
+        assert bad == {"results": [], "disabled": True,
+                       "error": "inherited session keys must be a list of strings"}
 
 
 BAD_AND_GOOD = [  # (tool, params) pairs around every parameter's type

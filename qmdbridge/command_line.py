@@ -12,10 +12,10 @@ The command may be written three ways:
 - any other string: POSIX shell words (``"/opt/QMD Tools/qmd" --x`` -> ``/opt/QMD Tools/qmd``),
   as the reference parses it.
 
-Windows cannot start a ``.cmd``/``.bat`` script directly: :func:`cmd_exe_command_line` builds
-the ``cmd.exe /d /s /c "..."`` line for it, with every argument quoted and cmd's metacharacters
-escaped, so a query such as ``a & del x`` stays one literal argument. Pure functions; the runner
-decides when to use them.
+Windows cannot start a ``.cmd``/``.bat`` script directly: :func:`batch_command` builds what
+``cmd.exe /c`` runs for it, with every argument quoted and cmd's metacharacters escaped, so a
+query such as ``a & del x`` stays one literal argument. Pure functions; the runner decides when
+to use them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections.abc import Sequence
 
 __all__ = [
     "batch_command",
-    "cmd_exe_command_line",
     "is_batch_script",
     "is_windows_path",
     "program_of",
@@ -112,10 +111,3 @@ def batch_command(script: str, args: Sequence[str]) -> str:
     (cross-spawn ``lib/util/escape.js``).
     """
     return " ".join([_CMD_META_RE.sub(r"^\1", script), *(_quote_for_cmd(a) for a in args)])
-
-
-def cmd_exe_command_line(script: str, args: Sequence[str], *, comspec: str = "cmd.exe") -> str:
-    """The whole Windows command line for a batch script: ``<comspec> /d /s /c "<batch>"``
-    (``/d`` skips AutoRun, ``/s`` strips exactly the outer quotes; ``<batch>`` is
-    :func:`batch_command`). Pass it as one string to ``CreateProcess``."""
-    return f'{comspec} /d /s /c "{batch_command(script, args)}"'

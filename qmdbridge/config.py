@@ -448,7 +448,7 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
         fields = {k: v for k, v in src.raw.items() if k not in ("memorySearch", "memory")}
         entry = _validate(AgentEntry, {**fields, "memorySearch": src.search},
                           prefix=src.key_path, file=file)
-        _check_agent_id(entry.id, file=file, key=src.key_path if src.key_path.startswith(
+        normalize_agent_id(entry.id, file=file, key=src.key_path if src.key_path.startswith(
             "agents.entries.") else f"{src.key_path}.id")
         merged = merge_search(layout.search, entry.memory_search)
         key = src.search_sources[-1][0] if src.search_sources else f"{src.key_path}.memorySearch"
@@ -528,9 +528,14 @@ def _strip_comments(text: str) -> str:
 _AGENT_ID_UNSAFE_RE = re.compile(r"[^a-z0-9_.-]+")
 
 
-def normalize_agent_id(agent_id: str | None) -> str:
+def normalize_agent_id(agent_id: str | None, *, file: str | None = None, key: str = "agent") -> str:
     """Lower-case and trim an agent id, runs of other characters -> ``-``; empty -> ``main``
     (``"Ops Bot"`` -> ``ops-bot``).
+
+    Args:
+        agent_id: the id as given.
+        file / key: where the id is written (the config file and ``agents.list[1].id``), for
+            the error.
 
     Raises:
         ConfigError: the id contains a path separator or ``..`` or starts with ``.`` (it names
@@ -538,24 +543,10 @@ def normalize_agent_id(agent_id: str | None) -> str:
     """
     raw = (agent_id or "").strip().lower()
     if "/" in raw or "\\" in raw or ".." in raw or raw.startswith("."):
-        raise ConfigError(f"invalid agent id {agent_id!r}", key="agent",
+        raise ConfigError(f"invalid agent id {agent_id!r}", file=file, key=key,
                           expected="a name without path separators or '..'")
     aid = _AGENT_ID_UNSAFE_RE.sub("-", raw).strip("-")[:64]
     return aid or "main"
-
-
-def _check_agent_id(agent_id: str, *, file: str | None, key: str) -> None:
-    """Refuse an agent id of the config file as :func:`normalize_agent_id` does, naming the
-    file and the key it is written under (``agents.list[1].id``, ``agents.entries.<id>``).
-
-    Raises:
-        ConfigError: the id contains a path separator or ``..`` or starts with ``.``.
-    """
-    try:
-        normalize_agent_id(agent_id)
-    except ConfigError as exc:
-        raise ConfigError(f"invalid agent id {agent_id!r}", file=file, key=key,
-                          expected=exc.expected) from None
 
 
 def _model_path_from_config_folder(search: MemorySearchSettings,

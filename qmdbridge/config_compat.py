@@ -97,10 +97,19 @@ def _overlap(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str
 def prefer(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     """``old`` overlaid with ``new``, object by object: where both set a key, ``new``'s value
     is taken whole (lists are not concatenated)."""
-    merged = copy.deepcopy(old)
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = prefer(value, merged[key])
+    return _overlay(old, new, concatenated=())
+
+
+def _overlay(base: dict[str, Any], over: dict[str, Any], *, concatenated: tuple[str, ...]) -> dict[str, Any]:
+    """``base`` overlaid with ``over`` key by key into nested objects (``over`` wins); a list
+    under a key in ``concatenated`` is appended to ``base``'s instead. Neither is modified."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if key in concatenated and isinstance(value, list):
+            earlier = merged.get(key)
+            merged[key] = [*(earlier if isinstance(earlier, list) else []), *copy.deepcopy(value)]
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _overlay(merged[key], value, concatenated=concatenated)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
@@ -235,13 +244,4 @@ def merge_search(defaults: dict[str, Any], override: dict[str, Any]) -> dict[str
     """The search settings of one agent: ``override`` (its own ``memorySearch`` or
     ``memory.search``) over ``defaults``, key by key into nested objects, with ``extraPaths``
     concatenated (the defaults' first); neither input is modified."""
-    merged = copy.deepcopy(defaults)
-    for key, value in override.items():
-        if key == "extraPaths" and isinstance(value, list):
-            base = merged.get("extraPaths")
-            merged[key] = [*(base if isinstance(base, list) else []), *value]
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_search(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+    return _overlay(defaults, override, concatenated=("extraPaths",))

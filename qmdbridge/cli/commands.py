@@ -82,7 +82,7 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             key_taken_ms = wall_clock_ms()
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)
-        handler = _HANDLERS[args.command]
+        handler = _handler(args.command)
         if qmd_runner is not None and args.command == "search":
             handler = partial(_search, qmd_runner=qmd_runner)
         code = anyio.run(handler, agent, args)
@@ -121,10 +121,9 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
     if args.json:
         emit_json({**response.to_json_dict(), "servedBy": "process"})
         return EXIT_OK
-    from qmdbridge.cli.output import print_search
-    from qmdbridge.cli.render import keyword_notice
+    from qmdbridge.cli.render import keyword_notice, print_search_doc
 
-    print_search(response, keyword_notice=keyword_notice(agent.memory_search.provider))
+    print_search_doc(response.to_json_dict(), keyword_notice=keyword_notice(agent.memory_search.provider))
     return EXIT_OK
 
 
@@ -156,9 +155,9 @@ async def _status(agent: Any, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({**doc, "problems": problems, "servedBy": "process"})
     else:
-        from qmdbridge.cli.output import print_status
+        from qmdbridge.cli.render import print_status_doc
 
-        print_status(st, problems=problems)
+        print_status_doc(doc, problems=problems)
     return EXIT_OK
 
 
@@ -187,50 +186,22 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _qmd(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.ops import qmd_action
-
-    return await qmd_action(agent, args)
-
-
-async def _warmup(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.ops import warmup
-
-    return await warmup(agent, args)
-
-
-async def _serve(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.serve import serve
-
-    return await serve(agent, args)
-
-
-async def _mcp(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.server.mcp_server import run_mcp
-
-    return await run_mcp(agent, args)
-
-
-async def _doctor(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.doctor import doctor
-
-    return await doctor(agent, args)
-
-
-async def _models(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.models import models
-
-    return await models(agent, args)
-
-
-async def _eval(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.evaluate import run_eval
-
-    return await run_eval(agent, args)
-
-
-_HANDLERS = {
-    "search": _search, "get": _get, "status": _status, "index": _index, "qmd": _qmd,
-    "warmup": _warmup, "serve": _serve, "mcp": _mcp, "doctor": _doctor, "models": _models,
-    "eval": _eval,
+# The commands whose code lives in a module of its own: ``module:function``, imported when run.
+_HANDLERS: dict[str, Any] = {
+    "search": _search, "get": _get, "status": _status, "index": _index,
+    "qmd": "qmdbridge.cli.ops:qmd_action", "warmup": "qmdbridge.cli.ops:warmup",
+    "serve": "qmdbridge.cli.serve:serve", "mcp": "qmdbridge.server.mcp_server:run_mcp",
+    "doctor": "qmdbridge.cli.doctor:doctor", "models": "qmdbridge.cli.models:models",
+    "eval": "qmdbridge.cli.evaluate:run_eval",
 }
+
+
+def _handler(command: str) -> Any:
+    """The ``async (agent, args) -> exit code`` of ``command`` (its module imported now)."""
+    handler = _HANDLERS[command]
+    if isinstance(handler, str):
+        from importlib import import_module
+
+        module, _, name = handler.partition(":")
+        handler = getattr(import_module(module), name)
+    return handler

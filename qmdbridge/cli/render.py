@@ -1,4 +1,4 @@
-"""Plain-text rendering of the JSON documents of ``search``, ``get`` and ``status``.
+"""Plain-text rendering of the JSON documents of ``search`` (with ``--explain``), ``get`` and ``status``.
 
 Works on the camelCase dicts that ``--json`` prints (``SearchResponse.to_json_dict()`` and
 friends), not on the pydantic models, so the daemon client can print an answer it received
@@ -12,11 +12,10 @@ import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
-__all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "get_page_text", "keyword_notice", "print_get_doc",
-           "print_search_doc", "print_status_doc"]
+__all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "explain_lines", "get_page_text", "keyword_notice",
+           "print_get_doc", "print_search_doc", "print_status_doc"]
 
 # Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
 KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
@@ -33,16 +32,15 @@ def keyword_notice(provider: str) -> bool:
     return provider != "none"
 
 
-def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]] | None = None,
-                     keyword_notice: bool = True) -> None:
-    """Print search hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY).
+def print_search_doc(doc: dict[str, Any], *, keyword_notice: bool = True) -> None:
+    """Print search hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY),
+    each followed by its indented ``explain`` block (:func:`explain_lines`) when the search
+    asked for one (plain lines then, never a table).
 
     Args:
         doc: a search answer as ``--json`` prints it (``results``, ``backend``, ``mode``,
             ``fallback``, ``warnings``, ``denied`` ...). The fallback note and the warnings go
             to stderr.
-        explain: ``explain(i)`` gives the ``--explain`` lines of hit ``i``, printed indented
-            under it (plain lines then, never a table); ``None`` when nothing was explained.
         keyword_notice: print :data:`KEYWORD_ONLY_NOTICE` on stderr when the builtin engine
             answered keyword-only for want of a provider (False when the user chose
             ``provider: "none"``; a provider that failed is told by its warning instead).
@@ -66,7 +64,8 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
     if not results:
         out.write("No matches.\n")
         return
-    if out.isatty() and explain is None:
+    explained = any(r.get("explain") for r in results)
+    if out.isatty() and not explained:
         from rich.console import Console
         from rich.table import Table
 
@@ -82,8 +81,36 @@ def print_search_doc(doc: dict[str, Any], *, explain: Callable[[int], list[str]]
         if i:
             out.write("\n")
         out.write(f"{r['score']:.3f} {r['path']}:{r['startLine']}-{r['endLine']}\n{r['snippet'].rstrip()}\n")
-        if explain is not None:
-            out.write("".join(f"  {line}\n" for line in explain(i)))
+        if r.get("explain"):
+            out.write("".join(f"  {line}\n" for line in explain_lines(r["explain"])))
+
+
+def explain_lines(e: dict[str, Any]) -> list[str]:
+    """The ``--explain`` block of one hit (its ``explain`` object as ``--json`` prints it) as
+    lines (no indent): mode and rank, then one line per ranking step that applied. Numbers:
+    scores to 4 decimals, BM25 to 4 significant digits, ages to 1."""
+    lines = [f"explain: {e['mode']}, rank {e['rank']}"]
+    if (k := e.get("keyword")) is not None:
+        bm25 = "-" if k["bm25"] is None else f"{k['bm25']:.4g}"
+        lines.append(f"  keyword: rank {k['rank']}, bm25 {bm25}, text score {k['textScore']:.4f}")
+    if (v := e.get("vector")) is not None:
+        lines.append(f"  vector: rank {v['rank']}, cosine {v['cosine']:.4f}")
+    if (f := e.get("fusion")) is not None:
+        lines.append(f"  fusion ({f['method']}): evidence vector {f['vectorEvidence']:.4f}, text "
+                     f"{f['textEvidence']:.4f}; 0.5 x max + 0.5 x ({f['vectorWeight']:g} x vector + "
+                     f"{f['textWeight']:g} x text) = {f['score']:.4f}")
+    if (d := e.get("decay")) is not None:
+        age = "evergreen" if d["ageDays"] is None else f"age {d['ageDays']:.1f} days (by {d['datedBy']})"
+        lines.append(f"  decay: {age}, half-life {d['halfLifeDays']:g} days, factor {d['factor']:.4f}"
+                     f" -> {d['score']:.4f}")
+    if (rr := e.get("rerank")) is not None:
+        rel = "-" if rr["relevance"] is None else f"{rr['relevance']:.4f}"
+        lines.append(f"  rerank: {rr['provider']} {rr['model']}, relevance {rel}, rank {rr['rankBefore']}"
+                     f" -> {rr['rankAfter']}")
+    if (m := e.get("mmr")) is not None:
+        lines.append(f"  mmr: lambda {m['lambda']:g}, rank {m['rankBefore']} -> {m['rankAfter']}")
+    lines.append(f"  floor: {'kept' if e['floor']['kept'] else 'dropped'} ({e['floor']['reason']})")
+    return lines
 
 
 def get_page_text(doc: dict[str, Any]) -> str:

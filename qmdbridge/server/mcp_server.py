@@ -27,8 +27,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -168,12 +167,6 @@ def _route_sdk_logs(*, verbose: bool) -> None:
     sdk.propagate = False  # -v's root handler would print each record a second time
 
 
-@contextmanager
-def _quiet_uvicorn_signals() -> Iterator[None]:
-    """Signals belong to :func:`run_mcp`, not to uvicorn."""
-    yield
-
-
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0 picks a free one).
 
@@ -214,18 +207,13 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
         sdk_log.addFilter(_ClosedSessionStreams())
 
     guarded = RequestGuard(sessions.handle_request, request_timeout_s=request_timeout_s)
-
-    class _Endpoint:
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            await guarded(scope, receive, send)
-
-    app = Starlette(routes=[Route("/mcp", endpoint=_Endpoint())],
+    app = Starlette(routes=[Route("/mcp", endpoint=guarded)],
                     middleware=[Middleware(BearerTokenMiddleware, token=token)])
     bound = sock.getsockname()[1]
 
     class _Server(uvicorn.Server):
         def capture_signals(self) -> Any:
-            return _quiet_uvicorn_signals()
+            return nullcontext()  # signals belong to run_mcp, not to uvicorn
 
     web = _Server(uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False))
     shown = f"[{host}]" if ":" in host else host

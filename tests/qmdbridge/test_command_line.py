@@ -11,7 +11,6 @@ import pytest
 from fallback.errors import ConfigError
 from qmdbridge.command_line import (
     batch_command,
-    cmd_exe_command_line,
     is_batch_script,
     is_windows_path,
     program_of,
@@ -64,8 +63,6 @@ def test_batch_arguments_are_quoted_and_escaped_for_cmd() -> None:
     assert batch_command("q.cmd", ['say "hi"\\']) == 'q.cmd ^^^"say^^^ \\^^^"hi\\^^^"\\\\^^^"'
     assert batch_command("q.cmd", ["50%", "!x!", "a|b", "(c)"]) == (
         'q.cmd ^^^"50^^^%^^^" ^^^"^^^!x^^^!^^^" ^^^"a^^^|b^^^" ^^^"^^^(c^^^)^^^"')
-    assert cmd_exe_command_line("D:\\q.bat", ["--", "x"], comspec="C:\\Windows\\system32\\cmd.exe") == (
-        'C:\\Windows\\system32\\cmd.exe /d /s /c "D:\\q.bat ^^^"--^^^" ^^^"x^^^""')
 
 
 def test_config_accepts_the_list_form_and_windows_strings() -> None:

@@ -29,7 +29,6 @@ from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
-from qmdbridge.command_line import program_of, split_command
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout
 
 __all__ = [
@@ -223,21 +222,9 @@ class QmdConfig(_Cfg):
         return v
 
     @property
-    def command_path(self) -> str:
-        """The program of ``command`` (``qmdbridge.command_line.split_command``):
-        ``'"/opt/QMD Tools/qmd" --x'`` -> ``/opt/QMD Tools/qmd``, ``C:\\Program
-        Files\\qmd\\qmd.cmd`` verbatim, the first item of a list; ``qmd`` when empty."""
-        return program_of(self.command)
-
-    @property
     def command_key(self) -> str:
         """``command`` as one string (the list form joined by U+001F), to key state by."""
         return self.command if isinstance(self.command, str) else "\x1f".join(self.command)
-
-    @property
-    def command_words(self) -> list[str]:
-        """``command`` as ``[program, *arguments]`` (see :attr:`command_path`)."""
-        return split_command(self.command)
 
 
 class MemoryConfig(_Cfg):

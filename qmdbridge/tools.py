@@ -107,8 +107,8 @@ def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
 
     Returns:
         ``query required``, ``unknown parameter 'max_results' (memory_search takes query,
-        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None`` (a ``corpus`` outside its enum
-        is the manager's refusal: ``qmdbridge.policy.corpus``).
+        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None`` (a
+        ``corpus`` outside its enum is the manager's refusal: ``qmdbridge.policy.corpus``).
     """
     props: dict[str, Any] = schema["parameters"]["properties"]
     missing = [key for key in schema["parameters"]["required"] if key not in params]
@@ -123,12 +123,11 @@ def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
     return None
 
 
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)) and value == value and abs(value) != float("inf"):
-        return int(value)  # out-of-range values are refused by the manager (UsageError)
-    return None
+def _number(params: dict[str, Any], key: str, kind: type[int] | type[float]) -> Any:
+    """``params[key]`` as ``kind``, ``None`` when absent (:func:`param_error` checked its type;
+    the range is the manager's check)."""
+    value = params.get(key)
+    return None if value is None else kind(value)
 
 
 async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *,
@@ -153,9 +152,8 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
         return {"results": [], "disabled": True, "error": invalid}
     try:
         response = await manager.search(
-            params["query"], max_results=_int_or_none(params.get("maxResults")),
-            min_score=float(params["minScore"]) if isinstance(params.get("minScore"), (int, float))
-            and not isinstance(params.get("minScore"), bool) else None,
+            params["query"], max_results=_number(params, "maxResults", int),
+            min_score=_number(params, "minScore", float),
             session_key=session_key, inherited_session_keys=session_keys or (),
             corpus=params.get("corpus"))
     except MemorySearchError as exc:
@@ -183,8 +181,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
     if invalid is not None:
         return {"path": path, "text": "", "disabled": True, "error": invalid, "refused": False}
     try:
-        result = await manager.read_file(params["path"], from_line=_int_or_none(params.get("from")),
-                                         lines=_int_or_none(params.get("lines")),
+        result = await manager.read_file(params["path"], from_line=_number(params, "from", int),
+                                         lines=_number(params, "lines", int),
                                          corpus=params.get("corpus"))
     except PathRefusedError as exc:
         return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": True}

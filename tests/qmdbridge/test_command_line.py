@@ -67,10 +67,10 @@ def test_batch_arguments_are_quoted_and_escaped_for_cmd() -> None:
 
 def test_config_accepts_the_list_form_and_windows_strings() -> None:
     listed = parse_config({"memory": {"qmd": {"command": ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]}}})
-    assert listed.memory.qmd.command_path == "C:\\Program Files\\qmd\\qmd.cmd"
-    assert listed.memory.qmd.command_words == ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]
+    assert program_of(listed.memory.qmd.command) == "C:\\Program Files\\qmd\\qmd.cmd"
+    assert split_command(listed.memory.qmd.command) == ["C:\\Program Files\\qmd\\qmd.cmd", "--no-gpu"]
     text = parse_config({"memory": {"qmd": {"command": "D:\\tools\\qmd.exe --index main"}}})
-    assert text.memory.qmd.command_path == "D:\\tools\\qmd.exe"
+    assert program_of(text.memory.qmd.command) == "D:\\tools\\qmd.exe"
     with pytest.raises(ConfigError) as info:
         parse_config({"memory": {"qmd": {"command": ["", " "]}}})
     assert info.value.key == "memory.qmd.command"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fallback.errors import ConfigError, UsageError
+from qmdbridge.command_line import program_of
 from qmdbridge.config import OpenClawConfig, load_config, parse_config, parse_duration_ms, resolve_agent
 
 
@@ -106,7 +107,7 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
     }""")
     cfg = load_config(p)
     assert cfg.memory.backend == "qmd" and cfg.memory.citations == "auto"
-    assert cfg.memory.qmd.command_path == "/opt/QMD Tools/qmd"
+    assert program_of(cfg.memory.qmd.command) == "/opt/QMD Tools/qmd"
     assert cfg.memory.qmd.update.interval_ms == 30_000 and cfg.memory.qmd.update.embed_interval_ms == 0
     assert cfg.source_file == str(p)
 

@@ -4,7 +4,9 @@ workspaces, configs and store states.
 Each case is drawn from a seeded generator: notes of words from a small vocabulary (so queries
 hit several of them), a config with random keyword-only settings (citations, maxResults,
 minScore, candidateMultiplier, chunking, extraPaths, sync.onSearch, temporal decay, sessions
-with a transcript), and a store state after the first search recorded its settings (unchanged,
+with a transcript, MMR, section chunking, the trigram tokenizer, a size cap, extra paths with
+patterns, and per command --max-results, --min-score, --session-key under scope rules and
+--corpus), and a store state after the first search recorded its settings (unchanged,
 a note changed, a note added, a binary note, a note the sync cannot read, the workspace gone,
 or a foreign index: one written with other chunking, a file another tool wrote at the store's
 path, an index of another workspace). Each query is answered by the in-process engine
@@ -76,19 +78,40 @@ def _config(rng: random.Random) -> dict[str, Any]:
     search: dict[str, Any] = {
         "provider": rng.choice(["none", "auto"]),
         "query": {"maxResults": rng.randint(1, 8), "minScore": rng.choice([0.0, 0.2, 0.35, 0.6]),
-                  "hybrid": {"candidateMultiplier": rng.choice([1, 2, 4, 6])}},
-        "chunking": {"tokens": rng.choice([40, 100, 400]), "overlap": rng.choice([0, 10])},
+                  "hybrid": {"candidateMultiplier": rng.choice([1, 2, 4, 6]),
+                             "mmr": {"enabled": rng.random() < 0.3, "lambda": rng.choice([0.3, 0.7])}}},
+        "chunking": {"tokens": rng.choice([40, 100, 400]), "overlap": rng.choice([0, 10]),
+                     "sections": rng.random() < 0.7},
         "sync": {"onSearch": rng.random() < 0.8},
+        "store": {"fts": {"tokenizer": rng.choice(["unicode61", "unicode61", "trigram"])}},
     }
+    if rng.random() < 0.2:
+        search["maxFileBytes"] = 400  # the longer notes are skipped as too large
     if rng.random() < 0.5:
-        search["extraPaths"] = ["../notes"]
+        search["extraPaths"] = [rng.choice(["../notes", {"path": "../notes", "pattern": "w*.md"}])]
     if rng.random() < 0.3:
         search["query"]["hybrid"]["temporalDecay"] = {"enabled": True, "halfLifeDays": 30}
     if rng.random() < 0.25:
         search["sources"] = ["memory", "sessions"]
         search["experimental"] = {"sessionMemory": True}
-    return {"memory": {"citations": rng.choice(["auto", "on", "off"])},
+    scope = {"default": "deny", "rules": [{"action": "allow", "match": {"chatType": "direct"}}]}
+    return {"memory": {"citations": rng.choice(["auto", "on", "off"]), "qmd": {"scope": scope}},
             "agents": {"defaults": {"memorySearch": search}}}
+
+
+def _flags(rng: random.Random) -> list[str]:
+    """Options of one search command: limits, the caller's session key, the corpus."""
+    flags: list[str] = []
+    if rng.random() < 0.3:
+        flags += ["--max-results", str(rng.randint(1, 5))]
+    if rng.random() < 0.3:
+        flags += ["--min-score", str(rng.choice([0, 0.1, 0.5]))]
+    if rng.random() < 0.3:
+        flags += ["--session-key", rng.choice(["agent:main:main", "agent:main:telegram:group:42",
+                                               "agent:main:slack:dm:u1"])]
+    if rng.random() < 0.25:
+        flags += ["--corpus", rng.choice(["memory", "sessions", "all", "wiki"])]
+    return flags
 
 
 def _transcript(rng: random.Random, state_dir: Path) -> None:
@@ -247,7 +270,7 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
         capsys.readouterr()  # the daemon's start-up line
         for n, query in enumerate(queries):
             text = n == 1 and not decay  # the plain output prints decayed scores rounded: JSON then
-            argv = ["search", query, "--workspace", str(ws), *([] if text else ["--json"])]
+            argv = ["search", query, "--workspace", str(ws), *_flags(rng), *([] if text else ["--json"])]
             monkeypatch.setenv("QMDBRIDGE_DAEMON", "off")
             first = _run(argv, capsys)  # indexes the workspace, records this command line's settings
             assert first[0] == (2 if state == "gone" and n else 0), first[2]

@@ -83,16 +83,6 @@ def mcp_tools() -> list[types.Tool]:
                                    (STATUS_TOOL_SCHEMA, copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"])))]
 
 
-async def _call(manager: MemoryManager, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """One tool call (:func:`qmdbridge.tools.call_tool`); a failure is a disabled result."""
-    params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
-    try:
-        return await call_tool(manager, name, params, session_key=arguments.get("sessionKey"),
-                               session_keys=arguments.get("sessionKeys"))
-    except Exception as exc:  # tool edge: the client gets an error result, never a crash
-        return {"disabled": True, "error": str(exc) if isinstance(exc, UsageError) else f"{type(exc).__name__}: {exc}"}
-
-
 def build_server(manager: MemoryManager) -> Server[Any, Any]:
     """An MCP ``Server`` answering ``tools/list`` and ``tools/call`` with ``manager``.
 
@@ -112,8 +102,13 @@ def build_server(manager: MemoryManager) -> Server[Any, Any]:
         return mcp_tools()
 
     @server.call_tool()  # type: ignore[untyped-decorator]
-    async def call_tool(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        result = await _call(manager, name, arguments)
+    async def call(name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        params = {k: v for k, v in arguments.items() if k not in ("sessionKey", "sessionKeys")}
+        try:  # the one routing of a tool call; a failure is a disabled result
+            result = await call_tool(manager, name, params, session_key=arguments.get("sessionKey"),
+                                     session_keys=arguments.get("sessionKeys"))
+        except Exception as exc:  # tool edge: the client gets an error result, never a crash
+            result = {"disabled": True, "error": str(exc) if isinstance(exc, UsageError) else f"{type(exc).__name__}: {exc}"}
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=orjson.dumps(result).decode())],
             structuredContent=result, isError=bool(result.get("disabled")))

@@ -15,7 +15,9 @@ it without a daemon (recorded settings on: the read-only route whenever it may a
 through a running daemon (``serve``'s socket listener and its long-lived manager, which the CLI
 finds by itself). Stdout, stderr and the exit code must be the same, warnings included (the
 daemon's JSON says ``"servedBy": "daemon"`` where the others say ``process``). A foreign index
-is put back before each route, so each meets it first.
+is put back before each route, so each meets it first. Each case also reads with ``get`` served
+and in-process: a blank path, and one of a page of ``MEMORY.md``, a missing note, a note of an
+extra path, the binary note.
 
 The CLI runs in this process (``qmdbridge.cli.main.main``) and so does the daemon (one event
 loop for the module, one manager and socket per case): process start-up and signals are not the
@@ -294,13 +296,17 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
                 monkeypatch.setenv("QMDBRIDGE_DAEMON", "off")  # the daemon's sync below tells nothing
                 assert _run(["search", "router", "--workspace", str(ws)], capsys)[0] == 0
             _daemon_sync(state_dir)  # the sync a served search started (a session start) is over
-        if state != "gone":  # a blank `get`: refused in the same words, served or not
-            get = ["get", " ", "--workspace", str(ws), *([] if seed % 2 else ["--json"])]
-            monkeypatch.setenv("QMDBRIDGE_DAEMON", "off")
-            refused = _run(get, capsys)
-            monkeypatch.delenv("QMDBRIDGE_DAEMON")
-            assert _run(get, capsys) == refused and refused[0] == 3
-            assert "path refused: ' ': empty path" in refused[1] + refused[2]
+        if state != "gone":  # `get`, served or not: pages, refusals, a missing note
+            pages = [["MEMORY.md", "--from", str(rng.randint(1, 4)), "--lines", str(rng.randint(1, 3))],
+                     ["memory/2030-01-01.md"], ["../notes/wan.md"], ["memory/scan.md"]]
+            for page in [[" "], rng.choice(pages)]:
+                get = ["get", *page, "--workspace", str(ws), *([] if rng.random() < 0.5 else ["--json"])]
+                monkeypatch.setenv("QMDBRIDGE_DAEMON", "off")
+                in_process = _run(get, capsys)
+                monkeypatch.delenv("QMDBRIDGE_DAEMON")
+                assert _daemon_stdout(_run(get, capsys)) == in_process
+                if page == [" "]:
+                    assert in_process[0] == 3 and "path refused: ' ': empty path" in in_process[1] + in_process[2]
     plain_keyword = search["provider"] == "none" and "sources" not in search
     if plain_keyword and state not in ("gone", *FOREIGN):  # the read-only route answered (else it was declined)
         assert any(code == 0 for code in fast_answers), fast_answers

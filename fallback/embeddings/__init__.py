@@ -46,37 +46,32 @@ ProviderFactory = Callable[..., EmbeddingProvider]
 ``EmbeddingProviderUnavailableError`` when the provider cannot be created."""
 
 
-
-def _factory(module: str) -> ProviderFactory:
-    """``fallback.embeddings.<module>.from_settings``, imported on its first call: an agent
+def _factory(name: str) -> ProviderFactory:
+    """The factory of provider ``name``, importing its module on its first call: an agent
     without an embedding provider loads no provider module (``local`` brings the model
-    downloader, the HTTP providers their client and batch-job code)."""
+    downloader, the HTTP providers (``remote.py``) their client and batch-job code)."""
     def create(settings: MemorySearchSettings, *, env: Mapping[str, str], **kwargs: object) -> EmbeddingProvider:
-        from importlib import import_module
+        if name == "local":
+            from fallback.embeddings.local_gguf import from_settings
 
-        factory: ProviderFactory = import_module(f"fallback.embeddings.{module}").from_settings
-        return factory(settings, env=env, **kwargs)
+            return from_settings(settings, env=env, **kwargs)  # type: ignore[arg-type]
+        from fallback.embeddings.remote import from_settings as remote_from_settings
 
-    create.__name__ = create.__qualname__ = f"{module}.from_settings"
+        return remote_from_settings(name, settings, env=env, **kwargs)  # type: ignore[arg-type]
+
+    create.__name__ = create.__qualname__ = f"create_{name}"
     return create
 
 
 # name -> factory; read-only (tests pass their own mapping to ``select_provider``).
 PROVIDERS: Mapping[str, ProviderFactory] = MappingProxyType({
-    "openai": _factory("openai"),
-    "openai-compatible": _factory("openai_compatible"),
-    "gemini": _factory("gemini"),
-    "voyage": _factory("voyage"),
-    "mistral": _factory("mistral"),
-    "ollama": _factory("ollama"),
-    "local": _factory("local_gguf"),
-})
+    name: _factory(name)
+    for name in ("openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local")})
 
 # The order ``auto`` tries (spec 6.1, E1/E2); ollama and openai-compatible are never guessed.
 AUTO_ORDER: tuple[str, ...] = ("local", "openai", "gemini", "voyage", "mistral")
 
-# The environment variables each remote provider reads its API key from (first set one wins);
-# the provider modules read theirs from here.
+# The environment variables each remote provider reads its API key from (first set one wins).
 ENV_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "openai": ("OPENAI_API_KEY",), "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
     "voyage": ("VOYAGE_API_KEY",), "mistral": ("MISTRAL_API_KEY",), "ollama": ("OLLAMA_API_KEY",),

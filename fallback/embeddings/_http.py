@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -130,8 +131,9 @@ def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> It
                                      retryable=True) from exc
 
 
+@dataclass(frozen=True)
 class RemoteEndpoint:
-    """Where and how to reach a remote provider: base URL, API key, extra headers.
+    """Where and how to reach a remote provider.
 
     Attributes:
         base_url: without a trailing slash.
@@ -139,10 +141,9 @@ class RemoteEndpoint:
         headers: configured extra headers (``remote.headers``).
     """
 
-    def __init__(self, *, base_url: str, api_key: str | None, headers: Mapping[str, str]) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
-        self.headers = dict(headers)
+    base_url: str
+    api_key: str | None
+    headers: Mapping[str, str]
 
 
 def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
@@ -164,7 +165,7 @@ def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[s
     url = (base_url or "").strip() or default_base_url
     if not url:
         raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
-    return RemoteEndpoint(base_url=url, api_key=key, headers=headers)
+    return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
 
 
 class HttpClient:

@@ -15,13 +15,16 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import anyio.abc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
+
+if TYPE_CHECKING:
+    from fallback.embeddings.batch_jobs import BatchRunner
 
 __all__ = [
     "BATCH_TIMEOUT_S",
@@ -30,7 +33,6 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "QUERY_TIMEOUT_S",
     "BaseProvider",
-    "BatchEmbedder",
     "CallPolicy",
     "EmbeddingProvider",
     "compute_provider_key",
@@ -103,16 +105,12 @@ RETRY_JITTER = (1.0, 1.2)
 MIN_NORM = 1e-10
 
 # Provider input limits in tokens (spec 3 table), then per-provider defaults.
-_KNOWN_MAX_INPUT_TOKENS = (
-    ("openai", "text-embedding-3-small", 8192),
-    ("openai", "text-embedding-3-large", 8192),
-    ("openai", "text-embedding-ada-002", 8191),
-    ("gemini", "text-embedding-004", 2048),
-    ("voyage", "voyage-3", 32000),
-    ("voyage", "voyage-3-lite", 16000),
-    ("voyage", "voyage-code-3", 32000),
-)
-_DEFAULT_MAX_INPUT_TOKENS = (("gemini", 2048), ("local", 2048))
+_KNOWN_MAX_INPUT_TOKENS = {
+    ("openai", "text-embedding-3-small"): 8192, ("openai", "text-embedding-3-large"): 8192,
+    ("openai", "text-embedding-ada-002"): 8191, ("gemini", "text-embedding-004"): 2048,
+    ("voyage", "voyage-3"): 32000, ("voyage", "voyage-3-lite"): 16000, ("voyage", "voyage-code-3"): 32000,
+}
+_DEFAULT_MAX_INPUT_TOKENS = {"gemini": 2048, "local": 2048}
 FALLBACK_MAX_INPUT_TOKENS = 8192
 
 # Headers that carry credentials: never part of the provider key (spec 4.3).
@@ -132,10 +130,8 @@ def max_input_tokens_for(provider_id: str, model: str) -> int:
 
     Known ``provider:model`` pairs first, then gemini/local 2048, anything else 8192.
     """
-    for prov, name, limit in _KNOWN_MAX_INPUT_TOKENS:
-        if prov == provider_id and name == model:
-            return limit
-    return dict(_DEFAULT_MAX_INPUT_TOKENS).get(provider_id, FALLBACK_MAX_INPUT_TOKENS)
+    return _KNOWN_MAX_INPUT_TOKENS.get((provider_id, model),
+                                       _DEFAULT_MAX_INPUT_TOKENS.get(provider_id, FALLBACK_MAX_INPUT_TOKENS))
 
 
 def compute_provider_key(provider_id: str, model: str, *, base_url: str | None = None,
@@ -223,11 +219,6 @@ def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, EmbeddingProviderError) and exc.retryable
 
 
-def format_seconds(seconds: float) -> str:
-    """``120.0`` -> ``"120"``, ``0.25`` -> ``"0.25"`` (for timeout messages)."""
-    return f"{seconds:g}"
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """How a provider runs its requests.
@@ -260,19 +251,6 @@ class CallPolicy:
                    batch_timeout_s=batch_timeout_s or LOCAL_BATCH_TIMEOUT_S)
 
 
-class BatchEmbedder(Protocol):
-    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``)."""
-
-    @property
-    def enabled(self) -> bool:
-        """False once batch mode was disabled after repeated failures."""
-        ...
-
-    async def run(self, texts: list[str]) -> list[list[float]] | None:
-        """Vectors for ``texts``, or None when the caller must embed inline."""
-        ...
-
-
 class BaseProvider:
     """Shared machinery of every provider: batching, retries, halving, timeouts, checks.
 
@@ -296,7 +274,7 @@ class BaseProvider:
 
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
-                 policy: CallPolicy | None = None, batch_runner: BatchEmbedder | None = None) -> None:
+                 policy: CallPolicy | None = None, batch_runner: BatchRunner | None = None) -> None:
         """Args:
             model: model id as sent to the provider.
             provider_key: from :func:`compute_provider_key`.
@@ -442,7 +420,7 @@ class BaseProvider:
                 except TimeoutError as exc:
                     raise EmbeddingProviderError(
                         self.provider_id,
-                        f"memory embeddings {kind} timed out after {format_seconds(timeout_s)}s",
+                        f"memory embeddings {kind} timed out after {timeout_s:g}s",
                         retryable=False) from exc
         raise AssertionError("unreachable: tenacity re-raises the last error")
 

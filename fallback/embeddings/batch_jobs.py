@@ -28,7 +28,6 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from fallback.embeddings._http import HttpClient
-from fallback.embeddings.base import format_seconds
 from fallback.errors import EmbeddingProviderError
 from fallback.settings import RemoteBatchSettings
 
@@ -204,7 +203,7 @@ async def run_batch_job(api: BatchJobApi, requests: Sequence[tuple[str, str]], *
                 pid, f"batch {state.job_id} still {state.state}; remote.batch.wait is false")
         if anyio.current_time() - started > timeout_s:
             raise EmbeddingProviderError(
-                pid, f"batch {state.job_id} timed out after {format_seconds(timeout_s)}s",
+                pid, f"batch {state.job_id} timed out after {timeout_s:g}s",
                 retryable=True)
         await anyio.sleep(poll_interval_s)
         state = await api.poll(state.job_id)

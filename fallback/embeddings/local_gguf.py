@@ -43,7 +43,6 @@ __all__ = [
     "ModelSource",
     "from_settings",
     "is_llama_cpp_installed",
-    "resolve_model_path",
     "resolve_model_source",
 ]
 
@@ -135,27 +134,10 @@ def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: P
         raise EmbeddingProviderUnavailableError(
             "local", f"local.modelPath {raw} is a URL; give a file path or an "
                      "hf:<owner>/<repo>/<file>.gguf URI (downloaded on first use)")
-    path = resolve_model_path(raw)
-    return ModelSource(path=path, name=str(path))
-
-
-def resolve_model_path(model_path: str | None) -> Path:
-    """The local model file from ``local.modelPath`` (``~`` expanded, made absolute).
-
-    Raises:
-        EmbeddingProviderUnavailableError: not configured, a remote URI (``hf:``, ``http(s):``;
-            :func:`resolve_model_source` handles those), or no such file.
-    """
-    raw = (model_path or "").strip()
-    if not raw:
-        raise EmbeddingProviderUnavailableError("local", NO_LOCAL_MODEL)
-    if raw.startswith(("hf:", "http:", "https:")):
-        raise EmbeddingProviderUnavailableError(
-            "local", f"local.modelPath {raw} is a remote URI, not a file path")
     path = Path(raw).expanduser().resolve()
     if not path.is_file():
         raise EmbeddingProviderUnavailableError("local", f"local model file not found: {path}")
-    return path
+    return ModelSource(path=path, name=str(path))
 
 
 class LocalGgufProvider(BaseProvider):

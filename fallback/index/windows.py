@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from fallback.text.chunking import Chunk, embedding_windows, split_by_utf8_bytes
+from fallback.text.chunking import Chunk, chunk_markdown, split_by_utf8_bytes
 
 __all__ = [
     "EMBED_WINDOW_OVERLAP",
@@ -34,9 +34,10 @@ EMBED_WINDOW_OVERLAP = 96
 
 
 def chunk_windows(chunk: Chunk, *, max_input_tokens: int) -> list[Chunk]:
-    """The texts ``chunk`` is embedded as: its :func:`~fallback.text.chunking.embedding_windows`
-    (:data:`EMBED_WINDOW_TOKENS`, :data:`EMBED_WINDOW_OVERLAP`), each cut to the provider's
-    input limit.
+    """The texts ``chunk`` is embedded as: its text chunked again
+    (:func:`~fallback.text.chunking.chunk_markdown`) into windows of whole lines (a long line
+    cut) of :data:`EMBED_WINDOW_TOKENS`, each repeating up to :data:`EMBED_WINDOW_OVERLAP` of
+    the one before, each cut to the provider's input limit.
 
     Args:
         chunk: the chunk.
@@ -48,8 +49,8 @@ def chunk_windows(chunk: Chunk, *, max_input_tokens: int) -> list[Chunk]:
         too short to window is its own single window.
     """
     cap = max(4, min(max_input_tokens, MAX_EMBED_INPUT_BYTES))
-    windows = embedding_windows(chunk.text, tokens=EMBED_WINDOW_TOKENS,
-                                overlap=EMBED_WINDOW_OVERLAP) or [chunk]
+    windows = chunk_markdown(chunk.text, tokens=EMBED_WINDOW_TOKENS,
+                             overlap=EMBED_WINDOW_OVERLAP) or [chunk]
     return [piece for w in windows for piece in split_by_utf8_bytes(w, cap)]
 
 

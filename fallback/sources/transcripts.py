@@ -40,7 +40,6 @@ __all__ = [
     "TranscriptMessage",
     "TranscriptParse",
     "TranscriptScan",
-    "list_transcripts",
     "message_line",
     "parse_transcript",
     "sanitize_message_text",
@@ -210,21 +209,6 @@ def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
         return TranscriptScan(paths=sorted(paths, key=lambda p: p.name),
                               error=f"session enumeration failed: {sessions_dir}: {detail}")
     return TranscriptScan(paths=sorted(paths, key=lambda p: p.name))
-
-
-def list_transcripts(sessions_dir: Path) -> list[Path]:
-    """Return the transcripts directly inside ``sessions_dir``, sorted by name.
-
-    Same selection as :func:`scan_transcripts`; a missing directory gives ``[]``.
-
-    Raises:
-        OSError: the directory exists but could not be enumerated (callers translate it:
-            the qmd export raises ``BackendUnavailableError``).
-    """
-    scan = scan_transcripts(sessions_dir)
-    if scan.error is not None:
-        raise OSError(scan.error)
-    return scan.paths
 
 
 def _strip_envelopes(text: str) -> str:

@@ -35,8 +35,6 @@ from fallback.errors import UsageError
 from fallback.text.scripts import sha256_hex, text_weight
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     import regex
 
 __all__ = [
@@ -45,11 +43,9 @@ __all__ = [
     "MIN_CHUNK_CHARS",
     "Chunk",
     "chunk_markdown",
-    "embedding_windows",
     "file_lines",
     "grapheme_ends",
     "remap_lines",
-    "section_spans",
     "split_by_utf8_bytes",
     "split_lines",
     "text_weight",
@@ -314,46 +310,6 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
             current += size
     flush()
     return chunks
-
-
-def section_spans(lines: Sequence[str]) -> list[tuple[int, int]]:
-    """The Markdown sections of a file's lines, as :func:`chunk_markdown` with ``sections``
-    starts chunks: a new section at every heading line once the current one has non-blank text.
-
-    Args:
-        lines: the file's lines (line ``i`` is ``lines[i - 1]``).
-
-    Returns:
-        0-based inclusive ``(first, last)`` line ranges covering every line in order; ``[]``
-        for no lines.
-    """
-    spans: list[tuple[int, int]] = []
-    start, has_text = 0, False
-    for i, line in enumerate(lines):
-        if has_text and _HEADING_RE.match(line):
-            spans.append((start, i - 1))
-            start, has_text = i, False
-        has_text = has_text or bool(line.strip())
-    if lines:
-        spans.append((start, len(lines) - 1))
-    return spans
-
-
-def embedding_windows(text: str, *, tokens: int, overlap: int) -> list[Chunk]:
-    """The windows a chunk's text is embedded as: :func:`chunk_markdown` of it with a window
-    budget, so each window is whole lines (a long line cut) of at most ``tokens`` and the next
-    one repeats up to ``overlap`` tokens of its last lines.
-
-    Args:
-        text: the chunk's text.
-        tokens: window budget in tokens (4 chars each, CJK characters 1 token each).
-        overlap: overlap budget in tokens.
-
-    Returns:
-        The windows in order, line numbers relative to ``text`` (1-based); ``[]`` for a blank
-        text.
-    """
-    return chunk_markdown(text, tokens=tokens, overlap=overlap)
 
 
 def remap_lines(chunks: list[Chunk], line_map: list[int] | None) -> list[Chunk]:

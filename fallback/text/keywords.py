@@ -1,4 +1,4 @@
-"""Keyword extraction for keyword-only (FTS-only) search, and the plain query tokenizer.
+"""Keyword extraction for keyword-only (FTS-only) search.
 
 :func:`extract_keywords` turns a conversational query ("that thing we discussed about the API",
 "之前讨论的那个方案", "어제 논의한 배포 전략") into search terms: stop words in English, Spanish,
@@ -20,13 +20,13 @@ import re
 import unicodedata
 from typing import TYPE_CHECKING
 
-from fallback.text.scripts import contains_cjk, script_of, word_runs
+from fallback.text.scripts import contains_cjk, script_of
 
 if TYPE_CHECKING:
     import regex
 
 __all__ = ["CHINESE_STOP_WORDS", "JAPANESE_STOP_WORDS", "KOREAN_PARTICLES", "STOP_WORDS",
-           "cjk_words", "contraction_fragments", "extract_keywords", "query_tokens"]
+           "cjk_words", "contraction_fragments", "extract_keywords"]
 
 
 def _words(text: str) -> frozenset[str]:
@@ -165,18 +165,6 @@ def contraction_fragments(text: str) -> list[tuple[int, int]]:
     spans = [m.span(1) for m in clitic.finditer(text)]
     spans += [m.span(1) for m in negated.finditer(text)]
     return sorted(spans)
-
-
-def query_tokens(text: str) -> list[str]:
-    """Split text into lower-case NFC word tokens.
-
-    A token is a maximal run of letters (``L*``), marks (``M*``), numbers (``N*``) or ``_``;
-    everything else separates tokens. ``"Hello World 123"`` -> ``["hello", "world", "123"]``.
-
-    Returns:
-        The tokens in order, duplicates kept.
-    """
-    return [t.lower() for t in word_runs(text)]
 
 
 def _segments(query: str) -> list[str]:

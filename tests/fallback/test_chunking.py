@@ -14,7 +14,6 @@ from fallback.text.chunking import (
     chunk_markdown,
     file_lines,
     remap_lines,
-    section_spans,
     split_by_utf8_bytes,
     split_lines,
     text_weight,
@@ -308,24 +307,17 @@ def test_truncate_and_byte_split_keep_grapheme_clusters() -> None:
     assert all(len(p.text.encode()) <= 8 for p in tiny)
 
 
-@pytest.mark.parametrize("text", [
-    "# A\n\none\n## B\ntwo\n\n### C\nthree",
-    "intro\n# A\n# B\n\nbody\n   ## indented\n    # code, not a heading\n#hashtag\nend",
-    "\n\n# first after blanks\ntext",
-    "no headings at all\njust lines",
+@pytest.mark.parametrize(("text", "ranges"), [
+    ("# A\n\none\n## B\ntwo\n\n### C\nthree", [(1, 3), (4, 6), (7, 8)]),
+    # up to 3 spaces before the marks; 4 make code, and "#hashtag" is no heading
+    ("intro\n# A\n# B\n\nbody\n   ## indented\n    # code, not a heading\n#hashtag\nend",
+     [(1, 1), (2, 2), (3, 5), (6, 9)]),
+    ("\n\n# first after blanks\ntext", [(1, 4)]),  # blank lines are no text to cut after
+    ("no headings at all\njust lines", [(1, 2)]),
+    ("", []),
 ])
-def test_section_spans_start_where_the_chunker_starts_a_section(text: str) -> None:
-    lines = text.split("\n")
-    spans = section_spans(lines)
-    # contiguous, in order, covering every line
-    assert spans[0][0] == 0 and spans[-1][1] == len(lines) - 1
-    assert all(b[0] == a[1] + 1 for a, b in zip(spans, spans[1:], strict=False))
-    # with a budget no section reaches, the chunker starts a chunk exactly at each section
-    # holding text (it drops blank-only chunks)
-    starts = [c.start_line - 1 for c in chunk_markdown(text, tokens=10_000, overlap=0, sections=True)]
-    assert starts == [a for a, b in spans if any(line.strip() for line in lines[a:b + 1])]
-
-
-def test_section_spans_of_nothing() -> None:
-    assert section_spans([]) == []
-    assert section_spans([""]) == [(0, 0)]
+def test_sections_start_a_chunk_at_each_heading_after_text(text: str, ranges: list) -> None:
+    chunks = chunk_markdown(text, tokens=10_000, overlap=0, sections=True)
+    assert [(c.start_line, c.end_line) for c in chunks] == ranges
+    assert [(c.start_line, c.end_line) for c in chunk_markdown(text, tokens=10_000, overlap=0)] == (
+        [(1, ranges[-1][1])] if ranges else [])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.text.keywords import cjk_words, contraction_fragments, extract_keywords, query_tokens
+from fallback.text.keywords import cjk_words, contraction_fragments, extract_keywords
+from fallback.text.scripts import word_runs
 
 
 def test_case39_english_conversational() -> None:
@@ -82,13 +83,13 @@ def test_nfc_normalisation() -> None:
     assert extract_keywords(decomposed) == ["\u00e9t\u00e9", "planning"]
 
 
-def test_query_tokens() -> None:
-    assert query_tokens("Hello World 123") == ["hello", "world", "123"]
-    assert query_tokens("") == []
-    assert query_tokens("!@#$%^&*()") == []
-    assert query_tokens("snake_case x-y") == ["snake_case", "x", "y"]
-    assert query_tokens("Café 東京 hello hello") == ["café", "東京", "hello", "hello"]
-    assert query_tokens("e\u0301") == ["\u00e9"]
+def test_word_runs() -> None:
+    assert word_runs("Hello World 123") == ["Hello", "World", "123"]
+    assert word_runs("") == []
+    assert word_runs("!@#$%^&*()") == []
+    assert word_runs("snake_case x-y") == ["snake_case", "x", "y"]
+    assert word_runs("Café 東京 hello hello") == ["Café", "東京", "hello", "hello"]
+    assert word_runs("e\u0301") == ["\u00e9"]
 
 
 @pytest.mark.parametrize(("text", "fragments"), [

@@ -12,7 +12,7 @@ import pytest
 from fallback.sources.transcripts import (
     SessionDeltaTracker,
     TranscriptMessage,
-    list_transcripts,
+    TranscriptScan,
     parse_transcript,
     sanitize_message_text,
     scan_transcripts,
@@ -136,7 +136,7 @@ def test_cron_run_transcript_is_excluded(tmp_path: Path) -> None:
     assert parsed.messages == []
 
 
-def test_list_transcripts_selection(tmp_path: Path) -> None:
+def test_scan_transcripts_selection(tmp_path: Path) -> None:
     names = [
         "a.jsonl", "b.jsonl.reset.2026-02-01T10-00-00.000Z", "c.jsonl.deleted.2026-02-02T00:00:00Z",
         "d.checkpoint.0f8fad5b-d9cb-469f-a165-70867728950e.jsonl", "checkpoint-notes.jsonl",
@@ -148,21 +148,21 @@ def test_list_transcripts_selection(tmp_path: Path) -> None:
     (tmp_path / "sub" / "nested.jsonl").write_text("{}\n")
     (tmp_path / "dir.jsonl").mkdir()
     (tmp_path / "link.jsonl").symlink_to(tmp_path / "a.jsonl")
-    assert [p.name for p in list_transcripts(tmp_path)] == [
+    scan = scan_transcripts(tmp_path)
+    assert scan.error is None
+    assert [p.name for p in scan.paths] == [
         "a.jsonl", "b.jsonl.reset.2026-02-01T10-00-00.000Z", "c.jsonl.deleted.2026-02-02T00:00:00Z",
         "checkpoint-notes.jsonl", "e.checkpoint.jsonl",
     ]
 
 
-def test_list_transcripts_missing_dir_and_failure(tmp_path: Path) -> None:
-    assert list_transcripts(tmp_path / "absent") == []
+def test_scan_transcripts_missing_dir_and_failure(tmp_path: Path) -> None:
+    assert scan_transcripts(tmp_path / "absent") == TranscriptScan(paths=[])
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("x")
     scan = scan_transcripts(not_a_dir)
     assert scan.paths == []
     assert scan.error == f"session enumeration failed: {not_a_dir}: Not a directory"
-    with pytest.raises(OSError, match="session enumeration failed"):
-        list_transcripts(not_a_dir)
 
 
 def test_session_id_for() -> None:

@@ -223,7 +223,10 @@ class HttpClient:
             raise error_from_response(self.provider_id, response, secrets=self.secrets)
         return response
 
-    def _json(self, response: httpx.Response) -> Any:
+    async def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Send a request (``httpx`` keyword arguments: ``content``, ``data``, ``files``,
+        ``headers`` ...); return the decoded JSON body."""
+        response = await self.request(method, path, **kwargs)
         try:
             return orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
@@ -233,30 +236,8 @@ class HttpClient:
 
     async def post_json(self, path: str, payload: Any) -> Any:
         """POST ``payload`` as JSON; return the decoded JSON body."""
-        response = await self.request("POST", path, content=orjson.dumps(payload),
-                                      headers={"content-type": "application/json"})
-        return self._json(response)
-
-    async def get_json(self, path: str) -> Any:
-        """GET; return the decoded JSON body."""
-        return self._json(await self.request("GET", path))
-
-    async def get_text(self, path: str) -> str:
-        """GET; return the body as text (e.g. a JSONL result file)."""
-        return (await self.request("GET", path)).text
-
-    async def post_file(self, path: str, *, fields: Mapping[str, str], file_name: str,
-                        content: bytes, content_type: str) -> Any:
-        """POST a multipart form with one file part named ``file``; return the JSON body."""
-        response = await self.request("POST", path, data=dict(fields),
-                                      files={"file": (file_name, content, content_type)})
-        return self._json(response)
-
-    async def post_raw(self, path: str, *, content: bytes, content_type: str) -> Any:
-        """POST a prepared body (e.g. ``multipart/related``); return the JSON body."""
-        response = await self.request("POST", path, content=content,
-                                      headers={"content-type": content_type})
-        return self._json(response)
+        return await self.json("POST", path, content=orjson.dumps(payload),
+                               headers={"content-type": "application/json"})
 
     async def aclose(self) -> None:
         """Close the underlying client (safe to call twice)."""

@@ -249,9 +249,8 @@ class OpenAIBatchJobs:
     async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
         """Upload the JSONL file and create the batch job."""
         jsonl = b"\n".join(orjson.dumps(self._line(cid, text)) for cid, text in requests)
-        uploaded = await self.http.post_file("files", fields={"purpose": "batch"},
-                                             file_name="memory-embeddings.jsonl",
-                                             content=jsonl, content_type="application/jsonl")
+        uploaded = await self.http.json("POST", "files", data={"purpose": "batch"}, files={
+            "file": ("memory-embeddings.jsonl", jsonl, "application/jsonl")})
         file_id = uploaded.get("id") if isinstance(uploaded, dict) else None
         if not file_id:
             raise EmbeddingProviderError(self.provider_id, "batch file upload returned no id")
@@ -259,11 +258,11 @@ class OpenAIBatchJobs:
 
     async def poll(self, job_id: str) -> BatchState:
         """GET ``/batches/{id}``."""
-        return self._state(await self.http.get_json(f"batches/{job_id}"))
+        return self._state(await self.http.json("GET", f"batches/{job_id}"))
 
     async def fetch_results(self, state: BatchState) -> str:
         """GET ``/files/{output_file_id}/content``."""
-        return await self.http.get_text(f"files/{state.output_file}/content")
+        return (await self.http.request("GET", f"files/{state.output_file}/content")).text
 
 
 class VoyageBatchJobs(OpenAIBatchJobs):
@@ -332,9 +331,9 @@ class GeminiBatchJobs:
         body = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode()
                 + meta + f"\r\n--{boundary}\r\nContent-Type: application/jsonl\r\n\r\n".encode()
                 + jsonl + f"\r\n--{boundary}--\r\n".encode())
-        uploaded = await self.http.post_raw(f"{self._prefixed('upload')}/files?uploadType=multipart",
-                                            content=body,
-                                            content_type=f"multipart/related; boundary={boundary}")
+        uploaded = await self.http.json(
+            "POST", f"{self._prefixed('upload')}/files?uploadType=multipart", content=body,
+            headers={"content-type": f"multipart/related; boundary={boundary}"})
         file_name = (uploaded.get("name") or (uploaded.get("file") or {}).get("name")
                      if isinstance(uploaded, dict) else None)
         if not file_name:
@@ -355,13 +354,14 @@ class GeminiBatchJobs:
     async def poll(self, job_id: str) -> BatchState:
         """GET ``/batches/<name>``."""
         name = job_id if job_id.startswith("batches/") else f"batches/{job_id}"
-        return self._state(await self.http.get_json(name))
+        return self._state(await self.http.json("GET", name))
 
     async def fetch_results(self, state: BatchState) -> str:
         """GET ``/download/v1beta/files/<id>:download?alt=media``."""
         name = state.output_file or ""
         name = name if name.startswith("files/") else f"files/{name}"
-        return await self.http.get_text(f"{self._prefixed('download')}/{name}:download?alt=media")
+        return (await self.http.request(
+            "GET", f"{self._prefixed('download')}/{name}:download?alt=media")).text
 
 
 class BatchRunner:

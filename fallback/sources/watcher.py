@@ -411,28 +411,25 @@ class MemoryWatcher:
         self._schedule_memory_dir()  # memory/ may have appeared while the observer started
 
     def _start_observer(self) -> None:
-        polling = self.force_polling
+        obs, polling = self._launch_or_poll(self.force_polling)
+        self._install(obs, "polling" if polling else "native")
+        if polling and not self.force_polling:  # events may have been lost: rescan
+            with self._lock:
+                self.state.pending.add(RESCAN_MARKER)
+
+    def _launch_or_poll(self, polling: bool) -> tuple[Any, bool]:
+        """:meth:`_launch`; a native observer that cannot be started (the inotify watch limit,
+        ``ENOSPC``) falls back to polling, saying why in ``degraded_reason`` (blocking).
+        Returns the observer and whether it polls."""
         try:
-            obs = self._launch(polling)
+            return self._launch(polling), polling
         except OSError as exc:
             if polling:
                 raise
-            self._degrade(self._native_failure(exc))
-            return
-        self._install(obs, "polling" if polling else "native")
-
-    @staticmethod
-    def _native_failure(exc: OSError) -> str:
-        return ("inotify watch limit reached (raise fs.inotify.max_user_watches)"
+            self.state.degraded_reason = (
+                "inotify watch limit reached (raise fs.inotify.max_user_watches)"
                 if getattr(exc, "errno", None) == 28 else f"native watcher failed: {exc}")
-
-    def _degrade(self, reason: str) -> None:
-        """Switch to the polling observer (blocking); events may have been lost: rescan."""
-        self._stop_observer()
-        self.state.degraded_reason = reason
-        self._install(self._launch(True), "polling")
-        with self._lock:
-            self.state.pending.add(RESCAN_MARKER)
+            return self._launch(True), True
 
     def _stop_observer(self) -> None:
         with self._obs_lock:
@@ -504,14 +501,7 @@ class MemoryWatcher:
             self._stop_observer()
             if polling and self.state.mode != "polling" and not self.force_polling:
                 self.state.degraded_reason = cause
-            try:
-                obs = self._launch(polling)
-            except OSError as exc:
-                if polling:
-                    raise
-                self.state.degraded_reason = self._native_failure(exc)
-                polling = True
-                obs = self._launch(True)
+            obs, polling = self._launch_or_poll(polling)
             self._install(obs, "polling" if polling else "native")
             with self._lock:
                 self.state.rearms += 1

@@ -5,6 +5,7 @@ tick."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
@@ -159,6 +160,31 @@ async def test_dead_observer_degrades_to_polling_and_still_sees_changes(ws: Path
 
     await _run(watcher, body)
     assert watcher.snapshot()["degradedReason"] == "native watcher thread died"
+
+
+class _NoNativeWatcher(MemoryWatcher):
+    """The native observer cannot start, as when the inotify watch limit is spent (a limit a
+    test cannot spend on a shared machine)."""
+
+    def _new_observer(self, polling: bool):  # type: ignore[no-untyped-def]
+        if not polling:
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+        return super()._new_observer(polling)
+
+
+async def test_a_native_observer_that_cannot_start_polls_and_rescans(ws: Path) -> None:
+    rec = Recorder()
+    watcher = _NoNativeWatcher(ws, on_change=rec, debounce_ms=50, poll_interval_s=0.2)
+
+    async def body() -> None:
+        assert watcher.state.mode == "polling"
+        await rec.wait_for(lambda s: RESCAN_MARKER in s)  # events may have been lost
+        (ws / "memory" / "polled.md").write_text("polled\n")
+        await rec.wait_for(lambda s: str(ws / "memory" / "polled.md") in s)
+
+    await _run(watcher, body)
+    assert watcher.state.degraded_reason == (
+        "inotify watch limit reached (raise fs.inotify.max_user_watches)")
 
 
 async def test_periodic_rescan_callback(ws: Path) -> None:

@@ -266,23 +266,18 @@ class OpenAIBatchJobs:
 
 
 class VoyageBatchJobs(OpenAIBatchJobs):
-    """Voyage Batch API: same file/batch flow, ``request_params`` carry model and input type."""
+    """Voyage Batch API: same file/batch flow, ``request_params`` carry model and input type
+    (construct without ``dimensions``)."""
 
     provider_id = "voyage"
     completion_window = "12h"
-
-    def __init__(self, *, http: HttpClient, model: str) -> None:
-        """Args: the provider's HTTP client and model id."""
-        super().__init__(http=http, model=model)
 
     def _line(self, custom_id: str, text: str) -> dict[str, Any]:
         return {"custom_id": custom_id, "body": {"input": [text]}}
 
     def _create_body(self, file_id: str) -> dict[str, Any]:
-        return {"input_file_id": file_id, "endpoint": "/v1/embeddings",
-                "completion_window": self.completion_window,
-                "request_params": {"model": self.model, "input_type": "document"},
-                "metadata": {"source": "qmdbridge-memory"}}
+        return {**super()._create_body(file_id),
+                "request_params": {"model": self.model, "input_type": "document"}}
 
 
 class GeminiBatchJobs:

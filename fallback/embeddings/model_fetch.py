@@ -276,12 +276,17 @@ def _part(path: Path) -> Path:
     return path.with_name(path.name + ".part")
 
 
+def _digest_in(text: str) -> str | None:
+    """The sha256 a ``.sha256`` file's text starts with (``sha256sum`` output), or None."""
+    words = text.split()
+    return words[0].lower() if words and _SHA256_RE.fullmatch(words[0].lower()) else None
+
+
 def _read_digest(path: Path) -> str | None:
     try:
-        text = path.read_text(encoding="ascii", errors="replace").split()
+        return _digest_in(path.read_text(encoding="ascii", errors="replace"))
     except OSError:
         return None
-    return text[0].lower() if text and _SHA256_RE.fullmatch(text[0].lower()) else None
 
 
 def _file_sha256(path: Path) -> str:
@@ -455,10 +460,7 @@ def _sidecar_digest(client: httpx.Client, url: str) -> str | None:
         response = client.get(url + ".sha256")
     except httpx.HTTPError:
         return None
-    if response.status_code != 200:
-        return None
-    words = response.text.split()
-    return words[0].lower() if words and _SHA256_RE.fullmatch(words[0].lower()) else None
+    return _digest_in(response.text) if response.status_code == 200 else None
 
 
 def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expected, *,

@@ -65,7 +65,7 @@ import os
 import re
 import stat
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -440,34 +440,42 @@ def _read_text(fd: int, start: int, count: int, max_chars: int,
             return "".join(parts), skipped
 
 
-def _read_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
+def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, display: str,
                from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
-               backend: str, max_file_bytes: int) -> MemoryReadResult:
-    start = max(1, int(from_line or 1))
-    count = max(1, int(lines or default_lines))
-
-    def attempt() -> tuple[str, int] | None:
-        return _read_text(open_memory_file(base, inner, shown=shown, follow_base=follow_base),
-                          start, count, max(1, int(max_chars)), max_file_bytes)
-
+               backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
+    """One page of what ``read()`` returns (:func:`_read_text`'s shape), a transient error
+    retried: the one place every reader turns a missing file, an unreadable one and a binary
+    one into their answers."""
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
-        read = retrying(attempt)
+        got = retrying(read)
     except MemoryFileNotFoundError:
         return _missing_page(shown, display)
     except OSError as exc:
         raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
-    if read is None:  # what indexing skips, no reader may return
+    if got is None:  # what indexing skips, no reader may return
         raise PathRefusedError(shown, BINARY_FILE)
-    text, lines_before = read
+    text, lines_before = got
     page, first, included, truncated, next_from = page_text(
         text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars,
-        line_offset=lines_before)
+        suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
     return MemoryReadResult.model_validate(
         {"path": display, "text": page, "from_line": first, "lines": included,
          "truncated": truncated, "next_from": next_from})
+
+
+def _file_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
+               from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
+               backend: str, max_file_bytes: int) -> MemoryReadResult:
+    """:func:`_read_page` of the memory file ``base/inner`` (opened by :func:`open_memory_file`)."""
+    start, count = max(1, int(from_line or 1)), max(1, int(lines or default_lines))
+    return _read_page(lambda: _read_text(
+        open_memory_file(base, inner, shown=shown, follow_base=follow_base), start, count,
+        max(1, int(max_chars)), max_file_bytes), shown=shown, display=display,
+        from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars,
+        backend=backend)
 
 
 def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
@@ -504,7 +512,7 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         return read_transcript_page(sessions_dir, rel_path, from_line=from_line, lines=lines,
                                     default_lines=default_lines, max_chars=max_chars)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
-    return _read_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
+    return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
                       default_lines=default_lines, max_chars=max_chars, backend="builtin",
                       max_file_bytes=max_file_bytes)
@@ -542,7 +550,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
     if not root.admits(rel):
         raise _encoded(shown) or PathRefusedError(
             shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
-    return _read_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
+    return _file_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
                       from_line=from_line, lines=lines, default_lines=default_lines,
                       max_chars=max_chars, backend=backend, max_file_bytes=max_file_bytes)
 
@@ -604,18 +612,12 @@ def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | 
     if name is None:
         _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
         raise _encoded(rel_path) or PathRefusedError(rel_path, "not a memory path")
-    display = transcript_path(name)
-    try:
+    def read() -> tuple[str, int]:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
-    except MemoryFileNotFoundError:
-        return _missing_page(rel_path, display)
-    except OSError as exc:
-        raise BackendUnavailableError("builtin", f"cannot read {display}: {exc.strerror or exc}") from exc
-    if parsed.read_failed:
-        raise BackendUnavailableError("builtin", f"cannot read {display}: {'; '.join(parsed.errors)}")
-    page, first, included, truncated, next_from = page_text(
-        transcript_text(parsed), from_line=from_line, lines=lines, default_lines=default_lines,
-        max_chars=max_chars, suggest_read_fallback=False)
-    return MemoryReadResult.model_validate(
-        {"path": display, "text": page, "from_line": first, "lines": included,
-         "truncated": truncated, "next_from": next_from})
+        if parsed.read_failed:
+            raise OSError("; ".join(parsed.errors))
+        return transcript_text(parsed), 0
+
+    return _read_page(read, shown=rel_path, display=transcript_path(name), from_line=from_line,
+                      lines=lines, default_lines=default_lines, max_chars=max_chars,
+                      backend="builtin", suggest_read_fallback=False)

@@ -501,3 +501,40 @@ def test_the_dreaming_diary_is_refused_even_under_an_extra_path_of_the_workspace
     assert read_memory_page(ws, ["."], "notes.md").text == "note"
     _read_refused(ws, "DREAMS.md", "the dreaming diary (DREAMS.md) is not memory", ["."])
     _refused(ws, "DREAMS.md", "not a memory path")
+
+
+def test_an_unreadable_note_or_transcript_is_a_backend_failure_naming_it() -> None:
+    """A file the reader may not open is no missing page and no refusal: memory_get fails
+    with the OS reason, for a memory file and for a transcript alike."""
+    import shutil
+    import tempfile
+
+    from fallback.errors import BackendUnavailableError
+
+    # Root reads any file, and the tests run as root here and in CI: read as uid nobody in a
+    # folder every uid may use.
+    top = Path(tempfile.mkdtemp(prefix="qmdbridge-perm-"))
+    try:
+        ws, sessions = top / "ws", top / "sessions"
+        note = _write(ws / "memory" / "locked.md", "secret\n")
+        transcript = _write(sessions / "locked.jsonl", '{"type": "message"}\n')
+        for d in (top, ws, ws / "memory", sessions):
+            d.chmod(0o777)
+        note.chmod(0)
+        transcript.chmod(0)
+        dropped = os.geteuid() == 0
+        errors: list[str] = []
+        if dropped:
+            os.seteuid(65534)
+        try:
+            for rel in ("memory/locked.md", "sessions/locked.jsonl"):
+                with pytest.raises(BackendUnavailableError) as info:
+                    read_memory_page(ws, [], rel, sessions_dir=sessions)
+                errors.append(str(info.value))
+        finally:
+            if dropped:
+                os.seteuid(0)
+        assert errors == ["builtin unavailable: cannot read memory/locked.md: Permission denied",
+                          "builtin unavailable: cannot read sessions/locked.jsonl: Permission denied"]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

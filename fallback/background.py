@@ -304,21 +304,8 @@ class BackgroundTasks:
         """
         async def loop() -> None:
             await anyio.sleep((period_ms if first_ms is None else first_ms) / 1000)
-            failures = 0
-            while True:
-                try:
-                    await tick()
-                except ManagerClosedError:
-                    return
-                except Exception as exc:  # the background edge: report, back off, go on
-                    failures += 1
-                    wait_ms = max(period_ms, self.policy.delay_ms(failures))
-                    self.report(name, exc, failures=failures, retry_in_ms=wait_ms)
-                    await anyio.sleep(wait_ms / 1000)
-                    continue
-                if failures:
-                    self.recovered(name, failures)
-                    failures = 0
+            while await self._until_done(name, tick, lambda failures: max(
+                    period_ms, self.policy.delay_ms(failures))):
                 await anyio.sleep(period_ms / 1000)
 
         return self.start_soon(name, loop, retry=True)
@@ -330,31 +317,43 @@ class BackgroundTasks:
                 self._scopes.add(scope)
                 if self._closed or self._root._closed:
                     scope.cancel()
-                failures = 0
-                while True:
-                    try:
-                        if status is not None and not status.called:
-                            await job(task_status=status)
-                        else:
-                            await job()
-                    except ManagerClosedError:
-                        return  # closing: the owner is gone, nothing to retry
-                    except Exception as exc:  # the background edge: report, back off, retry
-                        if status is not None and not status.called:
-                            raise  # failed before it started: the caller of start() gets it
-                        failures += 1
-                        delay = self.policy.delay_ms(failures) if retry else None
-                        self.report(name, exc, failures=failures, retry_in_ms=delay)
-                        if delay is None:
-                            return
-                        await anyio.sleep(delay / 1000)
-                        continue
-                    if failures:
-                        self.recovered(name, failures)
-                    return
+                await self._until_done(
+                    name, lambda: job(task_status=status) if status is not None and not status.called
+                    else job(), lambda failures: self.policy.delay_ms(failures) if retry else None,
+                    status)
         finally:
             self._scopes.discard(scope)
             self._end(name)
+
+    async def _until_done(self, name: str, call: Job, delay_ms: Callable[[int], int | None],
+                          status: _StartedProxy | None = None) -> bool:
+        """Run ``call()`` until it succeeds: each failure is reported and retried after
+        ``delay_ms(failures in a row)`` ms (``None``: not retried), a success after failures
+        is recorded as a recovery. Returns False when the owner was closed
+        (``ManagerClosedError``), else True.
+
+        Raises:
+            Exception: what ``call`` raised before ``status.started()`` was called.
+        """
+        failures = 0
+        while True:
+            try:
+                await call()
+            except ManagerClosedError:
+                return False  # closing: the owner is gone, nothing to retry
+            except Exception as exc:  # the background edge: report, back off, retry
+                if status is not None and not status.called:
+                    raise  # failed before it started: the caller of start() gets it
+                failures += 1
+                delay = delay_ms(failures)
+                self.report(name, exc, failures=failures, retry_in_ms=delay)
+                if delay is None:
+                    return True
+                await anyio.sleep(delay / 1000)
+                continue
+            if failures:
+                self.recovered(name, failures)
+            return True
 
     async def _supervise_started(self, name: str, job: Callable[..., Awaitable[object]], *,
                                  task_status: anyio.abc.TaskStatus[Any]) -> None:

@@ -101,8 +101,6 @@ class TranscriptParse:
 
     Attributes:
         messages: kept messages in file order.
-        skipped_lines: non-blank lines that were not valid JSON objects.
-        dropped_messages: user/assistant messages removed by sanitising.
         errors: one line per problem (``line 3: invalid JSON``, ``read failed: ...``).
         read_failed: True when the file could not be opened or read (messages then empty).
         excluded_reason: set when the whole transcript is excluded (``cron run``).
@@ -110,8 +108,6 @@ class TranscriptParse:
     """
 
     messages: list[TranscriptMessage] = field(default_factory=list)
-    skipped_lines: int = 0
-    dropped_messages: int = 0
     errors: list[str] = field(default_factory=list)
     read_failed: bool = False
     excluded_reason: str | None = None
@@ -141,13 +137,11 @@ class SessionDocument:
             ``\\n`` (no trailing newline); empty when nothing survived.
         line_map: ``line_map[i]`` is the 1-based JSONL line of content line ``i + 1``.
         content_hash: ``sha256(content + "\\n" + ",".join(line_map))`` as hex.
-        session_id: :func:`session_id_for` of the file.
     """
 
     content: str
     line_map: list[int]
     content_hash: str
-    session_id: str
 
 
 def is_transcript_name(name: str) -> bool:
@@ -302,7 +296,7 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
 
     Keeps records with ``type == "message"`` and ``message.role`` in ``user``/``assistant``;
     content is a string or the ``text`` blocks of a list, joined by ``\\n``. Blank lines are
-    ignored; lines that are not JSON objects are skipped and counted; invalid UTF-8 is
+    ignored; lines that are not JSON objects are skipped (each named in ``errors``); invalid UTF-8 is
     replaced (U+FFFD); then each message is sanitised (:func:`sanitize_message_text`).
 
     Args:
@@ -314,7 +308,7 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
     """
     messages: list[TranscriptMessage] = []
     errors: list[str] = []
-    skipped = dropped = line_no = 0
+    line_no = 0
     first_user_raw: str | None = None
     try:
         with open(path, "rb") as fh:
@@ -325,11 +319,9 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
                 try:
                     record = orjson.loads(line)
                 except orjson.JSONDecodeError:
-                    skipped += 1
                     errors.append(f"line {line_no}: invalid JSON")
                     continue
                 if not isinstance(record, dict):
-                    skipped += 1
                     errors.append(f"line {line_no}: not a JSON object")
                     continue
                 message = record.get("message")
@@ -343,22 +335,16 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
                     continue
                 if role == "user" and first_user_raw is None:
                     first_user_raw = _strip_envelopes(text).strip()
-                if role == "user" and _is_inter_session(record, message):
-                    dropped += 1
-                    continue
-                clean = sanitize_message_text(role, text)
-                if clean is None:
-                    dropped += 1
-                    continue
-                messages.append(TranscriptMessage(role=role, text=clean, line_no=line_no))
+                clean = (None if role == "user" and _is_inter_session(record, message)
+                         else sanitize_message_text(role, text))
+                if clean is not None:
+                    messages.append(TranscriptMessage(role=role, text=clean, line_no=line_no))
     except OSError as exc:
         return TranscriptParse(errors=[f"read failed: {exc.strerror or type(exc).__name__}"],
                                read_failed=True)
     if first_user_raw is not None and _CRON_PROMPT.match(first_user_raw):
-        return TranscriptParse(skipped_lines=skipped, dropped_messages=dropped + len(messages),
-                               errors=errors, excluded_reason="cron run", line_count=line_no)
-    return TranscriptParse(messages=messages, skipped_lines=skipped, dropped_messages=dropped,
-                           errors=errors, line_count=line_no)
+        return TranscriptParse(errors=errors, excluded_reason="cron run", line_count=line_no)
+    return TranscriptParse(messages=messages, errors=errors, line_count=line_no)
 
 
 def session_document(path: Path) -> SessionDocument:
@@ -377,8 +363,7 @@ def session_document(path: Path) -> SessionDocument:
     content = "\n".join(lines)
     digest = hashlib.sha256(
         (content + "\n" + ",".join(str(n) for n in line_map)).encode("utf-8")).hexdigest()
-    return SessionDocument(content=content, line_map=line_map, content_hash=digest,
-                           session_id=session_id_for(path))
+    return SessionDocument(content=content, line_map=line_map, content_hash=digest)
 
 
 @dataclass

@@ -92,14 +92,12 @@ class ProviderSelection:
         unavailable_reason: why the requested provider is not in use (None when it is).
         error: set when search must report itself unavailable (an explicit provider and its
             fallback could not be created); None otherwise.
-        fallback_from: the requested provider's id when ``provider`` is the fallback.
     """
 
     provider: EmbeddingProvider | None
     requested: str
     unavailable_reason: str | None = None
     error: str | None = None
-    fallback_from: str | None = None
 
 
 def create_provider(name: str, settings: MemorySearchSettings, *,
@@ -169,7 +167,6 @@ def select_provider(settings: MemorySearchSettings, *, env: Mapping[str, str] | 
             except EmbeddingProviderUnavailableError as exc:
                 fb_provider, fb_reason = None, exc.reason
         if fb_provider is not None:
-            return ProviderSelection(fb_provider, requested, unavailable_reason=reason,
-                                     fallback_from=requested)
+            return ProviderSelection(fb_provider, requested, unavailable_reason=reason)
         error += f"; fallback {fallback}: {fb_reason}"
     return ProviderSelection(None, requested, unavailable_reason=reason, error=error)

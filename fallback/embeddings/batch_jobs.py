@@ -68,14 +68,12 @@ class BatchState:
         job_id: provider job id (``batch_abc``, ``batches/xyz``).
         state: the provider's state, lower-cased, ``batch_state_``/``job_state_`` removed.
         output_file: id of the result file once done.
-        error_file: id of the error file, when the provider wrote one.
         error: the provider's error message, when it gave one.
     """
 
     job_id: str
     state: str
     output_file: str | None = None
-    error_file: str | None = None
     error: str | None = None
 
     @property
@@ -243,8 +241,7 @@ class OpenAIBatchJobs:
         data = errors.get("data") if isinstance(errors, dict) else None
         error = _message(data[0]) if isinstance(data, list) and data else None
         return BatchState(job_id=str(body["id"]), state=_norm_state(body.get("status")),
-                          output_file=body.get("output_file_id") or None,
-                          error_file=body.get("error_file_id") or None, error=error)
+                          output_file=body.get("output_file_id") or None, error=error)
 
     async def submit(self, requests: Sequence[tuple[str, str]]) -> BatchState:
         """Upload the JSONL file and create the batch job."""

@@ -37,11 +37,6 @@ class LlamaSlot:
         self._lock = threading.Lock()
         self._llama: Any = None
 
-    @property
-    def loaded(self) -> bool:
-        """Whether a model is in memory now."""
-        return self._llama is not None
-
     def run(self, fn: Callable[[Any], T]) -> T:
         """``fn(model)`` under the lock, loading the model first if needed (blocking).
 

@@ -83,7 +83,7 @@ def test_none_is_keyword_only_on_purpose() -> None:
 def test_explicit_provider_falls_back() -> None:
     sel = select_provider(cfg(provider="openai", fallback="gemini"), env={"GEMINI_API_KEY": "g"})
     assert sel.provider is not None and sel.provider.provider_id == "gemini"
-    assert (sel.requested, sel.fallback_from, sel.error) == ("openai", "openai", None)
+    assert (sel.requested, sel.error) == ("openai", None)
     assert sel.unavailable_reason == "no API key found for openai"
 
 

@@ -18,9 +18,9 @@ The polling observer does not even list them (:meth:`MemoryWatcher.list_folder`,
 limit of :data:`MAX_WATCH_DEPTH` folders and symlinks never followed): a poll of an extra path
 that holds a checkout with ``node_modules`` and a virtualenv stats the notes only.
 
-Threads: watchdog calls our handler on its own thread; the handler only records the path in a
-thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's token). The
-debounce (``debounce_ms`` after the last change) and the callback run in the async core.
+Threads: watchdog calls :meth:`MemoryWatcher.dispatch` on its own thread, which only records
+the path in a thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's
+token). The debounce (``debounce_ms`` after the last change) and the callback run in the async core.
 
 Health: the observer is dead when its thread died or one of its watches stopped (watchdog
 stops the watch of a folder that is deleted, so a ``memory/`` folder that is removed and
@@ -116,27 +116,6 @@ class WatchState:
     last_rearm: dict[str, Any] | None = None
 
 
-class _Handler:
-    """watchdog handler: filters events, records relevant paths, pokes the loop."""
-
-    def __init__(self, watcher: MemoryWatcher) -> None:
-        self._watcher = watcher
-
-    def dispatch(self, event: Any) -> None:
-        self._watcher.heard(event)  # any event at all: that folder is not deaf
-        if event.event_type in ("opened", "closed", "closed_no_write"):
-            return
-        if event.is_directory and event.event_type == "modified":
-            return  # a folder "modified" only echoes the file events inside it
-        paths = [event.src_path, getattr(event, "dest_path", "") or ""]
-        for raw in paths:
-            if not raw:
-                continue
-            p = Path(raw.decode() if isinstance(raw, bytes) else raw)
-            self._watcher._on_raw_event(p, is_directory=event.is_directory,
-                                        created=event.event_type in ("created", "moved"))
-
-
 class MemoryWatcher:
     """Watches memory files and calls ``on_change(paths, reason)`` after a quiet period.
 
@@ -221,6 +200,19 @@ class MemoryWatcher:
 
     # -- thread side --------------------------------------------------------------------------
 
+    def dispatch(self, event: Any) -> None:
+        """watchdog's handler call (on its thread): filter the event, record the relevant
+        paths, poke the loop."""
+        self.heard(event)  # any event at all: that folder is not deaf
+        if event.event_type in ("opened", "closed", "closed_no_write"):
+            return
+        if event.is_directory and event.event_type == "modified":
+            return  # a folder "modified" only echoes the file events inside it
+        for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
+            if raw:
+                self._on_raw_event(Path(os.fsdecode(raw)), is_directory=event.is_directory,
+                                   created=event.event_type in ("created", "moved"))
+
     def _on_raw_event(self, path: Path, *, is_directory: bool, created: bool) -> None:
         if not self.is_relevant(path):
             return
@@ -304,7 +296,7 @@ class MemoryWatcher:
         return Observer()
 
     def _schedule_all(self, observer: Any) -> None:
-        handler = _Handler(self)
+        handler = self  # watchdog calls its dispatch()
         observer.schedule(handler, str(self.workspace), recursive=False)
         self._memory_watched = False
         mem = self.workspace / "memory"
@@ -332,7 +324,7 @@ class MemoryWatcher:
             if obs is None or self._memory_watched or not mem.is_dir():
                 return
             try:
-                obs.schedule(_Handler(self), str(mem), recursive=True)
+                obs.schedule(self, str(mem), recursive=True)
                 self._memory_watched = True
             except OSError as exc:
                 self.state.degraded_reason = f"cannot watch {mem}: {exc}"

@@ -156,17 +156,10 @@ def select_provider(settings: MemorySearchSettings, *, env: Mapping[str, str] | 
         reason = exc.reason
     error = f"memory search unavailable: {requested}: {reason}"
     fallback = (settings.fallback or "none").strip()
-    if fallback not in ("none", "", requested):
-        if fallback == "auto":
-            chosen = _select_auto(settings, environ, registry)
-            fb_provider, fb_reason = chosen.provider, chosen.unavailable_reason
-        else:
-            try:
-                fb_provider = create_provider(fallback, settings, env=environ, registry=registry)
-                fb_reason = None
-            except EmbeddingProviderUnavailableError as exc:
-                fb_provider, fb_reason = None, exc.reason
-        if fb_provider is not None:
-            return ProviderSelection(fb_provider, requested, unavailable_reason=reason)
-        error += f"; fallback {fallback}: {fb_reason}"
+    if fallback not in ("none", "", requested):  # the fallback selected as if it were configured
+        chosen = select_provider(settings.model_copy(update={"provider": fallback, "fallback": "none"}),
+                                 env=environ, registry=registry)
+        if chosen.provider is not None:
+            return ProviderSelection(chosen.provider, requested, unavailable_reason=reason)
+        error += f"; fallback {fallback}: {chosen.unavailable_reason}"
     return ProviderSelection(None, requested, unavailable_reason=reason, error=error)

@@ -1,26 +1,15 @@
 """The HTTP embedding providers: one table of what sets each apart, three wire formats.
 
-=====================  ===============================================  =====================  ===========
-provider               default base URL                                 default model          key
-=====================  ===============================================  =====================  ===========
-``openai``             ``https://api.openai.com/v1``                    text-embedding-3-small required
-``openai-compatible``  none (``remote.baseUrl`` is required)            none (required)        optional
-``mistral``            ``https://api.mistral.ai/v1``                    mistral-embed          required
-``voyage``             ``https://api.voyageai.com/v1``                  voyage-4-large         required
-``gemini``             ``https://generativelanguage.googleapis.com/v1beta``  gemini-embedding-001  required
-``ollama``             ``http://127.0.0.1:11434``                       nomic-embed-text       optional
-=====================  ===============================================  =====================  ===========
-
-The key comes from ``remote.apiKey``, else the provider's variables in
-:data:`fallback.embeddings.ENV_KEYS`; a routing prefix (``openai/``, ``models/``...) is stripped
-from ``model``. Wires (Source: spec 6.2 and each provider's embeddings API):
+What sets each provider apart (default base URL and model, routing prefixes, whether a key is
+required, concurrency, what is sent) is :data:`SPECS`, one row per provider. The key comes from
+``remote.apiKey``, else the provider's variables in :data:`fallback.embeddings.ENV_KEYS`; a
+routing prefix (``openai/``, ``models/``...) is stripped from ``model``. Wires (Source: spec
+6.2 and each provider's embeddings API):
 
 - **OpenAI** (openai, openai-compatible, mistral, voyage): ``POST {base}/embeddings`` with
   ``{"model", "input": [...], "dimensions"?, "input_type"?}`` and a bearer key; the response's
   ``data[i].embedding`` (placed by ``data[i].index``) belongs to input ``i``; a query is a
-  batch of one. openai and openai-compatible send ``dimensions``; voyage sends ``input_type``
-  ``query`` / ``document``; openai-compatible sends ``queryInputType`` / ``documentInputType``
-  (falling back to ``inputType``, [E3]).
+  batch of one.
 - **Gemini**: queries ``POST {base}/models/<model>:embedContent`` with ``taskType:
   RETRIEVAL_QUERY``, documents ``:batchEmbedContents`` with one request per text and
   ``RETRIEVAL_DOCUMENT``; ``outputDimensionality`` (or ``dimensions``) when configured; the key
@@ -63,7 +52,7 @@ class RemoteSpec:
         dimensions: whether ``dimensions`` is sent (OpenAI wire).
         input_types: ``input_type`` sent with queries and with documents (OpenAI wire; None:
             not sent), or ``"configured"``: ``queryInputType`` / ``documentInputType``, each
-            falling back to ``inputType``.
+            falling back to ``inputType`` ([E3]).
     """
 
     wire: Literal["openai", "gemini", "ollama"]

@@ -15,14 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["REDACTION_KINDS", "redact_secrets"]
-
-# Every kind a marker can name, in the order the rules run.
-REDACTION_KINDS = (
-    "private_key", "password", "bearer_token", "anthropic_key", "openai_key", "stripe_key",
-    "google_api_key", "github_token", "slack_token", "aws_access_key_id",
-    "aws_secret_access_key", "jwt", "secret", "api_key", "token",
-)
+__all__ = ["redact_secrets"]
 
 # A token character class shared by the shape rules; the look-behind keeps a rule from
 # starting in the middle of a longer word (``mask-xyz`` must not read as ``sk-xyz``).

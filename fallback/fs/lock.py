@@ -15,9 +15,9 @@ The model:
   about to lock would let two holders in.
 - While held, the file contains the holder's pid and a newline (written through filelock's
   ``on_acquired`` hook); a release empties it again. So a non-empty file whose pid no longer
-  runs is the stale record of a holder that died while holding the lock: :meth:`PidFileLock.holder`
-  reports it (``alive=False``), its OS lock is already gone, and the next holder overwrites
-  the record. A lock that is held while its recorded pid is gone was inherited by a child of
+  runs is the stale record of a holder that died while holding the lock:
+  :meth:`PidFileLock.holder_pid` names no one, its OS lock is already gone, and the next holder
+  overwrites the record. A lock that is held while its recorded pid is gone was inherited by a child of
   the dead holder; timeouts then name no pid.
 - Every wait has a budget: non-blocking attempts with jittered exponential backoff (10 ms,
   doubling, capped at 250 ms, plus up to 50 ms so two waiters do not retry in lockstep) through
@@ -41,7 +41,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +60,7 @@ from fallback.errors import LockTimeoutError
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
-__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "LockHolder", "PidFileLock"]
+__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock"]
 
 # Backoff between non-blocking attempts (s): starts at 10 ms, doubles, capped at 250 ms, plus up
 # to 50 ms of jitter. An attempt is two system calls, so polling at this rate costs nothing and
@@ -69,20 +68,6 @@ __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "LockHolder
 BACKOFF_INITIAL_S = 0.01
 BACKOFF_MAX_S = 0.25
 BACKOFF_JITTER_S = 0.05
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """The process a lock file names.
-
-    Attributes:
-        pid: the recorded process id.
-        alive: False when that process no longer exists (or is a zombie): a stale record left
-            by a holder that died while holding the lock, whose OS lock is already released.
-    """
-
-    pid: int
-    alive: bool
 
 
 class _Busy(Exception):
@@ -220,24 +205,15 @@ class PidFileLock:
         with contextlib.suppress(OSError):
             os.truncate(self.path, 0)
 
-    def holder(self) -> LockHolder | None:
-        """The process the lock file names, or None when it names none (free, or unreadable).
-
-        Best effort: the file is read without taking the lock.
-        """
+    def holder_pid(self) -> int | None:
+        """The pid of the live process the lock file names, or None: it names none (free, or
+        unreadable) or a process that no longer exists or is a zombie (the stale record of a
+        holder that died while holding the lock). Best effort: read without taking the lock."""
         try:
             text = self.path.read_text(encoding="ascii", errors="replace").strip()
         except OSError:
             return None
-        if not text.isdigit():
-            return None
-        pid = int(text)
-        return LockHolder(pid=pid, alive=_pid_alive(pid))
-
-    def holder_pid(self) -> int | None:
-        """The pid of the live process the lock file names, or None (see :meth:`holder`)."""
-        holder = self.holder()
-        return holder.pid if holder is not None and holder.alive else None
+        return int(text) if text.isdigit() and _pid_alive(int(text)) else None
 
     def _attempt(self) -> None:
         if not self.try_acquire():

@@ -19,7 +19,7 @@ import pytest
 
 from fallback.errors import IndexStoreError, LockTimeoutError
 from fallback.fs.atomic import TEMP_PREFIX, write_atomic
-from fallback.fs.lock import LockHolder, PidFileLock
+from fallback.fs.lock import PidFileLock
 from fallback.store.lock import StoreWriteLock
 from tests.fallback.child_procs import DEADLINE_S, finish, unprivileged_prefix
 
@@ -46,14 +46,13 @@ def _holder(path: Path) -> subprocess.Popen[str]:
 def test_holder_pid_is_recorded_while_held_and_cleared_on_release(tmp_path: Path) -> None:
     path = tmp_path / "state" / "x.lock"  # the folder is created on demand
     lock = PidFileLock(path, timeout_ms=0)
-    assert not path.exists() and lock.holder() is None
+    assert not path.exists() and lock.holder_pid() is None
     lock.acquire_blocking()
     assert path.read_text() == f"{os.getpid()}\n"
-    assert lock.holder() == LockHolder(pid=os.getpid(), alive=True)
     assert lock.holder_pid() == os.getpid()
     lock.release()
     assert path.exists() and path.read_text() == ""  # the file stays, the record goes
-    assert lock.holder() is None and not lock.held
+    assert lock.holder_pid() is None and not lock.held
 
 
 def test_timeout_names_the_live_holder(tmp_path: Path) -> None:
@@ -83,8 +82,7 @@ def test_a_killed_holder_leaves_a_stale_record_and_a_free_lock(tmp_path: Path) -
         finish(child)
     lock = PidFileLock(path, timeout_ms=0)
     assert path.read_text() == f"{child.pid}\n"  # it never released
-    assert lock.holder() == LockHolder(pid=child.pid, alive=False)  # stale: reported as such
-    assert lock.holder_pid() is None
+    assert lock.holder_pid() is None  # a stale record names no one
     assert lock.try_acquire()  # the kernel dropped the dead holder's lock
     assert path.read_text() == f"{os.getpid()}\n"  # and the stale record is overwritten
     lock.release()

@@ -385,14 +385,6 @@ class BatchRunner:
         return (self.settings.enabled and not self._unavailable
                 and self.failures < self.failure_limit)
 
-    def describe(self) -> dict[str, Any]:
-        """The ``status().batch`` object (camelCase keys, spec 11)."""
-        return {"enabled": self.enabled, "failures": self.failures, "limit": self.failure_limit,
-                "wait": self.settings.wait, "concurrency": self.settings.concurrency,
-                "pollIntervalMs": self.settings.poll_interval_ms,
-                "timeoutMs": int(self.settings.timeout_minutes * 60_000),
-                "lastError": self.last_error, "lastProvider": self.jobs.provider_id}
-
     async def run(self, texts: list[str]) -> list[list[float]] | None:
         """Vectors for ``texts`` from batch jobs, or None when the caller must embed inline.
 

@@ -134,7 +134,7 @@ async def test_two_failures_disable_batch_mode_and_inline_is_used() -> None:
     assert [r.path for r in srv.requests[count:]] == ["/embeddings"]
     assert [r.path for r in srv.requests].count("/files") == 2
     assert runner.last_error == "openai embedding failed: batch batch_1 failed: invalid model"
-    assert runner.describe()["failures"] == 2 and runner.describe()["enabled"] is False
+    assert runner.failures == 2 and runner.enabled is False
 
 
 @pytest.mark.anyio

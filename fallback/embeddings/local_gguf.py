@@ -21,7 +21,7 @@ Texts longer than the model's context are cut by llama.cpp (``truncate=True``: t
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -227,22 +227,15 @@ class LocalGgufProvider(BaseProvider):
             raise EmbeddingProviderError(
                 "local", f"cannot load embedding model {self.model_path}: {exc}") from exc
 
-    @staticmethod
-    def _embed_with(texts: list[str]) -> Callable[[Any], list[list[float]]]:
+    async def _request_batch(self, texts: list[str]) -> list[list[float]]:
         def embed(llama: Any) -> list[list[float]]:
             try:
-                vectors = llama.embed(texts, normalize=True, truncate=True)
+                vectors = llama.embed(list(texts), normalize=True, truncate=True)
             except (ValueError, RuntimeError) as exc:
                 raise EmbeddingProviderError("local", f"llama.cpp embedding failed: {exc}") from exc
             return [list(v) for v in vectors]
-        return embed
 
-    async def _request_query(self, text: str) -> list[float]:
-        vectors = await self._model.call(self._embed_with([text]))
-        return vectors[0] if vectors else []
-
-    async def _request_batch(self, texts: list[str]) -> list[list[float]]:
-        return await self._model.call(self._embed_with(list(texts)))
+        return await self._model.call(embed)  # a query is a batch of one (BaseProvider)
 
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call)."""

@@ -542,36 +542,29 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
     spec = model if isinstance(model, ModelSpec) else None
     ref = spec.ref if spec is not None else model
     assert isinstance(ref, ModelRef)
+    cache = Path(cache_dir)
+    target = ref.cache_path(cache)
+    pinned = spec.sha256 if spec is not None else None
     try:
-        return _fetch(spec, ref, Path(cache_dir), base_url=base_url, on_progress=on_progress,
-                      attempts=attempts, lock_timeout_ms=lock_timeout_ms, transport=transport)
+        found = _cached(target, pinned)
+        if found is not None:
+            return found
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock = PidFileLock(target.with_name(target.name + ".lock"), timeout_ms=lock_timeout_ms)
+        with lock.hold_blocking():
+            found = _cached(target, pinned)  # another process may have finished it meanwhile
+            if found is not None:
+                return found
+            expected = _Expected(sha256=pinned, sha_source="pinned" if pinned else None,
+                                 size=spec.size_bytes if spec is not None else None)
+            return _download(target, cache, ref.uri, ref.url(base_url), expected,
+                             on_progress=on_progress, attempts=attempts, transport=transport)
     except LockTimeoutError:
         raise  # a TimeoutError, so an OSError too: told as such
-    except OSError as exc:
+    except OSError as exc:  # the file system, not the network (_download maps that)
         raise ModelDownloadError(ref.uri, f"cannot use the model cache {cache_dir}: {exc.strerror or exc} "
                                           f"({exc.filename or cache_dir}); let this user write it, or set "
                                           "local.modelCacheDir to a folder it can write") from exc
-
-
-def _fetch(spec: ModelSpec | None, ref: ModelRef, cache_dir: Path, *, base_url: str,
-           on_progress: ProgressFn | None, attempts: int, lock_timeout_ms: int,
-           transport: httpx.BaseTransport | None) -> FetchResult:
-    """:func:`fetch_model`; file system failures raise ``OSError``."""
-    target = ref.cache_path(cache_dir)
-    pinned = spec.sha256 if spec is not None else None
-    found = _cached(target, pinned)
-    if found is not None:
-        return found
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = PidFileLock(target.with_name(target.name + ".lock"), timeout_ms=lock_timeout_ms)
-    with lock.hold_blocking():
-        found = _cached(target, pinned)  # another process may have finished it meanwhile
-        if found is not None:
-            return found
-        expected = _Expected(sha256=pinned, sha_source="pinned" if pinned else None,
-                             size=spec.size_bytes if spec is not None else None)
-        return _download(target, cache_dir, ref.uri, ref.url(base_url), expected, on_progress=on_progress,
-                         attempts=attempts, transport=transport)
 
 
 def stderr_progress(uri: str, *, stream: IO[str] | None = None, step_percent: int = 10) -> ProgressFn:

@@ -111,10 +111,9 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
     nul_bytes = body.count(b"\x00")
     invalid = False
     if nul_bytes:
-        nul_free = _text_without_nuls(body)
-        if nul_free is None:
+        if is_binary([body]):
             return skipped(BINARY_FILE)
-        text = nul_free
+        text = body.replace(b"\x00", b"").decode("utf-8")
     else:
         try:
             text = body.decode("utf-8")
@@ -126,28 +125,14 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
                        nul_bytes=nul_bytes, ctime_ns=change_time_ns(st))
 
 
-def _text_without_nuls(body: bytes) -> str | None:
-    """The text of a file that holds NUL bytes, or ``None`` when it is binary.
-
-    A note padded with NUL bytes (preallocated or fixed-size files, the zero-filled tail or
-    blocks a crash leaves behind) is text once the NULs are removed: valid UTF-8 without other
-    control characters than tab, line feed, vertical tab, form feed and carriage return. Any
-    other control byte or an invalid UTF-8 sequence means a binary file (images, archives,
-    UTF-16 text), which is not indexed. Removing NUL bytes never changes line numbers, so the
-    chunks' line ranges still match what ``memory_get`` pages.
-    """
-    try:
-        text = body.replace(b"\x00", b"").decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return None if _BINARY_CONTROLS.search(text) else text
-
-
 def is_binary(blocks: Iterable[bytes], *, complete: bool = True) -> bool:
     """Whether a file's bytes, given in order as blocks of any size, make it binary by the rule
     :func:`read_memory_text` indexes by: NUL bytes together with another control character
-    (see :func:`_text_without_nuls`) or invalid UTF-8 once the NULs are removed. A file
-    without NUL bytes is never binary. Reads the blocks once, holding one at a time.
+    than tab, line feed, vertical tab, form feed and carriage return, or with invalid UTF-8 once
+    the NULs are removed (images, archives, UTF-16 text). A file without NUL bytes is never
+    binary, and a note padded with NULs (preallocated or fixed-size files, the zero-filled
+    tail or blocks a crash leaves behind) is text once they are removed, which never changes
+    its line numbers. Reads the blocks once, holding one at a time.
 
     ``complete=False``: the blocks are a prefix of the file, so a UTF-8 sequence cut at their
     end is not invalid (the rest of it was not read).

@@ -48,6 +48,7 @@ class FakeServer:
         self.requests: list[Recorded] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         outer = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -61,6 +62,7 @@ class FakeServer:
                                self.rfile.read(length) if length else b"")
                 with outer._lock:
                     outer.requests.append(rec)
+                    outer._arrived.notify_all()
                     over = len(outer.requests) > outer.max_requests
                 reply = Reply(503, {"error": {"message": "too many test requests"}}) if over \
                     else outer.handler(rec)
@@ -90,6 +92,13 @@ class FakeServer:
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
         self._thread = threading.Thread(target=self._httpd.serve_forever,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def wait_for_requests(self, count: int, timeout_s: float = 30.0) -> int:
+        """Wait until ``count`` requests arrived (a client that gave up on a slow answer may
+        leave before a loaded server's thread records its request); returns how many did."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: len(self.requests) >= count, timeout=timeout_s)
+            return len(self.requests)
 
     def paths(self) -> list[str]:
         return [r.path for r in self.requests]

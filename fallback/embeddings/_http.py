@@ -14,26 +14,20 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
+from fallback.errors import EmbeddingProviderError
 
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
-    from fallback.embeddings.base import CallPolicy
-    from fallback.settings import RemoteSettings
-
 __all__ = [
     "HttpClient",
-    "RemoteEndpoint",
     "error_from_response",
     "map_transport_errors",
     "parse_retry_after",
-    "resolve_endpoint",
 ]
 
 # Provider error text kept in our messages, in characters.
@@ -131,43 +125,6 @@ def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> It
                                      retryable=True) from exc
 
 
-@dataclass(frozen=True)
-class RemoteEndpoint:
-    """Where and how to reach a remote provider.
-
-    Attributes:
-        base_url: without a trailing slash.
-        api_key: the key, or None for providers that need none.
-        headers: configured extra headers (``remote.headers``).
-    """
-
-    base_url: str
-    api_key: str | None
-    headers: Mapping[str, str]
-
-
-def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
-                     env_keys: Sequence[str], default_base_url: str | None,
-                     require_key: bool = True) -> RemoteEndpoint:
-    """Resolve base URL and key from ``memorySearch.remote``, then the environment variables
-    ``env_keys``; headers come from ``remote.headers``.
-
-    Raises:
-        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
-            ``require_key``, or no base URL when the provider has no default.
-    """
-    api_key, base_url, headers = remote.api_key, remote.base_url, remote.headers
-    key = (api_key or "").strip() or next(
-        (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
-    if require_key and not key:
-        raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
-                                                missing_api_key=True)
-    url = (base_url or "").strip() or default_base_url
-    if not url:
-        raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
-    return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
-
-
 class HttpClient:
     """One provider's ``httpx.AsyncClient``, created on first use, closed by ``aclose``.
 
@@ -191,15 +148,6 @@ class HttpClient:
         self.secrets = tuple(s for s in secrets if s)
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
-
-    @classmethod
-    def for_endpoint(cls, provider_id: str, endpoint: RemoteEndpoint, *, auth: Mapping[str, str],
-                     policy: CallPolicy) -> HttpClient:
-        """A provider's client for ``endpoint``: its headers plus the ``auth`` headers, its key
-        redacted from messages, the longer of ``policy``'s two request deadlines as the backstop."""
-        return cls(provider_id=provider_id, base_url=endpoint.base_url,
-                   headers={**endpoint.headers, **auth}, secrets=[endpoint.api_key or ""],
-                   timeout_s=max(policy.query_timeout_s, policy.batch_timeout_s))
 
     def url(self, path: str) -> str:
         """Absolute URL of ``path``."""

@@ -23,18 +23,18 @@ openai, voyage and gemini use their batch-job APIs when ``remote.batch.enabled``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from fallback.embeddings import ENV_KEYS
-from fallback.embeddings._http import HttpClient, RemoteEndpoint, resolve_endpoint
+from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
-from fallback.settings import MemorySearchSettings
+from fallback.settings import MemorySearchSettings, RemoteSettings
 
-__all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "RemoteSpec",
-           "from_settings"]
+__all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "RemoteEndpoint",
+           "RemoteSpec", "from_settings", "resolve_endpoint"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,43 @@ SPECS: Mapping[str, RemoteSpec] = {
 }
 
 
+@dataclass(frozen=True)
+class RemoteEndpoint:
+    """Where and how to reach a remote provider.
+
+    Attributes:
+        base_url: without a trailing slash.
+        api_key: the key, or None for providers that need none.
+        headers: configured extra headers (``remote.headers``).
+    """
+
+    base_url: str
+    api_key: str | None
+    headers: Mapping[str, str]
+
+
+def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
+                     env_keys: Sequence[str], default_base_url: str | None,
+                     require_key: bool = True) -> RemoteEndpoint:
+    """Resolve base URL and key from ``memorySearch.remote``, then the environment variables
+    ``env_keys``; headers come from ``remote.headers``.
+
+    Raises:
+        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
+            ``require_key``, or no base URL when the provider has no default.
+    """
+    api_key, base_url, headers = remote.api_key, remote.base_url, remote.headers
+    key = (api_key or "").strip() or next(
+        (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
+    if require_key and not key:
+        raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
+                                                missing_api_key=True)
+    url = (base_url or "").strip() or default_base_url
+    if not url:
+        raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
+    return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
+
+
 def _strip_prefixes(model: str, prefixes: tuple[str, ...]) -> str:
     """``model`` without the first matching routing prefix (``openai/x`` -> ``x``)."""
     name = model.strip()
@@ -99,7 +136,10 @@ class _HttpProvider(BaseProvider):
         self.endpoint = endpoint
         key = endpoint.api_key
         auth = {} if not key else {auth_header: key if auth_header != "authorization" else f"Bearer {key}"}
-        self.http = HttpClient.for_endpoint(provider_id, endpoint, auth=auth, policy=self.policy)
+        # the key redacted from messages; the longer request deadline as httpx's backstop
+        self.http = HttpClient(provider_id=provider_id, base_url=endpoint.base_url,
+                               headers={**endpoint.headers, **auth}, secrets=[key or ""],
+                               timeout_s=max(self.policy.query_timeout_s, self.policy.batch_timeout_s))
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

@@ -23,7 +23,7 @@ openai, voyage and gemini use their batch-job APIs when ``remote.batch.enabled``
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ __all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "R
 
 @dataclass(frozen=True)
 class RemoteSpec:
-    """What sets one HTTP provider apart (the table in the module docstring).
+    """What sets one HTTP provider apart (a row of :data:`SPECS`).
 
     Attributes:
         wire: ``openai``, ``gemini`` or ``ollama``.
@@ -95,23 +95,23 @@ class RemoteEndpoint:
     headers: Mapping[str, str]
 
 
-def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
-                     env_keys: Sequence[str], default_base_url: str | None,
-                     require_key: bool = True) -> RemoteEndpoint:
-    """Resolve base URL and key from ``memorySearch.remote``, then the environment variables
-    ``env_keys``; headers come from ``remote.headers``.
+def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
+                     env: Mapping[str, str]) -> RemoteEndpoint:
+    """The endpoint of provider ``provider_id`` of :data:`SPECS`: base URL and key from
+    ``memorySearch.remote``, else the spec's default URL and the provider's key variables
+    (:data:`~fallback.embeddings.ENV_KEYS`); headers from ``remote.headers``.
 
     Raises:
-        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) when
-            ``require_key``, or no base URL when the provider has no default.
+        EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) where the spec
+            requires one, or no base URL where it has no default.
     """
-    api_key, base_url, headers = remote.api_key, remote.base_url, remote.headers
+    spec, api_key, base_url, headers = SPECS[provider_id], remote.api_key, remote.base_url, remote.headers
     key = (api_key or "").strip() or next(
-        (env[name].strip() for name in env_keys if env.get(name, "").strip()), None)
-    if require_key and not key:
+        (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()), None)
+    if spec.require_key and not key:
         raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
                                                 missing_api_key=True)
-    url = (base_url or "").strip() or default_base_url
+    url = (base_url or "").strip() or spec.base_url
     if not url:
         raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
     return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
@@ -266,8 +266,7 @@ def from_settings(provider_id: str, settings: MemorySearchSettings, *, env: Mapp
             ``remote.baseUrl`` or ``model`` where there is no default.
     """
     spec, remote = SPECS[provider_id], settings.remote
-    endpoint = resolve_endpoint(provider_id, remote, env=env, env_keys=ENV_KEYS.get(provider_id, ()),
-                                default_base_url=spec.base_url, require_key=spec.require_key)
+    endpoint = resolve_endpoint(provider_id, remote, env=env)
     model = _strip_prefixes(settings.model, spec.prefixes) or spec.model
     if not model:
         raise EmbeddingProviderUnavailableError(provider_id, "model is required")

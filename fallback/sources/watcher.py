@@ -70,6 +70,7 @@ from fallback.sources.memory_files import (
     is_excluded,
     memory_roots,
 )
+from fallback.sources.transcripts import is_transcript_name
 
 __all__ = ["MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
@@ -180,7 +181,8 @@ class MemoryWatcher:
     def is_relevant(self, path: Path) -> bool:
         """Whether a changed path can affect the index, by the memory-file rule: a root file
         name or the ``memory`` folder at the workspace root, a file a memory folder admits, a
-        folder below a memory folder (not hidden or skipped), or a transcript."""
+        folder below a memory folder (not hidden or skipped), or a transcript (by
+        :func:`~fallback.sources.transcripts.is_transcript_name`: not a checkpoint or backup)."""
         ws = self.workspace
         if path.parent == ws and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
             return True
@@ -196,7 +198,7 @@ class MemoryWatcher:
             if folder and root.recursive and not is_excluded([*rel.split("/"), "-"]):
                 return True
         if self.sessions_dir is not None and path.parent == self.sessions_dir:
-            return ".jsonl" in path.name
+            return is_transcript_name(path.name)
         return False
 
     # -- thread side --------------------------------------------------------------------------

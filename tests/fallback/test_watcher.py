@@ -187,6 +187,24 @@ async def test_a_native_observer_that_cannot_start_polls_and_rescans(ws: Path) -
         "inotify watch limit reached (raise fs.inotify.max_user_watches)")
 
 
+
+async def test_transcripts_are_told_by_the_transcript_rule(ws: Path, tmp_path: Path) -> None:
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    rec = Recorder()
+    watcher = MemoryWatcher(ws, sessions_dir=sessions, on_change=rec, debounce_ms=50)
+
+    async def body() -> None:
+        # neither is indexed: a compaction checkpoint and a backup wake no sync
+        (sessions / "a.checkpoint.0f8fad5b-d9cb-469f-a165-70867728950e.jsonl").write_text("{}\n")
+        (sessions / "a.jsonl.bak").write_text("{}\n")
+        (sessions / "a.jsonl").write_text("{}\n")
+        await rec.wait_for(lambda s: str(sessions / "a.jsonl") in s)
+
+    await _run(watcher, body)
+    assert rec.seen() == {str(sessions / "a.jsonl")}
+
+
 async def test_periodic_rescan_callback(ws: Path) -> None:
     rec = Recorder()
     watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50, rescan_interval_ms=200)

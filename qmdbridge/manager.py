@@ -79,6 +79,9 @@ FALLBACK_SYNC_BUDGET_MS = 50
 # (limits.timeoutMs), so a fallback at the deadline finds it open; a search that ends sooner
 # (nearly all do) never pays for opening it, and a fallback before then opens it itself.
 BUILTIN_PREPARE_LEAD_MS = 1000
+# How long past ``limits.timeoutMs`` the backstop of a qmd search waits, in ms: a timed-out
+# call's kill and reap (at most 3 s, ``qmd.runner``) and its busy check come first.
+BACKSTOP_GRACE_MS = 4000
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
 
@@ -345,7 +348,10 @@ class MemoryManager:
             return None, self._remember(why or "qmd not available", forget_probe=False)
         timeout_ms = self.agent.memory.qmd.limits.timeout_ms
         try:
-            with anyio.fail_after(timeout_ms / 1000):
+            # The backend's calls own the deadline and name the command that passed it; this
+            # guard only stops a step outside a call, late enough not to race a call's own kill,
+            # reap and report (the same reason whether a call ran here or was started ahead).
+            with anyio.fail_after((timeout_ms + BACKSTOP_GRACE_MS) / 1000):
                 outcome = await backend.search(request)
         except UsageError:
             raise

@@ -119,8 +119,6 @@ class QmdUpdate(_Cfg):
     debounce_ms: int = Field(default=15_000, ge=0)
     on_boot: bool = True
     wait_for_boot_sync: bool = False
-    startup: Literal["off", "idle", "immediate"] = "off"
-    startup_delay_ms: int = Field(default=120_000, ge=0)
     embed_interval: str | int = "60m"
     command_timeout_ms: int = Field(default=30_000, gt=0)
     update_timeout_ms: int = Field(default=120_000, gt=0)

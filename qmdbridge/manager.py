@@ -59,6 +59,7 @@ from fallback.models import (
 from fallback.request import ReadRequest, SearchRequest, workspace_relative
 from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import cite, format_citation
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
@@ -155,8 +156,7 @@ class MemoryManager:
         self._builtin: MemoryBackend | None = None
         self._builtin_started = False
         self._closed = False
-        qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
-        self.breaker = CircuitBreaker(qmd_dir / "breaker.json" if self.backend_name == "qmd" else None,
+        self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
                                       scope=breaker_scope(agent.memory.qmd.command,
                                                           agent.memory.qmd.search_mode, self._env))
         self.sidecar: QmdSidecar | None = None

@@ -21,6 +21,7 @@ from fallback.background import BackgroundTasks
 from fallback.contract import MemoryBackend
 from fallback.errors import ManagerClosedError, MemorySearchError, UsageError
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker
 
 __all__ = ["QmdSidecar", "short_reason"]
@@ -59,8 +60,7 @@ class QmdSidecar:
         self._env = dict(env)
         self._now = now_ms
         self._background = background
-        qmd_dir = agent.state_dir / "agents" / agent.agent_id / "qmd"
-        self.breaker = CircuitBreaker(qmd_dir / "startup-breaker.json",
+        self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).startup_breaker,
                                       scope=agent.memory.qmd.command_key)
         self.backend: MemoryBackend | None = None
         self.ready = False
@@ -77,7 +77,7 @@ class QmdSidecar:
         if self._probe_cache is None:
             from qmdbridge.qmd.probe_cache import ProbeCache
 
-            self._probe_cache = ProbeCache(self.agent.state_dir / "qmd" / "probe-cache.json",
+            self._probe_cache = ProbeCache(qmd_home(self.agent.state_dir, self.agent.agent_id).probe_cache,
                                            now_ms=self._now)
         return self._probe_cache
 

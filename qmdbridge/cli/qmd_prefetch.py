@@ -46,6 +46,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
+    from qmdbridge.paths import QmdHome
+
 __all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "note_used", "start_prefetch"]
 
 # Calls started ahead running at once, at most (the backend's limit per search,
@@ -82,16 +84,16 @@ def breaker_healthy(breaker: Path) -> bool:
     return isinstance(state, dict) and state.get("failures", 0) == 0
 
 
-def _unchanged(qmd: dict[str, Any], qmd_dir: Path, index_yml: Path) -> bool:
+def _unchanged(qmd: dict[str, Any], home: QmdHome) -> bool:
     """The reconcile marker and ``index.yml`` as recorded (no reconcile will run first), and
     neither breaker holding a failure."""
     try:
-        marker = (qmd_dir / "reconciled.json").read_text()
-        st = os.stat(index_yml)
+        marker = home.reconciled.read_text()
+        st = os.stat(home.index_yml)
     except OSError:
         return False
     return (marker == qmd["marker"] and [st.st_mtime_ns, st.st_size, st.st_ino] == qmd["indexYml"]
-            and all(breaker_healthy(qmd_dir / name) for name in ("breaker.json", "startup-breaker.json")))
+            and breaker_healthy(home.breaker) and breaker_healthy(home.startup_breaker))
 
 
 def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[str, str] | None = None,
@@ -123,8 +125,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
         home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
     except UsageError:  # not an agent id this version recorded
         return None
-    if (not _unchanged(qmd, home.qmd_dir, home.index_yml) or not home.index_db.is_file()
-            or not _probed(qmd, e)):
+    if not _unchanged(qmd, home) or not home.index_db.is_file() or not _probed(qmd, home, e):
         return None
     calls = EarlyCalls() if calls is None else calls
     thread = threading.Thread(target=_start_calls, name="qmd-prefetch", daemon=True,
@@ -134,7 +135,7 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
     return calls
 
 
-def _probed(qmd: dict[str, Any], env: Mapping[str, str]) -> bool:
+def _probed(qmd: dict[str, Any], home: QmdHome, env: Mapping[str, str]) -> bool:
     """Whether the search will run the recorded qmd without probing it first: the probe cache
     holds it, as the sidecar looks it up (``memory.qmd.command`` under this ``PATH``), at the
     recorded path with the recorded ``PATH`` for its children, and the executable there is the
@@ -145,7 +146,7 @@ def _probed(qmd: dict[str, Any], env: Mapping[str, str]) -> bool:
 
     if isinstance(qmd["probeCommand"], list) and not all(isinstance(a, str) for a in qmd["probeCommand"]):
         return False
-    loc = cached_location(Path(qmd["stateDir"]) / "qmd" / "probe-cache.json", qmd["probeCommand"], env)
+    loc = cached_location(home.probe_cache, qmd["probeCommand"], env)
     return loc is not None and loc.get("path") == qmd["command"] and loc.get("child_path") == qmd["childPath"]
 
 
@@ -171,6 +172,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
         qmd_argv,
         search_call,
         search_env,
+        search_limits,
         search_words,
         without_stray_quote,
     )
@@ -185,7 +187,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     if not colls:
         return
     child = search_env(child_env(home, parent_env=env, path_env=qmd["childPath"] or env.get("PATH", "")))
-    limit = min(qmd["maxResults"], args.max_results or qmd["maxResults"])
+    limit, _ = search_limits(qmd["maxResults"], args.max_results, None)
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
     lex = lex_queries(first, words)
     planned = []

@@ -53,6 +53,7 @@ from qmdbridge.evaluation.metrics import (
     summarize,
 )
 from qmdbridge.evaluation.queries import load_queries
+from qmdbridge.qmd.query_text import search_limits
 
 if TYPE_CHECKING:
     from qmdbridge.manager import MemoryManager
@@ -422,9 +423,8 @@ def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list
         warnings.extend(w for w in run.warnings if w not in warnings)
         tally.merge(run.tally)
     max_results, min_score = options.max_results, options.min_score
-    if options.backend == "qmd":  # what the qmd backend applies (QmdBackend.search)
-        max_results = min(max_results, agent.memory.qmd.limits.max_results)
-        min_score = min_score or 0.0
+    if options.backend == "qmd":  # what the qmd backend applies
+        max_results, min_score = search_limits(agent.memory.qmd.limits.max_results, max_results, min_score)
     elif min_score is None:
         min_score = agent.memory_search.query.min_score
     return EvalReport(

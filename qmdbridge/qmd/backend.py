@@ -68,6 +68,7 @@ from qmdbridge.qmd.query_text import (
     lex_queries,
     qmd_argv,
     search_env,
+    search_limits,
     search_words,
     without_stray_quote,
 )
@@ -181,7 +182,7 @@ class QmdBackend:
     @cached_property
     def model_state(self) -> ModelState:
         """Model availability, shared by the embed step and ``query``/``vsearch`` searches."""
-        return ModelState(self.home.xdg_cache / "qmd" / "models", self.child_env)
+        return ModelState(self.home.models_dir, self.child_env)
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
         """``[qmd, *args, "--index", "index", "--", *positionals]`` (no ``--`` without positionals)."""
@@ -306,7 +307,7 @@ class QmdBackend:
         await reconcile_if_changed(
             self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
             workspace=self.agent.workspace_dir, state=self.reconcile_state,
-            marker=self.home.qmd_dir / "reconciled.json",
+            marker=self.home.reconciled,
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
         self._yml_seen = yml_stamp(self.home.index_yml)
@@ -503,7 +504,7 @@ class QmdBackend:
                     budget_ms=budget if sync_budget_ms is None else min(budget, sync_budget_ms))
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
-        limit = min(limits.max_results, request.max_results or limits.max_results)
+        limit, min_score = search_limits(limits.max_results, request.max_results, request.min_score)
         counts, count_error = await self.index_counts.read()
         counts = await self.reconcile_if_edited(counts)
         if (lost := await self._notice(counts, count_error)) is not None:
@@ -530,7 +531,7 @@ class QmdBackend:
         # (search mode only: also after a vec0 switch)
         lex = lex_queries(lexical, words) if self.lex_calls else ()
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
-                        deadline, limits.timeout_ms, self.home.xdg_cache / "qmd" / "models",
+                        deadline, limits.timeout_ms, self.home.models_dir,
                         self.child_env, index_db=self.home.index_db, lex=lex)
         try:
             # not the warm child for lex calls while qmd's index holds no document of any
@@ -559,7 +560,7 @@ class QmdBackend:
         # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
         question = q if plan.mode == "search" and words else None
         results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=request.min_score or 0.0, notes=notes, question=question,
+            lambda: self._map(entries, min_score=min_score, notes=notes, question=question,
                               limit=limit))
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
@@ -718,7 +719,7 @@ class QmdBackend:
                     "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                     if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "indexProblem": self.health.problem, "modelProblem": model_problem,
-                "models": model_cache_state(self.home.xdg_cache / "qmd" / "models",
+                "models": model_cache_state(self.home.models_dir,
                                             model_kinds(mode, self.cfg.rerank),
                                             checked=self.model_state.gguf_checked),
                 "indexing": indexing,

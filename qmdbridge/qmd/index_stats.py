@@ -1,7 +1,8 @@
 """qmd's index read-only: how many active documents each collection holds.
 
-Standard library only (``sqlite3``), so the one-shot CLI can read it before it loads anything
-heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for the backend.
+Standard library and ``fallback.store.errors`` only, so the one-shot CLI can read it before it
+loads anything heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for the
+backend.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import logging
 import sqlite3
 from pathlib import Path
 
-# SQLite's primary result codes for a lock held by another connection.
-SQLITE_BUSY, SQLITE_LOCKED = 5, 6
+from fallback.store.errors import is_locked
 
 __all__ = ["index_counts", "index_locked"]
 
@@ -56,7 +56,5 @@ def index_locked(db: Path) -> bool:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        # by primary result code, never by message (this module runs before fallback loads)
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code is not None and code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+        return is_locked(exc)  # by SQLite's result code, never by message
     return False

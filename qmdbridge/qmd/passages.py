@@ -12,7 +12,7 @@ four lines held the evidence for 0.51 (the snippet text for 0.32).
 So, in ``search`` mode, qmd chooses the notes and the builtin engine's keyword ranking chooses
 the passages (:func:`rank_passages`):
 
-1. the notes of the AND call and of the relaxed pass, up to :data:`POOL_FACTOR` per result slot
+1. the notes of the AND call and of the relaxed pass, up to ``query_text.POOL_FACTOR`` per result slot
    (per collection through the warm child, ``lexical.warm_candidates``), are read as
    ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts a note
    (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
@@ -60,7 +60,7 @@ from fallback.store.migrations import in_memory_store
 from fallback.store.readonly import MetaReads
 from fallback.text.chunking import chunk_markdown
 
-__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "POOL_FACTOR", "Note", "Ranking", "rank_passages"]
+__all__ = ["MAX_FOCUS_CHARS", "MAX_POOL_CHARS", "Note", "Ranking", "rank_passages"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -70,9 +70,6 @@ MAX_FOCUS_CHARS = 200_000
 # Notes are pooled in qmd's order while they fit in this many characters; a note that does not
 # fit keeps qmd's lines.
 MAX_POOL_CHARS = 600_000
-# Notes ranked per result slot: the relaxed pass keeps this many of the notes its one-word
-# searches found (recall levels off past four per slot: docs/benchmarks.md, "The passage pool").
-POOL_FACTOR = 4
 # The builtin index's tokenizer (``store.fts.tokenizer`` default), so a word matches the forms
 # the builtin engine would match (``painting`` -> ``paint``).
 _TOKENIZER = "unicode61"

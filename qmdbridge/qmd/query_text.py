@@ -17,7 +17,7 @@ from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
 __all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "POOL_FACTOR",
            "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "is_lex_call", "lex_queries", "lexical_terms",
-           "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_words", "without_stray_quote"]
+           "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_limits", "search_words", "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass (each is one
 # qmd process per collection).
@@ -225,6 +225,13 @@ def search_words(query: str, mode: str) -> tuple[str, tuple[str, ...]]:
     """
     terms = lexical_terms(query)
     return " ".join(terms) or query, terms or (cjk_terms(query) if mode == "search" else ())
+
+
+def search_limits(cap: int, max_results: int | None, min_score: float | None) -> tuple[int, float]:
+    """What a qmd search applies (pure): ``(hits, score floor)``, ``max_results`` capped at
+    ``limits.maxResults`` (``cap``; ``cap`` when none was asked) and ``min_score`` (0, no floor,
+    when none was given). The backend, the one-shot prefetch and the eval report call it."""
+    return min(cap, max_results or cap), min_score or 0.0
 
 
 def search_env(env: Mapping[str, str]) -> dict[str, str]:

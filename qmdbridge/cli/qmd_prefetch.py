@@ -40,7 +40,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from qmdbridge.qmd.early import EarlyCall, EarlyCalls
+from qmdbridge.qmd.early import EarlyCalls
+from qmdbridge.qmd.streams import QmdProcess
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -198,11 +199,11 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
 
 
 def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
-               cwd: str) -> list[tuple[EarlyCall, str]] | None:
+               cwd: str) -> list[tuple[QmdProcess, str]] | None:
     """Start ``planned`` (argv, collection) in order, at most :func:`ahead_limit` running at
     once; ``None`` when one was not started (the search took it first, or it failed to start)
     or the calls were discarded."""
-    started: list[tuple[EarlyCall, str]] = []
+    started: list[tuple[QmdProcess, str]] = []
     limit = ahead_limit()
     for argv, coll in planned:
         if not calls.wait((c for c, _ in started), running_below=limit):

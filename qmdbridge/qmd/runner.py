@@ -1,16 +1,17 @@
 """Async subprocess runner for qmd: no shell, deadlines, process-group kill, capped output.
 
 ``run_command(argv, env=..., cwd=..., timeout_ms=...)`` starts one process in its own session
-(``start_new_session=True``, so its pid is also its process-group id), drains stdout and stderr
-at the same time (an anyio task group, so a full pipe can never deadlock), decodes them as UTF-8
-with replacement and keeps only the *last* ``max_chars`` characters of each. It returns a frozen
-:class:`RunResult`; a non-zero exit does not raise (``RunResult.check()`` does).
+(``start_new_session=True``, so its pid is also its process-group id) with
+:class:`~qmdbridge.qmd.streams.QmdProcess`, which drains stdout and stderr at the same time (so
+a full pipe can never deadlock) and keeps only the *last* ``max_chars`` characters of each, and
+waits for it (:func:`wait_process`, which also waits for the calls a one-shot search started
+ahead). It returns a frozen :class:`RunResult`; a non-zero exit does not raise
+(``RunResult.check()`` does).
 
 On a timeout, or when an enclosing cancel scope cancels the call (``anyio.fail_after`` around
-it), the runner first collects every descendant with psutil (``bin/qmd`` style launchers spawn
-a worker, and a worker may have left the group), then sends SIGKILL to the process group, kills
-the collected descendants that survived, and reaps the direct child, all inside a shielded
-scope. A timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside
+it), the runner first stops and collects every descendant with psutil (``bin/qmd`` style
+launchers spawn a worker, and a worker may have left the group), then sends SIGKILL to the
+process group and the collected descendants, and reaps the direct child, all shielded. A timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside
 cancellation propagates unchanged.
 
 This module is also the one place where subprocess errors are translated: a spawn failure
@@ -42,7 +43,6 @@ import math
 import os
 import shutil
 import signal as signal_mod
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
@@ -51,12 +51,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import anyio
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import Process
 
 from fallback.errors import BackendTimeoutError, UsageError
 from qmdbridge.command_line import batch_command, is_batch_script
 from qmdbridge.qmd.errors import QmdCommandError
-from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, TailBuffer, split_status
+from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, QmdProcess, split_status
 
 if TYPE_CHECKING:  # psutil is loaded only to kill a process tree (its import cost: docs/benchmarks.md)
     import psutil
@@ -79,10 +79,9 @@ __all__ = [
     "spawn_error_is_missing_file",
     "summarize",
     "wait_gone",
+    "wait_process",
 ]
 
-# Read size for the pipes, in bytes.
-_READ_BYTES = 65_536
 # How long to wait for killed descendants to disappear, in seconds.
 _REAP_WAIT_S = 3.0
 # How many descendant walks a kill makes at most before it stops looking for new processes.
@@ -169,14 +168,6 @@ class RunResult:
             return self
         raise QmdCommandError(self.summary, returncode=self.returncode, signal=self.signal,
                               stdout_tail=self.stdout, stderr_tail=self.stderr)
-
-
-async def _drain(stream: ByteReceiveStream | None, buffer: TailBuffer) -> None:
-    if stream is None:
-        return
-    async for chunk in stream:
-        buffer.feed(chunk)
-    buffer.feed(b"", final=True)
 
 
 def _freeze(pid: int) -> list[psutil.Process]:
@@ -362,51 +353,56 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     if max_chars <= 0:
         raise UsageError(f"max_chars must be > 0, got {max_chars}")
     argv_t = tuple(str(a) for a in argv)
-    summary = summarize(argv_t)
-    started = time.monotonic()
     command = process_command(argv_t)
     if len(argv_t) > 1 and argv_t[1] in OUTLIVE_NO_PARENT and isinstance(command, list) \
             and shutil.which(command[0], path=env.get("PATH")):  # a missing one fails to start
         command = parent_death_argv(command)
     try:
-        process = await anyio.open_process(
-            command, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
-            stderr=subprocess.PIPE, cwd=str(cwd), env=dict(env), start_new_session=True)
+        process = QmdProcess(argv_t, env, cwd, command=command, max_chars=max_chars,
+                             discard_stdout=discard_stdout)
     except OSError as exc:
-        raise QmdCommandError(summary, os_error=str(exc), errno=exc.errno,
+        raise QmdCommandError(summarize(argv_t), os_error=str(exc), errno=exc.errno,
                               backend=backend) from exc
+    try:
+        return await wait_process(process, timeout_ms=timeout_ms, backend=backend, setting=setting)
+    finally:
+        process.close_fds()
 
-    out = TailBuffer(max_chars)
-    err = TailBuffer(max_chars)
+
+async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "qmd",
+                       setting: str | None = None) -> RunResult:
+    """Wait for a started process until it ends or ``timeout_ms`` (from now) passes.
+
+    Args:
+        process: the started process (:class:`~qmdbridge.qmd.streams.QmdProcess`).
+        timeout_ms: the deadline in ms from now, > 0.
+        backend / setting: named by the timeout error.
+
+    Returns:
+        The :class:`RunResult` (whatever the exit code).
+
+    Raises:
+        BackendTimeoutError: the deadline passed (the process tree was killed and reaped
+            first); an outside cancellation kills it too and propagates.
+    """
     finished = False
     try:
-        with anyio.move_on_after(timeout_ms / 1000) as deadline:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_drain, process.stdout, out)
-                tg.start_soon(_drain, process.stderr, err)
-                await process.wait()
+        with anyio.move_on_after(timeout_ms / 1000):
+            while not process.done.is_set():
+                await anyio.wait_readable(process.wake_fd)
             finished = True
-        if deadline.cancelled_caught and not finished:
-            await kill_and_reap(process)
-            raise BackendTimeoutError(backend, summary, timeout_ms, setting=setting)
     finally:
-        if not finished and process.returncode is None:
-            await kill_and_reap(process)
-        await _close_streams(process)
-
-    returncode, sig = split_status(process.returncode)
-    duration_ms = max(0, math.floor((time.monotonic() - started) * 1000))
-    return RunResult(argv=argv_t, returncode=returncode, signal=sig, stdout=out.text(),
-                     stderr=err.text(), duration_ms=duration_ms,
-                     stdout_truncated=out.truncated, stderr_truncated=err.truncated)
-
-
-async def _close_streams(process: Process) -> None:
-    with anyio.CancelScope(shield=True):
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                await stream.aclose()
+        if not finished:  # past the deadline, or cancelled from outside
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(process.kill)
+    if not finished:
+        raise BackendTimeoutError(backend, summarize(process.argv), timeout_ms, setting=setting)
+    returncode, sig = split_status(process.proc.returncode)
+    ended = process.ended if process.ended is not None else time.monotonic()
+    return RunResult(argv=process.argv, returncode=returncode, signal=sig, stdout=process.out.text(),
+                     stderr=process.err.text(),
+                     duration_ms=max(0, math.floor((ended - process.started) * 1000)),
+                     stdout_truncated=process.out.truncated, stderr_truncated=process.err.truncated)
 
 
 def is_flag_rejection(stderr: str) -> bool:

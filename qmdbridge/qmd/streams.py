@@ -1,17 +1,32 @@
-"""A child's output as the runner keeps it: UTF-8 with replacement, the last ``max_chars`` code points.
+"""Starting one qmd process and draining its output: the one process starter of the runner.
 
-Standard library only: the runner (``qmdbridge/qmd/runner.py``) and the qmd calls a one-shot
-search starts before anything heavy is loaded (``qmdbridge/qmd/early.py``) decode alike.
+:class:`QmdProcess` starts a process (no shell, its own session, stdin ``/dev/null``) and drains
+stdout and stderr on a thread into :class:`TailBuffer` s (UTF-8 with replacement, the last
+``max_chars`` code points). ``qmdbridge/qmd/runner.py`` waits for it under a deadline
+(``runner.wait_process``); the qmd calls a one-shot search starts before anything heavy is
+loaded (``qmdbridge/qmd/early.py``) are the same processes, waited for the same way once handed
+over. Standard library only (the runner, anyio and psutil are imported to kill a process).
 """
 
 from __future__ import annotations
 
 import codecs
+import os
+import selectors
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
-__all__ = ["DEFAULT_MAX_CHARS", "TailBuffer", "split_status"]
+__all__ = ["DEFAULT_MAX_CHARS", "QmdProcess", "TailBuffer", "split_status"]
 
 # Per-stream cap in characters, as in the reference runner; the buffers keep the tail.
 DEFAULT_MAX_CHARS = 200_000
+# Read size for the pipes, in bytes.
+_READ_BYTES = 65_536
+# How long a kill waits for the drain thread to see both pipes closed, in seconds.
+_JOIN_WAIT_S = 3.0
 
 
 class TailBuffer:
@@ -59,3 +74,85 @@ def split_status(code: int | None) -> tuple[int | None, int | None]:
     if code is not None and code < 0:
         return None, -code
     return code, None
+
+
+class QmdProcess:
+    """One process, started in its own session (``start_new_session=True``, so its pid is its
+    process group), stdin ``/dev/null``, stdout and stderr drained by a thread.
+
+    Args:
+        argv: the command line as reported (argv[0] the executable; ``RunResult.argv``).
+        env: the complete child environment.
+        cwd: the working directory.
+        command: what is started, when it differs from ``argv`` (an exec wrapper, a Windows
+            batch line); default ``argv``.
+        max_chars: per-stream cap in code points (the tail is kept).
+        discard_stdout: stdout goes to ``/dev/null``.
+        on_done: called (on the drain thread) once the process is reaped and both pipes closed.
+
+    Raises:
+        OSError: the process could not be started.
+    """
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | str, *,
+                 command: Sequence[str] | str | None = None, max_chars: int = DEFAULT_MAX_CHARS,
+                 discard_stdout: bool = False, on_done: Callable[[], None] | None = None) -> None:
+        self.argv = tuple(str(a) for a in argv)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            list(self.argv) if command is None else command, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL if discard_stdout else subprocess.PIPE,
+            stderr=subprocess.PIPE, cwd=str(cwd), env=dict(env), start_new_session=True)
+        self.out = TailBuffer(max_chars)
+        self.err = TailBuffer(max_chars)
+        self.ended: float | None = None
+        self.done = threading.Event()
+        self._on_done = on_done
+        self.wake_fd, self._wake_w = os.pipe()  # readable once done: the async side waits on it
+        self._thread = threading.Thread(target=self._drain, name="qmd-process", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            for stream, buffer in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+                if stream is not None:
+                    sel.register(stream, selectors.EVENT_READ, buffer)
+            while sel.get_map():
+                for key, _ in sel.select():
+                    data = os.read(key.fd, _READ_BYTES)
+                    key.data.feed(data, final=not data)
+                    if not data:
+                        sel.unregister(key.fileobj)
+            self.proc.wait()
+        finally:
+            sel.close()
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream is not None:
+                    stream.close()
+            self.ended = time.monotonic()
+            self.done.set()
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:  # the waiting side closed its end already
+                pass
+            os.close(self._wake_w)
+            if self._on_done is not None:
+                self._on_done()
+
+    def kill(self) -> None:
+        """Kill the process group and every descendant that is still running, and reap it
+        (blocking: at most a few seconds for descendants that left the group)."""
+        if not self.done.is_set():
+            from qmdbridge.qmd.runner import kill_tree, wait_gone
+
+            survivors = kill_tree(self.proc.pid)
+            self.proc.wait()
+            self._thread.join(_JOIN_WAIT_S)
+            wait_gone(survivors)
+
+    def close_fds(self) -> None:
+        """Close the waiting side of the wake-up pipe; idempotent."""
+        if self.wake_fd >= 0:
+            os.close(self.wake_fd)
+            self.wake_fd = -1

@@ -46,14 +46,13 @@ from qmdbridge.qmd.collections import (
     ManagedCollection,
     ReconcileState,
     build_collections,
+    describe_collections,
     rebuild,
     rule_extra_paths,
 )
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
-from qmdbridge.qmd.index_stats import index_locked
 from qmdbridge.qmd.lexical import relax
-from qmdbridge.qmd.listing import describe_collections
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
 from qmdbridge.qmd.parse import (
     IndexCounts,
@@ -62,6 +61,7 @@ from qmdbridge.qmd.parse import (
     diversify_sources,
     encode_query,
     entry_hits,
+    index_locked,
 )
 from qmdbridge.qmd.query_text import (
     POOL_FACTOR,

@@ -35,6 +35,7 @@ from fallback.sources.memory_files import (
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
+from qmdbridge.qmd.runner import is_flag_rejection
 
 __all__ = [
     "CollectionKind",
@@ -44,6 +45,7 @@ __all__ = [
     "ReconcileState",
     "build_collections",
     "custom_extra_paths",
+    "describe_collections",
     "fallback_engine_settings",
     "rule_extra_paths",
     "escape_glob",
@@ -60,8 +62,6 @@ log = logging.getLogger("qmdbridge.qmd.collections")
 CollectionKind = Literal["memory", "custom", "sessions"]
 
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
-_UNSUPPORTED_FLAG_MARKERS = ("unknown flag", "unknown option", "unrecognized option",
-                             "flag provided but not defined", "unexpected argument")
 _MISSING_MARKERS = ("not found", "does not exist", "missing")
 # qmd could not read its collection list (a hand edit broke the YAML): every command fails so.
 _YML_UNREADABLE_RE = re.compile(r"failed to parse \S*index\.yml|yamlparseerror", re.IGNORECASE)
@@ -321,11 +321,6 @@ class ReconcileState:
         return f"qmd has no usable collection: {self.refused[colls[0].name]}"
 
 
-def _is_unsupported_flag(message: str) -> bool:
-    low = message.lower()
-    return any(m in low for m in _UNSUPPORTED_FLAG_MARKERS)
-
-
 def _is_missing(message: str) -> bool:
     low = message.lower()
     return any(m in low for m in _MISSING_MARKERS)
@@ -400,6 +395,22 @@ async def _enrich(listed: dict[str, ListedCollection], names: list[str],
             info = parse_collection_show(shown.stdout) if shown.ok else None
             if info is not None:
                 listed[name] = ListedCollection(name, info.path, got.pattern or info.pattern)
+
+
+async def describe_collections(list_output: str, *, run: RunCollectionCommand,
+                               roots: dict[str, ManagedCollection]) -> list[dict[str, object]]:
+    """``qmd collection list`` output as ``[{name, path, pattern, managed, kind}]``, each path
+    from ``collection show`` when the list prints none (:func:`_enrich`; qmd 2.8.3's prints none).
+
+    Args:
+        list_output: stdout of ``qmd collection list``.
+        run: runs ``collection show`` (see :func:`reconcile`).
+        roots: the managed collections by name.
+    """
+    listed = parse_collection_list(list_output)
+    await _enrich(listed, list(listed), run)
+    return [{"name": name, "path": got.path, "pattern": got.pattern, "managed": name in roots,
+             "kind": roots[name].kind if name in roots else None} for name, got in listed.items()]
 
 
 def _needs_rebind(mc: ManagedCollection, got: ListedCollection, workspace: Path) -> bool:
@@ -485,7 +496,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                         mc.name, flag, mc.pattern, got.path, got.pattern)
             await _remove(run, mc.name)
             continue
-        if i + 1 < len(order) and _is_unsupported_flag(res.stderr):
+        if i + 1 < len(order) and is_flag_rejection(res.stderr):
             log.info("qmd collection add rejected %s; retrying with legacy compatibility flag", flag)
             continue
         if not ignored:

@@ -117,8 +117,10 @@ class EarlyCalls:
             left = list(self._calls.values())
             self._calls.clear()
             self._cond.notify_all()
+        from qmdbridge.qmd.runner import kill_process
+
         for call in left:
-            call.kill()
+            kill_process(call)
 
     def close(self) -> None:
         """:meth:`discard`, wait for the threads that start calls, kill a call handed over but
@@ -129,8 +131,10 @@ class EarlyCalls:
                 thread.join()
             except RuntimeError:  # interrupted before it ran: it starts nothing once discarded
                 pass
+        from qmdbridge.qmd.runner import kill_process
+
         for call in self._all:
-            call.kill()
+            kill_process(call)
             call.close_fds()
 
     async def run_command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["ListedCollection", "describe_collections", "parse_collection_list", "parse_collection_show"]
+__all__ = ["ListedCollection", "parse_collection_list", "parse_collection_show"]
 
 _LIST_HEADER_RE = re.compile(r"^\s*([a-z0-9._-]+)\s+\(qmd://[^)]+\)\s*$", re.IGNORECASE)
 _FIELD_RE = re.compile(r"^\s*(pattern|mask|path)\s*:\s*(.*?)\s*$", re.IGNORECASE)
@@ -106,27 +106,3 @@ def parse_collection_show(text: str) -> ListedCollection | None:
     if name is None:
         return None
     return ListedCollection(name, fields.get("path"), fields.get("pattern"))
-
-
-async def describe_collections(list_output: str, *, run: Any,
-                               roots: dict[str, Any]) -> list[dict[str, Any]]:
-    """Turn ``qmd collection list`` text into ``[{name, path, pattern, managed, kind}]``,
-    asking ``collection show`` for each path (qmd 2.8.3's list prints none).
-
-    Args:
-        list_output: stdout of ``qmd collection list``.
-        run: ``async run(args, positionals) -> CollectionRun`` for ``collection show``.
-        roots: the managed collections by name (``collections.ManagedCollection``).
-    """
-    out = []
-    for name, got in parse_collection_list(list_output).items():
-        path, pattern = got.path, got.pattern
-        if path is None:
-            shown = await run(["collection", "show"], [name])
-            info = parse_collection_show(shown.stdout) if shown.ok else None
-            path = str(info.path) if info and info.path else None
-            pattern = pattern or (info.pattern if info else None)
-        mc = roots.get(name)
-        out.append({"name": name, "path": str(path) if path else None, "pattern": pattern,
-                    "managed": mc is not None, "kind": mc.kind if mc else None})
-    return out

@@ -35,11 +35,8 @@ import re
 import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-import anyio
 
 from fallback.errors import BackendTimeoutError
 from qmdbridge.command_line import is_windows_path, program_of
@@ -49,7 +46,6 @@ from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_
 __all__ = [
     "QmdLocation",
     "QmdLocator",
-    "locate_qmd",
     "npm_global_prefix",
     "probe_qmd",
     "repo_tools_qmd",
@@ -219,7 +215,7 @@ class QmdLocator:
             ``(paths, searched)``: absolute executable paths without duplicates, and folders.
         """
         searched: list[str] = []
-        found = [exe async for exe in self._iter_candidates(_first_token(command), searched)]
+        found = [exe async for exe in self._iter_candidates(program_of(command), searched)]
         return found, searched
 
     async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
@@ -302,17 +298,17 @@ class QmdLocator:
         searched: list[str] = []
         first_bad: QmdLocation | None = None
         skipped: list[str] = []
-        async with aclosing(self._iter_candidates(_first_token(command), searched)) as found:
+        async with aclosing(self._iter_candidates(program_of(command), searched)) as found:
             async for exe in found:
                 location = await self.probe_path(exe)
                 if location.usable:
-                    return _with(location, searched=list(searched), skipped=skipped)
+                    return replace(location, searched=list(searched), skipped=skipped)
                 skipped.append(location.reason or f"unusable: {exe}")
                 if first_bad is None:
                     first_bad = location
         if first_bad is not None:
-            return _with(first_bad, searched=searched, skipped=skipped[1:])
-        token = _first_token(command)
+            return replace(first_bad, searched=searched, skipped=skipped[1:])
+        token = program_of(command)
         return QmdLocation(path=None, found=False, runtime_ok=False, version=None,
                            reason=f"qmd not found (command {token!r}); searched: "
                                   + ", ".join(searched),
@@ -372,13 +368,6 @@ def _npmrc_prefix(path: str) -> str | None:
     return prefix
 
 
-def _with(location: QmdLocation, *, searched: list[str], skipped: list[str]) -> QmdLocation:
-    return QmdLocation(path=location.path, found=location.found, runtime_ok=location.runtime_ok,
-                       version=location.version, reason=location.reason, searched=searched,
-                       path_env=location.path_env, child_path=location.child_path,
-                       skipped=skipped)
-
-
 def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None]:
     """``(runtime_ok, version, reason)`` for a finished ``--version`` run."""
     match = _VERSION_RE.match(result.stdout.strip())
@@ -390,10 +379,6 @@ def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None
         return False, None, f"qmd found at {exe} but its runtime (node/bun) is missing: {detail}"
     printed = _first_line(result.stdout) or stderr_line
     return True, None, f"foreign program at {exe}: --version printed '{printed}'"
-
-
-def _first_token(command: str | Sequence[str]) -> str:
-    return program_of(command)
 
 
 async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
@@ -417,14 +402,3 @@ async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, s
     locator = QmdLocator(env=env, repo_tools=repo_tools, usual_dirs=usual_dirs, cwd=cwd,
                          timeout_ms=timeout_ms)
     return await locator.probe(command)
-
-
-def locate_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, str] | None = None,
-               repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
-               cwd: Path | str | None = None, timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
-    """Blocking :func:`probe_qmd` for scripts and the CLI (starts its own event loop).
-
-    Must not be called from inside a running event loop (use :func:`probe_qmd` there).
-    """
-    return anyio.run(partial(probe_qmd, command, env=env, repo_tools=repo_tools,
-                             usual_dirs=usual_dirs, cwd=cwd, timeout_ms=timeout_ms))

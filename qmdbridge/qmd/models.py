@@ -17,7 +17,8 @@ import anyio
 
 from fallback.gguf_file import gguf_problem
 
-__all__ = ["DEFAULT_MODELS", "ModelState", "damaged_models", "missing_models", "model_cache_state",
+__all__ = ["DEFAULT_MODELS", "MODEL_OVERRIDES", "ModelState", "damaged_models", "default_kinds",
+           "missing_models", "model_cache_state",
            "model_kinds", "model_problem", "reachable"]
 
 # The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
@@ -26,6 +27,8 @@ DEFAULT_MODELS = {
     "rerank": "hf:ggml-org/Qwen3-Reranker-0.6B-Q8_0-GGUF/qwen3-reranker-0.6b-q8_0.gguf",
     "generate": "hf:tobil/qmd-query-expansion-1.7B-gguf/qmd-query-expansion-1.7B-q4_k_m.gguf",
 }
+# The environment variables that replace a default model (the user's business, never checked).
+MODEL_OVERRIDES = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
 # How long the connectivity check may take, in seconds.
 REACH_TIMEOUT_S = 3.0
 
@@ -39,6 +42,12 @@ def model_kinds(mode: str, rerank: bool | None) -> tuple[str, ...]:
     if mode == "query":
         return ("embed", "generate") if rerank is False else ("embed", "rerank", "generate")
     return ()
+
+
+def default_kinds(kinds: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``kinds`` whose default model qmd uses under ``env`` (no :data:`MODEL_OVERRIDES`
+    variable set for it)."""
+    return tuple(k for k in kinds if not env.get(MODEL_OVERRIDES[k]))
 
 
 def missing_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
@@ -126,13 +135,12 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
     if env.get("CI"):
         return ("qmd refuses model operations while the CI environment variable is set; "
                 "unset CI to embed or warm up the models")
-    overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
-    damaged = damaged_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])),
-                             checked=checked)
+    kinds = default_kinds(kinds, env)
+    damaged = damaged_models(models_dir, kinds, checked=checked)
     if damaged:
         return (f"model file(s) {', '.join(damaged)} empty, truncated or not GGUF; "
                 "delete them and run `qmdbridge warmup` where huggingface.co is reachable")
-    missing = missing_models(models_dir, tuple(k for k in kinds if not env.get(overrides[k])))
+    missing = missing_models(models_dir, kinds)
     if not missing:
         return None
     parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")

@@ -38,6 +38,7 @@ __all__ = [
     "encode_query",
     "entry_hits",
     "index_counts",
+    "index_locked",
     "QmdEntry",
     "clamp_injected",
     "display_path",
@@ -476,6 +477,23 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
         out.append(r)
         budget -= len(r.snippet)
     return out
+
+
+def index_locked(db: Path) -> bool:
+    """Whether a writer holds qmd's index so that no search can read it now (an exclusive lock:
+    ``qmd embed`` or ``qmd update`` writing, a WAL checkpoint): one read with no busy wait
+    fails with "database is locked". ``False`` for a missing or otherwise unreadable index."""
+    if not db.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return is_locked(exc)  # by SQLite's result code, never by message
+    return False
 
 
 class IndexCounts:

@@ -73,6 +73,7 @@ __all__ = [
     "is_missing_collection",
     "is_vector_module_missing",
     "kill_and_reap",
+    "kill_process",
     "kill_tree",
     "process_command",
     "run_command",
@@ -253,6 +254,16 @@ def wait_gone(procs: list[psutil.Process]) -> None:
         delay_s = min(delay_s * 2, 0.1)
 
 
+def kill_process(process: QmdProcess) -> None:
+    """Kill a started process's tree (:func:`kill_tree`) unless it ended, and reap it (blocking:
+    at most a few seconds for descendants that left the group)."""
+    if not process.done.is_set():
+        survivors = kill_tree(process.proc.pid)
+        process.proc.wait()
+        process.join()
+        wait_gone(survivors)
+
+
 async def kill_and_reap(process: Process) -> None:
     """Kill ``process``'s whole tree and reap it; runs shielded so a cancellation can't skip it.
 
@@ -394,7 +405,7 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "
     finally:
         if not finished:  # past the deadline, or cancelled from outside
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(process.kill)
+                await anyio.to_thread.run_sync(kill_process, process)
     if not finished:
         raise BackendTimeoutError(backend, summarize(process.argv), timeout_ms, setting=setting)
     returncode, sig = split_status(process.proc.returncode)

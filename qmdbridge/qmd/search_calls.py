@@ -52,9 +52,8 @@ from tenacity.stop import stop_base
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
-from qmdbridge.qmd.index_stats import index_locked
-from qmdbridge.qmd.models import missing_models
-from qmdbridge.qmd.parse import QmdEntry, merge_key, parse_qmd_json
+from qmdbridge.qmd.models import default_kinds, missing_models, model_kinds
+from qmdbridge.qmd.parse import QmdEntry, index_locked, merge_key, parse_qmd_json
 from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
 from qmdbridge.qmd.runner import (
     RunResult,
@@ -98,8 +97,6 @@ PROBE_QUERY = "qmdbridge-health-probe"
 VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs under Bun while "
              "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
              "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
-# The models a search mode needs (spec 1.8).
-_MODE_MODELS = {"vsearch": ("embed", "generate"), "query": ("embed", "rerank", "generate")}
 
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
 # BackendTimeoutError past timeout_ms).
@@ -212,14 +209,10 @@ class CallPlan:
 
 
 def timeout_hint(mode: str, models_dir: Path, env: Mapping[str, str]) -> str | None:
-    """``models missing or downloading? ...`` when ``mode`` needs GGUF models and qmd's model
-    cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
+    """``models missing or downloading? ...`` when ``mode`` needs GGUF models
+    (``models.model_kinds``) and qmd's model cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
     ``None`` otherwise."""
-    kinds = _MODE_MODELS.get(mode)
-    if not kinds:
-        return None
-    overrides = {"embed": "QMD_EMBED_MODEL", "rerank": "QMD_RERANK_MODEL", "generate": "QMD_GENERATE_MODEL"}
-    wanted = tuple(k for k in kinds if not env.get(overrides[k]))
+    wanted = default_kinds(model_kinds(mode, None), env)
     if not wanted or len(missing_models(models_dir, wanted)) < len(wanted):
         return None
     return ("models missing or downloading? qmd's model cache is empty; run `qmdbridge warmup` "

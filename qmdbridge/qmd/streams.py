@@ -5,7 +5,7 @@ stdout and stderr on a thread into :class:`TailBuffer` s (UTF-8 with replacement
 ``max_chars`` code points). ``qmdbridge/qmd/runner.py`` waits for it under a deadline
 (``runner.wait_process``); the qmd calls a one-shot search starts before anything heavy is
 loaded (``qmdbridge/qmd/early.py``) are the same processes, waited for the same way once handed
-over. Standard library only (the runner, anyio and psutil are imported to kill a process).
+over. Standard library only (``runner.kill_process`` kills one).
 """
 
 from __future__ import annotations
@@ -140,16 +140,9 @@ class QmdProcess:
             if self._on_done is not None:
                 self._on_done()
 
-    def kill(self) -> None:
-        """Kill the process group and every descendant that is still running, and reap it
-        (blocking: at most a few seconds for descendants that left the group)."""
-        if not self.done.is_set():
-            from qmdbridge.qmd.runner import kill_tree, wait_gone
-
-            survivors = kill_tree(self.proc.pid)
-            self.proc.wait()
-            self._thread.join(_JOIN_WAIT_S)
-            wait_gone(survivors)
+    def join(self) -> None:
+        """Wait (at most a few seconds) for the drain thread to see both pipes closed."""
+        self._thread.join(_JOIN_WAIT_S)
 
     def close_fds(self) -> None:
         """Close the waiting side of the wake-up pipe; idempotent."""

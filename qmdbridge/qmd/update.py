@@ -30,6 +30,7 @@ from tenacity import (
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
 from fallback.fs.lock import PidFileLock
+from qmdbridge.qmd.runner import is_busy
 
 __all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
            "needs_null_byte_repair", "needs_duplicate_repair", "indexing_in_progress"]
@@ -64,8 +65,7 @@ def embed_jitter_ms(agent_id: str, custom: list[tuple[str, str]], embed_interval
 
 def should_retry_update(message: str) -> bool:
     """A boot update is retried when qmd reported a busy database or the run timed out."""
-    low = message.lower()
-    return "sqlite_busy" in low or "database is locked" in low or "timed out" in low
+    return is_busy(message) or "timed out" in message.lower()
 
 
 def needs_null_byte_repair(message: str) -> bool:

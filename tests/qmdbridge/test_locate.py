@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.qmd.locate import QmdLocator, locate_qmd, npm_global_prefix, probe_qmd, repo_tools_qmd
+from qmdbridge.qmd.locate import QmdLocator, npm_global_prefix, probe_qmd, repo_tools_qmd
 
 pytestmark = pytest.mark.anyio
 
@@ -38,10 +38,9 @@ async def test_real_qmd_found_in_repo_tools(tmp_path: Path, qmd_bin: Path,
     assert location.skipped == []
 
 
-def test_sync_wrapper_with_explicit_command_and_args(tmp_path: Path, qmd_bin: Path,
-                                                     base_path_env: str) -> None:
+async def test_explicit_command_with_args(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     env = {"PATH": base_path_env, "HOME": str(tmp_path)}
-    location = locate_qmd(f'"{qmd_bin}" --no-gpu', env=env, repo_tools=False, usual_dirs=[])
+    location = await probe_qmd(f'"{qmd_bin}" --no-gpu', env=env, repo_tools=False, usual_dirs=[])
     assert (location.path, location.version, location.reason) == (str(qmd_bin), "2.8.3", None)
     assert location.searched == [str(qmd_bin.parent)]
 

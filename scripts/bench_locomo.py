@@ -120,7 +120,8 @@ async def qmd_search(conversation: LocomoConversation, qmd: Path, max_results: i
         RuntimeError: ``qmd collection add`` or a search failed (stderr tail in the message).
     """
     from qmdbridge.paths import child_env, ensure_home, qmd_home
-    from qmdbridge.qmd.parse import line_range, parse_qmd_json, parse_qmd_uri
+    from qmdbridge.qmd.parse import line_range, parse_qmd_uri
+    from qmdbridge.qmd.results_json import parse_qmd_json
     from qmdbridge.qmd.runner import run_command
 
     outcomes = []

@@ -58,8 +58,8 @@ def raw_argv(state: Path, query: str) -> list[str]:
     """The bridge's first ``qmd search`` as one command: the query's content words (the query
     as written when it has none), ``-c`` for each collection qmd holds documents of."""
     from qmdbridge.paths import qmd_home
-    from qmdbridge.qmd.lexical import lexical_terms
-    from qmdbridge.qmd.parse import index_counts
+    from qmdbridge.qmd.index_stats import index_counts
+    from qmdbridge.qmd.query_text import lexical_terms
 
     counts, _ = index_counts(qmd_home(state, "main").index_db)
     colls = [c for name in sorted(counts) for c in ("-c", name)]

@@ -1,10 +1,7 @@
 """QmdBackend: the qmd sidecar as a ``MemoryBackend`` (collections, update cycle, search, read).
 
-Every qmd call is ``[qmd, <flags...>, "--index", "index", "--", <positionals...>]``: flags
-first, the index pinned (a ``.qmd/`` above the workspace cannot hijack config or DB), then
-``--``, then user text, so a query can never be read as a flag (checked against qmd 2.8.3
-under Bun). Beyond ``--``, qmd still interprets the query text itself; :func:`encode_query`
-keeps it literal (see there). The circuit breaker lives in the manager, not here.
+Every qmd command line is ``query_text.qmd_argv``'s; ``query_text.encode_query`` keeps the
+query text literal. The circuit breaker lives in the manager, not here.
 
 Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call it makes, the wait for a
 pending update included) and nothing else. Start-up (collection reconcile:
@@ -56,10 +53,8 @@ from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
 from qmdbridge.qmd.parse import (
     IndexCounts,
-    QmdEntry,
     clamp_injected,
     diversify_sources,
-    encode_query,
     entry_hits,
     index_locked,
 )
@@ -73,6 +68,7 @@ from qmdbridge.qmd.query_text import (
     without_stray_quote,
 )
 from qmdbridge.qmd.reads import Listings, read_qmd_path
+from qmdbridge.qmd.results_json import QmdEntry
 from qmdbridge.qmd.runner import CommandRunner, RunResult, is_busy, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
@@ -81,7 +77,7 @@ from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
 if TYPE_CHECKING:
     from qmdbridge.qmd.warm import WarmChild
 
-__all__ = ["VEC0_HINT", "QmdBackend", "encode_query"]
+__all__ = ["QmdBackend"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.

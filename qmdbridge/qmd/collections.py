@@ -28,7 +28,6 @@ from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     ROOT_MEMORY_FILE,
     MemoryRoot,
-    escape_glob,
     extra_roots,
     root_memory_file,
 )
@@ -37,25 +36,10 @@ from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 from qmdbridge.qmd.runner import is_flag_rejection
 
-__all__ = [
-    "CollectionKind",
-    "CollectionRun",
-    "ListedCollection",
-    "ManagedCollection",
-    "ReconcileState",
-    "build_collections",
-    "custom_extra_paths",
-    "describe_collections",
-    "fallback_engine_settings",
-    "rule_extra_paths",
-    "escape_glob",
-    "parse_collection_list",
-    "parse_collection_show",
-    "rebuild",
-    "reconcile",
-    "render_index_yml",
-    "sanitize_name",
-]
+__all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState",
+           "build_collections", "custom_extra_paths", "describe_collections",
+           "fallback_engine_settings", "rule_extra_paths", "rebuild", "reconcile", "render_index_yml",
+           "sanitize_name"]
 
 log = logging.getLogger("qmdbridge.qmd.collections")
 

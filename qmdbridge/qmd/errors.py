@@ -22,8 +22,8 @@ import re
 from fallback.errors import BackendUnavailableError
 from qmdbridge.problems import CRASH_HINT
 
-__all__ = ["CRASH_HINT", "CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError", "QmdOutputError",
-           "QmdQueryTooLongError", "one_line"]
+__all__ = ["CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostError", "QmdMcpError",
+           "QmdOutputError", "QmdQueryTooLongError", "one_line"]
 
 # Most of a failing command's output kept in its error message (chars, the tail).
 _MESSAGE_TAIL_CHARS = 2_000

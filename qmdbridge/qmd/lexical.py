@@ -53,23 +53,18 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
-from qmdbridge.qmd.parse import QmdEntry, merge_key
+from qmdbridge.qmd.parse import merge_key
 from qmdbridge.qmd.query_text import (
-    MAX_RELAXED_TERMS,
-    MIN_RELAXED_CHARS,
-    cjk_terms,
-    lexical_terms,
     relaxed_terms,
-    without_stray_quote,
 )
+from qmdbridge.qmd.results_json import QmdEntry
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.parse import IndexCounts
     from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
-__all__ = ["MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "RELAX_MIN_LEFT_MS", "all_found", "cjk_terms",
-           "lexical_terms", "relax", "relaxed_terms", "without_stray_quote"]
+__all__ = ["RELAX_MIN_LEFT_MS", "all_found", "relax"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 

@@ -19,12 +19,6 @@ Every executable found is probed with ``<path> --version`` (5 s, through
 When none does, the first failure is reported: a foreign program (``--version`` printed
 something else), or a qmd whose runtime is missing (exit 127, ``env: 'node': No such file or
 directory``, ``bun: not found``, or a shebang interpreter that does not exist).
-
-Argument-parsing facts about qmd 2.8.3 that callers need (verified against the real CLI; see the
-:mod:`qmdbridge.qmd.runner` docstring): put all flags first, then ``--``, then the query (``--``
-keeps a leading ``-`` from being read as a flag; qmd's own query grammar still reads ``-word``
-as negation), and always pass ``--index index`` so a ``.qmd/`` folder above the workspace
-cannot redirect the index.
 """
 
 from __future__ import annotations

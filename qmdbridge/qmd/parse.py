@@ -28,33 +28,12 @@ from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.index_stats import index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
-from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
-from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json, strip_ansi
+from qmdbridge.qmd.results_json import QmdEntry
 
-__all__ = [
-    "DocLookup",
-    "IndexCounts",
-    "encode_query",
-    "entry_hits",
-    "index_counts",
-    "index_locked",
-    "QmdEntry",
-    "clamp_injected",
-    "display_path",
-    "diversify_sources",
-    "LocatedHit",
-    "line_range",
-    "locate_entries",
-    "passage_hits",
-    "qmd_lines_hit",
-    "merge_key",
-    "parse_qmd_json",
-    "parse_qmd_uri",
-    "slugify_path",
-    "snippet_text",
-    "strip_ansi",
-]
+__all__ = ["DocLookup", "IndexCounts", "entry_hits", "index_locked", "clamp_injected", "display_path",
+           "diversify_sources", "LocatedHit", "line_range", "locate_entries", "passage_hits",
+           "qmd_lines_hit", "merge_key", "parse_qmd_uri", "snippet_text"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 

@@ -301,9 +301,15 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
 
 def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()) -> list[str]:
     """Every qmd command line (pure): ``[program, *flags, "--index", "index", "--",
-    *positionals]`` (no ``--`` without positionals): the index pinned, so a ``.qmd/`` above the
-    workspace cannot hijack config or database, and user text after ``--``, so it is never
-    read as a flag."""
+    *positionals]`` (no ``--`` without positionals).
+
+    How qmd 2.8.3 parses it (``util.parseArgs``, ``strict: false``; checked against the real
+    CLI): ``--`` ends option parsing, so user text after it is never read as a flag (without
+    it, ``-leading`` is read as ``-l eading`` and dropped; after it even ``--index`` is query
+    text); the query then goes through qmd's FTS grammar, where ``-word`` is a negation and
+    ``"..."`` a phrase (:func:`encode_query`). ``--index index`` pins the collections to
+    ``$QMD_CONFIG_DIR/index.yml`` and the database to ``$XDG_CACHE_HOME/qmd/index.sqlite``, so
+    a ``.qmd/index.yml`` in a folder above the cwd cannot replace them."""
     out = [program, *flags, "--index", "index"]
     return out + ["--", *positionals] if positionals else out
 

@@ -11,29 +11,17 @@ ahead). It returns a frozen :class:`RunResult`; a non-zero exit does not raise
 On a timeout, or when an enclosing cancel scope cancels the call (``anyio.fail_after`` around
 it), the runner first stops and collects every descendant with psutil (``bin/qmd`` style
 launchers spawn a worker, and a worker may have left the group), then sends SIGKILL to the
-process group and the collected descendants, and reaps the direct child, all shielded. A timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside
-cancellation propagates unchanged.
+process group and the collected descendants, and reaps the direct child, all shielded. A
+timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside cancellation
+propagates unchanged.
 
 This module is also the one place where subprocess errors are translated: a spawn failure
 (``ENOENT``, ``EACCES``, a missing ``cwd``) becomes :class:`QmdCommandError` with the OS reason.
 The classifier helpers (:func:`is_flag_rejection`, :func:`is_missing_collection`,
 :func:`is_busy`, :func:`is_crash_after_output`, :func:`is_vector_module_missing`) look at
 stderr (and the exit status) only, never at the command
-summary, so a user's query can never trigger them.
-
-How qmd 2.8.3 parses arguments (checked against the real CLI, ``util.parseArgs`` with
-``strict: false``):
-
-* ``--`` ends option parsing. ``qmd search --json -n 6 -c x --index index -- -leading query``
-  keeps ``-leading query`` as the query (``positionals[1:]`` joined by one space). Without the
-  ``--``, ``-leading`` is read as ``-l eading`` and silently dropped. Put every flag first, then
-  ``--``, then the query; anything after ``--`` (even ``--index``) is query text.
-* The query then goes through qmd's lexical grammar (``buildFTS5Query``): a ``-`` at the start
-  of a word is FTS5 negation and ``"..."`` is an exact phrase. So ``-leading query`` means
-  "query NOT leading"; that is search semantics, not flag parsing, and ``--`` cannot change it.
-* ``--index index`` pins the index to ``$QMD_CONFIG_DIR/index.yml`` and
-  ``$XDG_CACHE_HOME/qmd/index.sqlite``: with it, a ``.qmd/index.yml`` in a folder above the cwd
-  is ignored (without it, that project-local file silently replaces the agent's config and DB).
+summary, so a user's query can never trigger them. How qmd parses a command line, and so
+how every qmd command line is built: ``query_text.qmd_argv``.
 """
 
 from __future__ import annotations
@@ -61,27 +49,10 @@ from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS, QmdProcess, split_status
 if TYPE_CHECKING:  # psutil is loaded only to kill a process tree (its import cost: docs/benchmarks.md)
     import psutil
 
-__all__ = [
-    "DEFAULT_MAX_CHARS",
-    "CommandRunner",
-    "parent_death_argv",
-    "QmdCommandError",
-    "RunResult",
-    "is_busy",
-    "is_crash_after_output",
-    "is_flag_rejection",
-    "is_missing_collection",
-    "is_vector_module_missing",
-    "kill_and_reap",
-    "kill_process",
-    "kill_tree",
-    "process_command",
-    "run_command",
-    "spawn_error_is_missing_file",
-    "summarize",
-    "wait_gone",
-    "wait_process",
-]
+__all__ = ["CommandRunner", "parent_death_argv", "RunResult", "is_busy", "is_crash_after_output",
+           "is_flag_rejection", "is_missing_collection", "is_vector_module_missing", "kill_and_reap",
+           "kill_process", "kill_tree", "process_command", "run_command",
+           "spawn_error_is_missing_file", "summarize", "wait_gone", "wait_process"]
 
 # How long to wait for killed descendants to disappear, in seconds.
 _REAP_WAIT_S = 3.0

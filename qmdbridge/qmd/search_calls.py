@@ -53,8 +53,9 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.models import default_kinds, missing_models, model_kinds
-from qmdbridge.qmd.parse import QmdEntry, index_locked, merge_key, parse_qmd_json
+from qmdbridge.qmd.parse import index_locked, merge_key
 from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
+from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json
 from qmdbridge.qmd.runner import (
     RunResult,
     is_busy,

@@ -67,12 +67,12 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.index_health import db_identity
 from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
-from qmdbridge.qmd.parse import encode_query
+from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
 from qmdbridge.qmd.runner import kill_and_reap, parent_death_argv, process_command
 from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
 
-__all__ = ["WarmChild", "entries_from_mcp", "parent_death_argv", "strip_line_numbers"]
+__all__ = ["WarmChild", "entries_from_mcp", "strip_line_numbers"]
 
 log = logging.getLogger("qmdbridge.qmd.warm")
 

@@ -6,20 +6,18 @@ from pathlib import Path
 
 import pytest
 
+from fallback.sources.memory_files import escape_glob
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.collections import (
     CollectionRun,
-    ListedCollection,
     ManagedCollection,
     ReconcileState,
     build_collections,
-    escape_glob,
-    parse_collection_list,
-    parse_collection_show,
     reconcile,
     render_index_yml,
     sanitize_name,
 )
+from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 
 LIST_283 = """Collections (3):
 

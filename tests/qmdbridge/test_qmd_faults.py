@@ -15,9 +15,10 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTi
 from fallback.fs.lock import PidFileLock
 from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.qmd.backend import VEC0_HINT, QmdBackend
+from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.locate import QmdLocation
+from qmdbridge.qmd.search_calls import VEC0_HINT
 from qmdbridge.qmd.update import UpdateCycle
 
 pytestmark = pytest.mark.anyio

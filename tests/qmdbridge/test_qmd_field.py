@@ -21,8 +21,8 @@ from fallback.request import SearchRequest
 from qmdbridge import MemoryManager
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.index_stats import index_counts
 from qmdbridge.qmd.locate import QmdLocation
-from qmdbridge.qmd.parse import index_counts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 

@@ -16,9 +16,9 @@ from fallback.request import SearchRequest
 from fallback.text.chunking import chunk_markdown
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
-from qmdbridge.qmd.lexical import MAX_RELAXED_TERMS, cjk_terms, lexical_terms, without_stray_quote
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS
+from qmdbridge.qmd.query_text import MAX_RELAXED_TERMS, cjk_terms, lexical_terms, without_stray_quote
 
 QUESTION = "When did Caroline go to the LGBTQ support group?"
 

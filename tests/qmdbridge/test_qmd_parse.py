@@ -13,18 +13,17 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdOutputError
 from qmdbridge.qmd.parse import (
     DocLookup,
-    QmdEntry,
     clamp_injected,
     display_path,
     diversify_sources,
-    encode_query,
     line_range,
     locate_entries,
-    parse_qmd_json,
     parse_qmd_uri,
     qmd_lines_hit,
-    slugify_path,
 )
+from qmdbridge.qmd.query_text import encode_query
+from qmdbridge.qmd.reads import slugify_path
+from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json
 
 HIT = '{"docid": "#abc123", "score": 0.8, "file": "qmd://memory-root-main/MEMORY.md", "snippet": "@@ -3,2 @@ (2 before, 0 after)\\nalpha\\nbeta\\n"}'
 

@@ -36,8 +36,9 @@ from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.locate import QmdLocation
 from qmdbridge.qmd.results_json import parse_qmd_json
+from qmdbridge.qmd.runner import parent_death_argv
 from qmdbridge.qmd.search_calls import CallPlan, search_collections
-from qmdbridge.qmd.warm import WarmChild, entries_from_mcp, parent_death_argv, strip_line_numbers
+from qmdbridge.qmd.warm import WarmChild, entries_from_mcp, strip_line_numbers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qmd_query_ws import QUERIES, make_workspace, model_free_env  # noqa: E402
@@ -149,7 +150,7 @@ def test_parent_death_argv_kills_the_child_when_its_parent_is_killed(tmp_path: P
     """An intermediate process starts ``sleep`` through the wrapper and is SIGKILLed: the
     kernel kills the sleep too (with no wrapper it would live on, re-parented)."""
     starter = ("import subprocess,sys,time,psutil\n"
-               "from qmdbridge.qmd.warm import parent_death_argv\n"
+               "from qmdbridge.qmd.runner import parent_death_argv\n"
                "p = subprocess.Popen(parent_death_argv(['sleep', '300']), start_new_session=True)\n"
                "while psutil.Process(p.pid).cmdline()[:1] != ['sleep']: time.sleep(0.01)\n"
                "print(p.pid, flush=True)\ntime.sleep(300)\n")

@@ -131,6 +131,7 @@ class QmdBackend:
         self.last_search_error: str | None = None  # the last search that failed, one line
         self._docid_cache: dict[str, tuple[str, str] | None] = {}
         self._listings: Listings = {}  # folder listings for hit checks (qmd.reads)
+        self._export_state: Any = None  # what the session export wrote (qmd.sessions.ExportState)
         self.index_counts = IndexCounts(self.home.index_db)  # documents per collection
         # a lost or corrupt index, noticed and re-indexed
         self.health = IndexHealth(self.home, self.index_counts,
@@ -380,15 +381,14 @@ class QmdBackend:
             raise BackendUnavailableError("qmd", f"cannot rewrite {self.home.index_yml}: {exc}") from exc
 
     async def _export_sessions(self) -> None:
-        try:
-            from qmdbridge.qmd.sessions import export_sessions
-        except ImportError:
-            log.warning("qmd session export unavailable (qmdbridge.qmd.sessions missing)")
-            return
+        from qmdbridge.qmd.sessions import ExportState, export_sessions
+
         target = next(c.path for c in self.collections if c.kind == "sessions")
         retention = self.cfg.sessions.retention_days
+        state = self._export_state = self._export_state or ExportState()  # unchanged: not parsed
         await anyio.to_thread.run_sync(lambda: export_sessions(
-            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now()))
+            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now(),
+            state=state))
 
     async def sync(self, *, reason: str, force: bool = False,
                    progress: ProgressCallback | None = None) -> None:

@@ -1,25 +1,14 @@
 """qmd's index lost or corrupt behind the bridge's back: noticed, moved aside, re-indexed.
 
-The agent's ``index.sqlite`` (``<qmd home>/xdg-cache/qmd/``) can disappear under a running
-agent (a cache clean-up, a reset by hand) or be damaged (a full disk, a crash mid-write). qmd
-then does not fail where one would expect it to: a deleted index is recreated, empty, by the
-next qmd command from ``index.yml``, so every search answers no hit; a truncated one fails
-every command with ``SQLITE_CORRUPT``. Neither is repaired by qmd itself.
-
-:class:`IndexHealth` tells both apart from a young workspace: the index holds no document of
-any managed collection while some collection's folder holds a file it indexes (by the
-memory-file rule), or reading the index fails with a corruption error. :meth:`restore` moves a
-corrupt index (with its ``-wal`` and ``-shm``) aside as ``index.sqlite.corrupt-<ms>`` and runs
-``qmd update``, which indexes every collection again. ``QmdBackend`` calls it at start-up
-(every one-shot command) and, in long-lived mode, from a search or ``status`` in the
-background, while the builtin engine answers (:class:`~qmdbridge.qmd.errors.QmdIndexLostError`,
-which never opens the circuit breaker). A warm ``qmd mcp`` child still reading the old file is
-replaced by ``WarmChild`` when the file's identity changes.
-
-The walk that looks for a memory file runs only when qmd's index holds no document at all, and
-once per index file (its device and inode): an empty workspace costs one walk per file. An index
-without documents after qmd's collection list (``index.yml``) changed is left to the reconcile
-repairs (``QmdBackend.reconcile_if_edited``: re-adding a removed collection indexes it).
+A deleted ``index.sqlite`` is recreated empty by the next qmd command (every search then
+answers no hit); a damaged one fails every command with ``SQLITE_CORRUPT``; qmd repairs
+neither. :class:`IndexHealth` tells both from a young workspace: the index holds no document of
+any managed collection while some collection's folder holds a file it indexes (a walk made only
+then, once per index file), or reading it fails with a corruption error. :meth:`restore` moves
+a corrupt index (with its ``-wal`` and ``-shm``) aside and runs ``qmd update``. ``QmdBackend``
+calls it at start-up and, in long-lived mode, in the background from a search or ``status``,
+while the builtin engine answers (:class:`~qmdbridge.qmd.errors.QmdIndexLostError`). An index
+without documents after ``index.yml`` changed is left to the reconcile repairs.
 """
 
 from __future__ import annotations

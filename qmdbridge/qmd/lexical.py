@@ -1,44 +1,14 @@
-"""Questions through qmd's lexical search: content words, then a relaxed pass.
+"""Questions through qmd's lexical search: the relaxed pass, for a qmd that rejects the ``lex`` call.
 
-``qmd search`` ANDs every word of its query, stop words included, each as a prefix (``"when"*
-AND "did"* AND "caroline"* ...``), over whole documents. Agents ask questions, so a question
-sent as written matches almost nothing ("When did Caroline go to the LGBTQ support group?" needs
-a note holding *when*, *did*, *go* and *the*). On the LoCoMo development conversations (760
-questions, one qmd document per session), ``qmd search`` with the question as written finds the
-evidence's file among the first five hits for 0.18 of the evidence turns.
-
-Two steps, in ``search`` mode only (``vsearch`` and ``query`` read the question as a sentence):
-
-1. :func:`lexical_terms`: the query's content words, as qmd's grammar reads them: stop words of
-   every supported language (``fallback.text.keywords.STOP_WORDS``) and the pieces of English
-   contractions and possessives (the ``s`` of ``Nate's``, whichever apostrophe is typed) dropped;
-   hyphenated and dotted tokens (``Wi-Fi``, ``ABC-1234``, ``2026.4.10``) kept whole, since qmd
-   matches them as phrases (a token mixing both, ``1.2.3-rc1``, which qmd matches neither way,
-   is cut at its hyphens); a word keeps its combining marks, as FTS5 reads it (qmd 2.8.3 drops
-   the marks from a query term, so its search finds no word written with them, a Devanagari or
-   Thai word say; cut at its marks, the word would match any note holding words that start
-   with its consonants). The first call ANDs those.
-2. :func:`relax`: when that call fills fewer than the slots asked for, each content word is
-   searched on its own, and the documents found that way follow the AND hits, best qmd score
-   first (one entry per document, its best-scoring match; equal scores, common when qmd rounds
-   a weak BM25 to 0, in the order of the query's words, then of each word's hits):
-   coordination-level matching, where documents holding every query word rank first.
-
-The relaxed pass costs one qmd process per word and collection, side by side; the passages of
-the notes found are then ranked for the question (``passages.py``). What each step gives
-through the bridge (``qmdbridge eval --backend qmd``) is in docs/benchmarks.md ("Questions in
-qmd's search mode").
-
-A question asks both steps of a collection in one call instead (``query_text.search_call``:
-``qmd query --no-rerank`` with a ``lex:`` line per search, or the warm ``qmd mcp`` child's
-``query`` tool in long-lived mode; qmd fuses them by reciprocal rank), with the same recall once
-the passages are ranked (figures: docs/benchmarks.md); :func:`relax` is left for a qmd that
-rejects that call.
-
-A query written in qmd's own syntax (a ``"quoted phrase"``, a ``-negated`` word) is sent as
-written, with no relaxed pass; a double quote left open is a typo and dropped first
-(:func:`without_stray_quote`). A query holding CJK text is sent as written first (qmd matches a
-CJK term as the phrase of its characters), then its words one by one (:func:`cjk_terms`).
+``qmd search`` ANDs every word of its query as a prefix, stop words included, so a question is
+sent as its content words (``query_text.lexical_terms``; a CJK question as written, then its
+words, ``query_text.cjk_terms``). A question's AND and each word alone normally go in one call
+per collection (``query_text.search_call``); for a qmd that rejects that call, :func:`relax`
+searches each content word on its own when the AND call filled fewer than the slots asked for,
+and the documents found that way follow the AND hits, best qmd score first (one entry per
+document, its best-scoring match; equal scores in the order of the query's words, then of each
+word's hits): coordination-level matching. The passages of the notes found are then ranked for
+the question (``passages.py``). docs/qmd.md, "Questions in ``search`` mode", says why.
 
 Source: coordination-level matching (Salton & McGill, "Introduction to Modern Information
 Retrieval", 1983, ch. 4): rank by the number of query terms matched, then by weight.

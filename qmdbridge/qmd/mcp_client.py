@@ -1,29 +1,15 @@
 """A small MCP client for ``qmd mcp`` over stdio: newline-delimited JSON-RPC, answers matched by id.
 
-``qmd mcp`` (no ``--http``; qmd 2.8.3, ``dist/mcp/server.js`` ``startMcpServer``) serves MCP on
-its stdin and stdout through ``serveStdio`` of ``@modelcontextprotocol/server`` 2.0.0: every
-message is one line, ``JSON.stringify(message) + "\\n"`` in both directions (its ``ReadBuffer``
-splits on ``\\n``, drops a trailing ``\\r`` and skips lines that are not JSON). An
-``initialize`` without a ``_meta`` envelope pins the connection to 2025-era MCP, after which
-``tools/call`` needs nothing more. Requests are handled concurrently and answered in the order
-they finish; a ``notifications/cancelled`` for a request suppresses its answer (the handler
-itself runs on). qmd writes only protocol messages on stdout; its logs go to stderr (``Shutting
-down (stdin closed)...`` when stdin ends, which also stops it).
-
-The client writes each request as one line (one writer at a time) and one reader task
+``qmd mcp`` (qmd 2.8.3, ``serveStdio``) reads and writes one JSON message per line; an
+``initialize`` without a ``_meta`` envelope pins the connection to 2025-era MCP. The client
+writes each request as one line (one writer at a time) and one reader task
 (:meth:`McpStdioClient.run`) hands each answer to the caller waiting for its id. A caller that
 leaves before its answer (its deadline, a cancellation) sends ``notifications/cancelled``, and
-an answer that arrives anyway is dropped (:attr:`~McpStdioClient.stale_answers`): no call can
-read another's answer. A line that is not a JSON-RPC message, or the end of stdout, ends the
-connection: every waiting call fails with ``transport=True`` and :meth:`~McpStdioClient.run`
-returns why (the warm child then restarts the process). A ``ping`` from the server is
-answered; other server requests get JSON-RPC error -32601; server notifications are ignored.
-
-Why not the official ``mcp`` SDK (``mcp.client.stdio``): ``stdio_client`` starts the process
-itself and keeps it (no pid for status, its own SIGTERM-then-kill on exit, stderr written to a
-file object rather than drained), and a ``ClientSession`` over our own process streams cost
-more per call than this client (measured interleaved on one ``qmd mcp`` each; figures in
-docs/benchmarks.md).
+an answer that arrives anyway is dropped (:attr:`~McpStdioClient.stale_answers`). A line that
+is not a JSON-RPC message, or the end of stdout, ends the connection: every waiting call fails
+with ``transport=True``. A server ``ping`` is answered; other server requests get JSON-RPC
+error -32601. The official ``mcp`` SDK's ``stdio_client`` starts and owns the process itself
+(no pid, its own kill, stderr not drained), so it does not fit the warm child.
 
 Errors are translated here, once: a broken pipe, a closed connection, a JSON-RPC error, a
 tool error and an answer of the wrong shape all become

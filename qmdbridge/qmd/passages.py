@@ -1,40 +1,16 @@
 """The passages of lexical qmd hits, ranked across the notes qmd found.
 
-``qmd search`` ranks whole documents and reports, for each, a snippet of about four lines
-around the first line holding the most of the words it was sent (``extractSnippet``: raw
-substring counts, first best line). For a question the bridge sends content words, and in the
-relaxed pass (``lexical.py``) one word at a time, so a document found by ``caroline`` alone is
-shown at the first line naming Caroline, wherever the rest of the question is answered; and a
-note gives one hit, however many of its passages answer. On the LoCoMo development
-conversations qmd named the right file for 0.76 of the evidence turns within five hits, but its
-four lines held the evidence for 0.51 (the snippet text for 0.32).
-
-So, in ``search`` mode, qmd chooses the notes and the builtin engine's keyword ranking chooses
-the passages (:func:`rank_passages`):
-
-1. the notes of the AND call and of the relaxed pass, up to ``query_text.POOL_FACTOR`` per result slot
-   (per collection through the warm child, ``lexical.warm_candidates``), are read as
-   ``memory_get`` reads them and cut into chunks exactly as the builtin index cuts a note
-   (``chunking.tokens``, ``overlap``, ``sections``), in a throw-away in-memory SQLite
-   with the builtin index's full-text columns (text, path and first heading, derived terms) and
-   tokenizer (``porter unicode61``);
-2. the question, as written, is ranked there by the builtin engine's keyword-only search: its
-   FTS5 query plan (content words OR-ed, compound and date forms, quoted phrases and ids,
-   ``NEAR`` pairs) and ``bm25()`` with its column weights, hits mostly inside a better hit of
-   their note dropped, session transcripts held to half of the slots; the IDF is that of the
-   chunks of the notes qmd found;
-3. each hit's snippet is the window of its chunk's lines that best matches the question, with
-   its own lines (``snippetStartLine``/``snippetEndLine``; citations point at them), and its
-   score the builtin keyword score, ``sqrt(BM25 / best BM25)``, 1 for the best passage.
-
-A note may so give several hits, and a note qmd ranked low may give the first one (measured
-against one window of each note chosen in that note alone: docs/benchmarks.md, "Questions in
-qmd's search mode").
-
-A note the plan does not match (qmd matched a prefix the stemmer reads otherwise), one over
-:data:`MAX_FOCUS_CHARS`, or one that no longer fits the :data:`MAX_POOL_CHARS` pool, keeps qmd's
-lines and follows the ranked passages, in qmd's order (``parse.passage_hits``). Every hit of ``vsearch`` and
-``query`` keeps qmd's lines too (their snippet sits on the chunk qmd's vectors chose).
+In ``search`` mode qmd chooses the notes and the builtin engine's keyword ranking chooses the
+passages (:func:`rank_passages`): the notes qmd found (``query_text.POOL_FACTOR`` per result
+slot) are read as ``memory_get`` reads them, cut into chunks exactly as the builtin index cuts
+a note (``chunking.tokens``, ``overlap``, ``sections``) into a throw-away in-memory SQLite with
+the builtin index's full-text columns and tokenizer, and the question as written is ranked
+there by the builtin engine's keyword-only search (its FTS5 plan and ``bm25()`` weights; the
+IDF is that of those chunks). Each hit's snippet is the window of its chunk's lines that best
+matches the question, its score ``sqrt(BM25 / best BM25)``. A note the plan does not match,
+one over :data:`MAX_FOCUS_CHARS`, or one that no longer fits the :data:`MAX_POOL_CHARS` pool,
+keeps qmd's lines (``parse.passage_hits``); so does every ``vsearch`` and ``query`` hit.
+docs/qmd.md, "Questions in ``search`` mode", says why.
 
 Source: passage retrieval inside retrieved documents (Salton, Allan & Buckley, "Approaches to
 passage retrieval in full text information systems", SIGIR 1993; Callan, "Passage-level

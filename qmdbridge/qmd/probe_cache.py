@@ -1,17 +1,10 @@
 """A small on-disk cache of qmd probe results, so one-shot CLI calls don't pay for them.
 
-Each ``qmdbridge search`` in qmd mode would otherwise start qmd three times: ``--version``
-(is this a real qmd, is its runtime there?), ``--help`` (does it take several ``-c``?) and
-the search itself, each a Bun or Node start. Successful probes are remembered in
-``<stateDir>/qmd/probe-cache.json`` keyed by the configured command and ``PATH``, and are valid
-while the executable's size, mtime, ctime and inode are unchanged (another program copied there
-with its size and mtime kept, ``cp -p``, still moves the ctime) and the entry is younger than
-``PROBE_CACHE_TTL_MS``. A failed search through qmd drops the entry (the manager calls
-:meth:`ProbeCache.forget`), so a broken or replaced qmd is probed again.
-
-Reading it takes the standard library only (:func:`cached_location`): a one-shot search starts
-its qmd calls ahead only when the sidecar will run the recorded qmd without probing it
-(``qmdbridge/cli/qmd_prefetch.py``).
+Successful ``--version`` probes are remembered in ``<stateDir>/qmd/probe-cache.json`` keyed by
+the configured command and ``PATH``, valid while the executable's size, mtime, ctime and inode
+are unchanged and the entry is younger than :data:`PROBE_CACHE_TTL_MS`. A failed search through
+qmd drops the entry (:meth:`ProbeCache.forget`). Reading it takes the standard library only
+(:func:`cached_location`, for ``qmdbridge/cli/qmd_prefetch.py``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from fallback.sources.memory_files import (
     root_memory_file,
 )
 from fallback.sources.read_page import DREAMS_REFUSED, LEGACY_SHADOWED, open_memory_file, read_page_in_root
-from fallback.text.chunking import split_lines
+from fallback.text.chunking import file_lines as file_lines_of
 from qmdbridge.qmd.collections import ManagedCollection
 
 __all__ = ["RACY_NS", "Listings", "clamp_range", "file_lines", "hit_lines", "read_in_root",
@@ -166,16 +166,7 @@ def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[st
     if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
-        return _numbered(fh.read())
-
-
-def _numbered(body: bytes) -> list[str]:
-    """A file's lines as ``memory_get`` reads and numbers them (a leading BOM removed; no final
-    empty line after a last line break)."""
-    lines = split_lines(body.decode("utf-8-sig", "replace")) if body else []
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
+        return file_lines_of(fh.read().decode("utf-8-sig", "replace"))
 
 
 def _open_hit_file(coll: ManagedCollection, rel: str, *, workspace: Path) -> int | None:
@@ -211,7 +202,7 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
         return None
     with os.fdopen(fd, "rb") as fh:
         if os.fstat(fh.fileno()).st_size <= max_bytes:
-            lines = _numbered(fh.read())
+            lines = file_lines_of(fh.read().decode("utf-8-sig", "replace"))
             return len(lines), lines
         total, after_cr, last = 0, False, b""
         for n, block in enumerate(iter(lambda: fh.read(1 << 20), b"")):

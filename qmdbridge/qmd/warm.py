@@ -1,52 +1,17 @@
 """The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches and ``search``-mode questions over stdio.
 
-A spawned ``qmd query`` starts Bun or Node and loads qmd's GGUF models (about 2 GB) on every
-call. In long-lived mode (``qmdbridge serve``, ``qmdbridge mcp``) :class:`WarmChild` keeps one
-``qmd mcp --index index`` running in the agent's qmd home, with exactly the environment, argv
-prefix and cwd of the spawn path, in its own process group, and sends searches to it as MCP
-JSON-RPC over the child's stdin and stdout (``qmdbridge.qmd.mcp_client``). The child opens no
-port and no socket: only this process holds its pipes, so no other local user can reach the
-agent's memory through it (qmd's ``--http`` server has no authentication).
-
-Which searches it answers: qmd 2.8.3's MCP server has one search tool, ``query``. Called with a
-plain ``query`` it runs ``hybridQuery``, the very function ``qmd query`` runs, with the same
-options (``limit`` = ``-n``, ``rerank: false`` = ``--no-rerank``, ``minScore`` 0, one collection
-per call) and the same snippet extraction, so its hits equal the spawned command's once its JSON
-is mapped (``file`` gains ``qmd://``, the ``N: `` line numbers it puts before each snippet line
-are removed: :func:`entries_from_mcp`). ``qmd search`` (BM25) and ``qmd vsearch`` have no MCP
-equivalent: the tool's typed ``searches`` run ``structuredSearch``, which scores hits by
-reciprocal-rank fusion (``1/rank`` without the reranker) and picks snippets inside a best chunk,
-so neither the scores nor the merge across collections would match a spawned call's. So a
-``search`` call is still spawned where qmd's own scores and lines are the answer (a query in
-qmd's syntax). A question in ``search`` mode is different: its notes are only the
-pool whose passages the bridge ranks itself (``passages.py``), so its lexical searches (the
-content words ANDed, then each word alone, ``lexical.py``) go to the child as typed ``lex``
-sub-searches, one call per collection (:meth:`WarmChild.search_lex`), with the recall of one qmd
-process per word and collection (figures: docs/benchmarks.md).
-The child is started with the backend in ``search`` and ``query`` mode (no model is loaded for
-``lex`` sub-searches), else by the first search it could serve (a ``search`` whose flags qmd
-rejected is retried with ``query`` and reaches it too).
-
-One call at a time: the collections of a search are asked in turn (an ``anyio.Lock``; ids
-still match answers to callers, so a call that left at its deadline can never hand its late
-answer to the next one). Measured on the real qmd, two calls at once finish no sooner than two
-in turn (its search runs on one JavaScript thread), and qmd 2.8.3 sends its stdout to stderr
-while node-llama-cpp loads (``llm.js`` ``withNativeStdoutRedirectedToStderr``): an answer
-finished by a second request in that window would be lost.
-
-Lifecycle: started in the backend's task group; ready once MCP ``initialize`` is answered
-within ``update.commandTimeoutMs``. A start that fails, a child that exits, closes its stdout
-or writes anything but JSON-RPC lines there, or a call whose connection fails, ends that child;
-it is restarted after the project's backoff (:class:`~fallback.background.RetryPolicy`: 1 s
-doubling to 5 min, back to 1 s after a minute of good service). Its stderr is read all the
-time (a full pipe would block qmd) and its last line goes into ``lastError``. While it is not
-ready, or when a call fails for any reason other than the search deadline, that collection's
-search is run by spawning qmd exactly as before (``search_calls``), so the search breaker and
-the builtin fallback behave as they always did; start-up never runs under a search deadline
-and never touches the breaker. Stopping kills the child's process group
-(``runner.kill_and_reap``); on Linux the child is also started with ``PR_SET_PDEATHSIG`` =
-SIGKILL (a three-line exec wrapper, :func:`parent_death_argv`), so it dies with our process
-even after ``kill -9`` (qmd also stops by itself when its stdin ends).
+:class:`WarmChild` keeps one ``qmd mcp --index index`` running with the spawn path's argv
+prefix, environment and cwd, in its own process group, and sends it MCP JSON-RPC over its stdin
+and stdout (``qmdbridge.qmd.mcp_client``; no port, no socket). It answers ``query``-mode calls
+(the tool's plain ``query`` runs what ``qmd query`` runs; :func:`entries_from_mcp` maps its
+JSON to the spawned command's entries) and the ``lex`` sub-searches of a ``search``-mode
+question (:meth:`WarmChild.search_lex`); everything else is spawned. One call at a time (an
+``anyio.Lock``; answers matched by id). A start that fails, a child that exits or breaks the
+connection ends that child; it is restarted after :class:`~fallback.background.RetryPolicy`'s
+backoff. While it is not ready, or when a call fails for any reason but the search deadline,
+the collection's search is spawned (``search_calls``). Stopping kills its process group; on
+Linux it also dies with this process (:func:`~qmdbridge.qmd.runner.parent_death_argv`).
+Why and how, in full: docs/qmd.md, "The warm qmd child (long-lived mode)".
 """
 
 from __future__ import annotations

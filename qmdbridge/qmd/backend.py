@@ -211,11 +211,6 @@ class QmdBackend:
         self.startup_problems.append(message)
         log.warning("qmd start-up: %s", message)
 
-    @property
-    def closed(self) -> bool:
-        """Whether ``close()`` was called."""
-        return self._closed
-
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("qmd backend is closed")
@@ -442,20 +437,10 @@ class QmdBackend:
         """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
 
         The whole search (every qmd call, and the wait for a pending watcher update) finishes
-        within ``limits.timeoutMs``; each call gets the remaining budget. One call per
-        collection that qmd's index holds documents of (``search_calls``: side by side, busy
-        answers retried, a complete answer before a crash used, with a note). An "unknown
-        flag" on stderr reruns the search with ``query``; a missing collection triggers one
-        reconcile and one retry; qmd's collection list (``index.yml``) edited since the last
-        reconcile is reconciled first (:meth:`reconcile_if_edited`); ``no such module:
-        vec0`` switches this agent to ``search``.
-        In ``search`` mode a question (one with content words) makes one call per collection:
-        its AND and each word alone as qmd's typed ``lex`` searches
-        (``query_text.search_call``), answered by the warm child in long-lived mode (unless
-        qmd's index holds no document of any managed collection: the child's MCP tool answers
-        ``[]`` for a collection qmd lost, where the spawned call's "Collection not found" runs
-        the repair); a qmd that rejects that call gets the AND call and the relaxed pass
-        (``lexical.relax``).
+        within ``limits.timeoutMs``; each call gets the remaining budget. qmd's collection list
+        (``index.yml``) edited since the last reconcile is reconciled first
+        (:meth:`reconcile_if_edited`). The calls, their repairs and what a question sends:
+        ``search_calls.search_with_repairs``, ``query_text.search_call``, ``lexical.relax``.
 
         Args:
             request: the checked request (``fallback/request.py``): ``max_results`` capped at

@@ -108,12 +108,8 @@ def sanitize_name(raw: str, *, empty: str = "collection") -> str:
 
 
 def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
-    text = raw.strip()
-    if not text:
-        return None
     try:
-        p = Path(text).expanduser()
-        return Path(os.path.normpath(p if p.is_absolute() else workspace / p))
+        return Path(_norm_path(raw.strip(), workspace)) if raw.strip() else None
     except (OSError, RuntimeError, ValueError):
         return None
 
@@ -238,6 +234,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
     return out
 
 
+@dataclass(frozen=True)
 class CollectionRun:
     """The outcome of one collection command, as ``reconcile`` needs it.
 
@@ -246,12 +243,9 @@ class CollectionRun:
         stdout / stderr: captured text.
     """
 
-    __slots__ = ("ok", "stdout", "stderr")
-
-    def __init__(self, ok: bool, stdout: str, stderr: str) -> None:
-        self.ok = ok
-        self.stdout = stdout
-        self.stderr = stderr
+    ok: bool
+    stdout: str
+    stderr: str
 
     @property
     def message(self) -> str:

@@ -52,10 +52,6 @@ def one_line(reason: str) -> str:
     return reason if len(reason) <= ONE_LINE_CHARS else reason[: ONE_LINE_CHARS - 3] + "..."
 
 
-def _tail(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[-limit:]
-
-
 class QmdCommandError(BackendUnavailableError):
     """Raised when a qmd process could not start, or exited non-zero or by a signal.
 
@@ -95,7 +91,7 @@ class QmdCommandError(BackendUnavailableError):
             status = f"signal {signal}" if signal is not None else f"code {returncode}"
             if self.crashed:
                 status += f"; {CRASH_HINT}"
-            detail = _tail(stderr_tail.strip() or stdout_tail.strip(), _MESSAGE_TAIL_CHARS)
+            detail = (stderr_tail.strip() or stdout_tail.strip())[-_MESSAGE_TAIL_CHARS:]
             reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
         super().__init__(backend, reason)
         # The bare "<summary> failed ..." text, as the reference runner words it.

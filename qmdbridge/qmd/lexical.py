@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from fallback.errors import BackendUnavailableError
-from qmdbridge.qmd.parse import merge_key
+from qmdbridge.qmd.parse import merge_best, merge_key
 from qmdbridge.qmd.query_text import (
     relaxed_terms,
 )
@@ -120,14 +120,7 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     async with anyio.create_task_group() as tg:
         for i, term in enumerate(picked):
             tg.start_soon(one, i, term)
-    seen = {merge_key(entry, coll) for entry, coll in found}
-    best: dict[str, tuple[QmdEntry, str | None]] = {}
-    for answer in answers:  # in query order, each best first: equal scores keep that order
-        for entry, coll in answer:
-            key = merge_key(entry, coll)
-            if key in seen:
-                continue
-            if key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0):
-                best[key] = (entry, coll)
-    more = sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))  # stable
+    # in query order, each best first: equal scores keep that order
+    more = merge_best((pair for answer in answers for pair in answer),
+                      skip={merge_key(entry, coll) for entry, coll in found})
     return [*found, *more][:plan.limit if keep is None else keep]

@@ -14,7 +14,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from qmdbridge.qmd.results_json import QmdEntry
 
 __all__ = ["DocLookup", "IndexCounts", "entry_hits", "index_locked", "clamp_injected", "display_path",
            "diversify_sources", "LocatedHit", "line_range", "locate_entries", "passage_hits",
-           "qmd_lines_hit", "merge_key", "parse_qmd_uri", "snippet_text"]
+           "qmd_lines_hit", "merge_best", "merge_key", "parse_qmd_uri", "snippet_text"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -413,6 +413,18 @@ def merge_key(entry: QmdEntry, hint: str | None) -> str:
     uri = parse_qmd_uri(entry.file or "")
     coll, rel = uri if uri else (entry.collection or hint or "", entry.file or "")
     return f"file:{coll}:{rel}"
+
+
+def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
+               skip: Container[str] = ()) -> list[tuple[QmdEntry, str | None]]:
+    """One ``(entry, collection)`` pair per hit (:func:`merge_key`), its best-scoring one, best
+    first (equal scores keep the input order); hits whose key is in ``skip`` are dropped."""
+    best: dict[str, tuple[QmdEntry, str | None]] = {}
+    for entry, coll in pairs:
+        key = merge_key(entry, coll)
+        if key not in skip and (key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0)):
+            best[key] = (entry, coll)
+    return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))
 
 
 def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:

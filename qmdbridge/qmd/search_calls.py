@@ -53,7 +53,7 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.models import default_kinds, missing_models, model_kinds
-from qmdbridge.qmd.parse import index_locked, merge_key
+from qmdbridge.qmd.parse import index_locked, merge_best
 from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json
 from qmdbridge.qmd.runner import (
@@ -357,15 +357,8 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
             raise picked
     if failures:
         raise failures[0]
-    merged: dict[str, tuple[QmdEntry, str | None]] = {}
-    for coll, answer in zip(colls, answers, strict=True):
-        assert isinstance(answer, list)
-        for entry in answer:
-            key = merge_key(entry, coll.name)
-            best = merged.get(key)
-            if best is None or (entry.score or 0.0) > (best[0].score or 0.0):
-                merged[key] = (entry, coll.name)
-    return sorted(merged.values(), key=lambda pair: -(pair[0].score or 0.0))
+    return merge_best((entry, coll.name) for coll, answer in zip(colls, answers, strict=True)
+                      if isinstance(answer, list) for entry in answer)
 
 
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,

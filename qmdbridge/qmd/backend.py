@@ -662,20 +662,20 @@ class QmdBackend:
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
         # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
         unusable = self.reconcile_state.no_usable_collection(self.collections)
-        issues = (([self.health.problem] if self.health.problem else [])
-                  + ([unusable] if unusable else [])
-                  + list(self.reconcile_state.warnings) + [f"qmd start-up: {p}" for p in self.startup_problems]
-                  + self.hit_problems + ([VEC0_HINT] if self.mode_override else [])
-                  + ([f"qmd search probe failed: {probe}"] if probe else []) + ([count_error] if count_error and not (indexing and is_busy(count_error)) else [])
-                  + ([f"qmd {mode} searches cannot run: {model_problem}"] if model_problem else [])
-              + ([f"qmd embed failed: {embed_state.last_error}"] if embed_state.last_error else []))
-        last_error = (f"qmd search probe failed: {probe}" if probe else None) or unusable or (
-            self.cycle.last_error or self.last_error or (
-            f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None))
+        probe_error = f"qmd search probe failed: {probe}" if probe else None
+        embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None
+        issues = [i for i in (
+            self.health.problem, unusable, *self.reconcile_state.warnings,
+            *(f"qmd start-up: {p}" for p in self.startup_problems), *self.hit_problems,
+            VEC0_HINT if self.mode_override else None, probe_error,
+            count_error if not (indexing and count_error and is_busy(count_error)) else None,
+            f"qmd {mode} searches cannot run: {model_problem}" if model_problem else None,
+            embed_error) if i]
+        last_error = probe_error or unusable or self.cycle.last_error or self.last_error or embed_error
         return MemoryStatus(
             backend="qmd", agent_id=self.agent.agent_id, workspace_dir=str(self.agent.workspace_dir),
             db_path=str(self.home.index_db), files=total, chunks=total, provider="qmd",
-            requested_provider="qmd", model="qmd", search_mode=self.mode_override or self.cfg.search_mode,
+            requested_provider="qmd", model="qmd", search_mode=mode,
             sources=sources,
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
             vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,

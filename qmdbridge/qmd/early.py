@@ -1,12 +1,9 @@
 """qmd calls started ahead of the search that will make them, handed over when it makes them.
 
-A one-shot ``qmdbridge search`` in qmd mode spends its start importing modules and loading
-the config before it starts a qmd process, and each qmd call then takes its own time
-(docs/benchmarks.md, "One-shot search in qmd mode").
-The CLI starts the calls the search is going to make while it loads
-(``qmdbridge/cli/qmd_prefetch.py`` works them out from recorded settings), and the backend
-runs its qmd commands through :meth:`EarlyCalls.run_command` (its ``runner``), which hands over
-a started call instead of spawning the same one again. Nothing else changes:
+The one-shot CLI starts the calls a search is going to make while it loads
+(``qmdbridge/cli/qmd_prefetch.py`` works them out from recorded settings), and the backend runs
+its qmd commands through :meth:`EarlyCalls.run_command` (its ``runner``), which hands over a
+started call instead of spawning the same one again. Nothing else changes:
 
 - a call is a process as the runner starts one (:class:`~qmdbridge.qmd.streams.QmdProcess`),
   handed over only when the backend asks for exactly its argv, environment and working
@@ -17,8 +14,8 @@ a started call instead of spawning the same one again. Nothing else changes:
   predate that command, and nothing is started ahead after it;
 - :meth:`EarlyCalls.close` discards what is left when the command ends.
 
-Standard library only until a call is handed over or killed (``anyio``, ``psutil`` and the
-runner are imported then: the search has loaded them by that time).
+Standard library only until a call is handed over or killed (the runner is imported then: the
+search has loaded it by that time).
 """
 
 from __future__ import annotations

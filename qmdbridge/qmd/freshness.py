@@ -2,24 +2,14 @@
 
 A :class:`~fallback.sources.watcher.MemoryWatcher` watches the workspace's memory files and every
 custom collection folder (spec 2.7.6). A change marks the index dirty and, once the files have
-been quiet for ``sync.watchDebounceMs`` (1.5 s), runs an unforced update. qmd's own update
-debounce (``update.debounceMs``, 15 s) still applies: when an update finished less than that
-ago, the update waits for the rest of the window instead of being dropped, so a change right
-after an update is never lost until the next 5-minute tick.
-
-Searches call :meth:`QmdFreshness.before_search`: when the index is dirty, or the watcher has
-seen a change whose quiet time has not passed yet, and ``sync.onSearch`` is on, they wait for
-the update when it runs or starts within their wait,
-never past the search's own deadline. An update the debounce defers past that wait is not
-waited for (the search would only run out its wait and answer from the same index): the search
-answers at once from the index as it is, and the update runs when the debounce allows.
-Searches and status also call :meth:`QmdFreshness.check_watcher`: a dead watcher (its thread
-died, or a watched folder was deleted) is re-armed in the background.
-
-Everything here runs in the backend's subgroup of the manager's task group
-(:class:`~fallback.background.BackgroundTasks`): a failed update is logged once with its cause,
-shown in ``status().background`` and retried with a capped exponential backoff (the watcher
-keeps the changed paths meanwhile).
+been quiet for ``sync.watchDebounceMs``, runs an unforced update; within ``update.debounceMs``
+of the last update it waits for the rest of that window instead of being dropped.
+:meth:`QmdFreshness.before_search` (with ``sync.onSearch``) waits for an update that runs or
+starts within the search's wait, never past its deadline; an update the debounce defers past
+that wait is not waited for. :meth:`QmdFreshness.check_watcher` re-arms a dead watcher in the
+background. Everything runs in the backend's subgroup of the manager's
+:class:`~fallback.background.BackgroundTasks`: a failed update is logged once, shown in
+``status().background`` and retried with backoff (the watcher keeps the changed paths).
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
 """qmd search calls: one call per collection, merged; each answer classified.
 
-One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection, run side by side
-(at most :data:`MAX_PARALLEL_CALLS` at once), merged by best score per hit. qmd's ``--help``
-promises several ``-c`` per call, but builds differ in what they do with them (only the last
-honoured, or an empty answer when one collection is empty), and the wording proves nothing;
-one collection per call behaves the same on every build. A collection qmd's index holds no
-document of is not searched at all.
-
-Each answer is classified from stderr and the exit status (``qmdbridge.qmd.runner``):
-
-- ``SQLITE_BUSY`` / ``database is locked`` (qmd's own update holds the index): retried with a
-  short backoff inside the search deadline (tenacity), then :class:`QmdBusyError`, which the
-  manager does not count as a qmd failure;
-- an unknown flag -> :class:`FlagRejected`; ``Collection not found`` -> :class:`MissingCollection`
-  (the backend reruns with ``query`` / repairs collections);
-- ``no such module: vec0`` -> :class:`VectorModuleMissing` (the backend switches the agent to
-  ``search``);
-- a complete result array followed by a crash (exit 134, ``panic: Segmentation fault`` and
-  exit 3 ...) -> the array, with a note for the answer's warnings;
-- a deadline -> :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs``, and for
-  ``query``/``vsearch`` with qmd's model cache empty, ``models missing or downloading?``;
-- a query the system will not pass as one argument (``E2BIG``) -> :class:`QmdQueryTooLongError`,
-  which the manager does not count as a qmd failure.
-
-In long-lived mode a warm ``qmd mcp`` child (:class:`WarmSearch`, ``qmdbridge.qmd.warm``) may
-answer a collection's call instead of a spawned process; whenever it declines, the call is
-spawned and classified as above.
+One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection (builds differ in
+what they do with several ``-c``), run side by side (at most :data:`MAX_PARALLEL_CALLS` at
+once) and merged by best score per hit (``parse.merge_best``); a collection qmd's index holds
+no document of is not searched. Each answer is classified from stderr and the exit status
+(``qmdbridge.qmd.runner``): a busy index is retried inside the search deadline (tenacity), then
+:class:`QmdBusyError`; an unknown flag is :class:`FlagRejected`, ``Collection not found``
+:class:`MissingCollection`, ``no such module: vec0`` :class:`VectorModuleMissing` (repaired by
+:func:`search_with_repairs`); a complete result array followed by a crash is used, with a note;
+a deadline is :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs`` (with
+:func:`timeout_hint`); ``E2BIG`` is :class:`QmdQueryTooLongError`. In long-lived mode the warm
+``qmd mcp`` child (``qmdbridge.qmd.warm.WarmChild``) may answer a collection's call; whenever
+it declines, the call is spawned and classified as above.
 """
 
 from __future__ import annotations
@@ -33,10 +19,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 from tenacity import (
@@ -65,6 +51,9 @@ from qmdbridge.qmd.runner import (
     is_vector_module_missing,
 )
 
+if TYPE_CHECKING:
+    from qmdbridge.qmd.warm import WarmChild
+
 __all__ = [
     "BUSY_ATTEMPTS",
     "MAX_PARALLEL_CALLS",
@@ -74,7 +63,6 @@ __all__ = [
     "FlagRejected",
     "MissingCollection",
     "VectorModuleMissing",
-    "WarmSearch",
     "probe_search",
     "search_collections",
     "search_with_repairs",
@@ -102,33 +90,6 @@ VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs u
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
 # BackendTimeoutError past timeout_ms).
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
-
-
-class WarmSearch(Protocol):
-    """A warm qmd that may answer one collection's call (``qmdbridge.qmd.warm.WarmChild``)."""
-
-    def serves(self, mode: str) -> bool:
-        """Whether calls in ``mode`` (``search`` | ``vsearch`` | ``query``) may go to it."""
-        ...
-
-    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
-        """The call's entries, exactly as the spawned command's, or ``None``: spawn it.
-
-        Raises:
-            BackendTimeoutError: past ``plan.deadline``.
-        """
-        ...
-
-    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
-                         *, limit: int) -> list[QmdEntry] | None:
-        """One collection's documents for several lexical queries in one call, fused, or
-        ``None``: spawn the ``search`` calls instead.
-
-        Raises:
-            BackendTimeoutError: past ``plan.deadline``.
-        """
-        ...
-
 
 
 class FlagRejected(Exception):
@@ -308,7 +269,7 @@ def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
 
 
 async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                             run: RunSearch, warm: WarmSearch | None = None,
+                             run: RunSearch, warm: WarmChild | None = None,
                              limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
     """Search each collection in its own call and merge the hits.
@@ -362,7 +323,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
 
 
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                              run: RunSearch, warm: WarmSearch | None,
+                              run: RunSearch, warm: WarmChild | None,
                               reconcile: Callable[[], Awaitable[None]],
                               written: str | None = None, lexical: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:

@@ -30,6 +30,7 @@ import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 from fallback.errors import BackendTimeoutError
@@ -169,24 +170,20 @@ class QmdLocator:
         self.usual_dirs = None if usual_dirs is None else list(usual_dirs)
         self.cwd = Path(cwd) if cwd is not None else Path.cwd()
         self.timeout_ms = timeout_ms
-        self._npm_prefix_done = False
-        self._npm_bin: str | None = None
 
     @property
     def path_env(self) -> str:
         """The ``PATH`` searched (``os.defpath`` when the env has none)."""
         return self.env.get("PATH") or os.defpath
 
-    async def npm_global_bin(self) -> str | None:
-        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), computed
-        once per locator; ``None`` if unknown."""
-        if not self._npm_prefix_done:
-            self._npm_prefix_done = True
-            prefix = npm_global_prefix(self.env, path_env=self.path_env)
-            self._npm_bin = os.path.join(prefix, "bin") if prefix else None
-        return self._npm_bin
+    @cached_property
+    def npm_global_bin(self) -> str | None:
+        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), worked
+        out once per locator; ``None`` if unknown."""
+        prefix = npm_global_prefix(self.env, path_env=self.path_env)
+        return os.path.join(prefix, "bin") if prefix else None
 
-    async def _usual_dirs(self) -> list[str]:
+    def _usual_dirs(self) -> list[str]:
         if self.usual_dirs is not None:
             return list(self.usual_dirs)
         dirs: list[str] = []
@@ -194,23 +191,9 @@ class QmdLocator:
         if home:
             dirs.append(os.path.join(home, ".bun", "bin"))
         dirs.extend(_FIXED_DIRS)
-        npm_bin = await self.npm_global_bin()
-        if npm_bin:
-            dirs.append(npm_bin)
+        if self.npm_global_bin:
+            dirs.append(self.npm_global_bin)
         return dirs
-
-    async def candidates(self, command: str | Sequence[str] = "qmd") -> tuple[list[str], list[str]]:
-        """Executables that may be qmd, in search order, and the folders searched.
-
-        Args:
-            command: ``memory.qmd.command`` (string or list); only its program is used.
-
-        Returns:
-            ``(paths, searched)``: absolute executable paths without duplicates, and folders.
-        """
-        searched: list[str] = []
-        found = [exe async for exe in self._iter_candidates(program_of(command), searched)]
-        return found, searched
 
     async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
         """Yield candidate executables lazily (the usual folders, which may ask npm, are only
@@ -237,7 +220,7 @@ class QmdLocator:
         for folder in [d for d in self.path_env.split(os.pathsep) if d]:
             if (candidate := look(folder)) is not None:
                 yield candidate
-        for folder in await self._usual_dirs():
+        for folder in self._usual_dirs():
             if (candidate := look(folder)) is not None:
                 yield candidate
         if self.repo_tools and token == "qmd":

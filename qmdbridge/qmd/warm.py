@@ -36,6 +36,7 @@ from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
 from qmdbridge.qmd.runner import kill_and_reap, parent_death_argv, process_command
 from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
+from qmdbridge.qmd.streams import TailBuffer
 
 __all__ = ["WarmChild", "entries_from_mcp", "strip_line_numbers"]
 
@@ -243,7 +244,7 @@ class WarmChild:
         self.pid = process.pid
         self._notify()
         client = McpStdioClient(process.stdin, process.stdout)
-        tail = [""]
+        tail = TailBuffer(TAIL_CHARS)
         start_failure: str | None = None
         ready_at: float | None = None
         try:
@@ -277,10 +278,10 @@ class WarmChild:
                 await process.aclose()  # its pipes
         when = "before it answered" if ready_at is None else "while serving"
         if exited:
-            self._error(f"qmd mcp child (pid {process.pid}) {_exit_note(process.returncode, tail[0])} {when}")
+            self._error(f"qmd mcp child (pid {process.pid}) {_exit_note(process.returncode, tail.text())} {when}")
         elif broken is not None:
             self._error(f"qmd mcp child (pid {process.pid}) {when}: {broken} "
-                        f"(last stderr: {_last_line(tail[0])})")
+                        f"(last stderr: {_last_line(tail.text())})")
         elif start_failure is not None:
             self._error(f"qmd mcp child (pid {process.pid}) did not start: {start_failure}")
         return -1 if ready_at is None else int((time.monotonic() - ready_at) * 1000)
@@ -437,13 +438,13 @@ class WarmChild:
                 "serverVersion": self.server_version}
 
 
-async def _drain(stream: ByteReceiveStream | None, tail: list[str]) -> None:
+async def _drain(stream: ByteReceiveStream | None, tail: TailBuffer) -> None:
     """Read the child's stderr to its end, keeping the last :data:`TAIL_CHARS` characters in
-    ``tail[0]`` (the pipe must never fill: a blocked write would stop qmd)."""
+    ``tail`` (the pipe must never fill: a blocked write would stop qmd)."""
     if stream is None:
         return
     async for chunk in stream:
-        tail[0] = (tail[0] + chunk.decode("utf-8", "replace"))[-TAIL_CHARS:]
+        tail.feed(chunk)
 
 
 async def _read(client: McpStdioClient, scope: anyio.CancelScope) -> None:

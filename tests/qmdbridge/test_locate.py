@@ -161,15 +161,15 @@ async def test_npm_prefix_asked_once_and_cached(tmp_path: Path) -> None:
                               check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if k.lower() != "npm_config_prefix"}
     locator = QmdLocator(env=env, repo_tools=False, cwd=tmp_path)
-    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+    assert locator.npm_global_bin == os.path.join(expected, "bin")
     locator.env["PATH"] = str(tmp_path)  # npm no longer reachable: the cached value is used
-    assert await locator.npm_global_bin() == os.path.join(expected, "bin")
+    assert locator.npm_global_bin == os.path.join(expected, "bin")
 
 
 async def test_npm_prefix_from_env(tmp_path: Path) -> None:
     locator = QmdLocator(env={"PATH": str(tmp_path), "npm_config_prefix": "/srv/npm"},
                          cwd=tmp_path)
-    assert await locator.npm_global_bin() == "/srv/npm/bin"
+    assert locator.npm_global_bin == "/srv/npm/bin"
 
 
 def test_repo_tools_path() -> None:
@@ -189,7 +189,7 @@ async def test_npm_prefix_from_npmrc_and_from_nodes_folder(tmp_path: Path) -> No
     home.mkdir()
     (home / ".npmrc").write_text("; comment\nregistry=https://registry.npmjs.org/\nprefix = ~/.npm-global\n")
     locator = QmdLocator(env={"PATH": str(tmp_path), "HOME": str(home)}, cwd=tmp_path)
-    assert await locator.npm_global_bin() == f"{home}/.npm-global/bin"
+    assert locator.npm_global_bin == f"{home}/.npm-global/bin"
     node_dir = tmp_path / "node" / "bin"
     node_dir.mkdir(parents=True)
     (node_dir / "node").write_text("#!/bin/sh\n")

@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "EvalModel",
     "CategoryRecall",
     "EvalMetrics",
     "EvalQuestion",
@@ -248,11 +249,17 @@ def percentile(values: Sequence[float], pct: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-class _Model(BaseModel):
+class EvalModel(BaseModel):
+    """The eval's report models: frozen, camelCase JSON names."""
+
     model_config = ConfigDict(frozen=True, populate_by_name=True, alias_generator=to_camel)
 
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON-ready dict: camelCase keys, every key present."""
+        return self.model_dump(by_alias=True, mode="json")
 
-class CategoryRecall(_Model):
+
+class CategoryRecall(EvalModel):
     """R@5 of one question category.
 
     Attributes:
@@ -266,7 +273,7 @@ class CategoryRecall(_Model):
     recall_at5: float | None
 
 
-class EvalMetrics(_Model):
+class EvalMetrics(EvalModel):
     """Every metric of one eval run; JSON keys are camelCase and always present.
 
     Attributes:
@@ -297,7 +304,7 @@ class EvalMetrics(_Model):
     per_category: dict[str, CategoryRecall]
 
 
-class MissedEvidence(_Model):
+class MissedEvidence(EvalModel):
     """An evidence item not inside any of the first five hits.
 
     Attributes:
@@ -309,7 +316,7 @@ class MissedEvidence(_Model):
     ref: str | None
 
 
-class ReturnedHit(_Model):
+class ReturnedHit(EvalModel):
     """A hit as a miss shows it: ``path``, ``start_line``-``end_line`` (1-based inclusive), ``score``."""
 
     path: str
@@ -318,7 +325,7 @@ class ReturnedHit(_Model):
     score: float | None
 
 
-class Miss(_Model):
+class Miss(EvalModel):
     """A question with evidence the first five hits did not hold (R@5 missed it).
 
     Attributes:

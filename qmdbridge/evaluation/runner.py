@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import anyio
-from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
 
 from fallback.errors import UsageError
 from fallback.models import SearchResponse
@@ -44,6 +42,7 @@ from qmdbridge.config import OpenClawConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
 from qmdbridge.evaluation.metrics import (
     EvalMetrics,
+    EvalModel,
     EvalQuestion,
     Miss,
     QuestionOutcome,
@@ -132,15 +131,7 @@ class EvalOptions:
         return Path(self.cache_dir).expanduser() / (_CACHE_NAME_RE.sub("_", name) or "_")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True, alias_generator=to_camel)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The JSON-ready dict: camelCase keys, every key present."""
-        return self.model_dump(by_alias=True, mode="json")
-
-
-class WorkspaceReport(_Model):
+class WorkspaceReport(EvalModel):
     """One indexed workspace of the run (a LoCoMo conversation, or the queries' workspace).
 
     Attributes:
@@ -168,7 +159,7 @@ class WorkspaceReport(_Model):
     first_fallback_reason: str | None
 
 
-class EvalReport(_Model):
+class EvalReport(EvalModel):
     """The outcome of one eval run (``qmdbridge eval --json`` prints it).
 
     Attributes:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -23,6 +24,9 @@ from fallback.errors import ManagerClosedError, MemorySearchError, UsageError
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker
+
+if TYPE_CHECKING:
+    from qmdbridge.qmd.probe_cache import ProbeCache
 
 __all__ = ["QmdSidecar", "short_reason"]
 
@@ -67,25 +71,21 @@ class QmdSidecar:
         self.unavailable: str | None = None  # why the last start-up failed
         self.location: Any = None  # the last probe (reason, folders searched, PATH)
         self._starting: anyio.Event | None = None
-        self._probe_cache: Any = None
 
     # -- probe cache --------------------------------------------------------------------------
 
-    @property
-    def probe_cache(self) -> Any:
+    @cached_property
+    def probe_cache(self) -> ProbeCache:
         """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
-        if self._probe_cache is None:
-            from qmdbridge.qmd.probe_cache import ProbeCache
+        from qmdbridge.qmd.probe_cache import ProbeCache
 
-            self._probe_cache = ProbeCache(qmd_home(self.agent.state_dir, self.agent.agent_id).probe_cache,
-                                           now_ms=self._now)
-        return self._probe_cache
+        return ProbeCache(qmd_home(self.agent.state_dir, self.agent.agent_id).probe_cache, now_ms=self._now)
 
     @property
     def _probe_key(self) -> str:
-        from qmdbridge.qmd.probe_cache import ProbeCache
+        from qmdbridge.qmd.probe_cache import probe_key
 
-        return ProbeCache.key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
+        return probe_key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
 
     def forget_probe(self) -> None:
         """Probe qmd again next time (it may have changed)."""

@@ -1,33 +1,21 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
-Without a daemon, a search in qmd mode spends its start in Python (imports, the config models,
-the manager, qmd's start-up checks) before its first qmd process starts, then waits for one call
-per collection (a question: its content words ANDed and each word alone, as qmd's typed ``lex``
-searches in one ``qmd query``; ``qmdbridge/qmd/query_text.py``). After an in-process
-search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what those calls are
-made of (``search_cache.qmd_prefetch_settings``: qmd's path and ``memory.qmd.command``, the
-qmd home, the workspace, the collections, ``limits.maxResults``); the next search of the same
-command line (the same key, so the same config file, flags, code and environment) then, right
-after parsing its arguments:
+After an in-process search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what
+its calls are made of (``search_cache.qmd_prefetch_settings``); the next search of the same
+command line then, right after parsing its arguments, works out the calls with the backend's
+own functions (``query_text.search_call``, ``qmd_argv``, ``search_env``, ``search_limits``; the
+collections qmd's index holds documents of; ``qmdbridge.paths.child_env``) and starts them in a
+thread while the main thread loads, and hands them to the in-process search as its qmd runner
+(``qmdbridge/qmd/early.py``). Everything else runs as before (config, breakers, probe,
+reconcile, fallback, output).
 
-1. works out the calls with the backend's own functions (``query_text.search_call``,
-   ``query_text.qmd_argv``, ``query_text.search_env``; the collections qmd's index holds
-   active documents of; ``qmdbridge.paths.child_env``) and starts them, in a thread, while
-   the main thread goes on loading;
-2. hands them to the in-process search as its qmd runner (``qmdbridge/qmd/early.py``), which
-   takes a started call only for exactly the command it is about to run, and runs everything
-   else as before: the config is loaded and checked, the breakers, the probe, the collection
-   reconcile and the fallback work as always (a reconcile or an update discards the calls
-   started ahead first), and the answer is printed by the same code.
-
-Nothing is started ahead when the reconcile marker or qmd's ``index.yml`` changed since the
-recording (a reconcile would run first), when a breaker file records a failure, when the probe
-cache does not hold the recorded qmd as the sidecar will look it up (the search probes first:
-a program put in its place must get ``--version`` before anything else, another ``PATH`` may
-find another qmd; ``qmdbridge/qmd/probe_cache.py``), for ``--explain``, ``--session-key``, a
-blank query or a bad limit, or on Windows. Whatever the search does not take is killed and
-reaped when the command ends (:meth:`EarlyCalls.close`).
-Standard library and light modules only: nothing here loads pydantic, anyio or the config.
+Nothing is started ahead when the reconcile marker or ``index.yml`` changed since the recording,
+when a breaker file records a failure, when the probe cache does not hold the recorded qmd as
+the sidecar will look it up (``qmdbridge/qmd/probe_cache.py``), for ``--explain``,
+``--session-key``, a blank query or a bad limit, or on Windows. What the search does not take
+is killed and reaped when the command ends (:meth:`EarlyCalls.close`). docs/cli.md, "One-shot
+search without a daemon", says more. Standard library and light modules only: nothing here
+loads pydantic, anyio or the config.
 """
 
 from __future__ import annotations
@@ -191,28 +179,14 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     limit, _ = search_limits(qmd["maxResults"], args.max_results, None)
     first, words = search_words(without_stray_quote(args.query.strip()), "search")
     lex = lex_queries(first, words)
-    planned = []
-    for coll in colls:
+    started: list[QmdProcess] = []
+    running = ahead_limit()  # at most this many at once; stop once one is not started
+    for coll in colls:       # (the search took it first, it failed to start, or discarded)
         flags, positional, _ = search_call(first, coll, mode="search", limit=limit, lex=lex)
-        planned.append((qmd_argv(qmd["command"], flags, [positional]), coll))
-    _start_all(calls, planned, child, qmd["workspace"])
-
-
-def _start_all(calls: EarlyCalls, planned: list[tuple[list[str], str]], env: dict[str, str],
-               cwd: str) -> list[tuple[QmdProcess, str]] | None:
-    """Start ``planned`` (argv, collection) in order, at most :func:`ahead_limit` running at
-    once; ``None`` when one was not started (the search took it first, or it failed to start)
-    or the calls were discarded."""
-    started: list[tuple[QmdProcess, str]] = []
-    limit = ahead_limit()
-    for argv, coll in planned:
-        if not calls.wait((c for c, _ in started), running_below=limit):
-            return None
-        call = calls.start(argv, env, cwd)
-        if call is None:
-            return None
-        started.append((call, coll))
-    return started
+        if not calls.wait(started, running_below=running) or (call := calls.start(
+                qmd_argv(qmd["command"], flags, [positional]), child, qmd["workspace"])) is None:
+            return
+        started.append(call)
 
 
 def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:

@@ -388,12 +388,9 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "
 
 
 def is_flag_rejection(stderr: str) -> bool:
-    """True when stderr says a flag was not understood (spec 2.8.3 list, case-insensitive).
-
-    Markers: ``unknown flag``, ``unknown option``, ``unrecognized option``,
-    ``flag provided but not defined``, ``unexpected argument``. Real qmd 2.8.3 ignores unknown
-    flags, so this only fires for other qmd builds. Match stderr only, never the summary.
-    """
+    """True when stderr says a flag was not understood (a marker of spec 2.8.3's list,
+    case-insensitive). Real qmd 2.8.3 ignores unknown flags, so this only fires for other qmd
+    builds. Match stderr only, never the summary."""
     low = stderr.lower()
     return any(marker in low for marker in _FLAG_REJECTION_MARKERS)
 
@@ -420,10 +417,8 @@ def is_crash_after_output(result: RunResult) -> bool:
 
     Conditions: killed by a signal, or any exit status but qmd's ordinary error exit 1 (134
     from abort, 3 from a Bun panic ...); stdout is not empty; stderr carries a crash marker
-    (``ggml-metal``, ``node-llama-cpp``, ``llama.cpp``, ``abort trap``, ``assertion failed``,
-    ``segmentation fault``, ``SIGSEGV``, ``panic:``, ``bus error``, ``illegal instruction``,
-    ``core dumped``); and stderr is not a flag rejection, missing collection or busy index. The
-    caller still has to find a complete result array in stdout and use it only then.
+    (a llama.cpp, abort, segfault or panic line) and is not a flag rejection, missing collection
+    or busy index. The caller still has to find a complete result array in stdout.
     """
     if result.ok or not result.stdout.strip():
         return False

@@ -76,12 +76,14 @@ def breaker_healthy(breaker: Path) -> bool:
 def _unchanged(qmd: dict[str, Any], home: QmdHome) -> bool:
     """The reconcile marker and ``index.yml`` as recorded (no reconcile will run first), and
     neither breaker holding a failure."""
+    from qmdbridge.qmd.index_stats import file_stamp
+
     try:
         marker = home.reconciled.read_text()
-        st = os.stat(home.index_yml)
     except OSError:
         return False
-    return (marker == qmd["marker"] and [st.st_mtime_ns, st.st_size, st.st_ino] == qmd["indexYml"]
+    stamp = file_stamp(home.index_yml)
+    return (marker == qmd["marker"] and stamp is not None and list(stamp) == qmd["indexYml"]
             and breaker_healthy(home.breaker) and breaker_healthy(home.startup_breaker))
 
 

@@ -505,10 +505,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
     if f"collection '{mc.name}' already exists" in low or f'collection "{mc.name}" already exists' in low:
         log.info("qmd collection add conflict for %s: collection name already exists; "
                  "recreating managed collection", mc.name)
-        await _remove(run, mc.name)
-        res = await _add(mc, run=run, state=state)
-        if not res.ok:
-            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        await _replace(mc, mc.name, run=run, state=state)
         return
     owner = _find_owner(mc, listed, workspace)
     if owner is None:
@@ -521,10 +518,7 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
         return
     if owner is not None:
         log.info("qmd collection %s: path+pattern already bound by %s; rebinding", mc.name, owner)
-        await _remove(run, owner)
-        res = await _add(mc, run=run, state=state)
-        if not res.ok:
-            _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
+        await _replace(mc, owner, run=run, state=state)
         return
     named = _NAME_IN_STDERR_RE.search(msg)
     if named:
@@ -535,6 +529,15 @@ async def _add_with_conflicts(mc: ManagedCollection, *, run: RunCollectionComman
               f"'qmd collection remove {other}'")
         return
     _warn(state, f"qmd collection add skipped for {mc.name}: {msg}")
+
+
+async def _replace(mc: ManagedCollection, old: str, *, run: RunCollectionCommand,
+                   state: ReconcileState) -> None:
+    """Remove collection ``old`` and add ``mc`` (a warning when the add fails)."""
+    await _remove(run, old)
+    res = await _add(mc, run=run, state=state)
+    if not res.ok:
+        _warn(state, f"qmd collection add skipped for {mc.name}: {res.message}")
 
 
 def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
@@ -583,22 +586,3 @@ async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand
         if not res.ok and "exists" not in res.message.lower():
             _warn(state, f"qmd collection re-add failed for {mc.name}: {res.message}")
     log.warning("qmd managed collections rebuilt for update repair (%d collections)", len(managed))
-
-
-def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
-                          index_yml: Path) -> str:
-    """sha256 hex of the managed collections (with whether each folder exists: a custom one is
-    added once it does), qmd's version and ``index.yml``'s size and mtime: while it is
-    unchanged, a reconcile would find nothing to do."""
-    import hashlib
-
-    import orjson
-
-    try:
-        st = index_yml.stat()
-        yml: list[int] | None = [st.st_mtime_ns, st.st_size]
-    except OSError:
-        yml = None
-    doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
-           "version": qmd_version, "indexYml": yml}
-    return hashlib.sha256(orjson.dumps(doc)).hexdigest()

@@ -7,12 +7,22 @@ heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for t
 from __future__ import annotations
 
 import logging
-import sqlite3
+import os
 from pathlib import Path
 
-__all__ = ["index_counts"]
+__all__ = ["file_stamp", "index_counts"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
+
+
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """``(mtime_ns, size, inode)`` of a file of qmd's (``index.yml``, ``index.sqlite`` and its
+    ``-wal``): what changes whenever qmd writes it; ``None`` when it is missing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
 
 
 def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], str | None]:
@@ -23,6 +33,8 @@ def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], 
     prefetch thread reads it before logging is configured, where a warning would reach stderr
     through logging's last-resort handler: it passes False.
     """
+    import sqlite3  # (file_stamp runs before the one-shot CLI loads anything but the basics)
+
     if not db.is_file():
         return {}, None
     try:

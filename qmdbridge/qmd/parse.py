@@ -26,7 +26,7 @@ from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines
 from qmdbridge.qmd.collections import ManagedCollection
-from qmdbridge.qmd.index_stats import index_counts
+from qmdbridge.qmd.index_stats import file_stamp, index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
 from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resolve_hit_file, slugify_path
 from qmdbridge.qmd.results_json import QmdEntry
@@ -507,14 +507,7 @@ class IndexCounts:
         self._counts: dict[str, int] = {}
 
     def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
-        out: list[tuple[int, int, int] | None] = []
-        for path in (self.db, self.db.with_name(self.db.name + "-wal")):
-            try:
-                st = os.stat(path)
-                out.append((st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                out.append(None)
-        return tuple(out)
+        return file_stamp(self.db), file_stamp(self.db.with_name(self.db.name + "-wal"))
 
     async def read(self) -> tuple[dict[str, int], str | None]:
         """``({collection: active documents}, error or None)``, as :func:`index_counts`."""

@@ -10,11 +10,14 @@ when qmd's collection list (``index.yml``) changed behind its back
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+import orjson
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError
 from fallback.fs.atomic import write_atomic
@@ -25,9 +28,9 @@ from qmdbridge.qmd.collections import (
     ReconcileState,
     RunCollectionCommand,
     reconcile,
-    reconcile_fingerprint,
     render_index_yml,
 )
+from qmdbridge.qmd.index_stats import file_stamp
 
 __all__ = ["prepare_home", "reconcile_if_changed", "yml_stamp"]
 
@@ -57,14 +60,18 @@ def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Pat
     return warnings
 
 
-def yml_stamp(index_yml: Path) -> tuple[int, int, int] | None:
-    """``(mtime_ns, size, inode)`` of qmd's ``index.yml`` (its collection list); ``None`` when
-    it is missing."""
-    try:
-        st = os.stat(index_yml)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
+# The stamp of qmd's collection list (index.yml); cli/search_cache.py records it by this name.
+yml_stamp = file_stamp
+
+
+def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
+                          index_yml: Path) -> str:
+    """sha256 hex of the managed collections (with whether each folder exists: a custom one is
+    added once it does), qmd's version and ``index.yml``'s :func:`yml_stamp`: while it is
+    unchanged, a reconcile would find nothing to do."""
+    doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
+           "version": qmd_version, "indexYml": yml_stamp(index_yml)}
+    return hashlib.sha256(orjson.dumps(doc)).hexdigest()
 
 
 async def reconcile_if_changed(collections: list[ManagedCollection], *, run: RunCollectionCommand,

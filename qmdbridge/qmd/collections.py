@@ -34,7 +34,7 @@ from fallback.sources.memory_files import (
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
-from qmdbridge.qmd.runner import is_flag_rejection
+from qmdbridge.qmd.runner import is_flag_rejection, is_missing_collection
 
 __all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState",
            "build_collections", "custom_extra_paths", "describe_collections",
@@ -46,7 +46,6 @@ log = logging.getLogger("qmdbridge.qmd.collections")
 CollectionKind = Literal["memory", "custom", "sessions"]
 
 _NAME_IN_STDERR_RE = re.compile(r"Name:\s*(\S+)\s*\(qmd://", re.IGNORECASE)
-_MISSING_MARKERS = ("not found", "does not exist", "missing")
 # qmd could not read its collection list (a hand edit broke the YAML): every command fails so.
 _YML_UNREADABLE_RE = re.compile(r"failed to parse \S*index\.yml|yamlparseerror", re.IGNORECASE)
 
@@ -299,11 +298,6 @@ class ReconcileState:
         return f"qmd has no usable collection: {self.refused[colls[0].name]}"
 
 
-def _is_missing(message: str) -> bool:
-    low = message.lower()
-    return any(m in low for m in _MISSING_MARKERS)
-
-
 def _norm_path(raw: str | Path, workspace: Path) -> str:
     p = Path(raw).expanduser()
     return os.path.normpath(p if p.is_absolute() else workspace / p)
@@ -420,7 +414,7 @@ async def _migrate_legacy(managed: list[ManagedCollection], listed: dict[str, Li
 
 async def _remove(run: RunCollectionCommand, name: str) -> None:
     res = await _safe(run, ["collection", "remove"], [name])
-    if not res.ok and not _is_missing(res.message):
+    if not res.ok and not is_missing_collection(res.message):
         log.warning("qmd collection remove failed for %s: %s", name, res.message)
 
 

@@ -32,8 +32,7 @@ from qmdbridge.qmd.results_json import QmdEntry
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.parse import IndexCounts
-    from qmdbridge.qmd.search_calls import CallPlan, RunSearch
-    from qmdbridge.qmd.warm import WarmChild
+    from qmdbridge.qmd.search_calls import CallPlan, RunSearch, WarmSearch
 
 __all__ = ["RELAX_MIN_LEFT_MS", "all_found", "relax"]
 
@@ -58,7 +57,7 @@ def all_found(found: list[tuple[QmdEntry, str | None]], colls: Sequence[ManagedC
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
-                warm: WarmChild | None, keep: int | None = None,
+                warm: WarmSearch | None, keep: int | None = None,
                 sent: str | None = None,
                 counts: IndexCounts | None = None) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass (see the module docstring): ``found`` (the AND call's hits, kept first

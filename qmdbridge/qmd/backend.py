@@ -479,7 +479,7 @@ class QmdBackend:
         if self.freshness is not None:
             self.freshness.check_watcher()  # a dead watcher marks the index dirty, is re-armed
             if self.agent.memory_search.sync.on_search:
-                budget = self._remaining_ms(deadline) // 2
+                budget = int((deadline - anyio.current_time()) * 1000) // 2  # half the time left
                 await self.freshness.before_search(
                     budget_ms=budget if sync_budget_ms is None else min(budget, sync_budget_ms))
         if self.cycle.is_running:
@@ -565,10 +565,6 @@ class QmdBackend:
                           listings=self._listings, snippet_chars=self.cfg.limits.max_snippet_chars,
                           tokens=chunking.tokens, overlap=chunking.overlap,
                           sections=chunking.sections)
-
-    @staticmethod
-    def _remaining_ms(deadline: float) -> int:  # ms left before the search deadline
-        return int((deadline - anyio.current_time()) * 1000)
 
     # -- read ---------------------------------------------------------------------------------
 

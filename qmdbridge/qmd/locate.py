@@ -362,16 +362,9 @@ async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, s
                     repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
                     cwd: Path | str | None = None,
                     timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
-    """Locate ``command`` (``memory.qmd.command``) and probe it with ``--version``.
-
-    Args:
-        command: the configured command (string or list); see
-            ``qmdbridge.command_line.split_command`` for which part is the program.
-        env: environment to search and run with (default ``os.environ``).
-        repo_tools: also try ``<repo>/.tools/bin/qmd`` last.
-        usual_dirs: replaces the usual install folders (``None`` = defaults).
-        cwd: base of a relative command path and the probe's cwd (default: current folder).
-        timeout_ms: per-candidate ``--version`` deadline in ms.
+    """Locate ``command`` (``memory.qmd.command``, string or list; its program:
+    ``qmdbridge.command_line.program_of``) and probe it with ``--version``: :meth:`QmdLocator.probe`
+    of a :class:`QmdLocator` made with the other arguments (see there).
 
     Returns:
         A :class:`QmdLocation`; problems are described in ``reason``, never raised.

@@ -19,10 +19,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 from tenacity import (
@@ -51,9 +51,6 @@ from qmdbridge.qmd.runner import (
     is_vector_module_missing,
 )
 
-if TYPE_CHECKING:
-    from qmdbridge.qmd.warm import WarmChild
-
 __all__ = [
     "BUSY_ATTEMPTS",
     "MAX_PARALLEL_CALLS",
@@ -63,6 +60,7 @@ __all__ = [
     "FlagRejected",
     "MissingCollection",
     "VectorModuleMissing",
+    "WarmSearch",
     "probe_search",
     "search_collections",
     "search_with_repairs",
@@ -90,6 +88,19 @@ VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs u
 # run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
 # BackendTimeoutError past timeout_ms).
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
+
+
+class WarmSearch(Protocol):
+    """What may answer a collection's call instead of a spawned qmd: the warm child
+    (``qmdbridge.qmd.warm.WarmChild``, whose methods say what they return and raise; typed
+    here so this module does not import the one that imports it)."""
+
+    def serves(self, mode: str) -> bool: ...
+
+    async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None: ...
+
+    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
+                         *, limit: int) -> list[QmdEntry] | None: ...
 
 
 class FlagRejected(Exception):
@@ -269,7 +280,7 @@ def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
 
 
 async def search_collections(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                             run: RunSearch, warm: WarmChild | None = None,
+                             run: RunSearch, warm: WarmSearch | None = None,
                              limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
     """Search each collection in its own call and merge the hits.
@@ -323,7 +334,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
 
 
 async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: CallPlan, *,
-                              run: RunSearch, warm: WarmChild | None,
+                              run: RunSearch, warm: WarmSearch | None,
                               reconcile: Callable[[], Awaitable[None]],
                               written: str | None = None, lexical: str | None = None
                               ) -> list[tuple[QmdEntry, str | None]]:

@@ -122,13 +122,11 @@ def render_session_markdown(session_id: str, messages: list[TranscriptMessage], 
 
 
 def _confined_target(export_dir: Path, name: str) -> Path | None:
-    """Return ``export_dir/name`` when it stays directly inside ``export_dir``, else None."""
+    """Return ``export_dir/name`` when it stays directly inside ``export_dir`` (one plain path
+    segment), else None."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
         return None
-    target = export_dir / name
-    if target.parent.resolve() != export_dir.resolve():
-        return None
-    return target
+    return export_dir / name
 
 
 def _read_bytes(path: Path) -> bytes | None:

@@ -265,34 +265,13 @@ class MemoryManager:
             UsageError: blank query, a bad limit or an unknown corpus.
             BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
         """
-        self._check_open()
-        request = SearchRequest.of(query, max_results=max_results, min_score=min_score,
-                                   session_key=session_key, sources=sources, explain=explain)
-        self._check_workspace()
-        from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
-        from qmdbridge.policy.scope import citations_enabled, evaluate_scope
-
+        admitted = self._admit(query, max_results=max_results, min_score=min_score,
+                               session_key=session_key, sources=sources, explain=explain,
+                               inherited_session_keys=inherited_session_keys, corpus=corpus)
+        if isinstance(admitted, SearchResponse):
+            return admitted
+        request, include, chosen_corpus = admitted
         cfg = self.agent.memory
-        chosen = search_corpus(corpus, sessions_off=sessions_off_reason(
-            backend=self.backend_name, qmd_sessions=cfg.qmd.sessions.enabled,
-            builtin_sources=self.agent.memory_search.sources))
-        if isinstance(inherited_session_keys, str) or not all(
-                isinstance(k, str) for k in inherited_session_keys):
-            raise UsageError("inherited session keys must be a list of strings")
-        decision = evaluate_scope(cfg.qmd.scope, session_key, inherited_keys=inherited_session_keys)
-        include = citations_enabled(cfg.citations, session_key)
-        if self.backend_name == "none":
-            raise BackendUnavailableError("none", "memory search is disabled (memory.backend = none)")
-        if not decision.allowed:
-            log.warning("memory search denied by scope: %s", decision.reason)
-            return SearchResponse(backend=self.backend_name, citations=cfg.citations,
-                                  results=[], denied=decision, corpus=chosen.corpus)
-        if chosen.sources == ():
-            return SearchResponse(backend=self.backend_name, citations=cfg.citations, results=[],
-                                  corpus=chosen.corpus, warnings=[chosen.note] if chosen.note else [])
-        if chosen.sources is not None:  # the corpus narrows the sources asked for
-            request = replace(request, sources=tuple(
-                s for s in chosen.sources if sources is None or s in sources))
         fallback: FallbackInfo | None = None
         if self.backend_name == "qmd":
             async with anyio.create_task_group() as tg:
@@ -310,7 +289,7 @@ class MemoryManager:
                 return SearchResponse(backend="qmd", provider=answered.provider,
                                       model=answered.model, mode=answered.mode,
                                       citations=cfg.citations, results=results, warnings=warnings,
-                                      corpus=chosen.corpus)
+                                      corpus=chosen_corpus)
         engine = await self.builtin()
         try:
             outcome = await engine.search(
@@ -325,10 +304,82 @@ class MemoryManager:
         if fallback is not None:
             limit = cfg.qmd.limits.max_results
             hits = hits[: min(limit, max_results or limit)]
-        results = decorate_citations(hits, include=include)
+        return self._builtin_answer(outcome, hits, fallback=fallback, include=include,
+                                    corpus=chosen_corpus)
+
+    def search_settled(self, query: str, **kwargs: Any) -> SearchResponse | None:
+        """:meth:`search` in the caller's thread (blocking), when the builtin engine answers it
+        without the event loop (``BuiltinEngine.search_settled``: keyword-only, nothing to sync
+        or tell first) or the request is refused or needs no search: the same checks, ranking
+        and answer. Takes :meth:`search`'s arguments.
+
+        Returns:
+            The ``SearchResponse``, or ``None``: await :meth:`search`.
+
+        Raises:
+            UsageError / BackendUnavailableError: as :meth:`search`, for the request itself.
+        """
+        admitted = self._admit(query, **{k: v for k, v in kwargs.items() if k != "progress"})
+        if isinstance(admitted, SearchResponse):
+            return admitted
+        request, include, corpus = admitted
+        settled = getattr(self._builtin, "search_settled", None)
+        if self.backend_name != "builtin" or settled is None:
+            return None
+        outcome = settled(request)
+        return None if outcome is None else self._builtin_answer(
+            outcome, outcome.results, fallback=None, include=include, corpus=corpus)
+
+    def _admit(self, query: str, *, max_results: int | None = None,
+               min_score: float | None = None, session_key: str | None = None,
+               sources: list[Source] | None = None, explain: bool = False,
+               inherited_session_keys: Sequence[str] = (),
+               corpus: str | None = None) -> SearchResponse | tuple[SearchRequest, bool, str]:
+        """The checks of :meth:`search` before any backend runs: the answer when the scope
+        rules deny the session or the corpus holds nothing to search, else ``(request narrowed
+        to the corpus's sources, whether citations go into snippets, the corpus searched)``.
+
+        Raises:
+            UsageError / BackendUnavailableError: as :meth:`search`.
+        """
+        self._check_open()
+        request = SearchRequest.of(query, max_results=max_results, min_score=min_score,
+                                   session_key=session_key, sources=sources, explain=explain)
+        self._check_workspace()
+        from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
+        from qmdbridge.policy.scope import citations_enabled, evaluate_scope
+
+        cfg = self.agent.memory
+        chosen = search_corpus(corpus, sessions_off=sessions_off_reason(
+            backend=self.backend_name, qmd_sessions=cfg.qmd.sessions.enabled,
+            builtin_sources=self.agent.memory_search.sources))
+        if isinstance(inherited_session_keys, str) or not all(
+                isinstance(k, str) for k in inherited_session_keys):
+            raise UsageError("inherited session keys must be a list of strings")
+        decision = evaluate_scope(cfg.qmd.scope, session_key, inherited_keys=inherited_session_keys)
+        if self.backend_name == "none":
+            raise BackendUnavailableError("none", "memory search is disabled (memory.backend = none)")
+        if not decision.allowed:
+            log.warning("memory search denied by scope: %s", decision.reason)
+            return SearchResponse(backend=self.backend_name, citations=cfg.citations,
+                                  results=[], denied=decision, corpus=chosen.corpus)
+        if chosen.sources == ():
+            return SearchResponse(backend=self.backend_name, citations=cfg.citations, results=[],
+                                  corpus=chosen.corpus, warnings=[chosen.note] if chosen.note else [])
+        if chosen.sources is not None:  # the corpus narrows the sources asked for
+            request = replace(request, sources=tuple(
+                s for s in chosen.sources if sources is None or s in sources))
+        return request, citations_enabled(cfg.citations, session_key), chosen.corpus
+
+    def _builtin_answer(self, outcome: SearchOutcome, hits: list[MemorySearchResult], *,
+                        fallback: FallbackInfo | None, include: bool, corpus: str) -> SearchResponse:
+        """The builtin engine's ``outcome`` (its ``hits`` cut for a qmd fallback) as the answer,
+        citations decorated."""
         return SearchResponse(backend="builtin", fallback=fallback, provider=outcome.provider,
-                              model=outcome.model, mode=outcome.mode, citations=cfg.citations,
-                              results=results, warnings=outcome.warnings, corpus=chosen.corpus)
+                              model=outcome.model, mode=outcome.mode,
+                              citations=self.agent.memory.citations,
+                              results=decorate_citations(hits, include=include),
+                              warnings=outcome.warnings, corpus=corpus)
 
     async def _search_qmd(self, request: SearchRequest) -> tuple[
             SearchOutcome | None, FallbackInfo | None]:
@@ -603,8 +654,11 @@ class BlockingMemoryManager:
         return self._portal.call(fn)
 
     def search(self, query: str, **kwargs: Any) -> SearchResponse:
-        """See :meth:`MemoryManager.search`."""
-        return self._call(lambda: self._manager.search(query, **kwargs))
+        """See :meth:`MemoryManager.search`; answered in this thread when
+        :meth:`MemoryManager.search_settled` can, else in the portal."""
+        answer = None if self._closed else self._manager.search_settled(query, **kwargs)
+        return answer if answer is not None else self._call(
+            lambda: self._manager.search(query, **kwargs))
 
     def read_file(self, rel_path: str, **kwargs: Any) -> MemoryReadResult:
         """See :meth:`MemoryManager.read_file`."""

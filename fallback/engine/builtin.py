@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -41,7 +41,13 @@ import anyio
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.embeddings.base import EmbeddingProvider
-from fallback.engine.presearch import foreign_index_warning, read_index_state, run_presearch_sync
+from fallback.engine.presearch import (
+    IndexState,
+    foreign_index_warning,
+    presearch_sync,
+    read_index_state,
+    run_presearch_sync,
+)
 from fallback.engine.query_vector import (
     PreparedProvider,
     QueryVector,
@@ -63,10 +69,10 @@ from fallback.errors import (
 )
 from fallback.index.identity import index_identity
 from fallback.index.indexer import Indexer, SyncReport
-from fallback.models import MemoryReadResult, MemoryStatus
+from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus
 from fallback.request import SearchRequest
 from fallback.search.explain import SearchTrace
-from fallback.search.fts_only import candidate_count
+from fallback.search.fts_only import candidate_count, keyword_search
 from fallback.search.pipeline import Searcher, configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
@@ -435,6 +441,97 @@ class BuiltinEngine:
         except IndexStoreCorruptError as exc:
             await self._recover_corrupt(exc)
             outcome = await once()
+        return self._finish(outcome)
+
+    def search_settled(self, request: SearchRequest) -> SearchOutcome | None:
+        """Answer a keyword-only search in the caller's thread (blocking) when it needs nothing
+        of the event loop: the store open, no embedding provider or reranker, no ``explain``,
+        no one-off event to tell, live mode quiet (:meth:`LiveSync.quiet
+        <fallback.engine.live.LiveSync.quiet>`) and no pre-search sync due
+        (:meth:`_keyword_answer`, the step :meth:`search` runs in its worker thread).
+
+        Args:
+            request: the checked request.
+
+        Returns:
+            The outcome :meth:`search` would return, or ``None``: await :meth:`search`.
+        """
+        store = self._stores.store
+        if (self._closed or store is None or not self._keyword_only(request)
+                or self._notes_told < len(self._notes)
+                or (self._live is not None and not self._live.quiet(request.session_key))
+                or store.is_replaced()):
+            return None
+        try:
+            outcome = self._keyword_answer(store, request, synced=self._synced, dirty=self._dirty)
+        except IndexStoreError:  # the search recovers or reports it
+            return None
+        return self._finish(self._live_warning(outcome)) if isinstance(outcome, SearchOutcome) else None
+
+    def _keyword_only(self, request: SearchRequest) -> bool:
+        """Whether ``request`` is ranked by keywords alone (no provider, reranker or trace) and
+        no configured provider fails it closed."""
+        sel = self._provider_selection()
+        return (sel.provider is None and not sel.error and not request.explain
+                and not self.settings.search.query.rerank.enabled)
+
+    def _keyword_answer(self, store: SearchStore, request: SearchRequest, *, synced: bool,
+                        dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
+        """A keyword-only search's index check, then its ranking, blocking (one worker-thread
+        hop): the index state (:func:`~fallback.engine.presearch.read_index_state`) when it
+        asks for a sync first (:func:`~fallback.engine.presearch.presearch_sync`, never for a
+        read-only store) or holds another workspace, else :meth:`_keyword_outcome`."""
+        state = read_index_state(store, str(self.settings.workspace_dir),
+                                 index_identity(self.settings, None))
+        if state.held_workspace is not None or not isinstance(store, ReadOnlyStore) and presearch_sync(
+                state, synced=synced, dirty=dirty, on_search=self.settings.search.sync.on_search):
+            return state
+        return self._keyword_outcome(store, request, warnings)
+
+    def _keyword_outcome(self, store: SearchStore, request: SearchRequest,
+                         warnings: Sequence[str]) -> SearchOutcome:
+        """The hits of :func:`~fallback.search.fts_only.keyword_search` for ``request`` under
+        ``query.*``, after ``warnings`` (blocking)."""
+        q = self.settings.search.query
+        limit, floor, srcs = self._ranking_args(request)
+        if not srcs:
+            return SearchOutcome(results=[], warnings=list(warnings))
+        decay = q.hybrid.temporal_decay
+        found = keyword_search(store, request.query, sources=srcs, limit=limit,
+                               candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
+                               floor=floor, half_life_days=decay.half_life_days if decay.enabled
+                               else None, now_ms=self._now_ms())
+        return SearchOutcome([MemorySearchResult(
+            path=h.path, start_line=h.start_line, end_line=h.end_line, score=h.score,
+            snippet=h.snippet, snippet_start_line=h.snippet_start_line,
+            snippet_end_line=h.snippet_end_line, source=h.source, text_score=h.text_score)
+            for h in found.hits], self._fts_warnings(warnings, store.fts_error), mode="fts-only")
+
+    def _ranking_args(self, request: SearchRequest) -> tuple[int, float, list[str]]:
+        """``(limit, floor, sources)`` of ``request`` under ``query.*``: the hits wanted, the
+        score floor and the enabled sources it asks for."""
+        q = self.settings.search.query
+        return (q.max_results if request.max_results is None else request.max_results,
+                q.min_score if request.min_score is None else request.min_score,
+                [s for s in self.settings.search.sources
+                 if request.sources is None or s in request.sources])
+
+    @staticmethod
+    def _fts_warnings(warnings: Sequence[str], fts_error: str | None) -> list[str]:
+        """``warnings``, and the substring-search note when FTS5 is unavailable."""
+        return [*warnings, *([] if fts_error is None else [SUBSTRING_WARNING.format(error=fts_error)])]
+
+    def _live_warning(self, outcome: SearchOutcome) -> SearchOutcome:
+        """``outcome`` with live mode's stale-index note (transcripts waiting for their batch)."""
+        if self._live is not None and (stale := self._live.stale_reason(memory=False)):
+            return replace(outcome, warnings=[
+                *outcome.warnings, f"index stale: {stale}; the newest content may be missing"])
+        return outcome
+
+    def _finish(self, outcome: SearchOutcome) -> SearchOutcome:
+        """A ranked outcome as an answer: the one-off events no answer told yet and the last
+        non-fatal problem (unless a warning says it) after its warnings, and its mode, provider
+        and model."""
         warnings = [*outcome.warnings, *self.take_notices()]
         last = self._last_error
         if last is not None and not any(last in w for w in warnings):  # not said already
@@ -479,7 +576,17 @@ class BuiltinEngine:
                                 fail_closed=self._fails_closed(), warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
         identity = index_identity(self.settings, provider)
-        state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
+        keyword_only = self._keyword_only(request)
+        if keyword_only:  # one worker-thread hop when no sync is due
+            found = await anyio.to_thread.run_sync(partial(
+                self._keyword_answer, store, request, synced=self._synced, dirty=self._dirty,
+                warnings=warnings))
+            if isinstance(found, SearchOutcome):
+                self.warm_session(request.session_key)
+                return self._live_warning(found)
+            state = found
+        else:
+            state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if not isinstance(store, ReadOnlyStore) and await run_presearch_sync(
                 state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
                 budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
@@ -491,13 +598,13 @@ class BuiltinEngine:
             return SearchOutcome([], [*warnings, foreign_index_warning(
                 str(self.settings.db_path), state.held_workspace, ws)])
         self.warm_session(request.session_key)
+        if keyword_only:
+            return self._live_warning(await anyio.to_thread.run_sync(
+                self._keyword_outcome, store, request, warnings))
         prepared = None if provider is None or qv is None else await self._prepare_vector(
             store, provider, qv, warnings, synced=self._syncs_done != syncs, text=text,
             deadline=deadline)
-        limit = q.max_results if request.max_results is None else request.max_results
-        floor = q.min_score if request.min_score is None else request.min_score
-        srcs: list[str] = [s for s in self.settings.search.sources
-                if request.sources is None or s in request.sources]
+        limit, floor, srcs = self._ranking_args(request)
         if not srcs:
             return SearchOutcome(results=[], warnings=warnings)
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
@@ -505,11 +612,8 @@ class BuiltinEngine:
         outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
         fts_error = (searcher.fts_error if searcher.fts_checked
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))
-        if fts_error is not None:
-            warnings.append(SUBSTRING_WARNING.format(error=fts_error))
-        if self._live is not None and (stale := self._live.stale_reason(memory=False)):
-            warnings.append(f"index stale: {stale}; the newest content may be missing")
-        return replace(outcome, warnings=[*outcome.warnings, *warnings])
+        return self._live_warning(replace(outcome, warnings=[
+            *outcome.warnings, *self._fts_warnings(warnings, fts_error)]))
 
     async def _prepare_vector(self, store: SearchStore, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,

@@ -294,12 +294,27 @@ class LiveSync:
 
     def warm(self, session_key: str | None) -> None:
         """Fire-and-forget ``sync("session-start")`` once per non-empty key (``sync.onSessionStart``)."""
+        key = self._unwarmed(session_key)
+        if key is not None:
+            self._warmed.add(key)
+            self.spawn_sync("session-start")
+
+    def _unwarmed(self, session_key: str | None) -> str | None:
+        """The stripped ``session_key`` when :meth:`warm` would sync for it, else ``None``."""
         key = (session_key or "").strip()
         if (not key or key in self._warmed or self._closed
                 or not self._engine.settings.search.sync.on_session_start):
-            return
-        self._warmed.add(key)
-        self.spawn_sync("session-start")
+            return None
+        return key
+
+    def quiet(self, session_key: str | None) -> bool:
+        """Whether a search of ``session_key`` needs none of live mode's pre-search steps: the
+        watcher is healthy (:meth:`check_watcher` finds no cause), it saw no event since a
+        search last counted one (:meth:`unsynced_changes` has nothing new) and the key is
+        warmed (:meth:`warm` would start nothing). Reads only: callable from any thread."""
+        watcher = self.watcher
+        return (self._unwarmed(session_key) is None and (watcher is None or self._closed or (
+            watcher.dead_reason() is None and watcher.unsent()[0] <= self._events_searched)))
 
     def check_watcher(self) -> str | None:
         """Look at the watcher's health (every search and status): when it is dead, re-arm it

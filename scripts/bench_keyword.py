@@ -6,15 +6,14 @@ times, per query, warm, in one process:
 - **bare FTS5**: ``SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH <OR of the query's
   non-stop-words> ORDER BY bm25(chunks_fts) LIMIT 10`` on the same store: the floor any keyword
   search pays;
-- **keyword search**: what the engine runs for a keyword-only search, without its async
-  plumbing: the plan for the store (``search_plan``: the OR plan of ``fallback/search/fts.py``,
-  its parts counted in a small store), BM25 ranking in SQL joined with the chunks
-  (``rank_keyword_hits``, 40 candidates), and ``highlight()`` of the first 10 for their
-  snippet windows;
-- **engine search**: ``BuiltinEngine.search`` end to end (thread hops, the store checks before a
-  search, snippets), ``maxResults`` 10;
-- **manager search**: ``BlockingMemoryManager.search`` (mode ``full``, the path ``serve`` and MCP
-  take: scope, the engine's freshness check, snippets, citations), ``maxResults`` 10.
+- **keyword search**: the engine's one keyword-only search without the engine around it,
+  ``fallback.search.fts_only.keyword_search`` (plan, BM25 ranking of 40 candidates, floor,
+  snippet windows of the first 10);
+- **engine search**: ``BuiltinEngine.search`` end to end (its worker-thread hop, the store
+  checks before a search), ``maxResults`` 10;
+- **manager search**: ``BlockingMemoryManager.search`` (mode ``full``: the request checks, scope,
+  the engine's freshness check, snippets, citations; answered in the caller's thread when
+  nothing is due), ``maxResults`` 10.
 
 Each search row also gives its p50 as a multiple of the bare FTS5 query's p50 (floors: keyword
 search 1.2x, manager search 3x on a LoCoMo conversation).
@@ -145,7 +144,7 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
     from fallback.embeddings import select_provider
     from fallback.engine.builtin import BuiltinEngine
     from fallback.request import SearchRequest
-    from fallback.search.keyword import highlight_hits, rank_keyword_hits, search_plan
+    from fallback.search.fts_only import candidate_count, keyword_search
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     search = MemorySearchSettings.model_validate({"provider": "none"})
@@ -158,12 +157,12 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
         out["index_s"] = time.perf_counter() - t
         store = await engine._open_store()
         out["chunks"] = int(store.query("SELECT COUNT(*) FROM chunks")[0][0])
-        candidates = 10 * search.query.hybrid.candidate_multiplier
+        q_cfg = search.query
 
         def keyword(q: str) -> None:
-            plan = search_plan(store, q)
-            hits = rank_keyword_hits(store, q, ["memory"], candidates, plan=plan)
-            highlight_hits(store, q, hits[:10], plan=plan)
+            keyword_search(store, q, sources=["memory"], limit=10,
+                           candidates=candidate_count(10, q_cfg.hybrid.candidate_multiplier),
+                           floor=q_cfg.min_score, half_life_days=None, now_ms=int(time.time() * 1000))
 
         for q in queries:
             match = bare_match(q)

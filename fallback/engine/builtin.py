@@ -60,7 +60,12 @@ from fallback.engine.query_vector import (
     read_index_vectors,
 )
 from fallback.engine.store_open import EngineStore, read_only_problem
-from fallback.engine.sync_record import clear_failure, record_failure
+from fallback.engine.sync_record import (
+    QUERY_FAILED_SUFFIX,
+    clear_failure,
+    read_failure,
+    record_failure,
+)
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -138,6 +143,7 @@ class BuiltinEngine:
         self._syncs_done = 0  # completed syncs (a search tells whether one ran meanwhile)
         self._last_error: str | None = None
         self._provider_error: str | None = None  # the last search's query embedding failure
+        self._query_embedded = False  # whether a search of this process embedded its query
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
         self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
@@ -569,7 +575,13 @@ class BuiltinEngine:
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
         if provider is not None and qv is not None:  # status tells it until a query embeds
-            self._provider_error = None if qv.error is None else failure_text(qv.error, query=True)
+            error = None if qv.error is None else failure_text(qv.error, query=True)
+            if error is not None or not self._query_embedded or self._provider_error is not None:
+                await anyio.to_thread.run_sync(partial(  # any process's status tells it too
+                    record_failure, self.settings.db_path, reason="search", error=error,
+                    at_ms=self._now_ms(), suffix=QUERY_FAILED_SUFFIX) if error is not None
+                    else partial(clear_failure, self.settings.db_path, QUERY_FAILED_SUFFIX))
+            self._provider_error, self._query_embedded = error, True
         if provider is not None and qv is not None and qv.error is not None:
             self._last_error = failure_text(qv.error, query=True)
             on_provider_failure(provider.provider_id, self._last_error,
@@ -699,7 +711,8 @@ class BuiltinEngine:
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
             last_error=problem or (None if self._last_error == self._provider_error
                                    else self._last_error), live=live, notes=self._notes,
-            provider_error=self._provider_error)
+            provider_error=self._provider_error if self._query_embedded else (
+                read_failure(self.settings.db_path, QUERY_FAILED_SUFFIX) or {}).get("error"))
 
     async def probe_vector(self) -> bool:
         """Whether vector search can answer (provider present and vectors not disabled)."""

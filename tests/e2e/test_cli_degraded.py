@@ -113,6 +113,33 @@ def test_rate_limited_provider_index_writes_keywords_and_search_fails_fast(
             "memory search unavailable: openai-compatible: ") + "; results come from keyword search only"]
 
 
+def test_a_query_embedding_failure_of_one_search_is_in_the_next_processs_status(
+        tmp_path: Path, ws: Path, env: dict[str, str]) -> None:
+    def fails_on_quokka(req: Recorded) -> Reply:
+        texts = req.json["input"]
+        if any("quokka" in t for t in texts):
+            return Reply(500, {"error": {"message": "model overloaded"}})
+        return Reply(200, {"data": [{"index": i, "embedding": [1.0, float(len(t) % 7), 0.5]}
+                                    for i, t in enumerate(texts)]})
+
+    with serve(fails_on_quokka, max_requests=1000) as srv:
+        cfg = _provider_config(tmp_path, srv.url, keyword_fallback=True)
+        common = ["--workspace", str(ws), "--config", str(cfg), "--json"]
+        assert run(["index", *common], env).returncode == 0
+        found = run(["search", "quokka router dropped the WAN link", *common], env)
+        assert found.returncode == 0, found.stderr
+        failure = ("query embedding failed: openai-compatible embedding failed (HTTP 500): "
+                   "model overloaded")
+        assert orjson.loads(found.stdout)["warnings"] == [
+            f"{failure}; results come from keyword search only"]
+        status = orjson.loads(run(["status", *common], env).stdout)  # another process
+        assert (status["healthy"], status["lastError"], status["vector"]["providerError"]) == (
+            False, None, failure)
+        assert run(["search", "router dropped the WAN link", *common], env).returncode == 0
+        status = orjson.loads(run(["status", *common], env).stdout)
+        assert (status["healthy"], status["vector"]["providerError"]) == (True, None)
+
+
 @pytest.mark.slow
 def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
                                                       env: dict[str, str]) -> None:

@@ -117,10 +117,15 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
         try:
             report = await engine.sync(reason="cli")
             assert (report.files_indexed, report.chunks_filled, report.chunks_pending) == (0, 1, 0)
-            status = await engine.status()
-            assert (status.dirty, status.healthy, status.vector["pending"]) == (False, True, 0)
+            status = await engine.status()  # the last search's query embedding failed
+            assert (status.dirty, status.healthy, status.vector["pending"]) == (False, False, 0)
+            assert status.vector["providerError"] == (
+                "query embedding failed: openai-compatible embedding failed (HTTP 429): Rate limit "
+                "reached for requests")
             outcome = await engine.search(SearchRequest.of("kayak paddle", min_score=0.0))
             assert outcome.warnings == []
+            status = await engine.status()
+            assert (status.healthy, status.vector["providerError"]) == (True, None)
             assert outcome.results[0].path == "memory/2026-04-02.md"
             assert outcome.results[0].vector_score is not None and outcome.results[0].vector_score > 0
         finally:

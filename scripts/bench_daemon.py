@@ -1,6 +1,7 @@
 """Benchmark the warm daemon and the MCP server against the real qmd, side by side in one run.
 
-Measured on one generated workspace (wall time of whole processes, median of ``--runs``, the
+Measured on one generated workspace (wall time of whole processes, median of ``--runs``, and their
+CPU time (user + system, in the notes: load-independent where the wall is not), the
 three commands interleaved in each round so machine load hits them alike):
 - ``qmdbridge search --json`` answered by a running ``qmdbridge serve`` (``servedBy: daemon``);
 - the same command without a daemon (``QMDBRIDGE_DAEMON=off``): the one-shot fast path, an index
@@ -144,6 +145,7 @@ def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
     daemon, _ = start_and_wait([*cli_argv(), "serve", "--no-stdin", "--workspace", str(ws)], env,
                                ready="daemon socket")
     served, process, engine, raw, floor = [], [], [], [], []
+    cpu: dict[str, list[float]] = {"served": [], "process": [], "engine": [], "raw": []}
     served_ok = process_ok = engine_ok = raw_ok = True
     try:
         run_child(search_argv(ws, queries[0]), env=env).json()  # first served call warms the daemon
@@ -154,38 +156,45 @@ def bench_cli(tmp: Path, ws: Path, *, files: int, runs: int) -> list[Row]:
             a = run_child(search_argv(ws, q), env=env)
             doc: Any = a.json()
             served.append(a.wall_ms)
+            cpu["served"].append(a.cpu_ms)
             served_ok &= doc["servedBy"] == "daemon" and doc["results"][0]["path"] == expected[q]
             floor.append(run_child([sys.executable, "-c", "pass"], env=env).wall_ms)
             b = run_child(search_argv(ws, q), env=off)
             doc = b.json()
             process.append(b.wall_ms)
+            cpu["process"].append(b.cpu_ms)
             process_ok &= doc["servedBy"] == "process" and doc["results"][0]["path"] == expected[q]
             e = run_child(search_argv(ws, q), env=engine_env)
             edoc: Any = e.json()
             engine.append(e.wall_ms)
+            cpu["engine"].append(e.cpu_ms)
             engine_ok &= edoc["results"] == doc["results"]
             if have_qmd:
                 c = run_child(raw_qmd_argv(q), env=raw_qmd_env(qmd_state), cwd=ws)
                 hits: Any = c.json()
                 raw.append(c.wall_ms)
+                cpu["raw"].append(c.cpu_ms)
                 raw_ok &= any(str(h.get("file", "")).endswith(expected[q].split("/")[-1]) for h in hits)
     finally:
         code = stop(daemon)
     s, p = median(served), median(process)
+    used = {k: f"CPU {median(v):.0f} ms; " if v else "" for k, v in cpu.items()}
     rows = [
         Row(SEC, "qmdbridge search, served by the daemon (CLI wall)", s, "ms", "", None,
-            f"{runs} runs; servedBy daemon and right note every run: {served_ok}"),
+            f"{used['served']}{runs} runs; servedBy daemon and right note every run: {served_ok}"),
         Row(SEC, "qmdbridge search, no daemon (CLI wall)", p, "ms", "", None,
-            f"right note every run: {process_ok}"),
+            f"{used['process']}right note every run: {process_ok}"),
         Row(SEC, "qmdbridge search, no daemon, cache off: the engine (CLI wall)", median(engine), "ms",
-            "", None, f"QMDBRIDGE_CLI_CACHE=off; same hits as the fast path every run: {engine_ok}"),
+            "", None, f"{used['engine']}QMDBRIDGE_CLI_CACHE=off; same hits as the fast path every "
+            f"run: {engine_ok}"),
         Row(SEC, "python -c pass, same interpreter (start-up floor)", median(floor), "ms", "", None,
             "what any served search pays before its first line runs"),
     ]
     if have_qmd:
         r = median(raw)
         rows += [
-            Row(SEC, "qmd search --json (CLI wall)", r, "ms", "", None, f"right note every run: {raw_ok}"),
+            Row(SEC, "qmd search --json (CLI wall)", r, "ms", "", None,
+                f"{used['raw']}right note every run: {raw_ok}"),
             Row(SEC, "served / qmd", s / r, "x", f"<= {SERVED_MAX}x", check(s / r, SERVED_MAX)),
             Row(SEC, "no daemon / qmd", p / r, "x", f"<= {PROCESS_MAX}x", check(p / r, PROCESS_MAX)),
         ]

@@ -308,17 +308,10 @@ class MemoryManager:
                                     corpus=chosen_corpus)
 
     def search_settled(self, query: str, **kwargs: Any) -> SearchResponse | None:
-        """:meth:`search` in the caller's thread (blocking), when the builtin engine answers it
-        without the event loop (``BuiltinEngine.search_settled``: keyword-only, nothing to sync
-        or tell first) or the request is refused or needs no search: the same checks, ranking
-        and answer. Takes :meth:`search`'s arguments.
-
-        Returns:
-            The ``SearchResponse``, or ``None``: await :meth:`search`.
-
-        Raises:
-            UsageError / BackendUnavailableError: as :meth:`search`, for the request itself.
-        """
+        """:meth:`search` (same arguments, checks, ranking and answer) in the caller's thread,
+        blocking, when the builtin engine answers without the event loop
+        (``BuiltinEngine.search_settled``) or no backend needs to run; ``None``: await
+        :meth:`search`. Raises as :meth:`search` for the request itself."""
         admitted = self._admit(query, **{k: v for k, v in kwargs.items() if k != "progress"})
         if isinstance(admitted, SearchResponse):
             return admitted

@@ -450,18 +450,11 @@ class BuiltinEngine:
         return self._finish(outcome)
 
     def search_settled(self, request: SearchRequest) -> SearchOutcome | None:
-        """Answer a keyword-only search in the caller's thread (blocking) when it needs nothing
-        of the event loop: the store open, no embedding provider or reranker, no ``explain``,
-        no one-off event to tell, live mode quiet (:meth:`LiveSync.quiet
-        <fallback.engine.live.LiveSync.quiet>`) and no pre-search sync due
-        (:meth:`_keyword_answer`, the step :meth:`search` runs in its worker thread).
-
-        Args:
-            request: the checked request.
-
-        Returns:
-            The outcome :meth:`search` would return, or ``None``: await :meth:`search`.
-        """
+        """:meth:`search` of ``request`` in the caller's thread (blocking), when it needs
+        nothing of the event loop: the store open, keyword-only, no one-off event to tell, live
+        mode quiet (``LiveSync.quiet``) and no pre-search sync due (:meth:`_keyword_answer`,
+        the step :meth:`search` runs in one worker-thread hop). Returns the outcome
+        :meth:`search` would return, or ``None``: await :meth:`search`."""
         store = self._stores.store
         if (self._closed or store is None or not self._keyword_only(request)
                 or self._notes_told < len(self._notes)

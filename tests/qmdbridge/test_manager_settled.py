@@ -109,4 +109,3 @@ def test_a_note_saved_after_a_search_is_found_by_the_next_blocking_search(tmp_pa
             threading.Event().wait(0.05)
         assert m._manager.search_settled("quokka") is None  # the event loop syncs it first
         assert [r.path for r in m.search("quokka").results] == ["memory/2026-03-09.md"]
-        assert m._manager.search_settled("quokka") is not None  # synced: settled again

@@ -126,6 +126,32 @@ def pytest_configure(config: pytest.Config) -> None:
     _track_stores()
 
 
+# -- the whole suite on two workers --------------------------------------------------------------
+# Most of the suite's time is one core running real processes (qmd, CLI commands, scripts) one
+# after another; a second worker keeps the second core busy. Two, not one per core: the CI
+# machine has two, and more would only queue on them.
+SUITE_WORKERS = 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Run the whole suite (``python -m pytest`` with no path: the configured testpaths) on
+    :data:`SUITE_WORKERS` pytest-xdist workers, each test file whole in one worker (so module
+    fixtures and a file's order hold), when pytest-xdist is installed and the command names no
+    ``-n``, ``--dist``, ``--tx``, ``--pdb`` or ``--collect-only``. A run of named files or tests
+    stays in this process; ``-n 0`` keeps the whole suite in it too."""
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or config.args_source is not pytest.Config.ArgsSource.TESTPATHS
+            or option.numprocesses is not None or option.dist != "no" or option.tx
+            or option.usepdb or option.collectonly):
+        return
+    option.numprocesses = SUITE_WORKERS
+    option.dist = "loadfile"
+    option.loadscopereorder = False  # the files go out in the order pytest_collection_modifyitems sets
+    option.tx = ["popen"] * SUITE_WORKERS
+
+
 # What makes a test slow by itself: the real qmd (a Bun process per call) or the GGUF model.
 SLOW_FIXTURES = frozenset({"qmd_bin", "local_model_path"})
 SLOW_MARKERS = frozenset({"qmd", "local_model"})
@@ -134,11 +160,21 @@ SLOW_MARKERS = frozenset({"qmd", "local_model"})
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``slow`` every test that drives the real qmd or loads the GGUF model (by fixture or
     marker), besides those marked ``slow`` by hand (real processes, benchmarks): ``-m "not slow"``
-    leaves them out of a quick run; the default run keeps them all."""
+    leaves them out of a quick run; the default run keeps them all.
+
+    In a pytest-xdist worker the files are put in order of their slow tests, most first (a
+    stable sort: tests keep their order within a file), so the workers take the long files
+    first and end on short ones together instead of one waiting for the other's last long file.
+    """
     for item in items:
         if (SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 or any(m.name in SLOW_MARKERS for m in item.iter_markers())):
             item.add_marker(pytest.mark.slow)
+    if hasattr(config, "workerinput"):
+        slow_per_file: dict[Path, int] = {}
+        for item in items:
+            slow_per_file[item.path] = slow_per_file.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+        items.sort(key=lambda item: -slow_per_file[item.path])
 
 
 def _threads_left(before: set[threading.Thread]) -> list[threading.Thread]:

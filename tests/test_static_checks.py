@@ -19,18 +19,21 @@ def _tool(name: str) -> list[str]:
     return [sys.executable, "-m", name]
 
 
+@pytest.mark.slow  # a checker over the whole tree, as a process
 def test_mypy_passes() -> None:
     out = subprocess.run([*_tool("mypy"), "qmdbridge", "fallback"], cwd=ROOT, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
+@pytest.mark.slow  # a checker over the whole tree, as a process
 def test_ruff_passes() -> None:
     out = subprocess.run([*_tool("ruff"), "check", "qmdbridge", "fallback", "tests", "scripts"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
+@pytest.mark.slow  # a checker over the whole tree, as a process
 def test_import_layers_and_no_cycles() -> None:
     """The layering contracts in pyproject.toml ([tool.importlinter]) hold: fallback never imports
     qmdbridge, each package's layers point one way, and no sibling modules import each other in a

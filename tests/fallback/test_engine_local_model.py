@@ -20,16 +20,45 @@ pytestmark = [pytest.mark.anyio, pytest.mark.local_model]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workspace"
 
 
-def _engine(tmp_path: Path, model: Path | None, *, state: str = "state", **extra: object) -> BuiltinEngine:
-    ws = tmp_path / "ws"
-    if not ws.exists():
-        shutil.copytree(EXAMPLE, ws)
+def _engine(tmp_path: Path, model: Path | None, *, state: str = "state", ws: Path | None = None,
+            **extra: object) -> BuiltinEngine:
+    """An engine over ``ws`` (default: a copy of the example workspace in ``tmp_path/ws``) with
+    its state in ``tmp_path/<state>``, on the local model or keyword-only."""
+    if ws is None:
+        ws = tmp_path / "ws"
+        if not ws.exists():
+            shutil.copytree(EXAMPLE, ws)
     raw: dict[str, object] = {"provider": "local" if model else "none", **extra}
     if model:
         raw["local"] = {"modelPath": str(model)}
     s = MemorySearchSettings.model_validate(raw)
     es = EngineSettings.for_workspace(ws, state_dir=tmp_path / state, search=s)
     return BuiltinEngine(es, provider_selection=select_provider(s, env={}))
+
+
+@pytest.fixture(scope="module")
+def hybrid_index(local_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the example workspace (``ws``) and its hybrid index (``state``), every
+    chunk embedded by the real model once for the module. A test that only searches uses that
+    ``ws`` as it is (no test writes to it) and a copy of ``state`` (:func:`_hybrid`)."""
+    root = tmp_path_factory.mktemp("hybrid")
+
+    async def build() -> None:
+        e = _engine(root, local_model_path)
+        try:
+            await e.sync(reason="test")
+        finally:
+            await e.close()
+
+    anyio.run(build)
+    return root
+
+
+def _hybrid(tmp_path: Path, hybrid_index: Path, model: Path) -> BuiltinEngine:
+    """An engine on the local model over the module's workspace and a copy of its index: the
+    first search finds every note's chunks and vectors in place and embeds only the query."""
+    shutil.copytree(hybrid_index / "state", tmp_path / "state")
+    return _engine(tmp_path, model, ws=hybrid_index / "ws")
 
 
 @pytest.mark.parametrize("query,expected", [
@@ -40,13 +69,13 @@ def _engine(tmp_path: Path, model: Path | None, *, state: str = "state", **extra
     ("fastest jog this month", "memory/2026-11-14.md"),
 ])
 async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, local_model_path: Path,
-                                                            query: str, expected: str) -> None:
-    keyword = _engine(tmp_path, None, state="kw")
+                                                            hybrid_index: Path, query: str, expected: str) -> None:
+    keyword = _engine(tmp_path, None, state="kw", ws=hybrid_index / "ws")
     try:
         assert expected not in [r.path for r in (await keyword.search(SearchRequest.of(query, min_score=0))).results][:2]
     finally:
         await keyword.close()
-    hybrid = _engine(tmp_path, local_model_path)
+    hybrid = _hybrid(tmp_path, hybrid_index, local_model_path)
     try:
         # the default minScore (0.35): the calibrated score keeps a small model's true match,
         # whose cosine is only 0.2-0.5
@@ -61,8 +90,9 @@ async def test_paraphrase_found_where_keyword_search_cannot(tmp_path: Path, loca
         await hybrid.close()
 
 
-async def test_exact_keyword_hit_survives_min_score(tmp_path: Path, local_model_path: Path) -> None:
-    e = _engine(tmp_path, local_model_path)
+async def test_exact_keyword_hit_survives_min_score(tmp_path: Path, local_model_path: Path,
+                                                    hybrid_index: Path) -> None:
+    e = _hybrid(tmp_path, hybrid_index, local_model_path)
     try:
         hits = (await e.search(SearchRequest.of("ORBIT-10"))).results  # default minScore 0.35
         assert hits and hits[0].path in ("MEMORY.md", "memory/2026-11-09.md", "memory/projects/nebula.md")

@@ -364,7 +364,7 @@ def test_sigterm_during_a_qmd_call_reaps_the_children(tmp_path: Path, ws: Path, 
         grandchildren = [int(p) for p in pidfile.read_text().split()]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 130
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a bound: a loaded machine reaps slowly
         while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                   for p in grandchildren):
             assert time.monotonic() < deadline, "qmd's children survived the SIGTERM"

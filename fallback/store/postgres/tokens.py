@@ -32,11 +32,13 @@ class ChunkTerms:
 
     Attributes:
         positions: ``{term: [column << 20 | offset, ...]}`` ascending per term.
-        doc_len: tokens in all three columns (FTS5's row size for ``bm25()``).
+        doc_len: tokens in all columns (FTS5's row size for ``bm25()``).
+        tf: ``{term: (hits in column 0, hits in column 1, ...)}``.
     """
 
     positions: dict[str, list[int]]
     doc_len: int
+    tf: dict[str, tuple[int, ...]]
 
 
 class Fts5Tokenizer:
@@ -58,7 +60,8 @@ class Fts5Tokenizer:
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
         column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
                           for i, name in enumerate(columns))
-        self._grouped = (f"SELECT doc, term, group_concat((CASE col {column} END) | \"offset\")"
+        hits = "".join(f", sum(col = '{name}')" for name in columns)
+        self._grouped = (f"SELECT doc, term, group_concat((CASE col {column} END) | \"offset\"){hits}"
                          " FROM v GROUP BY doc, term")
 
     def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
@@ -71,19 +74,21 @@ class Fts5Tokenizer:
         Returns:
             One :class:`ChunkTerms` per row, in order.
         """
-        out = [ChunkTerms({}, 0) for _ in rows]
+        out = [ChunkTerms({}, 0, {}) for _ in rows]
         lens = [0] * len(rows)
         with self._lock:
             conn = self._conn
             conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
             # Grouped by SQLite (one Python row per term of a chunk, not per token instance);
             # each list is sorted here, as group_concat promises no order.
-            for doc, term, joined in conn.execute(self._grouped):
-                out[int(doc) - 1].positions[term] = sorted(map(int, joined.split(",")))
+            for doc, term, joined, *hits in conn.execute(self._grouped):
+                chunk = out[int(doc) - 1]
+                chunk.positions[term] = sorted(map(int, joined.split(",")))
+                chunk.tf[term] = tuple(hits)
             for doc, n in conn.execute("SELECT doc, count(*) FROM v GROUP BY doc"):
                 lens[int(doc) - 1] = int(n)
             conn.execute("DELETE FROM t")
-        return [ChunkTerms(c.positions, n) for c, n in zip(out, lens, strict=True)]
+        return [ChunkTerms(c.positions, n, c.tf) for c, n in zip(out, lens, strict=True)]
 
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""

@@ -378,3 +378,34 @@ def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) ->
         assert found(store, "backslash") == [] and found(store, "brace") == ["old#2"]
     finally:
         store.close()
+
+
+def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fallback.store.postgres import migrations
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:4])
+        migrate(conn, "qmdbridge")
+        monkeypatch.undo()
+        s = "qmdbridge"
+        conn.execute(f"INSERT INTO {s}.workspaces (agent_id, workspace, published_generation,"
+                     " chunk_count, token_count) VALUES ('main', '/ws', 2, 1, 9)")
+        # (id, source, doc_len, gen_from, gen_to): live, retired by the published generation,
+        # written by an unpublished sync.
+        for cid, source, n, gen_from, gen_to in (("live", "sessions", 9, 1, None),
+                                                 ("retired", "memory", 4, 1, 2),
+                                                 ("next", "memory", 6, 3, None)):
+            rowid = conn.execute(
+                f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                " end_line, hash, model, text, doc_len, gen_from, gen_to) VALUES ('main', '/ws',"
+                " %s, 'p.md', %s, 1, 1, 'h', '', 'x', %s, %s, %s) RETURNING chunk_rowid",
+                (cid, source, n, gen_from, gen_to)).fetchone()[0]
+            # Text offsets 0 and 5, a title offset (column 1), a terms offset (column 2).
+            conn.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid,"
+                         " positions) VALUES ('main', '/ws', 'walrus', %s, %s)",
+                         (rowid, [0, 5, 1 << 20 | 1, 2 << 20 | 3]))
+        assert migrate(conn, s) == ["m005_posting_impacts"]
+        rows = conn.execute(f"SELECT c.id, p.tf, p.doc_len, p.source, p.gen_from FROM {s}.postings p"
+                            f" JOIN {s}.chunks c USING (chunk_rowid) ORDER BY c.id").fetchall()
+    assert rows == [("live", [2, 1, 1], 9, "sessions", 1), ("next", [2, 1, 1], 6, "memory", 3)]

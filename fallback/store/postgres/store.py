@@ -525,7 +525,8 @@ class PostgresStore:
 
         Returns:
             :data:`KeywordRow` tuples whose last field is the cosine distance (0 = same
-            direction, 2 = opposite).
+            direction, 2 = opposite). When the HNSW index yields fewer than ``limit`` of the
+            scope's rows, every vector of the scope is compared (exact).
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -533,30 +534,44 @@ class PostgresStore:
         if limit <= 0 or not sources or not vector:
             return []
         d = len(vector)
+        dist = f"embedding::vector({d}) <=> %(q)s::vector({d})"
+        scope = f"agent_id = %(agent)s AND workspace = %(ws)s AND dims = {d}"
+        args = {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
+                "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE}
         with self._errors("vector search"), self._pool.connection() as conn:
-            # One round trip: the session's ef_search and the search go out in one pipeline;
-            # the search is one statement (one snapshot), the published generation read in it.
+            # One round trip: the session's ef_search and the search go out in one pipeline.
+            # The inner query orders by the distance alone, so the planner may answer it from
+            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
+            # or, for a small scope, exactly from the scope's rows.
             with conn.pipeline():
                 conn.execute(f"SET hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-                # The inner query orders by the distance alone, so the planner may answer it
-                # from the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial
-                # on dims) or, for a small scope, exactly from the scope's rows; rows of older
-                # generations and other sources are dropped after it, hence the oversampling.
-                cur = conn.execute(
-                    f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
-                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s)"
-                    f" SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
-                    f" FROM (SELECT chunk_rowid, embedding::vector({d}) <=> %(q)s::vector({d})"
-                    f" AS dist FROM {self._s}.chunk_vectors WHERE agent_id = %(agent)s"
-                    f" AND workspace = %(ws)s AND dims = {d}"
-                    f" ORDER BY embedding::vector({d}) <=> %(q)s::vector({d}) LIMIT %(inner)s) v"
-                    f" JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st"
-                    " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)"
-                    " AND c.source = ANY(%(sources)s)"
-                    " ORDER BY v.dist, c.path, c.start_line LIMIT %(limit)s",
-                    {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                     "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE})
-            return [_keyword_row(r) for r in cur.fetchall()]
+                cur = conn.execute(self._vector_sql(
+                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
+                    f" WHERE {scope} ORDER BY {dist} LIMIT %(inner)s"), args)
+            rows = cur.fetchall()
+            if len(rows) < limit:
+                # Short: pgvector (0.6) filters the ef_search rows an HNSW scan yields by agent
+                # after the scan (no iterative scans), and older generations and other sources
+                # are dropped after that, so a scope whose vectors are not among the nearest of
+                # the whole table gets fewer rows than it holds. The exact answer: every vector
+                # of the scope, in a materialized CTE the index cannot serve.
+                rows = conn.execute(self._vector_sql(
+                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
+                    f" WHERE {scope}"), args).fetchall()
+        return [_keyword_row(r) for r in rows]
+
+    def _vector_sql(self, nearest: str) -> str:
+        """The vector search over the rows of ``nearest`` (``chunk_rowid``, ``dist``): the
+        published chunks of the searched sources among them, nearest first (one statement:
+        the published generation is read in it)."""
+        return (f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+                " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+                f" v AS MATERIALIZED ({nearest})"
+                " SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
+                f" FROM v JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st"
+                " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)"
+                " AND c.source = ANY(%(sources)s) ORDER BY v.dist, c.path, c.start_line"
+                " LIMIT %(limit)s")
 
     # -- embedding cache (shared by every agent) --------------------------------------------------
 

@@ -320,6 +320,46 @@ def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -
         other.close()
 
 
+def test_a_scope_far_from_the_query_gets_its_nearest_rows_when_the_hnsw_scan_falls_short(
+        pg_dsn: str) -> None:
+    """Another agent's vectors crowd the HNSW index around the query: the index's ef_search
+    nearest rows hold none of this agent's, so the exact scan of the scope answers."""
+    import math
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    other = PostgresStore(resolve_target(pg_dsn), agent_id="other", workspace="/ws")
+    try:
+        near = [[1.0, 0.001 * i, 0.0, 0.0] for i in range(1500)]
+        # This agent's vectors point away from the query, at angles that grow with i.
+        far = [[-1.0, 0.01 * i, 0.5, 0.0] for i in range(300)]
+        for s, vectors in ((other, near), (store, far)):
+            lease = s.sync_lease()
+            assert lease is not None
+            lease.write_file("memory/v.md", "memory", content_hash="v", mtime_ms=1, size=1, title="v",
+                             chunks=[ChunkRow(f"{s.agent_id}-{i}", i + 1, i + 1, f"h{i}", "m", "t", "", v)
+                                     for i, v in enumerate(vectors)])
+            lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE qmdbridge.chunk_vectors")
+            conn.execute("SET hnsw.ef_search = 40")
+            # The index the store asks first: it yields other's rows only.
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN SELECT chunk_rowid FROM qmdbridge.chunk_vectors WHERE agent_id = 'main'"
+                " AND workspace = '/ws' AND dims = 4 ORDER BY embedding::vector(4) <=> '[1,0,0,0]'"
+                " LIMIT 4").fetchall())
+            assert "chunk_vectors_hnsw_4" in plan
+        rows = store.vector_rows([1.0, 0.0, 0.0, 0.0], sources=["memory"], limit=3)
+
+        def cosine(v: list[float]) -> float:
+            return 1 - v[0] / math.sqrt(sum(x * x for x in v))
+
+        assert [r[0] for r in rows] == ["main-299", "main-298", "main-297"]
+        assert [r[6] for r in rows] == pytest.approx([cosine(far[i]) for i in (299, 298, 297)])
+    finally:
+        store.close()
+        other.close()
+
+
 def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:

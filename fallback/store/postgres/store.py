@@ -906,9 +906,9 @@ def _insert_postings(cur: Any, table: str, args: dict[str, Any],
     for rowid, t, source in chunks:
         terms += t.positions
         rowids += [rowid] * len(t.positions)
-        positions += ["{" + ",".join(map(str, p)) + "}" for p in t.positions.values()]
+        positions += t.positions.values()
         if impacts:
-            tfs += ["{" + ",".join(map(str, h)) + "}" for h in t.tf.values()]
+            tfs += t.tf.values()
             lens += [t.doc_len] * len(t.positions)
             sources += [source] * len(t.positions)
     if not terms:
@@ -935,13 +935,19 @@ def _insert_postings(cur: Any, table: str, args: dict[str, Any],
 def _text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
     string parameter is sent instead of a list adapted element by element."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                          for v in values) + "}"
+    items = list(values)
+    joined = '","'.join(items)
+    if '"' in joined or "\\" in joined:
+        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items)
+    return '{"' + joined + '"}' if items else "{}"
 
 
 def _int_array(values: Iterable[int | None]) -> str:
     """A PostgreSQL array literal of integers (``None`` as ``NULL``)."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+    items = list(values)
+    if None in items:
+        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in items) + "}"
+    return "{" + ",".join(map(str, items)) + "}"
 
 
 def _keyword_row(r: Sequence[Any]) -> KeywordRow:

@@ -28,17 +28,17 @@ TRIGRAM = (("text",), "trigram case_sensitive 0")
 
 @dataclass(frozen=True)
 class ChunkTerms:
-    """The postings of one chunk.
+    """The postings of one chunk, as the PostgreSQL ``int[]`` literals they are written as.
 
     Attributes:
-        positions: ``{term: [column << 20 | offset, ...]}`` ascending per term.
+        positions: ``{term: "{p1,p2,...}"}``, each ``p`` = ``column << 20 | offset``, ascending.
         doc_len: tokens in all columns (FTS5's row size for ``bm25()``).
-        tf: ``{term: (hits in column 0, hits in column 1, ...)}``.
+        tf: ``{term: "{hits in column 0,hits in column 1,...}"}``.
     """
 
-    positions: dict[str, list[int]]
+    positions: dict[str, str]
     doc_len: int
-    tf: dict[str, tuple[int, ...]]
+    tf: dict[str, str]
 
 
 class Fts5Tokenizer:
@@ -60,9 +60,12 @@ class Fts5Tokenizer:
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
         column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
                           for i, name in enumerate(columns))
-        hits = "".join(f", sum(col = '{name}')" for name in columns)
-        self._grouped = (f"SELECT doc, term, group_concat((CASE col {column} END) | \"offset\"){hits}"
-                         " FROM v GROUP BY doc, term")
+        hits = " || ',' || ".join(f"sum(col = '{name}')" for name in columns)
+        # SQLite builds each posting's literals: the Python loop over the result only files
+        # them by chunk. Positions reach group_concat in the order of the subquery (ascending).
+        self._grouped = (f"SELECT doc, term, '{{' || group_concat(pos) || '}}', '{{' || {hits} || '}}',"
+                         f" count(*) FROM (SELECT doc, term, col, (CASE col {column} END) | \"offset\""
+                         " AS pos FROM v ORDER BY doc, term, pos) GROUP BY doc, term")
 
     def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
         """The postings of chunk rows.
@@ -79,14 +82,11 @@ class Fts5Tokenizer:
         with self._lock:
             conn = self._conn
             conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-            # Grouped by SQLite (one Python row per term of a chunk, not per token instance);
-            # each list is sorted here, as group_concat promises no order.
-            for doc, term, joined, *hits in conn.execute(self._grouped):
-                chunk = out[int(doc) - 1]
-                chunk.positions[term] = sorted(map(int, joined.split(",")))
-                chunk.tf[term] = tuple(hits)
-            for doc, n in conn.execute("SELECT doc, count(*) FROM v GROUP BY doc"):
-                lens[int(doc) - 1] = int(n)
+            for doc, term, positions, tf, n in conn.execute(self._grouped):
+                i = int(doc) - 1
+                out[i].positions[term] = positions
+                out[i].tf[term] = tf
+                lens[i] += n
             conn.execute("DELETE FROM t")
         return [ChunkTerms(c.positions, n, c.tf) for c, n in zip(out, lens, strict=True)]
 

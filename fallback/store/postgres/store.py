@@ -55,7 +55,7 @@ EF_SEARCH_PER_ROW = 40
 VECTOR_OVERSAMPLE = 4
 # Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
 # candidate count per further round (see PostgresStore._top_rows).
-CANDIDATES_PER_ROW = 3
+CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10

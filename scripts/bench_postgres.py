@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import re
 import shutil
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from fallback.store.vectors import VectorIndex
 
     rows: list[Row] = []
+    load_start = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
     server = None
     try:
@@ -356,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             server.cleanup()
             shutil.rmtree(server.pgdata, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+    rows.append(Row("machine", "load average (1 min) at start / end", os.getloadavg()[0], "",
+                    note=f"{load_start:.1f} at the start, on {os.cpu_count()} cores"))
     emit("bench_postgres", rows, as_json=args.json,
          meta={"chunks": args.chunks, "agents": agents, "dims": args.dims, "questions": args.questions})
     return 0

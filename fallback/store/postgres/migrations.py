@@ -17,9 +17,12 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``chunks(chunk_rowid, agent_id, workspace, id, path, source, start_line, end_line, hash, model,
   text, doc_len, gen_from, gen_to)``; ``doc_len`` is the chunk's token count over its three
   indexed columns (text, title, derived terms), as FTS5 counts it for ``bm25()``.
-- ``postings(agent_id, workspace, term, chunk_rowid, positions)``: one row per term of a chunk;
-  ``positions`` are FTS5 token offsets, ``column << 20 | offset`` (column 0 text, 1 title, 2
-  terms). Rows keyed by ``chunk_rowid`` (postings, trigram postings, vectors) carry no foreign
+- ``postings(agent_id, workspace, term, chunk_rowid, positions, tf, doc_len, source,
+  gen_from)``: one row per term of a chunk; ``positions`` are FTS5 token offsets, ``column << 20 |
+  offset`` (column 0 text, 1 title, 2 terms), ``tf`` the term's hits per column, and ``doc_len``,
+  ``source``, ``gen_from`` copies of its chunk's (``m005``), so a search's bm25 bound reads the
+  postings alone. A posting is visible in generation ``G`` when ``gen_from <= G``: the rows a
+  sync retires are deleted in the transaction that publishes it. Rows keyed by ``chunk_rowid`` (postings, trigram postings, vectors) carry no foreign
   key: a per-row check on every posting took a third of the write time; the store deletes them
   with their chunk (``store._delete_chunks``).
 - ``trigram_postings``: the same for the FTS5 ``trigram`` tokens of chunks with CJK text
@@ -151,8 +154,33 @@ def m004_trigram_postings(cur: Any, schema: str) -> None:
     _secure(cur, schema, "trigram_postings")
 
 
+def m005_posting_impacts(cur: Any, schema: str) -> None:
+    """Each posting carries what the bm25 upper bound of a search needs, so the bound is
+    computed from the postings alone (no join to ``chunks``): ``tf`` (the term's hits per
+    column), the chunk's ``doc_len``, ``source`` and ``gen_from``. A posting has no ``gen_to``:
+    :meth:`SyncLease.publish` deletes retired rows in the publishing transaction; the rows an
+    earlier publish left (retired at or before the published generation) are deleted here."""
+    s = _q(schema)
+    cur.execute(f"DELETE FROM {s}.postings p USING {s}.chunks c, {s}.workspaces w"
+                " WHERE c.chunk_rowid = p.chunk_rowid AND w.agent_id = c.agent_id"
+                " AND w.workspace = c.workspace AND c.gen_to <= w.published_generation")
+    cur.execute(f"DELETE FROM {s}.postings p WHERE NOT EXISTS"
+                f" (SELECT 1 FROM {s}.chunks c WHERE c.chunk_rowid = p.chunk_rowid)")
+    cur.execute(f"ALTER TABLE {s}.postings ADD COLUMN IF NOT EXISTS tf int[],"
+                " ADD COLUMN IF NOT EXISTS doc_len int, ADD COLUMN IF NOT EXISTS source text,"
+                " ADD COLUMN IF NOT EXISTS gen_from bigint")
+    hits = ", ".join(f"count(*) FILTER (WHERE x >> {POSITION_COLUMN_SHIFT} = {c})" for c in range(3))
+    cur.execute(f"UPDATE {s}.postings p SET doc_len = c.doc_len, source = c.source,"
+                f" gen_from = c.gen_from, tf = (SELECT ARRAY[{hits}]::int[] FROM unnest(p.positions) x)"
+                f" FROM {s}.chunks c WHERE c.chunk_rowid = p.chunk_rowid")
+    cur.execute(f"ALTER TABLE {s}.postings ALTER COLUMN tf SET NOT NULL,"
+                " ALTER COLUMN doc_len SET NOT NULL, ALTER COLUMN source SET NOT NULL,"
+                " ALTER COLUMN gen_from SET NOT NULL")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
-    m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings)
+    m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
+    m005_posting_impacts)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:
@@ -171,6 +199,9 @@ def migrate(conn: Any, schema: str) -> list[str]:
     s = _q(schema)
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"qmdbridge.migrate:{schema}",))
+        # No statement deadline here: a migration rewriting the rows of a large index runs once
+        # and must finish (the connection's statement_timeout would end it half way).
+        cur.execute("SET LOCAL statement_timeout = 0")
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
         cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations (version int PRIMARY KEY,"
                     " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")

@@ -55,7 +55,7 @@ EF_SEARCH_PER_ROW = 40
 VECTOR_OVERSAMPLE = 4
 # Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
 # candidate count per further round (see PostgresStore._top_rows).
-CANDIDATES_PER_ROW = 3
+CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
@@ -401,35 +401,36 @@ class PostgresStore:
                          f" / ({w} + {BM25_K1!r}::float8 * ({1 - BM25_B!r}::float8 + {BM25_B!r}::float8"
                          " * r.dl / st.avgdl)) ELSE 0 END")
         cols = ", ".join(f"max(wf) FILTER (WHERE k = {k}) AS w{k}" for k in slot.values())
+        # The column-weighted frequency of a posting's term, from its hits per column.
+        wf = " + ".join(f"p.tf[{i + 1}] * {float(w)!r}::float8" for i, w in enumerate(weights))
         s = self._s
+        # Every value the bound needs is on the postings (migration m005): the statement reads
+        # the query terms' postings by the primary key and nothing else until the candidates.
         sql = (f"WITH st AS (SELECT published_generation AS g, chunk_count, token_count,"
                " greatest(chunk_count, 1)::float8 AS n, CASE WHEN token_count > 0"
                " THEN token_count::float8 / greatest(chunk_count, 1) ELSE 1 END AS avgdl"
                f" FROM {s}.workspaces WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
                " t(term, k) AS (SELECT * FROM unnest(%(terms)s::text[]) WITH ORDINALITY),"
-               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k,"
-               " c.doc_len::float8 AS dl, c.source AS src,"
-               " (SELECT sum((%(w)s::float8[])[(x >> 20) + 1]) FROM unnest(p.positions) x) AS wf"
-               f" FROM st, t JOIN {s}.postings p ON p.agent_id = %(agent)s"
-               f" AND p.workspace = %(ws)s AND p.term = t.term JOIN {s}.chunks c"
-               " ON c.chunk_rowid = p.chunk_rowid"
-               " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)),"
+               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.doc_len::float8 AS dl,"
+               f" p.source AS src, {wf} AS wf, p.positions FROM st, t JOIN {s}.postings p"
+               " ON p.agent_id = %(agent)s AND p.workspace = %(ws)s AND p.term = t.term"
+               " WHERE p.gen_from <= st.g),"
                " d AS (SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k) AS df,"
                " array_agg(greatest(ln((st.n - coalesce(h.n, 0) + 0.5) / (coalesce(h.n, 0) + 0.5)),"
                " 1e-6) ORDER BY t.k) AS idf FROM st, t LEFT JOIN (SELECT k, count(*) AS n FROM p"
                " GROUP BY k) h ON h.k = t.k),"
                f" r AS (SELECT r, dl, {cols} FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
                f" top AS (SELECT r.r, r.dl, ({' + '.join(bound) or '0'})::float8 AS ub"
-               " FROM r, d, st ORDER BY ub DESC, r.r LIMIT %(k)s)"
-               # The positions of the candidates only, read again by key.
+               " FROM r, d, st ORDER BY ub DESC, r.r LIMIT %(k)s),"
+               # The candidates' positions, from the postings already read.
+               " x AS (SELECT r, array_agg(k) AS ks, array_agg(positions::text) AS poss FROM p"
+               " WHERE r IN (SELECT r FROM top) GROUP BY r)"
                " SELECT st.chunk_count, st.token_count, d.df, top.r, top.ub, top.dl, x.ks,"
                " x.poss, c.id, c.path, c.source, c.start_line, c.end_line, c.text"
                f" FROM st CROSS JOIN d LEFT JOIN (top JOIN {s}.chunks c ON c.chunk_rowid = top.r"
-               " CROSS JOIN LATERAL (SELECT array_agg(t.k) AS ks, array_agg(q.positions::text)"
-               f" AS poss FROM t JOIN {s}.postings q ON q.agent_id = %(agent)s"
-               " AND q.workspace = %(ws)s AND q.term = t.term AND q.chunk_rowid = top.r) x) ON true")
+               " JOIN x ON x.r = top.r) ON true")
         args = {"agent": self.agent_id, "ws": self.workspace, "terms": terms,
-                "w": [float(w) for w in weights], "sources": list(sources)}
+                "sources": list(sources)}
         want = limit * CANDIDATES_PER_ROW
         with self._errors("keyword search"), self._pool.connection() as conn:
             while True:
@@ -524,7 +525,8 @@ class PostgresStore:
 
         Returns:
             :data:`KeywordRow` tuples whose last field is the cosine distance (0 = same
-            direction, 2 = opposite).
+            direction, 2 = opposite). When the HNSW index yields fewer than ``limit`` of the
+            scope's rows, every vector of the scope is compared (exact).
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -532,30 +534,44 @@ class PostgresStore:
         if limit <= 0 or not sources or not vector:
             return []
         d = len(vector)
+        dist = f"embedding::vector({d}) <=> %(q)s::vector({d})"
+        scope = f"agent_id = %(agent)s AND workspace = %(ws)s AND dims = {d}"
+        args = {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
+                "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE}
         with self._errors("vector search"), self._pool.connection() as conn:
-            # One round trip: the session's ef_search and the search go out in one pipeline;
-            # the search is one statement (one snapshot), the published generation read in it.
+            # One round trip: the session's ef_search and the search go out in one pipeline.
+            # The inner query orders by the distance alone, so the planner may answer it from
+            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
+            # or, for a small scope, exactly from the scope's rows.
             with conn.pipeline():
                 conn.execute(f"SET hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-                # The inner query orders by the distance alone, so the planner may answer it
-                # from the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial
-                # on dims) or, for a small scope, exactly from the scope's rows; rows of older
-                # generations and other sources are dropped after it, hence the oversampling.
-                cur = conn.execute(
-                    f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
-                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s)"
-                    f" SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
-                    f" FROM (SELECT chunk_rowid, embedding::vector({d}) <=> %(q)s::vector({d})"
-                    f" AS dist FROM {self._s}.chunk_vectors WHERE agent_id = %(agent)s"
-                    f" AND workspace = %(ws)s AND dims = {d}"
-                    f" ORDER BY embedding::vector({d}) <=> %(q)s::vector({d}) LIMIT %(inner)s) v"
-                    f" JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st"
-                    " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)"
-                    " AND c.source = ANY(%(sources)s)"
-                    " ORDER BY v.dist, c.path, c.start_line LIMIT %(limit)s",
-                    {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                     "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE})
-            return [_keyword_row(r) for r in cur.fetchall()]
+                cur = conn.execute(self._vector_sql(
+                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
+                    f" WHERE {scope} ORDER BY {dist} LIMIT %(inner)s"), args)
+            rows = cur.fetchall()
+            if len(rows) < limit:
+                # Short: pgvector (0.6) filters the ef_search rows an HNSW scan yields by agent
+                # after the scan (no iterative scans), and older generations and other sources
+                # are dropped after that, so a scope whose vectors are not among the nearest of
+                # the whole table gets fewer rows than it holds. The exact answer: every vector
+                # of the scope, in a materialized CTE the index cannot serve.
+                rows = conn.execute(self._vector_sql(
+                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
+                    f" WHERE {scope}"), args).fetchall()
+        return [_keyword_row(r) for r in rows]
+
+    def _vector_sql(self, nearest: str) -> str:
+        """The vector search over the rows of ``nearest`` (``chunk_rowid``, ``dist``): the
+        published chunks of the searched sources among them, nearest first (one statement:
+        the published generation is read in it)."""
+        return (f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+                " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+                f" v AS MATERIALIZED ({nearest})"
+                " SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, v.dist"
+                f" FROM v JOIN {self._s}.chunks c ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st"
+                " WHERE c.gen_from <= st.g AND (c.gen_to IS NULL OR c.gen_to > st.g)"
+                " AND c.source = ANY(%(sources)s) ORDER BY v.dist, c.path, c.start_line"
+                " LIMIT %(limit)s")
 
     # -- embedding cache (shared by every agent) --------------------------------------------------
 
@@ -776,9 +792,11 @@ class SyncLease:
                                             for i in range(len(chunks)))})
             # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
             rowids = sorted(r[0] for r in cur.fetchall())
-            _insert_postings(cur, f"{s}.postings", args, zip(rowids, terms, strict=True))
+            _insert_postings(cur, f"{s}.postings", args,
+                             ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
+                             impacts=True)
             _insert_postings(cur, f"{s}.trigram_postings", args,
-                             ((rowids[i], t) for i, t in trigrams.items()))
+                             ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()))
             embedded = [(r, c.embedding) for r, (_, c) in zip(rowids, chunks, strict=True)
                         if c.embedding]
             if embedded:
@@ -813,8 +831,8 @@ class SyncLease:
                         args)
 
     def publish(self) -> ScopeStats:
-        """Make generation ``P + 1`` the one readers see (one transaction), then delete the rows
-        no generation from it on holds. The lease ends.
+        """Make generation ``P + 1`` the one readers see and delete the rows it retired, in one
+        transaction (a posting carries no ``gen_to``). The lease ends.
 
         Returns:
             The new published statistics.
@@ -838,10 +856,12 @@ class SyncLease:
                                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
                                    {**args, "n": count, "t": tokens, "tn": tri_count,
                                     "tt": tri_tokens})
-            with self._conn.transaction(), self._conn.cursor() as cur:
-                where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
-                _delete_chunks(cur, s, where, args)
-                cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
+                # In the same transaction: postings have no gen_to (a search of the new
+                # generation must not find the rows it retired).
+                with self._conn.cursor() as cur:
+                    where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
+                    _delete_chunks(cur, s, where, args)
+                    cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
             # Fresh planner statistics once the tables changed much: on tables it has not
             # analysed, the planner took an agent's postings for a handful of rows and scanned
             # all of them for a query's terms. A small sync skips it (autovacuum's analyze
@@ -872,36 +892,62 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> N
 
 
 def _insert_postings(cur: Any, table: str, args: dict[str, Any],
-                     chunks: Iterable[tuple[int, ChunkTerms]]) -> None:
-    """Write the postings of freshly inserted chunks in one INSERT over arrays (``COPY`` is
-    refused on tables with row-level security)."""
+                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False) -> None:
+    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) in one INSERT
+    over arrays (``COPY`` is refused on tables with row-level security); with ``impacts``, each
+    posting also gets its hits per column and its chunk's length, source and generation
+    (``postings``, migration m005)."""
     terms: list[str] = []
     rowids: list[int] = []
     positions: list[str] = []
-    for rowid, t in chunks:
+    tfs: list[str] = []
+    lens: list[int] = []
+    sources: list[str] = []
+    for rowid, t, source in chunks:
         terms += t.positions
         rowids += [rowid] * len(t.positions)
-        positions += ["{" + ",".join(map(str, p)) + "}" for p in t.positions.values()]
-    if terms:
-        cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
-                    " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                    " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)"
+        positions += t.positions.values()
+        if impacts:
+            tfs += t.tf.values()
+            lens += [t.doc_len] * len(t.positions)
+            sources += [source] * len(t.positions)
+    if not terms:
+        return
+    values = {**args, "terms": _text_array(terms), "rowids": _int_array(rowids),
+              "pos": _text_array(positions)}
+    if impacts:
+        cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions, tf,"
+                    " doc_len, source, gen_from) SELECT %(agent)s, %(ws)s, t, r, p::int[], f::int[],"
+                    " n, src, %(gen)s FROM unnest(%(terms)s::text[], %(rowids)s::bigint[],"
+                    " %(pos)s::text[], %(tfs)s::text[], %(lens)s::int[], %(srcs)s::text[])"
+                    " AS x(t, r, p, f, n, src)"
                     # In key order: each leaf page of the primary key is visited once.
                     " ORDER BY t, r",
-                    {**args, "terms": _text_array(terms), "rowids": _int_array(rowids),
-                     "pos": _text_array(positions)})
+                    {**values, "tfs": _text_array(tfs), "lens": _int_array(lens),
+                     "srcs": _text_array(sources)})
+        return
+    cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
+                " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
+                " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)"
+                " ORDER BY t, r", values)
 
 
 def _text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
     string parameter is sent instead of a list adapted element by element."""
-    return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-                          for v in values) + "}"
+    items = list(values)
+    joined = '","'.join(items)
+    if '"' in joined or "\\" in joined:
+        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items)
+    return '{"' + joined + '"}' if items else "{}"
 
 
 def _int_array(values: Iterable[int | None]) -> str:
     """A PostgreSQL array literal of integers (``None`` as ``NULL``)."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+    items = list(values)
+    if None in items:
+        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in items) + "}"
+    return "{" + ",".join(map(str, items)) + "}"
 
 
 def _keyword_row(r: Sequence[Any]) -> KeywordRow:

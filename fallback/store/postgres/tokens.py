@@ -28,15 +28,17 @@ TRIGRAM = (("text",), "trigram case_sensitive 0")
 
 @dataclass(frozen=True)
 class ChunkTerms:
-    """The postings of one chunk.
+    """The postings of one chunk, as the PostgreSQL ``int[]`` literals they are written as.
 
     Attributes:
-        positions: ``{term: [column << 20 | offset, ...]}`` ascending per term.
-        doc_len: tokens in all three columns (FTS5's row size for ``bm25()``).
+        positions: ``{term: "{p1,p2,...}"}``, each ``p`` = ``column << 20 | offset``, ascending.
+        doc_len: tokens in all columns (FTS5's row size for ``bm25()``).
+        tf: ``{term: "{hits in column 0,hits in column 1,...}"}``.
     """
 
-    positions: dict[str, list[int]]
+    positions: dict[str, str]
     doc_len: int
+    tf: dict[str, str]
 
 
 class Fts5Tokenizer:
@@ -50,16 +52,24 @@ class Fts5Tokenizer:
         columns, tokenize = kind
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(":memory:", check_same_thread=False)
+        # Contentless, so 'delete-all' empties the index: a DELETE leaves the deleted rows'
+        # terms in the index until segments merge, and fts5vocab scans them (after a sync of
+        # some thousand chunks, tokenizing one query phrase took tens of ms).
         self._conn.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(columns)},"
-                           f" tokenize='{tokenize}')")
+                           f" tokenize='{tokenize}', content='')")
+        self._clear = "INSERT INTO t(t) VALUES ('delete-all')"
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
         self._columns = columns
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
         column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
                           for i, name in enumerate(columns))
-        self._grouped = (f"SELECT doc, term, group_concat((CASE col {column} END) | \"offset\")"
-                         " FROM v GROUP BY doc, term")
+        hits = " || ',' || ".join(f"sum(col = '{name}')" for name in columns)
+        # SQLite builds each posting's literals: the Python loop over the result only files
+        # them by chunk. Positions reach group_concat in the order of the subquery (ascending).
+        self._grouped = (f"SELECT doc, term, '{{' || group_concat(pos) || '}}', '{{' || {hits} || '}}',"
+                         f" count(*) FROM (SELECT doc, term, col, (CASE col {column} END) | \"offset\""
+                         " AS pos FROM v ORDER BY doc, term, pos) GROUP BY doc, term")
 
     def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
         """The postings of chunk rows.
@@ -71,19 +81,18 @@ class Fts5Tokenizer:
         Returns:
             One :class:`ChunkTerms` per row, in order.
         """
-        out = [ChunkTerms({}, 0) for _ in rows]
+        out = [ChunkTerms({}, 0, {}) for _ in rows]
         lens = [0] * len(rows)
         with self._lock:
             conn = self._conn
             conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-            # Grouped by SQLite (one Python row per term of a chunk, not per token instance);
-            # each list is sorted here, as group_concat promises no order.
-            for doc, term, joined in conn.execute(self._grouped):
-                out[int(doc) - 1].positions[term] = sorted(map(int, joined.split(",")))
-            for doc, n in conn.execute("SELECT doc, count(*) FROM v GROUP BY doc"):
-                lens[int(doc) - 1] = int(n)
-            conn.execute("DELETE FROM t")
-        return [ChunkTerms(c.positions, n) for c, n in zip(out, lens, strict=True)]
+            for doc, term, positions, tf, n in conn.execute(self._grouped):
+                i = int(doc) - 1
+                out[i].positions[term] = positions
+                out[i].tf[term] = tf
+                lens[i] += n
+            conn.execute(self._clear)
+        return [ChunkTerms(c.positions, n, c.tf) for c, n in zip(out, lens, strict=True)]
 
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""
@@ -91,7 +100,7 @@ class Fts5Tokenizer:
             self._conn.execute(self._insert, (1, phrase, *("" for _ in self._columns[1:])))
             tokens = [r[0] for r in self._conn.execute(
                 "SELECT term FROM v WHERE doc = 1 ORDER BY \"offset\"")]
-            self._conn.execute("DELETE FROM t")
+            self._conn.execute(self._clear)
         return tokens
 
     def close(self) -> None:

@@ -155,3 +155,21 @@ def test_cjk_rows_match_sqlite_trigram_and_like(pg_dsn: str, tmp_path: Path) -> 
     finally:
         lite.close()
         pg.close()
+
+
+def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
+    """A query phrase is tokenized by scanning the tokenizer's whole FTS5 index (fts5vocab), so
+    the chunks tokenized for a write must leave nothing in it: only the structure record and
+    the averages row remain in its data table."""
+    from fallback.store.postgres.tokens import Fts5Tokenizer
+
+    tokenizer = Fts5Tokenizer()
+    try:
+        chunks = tokenizer.chunk_terms([(f"alpha{i} beta{i} gamma walrus", "title", "") for i in range(2000)])
+        assert chunks[7].positions["alpha7"] == "{0}"
+        assert chunks[7].tf["walru"] == "{1,0,0}"
+        assert chunks[7].doc_len == 5
+        assert tokenizer._conn.execute("SELECT count(*) FROM t_data").fetchone() == (2,)
+        assert tokenizer.phrase_tokens("Walrus Gamma") == ["walru", "gamma"]
+    finally:
+        tokenizer.close()

@@ -320,6 +320,46 @@ def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -
         other.close()
 
 
+def test_a_scope_far_from_the_query_gets_its_nearest_rows_when_the_hnsw_scan_falls_short(
+        pg_dsn: str) -> None:
+    """Another agent's vectors crowd the HNSW index around the query: the index's ef_search
+    nearest rows hold none of this agent's, so the exact scan of the scope answers."""
+    import math
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    other = PostgresStore(resolve_target(pg_dsn), agent_id="other", workspace="/ws")
+    try:
+        near = [[1.0, 0.001 * i, 0.0, 0.0] for i in range(1500)]
+        # This agent's vectors point away from the query, at angles that grow with i.
+        far = [[-1.0, 0.01 * i, 0.5, 0.0] for i in range(300)]
+        for s, vectors in ((other, near), (store, far)):
+            lease = s.sync_lease()
+            assert lease is not None
+            lease.write_file("memory/v.md", "memory", content_hash="v", mtime_ms=1, size=1, title="v",
+                             chunks=[ChunkRow(f"{s.agent_id}-{i}", i + 1, i + 1, f"h{i}", "m", "t", "", v)
+                                     for i, v in enumerate(vectors)])
+            lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("ANALYZE qmdbridge.chunk_vectors")
+            conn.execute("SET hnsw.ef_search = 40")
+            # The index the store asks first: it yields other's rows only.
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN SELECT chunk_rowid FROM qmdbridge.chunk_vectors WHERE agent_id = 'main'"
+                " AND workspace = '/ws' AND dims = 4 ORDER BY embedding::vector(4) <=> '[1,0,0,0]'"
+                " LIMIT 4").fetchall())
+            assert "chunk_vectors_hnsw_4" in plan
+        rows = store.vector_rows([1.0, 0.0, 0.0, 0.0], sources=["memory"], limit=3)
+
+        def cosine(v: list[float]) -> float:
+            return 1 - v[0] / math.sqrt(sum(x * x for x in v))
+
+        assert [r[0] for r in rows] == ["main-299", "main-298", "main-297"]
+        assert [r[6] for r in rows] == pytest.approx([cosine(far[i]) for i in (299, 298, 297)])
+    finally:
+        store.close()
+        other.close()
+
+
 def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:
@@ -378,3 +418,34 @@ def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) ->
         assert found(store, "backslash") == [] and found(store, "brace") == ["old#2"]
     finally:
         store.close()
+
+
+def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fallback.store.postgres import migrations
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:4])
+        migrate(conn, "qmdbridge")
+        monkeypatch.undo()
+        s = "qmdbridge"
+        conn.execute(f"INSERT INTO {s}.workspaces (agent_id, workspace, published_generation,"
+                     " chunk_count, token_count) VALUES ('main', '/ws', 2, 1, 9)")
+        # (id, source, doc_len, gen_from, gen_to): live, retired by the published generation,
+        # written by an unpublished sync.
+        for cid, source, n, gen_from, gen_to in (("live", "sessions", 9, 1, None),
+                                                 ("retired", "memory", 4, 1, 2),
+                                                 ("next", "memory", 6, 3, None)):
+            rowid = conn.execute(
+                f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                " end_line, hash, model, text, doc_len, gen_from, gen_to) VALUES ('main', '/ws',"
+                " %s, 'p.md', %s, 1, 1, 'h', '', 'x', %s, %s, %s) RETURNING chunk_rowid",
+                (cid, source, n, gen_from, gen_to)).fetchone()[0]
+            # Text offsets 0 and 5, a title offset (column 1), a terms offset (column 2).
+            conn.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid,"
+                         " positions) VALUES ('main', '/ws', 'walrus', %s, %s)",
+                         (rowid, [0, 5, 1 << 20 | 1, 2 << 20 | 3]))
+        assert migrate(conn, s) == ["m005_posting_impacts"]
+        rows = conn.execute(f"SELECT c.id, p.tf, p.doc_len, p.source, p.gen_from FROM {s}.postings p"
+                            f" JOIN {s}.chunks c USING (chunk_rowid) ORDER BY c.id").fetchall()
+    assert rows == [("live", [2, 1, 1], 9, "sessions", 1), ("next", [2, 1, 1], 6, "memory", 3)]

@@ -129,7 +129,7 @@ async def test_a_search_waits_only_for_an_update_due_within_its_wait(
                 await anyio.sleep(0.02)
         started = time.monotonic()
         assert [r.path for r in (await b.search(SearchRequest.of("kestrel", min_score=0))).results] == []
-        assert time.monotonic() - started < 2.0  # it waited for nothing (3.95 s before)
+        assert time.monotonic() - started < 3.0  # it waited for nothing (the wait is 3.95 s)
         assert (b.cycle.updates_run, b.freshness.dirty) == (1, True)  # still deferred
         assert await _wait_found(b, "kestrel") == ["memory/2026-05-04.md"]
         assert b.cycle.updates_run == 2

@@ -228,7 +228,7 @@ def test_the_pool_survives_a_server_restart() -> None:
     server = start_pgserver(new_data_dir())
     try:
         store = PostgresStore(resolve_target(server.dsn()), agent_id="main", workspace="/ws",
-                              connect_timeout_ms=2000)
+                              connect_timeout_ms=10_000)  # a loaded host restarts slowly
         try:
             write(store, {"memory/a.md": "heron"})
             server.stop()

@@ -595,12 +595,8 @@ def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
     search = _validate(MemorySearchSettings, merged, prefix=prefix, file=cfg.source_file)
     search = _model_path_from_config_folder(search, cfg.source_file)
     engine = EngineSettings.for_workspace(ws, agent_id=aid, state_dir=sd, search=search)
-    # The postgres store holds keyword rows only: say so rather than take a provider silently.
-    unused = [f'memorySearch.provider "{search.provider}" is not used on the postgres store: it '
-              "ranks by keywords only (docs/postgres.md)"] if (
-        search.store.driver == "postgres" and search.provider not in ("auto", "none")) else []
     return ResolvedAgent(agent_id=aid, workspace_dir=ws, state_dir=sd, memory=cfg.memory,
                          memory_search=search, compaction=cfg.compaction, engine=engine,
                          source_file=cfg.source_file, named_paths=(
                              (named, ws), (named_store_path(search, aid, sd).absolute(), engine.db_path)),
-                         config_warnings=[*cfg.warnings, *(entry.warnings if entry else []), *unused])
+                         config_warnings=[*cfg.warnings, *(entry.warnings if entry else [])])

@@ -194,6 +194,8 @@ class BuiltinEngine:
             raise SearchUnavailableError(sel.requested, message.removeprefix(prefix))
 
     def _vector_index(self) -> Any:
+        if self._stores.is_postgres:  # the store answers the vector side itself
+            return self._stores.shared
         if self._vector is None:
             from fallback.store.vectors import VectorIndex
             vs = self.settings.search.store.vector
@@ -352,9 +354,13 @@ class BuiltinEngine:
         if self._stores.is_postgres:  # the store's sync lease is the one writer
             from fallback.index.lease_sync import sync_through_lease
             shared = await self._stores.open_postgres()
-            report = await anyio.to_thread.run_sync(partial(sync_through_lease, self.settings, shared,
-                                                            force=force))
-            self._dirty, self._dirty_reason = False, None
+            report = await anyio.to_thread.run_sync(partial(
+                sync_through_lease, self.settings, shared, force=force, provider=self._provider(),
+                embed_deadline=embed_deadline))
+            # chunks still without a vector keep the index dirty: the next sync writes them again
+            self._dirty = report.chunks_pending > 0
+            self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
+                                  if self._dirty else None)
             self._synced, self._last_report, self._last_error = True, report, None
             self._syncs_done += 1
             return report
@@ -535,7 +541,7 @@ class BuiltinEngine:
         last = self._last_error
         if last is not None and not any(last in w for w in warnings):  # not said already
             warnings.append(last)
-        provider = None if self._stores.is_postgres else self._provider()
+        provider = self._provider()
         mode = outcome.mode or configured_mode(
             has_provider=provider is not None,
             hybrid_enabled=self.settings.search.query.hybrid.enabled)
@@ -562,8 +568,7 @@ class BuiltinEngine:
                 self.mark_dirty(f"files changed: {changed}")
         store, read_only = await self._stores.open_search()  # read-only: answer without a sync
         q = self.settings.search.query
-        # the postgres store's sync writes keyword rows only: its searches rank by keywords
-        provider = None if self._stores.is_postgres else self._provider()
+        provider = self._provider()
         warnings = [] if read_only is None else [read_only_warning(read_only, self.settings.db_path)]
         # first, so the provider is never waited for past the deadline
         qv, deadline = await embed_query_within(provider, text, timeout_ms=q.timeout_ms)
@@ -687,8 +692,8 @@ class BuiltinEngine:
             shared, report = await self._stores.open_postgres(), self._last_report
             return build_postgres_status(
                 await anyio.to_thread.run_sync(shared.describe), backend=self.name,
-                settings=self.settings, dirty=self._dirty, dirty_reason=self._dirty_reason,
-                last_error=self._last_error, skipped=report.skipped if report else [],
+                settings=self.settings, provider=self._provider(), dirty=self._dirty,
+                dirty_reason=self._dirty_reason, last_error=self._last_error, skipped=report.skipped if report else [],
                 issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
@@ -712,5 +717,7 @@ class BuiltinEngine:
         self._check_open()
         if self._provider() is None:
             return False
+        if self._stores.is_postgres:  # the store's vectors are always searchable
+            return True
         status = await anyio.to_thread.run_sync(self._vector_index().status)
         return bool(status["available"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fallback.engine.query_vector import backlog_reason
 from fallback.engine.sync_record import read_failure
@@ -20,6 +20,9 @@ from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import describe_extra_path, list_memory_files, memory_roots
 from fallback.store.db import META_KEY, ReadonlyRecovery, Store
 from fallback.store.readonly import MetaReads, ReadOnlyStore
+
+if TYPE_CHECKING:
+    from fallback.embeddings.base import EmbeddingProvider
 
 __all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots",
            "pending_rebuild"]
@@ -205,9 +208,10 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
 
 
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
-                          dirty: bool, dirty_reason: str | None, last_error: str | None,
+                          provider: EmbeddingProvider | None, dirty: bool,
+                          dirty_reason: str | None, last_error: str | None,
                           skipped: list[SkippedFile], issues: list[str]) -> MemoryStatus:
-    """The status of an engine on the postgres store (keyword search only) from the store's
+    """The status of an engine on the postgres store from the store's
     ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, the
     store (``db_path``) as ``postgres <target>, schema <name> version <n>`` without the password,
     and ``custom.store`` with the same and the published generation.
@@ -216,6 +220,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         described: ``PostgresSearchStore.describe()``.
         backend: backend name (``builtin``).
         settings: the engine settings.
+        provider: the embedding provider (hybrid search over the store's window vectors), or
+            ``None`` (keyword search only).
         dirty / dirty_reason / last_error: the engine's own state.
         skipped / issues: what this process's last sync skipped and noticed (the postgres store
             keeps neither).
@@ -229,14 +235,18 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         db_path=(f"postgres {described['target']}, schema {described['schema']}"
                  f" version {described['schemaVersion']}"), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
-        provider="none", requested_provider=s.provider, search_mode="fts-only",
-        provider_unavailable_reason="the postgres store ranks by keywords only",
+        provider="none" if provider is None else provider.provider_id,
+        model=None if provider is None else provider.model, requested_provider=s.provider,
+        search_mode=configured_mode(has_provider=provider is not None,
+                                    hybrid_enabled=s.query.hybrid.enabled),
         roots=indexed_roots(settings), sources=list(s.sources),
         extra_paths=[describe_extra_path(e) for e in s.extra_paths], source_counts=per,
         fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},
-        vector={"enabled": False, "available": False, "mode": "disabled",
-                "reason": "the postgres store ranks by keywords only", "dims": None},
+        vector={"enabled": provider is not None, "available": provider is not None,
+                "mode": "pgvector" if provider is not None else "disabled",
+                "reason": None if provider is not None else "no embedding provider",
+                "dims": None},
         cache={"enabled": s.cache.enabled, "entries": 0, "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

@@ -6,24 +6,37 @@ the store's reader; then, per file and in one write transaction, :func:`store_an
 the hits ``updated_at = now``, upserts the fresh vectors and deletes the least recently used
 rows beyond ``cache.maxEntries``. The reference prunes oldest-written first and only after a
 full reindex (spec §6.3 step 6); here every sync keeps the bound, and a hit counts as a use.
+
+On the postgres store the cache is the database's ``embedding_cache``, shared by every agent
+and keyed by ``(hash, fingerprint)`` (:func:`fingerprint`: the same provider, model and
+provider key as a SQLite row's), so a text two agents hold is embedded once;
+:func:`lookup_shared` reads it and, for the first sync of an agent moving from SQLite, carries
+the hits of the agent's SQLite cache over into it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.store.db import Store
+from fallback.store.readonly import ReadOnlyStore
 
-__all__ = ["CACHE_LOOKUP_BATCH", "lookup", "prune", "store_and_prune"]
+if TYPE_CHECKING:
+    from fallback.store.postgres.store import PostgresStore
+
+__all__ = ["CACHE_LOOKUP_BATCH", "fingerprint", "lookup", "lookup_shared", "prune",
+           "store_and_prune"]
 
 # Hashes per SQL ``IN`` list when looking up the embedding cache (spec §6.3).
 CACHE_LOOKUP_BATCH = 400
 
 
-def lookup(store: Store, provider: EmbeddingProvider, hashes: list[str]) -> dict[str, list[float]]:
+def lookup(store: Store | ReadOnlyStore, provider: EmbeddingProvider,
+           hashes: list[str]) -> dict[str, list[float]]:
     """Cached vectors of ``provider`` for the chunk text ``hashes`` (sha256 hex).
 
     Returns:
@@ -85,3 +98,38 @@ def prune(conn: Any, *, max_entries: int) -> int:
     conn.execute("DELETE FROM embedding_cache WHERE rowid IN (SELECT rowid FROM embedding_cache"
                  " ORDER BY updated_at ASC, rowid ASC LIMIT ?)", (count - max_entries,))
     return count - max_entries
+
+
+def fingerprint(provider: EmbeddingProvider) -> str:
+    """The shared cache's key of ``provider``'s vectors: provider id, model and provider key
+    (what keys a SQLite cache row besides its hash)."""
+    return "\x1f".join((provider.provider_id, provider.model, provider.provider_key))
+
+
+def lookup_shared(store: PostgresStore, provider: EmbeddingProvider, hashes: list[str], *,
+                  local: Path | None = None) -> dict[str, list[float]]:
+    """Cached vectors of ``provider`` for the text ``hashes`` in the postgres store's shared
+    cache; the misses found in the SQLite store file ``local`` (the agent's, on the first sync
+    of an agent moving from it; opened for reading only, when it exists) are written to the
+    shared cache and returned too.
+
+    Returns:
+        ``{hash: vector}`` of the hits.
+
+    Raises:
+        PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: the database
+            failed.
+        IndexStoreError: ``local`` cannot be read.
+    """
+    key = fingerprint(provider)
+    found = store.cached_embeddings(hashes, key)
+    misses = [h for h in hashes if h not in found]
+    reader = ReadOnlyStore.open(local) if local is not None and misses else None
+    if reader is not None:
+        try:
+            carried = lookup(reader, provider, misses)
+        finally:
+            reader.close()
+        store.cache_embeddings(dict(carried), key)
+        found.update(carried)
+    return found

@@ -57,6 +57,7 @@ PENDING_BATCH = 64
 
 Writer = Callable[["Store", Callable[[], Any]], Awaitable[Any]]
 Commit = Callable[["Store", dict[str, list[float]], list[str]], Awaitable[None]]
+Lookup = Callable[[Any, EmbeddingProvider, list[str]], dict[str, list[float]]]
 
 
 class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules, not an error
@@ -98,6 +99,9 @@ class EmbeddingStep:
             sync (``None``: no deadline; the provider's own timeouts apply).
         index_dims: the index's vector length (``vectorDims`` of the index meta), or ``None``
             for a new or rebuilt index.
+        lookup: ``lookup(store, provider, hashes) -> {hash: vector}``, the cache read (blocking,
+            run in a worker thread; default the SQLite store's,
+            :func:`~fallback.index.embedding_cache.lookup`).
 
     Attributes:
         error: the provider error that closed the step, or ``None``.
@@ -106,8 +110,10 @@ class EmbeddingStep:
 
     def __init__(self, provider: EmbeddingProvider, *, write: Writer, commit: Commit,
                  on_batch: Callable[[SyncReport], None], cache_enabled: bool,
-                 deadline: float | None, index_dims: int | None) -> None:
+                 deadline: float | None, index_dims: int | None,
+                 lookup: Lookup = embedding_cache.lookup) -> None:
         self.provider = provider
+        self._lookup = lookup
         self._write = write
         self._commit = commit
         self._on_batch = on_batch
@@ -141,7 +147,7 @@ class EmbeddingStep:
         hashes = list(dict.fromkeys(c.content_hash for c in chunks))
         found: dict[str, list[float]] = {}
         if self._cache_enabled:
-            found = await anyio.to_thread.run_sync(embedding_cache.lookup, store, p, hashes)
+            found = await anyio.to_thread.run_sync(self._lookup, store, p, hashes)
             dims = self._expected_dims()
             if dims is not None:  # vectors of another size (an older model) are not reused
                 found = {h: v for h, v in found.items() if len(v) == dims}

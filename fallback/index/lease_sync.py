@@ -5,14 +5,27 @@ time across hosts), reads every discovered file (memory files, and transcripts w
 ``sessions`` source is on), chunks a file whose content hash differs from what the lease's
 generation holds exactly as the SQLite sync does (:func:`~fallback.index.indexer.file_chunks`),
 writes the changed files in batches, leaves out the files no longer discovered, and publishes:
-readers see the whole sync at once, or nothing of it. Keyword rows only: chunks are written
-without vectors.
+readers see the whole sync at once, or nothing of it.
+
+With an embedding provider, each chunk is written with its window vectors, cut and embedded by
+the SQLite sync's :class:`~fallback.index.embedding_step.EmbeddingStep` (one owner of what is
+embedded, the cache first: the store's shared cache, and on an agent's first sync its SQLite
+cache, :func:`~fallback.index.embedding_cache.lookup_shared`), kept as the unit vectors the
+SQLite store compares (:func:`~fallback.store.vectors.unit_windows`). A chunk the provider
+could not embed in this sync (it failed, or the deadline passed) is written without vectors,
+and its file is recorded so that the next sync writes it again (:func:`held_hash`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
+import anyio
+
+from fallback.index import embedding_cache
+from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
 from fallback.index.indexer import file_chunks, read_notes
 from fallback.index.report import SyncReport
@@ -25,10 +38,12 @@ from fallback.store.fts_rows import note_title
 from fallback.text.terms import derived_terms
 
 if TYPE_CHECKING:
+    from fallback.embeddings.base import EmbeddingProvider
     from fallback.store.postgres.seam import PostgresSearchStore
     from fallback.store.postgres.store import FileRows
+    from fallback.text.chunking import Chunk
 
-__all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "sync_through_lease"]
+__all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "held_hash", "sync_through_lease"]
 
 # How long a sync waits for another host's sync of the same agent and workspace, ms.
 LEASE_WAIT_MS = 30_000
@@ -36,16 +51,30 @@ LEASE_WAIT_MS = 30_000
 WRITE_BATCH_FILES = 100
 
 
+def held_hash(content_hash: str, *, model: str, complete: bool) -> str:
+    """What the lease records as a file's hash: its content hash for a keyword-only index;
+    with the embedding ``model`` appended otherwise (another model writes the file again), or
+    a mark that never equals a content hash while a chunk of it waits for vectors."""
+    if not complete:
+        return f"{content_hash} pending"
+    return content_hash if model == FTS_ONLY_MODEL else f"{content_hash} {model}"
+
+
 def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, force: bool = False,
-                       wait_ms: int = LEASE_WAIT_MS) -> SyncReport:
-    """Bring the store's index of ``settings``' workspace up to date (blocking).
+                       wait_ms: int = LEASE_WAIT_MS, provider: EmbeddingProvider | None = None,
+                       embed_deadline: float | None = None) -> SyncReport:
+    """Bring the store's index of ``settings``' workspace up to date (blocking: run it in an
+    anyio worker thread, where the embedding step reaches the event loop).
 
     Args:
-        settings: the engine settings (workspace, extra paths, sources, chunking).
+        settings: the engine settings (workspace, extra paths, sources, chunking, cache).
         store: the open store.
         force: rewrite every file, whatever the lease's generation holds (a full reindex,
             published at once like any sync).
         wait_ms: longest wait for another sync's lease, ms.
+        provider: the embedding provider, or ``None`` (keyword rows only).
+        embed_deadline: anyio clock time after which the provider is not called in this sync
+            (``None``: none).
 
     Returns:
         The :class:`SyncReport` (``files_read`` counts every file read: the lease compares
@@ -70,9 +99,13 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         if error is not None:
             report.issues.append(error)
     report.files_total = len(files)
+    model = provider.model if provider is not None else FTS_ONLY_MODEL
     lease = store.sync_lease(wait_ms=wait_ms)
     if lease is None:
         raise IndexStoreLockedError(store.busy_reason or "another sync holds the lease")
+    # the first sync of an agent reads the cache of its SQLite store too (if it had one)
+    local = settings.db_path if lease.published == 0 else None
+    step = None if provider is None else _step(settings, store, provider, embed_deadline, local)
     with lease:
         held = {src: store.lease_paths(lease, src) for src in ("memory", "sessions")}
         active: set[tuple[str, str]] = set()
@@ -89,14 +122,19 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 continue
             active.add((mf.source, mf.rel_path))
             skipped.extend(read_notes(mf, read))
-            if not force and held[mf.source].get(mf.rel_path) == read.content_hash:
+            if not force and held[mf.source].get(mf.rel_path) == held_hash(
+                    read.content_hash, model=model, complete=True):
                 continue
-            chunks = file_chunks(settings, mf, read.text, line_map=line_map, model=FTS_ONLY_MODEL)
+            chunks = file_chunks(settings, mf, read.text, line_map=line_map, model=model)
+            windows = _windows(step, store, [c for _, c in chunks], report)
+            waiting = sum(1 for w in windows if w is None)
+            report.chunks_pending += waiting
             batch.append(FileRows(
-                mf.rel_path, mf.source, read.content_hash, read.mtime_ms, read.size,
-                note_title(mf.rel_path, read.text),
-                tuple(ChunkRow(cid, c.start_line, c.end_line, c.content_hash, FTS_ONLY_MODEL,
-                               c.text, derived_terms(c.text)) for cid, c in chunks)))
+                mf.rel_path, mf.source, held_hash(read.content_hash, model=model, complete=not waiting),
+                read.mtime_ms, read.size, note_title(mf.rel_path, read.text),
+                tuple(ChunkRow(cid, c.start_line, c.end_line, c.content_hash, model,
+                               c.text, derived_terms(c.text), windows=w or ())
+                      for (cid, c), w in zip(chunks, windows, strict=True))))
             report.files_indexed += 1
             report.chunks_written += len(chunks)
             if len(batch) >= WRITE_BATCH_FILES:
@@ -108,5 +146,44 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 lease.delete_file(path, source)
                 report.files_deleted += 1
         lease.publish()
+    if step is not None:
+        report.embedding_error = str(step.error) if step.error is not None else None
+        report.embedding_exception = step.error
+        report.embedding_deferred = step.deferred
     report.skipped = skipped
     return report
+
+
+def _step(settings: EngineSettings, store: PostgresSearchStore, provider: EmbeddingProvider,
+          deadline: float | None, local: Path | None) -> EmbeddingStep:
+    """The SQLite sync's embedding step over the postgres store's shared cache."""
+    cache = settings.search.cache.enabled
+    key = embedding_cache.fingerprint(provider)
+
+    async def commit(pg: Any, fresh: dict[str, list[float]], hits: list[str]) -> None:
+        await anyio.to_thread.run_sync(pg.cache_embeddings, {h: v for h, v in fresh.items() if v}, key)
+
+    async def no_write(_store: Any, _job: Any) -> None:  # the lease writes the vectors
+        return None
+
+    return EmbeddingStep(provider, write=no_write, commit=commit, on_batch=lambda _report: None,
+                         cache_enabled=cache, deadline=deadline, index_dims=None,
+                         lookup=partial(embedding_cache.lookup_shared, local=local))
+
+
+def _windows(step: EmbeddingStep | None, store: PostgresSearchStore, chunks: list[Chunk],
+             report: SyncReport) -> list[tuple[list[float], ...] | None]:
+    """Each chunk's unit window vectors: ``()`` without a provider (or when no window is a
+    usable vector), ``None`` while the chunk waits for the provider."""
+    if step is None or not chunks:
+        return [() for _ in chunks]
+    from fallback.index.windows import pack_windows
+    from fallback.store.vectors import unit_windows
+
+    out: list[tuple[list[float], ...] | None] = []
+    for vectors in anyio.from_thread.run(step.window_vectors, cast(Any, store.store), chunks, report):
+        packed = pack_windows(vectors)
+        unit = None if packed is None else unit_windows(*packed)
+        out.append(None if not vectors else () if unit is None else
+                   tuple(row.tolist() for row in unit))
+    return out

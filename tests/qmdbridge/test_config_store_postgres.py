@@ -54,12 +54,11 @@ def test_a_postgres_driver_is_taken_without_a_config_warning(tmp_path: Path) -> 
     assert (main.memory_search.store.driver, main.config_warnings) == ("postgres", [])
 
 
-def test_a_provider_on_the_postgres_store_is_a_config_warning(tmp_path: Path) -> None:
+def test_a_provider_on_the_postgres_store_is_taken_without_a_config_warning(tmp_path: Path) -> None:
     data = config(tmp_path)
     data["agents"]["defaults"]["memorySearch"]["provider"] = "openai"  # type: ignore[index]
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
     cfg = parse_config(data)
-    assert resolve_agent(cfg, "main", env=env).config_warnings == [
-        'memorySearch.provider "openai" is not used on the postgres store: it ranks by keywords '
-        "only (docs/postgres.md)"]
+    main = resolve_agent(cfg, "main", env=env)
+    assert (main.memory_search.provider, main.config_warnings) == ("openai", [])
     assert resolve_agent(cfg, "solo", env=env).config_warnings == []

@@ -1,7 +1,9 @@
 """FTS5's ``bm25()`` over a keyword plan's ``MATCH`` expression, computed from stored postings.
 
 The keyword plan (``fallback/search/fts.py``) is an FTS5 ``MATCH`` expression: quoted phrases
-joined by ``OR`` and ``AND`` with parentheses, and ``NEAR(p1 p2 ..., N)`` groups. The SQLite store
+joined by ``OR`` and ``AND`` with parentheses, and ``NEAR(p1 p2 ..., N)`` groups; a phrase may
+carry a column filter (``text : "word"``, the common-word counts of
+``fallback/search/contrast.py``). The SQLite store
 hands it to FTS5; the postgres store parses it here (:func:`parse_match`) and evaluates it over
 the postings of the rows holding any of its terms, with FTS5's own rules, so both stores give the
 same rank to the same chunk:
@@ -31,6 +33,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
 __all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "idf", "parse_match", "rank_rows",
@@ -40,7 +43,8 @@ __all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "idf", "parse_mat
 BM25_K1 = 1.2
 BM25_B = 0.75
 _EOF = 1 << 62
-_TOKEN_RE = re.compile(r'\s*(?:"([^"]*)"|(NEAR)\(|(\()|(\))|(OR|AND|NOT)(?=[\s("])|,\s*(\d+)\s*\)|(\S+))')
+_TOKEN_RE = re.compile(r'\s*(?:"([^"]*)"|(NEAR)\(|(\()|(\))|(OR|AND|NOT)(?=[\s("])|,\s*(\d+)\s*\)'
+                       r'|(\w+)\s*:(?=\s*")|(\S+))')
 
 
 @dataclass
@@ -58,11 +62,22 @@ class MatchQuery:
     Attributes:
         phrases: every phrase in expression order (a word repeated in a NEAR group is a second
             phrase), each as its token list.
+        columns: per phrase, the column its FTS5 column filter (``text : "word"``) restricts it
+            to (an index into ``FTS_COLUMNS``), or ``None``.
         tokens: the distinct tokens of all phrases (the terms whose postings are needed).
     """
 
     root: _Node
     phrases: tuple[tuple[str, ...], ...]
+    columns: tuple[int | None, ...] = ()
+
+    def instances(self, postings: Mapping[str, Sequence[int]]) -> list[Sequence[int]]:
+        """Each phrase's instances in one row (:func:`phrase_instances`, within its column)."""
+        found = [phrase_instances(tokens, postings) for tokens in self.phrases]
+        for i, col in enumerate(self.columns):
+            if col is not None and found[i]:
+                found[i] = [p for p in found[i] if p >> POSITION_COLUMN_SHIFT == col]
+        return found
 
     @property
     def tokens(self) -> tuple[str, ...]:
@@ -80,7 +95,8 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
         The expression tree and its phrases; a phrase with no token matches nothing.
 
     Raises:
-        ValueError: text outside that grammar (``NOT``, column filters, bare words).
+        ValueError: text outside that grammar (``NOT``, bare words, a filter of another
+            column than ``FTS_COLUMNS``'s or on anything but a phrase).
     """
     items: list[tuple[str, str]] = []
     pos = 0
@@ -91,7 +107,7 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
                 raise ValueError(f"cannot parse MATCH expression at {expr[pos:pos + 20]!r}")
             break
         pos = m.end()
-        quoted, near, lpar, rpar, op, dist, bare = m.groups()
+        quoted, near, lpar, rpar, op, dist, column, bare = m.groups()
         if quoted is not None:
             items.append(("phrase", quoted))
         elif near:
@@ -106,9 +122,14 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
             items.append((op, ""))
         elif dist is not None:
             items.append(("dist", dist))
+        elif column is not None:
+            if column not in FTS_COLUMNS:
+                raise ValueError(f"no column {column!r} in MATCH expression")
+            items.append(("column", column))
         elif bare is not None:
             raise ValueError(f"unquoted text {bare!r} in MATCH expression")
     phrases: list[tuple[str, ...]] = []
+    columns: list[int | None] = []
     at = 0
 
     def peek() -> str:
@@ -121,11 +142,14 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
         at += 1
         return items[at - 1]
 
-    def phrase_node() -> _Node:
+    def phrase_node(column: int | None = None) -> _Node:
         phrases.append(tuple(tokenize(take("phrase")[1])))
+        columns.append(column)
         return _Node("phrase", phrase=len(phrases) - 1)
 
     def primary() -> _Node:
+        if peek() == "column":
+            return phrase_node(FTS_COLUMNS.index(take("column")[1]))
         if peek() == "phrase":
             return phrase_node()
         if peek() == "near":
@@ -164,7 +188,7 @@ def parse_match(expr: str, tokenize: Callable[[str], list[str]]) -> MatchQuery:
     root = or_expr()
     if at != len(items):
         raise ValueError("trailing text in MATCH expression")
-    return MatchQuery(root=root, phrases=tuple(phrases))
+    return MatchQuery(root=root, phrases=tuple(phrases), columns=tuple(columns))
 
 
 def phrase_instances(tokens: Sequence[str], postings: Mapping[str, Sequence[int]]) -> Sequence[int]:
@@ -312,7 +336,7 @@ def rank_rows(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[int]]]
     hits: dict[int, dict[int, Sequence[int]]] = {}
     holding = [0] * len(query.phrases)
     for rowid, postings in rows.items():
-        found = [phrase_instances(tokens, postings) for tokens in query.phrases]
+        found = query.instances(postings)
         for i, instances in enumerate(found):
             if instances:
                 holding[i] += 1
@@ -336,6 +360,6 @@ def count_matches(query: MatchQuery, rows: Mapping[int, Mapping[str, Sequence[in
     ``SELECT COUNT(*) ... WHERE chunks_fts MATCH ?`` counts)."""
     n = 0
     for postings in rows.values():
-        found = [phrase_instances(tokens, postings) for tokens in query.phrases]
+        found = query.instances(postings)
         n += _hits(query.root, found, {}, query)
     return n

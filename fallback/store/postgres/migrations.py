@@ -28,8 +28,10 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``trigram_postings``: the same for the FTS5 ``trigram`` tokens of chunks with CJK text
   (``m004``), with ``chunks.trigram_len`` and the workspace's trigram statistics.
 - ``embedding_cache(content_hash, fingerprint, dims, embedding)``: shared by every agent.
-- ``chunk_vectors(chunk_rowid, agent_id, workspace, dims, embedding)``: pgvector; an HNSW
-  (cosine) index per dimension count is created on first use (:func:`vector_index_sql`).
+- ``chunk_vectors(chunk_rowid, window_no, agent_id, workspace, dims, embedding)``: pgvector, one
+  row per embedding window of a chunk (``m006``; a chunk embedded whole is window 0), each a
+  unit vector; an HNSW (cosine) index per dimension count is created on first use
+  (:func:`vector_index_sql`).
 
 Generations: a row is part of generation ``G`` when ``gen_from <= G`` and (``gen_to`` is NULL or
 ``gen_to > G``). A sync writes generation ``P + 1`` beside the published ``P`` and publishes it by
@@ -178,9 +180,20 @@ def m005_posting_impacts(cur: Any, schema: str) -> None:
                 " ALTER COLUMN gen_from SET NOT NULL")
 
 
+def m006_vector_windows(cur: Any, schema: str) -> None:
+    """A chunk's vectors are its embedding windows (``fallback/index/windows.py``), as the
+    SQLite store keeps them: ``chunk_vectors`` gets ``window_no`` and is keyed by
+    ``(chunk_rowid, window_no)``; a vector written before is window 0."""
+    s = _q(schema)
+    cur.execute(f"ALTER TABLE {s}.chunk_vectors ADD COLUMN IF NOT EXISTS window_no int NOT NULL"
+                " DEFAULT 0")
+    cur.execute(f"ALTER TABLE {s}.chunk_vectors DROP CONSTRAINT IF EXISTS chunk_vectors_pkey")
+    cur.execute(f"ALTER TABLE {s}.chunk_vectors ADD PRIMARY KEY (chunk_rowid, window_no)")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
-    m005_posting_impacts)
+    m005_posting_impacts, m006_vector_windows)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

@@ -2,7 +2,8 @@
 
 :class:`PostgresSearchStore` gives the search pipeline the reads of ``SearchStore`` over one
 :class:`~fallback.store.postgres.store.PostgresStore` (its keyword rows, part counts, chunk rows
-and statistics as they are), plus what that store does not answer itself: the files' mtimes for
+and statistics as they are), plus the vector side of a hybrid search (:meth:`PostgresSearchStore.search_scored`: best-window
+cosine with its calibration statistics) and what that store does not answer itself: the files' mtimes for
 temporal decay, the paths a sync lease holds, and FTS5 ``highlight()`` of the hits' texts, done
 by SQLite over an in-memory table with the SQLite store's tokenizer (so a snippet window marks
 the same tokens on both stores). The postgres store keeps no ``meta`` table: an agent's scope
@@ -11,6 +12,7 @@ the same tokens on both stores). The postgres store keeps no ``meta`` table: an 
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
@@ -20,6 +22,7 @@ from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.store import PostgresStore, ScopeStats, SyncLease
 from fallback.store.postgres.tokens import MAIN
 from fallback.store.seam import KeywordRow
+from fallback.store.vectors import EMPTY_SEARCH, VectorSearch
 
 __all__ = ["PostgresSearchStore"]
 
@@ -87,6 +90,25 @@ class PostgresSearchStore:
                         " AND (gen_to IS NULL OR gen_to > %s)",
                         (st.agent_id, st.workspace, list(paths), gen, gen))
             return {(r[0], r[1]): int(r[2]) for r in cur.fetchall()}
+
+    def search_scored(self, query: list[float], *, model: str, sources: list[str],
+                      limit: int) -> VectorSearch:
+        """The vector side of a hybrid search, as the SQLite store's
+        ``VectorIndex.search_scored`` answers it: the chunks whose best window is most similar
+        to ``query`` (``[(chunk_id, cosine)]``, descending, ties by chunk id) and the mean,
+        standard deviation and count of that cosine over every chunk of ``model`` and
+        ``sources`` searched (``PostgresStore.window_search``); no hits for an empty, zero or
+        non-finite query.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        norm = math.sqrt(math.fsum(x * x for x in query)) if query else 0.0
+        if not math.isfinite(norm) or norm == 0.0:
+            return EMPTY_SEARCH
+        hits, mean, std, count = self.store.window_search(query, model=model, sources=sources,
+                                                          limit=limit)
+        return VectorSearch(hits=hits, mean=mean, std=std, count=count)
 
     def highlights(self, mark_match: str, texts: Mapping[str, str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:

@@ -80,7 +80,9 @@ class ChunkRow:
         model: the embedding model id (``""`` without one).
         text: the chunk text.
         derived_terms: the FTS ``terms`` column (``fallback.text.terms.derived_terms``).
-        embedding: the chunk's vector, or ``None``.
+        embedding: the chunk's vector (one window), or ``None``.
+        windows: the chunk's window vectors (``fallback/index/windows.py``; written instead of
+            ``embedding`` when given).
     """
 
     chunk_id: str
@@ -91,6 +93,12 @@ class ChunkRow:
     text: str
     derived_terms: str
     embedding: Sequence[float] | None = None
+    windows: tuple[Sequence[float], ...] = ()
+
+    @property
+    def vectors(self) -> tuple[Sequence[float], ...]:
+        """The window vectors written for the chunk (``windows``, else ``embedding`` alone)."""
+        return self.windows or ((self.embedding,) if self.embedding else ())
 
 
 @dataclass(frozen=True)
@@ -329,7 +337,8 @@ class PostgresStore:
         main = parse_match(match, self._tokenizer.phrase_tokens) if match else None
         tri = parse_match(trigram_match, self._trigrams.phrase_tokens) if trigram_match else None
         if (main is not None and tri is None and not like_patterns and min(weights) >= 0
-                and all(len(p) <= 1 for p in main.phrases)):
+                and all(len(p) <= 1 for p in main.phrases)
+                and all(c is None for c in main.columns)):
             return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
         with self._snapshot("keyword search") as cur:
@@ -573,6 +582,52 @@ class PostgresStore:
                 " AND c.source = ANY(%(sources)s) ORDER BY v.dist, c.path, c.start_line"
                 " LIMIT %(limit)s")
 
+    def window_search(self, vector: Sequence[float], *, model: str, sources: Sequence[str],
+                      limit: int) -> tuple[list[tuple[str, float]], float, float, int]:
+        """The published chunks whose best window is most similar to ``vector``, with the
+        statistics of that similarity over every chunk searched (what the SQLite store's
+        ``VectorIndex.search_scored`` answers, for the calibration of the hybrid fusion).
+
+        Only chunks of ``model`` and ``sources`` with windows of ``len(vector)`` dims count. The
+        statistics need every chunk's best cosine, so this is one exact scan of the scope's
+        windows (one statement, one snapshot), not an HNSW walk.
+
+        Args:
+            vector: the query embedding (any non-zero norm).
+            model: the embedding model whose chunks are searched.
+            sources: sources searched.
+            limit: most hits returned.
+
+        Returns:
+            ``(hits, mean, std, count)``: hits ``[(chunk_id, cosine)]`` (per chunk the largest
+            cosine of its windows), descending, ties by chunk id; the mean and population
+            standard deviation of that cosine over the ``count`` chunks searched.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        if limit <= 0 or not sources or not vector:
+            return [], 0.0, 0.0, 0
+        d = len(vector)
+        with self._errors("vector search"), self._pool.connection() as conn:
+            rows = conn.execute(
+                f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+                " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+                f" best AS (SELECT c.id, max(1 - (v.embedding::vector({d}) <=> %(q)s::vector({d})))"
+                f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+                " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
+                f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
+                " AND c.source = ANY(%(sources)s) AND c.gen_from <= st.g"
+                " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
+                " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
+                ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
+                {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
+                 "model": model, "sources": list(sources), "limit": limit}).fetchall()
+        if not rows:
+            return [], 0.0, 0.0, 0
+        return ([(str(r[0]), float(r[1])) for r in rows], float(rows[0][2]), float(rows[0][3]),
+                int(rows[0][4]))
+
     # -- embedding cache (shared by every agent) --------------------------------------------------
 
     def cached_embeddings(self, content_hashes: Sequence[str], fingerprint: str) -> dict[str, list[float]]:
@@ -758,7 +813,7 @@ class SyncLease:
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
-        for dims in {len(c.embedding) for _, c in chunks if c.embedding} - store._vector_dims:
+        for dims in {len(v) for _, c in chunks for v in c.vectors} - store._vector_dims:
             store._ensure_vector_index(self._conn, dims)
         with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
             self._retire(cur, args)
@@ -797,15 +852,17 @@ class SyncLease:
                              impacts=True)
             _insert_postings(cur, f"{s}.trigram_postings", args,
                              ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()))
-            embedded = [(r, c.embedding) for r, (_, c) in zip(rowids, chunks, strict=True)
-                        if c.embedding]
+            embedded = [(r, i, v) for r, (_, c) in zip(rowids, chunks, strict=True)
+                        for i, v in enumerate(c.vectors)]
             if embedded:
-                cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
-                            " embedding) SELECT r, %(agent)s, %(ws)s, d, v::vector FROM"
-                            " unnest(%(rowids)s::bigint[], %(dims)s::int[], %(vecs)s::text[]) AS x(r, d, v)",
-                            {**args, "rowids": _int_array(r for r, _ in embedded),
-                             "dims": _int_array(len(v) for _, v in embedded),
-                             "vecs": _text_array(_vector_text(v) for _, v in embedded)})
+                cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, window_no, agent_id,"
+                            " workspace, dims, embedding) SELECT r, w, %(agent)s, %(ws)s, d, v::vector"
+                            " FROM unnest(%(rowids)s::bigint[], %(windows)s::int[], %(dims)s::int[],"
+                            " %(vecs)s::text[]) AS x(r, w, d, v)",
+                            {**args, "rowids": _int_array(r for r, _, _ in embedded),
+                             "windows": _int_array(i for _, i, _ in embedded),
+                             "dims": _int_array(len(v) for _, _, v in embedded),
+                             "vecs": _text_array(_vector_text(v) for _, _, v in embedded)})
 
     def delete_file(self, path: str, source: str) -> None:
         """Leave ``path`` out of generation ``P + 1`` (one transaction).

@@ -1,0 +1,173 @@
+"""Hybrid search on the postgres store: a sync writes each chunk's window vectors (the SQLite
+sync's embedding step and cache), the store answers the vector side of the seam (best-window
+cosine and its calibration statistics), so hybrid search, decay and MMR give the hits the
+SQLite store gives; the embedding cache is shared by agents and, on an agent's first sync,
+filled from its SQLite cache."""
+# ruff: noqa: E402  (psycopg is imported after require_postgres() decided to skip or fail)
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pg_fixtures import require_postgres
+
+require_postgres()
+pytestmark = [pytest.mark.postgres, pytest.mark.anyio]
+
+from fallback.embeddings import ProviderSelection
+from fallback.engine.builtin import BuiltinEngine
+from fallback.request import SearchRequest
+from fallback.settings import EngineSettings, MemorySearchSettings
+from tests.fallback.count_provider import CountProvider
+from tests.fallback.postgres.test_pg_engine import QUESTIONS, locomo_workspace
+
+NOW_MS = 1_700_000_000_000
+
+
+class WordProvider(CountProvider):
+    """:class:`CountProvider` over a dozen everyday words, so the chunks of a conversation
+    spread in the vector space (counts of ``alpha`` and ``beta`` are zero there)."""
+
+    WORDS = ("i", "you", "the", "and", "to", "my", "it", "that", "with", "for", "was", "love")
+    dims = len(WORDS)
+
+    @staticmethod
+    def vector(text: str) -> list[float]:
+        words = text.lower().split()
+        return [float(words.count(w)) for w in WordProvider.WORDS]
+
+
+def engine(ws: Path, state: Path, provider: CountProvider, store: dict[str, Any], *,
+           agent_id: str = "main") -> BuiltinEngine:
+    search = MemorySearchSettings.model_validate(
+        {"provider": "openai", "store": store,
+         "query": {"hybrid": {"temporalDecay": {"enabled": True, "halfLifeDays": 30},
+                              "mmr": {"enabled": True}}}})
+    settings = EngineSettings.for_workspace(ws, agent_id=agent_id, state_dir=state, search=search)
+    return BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "test-count"),
+                         now_ms=lambda: NOW_MS)
+
+
+async def answers(eng: BuiltinEngine, questions: list[str]) -> list[list[dict[str, Any]]]:
+    out = []
+    for q in questions:
+        outcome = await eng.search(SearchRequest.of(q, max_results=5))
+        out.append([r.model_dump(by_alias=True) for r in outcome.results])
+    return out
+
+
+def assert_same_hits(got: list[list[dict[str, Any]]], want: list[list[dict[str, Any]]]) -> None:
+    """The same hits in the same order; scores within 1e-6 (float32 vectors: numpy sums a
+    cosine in another order than pgvector)."""
+    scores = ("score", "vectorScore", "textScore")
+    assert [[{k: v for k, v in h.items() if k not in scores} for h in a] for a in got] == \
+        [[{k: v for k, v in h.items() if k not in scores} for h in a] for a in want]
+    for a, b in zip(got, want, strict=True):
+        for h, w in zip(a, b, strict=True):
+            for k in scores:
+                assert (h[k] is None) == (w[k] is None)
+                if w[k] is not None:
+                    assert abs(h[k] - w[k]) <= 1e-6, (k, h[k], w[k])
+
+
+async def test_hybrid_search_on_postgres_gives_the_sqlite_hits(tmp_path: Path, pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    questions = locomo_workspace(ws)
+    lite = engine(ws, tmp_path / "lite", WordProvider(), {})
+    pg_provider = WordProvider()
+    pg = engine(ws, tmp_path / "pg", pg_provider, {"driver": "postgres", "dsn": pg_dsn})
+    try:
+        report = await pg.sync(reason="test")
+        assert report.chunks_pending == 0 and report.chunks_embedded == report.chunks_written > 0
+        want = await answers(lite, questions)
+        got = await answers(pg, questions)
+        assert sum(1 for a in want for h in a if h["vectorScore"]) > QUESTIONS  # vectors rank
+        assert_same_hits(got, want)
+        status = await pg.status()
+        assert (status.provider, status.model, status.search_mode) == ("test-count", "count-v1",
+                                                                       "hybrid")
+        # a second sync embeds nothing and writes nothing; an edit is embedded and found alike
+        calls = pg_provider.texts_embedded
+        again = await pg.sync(reason="test")
+        assert (again.files_indexed, pg_provider.texts_embedded) == (0, calls)
+        note = sorted((ws / "memory").glob("*.md"))[0]
+        note.write_text(note.read_text() + "\nI love the new pottery class with you and my kids.\n")
+        assert (await pg.sync(reason="test")).files_indexed == 1
+        await lite.sync(reason="test")
+        assert_same_hits(await answers(pg, questions[:5]), await answers(lite, questions[:5]))
+    finally:
+        await lite.close()
+        await pg.close()
+
+
+def notes(ws: Path) -> None:
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Facts\nAlpha team owns the beta rollout.\n")
+    (ws / "memory" / "2023-11-10.md").write_text("# Standup\nAlpha alpha review went well.\n")
+    (ws / "memory" / "2023-11-12.md").write_text("# Retro\nBeta testers asked for dark mode.\n")
+
+
+async def test_the_embedding_cache_is_shared_by_agents(tmp_path: Path, pg_dsn: str) -> None:
+    store = {"driver": "postgres", "dsn": pg_dsn}
+    first, second = CountProvider(), CountProvider()
+    for name in ("ws-a", "ws-b"):
+        notes(tmp_path / name)
+    a = engine(tmp_path / "ws-a", tmp_path / "state-a", first, store, agent_id="a")
+    b = engine(tmp_path / "ws-b", tmp_path / "state-b", second, store, agent_id="b")
+    try:
+        assert (await a.sync(reason="test")).chunks_embedded == 3
+        assert first.texts_embedded == 3
+        report = await b.sync(reason="test")
+        # the same notes on another agent: every window found in the shared cache
+        assert (report.chunks_embedded, report.windows_embedded, second.batch_calls) == (3, 0, 0)
+        hits = (await b.search(SearchRequest.of("alpha"))).results
+        assert [h.path for h in hits][:2] == ["memory/2023-11-10.md", "MEMORY.md"]
+        assert hits[0].vector_score == pytest.approx(1.0)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_first_postgres_sync_reuses_the_sqlite_embedding_cache(tmp_path: Path,
+                                                                          pg_dsn: str) -> None:
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    notes(ws)
+    lite_provider, pg_provider = CountProvider(), CountProvider()
+    lite = engine(ws, state, lite_provider, {})
+    pg = engine(ws, state, pg_provider, {"driver": "postgres", "dsn": pg_dsn})
+    try:
+        await lite.sync(reason="test")
+        assert lite_provider.texts_embedded == 3
+        report = await pg.sync(reason="test")
+        assert (report.chunks_embedded, pg_provider.batch_calls) == (3, 0)
+        questions = ["alpha review", "beta testers", "dark mode", "who owns the rollout"]
+        assert_same_hits(await answers(pg, questions), await answers(lite, questions))
+    finally:
+        await lite.close()
+        await pg.close()
+
+
+async def test_chunks_the_provider_could_not_embed_are_written_again_by_the_next_sync(
+        tmp_path: Path, pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    notes(ws)
+    provider = CountProvider(fail_batch=True)
+    pg = engine(ws, tmp_path / "state", provider, {"driver": "postgres", "dsn": pg_dsn})
+    try:
+        report = await pg.sync(reason="test")
+        assert (report.files_indexed, report.chunks_pending) == (3, 3)
+        assert report.embedding_error is not None and (await pg.status()).dirty
+        # keyword rows are there at once: the search ranks them (the vector side is empty)
+        assert [h.path for h in (await pg.search(SearchRequest.of("dark mode"))).results] == [
+            "memory/2023-11-12.md"]
+        provider.fail_batch = False
+        again = await pg.sync(reason="test")
+        assert (again.files_indexed, again.chunks_pending, again.chunks_embedded) == (3, 0, 3)
+        assert not (await pg.status()).dirty
+        hits = (await pg.search(SearchRequest.of("alpha"))).results
+        assert hits[0].path == "memory/2023-11-10.md" and hits[0].vector_score == pytest.approx(1.0)
+    finally:
+        await pg.close()

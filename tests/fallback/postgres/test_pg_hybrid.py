@@ -171,3 +171,27 @@ async def test_chunks_the_provider_could_not_embed_are_written_again_by_the_next
         assert hits[0].path == "memory/2023-11-10.md" and hits[0].vector_score == pytest.approx(1.0)
     finally:
         await pg.close()
+
+
+def test_m006_keeps_a_chunk_vector_as_its_window_0(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from fallback.store.postgres import migrations
+
+    every = migrations.MIGRATIONS
+    assert every[-1] is migrations.m006_vector_windows
+    monkeypatch.setattr(migrations, "MIGRATIONS", every[:-1])
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        migrations.migrate(conn, "qmdbridge")
+        conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
+                     " embedding) VALUES (7, 'main', '/ws', 2, '[0.6,0.8]')")
+        monkeypatch.setattr(migrations, "MIGRATIONS", every)
+        assert migrations.migrate(conn, "qmdbridge") == ["m006_vector_windows"]
+        assert conn.execute("SELECT chunk_rowid, window_no, embedding::text FROM"
+                            " qmdbridge.chunk_vectors").fetchall() == [(7, 0, "[0.6,0.8]")]
+        # a second window of the chunk is a row of its own; the same window twice is refused
+        conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, window_no, agent_id,"
+                     " workspace, dims, embedding) VALUES (7, 1, 'main', '/ws', 2, '[1,0]')")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, window_no, agent_id,"
+                         " workspace, dims, embedding) VALUES (7, 1, 'main', '/ws', 2, '[0,1]')")

@@ -173,3 +173,25 @@ def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
         assert tokenizer.phrase_tokens("Walrus Gamma") == ["walru", "gamma"]
     finally:
         tokenizer.close()
+
+
+def test_column_filtered_counts_match_sqlite(pg_dsn: str, tmp_path: Path) -> None:
+    """The contrast step's common-word counts (``text : "word"``, fallback/search/contrast.py)
+    count the text column only, as FTS5 does: a word of the titles (``session``) counts the
+    chunks whose text holds it, not every chunk of a titled note."""
+    from fallback.search.contrast import _quoted, content_words
+
+    files, questions = locomo_files()
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    try:
+        words = list(dict.fromkeys(w for q in questions for w in content_words(q)))
+        exprs = [f"text : {_quoted(w)}" for w in ["session", *words]]
+        sql = "SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(
+            "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs)
+        counts = lite.query(sql, exprs)[0]
+        assert pg.part_counts(exprs) == (counts[0], list(counts[1:]))
+        assert counts[1] < counts[0] == pg.part_counts(['"session"'])[1][0]
+    finally:
+        lite.close()
+        pg.close()

@@ -12,7 +12,6 @@ the same tokens on both stores). The postgres store keeps no ``meta`` table: an 
 
 from __future__ import annotations
 
-import math
 import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.store import PostgresStore, ScopeStats, SyncLease
 from fallback.store.postgres.tokens import MAIN
 from fallback.store.seam import KeywordRow
-from fallback.store.vectors import EMPTY_SEARCH, VectorSearch
+from fallback.store.vectors import VectorSearch
 
 __all__ = ["PostgresSearchStore"]
 
@@ -103,9 +102,6 @@ class PostgresSearchStore:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        norm = math.sqrt(math.fsum(x * x for x in query)) if query else 0.0
-        if not math.isfinite(norm) or norm == 0.0:
-            return EMPTY_SEARCH
         hits, mean, std, count = self.store.window_search(query, model=model, sources=sources,
                                                           limit=limit)
         return VectorSearch(hits=hits, mean=mean, std=std, count=count)

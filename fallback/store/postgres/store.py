@@ -593,7 +593,7 @@ class PostgresStore:
         windows (one statement, one snapshot), not an HNSW walk.
 
         Args:
-            vector: the query embedding (any non-zero norm).
+            vector: the query embedding (any finite, non-zero norm).
             model: the embedding model whose chunks are searched.
             sources: sources searched.
             limit: most hits returned.
@@ -601,19 +601,23 @@ class PostgresStore:
         Returns:
             ``(hits, mean, std, count)``: hits ``[(chunk_id, cosine)]`` (per chunk the largest
             cosine of its windows), descending, ties by chunk id; the mean and population
-            standard deviation of that cosine over the ``count`` chunks searched.
+            standard deviation of that cosine over the ``count`` chunks searched. Nothing
+            (``([], 0.0, 0.0, 0)``) for an empty, zero or non-finite ``vector``.
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        if limit <= 0 or not sources or not vector:
+        norm = math.sqrt(math.fsum(x * x for x in vector)) if vector else 0.0
+        if limit <= 0 or not sources or not math.isfinite(norm) or norm == 0.0:
             return [], 0.0, 0.0, 0
         d = len(vector)
         with self._errors("vector search"), self._pool.connection() as conn:
             rows = conn.execute(
                 f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
                 " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
-                f" best AS (SELECT c.id, max(1 - (v.embedding::vector({d}) <=> %(q)s::vector({d})))"
+                # windows are stored as unit vectors: the cosine is the inner product with the
+                # unit query (pgvector's <#> is its negation)
+                f" best AS (SELECT c.id, max(-(v.embedding::vector({d}) <#> %(q)s::vector({d})))"
                 f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
                 " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
                 f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
@@ -621,8 +625,8 @@ class PostgresStore:
                 " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
                 " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
                 ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
-                {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                 "model": model, "sources": list(sources), "limit": limit}).fetchall()
+                {"q": _vector_text([x / norm for x in vector]), "agent": self.agent_id,
+                 "ws": self.workspace, "model": model, "sources": list(sources), "limit": limit}).fetchall()
         if not rows:
             return [], 0.0, 0.0, 0
         return ([(str(r[0]), float(r[1])) for r in rows], float(rows[0][2]), float(rows[0][3]),

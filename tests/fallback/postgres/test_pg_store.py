@@ -445,7 +445,7 @@ def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
             conn.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid,"
                          " positions) VALUES ('main', '/ws', 'walrus', %s, %s)",
                          (rowid, [0, 5, 1 << 20 | 1, 2 << 20 | 3]))
-        assert migrate(conn, s) == ["m005_posting_impacts"]
+        assert migrate(conn, s) == ["m005_posting_impacts", "m006_vector_windows"]
         rows = conn.execute(f"SELECT c.id, p.tf, p.doc_len, p.source, p.gen_from FROM {s}.postings p"
                             f" JOIN {s}.chunks c USING (chunk_rowid) ORDER BY c.id").fetchall()
     assert rows == [("live", [2, 1, 1], 9, "sessions", 1), ("next", [2, 1, 1], 6, "memory", 3)]

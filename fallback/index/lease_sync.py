@@ -48,7 +48,7 @@ __all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "held_hash", "sync_through_leas
 # How long a sync waits for another host's sync of the same agent and workspace, ms.
 LEASE_WAIT_MS = 30_000
 # Files written per transaction (the store writes a batch in a fixed number of statements).
-WRITE_BATCH_FILES = 100
+WRITE_BATCH_FILES = 25
 
 
 def held_hash(content_hash: str, *, model: str, complete: bool) -> str:

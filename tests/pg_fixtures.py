@@ -6,6 +6,7 @@ fail: a missing install step must not pass as green.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -62,6 +63,25 @@ class PgServer:
     def start(self) -> None:
         """Start the server again in the same data folder."""
         self.handle = start_pgserver(self.data_dir).handle
+
+
+@contextlib.contextmanager
+def password_role(server: PgServer, user: str) -> Iterator[None]:
+    """A login role ``user`` whose password is ``the-right-one``, checked by scram-sha-256 over
+    the Unix socket (pg_hba.conf put back and reloaded on exit), for refused-login tests."""
+    hba = server.data_dir / "pg_hba.conf"
+    original = hba.read_text()
+    with server.admin() as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{user}"')
+        conn.execute(f"CREATE ROLE \"{user}\" LOGIN PASSWORD 'the-right-one'")
+        hba.write_text(f"local all {user} scram-sha-256\n" + original)
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        hba.write_text(original)
+        with server.admin() as conn:
+            conn.execute("SELECT pg_reload_conf()")
 
 
 def start_pgserver(data_dir: Path) -> PgServer:

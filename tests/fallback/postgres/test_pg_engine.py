@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.pg_fixtures import require_postgres
+from tests.pg_fixtures import password_role, require_postgres
 
 require_postgres()
 pytestmark = pytest.mark.postgres
@@ -164,20 +164,9 @@ async def test_doctor_checks_the_postgres_store(tmp_path: Path, pg_dsn: str, pg_
     level, detail, hint = await index_check(gone)
     assert level == "error" and "cannot reach PostgreSQL to connect" in detail
     assert hint is not None and hint.startswith("start the server")
-    hba = pg_server.data_dir / "pg_hba.conf"
-    original = hba.read_text()
-    with pg_server.admin() as conn:
-        conn.execute("DROP ROLE IF EXISTS doctor_user")
-        conn.execute("CREATE ROLE doctor_user LOGIN PASSWORD 'the-right-one'")
-        hba.write_text("local all doctor_user scram-sha-256\n" + original)
-        conn.execute("SELECT pg_reload_conf()")
-    try:
+    with password_role(pg_server, "doctor_user"):
         level, detail, hint = await index_check(
             pg_server.dsn("postgres", user="doctor_user", password="s3cret-pw"))
-    finally:
-        hba.write_text(original)
-        with pg_server.admin() as conn:
-            conn.execute("SELECT pg_reload_conf()")
     assert level == "error" and "PostgreSQL refused the login" in detail
     assert 'password authentication failed for user "doctor_user"' in detail
     assert "s3cret-pw" not in detail

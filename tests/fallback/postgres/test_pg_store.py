@@ -25,7 +25,7 @@ from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavail
 from fallback.store.postgres.migrations import MIGRATIONS, applied_versions, migrate
 from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
-from tests.pg_fixtures import PgServer, new_data_dir, start_pgserver
+from tests.pg_fixtures import PgServer, new_data_dir, password_role, start_pgserver
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "s3cr3t-Pa55word"
@@ -185,14 +185,7 @@ def test_unreachable_server_names_the_target_and_what_to_do(tmp_path: Path) -> N
 
 
 def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer) -> None:
-    hba = pg_server.data_dir / "pg_hba.conf"
-    original = hba.read_text()
-    with pg_server.admin() as conn:
-        conn.execute("DROP ROLE IF EXISTS pw_user")
-        conn.execute("CREATE ROLE pw_user LOGIN PASSWORD 'the-right-one'")
-        hba.write_text("local all pw_user scram-sha-256\n" + original)
-        conn.execute("SELECT pg_reload_conf()")
-    try:
+    with password_role(pg_server, "pw_user"):
         url = f"postgresql://pw_user:{PASSWORD}@/postgres?host={pg_server.data_dir}"
         with pytest.raises(PostgresUnavailableError) as caught:
             PostgresStore(resolve_target(url), agent_id="main", workspace="/ws")
@@ -201,10 +194,6 @@ def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer
         assert 'password authentication failed for user "pw_user"' in message
         assert "check the user and password (memorySearch.store.dsn or PGUSER/PGPASSWORD)" in message
         assert PASSWORD not in message
-    finally:
-        hba.write_text(original)
-        with pg_server.admin() as conn:
-            conn.execute("SELECT pg_reload_conf()")
 
 
 def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:

@@ -135,7 +135,7 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
         waiting = failed.get("filesWaiting") or 0
         full = failed.get("errorType") == "IndexStoreFullError"
         out.append(_problem("index", f"last sync ({failed.get('reason')}) failed: {failed.get('error')}"
-                            f"; {waiting} memory files wait to be indexed",
+                            f"; memory files waiting to be indexed: {waiting}",
                             f"free disk space for {view.get('dbPath')}, then run `qmdbridge index`"
                             if full else "run `qmdbridge index -v` to see the failure"))
     elif status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below

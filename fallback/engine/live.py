@@ -47,6 +47,7 @@ from fallback.background import BackgroundTasks
 from fallback.settings import EngineSettings
 from fallback.sources.transcripts import SessionDeltaTracker
 from fallback.sources.watcher import HEALTH_CHECK_MS, RESCAN_MARKER
+from fallback.text.counts import counted
 
 if TYPE_CHECKING:
     from fallback.index.indexer import SyncReport
@@ -378,7 +379,7 @@ class LiveSync:
             files = 0 if events <= self._events_searched else sum(
                 1 for p in pending if p != RESCAN_MARKER and Path(p).parent != sessions_dir)
             if files:
-                parts.append(f"{files} memory files changed and wait for the watch debounce")
+                parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
         return "; ".join(parts) or None
 
     def rescanned(self) -> None:

@@ -29,6 +29,7 @@ from fallback.errors import (
 )
 from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.store.db import META_KEY
+from fallback.text.counts import counted
 
 if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
@@ -237,7 +238,7 @@ def dims_warning(index_dims: int, query_dims: int, model: str) -> str:
 
 def backlog_reason(pending: int, error: str | None) -> str:
     """``status().dirty_reason`` while chunks wait for their vectors."""
-    return f"{pending} chunks wait for embeddings" + (f" ({error})" if error else "")
+    return f"{counted(pending, 'chunk', 'wait')} for embeddings" + (f" ({error})" if error else "")
 
 
 def pending_warning(pending: int, error: str | None) -> str:

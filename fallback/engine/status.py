@@ -20,6 +20,7 @@ from fallback.skipped import SkippedFile
 from fallback.sources.memory_files import describe_extra_path, list_memory_files, memory_roots
 from fallback.store.db import META_KEY, ReadonlyRecovery, Store
 from fallback.store.readonly import MetaReads, ReadOnlyStore
+from fallback.text.counts import counted
 
 if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
@@ -146,7 +147,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     failed = read_failure(Path(store.path))  # kept beside the store by a failed sync
     waiting = files_waiting(store, settings) if failed else 0  # a walk: only when it matters
     if waiting and not dirty:
-        dirty, dirty_reason = True, f"{waiting} files wait to be indexed"
+        dirty, dirty_reason = True, f"{counted(waiting, 'file', 'wait')} to be indexed"
     if failed is not None and last_error is None:  # failed in another process (`index`)
         last_error = f"sync ({failed.get('reason')}) failed: {failed['error']}"
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,

@@ -107,7 +107,7 @@ def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, 
         True, "40 files wait to be indexed", False)
     assert status["custom"]["filesWaiting"] == 40
     problem = {"check": "index",
-               "message": f"last sync (cli) failed: {error}; 40 memory files wait to be indexed",
+               "message": f"last sync (cli) failed: {error}; memory files waiting to be indexed: 40",
                "hint": "run `qmdbridge index -v` to see the failure"}
     assert status["problems"] == [problem]
     doctor = run_cli(["doctor", *args, "--json"], env)

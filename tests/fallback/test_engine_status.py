@@ -98,5 +98,5 @@ async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -
     assert status_problems(st.to_json_dict()) == [{
         "check": "index",
         "message": f"last sync (cli) failed: index store is full: database or disk is full "
-                   f"({plain.db_path}); 30 memory files wait to be indexed",
+                   f"({plain.db_path}); memory files waiting to be indexed: 30",
         "hint": f"free disk space for {plain.db_path}, then run `qmdbridge index`"}]

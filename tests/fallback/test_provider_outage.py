@@ -94,7 +94,7 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
             status = await engine.status()
             assert status.dirty is True and status.healthy is False
             assert status.dirty_reason is not None
-            assert status.dirty_reason.startswith("1 chunks wait for embeddings (openai-compatible "
+            assert status.dirty_reason.startswith("1 chunk waits for embeddings (openai-compatible "
                                                   "embedding failed (HTTP 429): Rate limit reached")
             assert (status.vector["pending"], status.vector["providerError"]) == (1, report.embedding_error)
             problems = status_problems(status.to_json_dict())

@@ -242,13 +242,20 @@ def _record(role: str, text: str) -> bytes:
     return orjson.dumps({"type": "message", "message": {"role": role, "content": text}}) + b"\n"
 
 
-async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> None:
+def _session_engine(ws: Path, batch_ms: int) -> tuple[BuiltinEngine, Path]:
+    """An engine syncing a transcript after 3 new messages (its batch window ``batch_ms``),
+    and the transcript ``chat.jsonl``, which holds one message."""
     engine = _engine(ws, with_sessions=True, sessions={"deltaMessages": 3, "deltaBytes": 100_000})
-    engine.session_batch_ms = 200
+    engine.session_batch_ms = batch_ms
     sdir = engine.settings.sessions_dir
     sdir.mkdir(parents=True)
     path = sdir / "chat.jsonl"
     path.write_bytes(_record("user", "Morning plans."))
+    return engine, path
+
+
+async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> None:
+    engine, path = _session_engine(ws, 200)
     async with live(engine):
         await _booted(engine)
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
@@ -277,12 +284,7 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
 
 
 async def test_transcript_lines_waiting_for_their_sync_are_told_not_hidden(ws: Path) -> None:
-    engine = _engine(ws, with_sessions=True, sessions={"deltaMessages": 3, "deltaBytes": 100_000})
-    engine.session_batch_ms = 600_000  # the batch window stays open for the whole test
-    sdir = engine.settings.sessions_dir
-    sdir.mkdir(parents=True)
-    path = sdir / "chat.jsonl"
-    path.write_bytes(_record("user", "Morning plans."))
+    engine, path = _session_engine(ws, 600_000)  # the batch window stays open for the whole test
     async with live(engine):
         await _booted(engine)
         with path.open("ab") as fh:

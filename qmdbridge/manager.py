@@ -64,6 +64,7 @@ from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import cite, format_citation
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
 from qmdbridge.qmd.parse import clamp_injected
+from qmdbridge.qmd.query_text import search_limits
 from qmdbridge.sidecar import QmdSidecar, short_reason
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation",
@@ -302,8 +303,8 @@ class MemoryManager:
             raise
         hits = outcome.results
         if fallback is not None:
-            limit = cfg.qmd.limits.max_results
-            hits = hits[: min(limit, max_results or limit)]
+            limit, _ = search_limits(cfg.qmd.limits.max_results, max_results, None)
+            hits = hits[:limit]  # a fallback answers as many hits as qmd would have
         return self._builtin_answer(outcome, hits, fallback=fallback, include=include,
                                     corpus=chosen_corpus)
 

@@ -1,10 +1,7 @@
-"""Pre-compaction memory flush planner: when to ask the agent to write durable memories.
+"""Pre-compaction memory flush planner: whether the agent's extra "store durable memories" turn is due.
 
-Before a session's context is compacted, the agent gets one extra turn (system prompt plus
-prompt from ``agents.defaults.compaction.memoryFlush``) to store what it should remember in
-``memory/YYYY-MM-DD.md``. This module decides *whether* that turn is due; running the turn is
-the agent runtime's job. It fires at most once per compaction cycle: the compaction count it
-last fired for is kept per session key in ``<state_dir>/memory-flush/<sanitised key>.json``.
+Running the turn is the agent runtime's job. It fires at most once per compaction cycle: the
+count it last fired for is kept per session key in ``<state_dir>/memory-flush/<key>.json``.
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ def _is_count(value: object) -> bool:
 
 def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 20_000,
                            soft_threshold_tokens: int = 4000) -> int | None:
-    """Return the session size (tokens) at which the flush is due, or ``None`` if invalid.
-
-    ``threshold = context_window - reserve_tokens_floor - soft_threshold_tokens``: compaction
-    starts when less than ``reserve_tokens_floor`` tokens of the window are left, and the
-    flush runs ``soft_threshold_tokens`` before that.
+    """The session size (tokens) at which the flush is due:
+    ``context_window - reserve_tokens_floor - soft_threshold_tokens``.
 
     Args:
         context_window: the model's context window in tokens, > 0.
@@ -54,8 +48,8 @@ def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 2
         soft_threshold_tokens: how many tokens before compaction the flush fires, >= 0.
 
     Returns:
-        The threshold in tokens; ``None`` when an input is not a finite number, the window is
-        non-positive, a margin is negative, or the threshold is not positive.
+        The threshold in tokens; ``None`` for an input that is not a finite number or out of
+        range, or a threshold that is not positive.
     """
     values = (context_window, reserve_tokens_floor, soft_threshold_tokens)
     if not all(_is_count(v) for v in values):
@@ -68,21 +62,8 @@ def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 2
 
 def should_flush(session_tokens: int, context_window: int, *, reserve_tokens_floor: int = 20_000,
                  soft_threshold_tokens: int = 4000) -> bool:
-    """Return whether a session is close enough to compaction for the memory flush.
-
-    True when ``session_tokens >= context_window - reserve_tokens_floor -
-    soft_threshold_tokens`` (see :func:`flush_threshold_tokens`). Example with the defaults
-    and a 200,000-token window: the flush is due from 176,000 session tokens on.
-
-    Args:
-        session_tokens: tokens currently in the session context, > 0.
-        context_window: the model's context window in tokens, > 0.
-        reserve_tokens_floor: ``compaction.reserveTokensFloor`` (tokens), default 20,000.
-        soft_threshold_tokens: ``compaction.memoryFlush.softThresholdTokens``, default 4,000.
-
-    Returns:
-        False for non-positive or non-finite inputs and for a non-positive threshold.
-    """
+    """Whether ``session_tokens`` (> 0) reached :func:`flush_threshold_tokens` of the other
+    arguments (tokens, as there); False for an invalid input or threshold."""
     if not _is_count(session_tokens) or session_tokens <= 0:
         return False
     threshold = flush_threshold_tokens(context_window, reserve_tokens_floor=reserve_tokens_floor,
@@ -91,11 +72,7 @@ def should_flush(session_tokens: int, context_window: int, *, reserve_tokens_flo
 
 
 def _owner_writable(path: Path) -> bool:
-    """True when ``path`` is writable: ``os.access`` and the owner's write bit.
-
-    The mode check makes a directory without ``u+w`` read-only even for root, whom
-    ``os.access`` always lets write.
-    """
+    """``os.access`` and the owner's write bit (root passes ``os.access`` everywhere)."""
     try:
         mode = path.stat().st_mode
     except OSError:
@@ -104,13 +81,8 @@ def _owner_writable(path: Path) -> bool:
 
 
 def workspace_is_writable(workspace_dir: Path) -> bool:
-    """Return whether the agent could write ``memory/YYYY-MM-DD.md`` in ``workspace_dir``.
-
-    Read-only when: the workspace is not a directory; it is not writable (``os.access`` or
-    no owner write bit in its mode); ``memory`` exists but is not a directory (e.g. a regular
-    file); or ``memory/`` exists and is not writable the same way. A missing ``memory/`` is
-    fine (the agent creates it) when the workspace is writable.
-    """
+    """Whether the agent could write ``memory/YYYY-MM-DD.md`` in ``workspace_dir``: the
+    workspace is a writable folder and ``memory`` is missing or a writable folder."""
     if not workspace_dir.is_dir() or not _owner_writable(workspace_dir):
         return False
     memory_dir = workspace_dir / "memory"
@@ -139,10 +111,8 @@ class FlushPlan:
 
 
 class FlushPlanner:
-    """Plan pre-compaction memory flushes, at most one per session per compaction cycle.
-
-    Planning and recording are separate: :meth:`plan` only decides; call :meth:`mark_fired`
-    once the flush turn has run, so a turn that failed to start is planned again.
+    """Plan pre-compaction memory flushes, at most one per session per compaction cycle:
+    :meth:`plan` decides, :meth:`mark_fired` records once the turn ran.
 
     Args:
         state_dir: ``<stateDir>``; records go to ``<state_dir>/memory-flush/``.
@@ -154,17 +124,9 @@ class FlushPlanner:
         self.state_dir = Path(state_dir)
         self.settings = settings
 
-    @property
-    def records_dir(self) -> Path:
-        """``<state_dir>/memory-flush``."""
-        return self.state_dir / "memory-flush"
-
     def record_path(self, session_key: str) -> Path:
-        """Return the state file of a session key.
-
-        Name: the key with every run of characters outside ``[A-Za-z0-9._-]`` replaced by
-        ``_`` (at most 80 chars), ``-``, the first 12 hex chars of the key's sha256, ``.json``
-        (``agent:main:main`` -> ``agent_main_main-<hash>.json``).
+        """The state file of a session key: ``agent:main:main`` ->
+        ``agent_main_main-<12 hex of its sha256>.json``.
 
         Raises:
             UsageError: the session key is empty.
@@ -174,12 +136,10 @@ class FlushPlanner:
         readable = _UNSAFE_NAME_CHARS.sub("_", session_key.strip())[:_MAX_KEY_NAME_CHARS]
         readable = readable.strip(".") or "session"
         digest = hashlib.sha256(session_key.encode("utf-8")).hexdigest()[:12]
-        return self.records_dir / f"{readable}-{digest}.json"
+        return self.state_dir / "memory-flush" / f"{readable}-{digest}.json"
 
     def last_fired(self, session_key: str) -> int | None:
-        """Return the compaction count the flush last fired for, or ``None``.
-
-        A missing, unreadable or malformed record reads as ``None``.
+        """The compaction count the flush last fired for; ``None`` without a readable record.
 
         Raises:
             UsageError: the session key is empty.
@@ -194,11 +154,8 @@ class FlushPlanner:
 
     def plan(self, session_key: str, *, session_tokens: int, context_window: int,
              compaction_count: int, workspace_dir: Path) -> FlushPlan | None:
-        """Return the flush turn to run now, or ``None``.
-
-        ``None`` when the flush is disabled, the session is below the threshold
-        (:func:`should_flush` with the configured margins), the flush already fired for this
-        ``compaction_count``, or the workspace is read-only (:func:`workspace_is_writable`).
+        """The flush turn to run now; ``None`` when disabled, below :func:`should_flush`,
+        already fired for ``compaction_count``, or the workspace is read-only.
 
         Args:
             session_key: the session's key.
@@ -226,10 +183,7 @@ class FlushPlanner:
 
     def mark_fired(self, session_key: str, *, compaction_count: int,
                    now_ms: int | None = None) -> Path:
-        """Record that the flush ran for ``compaction_count``; returns the record file.
-
-        The record ``{"sessionKey", "compactionCount", "firedAtMs"}`` is written atomically
-        (temp file in the same directory, fsync, ``os.replace``).
+        """Record ``{"sessionKey", "compactionCount", "firedAtMs"}`` atomically; returns its file.
 
         Args:
             session_key: the session's key.
@@ -249,7 +203,7 @@ class FlushPlanner:
         return path
 
     def forget(self, session_key: str) -> None:
-        """Delete the record of a session (e.g. when the session is reset).
+        """Delete the record of a session.
 
         Raises:
             UsageError: the session key is empty.

@@ -1,26 +1,10 @@
 """The eval runner: index a workspace in a throw-away store, search every question through the real
 ``MemoryManager`` (builtin engine, or the qmd sidecar), judge the hits and report recall.
 
-Two inputs:
-
-- :func:`run_locomo`: LoCoMo files (a folder of ``*.json`` or one file); each conversation is
-  converted (``qmdbridge.evaluation.locomo``) into a workspace in a temporary folder and gets
-  its own store in a temporary state dir;
-- :func:`run_queries`: a JSONL file of ``{"query", "path", "line"?, "text"?, "category"?, "id"?}``
-  over an existing workspace, indexed into a temporary state dir (the agent's own index is not
-  touched).
-
-Either way nothing is left behind (unless a cache folder is given: :attr:`EvalOptions.cache_dir`
-keeps each workspace's store, with its embedding cache, for the next run), the config's
-``memorySearch`` settings apply (with the store forced into the state dir, and the embedding
-provider optionally overridden), and the search latency is measured around the manager's
-``search`` call only.
-
-With :attr:`EvalOptions.backend` ``qmd`` the manager runs on the qmd backend: its qmd home and
-index live in the same throw-away (or cached) state dir, the manager's own ``sync`` creates the
-collections and runs ``qmd update`` before the first search, ``memory.qmd.*`` applies (the
-search mode optionally overridden), and the report counts the searches qmd answered and those
-that fell back to the builtin engine.
+:func:`run_locomo` converts each LoCoMo conversation into a workspace of its own;
+:func:`run_queries` takes a JSONL query set over an existing workspace. Either way the index
+lives in a temporary state dir (or :attr:`EvalOptions.cache_dir`), the config's settings apply,
+and latency is measured around the manager's ``search`` call only.
 """
 
 from __future__ import annotations
@@ -91,26 +75,16 @@ class EvalOptions:
     """How the questions are searched.
 
     Attributes:
-        max_results: hits asked for per question (>= 1; default 10). The qmd backend caps it
-            at ``memory.qmd.limits.maxResults``, as it does for an agent.
-        min_score: score floor in [0, 1]; ``None`` keeps the backend's default (the config's
-            ``query.minScore`` for the builtin engine, no floor for qmd).
-        provider: embedding provider override (``none`` = keyword-only, ``local``, ``openai``
-            ...); ``None`` keeps the config's ``memorySearch.provider``. Builtin engine only.
-        model_path: the local GGUF model (sets ``local.modelPath``; implies ``provider`` local
-            when no provider is given). Builtin engine only.
-        cache_dir: keep each workspace's state dir (its store and the store's embedding cache;
-            with qmd also the qmd home and index) in ``<cache_dir>/<workspace name>`` across
-            runs instead of a temporary folder, so a rerun embeds only text it has not seen
-            (``index_ms`` is then the time of that incremental sync); ``None``: everything is
-            temporary.
-        backend: what answers the searches: ``builtin`` (the in-process engine) or ``qmd`` (the
-            qmd sidecar, falling back to the builtin engine as it does for an agent).
-        qmd_search_mode: overrides ``memory.qmd.searchMode`` for the run (``qmd`` backend only;
-            ``None`` keeps the config's).
-        long_lived: search through a long-lived manager, as ``serve`` and ``mcp`` keep one
-            (``full`` mode, started: background work and, for qmd, its warm ``qmd mcp`` child,
-            waited for before the first search); ``False``: as one-shot CLI commands search.
+        max_results: hits asked for per question (>= 1; qmd caps it at its ``limits.maxResults``).
+        min_score: score floor in [0, 1]; ``None`` keeps the backend's default.
+        provider: embedding provider override (builtin engine only); ``None`` keeps the config's.
+        model_path: the local GGUF model (implies provider ``local``; builtin engine only).
+        cache_dir: keep each workspace's state dir in ``<cache_dir>/<workspace name>`` across
+            runs, so a rerun embeds only new text; ``None``: everything is temporary.
+        backend: ``builtin`` or ``qmd`` (falling back to the builtin engine as for an agent).
+        qmd_search_mode: overrides ``memory.qmd.searchMode`` (``qmd`` backend only).
+        long_lived: search through a started ``full``-mode manager, as ``serve`` and ``mcp``
+            do (qmd: its warm child waited for first); ``False``: as one-shot CLI commands.
     """
 
     max_results: int = DEFAULT_MAX_RESULTS
@@ -123,26 +97,21 @@ class EvalOptions:
     long_lived: bool = False
 
     def state_dir(self, name: str, scratch: Path) -> Path:
-        """The state dir of workspace ``name``: ``<cache_dir>/<name>`` (characters other than
-        letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``) when caching, else
-        ``<scratch>/state``."""
+        """``<cache_dir>/<name>`` (unsafe characters as ``_``) when caching, else ``<scratch>/state``."""
         if self.cache_dir is None:
             return scratch / "state"
         return Path(self.cache_dir).expanduser() / (_CACHE_NAME_RE.sub("_", name) or "_")
 
 
 class WorkspaceReport(EvalModel):
-    """One indexed workspace of the run (a LoCoMo conversation, or the queries' workspace).
+    """One indexed workspace of the run.
 
     Attributes:
-        name: conversation name or workspace folder name.
-        source: the file it came from (LoCoMo) or the workspace path.
-        files / chunks: what the index holds after the sync (qmd: as its ``status`` counts
-            them, from qmd's index).
+        name / source: conversation or workspace folder name; the file or path it came from.
+        files / chunks: what the index holds after the sync (qmd: as its ``status`` counts).
         questions / evidence: questions searched and their evidence items.
         recall_at5: R@5 of this workspace alone (``None`` without evidence).
-        index_ms: wall time of the sync in ms (with qmd: its start-up, ``qmd update`` and the
-            builtin fallback index's sync).
+        index_ms: wall time of the sync in ms.
         answered_by / fallbacks / first_fallback_reason: see :class:`BackendTally`.
     """
 
@@ -163,29 +132,17 @@ class EvalReport(EvalModel):
     """The outcome of one eval run (``qmdbridge eval --json`` prints it).
 
     Attributes:
-        dataset: ``locomo`` or ``queries``.
-        inputs: the files read (LoCoMo files, or the queries file).
-        backend: the backend measured (``builtin`` or ``qmd``).
-        provider / model / mode: what answered, as the search responses name it (``mode`` is
-            ``hybrid``, ``vector-only`` or ``fts-only`` for the builtin engine, the search mode for qmd, whose
-            provider and model are ``qmd``); from the first answer of ``backend``, else the
-            first answer.
-        max_results / min_score: the search limits in effect (qmd: ``max_results`` capped at
-            ``memory.qmd.limits.maxResults``, ``min_score`` 0 unless one was given).
+        dataset / inputs: ``locomo`` or ``queries``, and the files read.
+        backend: the backend measured.
+        provider / model / mode: as the first answer of ``backend`` names them.
+        max_results / min_score: the search limits in effect.
         index_ms: total sync time in ms over all workspaces.
-        metrics: the recall metrics (``qmdbridge.evaluation.metrics.EvalMetrics``).
-        workspaces: one entry per indexed workspace.
-        misses: every question R@5 missed, with the evidence it missed and what came back
-            (:class:`~qmdbridge.evaluation.metrics.Miss`), in the order asked.
+        metrics / workspaces: the recall metrics; one row per indexed workspace.
+        misses: every question R@5 missed (:class:`~qmdbridge.evaluation.metrics.Miss`), in order.
         warnings: distinct warnings of the search responses.
-        answered_by / fallbacks / first_fallback_reason: over all workspaces (see
-            :class:`BackendTally`).
-        long_lived: searched through a long-lived manager (``--long-lived``).
-        warm_calls: with ``long_lived`` and the qmd backend, ``{"answered", "spawned"}``: the
-            collection searches the warm ``qmd mcp`` child answered, and those spawned because
-            it declined them (``None`` otherwise, or when no child ran).
-        all_fell_back: ``backend`` is ``qmd`` and not one search was answered by qmd: the
-            figures measure the builtin engine (the CLI exits 1).
+        answered_by / fallbacks / first_fallback_reason / warm_calls: see :class:`BackendTally`.
+        long_lived: searched through a long-lived manager.
+        all_fell_back: ``backend`` is ``qmd`` and qmd answered no search (the CLI exits 1).
     """
 
     dataset: Literal["locomo", "queries"]
@@ -211,15 +168,13 @@ class EvalReport(EvalModel):
 
 @dataclass
 class BackendTally:
-    """Which backend answered the searches of a run, from each answer's ``backend`` and
-    ``fallback`` fields.
+    """Which backend answered a run's searches.
 
     Attributes:
         qmd / builtin: searches answered by each backend.
-        fallbacks: answers that fell back (``fallback`` set: qmd was asked and could not answer).
-        first_fallback_reason: the ``fallback.reason`` of the first of them, ``None`` without any.
-        warm_calls: collection searches of the warm ``qmd mcp`` child, ``{"answered",
-            "spawned"}`` (long-lived runs of the qmd backend with a child), else ``None``.
+        fallbacks: answers with ``fallback`` set; first_fallback_reason: the first one's reason.
+        warm_calls: ``{"answered", "spawned"}`` collection searches of the warm ``qmd mcp``
+            child (long-lived qmd runs), else ``None``.
     """
 
     qmd: int = 0
@@ -257,17 +212,9 @@ class BackendTally:
 
 @dataclass
 class WorkspaceRun:
-    """What one workspace's run produced (collected into the report).
-
-    Attributes:
-        outcomes: one judged outcome per question, in order.
-        misses: the questions R@5 missed, in order (:func:`~qmdbridge.evaluation.metrics.find_miss`).
-        workspace: the workspace's summary row.
-        provider / model / mode: as the first answer of the measured backend named them
-            (else the first answer).
-        warnings: distinct warnings of the search responses.
-        tally: which backend answered.
-    """
+    """What one workspace's run produced: judged outcomes and misses in order, the summary
+    row, what answered (as the first answer of the measured backend names it), the distinct
+    warnings and the backend tally."""
 
     outcomes: list[QuestionOutcome]
     misses: list[Miss]
@@ -281,14 +228,13 @@ class WorkspaceRun:
 
 def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, state_dir: Path,
                options: EvalOptions) -> ResolvedAgent:
-    """The agent config an eval searches with: the configured agent moved onto ``workspace``
-    and ``state_dir`` (so its store is ``<state_dir>/memory/<agent>.sqlite`` and its qmd home
-    ``<state_dir>/agents/<agent>/qmd``), the provider or the qmd search mode overridden.
+    """The configured agent moved onto ``workspace`` and ``state_dir``, the provider or the qmd
+    search mode overridden.
 
     Raises:
         ConfigError: the merged settings are invalid.
-        UsageError: an unknown provider, ``model_path`` given with a provider other than
-            ``local``, or an option of the other backend (see :func:`check_options`).
+        UsageError: an unknown provider, ``model_path`` with a provider other than ``local``,
+            or see :func:`check_options`.
     """
     check_options(options)
     if options.provider is not None and options.provider not in get_args(ProviderName):
@@ -315,8 +261,7 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
 
 
 def _forget_breakers(agent: ResolvedAgent) -> None:
-    """Remove the qmd circuit breakers' state files of the eval's own state dir (a cached one
-    keeps them between runs): a failure of an earlier run must not make this run fall back."""
+    """Remove this state dir's qmd breaker files: an earlier run's failure must not make this one fall back."""
     from qmdbridge.paths import qmd_home
 
     home = qmd_home(agent.state_dir, agent.agent_id)
@@ -325,9 +270,7 @@ def _forget_breakers(agent: ResolvedAgent) -> None:
 
 
 async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any:
-    """The qmd backend's warm ``qmd mcp`` child once it answers (waited for up to
-    ``update.commandTimeoutMs``, its start-up budget), or ``None`` without one; a child not
-    ready by then is returned all the same (its searches are spawned and counted so)."""
+    """The qmd backend's warm child once ready (waited up to ``update.commandTimeoutMs``), or ``None``."""
     backend = await manager.qmd()
     warm = getattr(backend, "warm", None)
     if warm is not None:
@@ -339,26 +282,22 @@ async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
                              on_progress: ProgressCallback | None = None) -> WorkspaceRun:
-    """Sync the agent's index, then search and judge every question (``options.backend``).
-
-    With the qmd backend the manager's ``sync`` starts qmd (qmd home, collections) and runs
-    ``qmd update`` before the first search; the builtin index it falls back to is synced too.
-    A qmd that cannot start does not stop the run: every search then falls back, and the
-    tally says so.
+    """Sync the agent's index (qmd: start-up and ``qmd update`` too), then search and judge
+    every question.
 
     Args:
-        agent: the agent config (see :func:`eval_agent`); its workspace is synced first.
+        agent: the agent config (:func:`eval_agent`).
         questions: what to search, in order.
-        options: limits and the backend (the provider is already in ``agent``).
+        options: limits and the backend.
         name / source: the workspace's name and origin, for the report.
         on_progress: called after each search.
 
     Returns:
-        The :class:`WorkspaceRun`: outcomes, the workspace's summary and the backend tally.
+        The :class:`WorkspaceRun`.
 
     Raises:
-        UsageError: bad limits. BackendUnavailableError / IndexStoreError: the engine failed,
-            or ``qmd update`` failed (a qmd index without the workspace would measure nothing).
+        UsageError: bad limits. BackendUnavailableError / IndexStoreError: the engine or
+            ``qmd update`` failed.
     """
     from qmdbridge.manager import MemoryManager
 
@@ -436,9 +375,8 @@ def check_options(options: EvalOptions) -> None:
     """Check the limits and that every option applies to the backend measured.
 
     Raises:
-        UsageError: ``max_results`` below 1, ``min_score`` outside [0, 1], an unknown backend
-            or search mode, ``provider`` / ``model_path`` with the qmd backend (qmd embeds with
-            its own models), or ``qmd_search_mode`` with the builtin engine.
+        UsageError: ``max_results`` < 1, ``min_score`` outside [0, 1], an unknown backend or
+            search mode, ``provider``/``model_path`` with qmd, ``qmd_search_mode`` with builtin.
     """
     if options.max_results < 1:
         raise UsageError("max results must be at least 1")
@@ -463,22 +401,20 @@ def check_options(options: EvalOptions) -> None:
 async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | None = None,
                      options: EvalOptions = EvalOptions(),
                      on_progress: ProgressCallback | None = None) -> EvalReport:
-    """Evaluate LoCoMo conversations: each one converted into a workspace in a temporary
-    folder, indexed into its own temporary store (and qmd index, with the qmd backend), every
-    kept question searched.
+    """Evaluate LoCoMo conversations, each as its own temporary workspace and index.
 
     Args:
         path: a LoCoMo ``*.json`` file or a folder of them.
-        cfg: the loaded config (its ``memorySearch`` and ``memory.qmd`` settings apply).
+        cfg: the loaded config.
         agent_id: whose settings (default: the config's default agent).
-        options: limits, backend and provider or search mode override.
+        options: limits, backend and overrides.
         on_progress: called after each search.
 
     Returns:
-        The :class:`EvalReport` (``per_category`` always lists LoCoMo's four categories).
+        The :class:`EvalReport` (``per_category`` lists LoCoMo's four categories).
 
     Raises:
-        UsageError: no LoCoMo file, a malformed one, no question at all, bad limits or options.
+        UsageError: no LoCoMo file, a malformed one, no question, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
     check_options(options)
@@ -505,19 +441,14 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
 async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: OpenClawConfig,
                       agent_id: str | None = None, options: EvalOptions = EvalOptions(),
                       on_progress: ProgressCallback | None = None) -> EvalReport:
-    """Evaluate a JSONL query set over ``workspace``, indexed into a temporary store.
-
-    Args:
-        queries_file: the JSONL file (see :func:`load_queries`).
-        workspace: the memory workspace the paths are relative to (read only).
-        cfg / agent_id / options / on_progress: as for :func:`run_locomo`.
+    """Evaluate a JSONL query set (:func:`load_queries`) over ``workspace`` (read only),
+    indexed into a temporary store; other arguments as for :func:`run_locomo`.
 
     Returns:
-        The :class:`EvalReport`; ``snippet_recall_at5`` is ``None`` when no line has a ``text``,
-        ``per_category`` lists the ``category`` values met.
+        The :class:`EvalReport` (``per_category``: the ``category`` values met).
 
     Raises:
-        UsageError: the workspace does not exist, a bad queries file, bad limits or options.
+        UsageError: no such workspace, a bad queries file, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
     check_options(options)

@@ -1,22 +1,13 @@
 """Retrieval metrics of an eval run: pure functions from labelled questions and ranked hits to recall.
 
-The unit of recall is the *evidence item* (a labelled line of a memory file, e.g. one LoCoMo
-turn), not the question: a question with three evidence turns counts three times, so every
-metric is "the share of evidence items that ...":
+The unit of recall is the evidence item (a labelled line of a memory file), not the question:
+R@k is the share of items inside the line range of one of the first ``k`` hits (an item
+without a line only needs the path); file R@k, of items whose file one of them names; snippet
+R@5, of items whose text is in one of the first five snippets, whitespace collapsed (items
+with a text only). Lines/hit is the mean ``endLine - startLine + 1`` of every hit.
 
-- **R@k**: ... lie inside the ``[startLine, endLine]`` of one of the first ``k`` hits, same path
-  (an item without a line only needs the path);
-- **file R@k**: ... whose file is named by one of the first ``k`` hits (session-level recall);
-- **snippet R@5**: ... whose text appears in one of the first five snippets, whitespace
-  collapsed on both sides (only items that carry a text count; ``None`` when none does);
-- **lines/hit**: mean ``endLine - startLine + 1`` over every returned hit, the reading budget;
-- per category: R@5 over the evidence items of each category's questions;
-- search latency: p50 / p95 of the per-question search time in ms.
-
-Nothing here touches a store, a clock or the environment: the runner measures, these functions
-count. Source: the metric definitions of the LoCoMo development split's README (``bench/
-locomo-dev``); LoCoMo itself is Maharana et al., "Evaluating Very Long-Term Conversational
-Memory of LLM Agents", ACL 2024.
+Source: the metric definitions of ``bench/locomo-dev``'s README; LoCoMo is Maharana et al.,
+"Evaluating Very Long-Term Conversational Memory of LLM Agents", ACL 2024.
 """
 
 from __future__ import annotations
@@ -24,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -63,27 +55,17 @@ CATEGORY_K = 5
 
 
 class RankedHit(Protocol):
-    """What a metric needs of one search hit (``MemorySearchResult`` fits)."""
+    """What a metric needs of one search hit (``MemorySearchResult`` fits): the workspace-relative
+    ``path``, the 1-based inclusive ``start_line``/``end_line`` and the ``snippet``."""
 
     @property
-    def path(self) -> str:
-        """Workspace-relative path, ``/`` separators."""
-        ...
-
+    def path(self) -> str: ...
     @property
-    def start_line(self) -> int:
-        """First line of the hit, 1-based inclusive."""
-        ...
-
+    def start_line(self) -> int: ...
     @property
-    def end_line(self) -> int:
-        """Last line of the hit, 1-based inclusive."""
-        ...
-
+    def end_line(self) -> int: ...
     @property
-    def snippet(self) -> str:
-        """The text the agent reads for this hit."""
-        ...
+    def snippet(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -91,11 +73,10 @@ class Evidence:
     """One labelled evidence item of a question.
 
     Attributes:
-        path: workspace-relative path of the file that holds it (``memory/2023-05-08.md``).
+        path: workspace-relative path of the file that holds it.
         line: its 1-based line, or ``None`` when any hit naming the file counts.
-        text: text that should appear in a snippet (compared with whitespace collapsed), or
-            ``None`` (the item then does not count for snippet recall).
-        ref: the dataset's id for it (LoCoMo ``dia_id`` such as ``D4:1``), for reports.
+        text: text a snippet should hold (whitespace collapsed), or ``None`` (no snippet recall).
+        ref: the dataset's id for it (LoCoMo ``dia_id`` such as ``D4:1``).
     """
 
     path: str
@@ -106,14 +87,8 @@ class Evidence:
 
 @dataclass(frozen=True)
 class EvalQuestion:
-    """A query with its evidence items.
-
-    Attributes:
-        query: the text passed to ``memory_search`` as is.
-        evidence: one or more items, in the dataset's order.
-        category: the category label for the per-category breakdown (``single-hop``), or ``None``.
-        ref: the dataset's id for the question, for reports.
-    """
+    """A query (passed to ``memory_search`` as is) with its evidence items, optional
+    category label and the dataset's id for it."""
 
     query: str
     evidence: tuple[Evidence, ...]
@@ -123,15 +98,9 @@ class EvalQuestion:
 
 @dataclass(frozen=True)
 class EvidenceOutcome:
-    """Where one evidence item was found among a question's hits (ranks are 1-based).
-
-    Attributes:
-        line_rank: first hit whose path and line range hold the item, or ``None``.
-        file_rank: first hit naming the item's file, or ``None``.
-        snippet_rank: first hit whose snippet holds the item's text, or ``None`` (also when
-            the item has no text; see ``has_text``).
-        has_text: whether the item carries a text (counts for snippet recall).
-    """
+    """The 1-based ranks of the first hit that holds one evidence item by line range,
+    names its file, and holds its text in the snippet (each ``None`` when none does);
+    ``has_text``: whether the item counts for snippet recall."""
 
     line_rank: int | None
     file_rank: int | None
@@ -141,14 +110,8 @@ class EvidenceOutcome:
 
 @dataclass(frozen=True)
 class QuestionOutcome:
-    """The judged result of one question.
-
-    Attributes:
-        category: the question's category, or ``None``.
-        evidence: one outcome per evidence item, in order.
-        hit_lines: ``endLine - startLine + 1`` of every returned hit, best first.
-        latency_ms: time of the search call in ms (>= 0).
-    """
+    """One judged question: its category, one outcome per evidence item, ``endLine -
+    startLine + 1`` of every hit returned (best first) and the search time in ms."""
 
     category: str | None
     evidence: tuple[EvidenceOutcome, ...]
@@ -174,10 +137,7 @@ def names_evidence_file(hit: RankedHit, evidence: Evidence) -> bool:
 
 
 def snippet_holds_evidence(hit: RankedHit, evidence: Evidence) -> bool:
-    """True when the evidence text is in the hit's snippet (both whitespace-collapsed, case kept).
-
-    An item without a text, or with only whitespace, is never held.
-    """
+    """True when the evidence text (not blank) is in the hit's snippet, both whitespace-collapsed."""
     needle = collapse_whitespace(evidence.text or "")
     return bool(needle) and needle in collapse_whitespace(hit.snippet)
 
@@ -192,16 +152,8 @@ def first_rank(hits: Sequence[RankedHit], evidence: Evidence,
 
 
 def judge(question: EvalQuestion, hits: Sequence[RankedHit], *, latency_ms: float) -> QuestionOutcome:
-    """Judge one question's hits (best first) against its evidence items.
-
-    Args:
-        question: the labelled question.
-        hits: what the search returned, best first (all of them: ``k`` is applied later).
-        latency_ms: the search call's duration in ms.
-
-    Returns:
-        The :class:`QuestionOutcome` (ranks, not yet cut at any ``k``).
-    """
+    """Judge one question's hits (all of them, best first; ``k`` is applied later) against
+    its evidence items; ``latency_ms``: the search call's duration."""
     outcomes = tuple(
         EvidenceOutcome(line_rank=first_rank(hits, ev, covers_evidence),
                         file_rank=first_rank(hits, ev, names_evidence_file),
@@ -233,8 +185,8 @@ def recall_at(items: Sequence[EvidenceOutcome], k: int,
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:
-    """The ``pct``-th percentile (0..100) of ``values`` by linear interpolation between the
-    closest ranks (numpy's default ``linear`` method); ``None`` for no values.
+    """The ``pct``-th percentile (0..100) of ``values``, linear between the closest ranks
+    (numpy's default); ``None`` for no values.
 
     Raises:
         ValueError: ``pct`` outside [0, 100].
@@ -260,13 +212,7 @@ class EvalModel(BaseModel):
 
 
 class CategoryRecall(EvalModel):
-    """R@5 of one question category.
-
-    Attributes:
-        questions / evidence: how many questions and evidence items the category has.
-        recall_at5: share of its evidence items inside one of the first five hits (``None``
-            when it has no evidence items).
-    """
+    """R@5 of one question category, over its ``questions`` and ``evidence`` items."""
 
     questions: int
     evidence: int
@@ -274,18 +220,10 @@ class CategoryRecall(EvalModel):
 
 
 class EvalMetrics(EvalModel):
-    """Every metric of one eval run; JSON keys are camelCase and always present.
-
-    Attributes:
-        questions / evidence / hits: questions judged, their evidence items, hits returned.
-        recall_at1 .. recall_at10: R@k (``None`` without evidence items).
-        file_recall_at5 / file_recall_at10: file R@k.
-        snippet_recall_at5: snippet R@5 over the items that carry a text; ``None`` when none does.
-        snippet_evidence: how many items carry a text.
-        lines_per_hit: mean lines per returned hit (``None`` when nothing was returned).
-        search_p50_ms / search_p95_ms: search latency percentiles in ms (``None`` without questions).
-        per_category: R@5 per category label, in the order given to :func:`summarize`.
-    """
+    """Every metric of one eval run (see the module docstring); ``None`` where there is
+    nothing to count. ``snippet_evidence``: items with a text; ``search_p50_ms`` /
+    ``search_p95_ms``: search latency; ``per_category``: R@5 per label, in the order
+    :func:`summarize` was given."""
 
     questions: int
     evidence: int
@@ -305,11 +243,7 @@ class EvalMetrics(EvalModel):
 
 
 class MissedEvidence(EvalModel):
-    """An evidence item not inside any of the first five hits.
-
-    Attributes:
-        path / line / ref: the item (``line`` ``None``: any hit naming the file counts).
-    """
+    """An evidence item outside the first five hits (``line`` ``None``: the file counts)."""
 
     path: str
     line: int | None
@@ -326,14 +260,8 @@ class ReturnedHit(EvalModel):
 
 
 class Miss(EvalModel):
-    """A question with evidence the first five hits did not hold (R@5 missed it).
-
-    Attributes:
-        workspace: the workspace it was asked in (a LoCoMo conversation's name).
-        query / ref / category: the question.
-        expected: the evidence items it missed, in the dataset's order.
-        returned: what came back, best first (all of it, up to maxResults).
-    """
+    """A question R@5 missed: where it was asked, the question, the evidence items it missed
+    (in the dataset's order) and every hit that came back, best first."""
 
     workspace: str
     query: str
@@ -345,15 +273,9 @@ class Miss(EvalModel):
 
 def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: str,
               k: int = CATEGORY_K) -> Miss | None:
-    """The :class:`Miss` of ``question`` when one of its evidence items is not inside the first
-    ``k`` hits (the R@k rule, :func:`covers_evidence`), else ``None``.
-
-    Args:
-        question: the labelled question.
-        hits: what the search returned, best first (a hit's ``score`` is read when it has one).
-        workspace: where it was asked, for the report.
-        k: the cut-off (default 5, the headline R@5).
-    """
+    """The :class:`Miss` of ``question`` when one of its evidence items is not inside the
+    first ``k`` hits (best first; their ``score`` is read when they have one), else ``None``;
+    ``workspace`` names where it was asked."""
     missed = [MissedEvidence(path=ev.path, line=ev.line, ref=ev.ref) for ev in question.evidence
               if (rank := first_rank(hits, ev, covers_evidence)) is None or rank > k]
     if not missed:
@@ -364,29 +286,13 @@ def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: s
                 category=question.category, expected=missed, returned=returned)
 
 
-def _line_rank(item: EvidenceOutcome) -> int | None:
-    return item.line_rank
-
-
-def _file_rank(item: EvidenceOutcome) -> int | None:
-    return item.file_rank
-
-
-def _snippet_rank(item: EvidenceOutcome) -> int | None:
-    return item.snippet_rank
-
-
 def summarize(outcomes: Sequence[QuestionOutcome], *, categories: Sequence[str] = ()) -> EvalMetrics:
     """Aggregate judged questions into :class:`EvalMetrics`.
 
     Args:
         outcomes: one per question.
-        categories: category labels that always appear in ``per_category`` (in this order,
-            with zero counts when no question has them); labels met in ``outcomes`` follow in
-            order of first appearance. Questions without a category are in no breakdown.
-
-    Returns:
-        The metrics; a cut-off ``k`` larger than the hits returned simply sees every hit.
+        categories: labels always in ``per_category`` (in this order, zero counts allowed);
+            other labels follow in order of first appearance; questions without one are in none.
     """
     items = [ev for q in outcomes for ev in q.evidence]
     with_text = [ev for ev in items if ev.has_text]
@@ -397,15 +303,15 @@ def summarize(outcomes: Sequence[QuestionOutcome], *, categories: Sequence[str] 
         group = [q for q in outcomes if q.category == label]
         group_items = [ev for q in group for ev in q.evidence]
         per_category[label] = CategoryRecall(questions=len(group), evidence=len(group_items),
-                                             recall_at5=recall_at(group_items, CATEGORY_K, _line_rank))
+                                             recall_at5=recall_at(group_items, CATEGORY_K, attrgetter("line_rank")))
     latencies = [q.latency_ms for q in outcomes]
-    r = {k: recall_at(items, k, _line_rank) for k in RECALL_KS}
+    r = {k: recall_at(items, k, attrgetter("line_rank")) for k in RECALL_KS}
     return EvalMetrics(
         questions=len(outcomes), evidence=len(items), hits=len(lines),
         recall_at1=r[1], recall_at3=r[3], recall_at5=r[5], recall_at10=r[10],
-        file_recall_at5=recall_at(items, 5, _file_rank),
-        file_recall_at10=recall_at(items, 10, _file_rank),
-        snippet_recall_at5=recall_at(with_text, SNIPPET_K, _snippet_rank),
+        file_recall_at5=recall_at(items, 5, attrgetter("file_rank")),
+        file_recall_at10=recall_at(items, 10, attrgetter("file_rank")),
+        snippet_recall_at5=recall_at(with_text, SNIPPET_K, attrgetter("snippet_rank")),
         snippet_evidence=len(with_text),
         lines_per_hit=sum(lines) / len(lines) if lines else None,
         search_p50_ms=percentile(latencies, 50), search_p95_ms=percentile(latencies, 95),

@@ -1,30 +1,16 @@
 """LoCoMo conversations -> memory workspaces and labelled questions (the benchmark's fixed conversion).
 
-A LoCoMo conversation is months of chat between two speakers, split into dated sessions
-(``session_N`` turns, ``session_N_date_time``), with questions (``qa``) whose evidence turns are
-labelled by dialogue id (``D4:1``). It becomes a memory workspace exactly as the development
-split's README fixes it, so figures compare:
-
-- one daily note per session, ``memory/YYYY-MM-DD.md`` from ``session_N_date_time``
-  (``"1:56 pm on 8 May, 2023"`` -> ``memory/2023-05-08.md``); a second session on the same day is
-  ``memory/YYYY-MM-DD-2.md`` (then ``-3`` ...); sessions without turns are skipped;
-- the note's text: ``# Conversation on <session_N_date_time>``, an empty line, then one line
-  per turn, ``<speaker>: <text>`` (newlines in the text replaced by spaces, stripped), with
-  `` [shares a photo: <blip_caption>]`` appended when the turn has a caption; ending in ``\\n``;
-- a turn's ``dia_id`` maps to (that file, that 1-based line);
-- questions: every ``qa`` entry of category 1-4 (1 multi-hop, 2 temporal, 3 open-domain,
-  4 single-hop; 5, adversarial, is left out); evidence ids are the ``D<n>:<n>`` matches inside
-  each ``evidence`` string, ids naming no turn are dropped, and a question left without
-  evidence is dropped;
-- the snippet text of an evidence turn: the first 60 characters of its line after
-  ``<speaker>: ``, whitespace collapsed.
-
-No ``MEMORY.md`` is written; one workspace per conversation. The data is read from the path
-given; nothing of it is kept.
+As ``bench/locomo-dev``'s README fixes it, so figures compare: one daily note per session with
+turns, ``memory/YYYY-MM-DD.md`` from ``session_N_date_time`` (``-2``, ``-3`` ... for a second
+session that day), holding ``# Conversation on <date_time>``, an empty line, then one
+``<speaker>: <text>`` line per turn (newlines as spaces; `` [shares a photo: <blip_caption>]``
+appended); a turn's ``dia_id`` maps to that file and 1-based line, its snippet text to the first
+60 characters after the speaker, whitespace collapsed. Questions: ``qa`` entries of categories
+1-4 (5, adversarial, is left out), evidence ids the ``D<n>:<n>`` in each ``evidence`` string
+that name a turn; a question left without evidence is dropped. No ``MEMORY.md`` is written.
 
 Source: Maharana et al., "Evaluating Very Long-Term Conversational Memory of LLM Agents"
-(ACL 2024, snap-research/locomo) for the data format; the conversion rules are the
-development split's README.
+(ACL 2024, snap-research/locomo).
 """
 
 from __future__ import annotations
@@ -69,14 +55,13 @@ class LocomoConversation:
     """One converted conversation.
 
     Attributes:
-        name: the sample's ``sample_id``, else the file's stem (``conv-26``); ``#i`` is added
-            for the i-th sample of a file holding several.
+        name: the ``sample_id``, else the file's stem (``#i`` added for the i-th of several).
         source: the file it was read from.
         files: workspace-relative path -> file text, in session order.
-        turns: ``dia_id`` -> its :class:`Evidence` (path, 1-based line, snippet text).
+        turns: ``dia_id`` -> its :class:`Evidence`.
         questions: the kept questions, in ``qa`` order.
-        dropped_questions: category 1-4 questions dropped because no evidence id named a turn.
-        dropped_evidence: evidence ids of kept questions that named no turn.
+        dropped_questions / dropped_evidence: questions dropped for naming no turn; evidence
+            ids of kept questions that named none.
     """
 
     name: str
@@ -89,9 +74,8 @@ class LocomoConversation:
 
 
 def parse_session_date(text: str) -> date:
-    """The calendar date of a LoCoMo ``session_N_date_time`` (``"1:56 pm on 8 May, 2023"``).
-
-    Accepts ``<day> <month name or 3-letter abbreviation>[,] <year>`` anywhere in the text.
+    """The date of a ``session_N_date_time`` (``"1:56 pm on 8 May, 2023"``): ``<day>
+    <month name or abbreviation>[,] <year>`` anywhere in the text.
 
     Raises:
         ValueError: no such date in ``text``, or it does not exist (``31 June``).
@@ -173,22 +157,16 @@ def _questions(qa: Any, turns: Mapping[str, Evidence], *,
 
 
 def convert_sample(sample: Mapping[str, Any], *, name: str, source: str = "<memory>") -> LocomoConversation:
-    """Convert one LoCoMo sample into files, a turn map and questions (rules in the module doc).
+    """Convert one LoCoMo sample (rules in the module docstring).
 
     Args:
-        sample: the sample as parsed JSON: either the public release's shape
-            (``{"sample_id", "conversation": {...}, "qa": [...]}``) or a conversation with its
-            ``qa`` at the top level (``{"speaker_a", "session_1", ..., "qa": [...]}``).
+        sample: parsed JSON, ``{"sample_id", "conversation": {...}, "qa": [...]}`` or a
+            conversation with its ``qa`` at the top level.
         name: the conversation's name when the sample has no ``sample_id``.
-        source: where it came from (error messages and reports).
-
-    Returns:
-        The :class:`LocomoConversation`.
+        source: where it came from (messages and reports).
 
     Raises:
-        UsageError: the sample does not have LoCoMo's shape (the message names the file and the
-            key: a session that is not a list, a turn without speaker or ``dia_id``, a session
-            with turns but no parseable ``session_N_date_time``, a question without text).
+        UsageError: the sample does not have LoCoMo's shape (the message names file and key).
     """
     where = f"{source} ({name})"
     conversation = sample.get("conversation", sample)
@@ -270,10 +248,7 @@ def locomo_files(path: str | Path) -> list[Path]:
 
 
 def write_workspace(conversation: LocomoConversation, root: str | Path) -> Path:
-    """Write the conversation's daily notes under ``root`` (created; ``\\n`` line ends, UTF-8).
-
-    Returns:
-        ``root`` as a ``Path``.
+    """Write the conversation's daily notes under ``root`` (created; UTF-8, ``\\n``); returns ``root``.
 
     Raises:
         UsageError: ``root`` already holds one of the files (nothing is overwritten).

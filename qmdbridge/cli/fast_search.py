@@ -1,34 +1,15 @@
 """The one-shot ``qmdbridge search`` without a daemon: answered from a read-only connection when nothing changed.
 
-An in-process search builds everything: the config's pydantic models, anyio and the
-``MemoryManager``, the store's writer, the pre-search sync under the writer lock. Most one-shot
-searches change nothing (the config file is the one the last search read, the workspace's
-files are the indexed ones), so:
-
-1. After an in-process search succeeds, ``qmdbridge/cli/search_cache.py`` records what a
-   keyword-only search of that agent reads, as plain values (workspace, store, extra paths,
-   query knobs, the index identity, the citations mode), to
-   ``<stateDir>/cli-cache/<key>.json``. The key is what the command resolves from: the daemon's
-   request fingerprint (state dir, ``--agent``, ``--workspace`` resolved against the cwd,
-   ``--backend``, the config file with its size, mtime, ctime and inode:
-   :func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME``, and the size and mtime of the
-   source files that turn a config into settings; the cwd too when the config names a
-   relative workspace or store path. It is written only when such a search needs no engine:
-   builtin backend, keyword-only (``provider: "none"``, or ``"auto"`` without
-   ``local.modelPath`` and ``remote.apiKey``, whose API-key variables are recorded and must be
-   unset on every use), the ``memory`` source, no reranker.
-2. :func:`try_fast_search` reads it back (standard-library JSON: no pydantic, no anyio),
-   checks that the index is in sync with the workspace and answers with the engine's own
-   keyword-only steps (``fallback/engine/in_sync.py``), citations decorated as the manager
-   does, printed as the in-process command prints (``"servedBy": "process"``).
-3. Anything else returns ``None`` and the command runs in-process as before, with its own
-   errors and messages: no snapshot, a changed config file, environment or code, a dirty,
-   missing or unreadable index, ``--explain``, ``--session-key``, a ``--corpus`` other than
-   ``all``, a blank query or a bad limit.
-   So a dirty index is still synced before the search, and config errors are the loader's.
-4. In qmd mode the search always runs in-process; what is recorded for it (``backend``
-   ``qmd``, :func:`recorded_search`) only lets ``qmdbridge/cli/qmd_prefetch.py`` start its
-   qmd calls while the in-process search loads.
+After an in-process search succeeds, ``qmdbridge/cli/search_cache.py`` records what a
+keyword-only search of that agent reads, as plain values, to ``<stateDir>/cli-cache/<crc>.json``
+under a key of what the command resolves from (:func:`settings_key`). The next search with the
+same key reads it back with the standard library only (no pydantic, no anyio), checks that the
+index is in sync and answers with the engine's own keyword-only steps
+(``fallback/engine/in_sync.py``), cited as the manager cites. Anything else (no record, a
+changed config, environment or code, a dirty or unreadable index, ``--explain``,
+``--session-key``, a ``--corpus`` other than ``all``, a blank query or a bad limit) runs
+in-process as before, with its own errors. In qmd mode the record only lets
+``qmdbridge/cli/qmd_prefetch.py`` start the search's qmd calls early.
 
 ``QMDBRIDGE_CLI_CACHE=off`` (or ``0``, ``false``, ``no``) turns reading and writing off.
 """
@@ -53,15 +34,14 @@ if TYPE_CHECKING:
     from fallback.search.fts_only import Hit
 
 __all__ = ["CACHE_DIR_NAME", "CACHE_ENV", "FORMAT", "answer_recorded", "cache_disabled", "code_stamped",
-           "recorded_search", "search_doc", "settings_key", "settings_path", "try_fast_search", "untrusted"]
+           "recorded_search", "search_doc", "settings_key", "settings_path", "untrusted"]
 
 CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
-# Bumped when the file's fields change; an older file is simply not used (and rewritten).
+# Bumped when the file's fields change; an older file is not used (and rewritten).
 FORMAT = 3
-# The source files that turn a config into recorded settings and read them back: a changed one
-# (an upgrade, an edit in a development checkout) makes every recorded file stale. Relative to
-# the folder holding both packages.
+# The source files that turn a config into recorded settings and read them back (relative to
+# the folder holding both packages): a changed one makes every recorded file stale.
 CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
               "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
               "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py",
@@ -74,8 +54,7 @@ def cache_disabled(env: Mapping[str, str]) -> bool:
 
 
 def _note(args: argparse.Namespace, message: str) -> None:
-    """With ``-v``, say on stderr why the search runs in-process (the logging module is not
-    loaded on this path; the line looks like the ``-v`` log lines)."""
+    """With ``-v``, say on stderr why the search runs in-process (as a ``-v`` log line would)."""
     if getattr(args, "verbose", False):
         sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")
 
@@ -93,9 +72,9 @@ def _code_stamp() -> list[list[Any]]:
 
 
 def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    """What the command resolves its agent from (see the module docstring), as a JSON-ready
-    dict; the recorded settings are used only under the same key, and only when it stamps
-    every source file of :data:`CODE_FILES` (:func:`code_stamped`)."""
+    """What the command resolves its agent from, as a JSON-ready dict: the daemon's
+    request fingerprint (:func:`qmdbridge.server.wire.client_fingerprint`), ``$HOME`` and the
+    size and mtime of every file of :data:`CODE_FILES`."""
     return {"format": FORMAT,
             **client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
                                  backend=args.backend, env=env),
@@ -103,30 +82,26 @@ def settings_key(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, 
 
 
 def code_stamped(key: dict[str, Any]) -> bool:
-    """Whether ``key`` holds the size and mtime of every file of :data:`CODE_FILES`: an
-    install without them (a zip, bytecode only) could not tell an upgrade from the version
-    that recorded the settings, so it records and reads none."""
+    """Whether ``key`` stamps every file of :data:`CODE_FILES` (an install without
+    them could not tell an upgrade from the recording version, so it records and reads none)."""
     return all(size is not None for _, size, _ in key["code"])
 
 
 def settings_path(key: dict[str, Any]) -> str:
-    """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a :func:`settings_key`.
-
-    The file holds its whole key and is used only under an equal one, so two keys with one
-    CRC (about one chance in two million among the 64 files kept) only take turns in the file.
-    """
+    """``<stateDir>/cli-cache/<CRC-32 of the key, 8 hex digits>.json`` for a
+    :func:`settings_key` (the file holds its whole key, so two keys with one CRC only take
+    turns)."""
     digest = zlib.crc32(json.dumps(key, sort_keys=True).encode())
     return os.path.join(key["stateDir"], CACHE_DIR_NAME, f"{digest:08x}.json")
 
 
 def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
-    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may hold
-    what another user wrote: it belongs to another user, or group or others may write it.
+    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may
+    hold what another user wrote.
 
     Returns:
         ``None`` when only this user could have written it, else one line such as
-        ``/s/cli-cache is writable by group or others`` or ``/s/cli-cache/x.json belongs to
-        uid 1001``.
+        ``/s/cli-cache is writable by group or others``.
 
     Raises:
         OSError: ``path`` cannot be stat'ed.
@@ -140,9 +115,8 @@ def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
 
 
 def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The recorded settings of this command, when they still hold (same key, cwd when it
-    matters, the workspace and store resolving where they did, for a builtin search no API-key
-    variable set); else ``None``."""
+    """The recorded document of this command when it still holds (same key, cwd when it
+    matters, each named path resolving as it did, no API-key variable set now); else ``None``."""
     key = settings_key(args, env)
     if not code_stamped(key):
         return None
@@ -184,9 +158,9 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
 
 
 def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[str, Any]:
-    """The ``--json`` document of a builtin keyword-only answer to an owner call (no session
-    key), built as ``SearchResponse.to_json_dict()`` builds it (``fallback/answer.py``), each
-    hit cited as the manager cites it (:func:`qmdbridge.policy.citations.cite`)."""
+    """The ``--json`` document of a builtin keyword-only answer to an owner call, built by
+    ``fallback/answer.py`` as every route builds it, hits cited by
+    :func:`qmdbridge.policy.citations.cite`."""
     from fallback.answer import answer_doc, hit_doc
     from qmdbridge.policy.citations import citations_enabled, cite
 
@@ -205,20 +179,15 @@ def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[
 
 
 def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
-    """The settings recorded for this ``search`` command line, when they still hold (same
-    key, cwd when it matters, the workspace and store resolving where they did).
+    """The settings recorded for this ``search`` command line, when they still hold.
 
     Args:
         args: the parsed command line.
         env: the environment (default ``os.environ``).
 
     Returns:
-        The recorded document (``backend`` ``builtin``: :func:`answer_recorded` may answer
-        from it; ``qmd``: ``qmdbridge/cli/qmd_prefetch.py`` starts the search's qmd calls
-        from it), or ``None``: no snapshot, caching off, an API-key variable now set,
-        ``--explain``, ``--session-key``, a ``--corpus`` other than ``all`` (the recorded
-        answer covers every indexed source), a blank query or a bad limit (the in-process run
-        reports those).
+        The recorded document (``backend`` ``builtin``: :func:`answer_recorded` answers from
+        it; ``qmd``: the prefetch starts from it), or ``None`` (see the module docstring).
     """
     e = os.environ if env is None else env
     if (args.command != "search" or args.explain or args.session_key is not None
@@ -231,33 +200,16 @@ def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
     return _recorded(args, e)
 
 
-def try_fast_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
-    """Answer a parsed ``search`` from the recorded settings and an index in sync
-    (:func:`recorded_search`, then :func:`answer_recorded`).
-
-    Args:
-        args: the parsed command line.
-        env: the environment (default ``os.environ``).
-
-    Returns:
-        The exit code after printing the answer, or ``None`` when the command must run
-        in-process (see the module docstring); nothing is printed then.
-    """
-    doc = recorded_search(args, env)
-    return answer_recorded(args, doc) if doc is not None else None
-
-
 def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None:
-    """Answer a parsed ``search`` from its recorded builtin settings (:func:`recorded_search`)
-    and an index in sync.
+    """Answer a parsed ``search`` from its recorded builtin settings and an index in sync.
 
     Args:
         args: the parsed command line.
-        doc: the recorded document.
+        doc: the document :func:`recorded_search` returned.
 
     Returns:
-        The exit code after printing the answer, or ``None`` when the command must run
-        in-process (see the module docstring); nothing is printed then.
+        The exit code after printing the answer, or ``None`` (nothing printed) when the
+        command must run in-process.
     """
     from fallback.engine.in_sync import InSyncSettings, search_in_sync, stale_reason
     from fallback.errors import IndexStoreError

@@ -1,33 +1,18 @@
-"""Recording the settings a one-shot ``qmdbridge search`` reads on its fast path.
+"""Recording the settings a one-shot ``qmdbridge search`` reads on its fast path (``qmdbridge/cli/fast_search.py``).
 
-:mod:`qmdbridge.cli.fast_search` answers a one-shot search without the config models, anyio or
-the engine when it finds this agent's keyword-only search settings recorded under the
-command's key and the index in sync. This module writes them, after an in-process search
-succeeded, from the loaded config and the resolved agent (it runs in that full process, so it
-may import anything; the fast path never imports it). The file, ``<stateDir>/cli-cache/<crc>.json``
-(folder 0700, file 0600, both this user's: the fast path trusts nothing else):
+Written after an in-process search succeeded, from the loaded config and the resolved agent,
+to ``<stateDir>/cli-cache/<crc>.json`` (folder 0700, file 0600, both this user's): ``key``
+(:func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read),
+``backend``, ``cwd`` (when the config names a relative workspace or store path), ``paths``
+(``[as named, resolved]`` for the workspace and the store), and either ``qmd``
+(:func:`qmd_prefetch_settings`) or ``settings`` (:func:`in_sync_settings`), ``citations``,
+``keywordNotice`` and ``providerEnvKeys`` (:func:`provider_env_keys`).
 
-- ``key``: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read;
-- ``backend``: ``builtin`` (the fields below) or ``qmd``: then ``qmd`` holds what
-  ``qmdbridge/cli/qmd_prefetch.py`` needs to start the next search's qmd calls ahead
-  (:func:`qmd_prefetch_settings`), and the search itself always runs in-process;
-- ``cwd``: the working directory when the config names a relative workspace or store path
-  (resolved against it), else ``null``;
-- ``settings``: :class:`~fallback.engine.in_sync.InSyncSettings` as JSON (workspace, store,
-  extra paths, discovery's size cap, the index identity, ``sync.onSearch``, the query knobs);
-- ``paths``: ``[as named, resolved]`` for the workspace and the store
-  (:attr:`~qmdbridge.config.ResolvedAgent.named_paths`): used only while each named path
-  still resolves to the recorded one (a symlink on the way may be retargeted);
-- ``citations``: ``memory.citations``; ``keywordNotice``: whether a plain answer says it is
-  keyword-only (the provider is ``auto``, not ``none``);
-- ``providerEnvKeys``: the API-key variables that would give ``auto`` a provider.
-
-A builtin search is recorded only when it needs no engine: no embedding provider that
-anything but those variables could bring (``provider: "none"``, or ``"auto"`` without
-``local.modelPath`` and ``remote.apiKey``), the ``memory`` source only, no reranker; a qmd
-search only as :func:`qmd_prefetch_settings` says; either only with a config file that did not
-change within a tick of the key (racily clean, ``fallback/index/racy.py``). For any other, a
-recorded file of the key is removed. At most :data:`MAX_FILES` files are kept.
+A builtin search is recorded only when it needs no engine: no embedding provider but what
+those variables could bring, the ``memory`` source only, no reranker, the SQLite store; and
+either kind only with a config file not changed within a tick of the key
+(``fallback/index/racy.py``). Otherwise the key's file is removed. At most :data:`MAX_FILES`
+files are kept.
 """
 
 from __future__ import annotations
@@ -64,8 +49,7 @@ STALE_TEMP_S = 60
 
 
 def _depends_on_cwd(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent) -> bool:
-    """Whether resolving the agent read a relative path against the cwd: the configured
-    workspace (when ``--workspace`` is not given) or ``store.path``."""
+    """Whether resolving the agent read a relative workspace or ``store.path`` against the cwd."""
     raw: list[str | None] = [agent.memory_search.store.path]
     if args.workspace is None:
         entry = next((a for a in cfg.agents if normalize_agent_id(a.id) == agent.agent_id), None)
@@ -74,14 +58,13 @@ def _depends_on_cwd(args: argparse.Namespace, cfg: OpenClawConfig, agent: Resolv
 
 
 def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str] | None:
-    """The variables whose being set would give ``agent`` an embedding provider, when it has
-    none now and nothing else could give it one.
+    """The variables whose being set would give ``agent`` an embedding provider, when
+    it has none now and nothing else could give it one.
 
     Returns:
         ``[]`` for ``provider: "none"``; :data:`~fallback.embeddings.AUTO_ENV_KEYS` for
-        ``"auto"`` without ``local.modelPath`` and ``remote.apiKey`` that selects no provider
-        in ``env``; ``None`` otherwise (a provider is in use, or a file on disk or the config
-        could bring one).
+        ``"auto"`` without ``local.modelPath`` and ``remote.apiKey`` and no provider in
+        ``env``; ``None`` otherwise.
     """
     from fallback.embeddings import AUTO_ENV_KEYS, select_provider  # not for provider "none"
 
@@ -96,8 +79,7 @@ def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str]
 
 
 def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
-    """The agent's keyword-only search settings as plain values (the builtin engine's store,
-    discovery inputs and query knobs, and the identity of an index built without a provider)."""
+    """The agent's keyword-only search settings as plain values."""
     from fallback.engine.in_sync import InSyncSettings
     from fallback.index.identity import index_identity
 
@@ -113,20 +95,14 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
 
 
 def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[str, Any] | None:
-    """What ``qmdbridge/cli/qmd_prefetch.py`` needs to start this agent's next one-shot search's
-    qmd calls ahead, as plain values; ``None`` when it should not.
-
-    Recorded only on a POSIX system, in ``search`` mode, without a boot update the search
-    waits for (``update.onBoot`` with ``waitForBootSync``: its calls would come after an
-    update), with qmd's location in the probe cache (as the sidecar finds it) and neither
-    breaker holding a failure (a search that fell back records nothing).
+    """What ``qmdbridge/cli/qmd_prefetch.py`` needs to start this agent's next
+    one-shot search's qmd calls ahead; ``None`` when it should not (not POSIX, a mode other
+    than ``search``, a boot update the search waits for, qmd not in the probe cache, a
+    breaker holding a failure, no reconcile marker).
 
     Returns:
         ``{command, childPath, probeCommand, stateDir, agentId, workspace, collections,
-        maxResults, marker, indexYml}``: qmd's path and its ``PATH``, ``memory.qmd.command``
-        (the probe cache's key with ``PATH``), the qmd home, the workspace (qmd's cwd), the
-        managed collections' names, ``limits.maxResults``, the reconcile marker's text and
-        ``index.yml``'s ``(mtime_ns, size, inode)``.
+        maxResults, marker, indexYml}``.
     """
     from qmdbridge.paths import qmd_home
     from qmdbridge.qmd.collections import build_collections
@@ -156,10 +132,9 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
 
 
 def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
-    """Whether the config file of ``key`` last changed clearly before the key was taken: not
-    racily clean (``fallback/index/racy.py``), since a save of the same size in the tick of the
-    one the key saw would keep its size, mtime and ctime, and so the key. No config file, or
-    no time given: True."""
+    """Whether the config file of ``key`` last changed clearly before the key was
+    taken (not racily clean: a same-size save in that tick would keep the key); True without
+    a config file or a time."""
     path = key.get("config")
     if path is None or key.get("configStamp") is None or key_taken_ms is None:
         return True
@@ -174,19 +149,15 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
                            key: dict[str, Any], env: Mapping[str, str] | None = None,
                            key_taken_ms: int | None = None) -> bool:
     """Record (or remove) the settings of this search's key; see the module docstring.
-
-    A cache: a folder that cannot be written is skipped (logged, shown with ``-v``).
+    A folder that cannot be written is skipped (logged).
 
     Args:
         args: the parsed ``search`` command line.
         cfg: the loaded config.
         agent: the agent the search ran for.
-        key: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read
-            (a config written meanwhile has another key, so its settings are never recorded
-            under the old one).
+        key: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read.
         env: the environment (default ``os.environ``).
-        key_taken_ms: the wall clock (epoch ms) just before ``key`` was taken; a config file
-            changed within a tick of it is not recorded (see :func:`_config_settled`).
+        key_taken_ms: the wall clock (epoch ms) just before ``key`` was taken.
 
     Returns:
         True when a file was written.
@@ -227,9 +198,8 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
 
 
 def _private_folder(folder: Path) -> bool:
-    """Create the cache folder 0700, or take back group and other bits from ours; False (and
-    nothing is written) when it belongs to another user, whose files the fast path would not
-    trust anyway (:func:`~qmdbridge.cli.fast_search.untrusted`).
+    """Create the cache folder 0700 (or take group and other bits back from ours);
+    False when it belongs to another user.
 
     Raises:
         OSError: the folder cannot be created or changed.
@@ -245,9 +215,8 @@ def _private_folder(folder: Path) -> bool:
 
 
 def _prune(folder: Path, *, keep: str) -> None:
-    """Keep the newest :data:`MAX_FILES` files of the cache folder, ``keep`` (the file just
-    written) always among them, however the clock stood when the others were written; remove
-    the temporary files of writers killed mid-write (older than :data:`STALE_TEMP_S`)."""
+    """Keep the newest :data:`MAX_FILES` files, ``keep`` among them; remove temporary files
+    older than :data:`STALE_TEMP_S` (left by killed writers)."""
     entries = []
     now_ns = time.time_ns()
     for name in os.listdir(folder):

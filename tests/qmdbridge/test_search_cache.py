@@ -14,7 +14,7 @@ import pytest
 
 from fallback.embeddings import AUTO_ENV_KEYS
 from qmdbridge.cli import fast_search
-from qmdbridge.cli.fast_search import CACHE_DIR_NAME, settings_key, settings_path, try_fast_search
+from qmdbridge.cli.fast_search import CACHE_DIR_NAME, settings_key, settings_path
 from qmdbridge.cli.main import build_parser
 from qmdbridge.cli.search_cache import MAX_FILES, record_search_settings
 from qmdbridge.config import load_config, resolve_agent
@@ -49,6 +49,12 @@ def _record(args: argparse.Namespace, env: dict[str, str], config: dict[str, Any
 
 def _recorded(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any] | None:
     return fast_search._recorded(args, env)
+
+
+def try_fast_search(args: argparse.Namespace, env: dict[str, str]) -> int | None:
+    """What ``main`` does without a daemon: the recorded settings, then the answer from them."""
+    doc = fast_search.recorded_search(args, env)
+    return None if doc is None else fast_search.answer_recorded(args, doc)
 
 
 def test_a_keyword_only_builtin_search_is_recorded(setup: tuple[Path, dict[str, str]]) -> None:

@@ -1,21 +1,12 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
-After an in-process search in qmd mode succeeded, ``qmdbridge/cli/search_cache.py`` records what
-its calls are made of (``search_cache.qmd_prefetch_settings``); the next search of the same
-command line then, right after parsing its arguments, works out the calls with the backend's
-own functions (``query_text.search_call``, ``qmd_argv``, ``search_env``, ``search_limits``; the
-collections qmd's index holds documents of; ``qmdbridge.paths.child_env``) and starts them in a
-thread while the main thread loads, and hands them to the in-process search as its qmd runner
-(``qmdbridge/qmd/early.py``). Everything else runs as before (config, breakers, probe,
-reconcile, fallback, output).
-
-Nothing is started ahead when the reconcile marker or ``index.yml`` changed since the recording,
-when a breaker file records a failure, when the probe cache does not hold the recorded qmd as
-the sidecar will look it up (``qmdbridge/qmd/probe_cache.py``), for ``--explain``,
-``--session-key``, a blank query or a bad limit, or on Windows. What the search does not take
-is killed and reaped when the command ends (:meth:`EarlyCalls.close`). docs/cli.md, "One-shot
-search without a daemon", says more. Standard library and light modules only: nothing here
-loads pydantic, anyio or the config.
+From what ``search_cache.qmd_prefetch_settings`` recorded, the calls are worked out with the
+backend's own functions (``qmdbridge/qmd/query_text.py``, ``qmdbridge.paths.child_env``) and
+started in a thread while the main thread loads; the in-process search takes them as its qmd
+runner (``qmdbridge/qmd/early.py``) and does everything else as before. Nothing starts ahead
+when the reconcile marker or ``index.yml`` changed, a breaker holds a failure, the probe cache
+does not hold the recorded qmd, or on Windows; what the search does not take is killed when the
+command ends. Standard library and light modules only.
 """
 
 from __future__ import annotations
@@ -50,10 +41,8 @@ _FIELDS: dict[str, tuple[type, ...]] = {
 
 
 def ahead_limit() -> int:
-    """How many calls may run ahead at once: the cores this process may use but the one its own
-    start-up keeps busy (``sched_getaffinity``, else ``os.cpu_count()``), from 1 to
-    :data:`MAX_AHEAD`. More would only take turns with the start-up on the same cores (each
-    qmd start costs CPU); the search starts the rest itself once it runs."""
+    """How many calls may run ahead at once: the usable cores but one (the start-up's),
+    from 1 to :data:`MAX_AHEAD`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -62,8 +51,7 @@ def ahead_limit() -> int:
 
 
 def breaker_healthy(breaker: Path) -> bool:
-    """Whether a circuit-breaker file (``breaker.json``, ``startup-breaker.json``) records no
-    failure, or there is none; an unreadable one counts as a failure. Standard library only."""
+    """Whether a breaker file records no failure (or is absent); an unreadable one counts as one."""
     try:
         state = json.loads(breaker.read_bytes())
     except FileNotFoundError:
@@ -74,8 +62,7 @@ def breaker_healthy(breaker: Path) -> bool:
 
 
 def _unchanged(qmd: dict[str, Any], home: QmdHome) -> bool:
-    """The reconcile marker and ``index.yml`` as recorded (no reconcile will run first), and
-    neither breaker holding a failure."""
+    """The reconcile marker and ``index.yml`` as recorded, and neither breaker holding a failure."""
     from qmdbridge.qmd.index_stats import file_stamp
 
     try:
@@ -92,17 +79,15 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
     """Start the qmd calls of this ``search`` ahead (in a thread), from its recorded settings.
 
     Args:
-        args: the parsed ``search`` command line (``recorded_search`` checked its query and
-            limits, ``--explain`` and ``--session-key``).
+        args: the parsed ``search`` command line (checked by ``recorded_search``).
         doc: the recorded document (``backend`` ``qmd``).
         env: the environment the search runs with (default ``os.environ``).
-        calls: where the calls go (default a new :class:`EarlyCalls`). The CLI passes the one
-            it will close, made before anything starts: a signal that interrupts this function
-            once the thread runs still finds every call it started.
+        calls: where the calls go (default a new :class:`EarlyCalls`; the CLI passes the one it
+            closes, made before anything starts, so a signal still finds every call).
 
     Returns:
-        The calls (pass ``run_command`` to the search as its qmd runner, :meth:`EarlyCalls.close`
-        when the command ends), or ``None`` when nothing is started (see the module docstring).
+        The calls (their ``run_command`` is the search's qmd runner), or ``None`` when nothing
+        is started.
     """
     from fallback.errors import UsageError
     from qmdbridge.paths import qmd_home
@@ -127,12 +112,8 @@ def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[s
 
 
 def _probed(qmd: dict[str, Any], home: QmdHome, env: Mapping[str, str]) -> bool:
-    """Whether the search will run the recorded qmd without probing it first: the probe cache
-    holds it, as the sidecar looks it up (``memory.qmd.command`` under this ``PATH``), at the
-    recorded path with the recorded ``PATH`` for its children, and the executable there is the
-    one probed (size and mtime). Else the search probes first (a program put in its place
-    gets ``--version`` and no search; another ``PATH`` may find another qmd), so nothing is
-    started ahead."""
+    """Whether the search will run the recorded qmd without probing it first: the probe
+    cache holds it, as the sidecar looks it up, at the recorded path and child ``PATH``."""
     from qmdbridge.qmd.probe_cache import cached_location
 
     if isinstance(qmd["probeCommand"], list) and not all(isinstance(a, str) for a in qmd["probeCommand"]):
@@ -143,8 +124,7 @@ def _probed(qmd: dict[str, Any], home: QmdHome, env: Mapping[str, str]) -> bool:
 
 def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
                  env: dict[str, str]) -> None:
-    """The thread: :func:`_plan_and_start`; a defect there only costs the head start (the search
-    runs its calls itself), so it is noted with ``-v`` and never printed otherwise."""
+    """The thread: :func:`_plan_and_start`; a defect only costs the head start (noted with ``-v``)."""
     try:
         _plan_and_start(calls, args, qmd, env)
     except Exception as exc:  # the CLI edge: nothing may reach stderr from this thread
@@ -154,8 +134,7 @@ def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any
 
 def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
                     env: dict[str, str]) -> None:
-    """One call per collection qmd's index holds documents of, as the backend will make it
-    (``query_text.search_call``: a question's ``lex`` call, else its ``search`` call)."""
+    """One call per collection qmd's index holds documents of, as the backend makes it."""
     from qmdbridge.paths import child_env, qmd_home
     from qmdbridge.qmd.index_stats import index_counts
     from qmdbridge.qmd.query_text import (
@@ -192,8 +171,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
 
 
 def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:
-    """With ``-v``, say on stderr how many qmd calls were started ahead and how many the search
-    took (the line looks like the ``-v`` log lines)."""
+    """With ``-v``, say on stderr how many qmd calls were started ahead and how many the search took."""
     if getattr(args, "verbose", False):
         sys.stderr.write(f"INFO qmdbridge.cli: qmd calls started ahead of the config: {calls.started}, "
                          f"taken by the search: {calls.used}\n")

@@ -1,12 +1,9 @@
 """Circuit breaker for the qmd sidecar: one failure never makes the fallback permanent.
 
 After a failure the breaker opens for a cooldown that doubles with each consecutive failure
-(30 s, 60 s, 120 s ... capped at 10 min). While open, the manager answers from the builtin
-engine without spawning qmd. When the cooldown has passed, the next call is a trial
-("half-open"): success closes the breaker, failure opens it again for a longer cooldown.
-
-The state is kept in a small JSON file per agent (``<qmd_dir>/breaker.json``) so one-shot CLI
-processes share it: a hanging qmd costs one timeout per cooldown, not one per command.
+(30 s up to 10 min); while open the manager answers from the builtin engine; then one trial
+call closes it or opens it again. The state is a JSON file per agent, so one-shot CLI
+processes share it.
 
 Source: the circuit-breaker pattern (M. Nygard, *Release It!*, 2007).
 """
@@ -29,9 +26,8 @@ __all__ = ["CircuitBreaker", "BreakerState", "breaker_scope"]
 BASE_COOLDOWN_MS = 30_000
 # Longest cooldown, in ms: a recovered qmd is picked up again within 10 minutes at worst.
 MAX_COOLDOWN_MS = 600_000
-# A success on a closed breaker rewrites the state file (its lastSuccessAtMs) at most this often,
-# ms, while the file is as this breaker last wrote it: renaming the file after every success
-# was a measurable share of each search of a long-lived process (docs/benchmarks.md).
+# A success on a closed breaker rewrites the state file at most this often (ms) while the file
+# is as this breaker last wrote it: a rename per search is costly in a long-lived process.
 SUCCESS_SAVE_INTERVAL_MS = 5_000
 
 
@@ -54,9 +50,8 @@ class BreakerState:
 
 
 def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, str]) -> str:
-    """The scope of the search breaker: the qmd command, the search mode, and whether ``CI``
-    is set (qmd refuses model work under ``CI``), so a failure recorded in another setting
-    (e.g. "disabled in CI" by an earlier run with ``CI`` set) never explains a search now."""
+    """The search breaker's scope: the qmd command, the search mode and whether ``CI``
+    is set, so a failure recorded in another setting never explains a search now."""
     return f"{command}\0{search_mode}\0ci={'1' if env.get('CI') else '0'}"
 
 
@@ -67,8 +62,7 @@ class CircuitBreaker:
     Args:
         path: JSON state file, or ``None`` for an in-memory breaker.
         base_cooldown_ms / max_cooldown_ms: cooldown after the first failure and its cap (ms).
-        scope: what the failures are about (the configured qmd command); a state recorded for
-            another scope is ignored, so fixing the config takes effect at once.
+        scope: what the failures are about; a state recorded for another scope is ignored.
     """
 
     path: Path | None = None
@@ -113,8 +107,8 @@ class CircuitBreaker:
             # the breaker is advisory: a read-only state dir must not break searches
 
     def _unchanged_since_saved(self, now_ms: int) -> bool:
-        """Whether the file is as this breaker last wrote it, with a success of less than
-        :data:`SUCCESS_SAVE_INTERVAL_MS` ago (another process's failure changes the file)."""
+        """Whether the file is as this breaker last wrote it, with a success of less
+        than :data:`SUCCESS_SAVE_INTERVAL_MS` ago."""
         if self._saved is None or self.path is None:
             return False
         try:
@@ -132,10 +126,8 @@ class CircuitBreaker:
         return self.state.failures == 0 or now >= self.state.open_until_ms
 
     def record_success(self, now_ms: int | None = None) -> None:
-        """Close the breaker. The file is rewritten unless this breaker was closed, the file is
-        as it last wrote it and that write recorded a success less than
-        :data:`SUCCESS_SAVE_INTERVAL_MS` ago (so a failure another process recorded is closed
-        by the next success, and ``lastSuccessAtMs`` lags by at most that interval)."""
+        """Close the breaker; the file is rewritten unless nothing changed since this
+        breaker wrote a success less than :data:`SUCCESS_SAVE_INTERVAL_MS` ago."""
         now = int(time.time() * 1000) if now_ms is None else now_ms
         changed = self.state.failures != 0
         self.state = BreakerState(last_success_at_ms=now, scope=self.scope,

@@ -1,9 +1,5 @@
-"""Citations: a hit's ``path#La-Lb`` and the ``Source:`` footer (spec 9, 2.13).
-
-Whether the footer is shown (``memory.citations``: ``auto`` | ``on`` | ``off``, by chat type)
-is :func:`citations_enabled` (the scope rules, ``qmdbridge/policy/scope.py``, re-export it); the
-manager decorates every backend's hits with these functions, and so does the one-shot CLI
-search, which loads no config model.
+"""Citations: a hit's ``path#La-Lb`` and the ``Source:`` footer (spec 9, 2.13), the one decoration of
+every route's hits (the manager's and the one-shot CLI search's, which loads no config model).
 """
 
 from __future__ import annotations
@@ -42,17 +38,13 @@ def session_key_rest(key: str) -> str:
 
 
 def citations_enabled(mode: str, session_key: str | None) -> bool:
-    """Decide whether hits carry citations and the ``Source:`` footer (spec 2.13, DESIGN).
-
-    ``on`` -> True; ``off`` -> False; ``auto`` (and any invalid mode, which reads as ``auto``)
-    -> True for owner calls (no key) and direct chats, False for groups and channels. The chat
-    is a group or channel when the lower-cased ``:``-tokens of the key's rest (after
-    ``agent:<id>:``) contain ``group`` or ``channel``. Divergence from the reference, which
-    counts keys without the agent prefix as direct: the same token test is applied to the
-    whole key, so ``discord:channel:c1`` is a channel here too.
+    """Whether hits carry the ``Source:`` footer (spec 2.13): ``on`` -> True, ``off`` ->
+    False; ``auto`` (and any invalid mode) -> True for owner calls (no key) and direct chats,
+    False when the ``:``-tokens of the key's rest (after ``agent:<id>:``; the whole key when
+    it has no such prefix, unlike the reference) hold ``group`` or ``channel``.
 
     Args:
-        mode: ``memory.citations``: ``auto`` | ``on`` | ``off``.
+        mode: ``memory.citations``.
         session_key: the raw session key, or ``None``.
     """
     if mode == "on":

@@ -1,11 +1,9 @@
 """The ``corpus`` parameter of ``memory_search`` and ``memory_get``: which indexed sources a call covers.
 
-Agent runtimes written for the reference system pass ``corpus``: ``memory`` (the memory files),
-``sessions`` (session transcripts), ``all`` (the default: every enabled source) or ``wiki``
-(``memory_search``); ``memory``, ``wiki`` or ``all`` (``memory_get``). Each surface (the agent
-tools, MCP, ``serve``, the CLI's ``--corpus``, the library) hands the value to the manager,
-which calls :func:`search_corpus` / :func:`get_corpus` once; the answer names the corpus that
-was searched. No wiki corpus exists here: ``wiki`` searches nothing and says so.
+``memory``, ``sessions`` (transcripts), ``all`` (the default) or ``wiki`` for a search; ``memory``,
+``wiki`` or ``all`` for a read. Every surface hands the value to the manager, which calls
+:func:`search_corpus` / :func:`get_corpus` once. No wiki corpus exists: ``wiki`` finds nothing
+and says so.
 """
 
 from __future__ import annotations
@@ -28,15 +26,9 @@ NO_WIKI = "no wiki corpus is configured: corpus 'wiki' has nothing to search (us
 
 @dataclass(frozen=True)
 class CorpusChoice:
-    """What one call's ``corpus`` covers.
-
-    Attributes:
-        corpus: the corpus searched (``memory`` | ``sessions`` | ``all`` | ``wiki``).
-        sources: the sources to search (``("memory",)``, ``("sessions",)``), ``None`` for every
-            enabled source, or ``()`` when there is nothing to search.
-        note: why nothing is searched (``wiki``, or ``sessions`` while transcripts are not
-            indexed), for the answer's ``warnings``; ``None`` otherwise.
-    """
+    """What one call's ``corpus`` covers: the ``corpus`` searched, the ``sources`` to
+    search (``None``: every enabled source; ``()``: nothing) and the ``note`` saying why nothing
+    is searched, for the answer's ``warnings``."""
 
     corpus: str
     sources: tuple[Literal["memory", "sessions"], ...] | None
@@ -52,20 +44,11 @@ def _checked(corpus: object, allowed: tuple[str, ...], tool: str) -> str:
 
 
 def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
-    """The sources ``memory_search`` covers for ``corpus``.
-
-    Args:
-        corpus: the call's ``corpus`` (``None``: ``all``).
-        sessions_off: why session transcripts are not searchable (:func:`sessions_off_reason`),
-            or ``None`` when they are.
-
-    Returns:
-        ``memory`` -> ``("memory",)``; ``all`` -> ``None`` (every enabled source);
-        ``sessions`` -> ``("sessions",)``, or ``()`` with ``sessions_off`` as the note;
-        ``wiki`` -> ``()`` with :data:`NO_WIKI`.
+    """The sources ``memory_search`` covers for ``corpus`` (``None``: ``all``);
+    ``sessions_off``: :func:`sessions_off_reason`, the note when ``sessions`` finds nothing.
 
     Raises:
-        UsageError: any other value (``corpus must be one of memory, sessions, all, wiki ...``).
+        UsageError: a value other than ``memory``, ``sessions``, ``all``, ``wiki``.
     """
     name = _checked(corpus, SEARCH_CORPORA, "memory_search")
     if name == "wiki":
@@ -76,11 +59,8 @@ def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
 
 
 def get_corpus(corpus: object) -> CorpusChoice:
-    """What ``memory_get`` may read for ``corpus``.
-
-    Returns:
-        ``memory`` / ``all`` (``None``: ``all``) -> every memory file (``sources`` ``None``);
-        ``wiki`` -> ``()`` with :data:`NO_WIKI`.
+    """What ``memory_get`` may read for ``corpus``: every memory file (``memory``,
+    ``all``, ``None``), or nothing with :data:`NO_WIKI` (``wiki``).
 
     Raises:
         UsageError: any other value.
@@ -90,16 +70,9 @@ def get_corpus(corpus: object) -> CorpusChoice:
 
 
 def sessions_off_reason(*, backend: str, qmd_sessions: bool, builtin_sources: Sequence[str]) -> str | None:
-    """Why ``corpus: "sessions"`` finds nothing for this agent, naming the config key that turns
-    transcripts on, or ``None`` when they are searched.
-
-    Args:
-        backend: the configured backend (``qmd`` searches qmd's sessions collection, the builtin
-            engine its own transcript index, which also answers qmd's fallback).
-        qmd_sessions: ``memory.qmd.sessions.enabled``.
-        builtin_sources: the builtin engine's enabled sources (``memorySearch.sources`` after
-            ``experimental.sessionMemory``).
-    """
+    """Why ``corpus: "sessions"`` finds nothing for this agent, naming the config key
+    that turns transcripts on, or ``None`` when they are searched (``qmd_sessions``:
+    ``memory.qmd.sessions.enabled``; ``builtin_sources``: the builtin engine's sources)."""
     if backend == "qmd":
         if qmd_sessions:
             return None

@@ -1,28 +1,11 @@
-"""Scope rules: which session keys may search memory, and whether citations are shown.
+"""Scope rules: which session keys may search memory (and, re-exported from
+``qmdbridge/policy/citations.py``, whether citations are shown).
 
-``citations_enabled`` lives in ``qmdbridge/policy/citations.py`` (which the one-shot CLI search
-loads without the config models) and is re-exported here.
-
-Implements the reference system's scope rules (session-key normalisation, chat-type and channel
-derivation, ordered allow/deny rules) and its ``auto`` citations mode, with two decisions of
-ours:
-
-- no session key (a direct library or CLI call) is an owner call: always allowed, and
-  ``auto`` citations are on for it;
-- a denial is returned as a :class:`~fallback.models.ScopeDecision` whose ``reason`` names
-  the rule (``rules[<i>]``) or the default, with the derived chat type and channel, e.g.
-  ``denied by default (deny); chatType=group channel=discord``.
-
-Session keys look like ``agent:<agentId>:<rest>``, where ``<rest>`` is e.g. ``main``,
-``slack:dm:u123``, ``discord:channel:c1``, ``telegram:group:-100123`` or
-``subagent:<uuid>``. As in the reference, empty ``:``-segments are ignored (``agent::main:x``
-and ``slack::dm:u1`` read as ``agent:main:x`` and ``slack:dm:u1``).
-
-Inherited keys: a session can act for another one (a sub-agent for the session that spawned
-it, a thread or bound session for its conversation). The reference evaluates the rules for
-the session key and each inherited key the runtime passes, and allows the search when any of
-them is allowed; so does :func:`evaluate_scope` (``inherited_keys``). A sub-agent key alone
-derives nothing and falls to the default, as in the reference.
+The reference system's rules (key normalisation, chat-type and channel derivation, ordered
+allow/deny rules, any inherited key allowing the search), with two decisions of ours: no
+session key is an owner call, always allowed; a denial names the deciding rule and the derived
+chat type and channel. Keys look like ``agent:<agentId>:<rest>`` (``main``, ``slack:dm:u123``,
+``discord:channel:c1``, ``subagent:<uuid>``); empty ``:``-segments are ignored.
 """
 
 from __future__ import annotations
@@ -45,18 +28,12 @@ _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
 
 
 def normalize_session_key(key: str | None) -> str | None:
-    """Normalise a session key for scope matching (spec 2.12 step 1).
-
-    Trim; strip a leading ``agent:<id>:`` (case-insensitive, empty segments dropped as in the
-    reference); lower-case (for ``signal`` and ``matrix`` keys with an id part, only the first
-    two parts, so opaque ids keep their case; rules compare case-insensitively anyway).
-
-    Args:
-        key: the raw session key, or ``None``.
+    """Normalise a session key for scope matching (spec 2.12 step 1): trimmed,
+    ``agent:<id>:`` stripped, lower-cased (``signal`` and ``matrix`` keys: only the first two
+    parts, so opaque ids keep their case).
 
     Returns:
-        The normalised key; ``None`` for a missing or blank key and for sub-agent keys
-        (rest starting with ``subagent:``), which have no normalised form.
+        The normalised key; ``None`` for a missing or blank key and for a sub-agent key.
     """
     if key is None:
         return None
@@ -73,20 +50,14 @@ def normalize_session_key(key: str | None) -> str | None:
 
 
 def derive_chat(key: str | None) -> tuple[str | None, str | None]:
-    """Derive ``(chat_type, channel)`` from a session key (spec 2.12 step 2).
-
-    On the normalised key's non-empty ``:``-parts: when the second is ``group``, ``channel``, ``direct`` or
-    ``dm``, the channel is the first part and the chat type is ``group`` if any part is
-    ``group``, else ``channel`` if any part is ``channel``, else ``direct``. Otherwise the
-    chat type is ``group`` if the key contains ``:group:``, ``channel`` if it contains
-    ``:channel:``, else ``direct``, with no channel.
-
-    Args:
-        key: the raw session key, or ``None``.
+    """``(chat_type, channel)`` of a session key (spec 2.12 step 2): when the normalised
+    key's second part is ``group``, ``channel``, ``direct`` or ``dm``, the channel is the first
+    part and the chat type ``group`` if any part is ``group``, else ``channel`` if any part is,
+    else ``direct``; otherwise ``:group:`` / ``:channel:`` in the key decide, with no channel.
 
     Returns:
-        ``(chat_type, channel)``; ``(None, None)`` when there is no normalised key (missing
-        key, sub-agent key). ``chat_type`` is ``direct`` | ``group`` | ``channel``.
+        ``(chat_type, channel)``, ``chat_type`` ``direct`` | ``group`` | ``channel``;
+        ``(None, None)`` without a normalised key.
     """
     norm = normalize_session_key(key)
     if norm is None:
@@ -178,32 +149,24 @@ def scope_candidates(session_key: str | None, inherited_keys: Sequence[str] = ()
 
 def evaluate_scope(scope: QmdScope | None, session_key: str | None, *,
                    inherited_keys: Sequence[str] = ()) -> ScopeDecision:
-    """Apply ``memory.qmd.scope`` to a session key and the keys it inherits (spec 2.12 steps
-    3-4, DESIGN decisions, the reference's session candidates).
+    """Apply ``memory.qmd.scope`` to a session key and the keys it inherits (spec 2.12
+    steps 3-4).
 
-    Rules are tried in order; a rule matches when every field it gives matches: ``channel``
-    equals the derived channel; ``chatType`` equals the derived chat type (``dm`` means
-    ``direct``); ``rawKeyPrefix`` (lower-cased) prefixes the raw lower-cased key;
-    ``keyPrefix`` (lower-cased) prefixes the normalised key, except that a ``keyPrefix``
-    starting with ``agent:`` is compared with the raw key (legacy). The first match decides;
-    no match falls to ``scope.default``. This is done for each key of
-    :func:`scope_candidates`; the search is allowed when any of them is.
+    The first rule whose every field matches decides (``channel`` and ``chatType``, ``dm``
+    meaning ``direct``, against the derived values; ``rawKeyPrefix`` against the raw key;
+    ``keyPrefix`` against the normalised key, or the raw one when it starts with ``agent:``);
+    else ``scope.default``. The search is allowed when any key of :func:`scope_candidates` is.
 
     Args:
-        scope: the configured scope; ``None`` (no scope object) allows everything.
-        session_key: the raw key; ``None`` or blank, with no inherited key, is an owner call
-            and is allowed.
-        inherited_keys: keys this session acts for, from the runtime: the session that
-            spawned a sub-agent (``agent:main:main`` for ``agent:main:subagent:<uuid>``), the
-            conversation a thread or bound session belongs to.
+        scope: the configured scope; ``None`` allows everything.
+        session_key: the raw key; ``None`` or blank without inherited keys is an owner call.
+        inherited_keys: keys this session acts for (a sub-agent's parent, a thread's
+            conversation), from the runtime.
 
     Returns:
-        :class:`ScopeDecision` with ``allowed``, ``reason`` (``allowed by rules[0] (allow);
-        chatType=direct channel=slack``, ``denied by default (deny); chatType=group
-        channel=discord; to allow it, add {action: "allow", match: {chatType: "group"}} to
-        memory.qmd.scope.rules``, ``owner call (no session key)``; ``...; inherited from <key>`` when
-        an inherited key decided), and the deciding key's ``chat_type`` and ``channel``;
-        ``session_key`` is the raw session key. A denial is the session key's own decision.
+        The :class:`ScopeDecision`: ``allowed``, a ``reason`` naming the rule or default and
+        the derived values (a denial says which rule to add; ``...; inherited from <key>``
+        when an inherited key decided), that key's ``chat_type`` and ``channel``.
     """
     candidates = scope_candidates(session_key, inherited_keys)
     if not candidates:

@@ -1,30 +1,12 @@
 """MemoryManager: picks the backend, falls back to the builtin engine, applies scope and citations.
 
-The manager is the one entry point of the library. It serves ``memory_search`` and
-``memory_get`` for one agent:
-
-- ``memory.backend = "builtin"``: the in-process SQLite engine answers.
-- ``memory.backend = "qmd"``: the qmd sidecar answers while it is healthy. When qmd is missing,
-  foreign, failing, hanging or printing garbage, the builtin engine answers the same call
-  (within the search deadline) and the response says ``fallback: {from: "qmd", reason}``. A
-  circuit breaker (``qmdbridge/policy/breaker.py``) retries qmd after a cooldown, so one failure never
-  makes the fallback permanent.
-- ``memory.backend = "none"``: memory tools are disabled.
-
-Deadlines mean one thing each: ``memory.qmd.limits.timeoutMs`` bounds the qmd search call and
-nothing else, and only a failed search opens the search breaker. qmd's start-up (probe,
-collection reconcile, ``--help`` probe, the boot update with ``update.waitForBootSync``) runs
-under its own budgets (the probe's own, ``update.commandTimeoutMs``, ``update.updateTimeoutMs``);
-a one-shot caller waits for it, a long-lived one runs it in the background and answers from the
-builtin engine meanwhile. A qmd that cannot start at all opens a separate start-up breaker.
-
-Background work: the manager owns one anyio task group (:class:`~fallback.background.BackgroundTasks`,
-opened by ``async with``) in which both backends run every background task; ``close()`` cancels
-it and returns when every task and child process is gone. Backends are used only through
-``fallback.contract.MemoryBackend``.
-
-Scope rules (``memory.qmd.scope``) are enforced here for every backend, so a group chat cannot
-read DM-only memory through the fallback. Citations are decorated here for every backend.
+The one entry point of the library for one agent's ``memory_search`` and ``memory_get``.
+``memory.backend``: ``builtin`` (the in-process SQLite engine), ``qmd`` (the sidecar while it is
+healthy; otherwise the builtin engine answers the same call and the answer says
+``fallback: {from: "qmd", reason}``, and a circuit breaker retries qmd after a cooldown) or
+``none`` (disabled). ``limits.timeoutMs`` bounds the qmd search call only; qmd's start-up runs
+under its own budgets and breaker. Scope rules and citations are applied here for every
+backend. Background work runs in the manager's one task group; ``close()`` cancels it.
 """
 
 from __future__ import annotations
@@ -103,21 +85,17 @@ def require_workspace(workspace_dir: Path) -> None:
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,
                        max_injected_chars: int | None = None) -> list[MemorySearchResult]:
-    """Add ``citation`` to every hit; when ``include``, append the ``Source:`` footer.
-
-    The citation names the snippet's lines (``snippet_start_line..snippet_end_line``): the
-    text the agent reads, which for a builtin hit is the window of the chunk that best matches
-    the query.
+    """Add ``citation`` (the snippet's lines) to every hit; when ``include``, append the
+    ``Source:`` footer.
 
     Args:
         results: hits, best first.
-        include: whether the footer goes into the snippet (citations on / auto in a direct
-            chat or owner call).
-        max_injected_chars: total snippet budget in chars (qmd backend: applied after the
-            footer, spec 2.13); ``None`` = no budget.
+        include: whether the footer goes into the snippet.
+        max_injected_chars: total snippet budget in chars, applied after the footer (qmd,
+            spec 2.13); ``None``: no budget.
 
     Returns:
-        New hits, cut to the budget by :func:`~qmdbridge.qmd.parse.clamp_injected`.
+        New hits, cut to the budget (:func:`~qmdbridge.qmd.parse.clamp_injected`).
     """
     out: list[MemorySearchResult] = []
     for r in results:
@@ -130,22 +108,19 @@ def decorate_citations(results: list[MemorySearchResult], *, include: bool,
 class MemoryManager:
     """Async memory service for one agent (anyio).
 
-    Use ``async with MemoryManager(agent) as m``: entering opens the task group the backends'
-    background work runs in, leaving (or ``close()``, from any task) cancels it and closes both
-    backends. A one-shot (``cli``) manager also works without ``async with`` (it starts no
-    background work); a ``full`` one requires it. All methods raise ``ManagerClosedError``
-    after ``close()``.
+    ``async with MemoryManager(agent) as m`` opens the task group the backends' background work
+    runs in; leaving it (or ``close()``) cancels it and closes both backends. A ``cli`` manager
+    also works without ``async with``. Every method raises ``ManagerClosedError`` after ``close()``.
 
     Args:
-        agent: the resolved agent config (``qmdbridge.config.resolve_agent``).
-        backend: override of ``memory.backend`` (the CLI's ``--backend``).
-        mode: ``cli`` (one-shot: no timers, no watchers; searches wait for qmd's start-up) or
-            ``full`` (long-lived ``serve``: qmd start-up, boot update and timers and the file
-            watchers run in the background).
+        agent: the resolved agent config.
+        backend: override of ``memory.backend``.
+        mode: ``cli`` (one-shot: no timers or watchers; searches wait for qmd's start-up) or
+            ``full`` (long-lived: start-up, timers and watchers run in the background).
         env: environment for qmd discovery and the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (tests).
-        qmd_runner: runs each qmd process (``qmdbridge.qmd.runner.CommandRunner``; default
-            ``run_command``): the one-shot CLI passes the qmd calls it started ahead.
+        qmd_runner: runs each qmd process (default ``run_command``; the one-shot CLI passes
+            the calls it started ahead).
     """
 
     def __init__(self, agent: ResolvedAgent, *, backend: BackendName | None = None,
@@ -241,30 +216,24 @@ class MemoryManager:
         """Run ``memory_search``.
 
         Args:
-            query: the user's text (any string; a blank one is a usage error).
-            max_results: hits wanted (default ``query.maxResults`` / ``limits.maxResults``, 6).
-            min_score: score floor in [0, 1] (default ``query.minScore``, 0.35).
+            query: the user's text (a blank one is a usage error).
+            max_results: hits wanted (default ``query.maxResults`` / ``limits.maxResults``).
+            min_score: score floor in [0, 1] (default ``query.minScore``).
             session_key: the runtime's session key (``None`` = owner call).
             sources: restrict to ``memory`` and/or ``sessions``.
-            explain: attach the builtin engine's ranking trace to every hit (``explain``);
-                qmd answers carry none and say so in ``warnings``.
-            inherited_session_keys: keys the session acts for (the session that spawned a
-                sub-agent ...); the scope rules allow the search when any key is allowed
-                (``qmdbridge.policy.scope.evaluate_scope``).
-            corpus: ``memory`` | ``sessions`` | ``all`` (``None``: ``all``) | ``wiki``
-                (``qmdbridge.policy.corpus.search_corpus``); narrows ``sources``.
+            explain: attach the builtin engine's ranking trace to every hit.
+            inherited_session_keys: keys the session acts for (scope rules).
+            corpus: ``memory`` | ``sessions`` | ``all`` (``None``) | ``wiki``; narrows ``sources``.
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
-                for a sync the builtin engine runs before answering (the first search of a
-                workspace indexes it).
+                for a sync the builtin engine runs first.
 
         Returns:
-            ``SearchResponse`` naming the backend that answered and, when it fell back, why,
-            and the corpus searched; ``results == []`` with ``denied`` set when the scope rules
-            refuse the session, or with a warning when the corpus holds nothing to search.
+            ``SearchResponse`` naming the backend, the fallback and the corpus; no results,
+            with ``denied`` set or a warning, when scope refuses or the corpus is empty.
 
         Raises:
             UsageError: blank query, a bad limit or an unknown corpus.
-            BackendUnavailableError: no backend could answer (builtin failed too, or disabled).
+            BackendUnavailableError: no backend could answer.
         """
         admitted = self._admit(query, max_results=max_results, min_score=min_score,
                                session_key=session_key, sources=sources, explain=explain,
@@ -453,20 +422,14 @@ class MemoryManager:
                         lines: int | None = None, corpus: str | None = None) -> MemoryReadResult:
         """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars).
 
-        In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, the transcripts
-        the builtin engine's session hits cite (``sessions/<file>``, also in a fallback
-        answer) by the builtin engine, at the lines the hit cites; other paths by either (the
-        same memory-file rule, qmd's custom collections among the builtin engine's extra paths).
+        In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, ``sessions/<file>``
+        by the builtin engine, other paths by either.
 
         Args:
-            corpus: ``memory`` | ``all`` (``None``) read memory files; ``wiki`` refuses every
-                path (no wiki corpus is configured).
+            corpus: ``memory`` | ``all`` (``None``) read memory files; ``wiki`` refuses every path.
 
         Raises:
-            PathRefusedError: the path is not a memory file (outside the workspace, ``..``,
-                encoded escapes, symlinks, not Markdown), or ``corpus`` is ``wiki``. An absolute
-                path inside the workspace is read as its workspace-relative path
-                (:func:`fallback.request.workspace_relative`).
+            PathRefusedError: not a memory file, or ``corpus`` is ``wiki``.
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
         """
         self._check_open()
@@ -504,16 +467,9 @@ class MemoryManager:
                                       lines=request.lines)
 
     async def status(self) -> MemoryStatus:
-        """The status of the backend that would answer now, with both backends' health.
-
-        ``backends`` holds ``{"builtin": {...}, "qmd": {...}}``: the builtin engine's counts
-        (``files``: files it has indexed, custom collections included in qmd mode) and qmd's
-        view (``collections``: the ``{name, path, pattern}`` qmd searches, known even while
-        qmd is down; ``files``: documents in qmd's index when it answers; ``breaker`` and
-        ``startup``). ``background`` is the task group and its last failure; ``fallback`` is
-        set when qmd is configured but currently not answering. A long-lived manager never
-        waits for qmd's start-up here.
-        """
+        """The status of the backend that would answer now, with both backends' health in
+        ``backends`` (``builtin``, ``qmd``: collections, files, breakers), the task group in
+        ``background`` and ``fallback`` while qmd is configured but not answering."""
         self._check_open()
         engine = await self.builtin()
         builtin_status = await engine.status()
@@ -554,10 +510,8 @@ class MemoryManager:
             **common, "fallback": FallbackInfo(from_backend="qmd", reason=reason)})
 
     async def start(self) -> None:
-        """Start background work for ``full`` mode: the builtin engine's live mode (watcher,
-        timers, boot sync) and qmd's start-up (collections, boot update, timers, watcher). The
-        qmd start-up runs in the background, except with ``update.waitForBootSync``: then
-        this returns after it (under the start-up budgets, never a search deadline).
+        """Start ``full`` mode's background work: the builtin engine's live mode and qmd's
+        start-up (awaited only with ``update.waitForBootSync``).
 
         Raises:
             UsageError: the manager was not entered with ``async with``.
@@ -614,13 +568,9 @@ class MemoryManager:
 
 
 class BlockingMemoryManager:
-    """Blocking facade over :class:`MemoryManager` for scripts and simple hosts.
-
-    Owns an anyio blocking portal (an event loop in a thread) for its whole lifetime and enters
-    the manager there as an async context manager (so its background task group lives in one
-    portal task); every method forwards to the async manager with ``portal.call`` and has the
-    same name and arguments. Use as a context manager or call ``close()``.
-    """
+    """Blocking facade over :class:`MemoryManager` for scripts and simple hosts: owns an
+    anyio blocking portal for its lifetime, enters the manager there and forwards each method
+    (same names and arguments) with ``portal.call``. Use as a context manager or ``close()``."""
 
     def __init__(self, agent: ResolvedAgent, **kwargs: Any) -> None:
         from anyio.from_thread import start_blocking_portal

@@ -1,18 +1,11 @@
 """Config loading: the ``memory.*`` and ``agents.*`` keys of an OpenClaw JSON5 config.
 
-``load_config(path)`` parses a JSON5 file (or none) into :class:`OpenClawConfig`;
-``resolve_agent(cfg, agent_id)`` gives one agent's :class:`ResolvedAgent` with absolute paths
-and per-agent overrides applied (field by field; ``extraPaths`` concatenated). Keys, defaults
-and normalisation are OpenClaw's (``memory.*`` for the qmd bridge, ``memorySearch`` for the
-builtin engine; docs/configuration.md lists them). Unknown keys anywhere are ignored, so a full
-OpenClaw config loads; a malformed file or a bad value raises :class:`ConfigError` naming the
-file, the dotted key path and what was expected.
-
-Both OpenClaw layouts are read (``qmdbridge.config_compat``): the classic one
-(``agents.defaults.memorySearch``, ``agents.list[]``) and the 2026.9 one (``memory.search``,
-``agents.entries.<id>``); where both set a key the 2026.9 one wins. Keys set in both, and numbers
-the settings clamp (``chunking.tokens: 0`` -> 1), are logged once when the config is parsed and
-kept in :attr:`OpenClawConfig.warnings` (``status`` shows them).
+:func:`load_config` parses a file into :class:`OpenClawConfig` (either layout, see
+``qmdbridge.config_compat``); :func:`resolve_agent` gives one agent's :class:`ResolvedAgent`
+with absolute paths and its overrides merged. Keys and defaults are OpenClaw's
+(docs/configuration.md); unknown keys are ignored; a malformed file or a bad value raises
+:class:`ConfigError` naming the file, the dotted key and what was expected. Keys set in both
+layouts and clamped numbers are logged once and kept in the config's ``warnings``.
 """
 
 from __future__ import annotations
@@ -67,12 +60,11 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_duration_ms(value: str | int | float) -> int:
-    """Parse ``<number>[ms|s|m|h|d]`` (default unit minutes) into milliseconds.
-
-    ``"5m"`` -> 300000, ``"15"`` -> 900000, ``"0s"`` -> 0 (disabled), a bare number is minutes.
+    """Parse ``<number>[ms|s|m|h|d]`` (a bare number is minutes) into milliseconds:
+    ``"5m"`` -> 300000, ``"0s"`` -> 0.
 
     Raises:
-        ValueError: when the text is not a duration.
+        ValueError: the value is not a non-negative duration.
     """
     if isinstance(value, bool):
         raise ValueError("a duration like '5m', '30s' or '1h'")
@@ -174,16 +166,15 @@ class QmdScope(_Cfg):
 
 
 class QmdMcp(_Cfg):
-    """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (``serve``, ``mcp``;
-    reached over its stdin and stdout; docs/qmd.md). ``enabled``: unset = on, unless OpenClaw's
-    ``memory.qmd.mcporter.enabled`` is ``false``; ``false`` = every search spawns qmd."""
+    """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (docs/qmd.md);
+    ``enabled`` unset follows ``memory.qmd.mcporter.enabled``, else on."""
 
     enabled: bool | None = None
 
 
 class QmdMcporter(_Cfg):
-    """OpenClaw's ``memory.qmd.mcporter`` (qmd's MCP server kept alive by mcporter): only
-    ``enabled`` is read, as the default of ``memory.qmd.mcp.enabled``; mcporter is not used."""
+    """OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read, as the default of
+    ``memory.qmd.mcp.enabled``."""
 
     enabled: bool | None = None
 
@@ -263,13 +254,8 @@ class CompactionSettings(_Cfg):
 
 
 class AgentEntry(BaseModel):
-    """One agent: ``agents.list[]`` or ``agents.entries.<id>``, with its search overrides
-    (kept raw for field merging; both layouts already merged, see ``config_compat``).
-
-    Attributes:
-        key_path: where the entry is written (``agents.list[0]``, ``agents.entries.ops``).
-        warnings: this agent's config warnings (clamped numbers in its overrides).
-    """
+    """One agent (``agents.list[]`` or ``agents.entries.<id>``) with its raw search
+    overrides, where it is written (``key_path``) and its own config warnings."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -282,19 +268,16 @@ class AgentEntry(BaseModel):
 
 
 class OpenClawConfig(BaseModel):
-    """The parts of an OpenClaw config that qmdbridge reads (everything else is ignored).
+    """The parts of an OpenClaw config that qmdbridge reads.
 
     Attributes:
         memory: ``memory.*``.
-        defaults_memory_search: raw ``agents.defaults.memorySearch`` (merged per agent).
-        defaults_workspace: ``agents.defaults.workspace``.
-        compaction: ``agents.defaults.compaction``.
-        agents: ``agents.list[]`` and ``agents.entries.<id>``, in that order.
+        defaults_memory_search: raw search defaults (merged per agent).
+        defaults_workspace / compaction: ``agents.defaults.workspace`` / ``.compaction``.
+        agents: ``agents.list[]`` then ``agents.entries.<id>``.
         source_file: the file this came from, or ``None``.
-        defaults_key: where the search defaults are written (``memory.search`` or
-            ``agents.defaults.memorySearch``), for messages.
-        warnings: config-wide warnings (keys set in both layouts, clamped numbers of the
-            defaults), each naming its key path; already logged once.
+        defaults_key: where the search defaults are written, for messages.
+        warnings: config-wide warnings, each naming its key path (already logged).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -310,22 +293,10 @@ class OpenClawConfig(BaseModel):
 
 
 class ResolvedAgent(BaseModel):
-    """One agent's effective configuration.
-
-    Attributes:
-        agent_id: normalised (lower-case) id.
-        workspace_dir / state_dir: absolute paths.
-        memory: ``memory.*`` (shared by all agents).
-        memory_search: merged and clamped ``memorySearch`` settings.
-        compaction: flush planner settings.
-        engine: the builtin engine's settings derived from the above.
-        source_file: config file, or ``None``.
-        named_paths: ``(as named, resolved)`` for the workspace and the store: the absolute
-            path the config or command line gives, and the one it resolved to (a symlink on
-            the way may point elsewhere later).
-        config_warnings: the config's warnings that concern this agent (config-wide ones and
-            its own overrides'), for ``status``.
-    """
+    """One agent's effective configuration: normalised id, absolute workspace and
+    state dirs, ``memory.*``, merged search settings, compaction, the builtin engine's
+    settings, the config file, ``named_paths`` (``(as named, resolved)`` for the workspace and
+    the store) and the config warnings that concern it."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
@@ -388,9 +359,8 @@ def _expected(err: Any) -> str:
 
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
                      key_path: str, file: str | None) -> tuple[MemorySearchSettings, list[str]]:
-    """Validate each search object as written (so an error names its own key path and a
-    clamp is reported where it was written), then the merge; returns the merged settings and
-    one warning per number the settings changed."""
+    """Validate each search object as written (so errors and clamps name their own key
+    path), then the merge; returns the merged settings and one warning per clamped number."""
     alone = [_validate(MemorySearchSettings, raw, prefix=path, file=file) for path, raw in written]
     settings = _validate(MemorySearchSettings, merged, prefix=key_path, file=file)
     used = settings.model_dump(by_alias=True)
@@ -401,9 +371,8 @@ def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str
 
 
 def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
-    """Build an :class:`OpenClawConfig` from an already parsed JSON5 document, in either
-    layout (``qmdbridge.config_compat.read_layout``). Warnings (keys set in both layouts,
-    clamped numbers) are logged here, once, and kept on the result.
+    """Build an :class:`OpenClawConfig` from a parsed JSON5 document in either layout;
+    warnings are logged here, once.
 
     Raises:
         ConfigError: a value has the wrong type or is out of range (key path included).
@@ -448,17 +417,11 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
 
 def load_config(path: str | Path | None = None, *,
                 env: dict[str, str] | None = None) -> OpenClawConfig:
-    """Load a JSON5 config file.
-
-    Args:
-        path: the file; ``None`` means ``<stateDir>/openclaw.json`` when it exists, else the
-            built-in defaults.
-        env: environment used to find the state dir (defaults to ``os.environ``).
+    """Load a JSON5 config file (``None``: ``<stateDir>/openclaw.json`` when it exists,
+    else the defaults; ``env`` finds the state dir).
 
     Raises:
-        ConfigError: the file is missing (when given explicitly), unreadable, not valid JSON5,
-            or holds a bad value. The message names the file, the key path and what was
-            expected.
+        ConfigError: a given file is missing, unreadable, not JSON5 or holds a bad value.
     """
     import json5
 
@@ -495,8 +458,7 @@ _JSON5_ERROR_RE = re.compile(r"<string>:(\d+) (.*) at column (\d+)")
 
 
 def _json5_message(message: str) -> str:
-    """json5's syntax error as ``line N, column C: <what>`` (its first line, as is when it has
-    another form)."""
+    """json5's syntax error as ``line N, column C: <what>`` (its first line otherwise)."""
     first = message.splitlines()[0] if message else message
     m = _JSON5_ERROR_RE.fullmatch(first)
     return f"line {m[1]}, column {m[3]}: {m[2]}" if m else first
@@ -514,17 +476,11 @@ _AGENT_ID_UNSAFE_RE = re.compile(r"[^a-z0-9_.-]+")
 
 
 def normalize_agent_id(agent_id: str | None, *, file: str | None = None, key: str = "agent") -> str:
-    """Lower-case and trim an agent id, runs of other characters -> ``-``; empty -> ``main``
-    (``"Ops Bot"`` -> ``ops-bot``).
-
-    Args:
-        agent_id: the id as given.
-        file / key: where the id is written (the config file and ``agents.list[1].id``), for
-            the error.
+    """Lower-case and trim an agent id, other runs of characters -> ``-``, empty ->
+    ``main`` (``"Ops Bot"`` -> ``ops-bot``); ``file``/``key`` say where it is written.
 
     Raises:
-        ConfigError: the id contains a path separator or ``..`` or starts with ``.`` (it names
-            files and folders, so ``../x`` or ``a/b`` must never get through).
+        ConfigError: a path separator, ``..`` or a leading ``.``.
     """
     raw = (agent_id or "").strip().lower()
     if "/" in raw or "\\" in raw or ".." in raw or raw.startswith("."):
@@ -536,9 +492,7 @@ def normalize_agent_id(agent_id: str | None, *, file: str | None = None, key: st
 
 def _model_path_from_config_folder(search: MemorySearchSettings,
                                    source_file: str | None) -> MemorySearchSettings:
-    """``local.modelPath`` made absolute: a relative file path is read against the folder of
-    the config file that holds it (not the current folder, so one config works from anywhere);
-    ``~``, absolute paths, ``hf:`` URIs and a config given without a file are left as they are."""
+    """A relative ``local.modelPath`` read against the config file's folder."""
     raw = (search.local.model_path or "").strip()
     if not raw or source_file is None or raw.startswith(("~", "hf:", "http:", "https:")):
         return search
@@ -552,23 +506,21 @@ def _model_path_from_config_folder(search: MemorySearchSettings,
 def resolve_agent(cfg: OpenClawConfig, agent_id: str | None = None, *,
                   workspace: str | Path | None = None,
                   env: dict[str, str] | None = None) -> ResolvedAgent:
-    """Resolve one agent: workspace, state dir, merged memorySearch settings, store path.
+    """Resolve one agent: workspace, state dir, merged search settings, store path.
 
     Args:
         cfg: the loaded config.
-        agent_id: agent id; ``None`` picks the entry marked ``default``, else an
-            ``agents.entries.main`` (the 2026.9 layout has no ``default`` flag), else the first
-            entry, else ``main``.
-        workspace: overrides the configured workspace (the CLI's ``--workspace``).
-        env: environment (``OPENCLAW_STATE_DIR``); defaults to ``os.environ``.
+        agent_id: ``None`` picks the ``default`` entry, else ``agents.entries.main``, else the
+            first entry, else ``main``.
+        workspace: overrides the configured workspace (``--workspace``).
+        env: environment (``OPENCLAW_STATE_DIR``); default ``os.environ``.
 
-    Workspace rule (spec 2.2): the agent's ``workspace``, else ``agents.defaults.workspace``
-    (for the default agent; ``<defaults.workspace>/<id>`` for others), else
-    ``<stateDir>/workspace`` (default agent) or ``<stateDir>/workspace-<id>``.
+    The workspace is the agent's own, else ``agents.defaults.workspace`` (``/<id>`` added for
+    other agents than the default), else ``<stateDir>/workspace`` (``workspace-<id>``).
 
     Raises:
         ConfigError: the merged per-agent settings are invalid.
-        UsageError: ``workspace`` is given but blank (``""`` would mean the current folder).
+        UsageError: ``workspace`` is given but blank.
     """
     if workspace is not None and not str(workspace).strip():
         raise UsageError("workspace must not be empty")

@@ -1,20 +1,10 @@
 """Config shapes across OpenClaw releases, and notes about values the settings changed.
 
-Two layouts of the same settings are read (:func:`read_layout`):
-
-- **classic** (OpenClaw up to 2026.8): search settings in ``agents.defaults.memorySearch``,
-  agents in ``agents.list[]`` (``{id, default, workspace, memorySearch}``);
-- **2026.9** (OpenClaw 2026.9 moved them, and refuses ``agents.defaults.memorySearch``):
-  search settings in ``memory.search``, agents in the map ``agents.entries.<id>``
-  (``{workspace, memory: {search}}``, several agents need ``agents.ownership: "explicit"``);
-  ``agents.list[].memory.search`` is read as a per-agent override too.
-
-Where both layouts set the same key the 2026.9 one wins and a warning names both paths.
-
-:func:`adjusted_values` compares what a user wrote with what the settings models made of it
-(clamped ranges, normalised weights) and returns one warning per changed number, naming its
-key path, so a clamp never goes unnoticed; :func:`merge_search` lays an agent's own search
-settings over the defaults. Pure functions over parsed JSON5 values.
+:func:`read_layout` reads both layouts: classic (``agents.defaults.memorySearch``,
+``agents.list[]``) and 2026.9 (``memory.search``, ``agents.entries.<id>`` with
+``memory.search``; ``agents.list[].memory.search`` too). Where both set a key the 2026.9 one
+wins and a warning names both paths. :func:`adjusted_values` reports each number the settings
+models clamped; :func:`merge_search` lays an agent's settings over the defaults.
 """
 
 from __future__ import annotations
@@ -35,15 +25,9 @@ _NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
 
 @dataclass
 class AgentSource:
-    """One agent as written in the config, in either layout.
-
-    Attributes:
-        agent_id: the id as written (``agents.list[].id`` or the ``agents.entries`` key).
-        raw: the entry without its search settings (``workspace``, ``default`` ...).
-        search: the agent's search overrides, both layouts merged (2026.9 wins).
-        search_sources: ``[(key path, dict)]`` of each override as written, for messages.
-        key_path: where the entry is (``agents.list[0]``, ``agents.entries.ops``).
-    """
+    """One agent as written, in either layout: the id as written, the entry without its
+    search settings (``raw``), its search overrides (both layouts merged) and each as written
+    (``search_sources``, ``[(key path, dict)]``), and where the entry is (``key_path``)."""
 
     agent_id: str
     raw: dict[str, Any]
@@ -54,15 +38,9 @@ class AgentSource:
 
 @dataclass
 class Layout:
-    """The settings of a config in one shape (see :func:`read_layout`).
-
-    Attributes:
-        search: ``memorySearch`` defaults, both layouts merged (2026.9 wins).
-        search_sources: ``[(key path, dict)]`` of the defaults as written.
-        agents: the agents, ``agents.list`` first then ``agents.entries`` (an id in both is
-            one agent, its ``agents.entries`` fields winning).
-        warnings: one line per key set in both layouts.
-    """
+    """A config's settings in one shape: the search defaults (both layouts merged) and each
+    as written, the agents (``agents.list`` then ``agents.entries``; an id in both is one
+    agent) and one warning per key set in both layouts."""
 
     search: dict[str, Any] = field(default_factory=dict)
     search_sources: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -136,18 +114,11 @@ def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None,
 
 
 def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
-    """Read the search settings and agents of a parsed config in either layout.
-
-    Args:
-        root: the parsed JSON5 document (an object).
-        file: the config file, for messages.
-
-    Returns:
-        The :class:`Layout`; values are not validated here (the settings models do that).
+    """Read the search settings and agents of a parsed config (``root``) in either layout;
+    values are validated later, by the settings models.
 
     Raises:
-        ConfigError: a section that must be an object (``memory.search``, an
-            ``agents.entries`` entry ...) or an array (``agents.list``) is not.
+        ConfigError: a section that must be an object or an array is not (names ``file``).
     """
     out = Layout()
     memory = as_object(root.get("memory"), key="memory", file=file)
@@ -207,16 +178,15 @@ def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path:
     """One warning per number in ``written`` that the settings changed in ``resolved``.
 
     Args:
-        written: a settings object as the user wrote it (camelCase keys).
-        resolved: the same object validated on its own and dumped by alias (same keys).
+        written: a settings object as written (camelCase keys).
+        resolved: the same object validated alone and dumped by alias.
         key_path: where ``written`` is in the config (``memory.search``).
-        used: the settings in effect, dumped by alias (the defaults and the agent's overrides
-            merged), where the value reported as used is read; ``resolved`` when ``None``.
+        used: the settings in effect, dumped by alias, whose value is reported as used
+            (default ``resolved``).
 
     Returns:
-        ``["<key path>.<key>: <written> is out of range; using <used>"]``, in key order. The
-        hybrid weights (normalised to a sum of 1 by design) are reported only when a written
-        weight lies outside [0, 1] or both are 0.
+        ``["<key path>.<key>: <written> is out of range; using <used>"]`` in key order (hybrid
+        weights only when one lies outside [0, 1] or both are 0).
     """
     used = resolved if used is None else used
     notes: list[str] = []

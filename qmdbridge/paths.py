@@ -1,21 +1,17 @@
 """Per-agent qmd home: the XDG folders, lock files and child environment of one agent's qmd.
 
-Layout (the reference system's per-agent qmd home, kept so an existing deployment's folders are reused)::
+The reference system's layout, so an existing deployment's folders are reused::
 
     <stateDir>/agents/<agentId>/qmd/                 qmd_dir
-      xdg-config/                                    XDG_CONFIG_HOME
-        qmd/index.yml                                QMD_CONFIG_DIR = xdg-config/qmd
-      xdg-cache/                                     XDG_CACHE_HOME
-        qmd/index.sqlite                             the index qmd writes and the bridge reads
-        qmd/models -> <user's qmd model cache>       symlink, so models are downloaded once
+      xdg-config/qmd/index.yml                       XDG_CONFIG_HOME, QMD_CONFIG_DIR
+      xdg-cache/qmd/index.sqlite                     XDG_CACHE_HOME: the index
+      xdg-cache/qmd/models -> <user's model cache>   downloaded once
       sessions/                                      default session-export folder
     <stateDir>/agents/<agentId>/qmd-write.lock       per-agent write lock
-    <stateDir>/qmd/embed.lock                        global embed lock (all agents)
+    <stateDir>/qmd/embed.lock                        global embed lock
 
-Every qmd call also passes ``--index index``: with the XDG variables below that pins
-``xdg-config/qmd/index.yml`` and ``xdg-cache/qmd/index.sqlite``, and it stops qmd's walk up from
-the cwd for a project-local ``.qmd/index.yml`` (verified with qmd 2.8.3; see
-``tests/qmdbridge/test_paths.py``).
+Every qmd call also passes ``--index index``, which pins those two files and stops qmd's walk up
+from the cwd for a project-local ``.qmd/index.yml``.
 """
 
 from __future__ import annotations
@@ -35,24 +31,10 @@ _DROPPED_ENV = ("INDEX_PATH",)
 
 @dataclass(frozen=True)
 class QmdHome:
-    """The folders and files of one agent's qmd (all absolute).
-
-    Attributes:
-        qmd_dir: ``<stateDir>/agents/<agentId>/qmd``.
-        xdg_config: ``qmd_dir/xdg-config`` (the child's ``XDG_CONFIG_HOME``).
-        xdg_cache: ``qmd_dir/xdg-cache`` (the child's ``XDG_CACHE_HOME``).
-        config_dir: ``xdg_config/qmd`` (the child's ``QMD_CONFIG_DIR``).
-        index_yml: ``config_dir/index.yml`` (qmd's collections config for ``--index index``).
-        index_db: ``xdg_cache/qmd/index.sqlite``.
-        models_dir: ``xdg_cache/qmd/models`` (symlinked to the user's model cache).
-        sessions_dir: ``qmd_dir/sessions`` (default session-export folder).
-        write_lock: ``<stateDir>/agents/<agentId>/qmd-write.lock``.
-        embed_lock: ``<stateDir>/qmd/embed.lock`` (shared by all agents).
-        breaker / startup_breaker: ``qmd_dir/breaker.json`` (searches) and
-            ``qmd_dir/startup-breaker.json`` (start-up): the circuit breakers' state files.
-        reconciled: ``qmd_dir/reconciled.json``, the marker of the last collections reconcile.
-        probe_cache: ``<stateDir>/qmd/probe-cache.json`` (where qmd was found; all agents).
-    """
+    """The folders and files of one agent's qmd, all absolute (see the module docstring),
+    with the breakers' state files (``breaker.json``, ``startup-breaker.json``), the reconcile
+    marker (``reconciled.json``) and the probe cache shared by all agents
+    (``<stateDir>/qmd/probe-cache.json``)."""
 
     qmd_dir: Path
     xdg_config: Path
@@ -71,12 +53,7 @@ class QmdHome:
 
 
 def qmd_home(state_dir: Path, agent_id: str) -> QmdHome:
-    """The qmd home of ``agent_id`` under ``state_dir`` (nothing is created).
-
-    Args:
-        state_dir: the OpenClaw state dir (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``); made
-            absolute.
-        agent_id: the agent id; one path segment.
+    """The qmd home of ``agent_id`` (one path segment) under ``state_dir`` (nothing is created).
 
     Raises:
         UsageError: ``agent_id`` is empty, ``.``/``..``, or contains a path separator or NUL.
@@ -112,17 +89,11 @@ def user_models_dir(parent_env: Mapping[str, str]) -> Path | None:
 
 
 def ensure_home(home: QmdHome, *, parent_env: Mapping[str, str]) -> list[str]:
-    """Create the home's folders and link the user's model cache; return warnings, never raise.
-
-    Creates ``config_dir``, ``xdg_cache/qmd``, ``sessions_dir`` and the lock files' folders.
-    Then, when the user's model cache (:func:`user_models_dir`) is a directory and
-    ``home.models_dir`` does not exist at all (not even as a broken symlink), creates the
-    symlink ``models_dir -> <user cache>``. An existing ``models_dir`` is never replaced; a
-    missing user cache is silent.
+    """Create the home's folders and, when the user's model cache exists and
+    ``models_dir`` does not (not even as a broken link), link it; never raises.
 
     Returns:
-        Warnings, e.g. ``failed to symlink qmd models directory: [Errno 13] ...``; ``[]`` when
-        all went well.
+        Warnings (``failed to symlink qmd models directory: ...``); ``[]`` when all went well.
     """
     warnings: list[str] = []
     for folder in (home.config_dir, home.xdg_cache / "qmd", home.sessions_dir,
@@ -142,13 +113,9 @@ def ensure_home(home: QmdHome, *, parent_env: Mapping[str, str]) -> list[str]:
 
 
 def child_env(home: QmdHome, *, parent_env: Mapping[str, str], path_env: str) -> dict[str, str]:
-    """The environment of every qmd process of this agent.
-
-    ``parent_env`` plus ``XDG_CONFIG_HOME=xdg_config``, ``QMD_CONFIG_DIR=config_dir``,
-    ``XDG_CACHE_HOME=xdg_cache``, ``NO_COLOR=1`` and ``PATH=path_env`` (use
-    ``QmdLocation.child_path``), without ``INDEX_PATH`` (it would redirect the index). Other
-    variables, ``CI`` included, pass through unchanged.
-    """
+    """The environment of every qmd process of this agent: ``parent_env`` with the XDG
+    and ``QMD_CONFIG_DIR`` variables of ``home``, ``NO_COLOR=1`` and ``PATH=path_env``, without
+    ``INDEX_PATH``."""
     env = {k: v for k, v in parent_env.items() if k not in _DROPPED_ENV}
     env.update({
         "XDG_CONFIG_HOME": str(home.xdg_config),

@@ -1,15 +1,9 @@
 """Access control of ``qmdbridge mcp --http``: the bearer token and the loopback Host/Origin rules.
 
-- **Token**: ``$QMDBRIDGE_MCP_TOKEN`` when set, else the file ``<stateDir>/mcp/token``
-  (folder 0700, file 0600, 32 random bytes URL-safe base64), created on first use and reused
-  after. Every HTTP request must carry ``Authorization: Bearer <token>`` (the scheme in any
-  case); anything else gets ``401`` with ``WWW-Authenticate: Bearer`` before it reaches the
-  MCP transport. Tokens are compared in constant time (``hmac.compare_digest``).
-- **DNS rebinding**: a web page on another origin that resolves its name to 127.0.0.1 must not
-  reach the server, so the SDK's transport security is switched on with loopback names only
-  (``127.0.0.1``, ``localhost``, ``[::1]`` with any port; plus the bind address when it is
-  a specific non-loopback one). A bad ``Host`` gets ``421``, a bad ``Origin`` ``403``, as in
-  qmd's own MCP server.
+Every request must carry ``Authorization: Bearer <token>`` (compared in constant time), else
+``401``; the token is ``$QMDBRIDGE_MCP_TOKEN``, else ``<stateDir>/mcp/token`` (created 0600 on
+first use). Against DNS rebinding the SDK's transport security allows loopback Host/Origin
+names only (plus a specific bind address): a bad ``Host`` gets ``421``, a bad ``Origin`` ``403``.
 """
 
 from __future__ import annotations
@@ -42,20 +36,14 @@ def token_file(state_dir: Path) -> Path:
 
 
 def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, Path | None]:
-    """The bearer token of the HTTP server, and the file it came from (``None`` for the env var).
+    """The bearer token and the file it came from (``None`` for the environment variable).
 
-    Args:
-        state_dir: the state dir (the token file lives under it).
-        env: environment; ``QMDBRIDGE_MCP_TOKEN`` wins when set and not blank.
-
-    Returns:
-        ``(token, path or None)``. A missing token file is created (folder 0700, file 0600,
-        written with ``O_EXCL`` so two servers starting together agree on one token); an
-        existing one is read and its mode tightened to 0600.
+    A missing file is created with ``O_EXCL`` (folder 0700, file 0600, 32 random bytes), so
+    two servers starting together agree on one token; an existing one is tightened to 0600.
 
     Raises:
-        ConfigError: the token (env or file) is shorter than 16 characters, or the file cannot
-            be read or written.
+        ConfigError: the token is shorter than 16 characters, or the file cannot be read or
+            written.
     """
     raw = env.get(TOKEN_ENV, "").strip()
     if raw:
@@ -86,12 +74,8 @@ def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, 
 
 
 def loopback_security(bind_host: str) -> TransportSecuritySettings:
-    """The SDK's DNS-rebinding protection allowing loopback Host/Origin values on any port.
-
-    Args:
-        bind_host: the address the server binds; a specific non-loopback address (not
-            ``0.0.0.0``/``::``) is allowed too, so clients that dial it are not refused.
-    """
+    """The SDK's DNS-rebinding protection allowing loopback Host/Origin values on any
+    port, and ``bind_host`` when it is a specific non-loopback address."""
     names = list(LOOPBACK_NAMES)
     if bind_host not in ("0.0.0.0", "::", "", *LOOPBACK_NAMES, "::1"):
         names.append(f"[{bind_host}]" if ":" in bind_host else bind_host)
@@ -103,15 +87,8 @@ def loopback_security(bind_host: str) -> TransportSecuritySettings:
 
 
 def exposure_warning(bind_host: str) -> str | None:
-    """The warning ``mcp --http`` prints when ``bind_host`` is not a loopback address, or ``None``.
-
-    Args:
-        bind_host: the ``--host`` value.
-
-    Returns:
-        ``warning: --host 0.0.0.0 listens on every network interface: ...`` naming what
-        protects memory then; ``None`` for ``127.0.0.1``, ``localhost`` and ``::1``.
-    """
+    """The warning ``mcp --http`` prints when ``bind_host`` is not loopback (it names
+    what protects memory then), else ``None``."""
     if bind_host in ("127.0.0.1", "localhost", "::1", "[::1]") or bind_host.startswith("127."):
         return None
     where = "every network interface" if bind_host in ("0.0.0.0", "::", "") else f"{bind_host}, not loopback"
@@ -121,12 +98,7 @@ def exposure_warning(bind_host: str) -> str | None:
 
 
 class BearerTokenMiddleware:
-    """ASGI middleware: answer ``401`` unless ``Authorization: Bearer <token>`` matches.
-
-    Args:
-        app: the wrapped ASGI app (the MCP transport).
-        token: the expected token.
-    """
+    """ASGI middleware around ``app``: ``401`` unless ``Authorization: Bearer <token>`` matches."""
 
     def __init__(self, app: ASGIApp, *, token: str) -> None:
         self.app = app

@@ -1,14 +1,12 @@
 """Request rules of ``qmdbridge mcp --http`` that the MCP SDK's Streamable HTTP transport lacks.
 
-- **One request per JSON-RPC id and session.** The SDK (1.30) keys each POST's reply stream by
-  the request's id: a second POST with an id still in flight in the same session replaced the
-  first one's stream, so all but one of them waited forever. Such a POST is answered ``409``
-  with a JSON-RPC error naming the id, and never reaches the transport.
-- **A deadline per POST** (``request_timeout_s``): a request not answered by then is cancelled
-  (``504`` with a JSON-RPC error when no reply had started; otherwise its stream ends), so no
-  client waits without end for a reply that cannot come.
+- One request per JSON-RPC id and session: the SDK keys each POST's reply stream by the id, so
+  a second POST with an id still in flight would leave one of them waiting forever; it gets
+  ``409`` with a JSON-RPC error instead.
+- A deadline per POST: a request not answered in time is cancelled (``504`` when no reply had
+  started; otherwise its stream ends).
 
-GET (the session's own event stream) and DELETE pass through untouched.
+GET and DELETE pass through untouched.
 """
 
 from __future__ import annotations
@@ -29,12 +27,8 @@ SESSION_HEADER = "mcp-session-id"
 
 
 class RequestGuard:
-    """ASGI wrapper of the MCP transport applying the two rules of this module.
-
-    Args:
-        app: the MCP transport (``StreamableHTTPSessionManager.handle_request``).
-        request_timeout_s: the deadline of one POST in seconds (> 0).
-    """
+    """ASGI wrapper of the MCP transport ``app`` applying this module's rules;
+    ``request_timeout_s``: the deadline of one POST in seconds (> 0)."""
 
     def __init__(self, app: ASGIApp, *, request_timeout_s: float) -> None:
         self.app = app

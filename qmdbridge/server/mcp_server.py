@@ -1,22 +1,11 @@
 """``qmdbridge mcp``: the agent's memory as an MCP server (stdio, or Streamable HTTP).
 
-Built on the official ``mcp`` SDK's low-level ``Server``, so the tool schemas are exactly those
-of :mod:`qmdbridge.tools` (one definition) and every call goes through the same handlers
-(same results, refusals, scope rules and citations as the in-process tools and ``serve``):
-
-- ``memory_search``: ``MEMORY_SEARCH_SCHEMA`` plus an optional ``sessionKey`` (the caller's
-  session key, which scope rules and citations depend on) and ``sessionKeys`` (keys the session
-  inherits, such as the session that spawned a sub-agent; the scope rules allow the search when
-  any key is allowed);
-- ``memory_get``: ``MEMORY_GET_SCHEMA``;
-- ``status``: the manager's status (no arguments).
-
-Each result is the handler's JSON document, as ``structuredContent`` and as one text block;
-``isError`` is true when the handler answered ``disabled`` (a failure or a refused path).
-One long-lived ``MemoryManager`` in ``full`` mode (file watcher, qmd timers) serves every
-session. The server stops on SIGTERM/SIGINT, and on end of stdin in stdio mode, closing the
-manager so every qmd child is reaped. HTTP access rules are in :mod:`qmdbridge.server.http_auth`;
-a client ending its HTTP session is routine and logs nothing.
+On the official ``mcp`` SDK's low-level ``Server``, with the tool schemas and handlers of
+:mod:`qmdbridge.tools` (one definition for every route): ``memory_search`` (plus optional
+``sessionKey`` and inherited ``sessionKeys``), ``memory_get`` and ``status``. Each result is
+the handler's JSON document, as ``structuredContent`` and one text block, ``isError`` when it
+answered ``disabled``. One long-lived ``full``-mode manager serves every session until
+SIGTERM/SIGINT (or end of stdin over stdio).
 """
 
 from __future__ import annotations
@@ -84,11 +73,8 @@ def mcp_tools() -> list[types.Tool]:
 
 
 def build_server(manager: MemoryManager) -> Server[Any, Any]:
-    """An MCP ``Server`` answering ``tools/list`` and ``tools/call`` with ``manager``.
-
-    The SDK validates arguments against the input schemas before the handler runs (a bad
-    type comes back as an ``isError`` result naming the problem).
-    """
+    """An MCP ``Server`` answering ``tools/list`` and ``tools/call`` with ``manager`` (the
+    SDK validates arguments against the schemas first)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -127,10 +113,8 @@ async def _serve_stdio(server: Server[Any, Any]) -> None:
 
 
 class _ClosedSessionStreams(logging.Filter):
-    """Drops the MCP SDK's ``Error in standalone SSE writer`` record when its cause is the
-    session's own stream closing (``ClosedResourceError``/``BrokenResourceError``): every HTTP
-    client that ends its session closes that stream, and the SDK logs a traceback for it. Any
-    other error of the writer is still logged."""
+    """Drops the SDK's ``Error in standalone SSE writer`` record when its cause is the
+    session's own stream closing (every client ending its session); other errors still log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Whether ``record`` is logged (everything but that routine stream closing)."""
@@ -145,13 +129,8 @@ class _SdkLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def _route_sdk_logs(*, verbose: bool) -> None:
-    """Send the MCP SDK's log records (a refused Host or Origin header, a bad request ...)
-    through one handler of ours instead of Python's bare last-resort output: warnings and
-    below only with ``-v`` (the refused client already got its 4xx answer), errors always.
-
-    Args:
-        verbose: ``-v`` was given.
-    """
+    """Send the MCP SDK's log records through one handler of ours: warnings and below
+    only with ``verbose`` (the refused client already got its 4xx), errors always."""
     sdk = logging.getLogger("mcp")
     if any(isinstance(h, _SdkLogHandler) for h in sdk.handlers):
         return
@@ -176,14 +155,12 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                       token_path: Path | None, verbose: bool = False,
                       request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                       session_idle_s: float = DEFAULT_SESSION_IDLE_S) -> None:
-    """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled (token and
-    Host/Origin checks of :mod:`qmdbridge.server.http_auth`, request rules of
-    :mod:`qmdbridge.server.http_guard`); closes ``sock``.
+    """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled, behind
+    :mod:`~qmdbridge.server.http_auth` and :mod:`~qmdbridge.server.http_guard`; closes ``sock``.
 
     Args:
         request_timeout_s: deadline of one POST, seconds.
-        session_idle_s: a session with no request in flight for this long (seconds) is closed
-            (its id then answers 404); 0 keeps sessions until the client ends them.
+        session_idle_s: seconds without a request after which a session is closed; 0: never.
     """
     import uvicorn
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -233,11 +210,8 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
 
     Raises:
         ConfigError: ``--http`` and the bearer token is too short or its file unusable.
-        UsageError: ``--request-timeout`` not above 0 or ``--session-idle`` below 0.
-        UsageError: ``--http`` and ``host:port`` cannot be bound (in use, not an address here).
-
-    The process is :func:`qmdbridge.server.process.run_until_signal`: a signal during start-up
-    still closes the manager and reaps every child process.
+        UsageError: a bad ``--request-timeout``/``--session-idle``, or ``host:port`` cannot
+            be bound.
     """
     token: str | None = None
     token_path: Path | None = None

@@ -40,14 +40,11 @@ def _pump_stdin(send: MemoryObjectSendStream[bytes], token: Any) -> None:
 
 
 def stdin_lines() -> MemoryObjectReceiveStream[bytes]:
-    """Start a daemon thread that reads stdin and hands its lines to the running event loop.
-
-    The blocked read never delays exit (a worker thread of the loop would: cancellation cannot
-    interrupt it, so a SIGTERM would wait for the next input line).
+    """Start a daemon thread that reads stdin and hands its lines to the running event loop
+    (a blocked read in a loop worker would hold up exit after a signal).
 
     Returns:
-        A stream of stdin's lines, each ending in ``b"\\n"`` (one is added to an unterminated
-        last line); it ends at end of input.
+        A stream of stdin's lines, each ending in ``b"\\n"``; it ends at end of input.
     """
     from anyio.lowlevel import current_token
 
@@ -59,20 +56,16 @@ def stdin_lines() -> MemoryObjectReceiveStream[bytes]:
 
 async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None, prog: str,
                            body: Callable[[MemoryManager, TaskGroup], Awaitable[None]]) -> None:
-    """Run one ``full``-mode manager (file watchers, qmd timers) for ``agent`` until ``body``
-    returns or SIGTERM/SIGINT arrives, then close it, so every qmd child is reaped.
-
-    The signal handlers are installed before the manager starts, so a signal during start-up
-    (a slow or hanging qmd reconciling its collections) still closes it. Once started, one
-    line ``<prog>: agent <id>, backend <name>, workspace <dir>`` goes to stderr, and
-    ``<prog>: stopped`` at the end.
+    """Run one ``full``-mode manager for ``agent`` until ``body`` returns or
+    SIGTERM/SIGINT arrives, then close it, so every qmd child is reaped. The signal handlers
+    come first, so a signal during start-up still closes it; ``<prog>: agent <id>, backend
+    <name>, workspace <dir>`` and ``<prog>: stopped`` go to stderr.
 
     Args:
         agent: the resolved agent.
-        backend: ``--backend`` (``builtin``, ``qmd``) or ``None`` for the config's.
-        prog: the name the stderr lines start with (``qmdbridge serve``).
-        body: what the process does with the started manager; tasks it starts in the given
-            task group are cancelled with it.
+        backend: ``--backend`` or ``None`` for the config's.
+        prog: the name the stderr lines start with.
+        body: what the process does with the started manager and task group.
     """
     async with MemoryManager(agent, backend=backend, mode="full") as manager:
         async with anyio.create_task_group() as tg:

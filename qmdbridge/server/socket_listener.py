@@ -1,16 +1,10 @@
 """The Unix-socket listener of ``qmdbridge serve``: the warm daemon the CLI finds by itself.
 
-One socket per agent, ``<stateDir>/daemon/<agentId>.sock`` (folder 0700, socket 0600, owner
-only; see :mod:`qmdbridge.server.wire` for the layout and framing). Each connection sends JSON
-request lines and gets one JSON reply line each, answered by the same handler as ``serve``'s
-stdin. A request with a ``fingerprint`` is answered only when it names what this daemon
-serves (:meth:`DaemonIdentity.mismatch`); otherwise the reply is ``{"id", "mismatch": reason}``
-and the CLI works in-process. Where the OS offers ``SO_PEERCRED`` (Linux), a peer whose uid is
-not this process's effective uid is refused before it can send anything.
-
-The socket is bound under a temporary name and renamed into place after ``listen()``, so a
-client never sees the final name refuse a connection while the daemon starts (a refused
-connect means a dead daemon, and the client removes such a socket).
+Layout and framing: :mod:`qmdbridge.server.wire`. Requests are answered by the same handler as
+``serve``'s stdin, a fingerprinted one only when it names what this daemon serves
+(:meth:`DaemonIdentity.mismatch`). With ``SO_PEERCRED`` (Linux) a peer of another uid is
+refused at once. The socket is bound under a temporary name and renamed into place after
+``listen()``, so a refused connect always means a dead daemon.
 """
 
 from __future__ import annotations
@@ -44,18 +38,9 @@ LineHandler = Callable[[bytes], Awaitable[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class DaemonIdentity:
-    """What one daemon serves, compared with each request's fingerprint.
-
-    Attributes:
-        state_dir: the state dir (absolute).
-        agent_id: the served agent (normalised).
-        default_agent_id: the config's default agent, or ``None`` when it cannot be resolved.
-        workspace: the served workspace (resolved).
-        configured_workspace: the agent's workspace from the config (without ``--workspace``).
-        config_path / config_stamp: the config file and its ``size:mtime_ns:inode`` at start.
-        config_backend: ``memory.backend`` from the config.
-        backend: the backend this daemon runs (``--backend`` or ``memory.backend``).
-    """
+    """What one daemon serves, compared with each request's fingerprint: the state dir,
+    the served and the config's default agent, the served and the configured workspace, the
+    config file and its stamp at start, ``memory.backend`` and the backend it runs."""
 
     state_dir: str
     agent_id: str
@@ -91,12 +76,10 @@ class DaemonIdentity:
 
 
 def identity_for(agent: ResolvedAgent, *, config: str | None, backend: str | None) -> DaemonIdentity:
-    """The identity of a daemon serving ``agent``, started with ``--config config`` and
-    ``--backend backend``.
+    """The identity of a daemon serving ``agent``, started with ``--config`` and ``--backend``.
 
     Raises:
-        ConfigError: the config file cannot be loaded (it was loaded moments ago to resolve
-            ``agent``, so only a concurrent edit gets here).
+        ConfigError: the config file cannot be loaded (a concurrent edit).
     """
     cfg = load_config(config)
     try:
@@ -202,16 +185,14 @@ async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) ->
 
 async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
                        task_status: TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Listen on the agent's socket and answer requests with ``handle`` until cancelled.
+    """Listen on the agent's socket and answer requests with ``handle`` until
+    cancelled; the socket file is removed on the way out unless another daemon replaced it.
 
     Args:
-        identity: what this daemon serves (requests with another fingerprint get ``mismatch``).
+        identity: what this daemon serves.
         handle: the ``serve`` protocol handler, ``await handle(line) -> reply dict``.
         task_status: started with the socket path, or ``None`` when no socket could be made
-            (another live daemon serves the agent, or the folder is not writable); the reason
-            goes to stderr and ``serve`` goes on without a socket.
-
-    The socket file is removed on the way out, unless another daemon has replaced it.
+            (the reason goes to stderr and ``serve`` goes on without one).
     """
     path = socket_path(identity.state_dir, identity.agent_id)
     try:

@@ -1,20 +1,11 @@
 """The daemon socket of ``qmdbridge serve``: where it lives, how to reach it, what a request names.
 
-Standard library only, and a cheap part of it (no pathlib, hashlib or orjson: the CLI's fast
-path imports this before anything else, and every millisecond of import is paid on each
-served ``qmdbridge search``). Paths are ``str``. Layout::
-
-    <stateDir>/daemon/                 folder, mode 0700
-      <agentId>.sock                   one Unix socket per serving agent, mode 0600
-
-Framing: one JSON request per line, one JSON reply per line, the same shapes ``qmdbridge
-serve`` takes on stdin (``{"id", "tool", "params", "sessionKey"}``). A request may carry a
-``fingerprint`` (:func:`client_fingerprint`): the daemon then answers only when it serves the
-same agent, workspace, config file (path, size, mtime and ctime in ns, inode), backend and state dir, and
-replies ``{"id", "mismatch": reason}`` otherwise.
-
-Unix sockets have a path limit (``sun_path``, 108 bytes on Linux); a longer socket path is
-reached through ``/proc/self/fd/<dirfd>/<name>`` on Linux (see :func:`short_socket_path`).
+A cheap part of the standard library only (the CLI's fast path imports it first); paths are
+``str``. One Unix socket per serving agent, ``<stateDir>/daemon/<agentId>.sock`` (folder 0700,
+socket 0600). One JSON request per line, one JSON reply per line, as ``serve`` takes them on
+stdin; a request with a ``fingerprint`` (:func:`client_fingerprint`) is answered only by a
+daemon serving the same agent, workspace, config file, backend and state dir, else with
+``{"id", "mismatch": reason}``.
 """
 
 from __future__ import annotations
@@ -57,11 +48,8 @@ def _resolve(path: str) -> str:
 
 
 def state_dir(env: Mapping[str, str]) -> str:
-    """``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``.
-
-    The same rule as :func:`qmdbridge.config.state_dir`, without importing the config models;
-    a test pins that both agree.
-    """
+    """``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``: the rule of
+    :func:`qmdbridge.config.state_dir` without the config models (a test pins that both agree)."""
     raw = env.get("OPENCLAW_STATE_DIR", "").strip()
     return _resolve(raw) if raw else os.path.expanduser("~/.openclaw")
 
@@ -82,17 +70,12 @@ def daemon_disabled(env: Mapping[str, str]) -> bool:
 
 
 def config_identity(explicit: str | None, state: str) -> tuple[str | None, str | None]:
-    """The config file a command would load, and a stamp that changes when the file does.
-
-    Args:
-        explicit: the ``--config`` value, or ``None`` for ``<stateDir>/openclaw.json`` when
-            that file exists.
-        state: the state dir.
+    """The config file a command would load (``explicit``: ``--config``; else
+    ``<state>/openclaw.json`` when it exists) and a stamp that changes when the file does.
 
     Returns:
-        ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>")``; ``(None, None)`` when no config file
-        is used; ``(path, None)`` when the file cannot be read (such a request never matches a
-        daemon, so the command runs in-process and reports the error itself).
+        ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>")``; ``(None, None)`` without a
+        config file; ``(path, None)`` when it cannot be read (never matches a daemon).
     """
     if explicit is None:
         candidate = os.path.join(state, "openclaw.json")
@@ -114,16 +97,9 @@ def config_identity(explicit: str | None, state: str) -> tuple[str | None, str |
 
 def client_fingerprint(*, agent: str | None, workspace: str | None, config: str | None,
                        backend: str | None, env: Mapping[str, str]) -> dict[str, Any]:
-    """What a CLI command would work on, for the daemon to compare with what it serves.
-
-    Args:
-        agent: the raw ``--agent`` value (the daemon normalises it), or ``None`` for the
-            config's default agent.
-        workspace: the raw ``--workspace`` value, resolved here against the caller's cwd, or
-            ``None`` for the configured workspace.
-        config: the raw ``--config`` value, or ``None``.
-        backend: ``--backend`` (``builtin`` | ``qmd``) or ``None``.
-        env: the caller's environment (``OPENCLAW_STATE_DIR``).
+    """What a CLI command would work on, for the daemon to compare with what it serves:
+    the raw ``--agent``, ``--workspace`` (resolved against the cwd), ``--config`` and
+    ``--backend`` values and the caller's environment.
 
     Returns:
         ``{stateDir, agent, workspace, config, configStamp, backend}`` (strings or ``None``).
@@ -142,15 +118,12 @@ def client_fingerprint(*, agent: str | None, workspace: str | None, config: str 
 
 @contextlib.contextmanager
 def short_socket_path(path: str) -> Iterator[str]:
-    """Yield a path that ``bind``/``connect`` accept for the socket at ``path``.
-
-    ``path`` itself when it fits in ``sun_path``; otherwise, on Linux,
-    ``/proc/self/fd/<fd>/<name>`` through a descriptor of the parent folder, held open for the
-    duration of the ``with`` block.
+    """Yield a path ``bind``/``connect`` accept for the socket at ``path``: itself when
+    it fits in ``sun_path``, else (Linux) ``/proc/self/fd/<fd>/<name>`` through the parent
+    folder, held open for the ``with`` block.
 
     Raises:
-        OSError: the path is too long and ``/proc`` cannot shorten it (not Linux), or the parent
-            folder cannot be opened.
+        OSError: too long and not shortenable, or the parent folder cannot be opened.
     """
     if len(os.fsencode(path)) <= _SUN_PATH_MAX:
         yield path
@@ -169,14 +142,11 @@ def short_socket_path(path: str) -> Iterator[str]:
 
 
 def remove_stale_socket(path: str) -> bool:
-    """Remove ``path`` when it is a socket nobody listens on (its daemon died, e.g. SIGKILL).
-
-    A connect that is refused proves the listener is gone; the file is unlinked only if it
-    is still the same socket file (same inode) after the probe.
+    """Remove ``path`` when it is a socket nobody listens on (a refused connect, and
+    still the same inode after it).
 
     Returns:
-        True when a stale socket was removed; False when the path is missing, is not a
-        socket, or has a live listener.
+        True when a stale socket was removed.
     """
     try:
         before = os.lstat(path)

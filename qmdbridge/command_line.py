@@ -1,21 +1,10 @@
 """``memory.qmd.command`` as a program and its arguments, on POSIX and on Windows.
 
-The command may be written three ways:
-
-- a list (``["C:\\\\Program Files\\\\qmd\\\\qmd.cmd", "--no-gpu"]``): used as given, the first
-  item is the program;
-- a string starting with a Windows drive or UNC path (``C:\\Program Files\\qmd\\qmd.cmd``,
-  ``D:\\tools\\qmd.exe --index main``, ``\\\\server\\share\\qmd.exe``): the path is kept verbatim,
-  spaces and backslashes included, up to the first ``.exe``/``.cmd``/``.bat``/``.com`` that
-  ends a word (else up to the first `` -`` that starts a flag, else the whole string); POSIX
-  ``shlex.split`` would eat the backslashes (``C:Program``);
-- any other string: POSIX shell words (``"/opt/QMD Tools/qmd" --x`` -> ``/opt/QMD Tools/qmd``),
-  as the reference parses it.
-
-Windows cannot start a ``.cmd``/``.bat`` script directly: :func:`batch_command` builds what
-``cmd.exe /c`` runs for it, with every argument quoted and cmd's metacharacters escaped, so a
-query such as ``a & del x`` stays one literal argument. Pure functions; the runner decides when
-to use them.
+A list is used as given. A string starting with a Windows drive or UNC path keeps the path
+verbatim (POSIX ``shlex.split`` would eat its backslashes) up to the first word ending in
+``.exe``/``.cmd``/``.bat``/``.com``, else up to the first `` -`` flag, else whole. Any other
+string is split into POSIX shell words, as the reference does. :func:`batch_command` builds
+the ``cmd.exe /c`` line of a ``.cmd``/``.bat`` script so no argument can start a second command.
 """
 
 from __future__ import annotations
@@ -46,13 +35,8 @@ def is_windows_path(text: str) -> bool:
 
 
 def split_command(command: str | Sequence[str]) -> list[str]:
-    """``memory.qmd.command`` -> ``[program, *arguments]`` (see the module docstring).
-
-    Returns:
-        A non-empty list; ``["qmd"]`` for an empty command. Windows paths keep their
-        backslashes and spaces; an unbalanced quote in a POSIX string falls back to
-        whitespace splitting instead of failing.
-    """
+    """``memory.qmd.command`` -> ``[program, *arguments]`` (see the module docstring);
+    ``["qmd"]`` for an empty command; an unbalanced quote falls back to whitespace splitting."""
     if not isinstance(command, str):
         words = [str(w) for w in command if str(w).strip()]
         return words or ["qmd"]
@@ -101,13 +85,11 @@ def _quote_for_cmd(arg: str) -> str:
 
 
 def batch_command(script: str, args: Sequence[str]) -> str:
-    """What ``cmd.exe /c`` must run for a ``.cmd``/``.bat`` ``script`` with ``args``, literally:
-    the script path with cmd's metacharacters (spaces included) escaped by ``^``, then each
-    argument quoted and escaped, so no argument (a search query, say) can start a second
-    command (``a & del x`` stays one argument).
+    """What ``cmd.exe /c`` must run for a ``.cmd``/``.bat`` ``script`` with ``args``: the
+    script path caret-escaped, then each argument quoted and escaped (:func:`_quote_for_cmd`),
+    so ``a & del x`` stays one argument.
 
-    Source: the argument rules of the Microsoft C runtime ("Parsing C command-line
-    arguments") and the double caret escaping that cross-spawn uses for batch files
-    (cross-spawn ``lib/util/escape.js``).
+    Source: the Microsoft C runtime's argument rules ("Parsing C command-line arguments") and
+    cross-spawn's double caret escaping for batch files (``lib/util/escape.js``).
     """
     return " ".join([_CMD_META_RE.sub(r"^\1", script), *(_quote_for_cmd(a) for a in args)])

@@ -1,16 +1,11 @@
 """The one list of problems a status shows: what keeps memory from being searched as configured.
 
-``qmdbridge status`` prints it (``--json``: ``problems``) and ``qmdbridge doctor`` turns each
-entry into a failed check (exit code 1), so the two commands can never disagree. A problem is
-something a user can act on: a memory file that is not indexed (too large, binary, unreadable,
-a symlink), an extra path that is missing or unusable, qmd not answering (its circuit breaker
-open, or the test search that status runs failing), an explicitly configured embedding provider that cannot work, a failing sync, FTS5
-missing. Not problems: a workspace without daily notes yet (no ``memory/`` folder), a hidden
-draft (``.draft.md``), a file indexed with a caveat (invalid UTF-8 replaced, NUL padding
-stripped, a name that is not UTF-8), keyword-only search under ``provider: "auto"``.
-
-It reads the status as JSON (``MemoryStatus.to_json_dict()``, camelCase keys), so the CLI's
-daemon client, which imports the standard library only, can use it on a served answer too.
+``qmdbridge status`` prints it and ``qmdbridge doctor`` fails a check per entry, so the two
+never disagree. A problem is something a user can act on (a memory file not indexed, an
+unusable extra path, qmd not answering, a configured provider that cannot work, a failing
+sync, FTS5 missing); a workspace without notes yet, a hidden draft or keyword-only search
+under ``provider: "auto"`` is not. It reads the status as JSON, standard library only, so the
+daemon client can use it on a served answer too.
 """
 
 from __future__ import annotations
@@ -54,9 +49,8 @@ def _problem(check: str, message: str, hint: str | None) -> dict[str, Any]:
 
 
 def model_missing_problem(missing: str) -> dict[str, Any]:
-    """The problem of an embedding model not downloaded yet (``missing``: the provider's
-    ``model_problem()``, ``local model <uri> is not downloaded yet (<path>)``), as
-    :func:`status_problems` lists it and ``doctor`` checks it: ``{check, message, hint}``."""
+    """The ``{check, message, hint}`` of an embedding model not downloaded yet
+    (``missing``: the provider's ``model_problem()``)."""
     return _problem("embedding provider", f"{missing}: searches answer from keyword search only "
                     "until it is", "run `qmdbridge models pull` where the model host is reachable "
                     "(or set memorySearch.local.modelPath to a .gguf file you have)")
@@ -93,35 +87,22 @@ def _files_view(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def files_checked(status: dict[str, Any]) -> bool:
-    """Whether a sync has run, so the status's memory-file and memory-path problems are known:
-    skipped files and scan issues are found by a sync (``lastSyncAtMs`` is ``None`` before the
-    first one), and a status never reads the files itself. In qmd mode qmd's own update scans
-    them too: an index holding qmd's documents counts (its update time is known only to the
-    process that ran it, so a later one-shot ``status`` sees ``lastSyncAtMs`` ``None``).
-
-    Args:
-        status: a status document as for :func:`status_problems`.
-    """
+    """Whether a sync has run, so the memory-file and memory-path problems are known
+    (qmd mode: an index holding qmd's documents counts, as only the process that ran its
+    update knows when)."""
     if status.get("backend") == "qmd" and (status.get("files") or status.get("lastSyncAtMs") is not None):
         return True
     return _files_view(status).get("lastSyncAtMs") is not None
 
 
 def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
-    """The problems of a status document, in a stable order: memory files, memory paths,
-    index, FTS5, embedding provider, qmd.
-
-    Args:
-        status: a manager's or the builtin engine's status as JSON (camelCase keys). In qmd
-            mode the builtin engine's view (``backends.builtin``) supplies the skipped files and
-            path issues, because its index follows the same memory-file rule.
+    """The problems of a status document (camelCase keys; in qmd mode
+    ``backends.builtin`` supplies skipped files and path issues), in a stable order.
 
     Returns:
-        ``[{"check", "message", "hint"}]``: ``check`` is ``memory file``, ``memory paths``,
-        ``index``, ``FTS5``, ``embedding provider``, ``qmd index`` (qmd's index lost its
-        documents or is corrupt), ``qmd models`` (the models of ``query``/``vsearch`` cannot be
-        loaded) or ``qmd``; ``hint`` says how to fix it
-        (or is None).
+        ``[{"check", "message", "hint"}]``, ``check`` one of ``memory file``, ``memory
+        paths``, ``index``, ``FTS5``, ``embedding provider``, ``qmd index``, ``qmd models``,
+        ``qmd``; ``hint`` says how to fix it, or is ``None``.
     """
     backends: dict[str, Any] = status.get("backends") or {}
     view = _files_view(status)

@@ -1,12 +1,10 @@
 """Starting the qmd sidecar for one manager: probe (cached), build, start-up, start-up breaker.
 
-:class:`QmdSidecar` owns the one qmd backend of a ``MemoryManager``. Its start-up (finding qmd,
-reconciling collections, the boot update with ``waitForBootSync``) runs
-under its own budgets and never under a search deadline. A qmd that cannot be started at all
-(missing, foreign, not runnable, or start-up raised) opens the *start-up* breaker, a
-:class:`~qmdbridge.policy.breaker.CircuitBreaker` of its own (``startup-breaker.json``): while it
-is open the manager answers from the builtin engine without trying, and the search breaker is
-never touched. Concurrent callers join one running start-up.
+:class:`QmdSidecar` owns the manager's one qmd backend. Its start-up (finding qmd, reconciling
+collections, a waited-for boot update) runs under its own budgets, never a search deadline;
+concurrent callers join one start-up. A qmd that cannot start opens the start-up breaker
+(``startup-breaker.json``): while open the manager answers from the builtin engine without
+trying, and the search breaker is never touched.
 """
 
 from __future__ import annotations
@@ -46,13 +44,12 @@ class QmdSidecar:
 
     Args:
         agent: the resolved agent config.
-        mode: ``cli`` or ``full`` (passed to ``QmdBackend``).
+        mode: ``cli`` or ``full``.
         env: environment for qmd discovery and the child processes.
         now_ms: clock in epoch ms.
-        background: returns the manager's task group for ``QmdBackend.start`` (raises
-            ``UsageError`` when a long-lived manager was not entered).
-        runner: runs each qmd process of the backend (``QmdBackend(runner=...)``; default the
-            runner's ``run_command``).
+        background: returns the manager's task group (raises ``UsageError`` when a
+            long-lived manager was not entered).
+        runner: runs each qmd process (default ``run_command``).
     """
 
     def __init__(self, agent: ResolvedAgent, *, mode: Literal["cli", "full"],
@@ -94,11 +91,8 @@ class QmdSidecar:
     # -- start-up -----------------------------------------------------------------------------
 
     async def get(self, *, wait: bool) -> tuple[MemoryBackend | None, str | None]:
-        """``(backend, None)`` once qmd has started, else ``(None, reason)``.
-
-        Args:
-            wait: run the start-up here (or join a running one); ``False`` (a long-lived
-                manager's search) makes sure it runs in the background and returns at once.
+        """``(backend, None)`` once qmd has started, else ``(None, reason)``; ``wait``: run or
+        join the start-up here, else only make sure it runs in the background.
 
         Raises:
             UsageError: a long-lived manager was not entered with ``async with``.

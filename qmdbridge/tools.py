@@ -1,11 +1,9 @@
 """The ``memory_search`` and ``memory_get`` agent tools: JSON schemas, handlers and routing.
 
-An agent runtime registers the two schemas and routes tool calls to the handlers, passing the
-session key of the conversation (scope rules and citations depend on it). Handlers never raise:
-any failure becomes ``{..., "disabled": true, "error": "..."}`` as in the reference system's
-agent tools (the shapes are in ``docs/serve-protocol.md``). :func:`call_tool` is the one routing
-of a named call (``qmdbridge mcp``, ``serve`` and its daemon socket); the arguments themselves
-are checked once, by the manager's request (``fallback.request``).
+An agent runtime registers the schemas and routes calls to the handlers with the
+conversation's session key. Handlers never raise: a failure becomes ``{..., "disabled": true,
+"error"}`` (shapes in ``docs/serve-protocol.md``). :func:`call_tool` is the one routing of a
+named call; the arguments are checked once, by the manager's request (``fallback.request``).
 """
 
 from __future__ import annotations
@@ -82,9 +80,8 @@ _TYPE_NAMES = {"integer": "an integer", "number": "a number", "string": "a strin
 
 
 def _fits(value: Any, json_type: str) -> bool:
-    """Whether ``value`` (as JSON decoded it) is of a JSON Schema type: ``integer`` (an int or
-    an integral float, never a bool), ``number`` (int or float, never a bool), ``string`` or
-    ``boolean`` (``true``/``false`` only, never ``"false"`` or 0)."""
+    """Whether a JSON-decoded ``value`` is of a JSON Schema type (``integer``, ``number``,
+    ``string``, ``boolean``; a bool is never a number, nor ``"false"`` a boolean)."""
     if json_type == "string":
         return isinstance(value, str)
     if json_type == "boolean":
@@ -95,20 +92,13 @@ def _fits(value: Any, json_type: str) -> bool:
 
 
 def param_error(schema: dict[str, Any], params: dict[str, Any]) -> str | None:
-    """How ``params`` break a tool's parameter schema, as JSON Schema validation (the MCP
-    SDK's) would refuse them, or ``None``: a required parameter missing, a parameter the schema
-    does not name, or an optional one of the wrong type (a required one's value, and every
-    range, is the manager's request's check, ``fallback.request``, so every path refuses the
-    same values).
-
-    Args:
-        schema: ``MEMORY_SEARCH_SCHEMA``, ``MEMORY_GET_SCHEMA`` or ``SYNC_SCHEMA``.
-        params: the call's parameters.
+    """How ``params`` break a tool's ``schema`` as JSON Schema validation would see it
+    (a required parameter missing, an unknown one, an optional one of the wrong type), or
+    ``None``; values and ranges are the manager's request's check.
 
     Returns:
         ``query required``, ``unknown parameter 'max_results' (memory_search takes query,
-        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None`` (a
-        ``corpus`` outside its enum is the manager's refusal: ``qmdbridge.policy.corpus``).
+        maxResults, minScore)``, ``maxResults must be an integer, not '5'``, or ``None``.
     """
     props: dict[str, Any] = schema["parameters"]["properties"]
     missing = [key for key in schema["parameters"]["required"] if key not in params]
@@ -133,17 +123,12 @@ def _number(params: dict[str, Any], key: str, kind: type[int] | type[float]) -> 
 async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *,
                                session_key: str | None = None,
                                session_keys: list[str] | None = None) -> dict[str, Any]:
-    """Handle a ``memory_search`` call.
-
-    Args:
-        session_key: the calling session's key (``None`` = owner call).
-        session_keys: keys the session inherits (the session that spawned a sub-agent ...);
-            the scope rules allow the search when any key is allowed.
+    """Handle a ``memory_search`` call (``session_key``: ``None`` = owner call;
+    ``session_keys``: keys the session inherits).
 
     Returns:
-        ``{results, backend, provider, model, mode, fallback, citations, denied}`` on success,
-        ``{results: [], disabled: true, error}`` on failure (also for parameters the schema
-        refuses: :func:`param_error`). Results use camelCase keys.
+        ``{results, backend, provider, model, mode, fallback, citations, denied}`` (camelCase
+        hits), or ``{results: [], disabled: true, error}`` on failure.
     """
     if not isinstance(params, dict):
         return {"results": [], "disabled": True, "error": "params must be an object"}
@@ -168,9 +153,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
     """Handle a ``memory_get`` call.
 
     Returns:
-        ``{path, text, from, lines, truncated, nextFrom, missing}`` on success,
-        ``{path, text: "", disabled: true, error, refused}`` on failure (``refused`` is true
-        when the path is not a memory file; parameters the schema refuses: :func:`param_error`).
+        ``{path, text, from, lines, truncated, nextFrom, missing}``, or ``{path, text: "",
+        disabled: true, error, refused}`` on failure (``refused``: not a memory file).
     """
     if not isinstance(params, dict):
         return {"path": "", "text": "", "disabled": True, "error": "params must be an object",
@@ -198,17 +182,9 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
 async def call_tool(manager: MemoryManager, name: object, params: dict[str, Any], *,
                     session_key: str | None = None,
                     session_keys: list[str] | None = None) -> dict[str, Any]:
-    """Answer one named tool call: ``memory_search`` and ``memory_get`` by their handlers,
-    ``status`` by the manager's status. Every long-lived surface routes through it (the MCP
-    server, ``serve`` on stdin and on its daemon socket); each frames what it raises.
-
-    Args:
-        name: the tool's name as the caller sent it.
-        params: its parameters.
-        session_key / session_keys: as for :func:`handle_memory_search` (other tools ignore them).
-
-    Returns:
-        The tool's JSON document.
+    """Answer one named tool call (``memory_search``, ``memory_get``, ``status``), as the
+    MCP server and ``serve`` (stdin and socket) route them; session keys as for
+    :func:`handle_memory_search`.
 
     Raises:
         UsageError: ``unknown tool: 'memory_delete'``.

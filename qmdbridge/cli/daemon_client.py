@@ -1,19 +1,11 @@
 """The CLI's fast path: answer ``search``, ``get`` and ``status`` through a running daemon.
 
-``qmdbridge serve`` listens on ``<stateDir>/daemon/<agentId>.sock`` (:mod:`qmdbridge.server.wire`).
-:func:`try_daemon` sends the command there as one JSON line with the command's fingerprint;
-when a daemon serves the same agent, workspace, config and backend it prints the answer (with
-``"servedBy": "daemon"`` under ``--json``) and returns the exit code. Otherwise it returns
-``None`` and the CLI works in-process. A socket whose daemon died is removed on the
-way.
-
-Standard library only, and a cheap part of it: no pydantic, anyio, config models or engine
-code, and not even orjson or pathlib (their imports alone cost more than the socket round trip;
-``socket`` itself is loaded only when a socket file is there to connect to),
-which is what makes a served ``qmdbridge search`` fast. The JSON it prints is byte for byte what
-``emit_json`` prints (``emit_plain_json``: the standard library when it writes the same bytes,
-orjson for a float it would write otherwise), which a test pins. Errors other than a refused path
-are left to the in-process run, so messages and exit codes stay exactly those of the CLI.
+:func:`try_daemon` sends the command to ``<stateDir>/daemon/<agentId>.sock``
+(:mod:`qmdbridge.server.wire`) as one JSON line with its fingerprint; a daemon serving the same
+agent, workspace, config and backend answers and this prints it (``"servedBy": "daemon"``
+under ``--json``, the bytes ``emit_json`` would print). Otherwise, and for errors other than a
+refused path, the CLI runs in-process. A cheap part of the standard library only (``socket``
+only when a socket file is there), which is what makes a served search fast.
 """
 
 from __future__ import annotations
@@ -47,15 +39,8 @@ REPLY_TIMEOUT_S = 120.0
 
 
 def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
-    """The JSON-lines request (the ``serve`` protocol plus ``fingerprint``) for a parsed command.
-
-    Args:
-        args: parsed ``search`` / ``get`` / ``status`` arguments.
-        env: the caller's environment.
-
-    Returns:
-        ``{"id": 1, "tool", "params", "sessionKey", "fingerprint"}``.
-    """
+    """The request (the ``serve`` protocol plus ``fingerprint``) for a parsed ``search`` /
+    ``get`` / ``status``: ``{"id": 1, "tool", "params", "sessionKey", "fingerprint"}``."""
     params: dict[str, Any] = {}
     session_key = None
     if args.command == "search":
@@ -89,8 +74,8 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
     """Send one request line to the socket at ``path`` and read one reply line.
 
     Returns:
-        The decoded reply, or ``None`` when nobody answers: no such socket, a stale one (it is
-        removed), a refused peer, a timeout, or a reply that is not one JSON object.
+        The decoded reply, or ``None`` when nobody answers (no socket, a stale one, which is
+        removed, a refused peer, a timeout, a reply that is not one JSON object).
     """
     import socket  # here: a CLI that finds no socket file never loads it
 
@@ -168,16 +153,12 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
 
 
 def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:
-    """Run a parsed ``search`` / ``get`` / ``status`` through a daemon that serves it.
-
-    Args:
-        args: the parsed command line.
-        env: environment (defaults to ``os.environ``); ``QMDBRIDGE_DAEMON=off`` skips the attempt.
+    """Run a parsed ``search`` / ``get`` / ``status`` through a daemon that serves it
+    (``QMDBRIDGE_DAEMON=off`` in ``env`` skips the attempt).
 
     Returns:
-        The exit code after printing the daemon's answer, or ``None`` when no daemon serves this
-        agent, workspace, config and backend (or the answer is an error other than a refused
-        path, or ``search --explain`` was asked): the caller then runs the command in-process.
+        The exit code after printing the daemon's answer, or ``None``: the caller runs the
+        command in-process.
     """
     e = os.environ if env is None else env
     if args.command not in DAEMON_COMMANDS or daemon_disabled(e) or getattr(args, "explain", False):

@@ -70,13 +70,9 @@ def long_lived_line(report: EvalReport) -> str:
 def format_misses(report: EvalReport, limit: int) -> str:
     """The first ``limit`` misses (``--misses N``), one block each::
 
-        misses: 2 of 7 questions shown (R@5 missed them)
         [conv-1 D4:2] when did Mel paint the sunrise?
           expected memory/2023-05-08.md:12 (D1:3)
           got 1. memory/2023-05-08.md:1-10 0.812
-              2. memory/2023-05-20.md:4-9 0.640
-
-    ``got nothing`` when the search returned no hit; an item without a line shows its path.
     """
     shown = report.misses[:max(0, limit)]
     lines = [f"misses: {len(shown)} of {len(report.misses)} questions shown (R@5 missed them)"]
@@ -96,13 +92,8 @@ def format_misses(report: EvalReport, limit: int) -> str:
 
 
 def format_report(report: EvalReport) -> str:
-    """The human-readable report: what ran, then one ``metric  value`` line per metric.
-
-    Recall values have three decimals, lines/hit one, latencies one (ms); a metric without
-    data (snippet R@5 with no evidence text, say) shows ``-``. A qmd run adds the line of
-    :func:`answered_line` (which backend answered), and :func:`all_fell_back_message` first
-    when qmd answered nothing.
-    """
+    """The human-readable report: what ran, then one ``metric  value`` line per metric
+    (``-`` without data), with the backend tally of a qmd run."""
     m = report.metrics
     what = "LoCoMo" if report.dataset == "locomo" else "queries"
     lines = [all_fell_back_message(report), ""] if report.all_fell_back else []
@@ -138,14 +129,12 @@ def format_report(report: EvalReport) -> str:
 
 
 async def run_eval(agent: Any, args: argparse.Namespace) -> int:
-    """Run ``qmdbridge eval`` from parsed arguments; prints the report, returns the exit code:
-    0, or 1 when ``--backend qmd`` was asked and every search fell back to the builtin engine
-    (the report is printed all the same, and the reason goes to stderr).
+    """Run ``qmdbridge eval``; prints the report and returns 0, or 1 when ``--backend qmd``
+    was asked and every search fell back.
 
     Raises:
         UsageError: ``--queries`` without ``--workspace`` or ``--workspace`` with ``--locomo``,
-            and what :func:`qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise
-            (``--provider``/``--model`` with ``--backend qmd`` among them).
+            and what :func:`~qmdbridge.evaluation.runner.run_locomo` / ``run_queries`` raise.
     """
     from qmdbridge.config import load_config
     from qmdbridge.evaluation.runner import check_options, run_locomo, run_queries

@@ -1,22 +1,14 @@
 """Progress of index syncs on stderr: files, chunks written, embedded chunks, rate and ETA.
 
-A sync that ends within :data:`SHOW_AFTER_S` prints nothing. A longer one shows a rich progress
-bar when stderr is a terminal, and otherwise one plain line when it passes that second, then
-one every :data:`PLAIN_EVERY_S` seconds and a last one when it ends::
+A sync that ends within :data:`SHOW_AFTER_S` prints nothing; a longer one shows a rich bar on a
+terminal, otherwise a plain line then, one every :data:`PLAIN_EVERY_S` seconds and a last one::
 
     indexing: 120/3000 files, 480 chunks written, 350 embedded, 12.3 chunks/s, ETA 3m 55s
     indexing: done, 3000 files, 12000 chunks written, 9000 embedded in 17m 2s
 
-One count per word: ``chunks written`` are the chunks this sync (re)wrote (0 when nothing
-changed; the index's own total is what ``status`` and ``index`` print as ``chunks``), and
-``embedded`` the chunks among them (or filled in) that got their vectors, from the provider or
-the embedding cache, never the embedding windows sent to the provider. When the command is
-interrupted (Ctrl-C, SIGTERM) it says what was kept::
-
-    indexing: interrupted at 120/3000 files; the vectors of 350 embedded chunks are kept in the embedding cache, run the command again to resume
-
-The decisions (:meth:`SyncProgress.tick`, :func:`progress_line`) take the time as an argument,
-so they are tested without a clock; a small thread only calls ``tick`` while a sync runs.
+``chunks written``: the chunks this sync (re)wrote; ``embedded``: those that got their vectors
+(provider or cache). An interrupted sync says what was kept (the embedding cache) and that a
+rerun resumes. The decisions take the time as an argument; a small thread calls ``tick``.
 """
 
 from __future__ import annotations
@@ -51,12 +43,8 @@ def format_duration(seconds: float) -> str:
 
 def progress_line(label: str, *, files_done: int, files_total: int, chunks: int, embedded: int,
                   elapsed_s: float) -> str:
-    """One plain progress line (see the module docstring).
-
-    The rate is embedded chunks per second while chunks are being embedded, else files per
-    second; the ETA extrapolates the files still to do at the files-per-second seen so far
-    (left out until one file is done).
-    """
+    """One plain progress line: the rate in embedded chunks per second while embedding,
+    else files per second; the ETA from the files per second so far (after the first file)."""
     parts = [f"{files_done}/{files_total} files", f"{chunks} chunks written", f"{embedded} embedded"]
     if elapsed_s > 0:
         if embedded:
@@ -69,13 +57,13 @@ def progress_line(label: str, *, files_done: int, files_total: int, chunks: int,
 
 
 class SyncProgress:
-    """The ``on_progress(files_done, files_total, chunks_embedded, chunks_written)`` callback
-    of a sync (counts as in :class:`~fallback.index.report.SyncReport`), and what it prints.
+    """The ``on_progress(files_done, files_total, chunks_embedded, chunks_written)``
+    callback of a sync, and what it prints.
 
     Args:
         label: first word of every line (``indexing``).
         stream: where lines go (stderr).
-        rich: draw a rich progress bar instead of plain lines (stderr is a terminal).
+        rich: draw a rich progress bar instead of plain lines.
         started_s: the sync's start on the :func:`time.monotonic` scale.
     """
 
@@ -161,12 +149,9 @@ class SyncProgress:
 @contextmanager
 def sync_progress(*, enabled: bool, label: str = "indexing",
                   stream: IO[str] | None = None) -> Iterator[Callable[[int, int, int, int], None] | None]:
-    """Yield a :class:`SyncProgress` callback for the block (None when not ``enabled``) and
-    run its ticker thread; rich on a terminal, plain lines otherwise (see the module docstring).
-
-    An interrupt inside the block (``KeyboardInterrupt``, or the cancellation that anyio turns
-    SIGINT into) prints the ``interrupted`` line and propagates.
-    """
+    """Yield a :class:`SyncProgress` callback for the block (``None`` when not
+    ``enabled``) and run its ticker thread; an interrupt inside the block prints the
+    ``interrupted`` line and propagates."""
     if not enabled:
         yield None
         return

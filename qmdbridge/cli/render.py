@@ -1,9 +1,7 @@
 """Plain-text rendering of the JSON documents of ``search`` (with ``--explain``), ``get`` and ``status``.
 
-Works on the camelCase dicts that ``--json`` prints (``SearchResponse.to_json_dict()`` and
-friends), not on the pydantic models, so the daemon client can print an answer it received
-over the socket without importing pydantic or the engine. Only the standard library is
-imported here (rich is imported inside :func:`print_search_doc`, and only on a terminal).
+It works on the dicts ``--json`` prints, with the standard library only (rich only on a
+terminal), so the daemon client prints a served answer without pydantic or the engine.
 """
 
 from __future__ import annotations
@@ -26,24 +24,20 @@ QMD_UNAVAILABLE = "qmd unavailable: "
 
 
 def keyword_notice(provider: str) -> bool:
-    """Whether a plain search answer of an agent whose ``memorySearch.provider`` is ``provider``
-    may say it is keyword-only (:data:`KEYWORD_ONLY_NOTICE`): not when the user chose
-    ``"none"``. Every route asks this (in-process, the recorded settings, the daemon)."""
+    """Whether a plain search answer may say it is keyword-only
+    (:data:`KEYWORD_ONLY_NOTICE`): not when ``memorySearch.provider`` is ``"none"``. Every
+    route asks this."""
     return provider != "none"
 
 
 def print_search_doc(doc: dict[str, Any], *, keyword_notice: bool = True) -> None:
-    """Print search hits as ``<score> <path>:<start>-<end>`` plus the snippet (a table on a TTY),
-    each followed by its indented ``explain`` block (:func:`explain_lines`) when the search
-    asked for one (plain lines then, never a table).
+    """Print search hits as ``<score> <path>:<start>-<end>`` and the snippet (a table on
+    a TTY; plain lines with each hit's :func:`explain_lines` when asked for).
 
     Args:
-        doc: a search answer as ``--json`` prints it (``results``, ``backend``, ``mode``,
-            ``fallback``, ``warnings``, ``denied`` ...). The fallback note and the warnings go
-            to stderr.
+        doc: a search answer as ``--json`` prints it; its fallback note and warnings go to stderr.
         keyword_notice: print :data:`KEYWORD_ONLY_NOTICE` on stderr when the builtin engine
-            answered keyword-only for want of a provider (False when the user chose
-            ``provider: "none"``; a provider that failed is told by its warning instead).
+            answered keyword-only for want of a provider.
     """
     out = sys.stdout
     fallback = doc.get("fallback")
@@ -86,9 +80,8 @@ def print_search_doc(doc: dict[str, Any], *, keyword_notice: bool = True) -> Non
 
 
 def explain_lines(e: dict[str, Any]) -> list[str]:
-    """The ``--explain`` block of one hit (its ``explain`` object as ``--json`` prints it) as
-    lines (no indent): mode and rank, then one line per ranking step that applied. Numbers:
-    scores to 4 decimals, BM25 to 4 significant digits, ages to 1."""
+    """The ``--explain`` block of one hit as lines: mode and rank, then one line per
+    ranking step that applied (scores to 4 decimals, BM25 to 4 significant digits, ages to 1)."""
     lines = [f"explain: {e['mode']}, rank {e['rank']}"]
     if (k := e.get("keyword")) is not None:
         bm25 = "-" if k["bm25"] is None else f"{k['bm25']:.4g}"
@@ -136,12 +129,9 @@ def print_get_doc(doc: dict[str, Any], *, from_line: int | None = None) -> None:
 
 
 def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | None = None) -> None:
-    """Print a status document as ``Key: value`` lines (spec 11.1 layout): with the roots memory
-    is read from, and, when given, the ``problems`` (``{check, message, hint}``, the list
-    ``doctor`` fails on) with their fixes. A ``skipped`` entry prints as ``Skipped:``, or as
-    ``Indexed with a caveat:`` when its file was indexed anyway (invalid UTF-8 replaced ...).
-    Before the first sync, which is what finds skipped files and missing paths, no problem
-    prints as ``none found yet`` rather than ``none``."""
+    """Print a status document as ``Key: value`` lines (spec 11.1 layout) with the
+    roots memory is read from and the ``problems`` with their fixes (``none found yet``
+    before the first sync)."""
     from qmdbridge.problems import files_checked, is_indexed_caveat
 
     w = sys.stdout.write

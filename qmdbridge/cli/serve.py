@@ -1,21 +1,13 @@
 """``qmdbridge serve``: the long-lived sidecar process.
 
-It keeps one ``MemoryManager`` in ``full`` mode (qmd boot update and timers, file watchers),
-and answers tool calls as JSON lines on stdin/stdout::
+One ``full``-mode ``MemoryManager`` answers tool calls (``memory_search``, ``memory_get``,
+``status``, ``sync``) as JSON lines on stdin/stdout (docs/serve-protocol.md)::
 
     -> {"id": 1, "tool": "memory_search", "params": {"query": "router"}, "sessionKey": "agent:main:main"}
     <- {"id": 1, "result": {"backend": "builtin", "results": [...], ...}}
 
-``sessionKeys`` (optional) lists keys the session inherits, e.g. the session that spawned a
-sub-agent: ``"sessionKey": "agent:main:subagent:7f3c", "sessionKeys": ["agent:main:main"]``.
-
-Tools: ``memory_search``, ``memory_get``, ``status``, ``sync``. A malformed line gets
-``{"id": null, "error": "..."}``. It stops cleanly on SIGTERM/SIGINT or end of input (unless
-``--no-stdin``), closing the manager so every qmd child is reaped.
-
-The same requests are answered on the agent's daemon socket (``<stateDir>/daemon/<agentId>.sock``,
-see ``qmdbridge.server.socket_listener``) unless ``--no-socket``, so ``qmdbridge search`` finds
-this warm process by itself.
+and the same requests on the agent's daemon socket unless ``--no-socket``. It stops cleanly on
+SIGTERM/SIGINT or end of input (unless ``--no-stdin``).
 """
 
 from __future__ import annotations
@@ -79,16 +71,14 @@ async def _read_stdin(manager: Any) -> None:
 
 
 async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> str | None:
-    """Start the daemon socket (``qmdbridge.server.socket_listener``) in ``tg``, answering with
-    :func:`handle_line`, so the CLI's ``search``/``get``/``status`` find this process. Each
-    reply also carries ``keywordNotice`` (:func:`qmdbridge.cli.render.keyword_notice`), which
-    the CLI's plain output follows as it does in-process.
+    """Start the daemon socket in ``tg``, answering with :func:`handle_line` plus
+    ``keywordNotice`` in each reply.
 
     Args:
         tg: the task group the listener runs in.
         manager: the started long-lived manager.
         agent: the agent it serves.
-        args: ``--config`` and ``--backend`` of the command line (the daemon's identity).
+        args: ``--config`` and ``--backend`` (the daemon's identity).
 
     Returns:
         The socket's path, or ``None`` when none could be made (the reason is on stderr).
@@ -110,11 +100,7 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
 
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT, or end of stdin unless ``--no-stdin``; returns the exit code.
-
-    The process is :func:`qmdbridge.server.process.run_until_signal`: a signal during start-up
-    still closes the manager and reaps every child process.
-    """
+    """Run until SIGTERM/SIGINT, or end of stdin unless ``--no-stdin``; returns the exit code."""
     from qmdbridge.server.process import run_until_signal
 
     async def body(manager: Any, tg: Any) -> None:

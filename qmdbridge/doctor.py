@@ -1,12 +1,10 @@
 """``doctor``: checks of the workspace, qmd, SQLite features, the embedding provider, the file
 watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy root file split.
 
-The legacy split: by the memory-file rule (``fallback.sources.memory_files``) the root memory
-file is ``MEMORY.md``; a lower-case ``memory.md`` is indexed only while ``MEMORY.md`` is absent
-and is not indexed next to it (docs/architecture.md, "Which files are memory"). ``repair_root_memory`` archives the legacy file under
-``<ws>/.openclaw-repair/root-memory/<timestamp>/memory.md`` (copy + unlink when a rename would
-cross devices; an earlier archive is never overwritten) and appends its content to ``MEMORY.md``
-under a marked section, so nothing a user wrote is lost.
+The root memory file is ``MEMORY.md``; a legacy ``memory.md`` is indexed only while it is absent
+(docs/architecture.md). :func:`repair_root_memory` archives the legacy file under
+``<ws>/.openclaw-repair/root-memory/<timestamp>/`` and merges its text into ``MEMORY.md``, so
+nothing a user wrote is lost.
 """
 
 from __future__ import annotations
@@ -64,14 +62,8 @@ class DoctorReport:
 
 
 def root_memory_state(ws: Path) -> Literal["canonical", "legacy-only", "split", "none"]:
-    """Classify the workspace root by the memory-file rule
-    (``fallback.sources.memory_files.root_memory_file``): ``MEMORY.md`` is the root file
-    (``canonical``), the legacy ``memory.md`` is (``legacy-only``), both exist as distinct
-    files (``split``), or neither is a regular, non-symlink file (``none``).
-
-    Names are compared exactly (a case-insensitive file system where both names are one file
-    counts as ``canonical``).
-    """
+    """The workspace root by the memory-file rule: ``canonical`` (``MEMORY.md``),
+    ``legacy-only`` (``memory.md``), ``split`` (both, distinct files) or ``none``."""
     root = root_memory_file(ws)
     if root.legacy_shadowed:
         return "split"
@@ -102,16 +94,12 @@ def _move(src: Path, dst: Path) -> None:
 
 
 def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
-    """Fix the root memory file layout; returns what was done (one line).
-
-    - ``split``: archive ``memory.md`` and append its text to ``MEMORY.md`` under
-      ``## Imported From Legacy Root memory.md`` with an HTML marker.
-    - ``legacy-only``: archive a copy, then rename ``memory.md`` to ``MEMORY.md``.
-    - otherwise nothing.
+    """Fix the root memory file layout; returns what was done (one line). ``split``:
+    archive ``memory.md`` and append its text to ``MEMORY.md`` under a marked heading;
+    ``legacy-only``: archive a copy and rename it to ``MEMORY.md``; otherwise nothing.
 
     Raises:
-        OSError: the workspace is not writable (nothing is changed in that case, or the archive
-            copy exists and the original is untouched).
+        OSError: the workspace is not writable (the original is left untouched).
     """
     state = root_memory_state(ws)
     if state not in ("split", "legacy-only"):
@@ -171,12 +159,9 @@ def _check_root(ws: Path, fix: bool) -> Check:
 
 
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
-    """qmd found, its ``--version`` answered, and, when qmd is the backend and the workspace
-    exists, one tiny real search through the same spawn path as every search answered (tried,
-    not assumed): a qmd whose ``--version`` works but whose searches fail is an error, not
-    ``ok``. Then the collections are reconciled as a search's start-up does (qmd's index, the
-    qmd home and the workspace's ``memory/`` folder may be created): a qmd that refuses every
-    collection (``ReconcileState.no_usable_collection``) is an error too."""
+    """qmd found and answering ``--version``; when it is the backend and the workspace
+    exists, one real test search and the collections reconciled as a search's start-up does
+    (a qmd whose searches fail, or that refuses every collection, is an error)."""
     from qmdbridge.qmd.backend import QmdBackend
     from qmdbridge.qmd.locate import probe_qmd
 

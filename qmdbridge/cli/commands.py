@@ -50,9 +50,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _quiet_logs(args: argparse.Namespace) -> None:
-    """One-shot commands print what matters themselves (a fallback note, a denial, warnings), so
-    library log records below ERROR stay off stderr unless ``-v``: one line per event, not two.
-    ``serve`` keeps logging's default (it is a long-lived process whose log is its stderr)."""
+    """Keep library log records below ERROR off stderr unless ``-v``: one-shot commands
+    print what matters themselves (``serve`` keeps logging's default)."""
     import logging
 
     root = logging.getLogger()
@@ -66,12 +65,7 @@ def _quiet_logs(args: argparse.Namespace) -> None:
 
 def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
     """Run one parsed command; prints results and errors, returns the exit code.
-
-    Args:
-        args: the parsed command line.
-        qmd_runner: runs the qmd processes of a ``search`` (``MemoryManager(qmd_runner=...)``):
-            the calls ``qmdbridge/cli/qmd_prefetch.py`` started ahead; ``None``: spawn each.
-    """
+    ``qmd_runner``: runs a ``search``'s qmd processes (the calls started ahead), or ``None``."""
     _quiet_logs(args)
     try:
         key, key_taken_ms = None, None

@@ -27,10 +27,8 @@ def emit_json(doc: Any) -> None:
 
 
 def _floats_print_alike(doc: Any) -> bool:
-    """Whether every float in ``doc`` (dicts, lists and scalars) is 0 or has ``1e-4 <= |x| < 1e16``:
-    the range where ``repr`` (the standard library's ``json``) and orjson write the same
-    shortest decimal digits without an exponent. Outside it (``1e-05`` against ``0.00001``, a
-    NaN) they differ."""
+    """Whether every float in ``doc`` is 0 or has ``1e-4 <= |x| < 1e16``, where
+    ``json`` and orjson write the same digits."""
     stack = [doc]
     while stack:
         x = stack.pop()
@@ -45,11 +43,8 @@ def _floats_print_alike(doc: Any) -> bool:
 
 
 def emit_plain_json(doc: dict[str, Any]) -> None:
-    """Write a document of plain JSON values (dicts with string keys, lists, strings, numbers,
-    booleans, ``None``) exactly as :func:`emit_json` would, without loading orjson when the
-    standard library writes the same bytes (2-space indent, UTF-8, same float digits); the fast
-    paths of ``search``, ``get`` and ``status`` (``qmdbridge/cli/daemon_client.py``,
-    ``qmdbridge/cli/fast_search.py``) print through it."""
+    """Write a document of plain JSON values exactly as :func:`emit_json` would, without
+    loading orjson when the standard library writes the same bytes (the fast paths use it)."""
     if not _floats_print_alike(doc):
         emit_json(doc)
         return

@@ -1,7 +1,6 @@
 """``qmdbridge doctor [--fix] [--json]``: print the doctor report; exit 1 when a check failed.
 
-Besides the checks of ``qmdbridge/doctor.py`` it reports every problem ``qmdbridge status``
-lists (``qmdbridge/problems.py``) as a failed check, so the two commands never disagree.
+Every problem ``qmdbridge status`` lists is a failed check too, so the two never disagree.
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ _OWN_ISSUES = ("legacy memory.md",)
 
 
 def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
-    """The status problems as doctor ``error`` checks, leaving out those the doctor checks
-    itself (the embedding provider, which it probes; the legacy ``memory.md`` split, which
-    ``--fix`` repairs; a qmd whose test search fails, which its qmd check tries itself)."""
+    """The status problems as doctor ``error`` checks, without those the doctor checks
+    itself (the provider, the legacy split, a failing qmd test search)."""
     from qmdbridge.doctor import Check
     from qmdbridge.problems import QMD_UNHEALTHY
 
@@ -32,11 +30,8 @@ def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
 
 
 async def doctor(agent: Any, args: argparse.Namespace) -> int:
-    """Run the checks and print them (``[ok]``/``[warn]``/``[error]`` lines with fix hints).
-
-    Without a workspace only the checks run: the status (and with it an index store under the
-    state dir) is never opened for a workspace that does not exist.
-    """
+    """Run the checks and print them with fix hints; without a workspace no status (and no
+    store) is opened."""
     from qmdbridge.doctor import run_doctor
 
     report = await run_doctor(agent, fix=args.fix)

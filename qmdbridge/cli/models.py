@@ -1,9 +1,7 @@
 """``qmdbridge models pull [NAME]`` and ``qmdbridge models list``: the local embedding model cache.
 
-``pull`` downloads a model ahead of first use (pre-warming a machine or an image), with the
-same checks as a first-use download (``fallback/embeddings/model_fetch.py``); ``list`` shows the
-cached models and partial downloads. The cache is ``local.modelCacheDir`` or
-``<stateDir>/models``; the hub is ``$HF_ENDPOINT`` or ``https://huggingface.co``.
+``pull`` downloads a model ahead of first use, with a first use's checks
+(``fallback/embeddings/model_fetch.py``); ``list`` shows cached models and partial downloads.
 """
 
 from __future__ import annotations

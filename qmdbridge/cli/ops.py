@@ -21,15 +21,8 @@ _MODEL_RE = re.compile(r"hf:[\w.\-]+/[\w.\-]+/[\w.\-]+\.gguf", re.IGNORECASE)
 
 
 def missing_model_hint(stderr: str, *, step: str) -> str:
-    """Explain a failed model load: which model, and which download it needs.
-
-    Args:
-        stderr: qmd's stderr of the failed ``embed``/``query``.
-        step: ``embed`` or ``query``.
-
-    Returns:
-        One or two lines for a person.
-    """
+    """One or two lines for a person on a failed model load in qmd's ``step``
+    (``embed`` or ``query``, its ``stderr``): which model, and which download it needs."""
     if "disabled in CI" in stderr:
         return ("qmd refuses model operations while the CI environment variable is set; "
                 "unset CI to warm up the models")
@@ -80,12 +73,9 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
 
 
 async def warmup(agent: Any, args: argparse.Namespace) -> int:
-    """``qmdbridge warmup``: run ``qmd embed`` and one ``qmd query`` in the agent's qmd home so
-    the GGUF models are downloaded and loaded before the first real search.
-
-    Fails fast, naming the models and the download they need, when ``CI`` is set (qmd refuses
-    model work) or when models are missing and the model host cannot be reached (offline).
-    """
+    """``qmdbridge warmup``: ``qmd embed`` and one ``qmd query`` in the agent's qmd home, so
+    the GGUF models are downloaded and loaded first; fails fast, naming the models, under
+    ``CI`` or offline with models missing."""
     from qmdbridge.paths import child_env, ensure_home, qmd_home
     from qmdbridge.qmd.runner import run_command
 

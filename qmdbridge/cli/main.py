@@ -1,21 +1,11 @@
-"""The ``qmdbridge`` command line: the parser and the entry point (search, get, status, index, qmd operations, warmup, serve, mcp, doctor, models, eval).
+"""The ``qmdbridge`` command line: the parser and the entry point.
 
-A thin layer: parse arguments, load config, call the manager, print. ``search``, ``get`` and
-``status`` first try a running ``qmdbridge serve`` of the same agent over its daemon socket
-(:mod:`qmdbridge.cli.daemon_client`); only when none answers is anything heavy imported
-(pydantic, anyio, the engine), so this module imports the standard library only. With ``--json`` exactly
-one JSON document goes to stdout (errors too, as ``{"error": ..., "exitCode": ...}``); logs and
-progress go to stderr.
-
-Exit codes:
-    0  success
-    1  a backend or the index failed (message on stderr)
-    2  usage or config error (bad flag, blank query, malformed config file)
-    3  refused path (``get`` of something that is not a memory file)
-    4  no such memory file (``get`` of a memory path where no file is, or a file that vanished)
-    130  interrupted (Ctrl-C, SIGTERM)
-    141  stdout's reader went away before the output was written (``| head -c1``), as a shell
-         reports a program that SIGPIPE ended; nothing is printed about it
+``search``, ``get`` and ``status`` first try a running ``qmdbridge serve`` of the agent
+(:mod:`qmdbridge.cli.daemon_client`), then, for ``search``, the recorded fast path
+(:mod:`qmdbridge.cli.fast_search`); only then is anything heavy imported, so this module
+imports the standard library only. With ``--json`` exactly one JSON document goes to stdout
+(errors too, ``{"error", "errorType", "exitCode"}``). Exit codes: :data:`EPILOG`; 141 when
+stdout's reader went away (``| head -c1``), as a shell reports a program SIGPIPE ended.
 """
 
 from __future__ import annotations
@@ -54,9 +44,8 @@ every answer fell back to the builtin engine, so the figures are not qmd's."""
 
 
 def _terminal_columns() -> int:
-    """``shutil.get_terminal_size().columns`` without importing ``shutil`` (and the compression
-    modules it loads, a few ms of every command): ``$COLUMNS`` when it is a positive integer,
-    else the width of the terminal on stdout, else 80."""
+    """``shutil.get_terminal_size().columns`` without importing ``shutil``: ``$COLUMNS``
+    when positive, else the terminal on stdout, else 80."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -137,8 +126,7 @@ class _VersionAction(argparse.Action):
 
 
 def _path_arg(value: str) -> str:
-    """A ``--workspace`` or ``--config`` value: any path but a blank one (``--workspace "$WS"``
-    with ``WS`` unset would otherwise mean the current folder).
+    """A ``--workspace`` or ``--config`` value: any path but a blank one.
 
     Raises:
         argparse.ArgumentTypeError: ``value`` is empty or only whitespace.
@@ -162,14 +150,12 @@ FAST_COMMANDS = ("search", "get", "status")
 
 
 def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
-    """The argument parser (exposed for tests and docs).
+    """The argument parser.
 
     Args:
-        only: build just this command's sub-parser (the same definition, so the same help,
-            usage and errors); ``None`` builds them all. Building one instead of nine is a
-            measurable part of a served ``qmdbridge search``.
+        only: build just this command's sub-parser (the same definition); ``None``: all.
         json_errors: a usage error prints ``{"error", "errorType", "exitCode"}`` on stdout
-            (the command line asked for ``--json``) instead of argparse's lines on stderr.
+            instead of argparse's lines on stderr.
     """
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
@@ -354,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             restore_sigterm = _stop_on_sigterm()
         return _run_in_process(args, early)
     except BaseException as exc:  # the CLI edge: Ctrl-C or SIGTERM is exit 130, anything else raises
-        if _interrupted(exc):
+        if _matches(exc, KeyboardInterrupt):
             return 130
         if _matches(exc, BrokenPipeError):  # the reader of stdout is gone (`| head -c1`)
             _stdout_to_devnull()
@@ -392,16 +378,9 @@ def _stdout_to_devnull() -> None:
         pass
 
 
-def _interrupted(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM through
-    :func:`_stop_on_sigterm`), or an exception group holding one (:func:`_matches`)."""
-    return _matches(exc, KeyboardInterrupt)
-
-
 def _stop_on_sigterm() -> Callable[[], None]:
-    """Make SIGTERM raise ``KeyboardInterrupt`` (exit 130): the event loop unwinds and running
-    qmd children are killed. Returns the function that puts the previous handler back (the
-    command is over: a caller of :func:`main` in the same process keeps its own handling)."""
+    """Make SIGTERM raise ``KeyboardInterrupt`` (exit 130) so running qmd children are
+    killed; returns the function that puts the previous handler back."""
     import signal
 
     def on_term(signum: int, frame: object) -> None:
@@ -417,12 +396,12 @@ def _stop_on_sigterm() -> Callable[[], None]:
 
 def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
     """Run the command with the config loaded (``early``: the qmd calls a search started
-    ahead, its qmd runner); returns the exit code. With ``--verbose`` the command's log
-    records go to stderr, through a handler removed again when the command is over."""
+    ahead); with ``--verbose`` log records go to stderr for the command's duration."""
     from qmdbridge.cli.commands import run_command
 
+    runner = early.run_command if early is not None else None
     if not args.verbose:
-        return run_command(args, qmd_runner=early.run_command if early is not None else None)
+        return run_command(args, qmd_runner=runner)
     import logging
 
     root = logging.getLogger()
@@ -432,7 +411,7 @@ def _run_in_process(args: argparse.Namespace, early: Any = None) -> int:
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        return run_command(args, qmd_runner=early.run_command if early is not None else None)
+        return run_command(args, qmd_runner=runner)
     finally:
         root.removeHandler(handler)
         root.setLevel(level)

@@ -164,11 +164,6 @@ class MemoryManager:
         if self._closed:
             raise ManagerClosedError("memory manager is closed")
 
-    def _check_workspace(self) -> None:
-        """A missing workspace is a caller's mistake, not an empty memory: syncing it would
-        empty the index."""
-        require_workspace(self.agent.workspace_dir)
-
     def _background(self) -> BackgroundTasks:
         """The task group for a backend's ``start``; a ``full`` manager needs it open."""
         if self.mode == "full" and not self.tasks.is_open:
@@ -308,7 +303,7 @@ class MemoryManager:
         self._check_open()
         request = SearchRequest.of(query, max_results=max_results, min_score=min_score,
                                    session_key=session_key, sources=sources, explain=explain)
-        self._check_workspace()
+        require_workspace(self.agent.workspace_dir)
         from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
         from qmdbridge.policy.scope import citations_enabled, evaluate_scope
 
@@ -438,7 +433,7 @@ class MemoryManager:
 
         if (chosen := get_corpus(corpus)).note is not None:
             raise PathRefusedError(rel_path, chosen.note)
-        self._check_workspace()
+        require_workspace(self.agent.workspace_dir)
         wanted = workspace_relative(request.path, self.agent.workspace_dir)
         if wanted != request.path:  # an absolute path: read as the workspace-relative one
             try:
@@ -545,7 +540,7 @@ class MemoryManager:
             IndexStoreError / BackendUnavailableError: the sync failed.
         """
         self._check_open()
-        self._check_workspace()
+        require_workspace(self.agent.workspace_dir)
         if self.backend_name == "qmd":
             backend = await self.qmd()
             if backend is not None:

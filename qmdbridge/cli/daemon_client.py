@@ -33,7 +33,14 @@ if TYPE_CHECKING:
 
 __all__ = ["DAEMON_COMMANDS", "build_request", "exchange", "try_daemon"]
 
-DAEMON_COMMANDS = ("search", "get", "status")
+# Each command's tool and its parameters: (parameter name, argparse attribute), left out when unset.
+_TOOL_PARAMS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "search": ("memory_search", (("query", "query"), ("maxResults", "max_results"),
+                                 ("minScore", "min_score"), ("corpus", "corpus"))),
+    "get": ("memory_get", (("path", "path"), ("from", "from_line"), ("lines", "lines"),
+                           ("corpus", "corpus"))),
+    "status": ("status", ())}
+DAEMON_COMMANDS = tuple(_TOOL_PARAMS)
 # How long a served command waits for the daemon's answer (a first search may sync first).
 REPLY_TIMEOUT_S = 120.0
 
@@ -41,29 +48,9 @@ REPLY_TIMEOUT_S = 120.0
 def build_request(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     """The request (the ``serve`` protocol plus ``fingerprint``) for a parsed ``search`` /
     ``get`` / ``status``: ``{"id": 1, "tool", "params", "sessionKey", "fingerprint"}``."""
-    params: dict[str, Any] = {}
-    session_key = None
-    if args.command == "search":
-        tool = "memory_search"
-        params["query"] = args.query
-        if args.max_results is not None:
-            params["maxResults"] = args.max_results
-        if args.min_score is not None:
-            params["minScore"] = args.min_score
-        session_key = args.session_key
-        if args.corpus is not None:
-            params["corpus"] = args.corpus
-    elif args.command == "get":
-        tool = "memory_get"
-        params["path"] = args.path
-        if args.from_line is not None:
-            params["from"] = args.from_line
-        if args.lines is not None:
-            params["lines"] = args.lines
-        if args.corpus is not None:
-            params["corpus"] = args.corpus
-    else:
-        tool = "status"
+    tool, fields = _TOOL_PARAMS[args.command]
+    params = {name: getattr(args, attr) for name, attr in fields if getattr(args, attr) is not None}
+    session_key = args.session_key if args.command == "search" else None
     fingerprint = client_fingerprint(agent=args.agent, workspace=args.workspace, config=args.config,
                                      backend=args.backend, env=env)
     return {"id": 1, "tool": tool, "params": params, "sessionKey": session_key,

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from qmdbridge.cli.common import EXIT_USAGE, emit_json
+from qmdbridge.cli.daemon_client import DAEMON_COMMANDS, try_daemon
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
@@ -145,8 +146,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
 
 
-# Commands a running daemon may answer; their parsers are built alone on the fast path.
-FAST_COMMANDS = ("search", "get", "status")
 
 
 def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
@@ -305,13 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         raw = list(sys.argv[1:] if argv is None else argv)
         json_errors = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
-        only = raw[0] if raw and raw[0] in FAST_COMMANDS else None
+        only = raw[0] if raw and raw[0] in DAEMON_COMMANDS else None
         args = build_parser(only, json_errors=json_errors).parse_args(raw)
-        if args.command in FAST_COMMANDS:
-            # The fast path: a running `qmdbridge serve` for this agent answers without any heavy
-            # import (the client is standard library only); otherwise fall through to in-process.
-            from qmdbridge.cli.daemon_client import try_daemon
-
+        if args.command in DAEMON_COMMANDS:
+            # a running `qmdbridge serve` for this agent answers without any heavy import
             served = try_daemon(args)
             if served is not None:
                 return served

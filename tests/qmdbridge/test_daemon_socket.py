@@ -290,14 +290,15 @@ def test_serve_without_socket(setup: tuple[Path, dict[str, str]]) -> None:
 def test_the_fast_path_parser_is_the_full_parsers_subcommand() -> None:
     import argparse
 
-    from qmdbridge.cli.main import FAST_COMMANDS, build_parser
+    from qmdbridge.cli.daemon_client import DAEMON_COMMANDS
+    from qmdbridge.cli.main import build_parser
 
     def sub(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
         action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         return action.choices[name]
 
     full = build_parser()
-    for name in FAST_COMMANDS:
+    for name in DAEMON_COMMANDS:
         alone = build_parser(name)
         assert sub(alone, name).format_help() == sub(full, name).format_help()
         assert list(sub(alone, name)._option_string_actions) == list(sub(full, name)._option_string_actions)

@@ -77,6 +77,7 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     the GGUF models are downloaded and loaded first; fails fast, naming the models, under
     ``CI`` or offline with models missing."""
     from qmdbridge.paths import child_env, ensure_home, qmd_home
+    from qmdbridge.qmd.query_text import qmd_argv
     from qmdbridge.qmd.runner import run_command
 
     environ = dict(os.environ)
@@ -98,13 +99,13 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     location = backend.location
     ensure_home(home, parent_env=os.environ)
     env = child_env(home, parent_env=os.environ, path_env=location.child_path)
-    steps = [("embed", ["embed"]), ("query", ["query", "--json", "-n", "1", "--index", "index", "--", "test"])]
+    steps = [("embed", qmd_argv(location.path, ["embed"])),
+             ("query", qmd_argv(location.path, ["query", "--json", "-n", "1"], ["test"]))]
     report: list[dict[str, Any]] = []
     code = EXIT_OK
-    for i, (step, qargs) in enumerate(steps, start=1):
+    for i, (step, argv) in enumerate(steps, start=1):
         if not args.json:
             sys.stderr.write(f"[{i}/{len(steps)}] qmd {step} (first run downloads models; this can take minutes)...\n")
-        argv = [location.path, *qargs] if step == "query" else [location.path, *qargs, "--index", "index"]
         result = await run_command(argv, env=env, cwd=agent.workspace_dir, timeout_ms=WARMUP_TIMEOUT_MS)
         ok = result.ok
         entry: dict[str, Any] = {"step": step, "ok": ok, "durationMs": result.duration_ms}

@@ -1,17 +1,8 @@
 """QmdBackend: the qmd sidecar as a ``MemoryBackend`` (collections, update cycle, search, read).
 
-Every qmd command line is ``query_text.qmd_argv``'s; ``query_text.encode_query`` keeps the
-query text literal. The circuit breaker lives in the manager, not here.
-
-Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call it makes, the wait for a
-pending update included) and nothing else. Start-up (collection reconcile:
-``update.commandTimeoutMs`` per command; the boot update: ``update.updateTimeoutMs``)
-never runs under a search deadline; a timeout there is logged, kept in ``status()``
-(``custom.qmd.startup``) and does not fail the start-up.
-
-In ``full`` mode a warm ``qmd mcp`` child over stdio (``qmdbridge.qmd.warm``, unless
-``memory.qmd.mcp.enabled`` is false) answers ``query``-mode calls; any call it declines is
-spawned as above.
+Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call, the wait for a pending update
+included) and nothing else; start-up steps have their own budgets and a timeout there is kept
+in ``status()`` (``custom.qmd.startup``), never failing the start-up.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from fallback.errors import (
 )
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.request import SearchRequest
+from fallback.settings import ExtraPath
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.qmd.collections import (
@@ -67,13 +59,13 @@ from qmdbridge.qmd.query_text import (
     without_stray_quote,
 )
 from qmdbridge.qmd.reads import Listings, read_qmd_path
-from qmdbridge.qmd.results_json import QmdEntry
 from qmdbridge.qmd.runner import CommandRunner, RunResult, is_busy, run_command
 from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
 from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
 
 if TYPE_CHECKING:
+    from qmdbridge.qmd.freshness import QmdFreshness
     from qmdbridge.qmd.warm import WarmChild
 
 __all__ = ["QmdBackend"]
@@ -92,17 +84,11 @@ class QmdBackend:
 
     Args:
         agent: the resolved agent config.
-        location: where qmd is (``qmdbridge.qmd.locate.QmdLocation``; ``path`` and ``child_path``).
-        mode: ``cli`` (one-shot: reconcile, boot update only with ``waitForBootSync``) or
-            ``full`` (long-lived: boot update, interval and embed timers).
+        location: where qmd is (``qmdbridge.qmd.locate.QmdLocation``).
+        mode: ``cli`` (one-shot) or ``full`` (long-lived: boot update, timers, watcher, warm child).
         env: parent environment for the child processes (default ``os.environ``).
         now_ms: clock in epoch ms (default wall clock).
-        runner: runs each qmd process (default ``runner.run_command``; the one-shot CLI passes
-            the calls it started ahead, ``qmdbridge.qmd.early.EarlyCalls.run_command``).
-
-    Use ``start(tasks)`` before searching, ``close()`` at the end (idempotent). Background work
-    (boot update, interval and embed timers, the file watcher) runs in a ``qmd`` subgroup of the
-    given :class:`~fallback.background.BackgroundTasks`.
+        runner: runs each qmd process (default ``runner.run_command``).
     """
 
     name = "qmd"
@@ -117,7 +103,7 @@ class QmdBackend:
         self.mode = mode
         self.cfg = agent.memory.qmd
         self._parent_env = dict(os.environ if env is None else env)
-        self._now = now_ms or (lambda: int(time.time() * 1000))
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
         self._runner: CommandRunner = runner or run_command
         self.home = qmd_home(agent.state_dir, agent.agent_id)
         self.collections: list[ManagedCollection] = build_collections(
@@ -140,8 +126,7 @@ class QmdBackend:
         self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
         self._closed = False
-        self.now_ms = self._now
-        self.freshness: Any = None  # QmdFreshness in full mode with sync.watch
+        self.freshness: QmdFreshness | None = None  # full mode with sync.watch
         self.warm: WarmChild | None = None  # the warm `qmd mcp` child (full mode, memory.qmd.mcp)
         self._prepared = False
         self._started = False
@@ -160,7 +145,7 @@ class QmdBackend:
             embed_lock=self.home.embed_lock, search_mode=self.cfg.search_mode,
             debounce_ms=up.debounce_ms, embed_interval_ms=up.embed_interval_ms,
             lock_budget_ms=max(300_000, 6 * longest),
-            embed_lock_budget_ms=max(900_000, 6 * up.embed_timeout_ms), now_ms=self._now)
+            embed_lock_budget_ms=max(900_000, 6 * up.embed_timeout_ms), now_ms=self.now_ms)
 
     # -- process plumbing ---------------------------------------------------------------------
 
@@ -181,7 +166,7 @@ class QmdBackend:
         return ModelState(self.home.models_dir, self.child_env)
 
     def argv(self, args: list[str], positionals: list[str] | tuple[str, ...] = ()) -> list[str]:
-        """``[qmd, *args, "--index", "index", "--", *positionals]`` (no ``--`` without positionals)."""
+        """``[qmd, *args, "--index", "index", "--", *positionals]`` (``query_text.qmd_argv``)."""
         return qmd_argv(str(self.location.path), args, positionals)
 
     async def _run(self, args: list[str], positionals: list[str] | tuple[str, ...] = (), *,
@@ -217,8 +202,7 @@ class QmdBackend:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Create the qmd home and the workspace and sessions folders
-        (:func:`~qmdbridge.qmd.startup.prepare_home`); no qmd process is started. Idempotent.
+        """Create the qmd home, workspace and sessions folders; spawns nothing. Idempotent.
 
         Raises:
             ManagerClosedError: closed. BackendUnavailableError: a folder cannot be created.
@@ -232,10 +216,8 @@ class QmdBackend:
             self._prepared = True
 
     async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:
-        """Start-up: qmd home, collections, the boot update (awaited with
-        ``update.waitForBootSync``, else in the background in ``full`` mode), then (``full``
-        mode) timers and the file watcher, all in ``tasks``. Each step has its own budget
-        (module docstring); a failed or timed-out step is logged and kept in ``status()``.
+        """Start-up: qmd home, collections, index health, the boot update (awaited with
+        ``update.waitForBootSync``), then in ``full`` mode timers, watcher and warm child in ``tasks``.
 
         Args:
             tasks: the manager's task group (required in ``full`` mode).
@@ -270,19 +252,39 @@ class QmdBackend:
         finally:
             self._in_startup = False
         if self.mode == "full" and self._bg is not None:
-            from qmdbridge.qmd.freshness import start_background
-
-            self.freshness = start_background(self, self._bg)
+            self._start_timers_and_watcher(self._bg)
             if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
                 from qmdbridge.qmd.warm import WarmChild
 
                 self.warm = WarmChild(
                     argv=self.argv(["mcp"]),  # the stdio transport: no port, nothing to connect to
-                    env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self._now,
+                    env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self.now_ms,
                     startup_budget_ms=self.cfg.update.command_timeout_ms, index_db=self.home.index_db)
                 self.warm.attach(self._bg)
                 if self.cfg.search_mode in ("query", "search"):  # search: questions (lexical.py)
                     self.warm.launch()
+
+    def _start_timers_and_watcher(self, tasks: BackgroundTasks) -> None:
+        """Long-lived mode: the interval update, the embed timer (spec 2.7.3: vectors used and
+        the update interval off or longer) and the file watcher (``sync.watch``), in ``tasks``."""
+        from qmdbridge.qmd.freshness import QmdFreshness
+        from qmdbridge.qmd.update import embed_jitter_ms
+
+        up, sync = self.cfg.update, self.agent.memory_search.sync
+        interval, embed_every = up.interval_ms, up.embed_interval_ms
+        custom = [(str(c.path), c.pattern) for c in self.collections if c.kind == "custom"]
+        if interval > 0:
+            tasks.every("interval update", interval, lambda: self.cycle.run("interval"))
+        if embed_every > 0 and self.cfg.search_mode != "search" and (interval <= 0 or interval > embed_every):
+            first = embed_jitter_ms(self.agent.agent_id, custom, embed_every)
+            tasks.every("embed-interval update", embed_every,
+                        lambda: self.cycle.run("embed-interval"), first_ms=first)
+        if sync.watch:
+            self.freshness = QmdFreshness(
+                self.agent.workspace_dir, extra_dirs=[ExtraPath(path=p, pattern=g) for p, g in custom],
+                cycle=self.cycle, watch_debounce_ms=sync.watch_debounce_ms,
+                update_debounce_ms=up.debounce_ms, now_ms=self.now_ms, tasks=tasks)
+            tasks.start_soon("file watcher", self.freshness.run)
 
     async def _boot_update(self) -> None:
         try:
@@ -292,9 +294,7 @@ class QmdBackend:
             self._startup_problem(f"boot update failed: {exc.reason}")
 
     async def reconcile(self, *, force: bool = False) -> None:
-        """Make qmd's collections match the config unless nothing changed since the last
-        complete reconcile (:func:`~qmdbridge.qmd.startup.reconcile_if_changed`); never raises
-        for qmd errors."""
+        """Make qmd's collections match the config (``startup.reconcile_if_changed``); never raises for qmd errors."""
         await reconcile_if_changed(
             self.collections, run=self._collection_cmd, agent_id=self.agent.agent_id,
             workspace=self.agent.workspace_dir, state=self.reconcile_state,
@@ -304,26 +304,22 @@ class QmdBackend:
         self._yml_seen = yml_stamp(self.home.index_yml)
 
     def _managed(self) -> list[ManagedCollection]:
-        """The collections qmd should hold: every managed one not refused at reconcile."""
+        """The managed collections not refused at reconcile."""
         return [c for c in self.collections if c.name not in self.reconcile_state.refused]
 
     def _yml_edited(self) -> bool:
-        """Whether qmd's collection list (``index.yml``) changed since this backend reconciled."""
+        """Whether ``index.yml`` changed since this backend reconciled."""
         return yml_stamp(self.home.index_yml) != self._yml_seen
 
     async def _notice(self, counts: dict[str, int], count_error: str | None) -> str | None:
-        """``health.notice`` of these counts (a problem found is re-indexed in the background
-        in long-lived mode)."""
+        """``health.notice`` of these counts (re-indexed in the background in long-lived mode)."""
         return await self.health.notice(counts, count_error, managed=self._managed(),
                                         yml_edited=self._yml_edited(), background=self._bg)
 
     async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after a reconcile when qmd's
-        collection list (``index.yml``) changed since this backend last reconciled (a collection
-        removed, ``qmd collection remove``, or its path or pattern edited by hand, which the
-        next ``qmd update`` would index instead of the configured folder), or when the path of
-        a custom collection that was missing then exists now (it is added). One ``stat`` per
-        check while nothing changed; one reconcile per change."""
+        """``counts`` (documents per collection), read again after a reconcile when ``index.yml``
+        changed since the last one or a missing custom collection's path appeared.
+        """
         appeared = [p for p in self.reconcile_state.missing.values() if os.path.lexists(p)]
         if appeared:  # a file entry is a folder collection while missing: build them again
             log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
@@ -338,8 +334,7 @@ class QmdBackend:
         return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
-        """Cancel this backend's background tasks (their qmd children are killed and reaped),
-        wait for an update a caller is running, stop; idempotent."""
+        """Cancel background tasks (their children are killed), wait for a running update; idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -381,15 +376,12 @@ class QmdBackend:
         retention = self.cfg.sessions.retention_days
         state = self._export_state = self._export_state or ExportState()  # unchanged: not parsed
         await anyio.to_thread.run_sync(lambda: export_sessions(
-            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self._now(),
+            self.agent.engine.sessions_dir, target, retention_days=retention, now_ms=self.now_ms(),
             state=state))
 
     async def sync(self, *, reason: str, force: bool = False,
                    progress: ProgressCallback | None = None) -> None:
-        """``runUpdate(reason, force)``: see :meth:`UpdateCycle.run` (``progress`` is not
-        reported: qmd does not say how far it is). Returns nothing, once qmd's index holds what
-        changed before the call: a request is not skipped by ``update.debounceMs`` (which
-        spaces the watcher's and the timers' updates, never this one).
+        """Update qmd's index now (``UpdateCycle.run``, never debounced); ``progress`` is not reported.
 
         Raises:
             ManagerClosedError: closed. BackendUnavailableError: ``qmd update`` failed.
@@ -398,7 +390,7 @@ class QmdBackend:
         await self.cycle.run(reason or "manual", force=force, debounce=False)
 
     async def update(self) -> None:
-        """Forced update now (CLI ``qmdbridge qmd update``); embeds too outside ``search`` mode.
+        """Forced update now (``qmdbridge qmd update``); embeds too outside ``search`` mode.
 
         Raises:
             BackendUnavailableError: ``qmd update`` failed.
@@ -406,7 +398,7 @@ class QmdBackend:
         await self.sync(reason="manual", force=True)
 
     async def embed(self) -> None:
-        """Run ``qmd embed`` now under the embed and store locks (CLI).
+        """Run ``qmd embed`` now under the embed and store locks.
 
         Raises:
             BackendUnavailableError: the embed failed or a lock could not be taken in time.
@@ -415,10 +407,10 @@ class QmdBackend:
         async with file_lock(self.home.embed_lock, budget_ms=self.cfg.update.embed_timeout_ms), \
                 file_lock(self.home.write_lock, budget_ms=self.cfg.update.embed_timeout_ms):
             await self._run_embed_cmd()
-        self.cycle.embed.last_embed_at = self._now()
+        self.cycle.embed.last_embed_at = self.now_ms()
 
     async def list_collections(self) -> list[dict[str, Any]]:
-        """qmd's collections: ``[{name, path, pattern, managed, kind}]`` (paths via ``show``).
+        """qmd's collections: ``[{name, path, pattern, managed, kind}]``.
 
         Raises:
             BackendUnavailableError: ``collection list`` failed.
@@ -433,41 +425,24 @@ class QmdBackend:
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None,
                      mode: str | None = None) -> SearchOutcome:
-        """Search the managed collections with qmd (spec 2.8); scope rules are the manager's.
-
-        The whole search (every qmd call, and the wait for a pending watcher update) finishes
-        within ``limits.timeoutMs``; each call gets the remaining budget. qmd's collection list
-        (``index.yml``) edited since the last reconcile is reconciled first
-        (:meth:`reconcile_if_edited`). The calls, their repairs and what a question sends:
-        ``search_calls.search_with_repairs``, ``query_text.search_call``, ``lexical.relax``.
+        """Search the managed collections with qmd (spec 2.8) within ``limits.timeoutMs``.
 
         Args:
-            request: the checked request (``fallback/request.py``): ``max_results`` capped at
-                ``limits.maxResults``; hits below ``min_score`` dropped (default 0); ``sources``
-                keep only collections of these sources; ``explain`` is accepted for the
-                contract (qmd reports no ranking trace).
-            sync_budget_ms: longest wait in ms for a pending watcher update (default: half
-                of the search deadline; never more than that).
-            progress: accepted for the contract; qmd reports no sync progress.
+            request: the checked request; ``max_results`` capped at ``limits.maxResults``, ``sources``
+                keep only collections of these sources (``explain`` has no qmd trace).
+            sync_budget_ms: longest wait for a pending watcher update, ms (default: half the deadline).
+            progress: accepted for the contract (qmd reports none).
             mode: overrides ``searchMode`` (``search`` | ``vsearch`` | ``query``).
 
         Returns:
-            ``SearchOutcome``: hits, best first, diversified across sources and clamped to
-            ``maxInjectedChars``; warnings: this search's notes (hits dropped as ambiguous, an
-            answer used despite a crash ...); mode: the one searches use (``search`` after a
-            ``vec0`` switch); provider and model ``qmd`` (qmd embeds with its own models).
+            ``SearchOutcome``: hits best first, diversified across sources and clamped to
+            ``maxInjectedChars``; warnings are this search's notes; ``mode`` the one searches use.
 
         Raises:
             ManagerClosedError: closed.
-            BackendUnavailableError: every collection asked for was refused at reconcile
-                (``qmd has no usable collection: ...``; ``ReconcileState.no_usable_collection``).
-            BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed); the
-                message names the setting, and ``models missing or downloading?`` for
-                ``query``/``vsearch`` with an empty model cache.
-            QmdBusyError: qmd's index stayed busy through the retries.
-            QmdCommandError: qmd failed (e.g. ``CI`` set: "LLM operations are disabled in CI");
-                ``QmdQueryTooLongError``: the system would not start it with a query that long.
-            QmdOutputError: stdout was not a result array.
+            BackendUnavailableError: every collection asked for was refused at reconcile, or a repair failed.
+            BackendTimeoutError: past ``limits.timeoutMs`` (the qmd process tree is killed).
+            QmdBusyError, QmdCommandError, QmdQueryTooLongError, QmdOutputError: a qmd call failed.
             QmdIndexLostError: qmd's index lost its documents or is corrupt (being re-indexed).
         """
         self._check_open()
@@ -539,9 +514,13 @@ class QmdBackend:
         notes = plan.notes
         # search mode ranks the passages of the notes found; vsearch/query: qmd's chunk stands
         question = q if plan.mode == "search" and words else None
-        results = await anyio.to_thread.run_sync(
-            lambda: self._map(entries, min_score=min_score, notes=notes, question=question,
-                              limit=limit))
+        chunking = self.agent.memory_search.chunking
+        results = await anyio.to_thread.run_sync(lambda: entry_hits(
+            entries, question=question, limit=limit, min_score=min_score, notes=notes,
+            roots=self.roots, workspace=self.agent.workspace_dir, index_db=self.home.index_db,
+            cache=self._docid_cache, listings=self._listings,
+            snippet_chars=self.cfg.limits.max_snippet_chars, tokens=chunking.tokens,
+            overlap=chunking.overlap, sections=chunking.sections))
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
             results = [r for r in results if r.source in sources]
@@ -549,39 +528,20 @@ class QmdBackend:
         return self._outcome(clamp_injected(results, max_chars=limits.max_injected_chars), notes)
 
     def _outcome(self, results: list[MemorySearchResult], notes: list[str]) -> SearchOutcome:
-        """The answer of a search: ``results``, ``notes`` as its warnings, the mode searches
-        use now (``search`` after a ``vec0`` switch), provider and model ``qmd``."""
+        """The answer: ``results``, ``notes`` as warnings, the mode searches use now, provider/model ``qmd``."""
         return SearchOutcome(results=results, warnings=list(notes), provider="qmd", model="qmd",
                              mode=self.mode_override or self.cfg.search_mode)
-
-    def _map(self, entries: list[tuple[QmdEntry, str | None]], *, min_score: float,
-             notes: list[str], question: str | None, limit: int) -> list[MemorySearchResult]:
-        """Map qmd's entries to hits (``parse.entry_hits``): with ``question`` (``search``
-        mode) the passages of their notes ranked for it, else qmd's lines."""
-        chunking = self.agent.memory_search.chunking
-        return entry_hits(entries, question=question, limit=limit, min_score=min_score,
-                          notes=notes, roots=self.roots, workspace=self.agent.workspace_dir,
-                          index_db=self.home.index_db, cache=self._docid_cache,
-                          listings=self._listings, snippet_chars=self.cfg.limits.max_snippet_chars,
-                          tokens=chunking.tokens, overlap=chunking.overlap,
-                          sections=chunking.sections)
 
     # -- read ---------------------------------------------------------------------------------
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """``memory_get`` over qmd: workspace memory paths, or ``qmd/<collection>/<rel>``.
-
-        Both go through the builtin engine's safe reader (``fallback.sources.read_page``):
-        workspace paths by the memory-file rule with every custom collection among the extra
-        paths (so a file a collection indexes is readable, and nothing else), and
-        ``qmd/<collection>/<rel>`` inside that collection with its pattern. Paging: 120 lines /
-        12,000 chars by default; files over 1 MiB are streamed.
+        """``memory_get`` over qmd: workspace memory paths, or ``qmd/<collection>/<rel>``, both through
+        the builtin engine's safe reader (custom collections count as extra paths).
 
         Raises:
-            PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``,
-                or a refusal of the memory-file rule (parent segments, symlinks, non-``.md``
-                files, files outside the collection's pattern).
+            PathRefusedError: an invalid ``qmd/`` path, an unknown collection, or a refusal of the
+                memory-file rule.
             BackendUnavailableError: the file exists but cannot be read.
         """
         self._check_open()
@@ -598,54 +558,26 @@ class QmdBackend:
     # -- status -------------------------------------------------------------------------------
 
     async def search_probe(self) -> str | None:
-        """One tiny real search through the spawn path of every search (no collection filter,
-        ``limits.timeoutMs``): ``None`` when qmd answered, else why not, one line. Needs no
-        start-up (doctor calls it on a fresh backend)."""
+        """One tiny real search through the spawn path (``limits.timeoutMs``): ``None`` when qmd
+        answered, else why not, one line. Needs no start-up.
+        """
         return await probe_search(self._run_search, timeout_ms=self.cfg.limits.timeout_ms)
 
     async def status(self) -> MemoryStatus:
-        """Counters from qmd's index (active documents per collection) and qmd health.
-
-        Health is tried, not assumed: one tiny real search runs through the same spawn path as
-        every search (``search_calls.probe_search``), so a qmd whose ``--version`` works but
-        whose searches fail is ``healthy: false`` with the reason; ``custom.qmd`` also shows
-        the last search that failed (``lastSearchError``).
-
-        ``dirty`` is also set while the file watcher is dead (found here, and re-armed), and
-        ``custom.qmd.modelProblem`` says why ``query``/``vsearch`` searches cannot run (their
-        models missing and the model host unreachable, or ``CI`` set), as a search finds it.
+        """Counts from qmd's index and qmd's health, tried by a real search probe; ``custom.qmd`` holds
+        qmd's own state (warm child, models, freshness, start-up problems, last errors).
         """
-        dead = self.freshness.check_watcher() if self.freshness is not None else None
-        kinds = model_kinds(self.mode_override or self.cfg.search_mode, self.cfg.rerank)
-        models = await self.model_state.problem(kinds) if kinds else None
-        counts, err = await self.index_counts.read()
+        dead_watcher = self.freshness.check_watcher() if self.freshness is not None else None
+        mode = self.mode_override or self.cfg.search_mode
+        kinds = model_kinds(mode, self.cfg.rerank)
+        model_problem = await self.model_state.problem(kinds) if kinds else None
+        counts, count_error = await self.index_counts.read()
         counts = await self.reconcile_if_edited(counts)  # status shows qmd as configured
-        await self._notice(counts, err)  # backend.health.problem: an issue, a problem
+        await self._notice(counts, count_error)  # backend.health.problem: an issue, a problem
         locked = await anyio.to_thread.run_sync(index_locked, self.home.index_db)
         indexing = indexing_in_progress(running=self.cycle.is_running, index_locked=locked,
                                         locks=(self.home.write_lock, self.home.embed_lock))
-        return self._status_document(counts=counts, count_error=err, probe=await self.search_probe(),
-                                     dead_watcher=dead, model_problem=models, indexing=indexing)
-
-    def _status_document(self, *, counts: Mapping[str, int], count_error: str | None,
-                         probe: str | None, dead_watcher: str | None, model_problem: str | None,
-                         indexing: str | None) -> MemoryStatus:
-        """The status from what :meth:`status` read (pure): ``files`` and ``chunks`` are qmd's
-        documents, ``healthy`` is false when the probe failed, no collection is usable, or the
-        last update, search or embed failed, ``custom.qmd`` holds qmd's own state.
-
-        Args:
-            counts: active documents per collection in qmd's index.
-            count_error: why qmd's index could not be counted, or ``None``.
-            probe: why the search probe failed (one line), or ``None`` when qmd answered.
-            dead_watcher: why the file watcher is dead (it is being re-armed), or ``None``.
-            model_problem: why the searches of the configured mode cannot load their models
-                (``models.model_problem``), or ``None`` (also in ``search`` mode).
-            indexing: ``indexing in progress (...)`` while qmd's index is being written
-                (``update.indexing_in_progress``): ``dirty`` with that reason, and an index
-                read that found it locked is no problem.
-        """
-        mode = self.mode_override or self.cfg.search_mode
+        probe = await self.search_probe()
         by_source: dict[Source, int] = {}
         for coll, n in counts.items():
             src = self.roots[coll].source if coll in self.roots else "memory"
@@ -693,8 +625,7 @@ class QmdBackend:
                     "enabled": False, "state": "off", "reason": "one-shot commands spawn qmd"
                     if self.mode == "cli" else "memory.qmd.mcp.enabled is false"},
                 "indexProblem": self.health.problem, "modelProblem": model_problem,
-                "models": model_cache_state(self.home.models_dir,
-                                            model_kinds(mode, self.cfg.rerank),
+                "models": model_cache_state(self.home.models_dir, kinds,
                                             checked=self.model_state.gguf_checked),
                 "indexing": indexing,
                 "startup": {"problems": list(self.startup_problems)}}})

@@ -1,24 +1,10 @@
 """Find the qmd executable, and tell a working qmd from a foreign program or a missing runtime.
 
-Search order for ``memory.qmd.command`` (its program: ``qmdbridge.command_line.program_of``,
-so a Windows drive or UNC path and the list form keep their program verbatim):
-
-1. a program with a ``/`` or ``\\`` is a path: absolute (POSIX, or a Windows drive or UNC path)
-   as is, relative against ``cwd``; nothing else is searched (an explicit path that is wrong
-   must not silently become another qmd);
-2. a bare name is looked up in ``PATH`` (of ``env``),
-3. then in the usual install folders: ``~/.bun/bin``, ``/opt/homebrew/bin``, ``/usr/local/bin``
-   and the npm global bin (``<prefix>/bin``: :func:`npm_global_prefix` reads npm's settings
-   and runs nothing, so looking leaves no file in the user's home; cached on the
-   :class:`QmdLocator`),
-4. then, for the name ``qmd`` and ``repo_tools=True``, this repository's ``.tools/bin/qmd``
-   (written by ``scripts/install-qmd.sh``).
-
-Every executable found is probed with ``<path> --version`` (5 s, through
-:func:`qmdbridge.qmd.runner.run_command`); the first one that prints ``qmd <major>.<minor>...`` wins.
-When none does, the first failure is reported: a foreign program (``--version`` printed
-something else), or a qmd whose runtime is missing (exit 127, ``env: 'node': No such file or
-directory``, ``bun: not found``, or a shebang interpreter that does not exist).
+Search order for ``memory.qmd.command``'s program: a path (with ``/`` or ``\\``) as given and
+nothing else; a bare name in ``PATH``, then ``~/.bun/bin``, ``/opt/homebrew/bin``,
+``/usr/local/bin``, the npm global bin, and for ``qmd`` this repository's ``.tools/bin/qmd``.
+Each candidate is probed with ``--version``; the first that prints ``qmd <version>`` wins,
+else the first failure is reported.
 """
 
 from __future__ import annotations
@@ -38,13 +24,7 @@ from qmdbridge.command_line import is_windows_path, program_of
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_file
 
-__all__ = [
-    "QmdLocation",
-    "QmdLocator",
-    "npm_global_prefix",
-    "probe_qmd",
-    "repo_tools_qmd",
-]
+__all__ = ["QmdLocation", "QmdLocator", "npm_global_prefix", "probe_qmd", "repo_tools_qmd"]
 
 # Deadline of the `qmd --version` probe, in ms.
 PROBE_TIMEOUT_MS = 5_000
@@ -62,10 +42,7 @@ _QUOTE_CHARS = 200
 
 
 def repo_tools_qmd() -> Path:
-    """Path of the launcher ``scripts/install-qmd.sh`` writes: ``<repo>/.tools/bin/qmd``.
-
-    The path may not exist (not installed, or qmdbridge installed from a wheel).
-    """
+    """``<repo>/.tools/bin/qmd`` (written by ``scripts/install-qmd.sh``; may not exist)."""
     return Path(__file__).resolve().parents[2] / ".tools" / "bin" / "qmd"
 
 
@@ -74,21 +51,13 @@ class QmdLocation:
     """The outcome of locating and probing qmd.
 
     Attributes:
-        path: absolute path of the executable chosen (or of the first problem found), else None.
-        found: an executable file was found at ``path``.
-        runtime_ok: ``path`` could be run (its interpreter, node or bun, exists).
+        path: the executable chosen (or the first problem found), else ``None``.
+        found: an executable file is at ``path``. runtime_ok: its interpreter (node/bun) exists.
         version: qmd's version (``"2.8.3"``) when ``--version`` printed ``qmd <version>``.
-        reason: ``None`` when a real qmd was found; else one line for status/doctor:
-            ``qmd not found (command 'qmd'); searched: a, b``,
-            ``foreign program at <path>: --version printed '<first line>'``,
-            ``qmd found at <path> but its runtime (node/bun) is missing: <stderr line>``,
-            ``qmd at <path> did not answer --version: <error>``.
-        searched: folders searched, in order, without duplicates.
-        path_env: the ``PATH`` the search used.
-        child_path: ``PATH`` for qmd children: ``path_env`` plus the executable's folder and its
-            interpreter's folder, appended when missing.
-        skipped: reasons for candidates passed over before the chosen one (e.g. a foreign
-            ``qmd`` earlier on PATH).
+        reason: ``None`` for a real qmd, else one line for status and doctor.
+        searched: folders searched, in order. path_env: the ``PATH`` searched.
+        child_path: ``PATH`` for qmd children (plus the executable's and interpreter's folders).
+        skipped: reasons for candidates passed over before the chosen one.
     """
 
     path: str | None
@@ -103,7 +72,7 @@ class QmdLocation:
 
     @property
     def usable(self) -> bool:
-        """True when ``path`` is a real qmd that ran."""
+        """Whether ``path`` is a real qmd that ran."""
         return self.found and self.runtime_ok and self.version is not None
 
 
@@ -116,7 +85,7 @@ def _append_dirs(path_env: str, dirs: Sequence[str]) -> str:
 
 
 def _interpreter_dir(exe: str, path_env: str) -> str | None:
-    """Folder of the interpreter named by ``exe``'s shebang (``#!/usr/bin/env node`` -> node's)."""
+    """Folder of the interpreter of ``exe``'s shebang (``#!/usr/bin/env node`` -> node's)."""
     try:
         with open(exe, "rb") as fh:
             head = fh.read(256)
@@ -150,16 +119,14 @@ def _is_executable_file(path: str) -> bool:
 
 
 class QmdLocator:
-    """Finds and probes qmd for one environment; caches the npm global prefix.
+    """Finds and probes qmd for one environment.
 
     Args:
-        env: the environment to search (``PATH``, ``HOME``, ``NPM_CONFIG_PREFIX``); defaults to
-            ``os.environ`` at construction.
+        env: the environment searched (default ``os.environ``).
         repo_tools: also try this repository's ``.tools/bin/qmd`` (name ``qmd`` only).
-        usual_dirs: replaces the usual install folders (``~/.bun/bin``, ``/opt/homebrew/bin``,
-            ``/usr/local/bin``, npm global bin); ``None`` keeps them. Tests pass ``[]``.
-        cwd: folder relative command paths are resolved against, and the probe's cwd.
-        timeout_ms: deadline of each ``--version`` probe, in ms.
+        usual_dirs: replaces the usual install folders; ``None`` keeps them.
+        cwd: folder relative command paths resolve against, and the probe's cwd.
+        timeout_ms: deadline of each ``--version`` probe, ms.
     """
 
     def __init__(self, *, env: Mapping[str, str] | None = None, repo_tools: bool = True,
@@ -178,8 +145,7 @@ class QmdLocator:
 
     @cached_property
     def npm_global_bin(self) -> str | None:
-        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`, which runs nothing), worked
-        out once per locator; ``None`` if unknown."""
+        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`), or ``None``."""
         prefix = npm_global_prefix(self.env, path_env=self.path_env)
         return os.path.join(prefix, "bin") if prefix else None
 
@@ -196,8 +162,7 @@ class QmdLocator:
         return dirs
 
     async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
-        """Yield candidate executables lazily (the usual folders, which may ask npm, are only
-        looked at when PATH had no working qmd); ``searched`` is filled as folders are seen."""
+        """Candidate executables, lazily; ``searched`` is filled as folders are seen."""
         if "/" in token or "\\" in token:
             exe = token if os.path.isabs(token) or is_windows_path(token) else (
                 os.path.normpath(self.cwd / token))
@@ -237,7 +202,7 @@ class QmdLocator:
         return _append_dirs(self.path_env, extra)
 
     async def probe_path(self, exe: str) -> QmdLocation:
-        """Run ``exe --version`` and classify the answer (see :class:`QmdLocation`)."""
+        """Run ``exe --version`` and classify the answer."""
         child_path = self.child_path_for(exe)
         env = {**self.env, "PATH": child_path, "NO_COLOR": "1"}
 
@@ -269,8 +234,8 @@ class QmdLocator:
         """Search for ``command`` and probe each candidate until a real qmd answers.
 
         Returns:
-            The real qmd's location (``reason`` None), else the first failing candidate's, else
-            a not-found location. Never raises for a missing or broken qmd.
+            The real qmd's location, else the first failing candidate's, else a not-found location;
+            never raises for a missing or broken qmd.
         """
         searched: list[str] = []
         first_bad: QmdLocation | None = None
@@ -293,22 +258,17 @@ class QmdLocator:
 
 
 def npm_global_prefix(env: Mapping[str, str], *, path_env: str) -> str | None:
-    """npm's global prefix as npm works it out, read without running npm (``npm prefix -g``
-    writes ``~/.npm/_logs/*`` on every run, and starts a Node process).
+    """npm's global prefix, read as npm works it out but without running npm.
 
-    npm's order: ``NPM_CONFIG_PREFIX`` / ``npm_config_prefix``; ``prefix=`` in the user config
-    (``NPM_CONFIG_USERCONFIG``, else ``~/.npmrc``); ``prefix=`` in the global config
-    (``NPM_CONFIG_GLOBALCONFIG``, else ``<default prefix>/etc/npmrc``); the default prefix, the
-    folder above the folder of the ``node`` found in ``path_env`` (symlinks resolved, as
-    Node's ``process.execPath`` is).
+    Order: ``NPM_CONFIG_PREFIX``; ``prefix=`` in the user ``.npmrc``; in the global ``npmrc``;
+    the folder above the folder of the ``node`` on ``path_env``.
 
     Args:
         env: the environment (``HOME`` expands ``~``).
         path_env: the ``PATH`` ``node`` is looked up in.
 
     Returns:
-        The prefix (absolute, ``~`` expanded), or ``None`` when no setting names one and no
-        ``node`` is on ``path_env``.
+        The absolute prefix, or ``None`` when nothing names one and no ``node`` is found.
     """
     home = env.get("HOME") or os.path.expanduser("~")
 
@@ -331,7 +291,7 @@ def npm_global_prefix(env: Mapping[str, str], *, path_env: str) -> str | None:
 
 
 def _npmrc_prefix(path: str) -> str | None:
-    """The ``prefix`` an ``.npmrc`` (ini: ``key = value``, ``;``/``#`` comments) sets, or ``None``."""
+    """The ``prefix`` an ``.npmrc`` sets (the last one wins, as in npm), or ``None``."""
     try:
         with open(path, encoding="utf-8") as fh:
             lines = fh.read().splitlines()
@@ -341,7 +301,7 @@ def _npmrc_prefix(path: str) -> str | None:
     for line in lines:
         key, sep, value = line.strip().partition("=")
         if sep and key.strip() == "prefix":
-            prefix = value.strip().strip("\"'") or None  # the last one wins, as in npm
+            prefix = value.strip().strip("\"'") or None
     return prefix
 
 
@@ -362,12 +322,10 @@ async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, s
                     repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
                     cwd: Path | str | None = None,
                     timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
-    """Locate ``command`` (``memory.qmd.command``, string or list; its program:
-    ``qmdbridge.command_line.program_of``) and probe it with ``--version``: :meth:`QmdLocator.probe`
-    of a :class:`QmdLocator` made with the other arguments (see there).
+    """Locate ``command`` (``memory.qmd.command``) and probe it: :meth:`QmdLocator.probe`.
 
     Returns:
-        A :class:`QmdLocation`; problems are described in ``reason``, never raised.
+        A :class:`QmdLocation`; problems are in ``reason``, never raised.
     """
     locator = QmdLocator(env=env, repo_tools=repo_tools, usual_dirs=usual_dirs, cwd=cwd,
                          timeout_ms=timeout_ms)

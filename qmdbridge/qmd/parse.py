@@ -1,10 +1,7 @@
 """Map qmd's search hits to ``MemorySearchResult`` (spec 2.8.4).
 
-Pure functions over plain values, plus :class:`DocLookup`, a read-only view of the agent's
-``index.sqlite`` (qmd writes it with bun:sqlite in WAL mode) used to turn a docid into its
-``(collection, path)`` row. Finding the result array in qmd's stdout (spec 2.8.5) is
-``qmdbridge/qmd/results_json.py``; its names are re-exported here. Nothing above ``qmd.py``
-sees qmd's JSON shape.
+Pure functions over plain values, plus :class:`DocLookup`, a read-only view of qmd's
+``index.sqlite`` that turns a docid into its ``(collection, path)`` row.
 """
 
 from __future__ import annotations
@@ -42,10 +39,8 @@ _HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
 
 
 def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
-    """Split ``qmd://<collection>/<rel>`` into ``(collection, rel)`` without a URL parser.
-
-    The path is percent-decoded and may contain ``#`` or ``?``; a trailing ``?index=<name>``
-    (added by qmd for a non-default index) is dropped. Returns ``None`` for other forms.
+    """``qmd://<collection>/<rel>`` as ``(collection, rel)``, percent-decoded, a trailing
+    ``?index=<name>`` dropped; ``None`` for other forms.
     """
     if not uri[:6].lower() == "qmd://":
         return None
@@ -58,11 +53,8 @@ def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
 
 
 def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
-    """1-based inclusive line range of a hit (spec 2.8.4 step 5).
-
-    Explicit ``start_line``/``end_line`` win (swapped if reversed); a lone start takes the
-    header width (``end = start + width - 1``), a lone end likewise backwards; else the
-    ``@@ -a,b`` header gives ``a .. a+b-1``; else ``1 .. number of snippet lines``.
+    """1-based inclusive line range of a hit (spec 2.8.4 step 5): explicit start/end lines win
+    (a lone one takes the header's width), else the ``@@ -a,b`` header, else the snippet's lines.
     """
     header = _HEADER_RE.search(snippet)
     body_lines = max(1, len(_HEADER_LINE_RE.sub("", snippet).rstrip("\n").split("\n")))
@@ -83,8 +75,9 @@ def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
 
 
 def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> str:
-    """Path shown to the agent: workspace-relative when inside the workspace (and not under
-    ``qmd/``), else ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3)."""
+    """The path shown: workspace-relative inside the workspace (not under ``qmd/``), else
+    ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3).
+    """
     rel = rel.replace("\\", "/").lstrip("/")
     absolute = Path(os.path.normpath(collection.path / rel))
     try:
@@ -97,13 +90,11 @@ def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> st
 
 
 class DocLookup:
-    """Read-only docid and path lookups in qmd's ``index.sqlite`` (``busy_timeout`` 1000 ms).
+    """Read-only docid and path lookups in qmd's ``index.sqlite`` (``busy_timeout`` 1000 ms), from a
+    worker thread; ``close()`` after use.
 
-    Use from a worker thread (``anyio.to_thread.run_sync``); open per search, then ``close()``.
-
-    Raises (from every method):
-        BackendUnavailableError: ``qmd index busy while reading results: <msg>`` when SQLite
-            reports the database busy or locked.
+    Raises (every method):
+        BackendUnavailableError: ``qmd index busy while reading results: <msg>``.
     """
 
     def __init__(self, db_path: Path) -> None:
@@ -140,7 +131,7 @@ class DocLookup:
             return []
 
     def by_docid(self, docid: str) -> list[tuple[str, str]]:
-        """Active ``(collection, path)`` rows for a docid: exact ``hash = ?`` first, then prefix."""
+        """Active ``(collection, path)`` rows of a docid: exact hash first, then as a prefix."""
         h = docid.lstrip("#").lower()
         if not h or not re.fullmatch(r"[0-9a-f]+", h):
             return []
@@ -207,15 +198,12 @@ class LocatedHit:
     """A qmd entry found on disk, before its lines are chosen.
 
     Attributes:
-        path: the path shown (``display_path``); source: its collection's source.
+        path: the path shown (:func:`display_path`). source: its collection's source.
         score: qmd's score, clamped to ``[0, 1]``.
-        lines: qmd's lines clamped to the file as it is now, or ``None`` when they start past
-            its end (qmd's index is older than the file).
-        snippet: qmd's snippet without its ``@@`` header, or, when ``text`` was read, the
-            file's lines ``lines`` as they are now (qmd's index may be older than the file);
-            without ``\r`` and NUL bytes (:func:`snippet_text`), cut to the snippet budget.
-        text: the file's lines as ``memory_get`` numbers them, when they were read
-            (``read_lines``) and the file is small enough, else ``None``.
+        lines: qmd's lines clamped to the file, or ``None`` when they start past its end.
+        snippet: qmd's snippet without its ``@@`` header (or the file's lines ``lines`` as they
+            are now, when read), :func:`snippet_text`, cut to the snippet budget.
+        text: the file's lines as ``memory_get`` numbers them when read, else ``None``.
     """
 
     path: str
@@ -235,29 +223,21 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
                    read_lines: bool = False) -> list[LocatedHit]:
     """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order.
 
-    Entries that cannot be located in a managed collection, score below ``min_score``, or
-    name a file the collection does not index by the memory-file rule
-    (:meth:`ManagedCollection.admits`: its pattern, ``.md``, no hidden or skipped folder, the
-    current root file; whatever qmd returned) or that is reached through a symlink, are
-    dropped. The snippet loses qmd's ``@@ ... @@`` header line (the range carries it) and is
-    cut to ``max_snippet_chars`` code points. Paths that an old qmd stored slug-normalised are
-    mapped back to the file on disk (``reads.resolve_hit_file``: the look-alike whose lines hold
-    the snippet), so ``memory_get`` reads the file that matched; a hit whose file is gone, or
-    that fits several look-alikes, is dropped, the latter with a note.
+    Entries not located in a managed collection, under ``min_score``, naming a file the collection
+    does not index by the memory-file rule (:meth:`ManagedCollection.admits`) or reached through a
+    symlink are dropped; a slug-normalised path is mapped back to its file
+    (``reads.resolve_hit_file``), an ambiguous one dropped with a note.
 
     Args:
         roots: managed collections by name.
         default_collection: hint when a call searched exactly one collection.
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
-        notes: receives one line per ambiguous hit dropped (for the answer's warnings).
-        listings: folder listings kept between searches (``reads.resolve_hit_file``).
-        read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (``search``
-            mode ranks their passages, ``passages.py``); a hit whose qmd lines start past the
-            end of its file is then kept when its lines were read, and the snippet of a hit
-            whose lines were read is those of its lines qmd named.
+        notes: receives one line per ambiguous hit dropped.
+        listings: folder listings kept between searches.
+        read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (for passages).
 
     Raises:
-        BackendUnavailableError: the index was busy (``qmd index busy while reading results``).
+        BackendUnavailableError: the index was busy.
     """
     out: list[LocatedHit] = []
     for entry in entries:
@@ -303,16 +283,16 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
 
 
 def snippet_text(text: str) -> str:
-    """Lines of a note as a snippet shows them, as the builtin engine's and the passages' do:
-    ``\r\n`` and a lone ``\r`` end a line as ``\n`` does (``fallback.text.chunking``), NUL
-    bytes are dropped (the builtin index drops them), trailing line breaks removed. The number
-    of lines is the one ``memory_get`` counts, so the hit's range still names them."""
+    """Lines as a snippet shows them: ``\r\n``/``\r`` read as ``\n`` (``fallback.text.chunking``),
+    NUL bytes dropped, trailing line breaks removed.
+    """
     return "\n".join(split_lines(text.replace("\x00", ""))).rstrip("\n")
 
 
 def qmd_lines_hit(hit: LocatedHit, *, score: float | None = None) -> MemorySearchResult | None:
-    """The hit with qmd's lines and snippet (``score`` replaces qmd's when given); ``None``
-    when qmd's lines start past the end of the file."""
+    """The hit with qmd's lines and snippet (``score`` replaces qmd's when given); ``None`` when
+    qmd's lines start past the end of the file.
+    """
     if hit.lines is None:
         return None
     return MemorySearchResult(path=hit.path, start_line=hit.lines[0], end_line=hit.lines[1],
@@ -323,24 +303,18 @@ def qmd_lines_hit(hit: LocatedHit, *, score: float | None = None) -> MemorySearc
 def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overlap: int,
                  sections: bool, snippet_chars: int, limit: int,
                  min_score: float) -> list[MemorySearchResult]:
-    """``search``-mode hits: the passages of the located notes ranked for ``question``
-    (``passages.rank_passages``), then the notes the ranking could not place, with qmd's lines,
-    in qmd's order; hits under ``min_score`` dropped. A note that was ranked and holds none of
-    the question's words as the builtin engine reads them (qmd matched a prefix: ``Dr`` of
-    ``draft``) scores 0; one that could not be ranked (unread, too large, past the pool) keeps
-    qmd's score, at most the score of the hit before it (qmd's order puts the AND call's notes
-    before the relaxed pass's, whose qmd scores may be higher; hits are best first). qmd's
-    score is on another scale through the warm child (``1/rank``) than spawned (BM25), so only
-    such notes may score differently on the two paths.
+    """``search``-mode hits: the located notes' passages ranked for ``question``
+    (``passages.rank_passages``), then the notes it could not place with qmd's lines, in qmd's
+    order; a ranked note without the question's words scores 0, an unranked one keeps qmd's score
+    capped by the hit before it.
 
     Args:
         question: the query as the agent wrote it.
-        located: :func:`locate_entries` with ``read_lines``, in qmd's order (several entries
-            of one file: the first is used).
+        located: :func:`locate_entries` with ``read_lines``, in qmd's order.
         tokens / overlap / sections: the agent's ``chunking``.
         snippet_chars: the snippet budget in code points.
         limit: passages wanted.
-        min_score: the score floor on the hits' scores (``0``: none).
+        min_score: the score floor (``0``: none).
     """
     first_of: dict[str, LocatedHit] = {}
     for hit in located:
@@ -370,20 +344,17 @@ def entry_hits(entries: list[tuple[QmdEntry, str | None]], *, question: str | No
                workspace: Path, index_db: Path, cache: dict[str, tuple[str, str] | None],
                listings: Listings, snippet_chars: int, tokens: int, overlap: int,
                sections: bool) -> list[MemorySearchResult]:
-    """qmd's entries as hits: located in their files (:func:`locate_entries`, through qmd's
-    ``index_db``), then with ``question`` (``search`` mode) the passages of their notes ranked
-    for it within the agent's chunking (:func:`passage_hits`: ``tokens``, ``overlap``,
-    ``sections``), else qmd's lines (:func:`qmd_lines_hit`).
+    """qmd's entries as hits: located (:func:`locate_entries`), then with ``question`` the ranked
+    passages (:func:`passage_hits`), else qmd's lines (:func:`qmd_lines_hit`).
 
     Args:
         entries: ``(entry, collection hint)`` pairs in qmd's order.
-        question: the question as the agent wrote it, or ``None`` to keep qmd's lines.
-        limit: hits wanted (the passage ranking's slots).
-        min_score: hits below are dropped (on the passages' scores with ``question``).
-        notes: where located entries add their notes (hits dropped as ambiguous ...).
-        roots: the managed collections by name; workspace: the agent's workspace.
-        cache / listings: the backend's docid cache and folder listings, kept across searches.
-        snippet_chars: snippet budget in code points.
+        question: the question as written, or ``None`` to keep qmd's lines.
+        limit: hits wanted. min_score: the score floor.
+        notes: receives the notes of dropped hits.
+        roots / workspace / index_db: the managed collections, the workspace, qmd's index.
+        cache / listings: the backend's docid cache and folder listings.
+        snippet_chars: snippet budget in code points. tokens / overlap / sections: chunking.
 
     Raises:
         BackendUnavailableError: qmd's index could not be read.
@@ -406,8 +377,7 @@ def entry_hits(entries: list[tuple[QmdEntry, str | None]], *, question: str | No
 
 
 def merge_key(entry: QmdEntry, hint: str | None) -> str:
-    """Key that merges the same hit across qmd calls: ``docid:<hex>``, else
-    ``file:<collection>:<collection-relative path>``."""
+    """Key of one hit across qmd calls: ``docid:<hex>``, else ``file:<collection>:<rel>``."""
     if entry.docid:
         return f"docid:{entry.docid.lstrip('#')}"
     uri = parse_qmd_uri(entry.file or "")
@@ -418,7 +388,8 @@ def merge_key(entry: QmdEntry, hint: str | None) -> str:
 def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
                skip: Container[str] = ()) -> list[tuple[QmdEntry, str | None]]:
     """One ``(entry, collection)`` pair per hit (:func:`merge_key`), its best-scoring one, best
-    first (equal scores keep the input order); hits whose key is in ``skip`` are dropped."""
+    first (ties keep input order); keys in ``skip`` dropped.
+    """
     best: dict[str, tuple[QmdEntry, str | None]] = {}
     for entry, coll in pairs:
         key = merge_key(entry, coll)
@@ -428,8 +399,7 @@ def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
 
 
 def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:
-    """Interleave ``memory`` and ``sessions`` hits round-robin (source with the best hit first)
-    when both are present, else take the first ``limit``; input is best-first."""
+    """Interleave ``memory`` and ``sessions`` hits round-robin (best source first) up to ``limit``."""
     by_source: dict[Source, list[MemorySearchResult]] = {}
     for r in results:
         by_source.setdefault(r.source, []).append(r)
@@ -447,15 +417,8 @@ def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[
 
 
 def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:
-    """The one budget of injected characters (``limits.maxInjectedChars``).
-
-    Args:
-        results: hits, best first.
-        max_chars: total snippet budget in code points.
-
-    Returns:
-        Whole snippets while they fit; the first that does not is cut to the budget left (when
-        any is left) and the walk stops; once the budget is used up no later hit is kept.
+    """Hits (best first) within ``max_chars`` code points of snippets (``limits.maxInjectedChars``):
+    whole snippets while they fit, the first that does not cut to what is left, then none.
     """
     out: list[MemorySearchResult] = []
     budget = max_chars
@@ -471,9 +434,9 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
 
 
 def index_locked(db: Path) -> bool:
-    """Whether a writer holds qmd's index so that no search can read it now (an exclusive lock:
-    ``qmd embed`` or ``qmd update`` writing, a WAL checkpoint): one read with no busy wait
-    fails with "database is locked". ``False`` for a missing or otherwise unreadable index."""
+    """Whether a writer holds qmd's index exclusively now (a read with no busy wait fails with
+    "database is locked"); ``False`` for a missing or otherwise unreadable index.
+    """
     if not db.is_file():
         return False
     try:
@@ -488,17 +451,9 @@ def index_locked(db: Path) -> bool:
 
 
 class IndexCounts:
-    """:func:`index_counts` of one ``index.sqlite``, read again only when qmd's index changed.
-
-    The index is in WAL mode: every commit writes ``index.sqlite-wal`` and a checkpoint writes
-    ``index.sqlite``, so the ``(mtime_ns, size, inode)`` of both files is the stamp; while it is
-    unchanged the last counts are returned without opening the database (a search then costs
-    two ``stat`` calls instead of a connection and a query in a worker thread). A failed read
-    is not kept, nor one of files written less than ``reads.RACY_NS`` ago (file times tick
-    coarsely: a second write within the same tick could keep the stamp).
-
-    Args:
-        db: the agent's ``index.sqlite``.
+    """:func:`index_counts` of one ``index.sqlite``, read again only when the ``(mtime_ns, size,
+    inode)`` of it or its ``-wal`` changed; a failed read, or one of files written less than
+    ``reads.RACY_NS`` ago, is not kept.
     """
 
     def __init__(self, db: Path) -> None:

@@ -1,27 +1,10 @@
 """Async subprocess runner for qmd: no shell, deadlines, process-group kill, capped output.
 
-``run_command(argv, env=..., cwd=..., timeout_ms=...)`` starts one process in its own session
-(``start_new_session=True``, so its pid is also its process-group id) with
-:class:`~qmdbridge.qmd.streams.QmdProcess`, which drains stdout and stderr at the same time (so
-a full pipe can never deadlock) and keeps only the *last* ``max_chars`` characters of each, and
-waits for it (:func:`wait_process`, which also waits for the calls a one-shot search started
-ahead). It returns a frozen :class:`RunResult`; a non-zero exit does not raise
-(``RunResult.check()`` does).
-
-On a timeout, or when an enclosing cancel scope cancels the call (``anyio.fail_after`` around
-it), the runner first stops and collects every descendant with psutil (``bin/qmd`` style
-launchers spawn a worker, and a worker may have left the group), then sends SIGKILL to the
-process group and the collected descendants, and reaps the direct child, all shielded. A
-timeout then raises :class:`~fallback.errors.BackendTimeoutError`; an outside cancellation
-propagates unchanged.
-
-This module is also the one place where subprocess errors are translated: a spawn failure
-(``ENOENT``, ``EACCES``, a missing ``cwd``) becomes :class:`QmdCommandError` with the OS reason.
-The classifier helpers (:func:`is_flag_rejection`, :func:`is_missing_collection`,
-:func:`is_busy`, :func:`is_crash_after_output`, :func:`is_vector_module_missing`) look at
-stderr (and the exit status) only, never at the command
-summary, so a user's query can never trigger them. How qmd parses a command line, and so
-how every qmd command line is built: ``query_text.qmd_argv``.
+Each process starts in its own session; stdout and stderr are drained together, the tail of
+each kept (``streams.QmdProcess``). On a timeout or an outside cancellation every descendant is
+stopped and collected with psutil, then the group and the collected descendants get SIGKILL
+and the child is reaped, shielded. Subprocess errors are translated here only; the classifiers
+read stderr and the exit status, never the command summary (which holds the user's query).
 """
 
 from __future__ import annotations
@@ -77,13 +60,8 @@ _VECTOR_MODULE_MISSING = "no such module: vec0"
 
 
 def summarize(argv: Sequence[str]) -> str:
-    """The command summary used in every message: ``qmd`` + the arguments after argv[0].
-
-    ``summarize(["/x/bin/qmd", "search", "--json", "--", "foo"])`` -> ``"qmd search --json -- foo"``.
-    The query text is part of it, so it is for messages only, never for classification. An
-    argument of several lines (the ``lex:`` lines of a question's ``qmd query``) is shown on one
-    line, its lines joined by `` | ``, so every message that starts with the summary stays one
-    line and keeps what follows it (``failed (code 3)``, the error).
+    """The command summary of every message: ``qmd`` + the arguments after argv[0], a multi-line
+    argument joined by `` | ``. For messages only, never for classification.
     """
     return " ".join(["qmd", *(" | ".join(a.splitlines()) if "\n" in a else a for a in argv[1:])])
 
@@ -93,17 +71,13 @@ class RunResult:
     """What one finished process produced.
 
     Attributes:
-        argv: the command line as run (argv[0] is the executable).
+        argv: the command line as run.
         returncode: exit code; ``None`` when a signal ended the process.
-        signal: signal number that ended the process, else ``None``.
-        stdout: decoded stdout (UTF-8, invalid bytes replaced), at most ``max_chars`` code points,
-            the tail kept; ``""`` when stdout was discarded.
-        stderr: decoded stderr, same rules.
-        duration_ms: wall time from spawn to reap, in ms.
-        stdout_truncated: True when stdout produced more than ``max_chars`` chars (the head was
-            dropped). A search caller reports it as
-            ``<summary> produced too much output (limit 200000 chars)``.
-        stderr_truncated: the same for stderr.
+        signal: the signal that ended the process, else ``None``.
+        stdout / stderr: decoded text (invalid UTF-8 replaced), at most ``max_chars`` code points,
+            the tail kept; stdout ``""`` when discarded.
+        duration_ms: wall time from spawn to reap, ms.
+        stdout_truncated / stderr_truncated: the stream overflowed its cap (the head was dropped).
     """
 
     argv: tuple[str, ...]
@@ -117,24 +91,24 @@ class RunResult:
 
     @property
     def ok(self) -> bool:
-        """True when the process exited with code 0."""
+        """Whether the process exited with code 0."""
         return self.returncode == 0
 
     @property
     def summary(self) -> str:
-        """``qmd`` + the arguments (see :func:`summarize`)."""
+        """``qmd`` + the arguments (:func:`summarize`)."""
         return summarize(self.argv)
 
     @property
     def truncated(self) -> bool:
-        """True when either stream overflowed its cap."""
+        """Whether either stream overflowed its cap."""
         return self.stdout_truncated or self.stderr_truncated
 
     def check(self) -> RunResult:
         """Return self when the exit code is 0.
 
         Raises:
-            QmdCommandError: exit code non-zero or killed by a signal; carries both streams.
+            QmdCommandError: a non-zero exit or a signal; carries both streams.
         """
         if self.ok:
             return self
@@ -143,10 +117,9 @@ class RunResult:
 
 
 def _freeze(pid: int) -> list[psutil.Process]:
-    """SIGSTOP the process group ``pid`` and every descendant, walking again until a walk finds
-    no process it had not stopped; return the descendants. A stopped process can't fork, so a
-    child that would leave the group (``setsid``) between the walk and the kill is not missed
-    (Linux restarts a fork that a signal interrupts, so no child is half made)."""
+    """SIGSTOP the group ``pid`` and every descendant, walking until no new one appears (a stopped
+    process can't fork away); return the descendants.
+    """
     import psutil
 
     try:
@@ -172,7 +145,7 @@ def _freeze(pid: int) -> list[psutil.Process]:
 
 
 def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Process]:
-    """SIGKILL the process group ``pid`` and every collected descendant; return the survivors."""
+    """SIGKILL the group ``pid`` and the collected descendants; return the survivors."""
     import psutil
 
     try:
@@ -205,15 +178,14 @@ def _is_dead(proc: psutil.Process) -> bool:
 
 
 def kill_tree(pid: int) -> list[psutil.Process]:
-    """SIGKILL the process group ``pid`` (a child started with ``start_new_session=True``) and
-    every descendant, all stopped and collected first (a worker may have left the group, and a
-    running one could start another after the walk); returns the killed descendants, for
-    :func:`wait_gone`. The caller reaps its direct child."""
+    """SIGKILL the process group ``pid`` and every descendant, stopped and collected first; returns
+    the killed descendants for :func:`wait_gone`. The caller reaps its direct child.
+    """
     return _kill_tree(pid, _freeze(pid))
 
 
 def wait_gone(procs: list[psutil.Process]) -> None:
-    """Block until every process in ``procs`` is dead (or ``_REAP_WAIT_S``, 3 s, passed)."""
+    """Block until every process in ``procs`` is dead, or ``_REAP_WAIT_S`` passed."""
     deadline = time.monotonic() + _REAP_WAIT_S
     delay_s = 0.005
     pending = list(procs)
@@ -226,8 +198,7 @@ def wait_gone(procs: list[psutil.Process]) -> None:
 
 
 def kill_process(process: QmdProcess) -> None:
-    """Kill a started process's tree (:func:`kill_tree`) unless it ended, and reap it (blocking:
-    at most a few seconds for descendants that left the group)."""
+    """Kill a started process's tree unless it ended, and reap it (blocking)."""
     if not process.done.is_set():
         survivors = kill_tree(process.proc.pid)
         process.proc.wait()
@@ -236,11 +207,7 @@ def kill_process(process: QmdProcess) -> None:
 
 
 async def kill_and_reap(process: Process) -> None:
-    """Kill ``process``'s whole tree and reap it; runs shielded so a cancellation can't skip it.
-
-    Every descendant is collected with psutil first, then the process group ``process.pid``
-    (the child was started with ``start_new_session=True``) gets SIGKILL, the collected
-    descendants that survived are killed, and the direct child is reaped."""
+    """Kill ``process``'s whole tree (:func:`kill_tree`) and reap it, shielded from cancellation."""
     with anyio.CancelScope(shield=True):
         survivors = kill_tree(process.pid)
         await process.wait()
@@ -248,9 +215,7 @@ async def kill_and_reap(process: Process) -> None:
 
 
 class CommandRunner(Protocol):
-    """What starts a qmd process and waits for it: :func:`run_command`'s signature. The backend
-    takes one (``QmdBackend(runner=...)``); the one-shot CLI passes the calls it started ahead
-    (``qmdbridge.qmd.early.EarlyCalls.run_command``)."""
+    """What starts a qmd process and waits for it: :func:`run_command`'s signature."""
 
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                  timeout_ms: int, discard_stdout: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
@@ -260,10 +225,9 @@ class CommandRunner(Protocol):
 
 
 def process_command(argv: Sequence[str]) -> str | list[str]:
-    """What to hand to ``open_process`` for ``argv``: the list itself, except for a
-    ``.cmd``/``.bat`` program on Windows, which starts only through cmd.exe: then the string form
-    that runs ``%COMSPEC% /c "<line>"`` with every argument escaped for cmd
-    (:func:`qmdbridge.command_line.batch_command`)."""
+    """What ``open_process`` gets for ``argv``: the list, or for a ``.cmd``/``.bat`` program on
+    Windows the escaped ``cmd.exe /c`` line (``command_line.batch_command``).
+    """
     argv_t = [str(a) for a in argv]
     if os.name == "nt" and is_batch_script(argv_t[0]):
         return batch_command(argv_t[0], argv_t[1:])
@@ -281,12 +245,8 @@ _PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
 
 
 def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
-    """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux.
-
-    The wrapper (``python -I -S -c ...``, once per start) sets the signal, exits if
-    ``parent_pid`` (default: this process) is no longer its parent, and ``execvp``\\ s
-    ``argv`` in place, so the child keeps its pid and dies when the thread that started it ends
-    (the event loop's thread). Elsewhere ``argv`` is returned unchanged.
+    """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux, so the
+    child (same pid) dies with the thread that started it; elsewhere ``argv`` unchanged.
     """
     if not sys.platform.startswith("linux"):
         return list(argv)
@@ -301,23 +261,17 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     """Run ``argv`` (no shell) to completion or to its deadline.
 
     Args:
-        argv: executable and arguments; the executable is used as given (a bare name is looked
-            up in ``env["PATH"]``). On Windows a ``.cmd``/``.bat`` executable runs through
-            ``cmd.exe /c`` with each argument escaped for cmd.
-        env: the complete child environment (nothing is inherited implicitly).
-        cwd: working directory of the child (qmd's cwd is the agent workspace).
-        timeout_ms: deadline in ms, > 0, from spawn to exit.
-        discard_stdout: send stdout to /dev/null (``qmd update`` / ``qmd embed``); the result's
-            ``stdout`` is then ``""`` and never truncated.
+        argv: executable and arguments (a bare name is looked up in ``env["PATH"]``).
+        env: the complete child environment.
+        cwd: working directory of the child.
+        timeout_ms: deadline in ms from spawn, > 0.
+        discard_stdout: send stdout to /dev/null (``update``/``embed``).
         max_chars: per-stream cap in code points; the last ``max_chars`` are kept.
         backend: backend name carried by the errors.
-        setting: the config key of ``timeout_ms`` (``memory.qmd.update.updateTimeoutMs``),
-            named in the timeout message.
+        setting: the config key of ``timeout_ms``, named in the timeout message.
 
-    A qmd ``update``, ``embed`` or ``collection`` command (:data:`OUTLIVE_NO_PARENT`: they may
-    run for minutes on a large corpus) starts on Linux behind :func:`parent_death_argv`, so it
-    is killed when this process dies, even by ``kill -9``, which leaves no one to enforce the
-    deadline; searches end within ``limits.timeoutMs`` and do not pay the wrapper's start.
+    ``update``, ``embed`` and ``collection`` commands start behind :func:`parent_death_argv` on
+    Linux, so they die with this process.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.
@@ -325,8 +279,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
     Raises:
         UsageError: empty ``argv``, ``timeout_ms <= 0`` or ``max_chars <= 0``.
         QmdCommandError: the process could not be started (``os_error``/``errno`` set).
-        BackendTimeoutError: the deadline passed; the whole process tree was killed and reaped
-            first. Message: ``<summary> timed out after <timeout_ms>ms (<setting>)``.
+        BackendTimeoutError: the deadline passed; the process tree was killed and reaped first.
     """
     if not argv:
         raise UsageError("run_command needs a non-empty argv")
@@ -353,19 +306,14 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
 
 async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "qmd",
                        setting: str | None = None) -> RunResult:
-    """Wait for a started process until it ends or ``timeout_ms`` (from now) passes.
-
-    Args:
-        process: the started process (:class:`~qmdbridge.qmd.streams.QmdProcess`).
-        timeout_ms: the deadline in ms from now, > 0.
-        backend / setting: named by the timeout error.
+    """Wait for a started process until it ends or ``timeout_ms`` (ms from now) passes.
 
     Returns:
         The :class:`RunResult` (whatever the exit code).
 
     Raises:
-        BackendTimeoutError: the deadline passed (the process tree was killed and reaped
-            first); an outside cancellation kills it too and propagates.
+        BackendTimeoutError: the deadline passed (the process tree was killed and reaped first);
+            an outside cancellation kills it too and propagates.
     """
     finished = False
     try:
@@ -388,37 +336,27 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "
 
 
 def is_flag_rejection(stderr: str) -> bool:
-    """True when stderr says a flag was not understood (a marker of spec 2.8.3's list,
-    case-insensitive). Real qmd 2.8.3 ignores unknown flags, so this only fires for other qmd
-    builds. Match stderr only, never the summary."""
+    """Whether stderr says a flag was not understood (spec 2.8.3's markers)."""
     low = stderr.lower()
     return any(marker in low for marker in _FLAG_REJECTION_MARKERS)
 
 
 def is_missing_collection(stderr: str) -> bool:
-    """True when stderr says a collection is missing (``Collection not found: <name>``).
-
-    Rule: contains ``collection`` and one of ``not found`` / ``does not exist`` / ``missing``
-    (case-insensitive).
-    """
+    """Whether stderr says a collection is missing (``collection`` and ``not found``/``does not exist``/``missing``)."""
     low = stderr.lower()
     return "collection" in low and any(marker in low for marker in _MISSING_COLLECTION_MARKERS)
 
 
 def is_busy(stderr: str) -> bool:
-    """True when stderr reports a locked index (``SQLITE_BUSY`` / ``database is locked``)."""
+    """Whether stderr reports a locked index (``SQLITE_BUSY`` / ``database is locked``)."""
     low = stderr.lower()
     return any(marker in low for marker in _BUSY_MARKERS)
 
 
 def is_crash_after_output(result: RunResult) -> bool:
-    """True when qmd died after printing its answer (spec 2.8.3 case 31, widened by field
-    reports: a Bun ``panic: Segmentation fault`` with exit 3).
-
-    Conditions: killed by a signal, or any exit status but qmd's ordinary error exit 1 (134
-    from abort, 3 from a Bun panic ...); stdout is not empty; stderr carries a crash marker
-    (a llama.cpp, abort, segfault or panic line) and is not a flag rejection, missing collection
-    or busy index. The caller still has to find a complete result array in stdout.
+    """Whether qmd died after printing its answer (spec 2.8.3 case 31): a signal or an exit status
+    other than 1, stdout not empty, a crash marker on stderr and no other classified error. The
+    caller still has to find a complete result array.
     """
     if result.ok or not result.stdout.strip():
         return False
@@ -432,11 +370,10 @@ def is_crash_after_output(result: RunResult) -> bool:
 
 
 def is_vector_module_missing(stderr: str) -> bool:
-    """True when qmd's SQLite could not open its vector table: ``no such module: vec0`` (qmd
-    started by Bun while its sqlite-vec extension loads only under Node)."""
+    """Whether qmd's SQLite could not open its vector table (``no such module: vec0``)."""
     return _VECTOR_MODULE_MISSING in stderr.lower()
 
 
 def spawn_error_is_missing_file(exc: QmdCommandError) -> bool:
-    """True when ``exc`` is a spawn failure with ENOENT (missing program or interpreter)."""
+    """Whether ``exc`` is a spawn failure with ENOENT."""
     return exc.errno == errno_mod.ENOENT

@@ -1,11 +1,7 @@
 """Config -> qmd collections, and reconciling them with what qmd already has (spec 2.2, 2.6).
 
-``build_collections`` turns one agent's config into the ordered list of
-:class:`ManagedCollection` (memory root, memory dir, custom paths, sessions), mirroring the
-memory-file rule of ``fallback.sources.memory_files``; qmd's ``collection list``/``show``
-output is read by ``qmdbridge.qmd.listing``; ``reconcile`` adds, rebinds and migrates
-collections through a caller-supplied command function, so this module never spawns anything
-itself.
+``reconcile`` and ``rebuild`` run qmd's collection commands through a caller-supplied
+function, so this module spawns nothing itself.
 """
 
 from __future__ import annotations
@@ -58,9 +54,8 @@ class ManagedCollection:
         name: sanitised, agent-scoped, unique collection name (``memory-root-main``).
         path: absolute directory qmd indexes.
         pattern: qmd glob relative to ``path`` (``MEMORY.md``, ``**/*.md``).
-        kind: ``memory`` (default memory files), ``custom`` (extra paths) or ``sessions``.
-        single_file: a custom collection made from one configured file (``path`` is its
-            folder, which may be reached through a symlink; other folders may not).
+        kind: ``memory``, ``custom`` (extra paths) or ``sessions``.
+        single_file: a custom collection made from one configured file.
     """
 
     name: str
@@ -80,18 +75,16 @@ class ManagedCollection:
         return self.kind == "memory" and self.pattern in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)
 
     def rule_root(self) -> MemoryRoot:
-        """This collection as a root of the memory-file rule (its folder and pattern)."""
+        """This collection as a root of the memory-file rule."""
         if self.is_root_file:
             return MemoryRoot(self.path, self.pattern, "root", self.path / self.pattern)
         return MemoryRoot(self.path, self.pattern, "memory" if self.kind == "memory" else "extra",
                           self.path)
 
     def admits(self, rel: str) -> bool:
-        """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this
-        collection indexes by the memory-file rule: the pattern, ``.md``, no hidden or skipped
-        segment; for the root-file collection, the workspace's root file as it is now. A qmd
-        build that ignored the pattern, or an index from before the root file changed, cannot
-        put anything else in front of the agent."""
+        """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this collection
+        indexes by the memory-file rule (for the root-file collection: the current root file).
+        """
         if not self.rule_root().admits(rel):
             return False
         if self.is_root_file:
@@ -101,7 +94,7 @@ class ManagedCollection:
 
 
 def sanitize_name(raw: str, *, empty: str = "collection") -> str:
-    """Lower-case, replace runs outside ``[a-z0-9-]`` by ``-``, trim ``-``; ``empty`` if blank."""
+    """Lower-case, runs outside ``[a-z0-9-]`` as ``-``, ``-`` trimmed; ``empty`` if blank."""
     s = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
     return s or empty
 
@@ -114,8 +107,9 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
 
 
 def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
-    """Every extra path of the memory-file rule in qmd mode: ``memorySearch.extraPaths`` then
-    the custom collections (:func:`custom_extra_paths`), without repeats."""
+    """The memory-file rule's extra paths in qmd mode: ``memorySearch.extraPaths`` then the custom
+    collections, without repeats.
+    """
     out: list[str | ExtraPath] = []
     for entry in [*agent.memory_search.extra_paths, *custom_extra_paths(agent)]:
         if entry not in out:
@@ -124,17 +118,17 @@ def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
 
 
 def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
-    """The builtin engine's settings when it stands in for qmd: the agent's engine settings
-    with every custom collection among the extra paths, so the fallback indexes, and
-    ``memory_get`` reads, the same files qmd does."""
+    """The builtin engine's settings when it stands in for qmd: every custom collection among the
+    extra paths, so it indexes and reads the files qmd does.
+    """
     search = agent.engine.search.model_copy(update={"extra_paths": rule_extra_paths(agent)})
     return agent.engine.model_copy(update={"search": search})
 
 
 def custom_extra_paths(agent: ResolvedAgent) -> list[ExtraPath]:
-    """The custom collections' folders as memory-rule extra paths (``memory.qmd.paths[]`` and
-    ``memorySearch.qmd.extraCollections[]``, with their patterns), in config order.
-    ``memorySearch.extraPaths`` are not repeated: the builtin engine has them already."""
+    """The custom collections (``memory.qmd.paths[]``, ``memorySearch.qmd.extraCollections[]``) as
+    memory-rule extra paths, in config order.
+    """
     return [ExtraPath(path=p.path, pattern=p.pattern) for p in agent.memory.qmd.paths] + [
         ExtraPath(path=c.path, pattern=c.pattern) for c in agent.memory_search.qmd.extra_collections]
 
@@ -157,27 +151,20 @@ def _realpath(p: Path) -> Path:
 
 
 def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[ManagedCollection]:
-    """Compute the agent's managed collections in config order (spec 2.2 [newest]).
+    """The agent's managed collections in config order (spec 2.2).
 
-    The collections mirror the memory-file rule (``fallback.sources.memory_files``):
-    ``memory-root-<agent>`` (workspace, pattern = the root file: ``MEMORY.md``, or the legacy
-    ``memory.md`` when that is the root file) and ``memory-dir-<agent>``
-    (``<workspace>/memory``, ``**/*.md``) when ``includeDefaultMemory``; then custom
-    collections from ``memory.qmd.paths[]``, ``memorySearch.extraPaths`` and
-    ``memorySearch.qmd.extraCollections[]``; then ``sessions-<agent>`` when
-    ``memory.qmd.sessions.enabled``. A custom path that is an existing file becomes its
-    directory plus the glob-escaped basename; a custom path that is a symlink is skipped (the
-    rule never follows one). Names are sanitised and made unique with
-    ``-2``, ``-3`` ...; an explicit name is kept verbatim (sanitised) for paths outside the
-    workspace, otherwise ``<name or custom-i>-<agent>``.
+    ``memory-root-<agent>`` (the root file) and ``memory-dir-<agent>`` with
+    ``includeDefaultMemory``; custom collections from ``memory.qmd.paths[]``,
+    ``memorySearch.extraPaths`` and ``memorySearch.qmd.extraCollections[]`` (a file becomes its
+    folder plus its escaped name; a symlink is skipped); ``sessions-<agent>`` with
+    ``sessions.enabled``. Names are sanitised and made unique (``-2`` ...).
 
     Args:
         agent: the resolved agent config.
-        sessions_dir: default session export dir (``<qmdDir>/sessions``), used when
-            ``sessions.exportDir`` is not set.
+        sessions_dir: session export dir used when ``sessions.exportDir`` is not set.
 
     Returns:
-        The collections, in order; duplicates of (path, pattern) are dropped.
+        The collections, in order, without repeated (path, pattern).
     """
     ws = agent.workspace_dir
     qmd = agent.memory.qmd
@@ -235,12 +222,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
 
 @dataclass(frozen=True)
 class CollectionRun:
-    """The outcome of one collection command, as ``reconcile`` needs it.
-
-    Attributes:
-        ok: exit status 0.
-        stdout / stderr: captured text.
-    """
+    """The outcome of one collection command: ``ok`` (exit 0), ``stdout``, ``stderr``."""
 
     ok: bool
     stdout: str
@@ -248,7 +230,7 @@ class CollectionRun:
 
     @property
     def message(self) -> str:
-        """stderr, or stdout when stderr is empty (what qmd said)."""
+        """stderr, or stdout when stderr is empty."""
         return self.stderr.strip() or self.stdout.strip()
 
 
@@ -258,21 +240,16 @@ RunCollectionCommand = Callable[[list[str], list[str]], Awaitable[CollectionRun]
 
 @dataclass
 class ReconcileState:
-    """What reconciliation remembers across calls (one per backend, never module-level).
+    """What reconciliation remembers across calls (one per backend).
 
     Attributes:
-        pattern_flag: the ``collection add`` pattern flag that last worked (``--mask`` first,
-            then ``--glob``), read back and found honoured.
+        pattern_flag: the ``collection add`` pattern flag that last worked (``--mask``/``--glob``).
         flags_tried: every pattern flag passed to ``collection add``, in order.
-        warnings: warnings of the last run (also logged).
-        refused: collections qmd mode does not search, by name, with the reason: this qmd
-            indexed something else than asked (it ignored ``--mask`` and ``--glob``); they
-            are removed from qmd so it does not index the wrong files.
-        missing: custom collections not added because their path does not exist, by name,
-            with that path (qmd refuses it; the bridge creates nothing there). They are added
-            by the first reconcile after the path exists.
-        unreadable_yml: qmd's error when it could not parse its ``index.yml`` in the last run
-            (which then stopped: every command fails), else ``None``.
+        warnings: warnings of the last run.
+        refused: collections not searched through qmd, by name, with the reason (this qmd
+            ignored the pattern flags; they are removed from qmd).
+        missing: custom collections whose path does not exist yet, by name, with that path.
+        unreadable_yml: qmd's error when it could not parse ``index.yml`` in the last run.
     """
 
     pattern_flag: str = "--mask"
@@ -283,15 +260,8 @@ class ReconcileState:
     unreadable_yml: str | None = None
 
     def no_usable_collection(self, colls: Sequence[ManagedCollection]) -> str | None:
-        """Why none of ``colls`` can be searched through qmd (pure): every one of them is in
-        :attr:`refused`; ``None`` when one is usable (or ``colls`` is empty). A backend with
-        no usable collection must not answer: the builtin engine answers with this reason.
-
-        Args:
-            colls: the collections a search (or status) asks for.
-
-        Returns:
-            ``qmd has no usable collection: <the first refusal>``, or ``None``.
+        """``qmd has no usable collection: <the first refusal>`` when every one of ``colls`` is
+        refused, else ``None``.
         """
         if not colls or any(c.name not in self.refused for c in colls):
             return None
@@ -312,23 +282,18 @@ async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> C
 
 async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionCommand,
                     agent_id: str, workspace: Path, state: ReconcileState) -> None:
-    """Make qmd's collections match ``managed`` (spec 2.6 [newest]); never raises for qmd errors.
+    """Make qmd's collections match ``managed`` (spec 2.6); never raises for qmd errors.
 
-    Steps: list (failures -> empty), enrich listed collections without a path via
-    ``collection show``, remove matching unscoped legacy names (``memory-root`` for
-    ``memory-root-main``), then per managed collection: skip when listed and equal, rebind
-    (remove + add) when the listed path or pattern differs (never on a names-only listing),
-    add when missing. ``--mask`` is tried first and ``--glob`` after an "unknown flag"
-    rejection; the working flag is remembered in ``state``. "already exists" conflicts are
-    resolved as the spec says; a collection that cannot be added only produces a warning.
+    Lists qmd's collections, removes unscoped legacy names, then per managed collection skips it
+    when listed and equal, rebinds it when its path or pattern differs, adds it when missing
+    (``--mask``, then ``--glob``); "already exists" conflicts are resolved as the spec says.
 
     Args:
         managed: the collections to have, in order.
-        run: ``run(args, positionals)`` runs ``qmd <args...> --index index -- <positionals...>``
-            and returns a :class:`CollectionRun`; it may raise ``BackendUnavailableError``.
+        run: runs ``qmd <args> --index index -- <positionals>``; may raise ``BackendUnavailableError``.
         agent_id: the agent (for legacy-name migration).
-        workspace: the workspace, to resolve relative listed paths.
-        state: remembered flag and warnings (``warnings`` is reset).
+        workspace: resolves relative listed paths.
+        state: remembered flag and warnings (reset here).
     """
     state.warnings = []
     state.refused = {}
@@ -371,13 +336,8 @@ async def _enrich(listed: dict[str, ListedCollection], names: list[str],
 
 async def describe_collections(list_output: str, *, run: RunCollectionCommand,
                                roots: dict[str, ManagedCollection]) -> list[dict[str, object]]:
-    """``qmd collection list`` output as ``[{name, path, pattern, managed, kind}]``, each path
-    from ``collection show`` when the list prints none (:func:`_enrich`; qmd 2.8.3's prints none).
-
-    Args:
-        list_output: stdout of ``qmd collection list``.
-        run: runs ``collection show`` (see :func:`reconcile`).
-        roots: the managed collections by name.
+    """``qmd collection list`` output as ``[{name, path, pattern, managed, kind}]``, paths from
+    ``collection show``.
     """
     listed = parse_collection_list(list_output)
     await _enrich(listed, list(listed), run)
@@ -426,8 +386,7 @@ def _same_path(a: str | Path, b: str | Path, workspace: Path) -> bool:
 
 
 async def _read_back(mc: ManagedCollection, run: RunCollectionCommand) -> ListedCollection | None:
-    """What qmd recorded for ``mc``: ``collection show``, or the ``collection list`` block when
-    this build has no ``show``; ``None`` when it does not say."""
+    """What qmd recorded for ``mc`` (``collection show``, else the list), or ``None``."""
     shown = await _safe(run, ["collection", "show"], [mc.name])
     if shown.ok:
         return parse_collection_show(shown.stdout)
@@ -437,11 +396,10 @@ async def _read_back(mc: ManagedCollection, run: RunCollectionCommand) -> Listed
 
 async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                state: ReconcileState) -> CollectionRun:
-    """``collection add`` with the remembered pattern flag, then the other one; each success is
-    read back (:func:`_read_back`) and kept only when qmd recorded this path and pattern. A qmd
-    build that drops the flag silently indexes ``**/*.md`` instead (for ``memory-root`` the
-    whole workspace): that collection is removed, the other flag tried, and when no flag is
-    honoured it goes to ``state.refused`` (a failed run naming the reason)."""
+    """``collection add`` with the remembered pattern flag, then the other one; a success is kept
+    only when qmd recorded this path and pattern (read back), else removed, and when no flag is
+    honoured the collection goes to ``state.refused``.
+    """
     if mc.kind != "custom" and any(ch in mc.pattern for ch in "*?["):
         try:  # the workspace's own memory/ (never a configured path: a typo would be created)
             mc.path.mkdir(parents=True, exist_ok=True)
@@ -550,9 +508,7 @@ def _warn(state: ReconcileState, message: str) -> None:
 
 
 def render_index_yml(managed: list[ManagedCollection]) -> str:
-    """``index.yml`` holding exactly ``managed``, every key and value JSON-quoted (YAML accepts
-    JSON strings, so ``#``, ``:`` and ``[`` in paths and patterns stay literal);
-    ``collections: {}`` when empty."""
+    """``index.yml`` holding exactly ``managed``, keys and values JSON-quoted."""
     if not managed:
         return "collections: {}\n"
     lines = ["collections:"]
@@ -565,9 +521,8 @@ def render_index_yml(managed: list[ManagedCollection]) -> str:
 
 async def rebuild(managed: list[ManagedCollection], *, run: RunCollectionCommand,
                   index_yml: Path, state: ReconcileState) -> None:
-    """Update repair (spec 2.7.2): rewrite ``index_yml`` with exactly the managed collections,
-    then ``collection remove`` + ``collection add`` each one ("already exists" ignored, other
-    failures logged). Never raises for qmd errors.
+    """Update repair (spec 2.7.2): rewrite ``index_yml`` with the managed collections, then remove
+    and add each one. Never raises for qmd errors.
 
     Raises:
         OSError: ``index_yml`` cannot be written.

@@ -1,8 +1,4 @@
-"""The qmd sidecar's errors: a qmd process that failed, qmd output we cannot parse, and a warm
-``qmd mcp`` child that could not answer.
-
-All are :class:`~fallback.errors.BackendUnavailableError` subclasses, so the manager's fallback
-boundary treats them like any other backend failure::
+"""The qmd sidecar's errors, all :class:`~fallback.errors.BackendUnavailableError` subclasses::
 
     BackendUnavailableError (fallback/errors.py)
      +-- QmdCommandError   a qmd process could not start, exited non-zero or was killed
@@ -10,8 +6,7 @@ boundary treats them like any other backend failure::
      |    +-- QmdQueryTooLongError  the system would not start qmd with a query that long
      +-- QmdOutputError    qmd's stdout is not a search-result array
      +-- QmdIndexLostError qmd's index lost its documents or is corrupt; it is being re-indexed
-     +-- QmdMcpError       the warm ``qmd mcp`` child could not answer a call (its search
-                           is then run by spawning qmd; never reaches the manager)
+     +-- QmdMcpError       the warm ``qmd mcp`` child could not answer (never reaches the manager)
 """
 
 from __future__ import annotations
@@ -29,21 +24,18 @@ __all__ = ["CRASH_SIGNALS", "QmdBusyError", "QmdCommandError", "QmdIndexLostErro
 _MESSAGE_TAIL_CHARS = 2_000
 
 
-# The line of a stack trace that names the error: ``error: ...`` (Bun), ``Error: ...``,
-# ``SQLiteError: ...``, ``TypeError: ...`` (Bun and Node).
+# The line of a stack trace that names the error (``error: ...``, ``SQLiteError: ...``).
 _ERROR_LINE_RE = re.compile(r"^(?:[A-Za-z]*Error|error)(?::|\s)")
 # Longest one-line reason, chars.
 ONE_LINE_CHARS = 300
-# Signals of a crash (SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV), not of a kill: a GGUF model
-# that qmd's llama.cpp cannot load or run, or a runtime defect.
+# Signals of a crash (SIGILL, SIGABRT, SIGBUS, SIGFPE, SIGSEGV), not of a kill.
 CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})
 
 
 def one_line(reason: str) -> str:
-    """One line of a failure for people, at most 300 chars. When qmd's stderr in it is a stack
-    trace (Bun prints source lines first: ``72 |  */``), the first line's head (``qmd search
-    ... failed (code 1)``) and the line naming the error (``SQLiteError: database disk image
-    is malformed``, ``error: LLM operations are disabled in CI``), else the first line."""
+    """One line of a failure, at most :data:`ONE_LINE_CHARS`: for a stack trace the first line's
+    head and the line naming the error, else the first line.
+    """
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
     if len(lines) > 1:
         head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
@@ -55,20 +47,13 @@ def one_line(reason: str) -> str:
 class QmdCommandError(BackendUnavailableError):
     """Raised when a qmd process could not start, or exited non-zero or by a signal.
 
-    Message: ``<summary> failed (code N): <stderr or, if empty, stdout>`` (``signal X`` instead
-    of ``code N`` when killed by a signal, followed by ``; `` and :data:`CRASH_HINT` for a crash
-    signal (``qmdbridge.problems.CRASH_HINT``); ``<summary> failed to start: <OS error>`` when the spawn failed). The excerpt in
-    the message is the last 2,000 chars, stripped.
+    Message: ``<summary> failed (code N|signal X[; CRASH_HINT]): <stderr or stdout tail>``, or
+    ``<summary> failed to start: <OS error>``.
 
     Attributes:
-        summary: ``qmd`` + arguments (see :func:`summarize`).
-        returncode: exit code, or ``None`` (killed by a signal, or never started).
-        signal: the signal number that ended the process, or ``None``.
-        stdout_tail: captured stdout (already capped to the runner's ``max_chars`` tail).
-        stderr_tail: captured stderr (same cap).
-        os_error: for a spawn failure, the OS error text (``[Errno 2] No such file or
-            directory: 'qmd'``); ``None`` otherwise.
-        errno: for a spawn failure, the errno (``errno.ENOENT`` ...); ``None`` otherwise.
+        summary: ``qmd`` + arguments. returncode / signal: how it ended (``None`` when not).
+        stdout_tail / stderr_tail: captured output (the runner's capped tails).
+        os_error / errno: the spawn failure, else ``None``.
         crashed: ended by a crash signal (:data:`CRASH_SIGNALS`, or exit 128 + one).
     """
 
@@ -102,12 +87,8 @@ class QmdCommandError(BackendUnavailableError):
 
 
 class QmdBusyError(QmdCommandError):
-    """Raised when qmd answered ``SQLITE_BUSY`` / ``database is locked`` on every attempt (its
-    own ``qmd update`` holds the index). Not a qmd failure: the manager answers from the builtin
-    engine without opening the circuit breaker.
-
-    Message: ``<summary>: qmd's index was busy (database is locked) on <n> attempts; qmd's own
-    update may be running``.
+    """Raised when qmd answered ``database is locked`` on every attempt; not a qmd failure (no
+    circuit breaker).
 
     Attributes:
         attempts: how many times the command was run.
@@ -124,12 +105,8 @@ class QmdBusyError(QmdCommandError):
 
 
 class QmdQueryTooLongError(QmdCommandError):
-    """Raised when the system refuses to start qmd because the query is too long for one
-    argument (``E2BIG``: Linux takes 128 KiB in one argument, macOS 1 MiB for a whole command
-    line): a pasted text. The query's size says nothing of qmd's health, so the manager answers
-    from the builtin engine without opening the circuit breaker.
-
-    Message: ``query too long for qmd: <n> bytes in one argument (Argument list too long)``.
+    """Raised when the system refuses to start qmd with a query that long (``E2BIG``); not a qmd
+    failure (no circuit breaker).
 
     Attributes:
         query_bytes: the size of the query argument, bytes (UTF-8).
@@ -151,13 +128,8 @@ class QmdOutputError(BackendUnavailableError):
 
 
 class QmdIndexLostError(BackendUnavailableError):
-    """Raised by a search when qmd's index holds no document of collections whose folders hold
-    memory files (deleted or replaced), or is corrupt (``qmdbridge.qmd.index_health``). Not a
-    failure of qmd: the manager answers from the builtin engine without opening the circuit
-    breaker, while the index is re-indexed.
-
-    Message: the problem and what is done about it (``qmd's index <db> is corrupt (...);
-    re-indexing it (qmd update) in the background``).
+    """Raised by a search when qmd's index lost its documents or is corrupt (``index_health``); the
+    builtin engine answers (no circuit breaker) while it is re-indexed.
     """
 
     def __init__(self, reason: str) -> None:
@@ -165,17 +137,11 @@ class QmdIndexLostError(BackendUnavailableError):
 
 
 class QmdMcpError(BackendUnavailableError):
-    """Raised when the warm ``qmd mcp`` child cannot answer an MCP call.
-
-    Message: ``qmd mcp <method>: <what happened>`` (the connection ended: stdout closed, a line
-    that is not JSON-RPC, stdin broken; a JSON-RPC error, a tool result flagged ``isError``, or
-    an answer of the wrong shape).
+    """Raised when the warm ``qmd mcp`` child cannot answer an MCP call (``qmd mcp <method>: ...``).
 
     Attributes:
-        transport: ``True`` when the child or the connection failed (its pipes closed, it wrote
-            something that is not JSON-RPC, an answer without a result): the child is
-            restarted. ``False`` for an answer the child gave on purpose (a JSON-RPC error,
-            ``isError``, a result of the wrong shape): the child is kept.
+        transport: the child or connection failed (it is restarted), rather than an answer the
+            child gave on purpose (a JSON-RPC error, ``isError``, a wrong shape: it is kept).
     """
 
     def __init__(self, reason: str, *, transport: bool) -> None:

@@ -1,14 +1,8 @@
 """qmd's index lost or corrupt behind the bridge's back: noticed, moved aside, re-indexed.
 
-A deleted ``index.sqlite`` is recreated empty by the next qmd command (every search then
-answers no hit); a damaged one fails every command with ``SQLITE_CORRUPT``; qmd repairs
-neither. :class:`IndexHealth` tells both from a young workspace: the index holds no document of
-any managed collection while some collection's folder holds a file it indexes (a walk made only
-then, once per index file), or reading it fails with a corruption error. :meth:`restore` moves
-a corrupt index (with its ``-wal`` and ``-shm``) aside and runs ``qmd update``. ``QmdBackend``
-calls it at start-up and, in long-lived mode, in the background from a search or ``status``,
-while the builtin engine answers (:class:`~qmdbridge.qmd.errors.QmdIndexLostError`). An index
-without documents after ``index.yml`` changed is left to the reconcile repairs.
+qmd recreates a deleted ``index.sqlite`` empty and fails every command on a damaged one,
+repairing neither. An index is lost when it holds no document of any managed collection while
+a collection's folder holds a file it indexes; corrupt when reading it says so.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ def is_corrupt(text: str | None) -> bool:
 
 
 def db_identity(db: Path) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of ``db``, or ``None`` when it does not exist: what a process that
-    opened it keeps reading, whatever replaces the name later."""
+    """``(st_dev, st_ino)`` of ``db`` (what a process that opened it keeps reading), or ``None``."""
     try:
         st = os.stat(db)
     except OSError:
@@ -60,8 +53,7 @@ def db_identity(db: Path) -> tuple[int, int] | None:
 
 
 def _has_text(path: str) -> bool:
-    """Whether the file holds anything but ASCII whitespace (qmd skips a file whose text trims
-    to nothing, and one it cannot read); reads until the first such byte."""
+    """Whether the file holds anything but ASCII whitespace (qmd skips such a file)."""
     try:
         with open(path, "rb") as f:
             while chunk := f.read(65536):
@@ -73,9 +65,7 @@ def _has_text(path: str) -> bool:
 
 
 def holds_memory_file(c: ManagedCollection) -> bool:
-    """Whether the folder of ``c`` holds a regular file ``c`` indexes and qmd would index (its
-    pattern, ``.md``, no hidden or skipped segment, not only whitespace; symlinks are neither
-    followed nor counted); stops at the first. Blocking: call in a worker thread."""
+    """Whether ``c``'s folder holds a regular, non-blank file ``c`` indexes (no symlinks); blocking."""
     if c.is_root_file:
         name = root_memory_file(c.path).name
         return name is not None and _has_text(os.path.join(c.path, name))
@@ -92,8 +82,7 @@ def holds_memory_file(c: ManagedCollection) -> bool:
 
 
 def move_aside(db: Path, now_ms: int) -> Path:
-    """Rename a damaged ``db`` and its ``-wal``/``-shm`` to ``<name>.corrupt-<now_ms>[-wal|-shm]``
-    (kept for inspection; qmd creates a new index at the old name).
+    """Rename a damaged ``db`` and its ``-wal``/``-shm`` to ``<name>.corrupt-<now_ms>...``.
 
     Returns:
         The new name of ``db``.
@@ -114,13 +103,8 @@ def move_aside(db: Path, now_ms: int) -> Path:
 
 @dataclass(frozen=True)
 class IndexProblem:
-    """What :meth:`IndexHealth.check` found wrong with qmd's index.
-
-    Attributes:
-        reason: one line (``qmd's index <db> is corrupt (<error>)``, ``... holds no document
-            of <collections> ...``).
-        corrupt: qmd cannot open the index (it is moved aside before re-indexing), rather
-            than an index that lost its documents.
+    """What :meth:`IndexHealth.check` found: ``reason`` (one line), ``corrupt`` (moved aside before
+    re-indexing) rather than lost.
     """
 
     reason: str
@@ -134,14 +118,13 @@ class IndexHealth:
     """Whether one qmd index was lost or damaged, and its repair.
 
     Args:
-        home: the agent's qmd home (its ``index.sqlite``, its update lock).
+        home: the agent's qmd home (``index.sqlite``, the update lock).
         counts: the cached document counts of that index.
-        reindex: runs ``qmd update`` now (the backend's update cycle, ``"re-index"``).
-        update_timeout_ms: budget of the update lock's wait (``update.updateTimeoutMs``), ms.
+        reindex: runs ``qmd update`` now.
+        update_timeout_ms: wait for the update lock, ms.
 
     Attributes:
-        problem: what is wrong with the index now, one line, or ``None``; with what is done
-            about it (``re-indexing it ...``, or why that failed).
+        problem: what is wrong with the index now and what is done about it, or ``None``.
     """
 
     def __init__(self, home: QmdHome, counts: IndexCounts, *, reindex: Callable[[], Awaitable[None]],
@@ -160,16 +143,9 @@ class IndexHealth:
         """What is wrong with qmd's index, or ``None``.
 
         Args:
-            counts: active documents per collection in qmd's index (``IndexCounts.read``).
-            count_error: why the index could not be read, or ``None``.
-            managed: the collections qmd should hold (not those refused at reconcile).
-            yml_edited: qmd's collection list (``index.yml``) changed since the last
-                reconcile: an index without documents is left to the reconcile repairs.
-
-        Returns:
-            The problem (``qmd's index <db> is corrupt (<error>)``, or ``qmd's index <db> holds
-            no document of <collections>, whose folders hold memory files (...)``); ``None``
-            otherwise.
+            counts: active documents per collection. count_error: why they could not be read.
+            managed: the collections qmd should hold.
+            yml_edited: ``index.yml`` changed since the last reconcile (left to its repairs).
         """
         db = self.home.index_db
         if count_error is not None:
@@ -189,8 +165,7 @@ class IndexHealth:
                             "folders hold memory files (was it deleted or replaced?)", False)
 
     async def restore(self, why: IndexProblem) -> None:
-        """Move a corrupt index aside and run ``qmd update`` (``update.updateTimeoutMs``), so
-        qmd indexes every collection again; :attr:`problem` says so meanwhile.
+        """Move a corrupt index aside and run ``qmd update``; :attr:`problem` says so meanwhile.
 
         Raises:
             BackendUnavailableError: the update failed (:attr:`problem` keeps the reason).
@@ -225,16 +200,8 @@ class IndexHealth:
 
     async def at_start(self, *, boot_update: bool, managed: Sequence[ManagedCollection],
                        yml_edited: bool) -> str | None:
-        """Start-up step: re-index a lost or corrupt index now (:meth:`restore`).
-
-        Args:
-            boot_update: an awaited boot update follows, which re-indexes a lost index by
-                itself (a corrupt one is still moved aside here: qmd cannot open it).
-            managed / yml_edited: as for :meth:`check`.
-
-        Returns:
-            A start-up problem (``re-indexing a lost qmd index failed: ...``; searches then
-            answer from the builtin engine), or ``None``.
+        """Start-up step: :meth:`restore` a lost or corrupt index now (a lost one is left to an awaited
+        ``boot_update``); returns the start-up problem, or ``None``.
         """
         from fallback.errors import BackendUnavailableError
 
@@ -250,9 +217,9 @@ class IndexHealth:
     async def notice(self, counts: Mapping[str, int], count_error: str | None, *,
                      managed: Sequence[ManagedCollection], yml_edited: bool,
                      background: BackgroundTasks | None) -> str | None:
-        """:meth:`check`, and when something is wrong start :meth:`restore` in ``background``
-        (the backend's task group in long-lived mode; one at a time). Returns the problem (with
-        what is done about it), or ``None``; a problem found earlier that is gone is cleared."""
+        """:meth:`check`, and on a problem start :meth:`restore` in ``background`` (one at a time);
+        returns the problem with what is done about it, or ``None``.
+        """
         why = await self.check(counts, count_error, managed=managed, yml_edited=yml_edited)
         if why is None:
             if not self._restoring:

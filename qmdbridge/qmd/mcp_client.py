@@ -1,20 +1,10 @@
 """A small MCP client for ``qmd mcp`` over stdio: newline-delimited JSON-RPC, answers matched by id.
 
-``qmd mcp`` (qmd 2.8.3, ``serveStdio``) reads and writes one JSON message per line; an
-``initialize`` without a ``_meta`` envelope pins the connection to 2025-era MCP. The client
-writes each request as one line (one writer at a time) and one reader task
-(:meth:`McpStdioClient.run`) hands each answer to the caller waiting for its id. A caller that
-leaves before its answer (its deadline, a cancellation) sends ``notifications/cancelled``, and
-an answer that arrives anyway is dropped (:attr:`~McpStdioClient.stale_answers`). A line that
-is not a JSON-RPC message, or the end of stdout, ends the connection: every waiting call fails
-with ``transport=True``. A server ``ping`` is answered; other server requests get JSON-RPC
-error -32601. The official ``mcp`` SDK's ``stdio_client`` starts and owns the process itself
-(no pid, its own kill, stderr not drained), so it does not fit the warm child.
-
-Errors are translated here, once: a broken pipe, a closed connection, a JSON-RPC error, a
-tool error and an answer of the wrong shape all become
-:class:`~qmdbridge.qmd.errors.QmdMcpError`. Deadlines are the caller's (``anyio.fail_after``
-around a call): the client sets no timeout of its own.
+One reader task hands each answer to the caller waiting for its id; a caller that leaves
+sends ``notifications/cancelled`` and a late answer is dropped. A line that is not JSON-RPC,
+or the end of stdout, ends the connection. Every failure becomes
+:class:`~qmdbridge.qmd.errors.QmdMcpError`; deadlines are the caller's. (The ``mcp`` SDK's
+``stdio_client`` owns its process, so it does not fit the warm child.)
 """
 
 from __future__ import annotations
@@ -31,11 +21,9 @@ from qmdbridge.qmd.errors import QmdMcpError
 
 __all__ = ["EOF_REASON", "MAX_LINE_BYTES", "MCP_PROTOCOL_VERSION", "McpStdioClient"]
 
-# The MCP revision this client speaks (the newest 2025-era one, which qmd 2.8.3 serves after a
-# plain ``initialize``; the 2026-07-28 revision needs a per-request ``_meta`` envelope).
+# The MCP revision this client speaks (what qmd 2.8.3 serves after a plain ``initialize``).
 MCP_PROTOCOL_VERSION = "2025-11-25"
-# Longest line read from the child, bytes: qmd's own reader refuses more than 10 MiB per
-# message, and a search answer is a few kB; a longer line is garbage.
+# Longest line read from the child, bytes (qmd itself refuses messages over 10 MiB).
 MAX_LINE_BYTES = 16 * 1024 * 1024
 # :attr:`McpStdioClient.broken` when the child's stdout ended (the child is exiting, or broke).
 EOF_REASON = "the child closed its stdout"
@@ -45,7 +33,7 @@ _CLIENT_INFO = {"name": "qmdbridge", "version": "1"}
 
 
 class _Pending:
-    """One request waiting for its answer (set once by the reader, or failed by :meth:`close`)."""
+    """One request waiting for its answer."""
 
     __slots__ = ("done", "error", "message")
 
@@ -56,20 +44,16 @@ class _Pending:
 
 
 class McpStdioClient:
-    """JSON-RPC over one ``qmd mcp`` child's stdin and stdout (module docstring).
+    """JSON-RPC over one ``qmd mcp`` child's stdin (``send``) and stdout (``receive``).
 
-    Args:
-        send: the child's stdin.
-        receive: the child's stdout.
-
-    Run :meth:`run` in a task for the life of the child, then :meth:`initialize` once and
-    :meth:`call_tool` for every call (calls may run concurrently); :meth:`close` at the end.
+    Run :meth:`run` in a task for the child's life, :meth:`initialize` once, then
+    :meth:`call_tool` (calls may overlap); :meth:`close` at the end.
 
     Attributes:
         server_info: the ``serverInfo`` of the ``initialize`` answer (``{}`` before).
-        requests_sent: requests written to the child so far.
-        stale_answers: answers that arrived after their caller had left, dropped.
-        broken: why the connection ended (``None`` while it is open).
+        requests_sent: requests written so far.
+        stale_answers: answers that arrived after their caller left, dropped.
+        broken: why the connection ended (``None`` while open).
     """
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
@@ -89,12 +73,8 @@ class McpStdioClient:
         return len(self._pending)
 
     async def run(self) -> str:
-        """Read the child's stdout until it ends; returns why the connection ended.
-
-        Each line is one JSON-RPC message: an answer goes to the caller waiting for its id (or
-        is counted stale), a ``ping`` is answered. The end of stdout, a line longer than
-        :data:`MAX_LINE_BYTES` or a line that is not a JSON-RPC message ends the connection:
-        every waiting call then fails with ``transport=True``.
+        """Read the child's stdout until the connection ends (its end, a line over
+        :data:`MAX_LINE_BYTES`, or not JSON-RPC); returns why. A server ``ping`` is answered.
         """
         while self.broken is None:
             try:
@@ -120,11 +100,10 @@ class McpStdioClient:
         return self.broken or "closed"
 
     async def initialize(self) -> dict[str, Any]:
-        """The MCP ``initialize`` exchange, then the ``notifications/initialized`` note.
+        """The MCP ``initialize`` exchange, then ``notifications/initialized``.
 
         Returns:
-            The server's ``initialize`` result (``protocolVersion``, ``serverInfo`` ...); its
-            ``serverInfo`` is also kept in :attr:`server_info`.
+            The server's ``initialize`` result (its ``serverInfo`` kept in :attr:`server_info`).
 
         Raises:
             QmdMcpError: no answer, or not an ``initialize`` result.
@@ -141,9 +120,8 @@ class McpStdioClient:
         """Call tool ``name`` and return its ``structuredContent``.
 
         Raises:
-            QmdMcpError: ``transport=True`` when the connection failed or is closed;
-                ``transport=False`` for a JSON-RPC error, a result flagged ``isError`` (its text
-                in the message) or a result without ``structuredContent``.
+            QmdMcpError: ``transport=True`` when the connection failed or is closed; ``False`` for a
+                JSON-RPC error, a result flagged ``isError`` or one without ``structuredContent``.
         """
         result = await self._request("tools/call", {"name": name, "arguments": dict(arguments)})
         if result.get("isError"):
@@ -157,8 +135,7 @@ class McpStdioClient:
         return structured
 
     def close(self, reason: str = "the connection to the child is closed") -> None:
-        """End the connection: waiting and later calls fail with ``transport=True`` and
-        ``reason``; idempotent (the first reason is kept). The streams belong to the caller."""
+        """End the connection: waiting and later calls fail with ``transport=True``; idempotent."""
         if self.broken is None:
             self.broken = reason
         pending, self._pending = self._pending, {}
@@ -169,8 +146,7 @@ class McpStdioClient:
     # -- JSON-RPC -----------------------------------------------------------------------------
 
     async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and wait for the answer with its id; on cancellation the server is
-        told (``notifications/cancelled``) and a late answer is dropped by :meth:`run`."""
+        """Send one request and wait for its answer; a caller that leaves tells the server."""
         if self.broken is not None:
             raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
         self._next_id += 1
@@ -200,7 +176,7 @@ class McpStdioClient:
         return result
 
     async def _cancel(self, request_id: int) -> None:
-        """Tell the server a request's caller left (shielded, at most 1 s; best effort)."""
+        """Tell the server a request's caller left (shielded, at most 1 s, best effort)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
             try:
                 await self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",

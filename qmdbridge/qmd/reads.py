@@ -1,12 +1,13 @@
-"""Files of qmd collections on disk: ``memory_get`` of ``qmd/<collection>/...`` and the check
-that a hit's file is really there, both through the builtin engine's safe reader
-(``fallback.sources.read_page``) with the collection as the root, so they follow the
-memory-file rule and never cross a symlink."""
+"""Files of qmd collections on disk: ``memory_get`` of ``qmd/<collection>/...`` and the check that
+a hit's file is there, both through the builtin engine's safe reader with the collection as
+the root (the memory-file rule, never crossing a symlink).
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -39,14 +40,14 @@ _LINE_BREAK_BYTES = re.compile(rb"\r\n|\r|\n")
 
 
 def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
-    """The workspace and a single file's folder may be reached through a symlink; a memory or
-    custom folder may not (the rule never follows a symlinked memory folder)."""
+    """Whether the collection's folder may be reached through a symlink (the workspace, a single file's folder)."""
     return coll.path == workspace or coll.single_file
 
 
 def slugify_path(path: str) -> str:
-    """qmd's old "handelize" normalisation of each segment: NFKD, lower-case, non-alphanumeric
-    runs -> ``-``, trimmed; the lower-cased extension of the last segment is kept."""
+    """qmd's old "handelize" normalisation of each segment (NFKD, lower-case, non-alphanumeric runs
+    -> ``-``), the last segment's extension kept lower-cased.
+    """
     parts = [p for p in path.replace("\\", "/").split("/") if p]
     out = []
     for i, seg in enumerate(parts):
@@ -65,11 +66,8 @@ Listings = dict[str, tuple[tuple[int, int], dict[str, list[str]]]]
 
 
 def _slugged_names(folder: Path, listings: Listings | None) -> dict[str, list[str]]:
-    """The names of ``folder`` by their :func:`slugify_path` (each list sorted); reused from
-    ``listings`` while the folder's mtime and inode are unchanged (an entry added, removed or
-    renamed changes them). A folder changed less than :data:`RACY_NS` ago is not kept: file
-    times tick coarsely, so a second change within the same tick would leave the stamp as it
-    was (git's "racily clean" entries have the same cure).
+    """The names of ``folder`` by :func:`slugify_path`, reused from ``listings`` while its mtime and
+    inode are unchanged (not kept when changed less than :data:`RACY_NS` ago).
 
     Raises:
         OSError: the folder cannot be listed.
@@ -90,9 +88,7 @@ def _slugged_names(folder: Path, listings: Listings | None) -> dict[str, list[st
 
 
 def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
-    """Files under ``root`` whose path normalises like ``rel`` (:func:`slugify_path`), sorted.
-    One dictionary lookup per path segment and folder (a name equal to the segment has the
-    segment's slug), not a scan of the folder: a search checks every note it cites."""
+    """Files under ``root`` whose path normalises like ``rel``, sorted (one lookup per segment)."""
     paths = [""]
     for seg in [p for p in rel.split("/") if p]:
         target, found = slugify_path(seg), []
@@ -107,9 +103,7 @@ def _alike(root: Path, rel: str, listings: Listings | None = None) -> list[str]:
 
 
 def _needle(snippet: str) -> str:
-    """The first non-blank line of a snippet, without the ``...`` qmd appends when it cuts and
-    without a note's leading BOM (qmd keeps it; :func:`file_lines` drops it, as ``memory_get``
-    does)."""
+    """The first non-blank line of a snippet, without qmd's trailing ``...`` and a leading BOM."""
     for line in snippet.removeprefix("\ufeff").splitlines():
         text = line.strip().removesuffix("...").strip()
         if text:
@@ -119,25 +113,19 @@ def _needle(snippet: str) -> str:
 
 def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int, end: int, *,
                      workspace: Path, listings: Listings | None = None) -> tuple[str | None, str | None]:
-    """Which file on disk a qmd hit is, when qmd's index may hold an old build's path.
+    """Which file on disk a qmd hit is, when qmd's index may hold a path normalised by qmd before 2.6.
 
-    qmd before 2.6 stored paths normalised (:func:`slugify_path`: ``Notes/My File.md`` ->
-    ``notes/my-file.md``). A path that names a file literally is that file. Otherwise every
-    file that normalises alike is a candidate, and the one whose lines ``start..end`` contain
-    the snippet's first line is the hit; several candidates that all fit (or none of several
-    with an empty snippet) are ambiguous, and no candidate that fits means the indexed file is
-    gone (a look-alike must not be cited in its place).
+    A path naming a file literally is that file; else the look-alike (:func:`slugify_path`) whose
+    lines ``start..end`` hold the snippet's first line. Several that fit are ambiguous; none means
+    the file is gone.
 
     Args:
         coll: the hit's collection. rel: the path qmd reported, ``/``-separated.
-        snippet: the hit's text without qmd's ``@@`` header. start / end: its 1-based lines.
-        workspace: the agent workspace (for the memory-file rule's symlink policy).
-        listings: folder listings kept between calls (a backend's; each is listed again once
-            the folder changed), so a hit costs no listing of a large unchanged folder.
+        snippet: the hit's text without ``@@`` header. start / end: its 1-based lines.
+        workspace: the agent workspace. listings: folder listings kept between calls.
 
     Returns:
-        ``(rel on disk, None)`` for a hit to keep; ``(None, note)`` for one to drop, ``note``
-        saying why (``None`` when the file is simply gone).
+        ``(rel on disk, None)`` to keep; ``(None, note)`` to drop (``note`` ``None`` when gone).
     """
     if (coll.path / rel).is_file() and slugify_path(rel) != rel:
         return rel, None
@@ -157,31 +145,15 @@ def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int
 
 
 def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[str] | None:
-    """The lines of a collection's file (``rel`` ``/``-separated), opened and numbered as
-    ``memory_get`` opens and numbers them (UTF-8, a leading BOM removed, invalid bytes
-    replaced; ``\\r\\n``, ``\\r`` and ``\\n`` end a line; line ``i`` is ``result[i - 1]``, line
-    ends dropped); ``None`` when it is missing, reached through a symlink, not a regular file or
-    unreadable."""
-    fd = _open_hit_file(coll, rel, workspace=workspace)
-    if fd is None:
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        return file_lines_of(fh.read().decode("utf-8-sig", "replace"))
-
-
-def _open_hit_file(coll: ManagedCollection, rel: str, *, workspace: Path) -> int | None:
-    """A read-only descriptor of a hit's file opened as ``memory_get`` opens it; ``None`` when it
-    is missing, reached through a symlink, not a regular file or unreadable."""
-    try:
-        return open_memory_file(coll.path, rel.split("/"), shown=rel,
-                                follow_base=_follow_base(coll, workspace))
-    except (PathRefusedError, MemoryFileNotFoundError, OSError):
-        return None
+    """The lines of a collection's file as ``memory_get`` numbers them (:func:`hit_lines`)."""
+    read = hit_lines(coll, rel, workspace=workspace, max_bytes=sys.maxsize)
+    return None if read is None else read[1]
 
 
 def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:
-    """``start..end`` kept inside a file of ``total`` lines (an empty file has line 1);
-    ``None`` when it starts past the end."""
+    """``start..end`` kept inside a file of ``total`` lines (an empty file has line 1); ``None``
+    when it starts past the end.
+    """
     if start > max(total, 1):
         return None
     return start, max(start, min(end, max(total, 1)))
@@ -189,16 +161,14 @@ def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:
 
 def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
               max_bytes: int) -> tuple[int, list[str] | None] | None:
-    """A hit's file, opened as ``memory_get`` opens it: its number of lines, and its lines (as
-    :func:`file_lines`) when it is at most ``max_bytes`` long (else ``None``: a larger file is
-    counted as a stream, never held).
-
-    Returns:
-        ``(line count, lines or None)``; ``None`` when the file is missing, reached through a
-        symlink, not a regular file or unreadable.
+    """A hit's file opened as ``memory_get`` opens it: ``(line count, lines)``, the lines only when
+    it is at most ``max_bytes`` long (else ``None``, counted as a stream); ``None`` when it is
+    missing, behind a symlink, not a regular file or unreadable.
     """
-    fd = _open_hit_file(coll, rel, workspace=workspace)
-    if fd is None:
+    try:
+        fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
+                              follow_base=_follow_base(coll, workspace))
+    except (PathRefusedError, MemoryFileNotFoundError, OSError):
         return None
     with os.fdopen(fd, "rb") as fh:
         if os.fstat(fh.fileno()).st_size <= max_bytes:
@@ -218,28 +188,21 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
 
 def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int | None,
                  lines: int | None, *, workspace: Path) -> MemoryReadResult:
-    """Read one page of a collection's file (``qmd/<collection>/<inner>``) through the same safe
-    reader as workspace paths (``fallback.sources.read_page``): the memory-file rule with the
-    collection's pattern, symlinks never followed, files over 1 MiB streamed, the same
-    refusals.
+    """Read one page of a collection's file through the builtin engine's safe reader, with the
+    collection's pattern as the rule.
 
     Args:
-        coll: the collection; its folder is the root of the walk.
-        inner: path inside the collection, ``/``-separated.
-        shown: the path as the caller gave it (used in results and errors).
-        from_line / lines: paging as in ``fallback.sources.read_page.page_text`` (120 lines
-            and 12,000 chars by default).
-        workspace: the agent workspace (the root-file collection's folder).
+        coll: the collection. inner: path inside it, ``/``-separated.
+        shown: the path as the caller gave it (in results and errors).
+        from_line / lines: paging as ``fallback.sources.read_page.page_text``.
+        workspace: the agent workspace.
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.
 
     Raises:
-        PathRefusedError: a file the collection does not index (reasons of
-            ``fallback.sources.read_page``; ``shadowed legacy root file`` for ``memory.md``
-            once ``MEMORY.md`` exists, and for the workspace's ``memory.md`` or ``DREAMS.md``
-            in a custom collection of the workspace itself), parent segments, symlinks,
-            non-regular files.
+        PathRefusedError: a file the collection does not index (a shadowed legacy root file, the
+            workspace's ``DREAMS.md``), parent segments, symlinks, non-regular files.
         BackendUnavailableError: the file exists but cannot be read.
     """
     rel = "/".join(p for p in inner.split("/") if p not in ("", "."))
@@ -257,7 +220,7 @@ def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int
 
 def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_line: int | None,
                   lines: int | None, *, workspace: Path) -> MemoryReadResult:
-    """Read ``qmd/<collection>/<rest>`` inside that collection (see :func:`read_in_root`).
+    """Read ``qmd/<collection>/<rest>`` inside that collection (:func:`read_in_root`).
 
     Raises:
         PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal

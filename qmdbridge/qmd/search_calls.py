@@ -1,17 +1,10 @@
 """qmd search calls: one call per collection, merged; each answer classified.
 
-One ``qmd search|vsearch|query --json -n N -c <collection>`` per collection (builds differ in
-what they do with several ``-c``), run side by side (at most :data:`MAX_PARALLEL_CALLS` at
-once) and merged by best score per hit (``parse.merge_best``); a collection qmd's index holds
-no document of is not searched. Each answer is classified from stderr and the exit status
-(``qmdbridge.qmd.runner``): a busy index is retried inside the search deadline (tenacity), then
-:class:`QmdBusyError`; an unknown flag is :class:`FlagRejected`, ``Collection not found``
-:class:`MissingCollection`, ``no such module: vec0`` :class:`VectorModuleMissing` (repaired by
-:func:`search_with_repairs`); a complete result array followed by a crash is used, with a note;
-a deadline is :class:`BackendTimeoutError` naming ``memory.qmd.limits.timeoutMs`` (with
-:func:`timeout_hint`); ``E2BIG`` is :class:`QmdQueryTooLongError`. In long-lived mode the warm
-``qmd mcp`` child (``qmdbridge.qmd.warm.WarmChild``) may answer a collection's call; whenever
-it declines, the call is spawned and classified as above.
+Calls run side by side (at most :data:`MAX_PARALLEL_CALLS`) and merge by best score per hit.
+Each answer is classified from stderr and the exit status (``runner``): a busy index is
+retried inside the deadline, then :class:`QmdBusyError`; an unknown flag, a missing collection
+and ``no such module: vec0`` are repaired by :func:`search_with_repairs`; a complete answer
+followed by a crash is used, with a note. The warm child may answer a call first.
 """
 
 from __future__ import annotations
@@ -51,21 +44,9 @@ from qmdbridge.qmd.runner import (
     is_vector_module_missing,
 )
 
-__all__ = [
-    "BUSY_ATTEMPTS",
-    "MAX_PARALLEL_CALLS",
-    "SEARCH_TIMEOUT_SETTING",
-    "VEC0_HINT",
-    "CallPlan",
-    "FlagRejected",
-    "MissingCollection",
-    "VectorModuleMissing",
-    "WarmSearch",
-    "probe_search",
-    "search_collections",
-    "search_with_repairs",
-    "timeout_hint",
-]
+__all__ = ["BUSY_ATTEMPTS", "MAX_PARALLEL_CALLS", "SEARCH_TIMEOUT_SETTING", "VEC0_HINT", "CallPlan",
+           "FlagRejected", "MissingCollection", "VectorModuleMissing", "WarmSearch", "probe_search",
+           "search_collections", "search_with_repairs", "timeout_hint"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -91,9 +72,7 @@ RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
 
 
 class WarmSearch(Protocol):
-    """What may answer a collection's call instead of a spawned qmd: the warm child
-    (``qmdbridge.qmd.warm.WarmChild``, whose methods say what they return and raise; typed
-    here so this module does not import the one that imports it)."""
+    """What may answer a collection's call instead of a spawned qmd (``warm.WarmChild``)."""
 
     def serves(self, mode: str) -> bool: ...
 
@@ -104,21 +83,19 @@ class WarmSearch(Protocol):
 
 
 class FlagRejected(Exception):
-    """qmd rejected a flag of this mode (the backend reruns the search with ``query``)."""
+    """qmd rejected a flag of this mode."""
 
 
 class MissingCollection(Exception):
-    """qmd said a managed collection does not exist (reconcile and retry once)."""
+    """qmd said a managed collection does not exist."""
 
 
 class VectorModuleMissing(Exception):
-    """qmd could not open its vector table (``no such module: vec0``): this mode cannot work."""
+    """qmd could not open its vector table (``no such module: vec0``)."""
 
 
 class _NearDeadline(stop_base):
-    """tenacity stop: less than :data:`BUSY_MIN_LEFT_MS` beyond the duration of the busy
-    attempt (qmd's start and its busy wait, ``query_text.SEARCH_BUSY_TIMEOUT_MS``) left of
-    the search deadline."""
+    """tenacity stop: too little of the deadline is left for another busy attempt."""
 
     def __init__(self, plan: CallPlan) -> None:
         self.plan = plan
@@ -131,7 +108,7 @@ class _NearDeadline(stop_base):
 
 
 class _Busy(Exception):
-    """Internal: one busy answer (retried)."""
+    """One busy answer (retried)."""
 
     def __init__(self, result: RunResult) -> None:
         super().__init__(result.summary)
@@ -143,25 +120,16 @@ class CallPlan:
     """What one search needs besides the query.
 
     Attributes:
-        mode: ``search`` | ``vsearch`` | ``query``.
-        limit: ``-n`` per call.
-        no_rerank: pass ``--no-rerank`` (``query`` with ``rerank: false``).
+        mode: ``search`` | ``vsearch`` | ``query``. limit: ``-n`` per call.
+        no_rerank: pass ``--no-rerank``.
         deadline: ``anyio.current_time()`` by which every call must be done.
         timeout_ms: ``limits.timeoutMs``, for messages.
-        models_dir: qmd's model cache (``xdg-cache/qmd/models``), for the timeout hint.
-        env: qmd's environment (``QMD_*_MODEL`` overrides), for the timeout hint.
-        notes: receives one line per answer used despite a crash (for the answer's warnings).
-        index_db: qmd's ``index.sqlite``: a call past the deadline while a writer holds it is
-            busy (:class:`QmdBusyError`), not a timeout; ``None``: not checked.
-        lex: a question's lexical searches (``query_text.lex_queries``: the content words
-            ANDed, then each word alone), in ``search`` mode (also once ``vec0`` switched the
-            search to it) asked in one call per collection as qmd's typed
-            ``lex`` sub-searches (``qmd query --no-rerank`` with a ``lex:`` line each, which
-            loads no model, or the warm child's ``query`` tool), fused by qmd (reciprocal
-            rank, the first weighted twice; ``query_text.search_call``), ``POOL_FACTOR`` notes
-            per result slot; ``()``: one ``plan.mode`` call per collection.
-        repair: set by :func:`search_with_repairs` when the search switched mode for good:
-            ``"vec0"`` (now ``search``) or ``"unsupported-search-flags"`` (rerun with ``query``).
+        models_dir / env: qmd's model cache and environment, for the timeout hint.
+        notes: receives one line per answer used despite a crash.
+        index_db: qmd's ``index.sqlite``: a timeout while a writer holds it is busy; ``None``: not checked.
+        lex: a question's lexical searches (``query_text.lex_queries``), asked as one ``lex`` call
+            per collection in ``search`` mode; ``()``: one ``mode`` call per collection.
+        repair: set when the search switched mode for good: ``"vec0"`` or ``"unsupported-search-flags"``.
     """
 
     mode: str
@@ -182,9 +150,7 @@ class CallPlan:
 
 
 def timeout_hint(mode: str, models_dir: Path, env: Mapping[str, str]) -> str | None:
-    """``models missing or downloading? ...`` when ``mode`` needs GGUF models
-    (``models.model_kinds``) and qmd's model cache has none of them (the first ``query``/``vsearch`` downloads ~2 GB inside the call);
-    ``None`` otherwise."""
+    """``models missing or downloading? ...`` when ``mode`` needs models and qmd's cache has none of them, else ``None``."""
     wanted = default_kinds(model_kinds(mode, None), env)
     if not wanted or len(missing_models(models_dir, wanted)) < len(wanted):
         return None
@@ -286,21 +252,17 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
     """Search each collection in its own call and merge the hits.
 
     Args:
-        q: the trimmed query (encoded per mode by ``parse.encode_query``).
-        colls: the collections to search (the caller leaves out known-empty ones).
-        plan: mode, limit, deadline ... (:class:`CallPlan`); crash notes land in ``plan.notes``.
-        run: runs one qmd command (see :data:`RunSearch`).
-        warm: a warm qmd asked first for each call in a mode it serves; a call it declines
-            is spawned with ``run``.
-        limiter: bounds the calls running at once, shared with other searches of the same
-            query (default: :data:`MAX_PARALLEL_CALLS` for this one).
+        q: the trimmed query. colls: the collections to search.
+        plan: mode, limit, deadline ... (crash notes land in ``plan.notes``).
+        run: runs one qmd command (:data:`RunSearch`).
+        warm: asked first for each call in a mode it serves; a call it declines is spawned.
+        limiter: bounds the calls running at once (default :data:`MAX_PARALLEL_CALLS`).
 
     Returns:
-        ``[(entry, collection name)]``, best score first, one per hit (``parse.merge_key``).
+        ``[(entry, collection name)]``, best score first, one per hit.
 
     Raises:
-        FlagRejected / MissingCollection / VectorModuleMissing: from any call (in that order of
-            precedence, so the backend's repair runs once).
+        FlagRejected / MissingCollection / VectorModuleMissing: from any call, in that order.
         BackendTimeoutError, QmdBusyError, QmdCommandError, QmdOutputError: a call failed.
     """
     answers: list[list[QmdEntry] | BaseException | None] = [None] * len(colls)
@@ -340,21 +302,12 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
                               ) -> list[tuple[QmdEntry, str | None]]:
     """:func:`search_collections` with the repairs of its classified failures.
 
-    A missing collection runs ``reconcile()`` and retries once; a ``lex`` call (``plan.lex``)
-    that qmd rejects (an unknown flag, ``no such module: vec0``) is run as plain ``search``
-    calls (``plan.lex`` emptied; the caller runs the relaxed pass); an unknown flag reruns the
-    search with ``query`` (``plan.repair = "unsupported-search-flags"``); ``no such module:
-    vec0`` reruns it with ``search`` (``plan.repair = "vec0"``, :data:`VEC0_HINT` in
-    ``plan.notes``), which the caller keeps for later searches. ``written`` is the query as the
-    user wrote it, when ``q`` is the content words of ``search`` mode
-    (``qmdbridge.qmd.lexical``): a rerun with ``query`` reads the sentence (default ``q``);
-    ``lexical`` is what ``search`` mode sends (those content words), which the rerun with
-    ``search`` sends (default ``q``).
+    A missing collection runs ``reconcile()`` and retries once; a rejected ``lex`` call becomes
+    plain ``search`` calls (``plan.lex`` emptied); an unknown flag reruns with ``query`` (of
+    ``written``); ``vec0`` reruns with ``search`` (of ``lexical``), both kept in ``plan.repair``.
 
     Raises:
-        BackendUnavailableError: a repair did not help (``qmd query fallback failed: ...``, the
-            vec0 hint in ``search`` mode, a collection still missing), or any failure of
-            :func:`search_collections`.
+        BackendUnavailableError: a repair did not help, or any failure of :func:`search_collections`.
     """
     def calls() -> Awaitable[list[tuple[QmdEntry, str | None]]]:
         return search_collections(q, colls, plan, run=run, warm=warm)
@@ -406,9 +359,9 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
 
 
 async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
-    """One tiny real search through the same spawn path (``qmd search --json -n 1 -- <probe>``,
-    no collection filter, so it works before any collection exists): ``None`` when qmd
-    answered a result array or that its index is busy, else why not (one line)."""
+    """One tiny real search (``qmd search --json -n 1``, no collection): ``None`` when qmd answered
+    (or its index is busy), else why not, one line.
+    """
     args = ["search", "--json", "-n", "1"]
     try:
         res = await run(args, [PROBE_QUERY], timeout_ms)

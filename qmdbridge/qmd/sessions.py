@@ -1,21 +1,8 @@
-"""Session transcript export: one sanitised, redacted Markdown file per transcript, for qmd.
+"""Session transcript export: one sanitised, redacted Markdown file per transcript, for qmd (spec 2.11).
 
-The reference system's session export for qmd: qmd indexes Markdown, so before each
-``qmd update`` the agent's ``*.jsonl`` transcripts are rendered (through
-:mod:`fallback.sources.transcripts`, the same sanitising the builtin engine uses) into
-``<export_dir>/<session id>.md``::
-
-    # Session <session id>
-
-    User: <text, at most 800 chars per line>
-    User: <continuation>
-    Assistant: <text>
-
-A file is rewritten only when its bytes change (an unchanged export keeps its mtime, so qmd
-sees nothing new); stale exports (transcripts gone or past retention) are deleted at the end of
-a pass. Passes over one export dir are serialised with an inter-process lock
-(``.export.lock``, a :class:`fallback.fs.lock.PidFileLock` waited for at most
-:data:`EXPORT_LOCK_TIMEOUT_MS`), so two managers of the same agent never interleave.
+Before each ``qmd update`` the agent's ``*.jsonl`` transcripts are rendered (through
+``fallback.sources.transcripts``) into ``<export_dir>/<session id>.md``, rewritten only when
+their bytes change; passes over one export dir are serialised by ``.export.lock``.
 """
 
 from __future__ import annotations
@@ -37,8 +24,7 @@ __all__ = ["EXPORT_LOCK_TIMEOUT_MS", "EXPORT_WRAP_CHARS", "ExportReport", "Expor
 EXPORT_WRAP_CHARS = 800
 _DAY_MS = 86_400_000
 _LOCK_NAME = ".export.lock"
-# How long a pass waits for another pass over the same export dir (ms). A pass over thousands
-# of transcripts takes seconds; two minutes means the other pass is stuck.
+# How long a pass waits for another pass over the same export dir (ms): longer means it is stuck.
 EXPORT_LOCK_TIMEOUT_MS = 120_000
 
 
@@ -52,11 +38,8 @@ class _Seen:
 
 @dataclass
 class ExportState:
-    """What the last passes exported, so unchanged transcripts are not parsed again.
-
-    Keyed by transcript path: ``(mtime_ns, size, ctime_ns, sha256 of the exported bytes)``
-    (``ctime_ns`` as :func:`fallback.sources.stamps.change_time_ns` gives it). Entries of
-    transcripts that are gone are forgotten at the end of each pass. Keep one per manager.
+    """What the last passes exported, by transcript path (``mtime_ns, size, ctime_ns``, digest of
+    the export), so unchanged transcripts are not parsed again. One per manager.
     """
 
     seen: dict[str, _Seen] = field(default_factory=dict)
@@ -68,10 +51,9 @@ class ExportReport:
 
     Attributes:
         written: export file names (``<id>.md``) created or rewritten.
-        unchanged: export file names whose bytes were already current.
+        unchanged: export file names already current.
         removed: stale export file names deleted.
-        errors: one line per transcript that could not be read or written; its previous
-            export (if any) is kept.
+        errors: one line per transcript that could not be read or written (its old export kept).
     """
 
     written: list[str] = field(default_factory=list)
@@ -81,10 +63,7 @@ class ExportReport:
 
 
 def _wrap(text: str, width: int) -> list[str]:
-    """Split ``text`` into pieces of at most ``width`` chars, breaking on spaces.
-
-    A word longer than ``width`` is cut at ``width`` code points.
-    """
+    """``text`` in pieces of at most ``width`` code points, broken on spaces (a longer word is cut)."""
     pieces: list[str] = []
     rest = text
     while len(rest) > width:
@@ -102,16 +81,8 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def render_session_markdown(session_id: str, messages: list[TranscriptMessage], *,
                             wrap_chars: int = EXPORT_WRAP_CHARS) -> str:
-    """Render sanitised messages as the exported Markdown document.
-
-    Args:
-        session_id: used in the ``# Session <id>`` heading.
-        messages: kept messages (already sanitised and redacted).
-        wrap_chars: content chars per line (default 800); continuation lines repeat the
-            ``User:``/``Assistant:`` label.
-
-    Returns:
-        ``# Session <id>\\n\\n<body>\\n``; the body is ``(empty)`` when there are no messages.
+    """Sanitised messages as the exported document: ``# Session <id>\\n\\n<body>\\n``, one
+    ``User:``/``Assistant:`` line per ``wrap_chars`` of content, ``(empty)`` without messages.
     """
     lines: list[str] = []
     for message in messages:
@@ -122,8 +93,7 @@ def render_session_markdown(session_id: str, messages: list[TranscriptMessage], 
 
 
 def _confined_target(export_dir: Path, name: str) -> Path | None:
-    """Return ``export_dir/name`` when it stays directly inside ``export_dir`` (one plain path
-    segment), else None."""
+    """``export_dir/name`` when ``name`` is one plain path segment, else ``None``."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name:
         return None
     return export_dir / name
@@ -141,35 +111,25 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                     lock_timeout_ms: int = EXPORT_LOCK_TIMEOUT_MS) -> ExportReport:
     """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md``.
 
-    Steps: list transcripts (:func:`fallback.sources.transcripts.scan_transcripts`); skip those whose
-    mtime is more than ``retention_days`` days before ``now_ms``; render each (sanitised,
-    redacted, wrapped; see :func:`render_session_markdown`) and write it atomically
-    (:func:`fallback.fs.atomic.write_atomic`) only when the bytes differ from the current file; finally delete
-    every ``*.md`` in ``export_dir`` not produced by this pass. With ``state``, a transcript
-    whose mtime, size and ctime are unchanged since it was exported (a rewrite with its mtime
-    put back moves the ctime) and whose export still has the recorded bytes is not parsed
-    again. A transcript that cannot be read keeps its previous
-    export and is reported in ``errors``; a cron-run transcript is not exported.
+    Transcripts older than ``retention_days`` and cron runs are skipped; each export is written
+    atomically only when its bytes differ; every other ``*.md`` in ``export_dir`` is deleted at
+    the end. With ``state``, a transcript unchanged since its export is not parsed again.
 
     Args:
-        sessions_dir: ``<stateDir>/agents/<agentId>/sessions`` (missing = no transcripts).
+        sessions_dir: the agent's transcripts folder (missing = no transcripts).
         export_dir: the sessions collection's folder (created if missing).
         retention_days: ``memory.qmd.sessions.retentionDays``; ``None`` or 0 keeps all.
         now_ms: current time, epoch ms.
         state: per-manager cache of what was exported (updated in place).
-        lock_timeout_ms: how long to wait for another pass over ``export_dir`` (ms).
+        lock_timeout_ms: wait for another pass over ``export_dir``, ms.
 
     Returns:
         :class:`ExportReport` with export file names.
 
     Raises:
-        BackendUnavailableError: ``("qmd", "QMD session export aborted: session enumeration
-            failed")`` when the sessions dir could not be listed (raised after writing the
-            transcripts that were listed and before deleting anything), or the lock file
-            cannot be opened.
-        BackendTimeoutError: another pass held ``export_dir/.export.lock`` for longer than
-            ``lock_timeout_ms`` (``qmd unavailable: waiting for the session export lock <path>
-            timed out after <N>ms``); nothing was written.
+        BackendUnavailableError: the sessions dir could not be listed (raised before deleting
+            anything), or the lock file cannot be opened.
+        BackendTimeoutError: another pass held the lock longer than ``lock_timeout_ms``.
     """
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,8 @@
 """The qmd update/embed cycle of one agent: queueing, debounce, retries, repairs, locks (spec 2.7).
 
-:class:`UpdateCycle` runs ``qmd update`` (and, outside ``search`` mode, ``qmd embed``) through
-callables given by the backend, so it never builds a command line itself. Update and embed
-never overlap on one index: one ``anyio.Lock`` per backend plus the per-store file lock
-``qmd-write.lock``; embeds across agents and processes are serialised by the global
-``<stateDir>/qmd/embed.lock`` (taken before the store lock, so waiting for embed capacity does
-not block the store). File locks are :class:`fallback.fs.lock.PidFileLock` (the holder's pid in
-the file, a wait budget on every acquisition); boot updates are retried with tenacity.
+Update and embed never overlap on one index (an ``anyio.Lock`` plus the store's
+``qmd-write.lock``); embeds across agents are serialised by ``<stateDir>/qmd/embed.lock``,
+taken before the store lock.
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTi
 from fallback.fs.lock import PidFileLock
 from qmdbridge.qmd.runner import is_busy
 
-__all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_backoff_ms", "embed_jitter_ms", "should_retry_update",
-           "needs_null_byte_repair", "needs_duplicate_repair", "indexing_in_progress"]
+__all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_jitter_ms", "needs_null_byte_repair",
+           "needs_duplicate_repair", "indexing_in_progress"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -47,25 +43,16 @@ MAX_VALID_EPOCH_MS = 8_640_000_000_000_000
 _NUL_MARKERS = ("^@", "\\0", "\x00", "\\x00", "\\u0000", "null byte", "nul byte")
 
 
-def embed_backoff_ms(failures: int) -> int:
-    """Backoff after ``failures`` consecutive embed failures: ``min(1h, 60s * 2^(n-1))`` in ms."""
-    return min(EMBED_BACKOFF_MAX_MS, EMBED_BACKOFF_BASE_MS * 2 ** max(0, failures - 1))
-
-
 def embed_jitter_ms(agent_id: str, custom: list[tuple[str, str]], embed_interval_ms: int) -> int:
-    """Stable delay (ms) before the first embed-timer run (spec 2.7.3): the first 4 bytes
-    (big-endian) of ``sha256("<agent>:<sorted path\\0pattern joined by \\x01>")`` modulo
-    ``embed_interval_ms + 1``; 0 without custom collections."""
+    """Stable delay (ms) before the first embed-timer run (spec 2.7.3): the first 4 bytes of
+    ``sha256("<agent>:<sorted path\\0pattern joined by \\x01>")`` modulo ``embed_interval_ms + 1``;
+    0 without custom collections.
+    """
     if not custom:
         return 0
     joined = "\x01".join(sorted(f"{p}\0{pat}" for p, pat in custom))
     digest = hashlib.sha256(f"{agent_id}:{joined}".encode()).digest()
     return int.from_bytes(digest[:4], "big") % (embed_interval_ms + 1)
-
-
-def should_retry_update(message: str) -> bool:
-    """A boot update is retried when qmd reported a busy database or the run timed out."""
-    return is_busy(message) or "timed out" in message.lower()
 
 
 def needs_null_byte_repair(message: str) -> bool:
@@ -84,16 +71,11 @@ def needs_duplicate_repair(message: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def file_lock(path: Path, *, budget_ms: int) -> AsyncIterator[None]:
-    """Hold the exclusive inter-process lock ``path`` (created if needed) for the block.
-
-    A :class:`fallback.fs.lock.PidFileLock`: the holder's pid is recorded in the file, the wait
-    polls with a jittered backoff (10 ms doubling to 250 ms) without blocking the event loop, and
-    a lock held by a dead process is released by the kernel, so no stale-lock recovery is needed.
+    """Hold the exclusive inter-process lock ``path`` (a :class:`~fallback.fs.lock.PidFileLock`,
+    created if needed) for the block, waiting at most ``budget_ms``.
 
     Raises:
-        BackendTimeoutError: the lock was not acquired within ``budget_ms``
-            (``qmd unavailable: waiting for lock <path> timed out after <budget_ms>ms``; the
-            holder's pid is in the chained ``LockTimeoutError``).
+        BackendTimeoutError: not acquired within ``budget_ms``.
         BackendUnavailableError: the lock file cannot be created or opened.
     """
     lock = PidFileLock(path, timeout_ms=budget_ms)
@@ -124,22 +106,20 @@ Command = Callable[[], Awaitable[None]]
 
 
 class UpdateCycle:
-    """Runs ``qmd update`` (+ maybe ``qmd embed``) for one agent with the spec 2.7 rules.
+    """Runs ``qmd update`` (and maybe ``qmd embed``) for one agent with the spec 2.7 rules.
 
     Args:
-        update: runs ``qmd update`` once; raises ``BackendUnavailableError`` on failure.
-        embed: runs ``qmd embed`` once; raises ``BackendUnavailableError`` on failure.
-        repair: rebuilds the managed collections (index.yml rewrite + remove/add).
+        update / embed: run ``qmd update`` / ``qmd embed`` once; raise ``BackendUnavailableError``.
+        repair: rebuilds the managed collections.
         export_sessions: exports transcripts before the update, or ``None``.
-        after_update: called after every completed update (clears the docid cache).
+        after_update: called after every completed update.
         write_lock / embed_lock: the per-store and global lock files.
         search_mode: ``search`` never embeds.
         debounce_ms: unforced runs within this many ms of the last completed one are skipped.
-        embed_interval_ms: embed when this long has passed since the last embed (0 = only forced).
-        lock_budget_ms / embed_lock_budget_ms: how long to wait for the file locks.
+        embed_interval_ms: embed when this long passed since the last embed (0: only forced).
+        lock_budget_ms / embed_lock_budget_ms: waits for the file locks, ms.
         now_ms: clock in epoch ms.
-        boot_retry_delays_ms: waits before the retries of a boot update that found qmd's
-            database busy or timed out (default :data:`BOOT_RETRY_DELAYS_MS`).
+        boot_retry_delays_ms: waits before the retries of a busy or timed-out boot update, ms.
     """
 
     def __init__(self, *, update: Command, embed: Command, repair: Command,
@@ -182,20 +162,14 @@ class UpdateCycle:
                 await ev.wait()
 
     async def run(self, reason: str, *, force: bool = False, debounce: bool = True) -> None:
-        """``runUpdate(reason, force)``: queue, debounce, update, maybe embed (spec 2.7.1).
-
-        A forced request while an update runs queues exactly one more run; an unforced one
-        waits for the running one. Unforced runs within ``debounce_ms`` of the last completed
-        update are skipped. Closed -> no-op.
-
-        ``debounce=False`` is a request that must index what changed before it (a ``sync``
-        request; the debounce is for background runs): it is never skipped, and while an
-        update runs (which may have listed the files before the change) it runs once more
-        after it, as a forced request does, but embeds only when an unforced run would.
+        """``runUpdate(reason, force)`` (spec 2.7.1): a forced request while an update runs queues one
+        more run, an unforced one waits for it; unforced runs within ``debounce_ms`` of the last are
+        skipped. ``debounce=False`` (a ``sync``) is never skipped and runs again after a running
+        update, embedding only when an unforced run would. Closed: no-op.
 
         Raises:
-            BackendUnavailableError: ``qmd update`` failed after its retries and repairs
-                (``BackendTimeoutError`` for a timeout). Embed failures never raise.
+            BackendUnavailableError: ``qmd update`` failed after its retries and repairs. Embed
+                failures never raise.
         """
         if self.closed:
             return
@@ -232,8 +206,7 @@ class UpdateCycle:
         log.info("qmd sync completed reason=%s durationMs=%d", reason, self._now() - start)
 
     async def _update_with_retries(self, reason: str) -> None:
-        """``qmd update``; a boot run that fails busy or timed out is retried after each of
-        ``boot_retry_delays_ms`` (tenacity), every other run gets one attempt."""
+        """``qmd update``; a busy or timed-out boot run is retried after each of ``boot_retry_delays_ms``."""
         boot = reason == "boot" or reason.startswith("boot:")
         delays_ms = self._boot_retry_delays_ms if boot else ()
 
@@ -252,8 +225,8 @@ class UpdateCycle:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(1 + len(delays_ms)),
             wait=wait_chain(*(wait_fixed(ms / 1000) for ms in delays_ms)) if delays_ms else wait_fixed(0),
-            retry=retry_if_exception(lambda exc: isinstance(exc, BackendUnavailableError)
-                                     and should_retry_update(str(exc))),
+            retry=retry_if_exception(lambda exc: isinstance(exc, BackendUnavailableError) and (
+                is_busy(str(exc)) or "timed out" in str(exc).lower())),
             before_sleep=warn, sleep=anyio.sleep, reraise=True)
         await retrying(attempt)
 
@@ -263,7 +236,7 @@ class UpdateCycle:
         except BackendTimeoutError:
             raise
         except BackendUnavailableError as exc:
-            msg = _full_message(exc)
+            msg = f"{exc} {getattr(exc, 'stderr_tail', '') or ''}"
             if needs_null_byte_repair(msg) and not self._null_repair_used:
                 self._null_repair_used = True
                 log.warning("qmd update failed with suspected null-byte collection metadata (%s); "
@@ -295,9 +268,8 @@ class UpdateCycle:
         except BackendUnavailableError as exc:
             self.embed.failures += 1
             self.embed.last_error = str(exc)
-            wait_ms = embed_backoff_ms(self.embed.failures)
-            now = self._now()
-            until = now + wait_ms
+            wait_ms = min(EMBED_BACKOFF_MAX_MS, EMBED_BACKOFF_BASE_MS * 2 ** (self.embed.failures - 1))
+            until = self._now() + wait_ms
             self.embed.backoff_until = until if 0 <= until <= MAX_VALID_EPOCH_MS else None
             log.warning("qmd embed failed (%s): %s; backing off for %ds", reason, exc,
                         wait_ms // 1000)
@@ -308,23 +280,9 @@ class UpdateCycle:
         self.embed.last_error = None
 
 
-def _full_message(exc: BackendUnavailableError) -> str:
-    tail = getattr(exc, "stderr_tail", "") or ""
-    return f"{exc} {tail}"
-
-
 def indexing_in_progress(*, running: bool, locks: Sequence[Path], index_locked: bool) -> str | None:
-    """What status says while qmd's index is being written (pure but for reading lock files):
-    searches meanwhile may answer busy, which is retried and never opens the breaker.
-
-    Args:
-        running: this backend's update cycle is running an update or embed.
-        locks: the update and embed lock files (``QmdHome.write_lock``, ``embed_lock``); a live
-            process named in one is indexing.
-        index_locked: a writer holds qmd's index (``index_stats.index_locked``).
-
-    Returns:
-        ``indexing in progress (...)``, or ``None``.
+    """``indexing in progress (...)`` while qmd's index is being written (this cycle runs, a live
+    process holds one of ``locks``, or ``index_locked``), else ``None``.
     """
     if running:
         return "indexing in progress (qmd update or embed run by this process)"

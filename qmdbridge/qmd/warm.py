@@ -1,17 +1,8 @@
 """The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches and ``search``-mode questions over stdio.
 
-:class:`WarmChild` keeps one ``qmd mcp --index index`` running with the spawn path's argv
-prefix, environment and cwd, in its own process group, and sends it MCP JSON-RPC over its stdin
-and stdout (``qmdbridge.qmd.mcp_client``; no port, no socket). It answers ``query``-mode calls
-(the tool's plain ``query`` runs what ``qmd query`` runs; :func:`entries_from_mcp` maps its
-JSON to the spawned command's entries) and the ``lex`` sub-searches of a ``search``-mode
-question (:meth:`WarmChild.search_lex`); everything else is spawned. One call at a time (an
-``anyio.Lock``; answers matched by id). A start that fails, a child that exits or breaks the
-connection ends that child; it is restarted after :class:`~fallback.background.RetryPolicy`'s
-backoff. While it is not ready, or when a call fails for any reason but the search deadline,
-the collection's search is spawned (``search_calls``). Stopping kills its process group; on
-Linux it also dies with this process (:func:`~qmdbridge.qmd.runner.parent_death_argv`).
-Why and how, in full: docs/qmd.md, "The warm qmd child (long-lived mode)".
+It runs with the spawn path's argv prefix, environment and cwd in its own process group, one
+MCP call at a time; a child that fails or exits is restarted after a backoff, and any call it
+declines is spawned (``search_calls``). How and why: docs/qmd.md, "The warm qmd child".
 """
 
 from __future__ import annotations
@@ -55,11 +46,10 @@ EXIT_GRACE_S = 1.0
 # Characters of the child's stderr kept for error messages (the tail).
 TAIL_CHARS = 4_000
 def strip_line_numbers(snippet: str, first_line: int) -> str:
-    """Undo qmd's ``addLineNumbers(snippet, first_line)``: line ``i`` lost its ``f"{first_line +
-    i}: "`` prefix.
+    """Undo qmd's ``addLineNumbers(snippet, first_line)``.
 
     Raises:
-        QmdMcpError: a line without its exact prefix (``transport=False``): not qmd 2.8.3's shape.
+        QmdMcpError: a line without its exact prefix (``transport=False``).
     """
     out = []
     for i, line in enumerate(snippet.split("\n")):
@@ -72,17 +62,12 @@ def strip_line_numbers(snippet: str, first_line: int) -> str:
 
 
 def entries_from_mcp(structured: Mapping[str, Any]) -> list[QmdEntry]:
-    """The ``query`` tool's ``structuredContent`` as the entries ``qmd query --json`` would give.
-
-    Per result: ``file`` (``<collection>/<path>``) becomes ``qmd://<collection>/<path>``, the
-    snippet loses the line numbers the tool adds (:func:`strip_line_numbers` from ``line``), a
-    bare ``#`` docid counts as none, an empty snippet as none; the object then goes through the
-    same :func:`~qmdbridge.qmd.results_json.entry_from_json` as the CLI's.
+    """The ``query`` tool's ``structuredContent`` as the entries ``qmd query --json`` would give
+    (``file`` as a ``qmd://`` URI, line numbers stripped, through ``results_json.entry_from_json``).
 
     Raises:
-        QmdMcpError: not ``{"results": [objects]}``, a result that names no file (no non-empty
-            string ``file``: :func:`~qmdbridge.qmd.results_json.is_result_object`) or a
-            malformed snippet (``transport=False``).
+        QmdMcpError: not ``{"results": [objects]}``, a result naming no file, or a malformed
+            snippet (``transport=False``).
     """
     results = structured.get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):
@@ -107,26 +92,22 @@ def entries_from_mcp(structured: Mapping[str, Any]) -> list[QmdEntry]:
 
 
 class _StartFailed(Exception):
-    """Internal: one start of the child failed (the reason is the message)."""
+    """One start of the child failed (the reason is the message)."""
 
 
 class WarmChild:
     """A supervised ``qmd mcp`` child (stdio transport) that answers ``query``-mode searches.
 
     Args:
-        argv: the child's argv (the backend's: the qmd program, ``mcp``, ``--index index``).
-        env: the child's environment (the spawn path's: per-agent XDG dirs, ``NO_COLOR``).
-        cwd: the child's working directory (the agent workspace).
-        startup_budget_ms: how long one start may take until ``initialize`` answered, ms > 0
-            (``update.commandTimeoutMs``).
-        index_db: qmd's ``index.sqlite``: a child whose file was replaced since it started (the
-            index deleted and created again, or moved aside as corrupt) still reads the old
-            one, so it is restarted and the call spawned. ``None``: not checked.
+        argv: the child's argv (qmd, ``mcp``, ``--index index``).
+        env: the child's environment. cwd: its working directory (the agent workspace).
+        startup_budget_ms: how long one start may take until ``initialize`` answers, ms > 0.
+        index_db: qmd's ``index.sqlite``: a child whose file was replaced is restarted, the
+            call spawned; ``None``: not checked.
         policy: restart backoff (default 1 s doubling to 5 min).
         now_ms: clock in epoch ms, for status.
 
-    Call :meth:`attach` with the backend's task group, :meth:`launch` to start it (or let the
-    first ``query`` search do so), :meth:`search` per collection, :meth:`close` at the end.
+    :meth:`attach` a task group, :meth:`launch` it (or let the first search), :meth:`close` it.
     """
 
     name = "qmd mcp child"
@@ -165,12 +146,11 @@ class WarmChild:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def attach(self, tasks: BackgroundTasks) -> None:
-        """Remember the task group the child's supervisor runs in (the backend's ``qmd`` group)."""
+        """Remember the task group the supervisor runs in."""
         self._tasks = tasks
 
     def launch(self) -> bool:
-        """Start the supervisor in the attached task group unless it runs or the child is
-        closed; returns whether it was started now."""
+        """Start the supervisor unless it runs or the child is closed; whether it started now."""
         if self._closed or self._tasks is None or not self._tasks.is_open:
             return False
         return self._tasks.start_soon(self.name, self._supervise, retry=True, dedupe=True)
@@ -181,8 +161,7 @@ class WarmChild:
         return self.state == "ready" and self._client is not None
 
     async def wait_for(self, predicate: Callable[[WarmChild], bool]) -> None:
-        """Return once ``predicate(self)`` holds, re-checked on every state change (wrap it in
-        ``anyio.fail_after``). E.g. ``wait_for(lambda w: w.ready and w.starts >= 2)``."""
+        """Return once ``predicate(self)`` holds, re-checked on every state change."""
         while not predicate(self):
             if self._changed is None:
                 self._changed = anyio.Event()
@@ -228,7 +207,7 @@ class WarmChild:
             self._notify()
 
     async def _generation(self) -> int:
-        """One child from spawn to death; returns how long it served in ms (-1: never ready)."""
+        """One child from spawn to death; how long it served in ms (-1: never ready)."""
         self.state, self.pid, self.retry_at_ms = "starting", None, None
         self._notify()
         started = time.monotonic()
@@ -310,26 +289,22 @@ class WarmChild:
     # -- searching ----------------------------------------------------------------------------
 
     def serves(self, mode: str) -> bool:
-        """Whether searches in ``mode`` go to the child (only ``query``: module docstring)."""
+        """Whether searches in ``mode`` go to the child (``query`` only)."""
         return mode in WARM_MODES and not self._closed
 
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
-        """One collection's ``query`` search through the child, or ``None`` when the spawn path
-        must answer it (the child is not ready, which also launches it, or the call failed; a
-        failed connection restarts the child). Calls wait for the one before them
-        (module docstring); the wait counts against the search deadline.
+        """One collection's ``query`` search through the child; ``None`` when the spawn path must
+        answer (not ready, which launches it, or the call failed).
 
         Args:
-            q: the trimmed query (sent as ``encode_query(q, "query")``, the spawn path's text).
-            coll: the collection (the call's only ``collections`` entry).
-            plan: limit, ``no_rerank``, deadline (``plan.mode`` must be served).
+            q: the trimmed query. coll: the collection searched.
+            plan: limit, ``no_rerank`` and deadline.
 
         Returns:
-            Entries in qmd's order, equal to ``qmd query --json -n <limit> -c <coll>``'s.
+            Entries in qmd's order, as ``qmd query --json -n <limit> -c <coll>``'s.
 
         Raises:
-            BackendTimeoutError: past the search deadline; the message names
-                ``memory.qmd.limits.timeoutMs`` like a spawned command's.
+            BackendTimeoutError: past the search deadline (names ``memory.qmd.limits.timeoutMs``).
         """
         args: dict[str, Any] = {"query": encode_query(q, "query"), "limit": plan.limit,
                                 "minScore": 0, "collections": [coll.name]}
@@ -340,22 +315,16 @@ class WarmChild:
 
     async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
                          *, limit: int) -> list[QmdEntry] | None:
-        """One collection's documents for a question in ``search`` mode, in one call: qmd's
-        typed ``lex`` sub-searches (``structuredSearch``: each one ``qmd search``'s BM25 over
-        that collection, its best 20 documents, then reciprocal-rank fusion with the first
-        query weighted twice; no model is loaded, ``rerank: false``). ``None`` when the spawn
-        path must answer (as :meth:`search`).
+        """One collection's documents for a ``search``-mode question in one call of typed ``lex``
+        sub-searches (BM25 each, fused by reciprocal rank, no model, no rerank); ``None`` when the
+        spawn path must answer.
 
         Args:
-            queries: lexical queries, first the most important (the content words ANDed, then
-                each word alone: ``query_text.lex_queries``); at most 10.
-            coll: the collection (the call's only ``collections`` entry).
-            plan: the search's plan (deadline, timeout for messages).
-            limit: documents wanted.
+            queries: lexical queries, most important first (``query_text.lex_queries``), at most 10.
+            coll: the collection searched. plan: the search's plan. limit: documents wanted.
 
         Returns:
-            Entries in fused order; ``score`` is ``1 / rank`` (what qmd reports without the
-            reranker), the snippet qmd's window for the first query.
+            Entries in fused order, ``score`` ``1 / rank``.
 
         Raises:
             BackendTimeoutError: past the search deadline.
@@ -369,12 +338,9 @@ class WarmChild:
 
     async def _call(self, args: dict[str, Any], plan: CallPlan, what: str, *,
                     hung_on_timeout: bool = False) -> list[QmdEntry] | None:
-        """One ``query`` tool call (:meth:`search`, :meth:`search_lex`); ``what`` names it in
-        messages (``(warm qmd mcp, pid N)`` is added). With ``hung_on_timeout`` a call that
-        runs past the search deadline also ends the child, which is restarted: ``lex``
-        sub-searches take milliseconds, so a child that does not answer one within
-        ``limits.timeoutMs`` hangs (a ``query`` may legitimately load models or rerank that
-        long, and its child is kept)."""
+        """One ``query`` tool call; ``what`` names it in messages. With ``hung_on_timeout`` a call past
+        the deadline also restarts the child (``lex`` searches take milliseconds).
+        """
         client = self._client
         if not self.ready or client is None:
             self.launch()
@@ -410,8 +376,7 @@ class WarmChild:
         return entries
 
     def _reads_a_replaced_index(self) -> bool:
-        """Whether :attr:`_index_db` names another file than the one the ready child opened
-        (one ``stat``); the first call records it when the file did not exist at start."""
+        """Whether ``index_db`` is another file than the one the ready child opened."""
         if self._index_db is None:
             return False
         now = db_identity(self._index_db)
@@ -423,11 +388,9 @@ class WarmChild:
     # -- status -------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
-        """Status view: ``{enabled, state, serves, transport, pid, restarts, answered,
-        spawnFallbacks, lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs,
-        serverVersion}`` (``serves`` is ``["query", "search"]``: ``query`` searches and the
-        questions of ``search`` mode; ``transport`` is ``"stdio"``; ``pid`` only while a child
-        runs)."""
+        """Status view: ``{enabled, state, serves, transport, pid, restarts, answered, spawnFallbacks,
+        lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs, serverVersion}``.
+        """
         running = self.state in ("starting", "ready")
         retry_in = None if self.retry_at_ms is None else max(0, self.retry_at_ms - self._now())
         return {"enabled": True, "state": self.state, "serves": list(SERVES), "transport": "stdio",
@@ -439,8 +402,7 @@ class WarmChild:
 
 
 async def _drain(stream: ByteReceiveStream | None, tail: TailBuffer) -> None:
-    """Read the child's stderr to its end, keeping the last :data:`TAIL_CHARS` characters in
-    ``tail`` (the pipe must never fill: a blocked write would stop qmd)."""
+    """Read the child's stderr to its end into ``tail`` (the pipe must never fill)."""
     if stream is None:
         return
     async for chunk in stream:
@@ -448,13 +410,13 @@ async def _drain(stream: ByteReceiveStream | None, tail: TailBuffer) -> None:
 
 
 async def _read(client: McpStdioClient, scope: anyio.CancelScope) -> None:
-    """Run the client's reader; when the connection ends (stdout closed, garbage), end the child."""
+    """Run the client's reader; when the connection ends, end the child."""
     await client.run()
     scope.cancel()
 
 
 async def _wait_exit(process: Process, scope: anyio.CancelScope) -> None:
-    """End the child's generation when it exits (its stdout may outlive it in a grandchild)."""
+    """End the child's generation when it exits."""
     await process.wait()
     scope.cancel()
 

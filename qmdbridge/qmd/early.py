@@ -1,21 +1,10 @@
 """qmd calls started ahead of the search that will make them, handed over when it makes them.
 
-The one-shot CLI starts the calls a search is going to make while it loads
-(``qmdbridge/cli/qmd_prefetch.py`` works them out from recorded settings), and the backend runs
-its qmd commands through :meth:`EarlyCalls.run_command` (its ``runner``), which hands over a
-started call instead of spawning the same one again. Nothing else changes:
-
-- a call is a process as the runner starts one (:class:`~qmdbridge.qmd.streams.QmdProcess`),
-  handed over only when the backend asks for exactly its argv, environment and working
-  directory, once; the backend then waits for it as for any process it starts
-  (``runner.wait_process``: the deadline counted from that moment);
-- any other command the backend runs (a collection reconcile, an update: anything but a
-  search) first discards every call not handed over (killed, reaped), since its answer could
-  predate that command, and nothing is started ahead after it;
-- :meth:`EarlyCalls.close` discards what is left when the command ends.
-
-Standard library only until a call is handed over or killed (the runner is imported then: the
-search has loaded it by that time).
+The one-shot CLI starts a search's calls while it loads (``cli/qmd_prefetch.py``); the backend
+runs its commands through :meth:`EarlyCalls.run_command`, which hands over a started call of
+exactly the same argv, environment and cwd, once (the deadline counted from then). Any command
+but a search first discards every call not handed over, since its answer could predate it.
+Standard library only until a call is handed over or killed.
 """
 
 from __future__ import annotations
@@ -45,9 +34,8 @@ def call_key(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> Ca
 
 
 class EarlyCalls:
-    """The calls a command started ahead, until its search takes them (thread-safe).
-
-    ``started`` and ``used`` count the calls started ahead and those handed over.
+    """The calls a command started ahead, until its search takes them (thread-safe); ``started``
+    and ``used`` count those started and handed over.
     """
 
     def __init__(self) -> None:
@@ -65,11 +53,8 @@ class EarlyCalls:
         self._threads.append(thread)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> QmdProcess | None:
-        """Start a call, unless the search already ran (or is running) that command, the calls
-        were discarded, or the process cannot be started (the search meets that error itself).
-
-        Returns:
-            The started call, or ``None``.
+        """Start a call unless the search took that command already, the calls were discarded, or it
+        cannot start; the call, or ``None``.
         """
         key = call_key(argv, env, cwd)
         with self._cond:
@@ -89,8 +74,7 @@ class EarlyCalls:
             self._cond.notify_all()
 
     def wait(self, calls: Iterable[QmdProcess], *, running_below: int = 1) -> bool:
-        """Block until fewer than ``running_below`` of ``calls`` are still running (``1``: all
-        done); False when the calls were discarded meanwhile."""
+        """Block until fewer than ``running_below`` of ``calls`` run; ``False`` when discarded meanwhile."""
         pending = list(calls)
         with self._cond:
             while not self.discarded and sum(not c.done.is_set() for c in pending) >= running_below:
@@ -98,8 +82,7 @@ class EarlyCalls:
             return not self.discarded
 
     def take(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> QmdProcess | None:
-        """The started call of exactly this command, handed over once; the command is never
-        started ahead after this (the caller runs it)."""
+        """The started call of exactly this command, handed over once; never started ahead after this."""
         key = call_key(argv, env, cwd)
         with self._cond:
             self._taken.add(key)
@@ -120,8 +103,9 @@ class EarlyCalls:
             kill_process(call)
 
     def close(self) -> None:
-        """:meth:`discard`, wait for the threads that start calls, kill a call handed over but
-        left running (its search was interrupted) and close every call's pipes (blocking)."""
+        """:meth:`discard`, join the starting threads, kill what is left running and close every
+        call's pipes (blocking).
+        """
         self.discard()
         for thread in self._threads:
             try:
@@ -138,9 +122,8 @@ class EarlyCalls:
                           timeout_ms: int, discard_stdout: bool = False,
                           max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
                           setting: str | None = None) -> RunResult:
-        """:func:`qmdbridge.qmd.runner.run_command`, handing over the call started ahead of
-        exactly this command when there is one (see the module docstring); a command other
-        than a search discards the calls not handed over first.
+        """:func:`~qmdbridge.qmd.runner.run_command`, handing over the call started ahead of exactly
+        this command; a command other than a search discards the calls not handed over first.
 
         Raises:
             As :func:`~qmdbridge.qmd.runner.run_command`.

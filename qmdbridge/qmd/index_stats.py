@@ -1,7 +1,5 @@
-"""qmd's index read-only: how many active documents each collection holds.
-
-Standard library only (``sqlite3``), so the one-shot CLI can read it before it loads anything
-heavy (``qmdbridge/cli/qmd_prefetch.py``); ``parse.IndexCounts`` caches it for the backend.
+"""qmd's index read-only: how many active documents each collection holds (standard library only,
+for the one-shot CLI's prefetch; ``parse.IndexCounts`` caches it for the backend).
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 
 def file_stamp(path: Path) -> tuple[int, int, int] | None:
-    """``(mtime_ns, size, inode)`` of a file of qmd's (``index.yml``, ``index.sqlite`` and its
-    ``-wal``): what changes whenever qmd writes it; ``None`` when it is missing."""
+    """``(mtime_ns, size, inode)`` of one of qmd's files, or ``None`` when it is missing."""
     try:
         st = os.stat(path)
     except OSError:
@@ -26,14 +23,11 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 
 
 def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], str | None]:
-    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``.
-
-    A missing index is ``({}, None)``; an unreadable one ``({}, "failed to read qmd index
-    stats: ...")`` (logged unless ``log_errors`` is False, never raised). The one-shot CLI's
-    prefetch thread reads it before logging is configured, where a warning would reach stderr
-    through logging's last-resort handler: it passes False.
+    """Active documents per collection in qmd's index: ``({collection: n}, error or None)``; a
+    missing index is ``({}, None)``, an unreadable one logged (unless ``log_errors`` is False:
+    the prefetch runs before logging is configured), never raised.
     """
-    import sqlite3  # (file_stamp runs before the one-shot CLI loads anything but the basics)
+    import sqlite3
 
     if not db.is_file():
         return {}, None

@@ -1,7 +1,5 @@
-"""Reading qmd's ``collection list`` and ``collection show`` output (spec 2.6 step 1).
-
-qmd 2.8.3 ignores ``--json`` for ``collection list`` and prints text without paths, so the
-paths come from ``collection show``; a build that prints JSON is read too.
+"""Reading qmd's ``collection list`` and ``collection show`` output (spec 2.6 step 1): qmd 2.8.3
+prints text without paths (they come from ``show``); a build that prints JSON is read too.
 """
 
 from __future__ import annotations
@@ -28,15 +26,9 @@ class ListedCollection:
 
 
 def parse_collection_list(text: str) -> dict[str, ListedCollection]:
-    """Parse ``qmd collection list`` output, JSON or text (spec 2.6 step 1).
-
-    JSON: an array of names or of objects with ``name`` (and ``path``, ``pattern``/``mask``).
-    Text (qmd 2.8.3): ``<name> (qmd://<name>/)`` starts a block (a bare name line without
-    ``:`` too); ``Pattern:``/``Mask:``/``Path:`` lines set fields; a blank line ends it;
-    ``Collections (N):`` is skipped.
-
-    Returns:
-        name -> :class:`ListedCollection`, in listing order (unparseable text -> ``{}``).
+    """Parse ``qmd collection list`` output: JSON (names, or objects with ``name``, ``path``,
+    ``pattern``/``mask``) or text blocks (``<name> (qmd://<name>/)`` then ``Pattern:``/``Path:``
+    lines); name -> :class:`ListedCollection` in listing order, ``{}`` when unparseable.
     """
     stripped = text.strip()
     if stripped.startswith("["):
@@ -88,10 +80,8 @@ def _listed_from_json(data: list[Any]) -> dict[str, ListedCollection]:
 
 
 def parse_collection_show(text: str) -> ListedCollection | None:
-    """Parse ``qmd collection show <name>``: ``Collection: <name>``, ``Path:``, ``Pattern:``.
-
-    Returns:
-        The collection, or ``None`` when the text has no ``Collection:`` line.
+    """Parse ``qmd collection show <name>`` (``Collection:``, ``Path:``, ``Pattern:``); ``None``
+    without a ``Collection:`` line.
     """
     name: str | None = None
     fields: dict[str, str] = {}

@@ -1,9 +1,5 @@
-"""qmd's GGUF models: which ones a command needs, whether they are on disk, and whether they
-can be downloaded from here, so model work fails fast with a clear reason instead of hanging.
-
-qmd downloads its models (about 2 GB, from huggingface.co or ``$HF_ENDPOINT``) inside the
-command that first needs them; offline, that download hangs until the command's timeout, and
-with ``CI`` set qmd refuses model work. :func:`model_problem` tells both cases apart up front.
+"""qmd's GGUF models: which a command needs, whether they are on disk, whether they can be
+downloaded from here, so model work fails fast with a reason instead of hanging offline.
 """
 
 from __future__ import annotations
@@ -18,8 +14,7 @@ import anyio
 from fallback.gguf_file import gguf_problem
 
 __all__ = ["DEFAULT_MODELS", "MODEL_OVERRIDES", "ModelState", "damaged_models", "default_kinds",
-           "missing_models", "model_cache_state",
-           "model_kinds", "model_problem", "reachable"]
+           "missing_models", "model_cache_state", "model_kinds", "model_problem", "reachable"]
 
 # The models qmd 2.8.3 resolves by default (spec 1.8); YAML or QMD_*_MODEL may override them.
 DEFAULT_MODELS = {
@@ -34,9 +29,9 @@ REACH_TIMEOUT_S = 3.0
 
 
 def model_kinds(mode: str, rerank: bool | None) -> tuple[str, ...]:
-    """The models a search in ``mode`` loads: ``vsearch`` the embedding model, ``query`` also
-    the query-expansion one and, unless ``memory.qmd.rerank`` is ``false``, the reranker;
-    ``search`` (BM25) none."""
+    """The models a search in ``mode`` loads: ``vsearch`` embed; ``query`` embed, generate and,
+    unless ``rerank`` is ``False``, rerank; ``search`` none.
+    """
     if mode == "vsearch":
         return ("embed",)
     if mode == "query":
@@ -45,16 +40,14 @@ def model_kinds(mode: str, rerank: bool | None) -> tuple[str, ...]:
 
 
 def default_kinds(kinds: tuple[str, ...], env: Mapping[str, str]) -> tuple[str, ...]:
-    """The ``kinds`` whose default model qmd uses under ``env`` (no :data:`MODEL_OVERRIDES`
-    variable set for it)."""
+    """The ``kinds`` whose default model qmd uses under ``env`` (no :data:`MODEL_OVERRIDES` set)."""
     return tuple(k for k in kinds if not env.get(MODEL_OVERRIDES[k]))
 
 
 def missing_models(models_dir: Path, kinds: tuple[str, ...]) -> list[str]:
-    """The default model URIs of ``kinds`` (``embed``, ``rerank``, ``generate``) whose file is
-    not in ``models_dir``; an env override (``QMD_EMBED_MODEL`` ...) is the user's business."""
+    """The default model URIs of ``kinds`` whose file is not in ``models_dir``."""
     have = {p.name.lower() for p in models_dir.glob("*.gguf")} if models_dir.is_dir() else set()
-    return [DEFAULT_MODELS[k] for k in kinds if DEFAULT_MODELS[k].rsplit("/", 1)[-1].lower() not in have]
+    return [DEFAULT_MODELS[k] for k in kinds if _file_name(k).lower() not in have]
 
 
 def _file_name(kind: str) -> str:
@@ -63,16 +56,9 @@ def _file_name(kind: str) -> str:
 
 def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
                    checked: dict[tuple[str, int, int], str | None] | None = None) -> list[str]:
-    """The default model files of ``kinds`` that are in ``models_dir`` but cannot be whole GGUF
-    models (:func:`fallback.gguf_file.gguf_problem`: empty, not GGUF, an error page
-    saved in its place, or a download cut short); qmd's llama.cpp then fails or hangs on it
-    until the deadline.
-
-    Args:
-        models_dir: the agent's ``xdg-cache/qmd/models``.
-        kinds: the models to check.
-        checked: answers already found, by ``(path, size, mtime ns)``, read and filled here, so a
-            file is parsed once while it is unchanged (:class:`ModelState` keeps one).
+    """The default model files of ``kinds`` in ``models_dir`` that are not whole GGUF models
+    (:func:`fallback.gguf_file.gguf_problem`); ``checked`` caches answers by ``(path, size,
+    mtime_ns)``.
     """
     out = []
     for kind in kinds:
@@ -95,8 +81,7 @@ def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
 
 def model_cache_state(models_dir: Path, kinds: tuple[str, ...], *,
                       checked: dict[tuple[str, int, int], str | None] | None = None) -> dict[str, object]:
-    """What status shows of qmd's model cache for ``kinds``: ``{dir, present, missing,
-    damaged}`` (file names; ``damaged``: :func:`damaged_models`)."""
+    """Status of qmd's model cache for ``kinds``: ``{dir, present, missing, damaged}`` (file names)."""
     damaged = {Path(p).name for p in damaged_models(models_dir, kinds, checked=checked)}
     missing = {m.rsplit("/", 1)[-1] for m in missing_models(models_dir, kinds)}
     names = [_file_name(k) for k in kinds]
@@ -124,13 +109,12 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         models_dir: the agent's ``xdg-cache/qmd/models``.
         env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
         kinds: the models the command needs.
-        reach: ``(host, port) -> reachable?``; default :func:`reachable`.
-        checked: the :func:`damaged_models` answers already found (``ModelState`` keeps one).
+        reach: ``(host, port) -> reachable?`` (default :func:`reachable`).
+        checked: the :func:`damaged_models` cache.
 
     Returns:
-        ``CI`` set -> qmd refuses model work; a model file empty, truncated or not GGUF
-        (:func:`damaged_models`) -> which, and to download it again; models missing and the
-        model host unreachable -> offline, naming the models and the download.
+        ``CI`` set, a damaged model file, or models missing with the host unreachable: the reason
+        and the fix; else ``None``.
     """
     if env.get("CI"):
         return ("qmd refuses model operations while the CI environment variable is set; "
@@ -154,18 +138,8 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
 
 
 class ModelState:
-    """What model work can do for one agent's qmd, shared by the embed step and the searches.
-
-    The boot step (``qmd embed``) and every ``query``/``vsearch`` search ask :meth:`problem`;
-    ``CI`` and the model files' stamps are checked anew each time (a file's GGUF header is parsed
-    once while its size and mtime hold: :attr:`gguf_checked`), while whether the model host
-    is reachable is remembered for ``reach_ttl_s`` seconds, so an offline agent's searches fail
-    fast with the current reason instead of each waiting out ``limits.timeoutMs``.
-
-    Args:
-        models_dir: the agent's ``xdg-cache/qmd/models``.
-        env: qmd's environment.
-        reach_ttl_s: how long a reachability answer is kept, in seconds.
+    """:func:`model_problem` for one agent's qmd, remembering reachability for ``reach_ttl_s``
+    seconds and GGUF checks while a file is unchanged (:attr:`gguf_checked`).
     """
 
     def __init__(self, models_dir: Path, env: Mapping[str, str], *, reach_ttl_s: float = 60.0) -> None:

@@ -1,10 +1,8 @@
-"""A small on-disk cache of qmd probe results, so one-shot CLI calls don't pay for them.
+"""An on-disk cache of successful qmd ``--version`` probes, so one-shot CLI calls don't pay for them.
 
-Successful ``--version`` probes are remembered in ``<stateDir>/qmd/probe-cache.json`` keyed by
-the configured command and ``PATH``, valid while the executable's size, mtime, ctime and inode
-are unchanged and the entry is younger than :data:`PROBE_CACHE_TTL_MS`. A failed search through
-qmd drops the entry (:meth:`ProbeCache.forget`). Reading it takes the standard library only
-(:func:`cached_location`, for ``qmdbridge/cli/qmd_prefetch.py``).
+Entries in ``<stateDir>/qmd/probe-cache.json`` are keyed by the configured command and
+``PATH``, valid for :data:`PROBE_CACHE_TTL_MS` while the executable's stat is unchanged; a
+failed search drops its entry. Reading takes the standard library only.
 """
 
 from __future__ import annotations
@@ -52,9 +50,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _valid(entry: Any, now_ms: int) -> dict[str, Any] | None:
-    """The location fields of a cache entry while it holds: younger than
-    :data:`PROBE_CACHE_TTL_MS`, a usable qmd, the executable's size, mtime, ctime and inode
-    as probed."""
+    """The location fields of a cache entry while it holds (fresh, usable, the executable unchanged)."""
     if not isinstance(entry, dict) or not isinstance(entry.get("location"), dict):
         return None
     loc = entry["location"]
@@ -70,28 +66,19 @@ def _valid(entry: Any, now_ms: int) -> dict[str, Any] | None:
 
 def cached_location(path: Path, command: str | Sequence[str], env: Mapping[str, str], *,
                     now_ms: int | None = None) -> dict[str, Any] | None:
-    """The probed location the sidecar will use for ``command`` under ``env``'s ``PATH``
-    without probing again (:meth:`ProbeCache.get`), as the cache holds it (``path``,
-    ``child_path``, ...); ``None`` when it would probe (no entry, expired, the executable
-    changed). Standard library only: the one-shot CLI checks it before it loads anything heavy.
+    """The cached location for ``command`` under ``env``'s ``PATH`` (``path``, ``child_path`` ...),
+    or ``None`` when the sidecar would probe; standard library only.
 
     Args:
-        path: the cache file (``<stateDir>/qmd/probe-cache.json``).
-        command: ``memory.qmd.command`` (string or list form).
-        env: the environment the sidecar looks qmd up with.
-        now_ms: the wall clock in epoch ms (default now).
+        path: the cache file. command: ``memory.qmd.command``.
+        env: the environment qmd is looked up with. now_ms: wall clock, epoch ms (default now).
     """
     entry = _load(path).get(probe_key(command, env.get("PATH", "")))
     return _valid(entry, int(time.time() * 1000) if now_ms is None else now_ms)
 
 
 class ProbeCache:
-    """Probe results per (command, PATH).
-
-    Args:
-        path: the JSON file (``<stateDir>/qmd/probe-cache.json``).
-        now_ms: clock in epoch ms.
-    """
+    """Probe results per (command, PATH) in the JSON file ``path``; ``now_ms`` is the clock in epoch ms."""
 
     def __init__(self, path: Path, *, now_ms: Any = None) -> None:
         self.path = path
@@ -99,12 +86,8 @@ class ProbeCache:
 
     @staticmethod
     def key(command: str | Sequence[str], path_env: str) -> str:
-        """Cache key of a configured command (string or list form) under a ``PATH``
-        (:func:`probe_key`)."""
+        """Cache key of a configured command under a ``PATH`` (:func:`probe_key`)."""
         return probe_key(command, path_env)
-
-    def _load(self) -> dict[str, Any]:
-        return _load(self.path)
 
     def _save(self, data: dict[str, Any]) -> None:
         import orjson
@@ -121,7 +104,7 @@ class ProbeCache:
         """The cached usable location and its extras (e.g. ``multiC``), or ``None``."""
         from qmdbridge.qmd.locate import QmdLocation
 
-        entry = self._load().get(key)
+        entry = _load(self.path).get(key)
         loc = _valid(entry, self._now())
         if loc is None or not isinstance(entry, dict):
             return None
@@ -135,7 +118,7 @@ class ProbeCache:
         """Remember a usable location (and extras, merged with earlier ones)."""
         if not location.usable:
             return
-        data = self._load()
+        data = _load(self.path)
         found = data.get(key)
         old: dict[str, Any] = found if isinstance(found, dict) else {}
         data[key] = {"location": dataclasses.asdict(location), "stat": _stat_key(location.path),
@@ -144,6 +127,6 @@ class ProbeCache:
 
     def forget(self, key: str) -> None:
         """Drop an entry (after a failure through qmd)."""
-        data = self._load()
+        data = _load(self.path)
         if data.pop(key, None) is not None:
             self._save(data)

@@ -1,23 +1,9 @@
-"""qmd's search stdout -> :class:`QmdEntry` list: the result array among log noise, or no hits.
+"""qmd's search stdout -> :class:`QmdEntry` list: the result array among log noise, or no hits (spec 2.8.5).
 
-qmd ``search|vsearch|query --json`` prints a JSON array of result objects, but a build may put
-banners, model-loading lines, ANSI colours or warnings around it, and very old builds print
-``No results found.`` instead of ``[]``. The rules here:
-
-1. Every balanced JSON value that starts a line with ``[`` (leading blanks allowed) is read
-   with :meth:`json.JSONDecoder.raw_decode`, which stops where the value ends, so text after
-   it never spoils it. Only a value that fits the result schema counts: an array of objects
-   that each name their file with a non-empty string ``file`` (or ``path``) field
-   (:func:`is_result_object`). The LAST fitting non-empty array wins, so a stray ``[]`` line
-   before or after the real array never hides its hits; with none, a fitting ``[]`` means no
-   hits. An array with any other element (``[{"file": 42}]``, ``[1, 2]``) fits not: it is
-   unreadable output, never "no hits" (its entries would all be dropped unlocated).
-2. Otherwise stdout means "no hits" only when every non-empty line is a no-results marker
-   (``No results found.``, ``No results found above minimum score threshold.``, optionally
-   prefixed ``[tag]``, ``warn:``, ``info:``, ``error:``, ``qmd:``). A marker followed by an
-   error line is not an empty answer.
-3. Anything else is :class:`~qmdbridge.qmd.errors.QmdOutputError` with a short excerpt of
-   stdout in its message; the whole stdout is logged at debug level.
+Every balanced JSON value on a line starting with ``[`` is read; only arrays of result objects
+(:func:`is_result_object`) count, the last non-empty one winning, a fitting ``[]`` meaning no
+hits. Otherwise stdout is "no hits" only when every non-empty line is a no-results marker;
+anything else is :class:`~qmdbridge.qmd.errors.QmdOutputError`.
 """
 
 from __future__ import annotations
@@ -55,13 +41,11 @@ class QmdEntry:
     """One normalised element of qmd's JSON array (every field optional).
 
     Attributes:
-        docid: ``#abc123`` style id (the leading ``#`` kept as given).
-        collection: collection name, when the build sends it.
-        file: ``qmd://<collection>/<rel>`` (or another path form; a ``path`` field when a
-            build sends that instead of ``file``).
+        docid: ``#abc123`` style id. collection: the collection name, when sent.
+        file: ``qmd://<collection>/<rel>`` (or a ``path`` field's value).
         snippet / body: text (``snippet`` starts with an ``@@ -a,b @@`` header in qmd 2.8.3).
-        score: finite number, or ``None``.
-        start_line / end_line: explicit 1-based lines (only some builds send them).
+        score: a finite number, or ``None``.
+        start_line / end_line: explicit 1-based lines (some builds only).
     """
 
     docid: str | None = None
@@ -75,23 +59,23 @@ class QmdEntry:
 
 
 def strip_ansi(text: str) -> str:
-    """Remove ANSI colour/cursor escape sequences."""
+    """Remove ANSI colour and cursor escape sequences."""
     return _ANSI_RE.sub("", text)
 
 
 def _is_marker(line: str) -> bool:
-    """Whether ``line`` says "no results" (whitespace-collapsed, case-insensitive)."""
+    """Whether ``line`` says "no results"."""
     return bool(_NO_RESULTS_RE.match(" ".join(line.split()).lower()))
 
 
 def _only_markers(text: str) -> bool:
-    """Whether ``text`` has at least one non-empty line and every one is a no-results marker."""
+    """Whether ``text`` has a non-empty line and every one is a no-results marker."""
     lines = [line for line in text.splitlines() if line.strip()]
     return bool(lines) and all(_is_marker(line) for line in lines)
 
 
 def _excerpt(text: str) -> str:
-    """``text`` whitespace-collapsed and cut to :data:`EXCERPT_CHARS` (``...`` when cut)."""
+    """``text`` whitespace-collapsed and cut to :data:`EXCERPT_CHARS`."""
     flat = " ".join(text.split())
     return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS - 3] + "..."
 
@@ -109,10 +93,9 @@ def _pos_int(v: Any) -> int | None:
 
 
 def entry_from_json(obj: Mapping[str, Any]) -> QmdEntry:
-    """One result object of qmd's JSON (``{docid, score, file, line, title, snippet ...}``) as a
-    :class:`QmdEntry`: strings kept only when they are strings, the score only when it is a finite
-    number, ``start_line``/``end_line`` (or ``startLine``/``endLine``) only when positive
-    integers; every other field is ignored."""
+    """One result object as a :class:`QmdEntry`: strings only as strings, a finite score, positive
+    integer lines (``start_line`` or ``startLine``); other fields ignored.
+    """
     score = obj.get("score")
     ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
         score == score and abs(score) != float("inf")
@@ -126,23 +109,17 @@ def entry_from_json(obj: Mapping[str, Any]) -> QmdEntry:
 
 
 def is_result_object(value: Any) -> bool:
-    """Whether ``value`` is one result of a qmd search: an object whose ``file`` (or, from
-    builds that send it instead, ``path``) is a non-empty string, the one field a hit cannot be
-    located without (:func:`entry_from_json` reads it the same way)."""
+    """Whether ``value`` is an object whose ``file`` (or ``path``) is a non-empty string."""
     return isinstance(value, dict) and bool(_str(value.get("file")) or _str(value.get("path")))
 
 
 def _fits_schema(value: Any) -> bool:
-    """An array of result objects (:func:`is_result_object`); ``[]`` fits."""
+    """An array of result objects; ``[]`` fits."""
     return isinstance(value, list) and all(is_result_object(x) for x in value)
 
 
 def _json_values(text: str) -> Iterator[Any]:
-    """Each balanced JSON value that opens a result-like line, in order of appearance.
-
-    A value is read with ``raw_decode`` from its ``[``; text inside a value already read is not
-    searched again, and a ``[`` that does not start valid JSON is skipped.
-    """
+    """Each balanced JSON value that opens a result-like line, in order."""
     pos = 0
     while (m := _ARRAY_START_RE.search(text, pos)) is not None:
         start = m.start(1)
@@ -156,23 +133,18 @@ def _json_values(text: str) -> Iterator[Any]:
 
 
 def parse_qmd_json(stdout: str, stderr: str = "", *, command: str) -> list[QmdEntry]:
-    """Parse a qmd search's stdout into entries, tolerating noise (see the module docstring).
+    """Parse a qmd search's stdout into entries, tolerating noise (module docstring).
 
     Args:
-        stdout: qmd's standard output (decoded text, ANSI codes allowed).
-        stderr: qmd's standard error; read only when stdout is blank (markers there mean no
-            hits).
-        command: the qmd subcommand that printed it (``search``, ``vsearch``, ``query``),
-            named in the error message.
+        stdout: qmd's standard output (ANSI codes allowed).
+        stderr: read only when stdout is blank (markers there mean no hits).
+        command: the qmd subcommand, named in the error.
 
     Returns:
-        Entries in qmd's order; ``[]`` for an empty result array or a marker-only output.
+        Entries in qmd's order; ``[]`` for an empty array or marker-only output.
 
     Raises:
-        QmdOutputError: blank stdout without a marker-only stderr (``qmd <command> returned
-            invalid JSON: stdout empty (stderr: <excerpt>)``), or no result array and not only
-            markers (``qmd <command> returned invalid JSON: qmd <command> JSON response was not
-            an array (stdout: <excerpt>)``).
+        QmdOutputError: ``qmd <command> returned invalid JSON: ...`` with an excerpt.
     """
     out = strip_ansi(stdout)
     if not out.strip():

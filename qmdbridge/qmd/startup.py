@@ -1,11 +1,5 @@
-"""qmd start-up steps under their own budgets: the qmd home and collection reconcile (skipped
-while nothing changed). Searches send one ``-c`` per call (``search_calls``), so no ``--help``
-probe is needed.
-
-Neither ever runs under a search deadline (``limits.timeoutMs``): ``QmdBackend.start`` calls
-them with ``update.commandTimeoutMs`` per qmd command. A long-lived backend reconciles again
-when qmd's collection list (``index.yml``) changed behind its back
-(``QmdBackend.reconcile_if_edited``), as the "Collection not found" repair does.
+"""qmd start-up steps under their own budgets (``update.commandTimeoutMs`` per command, never a
+search deadline): the qmd home, and the collection reconcile, skipped while nothing changed.
 """
 
 from __future__ import annotations
@@ -37,14 +31,12 @@ __all__ = ["prepare_home", "reconcile_if_changed", "yml_stamp"]
 log = logging.getLogger("qmdbridge.qmd.backend")
 
 
-
 def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Path,
                  collections: list[ManagedCollection]) -> list[str]:
-    """Create the qmd home (per-agent XDG folders), the workspace and the sessions collection's
-    folder (blocking: call in a worker thread).
+    """Create the qmd home (per-agent XDG folders), the workspace and the sessions folder (blocking).
 
     Returns:
-        Warnings about the home (``qmdbridge.paths.ensure_home``), for the log.
+        Warnings about the home, for the log.
 
     Raises:
         BackendUnavailableError: a folder cannot be created.
@@ -66,9 +58,9 @@ yml_stamp = file_stamp
 
 def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
                           index_yml: Path) -> str:
-    """sha256 hex of the managed collections (with whether each folder exists: a custom one is
-    added once it does), qmd's version and ``index.yml``'s :func:`yml_stamp`: while it is
-    unchanged, a reconcile would find nothing to do."""
+    """sha256 hex of the managed collections (and whether each folder exists), qmd's version and
+    ``index.yml``'s stamp: while unchanged, a reconcile would find nothing to do.
+    """
     doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
            "version": qmd_version, "indexYml": yml_stamp(index_yml)}
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()
@@ -77,17 +69,11 @@ def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str
 async def reconcile_if_changed(collections: list[ManagedCollection], *, run: RunCollectionCommand,
                                agent_id: str, workspace: Path, state: ReconcileState, marker: Path,
                                qmd_version: str | None, index_yml: Path, force: bool = False) -> bool:
-    """Make qmd's collections match the config (spec 2.6) unless nothing changed since the last
-    complete reconcile; never raises for qmd errors.
+    """Make qmd's collections match the config (spec 2.6) unless ``marker`` holds the current
+    :func:`reconcile_fingerprint` (``force`` reconciles anyway); never raises for qmd errors.
 
-    An ``index.yml`` qmd cannot parse (a hand edit; every qmd command fails so) is kept as
-    ``index.yml.broken-<ms>`` and written again with the managed collections, then reconciled.
-
-    A reconcile in which no qmd command timed out and no collection was refused (see
-    ``ReconcileState.refused``) records a fingerprint (collections, qmd
-    version, ``index.yml`` size and mtime) in ``marker``; while it matches, later calls skip the
-    ``collection list/show`` round trips (each costs one qmd start), unless ``force`` (the
-    "Collection not found" repair forces it).
+    An ``index.yml`` qmd cannot parse is kept as ``index.yml.broken-<ms>`` and written again. Only
+    a reconcile without a timeout or a refused collection records the fingerprint.
 
     Returns:
         Whether a reconcile ran.

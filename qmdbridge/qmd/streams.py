@@ -1,11 +1,7 @@
-"""Starting one qmd process and draining its output: the one process starter of the runner.
+"""Starting one qmd process and draining its output: the runner's one process starter.
 
-:class:`QmdProcess` starts a process (no shell, its own session, stdin ``/dev/null``) and drains
-stdout and stderr on a thread into :class:`TailBuffer` s (UTF-8 with replacement, the last
-``max_chars`` code points). ``qmdbridge/qmd/runner.py`` waits for it under a deadline
-(``runner.wait_process``); the qmd calls a one-shot search starts before anything heavy is
-loaded (``qmdbridge/qmd/early.py``) are the same processes, waited for the same way once handed
-over. Standard library only (``runner.kill_process`` kills one).
+Standard library only, so the one-shot CLI starts a search's calls ahead with it
+(``early.py``); ``runner.wait_process`` waits for it under a deadline.
 """
 
 from __future__ import annotations
@@ -30,12 +26,7 @@ _JOIN_WAIT_S = 3.0
 
 
 class TailBuffer:
-    """Incremental UTF-8 decoder (invalid bytes replaced) that keeps the last ``max_chars`` code
-    points.
-
-    Args:
-        max_chars: the cap in code points, > 0.
-    """
+    """Incremental UTF-8 decoder (invalid bytes replaced) keeping the last ``max_chars`` code points (> 0)."""
 
     def __init__(self, max_chars: int) -> None:
         self.max_chars = max_chars
@@ -69,26 +60,22 @@ class TailBuffer:
 
 
 def split_status(code: int | None) -> tuple[int | None, int | None]:
-    """``(returncode, signal)`` of a ``Popen.returncode``: a negative code is the signal that
-    ended the process (``-9`` -> ``(None, 9)``)."""
+    """``(returncode, signal)`` of a ``Popen.returncode`` (``-9`` -> ``(None, 9)``)."""
     if code is not None and code < 0:
         return None, -code
     return code, None
 
 
 class QmdProcess:
-    """One process, started in its own session (``start_new_session=True``, so its pid is its
-    process group), stdin ``/dev/null``, stdout and stderr drained by a thread.
+    """One process in its own session, stdin ``/dev/null``, stdout and stderr drained by a thread.
 
     Args:
-        argv: the command line as reported (argv[0] the executable; ``RunResult.argv``).
-        env: the complete child environment.
-        cwd: the working directory.
-        command: what is started, when it differs from ``argv`` (an exec wrapper, a Windows
-            batch line); default ``argv``.
+        argv: the command line as reported (``RunResult.argv``).
+        env: the complete child environment. cwd: the working directory.
+        command: what is started when it differs from ``argv`` (an exec wrapper, a batch line).
         max_chars: per-stream cap in code points (the tail is kept).
         discard_stdout: stdout goes to ``/dev/null``.
-        on_done: called (on the drain thread) once the process is reaped and both pipes closed.
+        on_done: called on the drain thread once the process is reaped and both pipes closed.
 
     Raises:
         OSError: the process could not be started.

@@ -18,12 +18,7 @@ import anyio
 
 from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchOutcome
-from fallback.errors import (
-    BackendTimeoutError,
-    BackendUnavailableError,
-    ManagerClosedError,
-    UsageError,
-)
+from fallback.errors import BackendTimeoutError, BackendUnavailableError, ManagerClosedError, UsageError
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.request import SearchRequest
 from fallback.settings import ExtraPath
@@ -42,13 +37,7 @@ from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
-from qmdbridge.qmd.parse import (
-    IndexCounts,
-    clamp_injected,
-    diversify_sources,
-    entry_hits,
-    index_locked,
-)
+from qmdbridge.qmd.parse import IndexCounts, clamp_injected, diversify_sources, entry_hits, index_locked
 from qmdbridge.qmd.query_text import (
     POOL_FACTOR,
     lex_queries,
@@ -318,8 +307,7 @@ class QmdBackend:
 
     async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
         """``counts`` (documents per collection), read again after a reconcile when ``index.yml``
-        changed since the last one or a missing custom collection's path appeared.
-        """
+        changed since the last one or a missing custom collection's path appeared."""
         appeared = [p for p in self.reconcile_state.missing.values() if os.path.lexists(p)]
         if appeared:  # a file entry is a folder collection while missing: build them again
             log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
@@ -559,14 +547,12 @@ class QmdBackend:
 
     async def search_probe(self) -> str | None:
         """One tiny real search through the spawn path (``limits.timeoutMs``): ``None`` when qmd
-        answered, else why not, one line. Needs no start-up.
-        """
+        answered, else why not, one line. Needs no start-up."""
         return await probe_search(self._run_search, timeout_ms=self.cfg.limits.timeout_ms)
 
     async def status(self) -> MemoryStatus:
         """Counts from qmd's index and qmd's health, tried by a real search probe; ``custom.qmd`` holds
-        qmd's own state (warm child, models, freshness, start-up problems, last errors).
-        """
+        qmd's own state (warm child, models, freshness, start-up problems, last errors)."""
         dead_watcher = self.freshness.check_watcher() if self.freshness is not None else None
         mode = self.mode_override or self.cfg.search_mode
         kinds = model_kinds(mode, self.cfg.rerank)

@@ -32,10 +32,9 @@ from qmdbridge.qmd.errors import one_line
 from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse_collection_show
 from qmdbridge.qmd.runner import is_flag_rejection, is_missing_collection
 
-__all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState",
-           "build_collections", "custom_extra_paths", "describe_collections",
-           "fallback_engine_settings", "rule_extra_paths", "rebuild", "reconcile", "render_index_yml",
-           "sanitize_name"]
+__all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState", "build_collections",
+           "custom_extra_paths", "describe_collections", "fallback_engine_settings", "rule_extra_paths",
+           "rebuild", "reconcile", "render_index_yml", "sanitize_name"]
 
 log = logging.getLogger("qmdbridge.qmd.collections")
 
@@ -83,8 +82,7 @@ class ManagedCollection:
 
     def admits(self, rel: str) -> bool:
         """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this collection
-        indexes by the memory-file rule (for the root-file collection: the current root file).
-        """
+        indexes by the memory-file rule (for the root-file collection: the current root file)."""
         if not self.rule_root().admits(rel):
             return False
         if self.is_root_file:
@@ -108,8 +106,7 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
 
 def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
     """The memory-file rule's extra paths in qmd mode: ``memorySearch.extraPaths`` then the custom
-    collections, without repeats.
-    """
+    collections, without repeats."""
     out: list[str | ExtraPath] = []
     for entry in [*agent.memory_search.extra_paths, *custom_extra_paths(agent)]:
         if entry not in out:
@@ -119,16 +116,14 @@ def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
 
 def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
     """The builtin engine's settings when it stands in for qmd: every custom collection among the
-    extra paths, so it indexes and reads the files qmd does.
-    """
+    extra paths, so it indexes and reads the files qmd does."""
     search = agent.engine.search.model_copy(update={"extra_paths": rule_extra_paths(agent)})
     return agent.engine.model_copy(update={"search": search})
 
 
 def custom_extra_paths(agent: ResolvedAgent) -> list[ExtraPath]:
     """The custom collections (``memory.qmd.paths[]``, ``memorySearch.qmd.extraCollections[]``) as
-    memory-rule extra paths, in config order.
-    """
+    memory-rule extra paths, in config order."""
     return [ExtraPath(path=p.path, pattern=p.pattern) for p in agent.memory.qmd.paths] + [
         ExtraPath(path=c.path, pattern=c.pattern) for c in agent.memory_search.qmd.extra_collections]
 
@@ -261,8 +256,7 @@ class ReconcileState:
 
     def no_usable_collection(self, colls: Sequence[ManagedCollection]) -> str | None:
         """``qmd has no usable collection: <the first refusal>`` when every one of ``colls`` is
-        refused, else ``None``.
-        """
+        refused, else ``None``."""
         if not colls or any(c.name not in self.refused for c in colls):
             return None
         return f"qmd has no usable collection: {self.refused[colls[0].name]}"
@@ -337,8 +331,7 @@ async def _enrich(listed: dict[str, ListedCollection], names: list[str],
 async def describe_collections(list_output: str, *, run: RunCollectionCommand,
                                roots: dict[str, ManagedCollection]) -> list[dict[str, object]]:
     """``qmd collection list`` output as ``[{name, path, pattern, managed, kind}]``, paths from
-    ``collection show``.
-    """
+    ``collection show``."""
     listed = parse_collection_list(list_output)
     await _enrich(listed, list(listed), run)
     return [{"name": name, "path": got.path, "pattern": got.pattern, "managed": name in roots,
@@ -398,8 +391,7 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                state: ReconcileState) -> CollectionRun:
     """``collection add`` with the remembered pattern flag, then the other one; a success is kept
     only when qmd recorded this path and pattern (read back), else removed, and when no flag is
-    honoured the collection goes to ``state.refused``.
-    """
+    honoured the collection goes to ``state.refused``."""
     if mc.kind != "custom" and any(ch in mc.pattern for ch in "*?["):
         try:  # the workspace's own memory/ (never a configured path: a typo would be created)
             mc.path.mkdir(parents=True, exist_ok=True)

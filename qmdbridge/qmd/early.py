@@ -35,8 +35,7 @@ def call_key(argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> Ca
 
 class EarlyCalls:
     """The calls a command started ahead, until its search takes them (thread-safe); ``started``
-    and ``used`` count those started and handed over.
-    """
+    and ``used`` count those started and handed over."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -54,8 +53,7 @@ class EarlyCalls:
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | str) -> QmdProcess | None:
         """Start a call unless the search took that command already, the calls were discarded, or it
-        cannot start; the call, or ``None``.
-        """
+        cannot start; the call, or ``None``."""
         key = call_key(argv, env, cwd)
         with self._cond:
             if self.discarded or key in self._taken or key in self._calls:
@@ -104,8 +102,7 @@ class EarlyCalls:
 
     def close(self) -> None:
         """:meth:`discard`, join the starting threads, kill what is left running and close every
-        call's pipes (blocking).
-        """
+        call's pipes (blocking)."""
         self.discard()
         for thread in self._threads:
             try:

@@ -34,8 +34,7 @@ CRASH_SIGNALS = frozenset({4, 6, 7, 8, 11})
 
 def one_line(reason: str) -> str:
     """One line of a failure, at most :data:`ONE_LINE_CHARS`: for a stack trace the first line's
-    head and the line naming the error, else the first line.
-    """
+    head and the line naming the error, else the first line."""
     lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
     if len(lines) > 1:
         head = lines[0].split(": ", 1)[0] if ": " in lines[0] else lines[0]
@@ -129,8 +128,7 @@ class QmdOutputError(BackendUnavailableError):
 
 class QmdIndexLostError(BackendUnavailableError):
     """Raised by a search when qmd's index lost its documents or is corrupt (``index_health``); the
-    builtin engine answers (no circuit breaker) while it is re-indexed.
-    """
+    builtin engine answers (no circuit breaker) while it is re-indexed."""
 
     def __init__(self, reason: str) -> None:
         super().__init__("qmd", reason)

@@ -114,8 +114,7 @@ class QmdFreshness:
 
     async def before_search(self, *, budget_ms: int) -> None:
         """Wait at most ``budget_ms`` (ms) for a watcher update that runs or starts within it; return
-        at once when none is due in what is left of the budget.
-        """
+        at once when none is due in what is left of the budget."""
         if budget_ms <= 0:
             return
         deadline = anyio.current_time() + budget_ms / 1000

@@ -104,8 +104,7 @@ def move_aside(db: Path, now_ms: int) -> Path:
 @dataclass(frozen=True)
 class IndexProblem:
     """What :meth:`IndexHealth.check` found: ``reason`` (one line), ``corrupt`` (moved aside before
-    re-indexing) rather than lost.
-    """
+    re-indexing) rather than lost."""
 
     reason: str
     corrupt: bool
@@ -201,8 +200,7 @@ class IndexHealth:
     async def at_start(self, *, boot_update: bool, managed: Sequence[ManagedCollection],
                        yml_edited: bool) -> str | None:
         """Start-up step: :meth:`restore` a lost or corrupt index now (a lost one is left to an awaited
-        ``boot_update``); returns the start-up problem, or ``None``.
-        """
+        ``boot_update``); returns the start-up problem, or ``None``."""
         from fallback.errors import BackendUnavailableError
 
         counts, err = await self.counts.read()
@@ -218,8 +216,7 @@ class IndexHealth:
                      managed: Sequence[ManagedCollection], yml_edited: bool,
                      background: BackgroundTasks | None) -> str | None:
         """:meth:`check`, and on a problem start :meth:`restore` in ``background`` (one at a time);
-        returns the problem with what is done about it, or ``None``.
-        """
+        returns the problem with what is done about it, or ``None``."""
         why = await self.check(counts, count_error, managed=managed, yml_edited=yml_edited)
         if why is None:
             if not self._restoring:

@@ -1,6 +1,5 @@
 """qmd's index read-only: how many active documents each collection holds (standard library only,
-for the one-shot CLI's prefetch; ``parse.IndexCounts`` caches it for the backend).
-"""
+for the one-shot CLI's prefetch; ``parse.IndexCounts`` caches it for the backend)."""
 
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], str | None]:
     """Active documents per collection in qmd's index: ``({collection: n}, error or None)``; a
     missing index is ``({}, None)``, an unreadable one logged (unless ``log_errors`` is False:
-    the prefetch runs before logging is configured), never raised.
-    """
+    the prefetch runs before logging is configured), never raised."""
     import sqlite3
 
     if not db.is_file():

@@ -39,8 +39,7 @@ RELAX_MIN_LEFT_MS = 500
 def all_found(found: list[tuple[QmdEntry, str | None]], colls: Sequence[ManagedCollection],
               counts: Mapping[str, int] | None) -> set[str]:
     """The collections of ``colls`` whose every document (``counts``) the AND call found already
-    (distinct ``parse.merge_key`` hits); none without ``counts``.
-    """
+    (distinct ``parse.merge_key`` hits); none without ``counts``."""
     keys: dict[str | None, set[str]] = {}
     for entry, coll in found:
         keys.setdefault(coll, set()).add(merge_key(entry, coll))

@@ -1,6 +1,5 @@
 """Reading qmd's ``collection list`` and ``collection show`` output (spec 2.6 step 1): qmd 2.8.3
-prints text without paths (they come from ``show``); a build that prints JSON is read too.
-"""
+prints text without paths (they come from ``show``); a build that prints JSON is read too."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ class ListedCollection:
 def parse_collection_list(text: str) -> dict[str, ListedCollection]:
     """Parse ``qmd collection list`` output: JSON (names, or objects with ``name``, ``path``,
     ``pattern``/``mask``) or text blocks (``<name> (qmd://<name>/)`` then ``Pattern:``/``Path:``
-    lines); name -> :class:`ListedCollection` in listing order, ``{}`` when unparseable.
-    """
+    lines); name -> :class:`ListedCollection` in listing order, ``{}`` when unparseable."""
     stripped = text.strip()
     if stripped.startswith("["):
         try:
@@ -81,8 +79,7 @@ def _listed_from_json(data: list[Any]) -> dict[str, ListedCollection]:
 
 def parse_collection_show(text: str) -> ListedCollection | None:
     """Parse ``qmd collection show <name>`` (``Collection:``, ``Path:``, ``Pattern:``); ``None``
-    without a ``Collection:`` line.
-    """
+    without a ``Collection:`` line."""
     name: str | None = None
     fields: dict[str, str] = {}
     for line in text.splitlines():

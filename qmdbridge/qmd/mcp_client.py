@@ -74,8 +74,7 @@ class McpStdioClient:
 
     async def run(self) -> str:
         """Read the child's stdout until the connection ends (its end, a line over
-        :data:`MAX_LINE_BYTES`, or not JSON-RPC); returns why. A server ``ping`` is answered.
-        """
+        :data:`MAX_LINE_BYTES`, or not JSON-RPC); returns why. A server ``ping`` is answered."""
         while self.broken is None:
             try:
                 line = await self._receive.receive_until(b"\n", MAX_LINE_BYTES)

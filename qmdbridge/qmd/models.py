@@ -1,6 +1,5 @@
 """qmd's GGUF models: which a command needs, whether they are on disk, whether they can be
-downloaded from here, so model work fails fast with a reason instead of hanging offline.
-"""
+downloaded from here, so model work fails fast with a reason instead of hanging offline."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ REACH_TIMEOUT_S = 3.0
 
 def model_kinds(mode: str, rerank: bool | None) -> tuple[str, ...]:
     """The models a search in ``mode`` loads: ``vsearch`` embed; ``query`` embed, generate and,
-    unless ``rerank`` is ``False``, rerank; ``search`` none.
-    """
+    unless ``rerank`` is ``False``, rerank; ``search`` none."""
     if mode == "vsearch":
         return ("embed",)
     if mode == "query":
@@ -58,8 +56,7 @@ def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
                    checked: dict[tuple[str, int, int], str | None] | None = None) -> list[str]:
     """The default model files of ``kinds`` in ``models_dir`` that are not whole GGUF models
     (:func:`fallback.gguf_file.gguf_problem`); ``checked`` caches answers by ``(path, size,
-    mtime_ns)``.
-    """
+    mtime_ns)``."""
     out = []
     for kind in kinds:
         path = models_dir / _file_name(kind)
@@ -139,8 +136,7 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
 
 class ModelState:
     """:func:`model_problem` for one agent's qmd, remembering reachability for ``reach_ttl_s``
-    seconds and GGUF checks while a file is unchanged (:attr:`gguf_checked`).
-    """
+    seconds and GGUF checks while a file is unchanged (:attr:`gguf_checked`)."""
 
     def __init__(self, models_dir: Path, env: Mapping[str, str], *, reach_ttl_s: float = 60.0) -> None:
         self.models_dir = models_dir

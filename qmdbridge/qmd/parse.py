@@ -40,8 +40,7 @@ _HEADER_LINE_RE = re.compile(r"^@@\s*-[0-9]+,[0-9]+\s*@@[^\n]*(?:\n|$)")
 
 def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
     """``qmd://<collection>/<rel>`` as ``(collection, rel)``, percent-decoded, a trailing
-    ``?index=<name>`` dropped; ``None`` for other forms.
-    """
+    ``?index=<name>`` dropped; ``None`` for other forms."""
     if not uri[:6].lower() == "qmd://":
         return None
     rest = uri[6:]
@@ -54,8 +53,7 @@ def parse_qmd_uri(uri: str) -> tuple[str, str] | None:
 
 def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
     """1-based inclusive line range of a hit (spec 2.8.4 step 5): explicit start/end lines win
-    (a lone one takes the header's width), else the ``@@ -a,b`` header, else the snippet's lines.
-    """
+    (a lone one takes the header's width), else the ``@@ -a,b`` header, else the snippet's lines."""
     header = _HEADER_RE.search(snippet)
     body_lines = max(1, len(_HEADER_LINE_RE.sub("", snippet).rstrip("\n").split("\n")))
     width = max(1, int(header.group(2))) if header else body_lines
@@ -76,8 +74,7 @@ def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
 
 def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> str:
     """The path shown: workspace-relative inside the workspace (not under ``qmd/``), else
-    ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3).
-    """
+    ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3)."""
     rel = rel.replace("\\", "/").lstrip("/")
     absolute = Path(os.path.normpath(collection.path / rel))
     try:
@@ -284,15 +281,13 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
 
 def snippet_text(text: str) -> str:
     """Lines as a snippet shows them: ``\r\n``/``\r`` read as ``\n`` (``fallback.text.chunking``),
-    NUL bytes dropped, trailing line breaks removed.
-    """
+    NUL bytes dropped, trailing line breaks removed."""
     return "\n".join(split_lines(text.replace("\x00", ""))).rstrip("\n")
 
 
 def qmd_lines_hit(hit: LocatedHit, *, score: float | None = None) -> MemorySearchResult | None:
     """The hit with qmd's lines and snippet (``score`` replaces qmd's when given); ``None`` when
-    qmd's lines start past the end of the file.
-    """
+    qmd's lines start past the end of the file."""
     if hit.lines is None:
         return None
     return MemorySearchResult(path=hit.path, start_line=hit.lines[0], end_line=hit.lines[1],
@@ -388,8 +383,7 @@ def merge_key(entry: QmdEntry, hint: str | None) -> str:
 def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
                skip: Container[str] = ()) -> list[tuple[QmdEntry, str | None]]:
     """One ``(entry, collection)`` pair per hit (:func:`merge_key`), its best-scoring one, best
-    first (ties keep input order); keys in ``skip`` dropped.
-    """
+    first (ties keep input order); keys in ``skip`` dropped."""
     best: dict[str, tuple[QmdEntry, str | None]] = {}
     for entry, coll in pairs:
         key = merge_key(entry, coll)
@@ -418,8 +412,7 @@ def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[
 
 def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:
     """Hits (best first) within ``max_chars`` code points of snippets (``limits.maxInjectedChars``):
-    whole snippets while they fit, the first that does not cut to what is left, then none.
-    """
+    whole snippets while they fit, the first that does not cut to what is left, then none."""
     out: list[MemorySearchResult] = []
     budget = max_chars
     for r in results:
@@ -435,8 +428,7 @@ def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list
 
 def index_locked(db: Path) -> bool:
     """Whether a writer holds qmd's index exclusively now (a read with no busy wait fails with
-    "database is locked"); ``False`` for a missing or otherwise unreadable index.
-    """
+    "database is locked"); ``False`` for a missing or otherwise unreadable index."""
     if not db.is_file():
         return False
     try:
@@ -453,8 +445,7 @@ def index_locked(db: Path) -> bool:
 class IndexCounts:
     """:func:`index_counts` of one ``index.sqlite``, read again only when the ``(mtime_ns, size,
     inode)`` of it or its ``-wal`` changed; a failed read, or one of files written less than
-    ``reads.RACY_NS`` ago, is not kept.
-    """
+    ``reads.RACY_NS`` ago, is not kept."""
 
     def __init__(self, db: Path) -> None:
         self.db = db

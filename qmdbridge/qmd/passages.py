@@ -42,8 +42,7 @@ _TOKENIZER = "unicode61"
 @dataclass(frozen=True)
 class Note:
     """One note qmd found: ``path`` (shown for its hits, searched as the builtin index searches a
-    path), ``source``, and ``lines`` as ``memory_get`` numbers them, without line ends.
-    """
+    path), ``source``, and ``lines`` as ``memory_get`` numbers them, without line ends."""
 
     path: str
     source: Source

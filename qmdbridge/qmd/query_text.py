@@ -60,8 +60,7 @@ def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 def _joined_pieces(text: str, spans: list[tuple[int, int]]) -> list[str] | None:
     """What qmd matches whole of a token whose runs are joined by single ``-`` or ``.`` (the token,
-    or its hyphen-separated parts when it mixes both: ``1.2.3-rc1``); ``None`` otherwise.
-    """
+    or its hyphen-separated parts when it mixes both: ``1.2.3-rc1``); ``None`` otherwise."""
     seps = [text[a_end:b_start] for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)]
     if not seps or any(sep not in _JOINERS for sep in seps):
         return None
@@ -106,8 +105,7 @@ def lexical_terms(query: str) -> tuple[str, ...]:
 
 def without_stray_quote(query: str) -> str:
     """``query`` without the last of an odd number of double quotes (a quote left open is a typo,
-    not qmd syntax); unchanged otherwise.
-    """
+    not qmd syntax); unchanged otherwise."""
     if query.count('"') % 2 == 0:
         return query
     i = query.rfind('"')
@@ -116,8 +114,7 @@ def without_stray_quote(query: str) -> str:
 
 def cjk_terms(query: str) -> tuple[str, ...]:
     """The words of a query holding CJK text (``fallback.text.keywords.cjk_words``), for the
-    relaxed pass; ``()`` without CJK, with qmd syntax or without a word.
-    """
+    relaxed pass; ``()`` without CJK, with qmd syntax or without a word."""
     text = unicodedata.normalize("NFC", query).strip().lower()
     if not text or '"' in text or _NEGATION_RE.search(text):
         return ()
@@ -126,8 +123,7 @@ def cjk_terms(query: str) -> tuple[str, ...]:
 
 def relaxed_terms(terms: Sequence[str]) -> list[str]:
     """The terms searched one by one: the first :data:`MAX_RELAXED_TERMS` of at least
-    :data:`MIN_RELAXED_CHARS` characters, or of one CJK character.
-    """
+    :data:`MIN_RELAXED_CHARS` characters, or of one CJK character."""
     return [t for t in terms if len(t) >= MIN_RELAXED_CHARS or contains_cjk(t)][:MAX_RELAXED_TERMS]
 
 
@@ -140,8 +136,7 @@ _LEADING_DASHES_RE = re.compile(r"^(-+)(?=\S)")
 def encode_query(query: str, mode: str) -> str:
     """A trimmed query as qmd reads it literally: in ``query`` mode newlines become spaces and a
     leading ``lex:``/``vec:``/... prefix gets a space before its colon; leading dashes are
-    detached (``-dash x`` -> ``- dash x``) so they are no negation.
-    """
+    detached (``-dash x`` -> ``- dash x``) so they are no negation."""
     q = query.strip()
     if mode == "query":
         q = " ".join(q.splitlines())
@@ -152,16 +147,14 @@ def encode_query(query: str, mode: str) -> str:
 def search_words(query: str, mode: str) -> tuple[str, tuple[str, ...]]:
     """``(first, words)``: what ``search`` mode sends first (the :func:`lexical_terms` joined, or the
     query as written) and the words the relaxed pass may search (in ``search`` mode also the
-    :func:`cjk_terms`).
-    """
+    :func:`cjk_terms`)."""
     terms = lexical_terms(query)
     return " ".join(terms) or query, terms or (cjk_terms(query) if mode == "search" else ())
 
 
 def search_limits(cap: int, max_results: int | None, min_score: float | None) -> tuple[int, float]:
     """``(hits, score floor)`` of a qmd search: ``max_results`` capped at ``cap``
-    (``limits.maxResults``; ``cap`` when none) and ``min_score`` (0 when none).
-    """
+    (``limits.maxResults``; ``cap`` when none) and ``min_score`` (0 when none)."""
     return min(cap, max_results or cap), min_score or 0.0
 
 
@@ -175,8 +168,7 @@ def search_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def lex_queries(first: str, terms: Sequence[str]) -> tuple[str, ...]:
     """A question's lexical searches, most important first: ``first``, then each of the
-    :func:`relaxed_terms`, once each; ``()`` without ``terms`` (qmd syntax).
-    """
+    :func:`relaxed_terms`, once each; ``()`` without ``terms`` (qmd syntax)."""
     return tuple(dict.fromkeys([first, *relaxed_terms(terms)])) if terms else ()
 
 
@@ -210,14 +202,12 @@ def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bo
 def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()) -> list[str]:
     """Every qmd command line: ``[program, *flags, "--index", "index", "--", *positionals]`` (no
     ``--`` without positionals). ``--`` ends qmd's option parsing, so user text is never a flag;
-    ``--index index`` pins the collections and database to the per-agent XDG dirs.
-    """
+    ``--index index`` pins the collections and database to the per-agent XDG dirs."""
     out = [program, *flags, "--index", "index"]
     return out + ["--", *positionals] if positionals else out
 
 
 def is_lex_call(mode: str, lex: Sequence[str]) -> bool:
     """Whether a search's spawned call is one ``qmd query`` of ``lex`` searches: ``search`` mode
-    with several :func:`lex_queries`.
-    """
+    with several :func:`lex_queries`."""
     return mode == "search" and len(lex) > 1

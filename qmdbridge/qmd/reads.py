@@ -1,7 +1,6 @@
 """Files of qmd collections on disk: ``memory_get`` of ``qmd/<collection>/...`` and the check that
 a hit's file is there, both through the builtin engine's safe reader with the collection as
-the root (the memory-file rule, never crossing a symlink).
-"""
+the root (the memory-file rule, never crossing a symlink)."""
 
 from __future__ import annotations
 
@@ -46,8 +45,7 @@ def _follow_base(coll: ManagedCollection, workspace: Path) -> bool:
 
 def slugify_path(path: str) -> str:
     """qmd's old "handelize" normalisation of each segment (NFKD, lower-case, non-alphanumeric runs
-    -> ``-``), the last segment's extension kept lower-cased.
-    """
+    -> ``-``), the last segment's extension kept lower-cased."""
     parts = [p for p in path.replace("\\", "/").split("/") if p]
     out = []
     for i, seg in enumerate(parts):
@@ -152,8 +150,7 @@ def file_lines(coll: ManagedCollection, rel: str, *, workspace: Path) -> list[st
 
 def clamp_range(start: int, end: int, total: int) -> tuple[int, int] | None:
     """``start..end`` kept inside a file of ``total`` lines (an empty file has line 1); ``None``
-    when it starts past the end.
-    """
+    when it starts past the end."""
     if start > max(total, 1):
         return None
     return start, max(start, min(end, max(total, 1)))
@@ -163,8 +160,7 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
               max_bytes: int) -> tuple[int, list[str] | None] | None:
     """A hit's file opened as ``memory_get`` opens it: ``(line count, lines)``, the lines only when
     it is at most ``max_bytes`` long (else ``None``, counted as a stream); ``None`` when it is
-    missing, behind a symlink, not a regular file or unreadable.
-    """
+    missing, behind a symlink, not a regular file or unreadable."""
     try:
         fd = open_memory_file(coll.path, rel.split("/"), shown=rel,
                               follow_base=_follow_base(coll, workspace))

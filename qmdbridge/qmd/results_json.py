@@ -17,8 +17,7 @@ from typing import Any
 
 from qmdbridge.qmd.errors import QmdOutputError
 
-__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "is_result_object", "parse_qmd_json",
-           "strip_ansi"]
+__all__ = ["EXCERPT_CHARS", "QmdEntry", "entry_from_json", "is_result_object", "parse_qmd_json", "strip_ansi"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -94,8 +93,7 @@ def _pos_int(v: Any) -> int | None:
 
 def entry_from_json(obj: Mapping[str, Any]) -> QmdEntry:
     """One result object as a :class:`QmdEntry`: strings only as strings, a finite score, positive
-    integer lines (``start_line`` or ``startLine``); other fields ignored.
-    """
+    integer lines (``start_line`` or ``startLine``); other fields ignored."""
     score = obj.get("score")
     ok_score = isinstance(score, (int, float)) and not isinstance(score, bool) and \
         score == score and abs(score) != float("inf")

@@ -61,8 +61,7 @@ _VECTOR_MODULE_MISSING = "no such module: vec0"
 
 def summarize(argv: Sequence[str]) -> str:
     """The command summary of every message: ``qmd`` + the arguments after argv[0], a multi-line
-    argument joined by `` | ``. For messages only, never for classification.
-    """
+    argument joined by `` | ``. For messages only, never for classification."""
     return " ".join(["qmd", *(" | ".join(a.splitlines()) if "\n" in a else a for a in argv[1:])])
 
 
@@ -118,8 +117,7 @@ class RunResult:
 
 def _freeze(pid: int) -> list[psutil.Process]:
     """SIGSTOP the group ``pid`` and every descendant, walking until no new one appears (a stopped
-    process can't fork away); return the descendants.
-    """
+    process can't fork away); return the descendants."""
     import psutil
 
     try:
@@ -179,8 +177,7 @@ def _is_dead(proc: psutil.Process) -> bool:
 
 def kill_tree(pid: int) -> list[psutil.Process]:
     """SIGKILL the process group ``pid`` and every descendant, stopped and collected first; returns
-    the killed descendants for :func:`wait_gone`. The caller reaps its direct child.
-    """
+    the killed descendants for :func:`wait_gone`. The caller reaps its direct child."""
     return _kill_tree(pid, _freeze(pid))
 
 
@@ -226,8 +223,7 @@ class CommandRunner(Protocol):
 
 def process_command(argv: Sequence[str]) -> str | list[str]:
     """What ``open_process`` gets for ``argv``: the list, or for a ``.cmd``/``.bat`` program on
-    Windows the escaped ``cmd.exe /c`` line (``command_line.batch_command``).
-    """
+    Windows the escaped ``cmd.exe /c`` line (``command_line.batch_command``)."""
     argv_t = [str(a) for a in argv]
     if os.name == "nt" and is_batch_script(argv_t[0]):
         return batch_command(argv_t[0], argv_t[1:])
@@ -246,8 +242,7 @@ _PDEATHSIG_EXEC = ("import ctypes,os,signal,sys\n"
 
 def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list[str]:
     """``argv`` behind an exec wrapper that sets ``PR_SET_PDEATHSIG`` = SIGKILL on Linux, so the
-    child (same pid) dies with the thread that started it; elsewhere ``argv`` unchanged.
-    """
+    child (same pid) dies with the thread that started it; elsewhere ``argv`` unchanged."""
     if not sys.platform.startswith("linux"):
         return list(argv)
     pid = os.getpid() if parent_pid is None else parent_pid
@@ -356,8 +351,7 @@ def is_busy(stderr: str) -> bool:
 def is_crash_after_output(result: RunResult) -> bool:
     """Whether qmd died after printing its answer (spec 2.8.3 case 31): a signal or an exit status
     other than 1, stdout not empty, a crash marker on stderr and no other classified error. The
-    caller still has to find a complete result array.
-    """
+    caller still has to find a complete result array."""
     if result.ok or not result.stdout.strip():
         return False
     if result.signal is None and result.returncode == _ERROR_EXIT_CODE:

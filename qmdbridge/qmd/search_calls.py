@@ -360,8 +360,7 @@ async def search_with_repairs(q: str, colls: list[ManagedCollection], plan: Call
 
 async def probe_search(run: RunSearch, *, timeout_ms: int) -> str | None:
     """One tiny real search (``qmd search --json -n 1``, no collection): ``None`` when qmd answered
-    (or its index is busy), else why not, one line.
-    """
+    (or its index is busy), else why not, one line."""
     args = ["search", "--json", "-n", "1"]
     try:
         res = await run(args, [PROBE_QUERY], timeout_ms)

@@ -39,8 +39,7 @@ class _Seen:
 @dataclass
 class ExportState:
     """What the last passes exported, by transcript path (``mtime_ns, size, ctime_ns``, digest of
-    the export), so unchanged transcripts are not parsed again. One per manager.
-    """
+    the export), so unchanged transcripts are not parsed again. One per manager."""
 
     seen: dict[str, _Seen] = field(default_factory=dict)
 
@@ -82,8 +81,7 @@ def _wrap(text: str, width: int) -> list[str]:
 def render_session_markdown(session_id: str, messages: list[TranscriptMessage], *,
                             wrap_chars: int = EXPORT_WRAP_CHARS) -> str:
     """Sanitised messages as the exported document: ``# Session <id>\\n\\n<body>\\n``, one
-    ``User:``/``Assistant:`` line per ``wrap_chars`` of content, ``(empty)`` without messages.
-    """
+    ``User:``/``Assistant:`` line per ``wrap_chars`` of content, ``(empty)`` without messages."""
     lines: list[str] = []
     for message in messages:
         label = "User" if message.role == "user" else "Assistant"

@@ -1,6 +1,5 @@
 """qmd start-up steps under their own budgets (``update.commandTimeoutMs`` per command, never a
-search deadline): the qmd home, and the collection reconcile, skipped while nothing changed.
-"""
+search deadline): the qmd home, and the collection reconcile, skipped while nothing changed."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ yml_stamp = file_stamp
 def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
                           index_yml: Path) -> str:
     """sha256 hex of the managed collections (and whether each folder exists), qmd's version and
-    ``index.yml``'s stamp: while unchanged, a reconcile would find nothing to do.
-    """
+    ``index.yml``'s stamp: while unchanged, a reconcile would find nothing to do."""
     doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
            "version": qmd_version, "indexYml": yml_stamp(index_yml)}
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()

@@ -46,8 +46,7 @@ _NUL_MARKERS = ("^@", "\\0", "\x00", "\\x00", "\\u0000", "null byte", "nul byte"
 def embed_jitter_ms(agent_id: str, custom: list[tuple[str, str]], embed_interval_ms: int) -> int:
     """Stable delay (ms) before the first embed-timer run (spec 2.7.3): the first 4 bytes of
     ``sha256("<agent>:<sorted path\\0pattern joined by \\x01>")`` modulo ``embed_interval_ms + 1``;
-    0 without custom collections.
-    """
+    0 without custom collections."""
     if not custom:
         return 0
     joined = "\x01".join(sorted(f"{p}\0{pat}" for p, pat in custom))
@@ -282,8 +281,7 @@ class UpdateCycle:
 
 def indexing_in_progress(*, running: bool, locks: Sequence[Path], index_locked: bool) -> str | None:
     """``indexing in progress (...)`` while qmd's index is being written (this cycle runs, a live
-    process holds one of ``locks``, or ``index_locked``), else ``None``.
-    """
+    process holds one of ``locks``, or ``index_locked``), else ``None``."""
     if running:
         return "indexing in progress (qmd update or embed run by this process)"
     for path in locks:

@@ -339,8 +339,7 @@ class WarmChild:
     async def _call(self, args: dict[str, Any], plan: CallPlan, what: str, *,
                     hung_on_timeout: bool = False) -> list[QmdEntry] | None:
         """One ``query`` tool call; ``what`` names it in messages. With ``hung_on_timeout`` a call past
-        the deadline also restarts the child (``lex`` searches take milliseconds).
-        """
+        the deadline also restarts the child (``lex`` searches take milliseconds)."""
         client = self._client
         if not self.ready or client is None:
             self.launch()
@@ -389,8 +388,7 @@ class WarmChild:
 
     def describe(self) -> dict[str, Any]:
         """Status view: ``{enabled, state, serves, transport, pid, restarts, answered, spawnFallbacks,
-        lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs, serverVersion}``.
-        """
+        lastError, lastErrorAtMs, readyAtMs, startupMs, retryInMs, serverVersion}``."""
         running = self.state in ("starting", "ready")
         retry_in = None if self.retry_at_ms is None else max(0, self.retry_at_ms - self._now())
         return {"enabled": True, "state": self.state, "serves": list(SERVES), "transport": "stdio",

@@ -98,33 +98,18 @@ class DocLookup:
         self._db_path = db_path
         self._conn: sqlite3.Connection | None = None
 
-    def _connection(self) -> sqlite3.Connection | None:
-        if self._conn is None:
-            if not self._db_path.is_file():
-                return None
-            try:
+    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, str]]:
+        try:
+            if self._conn is None:
+                if not self._db_path.is_file():
+                    return []
                 self._conn = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True,
                                              check_same_thread=False, timeout=1.0)
                 self._conn.execute("PRAGMA busy_timeout = 1000")
-            except sqlite3.Error as exc:
-                self._raise_busy(exc)
-                return None
-        return self._conn
-
-    @staticmethod
-    def _raise_busy(exc: sqlite3.Error) -> None:
-        if is_locked(exc):  # SQLITE_BUSY / SQLITE_LOCKED, by result code
-            raise BackendUnavailableError(
-                "qmd", f"qmd index busy while reading results: {exc}") from exc
-
-    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[str, str]]:
-        conn = self._connection()
-        if conn is None:
-            return []
-        try:
-            return [(str(c), str(p)) for c, p in conn.execute(sql, params).fetchall()]
+            return [(str(c), str(p)) for c, p in self._conn.execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
-            self._raise_busy(exc)
+            if is_locked(exc):  # SQLITE_BUSY / SQLITE_LOCKED, by result code
+                raise BackendUnavailableError("qmd", f"qmd index busy while reading results: {exc}") from exc
             return []
 
     def by_docid(self, docid: str) -> list[tuple[str, str]]:
@@ -211,12 +196,10 @@ class LocatedHit:
     text: list[str] | None
 
 
-def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollection],
-                   workspace: Path, lookup: DocLookup, default_collection: str | None,
-                   max_snippet_chars: int, min_score: float,
-                   cache: dict[str, tuple[str, str] | None],
-                   notes: list[str] | None = None,
-                   listings: Listings | None = None,
+def locate_entries(entries: Iterable[tuple[QmdEntry, str | None]], *,
+                   roots: Mapping[str, ManagedCollection], workspace: Path, lookup: DocLookup,
+                   max_snippet_chars: int, min_score: float, cache: dict[str, tuple[str, str] | None],
+                   notes: list[str] | None = None, listings: Listings | None = None,
                    read_lines: bool = False) -> list[LocatedHit]:
     """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order.
 
@@ -226,8 +209,9 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
     (``reads.resolve_hit_file``), an ambiguous one dropped with a note.
 
     Args:
+        entries: ``(entry, collection hint)`` pairs in qmd's order (the hint: the one collection
+            its call searched).
         roots: managed collections by name.
-        default_collection: hint when a call searched exactly one collection.
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
         notes: receives one line per ambiguous hit dropped.
         listings: folder listings kept between searches.
@@ -237,12 +221,11 @@ def locate_entries(entries: list[QmdEntry], *, roots: Mapping[str, ManagedCollec
         BackendUnavailableError: the index was busy.
     """
     out: list[LocatedHit] = []
-    for entry in entries:
+    for entry, hint in entries:
         score = entry.score if entry.score is not None else 0.0
         if score < min_score:
             continue
-        loc = _locate(entry, roots=roots, lookup=lookup, default_collection=default_collection,
-                      cache=cache)
+        loc = _locate(entry, roots=roots, lookup=lookup, default_collection=hint, cache=cache)
         if loc is None:
             continue
         coll = roots[loc[0]]
@@ -356,13 +339,10 @@ def entry_hits(entries: list[tuple[QmdEntry, str | None]], *, question: str | No
     """
     lookup = DocLookup(index_db)
     try:
-        located = [hit for entry, hint in entries
-                   for hit in locate_entries([entry], roots=roots, workspace=workspace,
-                                             lookup=lookup, max_snippet_chars=snippet_chars,
-                                             cache=cache, notes=notes, listings=listings,
-                                             read_lines=question is not None,
-                                             min_score=min_score if question is None else 0.0,
-                                             default_collection=hint)]
+        located = locate_entries(entries, roots=roots, workspace=workspace, lookup=lookup,
+                                 max_snippet_chars=snippet_chars, cache=cache, notes=notes,
+                                 listings=listings, read_lines=question is not None,
+                                 min_score=min_score if question is None else 0.0)
     finally:
         lookup.close()
     if question is None:

@@ -213,9 +213,9 @@ def _map(tmp_path: Path, entries: list[QmdEntry], *, hint: str | None = None,
         _index(db, rows or [])
     lookup = DocLookup(db)
     try:
-        located = locate_entries(entries, roots=_roots(ws, export or tmp_path / "exp"),
-                                 workspace=ws, lookup=lookup, default_collection=hint,
-                                 max_snippet_chars=max_snippet, min_score=min_score, cache={})
+        located = locate_entries([(e, hint) for e in entries], roots=_roots(ws, export or tmp_path / "exp"),
+                                 workspace=ws, lookup=lookup, max_snippet_chars=max_snippet,
+                                 min_score=min_score, cache={})
         return [hit for found in located if (hit := qmd_lines_hit(found)) is not None]
     finally:
         lookup.close()

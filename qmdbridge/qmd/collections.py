@@ -33,7 +33,7 @@ from qmdbridge.qmd.listing import ListedCollection, parse_collection_list, parse
 from qmdbridge.qmd.runner import is_flag_rejection, is_missing_collection
 
 __all__ = ["CollectionKind", "CollectionRun", "ManagedCollection", "ReconcileState", "build_collections",
-           "custom_extra_paths", "describe_collections", "fallback_engine_settings", "rule_extra_paths",
+           "describe_collections", "fallback_engine_settings", "rule_extra_paths",
            "rebuild", "reconcile", "render_index_yml", "sanitize_name"]
 
 log = logging.getLogger("qmdbridge.qmd.collections")
@@ -106,9 +106,11 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
 
 def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
     """The memory-file rule's extra paths in qmd mode: ``memorySearch.extraPaths`` then the custom
-    collections, without repeats."""
+    collections (``memory.qmd.paths[]``, ``memorySearch.qmd.extraCollections[]``), without repeats."""
+    custom = [(c.path, c.pattern) for c in agent.memory.qmd.paths] + [
+        (c.path, c.pattern) for c in agent.memory_search.qmd.extra_collections]
     out: list[str | ExtraPath] = []
-    for entry in [*agent.memory_search.extra_paths, *custom_extra_paths(agent)]:
+    for entry in [*agent.memory_search.extra_paths, *(ExtraPath(path=p, pattern=g) for p, g in custom)]:
         if entry not in out:
             out.append(entry)
     return out
@@ -121,21 +123,8 @@ def fallback_engine_settings(agent: ResolvedAgent) -> EngineSettings:
     return agent.engine.model_copy(update={"search": search})
 
 
-def custom_extra_paths(agent: ResolvedAgent) -> list[ExtraPath]:
-    """The custom collections (``memory.qmd.paths[]``, ``memorySearch.qmd.extraCollections[]``) as
-    memory-rule extra paths, in config order."""
-    return [ExtraPath(path=p.path, pattern=p.pattern) for p in agent.memory.qmd.paths] + [
-        ExtraPath(path=c.path, pattern=c.pattern) for c in agent.memory_search.qmd.extra_collections]
-
-
 def _is_inside(child: Path, parent: Path) -> bool:
-    for c, p in ((child, parent), (_realpath(child), _realpath(parent))):
-        try:
-            c.relative_to(p)
-            return True
-        except ValueError:
-            continue
-    return False
+    return child.is_relative_to(parent) or _realpath(child).is_relative_to(_realpath(parent))
 
 
 def _realpath(p: Path) -> Path:

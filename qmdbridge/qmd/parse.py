@@ -77,10 +77,7 @@ def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> st
     ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3)."""
     rel = rel.replace("\\", "/").lstrip("/")
     absolute = Path(os.path.normpath(collection.path / rel))
-    try:
-        inside = absolute.relative_to(workspace).as_posix()
-    except ValueError:
-        inside = None
+    inside = absolute.relative_to(workspace).as_posix() if absolute.is_relative_to(workspace) else None
     if inside and inside != "." and inside != "qmd" and not inside.startswith("qmd/"):
         return inside
     return f"qmd/{collection.name}/{rel}"
@@ -167,10 +164,7 @@ def _locate(entry: QmdEntry, *, roots: Mapping[str, ManagedCollection], lookup: 
     if len(fuzzy) == 1:
         return coll_hint, fuzzy[0]
     root = roots[coll_hint].path
-    target = Path(os.path.normpath(root / file_hint))
-    try:
-        target.relative_to(root)
-    except ValueError:
+    if not Path(os.path.normpath(root / file_hint)).is_relative_to(root):
         return None
     return coll_hint, file_hint
 

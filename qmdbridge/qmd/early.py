@@ -9,6 +9,7 @@ Standard library only until a call is handed over or killed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -105,10 +106,8 @@ class EarlyCalls:
         call's pipes (blocking)."""
         self.discard()
         for thread in self._threads:
-            try:
+            with contextlib.suppress(RuntimeError):  # not started: it starts nothing once discarded
                 thread.join()
-            except RuntimeError:  # interrupted before it ran: it starts nothing once discarded
-                pass
         from qmdbridge.qmd.runner import kill_process
 
         for call in self._all:

@@ -9,6 +9,7 @@ or the end of stdout, ends the connection. Every failure becomes
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -177,12 +178,10 @@ class McpStdioClient:
     async def _cancel(self, request_id: int) -> None:
         """Tell the server a request's caller left (shielded, at most 1 s, best effort)."""
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-            try:
+            with contextlib.suppress(QmdMcpError):  # the connection is gone: no answer comes either
                 await self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",
                                    "params": {"requestId": request_id, "reason": "deadline"}},
                                   "notifications/cancelled")
-            except QmdMcpError:
-                pass  # the connection is gone: no answer can come either
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         if "method" in message:  # a request or notification from the server
@@ -193,10 +192,8 @@ class McpStdioClient:
                 else:
                     reply["error"] = {"code": _METHOD_NOT_FOUND,
                                       "message": f"client does not serve {message['method']}"}
-                try:
+                with contextlib.suppress(QmdMcpError):  # the reader notices the end itself
                     await self._write(reply, str(message["method"]))
-                except QmdMcpError:
-                    pass  # the reader notices the end of the connection itself
             return
         request_id = message.get("id")
         waiter = self._pending.pop(request_id, None) if isinstance(request_id, int) else None

@@ -7,6 +7,7 @@ failed search drops its entry. Reading takes the standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -94,11 +95,9 @@ class ProbeCache:
 
         from fallback.fs.atomic import write_atomic
 
-        try:
+        with contextlib.suppress(OSError):  # a cache that cannot be written only costs a probe
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, orjson.dumps(data))
-        except OSError:
-            pass  # a cache that cannot be written only costs a probe
 
     def get(self, key: str) -> tuple[QmdLocation, dict[str, Any]] | None:
         """The cached usable location and its extras (e.g. ``multiC``), or ``None``."""

@@ -9,6 +9,7 @@ read stderr and the exit status, never the command summary (which holds the user
 
 from __future__ import annotations
 
+import contextlib
 import errno as errno_mod
 import math
 import os
@@ -120,10 +121,8 @@ def _freeze(pid: int) -> list[psutil.Process]:
     process can't fork away); return the descendants."""
     import psutil
 
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal_mod.SIGSTOP)
-    except (ProcessLookupError, PermissionError):
-        pass
     found: dict[int, psutil.Process] = {}
     for _ in range(_FREEZE_WALKS):
         try:
@@ -142,14 +141,14 @@ def _freeze(pid: int) -> list[psutil.Process]:
     return list(found.values())
 
 
-def _kill_tree(pid: int, descendants: list[psutil.Process]) -> list[psutil.Process]:
-    """SIGKILL the group ``pid`` and the collected descendants; return the survivors."""
+def kill_tree(pid: int) -> list[psutil.Process]:
+    """SIGKILL the process group ``pid`` and every descendant, stopped and collected first; returns
+    the killed descendants for :func:`wait_gone`. The caller reaps its direct child."""
     import psutil
 
-    try:
+    descendants = _freeze(pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal_mod.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     alive: list[psutil.Process] = []
     for proc in descendants:
         try:
@@ -173,12 +172,6 @@ def _is_dead(proc: psutil.Process) -> bool:
         return True
     except psutil.Error:
         return False
-
-
-def kill_tree(pid: int) -> list[psutil.Process]:
-    """SIGKILL the process group ``pid`` and every descendant, stopped and collected first; returns
-    the killed descendants for :func:`wait_gone`. The caller reaps its direct child."""
-    return _kill_tree(pid, _freeze(pid))
 
 
 def wait_gone(procs: list[psutil.Process]) -> None:

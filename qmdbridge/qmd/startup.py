@@ -3,6 +3,7 @@ search deadline): the qmd home, and the collection reconcile, skipped while noth
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -77,11 +78,9 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
         Whether a reconcile ran.
     """
     if not force:
-        try:
+        with contextlib.suppress(OSError):
             if marker.read_text() == reconcile_fingerprint(collections, qmd_version, index_yml):
                 return False
-        except OSError:
-            pass
     timeouts = 0
 
     async def counted(args: list[str], positionals: list[str]) -> CollectionRun:

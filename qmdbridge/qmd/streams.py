@@ -7,6 +7,7 @@ Standard library only, so the one-shot CLI starts a search's calls ahead with it
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import selectors
 import subprocess
@@ -119,10 +120,8 @@ class QmdProcess:
                     stream.close()
             self.ended = time.monotonic()
             self.done.set()
-            try:
+            with contextlib.suppress(OSError):  # the waiting side closed its end already
                 os.write(self._wake_w, b"\0")
-            except OSError:  # the waiting side closed its end already
-                pass
             os.close(self._wake_w)
             if self._on_done is not None:
                 self._on_done()

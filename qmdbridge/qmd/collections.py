@@ -135,21 +135,11 @@ def _realpath(p: Path) -> Path:
 
 
 def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[ManagedCollection]:
-    """The agent's managed collections in config order (spec 2.2).
-
-    ``memory-root-<agent>`` (the root file) and ``memory-dir-<agent>`` with
-    ``includeDefaultMemory``; custom collections from ``memory.qmd.paths[]``,
-    ``memorySearch.extraPaths`` and ``memorySearch.qmd.extraCollections[]`` (a file becomes its
-    folder plus its escaped name; a symlink is skipped); ``sessions-<agent>`` with
-    ``sessions.enabled``. Names are sanitised and made unique (``-2`` ...).
-
-    Args:
-        agent: the resolved agent config.
-        sessions_dir: session export dir used when ``sessions.exportDir`` is not set.
-
-    Returns:
-        The collections, in order, without repeated (path, pattern).
-    """
+    """The agent's managed collections in config order (spec 2.2), without repeated (path, pattern):
+    ``memory-root-<agent>`` and ``memory-dir-<agent>`` (``includeDefaultMemory``), the custom ones
+    (``memory.qmd.paths``, ``memorySearch.extraPaths``, ``extraCollections``; a file becomes its
+    folder and escaped name, a symlink is skipped), ``sessions-<agent>`` (in ``sessions_dir``
+    unless ``sessions.exportDir``). Names are sanitised and made unique."""
     ws = agent.workspace_dir
     qmd = agent.memory.qmd
     agent_seg = sanitize_name(agent.agent_id, empty="agent")
@@ -265,17 +255,13 @@ async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> C
 
 async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionCommand,
                     agent_id: str, workspace: Path, state: ReconcileState) -> None:
-    """Make qmd's collections match ``managed`` (spec 2.6); never raises for qmd errors.
-
-    Lists qmd's collections, removes unscoped legacy names, then per managed collection skips it
-    when listed and equal, rebinds it when its path or pattern differs, adds it when missing
-    (``--mask``, then ``--glob``); "already exists" conflicts are resolved as the spec says.
+    """Make qmd's collections match ``managed`` (spec 2.6); never raises for qmd errors: list,
+    remove unscoped legacy names, then skip, rebind or add (``--mask``, then ``--glob``) each.
 
     Args:
         managed: the collections to have, in order.
         run: runs ``qmd <args> --index index -- <positionals>``; may raise ``BackendUnavailableError``.
-        agent_id: the agent (for legacy-name migration).
-        workspace: resolves relative listed paths.
+        agent_id: for legacy names. workspace: resolves relative listed paths.
         state: remembered flag and warnings (reset here).
     """
     state.warnings = []

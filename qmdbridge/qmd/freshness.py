@@ -19,21 +19,15 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 
 class QmdFreshness:
-    """Watcher-driven updates for one qmd backend.
-
-    A change marks the index dirty and, once the files were quiet for ``watch_debounce_ms``, runs
-    an unforced update (deferred, not dropped, within ``update_debounce_ms`` of the last one); a
-    failed update is reported by ``tasks`` and retried with the watcher's backoff.
+    """Watcher-driven updates for one qmd backend: a change marks the index dirty and, once the files
+    were quiet for ``watch_debounce_ms``, runs an unforced update (deferred within
+    ``update_debounce_ms`` of the last one); a failure is reported by ``tasks`` and retried.
 
     Args:
-        workspace: the agent workspace (``MEMORY.md``, ``memory/``).
-        extra_dirs: the custom collections as memory-rule extra paths (folder and pattern).
-        cycle: the backend's ``UpdateCycle``.
-        watch_debounce_ms: quiet time after the last change before updating, ms.
-        update_debounce_ms: minimum distance between two unforced updates, ms.
-        now_ms: clock in epoch ms.
-        tasks: where the re-arm of a dead watcher runs and failures are reported.
-        force_polling: use the polling observer (tests, network file systems).
+        workspace: the agent workspace. extra_dirs: the custom collections as extra paths.
+        cycle: the backend's ``UpdateCycle``. now_ms: clock in epoch ms.
+        watch_debounce_ms / update_debounce_ms: quiet time, and distance between updates, ms.
+        tasks: runs the re-arm of a dead watcher. force_polling: the polling observer.
     """
 
     def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,

@@ -52,21 +52,11 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 warm: WarmChild | None, keep: int | None = None,
                 sent: str | None = None,
                 counts: IndexCounts | None = None) -> list[tuple[QmdEntry, str | None]]:
-    """The relaxed pass: ``found`` first, then the documents each of the :func:`relaxed_terms`
-    other than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``.
-
-    Nothing is searched when ``found`` fills ``plan.limit``, no term differs from ``sent``, less
-    than :data:`RELAX_MIN_LEFT_MS` is left, or every collection is :func:`all_found`. A relaxed
-    call that fails is logged and left out.
-
-    Args:
-        terms: the query's lexical or CJK terms.
-        found: the AND call's ``(entry, collection)`` pairs, best first.
-        colls: the collections the AND call searched.
-        plan: that call's plan. run / warm: as for ``search_calls.search_collections``.
-        keep: documents returned at most (default ``plan.limit``).
-        sent: the AND call's query (default ``terms`` joined by spaces).
-        counts: qmd's index counts, or ``None`` (every collection is searched).
+    """The relaxed pass: ``found`` first, then the documents each :func:`relaxed_terms` term other
+    than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``
+    (default ``plan.limit``). Nothing is searched when ``found`` fills ``plan.limit``, less than
+    :data:`RELAX_MIN_LEFT_MS` is left, or every collection is :func:`all_found` (``counts``:
+    qmd's index counts, ``None`` unknown); a failed relaxed call is logged and left out.
 
     Returns:
         ``(entry, collection)`` pairs, best first.

@@ -114,10 +114,6 @@ def _first_line(text: str) -> str:
     return ""
 
 
-def _is_executable_file(path: str) -> bool:
-    return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
 class QmdLocator:
     """Finds and probes qmd for one environment.
 
@@ -177,7 +173,7 @@ class QmdLocator:
                 return None
             searched.append(folder)
             exe = os.path.abspath(os.path.join(folder, token))
-            if exe in seen or not _is_executable_file(exe):
+            if exe in seen or not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
                 return None
             seen.add(exe)
             return exe

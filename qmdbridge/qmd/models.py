@@ -100,18 +100,14 @@ async def reachable(host: str, port: int, timeout_s: float = REACH_TIMEOUT_S) ->
 async def model_problem(models_dir: Path, env: Mapping[str, str], *,
                         kinds: tuple[str, ...], reach: Callable[[str, int], Awaitable[bool]] | None = None,
                         checked: dict[tuple[str, int, int], str | None] | None = None) -> str | None:
-    """Why model work for ``kinds`` cannot succeed here, or ``None`` when it may.
+    """Why model work for ``kinds`` cannot succeed here (``CI`` set, a damaged model file, models
+    missing and the host unreachable: the reason and the fix), or ``None`` when it may.
 
     Args:
         models_dir: the agent's ``xdg-cache/qmd/models``.
         env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
-        kinds: the models the command needs.
         reach: ``(host, port) -> reachable?`` (default :func:`reachable`).
         checked: the :func:`damaged_models` cache.
-
-    Returns:
-        ``CI`` set, a damaged model file, or models missing with the host unreachable: the reason
-        and the fix; else ``None``.
     """
     if env.get("CI"):
         return ("qmd refuses model operations while the CI environment variable is set; "

@@ -195,20 +195,15 @@ def locate_entries(entries: Iterable[tuple[QmdEntry, str | None]], *,
                    max_snippet_chars: int, min_score: float, cache: dict[str, tuple[str, str] | None],
                    notes: list[str] | None = None, listings: Listings | None = None,
                    read_lines: bool = False) -> list[LocatedHit]:
-    """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order.
-
-    Entries not located in a managed collection, under ``min_score``, naming a file the collection
-    does not index by the memory-file rule (:meth:`ManagedCollection.admits`) or reached through a
-    symlink are dropped; a slug-normalised path is mapped back to its file
-    (``reads.resolve_hit_file``), an ambiguous one dropped with a note.
+    """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order; those not in a managed
+    collection, under ``min_score``, outside the memory-file rule (:meth:`ManagedCollection.admits`)
+    or behind a symlink are dropped, a slug-normalised path is mapped back to its file.
 
     Args:
-        entries: ``(entry, collection hint)`` pairs in qmd's order (the hint: the one collection
-            its call searched).
+        entries: ``(entry, collection hint)`` pairs (the hint: the one collection its call searched).
         roots: managed collections by name.
         cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
-        notes: receives one line per ambiguous hit dropped.
-        listings: folder listings kept between searches.
+        notes: receives one line per ambiguous hit dropped. listings: kept folder listings.
         read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (for passages).
 
     Raises:
@@ -276,18 +271,10 @@ def passage_hits(question: str, located: list[LocatedHit], *, tokens: int, overl
                  sections: bool, snippet_chars: int, limit: int,
                  min_score: float) -> list[MemorySearchResult]:
     """``search``-mode hits: the located notes' passages ranked for ``question``
-    (``passages.rank_passages``), then the notes it could not place with qmd's lines, in qmd's
-    order; a ranked note without the question's words scores 0, an unranked one keeps qmd's score
-    capped by the hit before it.
-
-    Args:
-        question: the query as the agent wrote it.
-        located: :func:`locate_entries` with ``read_lines``, in qmd's order.
-        tokens / overlap / sections: the agent's ``chunking``.
-        snippet_chars: the snippet budget in code points.
-        limit: passages wanted.
-        min_score: the score floor (``0``: none).
-    """
+    (``passages.rank_passages``, with the agent's ``tokens``/``overlap``/``sections`` and
+    ``snippet_chars`` in code points), then the notes it could not place with qmd's lines in qmd's
+    order (score 0 when ranked without the question's words, else qmd's capped by the hit before);
+    at most ``limit`` passages, hits under ``min_score`` dropped."""
     first_of: dict[str, LocatedHit] = {}
     for hit in located:
         first_of.setdefault(hit.path, hit)
@@ -317,16 +304,8 @@ def entry_hits(entries: list[tuple[QmdEntry, str | None]], *, question: str | No
                listings: Listings, snippet_chars: int, tokens: int, overlap: int,
                sections: bool) -> list[MemorySearchResult]:
     """qmd's entries as hits: located (:func:`locate_entries`), then with ``question`` the ranked
-    passages (:func:`passage_hits`), else qmd's lines (:func:`qmd_lines_hit`).
-
-    Args:
-        entries: ``(entry, collection hint)`` pairs in qmd's order.
-        question: the question as written, or ``None`` to keep qmd's lines.
-        limit: hits wanted. min_score: the score floor.
-        notes: receives the notes of dropped hits.
-        roots / workspace / index_db: the managed collections, the workspace, qmd's index.
-        cache / listings: the backend's docid cache and folder listings.
-        snippet_chars: snippet budget in code points. tokens / overlap / sections: chunking.
+    passages (:func:`passage_hits`), else qmd's lines (:func:`qmd_lines_hit`). Arguments as
+    theirs; ``notes`` receives the notes of dropped hits.
 
     Raises:
         BackendUnavailableError: qmd's index could not be read.

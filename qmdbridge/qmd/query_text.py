@@ -69,17 +69,12 @@ def _joined_pieces(text: str, spans: list[tuple[int, int]]) -> list[str] | None:
 
 
 def lexical_terms(query: str) -> tuple[str, ...]:
-    """The content words of ``query`` for qmd's lexical grammar, once each, in query order.
+    """The content words of ``query`` for qmd's lexical grammar, once each, in query order, as
+    written (a full-width word first in its ASCII form); ``()`` when the query is sent as written
+    (qmd syntax, CJK text, only stop words). Words are FTS5 tokens; every apostrophe form splits.
 
-    Returns:
-        The terms as written; ``()`` when the query is sent as written: qmd syntax (a double
-        quote, a ``-`` at a token start), CJK text, or only stop words. A word is a run of
-        letters, marks, digits and ``_``; every apostrophe form separates words as ``'`` does; a
-        full-width word comes first in its ASCII form.
-
-    Examples:
-        ``When did Caroline go to the LGBTQ support group?`` -> ``("Caroline", "LGBTQ",
-        "support", "group")``; ``1.2.3-rc1 router`` -> ``("1.2.3", "rc1", "router")``.
+    Example: ``When did Caroline go to the LGBTQ support group?`` -> ``("Caroline", "LGBTQ",
+    "support", "group")``; ``1.2.3-rc1 router`` -> ``("1.2.3", "rc1", "router")``.
     """
     text = unicodedata.normalize("NFC", query).strip().translate(_APOSTROPHES)
     if not text or '"' in text or _NEGATION_RE.search(text) or contains_cjk(text):
@@ -175,22 +170,11 @@ def lex_queries(first: str, terms: Sequence[str]) -> tuple[str, ...]:
 def search_call(q: str, collection: str, *, mode: str, limit: int, no_rerank: bool = False,
                 lex: Sequence[str] = ()) -> tuple[list[str], str, str]:
     """One collection's search call: ``(flags, positional, command)`` of ``qmd <flags> --index index
-    -- <positional>``.
+    -- <positional>``; ``command`` names the qmd command whose answer is parsed.
 
-    A lex call (:func:`is_lex_call`) is one ``qmd query --json -n <POOL_FACTOR * limit>
-    --no-rerank -c <collection>`` of a ``lex:`` line per query (no model loaded); else
-    ``qmd <mode> --json -n <limit> [--no-rerank] -c <collection>`` of ``q`` encoded.
-
-    Args:
-        q: the query as ``mode`` sends it (unused with ``lex``).
-        collection: the collection's name.
-        mode: ``search`` | ``vsearch`` | ``query``.
-        limit: results asked.
-        no_rerank: pass ``--no-rerank``.
-        lex: the lexical sub-searches (``search`` mode only), or ``()``.
-
-    Returns:
-        ``(flags, positional, command)``; ``command`` names the qmd command, for parsing.
+    A lex call (:func:`is_lex_call`) is ``qmd query --json -n <POOL_FACTOR * limit> --no-rerank -c
+    <collection>`` of one ``lex:`` line per ``lex`` query (no model loaded); else ``qmd <mode>
+    --json -n <limit> [--no-rerank] -c <collection>`` of ``q`` (:func:`encode_query`).
     """
     if is_lex_call(mode, lex):
         return (["query", "--json", "-n", str(POOL_FACTOR * limit), "--no-rerank", "-c", collection],

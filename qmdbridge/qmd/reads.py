@@ -184,14 +184,9 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
 
 def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int | None,
                  lines: int | None, *, workspace: Path) -> MemoryReadResult:
-    """Read one page of a collection's file through the builtin engine's safe reader, with the
-    collection's pattern as the rule.
-
-    Args:
-        coll: the collection. inner: path inside it, ``/``-separated.
-        shown: the path as the caller gave it (in results and errors).
-        from_line / lines: paging as ``fallback.sources.read_page.page_text``.
-        workspace: the agent workspace.
+    """Read one page of collection ``coll``'s file ``inner`` (``/``-separated) through the builtin
+    engine's safe reader with the collection's pattern as the rule; ``shown`` names it in results
+    and errors, ``from_line``/``lines`` page as ``read_page.page_text``.
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.

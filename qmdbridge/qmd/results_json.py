@@ -62,15 +62,10 @@ def strip_ansi(text: str) -> str:
     return _ANSI_RE.sub("", text)
 
 
-def _is_marker(line: str) -> bool:
-    """Whether ``line`` says "no results"."""
-    return bool(_NO_RESULTS_RE.match(" ".join(line.split()).lower()))
-
-
 def _only_markers(text: str) -> bool:
     """Whether ``text`` has a non-empty line and every one is a no-results marker."""
     lines = [line for line in text.splitlines() if line.strip()]
-    return bool(lines) and all(_is_marker(line) for line in lines)
+    return bool(lines) and all(_NO_RESULTS_RE.match(" ".join(line.split()).lower()) for line in lines)
 
 
 def _excerpt(text: str) -> str:
@@ -111,11 +106,6 @@ def is_result_object(value: Any) -> bool:
     return isinstance(value, dict) and bool(_str(value.get("file")) or _str(value.get("path")))
 
 
-def _fits_schema(value: Any) -> bool:
-    """An array of result objects; ``[]`` fits."""
-    return isinstance(value, list) and all(is_result_object(x) for x in value)
-
-
 def _json_values(text: str) -> Iterator[Any]:
     """Each balanced JSON value that opens a result-like line, in order."""
     pos = 0
@@ -131,15 +121,8 @@ def _json_values(text: str) -> Iterator[Any]:
 
 
 def parse_qmd_json(stdout: str, stderr: str = "", *, command: str) -> list[QmdEntry]:
-    """Parse a qmd search's stdout into entries, tolerating noise (module docstring).
-
-    Args:
-        stdout: qmd's standard output (ANSI codes allowed).
-        stderr: read only when stdout is blank (markers there mean no hits).
-        command: the qmd subcommand, named in the error.
-
-    Returns:
-        Entries in qmd's order; ``[]`` for an empty array or marker-only output.
+    """Parse a qmd search's stdout (ANSI codes allowed) into entries in qmd's order; ``[]`` for an
+    empty array or marker-only output (``stderr`` read only when stdout is blank).
 
     Raises:
         QmdOutputError: ``qmd <command> returned invalid JSON: ...`` with an excerpt.
@@ -150,7 +133,7 @@ def parse_qmd_json(stdout: str, stderr: str = "", *, command: str) -> list[QmdEn
         if _only_markers(err):
             return []
         raise QmdOutputError(f"qmd {command} returned invalid JSON: stdout empty (stderr: {_excerpt(err)})")
-    fitting = [v for v in _json_values(out) if _fits_schema(v)]
+    fitting = [v for v in _json_values(out) if isinstance(v, list) and all(map(is_result_object, v))]
     if fitting:
         hits = [v for v in fitting if v]
         return [entry_from_json(obj) for obj in (hits[-1] if hits else [])]

@@ -246,28 +246,24 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
                       timeout_ms: int, discard_stdout: bool = False,
                       max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
                       setting: str | None = None) -> RunResult:
-    """Run ``argv`` (no shell) to completion or to its deadline.
+    """Run ``argv`` (no shell) to completion or to its deadline; ``update``, ``embed`` and
+    ``collection`` commands start behind :func:`parent_death_argv` on Linux.
 
     Args:
         argv: executable and arguments (a bare name is looked up in ``env["PATH"]``).
-        env: the complete child environment.
-        cwd: working directory of the child.
+        env: the complete child environment. cwd: its working directory.
         timeout_ms: deadline in ms from spawn, > 0.
-        discard_stdout: send stdout to /dev/null (``update``/``embed``).
-        max_chars: per-stream cap in code points; the last ``max_chars`` are kept.
-        backend: backend name carried by the errors.
-        setting: the config key of ``timeout_ms``, named in the timeout message.
-
-    ``update``, ``embed`` and ``collection`` commands start behind :func:`parent_death_argv` on
-    Linux, so they die with this process.
+        discard_stdout: send stdout to /dev/null.
+        max_chars: per-stream cap in code points (the tail is kept).
+        backend / setting: the backend name and the config key of ``timeout_ms``, for errors.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.
 
     Raises:
         UsageError: empty ``argv``, ``timeout_ms <= 0`` or ``max_chars <= 0``.
-        QmdCommandError: the process could not be started (``os_error``/``errno`` set).
-        BackendTimeoutError: the deadline passed; the process tree was killed and reaped first.
+        QmdCommandError: the process could not be started.
+        BackendTimeoutError: the deadline passed (the process tree was killed and reaped first).
     """
     if not argv:
         raise UsageError("run_command needs a non-empty argv")

@@ -121,15 +121,12 @@ class CallPlan:
 
     Attributes:
         mode: ``search`` | ``vsearch`` | ``query``. limit: ``-n`` per call.
-        no_rerank: pass ``--no-rerank``.
-        deadline: ``anyio.current_time()`` by which every call must be done.
-        timeout_ms: ``limits.timeoutMs``, for messages.
-        models_dir / env: qmd's model cache and environment, for the timeout hint.
+        no_rerank: pass ``--no-rerank``. deadline: ``anyio.current_time()`` all calls end by.
+        timeout_ms: ``limits.timeoutMs``. models_dir / env: for the timeout hint.
         notes: receives one line per answer used despite a crash.
-        index_db: qmd's ``index.sqlite``: a timeout while a writer holds it is busy; ``None``: not checked.
-        lex: a question's lexical searches (``query_text.lex_queries``), asked as one ``lex`` call
-            per collection in ``search`` mode; ``()``: one ``mode`` call per collection.
-        repair: set when the search switched mode for good: ``"vec0"`` or ``"unsupported-search-flags"``.
+        index_db: qmd's index: a timeout while a writer holds it is busy (``None``: not checked).
+        lex: a question's lexical searches, one ``lex`` call per collection (``()``: ``mode`` calls).
+        repair: the mode switch made for good: ``"vec0"`` or ``"unsupported-search-flags"``.
     """
 
     mode: str
@@ -249,14 +246,8 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
                              run: RunSearch, warm: WarmSearch | None = None,
                              limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
-    """Search each collection in its own call and merge the hits.
-
-    Args:
-        q: the trimmed query. colls: the collections to search.
-        plan: mode, limit, deadline ... (crash notes land in ``plan.notes``).
-        run: runs one qmd command (:data:`RunSearch`).
-        warm: asked first for each call in a mode it serves; a call it declines is spawned.
-        limiter: bounds the calls running at once (default :data:`MAX_PARALLEL_CALLS`).
+    """Search each of ``colls`` in its own call (``run``; the ``warm`` child first in a mode it
+    serves; at most ``limiter`` at once, default :data:`MAX_PARALLEL_CALLS`) and merge the hits.
 
     Returns:
         ``[(entry, collection name)]``, best score first, one per hit.

@@ -107,26 +107,23 @@ def _read_bytes(path: Path) -> bytes | None:
 def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int | None,
                     now_ms: int, state: ExportState | None = None,
                     lock_timeout_ms: int = EXPORT_LOCK_TIMEOUT_MS) -> ExportReport:
-    """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md``.
-
-    Transcripts older than ``retention_days`` and cron runs are skipped; each export is written
-    atomically only when its bytes differ; every other ``*.md`` in ``export_dir`` is deleted at
-    the end. With ``state``, a transcript unchanged since its export is not parsed again.
+    """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md`` (written only
+    when its bytes differ; transcripts past ``retention_days`` and cron runs skipped; every other
+    ``*.md`` there deleted at the end; with ``state`` an unchanged transcript is not parsed again).
 
     Args:
-        sessions_dir: the agent's transcripts folder (missing = no transcripts).
+        sessions_dir: the agent's transcripts folder (missing = none).
         export_dir: the sessions collection's folder (created if missing).
         retention_days: ``memory.qmd.sessions.retentionDays``; ``None`` or 0 keeps all.
-        now_ms: current time, epoch ms.
-        state: per-manager cache of what was exported (updated in place).
+        now_ms: current time, epoch ms. state: per-manager cache (updated in place).
         lock_timeout_ms: wait for another pass over ``export_dir``, ms.
 
     Returns:
         :class:`ExportReport` with export file names.
 
     Raises:
-        BackendUnavailableError: the sessions dir could not be listed (raised before deleting
-            anything), or the lock file cannot be opened.
+        BackendUnavailableError: the sessions dir could not be listed (nothing deleted), or the
+            lock file cannot be opened.
         BackendTimeoutError: another pass held the lock longer than ``lock_timeout_ms``.
     """
     export_dir = Path(export_dir)

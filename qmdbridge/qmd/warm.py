@@ -257,7 +257,10 @@ class WarmChild:
                 await process.aclose()  # its pipes
         when = "before it answered" if ready_at is None else "while serving"
         if exited:
-            self._error(f"qmd mcp child (pid {process.pid}) {_exit_note(process.returncode, tail.text())} {when}")
+            code = process.returncode
+            status = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
+            self._error(f"qmd mcp child (pid {process.pid}) exited ({status}; last output: "
+                        f"{_last_line(tail.text())}) {when}")
         elif broken is not None:
             self._error(f"qmd mcp child (pid {process.pid}) {when}: {broken} "
                         f"(last stderr: {_last_line(tail.text())})")
@@ -293,15 +296,9 @@ class WarmChild:
         return mode in WARM_MODES and not self._closed
 
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
-        """One collection's ``query`` search through the child; ``None`` when the spawn path must
-        answer (not ready, which launches it, or the call failed).
-
-        Args:
-            q: the trimmed query. coll: the collection searched.
-            plan: limit, ``no_rerank`` and deadline.
-
-        Returns:
-            Entries in qmd's order, as ``qmd query --json -n <limit> -c <coll>``'s.
+        """One collection's ``query`` search through the child, ``-n plan.limit`` (``plan.no_rerank``):
+        entries in qmd's order as ``qmd query --json``'s, or ``None`` when the spawn path must answer
+        (not ready, which launches it, or the call failed).
 
         Raises:
             BackendTimeoutError: past the search deadline (names ``memory.qmd.limits.timeoutMs``).
@@ -315,16 +312,9 @@ class WarmChild:
 
     async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
                          *, limit: int) -> list[QmdEntry] | None:
-        """One collection's documents for a ``search``-mode question in one call of typed ``lex``
-        sub-searches (BM25 each, fused by reciprocal rank, no model, no rerank); ``None`` when the
-        spawn path must answer.
-
-        Args:
-            queries: lexical queries, most important first (``query_text.lex_queries``), at most 10.
-            coll: the collection searched. plan: the search's plan. limit: documents wanted.
-
-        Returns:
-            Entries in fused order, ``score`` ``1 / rank``.
+        """One collection's documents for a ``search``-mode question: one call of typed ``lex``
+        sub-searches (``queries``, most important first, at most 10; no model, no rerank), ``limit``
+        documents in fused order with ``score`` ``1 / rank``; ``None`` as for :meth:`search`.
 
         Raises:
             BackendTimeoutError: past the search deadline.
@@ -422,8 +412,3 @@ async def _wait_exit(process: Process, scope: anyio.CancelScope) -> None:
 def _last_line(text: str) -> str:
     last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "no output")
     return last[:200]
-
-
-def _exit_note(code: int | None, stderr_tail: str) -> str:
-    status = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
-    return f"exited ({status}; last output: {_last_line(stderr_tail)})"

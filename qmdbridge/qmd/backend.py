@@ -24,6 +24,8 @@ from fallback.request import SearchRequest
 from fallback.settings import ExtraPath
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.paths import child_env as build_child_env
+from qmdbridge.paths import qmd_home
 from qmdbridge.qmd.collections import (
     CollectionRun,
     ManagedCollection,
@@ -49,9 +51,15 @@ from qmdbridge.qmd.query_text import (
 )
 from qmdbridge.qmd.reads import Listings, read_qmd_path
 from qmdbridge.qmd.runner import CommandRunner, RunResult, is_busy, run_command
-from qmdbridge.qmd.search_calls import VEC0_HINT, CallPlan, probe_search, search_with_repairs
+from qmdbridge.qmd.search_calls import (
+    SEARCH_TIMEOUT_SETTING,
+    VEC0_HINT,
+    CallPlan,
+    probe_search,
+    search_with_repairs,
+)
 from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
-from qmdbridge.qmd.update import UpdateCycle, file_lock, indexing_in_progress
+from qmdbridge.qmd.update import UpdateCycle, embed_jitter_ms, file_lock, indexing_in_progress
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.freshness import QmdFreshness
@@ -63,8 +71,8 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
 PENDING_UPDATE_WAIT_MS = 500
 
-# The backend's search deadline ends this much before limits.timeoutMs (ms, at most a tenth of
-# it), so its own timeout, which names the setting, comes before the manager's backstop.
+# The search deadline ends this much (ms, at most a tenth) before limits.timeoutMs, so the
+# backend's own timeout, naming the setting, comes before the manager's backstop.
 SEARCH_DEADLINE_MARGIN_MS = 100
 
 
@@ -85,8 +93,6 @@ class QmdBackend:
     def __init__(self, agent: ResolvedAgent, *, location: Any, mode: Literal["full", "cli"] = "cli",
                  env: Mapping[str, str] | None = None,
                  now_ms: Callable[[], int] | None = None, runner: CommandRunner | None = None) -> None:
-        from qmdbridge.paths import qmd_home
-
         self.agent = agent
         self.location = location
         self.mode = mode
@@ -99,7 +105,6 @@ class QmdBackend:
             agent, sessions_dir=self.home.sessions_dir)
         self.roots = {c.name: c for c in self.collections}
         self.reconcile_state = ReconcileState()
-        self._child_env: dict[str, str] | None = None
         self.mode_override: str | None = None  # "search" once qmd's vector table cannot open
         self.lex_calls = True  # False once qmd rejected a question's lex call (search_calls)
         self.last_search_error: str | None = None  # the last search that failed, one line
@@ -136,18 +141,11 @@ class QmdBackend:
             lock_budget_ms=max(300_000, 6 * longest),
             embed_lock_budget_ms=max(900_000, 6 * up.embed_timeout_ms), now_ms=self.now_ms)
 
-    # -- process plumbing ---------------------------------------------------------------------
-
-    @property
+    @cached_property
     def child_env(self) -> dict[str, str]:
         """The child environment (per-agent XDG dirs, ``NO_COLOR=1``)."""
-        if self._child_env is None:
-            from qmdbridge.paths import child_env
-
-            self._child_env = dict(child_env(self.home, parent_env=self._parent_env,
-                                             path_env=getattr(self.location, "child_path", None)
-                                             or self._parent_env.get("PATH", "")))
-        return self._child_env
+        return dict(build_child_env(self.home, parent_env=self._parent_env, path_env=getattr(
+            self.location, "child_path", None) or self._parent_env.get("PATH", "")))
 
     @cached_property
     def model_state(self) -> ModelState:
@@ -168,7 +166,7 @@ class QmdBackend:
     async def _run_search(self, args: list[str], positionals: list[str], timeout_ms: int) -> RunResult:
         # qmd's busy wait bounded (query_text.search_env): a writer makes it a busy answer
         return await self._run(args, positionals, timeout_ms=timeout_ms,
-                               setting="memory.qmd.limits.timeoutMs", env=search_env(self.child_env))
+                               setting=SEARCH_TIMEOUT_SETTING, env=search_env(self.child_env))
 
     async def _collection_cmd(self, args: list[str], positionals: list[str]) -> CollectionRun:
         try:
@@ -187,8 +185,6 @@ class QmdBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("qmd backend is closed")
-
-    # -- lifecycle ----------------------------------------------------------------------------
 
     async def prepare(self) -> None:
         """Create the qmd home, workspace and sessions folders; spawns nothing. Idempotent.
@@ -257,7 +253,6 @@ class QmdBackend:
         """Long-lived mode: the interval update, the embed timer (spec 2.7.3: vectors used and
         the update interval off or longer) and the file watcher (``sync.watch``), in ``tasks``."""
         from qmdbridge.qmd.freshness import QmdFreshness
-        from qmdbridge.qmd.update import embed_jitter_ms
 
         up, sync = self.cfg.update, self.agent.memory_search.sync
         interval, embed_every = up.interval_ms, up.embed_interval_ms
@@ -333,8 +328,6 @@ class QmdBackend:
             await self._bg.aclose()
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
 
-    # -- update / embed -----------------------------------------------------------------------
-
     async def _run_update_cmd(self) -> None:
         res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
                               setting="memory.qmd.update.updateTimeoutMs",
@@ -408,8 +401,6 @@ class QmdBackend:
         res.check()
         return await describe_collections(res.stdout, run=self._collection_cmd, roots=self.roots)
 
-    # -- search -------------------------------------------------------------------------------
-
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None,
                      mode: str | None = None) -> SearchOutcome:
@@ -467,19 +458,16 @@ class QmdBackend:
             if problem is not None:
                 self.last_search_error = f"qmd {search_mode} skipped: {problem}"
                 raise BackendUnavailableError("qmd", self.last_search_error)
-        # what search mode sends (also after vec0 switched to it), and the words searched one
-        # by one: the content words, or those of a CJK question
+        # what search mode sends, and the words searched one by one (content or CJK words)
         lexical, words = search_words(q, search_mode)
         # a question in search mode: its AND and each word alone in one call per collection
-        # (search mode only: also after a vec0 switch)
         lex = lex_queries(lexical, words) if self.lex_calls else ()
         plan = CallPlan(search_mode, limit, search_mode == "query" and self.cfg.rerank is False,
                         deadline, limits.timeout_ms, self.home.models_dir,
                         self.child_env, index_db=self.home.index_db, lex=lex)
         try:
-            # not the warm child for lex calls while qmd's index holds no document of any
-            # managed collection: its MCP tool answers [] for a collection it lost, where the
-            # spawned call's "Collection not found" runs the repair (a reconcile)
+            # no warm child for lex calls while qmd's index is empty: its tool answers [] for a
+            # lost collection, where a spawned call's "Collection not found" runs the repair
             entries = await search_with_repairs(lexical if search_mode == "search" else q,
                                                 colls, plan, run=self._run_search,
                                                 warm=self.warm if counts or not lex else None,
@@ -520,8 +508,6 @@ class QmdBackend:
         return SearchOutcome(results=results, warnings=list(notes), provider="qmd", model="qmd",
                              mode=self.mode_override or self.cfg.search_mode)
 
-    # -- read ---------------------------------------------------------------------------------
-
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
         """``memory_get`` over qmd: workspace memory paths, or ``qmd/<collection>/<rel>``, both through
@@ -542,8 +528,6 @@ class QmdBackend:
         extra = rule_extra_paths(self.agent)
         return await anyio.to_thread.run_sync(lambda: read_memory_page(
             ws, extra, rel, from_line=from_line, lines=lines))
-
-    # -- status -------------------------------------------------------------------------------
 
     async def search_probe(self) -> str | None:
         """One tiny real search through the spawn path (``limits.timeoutMs``): ``None`` when qmd
@@ -571,7 +555,6 @@ class QmdBackend:
         total = sum(counts.values())
         embed_state = self.cycle.embed
         sources: list[Source] = sorted({c.source for c in self.collections}) or ["memory"]
-        # a lost or corrupt index first: the searches answer from the builtin engine until it is re-indexed
         unusable = self.reconcile_state.no_usable_collection(self.collections)
         probe_error = f"qmd search probe failed: {probe}" if probe else None
         embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from fallback.errors import BackendUnavailableError
 from fallback.sources.memory_files import SKIP_DIR_NAMES, root_memory_file
 from qmdbridge.qmd.collections import ManagedCollection
+from qmdbridge.qmd.update import file_lock
 
 if TYPE_CHECKING:
     from fallback.background import BackgroundTasks
@@ -169,9 +171,6 @@ class IndexHealth:
         Raises:
             BackendUnavailableError: the update failed (:attr:`problem` keeps the reason).
         """
-        from fallback.errors import BackendUnavailableError
-        from qmdbridge.qmd.update import file_lock
-
         db = self.home.index_db
         self.problem = f"{why}; re-indexing it (qmd update)"
         self._restoring = True
@@ -201,8 +200,6 @@ class IndexHealth:
                        yml_edited: bool) -> str | None:
         """Start-up step: :meth:`restore` a lost or corrupt index now (a lost one is left to an awaited
         ``boot_update``); returns the start-up problem, or ``None``."""
-        from fallback.errors import BackendUnavailableError
-
         counts, err = await self.counts.read()
         why = await self.check(counts, err, managed=managed, yml_edited=yml_edited)
         if why is not None and (not boot_update or why.corrupt):

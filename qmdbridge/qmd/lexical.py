@@ -21,11 +21,19 @@ from fallback.errors import BackendUnavailableError
 from qmdbridge.qmd.parse import merge_best, merge_key
 from qmdbridge.qmd.query_text import relaxed_terms
 from qmdbridge.qmd.results_json import QmdEntry
+from qmdbridge.qmd.search_calls import (
+    MAX_PARALLEL_CALLS,
+    CallPlan,
+    FlagRejected,
+    MissingCollection,
+    RunSearch,
+    VectorModuleMissing,
+    search_collections,
+)
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.collections import ManagedCollection
     from qmdbridge.qmd.parse import IndexCounts
-    from qmdbridge.qmd.search_calls import CallPlan, RunSearch
     from qmdbridge.qmd.warm import WarmChild
 
 __all__ = ["RELAX_MIN_LEFT_MS", "all_found", "relax"]
@@ -61,13 +69,6 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     Returns:
         ``(entry, collection)`` pairs, best first.
     """
-    from qmdbridge.qmd.search_calls import (
-        MAX_PARALLEL_CALLS,
-        FlagRejected,
-        MissingCollection,
-        VectorModuleMissing,
-        search_collections,
-    )
 
     sent = " ".join(terms) if sent is None else sent
     picked = [t for t in relaxed_terms(terms) if t != sent]

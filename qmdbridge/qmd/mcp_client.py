@@ -143,8 +143,6 @@ class McpStdioClient:
             waiter.error = QmdMcpError(f"qmd mcp: {self.broken}", transport=True)
             waiter.done.set()
 
-    # -- JSON-RPC -----------------------------------------------------------------------------
-
     async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its answer; a caller that leaves tells the server."""
         if self.broken is not None:

@@ -66,8 +66,7 @@ VEC0_HINT = ("qmd cannot open its vector table (no such module: vec0): it runs u
              "its sqlite-vec extension loads only under Node; searching with `search` (BM25) "
              "instead; run qmd with Node >= 22 (or set memory.qmd.searchMode to search)")
 
-# run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError (spawn,
-# BackendTimeoutError past timeout_ms).
+# run(args, positionals, timeout_ms) -> RunResult; raises BackendUnavailableError.
 RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
 
 
@@ -177,8 +176,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         try:
             res = await run(args, [query], remaining)
         except BackendTimeoutError:
-            # the deadline came while qmd waited for a writer (an attempt before was busy, or
-            # the index is locked now): busy, not a qmd failure
+            # the deadline came while qmd waited for a writer: busy, not a qmd failure
             if busy_seen or (plan.index_db is not None
                              and await anyio.to_thread.run_sync(index_locked, plan.index_db)):
                 raise QmdBusyError(summary, attempts=attempts) from None

@@ -35,13 +35,11 @@ log = logging.getLogger("qmdbridge.qmd.warm")
 
 # The search modes the child answers exactly as the spawned command (module docstring).
 WARM_MODES = ("query",)
-# What the child serves, as status reports it: those modes, and the questions of ``search`` mode
-# (their lexical searches in one call, :meth:`WarmChild.search_lex`).
+# What the child serves, as status reports it: those modes and ``search``-mode questions.
 SERVES = (*WARM_MODES, "search")
 # A child that served this long before it died restarts after the first backoff step again, ms.
 STABLE_UPTIME_MS = 60_000
-# A child that closed its stdout gets this long to exit by itself, so its exit status (not just
-# "closed its stdout") is reported, seconds.
+# A child that closed its stdout gets this long to exit, so its exit status is reported, seconds.
 EXIT_GRACE_S = 1.0
 # Characters of the child's stderr kept for error messages (the tail).
 TAIL_CHARS = 4_000
@@ -142,8 +140,6 @@ class WarmChild:
         self.startup_ms: int | None = None
         self.retry_at_ms: int | None = None
         self.server_version: str | None = None
-
-    # -- lifecycle ----------------------------------------------------------------------------
 
     def attach(self, tasks: BackgroundTasks) -> None:
         """Remember the task group the supervisor runs in."""
@@ -289,8 +285,6 @@ class WarmChild:
         log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
         self._notify()
 
-    # -- searching ----------------------------------------------------------------------------
-
     def serves(self, mode: str) -> bool:
         """Whether searches in ``mode`` go to the child (``query`` only)."""
         return mode in WARM_MODES and not self._closed
@@ -373,8 +367,6 @@ class WarmChild:
             self._db_ident = now
             return False
         return now != self._db_ident
-
-    # -- status -------------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
         """Status view: ``{enabled, state, serves, transport, pid, restarts, answered, spawnFallbacks,

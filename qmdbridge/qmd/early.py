@@ -116,8 +116,7 @@ class EarlyCalls:
 
     async def run_command(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                           timeout_ms: int, discard_stdout: bool = False,
-                          max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
-                          setting: str | None = None) -> RunResult:
+                          max_chars: int = DEFAULT_MAX_CHARS, setting: str | None = None) -> RunResult:
         """:func:`~qmdbridge.qmd.runner.run_command`, handing over the call started ahead of exactly
         this command; a command other than a search discards the calls not handed over first.
 
@@ -133,11 +132,10 @@ class EarlyCalls:
             call = self.take(argv, env, cwd)
         if call is not None:
             try:
-                return await wait_process(call, timeout_ms=timeout_ms, backend=backend, setting=setting)
+                return await wait_process(call, timeout_ms=timeout_ms, setting=setting)
             finally:
                 call.close_fds()
         if len(argv) < 2 or str(argv[1]) not in SEARCH_COMMANDS:
             await anyio.to_thread.run_sync(self.discard)
         return await run_command(argv, env=env, cwd=cwd, timeout_ms=timeout_ms,
-                                 discard_stdout=discard_stdout, max_chars=max_chars,
-                                 backend=backend, setting=setting)
+                                 discard_stdout=discard_stdout, max_chars=max_chars, setting=setting)

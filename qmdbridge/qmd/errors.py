@@ -58,7 +58,7 @@ class QmdCommandError(BackendUnavailableError):
 
     def __init__(self, summary: str, *, returncode: int | None = None, signal: int | None = None,
                  stdout_tail: str = "", stderr_tail: str = "", os_error: str | None = None,
-                 errno: int | None = None, backend: str = "qmd") -> None:
+                 errno: int | None = None) -> None:
         self.summary = summary
         self.returncode = returncode
         self.signal = signal
@@ -77,7 +77,7 @@ class QmdCommandError(BackendUnavailableError):
                 status += f"; {CRASH_HINT}"
             detail = (stderr_tail.strip() or stdout_tail.strip())[-_MESSAGE_TAIL_CHARS:]
             reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
-        super().__init__(backend, reason)
+        super().__init__("qmd", reason)
         # The bare "<summary> failed ..." text, as the reference runner words it.
         self.args = (reason,)
 

@@ -209,7 +209,7 @@ class CommandRunner(Protocol):
 
     def __call__(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                  timeout_ms: int, discard_stdout: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
-                 backend: str = "qmd", setting: str | None = None) -> Awaitable[RunResult]:
+                 setting: str | None = None) -> Awaitable[RunResult]:
         """Run ``argv`` to completion or to ``timeout_ms`` (see :func:`run_command`)."""
         ...
 
@@ -244,8 +244,7 @@ def parent_death_argv(argv: list[str], *, parent_pid: int | None = None) -> list
 
 async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path | str,
                       timeout_ms: int, discard_stdout: bool = False,
-                      max_chars: int = DEFAULT_MAX_CHARS, backend: str = "qmd",
-                      setting: str | None = None) -> RunResult:
+                      max_chars: int = DEFAULT_MAX_CHARS, setting: str | None = None) -> RunResult:
     """Run ``argv`` (no shell) to completion or to its deadline; ``update``, ``embed`` and
     ``collection`` commands start behind :func:`parent_death_argv` on Linux.
 
@@ -255,7 +254,7 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
         timeout_ms: deadline in ms from spawn, > 0.
         discard_stdout: send stdout to /dev/null.
         max_chars: per-stream cap in code points (the tail is kept).
-        backend / setting: the backend name and the config key of ``timeout_ms``, for errors.
+        setting: the config key of ``timeout_ms``, named in the timeout message.
 
     Returns:
         The :class:`RunResult`, whatever the exit code.
@@ -280,16 +279,14 @@ async def run_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path 
         process = QmdProcess(argv_t, env, cwd, command=command, max_chars=max_chars,
                              discard_stdout=discard_stdout)
     except OSError as exc:
-        raise QmdCommandError(summarize(argv_t), os_error=str(exc), errno=exc.errno,
-                              backend=backend) from exc
+        raise QmdCommandError(summarize(argv_t), os_error=str(exc), errno=exc.errno) from exc
     try:
-        return await wait_process(process, timeout_ms=timeout_ms, backend=backend, setting=setting)
+        return await wait_process(process, timeout_ms=timeout_ms, setting=setting)
     finally:
         process.close_fds()
 
 
-async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "qmd",
-                       setting: str | None = None) -> RunResult:
+async def wait_process(process: QmdProcess, *, timeout_ms: int, setting: str | None = None) -> RunResult:
     """Wait for a started process until it ends or ``timeout_ms`` (ms from now) passes.
 
     Returns:
@@ -310,7 +307,7 @@ async def wait_process(process: QmdProcess, *, timeout_ms: int, backend: str = "
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(kill_process, process)
     if not finished:
-        raise BackendTimeoutError(backend, summarize(process.argv), timeout_ms, setting=setting)
+        raise BackendTimeoutError("qmd", summarize(process.argv), timeout_ms, setting=setting)
     returncode, sig = split_status(process.proc.returncode)
     ended = process.ended if process.ended is not None else time.monotonic()
     return RunResult(argv=process.argv, returncode=returncode, signal=sig, stdout=process.out.text(),

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import ByteReceiveStream
 
 from fallback.background import BackgroundTasks, RetryPolicy
 from fallback.errors import BackendTimeoutError
@@ -225,8 +225,8 @@ class WarmChild:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_drain, process.stderr, tail)
-                tg.start_soon(_read, client, tg.cancel_scope)
-                tg.start_soon(_wait_exit, process, tg.cancel_scope)
+                tg.start_soon(_cancel_after, client.run, tg.cancel_scope)
+                tg.start_soon(_cancel_after, process.wait, tg.cancel_scope)
                 try:
                     await self._wait_ready(client)
                 except _StartFailed as exc:
@@ -389,15 +389,9 @@ async def _drain(stream: ByteReceiveStream | None, tail: TailBuffer) -> None:
         tail.feed(chunk)
 
 
-async def _read(client: McpStdioClient, scope: anyio.CancelScope) -> None:
-    """Run the client's reader; when the connection ends, end the child."""
-    await client.run()
-    scope.cancel()
-
-
-async def _wait_exit(process: Process, scope: anyio.CancelScope) -> None:
-    """End the child's generation when it exits."""
-    await process.wait()
+async def _cancel_after(wait: Callable[[], Awaitable[object]], scope: anyio.CancelScope) -> None:
+    """End the child's generation once ``wait()`` returns (the connection ended, the child exited)."""
+    await wait()
     scope.cancel()
 
 

@@ -217,12 +217,10 @@ class ReconcileState:
     """What reconciliation remembers across calls (one per backend).
 
     Attributes:
-        pattern_flag: the ``collection add`` pattern flag that last worked (``--mask``/``--glob``).
-        flags_tried: every pattern flag passed to ``collection add``, in order.
+        pattern_flag / flags_tried: the ``collection add`` pattern flag that last worked, and every one tried.
         warnings: warnings of the last run.
-        refused: collections not searched through qmd, by name, with the reason (this qmd
-            ignored the pattern flags; they are removed from qmd).
-        missing: custom collections whose path does not exist yet, by name, with that path.
+        refused: collections not searched through qmd (it ignored the pattern flags), with the reason.
+        missing: custom collections whose path does not exist yet, with that path.
         unreadable_yml: qmd's error when it could not parse ``index.yml`` in the last run.
     """
 

@@ -116,17 +116,10 @@ class IndexProblem:
 
 
 class IndexHealth:
-    """Whether one qmd index was lost or damaged, and its repair.
-
-    Args:
-        home: the agent's qmd home (``index.sqlite``, the update lock).
-        counts: the cached document counts of that index.
-        reindex: runs ``qmd update`` now.
-        update_timeout_ms: wait for the update lock, ms.
-
-    Attributes:
-        problem: what is wrong with the index now and what is done about it, or ``None``.
-    """
+    """Whether one qmd index was lost or damaged, and its repair: ``home`` (its ``index.sqlite``, the
+    update lock), ``counts`` (its cached document counts), ``reindex`` (runs ``qmd update`` now),
+    ``update_timeout_ms`` (wait for the update lock, ms). :attr:`problem`: what is wrong now and
+    what is done about it, or ``None``."""
 
     def __init__(self, home: QmdHome, counts: IndexCounts, *, reindex: Callable[[], Awaitable[None]],
                  update_timeout_ms: int) -> None:
@@ -141,13 +134,8 @@ class IndexHealth:
     async def check(self, counts: Mapping[str, int], count_error: str | None, *,
                     managed: Sequence[ManagedCollection] = (),
                     yml_edited: bool = False) -> IndexProblem | None:
-        """What is wrong with qmd's index, or ``None``.
-
-        Args:
-            counts: active documents per collection. count_error: why they could not be read.
-            managed: the collections qmd should hold.
-            yml_edited: ``index.yml`` changed since the last reconcile (left to its repairs).
-        """
+        """What is wrong with qmd's index given its ``counts`` (or ``count_error``), or ``None``;
+        ``managed``: the collections qmd should hold; ``yml_edited``: left to the reconcile repairs."""
         db = self.home.index_db
         if count_error is not None:
             return IndexProblem(f"qmd's index {db} is corrupt ({count_error})", True) \

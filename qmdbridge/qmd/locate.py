@@ -115,15 +115,9 @@ def _first_line(text: str) -> str:
 
 
 class QmdLocator:
-    """Finds and probes qmd for one environment.
-
-    Args:
-        env: the environment searched (default ``os.environ``).
-        repo_tools: also try this repository's ``.tools/bin/qmd`` (name ``qmd`` only).
-        usual_dirs: replaces the usual install folders; ``None`` keeps them.
-        cwd: folder relative command paths resolve against, and the probe's cwd.
-        timeout_ms: deadline of each ``--version`` probe, ms.
-    """
+    """Finds and probes qmd for one environment (``env``, default ``os.environ``): ``repo_tools``
+    also tries this repository's ``.tools/bin/qmd``, ``usual_dirs`` replaces the usual install
+    folders, ``cwd`` resolves relative paths, ``timeout_ms`` bounds each ``--version`` probe (ms)."""
 
     def __init__(self, *, env: Mapping[str, str] | None = None, repo_tools: bool = True,
                  usual_dirs: Sequence[str] | None = None, cwd: Path | str | None = None,
@@ -227,12 +221,8 @@ class QmdLocator:
         return loc(runtime_ok=runtime_ok, version=version, reason=reason)
 
     async def probe(self, command: str | Sequence[str] = "qmd") -> QmdLocation:
-        """Search for ``command`` and probe each candidate until a real qmd answers.
-
-        Returns:
-            The real qmd's location, else the first failing candidate's, else a not-found location;
-            never raises for a missing or broken qmd.
-        """
+        """Search for ``command`` and probe each candidate until a real qmd answers: its location, else
+        the first failing candidate's, else a not-found one; never raises for a missing or broken qmd."""
         searched: list[str] = []
         first_bad: QmdLocation | None = None
         skipped: list[str] = []
@@ -254,18 +244,9 @@ class QmdLocator:
 
 
 def npm_global_prefix(env: Mapping[str, str], *, path_env: str) -> str | None:
-    """npm's global prefix, read as npm works it out but without running npm.
-
-    Order: ``NPM_CONFIG_PREFIX``; ``prefix=`` in the user ``.npmrc``; in the global ``npmrc``;
-    the folder above the folder of the ``node`` on ``path_env``.
-
-    Args:
-        env: the environment (``HOME`` expands ``~``).
-        path_env: the ``PATH`` ``node`` is looked up in.
-
-    Returns:
-        The absolute prefix, or ``None`` when nothing names one and no ``node`` is found.
-    """
+    """npm's global prefix, worked out as npm does but without running it: ``NPM_CONFIG_PREFIX``,
+    ``prefix=`` in the user then the global ``npmrc``, else the folder above the folder of the
+    ``node`` on ``path_env``; ``None`` when nothing names one. ``env``'s ``HOME`` expands ``~``."""
     home = env.get("HOME") or os.path.expanduser("~")
 
     def expand(value: str) -> str:

@@ -45,16 +45,12 @@ class _Pending:
 
 
 class McpStdioClient:
-    """JSON-RPC over one ``qmd mcp`` child's stdin (``send``) and stdout (``receive``).
-
-    Run :meth:`run` in a task for the child's life, :meth:`initialize` once, then
-    :meth:`call_tool` (calls may overlap); :meth:`close` at the end.
+    """JSON-RPC over one ``qmd mcp`` child's stdin (``send``) and stdout (``receive``): :meth:`run`
+    in a task for the child's life, :meth:`initialize` once, then :meth:`call_tool`.
 
     Attributes:
-        server_info: the ``serverInfo`` of the ``initialize`` answer (``{}`` before).
-        requests_sent: requests written so far.
-        stale_answers: answers that arrived after their caller left, dropped.
-        broken: why the connection ended (``None`` while open).
+        server_info: the ``initialize`` answer's ``serverInfo``. requests_sent: requests written.
+        stale_answers: answers that came after their caller left. broken: why it ended, or ``None``.
     """
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
@@ -100,10 +96,8 @@ class McpStdioClient:
         return self.broken or "closed"
 
     async def initialize(self) -> dict[str, Any]:
-        """The MCP ``initialize`` exchange, then ``notifications/initialized``.
-
-        Returns:
-            The server's ``initialize`` result (its ``serverInfo`` kept in :attr:`server_info`).
+        """The MCP ``initialize`` exchange, then ``notifications/initialized``; returns the server's
+        result (its ``serverInfo`` kept in :attr:`server_info`).
 
         Raises:
             QmdMcpError: no answer, or not an ``initialize`` result.

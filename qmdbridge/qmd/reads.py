@@ -111,19 +111,13 @@ def _needle(snippet: str) -> str:
 
 def resolve_hit_file(coll: ManagedCollection, rel: str, snippet: str, start: int, end: int, *,
                      workspace: Path, listings: Listings | None = None) -> tuple[str | None, str | None]:
-    """Which file on disk a qmd hit is, when qmd's index may hold a path normalised by qmd before 2.6.
-
-    A path naming a file literally is that file; else the look-alike (:func:`slugify_path`) whose
-    lines ``start..end`` hold the snippet's first line. Several that fit are ambiguous; none means
-    the file is gone.
-
-    Args:
-        coll: the hit's collection. rel: the path qmd reported, ``/``-separated.
-        snippet: the hit's text without ``@@`` header. start / end: its 1-based lines.
-        workspace: the agent workspace. listings: folder listings kept between calls.
+    """Which file on disk a qmd hit at ``rel`` in ``coll`` is, when qmd's index may hold a path
+    normalised by qmd before 2.6: the file itself, else the look-alike (:func:`slugify_path`)
+    whose lines ``start..end`` hold the snippet's first line (``listings`` kept between calls).
 
     Returns:
-        ``(rel on disk, None)`` to keep; ``(None, note)`` to drop (``note`` ``None`` when gone).
+        ``(rel on disk, None)`` to keep; ``(None, note)`` to drop (several fit: a note; none:
+        ``None``, the file is gone).
     """
     if (coll.path / rel).is_file() and slugify_path(rel) != rel:
         return rel, None
@@ -215,8 +209,7 @@ def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_l
 
     Raises:
         PathRefusedError: ``invalid qmd path``, ``unknown qmd collection: <c>``, or a refusal
-            of :func:`read_in_root`.
-        BackendUnavailableError: the file exists but cannot be read.
+            of :func:`read_in_root`. BackendUnavailableError: as there.
     """
     parts = rel.split("/", 2)
     if len(parts) < 3 or not parts[1] or not parts[2]:

@@ -108,17 +108,15 @@ class UpdateCycle:
     """Runs ``qmd update`` (and maybe ``qmd embed``) for one agent with the spec 2.7 rules.
 
     Args:
-        update / embed: run ``qmd update`` / ``qmd embed`` once; raise ``BackendUnavailableError``.
-        repair: rebuilds the managed collections.
+        update / embed / repair: run ``qmd update``, ``qmd embed``, rebuild the collections;
+            raise ``BackendUnavailableError``.
         export_sessions: exports transcripts before the update, or ``None``.
         after_update: called after every completed update.
         write_lock / embed_lock: the per-store and global lock files.
         search_mode: ``search`` never embeds.
-        debounce_ms: unforced runs within this many ms of the last completed one are skipped.
-        embed_interval_ms: embed when this long passed since the last embed (0: only forced).
+        debounce_ms / embed_interval_ms: unforced runs' spacing, and the embed period (0: forced only), ms.
         lock_budget_ms / embed_lock_budget_ms: waits for the file locks, ms.
-        now_ms: clock in epoch ms.
-        boot_retry_delays_ms: waits before the retries of a busy or timed-out boot update, ms.
+        now_ms: clock in epoch ms. boot_retry_delays_ms: waits before a boot update's retries, ms.
     """
 
     def __init__(self, *, update: Command, embed: Command, repair: Command,

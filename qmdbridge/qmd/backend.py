@@ -268,7 +268,7 @@ class QmdBackend:
                 self.agent.workspace_dir, extra_dirs=[ExtraPath(path=p, pattern=g) for p, g in custom],
                 cycle=self.cycle, watch_debounce_ms=sync.watch_debounce_ms,
                 update_debounce_ms=up.debounce_ms, now_ms=self.now_ms, tasks=tasks)
-            tasks.start_soon("file watcher", self.freshness.run)
+            tasks.start_soon("file watcher", self.freshness.watcher.run)
 
     async def _boot_update(self) -> None:
         try:
@@ -288,11 +288,9 @@ class QmdBackend:
         self._yml_seen = yml_stamp(self.home.index_yml)
 
     def _managed(self) -> list[ManagedCollection]:
-        """The managed collections not refused at reconcile."""
         return [c for c in self.collections if c.name not in self.reconcile_state.refused]
 
     def _yml_edited(self) -> bool:
-        """Whether ``index.yml`` changed since this backend reconciled."""
         return yml_stamp(self.home.index_yml) != self._yml_seen
 
     async def _notice(self, counts: dict[str, int], count_error: str | None) -> str | None:

@@ -49,10 +49,6 @@ class QmdFreshness:
                                      debounce_ms=watch_debounce_ms, force_polling=force_polling,
                                      retry=tasks.policy, on_error=self._update_failed)
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Watch until cancelled (``task_status.started()`` once the observer runs)."""
-        await self.watcher.run(task_status=task_status)
-
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback; raises when the update fails (the watcher keeps the paths and retries)."""
         from fallback.sources.watcher import RESCAN_MARKER

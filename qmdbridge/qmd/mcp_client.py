@@ -34,7 +34,6 @@ _CLIENT_INFO = {"name": "qmdbridge", "version": "1"}
 
 
 class _Pending:
-    """One request waiting for its answer."""
 
     __slots__ = ("done", "error", "message")
 

@@ -43,7 +43,6 @@ def _is_word_char(ch: str) -> bool:
 
 
 def _word_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Spans of the runs of word characters in ``text[start:end]``."""
     spans: list[tuple[int, int]] = []
     i = start
     while i < end:

@@ -63,13 +63,11 @@ def strip_ansi(text: str) -> str:
 
 
 def _only_markers(text: str) -> bool:
-    """Whether ``text`` has a non-empty line and every one is a no-results marker."""
     lines = [line for line in text.splitlines() if line.strip()]
     return bool(lines) and all(_NO_RESULTS_RE.match(" ".join(line.split()).lower()) for line in lines)
 
 
 def _excerpt(text: str) -> str:
-    """``text`` whitespace-collapsed and cut to :data:`EXCERPT_CHARS`."""
     flat = " ".join(text.split())
     return flat if len(flat) <= EXCERPT_CHARS else flat[:EXCERPT_CHARS - 3] + "..."
 
@@ -107,7 +105,6 @@ def is_result_object(value: Any) -> bool:
 
 
 def _json_values(text: str) -> Iterator[Any]:
-    """Each balanced JSON value that opens a result-like line, in order."""
     pos = 0
     while (m := _ARRAY_START_RE.search(text, pos)) is not None:
         start = m.start(1)

@@ -107,7 +107,6 @@ class _NearDeadline(stop_base):
 
 
 class _Busy(Exception):
-    """One busy answer (retried)."""
 
     def __init__(self, result: RunResult) -> None:
         super().__init__(result.summary)

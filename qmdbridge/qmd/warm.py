@@ -183,7 +183,6 @@ class WarmChild:
         log.warning("%s", message)
 
     async def _supervise(self) -> None:
-        """Start the child, wait while it serves, restart it with backoff; until cancelled."""
         failures = 0
         try:
             with anyio.CancelScope() as self._scope:
@@ -265,7 +264,6 @@ class WarmChild:
         return -1 if ready_at is None else int((time.monotonic() - ready_at) * 1000)
 
     async def _wait_ready(self, client: McpStdioClient) -> None:
-        """``initialize`` within the start-up budget."""
         with anyio.move_on_after(self.startup_budget_ms / 1000) as budget:
             try:
                 info = await client.initialize()
@@ -359,7 +357,6 @@ class WarmChild:
         return entries
 
     def _reads_a_replaced_index(self) -> bool:
-        """Whether ``index_db`` is another file than the one the ready child opened."""
         if self._index_db is None:
             return False
         now = db_identity(self._index_db)

@@ -84,10 +84,8 @@ def holds_memory_file(c: ManagedCollection) -> bool:
 
 
 def move_aside(db: Path, now_ms: int) -> Path:
-    """Rename a damaged ``db`` and its ``-wal``/``-shm`` to ``<name>.corrupt-<now_ms>...``.
-
-    Returns:
-        The new name of ``db``.
+    """Rename a damaged ``db`` and its ``-wal``/``-shm`` to ``<name>.corrupt-<now_ms>...``; returns
+    the new name of ``db``.
 
     Raises:
         OSError: ``db`` cannot be renamed.

@@ -65,11 +65,7 @@ Listings = dict[str, tuple[tuple[int, int], dict[str, list[str]]]]
 
 def _slugged_names(folder: Path, listings: Listings | None) -> dict[str, list[str]]:
     """The names of ``folder`` by :func:`slugify_path`, reused from ``listings`` while its mtime and
-    inode are unchanged (not kept when changed less than :data:`RACY_NS` ago).
-
-    Raises:
-        OSError: the folder cannot be listed.
-    """
+    inode hold (not kept when changed less than :data:`RACY_NS` ago); raises ``OSError``."""
     st = os.stat(folder)
     key, stamp = str(folder), (st.st_mtime_ns, st.st_ino)
     known = listings.get(key) if listings is not None else None

@@ -33,10 +33,8 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 
 def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Path,
                  collections: list[ManagedCollection]) -> list[str]:
-    """Create the qmd home (per-agent XDG folders), the workspace and the sessions folder (blocking).
-
-    Returns:
-        Warnings about the home, for the log.
+    """Create the qmd home (per-agent XDG folders), the workspace and the sessions folder (blocking);
+    returns warnings about the home, for the log.
 
     Raises:
         BackendUnavailableError: a folder cannot be created.

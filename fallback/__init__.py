@@ -1,10 +1,7 @@
 """The builtin memory engine: FTS5 BM25 + vectors over Markdown memory files in SQLite.
 
-Knows nothing about qmd. ``qmdbridge`` builds on it.
-
-The public names are imported lazily (on first attribute access): importing a submodule such
-as ``fallback.search.fts`` runs this file first, and a one-shot ``qmdbridge search`` must not
-pay for pydantic (``fallback.models``) when it never builds a model.
+Knows nothing about qmd. The public names are imported on first access, so importing a
+submodule loads no pydantic.
 """
 
 from __future__ import annotations

@@ -8,22 +8,10 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 
-__all__ = [
-    "BackendTimeoutError",
-    "BackendUnavailableError",
-    "ConfigError",
-    "EmbeddingProviderError",
-    "FallbackInfo",
-    "IndexStoreError",
-    "ManagerClosedError",
-    "MemoryReadResult",
-    "MemorySearchError",
-    "MemorySearchResult",
-    "MemoryStatus",
-    "PathRefusedError",
-    "SearchResponse",
-    "UsageError",
-]
+__all__ = ["BackendTimeoutError", "BackendUnavailableError", "ConfigError",
+           "EmbeddingProviderError", "FallbackInfo", "IndexStoreError", "ManagerClosedError",
+           "MemoryReadResult", "MemorySearchError", "MemorySearchResult", "MemoryStatus",
+           "PathRefusedError", "SearchResponse", "UsageError"]
 
 _MODELS = frozenset({"FallbackInfo", "MemoryReadResult", "MemorySearchResult", "MemoryStatus",
                      "SearchResponse"})

@@ -26,24 +26,12 @@ subprocesses in ``qmdbridge/qmd/runner.py``, HTTP in ``fallback/embeddings/_http
 
 from __future__ import annotations
 
-__all__ = [
-    "BackendTimeoutError",
-    "BackendUnavailableError",
-    "ConfigError",
-    "EmbeddingDimensionsError",
-    "EmbeddingProviderError",
-    "EmbeddingProviderUnavailableError",
-    "IndexStoreError",
-    "LockTimeoutError",
-    "ManagerClosedError",
-    "MemoryFileNotFoundError",
-    "MemorySearchError",
-    "ModelDownloadError",
-    "PathRefusedError",
-    "RerankerError",
-    "SearchUnavailableError",
-    "UsageError",
-]
+__all__ = ["BackendTimeoutError", "BackendUnavailableError", "ConfigError",
+           "EmbeddingDimensionsError", "EmbeddingProviderError",
+           "EmbeddingProviderUnavailableError", "IndexStoreError", "LockTimeoutError",
+           "ManagerClosedError", "MemoryFileNotFoundError", "MemorySearchError",
+           "ModelDownloadError", "PathRefusedError", "RerankerError", "SearchUnavailableError",
+           "UsageError"]
 
 
 class MemorySearchError(Exception):

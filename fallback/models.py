@@ -23,27 +23,10 @@ from pydantic.alias_generators import to_camel
 from fallback.answer import answer_doc, hit_doc
 from fallback.skipped import SkippedFile
 
-__all__ = [
-    "BackgroundError",
-    "BackgroundStatus",
-    "ExplainDecay",
-    "ExplainFloor",
-    "ExplainFusion",
-    "ExplainKeyword",
-    "ExplainRerank",
-    "ExplainReorder",
-    "ExplainVector",
-    "FallbackInfo",
-    "HitExplain",
-    "MemoryReadResult",
-    "MemorySearchResult",
-    "MemoryStatus",
-    "ScopeDecision",
-    "SearchResponse",
-    "SkippedFile",
-    "SourceCount",
-    "Source",
-]
+__all__ = ["BackgroundError", "BackgroundStatus", "ExplainDecay", "ExplainFloor", "ExplainFusion",
+           "ExplainKeyword", "ExplainRerank", "ExplainReorder", "ExplainVector", "FallbackInfo",
+           "HitExplain", "MemoryReadResult", "MemorySearchResult", "MemoryStatus", "ScopeDecision",
+           "SearchResponse", "SkippedFile", "SourceCount", "Source"]
 
 Source = Literal["memory", "sessions"]
 

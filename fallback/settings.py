@@ -14,25 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-__all__ = [
-    "CacheSettings",
-    "ChunkingSettings",
-    "EngineSettings",
-    "ExtraPath",
-    "HybridSettings",
-    "LocalSettings",
-    "MemorySearchSettings",
-    "MmrSettings",
-    "QuerySettings",
-    "RemoteBatchSettings",
-    "RerankSettings",
-    "RemoteSettings",
-    "StoreSettings",
-    "SyncSettings",
-    "TemporalDecaySettings",
-    "named_store_path",
-    "DEFAULT_MAX_FILE_BYTES",
-]
+__all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
+           "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
+           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "StoreSettings",
+           "SyncSettings", "TemporalDecaySettings", "named_store_path", "DEFAULT_MAX_FILE_BYTES"]
 
 # Files larger than this are skipped by discovery (fallback.sources.memory_files, which must not
 # load pydantic, holds the same constant).

@@ -17,20 +17,9 @@ from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider
 from fallback.errors import EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
-__all__ = [
-    "AUTO_ENV_KEYS",
-    "AUTO_ORDER",
-    "ENV_KEYS",
-    "PROVIDERS",
-    "BaseProvider",
-    "CallPolicy",
-    "EmbeddingProvider",
-    "ProviderFactory",
-    "ProviderSelection",
-    "create_provider",
-    "probe",
-    "select_provider",
-]
+__all__ = ["AUTO_ENV_KEYS", "AUTO_ORDER", "ENV_KEYS", "PROVIDERS", "BaseProvider", "CallPolicy",
+           "EmbeddingProvider", "ProviderFactory", "ProviderSelection", "create_provider", "probe",
+           "select_provider"]
 
 ProviderFactory = Callable[..., EmbeddingProvider]
 """``factory(settings, *, env) -> EmbeddingProvider``; raises

@@ -21,12 +21,7 @@ from fallback.errors import EmbeddingProviderError
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
-__all__ = [
-    "HttpClient",
-    "error_from_response",
-    "map_transport_errors",
-    "parse_retry_after",
-]
+__all__ = ["HttpClient", "error_from_response", "map_transport_errors", "parse_retry_after"]
 
 # Provider error text kept in our messages, in characters.
 MAX_ERROR_TEXT_CHARS = 300

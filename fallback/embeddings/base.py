@@ -19,24 +19,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 
-__all__ = [
-    "BATCH_TIMEOUT_S",
-    "LOCAL_BATCH_TIMEOUT_S",
-    "LOCAL_QUERY_TIMEOUT_S",
-    "MAX_BATCH_BYTES",
-    "QUERY_TIMEOUT_S",
-    "BaseProvider",
-    "BatchEmbedder",
-    "CallPolicy",
-    "EmbeddingProvider",
-    "compute_provider_key",
-    "group_by_bytes",
-    "is_splittable",
-    "max_input_tokens_for",
-    "probe",
-    "retry_wait_s",
-    "sanitize_vector",
-]
+__all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", "MAX_BATCH_BYTES",
+           "QUERY_TIMEOUT_S", "BaseProvider", "BatchEmbedder", "CallPolicy", "EmbeddingProvider",
+           "compute_provider_key", "group_by_bytes", "is_splittable", "max_input_tokens_for",
+           "probe", "retry_wait_s", "sanitize_vector"]
 
 T_in = TypeVar("T_in")
 T_out = TypeVar("T_out")

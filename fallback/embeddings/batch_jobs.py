@@ -24,17 +24,8 @@ from fallback.embeddings._http import HttpClient
 from fallback.errors import EmbeddingProviderError
 from fallback.settings import RemoteBatchSettings
 
-__all__ = [
-    "BATCH_FAILURE_LIMIT",
-    "BatchJobApi",
-    "BatchRunner",
-    "BatchState",
-    "GeminiBatchJobs",
-    "OpenAIBatchJobs",
-    "VoyageBatchJobs",
-    "custom_id_for",
-    "run_batch_job",
-]
+__all__ = ["BATCH_FAILURE_LIMIT", "BatchJobApi", "BatchRunner", "BatchState", "GeminiBatchJobs",
+           "OpenAIBatchJobs", "VoyageBatchJobs", "custom_id_for", "run_batch_job"]
 
 # Failures after which batch mode is disabled for the provider (spec 6.3).
 BATCH_FAILURE_LIMIT = 2

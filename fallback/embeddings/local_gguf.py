@@ -25,15 +25,8 @@ from fallback.embeddings.model_fetch import DEFAULT_MODEL, ModelRef, ModelSpec
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
-__all__ = [
-    "LLAMA_CPP_MISSING",
-    "LocalGgufProvider",
-    "ModelDownload",
-    "ModelSource",
-    "from_settings",
-    "is_llama_cpp_installed",
-    "resolve_model_source",
-]
+__all__ = ["LLAMA_CPP_MISSING", "LocalGgufProvider", "ModelDownload", "ModelSource",
+           "from_settings", "is_llama_cpp_installed", "resolve_model_source"]
 
 NO_LOCAL_MODEL = "no local model configured"
 # The spec-3 limit for local models (llama.cpp truncates to the model's own context).

@@ -39,24 +39,9 @@ from fallback.gguf_file import GGUF_MAGIC
 if TYPE_CHECKING:  # httpx is imported by the download itself, so loading this module is cheap
     import httpx
 
-__all__ = [
-    "DEFAULT_HF_ENDPOINT",
-    "DEFAULT_MODEL",
-    "KNOWN_MODELS",
-    "CachedModel",
-    "FetchResult",
-    "ModelRef",
-    "ModelSpec",
-    "ProgressFn",
-    "default_cache_dir",
-    "fetch_model",
-    "find_model",
-    "format_bytes",
-    "hub_base_url",
-    "list_cached",
-    "parse_hf_uri",
-    "stderr_progress",
-]
+__all__ = ["DEFAULT_HF_ENDPOINT", "DEFAULT_MODEL", "KNOWN_MODELS", "CachedModel", "FetchResult",
+           "ModelRef", "ModelSpec", "ProgressFn", "default_cache_dir", "fetch_model", "find_model",
+           "format_bytes", "hub_base_url", "list_cached", "parse_hf_uri", "stderr_progress"]
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 HF_URI_PREFIX = "hf:"

@@ -69,23 +69,10 @@ from fallback.sources.transcripts import (
 from fallback.text.chunking import file_lines
 from fallback.text.path_names import parse_printable_path, printable_path
 
-__all__ = [
-    "SYMLINK_HINT",
-    "DEFAULT_READ_LINES",
-    "DEFAULT_READ_MAX_CHARS",
-    "DREAMS_REFUSED",
-    "LEGACY_SHADOWED",
-    "NOT_THE_ROOT_FILE",
-    "ResolvedMemoryPath",
-    "open_memory_file",
-    "page_text",
-    "read_memory_page",
-    "read_page_in_root",
-    "read_transcript_page",
-    "resolve_memory_path",
-    "transcript_name",
-    "transcript_text",
-]
+__all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
+           "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "open_memory_file",
+           "page_text", "read_memory_page", "read_page_in_root", "read_transcript_page",
+           "resolve_memory_path", "transcript_name", "transcript_text"]
 
 # Refusals of ``memory.md`` once ``MEMORY.md`` exists: as another file, or as the only one.
 LEGACY_SHADOWED = "shadowed legacy root file"

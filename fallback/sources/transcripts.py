@@ -26,21 +26,10 @@ import orjson
 from fallback.text.path_names import printable_path
 from fallback.text.redact import redact_secrets
 
-__all__ = [
-    "SESSIONS_DIR_NAME",
-    "SessionDeltaTracker",
-    "SessionDocument",
-    "TranscriptMessage",
-    "TranscriptParse",
-    "TranscriptScan",
-    "message_line",
-    "parse_transcript",
-    "sanitize_message_text",
-    "scan_transcripts",
-    "session_document",
-    "session_id_for",
-    "transcript_path",
-]
+__all__ = ["SESSIONS_DIR_NAME", "SessionDeltaTracker", "SessionDocument", "TranscriptMessage",
+           "TranscriptParse", "TranscriptScan", "message_line", "parse_transcript",
+           "sanitize_message_text", "scan_transcripts", "session_document", "session_id_for",
+           "transcript_path"]
 
 Role = Literal["user", "assistant"]
 

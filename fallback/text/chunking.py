@@ -23,20 +23,9 @@ from fallback.text.scripts import sha256_hex, text_weight
 if TYPE_CHECKING:
     import regex
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "CHUNKING_VERSION",
-    "MIN_CHUNK_CHARS",
-    "Chunk",
-    "chunk_markdown",
-    "file_lines",
-    "grapheme_ends",
-    "remap_lines",
-    "split_by_utf8_bytes",
-    "split_lines",
-    "text_weight",
-    "truncate_chars",
-]
+__all__ = ["CHARS_PER_TOKEN", "CHUNKING_VERSION", "MIN_CHUNK_CHARS", "Chunk", "chunk_markdown",
+           "file_lines", "grapheme_ends", "remap_lines", "split_by_utf8_bytes", "split_lines",
+           "text_weight", "truncate_chars"]
 
 # The reference budget: one token ~ 4 characters of English text.
 CHARS_PER_TOKEN = 4

@@ -14,19 +14,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import regex
 
-__all__ = [
-    "CJK_FLOOR",
-    "CJK_SCRIPTS",
-    "CJK_WEIGHT",
-    "Script",
-    "contains_cjk",
-    "narrow_fullwidth",
-    "script_of",
-    "sha256_hex",
-    "text_weight",
-    "word_runs",
-    "word_stretches",
-]
+__all__ = ["CJK_FLOOR", "CJK_SCRIPTS", "CJK_WEIGHT", "Script", "contains_cjk", "narrow_fullwidth",
+           "script_of", "sha256_hex", "text_weight", "word_runs", "word_stretches"]
 
 # A CJK/kana/Hangul character is roughly one token, so the chunk budget (4 chars a token) weighs it 4.
 CJK_WEIGHT = 4

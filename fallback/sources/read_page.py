@@ -60,7 +60,6 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.transcripts import (
     SESSIONS_DIR_NAME,
-    TranscriptParse,
     is_transcript_name,
     message_line,
     parse_transcript,
@@ -71,8 +70,8 @@ from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
            "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "open_memory_file",
-           "page_text", "read_memory_page", "read_page_in_root", "read_transcript_page",
-           "resolve_memory_path", "transcript_name", "transcript_text"]
+           "page_text", "read_memory_page", "read_page_in_root", "resolve_memory_path",
+           "transcript_name"]
 
 # Refusals of ``memory.md`` once ``MEMORY.md`` exists: as another file, or as the only one.
 LEGACY_SHADOWED = "shadowed legacy root file"
@@ -473,7 +472,7 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         rel_path: requested path (see :func:`resolve_memory_path`).
         from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
         sessions_dir: the transcript folder when the ``sessions`` source is on (a
-            ``sessions/<transcript>`` path is then read by :func:`read_transcript_page`).
+            ``sessions/<transcript>`` path then reads that transcript's JSONL lines).
         max_file_bytes: the index's size cap in bytes: the most read to tell binary files.
 
     Returns:
@@ -484,9 +483,9 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         PathRefusedError: not a memory file, or binary (reasons in the module docstring).
         BackendUnavailableError: the file exists but cannot be read.
     """
-    if sessions_dir is not None and transcript_name(rel_path) is not None:
-        return read_transcript_page(sessions_dir, rel_path, from_line=from_line, lines=lines,
-                                    default_lines=default_lines, max_chars=max_chars)
+    if sessions_dir is not None and (name := transcript_name(rel_path)) is not None:
+        return _transcript_page(sessions_dir, name, rel_path, from_line=from_line, lines=lines,
+                                default_lines=default_lines, max_chars=max_chars)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
@@ -540,43 +539,18 @@ def transcript_name(rel_path: str) -> str | None:
     return None
 
 
-def transcript_text(parsed: TranscriptParse) -> str:
-    """A parsed transcript as ``memory_get`` pages it: line ``n`` is JSONL line ``n``, a kept
-    message as its indexed line (``User: <text>``), every other line empty."""
-    lines = [""] * parsed.line_count
-    for message in parsed.messages:
-        lines[message.line_no - 1] = message_line(message)
-    return "".join(f"{line}\n" for line in lines)
-
-
-def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | None = None,
-                         lines: int | None = None, default_lines: int = DEFAULT_READ_LINES,
-                         max_chars: int = DEFAULT_READ_MAX_CHARS) -> MemoryReadResult:
-    """Read one page of a transcript a session hit cites (``sessions/<name>``), opened as
-    memory files are and paged as :func:`transcript_text`.
-
-    Args:
-        sessions_dir: the agent's transcript folder.
-        rel_path: ``sessions/<name>`` as the hit cites it.
-        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
-
-    Returns:
-        The page; ``missing=True`` with empty text when the transcript is gone.
-
-    Raises:
-        PathRefusedError: not a transcript path (``not a memory path``), or the refusals of
-            every path.
-        BackendUnavailableError: the transcript exists but cannot be read.
-    """
-    name = transcript_name(rel_path)
-    if name is None:
-        _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
-        raise _encoded(rel_path) or PathRefusedError(rel_path, "not a memory path")
+def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line: int | None,
+                     lines: int | None, default_lines: int, max_chars: int) -> MemoryReadResult:
+    """One page of the transcript ``name``, opened as memory files are: line ``n`` is JSONL
+    line ``n``, a kept message as its indexed line (``User: <text>``), every other line empty."""
     def read() -> tuple[str, int]:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
         if parsed.read_failed:
             raise OSError("; ".join(parsed.errors))
-        return transcript_text(parsed), 0
+        text = [""] * parsed.line_count
+        for message in parsed.messages:
+            text[message.line_no - 1] = message_line(message)
+        return "".join(f"{line}\n" for line in text), 0
 
     return _read_page(read, shown=rel_path, display=transcript_path(name), from_line=from_line,
                       lines=lines, default_lines=default_lines, max_chars=max_chars,

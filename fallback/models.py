@@ -158,12 +158,7 @@ class MemorySearchResult(_Model):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The hit as :func:`fallback.answer.hit_doc` builds it for every route."""
-        return hit_doc(path=self.path, start_line=self.start_line, end_line=self.end_line,
-                       score=self.score, snippet=self.snippet,
-                       snippet_start_line=self.snippet_start_line,
-                       snippet_end_line=self.snippet_end_line, source=self.source,
-                       citation=self.citation, vector_score=self.vector_score,
-                       text_score=self.text_score,
+        return hit_doc(**self.model_dump(exclude={"explain"}),
                        explain=None if self.explain is None else self.explain.to_json_dict())
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import anyio.abc
@@ -19,8 +19,11 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 
+if TYPE_CHECKING:
+    from fallback.embeddings.batch_jobs import BatchRunner
+
 __all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", "MAX_BATCH_BYTES",
-           "QUERY_TIMEOUT_S", "BaseProvider", "BatchEmbedder", "CallPolicy", "EmbeddingProvider",
+           "QUERY_TIMEOUT_S", "BaseProvider", "CallPolicy", "EmbeddingProvider",
            "compute_provider_key", "group_by_bytes", "is_splittable", "max_input_tokens_for",
            "probe", "retry_wait_s", "sanitize_vector"]
 
@@ -203,19 +206,6 @@ class CallPolicy:
                    batch_timeout_s=batch_timeout_s or LOCAL_BATCH_TIMEOUT_S)
 
 
-class BatchEmbedder(Protocol):
-    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``)."""
-
-    @property
-    def enabled(self) -> bool:
-        """False once batch mode was disabled after repeated failures."""
-        ...
-
-    async def run(self, texts: list[str]) -> list[list[float]] | None:
-        """Vectors for ``texts``, or None when the caller must embed inline."""
-        ...
-
-
 class BaseProvider:
     """Shared machinery of every provider: batching, retries, halving, timeouts, checks.
 
@@ -232,7 +222,7 @@ class BaseProvider:
 
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
-                 policy: CallPolicy | None = None, batch_runner: BatchEmbedder | None = None) -> None:
+                 policy: CallPolicy | None = None, batch_runner: BatchRunner | None = None) -> None:
         """Args:
             model: model id as sent to the provider.
             provider_key: from :func:`compute_provider_key`.

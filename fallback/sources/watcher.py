@@ -442,11 +442,6 @@ class MemoryWatcher:
         self._poke()
         return True
 
-    def check_health(self) -> None:
-        """Re-arm the observer if it is dead (blocking), waiting for one already under way."""
-        if self.rearm():
-            self._last_change_mono = time.monotonic()
-
     def silence_observer_for_test(self) -> None:
         """Drop every watch while the observer thread runs on (a deaf watcher)."""
         obs = self._observer
@@ -488,7 +483,7 @@ class MemoryWatcher:
                 self._wake = anyio.Event()
                 if self.dead_reason() is not None or time.monotonic() >= next_health:
                     next_health = time.monotonic() + self.health_check_ms / 1000
-                    await anyio.to_thread.run_sync(self.check_health)
+                    await anyio.to_thread.run_sync(self.rearm)
                 retry_at = self._retry_at_mono
                 if self.state.pending and (retry_at is None or time.monotonic() >= retry_at):
                     # trailing-edge debounce: wait until no event arrived for debounce_ms

@@ -1,27 +1,14 @@
 """Background work of one memory service: one anyio task group, supervised tasks, capped backoff.
 
-The manager opens one :class:`BackgroundTasks` for its whole life (``async with``) and hands it
-to each backend's ``start``; every background task of both backends (file watchers, update and
-embed timers, session deltas, rescans, boot syncs) is started through it, never as a raw
-asyncio task. What it guarantees:
+The manager opens one :class:`BackgroundTasks` for its whole life and every background task of
+both backends (watchers, timers, syncs) is started through it:
 
-- **Supervision**: a task that raises is logged once per failure, with its cause, and retried
-  after an exponential backoff with a cap (:class:`RetryPolicy`: 1 s, 2 s, 4 s ... at most
-  5 min). Periodic tasks (:meth:`BackgroundTasks.every`) wait ``max(period, backoff)`` after a
-  failed tick. A failure never escapes into the task group, so one broken task cannot cancel
-  the others or the caller.
-- **Reporting**: the last failure (task, message, when, failures in a row, next retry) and the
-  tasks failing right now are kept for ``status()`` (:meth:`BackgroundTasks.status`).
-- **Clean shutdown**: :meth:`BackgroundTasks.aclose` cancels the group and returns once every
-  task has finished (watchdog observers joined, qmd children reaped by their own cancel
-  handling). A backend can close only its own tasks through a :meth:`~BackgroundTasks.subgroup`.
-
-The group lives in a host task started by ``__aenter__``, so ``aclose`` may be called from any
-task of the same event loop (a blocking portal runs each call in its own task) and cancelling
-the group never cancels the code inside ``async with``.
-
-Source: exponential backoff with a cap, as in tenacity's ``wait_exponential`` (here as a small
-pure policy object so the watcher and the timers share it without a retry loop).
+- **Supervision**: a task that raises is logged with its cause and retried after a capped
+  exponential backoff (:class:`RetryPolicy`); a failure never escapes into the group.
+- **Reporting**: the last failure and the tasks failing now (:meth:`BackgroundTasks.status`).
+- **Clean shutdown**: :meth:`BackgroundTasks.aclose` cancels the group (or one
+  :meth:`~BackgroundTasks.subgroup`) and returns once every task has finished. The group lives
+  in a host task, so ``aclose`` may be called from any task of the same event loop.
 """
 
 from __future__ import annotations
@@ -53,23 +40,15 @@ Job = Callable[[], Awaitable[object]]
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with a cap (pure: no clock, no randomness).
-
-    Attributes:
-        base_ms: delay after the first failure, ms (> 0).
-        factor: growth per further consecutive failure (>= 1).
-        max_ms: the cap, ms.
-    """
+    """Exponential backoff with a cap (pure): ``base_ms`` after the first failure, times
+    ``factor`` per further one, at most ``max_ms``."""
 
     base_ms: int = RETRY_BASE_MS
     factor: float = 2.0
     max_ms: int = RETRY_MAX_MS
 
     def delay_ms(self, failures: int) -> int:
-        """Delay before the next attempt after ``failures`` consecutive failures, in ms.
-
-        ``min(max_ms, base_ms * factor ** (failures - 1))``; 0 when ``failures < 1``.
-        """
+        """Delay in ms after ``failures`` consecutive failures (0 when ``failures < 1``)."""
         if failures < 1:
             return 0
         delay = float(self.base_ms)
@@ -102,18 +81,11 @@ class _StartedProxy:
 
 
 class BackgroundTasks:
-    """One task group for a service's background work, with supervision and reporting.
-
-    Use ``async with BackgroundTasks() as tasks`` (the manager does) and pass ``tasks`` (or a
-    :meth:`subgroup`) to whatever needs to run in the background.
+    """One task group for a service's background work (``async with BackgroundTasks()``).
 
     Args:
-        policy: retry delays after failures (default: 1 s doubling, capped at 5 min).
+        policy: retry delays after failures.
         now_ms: clock in epoch ms for the reported failure times (default wall clock).
-
-    Raises:
-        UsageError: (from the ``start*`` methods) the group is not open: the owner was not
-            entered with ``async with``.
     """
 
     def __init__(self, *, policy: RetryPolicy | None = None,
@@ -153,8 +125,7 @@ class BackgroundTasks:
             await self.aclose()
         outer, self._outer = self._outer, None
         if outer is not None:
-            # The host task has finished: this returns at once. The body's own exception (if
-            # any) propagates unchanged instead of being wrapped in an exception group.
+            # The host task has finished: returns at once, the body's exception unwrapped.
             await outer.__aexit__(None, None, None)
         return False
 
@@ -180,11 +151,8 @@ class BackgroundTasks:
         return self._running
 
     def subgroup(self, label: str) -> BackgroundTasks:
-        """A handle on the same group whose tasks :meth:`aclose` can cancel on their own.
-
-        Args:
-            label: prefix of the task names it reports (``builtin``, ``qmd`` ...).
-        """
+        """A handle on the same group whose tasks :meth:`aclose` can cancel on their own;
+        ``label`` prefixes the task names it reports."""
         sub = BackgroundTasks(policy=self.policy, now_ms=self._now)
         sub._root = self._root
         sub._label = f"{self._label}{label}: "
@@ -192,10 +160,8 @@ class BackgroundTasks:
         return sub
 
     async def aclose(self) -> None:
-        """Cancel every task of this handle and wait until all have finished; idempotent.
-
-        On the root this cancels the whole group (subgroups included).
-        """
+        """Cancel every task of this handle (the root: the whole group) and wait until all
+        have finished; idempotent."""
         self._closed = True
         if self._root is self and self._tg is not None:
             self._tg.cancel_scope.cancel()
@@ -252,10 +218,10 @@ class BackgroundTasks:
         """Run ``job()`` in the background under supervision.
 
         Args:
-            name: what the task does, for logs and status (``boot sync``, ``file watcher``).
+            name: what the task does, for logs and status (``boot sync``).
             job: an async callable with no arguments.
             retry: after a failure, run ``job`` again after the policy's delay until it
-                succeeds (``False``: report the failure and stop).
+                succeeds (``False``: report and stop).
             dedupe: do nothing when a task of this name is already running or retrying.
 
         Returns:
@@ -272,10 +238,8 @@ class BackgroundTasks:
         return True
 
     async def start(self, name: str, job: Callable[..., Awaitable[object]]) -> Any:
-        """Run ``job(task_status=...)`` in the background and wait until it calls ``started()``.
-
-        A failure before ``started()`` is raised here; after it, the job is supervised like
-        :meth:`start_soon` (restarted with backoff, without ``task_status``).
+        """Run ``job(task_status=...)`` in the background and wait until it calls ``started()``
+        (a failure before that is raised here; after it, supervised as :meth:`start_soon`).
 
         Returns:
             The value passed to ``task_status.started()``.
@@ -292,9 +256,8 @@ class BackgroundTasks:
                               name=f"qmdbridge {self._label}{name}")
 
     def every(self, name: str, period_ms: int, tick: Job, *, first_ms: int | None = None) -> bool:
-        """Run ``tick()`` every ``period_ms`` (first after ``first_ms``, default one period).
-
-        A failed tick is reported and the next one waits ``max(period, backoff)``.
+        """Run ``tick()`` every ``period_ms`` (first after ``first_ms``, default one period); a
+        failed tick is reported and the next waits ``max(period, backoff)``.
 
         Returns:
             Whether the timer was started.
@@ -327,10 +290,8 @@ class BackgroundTasks:
 
     async def _until_done(self, name: str, call: Job, delay_ms: Callable[[int], int | None],
                           status: _StartedProxy | None = None) -> bool:
-        """Run ``call()`` until it succeeds: each failure is reported and retried after
-        ``delay_ms(failures in a row)`` ms (``None``: not retried), a success after failures
-        is recorded as a recovery. Returns False when the owner was closed
-        (``ManagerClosedError``), else True.
+        """Run ``call()`` until it succeeds, each failure reported and retried after
+        ``delay_ms(failures in a row)`` ms (``None``: not retried); False when the owner closed.
 
         Raises:
             Exception: what ``call`` raised before ``status.started()`` was called.
@@ -363,20 +324,9 @@ class BackgroundTasks:
 
     def report(self, name: str, exc: BaseException, *, failures: int,
                retry_in_ms: int | None) -> BackgroundError:
-        """Record and log (once) a failure of the background task ``name``.
-
-        An unexpected exception (not a ``MemorySearchError``) is logged with its traceback the
-        first time in a row.
-
-        Args:
-            name: the task (this handle's label is prefixed).
-            exc: what it raised.
-            failures: consecutive failures of that task, this one included (>= 1).
-            retry_in_ms: when it is tried again, or ``None`` when it is not.
-
-        Returns:
-            The recorded :class:`~fallback.models.BackgroundError` (also ``status().last_error``).
-        """
+        """Record and log a failure of the task ``name`` (``failures`` in a row, retried in
+        ``retry_in_ms`` or not) and return it; an unexpected exception is logged with its
+        traceback the first time."""
         full = f"{self._label}{name}"
         err = BackgroundError(task=full, message=describe_error(exc), at_ms=self._now(),
                               failures=failures, retry_in_ms=retry_in_ms)
@@ -394,11 +344,6 @@ class BackgroundTasks:
         full = f"{self._label}{name}"
         if self._root._failing.pop(full, None) is not None:
             log.info("background %s recovered after %d failure(s)", full, failures)
-
-    @property
-    def last_error(self) -> BackgroundError | None:
-        """The last failure of any task of the group, or ``None``."""
-        return self._root._last_error
 
     def status(self) -> BackgroundStatus:
         """``{running, tasks, failing, lastError}`` of the whole group (for

@@ -1,13 +1,9 @@
 """The backend contract both engines implement (builtin SQLite engine and qmd sidecar).
 
-``MemoryManager`` uses a backend only through :class:`MemoryBackend`: no private attributes,
-no swapped callbacks. All methods are async (anyio); blocking work (SQLite, file reads) runs in
-``anyio.to_thread.run_sync``.
-
-Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``, ``search``,
-``read_file``, ``status``, ``sync`` -> ``close()``. A backend never creates its
-own asyncio tasks: everything that outlives a call runs in the manager's task group through
-the :class:`~fallback.background.BackgroundTasks` given to ``start``.
+``MemoryManager`` uses a backend only through :class:`MemoryBackend` (async; blocking work in
+``anyio.to_thread``). Lifecycle: construct -> ``start(tasks)`` once -> any of ``prepare``,
+``search``, ``read_file``, ``status``, ``sync`` -> ``close()``; whatever outlives a call runs
+in the manager's :class:`~fallback.background.BackgroundTasks`.
 """
 
 from __future__ import annotations
@@ -34,17 +30,10 @@ class SearchOutcome:
     """One search's answer, as a backend returns it.
 
     Attributes:
-        results: the hits, best first, cut to ``max_results`` and filtered by ``min_score``
-            (each with ``explain`` when asked and the backend has a trace).
-        warnings: this search's non-fatal notes (a failed rerank, hits dropped as ambiguous,
-            one-off events no answer told yet), then the backend's last non-fatal problem
-            (failed sync, failed query embedding) when no note says it already.
-        mode: the ranking that ran: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin) or
-            ``search`` | ``vsearch`` | ``query`` (qmd); ``None`` only inside the ranking code
-            when nothing was ranked.
-        provider: embedding provider id (``none`` keyword-only; ``qmd`` for the sidecar);
-            ``None`` only inside the ranking code.
-        model: embedding model, or ``None``.
+        results: the hits, best first, cut to ``max_results`` and filtered by ``min_score``.
+        warnings: this search's non-fatal notes, then the backend's last non-fatal problem
+            when no note says it already.
+        mode / provider / model: as in :class:`~fallback.models.SearchResponse`.
     """
 
     results: list[MemorySearchResult]
@@ -56,22 +45,14 @@ class SearchOutcome:
 
 @runtime_checkable
 class MemoryBackend(Protocol):
-    """What ``MemoryManager`` needs from a backend, and all it uses.
-
-    ``search`` returns hits best first, already cut to ``max_results`` and filtered by
-    ``min_score``; it never decorates citations (the manager does). ``read_file`` raises
-    ``PathRefusedError`` for anything that is not a memory file and returns empty text with
-    ``missing=True`` for a memory file that does not exist.
-    """
+    """What ``MemoryManager`` needs from a backend, and all it uses (citations are the
+    manager's)."""
 
     name: str
 
     async def start(self, tasks: BackgroundTasks) -> None:
-        """Do the start-up work and begin background work (called once, before first use).
-
-        ``tasks`` is the manager's task group: every background task (watcher, timers, boot
-        sync or update) is started through it. Start-up steps run under their own budgets,
-        never under a search deadline. Returns nothing.
+        """Do the start-up work and begin background work through ``tasks``, the manager's
+        task group (called once, before first use; never under a search deadline).
 
         Raises:
             ManagerClosedError: the backend is closed.
@@ -80,8 +61,8 @@ class MemoryBackend(Protocol):
         ...
 
     async def prepare(self) -> None:
-        """Do the cheap local work a first search needs (open the store, create folders), so
-        a fallback answer is ready at once; spawns no process. Returns nothing.
+        """Do the cheap local work a first search needs, so a fallback answer is ready at once
+        (spawns no process).
 
         Raises:
             IndexStoreError / BackendUnavailableError: it cannot be prepared.
@@ -93,18 +74,14 @@ class MemoryBackend(Protocol):
         """Search; hits best first with the notes, mode and provider the answer reports.
 
         Args:
-            request: the checked request (:class:`~fallback.request.SearchRequest`: stripped
-                query, limits in range); ``max_results`` / ``min_score`` ``None`` take the
-                backend's defaults, ``session_key``'s scope rules are the manager's,
-                ``sources`` restricts to ``memory`` and/or ``sessions``, ``explain`` attaches
-                the ranking trace to every hit where the backend has one.
+            request: the checked :class:`~fallback.request.SearchRequest` (``None`` limits:
+                the backend's defaults; scope rules are the manager's).
             sync_budget_ms: longest wait in ms for a pre-search index refresh (``None``: the
                 backend's default).
-            progress: sync progress for a pre-search sync this search runs (the builtin
-                engine; qmd ignores it).
+            progress: progress of a pre-search sync (qmd ignores it).
 
         Returns:
-            :class:`SearchOutcome` (results, warnings, mode, provider, model all set).
+            :class:`SearchOutcome`, every field set.
 
         Raises:
             BackendUnavailableError: the backend cannot answer.
@@ -113,10 +90,7 @@ class MemoryBackend(Protocol):
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """Read a memory file page (defaults 120 lines / 12,000 chars).
-
-        Returns:
-            ``MemoryReadResult`` (``missing=True`` and empty text for an absent memory file).
+        """Read a memory file page (``missing=True`` and empty text for an absent one).
 
         Raises:
             PathRefusedError: not a memory file.
@@ -134,12 +108,10 @@ class MemoryBackend(Protocol):
         Args:
             reason: why (``cli``, ``watch``, ``interval`` ...), for logs.
             force: full rebuild.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for this sync,
-                where the backend can tell (the builtin engine; qmd ignores it).
+            progress: progress of this sync (qmd ignores it).
 
         Returns:
-            The backend's own report (the builtin engine's ``SyncReport``; ``None`` for qmd);
-            the manager does not read it.
+            The backend's own report, which the manager does not read.
 
         Raises:
             IndexStoreError / BackendUnavailableError: the sync failed.
@@ -147,6 +119,6 @@ class MemoryBackend(Protocol):
         ...
 
     async def close(self) -> None:
-        """Stop this backend's background tasks, wait for a running sync, release stores and
-        child processes; idempotent. Returns nothing."""
+        """Stop background tasks, wait for a running sync, release stores and child
+        processes; idempotent."""
         ...

@@ -3,62 +3,35 @@
 Every error raised on purpose derives from :class:`MemorySearchError`::
 
     MemorySearchError
-     +-- ConfigError                 bad JSON5 or a bad value (carries file and dotted key)
-     +-- UsageError                  a bad call: empty query, bad argument
-     +-- PathRefusedError            memory_get target outside the allowed set (carries reason)
-     +-- MemoryFileNotFoundError     memory_get target allowed, but no such file (carries reason)
-     +-- BackendUnavailableError     a backend cannot answer (carries backend, reason)
-     |    +-- SearchUnavailableError ... because its configured embedding provider cannot work
-     |    +-- BackendTimeoutError    ... because it ran past its deadline (also a TimeoutError)
-     |    +-- QmdCommandError, QmdOutputError, QmdMcpError (qmdbridge/qmd/errors.py: qmd failed,
-     |        printed garbage, or its warm ``qmd mcp`` child could not answer)
-     |    +-- PostgresUnavailableError  the postgres store's server cannot be used: unreachable,
-     |    |                             login refused, pgvector missing, no privilege
-     |    |                             (fallback/store/postgres/errors.py)
-     |    +-- (BackendTimeoutError) PostgresTimeoutError  a statement past statement_timeout
-     +-- IndexStoreError             a SQLite store failure (fallback/store/errors.py maps codes):
-     |    +-- IndexStoreLockedError     ... locked past the busy timeout (SQLITE_BUSY/LOCKED)
-     |    +-- IndexStoreReadOnlyError   ... cannot be written (SQLITE_READONLY)
-     |    +-- IndexStoreCorruptError    ... damaged or not a database (SQLITE_CORRUPT/NOTADB)
-     |    +-- IndexStoreFullError       ... the disk or its page limit is full (SQLITE_FULL)
-     |    +-- PostgresStoreError        ... any other error of the postgres store (SQLSTATE)
-     +-- LockTimeoutError            an inter-process file lock stayed held past the wait budget
-                                     (also a TimeoutError; the store and qmd translate it)
-     +-- EmbeddingProviderError      an embedding call failed (provider, status, retryable)
-     |    +-- EmbeddingProviderUnavailableError  ... a provider cannot be created (no key, no model)
-     |         +-- ModelDownloadError     ... its model file cannot be downloaded (offline, HTTP
-     |                                    error, checksum mismatch); a partial file is kept to resume
-     |    +-- EmbeddingDimensionsError  ... its vectors changed size under the same model id
-     +-- RerankerError               the reranker stage failed (provider, status); the search
-     |                               keeps the fused order and says so in its warnings
-     +-- ManagerClosedError          a closed MemoryManager was used
+     +-- ConfigError, UsageError, PathRefusedError, MemoryFileNotFoundError
+     +-- BackendUnavailableError         a backend cannot answer: the manager falls back
+     |    +-- SearchUnavailableError     ... its configured embedding provider cannot work
+     |    +-- BackendTimeoutError        ... past its deadline (also a TimeoutError)
+     |    +-- QmdCommandError, QmdOutputError, QmdMcpError   (qmdbridge/qmd/errors.py)
+     |    +-- PostgresUnavailableError, PostgresTimeoutError (fallback/store/postgres/errors.py)
+     +-- IndexStoreError                 a store failure; subclasses Locked, ReadOnly, Corrupt,
+     |                                   Full (fallback/store/errors.py) and PostgresStoreError
+     +-- LockTimeoutError                an inter-process file lock stayed held (a TimeoutError)
+     +-- EmbeddingProviderError          an embedding call failed
+     |    +-- EmbeddingProviderUnavailableError  ... no provider (no key, no model)
+     |    |    +-- ModelDownloadError            ... its model file cannot be downloaded
+     |    +-- EmbeddingDimensionsError           ... vectors changed size under one model id
+     +-- RerankerError                   the reranker failed (the search keeps the fused order)
+     +-- ManagerClosedError              a closed MemoryManager was used
 
-Foreign exceptions are translated in one place per library (``sqlite3``/``apsw`` in
-``fallback/store/errors.py``, by SQLite result code; ``psycopg`` in
-``fallback/store/postgres/errors.py``, by SQLSTATE; subprocesses in
-``qmdbridge/qmd/runner.py``; HTTP in ``fallback/embeddings/_http.py``) with ``raise ... from exc``.
+Foreign exceptions are translated in one place per library, with ``raise ... from exc``:
+SQLite in ``fallback/store/errors.py``, ``psycopg`` in ``fallback/store/postgres/errors.py``,
+subprocesses in ``qmdbridge/qmd/runner.py``, HTTP in ``fallback/embeddings/_http.py``.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "BackendTimeoutError",
-    "BackendUnavailableError",
-    "ConfigError",
-    "EmbeddingDimensionsError",
-    "EmbeddingProviderError",
-    "EmbeddingProviderUnavailableError",
-    "IndexStoreError",
-    "LockTimeoutError",
-    "ManagerClosedError",
-    "MemoryFileNotFoundError",
-    "MemorySearchError",
-    "ModelDownloadError",
-    "PathRefusedError",
-    "RerankerError",
-    "SearchUnavailableError",
-    "UsageError",
-]
+__all__ = ["BackendTimeoutError", "BackendUnavailableError", "ConfigError",
+           "EmbeddingDimensionsError", "EmbeddingProviderError",
+           "EmbeddingProviderUnavailableError", "IndexStoreError", "LockTimeoutError",
+           "ManagerClosedError", "MemoryFileNotFoundError", "MemorySearchError",
+           "ModelDownloadError", "PathRefusedError", "RerankerError", "SearchUnavailableError",
+           "UsageError"]
 
 
 class MemorySearchError(Exception):
@@ -69,8 +42,8 @@ class ConfigError(MemorySearchError):
     """Raised when a config file cannot be parsed or a value is invalid.
 
     Attributes:
-        file: the config file path (``None`` for values that came from code or flags).
-        key: dotted key path, e.g. ``memory.qmd.limits.timeoutMs`` (``None`` for syntax errors).
+        file: the config file path (``None`` for values from code or flags).
+        key: dotted key path, e.g. ``memory.qmd.limits.timeoutMs`` (``None``: a syntax error).
         expected: what the value should have been, in words.
     """
 
@@ -93,14 +66,11 @@ class UsageError(MemorySearchError):
 class PathRefusedError(MemorySearchError):
     """Raised when ``memory_get`` is asked for something that is not a memory file.
 
-    Distinct from "not found" (:class:`MemoryFileNotFoundError`).
-
     Attributes:
         path: the path as the caller gave it.
-        reason: short machine-friendly reason, e.g. ``escapes workspace``, ``symlink``,
-            ``not markdown``, ``absolute path``, ``parent segment``, ``not a memory path``.
-        hint: what would allow the path (the config key to set), in the message after the
-            reason; ``None`` when nothing would.
+        reason: short reason (``symlink``, ``not markdown``, ``not a memory path`` ...: the
+            list is in ``fallback/sources/read_page.py``).
+        hint: what would allow the path, or ``None``.
     """
 
     def __init__(self, path: str, reason: str, *, hint: str | None = None) -> None:
@@ -111,12 +81,8 @@ class PathRefusedError(MemorySearchError):
 
 
 class MemoryFileNotFoundError(MemorySearchError):
-    """Raised when a path the memory rule allows names no file (never there, or removed).
-
-    The safe reader raises it where ``open`` reported ``ENOENT``/``ENOTDIR``, so a file that
-    vanishes between two calls never surfaces as a bare ``FileNotFoundError``. ``memory_get``
-    (the tool and the library) turns it into an empty page with ``missing=True``, as the
-    reference does; the CLI's ``get`` exits with code 4.
+    """Raised when a path the memory rule allows names no file; ``memory_get`` answers it
+    with an empty page and ``missing=True``.
 
     Attributes:
         path: the path as the caller gave it.
@@ -144,9 +110,8 @@ class BackendUnavailableError(MemorySearchError):
 
 
 class SearchUnavailableError(BackendUnavailableError):
-    """Raised when an explicitly configured embedding provider cannot work, so search fails
-    closed instead of silently degrading; the message is
-    ``memory search unavailable: <provider>: <reason>``."""
+    """Raised when an explicitly configured embedding provider cannot work (search fails
+    closed): ``memory search unavailable: <provider>: <reason>``."""
 
     def __init__(self, provider: str, reason: str) -> None:
         super().__init__("builtin", reason)
@@ -158,16 +123,14 @@ class SearchUnavailableError(BackendUnavailableError):
 
 
 class BackendTimeoutError(BackendUnavailableError, TimeoutError):
-    """Raised when a backend call runs past its deadline.
-
-    Message: ``<summary> timed out after <timeout_ms>ms``, then `` (<setting>)`` naming the
-    config key that sets the deadline when known, then ``; <hint>`` when one was given.
+    """Raised when a backend call runs past its deadline:
+    ``<summary> timed out after <timeout_ms>ms (<setting>); <hint>``.
 
     Attributes:
         timeout_ms: the deadline that was exceeded, in ms.
         summary: the command or operation, e.g. ``qmd search foo --json -n 6``.
-        setting: the config key of the deadline (``memory.qmd.limits.timeoutMs``), or ``None``.
-        hint: what may have made it slow (``models missing or downloading? ...``), or ``None``.
+        setting: the config key of the deadline, or ``None``.
+        hint: what may have made it slow, or ``None``.
     """
 
     def __init__(self, backend: str, summary: str, timeout_ms: int, *,
@@ -181,12 +144,8 @@ class BackendTimeoutError(BackendUnavailableError, TimeoutError):
 
 
 class IndexStoreError(MemorySearchError):
-    """Raised when the SQLite store fails; the subclasses in ``fallback/store/errors.py`` say
-    whether it was locked past the busy timeout, read-only or corrupt.
-
-    Attributes:
-        db_path: the store file.
-    """
+    """Raised when the store fails (subclasses in ``fallback/store/errors.py``); ``db_path``
+    is the store file."""
 
     def __init__(self, message: str, *, db_path: str | None = None) -> None:
         self.db_path = db_path
@@ -197,14 +156,10 @@ class LockTimeoutError(MemorySearchError, TimeoutError):
     """Raised when an inter-process file lock (``fallback/fs/lock.py``) is still held by another
     process when the wait budget runs out.
 
-    The message names the holder when its lock file records a live process:
-    ``another process (pid 4242) holds the lock /state/x.lock; waiting for it timed out after
-    5000 ms``.
-
     Attributes:
         path: the lock file.
         timeout_ms: the budget that ran out, in ms.
-        holder_pid: the pid recorded by the live holder, or ``None`` when unknown.
+        holder_pid: the pid recorded by the live holder (named in the message), or ``None``.
     """
 
     def __init__(self, path: str, timeout_ms: int, holder_pid: int | None) -> None:
@@ -216,15 +171,12 @@ class LockTimeoutError(MemorySearchError, TimeoutError):
 
 
 class EmbeddingProviderError(MemorySearchError):
-    """Raised when an embedding call fails.
-
-    The message always contains the word "embedding" (the reference system keys its
-    provider fallback on that).
+    """Raised when an embedding call fails; the message always contains "embedding".
 
     Attributes:
         provider: provider id (``openai``, ``gemini``, ``local`` ...).
         status: HTTP status code, or ``None`` for transport or local errors.
-        retryable: True for 429, 5xx and transport errors (tenacity retries on it).
+        retryable: True for 429, 5xx and transport errors.
         retry_after_s: the server's Retry-After in seconds, when it sent one.
         detail: the message without the ``<provider> embedding failed`` prefix.
     """
@@ -243,9 +195,7 @@ class EmbeddingProviderError(MemorySearchError):
 
 
 class EmbeddingProviderUnavailableError(EmbeddingProviderError):
-    """Raised when an embedding provider cannot be created (no call was made).
-
-    Examples: no API key, no local model file, llama-cpp-python not installed.
+    """Raised when an embedding provider cannot be created (no API key, no model file ...).
 
     Attributes:
         reason: one line, e.g. ``no API key found for openai``.
@@ -260,15 +210,12 @@ class EmbeddingProviderUnavailableError(EmbeddingProviderError):
 
 
 class ModelDownloadError(EmbeddingProviderUnavailableError):
-    """Raised when a GGUF model cannot be downloaded into the model cache
-    (``fallback/embeddings/model_fetch.py``).
+    """Raised when a GGUF model cannot be downloaded into the model cache.
 
     Attributes:
         uri: the model, ``hf:<owner>/<repo>/<file>``.
-        offline: True when the hub could not be reached at all (connection refused, DNS,
-            connect timeout), False for an HTTP error, a dropped transfer or a bad checksum.
-        kept_bytes: bytes of the partial download kept for the next attempt to resume
-            (0 when nothing is kept, e.g. after a checksum mismatch).
+        offline: True when the hub could not be reached at all.
+        kept_bytes: bytes of the partial download kept for the next attempt to resume.
     """
 
     def __init__(self, uri: str, reason: str, *, offline: bool = False, kept_bytes: int = 0) -> None:
@@ -279,16 +226,8 @@ class ModelDownloadError(EmbeddingProviderUnavailableError):
 
 
 class EmbeddingDimensionsError(EmbeddingProviderError):
-    """Raised when a provider's vectors change length under the same model id (the server was
-    switched to another model, or an ``openai-compatible`` endpoint now serves a different one).
-
-    The provider has already adopted the new length when this is raised, so the next call
-    succeeds; the index treats the change as an identity change and rebuilds.
-
-    Attributes:
-        expected: the length seen before.
-        got: the new length.
-    """
+    """Raised when a provider's vectors change length under the same model id; the provider
+    has adopted the new length (``got``, was ``expected``) and the index rebuilds."""
 
     def __init__(self, provider: str, *, expected: int, got: int, model: str) -> None:
         super().__init__(provider, f"embedding has {got} dimensions, expected {expected} "
@@ -298,16 +237,13 @@ class EmbeddingDimensionsError(EmbeddingProviderError):
 
 
 class RerankerError(MemorySearchError):
-    """Raised when the reranker stage cannot score the candidates.
-
-    The search never fails on it: the pipeline keeps the fused order and adds the message to
-    the answer's warnings.
+    """Raised when the reranker stage cannot score the candidates (the search keeps the
+    fused order and warns).
 
     Attributes:
         provider: ``http`` or ``local``.
-        reason: one line, e.g. ``HTTP 500: model overloaded`` or
-            ``reranker model file not found: /models/x.gguf``.
-        status: HTTP status code, or ``None`` for transport, timeout and local errors.
+        reason: one line, e.g. ``HTTP 500: model overloaded``.
+        status: HTTP status code, or ``None``.
     """
 
     def __init__(self, provider: str, reason: str, *, status: int | None = None) -> None:

@@ -1,15 +1,11 @@
 """Whether a file on disk can be a whole GGUF model: the magic, a header that parses, and tensor
 data that starts inside the file.
 
-A model download cut short keeps a valid ``GGUF`` header, so the magic alone does not tell a
-truncated file from a whole one; llama.cpp then fails or hangs on it. The header lists every
-tensor with its offset into the data section, so a file that ends before the last tensor's data
-starts is truncated, whatever its name says. Reads only the header (a few hundred KB for
-the largest vocabularies), never the tensor data.
+A download cut short keeps a valid header, on which llama.cpp fails or hangs; the header lists
+every tensor's offset, so a file ending before the last tensor's data is truncated. Reads only
+the header.
 
-Source: the GGUF file format (ggml, ``docs/gguf.md``): little-endian; magic, version (uint32),
-tensor count and metadata count (uint64), metadata key/value pairs, tensor infos, then the
-tensor data aligned to ``general.alignment`` (default 32 bytes).
+Source: the GGUF file format (ggml, ``docs/gguf.md``).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ __all__ = ["GGUF_MAGIC", "gguf_problem"]
 GGUF_MAGIC = b"GGUF"
 # Alignment of the tensor data when the file does not set general.alignment (GGUF spec).
 DEFAULT_ALIGNMENT = 32
-# Byte sizes of the fixed-size metadata value types, by type id (GGUF spec):
-# uint8, int8, uint16, int16, uint32, int32, float32, bool, -, -, uint64, int64, float64.
+# Byte sizes of the fixed-size metadata value types, by type id (GGUF spec).
 _FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 # More entries than this in a header is a damaged count, not a model.
@@ -83,12 +78,8 @@ def _value(fh: BinaryIO, kind: int) -> int | None:
 
 
 def gguf_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be a whole GGUF model, or ``None`` when it can.
-
-    Returns:
-        ``None``; or one of ``empty file``, ``not a GGUF file``, ``truncated (the header ends
-        early)``, ``truncated (<size> bytes, the tensor data reaches past <offset>)``,
-        ``damaged header (<what>)``.
+    """Why ``path`` cannot be a whole GGUF model (``empty file``, ``not a GGUF file``,
+    ``truncated (...)``, ``damaged header (...)``), or ``None`` when it can.
 
     Raises:
         OSError: the file cannot be opened or read.

@@ -6,12 +6,11 @@ Conventions, stated once:
 - ``source`` is ``"memory"`` (Markdown memory files) or ``"sessions"`` (session transcripts);
 - lengths (snippet caps, paging budgets) are counted in code points, and no snippet or page
   ever splits a code point;
-- paths are workspace-relative with ``/`` separators (extra paths outside the workspace may
-  start with ``../``; qmd collections outside the workspace read ``qmd/<collection>/<rel>``).
+- paths are workspace-relative with ``/`` separators (``../x`` outside the workspace,
+  ``qmd/<collection>/<rel>`` for qmd collections outside it).
 
-All models are frozen pydantic models (``SkippedFile``, re-exported here, is a plain frozen
-dataclass of ``fallback/skipped.py``: discovery builds it without pydantic); JSON uses the camelCase aliases and always emits every
-key (``null`` rather than missing): dump with ``model_dump(by_alias=True)``.
+All models are frozen pydantic models; JSON uses the camelCase aliases and always emits every
+key (``null`` rather than missing).
 """
 
 from __future__ import annotations
@@ -24,27 +23,10 @@ from pydantic.alias_generators import to_camel
 from fallback.answer import answer_doc, hit_doc
 from fallback.skipped import SkippedFile
 
-__all__ = [
-    "BackgroundError",
-    "BackgroundStatus",
-    "ExplainDecay",
-    "ExplainFloor",
-    "ExplainFusion",
-    "ExplainKeyword",
-    "ExplainRerank",
-    "ExplainReorder",
-    "ExplainVector",
-    "FallbackInfo",
-    "HitExplain",
-    "MemoryReadResult",
-    "MemorySearchResult",
-    "MemoryStatus",
-    "ScopeDecision",
-    "SearchResponse",
-    "SkippedFile",
-    "SourceCount",
-    "Source",
-]
+__all__ = ["BackgroundError", "BackgroundStatus", "ExplainDecay", "ExplainFloor", "ExplainFusion",
+           "ExplainKeyword", "ExplainRerank", "ExplainReorder", "ExplainVector", "FallbackInfo",
+           "HitExplain", "MemoryReadResult", "MemorySearchResult", "MemoryStatus", "ScopeDecision",
+           "SearchResponse", "SkippedFile", "SourceCount", "Source"]
 
 Source = Literal["memory", "sessions"]
 
@@ -59,9 +41,8 @@ class _Model(BaseModel):
 
 
 class ExplainKeyword(_Model):
-    """The keyword side of a hit: ``rank`` (1-based, in BM25 order among the keyword
-    candidates), ``bm25`` (FTS5 ``bm25()``, lower is better; ``None`` for a substring-only
-    match) and ``text_score`` (the coverage-boosted text score in ``[0, 1]`` that is fused)."""
+    """The keyword side of a hit: 1-based BM25 ``rank``, FTS5 ``bm25`` (lower is better;
+    ``None`` for a substring match) and the fused ``text_score`` in ``[0, 1]``."""
 
     rank: int
     bm25: float | None
@@ -69,10 +50,8 @@ class ExplainKeyword(_Model):
 
 
 class ExplainVector(_Model):
-    """The vector side of a hit: ``rank`` (1-based, by cosine) and ``cosine`` similarity (of
-    the chunk's best window: chunks are embedded as windows of a few lines, max-pooled) to the
-    query vector searched; ``contrast``: the query's common terms contrasted out of that vector
-    (``fallback/search/contrast.py``), ``[]`` when none."""
+    """The vector side of a hit: 1-based ``rank`` by ``cosine`` similarity (of the chunk's best
+    window) and the query terms ``contrast`` took out of the query vector."""
 
     rank: int
     cosine: float
@@ -81,11 +60,8 @@ class ExplainVector(_Model):
 
 class ExplainFusion(_Model):
     """The hybrid merge (``fallback/search/fusion.py``): ``method`` (``scores`` or ``rrf``), the
-    hit's evidence on each side in ``[0, 1]`` (``text_evidence``: its text score over the best
-    keyword hit's; ``vector_evidence``: the standard score of its cosine over the index, over
-    3.5; 0 when the side did not return it), the weights and the calibrated
-    ``score = 0.5 * max(v, t) + 0.5 * (vector_weight * v + text_weight * t)``.
-    """
+    evidence on each side in ``[0, 1]`` (0 when the side did not return the hit), the weights
+    and the fused ``score``."""
 
     method: str
     vector_evidence: float
@@ -96,11 +72,8 @@ class ExplainFusion(_Model):
 
 
 class ExplainDecay(_Model):
-    """Temporal decay: ``score = before * factor``, ``factor = 0.5 ** (age_days / half_life_days)``.
-
-    ``age_days`` is ``None`` (and ``factor`` 1) for an evergreen file (``MEMORY.md``, undated
-    notes); ``dated_by`` is ``name`` (a ``YYYY-MM-DD`` file name), ``mtime`` or ``None``.
-    """
+    """Temporal decay: ``factor = 0.5 ** (age_days / half_life_days)`` (1, ``age_days``
+    ``None``, for an evergreen file); ``dated_by`` is ``name``, ``mtime`` or ``None``."""
 
     age_days: float | None
     half_life_days: float
@@ -110,8 +83,8 @@ class ExplainDecay(_Model):
 
 
 class ExplainRerank(_Model):
-    """The reranker stage: the provider's raw ``relevance`` (its own scale; ``None`` when this
-    hit was past ``topN`` or left unscored) and the hit's 1-based rank before and after."""
+    """The reranker stage: the provider's raw ``relevance`` (``None`` when unscored) and the
+    hit's 1-based rank before and after."""
 
     provider: str
     model: str
@@ -129,10 +102,8 @@ class ExplainReorder(_Model):
 
 
 class ExplainFloor(_Model):
-    """The score floor: ``min_score``, ``relaxed_floor`` (always ``None``: the reference's lower
-    floor for keyword hits is gone, the calibrated hybrid score keeps a strong one-sided hit;
-    the key stays for the output shape), whether the hit was ``kept`` and why (the floor runs
-    before temporal decay and reranking, on the score quoted in the reason)."""
+    """The score floor: ``min_score``, whether the hit was ``kept`` and why; ``relaxed_floor``
+    is always ``None`` (kept for the output shape)."""
 
     min_score: float
     relaxed_floor: float | None
@@ -141,18 +112,8 @@ class ExplainFloor(_Model):
 
 
 class HitExplain(_Model):
-    """How the builtin engine ranked one hit (``search --explain``).
-
-    Attributes:
-        mode: ``hybrid`` | ``fts-only`` | ``vector-only``.
-        keyword / vector: the two retrieval sides (``None`` when the hit was not found there).
-        fusion: the hybrid merge (``None`` outside hybrid mode).
-        decay: temporal decay (``None`` when it is off).
-        rerank: the reranker stage (``None`` when off or when it failed).
-        mmr: MMR re-ranking (``None`` when off).
-        floor: the score-floor decision.
-        rank: the hit's final 1-based rank.
-    """
+    """How the builtin engine ranked one hit (``search --explain``): the ``mode``, each stage
+    (``None`` when it did not apply), the ``floor`` decision and the final 1-based ``rank``."""
 
     mode: str
     keyword: ExplainKeyword | None = None
@@ -169,25 +130,17 @@ class MemorySearchResult(_Model):
     """One search hit.
 
     Attributes:
-        path: workspace-relative path of the file (see module docstring).
-        start_line / end_line: 1-based inclusive line range of the chunk in that file
-            (for session transcripts: JSONL line numbers); for a qmd hit, a chunk of a note
-            qmd found, ranked for the question (``search`` mode), or qmd's snippet lines.
+        path: workspace-relative path of the file.
+        start_line / end_line: 1-based inclusive line range of the chunk (JSONL lines for a
+            session transcript).
         score: relevance in ``[0, 1]``, higher is better.
-        snippet: the text shown for the hit, at most ``maxSnippetChars`` (700) code points: the
-            builtin engine's window of the chunk's whole lines that best matches the query
-            (``fallback/search/snippets.py``); for qmd hits of ``search`` mode the same window
-            of the ranked chunk (``qmdbridge/qmd/passages.py``), else qmd's own snippet.
-        snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet in
-            the file (inside ``start_line..end_line``); JSON ``snippetStartLine`` /
-            ``snippetEndLine``, always present: when a backend gives none they equal the hit's
-            range. Citations point at these lines.
+        snippet: the text shown, at most ``maxSnippetChars`` code points.
+        snippet_start_line / snippet_end_line: the snippet's lines inside the hit's range
+            (the hit's range when a backend gives none); citations point at them.
         source: ``memory`` or ``sessions``.
-        citation: ``path#La-Lb`` (or ``path#La`` when one line) of the snippet's lines; set by
-            the manager.
-        vector_score / text_score: hybrid components when the builtin engine merged them.
-        explain: how the builtin engine ranked the hit, only when asked (``search --explain``);
-            else ``None``.
+        citation: ``path#La-Lb`` (``path#La`` for one line); set by the manager.
+        vector_score / text_score: hybrid components, when merged.
+        explain: the ranking trace, only when asked (``search --explain``).
     """
 
     path: str
@@ -205,12 +158,7 @@ class MemorySearchResult(_Model):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The hit as :func:`fallback.answer.hit_doc` builds it for every route."""
-        return hit_doc(path=self.path, start_line=self.start_line, end_line=self.end_line,
-                       score=self.score, snippet=self.snippet,
-                       snippet_start_line=self.snippet_start_line,
-                       snippet_end_line=self.snippet_end_line, source=self.source,
-                       citation=self.citation, vector_score=self.vector_score,
-                       text_score=self.text_score,
+        return hit_doc(**self.model_dump(exclude={"explain"}),
                        explain=None if self.explain is None else self.explain.to_json_dict())
 
     @model_validator(mode="after")
@@ -227,14 +175,13 @@ class MemoryReadResult(_Model):
 
     Attributes:
         path: the workspace-relative path that was read.
-        text: the selected lines as the file has them, line breaks included, less the last
-            line's final ``\\n`` (plus a continuation notice when truncated); empty for a
-            missing memory file.
+        text: the selected lines as the file has them (plus a continuation notice when
+            truncated); empty for a missing file.
         from_line: first line returned (1-based); JSON key ``from``.
         lines: number of file lines included.
-        truncated: True when lines remain after the page or the page was cut to the char budget.
+        truncated: True when lines remain or the page was cut to the char budget.
         next_from: the ``from`` to pass to continue, or ``None``.
-        missing: True when the file does not exist (the text is then empty).
+        missing: True when the file does not exist.
     """
 
     path: str
@@ -262,15 +209,9 @@ class SourceCount(_Model):
 
 
 class ScopeDecision(_Model):
-    """The outcome of the scope rules for one session key.
-
-    Attributes:
-        allowed: whether the search may run.
-        reason: one line naming the rule (or default) that decided, with the derived values.
-        chat_type: ``direct`` | ``group`` | ``channel`` | ``None`` (no key).
-        channel: derived channel, or ``None``.
-        session_key: the raw key (``None`` = owner call).
-    """
+    """The outcome of the scope rules for one session key (``None``: an owner call): whether
+    the search is ``allowed``, the ``reason`` naming the rule, and the derived ``chat_type``
+    (``direct`` | ``group`` | ``channel``) and ``channel``."""
 
     allowed: bool
     reason: str
@@ -283,18 +224,16 @@ class SearchResponse(_Model):
     """What ``MemoryManager.search`` returns: the hits plus where they came from.
 
     Attributes:
-        backend: the backend that produced the hits (``builtin`` | ``qmd`` | ``none``).
+        backend: ``builtin`` | ``qmd`` | ``none``.
         fallback: set when the configured backend could not answer.
-        provider / model: embedding provider and model (``none`` / ``None`` keyword-only;
-            ``qmd`` for the qmd backend).
-        mode: the ranking that produced the hits: ``hybrid`` | ``vector-only`` | ``fts-only``
-            (builtin; ``fts-only`` also when the query could not be embedded) or ``search`` |
+        provider / model: embedding provider and model (``none`` / ``None`` keyword-only).
+        mode: ``hybrid`` | ``vector-only`` | ``fts-only`` (builtin) or ``search`` |
             ``vsearch`` | ``query`` (qmd).
         citations: the citations mode in effect (``auto`` | ``on`` | ``off``).
         results: the hits, best first.
-        denied: set (with ``results == []``) when scope rules refused the search.
-        warnings: non-fatal notes (e.g. the index was still syncing).
-        corpus: the corpus searched (``memory`` | ``sessions`` | ``all`` | ``wiki``).
+        denied: set (with no results) when scope rules refused the search.
+        warnings: non-fatal notes.
+        corpus: ``memory`` | ``sessions`` | ``all`` | ``wiki``.
     """
 
     backend: str
@@ -319,15 +258,9 @@ class SearchResponse(_Model):
 
 
 class BackgroundError(_Model):
-    """One failure of a background task (watcher sync, update timer, boot sync ...).
-
-    Attributes:
-        task: which task failed (``builtin: watch sync``, ``qmd: interval update`` ...).
-        message: the error and its cause, one line.
-        at_ms: when it failed, epoch ms.
-        failures: consecutive failures of that task, this one included.
-        retry_in_ms: delay before the next attempt in ms, or ``None`` when it is not retried.
-    """
+    """One failure of a background ``task`` (``builtin: watch sync`` ...): the one-line
+    ``message``, when (``at_ms``, epoch ms), consecutive ``failures`` and ``retry_in_ms``
+    (``None``: not retried)."""
 
     task: str
     message: str
@@ -337,14 +270,8 @@ class BackgroundError(_Model):
 
 
 class BackgroundStatus(_Model):
-    """The manager's background task group.
-
-    Attributes:
-        running: tasks started and not finished (watchers and timers run until close).
-        tasks: their names, sorted (``builtin: file watcher``, ``qmd: interval update`` ...).
-        failing: tasks whose last attempt failed and that have not succeeded since.
-        last_error: the most recent failure of any background task, or ``None``.
-    """
+    """The manager's background task group: how many are ``running``, their ``tasks`` names
+    (sorted), those ``failing`` since their last attempt, and the most recent ``last_error``."""
 
     running: int = 0
     tasks: list[str] = Field(default_factory=list)
@@ -359,36 +286,27 @@ class MemoryStatus(_Model):
         backend: ``builtin`` | ``qmd`` | ``none``.
         agent_id, workspace_dir, db_path: where it works.
         files / chunks: indexed counts over the enabled sources.
-        dirty: True when files changed since the last sync (or the watcher is degraded).
-        dirty_reason: why it is dirty, when known.
+        dirty / dirty_reason: files changed since the last sync (or the watcher is degraded).
         provider / requested_provider / model: embedding provider in use and as configured.
-        search_mode: the mode the settings ask for, ``hybrid`` | ``vector-only``
-            (``query.hybrid.enabled`` false) | ``fts-only`` (no provider) | ``unavailable``
-            (builtin: an explicitly configured provider cannot work, so search fails) or the
-            qmd mode.
+        search_mode: ``hybrid`` | ``vector-only`` | ``fts-only`` | ``unavailable`` (a
+            configured provider cannot work) or the qmd mode.
         provider_unavailable_reason: why no embedding provider is in use, if none is.
         sources / extra_paths / source_counts: what is indexed.
-        roots: where memory is read from: ``[{kind, path, pattern, exists}]``, ``kind`` one of
-            ``root`` (the root file), ``memory`` (``memory/``), ``extra`` (builtin engine).
-        fts: ``{enabled, available, tokenizer, error, cjk, keyword}``; ``keyword`` is
-            ``bm25`` (FTS5) or ``substring`` (a SQLite without FTS5: a substring scan).
-        vector: ``{enabled, available, mode, reason, dims, extensionPath}``; mode is
-            ``sqlite-vec`` | ``brute-force`` | ``disabled``; with a provider also ``pending``
-            (chunks written without a vector, waiting for a later sync) and ``providerError``
-            (the provider error that left them waiting, or ``None``).
+        roots: ``[{kind, path, pattern, exists}]``, ``kind`` ``root`` | ``memory`` | ``extra``.
+        fts: ``{enabled, available, tokenizer, error, cjk, keyword}`` (``keyword``: ``bm25``
+            or ``substring`` without FTS5).
+        vector: ``{enabled, available, mode, reason, dims, extensionPath}`` (mode
+            ``sqlite-vec`` | ``brute-force`` | ``disabled``), with a provider also ``pending``
+            chunks and the ``providerError`` that left them waiting.
         cache: ``{enabled, entries, maxEntries}``.
-        skipped: files skipped or indexed with a caveat (binary, too large, invalid UTF-8 ...).
-        issues: human-readable problems (missing memory dir, legacy memory.md split ...).
+        skipped: files skipped or indexed with a caveat.
+        issues: human-readable problems.
         last_sync_at_ms: epoch ms of the last completed sync, or ``None``.
         fallback: set when this status is of a fallback backend.
-        healthy: False when the backend is known to be failing.
-        last_error: the last failure, one line.
+        healthy / last_error: False, with the one-line failure, when the backend is failing.
         custom: backend-specific extras (qmd: binary, version, collections, breaker ...).
-        backends: the manager's view of each backend's status (only on the manager's status).
-        background: the manager's background tasks and their last failure (only on the
-            manager's status; ``None`` from a backend).
-        config_warnings: what the config loader noticed (keys set in two layouts, clamped
-            numbers), each naming its key path (only on the manager's status).
+        backends / background / config_warnings: the manager's status only: each backend's
+            status, its background tasks, and the config loader's warnings.
     """
 
     backend: str

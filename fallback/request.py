@@ -1,10 +1,6 @@
 """A search or read request's arguments, checked once where a request comes in (standard
-library only).
-
-Every edge (the tools, the CLI, ``serve`` and MCP through the manager, the one-shot fast route)
-builds a :class:`SearchRequest` with :meth:`SearchRequest.of` (a :class:`ReadRequest` with
-:meth:`ReadRequest.of`); the manager and the backends take it as checked and check nothing again.
-"""
+library only): every edge builds it with ``SearchRequest.of`` / ``ReadRequest.of``, and the
+manager and backends check nothing again."""
 
 from __future__ import annotations
 
@@ -45,18 +41,7 @@ class SearchRequest:
     def of(cls, query: object, *, max_results: int | None = None, min_score: float | None = None,
            session_key: object = None, sources: Sequence[str] | None = None,
            explain: bool = False) -> SearchRequest:
-        """The request of a caller's arguments (the one check of them).
-
-        Args:
-            query: any value (a blank or non-string one is refused); stripped.
-            max_results: hits wanted, ``1..MAX_LIMIT``, or ``None``.
-            min_score: score floor in ``[0, 1]``, or ``None``.
-            session_key: a string or ``None``.
-            sources: ``memory`` and/or ``sessions``, or ``None``.
-            explain: whether to attach the ranking trace.
-
-        Returns:
-            The :class:`SearchRequest`.
+        """The request of a caller's arguments (the one check of them; fields as above).
 
         Raises:
             UsageError: ``query must be a string, not <type>``, ``query must not be empty``,
@@ -112,16 +97,9 @@ class ReadRequest:
 
 
 def workspace_relative(path: str, workspace: Path) -> str:
-    """A ``memory_get`` path as the memory-file rule takes it: an absolute path inside the
-    workspace becomes workspace-relative (``/ws/memory/x.md`` -> ``memory/x.md``, also through a
-    symlinked parent such as ``/tmp``), one outside it the relative form the rule decides on
-    (``../notes/x.md`` for an extra folder beside the workspace); a relative path is returned
-    as it is.
-
-    Args:
-        path: the caller's path.
-        workspace: the agent workspace, absolute.
-    """
+    """A ``memory_get`` path as the memory-file rule takes it: an absolute path relative to
+    the absolute ``workspace`` (``/ws/memory/x.md`` -> ``memory/x.md``, also through a
+    symlinked parent; ``../notes/x.md`` outside it); a relative path as it is."""
     if not os.path.isabs(path):
         return path
     p = Path(os.path.normpath(path))

@@ -1,12 +1,8 @@
 """Settings of the builtin engine: ``agents.defaults.memorySearch`` as pydantic models.
 
-The keys, defaults and clamping rules are those of the reference system (OpenClaw's
-``memorySearch``), with one decision of ours (a bounded embedding cache). Field names are
-snake_case in Python and camelCase in JSON5 (pydantic aliases), so an existing OpenClaw config
-can be loaded as is. Unknown keys are ignored.
-
-``qmdbridge.config`` composes these models into the full config; this module knows nothing
-about qmd.
+Keys, defaults and clamping are the reference system's (OpenClaw's ``memorySearch``), so an
+existing config loads as is: snake_case fields, camelCase aliases, unknown keys ignored.
+``qmdbridge.config`` composes these models into the full config.
 """
 
 from __future__ import annotations
@@ -18,27 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-__all__ = [
-    "CacheSettings",
-    "ChunkingSettings",
-    "EngineSettings",
-    "ExtraPath",
-    "HybridSettings",
-    "LocalSettings",
-    "MemorySearchSettings",
-    "MmrSettings",
-    "QuerySettings",
-    "RemoteBatchSettings",
-    "RerankSettings",
-    "RemoteSettings",
-    "StoreSettings",
-    "SyncSettings",
-    "TemporalDecaySettings",
-    "named_store_path",
-    "DEFAULT_MAX_FILE_BYTES",
-]
+__all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
+           "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
+           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "StoreSettings",
+           "SyncSettings", "TemporalDecaySettings", "named_store_path", "DEFAULT_MAX_FILE_BYTES"]
 
-# Files larger than this are skipped by discovery (10 MiB, as the reference's multimodal cap).
+# Files larger than this are skipped by discovery (fallback.sources.memory_files, which must not
+# load pydantic, holds the same constant).
 DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
 
 ProviderName = Literal[
@@ -101,16 +83,9 @@ class FtsStoreSettings(_Settings):
 
 
 class StoreSettings(_Settings):
-    """``store``: where the index lives and how it is searched.
-
-    ``driver`` picks the store: ``sqlite`` (default: one file per agent at ``path``) or
-    ``postgres`` (one shared PostgreSQL + pgvector database, ``fallback/store/postgres``):
-    ``dsn`` is a ``postgresql://`` URI or libpq key/value string (without it, libpq's
-    environment applies: ``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``, ``PGDATABASE``,
-    ``PGSSLMODE``), ``schema`` the schema of the tables, ``share_with`` the agent ids that may read
-    this agent's rows (read-only), ``connect_timeout_ms`` and ``statement_timeout_ms`` the
-    deadlines of a connection and of one statement.
-    """
+    """``store``: where the index lives: ``driver`` ``sqlite`` (one file per agent at ``path``)
+    or ``postgres`` (``dsn``, a URI or libpq string, else libpq's ``PG*`` environment; tables in
+    ``schema``; ``share_with``: agent ids that may read this agent's rows; deadlines in ms)."""
 
     driver: Literal["sqlite", "postgres"] = "sqlite"
     path: str | None = None
@@ -202,8 +177,7 @@ class HybridSettings(_Settings):
     Attributes:
         enabled: fuse keyword and vector candidates (``False``: vector side only).
         vector_weight / text_weight: fusion weights, normalised to sum 1.
-        fusion: ``"scores"`` (each side's normalised scores) or ``"rrf"`` (each side's ranks,
-            reciprocal rank fusion) as the evidence the calibrated score is built from.
+        fusion: ``"scores"`` or ``"rrf"`` (ranks): the evidence the fused score is built from.
         candidate_multiplier: candidates fetched per side = ``maxResults`` x this (1..20).
     """
 
@@ -234,8 +208,7 @@ class HybridSettings(_Settings):
         return self
 
 
-# Reranker defaults: candidates sent to the reranker, and the deadline of the whole stage in ms
-# per provider (a local model's first call also loads the GGUF file).
+# Reranker defaults: candidates reranked, and the stage's deadline in ms per provider.
 RERANK_DEFAULT_TOP_N = 20
 RERANK_MAX_TOP_N = 200
 RERANK_DEFAULT_TIMEOUT_MS = {"http": 5_000, "local": 30_000}
@@ -246,19 +219,14 @@ class RerankSettings(_Settings):
     """``query.rerank``: the optional reranker (cross-encoder) stage, off unless a provider is set.
 
     Attributes:
-        provider: ``"http"`` (a Cohere-compatible ``POST {baseUrl}/v1/rerank`` server),
-            ``"local"`` (a GGUF reranker run by llama-cpp-python) or ``None`` (off).
-        model: ``http``: the model name sent in every request; ``local``: the GGUF file path
-            (``~`` expanded). Required with a provider.
-        top_n: how many of the best fused candidates are reranked, ``1..200`` (default 20).
-        base_url: ``http`` only, required there: ``http(s)://host[:port][/prefix]``, without
-            the ``/v1/rerank`` path.
+        provider: ``"http"`` (Cohere-compatible ``POST {baseUrl}/v1/rerank``), ``"local"`` (a
+            GGUF reranker) or ``None`` (off).
+        model: the model name (``http``) or GGUF file path (``local``); required with a provider.
+        top_n: how many of the best fused candidates are reranked, ``1..200``.
+        base_url: ``http`` only, required there, without the ``/v1/rerank`` path.
         api_key: ``http`` only, optional: sent as ``Authorization: Bearer <key>``.
-        timeout_ms: deadline of the whole stage per search in ms, ``1..600000`` (default 5,000
-            for ``http``, 30,000 for ``local``); past it the fused order is kept.
-
-    Invalid values raise pydantic errors that the config loader turns into a ``ConfigError``
-    naming the key (``agents.defaults.memorySearch.query.rerank.baseUrl``).
+        timeout_ms: deadline of the stage per search in ms, ``1..600000``; past it the fused
+            order is kept.
     """
 
     provider: Literal["http", "local"] | None = None
@@ -275,7 +243,7 @@ class RerankSettings(_Settings):
 
     @property
     def effective_timeout_ms(self) -> int:
-        """``timeout_ms``, else the provider's default (5,000 ms http, 30,000 ms local)."""
+        """``timeout_ms``, else the provider's default, in ms."""
         if self.timeout_ms is not None:
             return self.timeout_ms
         return RERANK_DEFAULT_TIMEOUT_MS.get(self.provider or "http", 5_000)
@@ -335,16 +303,11 @@ class QuerySettings(_Settings):
     search behaves when the embedding provider fails.
 
     Attributes:
-        timeout_ms: deadline in ms (``100..600000``, default 10,000) of the embedding work one
-            search does: the query embedding with its retries (a ``Retry-After`` longer than
-            what is left is not waited for) and the embeddings of a pre-search sync (chunks
-            not embedded by then are written for keyword search and embedded by a later sync).
-            Past it the search answers or fails; it never waits minutes for a provider.
-        keyword_fallback: when the configured embedding provider fails during a search
-            (error, timeout, rate limit), answer from keyword search with a warning that names
-            the provider's failure (default on); ``False`` fails the search instead with
-            ``memory search unavailable: <provider>: <reason>`` (``provider: "auto"`` always
-            answers keyword-only, with the same warning).
+        timeout_ms: deadline in ms (``100..600000``) of one search's embedding work: the query
+            embedding with its retries and a pre-search sync's embeddings (chunks not embedded
+            by then are searchable by keyword and embedded later).
+        keyword_fallback: when the configured provider fails during a search, answer from
+            keyword search with a warning; ``False`` fails the search (``auto`` always answers).
     """
 
     max_results: int = 6
@@ -403,9 +366,8 @@ class QmdExtraCollection(_Settings):
 
 
 class ExtraPath(_Settings):
-    """One ``extraPaths[]`` entry in object form: a folder (or a single file) of memory notes
-    and the glob its files must match (``pattern``, relative to the folder; ``**/*.md`` when
-    unset). The plain string form is the same with the default pattern."""
+    """One ``extraPaths[]`` entry in object form: a folder (or file) and the glob its files
+    must match (``pattern``; ``**/*.md`` when unset, as the plain string form)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -420,11 +382,8 @@ class MemorySearchQmdSettings(_Settings):
 
 
 class MemorySearchSettings(_Settings):
-    """``agents.defaults.memorySearch`` (and per-agent overrides), resolved and clamped.
-
-    Defaults are those of the reference system (spec section 1); ``max_file_bytes`` (default
-    10 MiB) is ours: memory files above it are skipped with the reason in status.
-    """
+    """``agents.defaults.memorySearch`` (and per-agent overrides), resolved and clamped; the
+    defaults are the reference's (spec section 1) but ``max_file_bytes``, ours."""
 
     enabled: bool = True
     provider: ProviderName = "auto"
@@ -476,17 +435,9 @@ def named_store_path(search: MemorySearchSettings, agent_id: str, state_dir: Pat
 
 
 class EngineSettings(BaseModel):
-    """Everything the builtin engine needs to run for one agent (resolved absolute paths).
-
-    Attributes:
-        agent_id: normalised (lower-case) agent id.
-        workspace_dir: absolute workspace directory.
-        state_dir: absolute OpenClaw state dir (``$OPENCLAW_STATE_DIR`` or ``~/.openclaw``).
-        db_path: absolute SQLite store path (``store.path`` with ``{agentId}`` substituted, or
-            ``<state_dir>/memory/<agent_id>.sqlite``).
-        sessions_dir: where this agent's ``*.jsonl`` transcripts live.
-        search: the resolved ``memorySearch`` settings.
-    """
+    """Everything the builtin engine needs to run for one agent: the lower-case ``agent_id``,
+    absolute ``workspace_dir``, ``state_dir``, ``db_path`` (:func:`named_store_path`,
+    resolved) and ``sessions_dir``, and the resolved ``search`` settings."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -501,15 +452,8 @@ class EngineSettings(BaseModel):
     def for_workspace(cls, workspace_dir: str | Path, *, agent_id: str = "main",
                       state_dir: str | Path | None = None,
                       search: MemorySearchSettings | None = None) -> EngineSettings:
-        """Build settings for a workspace with defaults (handy for tests and scripts).
-
-        Args:
-            workspace_dir: the agent workspace.
-            agent_id: agent id (lower-cased).
-            state_dir: state dir; defaults to ``<workspace>/.openclaw-state`` so that nothing
-                outside the workspace is touched.
-            search: settings; defaults to ``MemorySearchSettings()``.
-        """
+        """Settings for a workspace with defaults (tests and scripts); ``state_dir`` defaults
+        to ``<workspace>/.openclaw-state``, so nothing outside the workspace is touched."""
         ws = Path(workspace_dir).expanduser().resolve()
         sd = Path(state_dir).expanduser().resolve() if state_dir else ws / ".openclaw-state"
         aid = agent_id.strip().lower() or "main"

@@ -1,18 +1,9 @@
 """Embedding providers: the registry, the ``auto`` order and provider selection.
 
-``select_provider(settings)`` turns ``memorySearch.provider`` / ``fallback`` into a provider
-(or none, with the reason) without any network call. Rules (spec 6.1, E2, with the decision
-that an explicitly configured provider that cannot be created is an error, not a silent
-keyword-only mode):
-
-* ``none``: keyword-only on purpose (``unavailable_reason="provider set to none"``).
-* ``auto``: ``local`` when ``local.modelPath`` names an existing file and llama-cpp-python is
-  installed, then ``openai``, ``gemini``, ``voyage``, ``mistral`` by available API key. If none
-  can be created, there is no provider and ``unavailable_reason`` joins the reasons; this is
-  not an error (keyword-only search).
-* an explicit provider that cannot be created: the ``fallback`` provider is tried (when it is
-  not ``none`` and differs); if that fails too, ``error`` says
-  ``memory search unavailable: <provider>: <reason>``.
+Rules of :func:`select_provider` (spec 6.1, E2): ``none`` is keyword-only on purpose;
+``auto`` tries :data:`AUTO_ORDER` and, when none can be created, is keyword-only (not an
+error); an explicit provider that cannot be created tries ``fallback``, then sets ``error``
+(``memory search unavailable: <provider>: <reason>``): it is never silently keyword-only.
 """
 
 from __future__ import annotations
@@ -26,20 +17,9 @@ from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider
 from fallback.errors import EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
-__all__ = [
-    "AUTO_ENV_KEYS",
-    "AUTO_ORDER",
-    "ENV_KEYS",
-    "PROVIDERS",
-    "BaseProvider",
-    "CallPolicy",
-    "EmbeddingProvider",
-    "ProviderFactory",
-    "ProviderSelection",
-    "create_provider",
-    "probe",
-    "select_provider",
-]
+__all__ = ["AUTO_ENV_KEYS", "AUTO_ORDER", "ENV_KEYS", "PROVIDERS", "BaseProvider", "CallPolicy",
+           "EmbeddingProvider", "ProviderFactory", "ProviderSelection", "create_provider", "probe",
+           "select_provider"]
 
 ProviderFactory = Callable[..., EmbeddingProvider]
 """``factory(settings, *, env) -> EmbeddingProvider``; raises
@@ -47,9 +27,7 @@ ProviderFactory = Callable[..., EmbeddingProvider]
 
 
 def _factory(name: str) -> ProviderFactory:
-    """The factory of provider ``name``, importing its module on its first call: an agent
-    without an embedding provider loads no provider module (``local`` brings the model
-    downloader, the HTTP providers (``remote.py``) their client and batch-job code)."""
+    """The factory of provider ``name``, importing its module on its first call."""
     def create(settings: MemorySearchSettings, *, env: Mapping[str, str], **kwargs: object) -> EmbeddingProvider:
         if name == "local":
             from fallback.embeddings.local_gguf import from_settings
@@ -77,22 +55,15 @@ ENV_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "voyage": ("VOYAGE_API_KEY",), "mistral": ("MISTRAL_API_KEY",), "ollama": ("OLLAMA_API_KEY",),
 })
 
-# The API-key variables of the remote providers ``auto`` tries: with ``local.modelPath`` and
-# ``remote.apiKey`` unset, ``auto`` picks a provider exactly when one of them is set.
+# The API-key variables of the remote providers ``auto`` tries.
 AUTO_ENV_KEYS: tuple[str, ...] = tuple(k for name in AUTO_ORDER for k in ENV_KEYS.get(name, ()))
 
 
 @dataclass(frozen=True)
 class ProviderSelection:
-    """The outcome of :func:`select_provider`.
-
-    Attributes:
-        provider: the provider to use, or None (keyword-only search).
-        requested: ``memorySearch.provider`` as configured (``auto``, ``openai``, ...).
-        unavailable_reason: why the requested provider is not in use (None when it is).
-        error: set when search must report itself unavailable (an explicit provider and its
-            fallback could not be created); None otherwise.
-    """
+    """The outcome of :func:`select_provider`: the ``provider`` (None: keyword-only), the
+    ``requested`` name, why it is not in use, and the ``error`` when search must report
+    itself unavailable."""
 
     provider: EmbeddingProvider | None
     requested: str
@@ -134,15 +105,9 @@ def _select_auto(settings: MemorySearchSettings, env: Mapping[str, str],
 
 def select_provider(settings: MemorySearchSettings, *, env: Mapping[str, str] | None = None,
                     registry: Mapping[str, ProviderFactory] | None = None) -> ProviderSelection:
-    """Pick the embedding provider for ``settings`` (rules in the module docstring).
-
-    Args:
-        settings: ``memorySearch`` settings.
-        env: environment for API keys (default ``os.environ``).
-        registry: name -> factory (default :data:`PROVIDERS`).
-
-    Never raises for an unavailable provider: the outcome is in the returned selection.
-    """
+    """Pick the embedding provider for ``settings`` (rules in the module docstring; no
+    network call, never raises for an unavailable provider); ``env`` defaults to
+    ``os.environ``, ``registry`` to :data:`PROVIDERS`."""
     environ: Mapping[str, str] = os.environ if env is None else env
     requested = settings.provider
     if requested == "none":

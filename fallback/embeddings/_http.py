@@ -1,10 +1,8 @@
 """The HTTP client of the remote embedding providers, and the one place httpx errors are mapped.
 
-Every remote provider owns one :class:`HttpClient` (a lazily created ``httpx.AsyncClient``).
 HTTP failures become :class:`~fallback.errors.EmbeddingProviderError` here and nowhere else:
-429 and 5xx are retryable (with the server's Retry-After), other 4xx are not, transport errors
-and timeouts are retryable. API keys never appear in messages: every known secret value is
-replaced by ``***`` in the provider's error text.
+429, 5xx, transport errors and timeouts are retryable, other 4xx are not; API keys are
+replaced by ``***`` in messages.
 """
 
 from __future__ import annotations
@@ -23,12 +21,7 @@ from fallback.errors import EmbeddingProviderError
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
-__all__ = [
-    "HttpClient",
-    "error_from_response",
-    "map_transport_errors",
-    "parse_retry_after",
-]
+__all__ = ["HttpClient", "error_from_response", "map_transport_errors", "parse_retry_after"]
 
 # Provider error text kept in our messages, in characters.
 MAX_ERROR_TEXT_CHARS = 300
@@ -42,11 +35,8 @@ _RETRYABLE_TEXT_RE = re.compile(
 
 
 def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date.
-
-    Returns None for a missing or unparsable value; a date in the past gives 0.
-    ``now_s`` is the current epoch time in seconds (default ``time.time()``).
-    """
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date, measured
+    from ``now_s``, epoch seconds); None when missing or unparsable."""
     if value is None or not value.strip():
         return None
     text = value.strip()
@@ -93,12 +83,8 @@ def _error_text(response: httpx.Response) -> str:
 
 def error_from_response(provider_id: str, response: httpx.Response, *,
                         secrets: Sequence[str] = ()) -> EmbeddingProviderError:
-    """Build the error for a non-2xx response.
-
-    429 and 5xx (and quota messages) are retryable and carry Retry-After in seconds;
-    other statuses are not. The message holds the provider's error text, secrets redacted,
-    cut to 300 characters.
-    """
+    """The error for a non-2xx response: the provider's text (redacted, cut to
+    :data:`MAX_ERROR_TEXT_CHARS`); 429, 5xx and quota messages retryable, with Retry-After."""
     status = response.status_code
     text = _redact(_error_text(response), secrets)
     if len(text) > MAX_ERROR_TEXT_CHARS:
@@ -126,11 +112,8 @@ def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> It
 
 
 class HttpClient:
-    """One provider's ``httpx.AsyncClient``, created on first use, closed by ``aclose``.
-
-    Paths are joined to ``base_url`` (an absolute ``http(s)://`` path is used as is). All
-    methods raise ``EmbeddingProviderError`` (see the module docstring).
-    """
+    """One provider's ``httpx.AsyncClient``, created on first use; paths are joined to
+    ``base_url``. All methods raise ``EmbeddingProviderError``."""
 
     def __init__(self, *, provider_id: str, base_url: str, headers: Mapping[str, str],
                  secrets: Sequence[str] = (), timeout_s: float = 120.0) -> None:
@@ -139,8 +122,7 @@ class HttpClient:
             base_url: endpoint root, e.g. ``https://api.openai.com/v1``.
             headers: sent with every request (auth included).
             secrets: values to redact from any message (API keys).
-            timeout_s: httpx's own per-request timeout in seconds (a backstop; the provider
-                enforces its per-call deadline around each request).
+            timeout_s: httpx's per-request timeout in seconds (a backstop).
         """
         self.provider_id = provider_id
         self.base_url = base_url.rstrip("/")
@@ -172,8 +154,7 @@ class HttpClient:
         return response
 
     async def json(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Send a request (``httpx`` keyword arguments: ``content``, ``data``, ``files``,
-        ``headers`` ...); return the decoded JSON body."""
+        """Send a request (``httpx`` keyword arguments); return the decoded JSON body."""
         response = await self.request(method, path, **kwargs)
         try:
             return orjson.loads(response.content)

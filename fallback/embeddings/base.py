@@ -1,9 +1,5 @@
-"""The embedding provider protocol and the pieces every provider shares.
-
-A provider turns texts into vectors. Queries and documents may be embedded differently
-(``input_type``/task types), so there are two calls. Vectors are lists of floats; providers
-that return unnormalised vectors (local GGUF, ollama) L2-normalise them here.
-"""
+"""The embedding provider protocol and the pieces every provider shares (queries and
+documents may be embedded differently, so there are two calls)."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 import anyio
 import anyio.abc
@@ -23,24 +19,13 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 
-__all__ = [
-    "BATCH_TIMEOUT_S",
-    "LOCAL_BATCH_TIMEOUT_S",
-    "LOCAL_QUERY_TIMEOUT_S",
-    "MAX_BATCH_BYTES",
-    "QUERY_TIMEOUT_S",
-    "BaseProvider",
-    "BatchEmbedder",
-    "CallPolicy",
-    "EmbeddingProvider",
-    "compute_provider_key",
-    "group_by_bytes",
-    "is_splittable",
-    "max_input_tokens_for",
-    "probe",
-    "retry_wait_s",
-    "sanitize_vector",
-]
+if TYPE_CHECKING:
+    from fallback.embeddings.batch_jobs import BatchRunner
+
+__all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", "MAX_BATCH_BYTES",
+           "QUERY_TIMEOUT_S", "BaseProvider", "CallPolicy", "EmbeddingProvider",
+           "compute_provider_key", "group_by_bytes", "is_splittable", "max_input_tokens_for",
+           "probe", "retry_wait_s", "sanitize_vector"]
 
 T_in = TypeVar("T_in")
 T_out = TypeVar("T_out")
@@ -51,14 +36,12 @@ class EmbeddingProvider(Protocol):
     """One embedding provider.
 
     Attributes:
-        provider_id: registry name: ``openai``, ``openai-compatible``, ``gemini``, ``voyage``,
-            ``mistral``, ``ollama`` or ``local``.
-        model: model id as sent to the provider (prefixes like ``openai/`` stripped).
-        dims: vector length when known (configured or learned from the first call), else None.
-        provider_key: sha256 hex of the endpoint fingerprint (spec 4.3: provider, base URL,
-            model, headers without auth); part of the index identity and the cache key.
-        max_input_tokens: the provider's input limit in tokens (spec section 3 table).
-        max_batch_bytes: request batches hold at most this many UTF-8 bytes (8,000).
+        provider_id: registry name (``openai``, ``gemini``, ``local`` ...).
+        model: model id as sent to the provider.
+        dims: vector length when known (configured or learned), else None.
+        provider_key: :func:`compute_provider_key`; part of the index identity and cache key.
+        max_input_tokens: the provider's input limit in tokens.
+        max_batch_bytes: request batches hold at most this many UTF-8 bytes.
     """
 
     provider_id: str
@@ -74,10 +57,7 @@ class EmbeddingProvider(Protocol):
 
     async def embed_batch(self, texts: list[str]) -> list[list[float]]:
         """Embed documents; result ``i`` belongs to ``texts[i]`` (``[]`` when missing).
-
-        Splits into byte-bounded request batches, retries transient failures and halves
-        batches the provider rejects as too large. Raises ``EmbeddingProviderError``.
-        """
+        Raises ``EmbeddingProviderError``."""
         ...
 
     async def aclose(self) -> None:
@@ -124,10 +104,7 @@ _SPLITTABLE_STATUS = frozenset({413, 431})
 
 
 def max_input_tokens_for(provider_id: str, model: str) -> int:
-    """Input limit of a provider/model in tokens (spec section 3 table).
-
-    Known ``provider:model`` pairs first, then gemini/local 2048, anything else 8192.
-    """
+    """Input limit of a provider/model in tokens (spec section 3 table)."""
     return _KNOWN_MAX_INPUT_TOKENS.get((provider_id, model),
                                        _DEFAULT_MAX_INPUT_TOKENS.get(provider_id, FALLBACK_MAX_INPUT_TOKENS))
 
@@ -135,14 +112,11 @@ def max_input_tokens_for(provider_id: str, model: str) -> int:
 def compute_provider_key(provider_id: str, model: str, *, base_url: str | None = None,
                          headers: Mapping[str, str] | None = None,
                          extra: Mapping[str, object] | None = None) -> str:
-    """sha256 hex of the provider's endpoint fingerprint (spec 4.3).
+    """sha256 hex of the provider's endpoint fingerprint: compact JSON of provider, base URL,
+    model, headers (sorted, credentials dropped, so a key rotation keeps the index) and the
+    ``extra`` entries that are not None.
 
-    The fingerprint is compact JSON ``{"provider", "baseUrl"?, "model", "headers"?, ...extra}``;
-    headers are ``[[name, value], ...]`` sorted by lower-cased name with ``authorization`` and
-    ``x-goog-api-key`` dropped, so rotating a key never changes the index identity.
-    ``extra`` entries whose value is None are left out (e.g. openai ``dimensions`` unset).
-
-    Source: OpenClaw ``computeProviderKey`` (``src/memory/manager.ts``), described in spec 4.3.
+    Source: OpenClaw ``computeProviderKey`` (spec 4.3).
     """
     data: dict[str, object] = {"provider": provider_id}
     if base_url is not None:
@@ -160,11 +134,8 @@ def compute_provider_key(provider_id: str, model: str, *, base_url: str | None =
 
 
 def sanitize_vector(values: Sequence[float], *, normalize: bool) -> list[float]:
-    """Return ``values`` as floats with non-finite entries set to 0.
-
-    With ``normalize`` the result is L2-normalised unless its magnitude is below 1e-10
-    (an all-zero vector stays all zeros). Source: spec 6.2 "Normalisation".
-    """
+    """``values`` as floats, non-finite entries 0, L2-normalised with ``normalize`` (unless
+    the magnitude is below :data:`MIN_NORM`). Source: spec 6.2."""
     out = [float(v) if math.isfinite(v) else 0.0 for v in values]
     if normalize:
         magnitude = math.sqrt(math.fsum(v * v for v in out))
@@ -174,11 +145,8 @@ def sanitize_vector(values: Sequence[float], *, normalize: bool) -> list[float]:
 
 
 def group_by_bytes(texts: Sequence[str], *, max_bytes: int = MAX_BATCH_BYTES) -> list[list[int]]:
-    """Split text positions into request batches of at most ``max_bytes`` UTF-8 bytes each.
-
-    Order is kept; a text larger than ``max_bytes`` on its own forms a batch of one.
-    Returns lists of indices into ``texts``. Source: spec 6.3 step 2.
-    """
+    """Indices of ``texts`` in order, grouped into batches of at most ``max_bytes`` UTF-8
+    bytes (a larger text alone). Source: spec 6.3 step 2."""
     groups: list[list[int]] = []
     current: list[int] = []
     size = 0
@@ -196,12 +164,8 @@ def group_by_bytes(texts: Sequence[str], *, max_bytes: int = MAX_BATCH_BYTES) ->
 
 def retry_wait_s(attempt: int, *, retry_after_s: float | None = None, base_s: float = RETRY_BASE_S,
                  jitter: float | None = None) -> float:
-    """Seconds to wait before retry number ``attempt`` (1 = wait after the first failure).
-
-    The server's Retry-After (seconds) wins when present; otherwise ``base_s * 2**(attempt-1)``
-    times a jitter factor (random in [1, 1.2] unless given). Both are capped at 8 s.
-    Source: spec 6.4 back-off.
-    """
+    """Seconds to wait before retry ``attempt`` (1-based): Retry-After when given, else
+    ``base_s * 2**(attempt-1)`` times a jitter in [1, 1.2]; capped at 8 s. Source: spec 6.4."""
     if retry_after_s is not None:
         return max(0.0, min(float(retry_after_s), RETRY_MAX_S))
     factor = random.uniform(*RETRY_JITTER) if jitter is None else jitter
@@ -219,15 +183,8 @@ def _is_retryable(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class CallPolicy:
-    """How a provider runs its requests.
-
-    Attributes:
-        concurrency: parallel requests inside one ``embed_batch`` call (>= 1).
-        query_timeout_s: deadline of one query request attempt, in seconds.
-        batch_timeout_s: deadline of one document request attempt, in seconds.
-        retry_attempts: calls in total per request (first call included).
-        retry_base_s: first back-off wait in seconds (doubles per retry, capped at 8 s).
-    """
+    """How a provider runs its requests: parallel requests per ``embed_batch``, per-attempt
+    deadlines in seconds, calls in total per request, and the first back-off wait in seconds."""
 
     concurrency: int = DEFAULT_CONCURRENCY
     query_timeout_s: float = QUERY_TIMEOUT_S
@@ -249,36 +206,15 @@ class CallPolicy:
                    batch_timeout_s=batch_timeout_s or LOCAL_BATCH_TIMEOUT_S)
 
 
-class BatchEmbedder(Protocol):
-    """A provider batch-job runner (``fallback.embeddings.batch_jobs.BatchRunner``; a protocol,
-    so this module does not import the batch-job module that imports it)."""
-
-    @property
-    def enabled(self) -> bool:
-        """False once batch mode was disabled after repeated failures."""
-        ...
-
-    async def run(self, texts: list[str]) -> list[list[float]] | None:
-        """Vectors for ``texts``, or None when the caller must embed inline."""
-        ...
-
-
 class BaseProvider:
     """Shared machinery of every provider: batching, retries, halving, timeouts, checks.
 
-    A subclass sets ``provider_id`` and implements ``_request_query(text)`` and
-    ``_request_batch(texts)`` (one request each, raising ``EmbeddingProviderError``); this
-    class wraps them with per-attempt timeouts, tenacity retries of retryable errors
-    (honouring Retry-After), recursive halving of batches rejected as too large, byte-bounded
-    grouping with bounded concurrency, vector sanitising and dimension checks.
+    A subclass sets ``provider_id`` and implements ``_request_batch(texts)`` (and optionally
+    ``_request_query``), one request each; this class adds timeouts, retries (never past the
+    caller's anyio deadline; a Retry-After beyond 8 s makes calls fail at once until it ends),
+    halving of batches rejected as too large, byte-bounded grouping and dimension checks.
 
-    Deadlines (beyond the reference): retries never outlast the caller's anyio deadline (a
-    search's ``query.timeoutMs``); a ``Retry-After`` longer than the 8 s cap is honoured by not
-    calling the provider again before it ends (each call fails at once, saying how long is
-    left) rather than by waiting; a timed-out request is not retried.
-
-    Source: the shape of simonw/llm ``EmbeddingModel`` (a subclass supplies one call) and
-    OpenClaw ``embedBatchWithRetry`` for the policy (spec 6.3, 6.4).
+    Source: simonw/llm ``EmbeddingModel``; OpenClaw ``embedBatchWithRetry`` (spec 6.3, 6.4).
     """
 
     provider_id: str = ""
@@ -286,15 +222,15 @@ class BaseProvider:
 
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
-                 policy: CallPolicy | None = None, batch_runner: BatchEmbedder | None = None) -> None:
+                 policy: CallPolicy | None = None, batch_runner: BatchRunner | None = None) -> None:
         """Args:
             model: model id as sent to the provider.
             provider_key: from :func:`compute_provider_key`.
             dims: configured vector length; None = learned from the first vector.
-            max_input_tokens: input limit in tokens (default from the spec 3 table).
-            normalize: L2-normalise vectors (local, ollama).
+            max_input_tokens: input limit in tokens (default: :func:`max_input_tokens_for`).
+            normalize: L2-normalise vectors.
             policy: concurrency, timeouts and retry settings.
-            batch_runner: provider batch-job runner used by ``embed_batch`` when enabled.
+            batch_runner: batch-job runner ``embed_batch`` uses when enabled.
         """
         self.model = model
         self.provider_key = provider_key
@@ -308,8 +244,8 @@ class BaseProvider:
         self._rate_limit: tuple[float, EmbeddingProviderError] | None = None
 
     def model_problem(self) -> str | None:
-        """Why the provider cannot embed before anything is called (read without a network
-        call: a model file not downloaded yet), or ``None``; the local provider overrides."""
+        """Why the provider cannot embed, known without a call (a model file not downloaded
+        yet), or ``None``."""
         return None
 
     async def _request_query(self, text: str) -> list[float]:
@@ -322,23 +258,15 @@ class BaseProvider:
         raise NotImplementedError
 
     async def embed_query(self, text: str) -> list[float]:
-        """Embed one search query (retried, timed out after ``policy.query_timeout_s``).
-
-        Returns the sanitised vector (``[]`` when the provider returned none).
-        Raises ``EmbeddingProviderError`` (wrong dimensions, timeout, HTTP failure).
-        """
+        """Embed one search query: the sanitised vector (``[]`` when none came back).
+        Raises ``EmbeddingProviderError``."""
         vector = await self._with_retry(self._request_query, text, kind="query",
                                         timeout_s=self.policy.query_timeout_s)
         return self._check([vector])[0]
 
     async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        """Embed documents; result ``i`` belongs to ``texts[i]`` (``[]`` when missing).
-
-        Uses the batch-job runner when it is enabled and succeeds; otherwise groups texts
-        into requests of at most ``max_batch_bytes`` UTF-8 bytes, runs at most
-        ``policy.concurrency`` at once, retries and halves as described on the class.
-        Raises ``EmbeddingProviderError``.
-        """
+        """Embed documents (through the batch-job runner when it is enabled); result ``i``
+        belongs to ``texts[i]`` (``[]`` when missing). Raises ``EmbeddingProviderError``."""
         if not texts:
             return []
         if self.batch_runner is not None and self.batch_runner.enabled:
@@ -396,15 +324,8 @@ class BaseProvider:
 
     async def _with_retry(self, call: Callable[[T_in], Awaitable[T_out]], arg: T_in, *, kind: str,
                           timeout_s: float) -> T_out:
-        """One request with retries (see the class docstring), within the caller's deadline.
-
-        Retry waits come from Retry-After (capped at 8 s) or the back-off; no retry is made
-        when the wait would end past the caller's effective anyio deadline (a search's
-        ``query.timeoutMs``), or when Retry-After asks for more than 8 s: the provider is then
-        not called again before that time (calls fail at once). A request that timed out is
-        not retried (a provider that does not answer in ``timeout_s`` is down or overloaded;
-        the next sync tries again).
-        """
+        """One request with retries within the caller's deadline; a timed-out request is not
+        retried (the next sync tries again)."""
         self._check_not_rate_limited()
 
         def wait(state: RetryCallState) -> float:
@@ -440,10 +361,8 @@ class BaseProvider:
         """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``.
 
         Raises:
-            EmbeddingProviderError: a vector's length differs from the configured
-                ``dimensions``.
-            EmbeddingDimensionsError: the length differs from the one learned from earlier
-                vectors (the model behind the id changed); the new length is adopted first.
+            EmbeddingProviderError: a length differs from the configured ``dimensions``.
+            EmbeddingDimensionsError: a length differs from the learned one (adopted first).
         """
         out: list[list[float]] = []
         for vector in vectors:
@@ -470,12 +389,8 @@ class BaseProvider:
 
 
 async def probe(provider: EmbeddingProvider | None) -> tuple[bool, str | None]:
-    """Check that ``provider`` can embed: embeds ``["ping"]`` (spec 11).
-
-    Returns ``(True, None)`` on success, ``(False, message)`` on an ``EmbeddingProviderError``
-    or when the provider returned no vector; ``provider=None`` gives
-    ``(False, "No embedding provider available (FTS-only mode)")``.
-    """
+    """Check that ``provider`` can embed ``["ping"]`` (spec 11): ``(True, None)``, or
+    ``(False, message)`` (also for ``provider=None``)."""
     if provider is None:
         return False, "No embedding provider available (FTS-only mode)"
     try:

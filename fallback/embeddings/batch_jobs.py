@@ -1,18 +1,11 @@
 """Provider batch-job APIs (openai, voyage, gemini) and the runner that falls back inline.
 
-A batch job uploads every text as one JSONL file, creates a job, polls it every
-``remote.batch.pollIntervalMs`` until it is done (or ``timeoutMinutes`` pass), downloads the
-result file and maps the vectors back by ``custom_id``. Any per-line error, empty embedding or
-missing id fails the whole job. :class:`BatchRunner` counts failures: a timeout is retried once,
-each failure adds its attempt count, and at 2 failures (or at once when the provider says the
-batch API is not available) batch mode is disabled and the provider embeds inline. A success
-resets the counter. Source: spec 6.3 "Provider batch APIs"; OpenClaw ``batch-openai.ts``,
-``batch-voyage.ts``, ``batch-gemini.ts``.
-
-Gemini support is best-effort: it follows Google's public Batch API
-(``models/<model>:asyncBatchEmbedContent`` with a JSONL file uploaded through the
-``upload/v1beta/files`` endpoint), as the reference does, but it has not been run against
-Google's service.
+A job uploads the texts as one JSONL file, is polled every ``remote.batch.pollIntervalMs``
+until done (or ``timeoutMinutes`` pass), and its result file is mapped back by ``custom_id``;
+any per-line error or missing vector fails the whole job. :class:`BatchRunner` turns batch
+mode off after :data:`BATCH_FAILURE_LIMIT` failures (a timeout is retried once), or at once
+when the API is not available, and the provider embeds inline. Gemini follows Google's public
+Batch API, untested against the service. Source: spec 6.3; OpenClaw ``batch-*.ts``.
 """
 
 from __future__ import annotations
@@ -31,17 +24,8 @@ from fallback.embeddings._http import HttpClient
 from fallback.errors import EmbeddingProviderError
 from fallback.settings import RemoteBatchSettings
 
-__all__ = [
-    "BATCH_FAILURE_LIMIT",
-    "BatchJobApi",
-    "BatchRunner",
-    "BatchState",
-    "GeminiBatchJobs",
-    "OpenAIBatchJobs",
-    "VoyageBatchJobs",
-    "custom_id_for",
-    "run_batch_job",
-]
+__all__ = ["BATCH_FAILURE_LIMIT", "BatchJobApi", "BatchRunner", "BatchState", "GeminiBatchJobs",
+           "OpenAIBatchJobs", "VoyageBatchJobs", "custom_id_for", "run_batch_job"]
 
 # Failures after which batch mode is disabled for the provider (spec 6.3).
 BATCH_FAILURE_LIMIT = 2
@@ -62,14 +46,8 @@ def custom_id_for(index: int, text: str) -> str:
 
 @dataclass(frozen=True)
 class BatchState:
-    """One observation of a batch job.
-
-    Attributes:
-        job_id: provider job id (``batch_abc``, ``batches/xyz``).
-        state: the provider's state, lower-cased, ``batch_state_``/``job_state_`` removed.
-        output_file: id of the result file once done.
-        error: the provider's error message, when it gave one.
-    """
+    """One observation of a batch job: its id, the provider's state (lower-cased, prefix
+    removed), the result file's id once done, and the provider's error message."""
 
     job_id: str
     state: str
@@ -128,11 +106,7 @@ def _message(obj: Any) -> str | None:
 
 def parse_result_lines(provider_id: str, job_id: str, text: str,
                        expected: Sequence[str]) -> dict[str, list[float]]:
-    """Map a JSONL result file to ``{custom_id: vector}``.
-
-    Accepts the OpenAI/Voyage line shape (``custom_id``, ``response.status_code``,
-    ``response.body.data[0].embedding``, ``error``) and Gemini's (``key``,
-    ``response.embedding.values``, ``error``).
+    """Map a JSONL result file (OpenAI/Voyage or Gemini lines) to ``{custom_id: vector}``.
 
     Raises:
         EmbeddingProviderError: a line with an error, an empty embedding, bad JSON, or an
@@ -357,21 +331,13 @@ class GeminiBatchJobs:
 
 
 class BatchRunner:
-    """Runs provider batch jobs for ``BaseProvider.embed_batch`` and decides when to stop.
-
-    Attributes:
-        jobs: the provider's batch API.
-        failures: failed attempts since the last success (batch mode off at 2).
-        last_error: message of the last failure, if any.
-    """
+    """Runs provider batch jobs for ``BaseProvider.embed_batch`` and decides when to stop;
+    ``failures`` counts failed attempts since the last success, ``last_error`` the last one."""
 
     def __init__(self, *, jobs: BatchJobApi, settings: RemoteBatchSettings,
                  failure_limit: int = BATCH_FAILURE_LIMIT) -> None:
-        """Args:
-            jobs: e.g. :class:`OpenAIBatchJobs`.
-            settings: ``remote.batch`` (wait, concurrency, pollIntervalMs, timeoutMinutes).
-            failure_limit: failures that disable batch mode (2).
-        """
+        """Args: the provider's batch API, ``remote.batch`` settings, and the failures that
+        disable batch mode."""
         self.jobs = jobs
         self.settings = settings
         self.failure_limit = failure_limit
@@ -386,11 +352,8 @@ class BatchRunner:
                 and self.failures < self.failure_limit)
 
     async def run(self, texts: list[str]) -> list[list[float]] | None:
-        """Vectors for ``texts`` from batch jobs, or None when the caller must embed inline.
-
-        Never raises ``EmbeddingProviderError``: a failure is counted and recorded in
-        ``last_error``, and None is returned.
-        """
+        """Vectors for ``texts`` from batch jobs, or None (a failure counted, never raised)
+        when the caller must embed inline."""
         requests = [(custom_id_for(i, text), text) for i, text in enumerate(texts)]
         groups = [requests[i:i + MAX_REQUESTS_PER_JOB]
                   for i in range(0, len(requests), MAX_REQUESTS_PER_JOB)]
@@ -402,8 +365,7 @@ class BatchRunner:
             async with limiter:
                 if failed:
                     return
-                # A job that timed out is submitted once more at once; any other failure,
-                # or a second timeout, ends batch use for this call.
+                # A job that timed out is submitted once more.
                 retrying = AsyncRetrying(
                     stop=stop_after_attempt(2), reraise=True,
                     retry=retry_if_exception(lambda exc: isinstance(exc, EmbeddingProviderError)

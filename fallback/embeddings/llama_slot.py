@@ -1,10 +1,7 @@
 """One llama.cpp model loaded on first use and used by one thread at a time.
 
-Both in-process model users, the local embedding provider (``local_gguf.py``) and the local
-reranker (``fallback/search/rerank.py``), hold their ``llama_cpp.Llama`` in a :class:`LlamaSlot`:
-the load runs on the first call, inside the lock, in a worker thread; every call runs behind the
-same lock (a llama.cpp context is not thread-safe); :meth:`LlamaSlot.aclose` drops the model so
-that the next call loads it again.
+The local embedding provider and the local reranker hold their ``llama_cpp.Llama`` here: a
+llama.cpp context is not thread-safe, so loading and every call run behind one lock.
 """
 
 from __future__ import annotations
@@ -24,13 +21,8 @@ LLAMA_CPP_MISSING = "llama-cpp-python is not installed (pip install 'qmdbridge[l
 
 
 class LlamaSlot:
-    """A lazily loaded llama.cpp model behind one lock.
-
-    Args:
-        load: builds the model (blocking); it raises the caller's own typed error
-            (``EmbeddingProviderError``, ``RerankerError``...) when the file or the library is
-            missing, and is called again on the next use after a failure.
-    """
+    """A lazily loaded llama.cpp model behind one lock; ``load`` builds it (blocking, raising
+    the caller's typed error) and is called again on the next use after a failure."""
 
     def __init__(self, load: Callable[[], Any]) -> None:
         self._load = load

@@ -1,21 +1,10 @@
 """The local provider: a GGUF embedding model run in-process by llama-cpp-python.
 
-Where the model comes from (:func:`resolve_model_source`, ``local.modelPath``):
-
-- a file path (``~`` expanded): used as it is;
-- an ``hf:<owner>/<repo>/<file>.gguf`` URI: downloaded into the model cache on first use
-  (``fallback/embeddings/model_fetch.py``: checksum-verified, resumable, progress on stderr);
-- nothing, with ``provider: "local"``: the default model
-  (:data:`~fallback.embeddings.model_fetch.DEFAULT_MODEL`), downloaded the same way.
-
-``provider: "auto"`` never downloads: it picks the local provider only when ``modelPath`` names
-an existing file or an ``hf:`` URI that is already cached.
-
-The model is loaded lazily, in a worker thread, on the first call (after the download, which
-has no deadline of its own); every call runs in a worker thread behind one lock, because a
-llama.cpp context is not thread-safe (both in :class:`~fallback.embeddings.llama_slot.LlamaSlot`). Vectors are L2-normalised.
-Texts longer than the model's context are cut by llama.cpp (``truncate=True``: the first
-``n_batch`` tokens, 512 for the test model) instead of failing.
+``local.modelPath`` is a file path, an ``hf:<owner>/<repo>/<file>.gguf`` URI downloaded into the
+model cache on first use, or nothing with ``provider: "local"`` (the default model, downloaded
+the same way); ``auto`` never downloads. The model is loaded lazily in a worker thread
+(:class:`~fallback.embeddings.llama_slot.LlamaSlot`); vectors are L2-normalised, and texts
+longer than the model's context are truncated by llama.cpp.
 """
 
 from __future__ import annotations
@@ -36,19 +25,11 @@ from fallback.embeddings.model_fetch import DEFAULT_MODEL, ModelRef, ModelSpec
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
 from fallback.settings import MemorySearchSettings
 
-__all__ = [
-    "LLAMA_CPP_MISSING",
-    "LocalGgufProvider",
-    "ModelDownload",
-    "ModelSource",
-    "from_settings",
-    "is_llama_cpp_installed",
-    "resolve_model_source",
-]
+__all__ = ["LLAMA_CPP_MISSING", "LocalGgufProvider", "ModelDownload", "ModelSource",
+           "from_settings", "is_llama_cpp_installed", "resolve_model_source"]
 
 NO_LOCAL_MODEL = "no local model configured"
-# The spec-3 limit for local models; the model's own context (512 tokens for all-MiniLM-L6-v2)
-# is enforced by truncation inside llama.cpp.
+# The spec-3 limit for local models (llama.cpp truncates to the model's own context).
 LOCAL_MAX_INPUT_TOKENS = 2048
 
 
@@ -59,13 +40,8 @@ def is_llama_cpp_installed() -> bool:
 
 @dataclass(frozen=True)
 class ModelDownload:
-    """A model to download into the cache before first use.
-
-    Attributes:
-        model: the model (a known :class:`ModelSpec` with its pins, or a bare ``hf:`` ref).
-        cache_dir: the model cache.
-        base_url: the hub (``$HF_ENDPOINT`` or ``https://huggingface.co``).
-    """
+    """A ``model`` (a known :class:`ModelSpec` or a bare ``hf:`` ref) to download into
+    ``cache_dir`` from the hub at ``base_url`` before first use."""
 
     model: ModelSpec | ModelRef
     cache_dir: Path
@@ -80,14 +56,9 @@ class ModelDownload:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """Where the local provider's GGUF file is, and how it gets there.
-
-    Attributes:
-        path: the model file (for a download: its place in the cache, maybe not there yet).
-        name: the model id of the index identity: the ``hf:`` URI, else the file path.
-        download: set when the file comes from the hub and is not cached yet.
-        query_prefix: put before search queries (the default model's retrieval instruction).
-    """
+    """Where the local provider's GGUF file is (``path``, maybe not downloaded yet), its
+    identity ``name`` (the ``hf:`` URI or the path), the pending ``download`` and the
+    ``query_prefix`` put before search queries."""
 
     path: Path
     name: str
@@ -100,11 +71,10 @@ def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: P
     """Where the GGUF model comes from (rules in the module docstring).
 
     Args:
-        model_path: ``local.modelPath`` as configured (a path, an ``hf:`` URI, or empty).
-        explicit: True for ``provider: "local"``: an empty path means the default model and
-            an ``hf:`` URI is downloaded on first use. False (``auto``): only a file on disk
-            or an already cached URI qualifies.
-        cache_dir: the model cache (:func:`~fallback.embeddings.model_fetch.default_cache_dir`).
+        model_path: ``local.modelPath`` as configured.
+        explicit: True for ``provider: "local"`` (may download); False (``auto``): only a file
+            on disk or an already cached URI qualifies.
+        cache_dir: the model cache.
         base_url: the hub to download from.
 
     Raises:
@@ -141,13 +111,7 @@ def resolve_model_source(model_path: str | None, *, explicit: bool, cache_dir: P
 
 
 class LocalGgufProvider(BaseProvider):
-    """llama-cpp-python embeddings of a GGUF model.
-
-    Attributes:
-        model_path: absolute path of the GGUF file.
-        download: the download that brings the file into the cache on first use, or None.
-        query_prefix: text put before every search query (not before chunks).
-    """
+    """llama-cpp-python embeddings of a GGUF model."""
 
     provider_id = "local"
 
@@ -155,15 +119,12 @@ class LocalGgufProvider(BaseProvider):
                  policy: CallPolicy | None = None, download: ModelDownload | None = None,
                  query_prefix: str = "", on_download: model_fetch.ProgressFn | None = None) -> None:
         """Args:
-            model_path: the GGUF file (must exist unless ``download`` brings it; see
-                :func:`resolve_model_source`).
+            model_path: the GGUF file (must exist unless ``download`` brings it).
             model: model id for the index identity (default: the file path).
-            policy: timeouts (default 300 s query / 600 s batch) and retries; a download on
-                first use runs before and outside them.
+            policy: timeouts and retries (a download on first use runs outside them).
             download: fetch the file into the cache before the first embedding.
-            query_prefix: put before search queries (the default model's instruction).
-            on_download: download progress ``(done_bytes, total_bytes)``; default: lines on
-                stderr (:func:`~fallback.embeddings.model_fetch.stderr_progress`).
+            query_prefix: put before search queries (not before chunks).
+            on_download: download progress ``(done_bytes, total_bytes)`` (default: stderr).
         """
         name = model or str(model_path)
         super().__init__(model=name, normalize=True, max_input_tokens=LOCAL_MAX_INPUT_TOKENS,
@@ -177,8 +138,8 @@ class LocalGgufProvider(BaseProvider):
         self._model = LlamaSlot(self._load)
 
     async def ensure_model(self) -> Path:
-        """Download the model into the cache when it is not there yet (no deadline; it can be
-        cancelled, and a partial download is resumed next time); returns the file.
+        """Download the model into the cache when it is not there yet (no deadline; a
+        cancelled download resumes next time); returns the file.
 
         Raises:
             ModelDownloadError: offline, an HTTP error, or a failed checksum.
@@ -195,9 +156,7 @@ class LocalGgufProvider(BaseProvider):
             return self.model_path
 
     def model_problem(self) -> str | None:
-        """``local model <hf: URI> is not downloaded yet (<cache path>)`` while the model
-        waits for its download (a search or sync tries it, ``qmdbridge models pull`` brings it
-        in ahead), else ``None``."""
+        """``local model <hf: URI> is not downloaded yet (<cache path>)``, else ``None``."""
         d = self.download
         if d is None or self.model_path.is_file():
             return None
@@ -244,12 +203,8 @@ class LocalGgufProvider(BaseProvider):
 
 def from_settings(settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> LocalGgufProvider:
-    """Create the local provider (no network call: a download waits for the first embedding).
-
-    ``provider: "local"`` (or ``fallback: "local"``) may download; ``auto`` never does.
-    ``env`` gives the model cache (``$OPENCLAW_STATE_DIR/models`` unless
-    ``local.modelCacheDir`` is set) and the hub (``$HF_ENDPOINT``). The batch timeout honours
-    ``sync.embeddingBatchTimeoutSeconds``.
+    """Create the local provider (no network call: a download waits for the first embedding;
+    ``env`` gives the model cache and the hub).
 
     Raises:
         EmbeddingProviderUnavailableError: no usable model (see :func:`resolve_model_source`),

@@ -1,29 +1,20 @@
 """Model downloads: GGUF embedding models fetched from a Hugging Face-style hub into the model cache.
 
-``local.modelPath`` names a file, an ``hf:<owner>/<repo>/<file>.gguf`` URI, or nothing at all
-with ``provider: "local"`` (then :data:`DEFAULT_MODEL`). A URI is downloaded on first use (or
-ahead of time by ``qmdbridge models pull``) from ``{base}/{owner}/{repo}/resolve/main/{file}``,
-``base`` being ``$HF_ENDPOINT`` or ``https://huggingface.co``.
-
-Cache layout, under ``local.modelCacheDir`` or ``<stateDir>/models``::
+``local.modelPath`` names a file, an ``hf:<owner>/<repo>/<file>.gguf`` URI, or nothing (then
+:data:`DEFAULT_MODEL`). A URI is downloaded on first use (or by ``qmdbridge models pull``) from
+``{$HF_ENDPOINT or https://huggingface.co}/{owner}/{repo}/resolve/main/{file}`` into
+``local.modelCacheDir`` or ``<stateDir>/models``::
 
     hf/<owner>/<repo>/<file>           the verified model
     hf/<owner>/<repo>/<file>.sha256    its sha256 (hex), written after the model is in place
     hf/<owner>/<repo>/<file>.part      a partial download, resumed with an HTTP Range request
     hf/<owner>/<repo>/<file>.lock      one downloader at a time across processes
 
-How a download is checked, strongest first: the sha256 pinned in a :class:`ModelSpec` (the
-default model's), else the sha256 the hub reports for the file (Hugging Face sends it as
-``X-Linked-Etag`` on the redirect of an LFS file, or as a plain ``ETag``; only a 64-hex value
-counts), else a ``<file>.sha256`` published next to the file; the size is compared with the
-pinned size, ``X-Linked-Size`` or the response length. A file failing a check is deleted,
-never kept; a body that cannot be the file (a text, HTML or JSON ``Content-Type``, or a whole
-file without the GGUF magic: a captive portal's login page) is refused before anything of it
-is written, so no page is ever kept as a partial download. The transfer streams to ``<file>.part`` (httpx), a dropped connection is resumed
-from where it stopped (up to :data:`DOWNLOAD_ATTEMPTS` attempts, tenacity), and the finished
-file is moved into place with :func:`fallback.fs.atomic.publish_file`, so a reader sees no file
-or the whole file. Every failure is a :class:`~fallback.errors.ModelDownloadError` saying what
-to do (``offline: cannot reach ...`` when the hub cannot be reached at all).
+A download is checked against, strongest first, the pinned sha256, the hub's (``X-Linked-Etag``
+or ``ETag``, 64 hex), or a published ``<file>.sha256``, and against the known size; a file
+failing a check is deleted. A body that cannot be the file (a text type, or no GGUF magic: a
+captive portal) is refused before anything is written. Every failure is a
+:class:`~fallback.errors.ModelDownloadError` saying what to do.
 """
 
 from __future__ import annotations
@@ -48,24 +39,9 @@ from fallback.gguf_file import GGUF_MAGIC
 if TYPE_CHECKING:  # httpx is imported by the download itself, so loading this module is cheap
     import httpx
 
-__all__ = [
-    "DEFAULT_HF_ENDPOINT",
-    "DEFAULT_MODEL",
-    "KNOWN_MODELS",
-    "CachedModel",
-    "FetchResult",
-    "ModelRef",
-    "ModelSpec",
-    "ProgressFn",
-    "default_cache_dir",
-    "fetch_model",
-    "find_model",
-    "format_bytes",
-    "hub_base_url",
-    "list_cached",
-    "parse_hf_uri",
-    "stderr_progress",
-]
+__all__ = ["DEFAULT_HF_ENDPOINT", "DEFAULT_MODEL", "KNOWN_MODELS", "CachedModel", "FetchResult",
+           "ModelRef", "ModelSpec", "ProgressFn", "default_cache_dir", "fetch_model", "find_model",
+           "format_bytes", "hub_base_url", "list_cached", "parse_hf_uri", "stderr_progress"]
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 HF_URI_PREFIX = "hf:"
@@ -89,13 +65,7 @@ ProgressFn = Callable[[int, "int | None"], None]
 
 @dataclass(frozen=True)
 class ModelRef:
-    """A file in a hub repository.
-
-    Attributes:
-        repo: ``<owner>/<name>``.
-        file: path of the file inside the repository (``/``-separated, ends in ``.gguf``).
-        revision: branch, tag or commit (``main``).
-    """
+    """A ``file`` (``/``-separated) in a hub ``repo`` (``<owner>/<name>``) at a ``revision``."""
 
     repo: str
     file: str
@@ -122,12 +92,11 @@ class ModelSpec:
     Attributes:
         name: short name (``qmdbridge models pull <name>``).
         ref: where it is downloaded from.
-        sha256: pinned sha256 of the file (hex), or None.
-        size_bytes: pinned size in bytes, or None.
+        sha256 / size_bytes: pinned digest (hex) and size in bytes, or None.
         license: the model's licence.
         dims: embedding dimensions.
-        query_prefix: text put before a search query (not before chunks) when embedding it,
-            as the model's authors recommend for retrieval; ``""`` for none.
+        query_prefix: text put before a search query (not before chunks), as the model's
+            authors recommend for retrieval.
     """
 
     name: str
@@ -139,12 +108,8 @@ class ModelSpec:
     query_prefix: str = ""
 
 
-# The default local embedding model: BAAI's bge-small-en-v1.5 (MIT), 384 dimensions, 512-token
-# context, as Q8_0 GGUF (36.8 MB). On the MTEB English table of its model card it averages 62.2
-# (retrieval 51.7), against 56.3 (41.9) for all-MiniLM-L6-v2 (25 MB), and it runs on a CPU at
-# the speed of any 33M-parameter BERT; embeddinggemma-300m scores higher but is about ten times
-# the size and the compute. The digest and size are those several independent projects pin for
-# this exact file. BGE recommends the query instruction below for short retrieval queries.
+# The default local embedding model: BAAI's bge-small-en-v1.5 (MIT, 384 dimensions) as Q8_0
+# GGUF: small enough for a CPU, and better at retrieval than models of its size.
 DEFAULT_MODEL = ModelSpec(
     name="bge-small-en-v1.5",
     ref=ModelRef("CompendiumLabs/bge-small-en-v1.5-gguf", "bge-small-en-v1.5-q8_0.gguf"),
@@ -159,17 +124,9 @@ KNOWN_MODELS: Mapping[str, ModelSpec] = {DEFAULT_MODEL.name: DEFAULT_MODEL}
 
 @dataclass(frozen=True)
 class FetchResult:
-    """What :func:`fetch_model` did.
-
-    Attributes:
-        path: the model file in the cache.
-        size_bytes: its size.
-        sha256: its sha256 (hex).
-        downloaded: False when it was already cached.
-        resumed_from: bytes of an earlier partial download reused (0 for a fresh start).
-        verified_by: ``pinned``, ``hub``, ``sidecar``, ``size`` (nothing but the size was known)
-            or ``cache`` (already there).
-    """
+    """What :func:`fetch_model` did: the cached ``path``, its size and sha256, whether it was
+    ``downloaded``, the bytes ``resumed_from``, and ``verified_by`` (``pinned``, ``hub``,
+    ``sidecar``, ``size`` or ``cache``)."""
 
     path: Path
     size_bytes: int
@@ -181,16 +138,9 @@ class FetchResult:
 
 @dataclass(frozen=True)
 class CachedModel:
-    """One model file in the cache (``qmdbridge models list``).
-
-    Attributes:
-        uri: ``hf:<owner>/<repo>/<file>``.
-        path: the file (the ``.part`` file for a partial download).
-        size_bytes: bytes on disk.
-        sha256: the recorded digest, or None (partial, or a file put there by hand).
-        complete: False for a partial download.
-        default: True for :data:`DEFAULT_MODEL`.
-    """
+    """One model file in the cache (``qmdbridge models list``): its ``uri``, ``path`` (the
+    ``.part`` file when not ``complete``), bytes on disk, recorded sha256 (or None), and
+    whether it is the ``default`` model."""
 
     uri: str
     path: Path
@@ -430,18 +380,8 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
 
 
 def _not_a_model(response: httpx.Response, head: bytes, *, whole: bool) -> str | None:
-    """What a 2xx body is when it cannot be the model file, or ``None``.
-
-    Args:
-        response: the file's response (its ``Content-Type``).
-        head: the body's first bytes (at least 4 unless the body is shorter).
-        whole: the body starts at byte 0 of a ``.gguf`` file (not a resumed range).
-
-    Returns:
-        ``an HTML page (text/html)``, ``a text/plain document`` (any text, XML or JSON type);
-        when ``whole`` and the GGUF magic is missing, ``an HTML page`` (the body starts with
-        ``<``) or ``a body that is not a GGUF file``.
-    """
+    """What a 2xx body is when it cannot be the model file (by its ``Content-Type``, or, when
+    ``whole``, its missing GGUF magic in ``head``), or ``None``."""
     kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
     if "html" in kind:
         return f"an HTML page ({kind})"
@@ -513,10 +453,8 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
                 on_progress: ProgressFn | None = None, attempts: int = DOWNLOAD_ATTEMPTS,
                 lock_timeout_ms: int = LOCK_TIMEOUT_MS,
                 transport: httpx.BaseTransport | None = None) -> FetchResult:
-    """Make sure ``model`` is in the cache: return it when there, else download and verify it.
-
-    Blocking (run it in a worker thread from async code). One process downloads a given file
-    at a time; a second one waits for it (up to ``lock_timeout_ms``) and then finds it cached.
+    """Make sure ``model`` is in the cache: return it when there, else download and verify it
+    (blocking; one process downloads a given file at a time, others wait for it).
 
     Args:
         model: a :class:`ModelSpec` (its pins are checked) or a bare :class:`ModelRef`.
@@ -531,12 +469,9 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
         A :class:`FetchResult`.
 
     Raises:
-        ModelDownloadError: the hub is unreachable (``offline: ...``), answers an HTTP error,
-            the transfer kept dropping (the partial file is kept for the next call), or the
-            file fails its size or sha256 check (the file is deleted).
-            Also the model cache that this user cannot use (its folder, the download lock
-            ``<file>.lock`` or the partial file cannot be created or written): ``cannot use the
-            model cache <dir>: Permission denied (<path>); ...``.
+        ModelDownloadError: the hub is unreachable (``offline: ...``) or answers an error, the
+            transfer kept dropping (the partial file is kept), the file fails its checks, or
+            the model cache cannot be written.
         LockTimeoutError: another process held the download lock past ``lock_timeout_ms``.
     """
     spec = model if isinstance(model, ModelSpec) else None
@@ -568,12 +503,8 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
 
 
 def stderr_progress(uri: str, *, stream: IO[str] | None = None, step_percent: int = 10) -> ProgressFn:
-    """A plain-text ``on_progress`` for downloads started on first use: one line when the
-    download starts (or resumes), then one per ``step_percent`` of the file, on stderr.
-
-    Lines: ``downloading hf:... (36.8 MB)``, ``resuming hf:... at 12.0 MB of 36.8 MB``,
-    ``  50% 18.4 MB of 36.8 MB``.
-    """
+    """A plain-text ``on_progress`` on stderr: ``downloading <uri> (36.8 MB)`` (or
+    ``resuming ...``), then ``  50% 18.4 MB of 36.8 MB`` every ``step_percent``."""
     state: dict[str, Any] = {"started": False, "next": step_percent}
 
     def on_progress(done: int, total: int | None) -> None:

@@ -1,24 +1,10 @@
 """The HTTP embedding providers: one table of what sets each apart, three wire formats.
 
-What sets each provider apart (default base URL and model, routing prefixes, whether a key is
-required, concurrency, what is sent) is :data:`SPECS`, one row per provider. The key comes from
-``remote.apiKey``, else the provider's variables in :data:`fallback.embeddings.ENV_KEYS`; a
-routing prefix (``openai/``, ``models/``...) is stripped from ``model``. Wires (Source: spec
-6.2 and each provider's embeddings API):
-
-- **OpenAI** (openai, openai-compatible, mistral, voyage): ``POST {base}/embeddings`` with
-  ``{"model", "input": [...], "dimensions"?, "input_type"?}`` and a bearer key; the response's
-  ``data[i].embedding`` (placed by ``data[i].index``) belongs to input ``i``; a query is a
-  batch of one.
-- **Gemini**: queries ``POST {base}/models/<model>:embedContent`` with ``taskType:
-  RETRIEVAL_QUERY``, documents ``:batchEmbedContents`` with one request per text and
-  ``RETRIEVAL_DOCUMENT``; ``outputDimensionality`` (or ``dimensions``) when configured; the key
-  in ``x-goog-api-key``. A blank query returns ``[]`` without a request.
-- **Ollama**: one ``POST {base}/api/embeddings`` ``{"model", "prompt"}`` per text, one at a time
-  by default, vectors L2-normalised; never picked by ``auto``.
-
-openai, voyage and gemini use their batch-job APIs when ``remote.batch.enabled``
-(``fallback/embeddings/batch_jobs.py``).
+:data:`SPECS` holds what sets each provider apart, one row each. Wires (Source: spec 6.2 and
+each provider's embeddings API): **OpenAI** (openai, openai-compatible, mistral, voyage)
+``POST {base}/embeddings``; **Gemini** ``models/<model>:embedContent`` for queries and
+``:batchEmbedContents`` for documents, the key in ``x-goog-api-key``; **Ollama** one
+``POST {base}/api/embeddings`` per text, vectors L2-normalised.
 """
 
 from __future__ import annotations
@@ -43,16 +29,13 @@ class RemoteSpec:
 
     Attributes:
         wire: ``openai``, ``gemini`` or ``ollama``.
-        base_url: default base URL, or None when ``remote.baseUrl`` is required.
-        model: default model, or ``""`` when ``model`` is required.
+        base_url / model: defaults (None / ``""``: the config must set them).
         prefixes: routing prefixes stripped from the configured model id.
         require_key: whether a missing API key makes the provider unavailable.
-        concurrency: parallel requests per ``embed_batch`` unless
-            ``remote.nonBatchConcurrency`` says otherwise.
+        concurrency: default parallel requests per ``embed_batch``.
         dimensions: whether ``dimensions`` is sent (OpenAI wire).
-        input_types: ``input_type`` sent with queries and with documents (OpenAI wire; None:
-            not sent), or ``"configured"``: ``queryInputType`` / ``documentInputType``, each
-            falling back to ``inputType`` ([E3]).
+        input_types: ``input_type`` for queries and documents (None: not sent), or
+            ``"configured"``: ``queryInputType`` / ``documentInputType``, else ``inputType``.
     """
 
     wire: Literal["openai", "gemini", "ollama"]
@@ -82,13 +65,8 @@ SPECS: Mapping[str, RemoteSpec] = {
 
 @dataclass(frozen=True)
 class RemoteEndpoint:
-    """Where and how to reach a remote provider.
-
-    Attributes:
-        base_url: without a trailing slash.
-        api_key: the key, or None for providers that need none.
-        headers: configured extra headers (``remote.headers``).
-    """
+    """Where and how to reach a remote provider: ``base_url`` (no trailing slash), the
+    ``api_key`` (or None) and the configured extra ``headers``."""
 
     base_url: str
     api_key: str | None
@@ -97,9 +75,8 @@ class RemoteEndpoint:
 
 def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
                      env: Mapping[str, str]) -> RemoteEndpoint:
-    """The endpoint of provider ``provider_id`` of :data:`SPECS`: base URL and key from
-    ``memorySearch.remote``, else the spec's default URL and the provider's key variables
-    (:data:`~fallback.embeddings.ENV_KEYS`); headers from ``remote.headers``.
+    """The endpoint of provider ``provider_id``: base URL and key from ``memorySearch.remote``,
+    else the spec's default URL and the key variables of :data:`~fallback.embeddings.ENV_KEYS`.
 
     Raises:
         EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) where the spec
@@ -147,16 +124,8 @@ class _HttpProvider(BaseProvider):
 
 
 class OpenAIWireProvider(_HttpProvider):
-    """OpenAI's ``/embeddings`` wire (openai, openai-compatible, mistral, voyage).
-
-    Args:
-        provider_id: the registry name.
-        endpoint: base URL, key (sent as ``Authorization: Bearer``) and extra headers.
-        model: model id (prefixes already stripped).
-        dimensions: requested output size, sent as ``dimensions``; also the expected length.
-        query_input_type / document_input_type: ``input_type`` per direction (None: not sent).
-        policy: concurrency, timeouts and retries.
-    """
+    """OpenAI's ``/embeddings`` wire: ``dimensions`` is sent and expected when given,
+    ``input_type`` per direction when given; results are placed by ``data[i].index``."""
 
     def __init__(self, provider_id: str, endpoint: RemoteEndpoint, *, model: str,
                  dimensions: int | None = None, query_input_type: str | None = None,
@@ -255,11 +224,8 @@ class OllamaProvider(_HttpProvider):
 
 def from_settings(provider_id: str, settings: MemorySearchSettings, *, env: Mapping[str, str],
                   policy: CallPolicy | None = None) -> BaseProvider:
-    """Create the HTTP provider ``provider_id`` of :data:`SPECS` (no network call).
-
-    The policy comes from ``remote.nonBatchConcurrency`` and
-    ``sync.embeddingBatchTimeoutSeconds`` unless ``policy`` is given; openai, voyage and gemini
-    get a batch-job runner when ``remote.batch.enabled``.
+    """Create the HTTP provider ``provider_id`` of :data:`SPECS` (no network call); openai,
+    voyage and gemini get a batch-job runner when ``remote.batch.enabled``.
 
     Raises:
         EmbeddingProviderUnavailableError: no API key where one is required, no

@@ -1,10 +1,7 @@
 """Atomic file replacement: readers see a file's old content or its new content, never a mix.
 
-Used by every file the project rewrites in place (session exports, the circuit breaker's shared
-state, the qmd probe cache and ``index.yml``, reconcile markers, flush records) and, through
-:func:`publish_file`, by downloads too large to hold in memory (GGUF models streamed to a partial
-file). It lives in the neutral ``fallback.fs`` package so both ``fallback`` and ``qmdbridge``
-can use it.
+Used by every file the project rewrites in place and, through :func:`publish_file`, by
+downloads streamed to a partial file.
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ from pathlib import Path
 
 __all__ = ["TEMP_PREFIX", "TEMP_SUFFIX", "publish_file", "write_atomic"]
 
-# Temporary files are ``.tmp-<random>.part`` beside the target: hidden, and never ``*.md``, so a
-# Markdown watcher or qmd's collection glob never picks up a half-written file.
+# Temporary files are ``.tmp-<random>.part`` beside the target: hidden and never ``*.md``, so no
+# watcher or collection glob picks up a half-written file.
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".part"
 # Permission bits of a new file before the umask, as ``open(path, "w")`` would use.
@@ -42,18 +39,13 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True, mode: int |
     """Replace ``target`` with ``data``: write a temporary file in the same folder, fsync it,
     rename it over ``target``, then fsync the folder.
 
-    Permissions are kept unless ``mode`` is given: an existing ``target``'s permission bits
-    are copied to the new file; a new file gets ``0o666`` minus the umask, like
-    ``open(path, "w")`` (ownership is not copied). The folder must exist.
-
     Args:
-        target: the file to replace or create.
+        target: the file to replace or create (its folder must exist).
         data: the complete new content.
-        durable: False skips both fsyncs, for advisory state rewritten on a hot path (the
-            circuit breaker records every search): concurrent readers still see old or new
-            content, but after a power loss the file may be old or empty.
-        mode: the permission bits of the new file whatever the umask and the old file's
-            (``0o600`` for a file only its owner may read or write), or ``None``.
+        durable: False skips both fsyncs (advisory state on a hot path: after a power loss
+            the file may be old or empty).
+        mode: the permission bits of the new file, or ``None``: an existing file's bits, else
+            ``0o666`` minus the umask.
 
     Raises:
         OSError: the folder is missing or not writable, or the disk is full; ``target`` is
@@ -85,28 +77,18 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True, mode: int |
         _fsync_dir(target.parent)
 
 
-def publish_file(source: Path, target: Path, *, durable: bool = True) -> None:
-    """Move a completely written file into place: fsync ``source``, rename it over ``target``,
-    then fsync the folder, so readers see no file or the whole file, never a part of it.
-
-    For content written elsewhere in pieces (a download streamed to ``<name>.part``);
-    :func:`write_atomic` covers content held in memory.
-
-    Args:
-        source: the finished file, in the same folder as ``target`` (a rename never copies).
-        target: the final path; an existing file there is replaced.
-        durable: False skips both fsyncs (see :func:`write_atomic`).
+def publish_file(source: Path, target: Path) -> None:
+    """Move a completely written ``source`` (in ``target``'s folder) into place: fsync it,
+    rename it over ``target``, fsync the folder; readers see no file or the whole file.
 
     Raises:
         OSError: ``source`` is missing or the rename fails; ``target`` is then unchanged.
     """
     source, target = Path(source), Path(target)
-    if durable:
-        fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(source, target)
-    if durable:
-        _fsync_dir(target.parent)
+    _fsync_dir(target.parent)

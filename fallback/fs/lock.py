@@ -1,37 +1,19 @@
 """An inter-process file lock that records its holder's pid and never waits without a deadline.
 
-Why this module is not in ``fallback.store``: files are locked by the store (its writer lock,
-``fallback/store/lock.py``) and by the qmd sidecar (the per-agent update lock, the global embed
-lock, the session export lock). ``qmdbridge`` may import ``fallback`` but never the reverse, and
-the lock knows nothing about stores or qmd, so it sits in ``fallback.fs``, a neutral package
-below both that only touches files.
+Used by the store's writer lock and the qmd sidecar's locks, so it sits in ``fallback.fs``,
+below both. The model:
 
-The model:
+- The OS lock is filelock's ``FileLock`` (``flock`` on POSIX, ``msvcrt.locking`` on Windows):
+  the kernel drops it when the holder dies. The lock file is never deleted (deleting a file
+  another process is about to lock would let two holders in).
+- While held, the file holds the holder's pid; a release empties it. A recorded pid that no
+  longer runs is a stale record: :meth:`PidFileLock.holder_pid` names no one.
+- Every wait has a budget: non-blocking attempts with jittered exponential backoff, sleeping
+  in a worker thread (:meth:`PidFileLock.acquire_blocking`) or on the event loop
+  (:meth:`PidFileLock.acquire`), then :meth:`PidFileLock.timeout_error`.
+- One lock object is re-entrant across threads; two objects on one path exclude each other.
 
-- The OS lock is `filelock <https://py-filelock.readthedocs.io>`_'s ``FileLock``:
-  ``fcntl.flock(LOCK_EX)`` on POSIX, ``msvcrt.locking`` on Windows. The kernel drops it when
-  the holding process dies, SIGKILL included, so a dead holder never blocks anyone. The lock
-  file is never deleted (``preserve_lock_file``): deleting a file that another process is
-  about to lock would let two holders in.
-- While held, the file contains the holder's pid and a newline (written through filelock's
-  ``on_acquired`` hook); a release empties it again. So a non-empty file whose pid no longer
-  runs is the stale record of a holder that died while holding the lock:
-  :meth:`PidFileLock.holder_pid` names no one, its OS lock is already gone, and the next holder
-  overwrites the record. A lock that is held while its recorded pid is gone was inherited by a child of
-  the dead holder; timeouts then name no pid.
-- Every wait has a budget: non-blocking attempts with jittered exponential backoff (10 ms,
-  doubling, capped at 250 ms, plus up to 50 ms so two waiters do not retry in lockstep) through
-  tenacity, sleeping with ``time.sleep`` (:meth:`PidFileLock.acquire_blocking`, for worker
-  threads) or ``anyio.sleep`` (:meth:`PidFileLock.acquire`, never blocking an event loop), and
-  :meth:`PidFileLock.timeout_error` (``LockTimeoutError`` unless a subclass says otherwise)
-  when the budget is spent.
-- One lock object is re-entrant across threads (a depth counter: filelock's lock counter with
-  ``thread_local=False``); two objects on the same path exclude each other even inside one
-  process, like two processes, because ``flock`` locks belong to the open file description.
-
-Limitations: ``flock`` is not reliable on some network file systems (old NFS), so keep state
-folders on a local disk; on a file system without ``flock`` acquisition fails with ``OSError``
-instead of falling back to filelock's soft lock, which could not carry the pid record.
+``flock`` is unreliable on some network file systems: keep state folders on a local disk.
 """
 
 from __future__ import annotations
@@ -62,9 +44,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock"]
 
-# Backoff between non-blocking attempts (s): starts at 10 ms, doubles, capped at 250 ms, plus up
-# to 50 ms of jitter. An attempt is two system calls, so polling at this rate costs nothing and
-# hands a released lock over within about a quarter second.
+# Backoff between non-blocking attempts, in seconds: doubling, capped, plus jitter so two
+# waiters do not retry in lockstep.
 BACKOFF_INITIAL_S = 0.01
 BACKOFF_MAX_S = 0.25
 BACKOFF_JITTER_S = 0.05
@@ -85,10 +66,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _record_pid(fd: int) -> None:
-    """filelock's ``on_acquired`` hook: replace the lock file's content with ``<pid>\\n``.
-
-    Best effort: a full disk must not cost the lock, so ``OSError`` is ignored.
-    """
+    """filelock's ``on_acquired`` hook: the lock file's content becomes ``<pid>\\n`` (best
+    effort: a full disk must not cost the lock)."""
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
@@ -108,11 +87,9 @@ def _backoff_within(budget_s: float) -> Callable[[RetryCallState], float]:
 
 
 class PidFileLock:
-    """An exclusive inter-process lock on one file (see the module docstring for the model).
-
-    Thread-safe; re-entrant per object. The file (and its folder) is created on the first
-    acquisition, and filelock is imported only then, so merely constructing a lock costs
-    nothing. Subclasses change the errors through :meth:`timeout_error` and :meth:`open_error`.
+    """An exclusive inter-process lock on one file (the model is in the module docstring);
+    the file is created on the first acquisition. Subclasses change the errors through
+    :meth:`timeout_error` and :meth:`open_error`.
 
     Args:
         path: the lock file.
@@ -156,9 +133,8 @@ class PidFileLock:
         return self._lock
 
     def try_acquire(self) -> bool:
-        """Make one non-blocking attempt; True when this object now holds the lock.
-
-        A held lock is re-entered (depth + 1). Every True must be paired with :meth:`release`.
+        """Make one non-blocking attempt (re-entering a held lock); True when this object now
+        holds the lock, to be paired with :meth:`release`.
 
         Raises:
             OSError: the lock file or its folder cannot be created or opened (or what
@@ -181,10 +157,8 @@ class PidFileLock:
             return True
 
     def release(self) -> None:
-        """Leave the lock once; at depth 0 the pid record is cleared and the OS lock dropped.
-
-        Releasing a lock that is not held does nothing.
-        """
+        """Leave the lock once; at depth 0 the pid record is cleared and the OS lock dropped
+        (a lock not held: nothing)."""
         with self._mutex:
             lock = self._lock
             if lock is None or not lock.is_locked:
@@ -206,9 +180,8 @@ class PidFileLock:
             os.truncate(self.path, 0)
 
     def holder_pid(self) -> int | None:
-        """The pid of the live process the lock file names, or None: it names none (free, or
-        unreadable) or a process that no longer exists or is a zombie (the stale record of a
-        holder that died while holding the lock). Best effort: read without taking the lock."""
+        """The pid of the live process the lock file names, or None (free, unreadable, or a
+        stale record); read without taking the lock."""
         try:
             text = self.path.read_text(encoding="ascii", errors="replace").strip()
         except OSError:

@@ -26,8 +26,7 @@ VANISHED = "vanished before read"
 BINARY_FILE = "binary file (NUL bytes)"
 
 _UTF8_BOM = b"\xef\xbb\xbf"
-# Control characters that mark a file with NUL bytes as binary (all C0 controls and DEL but
-# tab, line feed, vertical tab, form feed and carriage return).
+# Control characters that mark a file with NUL bytes as binary (C0 and DEL but \t \n \v \f \r).
 _BINARY_CONTROLS = re.compile(r"[\x01-\x08\x0e-\x1f\x7f]")
 
 
@@ -36,15 +35,13 @@ class FileContent:
     """The text of one memory file as it will be indexed.
 
     Attributes:
-        text: the file decoded as UTF-8 (a leading BOM removed; invalid bytes replaced by
-            U+FFFD when ``invalid_utf8``; NUL bytes removed when ``nul_bytes``).
+        text: the file decoded as UTF-8 (BOM removed, invalid bytes as U+FFFD, NULs removed).
         content_hash: sha256 hex of the raw bytes on disk.
         invalid_utf8: True when the bytes were not valid UTF-8.
         size: size in bytes.
         mtime_ms: modification time, epoch ms.
-        nul_bytes: NUL bytes removed from the text (a note padded with NULs); 0 for most files.
-        ctime_ns: status-change time, epoch ns; ``None`` where the platform gives none that
-            rewrites move (``fallback/sources/stamps.py``).
+        nul_bytes: NUL bytes removed from the text.
+        ctime_ns: status-change time, epoch ns, or ``None`` (``fallback/sources/stamps.py``).
     """
 
     text: str
@@ -57,22 +54,17 @@ class FileContent:
 
 
 def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | SkippedFile:
-    """Read one memory file for indexing; never raises for a bad file.
-
-    The bytes are read once (through one descriptor, symlinks not followed), so the hash,
-    size and text describe the same content.
+    """Read one memory file for indexing (once, through one descriptor, so hash, size and
+    text describe the same bytes); never raises for a bad file.
 
     Args:
         f: the discovered file.
         max_file_bytes: size cap in bytes.
 
     Returns:
-        :class:`FileContent`, or :class:`~fallback.models.SkippedFile` with ``path =
-        f.rel_path`` and reason ``vanished before read``, ``symlink (not followed)``,
-        ``unreadable: <OS reason>``, ``not a regular file``,
-        ``too large (N bytes > cap M)`` or ``binary file (NUL bytes)`` (NUL bytes and other
-        control bytes or invalid UTF-8; a text padded with NULs is read without them, see
-        ``FileContent.nul_bytes``).
+        :class:`FileContent`, or a :class:`~fallback.skipped.SkippedFile` with reason
+        :data:`VANISHED`, ``symlink (not followed)``, ``unreadable: <OS reason>``, ``not a
+        regular file``, ``too large (N bytes > cap M)`` or :data:`BINARY_FILE`.
     """
     def skipped(reason: str) -> SkippedFile:
         return SkippedFile(path=f.rel_path, reason=reason)
@@ -126,17 +118,10 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
 
 
 def is_binary(blocks: Iterable[bytes], *, complete: bool = True) -> bool:
-    """Whether a file's bytes, given in order as blocks of any size, make it binary by the rule
-    :func:`read_memory_text` indexes by: NUL bytes together with another control character
-    than tab, line feed, vertical tab, form feed and carriage return, or with invalid UTF-8 once
-    the NULs are removed (images, archives, UTF-16 text). A file without NUL bytes is never
-    binary, and a note padded with NULs (preallocated or fixed-size files, the zero-filled
-    tail or blocks a crash leaves behind) is text once they are removed, which never changes
-    its line numbers. Reads the blocks once, holding one at a time.
-
-    ``complete=False``: the blocks are a prefix of the file, so a UTF-8 sequence cut at their
-    end is not invalid (the rest of it was not read).
-    """
+    """Whether a file's bytes (blocks in order) make it binary: NUL bytes together with
+    another control character or with invalid UTF-8 once the NULs are removed. A note padded
+    with NULs is text. ``complete=False``: the blocks are a prefix, so a cut UTF-8 sequence at
+    their end is not invalid."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     nul = odd = False
     for block in blocks:
@@ -157,15 +142,8 @@ def is_binary(blocks: Iterable[bytes], *, complete: bool = True) -> bool:
 
 
 def is_binary_file(fd: int, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bool:
-    """:func:`is_binary` of the first ``max_bytes`` bytes of the file behind ``fd`` (all of it
-    when it is not larger), read with ``pread`` in 1 MiB blocks (the file offset stays where
-    it is).
-
-    With ``max_bytes`` the index's size cap (``maxFileBytes``, 10 MiB by default), every file
-    the index reads is judged whole, as :func:`read_memory_text` judges it; a larger file,
-    which the index skips as too large, is judged by that prefix alone (a NUL byte after it is
-    never read). A first pass only looks for a NUL byte, so a text file costs one read of at
-    most ``max_bytes`` bytes and no decoding; one with a NUL byte two.
+    """:func:`is_binary` of the first ``max_bytes`` bytes of the file behind ``fd`` (read
+    with ``pread``: the file offset stays where it is).
 
     Raises:
         OSError: as ``os.fstat`` / ``os.pread``.
@@ -181,18 +159,8 @@ def is_binary_file(fd: int, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bool:
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:
-    """Transcripts of ``sessions_dir`` as :class:`MemoryFile` rows, and the enumeration error.
-
-    Args:
-        sessions_dir: the agent's transcript folder.
-
-    Returns:
-        ``(files, error)``: each transcript (``*.jsonl`` and retained archives, see
-        :func:`fallback.sources.transcripts.scan_transcripts`) with ``rel_path``
-        ``sessions/<basename>`` (a name that is not UTF-8 in its printable form) and source
-        ``sessions``; files that vanish while being listed are left out. ``error`` is the
-        listing problem, or ``None``.
-    """
+    """``(files, error)``: the transcripts of ``sessions_dir`` as :class:`MemoryFile` rows
+    (``rel_path`` ``sessions/<name>``, source ``sessions``) and the listing error, or ``None``."""
     from fallback.sources.transcripts import scan_transcripts, transcript_path  # sessions source only
 
     scan = scan_transcripts(sessions_dir)
@@ -210,10 +178,8 @@ def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[i
     """Flatten one transcript (spec §5.4) for indexing; never raises for a bad file.
 
     Returns:
-        ``(FileContent, line_map)`` where ``line_map[i]`` is the JSONL line of text line
-        ``i + 1``, or ``(SkippedFile, None)`` with reason ``vanished before read`` or
-        ``unreadable: <OS reason>``. A cron-run or fully filtered transcript gives empty
-        content (a files row, no chunks).
+        ``(FileContent, line_map)`` (``line_map[i]``: the JSONL line of text line ``i + 1``),
+        or ``(SkippedFile, None)``.
     """
     try:
         with open(mf.abs_path, "rb"):

@@ -1,9 +1,7 @@
 """Collection patterns in qmd's glob dialect (fast-glob/picomatch): alternatives, escaping, matching.
 
 ``**`` spans folders, braces expand, matching is case-sensitive, and commas outside ``{}`` and
-``[]`` join alternatives as in qmd's ``--mask``. The memory-file rule
-(``fallback/sources/memory_files.py``) and the qmd collections use these; the compiled matcher
-loads wcmatch on first use (the default ``**/*.md`` needs none, see ``MemoryRoot.admits``).
+``[]`` join alternatives as in qmd's ``--mask``.
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ def split_pattern(pattern: str) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def glob_matcher(pattern: str) -> wcglob.WcMatcher:
-    """The compiled glob of a pattern in the dialect of qmd's fast-glob/picomatch (``**`` spans
-    folders, braces, case-sensitive), memoised: compiling is the costly part."""
+    """The compiled glob of a pattern, memoised."""
     from wcmatch import glob as wcglob
 
     return wcglob.compile(split_pattern(pattern) or ["\0"],
@@ -60,8 +57,7 @@ def escape_glob(name: str) -> str:
 
 
 def _group_end(text: str, start: int) -> int:
-    """The index of the ``]`` or ``}`` closing the class or braces opened at ``start`` (braces
-    nest), or -1 when it is never closed (then the opener is a literal character)."""
+    """The index of the ``]`` or ``}`` closing the group opened at ``start``, or -1."""
     opener, closer = text[start], "]" if text[start] == "[" else "}"
     depth, i = 0, start
     while i < len(text):
@@ -98,15 +94,9 @@ def _literal_tail(alternative: str) -> str | None:
 
 
 def never_ends_with(pattern: str, suffix: str) -> bool:
-    """Whether no name the pattern matches can end with ``suffix`` (case-sensitive): each
-    alternative ends in a literal text that neither ends with ``suffix`` nor is an ending of
-    it (``*.txt`` never ends with ``.md``; ``*md``, ``*.m?`` and ``*.{md,txt}`` may).
-    Conservative: ``False`` whenever a wildcard could supply the ending.
-
-    Args:
-        pattern: a collection pattern (commas join alternatives, see :func:`split_pattern`).
-        suffix: the ending every admitted name has (``.md``).
-    """
+    """Whether no name the collection ``pattern`` matches can end with ``suffix``
+    (``*.txt`` never ends with ``.md``; ``*md``, ``*.m?`` and ``*.{md,txt}`` may); ``False``
+    whenever a wildcard could supply the ending."""
     for alternative in split_pattern(pattern):
         tail = _literal_tail(alternative.rsplit("/", 1)[-1])
         if tail is None or tail.endswith(suffix) or suffix.endswith(tail):

@@ -1,33 +1,20 @@
 """The memory-file rule: which files of a workspace are memory, and discovering them.
 
-This module is the one place that decides it. Discovery (indexing), the watcher's path
-classification, ``memory_get``, ``doctor`` and the qmd collections all call it, so a file is
-searchable exactly when it is readable, whichever backend answers.
+This module is the one place that decides it: discovery, the watcher, ``memory_get``,
+``doctor`` and the qmd collections all call it, so a file is searchable exactly when it is
+readable. The rule (docs/architecture.md, aligned with what qmd 2.8.3 indexes):
 
-The rule (the reference system's, with our decisions listed in docs/architecture.md, aligned with what
-qmd 2.8.3 indexes so both backends see the same files):
-
-- **root file**: ``MEMORY.md`` (exact case, from the workspace listing, regular file, not a
-  symlink). When it is absent and a legacy ``memory.md`` is present, ``memory.md`` is the root
-  file. When both exist only ``MEMORY.md`` is memory and the split is reported (``status``,
-  ``doctor``; ``doctor --fix`` merges them).
+- **root file**: ``MEMORY.md`` (exact case, a regular file, not a symlink); the legacy
+  ``memory.md`` only when ``MEMORY.md`` is absent (both: the split is reported).
 - **memory folder**: ``memory/**/*.md``.
-- **extra paths**: each configured folder with its glob pattern (``**/*.md`` unless an object
-  entry or a qmd custom collection sets one), or a single configured file.
-- everywhere: names end in ``.md`` (case-sensitive: ``notes.MD`` is not memory); symlinks are
-  never followed (a symlinked file or folder below a root is skipped, a symlinked extra path
-  or ``memory/`` admits nothing); below a root no segment may be hidden (start with ``.``) or
-  be one of :data:`SKIP_DIR_NAMES`. qmd skips the same (its scanner drops dot entries and
-  ``node_modules .git .cache vendor dist build``), so qmd never indexes a file the builtin
-  engine would not, and hits outside the rule are dropped anyway.
-- ``DREAMS.md`` is **not** memory (neither indexed nor readable): it is the dreaming diary, a
-  review log whose lasting findings are promoted into ``MEMORY.md``. Indexing it would return
-  each promoted fact twice and surface candidates that were rejected; reading it without
-  indexing it would make ``memory_get`` admit a file search can never cite.
+- **extra paths**: each configured folder with its glob (``**/*.md`` by default), or a file.
+- everywhere: names end in ``.md`` (case-sensitive); symlinks are never followed; below a root
+  no segment may be hidden or one of :data:`SKIP_DIR_NAMES` (qmd skips the same).
+- ``DREAMS.md`` (the dreaming diary, whose findings are promoted into ``MEMORY.md``) is not
+  memory: neither indexed nor readable.
 
 Discovery never raises for a bad file or a missing folder: problems become
-:class:`~fallback.skipped.SkippedFile` entries (a file we saw but will not index, and why) or
-issue strings (a folder or configured path that is missing or unusable).
+:class:`~fallback.skipped.SkippedFile` entries or issue strings.
 """
 
 from __future__ import annotations
@@ -45,40 +32,17 @@ from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, s
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
-__all__ = [
-    "DEFAULT_MAX_FILE_BYTES",
-    "DEFAULT_PATTERN",
-    "DREAMS_FILE",
-    "Discovery",
-    "ExtraPathEntry",
-    "LEGACY_ROOT_MEMORY_FILE",
-    "MARKDOWN_SUFFIX",
-    "NEVER_MATCHES",
-    "MEMORY_DIR_NAME",
-    "MemoryFile",
-    "MemoryRoot",
-    "PatternedPath",
-    "ROOT_MEMORY_FILE",
-    "RootFile",
-    "SKIP_DIR_NAMES",
-    "classify_changed_path",
-    "describe_extra_path",
-    "escape_glob",
-    "extra_roots",
-    "is_excluded",
-    "is_root_level_auxiliary",
-    "list_memory_files",
-    "locate_memory_path",
-    "memory_roots",
-    "normalize_extra_paths",
-    "root_memory_file",
-    "split_pattern",
-]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
+           "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "MARKDOWN_SUFFIX", "NEVER_MATCHES",
+           "MEMORY_DIR_NAME", "MemoryFile", "MemoryRoot", "PatternedPath", "ROOT_MEMORY_FILE",
+           "RootFile", "SKIP_DIR_NAMES", "classify_changed_path", "describe_extra_path",
+           "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
+           "list_memory_files", "locate_memory_path", "memory_roots", "normalize_extra_paths",
+           "root_memory_file", "split_pattern"]
 
 # Files above this size (10 MiB) are not memory notes; indexing them would only bloat the store.
 DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
-# Folders never descended below a root: tool, VCS and build folders that hold no notes (qmd's
-# scanner skips node_modules, .git, .cache, vendor, dist and build; hidden names are skipped too).
+# Folders never descended below a root: tool, VCS and build folders that hold no notes.
 SKIP_DIR_NAMES = frozenset({
     "node_modules", "vendor", "dist", "build", "venv", "__pycache__",
     ".openclaw-repair", ".git", ".cache", ".venv", ".tox", ".pnpm-store",
@@ -93,26 +57,20 @@ MARKDOWN_SUFFIX = ".md"
 DEFAULT_PATTERN = "**/*.md"
 # How the scan issue of an extra folder whose pattern admits no memory file starts.
 NEVER_MATCHES = "extra path pattern can never match a memory file:"
-# Discovery stops walking after this many directory entries in all (an extra path such as the
-# home folder would otherwise make every sync walk the whole disk); the cut is reported.
+# Discovery stops walking after this many directory entries (an extra path such as the home
+# folder would walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
 
 
-
 class PatternedPath(Protocol):
-    """An ``extraPaths[]`` entry in object form (``fallback.settings.ExtraPath`` is one): a
-    folder or file and its glob (``None``: ``**/*.md``). Read by attribute, so discovery
-    imports no pydantic (it runs on the one-shot search path)."""
+    """An ``extraPaths[]`` entry in object form (``fallback.settings.ExtraPath``): a folder or
+    file and its glob (``None``: ``**/*.md``); read by attribute, so discovery needs no pydantic."""
 
     @property
-    def path(self) -> str:
-        """The configured folder or file."""
-        ...
+    def path(self) -> str: ...
 
     @property
-    def pattern(self) -> str | None:
-        """The glob relative to the folder, or ``None``."""
-        ...
+    def pattern(self) -> str | None: ...
 
 
 # A configured ``extraPaths[]`` entry: a path string, or an object with ``path`` and ``pattern``.
@@ -125,9 +83,9 @@ class MemoryRoot:
 
     Attributes:
         path: absolute folder the pattern is relative to (the workspace for the root file).
-        pattern: glob relative to ``path``; commas outside ``{}``/``[]`` join alternatives,
-            as in qmd's ``--mask``. For the root file it is the root file's name.
-        kind: ``root`` (the root memory file), ``memory`` (``memory/``) or ``extra``.
+        pattern: glob relative to ``path`` (commas outside ``{}``/``[]`` join alternatives, as
+            in qmd's ``--mask``); the root file's name for the root file.
+        kind: ``root``, ``memory`` (``memory/``) or ``extra``.
         entry: the configured path (a folder, or the single file of a file entry).
     """
 
@@ -143,9 +101,7 @@ class MemoryRoot:
 
     def admits(self, rel: str) -> bool:
         """Whether ``rel`` (``/``-separated, relative to :attr:`path`) is memory by the rule's
-        text part: ``.md`` suffix (case-sensitive), no hidden or skipped segment, the
-        pattern matches. Nothing is looked up on disk (symlinks are refused where files are
-        opened or walked)."""
+        text part (suffix, segments, pattern); nothing is looked up on disk."""
         parts = rel.split("/")
         if not rel or not rel.endswith(MARKDOWN_SUFFIX) or any(p in ("", ".", "..") for p in parts):
             return False
@@ -153,21 +109,15 @@ class MemoryRoot:
             return rel == self.pattern
         if is_excluded(parts):
             return False
-        # "**/*.md" admits every path the checks above let through: no glob engine for it
-        # (wcmatch is loaded for other patterns only; a test pins that both agree).
+        # "**/*.md" admits every path the checks above let through: no glob engine for it.
         return self.pattern == DEFAULT_PATTERN or glob_matcher(self.pattern).match(rel)
 
 
 @dataclass(frozen=True)
 class RootFile:
-    """The workspace's root memory file, as the rule decides it.
-
-    Attributes:
-        name: ``MEMORY.md``, ``memory.md`` (legacy, only when ``MEMORY.md`` is absent) or
-            ``None`` (neither is a regular, non-symlink file).
-        legacy_shadowed: both exist as distinct files; ``memory.md`` is not memory.
-        symlinked: root file names present as symlinks (never followed).
-    """
+    """The workspace's root memory file: its ``name`` (``None``: neither name is a regular
+    file), whether a legacy ``memory.md`` is ``legacy_shadowed`` by a distinct ``MEMORY.md``,
+    and the root file names present as (never followed) symlinks."""
 
     name: str | None
     legacy_shadowed: bool
@@ -180,13 +130,11 @@ class MemoryFile:
 
     Attributes:
         abs_path: absolute path (not symlink-resolved).
-        rel_path: workspace-relative path with ``/`` separators; files of extra paths outside
-            the workspace get a ``../...`` path.
-        source: ``memory`` (session transcripts are discovered elsewhere).
+        rel_path: workspace-relative path with ``/`` separators (``../...`` outside it).
+        source: ``memory``.
         size: size in bytes at discovery.
         mtime_ms: modification time at discovery, epoch ms.
-        ctime_ns: status-change time at discovery, epoch ns; ``None`` where the platform gives
-            none that rewrites move (``fallback/sources/stamps.py``).
+        ctime_ns: status-change time, epoch ns, or ``None`` (``fallback/sources/stamps.py``).
     """
 
     abs_path: Path
@@ -206,14 +154,8 @@ class MemoryFile:
 
 @dataclass(frozen=True)
 class Discovery:
-    """The outcome of :func:`list_memory_files`.
-
-    Attributes:
-        files: files to index, in discovery order, one per real path.
-        skipped: files seen but not indexed (symlink, too large, unreadable), with reasons.
-        issues: human-readable problems with folders and configuration (missing ``memory/``,
-            missing extra path, legacy ``memory.md`` next to ``MEMORY.md`` ...).
-    """
+    """The outcome of :func:`list_memory_files`: the ``files`` to index (one per real path),
+    the files ``skipped`` with reasons, and ``issues`` with folders and configuration."""
 
     files: list[MemoryFile]
     skipped: list[SkippedFile]
@@ -221,9 +163,7 @@ class Discovery:
 
 
 def _rel(path: str, base: str) -> str:
-    """``os.path.relpath(path, base)`` with ``/`` separators. A path below ``base`` as the walk
-    builds it (``base`` + separator + plain segments) is cut by prefix: ``relpath`` normalises
-    both paths first and cost more than the rest of discovering a file."""
+    """``os.path.relpath(path, base)`` with ``/`` separators (by prefix when it can)."""
     prefix = base if base.endswith(os.sep) else base + os.sep
     if path.startswith(prefix):
         parts = path[len(prefix):].split(os.sep)
@@ -233,8 +173,7 @@ def _rel(path: str, base: str) -> str:
 
 
 def _shown(path: str, workspace: str) -> str:
-    """The workspace-relative path as it is stored and shown (the printable form of
-    :mod:`fallback.text.path_names`: a name that is not UTF-8 gets ``\\xHH`` escapes)."""
+    """The workspace-relative path as it is stored and shown (:func:`printable_path`)."""
     return printable_path(_rel(path, workspace))
 
 
@@ -246,18 +185,15 @@ def _lstat(path: str) -> os.stat_result | None:
 
 
 def is_root_level_auxiliary(workspace: str | Path, path: str | Path) -> bool:
-    """Spec §2.4: whether ``path`` is a file at the workspace root that no root but the
-    root-file rule may admit (walks never pick it up), so that an extra path or custom collection of the workspace itself (``"."``) picks
-    up only what the rule makes memory there: the legacy ``memory.md`` (memory only as the root
-    file, when ``MEMORY.md`` is absent), ``DREAMS.md`` (never memory) and anything under
-    ``.openclaw-repair/`` (repair backups). Both paths absolute and normalised; nothing is read."""
+    """Spec §2.4: whether ``path`` is a workspace-root file only the root-file rule may admit
+    (``memory.md``, ``DREAMS.md``, ``.openclaw-repair/``), so an extra path of the workspace
+    itself does not pick it up. Both paths absolute and normalised; nothing is read."""
     rel = _rel(str(path), str(workspace))
     return rel in (LEGACY_ROOT_MEMORY_FILE, DREAMS_FILE) or rel.startswith(".openclaw-repair/")
 
 
 def is_excluded(parts: Sequence[str]) -> bool:
-    """Whether a path below a root (its segments) is outside the rule: a hidden segment (one
-    that starts with ``.``) or a folder named in :data:`SKIP_DIR_NAMES`."""
+    """Whether a path below a root (its segments) has a hidden or skipped segment."""
     return any(p.startswith(".") for p in parts) or any(p in SKIP_DIR_NAMES for p in parts[:-1])
 
 
@@ -274,27 +210,15 @@ def _absolute(workspace: str, raw: str) -> str:
 
 
 def describe_extra_path(entry: ExtraPathEntry) -> str:
-    """One configured extra path as text for status: the path, and its pattern when set
-    (``notes (pattern *.md)``)."""
+    """One configured extra path as status shows it: ``notes (pattern *.md)``."""
     raw, pattern = _entry_parts(entry)
     return f"{raw} (pattern {pattern})" if pattern else raw
 
 
 def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[Path]:
-    """Normalise the configured ``extraPaths`` into absolute paths (patterns dropped).
-
-    Each entry is trimmed and empty entries dropped; a leading ``~`` or ``~/`` is expanded to
-    the home directory (the E3 rule); relative
-    entries are resolved against ``workspace``; ``.``/``..`` segments are collapsed lexically
-    (symlinks are not resolved). Duplicates are removed keeping the first occurrence.
-
-    Args:
-        workspace: the agent workspace directory.
-        extra_paths: the configured entries, as written (strings or :class:`ExtraPath`).
-
-    Returns:
-        Absolute paths in configured order, without duplicates. Nothing is checked on disk.
-    """
+    """The configured ``extraPaths`` as absolute paths (patterns dropped): trimmed, ``~``
+    expanded, resolved against ``workspace`` and collapsed lexically (no symlink resolved),
+    blanks and duplicates dropped, in configured order. Nothing is checked on disk."""
     ws = os.path.abspath(workspace)
     out: list[Path] = []
     for entry in extra_paths:
@@ -305,13 +229,9 @@ def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]
 
 
 def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[MemoryRoot]:
-    """The configured extra paths as :class:`MemoryRoot` entries, in configured order.
-
-    A folder entry keeps its pattern (``**/*.md`` by default); an entry that is an existing
-    regular file becomes its folder with the glob-escaped file name as the pattern (what qmd
-    indexes for a file collection). Entries are normalised as in :func:`normalize_extra_paths`;
-    duplicates of (folder, pattern) are dropped. Only ``lstat`` is used (nothing is followed).
-    """
+    """The configured extra paths as :class:`MemoryRoot` entries, in configured order,
+    normalised as :func:`normalize_extra_paths` does: a folder with its pattern, a regular
+    file as its folder with the glob-escaped name as the pattern (as qmd indexes a file)."""
     ws = os.path.abspath(workspace)
     out: list[MemoryRoot] = []
     for entry in extra_paths:
@@ -331,13 +251,8 @@ def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[
 
 
 def root_memory_file(workspace: Path) -> RootFile:
-    """Decide the root memory file from the workspace listing (exact-case names).
-
-    Returns:
-        A :class:`RootFile`; an unlistable workspace gives ``RootFile(None, False)``. On a
-        case-insensitive file system where both names are one file, ``MEMORY.md`` wins and
-        nothing is shadowed.
-    """
+    """Decide the root memory file from the workspace listing (exact-case names; two names
+    of one file on a case-insensitive file system shadow nothing)."""
     ws = os.path.abspath(workspace)
     try:
         with os.scandir(ws) as it:
@@ -370,16 +285,9 @@ def root_memory_file(workspace: Path) -> RootFile:
 
 def memory_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
                  root: RootFile | None = None) -> list[MemoryRoot]:
-    """Every place memory lives: the root file, ``memory/``, then the extra paths in order.
-
-    Args:
-        workspace: the agent workspace.
-        extra_paths: configured extra paths (strings or :class:`ExtraPath`).
-        root: the root-file decision when the caller already has it (else read from disk).
-
-    Returns:
-        ``[root file (pattern = its name, MEMORY.md when there is none), memory/, *extras]``.
-    """
+    """Every place memory lives: ``[root file, memory/, *extra paths]`` (the root file's
+    pattern is its name, ``MEMORY.md`` when there is none); ``root``: the root-file decision
+    when the caller already has it."""
     ws = Path(os.path.abspath(workspace))
     name = (root or root_memory_file(ws)).name or ROOT_MEMORY_FILE
     return [MemoryRoot(ws, name, "root", ws / name),
@@ -392,13 +300,8 @@ def _is_within(path: str, folder: str) -> bool:
 
 
 def locate_memory_path(roots: Sequence[MemoryRoot], path: str | Path) -> tuple[MemoryRoot, str] | None:
-    """Find the root that admits an absolute path by the rule's text part.
-
-    Returns:
-        ``(root, path relative to root.path with "/" separators)`` for the first root whose
-        folder contains the path and whose pattern admits it, else ``None``. Nothing is looked
-        up on disk.
-    """
+    """``(root, "/"-separated path relative to root.path)`` for the first root that admits
+    the absolute ``path`` by the rule's text part, else ``None``."""
     p = os.path.normpath(os.path.abspath(path))
     for r in roots:
         folder = str(r.path)
@@ -525,16 +428,12 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: configured extra paths (folders or files, strings or
-            :class:`ExtraPath` with a pattern; see :func:`extra_roots`).
-        max_file_bytes: size cap in bytes; larger files are skipped with reason
-            ``too large (N bytes > cap M)``.
+        extra_paths: configured extra paths (see :func:`extra_roots`).
+        max_file_bytes: size cap in bytes; larger files are skipped as ``too large``.
 
     Returns:
-        A :class:`Discovery`: files in order root file, ``memory/`` tree, extra paths
-        (folders in sorted name order), de-duplicated by real path keeping the first; skipped
-        files with reasons; issues (missing ``memory/``, missing extra path, legacy split).
-        Never raises for a missing or unreadable file or folder.
+        A :class:`Discovery`: files in order root file, ``memory/``, extra paths (names
+        sorted), de-duplicated by real path keeping the first. Never raises for a file.
     """
     ws = os.path.abspath(workspace)
     col = _Collector(ws, max_file_bytes)
@@ -549,8 +448,7 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
     seen: set[str] = set()
     real_dirs: dict[str, str] = {}
     for path, fst in col.candidates:
-        # A candidate is a regular file seen by lstat, so only its folders can be symlinks:
-        # its real path is its folder's real path (resolved once per folder) plus its name.
+        # Only a candidate's folders can be symlinks: resolve each folder once.
         folder, name = os.path.split(path)
         if folder not in real_dirs:
             try:
@@ -567,16 +465,12 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
 
 def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
                           path: str) -> tuple[str, MemoryFile | str | None]:
-    """Decide what one changed path means for the index, without walking anything.
-
-    Used for watcher events, so a save re-indexes one file instead of re-scanning all of them.
+    """Decide what one changed path (a watcher event) means for the index, without walking.
 
     Returns:
-        ``("file", MemoryFile)`` for a file the rule admits (regular, not a symlink, no
-        symlinked folder between its root and it); ``("gone", rel_path)`` for a ``.md`` path
-        inside a memory folder that no longer exists or is not memory (its rows must go);
-        ``("full", None)`` when only a full scan can tell (the root memory files, folders,
-        paths outside the memory folders, a symlinked memory folder).
+        ``("file", MemoryFile)`` for a file the rule admits; ``("gone", rel_path)`` for a
+        ``.md`` path in a memory folder that is no longer memory; ``("full", None)`` when only
+        a full scan can tell (root files, folders, paths outside the memory folders).
     """
     ws = os.path.abspath(workspace)
     p = os.path.normpath(os.path.abspath(path))

@@ -1,60 +1,24 @@
 """``memory_get``: resolve a requested path by the memory-file rule and read a page of it.
 
 A request names a memory file by the rule of :mod:`fallback.sources.memory_files`, relative to
-the workspace (``MEMORY.md``, ``memory/...``, or a file of an extra path, ``../notes/x.md`` for
-an extra folder outside the workspace), or, for the qmd backend, relative to a collection's
-root. Anything else is refused with :class:`~fallback.errors.PathRefusedError` carrying a
-short reason (the reference answered a bare ``path required``):
+the workspace (``../notes/x.md`` for an extra folder outside it), or, for qmd, relative to a
+collection's root. Anything else raises :class:`~fallback.errors.PathRefusedError` with a reason:
 
-================================  =====================================================
-reason                            when
-================================  =====================================================
-``empty path``                    blank input
-``invalid characters``            a NUL byte or another control character, or a backslash
-                                  that does not start a ``\\xHH`` escape (the printable
-                                  form of a name that is not UTF-8:
-                                  ``fallback/text/path_names.py``)
-``encoded characters``            a ``%XX`` escape in a path that names no memory file
-                                  (never decoded: a note named ``20%Deal.md`` is read
-                                  under that name, as search cites it)
-``absolute path``                 ``/x``, ``C:x``
-``parent segment``                a ``..`` segment, unless the result lands inside a
-                                  configured extra path (the ``../notes/x.md`` display form
-                                  of an extra folder outside the workspace)
-``not a memory path``             no root of the rule holds the path
-``shadowed legacy root file``     ``memory.md`` while ``MEMORY.md`` exists too, as
-                                  another file (the rule indexes ``MEMORY.md`` only)
-``the root file is MEMORY.md      ``memory.md`` where only ``MEMORY.md`` exists (or both
-(names are case-sensitive)``      names are one file, on a case-insensitive file system)
-``the dreaming diary (DREAMS.md)  the workspace's ``DREAMS.md`` under an extra path of the
-is not memory``                   workspace itself (``"."``); without one it is ``not a
-                                  memory path``
-``not markdown``                  the name does not end in ``.md`` (case-sensitive)
-``hidden or skipped segment``     a name below the root starts with ``.`` or is a skipped
-                                  folder (``node_modules``, ``build`` ...)
-``outside the pattern <glob>``    the folder's (or collection's) pattern does not match
-``symlinked directory``           a folder between the root and the target is a symlink
-``symlink``                       the target itself is a symlink
-``not a regular file``            the target is a folder, FIFO, device ...
-``binary file (NUL bytes)``       binary by indexing's rule, which skips it with this reason
-                                  (a file above the index's size cap, which the index
-                                  skips as too large: by the rule over its first
-                                  ``maxFileBytes`` bytes)
-================================  =====================================================
+- ``empty path``; ``invalid characters`` (a control character, or a backslash that starts no
+  ``\\xHH`` escape: ``fallback/text/path_names.py``); ``absolute path`` (``/x``, ``C:x``);
+- ``encoded characters``: a ``%XX`` escape in a path that names no memory file (never decoded:
+  ``20%Deal.md`` is read under that name);
+- ``parent segment``: a ``..`` segment, unless the result lands inside an extra path;
+- ``not a memory path``; ``not markdown``; ``hidden or skipped segment``;
+  ``outside the pattern <glob>``;
+- :data:`LEGACY_SHADOWED` / :data:`NOT_THE_ROOT_FILE`: ``memory.md`` once ``MEMORY.md`` exists;
+  :data:`DREAMS_REFUSED`: ``DREAMS.md`` under an extra path of the workspace itself;
+- ``symlinked directory``, ``symlink``, ``not a regular file``; ``binary file (NUL bytes)`` (by
+  indexing's rule over the first ``maxFileBytes`` bytes).
 
-Reading is one operation, not a check followed by a read: the path is opened by walking each
-folder from the root with ``os.open(name, O_NOFOLLOW | O_DIRECTORY, dir_fd=parent)`` and the
-file with ``O_NOFOLLOW``, then ``fstat`` confirms a regular file, and the bytes come from that
-descriptor. A folder swapped for a symlink at any moment is refused, never followed, so no
-file outside the root can be read, and the file cannot escape the root by construction.
-
-A missing file (or folder, or a parent that is a regular file) raises
-:class:`~fallback.errors.MemoryFileNotFoundError` from :func:`open_memory_file`; the page
-readers turn it into empty text with ``missing=True`` (the reference answers ``{text: ""}``).
-
-With the ``sessions`` source, the builtin engine's session hits cite ``sessions/<file>``, a
-transcript of the agent's sessions folder, at its JSONL lines; :func:`read_transcript_page`
-reads such a path back with the same line numbers (:func:`transcript_text`).
+The path is opened by walking each folder from the root with ``O_NOFOLLOW | O_DIRECTORY`` and
+``dir_fd`` (the file with ``O_NOFOLLOW``, then ``fstat``), so a folder swapped for a symlink is
+refused, never followed. A missing file reads as empty text with ``missing=True``.
 """
 
 from __future__ import annotations
@@ -96,7 +60,6 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.transcripts import (
     SESSIONS_DIR_NAME,
-    TranscriptParse,
     is_transcript_name,
     message_line,
     parse_transcript,
@@ -105,34 +68,18 @@ from fallback.sources.transcripts import (
 from fallback.text.chunking import file_lines
 from fallback.text.path_names import parse_printable_path, printable_path
 
-__all__ = [
-    "SYMLINK_HINT",
-    "DEFAULT_READ_LINES",
-    "DEFAULT_READ_MAX_CHARS",
-    "DREAMS_REFUSED",
-    "LEGACY_SHADOWED",
-    "NOT_THE_ROOT_FILE",
-    "ResolvedMemoryPath",
-    "open_memory_file",
-    "page_text",
-    "read_memory_page",
-    "read_page_in_root",
-    "read_transcript_page",
-    "resolve_memory_path",
-    "transcript_name",
-    "transcript_text",
-]
+__all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
+           "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "open_memory_file",
+           "page_text", "read_memory_page", "read_page_in_root", "resolve_memory_path",
+           "transcript_name"]
 
-# Refusals of the legacy root name ``memory.md`` once ``MEMORY.md`` exists: both files are
-# there (the legacy one is not memory), or only ``MEMORY.md`` is (there is no memory.md to read).
+# Refusals of ``memory.md`` once ``MEMORY.md`` exists: as another file, or as the only one.
 LEGACY_SHADOWED = "shadowed legacy root file"
 NOT_THE_ROOT_FILE = f"the root file is {ROOT_MEMORY_FILE} (names are case-sensitive)"
-# Refusal of the workspace's DREAMS.md where an extra path of the workspace itself holds it.
-# How a refused symlink's target can be read: the memory-file rule follows no link, an extra
-# path names the real location instead.
+# How a refused symlink's target can be read: the rule follows no link, an extra path can.
 SYMLINK_HINT = "links are not followed; add the target's real path to memorySearch.extraPaths to allow it"
 DREAMS_REFUSED = f"the dreaming diary ({DREAMS_FILE}) is not memory"
-# Transient read errors (EAGAIN/EINTR, "errno -11" upstream) are retried this many times in all.
+# Transient read errors (EAGAIN/EINTR) are retried this many times in all.
 READ_ATTEMPTS = 3
 
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
@@ -171,33 +118,23 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
               line_offset: int = 0) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
-    Lines are those of :func:`fallback.text.chunking.file_lines` (``\\n``, ``\\r\\n`` or a lone
-    ``\\r``), so line numbers agree with chunk line ranges; a trailing line break does not
-    start an extra empty line and an empty text has zero lines. The page is the file's text
-    as it is, from the first line's start to the last line's end, less that line's final
-    ``\\n`` (``"one\\r\\ntwo\\r\\n"`` pages as ``"one\\r\\ntwo\\r"``, ``"one\\rtwo\\r"`` as
-    itself). The work is bounded by the lines asked for and the char budget, not by the
-    file: lines past the budget are never joined.
+    Lines are those of :func:`fallback.text.chunking.file_lines`, so line numbers agree with
+    chunk line ranges. The page is the text as it is, less the last line's final ``\\n``.
 
     Args:
-        text: the whole file.
-        from_line: first line wanted, 1-based (``None``/``0`` -> 1; values below 1 -> 1).
+        text: the whole file (or its lines from ``line_offset + 1`` on).
+        from_line: first line wanted, 1-based (``None`` or below 1 -> 1).
         lines: number of lines wanted (``None``/``0`` -> ``default_lines``; minimum 1).
         default_lines: page length when ``lines`` is not given (minimum 1).
-        max_chars: budget for the selected text in code points (minimum 1). Trailing lines
-            are dropped until the text fits; a single line still too long is cut at
-            ``max_chars`` code points.
-        suggest_read_fallback: when a single line had to be cut, add the hint to read the
-            source file directly (true for workspace files).
-        line_offset: lines of the file before ``text`` (a stream reader that skipped them;
-            at most ``from_line - 1``); line numbers in and out stay the file's.
+        max_chars: budget in code points (minimum 1); trailing lines are dropped until the
+            text fits, a single line still too long is cut.
+        suggest_read_fallback: after a cut line, hint to read the source file directly.
+        line_offset: lines of the file before ``text`` (at most ``from_line - 1``).
 
     Returns:
-        ``(page text, start line, included line count, truncated, next_from)``. When
-        truncated (lines remain after the page, lines were dropped, or a line was cut) the
-        text ends with ``\\n\\n[More content available. Use from=<next_from> to continue.]``,
-        or, after a cut line (``next_from`` is then ``None``), with the "Requested excerpt
-        exceeded the default maxChars budget." notice.
+        ``(page text, start line, included line count, truncated, next_from)``. A truncated
+        page ends with ``[More content available. Use from=<next_from> to continue.]``, or,
+        after a cut line (``next_from`` ``None``), with the maxChars budget notice.
 
     Source: OpenClaw ``buildMemoryReadResult`` / ``fitLinesToCharBudget`` (E2,
     ``packages/memory-host-sdk/src/host/read-file-shared.ts``), in code points.
@@ -206,9 +143,7 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     max_chars = max(1, int(max_chars))
     start = max(1, int(from_line or 1))
     count = max(1, int(lines or default_lines))
-    # A page of more than max_chars + 1 lines cannot fit (each line but the last is at least
-    # its "\n"), so no more are split off, whatever ``lines`` says; the rest of the text stays
-    # one element, which only tells that more lines follow.
+    # More than max_chars + 1 lines cannot fit, so no more are split off.
     take = min(count, max_chars + 1)
     before = max(0, start - 1 - line_offset)  # lines of ``text`` before the page
     all_lines = file_lines(text, keep_ends=True, max_lines=before + take)
@@ -237,16 +172,9 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
 
 @dataclass(frozen=True)
 class ResolvedMemoryPath:
-    """Where a ``memory_get`` path leads, before anything is opened.
-
-    Attributes:
-        base: the folder the walk starts at (the workspace, an extra folder, or the folder of
-            a single-file extra path).
-        inner: the components below ``base``, the last one the file.
-        display: workspace-relative path with ``/`` separators (what results show).
-        follow_base: whether ``base`` itself may be a symlink (the workspace and the folder of
-            a single configured file may; an extra folder may not).
-    """
+    """Where a ``memory_get`` path leads: the folder the walk starts at (``base``, which may
+    be a symlink when ``follow_base``), the components below it (``inner``) and the
+    workspace-relative ``display`` path."""
 
     base: Path
     inner: tuple[str, ...]
@@ -279,12 +207,8 @@ def _check_text(path: str, shown: str) -> list[str]:
 
 
 def _encoded(shown: str) -> PathRefusedError | None:
-    """The refusal of a path holding a ``%XX`` escape that names no memory file, else ``None``.
-
-    Such a path is taken literally, never decoded: a note may be named ``20%Deal.md``, and
-    search cites it so. Only when the literal path leads to no memory file (outside the rule,
-    or missing) is it refused as ``encoded characters``, which tells a caller that escaped a
-    path (``memory%2Fx.md``, ``%2e%2e``) what is wrong."""
+    """The ``encoded characters`` refusal for a path holding a ``%XX`` escape, else ``None``
+    (called only once the literal path led to no memory file)."""
     return PathRefusedError(shown, "encoded characters") if _PERCENT_ESCAPE.search(shown) else None
 
 
@@ -307,18 +231,13 @@ def _usable_extra(root: MemoryRoot) -> bool:
 
 def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
                         rel_path: str) -> ResolvedMemoryPath:
-    """Decide which root of the memory-file rule a ``memory_get`` path belongs to.
-
-    Only the workspace listing (the root-file decision) and the configured extra paths are
-    looked at; the file and the folders on the way are checked when
-    :func:`open_memory_file` opens them.
+    """Decide which root of the memory-file rule a ``memory_get`` path belongs to (the file
+    and the folders on the way are checked when :func:`open_memory_file` opens them).
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: configured extra paths (strings or ``ExtraPath`` with a pattern).
-        rel_path: the path as the caller gave it: workspace-relative, ``/`` separators; for
-            files of an extra folder outside the workspace, the ``../...`` form that search
-            results show.
+        extra_paths: configured extra paths.
+        rel_path: workspace-relative, ``/`` separators (``../...`` outside the workspace).
 
     Returns:
         A :class:`ResolvedMemoryPath`.
@@ -365,12 +284,7 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
 
 
 def _missing_page(requested: str, display: str) -> MemoryReadResult:
-    """The answer for a file that does not exist: empty text with ``missing: True``, unless
-    the requested path holds a ``%XX`` escape naming no file (refused, never decoded).
-
-    Raises:
-        PathRefusedError: ``encoded characters``.
-    """
+    """Empty text with ``missing: True``, or the ``encoded characters`` refusal."""
     encoded = _encoded(requested)
     if encoded is not None:
         raise encoded from None  # called while handling the not-found error
@@ -400,18 +314,14 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
 def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_base: bool = True) -> int:
     """Open ``base/inner...`` read-only without following any symlink below ``base``.
 
-    Each folder is opened relative to its parent's descriptor (``O_NOFOLLOW | O_DIRECTORY``,
-    ``dir_fd``), the file with ``O_NOFOLLOW | O_NONBLOCK``; ``fstat`` then confirms a regular
-    file. The returned descriptor is the caller's to close.
-
     Args:
         base: the root folder (absolute).
-        inner: path components below ``base``; none may be ``..`` (callers check).
+        inner: path components below ``base``; none may be ``..``.
         shown: the path as the caller gave it (for errors).
         follow_base: whether ``base`` itself may be a symlink.
 
     Returns:
-        The open file descriptor of a regular file.
+        The open file descriptor of a regular file (the caller closes it).
 
     Raises:
         PathRefusedError: ``symlinked directory``, ``symlink`` or ``not a regular file``.
@@ -456,10 +366,7 @@ def _is_transient(exc: BaseException) -> bool:
 
 def _skip_lines(fd: int, count: int) -> tuple[int, int]:
     """Where line ``count + 1`` of the file behind ``fd`` starts: ``(byte offset, lines
-    skipped)``, fewer lines when the file ends first. Line breaks (``\\r\\n``, ``\\n``, lone
-    ``\\r``, as :func:`fallback.text.chunking.split_lines` has them) are counted a block at a
-    time in bytes (no UTF-8 sequence holds either byte); only the block where the line starts
-    is walked break by break. Reads with ``pread``; the file offset is not used."""
+    skipped)``, fewer lines when the file ends first; breaks are counted a block at a time."""
     offset = skipped = 0
     cr_before = False  # the byte before ``offset`` is "\r": a "\n" at ``offset`` ends that break
     while skipped < count:
@@ -488,17 +395,10 @@ def _skip_lines(fd: int, count: int) -> tuple[int, int]:
 def _read_text(fd: int, start: int, count: int, max_chars: int,
                max_file_bytes: int) -> tuple[str, int] | None:
     """The text behind ``fd`` for paging and the number of file lines before it, or ``None``
-    for a binary file; the descriptor is closed.
+    for a binary file (indexing's rule over the first ``max_file_bytes``); closes ``fd``.
 
-    Up to :data:`STREAM_ABOVE_BYTES` the whole file is decoded (no line before it). A bigger
-    file is read as a stream from line ``start`` on (:func:`_skip_lines` finds it), up to
-    ``count`` lines or the first that takes the page past ``max_chars`` code points, plus one
-    more line so :func:`page_text` can tell whether content remains. Memory and time stay
-    bounded by the page and the bytes before it, however large the file or ``count``.
-    A leading BOM is removed; invalid UTF-8 becomes U+FFFD. A file with NUL bytes is first
-    checked by indexing's rule (:func:`fallback.sources.file_text.is_binary_file`) over its
-    first ``max_file_bytes`` bytes, the index's size cap: whole when the index reads it, so a
-    file the index skipped as binary is never paged out, and never more than the cap.
+    A file above :data:`STREAM_ABOVE_BYTES` is streamed from line ``start`` for ``count``
+    lines (or ``max_chars``) plus one, so memory is bounded by the page, not the file.
     """
     with io.FileIO(fd, closefd=True) as raw:
         if os.fstat(fd).st_size <= min(STREAM_ABOVE_BYTES, max_file_bytes):
@@ -525,9 +425,8 @@ def _read_text(fd: int, start: int, count: int, max_chars: int,
 def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, display: str,
                from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
                backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
-    """One page of what ``read()`` returns (:func:`_read_text`'s shape), a transient error
-    retried: the one place every reader turns a missing file, an unreadable one and a binary
-    one into their answers."""
+    """One page of what ``read()`` returns, a transient error retried; turns a missing,
+    unreadable or binary file into its answer."""
     retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
@@ -569,30 +468,24 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
 
     Args:
         workspace: the agent workspace directory.
-        extra_paths: configured extra paths (strings or ``ExtraPath`` with a pattern).
+        extra_paths: configured extra paths.
         rel_path: requested path (see :func:`resolve_memory_path`).
-        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`
-            (``max_chars`` in code points).
-        sessions_dir: the transcript folder when the ``sessions`` source is on: a
-            ``sessions/<transcript>`` path (:func:`transcript_name`) is then read by
-            :func:`read_transcript_page`; ``None``: every path is a memory file's.
-        max_file_bytes: the index's size cap in bytes (``maxFileBytes``): the most read to
-            tell whether the file is binary (see :func:`_read_text`).
+        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
+        sessions_dir: the transcript folder when the ``sessions`` source is on (a
+            ``sessions/<transcript>`` path then reads that transcript's JSONL lines).
+        max_file_bytes: the index's size cap in bytes: the most read to tell binary files.
 
     Returns:
-        A :class:`~fallback.models.MemoryReadResult` with the workspace-relative display
-        path. Invalid UTF-8 is decoded with U+FFFD replacements; a leading BOM is removed.
-        A missing file gives ``text=""``, ``from_line=1``, ``lines=0``, ``missing=True``.
+        A :class:`~fallback.models.MemoryReadResult` (BOM removed, invalid UTF-8 as U+FFFD);
+        a missing file gives ``text=""``, ``lines=0``, ``missing=True``.
 
     Raises:
-        PathRefusedError: the path is not a memory file, or the file is binary (reasons in
-            the module docstring).
-        BackendUnavailableError: the file exists but cannot be read (permission denied, or a
-            transient EAGAIN/EINTR that persisted over 3 attempts).
+        PathRefusedError: not a memory file, or binary (reasons in the module docstring).
+        BackendUnavailableError: the file exists but cannot be read.
     """
-    if sessions_dir is not None and transcript_name(rel_path) is not None:
-        return read_transcript_page(sessions_dir, rel_path, from_line=from_line, lines=lines,
-                                    default_lines=default_lines, max_chars=max_chars)
+    if sessions_dir is not None and (name := transcript_name(rel_path)) is not None:
+        return _transcript_page(sessions_dir, name, rel_path, from_line=from_line, lines=lines,
+                                default_lines=default_lines, max_chars=max_chars)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
@@ -604,26 +497,23 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
                       from_line: int | None = None, lines: int | None = None,
                       default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
                       backend: str = "qmd", max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
-    """Read one page of ``root.path/inner`` with the rule's refusals and the same safe open
-    (qmd collection files: ``qmd/<collection>/<inner>``).
+    """Read one page of ``root.path/inner`` (a qmd collection's file) with the rule's
+    refusals and the same safe open.
 
     Args:
         root: the collection as a memory root (its folder and pattern).
         inner: path inside the root, ``/``-separated.
-        shown: the path as the caller gave it (used in results and errors).
+        shown: the path as the caller gave it (in results and errors).
         follow_base: whether the root folder itself may be a symlink.
-        from_line / lines / default_lines / max_chars: paging as in :func:`page_text`.
+        from_line / lines / default_lines / max_chars / max_file_bytes: as in
+            :func:`read_memory_page`.
         backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
-        max_file_bytes: the most read to tell whether the file is binary (as
-            :func:`read_memory_page`).
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.
 
     Raises:
-        PathRefusedError: the reasons of the module docstring (a file the collection does not
-            index is refused whatever is on disk).
-        BackendUnavailableError: the file exists but cannot be read.
+        PathRefusedError, BackendUnavailableError: as :func:`read_memory_page`.
     """
     segments = _check_text(inner, shown)
     if ".." in segments:
@@ -638,14 +528,8 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
 
 
 def transcript_name(rel_path: str) -> str | None:
-    """The transcript a ``memory_get`` path names when it has the form of the builtin engine's
-    session citations, ``sessions/<name>`` with a transcript's name (``<id>.jsonl`` or a
-    retained archive: :func:`~fallback.sources.transcripts.is_transcript_name`); ``None`` for
-    any other path (a memory file: those end in ``.md``, no transcript name does).
-
-    Returns:
-        The file name as the OS layer gives it (``str`` with surrogate escapes), or ``None``.
-    """
+    """The transcript file name (surrogate-escaped ``str``) a session citation
+    ``sessions/<name>`` names, or ``None`` for any other path."""
     try:
         segments = _check_text(rel_path, rel_path)
     except PathRefusedError:
@@ -655,50 +539,18 @@ def transcript_name(rel_path: str) -> str | None:
     return None
 
 
-def transcript_text(parsed: TranscriptParse) -> str:
-    """A parsed transcript as ``memory_get`` pages it: one line per JSONL line, a kept message
-    as its indexed line (``User: <text>`` / ``Assistant: <text>``, sanitised and redacted),
-    every other line (records that are not messages, dropped messages, blank or invalid lines)
-    empty. So line ``n`` of the text is JSONL line ``n``: the lines a session hit cites."""
-    lines = [""] * parsed.line_count
-    for message in parsed.messages:
-        lines[message.line_no - 1] = message_line(message)
-    return "".join(f"{line}\n" for line in lines)
-
-
-def read_transcript_page(sessions_dir: Path, rel_path: str, *, from_line: int | None = None,
-                         lines: int | None = None, default_lines: int = DEFAULT_READ_LINES,
-                         max_chars: int = DEFAULT_READ_MAX_CHARS) -> MemoryReadResult:
-    """Read one page of a transcript a session hit cites (``sessions/<name>``).
-
-    The file is opened inside ``sessions_dir`` as memory files are (no symlink followed, a
-    regular file only) and parsed as the index parses it; the page is
-    :func:`transcript_text` paged as :func:`page_text` pages a file.
-
-    Args:
-        sessions_dir: the agent's transcript folder (``EngineSettings.sessions_dir``).
-        rel_path: ``sessions/<name>`` as the hit cites it (a name that is not UTF-8 in its
-            printable ``\\xHH`` form).
-        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
-
-    Returns:
-        The page, its ``path`` the citation's form; ``missing=True`` with empty text when the
-        transcript is gone.
-
-    Raises:
-        PathRefusedError: not a transcript path (``not a memory path``), ``symlink`` or ``not
-            a regular file``, and the request checks of every path (``invalid characters`` ...).
-        BackendUnavailableError: the transcript exists but cannot be read.
-    """
-    name = transcript_name(rel_path)
-    if name is None:
-        _check_text(rel_path, rel_path)  # the request's own refusal first (parent segment ...)
-        raise _encoded(rel_path) or PathRefusedError(rel_path, "not a memory path")
+def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line: int | None,
+                     lines: int | None, default_lines: int, max_chars: int) -> MemoryReadResult:
+    """One page of the transcript ``name``, opened as memory files are: line ``n`` is JSONL
+    line ``n``, a kept message as its indexed line (``User: <text>``), every other line empty."""
     def read() -> tuple[str, int]:
         parsed = parse_transcript(open_memory_file(sessions_dir, (name,), shown=rel_path))
         if parsed.read_failed:
             raise OSError("; ".join(parsed.errors))
-        return transcript_text(parsed), 0
+        text = [""] * parsed.line_count
+        for message in parsed.messages:
+            text[message.line_no - 1] = message_line(message)
+        return "".join(f"{line}\n" for line in text), 0
 
     return _read_page(read, shown=rel_path, display=transcript_path(name), from_line=from_line,
                       lines=lines, default_lines=default_lines, max_chars=max_chars,

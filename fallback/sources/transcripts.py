@@ -1,21 +1,14 @@
 """Session transcripts: list, parse and sanitise ``*.jsonl`` transcripts into searchable text.
 
-Shared by the builtin engine (the ``sessions`` source, :func:`session_document` and
-:class:`SessionDeltaTracker`) and the qmd export (``qmdbridge/qmd/sessions.py``), so both see the
-same messages. A transcript is JSON Lines; a kept record is ``{"type": "message", "message":
-{"role": "user"|"assistant", "content": str | [{"type": "text", "text": str}, ...]}}``.
+Shared by the builtin engine's ``sessions`` source and the qmd export, so both see the same
+messages. A kept record is ``{"type": "message", "message": {"role": "user"|"assistant",
+"content": str | [{"type": "text", "text": str}, ...]}}``.
 
-Sanitising (spec ``qmd-bridge-spec.md`` 2.11, ``builtin-engine-spec.md`` 5.4), per message:
-inbound metadata envelopes (``Conversation info (untrusted metadata):`` fenced blocks, a
-leading JSON object or fenced JSON block, ``[message_id: ...]`` lines, a leading
-``[Sat 2026-02-14 18:49 GMT-3]`` timestamp) are stripped and the human text kept; inline
-directive tags (``[[reply_to_current]]``) are stripped; generated system wrappers
-(``System: [...]``, ``System (untrusted): [...]``), cron prompts (``[cron:...]``), heartbeat
-prompts (``Read HEARTBEAT.md ...``) and acks (``HEARTBEAT_OK``), silent replies
-(``NO_REPLY``) and inter-session user messages are dropped; whitespace runs collapse to one
-space; secrets are redacted (:func:`fallback.text.redact.redact_secrets`); empty results are
-skipped. A transcript whose first user message is a cron prompt is a cron run and is excluded
-whole.
+Sanitising (``qmd-bridge-spec.md`` 2.11, ``builtin-engine-spec.md`` 5.4): inbound metadata
+envelopes, ``[message_id: ...]`` lines, a leading timestamp and directive tags are stripped;
+system wrappers, cron and heartbeat prompts, heartbeat acks, ``NO_REPLY`` and inter-session
+user messages are dropped; whitespace collapses and secrets are redacted. A transcript whose
+first user message is a cron prompt is excluded whole.
 """
 
 from __future__ import annotations
@@ -33,21 +26,10 @@ import orjson
 from fallback.text.path_names import printable_path
 from fallback.text.redact import redact_secrets
 
-__all__ = [
-    "SESSIONS_DIR_NAME",
-    "SessionDeltaTracker",
-    "SessionDocument",
-    "TranscriptMessage",
-    "TranscriptParse",
-    "TranscriptScan",
-    "message_line",
-    "parse_transcript",
-    "sanitize_message_text",
-    "scan_transcripts",
-    "session_document",
-    "session_id_for",
-    "transcript_path",
-]
+__all__ = ["SESSIONS_DIR_NAME", "SessionDeltaTracker", "SessionDocument", "TranscriptMessage",
+           "TranscriptParse", "TranscriptScan", "message_line", "parse_transcript",
+           "sanitize_message_text", "scan_transcripts", "session_document", "session_id_for",
+           "transcript_path"]
 
 Role = Literal["user", "assistant"]
 
@@ -82,13 +64,8 @@ _DIRECTIVE_TAG = re.compile(r"\[\[\s*(?:reply_to_current|reply_to\s*:[^\]]*|audi
 
 @dataclass(frozen=True)
 class TranscriptMessage:
-    """One kept, sanitised message.
-
-    Attributes:
-        role: ``user`` or ``assistant``.
-        text: sanitised single-line text (whitespace collapsed, secrets redacted), non-empty.
-        line_no: 1-based line number of the record in the JSONL file.
-    """
+    """One kept message: its ``role``, sanitised single-line ``text`` and the 1-based JSONL
+    ``line_no`` of its record."""
 
     role: Role
     text: str
@@ -102,9 +79,9 @@ class TranscriptParse:
     Attributes:
         messages: kept messages in file order.
         errors: one line per problem (``line 3: invalid JSON``, ``read failed: ...``).
-        read_failed: True when the file could not be opened or read (messages then empty).
+        read_failed: True when the file could not be read (messages then empty).
         excluded_reason: set when the whole transcript is excluded (``cron run``).
-        line_count: lines read (the last line counts without a final newline).
+        line_count: lines read.
     """
 
     messages: list[TranscriptMessage] = field(default_factory=list)
@@ -116,13 +93,8 @@ class TranscriptParse:
 
 @dataclass(frozen=True)
 class TranscriptScan:
-    """The result of :func:`scan_transcripts`: what could be listed, and whether listing failed.
-
-    Attributes:
-        paths: transcript files, sorted by name.
-        error: ``None``, or one line saying why enumeration failed part-way (``paths`` then
-            holds what was listed before the failure).
-    """
+    """The result of :func:`scan_transcripts`: transcript ``paths`` sorted by name, and the
+    ``error`` that stopped the listing part-way, if any."""
 
     paths: list[Path]
     error: str | None = None
@@ -133,8 +105,7 @@ class SessionDocument:
     """A transcript flattened for the builtin engine (spec 5.4).
 
     Attributes:
-        content: one ``User: <text>`` / ``Assistant: <text>`` line per kept message, joined by
-            ``\\n`` (no trailing newline); empty when nothing survived.
+        content: one :func:`message_line` per kept message, joined by ``\\n``.
         line_map: ``line_map[i]`` is the 1-based JSONL line of content line ``i + 1``.
         content_hash: ``sha256(content + "\\n" + ",".join(line_map))`` as hex.
     """
@@ -145,13 +116,9 @@ class SessionDocument:
 
 
 def is_transcript_name(name: str) -> bool:
-    """Return whether a file name is a transcript to index or export.
-
-    Kept: ``<id>.jsonl`` and retained archives ``<id>.jsonl.reset.<iso>`` /
-    ``<id>.jsonl.deleted.<iso>``. Skipped: compaction checkpoints
-    ``<id>.checkpoint.<uuid>.jsonl`` and backups (``.bak``, ``.bak.<n>``, ``~``); names that
-    merely contain "checkpoint" are kept.
-    """
+    """Whether a file name is a transcript: ``<id>.jsonl`` or an archive
+    ``<id>.jsonl.{reset,deleted}.<iso>``, not a checkpoint ``<id>.checkpoint.<uuid>.jsonl``
+    nor a backup (``.bak``, ``~``)."""
     if name.startswith(".") or _BACKUP.search(name):
         return False
     if name.endswith(".jsonl"):
@@ -160,17 +127,13 @@ def is_transcript_name(name: str) -> bool:
 
 
 def transcript_path(name: str) -> str:
-    """The path a transcript's hits cite and ``memory_get`` reads back: ``sessions/<name>``, a
-    name that is not UTF-8 in its printable ``\\xHH`` form."""
+    """The path a transcript's hits cite: ``sessions/<printable name>``."""
     return f"{SESSIONS_DIR_NAME}/{printable_path(name)}"
 
 
 def session_id_for(path: Path) -> str:
-    """Return the session id of a transcript file: its name without ``.jsonl``.
-
-    ``abc.jsonl`` -> ``abc``; ``abc.jsonl.reset.2026-01-02T03-04-05Z`` ->
-    ``abc.reset.2026-01-02T03-04-05Z`` (archives keep their suffix so they stay distinct).
-    """
+    """The session id of a transcript file: ``abc.jsonl`` -> ``abc``,
+    ``abc.jsonl.reset.<iso>`` -> ``abc.reset.<iso>``."""
     name = path.name
     if name.endswith(".jsonl"):
         return name[: -len(".jsonl")]
@@ -178,18 +141,8 @@ def session_id_for(path: Path) -> str:
 
 
 def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
-    """List transcripts directly inside ``sessions_dir`` (not recursive), never raising.
-
-    Regular files only (symlinks are skipped), filtered by :func:`is_transcript_name`. A
-    missing directory is an empty list without error.
-
-    Args:
-        sessions_dir: ``<stateDir>/agents/<agentId>/sessions``.
-
-    Returns:
-        :class:`TranscriptScan`; ``error`` is set when the directory could not be read (not a
-        directory, permission, I/O error), with the paths listed before the failure.
-    """
+    """List the transcripts (regular files) directly inside ``sessions_dir``, never raising;
+    a missing folder is an empty list without error."""
     paths: list[Path] = []
     try:
         with os.scandir(sessions_dir) as entries:
@@ -232,15 +185,8 @@ def _leading_object_end(text: str) -> int | None:
 
 
 def sanitize_message_text(role: Role, text: str) -> str | None:
-    """Sanitise one message's raw text (rules in the module docstring).
-
-    Args:
-        role: ``user`` or ``assistant``.
-        text: raw text (text blocks already joined by ``\\n``).
-
-    Returns:
-        The single-line, redacted text, or ``None`` when the message is dropped or empty.
-    """
+    """Sanitise one message's raw text (rules in the module docstring); ``None`` when the
+    message is dropped or empty."""
     if role == "user":
         text = _strip_envelopes(text)
     text = _DIRECTIVE_TAG.sub(" ", text).strip()
@@ -292,20 +238,9 @@ def message_line(message: TranscriptMessage) -> str:
 
 
 def parse_transcript(path: Path | int) -> TranscriptParse:
-    """Read a ``*.jsonl`` transcript line by line into sanitised messages, never raising.
-
-    Keeps records with ``type == "message"`` and ``message.role`` in ``user``/``assistant``;
-    content is a string or the ``text`` blocks of a list, joined by ``\\n``. Blank lines are
-    ignored; lines that are not JSON objects are skipped (each named in ``errors``); invalid UTF-8 is
-    replaced (U+FFFD); then each message is sanitised (:func:`sanitize_message_text`).
-
-    Args:
-        path: the transcript file, or a descriptor open for reading (closed when done).
-
-    Returns:
-        :class:`TranscriptParse`. A file that cannot be read gives ``read_failed=True`` with
-        the reason in ``errors``.
-    """
+    """Read a ``*.jsonl`` transcript (a path, or a descriptor it closes) into sanitised
+    messages, never raising: lines that are not JSON objects are named in ``errors``, an
+    unreadable file gives ``read_failed=True``."""
     messages: list[TranscriptMessage] = []
     errors: list[str] = []
     line_no = 0
@@ -348,15 +283,8 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
 
 
 def session_document(path: Path) -> SessionDocument:
-    """Flatten a transcript for the builtin engine's ``sessions`` source (spec 5.4).
-
-    Args:
-        path: the transcript file.
-
-    Returns:
-        :class:`SessionDocument`; an unreadable or fully filtered file gives empty content and
-        an empty line map (the hash is still defined: ``sha256("\\n")``).
-    """
+    """Flatten a transcript for the ``sessions`` source (spec 5.4); an unreadable or fully
+    filtered file gives empty content."""
     parsed = parse_transcript(path)
     lines = [message_line(m) for m in parsed.messages]
     line_map = [m.line_no for m in parsed.messages]
@@ -374,7 +302,7 @@ class _DeltaState:
 
 
 def _count_newlines(path: Path, start: int, end: int) -> int:
-    """Count ``\\n`` bytes in ``[start, end)`` of a file, reading 64 KiB blocks."""
+    """Count ``\\n`` bytes in ``[start, end)`` of a file."""
     count = 0
     with open(path, "rb") as fh:
         fh.seek(start)
@@ -391,18 +319,13 @@ def _count_newlines(path: Path, start: int, end: int) -> int:
 class SessionDeltaTracker:
     """Decide when a growing transcript has changed enough to re-index (spec 5.4).
 
-    Per file it keeps ``{last_size, pending_bytes, pending_messages}`` (all start at 0, so the
-    first observation counts the whole file). Growth adds the appended bytes and, when
-    messages are counted, the newline bytes in the appended range (one JSONL record per line).
-    A shrink (rotation or truncation) counts the whole file as new. The threshold is hit when
-    ``pending_bytes >= delta_bytes`` (``> 0`` when ``delta_bytes <= 0``) or
-    ``pending_messages >= delta_messages`` (``> 0`` when ``delta_messages <= 0``); on a hit the
-    thresholds are subtracted from the counters (floor 0).
+    Per file it counts appended bytes and lines since the last re-index (a shrink counts
+    the whole file); a threshold is hit at ``>= delta`` (``> 0`` for a delta ``<= 0``), and a
+    hit subtracts the thresholds (floor 0).
 
     Args:
-        delta_bytes: bytes of growth that trigger a re-index (``sync.sessions.deltaBytes``,
-            default 100,000).
-        delta_messages: appended lines that trigger a re-index (``deltaMessages``, default 50).
+        delta_bytes: bytes of growth that trigger a re-index (``sync.sessions.deltaBytes``).
+        delta_messages: appended lines that trigger a re-index (``deltaMessages``).
     """
 
     def __init__(self, delta_bytes: int, delta_messages: int) -> None:
@@ -411,10 +334,8 @@ class SessionDeltaTracker:
         self._states: dict[str, _DeltaState] = {}
 
     def observe(self, path: Path) -> bool:
-        """Account for the file's current size; return True when the threshold is hit.
-
-        A missing or unreadable file returns False and forgets the file.
-        """
+        """Account for the file's current size; True when a threshold is hit (False, and
+        forgotten, for a missing file)."""
         key = str(path)
         try:
             size = os.stat(path).st_size
@@ -452,12 +373,8 @@ class SessionDeltaTracker:
         """Record that ``path`` was indexed at ``size`` bytes: ``{size, 0, 0}``."""
         self._states[str(path)] = _DeltaState(last_size=size)
 
-    def forget(self, path: Path) -> None:
-        """Drop the state of a transcript that no longer exists."""
-        self._states.pop(str(path), None)
-
     def pending(self, path: Path) -> tuple[int, int, int]:
-        """Return ``(last_size, pending_bytes, pending_messages)`` for ``path`` (zeros if unknown)."""
+        """``(last_size, pending_bytes, pending_messages)`` for ``path`` (zeros if unknown)."""
         state = self._states.get(str(path))
         return (0, 0, 0) if state is None else (state.last_size, state.pending_bytes,
                                                 state.pending_messages)

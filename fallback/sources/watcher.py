@@ -1,45 +1,20 @@
 """File watcher for memory files: watchdog observers, debounced hand-off to the event loop.
 
-What is watched (spec 5.2): the places of the memory-file rule
-(:func:`fallback.sources.memory_files.memory_roots`), and which changes matter is decided by
-that rule too:
-- the workspace root, not recursively, for ``MEMORY.md``/``memory.md`` and for the creation of
-  a ``memory/`` folder (which then gets its own recursive watch);
-- ``memory/`` recursively, for the files the rule admits and for folders (a folder moved or
-  deleted takes its notes with it);
-- each extra path: a folder recursively (or only its top level when its pattern cannot match
-  deeper), a single file through its parent folder;
-- optionally a sessions folder (``*.jsonl`` transcripts).
-
-Editors that save by writing a temp file and renaming it over the target show up as a move
-whose destination is a memory file; deletions and moves out count too. Hidden names and the
-rule's skipped folders (``.git``, ``node_modules``, ``build`` ...) below a root are ignored.
-The polling observer does not even list them (:meth:`MemoryWatcher.list_folder`, with a depth
-limit of :data:`MAX_WATCH_DEPTH` folders and symlinks never followed): a poll of an extra path
-that holds a checkout with ``node_modules`` and a virtualenv stats the notes only.
+What is watched (spec 5.2) and which changes matter is decided by the memory-file rule
+(:func:`fallback.sources.memory_files.memory_roots`): the workspace root (not recursively, for
+the root files and a new ``memory/``), ``memory/`` recursively, each extra path (a folder, or a
+single file through its parent), and optionally the sessions folder. Hidden names and the
+rule's skipped folders are ignored; the polling observer does not even list them
+(:meth:`MemoryWatcher.list_folder`, at most :data:`MAX_WATCH_DEPTH` folders deep).
 
 Threads: watchdog calls :meth:`MemoryWatcher.dispatch` on its own thread, which only records
-the path in a thread-safe set and pokes the loop (``anyio.from_thread.run_sync`` with the loop's
-token). The debounce (``debounce_ms`` after the last change) and the callback run in the async core.
+the path and pokes the loop; the debounce and the callback run in the async core.
 
-Health: the observer is dead when its thread died or one of its watches stopped (watchdog
-stops the watch of a folder that is deleted, so a ``memory/`` folder that is removed and
-recreated is never watched again), or when it went deaf with its thread alive: a watched
-folder's mtime changed (a note created, renamed or deleted in it) more than
-:data:`MISSED_GRACE_MS` ago and the observer has reported no event at all since
-(``missed changes in <folder>``; the folder stamps are taken when an observer starts and again
-after each event). :meth:`MemoryWatcher.dead_reason` tells, cheaply; callers
-check it on every search and status, and the run loop every ``health_check_ms``.
-:meth:`MemoryWatcher.rearm` replaces a dead observer with a new one (a dead native thread, or a
-native observer that cannot be started at all, e.g. the inotify watch limit ``ENOSPC``, falls
-back to watchdog's polling observer and marks the state ``degraded``) and queues a rescan, since
-events were lost meanwhile. ``snapshot()`` reports re-arms with their cause.
-
-Failures: when the ``on_change`` callback raises, the batch stays pending and is delivered
-again after an exponential backoff with a cap (:class:`~fallback.background.RetryPolicy`), not
-on the next tick; each failure goes to ``on_error`` (or is logged once) with its cause. A
-periodic rescan callback (``rescan_interval_ms``) keeps the index correct even if events are
-lost.
+Health: :meth:`MemoryWatcher.dead_reason` tells when the observer's thread died, a watch
+stopped (its folder was deleted), or it went deaf (a watched folder's mtime changed more than
+:data:`MISSED_GRACE_MS` ago with no event since); :meth:`MemoryWatcher.rearm` replaces it (a
+native observer that cannot start falls back to polling, ``degraded``) and queues a rescan.
+A failed ``on_change`` keeps its batch and is retried on a capped exponential backoff.
 """
 
 from __future__ import annotations
@@ -76,14 +51,13 @@ __all__ = ["MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
-# A watched folder changed this long ago (ms) with no event since means the observer missed it;
-# a younger change may still have its event on the way (on a busy machine too; polling adds
-# three of its periods: a poll of a large tree takes time of its own).
+# A watched folder changed this long ago (ms) with no event since means the observer missed it
+# (polling adds three of its periods).
 MISSED_GRACE_MS = 3000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
-# The polling observer descends at most this many folders below a watched root; changes deeper
-# down (rare for notes) are found by the periodic rescan, as are any missed events.
+# The polling observer descends at most this many folders below a watched root (the periodic
+# rescan finds changes deeper down).
 MAX_WATCH_DEPTH = 12
 
 log = logging.getLogger(__name__)
@@ -91,20 +65,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class WatchState:
-    """Observable state of a watcher (reported by the engine's ``status()``).
-
-    Attributes:
-        mode: ``native`` (inotify/FSEvents/kqueue), ``polling``, or ``stopped``.
-        degraded_reason: why the watcher fell back to polling, if it did.
-        pending: paths changed and not yet handed to the callback.
-        events: number of relevant events seen.
-        last_event_ms: epoch ms of the last relevant event.
-        last_error: last callback error with its cause, ``None`` after a success.
-        failures: consecutive callback failures.
-        retry_at_ms: epoch ms of the next delivery attempt after a failure, or ``None``.
-        rearms: how many times a dead observer was replaced.
-        last_rearm: ``{"cause", "atMs", "mode"}`` of the last re-arm, or ``None``.
-    """
+    """Observable state of a watcher (``status()``; :meth:`MemoryWatcher.snapshot` names the
+    fields): ``mode`` is ``native``, ``polling`` or ``stopped``; times are epoch ms;
+    ``last_rearm`` is ``{"cause", "atMs", "mode"}``."""
 
     mode: str = "stopped"
     degraded_reason: str | None = None
@@ -123,18 +86,17 @@ class MemoryWatcher:
 
     Args:
         workspace: the agent workspace.
-        extra_paths: extra paths as configured (folders or single files; strings, paths or
-            ``ExtraPath`` with a pattern).
+        extra_paths: extra paths as configured.
         sessions_dir: folder of ``*.jsonl`` transcripts to watch too, or ``None``.
-        on_change: async callback ``(changed_paths, reason)``; reason is ``watch`` or ``rescan``;
+        on_change: async callback ``(changed_paths, reason)``, reason ``watch`` or ``rescan``;
             ``changed_paths`` holds :data:`RESCAN_MARKER` when events may have been lost.
-        debounce_ms: quiet time after the last change before the callback runs (1,500 ms).
-        rescan_interval_ms: period of a full rescan callback (0 = off).
-        force_polling: start with the polling observer (tests, network file systems).
+        debounce_ms: quiet time after the last change before the callback runs, in ms.
+        rescan_interval_ms: period of a full rescan callback, in ms (0 = off).
+        force_polling: start with the polling observer.
         poll_interval_s: polling observer period, in seconds.
-        retry: delays before a failed batch is delivered again (default 1 s doubling to 5 min).
-        on_error: ``on_error(exc, failures, retry_in_ms)`` after each failed delivery (the
-            owner logs and records it); ``None``: the watcher logs it itself.
+        retry: delays before a failed batch is delivered again.
+        on_error: ``on_error(exc, failures, retry_in_ms)`` after each failed delivery
+            (``None``: the watcher logs it).
         health_check_ms: period of the run loop's own health check, in ms.
     """
 
@@ -179,10 +141,8 @@ class MemoryWatcher:
     # -- relevance ----------------------------------------------------------------------------
 
     def is_relevant(self, path: Path) -> bool:
-        """Whether a changed path can affect the index, by the memory-file rule: a root file
-        name or the ``memory`` folder at the workspace root, a file a memory folder admits, a
-        folder below a memory folder (not hidden or skipped), or a transcript (by
-        :func:`~fallback.sources.transcripts.is_transcript_name`: not a checkpoint or backup)."""
+        """Whether a changed path can affect the index, by the memory-file rule (a folder below
+        a memory folder counts: it may take notes with it)."""
         ws = self.workspace
         if path.parent == ws and path.name in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE, MEMORY_DIR_NAME):
             return True
@@ -204,8 +164,7 @@ class MemoryWatcher:
     # -- thread side --------------------------------------------------------------------------
 
     def dispatch(self, event: Any) -> None:
-        """watchdog's handler call (on its thread): filter the event, record the relevant
-        paths, poke the loop."""
+        """watchdog's handler call (on its thread): record the relevant paths, poke the loop."""
         self.heard(event)  # any event at all: that folder is not deaf
         if event.event_type in ("opened", "closed", "closed_no_write"):
             return
@@ -252,21 +211,12 @@ class MemoryWatcher:
         return sorted(set(folders), key=len, reverse=True)  # deepest first
 
     def list_folder(self, path: str | None) -> Iterator[os.DirEntry[str]]:
-        """What the polling observer sees of one folder (its ``listdir``): the entries of
-        ``path`` without hidden names and without the memory-file rule's skipped folders
-        (:data:`~fallback.sources.memory_files.SKIP_DIR_NAMES`: ``node_modules``, ``.git``,
-        ``venv`` ...), and without any folder once ``path`` is :data:`MAX_WATCH_DEPTH` folders
-        below its watched root, so a poll never walks a dependency or VCS tree.
-
-        Args:
-            path: a folder below (or equal to) a watched root.
-
-        Returns:
-            An iterator of ``os.DirEntry`` items, unsorted, as ``os.scandir`` gives them (the
-            folder is read completely, and closed, before the first item).
+        """What the polling observer sees of one folder below a watched root (its
+        ``listdir``): ``os.DirEntry`` items without hidden names, skipped folders, or any
+        folder :data:`MAX_WATCH_DEPTH` below the root.
 
         Raises:
-            OSError: ``path`` cannot be listed (the snapshot treats a vanished folder as empty).
+            OSError: ``path`` cannot be listed.
         """
         folder = os.fspath(path or ".")
         root = next((r for r in self._watched_roots
@@ -334,7 +284,7 @@ class MemoryWatcher:
 
     def _launch(self, polling: bool) -> Any:
         """A new started observer with every watch scheduled (blocking); one that fails to
-        start (a watched folder deleted meanwhile) is stopped with the threads it began."""
+        start is stopped."""
         obs = self._new_observer(polling)
         try:
             self._schedule_all(obs)
@@ -347,11 +297,8 @@ class MemoryWatcher:
         return obs
 
     def _folder_stamps(self) -> dict[str, int]:
-        """mtime (ns) of the watched folders: the workspace, the sessions folder and the top
-        of a non-recursive root themselves, the other roots with the folders below them as the
-        polling observer lists them (:meth:`list_folder`); a missing folder is left out. A
-        folder is listed again only when its mtime changed (a subfolder appears or goes only
-        then), so a check costs one ``stat`` per folder."""
+        """mtime (ns) of the watched folders (recursive roots with the folders below them, as
+        :meth:`list_folder` lists them, again only when the mtime changed)."""
         stamps: dict[str, int] = {}
         flat = {str(self.workspace)} | ({str(self.sessions_dir)} if self.sessions_dir else set())
         flat |= {str(r.path) for r in self.roots[2:] if not r.recursive or r.entry != r.path}
@@ -373,8 +320,7 @@ class MemoryWatcher:
         return stamps
 
     def heard(self, event: Any) -> None:
-        """Note that the observer reported an event (any, relevant or not) in the folder of its
-        path(s) and, for a folder event, in that folder (watchdog's thread calls it)."""
+        """Note that the observer reported an event in the folder(s) of its path(s)."""
         now = time.time_ns()
         for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
             if raw:
@@ -384,9 +330,8 @@ class MemoryWatcher:
                     self._heard_ns[path] = now
 
     def _missed_change(self) -> str | None:
-        """``missed changes in <folder>``: a watched folder whose mtime changed more than
-        :data:`MISSED_GRACE_MS` ago with no event heard in it since (blocking: a ``stat`` per
-        watched folder). A change with an event heard after it becomes the folder's stamp."""
+        """``missed changes in <folder>`` for a watched folder whose mtime changed more than
+        :data:`MISSED_GRACE_MS` ago with no event heard in it since (blocking)."""
         now = self._folder_stamps()
         polling_ms = 3 * self.poll_interval_s * 1000 if self.state.mode == "polling" else 0
         grace_ns = int((MISSED_GRACE_MS + polling_ms) * 1_000_000)
@@ -420,9 +365,7 @@ class MemoryWatcher:
                 self.state.pending.add(RESCAN_MARKER)
 
     def _launch_or_poll(self, polling: bool) -> tuple[Any, bool]:
-        """:meth:`_launch`; a native observer that cannot be started (the inotify watch limit,
-        ``ENOSPC``) falls back to polling, saying why in ``degraded_reason`` (blocking).
-        Returns the observer and whether it polls."""
+        """``(observer, polls)``: a native one that cannot start falls back to polling."""
         try:
             return self._launch(polling), polling
         except OSError as exc:
@@ -444,21 +387,15 @@ class MemoryWatcher:
                 pass
 
     def unsent(self) -> tuple[int, set[str]]:
-        """The events seen so far and the changed paths not handed to the callback yet (its
-        debounce still running, or a failed hand-over waiting for its retry), read together."""
+        """``(events seen, changed paths not handed to the callback yet)``, read together."""
         with self._lock:
             return self.state.events, set(self.state.pending)
 
     def dead_reason(self) -> str | None:
-        """Why the running watcher is deaf, or ``None`` when it is healthy (or not running).
-
-        Cheap (a ``stat`` per watched folder, none per file): the observer thread died
-        (``native watcher thread died``), one of its watches stopped (``watch on <folder>
-        stopped``: the folder was deleted), an extra folder that did not exist when the
-        watches were scheduled exists now (``<folder> appeared``: created after the start, or
-        deleted and created again), so nothing watches it yet, or the observer missed a change
-        with its thread alive (``missed changes in <folder>``, see the module docstring).
-        """
+        """Why the running watcher is deaf, or ``None`` when it is healthy (or not running):
+        ``<mode> watcher thread died``, ``watch on <folder> stopped``, ``<folder> appeared``
+        (an extra folder missing at start) or ``missed changes in <folder>``. A ``stat`` per
+        watched folder."""
         if self.state.mode == "stopped":
             return None
         obs = self._observer
@@ -480,19 +417,9 @@ class MemoryWatcher:
             self._missed = self._missed_change()
         return self._missed
 
-    def rearm(self, cause: str | None = None) -> bool:
-        """Replace a dead observer with a new one (blocking: run it in a worker thread).
-
-        A dead thread of the native observer falls back to polling (``degraded_reason`` is
-        the cause); a stopped watch, or an extra folder that appeared, gets an observer of the
-        same kind, which watches whatever exists now. A rescan is queued either way.
-
-        Args:
-            cause: why it was found dead (default: :meth:`dead_reason` now).
-
-        Returns:
-            Whether an observer was replaced (``False`` when it is healthy or stopped).
-        """
+    def rearm(self) -> bool:
+        """Replace a dead observer with a new one and queue a rescan (blocking); a dead native
+        thread falls back to polling. Returns whether one was replaced."""
         with self._rearm_lock:
             cause = self.dead_reason()
             if cause is None:
@@ -515,26 +442,14 @@ class MemoryWatcher:
         self._poke()
         return True
 
-    def check_health(self) -> None:
-        """Re-arm the observer if it is dead (blocking; the run loop calls it in a worker
-        thread, searches and status through their owner).
-
-        Always goes through :meth:`rearm`'s lock: a re-arm already under way elsewhere (the
-        observer is ``None`` while it is replaced, so it looks healthy) is waited for, not
-        missed.
-        """
-        if self.rearm():
-            self._last_change_mono = time.monotonic()
-
     def silence_observer_for_test(self) -> None:
-        """Drop every watch while the observer thread runs on (simulates a watcher that went
-        deaf: no event, no dead thread, no stopped watch)."""
+        """Drop every watch while the observer thread runs on (a deaf watcher)."""
         obs = self._observer
         if obs is not None:
             obs.unschedule_all()
 
     def kill_observer_for_test(self) -> None:
-        """Stop the observer thread behind the watcher's back (simulates a dead watcher)."""
+        """Stop the observer thread behind the watcher's back (a dead watcher)."""
         obs = self._observer
         if obs is not None:
             obs.stop()
@@ -568,7 +483,7 @@ class MemoryWatcher:
                 self._wake = anyio.Event()
                 if self.dead_reason() is not None or time.monotonic() >= next_health:
                     next_health = time.monotonic() + self.health_check_ms / 1000
-                    await anyio.to_thread.run_sync(self.check_health)
+                    await anyio.to_thread.run_sync(self.rearm)
                 retry_at = self._retry_at_mono
                 if self.state.pending and (retry_at is None or time.monotonic() >= retry_at):
                     # trailing-edge debounce: wait until no event arrived for debounce_ms
@@ -618,9 +533,8 @@ class MemoryWatcher:
         self.state.last_error = None
 
     def pending_delivery_in_ms(self) -> int | None:
-        """How long until the changes seen so far are handed to ``on_change``, in ms (0: due
-        now, the quiet time has passed); ``None`` when nothing is pending, or when a failed
-        delivery waits for its retry (the retry's backoff decides when, not the debounce)."""
+        """ms until the pending changes are handed to ``on_change`` (0: due now); ``None``
+        when nothing is pending or a failed delivery waits for its retry."""
         with self._lock:
             if not self.state.pending or self._retry_at_mono is not None:
                 return None

@@ -1,25 +1,11 @@
 """Markdown -> chunks with 1-based inclusive line ranges (pure functions, no I/O).
 
-"~400 tokens with 80 overlap" is a character budget of 4 chars per token, measured with the
-CJK-aware :func:`text_weight` (code points; CJK/kana/Hangul weigh 4). There is no heading
-awareness: headings are ordinary lines.
+The token budget is 4 chars per token, measured with the CJK-aware :func:`text_weight`.
 
-Source: OpenClaw ``chunkMarkdown`` (E2 era, ``extensions/memory-core``), with these changes:
-
-- lengths are code points, so no chunk can split a code point (the reference measured UTF-16
-  units and needed surrogate guards), and a long line is cut after its last word that fits
-  (after whitespace, else after punctuation; the reference cut at the budget, mid-word, so a
-  word at a cut of a pasted log or of prose without line breaks could not be found), always on
-  grapheme-cluster boundaries (UAX #29, the ``regex`` package's ``\\X``), so no chunk or
-  snippet splits an emoji family, a flag or a letter from its combining marks;
-- ``\\r\\n`` and lone ``\\r`` both end a line and the ``\\r`` is dropped from chunk text, so line
-  numbers match what an editor shows;
-- the overlap window is capped at ``min(overlap_chars, max_chars - incoming)`` (the E3 cap) and
-  holds whole lines only, so a chunk never exceeds ``max_chars`` (E2 let the carried overlap
-  plus the incoming line overflow the budget);
-- a final line break does not open an extra empty line, so chunk line ranges never point past
-  the last line that ``memory_get`` pages (the reference's last chunk ended one line later);
-- chunks whose text is only whitespace are dropped here rather than at index time.
+Source: OpenClaw ``chunkMarkdown`` (E2), changed so that lengths are code points and a long
+line is cut after its last word that fits, on grapheme-cluster boundaries (UAX #29); ``\\r\\n``
+and a lone ``\\r`` end a line too; the overlap holds whole lines and is capped so a chunk never
+exceeds its budget (the E3 cap); a final line break opens no extra line; blank chunks are dropped.
 """
 
 from __future__ import annotations
@@ -37,26 +23,13 @@ from fallback.text.scripts import sha256_hex, text_weight
 if TYPE_CHECKING:
     import regex
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "CHUNKING_VERSION",
-    "MIN_CHUNK_CHARS",
-    "Chunk",
-    "chunk_markdown",
-    "file_lines",
-    "grapheme_ends",
-    "remap_lines",
-    "split_by_utf8_bytes",
-    "split_lines",
-    "text_weight",
-    "truncate_chars",
-]
+__all__ = ["CHARS_PER_TOKEN", "CHUNKING_VERSION", "MIN_CHUNK_CHARS", "Chunk", "chunk_markdown",
+           "file_lines", "grapheme_ends", "remap_lines", "split_by_utf8_bytes", "split_lines",
+           "text_weight", "truncate_chars"]
 
 # The reference budget: one token ~ 4 characters of English text.
 CHARS_PER_TOKEN = 4
-# Version of the rules below (line breaks, where a long line is cut): an index records it, and
-# an index chunked by other rules is rebuilt (``fallback/index/identity.py``). 2: long lines are
-# cut between words.
+# Version of the rules below: an index chunked by other rules is rebuilt (fallback/index/identity.py).
 CHUNKING_VERSION = 2
 # Smallest chunk budget in chars, whatever ``tokens`` says (keeps tiny configs usable).
 MIN_CHUNK_CHARS = 32
@@ -69,8 +42,7 @@ _LINE_BREAK_KEPT = re.compile(r"(\r\n|\r|\n)")
 
 @functools.cache
 def _grapheme_re() -> regex.Pattern[str]:
-    """One extended grapheme cluster (UAX #29), compiled on first use (only lines longer than a
-    chunk or a snippet are cut, so a search rarely needs it)."""
+    """One extended grapheme cluster (UAX #29), compiled on first use."""
     import regex
 
     return regex.compile(r"\X")
@@ -81,9 +53,8 @@ class Chunk:
     """One chunk of a file.
 
     Attributes:
-        text: the chunk's lines joined by ``\\n`` (never contains ``\\r``; never blank).
-        start_line: first line of the chunk, 1-based.
-        end_line: last line of the chunk, 1-based inclusive (``start_line <= end_line``).
+        text: the chunk's lines joined by ``\\n`` (no ``\\r``; never blank).
+        start_line / end_line: 1-based inclusive line range.
         content_hash: sha256 hex of ``text`` (UTF-8).
     """
 
@@ -94,20 +65,17 @@ class Chunk:
 
 
 def split_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = None) -> list[str]:
-    """Split ``text`` into lines: a line ends at ``\\r\\n``, ``\\n`` or a lone ``\\r`` (old Mac
-    files and some exporters). The one rule of what a line is, for chunk line ranges, note
-    titles and ``memory_get`` pages alike.
+    """Split ``text`` into lines: the one rule of what a line is (a line ends at ``\\r\\n``,
+    ``\\n`` or a lone ``\\r``).
 
     Args:
         text: any text.
         keep_ends: keep each line's break at its end, so ``"".join(result) == text``.
-        max_lines: split off at most this many lines (``>= 0``); the text after them, when there
-            is any, stays whole as one more last element (a page needs only its lines and
-            whether more follow: the cost is bounded by the lines split off). ``None``: all.
+        max_lines: split off at most this many lines; the rest stays whole as one more
+            element. ``None``: all.
 
     Returns:
-        The lines; a text ending in a line break yields a final empty string, as
-        ``str.split("\\n")`` does, so line ``i`` (1-based) is ``result[i - 1]``.
+        The lines; a final line break yields a final empty string, as ``str.split`` does.
     """
     splits = 0 if max_lines is None else max(0, max_lines) or -1
     if splits < 0:
@@ -121,9 +89,8 @@ def split_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = N
 
 
 def file_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = None) -> list[str]:
-    """A file's numbered lines, as chunk line ranges and ``memory_get`` pages count them:
-    :func:`split_lines` (same arguments) without the empty string after a final line break,
-    so line ``i`` (1-based) is ``result[i - 1]`` and an empty text has no line."""
+    """A file's numbered lines: :func:`split_lines` without the empty string after a final
+    line break, so line ``i`` (1-based) is ``result[i - 1]``."""
     lines = split_lines(text, keep_ends=keep_ends, max_lines=max_lines) if text else []
     if lines and lines[-1] == "":
         lines.pop()
@@ -131,30 +98,23 @@ def file_lines(text: str, *, keep_ends: bool = False, max_lines: int | None = No
 
 
 def grapheme_ends(text: str) -> list[int]:
-    """Code-point offsets where the extended grapheme clusters of ``text`` end, ascending.
+    """Code-point offsets where the extended grapheme clusters of ``text`` end, ascending
+    (an emoji family, a flag, a letter with its combining marks is one cluster).
 
-    A grapheme cluster is what a reader sees as one character: a ZWJ emoji family
-    (``👨‍👩‍👧‍👦``, 7 code points), a flag (two regional indicators), a letter with combining
-    marks. The last offset is ``len(text)``; ``""`` gives ``[]``.
-
-    Source: Unicode UAX #29 extended grapheme clusters, as the ``regex`` package's ``\\X``
-    matches them.
+    Source: Unicode UAX #29, as the ``regex`` package's ``\\X`` matches it.
     """
     return [m.end() for m in _grapheme_re().finditer(text)]
 
 
 # Characters a long line is preferably cut after (whitespace: no token spans them).
 _WORD_BREAKS = (" ", "\t", "\u3000")
-# Text up to its last character that is no part of a word (FTS5's unicode61 separates tokens
-# at each).
+# Text up to its last character that is no part of a word.
 _TO_LAST_NON_WORD = re.compile(r".*\W", re.DOTALL)
 
 
 def _word_cut(text: str, start: int, end: int) -> int | None:
-    """The offset in ``(start, end]`` where the piece ``text[start:]`` best ends without
-    cutting a word: after the last whitespace (or at ``end`` when a whitespace follows it),
-    else after the last character that is no part of a word (punctuation of a pasted log);
-    ``None`` when ``text[start:end]`` is one word."""
+    """The offset in ``(start, end]`` where ``text[start:]`` best ends without cutting a word
+    (after whitespace, else after punctuation); ``None`` when ``text[start:end]`` is one word."""
     if end >= len(text) or text[end] in _WORD_BREAKS:
         return end
     cut = max(text.rfind(sep, start, end) for sep in _WORD_BREAKS)
@@ -165,11 +125,8 @@ def _word_cut(text: str, start: int, end: int) -> int | None:
 
 
 def _pieces(text: str, size: int, *, at_words: bool = False) -> list[str]:
-    """``text`` cut into pieces of at most ``size`` code points, each cut on a grapheme
-    boundary; with ``at_words``, at the last word boundary that fits (:func:`_word_cut`) when
-    there is one. A single grapheme longer than ``size`` (hundreds of combining marks) is cut
-    inside, and a single word longer than ``size`` between graphemes, since no better boundary
-    exists there."""
+    """``text`` cut into pieces of at most ``size`` code points on grapheme boundaries (with
+    ``at_words``, after a word when one fits)."""
     total = len(text)
     if total <= size:
         return [text]
@@ -201,12 +158,8 @@ def _is_boundary(ends: list[int], offset: int) -> bool:
 
 
 def truncate_chars(s: str, max_chars: int) -> str:
-    """Cut ``s`` to at most ``max_chars`` code points (no ellipsis; ``max_chars <= 0`` -> "").
-
-    The cut falls on a grapheme-cluster boundary (:func:`grapheme_ends`), so a snippet never
-    ends in half an emoji family or half a flag; only a single cluster longer than
-    ``max_chars`` is cut inside.
-    """
+    """Cut ``s`` to at most ``max_chars`` code points on a grapheme-cluster boundary (no
+    ellipsis; ``max_chars <= 0`` -> "")."""
     if max_chars <= 0:
         return ""
     if len(s) <= max_chars:
@@ -215,10 +168,8 @@ def truncate_chars(s: str, max_chars: int) -> str:
 
 
 def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
-    """Cut one line into segments of at most ``max_chars`` code points, CJK-heavy segments
-    re-cut into pieces of ``tokens`` code points (each then weighs at most ``max_chars``);
-    every cut falls after a word when one fits, and always on a grapheme-cluster boundary (see
-    :func:`_pieces`), so a word is cut only when it alone is longer than a segment."""
+    """Cut one line into segments weighing at most ``max_chars`` (CJK-heavy ones re-cut into
+    ``tokens`` code points), after a word when one fits."""
     if not line:
         return [""]
     if len(line) <= max_chars and text_weight(line) <= max_chars:
@@ -239,8 +190,7 @@ def _make_chunk(buffer: list[tuple[str, int]]) -> Chunk:
 
 
 def _carry_overlap(buffer: list[tuple[str, int]], *, window: int) -> tuple[list[tuple[str, int]], int]:
-    """Keep the trailing whole segments of ``buffer`` whose total size (weight + 1 each) fits
-    in ``window``; return them and their total size."""
+    """The trailing whole segments of ``buffer`` that fit in ``window``, and their size."""
     if window <= 0:
         return [], 0
     kept: list[tuple[str, int]] = []
@@ -266,21 +216,14 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
     Args:
         text: the whole file (any of ``\\n``, ``\\r\\n``, ``\\r`` line endings).
         tokens: chunk budget in tokens; the char budget is ``max(32, tokens * 4)``.
-        overlap: overlap budget in tokens; ``overlap * 4`` chars of trailing whole lines of a
-            chunk are repeated at the start of the next one (capped so the next chunk still
-            fits its budget; 0 disables overlap).
-        sections: also start a new chunk (without overlap) at every Markdown heading line
-            (``#`` to ``######`` after at most 3 spaces) once the current chunk has text, so
-            each section of a curated file such as ``MEMORY.md`` is its own chunk and a hit
-            cites the section, not the whole file. Sections longer than the budget are still
-            cut by size. The reference (E2) has no heading awareness; qmd's own chunker and
-            the reference's newer per-entry mode break at headings too.
+        overlap: overlap budget in tokens: trailing whole lines of a chunk repeated at the
+            start of the next (0 disables overlap).
+        sections: also start a new chunk (without overlap) at every Markdown ATX heading
+            once the current chunk has text, so a hit cites its section.
 
     Returns:
-        Chunks in file order. Every chunk's ``text`` weighs at most ``max(32, tokens * 4)``
-        (see :func:`text_weight`) and is not blank; consecutive chunks may share lines. A long
-        line yields several chunks with ``start_line == end_line``. An empty or whitespace-only
-        text yields ``[]``.
+        Chunks in file order, each weighing at most the char budget and not blank; a long
+        line yields several chunks with ``start_line == end_line``.
 
     Source: OpenClaw ``chunkMarkdown`` (E2) with the changes listed in the module docstring.
     """
@@ -313,18 +256,9 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
 
 
 def remap_lines(chunks: list[Chunk], line_map: list[int] | None) -> list[Chunk]:
-    """Translate chunk line numbers through ``line_map`` (used for session transcripts).
-
-    Args:
-        chunks: chunks whose lines index the text that was chunked (1-based).
-        line_map: ``line_map[i]`` is the source line (1-based) of chunked line ``i + 1``.
-            ``None`` or empty -> chunks returned unchanged.
-
-    Returns:
-        New chunks with ``start_line``/``end_line`` mapped; a line beyond the map keeps its
-        number. Text and hash are unchanged. If a map is not increasing the two ends are
-        ordered so that ``start_line <= end_line`` still holds.
-    """
+    """Translate chunk line numbers through ``line_map`` (``line_map[i]``: the source line of
+    chunked line ``i + 1``; empty: unchanged); a line beyond the map keeps its number and the
+    ends stay ordered."""
     if not line_map:
         return list(chunks)
 
@@ -346,18 +280,13 @@ def split_by_utf8_bytes(chunk: Chunk, max_bytes: int) -> list[Chunk]:
         max_bytes: cap per piece in UTF-8 bytes, >= 4 (the longest code point).
 
     Returns:
-        ``[chunk]`` when it already fits; otherwise consecutive pieces of at most
-        ``max_bytes`` bytes each, cut between grapheme clusters (inside one only when it alone
-        is longer than ``max_bytes``, then between code points), each with the parent's
-        ``start_line``/``end_line`` and its own ``content_hash``. Concatenating the pieces
-        gives the parent text back.
+        ``[chunk]`` when it fits; else consecutive pieces cut between grapheme clusters (or
+        code points inside one too long), with the parent's lines and their own hashes.
 
     Raises:
         UsageError: ``max_bytes < 4``.
 
-    Source: OpenClaw ``enforceEmbeddingMaxInputTokens`` (split point found by snapping back to
-    a grapheme boundary, or walking back over UTF-8 continuation bytes, instead of a binary
-    search).
+    Source: OpenClaw ``enforceEmbeddingMaxInputTokens``.
     """
     if max_bytes < MIN_SPLIT_BYTES:
         raise UsageError(f"max_bytes must be >= {MIN_SPLIT_BYTES}, got {max_bytes}")

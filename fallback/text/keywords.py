@@ -1,16 +1,10 @@
 """Keyword extraction for keyword-only (FTS-only) search.
 
-:func:`extract_keywords` turns a conversational query ("that thing we discussed about the API",
-"之前讨论的那个方案", "어제 논의한 배포 전략") into search terms: stop words in English, Spanish,
-Portuguese, Arabic, Chinese (Simplified and Traditional), Korean, Japanese, Danish, Norwegian
-Bokmål and Swedish are dropped, Chinese runs become unigrams and bigrams (the unicode61 tokenizer sees an unbroken CJK
-run as one token), Japanese mixed-script text is cut at script changes, Korean particles are
-stripped from word ends. :func:`cjk_words` keeps, of those, the words a substring search can use
-one by one (a Chinese question's bigrams that take no stop word's character, then its lone
-ideographs).
+:func:`extract_keywords` turns a conversational query into search terms (stop words of eleven
+languages dropped, CJK runs cut into unigrams and bigrams, Korean particles stripped);
+:func:`cjk_words` keeps the words a substring search can use one by one.
 
-Source: OpenClaw ``extractKeywords`` (``query-expansion.ts``, E2). The stop-word lists are our
-own.
+Source: OpenClaw ``extractKeywords`` (``query-expansion.ts``, E2); the stop-word lists are ours.
 """
 
 from __future__ import annotations
@@ -75,8 +69,7 @@ _STOP_ZH = _words("""
 吗 呢 吧 啊 也 都 就 还 又 把 被 对 从 到 给 跟 与 或 或者 但 但是 而 一个 有 没有 请 帮 帮我
 找 一下 东西 事情 关于 讨论过 说过 提到
 """)
-# The same words in Traditional script (Taiwan, Hong Kong), where it differs, with its common
-# variants (甚麼 for 什麼, 裏 for 裡, 爲 for 為).
+# The same words in Traditional script, where it differs, with common variants.
 _STOP_ZH_HANT = _words("""
 我們 你們 他們 她們 這 這個 那個 這些 那些 這裡 這裏 那裡 那裏 之後 以後 剛才 什麼 甚麼 怎麼
 怎樣 為什麼 爲什麼 為甚麼 哪裡 哪裏 哪個 誰 嗎 還 對 從 給 與 沒有 請 幫 幫我 東西 關於 討論過
@@ -127,16 +120,12 @@ KOREAN_PARTICLES: tuple[str, ...] = tuple(sorted(
     key=len, reverse=True))
 
 
-# English contractions and possessives: the word tokenizers cut ``Nate's`` into ``nate`` + ``s`` and
-# ``don't`` into ``don`` + ``t``. The part after the apostrophe (``s t d ll re ve m``), and the
-# auxiliary before ``n't`` (``don``, ``isn``, ``won``), carry nothing a search can use; ``s``
-# alone is in most English chunks. Apostrophes: ASCII, right single quotation mark, modifier
-# letter apostrophe; a text without one has no contraction.
+# English contractions and possessives: the clitic after an apostrophe (``s`` of ``Nate's``) and
+# the auxiliary before ``n't`` (``don``) carry nothing a search can use.
 _APOSTROPHES = "'\u2019\u02bc"
 _CLITIC = r"(?<=\p{L})['\u2019\u02bc](s|t|d|ll|re|ve|m)(?![\p{L}\p{M}\p{N}_])"
 _NEGATED = r"(?<![\p{L}\p{M}\p{N}_])(\p{L}+n)['\u2019\u02bc]t(?![\p{L}\p{M}\p{N}_])"
-# The same two in ASCII text, where \p{L} is [A-Za-z], \p{N} is [0-9] and no character is a
-# mark: no Unicode property tables (``regex``) for an ASCII query.
+# The same two for ASCII text, without the ``regex`` package.
 _ASCII_CLITIC_RE = re.compile(r"(?<=[A-Za-z])'(s|t|d|ll|re|ve|m)(?![A-Za-z0-9_])", re.IGNORECASE)
 _ASCII_NEGATED_RE = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z]+n)'t(?![A-Za-z0-9_])", re.IGNORECASE)
 
@@ -150,14 +139,9 @@ def _contraction_patterns() -> tuple[regex.Pattern[str], regex.Pattern[str]]:
 
 
 def contraction_fragments(text: str) -> list[tuple[int, int]]:
-    """Spans ``(start, end)`` of the word runs of ``text`` that are pieces of an English
-    contraction or possessive, in order: the clitic after an apostrophe that follows a letter
-    (``s`` of ``Nate's``, ``ll`` of ``we'll``, ``t`` of ``don't``) and the auxiliary before
-    ``n't`` (``don`` of ``don't``, ``won`` of ``won't``). ``O'Brien`` and ``rock 'n' roll`` have
-    none; the apostrophes are ``'``, ``\u2019`` and ``\u02bc``.
-
-    Offsets are code points of ``text`` as given (the caller normalises it first).
-    """
+    """Code-point spans ``(start, end)``, in order, of the pieces of English contractions and
+    possessives in ``text``: ``s`` of ``Nate's``, ``ll`` of ``we'll``, ``don`` and ``t`` of
+    ``don't`` (``O'Brien`` has none)."""
     if not any(a in text for a in _APOSTROPHES):
         return []
     clitic, negated = ((_ASCII_CLITIC_RE, _ASCII_NEGATED_RE) if text.isascii()
@@ -185,8 +169,7 @@ def _segments(query: str) -> list[str]:
 
 
 def _script(ch: str) -> str:
-    """``ascii`` (ASCII letters, digits, ``_``), ``katakana``, ``hiragana``, ``han`` or ``other``
-    (:func:`fallback.text.scripts.script_of` decides the scripts)."""
+    """``ascii`` (letters, digits, ``_``), ``katakana``, ``hiragana``, ``han`` or ``other``."""
     if ch.isascii() and (ch.isalnum() or ch == "_"):
         return "ascii"
     script = script_of(ch)
@@ -263,22 +246,15 @@ def _is_noise(term: str) -> bool:
 
 
 def extract_keywords(query: str) -> list[str]:
-    """Extract search keywords from a conversational query.
-
-    Steps: lower-case (NFC), split on whitespace and Unicode punctuation, then per segment:
-    with kana, cut at script changes and keep ASCII words, katakana runs, ideograph runs (plus
-    their bigrams) and hiragana runs of 2+; with CJK ideographs, each ideograph and each
-    adjacent bigram (other runs kept whole); with Hangul, the word (unless it or its stem is a
-    stop word) plus its stem after removing the longest trailing particle, when the stem is 2+
-    Hangul syllables or plain ASCII; otherwise the segment itself. Finally stop words,
-    ASCII-letter tokens shorter than 3, pure digits and pure punctuation/symbols are dropped.
+    """Extract search keywords from a conversational query (lower-case NFC segments; kana
+    text cut at script changes, ideographs as unigrams and bigrams, Hangul words with their
+    stems; stop words, short ASCII words, digits and punctuation dropped).
 
     Args:
         query: the user's query, any language.
 
     Returns:
-        Keywords in first-seen order without duplicates; ``[]`` for a blank or stop-word-only
-        query.
+        Keywords in first-seen order without duplicates.
 
     Source: OpenClaw ``extractKeywords`` (E2 ``query-expansion.ts``), unicode61 variant.
     """
@@ -303,10 +279,8 @@ def extract_keywords(query: str) -> list[str]:
 
 @functools.cache
 def _cjk_stop_words(japanese: bool) -> tuple[str, ...]:
-    """The stop words of a Japanese (``japanese``) or else a Chinese query, longest first.
-
-    Not both: Chinese function characters are parts of Japanese words (都 of 京都, 与 of 給与,
-    和 of 和食, 在 of 在庫)."""
+    """The stop words of a Japanese or else a Chinese query, longest first (not both: Chinese
+    function characters are parts of Japanese words, 都 of 京都)."""
     words = JAPANESE_STOP_WORDS if japanese else CHINESE_STOP_WORDS
     return tuple(sorted(words, key=len, reverse=True))
 
@@ -314,22 +288,15 @@ def _cjk_stop_words(japanese: bool) -> tuple[str, ...]:
 def cjk_words(query: str) -> tuple[str, ...]:
     """The words of a query holding CJK text, to be searched one by one as substrings (pure).
 
-    A CJK question has no spaces, so searched whole ("我们什么时候去了支持小组") it finds only a note
-    holding it verbatim. Its words are those of :func:`extract_keywords` (ideograph bigrams,
-    Japanese and Korean words, Latin words) of two characters or more; an ideograph bigram or a
-    run of hiragana that takes a character of a stop word of the query is no word (``们什`` and
-    ``么时`` of ``我们什么时候``; ``はいつですか``, a particle, いつ and です) and is left out. The stop
-    words are those of the query's language: Japanese when it holds kana, else Chinese
-    (Simplified and Traditional). A CJK word holding another word kept (a Korean word and its
-    stem, ``부산에서`` and ``부산``; a kanji run and its bigrams) is left out: a substring search
-    finds it only where it finds the shorter one. Then, last, each ideograph that is in no stop
-    word and no word kept (``茶`` of ``喝什么茶``: a one-character noun).
+    The words of :func:`extract_keywords` of two characters or more, less an ideograph bigram
+    or hiragana run that takes a character of a stop word of the query's language, less a CJK
+    word that holds another word kept; then each ideograph in no stop word and no word kept.
 
     Args:
         query: the user's query (any text).
 
     Returns:
-        The words in query order; ``()`` without CJK text or without any word.
+        The words in query order; ``()`` without CJK text.
 
     Examples:
         ``我们什么时候去了支持小组？`` -> ``("时候", "候去", "支持", "持小", "小组")``;

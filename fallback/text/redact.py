@@ -1,14 +1,8 @@
 """Secret redaction: replace credentials in free text with ``[REDACTED:<kind>]`` markers.
 
-Used on session transcripts before they are indexed (builtin engine) or exported for qmd, so a
-key pasted into a chat never becomes searchable memory. The rules aim at things that are
-credentials by their shape or by an explicit label; they leave alone what merely looks random
-(git commit ids, UUIDs, short base64-ish words), file paths, URLs without a password, and
-prose that mentions "password" or "token" without giving one.
-
-Kinds: ``private_key``, ``password``, ``bearer_token``, ``anthropic_key``, ``openai_key``,
-``stripe_key``, ``google_api_key``, ``github_token``, ``slack_token``, ``aws_access_key_id``,
-``aws_secret_access_key``, ``jwt``, ``secret``, ``api_key``, ``token``.
+Used on session transcripts before they are indexed or exported, so a key pasted into a chat
+never becomes searchable memory. Only credentials by shape or by an explicit label are
+redacted, not what merely looks random (commit ids, UUIDs).
 """
 
 from __future__ import annotations
@@ -24,9 +18,7 @@ _E = r"(?![A-Za-z0-9_\-])"
 
 _PEM = re.compile(
     r"-----BEGIN ((?:[A-Z0-9]+ )*)PRIVATE KEY-----[\s\S]*?-----END \1PRIVATE KEY-----")
-# scheme://user:pass@host -> keep scheme, user and host. The scheme is at most 32 characters
-# (real ones are short): unbounded, each word start of a long run of letters, dots and hyphens
-# scanned to its end, quadratic (docs/benchmarks.md, "Costs behind constants").
+# scheme://user:pass@host -> keep scheme, user and host (a bounded scheme keeps the scan linear).
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,31}://[^\s:/@]+:)([^\s@/]+)(@)")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*[\"']?(?:bearer|basic|token)\s+)"
                           r"(?!\[REDACTED)([^\s\"',;]+)")
@@ -48,10 +40,8 @@ _SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _AWS_SECRET = re.compile(
     r"(?i)\b(aws_secret(?:_access)?_key[\"']?\s*[:=]\s*[\"']?)([A-Za-z0-9/+=]{30,})")
 
-# The label of a labelled assignment ("password=hunter2", "api_key: abc123", JSON keys): a
-# name whose last word says it holds a credential, alone or ending a compound name as
-# environment variables and flags write them ("DB_PASSWORD=", "PGPASSWORD=", "GITHUB_TOKEN=",
-# "STRIPE_SIGNING_SECRET=", "X-Api-Key:", "--api-key="). Its last word decides the kind.
+# The label of a labelled assignment: a name whose last word says it holds a credential, alone
+# or ending a compound ("DB_PASSWORD=", "GITHUB_TOKEN=", "X-Api-Key:", "--api-key=").
 _LABEL = (r"(?:[A-Za-z0-9]+[_\-.])*(?:[A-Za-z0-9]*pass(?:word|wd|phrase)|secret|token"
           r"|api[_\-]?key|(?:secret|private|signing|encryption|master|client)[_\-]key)")
 _ASSIGNMENT = re.compile(
@@ -61,8 +51,8 @@ _ASSIGNMENT = re.compile(
 
 
 def _label_kind(label: str) -> str:
-    """The kind a credential label names, by its last word: ``password``, ``token``,
-    ``api_key`` or ``secret`` (``client_secret``, ``SECRET_KEY``, ``PRIVATE_KEY`` ...)."""
+    """The kind a credential label names by its last word: ``password``, ``token``,
+    ``api_key`` or ``secret``."""
     low = label.lower()
     if "pass" in re.split(r"[_\-.]", low)[-1]:
         return "password"
@@ -74,12 +64,8 @@ def _label_kind(label: str) -> str:
 
 
 def _looks_like_value(value: str, separator: str) -> bool:
-    """Decide whether the text after ``label:``/``label=`` is a credential.
-
-    ``=`` is an assignment, so any value counts. After ``:`` the next word may be prose
-    ("the token: we rotate it monthly"), so the value must contain a digit or a symbol and
-    be at least 4 chars long, or be at least 12 chars long. Quoted values always count.
-    """
+    """Whether the bare value after ``label=`` (always) or ``label:`` (not prose: 4+ chars
+    with a digit or symbol, or 12+ chars) is a credential."""
     if separator == "=":
         return True
     if len(value) >= 12:
@@ -100,31 +86,12 @@ def _assignment(match: re.Match[str]) -> str:
 
 
 def redact_secrets(text: str) -> str:
-    """Return ``text`` with every recognised secret replaced by ``[REDACTED:<kind>]``.
+    """Return ``text`` with every recognised secret replaced by ``[REDACTED:<kind>]``
+    (idempotent): PEM private keys, URL passwords, ``Authorization``/``Bearer`` tokens, vendor
+    key shapes (Anthropic, OpenAI, Stripe, Google, GitHub, Slack, AWS), JWTs, and labelled
+    assignments (the label and separator kept).
 
-    Recognised (see the module docstring for the kinds): PEM private key blocks; passwords in
-    URLs (``scheme://user:pass@host`` keeps ``user`` and the host); ``Authorization:`` header
-    values and ``Bearer <token>`` with a token of >= 16 chars; Anthropic (``sk-ant-``),
-    OpenAI (``sk-``, ``sk-proj-``; >= 20 chars after the prefix), Stripe (``sk_live_``,
-    ``rk_live_``, ``*_test_``), Google (``AIza`` + 35), GitHub (``ghp_``/``gho_``/``ghs_``/
-    ``ghu_``/``ghr_`` + >= 30, ``github_pat_``), Slack (``xox[abprs]-``) keys; AWS access key
-    ids (``AKIA``/``ASIA`` + 16 upper-case alphanumerics) and labelled AWS secret keys; JWTs
-    (``eyJ...`` three dot-separated base64url parts of >= 8 chars each); labelled assignments
-    with ``=`` or ``:`` and a value (the label and separator are kept), the label a name whose
-    last word is ``password``/``passwd``/``passphrase``/``secret``/``token``/``api_key`` or a
-    secret, private, signing, encryption, master or client key, alone or ending a compound
-    name as environment variables and flags write them (``DB_PASSWORD=``, ``PGPASSWORD=``,
-    ``GITHUB_TOKEN=``, ``X-Api-Key:``, ``--api-key=``; not ``max_tokens=``).
-
-    Args:
-        text: any text (a transcript message, possibly multi-line).
-
-    Returns:
-        The redacted text; unchanged when nothing matched. Idempotent: markers are never
-        redacted again.
-
-    Source: patterns modelled on the credential formats published by each vendor and on
-    common secret scanners (gitleaks rule set); thresholds chosen to spare commit ids and UUIDs.
+    Source: the vendors' published credential formats and the gitleaks rule set.
     """
     if not text:
         return text

@@ -1,21 +1,13 @@
 """Derived search terms: the extra tokens indexed beside a chunk's text and looked for in queries.
 
-The FTS5 tokenizer (``unicode61``, wrapped by ``porter``) cuts ``Wi-Fi`` into ``wi`` + ``fi`` and
-``8 May 2023`` into three unrelated tokens, so neither ``wifi`` nor ``2023-05-08`` could find
-them. The index therefore stores, beside each chunk's text, the terms this module derives from
-it, and the query builder (``fallback/search/fts.py``) derives the same terms from the query:
+FTS5's ``unicode61`` cuts ``Wi-Fi`` into ``wi`` + ``fi`` and ``8 May 2023`` into unrelated tokens,
+so the index stores, beside each chunk's text, the terms derived here, and the query builder
+(``fallback/search/fts.py``) derives the same from the query (pure functions):
 
-- **compound joins**: a run of letter/digit parts joined by ``-``, ``‐``, ``‑`` or ``_`` also
-  yields its parts glued together, lower-cased: ``Wi-Fi`` -> ``wifi``, ``ABC-1234`` ->
-  ``abc1234``, ``snake_case`` -> ``snakecase``, ``2023-05-08`` -> ``20230508`` (dots and
-  slashes are not connectors: ``e.g.``, URLs and paths would only add noise);
-- **canonical dates**: ``2023-05-08``, ``2023/05/08``, ``8 May 2023``, ``8th of May, 2023``,
-  ``May 8, 2023`` -> ``20230508`` plus the month ``202305``; ``May 2023`` and ``2023-05`` ->
-  ``202305``. Month names are English (full or three-letter, ``Sept`` too).
-
-Everything here is pure (no I/O). The indexer runs it over every chunk it writes, so the scans
-start at rare characters (connectors, four-digit years) instead of at every word: deriving the
-terms of a text costs about as much as FTS5 indexing it.
+- **compound joins**: ``Wi-Fi`` -> ``wifi``, ``ABC-1234`` -> ``abc1234``, ``snake_case`` ->
+  ``snakecase`` (connectors: :data:`CONNECTORS`; not dots or slashes);
+- **canonical dates**: ``2023-05-08``, ``8 May 2023``, ``May 8, 2023`` ... -> ``20230508`` plus
+  the month ``202305``; ``May 2023`` and ``2023-05`` -> ``202305`` (English month names).
 """
 
 from __future__ import annotations
@@ -33,22 +25,13 @@ from fallback.text.chunking import split_lines
 if TYPE_CHECKING:
     import regex
 
-__all__ = [
-    "CONNECTORS",
-    "Compound",
-    "DateMention",
-    "compounds",
-    "date_mentions",
-    "derived_terms",
-    "first_heading",
-    "title_text",
-]
+__all__ = ["CONNECTORS", "Compound", "DateMention", "compounds", "date_mentions", "derived_terms",
+           "first_heading", "title_text"]
 
 # Characters that glue the parts of one compound (hyphen-minus, U+2010 hyphen, U+2011 non-breaking
 # hyphen, underscore).
 CONNECTORS = "-\u2010\u2011_"
-# The rest of a compound from its first connector on (possessive: no backtracking); compiled
-# on first use (:func:`_tail_re`): a text without a connector never needs it.
+# The rest of a compound from its first connector on (possessive: no backtracking).
 _TAIL_PATTERN = "(?:[" + re.escape(CONNECTORS) + r"][\p{L}\p{M}\p{N}]++)+"
 _SPLIT_RE = re.compile("[" + re.escape(CONNECTORS) + "]")
 _DROP_CONNECTORS = str.maketrans("", "", CONNECTORS)
@@ -77,9 +60,7 @@ _YEAR_RE = re.compile(r"(?:19|20)\d\d(?!\d)")
 
 @functools.cache
 def _date_forms() -> tuple[tuple[re.Pattern[str], ...], tuple[re.Pattern[str], ...]]:
-    """The date forms around a year, compiled on first use (a text without a year needs none):
-    those that start at the year (ISO day, ISO month) and those that end at it, searched in the
-    few characters before it."""
+    """The date forms that start at a year and those that end at it, compiled on first use."""
     from_year = (
         re.compile(r"(?P<year>\d{4})[-/.](?P<num>[01]?\d)[-/.](?P<day>[0-3]?\d)(?![\w])"),
         re.compile(r"(?P<year>\d{4})-(?P<num>[01]\d)(?![\w-])"),
@@ -100,13 +81,8 @@ _HEADING_RE = re.compile(r"[ ]{0,3}#{1,6}[ \t]+(.+?)[ \t#]*")
 
 @dataclass(frozen=True)
 class Compound:
-    """One compound found in a text (``Wi-Fi``, ``ABC-1234``, ``snake_case``).
-
-    Attributes:
-        start / end: its character span (``text[start:end]``).
-        parts: its parts, lower-cased (``("wi", "fi")``).
-        joined: the parts glued together (``"wifi"``).
-    """
+    """One compound found in a text: its span ``text[start:end]``, its lower-cased ``parts``
+    (``("wi", "fi")``) and those ``joined`` (``"wifi"``)."""
 
     start: int
     end: int
@@ -115,8 +91,7 @@ class Compound:
 
 
 def _connectors(text: str) -> list[int]:
-    """Positions of connectors between two part characters, ascending (substring search: a
-    regex scan costs several times more on prose)."""
+    """Positions of connectors between two part characters, ascending."""
     out: list[int] = []
     end = len(text) - 1
     for ch in CONNECTORS:
@@ -134,8 +109,7 @@ def _is_part_char(ch: str) -> bool:
 
 
 def _compound_spans(text: str) -> Iterator[tuple[int, int]]:
-    """The ``(start, end)`` span of each maximal run of parts glued by connectors, left to
-    right."""
+    """The span of each maximal run of parts glued by connectors, left to right."""
     done = 0
     for at in _connectors(text):
         if at < done:
@@ -149,15 +123,8 @@ def _compound_spans(text: str) -> Iterator[tuple[int, int]]:
 
 
 def compounds(text: str) -> list[Compound]:
-    """The compounds of ``text`` left to right (parts glued by :data:`CONNECTORS`).
-
-    Args:
-        text: NFC text.
-
-    Returns:
-        One :class:`Compound` per maximal run; joined forms over :data:`MAX_JOINED_CHARS` are
-        left out.
-    """
+    """The compounds of NFC ``text`` left to right, one per maximal run (joined forms over
+    :data:`MAX_JOINED_CHARS` left out)."""
     out = []
     for start, end in _compound_spans(text):
         parts = tuple(p.lower() for p in _SPLIT_RE.split(text[start:end]) if p)
@@ -169,13 +136,8 @@ def compounds(text: str) -> list[Compound]:
 
 @dataclass(frozen=True)
 class DateMention:
-    """One date (or month) found in a text.
-
-    Attributes:
-        start / end: the character span of the mention in the text (``text[start:end]``).
-        terms: its canonical terms: ``("20230508", "202305")`` for a day, ``("202305",)`` for
-            a month.
-    """
+    """One date (or month) found in a text: its span ``text[start:end]`` and canonical
+    ``terms`` (``("20230508", "202305")`` for a day, ``("202305",)`` for a month)."""
 
     start: int
     end: int
@@ -195,8 +157,7 @@ def _canonical(year: int, month: int, day: int | None) -> tuple[str, ...] | None
 
 
 def _year_starts(text: str) -> list[int]:
-    """Positions of ``19`` and ``20`` in ``text``, ascending: where a year may start. Substring
-    search runs at memory speed; a regex scan for years costs ten times more on prose."""
+    """Positions of ``19`` and ``20`` in ``text``, ascending: where a year may start."""
     out: list[int] = []
     for prefix in ("19", "20"):
         at = text.find(prefix)
@@ -208,19 +169,8 @@ def _year_starts(text: str) -> list[int]:
 
 
 def date_mentions(text: str) -> list[DateMention]:
-    """Dates and months written in ``text``, left to right, spans never overlapping.
-
-    Recognised: ``2023-05-08`` / ``2023/05/08`` / ``2023.05.08``, ``8 May 2023``,
-    ``8th of May, 2023``, ``May 8, 2023``, ``May 8th 2023``, ``May 2023`` and ``2023-05``
-    (English month names, full or abbreviated, any case; years 1900-2099). Impossible dates
-    (``2023-02-30``) are skipped.
-
-    Args:
-        text: any text.
-
-    Returns:
-        The mentions with their canonical terms (see :class:`DateMention`).
-    """
+    """Dates and months written in ``text`` (the forms of the module docstring, years
+    1900-2099, impossible dates skipped), left to right, spans never overlapping."""
     found: list[DateMention] = []
     for start in _year_starts(text):
         y = _YEAR_RE.match(text, start)
@@ -254,17 +204,9 @@ def date_mentions(text: str) -> list[DateMention]:
 
 
 def derived_terms(text: str) -> str:
-    """The derived terms of ``text`` as one space-separated string (the FTS ``terms`` column).
-
-    Compound joins and canonical dates (see the module docstring), each once,
-    in first-seen order. ``"Wi-Fi on 8 May 2023"`` -> ``"wifi 20230508 202305"``.
-
-    Args:
-        text: chunk text, a file name or a heading.
-
-    Returns:
-        The terms joined by single spaces; ``""`` when there are none.
-    """
+    """The derived terms of ``text`` (chunk text, a file name or a heading) as one
+    space-separated string, each once, in first-seen order (the FTS ``terms`` column):
+    ``"Wi-Fi on 8 May 2023"`` -> ``"wifi 20230508 202305"``."""
     out: dict[str, None] = {}
     for start, end in _compound_spans(text):  # the joined forms, without building Compounds
         joined = text[start:end].translate(_DROP_CONNECTORS).lower()
@@ -276,11 +218,7 @@ def derived_terms(text: str) -> str:
 
 
 def first_heading(text: str) -> str:
-    """The text of the first ATX Markdown heading (``# Title``) in ``text``, or ``""``.
-
-    Lines are those of :func:`fallback.text.chunking.split_lines` (``\\n``, ``\\r\\n`` or a lone
-    ``\\r``), so a heading never runs past its line into the rest of the note.
-    """
+    """The text of the first ATX Markdown heading (``# Title``) in ``text``, or ``""``."""
     for line in split_lines(text):
         if "#" in line:
             m = _HEADING_RE.fullmatch(line)
@@ -290,20 +228,10 @@ def first_heading(text: str) -> str:
 
 
 def title_text(path: str, heading: str) -> str:
-    """The FTS ``title`` column of a note: its path, its first heading and their derived terms.
-
-    ``title_text("memory/2023-05-08.md", "Standup")`` ->
-    ``"memory/2023-05-08.md Standup 20230508 202305"``; the tokenizer then sees ``memory``,
-    ``2023``, ``05``, ``08``, ``md``, ``standup`` and the canonical date terms, so a query naming
-    the note's file, title or date finds it.
-
-    Args:
-        path: workspace-relative path (``/`` separators).
-        heading: the note's first heading (:func:`first_heading`), or ``""``.
-    """
+    """The FTS ``title`` column of a note: its ``path``, its first ``heading`` and their derived
+    terms (``"memory/2023-05-08.md Standup 20230508 202305"``)."""
     head = f"{path} {heading}".strip()
-    # Derive from the path's folders and name without the extension, so "memory/x-y.md" gives
-    # "xy" rather than one long join of the whole path.
+    # Derive from the path's parts without the extension: "memory/x-y.md" gives "xy".
     name_parts = _EXTENSION_RE.sub("", path).replace("/", " ").replace("\\", " ")
     extra = derived_terms(f"{name_parts} {heading}")
     return f"{head} {extra}" if extra else head

@@ -294,7 +294,7 @@ async def test_deleted_memory_folder_is_a_dead_watch_that_rearm_replaces(ws: Pat
         with anyio.fail_after(DEADLINE_S):  # the loop may notice it on the deletion's events
             while watcher.dead_reason() is None and watcher.state.rearms == 0:
                 await anyio.sleep(0.02)
-        await anyio.to_thread.run_sync(watcher.check_health)
+        await anyio.to_thread.run_sync(watcher.rearm)
         snap = watcher.snapshot()
         assert (snap["rearms"], snap["alive"], snap["mode"], snap["degradedReason"]) == (
             1, True, "native", None)

@@ -14,7 +14,7 @@ from typing import Literal
 
 from fallback.errors import UsageError
 
-__all__ = ["DEFAULT_CORPUS", "GET_CORPORA", "NO_WIKI", "SEARCH_CORPORA", "CorpusChoice", "get_corpus",
+__all__ = ["DEFAULT_CORPUS", "GET_CORPORA", "NO_WIKI", "NO_WIKI_GET", "SEARCH_CORPORA", "CorpusChoice", "get_corpus",
            "search_corpus", "sessions_off_reason"]
 
 SEARCH_CORPORA = ("memory", "sessions", "all", "wiki")
@@ -22,6 +22,8 @@ GET_CORPORA = ("memory", "wiki", "all")
 # The reference's default: every source the agent indexes.
 DEFAULT_CORPUS = "all"
 NO_WIKI = "no wiki corpus is configured: corpus 'wiki' has nothing to search (use memory, sessions or all)"
+# memory_get takes no ``sessions``: its refusal names the corpora it does take
+NO_WIKI_GET = "no wiki corpus is configured: corpus 'wiki' has nothing to read (use memory or all)"
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,13 @@ def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
 
 def get_corpus(corpus: object) -> CorpusChoice:
     """What ``memory_get`` may read for ``corpus``: every memory file (``memory``,
-    ``all``, ``None``), or nothing with :data:`NO_WIKI` (``wiki``).
+    ``all``, ``None``), or nothing with :data:`NO_WIKI_GET` (``wiki``).
 
     Raises:
         UsageError: any other value.
     """
     name = _checked(corpus, GET_CORPORA, "memory_get")
-    return CorpusChoice(name, (), NO_WIKI) if name == "wiki" else CorpusChoice(name, None)
+    return CorpusChoice(name, (), NO_WIKI_GET) if name == "wiki" else CorpusChoice(name, None)
 
 
 def sessions_off_reason(*, backend: str, qmd_sessions: bool, builtin_sources: Sequence[str]) -> str | None:

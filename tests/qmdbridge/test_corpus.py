@@ -74,7 +74,8 @@ async def test_mcp_memory_search_and_get_take_corpus(tmp_path: Path) -> None:
             refused = await session.call_tool("memory_get", {"path": "MEMORY.md", "corpus": "wiki"})
             assert refused.isError is True
             assert refused.structuredContent == {"path": "MEMORY.md", "text": "", "disabled": True,
-                                                 "error": f"path refused: 'MEMORY.md': {NO_WIKI}",
+                                                 "error": "path refused: 'MEMORY.md': no wiki corpus is configured: "
+                                                          "corpus 'wiki' has nothing to read (use memory or all)",
                                                  "refused": True}
             bad = await session.call_tool("memory_search", {"query": "x", "corpus": "notes"})
             assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
@@ -134,7 +135,9 @@ def test_cli_corpus_in_process_and_through_the_daemon(tmp_path: Path) -> None:
     default = orjson.loads(_cli(search, env).stdout)
     assert (default["corpus"], _sources(default)) == ("all", ["memory"])
     refused = _cli(["get", "MEMORY.md", "--workspace", str(ws), "--corpus", "wiki"], env)
-    assert (refused.returncode, refused.stderr.decode()) == (3, f"qmdbridge: path refused: 'MEMORY.md': {NO_WIKI}\n")
+    assert (refused.returncode, refused.stderr.decode()) == (  # get takes no sessions corpus
+        3, "qmdbridge: path refused: 'MEMORY.md': no wiki corpus is configured: corpus 'wiki' has "
+           "nothing to read (use memory or all)\n")
     bad = _cli([*search, "--corpus", "notes"], env)
     assert bad.returncode == 2 and b"invalid choice: 'notes'" in bad.stdout
 

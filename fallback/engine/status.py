@@ -228,6 +228,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
             keeps neither).
     """
     s = settings.search
+    if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
+        dirty = False  # another process published a sync: as on SQLite, only no index is dirty
     counts = described["counts"]
     per = [SourceCount(source=src, files=counts.get(src, {}).get("files", 0),
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]

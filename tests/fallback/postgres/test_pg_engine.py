@@ -127,10 +127,11 @@ def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_
             assert doc["dbPath"] == (f'postgres database "{pg_dsn.split("dbname=")[1].split()[0]}" on host'
                                      f' {pg_dsn.split("host=")[1].split()[0]} port 5432 as user postgres,'
                                      f" schema qmdbridge version {len(MIGRATIONS)}")
-        results[f"{name} counts"] = (doc["files"], doc["chunks"])
+        results[f"{name} counts"] = (doc["files"], doc["chunks"], doc["dirty"], doc["dirtyReason"])
     assert any(results["sqlite"])
     assert results["postgres"] == results["sqlite"]
     assert results["postgres counts"] == results["sqlite counts"]
+    assert results["postgres counts"][2:] == (False, None)  # indexed by another process: not dirty
     # the postgres agent's rows are in the database, and it never made a SQLite store
     assert not (tmp_path / "postgres" / "memory" / "main.sqlite").exists()
     import psycopg

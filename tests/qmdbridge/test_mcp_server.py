@@ -76,6 +76,10 @@ async def _exercise(session: ClientSession) -> None:
     assert (spawned.structuredContent or {})["results"][0]["path"] == "memory/2026-01-05.md"
     bad = await session.call_tool("memory_search", {"query": "x", "maxResults": "six"})
     assert bad.isError is True and "Input validation error" in bad.content[0].text  # type: ignore[union-attr]
+    # what the schema refuses never reaches the handler (docs/mcp-daemon.md says so)
+    low = await session.call_tool("memory_search", {"query": "x", "maxResults": 0})
+    assert (low.isError, low.structuredContent, [c.text for c in low.content]) == (  # type: ignore[union-attr]
+        True, None, ["Input validation error: 0 is less than the minimum of 1"])
 
     status = await session.call_tool("status", {})
     assert (status.structuredContent or {})["files"] == 2

@@ -72,6 +72,9 @@ def _issue_hint(issue: str) -> str | None:
     if issue.startswith(NEVER_MATCHES):
         return ('memory files are Markdown: give the entry a pattern whose names end in .md '
                 '(the default is "**/*.md"), or remove it from memorySearch.extraPaths')
+    if "is a symlink (not followed)" in issue:  # a memory folder or an extra path
+        return ("symlinks are never followed: replace the link with the folder itself, or add "
+                "the target's real path to memorySearch.extraPaths")
     if issue.startswith("extra path"):
         return "create it, or fix or remove the entry in memorySearch.extraPaths"
     if "legacy memory.md" in issue:

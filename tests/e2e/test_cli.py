@@ -217,6 +217,19 @@ def test_an_extra_path_whose_pattern_admits_nothing_is_a_problem(ws: Path, env: 
         ("memory paths", problem["message"], problem["hint"])], failed
 
 
+def test_a_symlinked_memory_folder_is_a_problem_with_a_fix(ws: Path, env: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    (ws / "memory").rename(outside)
+    (ws / "memory").symlink_to(outside)
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    status = run(["status", "--workspace", str(ws), "--json"], env)
+    assert orjson.loads(status.stdout)["problems"] == [{
+        "check": "memory paths", "message": f"memory directory is a symlink (not followed): {ws / 'memory'}",
+        "hint": "symlinks are never followed: replace the link with the folder itself, or add "
+                "the target's real path to memorySearch.extraPaths"}]
+
+
 @pytest.mark.slow
 def test_serve_answers_json_lines_and_stops_on_sigterm(ws: Path, env: dict[str, str]) -> None:
     exe = shutil.which("qmdbridge")

@@ -232,9 +232,11 @@ class PostgresStore:
         try:
             yield
         except (psycopg.Error, PoolTimeout) as exc:
+            # the deadline that ran out: connecting (and the pool's wait) or the statement
+            waited = isinstance(exc, PoolTimeout) or doing == "connect"
             # Not chained: libpq's own text may hold the DSN; the translation is redacted.
-            raise translate(exc, self.target, doing=doing,
-                            timeout_ms=self.statement_timeout_ms) from None
+            raise translate(exc, self.target, doing=doing, timeout_ms=self.connect_timeout_ms
+                            if waited else self.statement_timeout_ms) from None
 
     @contextlib.contextmanager
     def _snapshot(self, doing: str) -> Iterator[Any]:

@@ -178,7 +178,8 @@ def test_unreachable_server_names_the_target_and_what_to_do(tmp_path: Path) -> N
         PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws", connect_timeout_ms=2000)
     message = str(caught.value)
     assert isinstance(caught.value, BackendUnavailableError)
-    assert message.startswith("postgres unavailable: cannot reach PostgreSQL to connect within 10000ms")
+    # the deadline named is connectTimeoutMs, not statementTimeoutMs (10000 ms)
+    assert message.startswith("postgres unavailable: cannot reach PostgreSQL to connect within 2000ms")
     assert f'(database "memdb" on host {tmp_path / "no-server"} port 5432 as user agent)' in message
     assert message.endswith("start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, PGPORT")
     assert PASSWORD not in message and PASSWORD not in repr(caught.value.args)

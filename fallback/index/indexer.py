@@ -387,6 +387,7 @@ class Indexer:
         if self._step is not None:
             await self._step.finish(store, report, model=self._model,
                                     sources=list(self.settings.search.sources))
+            self._report_progress(report)  # the chunks filled in count as embedded
 
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,

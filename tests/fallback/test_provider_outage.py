@@ -115,8 +115,11 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
         upstream.mode = "ok"  # the provider is back: the next sync fills the vector in
         engine = _engine(ws, srv.url)
         try:
-            report = await engine.sync(reason="cli")
+            seen: list[tuple[int, int, int, int]] = []
+            report = await engine.sync(reason="cli", progress=lambda *a: seen.append(a))
             assert (report.files_indexed, report.chunks_filled, report.chunks_pending) == (0, 1, 0)
+            # the filled chunk is in the last progress report (`indexing: done, ... 1 embedded`)
+            assert seen[-1] == (3, 3, 1, 0)  # files done, files, embedded, chunks written
             status = await engine.status()  # the last search's query embedding failed
             assert (status.dirty, status.healthy, status.vector["pending"]) == (False, False, 0)
             assert status.vector["providerError"] == (

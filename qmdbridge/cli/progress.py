@@ -124,9 +124,10 @@ class SyncProgress:
         self._bar.start()
         self.shown = True
 
-    def finish(self, now_s: float, *, interrupted: bool) -> str | None:
+    def finish(self, now_s: float, *, interrupted: bool, failed: bool = False) -> str | None:
         """Stop the bar and print the closing line (returned): ``done`` when progress was shown,
-        ``interrupted`` always after an interruption, nothing for a short sync."""
+        ``interrupted`` always after an interruption, ``failed at`` always after a failed sync
+        (the command's error follows it), nothing for a short sync."""
         if self._bar is not None:
             self._bar.stop()
         with self._lock:
@@ -136,6 +137,8 @@ class SyncProgress:
                 line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
                         f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
                         "cache, run the command again to resume")
+            elif failed:
+                line = f"{self.label}: failed at {self.files_done}/{self.files_total} files"
             elif self.shown:
                 line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks written, "
                         f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")
@@ -165,13 +168,16 @@ def sync_progress(*, enabled: bool, label: str = "indexing",
 
     ticker = threading.Thread(target=run, name="qmdbridge-progress", daemon=True)
     ticker.start()
-    interrupted = False
+    interrupted = failed = False
     try:
         yield progress
     except (KeyboardInterrupt, asyncio.CancelledError):
         interrupted = True
         raise
+    except Exception:
+        failed = True  # not "done": the sync raised (a locked or full store ...)
+        raise
     finally:
         stop.set()
         ticker.join()
-        progress.finish(time.monotonic(), interrupted=interrupted)
+        progress.finish(time.monotonic(), interrupted=interrupted, failed=failed)

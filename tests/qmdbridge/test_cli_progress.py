@@ -66,6 +66,19 @@ def test_sync_progress_disabled_and_interrupt() -> None:
                               "embedding cache, run the command again to resume\n")
 
 
+def test_a_failed_sync_is_never_reported_done() -> None:
+    out = io.StringIO()
+    with pytest.raises(RuntimeError), sync_progress(enabled=True, stream=out) as cb:
+        assert cb is not None
+        cb(13, 16, 0, 0)
+        raise RuntimeError("index store is locked by another process past the busy timeout")
+    assert out.getvalue() == "indexing: failed at 13/16 files\n"
+    shown = SyncProgress(label="indexing", stream=io.StringIO(), rich=False, started_s=0.0)
+    shown(13, 16, 0, 0)
+    assert shown.tick(1.0) is not None
+    assert shown.finish(15.0, interrupted=False, failed=True) == "indexing: failed at 13/16 files"
+
+
 def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
     """A search that takes over a second without indexing anything (qmd starting, a slow qmd
     search, an index already in sync) never calls the callback: no ``indexing: 0/0 files``

@@ -143,7 +143,10 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
         src = AgentSource(agent_id if isinstance(agent_id, str) else "", entry, search, sources,
                           key_path)
         out.agents.append(src)
-        by_id.setdefault(src.agent_id.strip().lower(), src)
+        first = by_id.setdefault(src.agent_id.strip().lower(), src)
+        if first is not src:  # resolve_agent takes the first entry of an id
+            out.warnings.append(f"{key_path} repeats the id of {first.key_path} ({src.agent_id!r}); "
+                                f"only {first.key_path} is used")
     entries = as_object(agents.get("entries"), key="agents.entries", file=file)
     for agent_id, raw in entries.items():
         key_path = f"agents.entries.{agent_id}"

@@ -120,6 +120,15 @@ def test_both_layouts_set_the_new_one_wins_with_a_warning(caplog: pytest.LogCapt
     assert ops.config_warnings == cfg.warnings
 
 
+def test_a_repeated_agent_id_is_warned_and_the_first_entry_is_used() -> None:
+    cfg = parse_config({"agents": {"list": [{"id": "main", "workspace": "/a"},
+                                            {"id": "Main", "workspace": "/b"}]}})
+    assert cfg.warnings == ["agents.list[1] repeats the id of agents.list[0] ('Main'); only "
+                            "agents.list[0] is used"]
+    agent = resolve_agent(cfg, "Main", env={})
+    assert (str(agent.workspace_dir), agent.config_warnings) == ("/a", cfg.warnings)
+
+
 def test_an_entry_with_both_search_keys_prefers_memory_search() -> None:
     cfg = parse_config({"agents": {"list": [
         {"id": "main", "memorySearch": {"query": {"maxResults": 3}},

@@ -36,11 +36,17 @@ async def doctor(agent: Any, args: argparse.Namespace) -> int:
 
     report = await run_doctor(agent, fix=args.fix)
     if agent.workspace_dir.is_dir():
+        from fallback.errors import MemorySearchError
         from qmdbridge.manager import MemoryManager
         from qmdbridge.problems import status_problems
 
-        async with MemoryManager(agent, backend=args.backend) as m:
-            report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
+        try:
+            async with MemoryManager(agent, backend=args.backend) as m:
+                report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
+        except MemorySearchError:
+            if not any(c.name == "index" and c.level == "error" for c in report.checks):
+                raise
+            # the store cannot be opened (a postgres server down ...): the index check says why
     if args.json:
         emit_json(report.to_json())
     else:

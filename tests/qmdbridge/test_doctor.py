@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import orjson
 import pytest
 
 from qmdbridge.config import OpenClawConfig, parse_config, resolve_agent
@@ -148,6 +149,31 @@ async def test_doctor_fix_rebuilds_a_corrupt_index(tmp_path: Path) -> None:
     fixed = {c.name: c for c in (await run_doctor(agent, fix=True, env=env)).checks}["index"]
     assert fixed.level == "ok" and fixed.fixed is True and fixed.detail.startswith("rebuilt (")
     assert list(agent.engine.db_path.parent.glob("main.sqlite.corrupt-*"))
+
+
+def test_cli_doctor_prints_its_checks_when_the_index_cannot_be_read(tmp_path: Path) -> None:
+    """A store whose pages are damaged (its header intact) fails the status the CLI doctor
+    reads after its checks; the report is printed all the same, the index check saying why."""
+    import sqlite3
+
+    from tests.e2e.cli_proc import run_cli_in_process
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    for i in range(40):
+        (ws / "memory" / f"2026-01-{i % 28 + 1:02d}-{i}.md").write_text(f"note {i} " * 300)
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
+    db = tmp_path / "state" / "memory" / "main.sqlite"
+    sqlite3.connect(db).execute("PRAGMA wal_checkpoint(TRUNCATE)").connection.close()
+    with db.open("r+b") as f:
+        f.seek(8192)
+        f.write(b"\x00garbage" * 2000)
+    p = run_cli_in_process(["doctor", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 1, p.stderr.decode()
+    index = {c["name"]: c for c in orjson.loads(p.stdout)["checks"]}["index"]
+    assert (index["level"], index["detail"]) == ("error", f"{db}: database disk image is malformed")
 
 
 def test_every_note_of_a_file_indexed_anyway_is_a_caveat_not_a_problem() -> None:

@@ -172,3 +172,18 @@ async def test_doctor_checks_the_postgres_store(tmp_path: Path, pg_dsn: str, pg_
     assert 'password authentication failed for user "doctor_user"' in detail
     assert "s3cret-pw" not in detail
     assert hint is not None and hint.startswith("check the user and password")
+
+
+def test_cli_doctor_prints_its_checks_when_the_server_is_down(tmp_path: Path, pg_server: Any) -> None:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n")
+    gone = pg_server.dsn("postgres").replace(str(pg_server.data_dir), str(tmp_path / "no-server"))
+    env = cli_env(tmp_path, "state", {"driver": "postgres", "dsn": gone, "connectTimeoutMs": 2000})
+    p = run_cli_in_process(["doctor", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 1, p.stderr.decode()
+    checks = {c["name"]: c for c in json.loads(p.stdout)["checks"]}  # the report, not one error
+    assert checks["index"]["level"] == "error"
+    assert "cannot reach PostgreSQL to connect" in checks["index"]["detail"]
+    assert checks["index"]["hint"].startswith("start the server")
+    assert checks["root memory file"]["level"] == "ok"

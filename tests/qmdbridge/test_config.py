@@ -91,6 +91,10 @@ def test_per_agent_override_and_workspace_rules(tmp_path: Path) -> None:
     for blank in ("", "  "):  # not the current folder
         with pytest.raises(UsageError, match="workspace must not be empty"):
             resolve_agent(cfg, "ops", workspace=blank, env=env)
+    # no agents.defaults.workspace: the state dir's (docs/cli.md, docs/configuration.md)
+    bare = parse_config({"agents": {"list": [{"id": "main", "default": True}, {"id": "coder"}]}})
+    assert [resolve_agent(bare, a, env=env).workspace_dir for a in ("main", "coder")] == [
+        (tmp_path / "st" / "workspace").resolve(), (tmp_path / "st" / "workspace-coder").resolve()]
 
 
 def test_store_path_template(tmp_path: Path) -> None:

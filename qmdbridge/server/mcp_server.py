@@ -221,12 +221,14 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
 
         if not args.request_timeout > 0 or not args.session_idle >= 0:
             raise UsageError("--request-timeout must be above 0 and --session-idle 0 or above (seconds)")
+        if not 0 <= args.port <= 65535:
+            raise UsageError(f"--port must be between 0 and 65535, not {args.port}")
 
         token, token_path = load_or_create_token(agent.state_dir, os.environ)  # fail before starting
         try:
             sock = _listen(args.host, args.port)
-        except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        except OSError as exc:  # a name that does not resolve: errno < 0, the resolver's text
+            reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (exc.strerror or str(exc))
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
 
     async def body(manager: MemoryManager, tg: object) -> None:

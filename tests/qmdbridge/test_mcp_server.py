@@ -193,6 +193,18 @@ def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> N
     assert p.returncode == 2
     assert orjson.loads(p.stdout) == {"error": f"cannot listen on 127.0.0.1:{port}: Address already in use",
                                       "errorType": "UsageError", "exitCode": 2}
+    for args, error in ((["--port", "70000"], "--port must be between 0 and 65535, not 70000"),
+                        (["--host", "no-such-host.invalid", "--port", "0"], None)):
+        p = subprocess.run([*CLI, "mcp", "--http", *args, "--workspace", str(ws), "--json"],
+                           env={**env, "QMDBRIDGE_MCP_TOKEN": TOKEN}, capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        doc = orjson.loads(p.stdout)  # a usage error, not a traceback
+        assert (p.returncode, doc["errorType"]) == (2, "UsageError"), p.stderr
+        if error is not None:
+            assert doc["error"] == error
+        else:  # the resolver's own words, not "Unknown error -2"
+            assert doc["error"].startswith("cannot listen on no-such-host.invalid:0: ")
+            assert "Unknown error" not in doc["error"], doc
 
 
 async def test_http_client_sessions_that_end_leave_no_traceback(setup: tuple[Path, dict[str, str]]) -> None:

@@ -77,13 +77,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COVERAGE_MAX_CHUNKS",
-    "FtsPlan",
     "MAX_QUERY_PARTS",
     "NEAR_DISTANCE",
+    "FtsPlan",
+    "FtsQuery",
+    "analyze_fts_query",
     "build_fts_query",
     "contains_cjk",
     "escape_like",
-    "fts_tokens",
 ]
 
 # Below this many code points a CJK token cannot be found through a trigram index.
@@ -117,11 +118,6 @@ def _word_re() -> regex.Pattern[str]:
 def _word_matches(text: str) -> Iterator[re.Match[str] | regex.Match[str]]:
     """The word runs of ``text`` (``[\\p{L}\\p{M}\\p{N}_]+``) with their positions."""
     return (_ASCII_WORD_RE if text.isascii() else _word_re()).finditer(text)
-
-
-def fts_tokens(text: str) -> list[str]:
-    """Return the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text``, in order (may repeat)."""
-    return word_runs(text)
 
 
 def escape_like(token: str) -> str:
@@ -186,8 +182,9 @@ class _Part:
     fragment: bool = False  # a piece of an English contraction ("s" of "Nate's")
 
 
-def _query_parts(text: str) -> list[_Part]:
-    """Dates, then compounds, then words of ``text`` (NFC), left to right, spans disjoint."""
+def _query_parts(text: str, words: list[re.Match[str] | regex.Match[str]]) -> list[_Part]:
+    """Dates, then compounds, then words (``words``: the word runs of ``text``) of ``text``
+    (NFC), left to right, spans disjoint."""
     parts: list[_Part] = []
     taken: list[tuple[int, int]] = []
 
@@ -205,7 +202,7 @@ def _query_parts(text: str) -> list[_Part]:
         parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
                            f"({phrase} OR {_quote(c.joined)})"))
     fragments = set(contraction_fragments(text))
-    for m in _word_matches(text):
+    for m in words:
         if free(m.start(), m.end()):
             word = m.group().lower()
             narrow = narrow_fullwidth(word)
@@ -215,55 +212,106 @@ def _query_parts(text: str) -> list[_Part]:
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str],
-                      drop_common: bool, unpaired: frozenset[str]) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
-    pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
-    parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
+@dataclass(frozen=True)
+class FtsQuery:
+    """A query cut into its parts, before the store's counts choose its plan (:meth:`plan`).
+
+    Attributes:
+        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
+            counting in how many chunks each occurs.
+    """
+
+    parts: tuple[tuple[str, str], ...]
+    _fixed: FtsPlan | None = None  # a plan no count changes (symbols only, a trigram store)
+    _tokens: tuple[str, ...] = ()
+    _unique: tuple[_Part, ...] = ()
+    _exprs: tuple[tuple[str, str], ...] = ()  # (key, expr) of the parts and quoted phrases
+    _joined: tuple[str, ...] = ()
+
+    def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
+             drop_common: bool = False, unpaired: frozenset[str] = frozenset()) -> FtsPlan:
+        """The plan of the query (see :func:`build_fts_query` for the arguments)."""
+        if self._fixed is not None:
+            return self._fixed
+        rare = [e for k, e in self._exprs if k not in common]
+        marks = " OR ".join(rare or [e for _, e in self._exprs]) or None
+        exprs = rare if rare and drop_common else [e for _, e in self._exprs]
+        exprs.extend(self._joined)
+        # Dates live in the title and terms columns, never next to words of the text: no NEAR.
+        # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
+        paired = [p for p in self._unique if p.key not in common and p.key not in unpaired]
+        spoken = [p for p in paired if p.kind != "date"]
+        exprs.extend([f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
+                      for a, b in itertools.pairwise(spoken)][:MAX_PAIRS])
+        if coverage_pairs:
+            exprs.extend(f"({a.expr} AND {b.expr})"
+                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
+        cjk = [t for t in self._tokens if contains_cjk(t)]
+        return FtsPlan(
+            tokens=self._tokens,
+            match=" OR ".join(exprs) or None,
+            trigram_match=" AND ".join(_quote(t) for t in cjk if len(t) >= TRIGRAM_MIN_CHARS) or None,
+            like_terms=tuple(t for t in cjk if len(t) < TRIGRAM_MIN_CHARS),
+            terms=tuple(k for k, _ in self._exprs),
+            mark_match=marks,
+            parts=self.parts,
+        )
+
+
+def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery | None:
+    """Cut free text into the parts of its FTS plan (see the module docstring); never raises.
+
+    Args:
+        query: any user text.
+        tokenizer: the configured tokenizer of ``chunks_fts`` (``unicode61`` or ``trigram``).
+
+    Returns:
+        ``None`` when the text has no token (blank, only punctuation); else an
+        :class:`FtsQuery`, whose :meth:`FtsQuery.plan` takes the store's counts.
+    """
+    text = unicodedata.normalize("NFC", query)
+    words = list(_word_matches(text))
+    tokens = tuple(dict.fromkeys(m.group() for m in words))
+    if not tokens:
+        # No letters or digits at all (emoji, symbols such as "→" or "★"): the tokenizers drop
+        # those characters, so look for the text itself as a substring.
+        symbols = " ".join(text.split())
+        if not any(unicodedata.category(ch) in ("So", "Sm") for ch in symbols):
+            return None
+        return FtsQuery((), FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,)))
+    if tokenizer == "trigram":
+        main = [t for t in tokens if len(t) >= TRIGRAM_MIN_CHARS]
+        return FtsQuery((), FtsPlan(
+            tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
+            trigram_match=None, like_terms=tuple(t for t in tokens if len(t) < TRIGRAM_MIN_CHARS),
+            terms=tuple(t.lower() for t in main),
+            mark_match=" OR ".join(_quote(t) for t in main) or None))
+    parts = [p for p in _query_parts(text, words) if p.kind != "word" or not contains_cjk(p.key)]
     content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
     if not content:
         content = parts  # only stop words ("AND", "the"): search them rather than nothing
     seen: dict[str, _Part] = {}
     for p in content:
         seen.setdefault(p.key, p)
-    unique = list(seen.values())[:MAX_QUERY_PARTS]
-    exprs = [p.expr for p in unique]
-    keys = [p.key for p in unique]
+    unique = tuple(seen.values())[:MAX_QUERY_PARTS]
+    exprs = [(p.key, p.expr) for p in unique]
     for m in _QUOTED_RE.finditer(text):
         quoted = [w.lower() for w in word_runs(m.group(1))]
         if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
-            exprs.append(_quote(" ".join(quoted)))
-            keys.append(" ".join(quoted))
-    rare = [e for e, k in zip(exprs, keys, strict=True) if k not in common]
-    marks = " OR ".join(rare or exprs) or None
-    if rare and drop_common:
-        # A part found in half of the chunks or more weighs 1e-6 in bm25(): next to a rarer
-        # part it only adds the cost of walking its long list of rows.
-        exprs = rare
-    joined: list[str] = []
-    for a, b in itertools.pairwise(content):
-        if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
-                and not text[a.end:b.start].strip() and a.key + b.key not in seen):
-            joined.append(_quote(a.key + b.key))
-    exprs.extend(dict.fromkeys(joined[:MAX_PAIRS]))
-    # Dates live in the title and terms columns, never next to words of the text: no NEAR.
-    # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
-    paired = [p for p in unique if p.key not in common and p.key not in unpaired]
-    spoken = [p for p in paired if p.kind != "date"]
-    near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
-            for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
-    exprs.extend(near)
-    if coverage_pairs:
-        exprs.extend(f"({a.expr} AND {b.expr})"
-                     for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
-    return (" OR ".join(exprs) or None), marks, tuple(keys), tuple((p.key, p.expr) for p in unique)
+            exprs.append((" ".join(quoted), _quote(" ".join(quoted))))
+    joined = [_quote(a.key + b.key) for a, b in itertools.pairwise(content)
+              if a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
+              and not text[a.end:b.start].strip() and a.key + b.key not in seen]
+    return FtsQuery(tuple((p.key, p.expr) for p in unique), None, tokens, unique, tuple(exprs),
+                    tuple(dict.fromkeys(joined[:MAX_PAIRS])))
 
 
 def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
                     common: frozenset[str] = frozenset(),
                     drop_common: bool = False,
                     unpaired: frozenset[str] = frozenset()) -> FtsPlan | None:
-    """Turn free text into a safe FTS plan; never raises.
+    """Turn free text into a safe FTS plan (:func:`analyze_fts_query`, then
+    :meth:`FtsQuery.plan`); never raises.
 
     Args:
         query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
@@ -287,34 +335,6 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs:
         NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``the`` ->
         ``"the"``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
     """
-    text = unicodedata.normalize("NFC", query)
-    tokens = tuple(dict.fromkeys(t for t in fts_tokens(text) if t.replace('"', "")))
-    if not tokens:
-        # No letters or digits at all (emoji, symbols such as "→" or "★"): the tokenizers drop
-        # those characters, so look for the text itself as a substring.
-        symbols = " ".join(text.split())
-        if not any(unicodedata.category(ch) in ("So", "Sm") for ch in symbols):
-            return None
-        return FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,))
-    if tokenizer == "trigram":
-        main = [t for t in tokens if len(t) >= TRIGRAM_MIN_CHARS]
-        like = [t for t in tokens if len(t) < TRIGRAM_MIN_CHARS]
-        return FtsPlan(tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
-                       trigram_match=None, like_terms=tuple(like),
-                       terms=tuple(t.lower() for t in main),
-                       mark_match=" OR ".join(_quote(t) for t in main) or None)
-    cjk = [t for t in tokens if contains_cjk(t)]
-    trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
-    like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
-    match, mark_match, keys, parts = _match_expression(text, coverage_pairs=coverage_pairs,
-                                                       common=common, drop_common=drop_common,
-                                                       unpaired=unpaired)
-    return FtsPlan(
-        tokens=tokens,
-        match=match,
-        trigram_match=" AND ".join(_quote(t) for t in trigram) or None,
-        like_terms=tuple(like),
-        terms=keys,
-        mark_match=mark_match,
-        parts=parts,
-    )
+    analyzed = analyze_fts_query(query, tokenizer=tokenizer)
+    return None if analyzed is None else analyzed.plan(
+        coverage_pairs=coverage_pairs, common=common, drop_common=drop_common, unpaired=unpaired)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, build_fts_query
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, analyze_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import rank_substring_hits
@@ -101,25 +101,18 @@ def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    tokenizer = store.fts_tokenizer
-    plan = build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False)
-    if plan is None or len(plan.parts) < 2:
-        return plan
-    counted = plan.parts[:COUNTED_PARTS]
+    query = analyze_fts_query(text, tokenizer=store.fts_tokenizer)
+    if query is None or len(query.parts) < 2:
+        return None if query is None else query.plan(coverage_pairs=False)
+    counted = query.parts[:COUNTED_PARTS]
     total, counts = store.part_counts([expr for _, expr in counted])
     clamped = frozenset(key for (key, _), n in zip(counted, counts, strict=True) if 2 * n >= total)
     large = total > COVERAGE_MAX_CHUNKS
     unpaired = frozenset(key for (key, _), n in zip(counted, counts, strict=True)
                          if large and n >= LARGE_STORE_PAIR_SHARE * total)
-    if not clamped:
-        if not unpaired:
-            return plan
-        return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, unpaired=unpaired)
-    if len(clamped) == len(plan.parts):
-        return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=not large,
-                               unpaired=unpaired)
-    return build_fts_query(text, tokenizer=tokenizer, coverage_pairs=False, common=clamped,
-                           drop_common=large, unpaired=unpaired)
+    if len(clamped) == len(query.parts):
+        return query.plan(coverage_pairs=not large, unpaired=unpaired)
+    return query.plan(coverage_pairs=False, common=clamped, drop_common=large, unpaired=unpaired)
 
 
 def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int, *,

@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from fallback.search.fts import escape_like, fts_tokens
+from fallback.search.fts import escape_like
 from fallback.search.ranking import Candidate
+from fallback.text.scripts import word_runs
 
 if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
@@ -77,7 +78,7 @@ def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: i
     Raises:
         IndexStoreError: the store cannot be read.
     """
-    tokens = list(dict.fromkeys(t.lower() for t in fts_tokens(text)))
+    tokens = list(dict.fromkeys(t.lower() for t in word_runs(text)))
     if not tokens or not srcs or limit <= 0:
         return []
     rows = store.substring_rows([escape_like(t) for t in tokens if t.isascii()], sources=srcs)

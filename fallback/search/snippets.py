@@ -53,18 +53,17 @@ _MARK_RE = re.compile(MARK_OPEN + "(.*?)" + MARK_CLOSE, re.DOTALL)
 UBIQUITOUS_WEIGHT = 0.1
 # Share of a neighbour line's own score added to what it newly covers when the window grows.
 DENSITY_SHARE = 0.1
-# Endings stripped to group the surface forms of one query word (longest first).
-_ENDINGS = ("ings", "ing", "ies", "ied", "es", "ed", "s", "e", "y")
+# A marked word's stem and the one plural/verb ending stripped from it: the lazy stem takes the
+# longest ending that leaves it 3 or more characters.
+_ENDING_RE = re.compile(r"(.{3,}?)(?:ings|ing|ies|ied|es|ed|s|e|y)", re.DOTALL)
 
 
 def _form(surface: str) -> str:
     """A marked word's group key: lower-cased, one plural/verb ending stripped when 3+ letters
     remain (FTS5 matched it through Porter stemming; this only groups what it marked)."""
     low = surface.lower()
-    for ending in _ENDINGS:
-        if len(low) > len(ending) + 2 and low.endswith(ending):
-            return low[: -len(ending)]
-    return low
+    stem = _ENDING_RE.fullmatch(low)
+    return low if stem is None else stem.group(1)
 
 
 @dataclass(frozen=True)
@@ -117,52 +116,64 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
         points around its first mark (the only case where a line is not whole).
     """
     budget = max(1, max_chars)
-    marked_lines = marked.split("\n")
-    lines = [_strip_marks(line) for line in marked_lines]
-    whole = "\n".join(lines)
+    whole = _strip_marks(marked)
     if len(whole) <= budget:
-        return SnippetWindow(whole, 0, len(lines) - 1)
+        return SnippetWindow(whole, 0, whole.count("\n"))
+    lines = whole.split("\n")
+    sizes = [len(line) for line in lines]
+    marked_lines = marked.split("\n")
     forms, weight, scores = _line_weights(marked_lines)
     total = len(lines)
-    seed = max(range(total), key=lambda i: (scores[i], -i))
-    if len(lines[seed]) > budget:
+    seed = scores.index(max(scores))  # the first line of the best score
+    if sizes[seed] > budget:
         return SnippetWindow(_cut_line(marked_lines[seed], budget), seed, seed)
     first = last = seed
-    size = len(lines[seed])
+    size = sizes[seed]
     covered = set(forms[seed])
     while True:
         options = []
         for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
-            if 0 <= pick < total and size + 1 + len(lines[pick]) <= budget:
-                gain = (math.fsum(weight[f] for f in forms[pick] - covered)
-                        + DENSITY_SHARE * scores[pick])
-                options.append((gain, -side, pick))
+            if 0 <= pick < total and size + 1 + sizes[pick] <= budget:
+                new = forms[pick] - covered
+                gain = math.fsum([weight[f] for f in new]) if new else 0.0
+                options.append((gain + DENSITY_SHARE * scores[pick], -side, pick))
         if not options:
             break
         _, _, pick = max(options)
-        first, last = min(first, pick), max(last, pick)
-        size += 1 + len(lines[pick])
+        if pick < first:
+            first = pick
+        else:
+            last = pick
+        size += 1 + sizes[pick]
         covered |= forms[pick]
     return SnippetWindow("\n".join(lines[first:last + 1]), first, last)
 
 
 def _line_weights(marked_lines: Sequence[str]
-                  ) -> tuple[list[set[str]], dict[str, float], list[float]]:
+                  ) -> tuple[list[frozenset[str]], dict[str, float], list[float]]:
     """Per line, its set of marked forms; each form's weight (step 1 of the module docstring,
     over these lines); and each line's score (the sum of its distinct forms' weights).
 
     Sums over a set of forms use ``math.fsum`` (correctly rounded, so independent of the set's
     iteration order, which string hashing randomises per process): two lines or windows that
     tie, tie in every run."""
-    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
+    known: dict[str, str] = {}
+    forms: list[frozenset[str]] = []
     counts: dict[str, int] = {}
-    for line_forms in forms:
+    for line in marked_lines:
+        if MARK_OPEN not in line:
+            forms.append(frozenset())
+            continue
+        line_forms = frozenset(known.get(f) or known.setdefault(f, _form(f))
+                               for f in _MARK_RE.findall(line))
+        forms.append(line_forms)
         for f in line_forms:
             counts[f] = counts.get(f, 0) + 1
     total = len(marked_lines)
     weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
               for f, n in counts.items()}
-    return forms, weight, [math.fsum(weight[f] for f in line_forms) for line_forms in forms]
+    return forms, weight, [math.fsum([weight[f] for f in line_forms]) if line_forms else 0.0
+                           for line_forms in forms]
 
 
 def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:

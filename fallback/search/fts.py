@@ -1,61 +1,36 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
 User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is wrapped in
-double quotes (so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``, ``-``, parentheses and
-quotes in the query are always literal text, never FTS5 syntax), and the only operators in a
-plan are the ones written here.
+double quotes, so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``, ``-``, parentheses and
+quotes in a query are always literal text; the only operators are the ones written here.
 
-A question is not a keyword list ("When did Caroline go to the support group?"), so the plan for
-``chunks_fts`` (``porter unicode61``, columns ``text, title, terms``; see
-``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()`` in SQL
-(``fallback/search/keyword.py``), where a chunk matching more distinct parts, rarer parts and
-parts close together scores higher:
+The plan for ``chunks_fts`` (``porter unicode61``, columns ``text, title, terms``:
+``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()``
+(``fallback/search/keyword.py``):
 
-- **content words**: the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words of every
-  supported language (``fallback.text.keywords.STOP_WORDS``) and minus the pieces of English
-  contractions and possessives (the ``s`` of ``Nate's``, the ``don`` and ``t`` of ``don't``;
-  ``fallback.text.keywords.contraction_fragments``); a query made only of those keeps them
-  all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
-- **full-width words** (``ｒｏｕｔｅｒ``, typed with an input method in full-width mode):
-  ``("ｒｏｕｔｅｒ" OR "router")``, the word as typed or its ASCII form, which counts as that
-  word everywhere else (a full-width stop word is a stop word);
-- **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
-  the parts, or the joined form, which the ``terms`` column holds for every compound of the
-  text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
-- **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``, ``wi fi`` ->
-  ``"wifi"``). Not covered: a query word written apart in the text (``wifi`` does not find
-  ``wi fi``; it finds ``wifi`` and ``Wi-Fi``);
-- **dates** (``2023-05-08``, ``May 8 2023``, ``8 May, 2023``) as the canonical ``"20230508"``,
-  months (``May 2023``) as ``"202305"``: the ``terms`` column holds them for dates written in the
-  text, the ``title`` column for the note's name and first heading;
-- **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
-- **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
-  ``bm25()`` only where the two stand within ten tokens of each other;
-- **coverage**: BM25 adds up the parts a chunk matches, weighted by IDF; but FTS5 clamps the
-  IDF of a word found in half of the chunks or more to ``1e-6``, so in a workspace of a few
-  notes every part may weigh nothing and BM25 would only see term frequencies. Then (the caller
-  decides, ``fallback/search/keyword.py``) every pair of the first six parts is added as
-  ``(a AND b)``, whose phrases count again only in chunks holding both: a chunk matching ``m``
-  parts gains ``m(m-1)/2`` pairs, so more distinct parts beat one part repeated. Elsewhere the
-  pairs are left out: they would only double the cost of the query.
+- **content words**: NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words
+  (``fallback.text.keywords.STOP_WORDS``) and the pieces of English contractions (the ``s`` of
+  ``Nate's``); a query made only of those keeps them all. Full-width words
+  (``ｒｏｕｔｅｒ``) also match their ASCII form;
+- **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``) as ``("wi fi" OR "wifi")``, and
+  adjacent words also joined (``ice cream`` -> ``"icecream"``): the ``terms`` column holds the
+  joined form of every compound of the text;
+- **dates** (``2023-05-08``, ``May 8 2023``) as ``"20230508"``, months as ``"202305"``
+  (``terms`` and ``title`` columns); **quoted phrases** as the exact phrase;
+- **proximity**: consecutive parts as ``NEAR(a b, 10)``;
+- **coverage**: when FTS5 clamps the IDF of every part (found in half of the chunks or more,
+  as in a workspace of a few notes), the caller asks for every pair of the first six parts as
+  ``(a AND b)``, so more distinct parts beat one part repeated.
 
-CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
-a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
-``chunks_trigram`` (FTS5 ``trigram case_sensitive 0``, same text, rowid = chunk rowid), which
-matches any substring of >= 3 characters; CJK tokens of 1-2 code points become ``text LIKE
-'%tok%' ESCAPE '\\'`` filters (``\\``, ``%``, ``_`` escaped) on ``chunks.text``. The CJK parts are
-required (ANDed with each other and with the English part). Status reports this scheme as
-``trigram+like``.
+CJK: ``unicode61`` keeps an unbroken CJK run as one token, so CJK tokens of >= 3 code points go
+to ``chunks_trigram`` (FTS5 ``trigram``) and shorter ones become ``text LIKE '%tok%' ESCAPE
+'\\'`` filters; the CJK parts are ANDed with each other and with the rest (status:
+``trigram+like``). With ``store.fts.tokenizer = "trigram"`` every token of >= 3 code points
+goes to ``MATCH`` (ANDed) and every shorter one becomes a LIKE filter.
 
-With ``store.fts.tokenizer = "trigram"`` the main table itself is trigram: every token of >= 3
-code points goes to its ``MATCH`` (ANDed) and every shorter token (any script) becomes a LIKE
-filter.
-
-Source: Okapi BM25 (Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
-Beyond", 2009) as SQLite's FTS5 ``bm25()`` computes it; Porter stemming (Porter, "An algorithm
-for suffix stripping", 1980) as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
-``specs/builtin-engine-spec.md`` §8.2 (E2). The reference's rank-to-score mapping (§8.3) is
-replaced by scores relative to the best hit (``fallback/search/keyword.py``).
+Source: Okapi BM25 (Robertson & Zaragoza 2009) as FTS5's ``bm25()`` computes it; Porter
+stemming as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
+``specs/builtin-engine-spec.md`` §8.2.
 """
 
 from __future__ import annotations
@@ -83,7 +58,6 @@ __all__ = [
     "FtsQuery",
     "analyze_fts_query",
     "build_fts_query",
-    "contains_cjk",
     "escape_like",
 ]
 
@@ -315,25 +289,20 @@ def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs:
 
     Args:
         query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
-        tokenizer: the configured tokenizer of ``chunks_fts``: ``unicode61`` (default; the
-            table is ``porter unicode61``) or ``trigram``.
-        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (the caller passes
-            ``True`` when FTS5 clamps the IDF of every part).
-        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks
-            (FTS5 gives them an IDF of ``1e-6``): they join no pair and mark no snippet line
-            (in a pair they would only add cost).
+        tokenizer: the tokenizer of ``chunks_fts``: ``unicode61`` (default) or ``trigram``.
+        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (when FTS5 clamps
+            the IDF of every part).
+        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
+            they join no pair and mark no snippet line.
         drop_common: also leave the ``common`` parts out of ``match`` when the query has a
-            rarer part: they change no rank there, only add the cost of walking their rows
-            (the caller passes ``True`` for a large store; in a small one a chunk matching
-            only common words still comes back when ``minScore`` is 0).
-        unpaired: keys of further parts that join no ``NEAR`` pair (too common for a pair
-            to be worth its cost in a large store).
+            rarer part (a large store: there they change no rank, only add cost).
+        unpaired: keys of further parts that join no ``NEAR`` pair.
 
     Returns:
         ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
         Examples (unicode61): ``hello world`` -> match ``"hello" OR "world" OR "helloworld" OR
-        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``the`` ->
-        ``"the"``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
+        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``価格 2026年`` -> no
+        match, trigram ``"2026年"``, like ``価格``.
     """
     analyzed = analyze_fts_query(query, tokenizer=tokenizer)
     return None if analyzed is None else analyzed.plan(

@@ -39,7 +39,6 @@ __all__ = [
     "MARK_CLOSE",
     "MARK_OPEN",
     "SnippetWindow",
-    "best_span",
     "best_window",
     "mark_substrings",
 ]
@@ -174,33 +173,6 @@ def _line_weights(marked_lines: Sequence[str]
               for f, n in counts.items()}
     return forms, weight, [math.fsum([weight[f] for f in line_forms]) if line_forms else 0.0
                            for line_forms in forms]
-
-
-def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:
-    """Which of several line ranges of one text best matches the query: the weights of the
-    distinct marked forms it holds (inverse line frequency over the whole text, as in
-    :func:`best_window`) plus :data:`DENSITY_SHARE` of its lines' scores, so a range holding
-    more of the query's words wins, and of two holding the same words the denser one.
-
-    Args:
-        marked: the text with matches wrapped in :data:`MARK_OPEN` / :data:`MARK_CLOSE`.
-        spans: 0-based inclusive ``(first line, last line)`` ranges of ``marked``'s lines
-            (chunks of the text; they may overlap).
-
-    Returns:
-        The index in ``spans`` of the best range (the first on a tie); ``None`` when no range
-        holds a mark.
-    """
-    forms, weight, scores = _line_weights(marked.split("\n"))
-    best: tuple[float, int] | None = None
-    for i, (first, last) in enumerate(spans):
-        held = set().union(*forms[first:last + 1])
-        if not held:
-            continue
-        value = math.fsum(weight[f] for f in held) + DENSITY_SHARE * math.fsum(scores[first:last + 1])
-        if best is None or value > best[0]:
-            best = (value, i)
-    return None if best is None else best[1]
 
 
 def _cut_line(marked_line: str, budget: int) -> str:

@@ -2,7 +2,7 @@
 
 Some SQLite builds have no FTS5 (``no such module: fts5``); the store then records why in
 ``meta.fts_error`` (migration ``m002``) and has no ``chunks_fts``/``chunks_trigram`` tables.
-Keyword search must still find ``ABC-1234`` in such a store, so :func:`substring_hits` answers
+Keyword search must still find ``ABC-1234`` in such a store, so :func:`rank_substring_hits` answers
 it from ``chunks.text``:
 
 - the query is cut into the same tokens as an FTS query (lower-cased NFC runs of
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 from fallback.search.fts import escape_like
@@ -34,7 +33,7 @@ from fallback.text.scripts import word_runs
 if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
-__all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_hits", "substring_score"]
+__all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_score"]
 
 # The answer's warning while keyword search runs without FTS5 ({error}: the recorded reason).
 SUBSTRING_WARNING = ("FTS5 is unavailable in this SQLite ({error}): keyword search is a "
@@ -62,8 +61,7 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
 
 
 def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking
-    (:func:`substring_hits` runs it in a worker thread).
+    """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking.
 
     Args:
         store: the open store.
@@ -88,9 +86,3 @@ def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: i
                       snippet=body, score=score, text_score=score, bm25=None)
             for score, (cid, path, source, start, end, body, _) in ranked[:limit]]
 
-
-async def substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """:func:`rank_substring_hits` in a worker thread (same arguments, result and errors)."""
-    import anyio
-
-    return await anyio.to_thread.run_sync(partial(rank_substring_hits, store, text, srcs, limit))

@@ -1,32 +1,17 @@
 """The query's common terms, contrasted out of its embedding before vector search.
 
-BM25 gives a query word found in half of the chunks or more no weight (FTS5 clamps its IDF to
-``1e-6``): it tells no chunk from another. An embedding cannot leave a word out, and a small
-sentence model leans on names: in a chat between Caroline and Melanie, "What books has Melanie
-read?" is nearest to every short line that says "Melanie" ("Yeah, Melanie!"), and the line about
-Charlotte's Web comes later. So before the vector search the query's *common terms* (content
-words found in at least :data:`COMMON_SHARE` of the chunks, and in at least
-:data:`COMMON_MIN_CHUNKS` of them) are embedded on their own as a *background* query ``b``, and
-the search runs with
+BM25 gives a word found in half of the chunks or more no weight; an embedding cannot leave it
+out, and a small sentence model leans on names (in a chat between Caroline and Melanie, "What
+books has Melanie read?" is nearest to every line that says "Melanie"). So the query's *common
+terms* (content words found in at least :data:`COMMON_SHARE` of the chunks and at least
+:data:`COMMON_MIN_CHUNKS` of them) are embedded on their own as a background ``b`` and the
+search runs with ``q' = q - CONTRAST_WEIGHT * b`` (:func:`contrast_vector`): windows that match
+only the names drop. A query without common terms is searched as it is; a store without FTS5
+has no counts and no contrast (docs/benchmarks.md, "The query's common terms contrasted out").
 
-``q' = q - CONTRAST_WEIGHT * b`` (``q`` and ``b`` unit vectors; :func:`contrast_vector`),
-
-so a window's cosine with ``q'`` is, up to one factor per query, ``cos(q, w) - 0.5 cos(b, w)``:
-its similarity to the question minus half of what the common terms alone would give it. Windows
-that match only the names drop; those that match what the question asks about stay. A query
-without common terms is searched as it is. Contrasting every content word, rare ones included,
-loses (measured: docs/benchmarks.md, "The query's common terms contrasted out").
-
-Counting is one SQL statement over ``chunks_fts`` (the text column, ``MATCH`` per word), for at
-most :data:`MAX_COUNTED_WORDS` words; a store without FTS5 has no counts and no contrast.
-
-Source: the collection-frequency view of term weighting (Sparck Jones, "A statistical
-interpretation of term specificity and its application in retrieval", 1972), as BM25's IDF
-applies it (Robertson & Zaragoza 2009); removing a background direction from a query embedding
-follows query-vector modification as in Rocchio ("Relevance feedback in information
-retrieval", 1971), with the background taken from the query's own common terms.
+Source: IDF (Sparck Jones 1972) as BM25 applies it; query-vector modification as in Rocchio
+(1971), with the background taken from the query's own common terms.
 """
-
 from __future__ import annotations
 
 import math
@@ -50,11 +35,9 @@ __all__ = [
     "contrast_vector",
 ]
 
-# A word is common when at least this share of the chunks holds it: where FTS5's BM25 gives it
-# no weight (its IDF is clamped for terms found in half of the rows or more).
+# A word is common when at least this share of the chunks holds it (where BM25 gives it no weight).
 COMMON_SHARE = 0.5
-# ... and at least this many chunks: in a workspace of a few notes half of them is one or two
-# chunks, which says nothing about a word.
+# ... and at least this many chunks (half of a few chunks says nothing about a word).
 COMMON_MIN_CHUNKS = 10
 # Weight of the background query removed from the query vector (chosen on LoCoMo:
 # docs/benchmarks.md, "The contrast weight").
@@ -66,12 +49,9 @@ TRIGRAM_MIN_CHARS = 3
 
 
 def content_words(text: str) -> list[str]:
-    """The words of ``text`` a background may hold: its word runs
-    (:func:`~fallback.text.scripts.word_runs`), lower-cased, without stop words
-    (``fallback.text.keywords.STOP_WORDS``), single characters and CJK runs (an unbroken CJK
-    run is one FTS5 token, so its count says nothing about its words), first occurrence kept,
-    at most :data:`MAX_COUNTED_WORDS`.
-    """
+    """The words of ``text`` a background may hold: its lower-cased word runs without stop
+    words, single characters and CJK runs (one FTS5 token each), first occurrence kept, at
+    most :data:`MAX_COUNTED_WORDS`."""
     out: list[str] = []
     for word in word_runs(text):
         w = word.lower()
@@ -126,12 +106,8 @@ def _unit(vector: Sequence[float]) -> list[float] | None:
 
 def contrast_vector(query: Sequence[float], background: Sequence[float], *,
                     weight: float = CONTRAST_WEIGHT) -> list[float]:
-    """``unit(query) - weight x unit(background)``: the query vector with part of the direction
-    of its common terms removed (pure).
-
-    The result is not normalised (cosine search normalises the query). Its cosine with a unit
-    window ``w`` is ``(cos(q, w) - weight x cos(b, w)) / |q'|``: the same order as the
-    difference, one positive factor per query.
+    """``unit(query) - weight x unit(background)``, not normalised (pure): its cosine with a
+    unit window ``w`` orders as ``cos(q, w) - weight x cos(b, w)``.
 
     Args:
         query: the query embedding (any norm).
@@ -140,8 +116,7 @@ def contrast_vector(query: Sequence[float], background: Sequence[float], *,
 
     Returns:
         The contrasted vector; ``query`` unchanged (as a list) when either vector is zero or
-        not finite, their lengths differ, or the result would be zero (a query that is its own
-        background keeps its direction anyway).
+        not finite, their lengths differ, or the result would be zero.
     """
     q, b = _unit(query), _unit(background)
     if q is None or b is None or len(q) != len(b):

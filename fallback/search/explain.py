@@ -1,12 +1,7 @@
-"""The ranking trace behind ``search --explain``: one record per candidate, filled in by the
-pipeline's ranking steps, turned into a :class:`~fallback.models.HitExplain` per returned hit.
-
-A :class:`SearchTrace` exists only when an explanation was asked for; the pipeline calls its
-step methods after each ranking step (``keyword``, ``vector``, ``fusion``, ``decay``,
-``rerank``, ``mmr``) and :meth:`SearchTrace.finish` with the selected hits, so a search without
-``--explain`` pays nothing. The steps only read the candidate lists: ranking stays pure.
+"""The ranking trace behind ``search --explain``: the pipeline's ranking steps record each
+candidate in a :class:`SearchTrace` (which exists only when an explanation was asked for), and
+:meth:`SearchTrace.finish` turns it into a :class:`~fallback.models.HitExplain` per hit.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -123,19 +118,9 @@ class SearchTrace:
                 lambda_=lambda_, rank_before=ranks_before.get(chunk_id, rank), rank_after=rank)
 
     def finish(self, selected: list[Candidate], *, min_score: float) -> list[HitExplain]:
-        """One explanation per selected hit, in order (also kept in :attr:`hits`).
-
-        The floor ran before temporal decay and reranking, so its reason quotes the score it
-        saw: the calibrated score recorded by :meth:`fusion` (hybrid), else the keyword text
-        score recorded by :meth:`keyword`.
-
-        Args:
-            selected: the hits returned (after the floor and the cut).
-            min_score: the score floor of the search.
-
-        Returns:
-            ``HitExplain`` list parallel to ``selected``.
-        """
+        """One explanation per ``selected`` hit, in order (also kept in :attr:`hits`); the
+        floor's reason quotes the score the floor saw against ``min_score`` (the calibrated
+        score of :meth:`fusion`, else the keyword text score)."""
         out = []
         for rank, c in enumerate(selected, start=1):
             t = self._of(c.chunk_id)

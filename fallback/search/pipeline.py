@@ -1,13 +1,9 @@
 """Ranking a query against one store: keyword-only (spec §8.6) and hybrid search.
 
-Split from ``fallback/engine/builtin.py``; the engine owns the store and the sync, a :class:`Searcher`
-turns candidates into ranked hits (keyword candidates from ``fallback/search/keyword.py``, vector
-hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
-decay/MMR from ``fallback/search/ranking.py``). The keyword-only steps and the snippets are the
-blocking functions of ``fallback/search/fts_only.py``, which the one-shot read-only search
-(``fallback/engine/in_sync.py``) calls too.
+The engine owns the store and the sync; a :class:`Searcher` turns candidates into ranked hits.
+The keyword-only steps and the snippets are the blocking functions of
+``fallback/search/fts_only.py``, which every other route calls too.
 """
-
 from __future__ import annotations
 
 import logging
@@ -49,9 +45,7 @@ log = logging.getLogger("fallback.engine.builtin")
 
 def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:
     """The search mode the settings ask for: ``fts-only`` without an embedding provider, else
-    ``hybrid``, or ``vector-only`` when ``query.hybrid.enabled`` is false (spec §8.5 step 8).
-    A search may still answer keyword-only (no usable query vector): :attr:`Searcher.mode`
-    says what ran."""
+    ``hybrid``, or ``vector-only`` when ``query.hybrid.enabled`` is false (spec §8.5 step 8)."""
     if not has_provider:
         return "fts-only"
     return "hybrid" if hybrid_enabled else "vector-only"
@@ -65,15 +59,14 @@ class Searcher:
         vector_index: returns the engine's ``VectorIndex``.
         now_ms: clock in epoch ms (temporal decay).
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
-        reranker: the optional reranker stage's provider (``query.rerank``,
-            ``fallback/search/rerank.py``), or ``None``.
-        trace: filled in by the ranking steps when the caller wants ``--explain``, else ``None``.
-        max_snippet_chars: snippet budget in code points (``maxSnippetChars``, default 700).
+        reranker: the optional reranker (``query.rerank``), or ``None``.
+        trace: filled in by the ranking steps for ``--explain``, else ``None``.
+        max_snippet_chars: snippet budget in code points (``maxSnippetChars``).
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
-        mode: the ranking that ran (``hybrid`` | ``vector-only`` | ``fts-only``: keyword-only
-            also when the query had no usable vector), ``None`` before :meth:`run`.
+        mode: the ranking that ran (``fts-only`` also when the query had no usable vector),
+            ``None`` before :meth:`run`.
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
@@ -92,23 +85,14 @@ class Searcher:
         self.trace = trace
         self.warnings: list[str] = []
         self.mode: str | None = None
-        # the snippets of the hits a keyword-only ranking without a reranker returned, made in
-        # its worker-thread hop (one hop for the whole search instead of two)
+        # the snippets a keyword-only ranking without a reranker made in its worker-thread hop
         self._snippets: list[HitSnippet] | None = None
 
     async def run(self, store: SearchStore, provider: EmbeddingProvider | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
-        """Rank ``text``: keyword-only without a provider, else hybrid; hits as result models.
-
-        Args:
-            store: the open store.
-            provider: the embedding provider, or ``None`` (keyword-only).
-            text: the stripped query.
-            srcs: sources searched.
-            candidates: candidates fetched per side.
-            floor: the score floor (``minScore``).
-            limit: the number of hits wanted.
-        """
+        """Rank the stripped query ``text`` over ``srcs``: keyword-only without a ``provider``,
+        else hybrid (``candidates`` per side, ``floor``: ``minScore``, ``limit`` hits); hits as
+        result models."""
         if provider is None:
             hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
         else:
@@ -148,11 +132,8 @@ class Searcher:
 
     async def fts_only(self, store: SearchStore, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
-        """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
-        passes), then temporal decay (``fallback/search/fts_only.py``) and the optional
-        reranker (which reorder, never remove), hits mostly inside a better hit of the same
-        file dropped and the result slots (session transcripts at most half):
-        :func:`~fallback.search.fts_only.keyword_results`."""
+        """Keyword-only ranking (spec §8.6): :func:`~fallback.search.fts_only.keyword_ranked`,
+        the optional reranker, then :func:`~fallback.search.fts_only.keyword_results`."""
         half_life_days, now_ms = self._half_life_days(), self._now_ms()
         self.mode = "fts-only"
 
@@ -175,13 +156,11 @@ class Searcher:
     async def hybrid(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
-        """Hybrid ranking: vector and keyword candidates fused into one calibrated score
-        (``fallback/search/fusion.py``), the ``minScore`` floor on it, then temporal decay, the
-        optional reranker and MMR (which reorder, never remove) and the result slots (session
-        transcripts at most half). The vector side searches with the query's common terms
-        contrasted out (``fallback/search/contrast.py``). Keyword-only when there is no query
-        vector; vector-only (the same steps over the vector side alone) when
-        ``hybrid.enabled`` is false."""
+        """Hybrid ranking: vector (the query's common terms contrasted out,
+        ``fallback/search/contrast.py``) and keyword candidates fused (``fusion.py``), the
+        floor, temporal decay, the optional reranker and MMR, then the result slots.
+        Keyword-only when there is no query vector; vector-only when ``hybrid.enabled`` is
+        false."""
         hybrid = self.settings.search.query.hybrid
         try:
             qvec = await provider.embed_query(text)
@@ -216,9 +195,8 @@ class Searcher:
 
     async def _contrast(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                         qvec: list[float]) -> tuple[list[float], list[str]]:
-        """The query vector with its common terms contrasted out (``fallback/search/contrast.py``)
-        and those terms; ``(qvec, [])`` when the query has none, or when their embedding fails
-        (logged: the search goes on with the plain query vector)."""
+        """The query vector with its common terms contrasted out, and those terms; ``(qvec,
+        [])`` when the query has none or their embedding fails."""
         words = await anyio.to_thread.run_sync(common_words, store, text)
         background = background_text(words)
         if not words or background == text:
@@ -272,18 +250,9 @@ class Searcher:
 
     async def results(self, store: SearchStore, text: str, hits: list[Candidate], *, hybrid: bool,
                       explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
-        """The ranked candidates as the shared result model, each snippet the window of its
-        chunk's lines that best matches ``text`` (``fallback/search/snippets.py``).
-
-        FTS5 ``highlight()`` marks the query's matches in the returned hits only (one SQL
-        statement for all of them); CJK tokens matched as substrings are marked in Python.
-
-        Args:
-            store: the store the hits came from.
-            text: the query.
-            hits: the ranked hits.
-            hybrid: fill ``vector_score`` (``text_score`` is filled for keyword-only hits too).
-            explains: one ranking trace per hit (``--explain``), or ``None``.
+        """The ranked ``hits`` as the shared result model with their snippets
+        (:func:`~fallback.search.fts_only.hit_snippets`); ``hybrid`` fills ``vector_score``,
+        ``explains`` holds one ranking trace per hit (``--explain``) or is ``None``.
 
         Raises:
             IndexStoreError: on a SQLite failure.
@@ -298,9 +267,8 @@ class Searcher:
     @staticmethod
     def model_of(c: Candidate, snippet: HitSnippet, *, hybrid: bool,
                  explain: HitExplain | None = None) -> MemorySearchResult:
-        """A candidate and its snippet (``fallback/search/fts_only.py``) as the shared result
-        model; the score is clamped to ``[0, 1]``. ``text_score`` is the keyword side's score
-        (0 for a vector-only hit of a hybrid search), ``vector_score`` only when ``hybrid``."""
+        """A candidate and its snippet as the shared result model (``vector_score`` only when
+        ``hybrid``)."""
         return MemorySearchResult(
             path=c.path, start_line=c.start_line, end_line=c.end_line,
             score=clamp_score(c.score), snippet=snippet.text,
@@ -308,6 +276,3 @@ class Searcher:
             source="sessions" if c.source == "sessions" else "memory",
             vector_score=c.vector_score if hybrid else None,
             text_score=c.text_score, explain=explain)
-
-    # -- read, status, probes --------------------------------------------------------------
-

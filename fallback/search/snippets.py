@@ -1,31 +1,22 @@
 """Snippets centred on the evidence: the window of a chunk's whole lines that best matches the query.
 
-A chunk is about 1,600 characters and a snippet at most ``maxSnippetChars`` (700), so the first
-700 characters of a chunk often miss the line the agent asked about. FTS5 marks the query's
-matches in a hit's text (``highlight()``, the same tokenizer and stemming as the ranking, computed
-for the returned hits only); :func:`best_window` then picks the lines:
+FTS5 marks the query's matches in a hit's text (``highlight()``, the ranking's tokenizer and
+stemming); :func:`best_window` then picks the lines:
 
-1. every marked form, lower-cased and stripped of a plural/verb ending (``loving`` and
-   ``love`` are one form), weighs ``ln(1 + L / n)`` where ``L`` is the number of lines of the
-   chunk and ``n`` the number of lines holding it, so a rare word weighs much; a form on more
-   than half of the lines (a speaker's name in a chat log) weighs only 0.1;
-2. the seed is the line with the largest sum of weights of its distinct forms (the first such
-   line on a tie);
-3. the window grows one whole line at a time from the seed, towards the neighbour that adds the
-   most not-yet-covered weight plus a tenth of its own line score (matches count even when their
-   form is already covered); on a tie towards the shorter side, so the seed stays central; while
-   the joined lines fit in ``max_chars`` code points.
+1. every marked form (lower-cased, a plural/verb ending stripped) weighs ``ln(1 + L / n)``,
+   ``L`` the chunk's lines and ``n`` the lines holding it; a form on more than half of the lines
+   (a speaker's name in a chat log) weighs 0.1;
+2. the seed is the line with the largest sum of its distinct forms' weights (the first on a tie);
+3. the window grows one whole line at a time towards the neighbour adding the most not yet
+   covered weight plus a tenth of its own line score (on a tie the shorter side), while it fits
+   in ``max_chars`` code points.
 
-A chunk that fits in ``max_chars`` is its own snippet. Without any mark (a vector-only hit, a
-match in the title or in derived terms only) the window is the chunk's first lines. CJK
-substrings matched through ``LIKE`` or the trigram table are marked by the caller with
-:func:`mark_substrings`.
+A chunk that fits is its own snippet; without any mark the window is the chunk's first lines.
+CJK substrings are marked by the caller with :func:`mark_substrings`.
 
-Source: passage selection by query-term density with inverse line frequency, in the spirit of
-Luhn's significant-sentence extraction (Luhn, "The Automatic Creation of Literature Abstracts",
-1958) and of FTS5's own ``snippet()`` scoring.
+Source: passage selection by query-term density with inverse line frequency, after Luhn ("The
+Automatic Creation of Literature Abstracts", 1958) and FTS5's ``snippet()``.
 """
-
 from __future__ import annotations
 
 import math
@@ -67,13 +58,8 @@ def _form(surface: str) -> str:
 
 @dataclass(frozen=True)
 class SnippetWindow:
-    """The lines of a chunk chosen as its snippet.
-
-    Attributes:
-        text: the snippet (whole lines joined by ``\\n``, markers removed), at most the budget.
-        first_line / last_line: 0-based indexes of its first and last line in the chunk text
-            (``first_line <= last_line``).
-    """
+    """The lines of a chunk chosen as its snippet: ``text`` (whole lines, markers removed, at
+    most the budget) and the 0-based ``first_line`` / ``last_line`` of the chunk text."""
 
     text: str
     first_line: int
@@ -81,15 +67,9 @@ class SnippetWindow:
 
 
 def mark_substrings(text: str, needles: Sequence[str]) -> str:
-    """Wrap every case-insensitive occurrence of each needle in the highlight markers.
-
-    Used for CJK query tokens, which FTS5 matched as substrings (trigram table or ``LIKE``) and
-    ``highlight()`` cannot mark. Overlapping occurrences are merged.
-
-    Args:
-        text: chunk text (may already hold markers; they are kept).
-        needles: substrings to mark (empty strings are ignored).
-    """
+    """``text`` (markers it holds kept) with every case-insensitive occurrence of each non-empty
+    needle wrapped in the highlight markers, overlaps merged: CJK tokens, which FTS5 matched as
+    substrings and ``highlight()`` cannot mark."""
     wanted = [n for n in dict.fromkeys(needles) if n]
     if not wanted:
         return text
@@ -150,12 +130,9 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
 
 def _line_weights(marked_lines: Sequence[str]
                   ) -> tuple[list[frozenset[str]], dict[str, float], list[float]]:
-    """Per line, its set of marked forms; each form's weight (step 1 of the module docstring,
-    over these lines); and each line's score (the sum of its distinct forms' weights).
-
-    Sums over a set of forms use ``math.fsum`` (correctly rounded, so independent of the set's
-    iteration order, which string hashing randomises per process): two lines or windows that
-    tie, tie in every run."""
+    """Per line, its set of marked forms; each form's weight (step 1 of the module docstring);
+    each line's score. Sums over a set use ``math.fsum`` (correctly rounded, so independent of
+    the set's iteration order: ties hold in every run)."""
     known: dict[str, str] = {}
     forms: list[frozenset[str]] = []
     counts: dict[str, int] = {}

@@ -1,25 +1,12 @@
 """Keyword search without FTS5: a substring scan of the chunk table.
 
-Some SQLite builds have no FTS5 (``no such module: fts5``); the store then records why in
-``meta.fts_error`` (migration ``m002``) and has no ``chunks_fts``/``chunks_trigram`` tables.
-Keyword search must still find ``ABC-1234`` in such a store, so :func:`rank_substring_hits` answers
-it from ``chunks.text``:
-
-- the query is cut into the same tokens as an FTS query (lower-cased NFC runs of
-  ``[\\p{L}\\p{M}\\p{N}_]+``, ``fallback/search/fts.py``) and a chunk matches when it contains
-  every token as a substring, case-insensitively (``str.casefold``), as the FTS plan ANDs its
-  tokens; SQLite's ``LIKE`` pre-filters on the ASCII tokens (it folds ASCII case only), the
-  rest is checked in Python;
-- the text score is a term-frequency saturation, ``mean over tokens of tf / (tf + 1)`` (the
-  ``k1 = 1`` TF part of BM25 without IDF or length normalisation, which need corpus statistics
-  FTS5 would keep), in ``(0, 1)``; the pipeline then adds its usual query-coverage boosts.
-
-It reads every chunk of the searched sources that passes the pre-filter, so it is slower than
-FTS5 on a large index; the engine says so in the answer's warnings and in ``status``.
-
-Source: the TF saturation of Okapi BM25 (Robertson & Zaragoza 2009) with ``k1 = 1``.
+A SQLite without FTS5 records why in ``meta.fts_error`` and has no FTS tables; keyword search
+must still find ``ABC-1234`` there. The query is cut into the tokens of an FTS query (lower-cased
+NFC word runs) and a chunk matches when it holds every token as a case-insensitive substring
+(``LIKE`` pre-filters the ASCII tokens, Python checks the rest); its score is the mean over
+tokens of ``tf / (tf + 1)`` (BM25's TF saturation with ``k1 = 1``, without IDF). It reads every
+chunk that passes the pre-filter; the engine says so in the answer's warnings and ``status``.
 """
-
 from __future__ import annotations
 
 import unicodedata
@@ -41,15 +28,8 @@ SUBSTRING_WARNING = ("FTS5 is unavailable in this SQLite ({error}): keyword sear
 
 
 def substring_score(text: str, tokens: Sequence[str]) -> float:
-    """Text score of a chunk for lower-cased query ``tokens``: mean of ``tf / (tf + 1)``.
-
-    Args:
-        text: the chunk text.
-        tokens: distinct lower-cased query tokens (non-empty).
-
-    Returns:
-        A score in ``[0, 1)``; ``0.0`` when a token is missing (the chunk does not match).
-    """
+    """Text score in ``[0, 1)`` of chunk ``text`` for distinct lower-cased query ``tokens``
+    (non-empty): mean of ``tf / (tf + 1)``; ``0.0`` when a token is missing."""
     folded = unicodedata.normalize("NFC", text).casefold()
     total = 0.0
     for token in tokens:

@@ -22,7 +22,6 @@ from typing import Literal
 from fallback.search.ranking import Candidate, jaccard, mmr_tokens
 
 __all__ = [
-    "FUSION_METHODS",
     "FULL_EVIDENCE_Z",
     "MAX_EVIDENCE_SHARE",
     "MAX_SESSION_SHARE",
@@ -39,9 +38,8 @@ __all__ = [
     "vector_evidence",
 ]
 
-FusionMethod = Literal["scores", "rrf"]
 # ``scores``: evidence from each side's normalised scores; ``rrf``: from each side's ranks.
-FUSION_METHODS: tuple[FusionMethod, ...] = ("scores", "rrf")
+FusionMethod = Literal["scores", "rrf"]
 
 # Share of the calibrated score given by a chunk's strongest evidence on either side; the rest
 # is the weighted mean of both (the best of one side alone scores at least 0.5).

@@ -103,14 +103,14 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
                       plan: FtsPlan | None = None) -> list[Candidate]:
     """Keyword hits for ``text`` in ``srcs``, best first (blocking): the query's plan
     (:func:`search_plan` unless ``plan`` is given) ranked by BM25 in SQL, at most ``limit`` of
-    each source, scored by :func:`relative_scores`; ``[]`` when FTS5 is unavailable or the
-    text has nothing to search.
+    each source, scored by :func:`relative_scores`; on a SQLite without FTS5 substring hits
+    (``fallback/search/substring.py``); ``[]`` when the text has nothing to search.
 
     Raises:
         IndexStoreError: on a SQLite failure.
     """
     if store.fts_error is not None:
-        return []
+        return rank_substring_hits(store, text, srcs, limit)
     plan = plan or search_plan(store, text)
     if plan is None:
         return []
@@ -127,22 +127,13 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 
-def _hits(store: SearchStore, text: str, srcs: list[str], limit: int, *,
-          plan: FtsPlan | None = None) -> list[Candidate]:
-    """:func:`rank_keyword_hits`, or on a SQLite without FTS5 substring hits
-    (``fallback/search/substring.py``)."""
-    if store.fts_error is not None:  # a SQLite without FTS5: scan the chunk table instead
-        return rank_substring_hits(store, text, srcs, limit)
-    return rank_keyword_hits(store, text, srcs, limit, plan=plan)
-
-
 def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], candidates: int, *,
                             plan: FtsPlan | None = None) -> list[Candidate]:
-    """Keyword candidates for ``text``, best first (blocking): :func:`rank_keyword_hits` (substring
-    hits on a SQLite without FTS5); when that finds nothing (a CJK run with no exact substring
-    match), the query's keywords one by one (at most :data:`MAX_FALLBACK_KEYWORDS`:
-    ``fallback.text.keywords.cjk_words`` for a CJK query, else ``extract_keywords``), each chunk
-    scoring the sum of its per-keyword scores divided by the best sum.
+    """Keyword candidates for ``text``, best first (blocking): :func:`rank_keyword_hits`; when
+    that finds nothing (a CJK run with no exact substring match), the query's keywords one by
+    one (at most :data:`MAX_FALLBACK_KEYWORDS`: ``fallback.text.keywords.cjk_words`` for a CJK
+    query, else ``extract_keywords``), each chunk scoring the sum of its per-keyword scores
+    divided by the best sum.
 
     Args:
         store: the store.
@@ -156,7 +147,7 @@ def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], cand
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    hits = _hits(store, text, srcs, candidates, plan=plan)
+    hits = rank_keyword_hits(store, text, srcs, candidates, plan=plan)
     if hits:
         return hits
     by_id: dict[str, Candidate] = {}
@@ -165,7 +156,7 @@ def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], cand
     keywords = ([k for k in cjk_words(text) if k != whole] if contains_cjk(text) else []) or [
         k for k in extract_keywords(text) if k != whole]
     for kw in keywords[:MAX_FALLBACK_KEYWORDS]:
-        for hit in _hits(store, kw, srcs, candidates):
+        for hit in rank_keyword_hits(store, kw, srcs, candidates):
             by_id.setdefault(hit.chunk_id, hit)
             totals[hit.chunk_id] = totals.get(hit.chunk_id, 0.0) + hit.text_score
     best = max(totals.values(), default=0.0)

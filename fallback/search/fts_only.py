@@ -158,21 +158,15 @@ def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int |
 def keyword_ranked(store: SearchStore, text: str, srcs: list[str], *, candidates: int, floor: float,
                    half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
                    trace: SearchTrace | None = None) -> list[Candidate]:
-    """Step 1 of keyword-only search: candidates, the score floor, temporal decay.
-
-    Args:
-        store: the open store.
-        text: the stripped query.
-        srcs: sources searched.
-        candidates: candidates fetched per source (:func:`candidate_count`).
-        floor: ``minScore``; when no candidate reaches it, all of them are kept (spec §8.6).
-        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
-        now_ms: the clock, epoch ms.
-        plan: the query's FTS plan (:func:`~fallback.search.keyword.search_plan`), or ``None``.
-        trace: the ``--explain`` trace to fill in, or ``None``.
+    """Step 1 of keyword-only search: the candidates of the stripped query ``text`` in
+    ``srcs`` (``candidates`` per source, :func:`candidate_count`; ``plan``: the query's
+    :func:`~fallback.search.keyword.search_plan` or ``None``), the score floor ``floor``
+    (``minScore``; all are kept when none reaches it, spec §8.6), then temporal decay
+    (``half_life_days``, ``None``: off; ``now_ms``: epoch ms). ``trace``: the ``--explain``
+    trace to fill in, or ``None``.
 
     Returns:
-        The kept candidates, best first (decayed scores when decay is on).
+        The kept candidates, best first.
 
     Raises:
         IndexStoreError: on a SQLite failure.

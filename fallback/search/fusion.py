@@ -97,19 +97,13 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
     searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
 
-    ``sqrt(count - 1)`` is the largest standard score any of ``count`` values can reach, so in
-    a collection of a few chunks a clear outlier still reaches 1. Without spread (``std == 0``,
-    one chunk) the cosine itself, clamped to ``[0, 1]``, is the evidence; a cosine ``<= 0``
-    never is.
-
-    Args:
-        cosines: the candidates' cosine similarities (non-finite count as the mean).
-        stats: the spread of the query's cosine over every chunk searched.
+    ``sqrt(count - 1)`` is the largest standard score ``count`` values can reach (a clear
+    outlier among a few chunks still reaches 1). Without spread (``std == 0``, one chunk) the
+    cosine clamped to ``[0, 1]`` is the evidence; a cosine ``<= 0`` or non-finite has none.
+    Standard-score normalisation (Montague & Aslam, CIKM 2001).
 
     Returns:
         One evidence in ``[0, 1]`` per cosine, same order.
-
-    Source: standard-score normalisation (Montague & Aslam, CIKM 2001).
     """
     spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
     full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
@@ -139,13 +133,8 @@ def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_wei
     (CombSUM; Fox & Shaw, TREC-2 1994), so the best hit of one side alone is never lost to the
     floor and agreement of both sides lifts a chunk above either alone.
 
-    Args:
-        vector_evidence: ``v`` in ``[0, 1]`` (0 when the vector side did not return the chunk).
-        text_evidence: ``t`` in ``[0, 1]`` (0 when the keyword side did not return it).
-        vector_weight / text_weight: ``>= 0``; both 0 counts as equal weights.
-
-    Returns:
-        A score in ``[0, 1]``.
+    ``v`` and ``t`` are each side's evidence in ``[0, 1]`` (0 when that side did not return
+    the chunk); the weights are ``>= 0`` (both 0: equal). Returns a score in ``[0, 1]``.
     """
     v = min(1.0, max(0.0, _finite(vector_evidence)))
     t = min(1.0, max(0.0, _finite(text_evidence)))
@@ -174,13 +163,11 @@ def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
     goes to the other side.
 
     Args:
-        vector_hits: vector candidates, best first (``vector_score`` or ``score`` = cosine).
-        keyword_hits: keyword candidates, best first (``text_score`` or ``score`` in ``[0, 1]``).
-        method: ``"scores"`` or ``"rrf"``.
-        vector_weight / text_weight: the fusion weights (``query.hybrid.vectorWeight`` /
-            ``textWeight``).
-        cosine_stats: the spread of the query's cosine over every chunk searched; ``None``
-            takes it from ``vector_hits`` alone.
+        vector_hits / keyword_hits: each side's candidates, best first (cosine in
+            ``vector_score`` or ``score``; text score in ``text_score`` or ``score``).
+        method / vector_weight / text_weight: ``query.hybrid.fusion`` and its weights.
+        cosine_stats: the spread of the query's cosine over every chunk searched (``None``:
+            from ``vector_hits`` alone).
 
     Returns:
         New candidates, one per chunk id (a duplicate id keeps the first), best first (ties:
@@ -239,13 +226,9 @@ def select_results(ranked: Sequence[Candidate], *, max_results: int,
     hold fewer than ``floor(max_results · max_session_share)`` slots, and the skipped ones fill
     the slots left when the other candidates run out.
 
-    Args:
-        ranked: candidates, best first (``snippet`` holds the chunk's text).
-        max_results: number of slots; ``<= 0`` gives ``[]``.
-        max_session_share: share of the slots sessions may take, in ``[0, 1]``.
-
     Returns:
-        At most ``max_results`` candidates from ``ranked``, in its order.
+        At most ``max_results`` (``<= 0``: none) candidates of ``ranked`` (best first), in its
+        order; ``max_session_share`` in ``[0, 1]``.
     """
     if max_results <= 0:
         return []

@@ -56,11 +56,8 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
     only share words found nearly everywhere. Rows without a BM25 (``LIKE``-only, rank ``0``)
     score 1 when no row has one, else 0; non-finite ranks score 0.
 
-    Args:
-        ranks: ``bm25()`` values, any order.
-
     Returns:
-        One score per rank, in the same order.
+        One score per rank (``bm25()`` values, any order), in the same order.
     """
     strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
                  for r in ranks]
@@ -135,14 +132,9 @@ def rank_keyword_candidates(store: SearchStore, text: str, srcs: list[str], cand
     query, else ``extract_keywords``), each chunk scoring the sum of its per-keyword scores
     divided by the best sum.
 
-    Args:
-        store: the store.
-        text: the query.
-        srcs: sources searched.
-        candidates: most candidates of each source (the keyword fallback: in all).
-        plan: the query's :func:`search_plan`, when the caller has it already.
-
-    Returns ``[]`` when the text has nothing to search.
+    ``candidates``: most candidates of each source of ``srcs`` (the keyword fallback: in all);
+    ``plan``: the query's :func:`search_plan` when the caller has it. ``[]`` when the text has
+    nothing to search.
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -172,9 +164,7 @@ def highlight_hits(store: SearchStore, text: str, hits: Sequence[Candidate], *,
     CJK tokens, matched as substrings, by :func:`~fallback.search.snippets.mark_substrings`.
 
     Args:
-        store: the store the hits came from.
-        text: the query.
-        hits: the hits to mark (any mix of keyword and vector hits).
+        store / text: the store the ``hits`` (keyword or vector hits) came from, the query.
         plan: the query's :func:`search_plan`, when the caller has it already.
 
     Returns:

@@ -178,13 +178,8 @@ def drop_covered(cands: list[Candidate], *,
     inside the kept candidates of its source and path (chunks overlap, and a file's last chunk
     is often little more than the previous one's tail).
 
-    Args:
-        cands: candidates, best first (1-based inclusive line ranges).
-        max_shared: the share in ``[0, 1]`` of a candidate's lines above which it repeats what
-            is already shown.
-
     Returns:
-        The kept candidates, order unchanged (a new list; the objects are not copied).
+        The kept candidates of ``cands`` (best first), order unchanged (a new list).
     """
     kept: list[Candidate] = []
     shown: dict[tuple[str, str], set[int]] = {}
@@ -241,15 +236,11 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     candidate maximising :func:`mmr_score` against the selected ones (Jaccard over
     :func:`mmr_tokens` of the snippets), ties to the higher score, then the earlier position.
 
-    Args:
-        cands: candidates, any order.
-        lambda_: trade-off in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score,
-            0 is pure diversity.
+    ``lambda_`` in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score, 0 pure
+    diversity (spec §8.8).
 
     Returns:
-        The same candidate objects in MMR order (a new list; length unchanged).
-
-    Source: Carbonell & Goldstein, SIGIR 1998 (MMR); spec §8.8.
+        The same candidate objects in MMR order (a new list).
     """
     if len(cands) <= 1:
         return list(cands)

@@ -80,14 +80,9 @@ class Reranker(Protocol):
 
 @dataclass(frozen=True)
 class RerankOutcome:
-    """What the reranker stage did to one candidate list.
-
-    Attributes:
-        candidates: the new list (the input list, unchanged, when the stage failed).
-        scores: raw reranker relevance by chunk id for the reranked head (``None`` = not scored).
-        reranked: how many leading candidates were sent to the reranker (0 when it failed).
-        warning: one line when the stage failed and the fused order was kept, else ``None``.
-    """
+    """What the reranker stage did to one candidate list: the new ``candidates`` (unchanged
+    when it failed), the raw relevance ``scores`` by chunk id of the head, how many leading
+    candidates were ``reranked`` (0 on failure) and the ``warning`` of a failure."""
 
     candidates: list[Candidate]
     scores: Mapping[str, float | None]

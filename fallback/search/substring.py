@@ -41,13 +41,8 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
 
 
 def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking.
-
-    Args:
-        store: the open store.
-        text: the query.
-        srcs: sources searched (``memory``, ``sessions``).
-        limit: most hits returned.
+    """At most ``limit`` keyword hits for ``text`` in ``srcs`` without FTS5 (see the module
+    docstring; blocking).
 
     Returns:
         Candidates with ``score == text_score`` in ``(0, 1)`` and ``bm25 = None``, ordered by

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from fallback.search.fts import TRIGRAM_MIN_CHARS, quote_term
 from fallback.text.keywords import STOP_WORDS
 from fallback.text.scripts import contains_cjk, word_runs
 
@@ -44,8 +45,6 @@ COMMON_MIN_CHUNKS = 10
 CONTRAST_WEIGHT = 0.5
 # Content words of one query whose chunk counts are read (a pasted page is not counted whole).
 MAX_COUNTED_WORDS = 8
-# Below this many code points a word cannot be matched on a trigram-tokenized FTS table.
-TRIGRAM_MIN_CHARS = 3
 
 
 def content_words(text: str) -> list[str]:
@@ -61,10 +60,6 @@ def content_words(text: str) -> list[str]:
         if len(out) == MAX_COUNTED_WORDS:
             break
     return out
-
-
-def _quoted(word: str) -> str:
-    return '"' + word.replace('"', "") + '"'
 
 
 def common_words(store: SearchStore, text: str) -> list[str]:
@@ -87,7 +82,7 @@ def common_words(store: SearchStore, text: str) -> list[str]:
         words = [w for w in words if len(w) >= TRIGRAM_MIN_CHARS]
     if not words:
         return []
-    total, counts = store.part_counts([f"text : {_quoted(w)}" for w in words])
+    total, counts = store.part_counts([f"text : {quote_term(w)}" for w in words])
     need = max(COMMON_MIN_CHUNKS, math.ceil(COMMON_SHARE * total))
     return [w for w, n in zip(words, counts, strict=True) if n >= need]
 

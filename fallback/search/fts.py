@@ -54,14 +54,16 @@ __all__ = [
     "COVERAGE_MAX_CHUNKS",
     "MAX_QUERY_PARTS",
     "NEAR_DISTANCE",
+    "TRIGRAM_MIN_CHARS",
     "FtsPlan",
     "FtsQuery",
     "analyze_fts_query",
     "build_fts_query",
     "escape_like",
+    "quote_term",
 ]
 
-# Below this many code points a CJK token cannot be found through a trigram index.
+# Below this many code points a token cannot be found through a trigram index.
 TRIGRAM_MIN_CHARS = 3
 # Content parts of one query that go into MATCH (a pasted page must not become a huge OR).
 MAX_QUERY_PARTS = 32
@@ -100,7 +102,8 @@ def escape_like(token: str) -> str:
     return f"%{escaped}%"
 
 
-def _quote(token: str) -> str:
+def quote_term(token: str) -> str:
+    """``token`` as one FTS5 string (double quotes removed from it): never an operator."""
     return '"' + token.replace('"', "") + '"'
 
 
@@ -167,21 +170,21 @@ def _query_parts(text: str, words: list[re.Match[str] | regex.Match[str]]) -> li
 
     for d in date_mentions(text):
         taken.append((d.start, d.end))
-        parts.append(_Part(d.start, d.end, "date", d.terms[0], _quote(d.terms[0]), _quote(d.terms[0])))
+        parts.append(_Part(d.start, d.end, "date", d.terms[0], quote_term(d.terms[0]), quote_term(d.terms[0])))
     for c in compounds(text):
         if not free(c.start, c.end) or any(contains_cjk(p) for p in c.parts):
             continue
         taken.append((c.start, c.end))
-        phrase = _quote(" ".join(c.parts))
+        phrase = quote_term(" ".join(c.parts))
         parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
-                           f"({phrase} OR {_quote(c.joined)})"))
+                           f"({phrase} OR {quote_term(c.joined)})"))
     fragments = set(contraction_fragments(text))
     for m in words:
         if free(m.start(), m.end()):
             word = m.group().lower()
             narrow = narrow_fullwidth(word)
-            expr = _quote(word) if narrow == word else f"({_quote(word)} OR {_quote(narrow)})"
-            parts.append(_Part(m.start(), m.end(), "word", narrow, _quote(narrow), expr,
+            expr = quote_term(word) if narrow == word else f"({quote_term(word)} OR {quote_term(narrow)})"
+            parts.append(_Part(m.start(), m.end(), "word", narrow, quote_term(narrow), expr,
                                fragment=m.span() in fragments))
     return sorted(parts, key=lambda p: p.start)
 
@@ -224,7 +227,7 @@ class FtsQuery:
         return FtsPlan(
             tokens=self._tokens,
             match=" OR ".join(exprs) or None,
-            trigram_match=" AND ".join(_quote(t) for t in cjk if len(t) >= TRIGRAM_MIN_CHARS) or None,
+            trigram_match=" AND ".join(quote_term(t) for t in cjk if len(t) >= TRIGRAM_MIN_CHARS) or None,
             like_terms=tuple(t for t in cjk if len(t) < TRIGRAM_MIN_CHARS),
             terms=tuple(k for k, _ in self._exprs),
             mark_match=marks,
@@ -256,10 +259,10 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
     if tokenizer == "trigram":
         main = [t for t in tokens if len(t) >= TRIGRAM_MIN_CHARS]
         return FtsQuery((), FtsPlan(
-            tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
+            tokens=tokens, match=" AND ".join(quote_term(t) for t in main) or None,
             trigram_match=None, like_terms=tuple(t for t in tokens if len(t) < TRIGRAM_MIN_CHARS),
             terms=tuple(t.lower() for t in main),
-            mark_match=" OR ".join(_quote(t) for t in main) or None))
+            mark_match=" OR ".join(quote_term(t) for t in main) or None))
     parts = [p for p in _query_parts(text, words) if p.kind != "word" or not contains_cjk(p.key)]
     content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
     if not content:
@@ -272,8 +275,8 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
     for m in _QUOTED_RE.finditer(text):
         quoted = [w.lower() for w in word_runs(m.group(1))]
         if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
-            exprs.append((" ".join(quoted), _quote(" ".join(quoted))))
-    joined = [_quote(a.key + b.key) for a, b in itertools.pairwise(content)
+            exprs.append((" ".join(quoted), quote_term(" ".join(quoted))))
+    joined = [quote_term(a.key + b.key) for a, b in itertools.pairwise(content)
               if a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
               and not text[a.end:b.start].strip() and a.key + b.key not in seen]
     return FtsQuery(tuple((p.key, p.expr) for p in unique), None, tokens, unique, tuple(exprs),

@@ -21,8 +21,8 @@ from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
+    Hit,
     HitSnippet,
-    clamp_score,
     decayed,
     hit_snippets,
     keyword_ranked,
@@ -97,10 +97,14 @@ class Searcher:
             hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
         else:
             hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
+        snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
+            partial(hit_snippets, store, text, hits, plan=self._plan,
+                    max_snippet_chars=self.max_snippet_chars))
         explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
                                               else [None] * len(hits))
-        results = await self.results(store, text, hits, hybrid=provider is not None,
-                                     explains=explains)
+        results = [MemorySearchResult(**vars(Hit.of(c, s)), explain=e,
+                                      vector_score=None if provider is None else c.vector_score)
+                   for c, s, e in zip(hits, snippets, explains, strict=True)]
         return SearchOutcome(results=results, warnings=list(self.warnings), mode=self.mode)
 
     @property
@@ -247,32 +251,3 @@ class Searcher:
         return await anyio.to_thread.run_sync(partial(
             decayed, store, cands, half_life_days=self._half_life_days(), now_ms=self._now_ms(),
             trace=self.trace))
-
-    async def results(self, store: SearchStore, text: str, hits: list[Candidate], *, hybrid: bool,
-                      explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
-        """The ranked ``hits`` as the shared result model with their snippets
-        (:func:`~fallback.search.fts_only.hit_snippets`); ``hybrid`` fills ``vector_score``,
-        ``explains`` holds one ranking trace per hit (``--explain``) or is ``None``.
-
-        Raises:
-            IndexStoreError: on a SQLite failure.
-        """
-        snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
-            partial(hit_snippets, store, text, hits, plan=self._plan,
-                    max_snippet_chars=self.max_snippet_chars))
-        traces = explains if explains is not None else [None] * len(hits)
-        return [self.model_of(c, s, hybrid=hybrid, explain=e)
-                for c, s, e in zip(hits, snippets, traces, strict=True)]
-
-    @staticmethod
-    def model_of(c: Candidate, snippet: HitSnippet, *, hybrid: bool,
-                 explain: HitExplain | None = None) -> MemorySearchResult:
-        """A candidate and its snippet as the shared result model (``vector_score`` only when
-        ``hybrid``)."""
-        return MemorySearchResult(
-            path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=clamp_score(c.score), snippet=snippet.text,
-            snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
-            source="sessions" if c.source == "sessions" else "memory",
-            vector_score=c.vector_score if hybrid else None,
-            text_score=c.text_score, explain=explain)

@@ -144,13 +144,11 @@ def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_wei
 
 
 def _dedupe(hits: Sequence[Candidate]) -> list[Candidate]:
-    seen: set[str] = set()
-    out = []
+    """``hits`` with each chunk id's first occurrence only, order kept."""
+    first: dict[str, Candidate] = {}
     for hit in hits:
-        if hit.chunk_id not in seen:
-            seen.add(hit.chunk_id)
-            out.append(hit)
-    return out
+        first.setdefault(hit.chunk_id, hit)
+    return list(first.values())
 
 
 def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,

@@ -193,16 +193,6 @@ def drop_covered(cands: list[Candidate], *,
     return kept
 
 
-def _emit_run(run: str, cjk: bool, tokens: set[str]) -> None:
-    """Add one homogeneous run: a word as is, a CJK run as its character bigrams."""
-    if not run:
-        return
-    if not cjk or len(run) == 1:
-        tokens.add(run)
-        return
-    tokens.update(run[i:i + 2] for i in range(len(run) - 1))
-
-
 def mmr_tokens(text: str) -> set[str]:
     """The token set MMR compares: the NFC, lower-cased word runs of ``text``, each CJK
     stretch (:func:`fallback.text.scripts.word_stretches`) as its character bigrams (a lone CJK
@@ -210,7 +200,10 @@ def mmr_tokens(text: str) -> set[str]:
     characters."""
     tokens: set[str] = set()
     for stretch, cjk in word_stretches(unicodedata.normalize("NFC", text).lower()):
-        _emit_run(stretch, cjk, tokens)
+        if cjk and len(stretch) > 1:
+            tokens.update(stretch[i:i + 2] for i in range(len(stretch) - 1))
+        elif stretch:
+            tokens.add(stretch)
     return tokens
 
 

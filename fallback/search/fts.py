@@ -113,18 +113,13 @@ class FtsPlan:
 
     Attributes:
         tokens: every query token (NFC, order kept, duplicates removed).
-        match: ``MATCH`` expression for ``chunks_fts`` (see the module docstring), or ``None``.
-        trigram_match: ``MATCH`` expression for ``chunks_trigram`` (CJK tokens of >= 3 code
-            points, ANDed; unicode61 stores only), or ``None``.
-        like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short CJK tokens; with the
-            trigram tokenizer every token shorter than 3 code points).
-        terms: the content parts searched, lower-case (words, compounds' joined forms,
-            canonical dates, quoted phrases), in query order.
-        mark_match: the OR of the content parts alone (no joined pairs, no ``NEAR``): the
-            ``MATCH`` whose ``highlight()`` marks every occurrence of a query part in a hit,
-            for its snippet window; ``None`` when :attr:`match` is.
-        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
-            counting in how many chunks each occurs.
+        match: ``MATCH`` expression for ``chunks_fts``, or ``None``.
+        trigram_match: ``MATCH`` expression for ``chunks_trigram`` (long CJK tokens), or ``None``.
+        like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short tokens, see above).
+        terms: the content parts searched, lower-case, in query order.
+        mark_match: the OR of the content parts alone (no common ones, no pairs): the
+            ``MATCH`` whose ``highlight()`` marks a hit's snippet window; ``None`` with ``match``.
+        parts: ``(key, MATCH expression)`` of each content part, for counting its chunks.
     """
 
     tokens: tuple[str, ...]

@@ -171,12 +171,11 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
 MAX_SHARED_LINES = 0.5
 
 
-def drop_covered(cands: list[Candidate], *,
-                 max_shared: float = MAX_SHARED_LINES) -> list[Candidate]:
+def drop_covered(cands: list[Candidate]) -> list[Candidate]:
     """The candidates minus those whose lines the better candidates mostly show already:
-    walking ``cands`` in order, one is dropped when more than ``max_shared`` of its lines lie
-    inside the kept candidates of its source and path (chunks overlap, and a file's last chunk
-    is often little more than the previous one's tail).
+    walking ``cands`` in order, one is dropped when more than :data:`MAX_SHARED_LINES` of its
+    lines lie inside the kept candidates of its source and path (chunks overlap, and a file's
+    last chunk is often little more than the previous one's tail).
 
     Returns:
         The kept candidates of ``cands`` (best first), order unchanged (a new list).
@@ -186,7 +185,7 @@ def drop_covered(cands: list[Candidate], *,
     for c in cands:
         lines = shown.setdefault((c.source, c.path), set())
         own = range(c.start_line, c.end_line + 1)
-        if sum(1 for n in own if n in lines) > max_shared * len(own):
+        if sum(1 for n in own if n in lines) > MAX_SHARED_LINES * len(own):
             continue
         lines.update(own)
         kept.append(c)
@@ -241,13 +240,10 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     if lam == 1.0:
         return _by_score_desc(cands)
     ordered = _by_score_desc(cands)
-    top, bottom = ordered[0].score, ordered[-1].score
-    spread = top - bottom
-
-    def relevance(c: Candidate) -> float:
-        return 1.0 if spread == 0 or not math.isfinite(spread) else (c.score - bottom) / spread
-
-    rels = [relevance(c) for c in ordered]
+    bottom = ordered[-1].score
+    spread = ordered[0].score - bottom
+    flat = spread == 0 or not math.isfinite(spread)
+    rels = [1.0 if flat else (c.score - bottom) / spread for c in ordered]
     token_sets = [mmr_tokens(c.snippet) for c in ordered]
     max_sims = [0.0] * len(ordered)
     remaining = list(range(len(ordered)))

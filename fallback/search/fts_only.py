@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
 __all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "Hit", "HitSnippet", "KeywordAnswer", "candidate_count",
-           "clamp_score", "decayed", "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results",
+           "clamp_score", "decayed", "hit_snippets", "keyword_ranked", "keyword_results",
            "keyword_search"]
 
 # Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
@@ -186,28 +186,22 @@ def keyword_results(ranked: list[Candidate], *, limit: int) -> list[Candidate]:
     return select_results(drop_covered(ranked), max_results=limit)
 
 
-def hit_snippet(c: Candidate, *, marked: str | None,
-                max_snippet_chars: int = SNIPPET_MAX_CHARS) -> HitSnippet:
-    """The snippet of one hit: the window of its chunk's lines that best matches the query
-    (``marked``: the chunk text with the query's matches marked,
-    :func:`~fallback.search.keyword.highlight_hits`; ``None``: the chunk's first lines)."""
-    window = best_window(marked if marked is not None else c.snippet, max_chars=max_snippet_chars)
-    first, last = c.start_line, c.end_line
-    if c.end_line - c.start_line == c.snippet.count("\n"):
-        # One chunk line per file line (transcript chunks are remapped to JSONL lines and
-        # keep the chunk's range).
-        first, last = c.start_line + window.first_line, c.start_line + window.last_line
-    return HitSnippet(window.text, first, last)
-
-
 def hit_snippets(store: SearchStore, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
-    """The snippet of every hit (:func:`hit_snippet`), the query's matches marked by one
-    FTS5 ``highlight()`` statement for all of them (CJK substrings marked in Python).
+    """The snippet of every hit: the window of its chunk's lines that best matches the query
+    (:func:`~fallback.search.snippets.best_window`; the chunk's first lines for a hit without a
+    mark), the matches marked by one FTS5 ``highlight()`` statement for all hits
+    (:func:`~fallback.search.keyword.highlight_hits`).
 
     Raises:
         IndexStoreError: on a SQLite failure.
     """
     marked = highlight_hits(store, text, hits, plan=plan)
-    return [hit_snippet(c, marked=marked.get(c.chunk_id), max_snippet_chars=max_snippet_chars)
-            for c in hits]
+    out = []
+    for c in hits:
+        window = best_window(marked.get(c.chunk_id, c.snippet), max_chars=max_snippet_chars)
+        first, last = c.start_line, c.end_line
+        if last - first == c.snippet.count("\n"):  # one chunk line per file line (not a transcript)
+            first, last = first + window.first_line, first + window.last_line
+        out.append(HitSnippet(window.text, first, last))
+    return out

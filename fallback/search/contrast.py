@@ -26,10 +26,7 @@ if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
 __all__ = [
-    "COMMON_MIN_CHUNKS",
-    "COMMON_SHARE",
     "CONTRAST_WEIGHT",
-    "MAX_COUNTED_WORDS",
     "background_text",
     "common_words",
     "content_words",

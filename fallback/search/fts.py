@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COVERAGE_MAX_CHUNKS",
-    "MAX_QUERY_PARTS",
-    "NEAR_DISTANCE",
     "TRIGRAM_MIN_CHARS",
     "FtsPlan",
     "FtsQuery",

@@ -22,11 +22,6 @@ from typing import Literal
 from fallback.search.ranking import Candidate, jaccard, mmr_tokens
 
 __all__ = [
-    "FULL_EVIDENCE_Z",
-    "MAX_EVIDENCE_SHARE",
-    "MAX_SESSION_SHARE",
-    "NEAR_DUPLICATE_JACCARD",
-    "RRF_K",
     "CosineStats",
     "FusionMethod",
     "apply_floor",

@@ -30,7 +30,6 @@ __all__ = [
     "mmr_rerank",
     "mmr_score",
     "mmr_tokens",
-    "normalize_rel_path",
 ]
 
 # Milliseconds in one day, for converting ``now_ms - timestamp_ms`` into an age in days.

@@ -12,6 +12,7 @@ has no counts and no contrast (docs/benchmarks.md, "The query's common terms con
 Source: IDF (Sparck Jones 1972) as BM25 applies it; query-vector modification as in Rocchio
 (1971), with the background taken from the query's own common terms.
 """
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 candidate in a :class:`SearchTrace` (which exists only when an explanation was asked for), and
 :meth:`SearchTrace.finish` turns it into a :class:`~fallback.models.HitExplain` per hit.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence

@@ -1,36 +1,21 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
-User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is wrapped in
-double quotes, so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``, ``-``, parentheses and
-quotes in a query are always literal text; the only operators are the ones written here.
+User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is quoted
+(:func:`quote_term`), so FTS5 syntax in a query is always literal text.
 
-The plan for ``chunks_fts`` (``porter unicode61``, columns ``text, title, terms``:
-``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()``
-(``fallback/search/keyword.py``):
-
-- **content words**: NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words
-  (``fallback.text.keywords.STOP_WORDS``) and the pieces of English contractions (the ``s`` of
-  ``Nate's``); a query made only of those keeps them all. Full-width words
-  (``ｒｏｕｔｅｒ``) also match their ASCII form;
-- **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``) as ``("wi fi" OR "wifi")``, and
-  adjacent words also joined (``ice cream`` -> ``"icecream"``): the ``terms`` column holds the
-  joined form of every compound of the text;
-- **dates** (``2023-05-08``, ``May 8 2023``) as ``"20230508"``, months as ``"202305"``
-  (``terms`` and ``title`` columns); **quoted phrases** as the exact phrase;
-- **proximity**: consecutive parts as ``NEAR(a b, 10)``;
-- **coverage**: when FTS5 clamps the IDF of every part (found in half of the chunks or more,
-  as in a workspace of a few notes), the caller asks for every pair of the first six parts as
-  ``(a AND b)``, so more distinct parts beat one part repeated.
+The plan for ``chunks_fts`` (``porter unicode61``; columns ``text, title, terms``,
+``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()``:
+content words (stop words and contraction pieces left out unless nothing else is left;
+full-width words also as ASCII); compounds (``Wi-Fi`` -> ``("wi fi" OR "wifi")``) and adjacent
+words joined (``"icecream"``), which the ``terms`` column holds; dates and months in canonical
+form (``"20230508"``, ``"202305"``); quoted phrases; ``NEAR(a b, 10)`` of consecutive parts; and,
+when FTS5 clamps the IDF of every part (a workspace of a few notes), ``(a AND b)`` for every
+pair of the first six parts, so more distinct parts beat one part repeated.
 
 CJK: ``unicode61`` keeps an unbroken CJK run as one token, so CJK tokens of >= 3 code points go
-to ``chunks_trigram`` (FTS5 ``trigram``) and shorter ones become ``text LIKE '%tok%' ESCAPE
-'\\'`` filters; the CJK parts are ANDed with each other and with the rest (status:
-``trigram+like``). With ``store.fts.tokenizer = "trigram"`` every token of >= 3 code points
-goes to ``MATCH`` (ANDed) and every shorter one becomes a LIKE filter.
-
-Source: Okapi BM25 (Robertson & Zaragoza 2009) as FTS5's ``bm25()`` computes it; Porter
-stemming as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
-``specs/builtin-engine-spec.md`` §8.2.
+to ``chunks_trigram`` and shorter ones to ``LIKE '%tok%'`` filters, ANDed with the rest
+(status: ``trigram+like``). A ``trigram`` store ANDs every token of >= 3 code points in
+``MATCH`` and filters shorter ones with ``LIKE`` (spec §8.2).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ ranks and cuts snippets with the same code: :func:`keyword_ranked` (candidates, 
 temporal decay), the caller's optional reranker, :func:`keyword_results` (covered hits dropped,
 result slots), :func:`hit_snippets` (the snippet window of each hit).
 """
+
 from __future__ import annotations
 
 import math

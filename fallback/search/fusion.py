@@ -12,6 +12,7 @@ cosines over the whole collection, in standard deviations (the nearest vector is
 nearest of whatever the memory holds, so it earns full evidence only when it stands out).
 One default ``minScore`` (0.35) then fits every model and corpus.
 """
+
 from __future__ import annotations
 
 import math

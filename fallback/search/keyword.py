@@ -4,6 +4,7 @@ The store ranks the OR plan of ``fallback/search/fts.py`` by BM25 (``SearchStore
 Python maps each row's BM25 to a score relative to the best row of the query
 (:func:`relative_scores`): no chunk text is tokenized on the query path.
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ The engine owns the store and the sync; a :class:`Searcher` turns candidates int
 The keyword-only steps and the snippets are the blocking functions of
 ``fallback/search/fts_only.py``, which every other route calls too.
 """
+
 from __future__ import annotations
 
 import logging

@@ -7,6 +7,7 @@ never removes), the optional :func:`mmr_rerank` and the result slots; a keyword-
 skips fusion and MMR and drops, before the cut, the hits mostly inside a better hit of their
 file (:func:`drop_covered`).
 """
+
 from __future__ import annotations
 
 import datetime as dt

@@ -12,6 +12,7 @@ the new order: scores stay in ``[0, 1]`` on the fused scale whatever the provide
 ``minScore`` keeps its meaning and results stay sorted by score (``search --explain`` shows the
 raw relevance).
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -1,22 +1,16 @@
 """Snippets centred on the evidence: the window of a chunk's whole lines that best matches the query.
 
-FTS5 marks the query's matches in a hit's text (``highlight()``, the ranking's tokenizer and
-stemming); :func:`best_window` then picks the lines:
-
-1. every marked form (lower-cased, a plural/verb ending stripped) weighs ``ln(1 + L / n)``,
-   ``L`` the chunk's lines and ``n`` the lines holding it; a form on more than half of the lines
-   (a speaker's name in a chat log) weighs 0.1;
-2. the seed is the line with the largest sum of its distinct forms' weights (the first on a tie);
-3. the window grows one whole line at a time towards the neighbour adding the most not yet
-   covered weight plus a tenth of its own line score (on a tie the shorter side), while it fits
-   in ``max_chars`` code points.
-
-A chunk that fits is its own snippet; without any mark the window is the chunk's first lines.
-CJK substrings are marked by the caller with :func:`mark_substrings`.
-
-Source: passage selection by query-term density with inverse line frequency, after Luhn ("The
-Automatic Creation of Literature Abstracts", 1958) and FTS5's ``snippet()``.
+In a hit's text marked by FTS5 ``highlight()`` (CJK substrings by :func:`mark_substrings`),
+:func:`best_window` weighs every marked form (lower-cased, one plural/verb ending stripped)
+``ln(1 + L / n)`` (``L`` lines, ``n`` holding it; 0.1 on more than half of the lines), seeds
+the window at the line with the largest sum of its distinct forms' weights (the first on a
+tie), then grows it a whole line at a time towards the neighbour adding the most uncovered
+weight plus a tenth of its own line score (on a tie the shorter side) while it fits in
+``max_chars`` code points. A chunk that fits is its own snippet; without marks the window is
+the chunk's first lines. After Luhn's significant-sentence extraction (1958) and FTS5's
+``snippet()``.
 """
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ NFC word runs) and a chunk matches when it holds every token as a case-insensiti
 tokens of ``tf / (tf + 1)`` (BM25's TF saturation with ``k1 = 1``, without IDF). It reads every
 chunk that passes the pre-filter; the engine says so in the answer's warnings and ``status``.
 """
+
 from __future__ import annotations
 
 import unicodedata

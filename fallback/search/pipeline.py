@@ -68,6 +68,8 @@ class Searcher:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
         mode: the ranking that ran (``fts-only`` also when the query had no usable vector),
             ``None`` before :meth:`run`.
+        fts_checked / fts_error: whether this search has read the store's FTS5 state, and why
+            FTS5 is unavailable (``None``: it is).
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
@@ -77,7 +79,7 @@ class Searcher:
         self.settings = settings
         self.max_snippet_chars = max_snippet_chars
         self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
-        self._planned = False  # whether _plan (and fts_error) were looked up
+        self.fts_checked = False
         self.fts_error: str | None = None
         self._vector_index = vector_index
         self._now_ms = now_ms
@@ -108,28 +110,19 @@ class Searcher:
                    for c, s, e in zip(hits, snippets, explains, strict=True)]
         return SearchOutcome(results=results, warnings=list(self.warnings), mode=self.mode)
 
-    @property
-    def fts_checked(self) -> bool:
-        """Whether this search has read the store's FTS5 state (then :attr:`fts_error` holds
-        why FTS5 is unavailable, or ``None``)."""
-        return self._planned
-
     def _plan_blocking(self, store: SearchStore, text: str) -> FtsPlan | None:
         """This search's keyword plan, made once (``None`` on a store without FTS5, whose
         error :attr:`fts_error` keeps); blocking: call it in a worker thread."""
-        if not self._planned:
+        if not self.fts_checked:
             self.fts_error = store.fts_error
             self._plan = search_plan(store, text) if self.fts_error is None else None
-            self._planned = True
+            self.fts_checked = True
         return self._plan
 
     async def _keyword_candidates(self, store: SearchStore, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
-            return rank_keyword_candidates(store, text, srcs, candidates,
-                                           plan=self._plan_blocking(store, text))
-
-        return await anyio.to_thread.run_sync(rank)
+        return await anyio.to_thread.run_sync(lambda: rank_keyword_candidates(  # one hop
+            store, text, srcs, candidates, plan=self._plan_blocking(store, text)))
 
     def _half_life_days(self) -> int | None:
         decay = self.settings.search.query.hybrid.temporal_decay

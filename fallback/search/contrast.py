@@ -66,9 +66,8 @@ def common_words(store: SearchStore, text: str) -> list[str]:
     ``chunks_fts``, every source). Blocking: call it in a worker thread.
 
     Returns:
-        The common words in query order; ``[]`` when there are none, when the store has no
-        FTS5 table (``store.fts_error``), or on a trigram table for words shorter than 3
-        code points (they cannot be matched there).
+        The common words in query order; ``[]`` without FTS5 (a trigram table skips words
+        shorter than 3 code points).
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -102,14 +101,9 @@ def contrast_vector(query: Sequence[float], background: Sequence[float], *,
     """``unit(query) - weight x unit(background)``, not normalised (pure): its cosine with a
     unit window ``w`` orders as ``cos(q, w) - weight x cos(b, w)``.
 
-    Args:
-        query: the query embedding (any norm).
-        background: the embedding of the query's common terms (:func:`background_text`).
-        weight: share of the background removed, in ``[0, 1)``.
-
-    Returns:
-        The contrasted vector; ``query`` unchanged (as a list) when either vector is zero or
-        not finite, their lengths differ, or the result would be zero.
+    ``background`` embeds the query's common terms (:func:`background_text`); ``weight`` in
+    ``[0, 1)``. ``query`` comes back unchanged (as a list) when either vector is zero or not
+    finite, their lengths differ, or the result would be zero.
     """
     q, b = _unit(query), _unit(background)
     if q is None or b is None or len(q) != len(b):

@@ -98,14 +98,11 @@ def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], lim
     :func:`keyword_results`, :func:`hit_snippets` (blocking).
 
     Args:
-        store: the open store.
-        text: the stripped query (not blank).
-        sources: sources searched (``memory``, ``sessions``).
+        store / text / sources: the open store, the stripped query, the sources searched.
         limit: hits wanted, ``>= 1``.
-        candidates: candidates fetched (:func:`candidate_count`).
-        floor / half_life_days / now_ms: as :func:`keyword_ranked`.
+        candidates / floor / half_life_days / now_ms / plan: as :func:`keyword_ranked` (the
+            plan is made here when ``None``).
         max_snippet_chars: snippet budget in code points, ``>= 1``.
-        plan: the query's FTS plan when the caller has it (default: made here).
 
     Returns:
         A :class:`KeywordAnswer`.

@@ -210,19 +210,12 @@ def apply_floor(cands: Sequence[Candidate], min_score: float) -> list[Candidate]
 
 
 def select_results(ranked: Sequence[Candidate], *, max_results: int) -> list[Candidate]:
-    """The first ``max_results`` candidates, with session transcripts held to a share of them
-    and the near-duplicate chunks of one transcript collapsed.
-
-    Candidates are taken in order. A ``sessions`` candidate whose tokens
+    """At most ``max_results`` (``<= 0``: none) candidates of ``ranked`` (best first), in its
+    order, taken in order: a ``sessions`` candidate whose tokens
     (:func:`~fallback.search.ranking.mmr_tokens`) overlap a better chunk of its transcript by
     at least :data:`NEAR_DUPLICATE_JACCARD` is dropped; the others are taken while sessions
     hold fewer than ``floor(max_results · MAX_SESSION_SHARE)`` slots, and the skipped ones fill
-    the slots left when the other candidates run out.
-
-    Returns:
-        At most ``max_results`` (``<= 0``: none) candidates of ``ranked`` (best first), in its
-        order.
-    """
+    the slots left when the other candidates run out."""
     if max_results <= 0:
         return []
     cap = math.floor(max_results * MAX_SESSION_SHARE)

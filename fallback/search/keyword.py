@@ -49,17 +49,11 @@ def keyword_rows(store: SearchStore, plan: FtsPlan, *, sources: Sequence[str],
 
 
 def relative_scores(ranks: Sequence[float]) -> list[float]:
-    """Map FTS5 ``bm25()`` ranks of one query to scores in ``[0, 1]``, the best row scoring 1.
-
-    A row's score is ``sqrt(bm25 / best bm25 of the query)``: relative to the best row, so
-    independent of the corpus size; the square root spreads the low end, so the default
-    ``minScore`` 0.35 keeps a chunk holding one of a question's rare words and drops chunks that
-    only share words found nearly everywhere. Rows without a BM25 (``LIKE``-only, rank ``0``)
-    score 1 when no row has one, else 0; non-finite ranks score 0.
-
-    Returns:
-        One score per rank (``bm25()`` values, any order), in the same order.
-    """
+    """Scores in ``[0, 1]`` of one query's FTS5 ``bm25()`` ranks (any order; same order out):
+    ``sqrt(bm25 / best bm25)``, independent of the corpus size, the square root spreading the
+    low end so ``minScore`` 0.35 keeps a chunk holding one of a question's rare words. Rows
+    without a BM25 (``LIKE``-only, rank ``0``) score 1 when no row has one, else 0;
+    non-finite ranks score 0."""
     strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
                  for r in ranks]
     best = max(strengths, default=0.0)
@@ -71,14 +65,12 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
 def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
 
-    The query is cut once (:func:`~fallback.search.fts.analyze_fts_query`); one statement
-    counts the chunks holding each of its first :data:`COUNTED_PARTS` parts, and the plan is
-    assembled from the counts. FTS5 clamps the IDF of a part found in at least half of the
-    chunks to ``1e-6``: such parts (a chat's speaker names) join no ``NEAR`` pair and mark no
-    snippet line; in a store of more than ``COVERAGE_MAX_CHUNKS`` chunks they also leave
-    ``MATCH`` when the query has a rarer part, and parts found in
-    :data:`LARGE_STORE_PAIR_SHARE` of the chunks join no pair. When every part is that common,
-    a small store gets the coverage pairs, a large one the plain OR.
+    The query is cut once (:func:`~fallback.search.fts.analyze_fts_query`), one statement
+    counts the chunks of its first :data:`COUNTED_PARTS` parts, and the plan is assembled from
+    the counts: parts in half of the chunks or more (IDF clamped, a chat's speaker names) are
+    ``common`` (and leave ``MATCH`` beside rarer parts in a store of more than
+    ``COVERAGE_MAX_CHUNKS`` chunks, where parts in :data:`LARGE_STORE_PAIR_SHARE` of them join
+    no pair); when every part is common, a small store gets the coverage pairs.
 
     Raises:
         IndexStoreError: on a SQLite failure.

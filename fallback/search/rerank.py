@@ -97,13 +97,9 @@ def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], 
     ``scores`` descending (``None`` and non-finite last, ties in fused order) and takes its
     fused scores best-first; the tail follows unchanged.
 
-    Args:
-        cands: candidates ranked best first.
-        scores: one reranker score per head candidate (``min(top_n, len(cands))`` of them).
-        top_n: size of the reranked head, ``>= 1``.
-
     Returns:
-        New candidates (same length); only ``score`` and order change.
+        New candidates (same length; only ``score`` and order change) from ``cands`` (best
+        first) and one score per head candidate (``top_n >= 1``).
 
     Raises:
         ValueError: ``scores`` does not match the head.
@@ -213,14 +209,9 @@ class HttpReranker:
     def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
                  timeout_ms: int = 5_000, retry_attempts: int = HTTP_RETRY_ATTEMPTS,
                  retry_base_s: float = HTTP_RETRY_BASE_S) -> None:
-        """Args:
-            base_url: ``http(s)://host[:port][/prefix]``.
-            model: model name.
-            api_key: sent as ``Authorization: Bearer <key>`` when set (redacted from errors).
-            timeout_ms: per-request timeout in ms.
-            retry_attempts: calls in total per rerank (429, 5xx and transport errors retried).
-            retry_base_s: first back-off wait in seconds (Retry-After wins).
-        """
+        """``api_key`` is sent as a bearer token (redacted from errors); ``timeout_ms`` bounds
+        one request; ``retry_attempts`` calls in all (429, 5xx and transport errors retried),
+        the first back-off ``retry_base_s`` seconds unless Retry-After says otherwise."""
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.retry_attempts = max(1, retry_attempts)

@@ -188,13 +188,15 @@ def hit_snippets(store: SearchStore, text: str, hits: Sequence[Candidate], *, pl
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
     """The snippet of every hit: the window of its chunk's lines that best matches the query
     (:func:`~fallback.search.snippets.best_window`; the chunk's first lines for a hit without a
-    mark), the matches marked by one FTS5 ``highlight()`` statement for all hits
-    (:func:`~fallback.search.keyword.highlight_hits`).
+    mark), the matches marked by one FTS5 ``highlight()`` statement for the hits longer than
+    the budget (:func:`~fallback.search.keyword.highlight_hits`; a shorter chunk is its own
+    snippet, no statement runs when every hit is).
 
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    marked = highlight_hits(store, text, hits, plan=plan)
+    marked = highlight_hits(store, text, [c for c in hits if len(c.snippet) > max_snippet_chars],
+                            plan=plan)
     out = []
     for c in hits:
         window = best_window(marked.get(c.chunk_id, c.snippet), max_chars=max_snippet_chars)

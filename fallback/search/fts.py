@@ -26,7 +26,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
 from fallback.text.scripts import contains_cjk, narrow_fullwidth, word_runs
@@ -124,8 +124,7 @@ class FtsPlan:
         return tuple(escape_like(t) for t in self.tokens)
 
 
-@dataclass(frozen=True)
-class _Part:
+class _Part(NamedTuple):
     """One unit of a query: a word, a compound or a date, with its span."""
 
     start: int
@@ -158,12 +157,14 @@ def _query_parts(text: str, words: list[re.Match[str] | regex.Match[str]]) -> li
                            f"({phrase} OR {quote_term(c.joined)})"))
     fragments = set(contraction_fragments(text))
     for m in words:
-        if free(m.start(), m.end()):
-            word = m.group().lower()
-            narrow = narrow_fullwidth(word)
-            expr = quote_term(word) if narrow == word else f"({quote_term(word)} OR {quote_term(narrow)})"
-            parts.append(_Part(m.start(), m.end(), "word", narrow, quote_term(narrow), expr,
-                               fragment=m.span() in fragments))
+        start, end = m.span()
+        if taken and not free(start, end):
+            continue
+        word = m.group().lower()
+        narrow = narrow_fullwidth(word)
+        phrase = quote_term(narrow)
+        expr = phrase if narrow == word else f"({quote_term(word)} OR {phrase})"
+        parts.append(_Part(start, end, "word", narrow, phrase, expr, (start, end) in fragments))
     return sorted(parts, key=lambda p: p.start)
 
 

@@ -6,6 +6,9 @@ times, per query, warm, in one process:
 - **bare FTS5**: ``SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH <OR of the query's
   non-stop-words> ORDER BY bm25(chunks_fts) LIMIT 10`` on the same store: the floor any keyword
   search pays;
+- **its statements**: the SQL statements that search runs for the query, alone (the chunk
+  counts of its parts, its ranked rows, ``highlight()`` of its 10 hits): what the plan costs
+  before any Python;
 - **keyword search**: the engine's one keyword-only search without the engine around it,
   ``fallback.search.fts_only.keyword_search`` (plan, BM25 ranking of 40 candidates, floor,
   snippet windows of the first 10);
@@ -145,12 +148,14 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
     from fallback.engine.builtin import BuiltinEngine
     from fallback.request import SearchRequest
     from fallback.search.fts_only import candidate_count, keyword_search
+    from fallback.search.keyword import COUNTED_PARTS, keyword_rows, search_plan
+    from fallback.search.snippets import MARK_CLOSE, MARK_OPEN
     from fallback.settings import EngineSettings, MemorySearchSettings
 
     search = MemorySearchSettings.model_validate({"provider": "none"})
     engine = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=state, search=search),
                            provider_selection=select_provider(search, env={}))
-    out: dict[str, Any] = {"bare": [], "keyword": [], "engine": []}
+    out: dict[str, Any] = {"bare": [], "statements": [], "keyword": [], "engine": []}
     try:
         t = time.perf_counter()
         await engine.sync(reason="bench")
@@ -170,6 +175,19 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
                 out["bare"].append(timed(lambda m=match: store.query(  # type: ignore[misc]
                     "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?"
                     " ORDER BY bm25(chunks_fts) LIMIT 10", [m]), repeats))
+            plan = search_plan(store, q)
+            if plan is not None and plan.match and plan.mark_match:
+                cands = candidate_count(10, q_cfg.hybrid.candidate_multiplier)
+                texts = {r[0]: r[5] for r in keyword_rows(store, plan, sources=["memory"],
+                                                           limit=cands)[:10]}
+
+                def statements(p: Any = plan, n: int = cands, t: Any = texts) -> None:
+                    if len(p.parts) > 1:
+                        store.part_counts([e for _, e in p.parts[:COUNTED_PARTS]])
+                    keyword_rows(store, p, sources=["memory"], limit=n)
+                    store.highlights(p.mark_match, t, open_mark=MARK_OPEN, close_mark=MARK_CLOSE)
+
+                out["statements"].append(timed(statements, repeats))
             out["keyword"].append(timed(lambda q=q: keyword(q), repeats))  # type: ignore[misc]
             best = float("inf")
             for _ in range(repeats):
@@ -209,6 +227,8 @@ def rows_for(section: str, m: dict[str, Any], target_ms: float | None) -> list[R
     return [
         Row(section, "full index (keyword-only)", m["index_s"], "s", note=note),
         Row(section, "bare FTS5 query p50", median(bare) if bare else None, "ms"),
+        Row(section, "its SQL statements p50", median(m["statements"]) if m["statements"] else None,
+            "ms", note=ratio(m["statements"])),
         Row(section, "keyword search p50", median(kw), "ms",
             f"<= {target_ms:g}" if target_ms else "", check(median(kw), target_ms), ratio(kw)),
         Row(section, "keyword search p95", percentile(kw, 95), "ms"),

@@ -1,30 +1,16 @@
 """The query's common terms, contrasted out of its embedding before vector search.
 
-BM25 gives a query word found in half of the chunks or more no weight (FTS5 clamps its IDF to
-``1e-6``): it tells no chunk from another. An embedding cannot leave a word out, and a small
-sentence model leans on names: in a chat between Caroline and Melanie, "What books has Melanie
-read?" is nearest to every short line that says "Melanie" ("Yeah, Melanie!"), and the line about
-Charlotte's Web comes later. So before the vector search the query's *common terms* (content
-words found in at least :data:`COMMON_SHARE` of the chunks, and in at least
-:data:`COMMON_MIN_CHUNKS` of them) are embedded on their own as a *background* query ``b``, and
-the search runs with
+BM25 gives a word found in half of the chunks or more no weight; an embedding cannot leave it
+out, and a small sentence model leans on names (in a chat between Caroline and Melanie, "What
+books has Melanie read?" is nearest to every line that says "Melanie"). So the query's *common
+terms* (content words found in at least :data:`COMMON_SHARE` of the chunks and at least
+:data:`COMMON_MIN_CHUNKS` of them) are embedded on their own as a background ``b`` and the
+search runs with ``q' = q - CONTRAST_WEIGHT * b`` (:func:`contrast_vector`): windows that match
+only the names drop. A query without common terms is searched as it is; a store without FTS5
+has no counts and no contrast (docs/benchmarks.md, "The query's common terms contrasted out").
 
-``q' = q - CONTRAST_WEIGHT * b`` (``q`` and ``b`` unit vectors; :func:`contrast_vector`),
-
-so a window's cosine with ``q'`` is, up to one factor per query, ``cos(q, w) - 0.5 cos(b, w)``:
-its similarity to the question minus half of what the common terms alone would give it. Windows
-that match only the names drop; those that match what the question asks about stay. A query
-without common terms is searched as it is. Contrasting every content word, rare ones included,
-loses (measured: docs/benchmarks.md, "The query's common terms contrasted out").
-
-Counting is one SQL statement over ``chunks_fts`` (the text column, ``MATCH`` per word), for at
-most :data:`MAX_COUNTED_WORDS` words; a store without FTS5 has no counts and no contrast.
-
-Source: the collection-frequency view of term weighting (Sparck Jones, "A statistical
-interpretation of term specificity and its application in retrieval", 1972), as BM25's IDF
-applies it (Robertson & Zaragoza 2009); removing a background direction from a query embedding
-follows query-vector modification as in Rocchio ("Relevance feedback in information
-retrieval", 1971), with the background taken from the query's own common terms.
+Source: IDF (Sparck Jones 1972) as BM25 applies it; query-vector modification as in Rocchio
+(1971), with the background taken from the query's own common terms.
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from fallback.search.fts import TRIGRAM_MIN_CHARS, quote_term
 from fallback.text.keywords import STOP_WORDS
 from fallback.text.scripts import contains_cjk, word_runs
 
@@ -40,38 +27,28 @@ if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
 __all__ = [
-    "COMMON_MIN_CHUNKS",
-    "COMMON_SHARE",
     "CONTRAST_WEIGHT",
-    "MAX_COUNTED_WORDS",
     "background_text",
     "common_words",
     "content_words",
     "contrast_vector",
 ]
 
-# A word is common when at least this share of the chunks holds it: where FTS5's BM25 gives it
-# no weight (its IDF is clamped for terms found in half of the rows or more).
+# A word is common when at least this share of the chunks holds it (where BM25 gives it no weight).
 COMMON_SHARE = 0.5
-# ... and at least this many chunks: in a workspace of a few notes half of them is one or two
-# chunks, which says nothing about a word.
+# ... and at least this many chunks (half of a few chunks says nothing about a word).
 COMMON_MIN_CHUNKS = 10
 # Weight of the background query removed from the query vector (chosen on LoCoMo:
 # docs/benchmarks.md, "The contrast weight").
 CONTRAST_WEIGHT = 0.5
 # Content words of one query whose chunk counts are read (a pasted page is not counted whole).
 MAX_COUNTED_WORDS = 8
-# Below this many code points a word cannot be matched on a trigram-tokenized FTS table.
-TRIGRAM_MIN_CHARS = 3
 
 
 def content_words(text: str) -> list[str]:
-    """The words of ``text`` a background may hold: its word runs
-    (:func:`~fallback.text.scripts.word_runs`), lower-cased, without stop words
-    (``fallback.text.keywords.STOP_WORDS``), single characters and CJK runs (an unbroken CJK
-    run is one FTS5 token, so its count says nothing about its words), first occurrence kept,
-    at most :data:`MAX_COUNTED_WORDS`.
-    """
+    """The words of ``text`` a background may hold: its lower-cased word runs without stop
+    words, single characters and CJK runs (one FTS5 token each), first occurrence kept, at
+    most :data:`MAX_COUNTED_WORDS`."""
     out: list[str] = []
     for word in word_runs(text):
         w = word.lower()
@@ -83,19 +60,14 @@ def content_words(text: str) -> list[str]:
     return out
 
 
-def _quoted(word: str) -> str:
-    return '"' + word.replace('"', "") + '"'
-
-
 def common_words(store: SearchStore, text: str) -> list[str]:
     """The content words of ``text`` (:func:`content_words`) that are common in the store: held
     by at least ``max(COMMON_MIN_CHUNKS, COMMON_SHARE x chunks)`` chunks (the text column of
     ``chunks_fts``, every source). Blocking: call it in a worker thread.
 
     Returns:
-        The common words in query order; ``[]`` when there are none, when the store has no
-        FTS5 table (``store.fts_error``), or on a trigram table for words shorter than 3
-        code points (they cannot be matched there).
+        The common words in query order; ``[]`` without FTS5 (a trigram table skips words
+        shorter than 3 code points).
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -107,7 +79,7 @@ def common_words(store: SearchStore, text: str) -> list[str]:
         words = [w for w in words if len(w) >= TRIGRAM_MIN_CHARS]
     if not words:
         return []
-    total, counts = store.part_counts([f"text : {_quoted(w)}" for w in words])
+    total, counts = store.part_counts([f"text : {quote_term(w)}" for w in words])
     need = max(COMMON_MIN_CHUNKS, math.ceil(COMMON_SHARE * total))
     return [w for w, n in zip(words, counts, strict=True) if n >= need]
 
@@ -126,22 +98,12 @@ def _unit(vector: Sequence[float]) -> list[float] | None:
 
 def contrast_vector(query: Sequence[float], background: Sequence[float], *,
                     weight: float = CONTRAST_WEIGHT) -> list[float]:
-    """``unit(query) - weight x unit(background)``: the query vector with part of the direction
-    of its common terms removed (pure).
+    """``unit(query) - weight x unit(background)``, not normalised (pure): its cosine with a
+    unit window ``w`` orders as ``cos(q, w) - weight x cos(b, w)``.
 
-    The result is not normalised (cosine search normalises the query). Its cosine with a unit
-    window ``w`` is ``(cos(q, w) - weight x cos(b, w)) / |q'|``: the same order as the
-    difference, one positive factor per query.
-
-    Args:
-        query: the query embedding (any norm).
-        background: the embedding of the query's common terms (:func:`background_text`).
-        weight: share of the background removed, in ``[0, 1)``.
-
-    Returns:
-        The contrasted vector; ``query`` unchanged (as a list) when either vector is zero or
-        not finite, their lengths differ, or the result would be zero (a query that is its own
-        background keeps its direction anyway).
+    ``background`` embeds the query's common terms (:func:`background_text`); ``weight`` in
+    ``[0, 1)``. ``query`` comes back unchanged (as a list) when either vector is zero or not
+    finite, their lengths differ, or the result would be zero.
     """
     q, b = _unit(query), _unit(background)
     if q is None or b is None or len(q) != len(b):

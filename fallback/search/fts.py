@@ -1,61 +1,21 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
-User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is wrapped in
-double quotes (so ``AND``/``OR``/``NOT``/``NEAR``, ``*``, ``:``, ``^``, ``-``, parentheses and
-quotes in the query are always literal text, never FTS5 syntax), and the only operators in a
-plan are the ones written here.
+User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is quoted
+(:func:`quote_term`), so FTS5 syntax in a query is always literal text.
 
-A question is not a keyword list ("When did Caroline go to the support group?"), so the plan for
-``chunks_fts`` (``porter unicode61``, columns ``text, title, terms``; see
-``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()`` in SQL
-(``fallback/search/keyword.py``), where a chunk matching more distinct parts, rarer parts and
-parts close together scores higher:
+The plan for ``chunks_fts`` (``porter unicode61``; columns ``text, title, terms``,
+``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()``:
+content words (stop words and contraction pieces left out unless nothing else is left;
+full-width words also as ASCII); compounds (``Wi-Fi`` -> ``("wi fi" OR "wifi")``) and adjacent
+words joined (``"icecream"``), which the ``terms`` column holds; dates and months in canonical
+form (``"20230508"``, ``"202305"``); quoted phrases; ``NEAR(a b, 10)`` of consecutive parts; and,
+when FTS5 clamps the IDF of every part (a workspace of a few notes), ``(a AND b)`` for every
+pair of the first six parts, so more distinct parts beat one part repeated.
 
-- **content words**: the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` minus the stop words of every
-  supported language (``fallback.text.keywords.STOP_WORDS``) and minus the pieces of English
-  contractions and possessives (the ``s`` of ``Nate's``, the ``don`` and ``t`` of ``don't``;
-  ``fallback.text.keywords.contraction_fragments``); a query made only of those keeps them
-  all. ``porter`` stems both sides, so ``painting`` finds ``paint``;
-- **full-width words** (``ｒｏｕｔｅｒ``, typed with an input method in full-width mode):
-  ``("ｒｏｕｔｅｒ" OR "router")``, the word as typed or its ASCII form, which counts as that
-  word everywhere else (a full-width stop word is a stop word);
-- **compounds** (``Wi-Fi``, ``ABC-1234``, ``snake_case``): ``("wi fi" OR "wifi")``: the phrase of
-  the parts, or the joined form, which the ``terms`` column holds for every compound of the
-  text, so ``Wi-Fi``, ``wi fi`` and ``wifi`` find each other;
-- **adjacent words** also as their joined form (``ice cream`` -> ``"icecream"``, ``wi fi`` ->
-  ``"wifi"``). Not covered: a query word written apart in the text (``wifi`` does not find
-  ``wi fi``; it finds ``wifi`` and ``Wi-Fi``);
-- **dates** (``2023-05-08``, ``May 8 2023``, ``8 May, 2023``) as the canonical ``"20230508"``,
-  months (``May 2023``) as ``"202305"``: the ``terms`` column holds them for dates written in the
-  text, the ``title`` column for the note's name and first heading;
-- **quoted phrases** (``"support group"``) as the exact phrase, on top of their words;
-- **proximity**: consecutive content parts as ``NEAR(a b, 10)``, whose phrases count again in
-  ``bm25()`` only where the two stand within ten tokens of each other;
-- **coverage**: BM25 adds up the parts a chunk matches, weighted by IDF; but FTS5 clamps the
-  IDF of a word found in half of the chunks or more to ``1e-6``, so in a workspace of a few
-  notes every part may weigh nothing and BM25 would only see term frequencies. Then (the caller
-  decides, ``fallback/search/keyword.py``) every pair of the first six parts is added as
-  ``(a AND b)``, whose phrases count again only in chunks holding both: a chunk matching ``m``
-  parts gains ``m(m-1)/2`` pairs, so more distinct parts beat one part repeated. Elsewhere the
-  pairs are left out: they would only double the cost of the query.
-
-CJK scheme (the ``unicode61`` tokenizer keeps an unbroken CJK run as one token, so a sub-word of
-a Japanese or Chinese sentence never matches by ``MATCH``): CJK tokens of >= 3 code points go to
-``chunks_trigram`` (FTS5 ``trigram case_sensitive 0``, same text, rowid = chunk rowid), which
-matches any substring of >= 3 characters; CJK tokens of 1-2 code points become ``text LIKE
-'%tok%' ESCAPE '\\'`` filters (``\\``, ``%``, ``_`` escaped) on ``chunks.text``. The CJK parts are
-required (ANDed with each other and with the English part). Status reports this scheme as
-``trigram+like``.
-
-With ``store.fts.tokenizer = "trigram"`` the main table itself is trigram: every token of >= 3
-code points goes to its ``MATCH`` (ANDed) and every shorter token (any script) becomes a LIKE
-filter.
-
-Source: Okapi BM25 (Robertson & Zaragoza, "The Probabilistic Relevance Framework: BM25 and
-Beyond", 2009) as SQLite's FTS5 ``bm25()`` computes it; Porter stemming (Porter, "An algorithm
-for suffix stripping", 1980) as FTS5's ``porter`` tokenizer implements it; the LIKE plan follows
-``specs/builtin-engine-spec.md`` §8.2 (E2). The reference's rank-to-score mapping (§8.3) is
-replaced by scores relative to the best hit (``fallback/search/keyword.py``).
+CJK: ``unicode61`` keeps an unbroken CJK run as one token, so CJK tokens of >= 3 code points go
+to ``chunks_trigram`` and shorter ones to ``LIKE '%tok%'`` filters, ANDed with the rest
+(status: ``trigram+like``). A ``trigram`` store ANDs every token of >= 3 code points in
+``MATCH`` and filters shorter ones with ``LIKE`` (spec §8.2).
 """
 
 from __future__ import annotations
@@ -66,7 +26,7 @@ import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
 from fallback.text.scripts import contains_cjk, narrow_fullwidth, word_runs
@@ -77,16 +37,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COVERAGE_MAX_CHUNKS",
+    "TRIGRAM_MIN_CHARS",
     "FtsPlan",
-    "MAX_QUERY_PARTS",
-    "NEAR_DISTANCE",
+    "FtsQuery",
+    "analyze_fts_query",
     "build_fts_query",
-    "contains_cjk",
     "escape_like",
-    "fts_tokens",
+    "quote_term",
 ]
 
-# Below this many code points a CJK token cannot be found through a trigram index.
+# Below this many code points a token cannot be found through a trigram index.
 TRIGRAM_MIN_CHARS = 3
 # Content parts of one query that go into MATCH (a pasted page must not become a huge OR).
 MAX_QUERY_PARTS = 32
@@ -119,18 +79,14 @@ def _word_matches(text: str) -> Iterator[re.Match[str] | regex.Match[str]]:
     return (_ASCII_WORD_RE if text.isascii() else _word_re()).finditer(text)
 
 
-def fts_tokens(text: str) -> list[str]:
-    """Return the NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text``, in order (may repeat)."""
-    return word_runs(text)
-
-
 def escape_like(token: str) -> str:
     """Return the ``LIKE`` pattern ``%token%`` with ``\\``, ``%`` and ``_`` escaped by ``\\``."""
     escaped = token.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{escaped}%"
 
 
-def _quote(token: str) -> str:
+def quote_term(token: str) -> str:
+    """``token`` as one FTS5 string (double quotes removed from it): never an operator."""
     return '"' + token.replace('"', "") + '"'
 
 
@@ -140,18 +96,13 @@ class FtsPlan:
 
     Attributes:
         tokens: every query token (NFC, order kept, duplicates removed).
-        match: ``MATCH`` expression for ``chunks_fts`` (see the module docstring), or ``None``.
-        trigram_match: ``MATCH`` expression for ``chunks_trigram`` (CJK tokens of >= 3 code
-            points, ANDed; unicode61 stores only), or ``None``.
-        like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short CJK tokens; with the
-            trigram tokenizer every token shorter than 3 code points).
-        terms: the content parts searched, lower-case (words, compounds' joined forms,
-            canonical dates, quoted phrases), in query order.
-        mark_match: the OR of the content parts alone (no joined pairs, no ``NEAR``): the
-            ``MATCH`` whose ``highlight()`` marks every occurrence of a query part in a hit,
-            for its snippet window; ``None`` when :attr:`match` is.
-        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
-            counting in how many chunks each occurs.
+        match: ``MATCH`` expression for ``chunks_fts``, or ``None``.
+        trigram_match: ``MATCH`` expression for ``chunks_trigram`` (long CJK tokens), or ``None``.
+        like_terms: tokens matched by ``LIKE`` on ``chunks.text`` (short tokens, see above).
+        terms: the content parts searched, lower-case, in query order.
+        mark_match: the OR of the content parts alone (no common ones, no pairs): the
+            ``MATCH`` whose ``highlight()`` marks a hit's snippet window; ``None`` with ``match``.
+        parts: ``(key, MATCH expression)`` of each content part, for counting its chunks.
     """
 
     tokens: tuple[str, ...]
@@ -173,8 +124,7 @@ class FtsPlan:
         return tuple(escape_like(t) for t in self.tokens)
 
 
-@dataclass(frozen=True)
-class _Part:
+class _Part(NamedTuple):
     """One unit of a query: a word, a compound or a date, with its span."""
 
     start: int
@@ -186,8 +136,9 @@ class _Part:
     fragment: bool = False  # a piece of an English contraction ("s" of "Nate's")
 
 
-def _query_parts(text: str) -> list[_Part]:
-    """Dates, then compounds, then words of ``text`` (NFC), left to right, spans disjoint."""
+def _query_parts(text: str, words: list[re.Match[str] | regex.Match[str]]) -> list[_Part]:
+    """Dates, then compounds, then words (``words``: the word runs of ``text``) of ``text``
+    (NFC), left to right, spans disjoint."""
     parts: list[_Part] = []
     taken: list[tuple[int, int]] = []
 
@@ -196,125 +147,145 @@ def _query_parts(text: str) -> list[_Part]:
 
     for d in date_mentions(text):
         taken.append((d.start, d.end))
-        parts.append(_Part(d.start, d.end, "date", d.terms[0], _quote(d.terms[0]), _quote(d.terms[0])))
+        parts.append(_Part(d.start, d.end, "date", d.terms[0], quote_term(d.terms[0]), quote_term(d.terms[0])))
     for c in compounds(text):
         if not free(c.start, c.end) or any(contains_cjk(p) for p in c.parts):
             continue
         taken.append((c.start, c.end))
-        phrase = _quote(" ".join(c.parts))
+        phrase = quote_term(" ".join(c.parts))
         parts.append(_Part(c.start, c.end, "compound", c.joined, phrase,
-                           f"({phrase} OR {_quote(c.joined)})"))
+                           f"({phrase} OR {quote_term(c.joined)})"))
     fragments = set(contraction_fragments(text))
-    for m in _word_matches(text):
-        if free(m.start(), m.end()):
-            word = m.group().lower()
-            narrow = narrow_fullwidth(word)
-            expr = _quote(word) if narrow == word else f"({_quote(word)} OR {_quote(narrow)})"
-            parts.append(_Part(m.start(), m.end(), "word", narrow, _quote(narrow), expr,
-                               fragment=m.span() in fragments))
+    for m in words:
+        start, end = m.span()
+        if taken and not free(start, end):
+            continue
+        word = m.group().lower()
+        narrow = narrow_fullwidth(word)
+        phrase = quote_term(narrow)
+        expr = phrase if narrow == word else f"({quote_term(word)} OR {phrase})"
+        parts.append(_Part(start, end, "word", narrow, phrase, expr, (start, end) in fragments))
     return sorted(parts, key=lambda p: p.start)
 
 
-def _match_expression(text: str, *, coverage_pairs: bool, common: frozenset[str],
-                      drop_common: bool, unpaired: frozenset[str]) -> tuple[str | None, str | None, tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """The OR expression over the non-CJK parts of a unicode61 query, the same without joined
-    pairs and NEAR groups (for highlighting), the content keys and ``(key, expr)`` per part."""
-    parts = [p for p in _query_parts(text) if p.kind != "word" or not contains_cjk(p.key)]
-    content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
-    if not content:
-        content = parts  # only stop words ("AND", "the"): search them rather than nothing
-    seen: dict[str, _Part] = {}
-    for p in content:
-        seen.setdefault(p.key, p)
-    unique = list(seen.values())[:MAX_QUERY_PARTS]
-    exprs = [p.expr for p in unique]
-    keys = [p.key for p in unique]
-    for m in _QUOTED_RE.finditer(text):
-        quoted = [w.lower() for w in word_runs(m.group(1))]
-        if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
-            exprs.append(_quote(" ".join(quoted)))
-            keys.append(" ".join(quoted))
-    rare = [e for e, k in zip(exprs, keys, strict=True) if k not in common]
-    marks = " OR ".join(rare or exprs) or None
-    if rare and drop_common:
-        # A part found in half of the chunks or more weighs 1e-6 in bm25(): next to a rarer
-        # part it only adds the cost of walking its long list of rows.
-        exprs = rare
-    joined: list[str] = []
-    for a, b in itertools.pairwise(content):
-        if (a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
-                and not text[a.end:b.start].strip() and a.key + b.key not in seen):
-            joined.append(_quote(a.key + b.key))
-    exprs.extend(dict.fromkeys(joined[:MAX_PAIRS]))
-    # Dates live in the title and terms columns, never next to words of the text: no NEAR.
-    # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
-    paired = [p for p in unique if p.key not in common and p.key not in unpaired]
-    spoken = [p for p in paired if p.kind != "date"]
-    near = [f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
-            for a, b in itertools.pairwise(spoken)][:MAX_PAIRS]
-    exprs.extend(near)
-    if coverage_pairs:
-        exprs.extend(f"({a.expr} AND {b.expr})"
-                     for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
-    return (" OR ".join(exprs) or None), marks, tuple(keys), tuple((p.key, p.expr) for p in unique)
+@dataclass(frozen=True)
+class FtsQuery:
+    """A query cut into its parts, before the store's counts choose its plan (:meth:`plan`).
+
+    Attributes:
+        parts: ``(key, MATCH expression)`` of each content part (words, compounds, dates), for
+            counting in how many chunks each occurs.
+    """
+
+    parts: tuple[tuple[str, str], ...]
+    _fixed: FtsPlan | None = None  # a plan no count changes (symbols only, a trigram store)
+    _tokens: tuple[str, ...] = ()
+    _unique: tuple[_Part, ...] = ()
+    _exprs: tuple[tuple[str, str], ...] = ()  # (key, expr) of the parts and quoted phrases
+    _joined: tuple[str, ...] = ()
+
+    def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
+             drop_common: bool = False, unpaired: frozenset[str] = frozenset()) -> FtsPlan:
+        """The plan of the query (see :func:`build_fts_query` for the arguments)."""
+        if self._fixed is not None:
+            return self._fixed
+        rare = [e for k, e in self._exprs if k not in common]
+        marks = " OR ".join(rare or [e for _, e in self._exprs]) or None
+        exprs = rare if rare and drop_common else [e for _, e in self._exprs]
+        exprs.extend(self._joined)
+        # Dates live in the title and terms columns, never next to words of the text: no NEAR.
+        # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
+        paired = [p for p in self._unique if p.key not in common and p.key not in unpaired]
+        spoken = [p for p in paired if p.kind != "date"]
+        exprs.extend([f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
+                      for a, b in itertools.pairwise(spoken)][:MAX_PAIRS])
+        if coverage_pairs:
+            exprs.extend(f"({a.expr} AND {b.expr})"
+                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
+        cjk = [t for t in self._tokens if contains_cjk(t)]
+        return FtsPlan(
+            tokens=self._tokens,
+            match=" OR ".join(exprs) or None,
+            trigram_match=" AND ".join(quote_term(t) for t in cjk if len(t) >= TRIGRAM_MIN_CHARS) or None,
+            like_terms=tuple(t for t in cjk if len(t) < TRIGRAM_MIN_CHARS),
+            terms=tuple(k for k, _ in self._exprs),
+            mark_match=marks,
+            parts=self.parts,
+        )
 
 
-def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
-                    common: frozenset[str] = frozenset(),
-                    drop_common: bool = False,
-                    unpaired: frozenset[str] = frozenset()) -> FtsPlan | None:
-    """Turn free text into a safe FTS plan; never raises.
+def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery | None:
+    """Cut free text into the parts of its FTS plan (see the module docstring); never raises.
 
     Args:
-        query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
-        tokenizer: the configured tokenizer of ``chunks_fts``: ``unicode61`` (default; the
-            table is ``porter unicode61``) or ``trigram``.
-        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (the caller passes
-            ``True`` when FTS5 clamps the IDF of every part).
-        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks
-            (FTS5 gives them an IDF of ``1e-6``): they join no pair and mark no snippet line
-            (in a pair they would only add cost).
-        drop_common: also leave the ``common`` parts out of ``match`` when the query has a
-            rarer part: they change no rank there, only add the cost of walking their rows
-            (the caller passes ``True`` for a large store; in a small one a chunk matching
-            only common words still comes back when ``minScore`` is 0).
-        unpaired: keys of further parts that join no ``NEAR`` pair (too common for a pair
-            to be worth its cost in a large store).
+        query: any user text.
+        tokenizer: the configured tokenizer of ``chunks_fts`` (``unicode61`` or ``trigram``).
 
     Returns:
-        ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
-        Examples (unicode61): ``hello world`` -> match ``"hello" OR "world" OR "helloworld" OR
-        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``the`` ->
-        ``"the"``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
+        ``None`` when the text has no token (blank, only punctuation); else an
+        :class:`FtsQuery`, whose :meth:`FtsQuery.plan` takes the store's counts.
     """
     text = unicodedata.normalize("NFC", query)
-    tokens = tuple(dict.fromkeys(t for t in fts_tokens(text) if t.replace('"', "")))
+    words = list(_word_matches(text))
+    tokens = tuple(dict.fromkeys(m.group() for m in words))
     if not tokens:
         # No letters or digits at all (emoji, symbols such as "→" or "★"): the tokenizers drop
         # those characters, so look for the text itself as a substring.
         symbols = " ".join(text.split())
         if not any(unicodedata.category(ch) in ("So", "Sm") for ch in symbols):
             return None
-        return FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,))
+        return FtsQuery((), FtsPlan(tokens=(), match=None, trigram_match=None, like_terms=(symbols,)))
     if tokenizer == "trigram":
         main = [t for t in tokens if len(t) >= TRIGRAM_MIN_CHARS]
-        like = [t for t in tokens if len(t) < TRIGRAM_MIN_CHARS]
-        return FtsPlan(tokens=tokens, match=" AND ".join(_quote(t) for t in main) or None,
-                       trigram_match=None, like_terms=tuple(like),
-                       terms=tuple(t.lower() for t in main),
-                       mark_match=" OR ".join(_quote(t) for t in main) or None)
-    cjk = [t for t in tokens if contains_cjk(t)]
-    trigram = [t for t in cjk if len(t) >= TRIGRAM_MIN_CHARS]
-    like = [t for t in cjk if len(t) < TRIGRAM_MIN_CHARS]
-    match, mark_match, keys, parts = _match_expression(text, coverage_pairs=coverage_pairs,
-                                                       common=common, drop_common=drop_common,
-                                                       unpaired=unpaired)
-    return FtsPlan(
-        tokens=tokens,
-        match=match,
-        trigram_match=" AND ".join(_quote(t) for t in trigram) or None,
-        like_terms=tuple(like),
-        terms=keys,
-        mark_match=mark_match,
-        parts=parts,
-    )
+        return FtsQuery((), FtsPlan(
+            tokens=tokens, match=" AND ".join(quote_term(t) for t in main) or None,
+            trigram_match=None, like_terms=tuple(t for t in tokens if len(t) < TRIGRAM_MIN_CHARS),
+            terms=tuple(t.lower() for t in main),
+            mark_match=" OR ".join(quote_term(t) for t in main) or None))
+    parts = [p for p in _query_parts(text, words) if p.kind != "word" or not contains_cjk(p.key)]
+    content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
+    if not content:
+        content = parts  # only stop words ("AND", "the"): search them rather than nothing
+    seen: dict[str, _Part] = {}
+    for p in content:
+        seen.setdefault(p.key, p)
+    unique = tuple(seen.values())[:MAX_QUERY_PARTS]
+    exprs = [(p.key, p.expr) for p in unique]
+    for m in _QUOTED_RE.finditer(text):
+        quoted = [w.lower() for w in word_runs(m.group(1))]
+        if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
+            exprs.append((" ".join(quoted), quote_term(" ".join(quoted))))
+    joined = [quote_term(a.key + b.key) for a, b in itertools.pairwise(content)
+              if a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()
+              and not text[a.end:b.start].strip() and a.key + b.key not in seen]
+    return FtsQuery(tuple((p.key, p.expr) for p in unique), None, tokens, unique, tuple(exprs),
+                    tuple(dict.fromkeys(joined[:MAX_PAIRS])))
+
+
+def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
+                    common: frozenset[str] = frozenset(),
+                    drop_common: bool = False,
+                    unpaired: frozenset[str] = frozenset()) -> FtsPlan | None:
+    """Turn free text into a safe FTS plan (:func:`analyze_fts_query`, then
+    :meth:`FtsQuery.plan`); never raises.
+
+    Args:
+        query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
+        tokenizer: the tokenizer of ``chunks_fts``: ``unicode61`` (default) or ``trigram``.
+        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (when FTS5 clamps
+            the IDF of every part).
+        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
+            they join no pair and mark no snippet line.
+        drop_common: also leave the ``common`` parts out of ``match`` when the query has a
+            rarer part (a large store: there they change no rank, only add cost).
+        unpaired: keys of further parts that join no ``NEAR`` pair.
+
+    Returns:
+        ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
+        Examples (unicode61): ``hello world`` -> match ``"hello" OR "world" OR "helloworld" OR
+        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``価格 2026年`` -> no
+        match, trigram ``"2026年"``, like ``価格``.
+    """
+    analyzed = analyze_fts_query(query, tokenizer=tokenizer)
+    return None if analyzed is None else analyzed.plan(
+        coverage_pairs=coverage_pairs, common=common, drop_common=drop_common, unpaired=unpaired)

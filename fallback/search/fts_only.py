@@ -1,23 +1,11 @@
-"""Keyword-only (FTS-only) ranking steps, blocking and free of pydantic and anyio.
+"""Keyword-only ranking steps, blocking and free of pydantic and anyio.
 
-The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and the
-one-shot read-only search (``fallback/engine/in_sync.py``) calls them directly, so both rank
-and cut snippets with the same code:
-
-1. :func:`keyword_ranked`: the keyword candidates of the query
-   (``fallback/search/keyword.py``), the score floor (every candidate when none passes:
-   spec §8.6), then temporal decay (best first);
-2. the caller's optional reranker, then :func:`keyword_results`: hits mostly inside a better hit
-   of their file dropped (:func:`~fallback.search.ranking.drop_covered`) and the result slots
-   (:func:`~fallback.search.fusion.select_results`);
-3. :func:`hit_snippets`: the snippet window of each selected hit (``fallback/search/snippets.py``)
-   with its own 1-based inclusive line range.
-
-:func:`keyword_search` runs the three steps without a reranker and returns :class:`Hit` values:
-it is the whole keyword-only search of the one-shot read-only route
-(``fallback/engine/in_sync.py``) and of qmd's ``search``-mode passages
-(``qmdbridge/qmd/passages.py``). A hit's score is clamped to ``[0, 1]`` by :func:`clamp_score`
-only, on every route.
+The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and
+:func:`keyword_search` chains them (no reranker) for the one-shot read-only search
+(``fallback/engine/in_sync.py``), qmd's ``search``-mode passages and the library, so every route
+ranks and cuts snippets with the same code: :func:`keyword_ranked` (candidates, score floor,
+temporal decay), the caller's optional reranker, :func:`keyword_results` (covered hits dropped,
+result slots), :func:`hit_snippets` (the snippet window of each hit).
 """
 
 from __future__ import annotations
@@ -38,7 +26,7 @@ if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
 __all__ = ["MAX_CANDIDATES", "SNIPPET_MAX_CHARS", "Hit", "HitSnippet", "KeywordAnswer", "candidate_count",
-           "clamp_score", "decayed", "hit_snippet", "hit_snippets", "keyword_ranked", "keyword_results",
+           "clamp_score", "decayed", "hit_snippets", "keyword_ranked", "keyword_results",
            "keyword_search"]
 
 # Snippets hold at most this many code points (the reference's, and memory.qmd.limits.maxSnippetChars).
@@ -67,12 +55,10 @@ class Hit:
         path: the file's path as indexed (workspace-relative, ``/`` separators).
         start_line / end_line: 1-based inclusive line range of the chunk.
         score: in ``[0, 1]`` (:func:`clamp_score`).
-        snippet: the window of the chunk's lines that best matches the query, at most the
-            snippet budget in code points.
-        snippet_start_line / snippet_end_line: 1-based inclusive line range of the snippet.
+        snippet: the window of the chunk's lines that best matches the query (at most the
+            snippet budget in code points), on lines ``snippet_start_line..snippet_end_line``.
         source: ``memory`` or ``sessions``.
-        text_score: the keyword (BM25) side's score before temporal decay (``textScore``), or
-            ``None`` where the hit has none.
+        text_score: the keyword side's score before temporal decay, or ``None``.
     """
 
     path: str
@@ -87,8 +73,7 @@ class Hit:
 
     @classmethod
     def of(cls, c: Candidate, snippet: HitSnippet) -> Hit:
-        """A ranked candidate and its snippet as a hit (score clamped, source ``memory``
-        unless the candidate's is ``sessions``)."""
+        """A ranked candidate and its snippet as a hit."""
         return cls(path=c.path, start_line=c.start_line, end_line=c.end_line,
                    score=clamp_score(c.score), snippet=snippet.text,
                    snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
@@ -98,13 +83,8 @@ class Hit:
 
 @dataclass(frozen=True)
 class KeywordAnswer:
-    """What :func:`keyword_search` found.
-
-    Attributes:
-        hits: at most ``limit`` hits, best first.
-        ranked_paths: the paths of every candidate kept by the score floor (before hits mostly
-            inside a better one were dropped and the result slots cut).
-    """
+    """What :func:`keyword_search` found: ``hits`` (at most ``limit``, best first) and
+    ``ranked_paths``, the paths of every candidate the score floor kept (before the cut)."""
 
     hits: list[Hit]
     ranked_paths: frozenset[str]
@@ -118,16 +98,11 @@ def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], lim
     :func:`keyword_results`, :func:`hit_snippets` (blocking).
 
     Args:
-        store: the open store.
-        text: the stripped query (not blank).
-        sources: sources searched (``memory``, ``sessions``).
+        store / text / sources: the open store, the stripped query, the sources searched.
         limit: hits wanted, ``>= 1``.
-        candidates: candidates fetched (:func:`candidate_count`).
-        floor: the score floor (``minScore``) in ``[0, 1]``.
-        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
-        now_ms: the clock for temporal decay, epoch ms.
+        candidates / floor / half_life_days / now_ms / plan: as :func:`keyword_ranked` (the
+            plan is made here when ``None``).
         max_snippet_chars: snippet budget in code points, ``>= 1``.
-        plan: the query's FTS plan when the caller has it (default: made here).
 
     Returns:
         A :class:`KeywordAnswer`.
@@ -147,13 +122,9 @@ def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], lim
 
 @dataclass(frozen=True)
 class HitSnippet:
-    """The text shown for one hit and where it is.
-
-    Attributes:
-        text: at most ``max_snippet_chars`` code points of the chunk's whole lines.
-        start_line / end_line: 1-based inclusive line range of the snippet in the file (the
-            hit's own range when the chunk's lines are not one per file line).
-    """
+    """The text shown for one hit (at most ``max_snippet_chars`` code points of the chunk's
+    whole lines) and its 1-based inclusive line range in the file (the hit's own range when the
+    chunk's lines are not one per file line)."""
 
     text: str
     start_line: int
@@ -162,10 +133,8 @@ class HitSnippet:
 
 def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int | None, now_ms: int,
             trace: SearchTrace | None = None) -> list[Candidate]:
-    """Temporal decay of ``cands`` by half-life (``None``: off), best first.
-
-    Dated notes are dated by their file name, the rest by the ``files.mtime`` of the store
-    (``fallback/search/ranking.py``); with decay off the candidates are only sorted by score.
+    """Temporal decay of ``cands`` by half-life (``None``: off; then only sorted), best first;
+    undated files are dated by the store's ``files.mtime``.
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -187,21 +156,15 @@ def decayed(store: SearchStore, cands: list[Candidate], *, half_life_days: int |
 def keyword_ranked(store: SearchStore, text: str, srcs: list[str], *, candidates: int, floor: float,
                    half_life_days: int | None, now_ms: int, plan: FtsPlan | None,
                    trace: SearchTrace | None = None) -> list[Candidate]:
-    """Step 1 of keyword-only search: candidates, the score floor, temporal decay.
-
-    Args:
-        store: the open store.
-        text: the stripped query.
-        srcs: sources searched.
-        candidates: candidates fetched (``maxResults`` x ``candidateMultiplier``, at most 200).
-        floor: ``minScore``; when no candidate reaches it, all of them are kept (spec §8.6).
-        half_life_days: temporal decay half-life in days, ``None`` when decay is off.
-        now_ms: the clock, epoch ms.
-        plan: the query's FTS plan (:func:`~fallback.search.keyword.search_plan`), or ``None``.
-        trace: the ``--explain`` trace to fill in, or ``None``.
+    """Step 1 of keyword-only search: the candidates of the stripped query ``text`` in
+    ``srcs`` (``candidates`` per source, :func:`candidate_count`; ``plan``: the query's
+    :func:`~fallback.search.keyword.search_plan` or ``None``), the score floor ``floor``
+    (``minScore``; all are kept when none reaches it, spec §8.6), then temporal decay
+    (``half_life_days``, ``None``: off; ``now_ms``: epoch ms). ``trace``: the ``--explain``
+    trace to fill in, or ``None``.
 
     Returns:
-        The kept candidates, best first (decayed scores when decay is on).
+        The kept candidates, best first.
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -221,34 +184,24 @@ def keyword_results(ranked: list[Candidate], *, limit: int) -> list[Candidate]:
     return select_results(drop_covered(ranked), max_results=limit)
 
 
-def hit_snippet(c: Candidate, *, marked: str | None,
-                max_snippet_chars: int = SNIPPET_MAX_CHARS) -> HitSnippet:
-    """The snippet of one hit: the window of its chunk's lines that best matches the query.
-
-    Args:
-        c: the ranked candidate (its ``snippet`` is the whole chunk text).
-        marked: the chunk text with the query's matches marked
-            (:func:`~fallback.search.keyword.highlight_hits`); ``None``: no keyword signal, the
-            snippet is the chunk's first lines.
-        max_snippet_chars: snippet budget in code points.
-    """
-    window = best_window(marked if marked is not None else c.snippet, max_chars=max_snippet_chars)
-    first, last = c.start_line, c.end_line
-    if c.end_line - c.start_line == c.snippet.count("\n"):
-        # One chunk line per file line (transcript chunks are remapped to JSONL lines and
-        # keep the chunk's range).
-        first, last = c.start_line + window.first_line, c.start_line + window.last_line
-    return HitSnippet(window.text, first, last)
-
-
 def hit_snippets(store: SearchStore, text: str, hits: Sequence[Candidate], *, plan: FtsPlan | None,
                  max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[HitSnippet]:
-    """The snippet of every hit (:func:`hit_snippet`), the query's matches marked by one
-    FTS5 ``highlight()`` statement for all of them (CJK substrings marked in Python).
+    """The snippet of every hit: the window of its chunk's lines that best matches the query
+    (:func:`~fallback.search.snippets.best_window`; the chunk's first lines for a hit without a
+    mark), the matches marked by one FTS5 ``highlight()`` statement for the hits longer than
+    the budget (:func:`~fallback.search.keyword.highlight_hits`; a shorter chunk is its own
+    snippet, no statement runs when every hit is).
 
     Raises:
         IndexStoreError: on a SQLite failure.
     """
-    marked = highlight_hits(store, text, hits, plan=plan)
-    return [hit_snippet(c, marked=marked.get(c.chunk_id), max_snippet_chars=max_snippet_chars)
-            for c in hits]
+    marked = highlight_hits(store, text, [c for c in hits if len(c.snippet) > max_snippet_chars],
+                            plan=plan)
+    out = []
+    for c in hits:
+        window = best_window(marked.get(c.chunk_id, c.snippet), max_chars=max_snippet_chars)
+        first, last = c.start_line, c.end_line
+        if last - first == c.snippet.count("\n"):  # one chunk line per file line (not a transcript)
+            first, last = first + window.first_line, first + window.last_line
+        out.append(HitSnippet(window.text, first, last))
+    return out

@@ -1,27 +1,16 @@
 """Hybrid fusion: keyword and vector candidates become one calibrated score, then the floor and
-the result slots.
+the result slots (pure).
 
-Everything here is pure (plain values in, new values out). A hybrid search runs:
+A hybrid search runs :func:`fuse` (each side's *evidence* in ``[0, 1]``, then
+:func:`calibrated_score`), :func:`apply_floor` (``minScore``), temporal decay, the optional
+reranker and MMR (they reorder, never remove), then :func:`select_results`.
 
-1. :func:`fuse` — each side's candidates get an *evidence* in ``[0, 1]`` (:func:`text_evidence`
-   and :func:`vector_evidence`, or :func:`rank_evidence`), and every chunk found by either
-   side gets :func:`calibrated_score`;
-2. :func:`apply_floor` — ``minScore`` on that calibrated score;
-3. temporal decay, the optional reranker and MMR (``fallback/search/ranking.py``,
-   ``rerank.py``): they reorder, they never remove;
-4. :func:`select_results` — ``maxResults``, with session transcripts held to half the slots
-   and the near-duplicate chunks of one transcript collapsed.
-
-Why evidence is relative: a cosine similarity means different things for different models
-(all-MiniLM-class models give a true match 0.3-0.5, large remote models 0.6-0.9 and unrelated
-text 0.5), and FTS5's BM25 depends on the corpus size (its IDF collapses in a small
-workspace). So a keyword hit's evidence is its text score relative to the query's best keyword
-hit, and a vector hit's evidence is how far its cosine stands above the query's cosines over
-the whole collection, in standard deviations (:func:`vector_evidence`): the same scale for
-every model and corpus, so one default ``minScore`` (0.35) fits all of them. The two sides are
-not symmetric on purpose: the best keyword hit holds the query's words, while the nearest
-vector is only the nearest of whatever the memory holds, so it earns full evidence only when
-it stands out.
+Evidence is relative because a cosine means different things for different models and BM25
+depends on the corpus size: a keyword hit's evidence is its text score relative to the
+query's best keyword hit; a vector hit's is how far its cosine stands above the query's
+cosines over the whole collection, in standard deviations (the nearest vector is only the
+nearest of whatever the memory holds, so it earns full evidence only when it stands out).
+One default ``minScore`` (0.35) then fits every model and corpus.
 """
 
 from __future__ import annotations
@@ -34,12 +23,6 @@ from typing import Literal
 from fallback.search.ranking import Candidate, jaccard, mmr_tokens
 
 __all__ = [
-    "FUSION_METHODS",
-    "FULL_EVIDENCE_Z",
-    "MAX_EVIDENCE_SHARE",
-    "MAX_SESSION_SHARE",
-    "NEAR_DUPLICATE_JACCARD",
-    "RRF_K",
     "CosineStats",
     "FusionMethod",
     "apply_floor",
@@ -51,31 +34,26 @@ __all__ = [
     "vector_evidence",
 ]
 
-FusionMethod = Literal["scores", "rrf"]
 # ``scores``: evidence from each side's normalised scores; ``rrf``: from each side's ranks.
-FUSION_METHODS: tuple[FusionMethod, ...] = ("scores", "rrf")
+FusionMethod = Literal["scores", "rrf"]
 
 # Share of the calibrated score given by a chunk's strongest evidence on either side; the rest
-# is the weighted mean of both. With 1/2, a chunk that is the best of one side alone scores at
-# least 0.5 (above the default minScore 0.35) whatever the weights, and one strong on both
-# sides scores up to 1.
+# is the weighted mean of both (the best of one side alone scores at least 0.5).
 MAX_EVIDENCE_SHARE = 0.5
 
 # The rank constant of reciprocal rank fusion (Cormack, Clarke & Büttcher 2009 use 60).
 RRF_K = 60
 
 # A vector hit whose cosine stands this many standard deviations above the query's mean cosine
-# over the collection has full evidence (1). Lower values let the vector side's flat top outrank
-# exact keyword hits, higher ones let weak keyword hits outrank clear paraphrase matches
-# (measured: docs/benchmarks.md, "Full vector evidence at 3.5 standard deviations").
+# over the collection has full evidence (1) (docs/benchmarks.md, "Full vector evidence at 3.5
+# standard deviations").
 FULL_EVIDENCE_Z = 3.5
 
 # Session transcripts may fill at most this share of the result slots while memory hits remain.
 MAX_SESSION_SHARE = 0.5
 
 # Two chunks of one transcript whose token sets overlap at least this much (Jaccard) say the
-# same thing: the lower-ranked one is dropped. Chunks of a transcript that repeats a topic in
-# the same words share most of their tokens; consecutive chunks share only their overlap lines.
+# same thing: the lower-ranked one is dropped.
 NEAR_DUPLICATE_JACCARD = 0.6
 
 
@@ -103,12 +81,8 @@ def _stats_of(values: Sequence[float]) -> CosineStats:
 
 def text_evidence(scores: Sequence[float]) -> list[float]:
     """Keyword evidence of one query's keyword candidates: each text score divided by the best
-    one, so the best keyword hit has evidence 1 (non-finite or negative scores count as 0; all
-    0 gives 0).
-
-    Source: max normalisation of a result list (Lee, "Analyses of multiple evidence
-    combination", SIGIR 1997).
-    """
+    one (non-finite or negative scores count as 0; all 0 gives 0); max normalisation (Lee,
+    SIGIR 1997)."""
     values = [max(0.0, _finite(s)) for s in scores]
     top = max(values, default=0.0)
     return [v / top if top > 0 else 0.0 for v in values]
@@ -119,22 +93,13 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
     searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
 
-    A cosine at the collection's mean has evidence 0, one :data:`FULL_EVIDENCE_Z` (3.5) standard
-    deviations above it has 1, whatever the model's cosine range. ``sqrt(count - 1)`` is the
-    largest standard score any of ``count`` values can reach, so in a collection of a few
-    chunks a clear outlier still reaches 1. Without spread (``std == 0``, or one chunk) there
-    is no standard score and the cosine itself, clamped to ``[0, 1]``, is the evidence. A
-    cosine of 0 or less is never evidence: no model relates texts it scores so.
-
-    Args:
-        cosines: the candidates' cosine similarities (non-finite count as the mean).
-        stats: the spread of the query's cosine over every chunk searched.
+    ``sqrt(count - 1)`` is the largest standard score ``count`` values can reach (a clear
+    outlier among a few chunks still reaches 1). Without spread (``std == 0``, one chunk) the
+    cosine clamped to ``[0, 1]`` is the evidence; a cosine ``<= 0`` or non-finite has none.
+    Standard-score normalisation (Montague & Aslam, CIKM 2001).
 
     Returns:
         One evidence in ``[0, 1]`` per cosine, same order.
-
-    Source: standard-score ("ZMUV") normalisation for result fusion (Montague & Aslam,
-    "Relevance score normalization for metasearch", CIKM 2001).
     """
     spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
     full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
@@ -151,13 +116,8 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
 
 def rank_evidence(count: int, *, k: int = RRF_K) -> list[float]:
     """Reciprocal-rank evidence of a ranked list of ``count`` candidates: ``(k + 1) / (k + r)``
-    for the candidate at 1-based rank ``r`` (1 for the first).
-
-    This is the reciprocal rank fusion term ``1 / (k + r)`` scaled so the first rank is 1.
-
-    Source: Cormack, Clarke & Büttcher, "Reciprocal rank fusion outperforms Condorcet and
-    individual rank learning methods", SIGIR 2009.
-    """
+    at 1-based rank ``r``, the RRF term scaled so the first rank is 1 (Cormack et al., SIGIR
+    2009)."""
     return [(k + 1) / (k + r) for r in range(1, count + 1)]
 
 
@@ -165,21 +125,12 @@ def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_wei
                      text_weight: float) -> float:
     """The hybrid score of one chunk: ``h·max(v, t) + (1 - h)·(wv·v + wt·t) / (wv + wt)``.
 
-    ``h`` is :data:`MAX_EVIDENCE_SHARE` (1/2): half the score is the chunk's strongest evidence
-    on either side (CombMAX), half the weighted mean of both (weighted CombSUM). So the best
-    hit of one side alone scores at least ``0.5 + 0.5·w`` of its side and is never lost to the
-    floor, agreement of both sides lifts a chunk above either alone, and ``vectorWeight`` /
-    ``textWeight`` still decide between chunks each side likes differently.
+    ``h`` is :data:`MAX_EVIDENCE_SHARE`: the strongest evidence (CombMAX) plus the weighted mean
+    (CombSUM; Fox & Shaw, TREC-2 1994), so the best hit of one side alone is never lost to the
+    floor and agreement of both sides lifts a chunk above either alone.
 
-    Args:
-        vector_evidence: ``v`` in ``[0, 1]`` (0 when the vector side did not return the chunk).
-        text_evidence: ``t`` in ``[0, 1]`` (0 when the keyword side did not return it).
-        vector_weight / text_weight: ``>= 0``; both 0 counts as equal weights.
-
-    Returns:
-        A score in ``[0, 1]``.
-
-    Source: CombMAX and CombSUM (Fox & Shaw, "Combination of multiple searches", TREC-2 1994).
+    ``v`` and ``t`` are each side's evidence in ``[0, 1]`` (0 when that side did not return
+    the chunk); the weights are ``>= 0`` (both 0: equal). Returns a score in ``[0, 1]``.
     """
     v = min(1.0, max(0.0, _finite(vector_evidence)))
     t = min(1.0, max(0.0, _finite(text_evidence)))
@@ -189,13 +140,11 @@ def calibrated_score(vector_evidence: float, text_evidence: float, *, vector_wei
 
 
 def _dedupe(hits: Sequence[Candidate]) -> list[Candidate]:
-    seen: set[str] = set()
-    out = []
+    """``hits`` with each chunk id's first occurrence only, order kept."""
+    first: dict[str, Candidate] = {}
     for hit in hits:
-        if hit.chunk_id not in seen:
-            seen.add(hit.chunk_id)
-            out.append(hit)
-    return out
+        first.setdefault(hit.chunk_id, hit)
+    return list(first.values())
 
 
 def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
@@ -203,30 +152,22 @@ def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
          cosine_stats: CosineStats | None = None) -> list[Candidate]:
     """Merge vector and keyword candidates into one list scored by :func:`calibrated_score`.
 
-    With ``"scores"``, a keyword hit's evidence is its text score relative to the best one
-    (:func:`text_evidence`) and a vector hit's the standard score of its cosine among every
-    chunk searched (:func:`vector_evidence`); with ``"rrf"``, each side's evidence comes from
-    its ranks alone (:func:`rank_evidence`). A side with no candidates abstains: its weight
-    goes to the other side, so a purely semantic match is scored on its own evidence.
+    Evidence: :func:`text_evidence` and :func:`vector_evidence` (``"scores"``), or each side's
+    ranks (:func:`rank_evidence`, ``"rrf"``). A side with no candidates abstains: its weight
+    goes to the other side.
 
     Args:
-        vector_hits: vector candidates, best first (``vector_score`` or ``score`` = cosine).
-        keyword_hits: keyword candidates, best first (``text_score`` or ``score`` in ``[0, 1]``).
-        method: ``"scores"`` or ``"rrf"``.
-        vector_weight / text_weight: the fusion weights (``query.hybrid.vectorWeight`` /
-            ``textWeight``).
-        cosine_stats: the spread of the query's cosine over every chunk searched; ``None``
-            takes it from ``vector_hits`` alone.
+        vector_hits / keyword_hits: each side's candidates, best first (cosine in
+            ``vector_score`` or ``score``; text score in ``text_score`` or ``score``).
+        method / vector_weight / text_weight: ``query.hybrid.fusion`` and its weights.
+        cosine_stats: the spread of the query's cosine over every chunk searched (``None``:
+            from ``vector_hits`` alone).
 
     Returns:
-        New candidates, one per chunk id, best first (ties: vector order, then keyword order).
-        Each carries ``vector_score`` (cosine, 0 when not a vector hit), ``text_score``,
-        ``vector_evidence``, ``text_evidence`` and ``score`` (calibrated, in ``[0, 1]``). A
-        chunk on both sides takes the keyword hit's snippet when it has one. Duplicate ids in
-        one list keep the first. The inputs are not modified.
-
-    Source: Fox & Shaw 1994 (CombMAX/CombSUM), Lee 1997 and Montague & Aslam 2001
-    (normalisation), Cormack et al. 2009 (reciprocal rank fusion).
+        New candidates, one per chunk id (a duplicate id keeps the first), best first (ties:
+        vector order, then keyword order), with ``vector_score``, ``text_score``, both
+        evidences and the calibrated ``score``; a chunk on both sides takes the keyword hit's
+        snippet.
     """
     vec = _dedupe(vector_hits)
     kw = _dedupe(keyword_hits)
@@ -263,39 +204,21 @@ def fuse(vector_hits: Sequence[Candidate], keyword_hits: Sequence[Candidate], *,
 
 
 def apply_floor(cands: Sequence[Candidate], min_score: float) -> list[Candidate]:
-    """The candidates whose score is at least ``min_score``, order kept.
-
-    In a hybrid search this runs on the calibrated score, before temporal decay, so decay
-    only reorders what passed and never removes an old note that matches well.
-    """
+    """The candidates whose score is at least ``min_score``, order kept (in a hybrid search
+    before temporal decay, so decay never removes an old note that matches well)."""
     return [c for c in cands if c.score >= min_score]
 
 
-def select_results(ranked: Sequence[Candidate], *, max_results: int,
-                   max_session_share: float = MAX_SESSION_SHARE) -> list[Candidate]:
-    """The first ``max_results`` candidates, with session transcripts held to a share of them
-    and the near-duplicate chunks of one transcript collapsed.
-
-    Candidates are taken in order. A ``source == "sessions"`` candidate whose tokens
-    (:func:`~fallback.search.ranking.mmr_tokens` of its text) overlap those of a better chunk
-    of the same transcript by at least :data:`NEAR_DUPLICATE_JACCARD` (Jaccard) is dropped: a
-    transcript that repeats a topic is cited once for it, not in every slot. The others are
-    taken only while sessions hold fewer than ``floor(max_results · max_session_share)`` of
-    the taken ones; when the other candidates run out before the slots do, the skipped
-    sessions fill the remaining slots (nothing else matches). The result keeps the order of
-    ``ranked``.
-
-    Args:
-        ranked: candidates, best first (``snippet`` holds the chunk's text).
-        max_results: number of slots; ``<= 0`` gives ``[]``.
-        max_session_share: share of the slots sessions may take, in ``[0, 1]``.
-
-    Returns:
-        At most ``max_results`` candidates from ``ranked``, in its order.
-    """
+def select_results(ranked: Sequence[Candidate], *, max_results: int) -> list[Candidate]:
+    """At most ``max_results`` (``<= 0``: none) candidates of ``ranked`` (best first), in its
+    order, taken in order: a ``sessions`` candidate whose tokens
+    (:func:`~fallback.search.ranking.mmr_tokens`) overlap a better chunk of its transcript by
+    at least :data:`NEAR_DUPLICATE_JACCARD` is dropped; the others are taken while sessions
+    hold fewer than ``floor(max_results · MAX_SESSION_SHARE)`` slots, and the skipped ones fill
+    the slots left when the other candidates run out."""
     if max_results <= 0:
         return []
-    cap = math.floor(max_results * min(1.0, max(0.0, max_session_share)))
+    cap = math.floor(max_results * MAX_SESSION_SHARE)
     taken: list[int] = []
     skipped: list[int] = []
     sessions = 0

@@ -1,11 +1,8 @@
 """Ranking a query against one store: keyword-only (spec §8.6) and hybrid search.
 
-Split from ``fallback/engine/builtin.py``; the engine owns the store and the sync, a :class:`Searcher`
-turns candidates into ranked hits (keyword candidates from ``fallback/search/keyword.py``, vector
-hits from ``fallback/store/vectors.py``, fusion/floor/slots from ``fallback/search/fusion.py``,
-decay/MMR from ``fallback/search/ranking.py``). The keyword-only steps and the snippets are the
-blocking functions of ``fallback/search/fts_only.py``, which the one-shot read-only search
-(``fallback/engine/in_sync.py``) calls too.
+The engine owns the store and the sync; a :class:`Searcher` turns candidates into ranked hits.
+The keyword-only steps and the snippets are the blocking functions of
+``fallback/search/fts_only.py``, which every other route calls too.
 """
 
 from __future__ import annotations
@@ -25,8 +22,8 @@ from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
     SNIPPET_MAX_CHARS,
+    Hit,
     HitSnippet,
-    clamp_score,
     decayed,
     hit_snippets,
     keyword_ranked,
@@ -49,9 +46,7 @@ log = logging.getLogger("fallback.engine.builtin")
 
 def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:
     """The search mode the settings ask for: ``fts-only`` without an embedding provider, else
-    ``hybrid``, or ``vector-only`` when ``query.hybrid.enabled`` is false (spec §8.5 step 8).
-    A search may still answer keyword-only (no usable query vector): :attr:`Searcher.mode`
-    says what ran."""
+    ``hybrid``, or ``vector-only`` when ``query.hybrid.enabled`` is false (spec §8.5 step 8)."""
     if not has_provider:
         return "fts-only"
     return "hybrid" if hybrid_enabled else "vector-only"
@@ -65,15 +60,16 @@ class Searcher:
         vector_index: returns the engine's ``VectorIndex``.
         now_ms: clock in epoch ms (temporal decay).
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
-        reranker: the optional reranker stage's provider (``query.rerank``,
-            ``fallback/search/rerank.py``), or ``None``.
-        trace: filled in by the ranking steps when the caller wants ``--explain``, else ``None``.
-        max_snippet_chars: snippet budget in code points (``maxSnippetChars``, default 700).
+        reranker: the optional reranker (``query.rerank``), or ``None``.
+        trace: filled in by the ranking steps for ``--explain``, else ``None``.
+        max_snippet_chars: snippet budget in code points (``maxSnippetChars``).
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
-        mode: the ranking that ran (``hybrid`` | ``vector-only`` | ``fts-only``: keyword-only
-            also when the query had no usable vector), ``None`` before :meth:`run`.
+        mode: the ranking that ran (``fts-only`` also when the query had no usable vector),
+            ``None`` before :meth:`run`.
+        fts_checked / fts_error: whether this search has read the store's FTS5 state, and why
+            FTS5 is unavailable (``None``: it is).
     """
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
@@ -83,7 +79,7 @@ class Searcher:
         self.settings = settings
         self.max_snippet_chars = max_snippet_chars
         self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
-        self._planned = False  # whether _plan (and fts_error) were looked up
+        self.fts_checked = False
         self.fts_error: str | None = None
         self._vector_index = vector_index
         self._now_ms = now_ms
@@ -92,55 +88,41 @@ class Searcher:
         self.trace = trace
         self.warnings: list[str] = []
         self.mode: str | None = None
-        # the snippets of the hits a keyword-only ranking without a reranker returned, made in
-        # its worker-thread hop (one hop for the whole search instead of two)
+        # the snippets a keyword-only ranking without a reranker made in its worker-thread hop
         self._snippets: list[HitSnippet] | None = None
 
     async def run(self, store: SearchStore, provider: EmbeddingProvider | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
-        """Rank ``text``: keyword-only without a provider, else hybrid; hits as result models.
-
-        Args:
-            store: the open store.
-            provider: the embedding provider, or ``None`` (keyword-only).
-            text: the stripped query.
-            srcs: sources searched.
-            candidates: candidates fetched per side.
-            floor: the score floor (``minScore``).
-            limit: the number of hits wanted.
-        """
+        """Rank the stripped query ``text`` over ``srcs``: keyword-only without a ``provider``,
+        else hybrid (``candidates`` per side, ``floor``: ``minScore``, ``limit`` hits); hits as
+        result models."""
         if provider is None:
             hits = await self.fts_only(store, text, srcs, candidates, floor, limit)
         else:
             hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
+        snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
+            partial(hit_snippets, store, text, hits, plan=self._plan,
+                    max_snippet_chars=self.max_snippet_chars))
         explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
                                               else [None] * len(hits))
-        results = await self.results(store, text, hits, hybrid=provider is not None,
-                                     explains=explains)
+        results = [MemorySearchResult(**vars(Hit.of(c, s)), explain=e,
+                                      vector_score=None if provider is None else c.vector_score)
+                   for c, s, e in zip(hits, snippets, explains, strict=True)]
         return SearchOutcome(results=results, warnings=list(self.warnings), mode=self.mode)
-
-    @property
-    def fts_checked(self) -> bool:
-        """Whether this search has read the store's FTS5 state (then :attr:`fts_error` holds
-        why FTS5 is unavailable, or ``None``)."""
-        return self._planned
 
     def _plan_blocking(self, store: SearchStore, text: str) -> FtsPlan | None:
         """This search's keyword plan, made once (``None`` on a store without FTS5, whose
         error :attr:`fts_error` keeps); blocking: call it in a worker thread."""
-        if not self._planned:
+        if not self.fts_checked:
             self.fts_error = store.fts_error
             self._plan = search_plan(store, text) if self.fts_error is None else None
-            self._planned = True
+            self.fts_checked = True
         return self._plan
 
     async def _keyword_candidates(self, store: SearchStore, text: str, srcs: list[str],
                                   candidates: int) -> list[Candidate]:
-        def rank() -> list[Candidate]:  # the plan and the ranking in one worker-thread hop
-            return rank_keyword_candidates(store, text, srcs, candidates,
-                                           plan=self._plan_blocking(store, text))
-
-        return await anyio.to_thread.run_sync(rank)
+        return await anyio.to_thread.run_sync(lambda: rank_keyword_candidates(  # one hop
+            store, text, srcs, candidates, plan=self._plan_blocking(store, text)))
 
     def _half_life_days(self) -> int | None:
         decay = self.settings.search.query.hybrid.temporal_decay
@@ -148,11 +130,8 @@ class Searcher:
 
     async def fts_only(self, store: SearchStore, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
-        """Keyword-only ranking (spec §8.6): keyword hits, the score floor (all hits when none
-        passes), then temporal decay (``fallback/search/fts_only.py``) and the optional
-        reranker (which reorder, never remove), hits mostly inside a better hit of the same
-        file dropped and the result slots (session transcripts at most half):
-        :func:`~fallback.search.fts_only.keyword_results`."""
+        """Keyword-only ranking (spec §8.6): :func:`~fallback.search.fts_only.keyword_ranked`,
+        the optional reranker, then :func:`~fallback.search.fts_only.keyword_results`."""
         half_life_days, now_ms = self._half_life_days(), self._now_ms()
         self.mode = "fts-only"
 
@@ -175,13 +154,11 @@ class Searcher:
     async def hybrid(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
-        """Hybrid ranking: vector and keyword candidates fused into one calibrated score
-        (``fallback/search/fusion.py``), the ``minScore`` floor on it, then temporal decay, the
-        optional reranker and MMR (which reorder, never remove) and the result slots (session
-        transcripts at most half). The vector side searches with the query's common terms
-        contrasted out (``fallback/search/contrast.py``). Keyword-only when there is no query
-        vector; vector-only (the same steps over the vector side alone) when
-        ``hybrid.enabled`` is false."""
+        """Hybrid ranking: vector (the query's common terms contrasted out,
+        ``fallback/search/contrast.py``) and keyword candidates fused (``fusion.py``), the
+        floor, temporal decay, the optional reranker and MMR, then the result slots.
+        Keyword-only when there is no query vector; vector-only when ``hybrid.enabled`` is
+        false."""
         hybrid = self.settings.search.query.hybrid
         try:
             qvec = await provider.embed_query(text)
@@ -216,9 +193,8 @@ class Searcher:
 
     async def _contrast(self, store: SearchStore, provider: EmbeddingProvider, text: str,
                         qvec: list[float]) -> tuple[list[float], list[str]]:
-        """The query vector with its common terms contrasted out (``fallback/search/contrast.py``)
-        and those terms; ``(qvec, [])`` when the query has none, or when their embedding fails
-        (logged: the search goes on with the plain query vector)."""
+        """The query vector with its common terms contrasted out, and those terms; ``(qvec,
+        [])`` when the query has none or their embedding fails."""
         words = await anyio.to_thread.run_sync(common_words, store, text)
         background = background_text(words)
         if not words or background == text:
@@ -269,45 +245,3 @@ class Searcher:
         return await anyio.to_thread.run_sync(partial(
             decayed, store, cands, half_life_days=self._half_life_days(), now_ms=self._now_ms(),
             trace=self.trace))
-
-    async def results(self, store: SearchStore, text: str, hits: list[Candidate], *, hybrid: bool,
-                      explains: list[HitExplain | None] | None = None) -> list[MemorySearchResult]:
-        """The ranked candidates as the shared result model, each snippet the window of its
-        chunk's lines that best matches ``text`` (``fallback/search/snippets.py``).
-
-        FTS5 ``highlight()`` marks the query's matches in the returned hits only (one SQL
-        statement for all of them); CJK tokens matched as substrings are marked in Python.
-
-        Args:
-            store: the store the hits came from.
-            text: the query.
-            hits: the ranked hits.
-            hybrid: fill ``vector_score`` (``text_score`` is filled for keyword-only hits too).
-            explains: one ranking trace per hit (``--explain``), or ``None``.
-
-        Raises:
-            IndexStoreError: on a SQLite failure.
-        """
-        snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
-            partial(hit_snippets, store, text, hits, plan=self._plan,
-                    max_snippet_chars=self.max_snippet_chars))
-        traces = explains if explains is not None else [None] * len(hits)
-        return [self.model_of(c, s, hybrid=hybrid, explain=e)
-                for c, s, e in zip(hits, snippets, traces, strict=True)]
-
-    @staticmethod
-    def model_of(c: Candidate, snippet: HitSnippet, *, hybrid: bool,
-                 explain: HitExplain | None = None) -> MemorySearchResult:
-        """A candidate and its snippet (``fallback/search/fts_only.py``) as the shared result
-        model; the score is clamped to ``[0, 1]``. ``text_score`` is the keyword side's score
-        (0 for a vector-only hit of a hybrid search), ``vector_score`` only when ``hybrid``."""
-        return MemorySearchResult(
-            path=c.path, start_line=c.start_line, end_line=c.end_line,
-            score=clamp_score(c.score), snippet=snippet.text,
-            snippet_start_line=snippet.start_line, snippet_end_line=snippet.end_line,
-            source="sessions" if c.source == "sessions" else "memory",
-            vector_score=c.vector_score if hybrid else None,
-            text_score=c.text_score, explain=explain)
-
-    # -- read, status, probes --------------------------------------------------------------
-

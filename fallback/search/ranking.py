@@ -1,20 +1,11 @@
-"""Ranking of search candidates: the candidate type, temporal decay and MMR re-ranking.
+"""Ranking of search candidates: the candidate type, temporal decay, covered hits and MMR.
 
-Everything here is pure: plain values in, new values out, no SQLite, no clock (callers pass
-``now_ms``), no file system (callers pass an ``mtime_ms`` callback). Inputs are never mutated.
-
-The order of operations in a hybrid search (``fallback/search/pipeline.py``):
-
-1. ``fallback/search/fusion.py`` :func:`~fallback.search.fusion.fuse` — vector and keyword
-   candidates merged by chunk id into one calibrated score, then
-   :func:`~fallback.search.fusion.apply_floor` (``minScore``);
-2. :func:`apply_temporal_decay` — multiply each score by ``0.5 ** (age_days / half_life_days)``
-   (after the floor: decay reorders, it never removes);
-3. :func:`mmr_rerank` — optional diversity re-ranking of the whole list;
-4. :func:`~fallback.search.fusion.select_results` — ``maxResults``, sessions at most half.
-
-A keyword-only search skips fusion and MMR but drops, before the cut, every hit whose lines are
-mostly inside a better hit of the same file (:func:`drop_covered`).
+Pure: plain values in, new values out, no SQLite, no clock (callers pass ``now_ms``), no file
+system (callers pass an ``mtime_ms`` callback). A hybrid search (``fallback/search/pipeline.py``)
+fuses and floors (``fusion.py``), then applies :func:`apply_temporal_decay` (decay reorders, it
+never removes), the optional :func:`mmr_rerank` and the result slots; a keyword-only search
+skips fusion and MMR and drops, before the cut, the hits mostly inside a better hit of their
+file (:func:`drop_covered`).
 """
 
 from __future__ import annotations
@@ -40,7 +31,6 @@ __all__ = [
     "mmr_rerank",
     "mmr_score",
     "mmr_tokens",
-    "normalize_rel_path",
 ]
 
 # Milliseconds in one day, for converting ``now_ms - timestamp_ms`` into an age in days.
@@ -60,22 +50,16 @@ class Candidate:
 
     Attributes:
         chunk_id: the chunk's primary key in the store.
-        path: workspace-relative path with ``/`` separators (sessions: ``sessions/<file>.jsonl``).
+        path: workspace-relative path, ``/`` separators (sessions: ``sessions/<file>.jsonl``).
         source: ``"memory"`` or ``"sessions"``.
-        start_line: first line of the chunk, 1-based inclusive.
-        end_line: last line of the chunk, 1-based inclusive.
-        snippet: text shown for the hit (also MMR's content).
-        score: the ranking score; for raw vector hits the cosine similarity, for raw keyword hits
-            the BM25-derived text score in ``[0, 1]``; after hybrid fusion the calibrated score
-            in ``[0, 1]`` (``fallback/search/fusion.py``), then multiplied by temporal decay.
-        vector_score: cosine similarity of the chunk to the query (for window vectors, of its
-            best window), ``0.0`` when not a vector hit.
+        start_line / end_line: the chunk's lines, 1-based inclusive.
+        snippet: the chunk's text (shown for the hit, MMR's content).
+        score: the ranking score: a raw vector hit's cosine, a raw keyword hit's text score,
+            after fusion the calibrated score in ``[0, 1]``, then times temporal decay.
+        vector_score: cosine of the chunk (its best window) to the query, ``0.0`` if none.
         text_score: BM25-derived text score in ``[0, 1]``, ``0.0`` when not a keyword hit.
-        bm25: the FTS5 ``bm25()`` value of a keyword hit (lower is better), ``None`` otherwise
-            (also for substring-only matches, which have no BM25 rank).
-        vector_evidence / text_evidence: the chunk's evidence on each side after fusion, in
-            ``[0, 1]`` (``fallback/search/fusion.py``; ``0.0`` before fusion or when the side
-            did not return it).
+        bm25: FTS5 ``bm25()`` of a keyword hit (lower is better), ``None`` otherwise.
+        vector_evidence / text_evidence: each side's evidence after fusion, in ``[0, 1]``.
     """
 
     chunk_id: str
@@ -97,23 +81,10 @@ def _by_score_desc(cands: list[Candidate]) -> list[Candidate]:
     return sorted(cands, key=lambda c: -c.score)
 
 
-# ---------------------------------------------------------------------------------------------
-# Temporal decay (dates from file names, see apply_temporal_decay)
-
-
 def decay_multiplier(age_days: float, half_life_days: float) -> float:
-    """Exponential decay factor ``exp(-ln 2 / half_life_days · age_days)``.
-
-    Args:
-        age_days: age of the note in days; negative (future dates) is clamped to 0.
-        half_life_days: days after which the multiplier is 0.5.
-
-    Returns:
-        A factor in ``(0, 1]``; exactly 1.0 when the half-life is non-finite or ``<= 0`` or the
-        age is not a finite number, 0.5 when ``age_days == half_life_days``.
-
-    Source: exponential decay by half-life, ``N(t) = N0 · 2^(-t / t½)``.
-    """
+    """Exponential decay factor ``exp(-ln 2 / half_life_days · age_days)`` in ``(0, 1]``: a
+    negative age (a future date) counts as 0; 1.0 when the half-life is non-finite or ``<= 0``
+    or the age not finite."""
     if not math.isfinite(half_life_days) or half_life_days <= 0 or not math.isfinite(age_days):
         return 1.0
     age = max(0.0, age_days)
@@ -129,20 +100,10 @@ def normalize_rel_path(path: str) -> str:
 
 
 def date_from_path(path: str) -> dt.date | None:
-    """The date of a dated memory note, taken from its file name.
-
-    A path is dated when it has a ``memory`` directory segment (at any depth, so nested folders
-    such as ``memory/archive/2026-01-10.md`` and extra paths like ``../team/memory/...`` count)
-    and its file name starts with a real calendar date ``YYYY-MM-DD`` followed by ``.md`` or by a
-    non-digit suffix (``2026-02-10-standup.md``). Malformed dates (``2026-02-30.md``) and dates not
-    at the start of the name (``ticket-92025-06-15.md``, ``notes-2026-02-10.md``) are not dated.
-
-    Args:
-        path: workspace-relative path, ``/`` or ``\\`` separators.
-
-    Returns:
-        The date (interpreted as 00:00 UTC by :func:`apply_temporal_decay`), or ``None``.
-    """
+    """The date of a dated memory note from its file name, or ``None``: the path has a
+    ``memory`` directory segment (at any depth) and the name starts with a real date
+    ``YYYY-MM-DD`` followed by ``.md`` or a non-digit suffix (``2026-02-10-standup.md``; not
+    ``2026-02-30.md``, ``notes-2026-02-10.md``). ``path``: ``/`` or ``\\`` separators."""
     segments = normalize_rel_path(path).split("/")
     if len(segments) < 2 or "memory" not in segments[:-1]:
         return None
@@ -156,20 +117,8 @@ def date_from_path(path: str) -> dt.date | None:
 
 
 def is_evergreen(path: str, source: str) -> bool:
-    """Whether a file never decays.
-
-    By our rule ("dates come from a file name that starts with YYYY-MM-DD under
-    memory/; everything else is evergreen"), every file of source ``"memory"`` that is not
-    dated is evergreen: ``MEMORY.md``, ``memory.md``, undated notes under ``memory/`` and extra
-    paths alike. Other sources (``"sessions"``) are never evergreen: they decay by mtime.
-
-    Args:
-        path: workspace-relative path.
-        source: ``"memory"`` or ``"sessions"``.
-
-    Returns:
-        True when no decay applies to the file.
-    """
+    """Whether a file never decays: every file of source ``"memory"`` that is not dated
+    (:func:`date_from_path`); ``"sessions"`` files are never evergreen (they decay by mtime)."""
     if source != "memory":
         return False
     if normalize_rel_path(path) in _ROOT_MEMORY_FILES:
@@ -191,24 +140,17 @@ def decay_timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | Non
 
 def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_ms: int,
                          mtime_ms: Callable[[str, str], int | None]) -> list[Candidate]:
-    """Multiply each candidate's score by its file's decay multiplier and re-sort.
-
-    The timestamp of a file is, in order: the date in its name (:func:`date_from_path`, at
-    00:00 UTC); none (no decay) when :func:`is_evergreen`; else ``mtime_ms(source, path)``,
-    where ``None`` (unreadable) means no decay. ``mtime_ms`` is called at most once per
-    ``(source, path)`` per call, and never for dated or evergreen files.
+    """Multiply each candidate's score by its file's decay multiplier
+    (:func:`decay_timestamp_ms`; ``mtime_ms`` is asked at most once per file) and re-sort.
 
     Args:
         cands: candidates, any order.
         half_life_days: half-life in days (non-finite or ``<= 0`` disables decay).
         now_ms: the current time in ms since the epoch.
-        mtime_ms: ``(source, path) -> ms since the epoch | None``.
+        mtime_ms: ``(source, path) -> ms since the epoch | None`` (``None``: no decay).
 
     Returns:
-        New candidates with decayed ``score`` (``vector_score``/``text_score`` unchanged),
-        sorted by score descending (stable).
-
-    Source: exponential decay by half-life, as OpenClaw's temporal decay.
+        New candidates with decayed ``score``, sorted by score descending (stable).
     """
     stamps: dict[tuple[str, str], int | None] = {}
     out: list[Candidate] = []
@@ -225,77 +167,42 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
     return _by_score_desc(out)
 
 
-# ---------------------------------------------------------------------------------------------
-# Hits covering the same lines
-
 # A hit is dropped when more than this share of its lines lies inside better hits of its file.
 MAX_SHARED_LINES = 0.5
 
 
-def drop_covered(cands: list[Candidate], *,
-                 max_shared: float = MAX_SHARED_LINES) -> list[Candidate]:
-    """The candidates minus those whose lines the better candidates mostly show already.
-
-    Chunks overlap (80 tokens by default), and the last chunk of a file is often little more
-    than the previous chunk's tail: returned side by side, the two show the same lines twice
-    and the second takes a slot a new region could have had. Walking ``cands`` in order, a
-    candidate is dropped when more than ``max_shared`` of its own lines lie inside the already
-    kept candidates of the same source and path; two full chunks that only overlap by the chunk
-    overlap are both kept, and so is a long chunk after a short one inside it.
-
-    Args:
-        cands: candidates, best first (1-based inclusive line ranges).
-        max_shared: the share in ``[0, 1]`` of a candidate's lines above which it repeats what
-            is already shown.
+def drop_covered(cands: list[Candidate]) -> list[Candidate]:
+    """The candidates minus those whose lines the better candidates mostly show already:
+    walking ``cands`` in order, one is dropped when more than :data:`MAX_SHARED_LINES` of its
+    lines lie inside the kept candidates of its source and path (chunks overlap, and a file's
+    last chunk is often little more than the previous one's tail).
 
     Returns:
-        The kept candidates, order unchanged (a new list; the objects are not copied).
+        The kept candidates of ``cands`` (best first), order unchanged (a new list).
     """
     kept: list[Candidate] = []
     shown: dict[tuple[str, str], set[int]] = {}
     for c in cands:
         lines = shown.setdefault((c.source, c.path), set())
         own = range(c.start_line, c.end_line + 1)
-        if sum(1 for n in own if n in lines) > max_shared * len(own):
+        if sum(1 for n in own if n in lines) > MAX_SHARED_LINES * len(own):
             continue
         lines.update(own)
         kept.append(c)
     return kept
 
 
-# ---------------------------------------------------------------------------------------------
-# MMR (spec §8.8)
-
-
-def _emit_run(run: str, cjk: bool, tokens: set[str]) -> None:
-    """Add one homogeneous run: a word as is, a CJK run as its character bigrams."""
-    if not run:
-        return
-    if not cjk or len(run) == 1:
-        tokens.add(run)
-        return
-    tokens.update(run[i:i + 2] for i in range(len(run) - 1))
-
-
 def mmr_tokens(text: str) -> set[str]:
-    """The token set MMR compares: NFC, lower-cased, word runs, CJK runs as bigrams.
-
-    Word runs are maximal runs of letters, combining marks, digits and ``_``. Inside a run, the
-    stretches of CJK characters (Han, kana, Hangul, Bopomofo, Yi, as
-    :func:`fallback.text.scripts.word_stretches` cuts them) become their overlapping character
-    bigrams (a lone CJK character stays a unigram), because those scripts have no spaces and
-    Jaccard over whole sentences would never see an overlap; the other stretches stay whole
-    words (``"2026年度"`` -> ``{"2026", "年度"}``).
-
-    Args:
-        text: any text (a snippet).
-
-    Returns:
-        The set of tokens; empty for text without word characters.
-    """
+    """The token set MMR compares: the NFC, lower-cased word runs of ``text``, each CJK
+    stretch (:func:`fallback.text.scripts.word_stretches`) as its character bigrams (a lone CJK
+    character stays one; ``"2026年度"`` -> ``{"2026", "年度"}``); empty without word
+    characters."""
     tokens: set[str] = set()
     for stretch, cjk in word_stretches(unicodedata.normalize("NFC", text).lower()):
-        _emit_run(stretch, cjk, tokens)
+        if cjk and len(stretch) > 1:
+            tokens.update(stretch[i:i + 2] for i in range(len(stretch) - 1))
+        elif stretch:
+            tokens.add(stretch)
     return tokens
 
 
@@ -310,31 +217,22 @@ def jaccard(a: set[str], b: set[str]) -> float:
 
 
 def mmr_score(relevance: float, max_sim: float, lambda_: float) -> float:
-    """Maximal marginal relevance ``λ·relevance − (1−λ)·max_sim``.
-
-    Source: Carbonell & Goldstein, "The use of MMR, diversity-based reranking for reordering
-    documents and producing summaries", SIGIR 1998.
-    """
+    """Maximal marginal relevance ``λ·relevance − (1−λ)·max_sim`` (Carbonell & Goldstein,
+    SIGIR 1998)."""
     return lambda_ * relevance - (1.0 - lambda_) * max_sim
 
 
 def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
-    """Reorder candidates greedily by maximal marginal relevance (never drops any).
+    """Reorder candidates greedily by maximal marginal relevance (never drops any): relevance
+    is the score min-max normalised over the list (all equal -> 1); each step takes the
+    candidate maximising :func:`mmr_score` against the selected ones (Jaccard over
+    :func:`mmr_tokens` of the snippets), ties to the higher score, then the earlier position.
 
-    Relevance is the score min-max normalised over the list (all equal -> 1). At each step the
-    remaining candidate maximising :func:`mmr_score` against the already selected ones (Jaccard
-    over :func:`mmr_tokens` of the snippets) is taken; ties go to the higher original score, then
-    to the earlier position.
-
-    Args:
-        cands: candidates, any order.
-        lambda_: trade-off in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score,
-            0 is pure diversity.
+    ``lambda_`` in ``[0, 1]`` (clamped; non-finite -> 1): 1 is a plain sort by score, 0 pure
+    diversity (spec §8.8).
 
     Returns:
-        The same candidate objects in MMR order (a new list; length unchanged).
-
-    Source: Carbonell & Goldstein, SIGIR 1998 (MMR); spec §8.8.
+        The same candidate objects in MMR order (a new list).
     """
     if len(cands) <= 1:
         return list(cands)
@@ -342,13 +240,10 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     if lam == 1.0:
         return _by_score_desc(cands)
     ordered = _by_score_desc(cands)
-    top, bottom = ordered[0].score, ordered[-1].score
-    spread = top - bottom
-
-    def relevance(c: Candidate) -> float:
-        return 1.0 if spread == 0 or not math.isfinite(spread) else (c.score - bottom) / spread
-
-    rels = [relevance(c) for c in ordered]
+    bottom = ordered[-1].score
+    spread = ordered[0].score - bottom
+    flat = spread == 0 or not math.isfinite(spread)
+    rels = [1.0 if flat else (c.score - bottom) / spread for c in ordered]
     token_sets = [mmr_tokens(c.snippet) for c in ordered]
     max_sims = [0.0] * len(ordered)
     remaining = list(range(len(ordered)))

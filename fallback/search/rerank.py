@@ -1,26 +1,16 @@
 """The optional reranker stage: a cross-encoder scores (query, chunk) pairs and reorders the best
 fused candidates.
 
-Pieces:
+:class:`Reranker` is the provider protocol; :class:`HttpReranker` speaks the Cohere-compatible
+``POST {baseUrl}/v1/rerank`` (``{model, query, documents, top_n}`` answered by ``{results:
+[{index, relevance_score}]}``, also read under ``data``); :class:`LocalGgufReranker` runs a GGUF
+reranker through llama-cpp-python with rank pooling. :func:`run_rerank` never fails the search:
+on a :class:`RerankerError` or timeout the fused order is kept, with a warning.
 
-- :class:`Reranker`, the provider protocol: ``score(query, documents)`` gives one relevance per
-  document (higher is more relevant, ``None`` when the provider left it out);
-- :class:`HttpReranker`: the Cohere-compatible wire, ``POST {baseUrl}/v1/rerank`` with
-  ``{model, query, documents, top_n}`` answered by ``{results: [{index, relevance_score}]}``
-  (also read under ``data``), bearer key; it goes through the embeddings' HTTP client
-  (``fallback/embeddings/_http.py``: error mapping, Retry-After) with tenacity retries;
-- :class:`LocalGgufReranker`: a GGUF reranker run by llama-cpp-python with rank pooling
-  (``LLAMA_POOLING_TYPE_RANK``), one (query, chunk) pair per decode;
-- :func:`apply_rerank_scores`, the pure stage, and :func:`run_rerank`, which calls the provider
-  under the stage deadline and never fails the search: on any :class:`RerankerError` or timeout
-  the fused order is kept and the outcome carries a warning.
-
-What the reported score means after reranking: the reranker decides the order of the top
-``topN`` candidates, and those candidates keep the *set* of fused scores they had, handed out
-best-first in the new order (the best reranked hit gets the highest fused score of the group,
-and so on). So scores stay in ``[0, 1]``, on the same scale as without a reranker and across
-providers whose raw relevance scales differ (logits, sigmoids), ``minScore`` keeps its meaning,
-and results stay sorted by score. The raw reranker relevance is shown by ``search --explain``.
+After reranking, the reranked head keeps the *set* of its fused scores, handed out best-first in
+the new order: scores stay in ``[0, 1]`` on the fused scale whatever the provider's raw scale,
+``minScore`` keeps its meaning and results stay sorted by score (``search --explain`` shows the
+raw relevance).
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -73,20 +63,15 @@ GGUF_POOLING_RANK = "4"
 
 @runtime_checkable
 class Reranker(Protocol):
-    """A reranker (cross-encoder) provider.
-
-    Attributes:
-        provider_id: ``http`` or ``local``.
-        model: the model name (http) or GGUF file path (local).
-    """
+    """A reranker (cross-encoder) provider: ``provider_id`` (``http`` or ``local``) and
+    ``model`` (the model name, or the GGUF file path)."""
 
     provider_id: str
     model: str
 
     async def score(self, query: str, documents: list[str]) -> list[float | None]:
-        """Relevance of each document to ``query``; result ``i`` belongs to ``documents[i]``
-        (``None`` when the provider gave no score for it). Higher is more relevant; the scale
-        is the provider's own. Raises ``RerankerError``."""
+        """Relevance of each document to ``query`` in document order (``None``: not scored);
+        higher is more relevant, on the provider's own scale. Raises ``RerankerError``."""
         ...
 
     async def aclose(self) -> None:
@@ -94,20 +79,11 @@ class Reranker(Protocol):
         ...
 
 
-# ---------------------------------------------------------------------------------------------
-# The pure stage
-
-
 @dataclass(frozen=True)
 class RerankOutcome:
-    """What the reranker stage did to one candidate list.
-
-    Attributes:
-        candidates: the new list (the input list, unchanged, when the stage failed).
-        scores: raw reranker relevance by chunk id for the reranked head (``None`` = not scored).
-        reranked: how many leading candidates were sent to the reranker (0 when it failed).
-        warning: one line when the stage failed and the fused order was kept, else ``None``.
-    """
+    """What the reranker stage did to one candidate list: the new ``candidates`` (unchanged
+    when it failed), the raw relevance ``scores`` by chunk id of the head, how many leading
+    candidates were ``reranked`` (0 on failure) and the ``warning`` of a failure."""
 
     candidates: list[Candidate]
     scores: Mapping[str, float | None]
@@ -117,20 +93,13 @@ class RerankOutcome:
 
 def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], *,
                         top_n: int) -> list[Candidate]:
-    """Reorder the first ``top_n`` candidates by reranker score (pure).
-
-    The head ``cands[:top_n]`` is sorted by ``scores`` descending (``None`` and non-finite
-    scores last; ties keep the fused order); its fused scores, sorted descending, are handed out
-    to the new order, so the best reranked hit gets the head's highest fused score. The tail
-    ``cands[top_n:]`` follows unchanged.
-
-    Args:
-        cands: candidates ranked best first (after the hybrid merge and temporal decay).
-        scores: one reranker score per head candidate, ``len(scores) == min(top_n, len(cands))``.
-        top_n: size of the reranked head, ``>= 1``.
+    """Reorder the first ``top_n`` candidates by reranker score (pure): the head is sorted by
+    ``scores`` descending (``None`` and non-finite last, ties in fused order) and takes its
+    fused scores best-first; the tail follows unchanged.
 
     Returns:
-        New candidates (same length); only ``score`` and order change.
+        New candidates (same length; only ``score`` and order change) from ``cands`` (best
+        first) and one score per head candidate (``top_n >= 1``).
 
     Raises:
         ValueError: ``scores`` does not match the head.
@@ -151,17 +120,9 @@ def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], 
 
 async def run_rerank(reranker: Reranker, query: str, cands: list[Candidate], *, top_n: int,
                      timeout_ms: int) -> RerankOutcome:
-    """Score the first ``top_n`` candidates' chunk text with ``reranker`` and reorder them.
-
-    Never raises for a provider failure: a ``RerankerError``, a reply of the wrong length or
-    the deadline keep ``cands`` as they are, with a ``warning``.
-
-    Args:
-        reranker: the provider.
-        query: the user's query text.
-        cands: candidates ranked best first.
-        top_n: candidates reranked, ``>= 1``.
-        timeout_ms: deadline of the provider call in ms (retries included).
+    """Score the first ``top_n`` candidates' chunk text with ``reranker`` and reorder them
+    (:func:`apply_rerank_scores`); a ``RerankerError``, a reply of the wrong length or the
+    deadline (``timeout_ms``, retries included) keep ``cands`` as they are, with a warning.
 
     Returns:
         The :class:`RerankOutcome`.
@@ -188,10 +149,8 @@ async def run_rerank(reranker: Reranker, query: str, cands: list[Candidate], *, 
 async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
                        cands: list[Candidate], *, trace: SearchTrace | None,
                        warnings: list[str]) -> list[Candidate]:
-    """The pipeline's hook: :func:`run_rerank` with ``query.rerank``'s ``topN`` and deadline.
-
-    A failure is logged and its warning appended to ``warnings``; a success is recorded in
-    ``trace`` when there is one.
+    """The pipeline's hook: :func:`run_rerank` with ``query.rerank``'s ``topN`` and deadline;
+    a failure's warning is appended to ``warnings``, a success recorded in ``trace``.
 
     Returns:
         The reordered candidates, or ``cands`` unchanged when the stage failed.
@@ -212,23 +171,13 @@ def _kept(cands: list[Candidate], reason: str) -> RerankOutcome:
                          warning=f"rerank skipped, fused order kept: {reason}")
 
 
-# ---------------------------------------------------------------------------------------------
-# HTTP: the Cohere-compatible wire
-
-
 def parse_rerank_response(body: Any, count: int, *, provider: str = "http") -> list[float | None]:
-    """Scores from a ``/v1/rerank`` answer, in document order.
-
-    Reads ``results`` (Cohere, Jina, llama.cpp server) or ``data`` (Voyage's key): a list of
-    ``{index, relevance_score}``. Documents missing from the answer get ``None``.
-
-    Args:
-        body: the decoded JSON body.
-        count: number of documents sent.
-        provider: for error messages.
+    """Scores from a ``/v1/rerank`` answer (JSON ``body``), in document order: its
+    ``results`` (Cohere, Jina, llama.cpp server) or ``data`` (Voyage) list of ``{index,
+    relevance_score}``; documents missing from it get ``None``.
 
     Returns:
-        ``count`` scores.
+        ``count`` scores (``count``: documents sent; ``provider`` names errors).
 
     Raises:
         RerankerError: not that shape, an index out of range or repeated, a score that is not
@@ -252,27 +201,17 @@ def parse_rerank_response(body: Any, count: int, *, provider: str = "http") -> l
 
 
 class HttpReranker:
-    """A Cohere-compatible rerank server (Cohere, Jina, llama.cpp ``llama-server --rerank``).
-
-    Attributes:
-        provider_id: ``"http"``.
-        model: the model name sent in every request.
-        base_url: the server root (the request goes to ``{base_url}/v1/rerank``).
-    """
+    """A Cohere-compatible rerank server (Cohere, Jina, llama.cpp ``llama-server --rerank``)
+    at ``base_url`` (requests go to ``{base_url}/v1/rerank``), sent ``model``."""
 
     provider_id = "http"
 
     def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
                  timeout_ms: int = 5_000, retry_attempts: int = HTTP_RETRY_ATTEMPTS,
                  retry_base_s: float = HTTP_RETRY_BASE_S) -> None:
-        """Args:
-            base_url: ``http(s)://host[:port][/prefix]``.
-            model: model name.
-            api_key: sent as ``Authorization: Bearer <key>`` when set (redacted from errors).
-            timeout_ms: httpx's per-request timeout in ms (the stage deadline bounds retries).
-            retry_attempts: calls in total per rerank (429, 5xx, transport errors are retried).
-            retry_base_s: first back-off wait in seconds (Retry-After wins).
-        """
+        """``api_key`` is sent as a bearer token (redacted from errors); ``timeout_ms`` bounds
+        one request; ``retry_attempts`` calls in all (429, 5xx and transport errors retried),
+        the first back-off ``retry_base_s`` seconds unless Retry-After says otherwise."""
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.retry_attempts = max(1, retry_attempts)
@@ -316,42 +255,24 @@ class HttpReranker:
         await self._http.aclose()
 
 
-# ---------------------------------------------------------------------------------------------
-# Local: a GGUF reranker through llama-cpp-python
-
-
 def _meta(llama: Any, key: str) -> str | None:
     value = llama.metadata.get(key)
     return value if isinstance(value, str) else None
 
 
 class LocalGgufReranker:
-    """A GGUF reranker (e.g. bge-reranker-v2-m3, Qwen3-Reranker) run in-process.
-
-    The model is loaded on the first call, in a worker thread, with
-    ``Llama(..., embedding=True, pooling_type=LLAMA_POOLING_TYPE_RANK)``. Before any pair is
-    decoded the file's metadata must declare rank pooling (``<arch>.pooling_type = 4``, which
-    llama.cpp's converter writes for reranker models): an embedding model has no
-    classification head, and llama.cpp would abort or return garbage. Each pair is laid out as
-    llama.cpp's server does it: the model's ``rerank`` chat template with ``{query}`` and
-    ``{document}`` when it has one, else ``[BOS] query [EOS] [SEP] document [EOS]`` (each
-    special token only where the vocabulary adds it); the pair is cut to 1,024 tokens (or the
-    model's trained context when smaller, the document losing its end) and its
-    score is the rank-pooled output. Calls run one at a time (a llama.cpp context is not
-    thread-safe).
-
-    Attributes:
-        provider_id: ``"local"``.
-        model: the configured path as given.
-        model_path: the path, ``~`` expanded.
+    """A GGUF reranker (bge-reranker-v2-m3, Qwen3-Reranker ...) run in-process, loaded on the
+    first call with rank pooling; a file whose metadata does not declare rank pooling
+    (``<arch>.pooling_type = 4``) is refused before any decode (an embedding model has no
+    classification head). A pair is laid out as llama.cpp's server does: the model's
+    ``rerank`` chat template, else ``[BOS] query [EOS] [SEP] document [EOS]``, cut to 1,024
+    tokens (or the trained context); its score is the rank-pooled output. Calls run one at a
+    time. ``model`` is the path as configured, ``model_path`` with ``~`` expanded.
     """
 
     provider_id = "local"
 
     def __init__(self, *, model_path: str) -> None:
-        """Args:
-            model_path: the GGUF file (checked on first use, not here).
-        """
         self.model = model_path
         self.model_path = Path(model_path).expanduser()
         self._model = LlamaSlot(self._load)
@@ -409,13 +330,6 @@ class LocalGgufReranker:
         room = max(0, self._max_tokens - len(head) - len(tail))
         return (head + d[:room] + tail)[:self._max_tokens]
 
-    def _score_with(self, query: str,
-                    documents: list[str]) -> Callable[[Any], list[float | None]]:
-        def score(llama: Any) -> list[float | None]:
-            return [self._decode_pair(llama, self._pair_tokens(llama, query, doc))
-                    for doc in documents]
-        return score
-
     def _decode_pair(self, llama: Any, tokens: list[int]) -> float:
         """One pair through the model: every token an output (rank pooling reads them), the
         pooled rank of sequence 0 as the score."""
@@ -456,7 +370,8 @@ class LocalGgufReranker:
         """
         if not documents:
             return []
-        return await self._model.call(self._score_with(query, list(documents)))
+        return await self._model.call(lambda llama: [
+            self._decode_pair(llama, self._pair_tokens(llama, query, doc)) for doc in documents])
 
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call)."""
@@ -464,11 +379,8 @@ class LocalGgufReranker:
 
 
 def reranker_from_settings(settings: RerankSettings) -> Reranker | None:
-    """The configured reranker, or ``None`` when ``query.rerank.provider`` is unset.
-
-    Nothing is loaded or contacted here; problems (a missing file, no llama-cpp-python, a dead
-    server) surface as ``RerankerError`` on the first call, as a warning in the answer.
-    """
+    """The configured reranker, or ``None`` when ``query.rerank.provider`` is unset; nothing is
+    loaded or contacted here (problems surface as ``RerankerError`` on the first call)."""
     if settings.provider == "http":
         return HttpReranker(base_url=settings.base_url or "", model=settings.model,
                             api_key=settings.api_key, timeout_ms=settings.effective_timeout_ms)

@@ -1,29 +1,14 @@
 """Snippets centred on the evidence: the window of a chunk's whole lines that best matches the query.
 
-A chunk is about 1,600 characters and a snippet at most ``maxSnippetChars`` (700), so the first
-700 characters of a chunk often miss the line the agent asked about. FTS5 marks the query's
-matches in a hit's text (``highlight()``, the same tokenizer and stemming as the ranking, computed
-for the returned hits only); :func:`best_window` then picks the lines:
-
-1. every marked form, lower-cased and stripped of a plural/verb ending (``loving`` and
-   ``love`` are one form), weighs ``ln(1 + L / n)`` where ``L`` is the number of lines of the
-   chunk and ``n`` the number of lines holding it, so a rare word weighs much; a form on more
-   than half of the lines (a speaker's name in a chat log) weighs only 0.1;
-2. the seed is the line with the largest sum of weights of its distinct forms (the first such
-   line on a tie);
-3. the window grows one whole line at a time from the seed, towards the neighbour that adds the
-   most not-yet-covered weight plus a tenth of its own line score (matches count even when their
-   form is already covered); on a tie towards the shorter side, so the seed stays central; while
-   the joined lines fit in ``max_chars`` code points.
-
-A chunk that fits in ``max_chars`` is its own snippet. Without any mark (a vector-only hit, a
-match in the title or in derived terms only) the window is the chunk's first lines. CJK
-substrings matched through ``LIKE`` or the trigram table are marked by the caller with
-:func:`mark_substrings`.
-
-Source: passage selection by query-term density with inverse line frequency, in the spirit of
-Luhn's significant-sentence extraction (Luhn, "The Automatic Creation of Literature Abstracts",
-1958) and of FTS5's own ``snippet()`` scoring.
+In a hit's text marked by FTS5 ``highlight()`` (CJK substrings by :func:`mark_substrings`),
+:func:`best_window` weighs every marked form (lower-cased, one plural/verb ending stripped)
+``ln(1 + L / n)`` (``L`` lines, ``n`` holding it; 0.1 on more than half of the lines), seeds
+the window at the line with the largest sum of its distinct forms' weights (the first on a
+tie), then grows it a whole line at a time towards the neighbour adding the most uncovered
+weight plus a tenth of its own line score (on a tie the shorter side) while it fits in
+``max_chars`` code points. A chunk that fits is its own snippet; without marks the window is
+the chunk's first lines. After Luhn's significant-sentence extraction (1958) and FTS5's
+``snippet()``.
 """
 
 from __future__ import annotations
@@ -39,7 +24,6 @@ __all__ = [
     "MARK_CLOSE",
     "MARK_OPEN",
     "SnippetWindow",
-    "best_span",
     "best_window",
     "mark_substrings",
 ]
@@ -53,29 +37,23 @@ _MARK_RE = re.compile(MARK_OPEN + "(.*?)" + MARK_CLOSE, re.DOTALL)
 UBIQUITOUS_WEIGHT = 0.1
 # Share of a neighbour line's own score added to what it newly covers when the window grows.
 DENSITY_SHARE = 0.1
-# Endings stripped to group the surface forms of one query word (longest first).
-_ENDINGS = ("ings", "ing", "ies", "ied", "es", "ed", "s", "e", "y")
+# A marked word's stem and the one plural/verb ending stripped from it: the lazy stem takes the
+# longest ending that leaves it 3 or more characters.
+_ENDING_RE = re.compile(r"(.{3,}?)(?:ings|ing|ies|ied|es|ed|s|e|y)", re.DOTALL)
 
 
 def _form(surface: str) -> str:
     """A marked word's group key: lower-cased, one plural/verb ending stripped when 3+ letters
     remain (FTS5 matched it through Porter stemming; this only groups what it marked)."""
     low = surface.lower()
-    for ending in _ENDINGS:
-        if len(low) > len(ending) + 2 and low.endswith(ending):
-            return low[: -len(ending)]
-    return low
+    stem = _ENDING_RE.fullmatch(low)
+    return low if stem is None else stem.group(1)
 
 
 @dataclass(frozen=True)
 class SnippetWindow:
-    """The lines of a chunk chosen as its snippet.
-
-    Attributes:
-        text: the snippet (whole lines joined by ``\\n``, markers removed), at most the budget.
-        first_line / last_line: 0-based indexes of its first and last line in the chunk text
-            (``first_line <= last_line``).
-    """
+    """The lines of a chunk chosen as its snippet: ``text`` (whole lines, markers removed, at
+    most the budget) and the 0-based ``first_line`` / ``last_line`` of the chunk text."""
 
     text: str
     first_line: int
@@ -83,15 +61,9 @@ class SnippetWindow:
 
 
 def mark_substrings(text: str, needles: Sequence[str]) -> str:
-    """Wrap every case-insensitive occurrence of each needle in the highlight markers.
-
-    Used for CJK query tokens, which FTS5 matched as substrings (trigram table or ``LIKE``) and
-    ``highlight()`` cannot mark. Overlapping occurrences are merged.
-
-    Args:
-        text: chunk text (may already hold markers; they are kept).
-        needles: substrings to mark (empty strings are ignored).
-    """
+    """``text`` (markers it holds kept) with every case-insensitive occurrence of each non-empty
+    needle wrapped in the highlight markers, overlaps merged: CJK tokens, which FTS5 matched as
+    substrings and ``highlight()`` cannot mark."""
     wanted = [n for n in dict.fromkeys(needles) if n]
     if not wanted:
         return text
@@ -117,79 +89,61 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
         points around its first mark (the only case where a line is not whole).
     """
     budget = max(1, max_chars)
-    marked_lines = marked.split("\n")
-    lines = [_strip_marks(line) for line in marked_lines]
-    whole = "\n".join(lines)
+    whole = _strip_marks(marked)
     if len(whole) <= budget:
-        return SnippetWindow(whole, 0, len(lines) - 1)
+        return SnippetWindow(whole, 0, whole.count("\n"))
+    lines = whole.split("\n")
+    sizes = [len(line) for line in lines]
+    marked_lines = marked.split("\n")
     forms, weight, scores = _line_weights(marked_lines)
     total = len(lines)
-    seed = max(range(total), key=lambda i: (scores[i], -i))
-    if len(lines[seed]) > budget:
+    seed = scores.index(max(scores))  # the first line of the best score
+    if sizes[seed] > budget:
         return SnippetWindow(_cut_line(marked_lines[seed], budget), seed, seed)
     first = last = seed
-    size = len(lines[seed])
+    size = sizes[seed]
     covered = set(forms[seed])
     while True:
         options = []
         for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
-            if 0 <= pick < total and size + 1 + len(lines[pick]) <= budget:
-                gain = (math.fsum(weight[f] for f in forms[pick] - covered)
-                        + DENSITY_SHARE * scores[pick])
-                options.append((gain, -side, pick))
+            if 0 <= pick < total and size + 1 + sizes[pick] <= budget:
+                new = forms[pick] - covered
+                gain = math.fsum([weight[f] for f in new]) if new else 0.0
+                options.append((gain + DENSITY_SHARE * scores[pick], -side, pick))
         if not options:
             break
         _, _, pick = max(options)
-        first, last = min(first, pick), max(last, pick)
-        size += 1 + len(lines[pick])
+        if pick < first:
+            first = pick
+        else:
+            last = pick
+        size += 1 + sizes[pick]
         covered |= forms[pick]
     return SnippetWindow("\n".join(lines[first:last + 1]), first, last)
 
 
 def _line_weights(marked_lines: Sequence[str]
-                  ) -> tuple[list[set[str]], dict[str, float], list[float]]:
-    """Per line, its set of marked forms; each form's weight (step 1 of the module docstring,
-    over these lines); and each line's score (the sum of its distinct forms' weights).
-
-    Sums over a set of forms use ``math.fsum`` (correctly rounded, so independent of the set's
-    iteration order, which string hashing randomises per process): two lines or windows that
-    tie, tie in every run."""
-    forms = [{_form(f) for f in _MARK_RE.findall(line)} for line in marked_lines]
+                  ) -> tuple[list[frozenset[str]], dict[str, float], list[float]]:
+    """Per line, its set of marked forms; each form's weight (step 1 of the module docstring);
+    each line's score. Sums over a set use ``math.fsum`` (correctly rounded, so independent of
+    the set's iteration order: ties hold in every run)."""
+    known: dict[str, str] = {}
+    forms: list[frozenset[str]] = []
     counts: dict[str, int] = {}
-    for line_forms in forms:
+    for line in marked_lines:
+        if MARK_OPEN not in line:
+            forms.append(frozenset())
+            continue
+        line_forms = frozenset(known.get(f) or known.setdefault(f, _form(f))
+                               for f in _MARK_RE.findall(line))
+        forms.append(line_forms)
         for f in line_forms:
             counts[f] = counts.get(f, 0) + 1
     total = len(marked_lines)
     weight = {f: UBIQUITOUS_WEIGHT if n > total / 2 else math.log(1 + total / n)
               for f, n in counts.items()}
-    return forms, weight, [math.fsum(weight[f] for f in line_forms) for line_forms in forms]
-
-
-def best_span(marked: str, spans: Sequence[tuple[int, int]]) -> int | None:
-    """Which of several line ranges of one text best matches the query: the weights of the
-    distinct marked forms it holds (inverse line frequency over the whole text, as in
-    :func:`best_window`) plus :data:`DENSITY_SHARE` of its lines' scores, so a range holding
-    more of the query's words wins, and of two holding the same words the denser one.
-
-    Args:
-        marked: the text with matches wrapped in :data:`MARK_OPEN` / :data:`MARK_CLOSE`.
-        spans: 0-based inclusive ``(first line, last line)`` ranges of ``marked``'s lines
-            (chunks of the text; they may overlap).
-
-    Returns:
-        The index in ``spans`` of the best range (the first on a tie); ``None`` when no range
-        holds a mark.
-    """
-    forms, weight, scores = _line_weights(marked.split("\n"))
-    best: tuple[float, int] | None = None
-    for i, (first, last) in enumerate(spans):
-        held = set().union(*forms[first:last + 1])
-        if not held:
-            continue
-        value = math.fsum(weight[f] for f in held) + DENSITY_SHARE * math.fsum(scores[first:last + 1])
-        if best is None or value > best[0]:
-            best = (value, i)
-    return None if best is None else best[1]
+    return forms, weight, [math.fsum([weight[f] for f in line_forms]) if line_forms else 0.0
+                           for line_forms in forms]
 
 
 def _cut_line(marked_line: str, budget: int) -> str:

@@ -1,39 +1,27 @@
 """Keyword search without FTS5: a substring scan of the chunk table.
 
-Some SQLite builds have no FTS5 (``no such module: fts5``); the store then records why in
-``meta.fts_error`` (migration ``m002``) and has no ``chunks_fts``/``chunks_trigram`` tables.
-Keyword search must still find ``ABC-1234`` in such a store, so :func:`substring_hits` answers
-it from ``chunks.text``:
-
-- the query is cut into the same tokens as an FTS query (lower-cased NFC runs of
-  ``[\\p{L}\\p{M}\\p{N}_]+``, ``fallback/search/fts.py``) and a chunk matches when it contains
-  every token as a substring, case-insensitively (``str.casefold``), as the FTS plan ANDs its
-  tokens; SQLite's ``LIKE`` pre-filters on the ASCII tokens (it folds ASCII case only), the
-  rest is checked in Python;
-- the text score is a term-frequency saturation, ``mean over tokens of tf / (tf + 1)`` (the
-  ``k1 = 1`` TF part of BM25 without IDF or length normalisation, which need corpus statistics
-  FTS5 would keep), in ``(0, 1)``; the pipeline then adds its usual query-coverage boosts.
-
-It reads every chunk of the searched sources that passes the pre-filter, so it is slower than
-FTS5 on a large index; the engine says so in the answer's warnings and in ``status``.
-
-Source: the TF saturation of Okapi BM25 (Robertson & Zaragoza 2009) with ``k1 = 1``.
+A SQLite without FTS5 records why in ``meta.fts_error`` and has no FTS tables; keyword search
+must still find ``ABC-1234`` there. The query is cut into the tokens of an FTS query (lower-cased
+NFC word runs) and a chunk matches when it holds every token as a case-insensitive substring
+(``LIKE`` pre-filters the ASCII tokens, Python checks the rest); its score is the mean over
+tokens of ``tf / (tf + 1)`` (BM25's TF saturation with ``k1 = 1``, without IDF). It reads every
+chunk that passes the pre-filter; the engine says so in the answer's warnings and ``status``.
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
-from fallback.search.fts import escape_like, fts_tokens
+from fallback.search.fts import escape_like
 from fallback.search.ranking import Candidate
+from fallback.text.scripts import word_runs
 
 if TYPE_CHECKING:
     from fallback.store.seam import SearchStore
 
-__all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_hits", "substring_score"]
+__all__ = ["SUBSTRING_WARNING", "rank_substring_hits", "substring_score"]
 
 # The answer's warning while keyword search runs without FTS5 ({error}: the recorded reason).
 SUBSTRING_WARNING = ("FTS5 is unavailable in this SQLite ({error}): keyword search is a "
@@ -41,15 +29,8 @@ SUBSTRING_WARNING = ("FTS5 is unavailable in this SQLite ({error}): keyword sear
 
 
 def substring_score(text: str, tokens: Sequence[str]) -> float:
-    """Text score of a chunk for lower-cased query ``tokens``: mean of ``tf / (tf + 1)``.
-
-    Args:
-        text: the chunk text.
-        tokens: distinct lower-cased query tokens (non-empty).
-
-    Returns:
-        A score in ``[0, 1)``; ``0.0`` when a token is missing (the chunk does not match).
-    """
+    """Text score in ``[0, 1)`` of chunk ``text`` for distinct lower-cased query ``tokens``
+    (non-empty): mean of ``tf / (tf + 1)``; ``0.0`` when a token is missing."""
     folded = unicodedata.normalize("NFC", text).casefold()
     total = 0.0
     for token in tokens:
@@ -61,14 +42,8 @@ def substring_score(text: str, tokens: Sequence[str]) -> float:
 
 
 def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """Keyword hits for ``text`` without FTS5, best first (see the module docstring); blocking
-    (:func:`substring_hits` runs it in a worker thread).
-
-    Args:
-        store: the open store.
-        text: the query.
-        srcs: sources searched (``memory``, ``sessions``).
-        limit: most hits returned.
+    """At most ``limit`` keyword hits for ``text`` in ``srcs`` without FTS5 (see the module
+    docstring; blocking).
 
     Returns:
         Candidates with ``score == text_score`` in ``(0, 1)`` and ``bm25 = None``, ordered by
@@ -77,7 +52,7 @@ def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: i
     Raises:
         IndexStoreError: the store cannot be read.
     """
-    tokens = list(dict.fromkeys(t.lower() for t in fts_tokens(text)))
+    tokens = list(dict.fromkeys(t.lower() for t in word_runs(text)))
     if not tokens or not srcs or limit <= 0:
         return []
     rows = store.substring_rows([escape_like(t) for t in tokens if t.isascii()], sources=srcs)
@@ -87,9 +62,3 @@ def rank_substring_hits(store: SearchStore, text: str, srcs: list[str], limit: i
                       snippet=body, score=score, text_score=score, bm25=None)
             for score, (cid, path, source, start, end, body, _) in ranked[:limit]]
 
-
-async def substring_hits(store: SearchStore, text: str, srcs: list[str], limit: int) -> list[Candidate]:
-    """:func:`rank_substring_hits` in a worker thread (same arguments, result and errors)."""
-    import anyio
-
-    return await anyio.to_thread.run_sync(partial(rank_substring_hits, store, text, srcs, limit))

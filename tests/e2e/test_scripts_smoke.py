@@ -166,4 +166,5 @@ def test_bench_keyword_quick(tmp_path: Path) -> None:
     assert locomo["value"] > 0 and locomo["unit"] == "ms"
     assert rows[("locomo conv-x", "full index (keyword-only)")]["note"] == "2 chunks, 2 queries"
     assert rows[("corpus 5x20000", "bare FTS5 query p50")]["value"] > 0
+    assert rows[("locomo conv-x", "its SQL statements p50")]["value"] > 0
     assert rows[("corpus 5x20000", "engine search p50 (end to end)")]["value"] > 0

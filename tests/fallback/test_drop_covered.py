@@ -49,7 +49,6 @@ def test_exactly_half_is_kept_and_other_files_and_sources_do_not_count() -> None
     assert ids(drop_covered([cand("x", 1, 4), cand("half", 3, 6)])) == ["x", "half"]
     assert ids(drop_covered([cand("x", 1, 10), cand("other", 1, 10, "memory/b.md"),
                              cand("session", 1, 10, source="sessions")])) == ["x", "other", "session"]
-    assert ids(drop_covered([cand("x", 1, 10), cand("same", 1, 10)], max_shared=1.0)) == ["x", "same"]
     assert drop_covered([]) == []
 
 

@@ -8,7 +8,6 @@ from fallback.search.fts import (
     FtsPlan,
     build_fts_query,
     escape_like,
-    fts_tokens,
 )
 
 
@@ -162,10 +161,6 @@ def test_trigram_tokenizer_plan_sends_short_tokens_to_like() -> None:
 
 def test_escape_like_escapes_wildcards() -> None:
     assert escape_like("50%_off\\x") == "%50\\%\\_off\\\\x%"
-
-
-def test_fts_tokens_keep_marks_and_underscore() -> None:
-    assert fts_tokens("snake_case, e\u0301t\u00e9! 123") == ["snake_case", "été", "123"]
 
 
 def test_symbol_only_queries_become_substring_searches() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fallback.search.fts import COVERAGE_MAX_CHUNKS, build_fts_query
+from fallback.search.fts_only import keyword_search
 from fallback.search.keyword import keyword_rows, rank_keyword_hits, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
@@ -101,5 +102,31 @@ def test_a_large_store_leaves_common_words_out_of_the_match_without_changing_ran
         assert kids is not None
         assert kids.match == ('"kids" OR "pottery" OR "class" OR "kidspottery" OR "potteryclass"'
                               ' OR NEAR("pottery" "class", 10)')
+    finally:
+        store.close()
+
+
+def test_only_hits_longer_than_the_snippet_budget_are_highlighted(tmp_path: Path) -> None:
+    # A chunk that fits in the snippet budget is its own snippet: no highlight() statement runs
+    # for it, and none at all when every hit is that short.
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        long = "gamma line\n" * 60 + "alpha here\n" + "gamma line\n" * 60
+        _fill(store, [("memory/a.md", "memory", "alpha beta"), ("memory/b.md", "memory", long)])
+        statements: list[str] = []
+        store._reader.set_trace_callback(statements.append)  # type: ignore[union-attr]
+
+        def search(limit: int) -> list[str]:
+            statements.clear()
+            found = keyword_search(store, "alpha", sources=["memory"], limit=limit, candidates=8,
+                                   floor=0.0, half_life_days=None, now_ms=0)
+            return [h.snippet for h in found.hits]
+
+        assert search(1) == ["alpha beta"]
+        assert not any("highlight(" in sql for sql in statements)
+        short, window = search(2)
+        assert short == "alpha beta" and len(window) <= 700
+        assert window.split("\n")[31] == "alpha here"  # the window centred on the match
+        assert sum("highlight(" in sql for sql in statements) == 1
     finally:
         store.close()

@@ -12,7 +12,7 @@ import pytest
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
-from fallback.search.substring import substring_hits, substring_score
+from fallback.search.substring import rank_substring_hits, substring_score
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
 
@@ -115,10 +115,10 @@ async def test_substring_hits_respect_sources_and_limit(ws: Path) -> None:
     drop_fts(settings.db_path)
     store = Store(settings.db_path)
     try:
-        hits = await substring_hits(store, "abc 1234", ["memory"], 1)
+        hits = rank_substring_hits(store, "abc 1234", ["memory"], 1)
         assert [(h.path, h.bm25, h.score == h.text_score) for h in hits] == [
             ("memory/2026-03-01.md", None, True)]
-        assert await substring_hits(store, "abc 1234", ["sessions"], 5) == []
-        assert await substring_hits(store, "!!", ["memory"], 5) == []
+        assert rank_substring_hits(store, "abc 1234", ["sessions"], 5) == []
+        assert rank_substring_hits(store, "!!", ["memory"], 5) == []
     finally:
         store.close()

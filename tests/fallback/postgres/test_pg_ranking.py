@@ -179,14 +179,15 @@ def test_column_filtered_counts_match_sqlite(pg_dsn: str, tmp_path: Path) -> Non
     """The contrast step's common-word counts (``text : "word"``, fallback/search/contrast.py)
     count the text column only, as FTS5 does: a word of the titles (``session``) counts the
     chunks whose text holds it, not every chunk of a titled note."""
-    from fallback.search.contrast import _quoted, content_words
+    from fallback.search.contrast import content_words
+    from fallback.search.fts import quote_term
 
     files, questions = locomo_files()
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:
         words = list(dict.fromkeys(w for q in questions for w in content_words(q)))
-        exprs = [f"text : {_quoted(w)}" for w in ["session", *words]]
+        exprs = [f"text : {quote_term(w)}" for w in ["session", *words]]
         sql = "SELECT (SELECT COUNT(*) FROM chunks_fts_docsize), " + ", ".join(
             "(SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs)
         counts = lite.query(sql, exprs)[0]

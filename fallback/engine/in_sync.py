@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
-from fallback.index.plan import read_reason, recorded_files
+from fallback.index.plan import recorded_files, scan_change
 from fallback.index.racy import SCAN_STARTED_META
 from fallback.search.fts_only import SNIPPET_MAX_CHARS, Hit, candidate_count, keyword_search
 from fallback.sources.memory_files import ExtraPathEntry, list_memory_files
@@ -144,27 +144,11 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
     if not settings.sync_on_search:  # the engine syncs only an empty index before a search
         return None if index.has_chunks() else "index is empty"
     started = index.get_meta_json(SCAN_STARTED_META)
-    if not isinstance(started, int):
-        return "no scan start recorded"
     found = list_memory_files(settings.workspace_dir, settings.extra_paths,
                               max_file_bytes=settings.max_file_bytes)
-    recorded = recorded_files(index, "memory")
-    for mf in found.files:
-        why = read_reason(mf, recorded, last_started=started)
-        if why is not None:
-            return f"{why}: {mf.rel_path}"
-    gone = recorded.gone({mf.rel_path for mf in found.files})
-    if gone:
-        return f"gone: {gone[0]}"
-    # the rows without stamps of files not discovered are discovery's skips (caveats of
-    # indexed files and read skips are kept by a sync while their files are unchanged)
-    discovered = {mf.rel_path for mf in found.files}
-    stored = {(p, r) for p, r, stamp in recorded.skips if stamp is None and p not in discovered}
-    if stored != {(s.path, s.reason) for s in found.skipped}:
-        return "skipped files changed"
-    if (index.get_meta_json("scan_issues") or []) != found.issues:
-        return "scan issues changed"
-    return None
+    return scan_change(found, recorded_files(index, "memory"),
+                       last_started=started if isinstance(started, int) else None,
+                       stored_issues=index.get_meta_json("scan_issues"))
 
 
 def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *,

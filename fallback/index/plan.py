@@ -1,16 +1,10 @@
 """The one rule of what an incremental sync does with each discovered file, blocking and free of anyio.
 
-A sync (``fallback/index/indexer.py``) and the one-shot check that no sync is needed
-(``fallback/engine/in_sync.py``) both ask :func:`read_reason` for every discovered file, over
-what the store recorded (:func:`recorded_files`):
-
-- a file whose ``files`` row holds its ``(mtime, size, ctime)`` is not read (its chunks stand);
-- a file a sync read and skipped (binary, unreadable, too large), whose ``skipped_files`` row
-  holds those stamps (migration ``m009``), is not read either: it stays skipped, so one such
-  file no longer makes every sync read it and every one-shot search run the engine;
-- anything else is read: ``new`` (nothing recorded), ``changed`` (other stamps), ``racily
-  clean`` (stamped too close to the start of the scan that read it, ``fallback/index/racy.py``).
-
+A sync (``fallback/index/indexer.py``) asks :func:`read_reason` for every discovered file, over
+what the store recorded (:func:`recorded_files`); the one-shot check that no sync is needed
+(``fallback/engine/in_sync.py``) asks :func:`scan_change`, which applies the same rule to a
+whole scan. A file whose ``files`` row, or whose read-and-skipped ``skipped_files`` row
+(migration ``m009``), holds its ``(mtime, size, ctime)`` is not read; anything else is read.
 Rows (indexed or skipped) of files no longer discovered are gone: a sync deletes them.
 """
 
@@ -19,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fallback.index.racy import racily_clean
-from fallback.sources.memory_files import MemoryFile
+from fallback.sources.memory_files import Discovery, MemoryFile
 from fallback.store.readonly import MetaReads
 
-__all__ = ["RecordedFiles", "Stamp", "file_stamp", "read_reason", "recorded_files"]
+__all__ = ["RecordedFiles", "Stamp", "file_stamp", "read_reason", "recorded_files", "scan_change"]
 
 Stamp = tuple[int, int, int | None]
 """``(mtime_ms, size_bytes, ctime_ns)`` of a file; ``ctime_ns`` is ``None`` where the platform
@@ -90,4 +84,39 @@ def read_reason(mf: MemoryFile, recorded: RecordedFiles, *, last_started: int | 
         return "changed"
     if racily_clean(mf.mtime_ms * 1_000_000, last_started):
         return "racily clean"
+    return None
+
+
+def scan_change(found: Discovery, recorded: RecordedFiles, *, last_started: int | None,
+                stored_issues: object) -> str | None:
+    """Why an incremental sync of the ``memory`` source would write more than its timestamps,
+    or ``None`` when the index holds ``found`` as the sync would write it.
+
+    Args:
+        found: discovery of the memory files.
+        recorded: the store's rows of the ``memory`` source.
+        last_started: the previous scan's start, epoch ms, or ``None``.
+        stored_issues: the ``scan_issues`` meta value.
+
+    Returns:
+        ``None``, or one line: ``no scan start recorded``, ``<read_reason>: <path>`` (the first
+        file the sync reads), ``gone: <path>``, ``skipped files changed``, ``scan issues changed``.
+    """
+    if last_started is None:
+        return "no scan start recorded"
+    for mf in found.files:
+        why = read_reason(mf, recorded, last_started=last_started)
+        if why is not None:
+            return f"{why}: {mf.rel_path}"
+    discovered = {mf.rel_path for mf in found.files}
+    gone = recorded.gone(discovered)
+    if gone:
+        return f"gone: {gone[0]}"
+    # rows without stamps of undiscovered files are discovery's skips (a sync keeps the caveats
+    # of indexed files and the read skips while their files are unchanged)
+    stored = {(p, r) for p, r, stamp in recorded.skips if stamp is None and p not in discovered}
+    if stored != {(s.path, s.reason) for s in found.skipped}:
+        return "skipped files changed"
+    if (stored_issues or []) != found.issues:
+        return "scan issues changed"
     return None

@@ -1,43 +1,14 @@
 """The builtin engine's SQLite store: connections, migrations, publishing a rebuild.
 
-One SQLite file per agent (``EngineSettings.db_path``), opened with WAL, ``busy_timeout`` and
-``synchronous=NORMAL``; the schema comes from the numbered migrations in
-``fallback/store/migrations.py``. Every ``sqlite3`` error is translated into a typed
-``IndexStoreError`` by :func:`fallback.store.errors.translate_errors` (by SQLite result code).
-
-A :class:`Store` holds two connections to the file, so it may be shared between worker threads
-(``anyio.to_thread``):
-
-- the writer (:attr:`Store.conn`), behind the store's write lock: migrations, each file's
-  ``BEGIN IMMEDIATE`` transaction (:meth:`Store.transaction`), publishing a rebuild;
-- the reader (``PRAGMA query_only``), behind a lock of its own: every :meth:`Store.query`.
-  Under WAL a reader never waits for a writer, so a search answers from the last committed
-  index while a sync, or a rebuild's publish, holds an open write transaction.
-
-Concurrency model (several processes on one store: a ``serve`` process syncing while CLI
-calls search and index; the writer lock itself is described in ``fallback/store/lock.py``):
-
-- Readers never wait for writers (WAL) and never see a half-written index: an incremental sync
-  writes each file in one transaction, and a full rebuild is built in ``<db>.tmp-<uuid>`` and
-  published in one transaction.
-- Publishing (:meth:`Store.swap_from`) copies the finished temp database into the live one
-  with SQLite's online backup API: one write transaction on the same file, so the inode never
-  changes, readers in other processes simply see a new commit (an open read transaction keeps
-  its snapshot), and a process killed mid-publish leaves an uncommitted WAL tail that SQLite
-  ignores. Renaming files over a live WAL database is not safe (another process's ``-wal`` and
-  ``-shm`` belong to the old file and SQLite would replay that ``-wal`` into the new one), so
-  the rename swap of spec §4.5 (:func:`fallback.store.files.swap_db_files`) is only the fallback
-  for a live file that cannot take a backup (missing, not a database, other page size).
-- ``SQLITE_BUSY``/``SQLITE_LOCKED`` (a checkpoint, a schema change, a non-engine writer) are
-  retried a few times with jittered backoff on top of the busy timeout (``Store.busy_retries``
-  counts them); only then does ``IndexStoreLockedError`` reach the caller.
-- Opening never creates an empty database in the middle of another process's swap: an
-  existing store is opened with ``mode=rw``; a new one is created only under the writer lock;
-  when ``<db>`` is missing but a backup exists, the open waits (bounded) for the swap to
-  finish, or repairs it when the writer died. Leftovers of a killed rebuild or swap are
-  removed under the writer lock (:func:`fallback.store.files.recover_db_files`).
-- Each open records the file's ``(st_dev, st_ino)``; :meth:`Store.reopen_if_replaced` (called
-  by the engine before every search and status) reopens when another process swapped files.
+One SQLite file per agent, WAL, migrated by ``fallback/store/migrations.py``; every
+``sqlite3`` error becomes a typed ``IndexStoreError`` (``fallback/store/errors.py``). A
+:class:`Store` holds a writer (behind the store's write lock) and a ``query_only`` reader, so
+a search answers from the last commit while a sync holds a write transaction. A rebuild is
+published by the online backup API in one transaction on the same file (the rename swap,
+``fallback/store/files.py``, only where the live file cannot take a backup); busy statements
+are retried with jittered backoff; a new store is created, and leftovers of a killed writer
+repaired, only under the writer lock (``fallback/store/lock.py``); a file swapped by another
+process is noticed by its ``(st_dev, st_ino)`` and reopened.
 """
 
 from __future__ import annotations
@@ -78,14 +49,7 @@ from fallback.store.lock import StoreWriteLock, lock_path_for
 from fallback.store.migrations import META_KEY, MIGRATIONS
 from fallback.store.readonly import MetaReads
 
-__all__ = [
-    "META_KEY",
-    "ReadonlyRecovery",
-    "Store",
-    "remove_db_files",
-    "swap_db_files",
-    "temp_db_path",
-]
+__all__ = ["META_KEY", "ReadonlyRecovery", "Store", "remove_db_files", "swap_db_files", "temp_db_path"]
 
 T = TypeVar("T")
 
@@ -110,14 +74,8 @@ class _SwapPending(Exception):
 
 @dataclass
 class ReadonlyRecovery:
-    """Counters of readonly recovery (spec §5.3 step 6): reopen the store and retry once.
-
-    Attributes:
-        attempts: recoveries started (a sync failed with ``SQLITE_READONLY``).
-        successes: retries that succeeded.
-        failures: retries that failed again.
-        last_error: the message of the last readonly error, or None.
-    """
+    """Counters of readonly recovery (spec §5.3 step 6: reopen the store and retry once):
+    recoveries started, retries that succeeded and failed, the last readonly error or None."""
 
     attempts: int = 0
     successes: int = 0
@@ -135,26 +93,20 @@ class Store(MetaReads):
 
     Args:
         path: the SQLite file; its parent directory is created.
-        fts_tokenizer: ``unicode61`` or ``trigram``; used only when the FTS table is created
-            (an existing store keeps its tokenizer, see :attr:`fts_tokenizer`).
+        fts_tokenizer: ``unicode61`` or ``trigram``, for a new FTS table only.
         busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
-        busy_retry_attempts: calls of a statement that keeps hitting ``SQLITE_BUSY`` before
-            ``IndexStoreLockedError`` is raised (>= 1).
-        writer_lock: the inter-process writer lock to use (a rebuild's temporary store shares
-            the live store's); default a new :class:`~fallback.store.lock.StoreWriteLock`.
-        swap_wait_ms: how long opening waits for another process's swap to bring ``<db>``
-            back, in ms.
-        scratch: a rebuild's temporary database: ``synchronous=OFF`` (no fsync per file;
-            nothing is lost before it is published).
+        busy_retry_attempts: calls of a busy statement before ``IndexStoreLockedError`` (>= 1).
+        writer_lock: the inter-process writer lock (a rebuild's temporary store shares the
+            live store's); default a new :class:`~fallback.store.lock.StoreWriteLock`.
+        swap_wait_ms: how long opening waits for another process's swap, in ms.
+        scratch: a rebuild's temporary database: ``synchronous=OFF``.
 
     Attributes:
-        writer_lock: the store's :class:`~fallback.store.lock.StoreWriteLock`.
-        readonly_recovery: :class:`ReadonlyRecovery` counters (kept across reopens).
-        busy_retries: how many times a busy statement was retried (kept across reopens).
+        readonly_recovery / busy_retries: counters kept across reopens.
 
     Raises:
         IndexStoreCorruptError / IndexStoreReadOnlyError / IndexStoreLockedError: the file is
-            damaged or not a database, cannot be written, or stayed locked.
+            damaged, cannot be written, or stayed locked.
         IndexStoreError: the file cannot be opened, or another process's swap did not finish
             within ``swap_wait_ms``.
     """
@@ -191,7 +143,6 @@ class Store(MetaReads):
         return retry_locked(fn, attempts=self._busy_attempts, on_retry=self._count_retry)
 
     def _open(self) -> None:
-        """Open the connection (see the module docstring for when the writer lock is taken)."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -230,27 +181,21 @@ class Store(MetaReads):
 
     def _connect_existing(self) -> bool:
         """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap).
-
-        Raises:
-            IndexStoreReadOnlyError: this process may not write it, also where SQLite opened
-                it read-only without a word (:func:`check_writable`).
-        """
+        Raises ``IndexStoreReadOnlyError`` when this process may not write it."""
         try:
             self._connect(create=False)
-            try:
-                check_writable(self.path)
-            except IndexStoreReadOnlyError:
-                self._close_connection()
-                raise
         except IndexStoreReadOnlyError:
             raise
         except IndexStoreError:
-            if self.path.exists():
-                # on a read-only mount SQLite cannot open the file ``mode=rw`` at all ("unable to
-                # open database file"): name the cause, as a file opened read-only is named
-                check_writable(self.path)
-                raise
-            return False
+            if not self.path.exists():
+                return False
+            check_writable(self.path)  # a read-only mount: name the cause
+            raise
+        try:
+            check_writable(self.path)  # SQLite opens a file it may not write read-only, silently
+        except IndexStoreReadOnlyError:
+            self._close_connection()
+            raise
         return True
 
     def _connect(self, *, create: bool) -> None:
@@ -259,10 +204,12 @@ class Store(MetaReads):
         with translate_errors(self.path):
             for attempt in range(_OPEN_ATTEMPTS):
                 before = file_id(self.path)
-                conn = self._retry(lambda: self._connect_writer(
-                    f"{base}?mode={'rwc' if create else 'rw'}"))
-                try:
-                    reader = self._retry(lambda: self._connect_reader(f"{base}?mode=rw"))
+                conn = self._retry(lambda: self._configured(
+                    f"{base}?mode={'rwc' if create else 'rw'}", "journal_mode=WAL",
+                    f"synchronous={self._synchronous}", f"journal_size_limit={WAL_SIZE_LIMIT_BYTES}",
+                    migrate=True))
+                try:  # the reader: writes go through the writer, under its lock
+                    reader = self._retry(lambda: self._configured(f"{base}?mode=rw", "query_only=ON"))
                 except BaseException:
                     conn.close()
                     raise
@@ -284,22 +231,13 @@ class Store(MetaReads):
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
         return conn
 
-    def _connect_writer(self, uri: str) -> sqlite3.Connection:
+    def _configured(self, uri: str, *pragmas: str, migrate: bool = False) -> sqlite3.Connection:
         conn = self._new_connection(uri)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
-            self._migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _connect_reader(self, uri: str) -> sqlite3.Connection:
-        conn = self._new_connection(uri)
-        try:
-            conn.execute("PRAGMA query_only=ON")  # writes go through the writer, under its lock
+            for pragma in pragmas:
+                conn.execute(f"PRAGMA {pragma}")
+            if migrate:
+                self._migrate(conn)
         except BaseException:
             conn.close()
             raise
@@ -332,11 +270,6 @@ class Store(MetaReads):
             raise IndexStoreError("index store is closed", db_path=str(self.path))
         return self._conn
 
-    @property
-    def is_open(self) -> bool:
-        """Whether the connections are open."""
-        return self._conn is not None
-
     @contextlib.contextmanager
     def locked(self) -> Iterator[sqlite3.Connection]:
         """Hold the write lock and translate SQLite errors; yields the writer connection."""
@@ -345,10 +278,8 @@ class Store(MetaReads):
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction: commit on success, roll back on any error.
-
-        ``BEGIN IMMEDIATE`` is retried while another connection holds the write lock (busy
-        timeout, then jittered backoff, ``busy_retry_attempts`` calls in all).
+        """One ``BEGIN IMMEDIATE`` transaction (retried while busy): commit on success, roll
+        back on any error.
 
         Raises:
             IndexStoreLockedError: the write lock stayed held past all retries.
@@ -365,16 +296,11 @@ class Store(MetaReads):
             conn.execute("COMMIT")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement on the reader and return all rows (bound parameters only).
-
-        Never waits for the write lock: it sees the last committed state, also while a sync or
-        a publish holds a write transaction open. Only while a rename swap reopens the files
-        does it wait for that to finish. Retried like ``BEGIN IMMEDIATE`` when SQLite reports
-        busy (a checkpoint or a schema change).
+        """Run one read statement on the reader and return all rows (bound parameters only);
+        it sees the last commit and waits only while a rename swap reopens the files.
 
         Raises:
-            IndexStoreError: on any SQLite error (typed, see ``fallback/store/errors.py``), or
-                ``index store is closed``; the reader cannot write.
+            IndexStoreError: on any SQLite error (typed), or ``index store is closed``.
         """
         def run(reader: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return self._retry(lambda: reader.execute(sql, tuple(params)).fetchall())
@@ -390,12 +316,12 @@ class Store(MetaReads):
 
     def set_meta(self, key: str, value: Any, *, conn: sqlite3.Connection | None = None) -> None:
         """Write one ``meta`` value as JSON (inside ``conn``'s transaction when given)."""
-        text = orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-        if conn is not None:
-            conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, text))
+        if conn is None:
+            with self.transaction() as c:
+                self.set_meta(key, value, conn=c)
             return
-        with self.transaction() as c:
-            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, text))
+        conn.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
+                     (key, orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()))
 
     def quick_check(self) -> str:
         """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
@@ -407,10 +333,8 @@ class Store(MetaReads):
         return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])
 
     def attach_copy_cache(self, other: Path) -> int:
-        """Copy every ``embedding_cache`` row of the store at ``other`` into this one (upsert).
-
-        Returns the number of rows now cached. Used to seed a rebuild (spec §4.5 step 2).
-        ``other`` is attached read-only, so a missing file is never created.
+        """Copy every ``embedding_cache`` row of the store at ``other`` (attached read-only)
+        into this one; returns the number of rows now cached (spec §4.5 step 2).
 
         Raises:
             IndexStoreError: on any SQLite error.
@@ -438,15 +362,10 @@ class Store(MetaReads):
     # -- publishing, replacement and recovery ---------------------------------------------
 
     def swap_from(self, temp_path: Path) -> None:
-        """Publish the finished, closed rebuild at ``temp_path`` as this store's content.
-
-        The temp database is checkpointed and switched to ``journal_mode=DELETE`` (so it has
-        no ``-wal``), then copied into the live database with the online backup API in one
-        transaction (see the module docstring). Only when the live file cannot take that
-        (closed store, not a database, other page size) are the files renamed
-        (:func:`~fallback.store.files.swap_db_files`) and the store reopened. The temp trio is
-        deleted in every case (and a ``<temp>.lock`` a standalone temp store made). Call under the writer lock; the store lock is held throughout,
-        so threads of this process wait instead of seeing a closed store.
+        """Publish the finished, closed rebuild at ``temp_path`` as this store's content, by
+        the online backup API, or by renaming files where the live file cannot take a backup
+        (closed, not a database, other page size). The temp files are deleted in every case.
+        Call under the writer lock.
 
         Raises:
             IndexStoreError: publishing failed (the previous index stays in place) or the new
@@ -514,9 +433,7 @@ class Store(MetaReads):
         return self._conn is not None and file_id(self.path) != self._file_id
 
     def reopen_if_replaced(self) -> bool:
-        """Reopen when :meth:`is_replaced`; returns True when it reopened.
-
-        The check takes no lock, so a search calling it never waits for a write in progress.
+        """Reopen when :meth:`is_replaced` (checked without a lock); True when it reopened.
 
         Raises:
             IndexStoreError: the new file cannot be opened (see :class:`Store`).
@@ -531,10 +448,9 @@ class Store(MetaReads):
             return True
 
     def recover_leftovers(self) -> list[str]:
-        """Repair leftovers of a killed rebuild or swap, then reopen if the file changed.
-
-        Must be called while :attr:`writer_lock` is held (before a sync). Returns the actions
-        of :func:`~fallback.store.files.recover_db_files`.
+        """Repair leftovers of a killed rebuild or swap under the held :attr:`writer_lock`,
+        then reopen if the file changed; returns the actions of
+        :func:`~fallback.store.files.recover_db_files`.
 
         Raises:
             IndexStoreError: the writer lock is not held, or the files cannot be repaired.
@@ -549,11 +465,7 @@ class Store(MetaReads):
             return actions
 
     def reopen(self) -> None:
-        """Close and open the connection again (after the file was swapped, readonly errors).
-
-        Raises:
-            IndexStoreError: the file cannot be opened.
-        """
+        """Close and open the connections again. Raises ``IndexStoreError``."""
         with self._lock:
             self._close_connection()
             self._open()

@@ -1,15 +1,10 @@
 """File-level operations on a store's SQLite files: temp paths, rename swap, crash recovery.
 
-A store on disk is the database file plus its companions (``-wal``, ``-shm``, ``-journal``),
-called a trio below. A full rebuild writes ``<db>.tmp-<uuid>``; the rename swap parks the live
-trio as ``<db>.backup-<uuid>``. A process killed during a rebuild or a swap leaves such files
-behind; :func:`recover_db_files` repairs that state and must run under the store's writer lock
-(``fallback/store/lock.py``), because a live writer's temp files look exactly like a dead one's.
-
-Why the companions matter: SQLite opens ``<name>-wal`` for whatever database sits at
-``<name>`` (and replays its frames), so a live ``-wal`` must never end up next to a different
-database. :func:`swap_db_files` therefore moves the whole live trio away before the new file
-appears, and refuses a temp database that still has a non-empty ``-wal``.
+A store on disk is the database file plus its ``-wal``, ``-shm`` and ``-journal`` (a trio). A
+rebuild writes ``<db>.tmp-<uuid>``; the rename swap parks the live trio as
+``<db>.backup-<uuid>``. SQLite replays whatever ``<name>-wal`` lies beside ``<name>``, so a
+live ``-wal`` must never end up next to another database. :func:`recover_db_files` repairs
+what a killed writer left, under the writer lock (a live writer's files look like a dead one's).
 """
 
 from __future__ import annotations
@@ -25,24 +20,10 @@ from typing import Any
 from fallback.errors import IndexStoreError
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 
-__all__ = [
-    "BACKUP_MARK",
-    "check_writable",
-    "read_only_warning",
-    "CORRUPT_BACKUPS_KEPT",
-    "DB_SUFFIXES",
-    "TEMP_MARK",
-    "backup_db_path",
-    "file_id",
-    "has_leftovers",
-    "leftover_bases",
-    "prune_corrupt_backups",
-    "quarantine_corrupt_store",
-    "recover_db_files",
-    "remove_db_files",
-    "swap_db_files",
-    "temp_db_path",
-]
+__all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK", "backup_db_path",
+           "check_writable", "file_id", "has_leftovers", "leftover_bases", "prune_corrupt_backups",
+           "quarantine_corrupt_store", "read_only_warning", "recover_db_files", "remove_db_files",
+           "swap_db_files", "temp_db_path"]
 
 # Suffixes of the files one SQLite database consists of; the main file first.
 DB_SUFFIXES = ("", "-wal", "-shm", "-journal")
@@ -51,33 +32,23 @@ TEMP_MARK = ".tmp-"
 BACKUP_MARK = ".backup-"
 # Lock file suffix (``fallback/store/lock.py``); a leftover trio's lock file goes with it.
 _LOCK_SUFFIX = ".lock"
-# Corrupt stores moved aside that are kept for inspection, newest first: a store that keeps
-# getting damaged (a failing disk, a tool that writes into it) must not fill the disk with copies.
+# Corrupt stores moved aside that are kept for inspection, newest first (a store that keeps
+# getting damaged must not fill the disk with copies).
 CORRUPT_BACKUPS_KEPT = 3
 
 
-
 def check_writable(db_path: Path) -> None:
-    """Refuse a store whose files this process may not write, as SQLite would only later.
-
-    SQLite opens a file it may not write read-only without a word, and when the store's
-    ``-wal`` and ``-shm`` are there (a writer killed, or running as another user) nothing fails
-    before the first write; this asks, for the main file, ``-wal`` and ``-shm`` (those
-    present), whether this process may write them (``faccessat`` with the effective ids, so a
-    root process without ``CAP_DAC_OVERRIDE`` is refused as SQLite's open would be). So it
-    asks for the writer lock ``<db>.lock`` too (or, while there is none, its folder), which
-    every sync writes: a lock left by another user would fail each sync, not the open.
-
-    The files are never opened: POSIX drops every lock a process holds on a file when it
-    closes any descriptor of it, so opening and closing them would take the WAL read locks of
-    this process's own connections away (SQLite then answers "locking protocol", or a
-    checkpoint truncates the WAL under a reader).
+    """Refuse a store whose files this process may not write (SQLite would open them
+    read-only without a word): the main file, ``-wal``, ``-shm`` and the writer lock
+    ``<db>.lock`` (or, while there is none, its folder), asked with ``faccessat`` and the
+    effective ids. The files are never opened: closing a descriptor drops this process's
+    POSIX locks on the file, its own WAL read locks included.
 
     Raises:
         IndexStoreReadOnlyError: ``index store is read-only (the file cannot be written):
             Permission denied (<db>)`` (``(its -wal cannot be written)`` ..., ``(its writer lock
             <db>.lock cannot be written)``, ``... cannot be created)``; ``Read-only file system``
-            on a read-only mount); a file gone meanwhile is left for SQLite to report.
+            on a read-only mount).
     """
     effective = os.access in os.supports_effective_ids
     lock = f"{db_path}{_LOCK_SUFFIX}"
@@ -141,16 +112,10 @@ def _has_wal_frames(db_path: Path) -> bool:
 
 
 def swap_db_files(temp_path: Path, db_path: Path) -> None:
-    """Publish the finished database at ``temp_path`` as ``db_path`` by renaming files.
-
-    Preconditions: the caller holds the writer lock, the temp database is closed and has no
-    write-ahead log (checkpointed, ideally switched to ``journal_mode=DELETE``). The live trio
-    is renamed to ``<db>.backup-<uuid>`` main file first (so a companion is never left beside a
-    foreign database for longer than the rename of the main file), then the temp main file is
-    renamed onto ``<db>`` and its stale ``-shm`` dropped; if a rename fails the backup is put
-    back (companions first, main file last), the temp trio deleted and the error raised;
-    finally the backup trio is deleted (a ``.lock`` file at the temp or backup path too). Between the first and the last rename ``<db>`` is missing: readers wait for it
-    (``Store`` opens existing stores with ``mode=rw`` and never creates one without the lock).
+    """Publish the closed database at ``temp_path`` (no write-ahead log) as ``db_path`` by
+    renaming files, under the writer lock: the live trio is parked as ``<db>.backup-<uuid>``
+    (main file first), the temp file renamed onto ``<db>``, then the backup deleted; a failed
+    rename puts the backup back and deletes the temp trio.
 
     Raises:
         IndexStoreError: the temp database still has a write-ahead log, or the files cannot
@@ -187,11 +152,8 @@ def _base_of(name: str) -> str:
 
 
 def leftover_bases(db_path: Path) -> tuple[list[Path], list[Path]]:
-    """Find leftover trios next to ``db_path``: ``(temp bases, backup bases)``, sorted by name.
-
-    A base is the path of the trio's main file (which itself may be missing); companions and a
-    ``.lock`` file count towards their base.
-    """
+    """Leftover trios next to ``db_path``: ``(temp bases, backup bases)``, sorted; a base is
+    the trio's main file path (which may be missing)."""
     temps: set[Path] = set()
     backups: set[Path] = set()
     try:
@@ -228,16 +190,9 @@ def _mtime_ns(path: Path) -> int:
 
 def recover_db_files(db_path: Path) -> list[str]:
     """Repair what a killed rebuild or swap left next to ``db_path``; call under the writer lock.
-
-    - every ``<db>.tmp-<uuid>`` trio is deleted (a rebuild that never published);
-    - ``<db>`` missing and a ``<db>.backup-<uuid>`` main file present (a swap killed after
-      parking the live database): the newest backup is restored, companions first and the main
-      file last; a ``-wal`` still at the live name belongs to it (the swap moves the main file
-      first) and is kept unless the backup has its own; a stale ``-shm`` is dropped (SQLite
-      rebuilds it from the WAL);
-    - ``<db>`` present: every backup trio is deleted (the swap had published);
-    - ``<db>`` missing with nothing to restore: stray companions at the live name are deleted,
-      so a new database never meets an old ``-wal``.
+    Temp trios are deleted; with ``<db>`` missing the newest backup is restored (companions
+    first; a ``-wal`` at the live name is kept unless the backup has its own), or, with none,
+    stray companions are deleted; with ``<db>`` present backups are deleted.
 
     Returns:
         One line per action, e.g. ``removed temp main.sqlite.tmp-ab12``,
@@ -283,19 +238,11 @@ def recover_db_files(db_path: Path) -> list[str]:
 
 
 def prune_corrupt_backups(db_path: Path, *, keep: int = CORRUPT_BACKUPS_KEPT) -> list[str]:
-    """Delete all but the newest ``keep`` corrupt stores moved aside next to ``db_path``.
-
-    A moved-aside store is ``<db>.corrupt-<YYYYmmddTHHMMSSZ>`` or, for a second move within
-    the same second, ``...Z-<n>`` (n >= 2), each with its ``-wal``/``-shm``; newest means the
-    latest time, then the highest ``n``. Other files are never touched.
-
-    Args:
-        db_path: the live store file.
-        keep: how many to keep (>= 0).
+    """Delete all but the newest ``keep`` (>= 0) stores moved aside next to ``db_path``
+    (``<db>.corrupt-<YYYYmmddTHHMMSSZ>[-<n>]`` trios; newest: latest time, then highest ``n``).
 
     Returns:
-        The names of the main files deleted, oldest first; a file that cannot be deleted is
-        left in place (never raises).
+        The names of the main files deleted, oldest first (never raises).
     """
     pattern = re.compile(re.escape(db_path.name) + r"\.corrupt-(\d{8}T\d{6}Z)(?:-(\d+))?")
     try:
@@ -315,13 +262,10 @@ def prune_corrupt_backups(db_path: Path, *, keep: int = CORRUPT_BACKUPS_KEPT) ->
 
 
 def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | None:
-    """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>`` so a fresh one can be built.
-
-    Runs under the store's writer lock and first tries ``opener`` again, in case another
-    process already repaired the store; only an :class:`IndexStoreCorruptError` from it moves
-    the files, and then only the newest :data:`CORRUPT_BACKUPS_KEPT` moved-aside stores are
-    kept (:func:`prune_corrupt_backups`). Returns the new name of the main file, or ``None``
-    when nothing had to move.
+    """Move a corrupt store trio aside as ``<db>.corrupt-<utc time>``, under the writer lock,
+    when ``opener`` (tried again: another process may have repaired it) raises
+    :class:`IndexStoreCorruptError`; keeps :data:`CORRUPT_BACKUPS_KEPT` of them. Returns the
+    new name of the main file, or ``None`` when nothing moved.
 
     Raises:
         IndexStoreError: the writer lock could not be taken in time, or ``opener`` failed for

@@ -1,33 +1,24 @@
 """Numbered schema migrations of the builtin engine's SQLite store.
 
-Each migration is a small function ``mNNN_name(conn, *, fts_tokenizer)``; they run in order,
-each inside one ``BEGIN IMMEDIATE`` transaction together with ``PRAGMA user_version = N``, so
-two processes opening a new store cannot race and opening a store needs one read
-(``PRAGMA user_version``). A shipped migration is never edited: add a new one after it.
+Each migration is a small function ``mNNN_name(conn, *, fts_tokenizer)``, run in order, each in
+one ``BEGIN IMMEDIATE`` transaction with ``PRAGMA user_version = N``. A shipped migration is
+never edited: add a new one after it.
 
-Schema (the reference system's table names, so its files and ours have one layout):
+Schema (the reference system's table names):
 
-- ``meta(key, value)``: the index identity under ``memory_index_meta_v1`` plus bookkeeping
-  (``fts_tokenizer``: the tokenizer the FTS table was actually created with; ``fts_error``;
-  ``scan_issues``; ``last_sync_at_ms``).
-- ``files(path, source, hash, mtime, size, ctime)``: one row per indexed file (mtime in ms,
-  size in bytes, hash = sha256 hex of the content, ctime = the status-change time in ns, NULL
-  where the platform gives none and on rows written before ``m008``; see there).
+- ``meta(key, value)``: the index identity (``memory_index_meta_v1``), ``fts_tokenizer``,
+  ``fts_error``, ``scan_issues``, ``last_sync_at_ms`` ...
+- ``files(path, source, hash, mtime, size, ctime)``: one row per indexed file (mtime ms, size
+  bytes, sha256 hex, ctime ns or NULL).
 - ``chunks(id, path, source, start_line, end_line, hash, model, text, embedding, vector, dims,
-  updated_at)``: ``vector`` is the chunk's embedding as a float32 little-endian BLOB (NULL when
-  none), ``dims`` its length; ``embedding`` is always ``'[]'`` since ``m006`` (kept for the
-  reference schema, see there).
-- ``chunks_fts``: FTS5 over ``text, title, terms`` (``porter unicode61`` or ``trigram
-  case_sensitive 0``) since ``m007``; its rowid equals the chunk's ``chunks.rowid``. Rows are
-  written only by ``fallback/store/fts_rows.py`` (see there for the columns). Until ``m007`` it
-  was FTS5 over ``text`` (``unicode61``) with ``id, path, source, model, start_line, end_line``
-  UNINDEXED.
-- ``chunks_trigram``: FTS5 ``trigram case_sensitive 0`` over the same text, rowid = chunk rowid
-  (CJK substring search, see ``fallback/search/fts.py``).
+  updated_at)``: ``vector`` is the float32 little-endian BLOB of the chunk's window vectors
+  (NULL when none), ``dims`` their length; ``embedding`` is always ``'[]'``.
+- ``chunks_fts``: FTS5 over ``text, title, terms`` (rows written by
+  ``fallback/store/fts_rows.py``), rowid = ``chunks.rowid``; ``chunks_trigram``: FTS5 trigram
+  over the text of CJK chunks.
 - ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``.
 - ``skipped_files(path, source, reason, mtime, size, ctime)``: files the last sync skipped or
-  indexed with a caveat; a file skipped after it was read (binary, unreadable, too large) keeps
-  the stamps it was read at (``m009``), so the next sync does not read it again while they hold.
+  indexed with a caveat; a file read and skipped keeps the stamps it was read at.
 """
 
 from __future__ import annotations
@@ -40,21 +31,14 @@ from collections.abc import Callable
 
 from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
 
-__all__ = ["META_KEY", "MIGRATIONS", "FTS_TOKENIZERS", "in_memory_store", "fts_tokenize_clause"]
+__all__ = ["META_KEY", "MIGRATIONS", "in_memory_store", "fts_tokenize_clause"]
 
 # Meta key of the index identity JSON (spec §4.2, E1/E2 name).
 META_KEY = "memory_index_meta_v1"
 
-# The two FTS5 tokenizers the config may name (store.fts.tokenizer).
-FTS_TOKENIZERS = ("unicode61", "trigram")
-
 
 def fts_tokenize_clause(tokenizer: str) -> str:
-    """Return the FTS5 ``tokenize=`` value for a configured tokenizer name.
-
-    Args:
-        tokenizer: ``unicode61`` or ``trigram``; anything else is treated as ``unicode61``.
-    """
+    """The FTS5 ``tokenize=`` value of ``m002`` for ``trigram``, else ``unicode61``."""
     return "trigram case_sensitive 0" if tokenizer == "trigram" else "unicode61"
 
 
@@ -87,11 +71,8 @@ def m001_core(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
 
 
 def m002_fts(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
-    """Create ``chunks_fts`` (configured tokenizer) and ``chunks_trigram`` (CJK substrings).
-
-    A SQLite without FTS5 is not fatal: the error text is recorded in ``meta.fts_error`` and
-    keyword search reports FTS as unavailable.
-    """
+    """Create ``chunks_fts`` (configured tokenizer) and ``chunks_trigram`` (CJK substrings);
+    a SQLite without FTS5 records its error in ``meta.fts_error``."""
     tokenize = fts_tokenize_clause(fts_tokenizer)
     try:
         conn.execute(
@@ -135,32 +116,14 @@ def m004_skipped_files(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
 
 
 def m005_chunks_path_source(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
-    """Index ``chunks(path, source)``: rewriting one file looks its chunks up by both, and with
-    only the single-column indexes SQLite picked ``source`` and read every chunk per file
-    (full index time grew with the square of the file count)."""
+    """Index ``chunks(path, source)``, by which rewriting one file looks its chunks up."""
     conn.execute("CREATE INDEX IF NOT EXISTS idx_chunks_path_source ON chunks(path, source)")
 
 
 def m006_single_vector_copy(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
-    """Keep one copy of each chunk vector: ``chunks.vector``.
-
-    Until now a chunk's embedding was stored twice in the store (``chunks.embedding`` as JSON,
-    written but never read, and ``chunks.vector`` as a float32 BLOB) and a third time in the
-    sqlite-vec side file ``<store>-vec``. Vector search now reads ``chunks.vector`` only: with
-    sqlite-vec loaded into the store's own connection, or exact numpy brute force where Python's
-    ``sqlite3`` cannot load extensions (``fallback/store/vectors.py``). So this migration:
-
-    - sets ``chunks.embedding`` to ``'[]'`` on every row (the JSON copies go; SQLite reuses the
-      freed pages). The column itself is kept: the reference schema declares
-      ``chunks.embedding TEXT NOT NULL`` and writes it in every chunk upsert, and the store lives
-      at the reference's path
-      (``<stateDir>/memory/<agentId>.sqlite``), so a reference-schema client opening this file
-      must still find the column; ``'[]'`` is that schema's own "no embedding" value, and the
-      column's default, so our writes simply leave it out;
-    - deletes the side file ``<store>-vec`` (and its ``-wal``/``-shm``), a cache that nothing
-      reads any more. Files are not transactional: should this migration roll back, the old
-      code would rebuild that cache on its next query, so nothing is lost either way.
-    """
+    """Keep one copy of each chunk vector, ``chunks.vector``: ``chunks.embedding`` becomes
+    ``'[]'`` (the reference schema's "no embedding"; the column stays for reference-schema
+    clients) and the sqlite-vec side file ``<store>-vec`` is deleted."""
     conn.execute("UPDATE chunks SET embedding = '[]' WHERE embedding <> '[]'")
     main_file = next((row[2] for row in conn.execute("PRAGMA database_list") if row[1] == "main"),
                      "")
@@ -172,18 +135,8 @@ def m006_single_vector_copy(conn: sqlite3.Connection, *, fts_tokenizer: str) -> 
 
 def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
     """Rebuild ``chunks_fts`` as ``(text, title, terms)`` with English stemming, refilled from
-    ``chunks``.
-
-    Keyword search now ORs a question's content terms and ranks them with ``bm25()`` over three
-    weighted columns (``fallback/search/fts.py``): the chunk text stemmed by ``porter``, the
-    note's path and first heading (``title``), and terms derived from the text (compound joins,
-    canonical dates). The old table (``unicode61``, six UNINDEXED copies of ``chunks`` columns
-    nobody read) is dropped and every chunk's row is written again through
-    ``fallback/store/fts_rows.py``, so an upgraded store answers at once, without a re-index.
-    The title of a file comes from its first chunk (the first heading of a note is in it unless
-    the note starts with more than one chunk of text before any heading). A trigram store keeps
-    its tokenizer; a store without FTS5 (``meta.fts_error``) is left as it is.
-    """
+    ``chunks`` through ``fallback/store/fts_rows.py`` (a file's title from its first chunk). A
+    trigram store keeps its tokenizer; a store without FTS5 is left as it is."""
     if conn.execute("SELECT 1 FROM meta WHERE key = 'fts_error'").fetchone() is not None:
         return
     row = conn.execute("SELECT value FROM meta WHERE key = 'fts_tokenizer'").fetchone()
@@ -203,20 +156,9 @@ def m007_fts_title_terms(conn: sqlite3.Connection, *, fts_tokenizer: str) -> Non
 
 
 def m008_files_ctime(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
-    """Add ``files.ctime``: the file's status-change time in epoch ns when it was read.
-
-    Until now a sync trusted a row without reading its file while the file's ``(mtime, size)``
-    equalled the row's, so a rewrite of the same size whose mtime was put back (``touch -r``,
-    ``cp -p``, ``rsync -t``, editors and sync tools that keep mtimes) kept the old text indexed
-    for good. No call sets the ctime, so ``(mtime, size, ctime)`` unchanged means unchanged
-    (``fallback/sources/stamps.py``). Existing rows get NULL: on a platform with a ctime the next
-    sync reads each file once, and its content hash decides (an unchanged file only gets its
-    row's stamps written, no chunk is rewritten or embedded); where the platform gives none,
-    NULL is what the file gives too and nothing is read. No backfill here: the stamps a row
-    was written from are gone, and stamping the files as they are now would trust a rewrite
-    made since the last sync. The column is nullable, so a reference-schema client that writes
-    ``files`` with its own five columns still can (its rows are read once by our next sync).
-    """
+    """Add ``files.ctime``: the file's status-change time in epoch ns when it was read, so a
+    rewrite with its size and mtime put back is read again. Existing rows get NULL (each file
+    is read once more); nullable, for reference-schema clients that write five columns."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(files)")}
     if "ctime" not in columns:
         conn.execute("ALTER TABLE files ADD COLUMN ctime INTEGER")
@@ -224,13 +166,8 @@ def m008_files_ctime(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
 
 def m009_skipped_files_stamps(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
     """Add ``skipped_files.mtime``, ``size`` and ``ctime``: the stamps (ms, bytes, ns) of a file a
-    sync read and then skipped (binary, unreadable, too large).
-
-    Until now such a file had neither a ``files`` row nor a stamp, so every sync read it again
-    and the index was never in sync with a workspace that held one. Rows written before get
-    NULL (the file is read once more, then stamped); rows of files skipped by discovery alone
-    (symlinks, hidden names) and caveats of indexed files keep NULL.
-    """
+    sync read and then skipped, so it is not read again while they hold; NULL for discovery
+    skips, caveats and rows written before."""
     m004_skipped_files(conn, fts_tokenizer=fts_tokenizer)  # idempotent: a store built without it
     columns = {row[1] for row in conn.execute("PRAGMA table_info(skipped_files)")}
     for column in ("mtime", "size", "ctime"):
@@ -252,7 +189,6 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
 )
 
 
-
 def _create_schema(conn: sqlite3.Connection, fts_tokenizer: str) -> None:
     for migration in MIGRATIONS:
         migration(conn, fts_tokenizer=fts_tokenizer)
@@ -272,9 +208,7 @@ def _schema_image(fts_tokenizer: str) -> bytes:
 
 def in_memory_store(*, fts_tokenizer: str) -> sqlite3.Connection:
     """A new in-memory database with the store's latest schema (no version recorded), for a
-    throw-away index that the keyword search reads as it reads a store
-    (``qmdbridge/qmd/passages.py``). Store files are opened through ``fallback/store/db.py``,
-    which records each migration.
+    throw-away index the keyword search reads as a store.
 
     Args:
         fts_tokenizer: ``unicode61`` or ``trigram``.

@@ -1,11 +1,8 @@
 """Reading the SQLite store without writing it: the store seam's reads and a read-only connection.
 
-The search pipeline reads only through the store seam (``fallback/store/seam.py``
-``SearchStore``); :class:`MetaReads` implements it in SQL over a class's ``query``, for the
-engine's :class:`~fallback.store.db.Store` (its reader connection) and :class:`ReadOnlyStore`
-(one ``query_only`` connection to an existing file, for the one-shot search of an index that is
-in sync, ``fallback/engine/in_sync.py``, which opens no writer, runs no migration and takes no
-lock).
+:class:`MetaReads` implements the store seam (``fallback/store/seam.py``) in SQL over a class's
+``query``: the engine's :class:`~fallback.store.db.Store` and :class:`ReadOnlyStore` (one
+``query_only`` connection to an existing file: no writer, no migration, no lock).
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ BUSY_TIMEOUT_MS = 5000
 
 
 def _cannot_write(exc: sqlite3.Error) -> bool:
-    """Whether opening failed only because this process may not write the store's folder or
-    files (``SQLITE_READONLY_*``, or ``SQLITE_CANTOPEN`` for a ``-shm`` it may not create)."""
+    """Whether opening failed only because this process may not write the store's files."""
     return (issubclass(error_kind(exc)[0], IndexStoreReadOnlyError)
             or (result_code(exc) or 0) & 0xFF == SQLITE_CANTOPEN)
 
@@ -55,9 +51,8 @@ IMMUTABLE_QUERY = "mode=ro&immutable=1"
 
 
 def is_immutable(conn: sqlite3.Connection) -> bool:
-    """Whether :func:`connect_read_only` opened ``conn`` as an immutable file (the last resort
-    where the store's folder cannot be written): such a connection never sees a commit made
-    after it opened, so a caller that keeps connections must open it again to read one."""
+    """Whether :func:`connect_read_only` opened ``conn`` as an immutable file, which never
+    sees a later commit."""
     return bool(getattr(conn, "immutable", False))
 
 
@@ -70,15 +65,9 @@ class _Connection(sqlite3.Connection):
 def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
                       check_same_thread: bool = True) -> sqlite3.Connection:
     """A connection that only reads the existing store at ``path``, also where this process may
-    not write its folder (a read-only state dir, another user's files).
-
-    Tries each of ``modes`` in turn (``rw`` gets ``PRAGMA query_only``), moving on only when
-    SQLite says it cannot write: a WAL store needs its ``-shm`` file, which a read-only folder
-    cannot hold. Last comes ``mode=ro&immutable=1``, only when no ``-wal`` file with frames
-    lies next to the store (SQLite then reads the main file alone; every committed
-    transaction is in it, and nobody can append a ``-wal`` to a folder that cannot be written).
-    Each connection is probed with ``PRAGMA user_version`` before it is returned; whether it
-    was opened immutable is :func:`is_immutable`.
+    not write its folder: each of ``modes`` in turn (``rw`` with ``PRAGMA query_only``), moving
+    on only when SQLite cannot write, then ``mode=ro&immutable=1`` when no ``-wal`` with frames
+    lies beside the store (:func:`is_immutable`).
 
     Args:
         path: an existing store file.
@@ -119,10 +108,8 @@ def connect_read_only(path: Path, *, modes: Sequence[str] = ("rw", "ro"),
 
 
 class MetaReads:
-    """The SQLite store's reads over a class's ``query`` (the engine's
-    :class:`~fallback.store.db.Store` and :class:`ReadOnlyStore`): ``PRAGMA user_version``,
-    ``meta`` (the FTS tokenizer and error included), and the store seam's ``SearchStore``
-    (``fallback/store/seam.py``) in SQL."""
+    """The SQLite store's reads over a class's ``query``: ``PRAGMA user_version``, ``meta``
+    and the store seam's ``SearchStore`` in SQL."""
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """One read statement's rows: each class that takes these reads defines it."""
@@ -132,16 +119,11 @@ class MetaReads:
         """``PRAGMA user_version``: the number of migrations applied."""
         return int(self.query("PRAGMA user_version")[0][0])
 
-    def get_meta(self, key: str) -> str | None:
-        """One ``meta`` value, or ``None``."""
-        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0][0] if rows else None
-
     def get_meta_json(self, key: str) -> Any:
         """One ``meta`` value parsed as JSON, or ``None`` when missing or unparsable."""
-        raw = self.get_meta(key)
+        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
         try:
-            return None if raw is None else json.loads(raw)
+            return json.loads(rows[0][0]) if rows else None
         except ValueError:
             return None
 
@@ -149,9 +131,8 @@ class MetaReads:
     _fts_meta: tuple[object, str, str | None] | None = None
 
     def _fts_state(self) -> tuple[str, str | None]:
-        """``(tokenizer, error)`` of ``chunks_fts``, read once per open connection: only the
-        migration that creates the FTS tables writes them, and a rebuilt store is a new file,
-        opened on a new connection."""
+        """``(tokenizer, error)`` of ``chunks_fts``, read once per open connection (only a
+        migration writes them)."""
         conn = getattr(self, "_conn", None)
         known = self._fts_meta
         if known is None or conn is None or known[0] is not conn:
@@ -188,9 +169,8 @@ class MetaReads:
                      trigram_match: str | None = None, like_patterns: Sequence[str] = (),
                      fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
         """The best ``limit`` rows of a keyword plan (``SearchStore.keyword_rows``), ranked by
-        ``bm25()`` with :data:`COLUMN_WEIGHTS` in SQL. When ``MATCH`` itself fails (tokenizer
-        quirks) the plan is retried as a LIKE scan of ``fallback_like_patterns`` (every token)
-        with rank 0 (spec §8.2).
+        ``bm25()`` with :data:`COLUMN_WEIGHTS`; when ``MATCH`` itself fails, a LIKE scan of
+        ``fallback_like_patterns`` with rank 0 (spec §8.2).
 
         Raises:
             IndexStoreError: on any other SQLite failure.
@@ -211,11 +191,8 @@ class MetaReads:
     def _keyword_rows(self, match: str | None, trigram: str | None, likes: Sequence[str], *,
                       sources: Sequence[str], limit: int) -> list[KeywordRow]:
         if match:
-            # Rank inside FTS5 first and join only the best rows with ``chunks`` (whose text
-            # is large): for a common word that matches most chunks this halves the query
-            # time. The other filters (sources, trigram, LIKE) may drop rows, so when the cut
-            # was saturated (the same statement counts the ranked rows) and too few rows
-            # survive, run again without it.
+            # Rank inside FTS5 first and join only the best rows with ``chunks``; when the cut
+            # was saturated and the other filters left too few rows, run again without it.
             inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
             rows, ranked = self._keyword_sql(match, trigram, likes, sources=sources, limit=limit,
                                              inner_limit=inner)
@@ -230,9 +207,8 @@ class MetaReads:
     def _keyword_sql(self, match: str | None, trigram: str | None, likes: Sequence[str], *,
                      sources: Sequence[str], limit: int, inner_limit: int | None,
                      ) -> tuple[list[KeywordRow], int | None]:
-        """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``,
-        so more than ``inner_limit`` means the cut dropped some; ``None`` when no row came
-        back)."""
+        """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``;
+        ``None`` when no row came back)."""
         ctes: list[str] = []
         joins: list[str] = []
         params: list[Any] = []
@@ -339,11 +315,8 @@ def _row(r: Sequence[Any]) -> KeywordRow:
 
 
 class ReadOnlyStore(MetaReads):
-    """One ``query_only`` connection to an existing store file (a ``SearchStore``).
-
-    Errors are the store's typed ``IndexStoreError`` classes (``fallback/store/errors.py``).
-    Use :meth:`open`; close with :meth:`close` or a ``with`` block.
-    """
+    """One ``query_only`` connection to an existing store file (a ``SearchStore``); use
+    :meth:`open`, close with :meth:`close` or a ``with`` block."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path
@@ -351,12 +324,8 @@ class ReadOnlyStore(MetaReads):
 
     @classmethod
     def open(cls, path: Path) -> ReadOnlyStore | None:
-        """Open the store at ``path``; ``None`` when there is no such file (it is never created).
-
-        Opened read-write with ``PRAGMA query_only``, like the engine's own reader: a
-        ``mode=ro`` connection to a WAL database would leave its ``-wal`` and ``-shm`` files
-        behind. Where the store cannot be written (a read-only state dir) it is read through
-        ``mode=ro`` or as an immutable file instead (:func:`connect_read_only`).
+        """Open the store at ``path`` (:func:`connect_read_only`); ``None`` when there is no
+        such file (it is never created).
 
         Raises:
             IndexStoreError: the file cannot be opened as a SQLite database.
@@ -376,11 +345,8 @@ class ReadOnlyStore(MetaReads):
         self._conn.close()
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement with bound parameters and return all rows.
-
-        Raises:
-            IndexStoreError: any SQLite error, typed by result code.
-        """
+        """Run one read statement with bound parameters and return all rows. Raises
+        ``IndexStoreError``."""
         with translate_errors(self.path):
             return self._conn.execute(sql, tuple(params)).fetchall()
 

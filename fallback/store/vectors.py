@@ -1,24 +1,13 @@
 """Vector search over the store's chunk embeddings: each chunk is a few window vectors, and a
 chunk scores the cosine similarity of its best window (max pooling).
 
-A chunk's embedding is stored once, as the ``chunks.vector`` BLOB: its window vectors (float32
-little-endian, ``dims`` components each) one after the other, so a chunk embedded whole is
-simply a chunk of one window. :class:`VectorIndex` reads them through a read-only ``sqlite3``
-connection of its own (it never writes, so it never waits for the writer):
-
-- ``brute-force`` (the default): an exact cosine over a numpy matrix of every window, max-pooled
-  per chunk (``np.maximum.reduceat``), built per model, sources and dims from the chunks held
-  in memory. After a write only new rows are read (chunks are keyed by ``(rowid, id)``, listed
-  from the primary-key index, and a chunk id names its content), so a re-synced note costs a
-  scan of the ids, not a reload;
-- ``sqlite-vec``: when the window vectors would take more than ``matrix_max_bytes`` of memory
-  and Python's ``sqlite3`` can load extensions, the cosine distance is computed in SQL
-  (``vec_distance_cosine`` over ``vec_slice`` of each window) with no copy of the vectors.
-
-Both rank identically (best-window cosine, ties by chunk id). sqlite-vec is never driven through
-a second SQLite library (``apsw``) on the store file: two SQLite copies in one process do not
-see each other's POSIX locks, and closing a file in one drops the other's locks
-(https://www.sqlite.org/howtocorrupt.html §2.2.1).
+A chunk's ``chunks.vector`` BLOB holds its window vectors (float32 little-endian, ``dims``
+each) one after the other. :class:`VectorIndex` reads them through a read-only connection of
+its own and ranks by exact best-window cosine, ties by chunk id: over an in-memory numpy matrix
+(``brute-force``; after a write only new ``(rowid, id)`` rows are read), or in SQL with
+sqlite-vec when the vectors exceed ``matrix_max_bytes``. sqlite-vec is loaded into Python's
+``sqlite3``, never through a second SQLite library on the store file (its POSIX locks would
+not be shared: https://www.sqlite.org/howtocorrupt.html §2.2.1).
 """
 
 from __future__ import annotations
@@ -41,9 +30,8 @@ __all__ = ["MATRIX_MAX_BYTES", "VectorIndex", "VectorSearch", "probe_sqlite_vec"
 FLOAT32_BYTES = 4
 # Why there is no sqlite-vec where Python's sqlite3 was built without extension loading.
 NO_EXTENSION_LOADING = "python sqlite3 cannot load extensions; exact brute-force cosine"
-# Window vectors are searched in memory up to this many bytes (float32): 512 MiB is about
-# 350,000 windows of 384 dims, some 100,000 chunks. Above it sqlite-vec computes the cosine in
-# SQL when it loads (slower, but nothing is held in memory; docs/benchmarks.md).
+# Window vectors are searched in memory up to this many bytes (about 350,000 windows of 384
+# dims); above it sqlite-vec computes the cosine in SQL when it loads.
 MATRIX_MAX_BYTES = 512 * 1024 * 1024
 # Chunks read per statement when a refresh loads the vectors of new chunks.
 ROWS_PER_FETCH = 500
@@ -62,16 +50,9 @@ def _load_sqlite_vec(conn: sqlite3.Connection, path: str) -> None:
 
 
 def probe_sqlite_vec(extension_path: str | None = None) -> tuple[str | None, str | None]:
-    """Whether sqlite-vec loads into Python's ``sqlite3`` (tried on an in-memory database).
-
-    Args:
-        extension_path: the loadable to try (``store.vector.extensionPath``); default the
-            ``sqlite_vec`` package's.
-
-    Returns:
-        ``(path, None)`` when it loads (``path`` is what was loaded), else ``(None, reason)``,
-        e.g. :data:`NO_EXTENSION_LOADING` or ``sqlite-vec failed to load: <error>; ...``.
-    """
+    """Whether sqlite-vec (``extension_path``, default the ``sqlite_vec`` package's) loads
+    into Python's ``sqlite3``: ``(path loaded, None)``, else ``(None, reason)``
+    (:data:`NO_EXTENSION_LOADING`, ``sqlite-vec failed to load: <error>; ...``)."""
     if not hasattr(sqlite3.Connection, "enable_load_extension"):
         return None, NO_EXTENSION_LOADING
     try:
@@ -93,17 +74,9 @@ def probe_sqlite_vec(extension_path: str | None = None) -> tuple[str | None, str
 
 
 def unit_windows(blob: bytes | None, dims: int) -> Any:
-    """A chunk's window vectors as unit float32 rows.
-
-    Args:
-        blob: the ``chunks.vector`` BLOB (``n x dims`` float32 little-endian), or ``None``.
-        dims: components per window.
-
-    Returns:
-        A ``(k, dims)`` float32 array of the windows whose norm is finite and non-zero, each
-        divided by its norm; ``None`` when the blob is missing, does not hold whole vectors of
-        ``dims`` components, or no window is left.
-    """
+    """A chunk's ``chunks.vector`` BLOB as a ``(k, dims)`` float32 array of its windows whose
+    norm is finite and non-zero, each divided by its norm; ``None`` when the blob is missing,
+    does not hold whole vectors of ``dims`` components, or no window is left."""
     import numpy as np
 
     if not blob or dims <= 0 or len(blob) % (dims * FLOAT32_BYTES):
@@ -118,15 +91,9 @@ def unit_windows(blob: bytes | None, dims: int) -> Any:
 
 @dataclass(frozen=True)
 class VectorSearch:
-    """The answer of :meth:`VectorIndex.search_scored`.
-
-    Attributes:
-        hits: ``[(chunk_id, cosine)]``, best first: per chunk the cosine similarity of its best
-            window, in ``[-1, 1]``.
-        mean / std: mean and (population) standard deviation of that best-window cosine over
-            every chunk searched, not only the hits; ``0.0`` without chunks.
-        count: how many chunks were searched.
-    """
+    """The answer of :meth:`VectorIndex.search_scored`: ``hits`` ``[(chunk_id, best-window
+    cosine in [-1, 1])]`` best first; ``mean`` / ``std`` (population) of that cosine over every
+    chunk searched (``0.0`` without chunks) and their ``count``."""
 
     hits: list[tuple[str, float]]
     mean: float = 0.0
@@ -139,8 +106,7 @@ EMPTY_SEARCH = VectorSearch(hits=[])
 
 @dataclass(frozen=True)
 class _Chunk:
-    """One chunk row as the index holds it: its model, source, ``dims`` and unit window rows
-    (``None`` when it has no usable vector)."""
+    """One chunk row as held in memory (``windows``: unit rows, or ``None``)."""
 
     chunk_id: str
     model: str
@@ -151,9 +117,8 @@ class _Chunk:
 
 @dataclass(frozen=True)
 class _Matrix:
-    """The windows of one (model, sources, dims), chunks in id order: ``windows`` stacks their
-    unit rows, ``bounds[i]`` is the first row of chunk ``ids[i]``; ``version`` is the store's
-    ``data_version`` it was built at."""
+    """The windows of one (model, sources, dims), chunks in id order; ``bounds[i]`` is the
+    first row of chunk ``ids[i]``, ``version`` the ``data_version`` it was built at."""
 
     version: int
     ids: list[str]
@@ -162,19 +127,12 @@ class _Matrix:
 
 
 class VectorIndex:
-    """Best-window cosine search over ``chunks.vector`` of one SQLite store.
+    """Best-window cosine search over ``chunks.vector`` of one SQLite store (thread-safe).
 
-    Modes (``mode``): ``"brute-force"`` (exact cosine over an in-memory numpy matrix of the
-    window vectors, max-pooled per chunk; above ``matrix_max_bytes`` the search moves to SQL
-    when sqlite-vec loads), ``"sqlite-vec"`` (``matrix_max_bytes <= 0`` and sqlite-vec loads:
-    always in SQL), ``"disabled"`` (``enabled=False``; every search returns ``[]``).
-    ``reason`` says why sqlite-vec is not available, ``None`` when it is; ``lastQueryMode`` in
-    :meth:`status` is the mode that answered the last search. An atomic swap of the store file
-    (new inode) is noticed and everything reloaded. A chunk whose ``dims`` differs from the
-    query's is never compared (no mixing of dimensionalities); zero or non-finite windows are
-    skipped.
-
-    Thread-safe: one lock serialises searches on an instance.
+    Modes: ``"brute-force"`` (in memory; in SQL above ``matrix_max_bytes`` when sqlite-vec
+    loads), ``"sqlite-vec"`` (``matrix_max_bytes <= 0`` and sqlite-vec loads), ``"disabled"``.
+    A swapped store file is noticed and reloaded; chunks of other ``dims`` than the query are
+    never compared.
 
     Args:
         db_path: the store file (WAL mode); it may not exist yet (searches return ``[]``).
@@ -209,25 +167,6 @@ class VectorIndex:
             forced_sql = self._extension_path is not None and matrix_max_bytes <= 0
             self._mode = "sqlite-vec" if forced_sql else "brute-force"
 
-    # -- properties ------------------------------------------------------------------------
-
-    @property
-    def mode(self) -> str:
-        """``"brute-force"``, ``"sqlite-vec"`` or ``"disabled"``."""
-        return self._mode
-
-    @property
-    def reason(self) -> str | None:
-        """Why sqlite-vec is not available (or why vectors are off); None when it is."""
-        return self._reason
-
-    @property
-    def dims(self) -> int | None:
-        """Dimensionality of the vectors last searched; None before the first search."""
-        return self._dims
-
-    # -- connection ------------------------------------------------------------------------
-
     def _drop_connection(self) -> None:
         """Close the connection and forget everything derived from the old file."""
         if self._conn is not None:
@@ -245,12 +184,8 @@ class VectorIndex:
         self._matrices.clear()
 
     def _connect(self) -> sqlite3.Connection | None:
-        """The open connection to the current store file, reopened after an atomic swap, and
-        for every search while it is an immutable read (a store whose folder could not be
-        written: ``fallback/store/readonly.py``), which would never see a later commit.
-
-        Returns None when the store file does not exist.
-        """
+        """The connection to the current store file (reopened after a swap, and for every
+        search while it is an immutable read); None when the file does not exist."""
         current = file_id(self._db_path)
         if current is None:
             self._drop_connection()
@@ -279,43 +214,29 @@ class VectorIndex:
         self._file_id = current
         return conn
 
-    # -- public API ------------------------------------------------------------------------
-
     def search(self, query: list[float], *, model: str, sources: list[str],
                limit: int) -> list[tuple[str, float]]:
-        """The hits of :meth:`search_scored`: ``[(chunk_id, best-window cosine)]``, best first.
-
-        Raises:
-            ManagerClosedError: after :meth:`close`.
-            IndexStoreError: the store cannot be opened or read.
-        """
+        """The hits of :meth:`search_scored`. Raises as it does."""
         return self.search_scored(query, model=model, sources=sources, limit=limit).hits
 
     def search_scored(self, query: list[float], *, model: str, sources: list[str],
                       limit: int) -> VectorSearch:
-        """The chunks whose best window is most similar to ``query``, best first, with the
-        statistics of that similarity over every chunk searched.
-
-        Only chunks with ``chunks.model == model``, ``chunks.source`` in ``sources`` and
-        ``chunks.dims == len(query)`` are considered.
+        """The chunks of ``model`` and ``sources`` whose best window is most similar to
+        ``query`` (any norm; chunks of its length only), best first.
 
         Args:
-            query: the query embedding (any norm).
+            query: the query embedding.
             model: the embedding model whose chunks are searched.
-            sources: enabled sources, e.g. ``["memory", "sessions"]``; empty gives ``[]``.
-            limit: maximum number of hits (``<= 0`` gives ``[]``).
+            sources: enabled sources; empty gives no hits.
+            limit: maximum number of hits (``<= 0`` gives none).
 
         Returns:
-            A :class:`VectorSearch`: hits ``[(chunk_id, cosine_similarity)]`` with per chunk
-            the largest cosine of its windows, in ``[-1, 1]``, descending (ties by chunk id),
-            and the mean, standard deviation and count of that cosine over all the chunks
-            considered; no hits when disabled, the store does not exist, or the query is
-            empty, zero or non-finite.
+            A :class:`VectorSearch`; no hits when disabled, the store does not exist, or the
+            query is empty, zero or non-finite.
 
         Raises:
             ManagerClosedError: after :meth:`close`.
-            IndexStoreError: the store cannot be opened or read (typed by
-                ``fallback/store/errors.py``).
+            IndexStoreError: the store cannot be opened or read.
         """
         import numpy as np
 
@@ -356,13 +277,8 @@ class VectorIndex:
             self._forget()
 
     def status(self) -> dict[str, Any]:
-        """Health for ``status()``.
-
-        Returns:
-            ``{"enabled", "available", "mode", "reason", "dims", "extensionPath",
-            "lastQueryMode"}``: ``available`` is True when vector search can answer;
-            ``lastQueryMode`` is the mode that answered the last search (None before one).
-        """
+        """Health for ``status()``: ``{"enabled", "available", "mode", "reason" (why sqlite-vec
+        is not available), "dims" (of the last search), "extensionPath", "lastQueryMode"}``."""
         with self._lock:
             return {
                 "enabled": self._enabled,
@@ -380,16 +296,9 @@ class VectorIndex:
             self._drop_connection()
             self._closed = True
 
-    # -- the window matrix -----------------------------------------------------------------
-
     def _refresh(self, conn: sqlite3.Connection) -> None:
-        """Bring the chunks held in memory up to date, reading only the rows that are new.
-
-        The first time, every row is read (or, when the vectors exceed the memory budget and
-        sqlite-vec loads, none: searches run in SQL). After that, the ``(rowid, id)`` pairs come
-        from the primary-key index alone; a pair already held is kept as it is (a chunk id
-        names its content and model, so its windows are the same) and only new pairs are read.
-        """
+        """Bring the chunks held in memory up to date, reading only new ``(rowid, id)`` pairs
+        (a chunk id names its content), or none once the vectors exceed the memory budget."""
         if self._sql_only:
             return
         if self._chunks is None:
@@ -459,14 +368,11 @@ class VectorIndex:
         return VectorSearch(hits=[(matrix.ids[i], float(scores[i])) for i in order.tolist()],
                             mean=float(as64.mean()), std=float(as64.std()), count=len(scores))
 
-    # -- sqlite-vec ------------------------------------------------------------------------
-
     @staticmethod
     def _search_sql(conn: sqlite3.Connection, q: Any, *, key: tuple[str, tuple[str, ...], int],
                     limit: int) -> VectorSearch:
-        """Exact best-window cosine in SQL: each chunk's BLOB is cut into windows with
-        ``vec_slice``; zero and non-finite windows give a NULL distance and drop out. The
-        statistics come from window aggregates over every grouped chunk, before the LIMIT."""
+        """Exact best-window cosine in SQL (``vec_slice`` windows; zero and non-finite ones
+        drop out), statistics over every grouped chunk before the LIMIT."""
         import numpy as np
 
         model, sources, dims = key

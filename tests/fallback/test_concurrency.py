@@ -144,7 +144,7 @@ def test_busy_begin_immediate_is_retried_until_the_other_writer_commits(tmp_path
         worker.join(timeout=DEADLINE_S)
         assert outcome == ["ok"]
         assert store.get_meta_json("writer") == "parent"
-        assert store.get_meta("holder") == "1"
+        assert store.get_meta_json("holder") == 1
     finally:
         finish(holder)
         store.close()

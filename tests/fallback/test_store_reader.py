@@ -74,7 +74,7 @@ def test_query_reads_committed_data_while_the_writer_holds_a_transaction(tmp_pat
                 " VALUES ('new.md', 'memory', 'h2', 2, 2)")) as release:
             assert store.query("SELECT path FROM files ORDER BY path") == [("old.md",)]
             assert store.reopen_if_replaced() is False
-            assert store.get_meta("fts_tokenizer") == "unicode61"
+            assert store.query("SELECT value FROM meta WHERE key = 'fts_tokenizer'") == [("unicode61",)]
             assert not release.is_set()  # still inside the holder's open transaction
         assert store.query("SELECT path FROM files ORDER BY path") == [("new.md",), ("old.md",)]
     finally:

@@ -63,7 +63,7 @@ def index_for(db: Path, mode: str) -> VectorIndex:
     exist forces brute force."""
     index = (VectorIndex(db, matrix_max_bytes=0) if mode == "sqlite-vec"
              else VectorIndex(db, extension_path=BROKEN_EXTENSION))
-    assert index.mode == mode
+    assert index.status()["mode"] == mode
     return index
 
 
@@ -106,19 +106,19 @@ def test_modes_and_status(tmp_path):
     if LOADS_HERE:
         assert (status["mode"], status["reason"]) == ("brute-force", None)
         assert status["extensionPath"].endswith("vec0")
-        assert VectorIndex(db, matrix_max_bytes=0).mode == "sqlite-vec"
+        assert VectorIndex(db, matrix_max_bytes=0).status()["mode"] == "sqlite-vec"
     else:
         assert (status["mode"], status["reason"]) == ("brute-force", NO_EXTENSION_LOADING)
-        assert VectorIndex(db, matrix_max_bytes=0).mode == "brute-force"
+        assert VectorIndex(db, matrix_max_bytes=0).status()["mode"] == "brute-force"
     assert (status["enabled"], status["available"], status["lastQueryMode"]) == (True, True, None)
     broken = VectorIndex(db, extension_path=BROKEN_EXTENSION)
-    assert broken.mode == "brute-force"
+    assert broken.status()["mode"] == "brute-force"
     if LOADS_HERE:
-        assert broken.reason.startswith("sqlite-vec failed to load: index store error: ")
-        assert broken.reason.endswith("; exact brute-force cosine")
+        assert broken.status()["reason"].startswith("sqlite-vec failed to load: index store error: ")
+        assert broken.status()["reason"].endswith("; exact brute-force cosine")
     assert broken.status()["available"] is True
     off = VectorIndex(db, enabled=False)
-    assert (off.mode, off.status()["available"]) == ("disabled", False)
+    assert (off.status()["mode"], off.status()["available"]) == ("disabled", False)
     assert off.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
     for index in (default, broken, off):
         index.close()
@@ -138,7 +138,7 @@ def test_search_matches_exact_cosine(random_store, mode, model, sources, limit):
         for (_, a), (_, e) in zip(got, expected, strict=True):
             assert abs(a - e) < 1e-5
     assert index.status()["lastQueryMode"] == mode
-    assert index.dims == 48
+    assert index.status()["dims"] == 48
     index.close()
 
 
@@ -169,10 +169,10 @@ def test_dims_are_never_mixed(tmp_path, mode):
     index = index_for(db, mode)
     assert [c for c, _ in index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"],
                                        limit=5)] == ["small"]
-    assert index.dims == 3
+    assert index.status()["dims"] == 3
     assert [c for c, _ in index.search([1.0, 0.0, 0.0, 0.0, 0.0], model="m1",
                                        sources=["memory"], limit=5)] == ["big"]
-    assert index.dims == 5
+    assert index.status()["dims"] == 5
     index.close()
     conn.close()
 

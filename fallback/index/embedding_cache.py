@@ -1,17 +1,9 @@
 """The embedding cache: vectors by chunk text hash, bounded, least recently used pruned first.
 
-Rows of ``embedding_cache`` are keyed by ``(provider, model, provider_key, hash)`` (spec §6.3)
-with the vector as JSON and ``updated_at`` (epoch ms) as its recency. A sync looks hashes up on
-the store's reader; then, per file and in one write transaction, :func:`store_and_prune` gives
-the hits ``updated_at = now``, upserts the fresh vectors and deletes the least recently used
-rows beyond ``cache.maxEntries``. The reference prunes oldest-written first and only after a
-full reindex (spec §6.3 step 6); here every sync keeps the bound, and a hit counts as a use.
-
-On the postgres store the cache is the database's ``embedding_cache``, shared by every agent
-and keyed by ``(hash, fingerprint)`` (:func:`fingerprint`: the same provider, model and
-provider key as a SQLite row's), so a text two agents hold is embedded once;
-:func:`lookup_shared` reads it and, for the first sync of an agent moving from SQLite, carries
-the hits of the agent's SQLite cache over into it.
+SQLite rows are keyed by ``(provider, model, provider_key, hash)`` (spec §6.3), the vector as
+JSON, ``updated_at`` (epoch ms) its recency; every write keeps ``cache.maxEntries`` (a hit
+counts as a use). The postgres store's cache is shared by every agent, keyed by
+``(hash, fingerprint)`` (:func:`fingerprint`).
 """
 
 from __future__ import annotations
@@ -37,14 +29,8 @@ CACHE_LOOKUP_BATCH = 400
 
 def lookup(store: Store | ReadOnlyStore, provider: EmbeddingProvider,
            hashes: list[str]) -> dict[str, list[float]]:
-    """Cached vectors of ``provider`` for the chunk text ``hashes`` (sha256 hex).
-
-    Returns:
-        ``{hash: vector}`` for the hits; an empty cached vector is not a hit.
-
-    Raises:
-        IndexStoreError: the store cannot be read.
-    """
+    """Cached vectors of ``provider`` for the text ``hashes`` (sha256 hex): ``{hash: vector}``
+    of the hits (an empty vector is none). Raises ``IndexStoreError``."""
     out: dict[str, list[float]] = {}
     for i in range(0, len(hashes), CACHE_LOOKUP_BATCH):
         part = hashes[i:i + CACHE_LOOKUP_BATCH]
@@ -63,14 +49,8 @@ def lookup(store: Store | ReadOnlyStore, provider: EmbeddingProvider,
 def store_and_prune(store: Store, provider: EmbeddingProvider, vectors: dict[str, list[float]],
                     hits: list[str], *, now_ms: int, max_entries: int) -> int:
     """In one write transaction: mark ``hits`` used at ``now_ms``, upsert the non-empty
-    ``vectors`` (hash -> embedding) with ``updated_at = now_ms``, and :func:`prune`.
-
-    Returns:
-        The number of rows pruned.
-
-    Raises:
-        IndexStoreError: the store cannot be written (nothing of it is kept).
-    """
+    ``vectors`` (hash -> embedding) and :func:`prune`; returns the rows pruned. Raises
+    ``IndexStoreError`` (nothing of it is kept)."""
     p = provider
     with store.transaction() as conn:
         conn.executemany(
@@ -86,12 +66,8 @@ def store_and_prune(store: Store, provider: EmbeddingProvider, vectors: dict[str
 
 
 def prune(conn: Any, *, max_entries: int) -> int:
-    """Delete the least recently used rows beyond ``max_entries`` inside the caller's
-    transaction on ``conn``: oldest ``updated_at`` first, then the oldest row.
-
-    Returns:
-        The number of rows deleted.
-    """
+    """Delete the least recently used rows beyond ``max_entries`` in the caller's transaction
+    on ``conn`` (oldest ``updated_at``, then oldest row, first); returns the rows deleted."""
     count = int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])
     if count <= max_entries:
         return 0
@@ -108,13 +84,9 @@ def fingerprint(provider: EmbeddingProvider) -> str:
 
 def lookup_shared(store: PostgresStore, provider: EmbeddingProvider, hashes: list[str], *,
                   local: Path | None = None) -> dict[str, list[float]]:
-    """Cached vectors of ``provider`` for the text ``hashes`` in the postgres store's shared
-    cache; the misses found in the SQLite store file ``local`` (the agent's, on the first sync
-    of an agent moving from it; opened for reading only, when it exists) are written to the
-    shared cache and returned too.
-
-    Returns:
-        ``{hash: vector}`` of the hits.
+    """``{hash: vector}`` of ``provider`` for the text ``hashes`` in the postgres store's
+    shared cache; misses found in the agent's SQLite store file ``local`` (its first sync on
+    postgres; read only) are copied into the shared cache and returned too.
 
     Raises:
         PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: the database

@@ -1,28 +1,12 @@
 """The embedding step of one sync: cached vectors first, then the provider while it works.
 
-A sync never fails, and never stops writing keyword rows, because the embedding provider does:
-
-- each chunk is embedded as windows of a few lines (``fallback/index/windows.py``); window
-  texts are looked up in the embedding cache (``fallback/index/embedding_cache.py``, by the
-  window text's hash); only misses go to ``provider.embed_batch``, :data:`EMBED_COMMIT_BATCH`
-  at a time, and each finished batch is committed to the cache (by the indexer's ``commit``
-  callback) before the next one is sent; a chunk gets its vector (all its windows) only when
-  every window has one;
-- the first :class:`~fallback.errors.EmbeddingProviderError` (after the provider's own
-  retries: an error, a timeout, a rate limit) closes the step for the rest of the sync, and so
-  does the sync's embedding deadline (a search's ``query.timeoutMs``); from then on chunks are
-  written without a vector (``chunks.vector`` NULL), so keyword search finds them at once;
-- :meth:`EmbeddingStep.fill_pending` embeds such chunks later (every sync ends with it while
-  the provider works), in batches of :data:`PENDING_BATCH` chunks, each written in one
-  transaction, so a cancelled sync keeps what it filled;
-- vector length is part of the index identity: a vector whose length differs from the index's
-  (``vectorDims`` in the index meta), or a provider that reports a changed size
-  (:class:`~fallback.errors.EmbeddingDimensionsError`), raises :class:`DimensionsChanged`,
-  which makes the indexer rebuild the index into a temporary database while the old one keeps
-  answering. Cached vectors of another length are never used.
-
-The chunks still waiting for a vector, and the provider error that left them waiting, are
-stored in the index meta under :data:`BACKLOG_KEY` so every process's ``status()`` sees them.
+Each chunk is embedded as windows (``fallback/index/windows.py``), looked up in the embedding
+cache by text hash; misses go to the provider :data:`EMBED_COMMIT_BATCH` at a time, each batch
+cached before the next is sent. The first provider error, or the sync's embedding deadline,
+closes the step: later chunks are written without a vector and :meth:`EmbeddingStep.fill_pending`
+embeds them in a later sync. A vector of another length than the index's raises
+:class:`DimensionsChanged` (the indexer rebuilds). The backlog is kept in the index meta
+(:data:`BACKLOG_KEY`) for every process's ``status()``.
 """
 
 from __future__ import annotations
@@ -61,12 +45,8 @@ Lookup = Callable[[Any, EmbeddingProvider, list[str]], dict[str, list[float]]]
 
 
 class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules, not an error
-    """The provider's vectors no longer have the index's length: the index must be rebuilt.
-
-    Attributes:
-        old: the index's vector length.
-        new: the provider's vector length now.
-    """
+    """The provider's vectors (length ``new``) no longer have the index's length (``old``):
+    the index must be rebuilt."""
 
     def __init__(self, old: int, new: int) -> None:
         super().__init__(f"embedding dimensions changed ({old} -> {new})")
@@ -75,11 +55,8 @@ class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules
 
 
 def pending_count(store: Store, *, model: str, sources: Sequence[str]) -> int:
-    """Chunks of ``sources`` written for ``model`` that still have no vector.
-
-    Raises:
-        IndexStoreError: the store cannot be read.
-    """
+    """Chunks of ``sources`` written for ``model`` that still have no vector. Raises
+    ``IndexStoreError``."""
     marks = ", ".join("?" for _ in sources)
     return int(store.query(f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
                            f" AND source IN ({marks})", [model, *sources])[0][0])
@@ -137,7 +114,7 @@ class EmbeddingStep:
 
     async def vectors(self, store: Store, chunks: Sequence[Chunk],
                       report: SyncReport) -> list[list[float]]:
-        """Vectors for ``chunks`` (``[]`` for a chunk left for a later sync), cache first.
+        """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first.
 
         Raises:
             DimensionsChanged: the provider's vectors no longer have the index's length.
@@ -172,13 +149,8 @@ class EmbeddingStep:
 
     async def window_vectors(self, store: Store, chunks: Sequence[Chunk],
                              report: SyncReport) -> list[list[list[float]]]:
-        """The window vectors of each chunk (:func:`~fallback.index.windows.chunk_windows`),
-        through :meth:`vectors`; ``[]`` for a chunk any of whose windows has no vector yet (it
-        waits for a later sync as a whole).
-
-        Raises:
-            DimensionsChanged / IndexStoreError: as :meth:`vectors`.
-        """
+        """The window vectors of each chunk through :meth:`vectors`; ``[]`` for a chunk any of
+        whose windows has no vector yet. Raises as :meth:`vectors`."""
         limit = self.provider.max_input_tokens
         windows = [chunk_windows(c, max_input_tokens=limit) for c in chunks]
         flat = await self.vectors(store, [w for ws in windows for w in ws], report)
@@ -214,13 +186,9 @@ class EmbeddingStep:
 
     async def finish(self, store: Store, report: SyncReport, *, model: str,
                      sources: Sequence[str]) -> None:
-        """End of a sync: fill in vectors still missing (while the provider works), then set
-        the report's embedding fields and record the backlog (:data:`BACKLOG_KEY`) and, once
-        known, the index's vector length (``vectorDims``) in the index meta.
-
-        Raises:
-            DimensionsChanged / IndexStoreError: as :meth:`vectors`.
-        """
+        """End of a sync: fill in missing vectors (while the provider works), set the report's
+        embedding fields, record the backlog and, once known, ``vectorDims`` in the index meta.
+        Raises as :meth:`vectors`."""
         if self.is_open:
             await self.fill_pending(store, report, model=model, sources=sources)
         report.embedding_error = str(self.error) if self.error is not None else None
@@ -232,9 +200,8 @@ class EmbeddingStep:
 
     async def fill_pending(self, store: Store, report: SyncReport, *, model: str,
                            sources: Sequence[str]) -> None:
-        """Embed chunks written without a vector (an earlier provider failure or deadline),
-        :data:`PENDING_BATCH` at a time, each batch written in one transaction; stops when the
-        step closes. Raises as :meth:`vectors`."""
+        """Embed chunks written without a vector, :data:`PENDING_BATCH` at a time, each batch
+        written in one transaction, until the step closes. Raises as :meth:`vectors`."""
         marks = ", ".join("?" for _ in sources)
         after = -1
         while self.is_open:

@@ -19,9 +19,7 @@ __all__ = ["FTS_ONLY_MODEL", "WORKSPACE_META", "chunk_id", "full_reindex_reason"
 
 # Model name recorded for chunks written without an embedding provider (spec §3).
 FTS_ONLY_MODEL = "fts-only"
-# ``meta`` key of the workspace an index holds (its absolute path as a JSON string), written
-# by every scan: a store is one agent's, so searching another workspace with the same agent
-# re-indexes the store for it, and the sync that does says so once.
+# ``meta`` key of the workspace an index holds (its absolute path), written by every scan.
 WORKSPACE_META = "workspace_dir"
 
 
@@ -42,14 +40,10 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
 
     Returns:
         ``{model, provider, providerKey, vectorDims, sources, chunkTokens, chunkOverlap,
-        chunkSections, chunkingVersion, scopeHash, ftsTokenizer, embedWindows}``: model
-        ``fts-only``, provider ``none`` and
-        embedWindows ``None`` without a provider (else ``{tokens, overlap}`` of the embedding
-        windows, ``fallback/index/windows.py``);
-        ``vectorDims`` the provider's vector length when known (configured, or seen in this
-        process), else ``None``;
-        ``scopeHash`` = sha256 of the normalised absolute extra paths (sorted) and the
-        multimodal settings (always disabled here).
+        chunkSections, chunkingVersion, scopeHash, ftsTokenizer, embedWindows}`` (without a
+        provider: model ``fts-only``, provider ``none``, embedWindows ``None``; ``vectorDims``
+        ``None`` while unknown; ``scopeHash``: sha256 of the sorted absolute extra paths and
+        the multimodal settings).
     """
     import orjson
 
@@ -76,13 +70,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
 
 
 def other_workspace(stored: Any, workspace: str) -> str | None:
-    """The workspace an index holds when it is not ``workspace``, else ``None``.
-
-    Args:
-        stored: the :data:`WORKSPACE_META` value (``None`` for an index from before it was
-            recorded, or never synced: nothing to tell then).
-        workspace: the absolute workspace path a sync or search is for.
-    """
+    """The workspace an index holds (``stored``, the :data:`WORKSPACE_META` value) when it is
+    a path other than the absolute ``workspace``, else ``None``."""
     return stored if isinstance(stored, str) and stored != workspace else None
 
 
@@ -94,14 +83,11 @@ def workspace_switch_note(db_path: str, held: str, workspace: str) -> str:
 
 
 def full_reindex_reason(meta: Any, identity: dict[str, Any]) -> str | None:
-    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4).
-
-    Reasons: ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``,
-    ``provider settings changed``, ``embedding dimensions changed (<old> -> <new>)`` (both
-    lengths known and different: the model behind the id changed), ``sources changed``,
-    ``scope changed``, ``chunking changed``, ``embedding windows changed`` (also an index of
-    whole-chunk vectors), ``FTS tokenizer changed``.
-    """
+    """Why the stored ``meta`` requires a full reindex for ``identity``, or ``None`` (spec §4.4):
+    ``no index metadata``, ``model changed (<old> -> <new>)``, ``provider changed``, ``provider
+    settings changed``, ``embedding dimensions changed (<old> -> <new>)``, ``sources changed``,
+    ``scope changed``, ``chunking changed``, ``embedding windows changed``, ``FTS tokenizer
+    changed``."""
     if not isinstance(meta, dict):
         return "no index metadata"
     if meta.get("model") != identity["model"]:

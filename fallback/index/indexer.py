@@ -1,52 +1,18 @@
 """Index sync: discover memory files and transcripts, diff by content hash, chunk, embed, write.
 
-One :meth:`Indexer.sync` (spec §5.3, E2):
+One :meth:`Indexer.sync` (spec §5.3, E2): an identity change (:func:`full_reindex_reason`),
+``force`` or missing meta rebuilds into ``<db>.tmp-<uuid>`` (seeded with the live embedding
+cache) and swaps it in; otherwise an incremental sync reads the files the sync planner says to
+(``fallback/index/plan.py``), refreshes the stamps of a file whose content hash is unchanged,
+writes each changed file in one ``BEGIN IMMEDIATE`` transaction (its old chunk and FTS rows
+deleted first), deletes the rows of vanished or now skipped files, and records skipped files,
+scan issues and the sync time in the store. Transcripts (``sessions`` source, spec §5.4) are
+stored as ``sessions/<basename>`` with chunk lines remapped to JSONL lines. A sync cancelled
+between files keeps its progress; a cancelled rebuild removes its temporary database.
 
-1. compute the index identity (:func:`index_identity`) and compare it with the stored meta;
-   a mismatch (or ``force``, or no meta) means a full reindex (spec §4.4), done safely: build
-   into ``<db>.tmp-<uuid>`` seeded with the live embedding cache, then swap atomically
-   (spec §4.5). On any failure the live index is untouched and no ``.tmp-`` file remains;
-2. otherwise an incremental sync: a file whose ``(mtime, size, ctime)`` equals its ``files``
-   row is not read at all, unless it is racily clean (stamped too close to the start of the
-   scan that read it, ``fallback/index/racy.py``); the ctime catches a rewrite whose mtime was
-   put back (``fallback/sources/stamps.py``; NULL on both sides where the platform gives none).
-   A file read and skipped (binary, unreadable, too large) keeps its stamps in its
-   ``skipped_files`` row and is not read again while they hold (``fallback/index/plan.py``).
-   A read file whose content hash is unchanged only gets its row's stamps refreshed (a
-   ``chmod``, a ``touch -r`` or the first sync after migration ``m008``: no chunk is rewritten
-   or embedded);
-   changed and new files are re-chunked and written, each in one ``BEGIN IMMEDIATE``
-   transaction (old chunk and FTS rows of that path deleted first, so no ghost chunks remain);
-3. rows of files that vanished (or are now skipped) are deleted; skipped files, scan issues
-   and the sync time are stored so every process's ``status()`` sees them;
-4. when ``sources`` includes ``sessions`` (spec §5.4), the same is done for the transcripts of
-   ``EngineSettings.sessions_dir`` (``*.jsonl`` and retained ``.jsonl.reset.<iso>`` /
-   ``.jsonl.deleted.<iso>`` archives, compaction checkpoints skipped): stored path
-   ``sessions/<basename>``, source ``sessions``, content flattened by
-   :func:`fallback.sources.transcripts.session_document` and chunk lines remapped
-   (:func:`fallback.text.chunking.remap_lines`) so ``start_line``/``end_line`` are JSONL lines.
-   Deviation from the reference: every sync picks up grown transcripts (an unchanged
-   ``(mtime, size, ctime)`` is not re-read, so this is cheap), not only ``session-delta`` syncs.
-
-Cancellation: each file is written in its own transaction, so a sync cancelled between files
-keeps its progress and leaves a consistent index; a cancelled full reindex removes its
-temporary database (the cleanup runs shielded).
-
-Embeddings (when a provider exists): each chunk is embedded as windows of a few lines
-(``fallback/index/windows.py``); ``fallback/index/embedding_step.py`` looks window texts up in
-the embedding cache and sends only misses to the provider, in batches of
-:data:`~fallback.index.embedding_step.EMBED_COMMIT_BATCH` texts; after each batch, in one
-transaction, hits are marked used, the fresh vectors cached and the cache pruned to
-``cache.maxEntries``, least recently used first. During a full reindex each batch is also
-committed to the live store's cache, so an interrupted first index (Ctrl-C, a killed process)
-loses at most the batch in flight: the next rebuild seeds itself from the live cache and asks
-the provider only for the rest. A provider failure or the sync's embedding deadline never
-stops the sync: the chunks are written without a vector (keyword search finds them at once)
-and a later sync fills the vectors in. A chunk's window vectors are stored once, one after the
-other, as the ``chunks.vector`` float32 BLOB (``chunks.embedding`` stays ``'[]'``, migration
-``m006``).
-
-Blocking work runs in ``anyio.to_thread.run_sync``; writes are serialised by the caller's
+Embeddings go through ``fallback/index/embedding_step.py``: a provider failure or the sync's
+embedding deadline never stops the sync (chunks are written without a vector and embedded by a
+later sync). Blocking work runs in worker threads; writes are serialised by the caller's
 ``CapacityLimiter(1)``.
 """
 
@@ -97,16 +63,8 @@ from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_titl
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes, parse_printable_path
 
-__all__ = [
-    "FTS_ONLY_MODEL",
-    "Indexer",
-    "SyncReport",
-    "chunk_id",
-    "file_chunks",
-    "full_reindex_reason",
-    "index_identity",
-    "read_notes",
-]
+__all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "file_chunks", "full_reindex_reason",
+           "index_identity", "read_notes"]
 
 log = logging.getLogger(__name__)
 
@@ -172,12 +130,8 @@ class Indexer:
 
     async def sync(self, store: Store, *, force: bool = False,
                    paths: set[str] | None = None) -> SyncReport:
-        """Bring ``store`` up to date with the workspace.
-
-        Embedding failures never fail the sync: the chunks are written for keyword search and
-        embedded by a later sync (``fallback/index/embedding_step.py``); the report says how
-        many wait and why. Vectors whose length differs from the index's make it a full
-        reindex (``embedding dimensions changed``).
+        """Bring ``store`` up to date with the workspace (embedding failures never fail it;
+        vectors of another length than the index's make it a full reindex).
 
         Args:
             store: the live store (swapped in place after a full reindex).
@@ -223,7 +177,7 @@ class Indexer:
     async def sync_recovering_readonly(self, store: Store, *, force: bool = False,
                                        paths: set[str] | None = None) -> SyncReport:
         """:meth:`sync`; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3
-        step 6), counted in ``store.readonly_recovery`` (``status().custom["readonlyRecovery"]``).
+        step 6), counted in ``store.readonly_recovery``.
 
         Raises:
             IndexStoreError: as :meth:`sync`, or the retry failed too.
@@ -255,27 +209,14 @@ class Indexer:
             return False
         files = [mf for kind, mf in verdicts if kind == "file" and isinstance(mf, MemoryFile)]
         gone = sorted({rel for kind, rel in verdicts if kind == "gone" and isinstance(rel, str)})
-        known = {row[0]: (row[1], int(row[2]), int(row[3])) for row in await anyio.to_thread.run_sync(
-            store.query, f"SELECT path, hash, mtime, size FROM files WHERE source = 'memory' AND path IN"
-                         f" ({', '.join('?' for _ in files) or 'NULL'})", [f.rel_path for f in files])}
+        known = dict(await anyio.to_thread.run_sync(
+            store.query, f"SELECT path, hash FROM files WHERE source = 'memory' AND path IN"
+                         f" ({', '.join('?' for _ in files) or 'NULL'})", [f.rel_path for f in files]))
         report.files_total = len(files)
         skipped: list[SkippedFile] = []
         for mf in files:
-            prev = known.get(mf.rel_path)
-            read = await anyio.to_thread.run_sync(partial(
-                read_memory_text, mf, max_file_bytes=s.max_file_bytes))
-            report.files_read += 1
-            if isinstance(read, SkippedFile):
+            if not await self._read_file(store, report, mf, known.get(mf.rel_path), skipped):
                 gone.append(mf.rel_path)
-                if read.reason != VANISHED:
-                    skipped.append(read)
-                    self._skip_stamps[("memory", mf.rel_path)] = file_stamp(mf)
-                continue
-            skipped.extend(read_notes(mf, read))
-            if prev is not None and prev[0] == read.content_hash:
-                await self._write(store, partial(self._touch_file, store, mf, read))
-            else:
-                await self._index_file(store, mf, read, report)
         await self._write(store, partial(self._delete_paths, store, gone, "memory"))
         report.files_deleted = len(gone)
         touched = [mf.rel_path for mf in files] + gone
@@ -392,10 +333,8 @@ class Indexer:
     async def _index_source(self, store: Store, report: SyncReport, source: str,
                             files: list[MemoryFile], skipped: list[SkippedFile], *, full: bool,
                             done: int, last_started: int | None) -> int:
-        """Index the files of one source and delete its stale rows; returns files done. Which
-        files are read is :func:`~fallback.index.plan.read_reason`'s rule: a file whose
-        ``(mtime, size, ctime)`` match its row, or the row of its earlier skip, is not read
-        unless it is racily clean against ``last_started``, the previous scan's start."""
+        """Index the files of one source (those :func:`~fallback.index.plan.read_reason`
+        says to read) and delete its stale rows; returns files done."""
         recorded = (RecordedFiles({}, {}, []) if full
                     else await anyio.to_thread.run_sync(recorded_files, store, source))
         # caveats of unchanged files and skips of files still skipped are carried over
@@ -411,25 +350,8 @@ class Indexer:
                     self._skip_stamps[(source, mf.rel_path)] = file_stamp(mf)
                 else:
                     active.add(mf.rel_path)
-            else:
-                line_map: list[int] | None = None
-                if source == "sessions":
-                    read, line_map = await anyio.to_thread.run_sync(read_session_text, mf)
-                else:
-                    read = await anyio.to_thread.run_sync(partial(
-                        read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
-                report.files_read += 1
-                if isinstance(read, SkippedFile):
-                    if read.reason != VANISHED:
-                        skipped.append(read)
-                        self._skip_stamps[(source, mf.rel_path)] = file_stamp(mf)
-                else:
-                    active.add(mf.rel_path)
-                    skipped.extend(read_notes(mf, read))
-                    if prev is not None and prev[0] == read.content_hash:
-                        await self._write(store, partial(self._touch_file, store, mf, read))
-                    else:
-                        await self._index_file(store, mf, read, report, line_map=line_map)
+            elif await self._read_file(store, report, mf, prev and prev[0], skipped):
+                active.add(mf.rel_path)
             if source == "sessions" and mf.rel_path in active:
                 report.session_sizes[str(mf.abs_path)] = mf.size
             done += 1
@@ -440,6 +362,29 @@ class Indexer:
             await self._write(store, partial(self._delete_paths, store, stale, source))
             report.files_deleted += len(stale)
         return done
+
+    async def _read_file(self, store: Store, report: SyncReport, mf: MemoryFile,
+                         known_hash: str | None, skipped: list[SkippedFile]) -> bool:
+        """Read ``mf`` and write it (only its stamps when its content hash is ``known_hash``);
+        False when it vanished or is skipped (then in ``skipped``, with the stamps read at)."""
+        line_map: list[int] | None = None
+        if mf.source == "sessions":
+            read, line_map = await anyio.to_thread.run_sync(read_session_text, mf)
+        else:
+            read = await anyio.to_thread.run_sync(partial(
+                read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
+        report.files_read += 1
+        if isinstance(read, SkippedFile):
+            if read.reason != VANISHED:
+                skipped.append(read)
+                self._skip_stamps[(mf.source, mf.rel_path)] = file_stamp(mf)
+            return False
+        skipped.extend(read_notes(mf, read))
+        if known_hash == read.content_hash:
+            await self._write(store, partial(self._touch_file, store, mf, read))
+        else:
+            await self._index_file(store, mf, read, report, line_map=line_map)
+        return True
 
     async def _index_file(self, store: Store, mf: MemoryFile, content: FileContent,
                           report: SyncReport, *, line_map: list[int] | None = None) -> None:
@@ -546,10 +491,8 @@ _INSERT_SKIP = ("INSERT OR IGNORE INTO skipped_files(path, source, reason, mtime
 
 def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,
                 line_map: list[int] | None, model: str) -> list[tuple[str, Chunk]]:
-    """The chunks of one file's text as every store indexes them: ``chunking.*`` applied, blank
-    chunks dropped, transcript lines remapped by ``line_map`` (JSONL lines), each with its
-    chunk id (:func:`~fallback.index.identity.chunk_id` for ``model``), the first of equal ids
-    kept."""
+    """``[(chunk id, chunk)]`` of one file's text as every store indexes them: ``chunking.*``
+    applied, blank chunks dropped, lines remapped by ``line_map``, the first of equal ids kept."""
     c = settings.search.chunking
     chunks = remap_lines([ch for ch in chunk_markdown(text, tokens=c.tokens, overlap=c.overlap,
                                                       sections=c.sections) if ch.text.strip()],

@@ -1,19 +1,12 @@
 """Index sync into a store that writes through a sync lease (the postgres store).
 
-One :func:`sync_through_lease` takes the store's lease (one sync of an agent's workspace at a
-time across hosts), reads every discovered file (memory files, and transcripts when the
-``sessions`` source is on), chunks a file whose content hash differs from what the lease's
-generation holds exactly as the SQLite sync does (:func:`~fallback.index.indexer.file_chunks`),
-writes the changed files in batches, leaves out the files no longer discovered, and publishes:
-readers see the whole sync at once, or nothing of it.
-
-With an embedding provider, each chunk is written with its window vectors, cut and embedded by
-the SQLite sync's :class:`~fallback.index.embedding_step.EmbeddingStep` (one owner of what is
-embedded, the cache first: the store's shared cache, and on an agent's first sync its SQLite
-cache, :func:`~fallback.index.embedding_cache.lookup_shared`), kept as the unit vectors the
-SQLite store compares (:func:`~fallback.store.vectors.unit_windows`). A chunk the provider
-could not embed in this sync (it failed, or the deadline passed) is written without vectors,
-and its file is recorded so that the next sync writes it again (:func:`held_hash`).
+:func:`sync_through_lease` takes the store's lease (one sync of an agent's workspace at a time
+across hosts), reads every discovered file, chunks a file whose content hash differs from what
+the lease holds as the SQLite sync does (:func:`~fallback.index.indexer.file_chunks`), embeds
+it through the SQLite sync's :class:`~fallback.index.embedding_step.EmbeddingStep`, writes in
+batches, leaves out files no longer discovered and publishes: readers see the whole sync or
+nothing. A file with a chunk left without vectors is written again by the next sync
+(:func:`held_hash`).
 """
 
 from __future__ import annotations
@@ -52,9 +45,9 @@ WRITE_BATCH_FILES = 25
 
 
 def held_hash(content_hash: str, *, model: str, complete: bool) -> str:
-    """What the lease records as a file's hash: its content hash for a keyword-only index;
-    with the embedding ``model`` appended otherwise (another model writes the file again), or
-    a mark that never equals a content hash while a chunk of it waits for vectors."""
+    """What the lease records as a file's hash: its content hash (keyword-only), with the
+    embedding ``model`` appended, or a mark no content hash equals while it is not
+    ``complete``."""
     if not complete:
         return f"{content_hash} pending"
     return content_hash if model == FTS_ONLY_MODEL else f"{content_hash} {model}"
@@ -64,21 +57,18 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                        wait_ms: int = LEASE_WAIT_MS, provider: EmbeddingProvider | None = None,
                        embed_deadline: float | None = None) -> SyncReport:
     """Bring the store's index of ``settings``' workspace up to date (blocking: run it in an
-    anyio worker thread, where the embedding step reaches the event loop).
+    anyio worker thread).
 
     Args:
-        settings: the engine settings (workspace, extra paths, sources, chunking, cache).
+        settings: the engine settings.
         store: the open store.
-        force: rewrite every file, whatever the lease's generation holds (a full reindex,
-            published at once like any sync).
+        force: rewrite every file, whatever the lease holds.
         wait_ms: longest wait for another sync's lease, ms.
         provider: the embedding provider, or ``None`` (keyword rows only).
-        embed_deadline: anyio clock time after which the provider is not called in this sync
-            (``None``: none).
+        embed_deadline: anyio clock time after which the provider is not called (``None``).
 
     Returns:
-        The :class:`SyncReport` (``files_read`` counts every file read: the lease compares
-        content hashes, not stamps).
+        The :class:`SyncReport` (every file is read: the lease compares content hashes).
 
     Raises:
         IndexStoreLockedError: another sync held the lease past ``wait_ms`` (named).

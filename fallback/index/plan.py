@@ -30,15 +30,9 @@ def file_stamp(mf: MemoryFile) -> Stamp:
 
 @dataclass(frozen=True)
 class RecordedFiles:
-    """What the store recorded of one source's files.
-
-    Attributes:
-        rows: ``files`` rows by path: ``(content hash, stamp)``.
-        skip_stamps: stamps of files read and skipped, by path (``skipped_files`` rows with
-            stamps).
-        skips: every ``skipped_files`` row as ``(path, reason, stamp or None)``: read skips,
-            discovery skips and caveats of indexed files.
-    """
+    """What the store recorded of one source's files: ``rows`` (``files`` rows by path:
+    ``(content hash, stamp)``), ``skip_stamps`` (stamps of files read and skipped, by path) and
+    ``skips`` (every ``skipped_files`` row as ``(path, reason, stamp or None)``)."""
 
     rows: dict[str, tuple[str, Stamp]]
     skip_stamps: dict[str, Stamp]
@@ -50,12 +44,8 @@ class RecordedFiles:
 
 
 def recorded_files(store: MetaReads, source: str) -> RecordedFiles:
-    """Read :class:`RecordedFiles` of ``source`` (``memory`` | ``sessions``) from ``store``
-    (two reads; blocking).
-
-    Raises:
-        IndexStoreError: the store cannot be read.
-    """
+    """Read :class:`RecordedFiles` of ``source`` from ``store`` (blocking). Raises
+    ``IndexStoreError``."""
     rows = {p: (h, (m, n, c)) for p, h, m, n, c in store.file_rows(source)}
     skips: list[tuple[str, str, Stamp | None]] = [
         (p, r, None if m is None or n is None else (m, n, c)) for p, r, m, n, c in store.skip_rows(source)]
@@ -69,12 +59,11 @@ def read_reason(mf: MemoryFile, recorded: RecordedFiles, *, last_started: int | 
     Args:
         mf: a discovered file.
         recorded: the store's rows of its source.
-        last_started: the previous scan's start, epoch ms (``SCAN_STARTED_META``), ``None``
-            when none is recorded (every file is read then).
+        last_started: the previous scan's start, epoch ms, ``None`` when none is recorded.
 
     Returns:
-        ``None`` (its ``files`` row, or its read-and-skipped row, holds its stamps), or
-        ``new``, ``changed`` or ``racily clean``.
+        ``None`` (a row holds its stamps), ``new``, ``changed`` or ``racily clean``
+        (``fallback/index/racy.py``).
     """
     row = recorded.rows.get(mf.rel_path)
     stamp = row[1] if row is not None else recorded.skip_stamps.get(mf.rel_path)

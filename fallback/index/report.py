@@ -18,31 +18,23 @@ class SyncReport:
         full: True when it was a full (swapped-in) reindex.
         full_reason: why a full reindex ran (``force`` or a ``full_reindex_reason``).
         files_total: files discovered.
-        files_read: files read again (new, their stamps changed, racily clean, or not indexed
-            by the last sync); the others were trusted by their ``(mtime, size, ctime)``.
-        files_indexed: files (re-)chunked and written (a read file whose content hash is
-            unchanged only gets its stamps written and is not counted here).
+        files_read: files read (the others were trusted by their ``(mtime, size, ctime)``).
+        files_indexed: files (re-)chunked and written.
         files_deleted: indexed files whose rows were removed (vanished or now skipped).
         chunks_written: chunks written.
-        chunks_embedded: chunks that got their vectors in this sync (from the provider or the
-            embedding cache); written or filled in, never more than those.
-        windows_embedded: embedding window texts sent to the provider (cache misses; a chunk
-            is embedded as one or more windows, ``fallback/index/windows.py``).
+        chunks_embedded: chunks that got their vectors in this sync (provider or cache).
+        windows_embedded: embedding window texts sent to the provider.
         chunks_filled: chunks written earlier without a vector that got one in this sync.
-        chunks_pending: chunks still without a vector after this sync (the provider failed or
-            the sync's embedding deadline passed; a later sync fills them in).
+        chunks_pending: chunks still without a vector after this sync.
         embedding_error: the provider error that stopped embedding in this sync, or ``None``.
-        embedding_exception: that error itself (live mode raises it after the sync, so the
-            background task reports it and retries with backoff), or ``None``.
+        embedding_exception: that error itself (live mode raises it after the sync).
         embedding_deferred: True when the sync's embedding deadline stopped embedding.
-        skipped: files skipped or indexed with a caveat (memory and sessions).
-        issues: scan issues (missing memory dir, legacy ``memory.md`` split, transcript
-            enumeration failure ...).
-        session_sizes: absolute transcript path -> size in bytes as indexed, for every
-            transcript the index now holds (the engine resets its delta tracker with it).
-        workspace_switched_from: the other workspace the store held before this sync
-            re-indexed it for the configured one, or ``None``.
-        notes: one-off events to tell the user once (the workspace switch), one line each.
+        skipped: files skipped or indexed with a caveat.
+        issues: scan issues (missing memory dir, legacy ``memory.md`` split ...).
+        session_sizes: absolute transcript path -> size in bytes as indexed.
+        workspace_switched_from: the other workspace the store held before this sync, or
+            ``None``.
+        notes: one-off events to tell the user once, one line each.
     """
 
     full: bool = False

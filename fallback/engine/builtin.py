@@ -1,30 +1,14 @@
 """BuiltinEngine: the in-process SQLite memory search backend (``MemoryBackend`` contract).
 
-It ties the store (``fallback/store/db.py``), sync (``fallback/index/indexer.py``), keyword plans
-(``fallback/search/fts.py``), vector search (``fallback/store/vectors.py``) and ranking
-(``fallback/search/ranking.py``) together:
-
-- the store is opened lazily; a search first syncs an index with nothing of this workspace's
-  (empty, or of another workspace) in full, and one not synced in this process yet (or marked
-  dirty) while ``sync.onSearch`` is on within its budget (``fallback/engine/presearch.py``), so
-  a one-shot CLI search on a fresh workspace just works (a failure is in ``status().last_error``);
-- with no embedding provider the engine is in FTS-only mode (spec §8.6, E2); with one it merges
-  vector and keyword hits (spec §8.5). Deviation: a keyword hit's text score is the FTS-only
-  boosted score (BM25 plus query coverage, spec §8.6) in both modes (raw BM25 collapses towards
-  0 in small corpora); the query is embedded first, within ``query.timeoutMs``. A provider
-  that cannot be created, or fails in a search, fails it closed when explicitly configured
-  (``memory search unavailable: <provider>: <reason>``) unless ``query.keywordFallback``;
-  else the answer is keyword-only with a warning (``fallback/engine/query_vector.py``);
-- one sync runs at a time (a second caller awaits the running one and gets its outcome);
-  SQLite work runs in ``anyio.to_thread.run_sync`` and writes are serialised by one
-  ``CapacityLimiter(1)``;
-- a search never waits past its sync budget (``search_sync_budget_ms``, 2,000 ms, or the
-  ``sync_budget_ms`` argument) for a pre-search sync, except the awaited ones above; past it,
-  it answers from the current index while the sync continues in the background (live mode) or
-  is cancelled between files (one-shot; progress is kept);
-- ``start(tasks)`` turns on live mode (``fallback/engine/live.py``: watcher, session deltas,
-  interval and rescan syncs, all in the manager's task group) for the long-lived ``serve``
-  process; one-shot use never needs it. Every search and status checks the watcher's health.
+It ties the store (``fallback/store``), sync (``fallback/index``), the pre-search sync
+(``fallback/engine/presearch.py``), the query embedding (``fallback/engine/query_vector.py``)
+and ranking (``fallback/search``) together. Without an embedding provider it is FTS-only (spec
+§8.6, E2); with one it merges vector and keyword hits (spec §8.5), a keyword hit's text score
+being the FTS-only boosted score in both modes. A provider that fails an explicitly configured
+search fails it closed unless ``query.keywordFallback``; else the answer is keyword-only with a
+warning. One sync runs at a time (a second caller joins it); SQLite work runs in worker
+threads, writes serialised by one ``CapacityLimiter(1)``. ``start(tasks)`` turns on live mode
+(``fallback/engine/live.py``) for the long-lived ``serve`` process.
 """
 
 from __future__ import annotations
@@ -105,8 +89,7 @@ class BuiltinEngine:
 
     Args:
         settings: resolved engine settings (workspace, store path, memorySearch).
-        provider_selection: a ``ProviderSelection`` (``provider``, ``requested``,
-            ``unavailable_reason``, ``error``); default: ``select_provider(settings.search)``
+        provider_selection: a ``ProviderSelection``; default ``select_provider(settings.search)``
             on first use.
         now_ms: clock in epoch ms (temporal decay, ``updated_at``); default wall clock.
     """
@@ -216,15 +199,8 @@ class BuiltinEngine:
     live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
 
     async def start(self, tasks: BackgroundTasks) -> None:
-        """Enter live mode (``serve``): watcher, session deltas, interval/rescan syncs, boot sync.
-
-        Args:
-            tasks: the manager's task group; live mode runs in a ``builtin`` subgroup of it,
-                which :meth:`close` cancels.
-
-        Uses the class attributes ``session_batch_ms``, ``rescan_interval_ms``,
-        ``watch_force_polling``, ``watch_poll_interval_s`` and ``watch_health_check_ms``.
-        Idempotent; one-shot callers need not call it.
+        """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``, the manager's task
+        group, with the class attributes' periods; idempotent.
 
         Raises:
             ManagerClosedError: the engine is closed.
@@ -248,9 +224,8 @@ class BuiltinEngine:
 
     async def sync_after_running(self, *, reason: str,
                                  paths: set[str] | None = None) -> SyncReport:
-        """Like :meth:`sync`, but first lets a running sync finish, so changes seen after that
-        sync started are picked up (the watcher's path; ``paths`` are the files it saw change).
-        Raises as :meth:`sync`."""
+        """:meth:`sync` after a running sync finishes (changes seen since it started are picked
+        up). Raises as :meth:`sync`."""
         while self._sync_done is not None:
             await self._sync_done.wait()
         return await self.sync(reason=reason, paths=paths)
@@ -277,21 +252,17 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
                    embed_deadline: float | None = None) -> SyncReport:
-        """Bring the index up to date; a second caller awaits the running sync.
-
-        A store found corrupt on the way is moved aside and rebuilt from the memory files
-        (the index is derived data), then the sync runs again once.
+        """Bring the index up to date; a second caller awaits the running sync. A store found
+        corrupt is moved aside and rebuilt, then the sync runs again once.
 
         Args:
             reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
             force: full rebuild into a temporary database, swapped in atomically.
-            paths: absolute paths the watcher saw change: only those files are re-indexed when
-                each can be judged on its own (else, or when ``None``, a full incremental scan).
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for the sync this
-                call runs (a caller that joins a running sync gets no progress).
+            paths: absolute paths the watcher saw change (``None``: a full incremental scan).
+            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` of
+                the sync this call runs.
             embed_deadline: anyio clock time after which this sync calls the embedding
-                provider no more (a search's deadline); chunks left are written for keyword
-                search and embedded by a later sync. Ignored when joining a running sync.
+                provider no more (chunks left are embedded by a later sync).
 
         Returns:
             The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
@@ -357,27 +328,21 @@ class BuiltinEngine:
             report = await anyio.to_thread.run_sync(partial(
                 sync_through_lease, self.settings, shared, force=force, provider=self._provider(),
                 embed_deadline=embed_deadline))
-            # chunks still without a vector keep the index dirty: the next sync writes them again
-            self._dirty = report.chunks_pending > 0
-            self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
-                                  if self._dirty else None)
-            self._synced, self._last_report, self._last_error = True, report, None
-            self._syncs_done += 1
-            return report
-        store = await self._open_store()
-        # One writer per store across processes; the whole sync (a rebuild's publish too)
-        # runs under the lock, after repairing what a killed writer left (fallback/store/lock.py).
-        async with store.writer_lock.hold():
-            await anyio.to_thread.run_sync(store.recover_leftovers)
-            indexer = Indexer(self.settings, provider=self._provider(),
-                              write_limiter=self._write_limiter, now_ms=self._now_ms,
-                              on_progress=progress, embed_deadline=embed_deadline)
-            log.debug("builtin sync start (%s, force=%s)", reason, force)
-            report = await indexer.sync_recovering_readonly(store, force=force, paths=paths)
-        if report.full:
-            await anyio.to_thread.run_sync(self._drop_vector_index)
-        elif (report.files_indexed or report.files_deleted) and self._vector is not None:
-            await anyio.to_thread.run_sync(self._vector.invalidate)
+        else:
+            store = await self._open_store()
+            # One writer per store across processes, for the whole sync, after repairing what a
+            # killed writer left (fallback/store/lock.py).
+            async with store.writer_lock.hold():
+                await anyio.to_thread.run_sync(store.recover_leftovers)
+                indexer = Indexer(self.settings, provider=self._provider(),
+                                  write_limiter=self._write_limiter, now_ms=self._now_ms,
+                                  on_progress=progress, embed_deadline=embed_deadline)
+                log.debug("builtin sync start (%s, force=%s)", reason, force)
+                report = await indexer.sync_recovering_readonly(store, force=force, paths=paths)
+            if report.full:
+                await anyio.to_thread.run_sync(self._drop_vector_index)
+            elif (report.files_indexed or report.files_deleted) and self._vector is not None:
+                await anyio.to_thread.run_sync(self._vector.invalidate)
         # chunks still without a vector keep the index dirty: the next sync fills them in
         self._dirty = report.chunks_pending > 0
         self._dirty_reason = (backlog_reason(report.chunks_pending, report.embedding_error)
@@ -411,35 +376,22 @@ class BuiltinEngine:
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """Search the memory index; hits best first, with this search's warnings, mode and
-        provider (the backend contract).
-
-        A store found corrupt is moved aside and rebuilt from the memory files, and the search
-        runs again once.
+        """Search the memory index (the backend contract). A store found corrupt is moved aside
+        and rebuilt, and the search runs again once.
 
         Args:
-            request: the checked request (``fallback/request.py``): the query is free text
-                (any language; FTS syntax is never interpreted); ``max_results`` defaults to
-                ``query.maxResults`` (6), ``min_score`` to ``query.minScore`` (0.35);
-                ``session_key``: scope rules are the manager's, in live mode the first search
-                of a key warms the index (:meth:`warm_session`); ``sources``: a subset of the
-                enabled sources (no enabled member gives no hits); ``explain``: attach a
-                ``HitExplain`` to every hit (the ranking trace).
+            request: the checked request (``fallback/request.py``); ``max_results`` defaults to
+                ``query.maxResults``, ``min_score`` to ``query.minScore``; ``explain`` attaches
+                the ranking trace to every hit.
             sync_budget_ms: longest wait in ms for a pre-search sync (default
-                ``search_sync_budget_ms``, 2,000); the bootstrap of an empty index is
-                always awaited.
+                ``search_sync_budget_ms``); an empty index's first sync is always awaited.
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
-                for a pre-search sync this search runs (the first search of a workspace
-                indexes it).
+                of a pre-search sync this search runs.
 
         Returns:
-            ``SearchOutcome``: hits (snippets at most 700 code points: the window of the
-            chunk's lines that best matches the query, with its own line range; hybrid mode:
-            with ``vector_score``/``text_score``) and warnings (a failed rerank keeps the order;
-            one-off events no answer told yet, :meth:`take_notices`; then the last non-fatal
-            problem, :attr:`last_error`, unless a warning says it), the mode that ranked
-            (before any ranking: the configured one), provider id (``none`` keyword-only) and
-            model.
+            ``SearchOutcome``: hits best first (snippets at most 700 code points), warnings
+            (then one-off events no answer told yet and :attr:`last_error` unless a warning
+            says it), the mode that ranked, provider id (``none`` keyword-only) and model.
 
         Raises:
             ManagerClosedError: the engine is closed.
@@ -629,8 +581,8 @@ class BuiltinEngine:
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
         """The provider the ranking code gets after the pre-search sync: the query vector of
-        ``text`` if the index can use it (else ``[]``, keywords only), other texts embedded
-        before ``deadline`` (anyio clock), with the answer's warnings.
+        ``text`` if the index can use it (else ``[]``), other texts embedded before
+        ``deadline`` (anyio clock); warnings appended.
 
         Raises:
             SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).

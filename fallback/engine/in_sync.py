@@ -1,24 +1,11 @@
 """Keyword search of an index that is in sync: one read-only connection, blocking, no pydantic or anyio.
 
-A one-shot ``qmdbridge search`` used to run the whole :class:`~fallback.engine.builtin.BuiltinEngine`:
-open the store with its writer (migrations, recovery), take the writer lock, run the pre-search
-incremental sync, then search through anyio worker threads. When the index is already in sync
-with the workspace, that sync writes nothing but its timestamp, and the answer is the same
-when it is computed from a read-only connection with the blocking keyword-only steps the
-engine itself uses (``fallback/search/fts_only.py``). This module decides whether that holds
-(:func:`stale_reason`) and answers (:func:`search_in_sync`) through a
-:class:`~fallback.store.readonly.ReadOnlyStore`; its caller runs the engine
-whenever it does not hold, so a dirty index is still synced before the search.
-
-In sync means every sync input is unchanged: the schema is at the latest migration, the stored
-index identity matches the configured one (``fallback/index/identity.py``), FTS5 is there, no
-leftover of a killed rebuild lies next to the store, and discovery (the memory-file rule,
-``fallback/sources/memory_files.py``) finds exactly the recorded files (indexed, or read and
-skipped) and the sync would read none of them (``fallback/index/plan.py``, the rule the sync
-itself follows), the same skipped files and the same scan issues. A store from before migration ``m008`` (no
-``files.ctime``) is not in sync by its schema version, so the engine migrates it. Keyword-only
-search of the ``memory`` source only: an embedding provider, session transcripts or a reranker
-need the engine.
+When the index is in sync with the workspace, the engine's pre-search sync would write nothing
+but its timestamp, and a read-only connection with the engine's own blocking keyword steps
+(``fallback/search/fts_only.py``) gives the same answer. :func:`stale_reason` decides whether
+that holds (schema, identity, FTS5, leftovers, workspace, and the sync planner's
+``fallback/index/plan.py`` :func:`~fallback.index.plan.scan_change`); :func:`search_in_sync`
+answers. Keyword-only search of the ``memory`` source only; anything else needs the engine.
 """
 
 from __future__ import annotations
@@ -46,18 +33,13 @@ class InSyncSettings:
     """What a keyword-only search of one agent's index reads, as plain values.
 
     Attributes:
-        db_path: the SQLite store (``EngineSettings.db_path``).
+        db_path: the SQLite store.
         workspace_dir: the agent workspace (absolute).
-        extra_paths: ``memorySearch.extraPaths`` entries (strings or objects with ``path`` and
-            ``pattern``).
+        extra_paths: ``memorySearch.extraPaths`` entries.
         max_file_bytes: discovery's size cap in bytes.
-        identity: the index identity the configured settings give
-            (``fallback.index.identity.index_identity`` without a provider).
-        sync_on_search: ``sync.onSearch``: when false the engine searches the index as it is
-            (only an empty one is synced first), so no in-sync check is needed.
-        max_results: ``query.maxResults``, hits wanted when the caller gives none.
-        min_score: ``query.minScore``, the score floor when the caller gives none.
-        candidate_multiplier: ``query.hybrid.candidateMultiplier``.
+        identity: the index identity of the settings without a provider.
+        sync_on_search: ``sync.onSearch``.
+        max_results / min_score / candidate_multiplier: ``query.*`` defaults.
         half_life_days: temporal decay half-life in days, ``None`` when decay is off.
     """
 
@@ -73,8 +55,7 @@ class InSyncSettings:
     half_life_days: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The settings as a JSON-ready dict (camelCase keys; paths as strings; an object
-        extra path as ``{path, pattern}``); :meth:`from_json` reads it back."""
+        """The settings as a JSON-ready dict (camelCase keys); :meth:`from_json` reads it back."""
         return {
             "dbPath": str(self.db_path), "workspaceDir": str(self.workspace_dir),
             "extraPaths": [p if isinstance(p, str) else {"path": p.path, "pattern": p.pattern}
@@ -106,24 +87,20 @@ class InSyncSettings:
 
 @dataclass(frozen=True)
 class ExtraPathValue:
-    """An ``extraPaths[]`` entry in object form as a plain value (``path`` and ``pattern``: the
-    glob, ``None`` for ``**/*.md``), for settings read back without pydantic."""
+    """An ``extraPaths[]`` entry in object form as a plain value (``pattern`` ``None``: ``**/*.md``)."""
 
     path: str
     pattern: str | None
 
 
 def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
-    """Why the engine's pre-search sync would change the index, or ``None`` when it is in sync
-    (see the module docstring).
+    """Why the engine's pre-search sync would change the index, or ``None`` when it is in sync.
 
     Returns:
-        ``None``, or one line such as ``schema version 7 (latest 8)``, ``model changed (...)``
-        (:func:`~fallback.index.identity.full_reindex_reason`), ``no FTS5``, ``leftovers of a
-        killed rebuild``, ``index holds workspace /other``, ``index is empty``, ``no scan start
-        recorded``, ``changed: memory/x.md``, ``new: memory/y.md``, ``racily clean:
-        memory/x.md`` (:func:`~fallback.index.plan.read_reason`, the sync's own rule), ``gone:
-        memory/z.md``, ``skipped files changed``, ``scan issues changed``.
+        ``None``, or one line: ``schema version 7 (latest 8)``, a
+        :func:`~fallback.index.identity.full_reindex_reason`, ``no FTS5``, ``leftovers of a
+        killed rebuild``, ``index holds workspace /other``, ``index is empty``, or a
+        :func:`~fallback.index.plan.scan_change`.
 
     Raises:
         IndexStoreError: the store cannot be read.
@@ -155,17 +132,13 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
                    max_results: int | None = None, min_score: float | None = None,
                    now_ms: int | None = None,
                    max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[Hit]:
-    """Keyword-only search of ``index``, as the engine answers it in FTS-only mode.
-
-    The caller checks :func:`stale_reason` first. The search is
-    :func:`~fallback.search.fts_only.keyword_search`, with the engine's limit, candidates and
-    floor for these settings.
+    """Keyword-only search of ``index`` as the engine answers it in FTS-only mode
+    (:func:`~fallback.search.fts_only.keyword_search`); the caller checks :func:`stale_reason`.
 
     Args:
         index: the open index.
         settings: the agent's settings.
-        query: the user's text; stripped here (a blank query gives ``[]``; the engine refuses
-            it before it gets here).
+        query: the user's text (stripped; blank gives ``[]``).
         max_results: hits wanted (default ``settings.max_results``; at least 1).
         min_score: score floor in ``[0, 1]`` (default ``settings.min_score``).
         now_ms: the clock for temporal decay, epoch ms (default: now).

@@ -1,36 +1,13 @@
 """Live mode of the builtin engine: watcher, session deltas, interval and rescan syncs.
 
-:class:`LiveSync` is what ``BuiltinEngine.start(tasks)`` runs in the long-lived ``serve`` mode
-(spec §5.1/§5.2). One-shot CLI use never creates it. Every background
-task runs in the manager's task group through the :class:`~fallback.background.BackgroundTasks`
-handle given to :meth:`LiveSync.start` (a subgroup of its own, so :meth:`LiveSync.close`
-cancels exactly these tasks and joins the watchdog observer threads). A failing task is
-reported there (logged once with its cause, shown in ``status().background``) and retried with
-a capped exponential backoff; nothing is swallowed.
-
-Triggers (reason strings as in the spec):
-- ``watch``: the :class:`~fallback.sources.watcher.MemoryWatcher` (when ``sync.watch``) reports memory
-  changes ``sync.watchDebounceMs`` after the last one -> ``mark_dirty("files changed: <n>")``
-  then a sync that starts after any running one (so a change made during a sync is not lost);
-  a failed sync keeps the paths pending and the watcher delivers them again after its backoff;
-- ``session-delta``: transcript events are collected; a batch window (``session_batch_ms``,
-  5,000 ms, started by the first event and not reset) feeds them to a
-  :class:`~fallback.sources.transcripts.SessionDeltaTracker`; a hit (100,000 bytes / 50 messages by
-  default) marks the engine dirty and syncs;
-- ``interval``: every ``sync.intervalMinutes`` when > 0;
-- ``rescan``: every ``rescan_interval_ms`` (5 min by default) as a safety net for lost events;
-  a successful rescan clears a degraded-watcher mark;
-- ``session-start``: :meth:`LiveSync.warm`, at most once per non-empty session key;
-- ``boot``: one sync right after start;
-- ``search``: a search while the watcher holds changes its debounce has not handed over yet
-  (:meth:`LiveSync.unsynced_changes`) marks the engine dirty, so the search syncs first.
-
-Watcher health (:meth:`LiveSync.check_watcher`, called on every search and status): a dead
-observer (thread died, or a watched folder was deleted) makes the engine dirty with
-``"watcher dead: <cause>; re-arming"`` and re-arms it in the background; until the rescan that
-follows the re-arm has synced, the reason is ``"watcher re-armed after: <cause>; rescan
-pending"``. A watcher that cannot start at all marks ``"watcher degraded: ..."`` until the next
-successful rescan.
+:class:`LiveSync` runs for the long-lived ``serve`` process (spec §5.1/§5.2) in a subgroup of
+the manager's task group; a failing task is reported there and retried with backoff. Sync
+reasons: ``watch`` (memory changes after ``sync.watchDebounceMs``), ``session-delta``
+(transcript events batched for ``session_batch_ms``, fed to a
+:class:`~fallback.sources.transcripts.SessionDeltaTracker`), ``interval``, ``rescan`` (a safety
+net that also clears a degraded-watcher mark), ``session-start`` (once per session key),
+``boot`` and ``search``. A dead watcher (:meth:`LiveSync.check_watcher`, on every search and
+status) marks the engine dirty and is re-armed in the background.
 """
 
 from __future__ import annotations
@@ -78,30 +55,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LiveSnapshot:
-    """What ``status()`` reports of live mode (see :meth:`LiveSync.status_custom`);
-    ``stale_reason`` is :meth:`LiveSync.stale_reason` (changes seen, not indexed yet)."""
+    """What ``status()`` reports of live mode (:meth:`LiveSync.snapshot`)."""
 
     degraded_reason: str | None
     custom: dict[str, Any]
     stale_reason: str | None = None
 
-    def status_custom(self) -> dict[str, Any]:
-        """The ``MemoryStatus.custom`` entries (``watcher`` and ``live``)."""
-        return self.custom
-
 
 class LiveSync:
-    """Background freshness for one engine (a :class:`Syncable`, e.g. ``BuiltinEngine``).
+    """Background freshness for one engine (a :class:`Syncable`).
 
     Args:
-        engine: the engine to keep fresh (its ``settings``, ``mark_dirty``, ``sync`` and
-            ``sync_after_running`` are used).
+        engine: the engine to keep fresh.
         session_batch_ms: transcript event batch window in ms (spec: 5,000).
         rescan_interval_ms: period of the safety-net rescan in ms (0 = off).
         force_polling: start the watcher with watchdog's polling observer.
         poll_interval_s: polling observer period in seconds.
-        watch_health_check_ms: period of the watcher loop's own health check in ms (searches
-            and status check too).
+        watch_health_check_ms: period of the watcher loop's own health check in ms.
     """
 
     def __init__(self, engine: Syncable, *, session_batch_ms: int = 5000,
@@ -142,14 +112,8 @@ class LiveSync:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, tasks: BackgroundTasks) -> None:
-        """Start the watcher (waits until it runs), the timers and a background boot sync.
-
-        Args:
-            tasks: where the background tasks run (the engine passes its subgroup of the
-                manager's group).
-
-        Idempotent. A watcher that cannot start at all is not an error: the state is marked
-        degraded and the rescan and interval timers keep the index correct.
+        """Start the watcher (waits until it runs), the timers and a background boot sync in
+        ``tasks``; idempotent. A watcher that cannot start marks the state degraded.
 
         Raises:
             UsageError: ``tasks`` is not open.
@@ -200,22 +164,14 @@ class LiveSync:
         _raise_embedding_failure(report)
 
     async def _rescan_tick(self) -> None:
-        """The safety-net rescan: a fresh incremental sync; on success a degraded-watcher mark
-        is cleared."""
+        """The safety-net rescan; on success a degraded-watcher mark is cleared."""
         await self._engine.sync_after_running(reason="rescan")
         self.rescanned()
         self.sync_counts["rescan"] += 1
 
     def spawn_sync(self, reason: str) -> anyio.Event:
-        """Run ``engine.sync(reason=reason)`` in the background (joining a running sync).
-
-        While a sync of the same reason is still running or waiting to retry after a failure,
-        no second one is started (its event is returned).
-
-        Returns:
-            An event set when that sync's first attempt finished (successfully or not); a
-            search waits on it for at most its budget.
-        """
+        """Run ``engine.sync(reason=reason)`` in the background, unless one of the same reason
+        is running or waiting to retry; returns an event set when its first attempt finished."""
         done = anyio.Event()
         tasks = self._tasks
         if self._closed or tasks is None or not tasks.is_open:
@@ -247,7 +203,7 @@ class LiveSync:
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback: split transcript events from memory events; raises on failure
-        (the watcher keeps the paths and retries after its backoff)."""
+        (the watcher retries after its backoff)."""
         sessions_dir = self._engine.settings.sessions_dir
         session_paths = {p for p in paths if p != RESCAN_MARKER and Path(p).parent == sessions_dir}
         memory_paths = paths - session_paths
@@ -309,17 +265,15 @@ class LiveSync:
         return key
 
     def quiet(self, session_key: str | None) -> bool:
-        """Whether a search of ``session_key`` needs none of live mode's pre-search steps: the
-        watcher is healthy (:meth:`check_watcher` finds no cause), it saw no event since a
-        search last counted one (:meth:`unsynced_changes` has nothing new) and the key is
-        warmed (:meth:`warm` would start nothing). Reads only: callable from any thread."""
+        """Whether a search of ``session_key`` needs none of live mode's pre-search steps
+        (watcher healthy, no new event, key warmed). Reads only: callable from any thread."""
         watcher = self.watcher
         return (self._unwarmed(session_key) is None and (watcher is None or self._closed or (
             watcher.dead_reason() is None and watcher.unsent()[0] <= self._events_searched)))
 
     def check_watcher(self) -> str | None:
-        """Look at the watcher's health (every search and status): when it is dead, re-arm it
-        in the background and return the cause; ``None`` when it is healthy or absent."""
+        """When the watcher is dead, re-arm it in the background and return the cause; ``None``
+        when it is healthy or absent."""
         watcher, tasks = self.watcher, self._tasks
         if watcher is None or tasks is None or self._closed:
             return None
@@ -330,12 +284,8 @@ class LiveSync:
         return cause
 
     def unsynced_changes(self) -> int:
-        """Memory changes the watcher saw and has not handed over yet (``sync.watchDebounceMs``
-        not passed since the last one), counted once per new event: a search asks before it
-        answers, so an edit, rename or deletion is searched at once rather than after the
-        debounce (the search then syncs first, as for any dirty index). Transcript events are
-        left to their batch window. Returns the number of changed paths, or 0 when the watcher
-        saw no new event since the last call that returned more."""
+        """Memory paths the watcher holds in its debounce, counted once per new event (a search
+        then syncs first); 0 when no event is new since the last call that returned more."""
         watcher = self.watcher
         if watcher is None or self._closed:
             return 0
@@ -349,8 +299,7 @@ class LiveSync:
         return changed
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
-        """The live part of a status, taken on the event loop (``dead``: a cause just found
-        by :meth:`check_watcher`, reported even if the re-arm finishes meanwhile)."""
+        """The live part of a status (``dead``: a cause :meth:`check_watcher` just found)."""
         custom = self.status_custom()
         degraded = f"watcher dead: {dead}; re-arming" if dead else self.degraded_reason
         custom["live"]["degraded"] = degraded
@@ -358,14 +307,8 @@ class LiveSync:
 
     def stale_reason(self, *, memory: bool = True) -> str | None:
         """Changes live mode has seen and the index does not hold yet, in words, or ``None``:
-        transcripts changed within the session batch window, a session-delta sync due or
-        running, and (``memory``) memory files the watcher holds in its debounce.
-
-        Args:
-            memory: count the watcher's pending memory files too, unless a search has synced
-                them since (:meth:`unsynced_changes`); a search leaves them out: it syncs them
-                first.
-        """
+        transcripts in the batch window, a session-delta sync due, and (``memory``) memory
+        files the watcher holds that no search has synced."""
         parts: list[str] = []
         if self._session_pending:
             parts.append(f"{len(self._session_pending)} transcripts changed and wait for the "
@@ -390,9 +333,8 @@ class LiveSync:
 
     @property
     def degraded_reason(self) -> str | None:
-        """Why the index may be stale because of the watcher, or ``None``:
-        ``"watcher dead: <cause>; re-arming"``, ``"watcher re-armed after: <cause>; rescan
-        pending"`` or ``"watcher degraded: <cause>"`` (it could not start)."""
+        """``"watcher dead: <cause>; re-arming"``, ``"watcher re-armed after: <cause>; rescan
+        pending"``, ``"watcher degraded: <cause>"`` or ``None``."""
         watcher = self.watcher
         if watcher is not None:
             dead = watcher.dead_reason()
@@ -414,12 +356,7 @@ class LiveSync:
 
 
 def _raise_embedding_failure(report: SyncReport) -> None:
-    """Raise the provider error a background sync absorbed: its keyword rows are written, and
-    raising lets the supervisor report it (``status().background``) and retry after its backoff,
-    which fills the missing vectors in once the provider works again.
-
-    Raises:
-        EmbeddingProviderError: the sync's embedding failed.
-    """
+    """Raise the provider error a background sync absorbed, so the supervisor reports it and
+    retries. Raises ``EmbeddingProviderError``."""
     if report.embedding_exception is not None:
         raise report.embedding_exception

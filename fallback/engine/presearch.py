@@ -1,17 +1,11 @@
 """What a builtin search does with the index before ranking: sync it (in full, or within the
 search's sync budget), answer from it as it is, or answer nothing from it.
 
-One store serves one agent, and an agent's workspace can change between commands
-(``--workspace``, a config edit): the index then holds another workspace's notes
-(``fallback/index/identity.py`` ``WORKSPACE_META``). That index is never this workspace's
-memory, whatever ``sync.onSearch`` says: a search re-indexes it in full first, as it does an
-empty index (the sync tells the switch once, ``workspace_switch_note``), and when it could not
-(a read-only store, a failed sync) the search answers no hits and says why
-(:func:`foreign_index_warning`) rather than citing the other workspace's files as this one's.
-
-Another process or tool can also replace the index under a long-lived engine (an index of
-another identity, or a file without our metadata): what this process synced is then no
-longer there, and its search decides as a fresh process's would.
+An index of another workspace (``fallback/index/identity.py`` ``WORKSPACE_META``) is never this
+workspace's memory, whatever ``sync.onSearch`` says: a search re-indexes it in full first, as it
+does an empty index, and when it cannot, answers no hits and says why
+(:func:`foreign_index_warning`). An index replaced under a long-lived engine (another identity)
+is decided as a fresh process's would be.
 """
 
 from __future__ import annotations
@@ -34,16 +28,10 @@ PresearchSync = Literal["await", "budget"]
 
 @dataclass(frozen=True)
 class IndexState:
-    """What a search needs to know about the index before ranking.
-
-    Attributes:
-        has_chunks: the index holds at least one chunk.
-        held_workspace: the other workspace the index was last synced for (absolute path), or
-            ``None`` when it holds this one (or was never synced).
-        rebuild: why the index is not one this engine builds
-            (:func:`~fallback.index.identity.full_reindex_reason`: ``no index metadata``,
-            ``chunking changed`` ...), or ``None``.
-    """
+    """What a search needs to know about the index before ranking: whether it ``has_chunks``,
+    the other workspace it holds (``held_workspace``, absolute, or ``None``) and why it is not
+    one this engine builds (``rebuild``, a
+    :func:`~fallback.index.identity.full_reindex_reason`, or ``None``)."""
 
     has_chunks: bool
     held_workspace: str | None
@@ -52,9 +40,8 @@ class IndexState:
 
 def read_index_state(store: SearchStore, workspace: str, identity: dict[str, Any]) -> IndexState:
     """Read :class:`IndexState` of ``store`` for the absolute ``workspace`` path and the
-    ``identity`` this engine builds (``index_identity``); three small reads, blocking: call it
-    in a worker thread. A store that holds chunks and no metadata (the postgres store keeps
-    none) tells no rebuild.
+    ``identity`` this engine builds (blocking). A store with chunks and no metadata (the
+    postgres store keeps none) tells no rebuild.
 
     Raises:
         IndexStoreError: the store cannot be read.
@@ -72,15 +59,14 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
     Args:
         state: the index as the search found it.
         synced: whether this process has synced the store already (not counted while
-            ``state.rebuild`` says the index is another's: it replaced what was synced).
+            ``state.rebuild`` is set).
         dirty: whether the engine knows of changes not indexed yet.
         on_search: ``sync.onSearch``.
 
     Returns:
-        ``"await"``: a sync awaited in full (no budget), because nothing in the index is this
-        workspace's: it holds another workspace, or it is empty before this process's first
-        sync. ``"budget"``: a sync waited for within the search's sync budget (``onSearch`` on
-        and the index dirty or not synced by this process yet). ``None``: no sync.
+        ``"await"`` (a sync awaited in full: the index holds another workspace, or is empty
+        before this process's first sync), ``"budget"`` (a sync waited for within the search's
+        budget: ``onSearch`` on and the index dirty or not synced yet) or ``None``.
     """
     synced = synced and state.rebuild is None
     if state.held_workspace is not None or (not synced and not state.has_chunks):
@@ -97,13 +83,11 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
 
     Args:
         state / synced / dirty / on_search: as :func:`presearch_sync`.
-        budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0; an ``"await"`` sync
-            has none). Past it the search answers from the index as it is, while the sync goes
-            on in the background (live mode) or is cancelled between files (one-shot; the
-            files indexed so far are kept).
+        budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0); past it the sync goes
+            on in the background (live mode) or is cancelled between files (one-shot).
         sync: runs one sync for the search (failures recorded, not raised).
-        live: the engine's ``LiveSync`` in live mode (a ``"budget"`` sync is spawned there, so
-            it outlives the wait), else ``None``.
+        live: the engine's ``LiveSync`` in live mode (a ``"budget"`` sync is spawned there),
+            else ``None``.
 
     Returns:
         Whether a sync was run or waited for (the store file may have been replaced then).

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fallback.engine.query_vector import backlog_reason
+from fallback.engine.query_vector import backlog_reason, read_index_vectors
 from fallback.engine.sync_record import read_failure
-from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.index.plan import file_stamp, recorded_files
@@ -25,37 +24,23 @@ from fallback.text.counts import counted
 if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
 
-__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots",
-           "pending_rebuild"]
+__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
 
 
 def indexed_roots(settings: EngineSettings) -> list[dict[str, Any]]:
-    """Where memory is read from, by the memory-file rule: ``[{kind, path, pattern, exists}]``
-    for the root file, ``memory/`` and each extra path (absolute paths; ``exists`` is whether
-    the file or folder is there, symlinks included)."""
+    """Where memory is read from: ``[{kind, path, pattern, exists}]`` for the root file,
+    ``memory/`` and each extra path (absolute)."""
     return [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
              "exists": os.path.lexists(r.entry)}
             for r in memory_roots(settings.workspace_dir, settings.search.extra_paths)]
 
 
-def pending_rebuild(store: MetaReads, settings: EngineSettings, provider: Any) -> str | None:
-    """Why the next sync will rebuild the index (``provider changed (none -> local)``, ...),
-    or None: the stored index identity compared with the one the settings give now. An empty
-    store (never synced) needs no rebuild to be reported; it is simply not indexed yet."""
-    meta = store.get_meta_json(META_KEY)
-    if meta is None:
-        return None
-    return full_reindex_reason(meta, index_identity(settings, provider))
-
-
 def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
     """Memory files the index does not hold as they are on disk (blocking; stats every memory
-    file, reads none): new or changed files (``(mtime, size, ctime)`` differs from their row)
-    plus indexed files that are gone. Files the last sync skipped (too large, binary ...) do
-    not wait. 0 when the ``memory`` source is off.
+    file): new or changed files plus indexed files that are gone; skipped files do not wait.
 
     Raises:
         IndexStoreError: the store cannot be read.
@@ -74,45 +59,31 @@ def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
 def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: EngineSettings, selection: Any,
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
                  last_error: str | None, synced: bool = True, live: Any = None,
-                 extra_custom: dict[str, Any] | None = None,
                  notes: list[str] | None = None,
                  provider_error: str | None = None) -> MemoryStatus:
-    """Read counters from ``store`` (blocking: call in a worker thread) and assemble the status.
+    """Read counters from ``store`` (blocking) and assemble the status.
 
     Args:
         store: the open store (a :class:`ReadOnlyStore` while it cannot be written).
         backend: backend name (``builtin``).
         settings: the engine settings.
-        selection: the ``ProviderSelection`` (``provider``, ``requested``, ``error``,
-            ``unavailable_reason``).
+        selection: the ``ProviderSelection``.
         vector: the vector index status when a provider exists, else ``None``.
-        dirty / dirty_reason: the engine's own stale flag and why (an index of another
-            workspace is dirty: ``index holds workspace <path>``).
-        synced: whether this process has synced; before its first sync a process reports
-            ``not synced yet`` as dirty only when the store holds no index (spec §5.1).
-        last_error: the last sync or query-embedding error, or ``None``; without one, the
-            failure another process recorded beside the store (``sync_record.py``).
-        live: the live-mode view in live mode (``LiveSync.snapshot()``: ``degraded_reason``,
-            ``stale_reason``, ``status_custom()``); a degraded or dead watcher makes the status
-            dirty with that reason, changes seen and not indexed yet with ``index stale:
-            <what>`` (also ``custom.indexStale``), and ``custom`` gains ``watcher`` and ``live``.
-        (Chunks that wait for their vectors, the ``embedding_backlog`` meta of the last sync,
-        make the status dirty too; ``vector`` gains ``pending`` and ``providerError``, and a
-        provider error makes the status unhealthy; ``qmdbridge.problems`` lists it once, under
-        the provider.)
-        extra_custom: more ``custom`` entries (for example store recovery counters).
-        notes: one-off events (a corrupt store moved aside ...), listed in ``issues``.
-        provider_error: how the last search's query embedding failed (that search answered
-            from keyword search only), or ``None``: ``vector.providerError`` when no sync
-            failure is recorded, and the status is unhealthy. A provider whose
-            ``model_problem()`` names a model not downloaded yet gives ``vector.modelMissing``,
-            an unhealthy status and search mode ``fts-only`` (what searches answer with).
+        dirty / dirty_reason: the engine's own stale flag and why.
+        synced: whether this process has synced; before that ``not synced yet`` is dirty
+            only when the store holds no index (spec §5.1).
+        last_error: the last sync or query-embedding error; without one, the failure another
+            process recorded beside the store (``sync_record.py``).
+        live: ``LiveSync.snapshot()`` in live mode: a degraded watcher or changes not indexed
+            yet make the status dirty; ``custom`` gains ``watcher`` and ``live``.
+        notes: one-off events, listed in ``issues``.
+        provider_error: how the last search's query embedding failed, or ``None``
+            (``vector.providerError``, unhealthy).
 
-    After a failed sync (recorded beside the store), :func:`files_waiting` counts the memory
-    files the index does not hold as they are on disk (a stat of every memory file, so only
-    then): ``custom.filesWaiting``, and dirty with ``<n> files wait to be indexed`` when nothing
-    else made it dirty; the failure is ``custom.syncFailure`` (``{reason, error, errorType,
-    atMs, filesWaiting}``) and makes the status unhealthy.
+    Chunks waiting for vectors make the status dirty (``vector.pending``); a model not
+    downloaded yet gives ``vector.modelMissing`` and search mode ``fts-only``. After a failed
+    sync, :func:`files_waiting` counts ``custom.filesWaiting`` (dirty: ``<n> files wait to be
+    indexed``) and ``custom.syncFailure`` makes the status unhealthy.
 
     Returns:
         ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
@@ -122,8 +93,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     """
     s = settings.search
     provider = selection.provider
+    meta = store.get_meta_json(META_KEY)
     if dirty and not synced and dirty_reason == "not synced yet":
-        dirty = store.get_meta_json(META_KEY) is None
+        dirty = meta is None
     srcs = list(s.sources)
     nfiles, nchunks, cache_entries = store.index_counts()
     counts = {src: (nfiles.get(src, 0), nchunks.get(src, 0)) for src in srcs}
@@ -135,10 +107,9 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     stale = getattr(live, "stale_reason", None)  # live mode: changes seen, not indexed yet
     if stale and not dirty:
         dirty, dirty_reason = True, f"index stale: {stale}"
-    backlog = store.get_meta_json(BACKLOG_KEY) if provider is not None else None
-    pending = backlog.get("pending") if isinstance(backlog, dict) else None
-    pending = pending if isinstance(pending, int) and pending > 0 else 0
-    embed_error = backlog.get("error") if isinstance(backlog, dict) and pending else None
+    index = read_index_vectors(store)  # the backlog and vectorDims of the index meta
+    pending = index.pending if provider is not None and index.pending > 0 else 0
+    embed_error = index.error if pending else None
     provider_error = embed_error or (provider_error if provider is not None else None)
     problem_of = getattr(provider, "model_problem", None)
     model_missing = problem_of() if problem_of is not None else None
@@ -155,21 +126,18 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                                                    else ReadonlyRecovery()).as_dict(),
                               "filesWaiting": waiting, "indexStale": stale,
                               "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
-                              **(live.status_custom() if live is not None else {}),
-                              **(extra_custom or {})}
+                              **(live.custom if live is not None else {})}
     if provider is None or vector is None:
         vector = {"enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
                   "reason": selection.unavailable_reason or "no embedding provider (FTS-only mode)",
                   "dims": None}
-    elif vector.get("dims") is None:
-        # the vector index learns its dims on the first query; the index meta knows them now
-        meta = store.get_meta_json(META_KEY) or {}
-        dims = meta.get("vectorDims") if isinstance(meta, dict) else None
-        vector = {**vector, "dims": dims if isinstance(dims, int) else None}
+    elif vector.get("dims") is None:  # the vector index learns its dims on the first query
+        vector = {**vector, "dims": index.dims}
     if provider is not None:
         vector = {**vector, "pending": pending, "providerError": provider_error,
                   "modelMissing": model_missing}
-    rebuild = None if selection.error else pending_rebuild(store, settings, provider)
+    rebuild = (None if selection.error or meta is None
+               else full_reindex_reason(meta, index_identity(settings, provider)))
     if rebuild is not None:
         dirty, dirty_reason = True, f"rebuild pending: {rebuild}"
     held = other_workspace(store.get_meta_json(WORKSPACE_META), str(settings.workspace_dir))
@@ -212,20 +180,17 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                           provider: EmbeddingProvider | None, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
                           skipped: list[SkippedFile], issues: list[str]) -> MemoryStatus:
-    """The status of an engine on the postgres store from the store's
-    ``describe()`` (``fallback/store/postgres/seam.py``): counts of the published index, the
-    store (``db_path``) as ``postgres <target>, schema <name> version <n>`` without the password,
-    and ``custom.store`` with the same and the published generation.
+    """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
+    (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
+    <name> version <n>`` (no password), ``custom.store`` the description.
 
     Args:
         described: ``PostgresSearchStore.describe()``.
         backend: backend name (``builtin``).
         settings: the engine settings.
-        provider: the embedding provider (hybrid search over the store's window vectors), or
-            ``None`` (keyword search only).
+        provider: the embedding provider, or ``None``.
         dirty / dirty_reason / last_error: the engine's own state.
-        skipped / issues: what this process's last sync skipped and noticed (the postgres store
-            keeps neither).
+        skipped / issues: what this process's last sync skipped and noticed.
     """
     s = settings.search
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:

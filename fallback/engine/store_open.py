@@ -1,18 +1,12 @@
 """Opening the builtin engine's store, starting over when the file is corrupt, and reading
 one that this process cannot write.
 
-The index is derived from the Markdown files, so a corrupt store is never repaired in place:
-its files are moved aside (``<db>.corrupt-<utc time>``, kept for inspection, the newest
-:data:`~fallback.store.files.CORRUPT_BACKUPS_KEPT` of them only,
-:func:`fallback.store.files.quarantine_corrupt_store`) and an empty store is opened, which the
-next sync fills from the memory files. The move is noted once in the engine's notes
-(``status().issues``, and the warnings of the next answer: ``BuiltinEngine.take_notices``).
-A store this process cannot write (a read-only state dir, another user's files) is never
-"repaired" either: :func:`open_read_only` opens the existing file for reading only, searches
-answer from it with :func:`~fallback.store.files.read_only_warning`, and status reports :func:`read_only_problem`;
-nothing is indexed until the store can be written. With ``store.driver: "postgres"`` the
-engine's store is the agent's scope of the shared database instead (:func:`open_postgres`),
-opened on first use and never moved aside. The functions block: call them in a worker thread.
+The index is derived from the Markdown files: a corrupt store is moved aside
+(:func:`fallback.store.files.quarantine_corrupt_store`) and an empty one opened, noted once in
+the engine's notes; a store this process cannot write is opened for reading only, and nothing
+is indexed until it can be written. With ``store.driver: "postgres"`` the store is the agent's
+scope of the shared database (:func:`open_postgres`). The functions block: call them in a
+worker thread.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from fallback.store.readonly import ReadOnlyStore
 if TYPE_CHECKING:
     from fallback.store.postgres.seam import PostgresSearchStore
 
-__all__ = ["EngineStore", "open_postgres", "open_read_only", "open_store", "read_only_problem",
+__all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
            "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
@@ -47,11 +41,8 @@ def _note(exc: IndexStoreError, moved: str, notes: list[str]) -> None:
 
 
 def open_store(settings: EngineSettings, notes: list[str]) -> Store:
-    """Open (or create) the store at ``settings.db_path``; a corrupt file is moved aside first.
-
-    Args:
-        settings: the engine settings (store path, FTS tokenizer).
-        notes: the engine's one-off events (``status().issues``); a move is appended.
+    """Open (or create) the store at ``settings.db_path``; a corrupt file is moved aside first
+    (noted in ``notes``, the engine's one-off events).
 
     Raises:
         IndexStoreError: the store cannot be opened (locked, read-only, or still corrupt).
@@ -67,9 +58,8 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
 
 
 def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
-    """The agent's scope (agent id + workspace path) of the postgres store ``store.dsn`` and
-    ``store.schema`` name, its schema migrated and, with ``store.shareWith``, the agents that
-    may read its rows recorded.
+    """The agent's scope (agent id + workspace path) of the postgres store ``store.dsn`` /
+    ``store.schema``, migrated, with ``store.shareWith`` recorded.
 
     Raises:
         ConfigError: the DSN or schema cannot be used.
@@ -96,9 +86,8 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
 
 def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptError,
                             notes: list[str]) -> None:
-    """After ``exc`` was seen on an open store (which the caller has closed): move the files
-    aside unless a ``PRAGMA quick_check`` finds the store sound now (another process repaired
-    it), and note the move; the caller then opens the store again.
+    """After ``exc`` was seen on the (closed) store: move its files aside unless a
+    ``PRAGMA quick_check`` finds it sound now, and note the move.
 
     Raises:
         IndexStoreError: the files could not be moved aside (the writer lock stayed held).
@@ -117,20 +106,6 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
         _note(exc, moved, notes)
 
 
-def open_read_only(settings: EngineSettings, exc: IndexStoreError) -> ReadOnlyStore:
-    """The existing store at ``settings.db_path``, opened for reading only, after the engine's
-    own open failed with ``exc`` (an ``IndexStoreReadOnlyError``).
-
-    Raises:
-        IndexStoreError: ``exc`` again when there is no store file to read (nothing to answer
-            from), or the file cannot be read either.
-    """
-    reader = ReadOnlyStore.open(settings.db_path)
-    if reader is None:
-        raise exc
-    return reader
-
-
 def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
     """``status().last_error`` while the store cannot be written (one line)."""
     return (f"{exc}; searches answer from the index as it was last written, and memory files "
@@ -138,14 +113,13 @@ def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
 
 
 class EngineStore:
-    """The builtin engine's handles on its store file: the store (opened on first use, a corrupt
-    file moved aside first, reopened when another process swapped the file) and, while this
-    process cannot write it, the file opened for reading only. Async; the blocking work runs in
-    worker threads.
+    """The builtin engine's handles on its store: the store (opened on first use, reopened when
+    another process swapped the file), the file opened for reading only while this process
+    cannot write it, or the postgres store. Async.
 
     Args:
-        settings: the engine settings (store path, FTS tokenizer).
-        notes: the engine's one-off events (``status().issues``); moves aside are appended.
+        settings: the engine settings.
+        notes: the engine's one-off events; moves aside are appended.
     """
 
     def __init__(self, settings: EngineSettings, notes: list[str]) -> None:
@@ -163,12 +137,10 @@ class EngineStore:
 
     async def open_search(self) -> tuple[Store | ReadOnlyStore | PostgresSearchStore,
                                          IndexStoreError | None]:
-        """The store a search reads: the postgres store when the settings name it, else
-        :meth:`open_reader`'s.
+        """The store a search reads: the postgres store, else :meth:`open_reader`'s.
 
         Raises:
-            IndexStoreError: as :meth:`open_reader`.
-            PostgresUnavailableError: the postgres store cannot be opened.
+            IndexStoreError: as :meth:`open_reader`, or the postgres store cannot be opened.
         """
         return (await self.open_postgres(), None) if self.is_postgres else await self.open_reader()
 
@@ -180,11 +152,8 @@ class EngineStore:
             return self.shared
 
     async def open(self) -> Store:
-        """The store, opened on first use; reopened when another process swapped its file.
-
-        Raises:
-            IndexStoreError: it cannot be opened (locked, read-only, or still corrupt).
-        """
+        """The store, opened on first use, reopened when another process swapped its file.
+        Raises ``IndexStoreError``."""
         async with self._lock:
             if self.store is None:
                 self.store = await anyio.to_thread.run_sync(open_store, self.settings, self.notes)
@@ -193,30 +162,22 @@ class EngineStore:
             return self.store
 
     async def open_reader(self) -> tuple[Store | ReadOnlyStore, IndexStoreError | None]:
-        """``(store, None)``; or, when this process cannot write the store (a read-only state
-        dir), the existing file opened for reading only and the error that says why. Every
-        call tries the writer first.
-
-        Raises:
-            IndexStoreError: as :meth:`open`, when there is no file to read either.
-        """
+        """``(store, None)``, or, when this process cannot write the store, the file opened for
+        reading only and the error that says why. Raises ``IndexStoreError``."""
         try:
             return await self.open(), None
         except IndexStoreReadOnlyError as exc:
             if self.reader is not None:
                 await anyio.to_thread.run_sync(self.reader.close)
-            self.reader = await anyio.to_thread.run_sync(open_read_only, self.settings, exc)
+            self.reader = await anyio.to_thread.run_sync(ReadOnlyStore.open, self.settings.db_path)
+            if self.reader is None:  # no store file: nothing to answer from
+                raise
             return self.reader, exc
 
     async def recover_corrupt(self, exc: IndexStoreCorruptError, *,
                               before_move: Callable[[], None]) -> None:
-        """Close the corrupt store, call ``before_move`` (blocking: close what else reads the
-        file), move the files aside (:func:`reopen_after_corruption`); the next :meth:`open`
-        opens an empty store.
-
-        Raises:
-            IndexStoreError: the files could not be moved aside.
-        """
+        """Close the corrupt store, call ``before_move`` (blocking), move the files aside; the
+        next :meth:`open` opens an empty store. Raises ``IndexStoreError``."""
         async with self._lock:
             if self.store is not None:
                 await anyio.to_thread.run_sync(self.store.close)

@@ -14,7 +14,6 @@ threads, writes serialised by one ``CapacityLimiter(1)``. ``start(tasks)`` turns
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -58,6 +57,7 @@ from fallback.errors import (
 )
 from fallback.index.identity import index_identity
 from fallback.index.indexer import Indexer, SyncReport
+from fallback.index.racy import wall_clock_ms
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus
 from fallback.request import SearchRequest
 from fallback.search.explain import SearchTrace
@@ -78,10 +78,6 @@ from fallback.store.seam import SearchStore
 __all__ = ["BuiltinEngine"]
 
 log = logging.getLogger(__name__)
-
-
-def _wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class BuiltinEngine:
@@ -110,7 +106,7 @@ class BuiltinEngine:
                  now_ms: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self._selection = provider_selection
-        self._now_ms = now_ms or _wall_clock_ms
+        self._now_ms = now_ms or wall_clock_ms
         self._vector: Any = None
         self._write_limiter = anyio.CapacityLimiter(1)
         self._notes: list[str] = []  # one-off events reported in status().issues

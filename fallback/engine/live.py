@@ -16,38 +16,21 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from fallback.background import BackgroundTasks
-from fallback.settings import EngineSettings
 from fallback.sources.transcripts import SessionDeltaTracker
 from fallback.sources.watcher import HEALTH_CHECK_MS, RESCAN_MARKER
 from fallback.text.counts import counted
 
 if TYPE_CHECKING:
+    from fallback.engine.builtin import BuiltinEngine
     from fallback.index.indexer import SyncReport
     from fallback.sources.watcher import MemoryWatcher
 
-__all__ = ["LiveSnapshot", "LiveSync", "Syncable"]
-
-
-class Syncable(Protocol):
-    """What live mode needs of an engine (``BuiltinEngine`` implements it)."""
-
-    settings: EngineSettings
-
-    def mark_dirty(self, reason: str = ...) -> None:
-        """Mark the index stale; the next search syncs first."""
-
-    async def sync(self, *, reason: str, force: bool = ...,
-                   paths: set[str] | None = ...) -> SyncReport:
-        """Bring the index up to date (joins a running sync)."""
-
-    async def sync_after_running(self, *, reason: str,
-                                 paths: set[str] | None = ...) -> SyncReport:
-        """Let a running sync finish, then sync again."""
+__all__ = ["LiveSnapshot", "LiveSync"]
 
 
 log = logging.getLogger(__name__)
@@ -63,7 +46,7 @@ class LiveSnapshot:
 
 
 class LiveSync:
-    """Background freshness for one engine (a :class:`Syncable`).
+    """Background freshness for one engine.
 
     Args:
         engine: the engine to keep fresh.
@@ -74,7 +57,7 @@ class LiveSync:
         watch_health_check_ms: period of the watcher loop's own health check in ms.
     """
 
-    def __init__(self, engine: Syncable, *, session_batch_ms: int = 5000,
+    def __init__(self, engine: BuiltinEngine, *, session_batch_ms: int = 5000,
                  rescan_interval_ms: int = 300_000, force_polling: bool = False,
                  poll_interval_s: float = 1.0,
                  watch_health_check_ms: int = HEALTH_CHECK_MS) -> None:

@@ -346,15 +346,10 @@ class Store(MetaReads):
                 has = conn.execute("SELECT 1 FROM seed.sqlite_master WHERE type='table'"
                                    " AND name='embedding_cache'").fetchone()
                 if has:
-                    self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
-                    try:
+                    with self.transaction():
                         conn.execute("INSERT OR REPLACE INTO main.embedding_cache"
                                      " SELECT provider, model, provider_key, hash, embedding,"
                                      " dims, updated_at FROM seed.embedding_cache")
-                    except BaseException:
-                        conn.execute("ROLLBACK")
-                        raise
-                    conn.execute("COMMIT")
             finally:
                 conn.execute("DETACH DATABASE seed")
             return int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])

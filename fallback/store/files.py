@@ -20,7 +20,7 @@ from typing import Any
 from fallback.errors import IndexStoreError
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
 
-__all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK", "backup_db_path",
+__all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK",
            "check_writable", "file_id", "has_leftovers", "leftover_bases", "prune_corrupt_backups",
            "quarantine_corrupt_store", "read_only_warning", "recover_db_files", "remove_db_files",
            "swap_db_files", "temp_db_path"]
@@ -82,11 +82,6 @@ def temp_db_path(db_path: Path) -> Path:
     return db_path.with_name(f"{db_path.name}{TEMP_MARK}{os.urandom(16).hex()}")
 
 
-def backup_db_path(db_path: Path) -> Path:
-    """Return a fresh ``<db>.backup-<id>`` path next to ``db_path`` (where a swap parks it)."""
-    return db_path.with_name(f"{db_path.name}{BACKUP_MARK}{os.urandom(16).hex()}")
-
-
 def file_id(path: Path) -> tuple[int, int] | None:
     """``(st_dev, st_ino)`` of the file at ``path`` (symlinks followed), or None when missing."""
     try:
@@ -125,7 +120,7 @@ def swap_db_files(temp_path: Path, db_path: Path) -> None:
         raise IndexStoreError(f"could not swap in the rebuilt index: {temp_path.name} still has"
                               " a write-ahead log (checkpoint and close it first)",
                               db_path=str(db_path))
-    backup = backup_db_path(db_path)
+    backup = db_path.with_name(f"{db_path.name}{BACKUP_MARK}{os.urandom(16).hex()}")
     moved: list[str] = []
     try:
         for suffix in DB_SUFFIXES:

@@ -1,13 +1,9 @@
 """The store seam: what the ranking pipeline and the sync need from a store, in their terms.
 
 Both stores implement :class:`SearchStore`: the SQLite store (``fallback/store/readonly.py``
-``MetaReads``, shared by the engine's :class:`~fallback.store.db.Store` and
-:class:`~fallback.store.readonly.ReadOnlyStore`) and the postgres store
-(``fallback/store/postgres/seam.py``). The keyword pipeline (``fallback/search/keyword.py``,
-``fts_only.py``, ``contrast.py``, ``pipeline.py``) reads only through it, so ranking, snippets,
-decay and MMR never know which store they run on; every SQL statement lives in the store
-modules. Writes of a sync go through a :class:`SyncLease` (files written beside the published
-index, published at once), and embeddings through the store's cache.
+``MetaReads``) and the postgres store (``fallback/store/postgres/seam.py``). The search
+pipeline reads only through it, so ranking never knows which store it runs on; every SQL
+statement lives in the store modules. A postgres sync writes through a :class:`SyncLease`.
 """
 
 from __future__ import annotations
@@ -24,11 +20,8 @@ read by id)."""
 
 
 class SearchStore(Protocol):
-    """The reads of one search (blocking: call them in a worker thread).
-
-    Every method raises ``IndexStoreError`` (or a subclass: the postgres store's
-    ``PostgresUnavailableError`` ...) when the store cannot be read.
-    """
+    """The reads of one search (blocking); every method raises ``IndexStoreError`` (or a
+    subclass) when the store cannot be read."""
 
     @property
     def fts_tokenizer(self) -> str:
@@ -41,8 +34,7 @@ class SearchStore(Protocol):
         ...
 
     def get_meta_json(self, key: str) -> object:
-        """An index ``meta`` value parsed as JSON (identity, workspace held, embedding
-        backlog), or ``None`` (missing, unparsable, or a store that keeps no meta)."""
+        """An index ``meta`` value parsed as JSON, or ``None`` (missing, unparsable, no meta)."""
         ...
 
     def has_chunks(self) -> bool:
@@ -50,24 +42,21 @@ class SearchStore(Protocol):
         ...
 
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
-        """``(chunks, [chunks matching each MATCH expression])`` over every source (the
-        counts the plan of a query is built on, ``fallback/search/keyword.py``)."""
+        """``(chunks, [chunks matching each MATCH expression])`` over every source."""
         ...
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
                      trigram_match: str | None = None,
                      like_patterns: Sequence[str] = (),
                      fallback_like_patterns: Sequence[str] = ()) -> list[KeywordRow]:
-        """The best ``limit`` rows of one keyword plan (``fallback/search/fts.py``: its
-        ``match``, ``trigram_match`` and ``like_patterns``, ANDed), restricted to ``sources``,
-        ordered by rank, then path, then start line; a store whose full-text engine refuses
-        ``match`` answers with the rows matching every ``fallback_like_patterns`` (rank 0)."""
+        """The best ``limit`` rows of one keyword plan (``match``, ``trigram_match`` and
+        ``like_patterns``, ANDed) of ``sources``, by rank, path, start line; when ``match`` is
+        refused, the rows matching every ``fallback_like_patterns`` (rank 0)."""
         ...
 
     def substring_rows(self, like_patterns: Sequence[str], *,
                        sources: Sequence[str]) -> list[KeywordRow]:
-        """Every chunk of ``sources`` whose text matches all escaped ``%tok%`` patterns
-        (rank ``0.0``): keyword search of a store without a full-text index."""
+        """Every chunk of ``sources`` whose text matches all escaped ``%tok%`` patterns (rank 0)."""
         ...
 
     def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
@@ -75,21 +64,19 @@ class SearchStore(Protocol):
         ...
 
     def file_mtimes(self, paths: Sequence[str]) -> dict[tuple[str, str], int]:
-        """``{(source, path): mtime in epoch ms}`` of the indexed files among ``paths`` (the
-        dates of temporal decay for undated notes)."""
+        """``{(source, path): mtime in epoch ms}`` of the indexed files among ``paths``."""
         ...
 
     def highlights(self, mark_match: str, texts: Mapping[str, str], *, open_mark: str,
                    close_mark: str) -> dict[str, str]:
-        """``{chunk_id: text}`` of the hits (``texts``: ``{chunk_id: chunk text}``, as indexed)
-        that match ``mark_match``, each token of the text matching it wrapped in
-        ``open_mark`` / ``close_mark``."""
+        """``{chunk_id: text}`` of the hits (``texts``: ``{chunk_id: chunk text}``) that match
+        ``mark_match``, each matching token wrapped in ``open_mark`` / ``close_mark``."""
         ...
 
 
 class SyncLease(Protocol):
-    """The one running sync of an index: files written beside what readers see, then published
-    at once (leaving without :meth:`publish` publishes nothing)."""
+    """The one running sync of an index: files written beside what readers see, published at
+    once by :meth:`publish`."""
 
     def file_hash(self, path: str, source: str) -> str | None:
         """The content hash the written index holds for ``path``, or ``None``."""

@@ -127,8 +127,6 @@ class BuiltinEngine:
         self._reranker: Any = None  # the query.rerank provider, made on first search
         self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
 
-    # -- lifecycle -------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("builtin engine is closed")
@@ -243,7 +241,6 @@ class BuiltinEngine:
         if self._reranker is not None:
             await self._reranker.aclose()
         await self._stores.close()
-    # -- sync ------------------------------------------------------------------------------
 
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
@@ -367,8 +364,6 @@ class BuiltinEngine:
     def last_error(self) -> str | None:
         """The last non-fatal problem (failed sync, failed query embedding), or ``None``."""
         return self._last_error
-
-    # -- search ----------------------------------------------------------------------------
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:

@@ -139,16 +139,13 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
         index: the open index.
         settings: the agent's settings.
         query: the user's text (stripped; blank gives ``[]``).
-        max_results: hits wanted (default ``settings.max_results``; at least 1).
-        min_score: score floor in ``[0, 1]`` (default ``settings.min_score``).
+        max_results / min_score: hits wanted (>= 1) and score floor in ``[0, 1]``, defaults
+            from ``settings``.
         now_ms: the clock for temporal decay, epoch ms (default: now).
         max_snippet_chars: snippet budget in code points.
 
     Returns:
-        Hits best first, at most ``max_results``.
-
-    Raises:
-        IndexStoreError: the store cannot be read.
+        Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
     """
     text = query.strip()
     if not text:

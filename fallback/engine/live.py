@@ -92,8 +92,6 @@ class LiveSync:
         """The task handle live mode runs in (after :meth:`start`)."""
         return self._tasks
 
-    # -- lifecycle ----------------------------------------------------------------------------
-
     async def start(self, tasks: BackgroundTasks) -> None:
         """Start the watcher (waits until it runs), the timers and a background boot sync in
         ``tasks``; idempotent. A watcher that cannot start marks the state degraded.
@@ -139,8 +137,6 @@ class LiveSync:
         if self._tasks is not None:
             await self._tasks.aclose()
 
-    # -- background tasks ---------------------------------------------------------------------
-
     async def _interval_tick(self) -> None:
         report = await self._engine.sync_after_running(reason="interval")
         self.sync_counts["interval"] += 1
@@ -181,8 +177,6 @@ class LiveSync:
     def _watch_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
         if self._tasks is not None:
             self._tasks.report("watch sync", exc, failures=failures, retry_in_ms=retry_in_ms)
-
-    # -- watcher events -----------------------------------------------------------------------
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback: split transcript events from memory events; raises on failure
@@ -229,8 +223,6 @@ class LiveSync:
         """Reset the delta tracker to the sizes the index now holds (spec §5.4)."""
         for path, size in report.session_sizes.items():
             self.tracker.reset(Path(path), size)
-
-    # -- session warm-up and health -----------------------------------------------------------
 
     def warm(self, session_key: str | None) -> None:
         """Fire-and-forget ``sync("session-start")`` once per non-empty key (``sync.onSessionStart``)."""

@@ -63,26 +63,20 @@ def pending_count(store: Store, *, model: str, sources: Sequence[str]) -> int:
 
 
 class EmbeddingStep:
-    """Vectors for the chunks of one sync (see the module docstring).
+    """Vectors for the chunks of one sync.
 
     Args:
         provider: the embedding provider.
         write: runs a blocking write on a store under the sync's write limiter.
-        commit: ``commit(store, fresh vectors by hash, cache hits)`` caches one finished batch
-            (marks the hits used; during a rebuild the live store's cache gets it too).
-        on_batch: called with the sync's report after each committed batch (progress).
+        commit: ``commit(store, fresh vectors by hash, cache hits)`` caches one finished batch.
+        on_batch: called with the sync's report after each committed batch.
         cache_enabled: ``cache.enabled``.
-        deadline: anyio clock time after which the provider is not called any more in this
-            sync (``None``: no deadline; the provider's own timeouts apply).
-        index_dims: the index's vector length (``vectorDims`` of the index meta), or ``None``
-            for a new or rebuilt index.
-        lookup: ``lookup(store, provider, hashes) -> {hash: vector}``, the cache read (blocking,
-            run in a worker thread; default the SQLite store's,
-            :func:`~fallback.index.embedding_cache.lookup`).
+        deadline: anyio clock time after which the provider is not called (``None``: none).
+        index_dims: the index's vector length, or ``None`` for a new or rebuilt index.
+        lookup: the blocking cache read ``lookup(store, provider, hashes) -> {hash: vector}``.
 
     Attributes:
-        error: the provider error that closed the step, or ``None``.
-        deferred: True when the deadline closed the step.
+        error / deferred: the provider error, or the deadline, that closed the step.
     """
 
     def __init__(self, provider: EmbeddingProvider, *, write: Writer, commit: Commit,

@@ -12,30 +12,14 @@ __all__ = ["SyncReport"]
 
 @dataclass
 class SyncReport:
-    """What one sync did.
-
-    Attributes:
-        full: True when it was a full (swapped-in) reindex.
-        full_reason: why a full reindex ran (``force`` or a ``full_reindex_reason``).
-        files_total: files discovered.
-        files_read: files read (the others were trusted by their ``(mtime, size, ctime)``).
-        files_indexed: files (re-)chunked and written.
-        files_deleted: indexed files whose rows were removed (vanished or now skipped).
-        chunks_written: chunks written.
-        chunks_embedded: chunks that got their vectors in this sync (provider or cache).
-        windows_embedded: embedding window texts sent to the provider.
-        chunks_filled: chunks written earlier without a vector that got one in this sync.
-        chunks_pending: chunks still without a vector after this sync.
-        embedding_error: the provider error that stopped embedding in this sync, or ``None``.
-        embedding_exception: that error itself (live mode raises it after the sync).
-        embedding_deferred: True when the sync's embedding deadline stopped embedding.
-        skipped: files skipped or indexed with a caveat.
-        issues: scan issues (missing memory dir, legacy ``memory.md`` split ...).
-        session_sizes: absolute transcript path -> size in bytes as indexed.
-        workspace_switched_from: the other workspace the store held before this sync, or
-            ``None``.
-        notes: one-off events to tell the user once, one line each.
-    """
+    """What one sync did: a ``full`` reindex and why (``full_reason``); files discovered, read
+    (the others trusted by their stamps), (re-)indexed and deleted; chunks written, embedded
+    (provider or cache), filled in later and still ``pending`` a vector; window texts sent to
+    the provider; the provider error that stopped embedding (``embedding_error``, the exception
+    itself for live mode to raise) or the deadline that did (``embedding_deferred``); files
+    skipped or indexed with a caveat; scan issues; transcript sizes as indexed (absolute path
+    -> bytes); the workspace the store held before (``workspace_switched_from``); one-off
+    ``notes`` to tell once."""
 
     full: bool = False
     full_reason: str | None = None

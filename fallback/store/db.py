@@ -55,14 +55,12 @@ T = TypeVar("T")
 
 # Default busy timeout: how long a statement waits for another connection's lock (ms).
 DEFAULT_BUSY_TIMEOUT_MS = 5000
-# Attempts of a statement that keeps failing with SQLITE_BUSY/LOCKED (each one waits the busy
-# timeout first); the backoff between them is random exponential, 20 ms up to 250 ms.
+# Calls of a statement that keeps failing with SQLITE_BUSY/LOCKED, each after the busy timeout.
 DEFAULT_BUSY_RETRY_ATTEMPTS = 3
-# How long opening waits for another process to finish a rename swap (``<db>`` missing while a
-# backup exists and the writer lock is held), in ms.
+# How long opening waits for another process to finish a rename swap, in ms.
 DEFAULT_SWAP_WAIT_MS = 10_000
-# The WAL is truncated back to this size after checkpoints (bytes); a published rebuild passes
-# the whole database through the WAL once.
+# The WAL is truncated back to this size after checkpoints (bytes): a publish passes the whole
+# database through it.
 WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
 # Opens retried when the file at the path changes while it is being opened.
 _OPEN_ATTEMPTS = 3
@@ -96,19 +94,14 @@ class Store(MetaReads):
         fts_tokenizer: ``unicode61`` or ``trigram``, for a new FTS table only.
         busy_timeout_ms: how long a statement waits for another connection's lock, in ms.
         busy_retry_attempts: calls of a busy statement before ``IndexStoreLockedError`` (>= 1).
-        writer_lock: the inter-process writer lock (a rebuild's temporary store shares the
-            live store's); default a new :class:`~fallback.store.lock.StoreWriteLock`.
+        writer_lock: the inter-process writer lock (default a new
+            :class:`~fallback.store.lock.StoreWriteLock`; a rebuild's store shares the live one's).
         swap_wait_ms: how long opening waits for another process's swap, in ms.
         scratch: a rebuild's temporary database: ``synchronous=OFF``.
 
-    Attributes:
-        readonly_recovery / busy_retries: counters kept across reopens.
-
     Raises:
-        IndexStoreCorruptError / IndexStoreReadOnlyError / IndexStoreLockedError: the file is
-            damaged, cannot be written, or stayed locked.
-        IndexStoreError: the file cannot be opened, or another process's swap did not finish
-            within ``swap_wait_ms``.
+        IndexStoreError: a typed subclass when the file is damaged, cannot be written or
+            stayed locked; or it cannot be opened, or another process's swap did not finish.
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
@@ -133,8 +126,6 @@ class Store(MetaReads):
         self._reader: sqlite3.Connection | None = None
         self._file_id: tuple[int, int] | None = None
         self._open()
-
-    # -- opening ---------------------------------------------------------------------------
 
     def _count_retry(self) -> None:
         self.busy_retries += 1
@@ -167,7 +158,7 @@ class Store(MetaReads):
             raise _SwapPending
 
         # Another process holds the writer lock and the file is missing: it is publishing a
-        # rebuild. Poll (10 ms doubling to 200 ms) until the file is back or the wait is over.
+        # rebuild. Poll (10 ms doubling to 200 ms) until the file is back.
         waiting = Retrying(retry=retry_if_exception_type(_SwapPending),
                            stop=stop_after_delay(self._swap_wait_ms / 1000),
                            wait=wait_exponential(multiplier=0.01, max=0.2), reraise=True)
@@ -261,8 +252,6 @@ class Store(MetaReads):
                 conn.execute("ROLLBACK")
                 raise
 
-    # -- use -------------------------------------------------------------------------------
-
     @property
     def conn(self) -> sqlite3.Connection:
         """The writer connection. Raises ``IndexStoreError`` after :meth:`close`."""
@@ -353,8 +342,6 @@ class Store(MetaReads):
             finally:
                 conn.execute("DETACH DATABASE seed")
             return int(conn.execute("SELECT COUNT(*) FROM embedding_cache").fetchone()[0])
-
-    # -- publishing, replacement and recovery ---------------------------------------------
 
     def swap_from(self, temp_path: Path) -> None:
         """Publish the finished, closed rebuild at ``temp_path`` as this store's content, by

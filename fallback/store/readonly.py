@@ -153,8 +153,6 @@ class MetaReads:
         """Why FTS5 tables could not be created, or ``None`` when FTS is available."""
         return self._fts_state()[1]
 
-    # -- the store seam's reads (fallback/store/seam.py SearchStore) ------------------------------
-
     def has_chunks(self) -> bool:
         """Whether the index holds at least one chunk."""
         return bool(self.query("SELECT 1 FROM chunks LIMIT 1"))

@@ -224,15 +224,9 @@ class VectorIndex:
         """The chunks of ``model`` and ``sources`` whose best window is most similar to
         ``query`` (any norm; chunks of its length only), best first.
 
-        Args:
-            query: the query embedding.
-            model: the embedding model whose chunks are searched.
-            sources: enabled sources; empty gives no hits.
-            limit: maximum number of hits (``<= 0`` gives none).
-
         Returns:
-            A :class:`VectorSearch`; no hits when disabled, the store does not exist, or the
-            query is empty, zero or non-finite.
+            A :class:`VectorSearch` of at most ``limit`` hits; none when disabled, the store
+            does not exist, ``sources`` is empty, or the query is empty, zero or non-finite.
 
         Raises:
             ManagerClosedError: after :meth:`close`.

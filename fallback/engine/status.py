@@ -65,31 +65,22 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
 
     Args:
         store: the open store (a :class:`ReadOnlyStore` while it cannot be written).
-        backend: backend name (``builtin``).
-        settings: the engine settings.
-        selection: the ``ProviderSelection``.
+        backend / settings / selection: backend name, engine settings, ``ProviderSelection``.
         vector: the vector index status when a provider exists, else ``None``.
         dirty / dirty_reason: the engine's own stale flag and why.
-        synced: whether this process has synced; before that ``not synced yet`` is dirty
-            only when the store holds no index (spec §5.1).
-        last_error: the last sync or query-embedding error; without one, the failure another
-            process recorded beside the store (``sync_record.py``).
-        live: ``LiveSync.snapshot()`` in live mode: a degraded watcher or changes not indexed
-            yet make the status dirty; ``custom`` gains ``watcher`` and ``live``.
+        synced: whether this process has synced (before that, ``not synced yet`` is dirty only
+            for a store without an index, spec §5.1).
+        last_error: the last sync or query-embedding error; else the failure another process
+            recorded beside the store.
+        live: ``LiveSync.snapshot()`` in live mode.
         notes: one-off events, listed in ``issues``.
-        provider_error: how the last search's query embedding failed, or ``None``
-            (``vector.providerError``, unhealthy).
-
-    Chunks waiting for vectors make the status dirty (``vector.pending``); a model not
-    downloaded yet gives ``vector.modelMissing`` and search mode ``fts-only``. After a failed
-    sync, :func:`files_waiting` counts ``custom.filesWaiting`` (dirty: ``<n> files wait to be
-    indexed``) and ``custom.syncFailure`` makes the status unhealthy.
+        provider_error: how the last search's query embedding failed, or ``None``.
 
     Returns:
-        ``MemoryStatus``; ``source_counts`` has one entry per enabled source (zeros included).
-
-    Raises:
-        IndexStoreError: the store cannot be read.
+        ``MemoryStatus``: dirty for a degraded watcher, changes not indexed yet, chunks
+        waiting for vectors, files waiting after a failed sync (``custom.filesWaiting``), a
+        pending rebuild or another workspace; one ``source_counts`` entry per enabled source.
+        Raises ``IndexStoreError``.
     """
     s = settings.search
     provider = selection.provider

@@ -52,18 +52,14 @@ from fallback.sources.file_text import (
     read_memory_text,
     read_session_text,
 )
-from fallback.sources.memory_files import (
-    MemoryFile,
-    classify_changed_path,
-    list_memory_files,
-)
+from fallback.sources.memory_files import Discovery, MemoryFile, classify_changed_path, list_memory_files
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
 from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_title
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes, parse_printable_path
 
-__all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "file_chunks", "full_reindex_reason",
+__all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "discover", "file_chunks", "full_reindex_reason",
            "index_identity", "read_notes"]
 
 log = logging.getLogger(__name__)
@@ -93,13 +89,12 @@ class Indexer:
     """Runs syncs of one engine's store.
 
     Args:
-        settings: the engine settings (workspace, sources, chunking, cache, tokenizer).
-        provider: the embedding provider, or ``None`` (FTS-only: model ``fts-only``).
+        settings: the engine settings.
+        provider: the embedding provider, or ``None`` (FTS-only).
         write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
-        now_ms: clock in epoch ms (``updated_at`` and ``last_sync_at_ms``).
-        on_progress: :data:`ProgressCallback`, called after each file and each embedding batch.
-        embed_deadline: anyio clock time after which this sync calls the provider no more
-            (a search's ``query.timeoutMs``); ``None`` = no deadline.
+        now_ms: clock in epoch ms.
+        on_progress: :data:`ProgressCallback`.
+        embed_deadline: anyio clock time after which the provider is not called (``None``).
     """
 
     def __init__(self, settings: EngineSettings, *, provider: EmbeddingProvider | None,
@@ -135,17 +130,16 @@ class Indexer:
 
         Args:
             store: the live store (swapped in place after a full reindex).
-            force: rebuild everything (safely, into a temporary database).
-            paths: absolute paths a watcher saw change; when each can be judged on its own
-                only those files are re-indexed, else a normal incremental scan runs.
+            force: rebuild everything, into a temporary database.
+            paths: absolute paths a watcher saw change (only those are re-indexed when each
+                can be judged on its own).
 
         Returns:
             A :class:`SyncReport`.
 
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
-            EmbeddingProviderError: the provider changed its vector size again during a
-                rebuild (the live index is left as it was).
+            EmbeddingProviderError: the provider changed its vector size twice in a rebuild.
         """
         held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
         self._skip_stamps = {}
@@ -300,17 +294,9 @@ class Indexer:
         started = wall_clock_ms()  # before any file is looked at (fallback/index/racy.py)
         last = None if full else await anyio.to_thread.run_sync(store.get_meta_json, SCAN_STARTED_META)
         last_started = last if isinstance(last, int) else None
-        discovery = await anyio.to_thread.run_sync(partial(
-            list_memory_files, self.settings.workspace_dir, s.extra_paths,
-            max_file_bytes=s.max_file_bytes))
-        report.issues = list(discovery.issues)
+        discovery, session_files, report.issues = await anyio.to_thread.run_sync(
+            discover, self.settings)
         memory_skipped: list[SkippedFile] = list(discovery.skipped)
-        session_files: list[MemoryFile] = []
-        if "sessions" in s.sources:
-            session_files, error = await anyio.to_thread.run_sync(
-                list_session_files, self.settings.sessions_dir)
-            if error is not None:
-                report.issues.append(error)
         report.files_total = len(discovery.files) + len(session_files)
         done = await self._index_source(store, report, "memory", discovery.files, memory_skipped,
                                         full=full, done=0, last_started=last_started)
@@ -487,6 +473,20 @@ class Indexer:
 # A skipped_files row with the stamps (ms, bytes, ns) of a file read and skipped, else NULLs.
 _INSERT_SKIP = ("INSERT OR IGNORE INTO skipped_files(path, source, reason, mtime, size, ctime)"
                 " VALUES (?, ?, ?, ?, ?, ?)")
+
+
+def discover(settings: EngineSettings) -> tuple[Discovery, list[MemoryFile], list[str]]:
+    """What a sync of ``settings`` sees (blocking): the memory files' discovery, the transcripts
+    (``[]`` unless the ``sessions`` source is on) and the scan issues of both."""
+    s = settings.search
+    found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
+    issues = list(found.issues)
+    transcripts: list[MemoryFile] = []
+    if "sessions" in s.sources:
+        transcripts, error = list_session_files(settings.sessions_dir)
+        if error is not None:
+            issues.append(error)
+    return found, transcripts, issues
 
 
 def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,

@@ -20,12 +20,12 @@ import anyio
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
-from fallback.index.indexer import file_chunks, read_notes
+from fallback.index.indexer import discover, file_chunks, read_notes
 from fallback.index.report import SyncReport
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import VANISHED, list_session_files, read_memory_text, read_session_text
-from fallback.sources.memory_files import MemoryFile, list_memory_files
+from fallback.sources.file_text import VANISHED, read_memory_text, read_session_text
+from fallback.sources.memory_files import MemoryFile
 from fallback.store.errors import IndexStoreLockedError
 from fallback.store.fts_rows import note_title
 from fallback.text.terms import derived_terms
@@ -60,8 +60,6 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
     anyio worker thread).
 
     Args:
-        settings: the engine settings.
-        store: the open store.
         force: rewrite every file, whatever the lease holds.
         wait_ms: longest wait for another sync's lease, ms.
         provider: the embedding provider, or ``None`` (keyword rows only).
@@ -79,15 +77,9 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
 
     s = settings.search
     report = SyncReport(full=force, full_reason="force" if force else None)
-    found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
-    report.issues = list(found.issues)
+    found, transcripts, report.issues = discover(settings)
     skipped: list[SkippedFile] = list(found.skipped)
-    files: list[MemoryFile] = list(found.files)
-    if "sessions" in s.sources:
-        transcripts, error = list_session_files(settings.sessions_dir)
-        files += transcripts
-        if error is not None:
-            report.issues.append(error)
+    files: list[MemoryFile] = [*found.files, *transcripts]
     report.files_total = len(files)
     model = provider.model if provider is not None else FTS_ONLY_MODEL
     lease = store.sync_lease(wait_ms=wait_ms)

@@ -4,21 +4,11 @@ Each migration is a small function ``mNNN_name(conn, *, fts_tokenizer)``, run in
 one ``BEGIN IMMEDIATE`` transaction with ``PRAGMA user_version = N``. A shipped migration is
 never edited: add a new one after it.
 
-Schema (the reference system's table names):
-
-- ``meta(key, value)``: the index identity (``memory_index_meta_v1``), ``fts_tokenizer``,
-  ``fts_error``, ``scan_issues``, ``last_sync_at_ms`` ...
-- ``files(path, source, hash, mtime, size, ctime)``: one row per indexed file (mtime ms, size
-  bytes, sha256 hex, ctime ns or NULL).
-- ``chunks(id, path, source, start_line, end_line, hash, model, text, embedding, vector, dims,
-  updated_at)``: ``vector`` is the float32 little-endian BLOB of the chunk's window vectors
-  (NULL when none), ``dims`` their length; ``embedding`` is always ``'[]'``.
-- ``chunks_fts``: FTS5 over ``text, title, terms`` (rows written by
-  ``fallback/store/fts_rows.py``), rowid = ``chunks.rowid``; ``chunks_trigram``: FTS5 trigram
-  over the text of CJK chunks.
-- ``embedding_cache(provider, model, provider_key, hash, embedding, dims, updated_at)``.
-- ``skipped_files(path, source, reason, mtime, size, ctime)``: files the last sync skipped or
-  indexed with a caveat; a file read and skipped keeps the stamps it was read at.
+Tables (the reference system's names): ``meta``, ``files`` (mtime ms, size bytes, sha256 hex,
+ctime ns or NULL), ``chunks`` (``vector``: the float32 little-endian BLOB of the window
+vectors; ``embedding`` always ``'[]'``), ``chunks_fts`` (FTS5 over ``text, title, terms``,
+rowid = ``chunks.rowid``, rows by ``fallback/store/fts_rows.py``), ``chunks_trigram``,
+``embedding_cache`` and ``skipped_files`` (with the stamps of a file read and skipped).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """BuiltinEngine: the in-process SQLite memory search backend (``MemoryBackend`` contract).
 
-It ties the store (``fallback/store``), sync (``fallback/index``), the pre-search sync
-(``fallback/engine/presearch.py``), the query embedding (``fallback/engine/query_vector.py``)
-and ranking (``fallback/search``) together. Without an embedding provider it is FTS-only (spec
-§8.6, E2); with one it merges vector and keyword hits (spec §8.5), a keyword hit's text score
-being the FTS-only boosted score in both modes. A provider that fails an explicitly configured
-search fails it closed unless ``query.keywordFallback``; else the answer is keyword-only with a
-warning. One sync runs at a time (a second caller joins it); SQLite work runs in worker
-threads, writes serialised by one ``CapacityLimiter(1)``. ``start(tasks)`` turns on live mode
-(``fallback/engine/live.py``) for the long-lived ``serve`` process.
+It ties the store, the sync, the pre-search sync (``presearch.py``), the query embedding
+(``query_vector.py``) and ranking (``fallback/search``) together; FTS-only without an embedding
+provider (spec §8.6), hybrid with one (spec §8.5). ``start(tasks)`` turns on live mode.
 """
 
 from __future__ import annotations

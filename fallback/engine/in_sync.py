@@ -1,11 +1,8 @@
 """Keyword search of an index that is in sync: one read-only connection, blocking, no pydantic or anyio.
 
-When the index is in sync with the workspace, the engine's pre-search sync would write nothing
-but its timestamp, and a read-only connection with the engine's own blocking keyword steps
-(``fallback/search/fts_only.py``) gives the same answer. :func:`stale_reason` decides whether
-that holds (schema, identity, FTS5, leftovers, workspace, and the sync planner's
-``fallback/index/plan.py`` :func:`~fallback.index.plan.scan_change`); :func:`search_in_sync`
-answers. Keyword-only search of the ``memory`` source only; anything else needs the engine.
+:func:`stale_reason` says whether the engine's pre-search sync would write (the sync planner's
+:func:`~fallback.index.plan.scan_change` among others); when it would not, :func:`search_in_sync`
+answers with the engine's own keyword steps. Keyword-only search of the ``memory`` source.
 """
 
 from __future__ import annotations
@@ -102,8 +99,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
         killed rebuild``, ``index holds workspace /other``, ``index is empty``, or a
         :func:`~fallback.index.plan.scan_change`.
 
-    Raises:
-        IndexStoreError: the store cannot be read.
+    Raises ``IndexStoreError``: the store cannot be read.
     """
     version = index.user_version()
     if version != len(MIGRATIONS):

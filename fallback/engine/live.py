@@ -1,13 +1,6 @@
-"""Live mode of the builtin engine: watcher, session deltas, interval and rescan syncs.
-
-:class:`LiveSync` runs for the long-lived ``serve`` process (spec §5.1/§5.2) in a subgroup of
-the manager's task group; a failing task is reported there and retried with backoff. Sync
-reasons: ``watch`` (memory changes after ``sync.watchDebounceMs``), ``session-delta``
-(transcript events batched for ``session_batch_ms``, fed to a
-:class:`~fallback.sources.transcripts.SessionDeltaTracker`), ``interval``, ``rescan`` (a safety
-net that also clears a degraded-watcher mark), ``session-start`` (once per session key),
-``boot`` and ``search``. A dead watcher (:meth:`LiveSync.check_watcher`, on every search and
-status) marks the engine dirty and is re-armed in the background.
+"""Live mode of the builtin engine (``serve``, spec §5.1/§5.2): watcher, session deltas,
+interval, rescan, session-start and boot syncs, in a subgroup of the manager's task group, each
+reported and retried with backoff there (docs/architecture.md "Background work and deadlines").
 """
 
 from __future__ import annotations
@@ -96,8 +89,7 @@ class LiveSync:
         """Start the watcher (waits until it runs), the timers and a background boot sync in
         ``tasks``; idempotent. A watcher that cannot start marks the state degraded.
 
-        Raises:
-            UsageError: ``tasks`` is not open.
+        Raises ``UsageError``: ``tasks`` is not open.
         """
         if self._started or self._closed:
             return

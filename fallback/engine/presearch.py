@@ -1,11 +1,6 @@
 """What a builtin search does with the index before ranking: sync it (in full, or within the
-search's sync budget), answer from it as it is, or answer nothing from it.
-
-An index of another workspace (``fallback/index/identity.py`` ``WORKSPACE_META``) is never this
-workspace's memory, whatever ``sync.onSearch`` says: a search re-indexes it in full first, as it
-does an empty index, and when it cannot, answers no hits and says why
-(:func:`foreign_index_warning`). An index replaced under a long-lived engine (another identity)
-is decided as a fresh process's would be.
+search's sync budget), answer from it as it is, or answer nothing from it (an index of another
+workspace that could not be re-indexed, :func:`foreign_index_warning`).
 """
 
 from __future__ import annotations
@@ -43,8 +38,7 @@ def read_index_state(store: SearchStore, workspace: str, identity: dict[str, Any
     ``identity`` this engine builds (blocking). A store with chunks and no metadata (the
     postgres store keeps none) tells no rebuild.
 
-    Raises:
-        IndexStoreError: the store cannot be read.
+    Raises ``IndexStoreError``: the store cannot be read.
     """
     held = other_workspace(store.get_meta_json(WORKSPACE_META), workspace)
     has_chunks, meta = store.has_chunks(), store.get_meta_json(META_KEY)

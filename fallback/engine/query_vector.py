@@ -1,9 +1,6 @@
-"""A search's query embedding under its deadline, and the warnings of a degraded answer.
-
-The builtin engine embeds the query first, within ``query.timeoutMs``
-(:func:`embed_query_within`), then hands the ranking code a :class:`PreparedProvider` that
-answers that vector and embeds any other text within the same deadline, so the provider is
-never called past it. The warnings of a degraded answer are worded here.
+"""A search's query embedding under its deadline (:func:`embed_query_within`, then a
+:class:`PreparedProvider` that never calls the provider past it), and the warnings of a
+degraded answer.
 """
 
 from __future__ import annotations
@@ -150,8 +147,7 @@ class PreparedProvider:
     async def embed_query(self, text: str) -> list[float]:
         """The prepared vector (a copy) for the query; another ``text`` embedded as a query.
 
-        Raises:
-            EmbeddingProviderError: the provider failed, or the deadline passed.
+        Raises ``EmbeddingProviderError``: the provider failed, or the deadline passed.
         """
         if self._query is None or text == self._query:
             return list(self._vector)
@@ -187,8 +183,7 @@ def on_provider_failure(provider_id: str, error: str, *, fail_closed: bool,
     """A provider failure (``error``, one line) seen by a search: fail closed, or append the
     keyword-only warning to ``warnings``.
 
-    Raises:
-        SearchUnavailableError: when ``fail_closed``.
+    Raises ``SearchUnavailableError``: when ``fail_closed``.
     """
     if fail_closed:
         raise SearchUnavailableError(provider_id, error)

@@ -42,8 +42,7 @@ def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
     """Memory files the index does not hold as they are on disk (blocking; stats every memory
     file): new or changed files plus indexed files that are gone; skipped files do not wait.
 
-    Raises:
-        IndexStoreError: the store cannot be read.
+    Raises ``IndexStoreError``: the store cannot be read.
     """
     if "memory" not in settings.search.sources:
         return 0

@@ -1,12 +1,6 @@
-"""Opening the builtin engine's store, starting over when the file is corrupt, and reading
-one that this process cannot write.
-
-The index is derived from the Markdown files: a corrupt store is moved aside
-(:func:`fallback.store.files.quarantine_corrupt_store`) and an empty one opened, noted once in
-the engine's notes; a store this process cannot write is opened for reading only, and nothing
-is indexed until it can be written. With ``store.driver: "postgres"`` the store is the agent's
-scope of the shared database (:func:`open_postgres`). The functions block: call them in a
-worker thread.
+"""Opening the builtin engine's store: a corrupt file moved aside and started over, a store this
+process cannot write read without writing, or the agent's scope of the postgres store
+(docs/architecture.md "Safety"). The functions block: call them in a worker thread.
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
     """Open (or create) the store at ``settings.db_path``; a corrupt file is moved aside first
     (noted in ``notes``, the engine's one-off events).
 
-    Raises:
-        IndexStoreError: the store cannot be opened (locked, read-only, or still corrupt).
+    Raises ``IndexStoreError``: the store cannot be opened (locked, read-only, or still corrupt).
     """
     opener = partial(Store, settings.db_path, fts_tokenizer=settings.search.store.fts.tokenizer)
     try:
@@ -89,8 +82,7 @@ def reopen_after_corruption(settings: EngineSettings, exc: IndexStoreCorruptErro
     """After ``exc`` was seen on the (closed) store: move its files aside unless a
     ``PRAGMA quick_check`` finds it sound now, and note the move.
 
-    Raises:
-        IndexStoreError: the files could not be moved aside (the writer lock stayed held).
+    Raises ``IndexStoreError``: the files could not be moved aside (the writer lock stayed held).
     """
     def verify() -> Store:
         store = Store(settings.db_path, fts_tokenizer=settings.search.store.fts.tokenizer)

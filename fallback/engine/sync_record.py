@@ -1,7 +1,6 @@
-"""The failure of the last sync and of the last search's query embedding, each kept in a small
-file beside the store (``<store>.sync-failed.json``, ``<store>.query-failed.json``: ``{"reason",
-"error", "errorType", "atMs"}``), so every process's status sees it, even when the store cannot
-take one more row. A success removes its file; writing is best effort.
+"""The failure of the last sync and of the last search's query embedding, each kept beside the
+store (``<store>.sync-failed.json``, ``<store>.query-failed.json``) so every process's status
+sees it; a success removes its file.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The embedding cache: vectors by chunk text hash, bounded, least recently used pruned first.
-
-SQLite rows are keyed by ``(provider, model, provider_key, hash)`` (spec §6.3), the vector as
-JSON, ``updated_at`` (epoch ms) its recency; every write keeps ``cache.maxEntries`` (a hit
-counts as a use). The postgres store's cache is shared by every agent, keyed by
-``(hash, fingerprint)`` (:func:`fingerprint`).
+"""The embedding cache: vectors by window text hash, bounded by ``cache.maxEntries``, least
+recently used pruned first (spec §6.3); on the postgres store one cache shared by every agent,
+keyed by :func:`fingerprint`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The embedding step of one sync: cached vectors first, then the provider while it works.
 
-Each chunk is embedded as windows (``fallback/index/windows.py``), looked up in the embedding
-cache by text hash; misses go to the provider :data:`EMBED_COMMIT_BATCH` at a time, each batch
-cached before the next is sent. The first provider error, or the sync's embedding deadline,
-closes the step: later chunks are written without a vector and :meth:`EmbeddingStep.fill_pending`
-embeds them in a later sync. A vector of another length than the index's raises
-:class:`DimensionsChanged` (the indexer rebuilds). The backlog is kept in the index meta
-(:data:`BACKLOG_KEY`) for every process's ``status()``.
+The first provider error, or the sync's embedding deadline, closes the step: later chunks are
+written without a vector and a later sync fills them in; a vector of another length than the
+index's raises :class:`DimensionsChanged`. The backlog is kept in the index meta (:data:`BACKLOG_KEY`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Index sync: discover memory files and transcripts, diff by content hash, chunk, embed, write.
 
-One :meth:`Indexer.sync` (spec §5.3, E2): an identity change (:func:`full_reindex_reason`),
-``force`` or missing meta rebuilds into ``<db>.tmp-<uuid>`` (seeded with the live embedding
-cache) and swaps it in; otherwise an incremental sync reads the files the sync planner says to
-(``fallback/index/plan.py``), refreshes the stamps of a file whose content hash is unchanged,
-writes each changed file in one ``BEGIN IMMEDIATE`` transaction (its old chunk and FTS rows
-deleted first), deletes the rows of vanished or now skipped files, and records skipped files,
-scan issues and the sync time in the store. Transcripts (``sessions`` source, spec §5.4) are
-stored as ``sessions/<basename>`` with chunk lines remapped to JSONL lines. A sync cancelled
-between files keeps its progress; a cancelled rebuild removes its temporary database.
-
-Embeddings go through ``fallback/index/embedding_step.py``: a provider failure or the sync's
-embedding deadline never stops the sync (chunks are written without a vector and embedded by a
-later sync). Blocking work runs in worker threads; writes are serialised by the caller's
-``CapacityLimiter(1)``.
+An identity change or ``force`` rebuilds into ``<db>.tmp-<uuid>`` and swaps it in; otherwise
+the files the sync planner (``fallback/index/plan.py``) says to read are read and each changed
+file is written in one transaction, so a cancelled sync keeps its progress. Embedding failures
+never stop a sync (``fallback/index/embedding_step.py``).
 """
 
 from __future__ import annotations
@@ -173,8 +163,7 @@ class Indexer:
         """:meth:`sync`; on ``SQLITE_READONLY`` reopen the store and retry once (spec §5.3
         step 6), counted in ``store.readonly_recovery``.
 
-        Raises:
-            IndexStoreError: as :meth:`sync`, or the retry failed too.
+        Raises ``IndexStoreError``: as :meth:`sync`, or the retry failed too.
         """
         recovery = store.readonly_recovery
         try:

@@ -1,12 +1,6 @@
-"""Index sync into a store that writes through a sync lease (the postgres store).
-
-:func:`sync_through_lease` takes the store's lease (one sync of an agent's workspace at a time
-across hosts), reads every discovered file, chunks a file whose content hash differs from what
-the lease holds as the SQLite sync does (:func:`~fallback.index.indexer.file_chunks`), embeds
-it through the SQLite sync's :class:`~fallback.index.embedding_step.EmbeddingStep`, writes in
-batches, leaves out files no longer discovered and publishes: readers see the whole sync or
-nothing. A file with a chunk left without vectors is written again by the next sync
-(:func:`held_hash`).
+"""Index sync into a store that writes through a sync lease (the postgres store): one sync of an
+agent's workspace at a time across hosts, chunked and embedded as the SQLite sync does,
+published at once (readers see the whole sync or nothing).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The one rule of what an incremental sync does with each discovered file, blocking and free of anyio.
 
-A sync (``fallback/index/indexer.py``) asks :func:`read_reason` for every discovered file, over
-what the store recorded (:func:`recorded_files`); the one-shot check that no sync is needed
-(``fallback/engine/in_sync.py``) asks :func:`scan_change`, which applies the same rule to a
-whole scan. A file whose ``files`` row, or whose read-and-skipped ``skipped_files`` row
-(migration ``m009``), holds its ``(mtime, size, ctime)`` is not read; anything else is read.
-Rows (indexed or skipped) of files no longer discovered are gone: a sync deletes them.
+The sync asks :func:`read_reason` for every file; the one-shot in-sync check asks
+:func:`scan_change`, the same rule over a whole scan (docs/architecture.md "Files a sync reads").
 """
 
 from __future__ import annotations

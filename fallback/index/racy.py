@@ -1,13 +1,9 @@
 """Racily clean files: rows whose ``(mtime, size, ctime)`` match the file but whose text may not.
 
-The clock that stamps files moves in ticks (a few ms, whole seconds on FAT, HFS+, ext3 and some
-network file systems), so a file saved again with the same size in the tick in which a sync
-read it keeps its mtime. Such a row is *racily clean*, as Git calls its index entries of the
-same kind (Git's ``Documentation/technical/racy-git.txt``): its mtime is not clearly earlier
-than the start of the scan that read it (:data:`SCAN_STARTED_META`). The next sync reads it
-again, and the one-shot search leaves an index holding one to the engine. Only the mtime is
-judged; the ctime is compared for equality. Not covered: a file system clock behind the
-machine's by more than the window.
+A file saved again with the same size within the clock tick in which a sync read it keeps its
+mtime; a row whose mtime is not clearly earlier than the start of the scan that read it
+(:data:`SCAN_STARTED_META`) is read again, as Git treats its racily clean entries
+(``Documentation/technical/racy-git.txt``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Embedding windows: which texts of a chunk are embedded, and how its vectors are stored.
-
-Each chunk is embedded as windows of a few whole lines (:func:`chunk_windows`: one vector of a
-~400-token chunk blurs the line that answers), stored together in ``chunks.vector``
-(:func:`pack_windows`); vector search scores a chunk by its best window. The window sizes are
-part of the index identity.
+"""Embedding windows: a chunk is embedded as windows of a few whole lines (:func:`chunk_windows`),
+stored together in ``chunks.vector`` (:func:`pack_windows`); the sizes are part of the index identity.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The builtin engine's SQLite store: connections, migrations, publishing a rebuild.
 
-One SQLite file per agent, WAL, migrated by ``fallback/store/migrations.py``; every
-``sqlite3`` error becomes a typed ``IndexStoreError`` (``fallback/store/errors.py``). A
-:class:`Store` holds a writer (behind the store's write lock) and a ``query_only`` reader, so
-a search answers from the last commit while a sync holds a write transaction. A rebuild is
-published by the online backup API in one transaction on the same file (the rename swap,
-``fallback/store/files.py``, only where the live file cannot take a backup); busy statements
-are retried with jittered backoff; a new store is created, and leftovers of a killed writer
-repaired, only under the writer lock (``fallback/store/lock.py``); a file swapped by another
-process is noticed by its ``(st_dev, st_ino)`` and reopened.
+A :class:`Store` holds a writer (behind the store's write lock) and a ``query_only`` reader, so a
+search answers from the last commit while a sync writes; a rebuild is published by the online
+backup API in one transaction. The safety model is in docs/architecture.md ("Safety").
 """
 
 from __future__ import annotations
@@ -288,8 +282,7 @@ class Store(MetaReads):
         """Run one read statement on the reader and return all rows (bound parameters only);
         it sees the last commit and waits only while a rename swap reopens the files.
 
-        Raises:
-            IndexStoreError: on any SQLite error (typed), or ``index store is closed``.
+        Raises ``IndexStoreError``: on any SQLite error (typed), or ``index store is closed``.
         """
         def run(reader: sqlite3.Connection) -> list[tuple[Any, ...]]:
             return self._retry(lambda: reader.execute(sql, tuple(params)).fetchall())
@@ -315,8 +308,7 @@ class Store(MetaReads):
     def quick_check(self) -> str:
         """Run ``PRAGMA quick_check``; returns ``"ok"`` or SQLite's first problem line.
 
-        Raises:
-            IndexStoreCorruptError: when the file is not a database at all.
+        Raises ``IndexStoreCorruptError``: when the file is not a database at all.
         """
         rows = self.query("PRAGMA quick_check")
         return "ok" if rows and rows[0][0] == "ok" else "; ".join(str(r[0]) for r in rows[:5])
@@ -325,8 +317,7 @@ class Store(MetaReads):
         """Copy every ``embedding_cache`` row of the store at ``other`` (attached read-only)
         into this one; returns the number of rows now cached (spec §4.5 step 2).
 
-        Raises:
-            IndexStoreError: on any SQLite error.
+        Raises ``IndexStoreError``: on any SQLite error.
         """
         uri = f"{Path(other).resolve().as_uri()}?mode=ro"
         with self.locked() as conn:
@@ -417,8 +408,7 @@ class Store(MetaReads):
     def reopen_if_replaced(self) -> bool:
         """Reopen when :meth:`is_replaced` (checked without a lock); True when it reopened.
 
-        Raises:
-            IndexStoreError: the new file cannot be opened (see :class:`Store`).
+        Raises ``IndexStoreError``: the new file cannot be opened (see :class:`Store`).
         """
         if not self.is_replaced():
             return False
@@ -434,8 +424,7 @@ class Store(MetaReads):
         then reopen if the file changed; returns the actions of
         :func:`~fallback.store.files.recover_db_files`.
 
-        Raises:
-            IndexStoreError: the writer lock is not held, or the files cannot be repaired.
+        Raises ``IndexStoreError``: the writer lock is not held, or the files cannot be repaired.
         """
         if not self.writer_lock.held:
             raise IndexStoreError("recovering index files needs the writer lock",

@@ -148,8 +148,7 @@ def translate_errors(db_path: Path | str | None) -> Iterator[None]:
     """Re-raise any ``sqlite3``/``apsw`` exception inside the block as :func:`store_error`
     (chained); other exceptions pass through.
 
-    Raises:
-        IndexStoreError: a subclass by result code.
+    Raises ``IndexStoreError``: a subclass by result code.
     """
     try:
         yield

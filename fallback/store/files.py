@@ -1,10 +1,6 @@
-"""File-level operations on a store's SQLite files: temp paths, rename swap, crash recovery.
-
-A store on disk is the database file plus its ``-wal``, ``-shm`` and ``-journal`` (a trio). A
-rebuild writes ``<db>.tmp-<uuid>``; the rename swap parks the live trio as
-``<db>.backup-<uuid>``. SQLite replays whatever ``<name>-wal`` lies beside ``<name>``, so a
-live ``-wal`` must never end up next to another database. :func:`recover_db_files` repairs
-what a killed writer left, under the writer lock (a live writer's files look like a dead one's).
+"""File-level operations on a store's SQLite files (the main file and its ``-wal``, ``-shm``,
+``-journal``: a trio): temp paths, rename swap, crash recovery. A live ``-wal`` must never end up
+beside another database; :func:`recover_db_files` runs under the writer lock.
 """
 
 from __future__ import annotations
@@ -193,8 +189,7 @@ def recover_db_files(db_path: Path) -> list[str]:
         One line per action, e.g. ``removed temp main.sqlite.tmp-ab12``,
         ``restored main.sqlite.backup-cd34``; empty when there was nothing to do.
 
-    Raises:
-        IndexStoreError: a file cannot be renamed or deleted.
+    Raises ``IndexStoreError``: a file cannot be renamed or deleted.
     """
     actions: list[str] = []
     temps, backups = leftover_bases(db_path)

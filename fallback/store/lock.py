@@ -1,10 +1,5 @@
-"""The inter-process writer lock of one store: ``<db>.lock``, a :class:`~fallback.fs.lock.PidFileLock`.
-
-Any number of processes read a store at once (WAL); one writes. A writer holds
-:class:`StoreWriteLock` for a whole sync (a rebuild's publish included); recovering leftover
-files and creating a new store happen only under it. A rebuild's temporary store shares the
-live store's lock object (re-entrant per object). Keep stores on a local disk: ``flock`` is not
-reliable on some network file systems.
+"""The inter-process writer lock of one store: ``<db>.lock``, a :class:`~fallback.fs.lock.PidFileLock`,
+held for a whole sync; a rebuild's temporary store shares the live store's lock object.
 """
 
 from __future__ import annotations

@@ -170,8 +170,7 @@ class MetaReads:
         ``bm25()`` with :data:`COLUMN_WEIGHTS`; when ``MATCH`` itself fails, a LIKE scan of
         ``fallback_like_patterns`` with rank 0 (spec §8.2).
 
-        Raises:
-            IndexStoreError: on any other SQLite failure.
+        Raises ``IndexStoreError``: on any other SQLite failure.
         """
         if limit <= 0 or not sources:
             return []
@@ -325,8 +324,7 @@ class ReadOnlyStore(MetaReads):
         """Open the store at ``path`` (:func:`connect_read_only`); ``None`` when there is no
         such file (it is never created).
 
-        Raises:
-            IndexStoreError: the file cannot be opened as a SQLite database.
+        Raises ``IndexStoreError``: the file cannot be opened as a SQLite database.
         """
         if not path.is_file():
             return None

@@ -1,13 +1,8 @@
 """Vector search over the store's chunk embeddings: each chunk is a few window vectors, and a
-chunk scores the cosine similarity of its best window (max pooling).
-
-A chunk's ``chunks.vector`` BLOB holds its window vectors (float32 little-endian, ``dims``
-each) one after the other. :class:`VectorIndex` reads them through a read-only connection of
-its own and ranks by exact best-window cosine, ties by chunk id: over an in-memory numpy matrix
-(``brute-force``; after a write only new ``(rowid, id)`` rows are read), or in SQL with
-sqlite-vec when the vectors exceed ``matrix_max_bytes``. sqlite-vec is loaded into Python's
-``sqlite3``, never through a second SQLite library on the store file (its POSIX locks would
-not be shared: https://www.sqlite.org/howtocorrupt.html §2.2.1).
+chunk scores the cosine similarity of its best window (max pooling), exactly, in an in-memory
+numpy matrix or, past ``matrix_max_bytes``, in SQL with sqlite-vec loaded into Python's
+``sqlite3`` (never a second SQLite library on the store file:
+https://www.sqlite.org/howtocorrupt.html §2.2.1).
 """
 
 from __future__ import annotations

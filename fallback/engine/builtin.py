@@ -251,8 +251,7 @@ class BuiltinEngine:
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (chunks left are embedded by a later sync).
 
-        Returns:
-            The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
+        Returns: The :class:`~fallback.index.indexer.SyncReport` of the (possibly shared) sync.
 
         Raises:
             ManagerClosedError: the engine is closed.

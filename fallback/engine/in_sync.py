@@ -140,8 +140,7 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
         now_ms: the clock for temporal decay, epoch ms (default: now).
         max_snippet_chars: snippet budget in code points.
 
-    Returns:
-        Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
+    Returns: Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
     """
     text = query.strip()
     if not text:

@@ -83,8 +83,7 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
         live: the engine's ``LiveSync`` in live mode (a ``"budget"`` sync is spawned there),
             else ``None``.
 
-    Returns:
-        Whether a sync was run or waited for (the store file may have been replaced then).
+    Returns: Whether a sync was run or waited for (the store file may have been replaced then).
     """
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
     if kind is None:

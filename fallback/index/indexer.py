@@ -49,8 +49,8 @@ from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_titl
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes, parse_printable_path
 
-__all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "discover", "file_chunks", "full_reindex_reason",
-           "index_identity", "read_notes"]
+__all__ = ["FTS_ONLY_MODEL", "Indexer", "SyncReport", "chunk_id", "discover", "file_chunks",
+           "full_reindex_reason", "index_identity", "read_file", "read_notes"]
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,7 @@ class Indexer:
             paths: absolute paths a watcher saw change (only those are re-indexed when each
                 can be judged on its own).
 
-        Returns:
-            A :class:`SyncReport`.
+        Returns: A :class:`SyncReport`.
 
         Raises:
             IndexStoreError: the store is locked, read-only or corrupt.
@@ -342,12 +341,8 @@ class Indexer:
                          known_hash: str | None, skipped: list[SkippedFile]) -> bool:
         """Read ``mf`` and write it (only its stamps when its content hash is ``known_hash``);
         False when it vanished or is skipped (then in ``skipped``, with the stamps read at)."""
-        line_map: list[int] | None = None
-        if mf.source == "sessions":
-            read, line_map = await anyio.to_thread.run_sync(read_session_text, mf)
-        else:
-            read = await anyio.to_thread.run_sync(partial(
-                read_memory_text, mf, max_file_bytes=self.settings.search.max_file_bytes))
+        read, line_map = await anyio.to_thread.run_sync(
+            read_file, mf, self.settings.search.max_file_bytes)
         report.files_read += 1
         if isinstance(read, SkippedFile):
             if read.reason != VANISHED:
@@ -476,6 +471,14 @@ def discover(settings: EngineSettings) -> tuple[Discovery, list[MemoryFile], lis
         if error is not None:
             issues.append(error)
     return found, transcripts, issues
+
+
+def read_file(mf: MemoryFile, max_file_bytes: int) -> tuple[FileContent | SkippedFile, list[int] | None]:
+    """Read a discovered file as a sync indexes it (blocking): its content, or why it is skipped,
+    and for a transcript the JSONL line of each line of its text."""
+    if mf.source == "sessions":
+        return read_session_text(mf)
+    return read_memory_text(mf, max_file_bytes=max_file_bytes), None
 
 
 def file_chunks(settings: EngineSettings, mf: MemoryFile, text: str, *,

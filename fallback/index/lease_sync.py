@@ -14,11 +14,11 @@ import anyio
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
-from fallback.index.indexer import discover, file_chunks, read_notes
+from fallback.index.indexer import discover, file_chunks, read_file, read_notes
 from fallback.index.report import SyncReport
 from fallback.settings import EngineSettings
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import VANISHED, read_memory_text, read_session_text
+from fallback.sources.file_text import VANISHED
 from fallback.sources.memory_files import MemoryFile
 from fallback.store.errors import IndexStoreLockedError
 from fallback.store.fts_rows import note_title
@@ -59,8 +59,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         provider: the embedding provider, or ``None`` (keyword rows only).
         embed_deadline: anyio clock time after which the provider is not called (``None``).
 
-    Returns:
-        The :class:`SyncReport` (every file is read: the lease compares content hashes).
+    Returns: The :class:`SyncReport` (every file is read: the lease compares content hashes).
 
     Raises:
         IndexStoreLockedError: another sync held the lease past ``wait_ms`` (named).
@@ -87,10 +86,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         active: set[tuple[str, str]] = set()
         batch: list[FileRows] = []
         for mf in files:
-            if mf.source == "sessions":
-                read, line_map = read_session_text(mf)
-            else:
-                read, line_map = read_memory_text(mf, max_file_bytes=s.max_file_bytes), None
+            read, line_map = read_file(mf, s.max_file_bytes)
             report.files_read += 1
             if isinstance(read, SkippedFile):
                 if read.reason != VANISHED:

@@ -41,8 +41,7 @@ def racily_clean(stamp_ns: int, scan_started_ms: int | None) -> bool:
         scan_started_ms: :data:`SCAN_STARTED_META` of the index (or when a config file was
             looked at), epoch ms; ``None``: every file counts.
 
-    Returns:
-        True when the stamp is not at least :func:`racy_window_ms` before the scan's start.
+    Returns: True when the stamp is not at least :func:`racy_window_ms` before the scan's start.
     """
     return scan_started_ms is None or (
         stamp_ns // 1_000_000 > scan_started_ms - racy_window_ms(stamp_ns))

@@ -231,8 +231,7 @@ def prune_corrupt_backups(db_path: Path, *, keep: int = CORRUPT_BACKUPS_KEPT) ->
     """Delete all but the newest ``keep`` (>= 0) stores moved aside next to ``db_path``
     (``<db>.corrupt-<YYYYmmddTHHMMSSZ>[-<n>]`` trios; newest: latest time, then highest ``n``).
 
-    Returns:
-        The names of the main files deleted, oldest first (never raises).
+    Returns: The names of the main files deleted, oldest first (never raises).
     """
     pattern = re.compile(re.escape(db_path.name) + r"\.corrupt-(\d{8}T\d{6}Z)(?:-(\d+))?")
     try:

@@ -647,13 +647,3 @@ class BuiltinEngine:
                                    else self._last_error), live=live, notes=self._notes,
             provider_error=self._provider_error if self._query_embedded else (
                 read_failure(self.settings.db_path, QUERY_FAILED_SUFFIX) or {}).get("error"))
-
-    async def probe_vector(self) -> bool:
-        """Whether vector search can answer (provider present and vectors not disabled)."""
-        self._check_open()
-        if self._provider() is None:
-            return False
-        if self._stores.is_postgres:  # the store's vectors are always searchable
-            return True
-        status = await anyio.to_thread.run_sync(self._vector_index().status)
-        return bool(status["available"])

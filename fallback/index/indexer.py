@@ -397,8 +397,7 @@ class Indexer:
                     rows: list[_Row]) -> None:
         now = self._now_ms()
         fts_ok = store.fts_error is None
-        # The trigram table only serves CJK substring queries (fallback/search/fts.py), so only
-        # chunks with CJK text go into it: indexing every chunk's trigrams doubled index time.
+        # the trigram table only serves CJK substring queries (fallback/search/fts.py)
         fill_trigram = fts_ok and store.fts_tokenizer != "trigram"
         with store.transaction() as conn:
             if store is not self._fresh_store:

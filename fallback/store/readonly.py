@@ -45,8 +45,7 @@ def _cannot_write(exc: sqlite3.Error) -> bool:
             or (result_code(exc) or 0) & 0xFF == SQLITE_CANTOPEN)
 
 
-# The URI query of the last way connect_read_only() opens a store: the main file alone, read as
-# a file that never changes (the connection does not see later commits of other connections).
+# The URI query of connect_read_only()'s last resort: the main file alone, read as immutable.
 IMMUTABLE_QUERY = "mode=ro&immutable=1"
 
 
@@ -297,8 +296,7 @@ class MetaReads:
         """FTS5 ``highlight()`` of the indexed text of the chunks ``texts`` names, for those
         matching ``mark_match`` (same tokenizer and stemming as the ranking)."""
         chunk_ids = list(texts)
-        # "+rowid": one pass over the plan's matches, filtered to the hits, instead of FTS5
-        # running the whole MATCH again per hit (a third of the time for ten hits).
+        # "+rowid": one pass over the plan's matches, not the whole MATCH again per hit
         return dict(self.query(
             "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
             " FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"

@@ -188,16 +188,13 @@ class VectorIndex:
         if self._conn is not None and current == self._file_id:
             if not is_immutable(self._conn):
                 return self._conn
-            # An immutable read (the folder could not be written) never sees a later commit:
-            # open the file again for every search, keeping the vectors held in memory; the
-            # next data_version check reads only the rows that are new (_refresh).
+            # an immutable read never sees a later commit: reopen, keeping the vectors held
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             self._conn = None
             self._version = None
         else:
             self._drop_connection()
-        # mode=ro; an immutable read where the store's folder cannot be written (readonly.py)
         conn = connect_read_only(self._db_path, modes=("ro",), check_same_thread=False)
         try:
             if self._extension_path is not None:

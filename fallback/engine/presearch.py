@@ -80,8 +80,7 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
         budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0); past it the sync goes
             on in the background (live mode) or is cancelled between files (one-shot).
         sync: runs one sync for the search (failures recorded, not raised).
-        live: the engine's ``LiveSync`` in live mode (a ``"budget"`` sync is spawned there),
-            else ``None``.
+        live: the engine's ``LiveSync`` in live mode (it runs a ``"budget"`` sync), or ``None``.
 
     Returns: Whether a sync was run or waited for (the store file may have been replaced then).
     """

@@ -174,14 +174,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
     <name> version <n>`` (no password), ``custom.store`` the description.
 
-    Args:
-        described: ``PostgresSearchStore.describe()``.
-        backend: backend name (``builtin``).
-        settings: the engine settings.
-        provider: the embedding provider, or ``None``.
-        dirty / dirty_reason / last_error: the engine's own state.
-        skipped / issues: what this process's last sync skipped and noticed.
-    """
+    ``dirty`` / ``dirty_reason`` / ``last_error`` are the engine's own state, ``skipped`` /
+    ``issues`` what this process's last sync skipped and noticed."""
     s = settings.search
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
         dirty = False  # another process published a sync: as on SQLite, only no index is dirty

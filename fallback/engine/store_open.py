@@ -107,12 +107,8 @@ def read_only_problem(exc: IndexStoreError, settings: EngineSettings) -> str:
 class EngineStore:
     """The builtin engine's handles on its store: the store (opened on first use, reopened when
     another process swapped the file), the file opened for reading only while this process
-    cannot write it, or the postgres store. Async.
-
-    Args:
-        settings: the engine settings.
-        notes: the engine's one-off events; moves aside are appended.
-    """
+    cannot write it, or the postgres store. Async; moves aside are appended to ``notes``, the
+    engine's one-off events."""
 
     def __init__(self, settings: EngineSettings, notes: list[str]) -> None:
         self.settings = settings

@@ -108,7 +108,7 @@ class LiveSync:
                 settings.workspace_dir,
                 extra_paths=settings.search.extra_paths,
                 sessions_dir=sessions_dir, on_change=self._on_change,
-                debounce_ms=sync.watch_debounce_ms, rescan_interval_ms=0,
+                debounce_ms=sync.watch_debounce_ms,
                 force_polling=self.force_polling, poll_interval_s=self.poll_interval_s,
                 retry=tasks.policy, on_error=self._watch_failed,
                 health_check_ms=self.watch_health_check_ms)

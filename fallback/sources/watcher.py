@@ -57,7 +57,7 @@ MISSED_GRACE_MS = 3000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
 # The polling observer descends at most this many folders below a watched root (the periodic
-# rescan finds changes deeper down).
+# rescan of the watcher's owner finds changes deeper down).
 MAX_WATCH_DEPTH = 12
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,9 @@ class MemoryWatcher:
         workspace: the agent workspace.
         extra_paths: extra paths as configured.
         sessions_dir: folder of ``*.jsonl`` transcripts to watch too, or ``None``.
-        on_change: async callback ``(changed_paths, reason)``, reason ``watch`` or ``rescan``;
-            ``changed_paths`` holds :data:`RESCAN_MARKER` when events may have been lost.
+        on_change: async callback ``(changed_paths, "watch")``; ``changed_paths`` holds
+            :data:`RESCAN_MARKER` when events may have been lost.
         debounce_ms: quiet time after the last change before the callback runs, in ms.
-        rescan_interval_ms: period of a full rescan callback, in ms (0 = off).
         force_polling: start with the polling observer.
         poll_interval_s: polling observer period, in seconds.
         retry: delays before a failed batch is delivered again.
@@ -103,8 +102,7 @@ class MemoryWatcher:
     def __init__(self, workspace: Path, *, extra_paths: Sequence[ExtraPathEntry | Path] | None = None,
                  sessions_dir: Path | None = None,
                  on_change: Callable[[set[str], str], Awaitable[None]],
-                 debounce_ms: int = 1500, rescan_interval_ms: int = 0,
-                 force_polling: bool = False, poll_interval_s: float = 1.0,
+                 debounce_ms: int = 1500, force_polling: bool = False, poll_interval_s: float = 1.0,
                  retry: RetryPolicy | None = None,
                  on_error: Callable[[BaseException, int, int], None] | None = None,
                  health_check_ms: int = HEALTH_CHECK_MS) -> None:
@@ -115,7 +113,6 @@ class MemoryWatcher:
         self.sessions_dir = sessions_dir
         self.on_change = on_change
         self.debounce_ms = max(0, debounce_ms)
-        self.rescan_interval_ms = max(0, rescan_interval_ms)
         self.force_polling = force_polling
         self.poll_interval_s = poll_interval_s
         self.retry = retry or RetryPolicy()
@@ -468,14 +465,11 @@ class MemoryWatcher:
         self._wake = anyio.Event()
         await anyio.to_thread.run_sync(self._start_observer)
         task_status.started()
-        next_rescan = time.monotonic() + self.rescan_interval_ms / 1000 if self.rescan_interval_ms else None
         next_health = time.monotonic() + self.health_check_ms / 1000
         try:
             while True:
                 now = time.monotonic()
                 wake_at = [next_health]
-                if next_rescan is not None:
-                    wake_at.append(next_rescan)
                 if self.state.pending and self._retry_at_mono is not None:
                     wake_at.append(self._retry_at_mono)
                 with anyio.move_on_after(max(0.0, min(wake_at) - now)):
@@ -495,26 +489,23 @@ class MemoryWatcher:
                         await anyio.sleep(remaining)
                     with self._lock:
                         batch, self.state.pending = self.state.pending, set()
-                    await self._deliver(batch, "watch")
-                if next_rescan is not None and time.monotonic() >= next_rescan:
-                    next_rescan = time.monotonic() + self.rescan_interval_ms / 1000
-                    await self._deliver(set(), "rescan")
+                    await self._deliver(batch)
         finally:
             self.state.mode = "stopped"
             self._token = None
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._stop_observer)
 
-    async def _deliver(self, batch: set[str], reason: str) -> None:
+    async def _deliver(self, batch: set[str]) -> None:
         try:
-            await self.on_change(batch, reason)
+            await self.on_change(batch, "watch")
         except ManagerClosedError:
             with self._lock:
-                self.state.pending |= batch or {RESCAN_MARKER}
+                self.state.pending |= batch
             raise
         except Exception as exc:  # the watcher's edge: keep the batch, back off, report
             with self._lock:
-                self.state.pending |= batch or {RESCAN_MARKER}
+                self.state.pending |= batch
                 self.state.failures += 1
                 failures = self.state.failures
             delay_ms = self.retry.delay_ms(failures)
@@ -524,8 +515,8 @@ class MemoryWatcher:
             if self.on_error is not None:
                 self.on_error(exc, failures, delay_ms)
             else:
-                log.warning("memory watcher %s callback failed (%d in a row; retry in %gs): %s",
-                            reason, failures, delay_ms / 1000, self.state.last_error)
+                log.warning("memory watcher callback failed (%d in a row; retry in %gs): %s",
+                            failures, delay_ms / 1000, self.state.last_error)
             return
         self._retry_at_mono = None
         self.state.failures = 0

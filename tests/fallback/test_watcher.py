@@ -205,19 +205,6 @@ async def test_transcripts_are_told_by_the_transcript_rule(ws: Path, tmp_path: P
     assert rec.seen() == {str(sessions / "a.jsonl")}
 
 
-async def test_periodic_rescan_callback(ws: Path) -> None:
-    rec = Recorder()
-    watcher = MemoryWatcher(ws, on_change=rec, debounce_ms=50, rescan_interval_ms=200)
-
-    async def body() -> None:
-        with anyio.fail_after(DEADLINE_S):
-            while not any(reason == "rescan" for _, reason in rec.batches):
-                rec.event = anyio.Event()
-                await rec.event.wait()
-
-    await _run(watcher, body)
-
-
 def test_relevance_follows_the_memory_file_rule(tmp_path: Path) -> None:
     from fallback.settings import ExtraPath
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.functional_validators import BeforeValidator
 
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
@@ -35,6 +36,20 @@ class _Settings(BaseModel):
 
 def _clamp(x: float, lo: float, hi: float) -> float:
     return max(lo, min(hi, x))
+
+
+def _clamped(lo: float, hi: float = math.inf, *, nan_to: float | None = None,
+             whole: bool = False) -> BeforeValidator:
+    """A field's before-validator: a number clamped to ``lo..hi`` (floored to an int when
+    ``whole``); a non-finite one becomes ``nan_to`` (``None``: left for the type to refuse)."""
+    def check(v: Any) -> Any:
+        if not isinstance(v, (int, float)):
+            return v
+        if not math.isfinite(v):
+            return v if nan_to is None else nan_to
+        return int(_clamp(math.floor(v), lo, hi)) if whole else _clamp(float(v), lo, hi)
+
+    return BeforeValidator(check)
 
 
 class RemoteBatchSettings(_Settings):
@@ -147,28 +162,14 @@ class MmrSettings(_Settings):
     """``query.hybrid.mmr``: maximal marginal relevance re-ranking."""
 
     enabled: bool = False
-    lambda_: float = Field(default=0.7, alias="lambda")
-
-    @field_validator("lambda_", mode="before")
-    @classmethod
-    def _lambda(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)):
-            return 0.7 if not math.isfinite(v) else _clamp(float(v), 0.0, 1.0)
-        return v
+    lambda_: Annotated[float, _clamped(0, 1, nan_to=0.7)] = Field(default=0.7, alias="lambda")
 
 
 class TemporalDecaySettings(_Settings):
     """``query.hybrid.temporalDecay``: exponential decay of dated notes by half-life (days)."""
 
     enabled: bool = False
-    half_life_days: int = 30
-
-    @field_validator("half_life_days", mode="before")
-    @classmethod
-    def _half_life(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)):
-            return 30 if not math.isfinite(v) else max(1, math.floor(v))
-        return v
+    half_life_days: Annotated[int, _clamped(1, nan_to=30, whole=True)] = 30
 
 
 class HybridSettings(_Settings):
@@ -185,16 +186,9 @@ class HybridSettings(_Settings):
     vector_weight: float = 0.7
     text_weight: float = 0.3
     fusion: Literal["scores", "rrf"] = "scores"
-    candidate_multiplier: int = 4
+    candidate_multiplier: Annotated[int, _clamped(1, 20, whole=True)] = 4
     mmr: MmrSettings = Field(default_factory=MmrSettings)
     temporal_decay: TemporalDecaySettings = Field(default_factory=TemporalDecaySettings)
-
-    @field_validator("candidate_multiplier", mode="before")
-    @classmethod
-    def _multiplier(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return int(_clamp(math.floor(v), 1, 20))
-        return v
 
     @model_validator(mode="after")
     def _normalise(self) -> HybridSettings:
@@ -311,7 +305,7 @@ class QuerySettings(_Settings):
     """
 
     max_results: int = 6
-    min_score: float = 0.35
+    min_score: Annotated[float, _clamped(0, 1, nan_to=0.35)] = 0.35
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     timeout_ms: int = QUERY_DEFAULT_TIMEOUT_MS
@@ -329,26 +323,12 @@ class QuerySettings(_Settings):
     def _positive(cls, v: int) -> int:
         return max(1, v)
 
-    @field_validator("min_score", mode="before")
-    @classmethod
-    def _score(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)):
-            return 0.35 if not math.isfinite(v) else _clamp(float(v), 0.0, 1.0)
-        return v
-
 
 class CacheSettings(_Settings):
     """``cache``: the embedding cache (bounded, oldest entries pruned first)."""
 
     enabled: bool = True
-    max_entries: int = 50_000
-
-    @field_validator("max_entries", mode="before")
-    @classmethod
-    def _entries(cls, v: Any) -> Any:
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            return max(1, math.floor(v))
-        return v
+    max_entries: Annotated[int, _clamped(1, whole=True)] = 50_000
 
 
 class ExperimentalSettings(_Settings):

@@ -210,19 +210,12 @@ class EmbeddingProviderUnavailableError(EmbeddingProviderError):
 
 
 class ModelDownloadError(EmbeddingProviderUnavailableError):
-    """Raised when a GGUF model cannot be downloaded into the model cache.
+    """Raised when a GGUF model (``uri``: ``hf:<owner>/<repo>/<file>``) cannot be downloaded
+    into the model cache; the reason starts with ``offline:`` when the hub was unreachable."""
 
-    Attributes:
-        uri: the model, ``hf:<owner>/<repo>/<file>``.
-        offline: True when the hub could not be reached at all.
-        kept_bytes: bytes of the partial download kept for the next attempt to resume.
-    """
-
-    def __init__(self, uri: str, reason: str, *, offline: bool = False, kept_bytes: int = 0) -> None:
+    def __init__(self, uri: str, reason: str) -> None:
         super().__init__("local", reason)
         self.uri = uri
-        self.offline = offline
-        self.kept_bytes = kept_bytes
 
 
 class EmbeddingDimensionsError(EmbeddingProviderError):

@@ -313,14 +313,13 @@ def _learn(expected: _Expected, response: httpx.Response, offset: int) -> None:
             expected.size = offset + int(length)
 
 
-def _offline(uri: str, url: str, cache_dir: Path, exc: Exception, kept: int) -> ModelDownloadError:
+def _offline(uri: str, url: str, cache_dir: Path, exc: Exception) -> ModelDownloadError:
     parts = urlsplit(url)
     host = f"{parts.hostname}:{parts.port or (80 if parts.scheme == 'http' else 443)}"
     return ModelDownloadError(
         uri, f"offline: cannot reach {host} to download {uri} into {cache_dir} "
              f"({type(exc).__name__}); run `qmdbridge models pull` where the hub is reachable, set "
-             "HF_ENDPOINT to a mirror, or download the .gguf file and set local.modelPath to its path",
-        offline=True, kept_bytes=kept)
+             "HF_ENDPOINT to a mirror, or download the .gguf file and set local.modelPath to its path")
 
 
 def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _Expected,
@@ -420,10 +419,9 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
             kept = part.stat().st_size if part.exists() else 0
             raise ModelDownloadError(
                 uri, f"download of {uri} interrupted after {format_bytes(kept)} ({exc}); "
-                     f"run again to resume from {part}", kept_bytes=kept) from exc
+                     f"run again to resume from {part}") from exc
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            kept = part.stat().st_size if part.exists() else 0
-            raise _offline(uri, url, cache_dir, exc, kept) from exc
+            raise _offline(uri, url, cache_dir, exc) from exc
         except httpx.HTTPError as exc:
             raise ModelDownloadError(uri, f"download of {url} failed: {type(exc).__name__}: {exc}") from exc
         if expected.sha256 is None:

@@ -102,7 +102,6 @@ def test_checksum_and_size_mismatches_are_refused_and_nothing_is_kept(tmp_path: 
     assert str(hub_says.value.reason) == (
         f"checksum mismatch for hf:{KEY}: sha256 {sha}, but the hub's ETag is {wrong}; "
         "the download was discarded")
-    assert hub_says.value.kept_bytes == 0 and not hub_says.value.offline
     assert not target.exists() and list(target.parent.glob("*.part")) == []
     pinned = ModelSpec("x", REF, sha256="f" * 64, size_bytes=len(model_data), license="MIT", dims=384)
     with serve_hub({KEY: HubFile(model_data)}) as hub, pytest.raises(ModelDownloadError, match="the pinned digest is f{64}"):
@@ -136,7 +135,7 @@ def test_server_down_is_a_clear_offline_error(tmp_path: Path) -> None:
     with pytest.raises(ModelDownloadError) as info:
         fetch_model(DEFAULT_MODEL, tmp_path, base_url=f"http://127.0.0.1:{port}")
     err = info.value
-    assert err.offline is True and err.uri == DEFAULT_MODEL.ref.uri and err.kept_bytes == 0
+    assert err.uri == DEFAULT_MODEL.ref.uri and list(tmp_path.rglob("*.part")) == []
     assert err.reason == (
         f"offline: cannot reach 127.0.0.1:{port} to download {DEFAULT_MODEL.ref.uri} into {tmp_path} "
         "(ConnectError); run `qmdbridge models pull` where the hub is reachable, set HF_ENDPOINT to a "
@@ -163,7 +162,7 @@ def test_interrupted_download_is_kept_and_resumed_by_the_next_run(tmp_path: Path
     with serve_hub({KEY: HubFile(model_data)}, drop_after=cut, drops_left=5) as hub, \
             pytest.raises(ModelDownloadError) as info:
         fetch_model(REF, tmp_path, base_url=hub.url, attempts=2)
-    assert info.value.kept_bytes == 2 * cut and part.stat().st_size == 2 * cut
+    assert part.stat().st_size == 2 * cut
     assert info.value.reason.startswith(f"download of hf:{KEY} interrupted after 8.0 MB (")
     assert info.value.reason.endswith(f"run again to resume from {part}")
     listed = list_cached(tmp_path)

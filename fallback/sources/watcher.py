@@ -161,16 +161,21 @@ class MemoryWatcher:
     # -- thread side --------------------------------------------------------------------------
 
     def dispatch(self, event: Any) -> None:
-        """watchdog's handler call (on its thread): record the relevant paths, poke the loop."""
-        self.heard(event)  # any event at all: that folder is not deaf
+        """watchdog's handler call (on its thread): note that the event's folders are not
+        deaf, record the relevant paths, poke the loop."""
+        now = time.time_ns()
+        paths = [os.fsdecode(raw) for raw in (event.src_path, getattr(event, "dest_path", "") or "") if raw]
+        for path in paths:  # any event at all: that folder is heard
+            self._heard_ns[os.path.dirname(path)] = now
+            if event.is_directory:
+                self._heard_ns[path] = now
         if event.event_type in ("opened", "closed", "closed_no_write"):
             return
         if event.is_directory and event.event_type == "modified":
             return  # a folder "modified" only echoes the file events inside it
-        for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
-            if raw:
-                self._on_raw_event(Path(os.fsdecode(raw)), is_directory=event.is_directory,
-                                   created=event.event_type in ("created", "moved"))
+        for path in paths:
+            self._on_raw_event(Path(path), is_directory=event.is_directory,
+                               created=event.event_type in ("created", "moved"))
 
     def _on_raw_event(self, path: Path, *, is_directory: bool, created: bool) -> None:
         if not self.is_relevant(path):
@@ -315,16 +320,6 @@ class MemoryWatcher:
             except OSError:
                 continue
         return stamps
-
-    def heard(self, event: Any) -> None:
-        """Note that the observer reported an event in the folder(s) of its path(s)."""
-        now = time.time_ns()
-        for raw in (event.src_path, getattr(event, "dest_path", "") or ""):
-            if raw:
-                path = os.fsdecode(raw)
-                self._heard_ns[os.path.dirname(path)] = now
-                if event.is_directory:
-                    self._heard_ns[path] = now
 
     def _missed_change(self) -> str | None:
         """``missed changes in <folder>`` for a watched folder whose mtime changed more than
@@ -481,12 +476,8 @@ class MemoryWatcher:
                 retry_at = self._retry_at_mono
                 if self.state.pending and (retry_at is None or time.monotonic() >= retry_at):
                     # trailing-edge debounce: wait until no event arrived for debounce_ms
-                    while True:
-                        quiet_for = time.monotonic() - self._last_change_mono
-                        remaining = self.debounce_ms / 1000 - quiet_for
-                        if remaining <= 0:
-                            break
-                        await anyio.sleep(remaining)
+                    while (left_s := self._quiet_left_s()) > 0:
+                        await anyio.sleep(left_s)
                     with self._lock:
                         batch, self.state.pending = self.state.pending, set()
                     await self._deliver(batch)
@@ -529,8 +520,11 @@ class MemoryWatcher:
         with self._lock:
             if not self.state.pending or self._retry_at_mono is not None:
                 return None
-        quiet_for = time.monotonic() - self._last_change_mono
-        return max(0, int((self.debounce_ms / 1000 - quiet_for) * 1000))
+        return max(0, int(self._quiet_left_s() * 1000))
+
+    def _quiet_left_s(self) -> float:
+        """Seconds until ``debounce_ms`` have passed since the last change (<= 0: now)."""
+        return self.debounce_ms / 1000 - (time.monotonic() - self._last_change_mono)
 
     def snapshot(self) -> dict[str, Any]:
         """Status view: ``{mode, alive, deadReason, degradedReason, pending, events,

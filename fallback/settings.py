@@ -15,14 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic.alias_generators import to_camel
 from pydantic.functional_validators import BeforeValidator
 
+from fallback.skipped import DEFAULT_MAX_FILE_BYTES
+
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
            "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "StoreSettings",
-           "SyncSettings", "TemporalDecaySettings", "named_store_path", "DEFAULT_MAX_FILE_BYTES"]
-
-# Files larger than this are skipped by discovery (fallback.sources.memory_files, which must not
-# load pydantic, holds the same constant).
-DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
+           "SyncSettings", "TemporalDecaySettings", "named_store_path"]
 
 ProviderName = Literal[
     "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local"

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fallback.skipped import SkippedFile
-from fallback.sources.memory_files import DEFAULT_MAX_FILE_BYTES, MemoryFile
+from fallback.skipped import DEFAULT_MAX_FILE_BYTES, SkippedFile
+from fallback.sources.memory_files import MemoryFile
 from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 

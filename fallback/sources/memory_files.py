@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from fallback.skipped import SkippedFile
+from fallback.skipped import DEFAULT_MAX_FILE_BYTES, SkippedFile
 from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, split_pattern
 from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
+__all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
            "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "MARKDOWN_SUFFIX", "NEVER_MATCHES",
            "MEMORY_DIR_NAME", "MemoryFile", "MemoryRoot", "PatternedPath", "ROOT_MEMORY_FILE",
            "RootFile", "SKIP_DIR_NAMES", "classify_changed_path", "describe_extra_path",
@@ -40,8 +40,6 @@ __all__ = ["DEFAULT_MAX_FILE_BYTES", "DEFAULT_PATTERN", "DREAMS_FILE", "Discover
            "list_memory_files", "locate_memory_path", "memory_roots", "normalize_extra_paths",
            "root_memory_file", "split_pattern"]
 
-# Files above this size (10 MiB) are not memory notes; indexing them would only bloat the store.
-DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
 # Folders never descended below a root: tool, VCS and build folders that hold no notes.
 SKIP_DIR_NAMES = frozenset({
     "node_modules", "vendor", "dist", "build", "venv", "__pycache__",

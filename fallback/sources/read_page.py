@@ -42,9 +42,9 @@ from fallback.errors import (
     UsageError,
 )
 from fallback.models import MemoryReadResult
+from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 from fallback.sources.file_text import BINARY_FILE, is_binary, is_binary_file
 from fallback.sources.memory_files import (
-    DEFAULT_MAX_FILE_BYTES,
     DREAMS_FILE,
     LEGACY_ROOT_MEMORY_FILE,
     MARKDOWN_SUFFIX,

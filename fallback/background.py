@@ -51,12 +51,8 @@ class RetryPolicy:
         """Delay in ms after ``failures`` consecutive failures (0 when ``failures < 1``)."""
         if failures < 1:
             return 0
-        delay = float(self.base_ms)
-        for _ in range(failures - 1):
-            delay *= self.factor
-            if delay >= self.max_ms:
-                return self.max_ms
-        return int(min(self.max_ms, delay))
+        # the exponent is capped so that a long failure run cannot overflow the float
+        return int(min(self.max_ms, self.base_ms * self.factor ** min(failures - 1, 64)))
 
 
 def describe_error(exc: BaseException) -> str:

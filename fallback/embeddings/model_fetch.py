@@ -222,10 +222,6 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _part(path: Path) -> Path:
-    return path.with_name(path.name + ".part")
-
-
 def _digest_in(text: str) -> str | None:
     """The sha256 a ``.sha256`` file's text starts with (``sha256sum`` output), or None."""
     words = text.split()
@@ -313,15 +309,6 @@ def _learn(expected: _Expected, response: httpx.Response, offset: int) -> None:
             expected.size = offset + int(length)
 
 
-def _offline(uri: str, url: str, cache_dir: Path, exc: Exception) -> ModelDownloadError:
-    parts = urlsplit(url)
-    host = f"{parts.hostname}:{parts.port or (80 if parts.scheme == 'http' else 443)}"
-    return ModelDownloadError(
-        uri, f"offline: cannot reach {host} to download {uri} into {cache_dir} "
-             f"({type(exc).__name__}); run `qmdbridge models pull` where the hub is reachable, set "
-             "HF_ENDPOINT to a mirror, or download the .gguf file and set local.modelPath to its path")
-
-
 def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _Expected,
               on_progress: ProgressFn | None) -> None:
     """One GET of the file into ``part``, resuming from its current length when it has one."""
@@ -407,7 +394,7 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
               transport: httpx.BaseTransport | None) -> FetchResult:
     import httpx
 
-    part = _part(target)
+    part = target.with_name(target.name + ".part")
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     with httpx.Client(follow_redirects=True, timeout=timeout, transport=transport,
                       headers={"User-Agent": "qmdbridge"}) as client:
@@ -421,7 +408,12 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
                 uri, f"download of {uri} interrupted after {format_bytes(kept)} ({exc}); "
                      f"run again to resume from {part}") from exc
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise _offline(uri, url, cache_dir, exc) from exc
+            host = urlsplit(url)
+            raise ModelDownloadError(
+                uri, f"offline: cannot reach {host.hostname}:{host.port or (80 if host.scheme == 'http' else 443)} "
+                     f"to download {uri} into {cache_dir} ({type(exc).__name__}); run `qmdbridge models "
+                     "pull` where the hub is reachable, set HF_ENDPOINT to a mirror, or download the "
+                     ".gguf file and set local.modelPath to its path") from exc
         except httpx.HTTPError as exc:
             raise ModelDownloadError(uri, f"download of {url} failed: {type(exc).__name__}: {exc}") from exc
         if expected.sha256 is None:

@@ -84,21 +84,14 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
             return skipped("not a regular file")
         if st.st_size > max_file_bytes:
             return skipped(f"too large ({st.st_size} bytes > cap {max_file_bytes})")
-        parts: list[bytes] = []
-        total = 0
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            total += len(block)
-            if total > max_file_bytes:
-                return skipped(f"too large ({total} bytes > cap {max_file_bytes})")
-            parts.append(block)
+        with open(fd, "rb", closefd=False) as fh:
+            data = fh.read(max_file_bytes + 1)  # a file that grew since fstat is cut here
+        if len(data) > max_file_bytes:
+            return skipped(f"too large ({len(data)} bytes > cap {max_file_bytes})")
     except OSError as exc:
         return skipped(f"unreadable: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    data = b"".join(parts)
     body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
     nul_bytes = body.count(b"\x00")
     invalid = False

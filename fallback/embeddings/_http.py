@@ -10,8 +10,7 @@ from __future__ import annotations
 import email.utils
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -21,7 +20,7 @@ from fallback.errors import EmbeddingProviderError
 if TYPE_CHECKING:  # httpx is imported on first use, so `qmdbridge search` starts fast
     import httpx
 
-__all__ = ["HttpClient", "error_from_response", "map_transport_errors", "parse_retry_after"]
+__all__ = ["HttpClient", "error_from_response", "parse_retry_after"]
 
 # Provider error text kept in our messages, in characters.
 MAX_ERROR_TEXT_CHARS = 300
@@ -95,25 +94,9 @@ def error_from_response(provider_id: str, response: httpx.Response, *,
                                   status=status, retryable=retryable, retry_after_s=retry_after)
 
 
-@contextmanager
-def map_transport_errors(provider_id: str, *, secrets: Sequence[str] = ()) -> Iterator[None]:
-    """Translate httpx transport errors and timeouts into retryable ``EmbeddingProviderError``."""
-    import httpx
-
-    try:
-        yield
-    except httpx.TimeoutException as exc:
-        raise EmbeddingProviderError(provider_id, f"request timed out ({type(exc).__name__})",
-                                     retryable=True) from exc
-    except httpx.TransportError as exc:
-        detail = _redact(str(exc) or type(exc).__name__, secrets)
-        raise EmbeddingProviderError(provider_id, f"request failed: {detail}",
-                                     retryable=True) from exc
-
-
 class HttpClient:
-    """One provider's ``httpx.AsyncClient``, created on first use; paths are joined to
-    ``base_url``. All methods raise ``EmbeddingProviderError``."""
+    """One provider's ``httpx.AsyncClient``, created on first use; relative paths are joined
+    to ``base_url`` (by httpx). All methods raise ``EmbeddingProviderError``."""
 
     def __init__(self, *, provider_id: str, base_url: str, headers: Mapping[str, str],
                  secrets: Sequence[str] = (), timeout_s: float = 120.0) -> None:
@@ -131,24 +114,28 @@ class HttpClient:
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
 
-    def url(self, path: str) -> str:
-        """Absolute URL of ``path``."""
-        if path.startswith(("http://", "https://")):
-            return path
-        return f"{self.base_url}/{path.lstrip('/')}"
-
     def _get_client(self) -> httpx.AsyncClient:
         if self._client is None:
             import httpx
 
-            self._client = httpx.AsyncClient(headers=self.headers,
+            self._client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers,
                                              timeout=httpx.Timeout(self.timeout_s))
         return self._client
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Send a request; return the 2xx response or raise ``EmbeddingProviderError``."""
-        with map_transport_errors(self.provider_id, secrets=self.secrets):
-            response = await self._get_client().request(method, self.url(path), **kwargs)
+        """Send a request; return the 2xx response or raise ``EmbeddingProviderError``
+        (transport errors and timeouts retryable)."""
+        import httpx
+
+        try:
+            response = await self._get_client().request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise EmbeddingProviderError(self.provider_id, f"request timed out ({type(exc).__name__})",
+                                         retryable=True) from exc
+        except httpx.TransportError as exc:
+            detail = _redact(str(exc) or type(exc).__name__, self.secrets)
+            raise EmbeddingProviderError(self.provider_id, f"request failed: {detail}",
+                                         retryable=True) from exc
         if response.status_code >= 400:
             raise error_from_response(self.provider_id, response, secrets=self.secrets)
         return response

@@ -197,20 +197,12 @@ def sanitize_message_text(role: Role, text: str) -> str | None:
     if role == "user" and (_HEARTBEAT_PROMPT.match(text) or _INTER_SESSION.match(text)):
         return None
     if role == "assistant" and _HEARTBEAT_TOKEN in text:
-        rest = text
-        if rest.startswith(_HEARTBEAT_TOKEN):
-            rest = rest[len(_HEARTBEAT_TOKEN):]
-        if rest.endswith(_HEARTBEAT_TOKEN):
-            rest = rest[: -len(_HEARTBEAT_TOKEN)]
+        rest = text.removeprefix(_HEARTBEAT_TOKEN).removesuffix(_HEARTBEAT_TOKEN)
         if rest != text:
             if len(rest.strip()) <= HEARTBEAT_ACK_MAX_CHARS:
                 return None
             text = rest
-    collapsed = " ".join(text.split())
-    if not collapsed:
-        return None
-    redacted = redact_secrets(collapsed)
-    return redacted or None
+    return redact_secrets(" ".join(text.split())) or None
 
 
 def _message_text(content: Any) -> str | None:

@@ -84,11 +84,7 @@ class BatchJobApi(Protocol):
 
 
 def _norm_state(value: Any) -> str:
-    text = str(value or "unknown").lower()
-    for prefix in ("batch_state_", "job_state_"):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    return text
+    return str(value or "unknown").lower().removeprefix("batch_state_").removeprefix("job_state_")
 
 
 def _message(obj: Any) -> str | None:

@@ -92,7 +92,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         return skipped(f"unreadable: {exc.strerror or exc}")
     finally:
         os.close(fd)
-    body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
+    body = data.removeprefix(_UTF8_BOM)
     nul_bytes = body.count(b"\x00")
     invalid = False
     if nul_bytes:

@@ -10,6 +10,7 @@ Source: OpenClaw ``extractKeywords`` (``query-expansion.ts``, E2); the stop-word
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import unicodedata
 from typing import TYPE_CHECKING
@@ -153,19 +154,11 @@ def contraction_fragments(text: str) -> list[tuple[int, int]]:
 
 def _segments(query: str) -> list[str]:
     """Lower-case NFC segments split on whitespace and Unicode punctuation (``_`` kept)."""
+    def is_break(ch: str) -> bool:
+        return ch != "_" and (ch.isspace() or unicodedata.category(ch).startswith("P"))
+
     norm = unicodedata.normalize("NFC", query).lower().strip()
-    out: list[str] = []
-    current: list[str] = []
-    for ch in norm:
-        if ch != "_" and (ch.isspace() or unicodedata.category(ch).startswith("P")):
-            if current:
-                out.append("".join(current))
-                current = []
-        else:
-            current.append(ch)
-    if current:
-        out.append("".join(current))
-    return out
+    return ["".join(run) for brk, run in itertools.groupby(norm, key=is_break) if not brk]
 
 
 def _script(ch: str) -> str:
@@ -177,14 +170,7 @@ def _script(ch: str) -> str:
 
 
 def _script_runs(segment: str) -> list[tuple[str, str]]:
-    runs: list[tuple[str, str]] = []
-    for ch in segment:
-        kind = _script(ch)
-        if runs and runs[-1][0] == kind:
-            runs[-1] = (kind, runs[-1][1] + ch)
-        else:
-            runs.append((kind, ch))
-    return runs
+    return [(kind, "".join(run)) for kind, run in itertools.groupby(segment, key=_script)]
 
 
 def _ideograph_terms(run: str) -> list[str]:
@@ -199,8 +185,7 @@ def _japanese_terms(segment: str) -> list[str]:
             terms.append(run)
         elif kind == "han":
             terms.append(run)
-            if len(run) > 1:
-                terms.extend(run[i:i + 2] for i in range(len(run) - 1))
+            terms.extend(run[i:i + 2] for i in range(len(run) - 1))
         elif kind == "hiragana" and len(run) >= 2:
             terms.append(run)
     return terms

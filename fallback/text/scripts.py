@@ -7,6 +7,7 @@ decided only here, from Unicode's script properties (``regex``, loaded only for 
 from __future__ import annotations
 
 import functools
+import itertools
 import unicodedata
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
@@ -107,17 +108,11 @@ def sha256_hex(data: str | bytes) -> str:
 def word_runs(text: str) -> list[str]:
     """The NFC runs of ``[\\p{L}\\p{M}\\p{N}_]+`` in ``text`` (letters, marks, digits and ``_``),
     in order, duplicates kept: the tokens of FTS queries, keyword extraction and MMR."""
-    out: list[str] = []
-    current: list[str] = []
-    for ch in unicodedata.normalize("NFC", text):
-        if ch == "_" or unicodedata.category(ch)[0] in "LMN":
-            current.append(ch)
-        elif current:
-            out.append("".join(current))
-            current = []
-    if current:
-        out.append("".join(current))
-    return out
+    def in_word(ch: str) -> bool:
+        return ch == "_" or unicodedata.category(ch)[0] in "LMN"
+
+    runs = itertools.groupby(unicodedata.normalize("NFC", text), key=in_word)
+    return ["".join(run) for inside, run in runs if inside]
 
 
 # Full-width ASCII forms (U+FF01-U+FF5E) sit this far above the characters they stand for.

@@ -62,17 +62,10 @@ def parse_printable_path(text: str) -> str:
     """
     if "\\" not in text:
         return text
-    raw = bytearray()
-    pos = 0
-    for match in _ESCAPE_RE.finditer(text):
-        literal = text[pos:match.start()]
-        if "\\" in literal:
-            raise UsageError(f"backslash without a \\xHH escape in path {text!r}")
-        raw += literal.encode("utf-8", "surrogateescape")
-        raw.append(int(match.group(1), 16))
-        pos = match.end()
-    tail = text[pos:]
-    if "\\" in tail:
+    parts = _ESCAPE_RE.split(text)  # literal, hex digits, literal, ..., literal
+    if any("\\" in literal for literal in parts[::2]):
         raise UsageError(f"backslash without a \\xHH escape in path {text!r}")
-    raw += tail.encode("utf-8", "surrogateescape")
+    raw = bytearray()
+    for i, part in enumerate(parts):
+        raw += bytes([int(part, 16)]) if i % 2 else part.encode("utf-8", "surrogateescape")
     return os.fsdecode(bytes(raw))

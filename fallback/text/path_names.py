@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import unicodedata
 
 from fallback.errors import UsageError
 
@@ -22,30 +21,22 @@ __all__ = ["has_escapes", "parse_printable_path", "printable_path"]
 _ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 # Lone surrogates U+DC80..U+DCFF stand for the undecodable bytes 0x80..0xFF (surrogateescape).
 _SURROGATE_LO, _SURROGATE_HI = 0xDC80, 0xDCFF
-# Any character _needs_escape accepts (backslash, Cc, Cs), in one search.
+# The characters written as escapes: a backslash, a control (Cc) or a surrogate (Cs).
 _NEEDS_ESCAPE_RE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def _needs_escape(ch: str) -> bool:
-    return ch == "\\" or unicodedata.category(ch) in ("Cc", "Cs")
+def _escape(match: re.Match[str]) -> str:
+    """``\\xHH`` per byte a character stands for (a surrogate escape: its one raw byte)."""
+    code = ord(match.group())
+    if _SURROGATE_LO <= code <= _SURROGATE_HI:
+        return f"\\x{code - 0xDC00:02x}"
+    return "".join(f"\\x{b:02x}" for b in match.group().encode("utf-8", "surrogatepass"))
 
 
 def printable_path(path: str) -> str:
     """The printable form of a path as the OS layer gives it (``str`` with surrogate escapes);
     unchanged when it needs no escape."""
-    if _NEEDS_ESCAPE_RE.search(path) is None:
-        return path
-    out: list[str] = []
-    for ch in path:
-        code = ord(ch)
-        if _SURROGATE_LO <= code <= _SURROGATE_HI:
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif _needs_escape(ch):
-            data = ch.encode("utf-8", "surrogatepass")
-            out.append("".join(f"\\x{b:02x}" for b in data))
-        else:
-            out.append(ch)
-    return "".join(out)
+    return _NEEDS_ESCAPE_RE.sub(_escape, path)
 
 
 def has_escapes(text: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-from pydantic.functional_validators import BeforeValidator
+from pydantic.functional_validators import AfterValidator, BeforeValidator
 
 from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 
@@ -50,19 +50,19 @@ def _clamped(lo: float, hi: float = math.inf, *, nan_to: float | None = None,
     return BeforeValidator(check)
 
 
+def _at_least(lo: int) -> AfterValidator:
+    """A field's after-validator: a whole number below ``lo`` becomes ``lo``."""
+    return AfterValidator(lambda v: max(lo, v))
+
+
 class RemoteBatchSettings(_Settings):
     """``remote.batch``: provider batch-job APIs (openai, gemini, voyage)."""
 
     enabled: bool = False
     wait: bool = True
-    concurrency: int = 2
+    concurrency: Annotated[int, _at_least(1)] = 2
     poll_interval_ms: int = 2000
     timeout_minutes: float = 60
-
-    @field_validator("concurrency")
-    @classmethod
-    def _min_one(cls, v: int) -> int:
-        return max(1, v)
 
 
 class RemoteSettings(_Settings):
@@ -135,13 +135,8 @@ class ChunkingSettings(_Settings):
 class SessionDeltaSettings(_Settings):
     """``sync.sessions``: transcript growth that triggers a re-sync."""
 
-    delta_bytes: int = 100_000
-    delta_messages: int = 50
-
-    @field_validator("delta_bytes", "delta_messages")
-    @classmethod
-    def _non_negative(cls, v: int) -> int:
-        return max(0, v)
+    delta_bytes: Annotated[int, _at_least(0)] = 100_000
+    delta_messages: Annotated[int, _at_least(0)] = 50
 
 
 class SyncSettings(_Settings):
@@ -302,7 +297,7 @@ class QuerySettings(_Settings):
             keyword search with a warning; ``False`` fails the search (``auto`` always answers).
     """
 
-    max_results: int = 6
+    max_results: Annotated[int, _at_least(1)] = 6
     min_score: Annotated[float, _clamped(0, 1, nan_to=0.35)] = 0.35
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
@@ -315,11 +310,6 @@ class QuerySettings(_Settings):
         if not QUERY_MIN_TIMEOUT_MS <= v <= QUERY_MAX_TIMEOUT_MS:
             raise ValueError(f"milliseconds from {QUERY_MIN_TIMEOUT_MS} to {QUERY_MAX_TIMEOUT_MS}")
         return v
-
-    @field_validator("max_results")
-    @classmethod
-    def _positive(cls, v: int) -> int:
-        return max(1, v)
 
 
 class CacheSettings(_Settings):

@@ -55,6 +55,17 @@ def _at_least(lo: int) -> AfterValidator:
     return AfterValidator(lambda v: max(lo, v))
 
 
+def _within(lo: int, hi: int, unit: str) -> AfterValidator:
+    """A field's after-validator refusing a number outside ``lo..hi`` (``None`` passes) with
+    ``<unit> from <lo> to <hi>``."""
+    def check(v: int | None) -> int | None:
+        if v is not None and not lo <= v <= hi:
+            raise ValueError(f"{unit} from {lo} to {hi}")
+        return v
+
+    return AfterValidator(check)
+
+
 class RemoteBatchSettings(_Settings):
     """``remote.batch``: provider batch-job APIs (openai, gemini, voyage)."""
 
@@ -218,10 +229,10 @@ class RerankSettings(_Settings):
 
     provider: Literal["http", "local"] | None = None
     model: str = ""
-    top_n: int = RERANK_DEFAULT_TOP_N
+    top_n: Annotated[int, _within(1, RERANK_MAX_TOP_N, "an integer")] = RERANK_DEFAULT_TOP_N
     base_url: str | None = None
     api_key: str | None = None
-    timeout_ms: int | None = None
+    timeout_ms: Annotated[int | None, _within(1, RERANK_MAX_TIMEOUT_MS, "milliseconds")] = None
 
     @property
     def enabled(self) -> bool:
@@ -254,13 +265,6 @@ class RerankSettings(_Settings):
             raise ValueError(f"{what} (required when provider is {provider!r})")
         return model
 
-    @field_validator("top_n")
-    @classmethod
-    def _top_n(cls, v: int) -> int:
-        if not 1 <= v <= RERANK_MAX_TOP_N:
-            raise ValueError(f"an integer from 1 to {RERANK_MAX_TOP_N}")
-        return v
-
     @field_validator("base_url")
     @classmethod
     def _base_url(cls, v: str | None, info: ValidationInfo) -> str | None:
@@ -270,13 +274,6 @@ class RerankSettings(_Settings):
         if url is None or not url.lower().startswith(("http://", "https://")):
             raise ValueError('an http:// or https:// URL (required when provider is "http")')
         return url.rstrip("/")
-
-    @field_validator("timeout_ms")
-    @classmethod
-    def _timeout(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= RERANK_MAX_TIMEOUT_MS:
-            raise ValueError(f"milliseconds from 1 to {RERANK_MAX_TIMEOUT_MS}")
-        return v
 
 
 # Deadline of a search's embedding work (query embedding, a pre-search sync's embeddings), ms.
@@ -301,15 +298,9 @@ class QuerySettings(_Settings):
     min_score: Annotated[float, _clamped(0, 1, nan_to=0.35)] = 0.35
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
-    timeout_ms: int = QUERY_DEFAULT_TIMEOUT_MS
+    timeout_ms: Annotated[int, _within(QUERY_MIN_TIMEOUT_MS, QUERY_MAX_TIMEOUT_MS, "milliseconds")] = (
+        QUERY_DEFAULT_TIMEOUT_MS)
     keyword_fallback: bool = True
-
-    @field_validator("timeout_ms")
-    @classmethod
-    def _timeout(cls, v: int) -> int:
-        if not QUERY_MIN_TIMEOUT_MS <= v <= QUERY_MAX_TIMEOUT_MS:
-            raise ValueError(f"milliseconds from {QUERY_MIN_TIMEOUT_MS} to {QUERY_MAX_TIMEOUT_MS}")
-        return v
 
 
 class CacheSettings(_Settings):

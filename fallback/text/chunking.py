@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import operator
 import re
 from dataclasses import dataclass, replace
@@ -294,13 +295,8 @@ def split_by_utf8_bytes(chunk: Chunk, max_bytes: int) -> list[Chunk]:
     if len(data) <= max_bytes:
         return [chunk]
     # Byte offsets of the grapheme boundaries: cuts snap back to the last one that fits.
-    bounds: list[int] = []
-    offset = 0
-    start_cp = 0
-    for end_cp in grapheme_ends(chunk.text):
-        offset += len(chunk.text[start_cp:end_cp].encode("utf-8", "surrogatepass"))
-        bounds.append(offset)
-        start_cp = end_cp
+    bounds = list(itertools.accumulate(len(chunk.text[a:b].encode("utf-8", "surrogatepass"))
+                                       for a, b in itertools.pairwise([0, *grapheme_ends(chunk.text)])))
     pieces: list[Chunk] = []
     pos = 0
     while pos < len(data):

@@ -202,10 +202,8 @@ def _chinese_terms(segment: str) -> list[str]:
 
 
 def _strip_korean_particle(word: str) -> str | None:
-    for particle in KOREAN_PARTICLES:
-        if word.endswith(particle) and len(word) > len(particle):
-            return word[:-len(particle)]
-    return None
+    return next((word.removesuffix(p) for p in KOREAN_PARTICLES
+                 if word.endswith(p) and len(word) > len(p)), None)
 
 
 def _korean_terms(segment: str) -> list[str]:

@@ -53,7 +53,7 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     try:
         await backend.start(boot_update=False)
         if args.action == "update":
-            await backend.update()
+            await backend.sync(reason="manual", force=True)
             doc: dict[str, Any] = {"ok": True, "action": "update"}
         elif args.action == "embed":
             await backend.embed()
@@ -93,7 +93,7 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     backend = await _backend(agent)
     try:
         await backend.start(boot_update=False)
-        await backend.update()
+        await backend.sync(reason="manual", force=True)
     finally:
         await backend.close()
     location = backend.location

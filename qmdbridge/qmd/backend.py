@@ -369,14 +369,6 @@ class QmdBackend:
         self._check_open()
         await self.cycle.run(reason or "manual", force=force, debounce=False)
 
-    async def update(self) -> None:
-        """Forced update now (``qmdbridge qmd update``); embeds too outside ``search`` mode.
-
-        Raises:
-            BackendUnavailableError: ``qmd update`` failed.
-        """
-        await self.sync(reason="manual", force=True)
-
     async def embed(self) -> None:
         """Run ``qmd embed`` now under the embed and store locks.
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
-from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
+from fallback.settings import EngineSettings, MemorySearchSettings, QmdExtraCollection, named_store_path
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "QmdLimits",
     "QmdMcp",
     "QmdMcporter",
-    "QmdPath",
     "QmdScope",
     "QmdSessions",
     "QmdUpdate",
@@ -76,14 +75,6 @@ def parse_duration_ms(value: str | int | float) -> int:
     if not m:
         raise ValueError("a duration like '5m', '30s' or '1h'")
     return int(float(m.group(1)) * _UNIT_MS[(m.group(2) or "m").lower()])
-
-
-class QmdPath(_Cfg):
-    """``memory.qmd.paths[]``: an extra folder indexed as its own collection."""
-
-    path: str
-    name: str | None = None
-    pattern: str | None = None
 
 
 class QmdSessions(_Cfg):
@@ -186,7 +177,7 @@ class QmdConfig(_Cfg):
     search_mode: Literal["search", "vsearch", "query"] = "search"
     rerank: bool | None = None
     include_default_memory: bool = True
-    paths: list[QmdPath] = Field(default_factory=list)
+    paths: list[QmdExtraCollection] = Field(default_factory=list)
     sessions: QmdSessions = Field(default_factory=QmdSessions)
     update: QmdUpdate = Field(default_factory=QmdUpdate)
     limits: QmdLimits = Field(default_factory=QmdLimits)

@@ -33,7 +33,6 @@ __all__ = [
     "QmdConfig",
     "QmdLimits",
     "QmdMcp",
-    "QmdMcporter",
     "QmdScope",
     "QmdSessions",
     "QmdUpdate",
@@ -157,15 +156,8 @@ class QmdScope(_Cfg):
 
 
 class QmdMcp(_Cfg):
-    """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (docs/qmd.md);
-    ``enabled`` unset follows ``memory.qmd.mcporter.enabled``, else on."""
-
-    enabled: bool | None = None
-
-
-class QmdMcporter(_Cfg):
-    """OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read, as the default of
-    ``memory.qmd.mcp.enabled``."""
+    """``memory.qmd.mcp`` (the warm ``qmd mcp`` child of long-lived mode, docs/qmd.md) and
+    OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read (:attr:`QmdConfig.warm_child`)."""
 
     enabled: bool | None = None
 
@@ -183,7 +175,7 @@ class QmdConfig(_Cfg):
     limits: QmdLimits = Field(default_factory=QmdLimits)
     scope: QmdScope = Field(default_factory=QmdScope)
     mcp: QmdMcp = Field(default_factory=QmdMcp)
-    mcporter: QmdMcporter = Field(default_factory=QmdMcporter)
+    mcporter: QmdMcp = Field(default_factory=QmdMcp)
 
     @property
     def warm_child(self) -> bool:

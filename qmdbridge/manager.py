@@ -43,14 +43,13 @@ from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
-from qmdbridge.policy.citations import cite, format_citation
+from qmdbridge.policy.citations import cite
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
 from qmdbridge.sidecar import QmdSidecar
 
-__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation",
-           "require_workspace"]
+__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "require_workspace"]
 
 log = logging.getLogger("qmdbridge")
 

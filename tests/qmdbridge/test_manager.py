@@ -15,7 +15,8 @@ import pytest
 
 from fallback.errors import ManagerClosedError, PathRefusedError, UsageError
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.manager import MemoryManager, decorate_citations, format_citation
+from qmdbridge.manager import MemoryManager, decorate_citations
+from qmdbridge.policy.citations import format_citation
 
 pytestmark = pytest.mark.anyio
 

@@ -43,7 +43,7 @@ from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
-from qmdbridge.policy.citations import cite
+from qmdbridge.policy.citations import citations_enabled, cite
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
@@ -304,7 +304,7 @@ class MemoryManager:
                                    session_key=session_key, sources=sources, explain=explain)
         require_workspace(self.agent.workspace_dir)
         from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
-        from qmdbridge.policy.scope import citations_enabled, evaluate_scope
+        from qmdbridge.policy.scope import evaluate_scope
 
         cfg = self.agent.memory
         chosen = search_corpus(corpus, sessions_off=sessions_off_reason(

@@ -53,7 +53,6 @@ __all__ = [
     "check_options",
     "eval_agent",
     "evaluate_workspace",
-    "load_queries",
     "run_locomo",
     "run_queries",
 ]

@@ -35,31 +35,17 @@ __all__ = [
     "resolve_agent",
 ]
 
+# Where each public name is defined, by module.
 _WHERE = {
-    "BackendTimeoutError": "fallback.errors",
-    "BackendUnavailableError": "fallback.errors",
-    "ConfigError": "fallback.errors",
-    "EmbeddingProviderError": "fallback.errors",
-    "IndexStoreError": "fallback.errors",
-    "ManagerClosedError": "fallback.errors",
-    "MemoryFileNotFoundError": "fallback.errors",
-    "MemorySearchError": "fallback.errors",
-    "PathRefusedError": "fallback.errors",
-    "UsageError": "fallback.errors",
-    "FallbackInfo": "fallback.models",
-    "MemoryReadResult": "fallback.models",
-    "MemorySearchResult": "fallback.models",
-    "MemoryStatus": "fallback.models",
-    "SearchResponse": "fallback.models",
-    "BlockingMemoryManager": "qmdbridge.manager",
-    "MemoryManager": "qmdbridge.manager",
-    "ResolvedAgent": "qmdbridge.config",
-    "load_config": "qmdbridge.config",
-    "resolve_agent": "qmdbridge.config",
-    "MEMORY_GET_SCHEMA": "qmdbridge.tools",
-    "MEMORY_SEARCH_SCHEMA": "qmdbridge.tools",
-    "handle_memory_get": "qmdbridge.tools",
-    "handle_memory_search": "qmdbridge.tools",
+    "fallback.errors": ("BackendTimeoutError", "BackendUnavailableError", "ConfigError",
+                        "EmbeddingProviderError", "IndexStoreError", "ManagerClosedError",
+                        "MemoryFileNotFoundError", "MemorySearchError", "PathRefusedError", "UsageError"),
+    "fallback.models": ("FallbackInfo", "MemoryReadResult", "MemorySearchResult", "MemoryStatus",
+                        "SearchResponse"),
+    "qmdbridge.manager": ("BlockingMemoryManager", "MemoryManager"),
+    "qmdbridge.config": ("ResolvedAgent", "load_config", "resolve_agent"),
+    "qmdbridge.tools": ("MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "handle_memory_get",
+                        "handle_memory_search"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,7 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module = next((m for m, names in _WHERE.items() if name in names), None)
     if module is None:
         raise AttributeError(f"module 'qmdbridge' has no attribute {name!r}")
     from importlib import import_module  # here, not at the top: `qmdbridge search` imports this package

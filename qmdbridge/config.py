@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
-from fallback.settings import EngineSettings, MemorySearchSettings, named_store_path
+from fallback.settings import EngineSettings, MemorySearchSettings, QmdExtraCollection, named_store_path
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout
 
 __all__ = [
@@ -33,8 +33,6 @@ __all__ = [
     "QmdConfig",
     "QmdLimits",
     "QmdMcp",
-    "QmdMcporter",
-    "QmdPath",
     "QmdScope",
     "QmdSessions",
     "QmdUpdate",
@@ -76,14 +74,6 @@ def parse_duration_ms(value: str | int | float) -> int:
     if not m:
         raise ValueError("a duration like '5m', '30s' or '1h'")
     return int(float(m.group(1)) * _UNIT_MS[(m.group(2) or "m").lower()])
-
-
-class QmdPath(_Cfg):
-    """``memory.qmd.paths[]``: an extra folder indexed as its own collection."""
-
-    path: str
-    name: str | None = None
-    pattern: str | None = None
 
 
 class QmdSessions(_Cfg):
@@ -166,15 +156,8 @@ class QmdScope(_Cfg):
 
 
 class QmdMcp(_Cfg):
-    """``memory.qmd.mcp``: the warm ``qmd mcp`` child of long-lived mode (docs/qmd.md);
-    ``enabled`` unset follows ``memory.qmd.mcporter.enabled``, else on."""
-
-    enabled: bool | None = None
-
-
-class QmdMcporter(_Cfg):
-    """OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read, as the default of
-    ``memory.qmd.mcp.enabled``."""
+    """``memory.qmd.mcp`` (the warm ``qmd mcp`` child of long-lived mode, docs/qmd.md) and
+    OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read (:attr:`QmdConfig.warm_child`)."""
 
     enabled: bool | None = None
 
@@ -186,13 +169,13 @@ class QmdConfig(_Cfg):
     search_mode: Literal["search", "vsearch", "query"] = "search"
     rerank: bool | None = None
     include_default_memory: bool = True
-    paths: list[QmdPath] = Field(default_factory=list)
+    paths: list[QmdExtraCollection] = Field(default_factory=list)
     sessions: QmdSessions = Field(default_factory=QmdSessions)
     update: QmdUpdate = Field(default_factory=QmdUpdate)
     limits: QmdLimits = Field(default_factory=QmdLimits)
     scope: QmdScope = Field(default_factory=QmdScope)
     mcp: QmdMcp = Field(default_factory=QmdMcp)
-    mcporter: QmdMcporter = Field(default_factory=QmdMcporter)
+    mcporter: QmdMcp = Field(default_factory=QmdMcp)
 
     @property
     def warm_child(self) -> bool:

@@ -9,13 +9,12 @@ nothing a user wrote is lost.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import sqlite3
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,9 +39,8 @@ class Check:
     fixed: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form (every key present)."""
-        return {"name": self.name, "level": self.level, "detail": self.detail, "hint": self.hint,
-                "fixed": self.fixed}
+        """JSON form: ``{name, level, detail, hint, fixed}``, every key present."""
+        return asdict(self)
 
 
 @dataclass
@@ -83,16 +81,6 @@ def _archive_dir(ws: Path, now: float) -> Path:
     return candidate
 
 
-def _move(src: Path, dst: Path) -> None:
-    try:
-        os.rename(src, dst)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        shutil.copy2(src, dst)
-        os.unlink(src)
-
-
 def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
     """Fix the root memory file layout; returns what was done (one line). ``split``:
     archive ``memory.md`` and append its text to ``MEMORY.md`` under a marked heading;
@@ -124,7 +112,7 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
         sep = ""
     else:
         sep = "\n" if current.endswith("\n") else "\n\n"
-    _move(legacy, target)
+    shutil.move(legacy, target)  # a copy and an unlink across file systems
     if section:
         with root.open("a", encoding="utf-8") as fh:
             fh.write(sep + section)
@@ -276,7 +264,6 @@ def _check_postgres(agent: ResolvedAgent) -> Check:
     """The ``index`` check of an agent on the postgres store: the store opens (server reached,
     login accepted, pgvector there, schema migrated) and its published index is counted."""
     from fallback.engine.store_open import open_postgres
-    from fallback.errors import MemorySearchError
 
     try:
         shared = open_postgres(agent.engine)
@@ -310,7 +297,6 @@ async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) 
         return check
     from fallback.embeddings import select_provider
     from fallback.engine.builtin import BuiltinEngine
-    from fallback.errors import MemorySearchError
 
     engine = BuiltinEngine(agent.engine, provider_selection=select_provider(agent.memory_search, env=env))
     try:

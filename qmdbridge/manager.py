@@ -43,14 +43,13 @@ from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
-from qmdbridge.policy.citations import cite, format_citation
-from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError
+from qmdbridge.policy.citations import citations_enabled, cite
+from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
-from qmdbridge.sidecar import QmdSidecar, short_reason
+from qmdbridge.sidecar import QmdSidecar
 
-__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "format_citation",
-           "require_workspace"]
+__all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "require_workspace"]
 
 log = logging.getLogger("qmdbridge")
 
@@ -305,7 +304,7 @@ class MemoryManager:
                                    session_key=session_key, sources=sources, explain=explain)
         require_workspace(self.agent.workspace_dir)
         from qmdbridge.policy.corpus import search_corpus, sessions_off_reason
-        from qmdbridge.policy.scope import citations_enabled, evaluate_scope
+        from qmdbridge.policy.scope import evaluate_scope
 
         cfg = self.agent.memory
         chosen = search_corpus(corpus, sessions_off=sessions_off_reason(
@@ -387,8 +386,8 @@ class MemoryManager:
         return outcome, None
 
     def _search_failed(self, reason: str) -> FallbackInfo:
-        self.breaker.record_failure(self._short(reason), self._now_ms())
-        log.warning("qmd search failed; answering from builtin: %s", self._short(reason))
+        self.breaker.record_failure(one_line(reason), self._now_ms())
+        log.warning("qmd search failed; answering from builtin: %s", one_line(reason))
         return self._remember(reason)
 
     async def _prepare_builtin(self, qmd_done: anyio.Event) -> None:
@@ -405,12 +404,10 @@ class MemoryManager:
         except MemorySearchError as exc:  # reported by the fallback search itself, if needed
             log.debug("builtin engine not ready: %s", exc)
 
-    _short = staticmethod(short_reason)
-
     def _remember(self, reason: str, *, forget_probe: bool = True) -> FallbackInfo:
         if forget_probe and self.sidecar is not None:
             self.sidecar.forget_probe()  # probe again next time: qmd may have changed
-        self._last_fallback = FallbackInfo(from_backend="qmd", reason=self._short(reason))
+        self._last_fallback = FallbackInfo(from_backend="qmd", reason=one_line(reason))
         return self._last_fallback
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,

@@ -22,21 +22,14 @@ from fallback.errors import ManagerClosedError, MemorySearchError, UsageError
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker
+from qmdbridge.qmd.errors import one_line
 
 if TYPE_CHECKING:
     from qmdbridge.qmd.probe_cache import ProbeCache
 
-__all__ = ["QmdSidecar", "short_reason"]
+__all__ = ["QmdSidecar"]
 
 log = logging.getLogger("qmdbridge")
-
-
-def short_reason(reason: str) -> str:
-    """One line of a failure for people (:func:`qmdbridge.qmd.errors.one_line`): qmd's error
-    line when its stderr is a stack trace, at most 300 chars."""
-    from qmdbridge.qmd.errors import one_line
-
-    return one_line(reason)
 
 
 class QmdSidecar:
@@ -146,7 +139,7 @@ class QmdSidecar:
                     with anyio.CancelScope(shield=True):
                         await failed.close()
                 if self.unavailable is not None:
-                    reason = short_reason(self.unavailable)
+                    reason = one_line(self.unavailable)
                     self.breaker.record_failure(reason, self._now())
                     self.forget_probe()
                     log.warning("qmd did not start; the builtin engine answers: %s", reason)

@@ -53,7 +53,7 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     try:
         await backend.start(boot_update=False)
         if args.action == "update":
-            await backend.update()
+            await backend.sync(reason="manual", force=True)
             doc: dict[str, Any] = {"ok": True, "action": "update"}
         elif args.action == "embed":
             await backend.embed()
@@ -76,8 +76,7 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge warmup``: ``qmd embed`` and one ``qmd query`` in the agent's qmd home, so
     the GGUF models are downloaded and loaded first; fails fast, naming the models, under
     ``CI`` or offline with models missing."""
-    from qmdbridge.paths import child_env, ensure_home, qmd_home
-    from qmdbridge.qmd.query_text import qmd_argv
+    from qmdbridge.paths import qmd_home
     from qmdbridge.qmd.runner import run_command
 
     environ = dict(os.environ)
@@ -93,20 +92,18 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     backend = await _backend(agent)
     try:
         await backend.start(boot_update=False)
-        await backend.update()
+        await backend.sync(reason="manual", force=True)
     finally:
         await backend.close()
-    location = backend.location
-    ensure_home(home, parent_env=os.environ)
-    env = child_env(home, parent_env=os.environ, path_env=location.child_path)
-    steps = [("embed", qmd_argv(location.path, ["embed"])),
-             ("query", qmd_argv(location.path, ["query", "--json", "-n", "1"], ["test"]))]
+    # in the qmd home and child environment the backend's start-up made
+    steps = [("embed", backend.argv(["embed"])), ("query", backend.argv(["query", "--json", "-n", "1"], ["test"]))]
     report: list[dict[str, Any]] = []
     code = EXIT_OK
     for i, (step, argv) in enumerate(steps, start=1):
         if not args.json:
             sys.stderr.write(f"[{i}/{len(steps)}] qmd {step} (first run downloads models; this can take minutes)...\n")
-        result = await run_command(argv, env=env, cwd=agent.workspace_dir, timeout_ms=WARMUP_TIMEOUT_MS)
+        result = await run_command(argv, env=backend.child_env, cwd=agent.workspace_dir,
+                                   timeout_ms=WARMUP_TIMEOUT_MS)
         ok = result.ok
         entry: dict[str, Any] = {"step": step, "ok": ok, "durationMs": result.duration_ms}
         if not ok:

@@ -106,15 +106,15 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
     """
     from qmdbridge.paths import qmd_home
     from qmdbridge.qmd.collections import build_collections
-    from qmdbridge.qmd.probe_cache import ProbeCache
-    from qmdbridge.qmd.startup import yml_stamp
+    from qmdbridge.qmd.index_stats import file_stamp
+    from qmdbridge.qmd.probe_cache import ProbeCache, probe_key
 
     cfg = agent.memory.qmd
     if os.name != "posix" or cfg.search_mode != "search" or (
             cfg.update.on_boot and cfg.update.wait_for_boot_sync):
         return None
     home = qmd_home(agent.state_dir, agent.agent_id)
-    cached = ProbeCache(home.probe_cache).get(ProbeCache.key(cfg.command, env.get("PATH", "")))
+    cached = ProbeCache(home.probe_cache).get(probe_key(cfg.command, env.get("PATH", "")))
     if cached is None or not all(map(breaker_healthy, (home.breaker, home.startup_breaker))):
         return None
     try:
@@ -128,7 +128,7 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
             "workspace": str(agent.workspace_dir),
             "collections": [c.name for c in build_collections(agent, sessions_dir=home.sessions_dir)],
             "maxResults": cfg.limits.max_results, "marker": marker,
-            "indexYml": yml_stamp(home.index_yml)}
+            "indexYml": file_stamp(home.index_yml)}
 
 
 def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:

@@ -145,10 +145,7 @@ def snippet_holds_evidence(hit: RankedHit, evidence: Evidence) -> bool:
 def first_rank(hits: Sequence[RankedHit], evidence: Evidence,
                match: Callable[[RankedHit, Evidence], bool]) -> int | None:
     """1-based rank of the first hit for which ``match(hit, evidence)`` holds, else ``None``."""
-    for rank, hit in enumerate(hits, start=1):
-        if match(hit, evidence):
-            return rank
-    return None
+    return next((rank for rank, hit in enumerate(hits, start=1) if match(hit, evidence)), None)
 
 
 def judge(question: EvalQuestion, hits: Sequence[RankedHit], *, latency_ms: float) -> QuestionOutcome:
@@ -176,12 +173,8 @@ def recall_at(items: Sequence[EvidenceOutcome], k: int,
         raise ValueError(f"k must be >= 1, not {k}")
     if not items:
         return None
-    found = 0
-    for item in items:
-        rank = rank_of(item)
-        if rank is not None and rank <= k:
-            found += 1
-    return found / len(items)
+    ranks = [rank_of(item) for item in items]
+    return sum(rank is not None and rank <= k for rank in ranks) / len(items)
 
 
 def percentile(values: Sequence[float], pct: float) -> float | None:

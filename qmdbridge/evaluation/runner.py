@@ -53,7 +53,6 @@ __all__ = [
     "check_options",
     "eval_agent",
     "evaluate_workspace",
-    "load_queries",
     "run_locomo",
     "run_queries",
 ]
@@ -213,15 +212,13 @@ class BackendTally:
 @dataclass
 class WorkspaceRun:
     """What one workspace's run produced: judged outcomes and misses in order, the summary
-    row, what answered (as the first answer of the measured backend names it), the distinct
-    warnings and the backend tally."""
+    row, the answer that names what answered (the first of the measured backend, else the
+    first), the distinct warnings and the backend tally."""
 
     outcomes: list[QuestionOutcome]
     misses: list[Miss]
     workspace: WorkspaceReport
-    provider: str | None
-    model: str | None
-    mode: str | None
+    first: SearchResponse | None
     warnings: list[str]
     tally: BackendTally
 
@@ -339,14 +336,13 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
                              recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms,
                              answered_by=tally.answered_by, fallbacks=tally.fallbacks,
                              first_fallback_reason=tally.first_fallback_reason)
-    return WorkspaceRun(outcomes, misses, report, first.provider if first else None,
-                        first.model if first else None, first.mode if first else None, warnings, tally)
+    return WorkspaceRun(outcomes, misses, report, first, warnings, tally)
 
 
 def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list[WorkspaceRun], *,
             agent: ResolvedAgent, options: EvalOptions, categories: Sequence[str]) -> EvalReport:
     # the run of the measured backend that answered first names what answered
-    first = next((r for r in runs if r.tally.answered_by[options.backend]), runs[0] if runs else None)
+    first = next((r.first for r in runs if r.tally.answered_by[options.backend]), runs[0].first if runs else None)
     warnings: list[str] = []
     tally = BackendTally()
     for run in runs:

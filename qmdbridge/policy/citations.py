@@ -4,7 +4,7 @@ every route's hits (the manager's and the one-shot CLI search's, which loads no 
 
 from __future__ import annotations
 
-__all__ = ["cite", "cited_snippet", "citations_enabled", "format_citation", "session_key_rest"]
+__all__ = ["cite", "citations_enabled", "format_citation", "session_key_rest"]
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -14,18 +14,13 @@ def format_citation(path: str, start_line: int, end_line: int) -> str:
     return f"{path}#L{start_line}-L{end_line}"
 
 
-def cited_snippet(snippet: str, citation: str, *, include: bool) -> str:
-    """The snippet an agent reads: with ``include``, stripped and followed by a blank line and
-    ``Source: <citation>``; otherwise unchanged."""
-    return f"{snippet.strip()}\n\nSource: {citation}" if include else snippet
-
-
 def cite(path: str, snippet_start_line: int, snippet_end_line: int, snippet: str, *,
          include: bool) -> tuple[str, str]:
     """A hit's citation (:func:`format_citation` of its snippet's lines) and the snippet an
-    agent reads (:func:`cited_snippet`): the one decoration of every route's hits."""
+    agent reads: with ``include``, stripped and followed by a blank line and ``Source:
+    <citation>``; otherwise unchanged. The one decoration of every route's hits."""
     citation = format_citation(path, snippet_start_line, snippet_end_line)
-    return citation, cited_snippet(snippet, citation, include=include)
+    return citation, f"{snippet.strip()}\n\nSource: {citation}" if include else snippet
 
 
 def session_key_rest(key: str) -> str:

@@ -14,10 +14,9 @@ from collections.abc import Sequence
 
 from fallback.models import ScopeDecision
 from qmdbridge.config import QmdScope, ScopeRule
-from qmdbridge.policy.citations import citations_enabled, session_key_rest
+from qmdbridge.policy.citations import session_key_rest
 
-__all__ = ["citations_enabled", "derive_chat", "evaluate_scope", "normalize_session_key",
-           "scope_candidates"]
+__all__ = ["derive_chat", "evaluate_scope", "normalize_session_key", "scope_candidates"]
 
 _CHAT_MARKERS = ("group", "channel", "direct", "dm")
 # The config key a denial names, so the reason says what to change.

@@ -37,6 +37,7 @@ from qmdbridge.qmd.collections import (
 )
 from qmdbridge.qmd.errors import QmdIndexLostError
 from qmdbridge.qmd.index_health import IndexHealth
+from qmdbridge.qmd.index_stats import file_stamp
 from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
 from qmdbridge.qmd.parse import IndexCounts, clamp_injected, diversify_sources, entry_hits, index_locked
@@ -58,7 +59,7 @@ from qmdbridge.qmd.search_calls import (
     probe_search,
     search_with_repairs,
 )
-from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed, yml_stamp
+from qmdbridge.qmd.startup import prepare_home, reconcile_if_changed
 from qmdbridge.qmd.update import UpdateCycle, embed_jitter_ms, file_lock, indexing_in_progress
 
 if TYPE_CHECKING:
@@ -285,13 +286,13 @@ class QmdBackend:
             marker=self.home.reconciled,
             qmd_version=getattr(self.location, "version", None), index_yml=self.home.index_yml,
             force=force)
-        self._yml_seen = yml_stamp(self.home.index_yml)
+        self._yml_seen = file_stamp(self.home.index_yml)
 
     def _managed(self) -> list[ManagedCollection]:
         return [c for c in self.collections if c.name not in self.reconcile_state.refused]
 
     def _yml_edited(self) -> bool:
-        return yml_stamp(self.home.index_yml) != self._yml_seen
+        return file_stamp(self.home.index_yml) != self._yml_seen
 
     async def _notice(self, counts: dict[str, int], count_error: str | None) -> str | None:
         """``health.notice`` of these counts (re-indexed in the background in long-lived mode)."""
@@ -367,14 +368,6 @@ class QmdBackend:
         """
         self._check_open()
         await self.cycle.run(reason or "manual", force=force, debounce=False)
-
-    async def update(self) -> None:
-        """Forced update now (``qmdbridge qmd update``); embeds too outside ``search`` mode.
-
-        Raises:
-            BackendUnavailableError: ``qmd update`` failed.
-        """
-        await self.sync(reason="manual", force=True)
 
     async def embed(self) -> None:
         """Run ``qmd embed`` now under the embed and store locks.

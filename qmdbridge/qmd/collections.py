@@ -107,10 +107,9 @@ def _resolve_user_path(raw: str, workspace: Path) -> Path | None:
 def rule_extra_paths(agent: ResolvedAgent) -> list[str | ExtraPath]:
     """The memory-file rule's extra paths in qmd mode: ``memorySearch.extraPaths`` then the custom
     collections (``memory.qmd.paths[]``, ``memorySearch.qmd.extraCollections[]``), without repeats."""
-    custom = [(c.path, c.pattern) for c in agent.memory.qmd.paths] + [
-        (c.path, c.pattern) for c in agent.memory_search.qmd.extra_collections]
+    custom = [*agent.memory.qmd.paths, *agent.memory_search.qmd.extra_collections]
     out: list[str | ExtraPath] = []
-    for entry in [*agent.memory_search.extra_paths, *(ExtraPath(path=p, pattern=g) for p, g in custom)]:
+    for entry in [*agent.memory_search.extra_paths, *(ExtraPath(path=c.path, pattern=c.pattern) for c in custom)]:
         if entry not in out:
             out.append(entry)
     return out

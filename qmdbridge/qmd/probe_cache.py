@@ -85,11 +85,6 @@ class ProbeCache:
         self.path = path
         self._now = now_ms or (lambda: int(time.time() * 1000))
 
-    @staticmethod
-    def key(command: str | Sequence[str], path_env: str) -> str:
-        """Cache key of a configured command under a ``PATH`` (:func:`probe_key`)."""
-        return probe_key(command, path_env)
-
     def _save(self, data: dict[str, Any]) -> None:
         import orjson
 

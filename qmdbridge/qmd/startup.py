@@ -26,7 +26,7 @@ from qmdbridge.qmd.collections import (
 )
 from qmdbridge.qmd.index_stats import file_stamp
 
-__all__ = ["prepare_home", "reconcile_if_changed", "yml_stamp"]
+__all__ = ["prepare_home", "reconcile_if_changed"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -50,16 +50,12 @@ def prepare_home(home: QmdHome, *, parent_env: Mapping[str, str], workspace: Pat
     return warnings
 
 
-# The stamp of qmd's collection list (index.yml); cli/search_cache.py records it by this name.
-yml_stamp = file_stamp
-
-
 def reconcile_fingerprint(collections: list[ManagedCollection], qmd_version: str | None,
                           index_yml: Path) -> str:
     """sha256 hex of the managed collections (and whether each folder exists), qmd's version and
     ``index.yml``'s stamp: while unchanged, a reconcile would find nothing to do."""
     doc = {"collections": [[c.name, str(c.path), c.pattern, c.path.is_dir()] for c in collections],
-           "version": qmd_version, "indexYml": yml_stamp(index_yml)}
+           "version": qmd_version, "indexYml": file_stamp(index_yml)}
     return hashlib.sha256(orjson.dumps(doc)).hexdigest()
 
 

@@ -13,12 +13,12 @@ import pytest
 from fallback.errors import UsageError
 from fallback.models import FallbackInfo, SearchResponse
 from qmdbridge.config import OpenClawConfig, parse_config
+from qmdbridge.evaluation.queries import load_queries
 from qmdbridge.evaluation.runner import (
     BackendTally,
     EvalOptions,
     check_options,
     eval_agent,
-    load_queries,
     run_locomo,
     run_queries,
 )

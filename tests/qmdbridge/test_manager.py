@@ -15,7 +15,8 @@ import pytest
 
 from fallback.errors import ManagerClosedError, PathRefusedError, UsageError
 from qmdbridge.config import parse_config, resolve_agent
-from qmdbridge.manager import MemoryManager, decorate_citations, format_citation
+from qmdbridge.manager import MemoryManager, decorate_citations
+from qmdbridge.policy.citations import format_citation
 
 pytestmark = pytest.mark.anyio
 
@@ -391,11 +392,13 @@ async def test_status_names_the_folders_searched_for_a_missing_qmd(tmp_path: Pat
     assert view["locate"]["pathEnv"] == os.environ.get("PATH", "")
 
 
-def test_short_reason_keeps_the_error_line() -> None:
+def test_one_line_keeps_the_error_line() -> None:
+    from qmdbridge.qmd.errors import one_line
+
     trace = ("qmd query x failed (code 1): Warning: 3 documents need embeddings\n"
              "1197 |   if (this._ciMode)\n   ^\nerror: LLM operations are disabled in CI (set CI=true)\n"
              "      at expandQuery (llm.js:1198:23)\n")
-    assert MemoryManager._short(trace) == ("qmd query x failed (code 1): "
+    assert one_line(trace) == ("qmd query x failed (code 1): "
                                            "error: LLM operations are disabled in CI (set CI=true)")
-    assert MemoryManager._short("one line") == "one line"
-    assert len(MemoryManager._short("x" * 1000)) == 300
+    assert one_line("one line") == "one line"
+    assert len(one_line("x" * 1000)) == 300

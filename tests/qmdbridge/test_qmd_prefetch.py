@@ -51,7 +51,7 @@ def test_the_probe_cache_read_without_loading_anything_heavy_is_the_sidecars(tmp
     ``ProbeCache.get`` (what the sidecar uses) does: same key, same ``PATH``, the executable as
     probed, a fresh entry."""
     from qmdbridge.qmd.locate import QmdLocation
-    from qmdbridge.qmd.probe_cache import PROBE_CACHE_TTL_MS, ProbeCache, cached_location
+    from qmdbridge.qmd.probe_cache import PROBE_CACHE_TTL_MS, ProbeCache, cached_location, probe_key
 
     exe = tmp_path / "qmd"
     exe.write_text("#!/bin/sh\necho qmd 2.8.3\n")
@@ -60,12 +60,12 @@ def test_the_probe_cache_read_without_loading_anything_heavy_is_the_sidecars(tmp
     cache = ProbeCache(cache_file, now_ms=lambda: now[0])
     location = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
                            searched=["/bin"], path_env="/bin", child_path="/p")
-    cache.put(ProbeCache.key(["qmd", "--x"], "/bin"), location)
+    cache.put(probe_key(["qmd", "--x"], "/bin"), location)
 
     def both(command: Any, path_env: str) -> tuple[bool, bool]:
         light = cached_location(cache_file, command, {"PATH": path_env}, now_ms=now[0])
         assert light is None or (light["path"], light["child_path"]) == (str(exe), "/p")
-        return light is not None, cache.get(ProbeCache.key(command, path_env)) is not None
+        return light is not None, cache.get(probe_key(command, path_env)) is not None
 
     assert both(["qmd", "--x"], "/bin") == (True, True)
     assert both(["qmd", "--x"], "/usr/bin") == (False, False)  # another PATH: probed again
@@ -116,7 +116,7 @@ def test_an_executable_replaced_with_the_same_size_and_mtime_is_probed_again(tmp
     same size at qmd's path with its mtime put back: its change time (and inode) still differ,
     so neither the sidecar nor the one-shot prefetch trusts the old probe."""
     from qmdbridge.qmd.locate import QmdLocation
-    from qmdbridge.qmd.probe_cache import ProbeCache, cached_location
+    from qmdbridge.qmd.probe_cache import ProbeCache, cached_location, probe_key
 
     exe = tmp_path / "qmd"
     exe.write_text("#!/bin/sh\necho qmd 2.8.3\n")
@@ -124,7 +124,7 @@ def test_an_executable_replaced_with_the_same_size_and_mtime_is_probed_again(tmp
     cache = ProbeCache(cache_file)
     location = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
                            searched=["/bin"], path_env="/bin", child_path="/p")
-    key = ProbeCache.key("qmd", "/bin")
+    key = probe_key("qmd", "/bin")
     cache.put(key, location)
     assert cache.get(key) is not None
     before = os.stat(exe)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from qmdbridge.config import QmdScope, ScopeMatch, ScopeRule
+from qmdbridge.policy.citations import citations_enabled
 from qmdbridge.policy.scope import (
-    citations_enabled,
     derive_chat,
     evaluate_scope,
     normalize_session_key,

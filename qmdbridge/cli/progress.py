@@ -126,8 +126,8 @@ class SyncProgress:
 
     def finish(self, now_s: float, *, interrupted: bool, failed: bool = False) -> str | None:
         """Stop the bar and print the closing line (returned): ``done`` when progress was shown,
-        ``interrupted`` always after an interruption, ``failed at`` always after a failed sync
-        (the command's error follows it), nothing for a short sync."""
+        ``interrupted`` always after an interruption, ``failed at`` instead of ``done`` after a
+        failed sync (the command's error follows it), nothing for a short sync."""
         if self._bar is not None:
             self._bar.stop()
         with self._lock:
@@ -137,13 +137,13 @@ class SyncProgress:
                 line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
                         f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
                         "cache, run the command again to resume")
+            elif not self.shown:
+                return None
             elif failed:
                 line = f"{self.label}: failed at {self.files_done}/{self.files_total} files"
-            elif self.shown:
+            else:
                 line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks written, "
                         f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")
-            else:
-                return None
         self.stream.write(line + "\n")
         self.stream.flush()
         return line

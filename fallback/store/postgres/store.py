@@ -62,6 +62,9 @@ ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
 # formula summed in another order).
 BOUND_MARGIN = 1e-9
+# Most postings one INSERT writes (a write batch of many files is several statements, each well
+# inside the statement deadline on a loaded server).
+POSTINGS_PER_STATEMENT = 5000
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
@@ -956,10 +959,27 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> N
 
 def _insert_postings(cur: Any, table: str, args: dict[str, Any],
                      chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False) -> None:
-    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) in one INSERT
-    over arrays (``COPY`` is refused on tables with row-level security); with ``impacts``, each
-    posting also gets its hits per column and its chunk's length, source and generation
-    (``postings``, migration m005)."""
+    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) by INSERTs
+    over arrays (``COPY`` is refused on tables with row-level security), each of whole chunks
+    and at most :data:`POSTINGS_PER_STATEMENT` postings (one chunk more when a single chunk
+    holds more): the statement deadline bounds each statement, so a batch of any size is
+    written. With ``impacts``, each posting also gets its hits per column and its chunk's
+    length, source and generation (``postings``, migration m005)."""
+    part: list[tuple[int, ChunkTerms, str]] = []
+    held = 0
+    for item in chunks:
+        if part and held + len(item[1].positions) > POSTINGS_PER_STATEMENT:
+            _insert_posting_rows(cur, table, args, part, impacts=impacts)
+            part, held = [], 0
+        part.append(item)
+        held += len(item[1].positions)
+    if part:
+        _insert_posting_rows(cur, table, args, part, impacts=impacts)
+
+
+def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],
+                         chunks: Sequence[tuple[int, ChunkTerms, str]], *, impacts: bool) -> None:
+    """One INSERT of the postings of ``chunks`` (:func:`_insert_postings`)."""
     terms: list[str] = []
     rowids: list[int] = []
     positions: list[str] = []

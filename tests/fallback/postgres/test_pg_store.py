@@ -410,6 +410,38 @@ def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) ->
         store.close()
 
 
+def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: str) -> None:
+    from fallback.store.postgres.store import POSTINGS_PER_STATEMENT, FileRows
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        # Each INSERT statement on postings records how many rows it wrote.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.insert_sizes (n int NOT NULL)")
+            conn.execute("CREATE FUNCTION public.record_insert() RETURNS trigger LANGUAGE plpgsql AS"
+                         " $$ BEGIN INSERT INTO public.insert_sizes SELECT count(*) FROM new_rows;"
+                         " RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER record_insert AFTER INSERT ON qmdbridge.postings"
+                         " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION public.record_insert()")
+        # 60 files of 3 chunks, each chunk 100 distinct words: 18,000 postings in one call.
+        files = [FileRows(f"memory/{f}.md", "memory", f"h{f}", 1, 1, "",
+                          tuple(ChunkRow(f"{f}#{c}", c, c, f"c{f}-{c}", "",
+                                         " ".join(f"w{f}x{c}x{w}" for w in range(100)), "")
+                                for c in range(3))) for f in range(60)]
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(files)
+        assert lease.publish().chunk_count == 180
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            sizes = [r[0] for r in conn.execute("SELECT n FROM public.insert_sizes")]
+        assert sum(sizes) == 18_000 and len(sizes) == 4
+        assert max(sizes) <= POSTINGS_PER_STATEMENT
+        assert found(store, "w59x2x99") == ["59#2"]
+    finally:
+        store.close()
+
+
 def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
         pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from fallback.store.postgres import migrations

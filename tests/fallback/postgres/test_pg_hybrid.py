@@ -179,13 +179,13 @@ def test_m006_keeps_a_chunk_vector_as_its_window_0(pg_dsn: str, monkeypatch: pyt
     from fallback.store.postgres import migrations
 
     every = migrations.MIGRATIONS
-    assert every[-1] is migrations.m006_vector_windows
-    monkeypatch.setattr(migrations, "MIGRATIONS", every[:-1])
+    assert every[5] is migrations.m006_vector_windows
+    monkeypatch.setattr(migrations, "MIGRATIONS", every[:5])
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         migrations.migrate(conn, "qmdbridge")
         conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
                      " embedding) VALUES (7, 'main', '/ws', 2, '[0.6,0.8]')")
-        monkeypatch.setattr(migrations, "MIGRATIONS", every)
+        monkeypatch.setattr(migrations, "MIGRATIONS", every[:6])
         assert migrations.migrate(conn, "qmdbridge") == ["m006_vector_windows"]
         assert conn.execute("SELECT chunk_rowid, window_no, embedding::text FROM"
                             " qmdbridge.chunk_vectors").fetchall() == [(7, 0, "[0.6,0.8]")]

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from fallback.store.postgres.errors import translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
+from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_cjk
 
 __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
@@ -188,6 +191,12 @@ class PostgresStore:
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
         self._vector_dims: set[int] = set()
+        # window_search's windows: {chunk_rowid: (id, model, source, dims, unit rows) or None}
+        # of the published generation _windows_gen; None above MATRIX_MAX_BYTES.
+        self._windows: dict[int, tuple[str, str, str, int, Any] | None] | None = {}
+        self._windows_gen = -1
+        self._matrices: dict[tuple[str, tuple[str, ...], int], Any] = {}
+        self._windows_lock = threading.Lock()
         self._tokenizer = Fts5Tokenizer(MAIN)
         self._trigrams = Fts5Tokenizer(TRIGRAM)
         self._s = f'"{target.schema}"'
@@ -671,8 +680,10 @@ class PostgresStore:
         ``VectorIndex.search_scored`` answers, for the calibration of the hybrid fusion).
 
         Only chunks of ``model`` and ``sources`` with windows of ``len(vector)`` dims count. The
-        statistics need every chunk's best cosine, so this is one exact scan of the scope's
-        windows (one statement, one snapshot), not an HNSW walk.
+        statistics need every chunk's best cosine, so every window of the scope is compared:
+        as the SQLite store does, over a matrix of the published windows held in memory (per
+        store, rebuilt when the published generation moves, reading only the chunks it does
+        not hold yet); above ``MATRIX_MAX_BYTES`` of windows, by one exact SQL statement.
 
         Args:
             vector: the query embedding (any finite, non-zero norm).
@@ -689,26 +700,90 @@ class PostgresStore:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        norm = math.sqrt(math.fsum(x * x for x in vector)) if vector else 0.0
+        import numpy as np
+
+        q = np.asarray(vector, dtype=np.float64)
+        norm = float(np.linalg.norm(q)) if len(q) else 0.0
         if limit <= 0 or not sources or not math.isfinite(norm) or norm == 0.0:
             return [], 0.0, 0.0, 0
-        d = len(vector)
-        with self._errors("vector search"), self._pool.connection() as conn:
-            rows = conn.execute(
-                f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
-                " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
-                # windows are stored as unit vectors: the cosine is the inner product with the
-                # unit query (pgvector's <#> is its negation)
-                f" best AS (SELECT c.id, max(-(v.embedding::vector({d}) <#> %(q)s::vector({d})))"
-                f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
-                " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
-                f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
-                " AND c.source = ANY(%(sources)s) AND c.gen_from <= st.g"
-                " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
-                " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
-                ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
-                {"q": _vector_text([x / norm for x in vector]), "agent": self.agent_id,
-                 "ws": self.workspace, "model": model, "sources": list(sources), "limit": limit}).fetchall()
+        key = (model, tuple(sorted(set(sources))), len(q))
+        with self._errors("vector search"), self._pool.connection() as conn, self._windows_lock:
+            row = conn.execute(f"SELECT published_generation FROM {self._s}.workspaces"
+                               " WHERE agent_id = %s AND workspace = %s",
+                               (self.agent_id, self.workspace)).fetchone()
+            if row is None:
+                return [], 0.0, 0.0, 0
+            matrix = self._window_matrix(conn, int(row[0]), key)
+            if matrix is None:
+                return self._window_search_sql(conn, [float(x) / norm for x in vector], key, limit)
+        found = VectorIndex._search_matrix(matrix, (q / norm).astype(np.float32), limit=limit)
+        return found.hits, found.mean, found.std, found.count
+
+    def _window_matrix(self, conn: Any, gen: int, key: tuple[str, tuple[str, ...], int]) -> Any:
+        """The window matrix of ``key`` (model, sources, dims) in generation ``gen``, or
+        ``None`` above the memory budget. Chunks are held by rowid (a rowid's chunk never
+        changes): a new generation costs the list of its rowids and the windows of the new
+        ones."""
+        import numpy as np
+
+        if self._windows is not None and self._windows_gen != gen:
+            live = {r[0] for r in conn.execute(
+                f"SELECT c.chunk_rowid FROM {self._s}.chunks c WHERE c.agent_id = %(agent)s"
+                f" AND c.workspace = %(ws)s AND {_visible('c')}",
+                {"agent": self.agent_id, "ws": self.workspace, "gen": gen}).fetchall()}
+            held = {r: c for r, c in self._windows.items() if r in live}
+            new = sorted(live - held.keys())
+            for first in range(0, len(new), POSTINGS_PER_STATEMENT):
+                part = new[first:first + POSTINGS_PER_STATEMENT]
+                held.update(dict.fromkeys(part))
+                rows = conn.execute(
+                    f"SELECT v.chunk_rowid, c.id, c.model, c.source, v.dims, v.embedding::text"
+                    f" FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+                    " ON c.chunk_rowid = v.chunk_rowid WHERE v.chunk_rowid = ANY(%s)"
+                    " ORDER BY v.chunk_rowid, v.window_no", (part,)).fetchall()
+                for rowid, group in itertools.groupby(rows, key=lambda r: r[0]):
+                    windows = list(group)
+                    _, chunk_id, chunk_model, source, dims, _ = windows[0]
+                    held[rowid] = (str(chunk_id), str(chunk_model), str(source), int(dims), np.stack(
+                        [np.fromstring(w[5][1:-1], dtype=np.float32, sep=",") for w in windows]))
+            self._windows_gen, self._matrices = gen, {}
+            self._windows = held
+            if sum(c[4].nbytes for c in held.values() if c is not None) > MATRIX_MAX_BYTES:
+                self._windows = None
+        if self._windows is None:
+            return None
+        matrix = self._matrices.get(key)
+        if matrix is None:
+            model, sources, dims = key
+            chosen = sorted((c for c in self._windows.values() if c is not None and c[1] == model
+                             and c[2] in sources and c[3] == dims), key=lambda c: c[0])
+            sizes = np.fromiter((len(c[4]) for c in chosen), dtype=np.int64, count=len(chosen))
+            matrix = self._matrices[key] = _Matrix(
+                version=gen, ids=[c[0] for c in chosen],
+                windows=(np.ascontiguousarray(np.concatenate([c[4] for c in chosen])) if chosen
+                         else np.zeros((0, dims), dtype=np.float32)),
+                bounds=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64))
+        return matrix
+
+    def _window_search_sql(self, conn: Any, unit: list[float], key: tuple[str, tuple[str, ...], int],
+                           limit: int) -> tuple[list[tuple[str, float]], float, float, int]:
+        """:meth:`window_search` by one exact statement over the scope's windows (the unit
+        query ``unit``; windows are stored as unit vectors)."""
+        model, sources, d = key
+        rows = conn.execute(
+            f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+            " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+            # the cosine is the inner product with the unit query (pgvector's <#> negates it)
+            f" best AS (SELECT c.id, max(-(v.embedding::vector({d}) <#> %(q)s::vector({d})))"
+            f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+            " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
+            f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
+            " AND c.source = ANY(%(sources)s) AND c.gen_from <= st.g"
+            " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
+            " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
+            ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
+            {"q": _vector_text(unit), "agent": self.agent_id, "ws": self.workspace, "model": model,
+             "sources": list(sources), "limit": limit}).fetchall()
         if not rows:
             return [], 0.0, 0.0, 0
         return ([(str(r[0]), float(r[1])) for r in rows], float(rows[0][2]), float(rows[0][3]),

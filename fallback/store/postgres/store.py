@@ -1137,23 +1137,27 @@ class _TermCounts:
 
     def __init__(self) -> None:
         self.df: dict[str, int] = {}
-        self.hits: dict[str, list[int]] = {}
+        self.hits: dict[str, list[int]] = {}  # shared lists: never changed in place
         self.min_dl: dict[str, int] = {}
+        self._parsed: dict[str, list[int]] = {}
 
     def add(self, terms: ChunkTerms) -> None:
         """Count one written chunk's postings."""
-        df, hits, min_dl, n = self.df, self.hits, self.min_dl, terms.doc_len
+        df, hits, min_dl, parsed, n = self.df, self.hits, self.min_dl, self._parsed, terms.doc_len
         for term, tf in terms.tf.items():
             df[term] = df.get(term, 0) + 1
-            cols = [int(x) for x in tf[1:-1].split(",")]
+            cols = parsed.get(tf)
+            if cols is None:  # few distinct hit counts: each literal is parsed once
+                cols = parsed[tf] = [int(x) for x in tf[1:-1].split(",")]
             held = hits.get(term)
             if held is None:
                 hits[term] = cols
                 min_dl[term] = n
-            else:
-                hits[term] = [max(a, b) for a, b in zip(held, cols, strict=True)]
-                if n < min_dl[term]:
-                    min_dl[term] = n
+                continue
+            if held is not cols and any(c > h for c, h in zip(cols, held, strict=True)):
+                hits[term] = [max(c, h) for c, h in zip(cols, held, strict=True)]
+            if n < min_dl[term]:
+                min_dl[term] = n
 
     def add_rows(self, rows: Iterable[Sequence[Any]]) -> None:
         """Count aggregated postings: ``(term, count, max hits of each column..., min length)``."""
@@ -1260,10 +1264,10 @@ def _text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
     string parameter is sent instead of a list adapted element by element."""
     items = list(values)
-    joined = '","'.join(items)
+    joined = "".join(items)  # escaping is needed only when an element holds a quote or backslash
     if '"' in joined or "\\" in joined:
-        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items)
-    return '{"' + joined + '"}' if items else "{}"
+        return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items) + '"}'
+    return '{"' + '","'.join(items) + '"}' if items else "{}"
 
 
 def _int_array(values: Iterable[int | None]) -> str:

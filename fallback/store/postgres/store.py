@@ -568,15 +568,23 @@ class PostgresStore:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
         queries = [parse_match(e, self._tokenizer.phrase_tokens) for e in exprs]
+        # A part of one word: its chunk count is the word's df (term_stats), no posting read.
+        words = {i: q.phrases[0][0] for i, q in enumerate(queries) if q.root.kind == "phrase"
+                 and len(q.phrases[0]) == 1 and q.columns[0] is None}
         with self._snapshot("count keyword parts") as cur:
             st = self._stats(cur)
-            tokens = list(dict.fromkeys(t for q in queries for t in q.tokens))
-            if not tokens:
-                return st.chunk_count, [0 for _ in queries]
-            rows, _ = self._postings(cur, "postings", "doc_len", tokens,
-                                     {"agent": self.agent_id, "ws": self.workspace,
-                                      "gen": st.generation}, {})
-        return st.chunk_count, [count_matches(q, rows) for q in queries]
+            cur.execute(f"SELECT term, df FROM {self._s}.term_stats WHERE agent_id = %s"
+                        " AND workspace = %s AND term = ANY(%s)",
+                        (self.agent_id, self.workspace, list(set(words.values()))))
+            df = dict(cur.fetchall())
+            tokens = list(dict.fromkeys(t for i, q in enumerate(queries) if i not in words for t in q.tokens))
+            rows: dict[int, dict[str, list[int]]] = {}
+            if tokens:
+                rows, _ = self._postings(cur, "postings", "doc_len", tokens,
+                                         {"agent": self.agent_id, "ws": self.workspace,
+                                          "gen": st.generation}, {})
+        return st.chunk_count, [int(df.get(words[i], 0)) if i in words else count_matches(q, rows)
+                                for i, q in enumerate(queries)]
 
     def _postings(self, cur: Any, table: str, length: str, tokens: Sequence[str],
                   args: dict[str, Any], order: dict[int, tuple[str, str, int]]

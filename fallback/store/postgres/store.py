@@ -417,7 +417,7 @@ class PostgresStore:
         the chunk holds the essential tokens the phrase needs (``bm25.required_tokens``:
         ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound get the
         postings of every term (the non-essential ones read by key for them alone) and are
-        ranked exactly (``bm25.rank_rows``). The answer stands when the ``limit``-th exact
+        ranked exactly (``bm25.rank_rows``); the texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
         score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
         and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
         become essential, and the statement runs again, up to every chunk of every term.
@@ -508,7 +508,7 @@ class PostgresStore:
                     f" JOIN {s}.postings q ON q.agent_id = %(agent)s AND q.workspace = %(ws)s"
                     " AND q.term = n.term AND q.chunk_rowid = top.r)"
                     " SELECT top.r, top.ub, top.dl, array_agg(x.k), array_agg(x.positions::text),"
-                    " c.id, c.path, c.source, c.start_line, c.end_line, c.text"
+                    " c.path, c.start_line"
                     f" FROM top JOIN x ON x.r = top.r JOIN {s}.chunks c ON c.chunk_rowid = top.r"
                     " GROUP BY top.r, top.ub, top.dl, c.chunk_rowid",
                     {**args, "k": want + 1, "ess": _text_array(essential),
@@ -537,12 +537,16 @@ class PostgresStore:
                         if rank is not None:  # None: the row does not match
                             ranks[r[0]] = rank
                     info.update((r[0], r) for r in todo)
-                    picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][6], info[r][9]))
+                    picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
                     beat = -ranks[picked[-1]] if len(picked) == limit else None
                     upto = min(first + RANK_STEP, want)
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
-                        return [_keyword_row((*info[r][5:10], info[r][10], ranks[r])) for r in picked]
+                        # The texts of the answer only (not of every candidate).
+                        cur.execute(f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"
+                                    f" FROM {s}.chunks WHERE chunk_rowid = ANY(%s)", (picked,))
+                        text_of = {row[0]: row[1:] for row in cur.fetchall()}
+                        return [_keyword_row((*text_of[r], ranks[r])) for r in picked]
                 next_bound = float(bounds[want][1]) if len(bounds) > want else 0.0
                 if common and (beat is None or rest * (1 + BOUND_MARGIN) >= beat):
                     common = common_terms(beat or 0.0)

@@ -12,19 +12,23 @@ index; postgres: one database, ``fallback/store/postgres``):
 
 - **index**: chunks written per second (pre-chunked rows: chunk rows, FTS tokenization and
   postings, vectors; one transaction per file on SQLite, per 100 files on postgres); the SQLite
-  store indexes one agent, postgres indexes its agents four at a time (one sync per agent, as
-  separate hosts would);
+  store indexes one agent; postgres indexes agent 0 alone (the like-for-like figure, target: at
+  least SQLite's), then the other agents four at a time (one sync per agent, as separate hosts
+  would);
 - **keyword search** p50/p95: the keyword rows of a question's plan (``search_plan`` on the
   SQLite store, the same plan for both), 40 candidates; and how many questions got the same
   top 10 from both stores;
-- **hybrid search** p50/p95: keyword rows plus the 40 nearest vectors, query vector computed
-  before the clock starts;
+- **hybrid search** p50/p95: keyword rows plus the vector side the engine runs (best-window
+  cosine of every chunk with its mean and spread: ``search_scored`` / ``window_search``), 40
+  hits, query vector computed before the clock starts;
 - **under load**: 4 writer threads (each re-syncing one agent: 10 files per sync, each file's
   first chunk gets a new marker) and 8 searcher threads at once: search p50/p95, errors, and
   lost rows (chunks missing from a published index, or a marker of the last sync not found).
 
 The postgres server is a ``pgserver`` instance in a temporary folder unless ``--dsn`` names one.
-Targets: postgres keyword p50 <= 20 ms and hybrid p50 <= 40 ms at 100,000 chunks / 8 agents.
+Targets at 100,000 chunks / 8 agents: postgres keyword p50 <= 20 ms, hybrid p50 <= 40 ms, search
+p95 under load <= 4x its p50, no error, no lost row, and one agent indexed at least as fast as
+SQLite indexes one.
 
 Usage: ``python3 scripts/bench_postgres.py [--quick] [--json] [--chunks N] [--agents N]``.
 """
@@ -57,6 +61,7 @@ from benchlib import Row, check, emit, median, percentile  # noqa: E402
 DEFAULT_DATA = "/work/shared/bench/locomo-dev"
 KEYWORD_P50_MS = 20.0
 HYBRID_P50_MS = 40.0
+LOAD_P95_RATIO = 4.0  # search p95 under writers and searchers, as a multiple of its p50
 CANDIDATES = 40
 WRITERS = 4
 SEARCHERS = 8
@@ -251,9 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         target = resolve_target(dsn)
         pgs = [PostgresStore(target, agent_id=f"agent-{a}", workspace="/ws", pool_size=3)
                for a in range(agents)]
+        # Agent 0 alone (like with like: the SQLite store indexed one agent), then the others
+        # WRITERS at a time (one sync per agent, as separate hosts would).
         t = time.perf_counter()
-        # Agents are indexed WRITERS at a time (one sync per agent, as separate hosts would).
-        for first in range(0, agents, WRITERS):
+        pg_sync(pgs[0], files, embed)
+        pg_one_s = time.perf_counter() - t
+        t = time.perf_counter()
+        for first in range(1, agents, WRITERS):
             batch = [threading.Thread(target=pg_sync, args=(store, files, embed))
                      for store in pgs[first:first + WRITERS]]
             for th in batch:
@@ -261,12 +270,16 @@ def main(argv: list[str] | None = None) -> int:
             for th in batch:
                 th.join()
         pg_index_s = time.perf_counter() - t
+        pg_one = n_chunks / pg_one_s
         rows += [
             Row("index", "SQLite store, one agent", n_chunks / lite_index_s, "chunks/s",
                 note=f"{n_chunks} chunks in {lite_index_s:.1f} s"),
-            Row("index", f"postgres store, {agents} agents ({WRITERS} syncing at once)",
-                n_chunks * agents / pg_index_s, "chunks/s",
-                note=f"{n_chunks * agents} chunks in {pg_index_s:.1f} s"),
+            Row("index", "postgres store, one agent", pg_one, "chunks/s",
+                f">= {n_chunks / lite_index_s:.0f}", pg_one >= n_chunks / lite_index_s,
+                f"{n_chunks} chunks in {pg_one_s:.1f} s"),
+            Row("index", f"postgres store, {agents - 1} more agents ({WRITERS} syncing at once)",
+                n_chunks * (agents - 1) / pg_index_s, "chunks/s",
+                note=f"{n_chunks * (agents - 1)} chunks in {pg_index_s:.1f} s"),
         ]
         # -- searches, one at a time.
         plans = [(q, search_plan(lites[0], q)) for q in questions]
@@ -288,10 +301,12 @@ def main(argv: list[str] | None = None) -> int:
             lite_kw.append(min(timed_ms(lite_keyword) for _ in range(2)))
             pg_kw.append(min(timed_ms(pg_keyword) for _ in range(2)))
             qv = qvecs[q]
-            lite_hy.append(min(timed_ms(lambda qv=qv: (lite_keyword(), vindex[0].search(  # type: ignore[misc]
+            # The vector side the engine's hybrid search runs: best-window cosine with its
+            # statistics over every chunk searched.
+            lite_hy.append(min(timed_ms(lambda qv=qv: (lite_keyword(), vindex[0].search_scored(  # type: ignore[misc]
                 qv, model="hash", sources=["memory"], limit=CANDIDATES))) for _ in range(2)))
-            pg_hy.append(min(timed_ms(lambda qv=qv: (pg_keyword(), pgs[0].vector_rows(  # type: ignore[misc]
-                qv, sources=["memory"], limit=CANDIDATES))) for _ in range(2)))
+            pg_hy.append(min(timed_ms(lambda qv=qv: (pg_keyword(), pgs[0].window_search(  # type: ignore[misc]
+                qv, model="hash", sources=["memory"], limit=CANDIDATES))) for _ in range(2)))
         note = f"{len(plans)} questions"
         rows += [
             Row("keyword search", "SQLite store p50", median(lite_kw), "ms", note=f"{n_chunks} chunks, {note}"),
@@ -336,12 +351,15 @@ def main(argv: list[str] | None = None) -> int:
             m = under_load(search, write, agents=agents if name.startswith("postgres") else WRITERS,
                            searches=searches, syncs=syncs)
             missing = sum(lost(a) for a in range(WRITERS))
+            p50, p95 = median(m["lat"]), percentile(m["lat"], 95)
             rows += [
                 Row(f"under load ({WRITERS} writers + {SEARCHERS} searchers)", f"{name} search p50",
-                    median(m["lat"]), "ms", note=f"{len(m['lat'])} searches, {WRITERS * syncs} syncs,"
+                    p50, "ms", note=f"{len(m['lat'])} searches, {WRITERS * syncs} syncs,"
                     f" {m['wall_s']:.1f} s"),
                 Row(f"under load ({WRITERS} writers + {SEARCHERS} searchers)", f"{name} search p95",
-                    percentile(m["lat"], 95), "ms"),
+                    p95, "ms", *((f"<= {LOAD_P95_RATIO:g}x p50", p95 <= LOAD_P95_RATIO * p50)
+                                 if name.startswith("postgres") else ("", None)),
+                    f"{p95 / p50:.1f}x p50" if p50 else ""),
                 Row(f"under load ({WRITERS} writers + {SEARCHERS} searchers)", f"{name} errors",
                     len(m["errors"]), "", "0", len(m["errors"]) == 0, "; ".join(m["errors"][:2])),
                 Row(f"under load ({WRITERS} writers + {SEARCHERS} searchers)", f"{name} lost rows",

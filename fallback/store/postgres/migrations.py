@@ -27,6 +27,8 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
   with their chunk (``store._delete_chunks``).
 - ``trigram_postings``: the same for the FTS5 ``trigram`` tokens of chunks with CJK text
   (``m004``), with ``chunks.trigram_len`` and the workspace's trigram statistics.
+- ``term_stats(agent_id, workspace, term, df, max_tf, min_dl)``: per term of the published
+  index, its chunk count and bounds of its postings' hits and chunk lengths (``m007``).
 - ``embedding_cache(content_hash, fingerprint, dims, embedding)``: shared by every agent.
 - ``chunk_vectors(chunk_rowid, window_no, agent_id, workspace, dims, embedding)``: pgvector, one
   row per embedding window of a chunk (``m006``; a chunk embedded whole is window 0), each a
@@ -191,9 +193,30 @@ def m006_vector_windows(cur: Any, schema: str) -> None:
     cur.execute(f"ALTER TABLE {s}.chunk_vectors ADD PRIMARY KEY (chunk_rowid, window_no)")
 
 
+def m007_term_stats(cur: Any, schema: str) -> None:
+    """Per term of an agent's published index: ``df`` (the chunks holding it, the ``n`` of its
+    IDF), ``max_tf`` (the most hits per column of one posting) and ``min_dl`` (the shortest
+    chunk holding it): a search bounds a term's bm25 contribution without reading its postings
+    (``store.PostgresStore._top_rows``). ``df`` is exact for the published generation
+    (:meth:`SyncLease.publish` adds what it publishes and removes what it retires);
+    ``max_tf`` / ``min_dl`` only ever widen, so they stay bounds. Backfilled from the postings."""
+    s = _q(schema)
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.term_stats ("
+                " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"
+                " df bigint NOT NULL, max_tf int[] NOT NULL, min_dl int NOT NULL,"
+                " PRIMARY KEY (agent_id, workspace, term))")
+    cur.execute(f"INSERT INTO {s}.term_stats (agent_id, workspace, term, df, max_tf, min_dl)"
+                " SELECT p.agent_id, p.workspace, p.term, count(*),"
+                " ARRAY[max(p.tf[1]), max(p.tf[2]), max(p.tf[3])], min(p.doc_len)"
+                f" FROM {s}.postings p JOIN {s}.workspaces w ON w.agent_id = p.agent_id"
+                " AND w.workspace = p.workspace WHERE p.gen_from <= w.published_generation"
+                " GROUP BY p.agent_id, p.workspace, p.term ON CONFLICT DO NOTHING")
+    _secure(cur, schema, "term_stats")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
-    m005_posting_impacts, m006_vector_windows)
+    m005_posting_impacts, m006_vector_windows, m007_term_stats)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

@@ -23,7 +23,10 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import math
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from fallback.store.postgres.bm25 import (
     BM25_K1,
     MatchQuery,
     count_matches,
+    idf,
     parse_match,
     rank_rows,
     required_tokens,
@@ -42,6 +46,7 @@ from fallback.store.postgres.errors import translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
+from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_cjk
 
 __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
@@ -57,11 +62,16 @@ VECTOR_OVERSAMPLE = 4
 # candidate count per further round (see PostgresStore._top_rows).
 CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
+# Candidates ranked exactly at a time before the bound of the next one is checked.
+RANK_STEP = 16
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
 # formula summed in another order).
 BOUND_MARGIN = 1e-9
+# Most postings one INSERT writes (a write batch of many files is several statements, each well
+# inside the statement deadline on a loaded server).
+POSTINGS_PER_STATEMENT = 5000
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
@@ -181,6 +191,12 @@ class PostgresStore:
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
         self._vector_dims: set[int] = set()
+        # window_search's windows: {chunk_rowid: (id, model, source, dims, unit rows) or None}
+        # of the published generation _windows_gen; None above MATRIX_MAX_BYTES.
+        self._windows: dict[int, tuple[str, str, str, int, Any] | None] | None = {}
+        self._windows_gen = -1
+        self._matrices: dict[tuple[str, tuple[str, ...], int], Any] = {}
+        self._windows_lock = threading.Lock()
         self._tokenizer = Fts5Tokenizer(MAIN)
         self._trigrams = Fts5Tokenizer(TRIGRAM)
         self._s = f'"{target.schema}"'
@@ -283,7 +299,8 @@ class PostgresStore:
             conn.execute(f"GRANT USAGE ON SCHEMA {s} TO {role}")
             conn.execute(f"GRANT SELECT ON {s}.agents, {s}.shares, {s}.schema_migrations TO {role}")
             conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.workspaces, {s}.files,"
-                         f" {s}.chunks, {s}.postings, {s}.chunk_vectors TO {role}")
+                         f" {s}.chunks, {s}.postings, {s}.trigram_postings, {s}.term_stats, {s}.chunk_vectors"
+                         f" TO {role}")
             conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {s}.embedding_cache TO {role}")
 
     # -- reads (the store seam) -------------------------------------------------------------------
@@ -385,83 +402,159 @@ class PostgresStore:
 
     def _top_rows(self, query: MatchQuery, *, sources: Sequence[str], limit: int,
                   weights: Sequence[float]) -> list[KeywordRow]:
-        """:meth:`keyword_rows` of an expression whose phrases are single tokens, without
-        reading every row that holds a query term into Python.
+        """:meth:`keyword_rows` of an expression whose phrases are single tokens, reading the
+        postings of the rare terms only (MaxScore over an upper bound of ``bm25()``).
 
-        One statement (one snapshot, one round trip) reads the published statistics, counts
-        each term's rows over every source (its IDF), and ranks the rows of ``sources``
-        holding any term by an upper bound of their ``bm25()``: each phrase adds
-        ``IDF * f * (k1 + 1) / (f + norm)`` when the row holds every token the phrase needs to
-        count (``bm25.required_tokens``), ``f`` the column-weighted frequency of its token
-        (``NEAR`` and ``AND`` only drop a phrase's instances, and the weights are not
-        negative), so no row scores above its bound. It returns the first ``K + 1`` rows by
-        bound with their postings; the first ``K`` are ranked exactly (``bm25.rank_rows``).
-        When the ``limit``-th exact score is above the bound of row ``K + 1`` (by a relative
-        :data:`BOUND_MARGIN`), no row outside the ``K`` can rank in the top ``limit``; else
-        ``K`` grows and the statement runs again, up to every row.
+        The statistics come first (one snapshot for the whole search): the published
+        generation and, per query term, ``term_stats``' chunk count (its IDF) and bounds of
+        its postings, so each phrase has a bound: ``IDF * F * (k1 + 1) / (F + norm)`` with the
+        most column-weighted hits ``F`` and the shortest chunk of any posting of its term.
+        Terms whose phrases' bounds sum below the score to beat (the *non-essential* terms,
+        the common ones) are not scanned: a chunk holding no other term cannot reach the top.
+        One statement ranks the chunks of ``sources`` holding an essential term by an upper
+        bound: each phrase of an essential term adds ``IDF * f * (k1 + 1) / (f + norm)`` with
+        its chunk's own ``f`` and length, each phrase of a non-essential term its bound, when
+        the chunk holds the essential tokens the phrase needs (``bm25.required_tokens``:
+        ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound get the
+        postings of every term (the non-essential ones read by key for them alone) and are
+        ranked exactly (``bm25.rank_rows``); the texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
+        score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
+        and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
+        become essential, and the statement runs again, up to every chunk of every term.
         """
         terms = list(query.tokens)
         slot = {t: i + 1 for i, t in enumerate(terms)}
-        bound = []
-        for phrase, needed in zip(query.phrases, required_tokens(query), strict=True):
-            if not phrase:
-                continue
-            w = f"w{slot[phrase[0]]}"
-            held = " AND ".join(f"w{slot[t]} IS NOT NULL" for t in sorted(needed, key=slot.__getitem__))
-            bound.append(f"CASE WHEN {held} THEN d.idf[{slot[phrase[0]]}] * {w} * {BM25_K1 + 1!r}::float8"
-                         f" / ({w} + {BM25_K1!r}::float8 * ({1 - BM25_B!r}::float8 + {BM25_B!r}::float8"
-                         " * r.dl / st.avgdl)) ELSE 0 END")
-        cols = ", ".join(f"max(wf) FILTER (WHERE k = {k}) AS w{k}" for k in slot.values())
-        # The column-weighted frequency of a posting's term, from its hits per column.
-        wf = " + ".join(f"p.tf[{i + 1}] * {float(w)!r}::float8" for i, w in enumerate(weights))
         s = self._s
-        # Every value the bound needs is on the postings (migration m005): the statement reads
-        # the query terms' postings by the primary key and nothing else until the candidates.
-        sql = (f"WITH st AS (SELECT published_generation AS g, chunk_count, token_count,"
-               " greatest(chunk_count, 1)::float8 AS n, CASE WHEN token_count > 0"
-               " THEN token_count::float8 / greatest(chunk_count, 1) ELSE 1 END AS avgdl"
-               f" FROM {s}.workspaces WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
-               " t(term, k) AS (SELECT * FROM unnest(%(terms)s::text[]) WITH ORDINALITY),"
-               " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.doc_len::float8 AS dl,"
-               f" p.source AS src, {wf} AS wf, p.positions FROM st, t JOIN {s}.postings p"
-               " ON p.agent_id = %(agent)s AND p.workspace = %(ws)s AND p.term = t.term"
-               " WHERE p.gen_from <= st.g),"
-               " d AS (SELECT array_agg(coalesce(h.n, 0) ORDER BY t.k) AS df,"
-               " array_agg(greatest(ln((st.n - coalesce(h.n, 0) + 0.5) / (coalesce(h.n, 0) + 0.5)),"
-               " 1e-6) ORDER BY t.k) AS idf FROM st, t LEFT JOIN (SELECT k, count(*) AS n FROM p"
-               " GROUP BY k) h ON h.k = t.k),"
-               f" r AS (SELECT r, dl, {cols} FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
-               f" top AS (SELECT r.r, r.dl, ({' + '.join(bound) or '0'})::float8 AS ub"
-               " FROM r, d, st ORDER BY ub DESC, r.r LIMIT %(k)s),"
-               # The candidates' positions, from the postings already read.
-               " x AS (SELECT r, array_agg(k) AS ks, array_agg(positions::text) AS poss FROM p"
-               " WHERE r IN (SELECT r FROM top) GROUP BY r)"
-               " SELECT st.chunk_count, st.token_count, d.df, top.r, top.ub, top.dl, x.ks,"
-               " x.poss, c.id, c.path, c.source, c.start_line, c.end_line, c.text"
-               f" FROM st CROSS JOIN d LEFT JOIN (top JOIN {s}.chunks c ON c.chunk_rowid = top.r"
-               " JOIN x ON x.r = top.r) ON true")
-        args = {"agent": self.agent_id, "ws": self.workspace, "terms": terms,
-                "sources": list(sources)}
-        want = limit * CANDIDATES_PER_ROW
-        with self._errors("keyword search"), self._pool.connection() as conn:
+        with self._snapshot("keyword search") as cur:
+            cur.execute(f"SELECT w.published_generation, w.chunk_count, w.token_count, t.k, ts.df,"
+                        f" ts.max_tf, ts.min_dl FROM {s}.workspaces w CROSS JOIN"
+                        " unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k)"
+                        f" LEFT JOIN {s}.term_stats ts ON ts.agent_id = w.agent_id"
+                        " AND ts.workspace = w.workspace AND ts.term = t.term"
+                        " WHERE w.agent_id = %(agent)s AND w.workspace = %(ws)s",
+                        {"agent": self.agent_id, "ws": self.workspace, "terms": terms})
+            found = cur.fetchall()
+            if not found:
+                return []
+            gen, n_chunks, n_tokens = int(found[0][0]), int(found[0][1]), int(found[0][2])
+            avgdl = n_tokens / max(n_chunks, 1) if n_tokens else 1.0
+            df = dict.fromkeys(terms, 0)
+            idfs: dict[str, float] = {}
+            most: dict[str, float] = {}  # a term's largest possible contribution per phrase
+            for _, _, _, k, n, max_tf, min_dl in found:
+                t = terms[k - 1]
+                if n is None or n <= 0:
+                    continue
+                df[t], idfs[t] = int(n), idf(n_chunks, int(n))
+                f = sum(w * h for w, h in zip(weights, max_tf, strict=False))
+                norm = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
+                most[t] = idfs[t] * f * (BM25_K1 + 1) / (f + norm) if f > 0 else 0.0
+            # Phrases that can count somewhere: (its term, the tokens it needs), none absent.
+            live = [(p[0], needed) for p, needed in zip(query.phrases, required_tokens(query), strict=True)
+                    if p and all(t in idfs for t in needed)]
+            if not live:
+                return []
+
+            def free_bound(common: set[str]) -> float:
+                """The bound of a chunk holding only ``common`` terms."""
+                return sum(most[h] for h, needed in live if needed <= common)
+
+            def common_terms(beat: float) -> set[str]:
+                """The most common terms whose phrases' bounds sum below ``beat``."""
+                weight = {t: sum(most[h] for h, _ in live if h == t) for t in idfs}
+                common: set[str] = set()
+                for t in sorted(idfs, key=lambda t: (weight[t], t)):
+                    if len(common) + 1 >= len(idfs) or free_bound(common | {t}) * (1 + BOUND_MARGIN) >= beat:
+                        break
+                    common.add(t)
+                return common
+
+            common = common_terms(max(most[h] for h, _ in live) / 2)
+            want = limit * CANDIDATES_PER_ROW
+            ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
+            by_key: dict[tuple[Any, ...], float | None] = {}
+            info: dict[int, Any] = {}
+            args = {"agent": self.agent_id, "ws": self.workspace, "g": gen, "sources": list(sources)}
             while True:
-                found = conn.execute(sql, {**args, "k": want + 1}).fetchall()
-                if not found:
-                    return []
-                n_chunks, n_tokens, df = found[0][0], found[0][1], found[0][2]
-                bounds = sorted((r for r in found if r[3] is not None), key=lambda r: (-r[4], r[3]))
-                rows = {r[3]: {terms[k - 1]: [int(x) for x in pos[1:-1].split(",")]
-                               for k, pos in zip(r[6], r[7], strict=True)} for r in bounds[:want]}
-                by_rowid = {r[3]: r for r in bounds[:want]}
-                ranks = rank_rows(query, rows, {r: int(by_rowid[r][5]) for r in rows},
-                                  row_count=n_chunks, token_count=n_tokens, weights=weights,
-                                  phrase_rows=[df[slot[p[0]] - 1] if p else 0 for p in query.phrases])
-                picked = sorted(ranks, key=lambda r: (ranks[r], by_rowid[r][9], by_rowid[r][11]))[:limit]
-                if (len(bounds) <= want or len(picked) == limit
-                        and -ranks[picked[-1]] > float(bounds[want][4]) * (1 + BOUND_MARGIN)):
-                    return [_keyword_row((*by_rowid[r][8:13], by_rowid[r][13], ranks[r]))
-                            for r in picked]
-                want *= CANDIDATE_GROWTH
+                essential = [t for t in terms if t in idfs and t not in common]
+                bound = []
+                for h, needed in live:
+                    if h in common:
+                        value = repr(most[h])
+                    else:
+                        w = f"w{slot[h]}"
+                        value = (f"{idfs[h]!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
+                                 f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
+                    held = " AND ".join(f"w{slot[t]} IS NOT NULL"
+                                        for t in sorted(needed - common, key=slot.__getitem__))
+                    bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
+                cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
+                # The column-weighted frequency of a posting's term, from its hits per column.
+                wf = " + ".join(f"p.tf[{i + 1}] * {float(w)!r}::float8" for i, w in enumerate(weights))
+                cur.execute(
+                    "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
+                    " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.doc_len::float8 AS dl,"
+                    f" p.source AS src, {wf} AS wf, p.positions FROM t JOIN {s}.postings p"
+                    " ON p.agent_id = %(agent)s AND p.workspace = %(ws)s AND p.term = t.term"
+                    " WHERE p.gen_from <= %(g)s),"
+                    f" r AS (SELECT r, dl, {cols} FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
+                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
+                    " ORDER BY ub DESC, r.r LIMIT %(k)s),"
+                    # Every term's postings of the candidates: the essential ones already read,
+                    # the common ones by key.
+                    " x AS (SELECT p.r, p.k, p.positions FROM p JOIN top ON top.r = p.r"
+                    " UNION ALL SELECT top.r, n.k, q.positions FROM top CROSS JOIN"
+                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k)"
+                    f" JOIN {s}.postings q ON q.agent_id = %(agent)s AND q.workspace = %(ws)s"
+                    " AND q.term = n.term AND q.chunk_rowid = top.r)"
+                    " SELECT top.r, top.ub, top.dl, array_agg(x.k), array_agg(x.positions::text),"
+                    " c.path, c.start_line"
+                    f" FROM top JOIN x ON x.r = top.r JOIN {s}.chunks c ON c.chunk_rowid = top.r"
+                    " GROUP BY top.r, top.ub, top.dl, c.chunk_rowid",
+                    {**args, "k": want + 1, "ess": _text_array(essential),
+                     "ess_k": _int_array(slot[t] for t in essential),
+                     "common": _text_array(sorted(common)),
+                     "common_k": _int_array(slot[t] for t in sorted(common))})
+                bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
+                rest = free_bound(common)
+                # Rank the candidates in the order of their bounds, a few at a time, until the
+                # limit-th exact score is above the bound of every chunk not ranked yet.
+                for first in range(0, min(want, len(bounds)) + 1, RANK_STEP):
+                    todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
+                    # Chunks with the same length and the same postings of the query's terms
+                    # (a note copied, repeated boilerplate) have the same rank: ranked once.
+                    keys = {r[0]: (r[2], *sorted(zip(r[3], r[4], strict=True))) for r in todo}
+                    fresh = {keys[r[0]]: r for r in todo if keys[r[0]] not in by_key}
+                    found_ranks = rank_rows(
+                        query, {r[0]: {terms[k - 1]: [int(x) for x in pos[1:-1].split(",")]
+                                       for k, pos in zip(r[3], r[4], strict=True)} for r in fresh.values()},
+                        {r[0]: int(r[2]) for r in fresh.values()}, row_count=n_chunks,
+                        token_count=n_tokens, weights=weights,
+                        phrase_rows=[df[p[0]] if p else 0 for p in query.phrases])
+                    by_key.update((key, found_ranks.get(r[0])) for key, r in fresh.items())
+                    for r in todo:
+                        rank = by_key[keys[r[0]]]
+                        if rank is not None:  # None: the row does not match
+                            ranks[r[0]] = rank
+                    info.update((r[0], r) for r in todo)
+                    picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
+                    beat = -ranks[picked[-1]] if len(picked) == limit else None
+                    upto = min(first + RANK_STEP, want)
+                    outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
+                    if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
+                        # The texts of the answer only (not of every candidate).
+                        cur.execute(f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"
+                                    f" FROM {s}.chunks WHERE chunk_rowid = ANY(%s)", (picked,))
+                        text_of = {row[0]: row[1:] for row in cur.fetchall()}
+                        return [_keyword_row((*text_of[r], ranks[r])) for r in picked]
+                next_bound = float(bounds[want][1]) if len(bounds) > want else 0.0
+                if common and (beat is None or rest * (1 + BOUND_MARGIN) >= beat):
+                    common = common_terms(beat or 0.0)
+                elif len(bounds) > want and (beat is None or next_bound * (1 + BOUND_MARGIN) >= beat):
+                    if common:  # the common terms' bounds loosen every candidate's: read them
+                        common = set()
+                    else:
+                        want *= CANDIDATE_GROWTH
 
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
         """The published chunk count and, per ``MATCH`` expression, how many chunks it matches
@@ -479,15 +572,23 @@ class PostgresStore:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
         queries = [parse_match(e, self._tokenizer.phrase_tokens) for e in exprs]
+        # A part of one word: its chunk count is the word's df (term_stats), no posting read.
+        words = {i: q.phrases[0][0] for i, q in enumerate(queries) if q.root.kind == "phrase"
+                 and len(q.phrases[0]) == 1 and q.columns[0] is None}
         with self._snapshot("count keyword parts") as cur:
             st = self._stats(cur)
-            tokens = list(dict.fromkeys(t for q in queries for t in q.tokens))
-            if not tokens:
-                return st.chunk_count, [0 for _ in queries]
-            rows, _ = self._postings(cur, "postings", "doc_len", tokens,
-                                     {"agent": self.agent_id, "ws": self.workspace,
-                                      "gen": st.generation}, {})
-        return st.chunk_count, [count_matches(q, rows) for q in queries]
+            cur.execute(f"SELECT term, df FROM {self._s}.term_stats WHERE agent_id = %s"
+                        " AND workspace = %s AND term = ANY(%s)",
+                        (self.agent_id, self.workspace, list(set(words.values()))))
+            df = dict(cur.fetchall())
+            tokens = list(dict.fromkeys(t for i, q in enumerate(queries) if i not in words for t in q.tokens))
+            rows: dict[int, dict[str, list[int]]] = {}
+            if tokens:
+                rows, _ = self._postings(cur, "postings", "doc_len", tokens,
+                                         {"agent": self.agent_id, "ws": self.workspace,
+                                          "gen": st.generation}, {})
+        return st.chunk_count, [int(df.get(words[i], 0)) if i in words else count_matches(q, rows)
+                                for i, q in enumerate(queries)]
 
     def _postings(self, cur: Any, table: str, length: str, tokens: Sequence[str],
                   args: dict[str, Any], order: dict[int, tuple[str, str, int]]
@@ -591,8 +692,10 @@ class PostgresStore:
         ``VectorIndex.search_scored`` answers, for the calibration of the hybrid fusion).
 
         Only chunks of ``model`` and ``sources`` with windows of ``len(vector)`` dims count. The
-        statistics need every chunk's best cosine, so this is one exact scan of the scope's
-        windows (one statement, one snapshot), not an HNSW walk.
+        statistics need every chunk's best cosine, so every window of the scope is compared:
+        as the SQLite store does, over a matrix of the published windows held in memory (per
+        store, rebuilt when the published generation moves, reading only the chunks it does
+        not hold yet); above ``MATRIX_MAX_BYTES`` of windows, by one exact SQL statement.
 
         Args:
             vector: the query embedding (any finite, non-zero norm).
@@ -609,26 +712,90 @@ class PostgresStore:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        norm = math.sqrt(math.fsum(x * x for x in vector)) if vector else 0.0
+        import numpy as np
+
+        q = np.asarray(vector, dtype=np.float64)
+        norm = float(np.linalg.norm(q)) if len(q) else 0.0
         if limit <= 0 or not sources or not math.isfinite(norm) or norm == 0.0:
             return [], 0.0, 0.0, 0
-        d = len(vector)
-        with self._errors("vector search"), self._pool.connection() as conn:
-            rows = conn.execute(
-                f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
-                " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
-                # windows are stored as unit vectors: the cosine is the inner product with the
-                # unit query (pgvector's <#> is its negation)
-                f" best AS (SELECT c.id, max(-(v.embedding::vector({d}) <#> %(q)s::vector({d})))"
-                f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
-                " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
-                f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
-                " AND c.source = ANY(%(sources)s) AND c.gen_from <= st.g"
-                " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
-                " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
-                ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
-                {"q": _vector_text([x / norm for x in vector]), "agent": self.agent_id,
-                 "ws": self.workspace, "model": model, "sources": list(sources), "limit": limit}).fetchall()
+        key = (model, tuple(sorted(set(sources))), len(q))
+        with self._errors("vector search"), self._pool.connection() as conn, self._windows_lock:
+            row = conn.execute(f"SELECT published_generation FROM {self._s}.workspaces"
+                               " WHERE agent_id = %s AND workspace = %s",
+                               (self.agent_id, self.workspace)).fetchone()
+            if row is None:
+                return [], 0.0, 0.0, 0
+            matrix = self._window_matrix(conn, int(row[0]), key)
+            if matrix is None:
+                return self._window_search_sql(conn, [float(x) / norm for x in vector], key, limit)
+        found = VectorIndex._search_matrix(matrix, (q / norm).astype(np.float32), limit=limit)
+        return found.hits, found.mean, found.std, found.count
+
+    def _window_matrix(self, conn: Any, gen: int, key: tuple[str, tuple[str, ...], int]) -> Any:
+        """The window matrix of ``key`` (model, sources, dims) in generation ``gen``, or
+        ``None`` above the memory budget. Chunks are held by rowid (a rowid's chunk never
+        changes): a new generation costs the list of its rowids and the windows of the new
+        ones."""
+        import numpy as np
+
+        if self._windows is not None and self._windows_gen != gen:
+            live = {r[0] for r in conn.execute(
+                f"SELECT c.chunk_rowid FROM {self._s}.chunks c WHERE c.agent_id = %(agent)s"
+                f" AND c.workspace = %(ws)s AND {_visible('c')}",
+                {"agent": self.agent_id, "ws": self.workspace, "gen": gen}).fetchall()}
+            held = {r: c for r, c in self._windows.items() if r in live}
+            new = sorted(live - held.keys())
+            for first in range(0, len(new), POSTINGS_PER_STATEMENT):
+                part = new[first:first + POSTINGS_PER_STATEMENT]
+                held.update(dict.fromkeys(part))
+                rows = conn.execute(
+                    f"SELECT v.chunk_rowid, c.id, c.model, c.source, v.dims, v.embedding::text"
+                    f" FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+                    " ON c.chunk_rowid = v.chunk_rowid WHERE v.chunk_rowid = ANY(%s)"
+                    " ORDER BY v.chunk_rowid, v.window_no", (part,)).fetchall()
+                for rowid, group in itertools.groupby(rows, key=lambda r: r[0]):
+                    windows = list(group)
+                    _, chunk_id, chunk_model, source, dims, _ = windows[0]
+                    held[rowid] = (str(chunk_id), str(chunk_model), str(source), int(dims), np.stack(
+                        [np.fromstring(w[5][1:-1], dtype=np.float32, sep=",") for w in windows]))
+            self._windows_gen, self._matrices = gen, {}
+            self._windows = held
+            if sum(c[4].nbytes for c in held.values() if c is not None) > MATRIX_MAX_BYTES:
+                self._windows = None
+        if self._windows is None:
+            return None
+        matrix = self._matrices.get(key)
+        if matrix is None:
+            model, sources, dims = key
+            chosen = sorted((c for c in self._windows.values() if c is not None and c[1] == model
+                             and c[2] in sources and c[3] == dims), key=lambda c: c[0])
+            sizes = np.fromiter((len(c[4]) for c in chosen), dtype=np.int64, count=len(chosen))
+            matrix = self._matrices[key] = _Matrix(
+                version=gen, ids=[c[0] for c in chosen],
+                windows=(np.ascontiguousarray(np.concatenate([c[4] for c in chosen])) if chosen
+                         else np.zeros((0, dims), dtype=np.float32)),
+                bounds=np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64))
+        return matrix
+
+    def _window_search_sql(self, conn: Any, unit: list[float], key: tuple[str, tuple[str, ...], int],
+                           limit: int) -> tuple[list[tuple[str, float]], float, float, int]:
+        """:meth:`window_search` by one exact statement over the scope's windows (the unit
+        query ``unit``; windows are stored as unit vectors)."""
+        model, sources, d = key
+        rows = conn.execute(
+            f"WITH st AS (SELECT published_generation AS g FROM {self._s}.workspaces"
+            " WHERE agent_id = %(agent)s AND workspace = %(ws)s),"
+            # the cosine is the inner product with the unit query (pgvector's <#> negates it)
+            f" best AS (SELECT c.id, max(-(v.embedding::vector({d}) <#> %(q)s::vector({d})))"
+            f" AS sim FROM {self._s}.chunk_vectors v JOIN {self._s}.chunks c"
+            " ON c.chunk_rowid = v.chunk_rowid CROSS JOIN st WHERE v.agent_id = %(agent)s"
+            f" AND v.workspace = %(ws)s AND v.dims = {d} AND c.model = %(model)s"
+            " AND c.source = ANY(%(sources)s) AND c.gen_from <= st.g"
+            " AND (c.gen_to IS NULL OR c.gen_to > st.g) GROUP BY c.chunk_rowid, c.id)"
+            " SELECT id, sim, avg(sim) OVER (), stddev_pop(sim) OVER (), count(*) OVER ()"
+            ' FROM best ORDER BY sim DESC, id COLLATE "C" LIMIT %(limit)s',
+            {"q": _vector_text(unit), "agent": self.agent_id, "ws": self.workspace, "model": model,
+             "sources": list(sources), "limit": limit}).fetchall()
         if not rows:
             return [], 0.0, 0.0, 0
         return ([(str(r[0]), float(r[1])) for r in rows], float(rows[0][2]), float(rows[0][3]),
@@ -764,8 +931,16 @@ class SyncLease:
             published = conn.execute(f"SELECT published_generation FROM {s}.workspaces"
                                      " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
                                      self._scope).fetchone()[0]
-        self.published = int(published)
-        self.generation = self.published + 1
+            self.published = int(published)
+            self.generation = self.published + 1
+            # A killed sync's rows of generation P + 1 are published with this one: their terms
+            # count in the statistics this lease publishes.
+            self._terms = _TermCounts()
+            self._terms.add_rows(conn.execute(
+                f"SELECT p.term, count(*), max(p.tf[1]), max(p.tf[2]), max(p.tf[3]), min(p.doc_len)"
+                f" FROM {s}.chunks c JOIN {s}.postings p ON p.chunk_rowid = c.chunk_rowid"
+                " WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s AND c.gen_from = %(gen)s"
+                " GROUP BY p.term", {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
 
     def __enter__(self) -> SyncLease:
@@ -821,8 +996,9 @@ class SyncLease:
                 "sources": _text_array(f.source for f in files)}
         for dims in {len(v) for _, c in chunks for v in c.vectors} - store._vector_dims:
             store._ensure_vector_index(self._conn, dims)
+        counts = _TermCounts()
         with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
-            self._retire(cur, args)
+            counts.remove(self._retire(cur, args))
             cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
                         " gen_from) SELECT %(agent)s, %(ws)s, x.p, x.s, x.h, x.m, x.n, %(gen)s"
                         " FROM unnest(%(paths)s::text[], %(sources)s::text[], %(hashes)s::text[],"
@@ -831,6 +1007,7 @@ class SyncLease:
                          "mtimes": _int_array(f.mtime_ms for f in files),
                          "sizes": _int_array(f.size for f in files)})
             if not chunks:
+                self._terms.merge(counts)
                 return
             cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
                         " end_line, hash, model, text, doc_len, trigram_len, gen_from)"
@@ -869,6 +1046,9 @@ class SyncLease:
                              "windows": _int_array(i for _, i, _ in embedded),
                              "dims": _int_array(len(v) for _, _, v in embedded),
                              "vecs": _text_array(_vector_text(v) for _, _, v in embedded)})
+        for t in terms:
+            counts.add(t)
+        self._terms.merge(counts)
 
     def delete_file(self, path: str, source: str) -> None:
         """Leave ``path`` out of generation ``P + 1`` (one transaction).
@@ -879,19 +1059,21 @@ class SyncLease:
         args = {**self._scope, "paths": _text_array([path]), "sources": _text_array([source]),
                 "gen": self.generation}
         with self.store._errors("delete a file"), self._conn.transaction(), self._conn.cursor() as cur:
-            self._retire(cur, args)
+            gone = self._retire(cur, args)
+        self._terms.remove(gone)
 
-    def _retire(self, cur: Any, args: dict[str, Any]) -> None:
+    def _retire(self, cur: Any, args: dict[str, Any]) -> dict[str, int]:
         """Drop this generation's own rows of the files ``args["paths"]`` / ``args["sources"]``
-        (array literals) and end the older ones at it."""
+        (array literals) and end the older ones at it; the dropped postings per term."""
         s = self.store._s
         where = ("agent_id = %(agent)s AND workspace = %(ws)s AND (path, source) IN"
                  " (SELECT * FROM unnest(%(paths)s::text[], %(sources)s::text[]))")
-        _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
+        gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
         cur.execute(f"DELETE FROM {s}.files WHERE {where} AND gen_from = %(gen)s", args)
         for table in ("chunks", "files"):
             cur.execute(f"UPDATE {s}.{table} SET gen_to = %(gen)s WHERE {where} AND gen_to IS NULL",
                         args)
+        return gone
 
     def publish(self) -> ScopeStats:
         """Make generation ``P + 1`` the one readers see and delete the rows it retired, in one
@@ -923,8 +1105,9 @@ class SyncLease:
                 # generation must not find the rows it retired).
                 with self._conn.cursor() as cur:
                     where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
-                    _delete_chunks(cur, s, where, args)
+                    self._terms.remove(_delete_chunks(cur, s, where, args))
                     cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
+                    self._terms.publish(cur, f"{s}.term_stats", self._scope)
             # Fresh planner statistics once the tables changed much: on tables it has not
             # analysed, the planner took an agent's postings for a handful of rows and scanned
             # all of them for a query's terms. A small sync skips it (autovacuum's analyze
@@ -932,7 +1115,7 @@ class SyncLease:
             # the searches). A role that does not own the tables is skipped by ANALYZE with a
             # notice.
             if self.chunks_written * ANALYZE_SHARE >= count:
-                for table in ("chunks", "postings", "trigram_postings", "chunk_vectors"):
+                for table in ("chunks", "postings", "trigram_postings", "term_stats", "chunk_vectors"):
                     self._conn.execute(f"ANALYZE {s}.{table}")
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
@@ -945,21 +1128,115 @@ class SyncLease:
             self._conn.close()
 
 
-def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> None:
-    """Delete the chunks matching ``where`` with their postings, trigram postings and vectors."""
+def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> dict[str, int]:
+    """Delete the chunks matching ``where`` with their postings, trigram postings and vectors;
+    the deleted postings per term."""
     cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid", args)
     gone = [r[0] for r in cur.fetchall()]
-    if gone:
-        for table in ("postings", "trigram_postings", "chunk_vectors"):
-            cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
+    if not gone:
+        return {}
+    cur.execute(f"WITH d AS (DELETE FROM {schema}.postings WHERE chunk_rowid = ANY(%s) RETURNING term)"
+                " SELECT term, count(*) FROM d GROUP BY term", (gone,))
+    dropped = {str(t): int(n) for t, n in cur.fetchall()}
+    for table in ("trigram_postings", "chunk_vectors"):
+        cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
+    return dropped
+
+
+class _TermCounts:
+    """What a sync changes in ``term_stats``: per term, the postings added less those removed
+    (``df``), and the most hits per column and the shortest chunk of the added ones."""
+
+    def __init__(self) -> None:
+        self.df: dict[str, int] = {}
+        self.hits: dict[str, list[int]] = {}  # shared lists: never changed in place
+        self.min_dl: dict[str, int] = {}
+        self._parsed: dict[str, list[int]] = {}
+
+    def add(self, terms: ChunkTerms) -> None:
+        """Count one written chunk's postings."""
+        df, hits, min_dl, parsed, n = self.df, self.hits, self.min_dl, self._parsed, terms.doc_len
+        for term, tf in terms.tf.items():
+            df[term] = df.get(term, 0) + 1
+            cols = parsed.get(tf)
+            if cols is None:  # few distinct hit counts: each literal is parsed once
+                cols = parsed[tf] = [int(x) for x in tf[1:-1].split(",")]
+            held = hits.get(term)
+            if held is None:
+                hits[term] = cols
+                min_dl[term] = n
+                continue
+            if held is not cols and any(c > h for c, h in zip(cols, held, strict=True)):
+                hits[term] = [max(c, h) for c, h in zip(cols, held, strict=True)]
+            if n < min_dl[term]:
+                min_dl[term] = n
+
+    def add_rows(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Count aggregated postings: ``(term, count, max hits of each column..., min length)``."""
+        for term, n, *rest in rows:
+            self.df[term] = self.df.get(term, 0) + int(n)
+            cols, dl = [int(x) for x in rest[:-1]], int(rest[-1])
+            held = self.hits.get(term)
+            self.hits[term] = cols if held is None else [max(a, b) for a, b in zip(held, cols, strict=True)]
+            self.min_dl[term] = min(dl, self.min_dl.get(term, dl))
+
+    def remove(self, dropped: dict[str, int]) -> None:
+        """Count postings deleted (``{term: count}``)."""
+        for term, n in dropped.items():
+            self.df[term] = self.df.get(term, 0) - n
+
+    def merge(self, other: _TermCounts) -> None:
+        """Add another count (a committed write's)."""
+        for term, n in other.df.items():
+            self.df[term] = self.df.get(term, 0) + n
+        self.add_rows((t, 0, *h, other.min_dl[t]) for t, h in other.hits.items())
+
+    def publish(self, cur: Any, table: str, scope: dict[str, Any]) -> None:
+        """Apply the counts to ``table`` (``term_stats``) by statements of at most
+        :data:`POSTINGS_PER_STATEMENT` terms; terms no chunk holds any more are deleted."""
+        terms = sorted(t for t, n in self.df.items() if n or t in self.hits)
+        for first in range(0, len(terms), POSTINGS_PER_STATEMENT):
+            part = terms[first:first + POSTINGS_PER_STATEMENT]
+            hits = [self.hits.get(t, [0, 0, 0]) for t in part]
+            cur.execute(f"INSERT INTO {table} AS s (agent_id, workspace, term, df, max_tf, min_dl)"
+                        " SELECT %(agent)s, %(ws)s, t, n, ARRAY[a, b, c], m FROM unnest(%(terms)s::text[],"
+                        " %(dfs)s::bigint[], %(a)s::int[], %(b)s::int[], %(c)s::int[], %(m)s::int[])"
+                        " AS x(t, n, a, b, c, m) ORDER BY t"
+                        " ON CONFLICT (agent_id, workspace, term) DO UPDATE SET df = s.df + EXCLUDED.df,"
+                        " max_tf = ARRAY[greatest(s.max_tf[1], EXCLUDED.max_tf[1]),"
+                        " greatest(s.max_tf[2], EXCLUDED.max_tf[2]), greatest(s.max_tf[3], EXCLUDED.max_tf[3])],"
+                        " min_dl = least(s.min_dl, EXCLUDED.min_dl)",
+                        {**scope, "terms": _text_array(part), "dfs": _int_array(self.df[t] for t in part),
+                         "a": _int_array(h[0] for h in hits), "b": _int_array(h[1] for h in hits),
+                         "c": _int_array(h[2] for h in hits),
+                         "m": _int_array(self.min_dl.get(t, 2**31 - 1) for t in part)})
+            cur.execute(f"DELETE FROM {table} WHERE agent_id = %(agent)s AND workspace = %(ws)s"
+                        " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 
 
 def _insert_postings(cur: Any, table: str, args: dict[str, Any],
                      chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False) -> None:
-    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) in one INSERT
-    over arrays (``COPY`` is refused on tables with row-level security); with ``impacts``, each
-    posting also gets its hits per column and its chunk's length, source and generation
-    (``postings``, migration m005)."""
+    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) by INSERTs
+    over arrays (``COPY`` is refused on tables with row-level security), each of whole chunks
+    and at most :data:`POSTINGS_PER_STATEMENT` postings (one chunk more when a single chunk
+    holds more): the statement deadline bounds each statement, so a batch of any size is
+    written. With ``impacts``, each posting also gets its hits per column and its chunk's
+    length, source and generation (``postings``, migration m005)."""
+    part: list[tuple[int, ChunkTerms, str]] = []
+    held = 0
+    for item in chunks:
+        if part and held + len(item[1].positions) > POSTINGS_PER_STATEMENT:
+            _insert_posting_rows(cur, table, args, part, impacts=impacts)
+            part, held = [], 0
+        part.append(item)
+        held += len(item[1].positions)
+    if part:
+        _insert_posting_rows(cur, table, args, part, impacts=impacts)
+
+
+def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],
+                         chunks: Sequence[tuple[int, ChunkTerms, str]], *, impacts: bool) -> None:
+    """One INSERT of the postings of ``chunks`` (:func:`_insert_postings`)."""
     terms: list[str] = []
     rowids: list[int] = []
     positions: list[str] = []
@@ -999,10 +1276,10 @@ def _text_array(values: Iterable[str]) -> str:
     """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
     string parameter is sent instead of a list adapted element by element."""
     items = list(values)
-    joined = '","'.join(items)
+    joined = "".join(items)  # escaping is needed only when an element holds a quote or backslash
     if '"' in joined or "\\" in joined:
-        joined = '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items)
-    return '{"' + joined + '"}' if items else "{}"
+        return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items) + '"}'
+    return '{"' + '","'.join(items) + '"}' if items else "{}"
 
 
 def _int_array(values: Iterable[int | None]) -> str:

@@ -179,13 +179,13 @@ def test_m006_keeps_a_chunk_vector_as_its_window_0(pg_dsn: str, monkeypatch: pyt
     from fallback.store.postgres import migrations
 
     every = migrations.MIGRATIONS
-    assert every[-1] is migrations.m006_vector_windows
-    monkeypatch.setattr(migrations, "MIGRATIONS", every[:-1])
+    assert every[5] is migrations.m006_vector_windows
+    monkeypatch.setattr(migrations, "MIGRATIONS", every[:5])
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         migrations.migrate(conn, "qmdbridge")
         conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, agent_id, workspace, dims,"
                      " embedding) VALUES (7, 'main', '/ws', 2, '[0.6,0.8]')")
-        monkeypatch.setattr(migrations, "MIGRATIONS", every)
+        monkeypatch.setattr(migrations, "MIGRATIONS", every[:6])
         assert migrations.migrate(conn, "qmdbridge") == ["m006_vector_windows"]
         assert conn.execute("SELECT chunk_rowid, window_no, embedding::text FROM"
                             " qmdbridge.chunk_vectors").fetchall() == [(7, 0, "[0.6,0.8]")]
@@ -195,3 +195,44 @@ def test_m006_keeps_a_chunk_vector_as_its_window_0(pg_dsn: str, monkeypatch: pyt
         with pytest.raises(psycopg.errors.UniqueViolation):
             conn.execute("INSERT INTO qmdbridge.chunk_vectors (chunk_rowid, window_no, agent_id,"
                          " workspace, dims, embedding) VALUES (7, 1, 'main', '/ws', 2, '[0,1]')")
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_window_search_follows_each_published_generation(pg_dsn: str, in_memory: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The windows held in memory follow the published index (a deleted file's chunks go, a
+    new file's come, an unpublished sync is not seen); above the memory budget the exact SQL
+    statement answers the same."""
+    from fallback.store.postgres import store as pg_store
+    from fallback.store.postgres.store import ChunkRow, PostgresStore
+    from fallback.store.postgres.target import resolve_target
+
+    if not in_memory:
+        monkeypatch.setattr(pg_store, "MATRIX_MAX_BYTES", 0)
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+
+    def sync(files: dict[str, tuple[list[float], ...]], *, publish: bool = True) -> None:
+        lease = store.sync_lease(wait_ms=5000)
+        assert lease is not None
+        for path, windows in files.items():
+            lease.write_file(path, "memory", content_hash=path, mtime_ms=1, size=1, title=path,
+                             chunks=[ChunkRow(f"{path}#1", 1, 1, path, "m", path, "", windows=windows)]
+                             if windows else [])
+        if publish:
+            lease.publish()
+        else:
+            lease.close()
+
+    def search() -> tuple[list[tuple[str, float]], float, float, int]:
+        hits, mean, std, count = store.window_search([2.0, 0.0], model="m", sources=["memory"], limit=5)
+        return [(h, round(s, 6)) for h, s in hits], round(mean, 6), round(std, 6), count
+
+    try:
+        sync({"a.md": ([1.0, 0.0],), "b.md": ([0.0, 1.0], [0.8, 0.6])})
+        assert search() == ([("a.md#1", 1.0), ("b.md#1", 0.8)], 0.9, 0.1, 2)
+        sync({"a.md": (), "c.md": ([0.6, 0.8],)})
+        assert search() == ([("b.md#1", 0.8), ("c.md#1", 0.6)], 0.7, 0.1, 2)
+        sync({"d.md": ([1.0, 0.0],)}, publish=False)
+        assert search() == ([("b.md#1", 0.8), ("c.md#1", 0.6)], 0.7, 0.1, 2)
+    finally:
+        store.close()

@@ -117,6 +117,28 @@ def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Pa
         pg.close()
 
 
+def test_rows_holding_only_common_words_are_ranked_when_the_rare_ones_fall_short(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """A common word's postings are not read at first (its bm25 share is too small to matter
+    next to the rare word's); when the rare word's rows are fewer than asked for, the rows
+    holding only the common word must still fill the answer, ranked as FTS5 ranks them."""
+    files = {f"memory/n{i:02d}.md": [(1, 1, "zebra and apple" if i == 7 else f"apple pie number {i}"
+                                      + " filler" * (i % 5))] for i in range(21)}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    try:
+        plan = search_plan(lite, "zebra apple")
+        assert plan is not None and plan.match
+        want = keyword_rows(lite, plan, sources=["memory"], limit=10)
+        got = pg.keyword_rows(plan.match, sources=["memory"], limit=10)
+        assert len(want) == 10 and want[0][1] == "memory/n07.md"
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9)
+    finally:
+        lite.close()
+        pg.close()
+
+
 def corpus_files(root: Path) -> dict[str, list[tuple[int, int, str]]]:
     """The chunks of a ``scripts/corpus.py`` workspace (English with Japanese and Chinese
     lines), chunked as the engine chunks notes."""

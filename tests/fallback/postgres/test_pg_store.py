@@ -410,6 +410,75 @@ def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) ->
         store.close()
 
 
+def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: str) -> None:
+    from fallback.store.postgres.store import POSTINGS_PER_STATEMENT, FileRows
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        # Each INSERT statement on postings records how many rows it wrote.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.insert_sizes (n int NOT NULL)")
+            conn.execute("CREATE FUNCTION public.record_insert() RETURNS trigger LANGUAGE plpgsql AS"
+                         " $$ BEGIN INSERT INTO public.insert_sizes SELECT count(*) FROM new_rows;"
+                         " RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER record_insert AFTER INSERT ON qmdbridge.postings"
+                         " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION public.record_insert()")
+        # 60 files of 3 chunks, each chunk 100 distinct words: 18,000 postings in one call.
+        files = [FileRows(f"memory/{f}.md", "memory", f"h{f}", 1, 1, "",
+                          tuple(ChunkRow(f"{f}#{c}", c, c, f"c{f}-{c}", "",
+                                         " ".join(f"w{f}x{c}x{w}" for w in range(100)), "")
+                                for c in range(3))) for f in range(60)]
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(files)
+        assert lease.publish().chunk_count == 180
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            sizes = [r[0] for r in conn.execute("SELECT n FROM public.insert_sizes")]
+        assert sum(sizes) == 18_000 and len(sizes) == 4
+        assert max(sizes) <= POSTINGS_PER_STATEMENT
+        assert found(store, "w59x2x99") == ["59#2"]
+    finally:
+        store.close()
+
+
+def test_term_stats_follow_the_published_postings_through_rewrites_deletes_and_a_dropped_sync(
+        pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    truth = ("SELECT p.term, count(*), ARRAY[max(p.tf[1]), max(p.tf[2]), max(p.tf[3])], min(p.doc_len)"
+             " FROM qmdbridge.postings p JOIN qmdbridge.workspaces w USING (agent_id, workspace)"
+             " WHERE p.gen_from <= w.published_generation GROUP BY p.term ORDER BY p.term")
+    try:
+        write(store, {"memory/a.md": "apple apple pear", "memory/b.md": "pear plum", "memory/c.md": "fig"})
+        # A sync that writes and leaves without publishing: the next one publishes its rows.
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_file("memory/d.md", "memory", content_hash="hd", mtime_ms=1, size=1, title="d",
+                         chunks=[ChunkRow("d#1", 1, 1, "cd", "", "kiwi pear pear pear", "")])
+        lease.close()
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_file("memory/a.md", "memory", content_hash="ha2", mtime_ms=2, size=1, title="a",
+                         chunks=[ChunkRow("a#2", 1, 1, "ca2", "", "plum", "")])
+        lease.write_file("memory/a.md", "memory", content_hash="ha3", mtime_ms=3, size=1, title="a",
+                         chunks=[ChunkRow("a#3", 1, 1, "ca3", "", "plum lime", "")])
+        lease.delete_file("memory/c.md", "memory")
+        lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            want = conn.execute(truth).fetchall()
+            got = conn.execute("SELECT term, df, max_tf, min_dl FROM qmdbridge.term_stats"
+                               " ORDER BY term").fetchall()
+        assert [(t, n) for t, n, _, _ in got] == [(t, n) for t, n, _, _ in want] == [
+            ("a", 1), ("b", 1), ("d", 1), ("kiwi", 1), ("lime", 1), ("md", 1), ("memori", 1),
+            ("pear", 2), ("plum", 2)]
+        # The hit and length bounds never fall below the postings' own (they only widen).
+        for (_, _, hits, dl), (_, _, top, shortest) in zip(got, want, strict=True):
+            assert all(h >= t for h, t in zip(hits, top, strict=True)) and dl <= shortest
+        assert found(store, "pear") == ["d#1", "memory/b.md#1"]
+    finally:
+        store.close()
+
+
 def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
         pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from fallback.store.postgres import migrations
@@ -435,7 +504,10 @@ def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
             conn.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid,"
                          " positions) VALUES ('main', '/ws', 'walrus', %s, %s)",
                          (rowid, [0, 5, 1 << 20 | 1, 2 << 20 | 3]))
-        assert migrate(conn, s) == ["m005_posting_impacts", "m006_vector_windows"]
+        assert migrate(conn, s) == ["m005_posting_impacts", "m006_vector_windows", "m007_term_stats"]
         rows = conn.execute(f"SELECT c.id, p.tf, p.doc_len, p.source, p.gen_from FROM {s}.postings p"
                             f" JOIN {s}.chunks c USING (chunk_rowid) ORDER BY c.id").fetchall()
+        # m007: the published generation's statistics (the unpublished sync's posting is not).
+        stats = conn.execute(f"SELECT term, df, max_tf, min_dl FROM {s}.term_stats").fetchall()
     assert rows == [("live", [2, 1, 1], 9, "sessions", 1), ("next", [2, 1, 1], 6, "memory", 3)]
+    assert stats == [("walrus", 1, [2, 1, 1], 9)]

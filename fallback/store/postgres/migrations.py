@@ -226,12 +226,17 @@ def migrate(conn: Any, schema: str) -> list[str]:
         conn: a psycopg connection (not in a transaction); committed on return.
         schema: the store's schema (a plain identifier, see ``target.resolve_target``).
 
+    A current schema is left untouched (no DDL, no lock): an agent's own role, which may not
+    create anything, opens it.
+
     Returns:
         The names of the migrations applied now (``[]`` when the schema was current).
 
     Raises:
         psycopg.Error: for the caller to translate (``errors.translate``).
     """
+    if [v for v, _ in applied_versions(conn, schema)] == list(range(1, len(MIGRATIONS) + 1)):
+        return []
     s = _q(schema)
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"qmdbridge.migrate:{schema}",))

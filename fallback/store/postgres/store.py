@@ -269,16 +269,26 @@ class PostgresStore:
 
     def register_agent(self, agent_id: str, *, role_name: str | None = None,
                        share_with: Sequence[str] = ()) -> None:
-        """Record which role acts for ``agent_id`` and which agents may read its rows (the
-        schema owner runs this; ``memorySearch.store.shareWith`` is ``share_with``).
+        """Record which role acts for ``agent_id`` (``None`` keeps the recorded one) and which
+        agents may read its rows (``memorySearch.store.shareWith`` is ``share_with``). Writes
+        nothing when both are recorded already, so an agent's own role, which may only read
+        these tables, opens a store the schema owner set up.
 
         Raises:
             PostgresUnavailableError / PostgresStoreError: on a database failure.
         """
         s = self._s
         with self._errors("register the agent"), self._pool.connection() as conn, conn.transaction():
+            readers = [r for (r,) in conn.execute(
+                f"SELECT reader_agent FROM {s}.shares WHERE owner_agent = %s ORDER BY reader_agent",
+                (agent_id,)).fetchall()]
+            roles = conn.execute(f"SELECT role_name FROM {s}.agents WHERE agent_id = %s",
+                                 (agent_id,)).fetchall()
+            if roles and role_name in (None, roles[0][0]) and readers == sorted(set(share_with)):
+                return
             conn.execute(f"INSERT INTO {s}.agents (agent_id, role_name) VALUES (%s, %s)"
-                         " ON CONFLICT (agent_id) DO UPDATE SET role_name = EXCLUDED.role_name",
+                         " ON CONFLICT (agent_id) DO UPDATE SET"
+                         f" role_name = coalesce(EXCLUDED.role_name, {s}.agents.role_name)",
                          (agent_id, role_name))
             conn.execute(f"DELETE FROM {s}.shares WHERE owner_agent = %s", (agent_id,))
             for reader in dict.fromkeys(share_with):

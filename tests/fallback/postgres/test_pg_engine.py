@@ -187,3 +187,44 @@ def test_cli_doctor_prints_its_checks_when_the_server_is_down(tmp_path: Path, pg
     assert "cannot reach PostgreSQL to connect" in checks["index"]["detail"]
     assert checks["index"]["hint"].startswith("start the server")
     assert checks["root memory file"]["level"] == "ok"
+
+
+@pytest.mark.anyio
+async def test_an_agent_connecting_with_its_own_role_syncs_and_searches_from_its_config(
+        tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
+    """docs/postgres.md "Row-level security": after the schema owner's setup, an agent whose
+    ``store.dsn`` names its own role (not the owner, no right to create anything) syncs and
+    searches through its config, ``shareWith`` included, and keeps the role the owner recorded."""
+    import psycopg
+
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        conn.execute("DROP ROLE IF EXISTS main_role")
+        conn.execute("CREATE ROLE main_role LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace=str(tmp_path / "ws"))
+    try:
+        owner.register_agent("main", role_name="main_role", share_with=["reviewer"])
+        owner.grant_role("main_role")
+    finally:
+        owner.close()
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-12-01.md").write_text("# Trip\nThe heron nests by the north pier.\n")
+    store = {"driver": "postgres", "dsn": pg_server.dsn(dbname, user="main_role"),
+             "shareWith": ["reviewer"]}
+    eng = engine(ws, tmp_path / "state", store)
+    try:
+        report = await eng.sync(reason="test")
+        assert (report.files_indexed, report.files_total) == (1, 1)
+        outcome = await eng.search(SearchRequest.of("where does the heron nest?"))
+        assert [r.path for r in outcome.results] == ["memory/2026-12-01.md"]
+    finally:
+        await eng.close()
+    with pg_server.admin(dbname) as conn:
+        assert conn.execute("SELECT role_name FROM qmdbridge.agents WHERE agent_id = 'main'"
+                            ).fetchall() == [("main_role",)]
+        assert conn.execute("SELECT reader_agent FROM qmdbridge.shares WHERE owner_agent = 'main'"
+                            ).fetchall() == [("reviewer",)]

@@ -214,7 +214,10 @@ class PostgresStore:
             target.conninfo, min_size=1, max_size=pool_size, open=False,
             kwargs=self._connect_kwargs(), configure=self._configure,
             check=ConnectionPool.check_connection, timeout=connect_timeout_ms / 1000,
-            name="qmdbridge-postgres")
+            # the pool's own reconnect attempts back off (1, 2, 4 ... s); past this it stops
+            # them and the next call connects at once: a server back after a long outage
+            # answers within a few seconds, not after the backoff's next step
+            reconnect_timeout=max(1.0, connect_timeout_ms / 1000), name="qmdbridge-postgres")
         with self._errors("connect"):
             self._pool.open(wait=True, timeout=connect_timeout_ms / 1000)
 

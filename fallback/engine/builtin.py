@@ -8,6 +8,8 @@ provider (spec §8.6), hybrid with one (spec §8.5). ``start(tasks)`` turns on l
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -62,7 +64,6 @@ from fallback.settings import EngineSettings
 from fallback.store.db import Store
 from fallback.store.errors import (
     IndexStoreCorruptError,
-    IndexStoreLockedError,
     IndexStoreReadOnlyError,
 )
 from fallback.store.files import read_only_warning
@@ -295,10 +296,11 @@ class BuiltinEngine:
             if not isinstance(exc, cancelled):
                 self._last_error = f"sync ({reason}) failed: {exc}"
             if isinstance(exc, IndexStoreError) and not isinstance(  # status tells those itself
-                    exc, (IndexStoreLockedError, IndexStoreReadOnlyError)):
-                await anyio.to_thread.run_sync(partial(  # every process's status tells it
-                    record_failure, self.settings.db_path, reason=reason, error=exc,
-                    at_ms=self._now_ms()))
+                    exc, IndexStoreReadOnlyError):
+                with anyio.CancelScope(shield=True):  # also when a search's budget ran out
+                    await anyio.to_thread.run_sync(partial(  # every process's status tells it
+                        record_failure, self.settings.db_path, reason=reason, error=exc,
+                        at_ms=self._now_ms()))
             raise
         finally:
             self._sync_done = None
@@ -342,11 +344,20 @@ class BuiltinEngine:
         self._last_error = None
         return report
 
-    async def _search_sync(self, deadline: float, progress: ProgressCallback | None) -> None:
+    async def _search_sync(self, deadline: float, progress: ProgressCallback | None,
+                           lock_deadline: float) -> None:
+        # a store another process holds locked fails the sync at the budget, not after the
+        # busy timeout (a worker thread waiting in SQLite cannot be cancelled)
+        store = self._store  # the one the search opened (None for postgres)
+        if store is not None and lock_deadline != math.inf:
+            store.lock_deadline = time.monotonic() + lock_deadline - anyio.current_time()
         try:
             await self.sync(reason="search", embed_deadline=deadline, progress=progress)
         except (EmbeddingProviderError, IndexStoreError) as exc:
             log.warning("memory sync before search failed: %s", exc)
+        finally:
+            if store is not None:
+                store.lock_deadline = None
 
     def _fails_closed(self) -> bool:
         """Whether a failing provider fails the search (explicitly configured, no opt-in)."""

@@ -71,7 +71,7 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
 
 
 async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on_search: bool,
-                             budget_ms: int, sync: Callable[[], Awaitable[None]],
+                             budget_ms: int, sync: Callable[[float], Awaitable[None]],
                              live: Any = None) -> bool:
     """Run the sync :func:`presearch_sync` asks for.
 
@@ -79,7 +79,9 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
         state / synced / dirty / on_search: as :func:`presearch_sync`.
         budget_ms: the longest wait in ms for a ``"budget"`` sync (>= 0); past it the sync goes
             on in the background (live mode) or is cancelled between files (one-shot).
-        sync: runs one sync for the search (failures recorded, not raised).
+        sync: ``sync(lock_deadline)`` runs one sync for the search (failures recorded, not
+            raised); past ``lock_deadline`` (anyio clock, ``inf`` for an awaited sync) it stops
+            waiting for another process's lock on the store.
         live: the engine's ``LiveSync`` in live mode (it runs a ``"budget"`` sync), or ``None``.
 
     Returns: Whether a sync was run or waited for (the store file may have been replaced then).
@@ -87,11 +89,11 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
     if kind is None:
         return False
-    with anyio.move_on_after(max(0, budget_ms) / 1000 if kind == "budget" else None):
+    with anyio.move_on_after(max(0, budget_ms) / 1000 if kind == "budget" else None) as scope:
         if kind == "budget" and live is not None:
             await live.spawn_sync("search").wait()
         else:
-            await sync()
+            await sync(scope.deadline)
     return True
 
 

@@ -116,6 +116,9 @@ class Store(MetaReads):
         self.writer_lock = writer_lock or StoreWriteLock(self.path)
         self.readonly_recovery = ReadonlyRecovery()
         self.busy_retries = 0
+        # time.monotonic() past which a transaction stops waiting for another process's lock
+        # (None: the busy timeout alone); a search's sync budget sets it.
+        self.lock_deadline: float | None = None
         self._conn: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         self._file_id: tuple[int, int] | None = None
@@ -269,7 +272,7 @@ class Store(MetaReads):
             IndexStoreError: on any other SQLite error (typed, see ``fallback/store/errors.py``).
         """
         with self.locked() as conn:
-            self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+            self._retry(lambda: self._begin(conn))
             try:
                 yield conn
             except BaseException:
@@ -277,6 +280,18 @@ class Store(MetaReads):
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        until = self.lock_deadline
+        if until is None:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        wait_ms = min(self._busy_timeout_ms, max(0, int((until - time.monotonic()) * 1000)))
+        conn.execute(f"PRAGMA busy_timeout={wait_ms}")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_ms)}")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one read statement on the reader and return all rows (bound parameters only);

@@ -7,6 +7,8 @@ from __future__ import annotations
 import resource
 import socket
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,6 +120,45 @@ def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, 
     after = _json(["status", *args], env)
     assert (after["dirty"], after["healthy"], after["problems"], after["custom"]["syncFailure"]) == (
         False, True, [], None)
+
+
+# A second process holding the store's write lock until its stdin closes.
+_HOLD_LOCK = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+              "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); sys.stdin.read()")
+
+
+def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_the_failure(
+        ws: Path, env: dict[str, str]) -> None:
+    args = ["--workspace", str(ws)]
+    assert run_cli(["index", *args], env).returncode == 0
+    with (ws / "MEMORY.md").open("a") as f:
+        f.write("\nThe quokka sanctuary opens in May.\n")
+    db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        started = time.monotonic()
+        found = run_cli(["search", "quokka", *args, "--json"], env)
+        took_s = time.monotonic() - started
+        status = _json(["status", *args], env)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert found.returncode == 0, found.stderr
+    error = f"index store is locked by another process past the busy timeout: database is locked ({db})"
+    answer = orjson.loads(found.stdout)
+    assert (answer["results"], answer["warnings"]) == ([], [f"sync (search) failed: {error}"])
+    assert took_s < 10  # the 2 s sync budget, not the busy timeout's retries (15 s)
+    assert (status["dirty"], status["dirtyReason"], status["healthy"]) == (
+        True, "1 file waits to be indexed", False)
+    assert status["problems"] == [{
+        "check": "index", "hint": "run `qmdbridge index -v` to see the failure",
+        "message": f"last sync (search) failed: {error}; memory files waiting to be indexed: 1"}]
+    assert run_cli(["index", *args], env).returncode == 0  # the lock released: all is indexed
+    after = _json(["status", *args], env)
+    assert (after["dirty"], after["problems"]) == (False, [])
 
 
 def test_serve_answers_keyword_only_while_the_provider_hangs_and_status_says_why(

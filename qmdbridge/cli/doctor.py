@@ -30,23 +30,19 @@ def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
 
 
 async def doctor(agent: Any, args: argparse.Namespace) -> int:
-    """Run the checks and print them with fix hints; without a workspace no status (and no
-    store) is opened."""
+    """Run the checks and print them with fix hints; without a workspace, or with an index
+    the ``index`` check found unusable (corrupt, a postgres server down ...: opening it would
+    repair it, which only ``--fix`` does), no status (and no store) is opened."""
     from qmdbridge.doctor import run_doctor
 
     report = await run_doctor(agent, fix=args.fix)
-    if agent.workspace_dir.is_dir():
-        from fallback.errors import MemorySearchError
+    unusable = any(c.name == "index" and c.level == "error" for c in report.checks)
+    if agent.workspace_dir.is_dir() and not unusable:
         from qmdbridge.manager import MemoryManager
         from qmdbridge.problems import status_problems
 
-        try:
-            async with MemoryManager(agent, backend=args.backend) as m:
-                report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
-        except MemorySearchError:
-            if not any(c.name == "index" and c.level == "error" for c in report.checks):
-                raise
-            # the store cannot be opened (a postgres server down ...): the index check says why
+        async with MemoryManager(agent, backend=args.backend) as m:
+            report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
     if args.json:
         emit_json(report.to_json())
     else:

@@ -176,6 +176,33 @@ def test_cli_doctor_prints_its_checks_when_the_index_cannot_be_read(tmp_path: Pa
     assert (index["level"], index["detail"]) == ("error", f"{db}: database disk image is malformed")
 
 
+def test_cli_doctor_reports_a_corrupt_store_and_only_fix_moves_it_aside(tmp_path: Path) -> None:
+    from tests.e2e.cli_proc import run_cli_in_process
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
+    db = tmp_path / "state" / "memory" / "main.sqlite"
+    with db.open("r+b") as f:
+        f.write(b"garbage, not a SQLite header")
+    damaged = db.read_bytes()
+    p = run_cli_in_process(["doctor", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 1, p.stderr.decode()
+    assert [(c["name"], c["detail"], c["hint"]) for c in orjson.loads(p.stdout)["checks"]
+            if c["level"] == "error"] == [
+        ("index", f"{db}: file is not a database",
+         "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")]
+    assert db.read_bytes() == damaged and not list(db.parent.glob("main.sqlite.corrupt-*"))
+    fixed = run_cli_in_process(["doctor", "--fix", "--workspace", str(ws), "--json"], env)
+    assert fixed.returncode == 0, fixed.stdout.decode()
+    index = {c["name"]: c for c in orjson.loads(fixed.stdout)["checks"]}["index"]
+    assert (index["level"], index["detail"], index["fixed"]) == (
+        "ok", f"rebuilt ({db}: file is not a database)", True)
+    assert len(list(db.parent.glob("main.sqlite.corrupt-*"))) == 1
+
+
 def test_every_note_of_a_file_indexed_anyway_is_a_caveat_not_a_problem() -> None:
     from fallback.index.indexer import CONTROL_NAME_NOTE, ESCAPED_NAME_NOTE, INVALID_UTF8_NOTE, NUL_BYTES_NOTE
     from qmdbridge.problems import is_indexed_caveat, status_problems

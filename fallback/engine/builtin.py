@@ -67,6 +67,7 @@ from fallback.store.errors import (
     IndexStoreReadOnlyError,
 )
 from fallback.store.files import read_only_warning
+from fallback.store.lock import DEFAULT_LOCK_TIMEOUT_MS
 from fallback.store.readonly import ReadOnlyStore
 from fallback.store.seam import SearchStore
 
@@ -320,13 +321,20 @@ class BuiltinEngine:
             store = await self._open_store()
             # One writer per store across processes, for the whole sync, after repairing what a
             # killed writer left (fallback/store/lock.py).
-            async with store.writer_lock.hold():
+            # Within a search's budget (Store.lock_deadline) the wait ends at the budget and
+            # its timeout is the failure told, not the budget's cancellation.
+            wait_ms = None if store.lock_deadline is None else store.lock_wait_ms(DEFAULT_LOCK_TIMEOUT_MS)
+            with anyio.CancelScope(shield=wait_ms is not None):
+                await store.writer_lock.acquire(timeout_ms=wait_ms)
+            try:
                 await anyio.to_thread.run_sync(store.recover_leftovers)
                 indexer = Indexer(self.settings, provider=self._provider(),
                                   write_limiter=self._write_limiter, now_ms=self._now_ms,
                                   on_progress=progress, embed_deadline=embed_deadline)
                 log.debug("builtin sync start (%s, force=%s)", reason, force)
                 report = await indexer.sync_recovering_readonly(store, force=force, paths=paths)
+            finally:
+                store.writer_lock.release()
             if report.full:
                 await anyio.to_thread.run_sync(self._drop_vector_index)
             elif (report.files_indexed or report.files_deleted) and self._vector is not None:

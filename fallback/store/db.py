@@ -281,13 +281,17 @@ class Store(MetaReads):
                 raise
             conn.execute("COMMIT")
 
-    def _begin(self, conn: sqlite3.Connection) -> None:
+    def lock_wait_ms(self, wait_ms: int) -> int:
+        """The longest wait in ms for another process's lock: ``wait_ms``, or what is left
+        until :attr:`lock_deadline` (>= 0) when that is sooner."""
         until = self.lock_deadline
-        if until is None:
+        return wait_ms if until is None else min(wait_ms, max(0, int((until - time.monotonic()) * 1000)))
+
+    def _begin(self, conn: sqlite3.Connection) -> None:
+        if self.lock_deadline is None:
             conn.execute("BEGIN IMMEDIATE")
             return
-        wait_ms = min(self._busy_timeout_ms, max(0, int((until - time.monotonic()) * 1000)))
-        conn.execute(f"PRAGMA busy_timeout={wait_ms}")
+        conn.execute(f"PRAGMA busy_timeout={self.lock_wait_ms(self._busy_timeout_ms)}")
         try:
             conn.execute("BEGIN IMMEDIATE")
         finally:

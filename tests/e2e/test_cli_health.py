@@ -4,6 +4,7 @@ store, a relative ``local.modelPath``."""
 
 from __future__ import annotations
 
+import re
 import resource
 import socket
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.e2e.cli_proc import cli_argv, run_cli
 
@@ -122,19 +124,25 @@ def test_a_sync_that_could_not_write_is_told_with_the_files_that_wait(ws: Path, 
         False, True, [], None)
 
 
-# A second process holding the store's write lock until its stdin closes.
-_HOLD_LOCK = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-              "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); sys.stdin.read()")
+# A second process holding the store locked until its stdin closes: SQLite's write lock, or
+# the writer lock of qmdbridge's syncs.
+_HOLD_LOCK = {
+    "sqlite": "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+              "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); sys.stdin.read()",
+    "writer": "import sys; from pathlib import Path; from fallback.store.lock import StoreWriteLock; "
+              "lock = StoreWriteLock(Path(sys.argv[1])); lock.acquire_blocking(); print('held', flush=True); "
+              "sys.stdin.read()"}
 
 
+@pytest.mark.parametrize("lock", ["sqlite", "writer"])
 def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_the_failure(
-        ws: Path, env: dict[str, str]) -> None:
+        ws: Path, env: dict[str, str], lock: str) -> None:
     args = ["--workspace", str(ws)]
     assert run_cli(["index", *args], env).returncode == 0
     with (ws / "MEMORY.md").open("a") as f:
         f.write("\nThe quokka sanctuary opens in May.\n")
     db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK[lock], str(db)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
@@ -147,15 +155,22 @@ def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_t
         holder.stdin.close()
         holder.wait(timeout=60)
     assert found.returncode == 0, found.stderr
-    error = f"index store is locked by another process past the busy timeout: database is locked ({db})"
+    error = (f"index store is locked by another process past the busy timeout: database is locked ({db})"
+             if lock == "sqlite" else
+             rf"another process \(pid {holder.pid}\) is writing the index; waiting for the writer lock "
+             rf"main\.sqlite\.lock timed out after \d+ ms \({re.escape(str(db))}\)")
+    if lock == "sqlite":
+        error = re.escape(error)
     answer = orjson.loads(found.stdout)
-    assert (answer["results"], answer["warnings"]) == ([], [f"sync (search) failed: {error}"])
+    assert answer["results"] == [] and len(answer["warnings"]) == 1, answer
+    assert re.fullmatch(f"sync \\(search\\) failed: {error}", answer["warnings"][0])
     assert took_s < 10  # the 2 s sync budget, not the busy timeout's retries (15 s)
     assert (status["dirty"], status["dirtyReason"], status["healthy"]) == (
         True, "1 file waits to be indexed", False)
-    assert status["problems"] == [{
-        "check": "index", "hint": "run `qmdbridge index -v` to see the failure",
-        "message": f"last sync (search) failed: {error}; memory files waiting to be indexed: 1"}]
+    [problem] = status["problems"]
+    assert (problem["check"], problem["hint"]) == ("index", "run `qmdbridge index -v` to see the failure")
+    assert re.fullmatch(f"last sync \\(search\\) failed: {error}; memory files waiting to be indexed: 1",
+                        problem["message"])
     assert run_cli(["index", *args], env).returncode == 0  # the lock released: all is indexed
     after = _json(["status", *args], env)
     assert (after["dirty"], after["problems"]) == (False, [])

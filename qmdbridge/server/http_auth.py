@@ -48,7 +48,7 @@ def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, 
     raw = env.get(TOKEN_ENV, "").strip()
     if raw:
         if len(raw) < MIN_TOKEN_CHARS:
-            raise ConfigError(f"{TOKEN_ENV} is too short", key=TOKEN_ENV,
+            raise ConfigError("too short", file="environment", key=TOKEN_ENV,
                               expected=f"at least {MIN_TOKEN_CHARS} characters")
         return raw, None
     path = token_file(state_dir)

@@ -174,8 +174,8 @@ def test_a_short_token_is_a_config_error(setup: tuple[Path, dict[str, str]]) -> 
                        env={**env, "QMDBRIDGE_MCP_TOKEN": "short"}, capture_output=True, timeout=120,
                        stdin=subprocess.DEVNULL)
     assert p.returncode == 2
-    assert p.stderr.decode().splitlines()[-1] == ("qmdbridge: <config>: QMDBRIDGE_MCP_TOKEN: "
-                                                  "QMDBRIDGE_MCP_TOKEN is too short (expected at least 16 characters)")
+    assert p.stderr.decode().splitlines()[-1] == ("qmdbridge: environment: QMDBRIDGE_MCP_TOKEN: too short "
+                                                  "(expected at least 16 characters)")
 
 
 def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> None:

@@ -340,8 +340,15 @@ class _Collector:
         os.close(fd)
         self.candidates.append((path, st))
 
-    def walk(self, root: MemoryRoot, directory: str) -> None:
-        """Walk ``directory`` (below ``root``) in name order without following symlinks."""
+    def walk(self, root: MemoryRoot, directory: str, prefix: str | None = None) -> None:
+        """Walk ``directory`` (below ``root``; ``prefix``: its path relative to the root's folder
+        with a trailing ``/``, computed when not given) in name order without following symlinks."""
+        if prefix is None:
+            top = _rel(directory, str(root.path))
+            prefix = "" if top == "." else top + "/"
+        # only a file at the workspace root or under .openclaw-repair/ can be auxiliary
+        at = _rel(directory, self.workspace)
+        maybe_auxiliary = at == "." or at.split("/", 1)[0] == ".openclaw-repair"
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
@@ -358,7 +365,7 @@ class _Collector:
                 if entry.name.endswith(MARKDOWN_SUFFIX) and entry.is_file(follow_symlinks=False):
                     self.skip(entry.path, "hidden name (not memory)")  # a draft, say so
                 continue
-            rel = _rel(entry.path, str(root.path))
+            rel = prefix + entry.name
             try:
                 if entry.is_symlink():
                     if entry.name.endswith(MARKDOWN_SUFFIX) or entry.is_dir():
@@ -366,9 +373,10 @@ class _Collector:
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     if root.recursive and entry.name not in SKIP_DIR_NAMES:
-                        self.walk(root, entry.path)
+                        self.walk(root, entry.path, rel + "/")
                     continue
-                if not root.admits(rel) or is_root_level_auxiliary(self.workspace, entry.path):
+                if not root.admits(rel) or maybe_auxiliary and is_root_level_auxiliary(
+                        self.workspace, entry.path):
                     continue
                 st = entry.stat(follow_symlinks=False)
             except OSError as exc:

@@ -170,6 +170,9 @@ def test_workspace_extra_skips_repair_backups(tmp_path: Path) -> None:
     _write(ws / "README.md")
     _write(ws / ".openclaw-repair" / "root-memory" / "2026" / "memory.md")
     assert _rels(ws, ["."]) == ["MEMORY.md", "README.md"]
+    # an extra path that names the backups (or a folder in them) admits none of them either
+    assert _rels(ws, [".openclaw-repair"]) == ["MEMORY.md"]
+    assert _rels(ws, [".openclaw-repair/root-memory"]) == ["MEMORY.md"]
 
 
 def test_too_large_file_skipped(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
 from fallback.index.plan import recorded_files, scan_change
@@ -82,8 +82,7 @@ class InSyncSettings:
             half_life_days=None if doc["halfLifeDays"] is None else int(doc["halfLifeDays"]))
 
 
-@dataclass(frozen=True)
-class ExtraPathValue:
+class ExtraPathValue(NamedTuple):
     """An ``extraPaths[]`` entry in object form as a plain value (``pattern`` ``None``: ``**/*.md``)."""
 
     path: str

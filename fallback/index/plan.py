@@ -6,7 +6,7 @@ The sync asks :func:`read_reason` for every file; the one-shot in-sync check ask
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fallback.index.racy import racily_clean
 from fallback.sources.memory_files import Discovery, MemoryFile
@@ -24,8 +24,7 @@ def file_stamp(mf: MemoryFile) -> Stamp:
     return (mf.mtime_ms, mf.size, mf.ctime_ns)
 
 
-@dataclass(frozen=True)
-class RecordedFiles:
+class RecordedFiles(NamedTuple):
     """What the store recorded of one source's files: ``rows`` (``files`` rows by path:
     ``(content hash, stamp)``), ``skip_stamps`` (stamps of files read and skipped, by path) and
     ``skips`` (every ``skipped_files`` row as ``(path, reason, stamp or None)``)."""

@@ -90,8 +90,7 @@ def quote_term(token: str) -> str:
     return '"' + token.replace('"', "") + '"'
 
 
-@dataclass(frozen=True)
-class FtsPlan:
+class FtsPlan(NamedTuple):
     """How one query runs against the store.
 
     Attributes:

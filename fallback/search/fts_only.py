@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.search.fts import FtsPlan
 from fallback.search.fusion import apply_floor, select_results
@@ -81,8 +81,7 @@ class Hit:
                    text_score=c.text_score)
 
 
-@dataclass(frozen=True)
-class KeywordAnswer:
+class KeywordAnswer(NamedTuple):
     """What :func:`keyword_search` found: ``hits`` (at most ``limit``, best first) and
     ``ranked_paths``, the paths of every candidate the score floor kept (before the cut)."""
 
@@ -120,8 +119,7 @@ def keyword_search(store: SearchStore, text: str, *, sources: Sequence[str], lim
                          frozenset(c.path for c in ranked))
 
 
-@dataclass(frozen=True)
-class HitSnippet:
+class HitSnippet(NamedTuple):
     """The text shown for one hit (at most ``max_snippet_chars`` code points of the chunk's
     whole lines) and its 1-based inclusive line range in the file (the hit's own range when the
     chunk's lines are not one per file line)."""

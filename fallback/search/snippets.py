@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fallback.text.chunking import grapheme_ends, truncate_chars
 
@@ -50,8 +50,7 @@ def _form(surface: str) -> str:
     return low if stem is None else stem.group(1)
 
 
-@dataclass(frozen=True)
-class SnippetWindow:
+class SnippetWindow(NamedTuple):
     """The lines of a chunk chosen as its snippet: ``text`` (whole lines, markers removed, at
     most the budget) and the 0-based ``first_line`` / ``last_line`` of the chunk text."""
 

@@ -25,7 +25,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from fallback.skipped import DEFAULT_MAX_FILE_BYTES, SkippedFile
 from fallback.sources.globs import escape_glob, glob_matcher, never_ends_with, split_pattern
@@ -111,8 +111,7 @@ class MemoryRoot:
         return self.pattern == DEFAULT_PATTERN or glob_matcher(self.pattern).match(rel)
 
 
-@dataclass(frozen=True)
-class RootFile:
+class RootFile(NamedTuple):
     """The workspace's root memory file: its ``name`` (``None``: neither name is a regular
     file), whether a legacy ``memory.md`` is ``legacy_shadowed`` by a distinct ``MEMORY.md``,
     and the root file names present as (never followed) symlinks."""

@@ -17,8 +17,7 @@ import functools
 import re
 import unicodedata
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.chunking import split_lines
 
@@ -79,8 +78,7 @@ _EXTENSION_RE = re.compile(r"\.[A-Za-z0-9]{1,10}$")
 _HEADING_RE = re.compile(r"[ ]{0,3}#{1,6}[ \t]+(.+?)[ \t#]*")
 
 
-@dataclass(frozen=True)
-class Compound:
+class Compound(NamedTuple):
     """One compound found in a text: its span ``text[start:end]``, its lower-cased ``parts``
     (``("wi", "fi")``) and those ``joined`` (``"wifi"``)."""
 
@@ -134,8 +132,7 @@ def compounds(text: str) -> list[Compound]:
     return out
 
 
-@dataclass(frozen=True)
-class DateMention:
+class DateMention(NamedTuple):
     """One date (or month) found in a text: its span ``text[start:end]`` and canonical
     ``terms`` (``("20230508", "202305")`` for a day, ``("202305",)`` for a month)."""
 

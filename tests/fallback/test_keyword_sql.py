@@ -3,7 +3,6 @@ rows the query runs again uncapped, so filtered searches still find every match.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,7 @@ def test_a_large_store_leaves_common_words_out_of_the_match_without_changing_ran
         hits = rank_keyword_hits(store, "Melanie pottery class?", ["memory"], 10, plan=plan)
         assert [h.chunk_id for h in hits] == ["c4"]
         # the same plan with the common word searched too: the same best row and BM25
-        walked = replace(plan, match=f'{plan.match} OR "melanie"')
+        walked = plan._replace(match=f'{plan.match} OR "melanie"')
         with_common = keyword_rows(store, walked, sources=["memory"], limit=5)
         assert len(with_common) == 5 and with_common[0][0] == "c4"
         assert with_common[0][6] == pytest.approx(hits[0].bm25, rel=1e-4)

@@ -34,7 +34,7 @@ import anyio.abc
 from anyio.lowlevel import current_token
 
 from fallback.background import RetryPolicy, describe_error
-from fallback.errors import ManagerClosedError
+from fallback.errors import ManagerClosedError, MemorySearchError
 from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     MEMORY_DIR_NAME,
@@ -357,7 +357,15 @@ class MemoryWatcher:
                 self.state.pending.add(RESCAN_MARKER)
 
     def _launch_or_poll(self, polling: bool) -> tuple[Any, bool]:
-        """``(observer, polls)``: a native one that cannot start falls back to polling."""
+        """``(observer, polls)``: a native one that cannot start falls back to polling.
+
+        Raises:
+            MemorySearchError: the workspace folder is missing.
+            OSError: no observer could be started.
+        """
+        if not self.workspace.is_dir():  # an expected state (deleted, unmounted): no traceback
+            raise MemorySearchError(f"workspace {self.workspace} is missing: its memory files "
+                                    "are watched again once it is back")
         try:
             return self._launch(polling), polling
         except OSError as exc:
@@ -453,6 +461,7 @@ class MemoryWatcher:
         """Watch until cancelled. Signals ``task_status.started()`` once the observer runs.
 
         Raises:
+            MemorySearchError: the workspace folder is missing.
             OSError: no observer could be started (not even polling).
             ManagerClosedError: the callback's owner was closed.
         """

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from fallback.background import RetryPolicy
-from fallback.errors import EmbeddingProviderError
+from fallback.errors import EmbeddingProviderError, MemorySearchError
 from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
 
 pytestmark = pytest.mark.anyio
@@ -356,3 +356,15 @@ async def test_polling_watcher_sees_notes_beside_tool_folders(ws: Path, tmp_path
     await _run(watcher, body)
     assert watcher.state.mode == "stopped"
     assert not any("node_modules" in p or ".git" in p for p in rec.seen())
+
+
+async def test_a_missing_workspace_is_a_plain_error_not_a_crash(ws: Path) -> None:
+    """A workspace deleted (or not mounted yet) under a running server is an expected state: the
+    watcher says so in one line (a MemorySearchError, which the background group logs without a
+    traceback and retries), instead of watchdog's FileNotFoundError."""
+    shutil.rmtree(ws)
+    watcher = MemoryWatcher(ws, on_change=Recorder(), debounce_ms=50)
+    with pytest.raises(MemorySearchError) as caught:
+        await watcher.run()
+    assert str(caught.value) == (f"workspace {ws} is missing: its memory files are watched again "
+                                 "once it is back")

@@ -43,7 +43,7 @@ from fallback.sources.read_page import transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
-from qmdbridge.policy.citations import citations_enabled, cite
+from qmdbridge.policy.citations import citation_lines, citations_enabled, cite
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
@@ -424,6 +424,19 @@ class MemoryManager:
             PathRefusedError: not a memory file, or ``corpus`` is ``wiki``.
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
         """
+        try:
+            return await self._read_file(rel_path, from_line=from_line, lines=lines, corpus=corpus)
+        except PathRefusedError as exc:
+            cited = citation_lines(rel_path) if exc.hint is None else None
+            if cited is None:
+                raise
+            path, start, end = cited
+            raise PathRefusedError(exc.path, exc.reason, hint=(
+                f"that is a citation: read it with path {path!r}, from {start}, lines "
+                f"{end - start + 1}")) from exc
+
+    async def _read_file(self, rel_path: str, *, from_line: int | None, lines: int | None,
+                         corpus: str | None) -> MemoryReadResult:
         self._check_open()
         request = ReadRequest.of(rel_path, from_line=from_line, lines=lines)
         from qmdbridge.policy.corpus import get_corpus
@@ -434,8 +447,8 @@ class MemoryManager:
         wanted = workspace_relative(request.path, self.agent.workspace_dir)
         if wanted != request.path:  # an absolute path: read as the workspace-relative one
             try:
-                return await self.read_file(wanted, from_line=request.from_line,
-                                            lines=request.lines, corpus=corpus)
+                return await self._read_file(wanted, from_line=request.from_line,
+                                             lines=request.lines, corpus=corpus)
             except PathRefusedError as exc:
                 if not wanted.startswith("../"):
                     raise

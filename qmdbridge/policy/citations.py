@@ -4,7 +4,11 @@ every route's hits (the manager's and the one-shot CLI search's, which loads no 
 
 from __future__ import annotations
 
-__all__ = ["cite", "citations_enabled", "format_citation", "session_key_rest"]
+import re
+
+__all__ = ["cite", "citation_lines", "citations_enabled", "format_citation", "session_key_rest"]
+
+_CITATION = re.compile(r"(?P<path>.+\.md)#L(?P<start>[1-9][0-9]*)(?:-L(?P<end>[1-9][0-9]*))?")
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -12,6 +16,16 @@ def format_citation(path: str, start_line: int, end_line: int) -> str:
     if start_line == end_line:
         return f"{path}#L{start_line}"
     return f"{path}#L{start_line}-L{end_line}"
+
+
+def citation_lines(text: str) -> tuple[str, int, int] | None:
+    """``(path, start_line, end_line)`` of a :func:`format_citation` string of a Markdown file
+    (``memory/x.md#L3-L9``), else ``None``."""
+    m = _CITATION.fullmatch(text.strip())
+    if m is None:
+        return None
+    start = int(m["start"])
+    return m["path"], start, max(start, int(m["end"] or start))
 
 
 def cite(path: str, snippet_start_line: int, snippet_end_line: int, snippet: str, *,

@@ -90,6 +90,15 @@ async def test_read_file_refuses_and_reads(tmp_path: Path) -> None:
         assert missing.missing and missing.text == ""
         with pytest.raises(PathRefusedError):
             await m.read_file("../etc/passwd.md")
+        # a hit's citation given as the path: refused, and told how to read it
+        with pytest.raises(PathRefusedError) as caught:
+            await m.read_file("memory/2026-03-01.md#L3-L4")
+        assert str(caught.value) == (
+            "path refused: 'memory/2026-03-01.md#L3-L4': not markdown (that is a citation: read "
+            "it with path 'memory/2026-03-01.md', from 3, lines 2)")
+        with pytest.raises(PathRefusedError) as caught:
+            await m.read_file("memory/2026-03-01.md#L7")
+        assert caught.value.hint == "that is a citation: read it with path 'memory/2026-03-01.md', from 7, lines 1"
 
 
 async def test_scope_denies_group_chat_with_reason(tmp_path: Path) -> None:

@@ -93,7 +93,6 @@ class ModelSpec:
         name: short name (``qmdbridge models pull <name>``).
         ref: where it is downloaded from.
         sha256 / size_bytes: pinned digest (hex) and size in bytes, or None.
-        license: the model's licence.
         dims: embedding dimensions.
         query_prefix: text put before a search query (not before chunks), as the model's
             authors recommend for retrieval.
@@ -103,7 +102,6 @@ class ModelSpec:
     ref: ModelRef
     sha256: str | None
     size_bytes: int | None
-    license: str
     dims: int
     query_prefix: str = ""
 
@@ -115,7 +113,6 @@ DEFAULT_MODEL = ModelSpec(
     ref=ModelRef("CompendiumLabs/bge-small-en-v1.5-gguf", "bge-small-en-v1.5-q8_0.gguf"),
     sha256="ec38e8da142596baa913124ae50550de284b6916bf59577ef2f0cb9660c2f514",
     size_bytes=36_806_944,
-    license="MIT",
     dims=384,
     query_prefix="Represent this sentence for searching relevant passages: ",
 )
@@ -390,14 +387,12 @@ def _sidecar_digest(client: httpx.Client, url: str) -> str | None:
 
 
 def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expected, *,
-              on_progress: ProgressFn | None, attempts: int,
-              transport: httpx.BaseTransport | None) -> FetchResult:
+              on_progress: ProgressFn | None, attempts: int) -> FetchResult:
     import httpx
 
     part = target.with_name(target.name + ".part")
     timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-    with httpx.Client(follow_redirects=True, timeout=timeout, transport=transport,
-                      headers={"User-Agent": "qmdbridge"}) as client:
+    with httpx.Client(follow_redirects=True, timeout=timeout, headers={"User-Agent": "qmdbridge"}) as client:
         retrying = Retrying(retry=retry_if_exception_type(_Dropped), stop=stop_after_attempt(max(1, attempts)),
                             wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
         try:
@@ -440,9 +435,7 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
 
 
 def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str = DEFAULT_HF_ENDPOINT,
-                on_progress: ProgressFn | None = None, attempts: int = DOWNLOAD_ATTEMPTS,
-                lock_timeout_ms: int = LOCK_TIMEOUT_MS,
-                transport: httpx.BaseTransport | None = None) -> FetchResult:
+                on_progress: ProgressFn | None = None, attempts: int = DOWNLOAD_ATTEMPTS) -> FetchResult:
     """Make sure ``model`` is in the cache: return it when there, else download and verify it
     (blocking; one process downloads a given file at a time, others wait for it).
 
@@ -452,8 +445,6 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
         base_url: the hub, e.g. ``https://huggingface.co`` (:func:`hub_base_url`).
         on_progress: ``on_progress(done_bytes, total_bytes)`` as bytes arrive.
         attempts: transfers per call; a dropped one is resumed with an HTTP Range request.
-        lock_timeout_ms: longest wait for another process's download of the same file, in ms.
-        transport: an httpx transport (tests); default the network.
 
     Returns:
         A :class:`FetchResult`.
@@ -462,7 +453,7 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
         ModelDownloadError: the hub is unreachable (``offline: ...``) or answers an error, the
             transfer kept dropping (the partial file is kept), the file fails its checks, or
             the model cache cannot be written.
-        LockTimeoutError: another process held the download lock past ``lock_timeout_ms``.
+        LockTimeoutError: another process held the download lock past :data:`LOCK_TIMEOUT_MS`.
     """
     spec = model if isinstance(model, ModelSpec) else None
     ref = spec.ref if spec is not None else model
@@ -475,7 +466,7 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
         if found is not None:
             return found
         target.parent.mkdir(parents=True, exist_ok=True)
-        lock = PidFileLock(target.with_name(target.name + ".lock"), timeout_ms=lock_timeout_ms)
+        lock = PidFileLock(target.with_name(target.name + ".lock"), timeout_ms=LOCK_TIMEOUT_MS)
         with lock.hold_blocking():
             found = _cached(target, pinned)  # another process may have finished it meanwhile
             if found is not None:
@@ -483,7 +474,7 @@ def fetch_model(model: ModelSpec | ModelRef, cache_dir: Path, *, base_url: str =
             expected = _Expected(sha256=pinned, sha_source="pinned" if pinned else None,
                                  size=spec.size_bytes if spec is not None else None)
             return _download(target, cache, ref.uri, ref.url(base_url), expected,
-                             on_progress=on_progress, attempts=attempts, transport=transport)
+                             on_progress=on_progress, attempts=attempts)
     except LockTimeoutError:
         raise  # a TimeoutError, so an OSError too: told as such
     except OSError as exc:  # the file system, not the network (_download maps that)

@@ -105,6 +105,11 @@ DEFAULT_READ_LINES = 120
 DEFAULT_READ_MAX_CHARS = 12_000
 
 
+def _page_window(from_line: int | None, lines: int | None) -> tuple[int, int]:
+    """``(first line, line count)`` of a request: from line 1 and :data:`DEFAULT_READ_LINES` by default."""
+    return max(1, int(from_line or 1)), max(1, int(lines or DEFAULT_READ_LINES))
+
+
 def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) -> str:
     if next_from is not None:
         return f"\n\n[More content available. Use from={next_from} to continue.]"
@@ -113,8 +118,7 @@ def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) 
 
 
 def page_text(text: str, *, from_line: int | None, lines: int | None,
-              default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
-              suggest_read_fallback: bool = True,
+              max_chars: int = DEFAULT_READ_MAX_CHARS, suggest_read_fallback: bool = True,
               line_offset: int = 0) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
@@ -124,8 +128,7 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     Args:
         text: the whole file (or its lines from ``line_offset + 1`` on).
         from_line: first line wanted, 1-based (``None`` or below 1 -> 1).
-        lines: number of lines wanted (``None``/``0`` -> ``default_lines``; minimum 1).
-        default_lines: page length when ``lines`` is not given (minimum 1).
+        lines: number of lines wanted (``None``/``0`` -> :data:`DEFAULT_READ_LINES`; minimum 1).
         max_chars: budget in code points (minimum 1); trailing lines are dropped until the
             text fits, a single line still too long is cut.
         suggest_read_fallback: after a cut line, hint to read the source file directly.
@@ -139,10 +142,8 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     Source: OpenClaw ``buildMemoryReadResult`` / ``fitLinesToCharBudget`` (E2,
     ``packages/memory-host-sdk/src/host/read-file-shared.ts``), in code points.
     """
-    default_lines = max(1, int(default_lines))
     max_chars = max(1, int(max_chars))
-    start = max(1, int(from_line or 1))
-    count = max(1, int(lines or default_lines))
+    start, count = _page_window(from_line, lines)
     # More than max_chars + 1 lines cannot fit, so no more are split off.
     take = min(count, max_chars + 1)
     before = max(0, start - 1 - line_offset)  # lines of ``text`` before the page
@@ -184,25 +185,22 @@ class ResolvedMemoryPath:
 
 def _check_text(path: str, shown: str) -> list[str]:
     """The request's own checks (no disk): returns the segments without ``""``/``"."``."""
-    def refuse(reason: str) -> PathRefusedError:
-        return PathRefusedError(shown, reason)
-
     p = path.strip()
     if not p:
-        raise refuse("empty path")
+        raise PathRefusedError(shown, "empty path")
     if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in p):
-        raise refuse("invalid characters")
+        raise PathRefusedError(shown, "invalid characters")
     try:
         p = parse_printable_path(p)  # "\xHH": a name byte that is not UTF-8 (or "\", a control)
     except UsageError:
-        raise refuse("invalid characters") from None
+        raise PathRefusedError(shown, "invalid characters") from None
     if "\x00" in p:
-        raise refuse("invalid characters")
+        raise PathRefusedError(shown, "invalid characters")
     if os.path.isabs(p) or _WINDOWS_DRIVE.match(p):
-        raise refuse("absolute path")
+        raise PathRefusedError(shown, "absolute path")
     segments = [s for s in p.split("/") if s not in ("", ".")]
     if not segments:
-        raise refuse("not a memory path")
+        raise PathRefusedError(shown, "not a memory path")
     return segments
 
 
@@ -423,7 +421,7 @@ def _read_text(fd: int, start: int, count: int, max_chars: int,
 
 
 def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, display: str,
-               from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
+               from_line: int | None, lines: int | None, max_chars: int,
                backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
     """One page of what ``read()`` returns, a transient error retried; turns a missing,
     unreadable or binary file into its answer."""
@@ -439,8 +437,7 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
         raise PathRefusedError(shown, BINARY_FILE)
     text, lines_before = got
     page, first, included, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars,
-        suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
+        text, from_line=from_line, lines=lines, max_chars=max_chars, suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
     return MemoryReadResult.model_validate(
         {"path": display, "text": page, "from_line": first, "lines": included,
@@ -448,20 +445,18 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
 
 
 def _file_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
-               from_line: int | None, lines: int | None, default_lines: int, max_chars: int,
-               backend: str, max_file_bytes: int) -> MemoryReadResult:
+               from_line: int | None, lines: int | None, max_chars: int = DEFAULT_READ_MAX_CHARS,
+               backend: str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
     """:func:`_read_page` of the memory file ``base/inner`` (opened by :func:`open_memory_file`)."""
-    start, count = max(1, int(from_line or 1)), max(1, int(lines or default_lines))
+    start, count = _page_window(from_line, lines)
     return _read_page(lambda: _read_text(
         open_memory_file(base, inner, shown=shown, follow_base=follow_base), start, count,
         max(1, int(max_chars)), max_file_bytes), shown=shown, display=display,
-        from_line=from_line, lines=lines, default_lines=default_lines, max_chars=max_chars,
-        backend=backend)
+        from_line=from_line, lines=lines, max_chars=max_chars, backend=backend)
 
 
 def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
-                     default_lines: int = DEFAULT_READ_LINES,
                      max_chars: int = DEFAULT_READ_MAX_CHARS, sessions_dir: Path | None = None,
                      max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
     """Read one page of a workspace memory file (the builtin ``memory_get``).
@@ -470,7 +465,7 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
         workspace: the agent workspace directory.
         extra_paths: configured extra paths.
         rel_path: requested path (see :func:`resolve_memory_path`).
-        from_line / lines / default_lines / max_chars: paging, as in :func:`page_text`.
+        from_line / lines / max_chars: paging, as in :func:`page_text`.
         sessions_dir: the transcript folder when the ``sessions`` source is on (a
             ``sessions/<transcript>`` path then reads that transcript's JSONL lines).
         max_file_bytes: the index's size cap in bytes: the most read to tell binary files.
@@ -485,18 +480,16 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
     """
     if sessions_dir is not None and (name := transcript_name(rel_path)) is not None:
         return _transcript_page(sessions_dir, name, rel_path, from_line=from_line, lines=lines,
-                                default_lines=default_lines, max_chars=max_chars)
+                                max_chars=max_chars)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
-                      default_lines=default_lines, max_chars=max_chars, backend="builtin",
-                      max_file_bytes=max_file_bytes)
+                      max_chars=max_chars, backend="builtin", max_file_bytes=max_file_bytes)
 
 
 def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: bool,
                       from_line: int | None = None, lines: int | None = None,
-                      default_lines: int = DEFAULT_READ_LINES, max_chars: int = DEFAULT_READ_MAX_CHARS,
-                      backend: str = "qmd", max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
+                      backend: str = "qmd") -> MemoryReadResult:
     """Read one page of ``root.path/inner`` (a qmd collection's file) with the rule's
     refusals and the same safe open.
 
@@ -505,8 +498,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         inner: path inside the root, ``/``-separated.
         shown: the path as the caller gave it (in results and errors).
         follow_base: whether the root folder itself may be a symlink.
-        from_line / lines / default_lines / max_chars / max_file_bytes: as in
-            :func:`read_memory_page`.
+        from_line / lines: as in :func:`read_memory_page`.
         backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
 
     Returns:
@@ -523,8 +515,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         raise _encoded(shown) or PathRefusedError(
             shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
     return _file_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
-                      from_line=from_line, lines=lines, default_lines=default_lines,
-                      max_chars=max_chars, backend=backend, max_file_bytes=max_file_bytes)
+                      from_line=from_line, lines=lines, backend=backend)
 
 
 def transcript_name(rel_path: str) -> str | None:
@@ -540,7 +531,7 @@ def transcript_name(rel_path: str) -> str | None:
 
 
 def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line: int | None,
-                     lines: int | None, default_lines: int, max_chars: int) -> MemoryReadResult:
+                     lines: int | None, max_chars: int) -> MemoryReadResult:
     """One page of the transcript ``name``, opened as memory files are: line ``n`` is JSONL
     line ``n``, a kept message as its indexed line (``User: <text>``), every other line empty."""
     def read() -> tuple[str, int]:
@@ -553,5 +544,4 @@ def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line:
         return "".join(f"{line}\n" for line in text), 0
 
     return _read_page(read, shown=rel_path, display=transcript_path(name), from_line=from_line,
-                      lines=lines, default_lines=default_lines, max_chars=max_chars,
-                      backend="builtin", suggest_read_fallback=False)
+                      lines=lines, max_chars=max_chars, backend="builtin", suggest_read_fallback=False)

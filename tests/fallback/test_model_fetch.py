@@ -103,7 +103,7 @@ def test_checksum_and_size_mismatches_are_refused_and_nothing_is_kept(tmp_path: 
         f"checksum mismatch for hf:{KEY}: sha256 {sha}, but the hub's ETag is {wrong}; "
         "the download was discarded")
     assert not target.exists() and list(target.parent.glob("*.part")) == []
-    pinned = ModelSpec("x", REF, sha256="f" * 64, size_bytes=len(model_data), license="MIT", dims=384)
+    pinned = ModelSpec("x", REF, sha256="f" * 64, size_bytes=len(model_data), dims=384)
     with serve_hub({KEY: HubFile(model_data)}) as hub, pytest.raises(ModelDownloadError, match="the pinned digest is f{64}"):
         fetch_model(pinned, tmp_path, base_url=hub.url)
     assert not target.exists()

@@ -442,19 +442,6 @@ class MemoryWatcher:
         self._poke()
         return True
 
-    def silence_observer_for_test(self) -> None:
-        """Drop every watch while the observer thread runs on (a deaf watcher)."""
-        obs = self._observer
-        if obs is not None:
-            obs.unschedule_all()
-
-    def kill_observer_for_test(self) -> None:
-        """Stop the observer thread behind the watcher's back (a dead watcher)."""
-        obs = self._observer
-        if obs is not None:
-            obs.stop()
-            obs.join(timeout=5)
-
     # -- async side ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

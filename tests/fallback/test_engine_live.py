@@ -20,6 +20,7 @@ from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 from tests.fallback.count_provider import CountProvider
+from tests.fallback.watcher_faults import kill_observer, silence_observer
 
 pytestmark = pytest.mark.anyio
 
@@ -152,7 +153,7 @@ async def test_dead_watcher_thread_is_noticed_by_status_and_re_armed_on_polling(
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
     async with live(engine):
         await _booted(engine)
-        engine.live.watcher.kill_observer_for_test()
+        kill_observer(engine.live.watcher)
         status = await engine.status()  # notices it, reports it, re-arms it in the background
         assert (status.dirty, status.dirty_reason) == (
             True, "watcher dead: native watcher thread died; re-arming")
@@ -176,7 +177,7 @@ async def test_a_watcher_deaf_with_its_thread_alive_is_caught_by_folder_mtimes(w
     engine.watch_health_check_ms = 3_600_000  # only searches and status look at the watcher
     async with live(engine):
         await _booted(engine)
-        engine.live.watcher.silence_observer_for_test()  # no event from now on, thread alive
+        silence_observer(engine.live.watcher)  # no event from now on, thread alive
         (ws / "memory" / "heron.md").write_text("Grey heron at the weir.\n")
         assert engine.live.watcher.snapshot()["events"] == 0  # nothing reported it
         # no rescan runs (rescan_interval_ms = 0): only the folder check can find the note

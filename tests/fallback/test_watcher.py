@@ -16,6 +16,7 @@ import pytest
 from fallback.background import RetryPolicy
 from fallback.errors import EmbeddingProviderError, MemorySearchError
 from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
+from tests.fallback.watcher_faults import kill_observer
 
 pytestmark = pytest.mark.anyio
 
@@ -150,7 +151,7 @@ async def test_dead_observer_degrades_to_polling_and_still_sees_changes(ws: Path
 
     async def body() -> None:
         assert watcher.state.mode == "native"
-        watcher.kill_observer_for_test()
+        kill_observer(watcher)
         with anyio.fail_after(DEADLINE_S):
             while watcher.state.mode != "polling":
                 await anyio.sleep(0.05)

@@ -17,6 +17,7 @@ from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.locate import QmdLocation
+from tests.fallback.watcher_faults import kill_observer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 
@@ -70,7 +71,7 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         assert await _wait_found(b, "wombat") == ["MEMORY.md"]
         # the file watcher and the warm qmd mcp child (interval "0"; search mode has no embed timer)
         assert tasks.running == 2
-        b.freshness.watcher.kill_observer_for_test()  # a dead watcher: noticed, re-armed, rescanned
+        kill_observer(b.freshness.watcher)  # a dead watcher: noticed, re-armed, rescanned
         with anyio.fail_after(DEADLINE_S):
             while True:
                 st = await b.status()

@@ -54,16 +54,6 @@ class BatchState:
     output_file: str | None = None
     error: str | None = None
 
-    @property
-    def is_done(self) -> bool:
-        """True when the job finished successfully."""
-        return self.state in _DONE
-
-    @property
-    def is_failed(self) -> bool:
-        """True when the job failed, expired or was cancelled."""
-        return self.state in _FAILED
-
 
 class BatchJobApi(Protocol):
     """What :func:`run_batch_job` needs from one provider's batch API."""
@@ -162,8 +152,8 @@ async def run_batch_job(api: BatchJobApi, requests: Sequence[tuple[str, str]], *
     pid = api.provider_id
     state = await api.submit(requests)
     started = anyio.current_time()
-    while not state.is_done:
-        if state.is_failed:
+    while state.state not in _DONE:
+        if state.state in _FAILED:
             detail = f": {state.error}" if state.error else ""
             raise EmbeddingProviderError(pid, f"batch {state.job_id} {state.state}{detail}")
         if not wait:
@@ -330,13 +320,10 @@ class BatchRunner:
     """Runs provider batch jobs for ``BaseProvider.embed_batch`` and decides when to stop;
     ``failures`` counts failed attempts since the last success, ``last_error`` the last one."""
 
-    def __init__(self, *, jobs: BatchJobApi, settings: RemoteBatchSettings,
-                 failure_limit: int = BATCH_FAILURE_LIMIT) -> None:
-        """Args: the provider's batch API, ``remote.batch`` settings, and the failures that
-        disable batch mode."""
+    def __init__(self, *, jobs: BatchJobApi, settings: RemoteBatchSettings) -> None:
+        """Args: the provider's batch API and the ``remote.batch`` settings."""
         self.jobs = jobs
         self.settings = settings
-        self.failure_limit = failure_limit
         self.failures = 0
         self.last_error: str | None = None
         self._unavailable = False
@@ -345,7 +332,7 @@ class BatchRunner:
     def enabled(self) -> bool:
         """True while batch mode is configured and not disabled by failures."""
         return (self.settings.enabled and not self._unavailable
-                and self.failures < self.failure_limit)
+                and self.failures < BATCH_FAILURE_LIMIT)
 
     async def run(self, texts: list[str]) -> list[list[float]] | None:
         """Vectors for ``texts`` from batch jobs, or None (a failure counted, never raised)

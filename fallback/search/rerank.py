@@ -18,8 +18,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -39,13 +39,11 @@ if TYPE_CHECKING:
 __all__ = [
     "HttpReranker",
     "LocalGgufReranker",
-    "RerankOutcome",
     "Reranker",
     "apply_rerank_scores",
     "parse_rerank_response",
     "rerank_stage",
     "reranker_from_settings",
-    "run_rerank",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,18 +77,6 @@ class Reranker(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class RerankOutcome:
-    """What the reranker stage did to one candidate list: the new ``candidates`` (unchanged
-    when it failed), the raw relevance ``scores`` by chunk id of the head, how many leading
-    candidates were ``reranked`` (0 on failure) and the ``warning`` of a failure."""
-
-    candidates: list[Candidate]
-    scores: Mapping[str, float | None]
-    reranked: int
-    warning: str | None = None
-
-
 def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], *,
                         top_n: int) -> list[Candidate]:
     """Reorder the first ``top_n`` candidates by reranker score (pure): the head is sorted by
@@ -118,57 +104,38 @@ def apply_rerank_scores(cands: list[Candidate], scores: Sequence[float | None], 
     return [replace(head[i], score=slots[pos]) for pos, i in enumerate(order)] + list(tail)
 
 
-async def run_rerank(reranker: Reranker, query: str, cands: list[Candidate], *, top_n: int,
-                     timeout_ms: int) -> RerankOutcome:
-    """Score the first ``top_n`` candidates' chunk text with ``reranker`` and reorder them
-    (:func:`apply_rerank_scores`); a ``RerankerError``, a reply of the wrong length or the
-    deadline (``timeout_ms``, retries included) keep ``cands`` as they are, with a warning.
+async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
+                       cands: list[Candidate], *, trace: SearchTrace | None,
+                       warnings: list[str]) -> list[Candidate]:
+    """The pipeline's reranker stage: score the chunk text of the first ``query.rerank.topN``
+    candidates with ``reranker`` and reorder them (:func:`apply_rerank_scores`), recorded in
+    ``trace``. A ``RerankerError``, a reply of the wrong length or the stage's deadline (retries
+    included) keep ``cands`` as they are, with a warning appended to ``warnings``.
 
     Returns:
-        The :class:`RerankOutcome`.
+        The reordered candidates, or ``cands`` unchanged when the stage failed.
     """
-    head = cands[:top_n]
+    head = cands[:settings.top_n]
     if not head:
-        return RerankOutcome(candidates=list(cands), scores={}, reranked=0)
+        return list(cands)
+    timeout_ms = settings.effective_timeout_ms
     try:
         with anyio.fail_after(timeout_ms / 1000):
             scores = await reranker.score(query, [c.snippet for c in head])
         if len(scores) != len(head):
             raise RerankerError(reranker.provider_id,
                                 f"{len(scores)} scores for {len(head)} documents")
-    except TimeoutError:
-        return _kept(cands, f"{reranker.provider_id} reranker timed out after {timeout_ms}ms")
-    except RerankerError as exc:
-        return _kept(cands, str(exc))
-    reordered = apply_rerank_scores(cands, scores, top_n=top_n)
-    return RerankOutcome(candidates=reordered,
-                         scores={c.chunk_id: s for c, s in zip(head, scores, strict=True)},
-                         reranked=len(head))
-
-
-async def rerank_stage(reranker: Reranker, settings: RerankSettings, query: str,
-                       cands: list[Candidate], *, trace: SearchTrace | None,
-                       warnings: list[str]) -> list[Candidate]:
-    """The pipeline's hook: :func:`run_rerank` with ``query.rerank``'s ``topN`` and deadline;
-    a failure's warning is appended to ``warnings``, a success recorded in ``trace``.
-
-    Returns:
-        The reordered candidates, or ``cands`` unchanged when the stage failed.
-    """
-    outcome = await run_rerank(reranker, query, cands, top_n=settings.top_n,
-                               timeout_ms=settings.effective_timeout_ms)
-    if outcome.warning is not None:
-        log.info("%s", outcome.warning)  # the warning itself is in the answer
-        warnings.append(outcome.warning)
-    elif trace is not None and outcome.reranked:
-        trace.rerank(cands, outcome.candidates, scores=outcome.scores,
+    except (TimeoutError, RerankerError) as exc:
+        reason = (str(exc) if isinstance(exc, RerankerError)
+                  else f"{reranker.provider_id} reranker timed out after {timeout_ms}ms")
+        log.info("rerank skipped, fused order kept: %s", reason)  # the warning is in the answer
+        warnings.append(f"rerank skipped, fused order kept: {reason}")
+        return list(cands)
+    reordered = apply_rerank_scores(cands, scores, top_n=settings.top_n)
+    if trace is not None:
+        trace.rerank(cands, reordered, scores={c.chunk_id: s for c, s in zip(head, scores, strict=True)},
                      provider=reranker.provider_id, model=reranker.model)
-    return outcome.candidates
-
-
-def _kept(cands: list[Candidate], reason: str) -> RerankOutcome:
-    return RerankOutcome(candidates=list(cands), scores={}, reranked=0,
-                         warning=f"rerank skipped, fused order kept: {reason}")
+    return reordered
 
 
 def parse_rerank_response(body: Any, count: int, *, provider: str = "http") -> list[float | None]:
@@ -207,15 +174,11 @@ class HttpReranker:
     provider_id = "http"
 
     def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
-                 timeout_ms: int = 5_000, retry_attempts: int = HTTP_RETRY_ATTEMPTS,
-                 retry_base_s: float = HTTP_RETRY_BASE_S) -> None:
+                 timeout_ms: int = 5_000) -> None:
         """``api_key`` is sent as a bearer token (redacted from errors); ``timeout_ms`` bounds
-        one request; ``retry_attempts`` calls in all (429, 5xx and transport errors retried),
-        the first back-off ``retry_base_s`` seconds unless Retry-After says otherwise."""
+        one request; 429, 5xx and transport errors are retried (:data:`HTTP_RETRY_ATTEMPTS`)."""
         self.model = model
         self.base_url = base_url.rstrip("/")
-        self.retry_attempts = max(1, retry_attempts)
-        self.retry_base_s = retry_base_s
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = HttpClient(provider_id="rerank", base_url=self.base_url, headers=headers,
                                 secrets=(api_key,) if api_key else (),
@@ -235,10 +198,10 @@ class HttpReranker:
         def wait(state: RetryCallState) -> float:
             exc = state.outcome.exception() if state.outcome else None
             after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
-            return retry_wait_s(state.attempt_number, retry_after_s=after, base_s=self.retry_base_s)
+            return retry_wait_s(state.attempt_number, retry_after_s=after, base_s=HTTP_RETRY_BASE_S)
 
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.retry_attempts), wait=wait, sleep=anyio.sleep,
+            stop=stop_after_attempt(HTTP_RETRY_ATTEMPTS), wait=wait, sleep=anyio.sleep,
             retry=retry_if_exception(lambda e: isinstance(e, EmbeddingProviderError) and e.retryable),
             reraise=True)
         try:

@@ -19,8 +19,8 @@ from fallback.search.rerank import (
     LocalGgufReranker,
     apply_rerank_scores,
     parse_rerank_response,
+    rerank_stage,
     reranker_from_settings,
-    run_rerank,
 )
 from fallback.settings import EngineSettings, MemorySearchSettings, RerankSettings
 from qmdbridge.config import parse_config
@@ -126,7 +126,7 @@ def test_parse_rerank_response_shapes_and_refusals() -> None:
 
 
 @pytest.mark.anyio
-async def test_run_rerank_keeps_the_order_on_a_wrong_number_of_scores() -> None:
+async def test_rerank_stage_keeps_the_order_on_a_wrong_number_of_scores() -> None:
     class Short:
         provider_id, model = "http", "m"
 
@@ -137,9 +137,11 @@ async def test_run_rerank_keeps_the_order_on_a_wrong_number_of_scores() -> None:
             return None
 
     cands = [_cand("a", 0.9), _cand("b", 0.8)]
-    outcome = await run_rerank(Short(), "q", cands, top_n=5, timeout_ms=1000)
-    assert outcome.candidates == cands and outcome.reranked == 0
-    assert outcome.warning == "rerank skipped, fused order kept: http reranker failed: 1 scores for 2 documents"
+    settings = RerankSettings(provider="http", model="m", base_url="http://127.0.0.1:9", top_n=5,
+                              timeout_ms=1000)
+    warnings: list[str] = []
+    assert await rerank_stage(Short(), settings, "q", cands, trace=None, warnings=warnings) == cands
+    assert warnings == ["rerank skipped, fused order kept: http reranker failed: 1 scores for 2 documents"]
 
 
 # -- the HTTP wire, through the engine -------------------------------------------------------------

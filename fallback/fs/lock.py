@@ -22,7 +22,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -232,19 +232,10 @@ class PidFileLock:
         except _Busy:
             raise self.timeout_error(budget_ms) from None
 
-    @contextlib.asynccontextmanager
-    async def hold(self, *, timeout_ms: int | None = None) -> AsyncIterator[None]:
-        """``async with lock.hold():`` acquire (:meth:`acquire`) and always release."""
-        await self.acquire(timeout_ms=timeout_ms)
-        try:
-            yield
-        finally:
-            self.release()
-
     @contextlib.contextmanager
-    def hold_blocking(self, *, timeout_ms: int | None = None) -> Iterator[None]:
+    def hold_blocking(self) -> Iterator[None]:
         """``with lock.hold_blocking():`` acquire (:meth:`acquire_blocking`), always release."""
-        self.acquire_blocking(timeout_ms=timeout_ms)
+        self.acquire_blocking()
         try:
             yield
         finally:

@@ -89,8 +89,9 @@ async def test_async_acquire_times_out_with_the_same_message(tmp_path: Path) -> 
     finally:
         finish(holder)
     lock = StoreWriteLock(db)
-    async with lock.hold(timeout_ms=DEADLINE_S * 1000):  # released with the holder's exit
-        assert lock.held
+    await lock.acquire(timeout_ms=DEADLINE_S * 1000)  # released with the holder's exit
+    assert lock.held
+    lock.release()
     assert not lock.held
 
 

@@ -152,8 +152,9 @@ async def test_async_acquire_waits_without_blocking_and_cancels_cleanly(tmp_path
     with pytest.raises(LockTimeoutError, match=rf"^another process \(pid {os.getpid()}\) holds"):
         await lock.acquire(timeout_ms=50)
     blocker.release()
-    async with lock.hold(timeout_ms=DEADLINE_S * 1000):
-        assert lock.held
+    await lock.acquire(timeout_ms=DEADLINE_S * 1000)
+    assert lock.held
+    lock.release()
     assert not lock.held
 
 

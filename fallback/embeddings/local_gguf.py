@@ -117,14 +117,13 @@ class LocalGgufProvider(BaseProvider):
 
     def __init__(self, *, model_path: Path, model: str | None = None,
                  policy: CallPolicy | None = None, download: ModelDownload | None = None,
-                 query_prefix: str = "", on_download: model_fetch.ProgressFn | None = None) -> None:
+                 query_prefix: str = "") -> None:
         """Args:
             model_path: the GGUF file (must exist unless ``download`` brings it).
             model: model id for the index identity (default: the file path).
             policy: timeouts and retries (a download on first use runs outside them).
             download: fetch the file into the cache before the first embedding.
             query_prefix: put before search queries (not before chunks).
-            on_download: download progress ``(done_bytes, total_bytes)`` (default: stderr).
         """
         name = model or str(model_path)
         super().__init__(model=name, normalize=True, max_input_tokens=LOCAL_MAX_INPUT_TOKENS,
@@ -133,7 +132,6 @@ class LocalGgufProvider(BaseProvider):
         self.model_path = model_path
         self.download = download
         self.query_prefix = query_prefix
-        self._on_download = on_download
         self._download_lock = anyio.Lock()
         self._model = LlamaSlot(self._load)
 
@@ -147,10 +145,9 @@ class LocalGgufProvider(BaseProvider):
         async with self._download_lock:
             if self.download is not None and not self.model_path.is_file():
                 d = self.download
-                progress = self._on_download or model_fetch.stderr_progress(d.uri)
                 result = await anyio.to_thread.run_sync(partial(
                     model_fetch.fetch_model, d.model, d.cache_dir, base_url=d.base_url,
-                    on_progress=progress), abandon_on_cancel=True)
+                    on_progress=model_fetch.stderr_progress(d.uri)), abandon_on_cancel=True)
                 self.model_path = result.path
             self.download = None
             return self.model_path

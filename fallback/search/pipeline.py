@@ -21,7 +21,6 @@ from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_wo
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
-    SNIPPET_MAX_CHARS,
     Hit,
     HitSnippet,
     decayed,
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode"]
+__all__ = ["Searcher", "configured_mode"]
 
 log = logging.getLogger("fallback.engine.builtin")
 
@@ -62,7 +61,6 @@ class Searcher:
         on_error: records a non-fatal problem (a failed query embedding) for ``status()``.
         reranker: the optional reranker (``query.rerank``), or ``None``.
         trace: filled in by the ranking steps for ``--explain``, else ``None``.
-        max_snippet_chars: snippet budget in code points (``maxSnippetChars``).
 
     Attributes:
         warnings: this search's non-fatal notes (a failed rerank), for the answer.
@@ -74,10 +72,8 @@ class Searcher:
 
     def __init__(self, settings: EngineSettings, *, vector_index: Callable[[], Any],
                  now_ms: Callable[[], int], on_error: Callable[[str], None],
-                 reranker: Reranker | None = None, trace: SearchTrace | None = None,
-                 max_snippet_chars: int = SNIPPET_MAX_CHARS) -> None:
+                 reranker: Reranker | None = None, trace: SearchTrace | None = None) -> None:
         self.settings = settings
-        self.max_snippet_chars = max_snippet_chars
         self._plan: FtsPlan | None = None  # this search's keyword plan, shared with snippets
         self.fts_checked = False
         self.fts_error: str | None = None
@@ -101,8 +97,7 @@ class Searcher:
         else:
             hits = await self.hybrid(store, provider, text, srcs, candidates, floor, limit)
         snippets = self._snippets if self._snippets is not None else await anyio.to_thread.run_sync(
-            partial(hit_snippets, store, text, hits, plan=self._plan,
-                    max_snippet_chars=self.max_snippet_chars))
+            partial(hit_snippets, store, text, hits, plan=self._plan))
         explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
                                               else [None] * len(hits))
         results = [MemorySearchResult(**vars(Hit.of(c, s)), explain=e,
@@ -142,8 +137,7 @@ class Searcher:
             if self._reranker is not None:
                 return ranked
             hits = keyword_results(ranked, limit=limit)
-            self._snippets = hit_snippets(store, text, hits, plan=self._plan,
-                                          max_snippet_chars=self.max_snippet_chars)
+            self._snippets = hit_snippets(store, text, hits, plan=self._plan)
             return hits
 
         ranked = await anyio.to_thread.run_sync(rank)

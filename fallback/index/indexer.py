@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from fallback.contract import ProgressCallback
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingProviderError, IndexStoreError
 from fallback.index import embedding_cache
@@ -63,10 +64,6 @@ NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
 ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 CONTROL_NAME_NOTE = "file name holds a control character or backslash (path shown with \\xHH escapes)"
 
-ProgressCallback = Callable[[int, int, int, int], None]
-"""``on_progress(files_done, files_total, chunks_embedded, chunks_written)``: called after each
-file and after each committed embedding batch."""
-
 
 @dataclass(frozen=True)
 class _Row:
@@ -83,7 +80,7 @@ class Indexer:
         provider: the embedding provider, or ``None`` (FTS-only).
         write_limiter: ``CapacityLimiter(1)`` serialising every write to the store.
         now_ms: clock in epoch ms.
-        on_progress: :data:`ProgressCallback`.
+        on_progress: :data:`~fallback.contract.ProgressCallback`.
         embed_deadline: anyio clock time after which the provider is not called (``None``).
     """
 

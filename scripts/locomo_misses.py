@@ -44,7 +44,7 @@ SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parent
 sys.path.insert(0, str(REPO))
 
-from fallback.search.fts import build_fts_query  # noqa: E402
+from fallback.search.fts import analyze_fts_query  # noqa: E402
 from qmdbridge.evaluation.locomo import (  # noqa: E402
     CATEGORY_NAMES,
     LocomoConversation,
@@ -122,7 +122,8 @@ def search_conversation(conversation: LocomoConversation, max_results: int, *,
 
 def shares_term(question: str, line: str) -> bool:
     """True when ``line`` matches the OR of the question's content parts (FTS5, porter)."""
-    plan = build_fts_query(question, coverage_pairs=False)
+    analyzed = analyze_fts_query(question)
+    plan = None if analyzed is None else analyzed.plan(coverage_pairs=False)
     if plan is None or not plan.parts:
         return False
     db = sqlite3.connect(":memory:")

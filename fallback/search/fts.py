@@ -1,6 +1,6 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
-User text reaches ``MATCH`` only through :func:`build_fts_query`: every term is quoted
+User text reaches ``MATCH`` only through :func:`analyze_fts_query`: every term is quoted
 (:func:`quote_term`), so FTS5 syntax in a query is always literal text.
 
 The plan for ``chunks_fts`` (``porter unicode61``; columns ``text, title, terms``,
@@ -41,7 +41,6 @@ __all__ = [
     "FtsPlan",
     "FtsQuery",
     "analyze_fts_query",
-    "build_fts_query",
     "escape_like",
     "quote_term",
 ]
@@ -185,7 +184,22 @@ class FtsQuery:
 
     def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
              drop_common: bool = False, unpaired: frozenset[str] = frozenset()) -> FtsPlan:
-        """The plan of the query (see :func:`build_fts_query` for the arguments)."""
+        """The plan of the query as the store's counts choose it; never raises.
+
+        Args:
+            coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (when FTS5 clamps
+                the IDF of every part).
+            common: keys of parts (:attr:`parts`) found in at least half of the chunks: they
+                join no pair and mark no snippet line.
+            drop_common: also leave the ``common`` parts out of ``match`` when the query has a
+                rarer part (a large store: there they change no rank, only add cost).
+            unpaired: keys of further parts that join no ``NEAR`` pair.
+
+        Returns:
+            An :class:`FtsPlan`. Examples (unicode61): ``hello world`` -> match ``"hello" OR
+            "world" OR "helloworld" OR NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR
+            "wifi")``; ``価格 2026年`` -> no match, trigram ``"2026年"``, like ``価格``.
+        """
         if self._fixed is not None:
             return self._fixed
         rare = [e for k, e in self._exprs if k not in common]
@@ -259,32 +273,3 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
               and not text[a.end:b.start].strip() and a.key + b.key not in seen]
     return FtsQuery(tuple((p.key, p.expr) for p in unique), None, tokens, unique, tuple(exprs),
                     tuple(dict.fromkeys(joined[:MAX_PAIRS])))
-
-
-def build_fts_query(query: str, *, tokenizer: str = "unicode61", coverage_pairs: bool = True,
-                    common: frozenset[str] = frozenset(),
-                    drop_common: bool = False,
-                    unpaired: frozenset[str] = frozenset()) -> FtsPlan | None:
-    """Turn free text into a safe FTS plan (:func:`analyze_fts_query`, then
-    :meth:`FtsQuery.plan`); never raises.
-
-    Args:
-        query: any user text (a question, keywords, operators, quotes, dates, ids, emoji ...).
-        tokenizer: the tokenizer of ``chunks_fts``: ``unicode61`` (default) or ``trigram``.
-        coverage_pairs: add the ``(a AND b)`` pairs of the first six parts (when FTS5 clamps
-            the IDF of every part).
-        common: keys of parts (:attr:`FtsPlan.parts`) found in at least half of the chunks:
-            they join no pair and mark no snippet line.
-        drop_common: also leave the ``common`` parts out of ``match`` when the query has a
-            rarer part (a large store: there they change no rank, only add cost).
-        unpaired: keys of further parts that join no ``NEAR`` pair.
-
-    Returns:
-        ``None`` when the text has no token (blank, only punctuation); else a :class:`FtsPlan`.
-        Examples (unicode61): ``hello world`` -> match ``"hello" OR "world" OR "helloworld" OR
-        NEAR("hello" "world", 10)``; ``Wi-Fi`` -> ``("wi fi" OR "wifi")``; ``価格 2026年`` -> no
-        match, trigram ``"2026年"``, like ``価格``.
-    """
-    analyzed = analyze_fts_query(query, tokenizer=tokenizer)
-    return None if analyzed is None else analyzed.plan(
-        coverage_pairs=coverage_pairs, common=common, drop_common=drop_common, unpaired=unpaired)

@@ -9,7 +9,7 @@ import pytest
 
 from fallback.errors import IndexStoreError
 from fallback.request import SearchRequest
-from fallback.search.fts import build_fts_query
+from fallback.search.fts import analyze_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.store.db import (
     Store,
@@ -198,7 +198,7 @@ def test_keyword_rows_english_and_cjk_substrings(tmp_path: Path) -> None:
         _put(store, "pct.md", "50%_off sale", 5)
 
         def paths(q: str) -> list[str]:
-            plan = build_fts_query(q, tokenizer=store.fts_tokenizer)
+            plan = analyze_fts_query(q, tokenizer=store.fts_tokenizer).plan()
             assert plan is not None
             return [r[1] for r in keyword_rows(store, plan, sources=["memory"], limit=10)]
 
@@ -212,8 +212,8 @@ def test_keyword_rows_english_and_cjk_substrings(tmp_path: Path) -> None:
         assert paths("발생한") == ["ko.md"]        # KO 3 chars
         assert paths("会議 deployment") == []      # AND across schemes
         assert paths("50%") == ["pct.md"]
-        assert keyword_rows(store, build_fts_query("api"), sources=["sessions"], limit=10) == []
-        rank = keyword_rows(store, build_fts_query("戦略"), sources=["memory"], limit=10)[0][6]
+        assert keyword_rows(store, analyze_fts_query("api").plan(), sources=["sessions"], limit=10) == []
+        rank = keyword_rows(store, analyze_fts_query("戦略").plan(), sources=["memory"], limit=10)[0][6]
         assert rank == 0.0
     finally:
         store.close()

@@ -12,7 +12,7 @@ import pytest
 from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
-from fallback.search.fts import build_fts_query
+from fallback.search.fts import analyze_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.settings import EngineSettings, MemorySearchSettings
 from fallback.store.db import Store
@@ -46,7 +46,7 @@ def _bm25(engine: BuiltinEngine, query: str) -> dict[str, float]:
     """The raw FTS5 bm25() of each keyword hit, straight from the store, by path."""
     store = Store(engine.settings.db_path)
     try:
-        plan = build_fts_query(query)
+        plan = analyze_fts_query(query).plan()
         assert plan is not None
         return {r[1]: r[6] for r in keyword_rows(store, plan, sources=["memory"], limit=10)}
     finally:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from fallback.search.fts import (
-    FtsPlan,
-    build_fts_query,
-    escape_like,
-)
+from fallback.search.fts import FtsPlan, analyze_fts_query, escape_like
+
+
+def build_fts_query(query: str, *, tokenizer: str = "unicode61", **plan: object) -> FtsPlan | None:
+    """The plan of ``query`` with no store counts (:meth:`FtsQuery.plan` with ``plan``)."""
+    analyzed = analyze_fts_query(query, tokenizer=tokenizer)
+    return None if analyzed is None else analyzed.plan(**plan)  # type: ignore[arg-type]
 
 
 def test_plain_words_are_ored_with_joined_pair_and_proximity() -> None:

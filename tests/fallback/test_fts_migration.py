@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from fallback.search.fts import build_fts_query
+from fallback.search.fts import analyze_fts_query
 from fallback.search.keyword import keyword_rows
 from fallback.store.db import Store
 from fallback.store.migrations import MIGRATIONS
@@ -35,7 +35,7 @@ def _old_store(path: Path, *, tokenizer: str = "unicode61") -> None:
 
 
 def _found(store: Store, query: str) -> list[tuple[str, int]]:
-    plan = build_fts_query(query, tokenizer=store.fts_tokenizer)
+    plan = analyze_fts_query(query, tokenizer=store.fts_tokenizer).plan()
     assert plan is not None
     return [(r[1], r[3]) for r in keyword_rows(store, plan, sources=["memory"], limit=10)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fallback.search.fts import COVERAGE_MAX_CHUNKS, build_fts_query
+from fallback.search.fts import COVERAGE_MAX_CHUNKS, analyze_fts_query
 from fallback.search.fts_only import keyword_search
 from fallback.search.keyword import keyword_rows, rank_keyword_hits, search_plan
 from fallback.store.db import Store
@@ -31,7 +31,7 @@ def test_filtered_rows_beyond_the_cut_are_still_found(tmp_path: Path) -> None:
         sessions = [(f"sessions/s{i}.jsonl", "sessions", "alpha") for i in range(MIN_INNER_ROWS + 50)]
         memory = [("memory/a.md", "memory", "alpha " + "filler " * 200)]
         _fill(store, sessions + memory)
-        plan = build_fts_query("alpha")
+        plan = analyze_fts_query("alpha").plan()
         assert plan is not None
         rows = keyword_rows(store, plan, sources=["memory"], limit=6)
         assert [r[1] for r in rows] == ["memory/a.md"]

@@ -40,9 +40,6 @@ MS_PER_DAY = 86_400_000
 # The look-ahead rejects ``2026-02-101.md``; anchoring at the start rejects ``ticket-92025-06-15.md``.
 _DATED_NAME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(?:\.md|[^0-9].*\.md)$", re.IGNORECASE)
 
-# Root memory files that never decay (the legacy lower-case name included).
-_ROOT_MEMORY_FILES = frozenset({"MEMORY.md", "memory.md"})
-
 
 @dataclass
 class Candidate:
@@ -119,11 +116,7 @@ def date_from_path(path: str) -> dt.date | None:
 def is_evergreen(path: str, source: str) -> bool:
     """Whether a file never decays: every file of source ``"memory"`` that is not dated
     (:func:`date_from_path`); ``"sessions"`` files are never evergreen (they decay by mtime)."""
-    if source != "memory":
-        return False
-    if normalize_rel_path(path) in _ROOT_MEMORY_FILES:
-        return True
-    return date_from_path(path) is None
+    return source == "memory" and date_from_path(path) is None
 
 
 def decay_timestamp_ms(cand: Candidate, mtime_ms: Callable[[str, str], int | None]) -> int | None:

@@ -1,14 +1,11 @@
 """Background work of one memory service: one anyio task group, supervised tasks, capped backoff.
 
 The manager opens one :class:`BackgroundTasks` for its whole life and every background task of
-both backends (watchers, timers, syncs) is started through it:
-
-- **Supervision**: a task that raises is logged with its cause and retried after a capped
-  exponential backoff (:class:`RetryPolicy`); a failure never escapes into the group.
-- **Reporting**: the last failure and the tasks failing now (:meth:`BackgroundTasks.status`).
-- **Clean shutdown**: :meth:`BackgroundTasks.aclose` cancels the group (or one
-  :meth:`~BackgroundTasks.subgroup`) and returns once every task has finished. The group lives
-  in a host task, so ``aclose`` may be called from any task of the same event loop.
+both backends is started through it (docs/architecture.md, "Background work and deadlines"): a
+task that raises is reported and retried after :class:`RetryPolicy`'s delay, never escaping
+into the group; :meth:`BackgroundTasks.aclose` cancels the group (or one
+:meth:`~BackgroundTasks.subgroup`) from any task of the same event loop and returns once every
+task has finished.
 """
 
 from __future__ import annotations

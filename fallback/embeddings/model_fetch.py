@@ -1,20 +1,11 @@
 """Model downloads: GGUF embedding models fetched from a Hugging Face-style hub into the model cache.
 
 ``local.modelPath`` names a file, an ``hf:<owner>/<repo>/<file>.gguf`` URI, or nothing (then
-:data:`DEFAULT_MODEL`). A URI is downloaded on first use (or by ``qmdbridge models pull``) from
-``{$HF_ENDPOINT or https://huggingface.co}/{owner}/{repo}/resolve/main/{file}`` into
-``local.modelCacheDir`` or ``<stateDir>/models``::
-
-    hf/<owner>/<repo>/<file>           the verified model
-    hf/<owner>/<repo>/<file>.sha256    its sha256 (hex), written after the model is in place
-    hf/<owner>/<repo>/<file>.part      a partial download, resumed with an HTTP Range request
-    hf/<owner>/<repo>/<file>.lock      one downloader at a time across processes
-
-A download is checked against, strongest first, the pinned sha256, the hub's (``X-Linked-Etag``
-or ``ETag``, 64 hex), or a published ``<file>.sha256``, and against the known size; a file
-failing a check is deleted. A body that cannot be the file (a text type, or no GGUF magic: a
-captive portal) is refused before anything is written. Every failure is a
-:class:`~fallback.errors.ModelDownloadError` saying what to do.
+:data:`DEFAULT_MODEL`). A URI is downloaded on first use (or by ``qmdbridge models pull``) into
+``<cache>/hf/<owner>/<repo>/<file>`` beside its ``.sha256``, through ``.part`` (resumed) under
+a ``.lock``; the checks and the hub URL are in docs/configuration.md ("Semantic search"). A body
+that cannot be the file (a captive portal's page) is refused before anything is written. Every
+failure is a :class:`~fallback.errors.ModelDownloadError` saying what to do.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The query's common terms, contrasted out of its embedding before vector search.
 
-BM25 gives a word found in half of the chunks or more no weight; an embedding cannot leave it
-out, and a small sentence model leans on names (in a chat between Caroline and Melanie, "What
-books has Melanie read?" is nearest to every line that says "Melanie"). So the query's *common
-terms* (content words found in at least :data:`COMMON_SHARE` of the chunks and at least
+The query's content words found in at least :data:`COMMON_SHARE` of the chunks (and at least
 :data:`COMMON_MIN_CHUNKS` of them) are embedded on their own as a background ``b`` and the
-search runs with ``q' = q - CONTRAST_WEIGHT * b`` (:func:`contrast_vector`): windows that match
-only the names drop. A query without common terms is searched as it is; a store without FTS5
-has no counts and no contrast (docs/benchmarks.md, "The query's common terms contrasted out").
+search runs with ``q' = q - CONTRAST_WEIGHT * b`` (:func:`contrast_vector`); why, in
+docs/architecture.md ("How the builtin engine searches").
 
 Source: IDF (Sparck Jones 1972) as BM25 applies it; query-vector modification as in Rocchio
 (1971), with the background taken from the query's own common terms.

@@ -1,21 +1,9 @@
 """FTS5 query building for keyword search (pure: no SQLite, no clock).
 
 User text reaches ``MATCH`` only through :func:`analyze_fts_query`: every term is quoted
-(:func:`quote_term`), so FTS5 syntax in a query is always literal text.
-
-The plan for ``chunks_fts`` (``porter unicode61``; columns ``text, title, terms``,
-``fallback/store/fts_rows.py``) is an **OR** of the question's parts, ranked by ``bm25()``:
-content words (stop words and contraction pieces left out unless nothing else is left;
-full-width words also as ASCII); compounds (``Wi-Fi`` -> ``("wi fi" OR "wifi")``) and adjacent
-words joined (``"icecream"``), which the ``terms`` column holds; dates and months in canonical
-form (``"20230508"``, ``"202305"``); quoted phrases; ``NEAR(a b, 10)`` of consecutive parts; and,
-when FTS5 clamps the IDF of every part (a workspace of a few notes), ``(a AND b)`` for every
-pair of the first six parts, so more distinct parts beat one part repeated.
-
-CJK: ``unicode61`` keeps an unbroken CJK run as one token, so CJK tokens of >= 3 code points go
-to ``chunks_trigram`` and shorter ones to ``LIKE '%tok%'`` filters, ANDed with the rest
-(status: ``trigram+like``). A ``trigram`` store ANDs every token of >= 3 code points in
-``MATCH`` and filters shorter ones with ``LIKE`` (spec §8.2).
+(:func:`quote_term`), so FTS5 syntax in a query is always literal text. The plan (an OR of the
+question's parts over ``chunks_fts``, ranked by ``bm25()``; CJK tokens through ``chunks_trigram``
+and ``LIKE``) is described in docs/architecture.md ("How the builtin engine searches").
 """
 
 from __future__ import annotations

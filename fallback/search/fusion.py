@@ -1,16 +1,10 @@
 """Hybrid fusion: keyword and vector candidates become one calibrated score, then the floor and
 the result slots (pure).
 
-A hybrid search runs :func:`fuse` (each side's *evidence* in ``[0, 1]``, then
-:func:`calibrated_score`), :func:`apply_floor` (``minScore``), temporal decay, the optional
-reranker and MMR (they reorder, never remove), then :func:`select_results`.
-
-Evidence is relative because a cosine means different things for different models and BM25
-depends on the corpus size: a keyword hit's evidence is its text score relative to the
-query's best keyword hit; a vector hit's is how far its cosine stands above the query's
-cosines over the whole collection, in standard deviations (the nearest vector is only the
-nearest of whatever the memory holds, so it earns full evidence only when it stands out).
-One default ``minScore`` (0.35) then fits every model and corpus.
+A hybrid search runs :func:`fuse`, :func:`apply_floor` (``minScore``), temporal decay, the
+optional reranker and MMR (they reorder, never remove), then :func:`select_results`. Why each
+side's evidence is relative, and what the score means: docs/architecture.md ("What a hybrid
+score means").
 """
 
 from __future__ import annotations

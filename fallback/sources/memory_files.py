@@ -1,20 +1,9 @@
 """The memory-file rule: which files of a workspace are memory, and discovering them.
 
-This module is the one place that decides it: discovery, the watcher, ``memory_get``,
-``doctor`` and the qmd collections all call it, so a file is searchable exactly when it is
-readable. The rule (docs/architecture.md, aligned with what qmd 2.8.3 indexes):
-
-- **root file**: ``MEMORY.md`` (exact case, a regular file, not a symlink); the legacy
-  ``memory.md`` only when ``MEMORY.md`` is absent (both: the split is reported).
-- **memory folder**: ``memory/**/*.md``.
-- **extra paths**: each configured folder with its glob (``**/*.md`` by default), or a file.
-- everywhere: names end in ``.md`` (case-sensitive); symlinks are never followed; below a root
-  no segment may be hidden or one of :data:`SKIP_DIR_NAMES` (qmd skips the same).
-- ``DREAMS.md`` (the dreaming diary, whose findings are promoted into ``MEMORY.md``) is not
-  memory: neither indexed nor readable.
-
-Discovery never raises for a bad file or a missing folder: problems become
-:class:`~fallback.skipped.SkippedFile` entries or issue strings.
+The one place that decides it: discovery, the watcher, ``memory_get``, ``doctor`` and the qmd
+collections all call it, so a file is searchable exactly when it is readable. The rule is in
+docs/architecture.md ("Which files are memory"). Discovery never raises for a bad file or a
+missing folder: problems become :class:`~fallback.skipped.SkippedFile` entries or issue strings.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """File watcher for memory files: watchdog observers, debounced hand-off to the event loop.
 
-What is watched (spec 5.2) and which changes matter is decided by the memory-file rule
-(:func:`fallback.sources.memory_files.memory_roots`): the workspace root (not recursively, for
-the root files and a new ``memory/``), ``memory/`` recursively, each extra path (a folder, or a
-single file through its parent), and optionally the sessions folder. Hidden names and the
-rule's skipped folders are ignored; the polling observer does not even list them
-(:meth:`MemoryWatcher.list_folder`, at most :data:`MAX_WATCH_DEPTH` folders deep).
-
-Threads: watchdog calls :meth:`MemoryWatcher.dispatch` on its own thread, which only records
-the path and pokes the loop; the debounce and the callback run in the async core.
-
-Health: :meth:`MemoryWatcher.dead_reason` tells when the observer's thread died, a watch
-stopped (its folder was deleted), or it went deaf (a watched folder's mtime changed more than
-:data:`MISSED_GRACE_MS` ago with no event since); :meth:`MemoryWatcher.rearm` replaces it (a
-native observer that cannot start falls back to polling, ``degraded``) and queues a rescan.
-A failed ``on_change`` keeps its batch and is retried on a capped exponential backoff.
+What is watched and which changes matter is decided by the memory-file rule
+(:func:`fallback.sources.memory_files.memory_roots`); the polling observer does not even list
+hidden or skipped folders (:meth:`MemoryWatcher.list_folder`). watchdog calls
+:meth:`MemoryWatcher.dispatch` on its own thread, which only records the path and pokes the
+loop; the debounce and the callback run in the async core. Health (:meth:`MemoryWatcher.rearm`
+replaces a dead observer) is in docs/architecture.md ("Background work and deadlines").
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 fused candidates.
 
 :class:`Reranker` is the provider protocol; :class:`HttpReranker` speaks the Cohere-compatible
-``POST {baseUrl}/v1/rerank`` (``{model, query, documents, top_n}`` answered by ``{results:
-[{index, relevance_score}]}``, also read under ``data``); :class:`LocalGgufReranker` runs a GGUF
-reranker through llama-cpp-python with rank pooling. :func:`run_rerank` never fails the search:
-on a :class:`RerankerError` or timeout the fused order is kept, with a warning.
-
-After reranking, the reranked head keeps the *set* of its fused scores, handed out best-first in
-the new order: scores stay in ``[0, 1]`` on the fused scale whatever the provider's raw scale,
-``minScore`` keeps its meaning and results stay sorted by score (``search --explain`` shows the
-raw relevance).
+``POST {baseUrl}/v1/rerank``, :class:`LocalGgufReranker` runs a GGUF reranker through
+llama-cpp-python with rank pooling. :func:`rerank_stage` never fails the search, and the
+reranked head keeps the set of its fused scores (docs/configuration.md, "Reranking").
 """
 
 from __future__ import annotations

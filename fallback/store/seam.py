@@ -3,7 +3,7 @@
 Both stores implement :class:`SearchStore`: the SQLite store (``fallback/store/readonly.py``
 ``MetaReads``) and the postgres store (``fallback/store/postgres/seam.py``). The search
 pipeline reads only through it, so ranking never knows which store it runs on; every SQL
-statement lives in the store modules. A postgres sync writes through a :class:`SyncLease`.
+statement lives in the store modules.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["KeywordRow", "SearchStore", "SyncLease"]
+__all__ = ["KeywordRow", "SearchStore"]
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``: ``rank`` is FTS5's
@@ -73,23 +73,3 @@ class SearchStore(Protocol):
         ``mark_match``, each matching token wrapped in ``open_mark`` / ``close_mark``."""
         ...
 
-
-class SyncLease(Protocol):
-    """The one running sync of an index: files written beside what readers see, published at
-    once by :meth:`publish`."""
-
-    def file_hash(self, path: str, source: str) -> str | None:
-        """The content hash the written index holds for ``path``, or ``None``."""
-        ...
-
-    def delete_file(self, path: str, source: str) -> None:
-        """Leave ``path`` out of the written index."""
-        ...
-
-    def publish(self) -> object:
-        """Make the written index the one readers see; the lease ends."""
-        ...
-
-    def close(self) -> None:
-        """End the lease without publishing (idempotent)."""
-        ...

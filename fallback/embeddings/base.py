@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -31,7 +31,6 @@ T_in = TypeVar("T_in")
 T_out = TypeVar("T_out")
 
 
-@runtime_checkable
 class EmbeddingProvider(Protocol):
     """One embedding provider.
 

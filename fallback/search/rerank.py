@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
@@ -53,7 +53,6 @@ LOCAL_MAX_PAIR_TOKENS = 1024
 GGUF_POOLING_RANK = "4"
 
 
-@runtime_checkable
 class Reranker(Protocol):
     """A reranker (cross-encoder) provider: ``provider_id`` (``http`` or ``local``) and
     ``model`` (the model name, or the GGUF file path)."""

@@ -21,6 +21,7 @@ from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_wo
 from fallback.search.explain import SearchTrace
 from fallback.search.fts import FtsPlan
 from fallback.search.fts_only import (
+    SNIPPET_MAX_CHARS,
     Hit,
     HitSnippet,
     decayed,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["Searcher", "configured_mode"]
+__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode"]
 
 log = logging.getLogger("fallback.engine.builtin")
 

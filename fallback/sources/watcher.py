@@ -332,18 +332,19 @@ class MemoryWatcher:
         more = f" and {len(missed) - 1} more folders" if len(missed) > 1 else ""
         return f"missed changes in {missed[0]}{more}"
 
-    def _install(self, obs: Any, mode: str) -> None:
+    def _install(self, polling: bool) -> bool:
+        """Start an observer (:meth:`_launch_or_poll`) and make it this watcher's; whether it polls."""
+        obs, polling = self._launch_or_poll(polling)
         with self._obs_lock:
             self._observer = obs
-            self.state.mode = mode
+            self.state.mode = "polling" if polling else "native"
             self._missed = None
             self._stamps = self._folder_stamps()
         self._schedule_memory_dir()  # memory/ may have appeared while the observer started
+        return polling
 
     def _start_observer(self) -> None:
-        obs, polling = self._launch_or_poll(self.force_polling)
-        self._install(obs, "polling" if polling else "native")
-        if polling and not self.force_polling:  # events may have been lost: rescan
+        if self._install(self.force_polling) and not self.force_polling:  # events may be lost: rescan
             with self._lock:
                 self.state.pending.add(RESCAN_MARKER)
 
@@ -421,8 +422,7 @@ class MemoryWatcher:
             self._stop_observer()
             if polling and self.state.mode != "polling" and not self.force_polling:
                 self.state.degraded_reason = cause
-            obs, polling = self._launch_or_poll(polling)
-            self._install(obs, "polling" if polling else "native")
+            self._install(polling)
             with self._lock:
                 self.state.rearms += 1
                 self.state.last_rearm = {"cause": cause, "atMs": int(time.time() * 1000),

@@ -266,11 +266,16 @@ class LiveSync:
         return changed
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
-        """The live part of a status (``dead``: a cause :meth:`check_watcher` just found)."""
-        custom = self.status_custom()
+        """The live part of a status (``dead``: a cause :meth:`check_watcher` just found); its
+        ``custom`` entries are ``{"watcher": MemoryWatcher.snapshot() | None, "live":
+        {"degraded", "syncs": {reason: count}, "sessionsPending", "stale"}}`` (``stale``:
+        :meth:`stale_reason`)."""
         degraded = f"watcher dead: {dead}; re-arming" if dead else self.degraded_reason
-        custom["live"]["degraded"] = degraded
-        return LiveSnapshot(degraded, custom, custom["live"]["stale"])
+        stale = self.stale_reason()
+        return LiveSnapshot(degraded, {
+            "watcher": self.watcher.snapshot() if self.watcher is not None else None,
+            "live": {"degraded": degraded, "syncs": dict(self.sync_counts),
+                     "sessionsPending": len(self._session_pending), "stale": stale}}, stale)
 
     def stale_reason(self, *, memory: bool = True) -> str | None:
         """Changes live mode has seen and the index does not hold yet, in words, or ``None``:
@@ -311,15 +316,6 @@ class LiveSync:
             if watcher.state.rearms > self._rearms_synced and last is not None:
                 return f"watcher re-armed after: {last['cause']}; rescan pending"
         return self._degraded
-
-    def status_custom(self) -> dict[str, Any]:
-        """Entries for ``MemoryStatus.custom``: ``{"watcher": MemoryWatcher.snapshot() | None,
-        "live": {"degraded", "syncs": {reason: count}, "sessionsPending", "stale"}}``
-        (``stale``: :meth:`stale_reason`)."""
-        return {"watcher": self.watcher.snapshot() if self.watcher is not None else None,
-                "live": {"degraded": self.degraded_reason, "syncs": dict(self.sync_counts),
-                         "sessionsPending": len(self._session_pending),
-                         "stale": self.stale_reason()}}
 
 
 def _raise_embedding_failure(report: SyncReport) -> None:

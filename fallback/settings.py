@@ -1,8 +1,9 @@
 """Settings of the builtin engine: ``agents.defaults.memorySearch`` as pydantic models.
 
 Keys, defaults and clamping are the reference system's (OpenClaw's ``memorySearch``), so an
-existing config loads as is: snake_case fields, camelCase aliases, unknown keys ignored.
-``qmdbridge.config`` composes these models into the full config.
+existing config loads as is: snake_case fields, camelCase aliases, unknown keys ignored; each
+key's meaning is in docs/configuration.md. ``qmdbridge.config`` composes these models into the
+full config.
 """
 
 from __future__ import annotations
@@ -177,14 +178,8 @@ class TemporalDecaySettings(_Settings):
 
 
 class HybridSettings(_Settings):
-    """``query.hybrid``: the hybrid merge (``fallback/search/fusion.py``).
-
-    Attributes:
-        enabled: fuse keyword and vector candidates (``False``: vector side only).
-        vector_weight / text_weight: fusion weights, normalised to sum 1.
-        fusion: ``"scores"`` or ``"rrf"`` (ranks): the evidence the fused score is built from.
-        candidate_multiplier: candidates fetched per side = ``maxResults`` x this (1..20).
-    """
+    """``query.hybrid``: the hybrid merge (``fallback/search/fusion.py``); the weights are
+    normalised to sum 1."""
 
     enabled: bool = True
     vector_weight: float = 0.7
@@ -214,18 +209,8 @@ RERANK_MAX_TIMEOUT_MS = 600_000
 
 
 class RerankSettings(_Settings):
-    """``query.rerank``: the optional reranker (cross-encoder) stage, off unless a provider is set.
-
-    Attributes:
-        provider: ``"http"`` (Cohere-compatible ``POST {baseUrl}/v1/rerank``), ``"local"`` (a
-            GGUF reranker) or ``None`` (off).
-        model: the model name (``http``) or GGUF file path (``local``); required with a provider.
-        top_n: how many of the best fused candidates are reranked, ``1..200``.
-        base_url: ``http`` only, required there, without the ``/v1/rerank`` path.
-        api_key: ``http`` only, optional: sent as ``Authorization: Bearer <key>``.
-        timeout_ms: deadline of the stage per search in ms, ``1..600000``; past it the fused
-            order is kept.
-    """
+    """``query.rerank``: the optional reranker (cross-encoder) stage, off unless ``provider``
+    is set; ``model`` is required with one, ``base_url`` with ``http``."""
 
     provider: Literal["http", "local"] | None = None
     model: str = ""
@@ -283,16 +268,9 @@ QUERY_MAX_TIMEOUT_MS = 600_000
 
 
 class QuerySettings(_Settings):
-    """``query``: result count, score floor, hybrid merge, the optional reranker, and how a
-    search behaves when the embedding provider fails.
-
-    Attributes:
-        timeout_ms: deadline in ms (``100..600000``) of one search's embedding work: the query
-            embedding with its retries and a pre-search sync's embeddings (chunks not embedded
-            by then are searchable by keyword and embedded later).
-        keyword_fallback: when the configured provider fails during a search, answer from
-            keyword search with a warning; ``False`` fails the search (``auto`` always answers).
-    """
+    """``query``: result count, score floor, hybrid merge, the optional reranker, the deadline
+    of a search's embedding work (``timeout_ms``) and whether a provider failing during a search
+    falls back to keyword search (``keyword_fallback``)."""
 
     max_results: Annotated[int, _at_least(1)] = 6
     min_score: Annotated[float, _clamped(0, 1, nan_to=0.35)] = 0.35

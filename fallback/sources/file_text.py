@@ -168,11 +168,13 @@ def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None
 
 
 def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[int] | None]:
-    """Flatten one transcript (spec §5.4) for indexing; never raises for a bad file.
+    """Flatten one transcript (spec §5.4) for indexing: one ``message_line`` per kept message
+    (an unreadable or fully filtered file: empty text); never raises for a bad file.
 
     Returns:
-        ``(FileContent, line_map)`` (``line_map[i]``: the JSONL line of text line ``i + 1``),
-        or ``(SkippedFile, None)``.
+        ``(FileContent, line_map)`` (``line_map[i]``: the 1-based JSONL line of text line
+        ``i + 1``; ``content_hash``: sha256 hex of the text, ``"\\n"`` and the comma-joined
+        line map), or ``(SkippedFile, None)``.
     """
     try:
         with open(mf.abs_path, "rb"):
@@ -181,8 +183,11 @@ def read_session_text(mf: MemoryFile) -> tuple[FileContent | SkippedFile, list[i
         return SkippedFile(path=mf.rel_path, reason=VANISHED), None
     except OSError as exc:
         return SkippedFile(path=mf.rel_path, reason=f"unreadable: {exc.strerror or exc}"), None
-    from fallback.sources.transcripts import session_document
+    from fallback.sources.transcripts import message_line, parse_transcript
 
-    doc = session_document(mf.abs_path)
-    return FileContent(text=doc.content, content_hash=doc.content_hash, invalid_utf8=False,
-                       size=mf.size, mtime_ms=mf.mtime_ms, ctime_ns=mf.ctime_ns), doc.line_map
+    messages = parse_transcript(mf.abs_path).messages
+    text = "\n".join(message_line(m) for m in messages)
+    line_map = [m.line_no for m in messages]
+    return FileContent(text=text, content_hash=sha256_hex(f"{text}\n{','.join(map(str, line_map))}"),
+                       invalid_utf8=False, size=mf.size, mtime_ms=mf.mtime_ms,
+                       ctime_ns=mf.ctime_ns), line_map

@@ -13,7 +13,6 @@ first user message is a cron prompt is excluded whole.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -26,10 +25,9 @@ import orjson
 from fallback.text.path_names import printable_path
 from fallback.text.redact import redact_secrets
 
-__all__ = ["SESSIONS_DIR_NAME", "SessionDeltaTracker", "SessionDocument", "TranscriptMessage",
-           "TranscriptParse", "TranscriptScan", "message_line", "parse_transcript",
-           "sanitize_message_text", "scan_transcripts", "session_document", "session_id_for",
-           "transcript_path"]
+__all__ = ["SESSIONS_DIR_NAME", "SessionDeltaTracker", "TranscriptMessage", "TranscriptParse",
+           "TranscriptScan", "message_line", "parse_transcript", "sanitize_message_text",
+           "scan_transcripts", "session_id_for", "transcript_path"]
 
 Role = Literal["user", "assistant"]
 
@@ -98,21 +96,6 @@ class TranscriptScan:
 
     paths: list[Path]
     error: str | None = None
-
-
-@dataclass(frozen=True)
-class SessionDocument:
-    """A transcript flattened for the builtin engine (spec 5.4).
-
-    Attributes:
-        content: one :func:`message_line` per kept message, joined by ``\\n``.
-        line_map: ``line_map[i]`` is the 1-based JSONL line of content line ``i + 1``.
-        content_hash: ``sha256(content + "\\n" + ",".join(line_map))`` as hex.
-    """
-
-    content: str
-    line_map: list[int]
-    content_hash: str
 
 
 def is_transcript_name(name: str) -> bool:
@@ -272,18 +255,6 @@ def parse_transcript(path: Path | int) -> TranscriptParse:
     if first_user_raw is not None and _CRON_PROMPT.match(first_user_raw):
         return TranscriptParse(errors=errors, excluded_reason="cron run", line_count=line_no)
     return TranscriptParse(messages=messages, errors=errors, line_count=line_no)
-
-
-def session_document(path: Path) -> SessionDocument:
-    """Flatten a transcript for the ``sessions`` source (spec 5.4); an unreadable or fully
-    filtered file gives empty content."""
-    parsed = parse_transcript(path)
-    lines = [message_line(m) for m in parsed.messages]
-    line_map = [m.line_no for m in parsed.messages]
-    content = "\n".join(lines)
-    digest = hashlib.sha256(
-        (content + "\n" + ",".join(str(n) for n in line_map)).encode("utf-8")).hexdigest()
-    return SessionDocument(content=content, line_map=line_map, content_hash=digest)
 
 
 @dataclass

@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from fallback.sources.file_text import FileContent, read_session_text
+from fallback.sources.memory_files import MemoryFile
 from fallback.sources.transcripts import (
     SessionDeltaTracker,
     TranscriptMessage,
@@ -16,7 +18,6 @@ from fallback.sources.transcripts import (
     parse_transcript,
     sanitize_message_text,
     scan_transcripts,
-    session_document,
     session_id_for,
 )
 
@@ -167,6 +168,14 @@ def test_session_id_for() -> None:
     assert session_id_for(Path("/x/abc.jsonl.reset.2026-01-02T03-04-05Z")) == "abc.reset.2026-01-02T03-04-05Z"
 
 
+def _session_text(path: Path) -> tuple[FileContent, list[int] | None]:
+    """The transcript at ``path`` as the sessions source indexes it."""
+    doc, line_map = read_session_text(MemoryFile.from_stat(path, f"sessions/{path.name}", path.stat(),
+                                                           source="sessions"))
+    assert isinstance(doc, FileContent)
+    return doc, line_map
+
+
 def test_session_document_line_map_and_hash(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "thread.jsonl", [
         {"type": "session"},
@@ -175,16 +184,16 @@ def test_session_document_line_map_and_hash(tmp_path: Path) -> None:
         msg("assistant", "HEARTBEAT_OK"),
         msg("assistant", "The codename is ORBIT-10."),
     ])
-    doc = session_document(path)
-    assert doc.content == "User: Project Nebula codename?\nAssistant: The codename is ORBIT-10."
-    assert doc.line_map == [2, 5]
-    expected = hashlib.sha256((doc.content + "\n2,5").encode()).hexdigest()
+    doc, line_map = _session_text(path)
+    assert doc.text == "User: Project Nebula codename?\nAssistant: The codename is ORBIT-10."
+    assert line_map == [2, 5]
+    expected = hashlib.sha256((doc.text + "\n2,5").encode()).hexdigest()
     assert doc.content_hash == expected
 
 
 def test_session_document_empty(tmp_path: Path) -> None:
-    doc = session_document(write_jsonl(tmp_path / "e.jsonl", [msg("assistant", "NO_REPLY")]))
-    assert (doc.content, doc.line_map) == ("", [])
+    doc, line_map = _session_text(write_jsonl(tmp_path / "e.jsonl", [msg("assistant", "NO_REPLY")]))
+    assert (doc.text, line_map) == ("", [])
     assert doc.content_hash == hashlib.sha256(b"\n").hexdigest()
 
 

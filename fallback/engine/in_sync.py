@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
 from fallback.index.plan import recorded_files, scan_change
 from fallback.index.racy import SCAN_STARTED_META
-from fallback.search.fts_only import SNIPPET_MAX_CHARS, Hit, candidate_count, keyword_search
+from fallback.search.fts_only import Hit, candidate_count, keyword_search
 from fallback.sources.memory_files import ExtraPathEntry, list_memory_files
 from fallback.store.files import has_leftovers
 from fallback.store.migrations import META_KEY, MIGRATIONS
@@ -125,8 +125,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
 
 def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *,
                    max_results: int | None = None, min_score: float | None = None,
-                   now_ms: int | None = None,
-                   max_snippet_chars: int = SNIPPET_MAX_CHARS) -> list[Hit]:
+                   now_ms: int | None = None) -> list[Hit]:
     """Keyword-only search of ``index`` as the engine answers it in FTS-only mode
     (:func:`~fallback.search.fts_only.keyword_search`); the caller checks :func:`stale_reason`.
 
@@ -137,7 +136,6 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
         max_results / min_score: hits wanted (>= 1) and score floor in ``[0, 1]``, defaults
             from ``settings``.
         now_ms: the clock for temporal decay, epoch ms (default: now).
-        max_snippet_chars: snippet budget in code points.
 
     Returns: Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
     """
@@ -150,5 +148,4 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
         candidates=candidate_count(limit, settings.candidate_multiplier),
         floor=settings.min_score if min_score is None else min_score,
         half_life_days=settings.half_life_days,
-        now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
-        max_snippet_chars=max_snippet_chars).hits
+        now_ms=int(time.time() * 1000) if now_ms is None else now_ms).hits

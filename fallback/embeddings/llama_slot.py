@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -29,20 +28,20 @@ class LlamaSlot:
         self._lock = threading.Lock()
         self._llama: Any = None
 
-    def run(self, fn: Callable[[Any], T]) -> T:
-        """``fn(model)`` under the lock, loading the model first if needed (blocking).
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """``fn(model)`` under the lock in a worker thread (abandoned, not waited for, when
+        cancelled), loading the model first if needed.
 
         Raises:
             whatever ``load`` or ``fn`` raise.
         """
-        with self._lock:
-            if self._llama is None:
-                self._llama = self._load()
-            return fn(self._llama)
+        def run() -> T:
+            with self._lock:
+                if self._llama is None:
+                    self._llama = self._load()
+                return fn(self._llama)
 
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """:meth:`run` in a worker thread (abandoned, not waited for, when cancelled)."""
-        return await anyio.to_thread.run_sync(partial(self.run, fn), abandon_on_cancel=True)
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
 
     async def aclose(self) -> None:
         """Drop the loaded model (it is reloaded on the next call); waits for a running call."""

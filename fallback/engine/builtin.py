@@ -127,13 +127,6 @@ class BuiltinEngine:
         if self._closed:
             raise ManagerClosedError("builtin engine is closed")
 
-    async def _open_store(self) -> Store:
-        """The store (``fallback/engine/store_open.py``). Raises ``IndexStoreError``."""
-        self._check_open()
-        return await self._stores.open()
-
-    _store = property(lambda self: self._stores.store, doc="The open store, or None.")
-
     async def _recover_corrupt(self, exc: IndexStoreCorruptError) -> None:
         """Close the corrupt store, move its files aside and start over with an empty one."""
         await self._stores.recover_corrupt(exc, before_move=self._drop_vector_index)
@@ -318,7 +311,8 @@ class BuiltinEngine:
                 sync_through_lease, self.settings, shared, force=force, provider=self._provider(),
                 embed_deadline=embed_deadline))
         else:
-            store = await self._open_store()
+            self._check_open()  # closed while this sync waited for another
+            store = await self._stores.open()
             # One writer per store across processes, for the whole sync, after repairing what a
             # killed writer left (fallback/store/lock.py).
             # Within a search's budget (Store.lock_deadline) the wait ends at the budget and
@@ -356,7 +350,7 @@ class BuiltinEngine:
                            lock_deadline: float) -> None:
         # a store another process holds locked fails the sync at the budget, not after the
         # busy timeout (a worker thread waiting in SQLite cannot be cancelled)
-        store = self._store  # the one the search opened (None for postgres)
+        store = self._stores.store  # the one the search opened (None for postgres)
         if store is not None and lock_deadline != math.inf:
             store.lock_deadline = time.monotonic() + lock_deadline - anyio.current_time()
         try:
@@ -371,11 +365,6 @@ class BuiltinEngine:
         """Whether a failing provider fails the search (explicitly configured, no opt-in)."""
         return (self._provider_selection().requested not in ("auto", "none")
                 and not self.settings.search.query.keyword_fallback)
-
-    @property
-    def last_error(self) -> str | None:
-        """The last non-fatal problem (failed sync, failed query embedding), or ``None``."""
-        return self._last_error
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
@@ -393,8 +382,9 @@ class BuiltinEngine:
 
         Returns:
             ``SearchOutcome``: hits best first (snippets at most 700 code points), warnings
-            (then one-off events no answer told yet and :attr:`last_error` unless a warning
-            says it), the mode that ranked, provider id (``none`` keyword-only) and model.
+            (then one-off events no answer told yet and the last non-fatal problem, a failed
+            sync or query embedding, unless a warning says it), the mode that ranked, provider
+            id (``none`` keyword-only) and model.
 
         Raises:
             ManagerClosedError: the engine is closed.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -63,13 +62,6 @@ NUL_BYTES_NOTE = "NUL bytes stripped ({count} bytes)"
 # bytes are not UTF-8, or it is UTF-8 holding a control character or a backslash.
 ESCAPED_NAME_NOTE = "file name is not valid UTF-8 (path shown with \\xHH escapes)"
 CONTROL_NAME_NOTE = "file name holds a control character or backslash (path shown with \\xHH escapes)"
-
-
-@dataclass(frozen=True)
-class _Row:
-    chunk_id: str
-    chunk: Chunk
-    vectors: list[list[float]]
 
 
 class Indexer:
@@ -360,10 +352,9 @@ class Indexer:
         if self.provider is not None and chunks:
             assert self._step is not None
             vectors = await self._step.window_vectors(store, [c for _, c in chunks], report)
-        rows = [_Row(cid, chunk, vec) for (cid, chunk), vec in zip(chunks, vectors, strict=True)]
-        await self._write(store, partial(self._write_file, store, mf, content, rows))
+        await self._write(store, partial(self._write_file, store, mf, content, chunks, vectors))
         report.files_indexed += 1
-        report.chunks_written += len(rows)
+        report.chunks_written += len(chunks)
 
     def _report_progress(self, report: SyncReport) -> None:
         if self.on_progress is not None:
@@ -391,7 +382,7 @@ class Indexer:
             embedding_cache.prune(conn, max_entries=self.settings.search.cache.max_entries)
 
     def _write_file(self, store: Store, mf: MemoryFile, content: FileContent,
-                    rows: list[_Row]) -> None:
+                    chunks: list[tuple[str, Chunk]], vectors: list[list[list[float]]]) -> None:
         now = self._now_ms()
         fts_ok = store.fts_error is None
         # the trigram table only serves CJK substring queries (fallback/search/fts.py)
@@ -400,14 +391,13 @@ class Indexer:
             if store is not self._fresh_store:
                 _delete_rows(conn, mf.rel_path, mf.source)
             written: list[tuple[int, str]] = []
-            for row in rows:
-                c = row.chunk
-                packed = pack_windows(row.vectors)
+            for (cid, c), windows in zip(chunks, vectors, strict=True):
+                packed = pack_windows(windows)
                 cur = conn.execute(
                     "INSERT OR REPLACE INTO chunks(id, path, source, start_line, end_line, hash,"
                     " model, text, vector, dims, updated_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row.chunk_id, mf.rel_path, mf.source, c.start_line, c.end_line,
+                    (cid, mf.rel_path, mf.source, c.start_line, c.end_line,
                      c.content_hash, self._model, c.text,
                      packed[0] if packed else None, packed[1] if packed else None, now))
                 if cur.lastrowid is not None:

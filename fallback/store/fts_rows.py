@@ -39,9 +39,8 @@ FTS_COLUMNS = ("text", "title", "terms")
 
 
 # FTS5 'automerge': merge b-tree segments once this many accumulate at one level (FTS5's default
-# is 4). The indexer commits once per file, so each file leaves a small segment; merging at 8
-# halves the merge work of a full index (FTS rows written ~10% faster than with 4) for a few
-# more segments per term lookup.
+# is 4). Each file's commit leaves a small segment; merging at 8 halves the merge work of a full
+# index for a few more segments per term lookup.
 AUTOMERGE_SEGMENTS = 8
 
 
@@ -60,12 +59,8 @@ def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
 
 
 def note_title(path: str, text: str) -> str:
-    """The ``title`` column value of every chunk of one file (path, first heading, derived terms).
-
-    Args:
-        path: workspace-relative path.
-        text: the file's text (or its first chunk's): only the first heading is used.
-    """
+    """The ``title`` column value of every chunk of the file at workspace-relative ``path``
+    (path, first heading of ``text``, derived terms)."""
     return title_text(path, first_heading(text))
 
 

@@ -89,9 +89,12 @@ async def test_search_on_postgres_ranks_snippets_and_decays_as_on_sqlite(tmp_pat
         assert (await pg.sync(reason="test")).files_deleted == 1
         await lite.sync(reason="test")
         assert await answers(pg, questions[:5]) == await answers(lite, questions[:5])
-        status = await pg.status()
+        status, plain = await pg.status(), await lite.status()
         assert status.custom["store"]["driver"] == "postgres"
-        assert (status.files, status.chunks) == ((await lite.status()).files, (await lite.status()).chunks)
+        assert (status.files, status.chunks) == (plain.files, plain.chunks)
+        # no provider: the same reason and vector view as on SQLite (status's provider note)
+        assert (status.provider_unavailable_reason, status.vector, status.cache) == (
+            plain.provider_unavailable_reason, plain.vector, plain.cache)
     finally:
         await lite.close()
         await pg.close()

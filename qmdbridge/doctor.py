@@ -119,10 +119,16 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
     return f"merged memory.md into MEMORY.md (archived at {target.relative_to(ws)})"
 
 
+def _index_hint(ws: Path) -> str:
+    """How to build the first index of workspace ``ws``: ``qmdbridge index``, which fails on a
+    workspace that does not exist, so that one is created first."""
+    return "run `qmdbridge index`" if ws.is_dir() else f"create the workspace {ws}, then run `qmdbridge index`"
+
+
 def _check_root(ws: Path, fix: bool) -> Check:
     if not ws.is_dir():
         return Check("workspace", "error", f"workspace missing: {ws}",
-                     "create it or pass --workspace / set agents.defaults.workspace")
+                     f"{_index_hint(ws)}; or pass --workspace / set agents.defaults.workspace")
     state = root_memory_state(ws)
     linked = root_memory_file(ws).symlinked
     if linked and state in ("canonical", "none"):
@@ -283,7 +289,7 @@ def _check_postgres(agent: ResolvedAgent) -> Check:
     detail = (f"postgres {d['target']}, schema {d['schema']} version {d['schemaVersion']}:"
               f" {files} files, {chunks} chunks")
     if not chunks:
-        return Check("index", "warn", f"{detail} (no index yet)", "run `qmdbridge index`")
+        return Check("index", "warn", f"{detail} (no index yet)", _index_hint(agent.workspace_dir))
     return Check("index", "ok", detail)
 
 
@@ -314,7 +320,7 @@ async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) 
 def _inspect_index(agent: ResolvedAgent) -> Check:
     db = agent.engine.db_path
     if not db.exists():
-        return Check("index", "warn", f"no index yet at {db}", "run `qmdbridge index`")
+        return Check("index", "warn", f"no index yet at {db}", _index_hint(agent.workspace_dir))
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
         try:

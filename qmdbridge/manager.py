@@ -363,8 +363,8 @@ class MemoryManager:
                 outcome = await backend.search(request)
         except UsageError:
             raise
-        except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too
-            reason = str(exc) if str(exc) else (
+        except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too; its reason, as below
+            reason = getattr(exc, "reason", None) or (
                 f"qmd search timed out after {timeout_ms}ms (memory.qmd.limits.timeoutMs)")
             return None, self._search_failed(reason)
         except QmdQueryTooLongError as exc:  # the caller's pasted text: not a qmd failure

@@ -34,6 +34,9 @@ _NOT_PROBLEMS = (*INDEXED_CAVEATS, "hidden name")
 # How the scan issue of an extra folder whose pattern admits no ``.md`` name starts (the text of
 # fallback.sources.memory_files.NEVER_MATCHES; tests/qmdbridge/test_doctor.py keeps the two in step).
 NEVER_MATCHES = "extra path pattern can never match a memory file:"
+# The fix of a symlink in the memory paths (a note, a folder in one, a memory folder, an extra path).
+_LINK_FIX = ("symlinks are never followed: replace the link with what it points to, or add the "
+             "target's real path to memorySearch.extraPaths")
 # Issues that describe a normal young workspace.
 _NORMAL_ISSUES = ("memory directory missing",)
 
@@ -61,8 +64,8 @@ def _skip_hint(reason: str) -> str | None:
         return "split the file, or raise memorySearch.maxFileBytes"
     if reason.startswith("binary"):
         return "memory files are Markdown text; move the file out of the memory folders"
-    if reason.startswith("symlink"):
-        return "symlinks are never followed: replace the link with the file itself"
+    if reason.startswith("symlink"):  # a note or a folder
+        return _LINK_FIX
     if reason.startswith("unreadable"):
         return "fix the file's permissions"
     return None
@@ -73,8 +76,7 @@ def _issue_hint(issue: str) -> str | None:
         return ('memory files are Markdown: give the entry a pattern whose names end in .md '
                 '(the default is "**/*.md"), or remove it from memorySearch.extraPaths')
     if "is a symlink (not followed)" in issue:  # a memory folder or an extra path
-        return ("symlinks are never followed: replace the link with the folder itself, or add "
-                "the target's real path to memorySearch.extraPaths")
+        return _LINK_FIX
     if issue.startswith("extra path"):
         return "create it, or fix or remove the entry in memorySearch.extraPaths"
     if "legacy memory.md" in issue:

@@ -11,7 +11,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fallback.errors import MemorySearchError, PathRefusedError, UsageError
+from fallback.errors import (
+    BackendUnavailableError,
+    IndexStoreError,
+    MemorySearchError,
+    PathRefusedError,
+    UsageError,
+)
 from qmdbridge.manager import MemoryManager
 from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
 
@@ -142,6 +148,8 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
             session_key=session_key, inherited_session_keys=session_keys or (),
             corpus=params.get("corpus"))
     except MemorySearchError as exc:
+        if isinstance(exc, (BackendUnavailableError, IndexStoreError)):  # not the caller's fault
+            log.warning("memory_search failed: %s", exc)
         return {"results": [], "disabled": True, "error": str(exc)}
     except Exception as exc:  # tool edge: the agent gets an error payload, never a crash
         log.exception("memory_search failed")

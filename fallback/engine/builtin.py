@@ -637,7 +637,7 @@ class BuiltinEngine:
             shared, report = await self._stores.open_postgres(), self._last_report
             return build_postgres_status(
                 await anyio.to_thread.run_sync(shared.describe), backend=self.name,
-                settings=self.settings, provider=self._provider(), dirty=self._dirty,
+                settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
                 dirty_reason=self._dirty_reason, last_error=self._last_error, skipped=report.skipped if report else [],
                 issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()

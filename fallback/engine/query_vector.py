@@ -223,5 +223,5 @@ def check_query_vector(vector: list[float], index: IndexVectors, *, model: str,
         return [], (index.dims, len(vector))
     if vector and index.pending > 0:
         warnings.append(f"{backlog_reason(index.pending, index.error)}: they are found by keyword "
-                        "search only until a later sync embeds them")
+                        "search only until a sync embeds them (run `qmdbridge index`)")
     return vector, None

@@ -118,9 +118,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                               "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
                               **(live.custom if live is not None else {})}
     if provider is None or vector is None:
-        vector = {"enabled": s.store.vector.enabled, "available": False, "mode": "disabled",
-                  "reason": selection.unavailable_reason or "no embedding provider (FTS-only mode)",
-                  "dims": None}
+        vector = _no_vectors(settings, selection)
     elif vector.get("dims") is None:  # the vector index learns its dims on the first query
         vector = {**vector, "dims": index.dims}
     if provider is not None:
@@ -166,17 +164,29 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         custom=custom)
 
 
+def _no_vectors(settings: EngineSettings, selection: Any) -> dict[str, Any]:
+    """The ``vector`` view of an engine without an embedding provider (``selection``: its
+    ``ProviderSelection``), on either store."""
+    return {"enabled": settings.search.store.vector.enabled, "available": False, "mode": "disabled",
+            "reason": selection.unavailable_reason or "no embedding provider (FTS-only mode)",
+            "dims": None}
+
+
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
-                          provider: EmbeddingProvider | None, dirty: bool,
+                          selection: Any, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
                           skipped: list[SkippedFile], issues: list[str]) -> MemoryStatus:
     """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
-    <name> version <n>`` (no password), ``custom.store`` the description.
+    <name> version <n>`` (no password), the shared embedding cache's entries, ``custom.store``
+    the description.
 
-    ``dirty`` / ``dirty_reason`` / ``last_error`` are the engine's own state, ``skipped`` /
-    ``issues`` what this process's last sync skipped and noticed."""
+    ``selection`` is the ``ProviderSelection`` (its provider, or why there is none, as
+    :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` are the
+    engine's own state, ``skipped`` / ``issues`` what this process's last sync skipped and
+    noticed."""
     s = settings.search
+    provider: EmbeddingProvider | None = selection.provider
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
         dirty = False  # another process published a sync: as on SQLite, only no index is dirty
     counts = described["counts"]
@@ -188,17 +198,18 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                  f" version {described['schemaVersion']}"), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
         provider="none" if provider is None else provider.provider_id,
-        model=None if provider is None else provider.model, requested_provider=s.provider,
+        model=None if provider is None else provider.model,
+        requested_provider=selection.requested or s.provider,
+        provider_unavailable_reason=selection.error or selection.unavailable_reason,
         search_mode=configured_mode(has_provider=provider is not None,
                                     hybrid_enabled=s.query.hybrid.enabled),
         roots=indexed_roots(settings), sources=list(s.sources),
         extra_paths=[describe_extra_path(e) for e in s.extra_paths], source_counts=per,
         fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},
-        vector={"enabled": provider is not None, "available": provider is not None,
-                "mode": "pgvector" if provider is not None else "disabled",
-                "reason": None if provider is not None else "no embedding provider",
-                "dims": None},
-        cache={"enabled": s.cache.enabled, "entries": 0, "maxEntries": s.cache.max_entries},
+        vector=_no_vectors(settings, selection) if provider is None else {
+            "enabled": True, "available": True, "mode": "pgvector", "reason": None, "dims": None},
+        cache={"enabled": s.cache.enabled, "entries": described["cacheEntries"],
+               "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

@@ -51,11 +51,18 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _quiet_logs(args: argparse.Namespace) -> None:
     """Keep library log records below ERROR off stderr unless ``-v``: one-shot commands
-    print what matters themselves (``serve`` keeps logging's default)."""
+    print what matters themselves (``serve`` and ``mcp`` keep logging's default, except for
+    the postgres connection pool's record of each reconnect attempt: a search it fails is told
+    once, by ``qmdbridge.tools``)."""
     import logging
 
     root = logging.getLogger()
-    if args.verbose or args.command in ("serve", "mcp") or root.handlers:
+    if args.verbose:
+        return
+    if args.command in ("serve", "mcp"):
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        return
+    if root.handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.ERROR)

@@ -127,7 +127,9 @@ class SyncProgress:
     def finish(self, now_s: float, *, interrupted: bool, failed: bool = False) -> str | None:
         """Stop the bar and print the closing line (returned): ``done`` when progress was shown,
         ``interrupted`` always after an interruption, ``failed at`` instead of ``done`` after a
-        failed sync (the command's error follows it), nothing for a short sync."""
+        failed sync (the command's error follows it), ``stopped at`` after a search's sync that
+        ended before its last file (its budget, or a failure it recorded and the search's
+        warning tells), nothing for a short sync."""
         if self._bar is not None:
             self._bar.stop()
         with self._lock:
@@ -141,6 +143,9 @@ class SyncProgress:
                 return None
             elif failed:
                 line = f"{self.label}: failed at {self.files_done}/{self.files_total} files"
+            elif self.files_done < self.files_total:
+                line = (f"{self.label}: stopped at {self.files_done}/{self.files_total} files "
+                        "(the rest waits for the next sync)")
             else:
                 line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks written, "
                         f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")

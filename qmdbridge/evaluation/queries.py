@@ -86,7 +86,8 @@ def load_queries(path: str | Path, workspace: str | Path) -> list[EvalQuestion]:
         try:
             obj = json.loads(raw)
         except ValueError as exc:
-            raise UsageError(f"{p}:{n}: not valid JSON: {exc}") from None
+            raise UsageError(f"{p}:{n}: not valid JSON (--queries reads JSON Lines: one "
+                             f'{{"query", "path", ...}} object per line): {exc}') from None
         questions.append(_query_line(obj, where=f"{p}:{n}", workspace=ws))
     if not questions:
         raise UsageError(f"no queries in {p}")

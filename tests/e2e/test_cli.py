@@ -217,6 +217,11 @@ def test_an_extra_path_whose_pattern_admits_nothing_is_a_problem(ws: Path, env: 
         ("memory paths", problem["message"], problem["hint"])], failed
 
 
+# The fix of every symlink status lists: a note, a folder in memory/, memory/ itself.
+LINK_FIX = ("symlinks are never followed: replace the link with what it points to, or add the "
+            "target's real path to memorySearch.extraPaths")
+
+
 def test_a_symlinked_memory_folder_is_a_problem_with_a_fix(ws: Path, env: dict[str, str],
                                                           tmp_path: Path) -> None:
     outside = tmp_path / "elsewhere"
@@ -226,8 +231,21 @@ def test_a_symlinked_memory_folder_is_a_problem_with_a_fix(ws: Path, env: dict[s
     status = run(["status", "--workspace", str(ws), "--json"], env)
     assert orjson.loads(status.stdout)["problems"] == [{
         "check": "memory paths", "message": f"memory directory is a symlink (not followed): {ws / 'memory'}",
-        "hint": "symlinks are never followed: replace the link with the folder itself, or add "
-                "the target's real path to memorySearch.extraPaths"}]
+        "hint": LINK_FIX}]
+
+
+def test_a_symlinked_note_or_sub_folder_is_a_problem_with_the_same_fix(ws: Path, env: dict[str, str],
+                                                                       tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "n.md").write_text("# n\n")
+    (ws / "memory" / "linked").symlink_to(outside)
+    (ws / "memory" / "linked.md").symlink_to(outside / "n.md")
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    status = run(["status", "--workspace", str(ws), "--json"], env)
+    assert orjson.loads(status.stdout)["problems"] == [
+        {"check": "memory file", "message": f"memory/{name} is not indexed: symlink (not followed)",
+         "hint": LINK_FIX} for name in ("linked", "linked.md")]
 
 
 @pytest.mark.slow

@@ -112,6 +112,10 @@ def test_status_and_doctor_without_a_workspace_create_nothing(env: dict[str, str
     assert doc.returncode == 1
     checks = {c["name"]: c for c in orjson.loads(doc.stdout)["checks"]}
     assert checks["workspace"]["level"] == "error"
+    # `qmdbridge index` alone would fail on the missing workspace (exit 2): both hints say so
+    then_index = f"create the workspace {state / 'workspace'}, then run `qmdbridge index`"
+    assert (checks["workspace"]["hint"], checks["index"]["hint"]) == (
+        f"{then_index}; or pass --workspace / set agents.defaults.workspace", then_index)
     assert not list(state.rglob("*.sqlite*")) and not (state / "memory").exists()
 
 

@@ -215,7 +215,7 @@ def test_a_hanging_qmd_started_ahead_falls_back_as_it_does_without(setup: dict[s
     assert hung.stdout == off.stdout
     doc = orjson.loads(hung.stdout)
     assert doc["backend"] == "builtin" and doc["fallback"]["reason"] == (
-        "qmd unavailable: qmd query --json -n 24 --no-rerank -c memory-root-main -- router drop WAN | "
+        "qmd query --json -n 24 --no-rerank -c memory-root-main -- router drop WAN | "
         "router | drop | WAN timed out after 4000ms (memory.qmd.limits.timeoutMs)")
     for pid in (int(line) for line in setup["pids"].read_text().split()):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

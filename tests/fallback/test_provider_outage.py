@@ -171,6 +171,14 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
                  "from keyword search only and 2 chunks wait for vectors")]
         finally:
             await opted.close()
+        upstream.mode = "ok"  # the query is embedded; the backlog waits for a sync
+        back = _engine(ws, srv.url)
+        try:
+            outcome = await back.search(SearchRequest.of("kayak"), sync_budget_ms=0)
+            assert outcome.warnings == ["2 chunks wait for embeddings: they are found by keyword "
+                                        "search only until a sync embeds them (run `qmdbridge index`)"]
+        finally:
+            await back.close()
 
 
 async def test_new_vector_size_under_the_same_model_rebuilds_the_index(ws: Path) -> None:

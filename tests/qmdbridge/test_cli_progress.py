@@ -79,6 +79,19 @@ def test_a_failed_sync_is_never_reported_done() -> None:
     assert shown.finish(15.0, interrupted=False, failed=True) == "indexing: failed at 13/16 files"
 
 
+def test_a_search_sync_that_stopped_before_its_last_file_is_not_reported_done() -> None:
+    """A search's sync ends without raising when it stops at the search's budget or records a
+    failure (a store locked by another process): it says where it stopped, not ``done``."""
+    out = io.StringIO()
+    with sync_progress(enabled=True, stream=out) as cb:
+        assert cb is not None
+        progress = cb
+        cb(6, 301, 0, 0)
+        assert isinstance(progress, SyncProgress) and progress.tick(progress.started_s + 1.0) is not None
+    assert out.getvalue().splitlines()[-1] == (
+        "indexing: stopped at 6/301 files (the rest waits for the next sync)")
+
+
 def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
     """A search that takes over a second without indexing anything (qmd starting, a slow qmd
     search, an index already in sync) never calls the callback: no ``indexing: 0/0 files``

@@ -100,6 +100,9 @@ async def test_queries_without_text_report_null_snippet_recall(tmp_path: Path, p
 
 @pytest.mark.parametrize(("line", "message"), [
     ("{not json", "queries.jsonl:1: not valid JSON"),
+    ('{\n  "queries": [{"query": "x", "path": "memory/projects.md"}]\n}',  # one JSON document
+     'queries.jsonl:1: not valid JSON (--queries reads JSON Lines: one {"query", "path", ...} object per line): '
+     "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
     ("[1]", "queries.jsonl:1: each line must be a JSON object"),
     ('{"query": "x", "path": "memory/projects.md", "lines": 3}',
      "queries.jsonl:1: unknown key 'lines' (allowed: query, path, line, text, category, id)"),

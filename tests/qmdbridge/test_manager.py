@@ -290,7 +290,8 @@ async def test_hanging_qmd_falls_back_within_deadline_and_leaves_no_process(tmp_
     async with _manager(tmp_path, _qmd_memory(str(hang), timeout_ms=1000)) as m:
         resp = await m.search("zebra")
         assert resp.backend == "builtin" and resp.fallback is not None
-        assert "timed out after 1000ms" in resp.fallback.reason
+        assert resp.fallback.reason == ("qmd search --json -n 6 -c memory-root-main -- zebra timed out after "
+                                        "1000ms (memory.qmd.limits.timeoutMs)")
         assert resp.results[0].path == "memory/2026-03-01.md"
         second = await m.search("zebra")  # breaker open: no second wait
         assert second.fallback is not None and "circuit open" in second.fallback.reason

@@ -147,8 +147,9 @@ class PostgresSearchStore:
 
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
-        generation, counts: {source: {files, chunks}}, lastSyncAtMs}``; the target without
-        its password (``PgTarget.describe``)."""
+        generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries}`` (the
+        shared embedding cache's entries); the target without its password
+        (``PgTarget.describe``)."""
         st = self.store
         with st._snapshot("read the store's counts") as cur:
             stats = st._stats(cur)
@@ -162,10 +163,12 @@ class PostgresSearchStore:
                                                  stats.generation))
                 for source, n in cur.fetchall():
                     counts.setdefault(source, {"files": 0, "chunks": 0})[table] = int(n)
+            cur.execute(f"SELECT count(*) FROM {st._s}.embedding_cache")
+            cached: Any = cur.fetchone()
         return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
                 "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
                 "generation": stats.generation, "counts": counts,
-                "lastSyncAtMs": stats.last_sync_at_ms}
+                "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0])}
 
     def close(self) -> None:
         """Close the postgres store and the in-memory table (idempotent)."""

@@ -89,9 +89,12 @@ async def test_search_on_postgres_ranks_snippets_and_decays_as_on_sqlite(tmp_pat
         assert (await pg.sync(reason="test")).files_deleted == 1
         await lite.sync(reason="test")
         assert await answers(pg, questions[:5]) == await answers(lite, questions[:5])
-        status = await pg.status()
+        status, plain = await pg.status(), await lite.status()
         assert status.custom["store"]["driver"] == "postgres"
-        assert (status.files, status.chunks) == ((await lite.status()).files, (await lite.status()).chunks)
+        assert (status.files, status.chunks) == (plain.files, plain.chunks)
+        # no provider: the same reason and vector view as on SQLite (status's provider note)
+        assert (status.provider_unavailable_reason, status.vector, status.cache) == (
+            plain.provider_unavailable_reason, plain.vector, plain.cache)
     finally:
         await lite.close()
         await pg.close()
@@ -228,3 +231,52 @@ async def test_an_agent_connecting_with_its_own_role_syncs_and_searches_from_its
                             ).fetchall() == [("main_role",)]
         assert conn.execute("SELECT reader_agent FROM qmdbridge.shares WHERE owner_agent = 'main'"
                             ).fetchall() == [("reviewer",)]
+
+
+def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -> None:
+    """``serve`` while the database is down: each failed search is one stderr line with the
+    store's message, not the connection pool's own records of every reconnect attempt (a dozen
+    lines per search); the first search after the server is back answers."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.pg_fixtures import new_data_dir, start_pgserver
+
+    server = start_pgserver(new_data_dir())
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-12-01.md").write_text("# Trip\nThe heron nests by the north pier.\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "OPENAI_API_KEY")}
+    env.update(cli_env(tmp_path, "state", {"driver": "postgres", "dsn": server.dsn(),
+                                           "connectTimeoutMs": 2000}), PATH=os.environ["PATH"])
+    proc = subprocess.Popen([sys.executable, "-m", "qmdbridge", "serve", "--no-socket", "--workspace",
+                             str(ws)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+        def ask(rid: int) -> dict[str, Any]:
+            proc.stdin.write(json.dumps({"id": rid, "tool": "memory_search", "params": {"query": "heron"}}) + "\n")
+            proc.stdin.flush()
+            reply: dict[str, Any] = json.loads(proc.stdout.readline())["result"]
+            return reply
+
+        assert [r["path"] for r in ask(1)["results"]] == ["memory/2026-12-01.md"]
+        server.stop()
+        failed = [ask(2), ask(3)]
+        assert all(f["disabled"] and f["error"].startswith("postgres unavailable: ") for f in failed)
+        server.start()
+        assert [r["path"] for r in ask(4)["results"]] == ["memory/2026-12-01.md"]
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0
+        assert proc.stderr.read().splitlines() == [
+            f"qmdbridge serve: agent main, backend builtin, workspace {ws}",
+            *(f"memory_search failed: {f['error']}" for f in failed), "qmdbridge serve: stopped"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        server.stop()
+        shutil.rmtree(server.data_dir, ignore_errors=True)

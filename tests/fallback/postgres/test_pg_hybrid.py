@@ -89,6 +89,8 @@ async def test_hybrid_search_on_postgres_gives_the_sqlite_hits(tmp_path: Path, p
         status = await pg.status()
         assert (status.provider, status.model, status.search_mode) == ("test-count", "count-v1",
                                                                        "hybrid")
+        # the shared cache holds what the SQLite cache holds: one vector per window embedded
+        assert status.cache == (await lite.status()).cache and status.cache["entries"] > 0
         # a second sync embeds nothing and writes nothing; an edit is embedded and found alike
         calls = pg_provider.texts_embedded
         again = await pg.sync(reason="test")

@@ -50,10 +50,8 @@ def keyword_rows(store: SearchStore, plan: FtsPlan, *, sources: Sequence[str],
 
 def relative_scores(ranks: Sequence[float]) -> list[float]:
     """Scores in ``[0, 1]`` of one query's FTS5 ``bm25()`` ranks (any order; same order out):
-    ``sqrt(bm25 / best bm25)``, independent of the corpus size, the square root spreading the
-    low end so ``minScore`` 0.35 keeps a chunk holding one of a question's rare words. Rows
-    without a BM25 (``LIKE``-only, rank ``0``) score 1 when no row has one, else 0;
-    non-finite ranks score 0."""
+    ``sqrt(bm25 / best bm25)`` (why: docs/architecture.md, "How the builtin engine searches"). Rows without a BM25
+    (``LIKE``-only, rank ``0``) score 1 when no row has one, else 0; non-finite ranks score 0."""
     strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
                  for r in ranks]
     best = max(strengths, default=0.0)
@@ -63,14 +61,10 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
 
 
 def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
-    """The FTS plan of ``text`` for this store (``fallback/search/fts.py``).
-
-    The query is cut once (:func:`~fallback.search.fts.analyze_fts_query`), one statement
-    counts the chunks of its first :data:`COUNTED_PARTS` parts, and the plan is assembled from
-    the counts: parts in half of the chunks or more (IDF clamped, a chat's speaker names) are
-    ``common`` (and leave ``MATCH`` beside rarer parts in a store of more than
-    ``COVERAGE_MAX_CHUNKS`` chunks, where parts in :data:`LARGE_STORE_PAIR_SHARE` of them join
-    no pair); when every part is common, a small store gets the coverage pairs.
+    """The FTS plan of ``text`` for this store: the query cut once
+    (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts
+    counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan` given the parts
+    in half of the chunks or more as ``common`` (the rule: docs/architecture.md, "How the builtin engine searches").
 
     Raises:
         IndexStoreError: on a SQLite failure.

@@ -50,8 +50,9 @@ def keyword_rows(store: SearchStore, plan: FtsPlan, *, sources: Sequence[str],
 
 def relative_scores(ranks: Sequence[float]) -> list[float]:
     """Scores in ``[0, 1]`` of one query's FTS5 ``bm25()`` ranks (any order; same order out):
-    ``sqrt(bm25 / best bm25)`` (why: docs/architecture.md, "How the builtin engine searches"). Rows without a BM25
-    (``LIKE``-only, rank ``0``) score 1 when no row has one, else 0; non-finite ranks score 0."""
+    ``sqrt(bm25 / best bm25)`` (why: docs/architecture.md, "How the builtin engine searches").
+    Rows without a BM25 (``LIKE``-only, rank ``0``) score 1 when no row has one, else 0;
+    non-finite ranks score 0."""
     strengths = [-r if isinstance(r, (int, float)) and math.isfinite(r) and r < 0 else 0.0
                  for r in ranks]
     best = max(strengths, default=0.0)
@@ -64,7 +65,8 @@ def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store: the query cut once
     (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts
     counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan` given the parts
-    in half of the chunks or more as ``common`` (the rule: docs/architecture.md, "How the builtin engine searches").
+    in half of the chunks or more as ``common`` (the rule: docs/architecture.md, "How the
+    builtin engine searches").
 
     Raises:
         IndexStoreError: on a SQLite failure.

@@ -1,11 +1,9 @@
 """Keyword-only ranking steps, blocking and free of pydantic and anyio.
 
 The engine's :class:`~fallback.search.pipeline.Searcher` runs them in a worker thread, and
-:func:`keyword_search` chains them (no reranker) for the one-shot read-only search
-(``fallback/engine/in_sync.py``), qmd's ``search``-mode passages and the library, so every route
-ranks and cuts snippets with the same code: :func:`keyword_ranked` (candidates, score floor,
-temporal decay), the caller's optional reranker, :func:`keyword_results` (covered hits dropped,
-result slots), :func:`hit_snippets` (the snippet window of each hit).
+:func:`keyword_search` chains them (no reranker) for the one-shot read-only search, qmd's
+``search``-mode passages and the library, so every route ranks and cuts snippets with the
+same code.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ collection's root. Anything else raises :class:`~fallback.errors.PathRefusedErro
 - ``symlinked directory``, ``symlink``, ``not a regular file``; ``binary file (NUL bytes)`` (by
   indexing's rule over the first ``maxFileBytes`` bytes).
 
-The path is opened by walking each folder from the root with ``O_NOFOLLOW | O_DIRECTORY`` and
-``dir_fd`` (the file with ``O_NOFOLLOW``, then ``fstat``), so a folder swapped for a symlink is
-refused, never followed. A missing file reads as empty text with ``missing=True``.
+The symlink-safe open (:func:`open_memory_file`) is described in docs/architecture.md ("Which
+files are memory"). A missing file reads as empty text with ``missing=True``.
 """
 
 from __future__ import annotations

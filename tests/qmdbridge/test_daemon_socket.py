@@ -95,7 +95,9 @@ def test_an_argument_of_bytes_that_are_not_utf8_runs_in_process(setup: tuple[Pat
         served = cli([*args, "--workspace", str(ws)], env)
         alone = cli([*args, "--workspace", str(ws)], {**env, "QMDBRIDGE_DAEMON": "off"})
         assert (served.returncode, served.stdout) == (alone.returncode, alone.stdout), served.stderr
-    assert orjson.loads(served.stdout)["error"] == "path refused: 'memory/caf\\udce9.md': invalid characters"
+    assert orjson.loads(served.stdout)["error"] == (
+        "path refused: 'memory/caf\\udce9.md': invalid characters (a file name that is not UTF-8 is "
+        "written with \\xHH escapes, as search cites it: memory/caf\\xe9.md)")
     assert orjson.loads(alone.stdout)["error"] == orjson.loads(served.stdout)["error"]
 
 

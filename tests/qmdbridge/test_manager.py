@@ -164,7 +164,7 @@ async def test_the_builtin_engine_is_opened_only_beside_a_qmd_search_that_takes_
         m.builtin_prepare_delay_ms = 0
         again = await m.search("zebra migration")
         assert again == first
-        assert m._builtin is not None and m._builtin._store is not None  # type: ignore[attr-defined]
+        assert m._builtin is not None and m._builtin._stores.store is not None
 
 
 async def test_missing_qmd_falls_back_with_reason(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -
     engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
     try:
         await engine.sync(reason="cli")
-        conn = engine._store.conn  # the store may not grow by one page: SQLITE_FULL
+        conn = engine._stores.store.conn  # the store may not grow by one page: SQLITE_FULL
         conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
         for day in range(1, 31):
             (ws / "memory" / f"2026-01-{day:02d}.md").write_text(f"Heron count {day}.\n" * 200)

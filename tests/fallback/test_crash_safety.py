@@ -336,7 +336,7 @@ async def test_readonly_connection_is_reopened_and_the_sync_retried_once(
         await engine.sync(reason="cli")
         assert (await engine.status()).custom["readonlyRecovery"] == {
             "attempts": 0, "successes": 0, "failures": 0, "lastError": None}
-        store = engine._store
+        store = engine._stores.store
         assert store is not None
         store.conn.execute("PRAGMA query_only=ON")  # the connection can no longer write
         (ws / "memory" / "bulk-03.md").write_text("# Bulk 3\nA fresh word: freshword.\n")

@@ -90,7 +90,7 @@ async def test_search_answers_old_index_during_an_open_publish_transaction(tmp_p
     engine = BuiltinEngine(settings, provider_selection=ProviderSelection(
         None, "none", unavailable_reason="provider set to none"), now_ms=lambda: 1_770_681_600_000)
     await engine.sync(reason="cli")
-    store = engine._store  # the engine's own store: its writer lock is the one held below
+    store = engine._stores.store  # the engine's own store: its writer lock is the one held below
     assert store is not None
     with write_transaction_held(store, _wipe) as release:
         hits = (await engine.search(SearchRequest.of("Alpha"))).results

@@ -160,7 +160,7 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int) -> di
         t = time.perf_counter()
         await engine.sync(reason="bench")
         out["index_s"] = time.perf_counter() - t
-        store = await engine._open_store()
+        store = await engine._stores.open()
         out["chunks"] = int(store.query("SELECT COUNT(*) FROM chunks")[0][0])
         q_cfg = search.query
 

@@ -69,7 +69,7 @@ async def test_keyword_search_shows_the_tail_chunk_lines_once(tmp_path: Path) ->
         provider="none")), provider_selection=ProviderSelection(None, "none"))
     try:
         hits = (await engine.search(SearchRequest.of("lighthouse", max_results=5, min_score=0.0))).results
-        chunks = (await engine._open_store()).query(
+        chunks = (await engine._stores.open()).query(
             "SELECT start_line, end_line FROM chunks WHERE path = 'memory/2023-05-08.md'"
             " ORDER BY start_line")
     finally:

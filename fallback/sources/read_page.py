@@ -187,8 +187,11 @@ def _check_text(path: str, shown: str) -> list[str]:
     p = path.strip()
     if not p:
         raise PathRefusedError(shown, "empty path")
-    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in p):
+    if any(unicodedata.category(ch) == "Cc" for ch in p):
         raise PathRefusedError(shown, "invalid characters")
+    if any(unicodedata.category(ch) == "Cs" for ch in p):  # a name's own bytes, as a shell passes them
+        raise PathRefusedError(shown, "invalid characters", hint="a file name that is not UTF-8 is "
+                               f"written with \\xHH escapes, as search cites it: {printable_path(p)}")
     try:
         p = parse_printable_path(p)  # "\xHH": a name byte that is not UTF-8 (or "\", a control)
     except UsageError:

@@ -62,16 +62,21 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
 
     Returns:
         The decoded reply, or ``None`` when nobody answers (no socket, a stale one, which is
-        removed, a refused peer, a timeout, a reply that is not one JSON object).
+        removed, a refused peer, a timeout, a reply that is not one JSON object) or the request
+        cannot be sent (an argument holding bytes that are not UTF-8, as a file name may).
     """
     import socket  # here: a CLI that finds no socket file never loads it
 
+    try:
+        data = json.dumps(request, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:  # a surrogate escape: the command runs in-process
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout_s)
     try:
         with short_socket_path(path) as where:
             sock.connect(where)
-        sock.sendall(json.dumps(request, ensure_ascii=False).encode() + b"\n")
+        sock.sendall(data)
         buf = bytearray()
         while b"\n" not in buf:
             chunk = sock.recv(1 << 16)

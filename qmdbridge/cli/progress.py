@@ -137,8 +137,9 @@ class SyncProgress:
                 return None
             if interrupted:
                 line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
-                        f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
-                        "cache, run the command again to resume")
+                        + (f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
+                           "cache, run the command again to resume" if self.embedded
+                           else "run the command again"))  # keyword-only: nothing was embedded
             elif not self.shown:
                 return None
             elif failed:

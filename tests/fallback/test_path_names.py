@@ -75,6 +75,16 @@ def test_memory_get_refuses_malformed_escapes(ws: Path, request_path: str) -> No
     assert info.value.reason == "invalid characters"
 
 
+def test_a_raw_name_is_refused_with_the_printable_form_to_send(ws: Path) -> None:
+    """A file name's own bytes (a shell passes them as they are) get the form to send instead."""
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], "memory/caf\udce9.md")
+    assert (info.value.reason, info.value.hint) == (
+        "invalid characters",
+        "a file name that is not UTF-8 is written with \\xHH escapes, as search cites it: memory/caf\\xe9.md")
+    assert read_memory_page(ws, [], "memory/caf\\xe9.md").text == "latin one"
+
+
 def test_escapes_cannot_smuggle_a_parent_segment(ws: Path) -> None:
     with pytest.raises(PathRefusedError) as info:
         read_memory_page(ws, [], "memory/\\x2e\\x2e/\\x2e\\x2e/etc.md")

@@ -54,6 +54,14 @@ def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> N
         "run the command again to resume")
 
 
+def test_an_interrupted_keyword_only_sync_claims_no_kept_vectors() -> None:
+    out = io.StringIO()
+    keyword_only = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    keyword_only(437, 2001, 0, 1190)
+    assert keyword_only.finish(2.5, interrupted=True) == (
+        "indexing: interrupted at 437/2001 files; run the command again")
+
+
 def test_sync_progress_disabled_and_interrupt() -> None:
     with sync_progress(enabled=False) as none:
         assert none is None

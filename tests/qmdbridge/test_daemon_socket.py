@@ -85,6 +85,22 @@ def test_search_get_status_are_served_by_the_daemon(setup: tuple[Path, dict[str,
     assert blank.returncode == 2 and orjson.loads(blank.stdout)["error"] == "query must not be empty"
 
 
+def test_an_argument_of_bytes_that_are_not_utf8_runs_in_process(setup: tuple[Path, dict[str, str]],
+                                                               daemon: subprocess.Popen[bytes]) -> None:
+    """A query or path holding bytes that are not UTF-8 (a shell passes a file name's bytes as
+    they are; Python reads them as surrogate escapes) cannot travel as JSON: the command runs
+    in-process, as it does without a daemon, instead of failing with a traceback."""
+    ws, env = setup
+    for args in (["search", "Kestrel migration \udcff", "--json"], ["get", "memory/caf\udce9.md", "--json"]):
+        served = cli([*args, "--workspace", str(ws)], env)
+        alone = cli([*args, "--workspace", str(ws)], {**env, "QMDBRIDGE_DAEMON": "off"})
+        assert (served.returncode, served.stdout) == (alone.returncode, alone.stdout), served.stderr
+    assert orjson.loads(served.stdout)["error"] == (
+        "path refused: 'memory/caf\\udce9.md': invalid characters (a file name that is not UTF-8 is "
+        "written with \\xHH escapes, as search cites it: memory/caf\\xe9.md)")
+    assert orjson.loads(alone.stdout)["error"] == orjson.loads(served.stdout)["error"]
+
+
 def test_the_served_client_imports_no_pydantic_anyio_or_engine(setup: tuple[Path, dict[str, str]],
                                                                 daemon: subprocess.Popen[bytes]) -> None:
     ws, env = setup

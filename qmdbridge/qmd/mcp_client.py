@@ -1,216 +1,155 @@
-"""A small MCP client for ``qmd mcp`` over stdio: newline-delimited JSON-RPC, answers matched by id.
+"""The MCP connection to one ``qmd mcp`` child: the ``mcp`` SDK's ``ClientSession`` over the child's stdio.
 
-One reader task hands each answer to the caller waiting for its id; a caller that leaves
-sends ``notifications/cancelled`` and a late answer is dropped. A line that is not JSON-RPC,
-or the end of stdout, ends the connection. Every failure becomes
-:class:`~qmdbridge.qmd.errors.QmdMcpError`; deadlines are the caller's. (The ``mcp`` SDK's
-``stdio_client`` owns its process, so it does not fit the warm child.)
+The SDK matches answers to requests, answers the server's ``ping`` and drops an answer whose
+caller left; this module moves newline-delimited JSON-RPC between the child's pipes and the
+session (the child's process stays the supervisor's: ``stdio_client`` would own it). A line that
+is not JSON-RPC, or the end of stdout, ends the connection and fails every waiting call. Every
+failure becomes :class:`~qmdbridge.qmd.errors.QmdMcpError`; deadlines are the caller's.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import anyio
-import orjson
+import pydantic
 from anyio.abc import ByteReceiveStream, ByteSendStream
 from anyio.streams.buffered import BufferedByteReceiveStream
+from mcp import ClientSession, McpError, types
+from mcp.shared.message import SessionMessage
 
 from qmdbridge.qmd.errors import QmdMcpError
 
-__all__ = ["EOF_REASON", "MAX_LINE_BYTES", "MCP_PROTOCOL_VERSION", "McpStdioClient"]
+__all__ = ["EOF_REASON", "MAX_LINE_BYTES", "McpStdioClient"]
 
-# The MCP revision this client speaks (what qmd 2.8.3 serves after a plain ``initialize``).
-MCP_PROTOCOL_VERSION = "2025-11-25"
 # Longest line read from the child, bytes (qmd itself refuses messages over 10 MiB).
 MAX_LINE_BYTES = 16 * 1024 * 1024
 # :attr:`McpStdioClient.broken` when the child's stdout ended (the child is exiting, or broke).
 EOF_REASON = "the child closed its stdout"
-# JSON-RPC "method not found": the answer to a server request other than ``ping``.
-_METHOD_NOT_FOUND = -32601
-_CLIENT_INFO = {"name": "qmdbridge", "version": "1"}
-
-
-class _Pending:
-
-    __slots__ = ("done", "error", "message")
-
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.message: dict[str, Any] | None = None
-        self.error: QmdMcpError | None = None
+_CLIENT_INFO = types.Implementation(name="qmdbridge", version="1")
+_T = TypeVar("_T")
 
 
 class McpStdioClient:
-    """JSON-RPC over one ``qmd mcp`` child's stdin (``send``) and stdout (``receive``): :meth:`run`
-    in a task for the child's life, :meth:`initialize` once, then :meth:`call_tool`.
+    """A ``ClientSession`` over one ``qmd mcp`` child's stdin (``send``) and stdout (``receive``):
+    :meth:`run` in a task for the child's life, :meth:`initialize` once, then :meth:`call_tool`.
 
     Attributes:
-        server_info: the ``initialize`` answer's ``serverInfo``. requests_sent: requests written.
-        stale_answers: answers that came after their caller left. broken: why it ended, or ``None``.
+        requests_sent: requests written to the child. stale_answers: answers that came after
+            their caller left. broken: why the connection ended, or ``None``.
     """
 
     def __init__(self, send: ByteSendStream, receive: ByteReceiveStream) -> None:
         self._send = send
         self._receive = BufferedByteReceiveStream(receive)
-        self._write_lock = anyio.Lock()
-        self._pending: dict[int, _Pending] = {}
-        self._next_id = 0
-        self.server_info: dict[str, Any] = {}
+        self._to_session, from_child = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        to_child, self._from_session = anyio.create_memory_object_stream[SessionMessage](0)
+        self._session = ClientSession(from_child, to_child, message_handler=self._on_message,
+                                      client_info=_CLIENT_INFO)
+        self._waiting: set[anyio.CancelScope] = set()
         self.requests_sent = 0
         self.stale_answers = 0
         self.broken: str | None = None
 
-    @property
-    def in_flight(self) -> int:
-        """Requests sent and not yet answered."""
-        return len(self._pending)
-
     async def run(self) -> str:
-        """Read the child's stdout until the connection ends (its end, a line over
-        :data:`MAX_LINE_BYTES`, or not JSON-RPC); returns why. A server ``ping`` is answered."""
-        while self.broken is None:
-            try:
-                line = await self._receive.receive_until(b"\n", MAX_LINE_BYTES)
-            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError,
-                    anyio.BrokenResourceError):
-                self.close(EOF_REASON)
-                break
-            except anyio.DelimiterNotFound:
-                self.close(f"a line longer than {MAX_LINE_BYTES} bytes on stdout")
-                break
-            line = line.removesuffix(b"\r")
-            if not line.strip():
-                continue
-            try:
-                message = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                message = None
-            if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
-                self.close(f"not a JSON-RPC message on stdout: {_clip(line)!r}")
-                break
-            await self._dispatch(message)
+        """Carry messages until the connection ends (the child's stdout ends, a line over
+        :data:`MAX_LINE_BYTES` or not JSON-RPC, its stdin closes); returns why."""
+        async with self._session, anyio.create_task_group() as tg:
+            tg.start_soon(self._write_lines)
+            await self._read_lines()
+            tg.cancel_scope.cancel()
         return self.broken or "closed"
 
-    async def initialize(self) -> dict[str, Any]:
-        """The MCP ``initialize`` exchange, then ``notifications/initialized``; returns the server's
-        result (its ``serverInfo`` kept in :attr:`server_info`).
+    async def initialize(self) -> types.InitializeResult:
+        """The MCP ``initialize`` exchange, then ``notifications/initialized``; the server's answer.
 
         Raises:
-            QmdMcpError: no answer, or not an ``initialize`` result.
+            QmdMcpError: no answer, or not an ``initialize`` result of a protocol version the SDK speaks.
         """
-        result = await self._request("initialize", {
-            "protocolVersion": MCP_PROTOCOL_VERSION, "capabilities": {}, "clientInfo": _CLIENT_INFO})
-        if not isinstance(result.get("serverInfo"), dict):
-            raise QmdMcpError(f"qmd mcp initialize: no serverInfo in {_excerpt(result)}", transport=True)
-        self.server_info = result["serverInfo"]
-        await self._write({"jsonrpc": "2.0", "method": "notifications/initialized"}, "initialized")
-        return result
+        return await self._request("initialize", self._session.initialize)
 
     async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """Call tool ``name`` and return its ``structuredContent``.
+        """Call tool ``name`` and return its ``structuredContent`` (the result is not checked
+        against the tool's output schema: no ``tools/list`` round trip).
 
         Raises:
             QmdMcpError: ``transport=True`` when the connection failed or is closed; ``False`` for a
                 JSON-RPC error, a result flagged ``isError`` or one without ``structuredContent``.
         """
-        result = await self._request("tools/call", {"name": name, "arguments": dict(arguments)})
-        if result.get("isError"):
-            text = " ".join(str(c.get("text", "")) for c in result.get("content") or []
-                            if isinstance(c, dict)).strip()
+        request = types.ClientRequest(types.CallToolRequest(
+            params=types.CallToolRequestParams(name=name, arguments=dict(arguments))))
+        result = await self._request(
+            "tools/call", lambda: self._session.send_request(request, types.CallToolResult))
+        if result.isError:
+            text = " ".join(c.text for c in result.content if isinstance(c, types.TextContent)).strip()
             raise QmdMcpError(f"qmd mcp {name}: {text or 'tool error'}", transport=False)
-        structured = result.get("structuredContent")
-        if not isinstance(structured, dict):
-            raise QmdMcpError(f"qmd mcp {name}: no structuredContent in {_excerpt(result)}",
+        if result.structuredContent is None:
+            raise QmdMcpError(f"qmd mcp {name}: no structuredContent in {_clip(result.model_dump_json())}",
                               transport=False)
-        return structured
+        return result.structuredContent
 
     def close(self, reason: str = "the connection to the child is closed") -> None:
         """End the connection: waiting and later calls fail with ``transport=True``; idempotent."""
         if self.broken is None:
             self.broken = reason
-        pending, self._pending = self._pending, {}
-        for waiter in pending.values():
-            waiter.error = QmdMcpError(f"qmd mcp: {self.broken}", transport=True)
-            waiter.done.set()
+        for scope in self._waiting:
+            scope.cancel()
+        self._to_session.close()
 
-    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and wait for its answer; a caller that leaves tells the server."""
-        if self.broken is not None:
-            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
-        self._next_id += 1
-        request_id = self._next_id
-        waiter = self._pending[request_id] = _Pending()
-        answered = False
-        try:
-            await self._write({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params},
-                              method)
-            self.requests_sent += 1
-            await waiter.done.wait()
-            answered = True
-        finally:
-            if not answered and self._pending.pop(request_id, None) is not None:
-                await self._cancel(request_id)
-        if waiter.error is not None:
-            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True) from None
-        message = waiter.message or {}
-        if "error" in message:
-            error = message["error"] if isinstance(message["error"], dict) else {}
-            raise QmdMcpError(f"qmd mcp {method}: JSON-RPC error {error.get('code')}: "
-                              f"{error.get('message')}", transport=False)
-        result = message.get("result")
-        if not isinstance(result, dict):
-            raise QmdMcpError(f"qmd mcp {method}: not a JSON-RPC result: {_excerpt(message)}",
-                              transport=True)
-        return result
+    async def _request(self, method: str, request: Callable[[], Awaitable[_T]]) -> _T:
+        """Run one request of the session; a connection that ends meanwhile cancels it."""
+        if self.broken is None:
+            with anyio.CancelScope() as scope:
+                self._waiting.add(scope)
+                try:
+                    return await request()
+                except McpError as exc:
+                    if exc.error.code != types.CONNECTION_CLOSED:
+                        raise QmdMcpError(f"qmd mcp {method}: JSON-RPC error {exc.error.code}: "
+                                          f"{exc.error.message}", transport=False) from None
+                except (pydantic.ValidationError, RuntimeError) as exc:  # not the result asked for
+                    raise QmdMcpError(f"qmd mcp {method}: {_clip(str(exc))}", transport=True) from None
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    pass  # the connection ended while the request was written
+                finally:
+                    self._waiting.discard(scope)
+        raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
 
-    async def _cancel(self, request_id: int) -> None:
-        """Tell the server a request's caller left (shielded, at most 1 s, best effort)."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-            with contextlib.suppress(QmdMcpError):  # the connection is gone: no answer comes either
-                await self._write({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                                   "params": {"requestId": request_id, "reason": "deadline"}},
-                                  "notifications/cancelled")
+    async def _read_lines(self) -> None:
+        while True:
+            try:
+                line = await self._receive.receive_until(b"\n", MAX_LINE_BYTES)
+            except (anyio.IncompleteRead, anyio.EndOfStream, anyio.ClosedResourceError,
+                    anyio.BrokenResourceError):
+                return self.close(EOF_REASON)
+            except anyio.DelimiterNotFound:
+                return self.close(f"a line longer than {MAX_LINE_BYTES} bytes on stdout")
+            if not line.strip():
+                continue
+            try:
+                message = types.JSONRPCMessage.model_validate_json(line)
+            except pydantic.ValidationError:
+                return self.close(f"not a JSON-RPC message on stdout: {_clip(line.decode('utf-8', 'replace'))!r}")
+            try:
+                await self._to_session.send(SessionMessage(message))
+            except anyio.ClosedResourceError:
+                return
 
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        if "method" in message:  # a request or notification from the server
-            if "id" in message:
-                reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
-                if message["method"] == "ping":
-                    reply["result"] = {}
-                else:
-                    reply["error"] = {"code": _METHOD_NOT_FOUND,
-                                      "message": f"client does not serve {message['method']}"}
-                with contextlib.suppress(QmdMcpError):  # the reader notices the end itself
-                    await self._write(reply, str(message["method"]))
-            return
-        request_id = message.get("id")
-        waiter = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
-        if waiter is None:
+    async def _write_lines(self) -> None:
+        async for item in self._from_session:
+            line = item.message.model_dump_json(by_alias=True, exclude_none=True) + "\n"
+            try:
+                await self._send.send(line.encode())
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                return self.close(f"the child's stdin is closed ({type(exc).__name__})")
+            self.requests_sent += isinstance(item.message.root, types.JSONRPCRequest)
+
+    async def _on_message(self, message: object) -> None:
+        """The session's unmatched input: an exception is an answer to no waiting call."""
+        if isinstance(message, Exception):
             self.stale_answers += 1
-            return
-        waiter.message = message
-        waiter.done.set()
-
-    async def _write(self, message: dict[str, Any], method: str) -> None:
-        if self.broken is not None:
-            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
-        line = orjson.dumps(message) + b"\n"
-        try:
-            async with self._write_lock:
-                await self._send.send(line)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self.close(f"the child's stdin is closed ({type(exc).__name__})")
-            raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True) from exc
 
 
-def _clip(line: bytes) -> str:
-    text = line.decode("utf-8", "replace")
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _excerpt(value: Any) -> str:
-    text = orjson.dumps(value, default=str).decode()
+def _clip(text: str) -> str:
     return text if len(text) <= 200 else text[:197] + "..."

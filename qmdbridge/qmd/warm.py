@@ -269,7 +269,7 @@ class WarmChild:
                 info = await client.initialize()
             except QmdMcpError as exc:
                 raise _StartFailed(exc.reason) from None
-            self.server_version = str((info.get("serverInfo") or {}).get("version") or "") or None
+            self.server_version = info.serverInfo.version or None
         if budget.cancelled_caught:
             raise _StartFailed(f"no answer within {self.startup_budget_ms}ms "
                                "(memory.qmd.update.commandTimeoutMs)")

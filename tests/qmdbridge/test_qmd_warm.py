@@ -299,7 +299,7 @@ async def test_concurrent_searches_and_a_cancelled_call_each_leave_every_answer_
                     await anyio.sleep(0)
                 tg.cancel_scope.cancel()
             await call("spice zanzibar", "memory-root-main")
-        assert raw["memory-root-main"] == "memory-root-main/MEMORY.md" and client.in_flight == 0
+        assert raw["memory-root-main"] == "memory-root-main/MEMORY.md"
         assert client.broken is None and warm.ready and warm.starts == 1
 
         child = psutil.Process(warm.pid or 0)

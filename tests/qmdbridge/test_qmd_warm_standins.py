@@ -47,7 +47,7 @@ async def _connected(mode: str) -> AsyncIterator[McpStdioClient]:
         tg.start_soon(client.run)
         with anyio.fail_after(DEADLINE_S):
             info = await client.initialize()
-        assert info["serverInfo"] == client.server_info == {"name": "qmd", "version": "0-standin"}
+        assert (info.serverInfo.name, info.serverInfo.version) == ("qmd", "0-standin")
         yield client
         client.close()
         with contextlib.suppress(ProcessLookupError):  # a stand-in that exits may be reaped already
@@ -86,7 +86,6 @@ async def test_a_late_answer_is_dropped_and_never_read_as_the_next_calls() -> No
                 while client.requests_sent < 2:  # initialize, then this call, on the pipe
                     await anyio.sleep(0)
                 tg.cancel_scope.cancel()  # its caller leaves; the stand-in never answers it alone
-        assert client.in_flight == 0
         with anyio.fail_after(DEADLINE_S):
             second = await client.call_tool("query", {**ARGS, "query": "second"})
         assert second["results"][0]["file"] == "memory-dir-main/second.md"

@@ -61,7 +61,7 @@ for raw in sys.stdin:
         send({"jsonrpc": "2.0", "id": "s2", "method": "roots/list"})
         replies = [json.loads(sys.stdin.readline()) for _ in range(2)]
         if replies[0] == {"jsonrpc": "2.0", "id": "s1", "result": {}} and replies[1]["id"] == "s2" \
-                and replies[1]["error"]["code"] == -32601:
+                and replies[1]["error"]["code"] == -32600:
             send(answer(msg))
         else:
             send({"jsonrpc": "2.0", "id": msg["id"], "result": {

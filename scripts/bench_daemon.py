@@ -20,8 +20,8 @@ three commands interleaved in each round so machine load hits them alike):
   (``QmdBackend.search``, in-process, and ``MemoryManager.search`` for the whole tool call minus
   its transport), the bare tool call on its connection, qmd's own MCP server answering the same
   ``query`` tool call (the reference: a ``qmd mcp --http`` started here, called with a bare
-  JSON-RPC POST; and a ``qmd mcp`` over stdio called with our line client and with the official
-  SDK's ``stdio_client`` + ``ClientSession``), two calls at once and two in turn on one stdio
+  JSON-RPC POST; and a ``qmd mcp`` over stdio called with our client (the SDK's
+  ``ClientSession`` over our pipes) and with the SDK's ``stdio_client`` + ``ClientSession``), two calls at once and two in turn on one stdio
   connection, and a spawn per call (``qmd search --json`` and ``qmd query --json --no-rerank``,
   whole processes); targets: warm <= 1.10x qmd's own MCP time (``--http``), spawned ``qmd
   search`` >= 3x the warm search. The notes are the generated ones without ``MEMORY.md`` and
@@ -318,7 +318,7 @@ def _free_port() -> int:
 async def _warm_round(ws: Path, state: Path, queries: dict[str, str], runs: int,
                       spawn_runs: int) -> dict[str, Any]:
     """Start a long-lived manager (qmd ``query`` mode), qmd's own ``qmd mcp --http`` and two
-    more ``qmd mcp`` over stdio (our line client, the SDK's ``stdio_client``), time the same
+    more ``qmd mcp`` over stdio (our client over our pipes, the SDK's ``stdio_client``), time the same
     searches through each (interleaved, the order turned every round), then spawned commands."""
     import anyio
     from mcp import ClientSession, StdioServerParameters
@@ -479,10 +479,10 @@ def bench_warm_qmd(tmp: Path, *, files: int, runs: int) -> list[Row]:
             f"answered by the child: {served_all}"),
         Row(WARM_SEC, "qmd's own MCP: the same tool call, bare JSON-RPC POST", own, "ms", "", None,
             f"qmd mcp --http; {spread('http')}; right note every run: {ok['http']}"),
-        Row(WARM_SEC, "qmd's own MCP over stdio: the same call, bare line client", stdio, "ms", "", None,
+        Row(WARM_SEC, "qmd's own MCP over stdio: the same call, our client (ClientSession over our pipes)", stdio, "ms", "", None,
             f"qmd mcp; {spread('stdio')}; right note every run: {ok['stdio']}"),
         Row(WARM_SEC, "qmd's own MCP over stdio: the same call, SDK stdio_client + ClientSession", sdk,
-            "ms", "", None, f"{spread('sdk')}; the SDK's cost over the line client: {sdk - stdio:+.2f} ms"),
+            "ms", "", None, f"{spread('sdk')}; the SDK's cost of its own process: {sdk - stdio:+.2f} ms"),
         Row(WARM_SEC, "our warm child: the same tool call on its connection", median(t["child"]), "ms", "",
             None, f"{spread('child')}; the rest of the search is ours (hit files checked on disk, "
                   "a worker-thread hop)"),

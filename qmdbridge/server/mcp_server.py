@@ -34,11 +34,6 @@ from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, call_tool
 __all__ = ["STATUS_TOOL_SCHEMA", "build_server", "mcp_tools", "run_mcp"]
 
 SERVER_NAME = "qmdbridge"
-# A POST over HTTP not answered within this many seconds is cancelled (a first search of a
-# large workspace indexes it first, so this is generous).
-DEFAULT_REQUEST_TIMEOUT_S = 300.0
-# An HTTP session with no request in flight for this many seconds is closed (the SDK's default).
-DEFAULT_SESSION_IDLE_S = 1800.0
 STATUS_TOOL_SCHEMA: dict[str, Any] = {
     "name": "status",
     "description": ("Health of the memory index: backend, indexed files and chunks, embedding "
@@ -141,20 +136,9 @@ def _route_sdk_logs(*, verbose: bool) -> None:
     sdk.propagate = False  # -v's root handler would print each record a second time
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0 picks a free one).
-
-    Raises:
-        OSError: the address is in use or cannot be bound.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=128, reuse_port=False)
-
-
 async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: str, token: str,
-                      token_path: Path | None, verbose: bool = False,
-                      request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                      session_idle_s: float = DEFAULT_SESSION_IDLE_S) -> None:
+                      token_path: Path | None, verbose: bool, request_timeout_s: float,
+                      session_idle_s: float) -> None:
     """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled, behind
     :mod:`~qmdbridge.server.http_auth` and :mod:`~qmdbridge.server.http_guard`; closes ``sock``.
 
@@ -225,8 +209,9 @@ async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
             raise UsageError(f"--port must be between 0 and 65535, not {args.port}")
 
         token, token_path = load_or_create_token(agent.state_dir, os.environ)  # fail before starting
-        try:
-            sock = _listen(args.host, args.port)
+        try:  # port 0 picks a free one
+            sock = socket.create_server((args.host, args.port), backlog=128, reuse_port=False,
+                                        family=socket.AF_INET6 if ":" in args.host else socket.AF_INET)
         except OSError as exc:  # a name that does not resolve: errno < 0, the resolver's text
             reason = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else (exc.strerror or str(exc))
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {reason}") from None

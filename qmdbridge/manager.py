@@ -367,14 +367,11 @@ class MemoryManager:
             reason = getattr(exc, "reason", None) or (
                 f"qmd search timed out after {timeout_ms}ms (memory.qmd.limits.timeoutMs)")
             return None, self._search_failed(reason)
-        except QmdQueryTooLongError as exc:  # the caller's pasted text: not a qmd failure
-            log.info("%s; answering from builtin without opening the breaker", exc.reason)
-            return None, self._remember(exc.reason, forget_probe=False)
-        except QmdIndexLostError as exc:  # lost or corrupt, being re-indexed: not a qmd failure
-            log.warning("%s; answering from builtin without opening the breaker", exc.reason)
-            return None, self._remember(exc.reason, forget_probe=False)
-        except QmdBusyError as exc:  # qmd's own update holds its index: not a qmd failure
-            log.info("qmd index busy; answering from builtin without opening the breaker")
+        except (QmdQueryTooLongError, QmdIndexLostError, QmdBusyError) as exc:
+            # not a qmd failure: the caller's pasted text, an index being re-indexed after it was
+            # lost, or qmd's own update holding its index
+            log.log(logging.WARNING if isinstance(exc, QmdIndexLostError) else logging.INFO,
+                    "%s; answering from builtin without opening the breaker", exc.reason)
             return None, self._remember(exc.reason, forget_probe=False)
         except MemorySearchError as exc:
             return None, self._search_failed(getattr(exc, "reason", None) or str(exc))
@@ -483,7 +480,6 @@ class MemoryManager:
                   "config_warnings": list(self.agent.config_warnings)}
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update=common)
-        from qmdbridge.paths import qmd_home
         from qmdbridge.qmd.collections import build_collections
 
         now = self._now_ms()
@@ -531,10 +527,7 @@ class MemoryManager:
             self._builtin_started = True
             await engine.start(self.tasks)
         if self.backend_name == "qmd":
-            if self.agent.memory.qmd.update.wait_for_boot_sync:
-                await self._qmd_started(wait=True)
-            else:
-                await self._qmd_started(wait=False)
+            await self._qmd_started(wait=self.agent.memory.qmd.update.wait_for_boot_sync)
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
                    progress: ProgressCallback | None = None) -> None:

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -350,17 +351,8 @@ def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[
     by_source: dict[Source, list[MemorySearchResult]] = {}
     for r in results:
         by_source.setdefault(r.source, []).append(r)
-    if len(by_source) < 2:
-        return results[:limit]
-    order = sorted(by_source, key=lambda s: -by_source[s][0].score)
-    out: list[MemorySearchResult] = []
-    idx = 0
-    while len(out) < limit and any(idx < len(by_source[s]) for s in order):
-        for s in order:
-            if idx < len(by_source[s]) and len(out) < limit:
-                out.append(by_source[s][idx])
-        idx += 1
-    return out
+    order = sorted(by_source.values(), key=lambda hits: -hits[0].score)
+    return [r for turn in zip_longest(*order) for r in turn if r is not None][:limit]
 
 
 def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:

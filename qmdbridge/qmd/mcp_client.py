@@ -21,12 +21,14 @@ from mcp.shared.message import SessionMessage
 
 from qmdbridge.qmd.errors import QmdMcpError
 
-__all__ = ["EOF_REASON", "MAX_LINE_BYTES", "McpStdioClient"]
+__all__ = ["CLOSED_REASON", "EOF_REASON", "MAX_LINE_BYTES", "McpStdioClient"]
 
 # Longest line read from the child, bytes (qmd itself refuses messages over 10 MiB).
 MAX_LINE_BYTES = 16 * 1024 * 1024
 # :attr:`McpStdioClient.broken` when the child's stdout ended (the child is exiting, or broke).
 EOF_REASON = "the child closed its stdout"
+# :attr:`McpStdioClient.broken` once :meth:`McpStdioClient.close` ended the connection.
+CLOSED_REASON = "the connection to the child is closed"
 _CLIENT_INFO = types.Implementation(name="qmdbridge", version="1")
 _T = TypeVar("_T")
 
@@ -89,7 +91,7 @@ class McpStdioClient:
                               transport=False)
         return result.structuredContent
 
-    def close(self, reason: str = "the connection to the child is closed") -> None:
+    def close(self, reason: str = CLOSED_REASON) -> None:
         """End the connection: waiting and later calls fail with ``transport=True``; idempotent."""
         if self.broken is None:
             self.broken = reason
@@ -114,7 +116,7 @@ class McpStdioClient:
                     pass  # the connection ended while the request was written
                 finally:
                     self._waiting.discard(scope)
-        raise QmdMcpError(f"qmd mcp {method}: {self.broken}", transport=True)
+        raise QmdMcpError(f"qmd mcp {method}: {self.broken or CLOSED_REASON}", transport=True)
 
     async def _read_lines(self) -> None:
         while True:

@@ -393,8 +393,7 @@ class QmdBackend:
         return await describe_collections(res.stdout, run=self._collection_cmd, roots=self.roots)
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
-                     progress: ProgressCallback | None = None,
-                     mode: str | None = None) -> SearchOutcome:
+                     progress: ProgressCallback | None = None) -> SearchOutcome:
         """Search the managed collections with qmd (spec 2.8) within ``limits.timeoutMs``.
 
         Args:
@@ -402,7 +401,6 @@ class QmdBackend:
                 keep only collections of these sources (``explain`` has no qmd trace).
             sync_budget_ms: longest wait for a pending watcher update, ms (default: half the deadline).
             progress: accepted for the contract (qmd reports none).
-            mode: overrides ``searchMode`` (``search`` | ``vsearch`` | ``query``).
 
         Returns:
             ``SearchOutcome``: hits best first, diversified across sources and clamped to
@@ -443,7 +441,7 @@ class QmdBackend:
         if not colls:
             log.warning("qmd query skipped: no managed collection with documents in qmd's index")
             return self._outcome([], [])
-        search_mode = mode or self.mode_override or self.cfg.search_mode
+        search_mode = self.mode_override or self.cfg.search_mode
         if search_mode in ("query", "vsearch"):  # models known missing or refused: fail fast
             problem = await self.model_state.problem(model_kinds(search_mode, self.cfg.rerank))
             if problem is not None:

@@ -27,12 +27,12 @@ class QmdFreshness:
         workspace: the agent workspace. extra_dirs: the custom collections as extra paths.
         cycle: the backend's ``UpdateCycle``. now_ms: clock in epoch ms.
         watch_debounce_ms / update_debounce_ms: quiet time, and distance between updates, ms.
-        tasks: runs the re-arm of a dead watcher. force_polling: the polling observer.
+        tasks: runs the re-arm of a dead watcher.
     """
 
     def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,
                  watch_debounce_ms: int, update_debounce_ms: int, now_ms: Callable[[], int],
-                 tasks: BackgroundTasks, force_polling: bool = False) -> None:
+                 tasks: BackgroundTasks) -> None:
         from fallback.sources.watcher import MemoryWatcher
 
         self.cycle = cycle
@@ -46,8 +46,8 @@ class QmdFreshness:
         self._update_at_ms: int | None = None
         self._settled = anyio.Event()  # set when the pending update ends, done or failed
         self.watcher = MemoryWatcher(workspace, extra_paths=extra_dirs, on_change=self._on_change,
-                                     debounce_ms=watch_debounce_ms, force_polling=force_polling,
-                                     retry=tasks.policy, on_error=self._update_failed)
+                                     debounce_ms=watch_debounce_ms, retry=tasks.policy,
+                                     on_error=self._update_failed)
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback; raises when the update fails (the watcher keeps the paths and retries)."""

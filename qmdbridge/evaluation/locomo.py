@@ -59,9 +59,8 @@ class LocomoConversation:
         source: the file it was read from.
         files: workspace-relative path -> file text, in session order.
         turns: ``dia_id`` -> its :class:`Evidence`.
-        questions: the kept questions, in ``qa`` order.
-        dropped_questions / dropped_evidence: questions dropped for naming no turn; evidence
-            ids of kept questions that named none.
+        questions: the kept questions, in ``qa`` order (a question naming no turn is dropped,
+            and so is an evidence id naming none).
     """
 
     name: str
@@ -69,8 +68,6 @@ class LocomoConversation:
     files: dict[str, str]
     turns: dict[str, Evidence]
     questions: tuple[EvalQuestion, ...]
-    dropped_questions: int = 0
-    dropped_evidence: int = 0
 
 
 def parse_session_date(text: str) -> date:
@@ -125,11 +122,10 @@ def _sessions(conversation: Mapping[str, Any], *, where: str) -> list[tuple[int,
 
 
 def _questions(qa: Any, turns: Mapping[str, Evidence], *,
-               where: str) -> tuple[list[EvalQuestion], int, int]:
+               where: str) -> list[EvalQuestion]:
     if not isinstance(qa, list):
         raise UsageError(f"{where}: 'qa' must be a list of questions")
     questions: list[EvalQuestion] = []
-    dropped_questions = dropped_evidence = 0
     for i, entry in enumerate(qa):
         if not isinstance(entry, Mapping):
             raise UsageError(f"{where}: qa[{i}] must be an object")
@@ -148,12 +144,10 @@ def _questions(qa: Any, turns: Mapping[str, Evidence], *,
                                  for m in _EVIDENCE_RE.findall(item)))
         known = [turns[x] for x in ids if x in turns]
         if not known:
-            dropped_questions += 1
             continue
-        dropped_evidence += len(ids) - len(known)
         questions.append(EvalQuestion(query=query, evidence=tuple(known),
                                       category=CATEGORY_NAMES[category], ref=f"qa[{i}]"))
-    return questions, dropped_questions, dropped_evidence
+    return questions
 
 
 def convert_sample(sample: Mapping[str, Any], *, name: str, source: str = "<memory>") -> LocomoConversation:
@@ -200,10 +194,9 @@ def convert_sample(sample: Mapping[str, Any], *, name: str, source: str = "<memo
             turns[dia_id] = Evidence(path=path, line=len(lines),
                                      text=collapse_whitespace(body)[:SNIPPET_CHARS], ref=dia_id)
         files[path] = "\n".join(lines) + "\n"
-    questions, dropped_q, dropped_e = _questions(sample.get("qa", []), turns, where=where)
+    questions = _questions(sample.get("qa", []), turns, where=where)
     return LocomoConversation(name=name, source=source, files=files, turns=turns,
-                              questions=tuple(questions), dropped_questions=dropped_q,
-                              dropped_evidence=dropped_e)
+                              questions=tuple(questions))
 
 
 def load_locomo(path: str | Path) -> list[LocomoConversation]:

@@ -413,7 +413,6 @@ async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | N
         UsageError: no LoCoMo file, a malformed one, no question, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
-    check_options(options)
     files = locomo_files(path)
     conversations = [c for f in files for c in load_locomo(f)]
     if not any(c.questions for c in conversations):
@@ -447,7 +446,6 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
         UsageError: no such workspace, a bad queries file, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
-    check_options(options)
     ws = Path(workspace).expanduser().resolve()
     if not ws.is_dir():
         raise UsageError(f"workspace {'is not a directory' if ws.exists() else 'does not exist'}: {ws}")

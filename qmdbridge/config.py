@@ -430,12 +430,14 @@ def load_config(path: str | Path | None = None, *,
     try:
         data = json5.loads(text)
     except ValueError as exc:
-        if not _strip_comments(text).strip():  # only comments: an empty config
+        if not _COMMENT_RE.sub("", text).strip():  # only comments: an empty config
             return OpenClawConfig(source_file=file)
         raise ConfigError(f"invalid JSON5: {_json5_message(str(exc))}", file=file) from None
     return parse_config(data, file=file)
 
 
+# A `//` or `/* */` comment (a file of comments only is an empty config).
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # json5's syntax error: '<string>:2 Unexpected " " at column 32' (the parsed text has no name).
 _JSON5_ERROR_RE = re.compile(r"<string>:(\d+) (.*) at column (\d+)")
 
@@ -445,14 +447,6 @@ def _json5_message(message: str) -> str:
     first = message.splitlines()[0] if message else message
     m = _JSON5_ERROR_RE.fullmatch(first)
     return f"line {m[1]}, column {m[3]}: {m[2]}" if m else first
-
-
-_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-
-
-def _strip_comments(text: str) -> str:
-    """``text`` without ``//`` and ``/* */`` comments (only used to spot a comment-only file)."""
-    return _COMMENT_RE.sub("", text)
 
 
 _AGENT_ID_UNSAFE_RE = re.compile(r"[^a-z0-9_.-]+")

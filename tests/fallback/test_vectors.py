@@ -299,7 +299,8 @@ def test_a_refresh_reads_only_the_chunks_that_changed(tmp_path):
     for i in range(6):
         put_windows(conn, f"c{i}", [[1.0, float(i), 0.0], [0.0, 1.0, float(i)]])
     index = index_for(db, "brute-force")
-    assert [c for c, _ in _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)] == ["c0", "c1"]
+    hits = _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)
+    assert [c for c, _ in hits] == ["c0", "c1"]
     statements: list[str] = []
     index._conn.set_trace_callback(statements.append)  # type: ignore[union-attr]
     assert _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)[0][0] == "c0"

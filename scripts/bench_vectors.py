@@ -65,12 +65,12 @@ def bench_mode(db: Path, writer: sqlite3.Connection, *, mode: str, queries: np.n
              else VectorIndex(db, extension_path="/nonexistent/vec0"))
     sources = ["memory", "sessions"]
     start = time.perf_counter()
-    first = index.search(queries[0].tolist(), model="m1", sources=sources, limit=limit)
+    first = index.search_scored(queries[0].tolist(), model="m1", sources=sources, limit=limit).hits
     cold_ms = ms_since(start)
     warm: list[float] = []
     for q in queries[1:]:
         start = time.perf_counter()
-        index.search(q.tolist(), model="m1", sources=sources, limit=limit)
+        index.search_scored(q.tolist(), model="m1", sources=sources, limit=limit)
         warm.append(ms_since(start))
     # A re-synced note: its chunk row is deleted and written again (a new rowid).
     fresh = np.random.default_rng(seed + 2).normal(size=windows * queries.shape[1]).astype("<f4")
@@ -78,7 +78,7 @@ def bench_mode(db: Path, writer: sqlite3.Connection, *, mode: str, queries: np.n
     writer.execute("INSERT INTO chunks VALUES ('c000001', 'memory/2026-01-02.md', 'memory', 1, 20, 'h',"
                    " 'm1', 'text', '[]', ?, ?, 2)", (fresh.tobytes(), queries.shape[1]))
     start = time.perf_counter()
-    index.search(queries[0].tolist(), model="m1", sources=sources, limit=limit)
+    index.search_scored(queries[0].tolist(), model="m1", sources=sources, limit=limit)
     changed_ms = ms_since(start)
     last_mode = index.status()["lastQueryMode"]
     index.close()

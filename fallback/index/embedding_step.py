@@ -17,15 +17,14 @@ from fallback.embeddings.base import EmbeddingProvider
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 from fallback.index import embedding_cache
 from fallback.index.report import SyncReport
-from fallback.index.windows import chunk_windows, pack_vector, pack_windows
+from fallback.index.windows import chunk_windows, pack_windows
 from fallback.store.db import META_KEY
 from fallback.text.chunking import Chunk
 
 if TYPE_CHECKING:
     from fallback.store.db import Store
 
-__all__ = ["BACKLOG_KEY", "EMBED_COMMIT_BATCH", "PENDING_BATCH", "DimensionsChanged",
-           "EmbeddingStep", "pack_vector", "pending_count"]
+__all__ = ["BACKLOG_KEY", "EMBED_COMMIT_BATCH", "PENDING_BATCH", "DimensionsChanged", "EmbeddingStep"]
 
 # Meta key of ``{"pending": chunks without a vector, "error": provider error or None}``.
 BACKLOG_KEY = "embedding_backlog"
@@ -48,14 +47,6 @@ class DimensionsChanged(Exception):  # noqa: N818 - a signal between two modules
         super().__init__(f"embedding dimensions changed ({old} -> {new})")
         self.old = old
         self.new = new
-
-
-def pending_count(store: Store, *, model: str, sources: Sequence[str]) -> int:
-    """Chunks of ``sources`` written for ``model`` that still have no vector. Raises
-    ``IndexStoreError``."""
-    marks = ", ".join("?" for _ in sources)
-    return int(store.query(f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
-                           f" AND source IN ({marks})", [model, *sources])[0][0])
 
 
 class EmbeddingStep:
@@ -184,8 +175,10 @@ class EmbeddingStep:
         report.embedding_error = str(self.error) if self.error is not None else None
         report.embedding_exception = self.error
         report.embedding_deferred = self.deferred
-        report.chunks_pending = await anyio.to_thread.run_sync(partial(
-            pending_count, store, model=model, sources=sources))
+        marks = ", ".join("?" for _ in sources)
+        report.chunks_pending = int((await anyio.to_thread.run_sync(
+            store.query, f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"
+                         f" AND source IN ({marks})", [model, *sources]))[0][0])
         await self._write(store, partial(_record_backlog, store, report, self.provider.dims))
 
     async def fill_pending(self, store: Store, report: SyncReport, *, model: str,

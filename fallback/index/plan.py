@@ -33,10 +33,6 @@ class RecordedFiles(NamedTuple):
     skip_stamps: dict[str, Stamp]
     skips: list[tuple[str, str, Stamp | None]]
 
-    def gone(self, discovered: set[str]) -> list[str]:
-        """Paths recorded (indexed or read and skipped) that are not in ``discovered``, sorted."""
-        return sorted((set(self.rows) | set(self.skip_stamps)) - discovered)
-
 
 def recorded_files(store: MetaReads, source: str) -> RecordedFiles:
     """Read :class:`RecordedFiles` of ``source`` from ``store`` (blocking). Raises
@@ -93,7 +89,7 @@ def scan_change(found: Discovery, recorded: RecordedFiles, *, last_started: int 
         if why is not None:
             return f"{why}: {mf.rel_path}"
     discovered = {mf.rel_path for mf in found.files}
-    gone = recorded.gone(discovered)
+    gone = sorted((set(recorded.rows) | set(recorded.skip_stamps)) - discovered)  # indexed or read
     if gone:
         return f"gone: {gone[0]}"
     # rows without stamps of undiscovered files are discovery's skips (a sync keeps the caveats

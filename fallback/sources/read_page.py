@@ -105,7 +105,7 @@ DEFAULT_READ_MAX_CHARS = 12_000
 
 
 def _page_window(from_line: int | None, lines: int | None) -> tuple[int, int]:
-    """``(first line, line count)`` of a request: from line 1 and :data:`DEFAULT_READ_LINES` by default."""
+    """``(first line, line count)`` of a request: line 1 and :data:`DEFAULT_READ_LINES` by default."""
     return max(1, int(from_line or 1)), max(1, int(lines or DEFAULT_READ_LINES))
 
 
@@ -439,7 +439,8 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
         raise PathRefusedError(shown, BINARY_FILE)
     text, lines_before = got
     page, first, included, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, max_chars=max_chars, suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
+        text, from_line=from_line, lines=lines, max_chars=max_chars,
+        suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
     return MemoryReadResult.model_validate(
         {"path": display, "text": page, "from_line": first, "lines": included,

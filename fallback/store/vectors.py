@@ -206,11 +206,6 @@ class VectorIndex:
         self._file_id = current
         return conn
 
-    def search(self, query: list[float], *, model: str, sources: list[str],
-               limit: int) -> list[tuple[str, float]]:
-        """The hits of :meth:`search_scored`. Raises as it does."""
-        return self.search_scored(query, model=model, sources=sources, limit=limit).hits
-
     def search_scored(self, query: list[float], *, model: str, sources: list[str],
                       limit: int) -> VectorSearch:
         """The chunks of ``model`` and ``sources`` whose best window is most similar to

@@ -470,7 +470,7 @@ from pathlib import Path
 from fallback.store.vectors import VectorIndex
 index = VectorIndex(Path(sys.argv[1]), extension_path="/nonexistent/vec0")  # numpy brute force
 for _ in range(2):
-    hits = index.search([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1)
+    hits = index.search_scored([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1).hits
     print(hits[0][0] if hits else "-", flush=True)
     sys.stdin.readline()
 """

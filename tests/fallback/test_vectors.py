@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,6 +33,11 @@ SCHEMA = """CREATE TABLE chunks(
 BROKEN_EXTENSION = "/nonexistent/vec0"
 ROOT = Path(__file__).resolve().parents[2]
 LOADS_HERE = probe_sqlite_vec()[0] is not None
+
+
+def _hits(index: VectorIndex, query: list[float], **kw: Any) -> list[tuple[str, float]]:
+    """The hits of :meth:`VectorIndex.search_scored`."""
+    return index.search_scored(query, **kw).hits
 
 
 def make_store(path: Path) -> sqlite3.Connection:
@@ -119,7 +125,7 @@ def test_modes_and_status(tmp_path):
     assert broken.status()["available"] is True
     off = VectorIndex(db, enabled=False)
     assert (off.status()["mode"], off.status()["available"]) == ("disabled", False)
-    assert off.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    assert _hits(off, [1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
     for index in (default, broken, off):
         index.close()
 
@@ -133,7 +139,7 @@ def test_search_matches_exact_cosine(random_store, mode, model, sources, limit):
     for _ in range(5):
         query = rng.normal(size=48).tolist()
         expected = reference(vectors, query, model=model, sources=sources, limit=limit)
-        got = index.search(query, model=model, sources=sources, limit=limit)
+        got = _hits(index, query, model=model, sources=sources, limit=limit)
         assert [cid for cid, _ in got] == [cid for cid, _ in expected]
         for (_, a), (_, e) in zip(got, expected, strict=True):
             assert abs(a - e) < 1e-5
@@ -149,11 +155,11 @@ def test_incremental_changes_are_seen(tmp_path, mode):
     put(conn, "b", [0.0, 1.0, 0.0])
     index = index_for(db, mode)
     q = [1.0, 0.2, 0.0]
-    assert [c for c, _ in index.search(q, model="m1", sources=["memory"], limit=5)] == ["a", "b"]
+    assert [c for c, _ in _hits(index, q, model="m1", sources=["memory"], limit=5)] == ["a", "b"]
     put(conn, "c", [1.0, 0.2, 0.0])                      # new chunk, exact match
     conn.execute("DELETE FROM chunks WHERE id = 'b'")      # removed chunk
     put(conn, "a", [0.0, 0.0, 1.0], updated_at=2)          # rewritten vector
-    hits = index.search(q, model="m1", sources=["memory"], limit=5)
+    hits = _hits(index, q, model="m1", sources=["memory"], limit=5)
     assert [c for c, _ in hits] == ["c", "a"]
     assert hits[0][1] == pytest.approx(1.0, abs=1e-6)
     assert hits[1][1] == pytest.approx(0.0, abs=1e-6)
@@ -167,10 +173,10 @@ def test_dims_are_never_mixed(tmp_path, mode):
     put(conn, "small", [1.0, 0.0, 0.0])
     put(conn, "big", [1.0, 0.0, 0.0, 0.0, 0.0], model="m1")
     index = index_for(db, mode)
-    assert [c for c, _ in index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"],
+    assert [c for c, _ in _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"],
                                        limit=5)] == ["small"]
     assert index.status()["dims"] == 3
-    assert [c for c, _ in index.search([1.0, 0.0, 0.0, 0.0, 0.0], model="m1",
+    assert [c for c, _ in _hits(index, [1.0, 0.0, 0.0, 0.0, 0.0], model="m1",
                                        sources=["memory"], limit=5)] == ["big"]
     assert index.status()["dims"] == 5
     index.close()
@@ -184,12 +190,12 @@ def test_zero_vectors_and_degenerate_queries(tmp_path, mode):
     put(conn, "none", None)
     put(conn, "a", [0.5, 0.5])
     index = index_for(db, mode)
-    assert [c for c, _ in index.search([1.0, 1.0], model="m1", sources=["memory"], limit=5)] == ["a"]
-    assert index.search([0.0, 0.0], model="m1", sources=["memory"], limit=5) == []
-    assert index.search([], model="m1", sources=["memory"], limit=5) == []
-    assert index.search([1.0, 1.0], model="m1", sources=[], limit=5) == []
-    assert index.search([1.0, 1.0], model="m1", sources=["memory"], limit=0) == []
-    assert index.search([1.0, 1.0], model="other", sources=["memory"], limit=5) == []
+    assert [c for c, _ in _hits(index, [1.0, 1.0], model="m1", sources=["memory"], limit=5)] == ["a"]
+    assert _hits(index, [0.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    assert _hits(index, [], model="m1", sources=["memory"], limit=5) == []
+    assert _hits(index, [1.0, 1.0], model="m1", sources=[], limit=5) == []
+    assert _hits(index, [1.0, 1.0], model="m1", sources=["memory"], limit=0) == []
+    assert _hits(index, [1.0, 1.0], model="other", sources=["memory"], limit=5) == []
     index.close()
     conn.close()
 
@@ -197,12 +203,12 @@ def test_zero_vectors_and_degenerate_queries(tmp_path, mode):
 def test_missing_store_then_atomic_swap(tmp_path, mode):
     db = tmp_path / "s.sqlite"
     index = index_for(db, mode)
-    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == []
+    assert _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3) == []
     assert not db.exists()
     conn = make_store(db)
     put(conn, "old", [1.0, 0.0])
     conn.close()
-    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["old"]
+    assert [c for c, _ in _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["old"]
     tmp_db = tmp_path / "s.sqlite.tmp-1"
     conn = make_store(tmp_db)
     put(conn, "new", [0.0, 1.0])
@@ -211,7 +217,7 @@ def test_missing_store_then_atomic_swap(tmp_path, mode):
     os.replace(tmp_db, db)
     for suffix in ("-wal", "-shm"):
         Path(str(db) + suffix).unlink(missing_ok=True)
-    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["new"]
+    assert [c for c, _ in _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["new"]
     index.close()
 
 
@@ -220,7 +226,7 @@ def test_no_vector_copies_and_writers_do_not_block(tmp_path, mode):
     conn = make_store(db)
     put(conn, "a", [1.0, 0.0])
     index = index_for(db, mode)
-    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3) == [("a", pytest.approx(1.0))]
+    assert _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3) == [("a", pytest.approx(1.0))]
     # The vectors live in chunks.vector only: no vec0 table, no side file.
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert names == {"chunks", "sqlite_autoindex_chunks_1"}
@@ -229,9 +235,9 @@ def test_no_vector_copies_and_writers_do_not_block(tmp_path, mode):
     writer.execute("BEGIN IMMEDIATE")
     put(writer, "w", [0.9, 0.1])
     # An open write transaction on the store: the search still answers from committed data.
-    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
+    assert [c for c, _ in _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
     writer.execute("COMMIT")
-    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a", "w"]
+    assert [c for c, _ in _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a", "w"]
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     writer.close()
     index.close()
@@ -243,13 +249,13 @@ def test_invalidate_and_close(tmp_path, mode):
     conn = make_store(db)
     put(conn, "a", [1.0, 0.0])
     index = index_for(db, mode)
-    index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
+    _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)
     index.invalidate()
-    assert [c for c, _ in index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
+    assert [c for c, _ in _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)] == ["a"]
     index.close()
     index.close()
     with pytest.raises(ManagerClosedError, match="vector index is closed"):
-        index.search([1.0, 0.0], model="m1", sources=["memory"], limit=3)
+        _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=3)
     conn.close()
 
 
@@ -271,13 +277,13 @@ def test_a_chunk_scores_its_best_window(tmp_path, mode):
     put_windows(conn, "zero-and-z", [[0.0, 0.0, 0.0], [0.0, 0.0, 5.0]])  # the zero window is skipped
     put_windows(conn, "ragged", [[1.0, 0.0, 0.0]], dims=2)  # 3 floats are not whole 2-d windows
     index = index_for(db, mode)
-    assert index.search([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=5) == [
+    assert _hits(index, [0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=5) == [
         ("two", pytest.approx(1.0)), ("one", pytest.approx(0.6)), ("zero-and-z", pytest.approx(0.0))]
-    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2) == [
+    assert _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2) == [
         ("two", pytest.approx(1.0)), ("one", pytest.approx(0.8))]
-    assert index.search([0.0, 0.0, -1.0], model="m1", sources=["memory"], limit=5) == [
+    assert _hits(index, [0.0, 0.0, -1.0], model="m1", sources=["memory"], limit=5) == [
         ("one", pytest.approx(0.0)), ("two", pytest.approx(0.0)), ("zero-and-z", pytest.approx(-1.0))]
-    assert index.search([1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
+    assert _hits(index, [1.0, 0.0], model="m1", sources=["memory"], limit=5) == []
     # statistics of the best-window cosine over every chunk searched, not only the hits
     scored = index.search_scored([0.0, 1.0, 0.0], model="m1", sources=["memory"], limit=1)
     assert scored.hits == [("two", pytest.approx(1.0))] and scored.count == 3
@@ -293,15 +299,16 @@ def test_a_refresh_reads_only_the_chunks_that_changed(tmp_path):
     for i in range(6):
         put_windows(conn, f"c{i}", [[1.0, float(i), 0.0], [0.0, 1.0, float(i)]])
     index = index_for(db, "brute-force")
-    assert [c for c, _ in index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)] == ["c0", "c1"]
+    hits = _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)
+    assert [c for c, _ in hits] == ["c0", "c1"]
     statements: list[str] = []
     index._conn.set_trace_callback(statements.append)  # type: ignore[union-attr]
-    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)[0][0] == "c0"
+    assert _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=2)[0][0] == "c0"
     assert not any("rowid IN" in sql for sql in statements)  # nothing changed: nothing read
     put_windows(conn, "c3", [[1.0, 0.0, 0.0]])  # rewritten: a new row
     conn.execute("DELETE FROM chunks WHERE id = 'c0'")
     statements.clear()
-    assert index.search([1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=3) == [
+    assert _hits(index, [1.0, 0.0, 0.0], model="m1", sources=["memory"], limit=3) == [
         ("c3", pytest.approx(1.0)), ("c1", pytest.approx(1 / math.sqrt(2))),
         ("c2", pytest.approx(1 / math.sqrt(5)))]
     new_rowid = conn.execute("SELECT rowid FROM chunks WHERE id = 'c3'").fetchone()[0]

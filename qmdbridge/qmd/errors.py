@@ -47,7 +47,8 @@ class QmdCommandError(BackendUnavailableError):
     """Raised when a qmd process could not start, or exited non-zero or by a signal.
 
     Message: ``<summary> failed (code N|signal X[; CRASH_HINT]): <stderr or stdout tail>``, or
-    ``<summary> failed to start: <OS error>``.
+    ``<summary> failed to start: <OS error>``; a crash of a command that loads no model
+    (``loads_models`` false: BM25 search) says ``qmd crashed`` without the hint.
 
     Attributes:
         summary: ``qmd`` + arguments. returncode / signal: how it ended (``None`` when not).
@@ -58,7 +59,7 @@ class QmdCommandError(BackendUnavailableError):
 
     def __init__(self, summary: str, *, returncode: int | None = None, signal: int | None = None,
                  stdout_tail: str = "", stderr_tail: str = "", os_error: str | None = None,
-                 errno: int | None = None) -> None:
+                 errno: int | None = None, loads_models: bool = True) -> None:
         self.summary = summary
         self.returncode = returncode
         self.signal = signal
@@ -73,8 +74,8 @@ class QmdCommandError(BackendUnavailableError):
             reason = f"{summary} failed to start: {os_error}"
         else:
             status = f"signal {signal}" if signal is not None else f"code {returncode}"
-            if self.crashed:
-                status += f"; {CRASH_HINT}"
+            if self.crashed:  # the hint is about reloading models: no use for a BM25 search
+                status += f"; {CRASH_HINT}" if loads_models else "; qmd crashed"
             detail = (stderr_tail.strip() or stdout_tail.strip())[-_MESSAGE_TAIL_CHARS:]
             reason = f"{summary} failed ({status})" + (f": {detail}" if detail else "")
         super().__init__("qmd", reason)

@@ -15,6 +15,7 @@ from fallback.text.scripts import contains_cjk, narrow_fullwidth
 
 __all__ = ["BUSY_TIMEOUT_VAR", "MAX_RELAXED_TERMS", "MIN_RELAXED_CHARS", "POOL_FACTOR",
            "SEARCH_BUSY_TIMEOUT_MS", "cjk_terms", "encode_query", "is_lex_call", "lex_queries", "lexical_terms",
+           "loads_models",
            "qmd_argv", "relaxed_terms", "search_call", "search_env", "search_limits", "search_words", "without_stray_quote"]
 
 # At most this many content words are searched one by one in the relaxed pass.
@@ -188,6 +189,19 @@ def qmd_argv(program: str, flags: Sequence[str], positionals: Sequence[str] = ()
     ``--index index`` pins the collections and database to the per-agent XDG dirs."""
     out = [program, *flags, "--index", "index"]
     return out + ["--", *positionals] if positionals else out
+
+
+def loads_models(argv: Sequence[str]) -> bool:
+    """Whether a qmd command line (:func:`qmd_argv`'s shape) may load a GGUF model: ``vsearch``,
+    ``embed`` and a ``query`` of anything but ``lex:`` lines (:func:`search_call`'s lex call);
+    ``search`` (BM25), ``update`` and the collection commands load none."""
+    command = argv[1] if len(argv) > 1 else ""
+    if command in ("vsearch", "embed"):
+        return True
+    if command != "query":
+        return False
+    lines = [ln for ln in argv[-1].splitlines() if ln.strip()] if "--" in argv[:-1] else []
+    return not lines or not all(ln.startswith("lex:") for ln in lines)
 
 
 def is_lex_call(mode: str, lex: Sequence[str]) -> bool:

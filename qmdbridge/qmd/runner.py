@@ -112,8 +112,11 @@ class RunResult:
         """
         if self.ok:
             return self
+        from qmdbridge.qmd.query_text import loads_models  # only for a failure
+
         raise QmdCommandError(self.summary, returncode=self.returncode, signal=self.signal,
-                              stdout_tail=self.stdout, stderr_tail=self.stderr)
+                              stdout_tail=self.stdout, stderr_tail=self.stderr,
+                              loads_models=loads_models(self.argv))
 
 
 def _freeze(pid: int) -> list[psutil.Process]:

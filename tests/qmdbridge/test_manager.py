@@ -338,6 +338,27 @@ async def test_a_qmd_crash_is_told_with_the_crash_hint(tmp_path: Path, qmd_bin: 
                                "loaded) or keep `qmdbridge serve` running (models load once)")
 
 
+async def test_a_qmd_crash_in_bm25_search_mode_is_not_told_to_use_search_mode(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """A crash of a call that loads no model (a ``search`` mode call: ``qmd search``, or ``qmd
+    query`` of ``lex:`` lines only) is a crash, without the advice to switch to the mode it ran
+    in; status gives the general qmd fix."""
+    from qmdbridge.problems import CRASH_HINT, status_problems
+
+    crash = _search_standin(tmp_path, qmd_bin, "segfault.py")
+    async with _manager(tmp_path, _qmd_memory(str(crash))) as m:  # searchMode "search"
+        resp = await m.search("zebra migration")
+        st = await m.status()
+    assert resp.backend == "builtin" and resp.fallback is not None
+    assert resp.fallback.reason.startswith("qmd query --json -n 24 --no-rerank -c memory-")
+    assert resp.fallback.reason.endswith(
+        " failed (signal 11; qmd crashed): panic: Segmentation fault at address 0x0")
+    assert CRASH_HINT not in resp.fallback.reason
+    [problem] = [p for p in status_problems(st.to_json_dict()) if p["check"] == "qmd"]
+    assert problem["hint"] == ("check memory.qmd.command and `qmdbridge qmd collections`, or run "
+                               "scripts/install-qmd.sh")
+
+
 async def test_breaker_recovers_when_qmd_is_healthy_again(tmp_path: Path, qmd_bin: Path) -> None:
     flag = tmp_path / "broken.flag"
     flag.write_text("1")

@@ -73,12 +73,13 @@ def require_workspace(workspace_dir: Path) -> None:
     of it would empty the index, and ``status`` would create a store for nothing).
 
     Raises:
-        UsageError: ``workspace does not exist: <path> (pass --workspace or set
-            agents.defaults.workspace)`` (``is not a directory`` for a file).
+        UsageError: ``workspace does not exist: <path> (create it, pass --workspace or set
+            agents.defaults.workspace)`` (``is not a directory`` for a file, without ``create it``).
     """
     if not workspace_dir.is_dir():
-        what = "is not a directory" if workspace_dir.exists() else "does not exist"
-        raise UsageError(f"workspace {what}: {workspace_dir} (pass --workspace or set "
+        exists = workspace_dir.exists()
+        raise UsageError(f"workspace {'is not a directory' if exists else 'does not exist'}: "
+                         f"{workspace_dir} ({'' if exists else 'create it, '}pass --workspace or set "
                          "agents.defaults.workspace)")
 
 

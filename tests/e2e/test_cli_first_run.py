@@ -106,8 +106,8 @@ def test_status_and_doctor_without_a_workspace_create_nothing(env: dict[str, str
     state = Path(env["OPENCLAW_STATE_DIR"])
     st = run(["status"], env)
     assert st.returncode == 2
-    assert st.stderr == (f"qmdbridge: workspace does not exist: {state / 'workspace'} (pass --workspace or "
-                         "set agents.defaults.workspace)\n")
+    assert st.stderr == (f"qmdbridge: workspace does not exist: {state / 'workspace'} (create it, pass "
+                         "--workspace or set agents.defaults.workspace)\n")
     doc = run(["doctor", "--json"], env)
     assert doc.returncode == 1
     checks = {c["name"]: c for c in orjson.loads(doc.stdout)["checks"]}

@@ -350,6 +350,10 @@ def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str
     notes: list[str] = []
     for (path, raw), own in zip(written, alone, strict=True):
         notes += adjusted_values(raw, own.model_dump(by_alias=True), path, used)
+        if own.store.share_with and settings.store.driver != "postgres":
+            notes.append(f"{path}.store.shareWith: ignored: only the postgres store "
+                         f'(store.driver "postgres") shares an agent\'s memory; this store is '
+                         f"{settings.store.driver}")
     return settings, notes
 
 

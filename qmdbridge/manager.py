@@ -39,7 +39,7 @@ from fallback.models import (
     Source,
 )
 from fallback.request import ReadRequest, SearchRequest, workspace_relative
-from fallback.sources.read_page import transcript_name
+from fallback.sources.read_page import shared_name, transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
@@ -413,7 +413,8 @@ class MemoryManager:
         """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars).
 
         In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, ``sessions/<file>``
-        by the builtin engine, other paths by either.
+        and (on the postgres store) ``shared/<owner>/...`` by the builtin engine, other paths
+        by either.
 
         Args:
             corpus: ``memory`` | ``all`` (``None``) read memory files; ``wiki`` refuses every path.
@@ -455,8 +456,10 @@ class MemoryManager:
                     "paths (memory is MEMORY.md, memory/**/*.md and memorySearch.extraPaths)") from exc
         qmd_path = rel_path.strip().startswith("qmd/")
         # a session hit of the builtin engine (sessions/<transcript>, a fallback answer) is
-        # read where it was found: qmd's session hits are its own qmd/sessions-<agent>/ paths
-        builtin_only = transcript_name(rel_path) is not None
+        # read where it was found: qmd's session hits are its own qmd/sessions-<agent>/ paths;
+        # so is a hit of a scope another agent shares (shared/<owner>/..., the postgres store's)
+        builtin_only = transcript_name(rel_path) is not None or (
+            self.agent.memory_search.store.driver == "postgres" and shared_name(rel_path) is not None)
         if self.backend_name == "qmd" and not builtin_only and (
                 qmd_path or self.breaker.allow(self._now_ms())):
             # qmd/<collection> paths need qmd; others may come from the builtin engine while a

@@ -58,7 +58,7 @@ from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus
 from fallback.request import SearchRequest
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count, keyword_search
-from fallback.search.pipeline import Searcher, configured_mode
+from fallback.search.pipeline import Searcher, configured_mode, merge_scopes
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
@@ -74,6 +74,10 @@ from fallback.store.seam import SearchStore
 __all__ = ["BuiltinEngine"]
 
 log = logging.getLogger(__name__)
+
+# What a search reads of the scopes other agents share: their memory files (transcripts stay
+# their own agent's).
+SHARED_SOURCES = ("memory",)
 
 
 class BuiltinEngine:
@@ -447,15 +451,30 @@ class BuiltinEngine:
         if not srcs:
             return SearchOutcome(results=[], warnings=list(warnings))
         decay = q.hybrid.temporal_decay
-        found = keyword_search(store, request.query, sources=srcs, limit=limit,
-                               candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
-                               floor=floor, half_life_days=decay.half_life_days if decay.enabled
-                               else None, now_ms=self._now_ms())
-        return SearchOutcome([MemorySearchResult(
-            path=h.path, start_line=h.start_line, end_line=h.end_line, score=h.score,
-            snippet=h.snippet, snippet_start_line=h.snippet_start_line,
-            snippet_end_line=h.snippet_end_line, source=h.source, text_score=h.text_score)
-            for h in found.hits], self._fts_warnings(warnings, store.fts_error), mode="fts-only")
+
+        def ranked(scope: SearchStore, sources: list[str]) -> list[MemorySearchResult]:
+            found = keyword_search(scope, request.query, sources=sources, limit=limit,
+                                   candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
+                                   floor=floor, half_life_days=decay.half_life_days if decay.enabled
+                                   else None, now_ms=self._now_ms())
+            return [MemorySearchResult(
+                path=h.path, start_line=h.start_line, end_line=h.end_line, score=h.score,
+                snippet=h.snippet, snippet_start_line=h.snippet_start_line,
+                snippet_end_line=h.snippet_end_line, source=h.source, text_score=h.text_score)
+                for h in found.hits]
+
+        results = ranked(store, srcs)
+        if shared := self._shared_scopes(store, srcs):
+            results = merge_scopes(results, [(owner, ranked(scope, list(SHARED_SOURCES)))
+                                             for owner, scope in shared.items()], limit=limit)
+        return SearchOutcome(results, self._fts_warnings(warnings, store.fts_error), mode="fts-only")
+
+    def _shared_scopes(self, store: SearchStore, srcs: list[str]) -> dict[str, Any]:
+        """``{owner agent: its scope}`` of the scopes other agents share with this one, read
+        now (blocking), when ``srcs`` searches memory files; ``{}`` on a SQLite store."""
+        if not self._stores.is_postgres or SHARED_SOURCES[0] not in srcs:
+            return {}
+        return store.shared_scopes()  # type: ignore[attr-defined,no-any-return]
 
     def _ranking_args(self, request: SearchRequest) -> tuple[int, float, list[str]]:
         """``(limit, floor, sources)`` of ``request`` under ``query.*``: the hits wanted, the
@@ -565,6 +584,13 @@ class BuiltinEngine:
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
         outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
+        if shared := await anyio.to_thread.run_sync(self._shared_scopes, store, srcs):
+            ranked = []
+            for owner, scope in shared.items():  # each scope ranked by the same pipeline
+                found = await self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner)).run(
+                    scope, prepared, text, list(SHARED_SOURCES), candidates, floor, limit)
+                ranked.append((owner, found.results))
+            outcome = replace(outcome, results=merge_scopes(outcome.results, ranked, limit=limit))
         fts_error = (searcher.fts_error if searcher.fts_checked
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))
         return self._live_warning(replace(outcome, warnings=[
@@ -597,27 +623,38 @@ class BuiltinEngine:
         return PreparedProvider(provider, vector, query=text, deadline=deadline,
                                 cache=self._query_vectors)
 
-    def _searcher(self, explain: bool = False) -> Searcher:
+    def _searcher(self, explain: bool = False, vector_index: Callable[[], Any] | None = None) -> Searcher:
         def record(error: str) -> None:
             self._last_error = error
 
         if self._reranker is None and self.settings.search.query.rerank.enabled:
             from fallback.search.rerank import reranker_from_settings  # only when configured
             self._reranker = reranker_from_settings(self.settings.search.query.rerank)
-        return Searcher(self.settings, vector_index=self._vector_index, now_ms=self._now_ms,
+        return Searcher(self.settings, vector_index=vector_index or self._vector_index, now_ms=self._now_ms,
                         on_error=record, reranker=self._reranker,
                         trace=SearchTrace() if explain else None)
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """Read a page (120 lines / 12,000 code points by default) of a memory file or a transcript.
+        """Read a page (120 lines / 12,000 code points by default) of a memory file or a
+        transcript; on the postgres store, ``shared/<owner>/<path>`` reads the memory file
+        ``path`` of a scope ``owner`` shares with this agent from the text its sync stored
+        (another owner's path is read as a local path).
 
         Raises:
             PathRefusedError: not a memory file.
             ManagerClosedError: the engine is closed.
+            IndexStoreError: the shared scope cannot be read.
         """
         self._check_open()
-        from fallback.sources.read_page import read_memory_page
+        from fallback.sources.read_page import read_memory_page, read_shared_page, shared_name
+        if self._stores.is_postgres and (named := shared_name(rel_path)) is not None:
+            own = await self._stores.open_postgres()
+            scope = (await anyio.to_thread.run_sync(own.shared_scopes)).get(named[0])
+            if scope is not None:
+                return await anyio.to_thread.run_sync(partial(
+                    read_shared_page, partial(scope.store.file_text, named[1]), rel_path,
+                    from_line=from_line, lines=lines))
         s = self.settings  # sessions source: the sessions/<transcript> a session hit cites too
         return await anyio.to_thread.run_sync(partial(
             read_memory_page, s.workspace_dir, list(s.search.extra_paths), rel_path, from_line=from_line,

@@ -106,7 +106,8 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 read.mtime_ms, read.size, note_title(mf.rel_path, read.text),
                 tuple(ChunkRow(cid, c.start_line, c.end_line, c.content_hash, model,
                                c.text, derived_terms(c.text), windows=w or ())
-                      for (cid, c), w in zip(chunks, windows, strict=True))))
+                      for (cid, c), w in zip(chunks, windows, strict=True)),
+                text=read.text if mf.source == "memory" else None))
             report.files_indexed += 1
             report.chunks_written += len(chunks)
             if len(batch) >= WRITE_BATCH_FILES:

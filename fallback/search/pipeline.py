@@ -7,8 +7,10 @@ The keyword-only steps and the snippets are the blocking functions of
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +41,30 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode"]
+__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode", "merge_scopes"]
 
 log = logging.getLogger("fallback.engine.builtin")
+
+
+def merge_scopes(own: list[MemorySearchResult],
+                 shared: Sequence[tuple[str, list[MemorySearchResult]]], *,
+                 limit: int) -> list[MemorySearchResult]:
+    """One answer from the hits of the agent's own scope and of the scopes other agents share
+    with it, each ranked by the pipeline over its own statistics: a shared hit's path becomes
+    ``shared/<owner>/<path>`` (:func:`~fallback.sources.read_page.shared_path`), the lists are
+    merged by score (each keeps its own order; on equal scores the own hit first, then the
+    owners' in the order given) and cut to ``limit`` hits.
+
+    Args:
+        own: the own scope's hits, best first.
+        shared: ``(owner agent, its hits best first)`` per shared scope.
+        limit: hits wanted.
+    """
+    from fallback.sources.read_page import shared_path
+
+    labelled = [[r.model_copy(update={"path": shared_path(owner, r.path)}) for r in hits]
+                for owner, hits in shared]
+    return list(itertools.islice(heapq.merge(own, *labelled, key=lambda r: -r.score), limit))
 
 
 def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:

@@ -69,8 +69,8 @@ from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
            "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "open_memory_file",
-           "page_text", "read_memory_page", "read_page_in_root", "resolve_memory_path",
-           "transcript_name"]
+           "page_text", "read_memory_page", "read_page_in_root", "read_shared_page",
+           "resolve_memory_path", "shared_name", "shared_path", "transcript_name"]
 
 # Refusals of ``memory.md`` once ``MEMORY.md`` exists: as another file, or as the only one.
 LEGACY_SHADOWED = "shadowed legacy root file"
@@ -78,6 +78,8 @@ NOT_THE_ROOT_FILE = f"the root file is {ROOT_MEMORY_FILE} (names are case-sensit
 # How a refused symlink's target can be read: the rule follows no link, an extra path can.
 SYMLINK_HINT = "links are not followed; add the target's real path to memorySearch.extraPaths to allow it"
 DREAMS_REFUSED = f"the dreaming diary ({DREAMS_FILE}) is not memory"
+# A hit of a scope another agent shares is cited as shared/<owner>/<path> (shared_path).
+SHARED_DIR_NAME = "shared"
 # Transient read errors (EAGAIN/EINTR) are retried this many times in all.
 READ_ATTEMPTS = 3
 
@@ -519,6 +521,47 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
             shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
     return _file_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
                       from_line=from_line, lines=lines, backend=backend)
+
+
+def shared_path(owner: str, rel_path: str) -> str:
+    """The path a hit of the scope ``owner`` shares with an agent is cited by:
+    ``shared/<owner>/<rel_path>`` (``rel_path`` relative to the owner's workspace)."""
+    return f"{SHARED_DIR_NAME}/{owner}/{rel_path}"
+
+
+def shared_name(rel_path: str) -> tuple[str, str] | None:
+    """``(owner, path in the owner's workspace)`` of a :func:`shared_path`, else ``None``."""
+    parts = rel_path.strip().split("/", 2)
+    if len(parts) == 3 and parts[0] == SHARED_DIR_NAME and parts[1] and parts[2]:
+        return parts[1], parts[2]
+    return None
+
+
+def read_shared_page(read_text: Callable[[], str | None], rel_path: str, *,
+                     from_line: int | None = None, lines: int | None = None) -> MemoryReadResult:
+    """One page of a shared file (:func:`shared_path`) from the text its owner's sync stored,
+    paged as :func:`read_memory_page` pages a local file.
+
+    Args:
+        read_text: returns the file's text, or ``None`` when the owner's index holds no such
+            memory file (blocking).
+        rel_path: the ``shared/<owner>/<path>`` asked for (the answer's ``path``).
+        from_line / lines: as :func:`page_text` (120 lines, 12,000 code points by default).
+
+    Returns:
+        The page; ``text=""``, ``lines=0``, ``missing=True`` when there is no such file.
+
+    Raises:
+        IndexStoreError: the owner's index cannot be read.
+    """
+    def read() -> tuple[str, int]:
+        text = read_text()
+        if text is None:
+            raise MemoryFileNotFoundError(rel_path)
+        return text, 0
+
+    return _read_page(read, shown=rel_path, display=rel_path, from_line=from_line, lines=lines,
+                      max_chars=DEFAULT_READ_MAX_CHARS, backend="builtin")
 
 
 def transcript_name(rel_path: str) -> str | None:

@@ -13,7 +13,8 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``workspaces(agent_id, workspace, published_generation, chunk_count, token_count,
   last_sync_at, meta)``: the pointer readers follow (see below) and the BM25 statistics of the
   published generation (chunks, and tokens over all indexed columns).
-- ``files(agent_id, workspace, path, source, hash, mtime, size, gen_from, gen_to)``.
+- ``files(agent_id, workspace, path, source, hash, mtime, size, gen_from, gen_to, text)``;
+  ``text`` is a memory file's text (``m008``), read by the agents it is shared with.
 - ``chunks(chunk_rowid, agent_id, workspace, id, path, source, start_line, end_line, hash, model,
   text, doc_len, gen_from, gen_to)``; ``doc_len`` is the chunk's token count over its three
   indexed columns (text, title, derived terms), as FTS5 counts it for ``bm25()``.
@@ -214,9 +215,17 @@ def m007_term_stats(cur: Any, schema: str) -> None:
     _secure(cur, schema, "term_stats")
 
 
+def m008_file_text(cur: Any, schema: str) -> None:
+    """``files.text``: a memory file's text as its sync read it, so an agent it is shared with
+    reads its lines with ``memory_get`` (chunks alone cannot give them back exactly: line
+    endings, blank runs no chunk holds, a long line's pieces). NULL for the files written
+    before; the owner's next sync writes them again (``PostgresSearchStore.lease_paths``)."""
+    cur.execute(f"ALTER TABLE {_q(schema)}.files ADD COLUMN IF NOT EXISTS text text")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
-    m005_posting_impacts, m006_vector_windows, m007_term_stats)
+    m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

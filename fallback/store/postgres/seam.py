@@ -6,7 +6,9 @@ and statistics as they are), plus the vector side of a hybrid search (:meth:`Pos
 cosine with its calibration statistics) and what that store does not answer itself: the files' mtimes for
 temporal decay, the paths a sync lease holds, and FTS5 ``highlight()`` of the hits' texts, done
 by SQLite over an in-memory table with the SQLite store's tokenizer (so a snippet window marks
-the same tokens on both stores). The postgres store keeps no ``meta`` table: an agent's scope
+the same tokens on both stores); and the scopes other agents share with this one
+(:meth:`PostgresSearchStore.shared_scopes`), each a ``PostgresSearchStore`` of its own. The
+postgres store keeps no ``meta`` table: an agent's scope
 (agent + workspace) is its key, so an index never holds another workspace.
 """
 
@@ -38,10 +40,31 @@ class PostgresSearchStore:
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
+        self._scopes: dict[str, PostgresSearchStore] = {}  # shared_scopes(), kept across calls
         self._lock = threading.Lock()
         self._marks = sqlite3.connect(":memory:", check_same_thread=False)
         self._marks.execute(f"CREATE VIRTUAL TABLE t USING fts5({', '.join(FTS_COLUMNS)},"
                             f" tokenize='{MAIN[1]}')")
+
+    def shared_scopes(self) -> dict[str, PostgresSearchStore]:
+        """``{owner agent: its scope}`` of the agents sharing their rows with this one, read
+        now (``PostgresStore.shared_scopes``: one statement), by owner; a scope's store (its
+        window matrix with it) is kept while its owner shares the same workspace.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        found = self.store.shared_scopes()
+        with self._lock:
+            held, self._scopes = self._scopes, {
+                owner: kept if (kept := self._scopes.get(owner)) is not None
+                and kept.store.workspace == ws else PostgresSearchStore(self.store.view(owner, ws))
+                for owner, ws in found}
+            scopes = dict(self._scopes)
+        for owner, gone in held.items():
+            if scopes.get(owner) is not gone:
+                gone.close()
+        return scopes
 
     def get_meta_json(self, key: str) -> None:
         """``None``: the postgres store keeps no ``meta`` (its scope key names the workspace)."""
@@ -136,11 +159,13 @@ class PostgresSearchStore:
 
     def lease_paths(self, lease: SyncLease, source: str) -> dict[str, str]:
         """``{path: content hash}`` of the files of ``source`` that ``lease``'s generation holds
-        (the published ones and those a killed sync wrote)."""
+        (the published ones and those a killed sync wrote); ``""`` for a memory file written
+        without its text (before migration ``m008``), so the sync writes it again."""
         st = self.store
         with st._errors("read the indexed files"):
-            rows = lease._conn.execute(
-                f"SELECT path, hash FROM {st._s}.files WHERE agent_id = %s AND workspace = %s"
+            rows = lease._conn.execute(  # a memory file without its text is written again
+                f"SELECT path, CASE WHEN source = 'memory' AND text IS NULL THEN '' ELSE hash END"
+                f" FROM {st._s}.files WHERE agent_id = %s AND workspace = %s"
                 " AND source = %s AND gen_from <= %s AND (gen_to IS NULL OR gen_to > %s)",
                 (st.agent_id, st.workspace, source, lease.generation, lease.generation)).fetchall()
         return {str(p): str(h) for p, h in rows}
@@ -171,6 +196,10 @@ class PostgresSearchStore:
                 "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0])}
 
     def close(self) -> None:
-        """Close the postgres store and the in-memory table (idempotent)."""
+        """Close the postgres store, the in-memory table and the shared scopes (idempotent)."""
+        with self._lock:
+            held, self._scopes = self._scopes, {}
+        for scope in held.values():
+            scope.close()
         self.store.close()
         self._marks.close()

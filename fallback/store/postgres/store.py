@@ -23,6 +23,7 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 from __future__ import annotations
 
 import contextlib
+import copy
 import heapq
 import itertools
 import math
@@ -32,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fallback.errors import UsageError
 from fallback.store.postgres.bm25 import (
     BM25_B,
     BM25_K1,
@@ -123,6 +125,8 @@ class FileRows:
         size: bytes.
         title: the file's FTS ``title`` column (``fallback.store.fts_rows.note_title``).
         chunks: its chunks.
+        text: the file's text as the sync read it (kept for a memory file, which agents it is
+            shared with read by ``memory_get``), or ``None``.
     """
 
     path: str
@@ -132,6 +136,7 @@ class FileRows:
     size: int
     title: str
     chunks: tuple[ChunkRow, ...] = ()
+    text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ class PostgresStore:
         self.connect_timeout_ms = connect_timeout_ms
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
+        self._view_of: PostgresStore | None = None  # the store whose connections a view uses
         self._vector_dims: set[int] = set()
         # window_search's windows: {chunk_rowid: (id, model, source, dims, unit rows) or None}
         # of the published generation _windows_gen; None above MATRIX_MAX_BYTES.
@@ -337,6 +343,50 @@ class PostgresStore:
             return ScopeStats(0, 0, 0, None)
         return ScopeStats(int(row[0]), int(row[1]), int(row[2]),
                           int(row[3]) if row[3] is not None else None, int(row[4]), int(row[5]))
+
+    def shared_scopes(self) -> list[tuple[str, str]]:
+        """``(owner agent, workspace)`` of every other agent that shares its rows with this
+        one (``shares.reader_agent``) and has published an index, by owner: of an owner with
+        several workspaces, the one it published last (ties by workspace).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        s = self._s
+        with self._errors("read the shared scopes"), self._pool.connection() as conn:
+            rows = conn.execute(
+                f"SELECT DISTINCT ON (w.agent_id) w.agent_id, w.workspace FROM {s}.shares sh"
+                f" JOIN {s}.workspaces w ON w.agent_id = sh.owner_agent WHERE sh.reader_agent = %s"
+                " AND w.agent_id <> %s AND w.published_generation > 0"
+                " ORDER BY w.agent_id, w.last_sync_at DESC NULLS LAST, w.workspace",
+                (self.agent_id, self.agent_id)).fetchall()
+        return [(str(a), str(w)) for a, w in rows]
+
+    def view(self, agent_id: str, workspace: str) -> PostgresStore:
+        """The scope ``agent_id`` + ``workspace`` read over this store's connections: every
+        read of this class, no sync (:meth:`sync_lease` refuses), :meth:`close` closes nothing."""
+        view = copy.copy(self)
+        view.agent_id, view.workspace, view._view_of = agent_id, workspace, self
+        view._windows, view._windows_gen, view._matrices = {}, -1, {}
+        view._windows_lock = threading.Lock()
+        return view
+
+    def file_text(self, path: str) -> str | None:
+        """The text of the published memory file ``path`` as its sync read it, or ``None``:
+        no such file, or one written before the store kept texts (its next sync keeps it).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        s = self._s
+        with self._errors("read a file"), self._pool.connection() as conn:
+            row = conn.execute(
+                f"SELECT f.text FROM {s}.files f JOIN {s}.workspaces w ON w.agent_id = f.agent_id"
+                " AND w.workspace = f.workspace WHERE f.agent_id = %s AND f.workspace = %s"
+                " AND f.path = %s AND f.source = 'memory' AND f.gen_from <= w.published_generation"
+                " AND (f.gen_to IS NULL OR f.gen_to > w.published_generation)",
+                (self.agent_id, self.workspace, path)).fetchone()
+        return None if row is None else row[0]
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
                      trigram_match: str | None = None, like_patterns: Sequence[str] = (),
@@ -871,9 +921,12 @@ class PostgresStore:
 
         Raises:
             PostgresUnavailableError / PostgresStoreError.
+            UsageError: this store is a :meth:`view` of a shared scope (read-only).
         """
         import psycopg
 
+        if self._view_of is not None:
+            raise UsageError(f"the shared scope of agent {self.agent_id} is read-only")
         with self._errors("take the sync lock"):
             conn = self._connect()
         try:
@@ -915,7 +968,9 @@ class PostgresStore:
                 f" {who}")
 
     def close(self) -> None:
-        """Close the pool and the tokenizer (idempotent)."""
+        """Close the pool and the tokenizer (idempotent); a :meth:`view` closes nothing."""
+        if self._view_of is not None:
+            return
         self._pool.close()
         self._tokenizer.close()
         self._trigrams.close()
@@ -1013,12 +1068,14 @@ class SyncLease:
         with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
             counts.remove(self._retire(cur, args))
             cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
-                        " gen_from) SELECT %(agent)s, %(ws)s, x.p, x.s, x.h, x.m, x.n, %(gen)s"
+                        " text, gen_from) SELECT %(agent)s, %(ws)s, x.p, x.s, x.h, x.m, x.n, x.t, %(gen)s"
                         " FROM unnest(%(paths)s::text[], %(sources)s::text[], %(hashes)s::text[],"
-                        " %(mtimes)s::bigint[], %(sizes)s::bigint[]) AS x(p, s, h, m, n)",
+                        " %(mtimes)s::bigint[], %(sizes)s::bigint[], %(ftexts)s::text[])"
+                        " AS x(p, s, h, m, n, t)",
                         {**args, "hashes": _text_array(f.content_hash for f in files),
                          "mtimes": _int_array(f.mtime_ms for f in files),
-                         "sizes": _int_array(f.size for f in files)})
+                         "sizes": _int_array(f.size for f in files),
+                         "ftexts": [f.text for f in files]})
             if not chunks:
                 self._terms.merge(counts)
                 return

@@ -1,0 +1,256 @@
+"""Cross-agent memory on the postgres store (docs/postgres.md "Sharing"): agents of one JSON5
+config in one database each find only their own notes, until an owner's ``store.shareWith``
+names a reader; the reader's own ``memory_search`` then finds the owner's memory files,
+labelled ``shared/<owner>/<path>``, and ``memory_get`` reads their exact lines from the text the
+owner's sync stored. The owner sees nothing of the reader, a third agent nothing of either, and
+with per-agent roles (row-level security) the reader cannot write the owner's rows."""
+# ruff: noqa: E402  (psycopg is imported after require_postgres() decided to skip or fail)
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pg_fixtures import require_postgres
+
+require_postgres()
+pytestmark = [pytest.mark.postgres, pytest.mark.anyio]
+
+from fallback.errors import PathRefusedError
+from qmdbridge.config import load_config, resolve_agent
+from qmdbridge.manager import MemoryManager
+
+# main's trip note: CRLF line ends, a line of blanks and a line longer than a chunk, so its
+# lines cannot be rebuilt from the chunks' texts (memory_get reads the text the sync stored)
+TRIP = ("# Garden\r\n\r\nTomatoes want more sun this year.\r\n   \r\n# Trip\r\n\r\n"
+        "The heron nests by the north pier.\r\nWe saw it at dawn.\r\n\r\n"
+        + " ".join(["gull"] * 500) + "\r\nEnd of the trip.\r\n")
+
+
+def workspaces(root: Path) -> dict[str, Path]:
+    notes = {"main": {"memory/2026-11-02.md": TRIP, "MEMORY.md": "# Main\n\nThe kettle is blue.\n"},
+             "reviewer": {"memory/2026-11-03.md": "# Review\n\nThe otter sleeps under the cedar bridge.\n"
+                                                  "The heron was not seen.\n"},
+             "carol": {"MEMORY.md": "# Carol\n\nThe lamp is green.\n"}}
+    out = {}
+    for agent, files in notes.items():
+        ws = out[agent] = root / f"ws-{agent}"
+        for rel, text in files.items():
+            (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+            (ws / rel).write_bytes(text.encode())
+    return out
+
+
+def write_config(root: Path, dsns: dict[str, str], *, share: bool) -> Path:
+    """A JSON5 config of the three agents, each on the postgres store with its own DSN."""
+    ws = workspaces(root) if not (root / "ws-main").exists() else {a: root / f"ws-{a}" for a in dsns}
+    entries = ",\n".join(
+        f'{{ id: "{a}", workspace: {json.dumps(str(ws[a]))}, memorySearch: {{ store: {{'
+        f' dsn: {json.dumps(dsns[a])}'
+        + (', shareWith: ["reviewer"]' if share and a == "main" else "") + " } } }"
+        for a in dsns)
+    path = root / "openclaw.json5"
+    path.write_text(f"""// three agents in one database
+{{
+  agents: {{
+    defaults: {{ memorySearch: {{ provider: "none", store: {{ driver: "postgres" }} }} }},
+    list: [
+{entries},
+    ],
+  }},
+}}
+""")
+    return path
+
+
+def env_of(root: Path) -> dict[str, str]:
+    return {"OPENCLAW_STATE_DIR": str(root / "state"), "HOME": str(root), "PATH": "/usr/bin:/bin"}
+
+
+def manager(config: Path, agent: str) -> MemoryManager:
+    env = env_of(config.parent)
+    return MemoryManager(resolve_agent(load_config(config, env=env), agent, env=env), env=env)
+
+
+async def search(config: Path, agent: str, query: str) -> list[dict[str, Any]]:
+    async with manager(config, agent) as m:
+        found = await m.search(query)
+    return [{k: r[k] for k in ("path", "startLine", "endLine", "citation", "source", "score")}
+            for r in found.model_dump(by_alias=True)["results"]]
+
+
+async def read(config: Path, agent: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    async with manager(config, agent) as m:
+        return (await m.read_file(path, **kwargs)).model_dump(by_alias=True)
+
+
+async def test_shared_notes_are_found_labelled_and_read_by_the_reader_only(tmp_path: Path,
+                                                                          pg_dsn: str) -> None:
+    dsns = dict.fromkeys(("main", "reviewer", "carol"), pg_dsn)
+    config = write_config(tmp_path, dsns, share=False)
+    for agent in dsns:  # each agent's first search indexes its workspace
+        await search(config, agent, "kettle")
+    # by default each finds only its own notes
+    assert [h["path"] for h in await search(config, "reviewer", "heron pier")] == ["memory/2026-11-03.md"]
+    assert await search(config, "main", "otter") == []
+    config = write_config(tmp_path, dsns, share=True)
+    assert [h["path"] for h in await search(config, "main", "heron pier")] == ["memory/2026-11-02.md"]
+    shared = "shared/main/memory/2026-11-02.md"
+    # the reader finds the owner's note, labelled, with the lines and score the owner's own
+    # hit has (each scope ranked over its own statistics: its best keyword hit scores 1, and
+    # on equal scores the reader's own hit comes first); its own note keeps its plain path
+    found = await search(config, "reviewer", "heron north pier")
+    assert found == [
+        {"path": "memory/2026-11-03.md", "startLine": 1, "endLine": 4,
+         "citation": "memory/2026-11-03.md#L1-L4", "source": "memory", "score": 1.0},
+        {"path": shared, "startLine": 5, "endLine": 9, "citation": f"{shared}#L5-L9",
+         "source": "memory", "score": 1.0}]
+    owner_hit = (await search(config, "main", "heron north pier"))[0]
+    assert found[1] == {**owner_hit, "path": shared, "citation": f"{shared}#L5-L9"}
+    # the reader's own keyword answer is ranked as before (its statistics alone)
+    assert [h["path"] for h in await search(config, "reviewer", "otter")] == ["memory/2026-11-03.md"]
+    assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]
+    # memory_get of the citation's lines gives the owner's exact lines, CRLF ends included,
+    # and every page reads as the owner's own memory_get of its file
+    page = await read(config, "reviewer", shared, from_line=5, lines=5)
+    assert (page["text"], page["from"], page["lines"], page["nextFrom"]) == (
+        "# Trip\r\n\r\nThe heron nests by the north pier.\r\nWe saw it at dawn.\r\n\r"
+        "\n\n[More content available. Use from=10 to continue.]", 5, 5, 10)
+    for kwargs in ({}, {"from_line": 3, "lines": 2}, {"from_line": 10}, {"from_line": 11, "lines": 9}):
+        mine = await read(config, "main", "memory/2026-11-02.md", **kwargs)
+        assert await read(config, "reviewer", shared, **kwargs) == {**mine, "path": shared}
+    # no such file of the owner: a missing page, as a missing local note
+    gone = await read(config, "reviewer", "shared/main/memory/2030-01-01.md")
+    assert (gone["missing"], gone["text"], gone["lines"]) == (True, "", 0)
+    # the owner does not see the reader's notes; a third agent sees neither
+    assert await search(config, "main", "otter cedar") == []
+    assert await search(config, "carol", "heron pier") == []
+    with pytest.raises(PathRefusedError) as refused:
+        await read(config, "carol", shared)
+    assert (refused.value.path, refused.value.reason) == (shared, "not a memory path")
+
+
+async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path, pg_dsn: str) -> None:
+    """The library, the CLI (without and through a running ``serve``) and MCP answer the
+    reader's search and ``memory_get`` of a shared note alike."""
+    import os
+    import signal
+    import sys
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "qmdbridge"))
+    from server_procs import CLI, start, stop
+
+    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=True)
+    await search(config, "main", "kettle")  # the owner's first sync
+    query, shared = "heron north pier", "shared/main/memory/2026-11-02.md"
+    async with manager(config, "reviewer") as m:
+        want = [r.model_dump(by_alias=True) for r in (await m.search(query)).results]
+        page = (await m.read_file(shared, from_line=6, lines=3)).model_dump(by_alias=True)
+    assert [r["path"] for r in want] == ["memory/2026-11-03.md", shared]
+    assert page["text"] == "\r\nThe heron nests by the north pier.\r\nWe saw it at dawn.\r\n\n" \
+        "[More content available. Use from=9 to continue.]"
+    env = {**os.environ, **env_of(tmp_path), "QMDBRIDGE_DAEMON": "off"}
+    agent = ["--config", str(config), "--agent", "reviewer"]
+
+    def cli(*args: str, daemon: bool = False) -> dict[str, Any]:
+        run = subprocess.run([*CLI, *args, "--json", *agent], capture_output=True, timeout=120,
+                             env={k: v for k, v in env.items() if not daemon or k != "QMDBRIDGE_DAEMON"})
+        assert run.returncode == 0, run.stderr.decode()
+        return json.loads(run.stdout)  # type: ignore[no-any-return]
+
+    assert cli("search", query)["results"] == want
+    assert cli("get", shared, "--from", "6", "--lines", "3") == {**page, "servedBy": "process"}
+    params = StdioServerParameters(command=CLI[0], args=[*CLI[1:], "mcp", *agent], env=env)
+    with open(os.devnull, "w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read_stream, write_stream), \
+                ClientSession(read_stream, write_stream) as session:
+            await session.initialize()
+            found = await session.call_tool("memory_search", {"query": query})
+            assert (found.structuredContent or {})["results"] == want
+            got = await session.call_tool("memory_get", {"path": shared, "from": 6, "lines": 3})
+            assert got.structuredContent == page
+    proc, _ = start(["serve", "--no-stdin", *agent], {**env, "QMDBRIDGE_DAEMON": "on"},
+                    ready="daemon socket")
+    try:
+        served = cli("search", query, daemon=True)
+        assert (served["servedBy"], served["results"]) == ("daemon", want)
+    finally:
+        stop(proc, signal.SIGTERM)
+
+
+async def test_with_per_agent_roles_the_reader_reads_the_owner_rows_but_cannot_write_them(
+        tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
+    import psycopg
+
+    from fallback.errors import UsageError
+    from fallback.store.postgres.errors import PostgresUnavailableError
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        for role in ("main_role", "reviewer_role"):
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+            conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/setup")
+    try:  # the schema owner's setup (docs/postgres.md "Row-level security")
+        owner.register_agent("main", role_name="main_role", share_with=["reviewer"])
+        owner.register_agent("reviewer", role_name="reviewer_role")
+        owner.grant_role("main_role")
+        owner.grant_role("reviewer_role")
+    finally:
+        owner.close()
+    dsns = {a: pg_server.dsn(dbname, user=f"{a}_role") for a in ("main", "reviewer")}
+    config = write_config(tmp_path, dsns, share=True)
+    assert [h["path"] for h in await search(config, "main", "heron pier")] == ["memory/2026-11-02.md"]
+
+    def main_rows() -> list[tuple[Any, ...]]:
+        with pg_server.admin(dbname) as conn:
+            return conn.execute("SELECT path, hash, gen_from, gen_to, text FROM qmdbridge.files"
+                                " WHERE agent_id = 'main' ORDER BY path").fetchall()
+
+    before = main_rows()
+    found = await search(config, "reviewer", "heron north pier")
+    assert [h["path"] for h in found] == ["memory/2026-11-03.md", "shared/main/memory/2026-11-02.md"]
+    page = await read(config, "reviewer", "shared/main/memory/2026-11-02.md", from_line=7, lines=1)
+    assert page["text"] == "The heron nests by the north pier.\r\n\n[More content available. Use from=8 to continue.]"
+    assert main_rows() == before  # the reader's syncs and searches wrote none of the owner's rows
+    as_reviewer = resolve_target(dsns["reviewer"])
+    reviewer = PostgresStore(as_reviewer, agent_id="reviewer", workspace=str(tmp_path / "ws-reviewer"),
+                             run_migrations=False)
+    try:
+        scopes = reviewer.shared_scopes()
+        assert scopes == [("main", str(tmp_path / "ws-main"))]
+        with pytest.raises(UsageError, match="the shared scope of agent main is read-only"):
+            reviewer.view(*scopes[0]).sync_lease()
+        on_main = PostgresStore(as_reviewer, agent_id="main", workspace=scopes[0][1], run_migrations=False)
+        try:
+            with pytest.raises(PostgresUnavailableError, match="shared rows are read-only"):
+                on_main.sync_lease()
+        finally:
+            on_main.close()
+    finally:
+        reviewer.close()
+    with psycopg.connect(dsns["reviewer"], autocommit=True) as conn:
+        assert conn.execute("DELETE FROM qmdbridge.chunks WHERE agent_id = 'main'").rowcount == 0
+        assert conn.execute("UPDATE qmdbridge.files SET text = '' WHERE agent_id = 'main'").rowcount == 0
+    assert main_rows() == before
+
+
+def test_share_with_on_a_sqlite_store_is_a_config_warning(tmp_path: Path) -> None:
+    path = tmp_path / "openclaw.json5"
+    path.write_text('{ agents: { defaults: { memorySearch: { store: { shareWith: ["bob"] } } },'
+                    ' list: [{ id: "main" }, { id: "pg", memorySearch: { store: { driver: "postgres",'
+                    ' shareWith: ["bob"] } } }] } }')
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    cfg = load_config(path, env=env)
+    assert cfg.warnings == ['agents.defaults.memorySearch.store.shareWith: ignored: only the postgres'
+                            ' store (store.driver "postgres") shares an agent\'s memory; this store is sqlite']
+    assert resolve_agent(cfg, "pg", env=env).config_warnings == cfg.warnings

@@ -486,7 +486,7 @@ def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:4])
         migrate(conn, "qmdbridge")
-        monkeypatch.undo()
+        monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:7])  # up to m007
         s = "qmdbridge"
         conn.execute(f"INSERT INTO {s}.workspaces (agent_id, workspace, published_generation,"
                      " chunk_count, token_count) VALUES ('main', '/ws', 2, 1, 9)")

@@ -254,3 +254,47 @@ def test_share_with_on_a_sqlite_store_is_a_config_warning(tmp_path: Path) -> Non
     assert cfg.warnings == ['agents.defaults.memorySearch.store.shareWith: ignored: only the postgres'
                             ' store (store.driver "postgres") shares an agent\'s memory; this store is sqlite']
     assert resolve_agent(cfg, "pg", env=env).config_warnings == cfg.warnings
+
+
+async def test_a_hybrid_search_ranks_each_scope_as_its_owner_does_and_merges_them(
+        tmp_path: Path, pg_dsn: str) -> None:
+    from fallback.request import SearchRequest
+    from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
+
+    notes = {"main": {"memory/2026-11-01.md": "# Dinner\n\nI love the pasta and you love the wine.\n",
+                      "memory/2026-11-02.md": "# Trip\n\nThe heron nests by the north pier and it was"
+                                              " my favourite.\n",
+                      "MEMORY.md": "# Main\n\nThe kettle is blue and I love it.\n"},
+             "reviewer": {"memory/2026-11-03.md": "# Review\n\nThe otter sleeps and I love it.\n",
+                          "MEMORY.md": "# Reviewer\n\nYou and I review the heron report.\n"}}
+    for agent, files in notes.items():
+        for rel, text in files.items():
+            (tmp_path / agent / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / agent / rel).write_text(text)
+    store = {"driver": "postgres", "dsn": pg_dsn}
+
+    async def hits(eng: Any, query: str) -> list[dict[str, Any]]:
+        found = await eng.search(SearchRequest.of(query, max_results=6))
+        assert found.mode == "hybrid"
+        return [r.model_dump(by_alias=True) for r in found.results]
+
+    reviewer = engine(tmp_path / "reviewer", tmp_path / "state-reviewer", WordProvider(), store,
+                      agent_id="reviewer")
+    main = engine(tmp_path / "main", tmp_path / "state-main", WordProvider(),
+                  {**store, "shareWith": ["reviewer"]}, agent_id="main")
+    try:
+        query = "the heron and i love it"
+        alone = await hits(reviewer, query)
+        owner = await hits(main, query)
+        merged = await hits(reviewer, query)
+    finally:
+        await reviewer.close()
+        await main.close()
+    assert (len(alone), len(owner)) == (2, 2)
+    shared = [h for h in merged if h["path"].startswith("shared/main/")]
+    # each scope keeps the hits, order and scores its own search gives (MMR and decay included)
+    assert [{**h, "path": h["path"].removeprefix("shared/main/")} for h in shared] == owner[:len(shared)]
+    assert [h for h in merged if h not in shared] == alone[:len(merged) - len(shared)]
+    # merged by score: the reader's best hit, then the owner's (0.65 each: its own first)
+    assert [h["path"] for h in merged] == ["memory/2026-11-03.md", "MEMORY.md",
+                                           "shared/main/memory/2026-11-02.md", "shared/main/MEMORY.md"]

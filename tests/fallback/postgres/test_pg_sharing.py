@@ -185,6 +185,26 @@ async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path
         stop(proc, signal.SIGTERM)
 
 
+async def test_a_note_indexed_before_texts_were_kept_is_readable_after_the_owners_next_sync(
+        tmp_path: Path, pg_dsn: str) -> None:
+    import psycopg
+
+    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=True)
+    await search(config, "main", "kettle")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as a store before m008 wrote it
+        conn.execute("UPDATE qmdbridge.files SET text = NULL WHERE path = 'MEMORY.md'")
+    assert (await read(config, "reviewer", "shared/main/MEMORY.md"))["missing"] is True
+    assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]
+    async with manager(config, "main") as m:
+        await m.sync(reason="test")  # writes the note again, its text with it
+    page = await read(config, "reviewer", "shared/main/MEMORY.md")
+    assert (page["text"], page["missing"]) == ("# Main\n\nThe kettle is blue.", False)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the other note was left as it was
+        assert conn.execute("SELECT path, gen_from FROM qmdbridge.files WHERE agent_id = 'main'"
+                            " AND gen_to IS NULL ORDER BY path").fetchall() == [
+            ("MEMORY.md", 2), ("memory/2026-11-02.md", 1)]
+
+
 async def test_with_per_agent_roles_the_reader_reads_the_owner_rows_but_cannot_write_them(
         tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
     import psycopg

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -70,6 +70,9 @@ from fallback.store.files import read_only_warning
 from fallback.store.lock import DEFAULT_LOCK_TIMEOUT_MS
 from fallback.store.readonly import ReadOnlyStore
 from fallback.store.seam import SearchStore
+
+if TYPE_CHECKING:
+    from fallback.store.postgres.seam import PostgresSearchStore
 
 __all__ = ["BuiltinEngine"]
 
@@ -445,7 +448,8 @@ class BuiltinEngine:
     def _keyword_outcome(self, store: SearchStore, request: SearchRequest,
                          warnings: Sequence[str]) -> SearchOutcome:
         """The hits of :func:`~fallback.search.fts_only.keyword_search` for ``request`` under
-        ``query.*``, after ``warnings`` (blocking)."""
+        ``query.*``, in this agent's scope and each scope shared with it, merged
+        (:func:`~fallback.search.pipeline.merge_scopes`), after ``warnings`` (blocking)."""
         q = self.settings.search.query
         limit, floor, srcs = self._ranking_args(request)
         if not srcs:
@@ -464,17 +468,16 @@ class BuiltinEngine:
                 for h in found.hits]
 
         results = ranked(store, srcs)
-        if shared := self._shared_scopes(store, srcs):
+        if shared := self._shared_scopes(srcs):
             results = merge_scopes(results, [(owner, ranked(scope, list(SHARED_SOURCES)))
                                              for owner, scope in shared.items()], limit=limit)
         return SearchOutcome(results, self._fts_warnings(warnings, store.fts_error), mode="fts-only")
 
-    def _shared_scopes(self, store: SearchStore, srcs: list[str]) -> dict[str, Any]:
+    def _shared_scopes(self, srcs: list[str]) -> dict[str, PostgresSearchStore]:
         """``{owner agent: its scope}`` of the scopes other agents share with this one, read
         now (blocking), when ``srcs`` searches memory files; ``{}`` on a SQLite store."""
-        if not self._stores.is_postgres or SHARED_SOURCES[0] not in srcs:
-            return {}
-        return store.shared_scopes()  # type: ignore[attr-defined,no-any-return]
+        own = self._stores.shared
+        return {} if own is None or SHARED_SOURCES[0] not in srcs else own.shared_scopes()
 
     def _ranking_args(self, request: SearchRequest) -> tuple[int, float, list[str]]:
         """``(limit, floor, sources)`` of ``request`` under ``query.*``: the hits wanted, the
@@ -584,11 +587,12 @@ class BuiltinEngine:
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
         outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
-        if shared := await anyio.to_thread.run_sync(self._shared_scopes, store, srcs):
+        if shared := await anyio.to_thread.run_sync(self._shared_scopes, srcs):
             ranked = []
             for owner, scope in shared.items():  # each scope ranked by the same pipeline
-                found = await self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner)).run(
-                    scope, prepared, text, list(SHARED_SOURCES), candidates, floor, limit)
+                ranker = self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner))
+                found = await ranker.run(scope, prepared, text, list(SHARED_SOURCES), candidates,
+                                         floor, limit)
                 ranked.append((owner, found.results))
             outcome = replace(outcome, results=merge_scopes(outcome.results, ranked, limit=limit))
         fts_error = (searcher.fts_error if searcher.fts_checked

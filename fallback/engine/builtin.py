@@ -81,6 +81,8 @@ log = logging.getLogger(__name__)
 # What a search reads of the scopes other agents share: their memory files (transcripts stay
 # their own agent's).
 SHARED_SOURCES = ("memory",)
+# Shared scopes a keyword search ranks at once, beside its own (a store's pool holds 4 connections).
+SHARED_SEARCHES_AT_ONCE = 3
 
 
 class BuiltinEngine:
@@ -467,10 +469,18 @@ class BuiltinEngine:
                 snippet_end_line=h.snippet_end_line, source=h.source, text_score=h.text_score)
                 for h in found.hits]
 
-        results = ranked(store, srcs)
-        if shared := self._shared_scopes(srcs):
-            results = merge_scopes(results, [(owner, ranked(scope, list(SHARED_SOURCES)))
-                                             for owner, scope in shared.items()], limit=limit)
+        shared = self._shared_scopes(srcs)
+        if not shared:
+            return SearchOutcome(ranked(store, srcs), self._fts_warnings(warnings, store.fts_error),
+                                 mode="fts-only")
+        from concurrent.futures import ThreadPoolExecutor
+
+        # the scopes' round trips overlap the own search's, on at most the pool's other connections
+        with ThreadPoolExecutor(min(len(shared), SHARED_SEARCHES_AT_ONCE)) as pool:
+            others = [(owner, pool.submit(ranked, scope, list(SHARED_SOURCES)))
+                      for owner, scope in shared.items()]
+            results = merge_scopes(ranked(store, srcs), [(o, f.result()) for o, f in others],
+                                   limit=limit)
         return SearchOutcome(results, self._fts_warnings(warnings, store.fts_error), mode="fts-only")
 
     def _shared_scopes(self, srcs: list[str]) -> dict[str, PostgresSearchStore]:

@@ -45,13 +45,14 @@ def workspaces(root: Path) -> dict[str, Path]:
     return out
 
 
-def write_config(root: Path, dsns: dict[str, str], *, share: bool) -> Path:
-    """A JSON5 config of the three agents, each on the postgres store with its own DSN."""
+def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...]) -> Path:
+    """A JSON5 config of the agents, each on the postgres store with its own DSN; those of
+    ``share`` share their memory with ``reviewer``."""
     ws = workspaces(root) if not (root / "ws-main").exists() else {a: root / f"ws-{a}" for a in dsns}
     entries = ",\n".join(
         f'{{ id: "{a}", workspace: {json.dumps(str(ws[a]))}, memorySearch: {{ store: {{'
         f' dsn: {json.dumps(dsns[a])}'
-        + (', shareWith: ["reviewer"]' if share and a == "main" else "") + " } } }"
+        + (', shareWith: ["reviewer"]' if a in share else "") + " } } }"
         for a in dsns)
     path = root / "openclaw.json5"
     path.write_text(f"""// three agents in one database
@@ -91,13 +92,13 @@ async def read(config: Path, agent: str, path: str, **kwargs: Any) -> dict[str, 
 async def test_shared_notes_are_found_labelled_and_read_by_the_reader_only(tmp_path: Path,
                                                                           pg_dsn: str) -> None:
     dsns = dict.fromkeys(("main", "reviewer", "carol"), pg_dsn)
-    config = write_config(tmp_path, dsns, share=False)
+    config = write_config(tmp_path, dsns, share=())
     for agent in dsns:  # each agent's first search indexes its workspace
         await search(config, agent, "kettle")
     # by default each finds only its own notes
     assert [h["path"] for h in await search(config, "reviewer", "heron pier")] == ["memory/2026-11-03.md"]
     assert await search(config, "main", "otter") == []
-    config = write_config(tmp_path, dsns, share=True)
+    config = write_config(tmp_path, dsns, share=("main",))
     assert [h["path"] for h in await search(config, "main", "heron pier")] == ["memory/2026-11-02.md"]
     shared = "shared/main/memory/2026-11-02.md"
     # the reader finds the owner's note, labelled, with the lines and score the owner's own
@@ -132,6 +133,11 @@ async def test_shared_notes_are_found_labelled_and_read_by_the_reader_only(tmp_p
     with pytest.raises(PathRefusedError) as refused:
         await read(config, "carol", shared)
     assert (refused.value.path, refused.value.reason) == (shared, "not a memory path")
+    # two owners: each scope's best hit scores 1, the owners' in id order
+    config = write_config(tmp_path, dsns, share=("main", "carol"))
+    await search(config, "carol", "lamp")  # carol's store records its share
+    assert [(h["path"], h["score"]) for h in await search(config, "reviewer", "kettle lamp")] == [
+        ("shared/carol/MEMORY.md", 1.0), ("shared/main/MEMORY.md", 1.0)]
 
 
 async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path, pg_dsn: str) -> None:
@@ -147,7 +153,7 @@ async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "qmdbridge"))
     from server_procs import CLI, start, stop
 
-    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=True)
+    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=("main",))
     await search(config, "main", "kettle")  # the owner's first sync
     query, shared = "heron north pier", "shared/main/memory/2026-11-02.md"
     async with manager(config, "reviewer") as m:
@@ -189,7 +195,7 @@ async def test_a_note_indexed_before_texts_were_kept_is_readable_after_the_owner
         tmp_path: Path, pg_dsn: str) -> None:
     import psycopg
 
-    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=True)
+    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=("main",))
     await search(config, "main", "kettle")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as a store before m008 wrote it
         conn.execute("UPDATE qmdbridge.files SET text = NULL WHERE path = 'MEMORY.md'")
@@ -228,7 +234,7 @@ async def test_with_per_agent_roles_the_reader_reads_the_owner_rows_but_cannot_w
     finally:
         owner.close()
     dsns = {a: pg_server.dsn(dbname, user=f"{a}_role") for a in ("main", "reviewer")}
-    config = write_config(tmp_path, dsns, share=True)
+    config = write_config(tmp_path, dsns, share=("main",))
     assert [h["path"] for h in await search(config, "main", "heron pier")] == ["memory/2026-11-02.md"]
 
     def main_rows() -> list[tuple[Any, ...]]:

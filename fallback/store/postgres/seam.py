@@ -172,9 +172,9 @@ class PostgresSearchStore:
 
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
-        generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries}`` (the
-        shared embedding cache's entries); the target without its password
-        (``PgTarget.describe``)."""
+        generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries, sharedScopes:
+        [{agent, workspace}]}`` (the shared embedding cache's entries, the scopes other agents
+        share with this one); the target without its password (``PgTarget.describe``)."""
         st = self.store
         with st._snapshot("read the store's counts") as cur:
             stats = st._stats(cur)
@@ -193,7 +193,8 @@ class PostgresSearchStore:
         return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
                 "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
                 "generation": stats.generation, "counts": counts,
-                "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0])}
+                "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0]),
+                "sharedScopes": [{"agent": agent, "workspace": ws} for agent, ws in st.shared_scopes()]}
 
     def close(self) -> None:
         """Close the postgres store, the in-memory table and the shared scopes (idempotent)."""

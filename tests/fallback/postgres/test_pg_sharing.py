@@ -112,6 +112,9 @@ async def test_shared_notes_are_found_labelled_and_read_by_the_reader_only(tmp_p
          "source": "memory", "score": 1.0}]
     owner_hit = (await search(config, "main", "heron north pier"))[0]
     assert found[1] == {**owner_hit, "path": shared, "citation": f"{shared}#L5-L9"}
+    async with manager(config, "reviewer") as m:  # status names the scopes it reads
+        assert (await m.status()).custom["store"]["sharedScopes"] == [
+            {"agent": "main", "workspace": str(tmp_path / "ws-main")}]
     # the reader's own keyword answer is ranked as before (its statistics alone)
     assert [h["path"] for h in await search(config, "reviewer", "otter")] == ["memory/2026-11-03.md"]
     assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]

@@ -45,9 +45,9 @@ def workspaces(root: Path) -> dict[str, Path]:
     return out
 
 
-def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...]) -> Path:
+def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...], memory: str = "") -> Path:
     """A JSON5 config of the agents, each on the postgres store with its own DSN; those of
-    ``share`` share their memory with ``reviewer``."""
+    ``share`` share their memory with ``reviewer``; ``memory``: the ``memory`` object's keys."""
     ws = workspaces(root) if not (root / "ws-main").exists() else {a: root / f"ws-{a}" for a in dsns}
     entries = ",\n".join(
         f'{{ id: "{a}", workspace: {json.dumps(str(ws[a]))}, memorySearch: {{ store: {{'
@@ -57,6 +57,7 @@ def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...]) ->
     path = root / "openclaw.json5"
     path.write_text(f"""// three agents in one database
 {{
+  memory: {{ {memory} }},
   agents: {{
     defaults: {{ memorySearch: {{ provider: "none", store: {{ driver: "postgres" }} }} }},
     list: [
@@ -192,6 +193,19 @@ async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path
         assert (served["servedBy"], served["results"]) == ("daemon", want)
     finally:
         stop(proc, signal.SIGTERM)
+
+
+async def test_with_the_qmd_backend_a_shared_path_is_read_by_the_builtin_engine(
+        tmp_path: Path, pg_dsn: str, qmd_bin: Path) -> None:
+    """qmd answers the agent's own collections; a ``shared/<owner>/...`` path is the builtin
+    engine's (qmd would refuse it as no memory path of the workspace)."""
+    config = write_config(tmp_path, dict.fromkeys(("main", "reviewer"), pg_dsn), share=("main",),
+                          memory=f'backend: "qmd", qmd: {{ command: {json.dumps(str(qmd_bin))} }}')
+    await search(config, "main", "kettle")  # qmd or its builtin fallback; the builtin index syncs
+    async with manager(config, "main") as m:
+        await m.sync(reason="test")
+    page = await read(config, "reviewer", "shared/main/MEMORY.md")
+    assert (page["path"], page["text"]) == ("shared/main/MEMORY.md", "# Main\n\nThe kettle is blue.")
 
 
 async def test_a_note_indexed_before_texts_were_kept_is_readable_after_the_owners_next_sync(

@@ -341,3 +341,32 @@ async def test_a_hybrid_search_ranks_each_scope_as_its_owner_does_and_merges_the
     # merged by score: the reader's best hit, then the owner's (0.65 each: its own first)
     assert [h["path"] for h in merged] == ["memory/2026-11-03.md", "MEMORY.md",
                                            "shared/main/memory/2026-11-02.md", "shared/main/MEMORY.md"]
+
+
+def test_an_owner_with_several_workspaces_shares_the_one_it_published_last(pg_dsn: str) -> None:
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+    from tests.fallback.postgres.test_pg_store import found, write
+
+    target = resolve_target(pg_dsn)
+    old, new, reader, other = (PostgresStore(target, agent_id=a, workspace=w) for a, w in (
+        ("main", "/old"), ("main", "/new"), ("reviewer", "/r"), ("carol", "/c")))
+    try:
+        old.register_agent("main", share_with=["reviewer"])
+        old.register_agent("carol", share_with=["someone"])
+        assert reader.shared_scopes() == []  # nothing published yet
+        write(old, {"memory/a.md": "otter"})
+        write(other, {"memory/c.md": "otter"})
+        assert reader.shared_scopes() == [("main", "/old")]
+        write(new, {"memory/b.md": "otter"})
+        assert reader.shared_scopes() == [("main", "/new")]
+        view = reader.view(*reader.shared_scopes()[0])
+        assert found(view, "otter") == ["memory/b.md#1"]
+        write(old, {"memory/a.md": "otter seal"})
+        assert reader.shared_scopes() == [("main", "/old")]
+        view.close()  # a view closes nothing of the store it reads through
+        assert found(reader.view("main", "/old"), "otter") == ["memory/a.md#1"]
+        assert found(reader, "otter") == []  # the reader's own scope holds nothing
+    finally:
+        for s in (old, new, reader, other):
+            s.close()

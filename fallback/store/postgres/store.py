@@ -353,14 +353,18 @@ class PostgresStore:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
         s = self._s
-        with self._errors("read the shared scopes"), self._pool.connection() as conn:
-            rows = conn.execute(
-                f"SELECT DISTINCT ON (w.agent_id) w.agent_id, w.workspace FROM {s}.shares sh"
-                f" JOIN {s}.workspaces w ON w.agent_id = sh.owner_agent WHERE sh.reader_agent = %s"
-                " AND w.agent_id <> %s AND w.published_generation > 0"
-                " ORDER BY w.agent_id, w.last_sync_at DESC NULLS LAST, w.workspace",
-                (self.agent_id, self.agent_id)).fetchall()
-        return [(str(a), str(w)) for a, w in rows]
+        return [(str(a), str(w)) for a, w in self._rows(
+            "read the shared scopes",
+            f"SELECT DISTINCT ON (w.agent_id) w.agent_id, w.workspace FROM {s}.shares sh"
+            f" JOIN {s}.workspaces w ON w.agent_id = sh.owner_agent WHERE sh.reader_agent = %s"
+            " AND w.agent_id <> %s AND w.published_generation > 0"
+            " ORDER BY w.agent_id, w.last_sync_at DESC NULLS LAST, w.workspace",
+            (self.agent_id, self.agent_id))]
+
+    def _rows(self, doing: str, sql: str, args: Sequence[Any]) -> list[Any]:
+        """The rows of one read statement on a pooled connection (its own snapshot)."""
+        with self._errors(doing), self._pool.connection() as conn:
+            return conn.execute(sql, args).fetchall()
 
     def view(self, agent_id: str, workspace: str) -> PostgresStore:
         """The scope ``agent_id`` + ``workspace`` read over this store's connections: every
@@ -379,14 +383,14 @@ class PostgresStore:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
         s = self._s
-        with self._errors("read a file"), self._pool.connection() as conn:
-            row = conn.execute(
-                f"SELECT f.text FROM {s}.files f JOIN {s}.workspaces w ON w.agent_id = f.agent_id"
-                " AND w.workspace = f.workspace WHERE f.agent_id = %s AND f.workspace = %s"
-                " AND f.path = %s AND f.source = 'memory' AND f.gen_from <= w.published_generation"
-                " AND (f.gen_to IS NULL OR f.gen_to > w.published_generation)",
-                (self.agent_id, self.workspace, path)).fetchone()
-        return None if row is None else row[0]
+        rows = self._rows(
+            "read a file",
+            f"SELECT f.text FROM {s}.files f JOIN {s}.workspaces w ON w.agent_id = f.agent_id"
+            " AND w.workspace = f.workspace WHERE f.agent_id = %s AND f.workspace = %s"
+            " AND f.path = %s AND f.source = 'memory' AND f.gen_from <= w.published_generation"
+            " AND (f.gen_to IS NULL OR f.gen_to > w.published_generation)",
+            (self.agent_id, self.workspace, path))
+        return rows[0][0] if rows else None
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
                      trigram_match: str | None = None, like_patterns: Sequence[str] = (),

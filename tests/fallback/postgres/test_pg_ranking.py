@@ -197,6 +197,26 @@ def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
         tokenizer.close()
 
 
+def test_a_terms_positions_are_ascending_over_every_column_in_a_large_batch() -> None:
+    """The positions literal of a posting lists its hits in the text, title and terms columns
+    in ascending order (``column << 20 | offset``), with its hits per column, also when the
+    batch is large enough for SQLite's sorter to spill (20,000 rows, ~240,000 instances)."""
+    from fallback.store.postgres.tokens import Fts5Tokenizer
+
+    tokenizer = Fts5Tokenizer()
+    try:
+        chunks = tokenizer.chunk_terms([(f"walrus alpha{i} walrus " + "beta " * 8, "walrus", "x walrus")
+                                        for i in range(20_000)])
+        for i in (0, 7, 12_345, 19_999):
+            assert chunks[i].positions["walru"] == "{0,2,1048576,2097153}"
+            assert chunks[i].tf["walru"] == "{2,1,1}"
+            assert chunks[i].positions["beta"] == "{3,4,5,6,7,8,9,10}"
+            assert chunks[i].positions[f"alpha{i}"] == "{1}"
+            assert chunks[i].doc_len == 14
+    finally:
+        tokenizer.close()
+
+
 def test_column_filtered_counts_match_sqlite(pg_dsn: str, tmp_path: Path) -> None:
     """The contrast step's common-word counts (``text : "word"``, fallback/search/contrast.py)
     count the text column only, as FTS5 does: a word of the titles (``session``) counts the

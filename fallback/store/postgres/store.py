@@ -27,6 +27,7 @@ import copy
 import heapq
 import itertools
 import math
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -1005,6 +1006,10 @@ class SyncLease:
                                      self._scope).fetchone()[0]
             self.published = int(published)
             self.generation = self.published + 1
+            # COPY writes postings fastest, but PostgreSQL refuses COPY FROM where row-level
+            # security applies (an agent's own role): INSERTs there.
+            self._copy = not conn.execute("SELECT row_security_active(%s)",
+                                          (f"{s}.postings",)).fetchone()[0]
             # A killed sync's rows of generation P + 1 are published with this one: their terms
             # count in the statistics this lease publishes.
             self._terms = _TermCounts()
@@ -1106,9 +1111,10 @@ class SyncLease:
             rowids = sorted(r[0] for r in cur.fetchall())
             _insert_postings(cur, f"{s}.postings", args,
                              ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
-                             impacts=True)
+                             impacts=True, copy=self._copy)
             _insert_postings(cur, f"{s}.trigram_postings", args,
-                             ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()))
+                             ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()),
+                             copy=self._copy)
             embedded = [(r, i, v) for r, (_, c) in zip(rowids, chunks, strict=True)
                         for i, v in enumerate(c.vectors)]
             if embedded:
@@ -1289,23 +1295,62 @@ class _TermCounts:
 
 
 def _insert_postings(cur: Any, table: str, args: dict[str, Any],
-                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False) -> None:
-    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) by INSERTs
-    over arrays (``COPY`` is refused on tables with row-level security), each of whole chunks
-    and at most :data:`POSTINGS_PER_STATEMENT` postings (one chunk more when a single chunk
-    holds more): the statement deadline bounds each statement, so a batch of any size is
-    written. With ``impacts``, each posting also gets its hits per column and its chunk's
-    length, source and generation (``postings``, migration m005)."""
+                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False,
+                     copy: bool = False) -> None:
+    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) by statements
+    of whole chunks and at most :data:`POSTINGS_PER_STATEMENT` postings each (one chunk more
+    when a single chunk holds more): the statement deadline bounds each statement, so a batch
+    of any size is written. With ``copy``, each statement is a ``COPY`` (refused where
+    row-level security applies), else an INSERT over arrays. With ``impacts``, each posting
+    also gets its hits per column and its chunk's length, source and generation
+    (``postings``, migration m005)."""
+    write = _copy_posting_rows if copy else _insert_posting_rows
     part: list[tuple[int, ChunkTerms, str]] = []
     held = 0
     for item in chunks:
         if part and held + len(item[1].positions) > POSTINGS_PER_STATEMENT:
-            _insert_posting_rows(cur, table, args, part, impacts=impacts)
+            write(cur, table, args, part, impacts=impacts)
             part, held = [], 0
         part.append(item)
         held += len(item[1].positions)
     if part:
-        _insert_posting_rows(cur, table, args, part, impacts=impacts)
+        write(cur, table, args, part, impacts=impacts)
+
+
+def _copy_posting_rows(cur: Any, table: str, args: dict[str, Any],
+                       chunks: Sequence[tuple[int, ChunkTerms, str]], *, impacts: bool) -> None:
+    """One ``COPY`` of the postings of ``chunks`` (:func:`_insert_postings`), in key order."""
+    scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
+    columns = "term, chunk_rowid, positions, agent_id, workspace"
+    if impacts:
+        columns += ", tf, doc_len, source, gen_from"
+    lines: list[str] = []
+    for rowid, t, source in chunks:
+        terms: Iterable[str] = t.positions
+        if _COPY_SPECIAL.search("".join(t.positions)):
+            terms = map(_copy_field, t.positions)
+        head = f"\t{rowid}\t"
+        if impacts:
+            tail = f"\t{t.doc_len}\t{_copy_field(source)}\t{args['gen']}\n"
+            lines += [f"{term}{head}{pos}\t{scope}\t{tf}{tail}"
+                      for term, pos, tf in zip(terms, t.positions.values(), t.tf.values(), strict=True)]
+        else:
+            lines += [f"{term}{head}{pos}\t{scope}\n" for term, pos in zip(terms, t.positions.values(),
+                                                                             strict=True)]
+    # Sorted by term (then chunk): the primary key's leaf pages are visited in order.
+    lines.sort()
+    with cur.copy(f"COPY {table} ({columns}) FROM STDIN") as out:
+        out.write("".join(lines))
+
+
+_COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
+
+
+def _copy_field(value: str) -> str:
+    """``value`` as a field of ``COPY``'s text format (backslash, tab, newline, CR escaped)."""
+    if not _COPY_SPECIAL.search(value):
+        return value
+    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],

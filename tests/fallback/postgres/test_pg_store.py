@@ -410,6 +410,26 @@ def test_write_files_writes_many_files_in_one_call_with_any_text(pg_dsn: str) ->
         store.close()
 
 
+def test_postings_keep_a_scope_and_terms_holding_tabs_backslashes_and_newlines(pg_dsn: str) -> None:
+    """The schema owner's postings go by COPY (text format): an agent id, a workspace and
+    trigram terms holding a backslash, a tab or a newline are stored as they are."""
+    agent, ws = "team\\bot", "/srv/ws\ttab\\x {1}\nline"
+    store = PostgresStore(resolve_target(pg_dsn), agent_id=agent, workspace=ws)
+    try:
+        write(store, {"memory/a.md": "otter 日本\\語\t文字"})
+        assert found(store, "otter") == ["memory/a.md#1"]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            scopes = conn.execute("SELECT DISTINCT agent_id, workspace, gen_from FROM qmdbridge.postings"
+                                  " WHERE term = 'otter'").fetchall()
+            trigrams = [r[0] for r in conn.execute(
+                "SELECT term FROM qmdbridge.trigram_postings WHERE agent_id = %s AND workspace = %s"
+                " ORDER BY term", (agent, ws))]
+        assert scopes == [(agent, ws, 1)]
+        assert "本\\語" in trigrams and "語\t文" in trigrams and "\\語\t" in trigrams
+    finally:
+        store.close()
+
+
 def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: str) -> None:
     from fallback.store.postgres.store import POSTINGS_PER_STATEMENT, FileRows
 

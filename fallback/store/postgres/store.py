@@ -1144,10 +1144,20 @@ class SyncLease:
 
     def _retire(self, cur: Any, args: dict[str, Any]) -> dict[str, int]:
         """Drop this generation's own rows of the files ``args["paths"]`` / ``args["sources"]``
-        (array literals) and end the older ones at it; the dropped postings per term."""
+        (array literals) and end the older ones at it; the dropped postings per term. Only the
+        files the scope holds are touched (a new file's statements found nothing, on a first
+        sync a tenth of its time)."""
         s = self.store._s
         where = ("agent_id = %(agent)s AND workspace = %(ws)s AND (path, source) IN"
                  " (SELECT * FROM unnest(%(paths)s::text[], %(sources)s::text[]))")
+        # A file's chunks are written and retired with its files row.
+        cur.execute(f"SELECT path, source FROM {s}.files WHERE {where}"
+                    " AND (gen_to IS NULL OR gen_from = %(gen)s)", args)
+        held = cur.fetchall()
+        if not held:
+            return {}
+        args = {**args, "paths": _text_array(p for p, _ in held),
+                "sources": _text_array(src for _, src in held)}
         gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
         cur.execute(f"DELETE FROM {s}.files WHERE {where} AND gen_from = %(gen)s", args)
         for table in ("chunks", "files"):

@@ -1049,9 +1049,9 @@ class SyncLease:
         self.write_files([FileRows(path, source, content_hash, mtime_ms, size, title, tuple(chunks))])
 
     def write_files(self, files: Sequence[FileRows]) -> None:
-        """Replace the rows of several files in generation ``P + 1`` (one transaction, a fixed
-        number of statements whatever the number of files: each table is written by one
-        ``INSERT`` over arrays sent as array literals).
+        """Replace the rows of several files in generation ``P + 1`` (one transaction): files,
+        chunks and vectors by one ``INSERT`` each over arrays sent as array literals, the
+        postings by statements of at most :data:`POSTINGS_PER_STATEMENT` (:func:`_insert_postings`).
 
         Args:
             files: the files, each with its chunks (a path at most once).

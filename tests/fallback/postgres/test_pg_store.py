@@ -435,7 +435,7 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
 
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:
-        # Each INSERT statement on postings records how many rows it wrote.
+        # Each statement writing postings (COPY or INSERT) records how many rows it wrote.
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE public.insert_sizes (n int NOT NULL)")
             conn.execute("CREATE FUNCTION public.record_insert() RETURNS trigger LANGUAGE plpgsql AS"

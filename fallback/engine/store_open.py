@@ -52,12 +52,13 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
 
 def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
     """The agent's scope (agent id + workspace path) of the postgres store ``store.dsn`` /
-    ``store.schema``, migrated, with ``store.shareWith`` recorded.
+    ``store.schema``, migrated, with ``store.shareWith`` recorded when the config sets it (an
+    empty list unshares; left out, what the schema owner recorded stays).
 
     Raises:
         ConfigError: the DSN or schema cannot be used.
-        PostgresUnavailableError: the server cannot be reached, refuses the login or lacks
-            pgvector.
+        PostgresUnavailableError: the server cannot be reached, refuses the login, lacks
+            pgvector, or the agent's role may not change the recorded ``shareWith``.
     """
     from fallback.store.postgres.seam import PostgresSearchStore
     from fallback.store.postgres.store import PostgresStore
@@ -69,7 +70,7 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
                           connect_timeout_ms=st.connect_timeout_ms,
                           statement_timeout_ms=st.statement_timeout_ms)
     try:
-        if st.share_with:
+        if "share_with" in st.model_fields_set:
             store.register_agent(settings.agent_id, share_with=st.share_with)
     except BaseException:
         store.close()

@@ -45,7 +45,7 @@ from fallback.store.postgres.bm25 import (
     rank_rows,
     required_tokens,
 )
-from fallback.store.postgres.errors import translate
+from fallback.store.postgres.errors import PostgresUnavailableError, translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
@@ -285,7 +285,10 @@ class PostgresStore:
         these tables, opens a store the schema owner set up.
 
         Raises:
-            PostgresUnavailableError / PostgresStoreError: on a database failure.
+            PostgresUnavailableError: this role may not write ``agents`` and ``shares`` and
+                something differs from what is recorded (the message says what to do), or the
+                server cannot be used.
+            PostgresStoreError: on another database failure.
         """
         s = self._s
         with self._errors("register the agent"), self._pool.connection() as conn, conn.transaction():
@@ -294,8 +297,21 @@ class PostgresStore:
                 (agent_id,)).fetchall()]
             roles = conn.execute(f"SELECT role_name FROM {s}.agents WHERE agent_id = %s",
                                  (agent_id,)).fetchall()
-            if roles and role_name in (None, roles[0][0]) and readers == sorted(set(share_with)):
+            wanted = sorted(set(share_with))
+            if roles and role_name in (None, roles[0][0]) and readers == wanted:
                 return
+            if not conn.execute("SELECT has_table_privilege(%s, 'INSERT') AND has_table_privilege("
+                                "%s, 'UPDATE') AND has_table_privilege(%s, 'INSERT') AND"
+                                " has_table_privilege(%s, 'DELETE')",
+                                (f"{s}.agents", f"{s}.agents", f"{s}.shares", f"{s}.shares"),
+                                ).fetchone()[0]:
+                raise PostgresUnavailableError(
+                    self.target.describe(),
+                    f"the role of agent {agent_id} may not change who reads its rows: "
+                    f"store.shareWith {wanted} differs from the recorded {readers}",
+                    f"leave store.shareWith out (the recorded readers stay) or set it to "
+                    f"{readers}, or have the schema owner record it: register_agent("
+                    f"{agent_id!r}, share_with={wanted}) (docs/postgres.md, Row-level security)")
             conn.execute(f"INSERT INTO {s}.agents (agent_id, role_name) VALUES (%s, %s)"
                          " ON CONFLICT (agent_id) DO UPDATE SET"
                          f" role_name = coalesce(EXCLUDED.role_name, {s}.agents.role_name)",

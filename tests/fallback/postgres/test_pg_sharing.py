@@ -45,14 +45,17 @@ def workspaces(root: Path) -> dict[str, Path]:
     return out
 
 
-def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...], memory: str = "") -> Path:
+def write_config(root: Path, dsns: dict[str, str], *, share: tuple[str, ...], memory: str = "",
+                 unshare: tuple[str, ...] = ()) -> Path:
     """A JSON5 config of the agents, each on the postgres store with its own DSN; those of
-    ``share`` share their memory with ``reviewer``; ``memory``: the ``memory`` object's keys."""
+    ``share`` share their memory with ``reviewer``, those of ``unshare`` say ``shareWith: []``;
+    ``memory``: the ``memory`` object's keys."""
     ws = workspaces(root) if not (root / "ws-main").exists() else {a: root / f"ws-{a}" for a in dsns}
     entries = ",\n".join(
         f'{{ id: "{a}", workspace: {json.dumps(str(ws[a]))}, memorySearch: {{ store: {{'
         f' dsn: {json.dumps(dsns[a])}'
-        + (', shareWith: ["reviewer"]' if a in share else "") + " } } }"
+        + (', shareWith: ["reviewer"]' if a in share else ", shareWith: []" if a in unshare else "")
+        + " } } }"
         for a in dsns)
     path = root / "openclaw.json5"
     path.write_text(f"""// three agents in one database
@@ -285,6 +288,20 @@ async def test_with_per_agent_roles_the_reader_reads_the_owner_rows_but_cannot_w
         assert conn.execute("DELETE FROM qmdbridge.chunks WHERE agent_id = 'main'").rowcount == 0
         assert conn.execute("UPDATE qmdbridge.files SET text = '' WHERE agent_id = 'main'").rowcount == 0
     assert main_rows() == before
+    # main's role may not change who reads its rows: a shareWith other than the recorded one
+    # is refused with what to do, and the share stays
+    config = write_config(tmp_path, dsns, share=(), unshare=("main",))
+    async with manager(config, "main") as m:
+        with pytest.raises(PostgresUnavailableError) as refused:
+            await m.sync(reason="test")
+    assert str(refused.value) == (
+        "postgres unavailable: the role of agent main may not change who reads its rows:"
+        f" store.shareWith [] differs from the recorded ['reviewer'] ({refused.value.target});"
+        " leave store.shareWith out (the recorded readers stay) or set it to ['reviewer'], or"
+        " have the schema owner record it: register_agent('main', share_with=[])"
+        " (docs/postgres.md, Row-level security)")
+    assert refused.value.target.endswith("as user main_role")
+    assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]
 
 
 def test_share_with_on_a_sqlite_store_is_a_config_warning(tmp_path: Path) -> None:
@@ -370,3 +387,21 @@ def test_an_owner_with_several_workspaces_shares_the_one_it_published_last(pg_ds
     finally:
         for s in (old, new, reader, other):
             s.close()
+
+
+async def test_share_with_set_empty_unshares_and_left_out_keeps_the_recorded_share(
+        tmp_path: Path, pg_dsn: str) -> None:
+    dsns = dict.fromkeys(("main", "reviewer"), pg_dsn)
+    config = write_config(tmp_path, dsns, share=("main",))
+    await search(config, "main", "kettle")
+    assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]
+    # left out: what the schema owner recorded stays (the reader keeps reading)
+    config = write_config(tmp_path, dsns, share=())
+    await search(config, "main", "kettle")
+    assert [h["path"] for h in await search(config, "reviewer", "kettle")] == ["shared/main/MEMORY.md"]
+    # set to []: the owner's next open records it, and the reader's next search reads nothing
+    config = write_config(tmp_path, dsns, share=(), unshare=("main",))
+    assert [h["path"] for h in await search(config, "main", "kettle")] == ["MEMORY.md"]
+    assert await search(config, "reviewer", "kettle") == []
+    async with manager(config, "reviewer") as m:
+        assert (await m.status()).custom["store"]["sharedScopes"] == []

@@ -158,6 +158,10 @@ def print_status_doc(st: dict[str, Any], *, problems: list[dict[str, Any]] | Non
     reason = st.get("dirtyReason")
     w(f"Dirty: {'yes' if st.get('dirty') else 'no'}{' (' + reason + ')' if reason else ''}\n")
     w(f"Store: {st.get('dbPath') or '-'}\n")
+    scopes = ((st.get("custom") or {}).get("store") or {}).get("sharedScopes")
+    if scopes:  # the postgres store: the scopes other agents share with this one
+        shown = ", ".join(f"{s['agent']} ({s['workspace']})" for s in scopes)
+        w(f"Shared scopes: {shown}\n")
     w(f"Workspace: {st.get('workspaceDir')}\n")
     fts = st.get("fts") or {}
     if fts:

@@ -179,6 +179,8 @@ async def test_every_route_gives_the_reader_the_shared_hits_alike(tmp_path: Path
         return json.loads(run.stdout)  # type: ignore[no-any-return]
 
     assert cli("search", query)["results"] == want
+    status = subprocess.run([*CLI, "status", *agent], capture_output=True, timeout=120, env=env)
+    assert f"\nShared scopes: main ({tmp_path / 'ws-main'})\n" in status.stdout.decode()
     assert cli("get", shared, "--from", "6", "--lines", "3") == {**page, "servedBy": "process"}
     params = StdioServerParameters(command=CLI[0], args=[*CLI[1:], "mcp", *agent], env=env)
     with open(os.devnull, "w") as errlog:

@@ -52,8 +52,8 @@ def open_store(settings: EngineSettings, notes: list[str]) -> Store:
 
 def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
     """The agent's scope (agent id + workspace path) of the postgres store ``store.dsn`` /
-    ``store.schema``, migrated, with ``store.shareWith`` recorded when the config sets it (an
-    empty list unshares; left out, what the schema owner recorded stays).
+    ``store.schema``, migrated, with ``store.shareWith`` (less the agent itself) recorded when
+    the config sets it (an empty list unshares; left out, what the schema owner recorded stays).
 
     Raises:
         ConfigError: the DSN or schema cannot be used.
@@ -70,8 +70,9 @@ def open_postgres(settings: EngineSettings) -> PostgresSearchStore:
                           connect_timeout_ms=st.connect_timeout_ms,
                           statement_timeout_ms=st.statement_timeout_ms)
     try:
-        if "share_with" in st.model_fields_set:
-            store.register_agent(settings.agent_id, share_with=st.share_with)
+        if "share_with" in st.model_fields_set:  # an agent reads its own rows anyway
+            store.register_agent(settings.agent_id, share_with=[
+                a for a in st.share_with if a != settings.agent_id])
     except BaseException:
         store.close()
         raise

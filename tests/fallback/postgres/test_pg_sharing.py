@@ -407,3 +407,12 @@ async def test_share_with_set_empty_unshares_and_left_out_keeps_the_recorded_sha
     assert await search(config, "reviewer", "kettle") == []
     async with manager(config, "reviewer") as m:
         assert (await m.status()).custom["store"]["sharedScopes"] == []
+    # an agent named in its own shareWith (e.g. inherited from agents.defaults) is not recorded
+    import psycopg
+
+    config = write_config(tmp_path, dsns, share=("main", "reviewer"))
+    await search(config, "main", "kettle")
+    await search(config, "reviewer", "kettle")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT owner_agent, reader_agent FROM qmdbridge.shares").fetchall() == [
+            ("main", "reviewer")]

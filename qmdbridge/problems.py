@@ -14,7 +14,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CRASH_HINT", "INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked",
+__all__ = ["CI_REFUSAL", "CRASH_HINT", "INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked",
            "is_indexed_caveat", "model_missing_problem", "status_problems"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
@@ -23,6 +23,9 @@ QMD_UNHEALTHY = "qmd is not healthy"
 # line of its reason; a fallback or breaker reason holding it gets the crash hint below.
 CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") or the daemon "
               "(qmdbridge serve) avoid reloading models")
+# How qmd's refusal of model work under ``CI`` is told (the model problem of
+# qmdbridge.qmd.models and the warmup hint start with it); its fix is to unset ``CI``, not a warmup.
+CI_REFUSAL = "qmd refuses model operations while the CI environment variable is set"
 
 # How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
 # UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
@@ -154,9 +157,11 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     mode = qmd.get("searchMode")
     models = ((qmd.get("custom") or {}).get("qmd") or {}).get("modelProblem")
     if models:  # every query/vsearch search falls back at once; the test search (BM25) works
+        fix = ("unset CI in the environment qmdbridge runs in" if models.startswith(CI_REFUSAL)
+               else "run `qmdbridge warmup` where the model host is reachable")
         out.append(_problem("qmd models", f"qmd {mode} searches cannot run: {models}; the builtin "
-                            "engine answers them", "run `qmdbridge warmup` where the model host is "
-                            'reachable, or set memory.qmd.searchMode: "search" (BM25, no models)'))
+                            "engine answers them",
+                            f'{fix}, or set memory.qmd.searchMode: "search" (BM25, no models)'))
     breaker: dict[str, Any] = qmd.get("breaker") or {}
     fallback: dict[str, Any] | None = status.get("fallback")
     reason = (fallback or {}).get("reason") or breaker.get("lastFailure") or "qmd failed recently"

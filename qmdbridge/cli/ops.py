@@ -10,6 +10,7 @@ from typing import Any
 
 from fallback.errors import BackendUnavailableError
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.problems import CI_REFUSAL
 from qmdbridge.qmd.models import DEFAULT_MODELS, model_problem
 
 __all__ = ["missing_model_hint", "qmd_action", "warmup"]
@@ -24,8 +25,7 @@ def missing_model_hint(stderr: str, *, step: str) -> str:
     """One or two lines for a person on a failed model load in qmd's ``step``
     (``embed`` or ``query``, its ``stderr``): which model, and which download it needs."""
     if "disabled in CI" in stderr:
-        return ("qmd refuses model operations while the CI environment variable is set; "
-                "unset CI to warm up the models")
+        return f"{CI_REFUSAL}; unset CI to warm up the models"
     models = sorted(set(_MODEL_RE.findall(stderr)))
     if not models:
         models = [DEFAULT_MODELS["embed"]] if step == "embed" else list(DEFAULT_MODELS.values())

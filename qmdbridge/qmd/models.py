@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from fallback.gguf_file import gguf_problem
+from qmdbridge.problems import CI_REFUSAL
 
 __all__ = ["DEFAULT_MODELS", "MODEL_OVERRIDES", "ModelState", "damaged_models", "default_kinds",
            "missing_models", "model_cache_state", "model_kinds", "model_problem", "reachable"]
@@ -110,8 +111,7 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
         checked: the :func:`damaged_models` cache.
     """
     if env.get("CI"):
-        return ("qmd refuses model operations while the CI environment variable is set; "
-                "unset CI to embed or warm up the models")
+        return f"{CI_REFUSAL}; unset CI to embed or warm up the models"
     kinds = default_kinds(kinds, env)
     damaged = damaged_models(models_dir, kinds, checked=checked)
     if damaged:

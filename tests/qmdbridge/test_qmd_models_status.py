@@ -96,3 +96,24 @@ def test_an_empty_or_truncated_model_file_is_named_by_search_status_and_doctor(
     doctor = _run(["doctor", *args], env)
     assert doctor.returncode == 1 and f"[error] qmd models: qmd vsearch searches cannot run: {damaged}" \
         in doctor.stdout.decode(), doctor.stdout
+
+
+def test_under_ci_the_models_problem_says_to_unset_ci(tmp_path: Path, qmd_bin: Path) -> None:
+    """With ``CI`` set qmd refuses model work: the problem's message says to unset ``CI``, and
+    its hint says the same (it said to run ``qmdbridge warmup``, which ``CI`` refuses too)."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe router dropped the WAN link.\n")
+    env = {**os.environ, "CI": "true", "OPENCLAW_STATE_DIR": str(tmp_path / "state"),
+           "HOME": str(tmp_path / "home")}
+    cfg = tmp_path / "openclaw.json"
+    cfg.write_bytes(orjson.dumps({"memory": {"backend": "qmd", "qmd": {
+        "command": str(qmd_bin), "searchMode": "query"}}}))
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    status = orjson.loads(_run(["status", *args, "--json"], env).stdout)
+    [problem] = [p for p in status["problems"] if p["check"] == "qmd models"]
+    assert problem["message"] == (
+        "qmd query searches cannot run: qmd refuses model operations while the CI environment "
+        "variable is set; unset CI to embed or warm up the models; the builtin engine answers them")
+    assert problem["hint"] == ('unset CI in the environment qmdbridge runs in, or set '
+                               'memory.qmd.searchMode: "search" (BM25, no models)')

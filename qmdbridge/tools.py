@@ -38,7 +38,8 @@ MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
             "query": {"type": "string", "description": "What to look for."},
             "maxResults": {"type": "integer", "minimum": 1, "description": "Hits wanted (default 6)."},
             "minScore": {"type": "number", "minimum": 0, "maximum": 1,
-                         "description": "Score floor (default 0.35)."},
+                         "description": "Score floor (default query.minScore, 0.35, on the "
+                                        "builtin engine; none on the qmd backend)."},
             "corpus": {"type": "string", "enum": list(SEARCH_CORPORA),
                        "description": "What to search: memory files, session transcripts, all "
                                       "(default) or wiki (none is configured: no hits)."},

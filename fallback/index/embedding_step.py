@@ -1,12 +1,14 @@
 """The embedding step of one sync: cached vectors first, then the provider while it works.
 
 The first provider error, or the sync's embedding deadline, closes the step: later chunks are
-written without a vector and a later sync fills them in; a vector of another length than the
+written without a vector and a later sync fills them in. Under a deadline each batch holds what
+fits the time left (:meth:`EmbeddingStep._batch_size`), so a short one still embeds some; a vector of another length than the
 index's raises :class:`DimensionsChanged`. The backlog is kept in the index meta (:data:`BACKLOG_KEY`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -28,8 +30,8 @@ __all__ = ["BACKLOG_KEY", "EMBED_COMMIT_BATCH", "PENDING_BATCH", "DimensionsChan
 
 # Meta key of ``{"pending": chunks without a vector, "error": provider error or None}``.
 BACKLOG_KEY = "embedding_backlog"
-# Texts per embedding batch; each finished batch is committed to the embedding cache (and
-# reported to the progress callback) before the next one is sent.
+# Texts per embedding batch (at most, under a deadline); each finished batch is committed to
+# the embedding cache (and reported to the progress callback) before the next one is sent.
 EMBED_COMMIT_BATCH = 32
 # Chunks embedded (and written) per transaction when filling in missing vectors.
 PENDING_BATCH = 64
@@ -80,6 +82,7 @@ class EmbeddingStep:
         self.index_dims = index_dims
         self.error: EmbeddingProviderError | None = None
         self.deferred = False
+        self._seconds_per_text: float | None = None  # of the last batch, once one finished
 
     @property
     def is_open(self) -> bool:
@@ -89,6 +92,23 @@ class EmbeddingStep:
         if self._deadline is not None and anyio.current_time() >= self._deadline:
             self.deferred = True
         return not self.deferred
+
+    def _batch_size(self) -> int:
+        """Texts to send next: :data:`EMBED_COMMIT_BATCH` without a deadline. Under one, 1
+        until a batch has been timed, then as many as fit half the time left (to the sooner of
+        the deadline and the enclosing cancel scope's, such as a search's sync budget) at the
+        last batch's seconds per text, at most :data:`EMBED_COMMIT_BATCH`; 0 (the step closes)
+        when not even one fits. Half, so that a slower batch still ends in time and the sync
+        can record what it embedded: a batch cut off by the deadline is lost."""
+        if self._deadline is None:
+            return EMBED_COMMIT_BATCH
+        if self._seconds_per_text is None:
+            return 1
+        left = min(self._deadline, anyio.current_effective_deadline()) - anyio.current_time()
+        size = min(EMBED_COMMIT_BATCH, int(left / 2 / max(self._seconds_per_text, 1e-9)))
+        if size < 1:
+            self.deferred = True
+        return max(size, 0)
 
     def _expected_dims(self) -> int | None:
         return self.index_dims if self.index_dims is not None else self.provider.dims
@@ -112,11 +132,16 @@ class EmbeddingStep:
         hits = list(found)
         misses = [h for h in hashes if h not in found]
         text_of = {c.content_hash: c.text for c in chunks}
-        for start in range(0, len(misses), EMBED_COMMIT_BATCH):
-            batch = misses[start:start + EMBED_COMMIT_BATCH]
-            fresh = await self._call([text_of[h] for h in batch]) if self.is_open else None
+        start = 0
+        while start < len(misses):
+            size = self._batch_size()
+            batch = misses[start:start + size]
+            start += len(batch)
+            began = anyio.current_time()
+            fresh = await self._call([text_of[h] for h in batch]) if size and self.is_open else None
             if fresh is None:
                 break  # the provider failed or the deadline passed: the rest waits
+            self._seconds_per_text = (anyio.current_time() - began) / len(batch)
             report.windows_embedded += len(batch)
             new = {h: (fresh[i] if i < len(fresh) else []) for i, h in enumerate(batch)}
             found.update(new)
@@ -169,9 +194,21 @@ class EmbeddingStep:
                      sources: Sequence[str]) -> None:
         """End of a sync: fill in missing vectors (while the provider works), set the report's
         embedding fields, record the backlog and, once known, ``vectorDims`` in the index meta.
+        Under a deadline the filling ends at it, or at the enclosing cancel scope's (a
+        search's sync budget), whichever is sooner, and the backlog is recorded even then.
         Raises as :meth:`vectors`."""
+        bounded = self._deadline is not None
         if self.is_open:
-            await self.fill_pending(store, report, model=model, sources=sources)
+            end = (math.inf if self._deadline is None
+                   else min(self._deadline, anyio.current_effective_deadline()))
+            with anyio.CancelScope(deadline=end, shield=bounded) as scope:
+                await self.fill_pending(store, report, model=model, sources=sources)
+            self.deferred = self.deferred or scope.cancelled_caught
+        with anyio.CancelScope(shield=bounded):  # a short write, past the budget if need be
+            await self._record(store, report, model=model, sources=sources)
+
+    async def _record(self, store: Store, report: SyncReport, *, model: str,
+                      sources: Sequence[str]) -> None:
         report.embedding_error = str(self.error) if self.error is not None else None
         report.embedding_exception = self.error
         report.embedding_deferred = self.deferred
@@ -183,15 +220,17 @@ class EmbeddingStep:
 
     async def fill_pending(self, store: Store, report: SyncReport, *, model: str,
                            sources: Sequence[str]) -> None:
-        """Embed chunks written without a vector, :data:`PENDING_BATCH` at a time, each batch
-        written in one transaction, until the step closes. Raises as :meth:`vectors`."""
+        """Embed chunks written without a vector, :data:`PENDING_BATCH` at a time (under a
+        deadline, as many as one embedding batch holds), each batch written in one transaction,
+        until the step closes. Raises as :meth:`vectors`."""
         marks = ", ".join("?" for _ in sources)
         after = -1
         while self.is_open:
+            size = PENDING_BATCH if self._deadline is None else self._batch_size()
             rows = await anyio.to_thread.run_sync(
                 store.query, f"SELECT rowid, id, hash, text FROM chunks WHERE vector IS NULL"
                              f" AND model = ? AND source IN ({marks}) AND rowid > ?"
-                             " ORDER BY rowid LIMIT ?", [model, *sources, after, PENDING_BATCH])
+                             " ORDER BY rowid LIMIT ?", [model, *sources, after, size])
             if not rows:
                 return
             after = int(rows[-1][0])

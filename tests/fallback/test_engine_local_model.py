@@ -4,14 +4,18 @@ model change rebuilds while the old index keeps answering until the swap."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import anyio
 import pytest
 
-from fallback.embeddings import select_provider
+from fallback.embeddings import create_provider, select_provider
 from fallback.engine.builtin import BuiltinEngine
+from fallback.index.embedding_step import BACKLOG_KEY
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
 
@@ -143,3 +147,54 @@ async def test_model_change_rebuilds_and_old_index_answers_until_swap(tmp_path: 
         assert hits[0].vector_score is not None and hits[0].vector_score > 0
     finally:
         await e.close()
+
+
+async def test_searches_with_a_tight_sync_budget_work_off_the_embedding_backlog(
+        tmp_path: Path, local_model_path: Path) -> None:
+    """A one-shot search's sync (its budget shorter than one full embedding batch takes) sent
+    32 texts, was cut off at the budget and embedded nothing, search after search; it now sends
+    what fits the time left, so each search embeds some of the backlog and records what waits.
+    The budget is half of what this model took just now for 32 of these chunks."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    for day in range(1, 5):
+        (ws / "memory" / f"2026-03-0{day}.md").write_text("".join(
+            f"## Item {day}-{i}\n\nThe router in rack {i} dropped the WAN link on day {day}; the "
+            f"on-call engineer restarted it, filed ticket {day * 100 + i} and noted the firmware "
+            "version, the uplink port and the time the link came back.\n\n" for i in range(16)))
+    e = _engine(tmp_path, local_model_path, query={"timeoutMs": 600_000}, chunking={"tokens": 64})
+    try:
+        await e.sync(reason="test", embed_deadline=anyio.current_time())  # nothing embedded
+    finally:
+        await e.close()
+
+    def backlog() -> tuple[int, int]:
+        """Chunks without a vector, and the backlog the index meta records."""
+        with closing(sqlite3.connect(tmp_path / "state" / "memory" / "main.sqlite")) as db:
+            count = db.execute("SELECT COUNT(*) FROM chunks WHERE vector IS NULL").fetchone()[0]
+            (meta,) = db.execute("SELECT value FROM meta WHERE key = ?", [BACKLOG_KEY]).fetchone()
+        return count, json.loads(meta)["pending"]
+
+    total = backlog()
+    assert total[0] == total[1] and total[0] >= 64, total
+    with closing(sqlite3.connect(tmp_path / "state" / "memory" / "main.sqlite")) as db:
+        texts = [r[0] for r in db.execute("SELECT text FROM chunks ORDER BY rowid LIMIT 32")]
+    timer = create_provider("local", MemorySearchSettings.model_validate(
+        {"provider": "local", "local": {"modelPath": str(local_model_path)}}), env={})
+    try:
+        await timer.embed_batch(texts[:1])  # loaded
+        began = anyio.current_time()
+        await timer.embed_batch(texts)
+        budget_ms = int((anyio.current_time() - began) * 1000 / 2)
+    finally:
+        await timer.aclose()
+    seen = [total]
+    for _ in range(2):  # two one-shot searches, each in an engine of its own
+        e = _engine(tmp_path, local_model_path, query={"timeoutMs": 600_000}, chunking={"tokens": 64})
+        try:
+            await e.search(SearchRequest.of("router firmware"), sync_budget_ms=budget_ms)
+        finally:
+            await e.close()
+        seen.append(backlog())
+    assert seen[1][0] == seen[1][1] and seen[2][0] == seen[2][1], seen  # recorded as it is
+    assert seen[0][0] > seen[1][0] > seen[2][0], seen

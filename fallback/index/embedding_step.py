@@ -2,8 +2,9 @@
 
 The first provider error, or the sync's embedding deadline, closes the step: later chunks are
 written without a vector and a later sync fills them in. Under a deadline each batch holds what
-fits the time left (:meth:`EmbeddingStep._batch_size`), so a short one still embeds some; a vector of another length than the
-index's raises :class:`DimensionsChanged`. The backlog is kept in the index meta (:data:`BACKLOG_KEY`).
+fits the time left (:meth:`EmbeddingStep._batch_size`), so a short one still embeds some. A
+vector of another length than the index's raises :class:`DimensionsChanged`. The backlog is
+kept in the index meta (:data:`BACKLOG_KEY`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -109,11 +110,19 @@ def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli", qmd_run
                          qmd_runner=qmd_runner)
 
 
+def _index_writer(agent: Any) -> Callable[[], int | None]:
+    """``() -> pid`` of the process holding the agent's index writer lock, or ``None``."""
+    from fallback.store.lock import StoreWriteLock
+
+    return StoreWriteLock(agent.engine.db_path).holder_pid
+
+
 async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
     from qmdbridge.cli.progress import sync_progress
 
     async with _manager(agent, args, qmd_runner=qmd_runner) as m:
-        with sync_progress(enabled=args.progress or not args.json) as on_progress:
+        with sync_progress(enabled=args.progress or not args.json,
+                           index_writer=_index_writer(agent)) as on_progress:
             # the first search of a workspace indexes it first
             response = await m.search(args.query, max_results=args.max_results,
                                       min_score=args.min_score, session_key=args.session_key,
@@ -166,7 +175,8 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     from qmdbridge.cli.progress import sync_progress
 
     async with _manager(agent, args) as m:
-        with sync_progress(enabled=args.progress or not args.json) as on_progress:
+        with sync_progress(enabled=args.progress or not args.json,
+                           index_writer=_index_writer(agent)) as on_progress:
             await m.sync(reason="cli", force=args.force, progress=on_progress)
         st = await m.status()
         notices = (await m.builtin()).take_notices()  # a corrupt store moved aside ...

@@ -6,6 +6,11 @@ terminal, otherwise a plain line then, one every :data:`PLAIN_EVERY_S` seconds a
     indexing: 120/3000 files, 480 chunks written, 350 embedded, 12.3 chunks/s, ETA 3m 55s
     indexing: done, 3000 files, 12000 chunks written, 9000 embedded in 17m 2s
 
+A sync that waits for another process's (its writer lock held) says so once, after
+:data:`SHOW_AFTER_S`, in the same way (a bar on a terminal, else one line)::
+
+    indexing: waiting for the index another process (pid 4242) is building
+
 ``chunks written``: the chunks this sync (re)wrote; ``embedded``: those that got their vectors
 (provider or cache). An interrupted sync says what was kept (the embedding cache) and that a
 rerun resumes. The decisions take the time as an argument; a small thread calls ``tick``.
@@ -14,6 +19,7 @@ rerun resumes. The decisions take the time as an argument; a small thread calls 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -65,10 +71,15 @@ class SyncProgress:
         stream: where lines go (stderr).
         rich: draw a rich progress bar instead of plain lines.
         started_s: the sync's start on the :func:`time.monotonic` scale.
+        index_writer: ``() -> pid`` of the process writing the index (its writer lock's
+            holder), or ``None`` when none is; ``None`` (the default) for no such check.
     """
 
-    def __init__(self, *, label: str, stream: IO[str], rich: bool, started_s: float) -> None:
+    def __init__(self, *, label: str, stream: IO[str], rich: bool, started_s: float,
+                 index_writer: Callable[[], int | None] | None = None) -> None:
         self.label = label
+        self.index_writer = index_writer
+        self.waiting_told = False
         self.stream = stream
         self.rich = rich
         self.started_s = started_s
@@ -98,11 +109,13 @@ class SyncProgress:
     def tick(self, now_s: float) -> str | None:
         """Decide what to show at ``now_s``: the plain line printed (returned), or None. Starts
         the rich bar once the sync has run :data:`SHOW_AFTER_S`."""
-        if now_s - self.started_s < SHOW_AFTER_S or not self.reported:
-            return None  # short, or no sync at all (a slow qmd search): nothing to show
+        if now_s - self.started_s < SHOW_AFTER_S:
+            return None  # short: nothing to show
+        if not self.reported:  # no sync at all (a slow qmd search), or one waiting for another's
+            return self._tell_waiting()
         if self.rich:
             if self._bar is None:
-                self._start_bar(now_s)
+                self._start_bar(self._text(now_s))
             return None
         if self._last_line_s is not None and now_s - self._last_line_s < PLAIN_EVERY_S:
             return None
@@ -113,13 +126,31 @@ class SyncProgress:
         self.stream.flush()
         return line
 
-    def _start_bar(self, now_s: float) -> None:
+    def _tell_waiting(self) -> str | None:
+        """Once, when another process holds the index's writer lock: the waiting line (a bar's
+        text on a terminal; the plain line printed is returned), else None."""
+        if self.waiting_told or self.index_writer is None:
+            return None
+        pid = self.index_writer()
+        if pid is None or pid == os.getpid():
+            return None
+        self.waiting_told = True
+        line = f"{self.label}: waiting for the index another process (pid {pid}) is building"
+        if self.rich:
+            self._start_bar(line)
+            return None
+        self.shown = True
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        return line
+
+    def _start_bar(self, text: str) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 
         self._bar = Progress(BarColumn(), TextColumn("{task.description}"),
                              console=Console(file=self.stream), transient=True)
-        self._task = self._bar.add_task(self._text(now_s), total=self.files_total or None,
+        self._task = self._bar.add_task(text, total=self.files_total or None,
                                         completed=self.files_done)
         self._bar.start()
         self.shown = True
@@ -156,16 +187,18 @@ class SyncProgress:
 
 
 @contextmanager
-def sync_progress(*, enabled: bool, label: str = "indexing",
-                  stream: IO[str] | None = None) -> Iterator[Callable[[int, int, int, int], None] | None]:
+def sync_progress(*, enabled: bool, label: str = "indexing", stream: IO[str] | None = None,
+                  index_writer: Callable[[], int | None] | None = None,
+                  ) -> Iterator[Callable[[int, int, int, int], None] | None]:
     """Yield a :class:`SyncProgress` callback for the block (``None`` when not
     ``enabled``) and run its ticker thread; an interrupt inside the block prints the
-    ``interrupted`` line and propagates."""
+    ``interrupted`` line and propagates. ``index_writer`` as :class:`SyncProgress`."""
     if not enabled:
         yield None
         return
     out = stream if stream is not None else sys.stderr
-    progress = SyncProgress(label=label, stream=out, rich=out.isatty(), started_s=time.monotonic())
+    progress = SyncProgress(label=label, stream=out, rich=out.isatty(), started_s=time.monotonic(),
+                            index_writer=index_writer)
     stop = threading.Event()
 
     def run() -> None:

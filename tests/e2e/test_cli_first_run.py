@@ -6,14 +6,16 @@ workspace."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import orjson
 import pytest
 
-from tests.e2e.cli_proc import run_cli_in_process
+from tests.e2e.cli_proc import cli_argv, run_cli_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "workspace"
@@ -244,3 +246,29 @@ def test_qmd_mode_status_after_searches_does_not_ask_for_an_index_run(ws: Path, 
     status = run(["status", *args], env).stdout
     assert "Backend: qmd\n" in status and "Problems: none\n" in status
     assert "none found yet" not in status
+
+
+def test_a_search_waiting_for_another_process_s_first_index_says_so(ws: Path, env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    """A first search while another process holds the index's writer lock (building the
+    first index) printed nothing until the lock came free: its first stderr line now names
+    the wait and the other process, then the search answers once the lock is released."""
+    db = tmp_path / "state" / "memory" / "main.sqlite"
+    db.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "fallback" / "store_child.py"),
+         json.dumps({"role": "hold-lock", "db": str(db)})],
+        text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO, env=env)
+    search = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        search = subprocess.Popen(cli_argv(["search", "router", "--workspace", str(ws)]), env=env,
+                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert search.stderr is not None
+        assert search.stderr.readline() == (
+            f"indexing: waiting for the index another process (pid {holder.pid}) is building\n")
+    finally:
+        holder.communicate("\n", timeout=60)
+        if search is not None:
+            out, _ = search.communicate(timeout=120)
+    assert search is not None and search.returncode == 0 and "router" in out.lower(), out

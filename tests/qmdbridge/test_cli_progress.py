@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from fallback.store.lock import StoreWriteLock
 from qmdbridge.cli.progress import SyncProgress, format_duration, progress_line, sync_progress
+
+REPO = Path(__file__).resolve().parents[2]
+STORE_CHILD = REPO / "tests" / "fallback" / "store_child.py"
 
 
 def test_format_duration() -> None:
@@ -115,3 +123,35 @@ def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
     assert late.tick(1.5) is None
     late(1, 2, 0, 3)  # the sync reports: shown from the next tick on
     assert late.tick(1.6) == "indexing: 1/2 files, 3 chunks written, 0 embedded, 0.6 files/s, ETA 2s"
+
+
+def test_a_sync_waiting_for_another_process_says_so_once(tmp_path: Path) -> None:
+    """A sync that waits for the writer lock another process holds (a search during another
+    process's first index) printed nothing: after a second it says whom it waits for, once; a
+    lock this process holds, or none, prints nothing."""
+    db = tmp_path / "main.sqlite"
+    out = io.StringIO()
+    free = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0,
+                        index_writer=StoreWriteLock(db).holder_pid)
+    assert free.tick(1.0) is None
+    mine = StoreWriteLock(db)
+    assert mine.try_acquire()
+    try:
+        assert free.tick(2.0) is None  # this process is the writer
+    finally:
+        mine.release()
+    holder = subprocess.Popen([sys.executable, str(STORE_CHILD), json.dumps({"role": "hold-lock", "db": str(db)})],
+                              text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        p = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0,
+                         index_writer=StoreWriteLock(db).holder_pid)
+        assert p.tick(0.9) is None
+        line = f"indexing: waiting for the index another process (pid {holder.pid}) is building"
+        assert p.tick(1.0) == line
+        assert p.tick(7.0) is None  # once
+    finally:
+        holder.communicate("\n", timeout=60)
+    p(2, 2, 0, 0)  # the lock came free: the sync ran
+    assert p.finish(8.0, interrupted=False) == "indexing: done, 2 files, 0 chunks written, 0 embedded in 8s"
+    assert out.getvalue().splitlines() == [line, "indexing: done, 2 files, 0 chunks written, 0 embedded in 8s"]

@@ -208,7 +208,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},
         vector=_no_vectors(settings, selection) if provider is None else {
-            "enabled": True, "available": True, "mode": "pgvector", "reason": None, "dims": None},
+            "enabled": True, "available": True, "mode": "pgvector", "reason": None,
+            "dims": described["vectorDims"]},
         cache={"enabled": s.cache.enabled, "entries": described["cacheEntries"],
                "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,

@@ -119,6 +119,8 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 lease.delete_file(path, source)
                 report.files_deleted += 1
         lease.publish()
+    if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
+        store.store.prune_embedding_cache(s.cache.max_entries)
     if step is not None:
         report.embedding_error = str(step.error) if step.error is not None else None
         report.embedding_exception = step.error

@@ -172,9 +172,10 @@ class PostgresSearchStore:
 
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
-        generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries, sharedScopes:
-        [{agent, workspace}]}`` (the shared embedding cache's entries, the scopes other agents
-        share with this one); the target without its password (``PgTarget.describe``)."""
+        generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries, vectorDims,
+        sharedScopes: [{agent, workspace}]}`` (the shared embedding cache's entries; the length
+        of the published vectors, ``None`` before any; the scopes other agents share with this
+        one); the target without its password (``PgTarget.describe``)."""
         st = self.store
         with st._snapshot("read the store's counts") as cur:
             stats = st._stats(cur)
@@ -190,10 +191,16 @@ class PostgresSearchStore:
                     counts.setdefault(source, {"files": 0, "chunks": 0})[table] = int(n)
             cur.execute(f"SELECT count(*) FROM {st._s}.embedding_cache")
             cached: Any = cur.fetchone()
+            cur.execute(f"SELECT v.dims FROM {st._s}.chunk_vectors v JOIN {st._s}.chunks c"
+                        " ON c.chunk_rowid = v.chunk_rowid WHERE v.agent_id = %s AND v.workspace = %s"
+                        " AND c.gen_from <= %s AND (c.gen_to IS NULL OR c.gen_to > %s) LIMIT 1",
+                        (st.agent_id, st.workspace, stats.generation, stats.generation))
+            dims: Any = cur.fetchone()
         return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
                 "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
                 "generation": stats.generation, "counts": counts,
                 "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0]),
+                "vectorDims": None if dims is None else int(dims[0]),
                 "sharedScopes": [{"agent": agent, "workspace": ws} for agent, ws in st.shared_scopes()]}
 
     def close(self) -> None:

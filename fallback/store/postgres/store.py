@@ -337,7 +337,7 @@ class PostgresStore:
             conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.workspaces, {s}.files,"
                          f" {s}.chunks, {s}.postings, {s}.trigram_postings, {s}.term_stats, {s}.chunk_vectors"
                          f" TO {role}")
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {s}.embedding_cache TO {role}")
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.embedding_cache TO {role}")
 
     # -- reads (the store seam) -------------------------------------------------------------------
 
@@ -915,6 +915,28 @@ class PostgresStore:
                                 " dims, embedding) VALUES (%s, %s, %s, %s::vector)"
                                 " ON CONFLICT DO NOTHING",
                                 [(h, fingerprint, len(v), _vector_text(v)) for h, v in vectors.items()])
+
+    def prune_embedding_cache(self, max_entries: int) -> int:
+        """Delete the shared cache's oldest entries (``updated_at``, then key) beyond
+        ``max_entries`` (``cache.maxEntries``, >= 1), the rule of the SQLite store's cache
+        (``fallback.index.embedding_cache.prune``); hosts pruning at once take turns (an
+        advisory lock), so together they never go below the cap. Returns the entries deleted.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        s = self._s
+        with self._errors("prune the embedding cache"), self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                         (f"qmdbridge.cache-prune:{self.target.schema}",))
+            count = int(conn.execute(f"SELECT count(*) FROM {s}.embedding_cache").fetchone()[0])
+            if count <= max_entries:
+                return 0
+            return int(conn.execute(
+                f"DELETE FROM {s}.embedding_cache WHERE (content_hash, fingerprint) IN"
+                f" (SELECT content_hash, fingerprint FROM {s}.embedding_cache"
+                " ORDER BY updated_at, content_hash, fingerprint LIMIT %s)",
+                (count - max_entries,)).rowcount)
 
     # -- writes -------------------------------------------------------------------------------------
 

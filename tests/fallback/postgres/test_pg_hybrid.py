@@ -112,6 +112,42 @@ def notes(ws: Path) -> None:
     (ws / "memory" / "2023-11-12.md").write_text("# Retro\nBeta testers asked for dark mode.\n")
 
 
+async def test_the_shared_embedding_cache_is_pruned_to_its_cap_oldest_first(tmp_path: Path,
+                                                                          pg_dsn: str) -> None:
+    """``cache.maxEntries`` bounds the shared cache as it bounds a SQLite one (its status
+    showed the cap while the cache grew past it): after each sync the oldest entries beyond
+    it go; and status gives the vectors' length, as on SQLite (it was ``None``)."""
+    store = {"driver": "postgres", "dsn": pg_dsn}
+    notes(tmp_path / "ws-a")
+    (tmp_path / "ws-b" / "memory").mkdir(parents=True)
+    (tmp_path / "ws-b" / "MEMORY.md").write_text("# Facts\nGamma owns the delta plan.\n")
+    for day, line in (("10", "Gamma gamma sync."), ("12", "Delta slipped a week.")):
+        (tmp_path / "ws-b" / "memory" / f"2023-11-{day}.md").write_text(f"# Day\n{line}\n")
+
+    def capped(ws: str, agent_id: str, provider: CountProvider) -> BuiltinEngine:
+        search = MemorySearchSettings.model_validate(
+            {"provider": "openai", "store": store, "cache": {"maxEntries": 2}})
+        settings = EngineSettings.for_workspace(tmp_path / ws, agent_id=agent_id,
+                                                state_dir=tmp_path / f"state-{agent_id}", search=search)
+        return BuiltinEngine(settings, provider_selection=ProviderSelection(provider, "test-count"))
+
+    a, b, c = CountProvider(), CountProvider(), CountProvider()
+    engines = [capped("ws-a", "a", a), capped("ws-b", "b", b), capped("ws-b", "c", c)]
+    try:
+        assert (await engines[0].sync(reason="test")).chunks_embedded == 3
+        status = await engines[0].status()
+        assert status.cache == {"enabled": True, "entries": 2, "maxEntries": 2}
+        assert status.vector["dims"] == CountProvider.dims == 2
+        assert (await engines[1].sync(reason="test")).chunks_embedded == 3
+        assert (await engines[1].status()).cache["entries"] == 2
+        # a's entries went first, then the oldest of b's: the same notes as b embed one text
+        assert (await engines[2].sync(reason="test")).chunks_embedded == 3
+        assert (a.texts_embedded, b.texts_embedded, c.texts_embedded) == (3, 3, 1)
+    finally:
+        for e in engines:
+            await e.close()
+
+
 async def test_the_embedding_cache_is_shared_by_agents(tmp_path: Path, pg_dsn: str) -> None:
     store = {"driver": "postgres", "dsn": pg_dsn}
     first, second = CountProvider(), CountProvider()

@@ -213,7 +213,8 @@ class MemoryManager:
         Args:
             query: the user's text (a blank one is a usage error).
             max_results: hits wanted (default ``query.maxResults`` / ``limits.maxResults``).
-            min_score: score floor in [0, 1] (default ``query.minScore``).
+            min_score: score floor in [0, 1] (default ``query.minScore`` on the builtin engine; the
+                qmd backend applies none unless one is given).
             session_key: the runtime's session key (``None`` = owner call).
             sources: restrict to ``memory`` and/or ``sessions``.
             explain: attach the builtin engine's ranking trace to every hit.

@@ -5,12 +5,14 @@ published at once (readers see the whole sync or nothing).
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
+from fallback.errors import MemorySearchError
 from fallback.index import embedding_cache
 from fallback.index.embedding_step import EmbeddingStep
 from fallback.index.identity import FTS_ONLY_MODEL
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     from fallback.store.postgres.seam import PostgresSearchStore
     from fallback.store.postgres.store import FileRows
     from fallback.text.chunking import Chunk
+
+log = logging.getLogger(__name__)
 
 __all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "held_hash", "sync_through_lease"]
 
@@ -120,7 +124,10 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
                 report.files_deleted += 1
         lease.publish()
     if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
-        store.store.prune_embedding_cache(s.cache.max_entries)
+        try:
+            store.store.prune_embedding_cache(s.cache.max_entries)
+        except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
+            log.warning("the shared embedding cache was not pruned: %s", exc)
     if step is not None:
         report.embedding_error = str(step.error) if step.error is not None else None
         report.embedding_exception = step.error

@@ -917,10 +917,13 @@ class PostgresStore:
                                 [(h, fingerprint, len(v), _vector_text(v)) for h, v in vectors.items()])
 
     def prune_embedding_cache(self, max_entries: int) -> int:
-        """Delete the shared cache's oldest entries (``updated_at``, then key) beyond
-        ``max_entries`` (``cache.maxEntries``, >= 1), the rule of the SQLite store's cache
-        (``fallback.index.embedding_cache.prune``); hosts pruning at once take turns (an
-        advisory lock), so together they never go below the cap. Returns the entries deleted.
+        """Delete the shared cache's oldest entries (``updated_at``, then key) beyond its cap,
+        the rule of the SQLite store's cache (``fallback.index.embedding_cache.prune``). The
+        cap is ``max_entries`` (``cache.maxEntries``, >= 1) for each agent that holds an index
+        in the schema: every agent's cache is bounded as its own SQLite file's would be, and
+        one agent's sync does not evict the rest of the fleet. Hosts pruning at once take
+        turns (an advisory lock), so together they never go below the cap. Returns the
+        entries deleted.
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -929,14 +932,17 @@ class PostgresStore:
         with self._errors("prune the embedding cache"), self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                          (f"qmdbridge.cache-prune:{self.target.schema}",))
-            count = int(conn.execute(f"SELECT count(*) FROM {s}.embedding_cache").fetchone()[0])
-            if count <= max_entries:
+            count, agents = conn.execute(
+                f"SELECT (SELECT count(*) FROM {s}.embedding_cache),"
+                f" (SELECT count(DISTINCT agent_id) FROM {s}.workspaces)").fetchone()
+            cap = max_entries * max(1, int(agents))
+            if int(count) <= cap:
                 return 0
             return int(conn.execute(
                 f"DELETE FROM {s}.embedding_cache WHERE (content_hash, fingerprint) IN"
                 f" (SELECT content_hash, fingerprint FROM {s}.embedding_cache"
                 " ORDER BY updated_at, content_hash, fingerprint LIMIT %s)",
-                (count - max_entries,)).rowcount)
+                (int(count) - cap,)).rowcount)
 
     # -- writes -------------------------------------------------------------------------------------
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
-from tests.pg_fixtures import require_postgres
+from tests.pg_fixtures import PgServer, require_postgres
 
 require_postgres()
 pytestmark = [pytest.mark.postgres, pytest.mark.anyio]
@@ -21,6 +22,8 @@ from fallback.embeddings import ProviderSelection
 from fallback.engine.builtin import BuiltinEngine
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
+from fallback.store.postgres.store import PostgresStore
+from fallback.store.postgres.target import resolve_target
 from tests.fallback.count_provider import CountProvider
 from tests.fallback.postgres.test_pg_engine import QUESTIONS, locomo_workspace
 
@@ -114,9 +117,9 @@ def notes(ws: Path) -> None:
 
 async def test_the_shared_embedding_cache_is_pruned_to_its_cap_oldest_first(tmp_path: Path,
                                                                           pg_dsn: str) -> None:
-    """``cache.maxEntries`` bounds the shared cache as it bounds a SQLite one (its status
-    showed the cap while the cache grew past it): after each sync the oldest entries beyond
-    it go; and status gives the vectors' length, as on SQLite (it was ``None``)."""
+    """``cache.maxEntries`` bounds the shared cache as it bounds a SQLite one, for each agent
+    that holds an index (one agent's sync does not evict the fleet's entries): after each sync
+    the oldest entries beyond it go; and status gives the vectors' length, as on SQLite."""
     store = {"driver": "postgres", "dsn": pg_dsn}
     notes(tmp_path / "ws-a")
     (tmp_path / "ws-b" / "memory").mkdir(parents=True)
@@ -138,11 +141,13 @@ async def test_the_shared_embedding_cache_is_pruned_to_its_cap_oldest_first(tmp_
         status = await engines[0].status()
         assert status.cache == {"enabled": True, "entries": 2, "maxEntries": 2}
         assert status.vector["dims"] == CountProvider.dims == 2
+        # two agents hold an index: a cap of 4, so the oldest of a's two entries goes
         assert (await engines[1].sync(reason="test")).chunks_embedded == 3
-        assert (await engines[1].status()).cache["entries"] == 2
-        # a's entries went first, then the oldest of b's: the same notes as b embed one text
+        assert (await engines[1].status()).cache["entries"] == 4
+        # b's three entries stayed: the same notes as b embed nothing
         assert (await engines[2].sync(reason="test")).chunks_embedded == 3
-        assert (a.texts_embedded, b.texts_embedded, c.texts_embedded) == (3, 3, 1)
+        assert (a.texts_embedded, b.texts_embedded, c.texts_embedded) == (3, 3, 0)
+        assert (await engines[2].status()).cache["entries"] == 4
     finally:
         for e in engines:
             await e.close()
@@ -274,3 +279,45 @@ def test_window_search_follows_each_published_generation(pg_dsn: str, in_memory:
         assert search() == ([("b.md#1", 0.8), ("c.md#1", 0.6)], 0.7, 0.1, 2)
     finally:
         store.close()
+
+
+async def test_a_role_that_may_not_prune_the_shared_cache_keeps_its_sync(
+        tmp_path: Path, pg_server: PgServer, pg_dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A role granted before pruning needed ``DELETE`` on the cache: its sync is published and
+    answers; the cache waits over its cap, with one warning naming why."""
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    role = f"cache_{dbname}"
+    with pg_server.admin(dbname) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="r", workspace=str(tmp_path / "ws"))
+    try:
+        owner.register_agent("r", role_name=role)
+        owner.grant_role(role)
+    finally:
+        owner.close()
+    with pg_server.admin(dbname) as conn:
+        conn.execute(f"REVOKE DELETE ON qmdbridge.embedding_cache FROM {role}")
+    notes(tmp_path / "ws")
+    first = engine(tmp_path / "ws", tmp_path / "state-o", CountProvider(), {"driver": "postgres", "dsn": pg_dsn},
+                   agent_id="o")  # the schema owner's sync creates the vector index
+    try:
+        assert (await first.sync(reason="test")).chunks_embedded == 3
+    finally:
+        await first.close()
+    search = MemorySearchSettings.model_validate(
+        {"provider": "openai", "cache": {"maxEntries": 1},
+         "store": {"driver": "postgres", "dsn": pg_server.dsn(dbname, user=role)}})
+    settings = EngineSettings.for_workspace(tmp_path / "ws", agent_id="r", state_dir=tmp_path / "state",
+                                            search=search)
+    eng = BuiltinEngine(settings, provider_selection=ProviderSelection(CountProvider(), "test-count"))
+    try:
+        with caplog.at_level("WARNING", logger="fallback.index.lease_sync"):
+            assert (await eng.sync(reason="test")).chunks_embedded == 3
+        assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+            "the shared embedding cache was not pruned"]
+        assert "permission denied" in caplog.records[0].getMessage()
+        assert (await eng.status()).cache["entries"] == 3
+        hits = (await eng.search(SearchRequest.of("alpha review", max_results=5))).results
+        assert [h.path for h in hits][:1] == ["memory/2023-11-10.md"]
+    finally:
+        await eng.close()

@@ -265,15 +265,34 @@ class PostgresStore:
                             if waited else self.statement_timeout_ms) from None
 
     @contextlib.contextmanager
-    def _snapshot(self, doing: str) -> Iterator[Any]:
-        """A cursor in a read-only REPEATABLE READ transaction (one consistent snapshot)."""
+    def _snapshot(self, doing: str, sql: str | None = None, args: Any = None) -> Iterator[Any]:
+        """A cursor in a read-only REPEATABLE READ transaction (one consistent snapshot).
+
+        ``sql`` (with ``args``), when given, is the snapshot's first statement: it goes out
+        with the ``BEGIN`` (one round trip) and the cursor holds its rows. :meth:`_last_rows`
+        ends the snapshot with its last statement; else it ends with a ``ROLLBACK`` of its own.
+        """
+        from psycopg.pq import TransactionStatus
+
         with self._errors(doing), self._pool.connection() as conn:
-            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 with conn.cursor() as cur:
+                    with conn.pipeline():
+                        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                        if sql is not None:
+                            cur.execute(sql, args)
                     yield cur
             finally:
-                conn.execute("ROLLBACK")
+                if conn.info.transaction_status != TransactionStatus.IDLE:
+                    conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _last_rows(cur: Any, sql: str, args: Any) -> list[Any]:
+        """The rows of a snapshot's last statement, sent with its ``ROLLBACK`` (one round trip)."""
+        with cur.connection.pipeline():
+            cur.execute(sql, args)
+            cur.connection.execute("ROLLBACK")
+        return cur.fetchall()
 
     # -- setup (schema owner) --------------------------------------------------------------------
 
@@ -347,19 +366,22 @@ class PostgresStore:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
-        with self._snapshot("read the index statistics") as cur:
-            return self._stats(cur)
+        rows = self._rows("read the index statistics", *self._stats_sql())  # one statement: one snapshot
+        return _scope_stats(rows[0] if rows else None)
 
-    def _stats(self, cur: Any) -> ScopeStats:
-        cur.execute(f"SELECT published_generation, chunk_count, token_count,"
-                    " (extract(epoch FROM last_sync_at) * 1000)::bigint, trigram_chunk_count,"
-                    f" trigram_token_count FROM {self._s}.workspaces"
-                    " WHERE agent_id = %s AND workspace = %s", (self.agent_id, self.workspace))
-        row = cur.fetchone()
-        if row is None:
-            return ScopeStats(0, 0, 0, None)
-        return ScopeStats(int(row[0]), int(row[1]), int(row[2]),
-                          int(row[3]) if row[3] is not None else None, int(row[4]), int(row[5]))
+    def _stats_sql(self) -> tuple[str, tuple[str, str]]:
+        """The statement (and its arguments) :meth:`_stats` reads the scope's statistics from."""
+        return (f"SELECT published_generation, chunk_count, token_count,"
+                " (extract(epoch FROM last_sync_at) * 1000)::bigint, trigram_chunk_count,"
+                f" trigram_token_count FROM {self._s}.workspaces"
+                " WHERE agent_id = %s AND workspace = %s", (self.agent_id, self.workspace))
+
+    def _stats(self, cur: Any, *, read: bool = True) -> ScopeStats:
+        """The scope's statistics, read on ``cur`` (``read=False``: ``cur`` holds the rows of
+        :meth:`_stats_sql`, the snapshot's first statement)."""
+        if read:
+            cur.execute(*self._stats_sql())
+        return _scope_stats(cur.fetchone())
 
     def shared_scopes(self) -> list[tuple[str, str]]:
         """``(owner agent, workspace)`` of every other agent that shares its rows with this
@@ -444,19 +466,19 @@ class PostgresStore:
                 and all(c is None for c in main.columns)):
             return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
-        with self._snapshot("keyword search") as cur:
-            st = self._stats(cur)
+        with self._snapshot("keyword search", *self._stats_sql()) as cur:
+            st = self._stats(cur, read=False)
             args = {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
                     "sources": list(sources), "limit": limit, "likes": list(like_patterns)}
             like_sql = " AND c.text LIKE ALL(%(likes)s)" if like_patterns else ""
             if main is None and tri is None:
                 if not like_patterns:
                     return []
-                cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
-                            f" FROM {s}.chunks c WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s"
-                            f" AND {_visible('c')} AND c.source = ANY(%(sources)s){like_sql}"
-                            " ORDER BY c.path, c.start_line LIMIT %(limit)s", args)
-                return [_keyword_row(r) for r in cur.fetchall()]
+                return [_keyword_row(r) for r in self._last_rows(
+                    cur, f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
+                    f" FROM {s}.chunks c WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s"
+                    f" AND {_visible('c')} AND c.source = ANY(%(sources)s){like_sql}"
+                    " ORDER BY c.path, c.start_line LIMIT %(limit)s", args)]
             ranks: dict[int, float] | None = None
             order: dict[int, tuple[str, str, int]] = {}
             for query, table, length, n_rows, n_tokens, col_weights in (
@@ -477,10 +499,9 @@ class PostgresStore:
             if not picked:
                 return []
             args["ids"] = picked
-            cur.execute(f"SELECT c.chunk_rowid, c.id, c.path, c.source, c.start_line, c.end_line,"
-                        f" c.text FROM {s}.chunks c WHERE c.chunk_rowid = ANY(%(ids)s){like_sql}",
-                        args)
-            text_of = {r[0]: r[1:] for r in cur.fetchall()}
+            text_of = {r[0]: r[1:] for r in self._last_rows(
+                cur, f"SELECT c.chunk_rowid, c.id, c.path, c.source, c.start_line, c.end_line,"
+                f" c.text FROM {s}.chunks c WHERE c.chunk_rowid = ANY(%(ids)s){like_sql}", args)}
         out = [(*text_of[r], ranks[r]) for r in picked if r in text_of][:limit]
         return [_keyword_row(r) for r in out]
 
@@ -509,14 +530,14 @@ class PostgresStore:
         terms = list(query.tokens)
         slot = {t: i + 1 for i, t in enumerate(terms)}
         s = self._s
-        with self._snapshot("keyword search") as cur:
-            cur.execute(f"SELECT w.published_generation, w.chunk_count, w.token_count, t.k, ts.df,"
-                        f" ts.max_tf, ts.min_dl FROM {s}.workspaces w CROSS JOIN"
-                        " unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k)"
-                        f" LEFT JOIN {s}.term_stats ts ON ts.agent_id = w.agent_id"
-                        " AND ts.workspace = w.workspace AND ts.term = t.term"
-                        " WHERE w.agent_id = %(agent)s AND w.workspace = %(ws)s",
-                        {"agent": self.agent_id, "ws": self.workspace, "terms": terms})
+        with self._snapshot(
+                "keyword search", f"SELECT w.published_generation, w.chunk_count, w.token_count,"
+                f" t.k, ts.df, ts.max_tf, ts.min_dl FROM {s}.workspaces w CROSS JOIN"
+                " unnest(%(terms)s::text[]) WITH ORDINALITY AS t(term, k)"
+                f" LEFT JOIN {s}.term_stats ts ON ts.agent_id = w.agent_id"
+                " AND ts.workspace = w.workspace AND ts.term = t.term"
+                " WHERE w.agent_id = %(agent)s AND w.workspace = %(ws)s",
+                {"agent": self.agent_id, "ws": self.workspace, "terms": terms}) as cur:
             found = cur.fetchall()
             if not found:
                 return []
@@ -627,9 +648,9 @@ class PostgresStore:
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
                         # The texts of the answer only (not of every candidate).
-                        cur.execute(f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"
-                                    f" FROM {s}.chunks WHERE chunk_rowid = ANY(%s)", (picked,))
-                        text_of = {row[0]: row[1:] for row in cur.fetchall()}
+                        text_of = {row[0]: row[1:] for row in self._last_rows(
+                            cur, f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"
+                            f" FROM {s}.chunks WHERE chunk_rowid = ANY(%s)", (picked,))}
                         return [_keyword_row((*text_of[r], ranks[r])) for r in picked]
                 next_bound = float(bounds[want][1]) if len(bounds) > want else 0.0
                 if common and (beat is None or rest * (1 + BOUND_MARGIN) >= beat):
@@ -1461,6 +1482,14 @@ def _int_array(values: Iterable[int | None]) -> str:
     if None in items:
         return "{" + ",".join("NULL" if v is None else str(int(v)) for v in items) + "}"
     return "{" + ",".join(map(str, items)) + "}"
+
+
+def _scope_stats(row: Sequence[Any] | None) -> ScopeStats:
+    """:class:`ScopeStats` of a row of ``PostgresStore._stats_sql`` (``None``: no published index)."""
+    if row is None:
+        return ScopeStats(0, 0, 0, None)
+    return ScopeStats(int(row[0]), int(row[1]), int(row[2]),
+                      int(row[3]) if row[3] is not None else None, int(row[4]), int(row[5]))
 
 
 def _keyword_row(r: Sequence[Any]) -> KeywordRow:

@@ -105,13 +105,12 @@ class PostgresSearchStore:
         if not paths:
             return {}
         st = self.store
-        with st._snapshot("read file times") as cur:
+        with st._snapshot("read file times", *st._stats_sql()) as cur:
             gen = st._stats(cur).generation
-            cur.execute(f"SELECT source, path, mtime FROM {st._s}.files WHERE agent_id = %s"
-                        " AND workspace = %s AND path = ANY(%s) AND gen_from <= %s"
-                        " AND (gen_to IS NULL OR gen_to > %s)",
-                        (st.agent_id, st.workspace, list(paths), gen, gen))
-            return {(r[0], r[1]): int(r[2]) for r in cur.fetchall()}
+            return {(r[0], r[1]): int(r[2]) for r in st._last_rows(
+                cur, f"SELECT source, path, mtime FROM {st._s}.files WHERE agent_id = %s"
+                " AND workspace = %s AND path = ANY(%s) AND gen_from <= %s"
+                " AND (gen_to IS NULL OR gen_to > %s)", (st.agent_id, st.workspace, list(paths), gen, gen))}
 
     def search_scored(self, query: list[float], *, model: str, sources: list[str],
                       limit: int) -> VectorSearch:
@@ -177,7 +176,7 @@ class PostgresSearchStore:
         of the published vectors, ``None`` before any; the scopes other agents share with this
         one); the target without its password (``PgTarget.describe``)."""
         st = self.store
-        with st._snapshot("read the store's counts") as cur:
+        with st._snapshot("read the store's counts", *st._stats_sql()) as cur:
             stats = st._stats(cur)
             cur.execute(f"SELECT max(version) FROM {st._s}.schema_migrations")
             version: Any = cur.fetchone()

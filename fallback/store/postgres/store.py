@@ -376,11 +376,10 @@ class PostgresStore:
                 f" trigram_token_count FROM {self._s}.workspaces"
                 " WHERE agent_id = %s AND workspace = %s", (self.agent_id, self.workspace))
 
-    def _stats(self, cur: Any, *, read: bool = True) -> ScopeStats:
-        """The scope's statistics, read on ``cur`` (``read=False``: ``cur`` holds the rows of
-        :meth:`_stats_sql`, the snapshot's first statement)."""
-        if read:
-            cur.execute(*self._stats_sql())
+    @staticmethod
+    def _stats(cur: Any) -> ScopeStats:
+        """The scope's statistics from ``cur``, which holds the rows of :meth:`_stats_sql` (a
+        snapshot's first statement)."""
         return _scope_stats(cur.fetchone())
 
     def shared_scopes(self) -> list[tuple[str, str]]:
@@ -467,7 +466,7 @@ class PostgresStore:
             return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
         with self._snapshot("keyword search", *self._stats_sql()) as cur:
-            st = self._stats(cur, read=False)
+            st = self._stats(cur)
             args = {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
                     "sources": list(sources), "limit": limit, "likes": list(like_patterns)}
             like_sql = " AND c.text LIKE ALL(%(likes)s)" if like_patterns else ""
@@ -680,13 +679,13 @@ class PostgresStore:
         # A part of one word: its chunk count is the word's df (term_stats), no posting read.
         words = {i: q.phrases[0][0] for i, q in enumerate(queries) if q.root.kind == "phrase"
                  and len(q.phrases[0]) == 1 and q.columns[0] is None}
-        with self._snapshot("count keyword parts") as cur:
+        tokens = list(dict.fromkeys(t for i, q in enumerate(queries) if i not in words for t in q.tokens))
+        with self._snapshot("count keyword parts", *self._stats_sql()) as cur:
             st = self._stats(cur)
-            cur.execute(f"SELECT term, df FROM {self._s}.term_stats WHERE agent_id = %s"
-                        " AND workspace = %s AND term = ANY(%s)",
-                        (self.agent_id, self.workspace, list(set(words.values()))))
-            df = dict(cur.fetchall())
-            tokens = list(dict.fromkeys(t for i, q in enumerate(queries) if i not in words for t in q.tokens))
+            df_read = (f"SELECT term, df FROM {self._s}.term_stats WHERE agent_id = %s AND workspace = %s"
+                       " AND term = ANY(%s)", (self.agent_id, self.workspace, list(set(words.values()))))
+            # the last statement when no posting is read: it goes with the ROLLBACK
+            df = dict(cur.execute(*df_read).fetchall() if tokens else self._last_rows(cur, *df_read))
             rows: dict[int, dict[str, list[int]]] = {}
             if tokens:
                 rows, _ = self._postings(cur, "postings", "doc_len", tokens,
@@ -721,14 +720,14 @@ class PostgresStore:
         """
         if not chunk_ids:
             return []
-        with self._snapshot("read chunks") as cur:
+        with self._snapshot("read chunks", *self._stats_sql()) as cur:
             st = self._stats(cur)
-            cur.execute(f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
-                        f" FROM {self._s}.chunks c WHERE c.agent_id = %(agent)s"
-                        f" AND c.workspace = %(ws)s AND c.id = ANY(%(ids)s) AND {_visible('c')}",
-                        {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
-                         "ids": list(chunk_ids)})
-            by_id = {r[0]: r for r in cur.fetchall()}
+            by_id = {r[0]: r for r in self._last_rows(
+                cur, f"SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, 0.0"
+                f" FROM {self._s}.chunks c WHERE c.agent_id = %(agent)s"
+                f" AND c.workspace = %(ws)s AND c.id = ANY(%(ids)s) AND {_visible('c')}",
+                {"agent": self.agent_id, "ws": self.workspace, "gen": st.generation,
+                 "ids": list(chunk_ids)})}
         return [_keyword_row(by_id[c]) for c in dict.fromkeys(chunk_ids) if c in by_id]
 
     def vector_rows(self, vector: Sequence[float], *, sources: Sequence[str],

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -205,11 +206,45 @@ def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:
             locker.execute("LOCK TABLE qmdbridge.workspaces IN ACCESS EXCLUSIVE MODE")
             with pytest.raises(PostgresTimeoutError) as caught:
                 store.stats()
+            # a snapshot's first statement, sent with its BEGIN in one pipeline
+            with pytest.raises(PostgresTimeoutError) as in_snapshot:
+                store.keyword_rows('"apple"', sources=["memory"], limit=10)
             locker.rollback()
         assert isinstance(caught.value, BackendTimeoutError)
         assert caught.value.timeout_ms == 200
         assert str(caught.value).startswith("postgres unavailable: read the index statistics on database")
+        assert str(in_snapshot.value).startswith("postgres unavailable: keyword search on database")
         assert store.stats().generation == 0  # the pool's connection still works
+        assert found(store, "apple") == []  # its transaction was rolled back
+    finally:
+        store.close()
+
+
+def test_a_search_takes_four_round_trips_and_the_statistics_two(pg_dsn: str, tmp_path: Path) -> None:
+    """Round trips read from libpq's protocol trace: one per run of messages the client sends
+    before it reads the server's answer (the pool's check of the connection is the first)."""
+    from psycopg.pq import Trace, TransactionStatus
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
+    try:
+        write(store, {"memory/a.md": "apple orchard", "memory/b.md": "apple pie"})
+        trace = tmp_path / "libpq.trace"
+
+        def round_trips(read: Callable[[], object]) -> int:
+            with trace.open("w") as out:
+                with store._pool.connection() as conn:  # the pool's one connection
+                    conn.pgconn.trace(out.fileno())
+                    conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+                read()
+                with store._pool.connection() as conn:  # its check is traced too: not counted
+                    conn.pgconn.untrace()
+                    assert conn.info.transaction_status == TransactionStatus.IDLE
+            sides = [line.split("\t", 1)[0] for line in trace.read_text().splitlines()]
+            return sum(side == "F" and (i == 0 or sides[i - 1] == "B") for i, side in enumerate(sides)) - 1
+
+        assert round_trips(lambda: found(store, "apple")) == 4  # check; BEGIN + statistics; ranking; texts + ROLLBACK
+        assert round_trips(store.stats) == 2  # check; the statistics (one statement)
+        assert found(store, "apple") == ["memory/a.md#1", "memory/b.md#1"]
     finally:
         store.close()
 

@@ -72,6 +72,8 @@ ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
 # formula summed in another order).
 BOUND_MARGIN = 1e-9
+# Every read of several statements: one consistent snapshot.
+_BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # Most postings one INSERT writes (a write batch of many files is several statements, each well
 # inside the statement deadline on a loaded server).
 POSTINGS_PER_STATEMENT = 5000
@@ -269,18 +271,22 @@ class PostgresStore:
         """A cursor in a read-only REPEATABLE READ transaction (one consistent snapshot).
 
         ``sql`` (with ``args``), when given, is the snapshot's first statement: it goes out
-        with the ``BEGIN`` (one round trip) and the cursor holds its rows. :meth:`_last_rows`
-        ends the snapshot with its last statement; else it ends with a ``ROLLBACK`` of its own.
+        with the ``BEGIN`` in one message (one round trip) and the cursor holds its rows.
+        :meth:`_last_rows` ends the snapshot with its last statement; else it ends with a
+        ``ROLLBACK`` of its own. The cursor binds arguments client-side (``ClientCursor``:
+        statements joined in one message take no server-side parameters).
         """
+        from psycopg import ClientCursor
         from psycopg.pq import TransactionStatus
 
         with self._errors(doing), self._pool.connection() as conn:
             try:
-                with conn.cursor() as cur:
-                    with conn.pipeline():
-                        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                        if sql is not None:
-                            cur.execute(sql, args)
+                with ClientCursor(conn) as cur:
+                    if sql is None:
+                        cur.execute(_BEGIN_SNAPSHOT)
+                    else:
+                        cur.execute(f"{_BEGIN_SNAPSHOT}; {sql}", args)
+                        cur.nextset()
                     yield cur
             finally:
                 if conn.info.transaction_status != TransactionStatus.IDLE:
@@ -288,10 +294,8 @@ class PostgresStore:
 
     @staticmethod
     def _last_rows(cur: Any, sql: str, args: Any) -> list[Any]:
-        """The rows of a snapshot's last statement, sent with its ``ROLLBACK`` (one round trip)."""
-        with cur.connection.pipeline():
-            cur.execute(sql, args)
-            cur.connection.execute("ROLLBACK")
+        """The rows of a snapshot's last statement, sent with its ``ROLLBACK`` in one message."""
+        cur.execute(f"{sql}; ROLLBACK", args)
         return cur.fetchall()
 
     # -- setup (schema owner) --------------------------------------------------------------------

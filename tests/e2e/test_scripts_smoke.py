@@ -130,7 +130,7 @@ def test_bench_daemon_quick() -> None:
             "right note every run: True; all answered by the child: True")
         assert rows["warm child start-up (spawn to initialize)"]["note"] == "qmd 2.8.3, stdio, restarts 0"
         for name in ("qmd's own MCP: the same tool call, bare JSON-RPC POST",
-                     "qmd's own MCP over stdio: the same call, bare line client",
+                     "qmd's own MCP over stdio: the same call, our client (ClientSession over our pipes)",
                      "spawn per call: qmd search --json (CLI wall)",
                      "spawn per call: qmd query --json --no-rerank (CLI wall)"):
             assert "right note every run: True" in rows[name]["note"], name

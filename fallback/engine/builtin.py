@@ -463,11 +463,7 @@ class BuiltinEngine:
                                    candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
                                    floor=floor, half_life_days=decay.half_life_days if decay.enabled
                                    else None, now_ms=self._now_ms())
-            return [MemorySearchResult(
-                path=h.path, start_line=h.start_line, end_line=h.end_line, score=h.score,
-                snippet=h.snippet, snippet_start_line=h.snippet_start_line,
-                snippet_end_line=h.snippet_end_line, source=h.source, text_score=h.text_score)
-                for h in found.hits]
+            return [MemorySearchResult(**vars(h)) for h in found.hits]  # as the pipeline does
 
         shared = self._shared_scopes(srcs)
         if not shared:

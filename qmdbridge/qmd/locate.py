@@ -9,6 +9,7 @@ else the first failure is reported.
 
 from __future__ import annotations
 
+import errno
 import ntpath
 import os
 import re
@@ -22,7 +23,7 @@ from pathlib import Path
 from fallback.errors import BackendTimeoutError
 from qmdbridge.command_line import is_windows_path, program_of
 from qmdbridge.qmd.errors import QmdCommandError
-from qmdbridge.qmd.runner import RunResult, run_command, spawn_error_is_missing_file
+from qmdbridge.qmd.runner import RunResult, run_command
 
 __all__ = ["QmdLocation", "QmdLocator", "npm_global_prefix", "probe_qmd", "repo_tools_qmd"]
 
@@ -208,7 +209,7 @@ class QmdLocator:
             result = await run_command([exe, "--version"], env=env, cwd=probe_cwd,
                                        timeout_ms=self.timeout_ms, max_chars=16_384)
         except QmdCommandError as exc:
-            if spawn_error_is_missing_file(exc) and os.path.isfile(exe):
+            if exc.errno == errno.ENOENT and os.path.isfile(exe):
                 return loc(runtime_ok=False, version=None,
                            reason=f"qmd found at {exe} but its runtime (node/bun) is missing: "
                                   f"{exc.os_error}")

@@ -10,7 +10,6 @@ read stderr and the exit status, never the command summary (which holds the user
 from __future__ import annotations
 
 import contextlib
-import errno as errno_mod
 import math
 import os
 import shutil
@@ -35,8 +34,8 @@ if TYPE_CHECKING:  # psutil is loaded only to kill a process tree (its import co
 
 __all__ = ["CommandRunner", "parent_death_argv", "RunResult", "is_busy", "is_crash_after_output",
            "is_flag_rejection", "is_missing_collection", "is_vector_module_missing", "kill_and_reap",
-           "kill_process", "kill_tree", "process_command", "run_command",
-           "spawn_error_is_missing_file", "summarize", "wait_gone", "wait_process"]
+           "kill_process", "kill_tree", "process_command", "run_command", "summarize", "wait_gone",
+           "wait_process"]
 
 # How long to wait for killed descendants to disappear, in seconds.
 _REAP_WAIT_S = 3.0
@@ -98,11 +97,6 @@ class RunResult:
     def summary(self) -> str:
         """``qmd`` + the arguments (:func:`summarize`)."""
         return summarize(self.argv)
-
-    @property
-    def truncated(self) -> bool:
-        """Whether either stream overflowed its cap."""
-        return self.stdout_truncated or self.stderr_truncated
 
     def check(self) -> RunResult:
         """Return self when the exit code is 0.
@@ -355,8 +349,3 @@ def is_crash_after_output(result: RunResult) -> bool:
 def is_vector_module_missing(stderr: str) -> bool:
     """Whether qmd's SQLite could not open its vector table (``no such module: vec0``)."""
     return _VECTOR_MODULE_MISSING in stderr.lower()
-
-
-def spawn_error_is_missing_file(exc: QmdCommandError) -> bool:
-    """Whether ``exc`` is a spawn failure with ENOENT."""
-    return exc.errno == errno_mod.ENOENT

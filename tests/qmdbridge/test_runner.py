@@ -82,7 +82,6 @@ async def test_output_cap_keeps_the_tail(tmp_path: Path, base_path_env: str) -> 
     assert result.stdout.endswith("049999\n")
     assert result.stdout.startswith("49857\n049858\n")
     assert result.stderr == "eeeeeeeeeeEND"
-    assert result.truncated is True
 
 
 async def test_discard_stdout(tmp_path: Path, base_path_env: str) -> None:
@@ -278,7 +277,7 @@ def test_summarize_and_result_properties() -> None:
     result = _result(returncode=0, stdout="ok")
     assert result.ok is True
     assert result.summary == "qmd query x"
-    assert result.truncated is False
+    assert (result.stdout_truncated, result.stderr_truncated) == (False, False)
 
 
 async def test_real_qmd_double_dash_keeps_leading_dash_query(tmp_path: Path, qmd_bin: Path,

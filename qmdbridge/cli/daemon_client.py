@@ -1,11 +1,7 @@
 """The CLI's fast path: answer ``search``, ``get`` and ``status`` through a running daemon.
 
-:func:`try_daemon` sends the command to ``<stateDir>/daemon/<agentId>.sock``
-(:mod:`qmdbridge.server.wire`) as one JSON line with its fingerprint; a daemon serving the same
-agent, workspace, config and backend answers and this prints it (``"servedBy": "daemon"``
-under ``--json``, the bytes ``emit_json`` would print). Otherwise, and for errors other than a
-refused path, the CLI runs in-process. A cheap part of the standard library only (``socket``
-only when a socket file is there), which is what makes a served search fast.
+Standard library only (``socket`` only when a socket file is there); see docs/cli.md, "One-shot
+or daemon", and docs/mcp-daemon.md, "The daemon socket".
 """
 
 from __future__ import annotations

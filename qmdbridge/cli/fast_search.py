@@ -1,17 +1,8 @@
 """The one-shot ``qmdbridge search`` without a daemon: answered from a read-only connection when nothing changed.
 
-After an in-process search succeeds, ``qmdbridge/cli/search_cache.py`` records what a
-keyword-only search of that agent reads, as plain values, to ``<stateDir>/cli-cache/<crc>.json``
-under a key of what the command resolves from (:func:`settings_key`). The next search with the
-same key reads it back with the standard library only (no pydantic, no anyio), checks that the
-index is in sync and answers with the engine's own keyword-only steps
-(``fallback/engine/in_sync.py``), cited as the manager cites. Anything else (no record, a
-changed config, environment or code, a dirty or unreadable index, ``--explain``,
-``--session-key``, a ``--corpus`` other than ``all``, a blank query or a bad limit) runs
-in-process as before, with its own errors. In qmd mode the record only lets
-``qmdbridge/cli/qmd_prefetch.py`` start the search's qmd calls early.
-
-``QMDBRIDGE_CLI_CACHE=off`` (or ``0``, ``false``, ``no``) turns reading and writing off.
+Reads back what ``search_cache`` recorded, with the standard library only, and answers with the
+engine's keyword-only steps (``fallback/engine/in_sync.py``) when the index is in sync; anything
+else runs in-process. How, and what is checked: docs/cli.md, "One-shot search without a daemon".
 """
 
 from __future__ import annotations

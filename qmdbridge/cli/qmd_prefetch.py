@@ -1,12 +1,8 @@
 """The one-shot ``qmdbridge search`` in qmd mode starts its qmd calls before it loads the config.
 
-From what ``search_cache.qmd_prefetch_settings`` recorded, the calls are worked out with the
-backend's own functions (``qmdbridge/qmd/query_text.py``, ``qmdbridge.paths.child_env``) and
-started in a thread while the main thread loads; the in-process search takes them as its qmd
-runner (``qmdbridge/qmd/early.py``) and does everything else as before. Nothing starts ahead
-when the reconcile marker or ``index.yml`` changed, a breaker holds a failure, the probe cache
-does not hold the recorded qmd, or on Windows; what the search does not take is killed when the
-command ends. Standard library and light modules only.
+The calls are made with the backend's own functions (``qmdbridge/qmd/query_text.py``) in a
+thread; the search takes them through ``qmdbridge/qmd/early.py``. Standard library and light
+modules only. When nothing starts ahead: docs/cli.md, "In qmd mode".
 """
 
 from __future__ import annotations

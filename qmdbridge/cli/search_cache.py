@@ -1,18 +1,9 @@
 """Recording the settings a one-shot ``qmdbridge search`` reads on its fast path (``qmdbridge/cli/fast_search.py``).
 
-Written after an in-process search succeeded, from the loaded config and the resolved agent,
-to ``<stateDir>/cli-cache/<crc>.json`` (folder 0700, file 0600, both this user's): ``key``
-(:func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read),
-``backend``, ``cwd`` (when the config names a relative workspace or store path), ``paths``
-(``[as named, resolved]`` for the workspace and the store), and either ``qmd``
-(:func:`qmd_prefetch_settings`) or ``settings`` (:func:`in_sync_settings`), ``citations``,
-``keywordNotice`` and ``providerEnvKeys`` (:func:`provider_env_keys`).
-
-A builtin search is recorded only when it needs no engine: no embedding provider but what
-those variables could bring, the ``memory`` source only, no reranker, the SQLite store; and
-either kind only with a config file not changed within a tick of the key
-(``fallback/index/racy.py``). Otherwise the key's file is removed. At most :data:`MAX_FILES`
-files are kept.
+Written after an in-process search succeeded to ``<stateDir>/cli-cache/<crc>.json`` (folder
+0700, file 0600): ``key``, ``backend``, ``cwd``, ``paths``, and either ``qmd``
+(:func:`qmd_prefetch_settings`) or ``settings``, ``citations``, ``keywordNotice`` and
+``providerEnvKeys``. What is recorded when: docs/cli.md, "One-shot search without a daemon".
 """
 
 from __future__ import annotations

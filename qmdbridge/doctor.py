@@ -1,10 +1,6 @@
 """``doctor``: checks of the workspace, qmd, SQLite features, the embedding provider, the file
-watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy root file split.
-
-The root memory file is ``MEMORY.md``; a legacy ``memory.md`` is indexed only while it is absent
-(docs/architecture.md). :func:`repair_root_memory` archives the legacy file under
-``<ws>/.openclaw-repair/root-memory/<timestamp>/`` and merges its text into ``MEMORY.md``, so
-nothing a user wrote is lost.
+watcher limits and the index, each with a fix hint; ``--fix`` repairs the legacy root file split
+(:func:`repair_root_memory`: the legacy file archived, its text merged into ``MEMORY.md``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """MemoryManager: picks the backend, falls back to the builtin engine, applies scope and citations.
 
-The one entry point of the library for one agent's ``memory_search`` and ``memory_get``.
-``memory.backend``: ``builtin`` (the in-process SQLite engine), ``qmd`` (the sidecar while it is
-healthy; otherwise the builtin engine answers the same call and the answer says
-``fallback: {from: "qmd", reason}``, and a circuit breaker retries qmd after a cooldown) or
-``none`` (disabled). ``limits.timeoutMs`` bounds the qmd search call only; qmd's start-up runs
-under its own budgets and breaker. Scope rules and citations are applied here for every
-backend. Background work runs in the manager's one task group; ``close()`` cancels it.
+The one entry point of the library for one agent's ``memory_search`` and ``memory_get``
+(docs/library.md); the qmd fallback and its breaker: docs/qmd.md, "Faults and fallback".
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The one list of problems a status shows: what keeps memory from being searched as configured.
 
-``qmdbridge status`` prints it and ``qmdbridge doctor`` fails a check per entry, so the two
-never disagree. A problem is something a user can act on (a memory file not indexed, an
-unusable extra path, qmd not answering, a configured provider that cannot work, a failing
-sync, FTS5 missing); a workspace without notes yet, a hidden draft or keyword-only search
-under ``provider: "auto"`` is not. It reads the status as JSON, standard library only, so the
-daemon client can use it on a served answer too.
+``qmdbridge status`` prints it and ``qmdbridge doctor`` fails a check per entry. It reads the
+status as JSON with the standard library only, so the daemon client can use it too.
 """
 
 from __future__ import annotations

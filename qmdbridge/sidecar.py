@@ -1,10 +1,7 @@
 """Starting the qmd sidecar for one manager: probe (cached), build, start-up, start-up breaker.
 
-:class:`QmdSidecar` owns the manager's one qmd backend. Its start-up (finding qmd, reconciling
-collections, a waited-for boot update) runs under its own budgets, never a search deadline;
-concurrent callers join one start-up. A qmd that cannot start opens the start-up breaker
-(``startup-breaker.json``): while open the manager answers from the builtin engine without
-trying, and the search breaker is never touched.
+The start-up runs under its own budgets, never a search deadline; concurrent callers join one
+start-up; a qmd that cannot start opens the start-up breaker, never the search breaker.
 """
 
 from __future__ import annotations

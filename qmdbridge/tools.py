@@ -1,9 +1,7 @@
 """The ``memory_search`` and ``memory_get`` agent tools: JSON schemas, handlers and routing.
 
-An agent runtime registers the schemas and routes calls to the handlers with the
-conversation's session key. Handlers never raise: a failure becomes ``{..., "disabled": true,
-"error"}`` (shapes in ``docs/serve-protocol.md``). :func:`call_tool` is the one routing of a
-named call; the arguments are checked once, by the manager's request (``fallback.request``).
+Handlers never raise: a failure becomes ``{..., "disabled": true, "error"}`` (shapes in
+``docs/serve-protocol.md``). :func:`call_tool` is the one routing of a named call.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """``qmdbridge serve``: the long-lived sidecar process.
 
-One ``full``-mode ``MemoryManager`` answers tool calls (``memory_search``, ``memory_get``,
-``status``, ``sync``) as JSON lines on stdin/stdout (docs/serve-protocol.md)::
-
-    -> {"id": 1, "tool": "memory_search", "params": {"query": "router"}, "sessionKey": "agent:main:main"}
-    <- {"id": 1, "result": {"backend": "builtin", "results": [...], ...}}
-
-and the same requests on the agent's daemon socket unless ``--no-socket``. It stops cleanly on
-SIGTERM/SIGINT or end of input (unless ``--no-stdin``).
+One ``full``-mode ``MemoryManager`` answers JSON-lines tool calls on stdin/stdout and on the
+agent's daemon socket (docs/serve-protocol.md) until SIGTERM/SIGINT or end of input.
 """
 
 from __future__ import annotations

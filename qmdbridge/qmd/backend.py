@@ -1,8 +1,7 @@
 """QmdBackend: the qmd sidecar as a ``MemoryBackend`` (collections, update cycle, search, read).
 
-Deadlines: ``limits.timeoutMs`` bounds a search (every qmd call, the wait for a pending update
-included) and nothing else; start-up steps have their own budgets and a timeout there is kept
-in ``status()`` (``custom.qmd.startup``), never failing the start-up.
+``limits.timeoutMs`` bounds a search only; start-up steps have their own budgets, and a timeout
+there is kept in ``status()`` (``custom.qmd.startup``).
 """
 
 from __future__ import annotations

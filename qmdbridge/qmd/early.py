@@ -1,10 +1,8 @@
 """qmd calls started ahead of the search that will make them, handed over when it makes them.
 
-The one-shot CLI starts a search's calls while it loads (``cli/qmd_prefetch.py``); the backend
-runs its commands through :meth:`EarlyCalls.run_command`, which hands over a started call of
-exactly the same argv, environment and cwd, once (the deadline counted from then). Any command
-but a search first discards every call not handed over, since its answer could predate it.
-Standard library only until a call is handed over or killed.
+:meth:`EarlyCalls.run_command` hands over a started call of exactly the same argv, environment
+and cwd, once; any other command first discards the calls not handed over (docs/cli.md, "In
+qmd mode"). Standard library only until a call is handed over or killed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """qmd's index lost or corrupt behind the bridge's back: noticed, moved aside, re-indexed.
 
-qmd recreates a deleted ``index.sqlite`` empty and fails every command on a damaged one,
-repairing neither. An index is lost when it holds no document of any managed collection while
-a collection's folder holds a file it indexes; corrupt when reading it says so.
+Lost: no document of any managed collection while a collection's folder holds a file it
+indexes; corrupt: reading it says so (docs/qmd.md, "Faults and fallback").
 """
 
 from __future__ import annotations

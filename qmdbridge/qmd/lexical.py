@@ -1,8 +1,5 @@
 """Questions through qmd's lexical search: the relaxed pass, for a qmd that rejects the ``lex`` call.
 
-``qmd search`` ANDs every word of its query as a prefix, so a question is sent as its content
-words; when that AND call fills fewer than the slots asked, :func:`relax` searches each word
-alone and appends the documents found, best qmd score first (coordination-level matching).
 Why: docs/qmd.md, "Questions in ``search`` mode".
 
 Source: coordination-level matching (Salton & McGill, "Introduction to Modern Information

@@ -1,10 +1,8 @@
 """The MCP connection to one ``qmd mcp`` child: the ``mcp`` SDK's ``ClientSession`` over the child's stdio.
 
-The SDK matches answers to requests, answers the server's ``ping`` and drops an answer whose
-caller left; this module moves newline-delimited JSON-RPC between the child's pipes and the
-session (the child's process stays the supervisor's: ``stdio_client`` would own it). A line that
-is not JSON-RPC, or the end of stdout, ends the connection and fails every waiting call. Every
-failure becomes :class:`~qmdbridge.qmd.errors.QmdMcpError`; deadlines are the caller's.
+A line that is not JSON-RPC, or the end of stdout, ends the connection and fails every waiting
+call; every failure is a :class:`~qmdbridge.qmd.errors.QmdMcpError`; deadlines are the caller's.
+Why not ``stdio_client``: docs/qmd.md, "The warm qmd child".
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The passages of lexical qmd hits, ranked across the notes qmd found.
 
-In ``search`` mode qmd chooses the notes and the builtin engine's keyword ranking chooses the
-passages: the notes are cut into the builtin index's chunks in a throw-away in-memory store
-and the question is ranked there by the builtin keyword search; a note it does not match,
-or one too large for the pool, keeps qmd's lines. Why: docs/qmd.md, "Questions in ``search`` mode".
+The notes are cut into the builtin index's chunks in a throw-away in-memory store and ranked
+there by the builtin keyword search; a note it does not match, or one too large for the pool,
+keeps qmd's lines. Why: docs/qmd.md, "Questions in ``search`` mode".
 
 Source: passage retrieval inside retrieved documents (Salton, Allan & Buckley, SIGIR 1993;
 Callan, SIGIR 1994), with the builtin keyword ranking as the passage ranker.

@@ -1,10 +1,6 @@
-"""qmd search calls: one call per collection, merged; each answer classified.
+"""qmd search calls: one call per collection, merged; each answer classified and repaired.
 
-Calls run side by side (at most :data:`MAX_PARALLEL_CALLS`) and merge by best score per hit.
-Each answer is classified from stderr and the exit status (``runner``): a busy index is
-retried inside the deadline, then :class:`QmdBusyError`; an unknown flag, a missing collection
-and ``no such module: vec0`` are repaired by :func:`search_with_repairs`; a complete answer
-followed by a crash is used, with a note. The warm child may answer a call first.
+What is classified and how it is repaired: docs/qmd.md, "Faults and fallback".
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The warm qmd child: one ``qmd mcp`` per agent in long-lived mode, answering ``query`` searches and ``search``-mode questions over stdio.
 
-It runs with the spawn path's argv prefix, environment and cwd in its own process group, one
-MCP call at a time; a child that fails or exits is restarted after a backoff, and any call it
-declines is spawned (``search_calls``). How and why: docs/qmd.md, "The warm qmd child".
+How and why: docs/qmd.md, "The warm qmd child".
 """
 
 from __future__ import annotations

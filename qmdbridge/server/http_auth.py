@@ -1,9 +1,6 @@
 """Access control of ``qmdbridge mcp --http``: the bearer token and the loopback Host/Origin rules.
 
-Every request must carry ``Authorization: Bearer <token>`` (compared in constant time), else
-``401``; the token is ``$QMDBRIDGE_MCP_TOKEN``, else ``<stateDir>/mcp/token`` (created 0600 on
-first use). Against DNS rebinding the SDK's transport security allows loopback Host/Origin
-names only (plus a specific bind address): a bad ``Host`` gets ``421``, a bad ``Origin`` ``403``.
+What is refused with which status: docs/mcp-daemon.md, "MCP server".
 """
 
 from __future__ import annotations

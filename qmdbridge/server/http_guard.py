@@ -1,12 +1,7 @@
 """Request rules of ``qmdbridge mcp --http`` that the MCP SDK's Streamable HTTP transport lacks.
 
-- One request per JSON-RPC id and session: the SDK keys each POST's reply stream by the id, so
-  a second POST with an id still in flight would leave one of them waiting forever; it gets
-  ``409`` with a JSON-RPC error instead.
-- A deadline per POST: a request not answered in time is cancelled (``504`` when no reply had
-  started; otherwise its stream ends).
-
-GET and DELETE pass through untouched.
+One request per JSON-RPC id and session (``409``), a deadline per POST (``504``); GET and DELETE
+pass through (docs/mcp-daemon.md, "MCP server").
 """
 
 from __future__ import annotations

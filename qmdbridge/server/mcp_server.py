@@ -1,11 +1,7 @@
 """``qmdbridge mcp``: the agent's memory as an MCP server (stdio, or Streamable HTTP).
 
-On the official ``mcp`` SDK's low-level ``Server``, with the tool schemas and handlers of
-:mod:`qmdbridge.tools` (one definition for every route): ``memory_search`` (plus optional
-``sessionKey`` and inherited ``sessionKeys``), ``memory_get`` and ``status``. Each result is
-the handler's JSON document, as ``structuredContent`` and one text block, ``isError`` when it
-answered ``disabled``. One long-lived ``full``-mode manager serves every session until
-SIGTERM/SIGINT (or end of stdin over stdio).
+The SDK's low-level ``Server`` with the tool schemas and handlers of :mod:`qmdbridge.tools`;
+tools and results: docs/mcp-daemon.md, "MCP server".
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """The Unix-socket listener of ``qmdbridge serve``: the warm daemon the CLI finds by itself.
 
-Layout and framing: :mod:`qmdbridge.server.wire`. Requests are answered by the same handler as
-``serve``'s stdin, a fingerprinted one only when it names what this daemon serves
-(:meth:`DaemonIdentity.mismatch`). With ``SO_PEERCRED`` (Linux) a peer of another uid is
-refused at once. The socket is bound under a temporary name and renamed into place after
-``listen()``, so a refused connect always means a dead daemon.
+Layout and framing: :mod:`qmdbridge.server.wire`; peer checks and binding: docs/mcp-daemon.md,
+"The daemon socket".
 """
 
 from __future__ import annotations

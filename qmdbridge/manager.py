@@ -153,8 +153,6 @@ class MemoryManager:
         finally:
             await self.tasks.__aexit__(*exc)
 
-    # -- backends ---------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         if self._closed:
             raise ManagerClosedError("memory manager is closed")
@@ -194,8 +192,6 @@ class MemoryManager:
         if self.sidecar is None:
             return None, "qmd is not the configured backend"
         return await self.sidecar.get(wait=wait)
-
-    # -- the two tools ----------------------------------------------------------------------
 
     async def search(self, query: str, *, max_results: int | None = None,
                      min_score: float | None = None, session_key: str | None = None,
@@ -289,13 +285,8 @@ class MemoryManager:
                sources: list[Source] | None = None, explain: bool = False,
                inherited_session_keys: Sequence[str] = (),
                corpus: str | None = None) -> SearchResponse | tuple[SearchRequest, bool, str]:
-        """The checks of :meth:`search` before any backend runs: the answer when the scope
-        rules deny the session or the corpus holds nothing to search, else ``(request narrowed
-        to the corpus's sources, whether citations go into snippets, the corpus searched)``.
-
-        Raises:
-            UsageError / BackendUnavailableError: as :meth:`search`.
-        """
+        """:meth:`search`'s checks: its answer when scope denies or the corpus is empty, else
+        ``(request narrowed to the corpus, whether snippets get citations, the corpus)``."""
         self._check_open()
         request = SearchRequest.of(query, max_results=max_results, min_score=min_score,
                                    session_key=session_key, sources=sources, explain=explain)

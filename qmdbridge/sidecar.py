@@ -59,8 +59,6 @@ class QmdSidecar:
         self.location: Any = None  # the last probe (reason, folders searched, PATH)
         self._starting: anyio.Event | None = None
 
-    # -- probe cache --------------------------------------------------------------------------
-
     @cached_property
     def probe_cache(self) -> ProbeCache:
         """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
@@ -77,8 +75,6 @@ class QmdSidecar:
     def forget_probe(self) -> None:
         """Probe qmd again next time (it may have changed)."""
         self.probe_cache.forget(self._probe_key)
-
-    # -- start-up -----------------------------------------------------------------------------
 
     async def get(self, *, wait: bool) -> tuple[MemoryBackend | None, str | None]:
         """``(backend, None)`` once qmd has started, else ``(None, reason)``; ``wait``: run or
@@ -165,8 +161,6 @@ class QmdSidecar:
             self.probe_cache.put(self._probe_key, location)
         return QmdBackend(self.agent, location=location, mode=self.mode, env=self._env,
                           now_ms=self._now, runner=self._runner)
-
-    # -- status and close ---------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
         """Status view: ``{"startup": {state, lastError, breaker}, "locate": {...} | absent}``."""

@@ -87,22 +87,14 @@ def workspace_is_writable(workspace_dir: Path) -> bool:
         return False
     memory_dir = workspace_dir / "memory"
     if memory_dir.is_symlink() or memory_dir.exists():
-        if not memory_dir.is_dir():
-            return False
-        return _owner_writable(memory_dir)
+        return memory_dir.is_dir() and _owner_writable(memory_dir)
     return True
 
 
 @dataclass(frozen=True)
 class FlushPlan:
-    """A due memory flush turn.
-
-    Attributes:
-        system_prompt: extra system prompt for the flush turn.
-        prompt: the user-side prompt of the flush turn.
-        session_key: the session it is for.
-        compaction_count: the compaction cycle it belongs to (pass it to ``mark_fired``).
-    """
+    """A due memory flush turn: its extra system prompt and user-side prompt, the session it is
+    for, and the compaction cycle it belongs to (pass it to ``mark_fired``)."""
 
     system_prompt: str
     prompt: str
@@ -154,15 +146,9 @@ class FlushPlanner:
 
     def plan(self, session_key: str, *, session_tokens: int, context_window: int,
              compaction_count: int, workspace_dir: Path) -> FlushPlan | None:
-        """The flush turn to run now; ``None`` when disabled, below :func:`should_flush`,
-        already fired for ``compaction_count``, or the workspace is read-only.
-
-        Args:
-            session_key: the session's key.
-            session_tokens: tokens in the session context now.
-            context_window: the model's context window in tokens.
-            compaction_count: how many times this session was compacted so far (>= 0).
-            workspace_dir: the agent workspace.
+        """The flush turn to run now; ``None`` when disabled, below :func:`should_flush`
+        (``session_tokens`` in the context now, ``context_window`` tokens), already fired for
+        ``compaction_count`` (compactions so far, >= 0), or ``workspace_dir`` is read-only.
 
         Raises:
             UsageError: the session key is empty.
@@ -183,12 +169,8 @@ class FlushPlanner:
 
     def mark_fired(self, session_key: str, *, compaction_count: int,
                    now_ms: int | None = None) -> Path:
-        """Record ``{"sessionKey", "compactionCount", "firedAtMs"}`` atomically; returns its file.
-
-        Args:
-            session_key: the session's key.
-            compaction_count: the cycle the flush ran in (``FlushPlan.compaction_count``).
-            now_ms: epoch ms to record (defaults to the current time).
+        """Record ``{"sessionKey", "compactionCount", "firedAtMs"}`` atomically (``now_ms``: epoch
+        ms, default now) for the cycle the flush ran in; returns its file.
 
         Raises:
             UsageError: the session key is empty.

@@ -211,9 +211,8 @@ class BackendTally:
 
 @dataclass
 class WorkspaceRun:
-    """What one workspace's run produced: judged outcomes and misses in order, the summary
-    row, the answer that names what answered (the first of the measured backend, else the
-    first), the distinct warnings and the backend tally."""
+    """One workspace's run: outcomes and misses in order, the summary row, the answer naming
+    what answered (the measured backend's first, else the first), warnings and the tally."""
 
     outcomes: list[QuestionOutcome]
     misses: list[Miss]
@@ -279,18 +278,9 @@ async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
                              on_progress: ProgressCallback | None = None) -> WorkspaceRun:
-    """Sync the agent's index (qmd: start-up and ``qmd update`` too), then search and judge
-    every question.
-
-    Args:
-        agent: the agent config (:func:`eval_agent`).
-        questions: what to search, in order.
-        options: limits and the backend.
-        name / source: the workspace's name and origin, for the report.
-        on_progress: called after each search.
-
-    Returns:
-        The :class:`WorkspaceRun`.
+    """Sync ``agent``'s index (:func:`eval_agent`; qmd: start-up and ``qmd update`` too), then
+    search and judge every question in order; ``name`` / ``source`` name the workspace in the
+    report, ``on_progress`` is called after each search.
 
     Raises:
         UsageError: bad limits. BackendUnavailableError / IndexStoreError: the engine or
@@ -397,14 +387,9 @@ def check_options(options: EvalOptions) -> None:
 async def run_locomo(path: str | Path, *, cfg: OpenClawConfig, agent_id: str | None = None,
                      options: EvalOptions = EvalOptions(),
                      on_progress: ProgressCallback | None = None) -> EvalReport:
-    """Evaluate LoCoMo conversations, each as its own temporary workspace and index.
-
-    Args:
-        path: a LoCoMo ``*.json`` file or a folder of them.
-        cfg: the loaded config.
-        agent_id: whose settings (default: the config's default agent).
-        options: limits, backend and overrides.
-        on_progress: called after each search.
+    """Evaluate LoCoMo conversations (``path``: a ``*.json`` file or a folder of them), each as
+    its own temporary workspace and index, with the settings of ``cfg``'s agent ``agent_id``
+    (default: the config's default agent); ``on_progress`` is called after each search.
 
     Returns:
         The :class:`EvalReport` (``per_category`` lists LoCoMo's four categories).

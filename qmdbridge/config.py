@@ -81,16 +81,12 @@ class QmdSessions(_Cfg):
 
     enabled: bool = False
     export_dir: str | None = None
-    retention_days: int | None = None
+    retention_days: int | None = Field(default=None, ge=0)
 
     @field_validator("retention_days")
     @classmethod
     def _retention(cls, v: int | None) -> int | None:
-        if v is None:
-            return None
-        if v < 0:
-            raise ValueError("retentionDays must be >= 0")
-        return v or None
+        return v or None  # 0: keep every transcript
 
 
 class QmdUpdate(_Cfg):
@@ -181,10 +177,7 @@ class QmdConfig(_Cfg):
     def warm_child(self) -> bool:
         """Whether long-lived mode keeps a warm ``qmd mcp`` child: ``mcp.enabled``, else
         ``mcporter.enabled``, else on."""
-        for value in (self.mcp.enabled, self.mcporter.enabled):
-            if value is not None:
-                return value
-        return True
+        return next((v for v in (self.mcp.enabled, self.mcporter.enabled) if v is not None), True)
 
     @field_validator("command")
     @classmethod

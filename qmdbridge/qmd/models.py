@@ -58,21 +58,18 @@ def damaged_models(models_dir: Path, kinds: tuple[str, ...], *,
     """The default model files of ``kinds`` in ``models_dir`` that are not whole GGUF models
     (:func:`fallback.gguf_file.gguf_problem`); ``checked`` caches answers by ``(path, size,
     mtime_ns)``."""
+    checked = {} if checked is None else checked
     out = []
     for kind in kinds:
         path = models_dir / _file_name(kind)
         try:
             st = path.stat()
             key = (str(path), st.st_size, st.st_mtime_ns)
-            if checked is not None and key in checked:
-                problem = checked[key]
-            else:
-                problem = gguf_problem(path)
-                if checked is not None:
-                    checked[key] = problem
+            if key not in checked:
+                checked[key] = gguf_problem(path)
         except OSError:
             continue  # missing (missing_models) or unreadable
-        if problem is not None:
+        if checked[key] is not None:
             out.append(str(path))
     return out
 

@@ -12,6 +12,7 @@ import struct
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -140,7 +141,7 @@ def _bind(path: str) -> socket.socket:
     return sock
 
 
-async def _serve_connection(stream: SocketStream, identity: DaemonIdentity, handle: LineHandler) -> None:
+async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, handle: LineHandler) -> None:
     """Answer request lines on one connection until the peer closes it."""
     async with stream:
         raw = stream.extra(SocketAttribute.raw_socket)
@@ -204,11 +205,8 @@ async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
         listener = await anyio.abc.SocketListener.from_socket(sock)
         async with listener, anyio.create_task_group() as tg:
             task_status.started(path)
-
-            async def serve_one(stream: SocketStream) -> None:
-                await _serve_connection(stream, identity, handle)
-
-            await listener.serve(serve_one, task_group=tg)
+            await listener.serve(partial(_serve_connection, identity=identity, handle=handle),
+                                 task_group=tg)
     finally:
         try:
             now = os.stat(path)

@@ -1,11 +1,7 @@
 """The daemon socket of ``qmdbridge serve``: where it lives, how to reach it, what a request names.
 
 A cheap part of the standard library only (the CLI's fast path imports it first); paths are
-``str``. One Unix socket per serving agent, ``<stateDir>/daemon/<agentId>.sock`` (folder 0700,
-socket 0600). One JSON request per line, one JSON reply per line, as ``serve`` takes them on
-stdin; a request with a ``fingerprint`` (:func:`client_fingerprint`) is answered only by a
-daemon serving the same agent, workspace, config file, backend and state dir, else with
-``{"id", "mismatch": reason}``.
+``str``. Layout, framing and the fingerprint rule: docs/mcp-daemon.md, "The daemon socket".
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-__all__ = ["PLAIN_EVERY_S", "SHOW_AFTER_S", "SyncProgress", "format_duration", "progress_line", "sync_progress"]
+__all__ = ["LABEL", "PLAIN_EVERY_S", "SHOW_AFTER_S", "SyncProgress", "format_duration", "progress_line", "sync_progress"]
 
 # Syncs shorter than this (seconds) show no progress at all.
 SHOW_AFTER_S = 1.0
@@ -35,6 +35,8 @@ SHOW_AFTER_S = 1.0
 PLAIN_EVERY_S = 5.0
 # How often the ticker thread looks at the clock, in seconds.
 _TICK_S = 0.25
+# The first word of every line.
+LABEL = "indexing"
 
 
 def format_duration(seconds: float) -> str:
@@ -47,7 +49,7 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60}m"
 
 
-def progress_line(label: str, *, files_done: int, files_total: int, chunks: int, embedded: int,
+def progress_line(*, files_done: int, files_total: int, chunks: int, embedded: int,
                   elapsed_s: float) -> str:
     """One plain progress line: the rate in embedded chunks per second while embedding,
     else files per second; the ETA from the files per second so far (after the first file)."""
@@ -59,7 +61,7 @@ def progress_line(label: str, *, files_done: int, files_total: int, chunks: int,
             parts.append(f"{files_done / elapsed_s:.1f} files/s")
         if 0 < files_done < files_total:
             parts.append(f"ETA {format_duration((files_total - files_done) * elapsed_s / files_done)}")
-    return f"{label}: " + ", ".join(parts)
+    return f"{LABEL}: " + ", ".join(parts)
 
 
 class SyncProgress:
@@ -67,7 +69,6 @@ class SyncProgress:
     callback of a sync, and what it prints.
 
     Args:
-        label: first word of every line (``indexing``).
         stream: where lines go (stderr).
         rich: draw a rich progress bar instead of plain lines.
         started_s: the sync's start on the :func:`time.monotonic` scale.
@@ -75,9 +76,8 @@ class SyncProgress:
             holder), or ``None`` when none is; ``None`` (the default) for no such check.
     """
 
-    def __init__(self, *, label: str, stream: IO[str], rich: bool, started_s: float,
+    def __init__(self, *, stream: IO[str], rich: bool, started_s: float,
                  index_writer: Callable[[], int | None] | None = None) -> None:
-        self.label = label
         self.index_writer = index_writer
         self.waiting_told = False
         self.stream = stream
@@ -102,7 +102,7 @@ class SyncProgress:
 
     def _text(self, now_s: float) -> str:
         with self._lock:
-            return progress_line(self.label, files_done=self.files_done, files_total=self.files_total,
+            return progress_line(files_done=self.files_done, files_total=self.files_total,
                                  chunks=self.chunks, embedded=self.embedded,
                                  elapsed_s=now_s - self.started_s)
 
@@ -121,7 +121,9 @@ class SyncProgress:
             return None
         self._last_line_s = now_s
         self.shown = True
-        line = self._text(now_s)
+        return self._write(self._text(now_s))
+
+    def _write(self, line: str) -> str:
         self.stream.write(line + "\n")
         self.stream.flush()
         return line
@@ -135,14 +137,12 @@ class SyncProgress:
         if pid is None or pid == os.getpid():
             return None
         self.waiting_told = True
-        line = f"{self.label}: waiting for the index another process (pid {pid}) is building"
+        line = f"{LABEL}: waiting for the index another process (pid {pid}) is building"
         if self.rich:
             self._start_bar(line)
             return None
         self.shown = True
-        self.stream.write(line + "\n")
-        self.stream.flush()
-        return line
+        return self._write(line)
 
     def _start_bar(self, text: str) -> None:
         from rich.console import Console
@@ -167,27 +167,25 @@ class SyncProgress:
             if not self.reported:
                 return None
             if interrupted:
-                line = (f"{self.label}: interrupted at {self.files_done}/{self.files_total} files; "
+                line = (f"{LABEL}: interrupted at {self.files_done}/{self.files_total} files; "
                         + (f"the vectors of {self.embedded} embedded chunks are kept in the embedding "
                            "cache, run the command again to resume" if self.embedded
                            else "run the command again"))  # keyword-only: nothing was embedded
             elif not self.shown:
                 return None
             elif failed:
-                line = f"{self.label}: failed at {self.files_done}/{self.files_total} files"
+                line = f"{LABEL}: failed at {self.files_done}/{self.files_total} files"
             elif self.files_done < self.files_total:
-                line = (f"{self.label}: stopped at {self.files_done}/{self.files_total} files "
+                line = (f"{LABEL}: stopped at {self.files_done}/{self.files_total} files "
                         "(the rest waits for the next sync)")
             else:
-                line = (f"{self.label}: done, {self.files_total} files, {self.chunks} chunks written, "
+                line = (f"{LABEL}: done, {self.files_total} files, {self.chunks} chunks written, "
                         f"{self.embedded} embedded in {format_duration(now_s - self.started_s)}")
-        self.stream.write(line + "\n")
-        self.stream.flush()
-        return line
+        return self._write(line)
 
 
 @contextmanager
-def sync_progress(*, enabled: bool, label: str = "indexing", stream: IO[str] | None = None,
+def sync_progress(*, enabled: bool, stream: IO[str] | None = None,
                   index_writer: Callable[[], int | None] | None = None,
                   ) -> Iterator[Callable[[int, int, int, int], None] | None]:
     """Yield a :class:`SyncProgress` callback for the block (``None`` when not
@@ -197,7 +195,7 @@ def sync_progress(*, enabled: bool, label: str = "indexing", stream: IO[str] | N
         yield None
         return
     out = stream if stream is not None else sys.stderr
-    progress = SyncProgress(label=label, stream=out, rich=out.isatty(), started_s=time.monotonic(),
+    progress = SyncProgress(stream=out, rich=out.isatty(), started_s=time.monotonic(),
                             index_writer=index_writer)
     stop = threading.Event()
 

@@ -22,19 +22,19 @@ def test_format_duration() -> None:
 
 
 def test_progress_line_rate_and_eta() -> None:
-    assert progress_line("indexing", files_done=120, files_total=3000, chunks=480, embedded=350,
+    assert progress_line(files_done=120, files_total=3000, chunks=480, embedded=350,
                          elapsed_s=28.0) == (
         "indexing: 120/3000 files, 480 chunks written, 350 embedded, 12.5 chunks/s, ETA 11m 12s")
     # no embeddings (keyword-only): files per second; finished: no ETA
-    assert progress_line("indexing", files_done=10, files_total=10, chunks=40, embedded=0,
+    assert progress_line(files_done=10, files_total=10, chunks=40, embedded=0,
                          elapsed_s=4.0) == "indexing: 10/10 files, 40 chunks written, 0 embedded, 2.5 files/s"
-    assert progress_line("indexing", files_done=0, files_total=5, chunks=0, embedded=0,
+    assert progress_line(files_done=0, files_total=5, chunks=0, embedded=0,
                          elapsed_s=0.0) == "indexing: 0/5 files, 0 chunks written, 0 embedded"
 
 
 def test_plain_lines_after_one_second_then_every_five() -> None:
     out = io.StringIO()
-    p = SyncProgress(label="indexing", stream=out, rich=False, started_s=100.0)
+    p = SyncProgress(stream=out, rich=False, started_s=100.0)
     p(1, 4, 2, 2)
     assert p.tick(100.9) is None  # a short sync shows nothing
     assert p.tick(101.0) == "indexing: 1/4 files, 2 chunks written, 2 embedded, 2.0 chunks/s, ETA 3s"
@@ -51,11 +51,11 @@ def test_plain_lines_after_one_second_then_every_five() -> None:
 
 def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> None:
     out = io.StringIO()
-    quick = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    quick = SyncProgress(stream=out, rich=False, started_s=0.0)
     quick(3, 3, 0, 3)
     assert quick.tick(0.5) is None and quick.finish(0.6, interrupted=False) is None
     assert out.getvalue() == ""
-    stopped = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    stopped = SyncProgress(stream=out, rich=False, started_s=0.0)
     stopped(7, 30, 21, 25)
     assert stopped.finish(0.3, interrupted=True) == (
         "indexing: interrupted at 7/30 files; the vectors of 21 embedded chunks are kept in the embedding cache, "
@@ -64,7 +64,7 @@ def test_short_sync_prints_nothing_but_an_interruption_is_always_reported() -> N
 
 def test_an_interrupted_keyword_only_sync_claims_no_kept_vectors() -> None:
     out = io.StringIO()
-    keyword_only = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    keyword_only = SyncProgress(stream=out, rich=False, started_s=0.0)
     keyword_only(437, 2001, 0, 1190)
     assert keyword_only.finish(2.5, interrupted=True) == (
         "indexing: interrupted at 437/2001 files; run the command again")
@@ -89,7 +89,7 @@ def test_a_failed_sync_is_never_reported_done() -> None:
         cb(13, 16, 0, 0)
         raise RuntimeError("index store is locked by another process past the busy timeout")
     assert out.getvalue() == ""  # a short sync prints no closing line: the error says it all
-    shown = SyncProgress(label="indexing", stream=io.StringIO(), rich=False, started_s=0.0)
+    shown = SyncProgress(stream=io.StringIO(), rich=False, started_s=0.0)
     shown(13, 16, 0, 0)
     assert shown.tick(1.0) is not None
     assert shown.finish(15.0, interrupted=False, failed=True) == "indexing: failed at 13/16 files"
@@ -113,13 +113,13 @@ def test_a_slow_search_without_a_sync_prints_no_progress() -> None:
     search, an index already in sync) never calls the callback: no ``indexing: 0/0 files``
     line, no ``done, 0 files``, and no ``interrupted at 0/0 files`` on Ctrl-C."""
     out = io.StringIO()
-    idle = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    idle = SyncProgress(stream=out, rich=False, started_s=0.0)
     assert idle.tick(1.0) is None and idle.tick(6.0) is None
     assert idle.finish(7.0, interrupted=False) is None
-    stopped = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    stopped = SyncProgress(stream=out, rich=False, started_s=0.0)
     assert stopped.finish(2.0, interrupted=True) is None
     assert out.getvalue() == ""
-    late = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0)
+    late = SyncProgress(stream=out, rich=False, started_s=0.0)
     assert late.tick(1.5) is None
     late(1, 2, 0, 3)  # the sync reports: shown from the next tick on
     assert late.tick(1.6) == "indexing: 1/2 files, 3 chunks written, 0 embedded, 0.6 files/s, ETA 2s"
@@ -131,7 +131,7 @@ def test_a_sync_waiting_for_another_process_says_so_once(tmp_path: Path) -> None
     lock this process holds, or none, prints nothing."""
     db = tmp_path / "main.sqlite"
     out = io.StringIO()
-    free = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0,
+    free = SyncProgress(stream=out, rich=False, started_s=0.0,
                         index_writer=StoreWriteLock(db).holder_pid)
     assert free.tick(1.0) is None
     mine = StoreWriteLock(db)
@@ -144,7 +144,7 @@ def test_a_sync_waiting_for_another_process_says_so_once(tmp_path: Path) -> None
                               text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=REPO)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        p = SyncProgress(label="indexing", stream=out, rich=False, started_s=0.0,
+        p = SyncProgress(stream=out, rich=False, started_s=0.0,
                          index_writer=StoreWriteLock(db).holder_pid)
         assert p.tick(0.9) is None
         line = f"indexing: waiting for the index another process (pid {holder.pid}) is building"

@@ -103,11 +103,10 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
         return code
 
 
-def _manager(agent: Any, args: argparse.Namespace, *, mode: str = "cli", qmd_runner: Any = None) -> Any:
+def _manager(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> Any:
     from qmdbridge.manager import MemoryManager
 
-    return MemoryManager(agent, backend=args.backend, mode=mode,  # type: ignore[arg-type]
-                         qmd_runner=qmd_runner)
+    return MemoryManager(agent, backend=args.backend, qmd_runner=qmd_runner)
 
 
 def _index_writer(agent: Any) -> Callable[[], int | None]:

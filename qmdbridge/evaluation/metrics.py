@@ -264,13 +264,12 @@ class Miss(EvalModel):
     returned: list[ReturnedHit]
 
 
-def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: str,
-              k: int = CATEGORY_K) -> Miss | None:
+def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: str) -> Miss | None:
     """The :class:`Miss` of ``question`` when one of its evidence items is not inside the
-    first ``k`` hits (best first; their ``score`` is read when they have one), else ``None``;
+    first :data:`CATEGORY_K` hits (best first; their ``score`` is read when they have one), else ``None``;
     ``workspace`` names where it was asked."""
     missed = [MissedEvidence(path=ev.path, line=ev.line, ref=ev.ref) for ev in question.evidence
-              if (rank := first_rank(hits, ev, covers_evidence)) is None or rank > k]
+              if (rank := first_rank(hits, ev, covers_evidence)) is None or rank > CATEGORY_K]
     if not missed:
         return None
     returned = [ReturnedHit(path=h.path, start_line=h.start_line, end_line=h.end_line,

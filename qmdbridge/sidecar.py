@@ -146,10 +146,8 @@ class QmdSidecar:
         from qmdbridge.qmd.backend import QmdBackend
         from qmdbridge.qmd.locate import PROBE_TIMEOUT_MS, probe_qmd
 
-        cached = self.probe_cache.get(self._probe_key)
-        if cached is not None:
-            location, _ = cached
-        else:
+        location = self.probe_cache.get(self._probe_key)
+        if location is None:
             # a hung qmd costs the first search no more than its own deadline
             probe_ms = min(PROBE_TIMEOUT_MS, self.agent.memory.qmd.limits.timeout_ms)
             location = await probe_qmd(self.agent.memory.qmd.command, env=self._env,

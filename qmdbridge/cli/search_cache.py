@@ -105,14 +105,13 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
             cfg.update.on_boot and cfg.update.wait_for_boot_sync):
         return None
     home = qmd_home(agent.state_dir, agent.agent_id)
-    cached = ProbeCache(home.probe_cache).get(probe_key(cfg.command, env.get("PATH", "")))
-    if cached is None or not all(map(breaker_healthy, (home.breaker, home.startup_breaker))):
+    location = ProbeCache(home.probe_cache).get(probe_key(cfg.command, env.get("PATH", "")))
+    if location is None or not all(map(breaker_healthy, (home.breaker, home.startup_breaker))):
         return None
     try:
         marker = home.reconciled.read_text()
     except OSError:
         return None
-    location = cached[0]
     return {"command": str(location.path), "childPath": location.child_path,
             "probeCommand": cfg.command if isinstance(cfg.command, str) else list(cfg.command),
             "stateDir": str(agent.state_dir), "agentId": agent.agent_id,

@@ -94,30 +94,23 @@ class ProbeCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, orjson.dumps(data))
 
-    def get(self, key: str) -> tuple[QmdLocation, dict[str, Any]] | None:
-        """The cached usable location and its extras (e.g. ``multiC``), or ``None``."""
+    def get(self, key: str) -> QmdLocation | None:
+        """The cached usable location, or ``None``."""
         from qmdbridge.qmd.locate import QmdLocation
 
-        entry = _load(self.path).get(key)
-        loc = _valid(entry, self._now())
-        if loc is None or not isinstance(entry, dict):
-            return None
+        loc = _valid(_load(self.path).get(key), self._now())
         try:
-            location = QmdLocation(**loc)
+            return None if loc is None else QmdLocation(**loc)
         except TypeError:
             return None
-        return location, dict(entry.get("extras") or {})
 
-    def put(self, key: str, location: QmdLocation, **extras: Any) -> None:
-        """Remember a usable location (and extras, merged with earlier ones)."""
-        if not location.usable:
-            return
-        data = _load(self.path)
-        found = data.get(key)
-        old: dict[str, Any] = found if isinstance(found, dict) else {}
-        data[key] = {"location": dataclasses.asdict(location), "stat": _stat_key(location.path),
-                     "atMs": self._now(), "extras": {**(old.get("extras") or {}), **extras}}
-        self._save(data)
+    def put(self, key: str, location: QmdLocation) -> None:
+        """Remember a usable location."""
+        if location.usable:
+            data = _load(self.path)
+            data[key] = {"location": dataclasses.asdict(location), "stat": _stat_key(location.path),
+                         "atMs": self._now()}
+            self._save(data)
 
     def forget(self, key: str) -> None:
         """Drop an entry (after a failure through qmd)."""

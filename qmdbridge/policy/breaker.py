@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
 
 from fallback.fs.atomic import write_atomic
 
@@ -31,9 +33,10 @@ MAX_COOLDOWN_MS = 600_000
 SUCCESS_SAVE_INTERVAL_MS = 5_000
 
 
-@dataclass
-class BreakerState:
-    """Persisted breaker fields (epoch ms)."""
+class BreakerState(BaseModel):
+    """Persisted breaker fields (epoch ms), camelCase in the file."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
     failures: int = 0
     open_until_ms: int = 0
@@ -44,9 +47,7 @@ class BreakerState:
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form (camelCase keys)."""
-        return {"failures": self.failures, "openUntilMs": self.open_until_ms, "scope": self.scope,
-                "lastFailure": self.last_failure, "lastFailureAtMs": self.last_failure_at_ms,
-                "lastSuccessAtMs": self.last_success_at_ms}
+        return self.model_dump(by_alias=True)
 
 
 def breaker_scope(command: str | list[str], search_mode: str, env: Mapping[str, str]) -> str:
@@ -80,17 +81,12 @@ class CircuitBreaker:
         if self.path is None:
             return
         try:
-            raw = orjson.loads(self.path.read_bytes())
-            self.state = BreakerState(
-                failures=int(raw.get("failures", 0)), open_until_ms=int(raw.get("openUntilMs", 0)),
-                scope=str(raw.get("scope", "")),
-                last_failure=raw.get("lastFailure"), last_failure_at_ms=raw.get("lastFailureAtMs"),
-                last_success_at_ms=raw.get("lastSuccessAtMs"))
+            self.state = BreakerState.model_validate_json(self.path.read_bytes())
             if self.state.scope != self.scope:
                 self.state = BreakerState(scope=self.scope)
         except OSError:
             return  # no shared file (yet, or not writable here): keep what this process knows
-        except (ValueError, TypeError, AttributeError):
+        except ValidationError:
             self.state = BreakerState(scope=self.scope)
 
     def _save(self) -> None:

@@ -127,11 +127,7 @@ class _VersionAction(argparse.Action):
 
 
 def _path_arg(value: str) -> str:
-    """A ``--workspace`` or ``--config`` value: any path but a blank one.
-
-    Raises:
-        argparse.ArgumentTypeError: ``value`` is empty or only whitespace.
-    """
+    """A ``--workspace`` or ``--config`` value: any path but a blank one (``ArgumentTypeError``)."""
     if not value.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return value

@@ -137,11 +137,7 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                       session_idle_s: float) -> None:
     """Serve Streamable HTTP at ``http://host:<port of sock>/mcp`` until cancelled, behind
     :mod:`~qmdbridge.server.http_auth` and :mod:`~qmdbridge.server.http_guard`; closes ``sock``.
-
-    Args:
-        request_timeout_s: deadline of one POST, seconds.
-        session_idle_s: seconds without a request after which a session is closed; 0: never.
-    """
+    ``request_timeout_s``: deadline of one POST; ``session_idle_s``: idle session close (0: never)."""
     import uvicorn
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
     from starlette.applications import Starlette

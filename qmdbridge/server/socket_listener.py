@@ -108,12 +108,8 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 
 def _bind(path: str) -> socket.socket:
-    """Create the folder (0700) and a listening socket (0600) at ``path``.
-
-    Raises:
-        FileExistsError: a live daemon already listens on ``path``.
-        OSError: the folder or the socket cannot be made.
-    """
+    """Create the folder (0700) and a listening socket (0600) at ``path``; ``FileExistsError``
+    when a live daemon listens there, ``OSError`` when either cannot be made."""
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)

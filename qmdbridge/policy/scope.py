@@ -108,19 +108,18 @@ def _decide(scope: QmdScope, key: str) -> ScopeDecision:
     derived = f"chatType={chat_type or 'none'} channel={channel or 'none'}"
     raw_lower = key.strip().lower()
     norm = normalize_session_key(key)
-    for index, rule in enumerate(scope.rules):
-        if _rule_matches(rule, raw_lower=raw_lower, norm=norm, chat_type=chat_type,
-                         channel=channel):
-            allowed = rule.action == "allow"
-            reason = (f"allowed by rules[{index}] (allow); {derived}" if allowed else
-                      f"denied by rules[{index}] (deny); {derived}; to allow it, change "
-                      f"{SCOPE_KEY}.rules[{index}] or put an allow rule before it")
-            return ScopeDecision(allowed=allowed, reason=reason, chat_type=chat_type,
-                                 channel=channel, session_key=key)
-    allowed = scope.default == "allow"
-    reason = (f"allowed by default (allow); {derived}" if allowed else
-              f"denied by default (deny); {derived}; to allow it, add "
-              f"{{action: \"allow\", match: {_match_for(chat_type, raw_lower)}}} to {SCOPE_KEY}.rules")
+    index = next((i for i, rule in enumerate(scope.rules) if _rule_matches(
+        rule, raw_lower=raw_lower, norm=norm, chat_type=chat_type, channel=channel)), None)
+    if index is not None:
+        allowed = scope.rules[index].action == "allow"
+        reason = (f"allowed by rules[{index}] (allow); {derived}" if allowed else
+                  f"denied by rules[{index}] (deny); {derived}; to allow it, change "
+                  f"{SCOPE_KEY}.rules[{index}] or put an allow rule before it")
+    else:
+        allowed = scope.default == "allow"
+        reason = (f"allowed by default (allow); {derived}" if allowed else
+                  f"denied by default (deny); {derived}; to allow it, add "
+                  f"{{action: \"allow\", match: {_match_for(chat_type, raw_lower)}}} to {SCOPE_KEY}.rules")
     return ScopeDecision(allowed=allowed, reason=reason, chat_type=chat_type, channel=channel,
                          session_key=key)
 

@@ -328,8 +328,7 @@ class QmdBackend:
 
     async def _run_update_cmd(self) -> None:
         res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
-                              setting="memory.qmd.update.updateTimeoutMs",
-                              discard_stdout=True)
+                              setting="memory.qmd.update.updateTimeoutMs", discard_stdout=True)
         res.check()
 
     async def _run_embed_cmd(self) -> None:
@@ -337,8 +336,7 @@ class QmdBackend:
         if problem is not None:  # fail fast instead of waiting out embedTimeoutMs
             raise BackendUnavailableError("qmd", f"qmd embed skipped: {problem}")
         res = await self._run(["embed"], timeout_ms=self.cfg.update.embed_timeout_ms,
-                              setting="memory.qmd.update.embedTimeoutMs",
-                              discard_stdout=True)
+                              setting="memory.qmd.update.embedTimeoutMs", discard_stdout=True)
         res.check()
 
     async def _repair(self) -> None:

@@ -1,11 +1,9 @@
 """Config loading: the ``memory.*`` and ``agents.*`` keys of an OpenClaw JSON5 config.
 
-:func:`load_config` parses a file into :class:`OpenClawConfig` (either layout, see
-``qmdbridge.config_compat``); :func:`resolve_agent` gives one agent's :class:`ResolvedAgent`
-with absolute paths and its overrides merged. Keys and defaults are OpenClaw's
-(docs/configuration.md); unknown keys are ignored; a malformed file or a bad value raises
-:class:`ConfigError` naming the file, the dotted key and what was expected. Keys set in both
-layouts and clamped numbers are logged once and kept in the config's ``warnings``.
+:func:`load_config` parses a file into :class:`OpenClawConfig` (either layout);
+:func:`resolve_agent` gives one agent's :class:`ResolvedAgent`. Keys and defaults:
+docs/configuration.md; unknown keys are ignored; a bad file or value raises
+:class:`ConfigError` naming the file, the dotted key and what was expected.
 """
 
 from __future__ import annotations

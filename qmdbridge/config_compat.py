@@ -1,10 +1,8 @@
 """Config shapes across OpenClaw releases, and notes about values the settings changed.
 
-:func:`read_layout` reads both layouts: classic (``agents.defaults.memorySearch``,
-``agents.list[]``) and 2026.9 (``memory.search``, ``agents.entries.<id>`` with
-``memory.search``; ``agents.list[].memory.search`` too). Where both set a key the 2026.9 one
-wins and a warning names both paths. :func:`adjusted_values` reports each number the settings
-models clamped; :func:`merge_search` lays an agent's settings over the defaults.
+:func:`read_layout` reads both layouts (docs/configuration.md, "Two layouts"), the 2026.9 one
+winning where both set a key; :func:`adjusted_values` reports each number the settings models
+clamped; :func:`merge_search` lays an agent's settings over the defaults.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Retrieval metrics of an eval run: pure functions from labelled questions and ranked hits to recall.
 
-The unit of recall is the evidence item (a labelled line of a memory file), not the question:
-R@k is the share of items inside the line range of one of the first ``k`` hits (an item
-without a line only needs the path); file R@k, of items whose file one of them names; snippet
-R@5, of items whose text is in one of the first five snippets, whitespace collapsed (items
-with a text only). Lines/hit is the mean ``endLine - startLine + 1`` of every hit.
+The unit of recall is the evidence item, not the question; what each figure means:
+docs/benchmarks.md, "What the numbers mean".
 
 Source: the metric definitions of ``bench/locomo-dev``'s README; LoCoMo is Maharana et al.,
 "Evaluating Very Long-Term Conversational Memory of LLM Agents", ACL 2024.

@@ -1,9 +1,7 @@
 """Circuit breaker for the qmd sidecar: one failure never makes the fallback permanent.
 
-After a failure the breaker opens for a cooldown that doubles with each consecutive failure
-(30 s up to 10 min); while open the manager answers from the builtin engine; then one trial
-call closes it or opens it again. The state is a JSON file per agent, so one-shot CLI
-processes share it.
+A cooldown doubling per consecutive failure (30 s up to 10 min), then one trial call; the state
+is a JSON file per agent, shared by one-shot CLI processes (docs/qmd.md, "Faults and fallback").
 
 Source: the circuit-breaker pattern (M. Nygard, *Release It!*, 2007).
 """

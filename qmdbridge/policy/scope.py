@@ -1,11 +1,9 @@
 """Scope rules: which session keys may search memory (and, re-exported from
 ``qmdbridge/policy/citations.py``, whether citations are shown).
 
-The reference system's rules (key normalisation, chat-type and channel derivation, ordered
-allow/deny rules, any inherited key allowing the search), with two decisions of ours: no
-session key is an owner call, always allowed; a denial names the deciding rule and the derived
-chat type and channel. Keys look like ``agent:<agentId>:<rest>`` (``main``, ``slack:dm:u123``,
-``discord:channel:c1``, ``subagent:<uuid>``); empty ``:``-segments are ignored.
+The reference system's rules, with two decisions of ours: no session key is an owner call,
+always allowed; a denial names the deciding rule and the derived chat type and channel. Key
+shapes: docs/mcp-daemon.md, "Session keys and scope".
 """
 
 from __future__ import annotations

@@ -485,12 +485,10 @@ class MemoryManager:
             backend, why = await self._qmd_started(wait=self.mode == "cli")
             if backend is not None:
                 qmd_status = await backend.status()
-                qmd_view.update(qmd_status.to_json_dict())
-            else:
-                qmd_view.update({"healthy": False, "lastError": why})
         except MemorySearchError as exc:
             why = str(exc)
-            qmd_view.update({"healthy": False, "lastError": why})
+        qmd_view.update(qmd_status.to_json_dict() if qmd_status is not None
+                        else {"healthy": False, "lastError": why})
         if self.sidecar is not None:
             qmd_view.update(self.sidecar.describe())
         backends["qmd"] = qmd_view

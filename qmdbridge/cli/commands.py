@@ -179,13 +179,12 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
             await m.sync(reason="cli", force=args.force, progress=on_progress)
         st = await m.status()
         notices = (await m.builtin()).take_notices()  # a corrupt store moved aside ...
-    if not args.json:
-        sys.stderr.write("".join(f"warning: {n}\n" for n in notices))
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:
         from qmdbridge.problems import is_indexed_caveat
 
+        sys.stderr.write("".join(f"warning: {n}\n" for n in notices))
         pending = st.vector.get("pending") or 0
         caveats = sum(is_indexed_caveat(s.reason) for s in st.skipped)
         skipped = len(st.skipped) - caveats

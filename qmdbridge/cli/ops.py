@@ -43,8 +43,7 @@ async def _backend(agent: Any) -> Any:
     location = await probe_qmd(agent.memory.qmd.command, env=dict(os.environ))
     if not location.usable:
         raise BackendUnavailableError("qmd", location.reason or "qmd not available")
-    backend = QmdBackend(agent, location=location, mode="cli", env=dict(os.environ))
-    return backend
+    return QmdBackend(agent, location=location, mode="cli", env=dict(os.environ))
 
 
 async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
@@ -52,14 +51,13 @@ async def qmd_action(agent: Any, args: argparse.Namespace) -> int:
     backend = await _backend(agent)
     try:
         await backend.start(boot_update=False)
+        doc: dict[str, Any] = {"ok": True, "action": args.action}
         if args.action == "update":
             await backend.sync(reason="manual", force=True)
-            doc: dict[str, Any] = {"ok": True, "action": "update"}
         elif args.action == "embed":
             await backend.embed()
-            doc = {"ok": True, "action": "embed"}
         else:
-            doc = {"ok": True, "action": "collections", "collections": await backend.list_collections()}
+            doc["collections"] = await backend.list_collections()
     finally:
         await backend.close()
     if args.json:

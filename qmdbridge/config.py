@@ -13,9 +13,9 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
@@ -87,33 +87,23 @@ class QmdSessions(_Cfg):
         return v or None  # 0: keep every transcript
 
 
-class QmdUpdate(_Cfg):
-    """``memory.qmd.update``: the update/embed cycle (durations in ms after parsing)."""
+# A duration written as ``<number>[ms|s|m|h|d]`` (:func:`parse_duration_ms`), held in ms.
+DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
 
-    interval: str | int = "5m"
+
+class QmdUpdate(_Cfg):
+    """``memory.qmd.update``: the update/embed cycle; ``interval_ms`` / ``embed_interval_ms``
+    (keys ``interval`` / ``embedInterval``, durations) are 0 for no timer."""
+
+    interval_ms: DurationMs = Field(default=300_000, alias="interval", validate_default=False)
     debounce_ms: int = Field(default=15_000, ge=0)
     on_boot: bool = True
     wait_for_boot_sync: bool = False
-    embed_interval: str | int = "60m"
+    embed_interval_ms: DurationMs = Field(default=3_600_000, alias="embedInterval",
+                                          validate_default=False)
     command_timeout_ms: int = Field(default=30_000, gt=0)
     update_timeout_ms: int = Field(default=120_000, gt=0)
     embed_timeout_ms: int = Field(default=120_000, gt=0)
-
-    @field_validator("interval", "embed_interval")
-    @classmethod
-    def _duration(cls, v: str | int) -> str | int:
-        parse_duration_ms(v)
-        return v
-
-    @property
-    def interval_ms(self) -> int:
-        """Update interval in ms (0 = no timer)."""
-        return parse_duration_ms(self.interval)
-
-    @property
-    def embed_interval_ms(self) -> int:
-        """Embed interval in ms (0 = no embed timer)."""
-        return parse_duration_ms(self.embed_interval)
 
 
 class QmdLimits(_Cfg):

@@ -30,9 +30,8 @@ def index_counts(db: Path, *, log_errors: bool = True) -> tuple[dict[str, int], 
     if not db.is_file():
         return {}, None
     try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)  # busy wait 1 s
         try:
-            conn.execute("PRAGMA busy_timeout = 1000")
             rows = conn.execute("SELECT collection, COUNT(*) FROM documents WHERE active = 1 "
                                 "GROUP BY collection").fetchall()
         finally:

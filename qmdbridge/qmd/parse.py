@@ -103,7 +103,6 @@ class DocLookup:
                     return []
                 self._conn = sqlite3.connect(f"file:{self._db_path}?mode=ro", uri=True,
                                              check_same_thread=False, timeout=1.0)
-                self._conn.execute("PRAGMA busy_timeout = 1000")
             return [(str(c), str(p)) for c, p in self._conn.execute(sql, params).fetchall()]
         except sqlite3.Error as exc:
             if is_locked(exc):  # SQLITE_BUSY / SQLITE_LOCKED, by result code

@@ -30,17 +30,9 @@ log = logging.getLogger("qmdbridge")
 
 
 class QmdSidecar:
-    """The qmd backend of one manager and its start-up.
-
-    Args:
-        agent: the resolved agent config.
-        mode: ``cli`` or ``full``.
-        env: environment for qmd discovery and the child processes.
-        now_ms: clock in epoch ms.
-        background: returns the manager's task group (raises ``UsageError`` when a
-            long-lived manager was not entered).
-        runner: runs each qmd process (default ``run_command``).
-    """
+    """The qmd backend of one manager and its start-up; arguments as the manager's
+    (:class:`~qmdbridge.manager.MemoryManager`), ``background`` returning its task group (raises
+    ``UsageError`` when a long-lived manager was not entered)."""
 
     def __init__(self, agent: ResolvedAgent, *, mode: Literal["cli", "full"],
                  env: Mapping[str, str], now_ms: Callable[[], int],

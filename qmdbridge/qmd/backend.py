@@ -77,16 +77,9 @@ SEARCH_DEADLINE_MARGIN_MS = 100
 
 
 class QmdBackend:
-    """The qmd sidecar for one agent, implementing ``fallback.contract.MemoryBackend``.
-
-    Args:
-        agent: the resolved agent config.
-        location: where qmd is (``qmdbridge.qmd.locate.QmdLocation``).
-        mode: ``cli`` (one-shot) or ``full`` (long-lived: boot update, timers, watcher, warm child).
-        env: parent environment for the child processes (default ``os.environ``).
-        now_ms: clock in epoch ms (default wall clock).
-        runner: runs each qmd process (default ``runner.run_command``).
-    """
+    """The qmd sidecar for one agent, implementing ``fallback.contract.MemoryBackend``: qmd at
+    ``location`` (``qmdbridge.qmd.locate.QmdLocation``), ``mode`` ``full`` adding the boot update,
+    timers, watcher and warm child; other arguments as :class:`~qmdbridge.manager.MemoryManager`'s."""
 
     name = "qmd"
 

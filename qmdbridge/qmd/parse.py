@@ -396,14 +396,11 @@ class IndexCounts:
         self._stamp: tuple[tuple[int, int, int] | None, ...] | None = None
         self._counts: dict[str, int] = {}
 
-    def _files_stamp(self) -> tuple[tuple[int, int, int] | None, ...]:
-        return file_stamp(self.db), file_stamp(self.db.with_name(self.db.name + "-wal"))
-
     async def read(self) -> tuple[dict[str, int], str | None]:
         """``({collection: active documents}, error or None)``, as :func:`index_counts`."""
         import anyio
 
-        stamp = self._files_stamp()
+        stamp = file_stamp(self.db), file_stamp(self.db.with_name(self.db.name + "-wal"))
         if stamp == self._stamp:
             return dict(self._counts), None
         counts, err = await anyio.to_thread.run_sync(index_counts, self.db)

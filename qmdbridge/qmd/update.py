@@ -271,10 +271,7 @@ class UpdateCycle:
             log.warning("qmd embed failed (%s): %s; backing off for %ds", reason, exc,
                         wait_ms // 1000)
             return
-        self.embed.last_embed_at = self._now()
-        self.embed.failures = 0
-        self.embed.backoff_until = None
-        self.embed.last_error = None
+        self.embed = EmbedState(last_embed_at=self._now())  # no failure, no backoff
 
 
 def indexing_in_progress(*, running: bool, locks: Sequence[Path], index_locked: bool) -> str | None:

@@ -72,14 +72,9 @@ def _unchanged(qmd: dict[str, Any], home: QmdHome) -> bool:
 
 def start_prefetch(args: argparse.Namespace, doc: dict[str, Any], env: Mapping[str, str] | None = None,
                    *, calls: EarlyCalls | None = None) -> EarlyCalls | None:
-    """Start the qmd calls of this ``search`` ahead (in a thread), from its recorded settings.
-
-    Args:
-        args: the parsed ``search`` command line (checked by ``recorded_search``).
-        doc: the recorded document (``backend`` ``qmd``).
-        env: the environment the search runs with (default ``os.environ``).
-        calls: where the calls go (default a new :class:`EarlyCalls`; the CLI passes the one it
-            closes, made before anything starts, so a signal still finds every call).
+    """Start the qmd calls of this ``search`` ahead (in a thread), from its recorded ``doc``
+    (``backend`` ``qmd``), into ``calls`` (default a new :class:`EarlyCalls`; the CLI passes the
+    one it closes, made before anything starts, so a signal still finds every call).
 
     Returns:
         The calls (their ``run_command`` is the search's qmd runner), or ``None`` when nothing

@@ -138,20 +138,10 @@ def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
 def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent: ResolvedAgent, *,
                            key: dict[str, Any], env: Mapping[str, str] | None = None,
                            key_taken_ms: int | None = None) -> bool:
-    """Record (or remove) the settings of this search's key; see the module docstring.
-    A folder that cannot be written is skipped (logged).
-
-    Args:
-        args: the parsed ``search`` command line.
-        cfg: the loaded config.
-        agent: the agent the search ran for.
-        key: :func:`~qmdbridge.cli.fast_search.settings_key`, taken before the config was read.
-        env: the environment (default ``os.environ``).
-        key_taken_ms: the wall clock (epoch ms) just before ``key`` was taken.
-
-    Returns:
-        True when a file was written.
-    """
+    """Record (or remove) the settings of this search's ``key``
+    (:func:`~qmdbridge.cli.fast_search.settings_key`, taken at ``key_taken_ms``, epoch ms, before
+    the config was read); True when a file was written. A folder that cannot be written is
+    skipped (logged)."""
     e = os.environ if env is None else env
     if cache_disabled(e) or key.get("format") != FORMAT or not code_stamped(key):
         return False

@@ -151,13 +151,9 @@ def _questions(qa: Any, turns: Mapping[str, Evidence], *,
 
 
 def convert_sample(sample: Mapping[str, Any], *, name: str, source: str = "<memory>") -> LocomoConversation:
-    """Convert one LoCoMo sample (rules in the module docstring).
-
-    Args:
-        sample: parsed JSON, ``{"sample_id", "conversation": {...}, "qa": [...]}`` or a
-            conversation with its ``qa`` at the top level.
-        name: the conversation's name when the sample has no ``sample_id``.
-        source: where it came from (messages and reports).
+    """Convert one LoCoMo sample (rules in the module docstring): ``{"sample_id", "conversation",
+    "qa"}`` or a conversation with its ``qa`` at the top level; ``name`` when it has no
+    ``sample_id``, ``source`` where it came from.
 
     Raises:
         UsageError: the sample does not have LoCoMo's shape (the message names file and key).

@@ -99,14 +99,9 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
                         kinds: tuple[str, ...], reach: Callable[[str, int], Awaitable[bool]] | None = None,
                         checked: dict[tuple[str, int, int], str | None] | None = None) -> str | None:
     """Why model work for ``kinds`` cannot succeed here (``CI`` set, a damaged model file, models
-    missing and the host unreachable: the reason and the fix), or ``None`` when it may.
-
-    Args:
-        models_dir: the agent's ``xdg-cache/qmd/models``.
-        env: qmd's environment (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``).
-        reach: ``(host, port) -> reachable?`` (default :func:`reachable`).
-        checked: the :func:`damaged_models` cache.
-    """
+    missing and the host unreachable: the reason and the fix), or ``None`` when it may; ``env``
+    is qmd's (``CI``, ``HF_ENDPOINT``, ``QMD_*_MODEL``), ``reach`` defaults to :func:`reachable`,
+    ``checked`` is the :func:`damaged_models` cache."""
     if env.get("CI"):
         return f"{CI_REFUSAL}; unset CI to embed or warm up the models"
     kinds = default_kinds(kinds, env)

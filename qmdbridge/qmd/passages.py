@@ -55,11 +55,7 @@ class _NoteStore(MetaReads):
         self.conn = in_memory_store(fts_tokenizer=_TOKENIZER)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        """Rows of one statement.
-
-        Raises:
-            IndexStoreError: SQLite failed.
-        """
+        """Rows of one statement (``IndexStoreError`` when SQLite fails)."""
         try:
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
@@ -110,18 +106,10 @@ class Ranking:
 
 def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap: int,
                   sections: bool, snippet_chars: int, limit: int) -> Ranking:
-    """The passages of ``notes`` that best answer ``question``.
-
-    Args:
-        question: the query as the agent wrote it.
-        notes: the notes qmd found, in qmd's order.
-        tokens / overlap / sections: the agent's ``chunking``.
-        snippet_chars: the snippet budget in code points, ``> 0``.
-        limit: passages wanted, ``>= 1``.
-
-    Returns:
-        The :class:`Ranking`; empty when the question has nothing to search or SQLite fails.
-    """
+    """The passages of ``notes`` (qmd's order) that best answer ``question`` as written, cut by
+    the agent's ``chunking`` (``tokens``/``overlap``/``sections``); snippets of ``snippet_chars``
+    code points (> 0), ``limit`` passages (>= 1). Empty when the question has nothing to search
+    or SQLite fails."""
     store = _NoteStore()
     pooled: set[int] = set()
     try:

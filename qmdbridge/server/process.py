@@ -59,14 +59,8 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
     """Run one ``full``-mode manager for ``agent`` until ``body`` returns or
     SIGTERM/SIGINT arrives, then close it, so every qmd child is reaped. The signal handlers
     come first, so a signal during start-up still closes it; ``<prog>: agent <id>, backend
-    <name>, workspace <dir>`` and ``<prog>: stopped`` go to stderr.
-
-    Args:
-        agent: the resolved agent.
-        backend: ``--backend`` or ``None`` for the config's.
-        prog: the name the stderr lines start with.
-        body: what the process does with the started manager and task group.
-    """
+    <name>, workspace <dir>`` and ``<prog>: stopped`` go to stderr; ``backend``: ``--backend``
+    (``None``: the config's); ``body`` gets the started manager and the task group."""
     async with MemoryManager(agent, backend=backend, mode="full") as manager:
         async with anyio.create_task_group() as tg:
             async def watch_signals() -> None:

@@ -179,15 +179,10 @@ async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) ->
 
 async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
                        task_status: TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Listen on the agent's socket and answer requests with ``handle`` until
-    cancelled; the socket file is removed on the way out unless another daemon replaced it.
-
-    Args:
-        identity: what this daemon serves.
-        handle: the ``serve`` protocol handler, ``await handle(line) -> reply dict``.
-        task_status: started with the socket path, or ``None`` when no socket could be made
-            (the reason goes to stderr and ``serve`` goes on without one).
-    """
+    """Listen on the agent's socket and answer requests with ``handle`` (``await handle(line) ->
+    reply dict``) until cancelled; started with the socket path, or ``None`` when no socket could
+    be made (the reason goes to stderr). The socket file is removed on the way out unless another
+    daemon replaced it."""
     path = socket_path(identity.state_dir, identity.agent_id)
     try:
         sock = _bind(path)

@@ -172,10 +172,6 @@ def search_doc(hits: list[Hit], *, citations: str, warnings: list[str]) -> dict[
 def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The settings recorded for this ``search`` command line, when they still hold.
 
-    Args:
-        args: the parsed command line.
-        env: the environment (default ``os.environ``).
-
     Returns:
         The recorded document (``backend`` ``builtin``: :func:`answer_recorded` answers from
         it; ``qmd``: the prefetch starts from it), or ``None`` (see the module docstring).
@@ -192,11 +188,8 @@ def recorded_search(args: argparse.Namespace, env: Mapping[str, str] | None = No
 
 
 def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None:
-    """Answer a parsed ``search`` from its recorded builtin settings and an index in sync.
-
-    Args:
-        args: the parsed command line.
-        doc: the document :func:`recorded_search` returned.
+    """Answer a parsed ``search`` from its recorded builtin settings (``doc``, as
+    :func:`recorded_search` returned it) and an index in sync.
 
     Returns:
         The exit code after printing the answer, or ``None`` (nothing printed) when the

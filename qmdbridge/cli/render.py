@@ -31,14 +31,10 @@ def keyword_notice(provider: str) -> bool:
 
 
 def print_search_doc(doc: dict[str, Any], *, keyword_notice: bool = True) -> None:
-    """Print search hits as ``<score> <path>:<start>-<end>`` and the snippet (a table on
-    a TTY; plain lines with each hit's :func:`explain_lines` when asked for).
-
-    Args:
-        doc: a search answer as ``--json`` prints it; its fallback note and warnings go to stderr.
-        keyword_notice: print :data:`KEYWORD_ONLY_NOTICE` on stderr when the builtin engine
-            answered keyword-only for want of a provider.
-    """
+    """Print a search answer (``doc``, as ``--json`` prints it) as ``<score> <path>:<start>-<end>``
+    and the snippet per hit (a table on a TTY; plain lines with each hit's :func:`explain_lines`
+    when asked for); its fallback note, warnings and, with ``keyword_notice``,
+    :data:`KEYWORD_ONLY_NOTICE` for a keyword-only builtin answer go to stderr."""
     out = sys.stdout
     fallback = doc.get("fallback")
     if fallback:

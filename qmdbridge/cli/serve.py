@@ -65,18 +65,10 @@ async def _read_stdin(manager: Any) -> None:
 
 
 async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> str | None:
-    """Start the daemon socket in ``tg``, answering with :func:`handle_line` plus
-    ``keywordNotice`` in each reply.
-
-    Args:
-        tg: the task group the listener runs in.
-        manager: the started long-lived manager.
-        agent: the agent it serves.
-        args: ``--config`` and ``--backend`` (the daemon's identity).
-
-    Returns:
-        The socket's path, or ``None`` when none could be made (the reason is on stderr).
-    """
+    """Start the daemon socket in ``tg``, answering with :func:`handle_line` of the started
+    ``manager`` plus ``keywordNotice`` in each reply; ``args``' ``--config`` and ``--backend``
+    are part of the daemon's identity. Returns the socket's path, or ``None`` when none could
+    be made (the reason is on stderr)."""
     from qmdbridge.cli.render import keyword_notice
     from qmdbridge.server.socket_listener import identity_for, serve_socket
 

@@ -276,13 +276,9 @@ def find_miss(question: EvalQuestion, hits: Sequence[RankedHit], *, workspace: s
 
 
 def summarize(outcomes: Sequence[QuestionOutcome], *, categories: Sequence[str] = ()) -> EvalMetrics:
-    """Aggregate judged questions into :class:`EvalMetrics`.
-
-    Args:
-        outcomes: one per question.
-        categories: labels always in ``per_category`` (in this order, zero counts allowed);
-            other labels follow in order of first appearance; questions without one are in none.
-    """
+    """Aggregate judged questions (one outcome each) into :class:`EvalMetrics`; ``categories``
+    are always in ``per_category`` (in this order, zero counts allowed), other labels follow in
+    order of first appearance, questions without one are in none."""
     items = [ev for q in outcomes for ev in q.evidence]
     with_text = [ev for ev in items if ev.has_text]
     lines = [n for q in outcomes for n in q.hit_lines]

@@ -50,12 +50,8 @@ def citations_enabled(mode: str, session_key: str | None) -> bool:
     """Whether hits carry the ``Source:`` footer (spec 2.13): ``on`` -> True, ``off`` ->
     False; ``auto`` (and any invalid mode) -> True for owner calls (no key) and direct chats,
     False when the ``:``-tokens of the key's rest (after ``agent:<id>:``; the whole key when
-    it has no such prefix, unlike the reference) hold ``group`` or ``channel``.
-
-    Args:
-        mode: ``memory.citations``.
-        session_key: the raw session key, or ``None``.
-    """
+    it has no such prefix, unlike the reference) hold ``group`` or ``channel``. ``mode`` is
+    ``memory.citations``, ``session_key`` the raw key."""
     if mode == "on":
         return True
     if mode == "off":

@@ -67,13 +67,9 @@ def _valid(entry: Any, now_ms: int) -> dict[str, Any] | None:
 
 def cached_location(path: Path, command: str | Sequence[str], env: Mapping[str, str], *,
                     now_ms: int | None = None) -> dict[str, Any] | None:
-    """The cached location for ``command`` under ``env``'s ``PATH`` (``path``, ``child_path`` ...),
-    or ``None`` when the sidecar would probe; standard library only.
-
-    Args:
-        path: the cache file. command: ``memory.qmd.command``.
-        env: the environment qmd is looked up with. now_ms: wall clock, epoch ms (default now).
-    """
+    """The cached location (``path``, ``child_path`` ...) for ``memory.qmd.command`` under
+    ``env``'s ``PATH`` in the cache file ``path``, or ``None`` when the sidecar would probe
+    (``now_ms``: epoch ms, default now); standard library only."""
     entry = _load(path).get(probe_key(command, env.get("PATH", "")))
     return _valid(entry, int(time.time() * 1000) if now_ms is None else now_ms)
 

@@ -109,14 +109,9 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                     lock_timeout_ms: int = EXPORT_LOCK_TIMEOUT_MS) -> ExportReport:
     """Export every transcript in ``sessions_dir`` to ``export_dir/<session id>.md`` (written only
     when its bytes differ; transcripts past ``retention_days`` and cron runs skipped; every other
-    ``*.md`` there deleted at the end; with ``state`` an unchanged transcript is not parsed again).
-
-    Args:
-        sessions_dir: the agent's transcripts folder (missing = none).
-        export_dir: the sessions collection's folder (created if missing).
-        retention_days: ``memory.qmd.sessions.retentionDays``; ``None`` or 0 keeps all.
-        now_ms: current time, epoch ms. state: per-manager cache (updated in place).
-        lock_timeout_ms: wait for another pass over ``export_dir``, ms.
+    ``*.md`` there deleted at the end; with ``state``, updated in place, an unchanged transcript
+    is not parsed again). ``export_dir`` is created if missing; ``retention_days`` ``None`` or 0
+    keeps all; ``now_ms``: epoch ms; ``lock_timeout_ms``: wait for another pass there, ms.
 
     Returns:
         :class:`ExportReport` with export file names.

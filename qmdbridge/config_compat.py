@@ -176,14 +176,9 @@ def _number(value: Any) -> float | None:
 
 def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path: str,
                     used: dict[str, Any] | None = None) -> list[str]:
-    """One warning per number in ``written`` that the settings changed in ``resolved``.
-
-    Args:
-        written: a settings object as written (camelCase keys).
-        resolved: the same object validated alone and dumped by alias.
-        key_path: where ``written`` is in the config (``memory.search``).
-        used: the settings in effect, dumped by alias, whose value is reported as used
-            (default ``resolved``).
+    """One warning per number in ``written`` (a settings object as written at ``key_path``) that
+    the settings changed in ``resolved`` (it validated alone, dumped by alias); ``used`` (default
+    ``resolved``) gives the value in effect.
 
     Returns:
         ``["<key path>.<key>: <written> is out of range; using <used>"]`` in key order (hybrid

@@ -145,13 +145,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(only: str | None = None, *, json_errors: bool = False) -> argparse.ArgumentParser:
-    """The argument parser.
-
-    Args:
-        only: build just this command's sub-parser (the same definition); ``None``: all.
-        json_errors: a usage error prints ``{"error", "errorType", "exitCode"}`` on stdout
-            instead of argparse's lines on stderr.
-    """
+    """The argument parser, with only the sub-parser of command ``only`` (``None``: all); with
+    ``json_errors`` a usage error prints ``{"error", "errorType", "exitCode"}`` on stdout."""
     parser = _Parser(prog="qmdbridge", description="Memory search for AI agents over Markdown "
                      "memory files: qmd sidecar with a builtin SQLite fallback.", epilog=EPILOG,
                      formatter_class=_RawDescriptionFormatter, json_errors=json_errors)

@@ -66,15 +66,9 @@ def progress_line(*, files_done: int, files_total: int, chunks: int, embedded: i
 
 class SyncProgress:
     """The ``on_progress(files_done, files_total, chunks_embedded, chunks_written)``
-    callback of a sync, and what it prints.
-
-    Args:
-        stream: where lines go (stderr).
-        rich: draw a rich progress bar instead of plain lines.
-        started_s: the sync's start on the :func:`time.monotonic` scale.
-        index_writer: ``() -> pid`` of the process writing the index (its writer lock's
-            holder), or ``None`` when none is; ``None`` (the default) for no such check.
-    """
+    callback of a sync, and what it prints to ``stream`` (a rich bar with ``rich``);
+    ``started_s`` on the :func:`time.monotonic` scale; ``index_writer``: ``() -> pid`` of the
+    writer lock's holder, or ``None`` (the default) for no such check."""
 
     def __init__(self, *, stream: IO[str], rich: bool, started_s: float,
                  index_writer: Callable[[], int | None] | None = None) -> None:

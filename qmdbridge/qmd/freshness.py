@@ -21,13 +21,9 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 class QmdFreshness:
     """Watcher-driven updates for one qmd backend: a change marks the index dirty and, once the files
     were quiet for ``watch_debounce_ms``, runs an unforced update (deferred within
-    ``update_debounce_ms`` of the last one); a failure is reported by ``tasks`` and retried.
-
-    Args:
-        workspace: the agent workspace. extra_dirs: the custom collections as extra paths.
-        cycle: the backend's ``UpdateCycle``. now_ms: clock in epoch ms.
-        watch_debounce_ms / update_debounce_ms: quiet time, and distance between updates, ms.
-        tasks: runs the re-arm of a dead watcher.
+    ``update_debounce_ms`` of the last one) by the backend's ``cycle``; a failure is reported by
+    ``tasks`` (which also re-arm a dead watcher) and retried. ``extra_dirs``: the custom
+    collections as extra paths; ``now_ms``: clock in epoch ms.
     """
 
     def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,

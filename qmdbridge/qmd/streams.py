@@ -71,11 +71,9 @@ class QmdProcess:
     """One process in its own session, stdin ``/dev/null``, stdout and stderr drained by a thread.
 
     Args:
-        argv: the command line as reported (``RunResult.argv``).
-        env: the complete child environment. cwd: the working directory.
+        argv: the command line as reported (``RunResult.argv``); ``env`` is complete.
         command: what is started when it differs from ``argv`` (an exec wrapper, a batch line).
         max_chars: per-stream cap in code points (the tail is kept).
-        discard_stdout: stdout goes to ``/dev/null``.
         on_done: called on the drain thread once the process is reaped and both pipes closed.
 
     Raises:

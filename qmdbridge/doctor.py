@@ -158,6 +158,7 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
     loc = await probe_qmd(agent.memory.qmd.command, env=env)
     configured = agent.memory.backend == "qmd"
     level: Literal["warn", "error"] = "error" if configured else "warn"
+    found = f"{loc.version or 'qmd'} at {loc.path}"
     if loc.usable and configured and agent.workspace_dir.is_dir():
         backend = QmdBackend(agent, location=loc, mode="cli", env=env)
         unusable = None
@@ -171,22 +172,22 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
         finally:
             await backend.close()
         if unusable is not None:
-            return Check("qmd", level, f"{loc.version or 'qmd'} at {loc.path} answers, but {unusable}",
+            return Check("qmd", level, f"{found} answers, but {unusable}",
                          "install a qmd that honours `collection add --mask` (scripts/install-qmd.sh "
                          "installs 2.8.3); the builtin engine answers meanwhile")
         if problem is None:
-            return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}; a test search answered")
+            return Check("qmd", "ok", f"{found}; a test search answered")
         from qmdbridge.qmd.index_health import is_corrupt
 
         hint = ("qmd's index is corrupt: the next qmdbridge command (a search, status, `qmdbridge "
                 "qmd update`) moves it aside and re-indexes" if is_corrupt(problem) else
                 "run that command by hand to see qmd's error; reinstall qmd "
                 "(scripts/install-qmd.sh) or fix memory.qmd.command")
-        return Check("qmd", level, f"{loc.version or 'qmd'} at {loc.path} answers --version but its "
-                     f"searches fail: {problem}", f"{hint}; the builtin engine answers meanwhile")
+        return Check("qmd", level, f"{found} answers --version but its searches fail: {problem}",
+                     f"{hint}; the builtin engine answers meanwhile")
     if loc.usable:  # not tried: qmd is not the backend, or there is no workspace to run it in
-        return Check("qmd", "ok", f"{loc.version or 'qmd'} at {loc.path}")
-    return Check("qmd", level if configured else "warn",
+        return Check("qmd", "ok", found)
+    return Check("qmd", level,
                  f"{loc.reason}{'' if configured else ' (not needed: memory.backend is ' + agent.memory.backend + ')'}",
                  "run scripts/install-qmd.sh, install qmd with `bun install -g @tobilu/qmd`, or set "
                  "memory.qmd.command; the builtin engine answers meanwhile")

@@ -127,13 +127,10 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
                                       min_score=args.min_score, session_key=args.session_key,
                                       explain=args.explain, corpus=args.corpus,
                                       progress=on_progress)
-    if args.json:
-        emit_json({**response.to_json_dict(), "servedBy": "process"})
-        return EXIT_OK
-    from qmdbridge.cli.render import keyword_notice, print_search_doc
+    from qmdbridge.cli.render import keyword_notice, print_answer
 
-    print_search_doc(response.to_json_dict(), keyword_notice=keyword_notice(agent.memory_search.provider))
-    return EXIT_OK
+    return print_answer(args, response.to_json_dict(), served_by="process",
+                        keyword_notice=keyword_notice(agent.memory_search.provider))
 
 
 async def _get(agent: Any, args: argparse.Namespace) -> int:
@@ -142,17 +139,13 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
                                    corpus=args.corpus)
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
-    if args.json:
-        emit_json({**result.to_json_dict(), "servedBy": "process"})
-        return EXIT_OK
-    from qmdbridge.cli.render import print_get_doc
+    from qmdbridge.cli.render import print_answer
 
-    print_get_doc(result.to_json_dict(), from_line=args.from_line)
-    return EXIT_OK
-
+    return print_answer(args, result.to_json_dict(), served_by="process")
 
 
 async def _status(agent: Any, args: argparse.Namespace) -> int:
+    from qmdbridge.cli.render import print_answer
     from qmdbridge.manager import require_workspace
     from qmdbridge.problems import status_problems
 
@@ -160,14 +153,7 @@ async def _status(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         st = await m.status()
     doc = st.to_json_dict()
-    problems = status_problems(doc)
-    if args.json:
-        emit_json({**doc, "problems": problems, "servedBy": "process"})
-    else:
-        from qmdbridge.cli.render import print_status_doc
-
-        print_status_doc(doc, problems=problems)
-    return EXIT_OK
+    return print_answer(args, {**doc, "problems": status_problems(doc)}, served_by="process")
 
 
 async def _index(agent: Any, args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from qmdbridge.cli.common import EXIT_OK, EXIT_REFUSED, emit_plain_json
+from qmdbridge.cli.common import EXIT_REFUSED, emit_plain_json
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     client_fingerprint,
@@ -126,18 +126,9 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
         from qmdbridge.problems import status_problems
 
         result = {**result, "problems": status_problems(result)}
-    if args.json:
-        emit_plain_json({**result, "servedBy": "daemon"})
-        return EXIT_OK
-    from qmdbridge.cli import render
+    from qmdbridge.cli.render import print_answer
 
-    if args.command == "search":
-        render.print_search_doc(result, keyword_notice=keyword_notice)
-    elif args.command == "get":
-        render.print_get_doc(result, from_line=args.from_line)
-    else:
-        render.print_status_doc(result, problems=result["problems"])
-    return EXIT_OK
+    return print_answer(args, result, served_by="daemon", keyword_notice=keyword_notice)
 
 
 def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int | None:

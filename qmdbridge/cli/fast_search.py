@@ -200,8 +200,7 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     from fallback.store.errors import IndexStoreReadOnlyError
     from fallback.store.files import check_writable, read_only_warning
     from fallback.store.readonly import ReadOnlyStore
-    from qmdbridge.cli.common import EXIT_OK, emit_plain_json
-    from qmdbridge.cli.render import print_search_doc
+    from qmdbridge.cli.render import print_answer
 
     if doc.get("backend") != "builtin":
         return None
@@ -234,9 +233,5 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
     except IndexStoreError as exc:
         _note(args, f"one-shot search runs the engine: {exc}")
         return None
-    answer = search_doc(hits, citations=doc["citations"], warnings=warnings)
-    if args.json:
-        emit_plain_json({**answer, "servedBy": "process"})
-    else:
-        print_search_doc(answer, keyword_notice=doc["keywordNotice"])
-    return EXIT_OK
+    return print_answer(args, search_doc(hits, citations=doc["citations"], warnings=warnings),
+                        served_by="process", keyword_notice=doc["keywordNotice"])

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["KEYWORD_ONLY_NOTICE", "QMD_UNAVAILABLE", "explain_lines", "get_page_text", "keyword_notice",
-           "print_get_doc", "print_search_doc", "print_status_doc"]
+           "print_answer", "print_get_doc", "print_search_doc", "print_status_doc"]
 
 # Printed once (stderr) by a plain search that the builtin engine answered keyword-only.
 KEYWORD_ONLY_NOTICE = 'keyword-only: no embedding provider — see README "Semantic search"'
@@ -28,6 +28,22 @@ def keyword_notice(provider: str) -> bool:
     (:data:`KEYWORD_ONLY_NOTICE`): not when ``memorySearch.provider`` is ``"none"``. Every
     route asks this."""
     return provider != "none"
+
+
+def print_answer(args: Any, doc: dict[str, Any], *, served_by: str, keyword_notice: bool = True) -> int:
+    """Print a ``search`` / ``get`` / ``status`` answer as every route prints it: ``doc`` with
+    ``servedBy`` under ``--json``, else as text (a status ``doc`` holds its ``problems``); exit 0."""
+    from qmdbridge.cli.common import EXIT_OK, emit_plain_json
+
+    if args.json:
+        emit_plain_json({**doc, "servedBy": served_by})
+    elif args.command == "search":
+        print_search_doc(doc, keyword_notice=keyword_notice)
+    elif args.command == "get":
+        print_get_doc(doc, from_line=args.from_line)
+    else:
+        print_status_doc(doc, problems=doc["problems"])
+    return EXIT_OK
 
 
 def print_search_doc(doc: dict[str, Any], *, keyword_notice: bool = True) -> None:

@@ -379,12 +379,12 @@ async def _add(mc: ManagedCollection, *, run: RunCollectionCommand,
                           [str(mc.path)])
         if res.ok:
             got = await _read_back(mc, run)
-            if got is None or ((got.pattern is None or got.pattern == mc.pattern) and (
-                    got.path is None or _same_path(got.path, mc.path, mc.path))):
+            same_path = got is None or got.path is None or _same_path(got.path, mc.path, mc.path)
+            if got is None or (same_path and (got.pattern is None or got.pattern == mc.pattern)):
                 state.pattern_flag = flag
                 state.refused.pop(mc.name, None)
                 return res
-            moved = moved or (got.path is not None and not _same_path(got.path, mc.path, mc.path))
+            moved = moved or not same_path
             ignored.append(f"{flag} {mc.pattern!r} gave path {got.path} pattern {got.pattern!r}")
             log.warning("qmd collection add %s %s %r recorded path %s pattern %r; removing it",
                         mc.name, flag, mc.pattern, got.path, got.pattern)

@@ -1,11 +1,7 @@
 """The ``qmdbridge`` command line: the parser and the entry point.
 
-``search``, ``get`` and ``status`` first try a running ``qmdbridge serve`` of the agent
-(:mod:`qmdbridge.cli.daemon_client`), then, for ``search``, the recorded fast path
-(:mod:`qmdbridge.cli.fast_search`); only then is anything heavy imported, so this module
-imports the standard library only. With ``--json`` exactly one JSON document goes to stdout
-(errors too, ``{"error", "errorType", "exitCode"}``). Exit codes: :data:`EPILOG`; 141 when
-stdout's reader went away (``| head -c1``), as a shell reports a program SIGPIPE ended.
+Standard library only until a command runs in-process: ``search``, ``get`` and ``status`` try
+the daemon and the fast path first (docs/cli.md, "One-shot or daemon"); exit codes: :data:`EPILOG`.
 """
 
 from __future__ import annotations

@@ -195,11 +195,8 @@ class QmdBackend:
 
     async def start(self, tasks: BackgroundTasks | None = None, *, boot_update: bool = True) -> None:
         """Start-up: qmd home, collections, index health, the boot update (awaited with
-        ``update.waitForBootSync``), then in ``full`` mode timers, watcher and warm child in ``tasks``.
-
-        Args:
-            tasks: the manager's task group (required in ``full`` mode).
-            boot_update: ``False`` skips the boot update (operator commands).
+        ``update.waitForBootSync``; ``boot_update=False`` skips it), then in ``full`` mode timers,
+        watcher and warm child in ``tasks``, the manager's task group.
 
         Raises:
             ManagerClosedError: closed. UsageError: ``full`` mode without ``tasks``.

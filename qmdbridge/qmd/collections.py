@@ -252,15 +252,9 @@ async def _safe(run: RunCollectionCommand, args: list[str], pos: list[str]) -> C
 
 async def reconcile(managed: list[ManagedCollection], *, run: RunCollectionCommand,
                     agent_id: str, workspace: Path, state: ReconcileState) -> None:
-    """Make qmd's collections match ``managed`` (spec 2.6); never raises for qmd errors: list,
-    remove unscoped legacy names, then skip, rebind or add (``--mask``, then ``--glob``) each.
-
-    Args:
-        managed: the collections to have, in order.
-        run: runs ``qmd <args> --index index -- <positionals>``; may raise ``BackendUnavailableError``.
-        agent_id: for legacy names. workspace: resolves relative listed paths.
-        state: remembered flag and warnings (reset here).
-    """
+    """Make qmd's collections match ``managed`` (spec 2.6), running each command through ``run``;
+    never raises for qmd errors: list, remove unscoped legacy names of ``agent_id``, then skip,
+    rebind or add (``--mask``, then ``--glob``) each. ``state`` is reset here."""
     state.warnings = []
     state.refused = {}
     state.missing = {}

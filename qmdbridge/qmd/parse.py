@@ -198,13 +198,9 @@ def locate_entries(entries: Iterable[tuple[QmdEntry, str | None]], *,
     """Find parsed entries on disk (spec 2.8.4 steps 1-7), in qmd's order; those not in a managed
     collection, under ``min_score``, outside the memory-file rule (:meth:`ManagedCollection.admits`)
     or behind a symlink are dropped, a slug-normalised path is mapped back to its file.
-
-    Args:
-        entries: ``(entry, collection hint)`` pairs (the hint: the one collection its call searched).
-        roots: managed collections by name.
-        cache: docid cache (``<collection or *>:<docid>`` -> row), kept until the next update.
-        notes: receives one line per ambiguous hit dropped. listings: kept folder listings.
-        read_lines: keep the lines of files up to ``4 x MAX_FOCUS_CHARS`` bytes (for passages).
+    ``entries`` pair each entry with the collection its call searched; ``cache`` maps
+    ``<collection or *>:<docid>`` to a row until the next update; ``notes`` receives one line
+    per ambiguous hit dropped; ``read_lines`` keeps files up to ``4 x MAX_FOCUS_CHARS`` bytes.
 
     Raises:
         BackendUnavailableError: the index was busy.

@@ -94,15 +94,9 @@ class _StartFailed(Exception):
 class WarmChild:
     """A supervised ``qmd mcp`` child (stdio transport) that answers ``query``-mode searches.
 
-    Args:
-        argv: the child's argv (qmd, ``mcp``, ``--index index``).
-        env: the child's environment. cwd: its working directory (the agent workspace).
-        startup_budget_ms: how long one start may take until ``initialize`` answers, ms > 0.
-        index_db: qmd's ``index.sqlite``: a child whose file was replaced is restarted, the
-            call spawned; ``None``: not checked.
-        policy: restart backoff (default 1 s doubling to 5 min).
-        now_ms: clock in epoch ms, for status.
-
+    ``startup_budget_ms``: how long one start may take until ``initialize`` answers (> 0);
+    ``index_db``: a child whose ``index.sqlite`` was replaced is restarted, the call spawned
+    (``None``: not checked); ``policy``: restart backoff (default 1 s doubling to 5 min).
     :meth:`attach` a task group, :meth:`launch` it (or let the first search), :meth:`close` it.
     """
 

@@ -87,16 +87,9 @@ def settings_path(key: dict[str, Any]) -> str:
 
 
 def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
-    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may
-    hold what another user wrote.
-
-    Returns:
-        ``None`` when only this user could have written it, else one line such as
-        ``/s/cli-cache is writable by group or others``.
-
-    Raises:
-        OSError: ``path`` cannot be stat'ed.
-    """
+    """Why the cache folder or file at ``path`` (``st``: its ``fstat`` when open) may hold what
+    another user wrote (``/s/cli-cache is writable by group or others``), else ``None``;
+    ``OSError`` when ``path`` cannot be stat'ed."""
     s = os.stat(path) if st is None else st
     if hasattr(os, "geteuid") and s.st_uid != os.geteuid():
         return f"{path} belongs to uid {s.st_uid}"

@@ -178,12 +178,8 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
 
 
 def _private_folder(folder: Path) -> bool:
-    """Create the cache folder 0700 (or take group and other bits back from ours);
-    False when it belongs to another user.
-
-    Raises:
-        OSError: the folder cannot be created or changed.
-    """
+    """Create the cache folder 0700 (or take group and other bits back from ours); False when it
+    belongs to another user, ``OSError`` when it cannot be created or changed."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # paths of the agent: ours only
     st = folder.stat()
     if hasattr(os, "geteuid") and st.st_uid != os.geteuid():

@@ -58,16 +58,10 @@ def model_missing_problem(missing: str) -> dict[str, Any]:
                     "(or set memorySearch.local.modelPath to a .gguf file you have)")
 
 
-def _skip_hint(reason: str) -> str | None:
-    if reason.startswith("too large"):
-        return "split the file, or raise memorySearch.maxFileBytes"
-    if reason.startswith("binary"):
-        return "memory files are Markdown text; move the file out of the memory folders"
-    if reason.startswith("symlink"):  # a note or a folder
-        return _LINK_FIX
-    if reason.startswith("unreadable"):
-        return "fix the file's permissions"
-    return None
+# The fix of a skipped file, by how its reason starts (a symlink: a note or a folder).
+_SKIP_HINTS = (("too large", "split the file, or raise memorySearch.maxFileBytes"),
+               ("binary", "memory files are Markdown text; move the file out of the memory folders"),
+               ("symlink", _LINK_FIX), ("unreadable", "fix the file's permissions"))
 
 
 def _issue_hint(issue: str) -> str | None:
@@ -111,7 +105,7 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     backends: dict[str, Any] = status.get("backends") or {}
     view = _files_view(status)
     out = [_problem("memory file", f"{s.get('path')} is not indexed: {s.get('reason')}",
-                    _skip_hint(str(s.get("reason"))))
+                    next((fix for start, fix in _SKIP_HINTS if str(s.get("reason")).startswith(start)), None))
            for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
     out += [_problem("memory paths", str(i), _issue_hint(str(i)))
             for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]

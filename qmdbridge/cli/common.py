@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json",
-           "emit_plain_json"]
+           "emit_plain_json", "verbose_note"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -52,3 +52,9 @@ def emit_plain_json(doc: dict[str, Any]) -> None:
 
     sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
     sys.stdout.flush()
+
+
+def verbose_note(args: Any, message: str) -> None:
+    """With ``-v``, write ``message`` to stderr as a ``-v`` log line of the CLI would read."""
+    if getattr(args, "verbose", False):
+        sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")

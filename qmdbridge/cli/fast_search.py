@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import zlib
 from collections.abc import Mapping
 
 from fallback.errors import UsageError
 from fallback.request import SearchRequest
+from qmdbridge.cli.common import verbose_note
 from qmdbridge.server.wire import client_fingerprint
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -42,12 +42,6 @@ CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cl
 def cache_disabled(env: Mapping[str, str]) -> bool:
     """True when ``$QMDBRIDGE_CLI_CACHE`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
     return env.get(CACHE_ENV, "").strip().lower() in ("off", "0", "false", "no")
-
-
-def _note(args: argparse.Namespace, message: str) -> None:
-    """With ``-v``, say on stderr why the search runs in-process (as a ``-v`` log line would)."""
-    if getattr(args, "verbose", False):
-        sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")
 
 
 def _code_stamp() -> list[list[Any]]:
@@ -116,7 +110,7 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     except (OSError, ValueError):
         return None
     if why is not None:
-        _note(args, f"one-shot search runs the engine: {why}")
+        verbose_note(args, f"one-shot search runs the engine: {why}")
         return None
     if not isinstance(doc, dict) or doc.get("key") != key:
         return None
@@ -134,7 +128,7 @@ def _recorded(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any
     for named, real in paths:
         now = os.path.realpath(named)
         if now != real:
-            _note(args, f"one-shot search runs the engine: {named} resolves to {now} now")
+            verbose_note(args, f"one-shot search runs the engine: {named} resolves to {now} now")
             return None
     if builtin and any(env.get(str(k), "").strip() for k in env_keys or ()):
         return None
@@ -205,7 +199,7 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
         return None
     if not os.access(settings.db_path.parent, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
         # the engine's SQLite open is refused first then, in its own words
-        _note(args, f"one-shot search runs the engine: {settings.db_path.parent} cannot be written")
+        verbose_note(args, f"one-shot search runs the engine: {settings.db_path.parent} cannot be written")
         return None
     warnings: list[str] = []
     try:
@@ -219,12 +213,12 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
         with store:
             why = stale_reason(store, settings)
             if why is not None:
-                _note(args, f"one-shot search runs the engine: {why}")
+                verbose_note(args, f"one-shot search runs the engine: {why}")
                 return None
             hits = search_in_sync(store, settings, args.query, max_results=args.max_results,
                                   min_score=args.min_score)
     except IndexStoreError as exc:
-        _note(args, f"one-shot search runs the engine: {exc}")
+        verbose_note(args, f"one-shot search runs the engine: {exc}")
         return None
     return print_answer(args, search_doc(hits, citations=doc["citations"], warnings=warnings),
                         served_by="process", keyword_notice=doc["keywordNotice"])

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
+from qmdbridge.cli.common import verbose_note
 from qmdbridge.qmd.early import EarlyCalls
 from qmdbridge.qmd.streams import QmdProcess
 
@@ -119,8 +119,7 @@ def _start_calls(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any
     try:
         _plan_and_start(calls, args, qmd, env)
     except Exception as exc:  # the CLI edge: nothing may reach stderr from this thread
-        if getattr(args, "verbose", False):
-            sys.stderr.write(f"INFO qmdbridge.cli: qmd calls not started ahead: {exc!r}\n")
+        verbose_note(args, f"qmd calls not started ahead: {exc!r}")
 
 
 def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, Any],
@@ -141,8 +140,7 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
     home = qmd_home(Path(qmd["stateDir"]), qmd["agentId"])
     counts, err = index_counts(home.index_db, log_errors=False)  # logging is not set up yet
     if err is not None:  # (the search reads it again and logs it)
-        if getattr(args, "verbose", False):
-            sys.stderr.write(f"INFO qmdbridge.cli: qmd calls not started ahead: {err}\n")
+        verbose_note(args, f"qmd calls not started ahead: {err}")
         return
     colls = [str(c) for c in qmd["collections"] if not counts or counts.get(str(c), 0) > 0]
     if not colls:
@@ -163,6 +161,5 @@ def _plan_and_start(calls: EarlyCalls, args: argparse.Namespace, qmd: dict[str, 
 
 def note_used(args: argparse.Namespace, calls: EarlyCalls) -> None:
     """With ``-v``, say on stderr how many qmd calls were started ahead and how many the search took."""
-    if getattr(args, "verbose", False):
-        sys.stderr.write(f"INFO qmdbridge.cli: qmd calls started ahead of the config: {calls.started}, "
-                         f"taken by the search: {calls.used}\n")
+    verbose_note(args, f"qmd calls started ahead of the config: {calls.started}, taken by the "
+                       f"search: {calls.used}")

@@ -42,7 +42,7 @@ from qmdbridge.qmd.runner import (
 
 __all__ = ["BUSY_ATTEMPTS", "MAX_PARALLEL_CALLS", "SEARCH_TIMEOUT_SETTING", "VEC0_HINT", "CallPlan",
            "FlagRejected", "MissingCollection", "VectorModuleMissing", "WarmSearch", "probe_search",
-           "search_collections", "search_with_repairs", "timeout_hint"]
+           "search_collections", "search_with_repairs"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
 
@@ -139,14 +139,15 @@ class CallPlan:
         """ms left before :attr:`deadline`."""
         return int((self.deadline - anyio.current_time()) * 1000)
 
-
-def timeout_hint(mode: str, models_dir: Path, env: Mapping[str, str]) -> str | None:
-    """``models missing or downloading? ...`` when ``mode`` needs models and qmd's cache has none of them, else ``None``."""
-    wanted = default_kinds(model_kinds(mode, None), env)
-    if not wanted or len(missing_models(models_dir, wanted)) < len(wanted):
-        return None
-    return ("models missing or downloading? qmd's model cache is empty; run `qmdbridge warmup` "
-            "once, online")
+    def timeout(self, summary: str) -> BackendTimeoutError:
+        """The error of call ``summary`` past :attr:`deadline`, naming ``limits.timeoutMs``, with
+        ``models missing or downloading? ...`` when ``mode`` needs models and qmd's cache has none."""
+        wanted = default_kinds(model_kinds(self.mode, None), self.env)
+        hint = None
+        if wanted and len(missing_models(self.models_dir, wanted)) == len(wanted):
+            hint = ("models missing or downloading? qmd's model cache is empty; run `qmdbridge warmup` "
+                    "once, online")
+        return BackendTimeoutError("qmd", summary, self.timeout_ms, setting=SEARCH_TIMEOUT_SETTING, hint=hint)
 
 
 def _summary(args: list[str], q: str) -> str:
@@ -158,7 +159,6 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
     args, query, command = search_call(q, coll.name, mode=plan.mode, limit=plan.limit,
                                        no_rerank=plan.no_rerank, lex=plan.lex)
     summary = _summary(args, " | ".join(plan.lex) if is_lex_call(plan.mode, plan.lex) else q)
-    hint = timeout_hint(plan.mode, plan.models_dir, plan.env)
     attempts = 0
     busy_seen = False  # an attempt answered busy
 
@@ -166,8 +166,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
         nonlocal busy_seen
         remaining = plan.remaining_ms()
         if remaining <= 0:
-            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
-                                      hint=hint)
+            raise plan.timeout(summary)
         try:
             res = await run(args, [query], remaining)
         except BackendTimeoutError:
@@ -175,8 +174,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
             if busy_seen or (plan.index_db is not None
                              and await anyio.to_thread.run_sync(index_locked, plan.index_db)):
                 raise QmdBusyError(summary, attempts=attempts) from None
-            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
-                                      hint=hint) from None
+            raise plan.timeout(summary) from None
         except QmdCommandError as exc:
             if exc.errno != errno.E2BIG:
                 raise

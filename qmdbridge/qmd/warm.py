@@ -16,7 +16,6 @@ import anyio
 from anyio.abc import ByteReceiveStream
 
 from fallback.background import BackgroundTasks, RetryPolicy
-from fallback.errors import BackendTimeoutError
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.index_health import db_identity
@@ -24,7 +23,7 @@ from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
 from qmdbridge.qmd.query_text import encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
 from qmdbridge.qmd.runner import kill_and_reap, parent_death_argv, process_command
-from qmdbridge.qmd.search_calls import SEARCH_TIMEOUT_SETTING, CallPlan, timeout_hint
+from qmdbridge.qmd.search_calls import CallPlan
 from qmdbridge.qmd.streams import TailBuffer
 
 __all__ = ["WarmChild", "entries_from_mcp", "strip_line_numbers"]
@@ -337,8 +336,7 @@ class WarmChild:
             if hung_on_timeout and failed is not None:
                 self._error(f"{summary} did not answer within {plan.timeout_ms} ms; restarting it")
                 failed.set()  # the supervisor kills and restarts this child
-            raise BackendTimeoutError("qmd", summary, plan.timeout_ms, setting=SEARCH_TIMEOUT_SETTING,
-                                      hint=timeout_hint(plan.mode, plan.models_dir, plan.env)) from None
+            raise plan.timeout(summary) from None
         except QmdMcpError as exc:
             self.spawn_fallbacks += 1
             self._error(f"{exc.reason}; spawning qmd for this search")

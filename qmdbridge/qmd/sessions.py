@@ -121,6 +121,7 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
             lock file cannot be opened.
         BackendTimeoutError: another pass held the lock longer than ``lock_timeout_ms``.
     """
+    state = ExportState() if state is None else state  # a pass of its own: nothing reused
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
@@ -155,7 +156,7 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
             if cutoff_ms is not None and st.st_mtime_ns // 1_000_000 < cutoff_ms:
                 continue
             produced.add(name)
-            seen = state.seen.get(key) if state is not None else None
+            seen = state.seen.get(key)
             if (seen is not None and (seen.mtime_ns, seen.size, seen.ctime_ns)
                     == (st.st_mtime_ns, st.st_size, change_time_ns(st))):
                 current = _read_bytes(target)
@@ -179,9 +180,8 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
                     report.errors.append(f"{name}: write failed: {exc.strerror or exc}")
                     continue
                 report.written.append(name)
-            if state is not None:
-                state.seen[key] = _Seen(st.st_mtime_ns, st.st_size, change_time_ns(st),
-                                        hashlib.sha256(data).hexdigest())
+            state.seen[key] = _Seen(st.st_mtime_ns, st.st_size, change_time_ns(st),
+                                    hashlib.sha256(data).hexdigest())
         if scan.error is not None:
             raise BackendUnavailableError(
                 "qmd", "QMD session export aborted: session enumeration failed")
@@ -189,9 +189,8 @@ def export_sessions(sessions_dir: Path, export_dir: Path, *, retention_days: int
             if entry.name not in produced and entry.is_file():
                 entry.unlink(missing_ok=True)
                 report.removed.append(entry.name)
-        if state is not None:
-            for key in [k for k in state.seen if k not in present]:
-                del state.seen[key]
+        for key in [k for k in state.seen if k not in present]:
+            del state.seen[key]
     finally:
         lock.close()
     return report

@@ -114,18 +114,15 @@ class _ClosedSessionStreams(logging.Filter):
                     and isinstance(error, anyio.ClosedResourceError | anyio.BrokenResourceError))
 
 
-class _SdkLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """stderr lines ``qmdbridge mcp: WARNING mcp.server.transport_security: Invalid Host
-    header: evil.example`` for the MCP SDK's own log records."""
-
-
 def _route_sdk_logs(*, verbose: bool) -> None:
-    """Send the MCP SDK's log records through one handler of ours: warnings and below
-    only with ``verbose`` (the refused client already got its 4xx), errors always."""
+    """Send the MCP SDK's log records through one handler of ours (stderr lines ``qmdbridge mcp:
+    WARNING mcp.server.transport_security: Invalid Host header: evil.example``): warnings and
+    below only with ``verbose`` (the refused client already got its 4xx), errors always."""
     sdk = logging.getLogger("mcp")
-    if any(isinstance(h, _SdkLogHandler) for h in sdk.handlers):
+    if any(h.get_name() == SERVER_NAME for h in sdk.handlers):
         return
-    handler = _SdkLogHandler(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(SERVER_NAME)
     handler.setFormatter(logging.Formatter("qmdbridge mcp: %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO if verbose else logging.ERROR)
     sdk.addHandler(handler)

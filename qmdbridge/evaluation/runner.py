@@ -256,15 +256,6 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
     return agent.model_copy(update={"memory_search": search, "engine": engine, "memory": memory})
 
 
-def _forget_breakers(agent: ResolvedAgent) -> None:
-    """Remove this state dir's qmd breaker files: an earlier run's failure must not make this one fall back."""
-    from qmdbridge.paths import qmd_home
-
-    home = qmd_home(agent.state_dir, agent.agent_id)
-    for breaker in (home.breaker, home.startup_breaker):
-        breaker.unlink(missing_ok=True)
-
-
 async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any:
     """The qmd backend's warm child once ready (waited up to ``update.commandTimeoutMs``), or ``None``."""
     backend = await manager.qmd()
@@ -287,14 +278,17 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
             ``qmd update`` failed.
     """
     from qmdbridge.manager import MemoryManager
+    from qmdbridge.paths import qmd_home
 
     outcomes: list[QuestionOutcome] = []
     misses: list[Miss] = []
     first: SearchResponse | None = None
     warnings: list[str] = []
     tally = BackendTally()
-    if options.backend == "qmd":
-        _forget_breakers(agent)
+    if options.backend == "qmd":  # an earlier run's failure must not make this one fall back
+        home = qmd_home(agent.state_dir, agent.agent_id)
+        for breaker in (home.breaker, home.startup_breaker):
+            breaker.unlink(missing_ok=True)
     async with MemoryManager(agent, backend=options.backend,
                              mode="full" if options.long_lived else "cli") as manager:
         start = time.perf_counter()

@@ -109,10 +109,7 @@ def _interpreter_dir(exe: str, path_env: str) -> str | None:
 
 
 def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:_QUOTE_CHARS]
-    return ""
+    return next((line.strip()[:_QUOTE_CHARS] for line in text.splitlines() if line.strip()), "")
 
 
 class QmdLocator:

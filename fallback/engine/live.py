@@ -137,7 +137,9 @@ class LiveSync:
     async def _rescan_tick(self) -> None:
         """The safety-net rescan; on success a degraded-watcher mark is cleared."""
         await self._engine.sync_after_running(reason="rescan")
-        self.rescanned()
+        self._degraded = None  # the index is known correct again
+        if self.watcher is not None:
+            self._rearms_synced = self.watcher.state.rearms
         self.sync_counts["rescan"] += 1
 
     def spawn_sync(self, reason: str) -> anyio.Event:
@@ -253,17 +255,23 @@ class LiveSync:
     def unsynced_changes(self) -> int:
         """Memory paths the watcher holds in its debounce, counted once per new event (a search
         then syncs first); 0 when no event is new since the last call that returned more."""
-        watcher = self.watcher
-        if watcher is None or self._closed:
+        if self._closed:
             return 0
-        events, pending = watcher.unsent()
-        if events <= self._events_searched:
-            return 0
-        sessions_dir = self._engine.settings.sessions_dir
-        changed = sum(1 for p in pending if p == RESCAN_MARKER or Path(p).parent != sessions_dir)
+        events, changed = self._memory_unsent(rescan=True)
         if changed:
             self._events_searched = events
         return changed
+
+    def _memory_unsent(self, *, rescan: bool) -> tuple[int, int]:
+        """``(watcher events seen, memory paths it holds unsent)``; the paths count 0 when no
+        event is new since a search last synced (``rescan``: the rescan marker counts too)."""
+        if self.watcher is None:
+            return 0, 0
+        events, pending = self.watcher.unsent()
+        sessions_dir = self._engine.settings.sessions_dir
+        return events, 0 if events <= self._events_searched else sum(
+            1 for p in pending if (rescan or p != RESCAN_MARKER)
+            and (p == RESCAN_MARKER or Path(p).parent != sessions_dir))
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
         """The live part of a status (``dead``: a cause :meth:`check_watcher` just found); its
@@ -287,21 +295,10 @@ class LiveSync:
                          f"session batch window ({self.session_batch_ms} ms)")
         if self._session_sync_due:
             parts.append("a session-delta sync is due")
-        watcher = self.watcher
-        if memory and watcher is not None:
-            sessions_dir = self._engine.settings.sessions_dir
-            events, pending = watcher.unsent()  # those a search has synced already do not wait
-            files = 0 if events <= self._events_searched else sum(
-                1 for p in pending if p != RESCAN_MARKER and Path(p).parent != sessions_dir)
-            if files:
-                parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
+        files = self._memory_unsent(rescan=False)[1] if memory else 0
+        if files:
+            parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
         return "; ".join(parts) or None
-
-    def rescanned(self) -> None:
-        """Called after a successful rescan sync: the index is known correct again."""
-        self._degraded = None
-        if self.watcher is not None:
-            self._rearms_synced = self.watcher.state.rearms
 
     @property
     def degraded_reason(self) -> str | None:

@@ -84,8 +84,7 @@ def decay_multiplier(age_days: float, half_life_days: float) -> float:
     or the age not finite."""
     if not math.isfinite(half_life_days) or half_life_days <= 0 or not math.isfinite(age_days):
         return 1.0
-    age = max(0.0, age_days)
-    return math.exp(-math.log(2) / half_life_days * age)
+    return math.exp(-math.log(2) / half_life_days * max(0.0, age_days))
 
 
 def normalize_rel_path(path: str) -> str:
@@ -152,11 +151,8 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
         if key not in stamps:
             stamps[key] = decay_timestamp_ms(cand, mtime_ms)
         stamp = stamps[key]
-        if stamp is None:
-            out.append(replace(cand))
-            continue
-        age_days = (now_ms - stamp) / MS_PER_DAY
-        out.append(replace(cand, score=cand.score * decay_multiplier(age_days, half_life_days)))
+        factor = 1.0 if stamp is None else decay_multiplier((now_ms - stamp) / MS_PER_DAY, half_life_days)
+        out.append(replace(cand, score=cand.score * factor))
     return _by_score_desc(out)
 
 
@@ -242,17 +238,10 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     remaining = list(range(len(ordered)))
     picked: list[Candidate] = []
     while remaining:
-        best = remaining[0]
-        best_value = mmr_score(rels[best], max_sims[best], lam)
-        for idx in remaining[1:]:
-            value = mmr_score(rels[idx], max_sims[idx], lam)
-            # ``ordered`` is by score desc, so on a tie the earlier index has the higher score.
-            if value > best_value:
-                best, best_value = idx, value
+        # max() keeps the first of equal values: the earlier index, the higher score
+        best = max(remaining, key=lambda i: mmr_score(rels[i], max_sims[i], lam))
         remaining.remove(best)
         picked.append(ordered[best])
         for idx in remaining:
-            sim = jaccard(token_sets[idx], token_sets[best])
-            if sim > max_sims[idx]:
-                max_sims[idx] = sim
+            max_sims[idx] = max(max_sims[idx], jaccard(token_sets[idx], token_sets[best]))
     return picked

@@ -127,6 +127,7 @@ def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
     """List the transcripts (regular files) directly inside ``sessions_dir``, never raising;
     a missing folder is an empty list without error."""
     paths: list[Path] = []
+    error = None
     try:
         with os.scandir(sessions_dir) as entries:
             for entry in entries:
@@ -135,10 +136,8 @@ def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
     except FileNotFoundError:
         return TranscriptScan(paths=[])
     except OSError as exc:
-        detail = exc.strerror or type(exc).__name__
-        return TranscriptScan(paths=sorted(paths, key=lambda p: p.name),
-                              error=f"session enumeration failed: {sessions_dir}: {detail}")
-    return TranscriptScan(paths=sorted(paths, key=lambda p: p.name))
+        error = f"session enumeration failed: {sessions_dir}: {exc.strerror or type(exc).__name__}"
+    return TranscriptScan(paths=sorted(paths, key=lambda p: p.name), error=error)
 
 
 def _strip_envelopes(text: str) -> str:

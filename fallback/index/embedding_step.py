@@ -173,14 +173,11 @@ class EmbeddingStep:
     async def _call(self, texts: list[str]) -> list[list[float]] | None:
         """``provider.embed_batch`` within the deadline; ``None`` once the step is closed."""
         try:
-            if self._deadline is None:
+            with anyio.move_on_at(math.inf if self._deadline is None else self._deadline) as scope:
                 fresh = await self.provider.embed_batch(texts)
-            else:
-                with anyio.move_on_at(self._deadline) as scope:
-                    fresh = await self.provider.embed_batch(texts)
-                if scope.cancelled_caught:
-                    self.deferred = True
-                    return None
+            if scope.cancelled_caught:
+                self.deferred = True
+                return None
         except EmbeddingDimensionsError as exc:
             raise DimensionsChanged(exc.expected, exc.got) from exc
         except EmbeddingProviderError as exc:

@@ -22,6 +22,7 @@ files are memory"). A missing file reads as empty text with ``missing=True``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -302,11 +303,9 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
         if exc.errno in _SYMLINK_ERRNOS:
             raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
         if exc.errno == errno.ENOTDIR:  # a symlink (O_NOFOLLOW | O_DIRECTORY on Linux) or a file
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                     raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
-            except FileNotFoundError:
-                pass
             raise MemoryFileNotFoundError(shown, "a parent is not a folder") from exc
         if exc.errno == errno.ENOENT:
             raise MemoryFileNotFoundError(shown) from exc

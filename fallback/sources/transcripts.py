@@ -13,6 +13,7 @@ first user message is a cron prompt is excluded whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -311,10 +312,8 @@ class SessionDeltaTracker:
         state.pending_bytes += size - start
         if self.delta_messages > 0 and (self.delta_bytes <= 0
                                         or state.pending_bytes < self.delta_bytes):
-            try:
+            with contextlib.suppress(OSError):
                 state.pending_messages += _count_newlines(path, start, size)
-            except OSError:
-                pass
         state.last_size = size
         return self._hit(state)
 

@@ -372,11 +372,9 @@ class MemoryWatcher:
         with self._obs_lock:
             obs, self._observer = self._observer, None
         if obs is not None:
-            try:
+            with contextlib.suppress(RuntimeError):
                 obs.stop()
                 obs.join(timeout=5)
-            except RuntimeError:
-                pass
 
     def unsent(self) -> tuple[int, set[str]]:
         """``(events seen, changed paths not handed to the callback yet)``, read together."""

@@ -264,11 +264,9 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
     lock = StoreWriteLock(db_path)
     try:
         with lock.hold_blocking():
-            try:
+            with contextlib.suppress(IndexStoreCorruptError):
                 opener().close()
                 return None
-            except IndexStoreCorruptError:
-                pass
             stamp = _time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime())
             target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")
             n = 2

@@ -1,11 +1,8 @@
 """Ranking of search candidates: the candidate type, temporal decay, covered hits and MMR.
 
 Pure: plain values in, new values out, no SQLite, no clock (callers pass ``now_ms``), no file
-system (callers pass an ``mtime_ms`` callback). A hybrid search (``fallback/search/pipeline.py``)
-fuses and floors (``fusion.py``), then applies :func:`apply_temporal_decay` (decay reorders, it
-never removes), the optional :func:`mmr_rerank` and the result slots; a keyword-only search
-skips fusion and MMR and drops, before the cut, the hits mostly inside a better hit of their
-file (:func:`drop_covered`).
+system (callers pass an ``mtime_ms`` callback); the order of the steps is the pipeline's
+(``fallback/search/pipeline.py``).
 """
 
 from __future__ import annotations

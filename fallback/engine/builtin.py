@@ -238,15 +238,12 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
                    embed_deadline: float | None = None) -> SyncReport:
-        """Bring the index up to date; a second caller awaits the running sync. A store found
-        corrupt is moved aside and rebuilt, then the sync runs again once.
+        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`; a second caller
+        awaits the running sync. A store found corrupt is moved aside and rebuilt, then the
+        sync runs again once.
 
         Args:
-            reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
-            force: full rebuild into a temporary database, swapped in atomically.
             paths: absolute paths the watcher saw change (``None``: a full incremental scan).
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` of
-                the sync this call runs.
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (chunks left are embedded by a later sync).
 
@@ -370,21 +367,11 @@ class BuiltinEngine:
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """Search the memory index (the backend contract). A store found corrupt is moved aside
-        and rebuilt, and the search runs again once.
-
-        Args:
-            request: the checked request (``fallback/request.py``); ``max_results`` defaults to
-                ``query.maxResults``, ``min_score`` to ``query.minScore``; ``explain`` attaches
-                the ranking trace to every hit.
-            sync_budget_ms: longest wait in ms for a pre-search sync (default
-                ``search_sync_budget_ms``); an empty index's first sync is always awaited.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
-                of a pre-search sync this search runs.
-
-        Returns:
-            ``SearchOutcome``: hits best first, warnings (with the notes of :meth:`_finish`),
-            the mode that ranked, provider id (``none`` keyword-only) and model.
+        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>`: ``None``
+        limits are ``query.maxResults`` / ``query.minScore``, ``sync_budget_ms`` defaults to
+        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited), the
+        provider is ``none`` keyword-only. A store found corrupt is moved aside and rebuilt,
+        and the search runs again once.
 
         Raises:
             ManagerClosedError: the engine is closed.

@@ -80,11 +80,6 @@ class LiveSync:
         """Whether the engine indexes the ``sessions`` source."""
         return "sessions" in self._engine.settings.search.sources
 
-    @property
-    def tasks(self) -> BackgroundTasks | None:
-        """The task handle live mode runs in (after :meth:`start`)."""
-        return self._tasks
-
     async def start(self, tasks: BackgroundTasks) -> None:
         """Start the watcher (waits until it runs), the timers and a background boot sync in
         ``tasks``; idempotent. A watcher that cannot start marks the state degraded.

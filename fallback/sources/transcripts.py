@@ -199,12 +199,8 @@ def _message_text(content: Any) -> str | None:
 
 
 def _is_inter_session(record: dict[str, Any], message: dict[str, Any]) -> bool:
-    for holder in (message, record):
-        for key in ("provenance", "inputProvenance"):
-            prov = holder.get(key)
-            if isinstance(prov, dict) and prov.get("kind") == "inter_session":
-                return True
-    return False
+    return any(isinstance(prov := holder.get(key), dict) and prov.get("kind") == "inter_session"
+               for holder in (message, record) for key in ("provenance", "inputProvenance"))
 
 
 def message_line(message: TranscriptMessage) -> str:

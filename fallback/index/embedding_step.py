@@ -209,7 +209,6 @@ class EmbeddingStep:
                       sources: Sequence[str]) -> None:
         report.embedding_error = str(self.error) if self.error is not None else None
         report.embedding_exception = self.error
-        report.embedding_deferred = self.deferred
         marks = ", ".join("?" for _ in sources)
         report.chunks_pending = int((await anyio.to_thread.run_sync(
             store.query, f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"

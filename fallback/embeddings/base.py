@@ -221,7 +221,7 @@ class BaseProvider:
 
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
-                 policy: CallPolicy | None = None, batch_runner: BatchRunner | None = None) -> None:
+                 policy: CallPolicy | None = None) -> None:
         """Args:
             model: model id as sent to the provider.
             provider_key: from :func:`compute_provider_key`.
@@ -229,7 +229,6 @@ class BaseProvider:
             max_input_tokens: input limit in tokens (default: :func:`max_input_tokens_for`).
             normalize: L2-normalise vectors.
             policy: concurrency, timeouts and retry settings.
-            batch_runner: batch-job runner ``embed_batch`` uses when enabled.
         """
         self.model = model
         self.provider_key = provider_key
@@ -237,7 +236,7 @@ class BaseProvider:
         self.max_input_tokens = max_input_tokens or max_input_tokens_for(self.provider_id, model)
         self.normalize = normalize
         self.policy = policy or CallPolicy()
-        self.batch_runner = batch_runner
+        self.batch_runner: BatchRunner | None = None  # batch jobs embed_batch uses when enabled
         self._configured_dims = dims
         # (monotonic time before which no request is sent, the 429 that asked for it)
         self._rate_limit: tuple[float, EmbeddingProviderError] | None = None

@@ -264,9 +264,9 @@ class LiveSync:
             return 0, 0
         events, pending = self.watcher.unsent()
         sessions_dir = self._engine.settings.sessions_dir
-        return events, 0 if events <= self._events_searched else sum(
-            1 for p in pending if (rescan or p != RESCAN_MARKER)
-            and (p == RESCAN_MARKER or Path(p).parent != sessions_dir))
+        memory = [p for p in pending if p == RESCAN_MARKER or Path(p).parent != sessions_dir]
+        count = len(memory) if rescan else sum(1 for p in memory if p != RESCAN_MARKER)
+        return events, 0 if events <= self._events_searched else count
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
         """The live part of a status (``dead``: a cause :meth:`check_watcher` just found); its

@@ -183,8 +183,9 @@ class Searcher:
             # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
         self.mode = mode = configured_mode(has_provider=True, hybrid_enabled=hybrid.enabled)
-        keyword_hits = await anyio.to_thread.run_sync(lambda: rank_keyword_candidates(  # one hop
-            store, text, srcs, candidates, plan=self._plan_blocking(store, text))) if hybrid.enabled else []
+        keyword_hits = [] if not hybrid.enabled else await anyio.to_thread.run_sync(
+            lambda: rank_keyword_candidates(store, text, srcs, candidates,
+                                            plan=self._plan_blocking(store, text)))  # one hop
         qvec, contrasted = await self._contrast(store, provider, text, qvec)
         vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:

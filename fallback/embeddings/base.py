@@ -176,10 +176,6 @@ def is_splittable(exc: EmbeddingProviderError) -> bool:
     return exc.status in _SPLITTABLE_STATUS or bool(_SPLITTABLE_RE.search(str(exc)))
 
 
-def _is_retryable(exc: BaseException) -> bool:
-    return isinstance(exc, EmbeddingProviderError) and exc.retryable
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """How a provider runs its requests: parallel requests per ``embed_batch``, per-attempt
@@ -341,7 +337,8 @@ class BaseProvider:
             return (state.attempt_number >= max(1, self.policy.retry_attempts)
                     or sleep > RETRY_MAX_S or sleep >= left)
 
-        retrying = AsyncRetrying(stop=stop, retry=retry_if_exception(_is_retryable), wait=wait,
+        retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception(
+            lambda exc: isinstance(exc, EmbeddingProviderError) and exc.retryable),
                                  sleep=anyio.sleep, reraise=True)
         async for attempt in retrying:
             with attempt:

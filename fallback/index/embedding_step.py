@@ -111,9 +111,6 @@ class EmbeddingStep:
             self.deferred = True
         return max(size, 0)
 
-    def _expected_dims(self) -> int | None:
-        return self.index_dims if self.index_dims is not None else self.provider.dims
-
     async def vectors(self, store: Store, chunks: Sequence[Chunk],
                       report: SyncReport) -> list[list[float]]:
         """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first.
@@ -127,7 +124,7 @@ class EmbeddingStep:
         found: dict[str, list[float]] = {}
         if self._cache_enabled:
             found = await anyio.to_thread.run_sync(self._lookup, store, p, hashes)
-            dims = self._expected_dims()
+            dims = self.index_dims if self.index_dims is not None else self.provider.dims
             if dims is not None:  # vectors of another size (an older model) are not reused
                 found = {h: v for h, v in found.items() if len(v) == dims}
         hits = list(found)

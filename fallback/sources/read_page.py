@@ -361,10 +361,6 @@ def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_bas
     return fd
 
 
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
-
-
 def _skip_lines(fd: int, count: int) -> tuple[int, int]:
     """Where line ``count + 1`` of the file behind ``fd`` starts: ``(byte offset, lines
     skipped)``, fewer lines when the file ends first; breaks are counted a block at a time."""
@@ -428,7 +424,8 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
                backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
     """One page of what ``read()`` returns, a transient error retried; turns a missing,
     unreadable or binary file into its answer."""
-    retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
+    retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS),
+                        stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
         got = retrying(read)

@@ -174,7 +174,9 @@ class LiveSync:
         session_paths = {p for p in paths if p != RESCAN_MARKER and Path(p).parent == sessions_dir}
         memory_paths = paths - session_paths
         if session_paths and self.sessions_enabled:
-            self._queue_sessions(session_paths)
+            self._session_pending |= session_paths
+            if self._tasks is not None and not self._closed:
+                self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
         if memory_paths:
             rescan = RESCAN_MARKER in memory_paths
             rearms = self.watcher.state.rearms if self.watcher is not None else 0
@@ -189,11 +191,6 @@ class LiveSync:
                 self._tasks.recovered("watch sync", failures)
             if rescan:
                 self._rearms_synced = max(self._rearms_synced, rearms)
-
-    def _queue_sessions(self, paths: set[str]) -> None:
-        self._session_pending |= paths
-        if self._tasks is not None and not self._closed:
-            self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
 
     async def _session_batch(self) -> None:
         await anyio.sleep(self.session_batch_ms / 1000)

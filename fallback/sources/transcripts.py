@@ -150,21 +150,12 @@ def _strip_envelopes(text: str) -> str:
         text = _FENCED_JSON.sub("", text, count=1)
         text = _MESSAGE_ID_LINE.sub("", text)
         stripped = text.lstrip()
-        if stripped.startswith("{"):
-            end = _leading_object_end(stripped)
-            if end is not None:
-                text = stripped[end:]
+        if stripped.startswith("{"):  # a leading JSON object
+            with contextlib.suppress(ValueError):
+                value, end = json.JSONDecoder().raw_decode(stripped)
+                text = stripped[end:] if isinstance(value, dict) else text
         text = _TIMESTAMP_PREFIX.sub("", text, count=1)
     return text
-
-
-def _leading_object_end(text: str) -> int | None:
-    """Return the end offset of a JSON object at the start of ``text``, or ``None``."""
-    try:
-        value, end = json.JSONDecoder().raw_decode(text)
-    except ValueError:
-        return None
-    return end if isinstance(value, dict) else None
 
 
 def sanitize_message_text(role: Role, text: str) -> str | None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", "MAX_BATCH_BYTES",
            "QUERY_TIMEOUT_S", "BaseProvider", "CallPolicy", "EmbeddingProvider",
-           "compute_provider_key", "group_by_bytes", "is_splittable", "max_input_tokens_for",
+           "compute_provider_key", "group_by_bytes", "max_input_tokens_for",
            "probe", "retry_wait_s", "sanitize_vector"]
 
 T_in = TypeVar("T_in")
@@ -171,11 +171,6 @@ def retry_wait_s(attempt: int, *, retry_after_s: float | None = None, base_s: fl
     return min(base_s * (2 ** (attempt - 1)) * factor, RETRY_MAX_S)
 
 
-def is_splittable(exc: EmbeddingProviderError) -> bool:
-    """True when the provider rejected a request as too large (413/431 or a size message)."""
-    return exc.status in _SPLITTABLE_STATUS or bool(_SPLITTABLE_RE.search(str(exc)))
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """How a provider runs its requests: parallel requests per ``embed_batch``, per-attempt
@@ -296,7 +291,8 @@ class BaseProvider:
             return await self._with_retry(self._request_batch, texts, kind="batch",
                                           timeout_s=self.policy.batch_timeout_s)
         except EmbeddingProviderError as exc:
-            if len(texts) > 1 and is_splittable(exc):
+            # rejected as too large (413/431 or a size message): halves may pass
+            if len(texts) > 1 and (exc.status in _SPLITTABLE_STATUS or _SPLITTABLE_RE.search(str(exc))):
                 mid = len(texts) // 2
                 return await self._embed_group(texts[:mid]) + await self._embed_group(texts[mid:])
             raise

@@ -24,18 +24,10 @@ from fallback.text.counts import counted
 if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
 
-__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots"]
+__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
-
-
-def indexed_roots(settings: EngineSettings) -> list[dict[str, Any]]:
-    """Where memory is read from: ``[{kind, path, pattern, exists}]`` for the root file,
-    ``memory/`` and each extra path (absolute)."""
-    return [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
-             "exists": os.path.lexists(r.entry)}
-            for r in memory_roots(settings.workspace_dir, settings.search.extra_paths)]
 
 
 def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
@@ -164,7 +156,10 @@ def _common(backend: str, settings: EngineSettings, selection: Any,
             "model": None if provider is None else provider.model,
             "requested_provider": selection.requested or s.provider,
             "provider_unavailable_reason": selection.error or selection.unavailable_reason,
-            "roots": indexed_roots(settings), "sources": list(s.sources),
+            "roots": [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
+                       "exists": os.path.lexists(r.entry)}
+                      for r in memory_roots(settings.workspace_dir, s.extra_paths)],
+            "sources": list(s.sources),
             "extra_paths": [describe_extra_path(e) for e in s.extra_paths],
             "cache": {"enabled": s.cache.enabled, "entries": cache_entries,
                       "maxEntries": s.cache.max_entries}}

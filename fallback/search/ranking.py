@@ -84,20 +84,12 @@ def decay_multiplier(age_days: float, half_life_days: float) -> float:
     return math.exp(-math.log(2) / half_life_days * max(0.0, age_days))
 
 
-def normalize_rel_path(path: str) -> str:
-    """Normalise a stored path for matching: ``\\`` -> ``/``, leading ``./`` segments removed."""
-    norm = path.replace("\\", "/")
-    while norm.startswith("./"):
-        norm = norm[2:]
-    return norm
-
-
 def date_from_path(path: str) -> dt.date | None:
     """The date of a dated memory note from its file name, or ``None``: the path has a
     ``memory`` directory segment (at any depth) and the name starts with a real date
     ``YYYY-MM-DD`` followed by ``.md`` or a non-digit suffix (``2026-02-10-standup.md``; not
     ``2026-02-30.md``, ``notes-2026-02-10.md``). ``path``: ``/`` or ``\\`` separators."""
-    segments = normalize_rel_path(path).split("/")
+    segments = path.replace("\\", "/").split("/")  # a leading "./" changes no answer
     if len(segments) < 2 or "memory" not in segments[:-1]:
         return None
     match = _DATED_NAME.match(segments[-1])

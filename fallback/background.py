@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,13 +174,11 @@ class BackgroundTasks:
                              "`async with MemoryManager(...)` (or `async with BackgroundTasks()`)")
         return tg
 
-    def _chain(self) -> list[BackgroundTasks]:
-        out: list[BackgroundTasks] = []
+    def _chain(self) -> Iterator[BackgroundTasks]:
         node: BackgroundTasks | None = self
         while node is not None:
-            out.append(node)
+            yield node
             node = node._parent
-        return out
 
     def _begin(self, name: str) -> None:
         for node in self._chain():
@@ -191,13 +189,8 @@ class BackgroundTasks:
         self._root._names[f"{self._label}{name}"] += 1
 
     def _end(self, name: str) -> None:
-        self._active[name] -= 1
-        if self._active[name] <= 0:
-            del self._active[name]
-        names, full = self._root._names, f"{self._label}{name}"
-        names[full] -= 1
-        if names[full] <= 0:
-            del names[full]
+        self._active -= Counter({name: 1})  # in place, dropping counts that reach 0
+        self._root._names -= Counter({f"{self._label}{name}": 1})
         for node in self._chain():
             node._running -= 1
             if node._running == 0 and node._idle is not None:

@@ -7,6 +7,7 @@ replaced by ``***`` in messages.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import re
 import time
@@ -39,10 +40,8 @@ def parse_retry_after(value: str | None, *, now_s: float | None = None) -> float
     if value is None or not value.strip():
         return None
     text = value.strip()
-    try:
+    with contextlib.suppress(ValueError):
         return max(0.0, float(text))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BATCH_TIMEOUT_S", "LOCAL_BATCH_TIMEOUT_S", "LOCAL_QUERY_TIMEOUT_S", "MAX_BATCH_BYTES",
            "QUERY_TIMEOUT_S", "BaseProvider", "CallPolicy", "EmbeddingProvider",
-           "compute_provider_key", "group_by_bytes", "is_splittable", "max_input_tokens_for",
+           "compute_provider_key", "group_by_bytes", "max_input_tokens_for",
            "probe", "retry_wait_s", "sanitize_vector"]
 
 T_in = TypeVar("T_in")
@@ -171,15 +171,6 @@ def retry_wait_s(attempt: int, *, retry_after_s: float | None = None, base_s: fl
     return min(base_s * (2 ** (attempt - 1)) * factor, RETRY_MAX_S)
 
 
-def is_splittable(exc: EmbeddingProviderError) -> bool:
-    """True when the provider rejected a request as too large (413/431 or a size message)."""
-    return exc.status in _SPLITTABLE_STATUS or bool(_SPLITTABLE_RE.search(str(exc)))
-
-
-def _is_retryable(exc: BaseException) -> bool:
-    return isinstance(exc, EmbeddingProviderError) and exc.retryable
-
-
 @dataclass(frozen=True)
 class CallPolicy:
     """How a provider runs its requests: parallel requests per ``embed_batch``, per-attempt
@@ -221,7 +212,7 @@ class BaseProvider:
 
     def __init__(self, *, model: str, provider_key: str, dims: int | None = None,
                  max_input_tokens: int | None = None, normalize: bool = False,
-                 policy: CallPolicy | None = None, batch_runner: BatchRunner | None = None) -> None:
+                 policy: CallPolicy | None = None) -> None:
         """Args:
             model: model id as sent to the provider.
             provider_key: from :func:`compute_provider_key`.
@@ -229,7 +220,6 @@ class BaseProvider:
             max_input_tokens: input limit in tokens (default: :func:`max_input_tokens_for`).
             normalize: L2-normalise vectors.
             policy: concurrency, timeouts and retry settings.
-            batch_runner: batch-job runner ``embed_batch`` uses when enabled.
         """
         self.model = model
         self.provider_key = provider_key
@@ -237,7 +227,7 @@ class BaseProvider:
         self.max_input_tokens = max_input_tokens or max_input_tokens_for(self.provider_id, model)
         self.normalize = normalize
         self.policy = policy or CallPolicy()
-        self.batch_runner = batch_runner
+        self.batch_runner: BatchRunner | None = None  # batch jobs embed_batch uses when enabled
         self._configured_dims = dims
         # (monotonic time before which no request is sent, the 429 that asked for it)
         self._rate_limit: tuple[float, EmbeddingProviderError] | None = None
@@ -301,7 +291,8 @@ class BaseProvider:
             return await self._with_retry(self._request_batch, texts, kind="batch",
                                           timeout_s=self.policy.batch_timeout_s)
         except EmbeddingProviderError as exc:
-            if len(texts) > 1 and is_splittable(exc):
+            # rejected as too large (413/431 or a size message): halves may pass
+            if len(texts) > 1 and (exc.status in _SPLITTABLE_STATUS or _SPLITTABLE_RE.search(str(exc))):
                 mid = len(texts) // 2
                 return await self._embed_group(texts[:mid]) + await self._embed_group(texts[mid:])
             raise
@@ -342,7 +333,8 @@ class BaseProvider:
             return (state.attempt_number >= max(1, self.policy.retry_attempts)
                     or sleep > RETRY_MAX_S or sleep >= left)
 
-        retrying = AsyncRetrying(stop=stop, retry=retry_if_exception(_is_retryable), wait=wait,
+        retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception(
+            lambda exc: isinstance(exc, EmbeddingProviderError) and exc.retryable),
                                  sleep=anyio.sleep, reraise=True)
         async for attempt in retrying:
             with attempt:

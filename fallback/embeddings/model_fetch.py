@@ -10,6 +10,7 @@ failure is a :class:`~fallback.errors.ModelDownloadError` saying what to do.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import re
@@ -366,17 +367,6 @@ def _not_a_model(response: httpx.Response, head: bytes, *, whole: bool) -> str |
     return None
 
 
-def _sidecar_digest(client: httpx.Client, url: str) -> str | None:
-    """The sha256 of a ``<file>.sha256`` published next to the file, when there is one."""
-    import httpx
-
-    try:
-        response = client.get(url + ".sha256")
-    except httpx.HTTPError:
-        return None
-    return _digest_in(response.text) if response.status_code == 200 else None
-
-
 def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expected, *,
               on_progress: ProgressFn | None, attempts: int) -> FetchResult:
     import httpx
@@ -402,10 +392,12 @@ def _download(target: Path, cache_dir: Path, uri: str, url: str, expected: _Expe
                      ".gguf file and set local.modelPath to its path") from exc
         except httpx.HTTPError as exc:
             raise ModelDownloadError(uri, f"download of {url} failed: {type(exc).__name__}: {exc}") from exc
-        if expected.sha256 is None:
-            found = _sidecar_digest(client, url)
-            if found is not None:
-                expected.sha256, expected.sha_source = found, "sidecar"
+        if expected.sha256 is None:  # the sha256 of a <file>.sha256 published next to the file
+            with contextlib.suppress(httpx.HTTPError):
+                response = client.get(url + ".sha256")
+                found = _digest_in(response.text) if response.status_code == 200 else None
+                if found is not None:
+                    expected.sha256, expected.sha_source = found, "sidecar"
     size = part.stat().st_size
     if expected.size is not None and size != expected.size:
         part.unlink(missing_ok=True)

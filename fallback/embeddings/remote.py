@@ -94,12 +94,6 @@ def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
     return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
 
 
-def _strip_prefixes(model: str, prefixes: tuple[str, ...]) -> str:
-    """``model`` without the first matching routing prefix (``openai/x`` -> ``x``)."""
-    name = model.strip()
-    return next((name[len(p):] for p in prefixes if name.startswith(p)), name)
-
-
 class _HttpProvider(BaseProvider):
     """A provider behind one :class:`HttpClient` (closed by :meth:`aclose`)."""
 
@@ -233,7 +227,8 @@ def from_settings(provider_id: str, settings: MemorySearchSettings, *, env: Mapp
     """
     spec, remote = SPECS[provider_id], settings.remote
     endpoint = resolve_endpoint(provider_id, remote, env=env)
-    model = _strip_prefixes(settings.model, spec.prefixes) or spec.model
+    name = settings.model.strip()  # without its routing prefix (``openai/x`` -> ``x``)
+    model = next((name[len(p):] for p in spec.prefixes if name.startswith(p)), name) or spec.model
     if not model:
         raise EmbeddingProviderUnavailableError(provider_id, "model is required")
     policy = policy or CallPolicy.remote(

@@ -1,9 +1,5 @@
-"""BuiltinEngine: the in-process SQLite memory search backend (``MemoryBackend`` contract).
-
-It ties the store, the sync, the pre-search sync (``presearch.py``), the query embedding
-(``query_vector.py``) and ranking (``fallback/search``) together; FTS-only without an embedding
-provider (spec §8.6), hybrid with one (spec §8.5). ``start(tasks)`` turns on live mode.
-"""
+"""BuiltinEngine: the in-process memory search backend (``MemoryBackend`` contract): FTS-only
+without an embedding provider (spec §8.6), hybrid with one (spec §8.5)."""
 
 from __future__ import annotations
 
@@ -191,8 +187,7 @@ class BuiltinEngine:
     live = property(lambda self: self._live, doc="The ``LiveSync`` after :meth:`start`, or None.")
 
     async def start(self, tasks: BackgroundTasks) -> None:
-        """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``, the manager's task
-        group, with the class attributes' periods; idempotent.
+        """Enter live mode (``serve``) in a ``builtin`` subgroup of ``tasks``; idempotent.
 
         Raises:
             ManagerClosedError: the engine is closed.
@@ -243,15 +238,12 @@ class BuiltinEngine:
     async def sync(self, *, reason: str, force: bool = False, paths: set[str] | None = None,
                    progress: ProgressCallback | None = None,
                    embed_deadline: float | None = None) -> SyncReport:
-        """Bring the index up to date; a second caller awaits the running sync. A store found
-        corrupt is moved aside and rebuilt, then the sync runs again once.
+        """:meth:`MemoryBackend.sync <fallback.contract.MemoryBackend.sync>`; a second caller
+        awaits the running sync. A store found corrupt is moved aside and rebuilt, then the
+        sync runs again once.
 
         Args:
-            reason: why (``search``, ``watch``, ``cli``, ``interval`` ...), for logs.
-            force: full rebuild into a temporary database, swapped in atomically.
             paths: absolute paths the watcher saw change (``None``: a full incremental scan).
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` of
-                the sync this call runs.
             embed_deadline: anyio clock time after which this sync calls the embedding
                 provider no more (chunks left are embedded by a later sync).
 
@@ -322,10 +314,8 @@ class BuiltinEngine:
         else:
             self._check_open()  # closed while this sync waited for another
             store = await self._stores.open()
-            # One writer per store across processes, for the whole sync, after repairing what a
-            # killed writer left (fallback/store/lock.py).
-            # Within a search's budget (Store.lock_deadline) the wait ends at the budget and
-            # its timeout is the failure told, not the budget's cancellation.
+            # one writer per store across processes; within a search's budget the lock's
+            # timeout is the failure told, not the budget's cancellation
             wait_ms = None if store.lock_deadline is None else store.lock_wait_ms(DEFAULT_LOCK_TIMEOUT_MS)
             with anyio.CancelScope(shield=wait_ms is not None):
                 await store.writer_lock.acquire(timeout_ms=wait_ms)
@@ -357,8 +347,8 @@ class BuiltinEngine:
 
     async def _search_sync(self, deadline: float, progress: ProgressCallback | None,
                            lock_deadline: float) -> None:
-        # a store another process holds locked fails the sync at the budget, not after the
-        # busy timeout (a worker thread waiting in SQLite cannot be cancelled)
+        # a store locked by another process fails the sync at the budget (a worker thread
+        # waiting in SQLite cannot be cancelled)
         store = self._stores.store  # the one the search opened (None for postgres)
         if store is not None and lock_deadline != math.inf:
             store.lock_deadline = time.monotonic() + lock_deadline - anyio.current_time()
@@ -377,23 +367,11 @@ class BuiltinEngine:
 
     async def search(self, request: SearchRequest, *, sync_budget_ms: int | None = None,
                      progress: ProgressCallback | None = None) -> SearchOutcome:
-        """Search the memory index (the backend contract). A store found corrupt is moved aside
-        and rebuilt, and the search runs again once.
-
-        Args:
-            request: the checked request (``fallback/request.py``); ``max_results`` defaults to
-                ``query.maxResults``, ``min_score`` to ``query.minScore``; ``explain`` attaches
-                the ranking trace to every hit.
-            sync_budget_ms: longest wait in ms for a pre-search sync (default
-                ``search_sync_budget_ms``); an empty index's first sync is always awaited.
-            progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``
-                of a pre-search sync this search runs.
-
-        Returns:
-            ``SearchOutcome``: hits best first (snippets at most 700 code points), warnings
-            (then one-off events no answer told yet and the last non-fatal problem, a failed
-            sync or query embedding, unless a warning says it), the mode that ranked, provider
-            id (``none`` keyword-only) and model.
+        """:meth:`MemoryBackend.search <fallback.contract.MemoryBackend.search>`: ``None``
+        limits are ``query.maxResults`` / ``query.minScore``, ``sync_budget_ms`` defaults to
+        :attr:`search_sync_budget_ms` (an empty index's first sync is always awaited), the
+        provider is ``none`` keyword-only. A store found corrupt is moved aside and rebuilt,
+        and the search runs again once.
 
         Raises:
             ManagerClosedError: the engine is closed.
@@ -410,11 +388,9 @@ class BuiltinEngine:
         return self._finish(outcome)
 
     def search_settled(self, request: SearchRequest) -> SearchOutcome | None:
-        """:meth:`search` of ``request`` in the caller's thread (blocking), when it needs
-        nothing of the event loop: the store open, keyword-only, no one-off event to tell, live
-        mode quiet (``LiveSync.quiet``) and no pre-search sync due (:meth:`_keyword_answer`,
-        the step :meth:`search` runs in one worker-thread hop). Returns the outcome
-        :meth:`search` would return, or ``None``: await :meth:`search`."""
+        """:meth:`search` of ``request`` in the caller's thread (blocking) when it needs nothing
+        of the event loop (store open, keyword-only, nothing to tell, live mode quiet, no sync
+        due); ``None``: await :meth:`search`."""
         store = self._stores.store
         if (self._closed or store is None or not self._keyword_only(request)
                 or self._notes_told < len(self._notes)
@@ -436,10 +412,8 @@ class BuiltinEngine:
 
     def _keyword_answer(self, store: SearchStore, request: SearchRequest, *, synced: bool,
                         dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
-        """A keyword-only search's index check, then its ranking, blocking (one worker-thread
-        hop): the index state (:func:`~fallback.engine.presearch.read_index_state`) when it
-        asks for a sync first (:func:`~fallback.engine.presearch.presearch_sync`, never for a
-        read-only store) or holds another workspace, else :meth:`_keyword_outcome`."""
+        """A keyword-only search in one blocking step: the index state when it wants a sync
+        first or holds another workspace, else :meth:`_keyword_outcome`."""
         state = read_index_state(store, str(self.settings.workspace_dir),
                                  index_identity(self.settings, None))
         if state.held_workspace is not None or not isinstance(store, ReadOnlyStore) and presearch_sync(
@@ -449,9 +423,8 @@ class BuiltinEngine:
 
     def _keyword_outcome(self, store: SearchStore, request: SearchRequest,
                          warnings: Sequence[str]) -> SearchOutcome:
-        """The hits of :func:`~fallback.search.fts_only.keyword_search` for ``request`` under
-        ``query.*``, in this agent's scope and each scope shared with it, merged
-        (:func:`~fallback.search.pipeline.merge_scopes`), after ``warnings`` (blocking)."""
+        """The keyword-only hits of ``request`` in this agent's scope and each one shared with
+        it, merged (blocking)."""
         q = self.settings.search.query
         limit, floor, srcs = self._ranking_args(request)
         if not srcs:
@@ -507,9 +480,8 @@ class BuiltinEngine:
         return outcome
 
     def _finish(self, outcome: SearchOutcome) -> SearchOutcome:
-        """A ranked outcome as an answer: the one-off events no answer told yet and the last
-        non-fatal problem (unless a warning says it) after its warnings, and its mode, provider
-        and model."""
+        """``outcome`` with the untold one-off events and the last non-fatal problem after its
+        warnings, and its mode, provider and model."""
         warnings = [*outcome.warnings, *self.take_notices()]
         last = self._last_error
         if last is not None and not any(last in w for w in warnings):  # not said already
@@ -553,10 +525,10 @@ class BuiltinEngine:
                     at_ms=self._now_ms(), suffix=QUERY_FAILED_SUFFIX) if error is not None
                     else partial(clear_failure, self.settings.db_path, QUERY_FAILED_SUFFIX))
             self._provider_error, self._query_embedded = error, True
-        if provider is not None and qv is not None and qv.error is not None:
-            self._last_error = failure_text(qv.error, query=True)
-            on_provider_failure(provider.provider_id, self._last_error,
-                                fail_closed=self._fails_closed(), warnings=warnings)
+            if error is not None:
+                self._last_error = error
+                on_provider_failure(provider.provider_id, error, fail_closed=self._fails_closed(),
+                                    warnings=warnings)
         syncs, ws = self._syncs_done, str(self.settings.workspace_dir)
         identity = index_identity(self.settings, provider)
         keyword_only = self._keyword_only(request)
@@ -609,9 +581,8 @@ class BuiltinEngine:
     async def _prepare_vector(self, store: SearchStore, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,
                               text: str, deadline: float) -> PreparedProvider:
-        """The provider the ranking code gets after the pre-search sync: the query vector of
-        ``text`` if the index can use it (else ``[]``), other texts embedded before
-        ``deadline`` (anyio clock); warnings appended.
+        """The provider the ranking gets after the pre-search sync: the query vector of ``text``
+        when the index can use it (else ``[]``); warnings appended.
 
         Raises:
             SearchUnavailableError: this search's sync could not embed (see ``_fails_closed``).
@@ -646,10 +617,8 @@ class BuiltinEngine:
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
                         lines: int | None = None) -> MemoryReadResult:
-        """Read a page (120 lines / 12,000 code points by default) of a memory file or a
-        transcript; on the postgres store, ``shared/<owner>/<path>`` reads the memory file
-        ``path`` of a scope ``owner`` shares with this agent from the text its sync stored
-        (another owner's path is read as a local path).
+        """Read a page of a memory file or transcript (``read_memory_page``); on the postgres
+        store ``shared/<owner>/<path>`` reads a file of a scope ``owner`` shares with this agent.
 
         Raises:
             PathRefusedError: not a memory file.

@@ -80,11 +80,6 @@ class LiveSync:
         """Whether the engine indexes the ``sessions`` source."""
         return "sessions" in self._engine.settings.search.sources
 
-    @property
-    def tasks(self) -> BackgroundTasks | None:
-        """The task handle live mode runs in (after :meth:`start`)."""
-        return self._tasks
-
     async def start(self, tasks: BackgroundTasks) -> None:
         """Start the watcher (waits until it runs), the timers and a background boot sync in
         ``tasks``; idempotent. A watcher that cannot start marks the state degraded.
@@ -137,7 +132,9 @@ class LiveSync:
     async def _rescan_tick(self) -> None:
         """The safety-net rescan; on success a degraded-watcher mark is cleared."""
         await self._engine.sync_after_running(reason="rescan")
-        self.rescanned()
+        self._degraded = None  # the index is known correct again
+        if self.watcher is not None:
+            self._rearms_synced = self.watcher.state.rearms
         self.sync_counts["rescan"] += 1
 
     def spawn_sync(self, reason: str) -> anyio.Event:
@@ -177,7 +174,9 @@ class LiveSync:
         session_paths = {p for p in paths if p != RESCAN_MARKER and Path(p).parent == sessions_dir}
         memory_paths = paths - session_paths
         if session_paths and self.sessions_enabled:
-            self._queue_sessions(session_paths)
+            self._session_pending |= session_paths
+            if self._tasks is not None and not self._closed:
+                self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
         if memory_paths:
             rescan = RESCAN_MARKER in memory_paths
             rearms = self.watcher.state.rearms if self.watcher is not None else 0
@@ -192,11 +191,6 @@ class LiveSync:
                 self._tasks.recovered("watch sync", failures)
             if rescan:
                 self._rearms_synced = max(self._rearms_synced, rearms)
-
-    def _queue_sessions(self, paths: set[str]) -> None:
-        self._session_pending |= paths
-        if self._tasks is not None and not self._closed:
-            self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
 
     async def _session_batch(self) -> None:
         await anyio.sleep(self.session_batch_ms / 1000)
@@ -253,17 +247,23 @@ class LiveSync:
     def unsynced_changes(self) -> int:
         """Memory paths the watcher holds in its debounce, counted once per new event (a search
         then syncs first); 0 when no event is new since the last call that returned more."""
-        watcher = self.watcher
-        if watcher is None or self._closed:
+        if self._closed:
             return 0
-        events, pending = watcher.unsent()
-        if events <= self._events_searched:
-            return 0
-        sessions_dir = self._engine.settings.sessions_dir
-        changed = sum(1 for p in pending if p == RESCAN_MARKER or Path(p).parent != sessions_dir)
+        events, changed = self._memory_unsent(rescan=True)
         if changed:
             self._events_searched = events
         return changed
+
+    def _memory_unsent(self, *, rescan: bool) -> tuple[int, int]:
+        """``(watcher events seen, memory paths it holds unsent)``; the paths count 0 when no
+        event is new since a search last synced (``rescan``: the rescan marker counts too)."""
+        if self.watcher is None:
+            return 0, 0
+        events, pending = self.watcher.unsent()
+        sessions_dir = self._engine.settings.sessions_dir
+        memory = [p for p in pending if p == RESCAN_MARKER or Path(p).parent != sessions_dir]
+        count = len(memory) if rescan else sum(1 for p in memory if p != RESCAN_MARKER)
+        return events, 0 if events <= self._events_searched else count
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
         """The live part of a status (``dead``: a cause :meth:`check_watcher` just found); its
@@ -287,21 +287,10 @@ class LiveSync:
                          f"session batch window ({self.session_batch_ms} ms)")
         if self._session_sync_due:
             parts.append("a session-delta sync is due")
-        watcher = self.watcher
-        if memory and watcher is not None:
-            sessions_dir = self._engine.settings.sessions_dir
-            events, pending = watcher.unsent()  # those a search has synced already do not wait
-            files = 0 if events <= self._events_searched else sum(
-                1 for p in pending if p != RESCAN_MARKER and Path(p).parent != sessions_dir)
-            if files:
-                parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
+        files = self._memory_unsent(rescan=False)[1] if memory else 0
+        if files:
+            parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
         return "; ".join(parts) or None
-
-    def rescanned(self) -> None:
-        """Called after a successful rescan sync: the index is known correct again."""
-        self._degraded = None
-        if self.watcher is not None:
-            self._rearms_synced = self.watcher.state.rearms
 
     @property
     def degraded_reason(self) -> str | None:

@@ -24,18 +24,10 @@ from fallback.text.counts import counted
 if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
 
-__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting", "indexed_roots"]
+__all__ = ["CJK_SCHEME", "build_postgres_status", "build_status", "files_waiting"]
 
 # How the CJK substring search works (reported in status; see fallback/search/fts.py).
 CJK_SCHEME = "trigram+like"
-
-
-def indexed_roots(settings: EngineSettings) -> list[dict[str, Any]]:
-    """Where memory is read from: ``[{kind, path, pattern, exists}]`` for the root file,
-    ``memory/`` and each extra path (absolute)."""
-    return [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
-             "exists": os.path.lexists(r.entry)}
-            for r in memory_roots(settings.workspace_dir, settings.search.extra_paths)]
 
 
 def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
@@ -86,9 +78,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     meta = store.get_meta_json(META_KEY)
     if dirty and not synced and dirty_reason == "not synced yet":
         dirty = meta is None
-    srcs = list(s.sources)
     nfiles, nchunks, cache_entries = store.index_counts()
-    counts = {src: (nfiles.get(src, 0), nchunks.get(src, 0)) for src in srcs}
+    counts = {src: (nfiles.get(src, 0), nchunks.get(src, 0)) for src in s.sources}
     skipped = [SkippedFile(path=p, reason=r) for p, r, *_ in store.skip_rows()]
     issues = store.get_meta_json("scan_issues") or []
     last_sync = store.get_meta_json("last_sync_at_ms")
@@ -132,20 +123,13 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     if held is not None:  # the counts are another workspace's: the next search re-indexes
         dirty, dirty_reason = True, f"index holds workspace {held}"
     return MemoryStatus(
-        backend=backend, agent_id=settings.agent_id,
-        workspace_dir=str(settings.workspace_dir), db_path=str(store.path),
+        **_common(backend, settings, selection, cache_entries), db_path=str(store.path),
         files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
         dirty=dirty or degraded is not None,
         dirty_reason=degraded or (dirty_reason if dirty else None),
-        provider=provider.provider_id if provider else "none",
-        requested_provider=selection.requested or s.provider,
-        model=provider.model if provider else None,
         search_mode=("unavailable" if selection.error and provider is None else configured_mode(
             has_provider=provider is not None and model_missing is None,
             hybrid_enabled=s.query.hybrid.enabled)),
-        roots=indexed_roots(settings),
-        provider_unavailable_reason=selection.error or selection.unavailable_reason,
-        sources=srcs, extra_paths=[describe_extra_path(e) for e in s.extra_paths],
         source_counts=[SourceCount(source=src, files=f, chunks=c)
                        for src, (f, c) in counts.items()],
         fts={"enabled": s.query.hybrid.enabled or provider is None,
@@ -153,8 +137,6 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
              "error": fts_error, "cjk": CJK_SCHEME,
              "keyword": "bm25" if fts_error is None else "substring"},
         vector=vector,
-        cache={"enabled": s.cache.enabled, "entries": cache_entries,
-               "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
             [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
@@ -162,6 +144,25 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                  and model_missing is None),
         last_error=last_error,
         custom=custom)
+
+
+def _common(backend: str, settings: EngineSettings, selection: Any,
+            cache_entries: int) -> dict[str, Any]:
+    """The status fields both stores fill alike (``selection``: the ``ProviderSelection``)."""
+    s, provider = settings.search, selection.provider
+    return {"backend": backend, "agent_id": settings.agent_id,
+            "workspace_dir": str(settings.workspace_dir),
+            "provider": "none" if provider is None else provider.provider_id,
+            "model": None if provider is None else provider.model,
+            "requested_provider": selection.requested or s.provider,
+            "provider_unavailable_reason": selection.error or selection.unavailable_reason,
+            "roots": [{"kind": r.kind, "path": str(r.entry), "pattern": r.pattern,
+                       "exists": os.path.lexists(r.entry)}
+                      for r in memory_roots(settings.workspace_dir, s.extra_paths)],
+            "sources": list(s.sources),
+            "extra_paths": [describe_extra_path(e) for e in s.extra_paths],
+            "cache": {"enabled": s.cache.enabled, "entries": cache_entries,
+                      "maxEntries": s.cache.max_entries}}
 
 
 def _no_vectors(settings: EngineSettings, selection: Any) -> dict[str, Any]:
@@ -193,24 +194,16 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
     per = [SourceCount(source=src, files=counts.get(src, {}).get("files", 0),
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
     return MemoryStatus(
-        backend=backend, agent_id=settings.agent_id, workspace_dir=str(settings.workspace_dir),
+        **_common(backend, settings, selection, described["cacheEntries"]),
         db_path=(f"postgres {described['target']}, schema {described['schema']}"
                  f" version {described['schemaVersion']}"), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
-        provider="none" if provider is None else provider.provider_id,
-        model=None if provider is None else provider.model,
-        requested_provider=selection.requested or s.provider,
-        provider_unavailable_reason=selection.error or selection.unavailable_reason,
         search_mode=configured_mode(has_provider=provider is not None,
                                     hybrid_enabled=s.query.hybrid.enabled),
-        roots=indexed_roots(settings), sources=list(s.sources),
-        extra_paths=[describe_extra_path(e) for e in s.extra_paths], source_counts=per,
-        fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
+        source_counts=per, fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},
         vector=_no_vectors(settings, selection) if provider is None else {
             "enabled": True, "available": True, "mode": "pgvector", "reason": None,
             "dims": described["vectorDims"]},
-        cache={"enabled": s.cache.enabled, "entries": described["cacheEntries"],
-               "maxEntries": s.cache.max_entries},
         skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

@@ -54,10 +54,8 @@ def write_atomic(target: Path, data: bytes, *, durable: bool = True, mode: int |
     target = Path(target)
     keep_mode = mode
     if keep_mode is None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             keep_mode = stat.S_IMODE(os.stat(target).st_mode)
-        except FileNotFoundError:
-            pass
     tmp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(8)}{TEMP_SUFFIX}")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     fd = os.open(tmp, flags, _NEW_FILE_MODE if keep_mode is None else keep_mode)

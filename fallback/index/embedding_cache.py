@@ -95,10 +95,8 @@ def lookup_shared(store: PostgresStore, provider: EmbeddingProvider, hashes: lis
     misses = [h for h in hashes if h not in found]
     reader = ReadOnlyStore.open(local) if local is not None and misses else None
     if reader is not None:
-        try:
+        with reader:
             carried = lookup(reader, provider, misses)
-        finally:
-            reader.close()
         store.cache_embeddings(dict(carried), key)
         found.update(carried)
     return found

@@ -111,9 +111,6 @@ class EmbeddingStep:
             self.deferred = True
         return max(size, 0)
 
-    def _expected_dims(self) -> int | None:
-        return self.index_dims if self.index_dims is not None else self.provider.dims
-
     async def vectors(self, store: Store, chunks: Sequence[Chunk],
                       report: SyncReport) -> list[list[float]]:
         """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first.
@@ -127,7 +124,7 @@ class EmbeddingStep:
         found: dict[str, list[float]] = {}
         if self._cache_enabled:
             found = await anyio.to_thread.run_sync(self._lookup, store, p, hashes)
-            dims = self._expected_dims()
+            dims = self.index_dims if self.index_dims is not None else self.provider.dims
             if dims is not None:  # vectors of another size (an older model) are not reused
                 found = {h: v for h, v in found.items() if len(v) == dims}
         hits = list(found)
@@ -173,14 +170,11 @@ class EmbeddingStep:
     async def _call(self, texts: list[str]) -> list[list[float]] | None:
         """``provider.embed_batch`` within the deadline; ``None`` once the step is closed."""
         try:
-            if self._deadline is None:
+            with anyio.move_on_at(math.inf if self._deadline is None else self._deadline) as scope:
                 fresh = await self.provider.embed_batch(texts)
-            else:
-                with anyio.move_on_at(self._deadline) as scope:
-                    fresh = await self.provider.embed_batch(texts)
-                if scope.cancelled_caught:
-                    self.deferred = True
-                    return None
+            if scope.cancelled_caught:
+                self.deferred = True
+                return None
         except EmbeddingDimensionsError as exc:
             raise DimensionsChanged(exc.expected, exc.got) from exc
         except EmbeddingProviderError as exc:
@@ -212,7 +206,6 @@ class EmbeddingStep:
                       sources: Sequence[str]) -> None:
         report.embedding_error = str(self.error) if self.error is not None else None
         report.embedding_exception = self.error
-        report.embedding_deferred = self.deferred
         marks = ", ".join("?" for _ in sources)
         report.chunks_pending = int((await anyio.to_thread.run_sync(
             store.query, f"SELECT COUNT(*) FROM chunks WHERE vector IS NULL AND model = ?"

@@ -131,7 +131,6 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
     if step is not None:
         report.embedding_error = str(step.error) if step.error is not None else None
         report.embedding_exception = step.error
-        report.embedding_deferred = step.deferred
     report.skipped = skipped
     return report
 

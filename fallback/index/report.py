@@ -16,10 +16,9 @@ class SyncReport:
     (the others trusted by their stamps), (re-)indexed and deleted; chunks written, embedded
     (provider or cache), filled in later and still ``pending`` a vector; window texts sent to
     the provider; the provider error that stopped embedding (``embedding_error``, the exception
-    itself for live mode to raise) or the deadline that did (``embedding_deferred``); files
-    skipped or indexed with a caveat; scan issues; transcript sizes as indexed (absolute path
-    -> bytes); the workspace the store held before (``workspace_switched_from``); one-off
-    ``notes`` to tell once."""
+    itself for live mode to raise); files skipped or indexed with a caveat; scan issues;
+    transcript sizes as indexed (absolute path -> bytes); the workspace the store held before
+    (``workspace_switched_from``); one-off ``notes`` to tell once."""
 
     full: bool = False
     full_reason: str | None = None
@@ -35,7 +34,6 @@ class SyncReport:
     embedding_error: str | None = None
     embedding_exception: EmbeddingProviderError | None = field(default=None, repr=False,
                                                                 compare=False)
-    embedding_deferred: bool = False
     skipped: list[SkippedFile] = field(default_factory=list)
     issues: list[str] = field(default_factory=list)
     session_sizes: dict[str, int] = field(default_factory=dict)

@@ -9,7 +9,7 @@ import struct
 from fallback.text.chunking import Chunk, chunk_markdown, split_by_utf8_bytes
 
 __all__ = ["EMBED_WINDOW_OVERLAP", "EMBED_WINDOW_TOKENS", "MAX_EMBED_INPUT_BYTES", "chunk_windows",
-           "pack_vector", "pack_windows"]
+           "pack_windows"]
 
 # Embedding inputs are capped at this many UTF-8 bytes, whatever the provider allows (spec §3).
 MAX_EMBED_INPUT_BYTES = 8000
@@ -30,11 +30,6 @@ def chunk_windows(chunk: Chunk, *, max_input_tokens: int) -> list[Chunk]:
     return [piece for w in windows for piece in split_by_utf8_bytes(w, cap)]
 
 
-def pack_vector(vector: list[float]) -> bytes:
-    """Encode a vector as float32 little-endian bytes."""
-    return struct.pack(f"<{len(vector)}f", *vector)
-
-
 def pack_windows(vectors: list[list[float]]) -> tuple[bytes, int] | None:
     """A chunk's window vectors as the ``chunks.vector`` BLOB (float32 little-endian, one after
     the other) and ``dims``, the first non-empty vector's length (empty vectors and those of
@@ -43,4 +38,4 @@ def pack_windows(vectors: list[list[float]]) -> tuple[bytes, int] | None:
     if not kept:
         return None
     dims = len(kept[0])
-    return b"".join(pack_vector(v) for v in kept if len(v) == dims), dims
+    return b"".join(struct.pack(f"<{dims}f", *v) for v in kept if len(v) == dims), dims

@@ -1,10 +1,6 @@
 """Hybrid fusion: keyword and vector candidates become one calibrated score, then the floor and
-the result slots (pure).
-
-A hybrid search runs :func:`fuse`, :func:`apply_floor` (``minScore``), temporal decay, the
-optional reranker and MMR (they reorder, never remove), then :func:`select_results`. Why each
-side's evidence is relative, and what the score means: docs/architecture.md ("What a hybrid
-score means").
+the result slots (pure). What the score means: docs/architecture.md ("What a hybrid score
+means").
 """
 
 from __future__ import annotations

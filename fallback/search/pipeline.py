@@ -138,11 +138,6 @@ class Searcher:
             self.fts_checked = True
         return self._plan
 
-    async def _keyword_candidates(self, store: SearchStore, text: str, srcs: list[str],
-                                  candidates: int) -> list[Candidate]:
-        return await anyio.to_thread.run_sync(lambda: rank_keyword_candidates(  # one hop
-            store, text, srcs, candidates, plan=self._plan_blocking(store, text)))
-
     def _half_life_days(self) -> int | None:
         decay = self.settings.search.query.hybrid.temporal_decay
         return decay.half_life_days if decay.enabled else None
@@ -188,8 +183,9 @@ class Searcher:
             # No usable query vector: answer as keyword-only search (spec §6.5 -> §8.6).
             return await self.fts_only(store, text, srcs, candidates, floor, limit)
         self.mode = mode = configured_mode(has_provider=True, hybrid_enabled=hybrid.enabled)
-        keyword_hits = (await self._keyword_candidates(store, text, srcs, candidates)
-                        if hybrid.enabled else [])
+        keyword_hits = [] if not hybrid.enabled else await anyio.to_thread.run_sync(
+            lambda: rank_keyword_candidates(store, text, srcs, candidates,
+                                            plan=self._plan_blocking(store, text)))  # one hop
         qvec, contrasted = await self._contrast(store, provider, text, qvec)
         vector_hits, stats = await self._vector_hits(store, qvec, provider.model, srcs, candidates)
         if self.trace:
@@ -201,7 +197,9 @@ class Searcher:
         if self.trace:
             self.trace.fusion(merged, method=hybrid.fusion, vector_weight=hybrid.vector_weight,
                               text_weight=hybrid.text_weight)
-        ranked = await self._rerank(text, await self._decay(store, apply_floor(merged, floor)))
+        ranked = await self._rerank(text, await anyio.to_thread.run_sync(partial(
+            decayed, store, apply_floor(merged, floor), half_life_days=self._half_life_days(),
+            now_ms=self._now_ms(), trace=self.trace)))
         if hybrid.mmr.enabled:
             diverse = mmr_rerank(ranked, lambda_=hybrid.mmr.lambda_)
             if self.trace:
@@ -251,15 +249,6 @@ class Searcher:
             return [], stats
         rows = await anyio.to_thread.run_sync(store.chunk_rows, [cid for cid, _ in found])
         by_id = {r[0]: r for r in rows}
-        out = []
-        for cid, sim in found:
-            r = by_id.get(cid)
-            if r is not None:
-                out.append(Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3],
-                                     end_line=r[4], snippet=r[5], score=sim, vector_score=sim))
-        return out, stats
-
-    async def _decay(self, store: SearchStore, cands: list[Candidate]) -> list[Candidate]:
-        return await anyio.to_thread.run_sync(partial(
-            decayed, store, cands, half_life_days=self._half_life_days(), now_ms=self._now_ms(),
-            trace=self.trace))
+        return [Candidate(chunk_id=cid, path=r[1], source=r[2], start_line=r[3], end_line=r[4],
+                          snippet=r[5], score=sim, vector_score=sim)
+                for cid, sim in found if (r := by_id.get(cid)) is not None], stats

@@ -1,11 +1,8 @@
 """Ranking of search candidates: the candidate type, temporal decay, covered hits and MMR.
 
 Pure: plain values in, new values out, no SQLite, no clock (callers pass ``now_ms``), no file
-system (callers pass an ``mtime_ms`` callback). A hybrid search (``fallback/search/pipeline.py``)
-fuses and floors (``fusion.py``), then applies :func:`apply_temporal_decay` (decay reorders, it
-never removes), the optional :func:`mmr_rerank` and the result slots; a keyword-only search
-skips fusion and MMR and drops, before the cut, the hits mostly inside a better hit of their
-file (:func:`drop_covered`).
+system (callers pass an ``mtime_ms`` callback); the order of the steps is the pipeline's
+(``fallback/search/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -84,16 +81,7 @@ def decay_multiplier(age_days: float, half_life_days: float) -> float:
     or the age not finite."""
     if not math.isfinite(half_life_days) or half_life_days <= 0 or not math.isfinite(age_days):
         return 1.0
-    age = max(0.0, age_days)
-    return math.exp(-math.log(2) / half_life_days * age)
-
-
-def normalize_rel_path(path: str) -> str:
-    """Normalise a stored path for matching: ``\\`` -> ``/``, leading ``./`` segments removed."""
-    norm = path.replace("\\", "/")
-    while norm.startswith("./"):
-        norm = norm[2:]
-    return norm
+    return math.exp(-math.log(2) / half_life_days * max(0.0, age_days))
 
 
 def date_from_path(path: str) -> dt.date | None:
@@ -101,7 +89,7 @@ def date_from_path(path: str) -> dt.date | None:
     ``memory`` directory segment (at any depth) and the name starts with a real date
     ``YYYY-MM-DD`` followed by ``.md`` or a non-digit suffix (``2026-02-10-standup.md``; not
     ``2026-02-30.md``, ``notes-2026-02-10.md``). ``path``: ``/`` or ``\\`` separators."""
-    segments = normalize_rel_path(path).split("/")
+    segments = path.replace("\\", "/").split("/")  # a leading "./" changes no answer
     if len(segments) < 2 or "memory" not in segments[:-1]:
         return None
     match = _DATED_NAME.match(segments[-1])
@@ -152,11 +140,8 @@ def apply_temporal_decay(cands: list[Candidate], *, half_life_days: float, now_m
         if key not in stamps:
             stamps[key] = decay_timestamp_ms(cand, mtime_ms)
         stamp = stamps[key]
-        if stamp is None:
-            out.append(replace(cand))
-            continue
-        age_days = (now_ms - stamp) / MS_PER_DAY
-        out.append(replace(cand, score=cand.score * decay_multiplier(age_days, half_life_days)))
+        factor = 1.0 if stamp is None else decay_multiplier((now_ms - stamp) / MS_PER_DAY, half_life_days)
+        out.append(replace(cand, score=cand.score * factor))
     return _by_score_desc(out)
 
 
@@ -242,17 +227,10 @@ def mmr_rerank(cands: list[Candidate], *, lambda_: float) -> list[Candidate]:
     remaining = list(range(len(ordered)))
     picked: list[Candidate] = []
     while remaining:
-        best = remaining[0]
-        best_value = mmr_score(rels[best], max_sims[best], lam)
-        for idx in remaining[1:]:
-            value = mmr_score(rels[idx], max_sims[idx], lam)
-            # ``ordered`` is by score desc, so on a tie the earlier index has the higher score.
-            if value > best_value:
-                best, best_value = idx, value
+        # max() keeps the first of equal values: the earlier index, the higher score
+        best = max(remaining, key=lambda i: mmr_score(rels[i], max_sims[i], lam))
         remaining.remove(best)
         picked.append(ordered[best])
         for idx in remaining:
-            sim = jaccard(token_sets[idx], token_sets[best])
-            if sim > max_sims[idx]:
-                max_sims[idx] = sim
+            max_sims[idx] = max(max_sims[idx], jaccard(token_sets[idx], token_sets[best]))
     return picked

@@ -8,6 +8,7 @@ missing folder: problems become :class:`~fallback.skipped.SkippedFile` entries o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -262,10 +263,8 @@ def root_memory_file(workspace: Path) -> RootFile:
         return RootFile(None, False, tuple(symlinked))
     shadowed = len(usable) == 2
     if shadowed:
-        try:
+        with contextlib.suppress(OSError):
             shadowed = not os.path.samefile(os.path.join(ws, usable[0]), os.path.join(ws, usable[1]))
-        except OSError:
-            pass
     return RootFile(usable[0], shadowed, tuple(symlinked))
 
 

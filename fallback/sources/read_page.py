@@ -22,6 +22,7 @@ files are memory"). A missing file reads as empty text with ``missing=True``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -302,11 +303,9 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
         if exc.errno in _SYMLINK_ERRNOS:
             raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
         if exc.errno == errno.ENOTDIR:  # a symlink (O_NOFOLLOW | O_DIRECTORY on Linux) or a file
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                     raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
-            except FileNotFoundError:
-                pass
             raise MemoryFileNotFoundError(shown, "a parent is not a folder") from exc
         if exc.errno == errno.ENOENT:
             raise MemoryFileNotFoundError(shown) from exc
@@ -360,10 +359,6 @@ def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_bas
         os.close(fd)
         raise PathRefusedError(shown, "not a regular file")
     return fd
-
-
-def _is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
 
 
 def _skip_lines(fd: int, count: int) -> tuple[int, int]:
@@ -429,7 +424,8 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
                backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
     """One page of what ``read()`` returns, a transient error retried; turns a missing,
     unreadable or binary file into its answer."""
-    retrying = Retrying(retry=retry_if_exception(_is_transient), stop=stop_after_attempt(READ_ATTEMPTS),
+    retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS),
+                        stop=stop_after_attempt(READ_ATTEMPTS),
                         wait=wait_exponential(multiplier=0.01, max=0.1), reraise=True)
     try:
         got = retrying(read)

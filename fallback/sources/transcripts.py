@@ -13,6 +13,7 @@ first user message is a cron prompt is excluded whole.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -127,6 +128,7 @@ def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
     """List the transcripts (regular files) directly inside ``sessions_dir``, never raising;
     a missing folder is an empty list without error."""
     paths: list[Path] = []
+    error = None
     try:
         with os.scandir(sessions_dir) as entries:
             for entry in entries:
@@ -135,10 +137,8 @@ def scan_transcripts(sessions_dir: Path) -> TranscriptScan:
     except FileNotFoundError:
         return TranscriptScan(paths=[])
     except OSError as exc:
-        detail = exc.strerror or type(exc).__name__
-        return TranscriptScan(paths=sorted(paths, key=lambda p: p.name),
-                              error=f"session enumeration failed: {sessions_dir}: {detail}")
-    return TranscriptScan(paths=sorted(paths, key=lambda p: p.name))
+        error = f"session enumeration failed: {sessions_dir}: {exc.strerror or type(exc).__name__}"
+    return TranscriptScan(paths=sorted(paths, key=lambda p: p.name), error=error)
 
 
 def _strip_envelopes(text: str) -> str:
@@ -150,21 +150,12 @@ def _strip_envelopes(text: str) -> str:
         text = _FENCED_JSON.sub("", text, count=1)
         text = _MESSAGE_ID_LINE.sub("", text)
         stripped = text.lstrip()
-        if stripped.startswith("{"):
-            end = _leading_object_end(stripped)
-            if end is not None:
-                text = stripped[end:]
+        if stripped.startswith("{"):  # a leading JSON object
+            with contextlib.suppress(ValueError):
+                value, end = json.JSONDecoder().raw_decode(stripped)
+                text = stripped[end:] if isinstance(value, dict) else text
         text = _TIMESTAMP_PREFIX.sub("", text, count=1)
     return text
-
-
-def _leading_object_end(text: str) -> int | None:
-    """Return the end offset of a JSON object at the start of ``text``, or ``None``."""
-    try:
-        value, end = json.JSONDecoder().raw_decode(text)
-    except ValueError:
-        return None
-    return end if isinstance(value, dict) else None
 
 
 def sanitize_message_text(role: Role, text: str) -> str | None:
@@ -199,12 +190,8 @@ def _message_text(content: Any) -> str | None:
 
 
 def _is_inter_session(record: dict[str, Any], message: dict[str, Any]) -> bool:
-    for holder in (message, record):
-        for key in ("provenance", "inputProvenance"):
-            prov = holder.get(key)
-            if isinstance(prov, dict) and prov.get("kind") == "inter_session":
-                return True
-    return False
+    return any(isinstance(prov := holder.get(key), dict) and prov.get("kind") == "inter_session"
+               for holder in (message, record) for key in ("provenance", "inputProvenance"))
 
 
 def message_line(message: TranscriptMessage) -> str:
@@ -312,10 +299,8 @@ class SessionDeltaTracker:
         state.pending_bytes += size - start
         if self.delta_messages > 0 and (self.delta_bytes <= 0
                                         or state.pending_bytes < self.delta_bytes):
-            try:
+            with contextlib.suppress(OSError):
                 state.pending_messages += _count_newlines(path, start, size)
-            except OSError:
-                pass
         state.last_size = size
         return self._hit(state)
 

@@ -164,20 +164,17 @@ class MemoryWatcher:
             return
         if event.is_directory and event.event_type == "modified":
             return  # a folder "modified" only echoes the file events inside it
-        for path in paths:
-            self._on_raw_event(Path(path), is_directory=event.is_directory,
-                               created=event.event_type in ("created", "moved"))
-
-    def _on_raw_event(self, path: Path, *, is_directory: bool, created: bool) -> None:
-        if not self.is_relevant(path):
-            return
-        with self._lock:
-            self.state.pending.add(str(path))
-            self.state.events += 1
-            self.state.last_event_ms = int(time.time() * 1000)
-        if is_directory and created and path == self.workspace / "memory":
-            self._schedule_memory_dir()
-        self._poke()
+        for changed in map(Path, paths):
+            if not self.is_relevant(changed):
+                continue
+            with self._lock:
+                self.state.pending.add(str(changed))
+                self.state.events += 1
+                self.state.last_event_ms = int(time.time() * 1000)
+            if (event.is_directory and event.event_type in ("created", "moved")
+                    and changed == self.workspace / "memory"):
+                self._schedule_memory_dir()
+            self._poke()
 
     def _poke(self) -> None:
         token = self._token
@@ -372,11 +369,9 @@ class MemoryWatcher:
         with self._obs_lock:
             obs, self._observer = self._observer, None
         if obs is not None:
-            try:
+            with contextlib.suppress(RuntimeError):
                 obs.stop()
                 obs.join(timeout=5)
-            except RuntimeError:
-                pass
 
     def unsent(self) -> tuple[int, set[str]]:
         """``(events seen, changed paths not handed to the callback yet)``, read together."""

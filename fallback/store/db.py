@@ -366,15 +366,12 @@ class Store(MetaReads):
         with self._lock:
             try:
                 with translate_errors(temp_path):
-                    src = sqlite3.connect(f"{Path(temp_path).resolve().as_uri()}?mode=rw",
-                                          uri=True, isolation_level=None,
-                                          timeout=self._busy_timeout_ms / 1000)
-                    try:
+                    with contextlib.closing(sqlite3.connect(
+                            f"{Path(temp_path).resolve().as_uri()}?mode=rw", uri=True,
+                            isolation_level=None, timeout=self._busy_timeout_ms / 1000)) as src:
                         src.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                         src.execute("PRAGMA journal_mode=DELETE")
                         published = self._publish_by_backup(src)
-                    finally:
-                        src.close()
                 if not published:
                     self._close_connection()
                     try:

@@ -1,8 +1,8 @@
 """Typed store errors and the one table that maps SQLite result codes onto them.
 
-Every ``sqlite3`` or ``apsw`` failure of the store becomes an
-:class:`~fallback.errors.IndexStoreError` here, by its result code in :data:`ERROR_TABLE`
-(extended code first, then primary), never by its message text::
+Every ``sqlite3`` failure of the store becomes an :class:`~fallback.errors.IndexStoreError`
+here, by its result code in :data:`ERROR_TABLE` (extended code first, then primary), never by
+its message text::
 
     IndexStoreError                   (fallback/errors.py) any other store failure
      +-- IndexStoreLockedError        SQLITE_BUSY, SQLITE_LOCKED: wait and retry
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -89,29 +88,16 @@ ERROR_TABLE: Mapping[int, tuple[type[IndexStoreError], str]] = MappingProxyType(
 _GENERIC = (IndexStoreError, "error")
 
 
-def _foreign_error_types() -> tuple[type[BaseException], ...]:
-    """``sqlite3.Error``, plus ``apsw.Error`` once apsw is loaded (an apsw error cannot exist
-    before that, and importing apsw here would slow every start)."""
-    apsw = sys.modules.get("apsw")
-    error = getattr(apsw, "Error", None)
-    if isinstance(error, type) and issubclass(error, BaseException):
-        return (sqlite3.Error, error)
-    return (sqlite3.Error,)
-
-
 def is_sqlite_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``sqlite3.Error`` or an ``apsw.Error``."""
-    return isinstance(exc, _foreign_error_types())
+    """Whether ``exc`` is a ``sqlite3.Error`` (the store is opened through no other library)."""
+    return isinstance(exc, sqlite3.Error)
 
 
 def result_code(exc: BaseException) -> int | None:
-    """The SQLite extended result code of a ``sqlite3`` (``sqlite_errorcode``) or ``apsw``
-    (``extendedresult``) exception, or None when it carries none (or a negative one)."""
-    for attr in ("sqlite_errorcode", "extendedresult", "result"):
-        code = getattr(exc, attr, None)
-        if isinstance(code, int) and code >= 0:
-            return code
-    return None
+    """The SQLite extended result code of a ``sqlite3`` exception (``sqlite_errorcode``), or
+    None when it carries none (or a negative one)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code if isinstance(code, int) and code >= 0 else None
 
 
 def code_kind(code: int | None) -> tuple[type[IndexStoreError], str]:
@@ -135,7 +121,7 @@ def is_locked(exc: BaseException) -> bool:
 
 
 def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreError:
-    """The typed error for a ``sqlite3``/``apsw`` exception (the caller raises it ``from exc``):
+    """The typed error for a ``sqlite3`` exception (the caller raises it ``from exc``):
     the class :func:`error_kind` picks, message ``index store <condition>: <SQLite's text>``,
     ``db_path`` kept on it (None: not named)."""
     cls, condition = error_kind(exc)
@@ -145,7 +131,7 @@ def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreErr
 
 @contextlib.contextmanager
 def translate_errors(db_path: Path | str | None) -> Iterator[None]:
-    """Re-raise any ``sqlite3``/``apsw`` exception inside the block as :func:`store_error`
+    """Re-raise any ``sqlite3`` exception inside the block as :func:`store_error`
     (chained); other exceptions pass through.
 
     Raises ``IndexStoreError``: a subclass by result code.

@@ -201,15 +201,12 @@ def recover_db_files(db_path: Path) -> list[str]:
             candidates = [b for b in backups if os.path.exists(b)]
             if candidates:
                 chosen = max(candidates, key=lambda b: (_mtime_ns(b), b.name))
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{db_path}-shm")
-                for suffix in ("-wal", "-journal"):
+                for stale in (f"{db_path}-shm", f"{chosen}-shm", f"{chosen}{_LOCK_SUFFIX}"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(stale)
+                for suffix in ("-wal", "-journal"):  # companions first, the main file last
                     if os.path.exists(f"{chosen}{suffix}"):
                         os.replace(f"{chosen}{suffix}", f"{db_path}{suffix}")
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{chosen}-shm")
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(f"{chosen}{_LOCK_SUFFIX}")
                 os.replace(chosen, db_path)
                 backups.remove(chosen)
                 actions.append(f"restored {chosen.name}")
@@ -267,11 +264,9 @@ def quarantine_corrupt_store(db_path: Path, opener: Callable[[], Any]) -> str | 
     lock = StoreWriteLock(db_path)
     try:
         with lock.hold_blocking():
-            try:
+            with contextlib.suppress(IndexStoreCorruptError):
                 opener().close()
                 return None
-            except IndexStoreCorruptError:
-                pass
             stamp = _time.strftime("%Y%m%dT%H%M%SZ", _time.gmtime())
             target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")
             n = 2

@@ -187,13 +187,10 @@ def _create_schema(conn: sqlite3.Connection, fts_tokenizer: str) -> None:
 @functools.lru_cache(maxsize=2)
 def _schema_image(fts_tokenizer: str) -> bytes:
     """An empty database at the latest schema, serialised (Python 3.11+)."""
-    conn = sqlite3.connect(":memory:")
-    try:
+    with contextlib.closing(sqlite3.connect(":memory:")) as conn:
         _create_schema(conn, fts_tokenizer)
         image: bytes = conn.serialize()  # type: ignore[attr-defined,unused-ignore]
         return image
-    finally:
-        conn.close()
 
 
 def in_memory_store(*, fts_tokenizer: str) -> sqlite3.Connection:

@@ -238,11 +238,8 @@ class MetaReads:
     def substring_rows(self, like_patterns: Sequence[str], *,
                        sources: Sequence[str]) -> list[KeywordRow]:
         """Every chunk of ``sources`` whose text matches all ``like_patterns`` (rank 0)."""
-        where = [f"source IN ({', '.join('?' for _ in sources)})",
-                 *("text LIKE ? ESCAPE '\\'" for _ in like_patterns)]
-        return [_row((*r, 0.0)) for r in self.query(
-            "SELECT id, path, source, start_line, end_line, text FROM chunks"
-            f" WHERE {' AND '.join(where)}", [*sources, *like_patterns])]
+        return self._keyword_sql(None, None, like_patterns, sources=sources, limit=-1,
+                                 inner_limit=None)[0]  # LIMIT -1: no limit
 
     def chunk_rows(self, chunk_ids: Sequence[str]) -> list[KeywordRow]:
         """The chunks with these ids (rank 0), in no particular order."""

@@ -57,12 +57,9 @@ def probe_sqlite_vec(extension_path: str | None = None) -> tuple[str | None, str
 
             path = sqlite_vec.loadable_path()
         with translate_errors(None):
-            probe = sqlite3.connect(":memory:")
-            try:
+            with contextlib.closing(sqlite3.connect(":memory:")) as probe:
                 _load_sqlite_vec(probe, path)
                 probe.execute("SELECT vec_version()").fetchall()
-            finally:
-                probe.close()
     except (ImportError, OSError, IndexStoreError) as exc:
         return None, f"sqlite-vec failed to load: {exc}; exact brute-force cosine"
     return path, None

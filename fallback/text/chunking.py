@@ -184,12 +184,6 @@ def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:
     return segments
 
 
-def _make_chunk(buffer: list[tuple[str, int]]) -> Chunk:
-    text = "\n".join(seg for seg, _ in buffer)
-    return Chunk(text=text, start_line=buffer[0][1], end_line=buffer[-1][1],
-                 content_hash=sha256_hex(text))
-
-
 def _carry_overlap(buffer: list[tuple[str, int]], *, window: int) -> tuple[list[tuple[str, int]], int]:
     """The trailing whole segments of ``buffer`` that fit in ``window``, and their size."""
     if window <= 0:
@@ -235,10 +229,10 @@ def chunk_markdown(text: str, *, tokens: int = 400, overlap: int = 80,
     current = 0
 
     def flush() -> None:
-        if buffer:
-            chunk = _make_chunk(buffer)
-            if chunk.text.strip():
-                chunks.append(chunk)
+        text = "\n".join(seg for seg, _ in buffer)
+        if text.strip():  # an empty buffer joins to ""
+            chunks.append(Chunk(text=text, start_line=buffer[0][1], end_line=buffer[-1][1],
+                                content_hash=sha256_hex(text)))
 
     for line_no, line in enumerate(file_lines(text), start=1):
         if sections and _HEADING_RE.match(line) and any(seg.strip() for seg, _ in buffer):

@@ -173,11 +173,6 @@ def _script_runs(segment: str) -> list[tuple[str, str]]:
     return [(kind, "".join(run)) for kind, run in itertools.groupby(segment, key=_script)]
 
 
-def _ideograph_terms(run: str) -> list[str]:
-    """Unigrams then adjacent bigrams of an ideograph run."""
-    return list(run) + [run[i:i + 2] for i in range(len(run) - 1)]
-
-
 def _japanese_terms(segment: str) -> list[str]:
     terms: list[str] = []
     for kind, run in _script_runs(segment):
@@ -195,19 +190,15 @@ def _chinese_terms(segment: str) -> list[str]:
     terms: list[str] = []
     for kind, run in _script_runs(segment):
         if kind == "han":
-            terms.extend(_ideograph_terms(run))
+            terms.extend([*run, *(run[i:i + 2] for i in range(len(run) - 1))])  # unigrams, bigrams
         else:
             terms.append(run)
     return terms
 
 
-def _strip_korean_particle(word: str) -> str | None:
-    return next((word.removesuffix(p) for p in KOREAN_PARTICLES
-                 if word.endswith(p) and len(word) > len(p)), None)
-
-
 def _korean_terms(segment: str) -> list[str]:
-    stem = _strip_korean_particle(segment)
+    stem = next((segment.removesuffix(p) for p in KOREAN_PARTICLES  # the particle stripped
+                 if segment.endswith(p) and len(segment) > len(p)), None)
     if segment in STOP_WORDS or (stem is not None and stem in STOP_WORDS):
         return []
     terms = [segment]

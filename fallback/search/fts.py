@@ -170,8 +170,14 @@ class FtsQuery:
     _exprs: tuple[tuple[str, str], ...] = ()  # (key, expr) of the parts and quoted phrases
     _joined: tuple[str, ...] = ()
 
+    @property
+    def joined(self) -> tuple[str, ...]:
+        """``MATCH`` expressions of the joined forms of adjacent words (``"helloworld"``)."""
+        return self._joined
+
     def plan(self, *, coverage_pairs: bool = True, common: frozenset[str] = frozenset(),
-             drop_common: bool = False, unpaired: frozenset[str] = frozenset()) -> FtsPlan:
+             drop_common: bool = False, unpaired: frozenset[str] = frozenset(),
+             absent: frozenset[str] = frozenset()) -> FtsPlan:
         """The plan of the query as the store's counts choose it; never raises.
 
         Args:
@@ -182,6 +188,9 @@ class FtsQuery:
             drop_common: also leave the ``common`` parts out of ``match`` when the query has a
                 rarer part (a large store: there they change no rank, only add cost).
             unpaired: keys of further parts that join no ``NEAR`` pair.
+            absent: ``MATCH`` expressions (of :attr:`parts` and :attr:`joined`) found in no
+                chunk: left out of ``match`` with the pairs they are in (they add no row and
+                ``0.0`` to every row's ``bm25()``), unless nothing else would be left.
 
         Returns:
             An :class:`FtsPlan`. Examples (unicode61): ``hello world`` -> match ``"hello" OR
@@ -194,15 +203,21 @@ class FtsQuery:
         marks = " OR ".join(rare or [e for _, e in self._exprs]) or None
         exprs = rare if rare and drop_common else [e for _, e in self._exprs]
         exprs.extend(self._joined)
+        if absent and any(e not in absent for e in exprs):
+            exprs = [e for e in exprs if e not in absent]
+        else:
+            absent = frozenset()
         # Dates live in the title and terms columns, never next to words of the text: no NEAR.
         # Parts found in most chunks (a chat's speaker names) add nothing to a pair but its cost.
         paired = [p for p in self._unique if p.key not in common and p.key not in unpaired]
         spoken = [p for p in paired if p.kind != "date"]
-        exprs.extend([f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
-                      for a, b in itertools.pairwise(spoken)][:MAX_PAIRS])
+        exprs.extend(f"NEAR({a.phrase} {b.phrase}, {NEAR_DISTANCE})"
+                     for a, b in list(itertools.pairwise(spoken))[:MAX_PAIRS]
+                     if a.expr not in absent and b.expr not in absent)
         if coverage_pairs:
             exprs.extend(f"({a.expr} AND {b.expr})"
-                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
+                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2)
+                         if a.expr not in absent and b.expr not in absent)
         cjk = [t for t in self._tokens if contains_cjk(t)]
         return FtsPlan(
             tokens=self._tokens,

@@ -63,10 +63,10 @@ def relative_scores(ranks: Sequence[float]) -> list[float]:
 
 def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     """The FTS plan of ``text`` for this store: the query cut once
-    (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts
-    counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan` given the parts
-    in half of the chunks or more as ``common`` (the rule: docs/architecture.md, "How the
-    builtin engine searches").
+    (:func:`~fallback.search.fts.analyze_fts_query`), its first :data:`COUNTED_PARTS` parts and
+    its joined forms counted in one statement, and :meth:`~fallback.search.fts.FtsQuery.plan`
+    given the parts in half of the chunks or more as ``common`` and those in none as ``absent``
+    (the rule: docs/architecture.md, "How the builtin engine searches").
 
     Raises:
         IndexStoreError: on a SQLite failure.
@@ -75,14 +75,18 @@ def search_plan(store: SearchStore, text: str) -> FtsPlan | None:
     if query is None or len(query.parts) < 2:
         return None if query is None else query.plan(coverage_pairs=False)
     counted = query.parts[:COUNTED_PARTS]
-    total, counts = store.part_counts([expr for _, expr in counted])
+    exprs = [expr for _, expr in counted] + list(query.joined)
+    total, found = store.part_counts(exprs)
+    counts = found[:len(counted)]
     clamped = frozenset(key for (key, _), n in zip(counted, counts, strict=True) if 2 * n >= total)
     large = total > COVERAGE_MAX_CHUNKS
     unpaired = frozenset(key for (key, _), n in zip(counted, counts, strict=True)
                          if large and n >= LARGE_STORE_PAIR_SHARE * total)
+    absent = frozenset(e for e, n in zip(exprs, found, strict=True) if n == 0)
     if len(clamped) == len(query.parts):
-        return query.plan(coverage_pairs=not large, unpaired=unpaired)
-    return query.plan(coverage_pairs=False, common=clamped, drop_common=large, unpaired=unpaired)
+        return query.plan(coverage_pairs=not large, unpaired=unpaired, absent=absent)
+    return query.plan(coverage_pairs=False, common=clamped, drop_common=large, unpaired=unpaired,
+                      absent=absent)
 
 
 def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int, *,

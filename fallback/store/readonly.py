@@ -35,6 +35,9 @@ _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 INNER_OVERSAMPLE = 4
 MIN_INNER_ROWS = 200
 
+# part_counts() keeps at most about this many counted expressions per store, then starts afresh.
+MAX_KEPT_COUNTS = 4096
+
 # How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
 BUSY_TIMEOUT_MS = 5000
 
@@ -156,11 +159,38 @@ class MetaReads:
         """Whether the index holds at least one chunk."""
         return bool(self.query("SELECT 1 FROM chunks LIMIT 1"))
 
+    # (connection, its data_version, chunks, {MATCH expression: chunks}) of the counts read last
+    _part_counts: tuple[object, int, int, dict[str, int]] | None = None
+
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
-        """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement."""
-        counts = self.query("SELECT (SELECT COUNT(*) FROM chunks_fts_docsize)" + "".join(
-            ", (SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs), exprs)[0]
-        return int(counts[0]), [int(n) for n in counts[1:]]
+        """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement.
+
+        The counts are kept per open connection until a commit of another connection changes
+        the store (SQLite's ``data_version``, read in the same statement): only expressions not
+        counted since are counted.
+        """
+        conn = getattr(self, "_conn", None)
+        wanted = list(dict.fromkeys(exprs))
+        known = self._part_counts
+        if known is not None and known[0] is conn and len(known[3]) < MAX_KEPT_COUNTS:
+            ask = [e for e in wanted if e not in known[3]]
+            row = self._count_parts(ask, total=False)
+            if row[0] == known[1]:
+                known[3].update(zip(ask, row[2:], strict=True))
+                return known[2], [known[3][e] for e in exprs]
+        row = self._count_parts(wanted, total=True)
+        counts = dict(zip(wanted, row[2:], strict=True))
+        if conn is not None:
+            self._part_counts = (conn, row[0], row[1], counts)
+        return row[1], [counts[e] for e in exprs]
+
+    def _count_parts(self, exprs: Sequence[str], *, total: bool) -> list[int]:
+        """``[data_version, chunks (0 unless total), chunks matching each expression]``."""
+        row = self.query("SELECT data_version, " + (
+            "(SELECT COUNT(*) FROM chunks_fts_docsize)" if total else "0") + "".join(
+            ", (SELECT COUNT(*) FROM chunks_fts WHERE chunks_fts MATCH ?)" for _ in exprs)
+            + " FROM pragma_data_version", exprs)[0]
+        return [int(n) for n in row]
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
                      trigram_match: str | None = None, like_patterns: Sequence[str] = (),
@@ -205,15 +235,15 @@ class MetaReads:
                      ) -> tuple[list[KeywordRow], int | None]:
         """Rows, and with ``inner_limit`` how many rows FTS5 ranked (up to ``inner_limit + 1``;
         ``None`` when no row came back)."""
-        ctes: list[str] = []
+        ranking = ""
         joins: list[str] = []
         params: list[Any] = []
         rank = "0.0"
         ranked = "NULL"
         if match:
             cut = " ORDER BY r LIMIT ?" if inner_limit is not None else ""
-            ctes.append(f"WITH m AS MATERIALIZED (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
-                        f" WHERE chunks_fts MATCH ?{cut}) ")
+            ranking = (f"m AS MATERIALIZED (SELECT rowid AS rid, {_BM25} AS r FROM chunks_fts"
+                       f" WHERE chunks_fts MATCH ?{cut}), ")
             joins.append("JOIN m ON m.rid = c.rowid")
             params.append(match)
             if inner_limit is not None:
@@ -227,10 +257,14 @@ class MetaReads:
             rank = rank if rank != "0.0" else "t.r"
         where = [f"c.source IN ({', '.join('?' for _ in sources)})",
                  *("c.text LIKE ? ESCAPE '\\'" for _ in likes)]
-        rows = self.query(f"{''.join(ctes)}SELECT c.id, c.path, c.source, c.start_line, c.end_line,"
-                          f" c.text, {rank} AS rank, {ranked} FROM chunks c {' '.join(joins)}"
-                          f" WHERE {' AND '.join(where)}"
-                          " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?",
+        # The best rows are picked first and only they are read with their text (a sort that
+        # carried every matching row's text costs more than reading the chunk twice).
+        order = "ORDER BY rank ASC, c.path ASC, c.start_line ASC"
+        rows = self.query(f"WITH {ranking}top AS MATERIALIZED"
+                          f" (SELECT c.rowid AS cid, {rank} AS rank FROM chunks c {' '.join(joins)}"
+                          f" WHERE {' AND '.join(where)} {order} LIMIT ?)"
+                          " SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, top.rank,"
+                          f" {ranked} FROM top JOIN chunks c ON c.rowid = top.cid {order}",
                           [*params, *sources, *likes, int(limit)])
         count = int(rows[0][7]) if rows and rows[0][7] is not None else None
         return [_row(r) for r in rows], count

@@ -15,9 +15,9 @@ from fallback.store.fts_rows import insert_chunk_fts, note_title
 from fallback.store.readonly import MIN_INNER_ROWS
 
 
-def _fill(store: Store, rows: list[tuple[str, str, str]]) -> None:
+def _fill(store: Store, rows: list[tuple[str, str, str]], *, first: int = 1) -> None:
     with store.transaction() as conn:
-        for i, (path, source, text) in enumerate(rows, start=1):
+        for i, (path, source, text) in enumerate(rows, start=first):
             conn.execute("INSERT INTO chunks(rowid, id, path, source, start_line, end_line, hash, model,"
                          " text, embedding, updated_at) VALUES (?, ?, ?, ?, 1, 1, 'h', 'fts-only', ?, '[]', 0)",
                          (i, f"c{i}", path, source, text))
@@ -56,21 +56,21 @@ def test_common_words_join_no_pair_and_a_small_store_still_searches_them(tmp_pat
         _fill(store, _chat(40))
         plan = search_plan(store, "Melanie pottery class?")
         assert plan is not None
-        # "melanie" is in 39 of 40 chunks: no NEAR pair, no snippet mark, still an OR term
-        assert plan.match == ('"melanie" OR "pottery" OR "class" OR "melaniepottery"'
-                              ' OR "potteryclass" OR NEAR("pottery" "class", 10)')
+        # "melanie" is in 39 of 40 chunks: no NEAR pair, no snippet mark, still an OR term; the
+        # joined forms ("melaniepottery", "potteryclass") are in no chunk: left out
+        assert plan.match == '"melanie" OR "pottery" OR "class" OR NEAR("pottery" "class", 10)'
         assert plan.mark_match == '"pottery" OR "class"'
         rows = keyword_rows(store, plan, sources=["memory"], limit=50)
         assert len(rows) == 39 and rows[0][0] == "c4"  # every Melanie line, the pottery one first
         # every part common: all of them are searched, with coverage pairs in a small store
         every = search_plan(store, "Melanie line")
         assert every is not None
-        assert every.match == ('"melanie" OR "line" OR "melanieline" OR NEAR("melanie" "line", 10)'
+        assert every.match == ('"melanie" OR "line" OR NEAR("melanie" "line", 10)'
                                ' OR ("melanie" AND "line")')
         kids = search_plan(store, "kids pottery class")  # "kids": a third of the chunks
         assert kids is not None
-        assert kids.match == ('"kids" OR "pottery" OR "class" OR "kidspottery" OR "potteryclass"'
-                              ' OR NEAR("kids" "pottery", 10) OR NEAR("pottery" "class", 10)')
+        assert kids.match == ('"kids" OR "pottery" OR "class" OR NEAR("kids" "pottery", 10)'
+                              ' OR NEAR("pottery" "class", 10)')
     finally:
         store.close()
 
@@ -82,8 +82,7 @@ def test_a_large_store_leaves_common_words_out_of_the_match_without_changing_ran
         _fill(store, _chat(COVERAGE_MAX_CHUNKS + 10))
         plan = search_plan(store, "Melanie pottery class?")
         assert plan is not None
-        assert plan.match == ('"pottery" OR "class" OR "melaniepottery" OR "potteryclass"'
-                              ' OR NEAR("pottery" "class", 10)')
+        assert plan.match == '"pottery" OR "class" OR NEAR("pottery" "class", 10)'
         assert plan.terms == ("melanie", "pottery", "class")
         hits = rank_keyword_hits(store, "Melanie pottery class?", ["memory"], 10, plan=plan)
         assert [h.chunk_id for h in hits] == ["c4"]
@@ -96,11 +95,10 @@ def test_a_large_store_leaves_common_words_out_of_the_match_without_changing_ran
         # no NEAR pair of words found in a quarter of the chunks or more ("kids": a third)
         every = search_plan(store, "Melanie line")
         assert every is not None
-        assert every.match == '"melanie" OR "line" OR "melanieline"'
+        assert every.match == '"melanie" OR "line"'
         kids = search_plan(store, "kids pottery class")
         assert kids is not None
-        assert kids.match == ('"kids" OR "pottery" OR "class" OR "kidspottery" OR "potteryclass"'
-                              ' OR NEAR("pottery" "class", 10)')
+        assert kids.match == '"kids" OR "pottery" OR "class" OR NEAR("pottery" "class", 10)'
     finally:
         store.close()
 
@@ -127,5 +125,62 @@ def test_only_hits_longer_than_the_snippet_budget_are_highlighted(tmp_path: Path
         assert short == "alpha beta" and len(window) <= 700
         assert window.split("\n")[31] == "alpha here"  # the window centred on the match
         assert sum("highlight(" in sql for sql in statements) == 1
+    finally:
+        store.close()
+
+
+def test_parts_and_joined_forms_in_no_chunk_leave_the_match_and_every_rank_unchanged(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        _fill(store, _chat(40))
+        question = "kids zebra pottery class"  # "zebra" and every joined form: in no chunk
+        plan = search_plan(store, question)
+        assert plan is not None
+        # the NEAR pairs with "zebra" go with it; no new pair of its neighbours is made
+        assert plan.match == '"kids" OR "pottery" OR "class" OR NEAR("pottery" "class", 10)'
+        assert plan.mark_match == '"kids" OR "zebra" OR "pottery" OR "class"'
+        query = analyze_fts_query(question)
+        assert query is not None
+        whole = query.plan(coverage_pairs=False)
+        assert whole.match == ('"kids" OR "zebra" OR "pottery" OR "class" OR "kidszebra"'
+                               ' OR "zebrapottery" OR "potteryclass" OR NEAR("kids" "zebra", 10)'
+                               ' OR NEAR("zebra" "pottery", 10) OR NEAR("pottery" "class", 10)')
+        rows = keyword_rows(store, plan, sources=["memory"], limit=50)
+        assert len(rows) == 14 and rows[0][0] == "c4"
+        assert rows == keyword_rows(store, whole, sources=["memory"], limit=50)  # same floats
+        # nothing of the query in any chunk: the plan stays whole (never an empty MATCH)
+        nothing = search_plan(store, "zebra giraffe")
+        assert nothing is not None
+        assert nothing.match == '"zebra" OR "giraffe" OR "zebragiraffe" OR NEAR("zebra" "giraffe", 10)'
+        assert keyword_rows(store, nothing, sources=["memory"], limit=5) == []
+    finally:
+        store.close()
+
+
+def test_part_counts_are_kept_until_another_connection_commits(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        _fill(store, _chat(40))
+        statements: list[str] = []
+        store._reader.set_trace_callback(statements.append)  # type: ignore[union-attr]
+
+        def matches() -> list[int]:  # MATCH expressions of each count statement run
+            ran = [sql.count("MATCH") for sql in statements if sql.startswith("SELECT data_version")]
+            statements.clear()
+            return ran
+
+        assert store.part_counts(['"pottery"', '"kids"']) == (40, [1, 13])
+        assert matches() == [2]
+        # counted already: the statement reads only the store's data_version
+        assert store.part_counts(['"kids"', '"pottery"', '"kids"']) == (40, [13, 1, 13])
+        assert matches() == [0]
+        assert store.part_counts(['"turtles"', '"kids"']) == (40, [1, 13])
+        assert matches() == [1]
+        # the writer's commit changes the reader's data_version: everything is counted again
+        _fill(store, [("memory/b.md", "memory", "pottery with the kids")], first=41)
+        matches()
+        assert store.part_counts(['"kids"', '"pottery"']) == (41, [14, 2])
+        assert matches() == [0, 2]
     finally:
         store.close()

@@ -13,6 +13,7 @@ the chunk's first lines. After Luhn's significant-sentence extraction (1958) and
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ DENSITY_SHARE = 0.1
 _ENDING_RE = re.compile(r"(.{3,}?)(?:ings|ing|ies|ied|es|ed|s|e|y)", re.DOTALL)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the word: the same words recur
 def _form(surface: str) -> str:
     """A marked word's group key: lower-cased, one plural/verb ending stripped when 3+ letters
     remain (FTS5 matched it through Porter stemming; this only groups what it marked)."""
@@ -102,16 +104,22 @@ def best_window(marked: str, *, max_chars: int) -> SnippetWindow:
     first = last = seed
     size = sizes[seed]
     covered = set(forms[seed])
+
+    def value(pick: int) -> float:  # the uncovered weight a line adds, plus its own share
+        new = forms[pick] - covered if forms[pick] else forms[pick]
+        return (math.fsum([weight[f] for f in new]) if new else 0.0) + DENSITY_SHARE * scores[pick]
+
     while True:
-        options = []
-        for pick, side in ((first - 1, seed - first), (last + 1, last - seed)):
-            if 0 <= pick < total and size + 1 + sizes[pick] <= budget:
-                new = forms[pick] - covered
-                gain = math.fsum([weight[f] for f in new]) if new else 0.0
-                options.append((gain + DENSITY_SHARE * scores[pick], -side, pick))
-        if not options:
+        up, down = first - 1, last + 1
+        fits_up = up >= 0 and size + 1 + sizes[up] <= budget
+        fits_down = down < total and size + 1 + sizes[down] <= budget
+        if fits_up and fits_down:
+            # the larger value; on a tie the side grown less, then the lower line
+            pick = down if (value(down), seed - last) >= (value(up), first - seed) else up
+        elif fits_up or fits_down:
+            pick = up if fits_up else down
+        else:
             break
-        _, _, pick = max(options)
         if pick < first:
             first = pick
         else:
@@ -126,15 +134,14 @@ def _line_weights(marked_lines: Sequence[str]
     """Per line, its set of marked forms; each form's weight (step 1 of the module docstring);
     each line's score. Sums over a set use ``math.fsum`` (correctly rounded, so independent of
     the set's iteration order: ties hold in every run)."""
-    known: dict[str, str] = {}
     forms: list[frozenset[str]] = []
     counts: dict[str, int] = {}
+    unmarked: frozenset[str] = frozenset()
     for line in marked_lines:
         if MARK_OPEN not in line:
-            forms.append(frozenset())
+            forms.append(unmarked)
             continue
-        line_forms = frozenset(known.get(f) or known.setdefault(f, _form(f))
-                               for f in _MARK_RE.findall(line))
+        line_forms = frozenset([_form(f) for f in _MARK_RE.findall(line)])
         forms.append(line_forms)
         for f in line_forms:
             counts[f] = counts.get(f, 0) + 1

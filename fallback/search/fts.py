@@ -189,8 +189,8 @@ class FtsQuery:
                 rarer part (a large store: there they change no rank, only add cost).
             unpaired: keys of further parts that join no ``NEAR`` pair.
             absent: ``MATCH`` expressions (of :attr:`parts` and :attr:`joined`) found in no
-                chunk: left out of ``match`` with the pairs they are in (they add no row and
-                ``0.0`` to every row's ``bm25()``), unless nothing else would be left.
+                chunk: left out of ``match`` with the ``NEAR`` pairs they are in (they add no
+                row and ``0.0`` to every row's ``bm25()``), unless nothing else would be left.
 
         Returns:
             An :class:`FtsPlan`. Examples (unicode61): ``hello world`` -> match ``"hello" OR
@@ -216,8 +216,7 @@ class FtsQuery:
                      if a.expr not in absent and b.expr not in absent)
         if coverage_pairs:
             exprs.extend(f"({a.expr} AND {b.expr})"
-                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2)
-                         if a.expr not in absent and b.expr not in absent)
+                         for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
         cjk = [t for t in self._tokens if contains_cjk(t)]
         return FtsPlan(
             tokens=self._tokens,

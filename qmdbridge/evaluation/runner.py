@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Literal, get_args
 
 import anyio
 
@@ -37,9 +37,6 @@ from qmdbridge.evaluation.metrics import (
 )
 from qmdbridge.evaluation.queries import load_queries
 from qmdbridge.qmd.query_text import search_limits
-
-if TYPE_CHECKING:
-    from qmdbridge.manager import MemoryManager
 
 __all__ = [
     "DEFAULT_MAX_RESULTS",
@@ -256,16 +253,6 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
     return agent.model_copy(update={"memory_search": search, "engine": engine, "memory": memory})
 
 
-async def _ready_warm_child(manager: MemoryManager, agent: ResolvedAgent) -> Any:
-    """The qmd backend's warm child once ready (waited up to ``update.commandTimeoutMs``), or ``None``."""
-    backend = await manager.qmd()
-    warm = getattr(backend, "warm", None)
-    if warm is not None:
-        with anyio.move_on_after(agent.memory.qmd.update.command_timeout_ms / 1000):
-            await warm.wait_for(lambda child: child.ready)
-    return warm
-
-
 async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuestion], *,
                              options: EvalOptions, name: str, source: str,
                              on_progress: ProgressCallback | None = None) -> WorkspaceRun:
@@ -296,7 +283,10 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
             await manager.start()
         await manager.sync(reason="eval")
         index_ms = (time.perf_counter() - start) * 1000
-        warm = await _ready_warm_child(manager, agent) if options.long_lived else None
+        warm = getattr(await manager.qmd(), "warm", None) if options.long_lived else None
+        if warm is not None:  # the warm qmd child, waited for up to update.commandTimeoutMs
+            with anyio.move_on_after(agent.memory.qmd.update.command_timeout_ms / 1000):
+                await warm.wait_for(lambda child: child.ready)
         status = await manager.status()
         for done, question in enumerate(questions, start=1):
             start = time.perf_counter()

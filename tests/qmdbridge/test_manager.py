@@ -80,6 +80,25 @@ async def test_blank_query_and_bad_limits_are_usage_errors(tmp_path: Path) -> No
         await m.search("zebra")
 
 
+async def test_backend_none_disables_both_memory_tools(tmp_path: Path) -> None:
+    from fallback.errors import BackendUnavailableError
+    from qmdbridge.tools import handle_memory_get, handle_memory_search
+
+    disabled = "none unavailable: memory tools are disabled (memory.backend = none)"
+    async with _manager(tmp_path, {"backend": "none"}) as m:
+        with pytest.raises(BackendUnavailableError, match=r"^none unavailable: memory tools are disabled"):
+            await m.search("zebra")
+        with pytest.raises(BackendUnavailableError) as caught:
+            await m.read_file("MEMORY.md")
+        assert str(caught.value) == disabled
+        with pytest.raises(UsageError):  # a bad request is still told as such
+            await m.read_file("MEMORY.md", from_line=0)
+        searched = await handle_memory_search(m, {"query": "zebra"})
+        got = await handle_memory_get(m, {"path": "MEMORY.md"})
+    assert searched == {"results": [], "disabled": True, "error": disabled}
+    assert got == {"path": "MEMORY.md", "text": "", "disabled": True, "error": disabled, "refused": False}
+
+
 async def test_read_file_refuses_and_reads(tmp_path: Path) -> None:
     async with _manager(tmp_path) as m:
         page = await m.read_file("memory/2026-03-01.md", from_line=3, lines=1)

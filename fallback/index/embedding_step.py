@@ -164,13 +164,13 @@ class EmbeddingStep:
         batch. Raises as :meth:`vectors`."""
         limit = self.provider.max_input_tokens
         windows = [chunk_windows(c, max_input_tokens=limit) for c in chunks]
-        counted = [False] * len(windows)
+        done = 0  # chunks counted: windows are embedded in chunk order, so a prefix
 
         def count(found: dict[str, list[float]]) -> None:
-            for i, ws in enumerate(windows):
-                if not counted[i] and all(found.get(w.content_hash) for w in ws):
-                    counted[i] = True
-                    report.chunks_embedded += 1
+            nonlocal done
+            while done < len(windows) and all(found.get(w.content_hash) for w in windows[done]):
+                done += 1
+                report.chunks_embedded += 1
 
         flat = await self.vectors(store, [w for ws in windows for w in ws], report, on_batch=count)
         out: list[list[list[float]]] = []
@@ -179,7 +179,7 @@ class EmbeddingStep:
             mine = flat[start:start + len(ws)]
             start += len(ws)
             out.append(mine if all(mine) else [])
-        report.chunks_embedded += sum(1 for i, v in enumerate(out) if v and not counted[i])
+        report.chunks_embedded += sum(1 for v in out[done:] if v)
         return out
 
     async def _call(self, texts: list[str]) -> list[list[float]] | None:

@@ -302,8 +302,7 @@ class MemoryManager:
                 isinstance(k, str) for k in inherited_session_keys):
             raise UsageError("inherited session keys must be a list of strings")
         decision = evaluate_scope(cfg.qmd.scope, session_key, inherited_keys=inherited_session_keys)
-        if self.backend_name == "none":
-            raise BackendUnavailableError("none", "memory search is disabled (memory.backend = none)")
+        self._check_enabled()
         if not decision.allowed:
             log.warning("memory search denied by scope: %s", decision.reason)
             return SearchResponse(backend=self.backend_name, citations=cfg.citations,
@@ -409,6 +408,7 @@ class MemoryManager:
         Raises:
             PathRefusedError: not a memory file, or ``corpus`` is ``wiki``.
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
+            BackendUnavailableError: ``memory.backend`` is ``none`` (the memory tools are disabled).
         """
         try:
             return await self._read_file(rel_path, from_line=from_line, lines=lines, corpus=corpus)
@@ -421,10 +421,17 @@ class MemoryManager:
                 f"that is a citation: read it with path {path!r}, from {start}, lines "
                 f"{end - start + 1}")) from exc
 
+    def _check_enabled(self) -> None:
+        """Raise ``BackendUnavailableError`` when ``memory.backend`` is ``none``: both memory
+        tools are disabled (a request is still checked first, so a bad one stays a usage error)."""
+        if self.backend_name == "none":
+            raise BackendUnavailableError("none", "memory tools are disabled (memory.backend = none)")
+
     async def _read_file(self, rel_path: str, *, from_line: int | None, lines: int | None,
                          corpus: str | None) -> MemoryReadResult:
         self._check_open()
         request = ReadRequest.of(rel_path, from_line=from_line, lines=lines)
+        self._check_enabled()
         from qmdbridge.policy.corpus import get_corpus
 
         if (chosen := get_corpus(corpus)).note is not None:

@@ -6,12 +6,14 @@ status as JSON with the standard library only, so the daemon client can use it t
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daemon client path)
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["CI_REFUSAL", "CRASH_HINT", "INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_UNHEALTHY", "files_checked",
-           "is_indexed_caveat", "model_missing_problem", "status_problems"]
+           "is_indexed_caveat", "model_missing_problem", "status_problems", "store_failure_hint"]
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
@@ -44,6 +46,28 @@ def is_indexed_caveat(reason: str) -> bool:
     """Whether a ``skipped`` entry's ``reason`` is the caveat of a file that was indexed anyway
     (see :data:`INDEXED_CAVEATS`), rather than the reason a file was left out."""
     return reason.startswith(INDEXED_CAVEATS)
+
+
+def store_failure_hint(error_type: str, db_path: str | None) -> str | None:
+    """What to do about a failed write of the index store, by the error's class name
+    (``errorType``: ``IndexStoreFullError``, ``IndexStoreLockedError``,
+    ``IndexStoreReadOnlyError``), or ``None`` for any other failure.
+
+    Args:
+        error_type: the class name of the store error.
+        db_path: the store file (``None``: not known).
+    """
+    folder = os.path.dirname(db_path) if db_path else "the store's folder"
+    if error_type == "IndexStoreFullError":
+        return f"free disk space for {db_path}, then run `qmdbridge index`"
+    if error_type == "IndexStoreLockedError":
+        return ("another process is writing the index (a `qmdbridge index` or `serve` of this "
+                "agent, or a program holding the file in a transaction): run `qmdbridge index` "
+                "again once it is done")
+    if error_type == "IndexStoreReadOnlyError":
+        return (f"make {folder} and the store file writable for this user (their permissions, or "
+                "a read-only mount), then run `qmdbridge index`")
+    return None
 
 
 def _problem(check: str, message: str, hint: str | None) -> dict[str, Any]:
@@ -112,11 +136,10 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     failed = (view.get("custom") or {}).get("syncFailure")
     if failed:  # recorded beside the store, so every process tells it
         waiting = failed.get("filesWaiting") or 0
-        full = failed.get("errorType") == "IndexStoreFullError"
         out.append(_problem("index", f"last sync ({failed.get('reason')}) failed: {failed.get('error')}"
                             f"; memory files waiting to be indexed: {waiting}",
-                            f"free disk space for {view.get('dbPath')}, then run `qmdbridge index`"
-                            if full else "run `qmdbridge index -v` to see the failure"))
+                            store_failure_hint(str(failed.get("errorType")), view.get("dbPath"))
+                            or "run `qmdbridge index -v` to see the failure"))
     elif status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below
         out.append(_problem("index", str(status["lastError"]), "run `qmdbridge index -v` to see the failure"))
     fts = status.get("fts") or {}

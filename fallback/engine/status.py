@@ -10,7 +10,7 @@ from fallback.engine.query_vector import backlog_reason, read_index_vectors
 from fallback.engine.sync_record import read_failure
 from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
-from fallback.index.plan import file_stamp, recorded_files
+from fallback.index.plan import read_reason, recorded_files
 from fallback.models import MemoryStatus, SourceCount
 from fallback.search.pipeline import configured_mode
 from fallback.search.substring import SUBSTRING_WARNING
@@ -32,7 +32,8 @@ CJK_SCHEME = "trigram+like"
 
 def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
     """Memory files the index does not hold as they are on disk (blocking; stats every memory
-    file): new or changed files plus indexed files that are gone; skipped files do not wait.
+    file): new or changed files (``read_reason``; a file indexed with a caveat is an indexed
+    file) plus indexed files that are gone; skipped files do not wait.
 
     Raises ``IndexStoreError``: the store cannot be read.
     """
@@ -41,9 +42,9 @@ def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
     s = settings.search
     found = list_memory_files(settings.workspace_dir, s.extra_paths, max_file_bytes=s.max_file_bytes)
     recorded = recorded_files(store, "memory")
-    skipped = {path for path, _, _ in recorded.skips}
+    skipped = {path for path, _, _ in recorded.skips} - set(recorded.rows)  # caveats have a row
     changed = sum(1 for f in found.files if f.rel_path not in skipped
-                  and recorded.rows.get(f.rel_path, ("", None))[1] != file_stamp(f))
+                  and read_reason(f, recorded, last_started=None) in ("new", "changed"))
     return changed + len(set(recorded.rows) - {f.rel_path for f in found.files})
 
 

@@ -111,9 +111,12 @@ class EmbeddingStep:
             self.deferred = True
         return max(size, 0)
 
-    async def vectors(self, store: Store, chunks: Sequence[Chunk],
-                      report: SyncReport) -> list[list[float]]:
-        """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first.
+    async def vectors(self, store: Store, chunks: Sequence[Chunk], report: SyncReport, *,
+                      on_batch: Callable[[dict[str, list[float]]], None] | None = None,
+                      ) -> list[list[float]]:
+        """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first;
+        ``on_batch(found)`` sees the vectors found so far (by content hash) after each batch,
+        before the progress callback.
 
         Raises:
             DimensionsChanged: the provider's vectors no longer have the index's length.
@@ -146,6 +149,8 @@ class EmbeddingStep:
             if self._cache_enabled:
                 await self._commit(store, new, hits)
                 hits = []
+            if on_batch is not None:
+                on_batch(found)
             self._on_batch(report)
         if self._cache_enabled and hits:
             await self._commit(store, {}, hits)
@@ -154,17 +159,27 @@ class EmbeddingStep:
     async def window_vectors(self, store: Store, chunks: Sequence[Chunk],
                              report: SyncReport) -> list[list[list[float]]]:
         """The window vectors of each chunk through :meth:`vectors`; ``[]`` for a chunk any of
-        whose windows has no vector yet. Raises as :meth:`vectors`."""
+        whose windows has no vector yet. A chunk counts in ``report.chunks_embedded`` as soon as
+        its last window has a vector, so the progress of a file of many chunks moves batch by
+        batch. Raises as :meth:`vectors`."""
         limit = self.provider.max_input_tokens
         windows = [chunk_windows(c, max_input_tokens=limit) for c in chunks]
-        flat = await self.vectors(store, [w for ws in windows for w in ws], report)
+        done = 0  # chunks counted: windows are embedded in chunk order, so a prefix
+
+        def count(found: dict[str, list[float]]) -> None:
+            nonlocal done
+            while done < len(windows) and all(found.get(w.content_hash) for w in windows[done]):
+                done += 1
+                report.chunks_embedded += 1
+
+        flat = await self.vectors(store, [w for ws in windows for w in ws], report, on_batch=count)
         out: list[list[list[float]]] = []
         start = 0
         for ws in windows:
             mine = flat[start:start + len(ws)]
             start += len(ws)
             out.append(mine if all(mine) else [])
-        report.chunks_embedded += sum(1 for v in out if v)
+        report.chunks_embedded += sum(1 for v in out[done:] if v)
         return out
 
     async def _call(self, texts: list[str]) -> list[list[float]] | None:

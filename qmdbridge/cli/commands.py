@@ -13,6 +13,7 @@ import anyio
 
 from fallback.errors import (
     ConfigError,
+    IndexStoreError,
     MemoryFileNotFoundError,
     MemorySearchError,
     PathRefusedError,
@@ -100,6 +101,12 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             emit_json({"error": str(exc), "errorType": type(exc).__name__, "exitCode": code})
         else:
             sys.stderr.write(f"qmdbridge: {exc}\n")
+            if isinstance(exc, IndexStoreError):
+                from qmdbridge.problems import store_failure_hint
+
+                hint = store_failure_hint(type(exc).__name__, exc.db_path)
+                if hint is not None:
+                    sys.stderr.write(f"  fix: {hint}\n")
         return code
 
 

@@ -200,7 +200,8 @@ class QmdBackend:
 
         Raises:
             ManagerClosedError: closed. UsageError: ``full`` mode without ``tasks``.
-            BackendUnavailableError: the qmd home cannot be created.
+            BackendUnavailableError: the qmd home cannot be created, or a start-up command timed out
+                (the collection reconcile stops there; the sidecar opens the start-up breaker).
         """
         self._check_open()
         if self._started:
@@ -213,6 +214,8 @@ class QmdBackend:
         try:
             await self.prepare()
             await self.reconcile()
+            if self.reconcile_state.timed_out is not None:  # qmd hangs: the start-up failed
+                raise BackendUnavailableError("qmd", f"start-up: {self.reconcile_state.timed_out}")
             up = self.cfg.update
             problem = await self.health.at_start(
                 boot_update=up.on_boot and boot_update and up.wait_for_boot_sync,

@@ -221,6 +221,8 @@ class ReconcileState:
         refused: collections not searched through qmd (it ignored the pattern flags), with the reason.
         missing: custom collections whose path does not exist yet, with that path.
         unreadable_yml: qmd's error when it could not parse ``index.yml`` in the last run.
+        timed_out: the reason of the command that timed out in the last run (the commands after
+            it were not run: a qmd that hangs on one hangs on the next), else ``None``.
     """
 
     pattern_flag: str = "--mask"
@@ -229,6 +231,7 @@ class ReconcileState:
     refused: dict[str, str] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)
     unreadable_yml: str | None = None
+    timed_out: str | None = None
 
     def no_usable_collection(self, colls: Sequence[ManagedCollection]) -> str | None:
         """``qmd has no usable collection: <the first refusal>`` when every one of ``colls`` is

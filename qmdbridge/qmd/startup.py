@@ -66,23 +66,29 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
     :func:`reconcile_fingerprint` (``force`` reconciles anyway); never raises for qmd errors.
 
     An ``index.yml`` qmd cannot parse is kept as ``index.yml.broken-<ms>`` and written again. Only
-    a reconcile without a timeout or a refused collection records the fingerprint.
+    a reconcile without a timeout or a refused collection records the fingerprint. After a
+    command timed out the rest are not run (each would wait its whole ``commandTimeoutMs``);
+    ``state.timed_out`` keeps its reason.
 
     Returns:
         Whether a reconcile ran.
     """
+    state.timed_out = None
     if not force:
         with contextlib.suppress(OSError):
             if marker.read_text() == reconcile_fingerprint(collections, qmd_version, index_yml):
                 return False
-    timeouts = 0
+    timed_out: BackendTimeoutError | None = None
 
     async def counted(args: list[str], positionals: list[str]) -> CollectionRun:
-        nonlocal timeouts
+        nonlocal timed_out
+        if timed_out is not None:  # qmd hangs: the next command would wait as long
+            raise timed_out
         try:
             return await run(args, positionals)
-        except BackendTimeoutError:
-            timeouts += 1
+        except BackendTimeoutError as exc:
+            timed_out = exc
+            state.timed_out = exc.reason
             raise
 
     await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
@@ -97,7 +103,7 @@ async def reconcile_if_changed(collections: list[ManagedCollection], *, run: Run
             log.warning("cannot write %s again: %s", index_yml, exc)
             return True
         await reconcile(collections, run=counted, agent_id=agent_id, workspace=workspace, state=state)
-    if timeouts or state.refused or state.unreadable_yml is not None:
+    if timed_out is not None or state.refused or state.unreadable_yml is not None:
         return True  # incomplete (or a collection refused): try again next start
     try:
         write_atomic(marker, reconcile_fingerprint(collections, qmd_version, index_yml).encode())

@@ -392,7 +392,9 @@ def test_a_store_on_a_read_only_mount_answers_from_the_index_and_says_it_is_not_
             f"from the index as it was last written, without updating it (check the permissions of {db.parent})"]
         index = run(["index", "--workspace", str(ws)], env)
         assert (index.returncode, index.stderr.decode()) == (
-            1, f"qmdbridge: index store is read-only (the file cannot be written): Read-only file system ({db})\n")
+            1, f"qmdbridge: index store is read-only (the file cannot be written): Read-only file system ({db})\n"
+            f"  fix: make {db.parent} and the store file writable for this user (their permissions, or a "
+            "read-only mount), then run `qmdbridge index`\n")
     finally:
         subprocess.run(["umount", str(state)], check=True)
 

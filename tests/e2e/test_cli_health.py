@@ -150,6 +150,7 @@ def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_t
         found = run_cli(["search", "quokka", *args, "--json"], env)
         took_s = time.monotonic() - started
         status = _json(["status", *args], env)
+        indexed = run_cli(["index", *args], env) if lock == "sqlite" else None
     finally:
         assert holder.stdin is not None
         holder.stdin.close()
@@ -168,7 +169,14 @@ def test_a_search_on_a_locked_store_answers_within_its_budget_and_status_tells_t
     assert (status["dirty"], status["dirtyReason"], status["healthy"]) == (
         True, "1 file waits to be indexed", False)
     [problem] = status["problems"]
-    assert (problem["check"], problem["hint"]) == ("index", "run `qmdbridge index -v` to see the failure")
+    hint = ("another process is writing the index (a `qmdbridge index` or `serve` of this agent, or a "
+            "program holding the file in a transaction): run `qmdbridge index` again once it is done"
+            if lock == "sqlite" else "run `qmdbridge index -v` to see the failure")
+    assert (problem["check"], problem["hint"]) == ("index", hint)
+    if indexed is not None:  # the failed command says what to do, as status does
+        locked = f"index store is locked by another process past the busy timeout: database is locked ({db})"
+        assert indexed.returncode == 1 and indexed.stderr.decode().endswith(
+            f"qmdbridge: {locked}\n  fix: {hint}\n"), indexed.stderr
     assert re.fullmatch(f"last sync \\(search\\) failed: {error}; memory files waiting to be indexed: 1",
                         problem["message"])
     assert run_cli(["index", *args], env).returncode == 0  # the lock released: all is indexed

@@ -100,3 +100,31 @@ async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -
         "message": f"last sync (cli) failed: index store is full: database or disk is full "
                    f"({plain.db_path}); memory files waiting to be indexed: 30",
         "hint": f"free disk space for {plain.db_path}, then run `qmdbridge index`"}]
+
+
+@pytest.mark.anyio
+async def test_a_changed_note_indexed_with_a_caveat_waits_after_a_failed_sync(ws: Path) -> None:
+    from fallback.store.errors import IndexStoreFullError
+    from qmdbridge.problems import status_problems
+
+    caveat = ws / "memory" / "2026-01-01.md"  # invalid UTF-8: indexed, with a caveat
+    caveat.write_bytes(b"# Herons\n\nThe heron count was \xff\xfe low.\n")
+    plain = settings_for(ws)
+    engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+    try:
+        await engine.sync(reason="cli")
+        conn = engine._stores.store.conn  # the store may not grow by one page: SQLITE_FULL
+        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        caveat.write_bytes(caveat.read_bytes() + b"Heron count again.\n" * 400)
+        with pytest.raises(IndexStoreFullError):
+            await engine.sync(reason="cli")
+    finally:
+        await engine.close()
+    later = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+    try:
+        st = await later.status()
+    finally:
+        await later.close()
+    assert [s.path for s in st.skipped] == ["memory/2026-01-01.md"]  # the caveat, listed
+    assert (st.dirty, st.dirty_reason, st.custom["filesWaiting"]) == (True, "1 file waits to be indexed", 1)
+    assert status_problems(st.to_json_dict())[-1]["message"].endswith("memory files waiting to be indexed: 1")

@@ -289,3 +289,21 @@ async def test_a_file_saved_again_in_the_tick_the_sync_read_it_is_read_again(ws:
     assert [r[3] for r in _rows(store) if r[0] == "memory/2026-01-12.md"] == [
         "# Log\nAlpha memory line.\nOkapi memory line.\nAnother line."]
     store.close()
+
+
+async def test_progress_counts_embedded_chunks_batch_by_batch_inside_a_file(tmp_path: Path) -> None:
+    # one note of 100 chunks: the embedded count moves with each committed batch, not only
+    # when the file is done (a large note looked stuck, and an interrupted index undercounted
+    # what the embedding cache kept)
+    (tmp_path / "MEMORY.md").write_text("".join(f"Alpha note {i} about beta {i}.\n\n" for i in range(100)))
+    settings = _settings(tmp_path, chunking={"tokens": 8, "overlap": 0})
+    store = Store(settings.db_path)
+    progress: list[tuple[int, int, int, int]] = []
+    try:
+        report = await _sync(settings, store, provider=CountProvider(), progress=progress)
+    finally:
+        store.close()
+    inside = [embedded for files_done, _, embedded, _ in progress if files_done == 0]
+    assert report.chunks_written == report.chunks_embedded == 100
+    assert [e for e in inside if 0 < e < 100] and inside == sorted(inside)
+    assert progress[-1][2] == 100

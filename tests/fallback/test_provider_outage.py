@@ -55,20 +55,24 @@ def ws(tmp_path: Path) -> Path:
     return w
 
 
-def _engine(ws: Path, url: str, **query: Any) -> BuiltinEngine:
+def _engine(ws: Path, url: str, *, batch_timeout_s: int = 1, **query: Any) -> BuiltinEngine:
     cfg = MemorySearchSettings.model_validate({
         "provider": "openai-compatible", "model": "mini-embed", "remote": {"baseUrl": url},
-        "sync": {"embeddingBatchTimeoutSeconds": 1}, "query": {"timeoutMs": 1000, **query}})
+        "sync": {"embeddingBatchTimeoutSeconds": batch_timeout_s}, "query": {"timeoutMs": 1000, **query}})
     settings = EngineSettings.for_workspace(ws, search=cfg)
     return BuiltinEngine(settings, provider_selection=select_provider(cfg, env={}),
                          now_ms=lambda: 1_770_681_600_000)
 
 
 async def _built(ws: Path, url: str) -> None:
-    engine = _engine(ws, url)
-    report = await engine.sync(reason="cli")
+    # a healthy provider's index: a generous batch timeout, so a loaded machine cannot leave
+    # chunks without vectors before the fault under test starts
+    engine = _engine(ws, url, batch_timeout_s=120)
+    try:
+        report = await engine.sync(reason="cli")
+    finally:
+        await engine.close()
     assert (report.chunks_pending, report.embedding_error) == (0, None)
-    await engine.close()
 
 
 async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_rows(ws: Path) -> None:

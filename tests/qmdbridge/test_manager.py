@@ -80,6 +80,25 @@ async def test_blank_query_and_bad_limits_are_usage_errors(tmp_path: Path) -> No
         await m.search("zebra")
 
 
+async def test_backend_none_disables_both_memory_tools(tmp_path: Path) -> None:
+    from fallback.errors import BackendUnavailableError
+    from qmdbridge.tools import handle_memory_get, handle_memory_search
+
+    disabled = "none unavailable: memory tools are disabled (memory.backend = none)"
+    async with _manager(tmp_path, {"backend": "none"}) as m:
+        with pytest.raises(BackendUnavailableError, match=r"^none unavailable: memory tools are disabled"):
+            await m.search("zebra")
+        with pytest.raises(BackendUnavailableError) as caught:
+            await m.read_file("MEMORY.md")
+        assert str(caught.value) == disabled
+        with pytest.raises(UsageError):  # a bad request is still told as such
+            await m.read_file("MEMORY.md", from_line=0)
+        searched = await handle_memory_search(m, {"query": "zebra"})
+        got = await handle_memory_get(m, {"path": "MEMORY.md"})
+    assert searched == {"results": [], "disabled": True, "error": disabled}
+    assert got == {"path": "MEMORY.md", "text": "", "disabled": True, "error": disabled, "refused": False}
+
+
 async def test_read_file_refuses_and_reads(tmp_path: Path) -> None:
     async with _manager(tmp_path) as m:
         page = await m.read_file("memory/2026-03-01.md", from_line=3, lines=1)
@@ -316,6 +335,31 @@ async def test_a_qmd_hanging_on_its_version_probe_costs_the_search_its_own_deadl
     with anyio.fail_after(10):
         while _children() - before:
             await anyio.sleep(0.05)
+
+
+async def test_a_qmd_hanging_after_its_version_probe_fails_the_start_up_once(tmp_path: Path) -> None:
+    # --version answers; every other command hangs (and is logged): the first start-up command
+    # to time out ends the start-up and opens the start-up breaker, so neither the rest of the
+    # collection reconcile nor a re-index of the "lost" index waits its own timeout, and the
+    # next manager (the next one-shot search) does not run qmd again
+    calls = tmp_path / "calls.log"
+    stuck = tmp_path / "qmd-stuck"
+    stuck.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "qmd 2.8.3" && exit 0\n'
+                     f'echo "$1 $2" >> {calls}\nexec {sys.executable} {STANDINS / "hang.py"}\n')
+    stuck.chmod(0o755)
+    memory = _qmd_memory(str(stuck), timeout_ms=1000,
+                         update={"commandTimeoutMs": 1000, "updateTimeoutMs": 1000})
+    reason = ("start-up: qmd collection list --json --index index timed out after 1000ms "
+              "(memory.qmd.update.commandTimeoutMs)")
+    async with _manager(tmp_path, memory) as m:
+        first = await m.search("zebra")
+    assert first.backend == "builtin" and first.fallback is not None
+    assert first.fallback.reason == reason
+    assert first.results[0].path == "memory/2026-03-01.md"
+    async with _manager(tmp_path, memory) as m:
+        second = await m.search("zebra")
+    assert second.fallback is not None and second.fallback.reason.startswith(f"{reason} (start-up retry in ")
+    assert calls.read_text() == "collection list\n"
 
 
 async def test_a_qmd_crash_is_told_with_the_crash_hint(tmp_path: Path, qmd_bin: Path) -> None:

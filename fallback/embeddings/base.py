@@ -333,9 +333,9 @@ class BaseProvider:
             return (state.attempt_number >= max(1, self.policy.retry_attempts)
                     or sleep > RETRY_MAX_S or sleep >= left)
 
-        retrying = AsyncRetrying(stop=stop, wait=wait, retry=retry_if_exception(
-            lambda exc: isinstance(exc, EmbeddingProviderError) and exc.retryable),
-                                 sleep=anyio.sleep, reraise=True)
+        retrying = AsyncRetrying(
+            stop=stop, wait=wait, sleep=anyio.sleep, reraise=True,
+            retry=retry_if_exception(lambda exc: isinstance(exc, EmbeddingProviderError) and exc.retryable))
         async for attempt in retrying:
             with attempt:
                 try:

@@ -201,7 +201,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
         search_mode=configured_mode(has_provider=provider is not None,
                                     hybrid_enabled=s.query.hybrid.enabled),
-        source_counts=per, fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
+        source_counts=per,
+        fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},
         vector=_no_vectors(settings, selection) if provider is None else {
             "enabled": True, "available": True, "mode": "pgvector", "reason": None,

@@ -113,21 +113,16 @@ class HttpClient:
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
 
-    def _get_client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            import httpx
-
-            self._client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers,
-                                             timeout=httpx.Timeout(self.timeout_s))
-        return self._client
-
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send a request; return the 2xx response or raise ``EmbeddingProviderError``
         (transport errors and timeouts retryable)."""
         import httpx
 
+        if self._client is None:  # created on first use
+            self._client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers,
+                                             timeout=httpx.Timeout(self.timeout_s))
         try:
-            response = await self._get_client().request(method, path, **kwargs)
+            response = await self._client.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise EmbeddingProviderError(self.provider_id, f"request timed out ({type(exc).__name__})",
                                          retryable=True) from exc

@@ -124,14 +124,6 @@ class PidFileLock:
         (subclasses translate it)."""
         return exc
 
-    def _file_lock(self) -> BaseFileLock:
-        if self._lock is None:
-            from filelock import FileLock
-
-            self._lock = FileLock(self.path, thread_local=False, preserve_lock_file=True,
-                                  on_acquired=_record_pid)
-        return self._lock
-
     def try_acquire(self) -> bool:
         """Make one non-blocking attempt (re-entering a held lock); True when this object now
         holds the lock, to be paired with :meth:`release`.
@@ -140,10 +132,13 @@ class PidFileLock:
             OSError: the lock file or its folder cannot be created or opened (or what
                 :meth:`open_error` makes of it).
         """
-        from filelock import Timeout
+        from filelock import FileLock, Timeout
 
         with self._mutex:
-            lock = self._file_lock()
+            if self._lock is None:  # the file is created on the first acquisition
+                self._lock = FileLock(self.path, thread_local=False, preserve_lock_file=True,
+                                      on_acquired=_record_pid)
+            lock = self._lock
             if lock.is_locked:
                 lock.acquire(blocking=False)
                 return True

@@ -29,7 +29,7 @@ def test_all_is_pinned_and_resolves() -> None:
 
 def test_importing_qmdbridge_loads_no_heavy_module() -> None:
     code = ("import sys, qmdbridge; heavy = [m for m in ('pydantic', 'httpx', 'numpy', 'rich', "
-            "'llama_cpp', 'watchdog', 'apsw') if m in sys.modules]; print(','.join(heavy))")
+            "'llama_cpp', 'watchdog') if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

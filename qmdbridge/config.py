@@ -2,7 +2,8 @@
 
 :func:`load_config` parses a file into :class:`OpenClawConfig` (either layout);
 :func:`resolve_agent` gives one agent's :class:`ResolvedAgent`. Keys and defaults:
-docs/configuration.md; unknown keys are ignored; a bad file or value raises
+docs/configuration.md; an unknown key in ``memory`` or the search settings is a config
+warning, elsewhere it is ignored; a bad file or value raises
 :class:`ConfigError` naming the file, the dotted key and what was expected.
 """
 
@@ -20,7 +21,7 @@ from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import EngineSettings, MemorySearchSettings, QmdExtraCollection, named_store_path
-from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout
+from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout, unknown_keys
 
 __all__ = [
     "AgentEntry",
@@ -324,11 +325,13 @@ def _expected(err: Any) -> str:
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
                      key_path: str, file: str | None) -> tuple[MemorySearchSettings, list[str]]:
     """Validate each search object as written (so errors and clamps name their own key
-    path), then the merge; returns the merged settings and one warning per clamped number."""
+    path), then the merge; returns the merged settings and one warning per unknown key and per
+    clamped number."""
     alone = [_validate(MemorySearchSettings, raw, prefix=path, file=file) for path, raw in written]
     settings = _validate(MemorySearchSettings, merged, prefix=key_path, file=file)
     used = settings.model_dump(by_alias=True)
-    notes: list[str] = []
+    notes = [w for path, raw in written for w in unknown_keys(MemorySearchSettings, raw, path,
+                                                              "memorySearch")]
     for (path, raw), own in zip(written, alone, strict=True):
         notes += adjusted_values(raw, own.model_dump(by_alias=True), path, used)
         if own.store.share_with and settings.store.driver != "postgres":
@@ -356,7 +359,7 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
         "agents.defaults.memorySearch")
     _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
                                 file=file)
-    warnings = [*layout.warnings, *notes]
+    warnings = [*layout.warnings, *unknown_keys(MemoryConfig, memory_raw, "memory", "memory"), *notes]
     if memory_raw.get("citations") not in (None, memory.citations):  # read as auto, not silently
         warnings.append(f"memory.citations: {memory_raw['citations']!r} is not auto, on or off; using auto")
     compaction = _validate(CompactionSettings,

@@ -2,20 +2,25 @@
 
 :func:`read_layout` reads both layouts (docs/configuration.md, "Two layouts"), the 2026.9 one
 winning where both set a key; :func:`adjusted_values` reports each number the settings models
-clamped; :func:`merge_search` lays an agent's settings over the defaults.
+clamped; :func:`unknown_keys` reports each key no settings model reads; :func:`merge_search`
+lays an agent's settings over the defaults.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel
 
 from fallback.errors import ConfigError
 
 __all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "merge_search", "prefer",
-           "read_layout"]
+           "read_layout", "unknown_keys"]
 
 # Keys normalised together (a sum of 1), reported only when a value is outside [0, 1].
 _NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
@@ -203,6 +208,60 @@ def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path:
         shown = r if shown is None else shown
         notes.append(f"{path}: {value!r} is out of range; using "
                      f"{int(shown) if shown.is_integer() else round(shown, 6)}")
+    return notes
+
+
+# Keys OpenClaw defines in the subtrees read here that no settings model has, by where they are
+# written (``memorySearch`` for either layout's search settings): read without a warning and
+# not acted on (docs/configuration.md, *accepted*).
+_REFERENCE_ONLY = {
+    "memory": {"isolation", "search"},  # memory.search: the 2026.9 layout, read by read_layout
+    "memory.qmd.mcporter": {"serverName", "startDaemon"},
+    "memory.qmd.update": {"startup", "startupDelayMs"},
+    "memorySearch.store": {"cache"},
+}
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The settings models a field's type holds: itself, or inside a list, union or optional."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) is dict:
+        return []
+    return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+
+
+def unknown_keys(model: type[BaseModel], written: Any, key_path: str, where: str) -> list[str]:
+    """One warning per key of ``written`` (an object as written at ``key_path``, read by
+    ``model``) and of its nested objects that is neither a field of the model (its name or
+    camelCase key) nor a key OpenClaw defines there; ``where`` names the subtree in
+    :data:`_REFERENCE_ONLY` (``memory``, ``memorySearch``). A value that is not an object is
+    left to the model to refuse.
+
+    Returns:
+        ``["<key path>.<key>: unknown key, ignored (did you mean <ours>?)"]`` in key order, the
+        suggestion only when one of the model's keys is close.
+    """
+    if not isinstance(written, dict):
+        return []
+    fields = {k: f for name, f in model.model_fields.items() for k in (name, f.alias or name)}
+    accepted = _REFERENCE_ONLY.get(where, set())
+    notes: list[str] = []
+    for key, value in written.items():
+        field_info = fields.get(key)
+        if field_info is None:
+            if key not in accepted:
+                ours = [f.alias or name for name, f in model.model_fields.items()]
+                close = difflib.get_close_matches(str(key), ours, n=1)
+                notes.append(f"{key_path}.{key}: unknown key, ignored"
+                             + (f" (did you mean {close[0]}?)" if close else ""))
+            continue
+        alias = field_info.alias or key
+        for sub in _models(field_info.annotation):
+            items = value if isinstance(value, list) else [value]
+            for i, item in enumerate(items):
+                at = f"{key_path}.{key}[{i}]" if isinstance(value, list) else f"{key_path}.{key}"
+                notes += unknown_keys(sub, item, at, f"{where}.{alias}")
     return notes
 
 

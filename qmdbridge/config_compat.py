@@ -216,6 +216,7 @@ def adjusted_values(written: dict[str, Any], resolved: dict[str, Any], key_path:
 # not acted on (docs/configuration.md, *accepted*).
 _REFERENCE_ONLY = {
     "memory": {"isolation", "search"},  # memory.search: the 2026.9 layout, read by read_layout
+    "memory.qmd": {"searchTool"},
     "memory.qmd.mcporter": {"serverName", "startDaemon"},
     "memory.qmd.update": {"startup", "startupDelayMs"},
     "memorySearch.store": {"cache"},

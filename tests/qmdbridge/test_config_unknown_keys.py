@@ -71,7 +71,7 @@ def test_openclaw_keys_we_do_not_read_are_quiet() -> None:
     cfg = parse_config({
         "gateway": {"port": 18789}, "channels": {"telegram": {"enabled": True}},
         "memory": {"isolation": {"enabled": True}, "search": {"store": {"cache": {"enabled": True}}},
-                   "qmd": {"mcporter": {"enabled": True, "serverName": "qmd", "startDaemon": True},
+                   "qmd": {"searchTool": "query", "mcporter": {"enabled": True, "serverName": "qmd", "startDaemon": True},
                            "update": {"startup": "off", "startupDelayMs": 1000}}},
         "agents": {"defaults": {"model": {"primary": "openai/gpt-5.5"}},
                    "list": [{"id": "main", "name": "Main", "tools": {"allow": ["exec"]},

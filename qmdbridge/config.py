@@ -359,9 +359,10 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
         "agents.defaults.memorySearch")
     _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
                                 file=file)
-    warnings = [*layout.warnings, *unknown_keys(MemoryConfig, memory_raw, "memory", "memory"), *notes]
+    warnings = [*layout.warnings, *notes]
     if memory_raw.get("citations") not in (None, memory.citations):  # read as auto, not silently
         warnings.append(f"memory.citations: {memory_raw['citations']!r} is not auto, on or off; using auto")
+    warnings += unknown_keys(MemoryConfig, memory_raw, "memory", "memory")
     compaction = _validate(CompactionSettings,
                            as_object(defaults.get("compaction"), key="agents.defaults.compaction",
                                     file=file),

@@ -113,8 +113,8 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
     assert cfg.memory.backend == "qmd" and cfg.memory.citations == "auto"
     # read as auto, as the reference does, but never silently (status and doctor list it); so
     # is a key of memory.* no model has (other sections are not ours: no warning)
-    assert cfg.warnings == ["memory.qmd.futureKey: unknown key, ignored",
-                            "memory.citations: 'bogus' is not auto, on or off; using auto"]
+    assert cfg.warnings == ["memory.citations: 'bogus' is not auto, on or off; using auto",
+                            "memory.qmd.futureKey: unknown key, ignored"]
     assert program_of(cfg.memory.qmd.command) == "/opt/QMD Tools/qmd"
     assert cfg.memory.qmd.update.interval_ms == 30_000 and cfg.memory.qmd.update.embed_interval_ms == 0
     assert cfg.source_file == str(p)

@@ -54,12 +54,12 @@ def test_a_misspelt_key_is_warned_with_the_key_it_resembles() -> None:
             "a", {"path": "b", "glob": "*.md"}], "query": {"hybrid": {"mmr": {"lamda": 0.5}}}}},
                    "list": [{"id": "main", "memorySearch": {"chunking": {"token": 100}}}]}})
     assert cfg.warnings == [
-        "memory.backnd: unknown key, ignored (did you mean backend?)",
-        "memory.qmd.update.intervall: unknown key, ignored (did you mean interval?)",
-        "memory.qmd.paths[0].patern: unknown key, ignored (did you mean pattern?)",
         "agents.defaults.memorySearch.provder: unknown key, ignored (did you mean provider?)",
         "agents.defaults.memorySearch.extraPaths[1].glob: unknown key, ignored",
-        "agents.defaults.memorySearch.query.hybrid.mmr.lamda: unknown key, ignored (did you mean lambda?)"]
+        "agents.defaults.memorySearch.query.hybrid.mmr.lamda: unknown key, ignored (did you mean lambda?)",
+        "memory.backnd: unknown key, ignored (did you mean backend?)",
+        "memory.qmd.update.intervall: unknown key, ignored (did you mean interval?)",
+        "memory.qmd.paths[0].patern: unknown key, ignored (did you mean pattern?)"]
     assert cfg.agents[0].warnings == [
         "agents.list[0].memorySearch.chunking.token: unknown key, ignored (did you mean tokens?)"]
     # still read as before: the misspelt keys change nothing

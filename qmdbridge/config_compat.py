@@ -227,8 +227,6 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
     """The settings models a field's type holds: itself, or inside a list, union or optional."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    if typing.get_origin(annotation) is dict:
-        return []
     return [m for arg in typing.get_args(annotation) for m in _models(arg)]
 
 

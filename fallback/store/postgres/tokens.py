@@ -7,6 +7,12 @@ and its BM25 (``fallback/store/postgres/bm25.py``) counts what FTS5 counts. Two 
 :data:`MAIN` as ``chunks_fts`` (``fallback/store/fts_rows.py``: ``text, title, terms``,
 ``porter unicode61``) and :data:`TRIGRAM` as ``chunks_trigram`` (``text``, ``trigram
 case_sensitive 0``, CJK substrings).
+
+A :data:`MAIN` chunk is tokenized word by word: a ``unicode61`` token never spans whitespace
+(every character ``str.split`` splits on is a separator there), so each distinct
+whitespace-separated word goes through FTS5 once (a bounded cache: words repeat across chunks)
+and a column's token offsets are counted over its words' cached tokens. Trigrams span
+whitespace, so :data:`TRIGRAM` rows go through FTS5 whole.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ __all__ = ["MAIN", "TRIGRAM", "ChunkTerms", "Fts5Tokenizer"]
 # (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
 MAIN = (FTS_COLUMNS, "porter unicode61")
 TRIGRAM = (("text",), "trigram case_sensitive 0")
+# Most distinct words whose tokens a tokenizer keeps (cleared when full): a chat corpus of
+# 15,000 chunks holds some tens of thousands, a word's entry is about 200 bytes.
+WORD_CACHE_MAX = 200_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class Fts5Tokenizer:
         self._clear = "INSERT INTO t(t) VALUES ('delete-all')"
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
         self._columns = columns
+        self._by_word = not tokenize.startswith("trigram")  # trigrams span whitespace
+        self._words: dict[str, tuple[str, ...]] = {}  # word -> its tokens (MAIN only)
         self._first_column_hits: dict[int, str] = {}  # hit count -> its literal, all in column 0
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
@@ -76,30 +87,82 @@ class Fts5Tokenizer:
                          " GROUP BY term, doc")
 
     def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
-        """The postings of chunk rows.
+        """The postings of chunk rows, as FTS5 indexes them.
 
         Args:
             rows: one value per column per chunk (:data:`MAIN`: text, title, derived terms;
                 :data:`TRIGRAM`: text).
 
         Returns:
-            One :class:`ChunkTerms` per row, in order.
+            One :class:`ChunkTerms` per row, in order, its terms in code point order.
         """
+        with self._lock:
+            return self._word_terms(rows) if self._by_word else self._row_terms(rows)
+
+    def _word_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
+        """:meth:`chunk_terms` from the tokens of each row's words (see the module docstring)."""
+        split = [[value.split() for value in row] for row in rows]
+        cache = self._words
+        missing = list({w for cols in split for words in cols for w in words if w not in cache})
+        if len(cache) + len(missing) > WORD_CACHE_MAX:
+            cache.clear()
+            missing = list({w for cols in split for words in cols for w in words})
+        for first in range(0, len(missing), 5000):
+            part = missing[first:first + 5000]
+            found: dict[int, list[str]] = {}
+            conn = self._conn
+            conn.executemany(self._insert, [(i + 1, w, *("" for _ in self._columns[1:]))
+                                            for i, w in enumerate(part)])
+            for doc, term in conn.execute('SELECT doc, term FROM v ORDER BY doc, "offset"'):
+                found.setdefault(doc, []).append(term)
+            conn.execute(self._clear)
+            cache.update((w, tuple(found.get(i + 1, ()))) for i, w in enumerate(part))
+        first_hits = self._first_column_hits
+        out = []
+        for cols in split:
+            offsets: dict[str, list[int]] = {}
+            for column, words in enumerate(cols):
+                at = column << POSITION_COLUMN_SHIFT  # offsets count within a column
+                for w in words:
+                    for token in cache[w]:
+                        held = offsets.get(token)
+                        if held is None:
+                            offsets[token] = [at]
+                        else:
+                            held.append(at)
+                        at += 1
+            positions: dict[str, str] = {}
+            tf: dict[str, str] = {}
+            doc_len = 0
+            for term in sorted(offsets):
+                found_at = offsets[term]
+                literal = "{" + ",".join(map(str, found_at)) + "}"
+                positions[term] = literal
+                hits = len(found_at)
+                doc_len += hits
+                if found_at[-1] >> POSITION_COLUMN_SHIFT:
+                    tf[term] = self._hits(literal, 0)
+                else:
+                    tf[term] = first_hits.get(hits) or self._hits(literal, hits)
+            out.append(ChunkTerms(positions, doc_len, tf))
+        return out
+
+    def _row_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
+        """:meth:`chunk_terms` by FTS5 over whole rows (the lock held)."""
         out = [ChunkTerms({}, 0, {}) for _ in rows]
         lens = [0] * len(rows)
-        with self._lock:
-            conn = self._conn
-            conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-            first = self._first_column_hits
-            for doc, term, positions, n, last in conn.execute(self._grouped):
-                i = doc - 1
-                out[i].positions[term] = positions
-                if last >> POSITION_COLUMN_SHIFT:
-                    out[i].tf[term] = self._hits(positions, 0)
-                else:
-                    out[i].tf[term] = first.get(n) or self._hits(positions, n)
-                lens[i] += n
-            conn.execute(self._clear)
+        conn = self._conn
+        conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
+        first = self._first_column_hits
+        for doc, term, positions, n, last in conn.execute(self._grouped):
+            i = doc - 1
+            out[i].positions[term] = positions
+            if last >> POSITION_COLUMN_SHIFT:
+                out[i].tf[term] = self._hits(positions, 0)
+            else:
+                out[i].tf[term] = first.get(n) or self._hits(positions, n)
+            lens[i] += n
+        conn.execute(self._clear)
         return [ChunkTerms(c.positions, n, c.tf) for c, n in zip(out, lens, strict=True)]
 
     def _hits(self, positions: str, first_column: int) -> str:

@@ -238,3 +238,47 @@ def test_column_filtered_counts_match_sqlite(pg_dsn: str, tmp_path: Path) -> Non
     finally:
         lite.close()
         pg.close()
+
+
+def test_word_by_word_tokens_are_fts5s_on_a_mixed_corpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's postings built from the cached tokens of its whitespace-separated words are
+    byte for byte the ones FTS5 gives for the whole row: a seeded random corpus of English,
+    diacritics, combining marks, CJK, emoji (modifiers, ZWJ sequences, flags), punctuation
+    inside words, every separator ``str.split`` splits on (CRLF, NBSP, ideographic space, line
+    separator, the ASCII control separators), over the text, title and terms columns; with
+    the word cache cleared when full in between."""
+    import random
+
+    from fallback.store.postgres import tokens
+    from fallback.store.postgres.tokens import Fts5Tokenizer
+
+    pieces = ["walrus", "Walruses", "running", "café", "CAFÉ", "naïve", "Ångström", "straße", "ﬁsh",
+              "e\u0301clair", "中文字符", "日本語のテキスト", "한국어", "東京2026", "😀", "👍🏽", "👩\u200d💻",
+              "🇯🇵", "don't", "e-mail", "a.b.c", "$100", "#tag", "@user", "C++", "...", "—", "3.14",
+              "1,000", "x\u200by", "ﬀ", "İstanbul", "ǅemal", "Ⅻ", "①", "٣٤", "ß", "_under_score_",
+              "tab\x00nul", "o'clock", "«quoted»", "(paren)", "semi;colon", "URL:http://x.y/z?q=1"]
+    seps = [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2028", "\x1c", "\x1f", "\x85",
+            "\v", "\f", "\u2009", "\u202f"]
+    rng = random.Random(20261205)
+
+    def text(words: int) -> str:
+        out = [rng.choice(seps) if rng.random() < 0.2 else ""]
+        for _ in range(words):
+            out += [rng.choice(pieces) + (rng.choice(pieces) if rng.random() < 0.1 else ""),
+                    rng.choice(seps)]
+        return "".join(out)
+
+    rows = [(text(rng.randrange(0, 120)), text(rng.randrange(0, 6)), text(rng.randrange(0, 10)))
+            for _ in range(300)] + [("", "", ""), (" \r\n ", "—", "...")]
+    tokenizer = Fts5Tokenizer()
+    try:
+        want = tokenizer._row_terms(rows)
+        assert tokenizer.chunk_terms(rows) == want  # cold cache
+        assert tokenizer.chunk_terms(rows) == want  # warm cache
+        monkeypatch.setattr(tokens, "WORD_CACHE_MAX", 40)
+        assert tokenizer.chunk_terms(rows[:7]) == want[:7]  # the cache cleared, then filled
+        assert len(tokenizer._words) <= len({w for row in rows[:7] for v in row for w in v.split()})
+        assert sum(c.doc_len for c in want) > 10_000
+        assert {"中文字符", "walru", "cafe", "😀"} - {t for c in want for t in c.positions} == {"😀"}
+    finally:
+        tokenizer.close()

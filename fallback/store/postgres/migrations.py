@@ -223,9 +223,46 @@ def m008_file_text(cur: Any, schema: str) -> None:
     cur.execute(f"ALTER TABLE {_q(schema)}.files ADD COLUMN IF NOT EXISTS text text")
 
 
+def m009_posting_blocks(cur: Any, schema: str) -> None:
+    """Postings in blocks: ``posting_blocks`` holds, per term, the postings of up to
+    ``BLOCK_CHUNKS`` chunks of one write (one source) in one row, keyed by its first chunk
+    (a write's chunks have consecutive row ids in a scope, so a chunk's posting of a term is in
+    the term's block with the largest key at or below the chunk's row id); ``chunks.terms``
+    lists a chunk's terms, so the blocks a retired chunk is in are found by key. Each posting
+    of ``postings`` becomes a block of one chunk, the grants on ``postings`` move to
+    ``posting_blocks``, and ``postings`` is dropped."""
+    s = _q(schema)
+    cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.posting_blocks ("
+                " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"
+                " chunk_rowid bigint NOT NULL, rowids bigint[] NOT NULL, lens int[] NOT NULL,"
+                " tf int[] NOT NULL, ends int[] NOT NULL, positions int[] NOT NULL,"
+                " source text NOT NULL, gen_from bigint NOT NULL,"
+                " PRIMARY KEY (agent_id, workspace, term, chunk_rowid))")
+    cur.execute(f"ALTER TABLE {s}.chunks ADD COLUMN IF NOT EXISTS terms text")
+    cur.execute("SELECT to_regclass(%s)", (f"{schema}.postings",))
+    if cur.fetchone()[0] is None:
+        _secure(cur, schema, "posting_blocks")
+        return
+    cur.execute(f"INSERT INTO {s}.posting_blocks (agent_id, workspace, term, chunk_rowid, rowids,"
+                " lens, tf, ends, positions, source, gen_from) SELECT agent_id, workspace, term,"
+                " chunk_rowid, ARRAY[chunk_rowid], ARRAY[doc_len], tf, ARRAY[cardinality(positions)],"
+                f" positions, source, gen_from FROM {s}.postings ON CONFLICT DO NOTHING")
+    cur.execute(f"UPDATE {s}.chunks c SET terms = p.terms FROM (SELECT chunk_rowid,"
+                " string_agg(term, ' ' ORDER BY term COLLATE \"C\") AS terms"
+                f" FROM {s}.postings GROUP BY chunk_rowid) p WHERE p.chunk_rowid = c.chunk_rowid")
+    cur.execute("SELECT grantee, string_agg(privilege_type, ', ') FROM information_schema.table_privileges"
+                " WHERE table_schema = %s AND table_name = 'postings' AND grantee <> current_user"
+                " GROUP BY grantee", (schema,))
+    for grantee, privileges in cur.fetchall():
+        role = "PUBLIC" if grantee == "PUBLIC" else '"' + str(grantee).replace('"', '""') + '"'
+        cur.execute(f"GRANT {privileges} ON {s}.posting_blocks TO {role}")
+    _secure(cur, schema, "posting_blocks")
+    cur.execute(f"DROP TABLE {s}.postings")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
-    m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text)
+    m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text, m009_posting_blocks)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

@@ -22,6 +22,7 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import heapq
@@ -48,7 +49,7 @@ from fallback.store.postgres.bm25 import (
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
 from fallback.store.postgres.migrations import migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
-from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer
+from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_cjk
 
@@ -77,6 +78,9 @@ _BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # Most postings one INSERT writes (a write batch of many files is several statements, each well
 # inside the statement deadline on a loaded server).
 POSTINGS_PER_STATEMENT = 5000
+# Most chunks of one posting block (a term's postings of one write, migration m009): a block of
+# a common word stays a few KB, so reading one chunk's posting from it costs little.
+BLOCK_CHUNKS = 64
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
@@ -358,7 +362,7 @@ class PostgresStore:
             conn.execute(f"GRANT USAGE ON SCHEMA {s} TO {role}")
             conn.execute(f"GRANT SELECT ON {s}.agents, {s}.shares, {s}.schema_migrations TO {role}")
             conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.workspaces, {s}.files,"
-                         f" {s}.chunks, {s}.postings, {s}.trigram_postings, {s}.term_stats, {s}.chunk_vectors"
+                         f" {s}.chunks, {s}.posting_blocks, {s}.trigram_postings, {s}.term_stats, {s}.chunk_vectors"
                          f" TO {role}")
             conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.embedding_cache TO {role}")
 
@@ -485,7 +489,7 @@ class PostgresStore:
             ranks: dict[int, float] | None = None
             order: dict[int, tuple[str, str, int]] = {}
             for query, table, length, n_rows, n_tokens, col_weights in (
-                    (main, "postings", "doc_len", st.chunk_count, st.token_count, weights),
+                    (main, "posting_blocks", "doc_len", st.chunk_count, st.token_count, weights),
                     (tri, "trigram_postings", "trigram_len", st.trigram_chunk_count,
                      st.trigram_token_count, (1.0,))):
                 if query is None:
@@ -597,24 +601,31 @@ class PostgresStore:
                                         for t in sorted(needed - common, key=slot.__getitem__))
                     bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
                 cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
-                # The column-weighted frequency of a posting's term, from its hits per column.
-                wf = " + ".join(f"p.tf[{i + 1}] * {float(w)!r}::float8" for i, w in enumerate(weights))
+                # The column-weighted frequency of a posting's term, from its hits per column
+                # (a block holds them chunk after chunk).
+                n_cols = len(weights)
+                wf = " + ".join(f"b.tf[{n_cols} * u.i - {n_cols - 1 - i}] * {float(w)!r}::float8"
+                                for i, w in enumerate(weights))
                 cur.execute(
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
-                    " p AS MATERIALIZED (SELECT p.chunk_rowid AS r, t.k, p.doc_len::float8 AS dl,"
-                    f" p.source AS src, {wf} AS wf, p.positions FROM t JOIN {s}.postings p"
-                    " ON p.agent_id = %(agent)s AND p.workspace = %(ws)s AND p.term = t.term"
-                    " WHERE p.gen_from <= %(g)s),"
-                    f" r AS (SELECT r, dl, {cols} FROM p WHERE src = ANY(%(sources)s) GROUP BY r, dl),"
+                    " p AS MATERIALIZED (SELECT u.r, t.k, u.dl::float8 AS dl,"
+                    f" {wf} AS wf, {_block_positions('b', 'u.i')} AS positions"
+                    f" FROM t JOIN {s}.posting_blocks b ON b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND b.term = t.term CROSS JOIN LATERAL"
+                    " unnest(b.rowids, b.lens) WITH ORDINALITY AS u(r, dl, i)"
+                    " WHERE b.gen_from <= %(g)s AND b.source = ANY(%(sources)s)),"
+                    f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
                     f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
                     " ORDER BY ub DESC, r.r LIMIT %(k)s),"
                     # Every term's postings of the candidates: the essential ones already read,
-                    # the common ones by key.
+                    # the common ones by key (the term's block at or below the chunk).
                     " x AS (SELECT p.r, p.k, p.positions FROM p JOIN top ON top.r = p.r"
-                    " UNION ALL SELECT top.r, n.k, q.positions FROM top CROSS JOIN"
-                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k)"
-                    f" JOIN {s}.postings q ON q.agent_id = %(agent)s AND q.workspace = %(ws)s"
-                    " AND q.term = n.term AND q.chunk_rowid = top.r)"
+                    f" UNION ALL SELECT top.r, n.k, {_block_positions('q', 'q.i')} FROM top CROSS JOIN"
+                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN LATERAL"
+                    " (SELECT b.positions, b.ends, array_position(b.rowids, top.r) AS i"
+                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s AND b.workspace = %(ws)s"
+                    " AND b.term = n.term AND b.chunk_rowid <= top.r ORDER BY b.chunk_rowid DESC"
+                    " LIMIT 1) q WHERE q.i IS NOT NULL)"
                     " SELECT top.r, top.ub, top.dl, array_agg(x.k), array_agg(x.positions::text),"
                     " c.path, c.start_line"
                     f" FROM top JOIN x ON x.r = top.r JOIN {s}.chunks c ON c.chunk_rowid = top.r"
@@ -692,7 +703,7 @@ class PostgresStore:
             df = dict(cur.execute(*df_read).fetchall() if tokens else self._last_rows(cur, *df_read))
             rows: dict[int, dict[str, list[int]]] = {}
             if tokens:
-                rows, _ = self._postings(cur, "postings", "doc_len", tokens,
+                rows, _ = self._postings(cur, "posting_blocks", "doc_len", tokens,
                                          {"agent": self.agent_id, "ws": self.workspace,
                                           "gen": st.generation}, {})
         return st.chunk_count, [int(df.get(words[i], 0)) if i in words else count_matches(q, rows)
@@ -703,10 +714,18 @@ class PostgresStore:
                   ) -> tuple[dict[int, dict[str, list[int]]], dict[int, int]]:
         """Postings of ``tokens`` in the published chunks: ``({rowid: {term: positions}},
         {rowid: doc length})``; ``order`` gets ``(source, path, start_line)`` per row."""
+        s = self._s
+        if table == "posting_blocks":
+            found = (f"SELECT u.r AS chunk_rowid, b.term, {_block_positions('b', 'u.i')} AS positions"
+                     f" FROM {s}.posting_blocks b CROSS JOIN LATERAL unnest(b.rowids) WITH ORDINALITY"
+                     " AS u(r, i) WHERE b.agent_id = %(agent)s AND b.workspace = %(ws)s"
+                     " AND b.term = ANY(%(terms)s) AND b.gen_from <= %(gen)s")
+        else:
+            found = (f"SELECT chunk_rowid, term, positions FROM {s}.{table} WHERE agent_id = %(agent)s"
+                     " AND workspace = %(ws)s AND term = ANY(%(terms)s)")
         cur.execute(f"SELECT p.chunk_rowid, p.term, p.positions, c.{length}, c.source, c.path,"
-                    f" c.start_line FROM {self._s}.{table} p JOIN {self._s}.chunks c"
-                    " ON c.chunk_rowid = p.chunk_rowid WHERE p.agent_id = %(agent)s"
-                    f" AND p.workspace = %(ws)s AND p.term = ANY(%(terms)s) AND {_visible('c')}",
+                    f" c.start_line FROM ({found}) p JOIN {s}.chunks c"
+                    f" ON c.chunk_rowid = p.chunk_rowid WHERE {_visible('c')}",
                     {**args, "terms": list(tokens)})
         rows: dict[int, dict[str, list[int]]] = {}
         doc_len: dict[int, int] = {}
@@ -1077,15 +1096,16 @@ class SyncLease:
             # COPY writes postings fastest, but PostgreSQL refuses COPY FROM where row-level
             # security applies (an agent's own role): INSERTs there.
             self._copy = not conn.execute("SELECT row_security_active(%s)",
-                                          (f"{s}.postings",)).fetchone()[0]
+                                          (f"{s}.posting_blocks",)).fetchone()[0]
             # A killed sync's rows of generation P + 1 are published with this one: their terms
             # count in the statistics this lease publishes.
             self._terms = _TermCounts()
             self._terms.add_rows(conn.execute(
-                f"SELECT p.term, count(*), max(p.tf[1]), max(p.tf[2]), max(p.tf[3]), min(p.doc_len)"
-                f" FROM {s}.chunks c JOIN {s}.postings p ON p.chunk_rowid = c.chunk_rowid"
-                " WHERE c.agent_id = %(agent)s AND c.workspace = %(ws)s AND c.gen_from = %(gen)s"
-                " GROUP BY p.term", {**self._scope, "gen": self.generation}).fetchall())
+                f"SELECT b.term, count(*), max(b.tf[3 * u.i - 2]), max(b.tf[3 * u.i - 1]),"
+                f" max(b.tf[3 * u.i]), min(u.dl) FROM {s}.posting_blocks b CROSS JOIN LATERAL"
+                " unnest(b.lens) WITH ORDINALITY AS u(dl, i) WHERE b.agent_id = %(agent)s"
+                " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
+                {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
 
     def __enter__(self) -> SyncLease:
@@ -1157,12 +1177,13 @@ class SyncLease:
                 self._terms.merge(counts)
                 return
             cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
-                        " end_line, hash, model, text, doc_len, trigram_len, gen_from)"
+                        " end_line, hash, model, text, doc_len, trigram_len, terms, gen_from)"
                         " SELECT %(agent)s, %(ws)s, x.id, x.p, x.src, x.s, x.e, x.h, x.m, x.t, x.n,"
-                        " x.tri, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
+                        " x.tri, x.terms, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
                         " %(csources)s::text[], %(starts)s::int[], %(ends)s::int[], %(hashes)s::text[],"
-                        " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[])"
-                        " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, i)"
+                        " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[],"
+                        " %(terms)s::text[])"
+                        " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, terms, i)"
                         " ORDER BY x.i RETURNING chunk_rowid",
                         {**args, "ids": _text_array(c.chunk_id for _, c in chunks),
                          "cpaths": _text_array(f.path for f, _ in chunks),
@@ -1173,13 +1194,14 @@ class SyncLease:
                          "models": _text_array(c.model for _, c in chunks),
                          "texts": _text_array(c.text for _, c in chunks),
                          "lens": _int_array(t.doc_len for t in terms),
+                         "terms": _text_array(" ".join(t.positions) for t in terms),
                          "tris": _int_array(trigrams[i].doc_len if i in trigrams else None
                                             for i in range(len(chunks)))})
             # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
             rowids = sorted(r[0] for r in cur.fetchall())
-            _insert_postings(cur, f"{s}.postings", args,
-                             ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
-                             impacts=True, copy=self._copy)
+            _write_blocks(cur, f"{s}.posting_blocks", args, _blocks(
+                ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
+                self.generation), copy=self._copy)
             _insert_postings(cur, f"{s}.trigram_postings", args,
                              ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()),
                              copy=self._copy)
@@ -1226,7 +1248,7 @@ class SyncLease:
             return {}
         args = {**args, "paths": _text_array(p for p, _ in held),
                 "sources": _text_array(src for _, src in held)}
-        gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args)
+        gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args, copy=self._copy)
         cur.execute(f"DELETE FROM {s}.files WHERE {where} AND gen_from = %(gen)s", args)
         for table in ("chunks", "files"):
             cur.execute(f"UPDATE {s}.{table} SET gen_to = %(gen)s WHERE {where} AND gen_to IS NULL",
@@ -1263,7 +1285,7 @@ class SyncLease:
                 # generation must not find the rows it retired).
                 with self._conn.cursor() as cur:
                     where = "agent_id = %(agent)s AND workspace = %(ws)s AND gen_to <= %(gen)s"
-                    self._terms.remove(_delete_chunks(cur, s, where, args))
+                    self._terms.remove(_delete_chunks(cur, s, where, args, copy=self._copy))
                     cur.execute(f"DELETE FROM {s}.files WHERE {where}", args)
                     self._terms.publish(cur, f"{s}.term_stats", self._scope)
             # Fresh planner statistics once the tables changed much: on tables it has not
@@ -1273,7 +1295,7 @@ class SyncLease:
             # the searches). A role that does not own the tables is skipped by ANALYZE with a
             # notice.
             if self.chunks_written * ANALYZE_SHARE >= count:
-                for table in ("chunks", "postings", "trigram_postings", "term_stats", "chunk_vectors"):
+                for table in ("chunks", "posting_blocks", "trigram_postings", "term_stats", "chunk_vectors"):
                     self._conn.execute(f"ANALYZE {s}.{table}")
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
@@ -1286,19 +1308,46 @@ class SyncLease:
             self._conn.close()
 
 
-def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any]) -> dict[str, int]:
+def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
+                   copy: bool) -> dict[str, int]:
     """Delete the chunks matching ``where`` with their postings, trigram postings and vectors;
-    the deleted postings per term."""
-    cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid", args)
-    gone = [r[0] for r in cur.fetchall()]
-    if not gone:
+    the deleted postings per term. A chunk's postings leave their blocks: each block holding
+    one (found by key from the chunk's ``terms``) is deleted and its other chunks' postings
+    written again as a block (``copy``: by ``COPY``)."""
+    cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid, terms", args)
+    deleted = cur.fetchall()
+    if not deleted:
         return {}
-    cur.execute(f"WITH d AS (DELETE FROM {schema}.postings WHERE chunk_rowid = ANY(%s) RETURNING term)"
-                " SELECT term, count(*) FROM d GROUP BY term", (gone,))
-    dropped = {str(t): int(n) for t, n in cur.fetchall()}
+    gone = [r for r, _ in deleted]
+    terms: list[str] = []
+    rowids: list[int] = []
+    for rowid, held in deleted:
+        if held:
+            split = held.split(" ")
+            terms += split
+            rowids += [rowid] * len(split)
+    if terms:
+        scope = {"agent": args["agent"], "ws": args["ws"]}
+        cur.execute(f"DELETE FROM {schema}.posting_blocks b WHERE b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND (b.term, b.chunk_rowid) IN (SELECT g.term,"
+                    f" (SELECT max(k.chunk_rowid) FROM {schema}.posting_blocks k"
+                    " WHERE k.agent_id = %(agent)s AND k.workspace = %(ws)s AND k.term = g.term"
+                    " AND k.chunk_rowid <= g.r) FROM unnest(%(terms)s::text[], %(rowids)s::bigint[])"
+                    " AS g(term, r)) RETURNING b.term, b.rowids, b.lens, b.tf, b.ends, b.positions,"
+                    " b.source, b.gen_from",
+                    {**scope, "terms": _text_array(terms), "rowids": _int_array(rowids)})
+        dead = set(gone)
+        kept: list[_Block] = []
+        for term, block_rowids, lens, tf, ends, positions, source, gen_from in cur.fetchall():
+            entries: list[tuple[int, int, Sequence[int], Sequence[int]]] = [
+                (r, lens[i], tf[3 * i:3 * i + 3], positions[ends[i - 1] if i else 0:ends[i]])
+                for i, r in enumerate(block_rowids) if r not in dead]
+            if entries:
+                kept.append((term, source, int(gen_from), entries))
+        _write_blocks(cur, f"{schema}.posting_blocks", scope, kept, copy=copy)
     for table in ("trigram_postings", "chunk_vectors"):
         cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
-    return dropped
+    return dict(collections.Counter(terms))
 
 
 class _TermCounts:
@@ -1307,24 +1356,21 @@ class _TermCounts:
 
     def __init__(self) -> None:
         self.df: dict[str, int] = {}
-        self.hits: dict[str, list[int]] = {}  # shared lists: never changed in place
+        self.hits: dict[str, Sequence[int]] = {}
         self.min_dl: dict[str, int] = {}
-        self._parsed: dict[str, list[int]] = {}
 
     def add(self, terms: ChunkTerms) -> None:
         """Count one written chunk's postings."""
-        df, hits, min_dl, parsed, n = self.df, self.hits, self.min_dl, self._parsed, terms.doc_len
-        for term, tf in terms.tf.items():
+        df, hits, min_dl, n = self.df, self.hits, self.min_dl, terms.doc_len
+        for term, positions in terms.positions.items():
             df[term] = df.get(term, 0) + 1
-            cols = parsed.get(tf)
-            if cols is None:  # few distinct hit counts: each literal is parsed once
-                cols = parsed[tf] = [int(x) for x in tf[1:-1].split(",")]
+            cols = column_hits(positions)
             held = hits.get(term)
             if held is None:
                 hits[term] = cols
                 min_dl[term] = n
                 continue
-            if held is not cols and any(c > h for c, h in zip(cols, held, strict=True)):
+            if held != cols and any(c > h for c, h in zip(cols, held, strict=True)):
                 hits[term] = [max(c, h) for c, h in zip(cols, held, strict=True)]
             if n < min_dl[term]:
                 min_dl[term] = n
@@ -1372,53 +1418,103 @@ class _TermCounts:
                         " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 
 
-def _insert_postings(cur: Any, table: str, args: dict[str, Any],
-                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, impacts: bool = False,
-                     copy: bool = False) -> None:
-    """Write the postings of freshly inserted chunks (``(rowid, terms, source)``) by statements
-    of whole chunks and at most :data:`POSTINGS_PER_STATEMENT` postings each (one chunk more
-    when a single chunk holds more): the statement deadline bounds each statement, so a batch
-    of any size is written. With ``copy``, each statement is a ``COPY`` (refused where
-    row-level security applies), else an INSERT over arrays. With ``impacts``, each posting
-    also gets its hits per column and its chunk's length, source and generation
-    (``postings``, migration m005)."""
-    write = _copy_posting_rows if copy else _insert_posting_rows
-    part: list[tuple[int, ChunkTerms, str]] = []
-    held = 0
-    for item in chunks:
-        if part and held + len(item[1].positions) > POSTINGS_PER_STATEMENT:
-            write(cur, table, args, part, impacts=impacts)
-            part, held = [], 0
-        part.append(item)
-        held += len(item[1].positions)
-    if part:
-        write(cur, table, args, part, impacts=impacts)
+_Block = tuple[str, str, int, list[tuple[int, int, Sequence[int], Sequence[int]]]]
+"""A posting block to write: ``(term, source, gen_from, [(chunk_rowid, doc_len, hits per
+column, positions)])``, its chunks ascending."""
 
 
-def _copy_posting_rows(cur: Any, table: str, args: dict[str, Any],
-                       chunks: Sequence[tuple[int, ChunkTerms, str]], *, impacts: bool) -> None:
-    """One ``COPY`` of the postings of ``chunks`` (:func:`_insert_postings`), in key order."""
-    scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-    columns = "term, chunk_rowid, positions, agent_id, workspace"
-    if impacts:
-        columns += ", tf, doc_len, source, gen_from"
-    lines: list[str] = []
+def _blocks(chunks: Iterable[tuple[int, ChunkTerms, str]], gen: int) -> Iterator[_Block]:
+    """The posting blocks of chunks written in generation ``gen`` (``(rowid, terms, source)``,
+    ascending rowids): per term and source, runs of at most :data:`BLOCK_CHUNKS` chunks."""
+    groups: dict[tuple[str, str], list[tuple[int, int, Sequence[int], Sequence[int]]]] = {}
     for rowid, t, source in chunks:
-        terms: Iterable[str] = t.positions
-        if _COPY_SPECIAL.search("".join(t.positions)):
-            terms = map(_copy_field, t.positions)
-        head = f"\t{rowid}\t"
-        if impacts:
-            tail = f"\t{t.doc_len}\t{_copy_field(source)}\t{args['gen']}\n"
-            lines += [f"{term}{head}{pos}\t{scope}\t{tf}{tail}"
-                      for term, pos, tf in zip(terms, t.positions.values(), t.tf.values(), strict=True)]
-        else:
-            lines += [f"{term}{head}{pos}\t{scope}\n" for term, pos in zip(terms, t.positions.values(),
-                                                                             strict=True)]
-    # Sorted by term (then chunk): the primary key's leaf pages are visited in order.
+        n = t.doc_len
+        for term, positions in t.positions.items():
+            entry = (rowid, n, column_hits(positions), positions)
+            held = groups.get((term, source))
+            if held is None:
+                groups[(term, source)] = [entry]
+            else:
+                held.append(entry)
+    for (term, source), entries in groups.items():
+        for first in range(0, len(entries), BLOCK_CHUNKS):
+            yield term, source, gen, entries[first:first + BLOCK_CHUNKS]
+
+
+def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_Block], *,
+                  copy: bool) -> None:
+    """Write posting blocks by statements of at most :data:`POSTINGS_PER_STATEMENT` postings
+    each (one block more when a single block holds more): the statement deadline bounds each
+    statement, so a write of any size goes through. With ``copy``, each statement is a
+    ``COPY`` (refused where row-level security applies), else an INSERT over arrays."""
+    lines: list[tuple[str, ...]] = []
+    held = 0
+    for term, source, gen_from, entries in blocks:
+        if lines and held + len(entries) > POSTINGS_PER_STATEMENT:
+            _write_block_rows(cur, table, args, lines, copy=copy)
+            lines, held = [], 0
+        ends: list[str] = []
+        end = 0
+        for e in entries:
+            end += len(e[3])
+            ends.append(str(end))
+        lines.append((term, str(entries[0][0]), ",".join(str(e[0]) for e in entries),
+                      ",".join(str(e[1]) for e in entries),
+                      ",".join(",".join(map(str, e[2])) for e in entries), ",".join(ends),
+                      ",".join(",".join(map(str, e[3])) for e in entries), source, str(gen_from)))
+        held += len(entries)
+    if lines:
+        _write_block_rows(cur, table, args, lines, copy=copy)
+
+
+def _write_block_rows(cur: Any, table: str, args: dict[str, Any], lines: list[tuple[str, ...]], *,
+                      copy: bool) -> None:
+    """One statement writing the blocks of :func:`_write_blocks` (``lines``: term, key, then
+    the array literals without braces, source, generation), in key order."""
     lines.sort()
-    with cur.copy(f"COPY {table} ({columns}) FROM STDIN") as out:
-        out.write("".join(lines))
+    if copy:
+        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
+        with cur.copy(f"COPY {table} (term, chunk_rowid, rowids, lens, tf, ends, positions, source,"
+                      " gen_from, agent_id, workspace) FROM STDIN") as out:
+            out.write("".join(f"{_copy_field(t)}\t{k}\t{{{r}}}\t{{{n}}}\t{{{f}}}\t{{{e}}}\t{{{p}}}"
+                              f"\t{_copy_field(src)}\t{g}\t{scope}\n"
+                              for t, k, r, n, f, e, p, src, g in lines))
+        return
+    columns = list(zip(*lines, strict=True))
+    cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, rowids, lens, tf, ends,"
+                " positions, source, gen_from) SELECT %(agent)s, %(ws)s, t, k, ('{' || r || '}')::bigint[],"
+                " ('{' || n || '}')::int[], ('{' || f || '}')::int[], ('{' || e || '}')::int[],"
+                " ('{' || p || '}')::int[], src, g FROM unnest(%(t)s::text[], %(k)s::bigint[],"
+                " %(r)s::text[], %(n)s::text[], %(f)s::text[], %(e)s::text[], %(p)s::text[],"
+                " %(src)s::text[], %(g)s::bigint[]) AS x(t, k, r, n, f, e, p, src, g)",
+                {"agent": args["agent"], "ws": args["ws"],
+                 **{key: ("{" + ",".join(col) + "}" if key in ("k", "g") else _text_array(col))
+                    for key, col in zip(("t", "k", "r", "n", "f", "e", "p", "src", "g"), columns,
+                                        strict=True)}})
+
+
+def _block_positions(block: str, i: str) -> str:
+    """SQL: the positions of the ``i``-th (1-based) chunk of posting block ``block``."""
+    return f"{block}.positions[coalesce({block}.ends[{i} - 1], 0) + 1:{block}.ends[{i}]]"
+
+
+def _insert_postings(cur: Any, table: str, args: dict[str, Any],
+                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, copy: bool = False) -> None:
+    """Write the trigram postings of freshly inserted chunks (``(rowid, terms, source)``), one
+    row per term of a chunk, by statements of whole chunks and at most
+    :data:`POSTINGS_PER_STATEMENT` postings each (one chunk more when a single chunk holds
+    more). With ``copy``, each statement is a ``COPY`` (refused where row-level security
+    applies), else an INSERT over arrays."""
+    part: list[tuple[int, ChunkTerms]] = []
+    held = 0
+    for rowid, terms, _ in chunks:
+        if part and held + len(terms.positions) > POSTINGS_PER_STATEMENT:
+            _insert_posting_rows(cur, table, args, part, copy=copy)
+            part, held = [], 0
+        part.append((rowid, terms))
+        held += len(terms.positions)
+    if part:
+        _insert_posting_rows(cur, table, args, part, copy=copy)
 
 
 _COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
@@ -1432,41 +1528,22 @@ def _copy_field(value: str) -> str:
 
 
 def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],
-                         chunks: Sequence[tuple[int, ChunkTerms, str]], *, impacts: bool) -> None:
-    """One INSERT of the postings of ``chunks`` (:func:`_insert_postings`)."""
-    terms: list[str] = []
-    rowids: list[int] = []
-    positions: list[str] = []
-    tfs: list[str] = []
-    lens: list[int] = []
-    sources: list[str] = []
-    for rowid, t, source in chunks:
-        terms += t.positions
-        rowids += [rowid] * len(t.positions)
-        positions += t.positions.values()
-        if impacts:
-            tfs += t.tf.values()
-            lens += [t.doc_len] * len(t.positions)
-            sources += [source] * len(t.positions)
-    if not terms:
+                         chunks: Sequence[tuple[int, ChunkTerms]], *, copy: bool) -> None:
+    """One statement writing the postings of ``chunks`` (:func:`_insert_postings`), in key order."""
+    rows = sorted((term, rowid, "{" + ",".join(map(str, positions)) + "}")
+                  for rowid, t in chunks for term, positions in t.positions.items())
+    if not rows:
         return
-    values = {**args, "terms": _text_array(terms), "rowids": _int_array(rowids),
-              "pos": _text_array(positions)}
-    if impacts:
-        cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions, tf,"
-                    " doc_len, source, gen_from) SELECT %(agent)s, %(ws)s, t, r, p::int[], f::int[],"
-                    " n, src, %(gen)s FROM unnest(%(terms)s::text[], %(rowids)s::bigint[],"
-                    " %(pos)s::text[], %(tfs)s::text[], %(lens)s::int[], %(srcs)s::text[])"
-                    " AS x(t, r, p, f, n, src)"
-                    # In key order: each leaf page of the primary key is visited once.
-                    " ORDER BY t, r",
-                    {**values, "tfs": _text_array(tfs), "lens": _int_array(lens),
-                     "srcs": _text_array(sources)})
+    if copy:
+        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
+        with cur.copy(f"COPY {table} (term, chunk_rowid, positions, agent_id, workspace) FROM STDIN") as out:
+            out.write("".join(f"{_copy_field(t)}\t{r}\t{p}\t{scope}\n" for t, r, p in rows))
         return
     cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
                 " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)"
-                " ORDER BY t, r", values)
+                " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)",
+                {**args, "terms": _text_array(t for t, _, _ in rows),
+                 "rowids": _int_array(r for _, r, _ in rows), "pos": _text_array(p for _, _, p in rows)})
 
 
 def _text_array(values: Iterable[str]) -> str:

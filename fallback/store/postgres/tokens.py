@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["MAIN", "TRIGRAM", "ChunkTerms", "Fts5Tokenizer"]
+__all__ = ["MAIN", "TRIGRAM", "ChunkTerms", "Fts5Tokenizer", "column_hits"]
 
 # (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
 MAIN = (FTS_COLUMNS, "porter unicode61")
@@ -37,17 +37,26 @@ WORD_CACHE_MAX = 200_000
 
 @dataclass(frozen=True)
 class ChunkTerms:
-    """The postings of one chunk, as the PostgreSQL ``int[]`` literals they are written as.
+    """The postings of one chunk.
 
     Attributes:
-        positions: ``{term: "{p1,p2,...}"}``, each ``p`` = ``column << 20 | offset``, ascending.
+        positions: ``{term: [p1, p2, ...]}`` in code point order of the terms, each ``p`` =
+            ``column << 20 | offset``, ascending.
         doc_len: tokens in all columns (FTS5's row size for ``bm25()``).
-        tf: ``{term: "{hits in column 0,hits in column 1,...}"}``.
     """
 
-    positions: dict[str, str]
+    positions: dict[str, list[int]]
     doc_len: int
-    tf: dict[str, str]
+
+
+def column_hits(positions: Sequence[int], columns: int = len(FTS_COLUMNS)) -> tuple[int, ...]:
+    """A posting's hits per column (``positions`` ascending, as :class:`ChunkTerms` holds them)."""
+    if positions[-1] >> POSITION_COLUMN_SHIFT == 0:
+        return (len(positions),) + (0,) * (columns - 1)
+    hits = [0] * columns
+    for p in positions:
+        hits[p >> POSITION_COLUMN_SHIFT] += 1
+    return tuple(hits)
 
 
 class Fts5Tokenizer:
@@ -71,18 +80,13 @@ class Fts5Tokenizer:
         self._columns = columns
         self._by_word = not tokenize.startswith("trigram")  # trigrams span whitespace
         self._words: dict[str, tuple[str, ...]] = {}  # word -> its tokens (MAIN only)
-        self._first_column_hits: dict[int, str] = {}  # hit count -> its literal, all in column 0
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
         column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
                           for i, name in enumerate(columns))
-        # SQLite builds each posting's positions literal: the Python loop over the result only
-        # files them by chunk. One sort (by the group): the rows of a group keep the order
-        # fts5vocab gives them, each term's doclist in position order (ascending). The last
-        # position tells a posting whose hits are all in the first column (most of them), whose
-        # hits-per-column literal is then known from the count alone (counting each column in
-        # SQL took a third of the CPU).
-        self._grouped = (f"SELECT doc, term, '{{' || group_concat(pos) || '}}', count(*), max(pos)"
+        # One sort (by the group): the rows of a group keep the order fts5vocab gives them,
+        # each term's doclist in position order (ascending).
+        self._grouped = (f"SELECT doc, term, group_concat(pos)"
                          f" FROM (SELECT doc, term, (CASE col {column} END) | \"offset\" AS pos FROM v)"
                          " GROUP BY term, doc")
 
@@ -117,10 +121,10 @@ class Fts5Tokenizer:
                 found.setdefault(doc, []).append(term)
             conn.execute(self._clear)
             cache.update((w, tuple(found.get(i + 1, ()))) for i, w in enumerate(part))
-        first_hits = self._first_column_hits
         out = []
         for cols in split:
             offsets: dict[str, list[int]] = {}
+            n = 0
             for column, words in enumerate(cols):
                 at = column << POSITION_COLUMN_SHIFT  # offsets count within a column
                 for w in words:
@@ -131,51 +135,19 @@ class Fts5Tokenizer:
                         else:
                             held.append(at)
                         at += 1
-            positions: dict[str, str] = {}
-            tf: dict[str, str] = {}
-            doc_len = 0
-            for term in sorted(offsets):
-                found_at = offsets[term]
-                literal = "{" + ",".join(map(str, found_at)) + "}"
-                positions[term] = literal
-                hits = len(found_at)
-                doc_len += hits
-                if found_at[-1] >> POSITION_COLUMN_SHIFT:
-                    tf[term] = self._hits(literal, 0)
-                else:
-                    tf[term] = first_hits.get(hits) or self._hits(literal, hits)
-            out.append(ChunkTerms(positions, doc_len, tf))
+                n += at - (column << POSITION_COLUMN_SHIFT)
+            out.append(ChunkTerms({t: offsets[t] for t in sorted(offsets)}, n))
         return out
 
     def _row_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
         """:meth:`chunk_terms` by FTS5 over whole rows (the lock held)."""
-        out = [ChunkTerms({}, 0, {}) for _ in rows]
-        lens = [0] * len(rows)
+        out: list[dict[str, list[int]]] = [{} for _ in rows]
         conn = self._conn
         conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-        first = self._first_column_hits
-        for doc, term, positions, n, last in conn.execute(self._grouped):
-            i = doc - 1
-            out[i].positions[term] = positions
-            if last >> POSITION_COLUMN_SHIFT:
-                out[i].tf[term] = self._hits(positions, 0)
-            else:
-                out[i].tf[term] = first.get(n) or self._hits(positions, n)
-            lens[i] += n
+        for doc, term, positions in conn.execute(self._grouped):
+            out[doc - 1][term] = [int(p) for p in positions.split(",")]
         conn.execute(self._clear)
-        return [ChunkTerms(c.positions, n, c.tf) for c, n in zip(out, lens, strict=True)]
-
-    def _hits(self, positions: str, first_column: int) -> str:
-        """The hits-per-column literal of a positions literal (``first_column``: the count,
-        when every hit is in the first column; 0 to count them)."""
-        if first_column:
-            tf = self._first_column_hits[first_column] = (
-                "{" + ",".join([str(first_column)] + ["0"] * (len(self._columns) - 1)) + "}")
-            return tf
-        hits = [0] * len(self._columns)
-        for p in positions[1:-1].split(","):
-            hits[int(p) >> POSITION_COLUMN_SHIFT] += 1
-        return "{" + ",".join(map(str, hits)) + "}"
+        return [ChunkTerms(c, sum(map(len, c.values()))) for c in out]
 
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""

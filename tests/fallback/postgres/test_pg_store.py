@@ -454,7 +454,7 @@ def test_postings_keep_a_scope_and_terms_holding_tabs_backslashes_and_newlines(p
         write(store, {"memory/a.md": "otter 日本\\語\t文字"})
         assert found(store, "otter") == ["memory/a.md#1"]
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            scopes = conn.execute("SELECT DISTINCT agent_id, workspace, gen_from FROM qmdbridge.postings"
+            scopes = conn.execute("SELECT DISTINCT agent_id, workspace, gen_from FROM qmdbridge.posting_blocks"
                                   " WHERE term = 'otter'").fetchall()
             trigrams = [r[0] for r in conn.execute(
                 "SELECT term FROM qmdbridge.trigram_postings WHERE agent_id = %s AND workspace = %s"
@@ -470,13 +470,13 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
 
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:
-        # Each statement writing postings (COPY or INSERT) records how many rows it wrote.
+        # Each statement writing postings (COPY or INSERT) records how many postings it wrote.
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE public.insert_sizes (n int NOT NULL)")
             conn.execute("CREATE FUNCTION public.record_insert() RETURNS trigger LANGUAGE plpgsql AS"
-                         " $$ BEGIN INSERT INTO public.insert_sizes SELECT count(*) FROM new_rows;"
-                         " RETURN NULL; END $$")
-            conn.execute("CREATE TRIGGER record_insert AFTER INSERT ON qmdbridge.postings"
+                         " $$ BEGIN INSERT INTO public.insert_sizes SELECT sum(cardinality(rowids))"
+                         " FROM new_rows; RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER record_insert AFTER INSERT ON qmdbridge.posting_blocks"
                          " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
                          " EXECUTE FUNCTION public.record_insert()")
         # 60 files of 3 chunks, each chunk 100 distinct words: 18,000 postings in one call.
@@ -500,9 +500,11 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
 def test_term_stats_follow_the_published_postings_through_rewrites_deletes_and_a_dropped_sync(
         pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
-    truth = ("SELECT p.term, count(*), ARRAY[max(p.tf[1]), max(p.tf[2]), max(p.tf[3])], min(p.doc_len)"
-             " FROM qmdbridge.postings p JOIN qmdbridge.workspaces w USING (agent_id, workspace)"
-             " WHERE p.gen_from <= w.published_generation GROUP BY p.term ORDER BY p.term")
+    truth = ("SELECT b.term, count(*), ARRAY[max(b.tf[3 * u.i - 2]), max(b.tf[3 * u.i - 1]),"
+             " max(b.tf[3 * u.i])], min(u.dl) FROM qmdbridge.posting_blocks b"
+             " JOIN qmdbridge.workspaces w USING (agent_id, workspace) CROSS JOIN LATERAL"
+             " unnest(b.lens) WITH ORDINALITY AS u(dl, i)"
+             " WHERE b.gen_from <= w.published_generation GROUP BY b.term ORDER BY b.term")
     try:
         write(store, {"memory/a.md": "apple apple pear", "memory/b.md": "pear plum", "memory/c.md": "fig"})
         # A sync that writes and leaves without publishing: the next one publishes its rows.
@@ -566,3 +568,130 @@ def test_m005_copies_each_postings_chunk_values_and_drops_retired_postings(
         stats = conn.execute(f"SELECT term, df, max_tf, min_dl FROM {s}.term_stats").fetchall()
     assert rows == [("live", [2, 1, 1], 9, "sessions", 1), ("next", [2, 1, 1], 6, "memory", 3)]
     assert stats == [("walrus", 1, [2, 1, 1], 9)]
+
+
+def test_a_file_rewritten_leaves_the_blocks_it_shared_with_other_files(pg_dsn: str) -> None:
+    """Files written in one call share a term's posting block; rewriting one of them (and
+    deleting another) takes their chunks' postings out of the shared blocks at publish: the
+    ranks, row by row, and the term statistics are those of a store that wrote the end state
+    from scratch."""
+    from fallback.store.postgres.store import FileRows
+
+    def files(texts: dict[str, str]) -> list[FileRows]:
+        return [FileRows(p, "memory", f"h-{t}", 1, len(t), p,
+                         tuple(ChunkRow(f"{p}#{i}", i, i, f"c-{p}-{i}-{t}", "", line, "")
+                               for i, line in enumerate(t.split("|"), start=1)))
+                for p, t in texts.items()]
+
+    first = {"memory/a.md": "walrus tusk ice|walrus swim", "memory/b.md": "walrus tusk|seal ice",
+             "memory/c.md": "ice floe walrus walrus", "memory/d.md": "tusk seal"}
+    end = {"memory/a.md": "walrus tusk ice|walrus swim", "memory/b.md": "walrus krill|seal",
+           "memory/c.md": "ice floe walrus walrus"}
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    fresh = PostgresStore(resolve_target(pg_dsn), agent_id="fresh", workspace="/ws")
+    try:
+        for target, batches in ((store, [first]), (fresh, [end])):
+            lease = target.sync_lease()
+            assert lease is not None
+            for texts in batches:
+                lease.write_files(files(texts))
+            lease.publish()
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(files({"memory/b.md": end["memory/b.md"]}))
+        lease.delete_file("memory/d.md", "memory")
+        # Not published yet: readers still rank the first state.
+        assert found(store, "tusk") == ["memory/b.md#1", "memory/d.md#1", "memory/a.md#1"]
+        lease.publish()
+        for query in ('"walrus"', '"tusk"', '"seal" OR "ice"', '"walrus" OR "krill" OR "swim"',
+                      'NEAR("walrus" "tusk", 2)'):
+            assert store.keyword_rows(query, sources=["memory"], limit=10) == \
+                fresh.keyword_rows(query, sources=["memory"], limit=10), query
+        assert [r[0] for r in store.keyword_rows('"tusk" OR "krill"', sources=["memory"], limit=10)] \
+            == ["memory/b.md#1", "memory/a.md#1"]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            stats = {agent: conn.execute("SELECT term, df, min_dl FROM qmdbridge.term_stats"
+                                         " WHERE agent_id = %s ORDER BY term", (agent,)).fetchall()
+                     for agent in ("main", "fresh")}
+            postings = {agent: conn.execute(
+                "SELECT b.term, sum(cardinality(b.rowids)) FROM qmdbridge.posting_blocks b"
+                " WHERE agent_id = %s GROUP BY b.term ORDER BY b.term", (agent,)).fetchall()
+                for agent in ("main", "fresh")}
+        assert [(t, n) for t, n, _ in stats["main"]] == [(t, n) for t, n, _ in stats["fresh"]]
+        assert postings["main"] == postings["fresh"]
+        assert dict(postings["main"])["walru"] == 4 and dict(postings["main"])["tusk"] == 1
+    finally:
+        store.close()
+        fresh.close()
+
+
+def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
+        pg_server: PgServer, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database of the schema before posting blocks (m001-m008, rows as its store wrote
+    them) is converted: one block per posting, each chunk's terms, the agent role's grants on
+    the postings carried over; searches rank as before and the next sync retires old rows."""
+    from fallback.store.postgres import migrations
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    s = "qmdbridge"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS[:8])
+        migrate(conn, s)
+        conn.execute("DROP ROLE IF EXISTS m9_role")
+        conn.execute("CREATE ROLE m9_role LOGIN NOSUPERUSER")
+        conn.execute(f"GRANT USAGE ON SCHEMA {s} TO m9_role")
+        conn.execute(f"GRANT SELECT ON {s}.agents, {s}.shares, {s}.schema_migrations TO m9_role")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.workspaces, {s}.files, {s}.chunks,"
+                     f" {s}.postings, {s}.trigram_postings, {s}.term_stats, {s}.chunk_vectors TO m9_role")
+        conn.execute(f"INSERT INTO {s}.agents VALUES ('main', 'm9_role')")
+        conn.execute(f"INSERT INTO {s}.workspaces (agent_id, workspace, published_generation,"
+                     " chunk_count, token_count) VALUES ('main', '/ws', 1, 2, 7)")
+        # (id, path, doc_len, {term: positions}) as the store wrote them before m009.
+        for cid, path, n, terms in (("a#1", "memory/a.md", 3, {"otter": [0, 2], "river": [1]}),
+                                    ("b#1", "memory/b.md", 4, {"otter": [0], "sea": [1, 2, 1 << 20]})):
+            rowid = conn.execute(
+                f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                " end_line, hash, model, text, doc_len, gen_from) VALUES ('main', '/ws', %s, %s,"
+                " 'memory', 1, 1, 'h', '', 'x', %s, 1) RETURNING chunk_rowid", (cid, path, n)).fetchone()[0]
+            conn.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
+                         " gen_from) VALUES ('main', '/ws', %s, 'memory', 'h', 1, 1, 1)", (path,))
+            for term, positions in terms.items():
+                hits = [sum(1 for p in positions if p >> 20 == c) for c in range(3)]
+                conn.execute(f"INSERT INTO {s}.postings (agent_id, workspace, term, chunk_rowid,"
+                             " positions, tf, doc_len, source, gen_from) VALUES ('main', '/ws', %s, %s,"
+                             " %s, %s, %s, 'memory', 1)", (term, rowid, positions, hits, n))
+                conn.execute(f"INSERT INTO {s}.term_stats VALUES ('main', '/ws', %s, 1, %s, %s)"
+                             " ON CONFLICT (agent_id, workspace, term) DO UPDATE SET df = 2,"
+                             " min_dl = 3", (term, hits, n))
+        monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS)
+        assert migrate(conn, s) == ["m009_posting_blocks"]
+        assert migrate(conn, s) == []
+        assert conn.execute("SELECT to_regclass('qmdbridge.postings')").fetchone() == (None,)
+        blocks = conn.execute(f"SELECT c.id, b.term, b.rowids = ARRAY[c.chunk_rowid], b.lens, b.tf,"
+                              f" b.ends, b.positions FROM {s}.posting_blocks b JOIN {s}.chunks c"
+                              " ON c.chunk_rowid = b.chunk_rowid ORDER BY c.id, b.term").fetchall()
+        assert blocks == [("a#1", "otter", True, [3], [2, 0, 0], [2], [0, 2]),
+                          ("a#1", "river", True, [3], [1, 0, 0], [1], [1]),
+                          ("b#1", "otter", True, [4], [1, 0, 0], [1], [0]),
+                          ("b#1", "sea", True, [4], [2, 1, 0], [3], [1, 2, 1 << 20])]
+        assert conn.execute(f"SELECT id, terms FROM {s}.chunks ORDER BY id").fetchall() == [
+            ("a#1", "otter river"), ("b#1", "otter sea")]
+        assert conn.execute("SELECT has_table_privilege('m9_role', 'qmdbridge.posting_blocks', 'SELECT')"
+                            " AND has_table_privilege('m9_role', 'qmdbridge.posting_blocks', 'INSERT')"
+                            " AND has_table_privilege('m9_role', 'qmdbridge.posting_blocks', 'DELETE')"
+                            ).fetchone() == (True,)
+    # The agent's own role (row-level security: INSERTs, not COPY) searches and syncs.
+    agent = PostgresStore(resolve_target(pg_server.dsn(dbname, user="m9_role")), agent_id="main",
+                          workspace="/ws", run_migrations=False)
+    try:
+        assert found(agent, "otter") == ["a#1", "b#1"]
+        assert found(agent, "sea") == ["b#1"]
+        write(agent, {"memory/b.md": "river delta"})
+        assert found(agent, "otter") == ["a#1"]
+        assert found(agent, "river") == ["a#1", "memory/b.md#1"]
+        assert found(agent, "sea") == []
+    finally:
+        agent.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute(f"SELECT term, df FROM {s}.term_stats ORDER BY term").fetchall() == [
+            ("b", 1), ("delta", 1), ("md", 1), ("memori", 1), ("otter", 1), ("river", 2)]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fallback.errors import UsageError
+from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.bm25 import (
     BM25_B,
     BM25_K1,
@@ -47,7 +48,7 @@ from fallback.store.postgres.bm25 import (
     required_tokens,
 )
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
-from fallback.store.postgres.migrations import migrate, vector_index_sql
+from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
@@ -1201,7 +1202,7 @@ class SyncLease:
             rowids = sorted(r[0] for r in cur.fetchall())
             _write_blocks(cur, f"{s}.posting_blocks", args, _blocks(
                 ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
-                self.generation), copy=self._copy)
+                self.generation), copy=self._copy, counts=counts)
             _insert_postings(cur, f"{s}.trigram_postings", args,
                              ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()),
                              copy=self._copy)
@@ -1216,8 +1217,6 @@ class SyncLease:
                              "windows": _int_array(i for _, i, _ in embedded),
                              "dims": _int_array(len(v) for _, _, v in embedded),
                              "vecs": _text_array(_vector_text(v) for _, _, v in embedded)})
-        for t in terms:
-            counts.add(t)
         self._terms.merge(counts)
 
     def delete_file(self, path: str, source: str) -> None:
@@ -1333,15 +1332,14 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
                     f" (SELECT max(k.chunk_rowid) FROM {schema}.posting_blocks k"
                     " WHERE k.agent_id = %(agent)s AND k.workspace = %(ws)s AND k.term = g.term"
                     " AND k.chunk_rowid <= g.r) FROM unnest(%(terms)s::text[], %(rowids)s::bigint[])"
-                    " AS g(term, r)) RETURNING b.term, b.rowids, b.lens, b.tf, b.ends, b.positions,"
+                    " AS g(term, r)) RETURNING b.term, b.rowids, b.lens, b.ends, b.positions,"
                     " b.source, b.gen_from",
                     {**scope, "terms": _text_array(terms), "rowids": _int_array(rowids)})
         dead = set(gone)
         kept: list[_Block] = []
-        for term, block_rowids, lens, tf, ends, positions, source, gen_from in cur.fetchall():
-            entries: list[tuple[int, int, Sequence[int], Sequence[int]]] = [
-                (r, lens[i], tf[3 * i:3 * i + 3], positions[ends[i - 1] if i else 0:ends[i]])
-                for i, r in enumerate(block_rowids) if r not in dead]
+        for term, block_rowids, lens, ends, positions, source, gen_from in cur.fetchall():
+            entries = [((str(r), str(lens[i]), lens[i]), positions[ends[i - 1] if i else 0:ends[i]])
+                       for i, r in enumerate(block_rowids) if r not in dead]
             if entries:
                 kept.append((term, source, int(gen_from), entries))
         _write_blocks(cur, f"{schema}.posting_blocks", scope, kept, copy=copy)
@@ -1356,24 +1354,8 @@ class _TermCounts:
 
     def __init__(self) -> None:
         self.df: dict[str, int] = {}
-        self.hits: dict[str, Sequence[int]] = {}
+        self.hits: dict[str, list[int]] = {}
         self.min_dl: dict[str, int] = {}
-
-    def add(self, terms: ChunkTerms) -> None:
-        """Count one written chunk's postings."""
-        df, hits, min_dl, n = self.df, self.hits, self.min_dl, terms.doc_len
-        for term, positions in terms.positions.items():
-            df[term] = df.get(term, 0) + 1
-            cols = column_hits(positions)
-            held = hits.get(term)
-            if held is None:
-                hits[term] = cols
-                min_dl[term] = n
-                continue
-            if held != cols and any(c > h for c, h in zip(cols, held, strict=True)):
-                hits[term] = [max(c, h) for c, h in zip(cols, held, strict=True)]
-            if n < min_dl[term]:
-                min_dl[term] = n
 
     def add_rows(self, rows: Iterable[Sequence[Any]]) -> None:
         """Count aggregated postings: ``(term, count, max hits of each column..., min length)``."""
@@ -1418,50 +1400,67 @@ class _TermCounts:
                         " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 
 
-_Block = tuple[str, str, int, list[tuple[int, int, Sequence[int], Sequence[int]]]]
-"""A posting block to write: ``(term, source, gen_from, [(chunk_rowid, doc_len, hits per
-column, positions)])``, its chunks ascending."""
+_Entry = tuple[tuple[str, str, int], Sequence[int]]
+"""A chunk's posting in a block: ``((chunk_rowid, doc_len as text), doc_len), positions)``."""
+_Block = tuple[str, str, int, list[_Entry]]
+"""A posting block to write: ``(term, source, gen_from, entries)``, its chunks ascending."""
+# A posting whose hits are all in the first column: its hits-per-column literal after the count.
+_FIRST_COLUMN_ONLY = ",0" * (len(FTS_COLUMNS) - 1)
+_SECOND_COLUMN = 1 << POSITION_COLUMN_SHIFT
 
 
 def _blocks(chunks: Iterable[tuple[int, ChunkTerms, str]], gen: int) -> Iterator[_Block]:
     """The posting blocks of chunks written in generation ``gen`` (``(rowid, terms, source)``,
     ascending rowids): per term and source, runs of at most :data:`BLOCK_CHUNKS` chunks."""
-    groups: dict[tuple[str, str], list[tuple[int, int, Sequence[int], Sequence[int]]]] = {}
+    groups: dict[tuple[str, str], list[_Entry]] = {}
     for rowid, t, source in chunks:
-        n = t.doc_len
+        head = (str(rowid), str(t.doc_len), t.doc_len)
         for term, positions in t.positions.items():
-            entry = (rowid, n, column_hits(positions), positions)
             held = groups.get((term, source))
             if held is None:
-                groups[(term, source)] = [entry]
+                groups[(term, source)] = [(head, positions)]
             else:
-                held.append(entry)
+                held.append((head, positions))
     for (term, source), entries in groups.items():
         for first in range(0, len(entries), BLOCK_CHUNKS):
             yield term, source, gen, entries[first:first + BLOCK_CHUNKS]
 
 
 def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_Block], *,
-                  copy: bool) -> None:
+                  copy: bool, counts: _TermCounts | None = None) -> None:
     """Write posting blocks by statements of at most :data:`POSTINGS_PER_STATEMENT` postings
     each (one block more when a single block holds more): the statement deadline bounds each
     statement, so a write of any size goes through. With ``copy``, each statement is a
-    ``COPY`` (refused where row-level security applies), else an INSERT over arrays."""
+    ``COPY`` (refused where row-level security applies), else an INSERT over arrays.
+    ``counts``, when given, counts the postings written (``term_stats``)."""
     lines: list[tuple[str, ...]] = []
     held = 0
+    first_only: dict[int, str] = {}  # hit count -> hits-per-column literal, all in column 0
     for term, source, gen_from, entries in blocks:
         if lines and held + len(entries) > POSTINGS_PER_STATEMENT:
             _write_block_rows(cur, table, args, lines, copy=copy)
             lines, held = [], 0
-        ends: list[str] = []
-        end = 0
-        for e in entries:
-            end += len(e[3])
-            ends.append(str(end))
-        lines.append((term, str(entries[0][0]), ",".join(str(e[0]) for e in entries),
-                      ",".join(str(e[1]) for e in entries),
-                      ",".join(",".join(map(str, e[2])) for e in entries), ",".join(ends),
-                      ",".join(",".join(map(str, e[3])) for e in entries), source, str(gen_from)))
+        tfs: list[str] = []
+        most = [0] * len(FTS_COLUMNS)
+        for _, positions in entries:
+            n = len(positions)
+            if positions[-1] < _SECOND_COLUMN:
+                tf = first_only.get(n)
+                if tf is None:
+                    tf = first_only[n] = f"{n}{_FIRST_COLUMN_ONLY}"
+                if n > most[0]:
+                    most[0] = n
+            else:
+                hits = column_hits(positions)
+                tf = ",".join(map(str, hits))
+                most = [max(a, b) for a, b in zip(most, hits, strict=True)]
+            tfs.append(tf)
+        if counts is not None:
+            counts.add_rows(((term, len(entries), *most, min(h[2] for h, _ in entries)),))
+        lines.append((term, entries[0][0][0], ",".join([h[0] for h, _ in entries]),
+                      ",".join([h[1] for h, _ in entries]), ",".join(tfs),
+                      ",".join(map(str, itertools.accumulate([len(p) for _, p in entries]))),
+                      ",".join([",".join(map(str, p)) for _, p in entries]), source, str(gen_from)))
         held += len(entries)
     if lines:
         _write_block_rows(cur, table, args, lines, copy=copy)

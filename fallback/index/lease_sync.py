@@ -84,7 +84,8 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         raise IndexStoreLockedError(store.busy_reason or "another sync holds the lease")
     # the first sync of an agent reads the cache of its SQLite store too (if it had one)
     local = settings.db_path if lease.published == 0 else None
-    step = None if provider is None else _step(settings, store, provider, embed_deadline, local)
+    used: set[str] = set()  # the content hashes whose vectors came from the shared cache
+    step = None if provider is None else _step(settings, store, provider, embed_deadline, local, used)
     with lease:
         held = {src: store.lease_paths(lease, src) for src in ("memory", "sessions")}
         active: set[tuple[str, str]] = set()
@@ -125,7 +126,8 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
         lease.publish()
     if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
         try:
-            store.store.prune_embedding_cache(s.cache.max_entries)
+            store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),
+                                              fingerprint=embedding_cache.fingerprint(step.provider))
         except MemorySearchError as exc:  # the sync is published; a cache over its cap waits
             log.warning("the shared embedding cache was not pruned: %s", exc)
     if step is not None:
@@ -136,12 +138,14 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
 
 
 def _step(settings: EngineSettings, store: PostgresSearchStore, provider: EmbeddingProvider,
-          deadline: float | None, local: Path | None) -> EmbeddingStep:
-    """The SQLite sync's embedding step over the postgres store's shared cache."""
+          deadline: float | None, local: Path | None, used: set[str]) -> EmbeddingStep:
+    """The SQLite sync's embedding step over the postgres store's shared cache; the cache hits
+    are added to ``used`` (marked used once, when the sync prunes the cache)."""
     cache = settings.search.cache.enabled
     key = embedding_cache.fingerprint(provider)
 
     async def commit(pg: Any, fresh: dict[str, list[float]], hits: list[str]) -> None:
+        used.update(hits)
         await anyio.to_thread.run_sync(pg.cache_embeddings, {h: v for h, v in fresh.items() if v}, key)
 
     async def no_write(_store: Any, _job: Any) -> None:  # the lease writes the vectors

@@ -960,14 +960,22 @@ class PostgresStore:
                                 " ON CONFLICT DO NOTHING",
                                 [(h, fingerprint, len(v), _vector_text(v)) for h, v in vectors.items()])
 
-    def prune_embedding_cache(self, max_entries: int) -> int:
-        """Delete the shared cache's oldest entries (``updated_at``, then key) beyond its cap,
-        the rule of the SQLite store's cache (``fallback.index.embedding_cache.prune``). The
+    def prune_embedding_cache(self, max_entries: int, *, used: Sequence[str] = (),
+                              fingerprint: str = "") -> int:
+        """Mark the entries a sync found in the shared cache used now, then delete the cache's
+        least recently used entries (``updated_at``, then key) beyond its cap, the rule of the
+        SQLite store's cache (``fallback.index.embedding_cache.prune``); one transaction. The
         cap is ``max_entries`` (``cache.maxEntries``, >= 1) for each agent that holds an index
         in the schema: every agent's cache is bounded as its own SQLite file's would be, and
         one agent's sync does not evict the rest of the fleet. Hosts pruning at once take
         turns (an advisory lock), so together they never go below the cap. Returns the
         entries deleted.
+
+        Args:
+            max_entries: the cap per agent.
+            used: content hashes of ``fingerprint`` whose vectors the sync took from the cache
+                (their ``updated_at`` becomes now, in one statement).
+            fingerprint: the provider's cache key (``embedding_cache.fingerprint``).
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -976,6 +984,10 @@ class PostgresStore:
         with self._errors("prune the embedding cache"), self._pool.connection() as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
                          (f"qmdbridge.cache-prune:{self.target.schema}",))
+            if used:
+                conn.execute(f"UPDATE {s}.embedding_cache SET updated_at = now()"
+                             " WHERE fingerprint = %s AND content_hash = ANY(%s::text[])",
+                             (fingerprint, _text_array(used)))
             count, agents = conn.execute(
                 f"SELECT (SELECT count(*) FROM {s}.embedding_cache),"
                 f" (SELECT count(DISTINCT agent_id) FROM {s}.workspaces)").fetchone()

@@ -153,6 +153,36 @@ async def test_the_shared_embedding_cache_is_pruned_to_its_cap_oldest_first(tmp_
             await e.close()
 
 
+async def test_a_sync_marks_the_shared_cache_entries_it_used(tmp_path: Path, pg_dsn: str) -> None:
+    """A vector taken from the shared cache marks its entry used (``updated_at``), as on
+    SQLite, so the cache is pruned by last use: after agent ``b`` reuses the three entries
+    ``a`` wrote, the entries a third agent wrote later, and never reused, are the oldest."""
+    store = {"driver": "postgres", "dsn": pg_dsn}
+    for name in ("ws-a", "ws-b"):
+        notes(tmp_path / name)
+    (tmp_path / "ws-c" / "memory").mkdir(parents=True)
+    (tmp_path / "ws-c" / "MEMORY.md").write_text("# Facts\nGamma owns the delta plan.\n")
+    a = engine(tmp_path / "ws-a", tmp_path / "state-a", CountProvider(), store, agent_id="a")
+    b = engine(tmp_path / "ws-b", tmp_path / "state-b", CountProvider(), store, agent_id="b")
+    c = engine(tmp_path / "ws-c", tmp_path / "state-c", CountProvider(), store, agent_id="c")
+    cache = "qmdbridge.embedding_cache"
+    try:
+        assert (await a.sync(reason="test")).windows_embedded == 3
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE {cache} SET updated_at = '2001-01-01'")  # a's, written long ago
+        assert (await c.sync(reason="test")).windows_embedded == 1
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            (c_hash,), = conn.execute(f"SELECT content_hash FROM {cache} WHERE updated_at > '2001-01-01'")
+        report = await b.sync(reason="test")
+        assert (report.chunks_embedded, report.windows_embedded) == (3, 0)  # three cache hits
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            by_use = [h for (h,) in conn.execute(f"SELECT content_hash FROM {cache} ORDER BY updated_at")]
+        assert len(by_use) == 4 and by_use[0] == c_hash
+    finally:
+        for e in (a, b, c):
+            await e.close()
+
+
 async def test_the_embedding_cache_is_shared_by_agents(tmp_path: Path, pg_dsn: str) -> None:
     store = {"driver": "postgres", "dsn": pg_dsn}
     first, second = CountProvider(), CountProvider()

@@ -19,10 +19,10 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
   text, doc_len, terms, gen_from, gen_to)``; ``doc_len`` is the chunk's token count over its three
   indexed columns (text, title, derived terms), as FTS5 counts it for ``bm25()``; ``terms`` its
   distinct terms, space-separated (``m009``).
-- ``posting_blocks(agent_id, workspace, term, chunk_rowid, rowids, lens, tf, ends, positions,
-  source, gen_from)`` (``m009``, replacing ``postings``): per term, the postings of up to 64
-  chunks of one write and source, keyed by the first chunk: ``rowids`` ascending, ``lens`` their
-  ``doc_len``, ``tf`` their hits per column (3 per chunk), ``positions`` (FTS5 token offsets,
+- ``posting_blocks(agent_id, workspace, term, chunk_rowid, rowids, lens, tf_text, tf_title,
+  tf_terms, ends, positions, source, gen_from)`` (``m009``, replacing ``postings``): per term,
+  the postings of up to 64 chunks of one write and source, keyed by the first chunk: ``rowids``
+  ascending, ``lens`` their ``doc_len``, ``tf_*`` their hits in each column, ``positions`` (FTS5 token offsets,
   ``column << 20 | offset``; column 0 text, 1 title, 2 terms) one chunk after another, chunk
   ``i``'s ending at ``ends[i]``; so a search's bm25 bound reads the blocks alone. A block is
   visible in generation ``G`` when ``gen_from <= G``: the postings a sync retires leave their
@@ -54,10 +54,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MIGRATIONS", "POSITION_COLUMN_SHIFT", "applied_versions", "migrate", "vector_index_sql"]
+__all__ = ["MIGRATIONS", "POSITION_COLUMN_SHIFT", "TF_COLUMNS", "applied_versions", "migrate", "vector_index_sql"]
 
 # positions = column << POSITION_COLUMN_SHIFT | token offset (a column holds < 2**20 tokens).
 POSITION_COLUMN_SHIFT = 20
+# The posting blocks' hits of each chunk in the text, title and terms columns (m009).
+TF_COLUMNS = ("tf_text", "tf_title", "tf_terms")
 # Tables whose rows belong to an agent (row-level security applies to each).
 AGENT_TABLES = ("workspaces", "files", "chunks", "postings", "chunk_vectors")
 
@@ -229,22 +231,23 @@ def m008_file_text(cur: Any, schema: str) -> None:
 
 def m009_posting_blocks(cur: Any, schema: str) -> None:
     """Postings in blocks: ``posting_blocks`` holds, per term, the postings of up to
-    ``BLOCK_CHUNKS`` chunks of one write (one source) in one row, keyed by its first chunk
-    (a write's chunks have consecutive row ids in a scope, so a chunk's posting of a term is in
-    the term's block with the largest key at or below the chunk's row id); ``chunks.terms``
-    lists a chunk's terms, so the blocks a retired chunk is in are found by key. Each posting
-    of ``postings`` becomes a block of one chunk, the grants on ``postings`` move to
-    ``posting_blocks``, and ``postings`` is dropped."""
+    ``store.BLOCK_CHUNKS`` chunks of one write (one source) in one row, keyed by its first
+    chunk (the row ids of one write's chunks form a range no other write of the scope
+    overlaps, so a chunk's posting of a term is in the term's block with the largest key at or
+    below the chunk's row id); ``chunks.terms`` lists a chunk's terms, so the blocks a retired
+    chunk is in are found by key. Each posting of ``postings`` becomes a block of one chunk,
+    the grants on ``postings`` move to ``posting_blocks``, and ``postings`` is dropped."""
     s = _q(schema)
     cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.posting_blocks ("
                 " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"
                 " chunk_rowid bigint NOT NULL, rowids bigint[] NOT NULL, lens int[] NOT NULL,"
-                " tf int[] NOT NULL, ends int[] NOT NULL, positions int[] NOT NULL,"
+                f" {', '.join(f'{c} int[] NOT NULL' for c in TF_COLUMNS)},"
+                " ends int[] NOT NULL, positions int[] NOT NULL,"
                 " source text NOT NULL, gen_from bigint NOT NULL,"
                 " PRIMARY KEY (agent_id, workspace, term, chunk_rowid))")
     # No planner statistics of the arrays (no query filters on their elements): ANALYZE of a
     # first sync's blocks took 2.0 s with them, 0.3 s without.
-    for column in ("rowids", "lens", "tf", "ends", "positions"):
+    for column in ("rowids", "lens", *TF_COLUMNS, "ends", "positions"):
         cur.execute(f"ALTER TABLE {s}.posting_blocks ALTER COLUMN {column} SET STATISTICS 0")
     cur.execute(f"ALTER TABLE {s}.chunks ADD COLUMN IF NOT EXISTS terms text")
     cur.execute("SELECT to_regclass(%s)", (f"{schema}.postings",))
@@ -252,9 +255,10 @@ def m009_posting_blocks(cur: Any, schema: str) -> None:
         _secure(cur, schema, "posting_blocks")
         return
     cur.execute(f"INSERT INTO {s}.posting_blocks (agent_id, workspace, term, chunk_rowid, rowids,"
-                " lens, tf, ends, positions, source, gen_from) SELECT agent_id, workspace, term,"
-                " chunk_rowid, ARRAY[chunk_rowid], ARRAY[doc_len], tf, ARRAY[cardinality(positions)],"
-                f" positions, source, gen_from FROM {s}.postings ON CONFLICT DO NOTHING")
+                f" lens, {', '.join(TF_COLUMNS)}, ends, positions, source, gen_from) SELECT agent_id,"
+                " workspace, term, chunk_rowid, ARRAY[chunk_rowid], ARRAY[doc_len], ARRAY[tf[1]],"
+                " ARRAY[tf[2]], ARRAY[tf[3]], ARRAY[cardinality(positions)], positions, source,"
+                f" gen_from FROM {s}.postings ON CONFLICT DO NOTHING")
     cur.execute(f"UPDATE {s}.chunks c SET terms = p.terms FROM (SELECT chunk_rowid,"
                 " string_agg(term, ' ' ORDER BY term COLLATE \"C\") AS terms"
                 f" FROM {s}.postings GROUP BY chunk_rowid) p WHERE p.chunk_rowid = c.chunk_rowid")

@@ -48,7 +48,7 @@ from fallback.store.postgres.bm25 import (
     required_tokens,
 )
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
-from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, migrate, vector_index_sql
+from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, TF_COLUMNS, migrate, vector_index_sql
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
@@ -602,19 +602,18 @@ class PostgresStore:
                                         for t in sorted(needed - common, key=slot.__getitem__))
                     bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
                 cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
-                # The column-weighted frequency of a posting's term, from its hits per column
-                # (a block holds them chunk after chunk).
-                n_cols = len(weights)
-                wf = " + ".join(f"b.tf[{n_cols} * u.i - {n_cols - 1 - i}] * {float(w)!r}::float8"
-                                for i, w in enumerate(weights))
+                # The column-weighted frequency of a posting's term, from its hits per column.
+                wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
+                hits = ", ".join(f"h{i}" for i in range(len(TF_COLUMNS)))
                 cur.execute(
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
                     " p AS MATERIALIZED (SELECT u.r, t.k, u.dl::float8 AS dl,"
                     f" {wf} AS wf, {_block_positions('b', 'u.i')} AS positions"
-                    f" FROM t JOIN {s}.posting_blocks b ON b.agent_id = %(agent)s"
-                    " AND b.workspace = %(ws)s AND b.term = t.term CROSS JOIN LATERAL"
-                    " unnest(b.rowids, b.lens) WITH ORDINALITY AS u(r, dl, i)"
-                    " WHERE b.gen_from <= %(g)s AND b.source = ANY(%(sources)s)),"
+                    f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
+                    f" AND k.workspace = %(ws)s AND k.term = t.term {_read_block('k', 'b')}"
+                    f" CROSS JOIN LATERAL unnest(k.rowids, k.lens, k.{', k.'.join(TF_COLUMNS)})"
+                    f" WITH ORDINALITY AS u(r, dl, {hits}, i)"
+                    " WHERE k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
                     f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
                     " ORDER BY ub DESC, r.r LIMIT %(k)s),"
@@ -623,7 +622,8 @@ class PostgresStore:
                     " x AS (SELECT p.r, p.k, p.positions FROM p JOIN top ON top.r = p.r"
                     f" UNION ALL SELECT top.r, n.k, {_block_positions('q', 'q.i')} FROM top CROSS JOIN"
                     " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN LATERAL"
-                    " (SELECT b.positions, b.ends, array_position(b.rowids, top.r) AS i"
+                    " (SELECT array_cat(b.positions, '{}') AS positions, array_cat(b.ends, '{}') AS ends,"
+                    " array_position(b.rowids, top.r) AS i"
                     f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s AND b.workspace = %(ws)s"
                     " AND b.term = n.term AND b.chunk_rowid <= top.r ORDER BY b.chunk_rowid DESC"
                     " LIMIT 1) q WHERE q.i IS NOT NULL)"
@@ -717,10 +717,10 @@ class PostgresStore:
         {rowid: doc length})``; ``order`` gets ``(source, path, start_line)`` per row."""
         s = self._s
         if table == "posting_blocks":
-            found = (f"SELECT u.r AS chunk_rowid, b.term, {_block_positions('b', 'u.i')} AS positions"
-                     f" FROM {s}.posting_blocks b CROSS JOIN LATERAL unnest(b.rowids) WITH ORDINALITY"
-                     " AS u(r, i) WHERE b.agent_id = %(agent)s AND b.workspace = %(ws)s"
-                     " AND b.term = ANY(%(terms)s) AND b.gen_from <= %(gen)s")
+            found = (f"SELECT u.r AS chunk_rowid, k.term, {_block_positions('b', 'u.i')} AS positions"
+                     f" FROM {s}.posting_blocks k {_read_block('k', 'b')} CROSS JOIN LATERAL"
+                     " unnest(k.rowids) WITH ORDINALITY AS u(r, i) WHERE k.agent_id = %(agent)s"
+                     " AND k.workspace = %(ws)s AND k.term = ANY(%(terms)s) AND k.gen_from <= %(gen)s")
         else:
             found = (f"SELECT chunk_rowid, term, positions FROM {s}.{table} WHERE agent_id = %(agent)s"
                      " AND workspace = %(ws)s AND term = ANY(%(terms)s)")
@@ -1114,9 +1114,9 @@ class SyncLease:
             # count in the statistics this lease publishes.
             self._terms = _TermCounts()
             self._terms.add_rows(conn.execute(
-                f"SELECT b.term, count(*), max(b.tf[3 * u.i - 2]), max(b.tf[3 * u.i - 1]),"
-                f" max(b.tf[3 * u.i]), min(u.dl) FROM {s}.posting_blocks b CROSS JOIN LATERAL"
-                " unnest(b.lens) WITH ORDINALITY AS u(dl, i) WHERE b.agent_id = %(agent)s"
+                f"SELECT b.term, count(*), max(u.h0), max(u.h1), max(u.h2), min(u.dl)"
+                f" FROM {s}.posting_blocks b CROSS JOIN LATERAL unnest(b.lens, b.{', b.'.join(TF_COLUMNS)})"
+                " AS u(dl, h0, h1, h2) WHERE b.agent_id = %(agent)s"
                 " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
                 {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
@@ -1447,33 +1447,30 @@ def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_
     ``counts``, when given, counts the postings written (``term_stats``)."""
     lines: list[tuple[str, ...]] = []
     held = 0
-    first_only: dict[int, str] = {}  # hit count -> hits-per-column literal, all in column 0
+    zeros: dict[int, str] = {}  # chunks -> "0,0,...": a column no posting of the block hits
     for term, source, gen_from, entries in blocks:
         if lines and held + len(entries) > POSTINGS_PER_STATEMENT:
             _write_block_rows(cur, table, args, lines, copy=copy)
             lines, held = [], 0
-        tfs: list[str] = []
-        most = [0] * len(FTS_COLUMNS)
-        for _, positions in entries:
-            n = len(positions)
-            if positions[-1] < _SECOND_COLUMN:
-                tf = first_only.get(n)
-                if tf is None:
-                    tf = first_only[n] = f"{n}{_FIRST_COLUMN_ONLY}"
-                if n > most[0]:
-                    most[0] = n
-            else:
-                hits = column_hits(positions)
-                tf = ",".join(map(str, hits))
-                most = [max(a, b) for a, b in zip(most, hits, strict=True)]
-            tfs.append(tf)
+        m = len(entries)
+        if all(p[-1] < _SECOND_COLUMN for _, p in entries):  # all hits in the text (most)
+            counts_text = [len(p) for _, p in entries]
+            most = [max(counts_text), *(0 for _ in TF_COLUMNS[1:])]
+            none = zeros.get(m)
+            if none is None:
+                none = zeros[m] = ",".join(["0"] * m)
+            tf = [",".join(map(str, counts_text)), *(none for _ in TF_COLUMNS[1:])]
+        else:
+            hits = [column_hits(p) for _, p in entries]
+            most = [max(h[c] for h in hits) for c in range(len(TF_COLUMNS))]
+            tf = [",".join(str(h[c]) for h in hits) for c in range(len(TF_COLUMNS))]
         if counts is not None:
-            counts.add_rows(((term, len(entries), *most, min(h[2] for h, _ in entries)),))
+            counts.add_rows(((term, m, *most, min(h[2] for h, _ in entries)),))
         lines.append((term, entries[0][0][0], ",".join([h[0] for h, _ in entries]),
-                      ",".join([h[1] for h, _ in entries]), ",".join(tfs),
+                      ",".join([h[1] for h, _ in entries]), *tf,
                       ",".join(map(str, itertools.accumulate([len(p) for _, p in entries]))),
                       ",".join([",".join(map(str, p)) for _, p in entries]), source, str(gen_from)))
-        held += len(entries)
+        held += m
     if lines:
         _write_block_rows(cur, table, args, lines, copy=copy)
 
@@ -1481,27 +1478,41 @@ def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_
 def _write_block_rows(cur: Any, table: str, args: dict[str, Any], lines: list[tuple[str, ...]], *,
                       copy: bool) -> None:
     """One statement writing the blocks of :func:`_write_blocks` (``lines``: term, key, then
-    the array literals without braces, source, generation), in key order."""
+    the array literals without braces of :data:`_BLOCK_ARRAYS`, source, generation), in key
+    order."""
     lines.sort()
+    columns = ("term", "chunk_rowid", *_BLOCK_ARRAYS, "source", "gen_from")
     if copy:
         scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-        with cur.copy(f"COPY {table} (term, chunk_rowid, rowids, lens, tf, ends, positions, source,"
-                      " gen_from, agent_id, workspace) FROM STDIN") as out:
-            out.write("".join(f"{_copy_field(t)}\t{k}\t{{{r}}}\t{{{n}}}\t{{{f}}}\t{{{e}}}\t{{{p}}}"
-                              f"\t{_copy_field(src)}\t{g}\t{scope}\n"
-                              for t, k, r, n, f, e, p, src, g in lines))
+        with cur.copy(f"COPY {table} ({', '.join(columns)}, agent_id, workspace) FROM STDIN") as out:
+            out.write("".join("\t".join((_copy_field(line[0]), line[1],
+                                          *("{" + a + "}" for a in line[2:-2]),
+                                          _copy_field(line[-2]), line[-1], scope)) + "\n"
+                              for line in lines))
         return
-    columns = list(zip(*lines, strict=True))
-    cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, rowids, lens, tf, ends,"
-                " positions, source, gen_from) SELECT %(agent)s, %(ws)s, t, k, ('{' || r || '}')::bigint[],"
-                " ('{' || n || '}')::int[], ('{' || f || '}')::int[], ('{' || e || '}')::int[],"
-                " ('{' || p || '}')::int[], src, g FROM unnest(%(t)s::text[], %(k)s::bigint[],"
-                " %(r)s::text[], %(n)s::text[], %(f)s::text[], %(e)s::text[], %(p)s::text[],"
-                " %(src)s::text[], %(g)s::bigint[]) AS x(t, k, r, n, f, e, p, src, g)",
+    names = [f"a{i}" for i in range(len(columns))]
+    types = ["text", "bigint", "bigint[]", *("int[]" for _ in _BLOCK_ARRAYS[1:]), "text", "bigint"]
+    values = [f"('{{' || {n} || '}}')::{t}" if t.endswith("[]") else n
+              for n, t in zip(names, types, strict=True)]
+    inputs = [f"%({n})s::{'bigint' if t == 'bigint' else 'text'}[]" for n, t in zip(names, types, strict=True)]
+    cur.execute(f"INSERT INTO {table} (agent_id, workspace, {', '.join(columns)})"
+                f" SELECT %(agent)s, %(ws)s, {', '.join(values)} FROM unnest({', '.join(inputs)})"
+                f" AS x({', '.join(names)})",
                 {"agent": args["agent"], "ws": args["ws"],
-                 **{key: ("{" + ",".join(col) + "}" if key in ("k", "g") else _text_array(col))
-                    for key, col in zip(("t", "k", "r", "n", "f", "e", "p", "src", "g"), columns,
-                                        strict=True)}})
+                 **{n: ("{" + ",".join(col) + "}" if t == "bigint" else _text_array(col))
+                    for n, t, col in zip(names, types, zip(*lines, strict=True), strict=True)}})
+
+
+# The arrays of a posting block, in the order of a line of _write_blocks.
+_BLOCK_ARRAYS = ("rowids", "lens", *TF_COLUMNS, "ends", "positions")
+
+
+def _read_block(table: str, alias: str) -> str:
+    """SQL: a lateral row ``alias`` with the positions of the posting block ``table`` read once
+    (``array_cat(x, '{}')`` is ``x`` detoasted): each subscript of a toasted array reads it
+    again, once per chunk of the block (a four-word search read 20 times the buffers)."""
+    arrays = ", ".join(f"array_cat({table}.{c}, '{{}}') AS {c}" for c in ("ends", "positions"))
+    return f"CROSS JOIN LATERAL (SELECT {arrays} OFFSET 0) {alias}"
 
 
 def _block_positions(block: str, i: str) -> str:

@@ -500,10 +500,10 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
 def test_term_stats_follow_the_published_postings_through_rewrites_deletes_and_a_dropped_sync(
         pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
-    truth = ("SELECT b.term, count(*), ARRAY[max(b.tf[3 * u.i - 2]), max(b.tf[3 * u.i - 1]),"
-             " max(b.tf[3 * u.i])], min(u.dl) FROM qmdbridge.posting_blocks b"
+    truth = ("SELECT b.term, count(*), ARRAY[max(u.h0), max(u.h1), max(u.h2)], min(u.dl)"
+             " FROM qmdbridge.posting_blocks b"
              " JOIN qmdbridge.workspaces w USING (agent_id, workspace) CROSS JOIN LATERAL"
-             " unnest(b.lens) WITH ORDINALITY AS u(dl, i)"
+             " unnest(b.lens, b.tf_text, b.tf_title, b.tf_terms) AS u(dl, h0, h1, h2)"
              " WHERE b.gen_from <= w.published_generation GROUP BY b.term ORDER BY b.term")
     try:
         write(store, {"memory/a.md": "apple apple pear", "memory/b.md": "pear plum", "memory/c.md": "fig"})
@@ -667,13 +667,14 @@ def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
         assert migrate(conn, s) == ["m009_posting_blocks"]
         assert migrate(conn, s) == []
         assert conn.execute("SELECT to_regclass('qmdbridge.postings')").fetchone() == (None,)
-        blocks = conn.execute(f"SELECT c.id, b.term, b.rowids = ARRAY[c.chunk_rowid], b.lens, b.tf,"
+        blocks = conn.execute(f"SELECT c.id, b.term, b.rowids = ARRAY[c.chunk_rowid], b.lens,"
+                              " ARRAY[b.tf_text, b.tf_title, b.tf_terms],"
                               f" b.ends, b.positions FROM {s}.posting_blocks b JOIN {s}.chunks c"
                               " ON c.chunk_rowid = b.chunk_rowid ORDER BY c.id, b.term").fetchall()
-        assert blocks == [("a#1", "otter", True, [3], [2, 0, 0], [2], [0, 2]),
-                          ("a#1", "river", True, [3], [1, 0, 0], [1], [1]),
-                          ("b#1", "otter", True, [4], [1, 0, 0], [1], [0]),
-                          ("b#1", "sea", True, [4], [2, 1, 0], [3], [1, 2, 1 << 20])]
+        assert blocks == [("a#1", "otter", True, [3], [[2], [0], [0]], [2], [0, 2]),
+                          ("a#1", "river", True, [3], [[1], [0], [0]], [1], [1]),
+                          ("b#1", "otter", True, [4], [[1], [0], [0]], [1], [0]),
+                          ("b#1", "sea", True, [4], [[2], [1], [0]], [3], [1, 2, 1 << 20])]
         assert conn.execute(f"SELECT id, terms FROM {s}.chunks ORDER BY id").fetchall() == [
             ("a#1", "otter river"), ("b#1", "otter sea")]
         assert conn.execute("SELECT has_table_privilege('m9_role', 'qmdbridge.posting_blocks', 'SELECT')"

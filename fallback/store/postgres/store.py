@@ -1163,6 +1163,9 @@ class SyncLease:
         if not files:
             return
         store, s = self.store, self.store._s
+        # One source after the other: a source's chunks get a range of row ids of their own,
+        # so the blocks of a term (one per source) do not interleave (see _blocks).
+        files = sorted(files, key=lambda f: f.source)
         chunks = [(f, c) for f in files for c in f.chunks]
         self.chunks_written += len(chunks)
         terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
@@ -1423,7 +1426,9 @@ _SECOND_COLUMN = 1 << POSITION_COLUMN_SHIFT
 
 def _blocks(chunks: Iterable[tuple[int, ChunkTerms, str]], gen: int) -> Iterator[_Block]:
     """The posting blocks of chunks written in generation ``gen`` (``(rowid, terms, source)``,
-    ascending rowids): per term and source, runs of at most :data:`BLOCK_CHUNKS` chunks."""
+    ascending rowids, the chunks of each source together): per term and source, runs of at
+    most :data:`BLOCK_CHUNKS` chunks. A term's blocks hold ranges of row ids that do not
+    overlap, so a chunk's posting is in the block with the largest key at or below it."""
     groups: dict[tuple[str, str], list[_Entry]] = {}
     for rowid, t, source in chunks:
         head = (str(rowid), str(t.doc_len), t.doc_len)

@@ -625,6 +625,50 @@ def test_a_file_rewritten_leaves_the_blocks_it_shared_with_other_files(pg_dsn: s
         fresh.close()
 
 
+def test_a_write_of_both_sources_keeps_each_terms_blocks_apart(pg_dsn: str) -> None:
+    """Files of both sources in one write, in interleaved order: a chunk rewritten later
+    leaves its own source's block (found by key), so the postings and statistics are those of
+    a store that wrote the end state from scratch."""
+    from fallback.store.postgres.store import FileRows
+
+    def rows(texts: dict[tuple[str, str], str]) -> list[FileRows]:
+        return [FileRows(p, src, f"h-{t}", 1, len(t), p, (ChunkRow(f"{p}#1", 1, 1, f"c-{p}-{t}", "", t, ""),))
+                for (p, src), t in texts.items()]
+
+    first = {("memory/a.md", "memory"): "walrus ice", ("s/b.jsonl", "sessions"): "walrus seal",
+             ("memory/c.md", "memory"): "walrus tusk", ("s/d.jsonl", "sessions"): "walrus krill"}
+    end = {**first, ("memory/c.md", "memory"): "narwhal tusk"}
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    fresh = PostgresStore(resolve_target(pg_dsn), agent_id="fresh", workspace="/ws")
+    try:
+        for target, texts in ((store, first), (fresh, end)):
+            lease = target.sync_lease()
+            assert lease is not None
+            lease.write_files(rows(texts))
+            lease.publish()
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(rows({("memory/c.md", "memory"): end[("memory/c.md", "memory")]}))
+        lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            postings = {agent: conn.execute(
+                "SELECT term, source, sum(cardinality(rowids)) FROM qmdbridge.posting_blocks"
+                " WHERE agent_id = %s GROUP BY term, source ORDER BY term, source", (agent,)).fetchall()
+                for agent in ("main", "fresh")}
+            stats = {agent: conn.execute("SELECT term, df FROM qmdbridge.term_stats WHERE agent_id = %s"
+                                         " ORDER BY term", (agent,)).fetchall() for agent in ("main", "fresh")}
+        assert postings["main"] == postings["fresh"]
+        assert ("walru", "memory", 1) in postings["main"] and ("walru", "sessions", 2) in postings["main"]
+        assert stats["main"] == stats["fresh"]
+        both = ["memory", "sessions"]
+        for query in ('"walrus"', '"walrus" OR "tusk"', '"narwhal" OR "seal"'):
+            assert store.keyword_rows(query, sources=both, limit=10) == \
+                fresh.keyword_rows(query, sources=both, limit=10), query
+    finally:
+        store.close()
+        fresh.close()
+
+
 def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
         pg_server: PgServer, pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A database of the schema before posting blocks (m001-m008, rows as its store wrote

@@ -232,11 +232,12 @@ def m008_file_text(cur: Any, schema: str) -> None:
 def m009_posting_blocks(cur: Any, schema: str) -> None:
     """Postings in blocks: ``posting_blocks`` holds, per term, the postings of up to
     ``store.BLOCK_CHUNKS`` chunks of one write (one source) in one row, keyed by its first
-    chunk (the row ids of one write's chunks form a range no other write of the scope
-    overlaps, so a chunk's posting of a term is in the term's block with the largest key at or
-    below the chunk's row id); ``chunks.terms`` lists a chunk's terms, so the blocks a retired
-    chunk is in are found by key. Each posting of ``postings`` becomes a block of one chunk,
-    the grants on ``postings`` move to ``posting_blocks``, and ``postings`` is dropped."""
+    chunk (the row ids of one write's chunks of a source form a range no other write or
+    source of the scope overlaps, so a chunk's posting of a term is in the term's block with
+    the largest key at or below the chunk's row id); ``chunks.terms`` lists a chunk's terms,
+    so the blocks a retired chunk is in are found by key. Each posting of ``postings`` becomes
+    a block of one chunk, the grants on ``postings`` move to ``posting_blocks``, and
+    ``postings`` is dropped."""
     s = _q(schema)
     cur.execute(f"CREATE TABLE IF NOT EXISTS {s}.posting_blocks ("
                 " agent_id text NOT NULL, workspace text NOT NULL, term text NOT NULL,"

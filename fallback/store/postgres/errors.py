@@ -26,7 +26,8 @@ from fallback.errors import BackendTimeoutError, BackendUnavailableError, IndexS
 if TYPE_CHECKING:
     from fallback.store.postgres.target import PgTarget
 
-__all__ = ["PostgresStoreError", "PostgresTimeoutError", "PostgresUnavailableError", "translate"]
+__all__ = ["PostgresStoreError", "PostgresTimeoutError", "PostgresUnavailableError", "is_refusal",
+           "translate"]
 
 BACKEND = "postgres"
 
@@ -40,6 +41,9 @@ _PRIVILEGE = "42501"
 # (PostgreSQL 16: 'extension "vector" is not available') or undefined_file (older servers).
 _EXTENSION_MISSING = {"0A000", "58P01"}
 _SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
+_CANNOT_CONNECT_NOW = "57P03"               # the server is starting up or shutting down
+# libpq's text (strerror) when nothing listens: no Unix socket file, or ECONNREFUSED on TCP.
+_REFUSED_TEXTS = ("No such file or directory", "Connection refused")
 
 
 class PostgresUnavailableError(BackendUnavailableError):
@@ -76,6 +80,25 @@ class PostgresStoreError(IndexStoreError):
     def __init__(self, message: str, *, target: str, sqlstate: str | None = None) -> None:
         self.sqlstate = sqlstate
         super().__init__(message, db_path=target)
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Whether a connection attempt was refused at once (no server socket, ``ECONNREFUSED``,
+    or a server starting up or shutting down), as opposed to a host that does not answer.
+
+    Args:
+        exc: what psycopg raised for a connection attempt.
+
+    Returns:
+        ``True`` when waiting longer cannot help this attempt: the caller is told now.
+    """
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if getattr(exc, "sqlstate", None) == _CANNOT_CONNECT_NOW:
+        return True
+    return exc.sqlstate is None and any(text in str(exc) for text in _REFUSED_TEXTS)
 
 
 def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: int) -> Exception:
@@ -122,8 +145,10 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
             "Row-level security)")
     if isinstance(exc, PoolTimeout) or state in _SERVER_GONE or (
             isinstance(exc, psycopg.OperationalError) and state is None):
+        # a refusal is known at once: no deadline ran out
+        waited = "" if is_refusal(exc) else f" within {timeout_ms}ms"
         return PostgresUnavailableError(
-            where, f"cannot reach PostgreSQL to {doing} within {timeout_ms}ms: {detail}",
+            where, f"cannot reach PostgreSQL to {doing}{waited}: {detail}",
             "start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, "
             "PGPORT")
     return PostgresStoreError(f"postgres store: {doing} failed: {detail}", target=where,

@@ -222,12 +222,12 @@ class PostgresStore:
                     migrate(first, target.schema)
         finally:
             first.close()
-        from psycopg_pool import ConnectionPool
+        from fallback.store.postgres.pool import FailFastPool
 
-        self._pool = ConnectionPool(
+        self._pool = FailFastPool(
             target.conninfo, min_size=1, max_size=pool_size, open=False,
             kwargs=self._connect_kwargs(), configure=self._configure,
-            check=ConnectionPool.check_connection, timeout=connect_timeout_ms / 1000,
+            check=FailFastPool.check_connection, timeout=connect_timeout_ms / 1000,
             # the pool's own reconnect attempts back off (1, 2, 4 ... s); past this it stops
             # them and the next call connects at once: a server back after a long outage
             # answers within a few seconds, not after the backoff's next step

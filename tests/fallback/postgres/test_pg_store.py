@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,8 +180,8 @@ def test_unreachable_server_names_the_target_and_what_to_do(tmp_path: Path) -> N
         PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws", connect_timeout_ms=2000)
     message = str(caught.value)
     assert isinstance(caught.value, BackendUnavailableError)
-    # the deadline named is connectTimeoutMs, not statementTimeoutMs (10000 ms)
-    assert message.startswith("postgres unavailable: cannot reach PostgreSQL to connect within 2000ms")
+    # refused at once (no socket): no deadline ran out, so none is named
+    assert message.startswith("postgres unavailable: cannot reach PostgreSQL to connect: connection is bad: connection to server on socket")
     assert f'(database "memdb" on host {tmp_path / "no-server"} port 5432 as user agent)' in message
     assert message.endswith("start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, PGPORT")
     assert PASSWORD not in message and PASSWORD not in repr(caught.value.args)
@@ -249,16 +250,25 @@ def test_a_search_takes_four_round_trips_and_the_statistics_two(pg_dsn: str, tmp
         store.close()
 
 
-def test_the_pool_survives_a_server_restart() -> None:
+def test_the_pool_survives_a_server_restart_and_a_stopped_server_fails_at_once() -> None:
+    """With the server stopped its socket is gone: each call fails with the reason right away
+    (the pool's worker and the waiting caller both see the refusal), not after the 30 s
+    connect deadline; the first call after the restart answers."""
     server = start_pgserver(new_data_dir())
     try:
         store = PostgresStore(resolve_target(server.dsn()), agent_id="main", workspace="/ws",
-                              connect_timeout_ms=10_000)  # a loaded host restarts slowly
+                              connect_timeout_ms=30_000)
         try:
             write(store, {"memory/a.md": "heron"})
             server.stop()
-            with pytest.raises(PostgresUnavailableError):
-                store.stats()
+            for _ in range(2):  # the pooled connection found dead; then no connection at all
+                started = time.monotonic()
+                with pytest.raises(PostgresUnavailableError) as caught:
+                    store.stats()
+                assert time.monotonic() - started < 15  # far below the 30 s deadline
+                assert str(caught.value).startswith(
+                    "postgres unavailable: cannot reach PostgreSQL to read the index statistics: ")
+                assert "No such file or directory" in str(caught.value)
             server.start()
             assert found(store, "heron") == ["memory/a.md#1"]
         finally:

@@ -323,10 +323,12 @@ def _expected(err: Any) -> str:
 
 
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
-                     key_path: str, file: str | None) -> tuple[MemorySearchSettings, list[str]]:
+                     key_path: str, file: str | None,
+                     agent_ids: list[str]) -> tuple[MemorySearchSettings, list[str]]:
     """Validate each search object as written (so errors and clamps name their own key
-    path), then the merge; returns the merged settings and one warning per unknown key and per
-    clamped number."""
+    path), then the merge; returns the merged settings and one warning per unknown key, per
+    clamped number, per ``store.shareWith`` a non-postgres store ignores, and per name in it
+    that is not one of ``agent_ids`` (the config's agents)."""
     alone = [_validate(MemorySearchSettings, raw, prefix=path, file=file) for path, raw in written]
     settings = _validate(MemorySearchSettings, merged, prefix=key_path, file=file)
     used = settings.model_dump(by_alias=True)
@@ -338,6 +340,9 @@ def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str
             notes.append(f"{path}.store.shareWith: ignored: only the postgres store "
                          f'(store.driver "postgres") shares an agent\'s memory; this store is '
                          f"{settings.store.driver}")
+        elif unknown := [a for a in own.store.share_with if a not in agent_ids]:
+            notes += [f"{path}.store.shareWith: {a!r} is not an agent of this config (its agents: "
+                      f"{', '.join(agent_ids)}); the share is recorded under that name" for a in unknown]
     return settings, notes
 
 
@@ -357,8 +362,17 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
                        prefix="memory", file=file)
     defaults_key = layout.search_sources[-1][0] if layout.search_sources else (
         "agents.defaults.memorySearch")
+    listed = []
+    for src in layout.agents:
+        fields = {k: v for k, v in src.raw.items() if k not in ("memorySearch", "memory")}
+        entry = _validate(AgentEntry, {**fields, "memorySearch": src.search},
+                          prefix=src.key_path, file=file)
+        listed.append((src, entry, normalize_agent_id(entry.id, file=file, key=src.key_path if (
+            src.key_path.startswith("agents.entries.")) else f"{src.key_path}.id")))
+    # the agents resolve_agent finds: those listed, else the default agent main
+    agent_ids = list(dict.fromkeys(aid for _, _, aid in listed)) or ["main"]
     _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
-                                file=file)
+                                file=file, agent_ids=agent_ids)
     warnings = [*layout.warnings, *notes]
     if memory_raw.get("citations") not in (None, memory.citations):  # read as auto, not silently
         warnings.append(f"memory.citations: {memory_raw['citations']!r} is not auto, on or off; using auto")
@@ -372,15 +386,11 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
         raise ConfigError(f"invalid value {ws!r}", file=file, key="agents.defaults.workspace",
                           expected="a path string")
     entries = []
-    for src in layout.agents:
-        fields = {k: v for k, v in src.raw.items() if k not in ("memorySearch", "memory")}
-        entry = _validate(AgentEntry, {**fields, "memorySearch": src.search},
-                          prefix=src.key_path, file=file)
-        normalize_agent_id(entry.id, file=file, key=src.key_path if src.key_path.startswith(
-            "agents.entries.") else f"{src.key_path}.id")
+    for src, entry, _ in listed:
         merged = merge_search(layout.search, entry.memory_search)
         key = src.search_sources[-1][0] if src.search_sources else f"{src.key_path}.memorySearch"
-        _, own = _validate_search(src.search_sources, merged, key_path=key, file=file)
+        _, own = _validate_search(src.search_sources, merged, key_path=key, file=file,
+                                  agent_ids=agent_ids)
         entries.append(entry.model_copy(update={"key_path": src.key_path, "warnings": own}))
     for warning in [*warnings, *(w for e in entries for w in e.warnings)]:
         log.warning("config%s: %s", f" {file}" if file else "", warning)

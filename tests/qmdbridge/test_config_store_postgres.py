@@ -62,3 +62,21 @@ def test_a_provider_on_the_postgres_store_is_taken_without_a_config_warning(tmp_
     main = resolve_agent(cfg, "main", env=env)
     assert (main.memory_search.provider, main.config_warnings) == ("openai", [])
     assert resolve_agent(cfg, "solo", env=env).config_warnings == []
+
+
+def test_a_share_with_an_agent_the_config_does_not_have_is_a_config_warning(tmp_path: Path) -> None:
+    data = config(tmp_path)
+    data["agents"]["list"][1]["memorySearch"]["store"]["shareWith"] = [" Main ", "Reviewer", "bobb"]  # type: ignore[index]
+    cfg = parse_config(data)
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    its_agents = "(its agents: main, bob, solo); the share is recorded under that name"
+    assert resolve_agent(cfg, "bob", env=env).config_warnings == [
+        f"agents.list[1].memorySearch.store.shareWith: 'reviewer' is not an agent of this config {its_agents}",
+        f"agents.list[1].memorySearch.store.shareWith: 'bobb' is not an agent of this config {its_agents}"]
+    assert resolve_agent(cfg, "main", env=env).config_warnings == []  # shares with bob, listed
+    # in the defaults: one warning, config-wide; with no agents listed the one agent is main
+    alone = parse_config({"agents": {"defaults": {"memorySearch": {"store": {
+        "driver": "postgres", "dsn": DSN, "shareWith": ["main", "ops"]}}}}})
+    assert alone.warnings == ["agents.defaults.memorySearch.store.shareWith: 'ops' is not an agent"
+                              " of this config (its agents: main); the share is recorded under that name"]
+    assert resolve_agent(alone, None, env=env).config_warnings == alone.warnings

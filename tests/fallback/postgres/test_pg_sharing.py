@@ -309,7 +309,7 @@ async def test_with_per_agent_roles_the_reader_reads_the_owner_rows_but_cannot_w
 def test_share_with_on_a_sqlite_store_is_a_config_warning(tmp_path: Path) -> None:
     path = tmp_path / "openclaw.json5"
     path.write_text('{ agents: { defaults: { memorySearch: { store: { shareWith: ["bob"] } } },'
-                    ' list: [{ id: "main" }, { id: "pg", memorySearch: { store: { driver: "postgres",'
+                    ' list: [{ id: "main" }, { id: "bob" }, { id: "pg", memorySearch: { store: { driver: "postgres",'
                     ' shareWith: ["bob"] } } }] } }')
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
     cfg = load_config(path, env=env)

@@ -632,8 +632,8 @@ class BuiltinEngine:
             scope = (await anyio.to_thread.run_sync(own.shared_scopes)).get(named[0])
             if scope is not None:
                 return await anyio.to_thread.run_sync(partial(
-                    read_shared_page, partial(scope.store.file_text, named[1]), rel_path,
-                    from_line=from_line, lines=lines))
+                    read_shared_page, scope.store.file_text, rel_path, from_line=from_line,
+                    lines=lines))
         s = self.settings  # sessions source: the sessions/<transcript> a session hit cites too
         return await anyio.to_thread.run_sync(partial(
             read_memory_page, s.workspace_dir, list(s.search.extra_paths), rel_path, from_line=from_line,

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import io
 import os
+import posixpath
 import re
 import stat
 import unicodedata
@@ -533,31 +534,48 @@ def shared_name(rel_path: str) -> tuple[str, str] | None:
     return None
 
 
-def read_shared_page(read_text: Callable[[], str | None], rel_path: str, *,
+def read_shared_page(read_text: Callable[[str], str | None], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None) -> MemoryReadResult:
     """One page of a shared file (:func:`shared_path`) from the text its owner's sync stored,
     paged as :func:`read_memory_page` pages a local file.
 
+    The owner's path is refused as a local request is (:func:`resolve_memory_path`): empty,
+    invalid characters, absolute, or a ``..`` segment that does not land in one of the owner's
+    extra paths (a file of the owner's index other than its root file and ``memory/``).
+
     Args:
-        read_text: returns the file's text, or ``None`` when the owner's index holds no such
-            memory file (blocking).
-        rel_path: the ``shared/<owner>/<path>`` asked for (the answer's ``path``).
+        read_text: returns the text of the owner's memory file at a path relative to the
+            owner's workspace, or ``None`` when the owner's index holds no such file (blocking).
+        rel_path: the ``shared/<owner>/<path>`` asked for.
         from_line / lines: as :func:`page_text` (120 lines, 12,000 code points by default).
 
     Returns:
-        The page; ``text=""``, ``lines=0``, ``missing=True`` when there is no such file.
+        The page, its ``path`` the shared path with the owner's path normalised;
+        ``text=""``, ``lines=0``, ``missing=True`` when there is no such file.
 
     Raises:
+        PathRefusedError: with a reason of the module docstring.
         IndexStoreError: the owner's index cannot be read.
     """
+    named = shared_name(rel_path)
+    if named is None:
+        raise PathRefusedError(rel_path, "not a memory path")
+    segments = _check_text(named[1], rel_path)
+    path = posixpath.normpath("/".join(segments))
+    has_parent = ".." in segments
+
     def read() -> tuple[str, int]:
-        text = read_text()
+        text = read_text(path)
+        if has_parent and (text is None or path in (ROOT_MEMORY_FILE, LEGACY_ROOT_MEMORY_FILE)
+                           or path.split("/", 1)[0] == MEMORY_DIR_NAME):
+            raise PathRefusedError(rel_path, "parent segment")
         if text is None:
             raise MemoryFileNotFoundError(rel_path)
         return text, 0
 
-    return _read_page(read, shown=rel_path, display=rel_path, from_line=from_line, lines=lines,
-                      max_chars=DEFAULT_READ_MAX_CHARS, backend="builtin")
+    return _read_page(read, shown=rel_path, display=shared_path(named[0], printable_path(path)),
+                      from_line=from_line, lines=lines, max_chars=DEFAULT_READ_MAX_CHARS,
+                      backend="builtin")
 
 
 def transcript_name(rel_path: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -538,3 +539,35 @@ def test_an_unreadable_note_or_transcript_is_a_backend_failure_naming_it() -> No
                           "builtin unavailable: cannot read sessions/locked.jsonl: Permission denied"]
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_shared_path_is_answered_and_refused_as_the_owners_local_path(tmp_path: Path) -> None:
+    """``shared/<owner>/<path>`` read from the texts of the owner's indexed files: each
+    request gives the owner's own ``memory_get`` answer of ``<path>``, or its refusal reason."""
+    from fallback.sources.memory_files import list_memory_files
+    from fallback.sources.read_page import read_shared_page
+
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md", "root\n")
+    _write(ws / "memory" / "2026-01-01.md", "day\n")
+    _write(ws / "notes" / "in.md", "inside\n")
+    _write(tmp_path / "outside" / "out.md", "outside\n")
+    extras: list[str | ExtraPath] = ["notes", str(tmp_path / "outside")]
+    texts = {f.rel_path: f.abs_path.read_text() for f in list_memory_files(ws, extras).files}
+    assert sorted(texts) == ["../outside/out.md", "MEMORY.md", "memory/2026-01-01.md", "notes/in.md"]
+
+    def answer(read: Callable[[], MemoryReadResult]) -> tuple[str, ...]:
+        try:
+            page = read()
+        except PathRefusedError as exc:
+            return ("refused", exc.reason)
+        return (page.text, page.path.removeprefix("shared/owner/"))
+
+    for path in ("memory/../MEMORY.md", "memory/../memory/2026-01-01.md", "memory/../nothing.md",
+                 "memory/../notes/in.md", "../outside/out.md", "memory/../../outside/./out.md",
+                 "./memory//2026-01-01.md", "memory/2030-01-01.md", "/etc/passwd.md", "memory/\x01.md"):
+        local = answer(lambda p=path: read_memory_page(ws, extras, p))  # type: ignore[misc]
+        shared = answer(lambda p=path: read_shared_page(texts.get, f"shared/owner/{p}"))  # type: ignore[misc]
+        assert shared == local, path
+    assert answer(lambda: read_shared_page(texts.get, "shared/owner/memory/../MEMORY.md")) == (
+        "refused", "parent segment")

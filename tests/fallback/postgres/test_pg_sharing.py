@@ -134,6 +134,14 @@ async def test_shared_notes_are_found_labelled_and_read_by_the_reader_only(tmp_p
     # no such file of the owner: a missing page, as a missing local note
     gone = await read(config, "reviewer", "shared/main/memory/2030-01-01.md")
     assert (gone["missing"], gone["text"], gone["lines"]) == (True, "", 0)
+    # the owner's path is refused as a local one is: a parent segment, whatever it lands on
+    for agent, path in (("main", "memory/../MEMORY.md"), ("reviewer", "shared/main/memory/../MEMORY.md"),
+                        ("reviewer", "shared/main/memory/../memory/2026-11-02.md")):
+        with pytest.raises(PathRefusedError) as refused:
+            await read(config, agent, path)
+        assert (refused.value.path, refused.value.reason) == (path, "parent segment")
+    assert await read(config, "reviewer", "shared/main/./memory//2026-11-02.md") == await read(
+        config, "reviewer", shared)
     # the owner does not see the reader's notes; a third agent sees neither
     assert await search(config, "main", "otter cedar") == []
     assert await search(config, "carol", "heron pier") == []

@@ -45,6 +45,7 @@ from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
     ManagerClosedError,
+    MemorySearchError,
     SearchUnavailableError,
 )
 from fallback.index.identity import index_identity
@@ -54,7 +55,7 @@ from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus
 from fallback.request import SearchRequest
 from fallback.search.explain import SearchTrace
 from fallback.search.fts_only import candidate_count, keyword_search
-from fallback.search.pipeline import Searcher, configured_mode, merge_scopes
+from fallback.search.pipeline import SCOPE_FAILURES, Searcher, configured_mode, merge_scopes
 from fallback.search.substring import SUBSTRING_WARNING
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
@@ -444,13 +445,19 @@ class BuiltinEngine:
                                  mode="fts-only")
         from concurrent.futures import ThreadPoolExecutor
 
+        def ranked_shared(scope: SearchStore) -> list[MemorySearchResult] | MemorySearchError:
+            try:
+                return ranked(scope, list(SHARED_SOURCES))
+            except SCOPE_FAILURES as exc:
+                return exc
+
         # the scopes' round trips overlap the own search's, on at most the pool's other connections
         with ThreadPoolExecutor(min(len(shared), SHARED_SEARCHES_AT_ONCE)) as pool:
-            others = [(owner, pool.submit(ranked, scope, list(SHARED_SOURCES)))
-                      for owner, scope in shared.items()]
-            results = merge_scopes(ranked(store, srcs), [(o, f.result()) for o, f in others],
-                                   limit=limit)
-        return SearchOutcome(results, self._fts_warnings(warnings, store.fts_error), mode="fts-only")
+            others = [(owner, pool.submit(ranked_shared, scope)) for owner, scope in shared.items()]
+            results, left_out = merge_scopes(ranked(store, srcs), [(o, f.result()) for o, f in others],
+                                             limit=limit)
+        return SearchOutcome(results, [*self._fts_warnings(warnings, store.fts_error), *left_out],
+                             mode="fts-only")
 
     def _shared_scopes(self, srcs: list[str]) -> dict[str, PostgresSearchStore]:
         """``{owner agent: its scope}`` of the scopes other agents share with this one, read
@@ -565,18 +572,24 @@ class BuiltinEngine:
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
         outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
+        left_out: list[str] = []
         if shared := await anyio.to_thread.run_sync(self._shared_scopes, srcs):
-            ranked = []
+            ranked: list[tuple[str, list[MemorySearchResult] | MemorySearchError]] = []
             for owner, scope in shared.items():  # each scope ranked by the same pipeline
                 ranker = self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner))
-                found = await ranker.run(scope, prepared, text, list(SHARED_SOURCES), candidates,
-                                         floor, limit)
-                ranked.append((owner, found.results))
-            outcome = replace(outcome, results=merge_scopes(outcome.results, ranked, limit=limit))
+                try:
+                    found = await ranker.run(scope, prepared, text, list(SHARED_SOURCES), candidates,
+                                             floor, limit)
+                except SCOPE_FAILURES as exc:
+                    ranked.append((owner, exc))
+                else:
+                    ranked.append((owner, found.results))
+            results, left_out = merge_scopes(outcome.results, ranked, limit=limit)
+            outcome = replace(outcome, results=results)
         fts_error = (searcher.fts_error if searcher.fts_checked
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))
         return self._live_warning(replace(outcome, warnings=[
-            *outcome.warnings, *self._fts_warnings(warnings, fts_error)]))
+            *outcome.warnings, *self._fts_warnings(warnings, fts_error), *left_out]))
 
     async def _prepare_vector(self, store: SearchStore, provider: EmbeddingProvider,
                               query: QueryVector, warnings: list[str], *, synced: bool,

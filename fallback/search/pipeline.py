@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from fallback.contract import SearchOutcome
-from fallback.errors import EmbeddingProviderError
+from fallback.errors import (
+    BackendUnavailableError,
+    EmbeddingProviderError,
+    IndexStoreError,
+    MemorySearchError,
+)
 from fallback.models import HitExplain, MemorySearchResult
 from fallback.search.contrast import CONTRAST_WEIGHT, background_text, common_words, contrast_vector
 from fallback.search.explain import SearchTrace
@@ -41,30 +46,41 @@ if TYPE_CHECKING:
     from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
-__all__ = ["SNIPPET_MAX_CHARS", "Searcher", "configured_mode", "merge_scopes"]
+__all__ = ["SCOPE_FAILURES", "SNIPPET_MAX_CHARS", "Searcher", "configured_mode", "merge_scopes"]
 
 log = logging.getLogger("fallback.engine.builtin")
+# A shared scope's search failing so (its rows unreadable, its statements refused or timed out)
+# leaves that scope out of the reader's answer (merge_scopes), not the reader's own hits.
+SCOPE_FAILURES = (BackendUnavailableError, IndexStoreError)
 
 
 def merge_scopes(own: list[MemorySearchResult],
-                 shared: Sequence[tuple[str, list[MemorySearchResult]]], *,
-                 limit: int) -> list[MemorySearchResult]:
+                 shared: Sequence[tuple[str, list[MemorySearchResult] | MemorySearchError]], *,
+                 limit: int) -> tuple[list[MemorySearchResult], list[str]]:
     """One answer from the hits of the agent's own scope and of the scopes other agents share
     with it, each ranked by the pipeline over its own statistics: a shared hit's path becomes
     ``shared/<owner>/<path>`` (:func:`~fallback.sources.read_page.shared_path`), the lists are
     merged by score (each keeps its own order; on equal scores the own hit first, then the
-    owners' in the order given) and cut to ``limit`` hits.
+    owners' in the order given) and cut to ``limit`` hits. A shared scope whose search failed
+    (one of :data:`SCOPE_FAILURES`, caught by the caller) is left out with a warning naming its
+    owner and the reason; the own scope's failure is the search's.
 
     Args:
         own: the own scope's hits, best first.
-        shared: ``(owner agent, its hits best first)`` per shared scope.
+        shared: ``(owner agent, its hits best first, or the error its search raised)`` per
+            shared scope.
         limit: hits wanted.
+
+    Returns:
+        ``(hits, warnings)``: one warning per scope left out.
     """
     from fallback.sources.read_page import shared_path
 
     labelled = [[r.model_copy(update={"path": shared_path(owner, r.path)}) for r in hits]
-                for owner, hits in shared]
-    return list(itertools.islice(heapq.merge(own, *labelled, key=lambda r: -r.score), limit))
+                for owner, hits in shared if isinstance(hits, list)]
+    left_out = [f"the memory agent {owner} shares is left out of this answer: {hits}"
+                for owner, hits in shared if not isinstance(hits, list)]
+    return list(itertools.islice(heapq.merge(own, *labelled, key=lambda r: -r.score), limit)), left_out
 
 
 def configured_mode(*, has_provider: bool, hybrid_enabled: bool) -> str:

@@ -424,3 +424,63 @@ async def test_share_with_set_empty_unshares_and_left_out_keeps_the_recorded_sha
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT owner_agent, reader_agent FROM qmdbridge.shares").fetchall() == [
             ("main", "reviewer")]
+
+
+async def test_a_shared_scope_whose_rows_cannot_be_read_is_left_out_with_a_warning(
+        tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
+    """With per-agent roles, a policy refusing the reader main's posting blocks (as a revoked grant
+    would): the reader's search, keyword-only and hybrid, answers its own hits and carol's,
+    with a warning naming main and the reason, instead of failing."""
+    import psycopg
+
+    from fallback.request import SearchRequest
+    from fallback.store.postgres.migrations import vector_index_sql
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+    from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
+
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    agents = ("main", "reviewer", "carol")
+    with pg_server.admin(dbname) as conn:
+        for agent in agents:
+            conn.execute(f"DROP ROLE IF EXISTS {agent}_role")
+            conn.execute(f"CREATE ROLE {agent}_role LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/setup")
+    try:
+        for agent in agents:
+            owner.register_agent(agent, role_name=f"{agent}_role",
+                                 share_with=[] if agent == "reviewer" else ["reviewer"])
+            owner.grant_role(f"{agent}_role")
+    finally:
+        owner.close()
+    dsns = {a: pg_server.dsn(dbname, user=f"{a}_role") for a in agents}
+    config = write_config(tmp_path, dsns, share=("main", "carol"))
+    for agent in agents:  # each agent's first search indexes its workspace
+        await search(config, agent, "kettle")
+    query = "kettle lamp otter"
+    assert [h["path"] for h in await search(config, "reviewer", query)] == [
+        "memory/2026-11-03.md", "shared/carol/MEMORY.md", "shared/main/MEMORY.md"]
+    with pg_server.admin(dbname) as conn:
+        conn.execute(vector_index_sql("qmdbridge", WordProvider.dims))  # the schema owner's part
+        conn.execute("CREATE FUNCTION qmdbridge.withheld(agent text) RETURNS boolean LANGUAGE plpgsql"
+                     " AS $$ BEGIN RAISE EXCEPTION 'the rows of agent % are withheld', agent"
+                     " USING ERRCODE = '42501'; END $$")
+        conn.execute("CREATE POLICY withheld ON qmdbridge.posting_blocks AS RESTRICTIVE FOR SELECT USING"
+                     " (CASE WHEN agent_id = 'main' THEN qmdbridge.withheld(agent_id) ELSE true END)")
+    left_out = ("the memory agent main shares is left out of this answer: postgres unavailable:"
+                " permission denied while trying to keyword search: the rows of agent main are withheld")
+    async with manager(config, "reviewer") as m:
+        found = (await m.search(query)).model_dump(by_alias=True)
+    assert [h["path"] for h in found["results"]] == ["memory/2026-11-03.md", "shared/carol/MEMORY.md"]
+    assert [w[:len(left_out)] for w in found["warnings"]] == [left_out]
+    assert "as user reviewer_role)" in found["warnings"][0]
+    hybrid = engine(tmp_path / "ws-reviewer", tmp_path / "state-hybrid", WordProvider(),
+                    {"driver": "postgres", "dsn": dsns["reviewer"]}, agent_id="reviewer")
+    try:
+        await hybrid.sync(reason="test")  # its own vectors, so the search is hybrid
+        outcome = await hybrid.search(SearchRequest.of(f"the {query}"))  # "the": a vector
+    finally:
+        await hybrid.close()
+    assert outcome.mode == "hybrid"
+    assert [r.path for r in outcome.results] == ["shared/carol/MEMORY.md", "memory/2026-11-03.md"]
+    assert [w[:len(left_out)] for w in outcome.warnings] == [left_out]

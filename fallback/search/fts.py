@@ -2,8 +2,9 @@
 
 User text reaches ``MATCH`` only through :func:`analyze_fts_query`: every term is quoted
 (:func:`quote_term`), so FTS5 syntax in a query is always literal text. The plan (an OR of the
-question's parts over ``chunks_fts``, ranked by ``bm25()``; CJK tokens through ``chunks_trigram``
-and ``LIKE``) is described in docs/architecture.md ("How the builtin engine searches").
+question's parts over ``chunks_fts``, ranked by ``bm25()``; tokens of the scripts written
+without spaces between words, CJK and Thai among them, through ``chunks_trigram`` and ``LIKE``)
+is described in docs/architecture.md ("How the builtin engine searches").
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from fallback.text.keywords import STOP_WORDS, contraction_fragments
-from fallback.text.scripts import contains_cjk, narrow_fullwidth, word_runs
+from fallback.text.scripts import contains_unspaced, narrow_fullwidth, word_runs
 from fallback.text.terms import compounds, date_mentions
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def _query_parts(text: str, words: list[re.Match[str] | regex.Match[str]]) -> li
         taken.append((d.start, d.end))
         parts.append(_Part(d.start, d.end, "date", d.terms[0], quote_term(d.terms[0]), quote_term(d.terms[0])))
     for c in compounds(text):
-        if not free(c.start, c.end) or any(contains_cjk(p) for p in c.parts):
+        if not free(c.start, c.end) or any(contains_unspaced(p) for p in c.parts):
             continue
         taken.append((c.start, c.end))
         phrase = quote_term(" ".join(c.parts))
@@ -217,7 +218,7 @@ class FtsQuery:
         if coverage_pairs:
             exprs.extend(f"({a.expr} AND {b.expr})"
                          for a, b in itertools.combinations(paired[:COVERAGE_PARTS], 2))
-        cjk = [t for t in self._tokens if contains_cjk(t)]
+        cjk = [t for t in self._tokens if contains_unspaced(t)]
         return FtsPlan(
             tokens=self._tokens,
             match=" OR ".join(exprs) or None,
@@ -257,7 +258,7 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
             trigram_match=None, like_terms=tuple(t for t in tokens if len(t) < TRIGRAM_MIN_CHARS),
             terms=tuple(t.lower() for t in main),
             mark_match=" OR ".join(quote_term(t) for t in main) or None))
-    parts = [p for p in _query_parts(text, words) if p.kind != "word" or not contains_cjk(p.key)]
+    parts = [p for p in _query_parts(text, words) if p.kind != "word" or not contains_unspaced(p.key)]
     content = [p for p in parts if p.kind != "word" or (p.key not in STOP_WORDS and not p.fragment)]
     if not content:
         content = parts  # only stop words ("AND", "the"): search them rather than nothing
@@ -268,7 +269,7 @@ def analyze_fts_query(query: str, *, tokenizer: str = "unicode61") -> FtsQuery |
     exprs = [(p.key, p.expr) for p in unique]
     for m in _QUOTED_RE.finditer(text):
         quoted = [w.lower() for w in word_runs(m.group(1))]
-        if len(quoted) >= 2 and not any(contains_cjk(w) for w in quoted):
+        if len(quoted) >= 2 and not any(contains_unspaced(w) for w in quoted):
             exprs.append((" ".join(quoted), quote_term(" ".join(quoted))))
     joined = [quote_term(a.key + b.key) for a, b in itertools.pairwise(content)
               if a.kind == b.kind == "word" and a.key.isalpha() and b.key.isalpha()

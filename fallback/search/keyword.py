@@ -17,7 +17,7 @@ from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import rank_substring_hits
 from fallback.text.keywords import cjk_words, extract_keywords
-from fallback.text.scripts import contains_cjk
+from fallback.text.scripts import contains_cjk, contains_unspaced
 
 if TYPE_CHECKING:
     from fallback.store.seam import KeywordRow, SearchStore
@@ -174,7 +174,7 @@ def highlight_hits(store: SearchStore, text: str, hits: Sequence[Candidate], *,
     texts = {h.chunk_id: h.snippet for h in hits}
     marked = (store.highlights(plan.mark_match, texts, open_mark=MARK_OPEN, close_mark=MARK_CLOSE)
               if plan.mark_match else {})
-    needles = [t for t in plan.tokens if contains_cjk(t)] or list(plan.like_terms)
+    needles = [t for t in plan.tokens if contains_unspaced(t)] or list(plan.like_terms)
     if needles:
         for h in hits:
             marked[h.chunk_id] = mark_substrings(marked.get(h.chunk_id, h.snippet), needles)

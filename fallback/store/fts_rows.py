@@ -23,7 +23,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable
 
-from fallback.text.scripts import contains_cjk
+from fallback.text.scripts import contains_unspaced
 from fallback.text.terms import derived_terms, first_heading, title_text
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "create_fts_table",
     "delete_file_fts",
     "insert_chunk_fts",
+    "insert_chunk_trigram",
     "note_title",
 ]
 
@@ -72,15 +73,26 @@ def insert_chunk_fts(conn: sqlite3.Connection, rows: Iterable[tuple[int, str]], 
         conn: a connection inside the caller's write transaction.
         rows: ``(chunk rowid, chunk text)`` pairs.
         title: the file's :func:`note_title`.
-        fill_trigram: also write ``chunks_trigram`` rows for chunks with CJK text (unicode61
-            stores; a trigram store's main table already matches substrings).
+        fill_trigram: also write their :func:`insert_chunk_trigram` rows (unicode61 stores; a
+            trigram store's main table already matches substrings).
     """
     rows = list(rows)
     conn.executemany("INSERT INTO chunks_fts(rowid, text, title, terms) VALUES (?, ?, ?, ?)",
                      [(rowid, text, title, derived_terms(text)) for rowid, text in rows])
     if fill_trigram:
-        conn.executemany("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
-                         [(rowid, text) for rowid, text in rows if contains_cjk(text)])
+        insert_chunk_trigram(conn, rows)
+
+
+def insert_chunk_trigram(conn: sqlite3.Connection, rows: Iterable[tuple[int, str]]) -> None:
+    """Write the ``chunks_trigram`` rows of the chunks whose text is searched as substrings
+    (:func:`~fallback.text.scripts.contains_unspaced`: CJK, Thai, Lao, Khmer, Myanmar).
+
+    Args:
+        conn: a connection inside the caller's write transaction.
+        rows: ``(chunk rowid, chunk text)`` pairs, none with a ``chunks_trigram`` row yet.
+    """
+    conn.executemany("INSERT INTO chunks_trigram(rowid, text) VALUES (?, ?)",
+                     [(rowid, text) for rowid, text in rows if contains_unspaced(text)])
 
 
 def delete_file_fts(conn: sqlite3.Connection, path: str, source: str) -> None:

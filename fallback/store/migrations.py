@@ -19,7 +19,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 
-from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, note_title
+from fallback.store.fts_rows import create_fts_table, insert_chunk_fts, insert_chunk_trigram, note_title
 
 __all__ = ["META_KEY", "MIGRATIONS", "in_memory_store", "fts_tokenize_clause"]
 
@@ -165,6 +165,21 @@ def m009_skipped_files_stamps(conn: sqlite3.Connection, *, fts_tokenizer: str) -
             conn.execute(f"ALTER TABLE skipped_files ADD COLUMN {column} INTEGER")
 
 
+def m010_trigram_unspaced_scripts(conn: sqlite3.Connection, *, fts_tokenizer: str) -> None:
+    """Write the ``chunks_trigram`` rows of the chunks in Thai, Lao, Khmer or Myanmar text: those
+    scripts, written without spaces between words, are searched as substrings as CJK is
+    (``fallback/text/scripts.py`` ``UNSPACED_SCRIPTS``), and a sync writes such rows only for
+    the chunks it writes. A trigram store or one without FTS5 is left as it is."""
+    if conn.execute("SELECT 1 FROM meta WHERE key = 'fts_error'").fetchone() is not None:
+        return
+    row = conn.execute("SELECT value FROM meta WHERE key = 'fts_tokenizer'").fetchone()
+    if (row[0] if row else fts_tokenizer) == "trigram":
+        return
+    held = {r[0] for r in conn.execute("SELECT rowid FROM chunks_trigram")}
+    insert_chunk_trigram(conn, [(rowid, text) for rowid, text in conn.execute(
+        "SELECT rowid, text FROM chunks") if rowid not in held])
+
+
 # Ordered; position i (0-based) brings the store to user_version i + 1.
 MIGRATIONS: tuple[Callable[..., None], ...] = (
     m001_core,
@@ -176,6 +191,7 @@ MIGRATIONS: tuple[Callable[..., None], ...] = (
     m007_fts_title_terms,
     m008_files_ctime,
     m009_skipped_files_stamps,
+    m010_trigram_unspaced_scripts,
 )
 
 

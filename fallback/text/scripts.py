@@ -1,7 +1,8 @@
 """Small text helpers shared by chunking, keyword extraction, MMR and file access; the one script classifier.
 
-Pure functions; lengths in code points. Which characters are CJK, and of which script, is
-decided only here, from Unicode's script properties (``regex``, loaded only for non-ASCII text).
+Pure functions; lengths in code points. Which characters are CJK, and of which script, and
+which text is searched as substrings (scripts without spaces between words), is decided only
+here, from Unicode's script properties (``regex``, loaded only for non-ASCII text).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import regex
 
-__all__ = ["CJK_FLOOR", "CJK_SCRIPTS", "CJK_WEIGHT", "Script", "contains_cjk", "narrow_fullwidth",
-           "script_of", "sha256_hex", "text_weight", "word_runs", "word_stretches"]
+__all__ = ["CJK_FLOOR", "CJK_SCRIPTS", "CJK_WEIGHT", "UNSPACED_SCRIPTS", "Script", "contains_cjk",
+           "contains_unspaced", "narrow_fullwidth", "script_of", "sha256_hex", "text_weight",
+           "word_runs", "word_stretches"]
 
 # A CJK/kana/Hangul character is roughly one token, so the chunk budget (4 chars a token) weighs it 4.
 CJK_WEIGHT = 4
@@ -24,12 +26,24 @@ CJK_WEIGHT = 4
 # The scripts written without spaces between words, whose characters weigh CJK_WEIGHT.
 CJK_SCRIPTS = ("Han", "Hiragana", "Katakana", "Hangul", "Bopomofo", "Yi")
 
-# A character is CJK when its Script_Extensions name one of CJK_SCRIPTS (so shared punctuation
-# such as 、。「」 counts) and not Latin.
-_CJK_PROPERTIES = "[[" + "".join(rf"\p{{scx={name}}}" for name in CJK_SCRIPTS) + r"]--\p{scx=Latin}]"
-# The lowest code point with those properties: Latin text below it skips the property lookups.
+# The scripts written without spaces between words: unicode61 makes a whole run of them one
+# token, so a word inside a run is found as a substring (the trigram index and LIKE), as CJK is.
+# Thai, Lao, Khmer and Myanmar letters weigh 1 (they are not CJK_SCRIPTS).
+UNSPACED_SCRIPTS = (*CJK_SCRIPTS, "Thai", "Lao", "Khmer", "Myanmar")
+
+
+def _properties(scripts: tuple[str, ...]) -> str:
+    """A character whose Script_Extensions name one of ``scripts`` (so shared punctuation such
+    as 、。「」 counts) and not Latin."""
+    return "[[" + "".join(rf"\p{{scx={name}}}" for name in scripts) + r"]--\p{scx=Latin}]"
+
+
+_CJK_PROPERTIES = _properties(CJK_SCRIPTS)
+# The lowest code point with those properties: Latin text below it skips the property lookups
+# (no character of UNSPACED_SCRIPTS lies below it either).
 CJK_FLOOR = "\u02ea"
-_CJK_SET = rf"[[^\x00-{chr(ord(CJK_FLOOR) - 1)}]&&{_CJK_PROPERTIES}]"
+_BELOW_FLOOR = rf"[^\x00-{chr(ord(CJK_FLOOR) - 1)}]"
+_CJK_SET = rf"[{_BELOW_FLOOR}&&{_CJK_PROPERTIES}]"
 # Katakana plus the marks only the two kana share (ー, the voicing marks).
 _KATAKANA_SET = r"[\p{sc=Katakana}[\p{scx=Katakana}&&\p{scx=Hiragana}--\p{scx=Han}]]"
 _WORD_SET = r"[\p{L}\p{M}\p{N}_]"
@@ -40,6 +54,7 @@ _OTHER_WORD = f"[{_WORD_SET}--{_CJK_SET}]"
 _PATTERNS = {
     "cjk_run": _CJK_SET + "+",
     "cjk": _CJK_SET,
+    "unspaced": rf"[{_BELOW_FLOOR}&&{_properties(UNSPACED_SCRIPTS)}]",
     # First match wins: the Script property decides a letter; the CJK set takes the rest.
     "script": (r"(?P<han>\p{sc=Han})|(?P<hiragana>\p{sc=Hiragana})|(?P<katakana>" + _KATAKANA_SET
                + r")|(?P<hangul>\p{sc=Hangul})|(?P<cjk>" + _CJK_SET + ")"),
@@ -87,6 +102,13 @@ def text_weight(s: str) -> int:
 def contains_cjk(text: str) -> bool:
     """Whether ``text`` contains a CJK character (as :func:`text_weight` counts them)."""
     return not text.isascii() and _pattern("cjk").search(text) is not None
+
+
+def contains_unspaced(text: str) -> bool:
+    """Whether ``text`` contains a character of :data:`UNSPACED_SCRIPTS` (CJK, Thai, Lao,
+    Khmer, Myanmar): the one test of which text is searched as substrings (the trigram index
+    and ``LIKE``) rather than by its unicode61 tokens."""
+    return not text.isascii() and _pattern("unspaced").search(text) is not None
 
 
 def word_stretches(text: str) -> Iterator[tuple[str, bool]]:

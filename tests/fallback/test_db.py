@@ -44,7 +44,7 @@ def test_new_store_reaches_latest_schema(tmp_path: Path) -> None:
     db = tmp_path / "deep" / "dir" / "main.sqlite"
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 9
+        assert store.user_version() == len(MIGRATIONS) == 10
         assert {name for kind, name in _schema(db) if kind == "table"} == EXPECTED_TABLES
         assert {name for kind, name in _schema(db) if kind == "index"} == {
             "idx_chunks_path", "idx_chunks_source", "idx_chunks_path_source",
@@ -291,3 +291,29 @@ def test_an_in_memory_store_has_the_store_files_schema(tmp_path: Path) -> None:
     with sqlite3.connect(db) as file_conn:
         assert schema == sorted(file_conn.execute("SELECT type, name, sql FROM sqlite_master").fetchall())
         assert meta == file_conn.execute("SELECT key, value FROM meta ORDER BY key").fetchall()
+
+
+def test_a_version_9_store_gets_the_trigram_rows_of_its_thai_chunks(tmp_path: Path) -> None:
+    """Version 9 wrote ``chunks_trigram`` rows for CJK chunks only; opening it writes them for
+    the chunks in scripts without spaces between words (Thai here), once."""
+    db = tmp_path / "main.sqlite"
+    store = Store(db)
+    try:
+        _put(store, "th.md", "เมื่อวานเราไปกินข้าวผัดที่ร้านใกล้บ้าน", 1)
+        _put(store, "ja.md", "昨日の戦略会議でデプロイ計画を決めた", 2)
+        _put(store, "en.md", "We had fried rice at the shop near home", 3)
+    finally:
+        store.close()
+    conn = sqlite3.connect(db, isolation_level=None)  # as version 9 left it
+    conn.execute("DELETE FROM chunks_trigram WHERE rowid = 1")
+    conn.execute("PRAGMA user_version=9")
+    conn.close()
+    store = Store(db)
+    try:
+        assert store.user_version() == len(MIGRATIONS)
+        assert store.query("SELECT rowid FROM chunks_trigram ORDER BY rowid") == [(1,), (2,)]
+        plan = analyze_fts_query("ข้าวผัด", tokenizer=store.fts_tokenizer).plan()
+        assert plan is not None and plan.trigram_match == '"ข้าวผัด"'
+        assert [r[1] for r in keyword_rows(store, plan, sources=["memory"], limit=10)] == ["th.md"]
+    finally:
+        store.close()

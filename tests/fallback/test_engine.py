@@ -121,6 +121,27 @@ async def test_cjk_substrings(ws: Path, store: dict[str, object], query: str, pa
 
 
 @pytest.mark.parametrize(("query", "path"), [
+    ("ข้าวผัด", "memory/th.md"), ("ร้านใกล้บ้าน", "memory/th.md"),  # fried rice; the shop near home
+    ("ເຂົ້າໜຽວ", "memory/lo.md"),  # sticky rice
+    ("បាយឆា", "memory/km.md"),  # fried rice
+    ("ထမင်းကြော်", "memory/my.md"),  # fried rice
+])
+async def test_words_of_scripts_without_spaces_are_found_inside_a_sentence(
+        ws: Path, store: dict[str, object], query: str, path: str) -> None:
+    """Thai, Lao, Khmer and Myanmar write no spaces between words: unicode61 makes a sentence
+    one token, so a word inside it is found as a substring, as CJK is."""
+    (ws / "memory" / "th.md").write_text("เมื่อวานเราไปกินข้าวผัดที่ร้านใกล้บ้าน\n")
+    (ws / "memory" / "lo.md").write_text("ມື້ວານນີ້ພວກເຮົາໄປກິນເຂົ້າໜຽວຢູ່ຕະຫຼາດ\n")
+    (ws / "memory" / "km.md").write_text("ម្សិលមិញយើងបានញ៉ាំបាយឆានៅផ្សារ\n")
+    (ws / "memory" / "my.md").write_text("မနေ့ကကျွန်တော်တို့ထမင်းကြော်စားခဲ့တယ်\n")
+    (ws / "memory" / "en.md").write_text("We had fried rice at the shop near home.\n")
+    engine = _engine(ws, store=store)
+    hits = (await engine.search(SearchRequest.of(query))).results
+    assert [h.path for h in hits] == [path]
+    await engine.close()
+
+
+@pytest.mark.parametrize(("query", "path"), [
     # no note holds the question verbatim: its words are searched one by one, and the first
     # characters (我们什么时候: stop words) must not take the six keyword slots
     ("我们什么时候去了支持小组？", "memory/group.md"),

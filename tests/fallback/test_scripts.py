@@ -8,7 +8,10 @@ import regex
 from fallback.text.scripts import (
     _CJK_PROPERTIES,
     CJK_FLOOR,
+    UNSPACED_SCRIPTS,
+    _properties,
     contains_cjk,
+    contains_unspaced,
     script_of,
     text_weight,
     word_stretches,
@@ -44,6 +47,18 @@ def test_contains_cjk() -> None:
         False, False, False, True, True, True, True, False]
 
 
+
+def test_contains_unspaced_takes_cjk_and_the_other_scripts_without_spaces() -> None:
+    assert [contains_unspaced(t) for t in ("plain", "", "東京", "ｶﾀｶﾅ", "x、y", "㎡")] == [
+        False, False, True, True, True, False]
+    # Thai, Lao, Khmer and Myanmar take the substring path too, but are not CJK: they weigh 1
+    unspaced = ("ข้าวผัด", "๒๐๒๖", "ເຂົ້າ", "បាយឆា", "ထမင်း")
+    assert [contains_unspaced(t) for t in unspaced] == [True] * 5
+    assert [contains_cjk(t) for t in unspaced] == [False] * 5
+    assert [text_weight(t) for t in unspaced] == [len(t) for t in unspaced]
+    assert [contains_unspaced(t) for t in ("Привет", "مرحبا", "नमस्ते", "ᚠ")] == [False] * 4
+
+
 def test_word_stretches_cut_words_where_cjk_starts_or_stops() -> None:
     assert list(word_stretches("2026年度 plan, データ化x")) == [
         ("2026", False), ("年度", True), ("plan", False), ("データ化", True), ("x", False)]
@@ -57,3 +72,5 @@ def test_no_cjk_character_lies_below_the_floor() -> None:
     properties = regex.compile(_CJK_PROPERTIES, regex.V1)
     below = [hex(cp) for cp in range(ord(CJK_FLOOR)) if properties.match(chr(cp))]
     assert below == [] and properties.match(CJK_FLOOR)
+    unspaced = regex.compile(_properties(UNSPACED_SCRIPTS), regex.V1)
+    assert [hex(cp) for cp in range(ord(CJK_FLOOR)) if unspaced.match(chr(cp))] == []

@@ -149,7 +149,7 @@ async def test_a_store_from_before_the_ctime_column_migrates_and_keeps_its_chunk
         settings = InSyncSettings(db_path=db, workspace_dir=ws, extra_paths=[],
                                   max_file_bytes=engine.settings.search.max_file_bytes,
                                   identity=index_identity(engine.settings, provider))
-        assert stale_reason(old, settings) == "schema version 7 (latest 9)"
+        assert stale_reason(old, settings) == "schema version 7 (latest 10)"
 
     upgraded = _engine(ws, provider)
     try:
@@ -165,7 +165,7 @@ async def test_a_store_from_before_the_ctime_column_migrates_and_keeps_its_chunk
                            NOTE: (ws / NOTE).stat().st_ctime_ns}
     store = Store(db)
     try:
-        assert store.user_version() == len(MIGRATIONS) == 9
+        assert store.user_version() == len(MIGRATIONS) == 10
         assert [r[1] for r in store.query("PRAGMA table_info(files)")] == [
             "path", "source", "hash", "mtime", "size", "ctime"]
     finally:

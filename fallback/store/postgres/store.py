@@ -52,7 +52,7 @@ from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, TF_COLUMNS
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
-from fallback.text.scripts import contains_cjk
+from fallback.text.scripts import contains_unspaced
 
 __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
 
@@ -1169,7 +1169,7 @@ class SyncLease:
         chunks = [(f, c) for f in files for c in f.chunks]
         self.chunks_written += len(chunks)
         terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
-        cjk = [i for i, (_, c) in enumerate(chunks) if contains_cjk(c.text)]
+        cjk = [i for i, (_, c) in enumerate(chunks) if contains_unspaced(c.text)]
         trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i][1].text,) for i in cjk]),
                             strict=True))
         args = {**self._scope, "gen": self.generation,

@@ -10,7 +10,7 @@ error, and while the last attempt was refused a caller makes its own attempt ins
 behind the backoff: refused again at once, or the server is back and that connection joins the
 pool. A host that does not answer still takes the deadline: only waiting can tell.
 
-Needs psycopg_pool 3.2 or later (it extends the private ``_connect``, ``_getconn_unchecked``,
+Needs psycopg_pool 3.2 or 3.3 (pinned in pyproject: it extends the private ``_connect``, ``_getconn_unchecked``,
 ``_maybe_grow_pool``, ``_lock``, ``_waiting`` and ``_nconns``).
 """
 

@@ -109,18 +109,6 @@ async def test_query_syntax_hazards(ws: Path, store: dict[str, object], query: s
     ("戦略", "memory/ja.md"), ("戦略会議", "memory/ja.md"), ("デプロイ計画", "memory/ja.md"),
     ("价格", "memory/zh.md"), ("金银价格", "memory/zh.md"),
     ("서버", "memory/ko.md"), ("발생한", "memory/ko.md"),
-])
-async def test_cjk_substrings(ws: Path, store: dict[str, object], query: str, path: str) -> None:
-    (ws / "memory" / "ja.md").write_text("昨日の戦略会議でデプロイ計画を決めた")
-    (ws / "memory" / "zh.md").write_text("今天讨论了金银价格的走势")
-    (ws / "memory" / "ko.md").write_text("어제 서버에서 발생한 에러를 확인했다")
-    engine = _engine(ws, store=store)
-    hits = (await engine.search(SearchRequest.of(query))).results
-    assert [h.path for h in hits] == [path]
-    await engine.close()
-
-
-@pytest.mark.parametrize(("query", "path"), [
     ("ข้าวผัด", "memory/th.md"), ("ร้านใกล้บ้าน", "memory/th.md"),  # fried rice; the shop near home
     ("ເຂົ້າໜຽວ", "memory/lo.md"),  # sticky rice
     ("បាយឆា", "memory/km.md"),  # fried rice
@@ -128,13 +116,14 @@ async def test_cjk_substrings(ws: Path, store: dict[str, object], query: str, pa
 ])
 async def test_words_of_scripts_without_spaces_are_found_inside_a_sentence(
         ws: Path, store: dict[str, object], query: str, path: str) -> None:
-    """Thai, Lao, Khmer and Myanmar write no spaces between words: unicode61 makes a sentence
-    one token, so a word inside it is found as a substring, as CJK is."""
-    (ws / "memory" / "th.md").write_text("เมื่อวานเราไปกินข้าวผัดที่ร้านใกล้บ้าน\n")
-    (ws / "memory" / "lo.md").write_text("ມື້ວານນີ້ພວກເຮົາໄປກິນເຂົ້າໜຽວຢູ່ຕະຫຼາດ\n")
-    (ws / "memory" / "km.md").write_text("ម្សិលមិញយើងបានញ៉ាំបាយឆានៅផ្សារ\n")
-    (ws / "memory" / "my.md").write_text("မနေ့ကကျွန်တော်တို့ထမင်းကြော်စားခဲ့တယ်\n")
-    (ws / "memory" / "en.md").write_text("We had fried rice at the shop near home.\n")
+    """CJK, Thai, Lao, Khmer and Myanmar write no spaces between words: unicode61 makes a
+    sentence one token, so a word inside it is found as a substring."""
+    notes = {"ja": "昨日の戦略会議でデプロイ計画を決めた", "zh": "今天讨论了金银价格的走势",
+             "ko": "어제 서버에서 발생한 에러를 확인했다", "th": "เมื่อวานเราไปกินข้าวผัดที่ร้านใกล้บ้าน\n",
+             "lo": "ມື້ວານນີ້ພວກເຮົາໄປກິນເຂົ້າໜຽວຢູ່ຕະຫຼາດ\n", "km": "ម្សិលមិញយើងបានញ៉ាំបាយឆានៅផ្សារ\n",
+             "my": "မနေ့ကကျွန်တော်တို့ထမင်းကြော်စားခဲ့တယ်\n", "en": "We had fried rice at the shop near home.\n"}
+    for name, text in notes.items():
+        (ws / "memory" / f"{name}.md").write_text(text)
     engine = _engine(ws, store=store)
     hits = (await engine.search(SearchRequest.of(query))).results
     assert [h.path for h in hits] == [path]

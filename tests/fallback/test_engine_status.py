@@ -70,6 +70,12 @@ async def test_a_configured_provider_that_cannot_load_is_unavailable_not_keyword
         "memory search unavailable: local: llama-cpp-python is not installed (pip install 'qmdbridge[local]')")
 
 
+def _fill_store(engine: BuiltinEngine) -> None:
+    """The store may not grow by one page: its next sync that writes fails with SQLITE_FULL."""
+    conn = engine._stores.store.conn
+    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+
+
 @pytest.mark.anyio
 async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -> None:
     from fallback.store.errors import IndexStoreFullError
@@ -79,8 +85,7 @@ async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -
     engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
     try:
         await engine.sync(reason="cli")
-        conn = engine._stores.store.conn  # the store may not grow by one page: SQLITE_FULL
-        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        _fill_store(engine)
         for day in range(1, 31):
             (ws / "memory" / f"2026-01-{day:02d}.md").write_text(f"Heron count {day}.\n" * 200)
         with pytest.raises(IndexStoreFullError) as info:
@@ -113,8 +118,7 @@ async def test_a_changed_note_indexed_with_a_caveat_waits_after_a_failed_sync(ws
     engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
     try:
         await engine.sync(reason="cli")
-        conn = engine._stores.store.conn  # the store may not grow by one page: SQLITE_FULL
-        conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+        _fill_store(engine)
         caveat.write_bytes(caveat.read_bytes() + b"Heron count again.\n" * 400)
         with pytest.raises(IndexStoreFullError):
             await engine.sync(reason="cli")

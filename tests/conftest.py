@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import gc
 import os
@@ -124,6 +125,20 @@ def _track_stores() -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _track_stores()
+    if not hasattr(config, "workerinput"):
+        _compile_packages()
+
+
+def _compile_packages() -> None:
+    """Write the bytecode of ``qmdbridge`` and ``fallback`` once, before any worker starts, as
+    ``pip install`` does for a regular install: the suite starts hundreds of Python processes
+    that import them, and under ``PYTHONDONTWRITEBYTECODE`` (or from an editable install never
+    compiled) each of them would compile the packages again."""
+    import fallback
+    import qmdbridge
+
+    for pkg in (qmdbridge, fallback):
+        compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=1)
 
 
 # -- the whole suite on two workers --------------------------------------------------------------

@@ -108,6 +108,10 @@ async def test_exact_keyword_hit_survives_min_score(tmp_path: Path, local_model_
 
 async def test_model_change_rebuilds_and_old_index_answers_until_swap(tmp_path: Path,
                                                                       local_model_path: Path) -> None:
+    ws = tmp_path / "ws"  # two of the example notes: the rebuild embeds each chunk with the model
+    (ws / "memory").mkdir(parents=True)
+    for note in ("MEMORY.md", "memory/2026-11-17.md"):
+        shutil.copy(EXAMPLE / note, ws / note)
     fts = _engine(tmp_path, None)
     try:
         await fts.sync(reason="test")

@@ -545,10 +545,10 @@ async def test_a_hung_child_is_replaced_after_a_search_mode_question_times_out(
 
 @pytest.mark.anyio
 @pytest.mark.qmd
-@pytest.mark.parametrize("qmd_cfg", [{"mcp": {"enabled": False}}, {"mcporter": {"enabled": False}}])
-async def test_the_child_can_be_turned_off(tmp_path: Path, qmd_bin: Path, base_path_env: str,
-                                           qmd_cfg: dict[str, Any]) -> None:
-    b = _backend(tmp_path, qmd_bin, base_path_env, "full", **qmd_cfg)
+async def test_the_child_can_be_turned_off(tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """``mcp.enabled: false``; ``mcporter.enabled: false`` gives the same ``warm_child`` setting
+    (:func:`test_warm_child_setting_resolution`), which is all the backend reads."""
+    b = _backend(tmp_path, qmd_bin, base_path_env, "full", mcp={"enabled": False})
     async with BackgroundTasks() as tasks:
         await b.start(tasks)
         assert b.warm is None

@@ -271,13 +271,11 @@ def _search_printing(tmp_path: Path, qmd_bin: Path, stdout: str) -> Path:
     return wrapper
 
 
-@pytest.mark.parametrize("stdout", ['[{"file": 42}]', '[{"path": null, "score": 0.9}]',
-                                    '[{"file": ["qmd://memory-dir-main/2026-03-01.md"]}]',
-                                    '[{"file": ""}]'])
-async def test_results_of_the_wrong_types_are_garbage_and_fall_back(tmp_path: Path, qmd_bin: Path,
-                                                                     stdout: str) -> None:
-    """A result array whose entries carry no file qmd could have meant (a number, null, a list,
-    nothing) is garbage, as other unreadable output is: the builtin engine answers, saying why."""
+async def test_results_of_the_wrong_types_are_garbage_and_fall_back(tmp_path: Path, qmd_bin: Path) -> None:
+    """A result array whose entries carry no file qmd could have meant is garbage, as other
+    unreadable output is: the builtin engine answers, saying why. (Each such entry, a number,
+    null, a list, nothing, is refused by the parser: test_qmd_parse.)"""
+    stdout = '[{"file": ["qmd://memory-dir-main/2026-03-01.md"]}]'
     async with _manager(tmp_path, _qmd_memory(str(_search_printing(tmp_path, qmd_bin, stdout)))) as m:
         resp = await m.search("zebra")
     assert resp.backend == "builtin" and resp.fallback is not None
@@ -445,9 +443,10 @@ async def test_scope_applies_through_the_fallback(tmp_path: Path) -> None:
     assert resp.results == [] and resp.denied is not None and resp.denied.chat_type == "group"
 
 
-@pytest.mark.parametrize("mode", ["query", "vsearch"])
-async def test_ci_set_makes_model_modes_fall_back_with_the_reason(tmp_path: Path, qmd_bin: Path,
-                                                                   mode: str) -> None:
+async def test_ci_set_makes_model_modes_fall_back_with_the_reason(tmp_path: Path, qmd_bin: Path) -> None:
+    """The fallback route of a model mode under CI; the backend decides it alike for ``query``
+    and ``vsearch`` (test_qmd_backend: test_ci_env_fails_fast)."""
+    mode = "vsearch"
     async with _manager(tmp_path, _qmd_memory(str(qmd_bin), searchMode=mode), CI="true") as m:
         resp = await m.search("zebra migration")
     assert resp.backend == "builtin" and resp.fallback is not None

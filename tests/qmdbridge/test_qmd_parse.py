@@ -133,7 +133,7 @@ def test_long_garbage_is_quoted_short_and_logged_whole(caplog: pytest.LogCapture
 
 
 @pytest.mark.parametrize("stdout", ['[{"file": 42}]', '[{"path": null}]', '[{"file": ""}]',
-                                    '[{"file": {"uri": "qmd://c/x.md"}}]',
+                                    '[{"file": {"uri": "qmd://c/x.md"}}]', '[{"file": ["qmd://c/x.md"]}]',
                                     f'[{HIT}, {{"file": 7, "score": 0.2}}]'])
 def test_entries_without_a_file_name_are_not_results(stdout: str) -> None:
     """An entry must name its file with a non-empty string (``file``, or ``path``): one that does

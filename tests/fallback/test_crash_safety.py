@@ -470,7 +470,7 @@ def test_checking_a_store_is_writable_keeps_this_process_s_sqlite_locks(tmp_path
     assert reader.execute("SELECT count(*) FROM t").fetchone() == (100,)  # holds a read mark
     writer.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
     check_writable(db)
-    checkpoint = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]);"
+    checkpoint = ("import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=0);"  # busy: at once
                   " print(c.execute('PRAGMA wal_checkpoint(TRUNCATE)').fetchone()[0])")
     busy = subprocess.run([sys.executable, "-c", checkpoint, str(db)], capture_output=True,
                           timeout=60, check=True)

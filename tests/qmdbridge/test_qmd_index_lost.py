@@ -182,7 +182,9 @@ async def test_serve_rebinds_a_collection_whose_path_was_edited_in_index_yml(tmp
     other.mkdir()
     (notes / "falcon.md").write_text("# Falcon\n\nThe falcon deploy runbook.\n")
     (other / "unrelated.md").write_text("# Other\n\nNothing about birds of prey.\n")
-    agent = _agent(tmp_path, qmd_bin, paths=[{"name": "notes", "path": str(notes)}])
+    # a loaded machine's qmd may take longer than the default 4 s deadline, which would fall back
+    agent = _agent(tmp_path, qmd_bin, paths=[{"name": "notes", "path": str(notes)}],
+                   limits={"timeoutMs": 60_000})
     async with MemoryManager(agent, mode="full", env=_env(tmp_path)) as m:
         await m.start()
         first = await m.search("falcon runbook")

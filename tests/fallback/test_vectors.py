@@ -79,12 +79,14 @@ def random_store(tmp_path):
     db = tmp_path / "agent.sqlite"
     conn = make_store(db)
     vectors: dict[str, tuple[np.ndarray, str, str]] = {}
-    for i in range(400):
-        vec = rng.normal(size=48).astype(np.float32)
-        model = "m1" if i % 5 else "m2"
-        source = "memory" if i % 3 else "sessions"
-        put(conn, f"c{i:03d}", vec.tolist(), model=model, source=source)
-        vectors[f"c{i:03d}"] = (vec, model, source)
+    with conn:  # one transaction: one commit instead of 400
+        conn.execute("BEGIN")
+        for i in range(400):
+            vec = rng.normal(size=48).astype(np.float32)
+            model = "m1" if i % 5 else "m2"
+            source = "memory" if i % 3 else "sessions"
+            put(conn, f"c{i:03d}", vec.tolist(), model=model, source=source)
+            vectors[f"c{i:03d}"] = (vec, model, source)
     yield db, conn, vectors, rng
     conn.close()
 

@@ -96,9 +96,16 @@ def start_pgserver(data_dir: Path) -> PgServer:
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
-    """One PostgreSQL 16 (+ pgvector) for the whole session, stopped and removed at the end."""
+    """One PostgreSQL 16 (+ pgvector) for the whole session, stopped and removed at the end;
+    it flushes nothing to disk at a commit (``fsync``, ``synchronous_commit`` and
+    ``full_page_writes`` off): no test outlives a crash of the server, and each creates and
+    drops a database."""
     require_postgres()
     server = start_pgserver(new_data_dir())
+    with server.admin() as conn:  # kept in the data folder, so a restart keeps it too
+        for name in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {name} = off")
+        conn.execute("SELECT pg_reload_conf()")
     try:
         yield server
     finally:

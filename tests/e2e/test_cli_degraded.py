@@ -185,7 +185,7 @@ def test_corrupt_store_is_told_on_stderr_and_only_the_newest_copies_are_kept(
     assert run(["index", "--workspace", str(ws)], env).returncode == 0
     db = Path(env["OPENCLAW_STATE_DIR"]) / "memory" / "main.sqlite"
     told: list[str] = []
-    for _ in range(CORRUPT_BACKUPS_KEPT + 2):
+    for _ in range(CORRUPT_BACKUPS_KEPT + 1):  # the last one removes the oldest copy
         db.write_bytes(b"this is not an SQLite database" * 100)
         p = run(["search", "router dropped the WAN link", "--workspace", str(ws)], env)
         assert p.returncode == 0, p.stderr

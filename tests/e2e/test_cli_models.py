@@ -105,8 +105,10 @@ def test_pull_progress_plain_lines_and_errors(tmp_path: Path, env: dict[str, str
 @pytest.mark.local_model
 def test_first_search_with_provider_local_downloads_and_answers_hybrid(tmp_path: Path, env: dict[str, str],
                                                                       local_model_path: Path) -> None:
-    ws = tmp_path / "ws"
-    shutil.copytree(REPO / "examples" / "workspace", ws)
+    ws = tmp_path / "ws"  # the two example notes of the rollout: the search embeds each chunk
+    (ws / "memory").mkdir(parents=True)
+    for note in ("memory/2026-11-05.md", "memory/2026-11-10.md"):
+        shutil.copy(REPO / "examples" / "workspace" / note, ws / note)
     cfg = tmp_path / "local.json5"
     cfg.write_text(f"{{agents: {{defaults: {{memorySearch: {{provider: 'local', local: {{modelPath: '{URI}'}}}}}}}}}}")
     with serve_hub({URI.removeprefix("hf:"): HubFile(local_model_path.read_bytes())}) as hub:

@@ -133,12 +133,13 @@ def _compile_packages() -> None:
     """Write the bytecode of ``qmdbridge`` and ``fallback`` once, before any worker starts, as
     ``pip install`` does for a regular install: the suite starts hundreds of Python processes
     that import them, and under ``PYTHONDONTWRITEBYTECODE`` (or from an editable install never
-    compiled) each of them would compile the packages again."""
+    compiled) each of them would compile the packages again. Silent: a checkout that cannot
+    be written stays as it is."""
     import fallback
     import qmdbridge
 
     for pkg in (qmdbridge, fallback):
-        compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=1)
+        compileall.compile_dir(str(Path(pkg.__file__).parent), quiet=2)
 
 
 # -- the whole suite on two workers --------------------------------------------------------------

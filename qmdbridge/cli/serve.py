@@ -32,6 +32,9 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
         return {"id": None, "error": "request must be a JSON object"}
     rid, tool = req.get("id"), req.get("tool")
     params: dict[str, Any] = req["params"] if isinstance(req.get("params"), dict) else {}
+    if not isinstance(tool, str):
+        return {"id": rid, "error": "request names no tool: set \"tool\" to memory_search, memory_get, "
+                                    "status or sync"}
     try:
         if tool != "sync":
             return {"id": rid, "result": await call_tool(

@@ -65,7 +65,7 @@ def test_real_serve_requests_and_replies_match_the_schema(tmp_path: Path) -> Non
     request_schema = validator("request")
     for req, _ in requests:
         request_schema.validate(req)
-    lines = [json.dumps(req) for req, _ in requests] + ['{"id": 9, "tool": "memory_delete"}', "not json"]
+    lines = [json.dumps(req) for req, _ in requests] + ['{"id": 9, "tool": "memory_delete"}', '{"id": 10}', "not json"]
     exe = shutil.which("qmdbridge")
     argv = [exe] if exe else [sys.executable, "-m", "qmdbridge.cli.main"]
     proc = subprocess.Popen([*argv, "serve", "--no-socket", "--workspace", str(ws), "--config", str(cfg)],
@@ -85,7 +85,7 @@ def test_real_serve_requests_and_replies_match_the_schema(tmp_path: Path) -> Non
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    assert [r["id"] for r in replies] == [1, 2, 3, 4, 5, "six", 7, 8, 9, None]  # in request order
+    assert [r["id"] for r in replies] == [1, 2, 3, 4, 5, "six", 7, 8, 9, 10, None]  # in request order
     for (_, name), reply in zip(requests, replies, strict=False):
         validator(name).validate(reply)
         validator("response").validate(reply)
@@ -97,7 +97,9 @@ def test_real_serve_requests_and_replies_match_the_schema(tmp_path: Path) -> Non
     assert replies[6]["result"] == {"ok": True}
     assert replies[7]["result"] == {"results": [], "disabled": True, "error": "query must not be empty"}
     assert replies[8] == {"id": 9, "error": "unknown tool: 'memory_delete'"}
-    assert replies[9]["id"] is None and replies[9]["error"].startswith("invalid JSON")
+    assert replies[9] == {"id": 10, "error": 'request names no tool: set "tool" to memory_search, memory_get, '
+                                           'status or sync'}
+    assert replies[10]["id"] is None and replies[10]["error"].startswith("invalid JSON")
     for reply in replies[8:]:
         validator("errorResponse").validate(reply)
 

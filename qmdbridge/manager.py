@@ -476,6 +476,8 @@ class MemoryManager:
         backends: dict[str, Any] = {"builtin": builtin_status.to_json_dict()}
         common = {"backends": backends, "background": self.tasks.status(),
                   "config_warnings": list(self.agent.config_warnings)}
+        if self.backend_name == "none":  # the index is kept; the memory tools answer nothing
+            return builtin_status.model_copy(update={**common, "backend": "none"})
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update=common)
         from qmdbridge.qmd.collections import build_collections

@@ -95,6 +95,8 @@ async def test_backend_none_disables_both_memory_tools(tmp_path: Path) -> None:
             await m.read_file("MEMORY.md", from_line=0)
         searched = await handle_memory_search(m, {"query": "zebra"})
         got = await handle_memory_get(m, {"path": "MEMORY.md"})
+        status = await m.status()
+    assert (status.backend, status.backends["builtin"]["backend"]) == ("none", "builtin")
     assert searched == {"results": [], "disabled": True, "error": disabled}
     assert got == {"path": "MEMORY.md", "text": "", "disabled": True, "error": disabled, "refused": False}
 

@@ -348,7 +348,7 @@ async def test_one_shot_search_budget_cancels_sync_and_keeps_progress(ws: Path) 
         (ws / "memory" / "b1.md").write_text("Beta one.\n")
         provider.blocking = True
         engine.mark_dirty("files changed: 1")
-        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=50)).results
+        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=1_000)).results
         assert provider.entered.is_set() and not provider.gate.is_set()
         assert [h.path for h in hits] == ["MEMORY.md"]
         status = await engine.status()
@@ -369,7 +369,7 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
         (ws / "memory" / "b2.md").write_text("Beta two.\n")
         provider.blocking = True
         engine.mark_dirty("files changed: 1")
-        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=50)).results
+        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=1_000)).results
         assert [h.path for h in hits] == ["MEMORY.md"]
         assert provider.entered.is_set() and engine.live.sync_counts["search"] == 0
         provider.gate.set()

@@ -12,7 +12,6 @@ import sqlite3
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -62,7 +61,6 @@ def test_search_without_fts5_answers_by_substring_and_warns(ws: Path, env: dict[
 
 # -- an embedding provider that rate-limits or never answers (a real server on 127.0.0.1) ----
 
-GENEROUS_S = 60.0  # far above the 1.5 s deadline: the deadline itself shows in the answers
 LIMITED_ERROR = ("memory search unavailable: openai-compatible: query embedding failed: "
                  "openai-compatible embedding failed (HTTP 429): Rate limit reached for requests")
 
@@ -91,7 +89,6 @@ def test_rate_limited_provider_index_writes_keywords_and_search_fails_fast(
     with serve(_limited, max_requests=1000) as srv:
         cfg = _provider_config(tmp_path, srv.url)
         common = ["--workspace", str(ws), "--config", str(cfg), "--json"]
-        started = time.monotonic()
         indexed = run(["index", *common], env)
         assert indexed.returncode == 0, indexed.stderr
         status = orjson.loads(indexed.stdout)["status"]
@@ -100,7 +97,6 @@ def test_rate_limited_provider_index_writes_keywords_and_search_fails_fast(
         assert status["vector"]["providerError"].startswith(
             "openai-compatible embedding failed (HTTP 429): Rate limit reached for requests")
         found = run(["search", "router dropped the WAN link", *common], env)
-        assert time.monotonic() - started < GENEROUS_S
         assert found.returncode == 1
         assert orjson.loads(found.stdout)["error"] == LIMITED_ERROR
         opted = _provider_config(tmp_path, srv.url, keyword_fallback=True)
@@ -147,11 +143,9 @@ def test_silent_provider_costs_serve_its_deadline_only(tmp_path: Path, ws: Path,
         cfg = _provider_config(tmp_path, srv.url)
         lines = [b'{"id": 1, "tool": "memory_search", "params": {"query": "Atlas rollback"}}',
                  b'{"id": 2, "tool": "status"}']
-        started = time.monotonic()
         p = subprocess.run(_argv(["serve", "--workspace", str(ws), "--config", str(cfg)]),
                            env=env, capture_output=True, timeout=120,
                            input=b"\n".join(lines) + b"\n")
-        assert time.monotonic() - started < GENEROUS_S
         assert p.returncode == 0, p.stderr
         replies = {r["id"]: r["result"] for r in map(orjson.loads, p.stdout.splitlines())}
         assert replies[1]["disabled"] is True and replies[1]["results"] == []

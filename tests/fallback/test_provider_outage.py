@@ -5,10 +5,10 @@ vectors are filled in by a later sync; status shows the backlog; a new vector si
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from fallback.embeddings import select_provider
@@ -23,7 +23,7 @@ from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 pytestmark = pytest.mark.anyio
 
 # A bound no healthy run comes near; the deadlines themselves are asserted through the answers.
-GENEROUS_S = 30.0
+GENEROUS_S = 30.0  # a hang guard, far above the 1 s query deadline the answers name
 RATE_LIMITED = {"error": {"message": "Rate limit reached for requests"}}
 
 
@@ -83,10 +83,8 @@ async def test_rate_limited_provider_fails_fast_and_new_files_still_get_keyword_
         (ws / "memory" / "2026-04-02.md").write_text("Paddle for the kayak ordered.\n")
         engine = _engine(ws, srv.url, keywordFallback=False)
         try:
-            started = time.monotonic()
-            with pytest.raises(BackendUnavailableError) as info:
+            with anyio.fail_after(GENEROUS_S), pytest.raises(BackendUnavailableError) as info:
                 await engine.search(SearchRequest.of("kayak paddle"))
-            assert time.monotonic() - started < GENEROUS_S
             assert str(info.value) == (
                 "memory search unavailable: openai-compatible: query embedding failed: "
                 "openai-compatible embedding failed (HTTP 429): Rate limit reached for requests")
@@ -145,10 +143,8 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
     with serve(upstream, max_requests=1000) as srv:
         engine = _engine(ws, srv.url, keywordFallback=False)  # an empty index: the first
         try:  # search bootstraps it
-            started = time.monotonic()
-            with pytest.raises(BackendUnavailableError) as info:
+            with anyio.fail_after(GENEROUS_S), pytest.raises(BackendUnavailableError) as info:
                 await engine.search(SearchRequest.of("kayak"))
-            assert time.monotonic() - started < GENEROUS_S
             assert str(info.value) == (
                 "memory search unavailable: openai-compatible: query embedding failed: "
                 "openai-compatible embedding failed: query embedding timed out after 1000 ms "
@@ -157,9 +153,8 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
             await engine.close()
         opted = _engine(ws, srv.url)  # the default: keyword-only with a warning
         try:
-            started = time.monotonic()
-            outcome = await opted.search(SearchRequest.of("kayak"))
-            assert time.monotonic() - started < GENEROUS_S
+            with anyio.fail_after(GENEROUS_S):
+                outcome = await opted.search(SearchRequest.of("kayak"))
             assert [h.path for h in outcome.results] == ["MEMORY.md"]  # bootstrapped, keyword rows
             assert outcome.warnings == [
                 "query embedding failed: openai-compatible embedding failed: query embedding timed "

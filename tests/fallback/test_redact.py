@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from fallback.text.redact import redact_secrets
@@ -97,12 +95,11 @@ def test_idempotent() -> None:
     assert redact_secrets(once) == once
 
 
+@pytest.mark.timeout(60)  # a hang guard: linear is about 0.1 s, quadratic minutes
 @pytest.mark.parametrize("run", ["a.", "x-", "v1.2-"])
 def test_a_long_run_without_spaces_is_redacted_in_linear_time(run: str) -> None:
     """A pasted line of 200,000 characters of letters, dots and hyphens (a minified file, a
     long slug) is not a URL: each place it could start a scheme is given up after a scheme's
     length, not after scanning the rest of the line (that took 140 s, the sync stalled)."""
     text = run * (200_000 // len(run)) + "=x"
-    started = time.perf_counter()
     assert redact_secrets(text) == text
-    assert time.perf_counter() - started < 5.0  # about 0.1 s; quadratic: minutes

@@ -242,7 +242,6 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
     import shutil
     import subprocess
     import sys
-    import time
 
     from tests.pg_fixtures import new_data_dir, start_pgserver
 
@@ -269,10 +268,10 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
         server.stop()
         failed = []
         for rid in (2, 3):
-            started = time.monotonic()
             failed.append(ask(rid))
-            assert time.monotonic() - started < 15  # far below the 30 s deadline
-        assert all(f["disabled"] and f["error"].startswith("postgres unavailable: ") for f in failed)
+        # the socket is gone (a refusal), not the 30 s connect deadline passed
+        assert all(f["disabled"] and f["error"].startswith("postgres unavailable: ")
+                   and "No such file or directory" in f["error"] for f in failed), failed
         server.start()
         assert [r["path"] for r in ask(4)["results"]] == ["memory/2026-12-01.md"]
         proc.stdin.close()

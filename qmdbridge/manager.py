@@ -403,10 +403,12 @@ class MemoryManager:
         by either.
 
         Args:
-            corpus: ``memory`` | ``all`` (``None``) read memory files; ``wiki`` refuses every path.
+            corpus: ``all`` (``None``) reads memory files and session transcripts, ``memory``
+                memory files only; ``wiki`` refuses every path.
 
         Raises:
-            PathRefusedError: not a memory file, or ``corpus`` is ``wiki``.
+            PathRefusedError: not a memory file, a transcript under ``corpus`` ``memory``, or
+                ``corpus`` is ``wiki``.
             UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
             BackendUnavailableError: ``memory.backend`` is ``none`` (the memory tools are disabled).
         """
@@ -432,7 +434,7 @@ class MemoryManager:
         self._check_open()
         request = ReadRequest.of(rel_path, from_line=from_line, lines=lines)
         self._check_enabled()
-        from qmdbridge.policy.corpus import get_corpus
+        from qmdbridge.policy.corpus import get_corpus, outside_corpus
 
         if (chosen := get_corpus(corpus)).note is not None:
             raise PathRefusedError(rel_path, chosen.note)
@@ -448,6 +450,8 @@ class MemoryManager:
                 raise PathRefusedError(
                     request.path, f"outside the workspace {self.agent.workspace_dir} and its extra "
                     "paths (memory is MEMORY.md, memory/**/*.md and memorySearch.extraPaths)") from exc
+        if (outside := outside_corpus(chosen, self._read_source(request.path))) is not None:
+            raise PathRefusedError(rel_path, outside)
         qmd_path = rel_path.strip().startswith("qmd/")
         # a session hit of the builtin engine (sessions/<transcript>, a fallback answer) is
         # read where it was found: qmd's session hits are its own qmd/sessions-<agent>/ paths;
@@ -465,6 +469,20 @@ class MemoryManager:
         engine = await self.builtin()
         return await engine.read_file(request.path, from_line=request.from_line,
                                       lines=request.lines)
+
+    def _read_source(self, rel_path: str) -> Literal["memory", "sessions"]:
+        """The source a ``memory_get`` path reads: ``sessions`` for a transcript a session hit
+        cites (``sessions/<file>.jsonl``, or a file of qmd's ``sessions-<agent>`` collection)."""
+        if transcript_name(rel_path) is not None:
+            return "sessions"
+        parts = rel_path.strip().split("/", 2)
+        if self.backend_name != "qmd" or len(parts) < 3 or parts[0] != "qmd":
+            return "memory"
+        from qmdbridge.qmd.collections import build_collections
+
+        managed = build_collections(self.agent, sessions_dir=qmd_home(
+            self.agent.state_dir, self.agent.agent_id).sessions_dir)
+        return next((c.source for c in managed if c.name == parts[1]), "memory")
 
     async def status(self) -> MemoryStatus:
         """The status of the backend that would answer now, with both backends' health in

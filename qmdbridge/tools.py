@@ -59,7 +59,8 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
             "from": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
             "lines": {"type": "integer", "minimum": 1, "description": "Number of lines."},
             "corpus": {"type": "string", "enum": list(GET_CORPORA),
-                       "description": "memory or all (default) read memory files; no wiki corpus is configured."},
+                       "description": "all (default) reads memory files and session transcripts, memory "
+                                      "only memory files; no wiki corpus is configured."},
         },
         "required": ["path"],
         "additionalProperties": False,

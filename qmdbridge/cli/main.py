@@ -173,7 +173,8 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
         p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
         p.add_argument("--corpus", choices=["memory", "wiki", "all"],
-                       help="memory or all (default) read memory files; no wiki corpus is configured")
+                       help="all (default) reads memory files and session transcripts, memory only memory "
+                            "files; no wiki corpus is configured")
         _common(p)
 
     if only in (None, "status"):

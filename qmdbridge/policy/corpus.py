@@ -3,7 +3,8 @@
 ``memory``, ``sessions`` (transcripts), ``all`` (the default) or ``wiki`` for a search; ``memory``,
 ``wiki`` or ``all`` for a read. Every surface hands the value to the manager, which calls
 :func:`search_corpus` / :func:`get_corpus` once. No wiki corpus exists: ``wiki`` finds nothing
-and says so.
+and says so. A read with ``memory`` refuses a session transcript (:func:`outside_corpus`), as a
+search with ``memory`` leaves its hits out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Literal
 from fallback.errors import UsageError
 
 __all__ = ["DEFAULT_CORPUS", "GET_CORPORA", "NO_WIKI", "NO_WIKI_GET", "SEARCH_CORPORA", "CorpusChoice", "get_corpus",
-           "search_corpus", "sessions_off_reason"]
+           "outside_corpus", "search_corpus", "sessions_off_reason"]
 
 SEARCH_CORPORA = ("memory", "sessions", "all", "wiki")
 GET_CORPORA = ("memory", "wiki", "all")
@@ -61,14 +62,25 @@ def search_corpus(corpus: object, *, sessions_off: str | None) -> CorpusChoice:
 
 
 def get_corpus(corpus: object) -> CorpusChoice:
-    """What ``memory_get`` may read for ``corpus``: every memory file (``memory``,
-    ``all``, ``None``), or nothing with :data:`NO_WIKI_GET` (``wiki``).
+    """What ``memory_get`` may read for ``corpus``: memory files only (``memory``), every
+    indexed source (``all``, ``None``), or nothing with :data:`NO_WIKI_GET` (``wiki``).
 
     Raises:
         UsageError: any other value.
     """
     name = _checked(corpus, GET_CORPORA, "memory_get")
-    return CorpusChoice(name, (), NO_WIKI_GET) if name == "wiki" else CorpusChoice(name, None)
+    if name == "wiki":
+        return CorpusChoice(name, (), NO_WIKI_GET)
+    return CorpusChoice(name, ("memory",) if name == "memory" else None)
+
+
+def outside_corpus(choice: CorpusChoice, source: Literal["memory", "sessions"]) -> str | None:
+    """Why ``memory_get`` refuses a path of ``source`` under ``choice`` (:func:`get_corpus`),
+    or ``None`` when the corpus covers it: ``a session transcript, outside corpus 'memory'
+    (read it with corpus all)``."""
+    if choice.sources is None or source in choice.sources:
+        return None
+    return f"a session transcript, outside corpus {choice.corpus!r} (read it with corpus all)"
 
 
 def sessions_off_reason(*, backend: str, qmd_sessions: bool, builtin_sources: Sequence[str]) -> str | None:

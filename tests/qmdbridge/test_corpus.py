@@ -27,6 +27,9 @@ SESSIONS_CFG = ("{agents: {defaults: {memorySearch: {provider: 'none', sources: 
                 "experimental: {sessionMemory: true}}}}}")
 NO_SESSIONS = ('session transcripts are not indexed: add "sessions" to memorySearch.sources and '
                "set memorySearch.experimental.sessionMemory to true")
+# memory_get of a transcript with corpus memory, as every route words it
+OUTSIDE_MEMORY = ("path refused: 'sessions/s1.jsonl': a session transcript, outside corpus 'memory' "
+                  "(read it with corpus all)")
 
 
 def _transcript(state: Path) -> None:
@@ -71,6 +74,12 @@ async def test_mcp_memory_search_and_get_take_corpus(tmp_path: Path) -> None:
 
             page = await session.call_tool("memory_get", {"path": "MEMORY.md", "lines": 1, "corpus": "memory"})
             assert (page.isError, (page.structuredContent or {})["text"]) == (False, "# MEMORY\n\n[More content available. Use from=2 to continue.]")
+            # a transcript a session hit cites: read with all (the default), refused with memory
+            transcript = await session.call_tool("memory_get", {"path": "sessions/s1.jsonl"})
+            assert (transcript.structuredContent or {})["text"] == "User: When does the Kestrel migration start?"
+            outside = await session.call_tool("memory_get", {"path": "sessions/s1.jsonl", "corpus": "memory"})
+            assert (outside.isError, outside.structuredContent) == (True, {
+                "path": "sessions/s1.jsonl", "text": "", "disabled": True, "error": OUTSIDE_MEMORY, "refused": True})
             refused = await session.call_tool("memory_get", {"path": "MEMORY.md", "corpus": "wiki"})
             assert refused.isError is True
             assert refused.structuredContent == {"path": "MEMORY.md", "text": "", "disabled": True,
@@ -140,6 +149,13 @@ def test_cli_corpus_in_process_and_through_the_daemon(tmp_path: Path) -> None:
            "nothing to read (use memory or all)\n")
     bad = _cli([*search, "--corpus", "notes"], env)
     assert bad.returncode == 2 and b"invalid choice: 'notes'" in bad.stdout
+    _transcript(tmp_path / "state")
+    cfg = tmp_path / "openclaw.json5"
+    cfg.write_text(SESSIONS_CFG)
+    get = ["get", "sessions/s1.jsonl", "--workspace", str(ws), "--config", str(cfg)]
+    assert _cli(get, env).stdout == b"User: When does the Kestrel migration start?\n"
+    outside = _cli([*get, "--corpus", "memory"], env)
+    assert (outside.returncode, outside.stderr.decode()) == (3, f"qmdbridge: {OUTSIDE_MEMORY}\n")
 
     proc, _ = start(["serve", "--no-stdin", "--workspace", str(ws)], env, ready="daemon socket")
     try:

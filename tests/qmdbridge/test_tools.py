@@ -41,6 +41,22 @@ async def test_search_and_get_payloads(manager: MemoryManager) -> None:
         assert page["text"] == "Coffee: flat white with oat milk." and page["from"] == 1
 
 
+async def test_corpus_memory_refuses_a_file_of_qmds_sessions_collection(tmp_path: Path) -> None:
+    """Under the qmd backend a session hit cites ``qmd/sessions-<agent>/<id>.md``: corpus
+    ``memory`` refuses it before qmd is asked, as it refuses the builtin's ``sessions/...``."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"sessions": {"enabled": True}}},
+                        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}})
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state")}
+    async with MemoryManager(resolve_agent(cfg, workspace=ws, env=env), env=env) as m:
+        for path in ("qmd/sessions-main/s1.md", "sessions/s1.jsonl"):
+            assert await handle_memory_get(m, {"path": path, "corpus": "memory"}) == {
+                "path": path, "text": "", "disabled": True, "refused": True,
+                "error": f"path refused: {path!r}: a session transcript, outside corpus 'memory' "
+                         "(read it with corpus all)"}
+
+
 async def test_errors_become_disabled_payloads(manager: MemoryManager) -> None:
     async with manager:
         assert await handle_memory_search(manager, {}) == {

@@ -89,8 +89,9 @@ class MemoryBackend(Protocol):
         ...
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
-                        lines: int | None = None) -> MemoryReadResult:
-        """Read a memory file page (``missing=True`` and empty text for an absent one).
+                        lines: int | None = None, from_char: int | None = None) -> MemoryReadResult:
+        """Read a memory file page (``missing=True`` and empty text for an absent one) from
+        code point ``from_char`` of line ``from_line`` (``read_page.page_text``).
 
         Raises:
             PathRefusedError: not a memory file.

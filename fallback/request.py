@@ -72,20 +72,23 @@ class ReadRequest:
         path: the path as the caller gave it.
         from_line: first line, 1-based, ``1..MAX_LIMIT``, or ``None`` (line 1).
         lines: lines wanted, ``1..MAX_LIMIT``, or ``None`` (the page default).
+        from_char: the code point of line ``from_line`` the page starts at, ``1..MAX_LIMIT``,
+            or ``None`` (1): how a line longer than the page's char budget is read on.
     """
 
     path: str
     from_line: int | None = None
     lines: int | None = None
+    from_char: int | None = None
 
     @classmethod
     def of(cls, path: object, *, from_line: int | None = None,
-           lines: int | None = None) -> ReadRequest:
+           lines: int | None = None, from_char: int | None = None) -> ReadRequest:
         """The request of a caller's arguments (the one check of them).
 
         Raises:
             UsageError: ``path must be a string, not <type>``, ``from must be between 1 and
-                2147483647`` or ``lines must be between 1 and 2147483647``.
+                2147483647``, ``lines must be ...`` or ``fromChar must be ...``.
         """
         if not isinstance(path, str):
             raise UsageError(f"path must be a string, not {type(path).__name__}")
@@ -93,7 +96,9 @@ class ReadRequest:
             raise UsageError(f"from must be between 1 and {MAX_LIMIT}")
         if lines is not None and not 1 <= lines <= MAX_LIMIT:
             raise UsageError(f"lines must be between 1 and {MAX_LIMIT}")
-        return cls(path, from_line, lines)
+        if from_char is not None and not 1 <= from_char <= MAX_LIMIT:
+            raise UsageError(f"fromChar must be between 1 and {MAX_LIMIT}")
+        return cls(path, from_line, lines, from_char)
 
 
 def workspace_relative(path: str, workspace: Path) -> str:

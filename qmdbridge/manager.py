@@ -395,8 +395,10 @@ class MemoryManager:
         return self._last_fallback
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
-                        lines: int | None = None, corpus: str | None = None) -> MemoryReadResult:
-        """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars).
+                        lines: int | None = None, corpus: str | None = None,
+                        from_char: int | None = None) -> MemoryReadResult:
+        """Run ``memory_get``: read a memory file page (default 120 lines / 12,000 chars); a
+        line cut at the budget is read on from code point ``from_char`` of line ``from_line``.
 
         In qmd mode ``qmd/<collection>/...`` paths are read by qmd's backend, ``sessions/<file>``
         and (on the postgres store) ``shared/<owner>/...`` by the builtin engine, other paths
@@ -409,11 +411,12 @@ class MemoryManager:
         Raises:
             PathRefusedError: not a memory file, a transcript under ``corpus`` ``memory``, or
                 ``corpus`` is ``wiki``.
-            UsageError: ``from_line``/``lines`` below 1, or an unknown corpus.
+            UsageError: ``from_line``/``lines``/``from_char`` below 1, or an unknown corpus.
             BackendUnavailableError: ``memory.backend`` is ``none`` (the memory tools are disabled).
         """
         try:
-            return await self._read_file(rel_path, from_line=from_line, lines=lines, corpus=corpus)
+            return await self._read_file(ReadRequest.of(rel_path, from_line=from_line, lines=lines,
+                                                        from_char=from_char), corpus=corpus)
         except PathRefusedError as exc:
             cited = citation_lines(rel_path) if exc.hint is None else None
             if cited is None:
@@ -429,10 +432,9 @@ class MemoryManager:
         if self.backend_name == "none":
             raise BackendUnavailableError("none", "memory tools are disabled (memory.backend = none)")
 
-    async def _read_file(self, rel_path: str, *, from_line: int | None, lines: int | None,
-                         corpus: str | None) -> MemoryReadResult:
+    async def _read_file(self, request: ReadRequest, *, corpus: str | None) -> MemoryReadResult:
         self._check_open()
-        request = ReadRequest.of(rel_path, from_line=from_line, lines=lines)
+        rel_path = request.path
         self._check_enabled()
         from qmdbridge.policy.corpus import get_corpus, outside_corpus
 
@@ -442,8 +444,7 @@ class MemoryManager:
         wanted = workspace_relative(request.path, self.agent.workspace_dir)
         if wanted != request.path:  # an absolute path: read as the workspace-relative one
             try:
-                return await self._read_file(wanted, from_line=request.from_line,
-                                             lines=request.lines, corpus=corpus)
+                return await self._read_file(replace(request, path=wanted), corpus=corpus)
             except PathRefusedError as exc:
                 if not wanted.startswith("../"):
                     raise
@@ -465,10 +466,10 @@ class MemoryManager:
             backend, _ = await self._qmd_started(wait=qmd_path or self.mode == "cli")
             if backend is not None:
                 return await backend.read_file(request.path, from_line=request.from_line,
-                                               lines=request.lines)
+                                               lines=request.lines, from_char=request.from_char)
         engine = await self.builtin()
         return await engine.read_file(request.path, from_line=request.from_line,
-                                      lines=request.lines)
+                                      lines=request.lines, from_char=request.from_char)
 
     def _read_source(self, rel_path: str) -> Literal["memory", "sessions"]:
         """The source a ``memory_get`` path reads: ``sessions`` for a transcript a session hit

@@ -51,13 +51,16 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
     "name": "memory_get",
     "description": (
         "Read a memory file (or a line range of it) returned by memory_search. Pages of 120 "
-        "lines; follow the continuation notice's 'from' to read on."),
+        "lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
     "parameters": {
         "type": "object",
         "properties": {
             "path": {"type": "string", "description": "Workspace-relative path, e.g. memory/2026-03-01.md."},
             "from": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
             "lines": {"type": "integer", "minimum": 1, "description": "Number of lines."},
+            "fromChar": {"type": "integer", "minimum": 1,
+                         "description": "First character of line 'from' (1-based, default 1): how a "
+                                        "line cut at the page's budget is read on."},
             "corpus": {"type": "string", "enum": list(GET_CORPORA),
                        "description": "all (default) reads memory files and session transcripts, memory "
                                       "only memory files; no wiki corpus is configured."},
@@ -175,7 +178,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
     try:
         result = await manager.read_file(params["path"], from_line=_number(params, "from", int),
                                          lines=_number(params, "lines", int),
-                                         corpus=params.get("corpus"))
+                                         corpus=params.get("corpus"),
+                                         from_char=_number(params, "fromChar", int))
     except PathRefusedError as exc:
         return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": True}
     except MemorySearchError as exc:

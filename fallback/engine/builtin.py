@@ -629,7 +629,7 @@ class BuiltinEngine:
                         trace=SearchTrace() if explain else None)
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
-                        lines: int | None = None) -> MemoryReadResult:
+                        lines: int | None = None, from_char: int | None = None) -> MemoryReadResult:
         """Read a page of a memory file or transcript (``read_memory_page``); on the postgres
         store ``shared/<owner>/<path>`` reads a file of a scope ``owner`` shares with this agent.
 
@@ -646,12 +646,12 @@ class BuiltinEngine:
             if scope is not None:
                 return await anyio.to_thread.run_sync(partial(
                     read_shared_page, scope.store.file_text, rel_path, from_line=from_line,
-                    lines=lines))
+                    lines=lines, from_char=from_char))
         s = self.settings  # sessions source: the sessions/<transcript> a session hit cites too
         return await anyio.to_thread.run_sync(partial(
             read_memory_page, s.workspace_dir, list(s.search.extra_paths), rel_path, from_line=from_line,
             lines=lines, sessions_dir=s.sessions_dir if "sessions" in s.search.sources else None,
-            max_file_bytes=s.search.max_file_bytes))
+            max_file_bytes=s.search.max_file_bytes, from_char=from_char))
 
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.

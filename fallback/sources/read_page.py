@@ -66,7 +66,7 @@ from fallback.sources.transcripts import (
     parse_transcript,
     transcript_path,
 )
-from fallback.text.chunking import file_lines
+from fallback.text.chunking import file_lines, truncate_chars
 from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
@@ -113,16 +113,19 @@ def _page_window(from_line: int | None, lines: int | None) -> tuple[int, int]:
     return max(1, int(from_line or 1)), max(1, int(lines or DEFAULT_READ_LINES))
 
 
-def _continuation_notice(next_from: int | None, *, suggest_read_fallback: bool) -> str:
-    if next_from is not None:
-        return f"\n\n[More content available. Use from={next_from} to continue.]"
-    hint = " If you need the full raw line, use read on the source file." if suggest_read_fallback else ""
-    return f"\n\n[More content available. Requested excerpt exceeded the default maxChars budget.{hint}]"
+def _continuation_notice(next_from: int | None, cut: tuple[int, int] | None) -> str:
+    """The notice a truncated page ends with: where to read on by line, or, after a line cut
+    at the budget (``cut``: its number and the ``fromChar`` it goes on at), by character."""
+    if cut is not None:
+        line, from_char = cut
+        return (f"\n\n[More content available. Line {line} is cut at the maxChars budget. "
+                f"Use from={line} fromChar={from_char} to continue.]")
+    return f"\n\n[More content available. Use from={next_from} to continue.]"
 
 
 def page_text(text: str, *, from_line: int | None, lines: int | None,
-              max_chars: int = DEFAULT_READ_MAX_CHARS, suggest_read_fallback: bool = True,
-              line_offset: int = 0) -> tuple[str, int, int, bool, int | None]:
+              max_chars: int = DEFAULT_READ_MAX_CHARS, line_offset: int = 0,
+              from_char: int | None = None) -> tuple[str, int, int, bool, int | None]:
     """Select one page of lines from a file's text (E2 ``memory_get`` paging).
 
     Lines are those of :func:`fallback.text.chunking.file_lines`, so line numbers agree with
@@ -133,26 +136,34 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
         from_line: first line wanted, 1-based (``None`` or below 1 -> 1).
         lines: number of lines wanted (``None``/``0`` -> :data:`DEFAULT_READ_LINES`; minimum 1).
         max_chars: budget in code points (minimum 1); trailing lines are dropped until the
-            text fits, a single line still too long is cut.
-        suggest_read_fallback: after a cut line, hint to read the source file directly.
+            text fits, a single line still too long is cut on a grapheme-cluster boundary.
         line_offset: lines of the file before ``text`` (at most ``from_line - 1``).
+        from_char: the page starts at this code point of line ``from_line`` (1-based;
+            ``None`` -> 1): how a line longer than ``max_chars`` is read on.
 
     Returns:
         ``(page text, start line, included line count, truncated, next_from)``. A truncated
         page ends with ``[More content available. Use from=<next_from> to continue.]``, or,
-        after a cut line (``next_from`` ``None``), with the maxChars budget notice.
+        after a cut line (``next_from`` ``None``), with ``[More content available. Line <n>
+        is cut at the maxChars budget. Use from=<n> fromChar=<c> to continue.]``.
 
     Source: OpenClaw ``buildMemoryReadResult`` / ``fitLinesToCharBudget`` (E2,
-    ``packages/memory-host-sdk/src/host/read-file-shared.ts``), in code points.
+    ``packages/memory-host-sdk/src/host/read-file-shared.ts``), in code points; the reference
+    tells to read a cut line's source file instead of ``fromChar``.
     """
     max_chars = max(1, int(max_chars))
     start, count = _page_window(from_line, lines)
+    skip = max(1, int(from_char or 1)) - 1  # code points of the first line before the page
     # More than max_chars + 1 lines cannot fit, so no more are split off.
     take = min(count, max_chars + 1)
     before = max(0, start - 1 - line_offset)  # lines of ``text`` before the page
     all_lines = file_lines(text, keep_ends=True, max_lines=before + take)
     selected = all_lines[before:before + take]
     more_remain = before + len(selected) < len(all_lines)
+    if skip and selected:  # the rest of the first line, its line break kept
+        first = selected[0]
+        body = len(first.rstrip("\r\n"))
+        selected[0] = first[min(skip, body):]
 
     included, size = 0, 0
     for line in selected:  # the longest run of whole lines within the budget (at least one)
@@ -163,14 +174,15 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     page = "".join(selected[:included])
     if page.endswith("\n"):
         page = page[:-1]
-    hard_truncated = len(page) > max_chars
-    if hard_truncated:
-        page = page[:max_chars]
+    cut = None
+    if len(page) > max_chars:  # one line (included == 1) too long: cut, read on by character
+        page = truncate_chars(page, max_chars)
+        cut = (start, skip + len(page) + 1)
     dropped = included < len(selected)
-    truncated = hard_truncated or dropped or more_remain
-    next_from = start + included if truncated and not hard_truncated else None
+    truncated = cut is not None or dropped or more_remain
+    next_from = start + included if truncated and cut is None else None
     if truncated:
-        page += _continuation_notice(next_from, suggest_read_fallback=suggest_read_fallback)
+        page += _continuation_notice(next_from, cut)
     return page, start, included, truncated, next_from
 
 
@@ -422,7 +434,7 @@ def _read_text(fd: int, start: int, count: int, max_chars: int,
 
 def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, display: str,
                from_line: int | None, lines: int | None, max_chars: int,
-               backend: str, suggest_read_fallback: bool = True) -> MemoryReadResult:
+               backend: str, from_char: int | None = None) -> MemoryReadResult:
     """One page of what ``read()`` returns, a transient error retried; turns a missing,
     unreadable or binary file into its answer."""
     retrying = Retrying(retry=retry_if_exception(lambda e: isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS),
@@ -438,8 +450,8 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
         raise PathRefusedError(shown, BINARY_FILE)
     text, lines_before = got
     page, first, included, truncated, next_from = page_text(
-        text, from_line=from_line, lines=lines, max_chars=max_chars,
-        suggest_read_fallback=suggest_read_fallback, line_offset=lines_before)
+        text, from_line=from_line, lines=lines, max_chars=max_chars, line_offset=lines_before,
+        from_char=from_char)
     # model_validate by field name: the "from" alias cannot be a Python keyword argument.
     return MemoryReadResult.model_validate(
         {"path": display, "text": page, "from_line": first, "lines": included,
@@ -448,26 +460,30 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
 
 def _file_page(base: Path, inner: Sequence[str], *, shown: str, display: str, follow_base: bool,
                from_line: int | None, lines: int | None, max_chars: int = DEFAULT_READ_MAX_CHARS,
-               backend: str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
+               backend: str, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+               from_char: int | None = None) -> MemoryReadResult:
     """:func:`_read_page` of the memory file ``base/inner`` (opened by :func:`open_memory_file`)."""
     start, count = _page_window(from_line, lines)
+    # a stream reads as many more code points as the page skips of its first line
+    budget = max(1, int(max_chars)) + max(1, int(from_char or 1)) - 1
     return _read_page(lambda: _read_text(
         open_memory_file(base, inner, shown=shown, follow_base=follow_base), start, count,
-        max(1, int(max_chars)), max_file_bytes), shown=shown, display=display,
-        from_line=from_line, lines=lines, max_chars=max_chars, backend=backend)
+        budget, max_file_bytes), shown=shown, display=display,
+        from_line=from_line, lines=lines, max_chars=max_chars, backend=backend, from_char=from_char)
 
 
 def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str, *,
                      from_line: int | None = None, lines: int | None = None,
                      max_chars: int = DEFAULT_READ_MAX_CHARS, sessions_dir: Path | None = None,
-                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> MemoryReadResult:
+                     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                     from_char: int | None = None) -> MemoryReadResult:
     """Read one page of a workspace memory file (the builtin ``memory_get``).
 
     Args:
         workspace: the agent workspace directory.
         extra_paths: configured extra paths.
         rel_path: requested path (see :func:`resolve_memory_path`).
-        from_line / lines / max_chars: paging, as in :func:`page_text`.
+        from_line / lines / max_chars / from_char: paging, as in :func:`page_text`.
         sessions_dir: the transcript folder when the ``sessions`` source is on (a
             ``sessions/<transcript>`` path then reads that transcript's JSONL lines).
         max_file_bytes: the index's size cap in bytes: the most read to tell binary files.
@@ -482,16 +498,17 @@ def read_memory_page(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel
     """
     if sessions_dir is not None and (name := transcript_name(rel_path)) is not None:
         return _transcript_page(sessions_dir, name, rel_path, from_line=from_line, lines=lines,
-                                max_chars=max_chars)
+                                max_chars=max_chars, from_char=from_char)
     resolved = resolve_memory_path(workspace, extra_paths, rel_path)
     return _file_page(resolved.base, resolved.inner, shown=rel_path, display=resolved.display,
                       follow_base=resolved.follow_base, from_line=from_line, lines=lines,
-                      max_chars=max_chars, backend="builtin", max_file_bytes=max_file_bytes)
+                      max_chars=max_chars, backend="builtin", max_file_bytes=max_file_bytes,
+                      from_char=from_char)
 
 
 def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: bool,
                       from_line: int | None = None, lines: int | None = None,
-                      backend: str = "qmd") -> MemoryReadResult:
+                      backend: str = "qmd", from_char: int | None = None) -> MemoryReadResult:
     """Read one page of ``root.path/inner`` (a qmd collection's file) with the rule's
     refusals and the same safe open.
 
@@ -500,7 +517,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         inner: path inside the root, ``/``-separated.
         shown: the path as the caller gave it (in results and errors).
         follow_base: whether the root folder itself may be a symlink.
-        from_line / lines: as in :func:`read_memory_page`.
+        from_line / lines / from_char: as in :func:`read_memory_page`.
         backend: names the backend in :class:`~fallback.errors.BackendUnavailableError`.
 
     Returns:
@@ -517,7 +534,7 @@ def read_page_in_root(root: MemoryRoot, inner: str, *, shown: str, follow_base: 
         raise _encoded(shown) or PathRefusedError(
             shown, _why_not(root, rel) if root.kind != "root" else "not a memory path")
     return _file_page(root.path, segments, shown=shown, display=shown, follow_base=follow_base,
-                      from_line=from_line, lines=lines, backend=backend)
+                      from_line=from_line, lines=lines, backend=backend, from_char=from_char)
 
 
 def shared_path(owner: str, rel_path: str) -> str:
@@ -535,7 +552,8 @@ def shared_name(rel_path: str) -> tuple[str, str] | None:
 
 
 def read_shared_page(read_text: Callable[[str], str | None], rel_path: str, *,
-                     from_line: int | None = None, lines: int | None = None) -> MemoryReadResult:
+                     from_line: int | None = None, lines: int | None = None,
+                     from_char: int | None = None) -> MemoryReadResult:
     """One page of a shared file (:func:`shared_path`) from the text its owner's sync stored,
     paged as :func:`read_memory_page` pages a local file.
 
@@ -547,7 +565,8 @@ def read_shared_page(read_text: Callable[[str], str | None], rel_path: str, *,
         read_text: returns the text of the owner's memory file at a path relative to the
             owner's workspace, or ``None`` when the owner's index holds no such file (blocking).
         rel_path: the ``shared/<owner>/<path>`` asked for.
-        from_line / lines: as :func:`page_text` (120 lines, 12,000 code points by default).
+        from_line / lines / from_char: as :func:`page_text` (120 lines, 12,000 code points
+            by default).
 
     Returns:
         The page, its ``path`` the shared path with the owner's path normalised;
@@ -575,7 +594,7 @@ def read_shared_page(read_text: Callable[[str], str | None], rel_path: str, *,
 
     return _read_page(read, shown=rel_path, display=shared_path(named[0], printable_path(path)),
                       from_line=from_line, lines=lines, max_chars=DEFAULT_READ_MAX_CHARS,
-                      backend="builtin")
+                      backend="builtin", from_char=from_char)
 
 
 def transcript_name(rel_path: str) -> str | None:
@@ -591,7 +610,7 @@ def transcript_name(rel_path: str) -> str | None:
 
 
 def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line: int | None,
-                     lines: int | None, max_chars: int) -> MemoryReadResult:
+                     lines: int | None, max_chars: int, from_char: int | None) -> MemoryReadResult:
     """One page of the transcript ``name``, opened as memory files are: line ``n`` is JSONL
     line ``n``, a kept message as its indexed line (``User: <text>``), every other line empty."""
     def read() -> tuple[str, int]:
@@ -604,4 +623,4 @@ def _transcript_page(sessions_dir: Path, name: str, rel_path: str, *, from_line:
         return "".join(f"{line}\n" for line in text), 0
 
     return _read_page(read, shown=rel_path, display=transcript_path(name), from_line=from_line,
-                      lines=lines, max_chars=max_chars, backend="builtin", suggest_read_fallback=False)
+                      lines=lines, max_chars=max_chars, backend="builtin", from_char=from_char)

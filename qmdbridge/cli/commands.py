@@ -143,7 +143,7 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
 async def _get(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         result = await m.read_file(args.path, from_line=args.from_line, lines=args.lines,
-                                   corpus=args.corpus)
+                                   corpus=args.corpus, from_char=args.from_char)
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
     from qmdbridge.cli.render import print_answer

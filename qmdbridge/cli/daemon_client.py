@@ -34,7 +34,7 @@ _TOOL_PARAMS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "search": ("memory_search", (("query", "query"), ("maxResults", "max_results"),
                                  ("minScore", "min_score"), ("corpus", "corpus"))),
     "get": ("memory_get", (("path", "path"), ("from", "from_line"), ("lines", "lines"),
-                           ("corpus", "corpus"))),
+                           ("fromChar", "from_char"), ("corpus", "corpus"))),
     "status": ("status", ())}
 DAEMON_COMMANDS = tuple(_TOOL_PARAMS)
 # How long a served command waits for the daemon's answer (a first search may sync first).

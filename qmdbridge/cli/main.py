@@ -172,6 +172,9 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
                                     "with '-' goes after '--')")
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
         p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
+        p.add_argument("--from-char", dest="from_char", type=int, metavar="N",
+                       help="first character of the --from line (1-based): reads on a line cut at "
+                            "the page's char budget")
         p.add_argument("--corpus", choices=["memory", "wiki", "all"],
                        help="all (default) reads memory files and session transcripts, memory only memory "
                             "files; no wiki corpus is configured")

@@ -6,6 +6,7 @@ terminal), so the daemon client prints a served answer without pydantic or the e
 
 from __future__ import annotations
 
+import re
 import sys
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
@@ -118,14 +119,20 @@ def explain_lines(e: dict[str, Any]) -> list[str]:
     return lines
 
 
+# The tool's words for reading on at the end of a truncated page (fallback/sources/read_page.py).
+_READ_ON = re.compile(r"Use from=(\d+)(?: fromChar=(\d+))? to continue\.\]\Z")
+
+
 def get_page_text(doc: dict[str, Any]) -> str:
     """The text of a ``memory_get`` page for a person: the continuation notice names the CLI's
-    own flag (``Use --from 16 to continue.``) instead of the tool's ``from=16``."""
+    own flags (``Use --from 16 to continue.``, ``Use --from 5 --from-char 12001 ...``) instead
+    of the tool's ``from=16`` / ``from=5 fromChar=12001``."""
     text = str(doc.get("text") or "")
-    nxt = doc.get("nextFrom")
-    tool = f"Use from={nxt} to continue.]"
-    if doc.get("truncated") and nxt is not None and text.endswith(tool):
-        text = text[: -len(tool)] + f"Use --from {nxt} to continue.]"
+    found = _READ_ON.search(text) if doc.get("truncated") else None
+    if found is not None:
+        line, char = found.groups()
+        flags = f"--from {line}" + (f" --from-char {char}" if char else "")
+        text = text[: found.start()] + f"Use {flags} to continue.]"
     return text
 
 

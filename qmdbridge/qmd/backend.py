@@ -488,7 +488,7 @@ class QmdBackend:
                              mode=self.mode_override or self.cfg.search_mode)
 
     async def read_file(self, rel_path: str, *, from_line: int | None = None,
-                        lines: int | None = None) -> MemoryReadResult:
+                        lines: int | None = None, from_char: int | None = None) -> MemoryReadResult:
         """``memory_get`` over qmd: workspace memory paths, or ``qmd/<collection>/<rel>``, both through
         the builtin engine's safe reader (custom collections count as extra paths).
 
@@ -503,10 +503,10 @@ class QmdBackend:
         if rel.startswith("qmd/"):
             roots = dict(self.roots)
             return await anyio.to_thread.run_sync(
-                lambda: read_qmd_path(roots, rel, from_line, lines, workspace=ws))
+                lambda: read_qmd_path(roots, rel, from_line, lines, workspace=ws, from_char=from_char))
         extra = rule_extra_paths(self.agent)
         return await anyio.to_thread.run_sync(lambda: read_memory_page(
-            ws, extra, rel, from_line=from_line, lines=lines))
+            ws, extra, rel, from_line=from_line, lines=lines, from_char=from_char))
 
     async def search_probe(self) -> str | None:
         """One tiny real search through the spawn path (``limits.timeoutMs``): ``None`` when qmd

@@ -173,10 +173,10 @@ def hit_lines(coll: ManagedCollection, rel: str, *, workspace: Path,
 
 
 def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int | None,
-                 lines: int | None, *, workspace: Path) -> MemoryReadResult:
+                 lines: int | None, *, workspace: Path, from_char: int | None = None) -> MemoryReadResult:
     """Read one page of collection ``coll``'s file ``inner`` (``/``-separated) through the builtin
     engine's safe reader with the collection's pattern as the rule; ``shown`` names it in results
-    and errors, ``from_line``/``lines`` page as ``read_page.page_text``.
+    and errors, ``from_line``/``lines``/``from_char`` page as ``read_page.page_text``.
 
     Returns:
         The page; ``missing=True`` with empty text when the file does not exist.
@@ -196,11 +196,11 @@ def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int
         raise PathRefusedError(shown, DREAMS_REFUSED if target.name == DREAMS_FILE else LEGACY_SHADOWED)
     return read_page_in_root(coll.rule_root(), inner, shown=shown,
                              follow_base=_follow_base(coll, workspace), from_line=from_line,
-                             lines=lines, backend="qmd")
+                             lines=lines, backend="qmd", from_char=from_char)
 
 
 def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_line: int | None,
-                  lines: int | None, *, workspace: Path) -> MemoryReadResult:
+                  lines: int | None, *, workspace: Path, from_char: int | None = None) -> MemoryReadResult:
     """Read ``qmd/<collection>/<rest>`` inside that collection (:func:`read_in_root`).
 
     Raises:
@@ -213,4 +213,4 @@ def read_qmd_path(collections: Mapping[str, ManagedCollection], rel: str, from_l
     coll = collections.get(parts[1])
     if coll is None:
         raise PathRefusedError(rel, f"unknown qmd collection: {parts[1]}")
-    return read_in_root(coll, parts[2], rel, from_line, lines, workspace=workspace)
+    return read_in_root(coll, parts[2], rel, from_line, lines, workspace=workspace, from_char=from_char)

@@ -136,6 +136,37 @@ def test_malformed_config_is_one_line_exit_2(tmp_path: Path, ws: Path, env: dict
     assert missing.returncode == 2 and b"config file not found" in missing.stderr
 
 
+def test_a_hit_inside_a_very_long_line_is_read_on_by_from_char(ws: Path, env: dict[str, str]) -> None:
+    """A note holding one 60,000-char line (a pasted JSON log): the search hit deep inside it
+    cites the line; reading that line pages 12,000 chars at a time, each notice naming the
+    --from-char to go on at, until the hit's text is on the page (the fourth page here)."""
+    records = "".join(f'{{"id": {i}, "msg": "step {i} ok", "level": "info"}}, ' for i in range(1_300))
+    line = records[:45_000] + '{"id": -1, "msg": "zanzibar quokka failure"}, ' + records[45_000:60_000]
+    (ws / "memory" / "log.md").write_text(f"# Pasted log\n\nSome intro.\n\n{line}\n\nAfter the log.\n")
+    common = ["--workspace", str(ws), "--json"]
+    [hit] = orjson.loads(run(["search", "zanzibar quokka", *common], env).stdout)["results"]
+    assert (hit["path"], hit["citation"]) == ("memory/log.md", "memory/log.md#L5")
+    assert "zanzibar quokka failure" in hit["snippet"]
+    get = ["get", "memory/log.md", "--from", "5", "--lines", "1", *common]
+    read, from_char, notices = "", 1, []
+    while "zanzibar quokka failure" not in read:
+        page = orjson.loads(run([*get, "--from-char", str(from_char)], env).stdout)
+        assert (page["from"], page["lines"], page["truncated"], page["nextFrom"]) == (5, 1, True, None)
+        body, notice = page["text"].split("\n\n[More content available. ")
+        notices.append(notice)
+        read += body
+        from_char += len(body)
+    assert notices == [f"Line 5 is cut at the maxChars budget. Use from=5 fromChar={n} to continue.]"
+                       for n in (12_001, 24_001, 36_001, 48_001)]
+    assert line.startswith(read)
+    plain = run(["get", "memory/log.md", "--from", "5", "--from-char", "48001", "--lines", "1",
+                 "--workspace", str(ws)], env)
+    assert plain.stdout.endswith(b"[More content available. Line 5 is cut at the maxChars budget. "
+                                 b"Use --from 5 --from-char 60001 to continue.]\n")
+    bad = run([*get, "--from-char", "0"], env)
+    assert (bad.returncode, orjson.loads(bad.stdout)["error"]) == (2, "fromChar must be between 1 and 2147483647")
+
+
 def test_get_pages_refuses_and_reports_missing(ws: Path, env: dict[str, str]) -> None:
     p = run(["get", "memory/2026-11-05.md", "--from", "2", "--lines", "2", "--workspace", str(ws), "--json"], env)
     doc = orjson.loads(p.stdout)

@@ -103,11 +103,33 @@ def test_char_budget_drops_lines() -> None:
 
 def test_hard_truncation_single_line_code_points() -> None:
     assert page_text("abc😀tail", from_line=1, lines=1, max_chars=4) == (
-        "abc😀\n\n[More content available. Requested excerpt exceeded the default maxChars budget."
-        " If you need the full raw line, use read on the source file.]", 1, 1, True, None)
-    assert page_text("abcdef", from_line=1, lines=1, max_chars=2, suggest_read_fallback=False) == (
-        "ab\n\n[More content available. Requested excerpt exceeded the default maxChars budget.]",
-        1, 1, True, None)
+        "abc😀\n\n[More content available. Line 1 is cut at the maxChars budget. Use from=1 "
+        "fromChar=5 to continue.]", 1, 1, True, None)
+    # a cut never splits a grapheme cluster: the flag waits for the next page
+    assert page_text("ab\U0001F1FA\U0001F1F8cd", from_line=1, lines=1, max_chars=3)[0].startswith(
+        "ab\n\n[More content available. Line 1 is cut at the maxChars budget. Use from=1 fromChar=3 ")
+
+
+def test_a_line_longer_than_the_budget_is_read_on_by_from_char() -> None:
+    """A 60,000-char line (a pasted log): each page names the fromChar it goes on at, and the
+    pages joined are the line; the last one goes on with the next lines as usual."""
+    line = "".join(f"{{\"id\": {i}, \"level\": \"info\"}}, " for i in range(2_400))[:60_000]
+    text = f"# Log\n{line}\nafter\n"
+    pages, from_char = [], None
+    while True:
+        page, start, count, truncated, next_from = page_text(text, from_line=2, lines=1,
+                                                             max_chars=12_000, from_char=from_char)
+        body, _, notice = page.partition("\n\n[More content available. ")
+        pages.append(body)
+        if not notice.startswith("Line 2 is cut"):
+            break
+        assert (start, count, truncated, next_from) == (2, 1, True, None)
+        from_char = int(notice.split("fromChar=")[1].split(" ")[0])
+        assert from_char == 1 + len("".join(pages))
+    assert "".join(pages) == line and len(pages) == 5
+    assert page_text(text, from_line=2, lines=None, from_char=48_011, max_chars=12_000) == (
+        line[48_010:] + "\nafter", 2, 2, False, None)
+    assert page_text("ab\r\ncd", from_line=1, lines=None, from_char=9) == ("\r\ncd", 1, 2, False, None)
 
 
 def test_lone_cr_page_is_the_files_text_as_it_is() -> None:
@@ -372,9 +394,10 @@ def test_read_page_in_root_applies_the_collection_pattern(tmp_path: Path) -> Non
 @pytest.mark.parametrize("window", [(None, None), (1, 1), (2, 2), (3, 5), (200, 10), (1000, 3),
                                     (2, 1_000_000)])
 @pytest.mark.parametrize("max_chars", [12_000, 9])
+@pytest.mark.parametrize("from_char", [None, 7])
 def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    body: str, window: tuple[int | None, int | None],
-                                                   max_chars: int) -> None:
+                                                   max_chars: int, from_char: int | None) -> None:
     import fallback.sources.read_page as rf
 
     ws = tmp_path / "ws"
@@ -382,10 +405,10 @@ def test_streamed_paging_matches_whole_file_paging(tmp_path: Path, monkeypatch: 
     note = ws / "memory" / "big.md"
     note.write_bytes(body.encode("utf-8", errors="surrogatepass"))
     whole = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1],
-                             max_chars=max_chars)
+                             max_chars=max_chars, from_char=from_char)
     monkeypatch.setattr(rf, "STREAM_ABOVE_BYTES", 0)
     streamed = read_memory_page(ws, [], "memory/big.md", from_line=window[0], lines=window[1],
-                                max_chars=max_chars)
+                                max_chars=max_chars, from_char=from_char)
     assert streamed == whole
 
 

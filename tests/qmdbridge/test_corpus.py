@@ -166,6 +166,9 @@ def test_cli_corpus_in_process_and_through_the_daemon(tmp_path: Path) -> None:
         memory = orjson.loads(_cli([*search, "--corpus", "memory"], env).stdout)
         assert (memory["servedBy"], memory["corpus"], memory["results"][0]["path"]) == (
             "daemon", "memory", "memory/2026-01-05.md")
+        page = orjson.loads(_cli(["get", "MEMORY.md", "--lines", "1", "--from-char", "3", "--corpus", "memory",
+                                  "--workspace", str(ws), "--json"], env).stdout)
+        assert (page["servedBy"], page["text"].split("\n")[0]) == ("daemon", "MEMORY")
     finally:
         assert stop(proc, 15) == 0
     assert live_children() == []

@@ -27,7 +27,7 @@ def test_schemas() -> None:
     assert MEMORY_SEARCH_SCHEMA["name"] == "memory_search"
     assert MEMORY_SEARCH_SCHEMA["parameters"]["required"] == ["query"]
     assert MEMORY_GET_SCHEMA["name"] == "memory_get"
-    assert set(MEMORY_GET_SCHEMA["parameters"]["properties"]) == {"path", "from", "lines", "corpus"}
+    assert set(MEMORY_GET_SCHEMA["parameters"]["properties"]) == {"path", "from", "lines", "fromChar", "corpus"}
 
 
 async def test_search_and_get_payloads(manager: MemoryManager) -> None:
@@ -39,6 +39,10 @@ async def test_search_and_get_payloads(manager: MemoryManager) -> None:
         assert out["results"][0]["snippet"].endswith("Source: MEMORY.md#L1")
         page = await handle_memory_get(manager, {"path": "MEMORY.md", "from": 1, "lines": 5})
         assert page["text"] == "Coffee: flat white with oat milk." and page["from"] == 1
+        rest = await handle_memory_get(manager, {"path": "MEMORY.md", "from": 1, "fromChar": 9})
+        assert rest["text"] == "flat white with oat milk."
+        assert (await handle_memory_get(manager, {"path": "MEMORY.md", "fromChar": "9"}))["error"] == (
+            "fromChar must be an integer, not '9'")
 
 
 async def test_corpus_memory_refuses_a_file_of_qmds_sessions_collection(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from fallback.text.chunking import grapheme_ends, truncate_chars
+from fallback.text.chunking import grapheme_ends, truncate_chars, word_start
 
 __all__ = [
     "MARK_CLOSE",
@@ -154,12 +154,14 @@ def _line_weights(marked_lines: Sequence[str]
 
 def _cut_line(marked_line: str, budget: int) -> str:
     """At most ``budget`` code points of one long line, starting about a third of the budget
-    before its first mark (or at the start when it has none); both cuts fall on grapheme-cluster
+    before its first mark (or at the start when it has none): it starts at the first word
+    there and ends after its last word that fits (:func:`~fallback.text.chunking.word_start`,
+    ``truncate_chars(at_words=True)``); a word longer than that is cut on grapheme-cluster
     boundaries, so no emoji family or accented letter is split."""
     at = marked_line.find(MARK_OPEN)
     line = _strip_marks(marked_line)
     if at < 0:
-        return truncate_chars(line, budget)
+        return truncate_chars(line, budget, at_words=True)
     wanted = max(0, min(at - budget // 3, len(line) - budget))
     start = max((end for end in [0, *grapheme_ends(line)] if end <= wanted), default=0)
-    return truncate_chars(line[start:], budget)
+    return truncate_chars(line[word_start(line, start, at):], budget, at_words=True)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CHARS_PER_TOKEN", "CHUNKING_VERSION", "MIN_CHUNK_CHARS", "Chunk", "chunk_markdown",
            "file_lines", "grapheme_ends", "remap_lines", "split_by_utf8_bytes", "split_lines",
-           "text_weight", "truncate_chars"]
+           "text_weight", "truncate_chars", "word_start"]
 
 # The reference budget: one token ~ 4 characters of English text.
 CHARS_PER_TOKEN = 4
@@ -107,8 +107,9 @@ def grapheme_ends(text: str) -> list[int]:
     return [m.end() for m in _grapheme_re().finditer(text)]
 
 
-# Characters a long line is preferably cut after (whitespace: no token spans them).
-_WORD_BREAKS = (" ", "\t", "\u3000")
+# Characters a long line (or a text of lines) is preferably cut after (whitespace: no token
+# spans them).
+_WORD_BREAKS = (" ", "\t", "\u3000", "\n")
 # Text up to its last character that is no part of a word.
 _TO_LAST_NON_WORD = re.compile(r".*\W", re.DOTALL)
 
@@ -158,14 +159,44 @@ def _is_boundary(ends: list[int], offset: int) -> bool:
     return i < len(ends) and ends[i] == offset
 
 
-def truncate_chars(s: str, max_chars: int) -> str:
+def truncate_chars(s: str, max_chars: int, *, at_words: bool = False) -> str:
     """Cut ``s`` to at most ``max_chars`` code points on a grapheme-cluster boundary (no
-    ellipsis; ``max_chars <= 0`` -> "")."""
+    ellipsis; ``max_chars <= 0`` -> ""); with ``at_words``, after its last word that fits
+    (as a long line is chunked), the whitespace (or line break) before the cut dropped."""
     if max_chars <= 0:
         return ""
     if len(s) <= max_chars:
         return s
-    return _pieces(s, max_chars)[0]
+    cut = _pieces(s, max_chars, at_words=at_words)[0]
+    return (cut.rstrip() or cut) if at_words else cut
+
+
+_WORD_CHAR = re.compile(r"\w")
+_NON_WORD_CHAR = re.compile(r"\W")
+
+
+def word_start(text: str, start: int, end: int) -> int:
+    """Where ``text[start:]`` best begins without cutting a word, the mirror of how a long
+    line's chunks end: ``start`` unless a word spans it, else just after the first whitespace
+    in ``text[start:end]``, else after its first punctuation; ``start`` when that span is one
+    word or the offset found is inside a grapheme cluster.
+
+    Args:
+        text: one line.
+        start / end: code point offsets, ``start <= end``.
+
+    Returns:
+        An offset in ``[start, end]``.
+    """
+    if start <= 0 or start >= len(text) or not (
+            _WORD_CHAR.match(text, start - 1) and _WORD_CHAR.match(text, start)):
+        return max(0, start)
+    cut = min((i for i in (text.find(sep, start, end) for sep in _WORD_BREAKS) if i >= 0), default=-1)
+    if cut < 0 and (punct := _NON_WORD_CHAR.search(text, start, end)) is not None:
+        cut = punct.start()
+    if cut < 0 or not (text.isascii() or _is_boundary(grapheme_ends(text), cut + 1)):
+        return start
+    return cut + 1
 
 
 def _line_segments(line: str, *, max_chars: int, tokens: int) -> list[str]:

@@ -22,7 +22,7 @@ from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
 from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
-from fallback.text.chunking import split_lines
+from fallback.text.chunking import split_lines, truncate_chars
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.index_stats import file_stamp, index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
@@ -243,7 +243,8 @@ def locate_entries(entries: Iterable[tuple[QmdEntry, str | None]], *,
             text = "\n".join(read[1][lines[0] - 1:lines[1]])
         out.append(LocatedHit(path=display_path(coll, rel, workspace), source=coll.source,
                               score=max(0.0, min(1.0, score)), lines=lines,
-                              snippet=snippet_text(text)[:max_snippet_chars], text=read[1]))
+                              snippet=truncate_chars(snippet_text(text), max_snippet_chars, at_words=True),
+                              text=read[1]))
     return out
 
 

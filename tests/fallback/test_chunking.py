@@ -18,6 +18,7 @@ from fallback.text.chunking import (
     split_lines,
     text_weight,
     truncate_chars,
+    word_start,
 )
 
 
@@ -321,3 +322,16 @@ def test_sections_start_a_chunk_at_each_heading_after_text(text: str, ranges: li
     assert [(c.start_line, c.end_line) for c in chunks] == ranges
     assert [(c.start_line, c.end_line) for c in chunk_markdown(text, tokens=10_000, overlap=0)] == (
         [(1, ranges[-1][1])] if ranges else [])
+
+
+def test_truncate_at_words_and_word_start() -> None:
+    """The word-aware cuts a snippet of a long line uses: after the last whole word that fits
+    (a line break counts as whitespace, the whitespace before the cut is dropped), and the first
+    word start in a span, after whitespace before punctuation; one long word is cut anyway."""
+    assert truncate_chars("aaa bbb\nccc ddd", 10, at_words=True) == "aaa bbb"
+    assert truncate_chars("alpha beta gamma", 12, at_words=True) == "alpha beta"
+    assert truncate_chars("alpha beta gamma", 12) == "alpha beta g"
+    assert truncate_chars("abcdefghij", 4, at_words=True) == "abcd"
+    assert [word_start("hello world foo", s, 12) for s in (0, 2, 5, 6, 8)] == [0, 6, 5, 6, 12]
+    assert (word_start("ab,cd ef", 1, 5), word_start("abcdef", 2, 5)) == (3, 2)
+    assert word_start("xab \u0301cd", 2, 6) == 2  # after the space is inside a cluster: no cut there

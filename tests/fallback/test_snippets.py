@@ -78,6 +78,17 @@ def test_forms_of_one_word_count_once() -> None:
     assert (window.first_line, window.last_line) == (1, 1)
 
 
+def test_a_cut_line_starts_and_ends_on_whole_words() -> None:
+    """A long line of prose (a pasted paragraph): the window starts at the first word after a
+    third of the budget before the mark (offset 869, inside word096x) and ends after the last
+    word that fits 95 chars; it was "96x word097x ... word106x wor" before."""
+    words = [f"word{i:03d}x" for i in range(200)]  # 9 chars a word with its space
+    words[100] = m("needle")
+    window = best_window(" ".join(words), max_chars=95)
+    assert window.text == " ".join([*(f"word{i:03d}x" for i in range(97, 100)), "needle",
+                                    *(f"word{i:03d}x" for i in range(101, 107))])
+
+
 def test_a_cut_line_never_splits_a_grapheme_cluster() -> None:
     family = "\U0001F468\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466"  # 7 code points
     line = family * 40 + m("needle") + family * 40

@@ -282,6 +282,11 @@ def test_snippet_cut_to_max_chars(tmp_path: Path) -> None:
     [hit] = _map(tmp_path, [QmdEntry(file="qmd://memory-root-main/MEMORY.md", score=0.5,
                                      snippet="@@ -1,1 @@\n" + "é" * 50)], max_snippet=10)
     assert hit.snippet == "é" * 10
+    # lines of words end after the last word that fits (it was "first line\nsecond li")
+    _files(tmp_path, MEMORY_md="first line\nsecond line\n")
+    [hit] = _map(tmp_path, [QmdEntry(file="qmd://memory-root-main/MEMORY.md", score=0.5,
+                                     snippet="@@ -1,2 @@\nfirst line\nsecond line")], max_snippet=20)
+    assert hit.snippet == "first line\nsecond"
 
 
 def test_busy_index_fails_the_search(tmp_path: Path) -> None:

@@ -74,6 +74,8 @@ async def test_mcp_memory_search_and_get_take_corpus(tmp_path: Path) -> None:
 
             page = await session.call_tool("memory_get", {"path": "MEMORY.md", "lines": 1, "corpus": "memory"})
             assert (page.isError, (page.structuredContent or {})["text"]) == (False, "# MEMORY\n\n[More content available. Use from=2 to continue.]")
+            rest = await session.call_tool("memory_get", {"path": "MEMORY.md", "lines": 1, "fromChar": 3})
+            assert (rest.isError, (rest.structuredContent or {})["text"]) == (False, "MEMORY\n\n[More content available. Use from=2 to continue.]")
             # a transcript a session hit cites: read with all (the default), refused with memory
             transcript = await session.call_tool("memory_get", {"path": "sessions/s1.jsonl"})
             assert (transcript.structuredContent or {})["text"] == "User: When does the Kestrel migration start?"

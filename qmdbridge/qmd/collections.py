@@ -455,10 +455,8 @@ async def _replace(mc: ManagedCollection, old: str, *, run: RunCollectionCommand
 
 def _find_owner(mc: ManagedCollection, listed: dict[str, ListedCollection],
                 workspace: Path) -> str | None:
-    want = _norm_path(mc.path, workspace)
     for name, got in listed.items():
-        if got.path is not None and got.pattern is not None and got.pattern == mc.pattern \
-                and _norm_path(got.path, workspace) == want:
+        if got.path is not None and got.pattern == mc.pattern and _same_path(got.path, mc.path, workspace):
             return name
     return None
 

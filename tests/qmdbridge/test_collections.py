@@ -169,3 +169,38 @@ async def test_legacy_unscoped_name_removed_when_matching(tmp_path: Path) -> Non
     await reconcile(managed, run=fake, agent_id="main", workspace=tmp_path, state=ReconcileState())
     assert ["collection", "remove", "memory-dir"] in fake.calls
     assert not any(c[:2] == ["collection", "remove"] and c[2] == "memory-alt" for c in fake.calls)
+
+
+@pytest.mark.anyio
+async def test_owner_that_cannot_be_verified_is_not_rebound(tmp_path: Path) -> None:
+    """qmd refuses the add naming another collection that holds the folder, but its listing
+    gives no path to check that against: nothing is removed, a warning says what to do."""
+    (tmp_path / "notes").mkdir()
+    managed = [ManagedCollection("notes", tmp_path / "notes", "**/*.md", "custom")]
+
+    class Refusing(FakeQmd):
+        async def __call__(self, args: list[str], pos: list[str]) -> CollectionRun:
+            if args[:2] == ["collection", "add"]:
+                self.calls.append([*args, *pos])
+                return CollectionRun(False, "", "A collection already exists for this path and "
+                                     "pattern:\n  Name: old-notes (qmd://old-notes/)\n")
+            return await super().__call__(args, pos)
+
+    fake = Refusing('["old-notes"]')
+    state = ReconcileState()
+    await reconcile(managed, run=fake, agent_id="main", workspace=tmp_path, state=state)
+    assert not any(c[:2] == ["collection", "remove"] for c in fake.calls)
+    assert state.warnings == [
+        "qmd collection add for notes: qmd reported existing collection old-notes, but list output "
+        "did not include verifiable path/pattern metadata; refusing automatic rebind. If old-notes "
+        "is stale, remove it manually with 'qmd collection remove old-notes'"]
+
+
+def test_custom_collection_path_that_is_a_symlink_is_skipped(tmp_path: Path) -> None:
+    """Memory files are never reached through symlinks: a custom path that is one is no collection."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    agent = _agent(tmp_path, {"qmd": {"includeDefaultMemory": False, "paths": [
+        {"path": str(tmp_path / "link"), "name": "linked"}, {"path": str(tmp_path / "real"), "name": "real"}]}})
+    assert [(c.name, c.path) for c in build_collections(agent, sessions_dir=tmp_path / "s")] == [
+        ("real", tmp_path / "real")]

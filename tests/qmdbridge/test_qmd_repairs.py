@@ -21,13 +21,14 @@ pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 MANAGED = ["memory-root-main", "memory-dir-main"]
 
 
-def _backend(tmp_path: Path, exe: Path, path_env: str, *, workspace: Path | None = None,
+def _backend(tmp_path: Path, exe: Path, path_env: str, *, paths: list[dict[str, str]] | None = None,
              **env_extra: str) -> QmdBackend:
-    ws = workspace or tmp_path / "ws"
+    ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True, exist_ok=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nThe router is a Mikrotik in the hallway.\n")
     (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe heron nests by the weir.\n")
-    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"limits": {"timeoutMs": 60_000}}}})
+    cfg = parse_config({"memory": {"backend": "qmd", "qmd": {"limits": {"timeoutMs": 60_000},
+                                                   "paths": paths or []}}})
     agent = resolve_agent(cfg, "main", workspace=ws, env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     loc = QmdLocation(path=str(exe), found=True, runtime_ok=True, version="2.8.3", reason=None,
                       searched=[], path_env=path_env, child_path=path_env)
@@ -100,5 +101,58 @@ async def test_enotdir_without_a_null_byte_is_no_repair(tmp_path: Path, qmd_bin:
         with pytest.raises(BackendUnavailableError, match="ENOTDIR"):
             await b.sync(reason="test")
         assert yml.read_text() == bad
+    finally:
+        await b.close()
+
+
+async def test_a_managed_name_held_by_an_excluded_collection_is_replaced(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """qmd holds ``memory-dir-main``, excluded from default searches and bound to another folder:
+    its listing entry (``[excluded]``) is not read, so the add reports the name as taken
+    (``Collection 'memory-dir-main' already exists.``); the collection is removed and added on
+    the workspace's ``memory/``, with no warning, and the day note is found."""
+    other = tmp_path / "other"
+    other.mkdir()
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    b.home.index_yml.parent.mkdir(parents=True, exist_ok=True)
+    b.home.index_yml.write_text(f'collections:\n  "memory-dir-main":\n    path: "{other}"\n'
+                                '    pattern: "**/*.md"\n    includeByDefault: false\n')
+    try:
+        await b.start(boot_update=False)
+        ws = b.agent.workspace_dir
+        assert b.reconcile_state.warnings == []
+        assert await _bound(b) == {"memory-root-main": (str(ws), "MEMORY.md"),
+                                   "memory-dir-main": (str(ws / "memory"), "**/*.md")}
+        assert await _paths(b, "heron") == ["memory/2026-03-01.md"]
+    finally:
+        await b.close()
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["plain", "folder-via-symlink"])
+async def test_a_folder_held_by_another_name_is_rebound(tmp_path: Path, qmd_bin: Path,
+                                                        base_path_env: str, through_link: bool) -> None:
+    """qmd already holds the custom folder ``notes`` with ``**/*.md`` under another name
+    (``old-notes``): the add is refused (``A collection already exists for this path and
+    pattern``), the owner is found and replaced by ``notes``, with no warning, and the note is
+    found. The folder may be named through a symlinked parent (macOS's ``/tmp``): qmd records
+    the real path, which is the same folder."""
+    real = tmp_path / "real"
+    (real / "notes").mkdir(parents=True)
+    (real / "notes" / "falcon.md").write_text("# Falcon\n\nThe falcon deploy runbook.\n")
+    named = real
+    if through_link:
+        (tmp_path / "link").symlink_to(real)
+        named = tmp_path / "link"
+    b = _backend(tmp_path, qmd_bin, base_path_env, paths=[{"name": "notes", "path": str(named / "notes")}])
+    try:
+        await b.prepare()
+        assert (await _qmd(b, "collection", "add", "--name", "old-notes", "--mask", "**/*.md",
+                           pos=(str(real / "notes"),))).ok
+        await b.start(boot_update=False)
+        assert b.reconcile_state.warnings == []
+        held = await _bound(b)
+        assert sorted(held) == ["memory-dir-main", "memory-root-main", "notes"]
+        assert held["notes"] == (str(real / "notes"), "**/*.md")
+        assert await _paths(b, "falcon runbook") == ["qmd/notes/falcon.md"]
     finally:
         await b.close()

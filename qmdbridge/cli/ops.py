@@ -19,6 +19,8 @@ __all__ = ["missing_model_hint", "qmd_action", "warmup"]
 WARMUP_TIMEOUT_MS = 30 * 60 * 1000
 
 _MODEL_RE = re.compile(r"hf:[\w.\-]+/[\w.\-]+/[\w.\-]+\.gguf", re.IGNORECASE)
+# node-llama-cpp's line for a download the host answered with an error status
+_HTTP_STATUS_RE = re.compile(r"Url: (\S+), Status code: (\d+)")
 
 
 def missing_model_hint(stderr: str, *, step: str) -> str:
@@ -30,7 +32,9 @@ def missing_model_hint(stderr: str, *, step: str) -> str:
     if not models:
         models = [DEFAULT_MODELS["embed"]] if step == "embed" else list(DEFAULT_MODELS.values())
     offline = re.search(r"fetch failed|ENOTFOUND|EAI_AGAIN|ECONNREFUSED|getaddrinfo|network", stderr, re.I)
-    why = "the download failed (offline?)" if offline else "loading failed"
+    refused = _HTTP_STATUS_RE.search(stderr)
+    why = (f"the download of {refused.group(1)} failed with HTTP {refused.group(2)}" if refused else
+           "the download failed (offline?)" if offline else "loading failed")
     return (f"qmd {step}: {why}; it needs the model(s) {', '.join(models)} "
             f"(downloaded from huggingface.co into the agent's xdg-cache/qmd/models on first use; "
             f"or point QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at local .gguf files)")

@@ -1,0 +1,68 @@
+"""``qmdbridge qmd collections`` and ``qmdbridge warmup`` with the real qmd 2.8.3 (the command run
+in this process): the listing people read, and a warm-up whose model download fails, against a
+stand-in hub on 127.0.0.1 (``HF_ENDPOINT``) that holds no model."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.e2e.cli_proc import run_cli_in_process
+from tests.fallback.hub_server import serve_hub
+
+pytestmark = pytest.mark.qmd
+
+EMBED_MODEL = "hf:ggml-org/embeddinggemma-300M-GGUF/embeddinggemma-300M-Q8_0.gguf"
+
+
+@pytest.fixture
+def setup(tmp_path: Path, qmd_bin: Path, env: dict[str, str]) -> dict[str, Any]:
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Notes\n\nThe router is a Mikrotik.\n")
+    (ws / "memory" / "2026-03-01.md").write_text("# Day\n\nThe heron nests by the weir.\n")
+    state = Path(env["OPENCLAW_STATE_DIR"])
+    state.mkdir()
+    (state / "openclaw.json").write_text(json.dumps({
+        "memory": {"backend": "qmd", "qmd": {"command": str(qmd_bin)}},
+        "agents": {"defaults": {"memorySearch": {"provider": "none"}}}}))
+    return {"ws": ws, "env": {**env, "QMDBRIDGE_DAEMON": "off"}}
+
+
+def test_qmd_collections_lists_name_folder_and_pattern(setup: dict[str, Any]) -> None:
+    ws = setup["ws"]
+    p = run_cli_in_process(["qmd", "collections", "--workspace", str(ws)], setup["env"])
+    assert (p.returncode, p.stdout.decode()) == (0, f"memory-root-main\t{ws}\tMEMORY.md\n"
+                                                    f"memory-dir-main\t{ws / 'memory'}\t**/*.md\n")
+
+
+def test_warmup_names_the_failed_model_download(setup: dict[str, Any]) -> None:
+    """The mirror answers 404 for the embedding model: ``warmup`` stops after the embed step,
+    exit 1, naming the URL and the HTTP status (it said ``loading failed``, which sends a
+    person looking at the model file rather than at the mirror)."""
+    ws = setup["ws"]
+    with serve_hub({}) as hub:
+        env = {**setup["env"], "HF_ENDPOINT": hub.url}
+        url = (f"{hub.url}/ggml-org/embeddinggemma-300M-GGUF/resolve/main/"
+               "embeddinggemma-300M-Q8_0.gguf?download=true")
+        hint = (f"qmd embed: the download of {url} failed with HTTP 404; it needs the model(s) "
+                f"{EMBED_MODEL} (downloaded from huggingface.co into the agent's xdg-cache/qmd/models "
+                "on first use; or point QMD_EMBED_MODEL / QMD_RERANK_MODEL / QMD_GENERATE_MODEL at "
+                "local .gguf files)")
+        js = run_cli_in_process(["warmup", "--workspace", str(ws), "--json"], env)
+        doc = orjson.loads(js.stdout)
+        assert js.returncode == 1
+        [step] = doc["steps"]
+        assert (doc["ok"], step["step"], step["ok"], step["error"]) == (False, "embed", False, hint)
+        assert isinstance(step["durationMs"], int) and step["durationMs"] >= 0
+        plain = run_cli_in_process(["warmup", "--workspace", str(ws)], env)
+    lines = plain.stderr.decode().splitlines()
+    assert (plain.returncode, plain.stdout) == (1, b"")
+    assert lines[0] == "[1/2] qmd embed (first run downloads models; this can take minutes)..."
+    assert re.fullmatch(r"    failed in \d+ ms: (.*)", lines[1]) is not None
+    assert lines[1].endswith(": " + hint) and len(lines) == 2

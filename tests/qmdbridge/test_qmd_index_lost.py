@@ -255,3 +255,28 @@ async def test_an_index_yml_qmd_cannot_parse_is_written_again(tmp_path: Path, qm
     broken = list(yml.parent.glob("index.yml.broken-*"))
     assert len(broken) == 1 and broken[0].read_text() == "collections: [oops\n  : : :\n"
     assert "memory-dir-main" in yml.read_text()
+
+
+@pytest.mark.parametrize("damage", [_delete_index, _corrupt_index], ids=["deleted", "corrupt"])
+async def test_index_damaged_under_a_running_one_shot_manager_falls_back_with_the_fix(
+        tmp_path: Path, qmd_bin: Path, damage: Any) -> None:
+    """The index is damaged under a running one-shot manager: its next search answers from the
+    builtin engine, the reason saying what happened and that it is being re-indexed; the
+    breaker stays closed, and once re-indexed qmd answers again."""
+    agent = _agent(tmp_path, qmd_bin)
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        assert (await m.search("heron")).backend == "qmd"
+        damage(agent)
+        r = await m.search("heron")
+        assert (r.backend, [h.path for h in r.results]) == ("builtin", ["memory/2026-03-01.md"])
+        db = _index_files(agent)[0]
+        why = (f"is corrupt (failed to read qmd index stats: database disk image is malformed)"
+               if damage is _corrupt_index else "holds no document of memory-root-main, "
+               "memory-dir-main, whose folders hold memory files (was it deleted or replaced?)")
+        assert r.fallback is not None
+        assert r.fallback.reason == f"qmd's index {db} {why}; re-indexing it (qmd update) in the background"
+        assert m.breaker.state.failures == 0
+        with anyio.fail_after(DEADLINE_S):  # the re-index ends: qmd answers again
+            while (r := await m.search("heron")).backend != "qmd":
+                await anyio.sleep(0.1)
+        assert [h.path for h in r.results] == ["memory/2026-03-01.md"]

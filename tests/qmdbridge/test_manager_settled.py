@@ -109,3 +109,26 @@ def test_a_note_saved_after_a_search_is_found_by_the_next_blocking_search(tmp_pa
             threading.Event().wait(0.05)
         assert m._manager.search_settled("quokka") is None  # the event loop syncs it first
         assert [r.path for r in m.search("quokka").results] == ["memory/2026-03-09.md"]
+
+
+def test_read_file_and_sync_through_the_blocking_facade(tmp_path: Path) -> None:
+    """``read_file`` pages a note and ``sync`` indexes a note written since (the docs' blocking
+    example); both raise ``ManagerClosedError`` once the manager is closed."""
+    from qmdbridge import ManagerClosedError
+
+    agent, env = _agent(tmp_path)
+    m = BlockingMemoryManager(agent, env=env)
+    with m:
+        page = m.read_file("memory/2026-03-02.md", from_line=3, lines=1)
+        assert (page.path, page.text, page.from_line, page.lines, page.truncated, page.next_from) == (
+            "memory/2026-03-02.md", "Melanie painted a sunrise by the lake.\n\n"
+            "[More content available. Use from=4 to continue.]", 3, 1, True, 4)
+        assert m.status().files == 0  # nothing indexed yet: reading needs no index
+        (agent.workspace_dir / "memory" / "2026-03-09.md").write_text("# 2026-03-09\n\nA narwhal.\n")
+        m.sync(reason="test", force=True)
+        assert m.status().files == len(NOTES) + 1
+        assert [h.path for h in m.search("narwhal", min_score=0).results] == ["memory/2026-03-09.md"]
+    with pytest.raises(ManagerClosedError, match="memory manager is closed"):
+        m.read_file("MEMORY.md")
+    with pytest.raises(ManagerClosedError, match="memory manager is closed"):
+        m.sync()

@@ -270,7 +270,7 @@ async def test_index_damaged_under_a_running_one_shot_manager_falls_back_with_th
         r = await m.search("heron")
         assert (r.backend, [h.path for h in r.results]) == ("builtin", ["memory/2026-03-01.md"])
         db = _index_files(agent)[0]
-        why = (f"is corrupt (failed to read qmd index stats: database disk image is malformed)"
+        why = ("is corrupt (failed to read qmd index stats: database disk image is malformed)"
                if damage is _corrupt_index else "holds no document of memory-root-main, "
                "memory-dir-main, whose folders hold memory files (was it deleted or replaced?)")
         assert r.fallback is not None

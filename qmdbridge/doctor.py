@@ -245,7 +245,7 @@ async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check
         await sel.provider.aclose()
     if ok:
         return Check("embedding provider", "ok", f"{sel.provider.provider_id} {sel.provider.model}")
-    return Check("embedding provider", "error", f"{sel.provider.provider_id}: {err}",
+    return Check("embedding provider", "error", str(err),  # the message names the provider
                  "check the key, the endpoint and the network")
 
 

@@ -219,3 +219,55 @@ def test_the_never_matching_pattern_issue_has_its_own_hint() -> None:
     from qmdbridge.problems import NEVER_MATCHES as PROBLEM_PREFIX
 
     assert PROBLEM_PREFIX == NEVER_MATCHES
+
+
+@pytest.mark.parametrize("status", [200, 401])
+async def test_embedding_provider_probe_against_a_server(tmp_path: Path, status: int) -> None:
+    """The provider check embeds one text through the configured provider (an OpenAI-shaped
+    server on 127.0.0.1): ok names the provider and model; a refusal names the error."""
+    from tests.fallback.embeddings_fake_server import Reply, serve
+
+    def reply(req: object) -> Reply:
+        if status != 200:
+            return Reply(status, {"error": {"message": "bad key"}})
+        return Reply(200, {"data": [{"index": 0, "embedding": [0.6, 0.8]}], "model": "m"})
+
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin", "OPENAI_API_KEY": "sk-t"}
+    with serve(reply) as srv:
+        cfg = parse_config({"agents": {"defaults": {"memorySearch": {
+            "provider": "openai", "model": "text-embedding-3-small", "remote": {"baseUrl": srv.url}}}}})
+        agent = resolve_agent(cfg, "main", workspace=tmp_path, env=env)
+        check = {c.name: c for c in (await run_doctor(agent, env=env)).checks}["embedding provider"]
+    if status == 200:
+        assert (check.level, check.detail, check.hint) == ("ok", "openai text-embedding-3-small", None)
+    else:
+        assert (check.level, check.hint) == ("error", "check the key, the endpoint and the network")
+        assert check.detail == "openai embedding failed (HTTP 401): bad key"  # named once
+
+
+def test_cli_doctor_reports_a_store_that_fails_quick_check(tmp_path: Path) -> None:
+    """A store SQLite opens and reads whose ``quick_check`` finds a fault (a NULL in a NOT NULL
+    column): the index check is an error quoting ``quick_check``'s finding."""
+    import sqlite3
+
+    from tests.e2e.cli_proc import run_cli_in_process
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
+    db = tmp_path / "state" / "memory" / "main.sqlite"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("CREATE TABLE damaged(x)")
+    conn.execute("INSERT INTO damaged VALUES (NULL)")
+    conn.execute("PRAGMA writable_schema=ON")
+    conn.execute("UPDATE sqlite_master SET sql = 'CREATE TABLE damaged(x NOT NULL)' WHERE name = 'damaged'")
+    conn.execute("PRAGMA writable_schema=OFF")
+    conn.close()
+    p = run_cli_in_process(["doctor", "--workspace", str(ws), "--json"], env)
+    assert p.returncode == 1, p.stderr.decode()
+    index = {c["name"]: c for c in orjson.loads(p.stdout)["checks"]}["index"]
+    assert (index["level"], index["detail"], index["hint"]) == (
+        "error", f"{db}: quick_check: NULL value in damaged.x",
+        "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")

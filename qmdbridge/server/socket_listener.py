@@ -145,20 +145,22 @@ async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, h
         if uid is not None and uid != os.geteuid():
             await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
             return
-        pending = b""
+        pending = bytearray()  # the line being received: grown in place, split only at a newline
         while True:
             try:
                 chunk = await stream.receive()
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 return
             pending += chunk
+            if b"\n" in chunk:
+                *lines, tail = pending.split(b"\n")
+                pending = tail
+                for line in lines:
+                    if line.strip():
+                        await stream.send(orjson.dumps(await _answer(bytes(line), identity, handle)) + b"\n")
             if len(pending) > MAX_LINE_BYTES:
                 await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
                 return
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
 
 
 async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) -> dict[str, Any]:

@@ -1,0 +1,59 @@
+"""The daemon socket's replies to malformed requests, in this process (the listener and
+``serve``'s line handler over a real Unix socket): a line that is not JSON is answered and the
+connection keeps serving; a line past ``MAX_LINE_BYTES`` is refused and the connection closed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from qmdbridge import MemoryManager
+from qmdbridge.cli.serve import start_daemon_socket
+from qmdbridge.config import parse_config, resolve_agent
+from qmdbridge.server.wire import MAX_LINE_BYTES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_procs import cli_env, make_workspace  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+DEADLINE_S = 60
+
+
+async def _reply(stream: Any) -> dict[str, Any]:
+    """The next reply line on ``stream``."""
+    data = b""
+    while not data.endswith(b"\n"):
+        data += await stream.receive()
+    return orjson.loads(data)
+
+
+async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = make_workspace(tmp_path)
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    for key in ("OPENCLAW_STATE_DIR", "HOME"):
+        monkeypatch.setenv(key, env[key])
+    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
+    args = argparse.Namespace(config=None, backend=None)
+    async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
+        path = await start_daemon_socket(tg, manager, agent, args)
+        assert path is not None
+        with anyio.fail_after(DEADLINE_S):
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b'{"id": 1, "tool": \n')
+                bad = await _reply(stream)
+                assert (bad["id"], bad["error"].startswith("invalid JSON: ")) == (None, True)
+                await stream.send(b'{"id": 2, "tool": "status"}\n')
+                status = await _reply(stream)
+                assert (status["id"], status["result"]["backend"]) == (2, "builtin")
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b"x" * (MAX_LINE_BYTES + 1))
+                assert await _reply(stream) == {"id": None, "error": "request line too long"}
+                with pytest.raises(anyio.EndOfStream):
+                    await stream.receive()
+        tg.cancel_scope.cancel()

@@ -174,6 +174,24 @@ async def test_real_qmd_answers(tmp_path: Path, qmd_bin: Path) -> None:
     assert st.backends["builtin"]["backend"] == "builtin"
 
 
+async def test_a_defect_in_the_qmd_backend_is_answered_by_builtin_and_counted(
+        tmp_path: Path, qmd_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the qmd path (an exception none of ours: a defect put in on purpose) never
+    silences memory: the builtin engine answers with the exception named as the reason, and
+    the breaker records the failure."""
+    from qmdbridge.qmd.backend import QmdBackend
+
+    async def broken(self: Any, request: Any, **kwargs: Any) -> Any:
+        raise KeyError("collection")
+
+    monkeypatch.setattr(QmdBackend, "search", broken)
+    async with _manager(tmp_path, _qmd_memory(str(qmd_bin))) as m:
+        resp = await m.search("zebra migration")
+        assert (resp.backend, [r.path for r in resp.results]) == ("builtin", ["memory/2026-03-01.md"])
+        assert resp.fallback is not None and resp.fallback.reason == "KeyError: 'collection'"
+        assert (m.breaker.state.failures, m.breaker.state.last_failure) == (1, "KeyError: 'collection'")
+
+
 async def test_the_builtin_engine_is_opened_only_beside_a_qmd_search_that_takes_a_while(
         tmp_path: Path, qmd_bin: Path) -> None:
     """A qmd answer that comes before ``builtin_prepare_delay_ms`` (by default 1 s before the

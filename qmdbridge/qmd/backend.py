@@ -320,6 +320,8 @@ class QmdBackend:
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
 
     async def _run_update_cmd(self) -> None:
+        if self._yml_edited():  # bound again first: qmd would index what the edit says (a NUL hangs it)
+            await self.reconcile()
         res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
                               setting="memory.qmd.update.updateTimeoutMs", discard_stdout=True)
         res.check()

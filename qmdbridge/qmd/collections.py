@@ -129,7 +129,7 @@ def _is_inside(child: Path, parent: Path) -> bool:
 def _realpath(p: Path) -> Path:
     try:
         return Path(os.path.realpath(p))
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL byte (a hand-edited index.yml)
         return p
 
 

@@ -156,3 +156,32 @@ async def test_a_folder_held_by_another_name_is_rebound(tmp_path: Path, qmd_bin:
         assert await _paths(b, "falcon runbook") == ["qmd/notes/falcon.md"]
     finally:
         await b.close()
+
+
+@pytest.mark.parametrize("first", ["sync", "search"])
+async def test_a_null_byte_put_in_index_yml_is_bound_again_before_qmd_sees_it(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str, first: str) -> None:
+    """``index.yml`` edited behind the bridge's back so a managed collection's path ends in a NUL
+    byte: the real qmd 2.8.3's ``update`` then hangs (it prints ``without null bytes`` and never
+    exits), and comparing the path threw ``ValueError: embedded null byte`` out of every search's
+    reconcile. The next update or search binds the collection to its folder again first, and qmd
+    answers."""
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    try:
+        await b.start(boot_update=False)
+        ws, yml = b.agent.workspace_dir, b.home.index_yml
+        text = yml.read_text()
+        edited = text.replace(f"path: {ws / 'memory'}\n", f'path: "{ws / "memory"}\\0"\n')
+        assert edited != text
+        yml.write_text(edited)
+        (ws / "memory" / "2026-03-02.md").write_text("# Day\n\nA narwhal in the fjord.\n")
+        if first == "sync":
+            await b.sync(reason="test")
+        else:
+            assert await _paths(b, "heron") == ["memory/2026-03-01.md"]
+            await b.sync(reason="test")
+        assert await _bound(b) == {"memory-root-main": (str(ws), "MEMORY.md"),
+                                   "memory-dir-main": (str(ws / "memory"), "**/*.md")}
+        assert await _paths(b, "narwhal") == ["memory/2026-03-02.md"]
+    finally:
+        await b.close()

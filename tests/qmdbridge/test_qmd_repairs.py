@@ -88,19 +88,20 @@ async def test_update_failure_rebuilds_the_managed_collections_and_retries_once(
 
 async def test_enotdir_without_a_null_byte_is_no_repair(tmp_path: Path, qmd_bin: Path,
                                                         base_path_env: str) -> None:
-    """The real qmd fails ``update`` with ENOTDIR when a collection's folder is a file: the
+    """The real qmd fails ``update`` with ENOTDIR when a collection's folder became a file: the
     error propagates and ``index.yml`` is left as it is (no rebuild, spec 2.7.2)."""
+    import shutil
+
     b = _backend(tmp_path, qmd_bin, base_path_env)
     try:
         await b.start(boot_update=False)
-        yml = b.home.index_yml
-        bad = yml.read_text().replace(f"path: {b.agent.workspace_dir / 'memory'}\n",
-                                      f"path: {b.agent.workspace_dir / 'MEMORY.md' / 'x'}\n")
-        assert bad != yml.read_text()
-        yml.write_text(bad)
+        before = b.home.index_yml.read_text()
+        memory = b.agent.workspace_dir / "memory"
+        shutil.rmtree(memory)
+        memory.write_text("a file where the folder was\n")
         with pytest.raises(BackendUnavailableError, match="ENOTDIR"):
             await b.sync(reason="test")
-        assert yml.read_text() == bad
+        assert b.home.index_yml.read_text() == before
     finally:
         await b.close()
 

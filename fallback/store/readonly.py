@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import json
+import math
+import operator
 import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,9 @@ _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 # with the chunks and filtered (see MetaReads.keyword_rows).
 INNER_OVERSAMPLE = 4
 MIN_INNER_ROWS = 200
+
+# The order of keyword rows: rank, path, start line.
+_ROW_ORDER = operator.itemgetter(6, 1, 3)
 
 # part_counts() keeps at most about this many counted expressions per store, then starts afresh.
 MAX_KEPT_COUNTS = 4096
@@ -162,6 +167,12 @@ class MetaReads:
     # (connection, its data_version, chunks, {MATCH expression: chunks}) of the counts read last
     _part_counts: tuple[object, int, int, dict[str, int]] | None = None
 
+    def _counted_chunks(self) -> float:
+        """The chunks :meth:`part_counts` counted last on this connection (``inf`` when it has
+        counted none): the store's size as of that count, for a statement's plan only."""
+        known = self._part_counts
+        return known[2] if known is not None and known[0] is getattr(self, "_conn", None) else math.inf
+
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
         """``(chunks, [chunks matching each FTS5 MATCH expression])`` in one statement.
 
@@ -216,10 +227,11 @@ class MetaReads:
 
     def _keyword_rows(self, match: str | None, trigram: str | None, likes: Sequence[str], *,
                       sources: Sequence[str], limit: int) -> list[KeywordRow]:
-        if match:
+        inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
+        if match and self._counted_chunks() > inner:
             # Rank inside FTS5 first and join only the best rows with ``chunks``; when the cut
-            # was saturated and the other filters left too few rows, run again without it.
-            inner = max(limit * INNER_OVERSAMPLE, MIN_INNER_ROWS)
+            # was saturated and the other filters left too few rows, run again without it. (A
+            # store of at most ``inner`` chunks, counted by part_counts(), has nothing to cut.)
             rows, ranked = self._keyword_sql(match, trigram, likes, sources=sources, limit=limit,
                                              inner_limit=inner)
             if ranked is None:  # nothing survived the filters: count the ranked rows apart
@@ -258,16 +270,20 @@ class MetaReads:
         where = [f"c.source IN ({', '.join('?' for _ in sources)})",
                  *("c.text LIKE ? ESCAPE '\\'" for _ in likes)]
         # The best rows are picked first and only they are read with their text (a sort that
-        # carried every matching row's text costs more than reading the chunk twice).
-        order = "ORDER BY rank ASC, c.path ASC, c.start_line ASC"
+        # carried every matching row's text costs more than reading the chunk twice); Python
+        # puts them back in that order (SQLite's sorter would copy each text again).
         rows = self.query(f"WITH {ranking}top AS MATERIALIZED"
                           f" (SELECT c.rowid AS cid, {rank} AS rank FROM chunks c {' '.join(joins)}"
-                          f" WHERE {' AND '.join(where)} {order} LIMIT ?)"
+                          f" WHERE {' AND '.join(where)}"
+                          " ORDER BY rank ASC, c.path ASC, c.start_line ASC LIMIT ?)"
                           " SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text, top.rank,"
-                          f" {ranked} FROM top JOIN chunks c ON c.rowid = top.cid {order}",
+                          f" {ranked} FROM top JOIN chunks c ON c.rowid = top.cid",
                           [*params, *sources, *likes, int(limit)])
         count = int(rows[0][7]) if rows and rows[0][7] is not None else None
-        return [_row(r) for r in rows], count
+        # (rank, path, start line): UTF-8 byte order, SQLite's BINARY collation, is code point
+        # order; the columns come back as int, float and str already.
+        rows.sort(key=_ROW_ORDER)
+        return [r[:7] for r in rows], count
 
     def substring_rows(self, like_patterns: Sequence[str], *,
                        sources: Sequence[str]) -> list[KeywordRow]:

@@ -184,3 +184,30 @@ def test_part_counts_are_kept_until_another_connection_commits(tmp_path: Path) -
         assert matches() == [0, 2]
     finally:
         store.close()
+
+
+def test_a_counted_store_of_few_chunks_ranks_in_one_statement_without_the_cut(
+        tmp_path: Path) -> None:
+    # Once part_counts() has counted no more chunks than FTS5 would rank before the join, the
+    # ranked rows come from one statement with nothing cut and nothing counted apart; the rows
+    # are those of the statement with the cut, in (rank, path, start line) order.
+    store = Store(tmp_path / "s.sqlite")
+    try:
+        _fill(store, [*_chat(40), ("memory/a.md", "memory", "Melanie: pottery class"),
+                      ("memory/0.md", "memory", "Melanie: pottery class")], first=1)
+        statements: list[str] = []
+        store._reader.set_trace_callback(statements.append)  # type: ignore[union-attr]
+        plan = analyze_fts_query("pottery class").plan()
+        assert plan is not None and plan.match is not None
+        cut = keyword_rows(store, plan, sources=["memory"], limit=5)  # nothing counted yet
+        assert sum("COUNT(*) FROM m" in sql for sql in statements) == 1
+        assert store.part_counts(['"pottery"']) == (42, [3])
+        statements.clear()
+        whole = keyword_rows(store, plan, sources=["memory"], limit=5)
+        ranked = [sql for sql in statements if "chunks_fts MATCH" in sql]
+        assert len(ranked) == 1 and "COUNT(*) FROM m" not in ranked[0]
+        assert whole == cut
+        assert [r[1] for r in whole] == ["memory/0.md", "memory/a.md", "memory/chat.md"]
+        assert whole[0][6] == whole[1][6] < whole[2][6]  # a tie goes by path
+    finally:
+        store.close()

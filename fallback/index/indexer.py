@@ -45,7 +45,7 @@ from fallback.sources.file_text import (
 from fallback.sources.memory_files import Discovery, MemoryFile, classify_changed_path, list_memory_files
 from fallback.store.db import META_KEY, Store, remove_db_files, temp_db_path
 from fallback.store.errors import IndexStoreReadOnlyError
-from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, note_title
+from fallback.store.fts_rows import delete_file_fts, insert_chunk_fts, merge_segments, note_title
 from fallback.text.chunking import Chunk, chunk_markdown, remap_lines
 from fallback.text.path_names import has_escapes, parse_printable_path
 
@@ -122,6 +122,8 @@ class Indexer:
         held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
         self._skip_stamps = {}
         report = await self._sync(store, force=force, paths=paths)
+        if report.files_indexed or report.files_deleted:
+            await self._write(store, partial(self._merge_segments, store))
         workspace = str(self.settings.workspace_dir)
         report.workspace_switched_from = other_workspace(held, workspace)
         if report.workspace_switched_from is not None:
@@ -418,6 +420,11 @@ class Indexer:
             conn.execute("UPDATE files SET mtime = ?, size = ?, ctime = ?"
                          " WHERE path = ? AND source = ?",
                          (content.mtime_ms, content.size, content.ctime_ns, mf.rel_path, mf.source))
+
+    @staticmethod
+    def _merge_segments(store: Store) -> None:
+        with store.transaction() as conn:
+            merge_segments(conn)
 
     @staticmethod
     def _delete_paths(store: Store, paths: list[str], source: str) -> None:

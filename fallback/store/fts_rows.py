@@ -32,6 +32,7 @@ __all__ = [
     "delete_file_fts",
     "insert_chunk_fts",
     "insert_chunk_trigram",
+    "merge_segments",
     "note_title",
 ]
 
@@ -57,6 +58,35 @@ def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
                  f" tokenize='{tokenize}')")
     conn.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('automerge', ?)",
                  (AUTOMERGE_SEGMENTS,))
+
+
+# merge_segments() merges the full-text tables of a store of at most this many chunks into one
+# segment each; above it, rewriting the whole index after a small change costs more than the
+# searches gain, and automerge alone keeps the segments in check.
+MERGE_MAX_CHUNKS = 2000
+
+
+def merge_segments(conn: sqlite3.Connection) -> bool:
+    """Merge ``chunks_fts`` and ``chunks_trigram`` into one b-tree segment each (FTS5
+    ``optimize``) when the store holds at most :data:`MERGE_MAX_CHUNKS` chunks.
+
+    Each file's commit leaves a segment, and every term of a search is looked up in each
+    segment: after a sync that wrote rows, a small store merged into one answers every query
+    from one b-tree per table (the rows, their order and ``bm25()`` are unchanged).
+
+    Args:
+        conn: a connection inside the caller's write transaction.
+
+    Returns:
+        Whether the tables were merged (``False`` also for a store without FTS5 tables).
+    """
+    tables = [r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE name IN ('chunks_fts', 'chunks_trigram')")]
+    if not tables or conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] > MERGE_MAX_CHUNKS:
+        return False
+    for table in tables:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
+    return True
 
 
 def note_title(path: str, text: str) -> str:

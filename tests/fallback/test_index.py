@@ -307,3 +307,37 @@ async def test_progress_counts_embedded_chunks_batch_by_batch_inside_a_file(tmp_
     assert report.chunks_written == report.chunks_embedded == 100
     assert [e for e in inside if 0 < e < 100] and inside == sorted(inside)
     assert progress[-1][2] == 100
+
+
+def _segments(store: Store, table: str = "chunks_fts") -> int:
+    return store.query(f"SELECT COUNT(DISTINCT segid) FROM {table}_idx")[0][0]
+
+
+async def test_a_sync_that_writes_rows_leaves_a_small_store_one_segment_per_table(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each file's commit leaves an FTS5 segment; a sync that wrote rows merges a small store's
+    # tables into one each, and a sync that wrote nothing leaves them alone.
+    (ws / "memory" / "2026-01-13.md").write_text("Gamma 価格改定の件 line.")
+    settings = _settings(ws)
+    store = Store(settings.db_path)
+    try:
+        report = await _sync(settings, store)
+        assert report.files_indexed == 3
+        assert (_segments(store), _segments(store, "chunks_trigram")) == (1, 1)
+        (ws / "memory" / "2026-01-14.md").write_text("Delta line.")
+        await _sync(settings, store)
+        assert _segments(store) == 1
+        hits = store.query("SELECT path FROM chunks_fts f JOIN chunks c ON c.rowid = f.rowid"
+                           " WHERE chunks_fts MATCH 'line' ORDER BY path")
+        assert [h[0] for h in hits] == ["memory/2026-01-12.md", "memory/2026-01-13.md",
+                                        "memory/2026-01-14.md"]
+        # above the size limit the segments of each file's commit stay
+        from fallback.store import fts_rows
+        monkeypatch.setattr(fts_rows, "MERGE_MAX_CHUNKS", 3)
+        (ws / "memory" / "2026-01-15.md").write_text("Epsilon line.")
+        await _sync(settings, store)
+        assert _segments(store) == 2
+        with store.transaction() as conn:
+            assert fts_rows.merge_segments(conn) is False
+    finally:
+        store.close()

@@ -345,10 +345,9 @@ class MetaReads:
         chunk_ids = list(texts)
         # "+rowid": one pass over the plan's matches, not the whole MATCH again per hit
         return dict(self.query(
-            "WITH h AS MATERIALIZED (SELECT rowid AS rid, highlight(chunks_fts, 0, ?, ?) AS hl"
-            " FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
-            f" (SELECT rowid FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)})))"
-            " SELECT c.id, h.hl FROM h JOIN chunks c ON c.rowid = h.rid",
+            "SELECT (SELECT id FROM chunks WHERE rowid = chunks_fts.rowid),"
+            " highlight(chunks_fts, 0, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
+            f" (SELECT rowid FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)}))",
             [open_mark, close_mark, mark_match, *chunk_ids]))
 
 

@@ -128,6 +128,8 @@ class BuiltinEngine:
         self._live: Any = None
         self._reranker: Any = None  # the query.rerank provider, made on first search
         self._query_vectors = QueryVectorCache()  # contrast backgrounds across searches
+        # the identity of a keyword-only index: a function of the (frozen) settings alone
+        self._keyword_identity = index_identity(settings, None)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -415,8 +417,7 @@ class BuiltinEngine:
                         dirty: bool, warnings: Sequence[str] = ()) -> SearchOutcome | IndexState:
         """A keyword-only search in one blocking step: the index state when it wants a sync
         first or holds another workspace, else :meth:`_keyword_outcome`."""
-        state = read_index_state(store, str(self.settings.workspace_dir),
-                                 index_identity(self.settings, None))
+        state = read_index_state(store, str(self.settings.workspace_dir), self._keyword_identity)
         if state.held_workspace is not None or not isinstance(store, ReadOnlyStore) and presearch_sync(
                 state, synced=synced, dirty=dirty, on_search=self.settings.search.sync.on_search):
             return state

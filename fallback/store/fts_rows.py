@@ -63,7 +63,7 @@ def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
 # merge_segments() merges the full-text tables of a store of at most this many chunks into one
 # segment each; above it, rewriting the whole index after a small change costs more than the
 # searches gain, and automerge alone keeps the segments in check.
-MERGE_MAX_CHUNKS = 2000
+MERGE_MAX_CHUNKS = 1000
 
 
 def merge_segments(conn: sqlite3.Connection) -> bool:

@@ -111,9 +111,11 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
         (row for src in srcs for row in keyword_rows(store, plan, sources=[src], limit=limit)),
         key=lambda r: (r[6], r[1], r[3])))
     scores = relative_scores([r[6] for r in rows])
-    return [Candidate(chunk_id=cid, path=path, source=source, start_line=start, end_line=end,
-                      snippet=body, score=score, text_score=score,
-                      bm25=rank if rank != 0.0 else None)  # 0.0: a LIKE-only row
+    # Candidate's fields in order (positional: keywords cost more per row than the rest of the
+    # step): score and text_score are the relative score, no vector score, bm25 None for a
+    # LIKE-only row (rank 0.0).
+    return [Candidate(cid, path, source, start, end, body, score, 0.0, score,
+                      rank if rank != 0.0 else None)
             for (cid, path, source, start, end, body, rank), score in zip(rows, scores, strict=True)]
 
 

@@ -123,7 +123,7 @@ class Indexer:
         self._skip_stamps = {}
         report = await self._sync(store, force=force, paths=paths)
         if report.files_indexed or report.files_deleted:
-            await self._write(store, partial(self._merge_segments, store))
+            await self._write(store, partial(self._merge_segments, store, whole=report.full))
         workspace = str(self.settings.workspace_dir)
         report.workspace_switched_from = other_workspace(held, workspace)
         if report.workspace_switched_from is not None:
@@ -422,9 +422,9 @@ class Indexer:
                          (content.mtime_ms, content.size, content.ctime_ns, mf.rel_path, mf.source))
 
     @staticmethod
-    def _merge_segments(store: Store) -> None:
+    def _merge_segments(store: Store, *, whole: bool) -> None:
         with store.transaction() as conn:
-            merge_segments(conn)
+            merge_segments(conn, whole=whole)
 
     @staticmethod
     def _delete_paths(store: Store, paths: list[str], source: str) -> None:

@@ -60,29 +60,33 @@ def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
                  (AUTOMERGE_SEGMENTS,))
 
 
-# merge_segments() merges the full-text tables of a store of at most this many chunks into one
-# segment each; above it, rewriting the whole index after a small change costs more than the
-# searches gain, and automerge alone keeps the segments in check.
-MERGE_MAX_CHUNKS = 1000
+# After a sync that changed a few files, merge_segments() merges a store of at most this many
+# chunks: FTS5 'optimize' rewrites the whole index, a few ms at this size; above it automerge
+# alone keeps the segments of each file's commit in check.
+MERGE_MAX_CHUNKS = 250
 
 
-def merge_segments(conn: sqlite3.Connection) -> bool:
+def merge_segments(conn: sqlite3.Connection, *, whole: bool) -> bool:
     """Merge ``chunks_fts`` and ``chunks_trigram`` into one b-tree segment each (FTS5
-    ``optimize``) when the store holds at most :data:`MERGE_MAX_CHUNKS` chunks.
+    ``optimize``) after a sync that wrote rows.
 
     Each file's commit leaves a segment, and every term of a search is looked up in each
-    segment: after a sync that wrote rows, a small store merged into one answers every query
-    from one b-tree per table (the rows, their order and ``bm25()`` are unchanged).
+    segment; merged, every query reads one b-tree per table (the rows, their order and
+    ``bm25()`` are unchanged).
 
     Args:
         conn: a connection inside the caller's write transaction.
+        whole: the sync wrote the whole index (a first index, a rebuild): merged at any size,
+            the rewrite costs a small share of that work; else only a store of at most
+            :data:`MERGE_MAX_CHUNKS` chunks is merged.
 
     Returns:
         Whether the tables were merged (``False`` also for a store without FTS5 tables).
     """
     tables = [r[0] for r in conn.execute(
         "SELECT name FROM sqlite_master WHERE name IN ('chunks_fts', 'chunks_trigram')")]
-    if not tables or conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0] > MERGE_MAX_CHUNKS:
+    if not tables or not whole and conn.execute(
+            "SELECT COUNT(*) FROM chunks").fetchone()[0] > MERGE_MAX_CHUNKS:
         return False
     for table in tables:
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")

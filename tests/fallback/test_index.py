@@ -316,7 +316,7 @@ def _segments(store: Store, table: str = "chunks_fts") -> int:
 async def test_a_sync_that_writes_rows_leaves_a_small_store_one_segment_per_table(
         ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each file's commit leaves an FTS5 segment; a sync that wrote rows merges a small store's
-    # tables into one each, and a sync that wrote nothing leaves them alone.
+    # tables (any store's, when it wrote the whole index) into one each.
     (ws / "memory" / "2026-01-13.md").write_text("Gamma 価格改定の件 line.")
     settings = _settings(ws)
     store = Store(settings.db_path)
@@ -331,13 +331,16 @@ async def test_a_sync_that_writes_rows_leaves_a_small_store_one_segment_per_tabl
                            " WHERE chunks_fts MATCH 'line' ORDER BY path")
         assert [h[0] for h in hits] == ["memory/2026-01-12.md", "memory/2026-01-13.md",
                                         "memory/2026-01-14.md"]
-        # above the size limit the segments of each file's commit stay
+        # above the size limit the segments of each file's commit stay, until a sync writes
+        # the whole index again
         from fallback.store import fts_rows
         monkeypatch.setattr(fts_rows, "MERGE_MAX_CHUNKS", 3)
         (ws / "memory" / "2026-01-15.md").write_text("Epsilon line.")
         await _sync(settings, store)
         assert _segments(store) == 2
         with store.transaction() as conn:
-            assert fts_rows.merge_segments(conn) is False
+            assert fts_rows.merge_segments(conn, whole=False) is False
+        report = await _sync(settings, store, force=True)
+        assert report.full and _segments(store) == 1
     finally:
         store.close()

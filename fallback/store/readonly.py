@@ -295,9 +295,9 @@ class MetaReads:
         """The chunks with these ids (rank 0), in no particular order."""
         if not chunk_ids:
             return []
-        return [_row((*r, 0.0)) for r in self.query(
-            "SELECT id, path, source, start_line, end_line, text FROM chunks"
-            f" WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)]
+        return self.query(
+            "SELECT id, path, source, start_line, end_line, text, 0.0 FROM chunks"
+            f" WHERE id IN ({', '.join('?' for _ in chunk_ids)})", chunk_ids)
 
     def file_mtimes(self, paths: Sequence[str]) -> dict[tuple[str, str], int]:
         """``{(source, path): files.mtime}`` (epoch ms) of the indexed files among ``paths``."""
@@ -349,10 +349,6 @@ class MetaReads:
             " highlight(chunks_fts, 0, ?, ?) FROM chunks_fts WHERE chunks_fts MATCH ? AND +rowid IN"
             f" (SELECT rowid FROM chunks WHERE id IN ({', '.join('?' for _ in chunk_ids)}))",
             [open_mark, close_mark, mark_match, *chunk_ids]))
-
-
-def _row(r: Sequence[Any]) -> KeywordRow:
-    return (r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], float(r[6]))
 
 
 class ReadOnlyStore(MetaReads):

@@ -122,8 +122,8 @@ class Indexer:
         held = await anyio.to_thread.run_sync(store.get_meta_json, WORKSPACE_META)
         self._skip_stamps = {}
         report = await self._sync(store, force=force, paths=paths)
-        if report.files_indexed or report.files_deleted:
-            await self._write(store, partial(self._merge_segments, store, whole=report.full))
+        if not report.full and (report.files_indexed or report.files_deleted):
+            await self._write(store, partial(self._merge_segments, store, whole=False))
         workspace = str(self.settings.workspace_dir)
         report.workspace_switched_from = other_workspace(held, workspace)
         if report.workspace_switched_from is not None:
@@ -252,6 +252,7 @@ class Indexer:
                     meta["vectorDims"] = int(dims[0][0])
                 await self._write(temp, partial(temp.set_meta, META_KEY, meta))
                 await self._write(temp, partial(self._prune_cache, temp))
+                await self._write(temp, partial(self._merge_segments, temp, whole=True))
             finally:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(temp.close)

@@ -374,6 +374,9 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
     _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
                                 file=file, agent_ids=agent_ids)
     warnings = [*layout.warnings, *notes]
+    marked = [src.key_path for src, entry, _ in listed if entry.default]  # resolve_agent takes the first
+    warnings += [f"{key}.default: {marked[0]} is already marked default; the first one marked is "
+                 "the default agent" for key in marked[1:]]
     if memory_raw.get("citations") not in (None, memory.citations):  # read as auto, not silently
         warnings.append(f"memory.citations: {memory_raw['citations']!r} is not auto, on or off; using auto")
     warnings += unknown_keys(MemoryConfig, memory_raw, "memory", "memory")

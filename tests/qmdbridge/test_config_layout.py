@@ -129,6 +129,16 @@ def test_a_repeated_agent_id_is_warned_and_the_first_entry_is_used() -> None:
     assert (str(agent.workspace_dir), agent.config_warnings) == ("/a", cfg.warnings)
 
 
+def test_two_agents_marked_default_are_warned_and_the_first_is_the_default() -> None:
+    cfg = parse_config({"agents": {"list": [{"id": "ops", "workspace": "/ops"},
+                                            {"id": "a", "default": True, "workspace": "/a"},
+                                            {"id": "b", "default": True, "workspace": "/b"}]}})
+    assert cfg.warnings == ["agents.list[2].default: agents.list[1] is already marked default; "
+                            "the first one marked is the default agent"]
+    agent = resolve_agent(cfg, env={})
+    assert (agent.agent_id, str(agent.workspace_dir)) == ("a", "/a")
+
+
 def test_an_entry_with_both_search_keys_prefers_memory_search() -> None:
     cfg = parse_config({"agents": {"list": [
         {"id": "main", "memorySearch": {"query": {"maxResults": 3}},

@@ -214,3 +214,15 @@ def test_a_missing_required_key_is_named_as_missing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(p)
     assert str(info.value) == f"{p}: agents.list[0].id: missing (expected field required)"
+
+
+def test_an_openclaw_secret_ref_api_key_loads_and_keeps_searches_on_the_engine(tmp_path: Path) -> None:
+    from fallback.settings import SecretRef
+    from qmdbridge.cli.search_cache import provider_env_keys
+
+    cfg = load_config(_write(tmp_path, '{agents: {defaults: {memorySearch: {remote: {apiKey: '
+                                       '{source: "env", provider: "default", id: "MEMORY_KEY"}}}}}}'))
+    agent = resolve_agent(cfg, workspace=tmp_path, env={"OPENCLAW_STATE_DIR": str(tmp_path / "st")})
+    assert agent.memory_search.remote.api_key == SecretRef(source="env", provider="default", id="MEMORY_KEY")
+    # the variable it names may be set by the next search: the one-shot shortcut never answers it
+    assert provider_env_keys(agent, {}) is None

@@ -25,7 +25,8 @@ __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "
            "SyncSettings", "TemporalDecaySettings", "named_store_path"]
 
 ProviderName = Literal[
-    "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local"
+    "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local",
+    "bedrock", "deepinfra", "github-copilot",  # OpenClaw's, with no provider here: a config loads
 ]
 
 

@@ -120,6 +120,18 @@ def test_a_secret_ref_key_is_read_from_its_variable_or_says_why_not() -> None:
         cfg(remote={"apiKey": {"source": "vault", "id": "x"}})
 
 
+def test_openclaws_other_adapters_load_and_search_says_it_cannot_use_them() -> None:
+    sel = select_provider(cfg(provider="bedrock"), env={"OPENAI_API_KEY": "sk"})
+    assert sel.error == ("memory search unavailable: bedrock: OpenClaw's bedrock embeddings are not "
+                         "among qmdbridge's providers (openai, openai-compatible, gemini, voyage, "
+                         "mistral, ollama, local)")
+    fell = select_provider(cfg(provider="github-copilot", fallback="openai"), env={"OPENAI_API_KEY": "sk"})
+    assert fell.provider is not None and fell.provider.provider_id == "openai"
+    assert select_provider(cfg(provider="deepinfra"), env={}).provider is None
+    with pytest.raises(ValueError, match="openia"):  # a typo stays a config error
+        cfg(provider="openia")
+
+
 def test_openai_compatible_needs_base_url_not_key() -> None:
     sel = select_provider(cfg(provider="openai-compatible", model="bge"), env={})
     assert sel.error == "memory search unavailable: openai-compatible: remote.baseUrl is required"

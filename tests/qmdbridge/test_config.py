@@ -226,3 +226,23 @@ def test_an_openclaw_secret_ref_api_key_loads_and_keeps_searches_on_the_engine(t
     assert agent.memory_search.remote.api_key == SecretRef(source="env", provider="default", id="MEMORY_KEY")
     # the variable it names may be set by the next search: the one-shot shortcut never answers it
     assert provider_env_keys(agent, {}) is None
+
+
+def test_variables_in_config_strings_are_substituted_as_openclaw_does(tmp_path: Path) -> None:
+    path = _write(tmp_path, """{
+      // OpenClaw's ${NAME} references: upper-case names, $${NAME} for the text itself
+      agents: { defaults: {
+        workspace: "${AGENT_HOME}/ws",
+        memorySearch: { extraPaths: ["${NOTES}", "${lower}/x", "$${AGENT_HOME}"],
+                        remote: { apiKey: "${EMBEDDINGS_API_KEY}", baseUrl: "${EMPTY}/v1" } },
+      } },
+    }""")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "st"), "AGENT_HOME": str(tmp_path / "home"),
+           "NOTES": "/srv/notes", "EMBEDDINGS_API_KEY": "sk-env", "EMPTY": ""}
+    cfg = load_config(path, env=env)
+    agent = resolve_agent(cfg, env=env)
+    ms = agent.memory_search
+    assert agent.workspace_dir == (tmp_path / "home" / "ws").resolve()
+    assert [str(p) for p in ms.extra_paths] == ["/srv/notes", "${lower}/x", "${AGENT_HOME}"]
+    assert (ms.remote.api_key, ms.remote.base_url) == ("sk-env", "${EMPTY}/v1")
+    assert cfg.warnings == ["agents.defaults.memorySearch.remote.baseUrl: ${EMPTY} is not set; left as written"]

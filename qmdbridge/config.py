@@ -319,9 +319,16 @@ def _validate(model: type[BaseModel], data: Any, *, prefix: str, file: str | Non
 
 
 def _expected(err: Any) -> str:
+    """What a key takes, from pydantic's error message: ``'builtin', 'qmd' or 'none'`` for
+    ``Input should be 'builtin', 'qmd' or 'none'``; ``an object`` for a model."""
     msg = str(err.get("msg", "a valid value"))
-    msg = msg.removeprefix("Value error, ")
+    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
+    msg = _MODEL_EXPECTED_RE.sub("an object", msg)
     return msg[0].lower() + msg[1:] if msg else "a valid value"
+
+
+# pydantic's wording for a model's input: the class name means nothing to the config's author.
+_MODEL_EXPECTED_RE = re.compile(r"^a valid dictionary or instance of \w+$")
 
 
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,

@@ -121,14 +121,14 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text,key,expected", [
-    ("{memory: {backend: 'sqlite'}}", "memory.backend", "input should be 'builtin', 'qmd' or 'none'"),
+    ("{memory: {backend: 'sqlite'}}", "memory.backend", "(expected 'builtin', 'qmd' or 'none')"),
     ("{memory: {qmd: {limits: {timeoutMs: -5}}}}", "memory.qmd.limits.timeoutMs", "greater than 0"),
     ("{memory: {qmd: {update: {interval: 'soon'}}}}", "memory.qmd.update.interval", "a duration like"),
     ("{memory: {qmd: {paths: [{name: 'x'}]}}}", "memory.qmd.paths[0].path", "field required"),
     ("{agents: {defaults: {memorySearch: {chunking: {tokens: 'many'}}}}}",
      "agents.defaults.memorySearch.chunking.tokens", "valid integer"),
     ("{agents: {list: [{id: 'a', memorySearch: {provider: 'bogus'}}]}}",
-     "agents.list[0].memorySearch.provider", "input should be"),
+     "agents.list[0].memorySearch.provider", "(expected 'auto', 'none', 'openai'"),
     ("{memory: []}", "memory", "an object"),
     ("{agents: {defaults: {memorySearch: {query: {timeoutMs: 5}}}}}",
      "agents.defaults.memorySearch.query.timeoutMs", "milliseconds from 100 to 600000"),

@@ -219,6 +219,8 @@ _REFERENCE_ONLY = {
     "memory.qmd": {"searchTool"},
     "memory.qmd.mcporter": {"serverName", "startDaemon"},
     "memory.qmd.update": {"startup", "startupDelayMs"},
+    "memorySearch": {"multimodal"},  # Gemini image and audio indexing
+    "memorySearch.local": {"contextSize"},
     "memorySearch.store": {"cache"},
 }
 

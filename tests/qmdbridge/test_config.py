@@ -246,3 +246,21 @@ def test_variables_in_config_strings_are_substituted_as_openclaw_does(tmp_path: 
     assert [str(p) for p in ms.extra_paths] == ["/srv/notes", "${lower}/x", "${AGENT_HOME}"]
     assert (ms.remote.api_key, ms.remote.base_url) == ("sk-env", "${EMPTY}/v1")
     assert cfg.warnings == ["agents.defaults.memorySearch.remote.baseUrl: ${EMPTY} is not set; left as written"]
+
+
+def test_an_api_key_that_names_an_unset_variable_reads_as_its_secret_ref(tmp_path: Path) -> None:
+    from fallback.embeddings import select_provider
+    from fallback.settings import SecretRef
+
+    path = _write(tmp_path, '{agents: {defaults: {memorySearch: {provider: "openai", remote: '
+                            '{apiKey: "${EMBEDDINGS_API_KEY}"}, query: {rerank: {apiKey: "${RERANK_KEY}"}}}}}}')
+    cfg = load_config(path, env={})
+    ms = resolve_agent(cfg, workspace=tmp_path, env={}).memory_search
+    assert ms.remote.api_key == SecretRef(source="env", provider="default", id="EMBEDDINGS_API_KEY")
+    assert ms.query.rerank.api_key == "${RERANK_KEY}"  # only the embedding key is a SecretRef's place
+    assert select_provider(ms, env={}).error == (
+        "memory search unavailable: openai: no API key found for openai (remote.apiKey names "
+        "$EMBEDDINGS_API_KEY, which is not set)")
+    assert cfg.warnings == [
+        "agents.defaults.memorySearch.remote.apiKey: ${EMBEDDINGS_API_KEY} is not set; left as written",
+        "agents.defaults.memorySearch.query.rerank.apiKey: ${RERANK_KEY} is not set; left as written"]

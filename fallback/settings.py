@@ -9,6 +9,7 @@ full config.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,11 +21,12 @@ from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
-           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "StoreSettings",
+           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "SecretRef", "StoreSettings",
            "SyncSettings", "TemporalDecaySettings", "named_store_path"]
 
 ProviderName = Literal[
-    "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local"
+    "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local",
+    "bedrock", "deepinfra", "github-copilot",  # OpenClaw's, with no provider here: a config loads
 ]
 
 
@@ -77,11 +79,46 @@ class RemoteBatchSettings(_Settings):
     timeout_minutes: float = 60
 
 
+class SecretRef(_Settings):
+    """OpenClaw's secret reference, ``{source, provider, id}``, written where a key goes:
+    ``source: "env"`` names the environment variable (``id``) that holds it; the ``file`` and
+    ``exec`` sources need OpenClaw's secret providers, which are not read here."""
+
+    source: Literal["env", "file", "exec"]
+    provider: str = "default"
+    secret_id: str = Field(alias="id", min_length=1)
+
+    def value(self, env: Mapping[str, str]) -> str | None:
+        """The secret: the variable's value (stripped) for the ``env`` source, ``None`` when it
+        is unset or blank or the source is not ``env``."""
+        return (env.get(self.secret_id, "").strip() or None) if self.source == "env" else None
+
+    def unread_reason(self, env: Mapping[str, str]) -> str | None:
+        """Why :meth:`value` gave no secret (``remote.apiKey names $X, which is not set``), or
+        ``None`` when it gave one."""
+        if self.source != "env":
+            return (f"remote.apiKey is a {self.source!r} SecretRef; qmdbridge reads only "
+                    "'env' ones")
+        return None if self.value(env) else f"remote.apiKey names ${self.secret_id}, which is not set"
+
+
 class RemoteSettings(_Settings):
-    """``remote``: endpoint and credentials of a remote embedding provider."""
+    """``remote``: endpoint and credentials of a remote embedding provider; ``api_key`` is the
+    key, or a :class:`SecretRef` to it."""
 
     base_url: str | None = None
-    api_key: str | None = None
+    api_key: str | SecretRef | None = None
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _secret_ref(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        try:
+            return SecretRef.model_validate(v)
+        except ValueError:
+            raise ValueError('a key, or a SecretRef such as {source: "env", provider: "default", '
+                             'id: "OPENAI_API_KEY"} (source env, file or exec)') from None
     headers: dict[str, str] = Field(default_factory=dict)
     batch: RemoteBatchSettings = Field(default_factory=RemoteBatchSettings)
     non_batch_concurrency: int | None = None

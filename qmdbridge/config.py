@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,7 @@ from pydantic.alias_generators import to_camel
 from fallback.errors import ConfigError, UsageError
 from fallback.settings import EngineSettings, MemorySearchSettings, QmdExtraCollection, named_store_path
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout, unknown_keys
+from qmdbridge.config_env import substitute_env
 
 __all__ = [
     "AgentEntry",
@@ -317,9 +319,16 @@ def _validate(model: type[BaseModel], data: Any, *, prefix: str, file: str | Non
 
 
 def _expected(err: Any) -> str:
+    """What a key takes, from pydantic's error message: ``'builtin', 'qmd' or 'none'`` for
+    ``Input should be 'builtin', 'qmd' or 'none'``; ``an object`` for a model."""
     msg = str(err.get("msg", "a valid value"))
-    msg = msg.removeprefix("Value error, ")
+    msg = msg.removeprefix("Value error, ").removeprefix("Input should be ")
+    msg = _MODEL_EXPECTED_RE.sub("an object", msg)
     return msg[0].lower() + msg[1:] if msg else "a valid value"
+
+
+# pydantic's wording for a model's input: the class name means nothing to the config's author.
+_MODEL_EXPECTED_RE = re.compile(r"^a valid dictionary or instance of \w+$")
 
 
 def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str, Any], *,
@@ -346,9 +355,10 @@ def _validate_search(written: list[tuple[str, dict[str, Any]]], merged: dict[str
     return settings, notes
 
 
-def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
+def parse_config(data: Any, *, file: str | None = None,
+                 loaded_notes: Sequence[str] = ()) -> OpenClawConfig:
     """Build an :class:`OpenClawConfig` from a parsed JSON5 document in either layout;
-    warnings are logged here, once.
+    warnings (``loaded_notes`` first: what loading the file noticed) are logged here, once.
 
     Raises:
         ConfigError: a value has the wrong type or is out of range (key path included).
@@ -373,7 +383,10 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
     agent_ids = list(dict.fromkeys(aid for _, _, aid in listed)) or ["main"]
     _, notes = _validate_search(layout.search_sources, layout.search, key_path=defaults_key,
                                 file=file, agent_ids=agent_ids)
-    warnings = [*layout.warnings, *notes]
+    warnings = [*loaded_notes, *layout.warnings, *notes]
+    marked = [src.key_path for src, entry, _ in listed if entry.default]  # resolve_agent takes the first
+    warnings += [f"{key}.default: {marked[0]} is already marked default; the first one marked is "
+                 "the default agent" for key in marked[1:]]
     if memory_raw.get("citations") not in (None, memory.citations):  # read as auto, not silently
         warnings.append(f"memory.citations: {memory_raw['citations']!r} is not auto, on or off; using auto")
     warnings += unknown_keys(MemoryConfig, memory_raw, "memory", "memory")
@@ -402,7 +415,8 @@ def parse_config(data: Any, *, file: str | None = None) -> OpenClawConfig:
 def load_config(path: str | Path | None = None, *,
                 env: dict[str, str] | None = None) -> OpenClawConfig:
     """Load a JSON5 config file (``None``: ``<stateDir>/openclaw.json`` when it exists,
-    else the defaults; ``env`` finds the state dir).
+    else the defaults; ``env``, default ``os.environ``, finds the state dir and the values of
+    the ``${NAME}`` references in its strings: :mod:`qmdbridge.config_env`).
 
     Raises:
         ConfigError: a given file is missing, unreadable, not JSON5 or holds a bad value.
@@ -434,7 +448,8 @@ def load_config(path: str | Path | None = None, *,
         if not _COMMENT_RE.sub("", text).strip():  # only comments: an empty config
             return OpenClawConfig(source_file=file)
         raise ConfigError(f"invalid JSON5: {_json5_message(str(exc))}", file=file) from None
-    return parse_config(data, file=file)
+    data, unset = substitute_env(data, os.environ if env is None else env)
+    return parse_config(data, file=file, loaded_notes=unset)
 
 
 # A `//` or `/* */` comment (a file of comments only is an empty config).

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from fallback.errors import ConfigError
+from fallback.settings import ProviderName
 
 __all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "merge_search", "prefer",
            "read_layout", "unknown_keys"]
@@ -105,11 +106,34 @@ def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
     return prefer(new, old)
 
 
-def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None,
-                  warnings: list[str]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    legacy = as_object(entry.get("memorySearch"), key=f"{key_path}.memorySearch", file=file)
+# The ``api`` of an OpenClaw ``models.providers.<id>`` entry -> the embedding provider of ours
+# that speaks it (OpenClaw lets memorySearch.provider name such an entry: a custom provider id).
+_CUSTOM_PROVIDER_APIS = {"ollama": "ollama", "openai-completions": "openai-compatible",
+                         "openai-responses": "openai-compatible"}
+
+
+def _custom_provider(search: dict[str, Any], providers: dict[str, Any]) -> dict[str, Any]:
+    """``search`` whose ``provider`` names a ``models.providers.<id>`` entry (not a provider
+    name of ours) of an API we speak, as that provider, the entry's ``baseUrl`` and ``apiKey``
+    filled into ``remote`` where ``search`` sets none; else ``search`` itself."""
+    name, remote = search.get("provider"), search.get("remote", {})
+    entry = providers.get(name) if isinstance(name, str) and name not in typing.get_args(ProviderName) else None
+    if not isinstance(entry, dict) or not isinstance(remote, dict):
+        return search
+    ours = _CUSTOM_PROVIDER_APIS.get(str(entry.get("api")))
+    if ours is None:
+        return search
+    filled = {k: entry[k] for k in ("baseUrl", "apiKey") if k not in remote and entry.get(k) is not None}
+    return {**search, "provider": ours, "remote": {**remote, **filled}}
+
+
+def _entry_search(entry: dict[str, Any], key_path: str, *, file: str | None, warnings: list[str],
+                  providers: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    legacy = _custom_provider(as_object(entry.get("memorySearch"), key=f"{key_path}.memorySearch",
+                                        file=file), providers)
     memory = as_object(entry.get("memory"), key=f"{key_path}.memory", file=file)
-    new = as_object(memory.get("search"), key=f"{key_path}.memory.search", file=file)
+    new = _custom_provider(as_object(memory.get("search"), key=f"{key_path}.memory.search", file=file),
+                           providers)
     sources = [(f"{key_path}.memorySearch", legacy)] if legacy else []
     sources += [(f"{key_path}.memory.search", new)] if new else []
     return _both(new, f"{key_path}.memory.search", legacy, f"{key_path}.memorySearch",
@@ -127,8 +151,12 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     memory = as_object(root.get("memory"), key="memory", file=file)
     agents = as_object(root.get("agents"), key="agents", file=file)
     defaults = as_object(agents.get("defaults"), key="agents.defaults", file=file)
-    legacy = as_object(defaults.get("memorySearch"), key="agents.defaults.memorySearch", file=file)
-    new = as_object(memory.get("search"), key="memory.search", file=file)
+    models = root.get("models")  # OpenClaw's section, read only for custom provider ids
+    providers = models.get("providers") if isinstance(models, dict) else None
+    providers = providers if isinstance(providers, dict) else {}
+    legacy = _custom_provider(as_object(defaults.get("memorySearch"), key="agents.defaults.memorySearch",
+                                        file=file), providers)
+    new = _custom_provider(as_object(memory.get("search"), key="memory.search", file=file), providers)
     out.search_sources = [(k, v) for k, v in (("agents.defaults.memorySearch", legacy),
                                               ("memory.search", new)) if v]
     out.search = _both(new, "memory.search", legacy, "agents.defaults.memorySearch", out.warnings)
@@ -141,7 +169,8 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     for i, raw in enumerate(listed):
         key_path = f"agents.list[{i}]"
         entry = as_object(raw, key=key_path, file=file)
-        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
+        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings,
+                                        providers=providers)
         agent_id = entry.get("id")
         src = AgentSource(agent_id if isinstance(agent_id, str) else "", entry, search, sources,
                           key_path)
@@ -154,7 +183,8 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     for agent_id, raw in entries.items():
         key_path = f"agents.entries.{agent_id}"
         entry = as_object(raw, key=key_path, file=file)
-        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings)
+        search, sources = _entry_search(entry, key_path, file=file, warnings=out.warnings,
+                                        providers=providers)
         fields = {k: v for k, v in entry.items() if k not in ("memory", "memorySearch")}
         earlier = by_id.get(str(agent_id).strip().lower())
         if earlier is None:
@@ -219,6 +249,8 @@ _REFERENCE_ONLY = {
     "memory.qmd": {"searchTool"},
     "memory.qmd.mcporter": {"serverName", "startDaemon"},
     "memory.qmd.update": {"startup", "startupDelayMs"},
+    "memorySearch": {"multimodal"},  # Gemini image and audio indexing
+    "memorySearch.local": {"contextSize"},
     "memorySearch.store": {"cache"},
 }
 

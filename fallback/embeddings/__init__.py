@@ -12,10 +12,11 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import get_args
 
 from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider, probe
 from fallback.errors import EmbeddingProviderUnavailableError
-from fallback.settings import MemorySearchSettings
+from fallback.settings import MemorySearchSettings, ProviderName
 
 __all__ = ["AUTO_ENV_KEYS", "AUTO_ORDER", "ENV_KEYS", "PROVIDERS", "BaseProvider", "CallPolicy",
            "EmbeddingProvider", "ProviderFactory", "ProviderSelection", "create_provider", "probe",
@@ -81,6 +82,9 @@ def create_provider(name: str, settings: MemorySearchSettings, *,
     """
     factories = PROVIDERS if registry is None else registry
     factory = factories.get(name)
+    if factory is None and name in get_args(ProviderName):  # a name OpenClaw's config takes
+        raise EmbeddingProviderUnavailableError(name, f"OpenClaw's {name} embeddings are not among "
+                                                f"qmdbridge's providers ({', '.join(factories)})")
     if factory is None:
         raise EmbeddingProviderUnavailableError(name, f"unknown embedding provider {name!r}")
     return factory(settings, env=os.environ if env is None else env)

@@ -17,7 +17,7 @@ from fallback.embeddings import ENV_KEYS
 from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
-from fallback.settings import MemorySearchSettings, RemoteSettings
+from fallback.settings import MemorySearchSettings, RemoteSettings, SecretRef
 
 __all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "RemoteEndpoint",
            "RemoteSpec", "from_settings", "resolve_endpoint"]
@@ -83,11 +83,14 @@ def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
             requires one, or no base URL where it has no default.
     """
     spec, api_key, base_url, headers = SPECS[provider_id], remote.api_key, remote.base_url, remote.headers
-    key = (api_key or "").strip() or next(
+    written = (api_key or "").strip() if not isinstance(api_key, SecretRef) else api_key.value(env)
+    key = written or next(
         (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()), None)
     if spec.require_key and not key:
-        raise EmbeddingProviderUnavailableError(provider_id, f"no API key found for {provider_id}",
-                                                missing_api_key=True)
+        why = api_key.unread_reason(env) if isinstance(api_key, SecretRef) else None
+        raise EmbeddingProviderUnavailableError(
+            provider_id, f"no API key found for {provider_id}" + (f" ({why})" if why else ""),
+            missing_api_key=True)
     url = (base_url or "").strip() or spec.base_url
     if not url:
         raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")

@@ -657,18 +657,27 @@ class BuiltinEngine:
     async def status(self) -> MemoryStatus:
         """Counters and health (spec §11); see ``MemoryStatus`` for the fields.
 
+        A postgres server that cannot be reached (or answer in time) is a status too:
+        unhealthy, its error as ``last_error``, no counts.
+
         Raises:
             ManagerClosedError: the engine is closed.
             IndexStoreError: the store cannot be read.
         """
         self._check_open()
         if self._stores.is_postgres:
-            from fallback.engine.status import build_postgres_status
-            shared, report = await self._stores.open_postgres(), self._last_report
+            from fallback.engine.status import build_postgres_status, unreached_postgres
+            from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
+            report, last_error = self._last_report, self._last_error
+            try:
+                shared = await self._stores.open_postgres()
+                described = await anyio.to_thread.run_sync(shared.describe)
+            except (PostgresUnavailableError, PostgresTimeoutError) as exc:  # told, not raised
+                described, last_error = unreached_postgres(self.settings), str(exc)
             return build_postgres_status(
-                await anyio.to_thread.run_sync(shared.describe), backend=self.name,
+                described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
-                dirty_reason=self._dirty_reason, last_error=self._last_error, skipped=report.skipped if report else [],
+                dirty_reason=self._dirty_reason, last_error=last_error, skipped=report.skipped if report else [],
                 issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None

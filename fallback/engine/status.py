@@ -174,6 +174,22 @@ def _no_vectors(settings: EngineSettings, selection: Any) -> dict[str, Any]:
             "dims": None}
 
 
+def unreached_postgres(settings: EngineSettings) -> dict[str, Any]:
+    """What :func:`build_postgres_status` shows of a postgres store no connection reached: the
+    target (no password), the schema, ``schemaVersion`` ``None`` and nothing counted.
+
+    Raises:
+        ConfigError: the DSN cannot be parsed.
+    """
+    from fallback.store.postgres.target import resolve_target
+
+    st = settings.search.store
+    target = resolve_target(st.dsn, schema=st.schema_)
+    return {"driver": "postgres", "target": target.redact(target.describe()), "schema": target.schema,
+            "schemaVersion": None, "generation": None, "counts": {}, "lastSyncAtMs": None,
+            "cacheEntries": 0, "vectorDims": None, "sharedScopes": []}
+
+
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
                           selection: Any, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
@@ -196,8 +212,9 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
     return MemoryStatus(
         **_common(backend, settings, selection, described["cacheEntries"]),
-        db_path=(f"postgres {described['target']}, schema {described['schema']}"
-                 f" version {described['schemaVersion']}"), files=sum(c.files for c in per),
+        db_path=(f"postgres {described['target']}, schema {described['schema']}" + (
+            " (not reached)" if described["schemaVersion"] is None else
+            f" version {described['schemaVersion']}")), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
         search_mode=configured_mode(has_provider=provider is not None,
                                     hybrid_enabled=s.query.hybrid.enabled),

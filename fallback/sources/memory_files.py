@@ -299,11 +299,12 @@ def locate_memory_path(roots: Sequence[MemoryRoot], path: str | Path) -> tuple[M
 
 
 class _Collector:
-    """Accumulates discovered files, skips and issues for one discovery run."""
+    """Accumulates discovered files, skips and issues for one discovery run over ``roots``."""
 
-    def __init__(self, workspace: str, max_file_bytes: int) -> None:
+    def __init__(self, workspace: str, max_file_bytes: int, roots: Sequence[MemoryRoot]) -> None:
         self.workspace = workspace
         self.max_file_bytes = max_file_bytes
+        self.roots = roots
         self.candidates: list[tuple[str, os.stat_result]] = []
         self.skipped: list[SkippedFile] = []
         self.issues: list[str] = []
@@ -311,6 +312,25 @@ class _Collector:
 
     def skip(self, path: str, reason: str) -> None:
         self.skipped.append(SkippedFile(path=_shown(path, self.workspace), reason=reason))
+
+    def followed_elsewhere(self, link: str) -> bool:
+        """Whether what the symlink ``link`` points to is memory through a root that is no
+        symlink (a note its pattern admits; a folder where a note directly inside would be),
+        so not following the link leaves nothing out: it is then neither skipped nor an issue."""
+        target = os.path.realpath(link)
+        is_dir = os.path.isdir(target)
+        for r in self.roots:
+            if os.path.islink(r.entry) or (is_dir and not os.path.isdir(r.entry)):
+                continue
+            folder = os.path.realpath(r.path)
+            if target != folder and not _is_within(target, folder):
+                continue
+            rel = _rel(target, folder)
+            if is_dir:  # a note directly inside that folder
+                rel = ("" if rel == "." else rel + "/") + "x" + MARKDOWN_SUFFIX
+            if r.admits(rel):
+                return True
+        return False
 
     def add_file(self, path: str, st: os.stat_result) -> None:
         """Accept a regular, non-symlink file seen by lstat, unless too large or unreadable."""
@@ -355,7 +375,8 @@ class _Collector:
             rel = prefix + entry.name
             try:
                 if entry.is_symlink():
-                    if entry.name.endswith(MARKDOWN_SUFFIX) or entry.is_dir():
+                    if (entry.name.endswith(MARKDOWN_SUFFIX) or entry.is_dir()) and (
+                            not self.followed_elsewhere(entry.path)):
                         self.skip(entry.path, "symlink (not followed)")
                     continue
                 if entry.is_dir(follow_symlinks=False):
@@ -376,7 +397,8 @@ class _Collector:
 
 def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:
     for name in root.symlinked:
-        col.skip(os.path.join(workspace, name), "symlink (not followed)")
+        if not col.followed_elsewhere(os.path.join(workspace, name)):
+            col.skip(os.path.join(workspace, name), "symlink (not followed)")
     if root.name is None:
         return
     path = os.path.join(workspace, root.name)
@@ -398,7 +420,8 @@ def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:
     if st is None:
         col.issues.append(f"{what} missing: {path}")
     elif stat.S_ISLNK(st.st_mode):
-        col.issues.append(f"{what} is a symlink (not followed): {path}")
+        if not col.followed_elsewhere(path):
+            col.issues.append(f"{what} is a symlink (not followed): {path}")
     elif stat.S_ISDIR(st.st_mode):
         if r.kind == "extra" and never_ends_with(r.pattern, MARKDOWN_SUFFIX):
             col.issues.append(f"{NEVER_MATCHES} {path} (pattern {r.pattern}; memory files end "
@@ -429,12 +452,13 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
         sorted), de-duplicated by real path keeping the first. Never raises for a file.
     """
     ws = os.path.abspath(workspace)
-    col = _Collector(ws, max_file_bytes)
     root = root_memory_file(Path(ws))
+    roots = memory_roots(Path(ws), extra_paths, root=root)
+    col = _Collector(ws, max_file_bytes, roots)
     if not os.path.isdir(ws):
         col.issues.append(f"cannot list workspace {ws}: not a folder")
     _add_root_file(col, ws, root)
-    for r in memory_roots(Path(ws), extra_paths, root=root)[1:]:
+    for r in roots[1:]:
         _add_folder_root(col, r)
 
     files: list[MemoryFile] = []

@@ -62,7 +62,9 @@ def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str]
     ms = agent.memory_search
     if ms.provider == "none":
         return []
-    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (ms.remote.api_key or "").strip():
+    key = ms.remote.api_key  # a SecretRef (not a str) may name any variable: always the engine
+    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (
+            key.strip() if isinstance(key, str) else key is not None):
         return None
     if select_provider(ms, env=env).provider is not None:
         return None

@@ -88,7 +88,7 @@ def identity_for(agent: ResolvedAgent, *, config: str | None, backend: str | Non
         configured: str | None = str(resolve_agent(cfg, agent.agent_id).workspace_dir)
     except ConfigError:
         configured = None
-    cfg_path, cfg_stamp = config_identity(config, str(agent.state_dir))
+    cfg_path, cfg_stamp = config_identity(config, str(agent.state_dir), os.environ)
     return DaemonIdentity(
         state_dir=str(agent.state_dir), agent_id=agent.agent_id, default_agent_id=default_agent,
         workspace=str(agent.workspace_dir), configured_workspace=configured,

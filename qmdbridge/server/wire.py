@@ -11,6 +11,8 @@ import os
 import stat
 from collections.abc import Iterator, Mapping
 
+from qmdbridge.config_env import env_stamp
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
     from typing import Any
@@ -65,13 +67,16 @@ def daemon_disabled(env: Mapping[str, str]) -> bool:
     return env.get(DAEMON_ENV, "").strip().lower() in ("off", "0", "false", "no")
 
 
-def config_identity(explicit: str | None, state: str) -> tuple[str | None, str | None]:
+def config_identity(explicit: str | None, state: str,
+                    env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The config file a command would load (``explicit``: ``--config``; else
-    ``<state>/openclaw.json`` when it exists) and a stamp that changes when the file does.
+    ``<state>/openclaw.json`` when it exists) and a stamp that changes when the file does, or a
+    variable it references (``${NAME}``: :func:`qmdbridge.config_env.env_stamp`) has another
+    value in ``env``.
 
     Returns:
-        ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>")``; ``(None, None)`` without a
-        config file; ``(path, None)`` when it cannot be read (never matches a daemon).
+        ``(resolved path, "<size>:<mtime ns>:<ctime ns>:<inode>[:env <crc>]")``; ``(None, None)``
+        without a config file; ``(path, None)`` when it cannot be read (never matches a daemon).
     """
     if explicit is None:
         candidate = os.path.join(state, "openclaw.json")
@@ -86,9 +91,15 @@ def config_identity(explicit: str | None, state: str) -> tuple[str | None, str |
         return path, None
     if not stat.S_ISREG(st.st_mode):
         return path, None
+    try:
+        with open(path, "rb") as f:
+            referenced = env_stamp(f.read().decode("utf-8", "replace"), env)
+    except OSError:
+        return path, None
     # ctime too: a file rewritten in place with its size, and its mtime put back (``touch -r``,
     # an editor or sync tool that keeps mtimes), has a new ctime, which no call can set.
-    return path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+    return path, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}" + (
+        f":env {referenced}" if referenced else "")
 
 
 def client_fingerprint(*, agent: str | None, workspace: str | None, config: str | None,
@@ -101,7 +112,7 @@ def client_fingerprint(*, agent: str | None, workspace: str | None, config: str 
         ``{stateDir, agent, workspace, config, configStamp, backend}`` (strings or ``None``).
     """
     state = state_dir(env)
-    cfg_path, cfg_stamp = config_identity(config, state)
+    cfg_path, cfg_stamp = config_identity(config, state, env)
     return {
         "stateDir": state,
         "agent": agent,

@@ -223,8 +223,8 @@ def test_a_changed_config_runs_in_process_and_is_used_from_then_on(ws: Path, fen
     bad = probe(argv, fenv)
     assert bad["code"] == 2 and bad["inProcess"]  # the loader's error, as without recorded settings
     assert bad["stderr"].splitlines()[0] == (
-        f"qmdbridge: {cfg}: memory.qmd.limits.timeoutMs: invalid value 'soon' (expected input "
-        "should be a valid integer, unable to parse string as an integer)")
+        f"qmdbridge: {cfg}: memory.qmd.limits.timeoutMs: invalid value 'soon' (expected a "
+        "valid integer, unable to parse string as an integer)")
 
 
 def test_errors_are_the_in_process_ones(ws: Path, fenv: dict[str, str]) -> None:

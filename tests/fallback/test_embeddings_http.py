@@ -59,6 +59,19 @@ async def test_openai_wire_auth_body_and_order() -> None:
 
 
 @pytest.mark.anyio
+async def test_an_env_secret_ref_sends_its_variable_as_the_key() -> None:
+    ref = {"source": "env", "provider": "default", "id": "MEMORY_OPENAI_KEY"}
+    with serve(openai_reply) as srv:
+        p = make("openai", srv.url, env={"MEMORY_OPENAI_KEY": " sk-ref-1 ", "OPENAI_API_KEY": "sk-2"},
+                 remote={"apiKey": ref})
+        try:
+            assert await p.embed_query("hi") == [2.0, 0.0, 1.0]
+        finally:
+            await p.aclose()
+    assert srv.requests[0].headers["authorization"] == "Bearer sk-ref-1"
+
+
+@pytest.mark.anyio
 async def test_batch_split_by_utf8_bytes_keeps_order() -> None:
     texts = ["a" * 3000, "b" * 3000, "c" * 3000, "é" * 1500, "d" * 9000, "e"]
     with serve(openai_reply) as srv:

@@ -102,6 +102,36 @@ def test_explicit_provider_unavailable_is_an_error() -> None:
                              "fallback cohere: unknown embedding provider 'cohere'")
 
 
+def test_a_secret_ref_key_is_read_from_its_variable_or_says_why_not() -> None:
+    ref = {"source": "env", "provider": "default", "id": "MEMORY_OPENAI_KEY"}
+    sel = select_provider(cfg(provider="openai", remote={"apiKey": ref}),
+                          env={"MEMORY_OPENAI_KEY": "sk-ref"})
+    assert sel.provider is not None and sel.provider.provider_id == "openai"
+    unset = select_provider(cfg(provider="openai", remote={"apiKey": ref}), env={})
+    assert unset.error == ("memory search unavailable: openai: no API key found for openai "
+                           "(remote.apiKey names $MEMORY_OPENAI_KEY, which is not set)")
+    in_file = {"source": "file", "provider": "filemain", "id": "/providers/openai/apiKey"}
+    file_ref = select_provider(cfg(provider="openai", remote={"apiKey": in_file}), env={})
+    assert file_ref.error == ("memory search unavailable: openai: no API key found for openai "
+                              "(remote.apiKey is a 'file' SecretRef; qmdbridge reads only 'env' ones)")
+    auto = select_provider(cfg(remote={"apiKey": ref}), env={"MEMORY_OPENAI_KEY": "sk-ref"})
+    assert auto.provider is not None and auto.provider.provider_id == "openai"
+    with pytest.raises(ValueError, match=r"a key, or a SecretRef such as \{source: \"env\""):
+        cfg(remote={"apiKey": {"source": "vault", "id": "x"}})
+
+
+def test_openclaws_other_adapters_load_and_search_says_it_cannot_use_them() -> None:
+    sel = select_provider(cfg(provider="bedrock"), env={"OPENAI_API_KEY": "sk"})
+    assert sel.error == ("memory search unavailable: bedrock: OpenClaw's bedrock embeddings are not "
+                         "among qmdbridge's providers (openai, openai-compatible, gemini, voyage, "
+                         "mistral, ollama, local)")
+    fell = select_provider(cfg(provider="github-copilot", fallback="openai"), env={"OPENAI_API_KEY": "sk"})
+    assert fell.provider is not None and fell.provider.provider_id == "openai"
+    assert select_provider(cfg(provider="deepinfra"), env={}).provider is None
+    with pytest.raises(ValueError, match="openia"):  # a typo stays a config error
+        cfg(provider="openia")
+
+
 def test_openai_compatible_needs_base_url_not_key() -> None:
     sel = select_provider(cfg(provider="openai-compatible", model="bge"), env={})
     assert sel.error == "memory search unavailable: openai-compatible: remote.baseUrl is required"

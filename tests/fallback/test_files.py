@@ -127,6 +127,28 @@ def test_case8_symlinks_not_followed(tmp_path: Path) -> None:
     assert f"extra path is a symlink (not followed): {linked_extra}" in disc.issues
 
 
+def test_a_symlink_to_memory_another_root_holds_is_neither_skipped_nor_an_issue(tmp_path: Path) -> None:
+    # the fix a symlink problem names (add the target's real path to extraPaths) clears it
+    ws = tmp_path / "ws"
+    _write(ws / "MEMORY.md")
+    synced = tmp_path / "Dropbox" / "memory"
+    _write(synced / "2026-01-01.md")
+    (ws / "memory").symlink_to(synced)
+    notes = tmp_path / "notes"
+    _write(notes / "a.md")
+    _write(tmp_path / "other.md")
+    (synced / "alias.md").symlink_to(notes / "a.md")
+    (synced / "notes-link").symlink_to(notes)
+    (synced / "elsewhere.md").symlink_to(tmp_path / "other.md")  # memory through no root
+    alone = list_memory_files(ws, [])
+    assert alone.issues == [f"memory directory is a symlink (not followed): {ws / 'memory'}"]
+    disc = list_memory_files(ws, [str(synced), str(notes)])
+    assert [f.rel_path for f in disc.files] == [
+        "MEMORY.md", "../Dropbox/memory/2026-01-01.md", "../notes/a.md"]
+    assert disc.issues == []
+    assert disc.skipped == [SkippedFile(path="../Dropbox/memory/elsewhere.md", reason="symlink (not followed)")]
+
+
 def test_case9_dedup_by_real_path(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     _write(ws / "MEMORY.md")

@@ -65,7 +65,7 @@ def test_rerank_is_off_by_default_and_on_with_a_provider() -> None:
 def test_bad_rerank_settings_name_the_key() -> None:
     prefix = "cfg.json5: agents.defaults.memorySearch.query.rerank"
     assert _config_error({"provider": "cohere"}) == (
-        f"{prefix}.provider: invalid value 'cohere' (expected input should be 'http' or 'local')")
+        f"{prefix}.provider: invalid value 'cohere' (expected 'http' or 'local')")
     assert _config_error({"provider": "http", "baseUrl": "http://x"}) == (
         f"{prefix}.model: invalid value '' (expected the reranker model name (required when "
         "provider is 'http'))")
@@ -83,8 +83,7 @@ def test_bad_rerank_settings_name_the_key() -> None:
     assert _config_error({"provider": "local", "model": "r.gguf", "timeoutMs": 0}) == (
         f"{prefix}.timeoutMs: invalid value 0 (expected milliseconds from 1 to 600000)")
     assert _config_error("on") == (
-        f"{prefix}: invalid value 'on' (expected input should be a valid dictionary or instance "
-        "of RerankSettings)")
+        f"{prefix}: invalid value 'on' (expected an object)")
 
 
 # -- the pure stage -------------------------------------------------------------------------------

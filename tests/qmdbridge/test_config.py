@@ -121,14 +121,14 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text,key,expected", [
-    ("{memory: {backend: 'sqlite'}}", "memory.backend", "input should be 'builtin', 'qmd' or 'none'"),
+    ("{memory: {backend: 'sqlite'}}", "memory.backend", "(expected 'builtin', 'qmd' or 'none')"),
     ("{memory: {qmd: {limits: {timeoutMs: -5}}}}", "memory.qmd.limits.timeoutMs", "greater than 0"),
     ("{memory: {qmd: {update: {interval: 'soon'}}}}", "memory.qmd.update.interval", "a duration like"),
     ("{memory: {qmd: {paths: [{name: 'x'}]}}}", "memory.qmd.paths[0].path", "field required"),
     ("{agents: {defaults: {memorySearch: {chunking: {tokens: 'many'}}}}}",
      "agents.defaults.memorySearch.chunking.tokens", "valid integer"),
     ("{agents: {list: [{id: 'a', memorySearch: {provider: 'bogus'}}]}}",
-     "agents.list[0].memorySearch.provider", "input should be"),
+     "agents.list[0].memorySearch.provider", "(expected 'auto', 'none', 'openai'"),
     ("{memory: []}", "memory", "an object"),
     ("{agents: {defaults: {memorySearch: {query: {timeoutMs: 5}}}}}",
      "agents.defaults.memorySearch.query.timeoutMs", "milliseconds from 100 to 600000"),
@@ -214,3 +214,53 @@ def test_a_missing_required_key_is_named_as_missing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(p)
     assert str(info.value) == f"{p}: agents.list[0].id: missing (expected field required)"
+
+
+def test_an_openclaw_secret_ref_api_key_loads_and_keeps_searches_on_the_engine(tmp_path: Path) -> None:
+    from fallback.settings import SecretRef
+    from qmdbridge.cli.search_cache import provider_env_keys
+
+    cfg = load_config(_write(tmp_path, '{agents: {defaults: {memorySearch: {remote: {apiKey: '
+                                       '{source: "env", provider: "default", id: "MEMORY_KEY"}}}}}}'))
+    agent = resolve_agent(cfg, workspace=tmp_path, env={"OPENCLAW_STATE_DIR": str(tmp_path / "st")})
+    assert agent.memory_search.remote.api_key == SecretRef(source="env", provider="default", id="MEMORY_KEY")
+    # the variable it names may be set by the next search: the one-shot shortcut never answers it
+    assert provider_env_keys(agent, {}) is None
+
+
+def test_variables_in_config_strings_are_substituted_as_openclaw_does(tmp_path: Path) -> None:
+    path = _write(tmp_path, """{
+      // OpenClaw's ${NAME} references: upper-case names, $${NAME} for the text itself
+      agents: { defaults: {
+        workspace: "${AGENT_HOME}/ws",
+        memorySearch: { extraPaths: ["${NOTES}", "${lower}/x", "$${AGENT_HOME}"],
+                        remote: { apiKey: "${EMBEDDINGS_API_KEY}", baseUrl: "${EMPTY}/v1" } },
+      } },
+    }""")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "st"), "AGENT_HOME": str(tmp_path / "home"),
+           "NOTES": "/srv/notes", "EMBEDDINGS_API_KEY": "sk-env", "EMPTY": ""}
+    cfg = load_config(path, env=env)
+    agent = resolve_agent(cfg, env=env)
+    ms = agent.memory_search
+    assert agent.workspace_dir == (tmp_path / "home" / "ws").resolve()
+    assert [str(p) for p in ms.extra_paths] == ["/srv/notes", "${lower}/x", "${AGENT_HOME}"]
+    assert (ms.remote.api_key, ms.remote.base_url) == ("sk-env", "${EMPTY}/v1")
+    assert cfg.warnings == ["agents.defaults.memorySearch.remote.baseUrl: ${EMPTY} is not set; left as written"]
+
+
+def test_an_api_key_that_names_an_unset_variable_reads_as_its_secret_ref(tmp_path: Path) -> None:
+    from fallback.embeddings import select_provider
+    from fallback.settings import SecretRef
+
+    path = _write(tmp_path, '{agents: {defaults: {memorySearch: {provider: "openai", remote: '
+                            '{apiKey: "${EMBEDDINGS_API_KEY}"}, query: {rerank: {apiKey: "${RERANK_KEY}"}}}}}}')
+    cfg = load_config(path, env={})
+    ms = resolve_agent(cfg, workspace=tmp_path, env={}).memory_search
+    assert ms.remote.api_key == SecretRef(source="env", provider="default", id="EMBEDDINGS_API_KEY")
+    assert ms.query.rerank.api_key == "${RERANK_KEY}"  # only the embedding key is a SecretRef's place
+    assert select_provider(ms, env={}).error == (
+        "memory search unavailable: openai: no API key found for openai (remote.apiKey names "
+        "$EMBEDDINGS_API_KEY, which is not set)")
+    assert cfg.warnings == [
+        "agents.defaults.memorySearch.remote.apiKey: ${EMBEDDINGS_API_KEY} is not set; left as written",
+        "agents.defaults.memorySearch.query.rerank.apiKey: ${RERANK_KEY} is not set; left as written"]

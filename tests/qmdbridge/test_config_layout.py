@@ -129,6 +129,38 @@ def test_a_repeated_agent_id_is_warned_and_the_first_entry_is_used() -> None:
     assert (str(agent.workspace_dir), agent.config_warnings) == ("/a", cfg.warnings)
 
 
+def test_two_agents_marked_default_are_warned_and_the_first_is_the_default() -> None:
+    cfg = parse_config({"agents": {"list": [{"id": "ops", "workspace": "/ops"},
+                                            {"id": "a", "default": True, "workspace": "/a"},
+                                            {"id": "b", "default": True, "workspace": "/b"}]}})
+    assert cfg.warnings == ["agents.list[2].default: agents.list[1] is already marked default; "
+                            "the first one marked is the default agent"]
+    agent = resolve_agent(cfg, env={})
+    assert (agent.agent_id, str(agent.workspace_dir)) == ("a", "/a")
+
+
+def test_a_provider_naming_an_openclaw_models_provider_speaks_its_api() -> None:
+    cfg = parse_config({
+        "models": {"providers": {
+            "ollama-5080": {"api": "ollama", "baseUrl": "http://gpu-box.local:11435", "apiKey": "ollama-local",
+                            "models": [{"id": "qwen3-embedding:0.6b"}]},
+            "vllm": {"api": "openai-completions", "baseUrl": "http://10.0.0.5:8000/v1"},
+            "claude": {"api": "anthropic-messages", "baseUrl": "https://api.anthropic.com"}}},
+        "agents": {"defaults": {"memorySearch": {"provider": "ollama-5080", "model": "qwen3-embedding:0.6b"}},
+                   "list": [{"id": "main"},
+                            {"id": "ops", "memorySearch": {"provider": "vllm", "remote": {"apiKey": "k"}}}]}})
+    main = resolve_agent(cfg, "main", env={}).memory_search
+    assert (main.provider, main.model, main.remote.base_url, main.remote.api_key) == (
+        "ollama", "qwen3-embedding:0.6b", "http://gpu-box.local:11435", "ollama-local")
+    ops = resolve_agent(cfg, "ops", env={}).memory_search
+    assert (ops.provider, ops.remote.base_url, ops.remote.api_key) == (
+        "openai-compatible", "http://10.0.0.5:8000/v1", "k")
+    assert cfg.warnings == []
+    with pytest.raises(ConfigError, match="memorySearch.provider: invalid value 'claude'"):
+        parse_config({"models": {"providers": {"claude": {"api": "anthropic-messages"}}},
+                      "agents": {"defaults": {"memorySearch": {"provider": "claude"}}}})
+
+
 def test_an_entry_with_both_search_keys_prefers_memory_search() -> None:
     cfg = parse_config({"agents": {"list": [
         {"id": "main", "memorySearch": {"query": {"maxResults": 3}},

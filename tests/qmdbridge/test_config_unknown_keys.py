@@ -75,7 +75,9 @@ def test_openclaw_keys_we_do_not_read_are_quiet() -> None:
                            "update": {"startup": "off", "startupDelayMs": 1000}}},
         "agents": {"defaults": {"model": {"primary": "openai/gpt-5.5"}},
                    "list": [{"id": "main", "name": "Main", "tools": {"allow": ["exec"]},
-                             "memorySearch": {"store": {"cache": {"maxEntries": 5}}}}]}})
+                             "memorySearch": {"store": {"cache": {"maxEntries": 5}},
+                                              "local": {"contextSize": "auto"},
+                                              "multimodal": {"enabled": False, "modalities": ["image"]}}}]}})
     assert (cfg.warnings, cfg.agents[0].warnings) == ([], [])
 
 

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +255,24 @@ def test_fingerprint_rules_and_state_dir_agree_with_config(tmp_path: Path) -> No
     cfg.write_text(cfg.read_text() + "\n// edited\n")  # size and mtime change
     edited = wire.client_fingerprint(agent=None, workspace=None, config=str(cfg), backend=None, env=env)
     assert ident.mismatch(edited) == "config file differs or changed since the daemon started"
+
+
+def test_a_variable_the_config_references_is_part_of_its_stamp(tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg.json5"
+    cfg.write_text('{agents: {defaults: {workspace: "${AGENT_HOME}/ws", memorySearch: {remote: '
+                   '{apiKey: "$${LITERAL}"}}}}}')
+    state = str(tmp_path / "state")
+    path, a = wire.config_identity(str(cfg), state, {"AGENT_HOME": "/a", "LITERAL": "x", "OTHER": "1"})
+    st = cfg.stat()
+    assert (path, a) == (str(cfg), f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}:env "
+                                   f"{zlib.crc32(b'AGENT_HOME=/a'):08x}")
+    assert wire.config_identity(str(cfg), state, {"AGENT_HOME": "/a"})[1] == a  # only what it names
+    assert wire.config_identity(str(cfg), state, {"AGENT_HOME": "/b"})[1] != a
+    assert wire.config_identity(str(cfg), state, {})[1] != a
+    cfg.write_text("{}")
+    st = cfg.stat()
+    assert wire.config_identity(str(cfg), state, {"AGENT_HOME": "/a"})[1] == (
+        f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}")
 
 
 def test_concurrent_clients_each_get_their_own_answer(setup: tuple[Path, dict[str, str]],

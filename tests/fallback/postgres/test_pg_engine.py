@@ -237,7 +237,8 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
     """``serve`` while the database is down: each failed search is one stderr line with the
     store's message, not the connection pool's own records of every reconnect attempt (a dozen
     lines per search), and comes at once (the socket is gone: nothing to wait for), not after
-    connectTimeoutMs; the first search after the server is back answers."""
+    connectTimeoutMs; a status meanwhile is one (unhealthy, the error as lastError, nothing counted);
+    the first search after the server is back answers."""
     import os
     import shutil
     import subprocess
@@ -272,6 +273,11 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
         # the socket is gone (a refusal), not the 30 s connect deadline passed
         assert all(f["disabled"] and f["error"].startswith("postgres unavailable: ")
                    and "No such file or directory" in f["error"] for f in failed), failed
+        proc.stdin.write(json.dumps({"id": 9, "tool": "status"}) + "\n")  # a status, not an error
+        proc.stdin.flush()
+        down = json.loads(proc.stdout.readline())["result"]
+        assert (down["healthy"], down["files"], down["dbPath"].endswith(", schema qmdbridge (not reached)"),
+                down["lastError"].startswith("postgres unavailable: ")) == (False, 0, True, True)
         server.start()
         assert [r["path"] for r in ask(4)["results"]] == ["memory/2026-12-01.md"]
         proc.stdin.close()

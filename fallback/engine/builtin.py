@@ -572,20 +572,40 @@ class BuiltinEngine:
             return SearchOutcome(results=[], warnings=warnings)
         candidates = candidate_count(limit, q.hybrid.candidate_multiplier)
         searcher = self._searcher(request.explain)
-        outcome = await searcher.run(store, prepared, text, srcs, candidates, floor, limit)
-        left_out: list[str] = []
-        if shared := await anyio.to_thread.run_sync(self._shared_scopes, srcs):
-            ranked: list[tuple[str, list[MemorySearchResult] | MemorySearchError]] = []
-            for owner, scope in shared.items():  # each scope ranked by the same pipeline
-                ranker = self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner))
+        shared = await anyio.to_thread.run_sync(self._shared_scopes, srcs)
+        outcomes: list[SearchOutcome] = []
+        ranked: dict[str, list[MemorySearchResult] | MemorySearchError] = {}
+        failed: list[MemorySearchError] = []  # the own scope's failure is the search's
+        at_once = anyio.CapacityLimiter(SHARED_SEARCHES_AT_ONCE)
+
+        async def rank_own() -> None:
+            try:
+                outcomes.append(await searcher.run(store, prepared, text, srcs, candidates, floor, limit))
+            except MemorySearchError as exc:
+                failed.append(exc)
+                tg.cancel_scope.cancel()
+
+        async def rank_shared(owner: str, scope: PostgresSearchStore) -> None:
+            ranker = self._searcher(request.explain, vector_index=partial(shared.__getitem__, owner))
+            async with at_once:  # each scope ranked by the same pipeline, beside the own one
                 try:
                     found = await ranker.run(scope, prepared, text, list(SHARED_SOURCES), candidates,
                                              floor, limit)
                 except SCOPE_FAILURES as exc:
-                    ranked.append((owner, exc))
+                    ranked[owner] = exc
                 else:
-                    ranked.append((owner, found.results))
-            results, left_out = merge_scopes(outcome.results, ranked, limit=limit)
+                    ranked[owner] = found.results
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rank_own)
+            for owner, scope in shared.items():
+                tg.start_soon(rank_shared, owner, scope)
+        if failed:
+            raise failed[0]
+        outcome = outcomes[0]
+        left_out: list[str] = []
+        if shared:
+            results, left_out = merge_scopes(outcome.results, [(o, ranked[o]) for o in shared], limit=limit)
             outcome = replace(outcome, results=results)
         fts_error = (searcher.fts_error if searcher.fts_checked
                      else await anyio.to_thread.run_sync(lambda: store.fts_error))

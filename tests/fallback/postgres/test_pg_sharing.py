@@ -81,6 +81,35 @@ def manager(config: Path, agent: str) -> MemoryManager:
     return MemoryManager(resolve_agent(load_config(config, env=env), agent, env=env), env=env)
 
 
+def db_name(dsn: str) -> str:
+    """The database a conninfo names."""
+    import psycopg
+
+    return str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+
+
+def agent_roles(pg_server: Any, pg_dsn: str) -> dict[str, str]:
+    """Login roles ``main_role``, ``reviewer_role`` and ``carol_role`` registered and granted by
+    the schema owner (main and carol share with reviewer); ``{agent: its DSN}``."""
+    from fallback.store.postgres.store import PostgresStore
+    from fallback.store.postgres.target import resolve_target
+
+    agents = ("main", "reviewer", "carol")
+    with pg_server.admin(db_name(pg_dsn)) as conn:
+        for agent in agents:
+            conn.execute(f"DROP ROLE IF EXISTS {agent}_role")
+            conn.execute(f"CREATE ROLE {agent}_role LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/setup")
+    try:
+        for agent in agents:
+            owner.register_agent(agent, role_name=f"{agent}_role",
+                                 share_with=[] if agent == "reviewer" else ["reviewer"])
+            owner.grant_role(f"{agent}_role")
+    finally:
+        owner.close()
+    return {a: pg_server.dsn(db_name(pg_dsn), user=f"{a}_role") for a in agents}
+
+
 async def search(config: Path, agent: str, query: str) -> list[dict[str, Any]]:
     async with manager(config, agent) as m:
         found = await m.search(query)
@@ -431,36 +460,18 @@ async def test_a_shared_scope_whose_rows_cannot_be_read_is_left_out_with_a_warni
     """With per-agent roles, a policy refusing the reader main's posting blocks (as a revoked grant
     would): the reader's search, keyword-only and hybrid, answers its own hits and carol's,
     with a warning naming main and the reason, instead of failing."""
-    import psycopg
-
     from fallback.request import SearchRequest
     from fallback.store.postgres.migrations import vector_index_sql
-    from fallback.store.postgres.store import PostgresStore
-    from fallback.store.postgres.target import resolve_target
     from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
 
-    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
-    agents = ("main", "reviewer", "carol")
-    with pg_server.admin(dbname) as conn:
-        for agent in agents:
-            conn.execute(f"DROP ROLE IF EXISTS {agent}_role")
-            conn.execute(f"CREATE ROLE {agent}_role LOGIN NOSUPERUSER")
-    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/setup")
-    try:
-        for agent in agents:
-            owner.register_agent(agent, role_name=f"{agent}_role",
-                                 share_with=[] if agent == "reviewer" else ["reviewer"])
-            owner.grant_role(f"{agent}_role")
-    finally:
-        owner.close()
-    dsns = {a: pg_server.dsn(dbname, user=f"{a}_role") for a in agents}
+    dsns = agent_roles(pg_server, pg_dsn)
     config = write_config(tmp_path, dsns, share=("main", "carol"))
-    for agent in agents:  # each agent's first search indexes its workspace
+    for agent in dsns:  # each agent's first search indexes its workspace
         await search(config, agent, "kettle")
     query = "kettle lamp otter"
     assert [h["path"] for h in await search(config, "reviewer", query)] == [
         "memory/2026-11-03.md", "shared/carol/MEMORY.md", "shared/main/MEMORY.md"]
-    with pg_server.admin(dbname) as conn:
+    with pg_server.admin(db_name(pg_dsn)) as conn:
         conn.execute(vector_index_sql("qmdbridge", WordProvider.dims))  # the schema owner's part
         conn.execute("CREATE FUNCTION qmdbridge.withheld(agent text) RETURNS boolean LANGUAGE plpgsql"
                      " AS $$ BEGIN RAISE EXCEPTION 'the rows of agent % are withheld', agent"
@@ -484,3 +495,40 @@ async def test_a_shared_scope_whose_rows_cannot_be_read_is_left_out_with_a_warni
     assert outcome.mode == "hybrid"
     assert [r.path for r in outcome.results] == ["shared/carol/MEMORY.md", "memory/2026-11-03.md"]
     assert [w[:len(left_out)] for w in outcome.warnings] == [left_out]
+
+
+async def test_a_hybrid_search_ranks_the_shared_scopes_side_by_side(
+        tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
+    """A policy lets carol's posting blocks be read only once main's are being read (an advisory
+    lock main's reads take): the reader's hybrid search ranks the scopes shared with it at the
+    same time, so both are in its answer. Ranked one after the other, carol's statement (the
+    first scope) would wait out its deadline and carol would be left out with a warning."""
+    from fallback.request import SearchRequest
+    from fallback.store.postgres.migrations import vector_index_sql
+    from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
+
+    dsns = agent_roles(pg_server, pg_dsn)
+    config = write_config(tmp_path, dsns, share=("main", "carol"))
+    for agent in ("main", "carol"):  # each owner's first search indexes its workspace
+        await search(config, agent, "kettle")
+    with pg_server.admin(db_name(pg_dsn)) as conn:
+        conn.execute(vector_index_sql("qmdbridge", WordProvider.dims))  # the schema owner's part
+        conn.execute("CREATE FUNCTION qmdbridge.gate(agent text) RETURNS boolean LANGUAGE plpgsql AS $$"
+                     " BEGIN IF agent = 'main' THEN PERFORM pg_advisory_lock_shared(7);"
+                     " ELSIF agent = 'carol' THEN FOR i IN 1..6000 LOOP"  # 60 s: past the deadline
+                     " EXIT WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'"
+                     " AND objid = 7 AND granted); PERFORM pg_sleep(0.01); END LOOP; END IF;"
+                     " RETURN true; END $$")
+        conn.execute("CREATE POLICY gate ON qmdbridge.posting_blocks AS RESTRICTIVE FOR SELECT"
+                     " USING (qmdbridge.gate(agent_id))")
+    hybrid = engine(tmp_path / "ws-reviewer", tmp_path / "state-hybrid", WordProvider(),
+                    {"driver": "postgres", "dsn": dsns["reviewer"]}, agent_id="reviewer")
+    try:
+        await hybrid.sync(reason="test")  # its own vectors, so the search is hybrid
+        outcome = await hybrid.search(SearchRequest.of("the kettle lamp otter"))
+    finally:
+        await hybrid.close()
+    assert outcome.mode == "hybrid"
+    assert outcome.warnings == []
+    assert sorted(r.path for r in outcome.results) == [
+        "memory/2026-11-03.md", "shared/carol/MEMORY.md", "shared/main/MEMORY.md"]

@@ -69,6 +69,10 @@ CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
 # Candidates ranked exactly at a time before the bound of the next one is checked.
 RANK_STEP = 16
+# Steps of RANK_STEP candidates beyond the limit whose postings a round's first statement reads
+# (most searches stop within them); a search that needs more reads the postings of as many
+# further candidates at a time, by key.
+WINDOW_STEPS = 6
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
@@ -528,9 +532,12 @@ class PostgresStore:
         bound: each phrase of an essential term adds ``IDF * f * (k1 + 1) / (f + norm)`` with
         its chunk's own ``f`` and length, each phrase of a non-essential term its bound, when
         the chunk holds the essential tokens the phrase needs (``bm25.required_tokens``:
-        ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound get the
-        postings of every term (the non-essential ones read by key for them alone) and are
-        ranked exactly (``bm25.rank_rows``); the texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
+        ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound are ranked
+        exactly (``bm25.rank_rows``) in bound order: the statement returns the postings of every
+        term of the first ``limit`` plus :data:`WINDOW_STEPS` steps of them (the non-essential
+        terms' read by key for them alone), and those of further candidates, when the ranking
+        gets to them, are read by key as many at a time; the texts are read for the answer's
+        chunks only. The answer stands when the ``limit``-th exact
         score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
         and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
         become essential, and the statement runs again, up to every chunk of every term.
@@ -602,44 +609,71 @@ class PostgresStore:
                                         for t in sorted(needed - common, key=slot.__getitem__))
                     bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
                 cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
+
+                def keyed_postings(terms_sql: str, slots_sql: str) -> str:
+                    """SQL: the postings of the terms ``terms_sql`` (slots ``slots_sql``) of
+                    the candidates ``win`` read by key: each term's block at or below the
+                    chunk."""
+                    return (f"SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
+                            f" unnest({terms_sql}::text[], {slots_sql}::int[]) AS n(term, k) CROSS JOIN"
+                            " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
+                            " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
+                            f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
+                            " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
+                            " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL")
+
+                window_rows = ("SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
+                               f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
+                               " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid")
                 # The column-weighted frequency of a posting's term, from its hits per column.
                 wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
-                hits = ", ".join(f"h{i}" for i in range(len(TF_COLUMNS)))
-                cur.execute(
+                hits = [f"h{i}" for i in range(len(TF_COLUMNS))]
+                sql = (
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
                     " p AS MATERIALIZED (SELECT u.r, t.k, u.dl::float8 AS dl,"
                     f" {wf} AS wf, {_block_positions('b', 'u.i')} AS positions"
                     f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
                     f" AND k.workspace = %(ws)s AND k.term = t.term {_read_block('k', 'b')}"
-                    f" CROSS JOIN LATERAL unnest(k.rowids, k.lens, k.{', k.'.join(TF_COLUMNS)})"
-                    f" WITH ORDINALITY AS u(r, dl, {hits}, i)"
+                    f" {_unnest_block('k', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}"
                     " WHERE k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
                     f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
                     " ORDER BY ub DESC, r.r LIMIT %(k)s),"
-                    # Every term's postings of the candidates: the essential ones already read,
-                    # the common ones by key (the term's block at or below the chunk).
-                    " x AS (SELECT p.r, p.k, p.positions FROM p JOIN top ON top.r = p.r"
-                    f" UNION ALL SELECT top.r, n.k, {_block_positions('q', 'q.i')} FROM top CROSS JOIN"
-                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN LATERAL"
-                    " (SELECT array_cat(b.positions, '{}') AS positions, array_cat(b.ends, '{}') AS ends,"
-                    " array_position(b.rowids, top.r) AS i"
-                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s AND b.workspace = %(ws)s"
-                    " AND b.term = n.term AND b.chunk_rowid <= top.r ORDER BY b.chunk_rowid DESC"
-                    " LIMIT 1) q WHERE q.i IS NOT NULL)"
-                    " SELECT top.r, top.ub, top.dl, array_agg(x.k), array_agg(x.positions::text),"
-                    " c.path, c.start_line"
-                    f" FROM top JOIN x ON x.r = top.r JOIN {s}.chunks c ON c.chunk_rowid = top.r"
-                    " GROUP BY top.r, top.ub, top.dl, c.chunk_rowid",
-                    {**args, "k": want + 1, "ess": _text_array(essential),
-                     "ess_k": _int_array(slot[t] for t in essential),
-                     "common": _text_array(sorted(common)),
-                     "common_k": _int_array(slot[t] for t in sorted(common))})
+                    # The window of candidates ranked next, by bound: only theirs are read.
+                    " win AS MATERIALIZED (SELECT r FROM (SELECT r, row_number() OVER"
+                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n > %(lo)s AND n <= %(hi)s),"
+                    # Every term's postings of the window: the essential ones already read,
+                    # the common ones by key.
+                    " x AS (SELECT p.r, p.k, p.positions FROM p JOIN win ON win.r = p.r"
+                    f" UNION ALL {keyed_postings('%(common)s', '%(common_k)s')}),"
+                    f" y AS ({window_rows})"
+                    " SELECT top.r, top.ub, top.dl, y.ks, y.positions, y.path, y.start_line"
+                    " FROM top LEFT JOIN y ON y.r = top.r")
+                # The postings of every term of further candidates, all by key.
+                more_sql = (f"WITH win(r) AS (SELECT unnest(%(ids)s::bigint[])),"
+                            f" x AS ({keyed_postings('%(all)s', '%(all_k)s')}) {window_rows}")
+                round_args = {**args, "k": want + 1, "ess": _text_array(essential),
+                              "ess_k": _int_array(slot[t] for t in essential),
+                              "common": _text_array(sorted(common)),
+                              "common_k": _int_array(slot[t] for t in sorted(common))}
+
+                # The bounds of the first K + 1 candidates, with the postings, path and start
+                # line of the first read_to of them by bound.
+                read_to = min(want, limit + WINDOW_STEPS * RANK_STEP)
+                cur.execute(sql, {**round_args, "lo": 0, "hi": read_to})
                 bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
                 rest = free_bound(common)
                 # Rank the candidates in the order of their bounds, a few at a time, until the
                 # limit-th exact score is above the bound of every chunk not ranked yet.
                 for first in range(0, min(want, len(bounds)) + 1, RANK_STEP):
+                    if first + RANK_STEP > read_to and read_to < min(want, len(bounds)):
+                        upto = min(want, len(bounds), read_to + max(WINDOW_STEPS, 1) * RANK_STEP)
+                        cur.execute(more_sql, {**args, "ids": [r[0] for r in bounds[read_to:upto]],
+                                               "all": _text_array(t for t in terms if t in idfs),
+                                               "all_k": _int_array(slot[t] for t in terms if t in idfs)})
+                        more = {r[0]: r[1:] for r in cur.fetchall()}
+                        bounds[read_to:upto] = [(*r[:3], *more[r[0]]) for r in bounds[read_to:upto]]
+                        read_to = upto
                     todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
                     # Chunks with the same length and the same postings of the query's terms
                     # (a note copied, repeated boilerplate) have the same rank: ranked once.
@@ -718,8 +752,8 @@ class PostgresStore:
         s = self._s
         if table == "posting_blocks":
             found = (f"SELECT u.r AS chunk_rowid, k.term, {_block_positions('b', 'u.i')} AS positions"
-                     f" FROM {s}.posting_blocks k {_read_block('k', 'b')} CROSS JOIN LATERAL"
-                     " unnest(k.rowids) WITH ORDINALITY AS u(r, i) WHERE k.agent_id = %(agent)s"
+                     f" FROM {s}.posting_blocks k {_read_block('k', 'b')}"
+                     f" {_unnest_block('k', 'u', ('rowids', 'r'))} WHERE k.agent_id = %(agent)s"
                      " AND k.workspace = %(ws)s AND k.term = ANY(%(terms)s) AND k.gen_from <= %(gen)s")
         else:
             found = (f"SELECT chunk_rowid, term, positions FROM {s}.{table} WHERE agent_id = %(agent)s"
@@ -1518,6 +1552,17 @@ def _read_block(table: str, alias: str) -> str:
     again, once per chunk of the block (a four-word search read 20 times the buffers)."""
     arrays = ", ".join(f"array_cat({table}.{c}, '{{}}') AS {c}" for c in ("ends", "positions"))
     return f"CROSS JOIN LATERAL (SELECT {arrays} OFFSET 0) {alias}"
+
+
+def _unnest_block(table: str, alias: str, *arrays: tuple[str, str]) -> str:
+    """SQL: a lateral ``alias`` with one row per chunk of the posting block ``table``: each
+    ``(array, name)`` of ``arrays`` unnested side by side and ``i``, the chunk's 1-based place.
+    The set-returning functions stand in a select list (one projection), which costs a block
+    about half what ``unnest(a, b, ...) WITH ORDINALITY`` in ``FROM`` costs (a function scan
+    that stores its rows before returning them)."""
+    cols = ", ".join(f"unnest({table}.{a}) AS {n}" for a, n in arrays)
+    return (f"CROSS JOIN LATERAL (SELECT {cols}, generate_series(1, cardinality({table}.rowids)) AS i)"
+            f" {alias}")
 
 
 def _block_positions(block: str, i: str) -> str:

@@ -82,16 +82,19 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
-@pytest.mark.parametrize("block_chunks", [64, 3])
+@pytest.mark.parametrize(("block_chunks", "window_steps", "candidates"), [
+    (64, pg_store.WINDOW_STEPS, 1), (3, pg_store.WINDOW_STEPS, 1), (64, 0, pg_store.CANDIDATES_PER_ROW)])
 def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        block_chunks: int) -> None:
+                                                        monkeypatch: pytest.MonkeyPatch, block_chunks: int,
+                                                        window_steps: int, candidates: int) -> None:
     """Same rows and ranks as FTS5, with a term's postings in blocks of up to 64 chunks and
-    of 3 (a common word of the write then spans many blocks, each read by key)."""
+    of 3 (a common word of the write then spans many blocks, each read by key), and with
+    the postings of every candidate past the first ``limit`` read by key, a step at a time."""
     files, questions = locomo_files()
     # First round of exact ranking: as many rows as asked for, so the widening is exercised.
-    monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", 1)
+    monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", candidates)
     monkeypatch.setattr(pg_store, "BLOCK_CHUNKS", block_chunks)
+    monkeypatch.setattr(pg_store, "WINDOW_STEPS", window_steps)
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:

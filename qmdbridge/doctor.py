@@ -266,6 +266,7 @@ def _check_watch_limits() -> Check:
 def _check_postgres(agent: ResolvedAgent) -> Check:
     """The ``index`` check of an agent on the postgres store: the store opens (server reached,
     login accepted, pgvector there, schema migrated) and its published index is counted."""
+    from fallback.engine.status import untrigrammed_issue
     from fallback.engine.store_open import open_postgres
 
     try:
@@ -287,6 +288,8 @@ def _check_postgres(agent: ResolvedAgent) -> Check:
               f" {files} files, {chunks} chunks")
     if not chunks:
         return Check("index", "warn", f"{detail} (no index yet)", _index_hint(agent.workspace_dir))
+    if untrigrammed := untrigrammed_issue(d["unspacedWithoutTrigrams"]):
+        return Check("index", "warn", f"{detail}; {untrigrammed[0]}", "run `qmdbridge index --force`")
     return Check("index", "ok", detail)
 
 

@@ -187,7 +187,17 @@ def unreached_postgres(settings: EngineSettings) -> dict[str, Any]:
     target = resolve_target(st.dsn, schema=st.schema_)
     return {"driver": "postgres", "target": target.redact(target.describe()), "schema": target.schema,
             "schemaVersion": None, "generation": None, "counts": {}, "lastSyncAtMs": None,
-            "cacheEntries": 0, "vectorDims": None, "sharedScopes": []}
+            "cacheEntries": 0, "vectorDims": None, "unspacedWithoutTrigrams": 0, "sharedScopes": []}
+
+
+def untrigrammed_issue(chunks: int) -> list[str]:
+    """The issue of a postgres index with ``chunks`` published chunks of Thai, Lao, Khmer or
+    Myanmar text written before those scripts were searched as substrings (``[]`` for none)."""
+    if not chunks:
+        return []
+    return [f"{counted(chunks, 'chunk')} of Thai, Lao, Khmer or Myanmar text indexed before those"
+            " scripts were searched as substrings: a word inside their sentences is not found"
+            " until their file changes or `qmdbridge index --force` runs"]
 
 
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
@@ -224,5 +234,6 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         vector=_no_vectors(settings, selection) if provider is None else {
             "enabled": True, "available": True, "mode": "pgvector", "reason": None,
             "dims": described["vectorDims"]},
-        skipped=skipped, issues=issues, last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
+        skipped=skipped, issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
+        last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

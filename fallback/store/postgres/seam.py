@@ -24,6 +24,11 @@ from fallback.store.postgres.store import PostgresStore, ScopeStats, SyncLease
 from fallback.store.postgres.tokens import MAIN
 from fallback.store.seam import KeywordRow
 from fallback.store.vectors import VectorSearch
+from fallback.text.scripts import contains_unspaced
+
+# The Unicode blocks of Thai, Lao, Myanmar (and its extensions) and Khmer (and its symbols), as
+# a PostgreSQL bracket expression: a chunk without such a character holds none of those scripts.
+_UNSPACED_BLOCKS = "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u19e0-\u19ff\ua9e0-\ua9ff\uaa60-\uaa7f]"
 
 __all__ = ["PostgresSearchStore"]
 
@@ -172,8 +177,10 @@ class PostgresSearchStore:
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
         generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries, vectorDims,
-        sharedScopes: [{agent, workspace}]}`` (the shared embedding cache's entries; the length
-        of the published vectors, ``None`` before any; the scopes other agents share with this
+        unspacedWithoutTrigrams, sharedScopes: [{agent, workspace}]}`` (the shared embedding
+        cache's entries; the length of the published vectors, ``None`` before any; the published
+        chunks with Thai, Lao, Khmer or Myanmar text but no trigram postings, written before
+        those scripts were searched as substrings; the scopes other agents share with this
         one); the target without its password (``PgTarget.describe``)."""
         st = self.store
         with st._snapshot("read the store's counts", *st._stats_sql()) as cur:
@@ -195,11 +202,24 @@ class PostgresSearchStore:
                         " AND c.gen_from <= %s AND (c.gen_to IS NULL OR c.gen_to > %s) LIMIT 1",
                         (st.agent_id, st.workspace, stats.generation, stats.generation))
             dims: Any = cur.fetchone()
+            # chunks of those scripts written without trigram postings (before they took the
+            # substring path): found through the index's words in the scripts' blocks (a word
+            # list, not every text, is scanned); contains_unspaced decides
+            cur.execute(f"SELECT DISTINCT c.chunk_rowid, c.text FROM {st._s}.term_stats ts"
+                        f" JOIN {st._s}.posting_blocks b ON b.agent_id = ts.agent_id"
+                        " AND b.workspace = ts.workspace AND b.term = ts.term"
+                        f" CROSS JOIN LATERAL unnest(b.rowids) AS u(r) JOIN {st._s}.chunks c"
+                        " ON c.chunk_rowid = u.r WHERE ts.agent_id = %s AND ts.workspace = %s"
+                        " AND ts.df > 0 AND ts.term ~ %s AND c.trigram_len IS NULL"
+                        " AND c.gen_from <= %s AND (c.gen_to IS NULL OR c.gen_to > %s)",
+                        (st.agent_id, st.workspace, _UNSPACED_BLOCKS, stats.generation, stats.generation))
+            untrigrammed = sum(1 for _, text in cur if contains_unspaced(text))
         return {"driver": "postgres", "target": st.target.redact(st.target.describe()),
                 "schema": st.target.schema, "schemaVersion": int(version[0] or 0),
                 "generation": stats.generation, "counts": counts,
                 "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0]),
                 "vectorDims": None if dims is None else int(dims[0]),
+                "unspacedWithoutTrigrams": untrigrammed,
                 "sharedScopes": [{"agent": agent, "workspace": ws} for agent, ws in st.shared_scopes()]}
 
     def close(self) -> None:

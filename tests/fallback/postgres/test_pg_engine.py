@@ -291,3 +291,53 @@ def test_serve_tells_each_search_the_outage_failed_in_one_line(tmp_path: Path) -
             proc.wait(timeout=60)
         server.stop()
         shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_thai_chunks_indexed_without_trigram_postings_are_named_until_a_forced_sync(
+        tmp_path: Path, pg_dsn: str) -> None:
+    """A Thai note as the store wrote it before Thai took the substring path (no trigram
+    postings, no trigram length): a word inside its sentence is not found, and status and
+    doctor say so and what to run; ``index --force`` writes its postings, and the word is found."""
+    import psycopg
+
+    from qmdbridge.config import parse_config, resolve_agent
+    from qmdbridge.doctor import run_doctor
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "memory" / "th.md").write_text("เมื่อวานเราไปกินข้าวผัดที่ร้านใกล้บ้าน\n")  # fried rice
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+    store = {"driver": "postgres", "dsn": pg_dsn}
+    agent = resolve_agent(parse_config({"agents": {"defaults": {"memorySearch": {
+        "provider": "none", "store": store}}}}), "main", workspace=ws, env=env)
+
+    async def index_check() -> tuple[str, str, str | None]:
+        check = next(c for c in (await run_doctor(agent, env=env)).checks if c.name == "index")
+        return check.level, check.detail, check.hint
+
+    eng = engine(ws, tmp_path / "state", store)
+    try:
+        await eng.sync(reason="test")
+        assert [r.path for r in (await eng.search(SearchRequest.of("ข้าวผัด"))).results] == ["memory/th.md"]
+        assert (await eng.status()).issues == []
+        assert (await index_check())[0] == "ok"
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM qmdbridge.trigram_postings")
+            conn.execute("UPDATE qmdbridge.chunks SET trigram_len = NULL")
+            conn.execute("UPDATE qmdbridge.workspaces SET trigram_chunk_count = 0, trigram_token_count = 0")
+        assert (await eng.search(SearchRequest.of("ข้าวผัด"))).results == []
+        issue = ("1 chunk of Thai, Lao, Khmer or Myanmar text indexed before those scripts were"
+                 " searched as substrings: a word inside their sentences is not found until their"
+                 " file changes or `qmdbridge index --force` runs")
+        assert (await eng.status()).issues == [issue]
+        level, detail, hint = await index_check()
+        assert (level, hint) == ("warn", "run `qmdbridge index --force`")
+        assert detail.endswith(f": 2 files, 2 chunks; {issue}")
+        await eng.sync(reason="test", force=True)
+        assert [r.path for r in (await eng.search(SearchRequest.of("ข้าวผัด"))).results] == ["memory/th.md"]
+        assert (await eng.status()).issues == []
+        assert (await index_check())[0] == "ok"
+    finally:
+        await eng.close()

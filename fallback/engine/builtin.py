@@ -697,7 +697,7 @@ class BuiltinEngine:
             return build_postgres_status(
                 described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
-                dirty_reason=self._dirty_reason, last_error=last_error, skipped=report.skipped if report else [],
+                dirty_reason=self._dirty_reason, last_error=last_error,
                 issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None

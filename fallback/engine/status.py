@@ -187,7 +187,8 @@ def unreached_postgres(settings: EngineSettings) -> dict[str, Any]:
     target = resolve_target(st.dsn, schema=st.schema_)
     return {"driver": "postgres", "target": target.redact(target.describe()), "schema": target.schema,
             "schemaVersion": None, "generation": None, "counts": {}, "lastSyncAtMs": None,
-            "cacheEntries": 0, "vectorDims": None, "unspacedWithoutTrigrams": 0, "sharedScopes": []}
+            "cacheEntries": 0, "vectorDims": None, "unspacedWithoutTrigrams": 0, "skipped": [],
+            "sharedScopes": []}
 
 
 def untrigrammed_issue(chunks: int) -> list[str]:
@@ -203,16 +204,16 @@ def untrigrammed_issue(chunks: int) -> list[str]:
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
                           selection: Any, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
-                          skipped: list[SkippedFile], issues: list[str]) -> MemoryStatus:
+                          issues: list[str]) -> MemoryStatus:
     """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
     <name> version <n>`` (no password), the shared embedding cache's entries, ``custom.store``
-    the description.
+    the description, ``skipped`` the files the published sync skipped (or indexed with a
+    caveat), whichever process ran it.
 
     ``selection`` is the ``ProviderSelection`` (its provider, or why there is none, as
     :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` are the
-    engine's own state, ``skipped`` / ``issues`` what this process's last sync skipped and
-    noticed."""
+    engine's own state, ``issues`` what this process's last sync noticed."""
     s = settings.search
     provider: EmbeddingProvider | None = selection.provider
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
@@ -234,6 +235,7 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         vector=_no_vectors(settings, selection) if provider is None else {
             "enabled": True, "available": True, "mode": "pgvector", "reason": None,
             "dims": described["vectorDims"]},
-        skipped=skipped, issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
+        skipped=[SkippedFile(path=f["path"], reason=f["reason"]) for f in described["skipped"]],
+        issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
         last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
         last_error=last_error, custom={"store": described})

@@ -123,7 +123,7 @@ def sync_through_lease(settings: EngineSettings, store: PostgresSearchStore, *, 
             for path in sorted(set(paths) - {p for src, p in active if src == source}):
                 lease.delete_file(path, source)
                 report.files_deleted += 1
-        lease.publish()
+        lease.publish(skipped=[(f.path, f.reason) for f in skipped])
     if step is not None and s.cache.enabled:  # bounded as the SQLite store's cache is
         try:
             store.store.prune_embedding_cache(s.cache.max_entries, used=sorted(used),

@@ -177,11 +177,12 @@ class PostgresSearchStore:
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,
         generation, counts: {source: {files, chunks}}, lastSyncAtMs, cacheEntries, vectorDims,
-        unspacedWithoutTrigrams, sharedScopes: [{agent, workspace}]}`` (the shared embedding
-        cache's entries; the length of the published vectors, ``None`` before any; the published
-        chunks with Thai, Lao, Khmer or Myanmar text but no trigram postings, written before
-        those scripts were searched as substrings; the scopes other agents share with this
-        one); the target without its password (``PgTarget.describe``)."""
+        unspacedWithoutTrigrams, skipped: [{path, reason}], sharedScopes: [{agent, workspace}]}``
+        (the shared embedding cache's entries; the length of the published vectors, ``None``
+        before any; the published chunks with Thai, Lao, Khmer or Myanmar text but no trigram
+        postings, written before those scripts were searched as substrings; the files the
+        published sync skipped or indexed with a caveat, by path; the scopes other agents share
+        with this one); the target without its password (``PgTarget.describe``)."""
         st = self.store
         with st._snapshot("read the store's counts", *st._stats_sql()) as cur:
             stats = st._stats(cur)
@@ -195,6 +196,9 @@ class PostgresSearchStore:
                                                  stats.generation))
                 for source, n in cur.fetchall():
                     counts.setdefault(source, {"files": 0, "chunks": 0})[table] = int(n)
+            cur.execute(f"SELECT meta -> 'skipped' FROM {st._s}.workspaces WHERE agent_id = %s"
+                        " AND workspace = %s", (st.agent_id, st.workspace))
+            kept: Any = cur.fetchone()
             cur.execute(f"SELECT count(*) FROM {st._s}.embedding_cache")
             cached: Any = cur.fetchone()
             cur.execute(f"SELECT v.dims FROM {st._s}.chunk_vectors v JOIN {st._s}.chunks c"
@@ -220,6 +224,7 @@ class PostgresSearchStore:
                 "lastSyncAtMs": stats.last_sync_at_ms, "cacheEntries": int(cached[0]),
                 "vectorDims": None if dims is None else int(dims[0]),
                 "unspacedWithoutTrigrams": untrigrammed,
+                "skipped": [{"path": p, "reason": r} for p, r in (kept[0] if kept and kept[0] else [])],
                 "sharedScopes": [{"agent": agent, "workspace": ws} for agent, ws in st.shared_scopes()]}
 
     def close(self) -> None:

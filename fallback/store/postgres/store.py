@@ -27,6 +27,7 @@ import contextlib
 import copy
 import heapq
 import itertools
+import json
 import math
 import re
 import threading
@@ -1303,9 +1304,14 @@ class SyncLease:
                         args)
         return gone
 
-    def publish(self) -> ScopeStats:
+    def publish(self, *, skipped: Sequence[tuple[str, str]] = ()) -> ScopeStats:
         """Make generation ``P + 1`` the one readers see and delete the rows it retired, in one
         transaction (a posting carries no ``gen_to``). The lease ends.
+
+        Args:
+            skipped: ``(path, reason)`` of each file the sync skipped or indexed with a caveat,
+                kept with the published generation (``workspaces.meta``'s ``skipped``) for
+                ``status``.
 
         Returns:
             The new published statistics.
@@ -1325,10 +1331,10 @@ class SyncLease:
                 self._conn.execute(f"UPDATE {s}.workspaces SET published_generation = %(gen)s,"
                                    " chunk_count = %(n)s, token_count = %(t)s,"
                                    " trigram_chunk_count = %(tn)s, trigram_token_count = %(tt)s,"
-                                   " last_sync_at = now()"
+                                   " last_sync_at = now(), meta = jsonb_set(meta, '{skipped}', %(skipped)s::jsonb)"
                                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s",
                                    {**args, "n": count, "t": tokens, "tn": tri_count,
-                                    "tt": tri_tokens})
+                                    "tt": tri_tokens, "skipped": json.dumps(sorted(map(list, skipped)))})
                 # In the same transaction: postings have no gen_to (a search of the new
                 # generation must not find the rows it retired).
                 with self._conn.cursor() as cur:

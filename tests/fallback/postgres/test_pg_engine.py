@@ -341,3 +341,30 @@ async def test_thai_chunks_indexed_without_trigram_postings_are_named_until_a_fo
         assert (await index_check())[0] == "ok"
     finally:
         await eng.close()
+
+
+def test_status_lists_the_files_the_published_sync_skipped_as_on_sqlite(tmp_path: Path, pg_dsn: str) -> None:
+    """``status`` run after the ``index`` that skipped them (its engine gone) lists the binary,
+    too large and not UTF-8 files, and notes indexed with a caveat, as the SQLite store's does;
+    a later sync that no longer skips a file drops it."""
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    (ws / "memory" / "blob.md").write_bytes(b"\x00\x01binary")
+    (ws / "memory" / "big.md").write_text("word " * 400)
+    (ws / "memory" / "latin1.md").write_bytes("caf\xe9 on the corner\n".encode("latin-1"))
+    listed = {}
+    for name, store in (("sqlite", {}), ("postgres", {"driver": "postgres", "dsn": pg_dsn})):
+        env = cli_env(tmp_path, name, store)
+        cfg = json.loads((tmp_path / name / "openclaw.json").read_text())
+        cfg["agents"]["defaults"]["memorySearch"]["maxFileBytes"] = 1000
+        (tmp_path / name / "openclaw.json").write_text(json.dumps(cfg))
+        args = ["--workspace", str(ws), "--backend", "builtin"]
+        assert run_cli_in_process(["index", *args], env).returncode == 0
+        listed[name] = json.loads(run_cli_in_process(["status", "--json", *args], env).stdout)["skipped"]
+    assert listed["postgres"] == listed["sqlite"]
+    assert [f["path"] for f in listed["postgres"]] == ["memory/big.md", "memory/blob.md", "memory/latin1.md"]
+    (ws / "memory" / "big.md").write_text("word " * 10)
+    assert run_cli_in_process(["index", *args], env).returncode == 0
+    assert [f["path"] for f in json.loads(run_cli_in_process(["status", "--json", *args], env).stdout)[
+        "skipped"]] == ["memory/blob.md", "memory/latin1.md"]

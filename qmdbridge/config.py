@@ -39,6 +39,7 @@ __all__ = [
     "QmdUpdate",
     "ResolvedAgent",
     "ScopeRule",
+    "config_warning_line",
     "default_config_path",
     "load_config",
     "parse_duration_ms",
@@ -278,6 +279,16 @@ class ResolvedAgent(BaseModel):
     named_paths: tuple[tuple[Path, Path], ...] = ()
     config_warnings: list[str] = Field(default_factory=list)
 
+    def config_warning_lines(self) -> list[str]:
+        """Each of :attr:`config_warnings` as every route tells it (:func:`config_warning_line`)."""
+        return [config_warning_line(w, self.source_file) for w in self.config_warnings]
+
+
+def config_warning_line(warning: str, file: str | None) -> str:
+    """How a config warning is told, on every route and in the log: ``config <file>: <warning>``
+    (``config: <warning>`` without a file)."""
+    return f"config{f' {file}' if file else ''}: {warning}"
+
 
 def state_dir(env: dict[str, str] | None = None) -> Path:
     """Return ``$OPENCLAW_STATE_DIR`` (``~`` expanded) or ``~/.openclaw``."""
@@ -406,7 +417,7 @@ def parse_config(data: Any, *, file: str | None = None,
                                   agent_ids=agent_ids)
         entries.append(entry.model_copy(update={"key_path": src.key_path, "warnings": own}))
     for warning in [*warnings, *(w for e in entries for w in e.warnings)]:
-        log.warning("config%s: %s", f" {file}" if file else "", warning)
+        log.warning("%s", config_warning_line(warning, file))
     return OpenClawConfig(memory=memory, defaults_memory_search=layout.search,
                           defaults_workspace=ws, compaction=compaction, agents=entries,
                           source_file=file, defaults_key=defaults_key, warnings=warnings)

@@ -19,7 +19,15 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
-from qmdbridge.cli.common import EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit_json
+from qmdbridge.cli.common import (
+    EXIT_FAILURE,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    emit_json,
+    print_config_warnings,
+)
 
 __all__ = ["exit_code_for", "run_command"]
 
@@ -85,6 +93,8 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             key_taken_ms = wall_clock_ms()
             key = settings_key(args, os.environ)
         cfg, agent = _resolve(args)
+        if args.command not in ("serve", "mcp"):  # these log them (logging's default)
+            print_config_warnings(agent.config_warning_lines())
         handler = _handler(args.command)
         if qmd_runner is not None and args.command == "search":
             handler = partial(_search, qmd_runner=qmd_runner)

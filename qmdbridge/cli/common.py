@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json",
-           "emit_plain_json", "verbose_note"]
+           "emit_plain_json", "print_config_warnings", "verbose_note"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -58,3 +58,10 @@ def verbose_note(args: Any, message: str) -> None:
     """With ``-v``, write ``message`` to stderr as a ``-v`` log line of the CLI would read."""
     if getattr(args, "verbose", False):
         sys.stderr.write(f"INFO qmdbridge.cli: {message}\n")
+
+
+def print_config_warnings(lines: Any) -> None:
+    """Write each config warning line (``ResolvedAgent.config_warning_lines``) to stderr as
+    ``qmdbridge: config <file>: <warning>``: every route of every command tells them so, once."""
+    for line in lines:
+        sys.stderr.write(f"qmdbridge: {line}\n")

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Mapping
 
-from qmdbridge.cli.common import EXIT_REFUSED, emit_plain_json
+from qmdbridge.cli.common import EXIT_REFUSED, emit_plain_json, print_config_warnings
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     client_fingerprint,
@@ -108,12 +108,15 @@ def _candidates(folder: str, agent: str | None) -> list[str]:
     return [os.path.join(folder, n) for n in names]
 
 
-def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: bool = True) -> int | None:
-    """Print a daemon's result like the in-process command would; ``None`` to run in-process.
-    ``keyword_notice``: the daemon's ``keywordNotice`` (``render.keyword_notice``)."""
+def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: bool = True,
+           config_warnings: list[str] | None = None) -> int | None:
+    """Print a daemon's result like the in-process command would; ``None`` to run in-process
+    (which tells the config warnings itself). ``keyword_notice``: the daemon's ``keywordNotice``
+    (``render.keyword_notice``); ``config_warnings``: its ``configWarnings``, told first."""
     if args.command == "get" and result.get("disabled"):
         if not result.get("refused"):
             return None
+        print_config_warnings(config_warnings or ())
         message = str(result.get("error"))
         if args.json:
             emit_plain_json({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
@@ -128,6 +131,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
         result = {**result, "problems": status_problems(result)}
     from qmdbridge.cli.render import print_answer
 
+    print_config_warnings(config_warnings or ())
     return print_answer(args, result, served_by="daemon", keyword_notice=keyword_notice)
 
 
@@ -153,5 +157,8 @@ def try_daemon(args: argparse.Namespace, env: Mapping[str, str] | None = None) -
         reply = exchange(path, request)
         if reply is None or "mismatch" in reply or not isinstance(reply.get("result"), dict):
             continue
-        return _print(args, reply["result"], keyword_notice=reply.get("keywordNotice") is not False)
+        warnings = reply.get("configWarnings")
+        return _print(args, reply["result"], keyword_notice=reply.get("keywordNotice") is not False,
+                      config_warnings=[w for w in warnings if isinstance(w, str)] if isinstance(
+                          warnings, list) else [])
     return None

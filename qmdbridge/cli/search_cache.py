@@ -152,9 +152,10 @@ def record_search_settings(args: argparse.Namespace, cfg: OpenClawConfig, agent:
     backend = args.backend or agent.memory.backend
     keys = provider_env_keys(agent, e) if backend == "builtin" else None
     qmd = qmd_prefetch_settings(agent, e) if backend == "qmd" else None
+    # config warnings are read fresh, and told, by the in-process search: none on the read-only route
     eligible = ((qmd is not None or (keys is not None and list(ms.sources) == ["memory"]
                                      and not ms.query.rerank.enabled
-                                     and ms.store.driver == "sqlite"))
+                                     and ms.store.driver == "sqlite" and not agent.config_warnings))
                 and _config_settled(key, key_taken_ms))
     try:
         if not eligible:

@@ -69,16 +69,18 @@ async def _read_stdin(manager: Any) -> None:
 
 async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.Namespace) -> str | None:
     """Start the daemon socket in ``tg``, answering with :func:`handle_line` of the started
-    ``manager`` plus ``keywordNotice`` in each reply; ``args``' ``--config`` and ``--backend``
+    ``manager`` plus ``keywordNotice`` and ``configWarnings`` (the agent's config warning lines,
+    which the client prints) in each reply; ``args``' ``--config`` and ``--backend``
     are part of the daemon's identity. Returns the socket's path, or ``None`` when none could
     be made (the reason is on stderr)."""
     from qmdbridge.cli.render import keyword_notice
     from qmdbridge.server.socket_listener import identity_for, serve_socket
 
     notice = keyword_notice(agent.memory_search.provider)
+    warnings = agent.config_warning_lines()
 
     async def handle(line: bytes) -> dict[str, Any]:
-        return {**await handle_line(manager, line), "keywordNotice": notice}
+        return {**await handle_line(manager, line), "keywordNotice": notice, "configWarnings": warnings}
 
     identity = identity_for(agent, config=args.config, backend=args.backend)
     path = await tg.start(serve_socket, identity, handle)

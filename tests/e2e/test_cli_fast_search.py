@@ -433,3 +433,22 @@ def test_a_corpus_other_than_all_is_searched_as_asked(ws: Path, fenv: dict[str, 
         doc = orjson.loads(p["stdout"])
         assert p["code"] == 0
         assert (doc["corpus"], [r["path"] for r in doc["results"]][:1], doc["warnings"]) == (corpus, paths, warnings)
+
+
+def test_config_warnings_are_told_on_stderr_by_every_search_and_keep_it_in_process(
+        ws: Path, fenv: dict[str, str]) -> None:
+    cfg = Path(fenv["OPENCLAW_STATE_DIR"]) / "openclaw.json"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('{agents: {defaults: {memorySearch: {provder: "local", provider: "none", '
+                   'remote: {baseUrl: "${QB_UNSET_HOST}"}}}}}')
+    env = {k: v for k, v in fenv.items() if k != "QB_UNSET_HOST"}
+    expected = (f"qmdbridge: config {cfg}: agents.defaults.memorySearch.remote.baseUrl: "
+                "${QB_UNSET_HOST} is not set; left as written\n"
+                f"qmdbridge: config {cfg}: agents.defaults.memorySearch.provder: unknown key, "
+                "ignored (did you mean provider?)\n")
+    argv = ["search", "router", "--workspace", str(ws)]
+    first = probe(argv, env)
+    config_settled(env)
+    for report in (first, probe(argv, env), probe([*argv, "--json"], env)):
+        assert report["code"] == 0 and report["inProcess"]  # the warnings are read fresh each time
+        assert report["stderr"] == expected

@@ -5,8 +5,8 @@ Each case is drawn from a seeded generator: notes of words from a small vocabula
 hit several of them), a config with random keyword-only settings (citations, maxResults,
 minScore, candidateMultiplier, chunking, extraPaths, sync.onSearch, temporal decay, sessions
 with a transcript, MMR, section chunking, the trigram tokenizer, a size cap, extra paths with
-patterns, and per command --max-results, --min-score, --session-key under scope rules and
---corpus), and a store state after the first search recorded its settings (unchanged,
+patterns, a misspelt key (a config warning, which every route tells on stderr), and per command
+--max-results, --min-score, --session-key under scope rules and --corpus), and a store state after the first search recorded its settings (unchanged,
 a note changed, a note added, a binary note, a note the sync cannot read, the workspace gone,
 or a foreign index: one written with other chunking, a file another tool wrote at the store's
 path, an index of another workspace). Each query is answered by the in-process engine
@@ -241,8 +241,11 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
     state_dir = Path(env["OPENCLAW_STATE_DIR"])
     state_dir.mkdir()
     config = _config(rng)
-    (state_dir / "openclaw.json").write_text(json.dumps(config))
     search = config["agents"]["defaults"]["memorySearch"]
+    warned = seed % 4 == 1  # a misspelt key: every route tells its warning, on stderr
+    if warned:
+        search["provder"] = "local"
+    (state_dir / "openclaw.json").write_text(json.dumps(config))
     if "sources" in search:
         _transcript(rng, state_dir)
     _backdate(tmp_path)
@@ -290,6 +293,10 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
                 if state in FOREIGN:
                     _foreign(state, ws, state_dir, capsys)
                 answers[route] = _run(argv, capsys)
+            if warned:
+                assert answers["engine"][2].startswith(
+                    f"qmdbridge: config {state_dir / 'openclaw.json'}: agents.defaults.memorySearch.provder: "
+                    "unknown key, ignored (did you mean provider?)\n")
             _same(answers["no daemon"], answers["engine"], decay=decay)
             _same(_daemon_stdout(answers["daemon"]), answers["engine"], decay=decay)
             if state in FOREIGN:  # re-indexed in this process (a denied search left it foreign), so
@@ -307,7 +314,7 @@ def test_every_route_gives_the_in_process_answer(seed: int, tmp_path: Path, env:
                 assert _daemon_stdout(_run(get, capsys)) == in_process
                 if page == [" "]:
                     assert in_process[0] == 3 and "path refused: ' ': empty path" in in_process[1] + in_process[2]
-    plain_keyword = search["provider"] == "none" and "sources" not in search
+    plain_keyword = search["provider"] == "none" and "sources" not in search and not warned
     if plain_keyword and state not in ("gone", *FOREIGN):  # the read-only route answered (else it was declined)
         assert any(code == 0 for code in fast_answers), fast_answers
     if state != "gone":  # the daemon answered

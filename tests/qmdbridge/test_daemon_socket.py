@@ -195,7 +195,8 @@ def test_a_peer_with_another_uid_is_refused(tmp_path: Path) -> None:
                 reply += own.recv(65536)
             own.close()
             synced, status = (orjson.loads(line) for line in reply.splitlines())
-            assert synced == {"id": 6, "result": {"ok": True}, "keywordNotice": True}
+            assert synced == {"id": 6, "result": {"ok": True}, "keywordNotice": True,
+                              "configWarnings": []}
             assert status["id"] == 7 and status["result"]["files"] == 2
         finally:
             assert stop(proc, signal.SIGTERM) == 0

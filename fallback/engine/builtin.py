@@ -482,7 +482,8 @@ class BuiltinEngine:
 
     def _live_warning(self, outcome: SearchOutcome) -> SearchOutcome:
         """``outcome`` with live mode's stale-index note (transcripts waiting for their batch)."""
-        if self._live is not None and (stale := self._live.stale_reason(memory=False)):
+        live = self._live
+        if live is not None and (stale := live.stale_reason(memory=False, below_delta=False)):
             return replace(outcome, warnings=[
                 *outcome.warnings, f"index stale: {stale}; the newest content may be missing"])
         return outcome

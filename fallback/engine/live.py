@@ -6,6 +6,7 @@ reported and retried with backoff there (docs/architecture.md "Background work a
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,9 +207,12 @@ class LiveSync:
             self.sync_counts["session-delta"] += 1
 
     def after_sync(self, report: SyncReport) -> None:
-        """Reset the delta tracker to the sizes the index now holds (spec §5.4)."""
+        """Reset the delta tracker to the sizes the index now holds (spec §5.4); a transcript
+        waiting for the batch window that the sync indexed as it is now waits no more."""
         for path, size in report.session_sizes.items():
             self.tracker.reset(Path(path), size)
+            if path in self._session_pending and _size(path) == size:
+                self._session_pending.discard(path)
 
     def warm(self, session_key: str | None) -> None:
         """Fire-and-forget ``sync("session-start")`` once per non-empty key (``sync.onSessionStart``)."""
@@ -277,9 +281,10 @@ class LiveSync:
             "live": {"degraded": degraded, "syncs": dict(self.sync_counts),
                      "sessionsPending": len(self._session_pending), "stale": stale}}, stale)
 
-    def stale_reason(self, *, memory: bool = True) -> str | None:
+    def stale_reason(self, *, memory: bool = True, below_delta: bool = True) -> str | None:
         """Changes live mode has seen and the index does not hold yet, in words, or ``None``:
-        transcripts in the batch window, a session-delta sync due, and (``memory``) memory
+        transcripts in the batch window, a session-delta sync due, (``below_delta``) transcripts
+        grown below ``sync.sessions.deltaBytes``/``deltaMessages``, and (``memory``) memory
         files the watcher holds that no search has synced."""
         parts: list[str] = []
         if self._session_pending:
@@ -287,6 +292,11 @@ class LiveSync:
                          f"session batch window ({self.session_batch_ms} ms)")
         if self._session_sync_due:
             parts.append("a session-delta sync is due")
+        grown = self.tracker.below_threshold() if below_delta else 0
+        if grown:
+            parts.append(f"new lines of {counted(grown, 'transcript')} are below "
+                         "sync.sessions.deltaBytes/deltaMessages (indexed once they reach one, "
+                         "or by the next sync)")
         files = self._memory_unsent(rescan=False)[1] if memory else 0
         if files:
             parts.append(f"{counted(files, 'changed memory file', 'wait')} for the watch debounce")
@@ -305,6 +315,14 @@ class LiveSync:
             if watcher.state.rearms > self._rearms_synced and last is not None:
                 return f"watcher re-armed after: {last['cause']}; rescan pending"
         return self._degraded
+
+
+def _size(path: str) -> int | None:
+    """The file's size in bytes, or ``None`` when it cannot be stat'ed."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _raise_embedding_failure(report: SyncReport) -> None:

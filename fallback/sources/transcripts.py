@@ -321,6 +321,11 @@ class SessionDeltaTracker:
         """Record that ``path`` was indexed at ``size`` bytes: ``{size, 0, 0}``."""
         self._states[str(path)] = _DeltaState(last_size=size)
 
+    def below_threshold(self) -> int:
+        """How many files grew since their last re-index without hitting a threshold yet (their
+        new lines are not indexed)."""
+        return sum(1 for st in self._states.values() if st.pending_bytes or st.pending_messages)
+
     def pending(self, path: Path) -> tuple[int, int, int]:
         """``(last_size, pending_bytes, pending_messages)`` for ``path`` (zeros if unknown)."""
         state = self._states.get(str(path))

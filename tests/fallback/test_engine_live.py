@@ -304,6 +304,50 @@ async def test_transcript_lines_waiting_for_their_sync_are_told_not_hidden(ws: P
             True, f"index stale: {stale}", stale)
 
 
+async def test_transcript_lines_below_the_delta_thresholds_keep_the_index_dirty(ws: Path) -> None:
+    engine, path = _session_engine(ws, 200)
+    async with live(engine):
+        await _booted(engine)
+        with path.open("ab") as fh:
+            fh.write(_record("user", "Remember the Osprey tagging permit."))
+
+        async def counted() -> bool:  # the batch window is over, the growth below deltaMessages
+            return engine.live.tracker.pending(path)[2] == 1 and not (
+                await engine.status()).custom["live"]["sessionsPending"]
+        await eventually(counted, "append observed after the batch window")
+        stale = ("new lines of 1 transcript are below sync.sessions.deltaBytes/deltaMessages "
+                 "(indexed once they reach one, or by the next sync)")
+        status = await engine.status()
+        assert (status.dirty, status.dirty_reason, status.custom["indexStale"]) == (
+            True, f"index stale: {stale}", stale)
+        outcome = await engine.search(SearchRequest.of("Osprey tagging permit"))
+        assert (outcome.results, outcome.warnings) == ([], [])  # the thresholds' choice, not news
+        await engine.sync(reason="manual")
+        status = await engine.status()
+        assert (status.dirty, status.custom["indexStale"]) == (False, None)
+        assert [h.path for h in (await engine.search(SearchRequest.of("Osprey tagging permit"))).results] == [
+            "sessions/chat.jsonl"]
+
+
+async def test_a_sync_inside_the_batch_window_indexes_the_waiting_transcripts(ws: Path) -> None:
+    engine, path = _session_engine(ws, 600_000)  # the batch window stays open for the whole test
+    async with live(engine):
+        await _booted(engine)
+        with path.open("ab") as fh:
+            for n in range(5):
+                fh.write(_record("user", f"Line {n} about the Osprey tagging permit."))
+
+        async def queued() -> bool:
+            return (await engine.status()).custom["live"]["sessionsPending"] == 1
+        await eventually(queued, "the watcher handed the transcript over")
+        await engine.sync(reason="manual")
+        status = await engine.status()
+        assert (status.dirty, status.custom["indexStale"], status.custom["live"]["sessionsPending"]) == (
+            False, None, 0)
+        outcome = await engine.search(SearchRequest.of("Osprey tagging permit"))
+        assert [h.path for h in outcome.results] == ["sessions/chat.jsonl"] and outcome.warnings == []
+
+
 async def test_warm_session_syncs_once_per_key(ws: Path) -> None:
     engine = _engine(ws, watch=False)
     async with live(engine):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -21,8 +22,8 @@ from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
-           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "SecretRef", "StoreSettings",
-           "SyncSettings", "TemporalDecaySettings", "named_store_path"]
+           "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "SecretRef", "SettingsModel",
+           "StoreSettings", "SyncSettings", "TemporalDecaySettings", "named_store_path"]
 
 ProviderName = Literal[
     "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local",
@@ -30,9 +31,23 @@ ProviderName = Literal[
 ]
 
 
-class _Settings(BaseModel):
+class SettingsModel(BaseModel):
+    """Base of every config settings model: camelCase keys, unknown keys ignored, defaults
+    validated, and a number setting refuses ``true``/``false`` (which pydantic reads as 1 and 0,
+    and OpenClaw refuses); a whole number written as ``6.0`` stays accepted."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
                               validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _number_not_bool(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, bool) and info.field_name is not None:
+            ann = cls.model_fields[info.field_name].annotation
+            kinds = get_args(ann) if get_origin(ann) in (Union, UnionType) else (ann,)
+            if bool not in kinds and any(k in (int, float) for k in kinds):
+                raise ValueError("a number, not true or false")
+        return v
 
 
 def _clamp(x: float, lo: float, hi: float) -> float:
@@ -69,7 +84,7 @@ def _within(lo: int, hi: int, unit: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-class RemoteBatchSettings(_Settings):
+class RemoteBatchSettings(SettingsModel):
     """``remote.batch``: provider batch-job APIs (openai, gemini, voyage)."""
 
     enabled: bool = False
@@ -79,7 +94,7 @@ class RemoteBatchSettings(_Settings):
     timeout_minutes: float = 60
 
 
-class SecretRef(_Settings):
+class SecretRef(SettingsModel):
     """OpenClaw's secret reference, ``{source, provider, id}``, written where a key goes:
     ``source: "env"`` names the environment variable (``id``) that holds it; the ``file`` and
     ``exec`` sources need OpenClaw's secret providers, which are not read here."""
@@ -102,7 +117,7 @@ class SecretRef(_Settings):
         return None if self.value(env) else f"remote.apiKey names ${self.secret_id}, which is not set"
 
 
-class RemoteSettings(_Settings):
+class RemoteSettings(SettingsModel):
     """``remote``: endpoint and credentials of a remote embedding provider; ``api_key`` is the
     key, or a :class:`SecretRef` to it."""
 
@@ -124,27 +139,27 @@ class RemoteSettings(_Settings):
     non_batch_concurrency: int | None = None
 
 
-class LocalSettings(_Settings):
+class LocalSettings(SettingsModel):
     """``local``: the in-process GGUF model (llama-cpp-python)."""
 
     model_path: str | None = None
     model_cache_dir: str | None = None
 
 
-class VectorStoreSettings(_Settings):
+class VectorStoreSettings(SettingsModel):
     """``store.vector``: sqlite-vec acceleration."""
 
     enabled: bool = True
     extension_path: str | None = None
 
 
-class FtsStoreSettings(_Settings):
+class FtsStoreSettings(SettingsModel):
     """``store.fts``: FTS5 tokenizer (``unicode61`` default, or ``trigram``)."""
 
     tokenizer: Literal["unicode61", "trigram"] = "unicode61"
 
 
-class StoreSettings(_Settings):
+class StoreSettings(SettingsModel):
     """``store``: where the index lives: ``driver`` ``sqlite`` (one file per agent at ``path``)
     or ``postgres`` (``dsn``, a URI or libpq string, else libpq's ``PG*`` environment; tables in
     ``schema``; ``share_with``: agent ids that may read this agent's rows; deadlines in ms)."""
@@ -165,7 +180,7 @@ class StoreSettings(_Settings):
         return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
 
 
-class ChunkingSettings(_Settings):
+class ChunkingSettings(SettingsModel):
     """``chunking``: chunk budget in tokens (4 chars per token) and overlap in tokens;
     ``sections`` (ours, default on) also starts a chunk at every Markdown heading."""
 
@@ -181,14 +196,14 @@ class ChunkingSettings(_Settings):
         return self
 
 
-class SessionDeltaSettings(_Settings):
+class SessionDeltaSettings(SettingsModel):
     """``sync.sessions``: transcript growth that triggers a re-sync."""
 
     delta_bytes: Annotated[int, _at_least(0)] = 100_000
     delta_messages: Annotated[int, _at_least(0)] = 50
 
 
-class SyncSettings(_Settings):
+class SyncSettings(SettingsModel):
     """``sync``: when the index is refreshed."""
 
     on_session_start: bool = True
@@ -200,21 +215,21 @@ class SyncSettings(_Settings):
     embedding_batch_timeout_seconds: float | None = None
 
 
-class MmrSettings(_Settings):
+class MmrSettings(SettingsModel):
     """``query.hybrid.mmr``: maximal marginal relevance re-ranking."""
 
     enabled: bool = False
     lambda_: Annotated[float, _clamped(0, 1, nan_to=0.7)] = Field(default=0.7, alias="lambda")
 
 
-class TemporalDecaySettings(_Settings):
+class TemporalDecaySettings(SettingsModel):
     """``query.hybrid.temporalDecay``: exponential decay of dated notes by half-life (days)."""
 
     enabled: bool = False
     half_life_days: Annotated[int, _clamped(1, nan_to=30, whole=True)] = 30
 
 
-class HybridSettings(_Settings):
+class HybridSettings(SettingsModel):
     """``query.hybrid``: the hybrid merge (``fallback/search/fusion.py``); the weights are
     normalised to sum 1."""
 
@@ -245,7 +260,7 @@ RERANK_DEFAULT_TIMEOUT_MS = {"http": 5_000, "local": 30_000}
 RERANK_MAX_TIMEOUT_MS = 600_000
 
 
-class RerankSettings(_Settings):
+class RerankSettings(SettingsModel):
     """``query.rerank``: the optional reranker (cross-encoder) stage, off unless ``provider``
     is set; ``model`` is required with one, ``base_url`` with ``http``."""
 
@@ -304,7 +319,7 @@ QUERY_MIN_TIMEOUT_MS = 100
 QUERY_MAX_TIMEOUT_MS = 600_000
 
 
-class QuerySettings(_Settings):
+class QuerySettings(SettingsModel):
     """``query``: result count, score floor, hybrid merge, the optional reranker, the deadline
     of a search's embedding work (``timeout_ms``) and whether a provider failing during a search
     falls back to keyword search (``keyword_fallback``)."""
@@ -318,20 +333,20 @@ class QuerySettings(_Settings):
     keyword_fallback: bool = True
 
 
-class CacheSettings(_Settings):
+class CacheSettings(SettingsModel):
     """``cache``: the embedding cache (bounded, oldest entries pruned first)."""
 
     enabled: bool = True
     max_entries: Annotated[int, _clamped(1, whole=True)] = 50_000
 
 
-class ExperimentalSettings(_Settings):
+class ExperimentalSettings(SettingsModel):
     """``experimental``: opt-in features."""
 
     session_memory: bool = False
 
 
-class QmdExtraCollection(_Settings):
+class QmdExtraCollection(SettingsModel):
     """``memorySearch.qmd.extraCollections[]``."""
 
     path: str
@@ -339,7 +354,7 @@ class QmdExtraCollection(_Settings):
     pattern: str | None = None
 
 
-class ExtraPath(_Settings):
+class ExtraPath(SettingsModel):
     """One ``extraPaths[]`` entry in object form: a folder (or file) and the glob its files
     must match (``pattern``; ``**/*.md`` when unset, as the plain string form)."""
 
@@ -349,13 +364,13 @@ class ExtraPath(_Settings):
     pattern: str | None = None
 
 
-class MemorySearchQmdSettings(_Settings):
+class MemorySearchQmdSettings(SettingsModel):
     """``memorySearch.qmd``: per-agent qmd additions."""
 
     extra_collections: list[QmdExtraCollection] = Field(default_factory=list)
 
 
-class MemorySearchSettings(_Settings):
+class MemorySearchSettings(SettingsModel):
     """``agents.defaults.memorySearch`` (and per-agent overrides), resolved and clamped; the
     defaults are the reference's (spec section 1) but ``max_file_bytes``, ours."""
 

@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
-from pydantic.alias_generators import to_camel
 
 from fallback.errors import ConfigError, UsageError
-from fallback.settings import EngineSettings, MemorySearchSettings, QmdExtraCollection, named_store_path
+from fallback.settings import (
+    EngineSettings,
+    MemorySearchSettings,
+    QmdExtraCollection,
+    SettingsModel,
+    named_store_path,
+)
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout, unknown_keys
 from qmdbridge.config_env import substitute_env
 
@@ -50,11 +55,6 @@ __all__ = [
 log = logging.getLogger("qmdbridge.config")
 
 
-class _Cfg(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
-                              validate_default=True)
-
-
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -78,7 +78,7 @@ def parse_duration_ms(value: str | int | float) -> int:
     return int(float(m.group(1)) * _UNIT_MS[(m.group(2) or "m").lower()])
 
 
-class QmdSessions(_Cfg):
+class QmdSessions(SettingsModel):
     """``memory.qmd.sessions``: export of session transcripts as a qmd collection."""
 
     enabled: bool = False
@@ -95,7 +95,7 @@ class QmdSessions(_Cfg):
 DurationMs = Annotated[int, BeforeValidator(parse_duration_ms)]
 
 
-class QmdUpdate(_Cfg):
+class QmdUpdate(SettingsModel):
     """``memory.qmd.update``: the update/embed cycle; ``interval_ms`` / ``embed_interval_ms``
     (keys ``interval`` / ``embedInterval``, durations) are 0 for no timer."""
 
@@ -110,7 +110,7 @@ class QmdUpdate(_Cfg):
     embed_timeout_ms: int = Field(default=120_000, gt=0)
 
 
-class QmdLimits(_Cfg):
+class QmdLimits(SettingsModel):
     """``memory.qmd.limits``: result count, snippet and injection budgets (chars), deadline."""
 
     max_results: int = Field(default=6, gt=0)
@@ -119,7 +119,7 @@ class QmdLimits(_Cfg):
     timeout_ms: int = Field(default=4000, gt=0)
 
 
-class ScopeMatch(_Cfg):
+class ScopeMatch(SettingsModel):
     """``scope.rules[].match``: every given field must match."""
 
     channel: str | None = None
@@ -128,14 +128,14 @@ class ScopeMatch(_Cfg):
     raw_key_prefix: str | None = None
 
 
-class ScopeRule(_Cfg):
+class ScopeRule(SettingsModel):
     """One ordered scope rule."""
 
     action: Literal["allow", "deny"]
     match: ScopeMatch = Field(default_factory=ScopeMatch)
 
 
-class QmdScope(_Cfg):
+class QmdScope(SettingsModel):
     """``memory.qmd.scope``: which sessions may search memory (default: direct chats only)."""
 
     default: Literal["allow", "deny"] = "deny"
@@ -143,14 +143,14 @@ class QmdScope(_Cfg):
         default_factory=lambda: [ScopeRule(action="allow", match=ScopeMatch(chat_type="direct"))])
 
 
-class QmdMcp(_Cfg):
+class QmdMcp(SettingsModel):
     """``memory.qmd.mcp`` (the warm ``qmd mcp`` child of long-lived mode, docs/qmd.md) and
     OpenClaw's ``memory.qmd.mcporter``: only ``enabled`` is read (:attr:`QmdConfig.warm_child`)."""
 
     enabled: bool | None = None
 
 
-class QmdConfig(_Cfg):
+class QmdConfig(SettingsModel):
     """``memory.qmd``: the qmd sidecar."""
 
     command: str | list[str] = "qmd"
@@ -184,7 +184,7 @@ class QmdConfig(_Cfg):
         return self.command if isinstance(self.command, str) else "\x1f".join(self.command)
 
 
-class MemoryConfig(_Cfg):
+class MemoryConfig(SettingsModel):
     """``memory``: backend choice, citations and the qmd sidecar."""
 
     backend: Literal["builtin", "qmd", "none"] = "builtin"
@@ -205,7 +205,7 @@ DEFAULT_FLUSH_PROMPT = (
     "memory/ if needed). If nothing to store, reply with NO_REPLY.")
 
 
-class MemoryFlushSettings(_Cfg):
+class MemoryFlushSettings(SettingsModel):
     """``agents.defaults.compaction.memoryFlush``: the pre-compaction flush turn."""
 
     enabled: bool = True
@@ -214,7 +214,7 @@ class MemoryFlushSettings(_Cfg):
     system_prompt: str = DEFAULT_FLUSH_SYSTEM_PROMPT
 
 
-class CompactionSettings(_Cfg):
+class CompactionSettings(SettingsModel):
     """``agents.defaults.compaction``."""
 
     reserve_tokens_floor: int = Field(default=20_000, ge=0)

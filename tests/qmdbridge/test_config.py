@@ -264,3 +264,48 @@ def test_an_api_key_that_names_an_unset_variable_reads_as_its_secret_ref(tmp_pat
     assert cfg.warnings == [
         "agents.defaults.memorySearch.remote.apiKey: ${EMBEDDINGS_API_KEY} is not set; left as written",
         "agents.defaults.memorySearch.query.rerank.apiKey: ${RERANK_KEY} is not set; left as written"]
+
+
+def _number_keys(model: type, path: str) -> list[str]:
+    """The dotted key path of every number setting of ``model`` and its nested models."""
+    from types import UnionType
+    from typing import Union, get_args, get_origin
+
+    from fallback.settings import SettingsModel
+
+    keys = []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        ann = field.annotation
+        kinds = get_args(ann) if get_origin(ann) in (Union, UnionType) else (ann,)
+        key = f"{path}.{field.alias or name}"
+        if bool not in kinds and any(k in (int, float) for k in kinds):
+            keys.append(key)
+        keys += [k for kind in kinds if isinstance(kind, type) and issubclass(kind, SettingsModel)
+                 for k in _number_keys(kind, key)]
+    return keys
+
+
+def test_true_or_false_for_a_number_setting_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    from fallback.settings import MemorySearchSettings
+    from qmdbridge.config import CompactionSettings, MemoryConfig
+
+    keys = [*_number_keys(MemoryConfig, "memory"),
+            *_number_keys(MemorySearchSettings, "agents.defaults.memorySearch"),
+            *_number_keys(CompactionSettings, "agents.defaults.compaction")]
+    assert {"memory.qmd.limits.maxResults", "agents.defaults.memorySearch.query.maxResults",
+            "agents.defaults.memorySearch.query.minScore", "agents.defaults.memorySearch.chunking.tokens",
+            "agents.defaults.memorySearch.sync.sessions.deltaBytes"} <= set(keys)
+    for key in keys:
+        doc: dict[str, object] = {}
+        *parents, last = key.split(".")
+        node = doc
+        for part in parents:
+            node = node.setdefault(part, {})  # type: ignore[assignment]
+        for value in (True, False):
+            node[last] = value
+            with pytest.raises(ConfigError) as info:
+                parse_config(doc, file="c.json")
+            assert (info.value.key, info.value.expected) == (key, "a number, not true or false")
+    ms = resolve_agent(parse_config({"agents": {"defaults": {"memorySearch": {"query": {
+        "maxResults": 6.0, "minScore": 1}}}}})).memory_search
+    assert (ms.query.max_results, ms.query.min_score) == (6, 1.0)  # JSON5 numbers as written

@@ -23,7 +23,7 @@ from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
            "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "SecretRef", "SettingsModel",
-           "StoreSettings", "SyncSettings", "TemporalDecaySettings", "named_store_path"]
+           "StoreSettings", "SyncSettings", "TemporalDecaySettings", "named_store_path", "read_api_key"]
 
 ProviderName = Literal[
     "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local",
@@ -108,13 +108,33 @@ class SecretRef(SettingsModel):
         is unset or blank or the source is not ``env``."""
         return (env.get(self.secret_id, "").strip() or None) if self.source == "env" else None
 
-    def unread_reason(self, env: Mapping[str, str]) -> str | None:
-        """Why :meth:`value` gave no secret (``remote.apiKey names $X, which is not set``), or
-        ``None`` when it gave one."""
+    def unread_reason(self, env: Mapping[str, str], *, key: str = "remote.apiKey") -> str | None:
+        """Why :meth:`value` gave no secret (``<key> names $X, which is not set``; ``key``: where
+        the reference is written), or ``None`` when it gave one."""
         if self.source != "env":
-            return (f"remote.apiKey is a {self.source!r} SecretRef; qmdbridge reads only "
-                    "'env' ones")
-        return None if self.value(env) else f"remote.apiKey names ${self.secret_id}, which is not set"
+            return f"{key} is a {self.source!r} SecretRef; qmdbridge reads only 'env' ones"
+        return None if self.value(env) else f"{key} names ${self.secret_id}, which is not set"
+
+
+def _secret_ref(v: Any) -> Any:
+    """An API key setting's before-validator: an object is a :class:`SecretRef`."""
+    if not isinstance(v, dict):
+        return v
+    try:
+        return SecretRef.model_validate(v)
+    except ValueError:
+        raise ValueError('a key, or a SecretRef such as {source: "env", provider: "default", '
+                         'id: "OPENAI_API_KEY"} (source env, file or exec)') from None
+
+
+# An API key setting (``remote.apiKey``, ``query.rerank.apiKey``): the key, or a SecretRef to it.
+ApiKey = Annotated[str | SecretRef | None, BeforeValidator(_secret_ref)]
+
+
+def read_api_key(key: str | SecretRef | None, env: Mapping[str, str]) -> str | None:
+    """The key an :data:`ApiKey` setting gives: as written (stripped), or the value of the
+    variable its SecretRef names; ``None`` when none."""
+    return key.value(env) if isinstance(key, SecretRef) else ((key or "").strip() or None)
 
 
 class RemoteSettings(SettingsModel):
@@ -122,18 +142,7 @@ class RemoteSettings(SettingsModel):
     key, or a :class:`SecretRef` to it."""
 
     base_url: str | None = None
-    api_key: str | SecretRef | None = None
-
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _secret_ref(cls, v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        try:
-            return SecretRef.model_validate(v)
-        except ValueError:
-            raise ValueError('a key, or a SecretRef such as {source: "env", provider: "default", '
-                             'id: "OPENAI_API_KEY"} (source env, file or exec)') from None
+    api_key: ApiKey = None
     headers: dict[str, str] = Field(default_factory=dict)
     batch: RemoteBatchSettings = Field(default_factory=RemoteBatchSettings)
     non_batch_concurrency: int | None = None
@@ -268,7 +277,7 @@ class RerankSettings(SettingsModel):
     model: str = ""
     top_n: Annotated[int, _within(1, RERANK_MAX_TOP_N, "an integer")] = RERANK_DEFAULT_TOP_N
     base_url: str | None = None
-    api_key: str | None = None
+    api_key: ApiKey = None
     timeout_ms: Annotated[int | None, _within(1, RERANK_MAX_TIMEOUT_MS, "milliseconds")] = None
 
     @property

@@ -17,7 +17,7 @@ from fallback.embeddings import ENV_KEYS
 from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import BaseProvider, CallPolicy, compute_provider_key
 from fallback.errors import EmbeddingProviderError, EmbeddingProviderUnavailableError
-from fallback.settings import MemorySearchSettings, RemoteSettings, SecretRef
+from fallback.settings import MemorySearchSettings, RemoteSettings, SecretRef, read_api_key
 
 __all__ = ["SPECS", "GeminiProvider", "OllamaProvider", "OpenAIWireProvider", "RemoteEndpoint",
            "RemoteSpec", "from_settings", "resolve_endpoint"]
@@ -83,8 +83,7 @@ def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
             requires one, or no base URL where it has no default.
     """
     spec, api_key, base_url, headers = SPECS[provider_id], remote.api_key, remote.base_url, remote.headers
-    written = (api_key or "").strip() if not isinstance(api_key, SecretRef) else api_key.value(env)
-    key = written or next(
+    key = read_api_key(api_key, env) or next(
         (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()), None)
     if spec.require_key and not key:
         why = api_key.unread_reason(env) if isinstance(api_key, SecretRef) else None

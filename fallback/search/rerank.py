@@ -12,7 +12,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +25,7 @@ from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import retry_wait_s
 from fallback.embeddings.llama_slot import LLAMA_CPP_MISSING, LlamaSlot
 from fallback.errors import EmbeddingProviderError, RerankerError
-from fallback.settings import RerankSettings
+from fallback.settings import RerankSettings, SecretRef, read_api_key
 
 if TYPE_CHECKING:
     from fallback.search.explain import SearchTrace
@@ -167,10 +168,12 @@ class HttpReranker:
     provider_id = "http"
 
     def __init__(self, *, base_url: str, model: str, api_key: str | None = None,
-                 timeout_ms: int = 5_000) -> None:
+                 timeout_ms: int = 5_000, unavailable: str | None = None) -> None:
         """``api_key`` is sent as a bearer token (redacted from errors); ``timeout_ms`` bounds
-        one request; 429, 5xx and transport errors are retried (:data:`HTTP_RETRY_ATTEMPTS`)."""
+        one request; 429, 5xx and transport errors are retried (:data:`HTTP_RETRY_ATTEMPTS`);
+        ``unavailable``: why no request can be sent (an unset key variable), raised by each call."""
         self.model = model
+        self._unavailable = unavailable
         self.base_url = base_url.rstrip("/")
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = HttpClient(provider_id="rerank", base_url=self.base_url, headers=headers,
@@ -185,6 +188,8 @@ class HttpReranker:
         """
         if not documents:
             return []
+        if self._unavailable is not None:
+            raise RerankerError(self.provider_id, self._unavailable)
         payload = {"model": self.model, "query": query, "documents": documents,
                    "top_n": len(documents)}
 
@@ -334,12 +339,19 @@ class LocalGgufReranker:
         await self._model.aclose()
 
 
-def reranker_from_settings(settings: RerankSettings) -> Reranker | None:
+def reranker_from_settings(settings: RerankSettings,
+                           env: Mapping[str, str] | None = None) -> Reranker | None:
     """The configured reranker, or ``None`` when ``query.rerank.provider`` is unset; nothing is
-    loaded or contacted here (problems surface as ``RerankerError`` on the first call)."""
+    loaded or contacted here (problems surface as ``RerankerError`` on the first call, an
+    ``apiKey`` SecretRef whose variable, read from ``env`` (default ``os.environ``), is unset
+    among them)."""
     if settings.provider == "http":
+        e = os.environ if env is None else env
+        ref = settings.api_key if isinstance(settings.api_key, SecretRef) else None
         return HttpReranker(base_url=settings.base_url or "", model=settings.model,
-                            api_key=settings.api_key, timeout_ms=settings.effective_timeout_ms)
+                            api_key=read_api_key(settings.api_key, e),
+                            timeout_ms=settings.effective_timeout_ms,
+                            unavailable=ref.unread_reason(e, key="query.rerank.apiKey") if ref else None)
     if settings.provider == "local":
         return LocalGgufReranker(model_path=settings.model)
     return None

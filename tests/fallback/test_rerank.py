@@ -24,6 +24,7 @@ from fallback.search.rerank import (
 )
 from fallback.settings import EngineSettings, MemorySearchSettings, RerankSettings
 from qmdbridge.config import parse_config
+from qmdbridge.config_env import substitute_env
 from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
 
 KEY = "sk-rerank-test-123456"
@@ -335,3 +336,36 @@ async def test_local_refuses_an_embedding_model(local_model_path: Path) -> None:
         "(bert.pooling_type is 1, a reranker GGUF declares 4 = rank); set query.rerank.model to "
         "a cross-encoder GGUF such as bge-reranker-v2-m3")
     assert info.value.provider == "local" and info.value.status is None
+
+
+@pytest.mark.anyio
+async def test_an_api_key_naming_an_unset_variable_is_not_sent_and_the_warning_names_it(
+        ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fallback.settings import SecretRef
+    from qmdbridge.config import resolve_agent
+
+    monkeypatch.delenv("QB_RERANK_KEY", raising=False)
+    base = await _baseline(ws)
+    with serve(by_text) as srv:
+        cfg = parse_config(substitute_env({"agents": {"defaults": {"memorySearch": {
+            "provider": "none", "query": {"minScore": 0.1, "rerank": {
+                "provider": "http", "model": "m", "baseUrl": srv.url, "apiKey": "${QB_RERANK_KEY}"}}}}}},
+            {})[0])
+        search = resolve_agent(cfg, workspace=str(ws)).memory_search
+        assert search.query.rerank.api_key == SecretRef(source="env", id="QB_RERANK_KEY")
+        engine = BuiltinEngine(EngineSettings.for_workspace(ws, search=search), now_ms=lambda: 1_770_681_600_000)
+        try:
+            outcome = await engine.search(SearchRequest.of("alpha"))
+            monkeypatch.setenv("QB_RERANK_KEY", KEY)  # read when the reranker is made: the next engine
+            engine2 = BuiltinEngine(EngineSettings.for_workspace(ws, search=search),
+                                    now_ms=lambda: 1_770_681_600_000)
+            try:
+                assert (await engine2.search(SearchRequest.of("alpha"))).warnings == []
+            finally:
+                await engine2.close()
+        finally:
+            await engine.close()
+    assert [(r.path, r.score) for r in outcome.results] == [(p, s) for p, s, _ in base]
+    assert outcome.warnings == ["rerank skipped, fused order kept: http reranker failed: "
+                                "query.rerank.apiKey names $QB_RERANK_KEY, which is not set"]
+    assert [r.headers["authorization"] for r in srv.requests] == [f"Bearer {KEY}"]  # none as written

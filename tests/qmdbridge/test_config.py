@@ -257,7 +257,7 @@ def test_an_api_key_that_names_an_unset_variable_reads_as_its_secret_ref(tmp_pat
     cfg = load_config(path, env={})
     ms = resolve_agent(cfg, workspace=tmp_path, env={}).memory_search
     assert ms.remote.api_key == SecretRef(source="env", provider="default", id="EMBEDDINGS_API_KEY")
-    assert ms.query.rerank.api_key == "${RERANK_KEY}"  # only the embedding key is a SecretRef's place
+    assert ms.query.rerank.api_key == SecretRef(source="env", provider="default", id="RERANK_KEY")
     assert select_provider(ms, env={}).error == (
         "memory search unavailable: openai: no API key found for openai (remote.apiKey names "
         "$EMBEDDINGS_API_KEY, which is not set)")

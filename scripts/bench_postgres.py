@@ -41,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -164,8 +165,8 @@ def under_load(search: Callable[[int, int], object], write: Callable[[int, int],
                 with lock:
                     errors.append(f"write: {exc}")
 
-    threads = [threading.Thread(target=writer, args=(a,)) for a in range(WRITERS)]
-    threads += [threading.Thread(target=searcher, args=(s,)) for s in range(SEARCHERS)]
+    threads = [threading.Thread(target=writer, args=(a,), daemon=True) for a in range(WRITERS)]
+    threads += [threading.Thread(target=searcher, args=(s,), daemon=True) for s in range(SEARCHERS)]
     t = time.perf_counter()
     for th in threads:
         th.start()
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     load_start = os.getloadavg()[0]
+    # SIGTERM (a timeout's kill) ends the run as SIGINT does: through the finally below, which
+    # stops the server this run started.
+    signal.signal(signal.SIGTERM, _terminated)
     root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
     server = None
     try:
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
                 import pgserver
                 server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="qmdbridge-pg-")), cleanup_mode="stop")
+            print(f"postgres server running in {server.pgdata}", file=sys.stderr, flush=True)
             from psycopg.conninfo import make_conninfo
             dsn = make_conninfo(host=str(server.pgdata), dbname="postgres", user="postgres")
         target = resolve_target(dsn)
@@ -263,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_one_s = time.perf_counter() - t
         t = time.perf_counter()
         for first in range(1, agents, WRITERS):
-            batch = [threading.Thread(target=pg_sync, args=(store, files, embed))
+            batch = [threading.Thread(target=pg_sync, args=(store, files, embed), daemon=True)
                      for store in pgs[first:first + WRITERS]]
             for th in batch:
                 th.start()
@@ -381,6 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     emit("bench_postgres", rows, as_json=args.json,
          meta={"chunks": args.chunks, "agents": agents, "dims": args.dims, "questions": args.questions})
     return 0
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _pg_lost(store: Any, expected: int, word: str) -> int:

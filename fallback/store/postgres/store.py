@@ -29,7 +29,6 @@ import heapq
 import itertools
 import json
 import math
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fallback.errors import UsageError
-from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.bm25 import (
     BM25_B,
     BM25_K1,
@@ -49,9 +47,12 @@ from fallback.store.postgres.bm25 import (
     required_tokens,
 )
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
-from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, TF_COLUMNS, migrate, vector_index_sql
+from fallback.store.postgres.migrations import TF_COLUMNS, migrate, vector_index_sql
+from fallback.store.postgres.rows import Column, write_rows
+from fallback.store.postgres.rows import int_array as _int_array
+from fallback.store.postgres.rows import text_array as _text_array
 from fallback.store.postgres.target import PgTarget
-from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
+from fallback.store.postgres.tokens import MAIN, TRIGRAM, Fts5Tokenizer, Postings
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_unspaced
 
@@ -1185,9 +1186,11 @@ class SyncLease:
         self.write_files([FileRows(path, source, content_hash, mtime_ms, size, title, tuple(chunks))])
 
     def write_files(self, files: Sequence[FileRows]) -> None:
-        """Replace the rows of several files in generation ``P + 1`` (one transaction): files,
-        chunks and vectors by one ``INSERT`` each over arrays sent as array literals, the
-        postings by statements of at most :data:`POSTINGS_PER_STATEMENT` (:func:`_insert_postings`).
+        """Replace the rows of several files in generation ``P + 1`` (one transaction): files
+        and chunks by one ``INSERT`` each over arrays sent as array literals; the posting
+        blocks, trigram postings and vectors built column-wise (numpy) and sent by binary
+        ``COPY`` (``rows.write_rows``; an ``INSERT`` where row-level security applies), by
+        statements of at most :data:`POSTINGS_PER_STATEMENT` postings.
 
         Args:
             files: the files, each with its chunks (a path at most once).
@@ -1195,18 +1198,22 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        import numpy as np
+
         if not files:
             return
         store, s = self.store, self.store._s
         # One source after the other: a source's chunks get a range of row ids of their own,
-        # so the blocks of a term (one per source) do not interleave (see _blocks).
+        # so the blocks of a term (one per source) do not interleave (see _new_blocks).
         files = sorted(files, key=lambda f: f.source)
         chunks = [(f, c) for f in files for c in f.chunks]
         self.chunks_written += len(chunks)
-        terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
+        post = store._tokenizer.postings([(c.text, f.title, c.derived_terms) for f, c in chunks])
         cjk = [i for i, (_, c) in enumerate(chunks) if contains_unspaced(c.text)]
-        trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i][1].text,) for i in cjk]),
-                            strict=True))
+        trigrams = store._trigrams.postings([(chunks[i][1].text,) for i in cjk])
+        tri_len: list[int | None] = [None] * len(chunks)
+        for i, n in zip(cjk, trigrams.doc_len.tolist(), strict=True):
+            tri_len[i] = n
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
@@ -1244,29 +1251,33 @@ class SyncLease:
                          "hashes": _text_array(c.content_hash for _, c in chunks),
                          "models": _text_array(c.model for _, c in chunks),
                          "texts": _text_array(c.text for _, c in chunks),
-                         "lens": _int_array(t.doc_len for t in terms),
-                         "terms": _text_array(" ".join(t.positions) for t in terms),
-                         "tris": _int_array(trigrams[i].doc_len if i in trigrams else None
-                                            for i in range(len(chunks)))})
+                         "lens": _int_array(post.doc_len),
+                         "terms": _text_array(map(" ".join, post.chunk_terms())),
+                         "tris": _int_array(tri_len)})
             # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
-            rowids = sorted(r[0] for r in cur.fetchall())
-            _write_blocks(cur, f"{s}.posting_blocks", args, _blocks(
-                ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
-                self.generation), copy=self._copy, counts=counts)
-            _insert_postings(cur, f"{s}.trigram_postings", args,
-                             ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()),
-                             copy=self._copy)
-            embedded = [(r, i, v) for r, (_, c) in zip(rowids, chunks, strict=True)
+            rowids = np.sort(np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64, count=len(chunks)))
+            counts.add_postings(post)
+            sources = [f.source for f, _ in chunks]
+            _write_blocks(cur, f"{s}.posting_blocks", self._scope,
+                          _new_blocks(post, rowids, sources, self.generation), copy=self._copy)
+            if cjk:
+                tri_rows = np.asarray(cjk, dtype=np.int64)[trigrams.chunk]
+                _write_limited(cur, f"{s}.trigram_postings", self._scope, [
+                    Column("term", "text", [trigrams.terms[t] for t in trigrams.term.tolist()]),
+                    Column("chunk_rowid", "int8", rowids[tri_rows]),
+                    Column("positions", "int4[]", trigrams.positions,
+                           np.diff(trigrams.ends, prepend=0))], copy=self._copy)
+            embedded = [(r, i, v) for r, (_, c) in zip(rowids.tolist(), chunks, strict=True)
                         for i, v in enumerate(c.vectors)]
             if embedded:
-                cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, window_no, agent_id,"
-                            " workspace, dims, embedding) SELECT r, w, %(agent)s, %(ws)s, d, v::vector"
-                            " FROM unnest(%(rowids)s::bigint[], %(windows)s::int[], %(dims)s::int[],"
-                            " %(vecs)s::text[]) AS x(r, w, d, v)",
-                            {**args, "rowids": _int_array(r for r, _, _ in embedded),
-                             "windows": _int_array(i for _, i, _ in embedded),
-                             "dims": _int_array(len(v) for _, _, v in embedded),
-                             "vecs": _text_array(_vector_text(v) for _, _, v in embedded)})
+                sizes = np.fromiter((len(v) for _, _, v in embedded), dtype=np.int64, count=len(embedded))
+                _write_limited(cur, f"{s}.chunk_vectors", self._scope, [
+                    Column("chunk_rowid", "int8", np.fromiter((r for r, _, _ in embedded), dtype=np.int64)),
+                    Column("window_no", "int4", np.fromiter((i for _, i, _ in embedded), dtype=np.int64)),
+                    Column("dims", "int4", sizes),
+                    Column("embedding", "vector", np.fromiter(
+                        itertools.chain.from_iterable(v for _, _, v in embedded), dtype=np.float32,
+                        count=int(sizes.sum())), sizes)], copy=self._copy)
         self._terms.merge(counts)
 
     def delete_file(self, path: str, source: str) -> None:
@@ -1387,17 +1398,10 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
                     f" (SELECT max(k.chunk_rowid) FROM {schema}.posting_blocks k"
                     " WHERE k.agent_id = %(agent)s AND k.workspace = %(ws)s AND k.term = g.term"
                     " AND k.chunk_rowid <= g.r) FROM unnest(%(terms)s::text[], %(rowids)s::bigint[])"
-                    " AS g(term, r)) RETURNING b.term, b.rowids, b.lens, b.ends, b.positions,"
-                    " b.source, b.gen_from",
+                    f" AS g(term, r)) RETURNING b.term, b.source, b.gen_from, b.rowids, b.lens,"
+                    f" b.{', b.'.join(TF_COLUMNS)}, b.ends, b.positions",
                     {**scope, "terms": _text_array(terms), "rowids": _int_array(rowids)})
-        dead = set(gone)
-        kept: list[_Block] = []
-        for term, block_rowids, lens, ends, positions, source, gen_from in cur.fetchall():
-            entries = [((str(r), str(lens[i]), lens[i]), positions[ends[i - 1] if i else 0:ends[i]])
-                       for i, r in enumerate(block_rowids) if r not in dead]
-            if entries:
-                kept.append((term, source, int(gen_from), entries))
-        _write_blocks(cur, f"{schema}.posting_blocks", scope, kept, copy=copy)
+        _write_blocks(cur, f"{schema}.posting_blocks", scope, _kept_blocks(cur.fetchall(), gone), copy=copy)
     for table in ("trigram_postings", "chunk_vectors"):
         cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
     return dict(collections.Counter(terms))
@@ -1420,6 +1424,18 @@ class _TermCounts:
             held = self.hits.get(term)
             self.hits[term] = cols if held is None else [max(a, b) for a, b in zip(held, cols, strict=True)]
             self.min_dl[term] = min(dl, self.min_dl.get(term, dl))
+
+    def add_postings(self, post: Postings) -> None:
+        """Count the postings of a write (``tokens.Postings``: ordered by term)."""
+        import numpy as np
+
+        if not len(post.term):
+            return
+        starts = np.flatnonzero(np.diff(post.term, prepend=-1))
+        self.add_rows(zip([post.terms[t] for t in post.term[starts].tolist()],
+                          np.diff(starts, append=len(post.term)).tolist(),
+                          *np.maximum.reduceat(post.hits, starts, axis=0).T.tolist(),
+                          np.minimum.reduceat(post.doc_len[post.chunk], starts).tolist(), strict=True))
 
     def remove(self, dropped: dict[str, int]) -> None:
         """Count postings deleted (``{term: count}``)."""
@@ -1455,101 +1471,126 @@ class _TermCounts:
                         " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 
 
-_Entry = tuple[tuple[str, str, int], Sequence[int]]
-"""A chunk's posting in a block: ``((chunk_rowid, doc_len as text), doc_len), positions)``."""
-_Block = tuple[str, str, int, list[_Entry]]
-"""A posting block to write: ``(term, source, gen_from, entries)``, its chunks ascending."""
-# A posting whose hits are all in the first column: its hits-per-column literal after the count.
-_FIRST_COLUMN_ONLY = ",0" * (len(FTS_COLUMNS) - 1)
-_SECOND_COLUMN = 1 << POSITION_COLUMN_SHIFT
+@dataclass(frozen=True)
+class _Blocks:
+    """Posting blocks to write, column-wise (numpy arrays; see migration ``m009``).
+
+    Attributes:
+        term / source: per block (lists of ``str``); gen_from: per block.
+        size: per block, its postings (the postings are block after block).
+        rowid / dl / hits / count: per posting, its chunk's row id and ``doc_len``, its hits
+            per column (``(postings, columns)``) and its positions' count.
+        positions: every posting's positions, posting after posting.
+    """
+
+    term: list[str]
+    source: list[str]
+    gen_from: Any
+    size: Any
+    rowid: Any
+    dl: Any
+    hits: Any
+    count: Any
+    positions: Any
 
 
-def _blocks(chunks: Iterable[tuple[int, ChunkTerms, str]], gen: int) -> Iterator[_Block]:
-    """The posting blocks of chunks written in generation ``gen`` (``(rowid, terms, source)``,
-    ascending rowids, the chunks of each source together): per term and source, runs of at
-    most :data:`BLOCK_CHUNKS` chunks. A term's blocks hold ranges of row ids that do not
-    overlap, so a chunk's posting is in the block with the largest key at or below it."""
-    groups: dict[tuple[str, str], list[_Entry]] = {}
-    for rowid, t, source in chunks:
-        head = (str(rowid), str(t.doc_len), t.doc_len)
-        for term, positions in t.positions.items():
-            held = groups.get((term, source))
-            if held is None:
-                groups[(term, source)] = [(head, positions)]
-            else:
-                held.append((head, positions))
-    for (term, source), entries in groups.items():
-        for first in range(0, len(entries), BLOCK_CHUNKS):
-            yield term, source, gen, entries[first:first + BLOCK_CHUNKS]
+def _new_blocks(post: Postings, rowids: Any, sources: Sequence[str], gen: int) -> _Blocks:
+    """The posting blocks of chunks written in generation ``gen`` (``post``: their postings;
+    ``rowids`` / ``sources``: per chunk, ascending row ids, the chunks of each source
+    together): per term and source, runs of at most :data:`BLOCK_CHUNKS` chunks. A term's
+    blocks hold ranges of row ids that do not overlap, so a chunk's posting is in the block
+    with the largest key at or below it."""
+    import numpy as np
+
+    n = len(post.term)
+    names = sorted(set(sources))
+    source = np.asarray([names.index(x) for x in sources] if len(names) > 1 else [0] * len(sources),
+                        dtype=np.int32)[post.chunk]
+    group = np.ones(n, dtype=bool)  # a posting that starts a (term, source) run
+    group[1:] = (post.term[1:] != post.term[:-1]) | (source[1:] != source[:-1])
+    index = np.arange(n)
+    since = index - np.maximum.accumulate(np.where(group, index, 0))
+    starts = np.flatnonzero(group | (since % BLOCK_CHUNKS == 0))
+    terms = post.terms
+    return _Blocks([terms[t] for t in post.term[starts].tolist()],
+                   [names[x] for x in source[starts].tolist()],
+                   np.full(len(starts), gen, dtype=np.int64), np.diff(starts, append=n),
+                   rowids[post.chunk], post.doc_len[post.chunk], post.hits,
+                   np.diff(post.ends, prepend=0), post.positions)
 
 
-def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_Block], *,
-                  copy: bool, counts: _TermCounts | None = None) -> None:
-    """Write posting blocks by statements of at most :data:`POSTINGS_PER_STATEMENT` postings
-    each (one block more when a single block holds more): the statement deadline bounds each
-    statement, so a write of any size goes through. With ``copy``, each statement is a
-    ``COPY`` (refused where row-level security applies), else an INSERT over arrays.
-    ``counts``, when given, counts the postings written (``term_stats``)."""
-    lines: list[tuple[str, ...]] = []
-    held = 0
-    zeros: dict[int, str] = {}  # chunks -> "0,0,...": a column no posting of the block hits
-    for term, source, gen_from, entries in blocks:
-        if lines and held + len(entries) > POSTINGS_PER_STATEMENT:
-            _write_block_rows(cur, table, args, lines, copy=copy)
-            lines, held = [], 0
-        m = len(entries)
-        if all(p[-1] < _SECOND_COLUMN for _, p in entries):  # all hits in the text (most)
-            counts_text = [len(p) for _, p in entries]
-            most = [max(counts_text), *(0 for _ in TF_COLUMNS[1:])]
-            none = zeros.get(m)
-            if none is None:
-                none = zeros[m] = ",".join(["0"] * m)
-            tf = [",".join(map(str, counts_text)), *(none for _ in TF_COLUMNS[1:])]
-        else:
-            hits = [column_hits(p) for _, p in entries]
-            most = [max(h[c] for h in hits) for c in range(len(TF_COLUMNS))]
-            tf = [",".join(str(h[c]) for h in hits) for c in range(len(TF_COLUMNS))]
-        if counts is not None:
-            counts.add_rows(((term, m, *most, min(h[2] for h, _ in entries)),))
-        lines.append((term, entries[0][0][0], ",".join([h[0] for h, _ in entries]),
-                      ",".join([h[1] for h, _ in entries]), *tf,
-                      ",".join(map(str, itertools.accumulate([len(p) for _, p in entries]))),
-                      ",".join([",".join(map(str, p)) for _, p in entries]), source, str(gen_from)))
-        held += m
-    if lines:
-        _write_block_rows(cur, table, args, lines, copy=copy)
+def _kept_blocks(rows: Sequence[Sequence[Any]], gone: Sequence[int]) -> _Blocks:
+    """The blocks of ``rows`` (``term, source, gen_from, rowids, lens``, the hits per column,
+    ``ends, positions`` as read) without the postings of the chunks ``gone``; a block left
+    with none is dropped."""
+    import numpy as np
+
+    def flat(k: int) -> Any:
+        return np.fromiter(itertools.chain.from_iterable(r[k] for r in rows), dtype=np.int64)
+
+    columns = len(TF_COLUMNS)
+    size = np.fromiter((len(r[3]) for r in rows), dtype=np.int64, count=len(rows))
+    rowid, dl, ends, positions = flat(3), flat(4), flat(5 + columns), flat(6 + columns)
+    hits = np.stack([flat(5 + c) for c in range(columns)], axis=1)
+    first = np.cumsum(size) - size
+    count = ends - np.where(np.isin(np.arange(len(ends)), first), 0, np.roll(ends, 1))
+    keep = ~np.isin(rowid, np.asarray(gone, dtype=np.int64))
+    block = np.repeat(np.arange(len(rows)), size)
+    size = np.bincount(block[keep], minlength=len(rows))
+    live = np.flatnonzero(size)
+    return _Blocks([rows[i][0] for i in live.tolist()], [rows[i][1] for i in live.tolist()],
+                   np.asarray([rows[i][2] for i in live.tolist()], dtype=np.int64), size[live],
+                   rowid[keep], dl[keep], hits[keep], count[keep], positions[np.repeat(keep, count)])
 
 
-def _write_block_rows(cur: Any, table: str, args: dict[str, Any], lines: list[tuple[str, ...]], *,
-                      copy: bool) -> None:
-    """One statement writing the blocks of :func:`_write_blocks` (``lines``: term, key, then
-    the array literals without braces of :data:`_BLOCK_ARRAYS`, source, generation), in key
-    order."""
-    lines.sort()
-    columns = ("term", "chunk_rowid", *_BLOCK_ARRAYS, "source", "gen_from")
-    if copy:
-        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-        with cur.copy(f"COPY {table} ({', '.join(columns)}, agent_id, workspace) FROM STDIN") as out:
-            out.write("".join("\t".join((_copy_field(line[0]), line[1],
-                                          *("{" + a + "}" for a in line[2:-2]),
-                                          _copy_field(line[-2]), line[-1], scope)) + "\n"
-                              for line in lines))
+def _write_blocks(cur: Any, table: str, scope: dict[str, Any], blocks: _Blocks, *, copy: bool) -> None:
+    """Write posting blocks (``rows.write_rows``: binary ``COPY`` with ``copy``, else an
+    ``INSERT``) by statements of at most :data:`POSTINGS_PER_STATEMENT` postings."""
+    import numpy as np
+
+    size = blocks.size
+    if not len(size):
         return
-    names = [f"a{i}" for i in range(len(columns))]
-    types = ["text", "bigint", "bigint[]", *("int[]" for _ in _BLOCK_ARRAYS[1:]), "text", "bigint"]
-    values = [f"('{{' || {n} || '}}')::{t}" if t.endswith("[]") else n
-              for n, t in zip(names, types, strict=True)]
-    inputs = [f"%({n})s::{'bigint' if t == 'bigint' else 'text'}[]" for n, t in zip(names, types, strict=True)]
-    cur.execute(f"INSERT INTO {table} (agent_id, workspace, {', '.join(columns)})"
-                f" SELECT %(agent)s, %(ws)s, {', '.join(values)} FROM unnest({', '.join(inputs)})"
-                f" AS x({', '.join(names)})",
-                {"agent": args["agent"], "ws": args["ws"],
-                 **{n: ("{" + ",".join(col) + "}" if t == "bigint" else _text_array(col))
-                    for n, t, col in zip(names, types, zip(*lines, strict=True), strict=True)}})
+    first = np.cumsum(size) - size
+    cum = np.cumsum(blocks.count)
+    ends = cum - np.repeat((cum - blocks.count)[first], size)  # within the block
+    _write_limited(cur, table, scope, [
+        Column("term", "text", blocks.term), Column("source", "text", blocks.source),
+        Column("chunk_rowid", "int8", blocks.rowid[first]),
+        Column("rowids", "int8[]", blocks.rowid, size), Column("lens", "int4[]", blocks.dl, size),
+        *(Column(c, "int4[]", blocks.hits[:, i], size) for i, c in enumerate(TF_COLUMNS)),
+        Column("ends", "int4[]", ends, size),
+        Column("positions", "int4[]", blocks.positions, np.add.reduceat(blocks.count, first)),
+        Column("gen_from", "int8", blocks.gen_from)], copy=copy)
 
 
-# The arrays of a posting block, in the order of a line of _write_blocks.
-_BLOCK_ARRAYS = ("rowids", "lens", *TF_COLUMNS, "ends", "positions")
+def _write_limited(cur: Any, table: str, scope: dict[str, Any], columns: list[Column], *,
+                   copy: bool) -> None:
+    """``rows.write_rows`` of ``columns`` with the scope's ``agent_id`` and ``workspace``, by
+    statements of at most :data:`POSTINGS_PER_STATEMENT` rows, or elements of the first array
+    column (one row more when a single row holds more): the statement deadline bounds each
+    statement, so a write of any size goes through."""
+    import numpy as np
+
+    weighted = next((c.counts for c in columns if c.counts is not None), None)
+    rows = len(columns[0].values) if columns[0].counts is None else len(columns[0].counts)
+    weight = np.ones(rows, dtype=np.int64) if weighted is None else np.asarray(weighted)
+    before = np.cumsum(weight) - weight
+    cuts = np.flatnonzero(np.diff(before // POSTINGS_PER_STATEMENT, prepend=-1)).tolist() + [rows]
+    for a, b in itertools.pairwise(cuts):
+        part = [_rows_of(c, a, b) for c in columns]
+        part += [Column("agent_id", "text", [scope["agent"]] * (b - a)),
+                 Column("workspace", "text", [scope["ws"]] * (b - a))]
+        write_rows(cur, table, part, copy=copy)
+
+
+def _rows_of(column: Column, a: int, b: int) -> Column:
+    """Rows ``a`` to ``b`` (exclusive) of ``column``."""
+    if column.counts is None:
+        return Column(column.name, column.kind, column.values[a:b])
+    first = int(column.counts[:a].sum())
+    counts = column.counts[a:b]
+    return Column(column.name, column.kind, column.values[first:first + int(counts.sum())], counts)
 
 
 def _read_block(table: str, alias: str) -> str:
@@ -1574,72 +1615,6 @@ def _unnest_block(table: str, alias: str, *arrays: tuple[str, str]) -> str:
 def _block_positions(block: str, i: str) -> str:
     """SQL: the positions of the ``i``-th (1-based) chunk of posting block ``block``."""
     return f"{block}.positions[coalesce({block}.ends[{i} - 1], 0) + 1:{block}.ends[{i}]]"
-
-
-def _insert_postings(cur: Any, table: str, args: dict[str, Any],
-                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, copy: bool = False) -> None:
-    """Write the trigram postings of freshly inserted chunks (``(rowid, terms, source)``), one
-    row per term of a chunk, by statements of whole chunks and at most
-    :data:`POSTINGS_PER_STATEMENT` postings each (one chunk more when a single chunk holds
-    more). With ``copy``, each statement is a ``COPY`` (refused where row-level security
-    applies), else an INSERT over arrays."""
-    part: list[tuple[int, ChunkTerms]] = []
-    held = 0
-    for rowid, terms, _ in chunks:
-        if part and held + len(terms.positions) > POSTINGS_PER_STATEMENT:
-            _insert_posting_rows(cur, table, args, part, copy=copy)
-            part, held = [], 0
-        part.append((rowid, terms))
-        held += len(terms.positions)
-    if part:
-        _insert_posting_rows(cur, table, args, part, copy=copy)
-
-
-_COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
-
-
-def _copy_field(value: str) -> str:
-    """``value`` as a field of ``COPY``'s text format (backslash, tab, newline, CR escaped)."""
-    if not _COPY_SPECIAL.search(value):
-        return value
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],
-                         chunks: Sequence[tuple[int, ChunkTerms]], *, copy: bool) -> None:
-    """One statement writing the postings of ``chunks`` (:func:`_insert_postings`), in key order."""
-    rows = sorted((term, rowid, "{" + ",".join(map(str, positions)) + "}")
-                  for rowid, t in chunks for term, positions in t.positions.items())
-    if not rows:
-        return
-    if copy:
-        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-        with cur.copy(f"COPY {table} (term, chunk_rowid, positions, agent_id, workspace) FROM STDIN") as out:
-            out.write("".join(f"{_copy_field(t)}\t{r}\t{p}\t{scope}\n" for t, r, p in rows))
-        return
-    cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
-                " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)",
-                {**args, "terms": _text_array(t for t, _, _ in rows),
-                 "rowids": _int_array(r for _, r, _ in rows), "pos": _text_array(p for _, _, p in rows)})
-
-
-def _text_array(values: Iterable[str]) -> str:
-    """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
-    string parameter is sent instead of a list adapted element by element."""
-    items = list(values)
-    joined = "".join(items)  # escaping is needed only when an element holds a quote or backslash
-    if '"' in joined or "\\" in joined:
-        return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items) + '"}'
-    return '{"' + '","'.join(items) + '"}' if items else "{}"
-
-
-def _int_array(values: Iterable[int | None]) -> str:
-    """A PostgreSQL array literal of integers (``None`` as ``NULL``)."""
-    items = list(values)
-    if None in items:
-        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in items) + "}"
-    return "{" + ",".join(map(str, items)) + "}"
 
 
 def _scope_stats(row: Sequence[Any] | None) -> ScopeStats:

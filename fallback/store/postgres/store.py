@@ -22,7 +22,6 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import heapq
@@ -31,7 +30,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -1292,9 +1291,10 @@ class SyncLease:
             gone = self._retire(cur, args)
         self._terms.remove(gone)
 
-    def _retire(self, cur: Any, args: dict[str, Any]) -> dict[str, int]:
+    def _retire(self, cur: Any, args: dict[str, Any]) -> list[str]:
         """Drop this generation's own rows of the files ``args["paths"]`` / ``args["sources"]``
-        (array literals) and end the older ones at it; the dropped postings per term. Only the
+        (array literals) and end the older ones at it; the terms of the dropped postings (one
+        per posting). Only the
         files the scope holds are touched (a new file's statements found nothing, on a first
         sync a tenth of its time)."""
         s = self.store._s
@@ -1305,7 +1305,7 @@ class SyncLease:
                     " AND (gen_to IS NULL OR gen_from = %(gen)s)", args)
         held = cur.fetchall()
         if not held:
-            return {}
+            return []
         args = {**args, "paths": _text_array(p for p, _ in held),
                 "sources": _text_array(src for _, src in held)}
         gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args, copy=self._copy)
@@ -1374,15 +1374,15 @@ class SyncLease:
 
 
 def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
-                   copy: bool) -> dict[str, int]:
+                   copy: bool) -> list[str]:
     """Delete the chunks matching ``where`` with their postings, trigram postings and vectors;
-    the deleted postings per term. A chunk's postings leave their blocks: each block holding
-    one (found by key from the chunk's ``terms``) is deleted and its other chunks' postings
-    written again as a block (``copy``: by ``COPY``)."""
+    the terms of the deleted postings (one per posting). A chunk's postings leave their
+    blocks: each block holding one (found by key from the chunk's ``terms``) is deleted and
+    its other chunks' postings written again as a block (``copy``: by ``COPY``)."""
     cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid, terms", args)
     deleted = cur.fetchall()
     if not deleted:
-        return {}
+        return []
     gone = [r for r, _ in deleted]
     terms: list[str] = []
     rowids: list[int] = []
@@ -1404,26 +1404,28 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
         _write_blocks(cur, f"{schema}.posting_blocks", scope, _kept_blocks(cur.fetchall(), gone), copy=copy)
     for table in ("trigram_postings", "chunk_vectors"):
         cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
-    return dict(collections.Counter(terms))
+    return terms
 
 
 class _TermCounts:
     """What a sync changes in ``term_stats``: per term, the postings added less those removed
-    (``df``), and the most hits per column and the shortest chunk of the added ones."""
+    (``df``), and the most hits per column and the shortest chunk of the added ones. Counts are
+    kept as the arrays each write gave and summed per term once, at :meth:`publish`."""
+
+    # A removal's shortest chunk: it narrows no bound.
+    _NO_LENGTH = 2**31 - 1
 
     def __init__(self) -> None:
-        self.df: dict[str, int] = {}
-        self.hits: dict[str, list[int]] = {}
-        self.min_dl: dict[str, int] = {}
+        # (terms, df, hits per column, min length, added) per count, aligned numpy arrays
+        self._parts: list[tuple[list[str], Any, Any, Any, bool]] = []
 
-    def add_rows(self, rows: Iterable[Sequence[Any]]) -> None:
+    def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Count aggregated postings: ``(term, count, max hits of each column..., min length)``."""
-        for term, n, *rest in rows:
-            self.df[term] = self.df.get(term, 0) + int(n)
-            cols, dl = [int(x) for x in rest[:-1]], int(rest[-1])
-            held = self.hits.get(term)
-            self.hits[term] = cols if held is None else [max(a, b) for a, b in zip(held, cols, strict=True)]
-            self.min_dl[term] = min(dl, self.min_dl.get(term, dl))
+        import numpy as np
+
+        if rows:
+            values = np.asarray([r[1:] for r in rows], dtype=np.int64)
+            self._parts.append(([r[0] for r in rows], values[:, 0], values[:, 1:-1], values[:, -1], True))
 
     def add_postings(self, post: Postings) -> None:
         """Count the postings of a write (``tokens.Postings``: ordered by term)."""
@@ -1432,29 +1434,48 @@ class _TermCounts:
         if not len(post.term):
             return
         starts = np.flatnonzero(np.diff(post.term, prepend=-1))
-        self.add_rows(zip([post.terms[t] for t in post.term[starts].tolist()],
-                          np.diff(starts, append=len(post.term)).tolist(),
-                          *np.maximum.reduceat(post.hits, starts, axis=0).T.tolist(),
-                          np.minimum.reduceat(post.doc_len[post.chunk], starts).tolist(), strict=True))
+        self._parts.append(([post.terms[t] for t in post.term[starts].tolist()],
+                            np.diff(starts, append=len(post.term)),
+                            np.maximum.reduceat(post.hits, starts, axis=0),
+                            np.minimum.reduceat(post.doc_len[post.chunk], starts), True))
 
-    def remove(self, dropped: dict[str, int]) -> None:
-        """Count postings deleted (``{term: count}``)."""
-        for term, n in dropped.items():
-            self.df[term] = self.df.get(term, 0) - n
+    def remove(self, dropped: list[str]) -> None:
+        """Count postings deleted (a term once per posting)."""
+        import numpy as np
+
+        if dropped:
+            n = len(dropped)
+            self._parts.append((dropped, np.full(n, -1, dtype=np.int64),
+                                np.zeros((n, len(TF_COLUMNS)), dtype=np.int64),
+                                np.full(n, self._NO_LENGTH, dtype=np.int64), False))
 
     def merge(self, other: _TermCounts) -> None:
         """Add another count (a committed write's)."""
-        for term, n in other.df.items():
-            self.df[term] = self.df.get(term, 0) + n
-        self.add_rows((t, 0, *h, other.min_dl[t]) for t, h in other.hits.items())
+        self._parts += other._parts
 
     def publish(self, cur: Any, table: str, scope: dict[str, Any]) -> None:
         """Apply the counts to ``table`` (``term_stats``) by statements of at most
         :data:`POSTINGS_PER_STATEMENT` terms; terms no chunk holds any more are deleted."""
-        terms = sorted(t for t, n in self.df.items() if n or t in self.hits)
-        for first in range(0, len(terms), POSTINGS_PER_STATEMENT):
-            part = terms[first:first + POSTINGS_PER_STATEMENT]
-            hits = [self.hits.get(t, [0, 0, 0]) for t in part]
+        import numpy as np
+
+        if not self._parts:
+            return
+        names = list(itertools.chain.from_iterable(p[0] for p in self._parts))
+        terms = list(dict.fromkeys(names))
+        slot = dict(zip(terms, range(len(terms)), strict=True))
+        at = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
+        df = np.zeros(len(terms), dtype=np.int64)
+        np.add.at(df, at, np.concatenate([p[1] for p in self._parts]))
+        most = np.zeros((len(terms), len(TF_COLUMNS)), dtype=np.int64)
+        np.maximum.at(most, at, np.concatenate([p[2] for p in self._parts]))
+        least = np.full(len(terms), self._NO_LENGTH, dtype=np.int64)
+        np.minimum.at(least, at, np.concatenate([p[3] for p in self._parts]))
+        added = np.zeros(len(terms), dtype=bool)
+        added[at[np.concatenate([np.full(len(p[0]), p[4]) for p in self._parts])]] = True
+        changed = [i for i in sorted(range(len(terms)), key=terms.__getitem__) if df[i] or added[i]]
+        for first in range(0, len(changed), POSTINGS_PER_STATEMENT):
+            rows = np.asarray(changed[first:first + POSTINGS_PER_STATEMENT], dtype=np.int64)
+            part = [terms[i] for i in rows.tolist()]
             cur.execute(f"INSERT INTO {table} AS s (agent_id, workspace, term, df, max_tf, min_dl)"
                         " SELECT %(agent)s, %(ws)s, t, n, ARRAY[a, b, c], m FROM unnest(%(terms)s::text[],"
                         " %(dfs)s::bigint[], %(a)s::int[], %(b)s::int[], %(c)s::int[], %(m)s::int[])"
@@ -1463,10 +1484,9 @@ class _TermCounts:
                         " max_tf = ARRAY[greatest(s.max_tf[1], EXCLUDED.max_tf[1]),"
                         " greatest(s.max_tf[2], EXCLUDED.max_tf[2]), greatest(s.max_tf[3], EXCLUDED.max_tf[3])],"
                         " min_dl = least(s.min_dl, EXCLUDED.min_dl)",
-                        {**scope, "terms": _text_array(part), "dfs": _int_array(self.df[t] for t in part),
-                         "a": _int_array(h[0] for h in hits), "b": _int_array(h[1] for h in hits),
-                         "c": _int_array(h[2] for h in hits),
-                         "m": _int_array(self.min_dl.get(t, 2**31 - 1) for t in part)})
+                        {**scope, "terms": _text_array(part), "dfs": _int_array(df[rows]),
+                         "a": _int_array(most[rows, 0]), "b": _int_array(most[rows, 1]),
+                         "c": _int_array(most[rows, 2]), "m": _int_array(least[rows])})
             cur.execute(f"DELETE FROM {table} WHERE agent_id = %(agent)s AND workspace = %(ws)s"
                         " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -150,18 +149,20 @@ class Fts5Tokenizer:
 
     def _word_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """:meth:`postings` from the tokens of each row's words (see the module docstring): a
-        word's tokens are cached as token ids, and a row's ids are laid out by C loops
-        (``str.split``, ``map``, ``chain``) into one array; offsets follow from its lengths."""
+        word's tokens are cached as token ids, and the batch's ids are laid out by C loops
+        (``str.split``, ``map``, ``chain``) into one array; offsets follow from the words'
+        token counts (numpy), no Python step per word or token."""
         import numpy as np
 
-        split = [[value.split() for value in row] for row in rows]
+        segments = [value.split() for row in rows for value in row]  # row after row, column after column
+        words = list(chain.from_iterable(segments))
         cache, ids, names = self._words, self._ids, self._names
-        missing = list({w for cols in split for words in cols for w in words if w not in cache})
+        missing = list(set(words).difference(cache))
         if len(cache) + len(missing) > WORD_CACHE_MAX:
             cache.clear()
             ids.clear()
             names.clear()
-            missing = list({w for cols in split for words in cols for w in words})
+            missing = list(set(words))
         for first in range(0, len(missing), 5000):
             part = missing[first:first + 5000]
             found: dict[int, list[int]] = {}
@@ -176,18 +177,14 @@ class Fts5Tokenizer:
                 found.setdefault(doc, []).append(token)
             conn.execute(self._clear)
             cache.update((w, tuple(found.get(i + 1, ()))) for i, w in enumerate(part))
-        flat = array("i")
-        sizes = array("q")  # tokens per row per column
-        tokens_of = cache.__getitem__
-        for cols in split:
-            for words in cols:
-                held = len(flat)
-                flat.extend(chain.from_iterable(map(tokens_of, words)))
-                sizes.append(len(flat) - held)
+        tokens = list(map(cache.__getitem__, words))
+        token_ids = np.fromiter(chain.from_iterable(tokens), dtype=np.int32)
+        # tokens per row per column: the tokens of its words, summed over each segment's words
+        upto = np.concatenate(([0], np.cumsum(np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens)))))
+        last = np.cumsum(np.fromiter(map(len, segments), dtype=np.int64, count=len(segments)))
+        size = upto[last] - upto[np.concatenate(([0], last[:-1]))]
         columns = len(self._columns)
-        size = np.frombuffer(sizes, dtype=np.int64) if sizes else np.zeros(0, dtype=np.int64)
         doc_len = size.reshape(len(rows), columns).sum(axis=1)
-        token_ids = np.frombuffer(flat, dtype=np.int32) if flat else np.zeros(0, dtype=np.int32)
         column = np.repeat(np.tile(np.arange(columns, dtype=np.int32), len(rows)), size)
         offset = np.arange(len(token_ids), dtype=np.int32) - np.repeat(
             (np.cumsum(size) - size).astype(np.int32), size)

@@ -1122,6 +1122,12 @@ class SyncLease:
     Use as a context manager; leaving it without :meth:`publish` keeps what was written for the
     next lease (nothing is published, nothing is lost).
 
+    A write's rows are built in the caller's thread and its transaction runs on the lease's one
+    writer thread, so the next write is built while the server works on this one: one write in
+    flight, which every other method waits for first (:meth:`flush` waits for it alone). A
+    write's failure is raised by the next call (:meth:`write_files`, :meth:`flush`,
+    :meth:`delete_file`, :meth:`file_hash` or :meth:`publish`).
+
     Attributes:
         published / generation: the published generation ``P`` and the one written, ``P + 1``.
         chunks_written: chunks this lease wrote; :meth:`publish` refreshes the planner's
@@ -1155,6 +1161,18 @@ class SyncLease:
                 " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
                 {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
+        self._writer: Any = None  # the writer thread (a one-worker executor), started by a write
+        self._pending: Any = None  # the future of the write in flight
+
+    def flush(self) -> None:
+        """Wait for the write in flight (:meth:`write_files` may return before its commit).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: its failure.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def __enter__(self) -> SyncLease:
         return self
@@ -1165,6 +1183,7 @@ class SyncLease:
     def file_hash(self, path: str, source: str) -> str | None:
         """The content hash of ``path`` as generation ``P + 1`` holds it (a killed sync's write
         included), or ``None`` when it holds no such file."""
+        self.flush()
         s = self.store._s
         with self.store._errors("read a file's state"):
             row = self._conn.execute(
@@ -1185,23 +1204,25 @@ class SyncLease:
         self.write_files([FileRows(path, source, content_hash, mtime_ms, size, title, tuple(chunks))])
 
     def write_files(self, files: Sequence[FileRows]) -> None:
-        """Replace the rows of several files in generation ``P + 1`` (one transaction): files
-        and chunks by one ``INSERT`` each over arrays sent as array literals; the posting
-        blocks, trigram postings and vectors built column-wise (numpy) and sent by binary
-        ``COPY`` (``rows.write_rows``; an ``INSERT`` where row-level security applies), by
-        statements of at most :data:`POSTINGS_PER_STATEMENT` postings.
+        """Replace the rows of several files in generation ``P + 1`` (one transaction, run on
+        the writer thread after the write before it: see the class docstring): files and
+        chunks by one ``INSERT`` each over arrays sent as array literals; the posting blocks,
+        trigram postings and vectors built column-wise (numpy) and sent by binary ``COPY``
+        (``rows.write_rows``; an ``INSERT`` where row-level security applies), by statements
+        of at most :data:`POSTINGS_PER_STATEMENT` postings.
 
         Args:
             files: the files, each with its chunks (a path at most once).
 
         Raises:
-            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: this write's
+                (or the write before's) failure; nothing of the failed write is kept.
         """
-        import numpy as np
+        from concurrent.futures import ThreadPoolExecutor
 
         if not files:
             return
-        store, s = self.store, self.store._s
+        store = self.store
         # One source after the other: a source's chunks get a range of row ids of their own,
         # so the blocks of a term (one per source) do not interleave (see _new_blocks).
         files = sorted(files, key=lambda f: f.source)
@@ -1216,6 +1237,17 @@ class SyncLease:
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
+        self.flush()  # one write in flight: this one's rows are built while it ran
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="qmdbridge-pg-writer")
+        self._pending = self._writer.submit(self._write, files, chunks, post, cjk, trigrams, args, tri_len)
+
+    def _write(self, files: Sequence[FileRows], chunks: list[tuple[FileRows, ChunkRow]], post: Postings,
+               cjk: list[int], trigrams: Postings, args: dict[str, Any], tri_len: list[int | None]) -> None:
+        """The transaction of :meth:`write_files` (on the writer thread)."""
+        import numpy as np
+
+        store, s = self.store, self.store._s
         for dims in {len(v) for _, c in chunks for v in c.vectors} - store._vector_dims:
             store._ensure_vector_index(self._conn, dims)
         counts = _TermCounts()
@@ -1285,6 +1317,7 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        self.flush()
         args = {**self._scope, "paths": _text_array([path]), "sources": _text_array([source]),
                 "gen": self.generation}
         with self.store._errors("delete a file"), self._conn.transaction(), self._conn.cursor() as cur:
@@ -1330,6 +1363,7 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        self.flush()
         s = self.store._s
         args = {**self._scope, "gen": self.generation}
         with self.store._errors("publish the sync"):
@@ -1368,7 +1402,11 @@ class SyncLease:
         return stats
 
     def close(self) -> None:
-        """End the lease without publishing (releases the lock; idempotent)."""
+        """End the lease without publishing (releases the lock; idempotent): the write in
+        flight ends first (its error is not raised: nothing is published either way)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer, self._pending = None, None
         if not self._conn.closed:
             self._conn.close()
 

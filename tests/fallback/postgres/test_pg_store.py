@@ -124,6 +124,45 @@ def test_kill_9_of_a_syncing_process_loses_nothing_committed_and_holds_no_lock(p
         store.close()
 
 
+def test_a_write_failing_on_the_writer_thread_is_raised_by_the_next_call_and_keeps_the_ones_before(
+        pg_dsn: str) -> None:
+    """A write's transaction runs on the lease's writer thread: a read of the lease waits for
+    it, and its failure (a trigger refuses a chunk) is raised by the next call; the writes
+    committed before it stay for the next lease, and nothing is published."""
+    from fallback.store.postgres.errors import PostgresStoreError
+    from fallback.store.postgres.store import FileRows
+
+    def rows(path: str, text: str) -> list[FileRows]:
+        return [FileRows(path, "memory", f"h-{text}", 1, len(text), path,
+                         (ChunkRow(f"{path}#1", 1, 1, f"c-{text}", "", text, ""),))]
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                         " IF NEW.text = 'boom' THEN RAISE EXCEPTION 'chunk refused'; END IF;"
+                         " RETURN NEW; END $$")
+            conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON qmdbridge.chunks FOR EACH ROW"
+                         " EXECUTE FUNCTION public.refuse()")
+        lease = store.sync_lease()
+        assert lease is not None
+        with lease:
+            lease.write_files(rows("memory/a.md", "walrus"))
+            assert lease.file_hash("memory/a.md", "memory") == "h-walrus"
+            lease.write_files(rows("memory/b.md", "boom"))
+            with pytest.raises(PostgresStoreError, match="chunk refused"):
+                lease.publish()
+        assert found(store, "walrus") == []
+        lease = store.sync_lease()
+        assert lease is not None
+        assert lease.file_hash("memory/a.md", "memory") == "h-walrus"
+        assert lease.file_hash("memory/b.md", "memory") is None
+        assert lease.publish().chunk_count == 1
+        assert found(store, "walrus") == ["memory/a.md#1"]
+    finally:
+        store.close()
+
+
 def test_row_level_security_own_rows_and_shared_rows_read_only(pg_server: PgServer, pg_dsn: str) -> None:
     dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
     with pg_server.admin(dbname) as conn:

@@ -46,7 +46,7 @@ from fallback.store.postgres.bm25 import (
     required_tokens,
 )
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
-from fallback.store.postgres.migrations import TF_COLUMNS, migrate, vector_index_sql
+from fallback.store.postgres.migrations import TF_COLUMNS, migrate
 from fallback.store.postgres.rows import Column, write_rows
 from fallback.store.postgres.rows import int_array as _int_array
 from fallback.store.postgres.rows import text_array as _text_array
@@ -60,10 +60,6 @@ __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", 
 # bm25() weight of each indexed column (text, title, terms): the SQLite store's weights
 # (fallback/search/keyword.py COLUMN_WEIGHTS).
 DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
-# Candidates the HNSW index is asked for per wanted row (its rows are filtered by agent after).
-EF_SEARCH_PER_ROW = 40
-# Nearest vectors read per wanted row before older generations and other sources are dropped.
-VECTOR_OVERSAMPLE = 4
 # Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
 # candidate count per further round (see PostgresStore._top_rows).
 CANDIDATES_PER_ROW = 8
@@ -209,7 +205,6 @@ class PostgresStore:
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
         self._view_of: PostgresStore | None = None  # the store whose connections a view uses
-        self._vector_dims: set[int] = set()
         # window_search's windows: {chunk_rowid: (id, model, source, dims, unit rows) or None}
         # of the published generation _windows_gen; None above MATRIX_MAX_BYTES.
         self._windows: dict[int, tuple[str, str, str, int, Any] | None] | None = {}
@@ -800,8 +795,8 @@ class PostgresStore:
 
         Returns:
             :data:`KeywordRow` tuples whose last field is the cosine distance (0 = same
-            direction, 2 = opposite). When the HNSW index yields fewer than ``limit`` of the
-            scope's rows, every vector of the scope is compared (exact).
+            direction, 2 = opposite): every vector of the scope is compared (exact; the store
+            keeps no vector index, migration ``m010``).
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -812,27 +807,11 @@ class PostgresStore:
         dist = f"embedding::vector({d}) <=> %(q)s::vector({d})"
         scope = f"agent_id = %(agent)s AND workspace = %(ws)s AND dims = {d}"
         args = {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE}
+                "sources": list(sources), "limit": limit}
         with self._errors("vector search"), self._pool.connection() as conn:
-            # One round trip: the session's ef_search and the search go out in one pipeline.
-            # The inner query orders by the distance alone, so the planner may answer it from
-            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
-            # or, for a small scope, exactly from the scope's rows.
-            with conn.pipeline():
-                conn.execute(f"SET hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-                cur = conn.execute(self._vector_sql(
-                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
-                    f" WHERE {scope} ORDER BY {dist} LIMIT %(inner)s"), args)
-            rows = cur.fetchall()
-            if len(rows) < limit:
-                # Short: pgvector (0.6) filters the ef_search rows an HNSW scan yields by agent
-                # after the scan (no iterative scans), and older generations and other sources
-                # are dropped after that, so a scope whose vectors are not among the nearest of
-                # the whole table gets fewer rows than it holds. The exact answer: every vector
-                # of the scope, in a materialized CTE the index cannot serve.
-                rows = conn.execute(self._vector_sql(
-                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
-                    f" WHERE {scope}"), args).fetchall()
+            rows = conn.execute(self._vector_sql(
+                f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors WHERE {scope}"),
+                args).fetchall()
         return [_keyword_row(r) for r in rows]
 
     def _vector_sql(self, nearest: str) -> str:
@@ -1037,18 +1016,6 @@ class PostgresStore:
 
     # -- writes -------------------------------------------------------------------------------------
 
-    def _ensure_vector_index(self, conn: Any, dims: int) -> None:
-        """Create the HNSW index of ``dims``-dimensional vectors once, outside any file's
-        transaction (``CREATE INDEX`` locks the table against writers; two hosts creating it
-        at once are serialised by an advisory lock)."""
-        name = f"{self.target.schema}.chunk_vectors_hnsw_{int(dims)}"
-        with self._errors("create the vector index"), conn.transaction():
-            if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is None:
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
-                             (f"qmdbridge.vector-index:{self.target.schema}",))
-                conn.execute(vector_index_sql(self.target.schema, dims))
-        self._vector_dims.add(dims)
-
     def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
         """Take the one sync of this agent + workspace across hosts.
 
@@ -1248,8 +1215,6 @@ class SyncLease:
         import numpy as np
 
         store, s = self.store, self.store._s
-        for dims in {len(v) for _, c in chunks for v in c.vectors} - store._vector_dims:
-            store._ensure_vector_index(self._conn, dims)
         counts = _TermCounts()
         with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
             counts.remove(self._retire(cur, args))

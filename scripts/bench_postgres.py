@@ -11,10 +11,10 @@ Measured, for both stores (the SQLite store: one file per agent, FTS5 + the engi
 index; postgres: one database, ``fallback/store/postgres``):
 
 - **index**: chunks written per second (pre-chunked rows: chunk rows, FTS tokenization and
-  postings, vectors; one transaction per file on SQLite, per 100 files on postgres); the SQLite
-  store indexes one agent; postgres indexes agent 0 alone (the like-for-like figure, target: at
-  least SQLite's), then the other agents four at a time (one sync per agent, as separate hosts
-  would);
+  postings, vectors; one transaction per file on SQLite, per ``WRITE_BATCH_FILES`` (25) files
+  on postgres, as the engine writes them); the SQLite store indexes one agent; postgres
+  indexes agent 0 alone (the like-for-like figure, target: at least SQLite's), then the other
+  agents four at a time (one sync per agent, as separate hosts would);
 - **keyword search** p50/p95: the keyword rows of a question's plan (``search_plan`` on the
   SQLite store, the same plan for both), 40 candidates; and how many questions got the same
   top 10 from both stores;
@@ -41,6 +41,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -58,6 +59,8 @@ sys.path.insert(0, str(SCRIPTS.parent))
 from bench_keyword import locomo_at_scale  # noqa: E402
 from benchlib import Row, check, emit, median, percentile  # noqa: E402
 
+from fallback.index.lease_sync import WRITE_BATCH_FILES  # noqa: E402
+
 DEFAULT_DATA = "/work/shared/bench/locomo-dev"
 KEYWORD_P50_MS = 20.0
 HYBRID_P50_MS = 40.0
@@ -65,7 +68,6 @@ LOAD_P95_RATIO = 4.0  # search p95 under writers and searchers, as a multiple of
 CANDIDATES = 40
 WRITERS = 4
 SEARCHERS = 8
-PG_FILES_PER_WRITE = 100  # files per SyncLease.write_files transaction
 _WORD_RE = re.compile(r"\w+")
 
 File = tuple[str, str, list[tuple[str, int, int, str, str]]]  # path, title, chunks
@@ -126,8 +128,8 @@ def pg_sync(store: Any, files: list[File], embed: Callable[[str], list[float]]) 
     rows = [FileRows(rel, "memory", rel, 0, 0, title,
                      tuple(ChunkRow(cid, s, e, h, "hash", t, derived_terms(t), embed(t))
                            for cid, s, e, t, h in chunks)) for rel, title, chunks in files]
-    for first in range(0, len(rows), PG_FILES_PER_WRITE):
-        lease.write_files(rows[first:first + PG_FILES_PER_WRITE])
+    for first in range(0, len(rows), WRITE_BATCH_FILES):
+        lease.write_files(rows[first:first + WRITE_BATCH_FILES])
     lease.publish()
 
 
@@ -164,8 +166,8 @@ def under_load(search: Callable[[int, int], object], write: Callable[[int, int],
                 with lock:
                     errors.append(f"write: {exc}")
 
-    threads = [threading.Thread(target=writer, args=(a,)) for a in range(WRITERS)]
-    threads += [threading.Thread(target=searcher, args=(s,)) for s in range(SEARCHERS)]
+    threads = [threading.Thread(target=writer, args=(a,), daemon=True) for a in range(WRITERS)]
+    threads += [threading.Thread(target=searcher, args=(s,), daemon=True) for s in range(SEARCHERS)]
     t = time.perf_counter()
     for th in threads:
         th.start()
@@ -213,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     load_start = os.getloadavg()[0]
+    # SIGTERM (a timeout's kill) ends the run as SIGINT does: through the finally below, which
+    # stops the server this run started.
+    signal.signal(signal.SIGTERM, _terminated)
     root = Path(tempfile.mkdtemp(prefix="bench-pg-"))
     server = None
     try:
@@ -251,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
                 import pgserver
                 server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="qmdbridge-pg-")), cleanup_mode="stop")
+            print(f"postgres server running in {server.pgdata}", file=sys.stderr, flush=True)
             from psycopg.conninfo import make_conninfo
             dsn = make_conninfo(host=str(server.pgdata), dbname="postgres", user="postgres")
         target = resolve_target(dsn)
@@ -263,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_one_s = time.perf_counter() - t
         t = time.perf_counter()
         for first in range(1, agents, WRITERS):
-            batch = [threading.Thread(target=pg_sync, args=(store, files, embed))
+            batch = [threading.Thread(target=pg_sync, args=(store, files, embed), daemon=True)
                      for store in pgs[first:first + WRITERS]]
             for th in batch:
                 th.start()
@@ -381,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     emit("bench_postgres", rows, as_json=args.json,
          meta={"chunks": args.chunks, "agents": agents, "dims": args.dims, "questions": args.questions})
     return 0
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _pg_lost(store: Any, expected: int, word: str) -> int:

@@ -37,8 +37,7 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``embedding_cache(content_hash, fingerprint, dims, embedding)``: shared by every agent.
 - ``chunk_vectors(chunk_rowid, window_no, agent_id, workspace, dims, embedding)``: pgvector, one
   row per embedding window of a chunk (``m006``; a chunk embedded whole is window 0), each a
-  unit vector; an HNSW (cosine) index per dimension count is created on first use
-  (:func:`vector_index_sql`).
+  unit vector; no vector index (``m010``): every search compares the scope's windows exactly.
 
 Generations: a row is part of generation ``G`` when ``gen_from <= G`` and (``gen_to`` is NULL or
 ``gen_to > G``). A sync writes generation ``P + 1`` beside the published ``P`` and publishes it by
@@ -54,7 +53,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MIGRATIONS", "POSITION_COLUMN_SHIFT", "TF_COLUMNS", "applied_versions", "migrate", "vector_index_sql"]
+__all__ = ["MIGRATIONS", "POSITION_COLUMN_SHIFT", "TF_COLUMNS", "applied_versions", "migrate"]
 
 # positions = column << POSITION_COLUMN_SHIFT | token offset (a column holds < 2**20 tokens).
 POSITION_COLUMN_SHIFT = 20
@@ -273,9 +272,23 @@ def m009_posting_blocks(cur: Any, schema: str) -> None:
     cur.execute(f"DROP TABLE {s}.postings")
 
 
+def m010_no_vector_index(cur: Any, schema: str) -> None:
+    """Drop the HNSW indexes of ``chunk_vectors`` (one per dimension count, created by the
+    syncs before): the vector side of a search compares every window of the scope exactly (its
+    mean and spread need every chunk's cosine: ``store.PostgresStore.window_search``), so no
+    search of the engine read them, and inserting into them was the larger part of the
+    server's work in a sync; ``vector_rows`` orders the scope's vectors exactly (by the
+    ``chunk_vectors_scope`` index)."""
+    cur.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s AND tablename = 'chunk_vectors'"
+                " AND indexdef LIKE '%% USING hnsw %%'", (schema,))
+    for (name,) in cur.fetchall():
+        cur.execute(f'DROP INDEX {_q(schema)}."{name}"')
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
-    m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text, m009_posting_blocks)
+    m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text, m009_posting_blocks,
+    m010_no_vector_index)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:
@@ -326,11 +339,3 @@ def applied_versions(conn: Any, schema: str) -> list[tuple[int, str]]:
             return []
         cur.execute(f"SELECT version, name FROM {_q(schema)}.schema_migrations ORDER BY version")
         return [(int(v), str(n)) for v, n in cur.fetchall()]
-
-
-def vector_index_sql(schema: str, dims: int) -> str:
-    """The ``CREATE INDEX`` of the HNSW (cosine) index over the chunk vectors of ``dims``
-    dimensions (pgvector indexes need a fixed dimension count; one partial index per count)."""
-    d = int(dims)
-    return (f"CREATE INDEX IF NOT EXISTS chunk_vectors_hnsw_{d} ON {_q(schema)}.chunk_vectors"
-            f" USING hnsw ((embedding::vector({d})) vector_cosine_ops) WHERE dims = {d}")

@@ -166,6 +166,7 @@ class PostgresSearchStore:
         (the published ones and those a killed sync wrote); ``""`` for a memory file written
         without its text (before migration ``m008``), so the sync writes it again."""
         st = self.store
+        lease.flush()  # the lease's own writes first
         with st._errors("read the indexed files"):
             rows = lease._conn.execute(  # a memory file without its text is written again
                 f"SELECT path, CASE WHEN source = 'memory' AND text IS NULL THEN '' ELSE hash END"

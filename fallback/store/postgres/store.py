@@ -22,22 +22,19 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copy
 import heapq
 import itertools
 import json
 import math
-import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fallback.errors import UsageError
-from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.bm25 import (
     BM25_B,
     BM25_K1,
@@ -49,9 +46,12 @@ from fallback.store.postgres.bm25 import (
     required_tokens,
 )
 from fallback.store.postgres.errors import PostgresUnavailableError, translate
-from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT, TF_COLUMNS, migrate, vector_index_sql
+from fallback.store.postgres.migrations import TF_COLUMNS, migrate
+from fallback.store.postgres.rows import Column, write_rows
+from fallback.store.postgres.rows import int_array as _int_array
+from fallback.store.postgres.rows import text_array as _text_array
 from fallback.store.postgres.target import PgTarget
-from fallback.store.postgres.tokens import MAIN, TRIGRAM, ChunkTerms, Fts5Tokenizer, column_hits
+from fallback.store.postgres.tokens import MAIN, TRIGRAM, Fts5Tokenizer, Postings
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_unspaced
 
@@ -60,10 +60,6 @@ __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", 
 # bm25() weight of each indexed column (text, title, terms): the SQLite store's weights
 # (fallback/search/keyword.py COLUMN_WEIGHTS).
 DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
-# Candidates the HNSW index is asked for per wanted row (its rows are filtered by agent after).
-EF_SEARCH_PER_ROW = 40
-# Nearest vectors read per wanted row before older generations and other sources are dropped.
-VECTOR_OVERSAMPLE = 4
 # Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
 # candidate count per further round (see PostgresStore._top_rows).
 CANDIDATES_PER_ROW = 8
@@ -209,7 +205,6 @@ class PostgresStore:
         self.statement_timeout_ms = statement_timeout_ms
         self.busy_reason: str | None = None
         self._view_of: PostgresStore | None = None  # the store whose connections a view uses
-        self._vector_dims: set[int] = set()
         # window_search's windows: {chunk_rowid: (id, model, source, dims, unit rows) or None}
         # of the published generation _windows_gen; None above MATRIX_MAX_BYTES.
         self._windows: dict[int, tuple[str, str, str, int, Any] | None] | None = {}
@@ -800,8 +795,8 @@ class PostgresStore:
 
         Returns:
             :data:`KeywordRow` tuples whose last field is the cosine distance (0 = same
-            direction, 2 = opposite). When the HNSW index yields fewer than ``limit`` of the
-            scope's rows, every vector of the scope is compared (exact).
+            direction, 2 = opposite): every vector of the scope is compared (exact; the store
+            keeps no vector index, migration ``m010``).
 
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
@@ -812,27 +807,11 @@ class PostgresStore:
         dist = f"embedding::vector({d}) <=> %(q)s::vector({d})"
         scope = f"agent_id = %(agent)s AND workspace = %(ws)s AND dims = {d}"
         args = {"q": _vector_text(vector), "agent": self.agent_id, "ws": self.workspace,
-                "sources": list(sources), "limit": limit, "inner": limit * VECTOR_OVERSAMPLE}
+                "sources": list(sources), "limit": limit}
         with self._errors("vector search"), self._pool.connection() as conn:
-            # One round trip: the session's ef_search and the search go out in one pipeline.
-            # The inner query orders by the distance alone, so the planner may answer it from
-            # the HNSW index of this dimension count (chunk_vectors_hnsw_<d>, partial on dims)
-            # or, for a small scope, exactly from the scope's rows.
-            with conn.pipeline():
-                conn.execute(f"SET hnsw.ef_search = {min(1000, max(40, limit * EF_SEARCH_PER_ROW))}")
-                cur = conn.execute(self._vector_sql(
-                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
-                    f" WHERE {scope} ORDER BY {dist} LIMIT %(inner)s"), args)
-            rows = cur.fetchall()
-            if len(rows) < limit:
-                # Short: pgvector (0.6) filters the ef_search rows an HNSW scan yields by agent
-                # after the scan (no iterative scans), and older generations and other sources
-                # are dropped after that, so a scope whose vectors are not among the nearest of
-                # the whole table gets fewer rows than it holds. The exact answer: every vector
-                # of the scope, in a materialized CTE the index cannot serve.
-                rows = conn.execute(self._vector_sql(
-                    f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors"
-                    f" WHERE {scope}"), args).fetchall()
+            rows = conn.execute(self._vector_sql(
+                f"SELECT chunk_rowid, {dist} AS dist FROM {self._s}.chunk_vectors WHERE {scope}"),
+                args).fetchall()
         return [_keyword_row(r) for r in rows]
 
     def _vector_sql(self, nearest: str) -> str:
@@ -1037,18 +1016,6 @@ class PostgresStore:
 
     # -- writes -------------------------------------------------------------------------------------
 
-    def _ensure_vector_index(self, conn: Any, dims: int) -> None:
-        """Create the HNSW index of ``dims``-dimensional vectors once, outside any file's
-        transaction (``CREATE INDEX`` locks the table against writers; two hosts creating it
-        at once are serialised by an advisory lock)."""
-        name = f"{self.target.schema}.chunk_vectors_hnsw_{int(dims)}"
-        with self._errors("create the vector index"), conn.transaction():
-            if conn.execute("SELECT to_regclass(%s)", (name,)).fetchone()[0] is None:
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
-                             (f"qmdbridge.vector-index:{self.target.schema}",))
-                conn.execute(vector_index_sql(self.target.schema, dims))
-        self._vector_dims.add(dims)
-
     def sync_lease(self, *, wait_ms: int = 0) -> SyncLease | None:
         """Take the one sync of this agent + workspace across hosts.
 
@@ -1122,6 +1089,12 @@ class SyncLease:
     Use as a context manager; leaving it without :meth:`publish` keeps what was written for the
     next lease (nothing is published, nothing is lost).
 
+    A write's rows are built in the caller's thread and its transaction runs on the lease's one
+    writer thread, so the next write is built while the server works on this one: one write in
+    flight, which every other method waits for first (:meth:`flush` waits for it alone). A
+    write's failure is raised by the next call (:meth:`write_files`, :meth:`flush`,
+    :meth:`delete_file`, :meth:`file_hash` or :meth:`publish`).
+
     Attributes:
         published / generation: the published generation ``P`` and the one written, ``P + 1``.
         chunks_written: chunks this lease wrote; :meth:`publish` refreshes the planner's
@@ -1155,6 +1128,18 @@ class SyncLease:
                 " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
                 {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
+        self._writer: Any = None  # the writer thread (a one-worker executor), started by a write
+        self._pending: Any = None  # the future of the write in flight
+
+    def flush(self) -> None:
+        """Wait for the write in flight (:meth:`write_files` may return before its commit).
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: its failure.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def __enter__(self) -> SyncLease:
         return self
@@ -1165,6 +1150,7 @@ class SyncLease:
     def file_hash(self, path: str, source: str) -> str | None:
         """The content hash of ``path`` as generation ``P + 1`` holds it (a killed sync's write
         included), or ``None`` when it holds no such file."""
+        self.flush()
         s = self.store._s
         with self.store._errors("read a file's state"):
             row = self._conn.execute(
@@ -1185,33 +1171,50 @@ class SyncLease:
         self.write_files([FileRows(path, source, content_hash, mtime_ms, size, title, tuple(chunks))])
 
     def write_files(self, files: Sequence[FileRows]) -> None:
-        """Replace the rows of several files in generation ``P + 1`` (one transaction): files,
-        chunks and vectors by one ``INSERT`` each over arrays sent as array literals, the
-        postings by statements of at most :data:`POSTINGS_PER_STATEMENT` (:func:`_insert_postings`).
+        """Replace the rows of several files in generation ``P + 1`` (one transaction, run on
+        the writer thread after the write before it: see the class docstring): files and
+        chunks by one ``INSERT`` each over arrays sent as array literals; the posting blocks,
+        trigram postings and vectors built column-wise (numpy) and sent by binary ``COPY``
+        (``rows.write_rows``; an ``INSERT`` where row-level security applies), by statements
+        of at most :data:`POSTINGS_PER_STATEMENT` postings.
 
         Args:
             files: the files, each with its chunks (a path at most once).
 
         Raises:
-            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: this write's
+                (or the write before's) failure; nothing of the failed write is kept.
         """
+        from concurrent.futures import ThreadPoolExecutor
+
         if not files:
             return
-        store, s = self.store, self.store._s
+        store = self.store
         # One source after the other: a source's chunks get a range of row ids of their own,
-        # so the blocks of a term (one per source) do not interleave (see _blocks).
+        # so the blocks of a term (one per source) do not interleave (see _new_blocks).
         files = sorted(files, key=lambda f: f.source)
         chunks = [(f, c) for f in files for c in f.chunks]
         self.chunks_written += len(chunks)
-        terms = store._tokenizer.chunk_terms([(c.text, f.title, c.derived_terms) for f, c in chunks])
+        post = store._tokenizer.postings([(c.text, f.title, c.derived_terms) for f, c in chunks])
         cjk = [i for i, (_, c) in enumerate(chunks) if contains_unspaced(c.text)]
-        trigrams = dict(zip(cjk, store._trigrams.chunk_terms([(chunks[i][1].text,) for i in cjk]),
-                            strict=True))
+        trigrams = store._trigrams.postings([(chunks[i][1].text,) for i in cjk])
+        tri_len: list[int | None] = [None] * len(chunks)
+        for i, n in zip(cjk, trigrams.doc_len.tolist(), strict=True):
+            tri_len[i] = n
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
-        for dims in {len(v) for _, c in chunks for v in c.vectors} - store._vector_dims:
-            store._ensure_vector_index(self._conn, dims)
+        self.flush()  # one write in flight: this one's rows are built while it ran
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="qmdbridge-pg-writer")
+        self._pending = self._writer.submit(self._write, files, chunks, post, cjk, trigrams, args, tri_len)
+
+    def _write(self, files: Sequence[FileRows], chunks: list[tuple[FileRows, ChunkRow]], post: Postings,
+               cjk: list[int], trigrams: Postings, args: dict[str, Any], tri_len: list[int | None]) -> None:
+        """The transaction of :meth:`write_files` (on the writer thread)."""
+        import numpy as np
+
+        store, s = self.store, self.store._s
         counts = _TermCounts()
         with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
             counts.remove(self._retire(cur, args))
@@ -1244,29 +1247,33 @@ class SyncLease:
                          "hashes": _text_array(c.content_hash for _, c in chunks),
                          "models": _text_array(c.model for _, c in chunks),
                          "texts": _text_array(c.text for _, c in chunks),
-                         "lens": _int_array(t.doc_len for t in terms),
-                         "terms": _text_array(" ".join(t.positions) for t in terms),
-                         "tris": _int_array(trigrams[i].doc_len if i in trigrams else None
-                                            for i in range(len(chunks)))})
+                         "lens": _int_array(post.doc_len),
+                         "terms": _text_array(map(" ".join, post.chunk_terms())),
+                         "tris": _int_array(tri_len)})
             # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
-            rowids = sorted(r[0] for r in cur.fetchall())
-            _write_blocks(cur, f"{s}.posting_blocks", args, _blocks(
-                ((r, t, f.source) for r, t, (f, _) in zip(rowids, terms, chunks, strict=True)),
-                self.generation), copy=self._copy, counts=counts)
-            _insert_postings(cur, f"{s}.trigram_postings", args,
-                             ((rowids[i], t, chunks[i][0].source) for i, t in trigrams.items()),
-                             copy=self._copy)
-            embedded = [(r, i, v) for r, (_, c) in zip(rowids, chunks, strict=True)
+            rowids = np.sort(np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64, count=len(chunks)))
+            counts.add_postings(post)
+            sources = [f.source for f, _ in chunks]
+            _write_blocks(cur, f"{s}.posting_blocks", self._scope,
+                          _new_blocks(post, rowids, sources, self.generation), copy=self._copy)
+            if cjk:
+                tri_rows = np.asarray(cjk, dtype=np.int64)[trigrams.chunk]
+                _write_limited(cur, f"{s}.trigram_postings", self._scope, [
+                    Column("term", "text", [trigrams.terms[t] for t in trigrams.term.tolist()]),
+                    Column("chunk_rowid", "int8", rowids[tri_rows]),
+                    Column("positions", "int4[]", trigrams.positions,
+                           np.diff(trigrams.ends, prepend=0))], copy=self._copy)
+            embedded = [(r, i, v) for r, (_, c) in zip(rowids.tolist(), chunks, strict=True)
                         for i, v in enumerate(c.vectors)]
             if embedded:
-                cur.execute(f"INSERT INTO {s}.chunk_vectors (chunk_rowid, window_no, agent_id,"
-                            " workspace, dims, embedding) SELECT r, w, %(agent)s, %(ws)s, d, v::vector"
-                            " FROM unnest(%(rowids)s::bigint[], %(windows)s::int[], %(dims)s::int[],"
-                            " %(vecs)s::text[]) AS x(r, w, d, v)",
-                            {**args, "rowids": _int_array(r for r, _, _ in embedded),
-                             "windows": _int_array(i for _, i, _ in embedded),
-                             "dims": _int_array(len(v) for _, _, v in embedded),
-                             "vecs": _text_array(_vector_text(v) for _, _, v in embedded)})
+                sizes = np.fromiter((len(v) for _, _, v in embedded), dtype=np.int64, count=len(embedded))
+                _write_limited(cur, f"{s}.chunk_vectors", self._scope, [
+                    Column("chunk_rowid", "int8", np.fromiter((r for r, _, _ in embedded), dtype=np.int64)),
+                    Column("window_no", "int4", np.fromiter((i for _, i, _ in embedded), dtype=np.int64)),
+                    Column("dims", "int4", sizes),
+                    Column("embedding", "vector", np.fromiter(
+                        itertools.chain.from_iterable(v for _, _, v in embedded), dtype=np.float32,
+                        count=int(sizes.sum())), sizes)], copy=self._copy)
         self._terms.merge(counts)
 
     def delete_file(self, path: str, source: str) -> None:
@@ -1275,15 +1282,17 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        self.flush()
         args = {**self._scope, "paths": _text_array([path]), "sources": _text_array([source]),
                 "gen": self.generation}
         with self.store._errors("delete a file"), self._conn.transaction(), self._conn.cursor() as cur:
             gone = self._retire(cur, args)
         self._terms.remove(gone)
 
-    def _retire(self, cur: Any, args: dict[str, Any]) -> dict[str, int]:
+    def _retire(self, cur: Any, args: dict[str, Any]) -> list[str]:
         """Drop this generation's own rows of the files ``args["paths"]`` / ``args["sources"]``
-        (array literals) and end the older ones at it; the dropped postings per term. Only the
+        (array literals) and end the older ones at it; the terms of the dropped postings (one
+        per posting). Only the
         files the scope holds are touched (a new file's statements found nothing, on a first
         sync a tenth of its time)."""
         s = self.store._s
@@ -1294,7 +1303,7 @@ class SyncLease:
                     " AND (gen_to IS NULL OR gen_from = %(gen)s)", args)
         held = cur.fetchall()
         if not held:
-            return {}
+            return []
         args = {**args, "paths": _text_array(p for p, _ in held),
                 "sources": _text_array(src for _, src in held)}
         gone = _delete_chunks(cur, s, f"{where} AND gen_from = %(gen)s", args, copy=self._copy)
@@ -1319,6 +1328,7 @@ class SyncLease:
         Raises:
             PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
         """
+        self.flush()
         s = self.store._s
         args = {**self._scope, "gen": self.generation}
         with self.store._errors("publish the sync"):
@@ -1357,21 +1367,25 @@ class SyncLease:
         return stats
 
     def close(self) -> None:
-        """End the lease without publishing (releases the lock; idempotent)."""
+        """End the lease without publishing (releases the lock; idempotent): the write in
+        flight ends first (its error is not raised: nothing is published either way)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer, self._pending = None, None
         if not self._conn.closed:
             self._conn.close()
 
 
 def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
-                   copy: bool) -> dict[str, int]:
+                   copy: bool) -> list[str]:
     """Delete the chunks matching ``where`` with their postings, trigram postings and vectors;
-    the deleted postings per term. A chunk's postings leave their blocks: each block holding
-    one (found by key from the chunk's ``terms``) is deleted and its other chunks' postings
-    written again as a block (``copy``: by ``COPY``)."""
+    the terms of the deleted postings (one per posting). A chunk's postings leave their
+    blocks: each block holding one (found by key from the chunk's ``terms``) is deleted and
+    its other chunks' postings written again as a block (``copy``: by ``COPY``)."""
     cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid, terms", args)
     deleted = cur.fetchall()
     if not deleted:
-        return {}
+        return []
     gone = [r for r, _ in deleted]
     terms: list[str] = []
     rowids: list[int] = []
@@ -1387,58 +1401,84 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
                     f" (SELECT max(k.chunk_rowid) FROM {schema}.posting_blocks k"
                     " WHERE k.agent_id = %(agent)s AND k.workspace = %(ws)s AND k.term = g.term"
                     " AND k.chunk_rowid <= g.r) FROM unnest(%(terms)s::text[], %(rowids)s::bigint[])"
-                    " AS g(term, r)) RETURNING b.term, b.rowids, b.lens, b.ends, b.positions,"
-                    " b.source, b.gen_from",
+                    f" AS g(term, r)) RETURNING b.term, b.source, b.gen_from, b.rowids, b.lens,"
+                    f" b.{', b.'.join(TF_COLUMNS)}, b.ends, b.positions",
                     {**scope, "terms": _text_array(terms), "rowids": _int_array(rowids)})
-        dead = set(gone)
-        kept: list[_Block] = []
-        for term, block_rowids, lens, ends, positions, source, gen_from in cur.fetchall():
-            entries = [((str(r), str(lens[i]), lens[i]), positions[ends[i - 1] if i else 0:ends[i]])
-                       for i, r in enumerate(block_rowids) if r not in dead]
-            if entries:
-                kept.append((term, source, int(gen_from), entries))
-        _write_blocks(cur, f"{schema}.posting_blocks", scope, kept, copy=copy)
+        _write_blocks(cur, f"{schema}.posting_blocks", scope, _kept_blocks(cur.fetchall(), gone), copy=copy)
     for table in ("trigram_postings", "chunk_vectors"):
         cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))
-    return dict(collections.Counter(terms))
+    return terms
 
 
 class _TermCounts:
     """What a sync changes in ``term_stats``: per term, the postings added less those removed
-    (``df``), and the most hits per column and the shortest chunk of the added ones."""
+    (``df``), and the most hits per column and the shortest chunk of the added ones. Counts are
+    kept as the arrays each write gave and summed per term once, at :meth:`publish`."""
+
+    # A removal's shortest chunk: it narrows no bound.
+    _NO_LENGTH = 2**31 - 1
 
     def __init__(self) -> None:
-        self.df: dict[str, int] = {}
-        self.hits: dict[str, list[int]] = {}
-        self.min_dl: dict[str, int] = {}
+        # (terms, df, hits per column, min length, added) per count, aligned numpy arrays
+        self._parts: list[tuple[list[str], Any, Any, Any, bool]] = []
 
-    def add_rows(self, rows: Iterable[Sequence[Any]]) -> None:
+    def add_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Count aggregated postings: ``(term, count, max hits of each column..., min length)``."""
-        for term, n, *rest in rows:
-            self.df[term] = self.df.get(term, 0) + int(n)
-            cols, dl = [int(x) for x in rest[:-1]], int(rest[-1])
-            held = self.hits.get(term)
-            self.hits[term] = cols if held is None else [max(a, b) for a, b in zip(held, cols, strict=True)]
-            self.min_dl[term] = min(dl, self.min_dl.get(term, dl))
+        import numpy as np
 
-    def remove(self, dropped: dict[str, int]) -> None:
-        """Count postings deleted (``{term: count}``)."""
-        for term, n in dropped.items():
-            self.df[term] = self.df.get(term, 0) - n
+        if rows:
+            values = np.asarray([r[1:] for r in rows], dtype=np.int64)
+            self._parts.append(([r[0] for r in rows], values[:, 0], values[:, 1:-1], values[:, -1], True))
+
+    def add_postings(self, post: Postings) -> None:
+        """Count the postings of a write (``tokens.Postings``: ordered by term)."""
+        import numpy as np
+
+        if not len(post.term):
+            return
+        starts = np.flatnonzero(np.diff(post.term, prepend=-1))
+        self._parts.append(([post.terms[t] for t in post.term[starts].tolist()],
+                            np.diff(starts, append=len(post.term)),
+                            np.maximum.reduceat(post.hits, starts, axis=0),
+                            np.minimum.reduceat(post.doc_len[post.chunk], starts), True))
+
+    def remove(self, dropped: list[str]) -> None:
+        """Count postings deleted (a term once per posting)."""
+        import numpy as np
+
+        if dropped:
+            n = len(dropped)
+            self._parts.append((dropped, np.full(n, -1, dtype=np.int64),
+                                np.zeros((n, len(TF_COLUMNS)), dtype=np.int64),
+                                np.full(n, self._NO_LENGTH, dtype=np.int64), False))
 
     def merge(self, other: _TermCounts) -> None:
         """Add another count (a committed write's)."""
-        for term, n in other.df.items():
-            self.df[term] = self.df.get(term, 0) + n
-        self.add_rows((t, 0, *h, other.min_dl[t]) for t, h in other.hits.items())
+        self._parts += other._parts
 
     def publish(self, cur: Any, table: str, scope: dict[str, Any]) -> None:
         """Apply the counts to ``table`` (``term_stats``) by statements of at most
         :data:`POSTINGS_PER_STATEMENT` terms; terms no chunk holds any more are deleted."""
-        terms = sorted(t for t, n in self.df.items() if n or t in self.hits)
-        for first in range(0, len(terms), POSTINGS_PER_STATEMENT):
-            part = terms[first:first + POSTINGS_PER_STATEMENT]
-            hits = [self.hits.get(t, [0, 0, 0]) for t in part]
+        import numpy as np
+
+        if not self._parts:
+            return
+        names = list(itertools.chain.from_iterable(p[0] for p in self._parts))
+        terms = list(dict.fromkeys(names))
+        slot = dict(zip(terms, range(len(terms)), strict=True))
+        at = np.fromiter(map(slot.__getitem__, names), dtype=np.int64, count=len(names))
+        df = np.zeros(len(terms), dtype=np.int64)
+        np.add.at(df, at, np.concatenate([p[1] for p in self._parts]))
+        most = np.zeros((len(terms), len(TF_COLUMNS)), dtype=np.int64)
+        np.maximum.at(most, at, np.concatenate([p[2] for p in self._parts]))
+        least = np.full(len(terms), self._NO_LENGTH, dtype=np.int64)
+        np.minimum.at(least, at, np.concatenate([p[3] for p in self._parts]))
+        added = np.zeros(len(terms), dtype=bool)
+        added[at[np.concatenate([np.full(len(p[0]), p[4]) for p in self._parts])]] = True
+        changed = [i for i in sorted(range(len(terms)), key=terms.__getitem__) if df[i] or added[i]]
+        for first in range(0, len(changed), POSTINGS_PER_STATEMENT):
+            rows = np.asarray(changed[first:first + POSTINGS_PER_STATEMENT], dtype=np.int64)
+            part = [terms[i] for i in rows.tolist()]
             cur.execute(f"INSERT INTO {table} AS s (agent_id, workspace, term, df, max_tf, min_dl)"
                         " SELECT %(agent)s, %(ws)s, t, n, ARRAY[a, b, c], m FROM unnest(%(terms)s::text[],"
                         " %(dfs)s::bigint[], %(a)s::int[], %(b)s::int[], %(c)s::int[], %(m)s::int[])"
@@ -1447,109 +1487,133 @@ class _TermCounts:
                         " max_tf = ARRAY[greatest(s.max_tf[1], EXCLUDED.max_tf[1]),"
                         " greatest(s.max_tf[2], EXCLUDED.max_tf[2]), greatest(s.max_tf[3], EXCLUDED.max_tf[3])],"
                         " min_dl = least(s.min_dl, EXCLUDED.min_dl)",
-                        {**scope, "terms": _text_array(part), "dfs": _int_array(self.df[t] for t in part),
-                         "a": _int_array(h[0] for h in hits), "b": _int_array(h[1] for h in hits),
-                         "c": _int_array(h[2] for h in hits),
-                         "m": _int_array(self.min_dl.get(t, 2**31 - 1) for t in part)})
+                        {**scope, "terms": _text_array(part), "dfs": _int_array(df[rows]),
+                         "a": _int_array(most[rows, 0]), "b": _int_array(most[rows, 1]),
+                         "c": _int_array(most[rows, 2]), "m": _int_array(least[rows])})
             cur.execute(f"DELETE FROM {table} WHERE agent_id = %(agent)s AND workspace = %(ws)s"
                         " AND term = ANY(%(terms)s::text[]) AND df <= 0", {**scope, "terms": _text_array(part)})
 
 
-_Entry = tuple[tuple[str, str, int], Sequence[int]]
-"""A chunk's posting in a block: ``((chunk_rowid, doc_len as text), doc_len), positions)``."""
-_Block = tuple[str, str, int, list[_Entry]]
-"""A posting block to write: ``(term, source, gen_from, entries)``, its chunks ascending."""
-# A posting whose hits are all in the first column: its hits-per-column literal after the count.
-_FIRST_COLUMN_ONLY = ",0" * (len(FTS_COLUMNS) - 1)
-_SECOND_COLUMN = 1 << POSITION_COLUMN_SHIFT
+@dataclass(frozen=True)
+class _Blocks:
+    """Posting blocks to write, column-wise (numpy arrays; see migration ``m009``).
+
+    Attributes:
+        term / source: per block (lists of ``str``); gen_from: per block.
+        size: per block, its postings (the postings are block after block).
+        rowid / dl / hits / count: per posting, its chunk's row id and ``doc_len``, its hits
+            per column (``(postings, columns)``) and its positions' count.
+        positions: every posting's positions, posting after posting.
+    """
+
+    term: list[str]
+    source: list[str]
+    gen_from: Any
+    size: Any
+    rowid: Any
+    dl: Any
+    hits: Any
+    count: Any
+    positions: Any
 
 
-def _blocks(chunks: Iterable[tuple[int, ChunkTerms, str]], gen: int) -> Iterator[_Block]:
-    """The posting blocks of chunks written in generation ``gen`` (``(rowid, terms, source)``,
-    ascending rowids, the chunks of each source together): per term and source, runs of at
-    most :data:`BLOCK_CHUNKS` chunks. A term's blocks hold ranges of row ids that do not
-    overlap, so a chunk's posting is in the block with the largest key at or below it."""
-    groups: dict[tuple[str, str], list[_Entry]] = {}
-    for rowid, t, source in chunks:
-        head = (str(rowid), str(t.doc_len), t.doc_len)
-        for term, positions in t.positions.items():
-            held = groups.get((term, source))
-            if held is None:
-                groups[(term, source)] = [(head, positions)]
-            else:
-                held.append((head, positions))
-    for (term, source), entries in groups.items():
-        for first in range(0, len(entries), BLOCK_CHUNKS):
-            yield term, source, gen, entries[first:first + BLOCK_CHUNKS]
+def _new_blocks(post: Postings, rowids: Any, sources: Sequence[str], gen: int) -> _Blocks:
+    """The posting blocks of chunks written in generation ``gen`` (``post``: their postings;
+    ``rowids`` / ``sources``: per chunk, ascending row ids, the chunks of each source
+    together): per term and source, runs of at most :data:`BLOCK_CHUNKS` chunks. A term's
+    blocks hold ranges of row ids that do not overlap, so a chunk's posting is in the block
+    with the largest key at or below it."""
+    import numpy as np
+
+    n = len(post.term)
+    names = sorted(set(sources))
+    source = np.asarray([names.index(x) for x in sources] if len(names) > 1 else [0] * len(sources),
+                        dtype=np.int32)[post.chunk]
+    group = np.ones(n, dtype=bool)  # a posting that starts a (term, source) run
+    group[1:] = (post.term[1:] != post.term[:-1]) | (source[1:] != source[:-1])
+    index = np.arange(n)
+    since = index - np.maximum.accumulate(np.where(group, index, 0))
+    starts = np.flatnonzero(group | (since % BLOCK_CHUNKS == 0))
+    terms = post.terms
+    return _Blocks([terms[t] for t in post.term[starts].tolist()],
+                   [names[x] for x in source[starts].tolist()],
+                   np.full(len(starts), gen, dtype=np.int64), np.diff(starts, append=n),
+                   rowids[post.chunk], post.doc_len[post.chunk], post.hits,
+                   np.diff(post.ends, prepend=0), post.positions)
 
 
-def _write_blocks(cur: Any, table: str, args: dict[str, Any], blocks: Iterable[_Block], *,
-                  copy: bool, counts: _TermCounts | None = None) -> None:
-    """Write posting blocks by statements of at most :data:`POSTINGS_PER_STATEMENT` postings
-    each (one block more when a single block holds more): the statement deadline bounds each
-    statement, so a write of any size goes through. With ``copy``, each statement is a
-    ``COPY`` (refused where row-level security applies), else an INSERT over arrays.
-    ``counts``, when given, counts the postings written (``term_stats``)."""
-    lines: list[tuple[str, ...]] = []
-    held = 0
-    zeros: dict[int, str] = {}  # chunks -> "0,0,...": a column no posting of the block hits
-    for term, source, gen_from, entries in blocks:
-        if lines and held + len(entries) > POSTINGS_PER_STATEMENT:
-            _write_block_rows(cur, table, args, lines, copy=copy)
-            lines, held = [], 0
-        m = len(entries)
-        if all(p[-1] < _SECOND_COLUMN for _, p in entries):  # all hits in the text (most)
-            counts_text = [len(p) for _, p in entries]
-            most = [max(counts_text), *(0 for _ in TF_COLUMNS[1:])]
-            none = zeros.get(m)
-            if none is None:
-                none = zeros[m] = ",".join(["0"] * m)
-            tf = [",".join(map(str, counts_text)), *(none for _ in TF_COLUMNS[1:])]
-        else:
-            hits = [column_hits(p) for _, p in entries]
-            most = [max(h[c] for h in hits) for c in range(len(TF_COLUMNS))]
-            tf = [",".join(str(h[c]) for h in hits) for c in range(len(TF_COLUMNS))]
-        if counts is not None:
-            counts.add_rows(((term, m, *most, min(h[2] for h, _ in entries)),))
-        lines.append((term, entries[0][0][0], ",".join([h[0] for h, _ in entries]),
-                      ",".join([h[1] for h, _ in entries]), *tf,
-                      ",".join(map(str, itertools.accumulate([len(p) for _, p in entries]))),
-                      ",".join([",".join(map(str, p)) for _, p in entries]), source, str(gen_from)))
-        held += m
-    if lines:
-        _write_block_rows(cur, table, args, lines, copy=copy)
+def _kept_blocks(rows: Sequence[Sequence[Any]], gone: Sequence[int]) -> _Blocks:
+    """The blocks of ``rows`` (``term, source, gen_from, rowids, lens``, the hits per column,
+    ``ends, positions`` as read) without the postings of the chunks ``gone``; a block left
+    with none is dropped."""
+    import numpy as np
+
+    def flat(k: int) -> Any:
+        return np.fromiter(itertools.chain.from_iterable(r[k] for r in rows), dtype=np.int64)
+
+    columns = len(TF_COLUMNS)
+    size = np.fromiter((len(r[3]) for r in rows), dtype=np.int64, count=len(rows))
+    rowid, dl, ends, positions = flat(3), flat(4), flat(5 + columns), flat(6 + columns)
+    hits = np.stack([flat(5 + c) for c in range(columns)], axis=1)
+    first = np.cumsum(size) - size
+    count = ends - np.where(np.isin(np.arange(len(ends)), first), 0, np.roll(ends, 1))
+    keep = ~np.isin(rowid, np.asarray(gone, dtype=np.int64))
+    block = np.repeat(np.arange(len(rows)), size)
+    size = np.bincount(block[keep], minlength=len(rows))
+    live = np.flatnonzero(size)
+    return _Blocks([rows[i][0] for i in live.tolist()], [rows[i][1] for i in live.tolist()],
+                   np.asarray([rows[i][2] for i in live.tolist()], dtype=np.int64), size[live],
+                   rowid[keep], dl[keep], hits[keep], count[keep], positions[np.repeat(keep, count)])
 
 
-def _write_block_rows(cur: Any, table: str, args: dict[str, Any], lines: list[tuple[str, ...]], *,
-                      copy: bool) -> None:
-    """One statement writing the blocks of :func:`_write_blocks` (``lines``: term, key, then
-    the array literals without braces of :data:`_BLOCK_ARRAYS`, source, generation), in key
-    order."""
-    lines.sort()
-    columns = ("term", "chunk_rowid", *_BLOCK_ARRAYS, "source", "gen_from")
-    if copy:
-        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-        with cur.copy(f"COPY {table} ({', '.join(columns)}, agent_id, workspace) FROM STDIN") as out:
-            out.write("".join("\t".join((_copy_field(line[0]), line[1],
-                                          *("{" + a + "}" for a in line[2:-2]),
-                                          _copy_field(line[-2]), line[-1], scope)) + "\n"
-                              for line in lines))
+def _write_blocks(cur: Any, table: str, scope: dict[str, Any], blocks: _Blocks, *, copy: bool) -> None:
+    """Write posting blocks (``rows.write_rows``: binary ``COPY`` with ``copy``, else an
+    ``INSERT``) by statements of at most :data:`POSTINGS_PER_STATEMENT` postings."""
+    import numpy as np
+
+    size = blocks.size
+    if not len(size):
         return
-    names = [f"a{i}" for i in range(len(columns))]
-    types = ["text", "bigint", "bigint[]", *("int[]" for _ in _BLOCK_ARRAYS[1:]), "text", "bigint"]
-    values = [f"('{{' || {n} || '}}')::{t}" if t.endswith("[]") else n
-              for n, t in zip(names, types, strict=True)]
-    inputs = [f"%({n})s::{'bigint' if t == 'bigint' else 'text'}[]" for n, t in zip(names, types, strict=True)]
-    cur.execute(f"INSERT INTO {table} (agent_id, workspace, {', '.join(columns)})"
-                f" SELECT %(agent)s, %(ws)s, {', '.join(values)} FROM unnest({', '.join(inputs)})"
-                f" AS x({', '.join(names)})",
-                {"agent": args["agent"], "ws": args["ws"],
-                 **{n: ("{" + ",".join(col) + "}" if t == "bigint" else _text_array(col))
-                    for n, t, col in zip(names, types, zip(*lines, strict=True), strict=True)}})
+    first = np.cumsum(size) - size
+    cum = np.cumsum(blocks.count)
+    ends = cum - np.repeat((cum - blocks.count)[first], size)  # within the block
+    _write_limited(cur, table, scope, [
+        Column("term", "text", blocks.term), Column("source", "text", blocks.source),
+        Column("chunk_rowid", "int8", blocks.rowid[first]),
+        Column("rowids", "int8[]", blocks.rowid, size), Column("lens", "int4[]", blocks.dl, size),
+        *(Column(c, "int4[]", blocks.hits[:, i], size) for i, c in enumerate(TF_COLUMNS)),
+        Column("ends", "int4[]", ends, size),
+        Column("positions", "int4[]", blocks.positions, np.add.reduceat(blocks.count, first)),
+        Column("gen_from", "int8", blocks.gen_from)], copy=copy)
 
 
-# The arrays of a posting block, in the order of a line of _write_blocks.
-_BLOCK_ARRAYS = ("rowids", "lens", *TF_COLUMNS, "ends", "positions")
+def _write_limited(cur: Any, table: str, scope: dict[str, Any], columns: list[Column], *,
+                   copy: bool) -> None:
+    """``rows.write_rows`` of ``columns`` with the scope's ``agent_id`` and ``workspace``, by
+    statements of at most :data:`POSTINGS_PER_STATEMENT` rows, or elements of the first array
+    column (one row more when a single row holds more): the statement deadline bounds each
+    statement, so a write of any size goes through."""
+    import numpy as np
+
+    weighted = next((c.counts for c in columns if c.counts is not None), None)
+    rows = len(columns[0].values) if columns[0].counts is None else len(columns[0].counts)
+    weight = np.ones(rows, dtype=np.int64) if weighted is None else np.asarray(weighted)
+    before = np.cumsum(weight) - weight
+    cuts = np.flatnonzero(np.diff(before // POSTINGS_PER_STATEMENT, prepend=-1)).tolist() + [rows]
+    for a, b in itertools.pairwise(cuts):
+        part = [_rows_of(c, a, b) for c in columns]
+        part += [Column("agent_id", "text", [scope["agent"]] * (b - a)),
+                 Column("workspace", "text", [scope["ws"]] * (b - a))]
+        write_rows(cur, table, part, copy=copy)
+
+
+def _rows_of(column: Column, a: int, b: int) -> Column:
+    """Rows ``a`` to ``b`` (exclusive) of ``column``."""
+    if column.counts is None:
+        return Column(column.name, column.kind, column.values[a:b])
+    first = int(column.counts[:a].sum())
+    counts = column.counts[a:b]
+    return Column(column.name, column.kind, column.values[first:first + int(counts.sum())], counts)
 
 
 def _read_block(table: str, alias: str) -> str:
@@ -1574,72 +1638,6 @@ def _unnest_block(table: str, alias: str, *arrays: tuple[str, str]) -> str:
 def _block_positions(block: str, i: str) -> str:
     """SQL: the positions of the ``i``-th (1-based) chunk of posting block ``block``."""
     return f"{block}.positions[coalesce({block}.ends[{i} - 1], 0) + 1:{block}.ends[{i}]]"
-
-
-def _insert_postings(cur: Any, table: str, args: dict[str, Any],
-                     chunks: Iterable[tuple[int, ChunkTerms, str]], *, copy: bool = False) -> None:
-    """Write the trigram postings of freshly inserted chunks (``(rowid, terms, source)``), one
-    row per term of a chunk, by statements of whole chunks and at most
-    :data:`POSTINGS_PER_STATEMENT` postings each (one chunk more when a single chunk holds
-    more). With ``copy``, each statement is a ``COPY`` (refused where row-level security
-    applies), else an INSERT over arrays."""
-    part: list[tuple[int, ChunkTerms]] = []
-    held = 0
-    for rowid, terms, _ in chunks:
-        if part and held + len(terms.positions) > POSTINGS_PER_STATEMENT:
-            _insert_posting_rows(cur, table, args, part, copy=copy)
-            part, held = [], 0
-        part.append((rowid, terms))
-        held += len(terms.positions)
-    if part:
-        _insert_posting_rows(cur, table, args, part, copy=copy)
-
-
-_COPY_SPECIAL = re.compile(r"[\\\t\n\r]")
-
-
-def _copy_field(value: str) -> str:
-    """``value`` as a field of ``COPY``'s text format (backslash, tab, newline, CR escaped)."""
-    if not _COPY_SPECIAL.search(value):
-        return value
-    return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _insert_posting_rows(cur: Any, table: str, args: dict[str, Any],
-                         chunks: Sequence[tuple[int, ChunkTerms]], *, copy: bool) -> None:
-    """One statement writing the postings of ``chunks`` (:func:`_insert_postings`), in key order."""
-    rows = sorted((term, rowid, "{" + ",".join(map(str, positions)) + "}")
-                  for rowid, t in chunks for term, positions in t.positions.items())
-    if not rows:
-        return
-    if copy:
-        scope = f"{_copy_field(args['agent'])}\t{_copy_field(args['ws'])}"
-        with cur.copy(f"COPY {table} (term, chunk_rowid, positions, agent_id, workspace) FROM STDIN") as out:
-            out.write("".join(f"{_copy_field(t)}\t{r}\t{p}\t{scope}\n" for t, r, p in rows))
-        return
-    cur.execute(f"INSERT INTO {table} (agent_id, workspace, term, chunk_rowid, positions)"
-                " SELECT %(agent)s, %(ws)s, t, r, p::int[]"
-                " FROM unnest(%(terms)s::text[], %(rowids)s::bigint[], %(pos)s::text[]) AS x(t, r, p)",
-                {**args, "terms": _text_array(t for t, _, _ in rows),
-                 "rowids": _int_array(r for _, r, _ in rows), "pos": _text_array(p for _, _, p in rows)})
-
-
-def _text_array(values: Iterable[str]) -> str:
-    """A PostgreSQL array literal of strings (every element quoted), for ``%s::text[]``: one
-    string parameter is sent instead of a list adapted element by element."""
-    items = list(values)
-    joined = "".join(items)  # escaping is needed only when an element holds a quote or backslash
-    if '"' in joined or "\\" in joined:
-        return '{"' + '","'.join(v.replace("\\", "\\\\").replace('"', '\\"') for v in items) + '"}'
-    return '{"' + '","'.join(items) + '"}' if items else "{}"
-
-
-def _int_array(values: Iterable[int | None]) -> str:
-    """A PostgreSQL array literal of integers (``None`` as ``NULL``)."""
-    items = list(values)
-    if None in items:
-        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in items) + "}"
-    return "{" + ",".join(map(str, items)) + "}"
 
 
 def _scope_stats(row: Sequence[Any] | None) -> ScopeStats:

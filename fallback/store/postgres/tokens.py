@@ -21,11 +21,13 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any
 
 from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["MAIN", "TRIGRAM", "ChunkTerms", "Fts5Tokenizer", "column_hits"]
+__all__ = ["MAIN", "TRIGRAM", "Fts5Tokenizer", "Postings"]
 
 # (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
 MAIN = (FTS_COLUMNS, "porter unicode61")
@@ -36,27 +38,69 @@ WORD_CACHE_MAX = 200_000
 
 
 @dataclass(frozen=True)
-class ChunkTerms:
-    """The postings of one chunk.
+class Postings:
+    """The postings of a batch of chunk rows, column-wise (one numpy array per field).
 
     Attributes:
-        positions: ``{term: [p1, p2, ...]}`` in code point order of the terms, each ``p`` =
-            ``column << 20 | offset``, ascending.
-        doc_len: tokens in all columns (FTS5's row size for ``bm25()``).
+        terms: the batch's distinct terms in code point order; a term's id is its index.
+        doc_len: per chunk (row order), its tokens in all columns (FTS5's row size for
+            ``bm25()``), int64.
+        term / chunk: per posting (one term of one chunk), its term id and its chunk's row
+            index, int32; the postings are ordered by term, then chunk.
+        hits: per posting, its hits in each column, int32, shape ``(postings, columns)``.
+        ends: per posting, the end (exclusive) of its positions in ``positions``, int64.
+        positions: every posting's positions one posting after another, each ``column << 20 |
+            offset``, ascending within a posting, int32.
     """
 
-    positions: dict[str, list[int]]
-    doc_len: int
+    terms: list[str]
+    doc_len: Any
+    term: Any
+    chunk: Any
+    hits: Any
+    ends: Any
+    positions: Any
+
+    def chunk_terms(self) -> list[list[str]]:
+        """Per chunk (row order), its distinct terms in code point order."""
+        import numpy as np
+
+        by_chunk = self.term[np.argsort(self.chunk, kind="stable")].tolist()
+        cuts = np.cumsum(np.bincount(self.chunk, minlength=len(self.doc_len))).tolist()
+        names = self.terms.__getitem__
+        return [list(map(names, by_chunk[a:b])) for a, b in zip([0, *cuts], cuts, strict=False)]
 
 
-def column_hits(positions: Sequence[int], columns: int = len(FTS_COLUMNS)) -> tuple[int, ...]:
-    """A posting's hits per column (``positions`` ascending, as :class:`ChunkTerms` holds them)."""
-    if positions[-1] >> POSITION_COLUMN_SHIFT == 0:
-        return (len(positions),) + (0,) * (columns - 1)
-    hits = [0] * columns
-    for p in positions:
-        hits[p >> POSITION_COLUMN_SHIFT] += 1
-    return tuple(hits)
+def _postings(names: Sequence[str], ids: Any, chunk: Any, positions: Any, doc_len: Any,
+              columns: int) -> Postings:
+    """:class:`Postings` of token instances given in chunk order and, within a chunk, in
+    position order: ``ids`` (any int ids, ``names[id]`` the token), their chunk indexes and
+    positions (numpy arrays of one length), the chunks' token counts ``doc_len``."""
+    import numpy as np
+
+    if not len(ids):
+        empty = np.zeros(0, dtype=np.int32)
+        return Postings([], doc_len, empty, empty, np.zeros((0, columns), dtype=np.int32),
+                        np.zeros(0, dtype=np.int64), empty)
+    used, local = np.unique(ids, return_inverse=True)
+    found = [names[i] for i in used.tolist()]
+    order = sorted(range(len(found)), key=found.__getitem__)
+    rank = np.empty(len(order), dtype=np.int32)
+    rank[order] = np.arange(len(order), dtype=np.int32)
+    term_of = rank[local.ravel()]
+    # Stable: a term's instances stay in (chunk, position) order.
+    by_term = np.argsort(term_of, kind="stable")
+    term_of, chunk, positions = term_of[by_term], chunk[by_term], positions[by_term]
+    first = np.empty(len(term_of), dtype=bool)
+    first[0] = True
+    first[1:] = (term_of[1:] != term_of[:-1]) | (chunk[1:] != chunk[:-1])
+    starts = np.flatnonzero(first)
+    column = positions >> POSITION_COLUMN_SHIFT
+    hits = np.stack([np.add.reduceat((column == c).astype(np.int32), starts) for c in range(columns)],
+                    axis=1)
+    ends = np.append(starts[1:], len(term_of)).astype(np.int64)
+    return Postings([found[i] for i in order], doc_len, term_of[starts], chunk[starts].astype(np.int32),
+                    hits, ends, positions.astype(np.int32))
 
 
 class Fts5Tokenizer:
@@ -79,18 +123,18 @@ class Fts5Tokenizer:
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
         self._columns = columns
         self._by_word = not tokenize.startswith("trigram")  # trigrams span whitespace
-        self._words: dict[str, tuple[str, ...]] = {}  # word -> its tokens (MAIN only)
+        self._words: dict[str, tuple[int, ...]] = {}  # word -> its tokens' ids (MAIN only)
+        self._ids: dict[str, int] = {}  # token -> its id (MAIN only)
+        self._names: list[str] = []  # id -> token
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
         column = " ".join(f"WHEN '{name}' THEN {i << POSITION_COLUMN_SHIFT}"
                           for i, name in enumerate(columns))
-        # One sort (by the group): the rows of a group keep the order fts5vocab gives them,
-        # each term's doclist in position order (ascending).
-        self._grouped = (f"SELECT doc, term, group_concat(pos)"
-                         f" FROM (SELECT doc, term, (CASE col {column} END) | \"offset\" AS pos FROM v)"
-                         " GROUP BY term, doc")
+        # Every token instance: its row (0-based), term and position, in row and position order.
+        self._instances = (f"SELECT doc - 1, term, pos FROM (SELECT doc, term,"
+                           f" (CASE col {column} END) | \"offset\" AS pos FROM v) ORDER BY doc, pos")
 
-    def chunk_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
+    def postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """The postings of chunk rows, as FTS5 indexes them.
 
         Args:
@@ -98,56 +142,70 @@ class Fts5Tokenizer:
                 :data:`TRIGRAM`: text).
 
         Returns:
-            One :class:`ChunkTerms` per row, in order, its terms in code point order.
+            The :class:`Postings` of the rows (chunk ``i`` is ``rows[i]``).
         """
         with self._lock:
-            return self._word_terms(rows) if self._by_word else self._row_terms(rows)
+            return self._word_postings(rows) if self._by_word else self._row_postings(rows)
 
-    def _word_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
-        """:meth:`chunk_terms` from the tokens of each row's words (see the module docstring)."""
-        split = [[value.split() for value in row] for row in rows]
-        cache = self._words
-        missing = list({w for cols in split for words in cols for w in words if w not in cache})
+    def _word_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
+        """:meth:`postings` from the tokens of each row's words (see the module docstring): a
+        word's tokens are cached as token ids, and the batch's ids are laid out by C loops
+        (``str.split``, ``map``, ``chain``) into one array; offsets follow from the words'
+        token counts (numpy), no Python step per word or token."""
+        import numpy as np
+
+        segments = [value.split() for row in rows for value in row]  # row after row, column after column
+        words = list(chain.from_iterable(segments))
+        cache, ids, names = self._words, self._ids, self._names
+        missing = list(set(words).difference(cache))
         if len(cache) + len(missing) > WORD_CACHE_MAX:
             cache.clear()
-            missing = list({w for cols in split for words in cols for w in words})
+            ids.clear()
+            names.clear()
+            missing = list(set(words))
         for first in range(0, len(missing), 5000):
             part = missing[first:first + 5000]
-            found: dict[int, list[str]] = {}
+            found: dict[int, list[int]] = {}
             conn = self._conn
             conn.executemany(self._insert, [(i + 1, w, *("" for _ in self._columns[1:]))
                                             for i, w in enumerate(part)])
             for doc, term in conn.execute('SELECT doc, term FROM v ORDER BY doc, "offset"'):
-                found.setdefault(doc, []).append(term)
+                token = ids.get(term)
+                if token is None:
+                    token = ids[term] = len(names)
+                    names.append(term)
+                found.setdefault(doc, []).append(token)
             conn.execute(self._clear)
             cache.update((w, tuple(found.get(i + 1, ()))) for i, w in enumerate(part))
-        out = []
-        for cols in split:
-            offsets: dict[str, list[int]] = {}
-            n = 0
-            for column, words in enumerate(cols):
-                at = column << POSITION_COLUMN_SHIFT  # offsets count within a column
-                for w in words:
-                    for token in cache[w]:
-                        held = offsets.get(token)
-                        if held is None:
-                            offsets[token] = [at]
-                        else:
-                            held.append(at)
-                        at += 1
-                n += at - (column << POSITION_COLUMN_SHIFT)
-            out.append(ChunkTerms({t: offsets[t] for t in sorted(offsets)}, n))
-        return out
+        tokens = list(map(cache.__getitem__, words))
+        token_ids = np.fromiter(chain.from_iterable(tokens), dtype=np.int32)
+        # tokens per row per column: the tokens of its words, summed over each segment's words
+        upto = np.concatenate(([0], np.cumsum(np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens)))))
+        last = np.cumsum(np.fromiter(map(len, segments), dtype=np.int64, count=len(segments)))
+        size = upto[last] - upto[np.concatenate(([0], last[:-1]))]
+        columns = len(self._columns)
+        doc_len = size.reshape(len(rows), columns).sum(axis=1)
+        column = np.repeat(np.tile(np.arange(columns, dtype=np.int32), len(rows)), size)
+        offset = np.arange(len(token_ids), dtype=np.int32) - np.repeat(
+            (np.cumsum(size) - size).astype(np.int32), size)
+        return _postings(names, token_ids, np.repeat(np.arange(len(rows), dtype=np.int32), doc_len),
+                         (column << POSITION_COLUMN_SHIFT) | offset, doc_len, columns)
 
-    def _row_terms(self, rows: Sequence[tuple[str, ...]]) -> list[ChunkTerms]:
-        """:meth:`chunk_terms` by FTS5 over whole rows (the lock held)."""
-        out: list[dict[str, list[int]]] = [{} for _ in rows]
+    def _row_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
+        """:meth:`postings` by FTS5 over whole rows (the lock held)."""
+        import numpy as np
+
         conn = self._conn
         conn.executemany(self._insert, [(i + 1, *row) for i, row in enumerate(rows)])
-        for doc, term, positions in conn.execute(self._grouped):
-            out[doc - 1][term] = [int(p) for p in positions.split(",")]
+        found = conn.execute(self._instances).fetchall()
         conn.execute(self._clear)
-        return [ChunkTerms(c, sum(map(len, c.values()))) for c in out]
+        ids: dict[str, int] = {}
+        token_ids = np.fromiter((ids.setdefault(t, len(ids)) for _, t, _ in found), dtype=np.int32,
+                                count=len(found))
+        chunk = np.fromiter((d for d, _, _ in found), dtype=np.int32, count=len(found))
+        return _postings(list(ids), token_ids, chunk,
+                         np.fromiter((p for _, _, p in found), dtype=np.int32, count=len(found)),
+                         np.bincount(chunk, minlength=len(rows)).astype(np.int64), len(self._columns))
 
     def phrase_tokens(self, phrase: str) -> list[str]:
         """The tokens of one query phrase in order (``"Wi Fi"`` -> ``["wi", "fi"]``)."""

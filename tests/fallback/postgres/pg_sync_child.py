@@ -15,6 +15,7 @@ def main() -> None:
     assert lease is not None
     lease.write_file("memory/new.md", "memory", content_hash="new-hash", mtime_ms=2, size=2,
                      title="memory/new.md", chunks=[ChunkRow("new-1", 1, 1, "n1", "", "zebra crossing", "")])
+    lease.flush()  # committed
     print("written", flush=True)
     sys.stdin.read()
 

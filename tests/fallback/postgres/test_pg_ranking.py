@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,6 +188,15 @@ def test_cjk_rows_match_sqlite_trigram_and_like(pg_dsn: str, tmp_path: Path) -> 
         pg.close()
 
 
+def chunk_positions(post: Any) -> list[dict[str, list[int]]]:
+    """Per chunk of ``post`` (``tokens.Postings``), ``{term: its positions}``."""
+    out: list[dict[str, list[int]]] = [{} for _ in post.doc_len]
+    positions, ends = post.positions.tolist(), post.ends.tolist()
+    for t, c, a, b in zip(post.term.tolist(), post.chunk.tolist(), [0, *ends[:-1]], ends, strict=True):
+        out[c][post.terms[t]] = positions[a:b]
+    return out
+
+
 def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
     """A query phrase is tokenized by scanning the tokenizer's whole FTS5 index (fts5vocab), so
     the chunks tokenized for a write must leave nothing in it: only the structure record and
@@ -195,10 +205,11 @@ def test_the_tokenizer_keeps_no_terms_of_written_chunks() -> None:
 
     tokenizer = Fts5Tokenizer()
     try:
-        chunks = tokenizer.chunk_terms([(f"alpha{i} beta{i} gamma walrus", "title", "") for i in range(2000)])
-        assert chunks[7].positions["alpha7"] == [0]
-        assert chunks[7].positions["walru"] == [3]
-        assert chunks[7].doc_len == 5
+        post = tokenizer.postings([(f"alpha{i} beta{i} gamma walrus", "title", "") for i in range(2000)])
+        chunks = chunk_positions(post)
+        assert chunks[7]["alpha7"] == [0]
+        assert chunks[7]["walru"] == [3]
+        assert post.doc_len[7] == 5
         assert tokenizer._conn.execute("SELECT count(*) FROM t_data").fetchone() == (2,)
         assert tokenizer.phrase_tokens("Walrus Gamma") == ["walru", "gamma"]
     finally:
@@ -209,18 +220,23 @@ def test_a_terms_positions_are_ascending_over_every_column_in_a_large_batch() ->
     """The positions of a posting list its hits in the text, title and terms columns in
     ascending order (``column << 20 | offset``), with its hits per column, also when the batch
     is large enough for SQLite's sorter to spill (20,000 rows, ~240,000 instances)."""
-    from fallback.store.postgres.tokens import Fts5Tokenizer, column_hits
+    from fallback.store.postgres.tokens import Fts5Tokenizer
 
     tokenizer = Fts5Tokenizer()
     try:
-        chunks = tokenizer.chunk_terms([(f"walrus alpha{i} walrus " + "beta " * 8, "walrus", "x walrus")
-                                        for i in range(20_000)])
+        post = tokenizer.postings([(f"walrus alpha{i} walrus " + "beta " * 8, "walrus", "x walrus")
+                                   for i in range(20_000)])
+        chunks = chunk_positions(post)
+        hits = {(post.terms[t], c): h for t, c, h in zip(post.term.tolist(), post.chunk.tolist(),
+                                                         post.hits.tolist(), strict=True)}
         for i in (0, 7, 12_345, 19_999):
-            assert chunks[i].positions["walru"] == [0, 2, 1048576, 2097153]
-            assert column_hits(chunks[i].positions["walru"]) == (2, 1, 1)
-            assert chunks[i].positions["beta"] == [3, 4, 5, 6, 7, 8, 9, 10]
-            assert chunks[i].positions[f"alpha{i}"] == [1]
-            assert chunks[i].doc_len == 14
+            assert chunks[i]["walru"] == [0, 2, 1048576, 2097153]
+            assert hits[("walru", i)] == [2, 1, 1]
+            assert hits[("beta", i)] == [8, 0, 0]
+            assert chunks[i]["beta"] == [3, 4, 5, 6, 7, 8, 9, 10]
+            assert chunks[i][f"alpha{i}"] == [1]
+            assert post.doc_len[i] == 14
+        assert post.chunk_terms()[7] == sorted(chunks[7])
     finally:
         tokenizer.close()
 
@@ -258,7 +274,7 @@ def test_word_by_word_tokens_are_fts5s_on_a_mixed_corpus(monkeypatch: pytest.Mon
     import random
 
     from fallback.store.postgres import tokens
-    from fallback.store.postgres.tokens import Fts5Tokenizer
+    from fallback.store.postgres.tokens import Fts5Tokenizer, Postings
 
     pieces = ["walrus", "Walruses", "running", "café", "CAFÉ", "naïve", "Ångström", "straße", "ﬁsh",
               "e\u0301clair", "中文字符", "日本語のテキスト", "한국어", "東京2026", "😀", "👍🏽", "👩\u200d💻",
@@ -278,15 +294,18 @@ def test_word_by_word_tokens_are_fts5s_on_a_mixed_corpus(monkeypatch: pytest.Mon
 
     rows = [(text(rng.randrange(0, 120)), text(rng.randrange(0, 6)), text(rng.randrange(0, 10)))
             for _ in range(300)] + [("", "", ""), (" \r\n ", "—", "...")]
+    def flat(post: Postings) -> tuple[list[dict[str, list[int]]], list[int], list[list[int]]]:
+        return chunk_positions(post), post.doc_len.tolist(), post.hits.tolist()
+
     tokenizer = Fts5Tokenizer()
     try:
-        want = tokenizer._row_terms(rows)
-        assert tokenizer.chunk_terms(rows) == want  # cold cache
-        assert tokenizer.chunk_terms(rows) == want  # warm cache
+        want = flat(tokenizer._row_postings(rows))
+        assert flat(tokenizer.postings(rows)) == want  # cold cache
+        assert flat(tokenizer.postings(rows)) == want  # warm cache
         monkeypatch.setattr(tokens, "WORD_CACHE_MAX", 40)
-        assert tokenizer.chunk_terms(rows[:7]) == want[:7]  # the cache cleared, then filled
+        assert flat(tokenizer.postings(rows[:7]))[:2] == (want[0][:7], want[1][:7])  # the cache cleared, then filled
         assert len(tokenizer._words) <= len({w for row in rows[:7] for v in row for w in v.split()})
-        assert sum(c.doc_len for c in want) > 10_000
-        assert {"中文字符", "walru", "cafe", "😀"} - {t for c in want for t in c.positions} == {"😀"}
+        assert sum(want[1]) > 10_000
+        assert {"中文字符", "walru", "cafe", "😀"} - {t for c in want[0] for t in c} == {"😀"}
     finally:
         tokenizer.close()

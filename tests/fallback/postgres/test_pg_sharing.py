@@ -461,7 +461,6 @@ async def test_a_shared_scope_whose_rows_cannot_be_read_is_left_out_with_a_warni
     would): the reader's search, keyword-only and hybrid, answers its own hits and carol's,
     with a warning naming main and the reason, instead of failing."""
     from fallback.request import SearchRequest
-    from fallback.store.postgres.migrations import vector_index_sql
     from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
 
     dsns = agent_roles(pg_server, pg_dsn)
@@ -472,7 +471,6 @@ async def test_a_shared_scope_whose_rows_cannot_be_read_is_left_out_with_a_warni
     assert [h["path"] for h in await search(config, "reviewer", query)] == [
         "memory/2026-11-03.md", "shared/carol/MEMORY.md", "shared/main/MEMORY.md"]
     with pg_server.admin(db_name(pg_dsn)) as conn:
-        conn.execute(vector_index_sql("qmdbridge", WordProvider.dims))  # the schema owner's part
         conn.execute("CREATE FUNCTION qmdbridge.withheld(agent text) RETURNS boolean LANGUAGE plpgsql"
                      " AS $$ BEGIN RAISE EXCEPTION 'the rows of agent % are withheld', agent"
                      " USING ERRCODE = '42501'; END $$")
@@ -504,7 +502,6 @@ async def test_a_hybrid_search_ranks_the_shared_scopes_side_by_side(
     same time, so both are in its answer. Ranked one after the other, carol's statement (the
     first scope) would wait out its deadline and carol would be left out with a warning."""
     from fallback.request import SearchRequest
-    from fallback.store.postgres.migrations import vector_index_sql
     from tests.fallback.postgres.test_pg_hybrid import WordProvider, engine
 
     dsns = agent_roles(pg_server, pg_dsn)
@@ -512,7 +509,6 @@ async def test_a_hybrid_search_ranks_the_shared_scopes_side_by_side(
     for agent in ("main", "carol"):  # each owner's first search indexes its workspace
         await search(config, agent, "kettle")
     with pg_server.admin(db_name(pg_dsn)) as conn:
-        conn.execute(vector_index_sql("qmdbridge", WordProvider.dims))  # the schema owner's part
         conn.execute("CREATE FUNCTION qmdbridge.gate(agent text) RETURNS boolean LANGUAGE plpgsql AS $$"
                      " BEGIN IF agent = 'main' THEN PERFORM pg_advisory_lock_shared(7);"
                      " ELSIF agent = 'carol' THEN FOR i IN 1..6000 LOOP"  # 60 s: past the deadline

@@ -124,6 +124,45 @@ def test_kill_9_of_a_syncing_process_loses_nothing_committed_and_holds_no_lock(p
         store.close()
 
 
+def test_a_write_failing_on_the_writer_thread_is_raised_by_the_next_call_and_keeps_the_ones_before(
+        pg_dsn: str) -> None:
+    """A write's transaction runs on the lease's writer thread: a read of the lease waits for
+    it, and its failure (a trigger refuses a chunk) is raised by the next call; the writes
+    committed before it stay for the next lease, and nothing is published."""
+    from fallback.store.postgres.errors import PostgresStoreError
+    from fallback.store.postgres.store import FileRows
+
+    def rows(path: str, text: str) -> list[FileRows]:
+        return [FileRows(path, "memory", f"h-{text}", 1, len(text), path,
+                         (ChunkRow(f"{path}#1", 1, 1, f"c-{text}", "", text, ""),))]
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                         " IF NEW.text = 'boom' THEN RAISE EXCEPTION 'chunk refused'; END IF;"
+                         " RETURN NEW; END $$")
+            conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON qmdbridge.chunks FOR EACH ROW"
+                         " EXECUTE FUNCTION public.refuse()")
+        lease = store.sync_lease()
+        assert lease is not None
+        with lease:
+            lease.write_files(rows("memory/a.md", "walrus"))
+            assert lease.file_hash("memory/a.md", "memory") == "h-walrus"
+            lease.write_files(rows("memory/b.md", "boom"))
+            with pytest.raises(PostgresStoreError, match="chunk refused"):
+                lease.publish()
+        assert found(store, "walrus") == []
+        lease = store.sync_lease()
+        assert lease is not None
+        assert lease.file_hash("memory/a.md", "memory") == "h-walrus"
+        assert lease.file_hash("memory/b.md", "memory") is None
+        assert lease.publish().chunk_count == 1
+        assert found(store, "walrus") == ["memory/a.md#1"]
+    finally:
+        store.close()
+
+
 def test_row_level_security_own_rows_and_shared_rows_read_only(pg_server: PgServer, pg_dsn: str) -> None:
     dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
     with pg_server.admin(dbname) as conn:
@@ -341,9 +380,9 @@ def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -
         assert [r[0] for r in rows] == ["main-0", "main-1"]
         assert [r[6] for r in rows] == pytest.approx([0.0, 0.4])
         assert store.vector_rows([1.0, 0.0, 0.0], sources=["sessions"], limit=2) == []
-        with psycopg.connect(pg_dsn) as conn:
-            assert conn.execute("SELECT to_regclass('qmdbridge.chunk_vectors_hnsw_3')").fetchone() == (
-                "qmdbridge.chunk_vectors_hnsw_3",)
+        with psycopg.connect(pg_dsn) as conn:  # no vector index (m010): vectors are compared exactly
+            assert conn.execute("SELECT count(*) FROM pg_indexes WHERE tablename = 'chunk_vectors'"
+                                " AND indexdef LIKE '%USING hnsw%'").fetchone() == (0,)
         store.cache_embeddings({"hash-a": [0.5, 0.5], "hash-b": [1.0, 0.0]}, "fp-1")
         assert other.cached_embeddings(["hash-a", "hash-c"], "fp-1") == {"hash-a": [0.5, 0.5]}
         assert other.cached_embeddings(["hash-a"], "fp-2") == {}
@@ -352,44 +391,28 @@ def test_vector_rows_nearest_first_and_the_shared_embedding_cache(pg_dsn: str) -
         other.close()
 
 
-def test_a_scope_far_from_the_query_gets_its_nearest_rows_when_the_hnsw_scan_falls_short(
-        pg_dsn: str) -> None:
-    """Another agent's vectors crowd the HNSW index around the query: the index's ef_search
-    nearest rows hold none of this agent's, so the exact scan of the scope answers."""
-    import math
-
+def test_m010_drops_the_vector_indexes_the_syncs_before_created(pg_dsn: str) -> None:
+    """A schema whose syncs created an HNSW index per dimension count (before ``m010``) loses
+    them at the next migration; the vectors stay and are searched exactly."""
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
-    other = PostgresStore(resolve_target(pg_dsn), agent_id="other", workspace="/ws")
     try:
-        near = [[1.0, 0.001 * i, 0.0, 0.0] for i in range(1500)]
-        # This agent's vectors point away from the query, at angles that grow with i.
-        far = [[-1.0, 0.01 * i, 0.5, 0.0] for i in range(300)]
-        for s, vectors in ((other, near), (store, far)):
-            lease = s.sync_lease()
-            assert lease is not None
-            lease.write_file("memory/v.md", "memory", content_hash="v", mtime_ms=1, size=1, title="v",
-                             chunks=[ChunkRow(f"{s.agent_id}-{i}", i + 1, i + 1, f"h{i}", "m", "t", "", v)
-                                     for i, v in enumerate(vectors)])
-            lease.publish()
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_file("memory/v.md", "memory", content_hash="v", mtime_ms=1, size=1, title="v",
+                         chunks=[ChunkRow("v-0", 1, 1, "h0", "m", "t", "", [0.6, 0.8, 0.0])])
+        lease.publish()
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute("ANALYZE qmdbridge.chunk_vectors")
-            conn.execute("SET hnsw.ef_search = 40")
-            # The index the store asks first: it yields other's rows only.
-            plan = "\n".join(r[0] for r in conn.execute(
-                "EXPLAIN SELECT chunk_rowid FROM qmdbridge.chunk_vectors WHERE agent_id = 'main'"
-                " AND workspace = '/ws' AND dims = 4 ORDER BY embedding::vector(4) <=> '[1,0,0,0]'"
-                " LIMIT 4").fetchall())
-            assert "chunk_vectors_hnsw_4" in plan
-        rows = store.vector_rows([1.0, 0.0, 0.0, 0.0], sources=["memory"], limit=3)
-
-        def cosine(v: list[float]) -> float:
-            return 1 - v[0] / math.sqrt(sum(x * x for x in v))
-
-        assert [r[0] for r in rows] == ["main-299", "main-298", "main-297"]
-        assert [r[6] for r in rows] == pytest.approx([cosine(far[i]) for i in (299, 298, 297)])
+            for d in (3, 384):  # as the syncs before m010 created them
+                conn.execute(f"CREATE INDEX chunk_vectors_hnsw_{d} ON qmdbridge.chunk_vectors USING hnsw"
+                             f" ((embedding::vector({d})) vector_cosine_ops) WHERE dims = {d}")
+            conn.execute("DELETE FROM qmdbridge.schema_migrations WHERE version = 10")
+            assert migrate(conn, "qmdbridge") == ["m010_no_vector_index"]
+            assert conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'chunk_vectors'"
+                                " ORDER BY 1").fetchall() == [("chunk_vectors_pkey",), ("chunk_vectors_scope",)]
+        assert [(r[0], round(r[6], 6)) for r in store.vector_rows([1.0, 0.0, 0.0], sources=["memory"],
+                                                                   limit=2)] == [("v-0", 0.4)]
     finally:
         store.close()
-        other.close()
 
 
 def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
@@ -715,7 +738,7 @@ def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
                              " ON CONFLICT (agent_id, workspace, term) DO UPDATE SET df = 2,"
                              " min_dl = 3", (term, hits, n))
         monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS)
-        assert migrate(conn, s) == ["m009_posting_blocks"]
+        assert migrate(conn, s) == ["m009_posting_blocks", "m010_no_vector_index"]
         assert migrate(conn, s) == []
         assert conn.execute("SELECT to_regclass('qmdbridge.postings')").fetchone() == (None,)
         blocks = conn.execute(f"SELECT c.id, b.term, b.rowids = ARRAY[c.chunk_rowid], b.lens,"

@@ -176,7 +176,8 @@ def test_cli_doctor_prints_its_checks_when_the_index_cannot_be_read(tmp_path: Pa
     assert (index["level"], index["detail"]) == ("error", f"{db}: database disk image is malformed")
 
 
-def test_cli_doctor_reports_a_corrupt_store_and_only_fix_moves_it_aside(tmp_path: Path) -> None:
+def _indexed_store(tmp_path: Path) -> tuple[Path, dict[str, str], Path]:
+    """A one-note workspace indexed by ``qmdbridge index``: ``(workspace, env, store file)``."""
     from tests.e2e.cli_proc import run_cli_in_process
 
     ws = tmp_path / "ws"
@@ -184,7 +185,13 @@ def test_cli_doctor_reports_a_corrupt_store_and_only_fix_moves_it_aside(tmp_path
     (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
     env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
-    db = tmp_path / "state" / "memory" / "main.sqlite"
+    return ws, env, tmp_path / "state" / "memory" / "main.sqlite"
+
+
+def test_cli_doctor_reports_a_corrupt_store_and_only_fix_moves_it_aside(tmp_path: Path) -> None:
+    from tests.e2e.cli_proc import run_cli_in_process
+
+    ws, env, db = _indexed_store(tmp_path)
     with db.open("r+b") as f:
         f.write(b"garbage, not a SQLite header")
     damaged = db.read_bytes()
@@ -252,12 +259,7 @@ def test_cli_doctor_reports_a_store_that_fails_quick_check(tmp_path: Path) -> No
 
     from tests.e2e.cli_proc import run_cli_in_process
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
-    env = {"OPENCLAW_STATE_DIR": str(tmp_path / "state"), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
-    db = tmp_path / "state" / "memory" / "main.sqlite"
+    ws, env, db = _indexed_store(tmp_path)
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("CREATE TABLE damaged(x)")
     conn.execute("INSERT INTO damaged VALUES (NULL)")

@@ -61,13 +61,15 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _quiet_logs(args: argparse.Namespace) -> None:
     """Keep library log records below ERROR off stderr unless ``-v``: one-shot commands
-    print what matters themselves (``serve`` and ``mcp`` keep logging's default, except for
-    the postgres connection pool's record of each reconnect attempt: a search it fails is told
-    once, by ``qmdbridge.tools``)."""
+    print what matters themselves (each config warning once, under ``-v`` too; ``serve`` and
+    ``mcp`` keep logging's default, except for the postgres connection pool's record of each
+    reconnect attempt: a search it fails is told once, by ``qmdbridge.tools``)."""
     import logging
 
     root = logging.getLogger()
     if args.verbose:
+        if args.command not in ("serve", "mcp"):  # run_command prints the config warnings
+            logging.getLogger("qmdbridge.config").setLevel(logging.ERROR)
         return
     if args.command in ("serve", "mcp"):
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)

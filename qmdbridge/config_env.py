@@ -5,8 +5,9 @@ Only upper-case names (``[A-Z_][A-Z0-9_]*``) are references; ``$${VAR}`` is the 
 ``${VAR}``; a variable that is unset or empty leaves its reference as written, with a config
 warning naming the key, except an API key (``remote.apiKey``, ``query.rerank.apiKey``) that is
 that reference alone: it becomes the SecretRef of the variable (``fallback.settings.SecretRef``),
-so no literal ``${VAR}`` is sent as a key and the provider says the variable is not set. Standard library only: the CLI's daemon
-client stamps a config with the values it references (:func:`env_stamp`) before it loads anything.
+so no literal ``${VAR}`` is sent as a key and the provider says the variable is not set.
+Standard library only: the CLI's daemon client stamps a config with the values it references
+(:func:`env_stamp`) before it loads anything.
 """
 
 from __future__ import annotations

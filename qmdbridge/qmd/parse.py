@@ -23,6 +23,7 @@ from fallback.models import MemorySearchResult, Source
 from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines, truncate_chars
+from fallback.text.path_names import printable_path
 from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.index_stats import file_stamp, index_counts
 from qmdbridge.qmd.passages import MAX_FOCUS_CHARS, Note, rank_passages
@@ -75,13 +76,14 @@ def line_range(entry: QmdEntry, snippet: str) -> tuple[int, int]:
 
 def display_path(collection: ManagedCollection, rel: str, workspace: Path) -> str:
     """The path shown: workspace-relative inside the workspace (not under ``qmd/``), else
-    ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3)."""
+    ``qmd/<collection>/<rel>`` (spec 2.8.4 step 3), in the printable form the builtin engine
+    cites (:func:`~fallback.text.path_names.printable_path`: a control character as ``\\xHH``)."""
     rel = rel.replace("\\", "/").lstrip("/")
     absolute = Path(os.path.normpath(collection.path / rel))
     inside = absolute.relative_to(workspace).as_posix() if absolute.is_relative_to(workspace) else None
     if inside and inside != "." and inside != "qmd" and not inside.startswith("qmd/"):
-        return inside
-    return f"qmd/{collection.name}/{rel}"
+        return printable_path(inside)
+    return printable_path(f"qmd/{collection.name}/{rel}")
 
 
 class DocLookup:

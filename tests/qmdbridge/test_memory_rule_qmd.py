@@ -161,3 +161,20 @@ def test_reading_a_custom_collection_of_the_workspace_refuses_the_diary_and_the_
         with pytest.raises(PathRefusedError) as refused:
             read_in_root(coll, name, f"qmd/ws/{name}", None, None, workspace=ws)
         assert refused.value.reason == reason
+
+
+@pytest.mark.qmd
+async def test_real_qmd_cites_a_name_holding_a_newline_as_the_builtin_engine_does(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """qmd cites a name holding a newline in the printable form the builtin engine cites
+    (``\\x0a``), which ``memory_get`` reads, not as the raw name it refuses."""
+    (tmp_path / "ws" / "memory").mkdir(parents=True)
+    (tmp_path / "ws" / "MEMORY.md").write_text("# Memory\n\nRouter: Omada ER605.\n")
+    (tmp_path / "ws" / "memory" / "two\nlines.md").write_text("# Kiln\nThe kiln reaches cone 6.\n")
+    async with _manager(tmp_path, str(qmd_bin)) as m:
+        resp = await m.search("kiln", min_score=0)
+        page = await m.read_file(resp.results[0].path)
+    assert resp.backend == "qmd" and resp.fallback is None
+    assert [(h.path, h.citation) for h in resp.results] == [
+        ("memory/two\\x0alines.md", "memory/two\\x0alines.md#L1-L2")]
+    assert page.text == "# Kiln\nThe kiln reaches cone 6."

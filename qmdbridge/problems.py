@@ -25,10 +25,13 @@ CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") 
 # qmdbridge.qmd.models and the warmup hint start with it); its fix is to unset ``CI``, not a warmup.
 CI_REFUSAL = "qmd refuses model operations while the CI environment variable is set"
 
+# How the caveat of a file whose name is not UTF-8 starts; qmd skips such a file (and one whose
+# name holds a backslash, shown as \x5c).
+_UNDECODABLE_NAME = "file name is not valid UTF-8"
 # How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
 # UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
 # fallback/index/indexer.py; tests/qmdbridge/test_doctor.py keeps the two in step).
-INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", "file name is not valid UTF-8",
+INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", _UNDECODABLE_NAME,
                    "file name holds a control character")
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).
 _NOT_PROBLEMS = (*INDEXED_CAVEATS, "hidden name")
@@ -131,6 +134,12 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     out = [_problem("memory file", f"{s.get('path')} is not indexed: {s.get('reason')}",
                     next((fix for start, fix in _SKIP_HINTS if str(s.get("reason")).startswith(start)), None))
            for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
+    if backends.get("qmd"):  # qmd skips such a file ("unreadable"): only the builtin engine has it
+        out += [_problem("memory file", f"{s.get('path')} is not indexed by qmd: {s.get('reason')}; qmd "
+                         "skips it, so only the builtin engine's answers (a fallback) can find it",
+                         "rename the file: qmd indexes valid UTF-8 names without a backslash")
+                for s in view.get("skipped") or [] if str(s.get("reason")).startswith(_UNDECODABLE_NAME)
+                or "\\x5c" in str(s.get("path"))]
     out += [_problem("memory paths", str(i), _issue_hint(str(i)))
             for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
     failed = (view.get("custom") or {}).get("syncFailure")

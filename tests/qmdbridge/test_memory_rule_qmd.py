@@ -178,3 +178,31 @@ async def test_real_qmd_cites_a_name_holding_a_newline_as_the_builtin_engine_doe
     assert [(h.path, h.citation) for h in resp.results] == [
         ("memory/two\\x0alines.md", "memory/two\\x0alines.md#L1-L2")]
     assert page.text == "# Kiln\nThe kiln reaches cone 6."
+
+
+@pytest.mark.qmd
+async def test_a_name_that_is_not_utf8_which_real_qmd_skips_is_a_status_problem(
+        tmp_path: Path, qmd_bin: Path) -> None:
+    """qmd skips a note whose name is not UTF-8 or holds a backslash (``Skipped 1 unreadable
+    file``) without naming it; once a sync has indexed it in the builtin engine, status lists it as a problem that
+    names the file (and doctor fails on it), not as the builtin engine's mere caveat."""
+    from qmdbridge.problems import status_problems
+
+    (tmp_path / "ws" / "memory").mkdir(parents=True)
+    (tmp_path / "ws" / "MEMORY.md").write_text("# Memory\n\nRouter: Omada ER605.\n")
+    with open(os.path.join(os.fsencode(tmp_path / "ws" / "memory"), b"caf\xe9.md"), "wb") as fh:
+        fh.write(b"# Espresso\nThe grinder setting is 7.\n")
+    (tmp_path / "ws" / "memory" / "back\\slash.md").write_text("# Slash\nThe grinder is clean.\n")
+    async with _manager(tmp_path, str(qmd_bin)) as m:
+        await m.sync(reason="test")
+        resp = await m.search("grinder", min_score=0)
+        status = (await m.status()).to_json_dict()
+    assert (resp.backend, resp.fallback, resp.results) == ("qmd", None, [])
+    assert status["files"] == 1 and status["backends"]["builtin"]["files"] == 3
+    skipped = "; qmd skips it, so only the builtin engine's answers (a fallback) can find it"
+    hint = "rename the file: qmd indexes valid UTF-8 names without a backslash"
+    assert status_problems(status) == [
+        {"check": "memory file", "message": "memory/back\\x5cslash.md is not indexed by qmd: file name "
+         "holds a control character or backslash (path shown with \\xHH escapes)" + skipped, "hint": hint},
+        {"check": "memory file", "message": "memory/caf\\xe9.md is not indexed by qmd: file name is not "
+         "valid UTF-8 (path shown with \\xHH escapes)" + skipped, "hint": hint}]

@@ -404,6 +404,10 @@ class MemorySearchSettings(SettingsModel):
     document_input_type: str | None = None
     max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, gt=0)
     qmd: MemorySearchQmdSettings = Field(default_factory=MemorySearchQmdSettings)
+    # OpenClaw's ``models.providers`` entries of the remote providers, by our provider name (set by
+    # the config loader): an entry's key is read after the environment's, its base URL and
+    # headers under ``remote``'s, as OpenClaw does.
+    model_providers: dict[str, RemoteSettings] = Field(default_factory=dict)
 
     @field_validator("extra_paths", mode="after")
     @classmethod

@@ -112,6 +112,10 @@ _CUSTOM_PROVIDER_APIS = {"ollama": "ollama", "openai-completions": "openai-compa
                          "openai-responses": "openai-compatible"}
 
 
+# OpenClaw's ``models.providers`` id of each remote provider of ours that reads one for its key.
+_KEYED_PROVIDERS = {"openai": "openai", "google": "gemini", "voyage": "voyage", "mistral": "mistral"}
+
+
 def _custom_provider(search: dict[str, Any], providers: dict[str, Any]) -> dict[str, Any]:
     """``search`` whose ``provider`` names a ``models.providers.<id>`` entry (not a provider
     name of ours) of an API we speak, as that provider, the entry's ``baseUrl`` and ``apiKey``
@@ -151,7 +155,7 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     memory = as_object(root.get("memory"), key="memory", file=file)
     agents = as_object(root.get("agents"), key="agents", file=file)
     defaults = as_object(agents.get("defaults"), key="agents.defaults", file=file)
-    models = root.get("models")  # OpenClaw's section, read only for custom provider ids
+    models = root.get("models")  # OpenClaw's section: custom provider ids, remote providers' keys
     providers = models.get("providers") if isinstance(models, dict) else None
     providers = providers if isinstance(providers, dict) else {}
     legacy = _custom_provider(as_object(defaults.get("memorySearch"), key="agents.defaults.memorySearch",
@@ -160,6 +164,10 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
     out.search_sources = [(k, v) for k, v in (("agents.defaults.memorySearch", legacy),
                                               ("memory.search", new)) if v]
     out.search = _both(new, "memory.search", legacy, "agents.defaults.memorySearch", out.warnings)
+    entries = {ours: {k: v for k, v in entry.items() if k in ("baseUrl", "apiKey", "headers")}
+               for theirs, ours in _KEYED_PROVIDERS.items() if isinstance(entry := providers.get(theirs), dict)}
+    if entries:  # where OpenClaw's remote providers also find a key, base URL and headers
+        out.search["modelProviders"] = entries
 
     listed = agents.get("list") or []
     if not isinstance(listed, list):

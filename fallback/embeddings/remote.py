@@ -73,27 +73,32 @@ class RemoteEndpoint:
     headers: Mapping[str, str]
 
 
-def resolve_endpoint(provider_id: str, remote: RemoteSettings, *,
-                     env: Mapping[str, str]) -> RemoteEndpoint:
-    """The endpoint of provider ``provider_id``: base URL and key from ``memorySearch.remote``,
-    else the spec's default URL and the key variables of :data:`~fallback.embeddings.ENV_KEYS`.
+def resolve_endpoint(provider_id: str, remote: RemoteSettings, *, env: Mapping[str, str],
+                     entry: RemoteSettings | None = None) -> RemoteEndpoint:
+    """The endpoint of provider ``provider_id``: the key from ``memorySearch.remote``, else the
+    variables of :data:`~fallback.embeddings.ENV_KEYS`, else ``entry`` (its OpenClaw
+    ``models.providers`` entry); the base URL from ``remote``, else ``entry``, else the spec's
+    default; ``entry``'s headers overlaid with ``remote``'s.
 
     Raises:
         EmbeddingProviderUnavailableError: no key (``missing_api_key=True``) where the spec
             requires one, or no base URL where it has no default.
     """
-    spec, api_key, base_url, headers = SPECS[provider_id], remote.api_key, remote.base_url, remote.headers
-    key = read_api_key(api_key, env) or next(
-        (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()), None)
+    spec, entry = SPECS[provider_id], entry or RemoteSettings()
+    key = read_api_key(remote.api_key, env) or next(
+        (env[name].strip() for name in ENV_KEYS.get(provider_id, ()) if env.get(name, "").strip()),
+        None) or read_api_key(entry.api_key, env)
     if spec.require_key and not key:
-        why = api_key.unread_reason(env) if isinstance(api_key, SecretRef) else None
+        why = "; ".join(r for ref, at in ((remote.api_key, "remote.apiKey"),
+                                          (entry.api_key, "its models.providers apiKey"))
+                        if isinstance(ref, SecretRef) and (r := ref.unread_reason(env, key=at)))
         raise EmbeddingProviderUnavailableError(
             provider_id, f"no API key found for {provider_id}" + (f" ({why})" if why else ""),
             missing_api_key=True)
-    url = (base_url or "").strip() or spec.base_url
+    url = (remote.base_url or "").strip() or (entry.base_url or "").strip() or spec.base_url
     if not url:
         raise EmbeddingProviderUnavailableError(provider_id, "remote.baseUrl is required")
-    return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers=dict(headers))
+    return RemoteEndpoint(base_url=url.rstrip("/"), api_key=key, headers={**entry.headers, **remote.headers})
 
 
 class _HttpProvider(BaseProvider):
@@ -228,7 +233,7 @@ def from_settings(provider_id: str, settings: MemorySearchSettings, *, env: Mapp
             ``remote.baseUrl`` or ``model`` where there is no default.
     """
     spec, remote = SPECS[provider_id], settings.remote
-    endpoint = resolve_endpoint(provider_id, remote, env=env)
+    endpoint = resolve_endpoint(provider_id, remote, env=env, entry=settings.model_providers.get(provider_id))
     name = settings.model.strip()  # without its routing prefix (``openai/x`` -> ``x``)
     model = next((name[len(p):] for p in spec.prefixes if name.startswith(p)), name) or spec.model
     if not model:

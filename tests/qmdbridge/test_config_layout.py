@@ -215,3 +215,49 @@ async def test_status_shows_config_warnings(tmp_path: Path) -> None:
         status = await memory.status()
     assert status.config_warnings == ["memory.search.chunking.tokens: -5 is out of range; using 1"]
     assert status.to_json_dict()["configWarnings"] == status.config_warnings
+
+
+@pytest.mark.anyio
+async def test_openclaw_models_providers_give_the_remote_providers_their_key_url_and_headers() -> None:
+    """OpenClaw reads a remote embedding provider's key from ``models.providers.<id>.apiKey``
+    (``google`` for gemini) after the environment's, and its ``baseUrl``/``headers`` under
+    ``remote``'s: ``provider: "auto"`` finds openai by it and sends that key, URL and header."""
+    from fallback.embeddings import select_provider
+    from tests.fallback.embeddings_fake_server import Recorded, Reply, serve
+
+    def reply(req: Recorded) -> Reply:
+        if req.path.endswith(":embedContent"):
+            return Reply(200, {"embedding": {"values": [0.6, 0.8]}})
+        return Reply(200, {"data": [{"index": 0, "embedding": [0.6, 0.8]}]})
+
+    with serve(reply) as srv:
+        def search(**memory_search: object) -> object:
+            cfg = parse_config({
+                "models": {"providers": {
+                    "openai": {"baseUrl": f"{srv.url}/v1", "apiKey": "sk-from-models", "models": [],
+                               "headers": {"OpenAI-Organization": "org-1", "X-Team": "a"}},
+                    "google": {"baseUrl": srv.url, "apiKey": {"source": "env", "id": "MY_GOOGLE_KEY"}}}},
+                "agents": {"defaults": {"memorySearch": memory_search}}})
+            assert cfg.warnings == []
+            return resolve_agent(cfg, env={}).memory_search
+
+        env = {"MY_GOOGLE_KEY": "g-from-ref"}
+        for settings, environ in ((search(provider="auto", remote={"headers": {"X-Team": "b"}}), env),
+                                  (search(provider="openai"), {"OPENAI_API_KEY": "sk-env"}),
+                                  (search(provider="gemini"), env)):
+            provider = select_provider(settings, env=environ).provider
+            assert provider is not None
+            try:
+                assert await provider.embed_query("hello") == [0.6, 0.8]
+            finally:
+                await provider.aclose()
+        none_left = select_provider(search(provider="gemini"), env={}).unavailable_reason
+    auto, explicit, gemini = srv.requests
+    assert (auto.path, auto.headers["authorization"], auto.json["model"]) == (
+        "/v1/embeddings", "Bearer sk-from-models", "text-embedding-3-small")
+    assert (auto.headers["openai-organization"], auto.headers["x-team"]) == ("org-1", "b")
+    assert explicit.headers["authorization"] == "Bearer sk-env"  # the environment's key first
+    assert (gemini.path, gemini.headers["x-goog-api-key"]) == (
+        "/models/gemini-embedding-001:embedContent", "g-from-ref")
+    assert none_left == ("no API key found for gemini (its models.providers apiKey names "
+                         "$MY_GOOGLE_KEY, which is not set)")

@@ -54,17 +54,18 @@ def provider_env_keys(agent: ResolvedAgent, env: Mapping[str, str]) -> list[str]
 
     Returns:
         ``[]`` for ``provider: "none"``; :data:`~fallback.embeddings.AUTO_ENV_KEYS` for
-        ``"auto"`` without ``local.modelPath`` and ``remote.apiKey`` and no provider in
-        ``env``; ``None`` otherwise.
+        ``"auto"`` without ``local.modelPath`` and an API key setting (``remote.apiKey``, a
+        ``models.providers`` entry's) and no provider in ``env``; ``None`` otherwise.
     """
     from fallback.embeddings import AUTO_ENV_KEYS, select_provider  # not for provider "none"
 
     ms = agent.memory_search
     if ms.provider == "none":
         return []
-    key = ms.remote.api_key  # a SecretRef (not a str) may name any variable: always the engine
-    if ms.provider != "auto" or (ms.local.model_path or "").strip() or (
-            key.strip() if isinstance(key, str) else key is not None):
+    keys = (ms.remote.api_key, *(e.api_key for e in ms.model_providers.values()))
+    if ms.provider != "auto" or (ms.local.model_path or "").strip() or any(
+            # a SecretRef (not a str) may name any variable: always the engine
+            key.strip() if isinstance(key, str) else key is not None for key in keys):
         return None
     if select_provider(ms, env=env).provider is not None:
         return None

@@ -226,6 +226,10 @@ def test_an_openclaw_secret_ref_api_key_loads_and_keeps_searches_on_the_engine(t
     assert agent.memory_search.remote.api_key == SecretRef(source="env", provider="default", id="MEMORY_KEY")
     # the variable it names may be set by the next search: the one-shot shortcut never answers it
     assert provider_env_keys(agent, {}) is None
+    cfg = load_config(_write(tmp_path, '{models: {providers: {voyage: {apiKey: '
+                                       '{source: "env", provider: "default", id: "MEMORY_KEY"}}}}}'))
+    agent = resolve_agent(cfg, workspace=tmp_path, env={"OPENCLAW_STATE_DIR": str(tmp_path / "st")})
+    assert provider_env_keys(agent, {}) is None  # OpenClaw's models.providers key: the same
 
 
 def test_variables_in_config_strings_are_substituted_as_openclaw_does(tmp_path: Path) -> None:

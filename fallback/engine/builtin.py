@@ -17,6 +17,7 @@ from fallback.background import BackgroundTasks
 from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.engine.presearch import (
+    STILL_SYNCING,
     IndexState,
     foreign_index_warning,
     presearch_sync,
@@ -551,11 +552,13 @@ class BuiltinEngine:
             state = found
         else:
             state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
-        if not isinstance(store, ReadOnlyStore) and await run_presearch_sync(
-                state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
-                budget_ms=self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms,
-                sync=partial(self._search_sync, deadline, progress), live=self._live):
+        budget_ms = self.search_sync_budget_ms if sync_budget_ms is None else sync_budget_ms
+        ran = None if isinstance(store, ReadOnlyStore) else await run_presearch_sync(
+            state, synced=self._synced, dirty=self._dirty, on_search=self.settings.search.sync.on_search,
+            budget_ms=budget_ms, sync=partial(self._search_sync, deadline, progress), live=self._live)
+        if ran is not None:
             store = (await self._stores.open_search())[0]  # it may have replaced a corrupt store
+            warnings += [STILL_SYNCING.format(budget_ms=budget_ms)] if ran == "running" else []
             if state.held_workspace is not None:
                 state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory

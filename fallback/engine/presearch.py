@@ -15,10 +15,14 @@ from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_w
 from fallback.store.migrations import META_KEY
 from fallback.store.seam import SearchStore
 
-__all__ = ["IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
+__all__ = ["STILL_SYNCING", "IndexState", "PresearchSync", "foreign_index_warning", "presearch_sync", "read_index_state",
            "run_presearch_sync"]
 
 PresearchSync = Literal["await", "budget"]
+# The warning of a live-mode answer given while the sync it waited for runs on past its budget.
+STILL_SYNCING = ("index stale: the sync before this search still runs after its {budget_ms} ms "
+                 "budget (a slow provider, or another process holding the store); the newest "
+                 "content may be missing")
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ def presearch_sync(state: IndexState, *, synced: bool, dirty: bool,
 
 async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on_search: bool,
                              budget_ms: int, sync: Callable[[float], Awaitable[None]],
-                             live: Any = None) -> bool:
+                             live: Any = None) -> Literal["done", "running"] | None:
     """Run the sync :func:`presearch_sync` asks for.
 
     Args:
@@ -84,17 +88,19 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
             waiting for another process's lock on the store.
         live: the engine's ``LiveSync`` in live mode (it runs a ``"budget"`` sync), or ``None``.
 
-    Returns: Whether a sync was run or waited for (the store file may have been replaced then).
+    Returns: ``None`` when no sync was due; ``"running"`` when live mode's sync of known changes
+    (``dirty``) still runs past the budget (the answer comes from the index as it is:
+    :data:`STILL_SYNCING`); else ``"done"``. The store file may have been replaced unless ``None``.
     """
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
     if kind is None:
-        return False
+        return None
     with anyio.move_on_after(max(0, budget_ms) / 1000 if kind == "budget" else None) as scope:
         if kind == "budget" and live is not None:
             await live.spawn_sync("search").wait()
         else:
             await sync(scope.deadline)
-    return True
+    return "running" if live is not None and dirty and scope.cancelled_caught else "done"
 
 
 def foreign_index_warning(db_path: str, held: str, workspace: str) -> str:

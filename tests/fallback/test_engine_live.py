@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -25,6 +26,8 @@ from tests.fallback.watcher_faults import kill_observer, silence_observer
 pytestmark = pytest.mark.anyio
 
 DEADLINE_S = 15.0
+STALE_1000_MS = ("index stale: the sync before this search still runs after its 1000 ms budget (a "
+                 "slow provider, or another process holding the store); the newest content may be missing")
 NOW_MS = 1_770_681_600_000
 
 
@@ -413,15 +416,40 @@ async def test_live_search_budget_answers_while_sync_continues(ws: Path) -> None
         (ws / "memory" / "b2.md").write_text("Beta two.\n")
         provider.blocking = True
         engine.mark_dirty("files changed: 1")
-        hits = (await engine.search(SearchRequest.of("alpha"), sync_budget_ms=1_000)).results
-        assert [h.path for h in hits] == ["MEMORY.md"]
+        answer = await engine.search(SearchRequest.of("alpha"), sync_budget_ms=1_000)
+        assert [h.path for h in answer.results] == ["MEMORY.md"]
+        assert answer.warnings == [STALE_1000_MS]  # the answer says it may miss what is syncing
         assert provider.entered.is_set() and engine.live.sync_counts["search"] == 0
         provider.gate.set()
 
         async def finished() -> bool:
             return engine.live.sync_counts["search"] >= 1
         await eventually(finished, "background search sync finished")
-        assert [h.path for h in (await engine.search(SearchRequest.of("beta"))).results] == ["memory/b2.md"]
+        answer = await engine.search(SearchRequest.of("beta"))
+        assert ([h.path for h in answer.results], answer.warnings) == (["memory/b2.md"], [])
+
+
+async def test_a_live_search_while_another_process_holds_the_store_says_it_may_be_stale(ws: Path) -> None:
+    """Another process holding the store in a transaction stalls live mode's sync (it waits for
+    the lock): a search answers from the index as it is within its budget and says so, as a
+    one-shot search tells its failed sync."""
+    engine = _engine(ws, watch=False)
+    async with live(engine):
+        await _booted(engine)
+        (ws / "memory" / "b3.md").write_text("Beta three.\n")
+        holder = sqlite3.connect(engine.settings.db_path, isolation_level=None)
+        try:
+            holder.execute("BEGIN EXCLUSIVE")
+            engine.mark_dirty("files changed: 1")
+            answer = await engine.search(SearchRequest.of("beta"), sync_budget_ms=1_000)
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert (answer.results, answer.warnings) == ([], [STALE_1000_MS])
+
+        async def indexed() -> bool:
+            return [h.path for h in (await engine.search(SearchRequest.of("beta"))).results] == ["memory/b3.md"]
+        await eventually(indexed, "the note indexed once the lock is released")
 
 
 async def test_cancelled_full_rebuild_leaves_no_temp_file(ws: Path) -> None:

@@ -289,6 +289,8 @@ def _classify(exe: str, result: RunResult) -> tuple[bool, str | None, str | None
     if result.returncode == _EXIT_NOT_FOUND or _RUNTIME_MISSING_RE.search(result.stderr):
         detail = stderr_line or f"exit code {result.returncode}"
         return False, None, f"qmd found at {exe} but its runtime (node/bun) is missing: {detail}"
+    if result.signal is not None:  # killed while answering (OOM killer, a user): not foreign
+        return True, None, f"qmd at {exe} was ended by signal {result.signal} answering --version"
     printed = _first_line(result.stdout) or stderr_line
     return True, None, f"foreign program at {exe}: --version printed '{printed}'"
 

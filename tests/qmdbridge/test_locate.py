@@ -86,6 +86,16 @@ async def test_foreign_program_named_qmd(tmp_path: Path, standins_dir: Path,
     assert location.usable is False
 
 
+async def test_a_qmd_killed_while_answering_version_is_not_called_foreign(tmp_path: Path) -> None:
+    """A ``--version`` run ended by a signal (the OOM killer, a user's kill) says so; it printed
+    nothing, which is not a foreign program's answer."""
+    exe = _script(tmp_path / "bin" / "qmd", "#!/bin/sh\nkill -9 $$\n")
+    location = await probe_qmd(str(exe), env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                               repo_tools=False, usual_dirs=[], cwd=tmp_path)
+    assert (location.found, location.runtime_ok, location.version, location.usable) == (True, True, None, False)
+    assert location.reason == f"qmd at {exe} was ended by signal 9 answering --version"
+
+
 async def test_foreign_first_on_path_real_one_later(tmp_path: Path, standins_dir: Path,
                                                     qmd_bin: Path, base_path_env: str) -> None:
     foreign = standins_dir / "foreign"

@@ -198,6 +198,10 @@ class ResolvedMemoryPath:
     follow_base: bool
 
 
+# A backslash that starts no ``\xHH`` escape of the printable form (a Windows separator).
+_BARE_BACKSLASH = re.compile(r"\\(?!x[0-9a-fA-F]{2})")
+
+
 def _check_text(path: str, shown: str) -> list[str]:
     """The request's own checks (no disk): returns the segments without ``""``/``"."``."""
     p = path.strip()
@@ -210,8 +214,9 @@ def _check_text(path: str, shown: str) -> list[str]:
                                f"written with \\xHH escapes, as search cites it: {printable_path(p)}")
     try:
         p = parse_printable_path(p)  # "\xHH": a name byte that is not UTF-8 (or "\", a control)
-    except UsageError:
-        raise PathRefusedError(shown, "invalid characters") from None
+    except UsageError:  # a bare backslash: a Windows separator, most likely
+        raise PathRefusedError(shown, "invalid characters", hint="folders are separated by '/' (a "
+                               f"backslash in a file name is written \\x5c): {_BARE_BACKSLASH.sub('/', p)}") from None
     if "\x00" in p:
         raise PathRefusedError(shown, "invalid characters")
     if os.path.isabs(p) or _WINDOWS_DRIVE.match(p):

@@ -85,6 +85,20 @@ def test_a_raw_name_is_refused_with_the_printable_form_to_send(ws: Path) -> None
     assert read_memory_page(ws, [], "memory/caf\\xe9.md").text == "latin one"
 
 
+def test_a_windows_separator_is_refused_with_the_path_to_send(ws: Path) -> None:
+    with pytest.raises(PathRefusedError) as info:
+        read_memory_page(ws, [], "memory\\caf\\xe9.md")
+    assert (info.value.reason, info.value.hint) == (
+        "invalid characters", "folders are separated by '/' (a backslash in a file name is written "
+        "\\x5c): memory/caf\\xe9.md")
+    assert read_memory_page(ws, [], "memory/caf\\xe9.md").text == "latin one"
+    with pytest.raises(PathRefusedError) as info:  # no way around the parent-segment rule
+        read_memory_page(ws, [], "memory\\..\\MEMORY.md")
+    assert str(info.value) == ("path refused: 'memory\\\\..\\\\MEMORY.md': invalid characters (folders "
+                               "are separated by '/' (a backslash in a file name is written \\x5c): "
+                               "memory/../MEMORY.md)")
+
+
 def test_escapes_cannot_smuggle_a_parent_segment(ws: Path) -> None:
     with pytest.raises(PathRefusedError) as info:
         read_memory_page(ws, [], "memory/\\x2e\\x2e/\\x2e\\x2e/etc.md")

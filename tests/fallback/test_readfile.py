@@ -167,7 +167,6 @@ def test_resolve_memory_paths(ws: Path) -> None:
     ("../outside.md", "parent segment"),
     ("memory%2fx.md", "encoded characters"),
     ("memory/x\x00.md", "invalid characters"),
-    ("memory\\..\\MEMORY.md", "invalid characters"),
     ("NOTES.md", "not a memory path"),
     ("DREAMS.md", "not a memory path"),
     ("dreams.md", "not a memory path"),

@@ -246,7 +246,8 @@ class Store(MetaReads):
                 conn.execute(f"PRAGMA user_version={number}")
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLITE_FULL (among others) has rolled it back already
+                    conn.execute("ROLLBACK")
                 raise
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import subprocess
 from functools import partial
 from pathlib import Path
 
@@ -143,6 +144,24 @@ def test_real_not_a_database_is_corrupt_error(tmp_path: Path) -> None:
     conn.close()
     assert type(err) is IndexStoreCorruptError
     assert str(err) == "index store is corrupt: file is not a database (/x/main.sqlite)"
+
+
+def test_a_store_created_on_a_full_disk_is_full_error(tmp_path: Path) -> None:
+    """The schema migration of a new store fails for a full disk: SQLite has rolled the
+    migration's transaction back itself, and the error says the disk is full."""
+    from fallback.store.db import Store
+
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "none", str(full)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here to fill a disk")
+    try:
+        with pytest.raises(IndexStoreFullError) as info:
+            Store(full / "main.sqlite")
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+    assert str(info.value) == f"index store is full: database or disk is full ({full / 'main.sqlite'})"
 
 
 def test_real_damaged_page_is_corrupt_error(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import anyio
 from fallback.errors import IndexStoreError
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
-from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreFullError, IndexStoreReadOnlyError
 from fallback.store.files import quarantine_corrupt_store
 from fallback.store.readonly import ReadOnlyStore
 
@@ -152,11 +152,12 @@ class EngineStore:
             return self.store
 
     async def open_reader(self) -> tuple[Store | ReadOnlyStore, IndexStoreError | None]:
-        """``(store, None)``, or, when this process cannot write the store, the file opened for
-        reading only and the error that says why. Raises ``IndexStoreError``."""
+        """``(store, None)``, or, when this process cannot write the store (its permissions, a
+        full disk), the file opened for reading only and the error that says why. Raises
+        ``IndexStoreError``."""
         try:
             return await self.open(), None
-        except IndexStoreReadOnlyError as exc:
+        except (IndexStoreReadOnlyError, IndexStoreFullError) as exc:
             if self.reader is not None:
                 await anyio.to_thread.run_sync(self.reader.close)
             self.reader = await anyio.to_thread.run_sync(ReadOnlyStore.open, self.settings.db_path)

@@ -8,7 +8,8 @@ its message text::
      +-- IndexStoreLockedError        SQLITE_BUSY, SQLITE_LOCKED: wait and retry
      +-- IndexStoreReadOnlyError      SQLITE_READONLY: reopen the connection, retry once
      +-- IndexStoreCorruptError       SQLITE_CORRUPT, SQLITE_NOTADB: move the file aside, rebuild
-     +-- IndexStoreFullError          SQLITE_FULL: the disk (or the store's page limit) is full
+     +-- IndexStoreFullError          SQLITE_FULL, SQLITE_IOERR_SHMSIZE: the disk (or the store's
+                                      page limit) is full
 
 An error without a code (a closed connection, Python 3.10) is a plain ``IndexStoreError``.
 
@@ -47,13 +48,15 @@ class IndexStoreCorruptError(IndexStoreError):
 
 
 class IndexStoreFullError(IndexStoreError):
-    """Raised when a write finds the disk full (``SQLITE_FULL``, also ``max_page_count``)."""
+    """Raised when a write finds the disk full (``SQLITE_FULL``, also ``max_page_count``), or
+    opening cannot grow the ``-shm`` file for it (``SQLITE_IOERR_SHMSIZE``)."""
 
 
 # SQLite primary result codes (the low 8 bits of every extended code).
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
 SQLITE_READONLY = 8
+SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 SQLITE_CANTOPEN = 14
@@ -84,6 +87,7 @@ ERROR_TABLE: Mapping[int, tuple[type[IndexStoreError], str]] = MappingProxyType(
     SQLITE_NOTADB: (IndexStoreCorruptError, _CORRUPT),
     SQLITE_CANTOPEN: (IndexStoreError, "cannot be opened"),
     SQLITE_FULL: (IndexStoreFullError, "is full"),
+    SQLITE_IOERR | 19 << 8: (IndexStoreFullError, "is full (cannot grow its -shm file)"),
 })
 _GENERIC = (IndexStoreError, "error")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fallback.errors import IndexStoreError
-from fallback.store.errors import IndexStoreCorruptError, IndexStoreReadOnlyError
+from fallback.store.errors import IndexStoreCorruptError, IndexStoreFullError, IndexStoreReadOnlyError
 
 __all__ = ["BACKUP_MARK", "CORRUPT_BACKUPS_KEPT", "DB_SUFFIXES", "TEMP_MARK",
            "check_writable", "file_id", "has_leftovers", "leftover_bases", "prune_corrupt_backups",
@@ -68,8 +68,9 @@ def check_writable(db_path: Path) -> None:
 def read_only_warning(exc: IndexStoreError, db_path: Path) -> str:
     """The warning of an answer from the store at ``db_path`` that this process cannot write
     (``exc`` says why; one line). Every route that answers from such a store words it so."""
-    return (f"{exc}; answered from the index as it was last written, without updating it "
-            f"(check the permissions of {db_path.parent})")
+    fix = (f"free disk space for {db_path.parent}" if isinstance(exc, IndexStoreFullError)
+           else f"check the permissions of {db_path.parent}")
+    return f"{exc}; answered from the index as it was last written, without updating it ({fix})"
 
 
 def temp_db_path(db_path: Path) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 from fallback.errors import IndexStoreError
 from fallback.store.errors import (
     SQLITE_CANTOPEN,
+    IndexStoreFullError,
     IndexStoreReadOnlyError,
     error_kind,
     result_code,
@@ -48,8 +49,9 @@ BUSY_TIMEOUT_MS = 5000
 
 
 def _cannot_write(exc: sqlite3.Error) -> bool:
-    """Whether opening failed only because this process may not write the store's files."""
-    return (issubclass(error_kind(exc)[0], IndexStoreReadOnlyError)
+    """Whether opening failed only because this process may not write the store's files (or
+    the disk is full)."""
+    return (issubclass(error_kind(exc)[0], (IndexStoreReadOnlyError, IndexStoreFullError))
             or (result_code(exc) or 0) & 0xFF == SQLITE_CANTOPEN)
 
 

@@ -3,6 +3,9 @@ from, a rebuild the next sync will run, and a configured provider that cannot wo
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,6 +108,47 @@ async def test_a_full_store_fails_the_sync_and_every_status_tells_it(ws: Path) -
         "message": f"last sync (cli) failed: index store is full: database or disk is full "
                    f"({plain.db_path}); memory files waiting to be indexed: 30",
         "hint": f"free disk space for {plain.db_path}, then run `qmdbridge index`"}]
+
+
+@pytest.mark.anyio
+async def test_a_search_on_a_full_disk_answers_from_the_index_and_says_so(ws: Path) -> None:
+    """A full disk under the store: opening it cannot grow its ``-shm`` file
+    (``SQLITE_IOERR_SHMSIZE``), a full store; a search answers from the index as it was last
+    written, saying so and what to free, as it does for a store it may not write."""
+    from fallback.request import SearchRequest
+
+    state = ws.parent / "state"
+    state.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "none", str(state)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here to fill a disk")
+    plain = settings_for(ws)
+    try:
+        engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+        try:
+            await engine.sync(reason="cli")
+        finally:
+            await engine.close()
+        assert not Path(f"{plain.db_path}-shm").exists()  # the last connection removed it
+        fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            with contextlib.suppress(OSError):  # until ENOSPC
+                while True:
+                    os.write(fd, b"\0" * 65536)
+        finally:
+            os.close(fd)
+        (ws / "memory" / "2026-01-02.md").write_text("The router reboots weekly.\n")
+        engine = BuiltinEngine(plain, provider_selection=select_provider(plain.search, env={}))
+        try:
+            outcome = await engine.search(SearchRequest.of("router"))
+        finally:
+            await engine.close()
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
+    assert [h.path for h in outcome.results] == ["MEMORY.md"]
+    assert outcome.warnings == [
+        f"index store is full (cannot grow its -shm file): disk I/O error ({plain.db_path}); answered "
+        f"from the index as it was last written, without updating it (free disk space for {state / 'memory'})"]
 
 
 @pytest.mark.anyio

@@ -21,8 +21,7 @@ __all__ = ["STILL_SYNCING", "IndexState", "PresearchSync", "foreign_index_warnin
 PresearchSync = Literal["await", "budget"]
 # The warning of a live-mode answer given while the sync it waited for runs on past its budget.
 STILL_SYNCING = ("index stale: the sync before this search still runs after its {budget_ms} ms "
-                 "budget (a slow provider, or another process holding the store); the newest "
-                 "content may be missing")
+                 "budget; the newest content may be missing")
 
 
 @dataclass(frozen=True)

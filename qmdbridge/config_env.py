@@ -3,9 +3,10 @@
 
 Only upper-case names (``[A-Z_][A-Z0-9_]*``) are references; ``$${VAR}`` is the literal text
 ``${VAR}``; a variable that is unset or empty leaves its reference as written, with a config
-warning naming the key, except an API key (``remote.apiKey``, ``query.rerank.apiKey``) that is
-that reference alone: it becomes the SecretRef of the variable (``fallback.settings.SecretRef``),
-so no literal ``${VAR}`` is sent as a key and the provider says the variable is not set.
+warning naming the key, except an API key (``remote.apiKey``, ``query.rerank.apiKey``,
+``models.providers.<id>.apiKey``) that is that reference alone: it becomes the SecretRef of the
+variable (``fallback.settings.SecretRef``), so no literal ``${VAR}`` is sent as a key and the
+provider says the variable is not set.
 Standard library only: the CLI's daemon client stamps a config with the values it references
 (:func:`env_stamp`) before it loads anything.
 """
@@ -22,8 +23,10 @@ if TYPE_CHECKING:
 
 __all__ = ["env_stamp", "substitute_env"]
 
-# The keys whose value alone a reference to an unset variable turns into its SecretRef.
+# The keys whose value alone a reference to an unset variable turns into its SecretRef (and
+# OpenClaw's ``models.providers.<id>.apiKey``).
 SECRET_KEYS = ("remote.apiKey", "rerank.apiKey")
+_PROVIDER_KEY = re.compile(r"models\.providers\.[^.]+\.apiKey")
 # ``${NAME}``, or ``$${NAME}`` (group 1 is then ``$``): the escaped, literal form.
 _REFERENCE = re.compile(r"\$(\$?)\{([A-Z_][A-Z0-9_]*)\}")
 
@@ -49,7 +52,8 @@ def substitute_env(data: Any, env: Mapping[str, str]) -> tuple[Any, list[str]]:
     def walk(value: Any, key: str) -> Any:
         if isinstance(value, str):
             alone = _REFERENCE.fullmatch(value)
-            if alone and not alone.group(1) and key.endswith(SECRET_KEYS) and not env.get(alone.group(2)):
+            if alone and not alone.group(1) and (key.endswith(SECRET_KEYS) or _PROVIDER_KEY.fullmatch(key)) \
+                    and not env.get(alone.group(2)):
                 text(value, key)  # the warning
                 return {"source": "env", "provider": "default", "id": alone.group(2)}
             return text(value, key) if "${" in value else value

@@ -232,6 +232,23 @@ def test_an_openclaw_secret_ref_api_key_loads_and_keeps_searches_on_the_engine(t
     assert provider_env_keys(agent, {}) is None  # OpenClaw's models.providers key: the same
 
 
+def test_an_unset_variable_as_a_models_providers_key_is_never_sent_as_the_key(tmp_path: Path) -> None:
+    """``models.providers.<id>.apiKey: "${VAR}"`` with ``VAR`` unset becomes the SecretRef of
+    ``VAR`` (as ``remote.apiKey`` does), so the literal ``${VAR}`` is never sent as a key."""
+    from fallback.embeddings import select_provider
+    from fallback.settings import SecretRef
+
+    cfg = load_config(_write(tmp_path, '{models: {providers: {openai: {apiKey: "${MEMORY_OPENAI}"}}}}'),
+                      env={})
+    assert cfg.warnings == ["models.providers.openai.apiKey: ${MEMORY_OPENAI} is not set; left as written"]
+    agent = resolve_agent(cfg, workspace=tmp_path, env={"OPENCLAW_STATE_DIR": str(tmp_path / "st")})
+    assert agent.memory_search.model_providers["openai"].api_key == SecretRef(
+        source="env", provider="default", id="MEMORY_OPENAI")
+    openai = agent.memory_search.model_copy(update={"provider": "openai"})
+    assert select_provider(openai, env={}).unavailable_reason == (
+        "no API key found for openai (its models.providers apiKey names $MEMORY_OPENAI, which is not set)")
+
+
 def test_variables_in_config_strings_are_substituted_as_openclaw_does(tmp_path: Path) -> None:
     path = _write(tmp_path, """{
       // OpenClaw's ${NAME} references: upper-case names, $${NAME} for the text itself

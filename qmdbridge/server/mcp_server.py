@@ -52,15 +52,12 @@ INSTRUCTIONS = ("Long-term memory of this agent (Markdown notes). Use memory_sea
 
 def mcp_tools() -> list[types.Tool]:
     """The three MCP tools, their input schemas taken from :mod:`qmdbridge.tools`."""
-    search_params = copy.deepcopy(MEMORY_SEARCH_SCHEMA["parameters"])
-    search_params["properties"]["sessionKey"] = SESSION_KEY_PROPERTY
-    search_params["properties"]["sessionKeys"] = SESSION_KEYS_PROPERTY
+    search = copy.deepcopy(MEMORY_SEARCH_SCHEMA)
+    search["parameters"]["properties"].update(sessionKey=SESSION_KEY_PROPERTY, sessionKeys=SESSION_KEYS_PROPERTY)
     read_only = types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)
-    return [types.Tool(name=schema["name"], description=schema["description"], inputSchema=params,
-                       annotations=read_only)
-            for schema, params in ((MEMORY_SEARCH_SCHEMA, search_params),
-                                   (MEMORY_GET_SCHEMA, copy.deepcopy(MEMORY_GET_SCHEMA["parameters"])),
-                                   (STATUS_TOOL_SCHEMA, copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"])))]
+    return [types.Tool(name=schema["name"], description=schema["description"],
+                       inputSchema=copy.deepcopy(schema["parameters"]), annotations=read_only)
+            for schema in (search, MEMORY_GET_SCHEMA, STATUS_TOOL_SCHEMA)]
 
 
 def build_server(manager: MemoryManager) -> Server[Any, Any]:

@@ -164,7 +164,6 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                      + (f"qmdbridge mcp: {exposed}\n" if exposed else "")
                      + (f"qmdbridge mcp: bearer token in {token_path}\n" if token_path
                         else "qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN\n"))
-    sys.stderr.flush()
     try:
         async with sessions.run():
             try:

@@ -73,7 +73,6 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
                 await manager.start()
                 sys.stderr.write(f"{prog}: agent {agent.agent_id}, backend {manager.backend_name}, "
                                  f"workspace {agent.workspace_dir}\n")
-                sys.stderr.flush()
                 await body(manager, tg)
                 tg.cancel_scope.cancel()
 
@@ -81,4 +80,3 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
             await anyio.sleep(0)  # let the signal receiver install first
             tg.start_soon(run)
     sys.stderr.write(f"{prog}: stopped\n")
-    sys.stderr.flush()

@@ -186,7 +186,6 @@ async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
         sock = _bind(path)
     except OSError as exc:
         sys.stderr.write(f"qmdbridge serve: no daemon socket: {exc}\n")
-        sys.stderr.flush()
         task_status.started(None)
         return
     mine = os.stat(path)

@@ -9,6 +9,7 @@ Written after an in-process search succeeded to ``<stateDir>/cli-cache/<crc>.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -209,7 +210,5 @@ def _prune(folder: Path, *, keep: str) -> None:
         except OSError:
             continue
     for _, name in sorted(entries, reverse=True)[MAX_FILES - 1:]:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(folder / name)
-        except FileNotFoundError:
-            pass

@@ -6,6 +6,7 @@ Layout and framing: :mod:`qmdbridge.server.wire`; peer checks and binding: docs/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -196,9 +197,7 @@ async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
             await listener.serve(partial(_serve_connection, identity=identity, handle=handle),
                                  task_group=tg)
     finally:
-        try:
+        with contextlib.suppress(OSError):
             now = os.stat(path)
             if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
                 os.unlink(path)
-        except OSError:
-            pass

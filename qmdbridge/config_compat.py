@@ -100,8 +100,7 @@ def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
     return _overlay(old, new)
 
 
-# The ``api`` of an OpenClaw ``models.providers.<id>`` entry -> the embedding provider of ours
-# that speaks it (OpenClaw lets memorySearch.provider name such an entry: a custom provider id).
+# OpenClaw's ``models.providers.<id>.api`` -> our provider speaking it (memorySearch.provider may name <id>).
 _CUSTOM_PROVIDER_APIS = {"ollama": "ollama", "openai-completions": "openai-compatible",
                          "openai-responses": "openai-compatible"}
 

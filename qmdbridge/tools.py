@@ -71,8 +71,7 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
 }
 
 
-# serve's ``sync`` request (not an agent tool: mcp does not offer it), as the protocol's
-# JSON Schema (``docs/serve-protocol.schema.json`` ``syncParams``) describes its parameters.
+# serve's ``sync`` request (no MCP tool), as docs/serve-protocol.schema.json ``syncParams`` has it.
 SYNC_SCHEMA: dict[str, Any] = {
     "name": "sync",
     "description": "Index the memory files now (force: rebuild from scratch, swapped in atomically).",

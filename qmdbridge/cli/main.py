@@ -70,9 +70,7 @@ class _RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormat
     """``RawDescriptionHelpFormatter`` sized by :class:`_HelpFormatter`."""
 
 
-# argparse reads a query or path that starts with '-' as an option: it then reports the
-# positional missing or the word unrecognised. Both errors say how to pass it; everything after
-# '--' is positional, so an option put after it is unrecognised too, and the hint says where it goes.
+# argparse takes a query or path starting with '-' for an option: these errors say how to pass it.
 _DASH_SYMPTOMS = ("the following arguments are required: query", "the following arguments are required: path",
                   "unrecognized arguments: -")
 DASH_HINT = (" (a query or path that starts with '-' goes after '--', and the options before it: "

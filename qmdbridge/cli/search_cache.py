@@ -35,8 +35,7 @@ log = logging.getLogger("qmdbridge.cli")
 
 # Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
 MAX_FILES = 64
-# A temporary file older than this (seconds) was left by a writer killed mid-write (a write
-# takes microseconds); the next recording removes it, so the folder stays bounded.
+# A temporary file older than this (seconds) was left by a killed writer: the next recording removes it.
 STALE_TEMP_S = 60
 
 

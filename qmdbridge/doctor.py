@@ -116,8 +116,7 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
 
 
 def _index_hint(ws: Path) -> str:
-    """How to build the first index of workspace ``ws``: ``qmdbridge index``, which fails on a
-    workspace that does not exist, so that one is created first."""
+    """How to build the first index of ``ws``: ``qmdbridge index``, after creating a missing ``ws``."""
     return "run `qmdbridge index`" if ws.is_dir() else f"create the workspace {ws}, then run `qmdbridge index`"
 
 
@@ -149,9 +148,8 @@ def _check_root(ws: Path, fix: bool) -> Check:
 
 
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
-    """qmd found and answering ``--version``; when it is the backend and the workspace
-    exists, one real test search and the collections reconciled as a search's start-up does
-    (a qmd whose searches fail, or that refuses every collection, is an error)."""
+    """qmd found and answering ``--version``; as the backend (and with a workspace) a test search
+    and the collections reconciled too: failing searches or every collection refused are errors."""
     from qmdbridge.qmd.backend import QmdBackend
     from qmdbridge.qmd.locate import probe_qmd
 

@@ -124,9 +124,8 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
 
 
 def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
-    """Whether the config file of ``key`` last changed clearly before the key was
-    taken (not racily clean: a same-size save in that tick would keep the key); True without
-    a config file or a time."""
+    """Whether the config file of ``key`` last changed clearly before the key was taken (not
+    racily clean); True without a config file or a time."""
     path = key.get("config")
     if path is None or key.get("configStamp") is None or key_taken_ms is None:
         return True

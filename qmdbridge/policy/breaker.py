@@ -100,8 +100,7 @@ class CircuitBreaker:
             # the breaker is advisory: a read-only state dir must not break searches
 
     def _unchanged_since_saved(self, now_ms: int) -> bool:
-        """Whether the file is as this breaker last wrote it, with a success of less
-        than :data:`SUCCESS_SAVE_INTERVAL_MS` ago."""
+        """Whether the file is as this breaker wrote it, a success less than the save interval ago."""
         if self._saved is None or self.path is None:
             return False
         try:

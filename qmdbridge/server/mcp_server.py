@@ -112,9 +112,8 @@ class _ClosedSessionStreams(logging.Filter):
 
 
 def _route_sdk_logs(*, verbose: bool) -> None:
-    """Send the MCP SDK's log records through one handler of ours (stderr lines ``qmdbridge mcp:
-    WARNING mcp.server.transport_security: Invalid Host header: evil.example``): warnings and
-    below only with ``verbose`` (the refused client already got its 4xx), errors always."""
+    """Send the MCP SDK's log records to stderr as ``qmdbridge mcp: <level> <logger>: <message>``:
+    warnings and below only with ``verbose`` (a refused client got its 4xx), errors always."""
     sdk = logging.getLogger("mcp")
     if any(h.get_name() == SERVER_NAME for h in sdk.handlers):
         return

@@ -20,8 +20,8 @@ from pydantic import BaseModel
 from fallback.errors import ConfigError
 from fallback.settings import ProviderName
 
-__all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "merge_search", "prefer",
-           "read_layout", "unknown_keys"]
+__all__ = ["AgentSource", "Layout", "adjusted_values", "as_object", "merge_search", "read_layout",
+           "unknown_keys"]
 
 # Keys normalised together (a sum of 1), reported only when a value is outside [0, 1].
 _NORMALISED_PAIRS = {"vectorWeight", "textWeight"}
@@ -76,13 +76,7 @@ def _overlap(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str
     return sorted(out)
 
 
-def prefer(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    """``old`` overlaid with ``new``, object by object: where both set a key, ``new``'s value
-    is taken whole (lists are not concatenated)."""
-    return _overlay(old, new, concatenated=())
-
-
-def _overlay(base: dict[str, Any], over: dict[str, Any], *, concatenated: tuple[str, ...]) -> dict[str, Any]:
+def _overlay(base: dict[str, Any], over: dict[str, Any], *, concatenated: tuple[str, ...] = ()) -> dict[str, Any]:
     """``base`` overlaid with ``over`` key by key into nested objects (``over`` wins); a list
     under a key in ``concatenated`` is appended to ``base``'s instead. Neither is modified."""
     merged = copy.deepcopy(base)
@@ -103,11 +97,10 @@ def _both(new: dict[str, Any], new_key: str, old: dict[str, Any], old_key: str,
     if both:
         warnings.append(f"{new_key} and {old_key} both set {', '.join(both)}; {new_key} wins "
                         f"({old_key} is the layout before OpenClaw 2026.9)")
-    return prefer(new, old)
+    return _overlay(old, new)
 
 
-# The ``api`` of an OpenClaw ``models.providers.<id>`` entry -> the embedding provider of ours
-# that speaks it (OpenClaw lets memorySearch.provider name such an entry: a custom provider id).
+# OpenClaw's ``models.providers.<id>.api`` -> our provider speaking it (memorySearch.provider may name <id>).
 _CUSTOM_PROVIDER_APIS = {"ollama": "ollama", "openai-completions": "openai-compatible",
                          "openai-responses": "openai-compatible"}
 
@@ -206,7 +199,7 @@ def read_layout(root: dict[str, Any], *, file: str | None = None) -> Layout:
                                 f"{key_path} wins ({earlier.key_path} is the layout before "
                                 "OpenClaw 2026.9)")
         earlier.raw = {**earlier.raw, **fields}
-        earlier.search = prefer(search, earlier.search)
+        earlier.search = _overlay(earlier.search, search)
         earlier.search_sources += sources
     return out
 

@@ -116,8 +116,7 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
 
 
 def _index_hint(ws: Path) -> str:
-    """How to build the first index of workspace ``ws``: ``qmdbridge index``, which fails on a
-    workspace that does not exist, so that one is created first."""
+    """How to build the first index of ``ws``: ``qmdbridge index``, after creating a missing ``ws``."""
     return "run `qmdbridge index`" if ws.is_dir() else f"create the workspace {ws}, then run `qmdbridge index`"
 
 
@@ -149,9 +148,8 @@ def _check_root(ws: Path, fix: bool) -> Check:
 
 
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
-    """qmd found and answering ``--version``; when it is the backend and the workspace
-    exists, one real test search and the collections reconciled as a search's start-up does
-    (a qmd whose searches fail, or that refuses every collection, is an error)."""
+    """qmd found and answering ``--version``; as the backend (and with a workspace) a test search
+    and the collections reconciled too: failing searches or every collection refused are errors."""
     from qmdbridge.qmd.backend import QmdBackend
     from qmdbridge.qmd.locate import probe_qmd
 
@@ -271,17 +269,15 @@ def _check_postgres(agent: ResolvedAgent) -> Check:
 
     try:
         shared = open_postgres(agent.engine)
+        try:
+            d = shared.describe()
+        finally:
+            shared.close()
     except ImportError as exc:
         return Check("index", "error", f"postgres store: {exc}",
                      "install the postgres extra: pip install 'qmdbridge[postgres]'")
     except MemorySearchError as exc:
         return Check("index", "error", f"postgres store: {exc}", getattr(exc, "hint", None))
-    try:
-        d = shared.describe()
-    except MemorySearchError as exc:
-        return Check("index", "error", f"postgres store: {exc}", getattr(exc, "hint", None))
-    finally:
-        shared.close()
     files = sum(c.get("files", 0) for c in d["counts"].values())
     chunks = sum(c.get("chunks", 0) for c in d["counts"].values())
     detail = (f"postgres {d['target']}, schema {d['schema']} version {d['schemaVersion']}:"
@@ -324,14 +320,13 @@ def _inspect_index(agent: ResolvedAgent) -> Check:
     try:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
         try:
-            result = conn.execute("PRAGMA quick_check").fetchone()[0]
+            result = "quick_check: " + conn.execute("PRAGMA quick_check").fetchone()[0]
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        return Check("index", "error", f"{db}: {exc}",
-                     "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")
-    if result != "ok":
-        return Check("index", "error", f"{db}: quick_check: {result}",
+        result = str(exc)
+    if result != "quick_check: ok":
+        return Check("index", "error", f"{db}: {result}",
                      "run `qmdbridge doctor --fix` or `qmdbridge index --force` to rebuild it")
     return Check("index", "ok", f"{db}: quick_check ok")
 
@@ -341,13 +336,8 @@ async def run_doctor(agent: ResolvedAgent, *, fix: bool = False,
     """Run every check (and the legacy-split repair when ``fix``); each config warning of the
     agent is a ``warn`` check named ``config``."""
     e = dict(os.environ if env is None else env)
-    report = DoctorReport()
-    report.checks.append(_check_root(agent.workspace_dir, fix))
-    report.checks.append(await _check_qmd(agent, e))
-    report.checks.extend(_check_sqlite(agent))
-    report.checks.append(await _check_provider(agent, e))
-    report.checks.append(_check_watch_limits())
-    report.checks.append(await _check_index(agent, fix, e))
-    # what the config loader noticed (status lists the same as "Config warning:")
-    report.checks.extend(Check("config", "warn", w) for w in agent.config_warnings)
-    return report
+    return DoctorReport([
+        _check_root(agent.workspace_dir, fix), await _check_qmd(agent, e), *_check_sqlite(agent),
+        await _check_provider(agent, e), _check_watch_limits(), await _check_index(agent, fix, e),
+        # what the config loader noticed (status lists the same as "Config warning:")
+        *(Check("config", "warn", w) for w in agent.config_warnings)])

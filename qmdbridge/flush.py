@@ -154,18 +154,13 @@ class FlushPlanner:
             UsageError: the session key is empty.
         """
         flush = self.settings.memory_flush
-        if not flush.enabled:
-            return None
-        if not should_flush(session_tokens, context_window,
-                            reserve_tokens_floor=self.settings.reserve_tokens_floor,
-                            soft_threshold_tokens=flush.soft_threshold_tokens):
-            return None
-        if self.last_fired(session_key) == compaction_count:
-            return None
-        if not workspace_is_writable(Path(workspace_dir)):
-            return None
-        return FlushPlan(system_prompt=flush.system_prompt, prompt=flush.prompt,
-                         session_key=session_key, compaction_count=compaction_count)
+        due = (flush.enabled and should_flush(session_tokens, context_window,
+                                              reserve_tokens_floor=self.settings.reserve_tokens_floor,
+                                              soft_threshold_tokens=flush.soft_threshold_tokens)
+               and self.last_fired(session_key) != compaction_count
+               and workspace_is_writable(Path(workspace_dir)))
+        return FlushPlan(system_prompt=flush.system_prompt, prompt=flush.prompt, session_key=session_key,
+                         compaction_count=compaction_count) if due else None
 
     def mark_fired(self, session_key: str, *, compaction_count: int,
                    now_ms: int | None = None) -> Path:

@@ -17,20 +17,17 @@ __all__ = ["CI_REFUSAL", "CRASH_HINT", "INDEXED_CAVEATS", "NEVER_MATCHES", "QMD_
 
 # How the problem of a qmd whose test search (or update) failed starts.
 QMD_UNHEALTHY = "qmd is not healthy"
-# How a qmd crash (a crash signal: qmdbridge.qmd.errors.QmdCommandError) is told, in the first
-# line of its reason; a fallback or breaker reason holding it gets the crash hint below.
+# How a qmd crash (QmdCommandError's crash signal) is told; a reason holding it gets the crash hint.
 CRASH_HINT = ("qmd crashed; BM25 search mode (memory.qmd.searchMode \"search\") or the daemon "
               "(qmdbridge serve) avoid reloading models")
-# How qmd's refusal of model work under ``CI`` is told (the model problem of
-# qmdbridge.qmd.models and the warmup hint start with it); its fix is to unset ``CI``, not a warmup.
+# How qmd's refusal of model work under ``CI`` is told; its fix is to unset ``CI``, not a warmup.
 CI_REFUSAL = "qmd refuses model operations while the CI environment variable is set"
 
 # How the caveat of a file whose name is not UTF-8 starts; qmd skips such a file (and one whose
 # name holds a backslash, shown as \x5c).
 _UNDECODABLE_NAME = "file name is not valid UTF-8"
-# How the reason of a ``skipped`` entry starts when the file *is* indexed, with a caveat: invalid
-# UTF-8 replaced, NUL padding stripped, a name shown with \xHH escapes (the notes of
-# fallback/index/indexer.py; tests/qmdbridge/test_doctor.py keeps the two in step).
+# How a ``skipped`` reason starts when the file *is* indexed, with a caveat (fallback/index/indexer.py's
+# notes; tests/qmdbridge/test_doctor.py keeps the two in step).
 INDEXED_CAVEATS = ("invalid UTF-8", "NUL bytes stripped", _UNDECODABLE_NAME,
                    "file name holds a control character")
 # Skip reasons that are notes, not problems (the file is indexed, or hidden on purpose).

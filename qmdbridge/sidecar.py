@@ -132,9 +132,8 @@ class QmdSidecar:
             done.set()
 
     async def _build(self) -> MemoryBackend | None:
-        """Probe qmd (or use the cached probe) and build the backend; ``None`` with
-        ``unavailable`` set when it is missing or not runnable. The ``--version`` probe gets
-        ``limits.timeoutMs`` at most (``locate.PROBE_TIMEOUT_MS`` otherwise)."""
+        """Probe qmd (cached; at most ``limits.timeoutMs``) and build the backend; ``None`` with
+        ``unavailable`` set when it is missing or not runnable."""
         from qmdbridge.qmd.backend import QmdBackend
         from qmdbridge.qmd.locate import PROBE_TIMEOUT_MS, probe_qmd
 

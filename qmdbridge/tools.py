@@ -71,8 +71,7 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
 }
 
 
-# serve's ``sync`` request (not an agent tool: mcp does not offer it), as the protocol's
-# JSON Schema (``docs/serve-protocol.schema.json`` ``syncParams``) describes its parameters.
+# serve's ``sync`` request (no MCP tool), as docs/serve-protocol.schema.json ``syncParams`` has it.
 SYNC_SCHEMA: dict[str, Any] = {
     "name": "sync",
     "description": "Index the memory files now (force: rebuild from scratch, swapped in atomically).",
@@ -139,25 +138,24 @@ async def handle_memory_search(manager: MemoryManager, params: dict[str, Any], *
         ``{results, backend, provider, model, mode, fallback, citations, denied}`` (camelCase
         hits), or ``{results: [], disabled: true, error}`` on failure.
     """
-    if not isinstance(params, dict):
-        return {"results": [], "disabled": True, "error": "params must be an object"}
-    invalid = param_error(MEMORY_SEARCH_SCHEMA, params)
-    if invalid is not None:
-        return {"results": [], "disabled": True, "error": invalid}
-    try:
-        response = await manager.search(
-            params["query"], max_results=_number(params, "maxResults", int),
-            min_score=_number(params, "minScore", float),
-            session_key=session_key, inherited_session_keys=session_keys or (),
-            corpus=params.get("corpus"))
-    except MemorySearchError as exc:
-        if isinstance(exc, (BackendUnavailableError, IndexStoreError)):  # not the caller's fault
-            log.warning("memory_search failed: %s", exc)
-        return {"results": [], "disabled": True, "error": str(exc)}
-    except Exception as exc:  # tool edge: the agent gets an error payload, never a crash
-        log.exception("memory_search failed")
-        return {"results": [], "disabled": True, "error": f"{type(exc).__name__}: {exc}"}
-    return response.to_json_dict()
+    error = "params must be an object" if not isinstance(params, dict) else param_error(
+        MEMORY_SEARCH_SCHEMA, params)
+    if error is None:
+        try:
+            response = await manager.search(
+                params["query"], max_results=_number(params, "maxResults", int),
+                min_score=_number(params, "minScore", float),
+                session_key=session_key, inherited_session_keys=session_keys or (),
+                corpus=params.get("corpus"))
+            return response.to_json_dict()
+        except MemorySearchError as exc:
+            if isinstance(exc, (BackendUnavailableError, IndexStoreError)):  # not the caller's fault
+                log.warning("memory_search failed: %s", exc)
+            error = str(exc)
+        except Exception as exc:  # tool edge: the agent gets an error payload, never a crash
+            log.exception("memory_search failed")
+            error = f"{type(exc).__name__}: {exc}"
+    return {"results": [], "disabled": True, "error": error}
 
 
 async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> dict[str, Any]:
@@ -167,28 +165,24 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         ``{path, text, from, lines, truncated, nextFrom, missing}``, or ``{path, text: "",
         disabled: true, error, refused}`` on failure (``refused``: not a memory file).
     """
-    if not isinstance(params, dict):
-        return {"path": "", "text": "", "disabled": True, "error": "params must be an object",
-                "refused": False}
-    path = params.get("path")
-    path = path if isinstance(path, str) else ""
-    invalid = param_error(MEMORY_GET_SCHEMA, params)
-    if invalid is not None:
-        return {"path": path, "text": "", "disabled": True, "error": invalid, "refused": False}
-    try:
-        result = await manager.read_file(params["path"], from_line=_number(params, "from", int),
-                                         lines=_number(params, "lines", int),
-                                         corpus=params.get("corpus"),
-                                         from_char=_number(params, "fromChar", int))
-    except PathRefusedError as exc:
-        return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": True}
-    except MemorySearchError as exc:
-        return {"path": path, "text": "", "disabled": True, "error": str(exc), "refused": False}
-    except Exception as exc:  # tool edge
-        log.exception("memory_get failed")
-        return {"path": path, "text": "", "disabled": True, "error": f"{type(exc).__name__}: {exc}",
-                "refused": False}
-    return result.to_json_dict()
+    path = params.get("path") if isinstance(params, dict) else None
+    refused = False
+    error = "params must be an object" if not isinstance(params, dict) else param_error(
+        MEMORY_GET_SCHEMA, params)
+    if error is None:
+        try:
+            result = await manager.read_file(params["path"], from_line=_number(params, "from", int),
+                                             lines=_number(params, "lines", int),
+                                             corpus=params.get("corpus"),
+                                             from_char=_number(params, "fromChar", int))
+            return result.to_json_dict()
+        except MemorySearchError as exc:
+            error, refused = str(exc), isinstance(exc, PathRefusedError)
+        except Exception as exc:  # tool edge
+            log.exception("memory_get failed")
+            error = f"{type(exc).__name__}: {exc}"
+    return {"path": path if isinstance(path, str) else "", "text": "", "disabled": True, "error": error,
+            "refused": refused}
 
 
 async def call_tool(manager: MemoryManager, name: object, params: dict[str, Any], *,

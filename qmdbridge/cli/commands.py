@@ -60,10 +60,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _quiet_logs(args: argparse.Namespace) -> None:
-    """Keep library log records below ERROR off stderr unless ``-v``: one-shot commands
-    print what matters themselves (each config warning once, under ``-v`` too; ``serve`` and
-    ``mcp`` keep logging's default, except for the postgres connection pool's record of each
-    reconnect attempt: a search it fails is told once, by ``qmdbridge.tools``)."""
+    """Keep library records below ERROR off stderr unless ``-v`` (a command prints what matters
+    itself, config warnings once); ``serve`` and ``mcp`` keep logging's, less the postgres pool's retries."""
     import logging
 
     root = logging.getLogger()

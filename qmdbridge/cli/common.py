@@ -27,8 +27,7 @@ def emit_json(doc: Any) -> None:
 
 
 def _floats_print_alike(doc: Any) -> bool:
-    """Whether every float in ``doc`` is 0 or has ``1e-4 <= |x| < 1e16``, where
-    ``json`` and orjson write the same digits."""
+    """Whether ``json`` writes every float of ``doc`` as orjson does (0, or ``1e-4 <= |x| < 1e16``)."""
     stack = [doc]
     while stack:
         x = stack.pop()

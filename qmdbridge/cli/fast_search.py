@@ -31,8 +31,7 @@ CACHE_ENV = "QMDBRIDGE_CLI_CACHE"
 CACHE_DIR_NAME = "cli-cache"
 # Bumped when the file's fields change; an older file is not used (and rewritten).
 FORMAT = 3
-# The source files that turn a config into recorded settings and read them back (relative to
-# the folder holding both packages): a changed one makes every recorded file stale.
+# The sources that record settings and read them back (repo-relative): a change makes every record stale.
 CODE_FILES = ("qmdbridge/config.py", "qmdbridge/config_compat.py", "qmdbridge/cli/fast_search.py",
               "qmdbridge/cli/search_cache.py", "fallback/settings.py", "fallback/index/identity.py",
               "fallback/embeddings/__init__.py", "fallback/engine/in_sync.py",

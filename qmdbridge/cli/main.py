@@ -41,8 +41,7 @@ every answer fell back to the builtin engine, so the figures are not qmd's."""
 
 
 def _terminal_columns() -> int:
-    """``shutil.get_terminal_size().columns`` without importing ``shutil``: ``$COLUMNS``
-    when positive, else the terminal on stdout, else 80."""
+    """``shutil.get_terminal_size().columns`` without ``shutil``: ``$COLUMNS``, stdout's terminal, else 80."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -57,8 +56,7 @@ def _terminal_columns() -> int:
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, as wide as argparse makes it (the terminal's width minus 2). argparse
-    builds one per ``add_argument`` call, so the width is computed here without ``shutil``."""
+    """argparse's formatter at argparse's width (the terminal's minus 2), computed without ``shutil``."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
@@ -70,9 +68,7 @@ class _RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormat
     """``RawDescriptionHelpFormatter`` sized by :class:`_HelpFormatter`."""
 
 
-# argparse reads a query or path that starts with '-' as an option: it then reports the
-# positional missing or the word unrecognised. Both errors say how to pass it; everything after
-# '--' is positional, so an option put after it is unrecognised too, and the hint says where it goes.
+# argparse takes a query or path starting with '-' for an option: these errors say how to pass it.
 _DASH_SYMPTOMS = ("the following arguments are required: query", "the following arguments are required: path",
                   "unrecognized arguments: -")
 DASH_HINT = (" (a query or path that starts with '-' goes after '--', and the options before it: "
@@ -104,8 +100,7 @@ PROGRESS_HELP = "show sync progress on stderr even with --json (it shows anyway 
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: print ``qmdbridge <version>`` (the installed distribution's) and exit 0;
-    the version is looked up only when asked for."""
+    """``--version``: print ``qmdbridge <version>`` (looked up only when asked for) and exit 0."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
         super().__init__(option_strings, dest, nargs=0, help="print the version and exit")

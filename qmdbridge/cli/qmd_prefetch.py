@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_AHEAD", "ahead_limit", "breaker_healthy", "note_used", "start_prefetch"]
 
-# Calls started ahead running at once, at most (the backend's limit per search,
-# search_calls.MAX_PARALLEL_CALLS); fewer with fewer cores (ahead_limit).
+# Calls started ahead running at once, at most (search_calls.MAX_PARALLEL_CALLS; ahead_limit: cores).
 MAX_AHEAD = 4
 # The fields of the recorded "qmd" settings and their types.
 _FIELDS: dict[str, tuple[type, ...]] = {

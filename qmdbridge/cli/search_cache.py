@@ -9,6 +9,7 @@ Written after an in-process search succeeded to ``<stateDir>/cli-cache/<crc>.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -34,8 +35,7 @@ log = logging.getLogger("qmdbridge.cli")
 
 # Files kept in the cache folder (one per agent, workspace, config and flags); the oldest go.
 MAX_FILES = 64
-# A temporary file older than this (seconds) was left by a writer killed mid-write (a write
-# takes microseconds); the next recording removes it, so the folder stays bounded.
+# A temporary file older than this (seconds) was left by a killed writer: the next recording removes it.
 STALE_TEMP_S = 60
 
 
@@ -125,9 +125,8 @@ def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[
 
 
 def _config_settled(key: dict[str, Any], key_taken_ms: int | None) -> bool:
-    """Whether the config file of ``key`` last changed clearly before the key was
-    taken (not racily clean: a same-size save in that tick would keep the key); True without
-    a config file or a time."""
+    """Whether the config file of ``key`` last changed clearly before the key was taken (not
+    racily clean); True without a config file or a time."""
     path = key.get("config")
     if path is None or key.get("configStamp") is None or key_taken_ms is None:
         return True
@@ -210,7 +209,5 @@ def _prune(folder: Path, *, keep: str) -> None:
         except OSError:
             continue
     for _, name in sorted(entries, reverse=True)[MAX_FILES - 1:]:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(folder / name)
-        except FileNotFoundError:
-            pass

@@ -86,7 +86,6 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
     path = await tg.start(serve_socket, identity, handle)
     if path is not None:
         sys.stderr.write(f"qmdbridge serve: daemon socket {path}\n")
-        sys.stderr.flush()
     return path
 
 

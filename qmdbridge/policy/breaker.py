@@ -26,8 +26,7 @@ __all__ = ["CircuitBreaker", "BreakerState", "breaker_scope"]
 BASE_COOLDOWN_MS = 30_000
 # Longest cooldown, in ms: a recovered qmd is picked up again within 10 minutes at worst.
 MAX_COOLDOWN_MS = 600_000
-# A success on a closed breaker rewrites the state file at most this often (ms) while the file
-# is as this breaker last wrote it: a rename per search is costly in a long-lived process.
+# A closed breaker's success rewrites the file it last wrote at most this often, ms (a rename costs).
 SUCCESS_SAVE_INTERVAL_MS = 5_000
 
 
@@ -101,8 +100,7 @@ class CircuitBreaker:
             # the breaker is advisory: a read-only state dir must not break searches
 
     def _unchanged_since_saved(self, now_ms: int) -> bool:
-        """Whether the file is as this breaker last wrote it, with a success of less
-        than :data:`SUCCESS_SAVE_INTERVAL_MS` ago."""
+        """Whether the file is as this breaker wrote it, a success less than the save interval ago."""
         if self._saved is None or self.path is None:
             return False
         try:

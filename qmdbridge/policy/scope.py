@@ -19,8 +19,7 @@ __all__ = ["derive_chat", "evaluate_scope", "normalize_session_key", "scope_cand
 _CHAT_MARKERS = ("group", "channel", "direct", "dm")
 # The config key a denial names, so the reason says what to change.
 SCOPE_KEY = "memory.qmd.scope"
-# Channels whose ids are opaque and case-sensitive (Signal group ids are base64, Matrix room
-# ids like ``!AbC:server``): only the channel and kind parts are lower-cased.
+# Channels with opaque, case-sensitive ids (Signal's base64, Matrix's ``!AbC:server``): ids keep their case.
 _CASE_SENSITIVE_ID_CHANNELS = ("signal", "matrix")
 
 

@@ -71,8 +71,7 @@ log = logging.getLogger("qmdbridge.qmd.backend")
 # How long a search waits for a running update before it searches anyway (spec 2.7.4), ms.
 PENDING_UPDATE_WAIT_MS = 500
 
-# The search deadline ends this much (ms, at most a tenth) before limits.timeoutMs, so the
-# backend's own timeout, naming the setting, comes before the manager's backstop.
+# The search deadline ends this much (ms, at most a tenth) early: its timeout comes before the backstop.
 SEARCH_DEADLINE_MARGIN_MS = 100
 
 

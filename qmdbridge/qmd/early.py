@@ -20,8 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SEARCH_COMMANDS", "EarlyCalls"]
 
-# qmd's search commands: they read the index and change nothing, so running one does not make
-# a call started ahead stale (any other command does).
+# qmd's search commands: they change nothing, so running one leaves the calls started ahead valid.
 SEARCH_COMMANDS = ("search", "vsearch", "query")
 
 CallKey = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]

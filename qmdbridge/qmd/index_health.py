@@ -6,6 +6,7 @@ indexes; corrupt: reading it says so (docs/qmd.md, "Faults and fallback").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -92,11 +93,8 @@ def move_aside(db: Path, now_ms: int) -> Path:
     target = db.with_name(f"{db.name}.corrupt-{now_ms}")
     os.replace(db, target)
     for suffix in ("-wal", "-shm"):
-        side = db.with_name(db.name + suffix)
-        try:
-            os.replace(side, target.with_name(target.name + suffix))
-        except FileNotFoundError:
-            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(db.with_name(db.name + suffix), target.with_name(target.name + suffix))
     return target
 
 

@@ -26,8 +26,7 @@ MIN_RELAXED_CHARS = 2
 POOL_FACTOR = 4
 # qmd's SQLite busy timeout, ms, read from this variable (qmd 2.8.3: 120,000 ms by default).
 BUSY_TIMEOUT_VAR = "QMD_SQLITE_BUSY_TIMEOUT"
-# A search call's wait for a writer on qmd's index, ms: then a busy answer, retried within the
-# deadline (qmd's default would outlast it, and a timeout opens the circuit breaker).
+# A search call's wait for a writer on qmd's index, ms: a busy answer is then retried in the deadline.
 SEARCH_BUSY_TIMEOUT_MS = 250
 
 # A token that is qmd syntax: a negation at a token start (``-word``, ``-"phrase"``).

@@ -31,8 +31,7 @@ __all__ = ["RACY_NS", "Listings", "clamp_range", "file_lines", "hit_lines", "rea
 _MAX_CANDIDATES = 64
 # Most folder listings a backend keeps (then they are dropped and listed again as needed).
 _MAX_LISTINGS = 256
-# A file or folder changed less than this long ago (ns) may change again within the same
-# file-time tick without a new stamp: what was read from it is not kept.
+# What changed less than this long ago (ns) may change again in the same file-time tick: not kept.
 RACY_NS = 2_000_000_000
 # Line ends as memory_get reads them (``fallback.text.chunking.split_lines``), on bytes.
 _LINE_BREAK_BYTES = re.compile(rb"\r\n|\r|\n")

@@ -27,8 +27,7 @@ _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _NO_RESULTS_RE = re.compile(
     r"^(?:\[[^\]]*\]\s*)?(?:(?:warn|warning|info|error|qmd):\s*)*"
     r"no results found(?: above minimum score threshold| for .*)?\.?$")
-# A line that may open a result array: ``[`` then ``{`` (an object) or ``]`` (empty), so log
-# lines such as ``[node-llama-cpp] loading`` or ``[1/3]`` are never decoded.
+# A line that may open a result array (``[`` then ``{`` or ``]``): no log line like ``[1/3]``.
 _ARRAY_START_RE = re.compile(r"(?m)^[ \t]*(\[)\s*[{\]]")
 # Largest integer JSON numbers keep exactly (JavaScript's Number.MAX_SAFE_INTEGER).
 _MAX_SAFE_INT = 2**53 - 1

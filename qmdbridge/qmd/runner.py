@@ -131,10 +131,8 @@ def _freeze(pid: int) -> list[psutil.Process]:
             break
         for proc in fresh:
             found[proc.pid] = proc
-            try:
+            with contextlib.suppress(psutil.Error):
                 proc.suspend()
-            except psutil.Error:
-                continue
     return list(found.values())
 
 

@@ -94,8 +94,7 @@ def _replaying(body: bytes, more: bool, receive: Receive) -> Receive:
 
 def _request_key(session: str | None, body: bytes) -> tuple[str, str, Any] | None:
     """``(session id, request id as the SDK keys it (str), request id)`` of a POST carrying one
-    JSON-RPC request of an open session; ``None`` for anything else (no session yet, a
-    notification, a response, not JSON)."""
+    JSON-RPC request of an open session; ``None`` for anything else."""
     if not session:
         return None
     try:

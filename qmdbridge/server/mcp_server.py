@@ -52,15 +52,12 @@ INSTRUCTIONS = ("Long-term memory of this agent (Markdown notes). Use memory_sea
 
 def mcp_tools() -> list[types.Tool]:
     """The three MCP tools, their input schemas taken from :mod:`qmdbridge.tools`."""
-    search_params = copy.deepcopy(MEMORY_SEARCH_SCHEMA["parameters"])
-    search_params["properties"]["sessionKey"] = SESSION_KEY_PROPERTY
-    search_params["properties"]["sessionKeys"] = SESSION_KEYS_PROPERTY
+    search = copy.deepcopy(MEMORY_SEARCH_SCHEMA)
+    search["parameters"]["properties"].update(sessionKey=SESSION_KEY_PROPERTY, sessionKeys=SESSION_KEYS_PROPERTY)
     read_only = types.ToolAnnotations(readOnlyHint=True, openWorldHint=False)
-    return [types.Tool(name=schema["name"], description=schema["description"], inputSchema=params,
-                       annotations=read_only)
-            for schema, params in ((MEMORY_SEARCH_SCHEMA, search_params),
-                                   (MEMORY_GET_SCHEMA, copy.deepcopy(MEMORY_GET_SCHEMA["parameters"])),
-                                   (STATUS_TOOL_SCHEMA, copy.deepcopy(STATUS_TOOL_SCHEMA["parameters"])))]
+    return [types.Tool(name=schema["name"], description=schema["description"],
+                       inputSchema=copy.deepcopy(schema["parameters"]), annotations=read_only)
+            for schema in (search, MEMORY_GET_SCHEMA, STATUS_TOOL_SCHEMA)]
 
 
 def build_server(manager: MemoryManager) -> Server[Any, Any]:
@@ -115,9 +112,8 @@ class _ClosedSessionStreams(logging.Filter):
 
 
 def _route_sdk_logs(*, verbose: bool) -> None:
-    """Send the MCP SDK's log records through one handler of ours (stderr lines ``qmdbridge mcp:
-    WARNING mcp.server.transport_security: Invalid Host header: evil.example``): warnings and
-    below only with ``verbose`` (the refused client already got its 4xx), errors always."""
+    """Send the MCP SDK's log records to stderr as ``qmdbridge mcp: <level> <logger>: <message>``:
+    warnings and below only with ``verbose`` (a refused client got its 4xx), errors always."""
     sdk = logging.getLogger("mcp")
     if any(h.get_name() == SERVER_NAME for h in sdk.handlers):
         return
@@ -167,7 +163,6 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
                      + (f"qmdbridge mcp: {exposed}\n" if exposed else "")
                      + (f"qmdbridge mcp: bearer token in {token_path}\n" if token_path
                         else "qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN\n"))
-    sys.stderr.flush()
     try:
         async with sessions.run():
             try:

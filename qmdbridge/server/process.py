@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,19 +25,16 @@ def _pump_stdin(send: MemoryObjectSendStream[bytes], token: Any) -> None:
     # aborts the interpreter at shutdown.
     fd = sys.stdin.fileno()
     pending = b""
-    try:
+    # ends when stdin closes or the server shuts down
+    with contextlib.suppress(OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
         while chunk := os.read(fd, 65536):
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 anyio.from_thread.run(send.send, line + b"\n", token=token)
         if pending.strip():
             anyio.from_thread.run(send.send, pending + b"\n", token=token)
-    except (OSError, RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-        pass  # stdin closed or the server is shutting down
-    try:
+    with contextlib.suppress(RuntimeError):  # the loop is already gone
         anyio.from_thread.run_sync(send.close, token=token)
-    except RuntimeError:
-        pass  # the loop is already gone
 
 
 def stdin_lines() -> MemoryObjectReceiveStream[bytes]:
@@ -73,7 +71,6 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
                 await manager.start()
                 sys.stderr.write(f"{prog}: agent {agent.agent_id}, backend {manager.backend_name}, "
                                  f"workspace {agent.workspace_dir}\n")
-                sys.stderr.flush()
                 await body(manager, tg)
                 tg.cancel_scope.cancel()
 
@@ -81,4 +78,3 @@ async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None,
             await anyio.sleep(0)  # let the signal receiver install first
             tg.start_soon(run)
     sys.stderr.write(f"{prog}: stopped\n")
-    sys.stderr.flush()

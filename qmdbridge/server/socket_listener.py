@@ -6,6 +6,7 @@ Layout and framing: :mod:`qmdbridge.server.wire`; peer checks and binding: docs/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 import orjson
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from fallback.errors import ConfigError
 from qmdbridge.config import ResolvedAgent, load_config, normalize_agent_id, resolve_agent
@@ -145,22 +147,17 @@ async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, h
         if uid is not None and uid != os.geteuid():
             await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
             return
-        pending = bytearray()  # the line being received: grown in place, split only at a newline
+        lines = BufferedByteReceiveStream(stream)
         while True:
             try:
-                chunk = await stream.receive()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                return
-            pending += chunk
-            if b"\n" in chunk:
-                *lines, tail = pending.split(b"\n")
-                pending = tail
-                for line in lines:
-                    if line.strip():
-                        await stream.send(orjson.dumps(await _answer(bytes(line), identity, handle)) + b"\n")
-            if len(pending) > MAX_LINE_BYTES:
+                line = await lines.receive_until(b"\n", MAX_LINE_BYTES + 1)
+            except anyio.DelimiterNotFound:
                 await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
                 return
+            except (anyio.IncompleteRead, anyio.BrokenResourceError):
+                return
+            if line.strip():
+                await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
 
 
 async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) -> dict[str, Any]:
@@ -190,7 +187,6 @@ async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
         sock = _bind(path)
     except OSError as exc:
         sys.stderr.write(f"qmdbridge serve: no daemon socket: {exc}\n")
-        sys.stderr.flush()
         task_status.started(None)
         return
     mine = os.stat(path)
@@ -201,9 +197,7 @@ async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
             await listener.serve(partial(_serve_connection, identity=identity, handle=handle),
                                  task_group=tg)
     finally:
-        try:
+        with contextlib.suppress(OSError):
             now = os.stat(path)
             if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
                 os.unlink(path)
-        except OSError:
-            pass

@@ -18,7 +18,6 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import orjson
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from fallback.embeddings._http import HttpClient
 from fallback.errors import EmbeddingProviderError
@@ -348,23 +347,18 @@ class BatchRunner:
             async with limiter:
                 if failed:
                     return
-                # A job that timed out is submitted once more.
-                retrying = AsyncRetrying(
-                    stop=stop_after_attempt(2), reraise=True,
-                    retry=retry_if_exception(lambda exc: isinstance(exc, EmbeddingProviderError)
-                                             and "timed out" in str(exc)))
-                attempts = 0
-                try:
-                    async for attempt in retrying:
-                        attempts = attempt.retry_state.attempt_number
-                        with attempt:
-                            vectors.update(await run_batch_job(
-                                self.jobs, group, wait=self.settings.wait,
-                                poll_interval_s=self.settings.poll_interval_ms / 1000,
-                                timeout_s=self.settings.timeout_minutes * 60))
-                except EmbeddingProviderError as exc:
-                    failed.append((exc, attempts))
-                    tg.cancel_scope.cancel()
+                for attempt in (1, 2):  # a job that timed out is submitted once more
+                    try:
+                        vectors.update(await run_batch_job(
+                            self.jobs, group, wait=self.settings.wait,
+                            poll_interval_s=self.settings.poll_interval_ms / 1000,
+                            timeout_s=self.settings.timeout_minutes * 60))
+                        return
+                    except EmbeddingProviderError as exc:
+                        if attempt == 2 or "timed out" not in str(exc):
+                            failed.append((exc, attempt))
+                            tg.cancel_scope.cancel()
+                            return
 
         async with anyio.create_task_group() as tg:
             for group in groups:

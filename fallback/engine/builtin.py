@@ -201,11 +201,7 @@ class BuiltinEngine:
         if self._live is not None:
             return
         from fallback.engine.live import LiveSync
-        self._live = LiveSync(self, session_batch_ms=self.session_batch_ms,
-                              rescan_interval_ms=self.rescan_interval_ms,
-                              force_polling=self.watch_force_polling,
-                              poll_interval_s=self.watch_poll_interval_s,
-                              watch_health_check_ms=self.watch_health_check_ms)
+        self._live = LiveSync(self)
         await self._live.start(tasks.subgroup("builtin"))
 
     def warm_session(self, session_key: str | None) -> None:

@@ -16,7 +16,7 @@ import anyio
 
 from fallback.background import BackgroundTasks
 from fallback.sources.transcripts import SessionDeltaTracker
-from fallback.sources.watcher import HEALTH_CHECK_MS, RESCAN_MARKER
+from fallback.sources.watcher import RESCAN_MARKER
 from fallback.text.counts import counted
 
 if TYPE_CHECKING:
@@ -40,27 +40,13 @@ class LiveSnapshot:
 
 
 class LiveSync:
-    """Background freshness for one engine.
+    """Background freshness for ``engine``, timed by its live-mode attributes
+    (``session_batch_ms``, ``rescan_interval_ms``, ``watch_*``)."""
 
-    Args:
-        engine: the engine to keep fresh.
-        session_batch_ms: transcript event batch window in ms (spec: 5,000).
-        rescan_interval_ms: period of the safety-net rescan in ms (0 = off).
-        force_polling: start the watcher with watchdog's polling observer.
-        poll_interval_s: polling observer period in seconds.
-        watch_health_check_ms: period of the watcher loop's own health check in ms.
-    """
-
-    def __init__(self, engine: BuiltinEngine, *, session_batch_ms: int = 5000,
-                 rescan_interval_ms: int = 300_000, force_polling: bool = False,
-                 poll_interval_s: float = 1.0,
-                 watch_health_check_ms: int = HEALTH_CHECK_MS) -> None:
+    def __init__(self, engine: BuiltinEngine) -> None:
         self._engine = engine
-        self.session_batch_ms = max(0, session_batch_ms)
-        self.rescan_interval_ms = max(0, rescan_interval_ms)
-        self.force_polling = force_polling
-        self.poll_interval_s = poll_interval_s
-        self.watch_health_check_ms = watch_health_check_ms
+        self.session_batch_ms = max(0, engine.session_batch_ms)
+        self.rescan_interval_ms = max(0, engine.rescan_interval_ms)
         sync = engine.settings.search.sync
         self.tracker = SessionDeltaTracker(sync.sessions.delta_bytes, sync.sessions.delta_messages)
         self.watcher: MemoryWatcher | None = None
@@ -105,9 +91,10 @@ class LiveSync:
                 extra_paths=settings.search.extra_paths,
                 sessions_dir=sessions_dir, on_change=self._on_change,
                 debounce_ms=sync.watch_debounce_ms,
-                force_polling=self.force_polling, poll_interval_s=self.poll_interval_s,
+                force_polling=self._engine.watch_force_polling,
+                poll_interval_s=self._engine.watch_poll_interval_s,
                 retry=tasks.policy, on_error=self._watch_failed,
-                health_check_ms=self.watch_health_check_ms)
+                health_check_ms=self._engine.watch_health_check_ms)
             try:
                 await tasks.start("file watcher", self.watcher.run)
             except OSError as exc:

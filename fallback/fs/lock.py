@@ -20,22 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from fallback.errors import LockTimeoutError
 
@@ -49,10 +41,6 @@ __all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLoc
 BACKOFF_INITIAL_S = 0.01
 BACKOFF_MAX_S = 0.25
 BACKOFF_JITTER_S = 0.05
-
-
-class _Busy(Exception):
-    """One non-blocking attempt found the lock held elsewhere (tenacity retries on it)."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -74,16 +62,14 @@ def _record_pid(fd: int) -> None:
         os.write(fd, f"{os.getpid()}\n".encode())
 
 
-def _backoff_within(budget_s: float) -> Callable[[RetryCallState], float]:
-    """Tenacity wait: the jittered exponential backoff, never past the end of ``budget_s``."""
-    backoff = wait_exponential(multiplier=BACKOFF_INITIAL_S, max=BACKOFF_MAX_S) + \
-        wait_random(0, BACKOFF_JITTER_S)
-
-    def wait(state: RetryCallState) -> float:
-        left = budget_s - (state.seconds_since_start or 0.0)
-        return max(0.0, min(left, backoff(state)))
-
-    return wait
+def _backoff_s(budget_ms: int) -> Iterator[float]:
+    """The sleeps between attempts, in seconds: doubling from :data:`BACKOFF_INITIAL_S` up to
+    :data:`BACKOFF_MAX_S` plus jitter, the last one ending at the budget (none for 0 ms)."""
+    deadline = time.monotonic() + budget_ms / 1000
+    delay = BACKOFF_INITIAL_S
+    while (left := deadline - time.monotonic()) > 0:
+        yield min(left, delay + random.uniform(0, BACKOFF_JITTER_S))
+        delay = min(2 * delay, BACKOFF_MAX_S)
 
 
 class PidFileLock:
@@ -183,18 +169,6 @@ class PidFileLock:
             return None
         return int(text) if text.isdigit() and _pid_alive(int(text)) else None
 
-    def _attempt(self) -> None:
-        if not self.try_acquire():
-            raise _Busy
-
-    async def _attempt_async(self) -> None:
-        self._attempt()
-
-    def _policy(self, budget_ms: int) -> dict[str, Any]:
-        budget_s = budget_ms / 1000
-        return {"stop": stop_after_delay(budget_s), "wait": _backoff_within(budget_s),
-                "retry": retry_if_exception_type(_Busy), "reraise": True}
-
     def acquire_blocking(self, *, timeout_ms: int | None = None) -> None:
         """Acquire from a worker thread: attempts with backoff (``time.sleep``) up to a budget.
 
@@ -206,10 +180,12 @@ class PidFileLock:
             OSError: the lock file cannot be opened (or the subclass's :meth:`open_error`).
         """
         budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        try:
-            Retrying(sleep=time.sleep, **self._policy(budget_ms))(self._attempt)
-        except _Busy:
-            raise self.timeout_error(budget_ms) from None
+        for wait_s in _backoff_s(budget_ms):
+            if self.try_acquire():
+                return
+            time.sleep(wait_s)
+        if not self.try_acquire():  # the last attempt, at the end of the budget
+            raise self.timeout_error(budget_ms)
 
     async def acquire(self, *, timeout_ms: int | None = None) -> None:
         """Acquire without blocking the event loop: attempts with backoff (``anyio.sleep``).
@@ -222,10 +198,12 @@ class PidFileLock:
             OSError: as :meth:`acquire_blocking`.
         """
         budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        try:
-            await AsyncRetrying(sleep=anyio.sleep, **self._policy(budget_ms))(self._attempt_async)
-        except _Busy:
-            raise self.timeout_error(budget_ms) from None
+        for wait_s in _backoff_s(budget_ms):
+            if self.try_acquire():
+                return
+            await anyio.sleep(wait_s)
+        if not self.try_acquire():
+            raise self.timeout_error(budget_ms)
 
     @contextlib.contextmanager
     def hold_blocking(self) -> Iterator[None]:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from fallback.embeddings._http import HttpClient
 from fallback.embeddings.base import retry_wait_s
@@ -192,23 +191,16 @@ class HttpReranker:
             raise RerankerError(self.provider_id, self._unavailable)
         payload = {"model": self.model, "query": query, "documents": documents,
                    "top_n": len(documents)}
-
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
-            return retry_wait_s(state.attempt_number, retry_after_s=after, base_s=HTTP_RETRY_BASE_S)
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(HTTP_RETRY_ATTEMPTS), wait=wait, sleep=anyio.sleep,
-            retry=retry_if_exception(lambda e: isinstance(e, EmbeddingProviderError) and e.retryable),
-            reraise=True)
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    body = await self._http.post_json("/v1/rerank", payload)
-        except EmbeddingProviderError as exc:
-            reason = f"HTTP {exc.status}: {exc.detail}" if exc.status is not None else exc.detail
-            raise RerankerError(self.provider_id, reason, status=exc.status) from exc
+        for attempt in range(1, HTTP_RETRY_ATTEMPTS + 1):
+            try:
+                body = await self._http.post_json("/v1/rerank", payload)
+                break
+            except EmbeddingProviderError as exc:
+                if not exc.retryable or attempt == HTTP_RETRY_ATTEMPTS:
+                    reason = f"HTTP {exc.status}: {exc.detail}" if exc.status is not None else exc.detail
+                    raise RerankerError(self.provider_id, reason, status=exc.status) from exc
+                await anyio.sleep(retry_wait_s(attempt, retry_after_s=exc.retry_after_s,
+                                               base_s=HTTP_RETRY_BASE_S))
         return parse_rerank_response(body, len(documents), provider=self.provider_id)
 
     async def aclose(self) -> None:

@@ -20,7 +20,9 @@ Source: result code values and meanings from SQLite's "Result and Error Codes"
 from __future__ import annotations
 
 import contextlib
+import random
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -29,8 +31,8 @@ from typing import TypeVar
 from fallback.errors import IndexStoreError
 
 __all__ = ["ERROR_TABLE", "IndexStoreCorruptError", "IndexStoreFullError", "IndexStoreLockedError",
-           "IndexStoreReadOnlyError", "code_kind", "error_kind", "is_locked", "is_sqlite_error",
-           "result_code", "retry_locked", "store_error", "translate_errors"]
+           "IndexStoreReadOnlyError", "code_kind", "error_kind", "is_locked", "result_code",
+           "retry_locked", "store_error", "translate_errors"]
 
 
 class IndexStoreLockedError(IndexStoreError):
@@ -92,11 +94,6 @@ ERROR_TABLE: Mapping[int, tuple[type[IndexStoreError], str]] = MappingProxyType(
 _GENERIC = (IndexStoreError, "error")
 
 
-def is_sqlite_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``sqlite3.Error`` (the store is opened through no other library)."""
-    return isinstance(exc, sqlite3.Error)
-
-
 def result_code(exc: BaseException) -> int | None:
     """The SQLite extended result code of a ``sqlite3`` exception (``sqlite_errorcode``), or
     None when it carries none (or a negative one)."""
@@ -121,7 +118,7 @@ def error_kind(exc: BaseException) -> tuple[type[IndexStoreError], str]:
 
 def is_locked(exc: BaseException) -> bool:
     """Whether ``exc`` is a SQLite exception that maps to :class:`IndexStoreLockedError`."""
-    return is_sqlite_error(exc) and issubclass(error_kind(exc)[0], IndexStoreLockedError)
+    return isinstance(exc, sqlite3.Error) and issubclass(error_kind(exc)[0], IndexStoreLockedError)
 
 
 def store_error(exc: BaseException, db_path: Path | str | None) -> IndexStoreError:
@@ -143,7 +140,7 @@ def translate_errors(db_path: Path | str | None) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        if not is_sqlite_error(exc):
+        if not isinstance(exc, sqlite3.Error):
             raise
         raise store_error(exc, db_path) from exc
 
@@ -153,29 +150,19 @@ _T = TypeVar("_T")
 
 def retry_locked(fn: Callable[[], _T], *, attempts: int, on_retry: Callable[[], None]) -> _T:
     """Call ``fn``; retry it while it raises a locked error (:func:`is_locked`), at most
-    ``attempts`` calls in all, with random exponential backoff (20 ms up to 250 ms). The first
-    call runs bare: the retry loop is built only after a locked error.
+    ``attempts`` calls in all, each retry after ``on_retry()`` and a random exponential
+    backoff (up to 20 ms doubling, at most 250 ms).
 
     Raises:
         whatever ``fn`` raised last (a locked error once the attempts are spent).
     """
-    try:
-        return fn()
-    except Exception as exc:
-        if attempts <= 1 or not is_locked(exc):
-            raise
-        first: Exception | None = exc
-    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
-
-    def again() -> _T:
-        nonlocal first
-        if first is not None:  # the bare call's failure is the loop's first attempt
-            failed, first = first, None
-            raise failed
-        return fn()
-
-    retrying = Retrying(retry=retry_if_exception(is_locked),
-                        stop=stop_after_attempt(max(1, attempts)),
-                        wait=wait_random_exponential(multiplier=0.02, max=0.25),
-                        before_sleep=lambda _state: on_retry(), reraise=True)
-    return retrying(again)
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt >= attempts or not is_locked(exc):
+                raise
+        on_retry()
+        time.sleep(random.uniform(0, min(0.25, 0.02 * 2 ** (attempt - 1))))
+        attempt += 1

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import anyio
 import anyio.abc
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from fallback.errors import EmbeddingDimensionsError, EmbeddingProviderError
 
@@ -314,39 +313,30 @@ class BaseProvider:
 
     async def _with_retry(self, call: Callable[[T_in], Awaitable[T_out]], arg: T_in, *, kind: str,
                           timeout_s: float) -> T_out:
-        """One request with retries within the caller's deadline; a timed-out request is not
-        retried (the next sync tries again)."""
+        """One request with retries (:func:`retry_wait_s`) within the caller's deadline; a
+        timed-out request is not retried (the next sync tries again), nor one whose Retry-After
+        passes the 8 s cap (calls then fail at once until it ends)."""
         self._check_not_rate_limited()
-
-        def wait(state: RetryCallState) -> float:
-            exc = state.outcome.exception() if state.outcome else None
-            after = exc.retry_after_s if isinstance(exc, EmbeddingProviderError) else None
-            if isinstance(exc, EmbeddingProviderError) and after is not None and after > RETRY_MAX_S:
-                self._rate_limit = (time.monotonic() + after, exc)
-                return after  # past the cap: stop() gives up instead of sleeping
-            return retry_wait_s(state.attempt_number, retry_after_s=after,
-                                base_s=self.policy.retry_base_s)
-
-        def stop(state: RetryCallState) -> bool:
-            sleep = state.upcoming_sleep
-            left = anyio.current_effective_deadline() - anyio.current_time()
-            return (state.attempt_number >= max(1, self.policy.retry_attempts)
-                    or sleep > RETRY_MAX_S or sleep >= left)
-
-        retrying = AsyncRetrying(
-            stop=stop, wait=wait, sleep=anyio.sleep, reraise=True,
-            retry=retry_if_exception(lambda exc: isinstance(exc, EmbeddingProviderError) and exc.retryable))
-        async for attempt in retrying:
-            with attempt:
-                try:
-                    with anyio.fail_after(timeout_s):
-                        return await call(arg)
-                except TimeoutError as exc:
-                    raise EmbeddingProviderError(
-                        self.provider_id,
-                        f"memory embeddings {kind} timed out after {timeout_s:g}s",
-                        retryable=False) from exc
-        raise AssertionError("unreachable: tenacity re-raises the last error")
+        attempt = 1
+        while True:
+            try:
+                with anyio.fail_after(timeout_s):
+                    return await call(arg)
+            except TimeoutError as exc:
+                raise EmbeddingProviderError(
+                    self.provider_id, f"memory embeddings {kind} timed out after {timeout_s:g}s",
+                    retryable=False) from exc
+            except EmbeddingProviderError as exc:
+                after = exc.retry_after_s
+                if exc.retryable and after is not None and after > RETRY_MAX_S:
+                    self._rate_limit = (time.monotonic() + after, exc)
+                    raise
+                wait_s = retry_wait_s(attempt, retry_after_s=after, base_s=self.policy.retry_base_s)
+                left = anyio.current_effective_deadline() - anyio.current_time()
+                if not exc.retryable or attempt >= self.policy.retry_attempts or wait_s >= left:
+                    raise
+            await anyio.sleep(wait_s)
+            attempt += 1
 
     def _check(self, vectors: list[list[float]], *, count: int | None = None) -> list[list[float]]:
         """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``.

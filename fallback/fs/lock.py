@@ -34,7 +34,7 @@ from fallback.errors import LockTimeoutError
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
-__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock"]
+__all__ = ["BACKOFF_INITIAL_S", "BACKOFF_JITTER_S", "BACKOFF_MAX_S", "PidFileLock", "backoff_s"]
 
 # Backoff between non-blocking attempts, in seconds: doubling, capped, plus jitter so two
 # waiters do not retry in lockstep.
@@ -62,14 +62,17 @@ def _record_pid(fd: int) -> None:
         os.write(fd, f"{os.getpid()}\n".encode())
 
 
-def _backoff_s(budget_ms: int) -> Iterator[float]:
-    """The sleeps between attempts, in seconds: doubling from :data:`BACKOFF_INITIAL_S` up to
-    :data:`BACKOFF_MAX_S` plus jitter, the last one ending at the budget (none for 0 ms)."""
+def backoff_s(budget_ms: int, *, initial_s: float = BACKOFF_INITIAL_S, max_s: float = BACKOFF_MAX_S,
+              jitter_s: float = BACKOFF_JITTER_S) -> Iterator[float]:
+    """The sleeps between attempts to get something another process holds, in seconds:
+    ``initial_s`` doubling up to ``max_s``, plus up to ``jitter_s``, the last one ending at
+    ``budget_ms`` from the first ``next()`` (none for a budget of 0 ms). The caller attempts
+    before each sleep, and once more after the last."""
     deadline = time.monotonic() + budget_ms / 1000
-    delay = BACKOFF_INITIAL_S
+    delay = initial_s
     while (left := deadline - time.monotonic()) > 0:
-        yield min(left, delay + random.uniform(0, BACKOFF_JITTER_S))
-        delay = min(2 * delay, BACKOFF_MAX_S)
+        yield min(left, delay + random.uniform(0, jitter_s))
+        delay = min(2 * delay, max_s)
 
 
 class PidFileLock:
@@ -180,7 +183,7 @@ class PidFileLock:
             OSError: the lock file cannot be opened (or the subclass's :meth:`open_error`).
         """
         budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in _backoff_s(budget_ms):
+        for wait_s in backoff_s(budget_ms):
             if self.try_acquire():
                 return
             time.sleep(wait_s)
@@ -198,7 +201,7 @@ class PidFileLock:
             OSError: as :meth:`acquire_blocking`.
         """
         budget_ms = self.timeout_ms if timeout_ms is None else timeout_ms
-        for wait_s in _backoff_s(budget_ms):
+        for wait_s in backoff_s(budget_ms):
             if self.try_acquire():
                 return
             await anyio.sleep(wait_s)

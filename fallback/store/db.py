@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from fallback.errors import IndexStoreError
+from fallback.fs.lock import backoff_s
 from fallback.store.errors import (
     IndexStoreCorruptError,
     IndexStoreLockedError,
@@ -58,10 +58,6 @@ DEFAULT_SWAP_WAIT_MS = 10_000
 WAL_SIZE_LIMIT_BYTES = 16 * 1024 * 1024
 # Opens retried when the file at the path changes while it is being opened.
 _OPEN_ATTEMPTS = 3
-
-
-class _SwapPending(Exception):
-    """Internal: the store file is missing while another process publishes a rebuild."""
 
 
 @dataclass
@@ -142,30 +138,26 @@ class Store(MetaReads):
             return
         if self.path.exists() and not has_leftovers(self.path) and self._connect_existing():
             return
-        def open_once() -> None:
+        def open_once() -> bool:
             if lock.try_acquire():
                 try:
                     recover_db_files(self.path)
                     self._connect(create=True)
                 finally:
                     lock.release()
-                return
-            if self.path.exists() and self._connect_existing():
-                return  # any leftovers belong to the live writer
-            raise _SwapPending
+                return True
+            return self.path.exists() and self._connect_existing()  # leftovers: the writer's
 
         # Another process holds the writer lock and the file is missing: it is publishing a
         # rebuild. Poll (10 ms doubling to 200 ms) until the file is back.
-        waiting = Retrying(retry=retry_if_exception_type(_SwapPending),
-                           stop=stop_after_delay(self._swap_wait_ms / 1000),
-                           wait=wait_exponential(multiplier=0.01, max=0.2), reraise=True)
-        try:
-            waiting(open_once)
-        except _SwapPending:
+        for wait_s in backoff_s(self._swap_wait_ms, initial_s=0.01, max_s=0.2, jitter_s=0):
+            if open_once():
+                return
+            time.sleep(wait_s)
+        if not open_once():
             raise IndexStoreError(
                 "index store is missing while another process holds the writer lock"
-                f" (a swap did not finish within {self._swap_wait_ms} ms)",
-                db_path=str(self.path)) from None
+                f" (a swap did not finish within {self._swap_wait_ms} ms)", db_path=str(self.path))
 
     def _connect_existing(self) -> bool:
         """Open the existing file (``mode=rw``); False when it vanished meanwhile (a swap).

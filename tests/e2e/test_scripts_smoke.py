@@ -145,7 +145,8 @@ def test_bench_watch_quick() -> None:
     assert rows["watcher listing (skip list, depth, lstat)"]["unit"] == "ms CPU"
 
 
-def test_bench_keyword_quick(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flags", "unit"), [((), "ms"), (("--cpu",), "ms CPU")])
+def test_bench_keyword_quick(tmp_path: Path, flags: tuple[str, ...], unit: str) -> None:
     # A made-up conversation in the LoCoMo layout (the real data is read from shared/ only).
     conv = {
         "speaker_a": "Ann", "speaker_b": "Bob",
@@ -158,12 +159,13 @@ def test_bench_keyword_quick(tmp_path: Path) -> None:
                {"question": "What did Ann make?", "evidence": ["D2:1"], "category": 4}],
     }
     (tmp_path / "conv-x.json").write_text(json.dumps(conv), encoding="utf-8")
-    doc = run_script(str(SCRIPTS / "bench_keyword.py"), "--quick", "--json", "--data", str(tmp_path),
-                     "--files", "5", timeout_s=180)
+    doc = run_script(str(SCRIPTS / "bench_keyword.py"), "--quick", "--json", *flags, "--data",
+                     str(tmp_path), "--files", "5", timeout_s=180)
     assert doc["title"] == "bench_keyword"
     rows = {(r["section"], r["name"]): r for r in doc["rows"]}
     locomo = rows[("locomo conv-x", "keyword search p50")]
-    assert locomo["value"] > 0 and locomo["unit"] == "ms"
+    assert locomo["value"] > 0 and locomo["unit"] == unit
+    assert rows[("locomo conv-x", "manager search p50 (BlockingMemoryManager)")]["unit"] == unit
     assert rows[("locomo conv-x", "full index (keyword-only)")]["note"] == "2 chunks, 2 queries"
     assert rows[("corpus 5x20000", "bare FTS5 query p50")]["value"] > 0
     assert rows[("locomo conv-x", "its SQL statements p50")]["value"] > 0

@@ -435,7 +435,7 @@ class BuiltinEngine:
                                    candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
                                    floor=floor, half_life_days=decay.half_life_days if decay.enabled
                                    else None, now_ms=self._now_ms())
-            return [MemorySearchResult(**vars(h)) for h in found.hits]  # as the pipeline does
+            return [MemorySearchResult(**h._asdict()) for h in found.hits]  # as the pipeline does
 
         shared = self._shared_scopes(srcs)
         if not shared:

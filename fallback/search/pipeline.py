@@ -140,7 +140,7 @@ class Searcher:
             partial(hit_snippets, store, text, hits, plan=self._plan))
         explains: list[HitExplain | None] = (list(self.trace.hits) if self.trace
                                               else [None] * len(hits))
-        results = [MemorySearchResult(**vars(Hit.of(c, s)), explain=e,
+        results = [MemorySearchResult(**Hit.of(c, s)._asdict(), explain=e,
                                       vector_score=None if provider is None else c.vector_score)
                    for c, s, e in zip(hits, snippets, explains, strict=True)]
         return SearchOutcome(results=results, warnings=list(self.warnings), mode=self.mode)

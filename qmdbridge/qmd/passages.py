@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fallback.errors import IndexStoreError
@@ -133,6 +133,6 @@ def rank_passages(question: str, notes: Sequence[Note], *, tokens: int, overlap:
         return Ranking([], set(), set())
     finally:
         store.close()
-    passages = [replace(h, path=notes[int(h.path)].path, source=notes[int(h.path)].source)
+    passages = [h._replace(path=notes[int(h.path)].path, source=notes[int(h.path)].source)
                 for h in found.hits]
     return Ranking(passages, {int(p) for p in found.ranked_paths}, pooled)

@@ -3,7 +3,6 @@ every reason an engine sync would change the index is seen, and the answer is th
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sqlite3
 import time
@@ -113,11 +112,11 @@ async def test_the_answer_is_the_engines(ws: Path, search: dict[str, Any]) -> No
         plain = _in_sync(settings)
         assert stale_reason(store, plain) is None
         for q in QUERIES:
-            got = [dataclasses.asdict(h) for h in search_in_sync(store, plain, q, now_ms=NOW_MS)]
+            got = [h._asdict() for h in search_in_sync(store, plain, q, now_ms=NOW_MS)]
             assert got == [{k: v for k, v in r.items() if k not in ("citation", "vector_score",
                                                                        "explain")}
                            for r in expected[q]], q
-        got = [dataclasses.asdict(h) for h in
+        got = [h._asdict() for h in
                search_in_sync(store, plain, "router", max_results=1, min_score=0.0, now_ms=NOW_MS)]
         assert len(got) == 1 and got[0]["path"] == limited[0]["path"]
         assert got[0]["score"] == limited[0]["score"]

@@ -164,13 +164,11 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
 async def _status(agent: Any, args: argparse.Namespace) -> int:
     from qmdbridge.cli.render import print_answer
     from qmdbridge.manager import require_workspace
-    from qmdbridge.problems import status_problems
 
     require_workspace(agent.workspace_dir)  # without one, status must not create an index store
     async with _manager(agent, args) as m:
         st = await m.status()
-    doc = st.to_json_dict()
-    return print_answer(args, {**doc, "problems": status_problems(doc)}, served_by="process")
+    return print_answer(args, st.to_json_dict(), served_by="process")
 
 
 async def _index(agent: Any, args: argparse.Namespace) -> int:

@@ -125,10 +125,6 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
         return EXIT_REFUSED
     if result.get("disabled") or (args.command == "get" and result.get("missing")):
         return None  # in-process gives the exact message and exit code (a missing file exits 4)
-    if args.command == "status":
-        from qmdbridge.problems import status_problems
-
-        result = {**result, "problems": status_problems(result)}
     from qmdbridge.cli.render import print_answer
 
     print_config_warnings(config_warnings or ())

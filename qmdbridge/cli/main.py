@@ -145,8 +145,11 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
-    if only in (None, "search"):
-        p = sub.add_parser("search", help="search memory (memory_search)", epilog=EPILOG)
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser | None:
+        """Command ``name``'s sub-parser (epilog :data:`EPILOG` unless given), or ``None``: not ``only``."""
+        return sub.add_parser(name, **{"epilog": EPILOG, **kwargs}) if only in (None, name) else None
+
+    if p := add("search", help="search memory (memory_search)"):
         p.add_argument("query", help="what to look for (one that starts with '-' goes after '--': "
                                      "qmdbridge search -- -flag)")
         p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
@@ -159,10 +162,8 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
                        help="show how each hit was ranked: keyword (BM25) and vector (cosine) sides, "
                             "fusion, decay, rerank, MMR, floor (builtin engine)")
         p.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
-        _common(p)
 
-    if only in (None, "get"):
-        p = sub.add_parser("get", help="read a memory file or a line range (memory_get)", epilog=EPILOG)
+    if p := add("get", help="read a memory file or a line range (memory_get)"):
         p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md (one that starts "
                                     "with '-' goes after '--')")
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
@@ -173,44 +174,29 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         p.add_argument("--corpus", choices=["memory", "wiki", "all"],
                        help="all (default) reads memory files and session transcripts, memory only memory "
                             "files; no wiki corpus is configured")
-        _common(p)
 
-    if only in (None, "status"):
-        p = sub.add_parser("status", help="index and backend health", epilog=EPILOG)
-        _common(p)
-
-    if only in (None, "index"):
-        p = sub.add_parser("index", help="sync the index (--force: full rebuild, swapped in atomically)",
-                           epilog=EPILOG)
+    add("status", help="index and backend health")
+    if p := add("index", help="sync the index (--force: full rebuild, swapped in atomically)"):
         p.add_argument("--force", action="store_true", help="rebuild from scratch")
         p.add_argument("--progress", action="store_true", help=PROGRESS_HELP)
-        _common(p)
 
-    if only in (None, "qmd"):
-        p = sub.add_parser("qmd", help="operate the agent's qmd sidecar", epilog=EPILOG)
+    if p := add("qmd", help="operate the agent's qmd sidecar"):
         p.add_argument("action", choices=["update", "embed", "collections"],
                        help="update: re-index files; embed: compute vectors; collections: reconcile and list")
-        _common(p)
 
-    if only in (None, "warmup"):
-        p = sub.add_parser("warmup", help="pre-warm qmd's GGUF models in the agent's qmd home", epilog=EPILOG)
-        _common(p)
-
-    if only in (None, "serve"):
-        p = sub.add_parser("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
-                           description="Answer memory_search, memory_get, status and sync requests: one JSON\n"
-                           "object per line on stdin, one answer per line on stdout.\n"
-                           "Protocol (shapes, errors, ready signal, ordering, concurrency):\n"
-                           "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json",
-                           epilog=EPILOG, formatter_class=_RawDescriptionFormatter)
+    add("warmup", help="pre-warm qmd's GGUF models in the agent's qmd home")
+    if p := add("serve", help="run the long-lived sidecar (timers, watchers, JSON-lines tool calls on stdin)",
+                description="Answer memory_search, memory_get, status and sync requests: one JSON\n"
+                "object per line on stdin, one answer per line on stdout.\n"
+                "Protocol (shapes, errors, ready signal, ordering, concurrency):\n"
+                "  docs/serve-protocol.md, JSON Schema docs/serve-protocol.schema.json",
+                formatter_class=_RawDescriptionFormatter):
         p.add_argument("--no-stdin", action="store_true", help="do not read tool calls from stdin; run until a signal")
         p.add_argument("--no-socket", action="store_true",
                        help="do not listen on the daemon socket (<stateDir>/daemon/<agentId>.sock)")
-        _common(p)
 
-    if only in (None, "mcp"):
-        p = sub.add_parser("mcp", help="serve memory_search / memory_get / status over MCP (stdio, or --http)",
-                           epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=_RawDescriptionFormatter)
+    if p := add("mcp", help="serve memory_search / memory_get / status over MCP (stdio, or --http)",
+                epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=_RawDescriptionFormatter):
         p.add_argument("--http", action="store_true", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio")
         p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
         p.add_argument("--port", type=int, default=DEFAULT_MCP_PORT, metavar="N",
@@ -219,31 +205,24 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
                        help="HTTP: cancel a request not answered within SECONDS (default 300)")
         p.add_argument("--session-idle", type=float, default=1800.0, metavar="SECONDS",
                        help="HTTP: close a session with no request for SECONDS (default 1800; 0: never)")
-        _common(p)
 
-    if only in (None, "doctor"):
-        p = sub.add_parser("doctor", help="check the workspace, qmd, SQLite features, the provider and the index",
-                           epilog=EPILOG)
+    if p := add("doctor", help="check the workspace, qmd, SQLite features, the provider and the index"):
         p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
-        _common(p)
 
-    if only in (None, "models"):
-        p = sub.add_parser("models", help="download (pull) or list the local embedding models",
-                           description="pull: download a GGUF embedding model into the model cache "
-                           "(<stateDir>/models) ahead of first use, checksum-verified; NAME is a known model "
-                           "(bge-small-en-v1.5, the default) or hf:<owner>/<repo>/<file>.gguf (default: "
-                           "local.modelPath when it is an hf: URI, else the default model). list: the cached "
-                           "models and partial downloads.", epilog=EPILOG)
+    if p := add("models", help="download (pull) or list the local embedding models",
+                description="pull: download a GGUF embedding model into the model cache "
+                "(<stateDir>/models) ahead of first use, checksum-verified; NAME is a known model "
+                "(bge-small-en-v1.5, the default) or hf:<owner>/<repo>/<file>.gguf (default: "
+                "local.modelPath when it is an hf: URI, else the default model). list: the cached "
+                "models and partial downloads."):
         p.add_argument("action", choices=["pull", "list"], help="pull: download; list: show the cache")
         p.add_argument("name", nargs="?", metavar="NAME", help="model name or hf: URI (pull)")
-        _common(p)
 
-    if only in (None, "eval"):
-        p = sub.add_parser("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
-                           description="Index into a throw-away store (nothing is left behind), search "
-                           "every question through the builtin engine (or qmd, --backend qmd) and print "
-                           "R@1/3/5/10, file R@5/10, snippet R@5, R@5 per category, lines per hit and search "
-                           "latency p50/p95.", epilog=EVAL_EPILOG)
+    if p := add("eval", help="measure recall of memory_search (LoCoMo or a JSONL query set)",
+                description="Index into a throw-away store (nothing is left behind), search "
+                "every question through the builtin engine (or qmd, --backend qmd) and print "
+                "R@1/3/5/10, file R@5/10, snippet R@5, R@5 per category, lines per hit and search "
+                "latency p50/p95.", epilog=EVAL_EPILOG):
         src = p.add_mutually_exclusive_group(required=True)
         src.add_argument("--locomo", metavar="PATH",
                          help="a LoCoMo *.json file or a folder of them (one workspace per conversation)")
@@ -278,7 +257,10 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         p.add_argument("--config", metavar="FILE", type=_path_arg, help="OpenClaw JSON5 config file")
         p.add_argument("--json", action="store_true", help="print one JSON document on stdout")
         p.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
-    for command_parser in sub.choices.values():
+
+    for name, command_parser in sub.choices.items():
+        if name != "eval":  # its own options (above)
+            _common(command_parser)
         command_parser.json_errors = json_errors
     return parser
 

@@ -32,10 +32,14 @@ def keyword_notice(provider: str) -> bool:
 
 
 def print_answer(args: Any, doc: dict[str, Any], *, served_by: str, keyword_notice: bool = True) -> int:
-    """Print a ``search`` / ``get`` / ``status`` answer as every route prints it: ``doc`` with
-    ``servedBy`` under ``--json``, else as text (a status ``doc`` holds its ``problems``); exit 0."""
+    """Print a ``search`` / ``get`` / ``status`` answer as every route prints it: ``doc`` (a
+    status with its ``problems`` added) with ``servedBy`` under ``--json``, else as text; exit 0."""
     from qmdbridge.cli.common import EXIT_OK, emit_plain_json
 
+    if args.command == "status":
+        from qmdbridge.problems import status_problems
+
+        doc = {**doc, "problems": status_problems(doc)}
     if args.json:
         emit_plain_json({**doc, "servedBy": served_by})
     elif args.command == "search":

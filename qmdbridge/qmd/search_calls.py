@@ -39,6 +39,7 @@ from qmdbridge.qmd.runner import (
     is_missing_collection,
     is_vector_module_missing,
 )
+from qmdbridge.qmd.streams import DEFAULT_MAX_CHARS
 
 __all__ = ["BUSY_ATTEMPTS", "MAX_PARALLEL_CALLS", "SEARCH_TIMEOUT_SETTING", "VEC0_HINT", "CallPlan",
            "FlagRejected", "MissingCollection", "VectorModuleMissing", "WarmSearch", "probe_search",
@@ -206,7 +207,7 @@ async def _one(q: str, coll: ManagedCollection, plan: CallPlan, run: RunSearch) 
 
 def _classify(res: RunResult, plan: CallPlan, command: str) -> list[QmdEntry]:
     if res.stdout_truncated:
-        raise QmdOutputError(f"{res.summary} produced too much output (limit 200000 chars)")
+        raise QmdOutputError(f"{res.summary} produced too much output (limit {DEFAULT_MAX_CHARS} chars)")
     if res.ok:
         return parse_qmd_json(res.stdout, res.stderr, command=command)
     if is_flag_rejection(res.stderr):

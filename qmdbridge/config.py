@@ -28,6 +28,7 @@ from fallback.settings import (
     named_store_path,
 )
 from qmdbridge.config_compat import adjusted_values, as_object, merge_search, read_layout, unknown_keys
+from qmdbridge.config_env import state_dir as env_state_dir
 from qmdbridge.config_env import substitute_env
 
 __all__ = [
@@ -292,9 +293,7 @@ def config_warning_line(warning: str, file: str | None) -> str:
 
 def state_dir(env: dict[str, str] | None = None) -> Path:
     """Return ``$OPENCLAW_STATE_DIR`` (``~`` expanded) or ``~/.openclaw``."""
-    e = os.environ if env is None else env
-    raw = e.get("OPENCLAW_STATE_DIR", "").strip()
-    return Path(raw).expanduser().resolve() if raw else Path("~/.openclaw").expanduser()
+    return Path(env_state_dir(os.environ if env is None else env))
 
 
 def default_config_path(env: dict[str, str] | None = None) -> Path:

@@ -1,5 +1,6 @@
-"""``${VAR}`` references in config strings, substituted as OpenClaw substitutes them
-(docs/configuration.md, "The config file").
+"""What the environment gives a config: ``${VAR}`` references in config strings, substituted as
+OpenClaw substitutes them (docs/configuration.md, "The config file"), and the state folder
+(:func:`state_dir`, ``$OPENCLAW_STATE_DIR``).
 
 Only upper-case names (``[A-Z_][A-Z0-9_]*``) are references; ``$${VAR}`` is the literal text
 ``${VAR}``; a variable that is unset or empty leaves its reference as written, with a config
@@ -13,6 +14,7 @@ Standard library only: the CLI's daemon client stamps a config with the values i
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
 from collections.abc import Mapping
@@ -21,7 +23,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the daem
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["env_stamp", "substitute_env"]
+__all__ = ["env_stamp", "state_dir", "substitute_env"]
 
 # The keys whose value alone a reference to an unset variable turns into its SecretRef (and
 # OpenClaw's ``models.providers.<id>.apiKey``).
@@ -75,3 +77,9 @@ def env_stamp(config_text: str, env: Mapping[str, str]) -> str | None:
         return None
     lines = "\n".join(f"{name}={env.get(name, '')}" for name in names)
     return f"{zlib.crc32(lines.encode('utf-8', 'surrogatepass')):08x}"
+
+
+def state_dir(env: Mapping[str, str]) -> str:
+    """The state folder: ``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``."""
+    raw = env.get("OPENCLAW_STATE_DIR", "").strip()
+    return os.path.realpath(os.path.expanduser(raw)) if raw else os.path.expanduser("~/.openclaw")

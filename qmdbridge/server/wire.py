@@ -11,7 +11,7 @@ import os
 import stat
 from collections.abc import Iterator, Mapping
 
-from qmdbridge.config_env import env_stamp
+from qmdbridge.config_env import env_stamp, state_dir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
 if TYPE_CHECKING:
@@ -43,13 +43,6 @@ _SUN_PATH_MAX = 103
 def _resolve(path: str) -> str:
     """``Path(path).expanduser().resolve()`` as a string, without importing pathlib."""
     return os.path.realpath(os.path.expanduser(path))
-
-
-def state_dir(env: Mapping[str, str]) -> str:
-    """``$OPENCLAW_STATE_DIR`` (``~`` expanded, resolved) or ``~/.openclaw``: the rule of
-    :func:`qmdbridge.config.state_dir` without the config models (a test pins that both agree)."""
-    raw = env.get("OPENCLAW_STATE_DIR", "").strip()
-    return _resolve(raw) if raw else os.path.expanduser("~/.openclaw")
 
 
 def daemon_dir(state: str) -> str:

@@ -237,6 +237,11 @@ class TemporalDecaySettings(SettingsModel):
     enabled: bool = False
     half_life_days: Annotated[int, _clamped(1, nan_to=30, whole=True)] = 30
 
+    @property
+    def effective_half_life_days(self) -> int | None:
+        """``half_life_days`` when decay is on, else ``None`` (no decay)."""
+        return self.half_life_days if self.enabled else None
+
 
 class HybridSettings(SettingsModel):
     """``query.hybrid``: the hybrid merge (``fallback/search/fusion.py``); the weights are

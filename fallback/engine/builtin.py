@@ -428,13 +428,12 @@ class BuiltinEngine:
         limit, floor, srcs = self._ranking_args(request)
         if not srcs:
             return SearchOutcome(results=[], warnings=list(warnings))
-        decay = q.hybrid.temporal_decay
 
         def ranked(scope: SearchStore, sources: list[str]) -> list[MemorySearchResult]:
             found = keyword_search(scope, request.query, sources=sources, limit=limit,
                                    candidates=candidate_count(limit, q.hybrid.candidate_multiplier),
-                                   floor=floor, half_life_days=decay.half_life_days if decay.enabled
-                                   else None, now_ms=self._now_ms())
+                                   floor=floor, now_ms=self._now_ms(),
+                                   half_life_days=q.hybrid.temporal_decay.effective_half_life_days)
             return [MemorySearchResult(**h._asdict()) for h in found.hits]  # as the pipeline does
 
         shared = self._shared_scopes(srcs)

@@ -154,15 +154,12 @@ class Searcher:
             self.fts_checked = True
         return self._plan
 
-    def _half_life_days(self) -> int | None:
-        decay = self.settings.search.query.hybrid.temporal_decay
-        return decay.half_life_days if decay.enabled else None
-
     async def fts_only(self, store: SearchStore, text: str, srcs: list[str], candidates: int,
                        floor: float, limit: int) -> list[Candidate]:
         """Keyword-only ranking (spec §8.6): :func:`~fallback.search.fts_only.keyword_ranked`,
         the optional reranker, then :func:`~fallback.search.fts_only.keyword_results`."""
-        half_life_days, now_ms = self._half_life_days(), self._now_ms()
+        half_life_days = self.settings.search.query.hybrid.temporal_decay.effective_half_life_days
+        now_ms = self._now_ms()
         self.mode = "fts-only"
 
         def rank() -> list[Candidate]:  # the plan, the ranking (and snippets) in one hop
@@ -214,7 +211,7 @@ class Searcher:
             self.trace.fusion(merged, method=hybrid.fusion, vector_weight=hybrid.vector_weight,
                               text_weight=hybrid.text_weight)
         ranked = await self._rerank(text, await anyio.to_thread.run_sync(partial(
-            decayed, store, apply_floor(merged, floor), half_life_days=self._half_life_days(),
+            decayed, store, apply_floor(merged, floor), half_life_days=hybrid.temporal_decay.effective_half_life_days,
             now_ms=self._now_ms(), trace=self.trace)))
         if hybrid.mmr.enabled:
             diverse = mmr_rerank(ranked, lambda_=hybrid.mmr.lambda_)

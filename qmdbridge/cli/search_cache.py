@@ -78,14 +78,13 @@ def in_sync_settings(agent: ResolvedAgent) -> InSyncSettings:
     from fallback.index.identity import index_identity
 
     ms = agent.memory_search
-    decay = ms.query.hybrid.temporal_decay
     return InSyncSettings(
         db_path=agent.engine.db_path, workspace_dir=agent.workspace_dir,
         extra_paths=list(ms.extra_paths), max_file_bytes=ms.max_file_bytes,
         identity=index_identity(agent.engine, None), sync_on_search=ms.sync.on_search,
         max_results=ms.query.max_results, min_score=ms.query.min_score,
         candidate_multiplier=ms.query.hybrid.candidate_multiplier,
-        half_life_days=decay.half_life_days if decay.enabled else None)
+        half_life_days=ms.query.hybrid.temporal_decay.effective_half_life_days)
 
 
 def qmd_prefetch_settings(agent: ResolvedAgent, env: Mapping[str, str]) -> dict[str, Any] | None:

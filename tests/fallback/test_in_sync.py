@@ -73,14 +73,13 @@ async def _synced(settings: EngineSettings) -> None:
 
 def _in_sync(settings: EngineSettings) -> InSyncSettings:
     s = settings.search
-    decay = s.query.hybrid.temporal_decay
     return InSyncSettings(
         db_path=settings.db_path, workspace_dir=settings.workspace_dir,
         extra_paths=list(s.extra_paths), max_file_bytes=s.max_file_bytes,
         identity=index_identity(settings, None), sync_on_search=s.sync.on_search,
         max_results=s.query.max_results, min_score=s.query.min_score,
         candidate_multiplier=s.query.hybrid.candidate_multiplier,
-        half_life_days=decay.half_life_days if decay.enabled else None)
+        half_life_days=s.query.hybrid.temporal_decay.effective_half_life_days)
 
 
 def _stale(settings: EngineSettings) -> str | None:

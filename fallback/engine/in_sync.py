@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from fallback.index.identity import WORKSPACE_META, full_reindex_reason, other_workspace
 from fallback.index.plan import recorded_files, scan_change
 from fallback.index.racy import SCAN_STARTED_META
+from fallback.request import SearchRequest
 from fallback.search.fts_only import Hit, candidate_count, keyword_search
 from fallback.sources.memory_files import ExtraPathEntry, list_memory_files
 from fallback.store.files import has_leftovers
@@ -45,11 +46,11 @@ class InSyncSettings:
     extra_paths: Sequence[ExtraPathEntry]
     max_file_bytes: int
     identity: dict[str, Any]
-    sync_on_search: bool = True
-    max_results: int = 6
-    min_score: float = 0.35
-    candidate_multiplier: float = 4
-    half_life_days: int | None = None
+    sync_on_search: bool
+    max_results: int
+    min_score: float
+    candidate_multiplier: float
+    half_life_days: int | None
 
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON-ready dict (camelCase keys); :meth:`from_json` reads it back."""
@@ -123,8 +124,7 @@ def stale_reason(index: ReadOnlyStore, settings: InSyncSettings) -> str | None:
                        stored_issues=index.get_meta_json("scan_issues"))
 
 
-def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *,
-                   max_results: int | None = None, min_score: float | None = None,
+def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, request: SearchRequest, *,
                    now_ms: int | None = None) -> list[Hit]:
     """Keyword-only search of ``index`` as the engine answers it in FTS-only mode
     (:func:`~fallback.search.fts_only.keyword_search`); the caller checks :func:`stale_reason`.
@@ -132,20 +132,15 @@ def search_in_sync(index: ReadOnlyStore, settings: InSyncSettings, query: str, *
     Args:
         index: the open index.
         settings: the agent's settings.
-        query: the user's text (stripped; blank gives ``[]``).
-        max_results / min_score: hits wanted (>= 1) and score floor in ``[0, 1]``, defaults
-            from ``settings``.
+        request: the checked request (its ``max_results`` / ``min_score`` default to ``settings``').
         now_ms: the clock for temporal decay, epoch ms (default: now).
 
     Returns: Hits best first, at most ``max_results``. Raises ``IndexStoreError``.
     """
-    text = query.strip()
-    if not text:
-        return []
-    limit = max(1, max_results if max_results is not None else settings.max_results)
+    limit = settings.max_results if request.max_results is None else request.max_results
     return keyword_search(
-        index, text, sources=["memory"], limit=limit,
+        index, request.query, sources=["memory"], limit=limit,
         candidates=candidate_count(limit, settings.candidate_multiplier),
-        floor=settings.min_score if min_score is None else min_score,
+        floor=settings.min_score if request.min_score is None else request.min_score,
         half_life_days=settings.half_life_days,
         now_ms=int(time.time() * 1000) if now_ms is None else now_ms).hits

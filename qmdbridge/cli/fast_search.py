@@ -214,8 +214,8 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
             if why is not None:
                 verbose_note(args, f"one-shot search runs the engine: {why}")
                 return None
-            hits = search_in_sync(store, settings, args.query, max_results=args.max_results,
-                                  min_score=args.min_score)
+            hits = search_in_sync(store, settings, SearchRequest.of(  # recorded_search checked it
+                args.query, max_results=args.max_results, min_score=args.min_score))
     except IndexStoreError as exc:
         verbose_note(args, f"one-shot search runs the engine: {exc}")
         return None

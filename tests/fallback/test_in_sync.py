@@ -101,7 +101,8 @@ async def test_the_answer_is_the_engines(ws: Path, search: dict[str, Any]) -> No
                            now_ms=lambda: NOW_MS)
     try:
         expected = {q: [r.model_dump() for r in (await engine.search(SearchRequest.of(q))).results] for q in QUERIES}
-        limited = [r.model_dump() for r in (await engine.search(SearchRequest.of("router", max_results=1, min_score=0.0))).results]
+        one = SearchRequest.of("router", max_results=1, min_score=0.0)
+        limited = [r.model_dump() for r in (await engine.search(one)).results]
     finally:
         await engine.close()
     assert any(expected.values())
@@ -111,12 +112,11 @@ async def test_the_answer_is_the_engines(ws: Path, search: dict[str, Any]) -> No
         plain = _in_sync(settings)
         assert stale_reason(store, plain) is None
         for q in QUERIES:
-            got = [h._asdict() for h in search_in_sync(store, plain, q, now_ms=NOW_MS)]
+            got = [h._asdict() for h in search_in_sync(store, plain, SearchRequest.of(q), now_ms=NOW_MS)]
             assert got == [{k: v for k, v in r.items() if k not in ("citation", "vector_score",
                                                                        "explain")}
                            for r in expected[q]], q
-        got = [h._asdict() for h in
-               search_in_sync(store, plain, "router", max_results=1, min_score=0.0, now_ms=NOW_MS)]
+        got = [h._asdict() for h in search_in_sync(store, plain, one, now_ms=NOW_MS)]
         assert len(got) == 1 and got[0]["path"] == limited[0]["path"]
         assert got[0]["score"] == limited[0]["score"]
 
@@ -219,7 +219,7 @@ async def test_the_read_only_connection_writes_nothing(ws: Path) -> None:
     store = ReadOnlyStore.open(settings.db_path)
     assert store is not None
     with store:
-        assert search_in_sync(store, _in_sync(settings), "router", now_ms=NOW_MS)
+        assert search_in_sync(store, _in_sync(settings), SearchRequest.of("router"), now_ms=NOW_MS)
         with pytest.raises(IndexStoreReadOnlyError):
             store.query("DELETE FROM chunks")
     assert sorted(p.name for p in settings.db_path.parent.iterdir()) == before
@@ -311,7 +311,8 @@ async def test_a_rewrite_with_its_size_and_mtime_put_back_or_a_chmod_needs_the_e
     store = ReadOnlyStore.open(settings.db_path)
     assert store is not None
     with store:
-        hits = search_in_sync(store, _in_sync(settings), "backup restored", now_ms=NOW_MS)
+        hits = search_in_sync(store, _in_sync(settings), SearchRequest.of("backup restored"),
+                              now_ms=NOW_MS)
     assert [(h.path, h.snippet) for h in hits][:1] == [
         ("memory/2026-01-12.md", "# 2026-01-12\n- WAN link dropped twice; router rebooted.\n"
                                  "- backup restored")]

@@ -148,7 +148,8 @@ async def test_a_store_from_before_the_ctime_column_migrates_and_keeps_its_chunk
     with old:
         settings = InSyncSettings(db_path=db, workspace_dir=ws, extra_paths=[],
                                   max_file_bytes=engine.settings.search.max_file_bytes,
-                                  identity=index_identity(engine.settings, provider))
+                                  identity=index_identity(engine.settings, provider), sync_on_search=True,
+                                  max_results=6, min_score=0.35, candidate_multiplier=4, half_life_days=None)
         assert stale_reason(old, settings) == "schema version 7 (latest 10)"
 
     upgraded = _engine(ws, provider)

@@ -187,7 +187,7 @@ def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int
     """
     rel = "/".join(p for p in inner.split("/") if p not in ("", "."))
     if coll.is_root_file and coll.rule_root().admits(rel) and not coll.admits(rel):
-        raise PathRefusedError(shown, "shadowed legacy root file")
+        raise PathRefusedError(shown, LEGACY_SHADOWED)
     target = coll.path / rel
     if not coll.is_root_file and is_root_level_auxiliary(workspace, target) \
             and not (target.name == LEGACY_ROOT_MEMORY_FILE

@@ -24,14 +24,11 @@ from fallback.store.errors import (
     result_code,
     translate_errors,
 )
-from fallback.store.seam import KeywordRow
+from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow
 
-__all__ = ["BUSY_TIMEOUT_MS", "COLUMN_WEIGHTS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore",
+__all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore",
            "connect_read_only", "is_immutable"]
 
-# bm25() weight of each chunks_fts column (text, title, terms; fallback/store/fts_rows.py): a
-# query word found in a note's path or first heading counts twice as much as in its text.
-COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
 _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 # FTS5 ranks at most max(limit x INNER_OVERSAMPLE, MIN_INNER_ROWS) rows before they are joined
 # with the chunks and filtered (see MetaReads.keyword_rows).

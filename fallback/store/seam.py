@@ -11,12 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["KeywordRow", "SearchStore"]
+__all__ = ["COLUMN_WEIGHTS", "KeywordRow", "SearchStore"]
+
+# bm25() weight of each indexed column (text, title, terms; fallback/store/fts_rows.py), on both
+# stores: a query word found in a note's path or first heading counts twice as much as in its text.
+COLUMN_WEIGHTS = (1.0, 2.0, 1.0)
 
 KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``: ``rank`` is FTS5's
 ``bm25()`` (more negative = better; ``0.0`` for a row without one: a LIKE-only match, a chunk
-read by id)."""
+read by id) or, for the postgres store's vector rows, the cosine distance (smaller = closer)."""
 
 
 class SearchStore(Protocol):

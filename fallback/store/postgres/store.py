@@ -52,14 +52,12 @@ from fallback.store.postgres.rows import int_array as _int_array
 from fallback.store.postgres.rows import text_array as _text_array
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, Fts5Tokenizer, Postings
+from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_unspaced
 
 __all__ = ["ChunkRow", "FileRows", "KeywordRow", "PostgresStore", "ScopeStats", "SyncLease"]
 
-# bm25() weight of each indexed column (text, title, terms): the SQLite store's weights
-# (fallback/search/keyword.py COLUMN_WEIGHTS).
-DEFAULT_WEIGHTS = (1.0, 2.0, 1.0)
 # Keyword candidates ranked exactly per wanted row in the first round, and the growth of the
 # candidate count per further round (see PostgresStore._top_rows).
 CANDIDATES_PER_ROW = 8
@@ -83,11 +81,6 @@ POSTINGS_PER_STATEMENT = 5000
 # Most chunks of one posting block (a term's postings of one write, migration m009): a block of
 # a common word stays a few KB, so reading one chunk's posting from it costs little.
 BLOCK_CHUNKS = 64
-
-KeywordRow = tuple[str, str, str, int, int, str, float]
-"""``(chunk_id, path, source, start_line, end_line, text, rank)``, as the SQLite store's keyword
-rows: ``rank`` is ``-bm25`` (more negative = better; ``0.0`` for a substring-only row) or, for
-vector rows, the cosine distance (smaller = closer)."""
 
 
 @dataclass(frozen=True)
@@ -441,7 +434,7 @@ class PostgresStore:
 
     def keyword_rows(self, match: str | None, *, sources: Sequence[str], limit: int,
                      trigram_match: str | None = None, like_patterns: Sequence[str] = (),
-                     weights: Sequence[float] = DEFAULT_WEIGHTS) -> list[KeywordRow]:
+                     weights: Sequence[float] = COLUMN_WEIGHTS) -> list[KeywordRow]:
         """Keyword rows of the published index, best first, as the SQLite store's
         ``keyword_rows`` gives them for the same plan (``fallback/search/fts.py``).
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fallback.errors import UsageError
 
-__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest"]
+__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest", "check_limits"]
 
 # Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
 MAX_LIMIT = 2**31 - 1
@@ -45,8 +45,7 @@ class SearchRequest:
 
         Raises:
             UsageError: ``query must be a string, not <type>``, ``query must not be empty``,
-                ``session key must be a string``, ``max results must be between 1 and
-                2147483647`` or ``min score must be between 0 and 1``.
+                ``session key must be a string``, or as :func:`check_limits`.
         """
         if not isinstance(query, str):
             raise UsageError(f"query must be a string, not {type(query).__name__}")
@@ -55,12 +54,19 @@ class SearchRequest:
             raise UsageError("query must not be empty")
         if session_key is not None and not isinstance(session_key, str):
             raise UsageError("session key must be a string")
-        if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
-            raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
-        if min_score is not None and not 0.0 <= min_score <= 1.0:
-            raise UsageError("min score must be between 0 and 1")
+        check_limits(max_results=max_results, min_score=min_score)
         return cls(text, max_results, min_score, session_key,
                    None if sources is None else tuple(sources), bool(explain))
+
+
+def check_limits(*, max_results: int | None, min_score: float | None) -> None:
+    """Check a search's hits wanted (``1..MAX_LIMIT``) and score floor (``[0, 1]``); ``None``: the
+    backend's default. Raises ``UsageError``: ``max results must be between 1 and 2147483647``
+    or ``min score must be between 0 and 1``."""
+    if max_results is not None and not 1 <= max_results <= MAX_LIMIT:
+        raise UsageError(f"max results must be between 1 and {MAX_LIMIT}")
+    if min_score is not None and not 0.0 <= min_score <= 1.0:
+        raise UsageError("min score must be between 0 and 1")
 
 
 @dataclass(frozen=True)

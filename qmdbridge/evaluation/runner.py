@@ -21,6 +21,7 @@ import anyio
 
 from fallback.errors import UsageError
 from fallback.models import SearchResponse
+from fallback.request import check_limits
 from fallback.settings import EngineSettings, MemorySearchSettings, ProviderName
 from qmdbridge.config import OpenClawConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
@@ -345,13 +346,10 @@ def check_options(options: EvalOptions) -> None:
     """Check the limits and that every option applies to the backend measured.
 
     Raises:
-        UsageError: ``max_results`` < 1, ``min_score`` outside [0, 1], an unknown backend or
+        UsageError: limits out of range (``fallback.request.check_limits``), an unknown backend or
             search mode, ``provider``/``model_path`` with qmd, ``qmd_search_mode`` with builtin.
     """
-    if options.max_results < 1:
-        raise UsageError("max results must be at least 1")
-    if options.min_score is not None and not 0.0 <= options.min_score <= 1.0:
-        raise UsageError("min score must be between 0 and 1")
+    check_limits(max_results=options.max_results, min_score=options.min_score)
     if options.backend not in get_args(EvalBackend):
         raise UsageError(f"unknown backend {options.backend!r} (one of: {', '.join(get_args(EvalBackend))})")
     if options.qmd_search_mode is not None and options.qmd_search_mode not in get_args(QmdSearchMode):

@@ -128,7 +128,7 @@ def test_queries_json(tmp_path: Path, env: dict[str, str]) -> None:
     (["--locomo", "{missing}"], "LoCoMo path does not exist"),
     (["--queries", "{bad}", "--workspace", "{ws}"], "bad.jsonl:1: unknown key 'lines'"),
     (["--locomo", "{data}", "--provider", "openai", "--model", "/m.gguf"], "--model is the local GGUF model"),
-    (["--locomo", "{data}", "--max-results", "0"], "max results must be at least 1"),
+    (["--locomo", "{data}", "--max-results", "0"], "max results must be between 1 and 2147483647"),
     (["--locomo", "{data}", "--backend", "qmd", "--provider", "none"],
      "--provider applies to the builtin engine (its embedding provider); qmd embeds with its own models"),
     (["--queries", "{q}", "--workspace", "{ws}", "--backend", "qmd", "--model", "/m.gguf"],

@@ -221,8 +221,10 @@ def test_backend_tally_counts_answers_and_keeps_the_first_fallback_reason() -> N
 @pytest.mark.anyio
 async def test_bad_limits_and_inputs(tmp_path: Path) -> None:
     write_locomo(tmp_path / "data")
-    with pytest.raises(UsageError, match="max results must be at least 1"):
+    with pytest.raises(UsageError, match="max results must be between 1 and 2147483647"):
         await run_locomo(tmp_path / "data", cfg=OpenClawConfig(), options=EvalOptions(max_results=0))
+    with pytest.raises(UsageError, match="max results must be between 1 and 2147483647"):
+        check_options(EvalOptions(max_results=2**31))  # refused before any index is built, as a search refuses it
     with pytest.raises(UsageError, match="min score must be between 0 and 1"):
         await run_locomo(tmp_path / "data", cfg=OpenClawConfig(), options=EvalOptions(min_score=1.5))
     with pytest.raises(UsageError, match="workspace does not exist"):

@@ -229,11 +229,7 @@ class LiveSync:
         watcher, tasks = self.watcher, self._tasks
         if watcher is None or tasks is None or self._closed:
             return None
-        cause = watcher.dead_reason()
-        if cause is not None and tasks.is_open and not tasks.is_active("watcher re-arm"):
-            log.warning("memory file watcher is dead (%s); re-arming it", cause)
-            tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(watcher.rearm))
-        return cause
+        return watcher.rearm_if_dead(tasks, "memory")
 
     def unsynced_changes(self) -> int:
         """Memory paths the watcher holds in its debounce, counted once per new event (a search

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 from anyio.lowlevel import current_token
 
-from fallback.background import RetryPolicy, describe_error
+from fallback.background import BackgroundTasks, RetryPolicy, describe_error
 from fallback.errors import ManagerClosedError, MemorySearchError
 from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
@@ -403,6 +403,15 @@ class MemoryWatcher:
         if self._missed is None:
             self._missed = self._missed_change()
         return self._missed
+
+    def rearm_if_dead(self, tasks: BackgroundTasks, whose: str) -> str | None:
+        """When the watcher is dead, :meth:`rearm` it on ``tasks`` (one re-arm at a time) and
+        return the cause; ``None`` when it is healthy. ``whose`` names it in the log (``memory``, ``qmd``)."""
+        cause = self.dead_reason()
+        if cause is not None and tasks.is_open and not tasks.is_active("watcher re-arm"):
+            log.warning("%s file watcher is dead (%s); re-arming it", whose, cause)
+            tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(self.rearm))
+        return cause
 
     def rearm(self) -> bool:
         """Replace a dead observer with a new one and queue a rescan (blocking); a dead native

@@ -75,15 +75,10 @@ class QmdFreshness:
 
     def check_watcher(self) -> str | None:
         """Re-arm a dead watcher in the background and return the cause; ``None`` when it is healthy."""
-        watcher = self.watcher
-        cause = watcher.dead_reason()
+        cause = self.watcher.rearm_if_dead(self.tasks, "qmd")
         if cause is not None:
             self.dirty = True
             self.dirty_reason = f"watcher dead: {cause}"
-            if self.tasks.is_open and not self.tasks.is_active("watcher re-arm"):
-                log.warning("qmd file watcher is dead (%s); re-arming it", cause)
-                self.tasks.start_soon("watcher re-arm",
-                                      lambda: anyio.to_thread.run_sync(watcher.rearm))
         return cause
 
     def _update_due_in_ms(self) -> int | None:

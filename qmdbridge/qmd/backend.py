@@ -39,7 +39,7 @@ from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.index_stats import file_stamp
 from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
-from qmdbridge.qmd.parse import IndexCounts, clamp_injected, diversify_sources, entry_hits, index_locked
+from qmdbridge.qmd.parse import IndexCounts, diversify_sources, entry_hits, index_locked
 from qmdbridge.qmd.query_text import (
     POOL_FACTOR,
     lex_queries,
@@ -394,8 +394,9 @@ class QmdBackend:
             progress: accepted for the contract (qmd reports none).
 
         Returns:
-            ``SearchOutcome``: hits best first, diversified across sources and clamped to
-            ``maxInjectedChars``; warnings are this search's notes; ``mode`` the one searches use.
+            ``SearchOutcome``: hits best first, diversified across sources (the manager cuts them
+            to ``maxInjectedChars`` after the citations); warnings are this search's notes; ``mode``
+            the one searches use.
 
         Raises:
             ManagerClosedError: closed.
@@ -481,7 +482,7 @@ class QmdBackend:
         if sources is not None:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
-        return self._outcome(clamp_injected(results, max_chars=limits.max_injected_chars), notes)
+        return self._outcome(results, notes)
 
     def _outcome(self, results: list[MemorySearchResult], notes: list[str]) -> SearchOutcome:
         """The answer: ``results``, ``notes`` as warnings, the mode searches use now, provider/model ``qmd``."""

@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 from fallback.errors import BackendUnavailableError
 from fallback.models import MemorySearchResult, Source
+from fallback.search.fts_only import clamp_score
 from fallback.sources.memory_files import is_root_level_auxiliary
 from fallback.store.errors import is_locked
 from fallback.text.chunking import split_lines, truncate_chars
@@ -244,7 +245,7 @@ def locate_entries(entries: Iterable[tuple[QmdEntry, str | None]], *,
             # what qmd's lines say now: its index may be older than the file
             text = "\n".join(read[1][lines[0] - 1:lines[1]])
         out.append(LocatedHit(path=display_path(coll, rel, workspace), source=coll.source,
-                              score=max(0.0, min(1.0, score)), lines=lines,
+                              score=clamp_score(score), lines=lines,
                               snippet=truncate_chars(snippet_text(text), max_snippet_chars, at_words=True),
                               text=read[1]))
     return out

@@ -413,9 +413,10 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
         UsageError: no such workspace, a bad queries file, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
+    from qmdbridge.manager import require_workspace
+
     ws = Path(workspace).expanduser().resolve()
-    if not ws.is_dir():
-        raise UsageError(f"workspace {'is not a directory' if ws.exists() else 'does not exist'}: {ws}")
+    require_workspace(ws)
     questions = load_queries(queries_file, ws)
     with tempfile.TemporaryDirectory(prefix="qmdbridge-eval-") as tmp:
         agent = eval_agent(cfg, agent_id=agent_id, workspace=ws,

@@ -227,7 +227,7 @@ async def test_bad_limits_and_inputs(tmp_path: Path) -> None:
         check_options(EvalOptions(max_results=2**31))  # refused before any index is built, as a search refuses it
     with pytest.raises(UsageError, match="min score must be between 0 and 1"):
         await run_locomo(tmp_path / "data", cfg=OpenClawConfig(), options=EvalOptions(min_score=1.5))
-    with pytest.raises(UsageError, match="workspace does not exist"):
+    with pytest.raises(UsageError, match=r"workspace does not exist: .*nowhere \(create it, pass --workspace"):
         await run_queries(tmp_path / "q.jsonl", tmp_path / "nowhere", cfg=OpenClawConfig())
     empty = tmp_path / "empty" / "conv.json"
     empty.parent.mkdir()

@@ -90,18 +90,18 @@ def repair_root_memory(ws: Path, *, now: float | None = None) -> str:
         return "nothing to repair"
     if state == "legacy-only" and (ws / ROOT_MEMORY_FILE).is_symlink():
         return "MEMORY.md is a symlink (never followed): replace it with a regular file first"
-    legacy = ws / "memory.md"
+    legacy = ws / LEGACY_ROOT_MEMORY_FILE
     archive = _archive_dir(ws, time.time() if now is None else now)
     archive.mkdir(parents=True)
-    target = archive / "memory.md"
+    target = archive / LEGACY_ROOT_MEMORY_FILE
     text = legacy.read_bytes().decode("utf-8", errors="replace")
     if state == "legacy-only":
         shutil.copy2(legacy, target)
         tmp = ws / f".memory-rename-{os.getpid()}.md"
         os.rename(legacy, tmp)  # via a temp name so case-insensitive file systems rename too
-        os.rename(tmp, ws / "MEMORY.md")
+        os.rename(tmp, ws / ROOT_MEMORY_FILE)
         return f"renamed memory.md to MEMORY.md (copy archived at {target.relative_to(ws)})"
-    root = ws / "MEMORY.md"
+    root = ws / ROOT_MEMORY_FILE
     current = root.read_bytes().decode("utf-8", errors="replace")
     section = f"{LEGACY_HEADING}\n\n{LEGACY_MARKER}\n\n{text.strip()}\n" if text.strip() else ""
     if not current or current.endswith("\n\n"):

@@ -22,6 +22,7 @@ from fallback.settings import EngineSettings, ExtraPath
 from fallback.sources.memory_files import (
     DEFAULT_PATTERN,
     LEGACY_ROOT_MEMORY_FILE,
+    MEMORY_DIR_NAME,
     ROOT_MEMORY_FILE,
     MemoryRoot,
     extra_roots,
@@ -156,7 +157,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
     if qmd.include_default_memory:
         root_name = root_memory_file(ws).name or ROOT_MEMORY_FILE
         out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, root_name, "memory"))
-        out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / "memory",
+        out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / MEMORY_DIR_NAME,
                                      DEFAULT_PATTERN, "memory"))
 
     entries: list[tuple[str, str | None, str | None]] = [

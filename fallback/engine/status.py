@@ -124,13 +124,10 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     if held is not None:  # the counts are another workspace's: the next search re-indexes
         dirty, dirty_reason = True, f"index holds workspace {held}"
     return MemoryStatus(
-        **_common(backend, settings, selection, cache_entries), db_path=str(store.path),
+        **_common(backend, settings, selection, cache_entries, model_missing), db_path=str(store.path),
         files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
         dirty=dirty or degraded is not None,
         dirty_reason=degraded or (dirty_reason if dirty else None),
-        search_mode=("unavailable" if selection.error and provider is None else configured_mode(
-            has_provider=provider is not None and model_missing is None,
-            hybrid_enabled=s.query.hybrid.enabled)),
         source_counts=[SourceCount(source=src, files=f, chunks=c)
                        for src, (f, c) in counts.items()],
         fts={"enabled": s.query.hybrid.enabled or provider is None,
@@ -147,11 +144,16 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         custom=custom)
 
 
-def _common(backend: str, settings: EngineSettings, selection: Any,
-            cache_entries: int) -> dict[str, Any]:
-    """The status fields both stores fill alike (``selection``: the ``ProviderSelection``)."""
+def _common(backend: str, settings: EngineSettings, selection: Any, cache_entries: int,
+            model_missing: str | None = None) -> dict[str, Any]:
+    """The status fields both stores fill alike (``selection``: the ``ProviderSelection``;
+    ``model_missing``: the provider's model problem): ``search_mode`` is ``unavailable`` when a
+    configured provider fails closed, else the :func:`configured_mode` of a provider with its model."""
     s, provider = settings.search, selection.provider
     return {"backend": backend, "agent_id": settings.agent_id,
+            "search_mode": "unavailable" if selection.error and provider is None else configured_mode(
+                has_provider=provider is not None and model_missing is None,
+                hybrid_enabled=s.query.hybrid.enabled),
             "workspace_dir": str(settings.workspace_dir),
             "provider": "none" if provider is None else provider.provider_id,
             "model": None if provider is None else provider.model,
@@ -227,8 +229,6 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
             " (not reached)" if described["schemaVersion"] is None else
             f" version {described['schemaVersion']}")), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
-        search_mode=configured_mode(has_provider=provider is not None,
-                                    hybrid_enabled=s.query.hybrid.enabled),
         source_counts=per,
         fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
              "cjk": CJK_SCHEME, "keyword": "bm25"},

@@ -368,3 +368,22 @@ def test_status_lists_the_files_the_published_sync_skipped_as_on_sqlite(tmp_path
     assert run_cli_in_process(["index", *args], env).returncode == 0
     assert [f["path"] for f in json.loads(run_cli_in_process(["status", "--json", *args], env).stdout)[
         "skipped"]] == ["memory/blob.md", "memory/latin1.md"]
+
+
+@pytest.mark.anyio
+async def test_a_provider_that_fails_closed_makes_search_unavailable_as_on_sqlite(tmp_path: Path,
+                                                                                   pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\nrouter firmware\n")
+    modes = []
+    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
+        search = MemorySearchSettings.model_validate({"provider": "openai", "store": store})
+        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
+                            provider_selection=select_provider(search, env={}))  # no API key
+        try:
+            st = await eng.status()
+        finally:
+            await eng.close()
+        modes.append((st.search_mode, st.provider_unavailable_reason))
+    assert modes == [("unavailable", "memory search unavailable: openai: no API key found for openai")] * 2

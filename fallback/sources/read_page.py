@@ -70,7 +70,7 @@ from fallback.text.chunking import file_lines, truncate_chars
 from fallback.text.path_names import parse_printable_path, printable_path
 
 __all__ = ["SYMLINK_HINT", "DEFAULT_READ_LINES", "DEFAULT_READ_MAX_CHARS", "DREAMS_REFUSED",
-           "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "open_memory_file",
+           "LEGACY_SHADOWED", "NOT_THE_ROOT_FILE", "ResolvedMemoryPath", "auxiliary_refusal", "open_memory_file",
            "page_text", "read_memory_page", "read_page_in_root", "read_shared_page",
            "resolve_memory_path", "shared_name", "shared_path", "transcript_name"]
 
@@ -272,6 +272,19 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
         raise _encoded(rel_path) or exc from None
 
 
+def auxiliary_refusal(workspace: Path, target: str | Path) -> str | None:
+    """Why a read reaching ``target`` through a folder of the workspace itself is refused when it
+    is a root-level file only the root-file rule admits (:func:`is_root_level_auxiliary`):
+    :data:`DREAMS_REFUSED`, :data:`LEGACY_SHADOWED` (``memory.md`` beside ``MEMORY.md``) or
+    ``not a memory path``; ``None`` for any other file and for ``memory.md`` as the root file."""
+    if not is_root_level_auxiliary(workspace, target):
+        return None
+    name = os.path.basename(target)
+    if name == LEGACY_ROOT_MEMORY_FILE:
+        return None if root_memory_file(workspace).name == LEGACY_ROOT_MEMORY_FILE else LEGACY_SHADOWED
+    return DREAMS_REFUSED if name == DREAMS_FILE else "not a memory path"
+
+
 def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: str) -> ResolvedMemoryPath:
     segments = _check_text(rel_path, rel_path)
     ws = os.path.abspath(workspace)
@@ -297,8 +310,9 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
         rel = os.path.relpath(target, holder.path).replace(os.sep, "/")
         raise PathRefusedError(rel_path, _why_not(holder, rel))
     root, rel = found
-    if is_root_level_auxiliary(ws, target):  # an extra path of the workspace itself holds it
-        raise PathRefusedError(rel_path, DREAMS_REFUSED)
+    refused = auxiliary_refusal(Path(ws), target)  # an extra path of the workspace itself holds it
+    if refused is not None:
+        raise PathRefusedError(rel_path, refused)
     if root.kind == "memory":
         return ResolvedMemoryPath(Path(ws), (MEMORY_DIR_NAME, *rel.split("/")), display, True)
     return ResolvedMemoryPath(root.path, tuple(rel.split("/")), display, root.entry != root.path)

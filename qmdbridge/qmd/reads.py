@@ -14,13 +14,7 @@ from pathlib import Path
 
 from fallback.errors import MemoryFileNotFoundError, PathRefusedError
 from fallback.models import MemoryReadResult
-from fallback.sources.memory_files import (
-    DREAMS_FILE,
-    LEGACY_ROOT_MEMORY_FILE,
-    is_root_level_auxiliary,
-    root_memory_file,
-)
-from fallback.sources.read_page import DREAMS_REFUSED, LEGACY_SHADOWED, open_memory_file, read_page_in_root
+from fallback.sources.read_page import LEGACY_SHADOWED, auxiliary_refusal, open_memory_file, read_page_in_root
 from fallback.text.chunking import file_lines as file_lines_of
 from qmdbridge.qmd.collections import ManagedCollection
 
@@ -188,11 +182,9 @@ def read_in_root(coll: ManagedCollection, inner: str, shown: str, from_line: int
     rel = "/".join(p for p in inner.split("/") if p not in ("", "."))
     if coll.is_root_file and coll.rule_root().admits(rel) and not coll.admits(rel):
         raise PathRefusedError(shown, LEGACY_SHADOWED)
-    target = coll.path / rel
-    if not coll.is_root_file and is_root_level_auxiliary(workspace, target) \
-            and not (target.name == LEGACY_ROOT_MEMORY_FILE
-                     and root_memory_file(workspace).name == LEGACY_ROOT_MEMORY_FILE):
-        raise PathRefusedError(shown, DREAMS_REFUSED if target.name == DREAMS_FILE else LEGACY_SHADOWED)
+    refused = None if coll.is_root_file else auxiliary_refusal(workspace, coll.path / rel)
+    if refused is not None:
+        raise PathRefusedError(shown, refused)
     return read_page_in_root(coll.rule_root(), inner, shown=shown,
                              follow_base=_follow_base(coll, workspace), from_line=from_line,
                              lines=lines, backend="qmd", from_char=from_char)

@@ -524,6 +524,8 @@ def test_the_dreaming_diary_is_refused_even_under_an_extra_path_of_the_workspace
     assert read_memory_page(ws, ["."], "notes.md").text == "note"
     _read_refused(ws, "DREAMS.md", "the dreaming diary (DREAMS.md) is not memory", ["."])
     _refused(ws, "DREAMS.md", "not a memory path")
+    (ws / "memory.md").write_text("legacy\n")  # beside MEMORY.md: refused as qmd's read refuses it
+    _read_refused(ws, "notes/../memory.md", "shadowed legacy root file", ["."])
 
 
 def test_an_unreadable_note_or_transcript_is_a_backend_failure_naming_it() -> None:

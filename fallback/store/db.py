@@ -41,14 +41,12 @@ from fallback.store.files import (
 )
 from fallback.store.lock import StoreWriteLock, lock_path_for
 from fallback.store.migrations import META_KEY, MIGRATIONS
-from fallback.store.readonly import MetaReads
+from fallback.store.readonly import BUSY_TIMEOUT_MS, MetaReads
 
 __all__ = ["META_KEY", "ReadonlyRecovery", "Store", "remove_db_files", "swap_db_files", "temp_db_path"]
 
 T = TypeVar("T")
 
-# Default busy timeout: how long a statement waits for another connection's lock (ms).
-DEFAULT_BUSY_TIMEOUT_MS = 5000
 # Calls of a statement that keeps failing with SQLITE_BUSY/LOCKED, each after the busy timeout.
 DEFAULT_BUSY_RETRY_ATTEMPTS = 3
 # How long opening waits for another process to finish a rename swap, in ms.
@@ -95,7 +93,7 @@ class Store(MetaReads):
     """
 
     def __init__(self, path: Path, *, fts_tokenizer: str = "unicode61",
-                 busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+                 busy_timeout_ms: int = BUSY_TIMEOUT_MS,
                  busy_retry_attempts: int = DEFAULT_BUSY_RETRY_ATTEMPTS,
                  writer_lock: StoreWriteLock | None = None,
                  swap_wait_ms: int = DEFAULT_SWAP_WAIT_MS, scratch: bool = False) -> None:

@@ -41,7 +41,8 @@ _ROW_ORDER = operator.itemgetter(6, 1, 3)
 # part_counts() keeps at most about this many counted expressions per store, then starts afresh.
 MAX_KEPT_COUNTS = 4096
 
-# How long a read waits for another connection's lock (a checkpoint), ms: the store's default.
+# How long a statement waits for another connection's lock (a checkpoint, a write), ms: the
+# default of every connection to the store, read-only or not.
 BUSY_TIMEOUT_MS = 5000
 
 

@@ -137,17 +137,18 @@ async def test_async_acquire_waits_without_blocking_and_cancels_cleanly(tmp_path
     blocker.acquire_blocking()
     lock = PidFileLock(path, timeout_ms=DEADLINE_S * 1000)
     ticks = 0
-    with anyio.move_on_after(0.3) as scope:
+    with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as tg:
-            async def count() -> None:
+            async def count() -> None:  # cancels the wait once the loop ran it three times
                 nonlocal ticks
-                while True:
+                while ticks < 3:
                     await anyio.sleep(0.01)
                     ticks += 1
+                scope.cancel()
 
             tg.start_soon(count)
             await lock.acquire()
-    assert scope.cancelled_caught and ticks > 0  # the loop kept running while it waited
+    assert scope.cancelled_caught and ticks == 3  # the loop kept running while it waited
     assert not lock.held  # a cancelled wait holds nothing
     with pytest.raises(LockTimeoutError, match=rf"^another process \(pid {os.getpid()}\) holds"):
         await lock.acquire(timeout_ms=50)

@@ -87,9 +87,10 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
             waiting for another process's lock on the store.
         live: the engine's ``LiveSync`` in live mode (it runs a ``"budget"`` sync), or ``None``.
 
-    Returns: ``None`` when no sync was due; ``"running"`` when live mode's sync of known changes
-    (``dirty``) still runs past the budget (the answer comes from the index as it is:
-    :data:`STILL_SYNCING`); else ``"done"``. The store file may have been replaced unless ``None``.
+    Returns: ``None`` when no sync was due; ``"running"`` when live mode's sync of changes seen
+    since this process synced (``synced`` and ``dirty``; not its first sync) still runs past the
+    budget (the answer comes from the index as it is: :data:`STILL_SYNCING`); else ``"done"``.
+    The store file may have been replaced unless ``None``.
     """
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)
     if kind is None:
@@ -99,7 +100,7 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
             await live.spawn_sync("search").wait()
         else:
             await sync(scope.deadline)
-    return "running" if live is not None and dirty and scope.cancelled_caught else "done"
+    return "running" if live is not None and synced and dirty and scope.cancelled_caught else "done"
 
 
 def foreign_index_warning(db_path: str, held: str, workspace: str) -> str:

@@ -14,9 +14,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
+
+from fallback.embeddings import select_provider
+from fallback.embeddings.base import probe
+from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import MemorySearchError
 from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
+from fallback.store.vectors import probe_sqlite_vec
 from qmdbridge.config import ResolvedAgent
+from qmdbridge.problems import model_missing_problem
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.index_health import is_corrupt
+from qmdbridge.qmd.locate import probe_qmd
 
 __all__ = ["Check", "DoctorReport", "LEGACY_MARKER", "repair_root_memory", "root_memory_state", "run_doctor"]
 
@@ -150,9 +160,6 @@ def _check_root(ws: Path, fix: bool) -> Check:
 async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
     """qmd found and answering ``--version``; as the backend (and with a workspace) a test search
     and the collections reconciled too: failing searches or every collection refused are errors."""
-    from qmdbridge.qmd.backend import QmdBackend
-    from qmdbridge.qmd.locate import probe_qmd
-
     loc = await probe_qmd(agent.memory.qmd.command, env=env)
     configured = agent.memory.backend == "qmd"
     level: Literal["warn", "error"] = "error" if configured else "warn"
@@ -175,8 +182,6 @@ async def _check_qmd(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
                          "installs 2.8.3); the builtin engine answers meanwhile")
         if problem is None:
             return Check("qmd", "ok", f"{found}; a test search answered")
-        from qmdbridge.qmd.index_health import is_corrupt
-
         hint = ("qmd's index is corrupt: the next qmdbridge command (a search, status, `qmdbridge "
                 "qmd update`) moves it aside and re-indexes" if is_corrupt(problem) else
                 "run that command by hand to see qmd's error; reinstall qmd "
@@ -205,8 +210,6 @@ def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
     finally:
         conn.close()
     # The same probe the engine runs: sqlite-vec is only ever loaded into the store's own sqlite3.
-    from fallback.store.vectors import probe_sqlite_vec
-
     configured = agent.memory_search.store.vector.extension_path
     path, reason = probe_sqlite_vec(configured)
     if path is not None:
@@ -220,9 +223,6 @@ def _check_sqlite(agent: ResolvedAgent) -> list[Check]:
 
 
 async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check:
-    from fallback.embeddings import select_provider
-    from fallback.embeddings.base import probe
-
     sel = select_provider(agent.memory_search, env=env)
     if sel.error:
         return Check("embedding provider", "error", sel.error, "fix the provider config or set provider: none")
@@ -232,8 +232,6 @@ async def _check_provider(agent: ResolvedAgent, env: Mapping[str, str]) -> Check
                      'or an API key for semantic search; see README "Semantic search"')
     missing = sel.provider.model_problem() if hasattr(sel.provider, "model_problem") else None
     if missing is not None:  # probing would download the model; status lists it as a problem
-        from qmdbridge.problems import model_missing_problem
-
         await sel.provider.aclose()
         problem = model_missing_problem(missing)
         return Check("embedding provider", "error", problem["message"], problem["hint"])
@@ -291,15 +289,10 @@ def _check_postgres(agent: ResolvedAgent) -> Check:
 
 async def _check_index(agent: ResolvedAgent, fix: bool, env: Mapping[str, str]) -> Check:
     if agent.memory_search.store.driver == "postgres":
-        import anyio
-
         return await anyio.to_thread.run_sync(_check_postgres, agent)
     check = _inspect_index(agent)
     if check.level != "error" or not fix:
         return check
-    from fallback.embeddings import select_provider
-    from fallback.engine.builtin import BuiltinEngine
-
     engine = BuiltinEngine(agent.engine, provider_selection=select_provider(agent.memory_search, env=env))
     try:
         await engine.sync(reason="doctor", force=True)

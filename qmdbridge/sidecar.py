@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -20,9 +20,7 @@ from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker
 from qmdbridge.qmd.errors import one_line
-
-if TYPE_CHECKING:
-    from qmdbridge.qmd.probe_cache import ProbeCache
+from qmdbridge.qmd.probe_cache import ProbeCache, probe_key
 
 __all__ = ["QmdSidecar"]
 
@@ -54,14 +52,10 @@ class QmdSidecar:
     @cached_property
     def probe_cache(self) -> ProbeCache:
         """The on-disk cache of qmd probe results (``qmdbridge/qmd/probe_cache.py``)."""
-        from qmdbridge.qmd.probe_cache import ProbeCache
-
         return ProbeCache(qmd_home(self.agent.state_dir, self.agent.agent_id).probe_cache, now_ms=self._now)
 
     @property
     def _probe_key(self) -> str:
-        from qmdbridge.qmd.probe_cache import probe_key
-
         return probe_key(self.agent.memory.qmd.command, self._env.get("PATH", ""))
 
     def forget_probe(self) -> None:

@@ -28,6 +28,9 @@ from qmdbridge.cli.common import (
     emit_json,
     print_config_warnings,
 )
+from qmdbridge.cli.progress import sync_progress
+from qmdbridge.cli.render import keyword_notice, print_answer
+from qmdbridge.problems import is_indexed_caveat, store_failure_hint
 
 __all__ = ["exit_code_for", "run_command"]
 
@@ -112,8 +115,6 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
         else:
             sys.stderr.write(f"qmdbridge: {exc}\n")
             if isinstance(exc, IndexStoreError):
-                from qmdbridge.problems import store_failure_hint
-
                 hint = store_failure_hint(type(exc).__name__, exc.db_path)
                 if hint is not None:
                     sys.stderr.write(f"  fix: {hint}\n")
@@ -134,8 +135,6 @@ def _index_writer(agent: Any) -> Callable[[], int | None]:
 
 
 async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
-    from qmdbridge.cli.progress import sync_progress
-
     async with _manager(agent, args, qmd_runner=qmd_runner) as m:
         with sync_progress(enabled=args.progress or not args.json,
                            index_writer=_index_writer(agent)) as on_progress:
@@ -144,8 +143,6 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
                                       min_score=args.min_score, session_key=args.session_key,
                                       explain=args.explain, corpus=args.corpus,
                                       progress=on_progress)
-    from qmdbridge.cli.render import keyword_notice, print_answer
-
     return print_answer(args, response.to_json_dict(), served_by="process",
                         keyword_notice=keyword_notice(agent.memory_search.provider))
 
@@ -156,13 +153,10 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
                                    corpus=args.corpus, from_char=args.from_char)
     if result.missing:  # the tool answers empty text; a command says so with its exit code
         raise MemoryFileNotFoundError(result.path)
-    from qmdbridge.cli.render import print_answer
-
     return print_answer(args, result.to_json_dict(), served_by="process")
 
 
 async def _status(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.render import print_answer
     from qmdbridge.manager import require_workspace
 
     require_workspace(agent.workspace_dir)  # without one, status must not create an index store
@@ -172,8 +166,6 @@ async def _status(agent: Any, args: argparse.Namespace) -> int:
 
 
 async def _index(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.cli.progress import sync_progress
-
     async with _manager(agent, args) as m:
         with sync_progress(enabled=args.progress or not args.json,
                            index_writer=_index_writer(agent)) as on_progress:
@@ -183,8 +175,6 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:
-        from qmdbridge.problems import is_indexed_caveat
-
         sys.stderr.write("".join(f"warning: {n}\n" for n in notices))
         pending = st.vector.get("pending") or 0
         caveats = sum(is_indexed_caveat(s.reason) for s in st.skipped)

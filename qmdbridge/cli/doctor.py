@@ -10,6 +10,9 @@ import sys
 from typing import Any
 
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.doctor import Check, run_doctor
+from qmdbridge.manager import MemoryManager
+from qmdbridge.problems import QMD_UNHEALTHY, status_problems
 
 __all__ = ["doctor", "problem_checks"]
 
@@ -21,9 +24,6 @@ _OWN_ISSUES = ("legacy memory.md",)
 def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
     """The status problems as doctor ``error`` checks, without those the doctor checks
     itself (the provider, the legacy split, a failing qmd test search)."""
-    from qmdbridge.doctor import Check
-    from qmdbridge.problems import QMD_UNHEALTHY
-
     return [Check(p["check"], "error", p["message"], p["hint"]) for p in problems
             if p["check"] not in _OWN_CHECKS and not any(s in p["message"] for s in _OWN_ISSUES)
             and not p["message"].startswith(QMD_UNHEALTHY)]  # doctor's qmd check ran that search
@@ -33,14 +33,9 @@ async def doctor(agent: Any, args: argparse.Namespace) -> int:
     """Run the checks and print them with fix hints; without a workspace, or with an index
     the ``index`` check found unusable (corrupt, a postgres server down ...: opening it would
     repair it, which only ``--fix`` does), no status (and no store) is opened."""
-    from qmdbridge.doctor import run_doctor
-
     report = await run_doctor(agent, fix=args.fix)
     unusable = any(c.name == "index" and c.level == "error" for c in report.checks)
     if agent.workspace_dir.is_dir() and not unusable:
-        from qmdbridge.manager import MemoryManager
-        from qmdbridge.problems import status_problems
-
         async with MemoryManager(agent, backend=args.backend) as m:
             report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
     if args.json:

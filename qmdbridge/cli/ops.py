@@ -10,8 +10,12 @@ from typing import Any
 
 from fallback.errors import BackendUnavailableError
 from qmdbridge.cli.common import EXIT_FAILURE, EXIT_OK, emit_json
+from qmdbridge.paths import qmd_home
 from qmdbridge.problems import CI_REFUSAL
+from qmdbridge.qmd.backend import QmdBackend
+from qmdbridge.qmd.locate import probe_qmd
 from qmdbridge.qmd.models import DEFAULT_MODELS, model_problem
+from qmdbridge.qmd.runner import run_command
 
 __all__ = ["missing_model_hint", "qmd_action", "warmup"]
 
@@ -41,9 +45,6 @@ def missing_model_hint(stderr: str, *, step: str) -> str:
 
 
 async def _backend(agent: Any) -> Any:
-    from qmdbridge.qmd.backend import QmdBackend
-    from qmdbridge.qmd.locate import probe_qmd
-
     location = await probe_qmd(agent.memory.qmd.command, env=dict(os.environ))
     if not location.usable:
         raise BackendUnavailableError("qmd", location.reason or "qmd not available")
@@ -78,9 +79,6 @@ async def warmup(agent: Any, args: argparse.Namespace) -> int:
     """``qmdbridge warmup``: ``qmd embed`` and one ``qmd query`` in the agent's qmd home, so
     the GGUF models are downloaded and loaded first; fails fast, naming the models, under
     ``CI`` or offline with models missing."""
-    from qmdbridge.paths import qmd_home
-    from qmdbridge.qmd.runner import run_command
-
     environ = dict(os.environ)
     home = qmd_home(agent.state_dir, agent.agent_id)
     problem = await model_problem(home.models_dir, environ, kinds=("embed", "rerank", "generate"))

@@ -15,6 +15,10 @@ import orjson
 
 from fallback.errors import UsageError
 from qmdbridge.cli.common import EXIT_OK
+from qmdbridge.cli.render import keyword_notice
+from qmdbridge.server.process import run_until_signal, stdin_lines
+from qmdbridge.server.socket_listener import identity_for, serve_socket
+from qmdbridge.tools import SYNC_SCHEMA, call_tool, param_error
 
 __all__ = ["handle_line", "serve", "start_daemon_socket"]
 
@@ -22,8 +26,6 @@ __all__ = ["handle_line", "serve", "start_daemon_socket"]
 async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     """Answer one JSON-lines request (see the module docstring for the shapes): ``sync`` here,
     every other tool by :func:`qmdbridge.tools.call_tool`."""
-    from qmdbridge.tools import SYNC_SCHEMA, call_tool, param_error
-
     try:
         req = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -52,8 +54,6 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
 
 async def _read_stdin(manager: Any) -> None:
     """Answer each request line of stdin on stdout, one JSON line each, until end of input."""
-    from qmdbridge.server.process import stdin_lines
-
     async with stdin_lines() as receive:
         async for line in receive:
             if not line.strip():
@@ -73,9 +73,6 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
     which the client prints) in each reply; ``args``' ``--config`` and ``--backend``
     are part of the daemon's identity. Returns the socket's path, or ``None`` when none could
     be made (the reason is on stderr)."""
-    from qmdbridge.cli.render import keyword_notice
-    from qmdbridge.server.socket_listener import identity_for, serve_socket
-
     notice = keyword_notice(agent.memory_search.provider)
     warnings = agent.config_warning_lines()
 
@@ -91,8 +88,6 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, or end of stdin unless ``--no-stdin``; returns the exit code."""
-    from qmdbridge.server.process import run_until_signal
-
     async def body(manager: Any, tg: Any) -> None:
         if not getattr(args, "no_socket", False):
             await start_daemon_socket(tg, manager, agent, args)

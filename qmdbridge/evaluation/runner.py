@@ -37,6 +37,8 @@ from qmdbridge.evaluation.metrics import (
     summarize,
 )
 from qmdbridge.evaluation.queries import load_queries
+from qmdbridge.manager import MemoryManager
+from qmdbridge.paths import qmd_home
 from qmdbridge.qmd.query_text import search_limits
 
 __all__ = [
@@ -265,9 +267,6 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
         UsageError: bad limits. BackendUnavailableError / IndexStoreError: the engine or
             ``qmd update`` failed.
     """
-    from qmdbridge.manager import MemoryManager
-    from qmdbridge.paths import qmd_home
-
     outcomes: list[QuestionOutcome] = []
     misses: list[Miss] = []
     first: SearchResponse | None = None

@@ -12,6 +12,7 @@ import anyio.abc
 
 from fallback.background import BackgroundTasks
 from fallback.settings import ExtraPath
+from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
 
 __all__ = ["QmdFreshness"]
 
@@ -29,8 +30,6 @@ class QmdFreshness:
     def __init__(self, workspace: Path, *, extra_dirs: Sequence[ExtraPath | Path], cycle: Any,
                  watch_debounce_ms: int, update_debounce_ms: int, now_ms: Callable[[], int],
                  tasks: BackgroundTasks) -> None:
-        from fallback.sources.watcher import MemoryWatcher
-
         self.cycle = cycle
         self.tasks = tasks
         self.update_debounce_ms = max(0, update_debounce_ms)
@@ -47,8 +46,6 @@ class QmdFreshness:
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback; raises when the update fails (the watcher keeps the paths and retries)."""
-        from fallback.sources.watcher import RESCAN_MARKER
-
         files = paths - {RESCAN_MARKER}
         self.dirty = True
         self.dirty_reason = f"{len(files)} file(s) changed" if files else "rescan"

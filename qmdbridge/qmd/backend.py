@@ -482,7 +482,8 @@ class QmdBackend:
         if sources is not None:
             results = [r for r in results if r.source in sources]
         results = diversify_sources(results, limit=limit)
-        return self._outcome(results, notes)
+        stale = self.freshness.stale_warning() if self.freshness is not None else None
+        return self._outcome(results, [*notes, *([stale] if stale else [])])
 
     def _outcome(self, results: list[MemorySearchResult], notes: list[str]) -> SearchOutcome:
         """The answer: ``results``, ``notes`` as warnings, the mode searches use now, provider/model ``qmd``."""

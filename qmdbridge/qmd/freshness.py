@@ -104,6 +104,14 @@ class QmdFreshness:
                     return
                 await self._settled.wait()
 
+    def stale_warning(self) -> str | None:
+        """The warning of an answer given while a watcher update is due, running or failed (the
+        index may miss the newest content), or ``None`` when the index holds what was seen."""
+        if not self.dirty and self._update_due_in_ms() is None:
+            return None
+        return (f"index stale: {self.dirty_reason or 'memory files changed'}; qmd's update is still "
+                "due; the newest content may be missing")
+
     def snapshot(self) -> dict[str, Any]:
         """Status view: dirty flag, reason, last error and the watcher's own state."""
         return {"dirty": self.dirty, "dirtyReason": self.dirty_reason, "lastError": self.last_error,

@@ -273,10 +273,9 @@ def resolve_memory_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],
 
 
 def auxiliary_refusal(workspace: Path, target: str | Path) -> str | None:
-    """Why a read reaching ``target`` through a folder of the workspace itself is refused when it
-    is a root-level file only the root-file rule admits (:func:`is_root_level_auxiliary`):
-    :data:`DREAMS_REFUSED`, :data:`LEGACY_SHADOWED` (``memory.md`` beside ``MEMORY.md``) or
-    ``not a memory path``; ``None`` for any other file and for ``memory.md`` as the root file."""
+    """Why a read of a root-level file only the root-file rule admits (:func:`is_root_level_auxiliary`)
+    through a folder of the workspace itself is refused: :data:`DREAMS_REFUSED`, :data:`LEGACY_SHADOWED`
+    or ``not a memory path``; ``None`` for any other file and for ``memory.md`` as the root file."""
     if not is_root_level_auxiliary(workspace, target):
         return None
     name = os.path.basename(target)

@@ -394,9 +394,8 @@ class QmdBackend:
             progress: accepted for the contract (qmd reports none).
 
         Returns:
-            ``SearchOutcome``: hits best first, diversified across sources (the manager cuts them
-            to ``maxInjectedChars`` after the citations); warnings are this search's notes; ``mode``
-            the one searches use.
+            ``SearchOutcome``: hits best first, diversified across sources (the manager cuts them to
+            ``maxInjectedChars``); warnings are this search's notes; ``mode`` the one searches use.
 
         Raises:
             ManagerClosedError: closed.

@@ -27,6 +27,7 @@ from qmdbridge.cli.common import (
     EXIT_USAGE,
     emit_json,
     print_config_warnings,
+    print_error,
 )
 from qmdbridge.cli.progress import sync_progress
 from qmdbridge.cli.render import keyword_notice, print_answer
@@ -109,15 +110,12 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
             record_search_settings(args, cfg, agent, key=key, key_taken_ms=key_taken_ms)
         return code
     except MemorySearchError as exc:
-        code = exit_code_for(exc)
-        if getattr(args, "json", False):
-            emit_json({"error": str(exc), "errorType": type(exc).__name__, "exitCode": code})
-        else:
-            sys.stderr.write(f"qmdbridge: {exc}\n")
-            if isinstance(exc, IndexStoreError):
-                hint = store_failure_hint(type(exc).__name__, exc.db_path)
-                if hint is not None:
-                    sys.stderr.write(f"  fix: {hint}\n")
+        json_out = getattr(args, "json", False)
+        code = print_error(json_out, str(exc), type(exc).__name__, exit_code_for(exc))
+        if not json_out and isinstance(exc, IndexStoreError):
+            hint = store_failure_hint(type(exc).__name__, exc.db_path)
+            if hint is not None:
+                sys.stderr.write(f"  fix: {hint}\n")
         return code
 
 

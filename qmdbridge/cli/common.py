@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_REFUSED", "EXIT_NOT_FOUND", "emit_json",
-           "emit_plain_json", "print_config_warnings", "verbose_note"]
+           "emit_plain_json", "print_config_warnings", "print_error", "verbose_note"]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -51,6 +51,16 @@ def emit_plain_json(doc: dict[str, Any]) -> None:
 
     sys.stdout.buffer.write(json.dumps(doc, indent=2, ensure_ascii=False).encode() + b"\n")
     sys.stdout.flush()
+
+
+def print_error(json_out: bool, message: str, error_type: str, code: int) -> int:
+    """Tell a failed command as every route tells it: ``{error, errorType, exitCode}`` on stdout
+    with ``--json`` (``json_out``), else ``qmdbridge: <message>`` on stderr; returns ``code``."""
+    if json_out:
+        emit_plain_json({"error": message, "errorType": error_type, "exitCode": code})
+    else:
+        sys.stderr.write(f"qmdbridge: {message}\n")
+    return code
 
 
 def verbose_note(args: Any, message: str) -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Mapping
 
-from qmdbridge.cli.common import EXIT_REFUSED, emit_plain_json, print_config_warnings
+from qmdbridge.cli.common import EXIT_REFUSED, print_config_warnings, print_error
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     client_fingerprint,
@@ -117,12 +116,7 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, keyword_notice: 
         if not result.get("refused"):
             return None
         print_config_warnings(config_warnings or ())
-        message = str(result.get("error"))
-        if args.json:
-            emit_plain_json({"error": message, "errorType": "PathRefusedError", "exitCode": EXIT_REFUSED})
-        else:
-            sys.stderr.write(f"qmdbridge: {message}\n")
-        return EXIT_REFUSED
+        return print_error(args.json, str(result.get("error")), "PathRefusedError", EXIT_REFUSED)
     if result.get("disabled") or (args.command == "get" and result.get("missing")):
         return None  # in-process gives the exact message and exit code (a missing file exits 4)
     from qmdbridge.cli.render import print_answer

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from qmdbridge.cli.common import EXIT_USAGE, emit_json
+from qmdbridge.cli.common import EXIT_USAGE, print_error
 from qmdbridge.cli.daemon_client import DAEMON_COMMANDS, try_daemon
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a served `qmdbridge search` skips it)
@@ -88,8 +88,7 @@ class _Parser(argparse.ArgumentParser):
         if message.startswith(_DASH_SYMPTOMS):
             message += DASH_HINT
         if self.json_errors:
-            emit_json({"error": f"{self.prog}: {message}", "errorType": "UsageError",
-                       "exitCode": EXIT_USAGE})
+            print_error(True, f"{self.prog}: {message}", "UsageError", EXIT_USAGE)
         else:
             self.print_usage(sys.stderr)
             sys.stderr.write(f"{self.prog}: error: {message}\n")

@@ -123,14 +123,15 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     held = other_workspace(store.get_meta_json(WORKSPACE_META), str(settings.workspace_dir))
     if held is not None:  # the counts are another workspace's: the next search re-indexes
         dirty, dirty_reason = True, f"index holds workspace {held}"
+    common = _common(backend, settings, selection, cache_entries, model_missing)
     return MemoryStatus(
-        **_common(backend, settings, selection, cache_entries, model_missing), db_path=str(store.path),
+        **common, db_path=str(store.path),
         files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
         dirty=dirty or degraded is not None,
         dirty_reason=degraded or (dirty_reason if dirty else None),
         source_counts=[SourceCount(source=src, files=f, chunks=c)
                        for src, (f, c) in counts.items()],
-        fts={"enabled": s.query.hybrid.enabled or provider is None,
+        fts={"enabled": common["search_mode"] != "vector-only",
              "available": fts_error is None, "tokenizer": store.fts_tokenizer,
              "error": fts_error, "cjk": CJK_SCHEME,
              "keyword": "bm25" if fts_error is None else "substring"},
@@ -148,7 +149,8 @@ def _common(backend: str, settings: EngineSettings, selection: Any, cache_entrie
             model_missing: str | None = None) -> dict[str, Any]:
     """The status fields both stores fill alike (``selection``: the ``ProviderSelection``;
     ``model_missing``: the provider's model problem): ``search_mode`` is ``unavailable`` when a
-    configured provider fails closed, else the :func:`configured_mode` of a provider with its model."""
+    configured provider fails closed, else the :func:`configured_mode` of a provider with its model
+    (the keyword side, ``fts.enabled``, is off in ``vector-only`` alone)."""
     s, provider = settings.search, selection.provider
     return {"backend": backend, "agent_id": settings.agent_id,
             "search_mode": "unavailable" if selection.error and provider is None else configured_mode(
@@ -223,15 +225,15 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
     counts = described["counts"]
     per = [SourceCount(source=src, files=counts.get(src, {}).get("files", 0),
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
+    common = _common(backend, settings, selection, described["cacheEntries"])
     return MemoryStatus(
-        **_common(backend, settings, selection, described["cacheEntries"]),
-        db_path=(f"postgres {described['target']}, schema {described['schema']}" + (
+        **common, db_path=(f"postgres {described['target']}, schema {described['schema']}" + (
             " (not reached)" if described["schemaVersion"] is None else
             f" version {described['schemaVersion']}")), files=sum(c.files for c in per),
         chunks=sum(c.chunks for c in per), dirty=dirty, dirty_reason=dirty_reason if dirty else None,
         source_counts=per,
-        fts={"enabled": True, "available": True, "tokenizer": "unicode61", "error": None,
-             "cjk": CJK_SCHEME, "keyword": "bm25"},
+        fts={"enabled": common["search_mode"] != "vector-only", "available": True, "tokenizer": "unicode61",
+             "error": None, "cjk": CJK_SCHEME, "keyword": "bm25"},
         vector=_no_vectors(settings, selection) if provider is None else {
             "enabled": True, "available": True, "mode": "pgvector", "reason": None,
             "dims": described["vectorDims"]},

@@ -387,3 +387,24 @@ async def test_a_provider_that_fails_closed_makes_search_unavailable_as_on_sqlit
             await eng.close()
         modes.append((st.search_mode, st.provider_unavailable_reason))
     assert modes == [("unavailable", "memory search unavailable: openai: no API key found for openai")] * 2
+
+
+@pytest.mark.anyio
+async def test_a_vector_only_search_has_no_keyword_side_as_on_sqlite(tmp_path: Path, pg_dsn: str) -> None:
+    from fallback.embeddings import ProviderSelection
+    from tests.fallback.count_provider import CountProvider
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
+    views = []
+    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
+        search = MemorySearchSettings.model_validate({"store": store, "query": {"hybrid": {"enabled": False}}})
+        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
+                            provider_selection=ProviderSelection(CountProvider(), "test-count"))
+        try:
+            st = await eng.status()
+        finally:
+            await eng.close()
+        views.append((st.search_mode, st.fts["enabled"]))
+    assert views == [("vector-only", False)] * 2

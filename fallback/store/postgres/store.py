@@ -22,6 +22,7 @@ restart costs the next call a reconnect, not an error. Every psycopg error is tr
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import heapq
@@ -81,6 +82,9 @@ POSTINGS_PER_STATEMENT = 5000
 # Most chunks of one posting block (a term's postings of one write, migration m009): a block of
 # a common word stays a few KB, so reading one chunk's posting from it costs little.
 BLOCK_CHUNKS = 64
+# Writes of a sync lease in flight at once, each on a connection of its own (the server works
+# on one while the client sends the other, and the next is built meanwhile).
+WRITES_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -1082,10 +1086,15 @@ class SyncLease:
     Use as a context manager; leaving it without :meth:`publish` keeps what was written for the
     next lease (nothing is published, nothing is lost).
 
-    A write's rows are built in the caller's thread and its transaction runs on the lease's one
-    writer thread, so the next write is built while the server works on this one: one write in
-    flight, which every other method waits for first (:meth:`flush` waits for it alone). A
-    write's failure is raised by the next call (:meth:`write_files`, :meth:`flush`,
+    A write's rows are built in the caller's thread and its transaction runs on one of the
+    lease's writer threads, each with a connection of its own (the lease's, which holds the
+    lock, and one more), so the next write is built while the server works on this one: at most
+    :data:`WRITES_IN_FLIGHT` writes in flight, which every other method waits for first
+    (:meth:`flush` waits for them alone). Writes in flight hold disjoint files, and the chunk
+    row ids of each are drawn one write after another (a range of its own, as the posting
+    blocks need); a write of a file that generation ``P + 1`` already holds waits for the
+    writes before it (replacing its rows rewrites posting blocks other files share). A write's
+    failure is raised by the next call (:meth:`write_files`, :meth:`flush`,
     :meth:`delete_file`, :meth:`file_hash` or :meth:`publish`).
 
     Attributes:
@@ -1120,19 +1129,32 @@ class SyncLease:
                 " AS u(dl, h0, h1, h2) WHERE b.agent_id = %(agent)s"
                 " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
                 {**self._scope, "gen": self.generation}).fetchall())
+            # (path, source) of the files with chunks in generation P + 1 (its posting blocks)
+            self._held = set(conn.execute(
+                f"SELECT DISTINCT path, source FROM {s}.chunks WHERE agent_id = %(agent)s"
+                " AND workspace = %(ws)s AND gen_from = %(gen)s",
+                {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
-        self._writer: Any = None  # the writer thread (a one-worker executor), started by a write
-        self._pending: Any = None  # the future of the write in flight
+        self._writer: Any = None  # the writer threads (an executor), started by a write
+        self._conns = [conn]  # the writers' connections: the lease's first, one more when needed
+        # the writes in flight, oldest first: (future of its term counts, its connection)
+        self._pending: collections.deque[tuple[Any, Any]] = collections.deque()
+        self._rowids = threading.Lock()  # held while a write's chunks draw their row ids
 
     def flush(self) -> None:
-        """Wait for the write in flight (:meth:`write_files` may return before its commit).
+        """Wait for the writes in flight (:meth:`write_files` may return before their commit).
 
         Raises:
-            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: its failure.
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError: a failure of
+                one (the oldest failed).
         """
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        while self._pending:
+            self._wait_oldest()
+
+    def _wait_oldest(self) -> None:
+        """Wait for the oldest write in flight and count its terms (raises its failure)."""
+        future, _ = self._pending.popleft()
+        self._terms.merge(future.result())
 
     def __enter__(self) -> SyncLease:
         return self
@@ -1197,19 +1219,33 @@ class SyncLease:
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
-        self.flush()  # one write in flight: this one's rows are built while it ran
+        keys = {(f.path, f.source) for f in files}
+        if keys & self._held:
+            self.flush()  # its rows in this generation go first (see the class docstring)
+        self._held |= keys
+        while len(self._pending) >= WRITES_IN_FLIGHT:
+            self._wait_oldest()
+        busy = [c for _, c in self._pending]
+        conn = next((c for c in self._conns if not any(c is b for b in busy)), None)
+        if conn is None:
+            with store._errors("connect a writer"):
+                conn = store._connect()
+            self._conns.append(conn)
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(1, thread_name_prefix="qmdbridge-pg-writer")
-        self._pending = self._writer.submit(self._write, files, chunks, post, cjk, trigrams, args, tri_len)
+            self._writer = ThreadPoolExecutor(WRITES_IN_FLIGHT, thread_name_prefix="qmdbridge-pg-writer")
+        self._pending.append((self._writer.submit(self._write, conn, files, chunks, post, cjk, trigrams,
+                                                  args, tri_len), conn))
 
-    def _write(self, files: Sequence[FileRows], chunks: list[tuple[FileRows, ChunkRow]], post: Postings,
-               cjk: list[int], trigrams: Postings, args: dict[str, Any], tri_len: list[int | None]) -> None:
-        """The transaction of :meth:`write_files` (on the writer thread)."""
+    def _write(self, conn: Any, files: Sequence[FileRows], chunks: list[tuple[FileRows, ChunkRow]],
+               post: Postings, cjk: list[int], trigrams: Postings, args: dict[str, Any],
+               tri_len: list[int | None]) -> _TermCounts:
+        """The transaction of :meth:`write_files` on ``conn`` (on a writer thread); the term
+        counts it changed."""
         import numpy as np
 
         store, s = self.store, self.store._s
         counts = _TermCounts()
-        with store._errors("write files"), self._conn.transaction(), self._conn.cursor() as cur:
+        with store._errors("write files"), conn.transaction(), conn.cursor() as cur:
             counts.remove(self._retire(cur, args))
             cur.execute(f"INSERT INTO {s}.files (agent_id, workspace, path, source, hash, mtime, size,"
                         " text, gen_from) SELECT %(agent)s, %(ws)s, x.p, x.s, x.h, x.m, x.n, x.t, %(gen)s"
@@ -1221,30 +1257,33 @@ class SyncLease:
                          "sizes": _int_array(f.size for f in files),
                          "ftexts": [f.text for f in files]})
             if not chunks:
-                self._terms.merge(counts)
-                return
-            cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
-                        " end_line, hash, model, text, doc_len, trigram_len, terms, gen_from)"
-                        " SELECT %(agent)s, %(ws)s, x.id, x.p, x.src, x.s, x.e, x.h, x.m, x.t, x.n,"
-                        " x.tri, x.terms, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
-                        " %(csources)s::text[], %(starts)s::int[], %(ends)s::int[], %(hashes)s::text[],"
-                        " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[],"
-                        " %(terms)s::text[])"
-                        " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, terms, i)"
-                        " ORDER BY x.i RETURNING chunk_rowid",
-                        {**args, "ids": _text_array(c.chunk_id for _, c in chunks),
-                         "cpaths": _text_array(f.path for f, _ in chunks),
-                         "csources": _text_array(f.source for f, _ in chunks),
-                         "starts": _int_array(c.start_line for _, c in chunks),
-                         "ends": _int_array(c.end_line for _, c in chunks),
-                         "hashes": _text_array(c.content_hash for _, c in chunks),
-                         "models": _text_array(c.model for _, c in chunks),
-                         "texts": _text_array(c.text for _, c in chunks),
-                         "lens": _int_array(post.doc_len),
-                         "terms": _text_array(map(" ".join, post.chunk_terms())),
-                         "tris": _int_array(tri_len)})
+                return counts
+            chunk_args = {**args, "ids": _text_array(c.chunk_id for _, c in chunks),
+                          "cpaths": _text_array(f.path for f, _ in chunks),
+                          "csources": _text_array(f.source for f, _ in chunks),
+                          "starts": _int_array(c.start_line for _, c in chunks),
+                          "ends": _int_array(c.end_line for _, c in chunks),
+                          "hashes": _text_array(c.content_hash for _, c in chunks),
+                          "models": _text_array(c.model for _, c in chunks),
+                          "texts": _text_array(c.text for _, c in chunks),
+                          "lens": _int_array(post.doc_len),
+                          "terms": _text_array(map(" ".join, post.chunk_terms())),
+                          "tris": _int_array(tri_len)}
+            # The row ids of one write after another's: a range of its own (see _new_blocks).
+            with self._rowids:
+                cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
+                            " end_line, hash, model, text, doc_len, trigram_len, terms, gen_from)"
+                            " SELECT %(agent)s, %(ws)s, x.id, x.p, x.src, x.s, x.e, x.h, x.m, x.t, x.n,"
+                            " x.tri, x.terms, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
+                            " %(csources)s::text[], %(starts)s::int[], %(ends)s::int[], %(hashes)s::text[],"
+                            " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[],"
+                            " %(terms)s::text[])"
+                            " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, terms, i)"
+                            " ORDER BY x.i RETURNING chunk_rowid",
+                            chunk_args)
+                returned = cur.fetchall()
             # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
-            rowids = np.sort(np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64, count=len(chunks)))
+            rowids = np.sort(np.fromiter((r[0] for r in returned), dtype=np.int64, count=len(chunks)))
             counts.add_postings(post)
             sources = [f.source for f, _ in chunks]
             _write_blocks(cur, f"{s}.posting_blocks", self._scope,
@@ -1267,7 +1306,7 @@ class SyncLease:
                     Column("embedding", "vector", np.fromiter(
                         itertools.chain.from_iterable(v for _, _, v in embedded), dtype=np.float32,
                         count=int(sizes.sum())), sizes)], copy=self._copy)
-        self._terms.merge(counts)
+        return counts
 
     def delete_file(self, path: str, source: str) -> None:
         """Leave ``path`` out of generation ``P + 1`` (one transaction).
@@ -1364,9 +1403,16 @@ class SyncLease:
         flight ends first (its error is not raised: nothing is published either way)."""
         if self._writer is not None:
             self._writer.shutdown(wait=True)
-            self._writer, self._pending = None, None
+            self._writer = None
+            self._pending.clear()
         if not self._conn.closed:
-            self._conn.close()
+            # Released before the connection closes: its session ends after close() returns,
+            # and a sync starting then would find the lock still held.
+            with contextlib.suppress(Exception):
+                self._conn.execute("SELECT pg_advisory_unlock_all()")
+        for conn in self._conns:
+            if not conn.closed:
+                conn.close()
 
 
 def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,

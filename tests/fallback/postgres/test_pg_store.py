@@ -770,3 +770,70 @@ def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute(f"SELECT term, df FROM {s}.term_stats ORDER BY term").fetchall() == [
             ("b", 1), ("delta", 1), ("md", 1), ("memori", 1), ("otter", 1), ("river", 2)]
+
+
+def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_row_ids(pg_dsn: str) -> None:
+    """Two writes of a lease in flight at once, on connections of their own: with the first
+    held by a lock on ``trigram_postings`` (its CJK chunk), the second commits (its files'
+    notifications arrive) before the first does; each write's chunk row ids form a range the
+    other's does not enter, and the published index ranks as a store that wrote the same files
+    one write after the other."""
+    from fallback.store.postgres.store import FileRows
+
+    def rows(texts: dict[str, str]) -> list[FileRows]:
+        return [FileRows(p, "memory", f"h-{t}", 1, len(t), p,
+                         tuple(ChunkRow(f"{p}#{i}", i, i, f"c-{p}-{i}", "", line, "")
+                               for i, line in enumerate(t.split("|"), start=1)))
+                for p, t in texts.items()]
+
+    held = {"memory/a.md": "walrus tusk 海象|walrus ice", "memory/b.md": "seal ice|walrus"}
+    free = {"memory/c.md": "walrus krill|tusk seal", "memory/d.md": "ice floe walrus"}
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    fresh = PostgresStore(resolve_target(pg_dsn), agent_id="fresh", workspace="/ws")
+    listener = psycopg.connect(pg_dsn, autocommit=True)
+    blocker = psycopg.connect(pg_dsn)
+    try:
+        lease = fresh.sync_lease()
+        assert lease is not None
+        lease.write_files(rows(held))
+        lease.flush()
+        lease.write_files(rows(free))
+        lease.publish()
+        listener.execute("CREATE FUNCTION public.told() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+                         " PERFORM pg_notify('written', NEW.agent_id || ' ' || NEW.path); RETURN NEW; END $$")
+        listener.execute("CREATE TRIGGER told AFTER INSERT ON qmdbridge.files FOR EACH ROW"
+                         " EXECUTE FUNCTION public.told()")
+        listener.execute("LISTEN written")
+        blocker.execute("LOCK TABLE qmdbridge.trigram_postings IN SHARE MODE")  # COPY waits
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(rows(held))
+        # The first write waits on the lock (seen in pg_locks, not slept for).
+        while not listener.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation'"
+                                   " AND NOT granted").fetchone()[0]:
+            pass
+        second = threading.Thread(target=lease.write_files, args=(rows(free),))
+        second.start()
+        told = [n.payload for n in listener.notifies(timeout=120, stop_after=2)]
+        blocker.rollback()
+        second.join()
+        assert told == ["main memory/c.md", "main memory/d.md"]
+        lease.publish()
+        ranges = listener.execute("SELECT path IN ('memory/a.md', 'memory/b.md'), min(chunk_rowid),"
+                                  " max(chunk_rowid) FROM qmdbridge.chunks WHERE agent_id = 'main'"
+                                  " GROUP BY 1").fetchall()
+        assert len(ranges) == 2
+        (_, low_a, high_a), (_, low_b, high_b) = sorted(ranges, key=lambda r: r[1])
+        assert high_a < low_b
+        for query in ('"walrus"', '"tusk" OR "seal"', '"ice" OR "krill"', '"海象"', 'NEAR("walrus" "tusk", 2)'):
+            assert store.keyword_rows(query, sources=["memory"], limit=10) == \
+                fresh.keyword_rows(query, sources=["memory"], limit=10), query
+        postings = {agent: listener.execute(
+            "SELECT term, sum(cardinality(rowids)) FROM qmdbridge.posting_blocks WHERE agent_id = %s"
+            " GROUP BY term ORDER BY term", (agent,)).fetchall() for agent in ("main", "fresh")}
+        assert postings["main"] == postings["fresh"] and dict(postings["main"])["walru"] == 5
+    finally:
+        blocker.close()
+        listener.close()
+        store.close()
+        fresh.close()

@@ -774,11 +774,12 @@ def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
 
 def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_row_ids(pg_dsn: str) -> None:
     """Two writes of a lease in flight at once, on connections of their own: with the first
-    held by a lock on ``trigram_postings`` (its CJK chunk), the second commits (its files'
-    notifications arrive) before the first does; each write's chunk row ids form a range the
-    other's does not enter, and the published index ranks as a store that wrote the same files
-    one write after the other."""
-    from fallback.store.postgres.store import FileRows
+    (its files hold WRITE_CHUNKS chunks, so write_files sends them) held by a lock on
+    ``trigram_postings`` (its CJK chunk), the second commits (its files' notifications
+    arrive) before the first does; each write's chunk row ids form a range the other's does
+    not enter, and the published index ranks as a store that wrote the same files one write
+    after the other."""
+    from fallback.store.postgres.store import WRITE_CHUNKS, FileRows
 
     def rows(texts: dict[str, str]) -> list[FileRows]:
         return [FileRows(p, "memory", f"h-{t}", 1, len(t), p,
@@ -786,7 +787,8 @@ def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_ro
                                for i, line in enumerate(t.split("|"), start=1)))
                 for p, t in texts.items()]
 
-    held = {"memory/a.md": "walrus tusk 海象|walrus ice", "memory/b.md": "seal ice|walrus"}
+    held = {"memory/a.md": "walrus tusk 海象|walrus ice",
+            "memory/b.md": "|".join(f"seal ice n{i}" for i in range(WRITE_CHUNKS - 2))}
     free = {"memory/c.md": "walrus krill|tusk seal", "memory/d.md": "ice floe walrus"}
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     fresh = PostgresStore(resolve_target(pg_dsn), agent_id="fresh", workspace="/ws")
@@ -812,7 +814,7 @@ def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_ro
         while not listener.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation'"
                                    " AND NOT granted").fetchone()[0]:
             pass
-        second = threading.Thread(target=lease.write_files, args=(rows(free),))
+        second = threading.Thread(target=lambda: (lease.write_files(rows(free)), lease.flush()))
         second.start()
         told = [n.payload for n in listener.notifies(timeout=120, stop_after=2)]
         blocker.rollback()
@@ -831,9 +833,41 @@ def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_ro
         postings = {agent: listener.execute(
             "SELECT term, sum(cardinality(rowids)) FROM qmdbridge.posting_blocks WHERE agent_id = %s"
             " GROUP BY term ORDER BY term", (agent,)).fetchall() for agent in ("main", "fresh")}
-        assert postings["main"] == postings["fresh"] and dict(postings["main"])["walru"] == 5
+        assert postings["main"] == postings["fresh"]
+        assert (dict(postings["main"])["walru"], dict(postings["main"])["seal"]) == (4, WRITE_CHUNKS - 1)
     finally:
         blocker.close()
         listener.close()
         store.close()
         fresh.close()
+
+
+def test_files_of_several_calls_are_written_as_one_write_and_close_writes_the_ones_gathered(
+        pg_dsn: str) -> None:
+    """write_files gathers files across calls until they hold WRITE_CHUNKS chunks: two calls of
+    one file each make one block per term; files gathered when the lease closes unpublished
+    are written for the next lease."""
+    from fallback.store.postgres.store import FileRows
+
+    def rows(path: str, text: str) -> list[FileRows]:
+        return [FileRows(path, "memory", f"h-{text}", 1, len(text), path,
+                         (ChunkRow(f"{path}#1", 1, 1, f"c-{text}", "", text, ""),))]
+
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_files(rows("memory/a.md", "walrus tusk"))
+        lease.write_files(rows("memory/b.md", "walrus ice"))
+        lease.close()
+        lease = store.sync_lease()
+        assert lease is not None
+        assert lease.file_hash("memory/b.md", "memory") == "h-walrus ice"
+        lease.publish()
+        assert found(store, "walrus") == ["memory/a.md#1", "memory/b.md#1"]
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT term, cardinality(rowids) FROM qmdbridge.posting_blocks"
+                                " WHERE term IN ('walru', 'md') ORDER BY term").fetchall() == [
+                ("md", 2), ("walru", 2)]
+    finally:
+        store.close()

@@ -38,7 +38,8 @@ __all__ = ["LEASE_WAIT_MS", "WRITE_BATCH_FILES", "held_hash", "sync_through_leas
 
 # How long a sync waits for another host's sync of the same agent and workspace, ms.
 LEASE_WAIT_MS = 30_000
-# Files written per transaction (the store writes a batch in a fixed number of statements).
+# Files handed to the store per write_files call (the postgres lease gathers them into writes of
+# store.WRITE_CHUNKS chunks, each in a fixed number of statements).
 WRITE_BATCH_FILES = 25
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -810,10 +811,11 @@ def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_ro
         lease = store.sync_lease()
         assert lease is not None
         lease.write_files(rows(held))
-        # The first write waits on the lock (seen in pg_locks, not slept for).
+        # The first write waits on the lock (seen in pg_locks, not slept for; bounded).
+        deadline = time.monotonic() + 120
         while not listener.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'relation'"
                                    " AND NOT granted").fetchone()[0]:
-            pass
+            assert time.monotonic() < deadline
         second = threading.Thread(target=lambda: (lease.write_files(rows(free)), lease.flush()))
         second.start()
         told = [n.payload for n in listener.notifies(timeout=120, stop_after=2)]

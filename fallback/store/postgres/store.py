@@ -1353,9 +1353,13 @@ class SyncLease:
         s = self.store._s
         where = ("agent_id = %(agent)s AND workspace = %(ws)s AND (path, source) IN"
                  " (SELECT * FROM unnest(%(paths)s::text[], %(sources)s::text[]))")
-        # A file's chunks are written and retired with its files row.
-        cur.execute(f"SELECT path, source FROM {s}.files WHERE {where}"
-                    " AND (gen_to IS NULL OR gen_from = %(gen)s)", args)
+        # A file's chunks are written and retired with its files row. Each path looked up by
+        # the scope's index (LATERAL): the planner, taking the scope for a few rows, compared
+        # every file of the scope with every path of the write (quadratic over a first sync).
+        cur.execute(f"SELECT f.path, f.source FROM unnest(%(paths)s::text[], %(sources)s::text[])"
+                    f" AS x(p, src) CROSS JOIN LATERAL (SELECT path, source FROM {s}.files"
+                    " WHERE agent_id = %(agent)s AND workspace = %(ws)s AND path = x.p"
+                    " AND source = x.src AND (gen_to IS NULL OR gen_from = %(gen)s) OFFSET 0) f", args)
         held = cur.fetchall()
         if not held:
             return []

@@ -1413,12 +1413,14 @@ class SyncLease:
                     self._terms.publish(cur, f"{s}.term_stats", self._scope)
             # Fresh planner statistics once the tables changed much: on tables it has not
             # analysed, the planner took an agent's postings for a handful of rows and scanned
-            # all of them for a query's terms. A small sync skips it (autovacuum's analyze
+            # all of them for a query's terms, and an agent's files for one row, comparing each
+            # with every path a write replaces. A small sync skips it (autovacuum's analyze
             # follows the drift; ANALYZE of a large table after every small sync took CPU from
             # the searches). A role that does not own the tables is skipped by ANALYZE with a
             # notice.
             if self.chunks_written * ANALYZE_SHARE >= count:
-                for table in ("chunks", "posting_blocks", "trigram_postings", "term_stats", "chunk_vectors"):
+                for table in ("files", "chunks", "posting_blocks", "trigram_postings", "term_stats",
+                              "chunk_vectors"):
                     self._conn.execute(f"ANALYZE {s}.{table}")
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))

@@ -848,7 +848,9 @@ def test_files_of_several_calls_are_written_as_one_write_and_close_writes_the_on
         pg_dsn: str) -> None:
     """write_files gathers files across calls until they hold WRITE_CHUNKS chunks: two calls of
     one file each make one block per term; files gathered when the lease closes unpublished
-    are written for the next lease."""
+    are written for the next lease; the publish of a sync that wrote much analyses ``files``
+    too (unanalysed, the planner took the scope's files for one row and compared each with
+    every path a write replaces)."""
     from fallback.store.postgres.store import FileRows
 
     def rows(path: str, text: str) -> list[FileRows]:
@@ -865,11 +867,15 @@ def test_files_of_several_calls_are_written_as_one_write_and_close_writes_the_on
         lease = store.sync_lease()
         assert lease is not None
         assert lease.file_hash("memory/b.md", "memory") == "h-walrus ice"
+        lease.write_files(rows("memory/c.md", "seal"))
         lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the publish analysed the files
+            assert conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'qmdbridge.files'::regclass"
+                                ).fetchone()[0] == 3
         assert found(store, "walrus") == ["memory/a.md#1", "memory/b.md#1"]
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             assert conn.execute("SELECT term, cardinality(rowids) FROM qmdbridge.posting_blocks"
-                                " WHERE term IN ('walru', 'md') ORDER BY term").fetchall() == [
-                ("md", 2), ("walru", 2)]
+                                " WHERE term IN ('walru', 'seal') ORDER BY term").fetchall() == [
+                ("seal", 1), ("walru", 2)]
     finally:
         store.close()

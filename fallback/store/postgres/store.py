@@ -64,10 +64,9 @@ CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
 # Candidates ranked exactly at a time before the bound of the next one is checked.
 RANK_STEP = 16
-# Steps of RANK_STEP candidates beyond the limit whose postings a round's first statement reads
-# (most searches stop within them); a search that needs more reads the postings of as many
-# further candidates at a time, by key.
-WINDOW_STEPS = 6
+# Relative slack of a round's window: candidates whose bound is this close below the limit-th
+# lower bound are read too (far above the error of a float sum in another order).
+WINDOW_MARGIN = 1e-6
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
@@ -519,14 +518,18 @@ class PostgresStore:
         the common ones) are not scanned: a chunk holding no other term cannot reach the top.
         One statement ranks the chunks of ``sources`` holding an essential term by an upper
         bound: each phrase of an essential term adds ``IDF * f * (k1 + 1) / (f + norm)`` with
-        its chunk's own ``f`` and length, each phrase of a non-essential term its bound, when
+        its chunk's own ``f`` and length, each phrase of a non-essential term the same with its
+        term's most hits ``F`` (at the chunk's own length), when
         the chunk holds the essential tokens the phrase needs (``bm25.required_tokens``:
         ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound are ranked
-        exactly (``bm25.rank_rows``) in bound order: the statement returns the postings of every
-        term of the first ``limit`` plus :data:`WINDOW_STEPS` steps of them (the non-essential
-        terms' read by key for them alone), and those of further candidates, when the ranking
-        gets to them, are read by key as many at a time; the texts are read for the answer's
-        chunks only. The answer stands when the ``limit``-th exact
+        exactly (``bm25.rank_rows``) in bound order. The statement returns the postings of every
+        term of the candidates the ranking can need (the non-essential terms' read by key for
+        them alone): a chunk's *lower* bound sums the exact contributions of its phrases that
+        count wherever their essential term stands (no ``NEAR`` or ``AND`` above them), so the
+        ``limit``-th exact score is at least the ``limit``-th lower bound, and the ranking ends
+        before the candidates whose bound is below it; the window is the others, in whole steps of
+        :data:`RANK_STEP`: when the ranking gets past it, only chunks holding non-essential terms
+        alone can still beat the answer. The texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
         score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
         and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
         become essential, and the statement runs again, up to every chunk of every term.
@@ -550,12 +553,13 @@ class PostgresStore:
             df = dict.fromkeys(terms, 0)
             idfs: dict[str, float] = {}
             most: dict[str, float] = {}  # a term's largest possible contribution per phrase
+            top_f: dict[str, float] = {}  # a term's most column-weighted hits in one chunk
             for _, _, _, k, n, max_tf, min_dl in found:
                 t = terms[k - 1]
                 if n is None or n <= 0:
                     continue
                 df[t], idfs[t] = int(n), idf(n_chunks, int(n))
-                f = sum(w * h for w, h in zip(weights, max_tf, strict=False))
+                f = top_f[t] = sum(w * h for w, h in zip(weights, max_tf, strict=False))
                 norm = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
                 most[t] = idfs[t] * f * (BM25_K1 + 1) / (f + norm) if f > 0 else 0.0
             # Phrases that can count somewhere: (its term, the tokens it needs), none absent.
@@ -586,34 +590,19 @@ class PostgresStore:
             args = {"agent": self.agent_id, "ws": self.workspace, "g": gen, "sources": list(sources)}
             while True:
                 essential = [t for t in terms if t in idfs and t not in common]
-                bound = []
+                bound, lower = [], []
                 for h, needed in live:
-                    if h in common:
-                        value = repr(most[h])
-                    else:
-                        w = f"w{slot[h]}"
-                        value = (f"{idfs[h]!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
-                                 f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
+                    # a common term's bound in the candidate: its most hits at the chunk's length
+                    w = f"{top_f[h]!r}::float8" if h in common else f"w{slot[h]}"
+                    value = (f"{idfs[h]!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
+                             f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
                     held = " AND ".join(f"w{slot[t]} IS NOT NULL"
                                         for t in sorted(needed - common, key=slot.__getitem__))
                     bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
+                    if needed == {h} and h not in common:
+                        lower.append(bound[-1])
                 cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
 
-                def keyed_postings(terms_sql: str, slots_sql: str) -> str:
-                    """SQL: the postings of the terms ``terms_sql`` (slots ``slots_sql``) of
-                    the candidates ``win`` read by key: each term's block at or below the
-                    chunk."""
-                    return (f"SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
-                            f" unnest({terms_sql}::text[], {slots_sql}::int[]) AS n(term, k) CROSS JOIN"
-                            " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
-                            " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
-                            f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
-                            " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
-                            " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL")
-
-                window_rows = ("SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
-                               f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
-                               " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid")
                 # The column-weighted frequency of a posting's term, from its hits per column.
                 wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
                 hits = [f"h{i}" for i in range(len(TF_COLUMNS))]
@@ -626,43 +615,48 @@ class PostgresStore:
                     f" {_unnest_block('k', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}"
                     " WHERE k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
-                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
-                    " ORDER BY ub DESC, r.r LIMIT %(k)s),"
-                    # The window of candidates ranked next, by bound: only theirs are read.
+                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub,"
+                    f" ({' + '.join(lower) or '0'})::float8 AS lb FROM r ORDER BY ub DESC, r.r LIMIT %(k)s),"
+                    # The window of candidates the ranking can need, by bound: those whose
+                    # bound reaches the limit-th lower bound (whole steps); only theirs are read.
                     " win AS MATERIALIZED (SELECT r FROM (SELECT r, row_number() OVER"
-                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n > %(lo)s AND n <= %(hi)s),"
+                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n <= (SELECT least(%(k)s - 1,"
+                    " ceil(greatest(%(limit)s + 1, count(*))::float8 / %(step)s) * %(step)s) FROM top"
+                    f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
+                    " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
                     # Every term's postings of the window: the essential ones already read,
-                    # the common ones by key.
+                    # the common ones by key (each term's block at or below the chunk).
                     " x AS (SELECT p.r, p.k, p.positions FROM p JOIN win ON win.r = p.r"
-                    f" UNION ALL {keyed_postings('%(common)s', '%(common_k)s')}),"
-                    f" y AS ({window_rows})"
+                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
+                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN"
+                    " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
+                    " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
+                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
+                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL),"
+                    " y AS (SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
+                    f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
+                    " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid)"
                     " SELECT top.r, top.ub, top.dl, y.ks, y.positions, y.path, y.start_line"
                     " FROM top LEFT JOIN y ON y.r = top.r")
-                # The postings of every term of further candidates, all by key.
-                more_sql = (f"WITH win(r) AS (SELECT unnest(%(ids)s::bigint[])),"
-                            f" x AS ({keyed_postings('%(all)s', '%(all_k)s')}) {window_rows}")
                 round_args = {**args, "k": want + 1, "ess": _text_array(essential),
                               "ess_k": _int_array(slot[t] for t in essential),
                               "common": _text_array(sorted(common)),
                               "common_k": _int_array(slot[t] for t in sorted(common))}
 
                 # The bounds of the first K + 1 candidates, with the postings, path and start
-                # line of the first read_to of them by bound.
-                read_to = min(want, limit + WINDOW_STEPS * RANK_STEP)
-                cur.execute(sql, {**round_args, "lo": 0, "hi": read_to})
+                # line of the window's (the first read_to of them by bound).
+                cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP})
                 bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
+                read_to = sum(r[3] is not None for r in bounds)
                 rest = free_bound(common)
                 # Rank the candidates in the order of their bounds, a few at a time, until the
                 # limit-th exact score is above the bound of every chunk not ranked yet.
                 for first in range(0, min(want, len(bounds)) + 1, RANK_STEP):
-                    if first + RANK_STEP > read_to and read_to < min(want, len(bounds)):
-                        upto = min(want, len(bounds), read_to + max(WINDOW_STEPS, 1) * RANK_STEP)
-                        cur.execute(more_sql, {**args, "ids": [r[0] for r in bounds[read_to:upto]],
-                                               "all": _text_array(t for t in terms if t in idfs),
-                                               "all_k": _int_array(slot[t] for t in terms if t in idfs)})
-                        more = {r[0]: r[1:] for r in cur.fetchall()}
-                        bounds[read_to:upto] = [(*r[:3], *more[r[0]]) for r in bounds[read_to:upto]]
-                        read_to = upto
+                    if first >= read_to and read_to < min(want, len(bounds)):
+                        # Past the window: only the chunks holding common terms alone may still
+                        # beat the answer (the next round's terms decide).
+                        break
                     todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
                     # Chunks with the same length and the same postings of the query's terms
                     # (a note copied, repeated boilerplate) have the same rank: ranked once.

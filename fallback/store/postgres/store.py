@@ -585,6 +585,7 @@ class PostgresStore:
             common = common_terms(max(most[h] for h, _ in live) / 2)
             want = limit * CANDIDATES_PER_ROW
             ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
+            best: list[float] = []  # the limit best scores ranked yet, a heap (the worst first)
             by_key: dict[tuple[Any, ...], float | None] = {}
             info: dict[int, Any] = {}
             args = {"agent": self.agent_id, "ws": self.workspace, "g": gen, "sources": list(sources)}
@@ -673,12 +674,13 @@ class PostgresStore:
                         rank = by_key[keys[r[0]]]
                         if rank is not None:  # None: the row does not match
                             ranks[r[0]] = rank
+                            (heapq.heappush if len(best) < limit else heapq.heappushpop)(best, -rank)
                     info.update((r[0], r) for r in todo)
-                    picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
-                    beat = -ranks[picked[-1]] if len(picked) == limit else None
+                    beat = best[0] if len(best) == limit else None
                     upto = min(first + RANK_STEP, want)
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
+                        picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
                         # The texts of the answer only (not of every candidate).
                         text_of = {row[0]: row[1:] for row in self._last_rows(
                             cur, f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"

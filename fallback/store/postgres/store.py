@@ -609,12 +609,16 @@ class PostgresStore:
                 hits = [f"h{i}" for i in range(len(TF_COLUMNS))]
                 sql = (
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
-                    " p AS MATERIALIZED (SELECT u.r, t.k, u.dl::float8 AS dl,"
-                    f" {wf} AS wf, {_block_positions('b', 'u.i')} AS positions"
+                    # The essential terms' blocks, each read once; the positions are sliced
+                    # for the window's chunks alone.
+                    " blk AS MATERIALIZED (SELECT t.k, k.chunk_rowid AS kb, k.rowids, k.lens,"
+                    f" {', '.join(f'k.{c}' for c in TF_COLUMNS)}, array_cat(k.ends, '{{}}') AS ends,"
+                    " array_cat(k.positions, '{}') AS positions"
                     f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
-                    f" AND k.workspace = %(ws)s AND k.term = t.term {_read_block('k', 'b')}"
-                    f" {_unnest_block('k', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}"
+                    " AND k.workspace = %(ws)s AND k.term = t.term"
                     " WHERE k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)),"
+                    f" p AS MATERIALIZED (SELECT u.r, blk.k, blk.kb, u.i, u.dl::float8 AS dl, {wf} AS wf"
+                    f" FROM blk {_unnest_block('blk', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
                     f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub,"
                     f" ({' + '.join(lower) or '0'})::float8 AS lb FROM r ORDER BY ub DESC, r.r LIMIT %(k)s),"
@@ -627,7 +631,8 @@ class PostgresStore:
                     " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
                     # Every term's postings of the window: the essential ones already read,
                     # the common ones by key (each term's block at or below the chunk).
-                    " x AS (SELECT p.r, p.k, p.positions FROM p JOIN win ON win.r = p.r"
+                    f" x AS (SELECT p.r, p.k, {_block_positions('blk', 'p.i')} FROM p JOIN win ON win.r = p.r"
+                    " JOIN blk ON blk.k = p.k AND blk.kb = p.kb"
                     f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
                     " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN"
                     " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"

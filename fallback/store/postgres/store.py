@@ -42,6 +42,7 @@ from fallback.store.postgres.bm25 import (
     count_matches,
     idf,
     parse_match,
+    phrase_instances,
     rank_rows,
     required_tokens,
 )
@@ -462,7 +463,6 @@ class PostgresStore:
         main = parse_match(match, self._tokenizer.phrase_tokens) if match else None
         tri = parse_match(trigram_match, self._trigrams.phrase_tokens) if trigram_match else None
         if (main is not None and tri is None and not like_patterns and min(weights) >= 0
-                and all(len(p) <= 1 for p in main.phrases)
                 and all(c is None for c in main.columns)):
             return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
@@ -507,13 +507,16 @@ class PostgresStore:
 
     def _top_rows(self, query: MatchQuery, *, sources: Sequence[str], limit: int,
                   weights: Sequence[float]) -> list[KeywordRow]:
-        """:meth:`keyword_rows` of an expression whose phrases are single tokens, reading the
-        postings of the rare terms only (MaxScore over an upper bound of ``bm25()``).
+        """:meth:`keyword_rows` of an expression without column filters, reading the postings
+        of the rare terms only (MaxScore over an upper bound of ``bm25()``).
 
         The statistics come first (one snapshot for the whole search): the published
         generation and, per query term, ``term_stats``' chunk count (its IDF) and bounds of
         its postings, so each phrase has a bound: ``IDF * F * (k1 + 1) / (F + norm)`` with the
-        most column-weighted hits ``F`` and the shortest chunk of any posting of its term.
+        most column-weighted hits ``F`` and the shortest chunk of any posting of its (first)
+        term. A phrase of several tokens counts its chunks (its IDF's ``n``) from the postings
+        of the chunks holding its tokens (one statement); its hits in a chunk are at most its
+        first token's, so its bound is that token's with the phrase's IDF.
         Terms whose phrases' bounds sum below the score to beat (the *non-essential* terms,
         the common ones) are not scanned: a chunk holding no other term cannot reach the top.
         One statement ranks the chunks of ``sources`` holding an essential term by an upper
@@ -552,29 +555,57 @@ class PostgresStore:
             avgdl = n_tokens / max(n_chunks, 1) if n_tokens else 1.0
             df = dict.fromkeys(terms, 0)
             idfs: dict[str, float] = {}
-            most: dict[str, float] = {}  # a term's largest possible contribution per phrase
             top_f: dict[str, float] = {}  # a term's most column-weighted hits in one chunk
+            shortest: dict[str, float] = {}  # the bm25 norm of a term's shortest chunk
             for _, _, _, k, n, max_tf, min_dl in found:
                 t = terms[k - 1]
                 if n is None or n <= 0:
                     continue
                 df[t], idfs[t] = int(n), idf(n_chunks, int(n))
-                f = top_f[t] = sum(w * h for w, h in zip(weights, max_tf, strict=False))
-                norm = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
-                most[t] = idfs[t] * f * (BM25_K1 + 1) / (f + norm) if f > 0 else 0.0
-            # Phrases that can count somewhere: (its term, the tokens it needs), none absent.
-            live = [(p[0], needed) for p, needed in zip(query.phrases, required_tokens(query), strict=True)
-                    if p and all(t in idfs for t in needed)]
+                top_f[t] = sum(w * h for w, h in zip(weights, max_tf, strict=False))
+                shortest[t] = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
+            # A phrase of several tokens: the chunks holding it (its IDF's n) counted from its
+            # tokens' postings; its hits in a chunk are at most its first token's.
+            holding = dict(df)
+            several = [p for p in query.phrases if len(p) > 1 and all(t in idfs for t in p)]
+            if several:
+                # The positions of the chunks holding enough of the phrases' tokens only.
+                cur.execute(
+                    "WITH t(term) AS (SELECT unnest(%(terms)s::text[])),"
+                    " blk AS MATERIALIZED (SELECT k.term, k.chunk_rowid AS kb, k.rowids,"
+                    " array_cat(k.ends, '{}') AS ends, array_cat(k.positions, '{}') AS positions"
+                    f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
+                    " AND k.workspace = %(ws)s AND k.term = t.term WHERE k.gen_from <= %(g)s),"
+                    f" p AS MATERIALIZED (SELECT u.r, blk.term, blk.kb, u.i FROM blk"
+                    f" {_unnest_block('blk', 'u', ('rowids', 'r'))}),"
+                    " hold AS (SELECT r FROM p GROUP BY r HAVING count(*) >= %(need)s)"
+                    f" SELECT p.r, p.term, {_block_positions('blk', 'p.i')} FROM p JOIN hold ON hold.r = p.r"
+                    " JOIN blk ON blk.term = p.term AND blk.kb = p.kb",
+                    {"agent": self.agent_id, "ws": self.workspace, "g": gen,
+                     "terms": list(dict.fromkeys(t for p in several for t in p)),
+                     "need": min(len(set(p)) for p in several)})
+                rows: dict[int, dict[str, list[int]]] = {}
+                for r, t, positions in cur.fetchall():
+                    rows.setdefault(r, {})[t] = positions
+                holding.update((" ".join(p), sum(1 for r in rows.values() if phrase_instances(p, r)))
+                               for p in several)
+            phrase_rows = [holding.get(" ".join(p), 0) if p else 0 for p in query.phrases]
+            # Phrases that can count somewhere: (its first term, the tokens it needs, its IDF,
+            # its bound: its first term's most hits in that term's shortest chunk).
+            live = [(p[0], needed, idf(n_chunks, n), idf(n_chunks, n) * top_f[p[0]] * (BM25_K1 + 1)
+                     / (top_f[p[0]] + shortest[p[0]]) if top_f[p[0]] > 0 else 0.0)
+                    for p, needed, n in zip(query.phrases, required_tokens(query), phrase_rows, strict=True)
+                    if p and n > 0 and all(t in idfs for t in needed)]
             if not live:
                 return []
 
             def free_bound(common: set[str]) -> float:
                 """The bound of a chunk holding only ``common`` terms."""
-                return sum(most[h] for h, needed in live if needed <= common)
+                return sum(most for _, needed, _, most in live if needed <= common)
 
             def common_terms(beat: float) -> set[str]:
                 """The most common terms whose phrases' bounds sum below ``beat``."""
-                weight = {t: sum(most[h] for h, _ in live if h == t) for t in idfs}
+                weight = {t: sum(most for h, _, _, most in live if h == t) for t in idfs}
                 common: set[str] = set()
                 for t in sorted(idfs, key=lambda t: (weight[t], t)):
                     if len(common) + 1 >= len(idfs) or free_bound(common | {t}) * (1 + BOUND_MARGIN) >= beat:
@@ -582,7 +613,7 @@ class PostgresStore:
                     common.add(t)
                 return common
 
-            common = common_terms(max(most[h] for h, _ in live) / 2)
+            common = common_terms(max(most for *_, most in live) / 2)
             want = limit * CANDIDATES_PER_ROW
             ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
             best: list[float] = []  # the limit best scores ranked yet, a heap (the worst first)
@@ -592,10 +623,10 @@ class PostgresStore:
             while True:
                 essential = [t for t in terms if t in idfs and t not in common]
                 bound, lower = [], []
-                for h, needed in live:
+                for h, needed, phrase_idf, _ in live:
                     # a common term's bound in the candidate: its most hits at the chunk's length
                     w = f"{top_f[h]!r}::float8" if h in common else f"w{slot[h]}"
-                    value = (f"{idfs[h]!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
+                    value = (f"{phrase_idf!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
                              f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
                     held = " AND ".join(f"w{slot[t]} IS NOT NULL"
                                         for t in sorted(needed - common, key=slot.__getitem__))
@@ -673,7 +704,7 @@ class PostgresStore:
                                        for k, pos in zip(r[3], r[4], strict=True)} for r in fresh.values()},
                         {r[0]: int(r[2]) for r in fresh.values()}, row_count=n_chunks,
                         token_count=n_tokens, weights=weights,
-                        phrase_rows=[df[p[0]] if p else 0 for p in query.phrases])
+                        phrase_rows=phrase_rows)
                     by_key.update((key, found_ranks.get(r[0])) for key, r in fresh.items())
                     for r in todo:
                         rank = by_key[keys[r[0]]]

@@ -183,6 +183,41 @@ def test_a_common_word_beating_the_rare_words_later_rows_is_read_in_a_second_rou
         pg.close()
 
 
+def test_a_plan_with_a_phrase_of_two_words_ranks_its_best_candidates_only(
+        pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-word phrase takes the MaxScore route too: the chunks holding both its words are
+    read to count the chunks holding the phrase (its IDF), and a chunk's bound counts the
+    phrase with its first word's hits. FTS5's rows and ranks, with a few dozen chunks ranked
+    exactly, not every one of the 470 holding a query word."""
+    files = {**{f"memory/a{i:03d}.md": [(1, 1, f"melanie went out walking {i}")] for i in range(400)},
+             **{f"memory/b{i:03d}.md": [(1, 1, f"self care matters to melanie {i}")] for i in range(20)},
+             **{f"memory/c{i:03d}.md": [(1, 1, f"self help and care {i}")] for i in range(50)},
+             **{f"memory/d{i:03d}.md": [(1, 1, f"other words {i}")] for i in range(500)}}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    ranked: list[int] = []
+    rank_rows = pg_store.rank_rows
+
+    def counted(query: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        ranked.append(len(rows))
+        return rank_rows(query, rows, *args, **kwargs)
+
+    monkeypatch.setattr(pg_store, "rank_rows", counted)
+    try:
+        expr = '"melanie" OR ("self care" OR "selfcare") OR NEAR("melanie" "self care", 10)'
+        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                          " LIMIT 10", [expr])
+        got = pg.keyword_rows(expr, sources=["memory"], limit=10)
+        assert [r[5] for r in got[:3]] == [f"self care matters to melanie {i}" for i in range(3)]
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert 0 < sum(ranked) <= 100, ranked
+    finally:
+        lite.close()
+        pg.close()
+
+
 def corpus_files(root: Path) -> dict[str, list[tuple[int, int, str]]]:
     """The chunks of a ``scripts/corpus.py`` workspace (English with Japanese and Chinese
     lines), chunked as the engine chunks notes."""

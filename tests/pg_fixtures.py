@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,25 @@ def start_pgserver(data_dir: Path) -> PgServer:
 
         handle = pgserver.get_server(data_dir, cleanup_mode="stop")
     return PgServer(data_dir=data_dir, handle=handle)
+
+
+def round_trips(store: Any, trace: Path, read: Callable[[], object]) -> int:
+    """The round trips of ``read`` on ``store``'s one pooled connection, from libpq's protocol
+    trace (written to ``trace``): one per run of messages the client sends before it reads the
+    server's answer (the pool's check of the connection is the first, not counted).
+    ``store`` is a ``PostgresStore`` whose pool holds one connection."""
+    from psycopg.pq import Trace, TransactionStatus
+
+    with trace.open("w") as out:
+        with store._pool.connection() as conn:  # the pool's one connection
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        read()
+        with store._pool.connection() as conn:  # its check is traced too: not counted
+            conn.pgconn.untrace()
+            assert conn.info.transaction_status == TransactionStatus.IDLE
+    sides = [line.split("\t", 1)[0] for line in trace.read_text().splitlines()]
+    return sum(side == "F" and (i == 0 or sides[i - 1] == "B") for i, side in enumerate(sides)) - 1
 
 
 @pytest.fixture(scope="session")

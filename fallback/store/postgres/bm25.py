@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from fallback.store.fts_rows import FTS_COLUMNS
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
-__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "idf", "parse_match", "rank_rows",
-           "required_tokens"]
+__all__ = ["BM25_B", "BM25_K1", "MatchQuery", "count_matches", "idf", "parse_match", "phrase_instances",
+           "rank_rows", "required_tokens"]
 
 # FTS5's bm25() constants.
 BM25_K1 = 1.2

@@ -43,6 +43,7 @@ from fallback.store.postgres.bm25 import (
     count_matches,
     idf,
     parse_match,
+    phrase_instances,
     rank_rows,
     required_tokens,
 )
@@ -65,10 +66,9 @@ CANDIDATES_PER_ROW = 8
 CANDIDATE_GROWTH = 4
 # Candidates ranked exactly at a time before the bound of the next one is checked.
 RANK_STEP = 16
-# Steps of RANK_STEP candidates beyond the limit whose postings a round's first statement reads
-# (most searches stop within them); a search that needs more reads the postings of as many
-# further candidates at a time, by key.
-WINDOW_STEPS = 6
+# Relative slack of a round's window: candidates whose bound is this close below the limit-th
+# lower bound are read too (far above the error of a float sum in another order).
+WINDOW_MARGIN = 1e-6
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
@@ -472,7 +472,6 @@ class PostgresStore:
         main = parse_match(match, self._tokenizer.phrase_tokens) if match else None
         tri = parse_match(trigram_match, self._trigrams.phrase_tokens) if trigram_match else None
         if (main is not None and tri is None and not like_patterns and min(weights) >= 0
-                and all(len(p) <= 1 for p in main.phrases)
                 and all(c is None for c in main.columns)):
             return self._top_rows(main, sources=sources, limit=limit, weights=weights)
         s = self._s
@@ -517,25 +516,32 @@ class PostgresStore:
 
     def _top_rows(self, query: MatchQuery, *, sources: Sequence[str], limit: int,
                   weights: Sequence[float]) -> list[KeywordRow]:
-        """:meth:`keyword_rows` of an expression whose phrases are single tokens, reading the
-        postings of the rare terms only (MaxScore over an upper bound of ``bm25()``).
+        """:meth:`keyword_rows` of an expression without column filters, reading the postings
+        of the rare terms only (MaxScore over an upper bound of ``bm25()``).
 
         The statistics come first (one snapshot for the whole search): the published
         generation and, per query term, ``term_stats``' chunk count (its IDF) and bounds of
         its postings, so each phrase has a bound: ``IDF * F * (k1 + 1) / (F + norm)`` with the
-        most column-weighted hits ``F`` and the shortest chunk of any posting of its term.
+        most column-weighted hits ``F`` and the shortest chunk of any posting of its (first)
+        term. A phrase of several tokens counts its chunks (its IDF's ``n``) from the postings
+        of the chunks holding its tokens (one statement); its hits in a chunk are at most its
+        first token's, so its bound is that token's with the phrase's IDF.
         Terms whose phrases' bounds sum below the score to beat (the *non-essential* terms,
         the common ones) are not scanned: a chunk holding no other term cannot reach the top.
         One statement ranks the chunks of ``sources`` holding an essential term by an upper
         bound: each phrase of an essential term adds ``IDF * f * (k1 + 1) / (f + norm)`` with
-        its chunk's own ``f`` and length, each phrase of a non-essential term its bound, when
+        its chunk's own ``f`` and length, each phrase of a non-essential term the same with its
+        term's most hits ``F`` (at the chunk's own length), when
         the chunk holds the essential tokens the phrase needs (``bm25.required_tokens``:
         ``NEAR`` and ``AND`` only drop instances). The first ``K`` chunks by bound are ranked
-        exactly (``bm25.rank_rows``) in bound order: the statement returns the postings of every
-        term of the first ``limit`` plus :data:`WINDOW_STEPS` steps of them (the non-essential
-        terms' read by key for them alone), and those of further candidates, when the ranking
-        gets to them, are read by key as many at a time; the texts are read for the answer's
-        chunks only. The answer stands when the ``limit``-th exact
+        exactly (``bm25.rank_rows``) in bound order. The statement returns the postings of every
+        term of the candidates the ranking can need (the non-essential terms' read by key for
+        them alone): a chunk's *lower* bound sums the exact contributions of its phrases that
+        count wherever their essential term stands (no ``NEAR`` or ``AND`` above them), so the
+        ``limit``-th exact score is at least the ``limit``-th lower bound, and the ranking ends
+        before the candidates whose bound is below it; the window is the others, in whole steps of
+        :data:`RANK_STEP`: when the ranking gets past it, only chunks holding non-essential terms
+        alone can still beat the answer. The texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
         score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
         and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
         become essential, and the statement runs again, up to every chunk of every term.
@@ -558,28 +564,57 @@ class PostgresStore:
             avgdl = n_tokens / max(n_chunks, 1) if n_tokens else 1.0
             df = dict.fromkeys(terms, 0)
             idfs: dict[str, float] = {}
-            most: dict[str, float] = {}  # a term's largest possible contribution per phrase
+            top_f: dict[str, float] = {}  # a term's most column-weighted hits in one chunk
+            shortest: dict[str, float] = {}  # the bm25 norm of a term's shortest chunk
             for _, _, _, k, n, max_tf, min_dl in found:
                 t = terms[k - 1]
                 if n is None or n <= 0:
                     continue
                 df[t], idfs[t] = int(n), idf(n_chunks, int(n))
-                f = sum(w * h for w, h in zip(weights, max_tf, strict=False))
-                norm = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
-                most[t] = idfs[t] * f * (BM25_K1 + 1) / (f + norm) if f > 0 else 0.0
-            # Phrases that can count somewhere: (its term, the tokens it needs), none absent.
-            live = [(p[0], needed) for p, needed in zip(query.phrases, required_tokens(query), strict=True)
-                    if p and all(t in idfs for t in needed)]
+                top_f[t] = sum(w * h for w, h in zip(weights, max_tf, strict=False))
+                shortest[t] = BM25_K1 * (1 - BM25_B + BM25_B * min_dl / avgdl)
+            # A phrase of several tokens: the chunks holding it (its IDF's n) counted from its
+            # tokens' postings; its hits in a chunk are at most its first token's.
+            holding = dict(df)
+            several = [p for p in query.phrases if len(p) > 1 and all(t in idfs for t in p)]
+            if several:
+                # The positions of the chunks holding enough of the phrases' tokens only.
+                cur.execute(
+                    "WITH t(term) AS (SELECT unnest(%(terms)s::text[])),"
+                    " blk AS MATERIALIZED (SELECT k.term, k.chunk_rowid AS kb, k.rowids,"
+                    " array_cat(k.ends, '{}') AS ends, array_cat(k.positions, '{}') AS positions"
+                    f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
+                    " AND k.workspace = %(ws)s AND k.term = t.term WHERE k.gen_from <= %(g)s),"
+                    f" p AS MATERIALIZED (SELECT u.r, blk.term, blk.kb, u.i FROM blk"
+                    f" {_unnest_block('blk', 'u', ('rowids', 'r'))}),"
+                    " hold AS (SELECT r FROM p GROUP BY r HAVING count(*) >= %(need)s)"
+                    f" SELECT p.r, p.term, {_block_positions('blk', 'p.i')} FROM p JOIN hold ON hold.r = p.r"
+                    " JOIN blk ON blk.term = p.term AND blk.kb = p.kb",
+                    {"agent": self.agent_id, "ws": self.workspace, "g": gen,
+                     "terms": list(dict.fromkeys(t for p in several for t in p)),
+                     "need": min(len(set(p)) for p in several)})
+                rows: dict[int, dict[str, list[int]]] = {}
+                for r, t, positions in cur.fetchall():
+                    rows.setdefault(r, {})[t] = positions
+                holding.update((" ".join(p), sum(1 for r in rows.values() if phrase_instances(p, r)))
+                               for p in several)
+            phrase_rows = [holding.get(" ".join(p), 0) if p else 0 for p in query.phrases]
+            # Phrases that can count somewhere: (its first term, the tokens it needs, its IDF,
+            # its bound: its first term's most hits in that term's shortest chunk).
+            live = [(p[0], needed, idf(n_chunks, n), idf(n_chunks, n) * top_f[p[0]] * (BM25_K1 + 1)
+                     / (top_f[p[0]] + shortest[p[0]]) if top_f[p[0]] > 0 else 0.0)
+                    for p, needed, n in zip(query.phrases, required_tokens(query), phrase_rows, strict=True)
+                    if p and n > 0 and all(t in idfs for t in needed)]
             if not live:
                 return []
 
             def free_bound(common: set[str]) -> float:
                 """The bound of a chunk holding only ``common`` terms."""
-                return sum(most[h] for h, needed in live if needed <= common)
+                return sum(most for _, needed, _, most in live if needed <= common)
 
             def common_terms(beat: float) -> set[str]:
                 """The most common terms whose phrases' bounds sum below ``beat``."""
-                weight = {t: sum(most[h] for h, _ in live if h == t) for t in idfs}
+                weight = {t: sum(most for h, _, _, most in live if h == t) for t in idfs}
                 common: set[str] = set()
                 for t in sorted(idfs, key=lambda t: (weight[t], t)):
                     if len(common) + 1 >= len(idfs) or free_bound(common | {t}) * (1 + BOUND_MARGIN) >= beat:
@@ -587,91 +622,87 @@ class PostgresStore:
                     common.add(t)
                 return common
 
-            common = common_terms(max(most[h] for h, _ in live) / 2)
+            common = common_terms(max(most for *_, most in live) / 2)
             want = limit * CANDIDATES_PER_ROW
             ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
+            best: list[float] = []  # the limit best scores ranked yet, a heap (the worst first)
             by_key: dict[tuple[Any, ...], float | None] = {}
             info: dict[int, Any] = {}
             args = {"agent": self.agent_id, "ws": self.workspace, "g": gen, "sources": list(sources)}
             while True:
                 essential = [t for t in terms if t in idfs and t not in common]
-                bound = []
-                for h, needed in live:
-                    if h in common:
-                        value = repr(most[h])
-                    else:
-                        w = f"w{slot[h]}"
-                        value = (f"{idfs[h]!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
-                                 f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
+                bound, lower = [], []
+                for h, needed, phrase_idf, _ in live:
+                    # a common term's bound in the candidate: its most hits at the chunk's length
+                    w = f"{top_f[h]!r}::float8" if h in common else f"w{slot[h]}"
+                    value = (f"{phrase_idf!r} * {w} * {BM25_K1 + 1!r} / ({w} + {BM25_K1!r}"
+                             f" * ({1 - BM25_B!r} + {BM25_B!r} * r.dl / {avgdl!r}))")
                     held = " AND ".join(f"w{slot[t]} IS NOT NULL"
                                         for t in sorted(needed - common, key=slot.__getitem__))
                     bound.append(f"CASE WHEN {held} THEN {value} ELSE 0 END" if held else value)
+                    if needed == {h} and h not in common:
+                        lower.append(bound[-1])
                 cols = ", ".join(f"max(wf) FILTER (WHERE k = {slot[t]}) AS w{slot[t]}" for t in essential)
 
-                def keyed_postings(terms_sql: str, slots_sql: str) -> str:
-                    """SQL: the postings of the terms ``terms_sql`` (slots ``slots_sql``) of
-                    the candidates ``win`` read by key: each term's block at or below the
-                    chunk."""
-                    return (f"SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
-                            f" unnest({terms_sql}::text[], {slots_sql}::int[]) AS n(term, k) CROSS JOIN"
-                            " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
-                            " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
-                            f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
-                            " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
-                            " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL")
-
-                window_rows = ("SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
-                               f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
-                               " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid")
                 # The column-weighted frequency of a posting's term, from its hits per column.
                 wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
                 hits = [f"h{i}" for i in range(len(TF_COLUMNS))]
                 sql = (
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
-                    " p AS MATERIALIZED (SELECT u.r, t.k, u.dl::float8 AS dl,"
-                    f" {wf} AS wf, {_block_positions('b', 'u.i')} AS positions"
+                    # The essential terms' blocks, each read once; the positions are sliced
+                    # for the window's chunks alone.
+                    " blk AS MATERIALIZED (SELECT t.k, k.chunk_rowid AS kb, k.rowids, k.lens,"
+                    f" {', '.join(f'k.{c}' for c in TF_COLUMNS)}, array_cat(k.ends, '{{}}') AS ends,"
+                    " array_cat(k.positions, '{}') AS positions"
                     f" FROM t JOIN {s}.posting_blocks k ON k.agent_id = %(agent)s"
-                    f" AND k.workspace = %(ws)s AND k.term = t.term {_read_block('k', 'b')}"
-                    f" {_unnest_block('k', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}"
+                    " AND k.workspace = %(ws)s AND k.term = t.term"
                     " WHERE k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)),"
+                    f" p AS MATERIALIZED (SELECT u.r, blk.k, blk.kb, u.i, u.dl::float8 AS dl, {wf} AS wf"
+                    f" FROM blk {_unnest_block('blk', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
-                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub FROM r"
-                    " ORDER BY ub DESC, r.r LIMIT %(k)s),"
-                    # The window of candidates ranked next, by bound: only theirs are read.
+                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub,"
+                    f" ({' + '.join(lower) or '0'})::float8 AS lb FROM r ORDER BY ub DESC, r.r LIMIT %(k)s),"
+                    # The window of candidates the ranking can need, by bound: those whose
+                    # bound reaches the limit-th lower bound (whole steps); only theirs are read.
                     " win AS MATERIALIZED (SELECT r FROM (SELECT r, row_number() OVER"
-                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n > %(lo)s AND n <= %(hi)s),"
+                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n <= (SELECT least(%(k)s - 1,"
+                    " ceil(greatest(%(limit)s + 1, count(*))::float8 / %(step)s) * %(step)s) FROM top"
+                    f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
+                    " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
                     # Every term's postings of the window: the essential ones already read,
-                    # the common ones by key.
-                    " x AS (SELECT p.r, p.k, p.positions FROM p JOIN win ON win.r = p.r"
-                    f" UNION ALL {keyed_postings('%(common)s', '%(common_k)s')}),"
-                    f" y AS ({window_rows})"
+                    # the common ones by key (each term's block at or below the chunk).
+                    f" x AS (SELECT p.r, p.k, {_block_positions('blk', 'p.i')} FROM p JOIN win ON win.r = p.r"
+                    " JOIN blk ON blk.k = p.k AND blk.kb = p.kb"
+                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
+                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN"
+                    " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
+                    " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
+                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
+                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL),"
+                    " y AS (SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
+                    f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
+                    " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid)"
                     " SELECT top.r, top.ub, top.dl, y.ks, y.positions, y.path, y.start_line"
                     " FROM top LEFT JOIN y ON y.r = top.r")
-                # The postings of every term of further candidates, all by key.
-                more_sql = (f"WITH win(r) AS (SELECT unnest(%(ids)s::bigint[])),"
-                            f" x AS ({keyed_postings('%(all)s', '%(all_k)s')}) {window_rows}")
                 round_args = {**args, "k": want + 1, "ess": _text_array(essential),
                               "ess_k": _int_array(slot[t] for t in essential),
                               "common": _text_array(sorted(common)),
                               "common_k": _int_array(slot[t] for t in sorted(common))}
 
                 # The bounds of the first K + 1 candidates, with the postings, path and start
-                # line of the first read_to of them by bound.
-                read_to = min(want, limit + WINDOW_STEPS * RANK_STEP)
-                cur.execute(sql, {**round_args, "lo": 0, "hi": read_to})
+                # line of the window's (the first read_to of them by bound).
+                cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP})
                 bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
+                read_to = sum(r[3] is not None for r in bounds)
                 rest = free_bound(common)
                 # Rank the candidates in the order of their bounds, a few at a time, until the
                 # limit-th exact score is above the bound of every chunk not ranked yet.
                 for first in range(0, min(want, len(bounds)) + 1, RANK_STEP):
-                    if first + RANK_STEP > read_to and read_to < min(want, len(bounds)):
-                        upto = min(want, len(bounds), read_to + max(WINDOW_STEPS, 1) * RANK_STEP)
-                        cur.execute(more_sql, {**args, "ids": [r[0] for r in bounds[read_to:upto]],
-                                               "all": _text_array(t for t in terms if t in idfs),
-                                               "all_k": _int_array(slot[t] for t in terms if t in idfs)})
-                        more = {r[0]: r[1:] for r in cur.fetchall()}
-                        bounds[read_to:upto] = [(*r[:3], *more[r[0]]) for r in bounds[read_to:upto]]
-                        read_to = upto
+                    if first >= read_to and read_to < min(want, len(bounds)):
+                        # Past the window: only the chunks holding common terms alone may still
+                        # beat the answer (the next round's terms decide).
+                        break
                     todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
                     # Chunks with the same length and the same postings of the query's terms
                     # (a note copied, repeated boilerplate) have the same rank: ranked once.
@@ -682,18 +713,19 @@ class PostgresStore:
                                        for k, pos in zip(r[3], r[4], strict=True)} for r in fresh.values()},
                         {r[0]: int(r[2]) for r in fresh.values()}, row_count=n_chunks,
                         token_count=n_tokens, weights=weights,
-                        phrase_rows=[df[p[0]] if p else 0 for p in query.phrases])
+                        phrase_rows=phrase_rows)
                     by_key.update((key, found_ranks.get(r[0])) for key, r in fresh.items())
                     for r in todo:
                         rank = by_key[keys[r[0]]]
                         if rank is not None:  # None: the row does not match
                             ranks[r[0]] = rank
+                            (heapq.heappush if len(best) < limit else heapq.heappushpop)(best, -rank)
                     info.update((r[0], r) for r in todo)
-                    picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
-                    beat = -ranks[picked[-1]] if len(picked) == limit else None
+                    beat = best[0] if len(best) == limit else None
                     upto = min(first + RANK_STEP, want)
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
+                        picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
                         # The texts of the answer only (not of every candidate).
                         text_of = {row[0]: row[1:] for row in self._last_rows(
                             cur, f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.pg_fixtures import require_postgres
+from tests.pg_fixtures import require_postgres, round_trips
 
 require_postgres()
 pytestmark = pytest.mark.postgres
@@ -83,19 +83,18 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
-@pytest.mark.parametrize(("block_chunks", "window_steps", "candidates"), [
-    (64, pg_store.WINDOW_STEPS, 1), (3, pg_store.WINDOW_STEPS, 1), (64, 0, pg_store.CANDIDATES_PER_ROW)])
+@pytest.mark.parametrize(("block_chunks", "candidates"), [
+    (64, 1), (3, 1), (64, pg_store.CANDIDATES_PER_ROW)])
 def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch, block_chunks: int,
-                                                        window_steps: int, candidates: int) -> None:
+                                                        candidates: int) -> None:
     """Same rows and ranks as FTS5, with a term's postings in blocks of up to 64 chunks and
     of 3 (a common word of the write then spans many blocks, each read by key), and with
-    the postings of every candidate past the first ``limit`` read by key, a step at a time."""
+    as many candidates as asked for in the first round (so the rounds widen) or 8 times that."""
     files, questions = locomo_files()
     # First round of exact ranking: as many rows as asked for, so the widening is exercised.
     monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", candidates)
     monkeypatch.setattr(pg_store, "BLOCK_CHUNKS", block_chunks)
-    monkeypatch.setattr(pg_store, "WINDOW_STEPS", window_steps)
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:
@@ -143,6 +142,77 @@ def test_rows_holding_only_common_words_are_ranked_when_the_rare_ones_fall_short
         assert len(want) == 10 and want[0][1] == "memory/n07.md"
         assert [r[0] for r in got] == [r[0] for r in want]
         assert [r[6] for r in got] == pytest.approx([r[6] for r in want], rel=1e-9)
+    finally:
+        lite.close()
+        pg.close()
+
+
+def test_a_common_word_beating_the_rare_words_later_rows_is_read_in_a_second_round(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """The rare word's 200 notes score in three tiers by length; the common word is not read
+    at first. The first round reads the rare word's 64 best candidates (the others' bounds are
+    below its 40th lower bound) and ranks them, but short notes holding the common word alone
+    can still beat its 40th: it ends there, and the rounds with both words read (320
+    candidates, then 1,280) give FTS5's rows and ranks (one statement a round, not one more
+    per step past its window)."""
+    def note(words: int) -> str:
+        return " ".join(f"w{j}" for j in range(words))
+
+    files = {**{f"memory/a{i:03d}.md": [(1, 1, f"zebra q{i}")] for i in range(10)},
+             **{f"memory/b{i:03d}.md": [(1, 1, f"zebra {note(80)} x{i}")] for i in range(40)},
+             **{f"memory/c{i:03d}.md": [(1, 1, f"zebra {note(200)} x{i}")] for i in range(150)},
+             **{f"memory/d{i:03d}.md": [(1, 1, f"apple y{i}")] for i in range(500)},
+             **{f"memory/e{i:03d}.md": [(1, 1, f"other words o{i}")] for i in range(800)}}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    build_postgres(pg_dsn, files).close()
+    pg = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
+    try:
+        expr = '"zebra" OR "apple"'
+        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                          " LIMIT 40", [expr])
+        got: list[Any] = []
+        # check; BEGIN + statistics; the rare word's round; two rounds of both; texts + ROLLBACK
+        assert round_trips(pg, tmp_path / "libpq.trace",
+                           lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 6
+        assert [r[5] for r in got[:12]] == [f"zebra q{i}" for i in range(10)] + ["apple y0", "apple y1"]
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+    finally:
+        lite.close()
+        pg.close()
+
+
+def test_a_plan_with_a_phrase_of_two_words_ranks_its_best_candidates_only(
+        pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-word phrase takes the MaxScore route too: the chunks holding both its words are
+    read to count the chunks holding the phrase (its IDF), and a chunk's bound counts the
+    phrase with its first word's hits. FTS5's rows and ranks, with a few dozen chunks ranked
+    exactly, not every one of the 470 holding a query word."""
+    files = {**{f"memory/a{i:03d}.md": [(1, 1, f"melanie went out walking {i}")] for i in range(400)},
+             **{f"memory/b{i:03d}.md": [(1, 1, f"self care matters to melanie {i}")] for i in range(20)},
+             **{f"memory/c{i:03d}.md": [(1, 1, f"self help and care {i}")] for i in range(50)},
+             **{f"memory/d{i:03d}.md": [(1, 1, f"other words {i}")] for i in range(500)}}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    ranked: list[int] = []
+    rank_rows = pg_store.rank_rows
+
+    def counted(query: Any, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        ranked.append(len(rows))
+        return rank_rows(query, rows, *args, **kwargs)
+
+    monkeypatch.setattr(pg_store, "rank_rows", counted)
+    try:
+        expr = '"melanie" OR ("self care" OR "selfcare") OR NEAR("melanie" "self care", 10)'
+        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                          " LIMIT 10", [expr])
+        got = pg.keyword_rows(expr, sources=["memory"], limit=10)
+        assert [r[5] for r in got[:3]] == [f"self care matters to melanie {i}" for i in range(3)]
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert 0 < sum(ranked) <= 100, ranked
     finally:
         lite.close()
         pg.close()

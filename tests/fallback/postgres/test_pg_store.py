@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -27,7 +26,7 @@ from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavail
 from fallback.store.postgres.migrations import MIGRATIONS, applied_versions, migrate
 from fallback.store.postgres.store import ChunkRow, PostgresStore
 from fallback.store.postgres.target import resolve_target
-from tests.pg_fixtures import PgServer, new_data_dir, password_role, start_pgserver
+from tests.pg_fixtures import PgServer, new_data_dir, password_role, round_trips, start_pgserver
 
 ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "s3cr3t-Pa55word"
@@ -261,30 +260,39 @@ def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:
 
 
 def test_a_search_takes_four_round_trips_and_the_statistics_two(pg_dsn: str, tmp_path: Path) -> None:
-    """Round trips read from libpq's protocol trace: one per run of messages the client sends
-    before it reads the server's answer (the pool's check of the connection is the first)."""
-    from psycopg.pq import Trace, TransactionStatus
-
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
     try:
         write(store, {"memory/a.md": "apple orchard", "memory/b.md": "apple pie"})
         trace = tmp_path / "libpq.trace"
-
-        def round_trips(read: Callable[[], object]) -> int:
-            with trace.open("w") as out:
-                with store._pool.connection() as conn:  # the pool's one connection
-                    conn.pgconn.trace(out.fileno())
-                    conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
-                read()
-                with store._pool.connection() as conn:  # its check is traced too: not counted
-                    conn.pgconn.untrace()
-                    assert conn.info.transaction_status == TransactionStatus.IDLE
-            sides = [line.split("\t", 1)[0] for line in trace.read_text().splitlines()]
-            return sum(side == "F" and (i == 0 or sides[i - 1] == "B") for i, side in enumerate(sides)) - 1
-
-        assert round_trips(lambda: found(store, "apple")) == 4  # check; BEGIN + statistics; ranking; texts + ROLLBACK
-        assert round_trips(store.stats) == 2  # check; the statistics (one statement)
+        # check; BEGIN + statistics; ranking; texts + ROLLBACK
+        assert round_trips(store, trace, lambda: found(store, "apple")) == 4
+        assert round_trips(store, trace, store.stats) == 2  # check; the statistics (one statement)
         assert found(store, "apple") == ["memory/a.md#1", "memory/b.md#1"]
+    finally:
+        store.close()
+
+
+def test_the_candidates_a_search_ranks_are_read_in_its_one_ranking_statement(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """200 notes hold both words too far apart for their ``NEAR`` group: each one's bound
+    counts the group, its exact score does not, so every one of them is ranked before the
+    answer stands. Their lower bounds (the words' own shares) tell the ranking statement to
+    read all their postings: one ranking statement, not one more per further step."""
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
+    try:
+        far = " ".join(["filler"] * 12)
+        write(store, {**{f"memory/n{i:03d}.md": f"zebra {far} apple" for i in range(200)},
+                      **{f"memory/o{i:03d}.md": f"other {far} words" for i in range(200)}})
+        expr = '"zebra" OR "apple" OR NEAR("zebra" "apple", 10)'
+        rows: list[list[object]] = []
+
+        def search() -> None:
+            rows.append(list(store.keyword_rows(expr, sources=["memory"], limit=40)))
+
+        # check; BEGIN + statistics; ranking; texts + ROLLBACK
+        assert round_trips(store, tmp_path / "libpq.trace", search) == 4
+        assert [r[0] for r in rows[0]] == [f"memory/n{i:03d}.md#1" for i in range(40)]
+        assert len({r[6] for r in rows[0]}) == 1 and rows[0][0][6] < 0
     finally:
         store.close()
 

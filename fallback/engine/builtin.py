@@ -687,7 +687,7 @@ class BuiltinEngine:
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
             from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
-            report, last_error = self._last_report, self._last_error
+            report, (last_error, provider_error) = self._last_report, self._errors()
             try:
                 shared = await self._stores.open_postgres()
                 described = await anyio.to_thread.run_sync(shared.describe)
@@ -696,7 +696,7 @@ class BuiltinEngine:
             return build_postgres_status(
                 described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
-                dirty_reason=self._dirty_reason, last_error=last_error,
+                dirty_reason=self._dirty_reason, last_error=last_error, provider_error=provider_error,
                 issues=[*(report.issues if report else []), *self._notes])
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
@@ -706,11 +706,16 @@ class BuiltinEngine:
     def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
+        last_error, provider_error = self._errors()
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
-            last_error=problem or (None if self._last_error == self._provider_error
-                                   else self._last_error), live=live, notes=self._notes,
-            provider_error=self._provider_error if self._query_embedded else (
-                read_failure(self.settings.db_path, QUERY_FAILED_SUFFIX) or {}).get("error"))
+            last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error)
+
+    def _errors(self) -> tuple[str | None, str | None]:
+        """The status's (last error, query-embedding failure) on either store (blocking: reads the
+        failure a search of any process recorded); a query's failure is told once, as the second."""
+        provider_error = self._provider_error if self._query_embedded else (
+            read_failure(self.settings.db_path, QUERY_FAILED_SUFFIX) or {}).get("error")
+        return (None if self._last_error == self._provider_error else self._last_error), provider_error

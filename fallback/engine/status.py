@@ -92,9 +92,6 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     index = read_index_vectors(store)  # the backlog and vectorDims of the index meta
     pending = index.pending if provider is not None and index.pending > 0 else 0
     embed_error = index.error if pending else None
-    provider_error = embed_error or (provider_error if provider is not None else None)
-    problem_of = getattr(provider, "model_problem", None)
-    model_missing = problem_of() if problem_of is not None else None
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
     failed = read_failure(Path(store.path))  # kept beside the store by a failed sync
@@ -109,13 +106,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                               "filesWaiting": waiting, "indexStale": stale,
                               "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
                               **(live.custom if live is not None else {})}
-    if provider is None or vector is None:
-        vector = _no_vectors(settings, selection)
-    elif vector.get("dims") is None:  # the vector index learns its dims on the first query
-        vector = {**vector, "dims": index.dims}
-    if provider is not None:
-        vector = {**vector, "pending": pending, "providerError": provider_error,
-                  "modelMissing": model_missing}
+    if vector is not None:  # the vector index learns its dims on the first query
+        vector = {**vector, "dims": vector.get("dims") or index.dims, "pending": pending}
     rebuild = (None if selection.error or meta is None
                else full_reindex_reason(meta, index_identity(settings, provider)))
     if rebuild is not None:
@@ -123,7 +115,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     held = other_workspace(store.get_meta_json(WORKSPACE_META), str(settings.workspace_dir))
     if held is not None:  # the counts are another workspace's: the next search re-indexes
         dirty, dirty_reason = True, f"index holds workspace {held}"
-    common = _common(backend, settings, selection, cache_entries, model_missing)
+    common = _common(backend, settings, selection, cache_entries, vector=vector,
+                     provider_error=embed_error or provider_error, last_error=last_error)
     return MemoryStatus(
         **common, db_path=str(store.path),
         files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
@@ -135,23 +128,25 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
              "available": fts_error is None, "tokenizer": store.fts_tokenizer,
              "error": fts_error, "cjk": CJK_SCHEME,
              "keyword": "bm25" if fts_error is None else "substring"},
-        vector=vector,
         skipped=skipped, issues=[str(i) for i in issues] + list(notes or []) + (
             [SUBSTRING_WARNING.format(error=fts_error)] if fts_error is not None else []),
         last_sync_at_ms=int(last_sync) if isinstance(last_sync, (int, float)) else None,
-        healthy=(last_error is None and failed is None and provider_error is None
-                 and model_missing is None),
-        last_error=last_error,
         custom=custom)
 
 
-def _common(backend: str, settings: EngineSettings, selection: Any, cache_entries: int,
-            model_missing: str | None = None) -> dict[str, Any]:
+def _common(backend: str, settings: EngineSettings, selection: Any, cache_entries: int, *,
+            vector: dict[str, Any] | None, provider_error: str | None,
+            last_error: str | None) -> dict[str, Any]:
     """The status fields both stores fill alike (``selection``: the ``ProviderSelection``;
-    ``model_missing``: the provider's model problem): ``search_mode`` is ``unavailable`` when a
-    configured provider fails closed, else the :func:`configured_mode` of a provider with its model
-    (the keyword side, ``fts.enabled``, is off in ``vector-only`` alone)."""
+    ``vector``: the store's view of its vector index when a provider exists; ``provider_error``:
+    how the provider last failed): ``search_mode`` is ``unavailable`` when a configured provider
+    fails closed, else the :func:`configured_mode` of a provider with its model (the keyword side,
+    ``fts.enabled``, is off in ``vector-only`` alone); ``vector`` adds the provider's
+    ``providerError`` and ``modelMissing``; ``healthy`` is no error, provider failure or missing model."""
     s, provider = settings.search, selection.provider
+    problem_of = getattr(provider, "model_problem", None)
+    model_missing = problem_of() if problem_of is not None else None
+    provider_error = provider_error if provider is not None else None
     return {"backend": backend, "agent_id": settings.agent_id,
             "search_mode": "unavailable" if selection.error and provider is None else configured_mode(
                 has_provider=provider is not None and model_missing is None,
@@ -167,7 +162,12 @@ def _common(backend: str, settings: EngineSettings, selection: Any, cache_entrie
             "sources": list(s.sources),
             "extra_paths": [describe_extra_path(e) for e in s.extra_paths],
             "cache": {"enabled": s.cache.enabled, "entries": cache_entries,
-                      "maxEntries": s.cache.max_entries}}
+                      "maxEntries": s.cache.max_entries},
+            "vector": _no_vectors(settings, selection) if provider is None else {
+                **(vector or _no_vectors(settings, selection)), "providerError": provider_error,
+                "modelMissing": model_missing},
+            "healthy": last_error is None and provider_error is None and model_missing is None,
+            "last_error": last_error}
 
 
 def _no_vectors(settings: EngineSettings, selection: Any) -> dict[str, Any]:
@@ -208,7 +208,7 @@ def untrigrammed_issue(chunks: int) -> list[str]:
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
                           selection: Any, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
-                          issues: list[str]) -> MemoryStatus:
+                          issues: list[str], provider_error: str | None = None) -> MemoryStatus:
     """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
     <name> version <n>`` (no password), the shared embedding cache's entries, ``custom.store``
@@ -216,8 +216,8 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
     caveat), whichever process ran it.
 
     ``selection`` is the ``ProviderSelection`` (its provider, or why there is none, as
-    :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` are the
-    engine's own state, ``issues`` what this process's last sync noticed."""
+    :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` /
+    ``provider_error`` are the engine's own state, ``issues`` what this process's last sync noticed."""
     s = settings.search
     provider: EmbeddingProvider | None = selection.provider
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
@@ -225,7 +225,9 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
     counts = described["counts"]
     per = [SourceCount(source=src, files=counts.get(src, {}).get("files", 0),
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
-    common = _common(backend, settings, selection, described["cacheEntries"])
+    common = _common(backend, settings, selection, described["cacheEntries"], vector=None if provider is None else {
+        "enabled": True, "available": True, "mode": "pgvector", "reason": None, "dims": described["vectorDims"]},
+        provider_error=provider_error, last_error=last_error)
     return MemoryStatus(
         **common, db_path=(f"postgres {described['target']}, schema {described['schema']}" + (
             " (not reached)" if described["schemaVersion"] is None else
@@ -234,10 +236,6 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         source_counts=per,
         fts={"enabled": common["search_mode"] != "vector-only", "available": True, "tokenizer": "unicode61",
              "error": None, "cjk": CJK_SCHEME, "keyword": "bm25"},
-        vector=_no_vectors(settings, selection) if provider is None else {
-            "enabled": True, "available": True, "mode": "pgvector", "reason": None,
-            "dims": described["vectorDims"]},
         skipped=[SkippedFile(path=f["path"], reason=f["reason"]) for f in described["skipped"]],
         issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
-        last_sync_at_ms=described["lastSyncAtMs"], healthy=last_error is None,
-        last_error=last_error, custom={"store": described})
+        last_sync_at_ms=described["lastSyncAtMs"], custom={"store": described})

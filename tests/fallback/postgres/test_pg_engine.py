@@ -408,3 +408,25 @@ async def test_a_vector_only_search_has_no_keyword_side_as_on_sqlite(tmp_path: P
             await eng.close()
         views.append((st.search_mode, st.fts["enabled"]))
     assert views == [("vector-only", False)] * 2
+
+
+@pytest.mark.anyio
+async def test_a_local_model_not_downloaded_is_the_same_status_on_both_stores(tmp_path: Path,
+                                                                              pg_dsn: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
+    views = []
+    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
+        search = MemorySearchSettings.model_validate(
+            {"provider": "local", "store": store,
+             "local": {"modelPath": "hf:org/repo/model.gguf", "modelCacheDir": str(tmp_path / "models")}})
+        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
+                            provider_selection=select_provider(search, env={}))
+        try:
+            st = await eng.status()
+        finally:
+            await eng.close()
+        views.append((st.search_mode, st.healthy, {k: st.vector.get(k) for k in ("providerError", "modelMissing")}))
+    missing = f"local model hf:org/repo/model.gguf is not downloaded yet ({tmp_path}/models/hf/org/repo/model.gguf)"
+    assert views == [("fts-only", False, {"providerError": None, "modelMissing": missing})] * 2

@@ -112,7 +112,9 @@ async def model_problem(models_dir: Path, env: Mapping[str, str], *,
     missing = missing_models(models_dir, kinds)
     if not missing:
         return None
-    parts = urlsplit(env.get("HF_ENDPOINT") or "https://huggingface.co")
+    from fallback.embeddings.model_fetch import hub_base_url  # tenacity & co: only when a model is missing
+
+    parts = urlsplit(hub_base_url(env))
     host, port = parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
     if await (reach or reachable)(host, port):
         return None

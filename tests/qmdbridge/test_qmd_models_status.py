@@ -117,3 +117,14 @@ def test_under_ci_the_models_problem_says_to_unset_ci(tmp_path: Path, qmd_bin: P
         "variable is set; unset CI to embed or warm up the models; the builtin engine answers them")
     assert problem["hint"] == ('unset CI in the environment qmdbridge runs in, or set '
                                'memory.qmd.searchMode: "search" (BM25, no models)')
+
+
+@pytest.mark.anyio
+async def test_a_padded_hf_endpoint_names_the_hub_the_local_model_download_uses(tmp_path: Path) -> None:
+    from fallback.embeddings.model_fetch import hub_base_url
+    from qmdbridge.qmd.models import model_problem
+
+    env = {"HF_ENDPOINT": " http://127.0.0.1:9 "}  # the discard port: nothing listens
+    assert hub_base_url(env) == "http://127.0.0.1:9"
+    problem = await model_problem(tmp_path / "models", env, kinds=("embed",))
+    assert problem is not None and problem.startswith("offline: cannot reach 127.0.0.1:9 to download"), problem

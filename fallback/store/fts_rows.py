@@ -10,8 +10,8 @@ chunk's ``chunks.rowid``:
 - ``terms``: terms derived from the chunk text (:func:`fallback.text.terms.derived_terms`:
   compound joins such as ``wifi`` for ``Wi-Fi``, canonical dates such as ``20230508``).
 
-Tokenizer: ``porter unicode61`` (English stemming over Unicode words), or ``trigram
-case_sensitive 0`` when the store was configured with ``store.fts.tokenizer = "trigram"``.
+Tokenizer: :data:`WORD_TOKENIZE` (English stemming over Unicode words), or
+:data:`TRIGRAM_TOKENIZE` when the store was configured with ``store.fts.tokenizer = "trigram"``.
 ``chunks_trigram(text)`` holds only chunks with CJK text (CJK substring search, see
 ``fallback/search/fts.py``) and is not filled at all on a trigram store.
 
@@ -28,6 +28,8 @@ from fallback.text.terms import derived_terms, first_heading, title_text
 
 __all__ = [
     "FTS_COLUMNS",
+    "TRIGRAM_TOKENIZE",
+    "WORD_TOKENIZE",
     "create_fts_table",
     "delete_file_fts",
     "insert_chunk_fts",
@@ -38,6 +40,10 @@ __all__ = [
 
 # Indexed columns of chunks_fts, in order (bm25() takes one weight per column in this order).
 FTS_COLUMNS = ("text", "title", "terms")
+# FTS5 tokenize= of chunks_fts on a unicode61 store, and of chunks_trigram (m002 wrote the same
+# text) and a trigram store's chunks_fts; the postgres store's postings are cut by the same two.
+WORD_TOKENIZE = "porter unicode61"
+TRIGRAM_TOKENIZE = "trigram case_sensitive 0"
 
 
 # FTS5 'automerge': merge b-tree segments once this many accumulate at one level (FTS5's default
@@ -53,7 +59,7 @@ def create_fts_table(conn: sqlite3.Connection, tokenizer: str) -> None:
         conn: a connection inside the caller's write transaction.
         tokenizer: ``unicode61`` (stored as ``porter unicode61``) or ``trigram``.
     """
-    tokenize = "trigram case_sensitive 0" if tokenizer == "trigram" else "porter unicode61"
+    tokenize = TRIGRAM_TOKENIZE if tokenizer == "trigram" else WORD_TOKENIZE
     conn.execute(f"CREATE VIRTUAL TABLE chunks_fts USING fts5({', '.join(FTS_COLUMNS)},"
                  f" tokenize='{tokenize}')")
     conn.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('automerge', ?)",

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from fallback.store.fts_rows import FTS_COLUMNS
+from fallback.store.fts_rows import FTS_COLUMNS, TRIGRAM_TOKENIZE, WORD_TOKENIZE
 from fallback.store.postgres.migrations import POSITION_COLUMN_SHIFT
 
 __all__ = ["MAIN", "TRIGRAM", "Fts5Tokenizer", "Postings"]
 
 # (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
-MAIN = (FTS_COLUMNS, "porter unicode61")
-TRIGRAM = (("text",), "trigram case_sensitive 0")
+MAIN = (FTS_COLUMNS, WORD_TOKENIZE)
+TRIGRAM = (("text",), TRIGRAM_TOKENIZE)
 # Most distinct words whose tokens a tokenizer keeps (cleared when full): a chat corpus of
 # 15,000 chunks holds some tens of thousands, a word's entry is about 200 bytes.
 WORD_CACHE_MAX = 200_000

@@ -16,6 +16,7 @@ from fallback.search.fts import COVERAGE_MAX_CHUNKS, FtsPlan, analyze_fts_query
 from fallback.search.ranking import Candidate
 from fallback.search.snippets import MARK_CLOSE, MARK_OPEN, mark_substrings
 from fallback.search.substring import rank_substring_hits
+from fallback.store.seam import row_order
 from fallback.text.keywords import cjk_words, extract_keywords
 from fallback.text.scripts import contains_cjk, contains_unspaced
 
@@ -109,7 +110,7 @@ def rank_keyword_hits(store: SearchStore, text: str, srcs: list[str], limit: int
     # the result slots between them.
     rows = (keyword_rows(store, plan, sources=srcs, limit=limit) if len(srcs) < 2 else sorted(
         (row for src in srcs for row in keyword_rows(store, plan, sources=[src], limit=limit)),
-        key=lambda r: (r[6], r[1], r[3])))
+        key=lambda r: row_order(r[6], r[1], r[3])))
     scores = relative_scores([r[6] for r in rows])
     # Candidate's fields in order (positional: keywords cost more per row than the rest of the
     # step): score and text_score are the relative score, no vector score, bm25 None for a

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from fallback.store.errors import (
     result_code,
     translate_errors,
 )
-from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow
+from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow, row_order
 
 __all__ = ["BUSY_TIMEOUT_MS", "IMMUTABLE_QUERY", "MetaReads", "ReadOnlyStore",
            "connect_read_only", "is_immutable"]
@@ -34,9 +33,6 @@ _BM25 = f"bm25(chunks_fts, {', '.join(str(w) for w in COLUMN_WEIGHTS)})"
 # with the chunks and filtered (see MetaReads.keyword_rows).
 INNER_OVERSAMPLE = 4
 MIN_INNER_ROWS = 200
-
-# The order of keyword rows: rank, path, start line.
-_ROW_ORDER = operator.itemgetter(6, 1, 3)
 
 # part_counts() keeps at most about this many counted expressions per store, then starts afresh.
 MAX_KEPT_COUNTS = 4096
@@ -280,9 +276,7 @@ class MetaReads:
                           f" {ranked} FROM top JOIN chunks c ON c.rowid = top.cid",
                           [*params, *sources, *likes, int(limit)])
         count = int(rows[0][7]) if rows and rows[0][7] is not None else None
-        # (rank, path, start line): UTF-8 byte order, SQLite's BINARY collation, is code point
-        # order; the columns come back as int, float and str already.
-        rows.sort(key=_ROW_ORDER)
+        rows.sort(key=lambda r: row_order(r[6], r[1], r[3]))
         return [r[:7] for r in rows], count
 
     def substring_rows(self, like_patterns: Sequence[str], *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-__all__ = ["COLUMN_WEIGHTS", "KeywordRow", "SearchStore"]
+__all__ = ["COLUMN_WEIGHTS", "KeywordRow", "SearchStore", "row_order"]
 
 # bm25() weight of each indexed column (text, title, terms; fallback/store/fts_rows.py), on both
 # stores: a query word found in a note's path or first heading counts twice as much as in its text.
@@ -21,6 +21,13 @@ KeywordRow = tuple[str, str, str, int, int, str, float]
 """``(chunk_id, path, source, start_line, end_line, text, rank)``: ``rank`` is FTS5's
 ``bm25()`` (more negative = better; ``0.0`` for a row without one: a LIKE-only match, a chunk
 read by id) or, for the postgres store's vector rows, the cosine distance (smaller = closer)."""
+
+
+def row_order(rank: float, path: str, start_line: int) -> tuple[float, str, int]:
+    """The sort key of keyword rows on both stores, best first: ``rank`` ascending (see
+    :data:`KeywordRow`), then ``path`` in code point order (SQLite's ``BINARY`` collation), then
+    ``start_line`` (1-based)."""
+    return rank, path, start_line
 
 
 class SearchStore(Protocol):

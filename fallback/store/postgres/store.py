@@ -54,7 +54,7 @@ from fallback.store.postgres.rows import int_array as _int_array
 from fallback.store.postgres.rows import text_array as _text_array
 from fallback.store.postgres.target import PgTarget
 from fallback.store.postgres.tokens import MAIN, TRIGRAM, Fts5Tokenizer, Postings
-from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow
+from fallback.store.seam import COLUMN_WEIGHTS, KeywordRow, row_order
 from fallback.store.vectors import MATRIX_MAX_BYTES, VectorIndex, _Matrix
 from fallback.text.scripts import contains_unspaced
 
@@ -503,7 +503,7 @@ class PostgresStore:
             assert ranks is not None
             allowed = set(sources)
             ranked = sorted((r for r in ranks if order[r][0] in allowed),
-                            key=lambda r: (ranks[r], order[r][1], order[r][2]))
+                            key=lambda r: row_order(ranks[r], *order[r][1:]))
             picked = ranked if like_patterns else ranked[:limit]
             if not picked:
                 return []
@@ -725,7 +725,7 @@ class PostgresStore:
                     upto = min(first + RANK_STEP, want)
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
-                        picked = heapq.nsmallest(limit, ranks, key=lambda r: (ranks[r], info[r][5], info[r][6]))
+                        picked = heapq.nsmallest(limit, ranks, key=lambda r: row_order(ranks[r], info[r][5], info[r][6]))
                         # The texts of the answer only (not of every candidate).
                         text_of = {row[0]: row[1:] for row in self._last_rows(
                             cur, f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"

@@ -687,7 +687,7 @@ class BuiltinEngine:
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
             from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
-            report, (last_error, provider_error) = self._last_report, self._errors()
+            report, (last_error, provider_error) = self._last_report, await anyio.to_thread.run_sync(self._errors)
             try:
                 shared = await self._stores.open_postgres()
                 described = await anyio.to_thread.run_sync(shared.describe)

@@ -430,3 +430,26 @@ async def test_a_local_model_not_downloaded_is_the_same_status_on_both_stores(tm
         views.append((st.search_mode, st.healthy, {k: st.vector.get(k) for k in ("providerError", "modelMissing")}))
     missing = f"local model hf:org/repo/model.gguf is not downloaded yet ({tmp_path}/models/hf/org/repo/model.gguf)"
     assert views == [("fts-only", False, {"providerError": None, "modelMissing": missing})] * 2
+
+
+@pytest.mark.anyio
+async def test_a_query_the_provider_failed_to_embed_is_the_same_status_on_both_stores(tmp_path: Path,
+                                                                                       pg_dsn: str) -> None:
+    from fallback.embeddings import ProviderSelection
+    from tests.fallback.count_provider import CountProvider
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
+    views = []
+    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
+        search = MemorySearchSettings.model_validate({"store": store})
+        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
+                            provider_selection=ProviderSelection(CountProvider(fail_query=True), "test-count"))
+        try:
+            await eng.search(SearchRequest.of("alpha", max_results=5))
+            st = await eng.status()
+        finally:
+            await eng.close()
+        views.append((st.healthy, st.last_error, st.vector.get("providerError")))
+    assert views == [(False, None, "query embedding failed: test-count embedding failed: fetch failed")] * 2

@@ -39,13 +39,6 @@ RRF_K = 60
 # standard deviations").
 FULL_EVIDENCE_Z = 3.5
 
-# The least spread a query's cosine is taken to have, in units of ``(1 - mean) / sqrt(dims)``: the
-# spread of the cosine between independent directions of ``dims`` dimensions, on the share
-# ``1 - mean`` of the cosine not common to every chunk. An index of near-identical notes spreads
-# less, and its standard scores would call a noise-level cosine an outlier (docs/benchmarks.md,
-# "A spread floor for near-duplicate notes").
-MIN_SPREAD_UNITS = 2.0
-
 # Session transcripts may fill at most this share of the result slots while memory hits remain.
 MAX_SESSION_SHARE = 0.5
 
@@ -61,13 +54,11 @@ def _finite(x: float) -> float:
 @dataclass(frozen=True)
 class CosineStats:
     """How a query's cosine similarity is spread over the chunks searched: ``mean``, population
-    standard deviation ``std`` and ``count`` (``fallback.store.vectors.VectorSearch``), and the
-    query vector's ``dims`` (``0``: unknown, no spread floor)."""
+    standard deviation ``std`` and ``count`` (``fallback.store.vectors.VectorSearch``)."""
 
     mean: float
     std: float
     count: int
-    dims: int = 0
 
 
 def _stats_of(values: Sequence[float]) -> CosineStats:
@@ -89,10 +80,8 @@ def text_evidence(scores: Sequence[float]) -> list[float]:
 
 def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]:
     """Vector evidence of one query's vector candidates: ``clamp(z / full, 0, 1)`` with
-    ``z = (cosine - stats.mean) / spread``, the candidate's standard score among every chunk
-    searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``; ``spread`` is ``stats.std``,
-    at least ``MIN_SPREAD_UNITS * (1 - max(0, mean)) / sqrt(stats.dims)`` (:data:`MIN_SPREAD_UNITS`;
-    no floor while ``dims`` is 0).
+    ``z = (cosine - stats.mean) / stats.std``, the candidate's standard score among every chunk
+    searched, and ``full = min(FULL_EVIDENCE_Z, sqrt(count - 1))``.
 
     ``sqrt(count - 1)`` is the largest standard score ``count`` values can reach (a clear
     outlier among a few chunks still reaches 1). Without spread (``std == 0``, one chunk) the
@@ -104,9 +93,6 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
     """
     spread = stats.count >= 2 and stats.std > 0 and math.isfinite(stats.std)
     full = min(FULL_EVIDENCE_Z, math.sqrt(max(1, stats.count - 1)))
-    scale = stats.std
-    if stats.dims > 0:
-        scale = max(scale, MIN_SPREAD_UNITS * (1 - min(1.0, max(0.0, stats.mean))) / math.sqrt(stats.dims))
     out = []
     for c in cosines:
         if not math.isfinite(c) or c <= 0:
@@ -114,7 +100,7 @@ def vector_evidence(cosines: Sequence[float], stats: CosineStats) -> list[float]
         elif not spread:
             out.append(min(1.0, c))
         else:
-            out.append(min(1.0, max(0.0, (c - stats.mean) / scale / full)))
+            out.append(min(1.0, max(0.0, (c - stats.mean) / stats.std / full)))
     return out
 
 

@@ -256,7 +256,7 @@ class Searcher:
         index = self._vector_index()
         scored = await anyio.to_thread.run_sync(partial(
             index.search_scored, qvec, model=model, sources=srcs, limit=limit))
-        stats = CosineStats(scored.mean, scored.std, scored.count, dims=len(qvec))
+        stats = CosineStats(scored.mean, scored.std, scored.count)
         found = scored.hits
         if not found:
             return [], stats

@@ -202,30 +202,3 @@ async def test_searches_with_a_tight_sync_budget_work_off_the_embedding_backlog(
         seen.append(backlog())
     assert seen[1][0] == seen[1][1] and seen[2][0] == seen[2][1], seen  # recorded as it is
     assert seen[0][0] > seen[1][0] > seen[2][0], seen
-
-
-async def test_near_duplicate_notes_do_not_make_an_unrelated_query_strong(tmp_path: Path,
-                                                                          local_model_path: Path) -> None:
-    # 60 status notes that differ only by their numbers spread a query's cosine so little that,
-    # measured by their spread alone, a noise-level cosine would stand 4 deviations out
-    ws = tmp_path / "ws"
-    (ws / "memory" / "projects").mkdir(parents=True)
-    (ws / "MEMORY.md").write_text("# Memory\n\nHealth: annual dental check-up with Dr. Okafor is in March.\n")
-    (ws / "memory/projects/garden.md").write_text(
-        "# Garden\n\nPlanted tomatoes and basil in the raised bed; water every other morning.\n")
-    (ws / "memory/projects/trip.md").write_text(
-        "# Lisbon trip\n\nFlights booked for May 12, hotel near Alfama, Sara wants to see the tram museum.\n")
-    for i in range(60):
-        (ws / f"memory/2026-{1 + i // 28:02d}-{1 + i % 28:02d}.md").write_text(
-            f"# Status\n\nNightly build {4100 + i} passed. Deployed api-gateway 2.{i // 30}.{i % 30} to staging; "
-            f"all {120 + i % 7} checks green, p95 latency {180 + (i * 7) % 40} ms.\n")
-    e = _engine(tmp_path, local_model_path, ws=ws)
-    try:
-        await e.sync(reason="test")
-        unrelated = (await e.search(SearchRequest.of("favourite jazz album", min_score=0))).results
-        assert unrelated and unrelated[0].score < 0.35  # the default minScore drops it
-        assert (await e.search(SearchRequest.of("favourite jazz album"))).results == []
-        related = (await e.search(SearchRequest.of("when is my dentist appointment"))).results
-        assert related[0].path == "MEMORY.md" and related[0].score == 1.0
-    finally:
-        await e.close()

@@ -52,18 +52,6 @@ def test_vector_evidence_is_the_standard_score_over_the_collection():
     assert vector_evidence([float("nan")], stats) == [0.0]
 
 
-def test_vector_evidence_takes_a_spread_of_at_least_the_independent_direction_spread():
-    # 400 dims: floor 2 x (1 - mean) / 20; near-identical chunks (std 0.01) count as spread 0.1
-    assert vector_evidence([0.35, 0.175], CosineStats(mean=0.0, std=0.01, count=300, dims=400)) == pytest.approx(
-        [1.0, 0.5])
-    # the share of the cosine common to every chunk (mean 0.5) does not count: floor 0.05
-    assert vector_evidence([0.675, 0.5875], CosineStats(mean=0.5, std=0.01, count=300, dims=400)) == pytest.approx(
-        [1.0, 0.5])
-    # a wider spread is kept as it is; dims 0 (unknown) sets no floor
-    assert vector_evidence([0.35], CosineStats(mean=0.0, std=0.2, count=300, dims=400)) == pytest.approx([0.5])
-    assert vector_evidence([0.0175], CosineStats(mean=0.0, std=0.01, count=300)) == pytest.approx([0.5])
-
-
 def test_rank_evidence_is_scaled_reciprocal_rank():
     assert rank_evidence(3, k=60) == pytest.approx([1.0, 61 / 62, 61 / 63])
     assert rank_evidence(2, k=1) == pytest.approx([1.0, 2 / 3])

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.anyio
 
 # A bound no healthy run comes near; the deadlines themselves are asserted through the answers.
 GENEROUS_S = 30.0  # a hang guard, far above the 1 s query deadline the answers name
+# A healthy provider's deadlines: a loaded machine can take over a second to answer a call to the
+# server in this process, which the 1 s deadlines of the hang test would tell as the provider failing.
+HEALTHY_TIMEOUT_S = 120
 RATE_LIMITED = {"error": {"message": "Rate limit reached for requests"}}
 
 
@@ -55,19 +58,19 @@ def ws(tmp_path: Path) -> Path:
     return w
 
 
-def _engine(ws: Path, url: str, *, batch_timeout_s: int = 1, **query: Any) -> BuiltinEngine:
+def _engine(ws: Path, url: str, *, batch_timeout_s: int = HEALTHY_TIMEOUT_S,
+            timeout_ms: int = HEALTHY_TIMEOUT_S * 1000, **query: Any) -> BuiltinEngine:
     cfg = MemorySearchSettings.model_validate({
         "provider": "openai-compatible", "model": "mini-embed", "remote": {"baseUrl": url},
-        "sync": {"embeddingBatchTimeoutSeconds": batch_timeout_s}, "query": {"timeoutMs": 1000, **query}})
+        "sync": {"embeddingBatchTimeoutSeconds": batch_timeout_s},
+        "query": {"timeoutMs": timeout_ms, **query}})
     settings = EngineSettings.for_workspace(ws, search=cfg)
     return BuiltinEngine(settings, provider_selection=select_provider(cfg, env={}),
                          now_ms=lambda: 1_770_681_600_000)
 
 
 async def _built(ws: Path, url: str) -> None:
-    # a healthy provider's index: a generous batch timeout, so a loaded machine cannot leave
-    # chunks without vectors before the fault under test starts
-    engine = _engine(ws, url, batch_timeout_s=120)
+    engine = _engine(ws, url)
     try:
         report = await engine.sync(reason="cli")
     finally:
@@ -141,7 +144,8 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
     upstream = Upstream()
     upstream.mode = "hang"
     with serve(upstream, max_requests=1000) as srv:
-        engine = _engine(ws, srv.url, keywordFallback=False)  # an empty index: the first
+        engine = _engine(ws, srv.url, batch_timeout_s=1, timeout_ms=1000,
+                         keywordFallback=False)  # an empty index: the first
         try:  # search bootstraps it
             with anyio.fail_after(GENEROUS_S), pytest.raises(BackendUnavailableError) as info:
                 await engine.search(SearchRequest.of("kayak"))
@@ -151,7 +155,7 @@ async def test_a_provider_that_never_answers_costs_a_search_its_deadline_only(ws
                 "(query.timeoutMs)")
         finally:
             await engine.close()
-        opted = _engine(ws, srv.url)  # the default: keyword-only with a warning
+        opted = _engine(ws, srv.url, batch_timeout_s=1, timeout_ms=1000)  # the default: keyword-only
         try:
             with anyio.fail_after(GENEROUS_S):
                 outcome = await opted.search(SearchRequest.of("kayak"))

@@ -332,7 +332,7 @@ async def test_hanging_qmd_falls_back_within_deadline_and_leaves_no_process(tmp_
         assert resp.results[0].path == "memory/2026-03-01.md"
         second = await m.search("zebra")  # breaker open: no second wait
         assert second.fallback is not None and "circuit open" in second.fallback.reason
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):  # a hang guard: a loaded machine reaps slowly
         while _children() - before:
             await anyio.sleep(0.05)
 
@@ -350,7 +350,7 @@ async def test_a_qmd_hanging_on_its_version_probe_costs_the_search_its_own_deadl
     assert resp.fallback.reason == (f"qmd at {hang} did not answer --version: qmd --version "
                                     "timed out after 1000ms")
     assert resp.results[0].path == "memory/2026-03-01.md"
-    with anyio.fail_after(10):
+    with anyio.fail_after(60):  # a hang guard: a loaded machine reaps slowly
         while _children() - before:
             await anyio.sleep(0.05)
 

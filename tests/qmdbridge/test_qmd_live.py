@@ -20,7 +20,7 @@ from tests.fallback.watcher_faults import kill_observer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.qmd]
 
-DEADLINE_S = 30
+DEADLINE_S = 60
 
 
 def _backend(tmp_path: Path, qmd_bin: Path, base_path_env: str, *,
@@ -101,7 +101,7 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         assert await _wait_found(b, "numbat") == ["memory/2026-05-02.md"]
         await b.close()
         assert tasks.running == 0
-    with anyio.fail_after(10):
+    with anyio.fail_after(DEADLINE_S):
         while {p.pid for p in psutil.Process().children(recursive=True)} - before:
             await anyio.sleep(0.05)
 

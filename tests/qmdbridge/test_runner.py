@@ -59,10 +59,18 @@ async def test_outer_cancellation_kills_tree_and_propagates(tmp_path: Path, stan
                                                             base_path_env: str) -> None:
     pidfile = tmp_path / "pids"
     env = _env(base_path_env, STANDIN_PIDFILE=str(pidfile))
+
+    async def expire_once_started(scope: anyio.CancelScope) -> None:
+        while not pidfile.exists():  # the stand-in started its grandchildren
+            await anyio.sleep(0.01)
+        scope.deadline = anyio.current_time()  # the caller's deadline passes now
+
     with pytest.raises(TimeoutError) as info:
-        with anyio.fail_after(3):
-            await run_command([str(standins_dir / "hang.py")], env=env, cwd=tmp_path,
-                              timeout_ms=60_000)
+        with anyio.fail_after(120) as scope:  # a hang guard, passed at once by the task above
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(expire_once_started, scope)
+                await run_command([str(standins_dir / "hang.py")], env=env, cwd=tmp_path,
+                                  timeout_ms=60_000)
     assert not isinstance(info.value, BackendTimeoutError)
     for pid in (int(line) for line in pidfile.read_text().split()):
         assert process_gone(pid), f"grandchild {pid} survived"

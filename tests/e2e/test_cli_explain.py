@@ -94,7 +94,10 @@ def test_explain_of_a_hybrid_search_with_every_step(ws: Path, env: dict[str, str
         cfg = tmp_path / "openclaw.json"
         cfg.write_text(orjson.dumps({"agents": {"defaults": {"memorySearch": {
             "provider": "local", "local": {"modelPath": str(local_model_path)},
-            "query": {"minScore": 0, "rerank": {"provider": "http", "model": "rr", "baseUrl": srv.url},
+            # deadlines a loaded machine cannot pass (the model's load and both embeddings run
+            # within query.timeoutMs; a chunk left for later would be said in a warning)
+            "query": {"minScore": 0, "timeoutMs": 120_000,
+                      "rerank": {"provider": "http", "model": "rr", "baseUrl": srv.url, "timeoutMs": 120_000},
                       "hybrid": {"mmr": {"enabled": True, "lambda": 0.7},
                                  "temporalDecay": {"enabled": True, "halfLifeDays": 30}}}}}}}).decode())
         args = ["search", "router", "--workspace", str(ws), "--config", str(cfg), "--explain"]

@@ -6,6 +6,7 @@ SQLite store of the same workspace; ``index`` then ``search`` of the CLI give th
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -370,86 +371,66 @@ def test_status_lists_the_files_the_published_sync_skipped_as_on_sqlite(tmp_path
         "skipped"]] == ["memory/blob.md", "memory/latin1.md"]
 
 
+async def _status_on_both_stores(tmp_path: Path, pg_dsn: str, search: dict[str, Any],
+                                 selection: Callable[[MemorySearchSettings], Any], *,
+                                 query: str | None = None) -> list[Any]:
+    """The engine status of one workspace on the SQLite store, then on postgres (``search``
+    plus the store; ``query`` searched first when given)."""
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta router firmware\n")
+    statuses = []
+    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
+        settings = MemorySearchSettings.model_validate({**search, "store": store})
+        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=settings),
+                            provider_selection=selection(settings))
+        try:
+            if query is not None:
+                await eng.search(SearchRequest.of(query, max_results=5))
+            statuses.append(await eng.status())
+        finally:
+            await eng.close()
+    return statuses
+
+
+def _count_provider(**kwargs: Any) -> Callable[[MemorySearchSettings], Any]:
+    from fallback.embeddings import ProviderSelection
+    from tests.fallback.count_provider import CountProvider
+
+    return lambda _settings: ProviderSelection(CountProvider(**kwargs), "test-count")
+
+
 @pytest.mark.anyio
 async def test_a_provider_that_fails_closed_makes_search_unavailable_as_on_sqlite(tmp_path: Path,
                                                                                    pg_dsn: str) -> None:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "MEMORY.md").write_text("# Memory\n\nrouter firmware\n")
-    modes = []
-    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
-        search = MemorySearchSettings.model_validate({"provider": "openai", "store": store})
-        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
-                            provider_selection=select_provider(search, env={}))  # no API key
-        try:
-            st = await eng.status()
-        finally:
-            await eng.close()
-        modes.append((st.search_mode, st.provider_unavailable_reason))
-    assert modes == [("unavailable", "memory search unavailable: openai: no API key found for openai")] * 2
+    statuses = await _status_on_both_stores(tmp_path, pg_dsn, {"provider": "openai"},
+                                            lambda settings: select_provider(settings, env={}))  # no API key
+    assert [(st.search_mode, st.provider_unavailable_reason) for st in statuses] == [
+        ("unavailable", "memory search unavailable: openai: no API key found for openai")] * 2
 
 
 @pytest.mark.anyio
 async def test_a_vector_only_search_has_no_keyword_side_as_on_sqlite(tmp_path: Path, pg_dsn: str) -> None:
-    from fallback.embeddings import ProviderSelection
-    from tests.fallback.count_provider import CountProvider
-
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
-    views = []
-    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
-        search = MemorySearchSettings.model_validate({"store": store, "query": {"hybrid": {"enabled": False}}})
-        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
-                            provider_selection=ProviderSelection(CountProvider(), "test-count"))
-        try:
-            st = await eng.status()
-        finally:
-            await eng.close()
-        views.append((st.search_mode, st.fts["enabled"]))
-    assert views == [("vector-only", False)] * 2
+    statuses = await _status_on_both_stores(tmp_path, pg_dsn, {"query": {"hybrid": {"enabled": False}}},
+                                            _count_provider())
+    assert [(st.search_mode, st.fts["enabled"]) for st in statuses] == [("vector-only", False)] * 2
 
 
 @pytest.mark.anyio
 async def test_a_local_model_not_downloaded_is_the_same_status_on_both_stores(tmp_path: Path,
                                                                               pg_dsn: str) -> None:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
-    views = []
-    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
-        search = MemorySearchSettings.model_validate(
-            {"provider": "local", "store": store,
-             "local": {"modelPath": "hf:org/repo/model.gguf", "modelCacheDir": str(tmp_path / "models")}})
-        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
-                            provider_selection=select_provider(search, env={}))
-        try:
-            st = await eng.status()
-        finally:
-            await eng.close()
-        views.append((st.search_mode, st.healthy, {k: st.vector.get(k) for k in ("providerError", "modelMissing")}))
+    search = {"provider": "local",
+              "local": {"modelPath": "hf:org/repo/model.gguf", "modelCacheDir": str(tmp_path / "models")}}
+    statuses = await _status_on_both_stores(tmp_path, pg_dsn, search,
+                                            lambda settings: select_provider(settings, env={}))
     missing = f"local model hf:org/repo/model.gguf is not downloaded yet ({tmp_path}/models/hf/org/repo/model.gguf)"
-    assert views == [("fts-only", False, {"providerError": None, "modelMissing": missing})] * 2
+    assert [(st.search_mode, st.healthy, {k: st.vector.get(k) for k in ("providerError", "modelMissing")})
+            for st in statuses] == [("fts-only", False, {"providerError": None, "modelMissing": missing})] * 2
 
 
 @pytest.mark.anyio
 async def test_a_query_the_provider_failed_to_embed_is_the_same_status_on_both_stores(tmp_path: Path,
                                                                                        pg_dsn: str) -> None:
-    from fallback.embeddings import ProviderSelection
-    from tests.fallback.count_provider import CountProvider
-
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "MEMORY.md").write_text("# Memory\n\nalpha beta\n")
-    views = []
-    for name, store in (("lite", {}), ("pg", {"driver": "postgres", "dsn": pg_dsn})):
-        search = MemorySearchSettings.model_validate({"store": store})
-        eng = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / name, search=search),
-                            provider_selection=ProviderSelection(CountProvider(fail_query=True), "test-count"))
-        try:
-            await eng.search(SearchRequest.of("alpha", max_results=5))
-            st = await eng.status()
-        finally:
-            await eng.close()
-        views.append((st.healthy, st.last_error, st.vector.get("providerError")))
-    assert views == [(False, None, "query embedding failed: test-count embedding failed: fetch failed")] * 2
+    statuses = await _status_on_both_stores(tmp_path, pg_dsn, {}, _count_provider(fail_query=True), query="alpha")
+    assert [(st.healthy, st.last_error, st.vector.get("providerError")) for st in statuses] == [
+        (False, None, "query embedding failed: test-count embedding failed: fetch failed")] * 2

@@ -1159,20 +1159,23 @@ class SyncLease:
             # security applies (an agent's own role): INSERTs there.
             self._copy = not conn.execute("SELECT row_security_active(%s)",
                                           (f"{s}.posting_blocks",)).fetchone()[0]
-            # A killed sync's rows of generation P + 1 are published with this one: their terms
-            # count in the statistics this lease publishes.
-            self._terms = _TermCounts()
-            self._terms.add_rows(conn.execute(
-                f"SELECT b.term, count(*), max(u.h0), max(u.h1), max(u.h2), min(u.dl)"
-                f" FROM {s}.posting_blocks b CROSS JOIN LATERAL unnest(b.lens, b.{', b.'.join(TF_COLUMNS)})"
-                " AS u(dl, h0, h1, h2) WHERE b.agent_id = %(agent)s"
-                " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
-                {**self._scope, "gen": self.generation}).fetchall())
             # (path, source) of the files with chunks in generation P + 1 (its posting blocks)
             self._held = set(conn.execute(
                 f"SELECT DISTINCT path, source FROM {s}.chunks WHERE agent_id = %(agent)s"
                 " AND workspace = %(ws)s AND gen_from = %(gen)s",
                 {**self._scope, "gen": self.generation}).fetchall())
+            # A killed sync's rows of generation P + 1 are published with this one: their terms
+            # count in the statistics this lease publishes. A posting block holds postings of
+            # existing chunks of its own generation alone (_delete_chunks), so without such
+            # chunks there is no such block, and the scan of the agent's blocks is skipped.
+            self._terms = _TermCounts()
+            if self._held:
+                self._terms.add_rows(conn.execute(
+                    f"SELECT b.term, count(*), max(u.h0), max(u.h1), max(u.h2), min(u.dl) FROM"
+                    f" {s}.posting_blocks b CROSS JOIN LATERAL unnest(b.lens, b.{', b.'.join(TF_COLUMNS)})"
+                    " AS u(dl, h0, h1, h2) WHERE b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND b.gen_from = %(gen)s GROUP BY b.term",
+                    {**self._scope, "gen": self.generation}).fetchall())
         self.chunks_written = 0
         self._writer: Any = None  # the writer threads (an executor), started by a write
         self._conns = [conn]  # the writers' connections: the lease's first, one more when needed

@@ -287,17 +287,23 @@ async def test_session_delta_threshold_syncs_after_batch_window(ws: Path) -> Non
         assert engine.live.tracker.pending(path) == (path.stat().st_size, 0, 0)
 
 
+async def _queue_transcript_lines(engine: BuiltinEngine, path: Path, count: int) -> None:
+    """Append ``count`` transcript lines and wait until the watcher has queued the transcript
+    for the session batch window."""
+    with path.open("ab") as fh:
+        for n in range(count):
+            fh.write(_record("user", f"Line {n} about the Osprey tagging permit."))
+
+    async def queued() -> bool:
+        return (await engine.status()).custom["live"]["sessionsPending"] == 1
+    await eventually(queued, "the watcher handed the transcript over")
+
+
 async def test_transcript_lines_waiting_for_their_sync_are_told_not_hidden(ws: Path) -> None:
     engine, path = _session_engine(ws, 600_000)  # the batch window stays open for the whole test
     async with live(engine):
         await _booted(engine)
-        with path.open("ab") as fh:
-            for n in range(2000):
-                fh.write(_record("user", f"Line {n} about the Osprey tagging permit."))
-
-        async def queued() -> bool:
-            return (await engine.status()).custom["live"]["sessionsPending"] == 1
-        await eventually(queued, "the watcher handed the transcript over")
+        await _queue_transcript_lines(engine, path, 2000)
         stale = "1 transcripts changed and wait for the session batch window (600000 ms)"
         outcome = await engine.search(SearchRequest.of("Osprey tagging permit"))
         assert outcome.results == []  # not indexed yet, and the answer says so
@@ -336,13 +342,7 @@ async def test_a_sync_inside_the_batch_window_indexes_the_waiting_transcripts(ws
     engine, path = _session_engine(ws, 600_000)  # the batch window stays open for the whole test
     async with live(engine):
         await _booted(engine)
-        with path.open("ab") as fh:
-            for n in range(5):
-                fh.write(_record("user", f"Line {n} about the Osprey tagging permit."))
-
-        async def queued() -> bool:
-            return (await engine.status()).custom["live"]["sessionsPending"] == 1
-        await eventually(queued, "the watcher handed the transcript over")
+        await _queue_transcript_lines(engine, path, 5)
         await engine.sync(reason="manual")
         status = await engine.status()
         assert (status.dirty, status.custom["indexStale"], status.custom["live"]["sessionsPending"]) == (

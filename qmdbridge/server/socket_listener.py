@@ -140,24 +140,26 @@ def _bind(path: str) -> socket.socket:
 
 
 async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, handle: LineHandler) -> None:
-    """Answer request lines on one connection until the peer closes it."""
+    """Answer request lines on one connection until the peer closes it, also before a reply
+    (that reply is dropped; the daemon serves on)."""
     async with stream:
-        raw = stream.extra(SocketAttribute.raw_socket)
-        uid = peer_uid(raw)
-        if uid is not None and uid != os.geteuid():
-            await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
-            return
-        lines = BufferedByteReceiveStream(stream)
-        while True:
-            try:
-                line = await lines.receive_until(b"\n", MAX_LINE_BYTES + 1)
-            except anyio.DelimiterNotFound:
-                await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
+        with contextlib.suppress(anyio.BrokenResourceError):  # the peer went away
+            raw = stream.extra(SocketAttribute.raw_socket)
+            uid = peer_uid(raw)
+            if uid is not None and uid != os.geteuid():
+                await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
                 return
-            except (anyio.IncompleteRead, anyio.BrokenResourceError):
-                return
-            if line.strip():
-                await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
+            lines = BufferedByteReceiveStream(stream)
+            while True:
+                try:
+                    line = await lines.receive_until(b"\n", MAX_LINE_BYTES + 1)
+                except anyio.DelimiterNotFound:
+                    await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
+                    return
+                except anyio.IncompleteRead:
+                    return
+                if line.strip():
+                    await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
 
 
 async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) -> dict[str, Any]:

@@ -5,6 +5,7 @@ connection keeps serving; a line past ``MAX_LINE_BYTES`` is refused and the conn
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,35 @@ async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest
                 with pytest.raises(anyio.EndOfStream):
                     await stream.receive()
         tg.cancel_scope.cancel()
+
+
+
+async def test_a_client_gone_before_its_reply_leaves_the_daemon_serving(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends a request and closes the connection before the reply (a CLI killed
+    while it waits) costs that reply only: the listener, and the ``serve`` it runs in, keep
+    answering other connections."""
+    ws = make_workspace(tmp_path)
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    for key in ("OPENCLAW_STATE_DIR", "HOME"):
+        monkeypatch.setenv(key, env[key])
+    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
+    args = argparse.Namespace(config=None, backend=None)
+    async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
+        path = await start_daemon_socket(tg, manager, agent, args)
+        assert path is not None
+        with anyio.fail_after(DEADLINE_S):
+            for _ in range(3):
+                # blocking calls, no await between them: each connection is closed before the
+                # listener reads its line, so the reply (an error, answered without waiting on
+                # anything) meets a broken pipe
+                gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                gone.connect(path)
+                gone.sendall(b'{"id": 1, "tool": "memory_delete"}\n')
+                gone.close()
+            async with await anyio.connect_unix(path) as stream:
+                for request_id in (2, 3, 4):
+                    await stream.send(b'{"id": %d, "tool": "status"}\n' % request_id)
+                    status = await _reply(stream)
+                    assert (status["id"], status["result"]["backend"]) == (request_id, "builtin")
+                tg.cancel_scope.cancel()  # while the listener waits on this open connection

@@ -1,7 +1,7 @@
 """``qmdbridge serve``: the long-lived sidecar process.
 
 One ``full``-mode ``MemoryManager`` answers JSON-lines tool calls on stdin/stdout and on the
-agent's daemon socket (docs/serve-protocol.md) until SIGTERM/SIGINT or end of input.
+agent's daemon socket (docs/serve-protocol.md) until SIGTERM/SIGINT/SIGHUP or end of input.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ async def start_daemon_socket(tg: Any, manager: Any, agent: Any, args: argparse.
 
 
 async def serve(agent: Any, args: argparse.Namespace) -> int:
-    """Run until SIGTERM/SIGINT, or end of stdin unless ``--no-stdin``; returns the exit code."""
+    """Run until SIGTERM/SIGINT/SIGHUP, or end of stdin unless ``--no-stdin``; returns the exit code."""
     async def body(manager: Any, tg: Any) -> None:
         if not getattr(args, "no_socket", False):
             await start_daemon_socket(tg, manager, agent, args)

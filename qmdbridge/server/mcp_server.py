@@ -174,7 +174,7 @@ async def _serve_http(server: Server[Any, Any], sock: socket.socket, *, host: st
 
 
 async def run_mcp(agent: ResolvedAgent, args: argparse.Namespace) -> int:
-    """Run ``qmdbridge mcp`` until SIGTERM/SIGINT (or end of stdin over stdio); returns 0.
+    """Run ``qmdbridge mcp`` until SIGTERM/SIGINT/SIGHUP (or end of stdin over stdio); returns 0.
 
     Raises:
         ConfigError: ``--http`` and the bearer token is too short or its file unusable.

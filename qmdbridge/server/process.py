@@ -19,6 +19,10 @@ from qmdbridge.manager import BackendName, MemoryManager
 
 __all__ = ["run_until_signal", "stdin_lines"]
 
+# What stops a long-lived process cleanly: SIGTERM, Ctrl-C and, where it exists, SIGHUP (its
+# terminal closed), whose default action would kill it without reaping its qmd children.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
 
 def _pump_stdin(send: MemoryObjectSendStream[bytes], token: Any) -> None:
     # os.read on the raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
@@ -54,15 +58,15 @@ def stdin_lines() -> MemoryObjectReceiveStream[bytes]:
 
 async def run_until_signal(agent: ResolvedAgent, *, backend: BackendName | None, prog: str,
                            body: Callable[[MemoryManager, TaskGroup], Awaitable[None]]) -> None:
-    """Run one ``full``-mode manager for ``agent`` until ``body`` returns or
-    SIGTERM/SIGINT arrives, then close it, so every qmd child is reaped. The signal handlers
+    """Run one ``full``-mode manager for ``agent`` until ``body`` returns or one of
+    SIGTERM, SIGINT or SIGHUP arrives, then close it, so every qmd child is reaped. The signal handlers
     come first, so a signal during start-up still closes it; ``<prog>: agent <id>, backend
     <name>, workspace <dir>`` and ``<prog>: stopped`` go to stderr; ``backend``: ``--backend``
     (``None``: the config's); ``body`` gets the started manager and the task group."""
     async with MemoryManager(agent, backend=backend, mode="full") as manager:
         async with anyio.create_task_group() as tg:
             async def watch_signals() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                with anyio.open_signal_receiver(*_STOP_SIGNALS) as signals:
                     async for _ in signals:
                         tg.cancel_scope.cancel()
                         return

@@ -164,6 +164,22 @@ def test_a_killed_daemon_leaves_a_stale_socket_that_the_cli_removes(setup: tuple
     assert live_children() == []
 
 
+
+def test_sighup_stops_the_daemon_as_sigterm_does(setup: tuple[Path, dict[str, str]]) -> None:
+    """A closed terminal's SIGHUP stops ``serve`` cleanly: exit 0, the socket removed, the last
+    stderr line ``stopped`` (by default it killed the process and left its children)."""
+    ws, env = setup
+    proc, _ = start(["serve", "--no-stdin", "--workspace", str(ws)], env, ready="daemon socket")
+    sock = Path(env["OPENCLAW_STATE_DIR"]) / "daemon" / "main.sock"
+    assert sock.exists()
+    proc.send_signal(signal.SIGHUP)
+    assert proc.stderr is not None
+    rest = proc.stderr.read().decode().splitlines()
+    assert stop(proc) == 0
+    assert rest[-1:] == ["qmdbridge serve: stopped"]
+    assert not os.path.lexists(sock)
+    assert live_children() == []
+
 def test_a_peer_with_another_uid_is_refused(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to connect as another uid")

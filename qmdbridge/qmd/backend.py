@@ -290,20 +290,31 @@ class QmdBackend:
         return await self.health.notice(counts, count_error, managed=self._managed(),
                                         yml_edited=self._yml_edited(), background=self._bg)
 
-    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after a reconcile when ``index.yml``
-        changed since the last one or a missing custom collection's path appeared."""
+    async def _refresh_collections(self) -> bool:
+        """Reconcile the collections when ``index.yml`` changed since the last reconcile, a
+        missing custom collection's path appeared or the root file changed name (the
+        collections are built again for the last two); returns whether it reconciled."""
         appeared = [p for p in self.reconcile_state.missing.values() if os.path.lexists(p)]
-        if appeared:  # a file entry is a folder collection while missing: build them again
-            log.warning("qmd collection path %s exists now; adding it", ", ".join(appeared))
+        moved = [c for c in self.collections if c.root_moved()]
+        if appeared or moved:  # a file entry is a folder collection while missing: build them again
+            log.warning("%s; binding the collections again", "; ".join(
+                [f"qmd collection path {p} exists now" for p in appeared]
+                + [f"the root memory file of {c.path} is no longer {c.pattern}" for c in moved]))
             self.collections = build_collections(self.agent, sessions_dir=self.home.sessions_dir)
             self.roots = {c.name: c for c in self.collections}
         elif not self._yml_edited():
-            return counts
+            return False
         else:
             log.warning("qmd's collection list (%s) changed since the last reconcile; "
                         "reconciling the collections", self.home.index_yml)
         await self.reconcile()  # records the stamp it leaves: one attempt per edit
+        return True
+
+    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
+        """``counts`` (documents per collection), read again after :meth:`_refresh_collections`
+        reconciled."""
+        if not await self._refresh_collections():
+            return counts
         return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
@@ -319,8 +330,8 @@ class QmdBackend:
         await self.cycle.wait_running(max_ms=self.cfg.update.update_timeout_ms)
 
     async def _run_update_cmd(self) -> None:
-        if self._yml_edited():  # bound again first: qmd would index what the edit says (a NUL hangs it)
-            await self.reconcile()
+        # bound again first: qmd would index what an edit says (a NUL hangs it), not the root file
+        await self._refresh_collections()
         res = await self._run(["update"], timeout_ms=self.cfg.update.update_timeout_ms,
                               setting="memory.qmd.update.updateTimeoutMs", discard_stdout=True)
         res.check()

@@ -81,6 +81,11 @@ class ManagedCollection:
         return MemoryRoot(self.path, self.pattern, "memory" if self.kind == "memory" else "extra",
                           self.path)
 
+    def root_moved(self) -> bool:
+        """Whether this is the root-file collection and the root file of its workspace now has
+        another name (``MEMORY.md`` created beside a legacy ``memory.md``, or removed)."""
+        return self.is_root_file and self.pattern != _root_pattern(self.path)
+
     def admits(self, rel: str) -> bool:
         """Whether a file qmd returned (``rel`` to :attr:`path`, ``/``-separated) is one this collection
         indexes by the memory-file rule (for the root-file collection: the current root file)."""
@@ -90,6 +95,12 @@ class ManagedCollection:
             current = root_memory_file(self.path).name
             return current is None or rel == current
         return True
+
+
+def _root_pattern(workspace: Path) -> str:
+    """The pattern of the root-file collection: the root file of the moment, ``MEMORY.md``
+    when there is none yet."""
+    return root_memory_file(workspace).name or ROOT_MEMORY_FILE
 
 
 def sanitize_name(raw: str, *, empty: str = "collection") -> str:
@@ -155,8 +166,7 @@ def build_collections(agent: ResolvedAgent, *, sessions_dir: Path) -> list[Manag
         return candidate
 
     if qmd.include_default_memory:
-        root_name = root_memory_file(ws).name or ROOT_MEMORY_FILE
-        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, root_name, "memory"))
+        out.append(ManagedCollection(unique(f"memory-root-{agent_seg}"), ws, _root_pattern(ws), "memory"))
         out.append(ManagedCollection(unique(f"memory-dir-{agent_seg}"), ws / MEMORY_DIR_NAME,
                                      DEFAULT_PATTERN, "memory"))
 

@@ -124,6 +124,33 @@ async def test_sync_request_right_after_an_update_indexes_what_changed(
         await b.close()
 
 
+
+async def test_the_root_collection_follows_the_root_file_while_serving(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """A long-lived backend binds ``memory-root-main`` to the root file of the moment: a
+    ``MEMORY.md`` created beside a legacy ``memory.md`` is searched after the next sync and the
+    shadowed file is not, and removing ``MEMORY.md`` brings ``memory.md`` back. (The collection
+    kept the name it was built with, so qmd answered without the new root file.)"""
+    b = _backend(tmp_path, qmd_bin, base_path_env)
+    ws = b.agent.workspace_dir
+    (ws / "MEMORY.md").unlink()
+    (ws / "memory.md").write_text("# Memory\n\nThe wombat burrow is behind the shed.\n")
+
+    async def found(query: str) -> list[str]:
+        response = await b.search(SearchRequest.of(query, min_score=0))
+        return [r.path for r in response.results]
+
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert await found("wombat burrow") == ["memory.md"]
+        (ws / "MEMORY.md").write_text("# Memory\n\nThe quokka photo was taken on Rottnest.\n")
+        await b.sync(reason="serve")
+        assert (await found("quokka photo"), await found("wombat burrow")) == (["MEMORY.md"], [])
+        (ws / "MEMORY.md").unlink()
+        await b.sync(reason="serve")
+        assert (await found("quokka photo"), await found("wombat burrow")) == ([], ["memory.md"])
+        await b.close()
+
 async def test_a_search_waits_only_for_an_update_due_within_its_wait(
         tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
     """A note saved within ``update.debounceMs`` of the last update marks the index dirty and

@@ -26,6 +26,7 @@ from fallback.sources.memory_files import (
     ROOT_MEMORY_FILE,
     MemoryRoot,
     extra_roots,
+    memory_roots,
     root_memory_file,
 )
 from qmdbridge.config import ResolvedAgent
@@ -98,9 +99,9 @@ class ManagedCollection:
 
 
 def _root_pattern(workspace: Path) -> str:
-    """The pattern of the root-file collection: the root file of the moment, ``MEMORY.md``
-    when there is none yet."""
-    return root_memory_file(workspace).name or ROOT_MEMORY_FILE
+    """The pattern of the root-file collection: the memory-file rule's root file of the moment
+    (``MEMORY.md`` when there is none yet)."""
+    return memory_roots(workspace, [])[0].pattern
 
 
 def sanitize_name(raw: str, *, empty: str = "collection") -> str:

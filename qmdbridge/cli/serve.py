@@ -11,13 +11,13 @@ import sys
 from typing import Any
 
 import anyio
-import orjson
 
 from fallback.errors import UsageError
 from qmdbridge.cli.common import EXIT_OK
 from qmdbridge.cli.render import keyword_notice
 from qmdbridge.server.process import run_until_signal, stdin_lines
 from qmdbridge.server.socket_listener import identity_for, serve_socket
+from qmdbridge.server.wire import decode_line, encode_line
 from qmdbridge.tools import SYNC_SCHEMA, call_tool, param_error
 
 __all__ = ["handle_line", "serve", "start_daemon_socket"]
@@ -27,8 +27,8 @@ async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     """Answer one JSON-lines request (see the module docstring for the shapes): ``sync`` here,
     every other tool by :func:`qmdbridge.tools.call_tool`."""
     try:
-        req = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
+        req = decode_line(line)
+    except ValueError as exc:
         return {"id": None, "error": f"invalid JSON: {exc}"}
     if not isinstance(req, dict):
         return {"id": None, "error": "request must be a JSON object"}
@@ -60,9 +60,9 @@ async def _read_stdin(manager: Any) -> None:
                 continue
             try:
                 reply = await handle_line(manager, line)
-                data = orjson.dumps(reply)
+                data = encode_line(reply)
             except Exception as exc:  # serve edge: one bad request never stops the server
-                data = orjson.dumps({"id": None, "error": f"{type(exc).__name__}: {exc}"})
+                data = encode_line({"id": None, "error": f"{type(exc).__name__}: {exc}"})
             sys.stdout.buffer.write(data + b"\n")
             sys.stdout.flush()
 

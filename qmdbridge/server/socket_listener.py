@@ -17,7 +17,6 @@ from functools import partial
 from typing import Any
 
 import anyio
-import orjson
 from anyio.abc import SocketAttribute, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -26,6 +25,8 @@ from qmdbridge.config import ResolvedAgent, load_config, normalize_agent_id, res
 from qmdbridge.server.wire import (
     MAX_LINE_BYTES,
     config_identity,
+    decode_line,
+    encode_line,
     remove_stale_socket,
     short_socket_path,
     socket_path,
@@ -147,26 +148,26 @@ async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, h
             raw = stream.extra(SocketAttribute.raw_socket)
             uid = peer_uid(raw)
             if uid is not None and uid != os.geteuid():
-                await stream.send(orjson.dumps({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
+                await stream.send(encode_line({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
                 return
             lines = BufferedByteReceiveStream(stream)
             while True:
                 try:
                     line = await lines.receive_until(b"\n", MAX_LINE_BYTES + 1)
                 except anyio.DelimiterNotFound:
-                    await stream.send(orjson.dumps({"id": None, "error": "request line too long"}) + b"\n")
+                    await stream.send(encode_line({"id": None, "error": "request line too long"}) + b"\n")
                     return
                 except anyio.IncompleteRead:
                     return
                 if line.strip():
-                    await stream.send(orjson.dumps(await _answer(line, identity, handle)) + b"\n")
+                    await stream.send(encode_line(await _answer(line, identity, handle)) + b"\n")
 
 
 async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) -> dict[str, Any]:
     """One reply: ``mismatch`` when the fingerprint names another agent/workspace/config."""
     try:
-        req = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        req = decode_line(line)
+    except ValueError:
         req = None
     if isinstance(req, dict) and isinstance(req.get("fingerprint"), dict):
         reason = identity.mismatch(req["fingerprint"])

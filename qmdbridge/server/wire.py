@@ -7,6 +7,7 @@ A cheap part of the standard library only (the CLI's fast path imports it first)
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,8 @@ __all__ = [
     "config_identity",
     "daemon_dir",
     "daemon_disabled",
+    "decode_line",
+    "encode_line",
     "remove_stale_socket",
     "short_socket_path",
     "socket_path",
@@ -58,6 +61,30 @@ def socket_path(state: str, agent_id: str) -> str:
 def daemon_disabled(env: Mapping[str, str]) -> bool:
     """True when ``$QMDBRIDGE_DAEMON`` is ``off``, ``0``, ``false`` or ``no`` (any case)."""
     return env.get(DAEMON_ENV, "").strip().lower() in ("off", "0", "false", "no")
+
+
+def decode_line(line: bytes) -> Any:
+    """One request line of ``serve`` (stdin or the daemon socket) as JSON. ``json.loads``, not
+    orjson: it reads a lone surrogate escape (``"\\ud83d"``, half an emoji, as JavaScript's
+    ``JSON.stringify`` writes a string cut inside a surrogate pair) as the MCP route and the
+    library take it, where orjson refuses the whole line.
+
+    Raises:
+        ValueError: the line is not JSON (``json.JSONDecodeError``) or not UTF-8.
+    """
+    return json.loads(line)
+
+
+def encode_line(doc: Any) -> bytes:
+    """``doc`` as one compact JSON line without its ``\\n``: orjson's bytes, or, when a string
+    holds a lone surrogate (echoed from a request), the standard library's with non-ASCII
+    characters escaped."""
+    import orjson  # here: the CLI's fast path never encodes a reply
+
+    try:
+        return orjson.dumps(doc)
+    except orjson.JSONEncodeError:
+        return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def config_identity(explicit: str | None, state: str,

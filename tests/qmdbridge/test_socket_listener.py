@@ -5,13 +5,13 @@ connection keeps serving; a line past ``MAX_LINE_BYTES`` is refused and the conn
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import pytest
 
 from qmdbridge import MemoryManager
@@ -27,11 +27,11 @@ DEADLINE_S = 60
 
 
 async def _reply(stream: Any) -> dict[str, Any]:
-    """The next reply line on ``stream``."""
+    """The next reply line on ``stream`` (``json``: a reply may hold a lone surrogate escape)."""
     data = b""
     while not data.endswith(b"\n"):
         data += await stream.receive()
-    return orjson.loads(data)
+    return json.loads(data)
 
 
 async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,3 +90,34 @@ async def test_a_client_gone_before_its_reply_leaves_the_daemon_serving(
                     status = await _reply(stream)
                     assert (status["id"], status["result"]["backend"]) == (request_id, "builtin")
                 tg.cancel_scope.cancel()  # while the listener waits on this open connection
+
+
+async def test_a_lone_surrogate_escape_is_answered_under_its_request_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"\\ud83d"`` (half an emoji, as JavaScript's ``JSON.stringify`` writes a string cut
+    between the halves of a surrogate pair) is valid JSON: the search is answered as the library
+    answers it, and a path holding one is refused with the reason, each under its request id
+    (the line was refused as invalid JSON with id null, and a reply echoing the path could not be
+    encoded)."""
+    ws = make_workspace(tmp_path)
+    env = cli_env(tmp_path / "state", tmp_path / "home")
+    for key in ("OPENCLAW_STATE_DIR", "HOME"):
+        monkeypatch.setenv(key, env[key])
+    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
+    args = argparse.Namespace(config=None, backend=None)
+    async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
+        library = await manager.search("Kestrel \ud83d")
+        path = await start_daemon_socket(tg, manager, agent, args)
+        assert path is not None
+        with anyio.fail_after(DEADLINE_S):
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b'{"id": 1, "tool": "memory_search", "params": {"query": "Kestrel \\ud83d"}}\n')
+                search = await _reply(stream)
+                await stream.send(b'{"id": 2, "tool": "memory_get", "params": {"path": "memory/\\ud83d.md"}}\n')
+                get = await _reply(stream)
+                tg.cancel_scope.cancel()
+    assert search["id"] == 1
+    assert [(h["path"], h["startLine"]) for h in search["result"]["results"]] == [
+        (h.path, h.start_line) for h in library.results] != []
+    assert (get["id"], get["result"]["path"], get["result"]["refused"]) == (2, "memory/\ud83d.md", True)
+    assert get["result"]["error"].startswith("path refused: 'memory/\\ud83d.md': invalid characters")

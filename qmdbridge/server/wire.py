@@ -70,9 +70,13 @@ def decode_line(line: bytes) -> Any:
     library take it, where orjson refuses the whole line.
 
     Raises:
-        ValueError: the line is not JSON (``json.JSONDecodeError``) or not UTF-8.
+        ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not) or not UTF-8.
     """
-    return json.loads(line)
+    return json.loads(line, parse_constant=_not_json)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def encode_line(doc: Any) -> bytes:

@@ -237,6 +237,36 @@ def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer
         assert PASSWORD not in message
 
 
+def test_a_connection_service_is_what_messages_name_and_its_password_is_hidden(
+        pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"# the fleet's database\n[memdb]\nhost={pg_server.data_dir}\n"
+                        f"dbname={dbname}\nuser=pw_user\npassword={PASSWORD}\n")
+    where = f'database "{dbname}" on host {pg_server.data_dir} port 5432 as user pw_user'
+    with password_role(pg_server, "pw_user"), monkeypatch.context() as env:
+        env.setenv("PGSERVICEFILE", str(services))
+        env.setenv("PGSERVICE", "memdb")
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(None), agent_id="main", workspace="/ws")
+        assert "PostgreSQL refused the login" in str(caught.value)
+        assert f"({where});" in str(caught.value) and PASSWORD not in str(caught.value)
+        services.write_text(services.read_text().replace(PASSWORD, "the-right-one"))
+        store = PostgresStore(resolve_target(None), agent_id="main", workspace="/ws",
+                              run_migrations=False)  # logged in: the service's user and password
+        try:
+            assert store.target.describe() == where
+            assert store.target.redact("x the-right-one y") == "x [REDACTED:password] y"
+        finally:
+            store.close()
+        # the DSN's keys come first, and a service no file defines is told before connecting
+        assert resolve_target("user=other").describe() == (
+            f'database "{dbname}" on host {pg_server.data_dir} port 5432 as user other')
+        env.setenv("PGSERVICE", "nosuch")
+        with pytest.raises(ConfigError, match=r"memorySearch.store.dsn: the connection service 'nosuch' is not "):
+            resolve_target(None)
+
+
 def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws",
                           statement_timeout_ms=200)

@@ -64,6 +64,30 @@ def test_migrations_are_idempotent_and_safe_when_two_hosts_start_at_once(pg_dsn:
         assert applied_versions(conn, "qmdbridge") == list(enumerate(names, start=1))
 
 
+def test_a_schema_a_newer_version_migrated_opens_with_an_agents_own_role(pg_server: PgServer,
+                                                                      pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        conn.execute("DROP ROLE IF EXISTS later_role")
+        conn.execute("CREATE ROLE later_role LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        owner.register_agent("main", role_name="later_role")
+        owner.grant_role("later_role")
+        write(owner, {"memory/a.md": "otter"})
+    finally:
+        owner.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the owner ran a later migration
+        conn.execute(f"INSERT INTO qmdbridge.schema_migrations (version, name)"
+                     f" VALUES ({len(MIGRATIONS) + 1}, 'm{len(MIGRATIONS) + 1:03d}_later')")
+    agent = PostgresStore(resolve_target(pg_server.dsn(dbname, user="later_role")),
+                          agent_id="main", workspace="/ws")  # may not create: opens as it is
+    try:
+        assert found(agent, "otter") == ["memory/a.md#1"]
+    finally:
+        agent.close()
+
+
 def test_readers_see_the_published_generation_until_the_next_publish(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:

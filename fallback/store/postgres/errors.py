@@ -4,7 +4,8 @@
 
     BackendUnavailableError
      +-- PostgresUnavailableError    the server cannot be used: unreachable, login refused,
-     |                               pgvector missing, schema not writable (carries target, hint)
+     |                               pgvector missing, schema not writable or missing a
+     |                               table (carries target, hint)
      +-- BackendTimeoutError
           +-- PostgresTimeoutError   a statement ran past statement_timeout (or the lock wait)
     IndexStoreError
@@ -41,6 +42,7 @@ _PRIVILEGE = "42501"
 # (PostgreSQL 16: 'extension "vector" is not available') or undefined_file (older servers).
 _EXTENSION_MISSING = {"0A000", "58P01"}
 _SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
+_SCHEMA_DAMAGED = {"42P01", "3F000"}         # undefined_table, invalid_schema_name
 _CANNOT_CONNECT_NOW = "57P03"               # the server is starting up or shutting down
 # libpq's text (strerror) when nothing listens: no Unix socket file, or ECONNREFUSED on TCP.
 _REFUSED_TEXTS = ("No such file or directory", "Connection refused")
@@ -137,6 +139,13 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
             where, f"the pgvector extension is not available: {detail}",
             "install pgvector on the server (e.g. the postgresql-16-pgvector package) and run "
             "CREATE EXTENSION vector as a superuser")
+    if state in _SCHEMA_DAMAGED:
+        return PostgresUnavailableError(
+            where, f"the store's schema {target.schema} lacks a table or is gone: {detail}",
+            f"restore schema {target.schema} from a backup (pg_dump -n {target.schema}), or have "
+            "the schema owner drop it and set it up again (the agents' next syncs index their "
+            "workspaces again); a host whose qmdbridge is older than the schema's migrations "
+            "is upgraded")
     if state == _PRIVILEGE:
         return PostgresUnavailableError(
             where, f"permission denied while trying to {doing}: {detail}",

@@ -586,6 +586,27 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
         assert sum(sizes) == 18_000 and len(sizes) == 4
         assert max(sizes) <= POSTINGS_PER_STATEMENT
         assert found(store, "w59x2x99") == ["59#2"]
+        # Publishing their removal takes their postings out of the blocks by bounded
+        # statements too: each DELETE records the postings of the blocks it took.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.delete_sizes (n int NOT NULL)")
+            conn.execute("CREATE FUNCTION public.record_delete() RETURNS trigger LANGUAGE plpgsql AS"
+                         " $$ BEGIN INSERT INTO public.delete_sizes SELECT sum(cardinality(rowids))"
+                         " FROM old_rows; RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER record_delete AFTER DELETE ON qmdbridge.posting_blocks"
+                         " REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION public.record_delete()")
+        lease = store.sync_lease()
+        assert lease is not None
+        for f in files[1:]:
+            lease.delete_file(f.path, "memory")
+        assert lease.publish().chunk_count == 3
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            sizes = [r[0] for r in conn.execute("SELECT n FROM public.delete_sizes")]
+            left = conn.execute("SELECT sum(cardinality(rowids)) FROM qmdbridge.posting_blocks").fetchone()
+        assert sum(sizes) == 17_700 and len(sizes) == 4 and max(sizes) <= POSTINGS_PER_STATEMENT
+        assert left == (300,)
+        assert found(store, "w59x2x99") == [] and found(store, "w0x2x99") == ["0#2"]
     finally:
         store.close()
 

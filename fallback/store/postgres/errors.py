@@ -4,7 +4,8 @@
 
     BackendUnavailableError
      +-- PostgresUnavailableError    the server cannot be used: unreachable, login refused,
-     |                               pgvector missing, schema not writable (carries target, hint)
+     |                               pgvector missing, schema not writable or missing a
+     |                               table (carries target, hint)
      +-- BackendTimeoutError
           +-- PostgresTimeoutError   a statement ran past statement_timeout (or the lock wait)
     IndexStoreError
@@ -12,13 +13,16 @@
 
 Every message names the database, host, port and user (:meth:`PgTarget.describe`) and says
 what to do; none holds the password (every text goes through :meth:`PgTarget.redact`).
-Classification is by SQLSTATE where the server sent one; a connection that never reached the
-server has none, and libpq's own text is then the only signal (``connection refused``, a socket
-that does not exist, ``timeout expired``).
+Classification is by SQLSTATE. libpq gives none for a failed connection attempt, so there it
+is read from the text: the server's ``FATAL:`` message names its refusal (a database or role
+that does not exist, no connection slot left, starting up); without one the server was never
+reached, and libpq's own text says why (``connection refused``, a socket that does not exist,
+``timeout expired``).
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, IndexStoreError
@@ -41,9 +45,19 @@ _PRIVILEGE = "42501"
 # (PostgreSQL 16: 'extension "vector" is not available') or undefined_file (older servers).
 _EXTENSION_MISSING = {"0A000", "58P01"}
 _SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
+_SCHEMA_DAMAGED = {"42P01", "3F000"}         # undefined_table, invalid_schema_name
 _CANNOT_CONNECT_NOW = "57P03"               # the server is starting up or shutting down
 # libpq's text (strerror) when nothing listens: no Unix socket file, or ECONNREFUSED on TCP.
 _REFUSED_TEXTS = ("No such file or directory", "Connection refused")
+# A failed connection's FATAL message from the server -> its SQLSTATE (libpq gives none);
+# any other FATAL message is the server's refusal too (_REFUSED_BY_SERVER).
+_FATAL_STATES = ((re.compile(r'database ".*" does not exist'), _NO_DATABASE),
+                 (re.compile(r'authentication failed|role ".*" does not exist|no pg_hba\.conf entry'),
+                  "28000"),
+                 (re.compile(r"the database system is (starting up|shutting down|not yet accepting"
+                             r"|in recovery mode)"), _CANNOT_CONNECT_NOW),
+                 (re.compile(r"too many (clients|connections)|connection slots are reserved"), "53300"))
+_REFUSED_BY_SERVER = "08004"  # sqlserver_rejected_establishment_of_sqlconnection
 
 
 class PostgresUnavailableError(BackendUnavailableError):
@@ -96,9 +110,19 @@ def is_refusal(exc: BaseException) -> bool:
 
     if not isinstance(exc, psycopg.OperationalError):
         return False
-    if getattr(exc, "sqlstate", None) == _CANNOT_CONNECT_NOW:
+    state = _sqlstate(exc)
+    if state == _CANNOT_CONNECT_NOW:
         return True
-    return exc.sqlstate is None and any(text in str(exc) for text in _REFUSED_TEXTS)
+    return state is None and any(text in str(exc) for text in _REFUSED_TEXTS)
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """``exc``'s SQLSTATE, or for a connection attempt the server refused with a ``FATAL``
+    message (libpq sets none) the one that message stands for; ``None``: no server answered."""
+    state = getattr(exc, "sqlstate", None)
+    if state is not None or "FATAL:" not in str(exc):
+        return state
+    return next((code for pattern, code in _FATAL_STATES if pattern.search(str(exc))), _REFUSED_BY_SERVER)
 
 
 def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: int) -> Exception:
@@ -118,9 +142,10 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
     from psycopg_pool import PoolTimeout
 
     where = target.describe()
-    state = getattr(exc, "sqlstate", None)
+    state = _sqlstate(exc)
     detail = target.redact(" ".join(str(exc).split()))
-    if state in _AUTH_STATES or (state is None and "authentication failed" in detail):
+    # libpq's own "no password supplied": the server asked for one
+    if state in _AUTH_STATES or (state is None and "no password supplied" in detail):
         return PostgresUnavailableError(
             where, f"PostgreSQL refused the login: {detail}",
             "check the user and password (memorySearch.store.dsn or PGUSER/PGPASSWORD) and "
@@ -137,12 +162,28 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
             where, f"the pgvector extension is not available: {detail}",
             "install pgvector on the server (e.g. the postgresql-16-pgvector package) and run "
             "CREATE EXTENSION vector as a superuser")
+    if state in _SCHEMA_DAMAGED:
+        return PostgresUnavailableError(
+            where, f"the store's schema {target.schema} lacks a table or is gone: {detail}",
+            f"restore schema {target.schema} from a backup (pg_dump -n {target.schema}), or have "
+            "the schema owner drop it and set it up again (the agents' next syncs index their "
+            "workspaces again); a host whose qmdbridge is older than the schema's migrations "
+            "is upgraded")
     if state == _PRIVILEGE:
         return PostgresUnavailableError(
             where, f"permission denied while trying to {doing}: {detail}",
             "an agent's role writes only its own agent's rows (shared rows are read-only); the "
             "schema owner runs the migrations and grants each agent's role (docs/postgres.md, "
             "Row-level security)")
+    if state == "53300":
+        return PostgresUnavailableError(
+            where, f"PostgreSQL has no connection left for this login: {detail}",
+            "raise the server's max_connections (or the role's CONNECTION LIMIT); each store "
+            "keeps up to 4 connections, and a running sync two more")
+    if state == _REFUSED_BY_SERVER:
+        return PostgresUnavailableError(
+            where, f"PostgreSQL refused the connection: {detail}",
+            "the server answered with the error above: see the server's log")
     if isinstance(exc, PoolTimeout) or state in _SERVER_GONE or (
             isinstance(exc, psycopg.OperationalError) and state is None):
         # a refusal is known at once: no deadline ran out

@@ -299,7 +299,9 @@ def migrate(conn: Any, schema: str) -> list[str]:
         schema: the store's schema (a plain identifier, see ``target.resolve_target``).
 
     A current schema is left untouched (no DDL, no lock): an agent's own role, which may not
-    create anything, opens it.
+    create anything, opens it. So is a schema a newer qmdbridge migrated further (it holds
+    every migration of this one): the schema owner migrates before the hosts upgrade, and a
+    host not upgraded yet keeps opening it.
 
     Returns:
         The names of the migrations applied now (``[]`` when the schema was current).
@@ -307,7 +309,7 @@ def migrate(conn: Any, schema: str) -> list[str]:
     Raises:
         psycopg.Error: for the caller to translate (``errors.translate``).
     """
-    if [v for v, _ in applied_versions(conn, schema)] == list(range(1, len(MIGRATIONS) + 1)):
+    if set(range(1, len(MIGRATIONS) + 1)) <= {v for v, _ in applied_versions(conn, schema)}:
         return []
     s = _q(schema)
     with conn.transaction(), conn.cursor() as cur:

@@ -241,9 +241,17 @@ class PostgresStore:
 
     def _connect_kwargs(self) -> dict[str, Any]:
         # libpq's connect_timeout is in whole seconds (and below 2 it counts as 2).
+        # A server that stops answering on an open TCP connection (a network partition, a
+        # black-holed host) would leave a call waiting for the kernel's retransmissions (about
+        # 15 minutes): what was sent and not acknowledged within connectTimeoutMs ends the
+        # connection (tcp_user_timeout), and keepalive probes, unanswered, count as such while
+        # a call waits for an answer. A slow statement is acknowledged: statementTimeoutMs
+        # still bounds it. (Unix sockets ignore these.)
         # prepare_threshold None: no server-side prepared statements, whose generic plans do
         # not see which agent or terms a query names.
-        return {"connect_timeout": max(2, math.ceil(self.connect_timeout_ms / 1000)),
+        seconds = max(2, math.ceil(self.connect_timeout_ms / 1000))
+        return {"connect_timeout": seconds, "tcp_user_timeout": seconds * 1000, "keepalives": 1,
+                "keepalives_idle": seconds, "keepalives_interval": 1, "keepalives_count": 3,
                 "application_name": f"qmdbridge:{self.agent_id}", "prepare_threshold": None}
 
     def _configure(self, conn: Any) -> None:
@@ -1487,7 +1495,9 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
     """Delete the chunks matching ``where`` with their postings, trigram postings and vectors;
     the terms of the deleted postings (one per posting). A chunk's postings leave their
     blocks: each block holding one (found by key from the chunk's ``terms``) is deleted and
-    its other chunks' postings written again as a block (``copy``: by ``COPY``)."""
+    its other chunks' postings written again as a block (``copy``: by ``COPY``), by statements
+    of about :data:`POSTINGS_PER_STATEMENT` postings (whole terms: a block is one term's, so
+    each is read and written again once)."""
     cur.execute(f"DELETE FROM {schema}.chunks WHERE {where} RETURNING chunk_rowid, terms", args)
     deleted = cur.fetchall()
     if not deleted:
@@ -1500,8 +1510,15 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
             split = held.split(" ")
             terms += split
             rowids += [rowid] * len(split)
-    if terms:
-        scope = {"agent": args["agent"], "ws": args["ws"]}
+    scope = {"agent": args["agent"], "ws": args["ws"]}
+    pairs = sorted(zip(terms, rowids, strict=True))
+    start = 0
+    while start < len(pairs):
+        end = min(start + POSTINGS_PER_STATEMENT, len(pairs))
+        while end < len(pairs) and pairs[end][0] == pairs[end - 1][0]:
+            end += 1  # a term's postings in one statement
+        part = pairs[start:end]
+        start = end
         cur.execute(f"DELETE FROM {schema}.posting_blocks b WHERE b.agent_id = %(agent)s"
                     " AND b.workspace = %(ws)s AND (b.term, b.chunk_rowid) IN (SELECT g.term,"
                     f" (SELECT max(k.chunk_rowid) FROM {schema}.posting_blocks k"
@@ -1509,7 +1526,8 @@ def _delete_chunks(cur: Any, schema: str, where: str, args: dict[str, Any], *,
                     " AND k.chunk_rowid <= g.r) FROM unnest(%(terms)s::text[], %(rowids)s::bigint[])"
                     f" AS g(term, r)) RETURNING b.term, b.source, b.gen_from, b.rowids, b.lens,"
                     f" b.{', b.'.join(TF_COLUMNS)}, b.ends, b.positions",
-                    {**scope, "terms": _text_array(terms), "rowids": _int_array(rowids)})
+                    {**scope, "terms": _text_array([t for t, _ in part]),
+                     "rowids": _int_array([r for _, r in part])})
         _write_blocks(cur, f"{schema}.posting_blocks", scope, _kept_blocks(cur.fetchall(), gone), copy=copy)
     for table in ("trigram_postings", "chunk_vectors"):
         cur.execute(f"DELETE FROM {schema}.{table} WHERE chunk_rowid = ANY(%s)", (gone,))

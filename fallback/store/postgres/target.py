@@ -2,7 +2,11 @@
 
 The target is ``memorySearch.store.dsn`` (a ``postgresql://`` URI or a libpq key/value string)
 or, without one, libpq's environment (``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``,
-``PGDATABASE``, ``PGSSLMODE``), which libpq reads by itself for every key the DSN leaves out.
+``PGDATABASE``, ``PGSSLMODE``, ``PGSERVICE``), which libpq reads by itself for every key the DSN
+leaves out. What messages name (host, port, database, user) is what libpq connects to: the DSN's
+keys, then the connection service's (``service=`` or ``PGSERVICE``, read from
+``PGSERVICEFILE`` or ``~/.pg_service.conf``, then ``$PGSYSCONFDIR/pg_service.conf``), then the
+environment's, then libpq's defaults.
 Every text about a connection that may leave the process (an error, a log line, ``status``)
 goes through :meth:`PgTarget.redact`, which removes the password, whether it came from the DSN or
 from ``PGPASSWORD``.
@@ -10,6 +14,8 @@ from ``PGPASSWORD``.
 
 from __future__ import annotations
 
+import configparser
+import getpass
 import os
 import re
 from collections.abc import Mapping
@@ -84,8 +90,8 @@ def resolve_target(dsn: str | None, *, schema: str = DEFAULT_SCHEMA,
         The target; its ``conninfo`` is the DSN unchanged.
 
     Raises:
-        ConfigError: the DSN cannot be parsed or the schema is not a plain identifier (the
-            message never holds the password).
+        ConfigError: the DSN cannot be parsed, its connection service is not defined, or the
+            schema is not a plain identifier (the message never holds the password).
     """
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
@@ -106,15 +112,54 @@ def resolve_target(dsn: str | None, *, schema: str = DEFAULT_SCHEMA,
                           key="memorySearch.store.dsn",
                           expected="postgresql://user@host:5432/db or host=... dbname=...") from None
 
+    service = str(params.get("service") or env.get("PGSERVICE") or "")
+    # libpq's order: the DSN's keys, then the service's, then the environment's
+    params = {**_service_params(service, env), **{k: v for k, v in params.items() if v}} \
+        if service else params
+
     def pick(key: str, var: str, default: str) -> str:
         value = params.get(key) or env.get(var)
         return str(value) if value else default
 
-    user = pick("user", "PGUSER", env.get("USER", "postgres"))
+    user = pick("user", "PGUSER", _os_user())
     return PgTarget(conninfo=conninfo, host=pick("host", "PGHOST", "localhost"),
                     port=pick("port", "PGPORT", "5432"), dbname=pick("dbname", "PGDATABASE", user),
-                    user=user, schema=schema,
-                    password=str(params["password"]) if params.get("password") else env.get("PGPASSWORD"))
+                    user=user, schema=schema, password=pick("password", "PGPASSWORD", "") or None)
+
+
+def _service_params(service: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The keys of connection service ``service`` as libpq reads them: the first of
+    ``PGSERVICEFILE`` (else ``~/.pg_service.conf``) and ``$PGSYSCONFDIR/pg_service.conf`` that
+    defines it.
+
+    Raises:
+        ConfigError: no such file defines it (libpq refuses to connect then too).
+    """
+    from fallback.errors import ConfigError
+
+    files = [env.get("PGSERVICEFILE") or os.path.join(os.path.expanduser("~"), ".pg_service.conf")]
+    if env.get("PGSYSCONFDIR"):
+        files.append(os.path.join(env["PGSYSCONFDIR"], "pg_service.conf"))
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None, strict=False,
+                                           comment_prefixes=("#",), inline_comment_prefixes=None)
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError):
+            continue  # libpq reports its own syntax error when it connects
+        if parser.has_section(service):
+            return {k: v.strip() for k, v in parser.items(service)}
+    raise ConfigError(f"the connection service {service!r} is not defined in {' or '.join(files)}",
+                      key="memorySearch.store.dsn",
+                      expected="a [section] of the service file, or PGSERVICEFILE naming the file")
+
+
+def _os_user() -> str:
+    """libpq's default user: the operating system's user name."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "postgres"
 
 
 def _password_in(conninfo: str) -> str | None:

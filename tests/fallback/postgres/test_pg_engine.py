@@ -178,6 +178,35 @@ async def test_doctor_checks_the_postgres_store(tmp_path: Path, pg_dsn: str, pg_
     assert hint is not None and hint.startswith("check the user and password")
 
 
+@pytest.mark.anyio
+async def test_a_dropped_table_is_told_with_what_to_do_and_status_still_answers(
+        tmp_path: Path, pg_server: Any, pg_dsn: str) -> None:
+    import psycopg
+
+    from fallback.store.postgres.errors import PostgresUnavailableError
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    eng = engine(ws, tmp_path / "state", {"driver": "postgres", "dsn": pg_dsn})
+    try:
+        assert len((await eng.search(SearchRequest.of("kettle"))).results) == 1
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE qmdbridge.term_stats")
+        with pytest.raises(PostgresUnavailableError) as caught:
+            await eng.search(SearchRequest.of("kettle"))
+        assert str(caught.value).startswith(
+            "postgres unavailable: the store's schema qmdbridge lacks a table or is gone: "
+            'relation "qmdbridge.term_stats" does not exist')
+        assert caught.value.hint.startswith("restore schema qmdbridge from a backup (pg_dump -n qmdbridge)")
+        status = await eng.status()  # told, not raised
+        assert status.last_error is not None and status.last_error.startswith(
+            "postgres unavailable: the store's schema qmdbridge lacks a table or is gone: ")
+        assert status.db_path.endswith("schema qmdbridge (not reached)")
+    finally:
+        await eng.close()
+
+
 def test_cli_doctor_prints_its_checks_when_the_server_is_down(tmp_path: Path, pg_server: Any) -> None:
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)

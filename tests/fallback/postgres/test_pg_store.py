@@ -4,6 +4,7 @@ kill -9 of a syncing process, row-level security with real roles, faults, and re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -62,6 +63,30 @@ def test_migrations_are_idempotent_and_safe_when_two_hosts_start_at_once(pg_dsn:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert migrate(conn, "qmdbridge") == []
         assert applied_versions(conn, "qmdbridge") == list(enumerate(names, start=1))
+
+
+def test_a_schema_a_newer_version_migrated_opens_with_an_agents_own_role(pg_server: PgServer,
+                                                                      pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        conn.execute("DROP ROLE IF EXISTS later_role")
+        conn.execute("CREATE ROLE later_role LOGIN NOSUPERUSER")
+    owner = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        owner.register_agent("main", role_name="later_role")
+        owner.grant_role("later_role")
+        write(owner, {"memory/a.md": "otter"})
+    finally:
+        owner.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the owner ran a later migration
+        conn.execute(f"INSERT INTO qmdbridge.schema_migrations (version, name)"
+                     f" VALUES ({len(MIGRATIONS) + 1}, 'm{len(MIGRATIONS) + 1:03d}_later')")
+    agent = PostgresStore(resolve_target(pg_server.dsn(dbname, user="later_role")),
+                          agent_id="main", workspace="/ws")  # may not create: opens as it is
+    try:
+        assert found(agent, "otter") == ["memory/a.md#1"]
+    finally:
+        agent.close()
 
 
 def test_readers_see_the_published_generation_until_the_next_publish(pg_dsn: str) -> None:
@@ -237,6 +262,75 @@ def test_login_refused_names_the_user_and_hides_the_password(pg_server: PgServer
         assert PASSWORD not in message
 
 
+def test_a_connection_the_server_refuses_is_told_by_its_reason_not_as_unreachable(
+        pg_server: PgServer, pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin() as conn:
+        conn.execute("DROP ROLE IF EXISTS no_slots")
+        conn.execute("CREATE ROLE no_slots LOGIN CONNECTION LIMIT 0")
+        conn.execute("DROP DATABASE IF EXISTS closed_db")
+        conn.execute("CREATE DATABASE closed_db ALLOW_CONNECTIONS false")
+
+    def refusal(dsn: str) -> PostgresUnavailableError:
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(dsn), agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+        assert "cannot reach" not in str(caught.value) and "within" not in str(caught.value)
+        return caught.value
+
+    try:
+        missing = refusal(pg_server.dsn("no_such_db"))
+        assert 'the database does not exist: connection failed: ' in str(missing)
+        assert 'FATAL: database "no_such_db" does not exist' in str(missing)
+        assert missing.hint == "create it (createdb) or fix the database name in memorySearch.store.dsn / PGDATABASE"
+        nobody = refusal(pg_server.dsn(dbname, user="no_such_role"))
+        assert str(nobody).startswith("postgres unavailable: PostgreSQL refused the login: ")
+        assert 'FATAL: role "no_such_role" does not exist' in str(nobody)
+        full = refusal(pg_server.dsn(dbname, user="no_slots"))
+        assert str(full).startswith("postgres unavailable: PostgreSQL has no connection left for this login: ")
+        assert full.hint.startswith("raise the server's max_connections")
+        with password_role(pg_server, "pw_user"):  # libpq's own: the server asked for a password
+            assert str(refusal(pg_server.dsn(dbname, user="pw_user"))).startswith(
+                "postgres unavailable: PostgreSQL refused the login: connection failed: ")
+        closed = refusal(pg_server.dsn("closed_db"))
+        assert str(closed).startswith("postgres unavailable: PostgreSQL refused the connection: ")
+        assert 'FATAL: database "closed_db" is not currently accepting connections' in str(closed)
+        assert closed.hint == "the server answered with the error above: see the server's log"
+    finally:
+        with pg_server.admin() as conn:
+            conn.execute("DROP ROLE no_slots")
+            conn.execute("DROP DATABASE closed_db")
+
+
+def test_a_connection_service_is_what_messages_name_and_its_password_is_hidden(
+        pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+    services = tmp_path / "pg_service.conf"
+    services.write_text(f"# the fleet's database\n[memdb]\nhost={pg_server.data_dir}\n"
+                        f"dbname={dbname}\nuser=pw_user\npassword={PASSWORD}\n")
+    where = f'database "{dbname}" on host {pg_server.data_dir} port 5432 as user pw_user'
+    with password_role(pg_server, "pw_user"), monkeypatch.context() as env:
+        env.setenv("PGSERVICEFILE", str(services))
+        env.setenv("PGSERVICE", "memdb")
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(None), agent_id="main", workspace="/ws")
+        assert "PostgreSQL refused the login" in str(caught.value)
+        assert f"({where});" in str(caught.value) and PASSWORD not in str(caught.value)
+        services.write_text(services.read_text().replace(PASSWORD, "the-right-one"))
+        store = PostgresStore(resolve_target(None), agent_id="main", workspace="/ws",
+                              run_migrations=False)  # logged in: the service's user and password
+        try:
+            assert store.target.describe() == where
+            assert store.target.redact("x the-right-one y") == "x [REDACTED:password] y"
+        finally:
+            store.close()
+        # the DSN's keys come first, and a service no file defines is told before connecting
+        assert resolve_target("user=other").describe() == (
+            f'database "{dbname}" on host {pg_server.data_dir} port 5432 as user other')
+        env.setenv("PGSERVICE", "nosuch")
+        with pytest.raises(ConfigError, match=r"memorySearch.store.dsn: the connection service 'nosuch' is not "):
+            resolve_target(None)
+
+
 def test_statement_timeout_is_a_backend_timeout(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws",
                           statement_timeout_ms=200)
@@ -321,6 +415,95 @@ def test_the_pool_survives_a_server_restart_and_a_stopped_server_fails_at_once()
     finally:
         server.stop()
         shutil.rmtree(server.data_dir, ignore_errors=True)
+
+
+# Forwards TCP connections on (argv[2], 5432) to the server's Unix socket argv[1]; "ready" once
+# it listens. Run inside a network namespace: the test cuts its link without closing a socket.
+FORWARDER = """
+import socket, sys, threading
+listener = socket.create_server((sys.argv[2], 5432))
+print("ready", flush=True)
+def pump(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+while True:
+    client = listener.accept()[0]
+    server = socket.socket(socket.AF_UNIX)
+    server.connect(sys.argv[1])
+    for a, b in ((client, server), (server, client)):
+        threading.Thread(target=pump, args=(a, b), daemon=True).start()
+"""
+
+
+def test_a_server_that_stops_answering_on_an_open_connection_fails_the_call_with_the_reason(
+        pg_server: PgServer, pg_dsn: str) -> None:
+    """A network partition (packets dropped, no socket closed): the pooled TCP connection's
+    next call fails within the connection deadline instead of waiting for the kernel's
+    retransmissions (about 15 minutes), and answers again once the link is back."""
+    import secrets
+
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    n = secrets.randbelow(16384)
+    ns, veth, ip = f"qbh{n}", f"qbh{n}", f"10.213.{n // 64}.{n % 64 * 4 + 2}"
+    setup = [["ip", "netns", "add", ns], ["ip", "link", "add", f"{veth}a", "type", "veth", "peer",
+                                           "name", f"{veth}b", "netns", ns],
+             ["ip", "addr", "add", f"10.213.{n // 64}.{n % 64 * 4 + 1}/30", "dev", f"{veth}a"],
+             ["ip", "link", "set", f"{veth}a", "up"],
+             ["ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", f"{veth}b"],
+             ["ip", "-n", ns, "link", "set", f"{veth}b", "up"]]
+    forwarder = None
+    try:
+        for cmd in setup:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:  # e.g. a container without CAP_NET_ADMIN
+                pytest.skip(f"no network namespace here: {' '.join(cmd)}: {done.stderr.strip()}")
+        forwarder = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", FORWARDER,
+                                      str(pg_server.data_dir / ".s.PGSQL.5432"), ip],
+                                     stdout=subprocess.PIPE, text=True)
+        assert forwarder.stdout is not None and forwarder.stdout.readline() == "ready\n"
+        dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
+        store = PostgresStore(resolve_target(f"host={ip} port=5432 dbname={dbname} user=postgres"),
+                              agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+        try:
+            write(store, {"memory/a.md": "heron"})
+            subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "down"], check=True)
+            outcome: list[BaseException] = []
+
+            def call() -> None:
+                try:
+                    store.stats()
+                except BaseException as exc:  # noqa: BLE001 (handed to the test's thread)
+                    outcome.append(exc)
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(120)  # a hang guard: the call ends on its own deadline first
+            assert not caller.is_alive(), "the call still waits for a server that does not answer"
+            assert isinstance(outcome[0], PostgresUnavailableError), outcome
+            assert str(outcome[0]).startswith(
+                "postgres unavailable: cannot reach PostgreSQL to read the index statistics within ")
+            subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "up"], check=True)
+            # No restart: it answers again once the pool holds a connection (an attempt begun
+            # during the partition may still take a call's wait first).
+            for _ in range(30):
+                with contextlib.suppress(PostgresUnavailableError):
+                    assert found(store, "heron") == ["memory/a.md#1"]
+                    break
+            else:
+                pytest.fail("no answer after the link came back")
+        finally:
+            store.close()
+    finally:
+        if forwarder is not None:
+            forwarder.kill()
+            forwarder.wait()
+        # the pair now (the namespace outlives its deletion while its sockets time out)
+        subprocess.run(["ip", "link", "del", f"{veth}a"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def test_redaction_of_the_password_everywhere() -> None:
@@ -532,6 +715,27 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
         assert sum(sizes) == 18_000 and len(sizes) == 4
         assert max(sizes) <= POSTINGS_PER_STATEMENT
         assert found(store, "w59x2x99") == ["59#2"]
+        # Publishing their removal takes their postings out of the blocks by bounded
+        # statements too: each DELETE records the postings of the blocks it took.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE public.delete_sizes (n int NOT NULL)")
+            conn.execute("CREATE FUNCTION public.record_delete() RETURNS trigger LANGUAGE plpgsql AS"
+                         " $$ BEGIN INSERT INTO public.delete_sizes SELECT sum(cardinality(rowids))"
+                         " FROM old_rows; RETURN NULL; END $$")
+            conn.execute("CREATE TRIGGER record_delete AFTER DELETE ON qmdbridge.posting_blocks"
+                         " REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT"
+                         " EXECUTE FUNCTION public.record_delete()")
+        lease = store.sync_lease()
+        assert lease is not None
+        for f in files[1:]:
+            lease.delete_file(f.path, "memory")
+        assert lease.publish().chunk_count == 3
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            sizes = [r[0] for r in conn.execute("SELECT n FROM public.delete_sizes")]
+            left = conn.execute("SELECT sum(cardinality(rowids)) FROM qmdbridge.posting_blocks").fetchone()
+        assert sum(sizes) == 17_700 and len(sizes) == 4 and max(sizes) <= POSTINGS_PER_STATEMENT
+        assert left == (300,)
+        assert found(store, "w59x2x99") == [] and found(store, "w0x2x99") == ["0#2"]
     finally:
         store.close()
 

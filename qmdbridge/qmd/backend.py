@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -231,9 +232,9 @@ class QmdBackend:
         if self.mode == "full" and self._bg is not None:
             self._start_timers_and_watcher(self._bg)
             if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
-                from qmdbridge.qmd.warm import WarmChild
-
-                self.warm = WarmChild(
+                # off the loop: the mcp SDK's import holds it for seconds on a loaded machine
+                warm = await anyio.to_thread.run_sync(import_module, "qmdbridge.qmd.warm")
+                self.warm = warm.WarmChild(
                     argv=self.argv(["mcp"]),  # the stdio transport: no port, nothing to connect to
                     env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self.now_ms,
                     startup_budget_ms=self.cfg.update.command_timeout_ms, index_db=self.home.index_db)

@@ -36,12 +36,7 @@ from fallback.engine.query_vector import (
     read_index_vectors,
 )
 from fallback.engine.store_open import EngineStore, read_only_problem
-from fallback.engine.sync_record import (
-    QUERY_FAILED_SUFFIX,
-    clear_failure,
-    read_failure,
-    record_failure,
-)
+from fallback.engine.sync_record import clear_failure, record_failure
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -525,10 +520,7 @@ class BuiltinEngine:
         if provider is not None and qv is not None:  # status tells it until a query embeds
             error = None if qv.error is None else failure_text(qv.error, query=True)
             if error is not None or not self._query_embedded or self._provider_error is not None:
-                await anyio.to_thread.run_sync(partial(  # any process's status tells it too
-                    record_failure, self.settings.db_path, reason="search", error=error,
-                    at_ms=self._now_ms(), suffix=QUERY_FAILED_SUFFIX) if error is not None
-                    else partial(clear_failure, self.settings.db_path, QUERY_FAILED_SUFFIX))
+                await self._stores.keep_query_failure(error, at_ms=self._now_ms())  # any process's status tells it
             self._provider_error, self._query_embedded = error, True
             if error is not None:
                 self._last_error = error
@@ -684,10 +676,11 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be read.
         """
         self._check_open()
+        recorded = None if self._query_embedded else await self._stores.query_failure()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
             from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
-            report, (last_error, provider_error) = self._last_report, await anyio.to_thread.run_sync(self._errors)
+            report, (last_error, provider_error) = self._last_report, self._errors(recorded)
             try:
                 shared = await self._stores.open_postgres()
                 described = await anyio.to_thread.run_sync(shared.describe)
@@ -701,21 +694,22 @@ class BuiltinEngine:
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)
-        return await anyio.to_thread.run_sync(self._status, store, live, problem)
+        return await anyio.to_thread.run_sync(self._status, store, live, problem, recorded)
 
-    def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None) -> MemoryStatus:
+    def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None,
+                recorded: str | None) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
-        last_error, provider_error = self._errors()
+        last_error, provider_error = self._errors(recorded)
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
             last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error)
 
-    def _errors(self) -> tuple[str | None, str | None]:
-        """The status's (last error, query-embedding failure) on either store (blocking: reads the
-        failure a search of any process recorded); a query's failure is told once, as the second."""
-        provider_error = self._provider_error if self._query_embedded else (
-            read_failure(self.settings.db_path, QUERY_FAILED_SUFFIX) or {}).get("error")
+    def _errors(self, recorded: str | None) -> tuple[str | None, str | None]:
+        """The status's (last error, query-embedding failure) on either store, ``recorded`` the
+        failure a search of any process recorded (``EngineStore.query_failure``), told until this
+        engine embeds a query; a query's failure is told once, as the second."""
+        provider_error = self._provider_error if self._query_embedded else recorded
         return (None if self._last_error == self._provider_error else self._last_error), provider_error

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from fallback.errors import IndexStoreError
+from fallback.engine.sync_record import (
+    QUERY_FAILED_SUFFIX,
+    clear_failure,
+    failure_doc,
+    read_failure,
+    record_failure,
+)
+from fallback.errors import BackendUnavailableError, IndexStoreError
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
 from fallback.store.errors import IndexStoreCorruptError, IndexStoreFullError, IndexStoreReadOnlyError
@@ -26,6 +33,9 @@ __all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
            "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
+
+# The key of the query embedding's failure in the postgres workspace row's ``meta``.
+QUERY_FAILED_KEY = "queryFailed"
 
 
 def _note(exc: IndexStoreError, moved: str, notes: list[str]) -> None:
@@ -140,6 +150,38 @@ class EngineStore:
             if self.shared is None:
                 self.shared = await anyio.to_thread.run_sync(open_postgres, self.settings)
             return self.shared
+
+    async def keep_query_failure(self, error: str | None, *, at_ms: int) -> None:
+        """Keep how the last search's query embedding failed (``None``: it embedded; ``at_ms``
+        epoch ms) where every process's status reads it (:meth:`query_failure`): beside the
+        SQLite store file, or in the postgres store's row of this agent's scope (its other hosts
+        share no state folder). Never raises: a record that cannot be written is logged.
+        """
+        if not self.is_postgres:
+            await anyio.to_thread.run_sync(partial(
+                record_failure, self.settings.db_path, reason="search", error=error, at_ms=at_ms,
+                suffix=QUERY_FAILED_SUFFIX) if error is not None
+                else partial(clear_failure, self.settings.db_path, QUERY_FAILED_SUFFIX))
+            return
+        doc = None if error is None else failure_doc(reason="search", error=error, at_ms=at_ms)
+        try:
+            shared = await self.open_postgres()
+            await anyio.to_thread.run_sync(shared.keep_failure, QUERY_FAILED_KEY, doc)
+        except (BackendUnavailableError, IndexStoreError) as exc:
+            log.warning("cannot record the query embedding's failure in the postgres store: %s", exc)
+
+    async def query_failure(self) -> str | None:
+        """How the last search's query embedding failed, as any process recorded it
+        (:meth:`keep_query_failure`); ``None`` when it embedded, or the store cannot be read."""
+        if not self.is_postgres:
+            doc = await anyio.to_thread.run_sync(read_failure, self.settings.db_path, QUERY_FAILED_SUFFIX)
+        else:
+            try:
+                doc = await anyio.to_thread.run_sync((await self.open_postgres()).failure,
+                                                     QUERY_FAILED_KEY)
+            except (BackendUnavailableError, IndexStoreError):  # status tells the store's error
+                doc = None
+        return None if doc is None else doc.get("error")
 
     async def open(self) -> Store:
         """The store, opened on first use, reopened when another process swapped its file.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from fallback.search.ranking import Candidate, jaccard, mmr_tokens
 
@@ -41,6 +41,20 @@ FULL_EVIDENCE_Z = 3.5
 
 # Session transcripts may fill at most this share of the result slots while memory hits remain.
 MAX_SESSION_SHARE = 0.5
+
+
+class Sourced(Protocol):
+    """A ranked hit as :func:`select_results` reads it: a candidate, or a backend's hit."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def snippet(self) -> str: ...
+
+
+_Hit = TypeVar("_Hit", bound=Sourced)
 
 # Two chunks of one transcript whose token sets overlap at least this much (Jaccard) say the
 # same thing: the lower-ranked one is dropped.
@@ -199,13 +213,14 @@ def apply_floor(cands: Sequence[Candidate], min_score: float) -> list[Candidate]
     return [c for c in cands if c.score >= min_score]
 
 
-def select_results(ranked: Sequence[Candidate], *, max_results: int) -> list[Candidate]:
-    """At most ``max_results`` (``<= 0``: none) candidates of ``ranked`` (best first), in its
-    order, taken in order: a ``sessions`` candidate whose tokens
-    (:func:`~fallback.search.ranking.mmr_tokens`) overlap a better chunk of its transcript by
-    at least :data:`NEAR_DUPLICATE_JACCARD` is dropped; the others are taken while sessions
-    hold fewer than ``floor(max_results · MAX_SESSION_SHARE)`` slots, and the skipped ones fill
-    the slots left when the other candidates run out."""
+def select_results(ranked: Sequence[_Hit], *, max_results: int) -> list[_Hit]:
+    """How ``memory`` and ``sessions`` hits mix in every answer, whichever backend ranked them:
+    at most ``max_results`` (``<= 0``: none) hits of ``ranked`` (best first), in its order,
+    taken in order: a ``sessions`` hit whose tokens (:func:`~fallback.search.ranking.mmr_tokens`
+    of its snippet) overlap a better one of its transcript by at least
+    :data:`NEAR_DUPLICATE_JACCARD` is dropped; the others are taken while sessions hold fewer
+    than ``floor(max_results · MAX_SESSION_SHARE)`` slots, and the skipped ones fill the slots
+    left when the other hits run out."""
     if max_results <= 0:
         return []
     cap = math.floor(max_results * MAX_SESSION_SHARE)

@@ -55,13 +55,35 @@ def _terminal_columns() -> int:
     return columns or 80
 
 
+def _config_defaults() -> dict[str, object]:
+    """The defaults of the settings models (their owners) that help texts name, as
+    ``%(config_<name>)s``: ``query_max_results`` (hits), ``query_min_score`` (0..1),
+    ``qmd_max_results`` (hits), ``read_lines`` (lines of a ``get`` page). Imported when help is
+    printed only: the parser itself stays standard library only."""
+    from fallback.settings import QuerySettings
+    from fallback.sources.read_page import DEFAULT_READ_LINES
+    from qmdbridge.config import QmdLimits
+
+    query = QuerySettings.model_fields
+    return {"config_query_max_results": query["max_results"].default,
+            "config_query_min_score": query["min_score"].default,
+            "config_qmd_max_results": QmdLimits.model_fields["max_results"].default,
+            "config_read_lines": DEFAULT_READ_LINES}
+
+
 class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter at argparse's width (the terminal's minus 2), computed without ``shutil``."""
+    """argparse's formatter at argparse's width (the terminal's minus 2), computed without
+    ``shutil``; a help text's ``%(config_<name>)s`` is :func:`_config_defaults`' value."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:
         super().__init__(prog, indent_increment, max_help_position,
                          _terminal_columns() - 2 if width is None else width)
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if "%(config_" in str(action.help):
+            vars(action).update(_config_defaults())
+        return super()._expand_help(action)
 
 
 class _RawDescriptionFormatter(argparse.RawDescriptionHelpFormatter, _HelpFormatter):
@@ -151,8 +173,11 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
     if p := add("search", help="search memory (memory_search)"):
         p.add_argument("query", help="what to look for (one that starts with '-' goes after '--': "
                                      "qmdbridge search -- -flag)")
-        p.add_argument("--max-results", type=int, metavar="N", help="hits wanted (default 6)")
-        p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default 0.35)")
+        p.add_argument("--max-results", type=int, metavar="N",
+                       help="hits wanted (default query.maxResults, %(config_query_max_results)s; on qmd "
+                            "memory.qmd.limits.maxResults, %(config_qmd_max_results)s)")
+        p.add_argument("--min-score", type=float, metavar="X",
+                       help="score floor 0..1 (default query.minScore, %(config_query_min_score)s; qmd applies none)")
         p.add_argument("--session-key", metavar="KEY", help="session key of the caller (scope rules, citations)")
         p.add_argument("--corpus", choices=["memory", "sessions", "all", "wiki"],
                        help="what to search: memory files, session transcripts, all (default) or wiki "
@@ -166,7 +191,7 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         p.add_argument("path", help="workspace-relative path, e.g. memory/2026-03-01.md (one that starts "
                                     "with '-' goes after '--')")
         p.add_argument("--from", dest="from_line", type=int, metavar="N", help="first line (1-based)")
-        p.add_argument("--lines", type=int, metavar="N", help="number of lines (default 120)")
+        p.add_argument("--lines", type=int, metavar="N", help="number of lines (default %(config_read_lines)s)")
         p.add_argument("--from-char", dest="from_char", type=int, metavar="N",
                        help="first character of the --from line (1-based): reads on a line cut at "
                             "the page's char budget")
@@ -197,13 +222,13 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
     if p := add("mcp", help="serve memory_search / memory_get / status over MCP (stdio, or --http)",
                 epilog=EPILOG + "\n" + MCP_EPILOG, formatter_class=_RawDescriptionFormatter):
         p.add_argument("--http", action="store_true", help="Streamable HTTP at http://HOST:PORT/mcp instead of stdio")
-        p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default 127.0.0.1)")
+        p.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default %(default)s)")
         p.add_argument("--port", type=int, default=DEFAULT_MCP_PORT, metavar="N",
-                       help=f"HTTP port (default {DEFAULT_MCP_PORT}; 0 picks a free one)")
+                       help="HTTP port (default %(default)s; 0 picks a free one)")
         p.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
-                       help="HTTP: cancel a request not answered within SECONDS (default 300)")
+                       help="HTTP: cancel a request not answered within SECONDS (default %(default)g)")
         p.add_argument("--session-idle", type=float, default=1800.0, metavar="SECONDS",
-                       help="HTTP: close a session with no request for SECONDS (default 1800; 0: never)")
+                       help="HTTP: close a session with no request for SECONDS (default %(default)g; 0: never)")
 
     if p := add("doctor", help="check the workspace, qmd, SQLite features, the provider and the index"):
         p.add_argument("--fix", action="store_true", help="repair what can be repaired (legacy memory.md split)")
@@ -228,8 +253,9 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         src.add_argument("--queries", metavar="FILE",
                          help='JSONL, one {"query", "path", "line"?, "text"?, "category"?, "id"?} per line '
                          "(needs --workspace)")
-        p.add_argument("--max-results", type=int, default=10, metavar="N", help="hits per question (default 10)")
-        p.add_argument("--min-score", type=float, metavar="X", help="score floor 0..1 (default: config, 0.35)")
+        p.add_argument("--max-results", type=int, default=10, metavar="N", help="hits per question (default %(default)s)")
+        p.add_argument("--min-score", type=float, metavar="X",
+                       help="score floor 0..1 (default query.minScore, %(config_query_min_score)s)")
         p.add_argument("--provider", metavar="NAME",
                        help="embedding provider: none (keyword-only), local, auto, openai, openai-compatible, "
                        "gemini, voyage, mistral, ollama (default: config)")

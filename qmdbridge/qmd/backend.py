@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from functools import cached_property, partial
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -20,6 +21,7 @@ from fallback.contract import ProgressCallback, SearchOutcome
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, ManagerClosedError, UsageError
 from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, Source, SourceCount
 from fallback.request import SearchRequest
+from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
@@ -39,7 +41,7 @@ from qmdbridge.qmd.index_health import IndexHealth
 from qmdbridge.qmd.index_stats import file_stamp
 from qmdbridge.qmd.lexical import relax
 from qmdbridge.qmd.models import ModelState, model_cache_state, model_kinds
-from qmdbridge.qmd.parse import IndexCounts, diversify_sources, entry_hits, index_locked
+from qmdbridge.qmd.parse import IndexCounts, entry_hits, index_locked
 from qmdbridge.qmd.query_text import (
     POOL_FACTOR,
     lex_queries,
@@ -231,9 +233,9 @@ class QmdBackend:
         if self.mode == "full" and self._bg is not None:
             self._start_timers_and_watcher(self._bg)
             if self.cfg.warm_child:  # answers `query` searches; started now or by the first one
-                from qmdbridge.qmd.warm import WarmChild
-
-                self.warm = WarmChild(
+                # off the loop: the mcp SDK's import holds it for seconds on a loaded machine
+                warm = await anyio.to_thread.run_sync(import_module, "qmdbridge.qmd.warm")
+                self.warm = warm.WarmChild(
                     argv=self.argv(["mcp"]),  # the stdio transport: no port, nothing to connect to
                     env=self.child_env, cwd=self.agent.workspace_dir, now_ms=self.now_ms,
                     startup_budget_ms=self.cfg.update.command_timeout_ms, index_db=self.home.index_db)
@@ -405,8 +407,9 @@ class QmdBackend:
             progress: accepted for the contract (qmd reports none).
 
         Returns:
-            ``SearchOutcome``: hits best first, diversified across sources (the manager cuts them to
-            ``maxInjectedChars``); warnings are this search's notes; ``mode`` the one searches use.
+            ``SearchOutcome``: hits best first, memory and sessions mixed as on the builtin engine
+            (``fusion.select_results``; the manager cuts them to ``maxInjectedChars``); warnings
+            are this search's notes; ``mode`` the one searches use.
 
         Raises:
             ManagerClosedError: closed.
@@ -491,7 +494,7 @@ class QmdBackend:
         self.hit_problems = [*(p for p in self.hit_problems if p not in notes), *notes][-5:]
         if sources is not None:
             results = [r for r in results if r.source in sources]
-        results = diversify_sources(results, limit=limit)
+        results = select_results(results, max_results=limit)  # memory and sessions mix as on builtin
         stale = self.freshness.stale_warning() if self.freshness is not None else None
         return self._outcome(results, [*notes, *([stale] if stale else [])])
 

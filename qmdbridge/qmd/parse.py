@@ -13,7 +13,6 @@ import sqlite3
 import time
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
-from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -32,7 +31,7 @@ from qmdbridge.qmd.reads import RACY_NS, Listings, clamp_range, hit_lines, resol
 from qmdbridge.qmd.results_json import QmdEntry
 
 __all__ = ["DocLookup", "IndexCounts", "entry_hits", "index_locked", "clamp_injected", "display_path",
-           "diversify_sources", "LocatedHit", "line_range", "locate_entries", "passage_hits",
+           "LocatedHit", "line_range", "locate_entries", "passage_hits",
            "qmd_lines_hit", "merge_best", "merge_key", "parse_qmd_uri", "snippet_text"]
 
 log = logging.getLogger("qmdbridge.qmd.backend")
@@ -343,15 +342,6 @@ def merge_best(pairs: Iterable[tuple[QmdEntry, str | None]], *,
         if key not in skip and (key not in best or (entry.score or 0.0) > (best[key][0].score or 0.0)):
             best[key] = (entry, coll)
     return sorted(best.values(), key=lambda pair: -(pair[0].score or 0.0))
-
-
-def diversify_sources(results: list[MemorySearchResult], *, limit: int) -> list[MemorySearchResult]:
-    """Interleave ``memory`` and ``sessions`` hits round-robin (best source first) up to ``limit``."""
-    by_source: dict[Source, list[MemorySearchResult]] = {}
-    for r in results:
-        by_source.setdefault(r.source, []).append(r)
-    order = sorted(by_source.values(), key=lambda hits: -hits[0].score)
-    return [r for turn in zip_longest(*order) for r in turn if r is not None][:limit]
 
 
 def clamp_injected(results: list[MemorySearchResult], *, max_chars: int) -> list[MemorySearchResult]:

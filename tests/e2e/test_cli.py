@@ -40,6 +40,29 @@ def test_every_command_has_help(env: dict[str, str]) -> None:
         assert b"exit codes" in sub.stdout
 
 
+def test_help_texts_read_the_defaults_the_settings_models_own(env: dict[str, str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default the settings models own is read from them when help is printed, never written
+    again in the parser: with other defaults in the models, the help says those."""
+    import fallback.sources.read_page as read_page
+    from fallback.settings import QuerySettings
+    from qmdbridge.config import QmdLimits
+
+    monkeypatch.setattr(QuerySettings.model_fields["max_results"], "default", 9)
+    monkeypatch.setattr(QuerySettings.model_fields["min_score"], "default", 0.25)
+    monkeypatch.setattr(QmdLimits.model_fields["max_results"], "default", 7)
+    monkeypatch.setattr(read_page, "DEFAULT_READ_LINES", 80)
+
+    def helped(cmd: str) -> str:
+        return " ".join(run([cmd, "--help"], env).stdout.decode().split())
+
+    search, get, evaluate = helped("search"), helped("get"), helped("eval")
+    assert "--max-results N hits wanted (default query.maxResults, 9; on qmd memory.qmd.limits.maxResults, 7)" in search
+    assert "--min-score X score floor 0..1 (default query.minScore, 0.25; qmd applies none)" in search
+    assert "--lines N number of lines (default 80)" in get
+    assert "--min-score X score floor 0..1 (default query.minScore, 0.25)" in evaluate
+
+
 def test_search_json_on_the_example_workspace(ws: Path, env: dict[str, str]) -> None:
     p = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--json"], env)
     assert p.returncode == 0, p.stderr

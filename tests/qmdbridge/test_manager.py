@@ -280,6 +280,42 @@ async def test_session_hits_read_back_at_their_lines_whichever_backend_answered(
             "User: Which bird was at the lake?\n\nAssistant: A grey heron.")
 
 
+async def test_memory_and_session_hits_mix_by_one_rule_on_both_backends(tmp_path: Path, qmd_bin: Path) -> None:
+    """Two transcripts that match better than the notes: on qmd (its exported transcripts) as on
+    the builtin engine, the hits stay in score order and sessions take at most half the slots
+    (``fusion.select_results``). qmd's answer interleaved the sources round-robin instead
+    (``s1, MEMORY.md, s2, 2026-01-05`` for four hits)."""
+    import orjson
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- The Kestrel migration is owned by Priya.\n- Coffee: flat white.\n")
+    (ws / "memory" / "2026-01-05.md").write_text(
+        "# 2026-01-05\n\n- Kestrel migration kickoff moved to Monday.\n- Lunch with Sam.\n")
+    sessions = tmp_path / "state" / "agents" / "main" / "sessions"
+    sessions.mkdir(parents=True)
+    for name, said in (("s1", ("When does the Kestrel migration start? The Kestrel migration worries me.",
+                               "The Kestrel migration starts Monday; Kestrel migration runbook is ready.")),
+                       ("s2", ("Remind me about the Kestrel migration rollback plan for the Kestrel migration.",
+                               "Kestrel migration rollback: restore the Kestrel backup."))):
+        records = [{"type": "message", "message": {"role": role, "content": text}}
+                   for role, text in zip(("user", "assistant"), said, strict=True)]
+        (sessions / f"{name}.jsonl").write_bytes(b"\n".join(orjson.dumps(r) for r in records) + b"\n")
+    with_sessions = {"sources": ["memory", "sessions"], "experimental": {"sessionMemory": True}}
+    answers = {}
+    for backend, memory in (("qmd", _qmd_memory(str(qmd_bin), sessions={"enabled": True})), ("builtin", None)):
+        async with _manager(tmp_path, memory, memory_search=with_sessions) as m:
+            await m.sync(reason="test")  # exports the transcripts for qmd and indexes them
+            for limit in (4, 3):
+                resp = await m.search("Kestrel migration", max_results=limit)
+                assert resp.backend == backend
+                answers[backend, limit] = [(h.source, Path(h.path).stem) for h in resp.results]
+    assert answers == {
+        **{(b, 4): [("sessions", "s1"), ("sessions", "s2"), ("memory", "MEMORY"), ("memory", "2026-01-05")]
+           for b in ("qmd", "builtin")},
+        **{(b, 3): [("sessions", "s1"), ("memory", "MEMORY"), ("memory", "2026-01-05")] for b in ("qmd", "builtin")}}
+
+
 def _search_printing(tmp_path: Path, qmd_bin: Path, stdout: str) -> Path:
     """A qmd whose searches print ``stdout`` (exit 0) and whose other commands run the real qmd."""
     answer = tmp_path / "search-stdout"

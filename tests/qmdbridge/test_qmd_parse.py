@@ -15,7 +15,6 @@ from qmdbridge.qmd.parse import (
     DocLookup,
     clamp_injected,
     display_path,
-    diversify_sources,
     line_range,
     locate_entries,
     parse_qmd_uri,
@@ -308,13 +307,6 @@ def test_busy_index_fails_the_search(tmp_path: Path) -> None:
 def _r(path: str, score: float, source: str, snippet: str = "x") -> MemorySearchResult:
     return MemorySearchResult(path=path, start_line=1, end_line=1, score=score, snippet=snippet,
                               source=source)  # type: ignore[arg-type]
-
-
-def test_diversify_interleaves_sources() -> None:
-    rs = [_r("s1", 0.9, "sessions"), _r("s2", 0.8, "sessions"), _r("s3", 0.7, "sessions"),
-          _r("m1", 0.5, "memory"), _r("m2", 0.4, "memory")]
-    assert [r.path for r in diversify_sources(rs, limit=4)] == ["s1", "m1", "s2", "m2"]
-    assert [r.path for r in diversify_sources(rs[:3], limit=2)] == ["s1", "s2"]
 
 
 def test_clamp_injected_chars() -> None:

@@ -14,6 +14,7 @@ postgres store keeps no ``meta`` table: an agent's scope
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Mapping, Sequence
@@ -174,6 +175,36 @@ class PostgresSearchStore:
                 " AND source = %s AND gen_from <= %s AND (gen_to IS NULL OR gen_to > %s)",
                 (st.agent_id, st.workspace, source, lease.generation, lease.generation)).fetchall()
         return {str(p): str(h) for p, h in rows}
+
+    def keep_failure(self, key: str, failure: Mapping[str, Any] | None) -> None:
+        """Keep ``failure`` as ``key`` of this scope's ``workspaces.meta``, where every process's
+        status reads it (:meth:`failure`); ``None`` removes it.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        st = self.store
+        with st._errors("record a failure"), st._pool.connection() as conn:
+            if failure is None:
+                conn.execute(f"UPDATE {st._s}.workspaces SET meta = meta - %s::text"
+                             " WHERE agent_id = %s AND workspace = %s", (key, st.agent_id, st.workspace))
+            else:  # the scope's row may not exist yet: the query is embedded before the first sync
+                conn.execute(f"INSERT INTO {st._s}.workspaces AS w (agent_id, workspace, meta)"
+                             " VALUES (%s, %s, %s::jsonb) ON CONFLICT (agent_id, workspace)"
+                             " DO UPDATE SET meta = w.meta || EXCLUDED.meta",
+                             (st.agent_id, st.workspace, json.dumps({key: failure})))
+
+    def failure(self, key: str) -> dict[str, Any] | None:
+        """The failure :meth:`keep_failure` keeps as ``key``, or ``None``.
+
+        Raises:
+            PostgresUnavailableError / PostgresTimeoutError / PostgresStoreError.
+        """
+        st = self.store
+        with st._errors("read a failure"), st._pool.connection() as conn:
+            row = conn.execute(f"SELECT meta -> %s::text FROM {st._s}.workspaces"
+                               " WHERE agent_id = %s AND workspace = %s", (key, st.agent_id, st.workspace)).fetchone()
+        return row[0] if row is not None and isinstance(row[0], dict) else None
 
     def describe(self) -> dict[str, Any]:
         """What ``status`` shows of the store: ``{driver, target, schema, schemaVersion,

@@ -461,5 +461,24 @@ async def test_a_local_model_not_downloaded_is_the_same_status_on_both_stores(tm
 async def test_a_query_the_provider_failed_to_embed_is_the_same_status_on_both_stores(tmp_path: Path,
                                                                                        pg_dsn: str) -> None:
     statuses = await _status_on_both_stores(tmp_path, pg_dsn, {}, _count_provider(fail_query=True), query="alpha")
+    failed = "query embedding failed: test-count embedding failed: fetch failed"
     assert [(st.healthy, st.last_error, st.vector.get("providerError")) for st in statuses] == [
-        (False, None, "query embedding failed: test-count embedding failed: fetch failed")] * 2
+        (False, None, failed)] * 2
+    # Another engine of the store (another process; on postgres another host, with a state
+    # folder of its own) tells it too, until one of its queries embeds: status, search, status
+    # of a third engine.
+    told = []
+    for state, store in (("lite", {}), ("pg-host-2", {"driver": "postgres", "dsn": pg_dsn})):
+        settings = MemorySearchSettings.model_validate({"store": store})
+        for query in (None, "alpha", None):
+            eng = BuiltinEngine(EngineSettings.for_workspace(tmp_path / "ws", state_dir=tmp_path / state,
+                                                             search=settings),
+                                provider_selection=_count_provider()(settings))
+            try:
+                if query is not None:
+                    await eng.search(SearchRequest.of(query, max_results=5))
+                told.append((state, (await eng.status()).vector.get("providerError")))
+            finally:
+                await eng.close()
+    assert told == [("lite", failed), ("lite", None), ("lite", None),
+                    ("pg-host-2", failed), ("pg-host-2", None), ("pg-host-2", None)]

@@ -173,7 +173,8 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
     else:
-        sys.stderr.write("".join(f"warning: {n}\n" for n in notices))
+        # a status that failed to read the index (a postgres statement timeout) shows no counts
+        sys.stderr.write("".join(f"warning: {n}\n" for n in [*notices, *filter(None, [st.last_error])]))
         pending = st.vector.get("pending") or 0
         caveats = sum(is_indexed_caveat(s.reason) for s in st.skipped)
         skipped = len(st.skipped) - caveats

@@ -109,6 +109,28 @@ def cli_env(tmp_path: Path, name: str, store: dict[str, Any]) -> dict[str, str]:
     return {"OPENCLAW_STATE_DIR": str(state), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
 
 
+def test_cli_index_says_why_the_counts_after_its_sync_could_not_be_read(tmp_path: Path,
+                                                                        pg_dsn: str) -> None:
+    import psycopg
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\n- the kettle is blue\n")
+    env = cli_env(tmp_path, "state", {"driver": "postgres", "dsn": pg_dsn, "statementTimeoutMs": 3000})
+    assert run_cli_in_process(["index", "--workspace", str(ws)], env).returncode == 0
+    (ws / "memory" / "2026-12-01.md").write_text("# Standup\n\n- the kettle is red now\n")
+    with psycopg.connect(pg_dsn) as held:  # the status's read of the cache waits, then times out
+        held.execute("LOCK TABLE qmdbridge.embedding_cache IN ACCESS EXCLUSIVE MODE")
+        index = run_cli_in_process(["index", "--workspace", str(ws)], env)
+    assert index.returncode == 0, index.stderr.decode()  # the sync itself published
+    assert index.stdout.decode().startswith("Memory index updated (main): ")
+    assert index.stderr.decode().startswith(
+        "warning: postgres unavailable: read the store's counts on database ")
+    assert "timed out after 3000ms (memorySearch.store.statementTimeoutMs)" in index.stderr.decode()
+    status = run_cli_in_process(["status", "--workspace", str(ws), "--json"], env)
+    assert (json.loads(status.stdout)["files"], json.loads(status.stdout)["chunks"]) == (2, 2)
+
+
 def test_cli_index_then_search_on_postgres_answers_as_sqlite(tmp_path: Path, pg_dsn: str) -> None:
     ws = tmp_path / "ws"
     questions = locomo_workspace(ws)[:4]

@@ -45,6 +45,7 @@ _PRIVILEGE = "42501"
 # (PostgreSQL 16: 'extension "vector" is not available') or undefined_file (older servers).
 _EXTENSION_MISSING = {"0A000", "58P01"}
 _SERVER_GONE = {"57P01", "57P02", "57P03"}  # admin/crash shutdown, cannot connect now
+_ENDED = {"57P01", "57P02"}                 # a session the server ended (admin_shutdown, crash)
 _SCHEMA_DAMAGED = {"42P01", "3F000"}         # undefined_table, invalid_schema_name
 _CANNOT_CONNECT_NOW = "57P03"               # the server is starting up or shutting down
 # libpq's text (strerror) when nothing listens: no Unix socket file, or ECONNREFUSED on TCP.
@@ -184,10 +185,16 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
         return PostgresUnavailableError(
             where, f"PostgreSQL refused the connection: {detail}",
             "the server answered with the error above: see the server's log")
+    if state in _ENDED:
+        return PostgresUnavailableError(
+            where, f"PostgreSQL ended the connection while trying to {doing}: {detail}",
+            "the server shut down, or an administrator ended the session (pg_terminate_backend); "
+            "the next call connects again")
     if isinstance(exc, PoolTimeout) or state in _SERVER_GONE or (
             isinstance(exc, psycopg.OperationalError) and state is None):
-        # a refusal is known at once: no deadline ran out
-        waited = "" if is_refusal(exc) else f" within {timeout_ms}ms"
+        # named only when a deadline ran out (a refusal, a closed connection: at once)
+        ran_out = isinstance(exc, PoolTimeout) or "timeout expired" in detail or "timed out" in detail
+        waited = f" within {timeout_ms}ms" if ran_out else ""
         return PostgresUnavailableError(
             where, f"cannot reach PostgreSQL to {doing}{waited}: {detail}",
             "start the server, or fix the host and port in memorySearch.store.dsn / PGHOST, "

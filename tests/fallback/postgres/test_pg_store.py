@@ -301,6 +301,30 @@ def test_a_connection_the_server_refuses_is_told_by_its_reason_not_as_unreachabl
             conn.execute("DROP DATABASE closed_db")
 
 
+def test_a_sync_whose_session_the_server_ends_is_told_so_and_the_next_sync_runs(pg_dsn: str) -> None:
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        write(store, {"memory/a.md": "heron"})
+        lease = store.sync_lease()
+        assert lease is not None
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:  # the lease's lock holder
+            ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_locks"
+                                  " WHERE locktype = 'advisory' AND granted").fetchall()
+        assert ended == [(True,)]
+        with pytest.raises(PostgresUnavailableError) as caught:
+            lease.publish()
+        lease.close()
+        assert str(caught.value).startswith(
+            "postgres unavailable: PostgreSQL ended the connection while trying to ")
+        assert "terminating connection due to administrator command" in str(caught.value)
+        assert "within" not in str(caught.value)
+        assert caught.value.hint.endswith("the next call connects again")
+        write(store, {"memory/a.md": "heron", "memory/b.md": "egret"})
+        assert found(store, "egret") == ["memory/b.md#1"]
+    finally:
+        store.close()
+
+
 def test_a_connection_service_is_what_messages_name_and_its_password_is_hidden(
         pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]

@@ -1090,16 +1090,18 @@ class PostgresStore:
                         self.busy_reason = self._holder(conn, key)
                         conn.close()
                         return None
-                    # Wait on the lock itself (lock_timeout bounds it), not on a sleep.
+                    # Wait on the lock itself (lock_timeout bounds it, not the statement
+                    # deadline, which is shorter than a sync), not on a sleep.
                     remaining = max(1, int((deadline - time.monotonic()) * 1000))
-                    conn.execute(f"SET lock_timeout = {remaining}")
+                    conn.execute(f"SET lock_timeout = {remaining}; SET statement_timeout = 0")
                     try:
                         conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
                         break
                     except psycopg.errors.LockNotAvailable:  # lock_timeout ended the wait
                         pass
                     finally:
-                        conn.execute("SET lock_timeout = 0")
+                        conn.execute("SET lock_timeout = 0;"
+                                     f" SET statement_timeout = {int(self.statement_timeout_ms)}")
             self.busy_reason = None
             return SyncLease(self, conn)
         except BaseException:

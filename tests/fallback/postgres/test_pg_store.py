@@ -650,8 +650,28 @@ def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
         waiter.join()
         second = got[0]
         assert second is not None and second.generation == 2  # it started after the publish
+        # the statement deadline, lifted for the wait, is back on the lease's connection
+        assert second._conn.execute("SHOW statement_timeout").fetchone() == ("10s",)
         second.close()
         assert found(store, "puffin") == ["a-1"]
+    finally:
+        store.close()
+
+
+def test_a_sync_waits_for_another_past_the_statement_deadline_and_names_it(pg_dsn: str) -> None:
+    """The wait for another host's sync is bounded by ``wait_ms`` (the engine's 30 s), not by
+    ``statementTimeoutMs``: past it the holder is named."""
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws",
+                          statement_timeout_ms=1000)
+    try:
+        first = store.sync_lease()
+        assert first is not None
+        try:
+            assert store.sync_lease(wait_ms=2500) is None
+            assert store.busy_reason is not None and store.busy_reason.startswith(
+                "another sync of agent main workspace /ws is running: qmdbridge:main from local socket")
+        finally:
+            first.close()
     finally:
         store.close()
 

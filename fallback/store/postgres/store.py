@@ -243,15 +243,17 @@ class PostgresStore:
         # libpq's connect_timeout is in whole seconds (and below 2 it counts as 2).
         # A server that stops answering on an open TCP connection (a network partition, a
         # black-holed host) would leave a call waiting for the kernel's retransmissions (about
-        # 15 minutes): what was sent and not acknowledged within connectTimeoutMs ends the
-        # connection (tcp_user_timeout), and keepalive probes, unanswered, count as such while
-        # a call waits for an answer. A slow statement is acknowledged: statementTimeoutMs
-        # still bounds it. (Unix sockets ignore these.)
+        # 15 minutes): what was sent and not acknowledged within connectTimeoutMs +
+        # statementTimeoutMs ends the connection (tcp_user_timeout; keepalive probes count
+        # while a call waits for an answer). A slow statement is acknowledged, and a server
+        # too busy to read a COPY (a full receive window) for that long would have cancelled
+        # the statement itself. (Unix sockets ignore these.)
         # prepare_threshold None: no server-side prepared statements, whose generic plans do
         # not see which agent or terms a query names.
         seconds = max(2, math.ceil(self.connect_timeout_ms / 1000))
-        return {"connect_timeout": seconds, "tcp_user_timeout": seconds * 1000, "keepalives": 1,
-                "keepalives_idle": seconds, "keepalives_interval": 1, "keepalives_count": 3,
+        return {"connect_timeout": seconds, "keepalives": 1, "keepalives_idle": seconds,
+                "keepalives_interval": 1, "keepalives_count": 3,
+                "tcp_user_timeout": seconds * 1000 + int(self.statement_timeout_ms),
                 "application_name": f"qmdbridge:{self.agent_id}", "prepare_threshold": None}
 
     def _configure(self, conn: Any) -> None:

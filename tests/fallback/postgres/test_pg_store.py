@@ -465,8 +465,8 @@ while True:
 def test_a_server_that_stops_answering_on_an_open_connection_fails_the_call_with_the_reason(
         pg_server: PgServer, pg_dsn: str) -> None:
     """A network partition (packets dropped, no socket closed): the pooled TCP connection's
-    next call fails within the connection deadline instead of waiting for the kernel's
-    retransmissions (about 15 minutes), and answers again once the link is back."""
+    next call fails within the connection and statement deadlines instead of waiting for the
+    kernel's retransmissions (about 15 minutes), and answers again once the link is back."""
     import secrets
 
     if os.geteuid() != 0 or shutil.which("ip") is None:
@@ -491,7 +491,8 @@ def test_a_server_that_stops_answering_on_an_open_connection_fails_the_call_with
         assert forwarder.stdout is not None and forwarder.stdout.readline() == "ready\n"
         dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]
         store = PostgresStore(resolve_target(f"host={ip} port=5432 dbname={dbname} user=postgres"),
-                              agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+                              agent_id="main", workspace="/ws", connect_timeout_ms=2000,
+                              statement_timeout_ms=5000)
         try:
             write(store, {"memory/a.md": "heron"})
             subprocess.run(["ip", "-n", ns, "link", "set", f"{veth}b", "down"], check=True)

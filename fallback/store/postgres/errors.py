@@ -185,6 +185,11 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
         return PostgresUnavailableError(
             where, f"PostgreSQL refused the connection: {detail}",
             "the server answered with the error above: see the server's log")
+    if state is None and ("SSL" in detail or "certificate" in detail):  # libpq's own text
+        return PostgresUnavailableError(
+            where, f"the TLS set-up with PostgreSQL failed: {detail}",
+            "make sslmode (and sslrootcert) in memorySearch.store.dsn / PGSSLMODE match what the "
+            "server offers, or enable ssl on the server")
     if state in _ENDED:
         return PostgresUnavailableError(
             where, f"PostgreSQL ended the connection while trying to {doing}: {detail}",

@@ -325,6 +325,35 @@ def test_a_sync_whose_session_the_server_ends_is_told_so_and_the_next_sync_runs(
         store.close()
 
 
+def test_sslmode_require_against_a_server_without_tls_says_so() -> None:
+    import socket
+
+    # A stand-in for a server without TLS: it answers the SSLRequest with "N", as PostgreSQL
+    # with ssl = off does (the session's server listens on a Unix socket only, where libpq
+    # uses no TLS).
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer() -> None:
+        conn = listener.accept()[0]
+        with conn:
+            while conn.recv(8):  # each SSLRequest (or GSSENCRequest) until libpq hangs up
+                conn.sendall(b"N")
+
+    server = threading.Thread(target=answer, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(PostgresUnavailableError) as caught:
+            PostgresStore(resolve_target(f"postgresql://agent@127.0.0.1:{port}/memdb?sslmode=require"),
+                          agent_id="main", workspace="/ws", connect_timeout_ms=2000)
+        assert str(caught.value).startswith("postgres unavailable: the TLS set-up with PostgreSQL failed: ")
+        assert "server does not support SSL, but SSL was required" in str(caught.value)
+        assert caught.value.hint.startswith("make sslmode (and sslrootcert) in memorySearch.store.dsn")
+        server.join(60)
+    finally:
+        listener.close()
+
+
 def test_a_connection_service_is_what_messages_name_and_its_password_is_hidden(
         pg_server: PgServer, pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dbname = psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"]

@@ -9,6 +9,7 @@ full config.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
@@ -23,7 +24,8 @@ from fallback.skipped import DEFAULT_MAX_FILE_BYTES
 __all__ = ["CacheSettings", "ChunkingSettings", "EngineSettings", "ExtraPath", "HybridSettings",
            "LocalSettings", "MemorySearchSettings", "MmrSettings", "QuerySettings",
            "RemoteBatchSettings", "RerankSettings", "RemoteSettings", "SecretRef", "SettingsModel",
-           "StoreSettings", "SyncSettings", "TemporalDecaySettings", "named_store_path", "read_api_key"]
+           "StoreSettings", "SyncSettings", "TemporalDecaySettings", "check_schema", "named_store_path",
+           "read_api_key"]
 
 ProviderName = Literal[
     "auto", "none", "openai", "openai-compatible", "gemini", "voyage", "mistral", "ollama", "local",
@@ -168,6 +170,23 @@ class FtsStoreSettings(SettingsModel):
     tokenizer: Literal["unicode61", "trigram"] = "unicode61"
 
 
+# A postgres schema name is an unquoted SQL identifier (it is interpolated, quoted, into DDL).
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema(schema: str) -> str:
+    """``schema`` if it can name the postgres store's schema (``store.schema``; checked where
+    the config is read and by ``resolve_target``).
+
+    Raises:
+        ValueError: it is not a lower-case SQL identifier of at most 63 characters.
+    """
+    if not _SCHEMA_RE.match(schema):
+        raise ValueError("a lower-case SQL identifier (a-z, 0-9 and _, not starting with a digit,"
+                         " at most 63 characters), e.g. qmdbridge")
+    return schema
+
+
 class StoreSettings(SettingsModel):
     """``store``: where the index lives: ``driver`` ``sqlite`` (one file per agent at ``path``)
     or ``postgres`` (``dsn``, a URI or libpq string, else libpq's ``PG*`` environment; tables in
@@ -187,6 +206,11 @@ class StoreSettings(SettingsModel):
     @classmethod
     def _share_with(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(a.strip().lower() for a in v if a.strip()))
+
+    @field_validator("schema_", mode="after")
+    @classmethod
+    def _schema(cls, v: str) -> str:
+        return check_schema(v)
 
 
 class ChunkingSettings(SettingsModel):

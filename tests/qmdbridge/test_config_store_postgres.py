@@ -80,3 +80,22 @@ def test_a_share_with_an_agent_the_config_does_not_have_is_a_config_warning(tmp_
     assert alone.warnings == ["agents.defaults.memorySearch.store.shareWith: 'ops' is not an agent"
                               " of this config (its agents: main); the share is recorded under that name"]
     assert resolve_agent(alone, None, env=env).config_warnings == alone.warnings
+
+
+@pytest.mark.parametrize("schema", ["Memory", 'a"b', "9lives", "a" * 64])
+def test_a_schema_that_is_not_a_lower_case_identifier_names_its_key_and_file(
+        tmp_path: Path, schema: str) -> None:
+    from qmdbridge.config import load_config
+
+    path = tmp_path / "openclaw.json"
+    data = config(tmp_path)
+    data["agents"]["list"][1]["memorySearch"]["store"]["schema"] = schema  # type: ignore[index]
+    path.write_text(__import__("json").dumps(data))
+    with pytest.raises(ConfigError) as caught:
+        resolve_agent(load_config(path, env={}), "bob", env={"OPENCLAW_STATE_DIR": str(tmp_path)})
+    assert (caught.value.file, caught.value.key) == (str(path), "agents.list[1].memorySearch.store.schema")
+    assert str(caught.value).endswith(
+        f"invalid value {schema!r} (expected a lower-case SQL identifier (a-z, 0-9 and _, not"
+        " starting with a digit, at most 63 characters), e.g. qmdbridge)")
+    data["agents"]["list"][1]["memorySearch"]["store"]["schema"] = "a" * 63  # type: ignore[index]
+    assert resolve_agent(parse_config(data), "bob", env={}).memory_search.store.schema_ == "a" * 63

@@ -21,14 +21,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fallback.settings import check_schema
 from fallback.text.redact import redact_secrets
 
 __all__ = ["DEFAULT_SCHEMA", "PgTarget", "resolve_target"]
 
 # The schema the store's tables live in unless memorySearch.store.schema names another.
 DEFAULT_SCHEMA = "qmdbridge"
-# A schema name is an unquoted SQL identifier (it is interpolated, quoted, into DDL).
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # password=... in a key/value conninfo (quoted or bare).
 _KV_PASSWORD = re.compile(r"(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
@@ -99,9 +98,11 @@ def resolve_target(dsn: str | None, *, schema: str = DEFAULT_SCHEMA,
     from fallback.errors import ConfigError
 
     env = os.environ if env is None else env
-    if not _SCHEMA_RE.match(schema):
-        raise ConfigError(f"schema {schema!r} is not a lower-case SQL identifier",
-                          key="memorySearch.store.schema", expected="e.g. qmdbridge")
+    try:
+        check_schema(schema)
+    except ValueError as exc:
+        raise ConfigError(f"invalid value {schema!r}", key="memorySearch.store.schema",
+                          expected=str(exc)) from None
     conninfo = (dsn or "").strip()
     try:
         params = conninfo_to_dict(conninfo)

@@ -173,9 +173,10 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
     if state == _PRIVILEGE:
         return PostgresUnavailableError(
             where, f"permission denied while trying to {doing}: {detail}",
-            "an agent's role writes only its own agent's rows (shared rows are read-only); the "
-            "schema owner runs the migrations and grants each agent's role (docs/postgres.md, "
-            "Row-level security)")
+            "an agent's role writes only the rows of the agent it is registered for "
+            "(register_agent(agent, role_name=...): check that the config's agent id is that "
+            "agent; shared rows are read-only); the schema owner runs the migrations and grants "
+            "each agent's role (docs/postgres.md, Row-level security)")
     if state == "53300":
         return PostgresUnavailableError(
             where, f"PostgreSQL has no connection left for this login: {detail}",

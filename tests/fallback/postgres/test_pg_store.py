@@ -226,6 +226,9 @@ def test_row_level_security_own_rows_and_shared_rows_read_only(pg_server: PgServ
                 "postgres unavailable: permission denied while trying to start the sync: new row"
                 ' violates row-level security policy for table "workspaces"')
             assert "shared rows are read-only" in str(caught.value)
+            assert caught.value.hint.startswith(  # bob's role is registered for agent bob
+                "an agent's role writes only the rows of the agent it is registered for"
+                " (register_agent(agent, role_name=...): check that the config's agent id is that agent;")
             # Alice writes her own rows through row-level security.
             write(alice_self, {"memory/a2.md": "otter"})
             assert found(bob_on_alice, "otter") == ["memory/a.md#1", "memory/a2.md#1"]

@@ -170,6 +170,11 @@ def translate(exc: BaseException, target: PgTarget, *, doing: str, timeout_ms: i
             "the schema owner drop it and set it up again (the agents' next syncs index their "
             "workspaces again); a host whose qmdbridge is older than the schema's migrations "
             "is upgraded")
+    if state == _PRIVILEGE and doing == "migrate the schema":
+        return PostgresUnavailableError(
+            where, f"permission denied while trying to {doing}: {detail}",
+            "the schema owner (a role that may create in this database) migrates the schema "
+            "before an agent's own role opens it (docs/postgres.md, Row-level security)")
     if state == _PRIVILEGE:
         return PostgresUnavailableError(
             where, f"permission denied while trying to {doing}: {detail}",

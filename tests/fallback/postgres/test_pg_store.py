@@ -89,6 +89,23 @@ def test_a_schema_a_newer_version_migrated_opens_with_an_agents_own_role(pg_serv
         agent.close()
 
 
+def test_a_role_that_may_not_create_the_schema_is_told_who_migrates(pg_server: PgServer,
+                                                                   pg_dsn: str) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(pg_dsn)["dbname"])
+    with pg_server.admin(dbname) as conn:
+        conn.execute("DROP ROLE IF EXISTS no_create")
+        conn.execute("CREATE ROLE no_create LOGIN NOSUPERUSER")
+        conn.execute(f'REVOKE CREATE ON DATABASE "{dbname}" FROM PUBLIC')
+    with pytest.raises(PostgresUnavailableError) as caught:
+        PostgresStore(resolve_target(pg_server.dsn(dbname, user="no_create")), agent_id="main",
+                      workspace="/ws")
+    assert str(caught.value).startswith("postgres unavailable: permission denied while trying to"
+                                        f" migrate the schema: permission denied for database {dbname}")
+    assert caught.value.hint == ("the schema owner (a role that may create in this database) migrates"
+                                 " the schema before an agent's own role opens it (docs/postgres.md,"
+                                 " Row-level security)")
+
+
 def test_readers_see_the_published_generation_until_the_next_publish(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:

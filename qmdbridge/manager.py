@@ -348,8 +348,6 @@ class MemoryManager:
             # reap and report (the same reason whether a call ran here or was started ahead).
             with anyio.fail_after((timeout_ms + BACKSTOP_GRACE_MS) / 1000):
                 outcome = await backend.search(request)
-        except UsageError:
-            raise
         except TimeoutError as exc:  # BackendTimeoutError is a TimeoutError too; its reason, as below
             reason = getattr(exc, "reason", None) or (
                 f"qmd search timed out after {timeout_ms}ms (memory.qmd.limits.timeoutMs)")

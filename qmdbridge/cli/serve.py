@@ -25,7 +25,8 @@ __all__ = ["handle_line", "serve", "start_daemon_socket"]
 
 async def handle_line(manager: Any, line: bytes) -> dict[str, Any]:
     """Answer one JSON-lines request (see the module docstring for the shapes): ``sync`` here,
-    every other tool by :func:`qmdbridge.tools.call_tool`."""
+    every other tool by :func:`qmdbridge.tools.call_tool`. Never raises: a failure is the
+    reply's ``error``."""
     try:
         req = decode_line(line)
     except ValueError as exc:
@@ -58,12 +59,7 @@ async def _read_stdin(manager: Any) -> None:
         async for line in receive:
             if not line.strip():
                 continue
-            try:
-                reply = await handle_line(manager, line)
-                data = encode_line(reply)
-            except Exception as exc:  # serve edge: one bad request never stops the server
-                data = encode_line({"id": None, "error": f"{type(exc).__name__}: {exc}"})
-            sys.stdout.buffer.write(data + b"\n")
+            sys.stdout.buffer.write(encode_line(await handle_line(manager, line)) + b"\n")
             sys.stdout.flush()
 
 

@@ -173,18 +173,15 @@ async def _answer(line: bytes, identity: DaemonIdentity, handle: LineHandler) ->
         reason = identity.mismatch(req["fingerprint"])
         if reason is not None:
             return {"id": req.get("id"), "mismatch": reason}
-    try:
-        return await handle(line)
-    except Exception as exc:  # serve edge: one bad request never stops the daemon
-        return {"id": req.get("id") if isinstance(req, dict) else None, "error": f"{type(exc).__name__}: {exc}"}
+    return await handle(line)
 
 
 async def serve_socket(identity: DaemonIdentity, handle: LineHandler, *,
                        task_status: TaskStatus[str | None] = anyio.TASK_STATUS_IGNORED) -> None:
     """Listen on the agent's socket and answer requests with ``handle`` (``await handle(line) ->
-    reply dict``) until cancelled; started with the socket path, or ``None`` when no socket could
-    be made (the reason goes to stderr). The socket file is removed on the way out unless another
-    daemon replaced it."""
+    reply dict``, never raising) until cancelled; started with the socket path, or ``None`` when
+    no socket could be made (the reason goes to stderr). The socket file is removed on the way
+    out unless another daemon replaced it."""
     path = socket_path(identity.state_dir, identity.agent_id)
     try:
         sock = _bind(path)

@@ -70,9 +70,13 @@ def decode_line(line: bytes) -> Any:
     library take it, where orjson refuses the whole line.
 
     Raises:
-        ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not) or not UTF-8.
+        ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not), not UTF-8, or
+            nested deeper than Python's recursion limit.
     """
-    return json.loads(line, parse_constant=_not_json)
+    try:
+        return json.loads(line, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
 
 
 def _not_json(name: str) -> Any:

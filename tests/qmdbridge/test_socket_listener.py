@@ -1,6 +1,7 @@
 """The daemon socket's replies to malformed requests, in this process (the listener and
-``serve``'s line handler over a real Unix socket): a line that is not JSON is answered and the
-connection keeps serving; a line past ``MAX_LINE_BYTES`` is refused and the connection closed."""
+``serve``'s line handler over a real Unix socket): a line that is not JSON (or nested too deep
+to read) is answered and the connection keeps serving; a line past ``MAX_LINE_BYTES`` is
+refused and the connection closed."""
 
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest
                 await stream.send(b'{"id": 1, "tool": \n')
                 bad = await _reply(stream)
                 assert (bad["id"], bad["error"].startswith("invalid JSON: ")) == (None, True)
+                await stream.send(b"[" * 100_000 + b"\n")  # past the recursion limit of json.loads
+                deep = await _reply(stream)
+                assert (deep["id"], deep["error"]) == (None, "invalid JSON: nested too deep")
                 await stream.send(b'{"id": 2, "tool": "status"}\n')
                 status = await _reply(stream)
                 assert (status["id"], status["result"]["backend"]) == (2, "builtin")

@@ -196,8 +196,8 @@ class BuiltinEngine:
         if self._live is not None:
             return
         from fallback.engine.live import LiveSync
-        self._live = LiveSync(self)
-        await self._live.start(tasks.subgroup("builtin"))
+        self._live = LiveSync(self, tasks.subgroup("builtin"))
+        await self._live.start()
 
     def warm_session(self, session_key: str | None) -> None:
         """Fire-and-forget ``sync("session-start")`` once per non-empty key (live mode only)."""

@@ -40,18 +40,18 @@ class LiveSnapshot:
 
 
 class LiveSync:
-    """Background freshness for ``engine``, timed by its live-mode attributes
-    (``session_batch_ms``, ``rescan_interval_ms``, ``watch_*``)."""
+    """Background freshness for ``engine`` in ``tasks`` (a subgroup of the manager's task group),
+    timed by its live-mode attributes (``session_batch_ms``, ``rescan_interval_ms``, ``watch_*``)."""
 
-    def __init__(self, engine: BuiltinEngine) -> None:
+    def __init__(self, engine: BuiltinEngine, tasks: BackgroundTasks) -> None:
         self._engine = engine
+        self._tasks = tasks
         self.session_batch_ms = max(0, engine.session_batch_ms)
         self.rescan_interval_ms = max(0, engine.rescan_interval_ms)
         sync = engine.settings.search.sync
         self.tracker = SessionDeltaTracker(sync.sessions.delta_bytes, sync.sessions.delta_messages)
         self.watcher: MemoryWatcher | None = None
         self.sync_counts: Counter[str] = Counter()
-        self._tasks: BackgroundTasks | None = None
         self._sync_done: dict[str, anyio.Event] = {}
         self._session_pending: set[str] = set()
         self._session_sync_due = False
@@ -59,7 +59,6 @@ class LiveSync:
         self._degraded: str | None = None
         self._rearms_synced = 0
         self._events_searched = 0  # the watcher's event count a search last synced for
-        self._started = False
         self._closed = False
 
     @property
@@ -67,16 +66,13 @@ class LiveSync:
         """Whether the engine indexes the ``sessions`` source."""
         return "sessions" in self._engine.settings.search.sources
 
-    async def start(self, tasks: BackgroundTasks) -> None:
-        """Start the watcher (waits until it runs), the timers and a background boot sync in
-        ``tasks``; idempotent. A watcher that cannot start marks the state degraded.
+    async def start(self) -> None:
+        """Start the watcher (waits until it runs), the timers and a background boot sync; called
+        once. A watcher that cannot start marks the state degraded.
 
-        Raises ``UsageError``: ``tasks`` is not open.
+        Raises ``UsageError``: the tasks are not open.
         """
-        if self._started or self._closed:
-            return
-        self._started = True
-        self._tasks = tasks
+        tasks = self._tasks
         settings = self._engine.settings
         sync = settings.search.sync
         if sync.watch:
@@ -109,8 +105,7 @@ class LiveSync:
     async def close(self) -> None:
         """Cancel every live-mode task and wait for all of them (observers joined); idempotent."""
         self._closed = True
-        if self._tasks is not None:
-            await self._tasks.aclose()
+        await self._tasks.aclose()
 
     async def _interval_tick(self) -> None:
         report = await self._engine.sync_after_running(reason="interval")
@@ -130,7 +125,7 @@ class LiveSync:
         is running or waiting to retry; returns an event set when its first attempt finished."""
         done = anyio.Event()
         tasks = self._tasks
-        if self._closed or tasks is None or not tasks.is_open:
+        if self._closed or not tasks.is_open:
             done.set()
             return done
         name = f"{reason} sync"
@@ -152,8 +147,7 @@ class LiveSync:
         return done
 
     def _watch_failed(self, exc: BaseException, failures: int, retry_in_ms: int) -> None:
-        if self._tasks is not None:
-            self._tasks.report("watch sync", exc, failures=failures, retry_in_ms=retry_in_ms)
+        self._tasks.report("watch sync", exc, failures=failures, retry_in_ms=retry_in_ms)
 
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback: split transcript events from memory events; raises on failure
@@ -163,7 +157,7 @@ class LiveSync:
         memory_paths = paths - session_paths
         if session_paths and self.sessions_enabled:
             self._session_pending |= session_paths
-            if self._tasks is not None and not self._closed:
+            if not self._closed:
                 self._tasks.start_soon("session-delta sync", self._session_batch, dedupe=True)
         if memory_paths:
             rescan = RESCAN_MARKER in memory_paths
@@ -175,7 +169,7 @@ class LiveSync:
                                                   paths=None if rescan else set(memory_paths))
             self.sync_counts["watch"] += 1
             failures = self.watcher.state.failures if self.watcher is not None else 0
-            if failures and self._tasks is not None:  # the retry of a failed sync worked
+            if failures:  # the retry of a failed sync worked
                 self._tasks.recovered("watch sync", failures)
             if rescan:
                 self._rearms_synced = max(self._rearms_synced, rearms)
@@ -226,10 +220,9 @@ class LiveSync:
     def check_watcher(self) -> str | None:
         """When the watcher is dead, re-arm it in the background and return the cause; ``None``
         when it is healthy or absent."""
-        watcher, tasks = self.watcher, self._tasks
-        if watcher is None or tasks is None or self._closed:
+        if self.watcher is None or self._closed:
             return None
-        return watcher.rearm_if_dead(tasks, "memory")
+        return self.watcher.rearm_if_dead(self._tasks, "memory")
 
     def unsynced_changes(self) -> int:
         """Memory paths the watcher holds in its debounce, counted once per new event (a search

@@ -112,8 +112,7 @@ class EmbeddingStep:
         return max(size, 0)
 
     async def vectors(self, store: Store, chunks: Sequence[Chunk], report: SyncReport, *,
-                      on_batch: Callable[[dict[str, list[float]]], None] | None = None,
-                      ) -> list[list[float]]:
+                      on_batch: Callable[[dict[str, list[float]]], None]) -> list[list[float]]:
         """Vectors for ``chunks`` (``[]`` for one left for a later sync), cache first;
         ``on_batch(found)`` sees the vectors found so far (by content hash) after each batch,
         before the progress callback.
@@ -149,8 +148,7 @@ class EmbeddingStep:
             if self._cache_enabled:
                 await self._commit(store, new, hits)
                 hits = []
-            if on_batch is not None:
-                on_batch(found)
+            on_batch(found)
             self._on_batch(report)
         if self._cache_enabled and hits:
             await self._commit(store, {}, hits)

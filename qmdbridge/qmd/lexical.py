@@ -54,24 +54,22 @@ def all_found(found: list[tuple[QmdEntry, str | None]], colls: Sequence[ManagedC
 
 async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
                 colls: list[ManagedCollection], plan: CallPlan, *, run: RunSearch,
-                warm: WarmChild | None, keep: int | None = None,
-                sent: str | None = None,
-                counts: IndexCounts | None = None) -> list[tuple[QmdEntry, str | None]]:
+                warm: WarmChild | None, keep: int, sent: str,
+                counts: IndexCounts) -> list[tuple[QmdEntry, str | None]]:
     """The relaxed pass: ``found`` first, then the documents each :func:`relaxed_terms` term other
-    than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``
-    (default ``plan.limit``). Nothing is searched when ``found`` fills ``plan.limit``, less than
-    :data:`RELAX_MIN_LEFT_MS` is left, or every collection is :func:`all_found` (``counts``:
-    qmd's index counts, ``None`` unknown); a failed relaxed call is logged and left out.
+    than ``sent`` finds alone, best qmd score first, one per document, at most ``keep``. Nothing
+    is searched when ``found`` fills ``plan.limit``, less than :data:`RELAX_MIN_LEFT_MS` is left,
+    or every collection is :func:`all_found` (by qmd's index ``counts``); a failed relaxed call
+    is logged and left out.
 
     Returns:
         ``(entry, collection)`` pairs, best first.
     """
 
-    sent = " ".join(terms) if sent is None else sent
     picked = [t for t in relaxed_terms(terms) if t != sent]
     if len(found) >= plan.limit or not picked or plan.remaining_ms() < RELAX_MIN_LEFT_MS:
         return found
-    done = all_found(found, colls, (await counts.read())[0] if counts is not None else None)
+    done = all_found(found, colls, (await counts.read())[0])
     colls = [c for c in colls if c.name not in done]
     if not colls:
         return found
@@ -92,4 +90,4 @@ async def relax(terms: Sequence[str], found: list[tuple[QmdEntry, str | None]],
     # in query order, each best first: equal scores keep that order
     more = merge_best((pair for answer in answers for pair in answer),
                       skip={merge_key(entry, coll) for entry, coll in found})
-    return [*found, *more][:plan.limit if keep is None else keep]
+    return [*found, *more][:keep]

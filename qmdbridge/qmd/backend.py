@@ -110,7 +110,7 @@ class QmdBackend:
         self.health = IndexHealth(self.home, self.index_counts,
                                   reindex=lambda: self.cycle.run("re-index", debounce=False),
                                   update_timeout_ms=self.cfg.update.update_timeout_ms)
-        # index.yml's stamp when this backend last reconciled (reconcile_if_edited)
+        # index.yml's stamp when this backend last reconciled (_refresh_collections)
         self._yml_seen: tuple[int, int, int] | None = None
         self._bg: BackgroundTasks | None = None
         self._closed = False
@@ -287,10 +287,16 @@ class QmdBackend:
     def _yml_edited(self) -> bool:
         return file_stamp(self.home.index_yml) != self._yml_seen
 
-    async def _notice(self, counts: dict[str, int], count_error: str | None) -> str | None:
-        """``health.notice`` of these counts (re-indexed in the background in long-lived mode)."""
-        return await self.health.notice(counts, count_error, managed=self._managed(),
-                                        yml_edited=self._yml_edited(), background=self._bg)
+    async def _read_counts(self) -> tuple[dict[str, int], str | None, str | None]:
+        """``(documents per collection, the error reading them, the problem of qmd's index)``:
+        the counts read again when :meth:`_refresh_collections` reconciled, the problem as
+        ``health.notice`` tells it (re-indexed in the background in long-lived mode)."""
+        counts, count_error = await self.index_counts.read()
+        if await self._refresh_collections():
+            counts = (await self.index_counts.read())[0]
+        return counts, count_error, await self.health.notice(
+            counts, count_error, managed=self._managed(), yml_edited=self._yml_edited(),
+            background=self._bg)
 
     async def _refresh_collections(self) -> bool:
         """Reconcile the collections when ``index.yml`` changed since the last reconcile, a
@@ -311,13 +317,6 @@ class QmdBackend:
                         "reconciling the collections", self.home.index_yml)
         await self.reconcile()  # records the stamp it leaves: one attempt per edit
         return True
-
-    async def reconcile_if_edited(self, counts: dict[str, int]) -> dict[str, int]:
-        """``counts`` (documents per collection), read again after :meth:`_refresh_collections`
-        reconciled."""
-        if not await self._refresh_collections():
-            return counts
-        return (await self.index_counts.read())[0]
 
     async def close(self) -> None:
         """Cancel background tasks (their children are killed), wait for a running update; idempotent."""
@@ -433,9 +432,8 @@ class QmdBackend:
         if self.cycle.is_running:
             await self.cycle.wait_running(max_ms=PENDING_UPDATE_WAIT_MS)
         limit, min_score = search_limits(limits.max_results, request.max_results, request.min_score)
-        counts, count_error = await self.index_counts.read()
-        counts = await self.reconcile_if_edited(counts)
-        if (lost := await self._notice(counts, count_error)) is not None:
+        counts, _, lost = await self._read_counts()
+        if lost is not None:
             raise QmdIndexLostError(lost)  # the builtin engine answers, no breaker
         wanted = [c for c in self.collections if sources is None or c.source in sources]
         if (unusable := self.reconcile_state.no_usable_collection(wanted)) is not None:
@@ -536,9 +534,8 @@ class QmdBackend:
         mode = self.mode_override or self.cfg.search_mode
         kinds = model_kinds(mode, self.cfg.rerank)
         model_problem = await self.model_state.problem(kinds) if kinds else None
-        counts, count_error = await self.index_counts.read()
-        counts = await self.reconcile_if_edited(counts)  # status shows qmd as configured
-        await self._notice(counts, count_error)  # backend.health.problem: an issue, a problem
+        # counts of qmd as configured; backend.health.problem: an issue, a problem
+        counts, count_error, _ = await self._read_counts()
         locked = await anyio.to_thread.run_sync(index_locked, self.home.index_db)
         indexing = indexing_in_progress(running=self.cycle.is_running, index_locked=locked,
                                         locks=(self.home.write_lock, self.home.embed_lock))

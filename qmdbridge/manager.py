@@ -39,6 +39,7 @@ from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
 from qmdbridge.policy.breaker import CircuitBreaker, breaker_scope
 from qmdbridge.policy.citations import citation_lines, citations_enabled, cite
+from qmdbridge.qmd.collections import ManagedCollection, build_collections, fallback_engine_settings
 from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
@@ -174,8 +175,6 @@ class MemoryManager:
             selection = select_provider(self.agent.memory_search, env=self._env)
             settings = self.agent.engine
             if self.backend_name == "qmd":  # the fallback indexes what qmd's collections hold
-                from qmdbridge.qmd.collections import fallback_engine_settings
-
                 settings = fallback_engine_settings(self.agent)
             self._builtin = BuiltinEngine(settings, provider_selection=selection,
                                           now_ms=self._now_ms)
@@ -477,11 +476,12 @@ class MemoryManager:
         parts = rel_path.strip().split("/", 2)
         if self.backend_name != "qmd" or len(parts) < 3 or parts[0] != "qmd":
             return "memory"
-        from qmdbridge.qmd.collections import build_collections
+        return next((c.source for c in self._qmd_collections() if c.name == parts[1]), "memory")
 
-        managed = build_collections(self.agent, sessions_dir=qmd_home(
+    def _qmd_collections(self) -> list[ManagedCollection]:
+        """qmd's collections of this agent, as the config makes them."""
+        return build_collections(self.agent, sessions_dir=qmd_home(
             self.agent.state_dir, self.agent.agent_id).sessions_dir)
-        return next((c.source for c in managed if c.name == parts[1]), "memory")
 
     async def status(self) -> MemoryStatus:
         """The status of the backend that would answer now, with both backends' health in
@@ -497,15 +497,11 @@ class MemoryManager:
             return builtin_status.model_copy(update={**common, "backend": "none"})
         if self.backend_name != "qmd":
             return builtin_status.model_copy(update=common)
-        from qmdbridge.qmd.collections import build_collections
-
         now = self._now_ms()
-        managed = build_collections(self.agent, sessions_dir=qmd_home(
-            self.agent.state_dir, self.agent.agent_id).sessions_dir)
         qmd_view: dict[str, Any] = {
             "configured": True, "breaker": self.breaker.describe(now),
             "collections": [{"name": c.name, "path": str(c.path), "pattern": c.pattern}
-                            for c in managed]}
+                            for c in self._qmd_collections()]}
         qmd_status: MemoryStatus | None = None
         try:
             backend, why = await self._qmd_started(wait=self.mode == "cli")

@@ -16,13 +16,12 @@ import anyio
 
 from fallback.background import BackgroundTasks
 from fallback.sources.transcripts import SessionDeltaTracker
-from fallback.sources.watcher import RESCAN_MARKER
+from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
 from fallback.text.counts import counted
 
 if TYPE_CHECKING:
     from fallback.engine.builtin import BuiltinEngine
     from fallback.index.indexer import SyncReport
-    from fallback.sources.watcher import MemoryWatcher
 
 __all__ = ["LiveSnapshot", "LiveSync"]
 
@@ -76,8 +75,6 @@ class LiveSync:
         settings = self._engine.settings
         sync = settings.search.sync
         if sync.watch:
-            from fallback.sources.watcher import MemoryWatcher
-
             sessions_dir = settings.sessions_dir if self.sessions_enabled else None
             if sessions_dir is not None:
                 await anyio.to_thread.run_sync(

@@ -13,7 +13,7 @@ import os
 import zlib
 from collections.abc import Mapping
 
-from fallback.errors import UsageError
+from fallback.errors import IndexStoreError, UsageError
 from fallback.request import SearchRequest
 from qmdbridge.cli.common import verbose_note
 from qmdbridge.server.wire import client_fingerprint
@@ -182,7 +182,6 @@ def answer_recorded(args: argparse.Namespace, doc: dict[str, Any]) -> int | None
         command must run in-process.
     """
     from fallback.engine.in_sync import InSyncSettings, search_in_sync, stale_reason
-    from fallback.errors import IndexStoreError
     from fallback.store.errors import IndexStoreReadOnlyError
     from fallback.store.files import check_writable, read_only_warning
     from fallback.store.readonly import ReadOnlyStore

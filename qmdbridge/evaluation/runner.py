@@ -37,7 +37,7 @@ from qmdbridge.evaluation.metrics import (
     summarize,
 )
 from qmdbridge.evaluation.queries import load_queries
-from qmdbridge.manager import MemoryManager
+from qmdbridge.manager import MemoryManager, require_workspace
 from qmdbridge.paths import qmd_home
 from qmdbridge.qmd.query_text import search_limits
 
@@ -412,8 +412,6 @@ async def run_queries(queries_file: str | Path, workspace: str | Path, *, cfg: O
         UsageError: no such workspace, a bad queries file, bad limits or options.
         BackendUnavailableError / IndexStoreError: the engine failed.
     """
-    from qmdbridge.manager import require_workspace
-
     ws = Path(workspace).expanduser().resolve()
     require_workspace(ws)
     questions = load_queries(queries_file, ws)

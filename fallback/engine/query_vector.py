@@ -118,8 +118,8 @@ class QueryVectorCache:
 
 
 class PreparedProvider:
-    """The provider as the ranking code sees it during one search: the query answers the
-    vector embedded beforehand; any other text is embedded before the deadline.
+    """The provider as the ranking sees it during one search (its ``QueryEmbedder``): the query
+    answers the vector embedded beforehand; any other text is embedded before the deadline.
 
     Args:
         provider: the real provider.
@@ -139,10 +139,6 @@ class PreparedProvider:
         self._cache = cache
         self.provider_id = provider.provider_id
         self.model = provider.model
-        self.dims = provider.dims
-        self.provider_key = provider.provider_key
-        self.max_input_tokens = provider.max_input_tokens
-        self.max_batch_bytes = provider.max_batch_bytes
 
     async def embed_query(self, text: str) -> list[float]:
         """The prepared vector (a copy) for the query; another ``text`` embedded as a query.
@@ -151,7 +147,7 @@ class PreparedProvider:
         """
         if self._query is None or text == self._query:
             return list(self._vector)
-        key = (self.provider_key, self.model, text)
+        key = (self._provider.provider_key, self.model, text)
         cached = self._cache.get(key) if self._cache is not None else None
         if cached is not None:
             return list(cached)
@@ -164,13 +160,6 @@ class PreparedProvider:
         if self._cache is not None and vector:
             self._cache.put(key, vector)
         return list(vector)
-
-    async def embed_batch(self, texts: list[str]) -> list[list[float]]:
-        """The provider's ``embed_batch``. Raises ``EmbeddingProviderError``."""
-        return await self._provider.embed_batch(texts)
-
-    async def aclose(self) -> None:
-        """Nothing: the engine owns and closes the real provider."""
 
 
 def backlog_reason(pending: int, error: str | None) -> str:

@@ -12,7 +12,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -43,12 +43,21 @@ from fallback.settings import EngineSettings
 from fallback.store.seam import SearchStore
 
 if TYPE_CHECKING:
-    from fallback.embeddings.base import EmbeddingProvider
     from fallback.search.rerank import Reranker
 
 __all__ = ["SCOPE_FAILURES", "SNIPPET_MAX_CHARS", "Searcher", "configured_mode", "merge_scopes"]
 
 log = logging.getLogger("fallback.engine.builtin")
+
+
+class QueryEmbedder(Protocol):
+    """What the ranking asks of an embedding provider: its id, its model and query vectors."""
+
+    provider_id: str
+    model: str
+
+    async def embed_query(self, text: str) -> list[float]: ...
+
 # A shared scope's search failing so (its rows unreadable, its statements refused or timed out)
 # leaves that scope out of the reader's answer (merge_scopes), not the reader's own hits.
 SCOPE_FAILURES = (BackendUnavailableError, IndexStoreError)
@@ -127,7 +136,7 @@ class Searcher:
         # the snippets a keyword-only ranking without a reranker made in its worker-thread hop
         self._snippets: list[HitSnippet] | None = None
 
-    async def run(self, store: SearchStore, provider: EmbeddingProvider | None, text: str,
+    async def run(self, store: SearchStore, provider: QueryEmbedder | None, text: str,
                   srcs: list[str], candidates: int, floor: float, limit: int) -> SearchOutcome:
         """Rank the stripped query ``text`` over ``srcs``: keyword-only without a ``provider``,
         else hybrid (``candidates`` per side, ``floor``: ``minScore``, ``limit`` hits); hits as
@@ -177,7 +186,7 @@ class Searcher:
             return self._finish(ranked, floor)
         return self._finish(keyword_results(await self._rerank(text, ranked), limit=limit), floor)
 
-    async def hybrid(self, store: SearchStore, provider: EmbeddingProvider, text: str,
+    async def hybrid(self, store: SearchStore, provider: QueryEmbedder, text: str,
                      srcs: list[str], candidates: int, floor: float,
                      limit: int) -> list[Candidate]:
         """Hybrid ranking: vector (the query's common terms contrasted out,
@@ -220,7 +229,7 @@ class Searcher:
             ranked = diverse
         return self._finish(select_results(ranked, max_results=limit), floor)
 
-    async def _contrast(self, store: SearchStore, provider: EmbeddingProvider, text: str,
+    async def _contrast(self, store: SearchStore, provider: QueryEmbedder, text: str,
                         qvec: list[float]) -> tuple[list[float], list[str]]:
         """The query vector with its common terms contrasted out, and those terms; ``(qvec,
         [])`` when the query has none or their embedding fails."""

@@ -36,7 +36,7 @@ from fallback.engine.query_vector import (
     read_index_vectors,
 )
 from fallback.engine.store_open import EngineStore, read_only_problem
-from fallback.engine.sync_record import clear_failure, record_failure
+from fallback.engine.sync_record import failure_doc
 from fallback.errors import (
     EmbeddingProviderError,
     IndexStoreError,
@@ -279,7 +279,7 @@ class BuiltinEngine:
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
-            await anyio.to_thread.run_sync(clear_failure, self.settings.db_path)
+            await self._stores.keep_failure("sync", None)
             return report
         except BaseException as exc:
             self._sync_outcome = exc
@@ -288,9 +288,8 @@ class BuiltinEngine:
             if isinstance(exc, IndexStoreError) and not isinstance(  # status tells those itself
                     exc, IndexStoreReadOnlyError):
                 with anyio.CancelScope(shield=True):  # also when a search's budget ran out
-                    await anyio.to_thread.run_sync(partial(  # every process's status tells it
-                        record_failure, self.settings.db_path, reason=reason, error=exc,
-                        at_ms=self._now_ms()))
+                    await self._stores.keep_failure("sync", failure_doc(  # every process's status tells it
+                        reason=reason, error=exc, at_ms=self._now_ms()))
             raise
         finally:
             self._sync_done = None
@@ -520,7 +519,8 @@ class BuiltinEngine:
         if provider is not None and qv is not None:  # status tells it until a query embeds
             error = None if qv.error is None else failure_text(qv.error, query=True)
             if error is not None or not self._query_embedded or self._provider_error is not None:
-                await self._stores.keep_query_failure(error, at_ms=self._now_ms())  # any process's status tells it
+                await self._stores.keep_failure("query", None if error is None else failure_doc(
+                    reason="search", error=error, at_ms=self._now_ms()))  # any process's status tells it
             self._provider_error, self._query_embedded = error, True
             if error is not None:
                 self._last_error = error
@@ -676,28 +676,36 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be read.
         """
         self._check_open()
-        recorded = None if self._query_embedded else await self._stores.query_failure()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
             from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
-            report, (last_error, provider_error) = self._last_report, self._errors(recorded)
             try:
                 shared = await self._stores.open_postgres()
-                described = await anyio.to_thread.run_sync(shared.describe)
+                described, unreached = await anyio.to_thread.run_sync(shared.describe), None
             except (PostgresUnavailableError, PostgresTimeoutError) as exc:  # told, not raised
-                described, last_error = unreached_postgres(self.settings), str(exc)
+                described, unreached = unreached_postgres(self.settings), str(exc)
+            recorded, failed = (None, None) if unreached else await self._recorded()
+            last_error, provider_error = self._errors(recorded)
             return build_postgres_status(
                 described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
-                dirty_reason=self._dirty_reason, last_error=last_error, provider_error=provider_error,
-                issues=[*(report.issues if report else []), *self._notes])
+                dirty_reason=self._dirty_reason, last_error=unreached or last_error,
+                provider_error=provider_error, sync_failure=failed,
+                issues=[*(self._last_report.issues if self._last_report else []), *self._notes])
+        recorded, failed = await self._recorded()
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)
-        return await anyio.to_thread.run_sync(self._status, store, live, problem, recorded)
+        return await anyio.to_thread.run_sync(self._status, store, live, problem, recorded, failed)
+
+    async def _recorded(self) -> tuple[str | None, dict[str, Any] | None]:
+        """(How the last search's query embedding failed, unless this engine embedded a query
+        since; the last sync's failure), as any process recorded them (``EngineStore.failure``)."""
+        query = None if self._query_embedded else await self._stores.failure("query")
+        return None if query is None else query["error"], await self._stores.failure("sync")
 
     def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None,
-                recorded: str | None) -> MemoryStatus:
+                recorded: str | None, failed: dict[str, Any] | None) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
         last_error, provider_error = self._errors(recorded)
@@ -705,11 +713,12 @@ class BuiltinEngine:
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
-            last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error)
+            last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error,
+            sync_failure=failed)
 
     def _errors(self, recorded: str | None) -> tuple[str | None, str | None]:
         """The status's (last error, query-embedding failure) on either store, ``recorded`` the
-        failure a search of any process recorded (``EngineStore.query_failure``), told until this
+        failure a search of any process recorded (:meth:`_recorded`), told until this
         engine embeds a query; a query's failure is told once, as the second."""
         provider_error = self._provider_error if self._query_embedded else recorded
         return (None if self._last_error == self._provider_error else self._last_error), provider_error

@@ -100,7 +100,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                               "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
                                                    else ReadonlyRecovery()).as_dict(),
                               "filesWaiting": waiting, "indexStale": stale,
-                              "syncFailure": sync_failure and {**sync_failure, "filesWaiting": waiting},
+                              "syncFailure": None if sync_failure is None else {**sync_failure, "filesWaiting": waiting},
                               **(live.custom if live is not None else {})}
     if vector is not None:  # the vector index learns its dims on the first query
         vector = {**vector, "dims": vector.get("dims") or index.dims, "pending": pending}
@@ -242,4 +242,5 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         skipped=[SkippedFile(path=f["path"], reason=f["reason"]) for f in described["skipped"]],
         issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
         last_sync_at_ms=described["lastSyncAtMs"],
-        custom={"store": described, "syncFailure": sync_failure and {**sync_failure, "filesWaiting": None}})
+        custom={"store": described,
+                "syncFailure": None if sync_failure is None else {**sync_failure, "filesWaiting": None}})

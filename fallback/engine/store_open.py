@@ -149,23 +149,22 @@ class EngineStore:
         share no state folder). Never raises: a record that cannot be kept is logged.
         """
         try:
-            if self.is_postgres:
-                shared = await self.open_postgres()
-                await anyio.to_thread.run_sync(shared.keep_failure, f"{kind}Failed", doc)
-            else:
-                await anyio.to_thread.run_sync(write_failure, self.settings.db_path, kind, doc)
+            await anyio.to_thread.run_sync(
+                partial(write_failure, self.settings.db_path, kind, doc) if not self.is_postgres
+                else partial((await self.open_postgres()).keep_failure, f"{kind}Failed", doc))
         except (OSError, BackendUnavailableError, IndexStoreError) as exc:
             log.warning("cannot record the failed %s of %s: %s", kind, self.settings.agent_id, exc)
 
     async def failure(self, kind: FailureKind) -> dict[str, Any] | None:
         """How the last ``kind`` failed, as any process recorded it (:meth:`keep_failure`);
-        ``None`` when it succeeded, or the store cannot be read (status tells that)."""
-        if not self.is_postgres:
-            return await anyio.to_thread.run_sync(read_failure, self.settings.db_path, kind)
+        ``None`` when it succeeded, or the record or the store cannot be read (status tells that)."""
         try:
-            return await anyio.to_thread.run_sync((await self.open_postgres()).failure, f"{kind}Failed")
+            doc = await anyio.to_thread.run_sync(
+                partial(read_failure, self.settings.db_path, kind) if not self.is_postgres
+                else partial((await self.open_postgres()).failure, f"{kind}Failed"))
         except (BackendUnavailableError, IndexStoreError):
             return None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None
 
     async def open(self) -> Store:
         """The store, opened on first use, reopened when another process swapped its file.

@@ -50,11 +50,10 @@ def write_failure(db_path: Path, kind: FailureKind, doc: Mapping[str, Any] | Non
     write_atomic(_path(db_path, kind), json.dumps(doc).encode(), durable=False)
 
 
-def read_failure(db_path: Path, kind: FailureKind) -> dict[str, Any] | None:
-    """The ``kind`` record beside the store ``db_path`` (:func:`failure_doc`), or ``None``
-    (none, or unreadable; blocking)."""
+def read_failure(db_path: Path, kind: FailureKind) -> Any:
+    """The ``kind`` record beside the store ``db_path`` as parsed, or ``None`` (none, or not
+    JSON; blocking)."""
     try:
-        doc = json.loads(_path(db_path, kind).read_bytes())
+        return json.loads(_path(db_path, kind).read_bytes())
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None

@@ -28,6 +28,7 @@ __all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
 
 log = logging.getLogger("fallback.engine.builtin")
 
+
 def _note(exc: IndexStoreError, moved: str, notes: list[str]) -> None:
     notes.append(f"index store was corrupt ({exc}); moved aside to {moved} and rebuilt from "
                  "the memory files")

@@ -154,7 +154,8 @@ class EngineStore:
                 partial(write_failure, self.settings.db_path, kind, doc) if not self.is_postgres
                 else partial((await self.open_postgres()).keep_failure, f"{kind}Failed", doc))
         except (OSError, BackendUnavailableError, IndexStoreError) as exc:
-            log.warning("cannot keep the record of the last %s's failure (agent %s): %s", kind, self.settings.agent_id, exc)
+            log.warning("cannot keep the record of the last %s's failure (agent %s): %s", kind,
+                        self.settings.agent_id, exc)
 
     async def failure(self, kind: FailureKind) -> dict[str, Any] | None:
         """How the last ``kind`` failed, as any process recorded it (:meth:`keep_failure`);

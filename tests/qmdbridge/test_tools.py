@@ -45,6 +45,13 @@ def test_the_published_schema_holds_the_tools_parameters() -> None:
                            .read_text())["$defs"]
     assert [published[name] for name in ("memorySearchParams", "memoryGetParams", "syncParams")] == [
         schema["parameters"] for schema in (MEMORY_SEARCH_SCHEMA, MEMORY_GET_SCHEMA, SYNC_SCHEMA)]
+    # a hit's snippet budget: the builtin engine's constant, qmd's memory.qmd.limits.maxSnippetChars
+    from fallback.search.fts_only import SNIPPET_MAX_CHARS
+    from qmdbridge.config import QmdLimits
+
+    snippet = published["hit"]["properties"]["snippet"]["description"]
+    assert (SNIPPET_MAX_CHARS, snippet[:len("At most 700 code points")]) == (
+        QmdLimits.model_fields["max_snippet_chars"].default, f"At most {SNIPPET_MAX_CHARS} code points")
 
 
 def test_the_tools_read_the_defaults_the_settings_models_own(monkeypatch: pytest.MonkeyPatch) -> None:

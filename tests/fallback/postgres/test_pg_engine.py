@@ -520,7 +520,7 @@ async def test_a_failed_sync_is_the_same_status_on_both_stores(tmp_path: Path, p
     ws = tmp_path / "ws"
     (ws / "memory").mkdir(parents=True)
     (ws / "MEMORY.md").write_text("# Memory\n\nThe router is an Omada ER605.\n")
-    told: list[tuple[str, Any]] = []
+    told: list[tuple[Any, ...]] = []
 
     def new_engine(state: str, store: dict[str, Any]) -> BuiltinEngine:
         search = MemorySearchSettings.model_validate({"provider": "none", "store": store})
@@ -560,6 +560,7 @@ async def test_a_failed_sync_is_the_same_status_on_both_stores(tmp_path: Path, p
                 await eng.sync(reason="cli")
         finally:
             await eng.close()
+        assert type(info.value).__name__ == ("PostgresStoreError" if store else "IndexStoreFullError")
         error = f"sync (cli) failed: {info.value}"
         other = name if not store else "pg-host-2"
         await tell(other, store)

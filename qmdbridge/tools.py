@@ -62,8 +62,8 @@ MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
 MEMORY_GET_SCHEMA: dict[str, Any] = {
     "name": "memory_get",
     "description": (
-        f"Read a memory file (or a line range of it) returned by memory_search. Pages of {DEFAULT_READ_LINES} "
-        "lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
+        "Read a memory file (or a line range of it) returned by memory_search. Pages of "
+        f"{DEFAULT_READ_LINES} lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
     "parameters": {
         "type": "object",
         "properties": {

@@ -684,41 +684,38 @@ class BuiltinEngine:
                 described, unreached = await anyio.to_thread.run_sync(shared.describe), None
             except (PostgresUnavailableError, PostgresTimeoutError) as exc:  # told, not raised
                 described, unreached = unreached_postgres(self.settings), str(exc)
-            recorded, failed = (None, None) if unreached else await self._recorded()
-            last_error, provider_error = self._errors(recorded)
+            last_error, provider_error, failed = await self._errors(read=unreached is None)
             return build_postgres_status(
                 described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
                 dirty_reason=self._dirty_reason, last_error=unreached or last_error,
                 provider_error=provider_error, sync_failure=failed,
                 issues=[*(self._last_report.issues if self._last_report else []), *self._notes])
-        recorded, failed = await self._recorded()
+        errors = await self._errors()
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)
-        return await anyio.to_thread.run_sync(self._status, store, live, problem, recorded, failed)
+        return await anyio.to_thread.run_sync(self._status, store, live, problem, errors)
 
-    async def _recorded(self) -> tuple[str | None, dict[str, Any] | None]:
-        """(How the last search's query embedding failed, unless this engine embedded a query
-        since; the last sync's failure), as any process recorded them (``EngineStore.failure``)."""
-        query = None if self._query_embedded else await self._stores.failure("query")
-        return None if query is None else query["error"], await self._stores.failure("sync")
+    async def _errors(self, *, read: bool = True) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """The status's (last error, query-embedding failure, last sync's failure) on either
+        store: this engine's, else as any process recorded them (``EngineStore.failure``; none is
+        read when ``read`` is false: the store is not reached). A query's failure is told once, as
+        the second, and the recorded one only until this engine embeds a query."""
+        query = None if self._query_embedded or not read else await self._stores.failure("query")
+        provider_error = (self._provider_error if self._query_embedded
+                          else None if query is None else query["error"])
+        return ((None if self._last_error == self._provider_error else self._last_error), provider_error,
+                await self._stores.failure("sync") if read else None)
 
     def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None,
-                recorded: str | None, failed: dict[str, Any] | None) -> MemoryStatus:
+                errors: tuple[str | None, str | None, dict[str, Any] | None]) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
-        last_error, provider_error = self._errors(recorded)
+        last_error, provider_error, failed = errors
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
             last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error,
             sync_failure=failed)
-
-    def _errors(self, recorded: str | None) -> tuple[str | None, str | None]:
-        """The status's (last error, query-embedding failure) on either store, ``recorded`` the
-        failure a search of any process recorded (:meth:`_recorded`), told until this
-        engine embeds a query; a query's failure is told once, as the second."""
-        provider_error = self._provider_error if self._query_embedded else recorded
-        return (None if self._last_error == self._provider_error else self._last_error), provider_error

@@ -100,7 +100,7 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
                               "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
                                                    else ReadonlyRecovery()).as_dict(),
                               "filesWaiting": waiting, "indexStale": stale,
-                              "syncFailure": None if sync_failure is None else {**sync_failure, "filesWaiting": waiting},
+                              "syncFailure": sync_failure and {**sync_failure, "filesWaiting": waiting},
                               **(live.custom if live is not None else {})}
     if vector is not None:  # the vector index learns its dims on the first query
         vector = {**vector, "dims": vector.get("dims") or index.dims, "pending": pending}
@@ -243,4 +243,4 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
         issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
         last_sync_at_ms=described["lastSyncAtMs"],
         custom={"store": described,
-                "syncFailure": None if sync_failure is None else {**sync_failure, "filesWaiting": None}})
+                "syncFailure": sync_failure and {**sync_failure, "filesWaiting": None}})

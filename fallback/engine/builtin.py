@@ -38,6 +38,7 @@ from fallback.engine.query_vector import (
 from fallback.engine.store_open import EngineStore, read_only_problem
 from fallback.engine.sync_record import failure_doc
 from fallback.errors import (
+    BackendTimeoutError,
     EmbeddingProviderError,
     IndexStoreError,
     ManagerClosedError,
@@ -285,7 +286,9 @@ class BuiltinEngine:
             self._sync_outcome = exc
             if not isinstance(exc, cancelled):
                 self._last_error = f"sync ({reason}) failed: {exc}"
-            if isinstance(exc, IndexStoreError) and not isinstance(  # status tells those itself
+            # the store failed it (on postgres a statement past its timeout too); status tells
+            # a store it cannot write itself
+            if isinstance(exc, (IndexStoreError, BackendTimeoutError)) and not isinstance(
                     exc, IndexStoreReadOnlyError):
                 with anyio.CancelScope(shield=True):  # also when a search's budget ran out
                     await self._stores.keep_failure("sync", failure_doc(  # every process's status tells it

@@ -140,10 +140,10 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     out += [_problem("memory paths", str(i), _issue_hint(str(i)))
             for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
     failed = (view.get("custom") or {}).get("syncFailure")
-    if failed:  # recorded beside the store, so every process tells it
-        waiting = failed.get("filesWaiting") or 0
+    if failed:  # recorded with the store, so every process tells it (postgres counts no files)
+        waiting = failed.get("filesWaiting")
         out.append(_problem("index", f"last sync ({failed.get('reason')}) failed: {failed.get('error')}"
-                            f"; memory files waiting to be indexed: {waiting}",
+                            + ("" if waiting is None else f"; memory files waiting to be indexed: {waiting}"),
                             store_failure_hint(str(failed.get("errorType")), view.get("dbPath"))
                             or "run `qmdbridge index -v` to see the failure"))
     elif status.get("lastError") and status.get("backend") != "qmd":  # qmd's own: below

@@ -16,6 +16,10 @@ from fallback.errors import (
     PathRefusedError,
     UsageError,
 )
+from fallback.request import MAX_LIMIT
+from fallback.settings import QuerySettings
+from fallback.sources.read_page import DEFAULT_READ_LINES
+from qmdbridge.config import QmdLimits
 from qmdbridge.manager import MemoryManager
 from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
 
@@ -24,6 +28,11 @@ __all__ = ["MEMORY_GET_SCHEMA", "MEMORY_SEARCH_SCHEMA", "SYNC_SCHEMA", "call_too
 
 log = logging.getLogger("qmdbridge")
 
+_QUERY = QuerySettings.model_fields
+_COUNT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
+
+# The tools' schemas; their ``parameters`` are docs/serve-protocol.schema.json's ``*Params``.
+# Defaults are read from their owners (the settings models, the read page), never restated.
 MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
     "name": "memory_search",
     "description": (
@@ -33,14 +42,17 @@ MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
     "parameters": {
         "type": "object",
         "properties": {
-            "query": {"type": "string", "description": "What to look for."},
-            "maxResults": {"type": "integer", "minimum": 1, "description": "Hits wanted (default 6)."},
-            "minScore": {"type": "number", "minimum": 0, "maximum": 1,
-                         "description": "Score floor (default query.minScore, 0.35, on the "
-                                        "builtin engine; none on the qmd backend)."},
-            "corpus": {"type": "string", "enum": list(SEARCH_CORPORA),
-                       "description": "What to search: memory files, session transcripts, all "
-                                      "(default) or wiki (none is configured: no hits)."},
+            "query": {"type": "string", "description": "What to look for (a blank query is refused)."},
+            "maxResults": {**_COUNT, "description": (
+                f"Hits wanted (default query.maxResults, {_QUERY['max_results'].default}, on the builtin "
+                f"engine; memory.qmd.limits.maxResults, {QmdLimits.model_fields['max_results'].default},"
+                " on the qmd backend).")},
+            "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": (
+                f"Score floor (default query.minScore, {_QUERY['min_score'].default}, on the builtin "
+                "engine; none on the qmd backend).")},
+            "corpus": {"type": "string", "enum": list(SEARCH_CORPORA), "description": (
+                "What to search: memory files, session transcripts (when indexed), all (default: every "
+                "indexed source) or wiki (no wiki corpus is configured: no hits, a warning).")},
         },
         "required": ["query"],
         "additionalProperties": False,
@@ -50,20 +62,22 @@ MEMORY_SEARCH_SCHEMA: dict[str, Any] = {
 MEMORY_GET_SCHEMA: dict[str, Any] = {
     "name": "memory_get",
     "description": (
-        "Read a memory file (or a line range of it) returned by memory_search. Pages of 120 "
-        "lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
+        "Read a memory file (or a line range of it) returned by memory_search. Pages of "
+        f"{DEFAULT_READ_LINES} lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."),
     "parameters": {
         "type": "object",
         "properties": {
-            "path": {"type": "string", "description": "Workspace-relative path, e.g. memory/2026-03-01.md."},
-            "from": {"type": "integer", "minimum": 1, "description": "First line (1-based)."},
-            "lines": {"type": "integer", "minimum": 1, "description": "Number of lines."},
-            "fromChar": {"type": "integer", "minimum": 1,
-                         "description": "First character of line 'from' (1-based, default 1): how a "
-                                        "line cut at the page's budget is read on."},
-            "corpus": {"type": "string", "enum": list(GET_CORPORA),
-                       "description": "all (default) reads memory files and session transcripts, memory "
-                                      "only memory files; no wiki corpus is configured."},
+            "path": {"type": "string", "description": (
+                "Workspace-relative path, e.g. memory/2026-03-01.md (qmd/<collection>/... for qmd "
+                "collections, sessions/<file>.jsonl for a builtin session hit).")},
+            "from": {**_COUNT, "description": "First line, 1-based (default 1)."},
+            "lines": {**_COUNT, "description": f"Lines wanted (default {DEFAULT_READ_LINES})."},
+            "fromChar": {**_COUNT, "description": (
+                "First character (code point) of line from, 1-based (default 1): how a line cut at "
+                "the page's character budget is read on.")},
+            "corpus": {"type": "string", "enum": list(GET_CORPORA), "description": (
+                "all (default) reads memory files and session transcripts, memory only memory files (a "
+                "transcript is refused); wiki refuses every path (no wiki corpus is configured).")},
         },
         "required": ["path"],
         "additionalProperties": False,
@@ -71,13 +85,14 @@ MEMORY_GET_SCHEMA: dict[str, Any] = {
 }
 
 
-# serve's ``sync`` request (no MCP tool), as docs/serve-protocol.schema.json ``syncParams`` has it.
+# serve's ``sync`` request (no MCP tool).
 SYNC_SCHEMA: dict[str, Any] = {
     "name": "sync",
     "description": "Index the memory files now (force: rebuild from scratch, swapped in atomically).",
     "parameters": {
         "type": "object",
-        "properties": {"force": {"type": "boolean", "description": "Rebuild from scratch."}},
+        "properties": {"force": {"type": "boolean",
+                                 "description": "Rebuild the index from scratch (swapped in atomically)."}},
         "required": [],
         "additionalProperties": False,
     },

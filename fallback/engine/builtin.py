@@ -36,8 +36,9 @@ from fallback.engine.query_vector import (
     read_index_vectors,
 )
 from fallback.engine.store_open import EngineStore, read_only_problem
-from fallback.engine.sync_record import clear_failure, record_failure
+from fallback.engine.sync_record import failure_doc
 from fallback.errors import (
+    BackendTimeoutError,
     EmbeddingProviderError,
     IndexStoreError,
     ManagerClosedError,
@@ -279,18 +280,19 @@ class BuiltinEngine:
             self._sync_outcome = report
             if self._live is not None:
                 self._live.after_sync(report)
-            await anyio.to_thread.run_sync(clear_failure, self.settings.db_path)
+            await self._stores.keep_failure("sync", None)
             return report
         except BaseException as exc:
             self._sync_outcome = exc
             if not isinstance(exc, cancelled):
                 self._last_error = f"sync ({reason}) failed: {exc}"
-            if isinstance(exc, IndexStoreError) and not isinstance(  # status tells those itself
+            # the store failed it (on postgres a statement past its timeout too); status tells
+            # a store it cannot write itself
+            if isinstance(exc, (IndexStoreError, BackendTimeoutError)) and not isinstance(
                     exc, IndexStoreReadOnlyError):
                 with anyio.CancelScope(shield=True):  # also when a search's budget ran out
-                    await anyio.to_thread.run_sync(partial(  # every process's status tells it
-                        record_failure, self.settings.db_path, reason=reason, error=exc,
-                        at_ms=self._now_ms()))
+                    await self._stores.keep_failure("sync", failure_doc(  # every process's status tells it
+                        reason=reason, error=exc, at_ms=self._now_ms()))
             raise
         finally:
             self._sync_done = None
@@ -520,7 +522,8 @@ class BuiltinEngine:
         if provider is not None and qv is not None:  # status tells it until a query embeds
             error = None if qv.error is None else failure_text(qv.error, query=True)
             if error is not None or not self._query_embedded or self._provider_error is not None:
-                await self._stores.keep_query_failure(error, at_ms=self._now_ms())  # any process's status tells it
+                await self._stores.keep_failure("query", None if error is None else failure_doc(
+                    reason="search", error=error, at_ms=self._now_ms()))  # any process's status tells it
             self._provider_error, self._query_embedded = error, True
             if error is not None:
                 self._last_error = error
@@ -676,40 +679,46 @@ class BuiltinEngine:
             IndexStoreError: the store cannot be read.
         """
         self._check_open()
-        recorded = None if self._query_embedded else await self._stores.query_failure()
         if self._stores.is_postgres:
             from fallback.engine.status import build_postgres_status, unreached_postgres
             from fallback.store.postgres.errors import PostgresTimeoutError, PostgresUnavailableError
-            report, (last_error, provider_error) = self._last_report, self._errors(recorded)
             try:
                 shared = await self._stores.open_postgres()
-                described = await anyio.to_thread.run_sync(shared.describe)
+                described, unreached = await anyio.to_thread.run_sync(shared.describe), None
             except (PostgresUnavailableError, PostgresTimeoutError) as exc:  # told, not raised
-                described, last_error = unreached_postgres(self.settings), str(exc)
+                described, unreached = unreached_postgres(self.settings), str(exc)
+            last_error, provider_error, failed = await self._errors(read=unreached is None)
             return build_postgres_status(
                 described, backend=self.name,
                 settings=self.settings, selection=self._provider_selection(), dirty=self._dirty,
-                dirty_reason=self._dirty_reason, last_error=last_error, provider_error=provider_error,
-                issues=[*(report.issues if report else []), *self._notes])
+                dirty_reason=self._dirty_reason, last_error=unreached or last_error,
+                provider_error=provider_error, sync_failure=failed,
+                issues=[*(self._last_report.issues if self._last_report else []), *self._notes])
+        errors = await self._errors()
         store, read_only = await self._stores.open_reader()
         live = self._live.snapshot(self._live.check_watcher()) if self._live is not None else None
         problem = None if read_only is None else read_only_problem(read_only, self.settings)
-        return await anyio.to_thread.run_sync(self._status, store, live, problem, recorded)
+        return await anyio.to_thread.run_sync(self._status, store, live, problem, errors)
+
+    async def _errors(self, *, read: bool = True) -> tuple[str | None, str | None, dict[str, Any] | None]:
+        """The status's (last error, query-embedding failure, last sync's failure) on either
+        store: this engine's, else as any process recorded them (``EngineStore.failure``; none is
+        read when ``read`` is false: the store is not reached). A query's failure is told once, as
+        the second, and the recorded one only until this engine embeds a query."""
+        query = None if self._query_embedded or not read else await self._stores.failure("query")
+        provider_error = (self._provider_error if self._query_embedded
+                          else None if query is None else query["error"])
+        return ((None if self._last_error == self._provider_error else self._last_error), provider_error,
+                await self._stores.failure("sync") if read else None)
 
     def _status(self, store: Store | ReadOnlyStore, live: Any, problem: str | None,
-                recorded: str | None) -> MemoryStatus:
+                errors: tuple[str | None, str | None, dict[str, Any] | None]) -> MemoryStatus:
         from fallback.engine.status import build_status
         sel = self._provider_selection()
-        last_error, provider_error = self._errors(recorded)
+        last_error, provider_error, failed = errors
         return build_status(
             store, backend=self.name, settings=self.settings, selection=sel,
             vector=dict(self._vector_index().status()) if sel.provider is not None else None,
             dirty=self._dirty, dirty_reason=self._dirty_reason, synced=self._synced,
-            last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error)
-
-    def _errors(self, recorded: str | None) -> tuple[str | None, str | None]:
-        """The status's (last error, query-embedding failure) on either store, ``recorded`` the
-        failure a search of any process recorded (``EngineStore.query_failure``), told until this
-        engine embeds a query; a query's failure is told once, as the second."""
-        provider_error = self._provider_error if self._query_embedded else recorded
-        return (None if self._last_error == self._provider_error else self._last_error), provider_error
+            last_error=problem or last_error, live=live, notes=self._notes, provider_error=provider_error,
+            sync_failure=failed)

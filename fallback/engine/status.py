@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fallback.engine.query_vector import backlog_reason, read_index_vectors
-from fallback.engine.sync_record import read_failure
 from fallback.index.identity import WORKSPACE_META, other_workspace
 from fallback.index.indexer import FTS_ONLY_MODEL, full_reindex_reason, index_identity
 from fallback.index.plan import read_reason, recorded_files
@@ -51,8 +49,8 @@ def files_waiting(store: MetaReads, settings: EngineSettings) -> int:
 def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: EngineSettings, selection: Any,
                  vector: dict[str, Any] | None, dirty: bool, dirty_reason: str | None,
                  last_error: str | None, synced: bool = True, live: Any = None,
-                 notes: list[str] | None = None,
-                 provider_error: str | None = None) -> MemoryStatus:
+                 notes: list[str] | None = None, provider_error: str | None = None,
+                 sync_failure: dict[str, Any] | None = None) -> MemoryStatus:
     """Read counters from ``store`` (blocking) and assemble the status.
 
     Args:
@@ -62,11 +60,12 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
         dirty / dirty_reason: the engine's own stale flag and why.
         synced: whether this process has synced (before that, ``not synced yet`` is dirty only
             for a store without an index, spec §5.1).
-        last_error: the last sync or query-embedding error; else the failure another process
-            recorded beside the store.
+        last_error: this engine's last sync or query-embedding error.
         live: ``LiveSync.snapshot()`` in live mode.
         notes: one-off events, listed in ``issues``.
         provider_error: how the last search's query embedding failed, or ``None``.
+        sync_failure: the last sync's failure as any process recorded it
+            (``EngineStore.failure``), or ``None``.
 
     Returns:
         ``MemoryStatus``: dirty for a degraded watcher, changes not indexed yet, chunks
@@ -94,17 +93,14 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     embed_error = index.error if pending else None
     if pending:  # chunks without a vector: the index is not complete until a sync fills them in
         dirty, dirty_reason = True, backlog_reason(pending, embed_error)
-    failed = read_failure(Path(store.path))  # kept beside the store by a failed sync
-    waiting = files_waiting(store, settings) if failed else 0  # a walk: only when it matters
+    waiting = files_waiting(store, settings) if sync_failure else 0  # a walk: only when it matters
     if waiting and not dirty:
         dirty, dirty_reason = True, f"{counted(waiting, 'file', 'wait')} to be indexed"
-    if failed is not None and last_error is None:  # failed in another process (`index`)
-        last_error = f"sync ({failed.get('reason')}) failed: {failed['error']}"
     custom: dict[str, Any] = {"model": provider.model if provider else FTS_ONLY_MODEL,
                               "readonlyRecovery": (store.readonly_recovery if isinstance(store, Store)
                                                    else ReadonlyRecovery()).as_dict(),
                               "filesWaiting": waiting, "indexStale": stale,
-                              "syncFailure": None if failed is None else {**failed, "filesWaiting": waiting},
+                              "syncFailure": sync_failure and {**sync_failure, "filesWaiting": waiting},
                               **(live.custom if live is not None else {})}
     if vector is not None:  # the vector index learns its dims on the first query
         vector = {**vector, "dims": vector.get("dims") or index.dims, "pending": pending}
@@ -116,7 +112,8 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
     if held is not None:  # the counts are another workspace's: the next search re-indexes
         dirty, dirty_reason = True, f"index holds workspace {held}"
     common = _common(backend, settings, selection, cache_entries, vector=vector,
-                     provider_error=embed_error or provider_error, last_error=last_error)
+                     provider_error=embed_error or provider_error, last_error=last_error,
+                     sync_failure=sync_failure)
     return MemoryStatus(
         **common, db_path=str(store.path),
         files=sum(c[0] for c in counts.values()), chunks=sum(c[1] for c in counts.values()),
@@ -136,10 +133,11 @@ def build_status(store: Store | ReadOnlyStore, *, backend: str, settings: Engine
 
 def _common(backend: str, settings: EngineSettings, selection: Any, cache_entries: int, *,
             vector: dict[str, Any] | None, provider_error: str | None,
-            last_error: str | None) -> dict[str, Any]:
+            last_error: str | None, sync_failure: dict[str, Any] | None) -> dict[str, Any]:
     """The status fields both stores fill alike (``selection``: the ``ProviderSelection``;
     ``vector``: the store's view of its vector index when a provider exists; ``provider_error``:
-    how the provider last failed): ``search_mode`` is ``unavailable`` when a configured provider
+    how the provider last failed; ``last_error`` this engine's, else the recorded ``sync_failure``,
+    as another process's sync failed): ``search_mode`` is ``unavailable`` when a configured provider
     fails closed, else the :func:`configured_mode` of a provider with its model (the keyword side,
     ``fts.enabled``, is off in ``vector-only`` alone); ``vector`` adds the provider's
     ``providerError`` and ``modelMissing``; ``healthy`` is no error, provider failure or missing model."""
@@ -147,6 +145,8 @@ def _common(backend: str, settings: EngineSettings, selection: Any, cache_entrie
     problem_of = getattr(provider, "model_problem", None)
     model_missing = problem_of() if problem_of is not None else None
     provider_error = provider_error if provider is not None else None
+    if sync_failure is not None and last_error is None:  # failed in another process (`index`)
+        last_error = f"sync ({sync_failure.get('reason')}) failed: {sync_failure['error']}"
     return {"backend": backend, "agent_id": settings.agent_id,
             "search_mode": "unavailable" if selection.error and provider is None else configured_mode(
                 has_provider=provider is not None and model_missing is None,
@@ -208,7 +208,8 @@ def untrigrammed_issue(chunks: int) -> list[str]:
 def build_postgres_status(described: dict[str, Any], *, backend: str, settings: EngineSettings,
                           selection: Any, dirty: bool,
                           dirty_reason: str | None, last_error: str | None,
-                          issues: list[str], provider_error: str | None = None) -> MemoryStatus:
+                          issues: list[str], provider_error: str | None = None,
+                          sync_failure: dict[str, Any] | None = None) -> MemoryStatus:
     """The status of an engine on the postgres store from ``PostgresSearchStore.describe()``
     (``described``): counts of the published index, ``db_path`` as ``postgres <target>, schema
     <name> version <n>`` (no password), the shared embedding cache's entries, ``custom.store``
@@ -217,7 +218,9 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
 
     ``selection`` is the ``ProviderSelection`` (its provider, or why there is none, as
     :func:`build_status` reports it); ``dirty`` / ``dirty_reason`` / ``last_error`` /
-    ``provider_error`` are the engine's own state, ``issues`` what this process's last sync noticed."""
+    ``provider_error`` are the engine's own state, ``issues`` what this process's last sync noticed,
+    ``sync_failure`` as :func:`build_status`'s (``custom.syncFailure``; its ``filesWaiting`` is
+    not counted here: ``None``)."""
     s = settings.search
     provider: EmbeddingProvider | None = selection.provider
     if dirty and dirty_reason == "not synced yet" and described["lastSyncAtMs"] is not None:
@@ -227,7 +230,7 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
                        chunks=counts.get(src, {}).get("chunks", 0)) for src in s.sources]
     common = _common(backend, settings, selection, described["cacheEntries"], vector=None if provider is None else {
         "enabled": True, "available": True, "mode": "pgvector", "reason": None, "dims": described["vectorDims"]},
-        provider_error=provider_error, last_error=last_error)
+        provider_error=provider_error, last_error=last_error, sync_failure=sync_failure)
     return MemoryStatus(
         **common, db_path=(f"postgres {described['target']}, schema {described['schema']}" + (
             " (not reached)" if described["schemaVersion"] is None else
@@ -238,4 +241,6 @@ def build_postgres_status(described: dict[str, Any], *, backend: str, settings: 
              "error": None, "cjk": CJK_SCHEME, "keyword": "bm25"},
         skipped=[SkippedFile(path=f["path"], reason=f["reason"]) for f in described["skipped"]],
         issues=[*issues, *untrigrammed_issue(described["unspacedWithoutTrigrams"])],
-        last_sync_at_ms=described["lastSyncAtMs"], custom={"store": described})
+        last_sync_at_ms=described["lastSyncAtMs"],
+        custom={"store": described,
+                "syncFailure": sync_failure and {**sync_failure, "filesWaiting": None}})

@@ -6,19 +6,13 @@ process cannot write read without writing, or the agent's scope of the postgres 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from fallback.engine.sync_record import (
-    QUERY_FAILED_SUFFIX,
-    clear_failure,
-    failure_doc,
-    read_failure,
-    record_failure,
-)
+from fallback.engine.sync_record import FailureKind, read_failure, write_failure
 from fallback.errors import BackendUnavailableError, IndexStoreError
 from fallback.settings import EngineSettings
 from fallback.store.db import Store
@@ -33,9 +27,6 @@ __all__ = ["EngineStore", "open_postgres", "open_store", "read_only_problem",
            "reopen_after_corruption"]
 
 log = logging.getLogger("fallback.engine.builtin")
-
-# The key of the query embedding's failure in the postgres workspace row's ``meta``.
-QUERY_FAILED_KEY = "queryFailed"
 
 
 def _note(exc: IndexStoreError, moved: str, notes: list[str]) -> None:
@@ -151,37 +142,31 @@ class EngineStore:
                 self.shared = await anyio.to_thread.run_sync(open_postgres, self.settings)
             return self.shared
 
-    async def keep_query_failure(self, error: str | None, *, at_ms: int) -> None:
-        """Keep how the last search's query embedding failed (``None``: it embedded; ``at_ms``
-        epoch ms) where every process's status reads it (:meth:`query_failure`): beside the
-        SQLite store file, or in the postgres store's row of this agent's scope (its other hosts
-        share no state folder). Never raises: a record that cannot be written is logged.
+    async def keep_failure(self, kind: FailureKind, doc: Mapping[str, Any] | None) -> None:
+        """Keep how the last ``kind`` (sync, or search's query embedding) failed (``doc``:
+        ``sync_record.failure_doc``; ``None``: it succeeded) where every process's status reads
+        it (:meth:`failure`): beside the SQLite store file (``<store>.<kind>-failed.json``), or
+        as ``<kind>Failed`` of the postgres store's row of this agent's scope (its other hosts
+        share no state folder). Never raises: a record that cannot be kept is logged.
         """
-        if not self.is_postgres:
-            await anyio.to_thread.run_sync(partial(
-                record_failure, self.settings.db_path, reason="search", error=error, at_ms=at_ms,
-                suffix=QUERY_FAILED_SUFFIX) if error is not None
-                else partial(clear_failure, self.settings.db_path, QUERY_FAILED_SUFFIX))
-            return
-        doc = None if error is None else failure_doc(reason="search", error=error, at_ms=at_ms)
         try:
-            shared = await self.open_postgres()
-            await anyio.to_thread.run_sync(shared.keep_failure, QUERY_FAILED_KEY, doc)
-        except (BackendUnavailableError, IndexStoreError) as exc:
-            log.warning("cannot record the query embedding's failure in the postgres store: %s", exc)
+            await anyio.to_thread.run_sync(
+                partial(write_failure, self.settings.db_path, kind, doc) if not self.is_postgres
+                else partial((await self.open_postgres()).keep_failure, f"{kind}Failed", doc))
+        except (OSError, BackendUnavailableError, IndexStoreError) as exc:
+            log.warning("cannot keep the record of the last %s's failure (agent %s): %s", kind,
+                        self.settings.agent_id, exc)
 
-    async def query_failure(self) -> str | None:
-        """How the last search's query embedding failed, as any process recorded it
-        (:meth:`keep_query_failure`); ``None`` when it embedded, or the store cannot be read."""
-        if not self.is_postgres:
-            doc = await anyio.to_thread.run_sync(read_failure, self.settings.db_path, QUERY_FAILED_SUFFIX)
-        else:
-            try:
-                doc = await anyio.to_thread.run_sync((await self.open_postgres()).failure,
-                                                     QUERY_FAILED_KEY)
-            except (BackendUnavailableError, IndexStoreError):  # status tells the store's error
-                doc = None
-        return None if doc is None else doc.get("error")
+    async def failure(self, kind: FailureKind) -> dict[str, Any] | None:
+        """How the last ``kind`` failed, as any process recorded it (:meth:`keep_failure`);
+        ``None`` when it succeeded, or the record or the store cannot be read (status tells that)."""
+        try:
+            doc = await anyio.to_thread.run_sync(
+                partial(read_failure, self.settings.db_path, kind) if not self.is_postgres
+                else partial((await self.open_postgres()).failure, f"{kind}Failed"))
+        except (BackendUnavailableError, IndexStoreError):
+            return None
+        return doc if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None
 
     async def open(self) -> Store:
         """The store, opened on first use, reopened when another process swapped its file.

@@ -1,59 +1,59 @@
-"""The failure of the last sync and of the last search's query embedding, each kept beside the
-SQLite store (``<store>.sync-failed.json``, ``<store>.query-failed.json``) so every process's
-status sees it; a success removes its file. On the postgres store the query's failure is kept
-in the store (``EngineStore.keep_query_failure``), in the same shape (:func:`failure_doc`).
+"""The failure of the last sync and of the last search's query embedding, as recorded (one shape
+for both stores, :func:`failure_doc`), and their records beside the SQLite store
+(``<store>.sync-failed.json``, ``<store>.query-failed.json``). ``EngineStore.keep_failure``
+decides where a record goes (on postgres: the store).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fallback.fs.atomic import write_atomic
 
-__all__ = ["FAILED_SUFFIX", "QUERY_FAILED_SUFFIX", "clear_failure", "failure_doc", "read_failure",
-           "record_failure"]
+__all__ = ["FailureKind", "failure_doc", "read_failure", "write_failure"]
 
-# Suffixes of the records beside the store file: the last sync's, the last query embedding's.
-FAILED_SUFFIX = ".sync-failed.json"
-QUERY_FAILED_SUFFIX = ".query-failed.json"
-
-log = logging.getLogger(__name__)
-
-
-def record_failure(db_path: Path, *, reason: str, error: BaseException | str, at_ms: int,
-                   suffix: str = FAILED_SUFFIX) -> None:
-    """Keep the failure (``error``: an exception, its class kept as ``errorType``, or one line)
-    of a sync run for ``reason`` at ``at_ms`` (epoch ms) beside the store ``db_path``, in the
-    record ``suffix`` names (blocking; never raises)."""
-    try:
-        write_atomic(db_path.with_name(db_path.name + suffix),
-                     json.dumps(failure_doc(reason=reason, error=error, at_ms=at_ms)).encode(), durable=False)
-    except OSError as exc:  # the disk may be too full for this file too
-        log.warning("cannot record the failed sync beside %s: %s", db_path, exc)
+# What failed: the last sync, or the last search's query embedding.
+FailureKind = Literal["sync", "query"]
 
 
 def failure_doc(*, reason: str, error: BaseException | str, at_ms: int) -> dict[str, Any]:
-    """A failure as recorded: ``{"reason", "error", "errorType", "atMs"}`` (arguments as
-    :func:`record_failure`'s)."""
+    """A failure as recorded: ``{"reason", "error", "errorType", "atMs"}``.
+
+    Args:
+        reason: why the sync ran (``search`` for a query embedding).
+        error: an exception (its class kept as ``errorType``) or one line.
+        at_ms: when it failed, epoch ms.
+    """
     return {"reason": reason, "error": str(error), "atMs": at_ms,
             "errorType": type(error).__name__ if isinstance(error, BaseException) else None}
 
 
-def clear_failure(db_path: Path, suffix: str = FAILED_SUFFIX) -> None:
-    """Remove the record ``suffix`` names after a success (blocking; never raises)."""
-    with contextlib.suppress(OSError):
-        db_path.with_name(db_path.name + suffix).unlink(missing_ok=True)
+def _path(db_path: Path, kind: FailureKind) -> Path:
+    return db_path.with_name(f"{db_path.name}.{kind}-failed.json")
 
 
-def read_failure(db_path: Path, suffix: str = FAILED_SUFFIX) -> dict[str, Any] | None:
-    """The recorded failure ``{"reason", "error", "errorType", "atMs"}``, or ``None`` (none, or
-    unreadable)."""
+def write_failure(db_path: Path, kind: FailureKind, doc: Mapping[str, Any] | None) -> None:
+    """Keep ``doc`` (:func:`failure_doc`) as the ``kind`` record beside the store ``db_path``;
+    ``None`` removes it (blocking).
+
+    Raises:
+        OSError: the record cannot be written (the disk may be too full for it too).
+    """
+    if doc is None:
+        with contextlib.suppress(FileNotFoundError):
+            _path(db_path, kind).unlink()
+        return
+    write_atomic(_path(db_path, kind), json.dumps(doc).encode(), durable=False)
+
+
+def read_failure(db_path: Path, kind: FailureKind) -> Any:
+    """The ``kind`` record beside the store ``db_path`` as parsed, or ``None`` (none, or not
+    JSON; blocking)."""
     try:
-        doc = json.loads(db_path.with_name(db_path.name + suffix).read_bytes())
+        return json.loads(_path(db_path, kind).read_bytes())
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("error"), str) else None

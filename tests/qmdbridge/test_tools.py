@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.manager import MemoryManager
-from qmdbridge.tools import MEMORY_GET_SCHEMA, MEMORY_SEARCH_SCHEMA, handle_memory_get, handle_memory_search
+from qmdbridge.tools import (
+    MEMORY_GET_SCHEMA,
+    MEMORY_SEARCH_SCHEMA,
+    SYNC_SCHEMA,
+    handle_memory_get,
+    handle_memory_search,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -28,6 +36,49 @@ def test_schemas() -> None:
     assert MEMORY_SEARCH_SCHEMA["parameters"]["required"] == ["query"]
     assert MEMORY_GET_SCHEMA["name"] == "memory_get"
     assert set(MEMORY_GET_SCHEMA["parameters"]["properties"]) == {"path", "from", "lines", "fromChar", "corpus"}
+
+
+def test_the_published_schema_holds_the_tools_parameters() -> None:
+    """docs/serve-protocol.schema.json's parameters are the tools' own: a default changed in a
+    settings model (which the tools read) and not in the published file fails here."""
+    published = json.loads((Path(__file__).resolve().parents[2] / "docs" / "serve-protocol.schema.json")
+                           .read_text())["$defs"]
+    assert [published[name] for name in ("memorySearchParams", "memoryGetParams", "syncParams")] == [
+        schema["parameters"] for schema in (MEMORY_SEARCH_SCHEMA, MEMORY_GET_SCHEMA, SYNC_SCHEMA)]
+    # a hit's snippet budget: the builtin engine's constant, qmd's memory.qmd.limits.maxSnippetChars
+    from fallback.search.fts_only import SNIPPET_MAX_CHARS
+    from qmdbridge.config import QmdLimits
+
+    snippet = published["hit"]["properties"]["snippet"]["description"]
+    assert (SNIPPET_MAX_CHARS, snippet.split(" (")[0]) == (
+        QmdLimits.model_fields["max_snippet_chars"].default, f"At most {SNIPPET_MAX_CHARS} code points")
+
+
+def test_the_tools_read_the_defaults_the_settings_models_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A default the settings models (or the read page) own is read from them, never written again
+    in the schemas: the tools module run with other defaults in the models says those."""
+    import fallback.sources.read_page as read_page
+    import qmdbridge.tools
+    from fallback.settings import QuerySettings
+    from qmdbridge.config import QmdLimits
+
+    monkeypatch.setattr(QuerySettings.model_fields["max_results"], "default", 9)
+    monkeypatch.setattr(QuerySettings.model_fields["min_score"], "default", 0.25)
+    monkeypatch.setattr(QmdLimits.model_fields["max_results"], "default", 7)
+    monkeypatch.setattr(read_page, "DEFAULT_READ_LINES", 80)
+    spec = importlib.util.spec_from_file_location("tools_with_other_defaults", qmdbridge.tools.__file__)
+    assert spec is not None and spec.loader is not None
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)  # a copy: qmdbridge.tools itself keeps the real defaults
+    search = tools.MEMORY_SEARCH_SCHEMA["parameters"]["properties"]
+    get = tools.MEMORY_GET_SCHEMA
+    assert [search["maxResults"]["description"], search["minScore"]["description"],
+            get["parameters"]["properties"]["lines"]["description"], get["description"].split(". ")[1]] == [
+        "Hits wanted (default query.maxResults, 9, on the builtin engine; memory.qmd.limits.maxResults, 7,"
+        " on the qmd backend).",
+        "Score floor (default query.minScore, 0.25, on the builtin engine; none on the qmd backend).",
+        "Lines wanted (default 80).",
+        "Pages of 80 lines; follow the continuation notice's 'from' (and 'fromChar' for a long line) to read on."]
 
 
 async def test_search_and_get_payloads(manager: MemoryManager) -> None:

@@ -504,3 +504,83 @@ async def test_a_query_the_provider_failed_to_embed_is_the_same_status_on_both_s
                 await eng.close()
     assert told == [("lite", failed), ("lite", None), ("lite", None),
                     ("pg-host-2", failed), ("pg-host-2", None), ("pg-host-2", None)]
+
+
+@pytest.mark.anyio
+async def test_a_failed_sync_is_the_same_status_on_both_stores(tmp_path: Path, pg_dsn: str,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A sync the store fails (full, or a statement past its timeout) is told by the status of
+    another engine (another process; on postgres another host, with a state folder of its own)
+    on both stores, until a sync succeeds; on postgres the failure is kept in the store, not
+    beside a SQLite file."""
+    import psycopg
+
+    from fallback.errors import BackendTimeoutError, IndexStoreError
+    from qmdbridge.problems import status_problems
+
+    ws = tmp_path / "ws"
+    (ws / "memory").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Memory\n\nThe router is an Omada ER605.\n")
+    told: list[tuple[Any, ...]] = []
+
+    def new_engine(state: str, store: dict[str, Any]) -> BuiltinEngine:
+        search = MemorySearchSettings.model_validate({"provider": "none", "store": store})
+        return BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=tmp_path / state, search=search),
+                             provider_selection=select_provider(search, env={}))
+
+    async def tell(state: str, store: dict[str, Any], *, sync: bool = False) -> None:
+        eng = new_engine(state, store)
+        try:
+            if sync:
+                await eng.sync(reason="test")
+            st = await eng.status()
+        finally:
+            await eng.close()
+        failed = st.custom.get("syncFailure")
+        told.append((state, st.healthy, st.last_error, None if failed is None else (
+            failed["reason"], failed["errorType"], failed["filesWaiting"]),
+            [p["message"] for p in status_problems(st.to_json_dict()) if p["check"] == "index"]))
+
+    pg = {"driver": "postgres", "dsn": pg_dsn}
+    cases: list[tuple[str, dict[str, Any], tuple[str, str] | None]] = [
+        ("lite", {}, None),  # PostgreSQL's full disk and a statement past statement_timeout, as
+        # the server raises them for the next chunk row:
+        ("pg", pg, ("disk_full", "could not extend file: No space left on device")),
+        ("pg", pg, ("query_canceled", "canceling statement due to statement timeout"))]
+    for name, store, failure in cases:
+        eng = new_engine(name, store)
+        try:
+            await eng.sync(reason="test")
+            if failure is not None:
+                with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                    conn.execute("CREATE OR REPLACE FUNCTION fail_row() RETURNS trigger LANGUAGE plpgsql AS"
+                                 f" $$ BEGIN RAISE EXCEPTION '{failure[1]}' USING ERRCODE = '{failure[0]}'; END $$")
+                    conn.execute("CREATE TRIGGER fail_row BEFORE INSERT ON qmdbridge.chunks"
+                                 " FOR EACH ROW EXECUTE FUNCTION fail_row()")
+            else:  # the SQLite file may not grow by one page
+                conn = eng._stores.store.conn
+                conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+            for day in range(1, 4):
+                (ws / "memory" / f"2026-01-0{day}.md").write_text(f"Heron count {day}.\n" * 200)
+            with caplog.at_level("WARNING"), pytest.raises((IndexStoreError, BackendTimeoutError)) as info:
+                await eng.sync(reason="cli")
+        finally:
+            await eng.close()
+        assert type(info.value).__name__ == {None: "IndexStoreFullError", "disk_full": "PostgresStoreError",
+                                             "query_canceled": "PostgresTimeoutError"}[failure and failure[0]]
+        error = f"sync (cli) failed: {info.value}"
+        other = name if not store else "pg-host-2"
+        await tell(other, store)
+        if store:
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute("DROP TRIGGER fail_row ON qmdbridge.chunks")
+        await tell(other, store, sync=True)
+        await tell(other, store)
+        for day in range(1, 4):
+            (ws / "memory" / f"2026-01-0{day}.md").unlink()
+        waiting = None if store else 3  # postgres does not count the files waiting
+        problem = f"last sync (cli) failed: {info.value}" + (
+            "" if waiting is None else f"; memory files waiting to be indexed: {waiting}")
+        assert told[-3:] == [(other, False, error, ("cli", type(info.value).__name__, waiting), [problem]),
+                             (other, True, None, None, []), (other, True, None, None, [])], name
+    assert [m for m in caplog.messages if "record" in m or ".sqlite" in m] == []

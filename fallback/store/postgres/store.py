@@ -553,8 +553,11 @@ class PostgresStore:
         :data:`RANK_STEP`: when the ranking gets past it, only chunks holding non-essential terms
         alone can still beat the answer. The texts are read for the answer's chunks only. The answer stands when the ``limit``-th exact
         score is above (by a relative :data:`BOUND_MARGIN`) both the bound of chunk ``K + 1``
-        and the bound of a chunk holding non-essential terms only; else ``K`` grows, or terms
-        become essential, and the statement runs again, up to every chunk of every term.
+        and the bound of a chunk holding non-essential terms only; else terms become essential,
+        or ``K`` grows, and the statement runs again, up to every chunk of every term. A round
+        with every term essential takes at least every candidate whose bound reaches the
+        ``limit``-th exact score found before (a lower bound of the answer's), so chunks tied
+        at the answer's score (copies of a note) are ranked in one more round.
         """
         terms = list(query.tokens)
         slot = {t: i + 1 for i, t in enumerate(terms)}
@@ -637,6 +640,7 @@ class PostgresStore:
             ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
             best: list[float] = []  # the limit best scores ranked yet, a heap (the worst first)
             by_key: dict[tuple[Any, ...], float | None] = {}
+            floor: float | None = None
             info: dict[int, Any] = {}
             args = {"agent": self.agent_id, "ws": self.workspace, "g": gen, "sources": list(sources)}
             while True:
@@ -670,12 +674,19 @@ class PostgresStore:
                     f" p AS MATERIALIZED (SELECT u.r, blk.k, blk.kb, u.i, u.dl::float8 AS dl, {wf} AS wf"
                     f" FROM blk {_unnest_block('blk', 'u', ('rowids', 'r'), ('lens', 'dl'), *zip(TF_COLUMNS, hits, strict=True))}),"
                     f" r AS (SELECT r, dl, {cols} FROM p GROUP BY r, dl),"
-                    f" top AS MATERIALIZED (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub,"
-                    f" ({' + '.join(lower) or '0'})::float8 AS lb FROM r ORDER BY ub DESC, r.r LIMIT %(k)s),"
+                    f" rb AS (SELECT r.r, r.dl, ({' + '.join(bound)})::float8 AS ub,"
+                    f" ({' + '.join(lower) or '0'})::float8 AS lb FROM r),"
+                    # The first K candidates by bound; past a first round, at least every one
+                    # whose bound reaches the limit-th exact score found then (ties at once).
+                    + (" top AS MATERIALIZED (SELECT * FROM rb ORDER BY ub DESC, r LIMIT %(k)s),"
+                       if floor is None else
+                       " rbm AS MATERIALIZED (SELECT * FROM rb), top AS MATERIALIZED (SELECT * FROM rbm"
+                       " ORDER BY ub DESC, r LIMIT (SELECT greatest(%(k)s, ceil(count(*)::float8 / %(step)s) * %(step)s + 1) FROM rbm"
+                       f" WHERE ub * {1 + BOUND_MARGIN!r} >= %(floor)s)),") +
                     # The window of candidates the ranking can need, by bound: those whose
                     # bound reaches the limit-th lower bound (whole steps); only theirs are read.
                     " win AS MATERIALIZED (SELECT r FROM (SELECT r, row_number() OVER"
-                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n <= (SELECT least(%(k)s - 1,"
+                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n <= (SELECT least(greatest(%(k)s, (SELECT count(*) FROM top)) - 1,"
                     " ceil(greatest(%(limit)s + 1, count(*))::float8 / %(step)s) * %(step)s) FROM top"
                     f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
                     " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
@@ -702,8 +713,9 @@ class PostgresStore:
 
                 # The bounds of the first K + 1 candidates, with the postings, path and start
                 # line of the window's (the first read_to of them by bound).
-                cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP})
+                cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP, "floor": floor})
                 bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
+                want = max(want, len(bounds) - 1)
                 read_to = sum(r[3] is not None for r in bounds)
                 rest = free_bound(common)
                 # Rank the candidates in the order of their bounds, a few at a time, until the
@@ -747,8 +759,12 @@ class PostgresStore:
                 elif len(bounds) > want and (beat is None or next_bound * (1 + BOUND_MARGIN) >= beat):
                     if common:  # the common terms' bounds loosen every candidate's: read them
                         common = set()
-                    else:
+                    elif beat is None or (floor is not None and floor >= beat):
                         want *= CANDIDATE_GROWTH
+                # With every term read, the next round takes at least every candidate whose
+                # bound reaches the limit-th exact score found so far (a lower bound of the
+                # answer's): ties, as copies of a note make them, in one more round.
+                floor = beat if not common else None
 
     def part_counts(self, exprs: Sequence[str]) -> tuple[int, list[int]]:
         """The published chunk count and, per ``MATCH`` expression, how many chunks it matches

@@ -152,9 +152,10 @@ def test_a_common_word_beating_the_rare_words_later_rows_is_read_in_a_second_rou
     """The rare word's 200 notes score in three tiers by length; the common word is not read
     at first. The first round reads the rare word's 64 best candidates (the others' bounds are
     below its 40th lower bound) and ranks them, but short notes holding the common word alone
-    can still beat its 40th: it ends there, and the rounds with both words read (320
-    candidates, then 1,280) give FTS5's rows and ranks (one statement a round, not one more
-    per step past its window)."""
+    can still beat its 40th: it ends there, and one round with both words read gives FTS5's
+    rows and ranks: it takes every candidate whose bound reaches the 40th score the first
+    round found (not 320 candidates, then 1,280, in two rounds; one statement a round, not
+    one more per step past its window)."""
     def note(words: int) -> str:
         return " ".join(f"w{j}" for j in range(words))
 
@@ -172,10 +173,40 @@ def test_a_common_word_beating_the_rare_words_later_rows_is_read_in_a_second_rou
                           " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
                           " LIMIT 40", [expr])
         got: list[Any] = []
-        # check; BEGIN + statistics; the rare word's round; two rounds of both; texts + ROLLBACK
+        # check; BEGIN + statistics; the rare word's round; one round of both; texts + ROLLBACK
         assert round_trips(pg, tmp_path / "libpq.trace",
-                           lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 6
+                           lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 5
         assert [r[5] for r in got[:12]] == [f"zebra q{i}" for i in range(10)] + ["apple y0", "apple y1"]
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+    finally:
+        lite.close()
+        pg.close()
+
+
+def test_copies_of_a_note_tied_past_the_first_candidates_are_ranked_in_one_more_round(
+        pg_dsn: str, tmp_path: Path) -> None:
+    """500 copies of one note tie at the best score, past the first round's 321 candidates:
+    the second round takes every candidate whose bound reaches the 40th score found (all 500
+    copies) at once, and the answer is FTS5's: the ties by path (not 1,281 candidates, then
+    5,121, in two more rounds)."""
+    files = {**{f"memory/a{i:03d}.md": [(1, 1, "zebra apple pie")] for i in range(500)},
+             **{f"memory/b{i:03d}.md": [(1, 1, f"zebra crossing {' '.join(['w'] * (i % 7))}")]
+                for i in range(300)},
+             **{f"memory/e{i:03d}.md": [(1, 1, f"other words o{i}")] for i in range(800)}}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    build_postgres(pg_dsn, files).close()
+    pg = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
+    try:
+        expr = '"zebra" OR "apple" OR NEAR("zebra" "apple", 10)'
+        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                          " LIMIT 40", [expr])
+        got: list[Any] = []
+        # check; BEGIN + statistics; the first round; the round of every tie; texts + ROLLBACK
+        assert round_trips(pg, tmp_path / "libpq.trace",
+                           lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 5
+        assert [r[1] for r in got] == [f"memory/a{i:03d}.md" for i in range(40)]
         assert [r[0] for r in got] == [r[0] for r in want]
         assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
     finally:

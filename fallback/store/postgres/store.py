@@ -700,21 +700,35 @@ class PostgresStore:
                     " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
                     f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
                     " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
-                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL),"
-                    " y AS (SELECT win.r, array_agg(x.k) AS ks, array_agg(x.positions::text) AS positions,"
-                    f" c.path, c.start_line FROM win JOIN x ON x.r = win.r JOIN {s}.chunks c"
-                    " ON c.chunk_rowid = win.r GROUP BY win.r, c.chunk_rowid)"
-                    " SELECT top.r, top.ub, top.dl, y.ks, y.positions, y.path, y.start_line"
-                    " FROM top LEFT JOIN y ON y.r = top.r")
+                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL)"
+                    # Rows of three shapes: a candidate's bound; a window chunk's path and
+                    # start line; one posting of a window chunk (not grouped: no array as text).
+                    " SELECT top.r, top.ub, top.dl, NULL::int, NULL::int[], NULL::text, NULL::int FROM top"
+                    " UNION ALL SELECT win.r, NULL, NULL, NULL, NULL, c.path, c.start_line FROM win"
+                    f" JOIN {s}.chunks c ON c.chunk_rowid = win.r"
+                    " UNION ALL SELECT x.r, NULL, NULL, x.k, x.positions, NULL, NULL FROM x")
                 round_args = {**args, "k": want + 1, "ess": _text_array(essential),
                               "ess_k": _int_array(slot[t] for t in essential),
                               "common": _text_array(sorted(common)),
                               "common_k": _int_array(slot[t] for t in sorted(common))}
 
                 # The bounds of the first K + 1 candidates, with the postings, path and start
-                # line of the window's (the first read_to of them by bound).
+                # line of the window's (the first read_to of them by bound): rows
+                # (rowid, bound, length, {term slot: positions} or None, path, start line).
                 cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP, "floor": floor})
-                bounds = sorted(cur.fetchall(), key=lambda r: (-r[1], r[0]))
+                tops: list[tuple[int, float, int]] = []
+                window: dict[int, tuple[str, int]] = {}
+                read: dict[int, dict[int, list[int]]] = {}
+                for r, ub, dl, k, positions, path, start in cur.fetchall():
+                    if ub is not None:
+                        tops.append((r, ub, dl))
+                    elif path is not None:
+                        window[r] = (path, start)
+                    else:
+                        read.setdefault(r, {})[k] = positions
+                bounds: list[tuple[Any, ...]] = sorted(
+                    ((r, ub, dl, read.get(r, {}) if r in window else None, *window.get(r, (None, None)))
+                     for r, ub, dl in tops), key=lambda r: (-r[1], r[0]))
                 want = max(want, len(bounds) - 1)
                 read_to = sum(r[3] is not None for r in bounds)
                 rest = free_bound(common)
@@ -728,11 +742,10 @@ class PostgresStore:
                     todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
                     # Chunks with the same length and the same postings of the query's terms
                     # (a note copied, repeated boilerplate) have the same rank: ranked once.
-                    keys = {r[0]: (r[2], *sorted(zip(r[3], r[4], strict=True))) for r in todo}
+                    keys = {r[0]: (r[2], *sorted((k, tuple(pos)) for k, pos in r[3].items())) for r in todo}
                     fresh = {keys[r[0]]: r for r in todo if keys[r[0]] not in by_key}
                     found_ranks = rank_rows(
-                        query, {r[0]: {terms[k - 1]: [int(x) for x in pos[1:-1].split(",")]
-                                       for k, pos in zip(r[3], r[4], strict=True)} for r in fresh.values()},
+                        query, {r[0]: {terms[k - 1]: pos for k, pos in r[3].items()} for r in fresh.values()},
                         {r[0]: int(r[2]) for r in fresh.values()}, row_count=n_chunks,
                         token_count=n_tokens, weights=weights,
                         phrase_rows=phrase_rows)
@@ -747,7 +760,7 @@ class PostgresStore:
                     upto = min(first + RANK_STEP, want)
                     outside = max(rest, float(bounds[upto][1]) if len(bounds) > upto else 0.0)
                     if outside == 0 or (beat is not None and beat > outside * (1 + BOUND_MARGIN)):
-                        picked = heapq.nsmallest(limit, ranks, key=lambda r: row_order(ranks[r], info[r][5], info[r][6]))
+                        picked = heapq.nsmallest(limit, ranks, key=lambda r: row_order(ranks[r], info[r][4], info[r][5]))
                         # The texts of the answer only (not of every candidate).
                         text_of = {row[0]: row[1:] for row in self._last_rows(
                             cur, f"SELECT chunk_rowid, id, path, source, start_line, end_line, text"

@@ -69,6 +69,9 @@ RANK_STEP = 16
 # Relative slack of a round's window: candidates whose bound is this close below the limit-th
 # lower bound are read too (far above the error of a float sum in another order).
 WINDOW_MARGIN = 1e-6
+# A posting read by key (an index descent and its block's arrays) costs about as much as this
+# many postings of a block read in a scan of all the term's blocks.
+BY_KEY_POSTINGS = 16
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
@@ -691,16 +694,24 @@ class PostgresStore:
                     f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
                     " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
                     # Every term's postings of the window: the essential ones already read,
-                    # the common ones by key (each term's block at or below the chunk).
+                    # a common one by key (its block at or below each chunk) or, when it is in
+                    # fewer than BY_KEY_POSTINGS chunks per window chunk, from all its blocks.
+                    " n AS (SELECT * FROM unnest(%(common)s::text[], %(common_k)s::int[], %(common_df)s::int[])"
+                    " AS n(term, k, df)),"
                     f" x AS (SELECT p.r, p.k, {_block_positions('blk', 'p.i')} FROM p JOIN win ON win.r = p.r"
                     " JOIN blk ON blk.k = p.k AND blk.kb = p.kb"
-                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN"
-                    " unnest(%(common)s::text[], %(common_k)s::int[]) AS n(term, k) CROSS JOIN"
+                    f" UNION ALL SELECT u.r, n.k, {_block_positions('q', 'u.i')} FROM n JOIN {s}.posting_blocks b"
+                    " ON b.agent_id = %(agent)s AND b.workspace = %(ws)s AND b.term = n.term"
+                    f" {_unnest_block('b', 'u', ('rowids', 'r'))} JOIN win ON win.r = u.r CROSS JOIN LATERAL"
+                    " (SELECT array_cat(b.positions, '{}') AS positions, array_cat(b.ends, '{}') AS ends) q"
+                    f" WHERE b.gen_from <= %(g)s AND n.df < {BY_KEY_POSTINGS} * (SELECT count(*) FROM win)"
+                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN n CROSS JOIN"
                     " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
                     " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
                     f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
                     " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
-                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q WHERE q.i IS NOT NULL)"
+                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q"
+                    f" WHERE q.i IS NOT NULL AND n.df >= {BY_KEY_POSTINGS} * (SELECT count(*) FROM win))"
                     # Rows of three shapes: a candidate's bound; a window chunk's path and
                     # start line; one posting of a window chunk (not grouped: no array as text).
                     " SELECT top.r, top.ub, top.dl, NULL::int, NULL::int[], NULL::text, NULL::int FROM top"
@@ -710,7 +721,8 @@ class PostgresStore:
                 round_args = {**args, "k": want + 1, "ess": _text_array(essential),
                               "ess_k": _int_array(slot[t] for t in essential),
                               "common": _text_array(sorted(common)),
-                              "common_k": _int_array(slot[t] for t in sorted(common))}
+                              "common_k": _int_array(slot[t] for t in sorted(common)),
+                              "common_df": _int_array(df[t] for t in sorted(common))}
 
                 # The bounds of the first K + 1 candidates, with the postings, path and start
                 # line of the window's (the first read_to of them by bound): rows

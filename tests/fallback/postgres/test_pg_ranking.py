@@ -83,18 +83,22 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
-@pytest.mark.parametrize(("block_chunks", "candidates"), [
-    (64, 1), (3, 1), (64, pg_store.CANDIDATES_PER_ROW)])
+@pytest.mark.parametrize(("block_chunks", "candidates", "by_key"), [
+    (64, 1, pg_store.BY_KEY_POSTINGS), (3, 1, 0), (3, 1, 10**9),
+    (64, pg_store.CANDIDATES_PER_ROW, pg_store.BY_KEY_POSTINGS)])
 def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch, block_chunks: int,
-                                                        candidates: int) -> None:
+                                                        candidates: int, by_key: int) -> None:
     """Same rows and ranks as FTS5, with a term's postings in blocks of up to 64 chunks and
-    of 3 (a common word of the write then spans many blocks, each read by key), and with
-    as many candidates as asked for in the first round (so the rounds widen) or 8 times that."""
+    of 3 (a common word of the write then spans many blocks), a common word's postings of
+    the window read by key (``BY_KEY_POSTINGS`` 0), from all its blocks (10**9) or as the
+    store chooses, and with as many candidates as asked for in the first round (so the
+    rounds widen) or 8 times that."""
     files, questions = locomo_files()
     # First round of exact ranking: as many rows as asked for, so the widening is exercised.
     monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", candidates)
     monkeypatch.setattr(pg_store, "BLOCK_CHUNKS", block_chunks)
+    monkeypatch.setattr(pg_store, "BY_KEY_POSTINGS", by_key)
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:

@@ -72,6 +72,10 @@ WINDOW_MARGIN = 1e-6
 # A posting read by key (an index descent and its block's arrays) costs about as much as this
 # many postings of a block read in a scan of all the term's blocks.
 BY_KEY_POSTINGS = 16
+# The postings of the essential words from which a search first reads the rarest word's to
+# know the score to beat (see PostgresStore._top_rows): below, the extra statement costs
+# more than the scan it may spare.
+PROBE_POSTINGS = 20000
 # publish() runs ANALYZE when the sync wrote at least 1 / ANALYZE_SHARE of the published chunks.
 ANALYZE_SHARE = 10
 # Relative margin between an exact score and a candidate bound computed in SQL (the same
@@ -638,7 +642,30 @@ class PostgresStore:
                     common.add(t)
                 return common
 
-            common = common_terms(max(most for *_, most in live) / 2)
+            # The score to beat, first: half the largest phrase bound, or, when higher and the
+            # words it leaves essential hold PROBE_POSTINGS postings or more, the limit-th best
+            # share of the rarest word whose phrases count wherever it stands (a lower bound
+            # of the answer's limit-th score, from that word's postings alone).
+            guess = max(most for *_, most in live) / 2
+            alone = [(df[h], h) for h, needed, *_ in live if needed == {h}]
+            if (alone and min(alone)[0] >= limit
+                    and sum(df[t] for t in idfs if t not in common_terms(guess)) >= PROBE_POSTINGS):
+                rare = min(alone)[1]
+                factor = sum(phrase_idf for h, needed, phrase_idf, _ in live if h == rare and needed == {h})
+                wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
+                cur.execute(
+                    f"SELECT {factor * (BM25_K1 + 1)!r} * wf / (wf + {BM25_K1!r} * ({1 - BM25_B!r}"
+                    f" + {BM25_B!r} * dl / {avgdl!r})) AS share FROM (SELECT u.dl::float8 AS dl,"
+                    f" {wf} AS wf FROM {s}.posting_blocks k {_unnest_block('k', 'u', ('lens', 'dl'), *((c, f'h{i}') for i, c in enumerate(TF_COLUMNS)))}"
+                    " WHERE k.agent_id = %(agent)s AND k.workspace = %(ws)s AND k.term = %(term)s"
+                    " AND k.gen_from <= %(g)s AND k.source = ANY(%(sources)s)) u"
+                    " ORDER BY share DESC OFFSET %(limit)s - 1 LIMIT 1",
+                    {"agent": self.agent_id, "ws": self.workspace, "term": rare, "g": gen,
+                     "sources": list(sources), "limit": limit})
+                found_share = cur.fetchone()
+                if found_share is not None:
+                    guess = max(guess, float(found_share[0]) * (1 - BOUND_MARGIN))
+            common = common_terms(guess)
             want = limit * CANDIDATES_PER_ROW
             ranks: dict[int, float] = {}  # exact ranks (one snapshot: they hold across rounds)
             best: list[float] = []  # the limit best scores ranked yet, a heap (the worst first)

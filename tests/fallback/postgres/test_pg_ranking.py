@@ -16,6 +16,8 @@ from tests.pg_fixtures import require_postgres, round_trips
 require_postgres()
 pytestmark = pytest.mark.postgres
 
+import psycopg
+
 from fallback.search.keyword import keyword_rows, search_plan
 from fallback.store.db import Store
 from fallback.store.fts_rows import insert_chunk_fts, note_title
@@ -83,22 +85,24 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
-@pytest.mark.parametrize(("block_chunks", "candidates", "by_key"), [
-    (64, 1, pg_store.BY_KEY_POSTINGS), (3, 1, 0), (3, 1, 10**9),
-    (64, pg_store.CANDIDATES_PER_ROW, pg_store.BY_KEY_POSTINGS)])
+@pytest.mark.parametrize(("block_chunks", "candidates", "by_key", "probe"), [
+    (64, 1, pg_store.BY_KEY_POSTINGS, pg_store.PROBE_POSTINGS), (3, 1, 0, 0), (3, 1, 10**9, 0),
+    (64, pg_store.CANDIDATES_PER_ROW, pg_store.BY_KEY_POSTINGS, pg_store.PROBE_POSTINGS)])
 def test_keyword_rows_match_sqlite_fts5_bm25_on_locomo(pg_dsn: str, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch, block_chunks: int,
-                                                        candidates: int, by_key: int) -> None:
+                                                        candidates: int, by_key: int, probe: int) -> None:
     """Same rows and ranks as FTS5, with a term's postings in blocks of up to 64 chunks and
     of 3 (a common word of the write then spans many blocks), a common word's postings of
     the window read by key (``BY_KEY_POSTINGS`` 0), from all its blocks (10**9) or as the
-    store chooses, and with as many candidates as asked for in the first round (so the
-    rounds widen) or 8 times that."""
+    store chooses, with the score to beat first taken from the rarest word's shares
+    (``PROBE_POSTINGS`` 0) or not, and with as many candidates as asked for in the first
+    round (so the rounds widen) or 8 times that."""
     files, questions = locomo_files()
     # First round of exact ranking: as many rows as asked for, so the widening is exercised.
     monkeypatch.setattr(pg_store, "CANDIDATES_PER_ROW", candidates)
     monkeypatch.setattr(pg_store, "BLOCK_CHUNKS", block_chunks)
     monkeypatch.setattr(pg_store, "BY_KEY_POSTINGS", by_key)
+    monkeypatch.setattr(pg_store, "PROBE_POSTINGS", probe)
     lite = build_sqlite(tmp_path / "main.sqlite", files)
     pg = build_postgres(pg_dsn, files)
     try:
@@ -211,6 +215,42 @@ def test_copies_of_a_note_tied_past_the_first_candidates_are_ranked_in_one_more_
         assert round_trips(pg, tmp_path / "libpq.trace",
                            lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 5
         assert [r[1] for r in got] == [f"memory/a{i:03d}.md" for i in range(40)]
+        assert [r[0] for r in got] == [r[0] for r in want]
+        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+    finally:
+        lite.close()
+        pg.close()
+
+
+def test_the_rare_words_best_shares_make_a_weightier_word_non_essential(
+        pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apple`` (150 notes, up to 4 hits) has a bound above half of ``zebra``'s (50 notes of
+    3 hits), so the first guess of the score to beat keeps it essential; the 40th best share
+    of ``zebra`` alone is a lower bound of the answer's 40th score above ``apple``'s bound,
+    so the first round scans ``zebra`` only, and the answer is FTS5's."""
+    monkeypatch.setattr(pg_store, "PROBE_POSTINGS", 0)
+    files = {**{f"memory/a{i:03d}.md": [(1, 1, "zebra zebra zebra")] for i in range(50)},
+             **{f"memory/b{i:03d}.md": [(1, 1, " ".join(["apple"] * (1 + i % 4)) + f" b{i}")]
+                for i in range(150)},
+             **{f"memory/e{i:03d}.md": [(1, 1, f"other words o{i}")] for i in range(1350)}}
+    lite = build_sqlite(tmp_path / "main.sqlite", files)
+    pg = build_postgres(pg_dsn, files)
+    scanned: list[list[str]] = []
+    execute = psycopg.ClientCursor.execute
+
+    def spy(cur: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+        if isinstance(params, dict) and "ess" in params:
+            scanned.append(sorted(params["ess"].strip("{}").replace('"', "").split(",")))
+        return execute(cur, query, params, **kw)
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", spy)
+    try:
+        expr = '"zebra" OR "apple"'
+        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                          " LIMIT 40", [expr])
+        got = pg.keyword_rows(expr, sources=["memory"], limit=40)
+        assert scanned == [["zebra"]]
         assert [r[0] for r in got] == [r[0] for r in want]
         assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
     finally:

@@ -715,8 +715,8 @@ class PostgresStore:
                        f" WHERE ub * {1 + BOUND_MARGIN!r} >= %(floor)s)),") +
                     # The window of candidates the ranking can need, by bound: those whose
                     # bound reaches the limit-th lower bound (whole steps); only theirs are read.
-                    " win AS MATERIALIZED (SELECT r FROM (SELECT r, row_number() OVER"
-                    " (ORDER BY ub DESC, r) AS n FROM top) o WHERE n <= (SELECT least(greatest(%(k)s, (SELECT count(*) FROM top)) - 1,"
+                    " o AS MATERIALIZED (SELECT r, ub, dl, row_number() OVER (ORDER BY ub DESC, r) AS n FROM top),"
+                    " win AS MATERIALIZED (SELECT r FROM o WHERE n <= (SELECT least(greatest(%(k)s, (SELECT count(*) FROM top)) - 1,"
                     " ceil(greatest(%(limit)s + 1, count(*))::float8 / %(step)s) * %(step)s) FROM top"
                     f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
                     " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
@@ -741,7 +741,10 @@ class PostgresStore:
                     f" WHERE q.i IS NOT NULL AND n.df >= {BY_KEY_POSTINGS} * (SELECT count(*) FROM win))"
                     # Rows of three shapes: a candidate's bound; a window chunk's path and
                     # start line; one posting of a window chunk (not grouped: no array as text).
-                    " SELECT top.r, top.ub, top.dl, NULL::int, NULL::int[], NULL::text, NULL::int FROM top"
+                    # of the candidates, the window's, the next one and the last one (their place
+                    # and how many there are)
+                    " SELECT o.r, o.ub, o.dl, o.n::int, NULL::int[], NULL::text, (SELECT count(*) FROM o)::int"
+                    " FROM o WHERE o.n <= (SELECT count(*) FROM win) + 1 OR o.n = (SELECT count(*) FROM o)"
                     " UNION ALL SELECT win.r, NULL, NULL, NULL, NULL, c.path, c.start_line FROM win"
                     f" JOIN {s}.chunks c ON c.chunk_rowid = win.r"
                     " UNION ALL SELECT x.r, NULL, NULL, x.k, x.positions, NULL, NULL FROM x")
@@ -751,25 +754,29 @@ class PostgresStore:
                               "common_k": _int_array(slot[t] for t in sorted(common)),
                               "common_df": _int_array(df[t] for t in sorted(common))}
 
-                # The bounds of the first K + 1 candidates, with the postings, path and start
-                # line of the window's (the first read_to of them by bound): rows
-                # (rowid, bound, length, {term slot: positions} or None, path, start line).
+                # The bounds of the first K + 1 candidates by place, with the postings, path and
+                # start line of the window's (the first read_to of them by bound): (rowid,
+                # bound, length, {term slot: positions}, path, start line), (rowid, bound,
+                # length) for the next one and the last one, () for the others (never read).
                 cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP, "floor": floor})
-                tops: list[tuple[int, float, int]] = []
+                tops: list[tuple[int, float, int, int]] = []
                 window: dict[int, tuple[str, int]] = {}
                 read: dict[int, dict[int, list[int]]] = {}
+                candidates = 0
                 for r, ub, dl, k, positions, path, start in cur.fetchall():
                     if ub is not None:
-                        tops.append((r, ub, dl))
+                        tops.append((r, ub, dl, k))
+                        candidates = start
                     elif path is not None:
                         window[r] = (path, start)
                     else:
                         read.setdefault(r, {})[k] = positions
-                bounds: list[tuple[Any, ...]] = sorted(
-                    ((r, ub, dl, read.get(r, {}) if r in window else None, *window.get(r, (None, None)))
-                     for r, ub, dl in tops), key=lambda r: (-r[1], r[0]))
+                # by place; only the window's, the next one's and the last one's are read
+                bounds: list[tuple[Any, ...]] = [()] * candidates
+                for r, ub, dl, n in tops:
+                    bounds[n - 1] = (r, ub, dl, read.get(r, {}), *window[r]) if r in window else (r, ub, dl)
                 want = max(want, len(bounds) - 1)
-                read_to = sum(r[3] is not None for r in bounds)
+                read_to = len(window)
                 rest = free_bound(common)
                 # Rank the candidates in the order of their bounds, a few at a time, until the
                 # limit-th exact score is above the bound of every chunk not ranked yet.

@@ -691,8 +691,26 @@ class PostgresStore:
                 # The column-weighted frequency of a posting's term, from its hits per column.
                 wf = " + ".join(f"u.h{i} * {float(w)!r}::float8" for i, w in enumerate(weights))
                 hits = [f"h{i}" for i in range(len(TF_COLUMNS))]
+                # A common term's postings of the window: by key (its block at or below each
+                # chunk) or, when it is in fewer than BY_KEY_POSTINGS chunks per window chunk,
+                # from all its blocks.
+                common_sql = (
+                    f" UNION ALL SELECT u.r, n.k, {_block_positions('q', 'u.i')} FROM n JOIN {s}.posting_blocks b"
+                    " ON b.agent_id = %(agent)s AND b.workspace = %(ws)s AND b.term = n.term"
+                    f" {_unnest_block('b', 'u', ('rowids', 'r'))} JOIN win ON win.r = u.r CROSS JOIN LATERAL"
+                    " (SELECT array_cat(b.positions, '{}') AS positions, array_cat(b.ends, '{}') AS ends) q"
+                    f" WHERE b.gen_from <= %(g)s AND n.df < {BY_KEY_POSTINGS} * (SELECT count(*) FROM win)"
+                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN n CROSS JOIN"
+                    " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
+                    " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
+                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
+                    " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
+                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q"
+                    f" WHERE q.i IS NOT NULL AND n.df >= {BY_KEY_POSTINGS} * (SELECT count(*) FROM win)")
                 sql = (
                     "WITH t(term, k) AS (SELECT * FROM unnest(%(ess)s::text[], %(ess_k)s::int[])),"
+                    + (" n AS (SELECT * FROM unnest(%(common)s::text[], %(common_k)s::int[],"
+                       " %(common_df)s::int[]) AS n(term, k, df))," if common else "") +
                     # The essential terms' blocks, each read once; the positions are sliced
                     # for the window's chunks alone.
                     " blk AS MATERIALIZED (SELECT t.k, k.chunk_rowid AS kb, k.rowids, k.lens,"
@@ -721,28 +739,13 @@ class PostgresStore:
                     f" WHERE ub * {1 + WINDOW_MARGIN!r} >= coalesce((SELECT lb FROM top"
                     " ORDER BY lb DESC OFFSET %(limit)s - 1 LIMIT 1), 0))),"
                     # Every term's postings of the window: the essential ones already read,
-                    # a common one by key (its block at or below each chunk) or, when it is in
-                    # fewer than BY_KEY_POSTINGS chunks per window chunk, from all its blocks.
-                    " n AS (SELECT * FROM unnest(%(common)s::text[], %(common_k)s::int[], %(common_df)s::int[])"
-                    " AS n(term, k, df)),"
+                    # the common ones' (below).
                     f" x AS (SELECT p.r, p.k, {_block_positions('blk', 'p.i')} FROM p JOIN win ON win.r = p.r"
-                    " JOIN blk ON blk.k = p.k AND blk.kb = p.kb"
-                    f" UNION ALL SELECT u.r, n.k, {_block_positions('q', 'u.i')} FROM n JOIN {s}.posting_blocks b"
-                    " ON b.agent_id = %(agent)s AND b.workspace = %(ws)s AND b.term = n.term"
-                    f" {_unnest_block('b', 'u', ('rowids', 'r'))} JOIN win ON win.r = u.r CROSS JOIN LATERAL"
-                    " (SELECT array_cat(b.positions, '{}') AS positions, array_cat(b.ends, '{}') AS ends) q"
-                    f" WHERE b.gen_from <= %(g)s AND n.df < {BY_KEY_POSTINGS} * (SELECT count(*) FROM win)"
-                    f" UNION ALL SELECT win.r, n.k, {_block_positions('q', 'q.i')} FROM win CROSS JOIN n CROSS JOIN"
-                    " LATERAL (SELECT array_cat(b.positions, '{}') AS positions,"
-                    " array_cat(b.ends, '{}') AS ends, array_position(b.rowids, win.r) AS i"
-                    f" FROM {s}.posting_blocks b WHERE b.agent_id = %(agent)s"
-                    " AND b.workspace = %(ws)s AND b.term = n.term AND b.chunk_rowid <= win.r"
-                    " ORDER BY b.chunk_rowid DESC LIMIT 1) q"
-                    f" WHERE q.i IS NOT NULL AND n.df >= {BY_KEY_POSTINGS} * (SELECT count(*) FROM win))"
-                    # Rows of three shapes: a candidate's bound; a window chunk's path and
-                    # start line; one posting of a window chunk (not grouped: no array as text).
-                    # of the candidates, the window's, the next one and the last one (their place
-                    # and how many there are)
+                    f" JOIN blk ON blk.k = p.k AND blk.kb = p.kb{common_sql if common else ''})"
+                    # Rows of three shapes: a candidate's bound, place and how many there are
+                    # (of the window's candidates, the next one and the last one); a window
+                    # chunk's path and start line; one posting of a window chunk (not grouped:
+                    # no array as text).
                     " SELECT o.r, o.ub, o.dl, o.n::int, NULL::int[], NULL::text, (SELECT count(*) FROM o)::int"
                     " FROM o WHERE o.n <= (SELECT count(*) FROM win) + 1 OR o.n = (SELECT count(*) FROM o)"
                     " UNION ALL SELECT win.r, NULL, NULL, NULL, NULL, c.path, c.start_line FROM win"

@@ -545,6 +545,9 @@ class PostgresStore:
         first token's, so its bound is that token's with the phrase's IDF.
         Terms whose phrases' bounds sum below the score to beat (the *non-essential* terms,
         the common ones) are not scanned: a chunk holding no other term cannot reach the top.
+        The score to beat is first half the largest phrase bound or, when the terms that
+        leaves essential hold :data:`PROBE_POSTINGS` postings or more, the ``limit``-th best
+        share of the rarest term whose phrases count wherever it stands, if higher.
         One statement ranks the chunks of ``sources`` holding an essential term by an upper
         bound: each phrase of an essential term adds ``IDF * f * (k1 + 1) / (f + norm)`` with
         its chunk's own ``f`` and length, each phrase of a non-essential term the same with its

@@ -747,13 +747,13 @@ class PostgresStore:
                     f" JOIN blk ON blk.k = p.k AND blk.kb = p.kb{common_sql if common else ''})"
                     # Rows of three shapes: a candidate's bound, place and how many there are
                     # (of the window's candidates, the next one and the last one); a window
-                    # chunk's path and start line; one posting of a window chunk (not grouped:
-                    # no array as text).
-                    " SELECT o.r, o.ub, o.dl, o.n::int, NULL::int[], NULL::text, (SELECT count(*) FROM o)::int"
+                    # chunk's path and start line; one posting of a window chunk, its term's
+                    # slot and positions (not grouped per chunk).
+                    " SELECT o.r, o.ub, o.dl, o.n::int, NULL::text, (SELECT count(*) FROM o)::int"
                     " FROM o WHERE o.n <= (SELECT count(*) FROM win) + 1 OR o.n = (SELECT count(*) FROM o)"
-                    " UNION ALL SELECT win.r, NULL, NULL, NULL, NULL, c.path, c.start_line FROM win"
+                    " UNION ALL SELECT win.r, NULL, NULL, NULL, c.path, c.start_line FROM win"
                     f" JOIN {s}.chunks c ON c.chunk_rowid = win.r"
-                    " UNION ALL SELECT x.r, NULL, NULL, x.k, x.positions, NULL, NULL FROM x")
+                    " UNION ALL SELECT x.r, NULL, NULL, x.k, x.positions::text, NULL FROM x")
                 round_args = {**args, "k": want + 1, "ess": _text_array(essential),
                               "ess_k": _int_array(slot[t] for t in essential),
                               "common": _text_array(sorted(common)),
@@ -762,21 +762,22 @@ class PostgresStore:
 
                 # The bounds of the first K + 1 candidates by place, with the postings, path and
                 # start line of the window's (the first read_to of them by bound): (rowid,
-                # bound, length, {term slot: positions}, path, start line), (rowid, bound,
-                # length) for the next one and the last one, () for the others (never read).
+                # bound, length, {term slot: positions as an array literal}, path, start
+                # line); (rowid, bound, length) for the next one and the last one; () for the
+                # others (never read).
                 cur.execute(sql, {**round_args, "limit": limit, "step": RANK_STEP, "floor": floor})
                 tops: list[tuple[int, float, int, int]] = []
                 window: dict[int, tuple[str, int]] = {}
-                read: dict[int, dict[int, list[int]]] = {}
+                read: dict[int, dict[int, str]] = {}
                 candidates = 0
-                for r, ub, dl, k, positions, path, start in cur.fetchall():
+                for r, ub, dl, k, text, number in cur.fetchall():
                     if ub is not None:
                         tops.append((r, ub, dl, k))
-                        candidates = start
-                    elif path is not None:
-                        window[r] = (path, start)
+                        candidates = number
+                    elif k is not None:  # positions as an array literal, parsed when ranked
+                        read.setdefault(r, {})[k] = text
                     else:
-                        read.setdefault(r, {})[k] = positions
+                        window[r] = (text, number)
                 # by place; only the window's, the next one's and the last one's are read
                 bounds: list[tuple[Any, ...]] = [()] * candidates
                 for r, ub, dl, n in tops:
@@ -794,10 +795,11 @@ class PostgresStore:
                     todo = [r for r in bounds[first:min(first + RANK_STEP, want)] if r[0] not in ranks]
                     # Chunks with the same length and the same postings of the query's terms
                     # (a note copied, repeated boilerplate) have the same rank: ranked once.
-                    keys = {r[0]: (r[2], *sorted((k, tuple(pos)) for k, pos in r[3].items())) for r in todo}
+                    keys = {r[0]: (r[2], *sorted(r[3].items())) for r in todo}
                     fresh = {keys[r[0]]: r for r in todo if keys[r[0]] not in by_key}
                     found_ranks = rank_rows(
-                        query, {r[0]: {terms[k - 1]: pos for k, pos in r[3].items()} for r in fresh.values()},
+                        query, {r[0]: {terms[k - 1]: [int(x) for x in pos[1:-1].split(",")]
+                                       for k, pos in r[3].items()} for r in fresh.values()},
                         {r[0]: int(r[2]) for r in fresh.values()}, row_count=n_chunks,
                         token_count=n_tokens, weights=weights,
                         phrase_rows=phrase_rows)

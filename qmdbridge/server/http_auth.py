@@ -5,6 +5,7 @@ What is refused with which status: docs/mcp-daemon.md, "MCP server".
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import secrets
@@ -35,12 +36,13 @@ def token_file(state_dir: Path) -> Path:
 def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, Path | None]:
     """The bearer token and the file it came from (``None`` for the environment variable).
 
-    A missing file is created with ``O_EXCL`` (folder 0700, file 0600, 32 random bytes), so
-    two servers starting together agree on one token; an existing one is tightened to 0600.
+    A missing file is written under a temporary name and linked into place (folder 0700, file
+    0600, 32 random bytes), so two servers starting together agree on one token and neither
+    reads a file the other has not written yet; an existing one is tightened to 0600.
 
     Raises:
         ConfigError: the token is shorter than 16 characters, or the file cannot be read or
-            written.
+            written, or is not UTF-8 text.
     """
     raw = env.get(TOKEN_ENV, "").strip()
     if raw:
@@ -52,18 +54,24 @@ def load_or_create_token(state_dir: Path, env: Mapping[str, str]) -> tuple[str, 
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(path.parent, 0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            os.chmod(path, 0o600)
-            token = path.read_text(encoding="utf-8").strip()
-        else:
-            token = secrets.token_urlsafe(32)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(token + "\n")
+        if not path.exists():
+            fresh = path.with_name(f".token-{secrets.token_hex(8)}")
+            fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(secrets.token_urlsafe(32) + "\n")
+                with contextlib.suppress(FileExistsError):  # another server linked its own first
+                    os.link(fresh, path)
+            finally:
+                fresh.unlink()
+        os.chmod(path, 0o600)
+        token = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"cannot read or create the MCP token file: {exc.strerror or exc}",
                           file=str(path)) from None
+    except UnicodeDecodeError:
+        raise ConfigError("the MCP token file is not UTF-8 text", file=str(path),
+                          expected="a token of at least 16 characters (delete the file to make a new one)") from None
     if len(token) < MIN_TOKEN_CHARS:
         raise ConfigError("the MCP token file holds a token that is too short", file=str(path),
                           expected=f"at least {MIN_TOKEN_CHARS} characters (delete the file to make a new one)")

@@ -178,6 +178,31 @@ def test_a_short_token_is_a_config_error(setup: tuple[Path, dict[str, str]]) -> 
                                                   "(expected at least 16 characters)")
 
 
+def test_a_token_file_that_is_not_text_is_a_config_error(setup: tuple[Path, dict[str, str]]) -> None:
+    ws, env = setup
+    token_path = Path(env["OPENCLAW_STATE_DIR"]) / "mcp" / "token"
+    token_path.parent.mkdir(parents=True)
+    token_path.write_bytes(b"\xff\xfe0123456789abcdefghij\n")
+    p = subprocess.run([*CLI, "mcp", "--http", "--port", "0", "--workspace", str(ws)], env=env,
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2
+    assert p.stderr.decode().splitlines()[-1] == (
+        f"qmdbridge: {token_path}: the MCP token file is not UTF-8 text (expected a token of at least "
+        "16 characters (delete the file to make a new one))")
+
+
+def test_servers_starting_together_agree_on_one_token(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qmdbridge.server.http_auth import load_or_create_token
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: load_or_create_token(tmp_path, {}), range(32)))
+    token_path = tmp_path / "mcp" / "token"
+    assert {g for g in got} == {(token_path.read_text().strip(), token_path)}
+    assert sorted(p.name for p in token_path.parent.iterdir()) == ["token"]
+
+
 def test_a_port_in_use_is_a_usage_error(setup: tuple[Path, dict[str, str]]) -> None:
     import socket
 

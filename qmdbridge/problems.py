@@ -85,7 +85,8 @@ def model_missing_problem(missing: str) -> dict[str, Any]:
 # The fix of a skipped file, by how its reason starts (a symlink: a note or a folder).
 _SKIP_HINTS = (("too large", "split the file, or raise memorySearch.maxFileBytes"),
                ("binary", "memory files are Markdown text; move the file out of the memory folders"),
-               ("symlink", _LINK_FIX), ("unreadable", "fix the file's permissions"))
+               ("symlink", _LINK_FIX), ("unreadable", "fix the file's permissions"),
+               ("not a regular file", "memory files are regular Markdown files; move it out of the memory folders"))
 
 
 def _issue_hint(issue: str) -> str | None:
@@ -94,8 +95,12 @@ def _issue_hint(issue: str) -> str | None:
                 '(the default is "**/*.md"), or remove it from memorySearch.extraPaths')
     if "is a symlink (not followed)" in issue:  # a memory folder or an extra path
         return _LINK_FIX
-    if issue.startswith("extra path"):
+    if issue.startswith("extra path missing"):
         return "create it, or fix or remove the entry in memorySearch.extraPaths"
+    if issue.startswith("extra path"):  # not Markdown, not a file or folder, the filesystem root
+        return "point the entry at a .md file or a folder, or remove it from memorySearch.extraPaths"
+    if issue.startswith("memory is not a directory"):
+        return "rename that file (move its notes into MEMORY.md): memory/ is the folder of the daily notes"
     if "legacy memory.md" in issue:
         return "run `qmdbridge doctor --fix` to merge memory.md into MEMORY.md"
     return None

@@ -393,6 +393,8 @@ class _Collector:
                 continue
             if stat.S_ISREG(st.st_mode):
                 self.add_file(entry.path, st)
+            else:  # a FIFO, socket or device with a memory file's name
+                self.skip(entry.path, "not a regular file")
 
 
 def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:

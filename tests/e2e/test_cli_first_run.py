@@ -7,6 +7,7 @@ workspace."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -272,3 +273,31 @@ def test_a_search_waiting_for_another_process_s_first_index_says_so(ws: Path, en
         if search is not None:
             out, _ = search.communicate(timeout=120)
     assert search is not None and search.returncode == 0 and "router" in out.lower(), out
+
+
+def test_memory_paths_that_are_not_notes_say_what_to_do(tmp_path: Path, env: dict[str, str]) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "MEMORY.md").write_text("# Notes\n\nThe router dropped the WAN link.\n")
+    (ws / "memory").write_text("a file where the daily-notes folder belongs\n")
+    (ws / "notes.txt").write_text("plain text\n")
+    os.mkfifo(ws / "pipe.md")
+    cfg = tmp_path / "cfg.json5"
+    cfg.write_text("{agents: {defaults: {memorySearch: {extraPaths: ['notes.txt', 'pipe.md', 'more']}}}}")
+    (ws / "more").mkdir()
+    os.mkfifo(ws / "more" / "queue.md")
+    args = ["--workspace", str(ws), "--config", str(cfg)]
+    assert run(["index", *args], env).returncode == 0
+    status = orjson.loads(run(["status", *args, "--json"], env).stdout)
+    other = "point the entry at a .md file or a folder, or remove it from memorySearch.extraPaths"
+    assert status["problems"] == [
+        {"check": "memory file", "message": "more/queue.md is not indexed: not a regular file",
+         "hint": "memory files are regular Markdown files; move it out of the memory folders"},
+        {"check": "memory paths", "message": f"memory is not a directory: {ws / 'memory'}",
+         "hint": "rename that file (move its notes into MEMORY.md): memory/ is the folder of the daily notes"},
+        {"check": "memory paths", "message": f"extra path is not a Markdown file: {ws / 'notes.txt'}",
+         "hint": other},
+        {"check": "memory paths", "message": f"extra path is not a regular file or folder: {ws / 'pipe.md'}",
+         "hint": other}]
+    hits = orjson.loads(run(["search", "router WAN", *args, "--json"], env).stdout)["results"]
+    assert [(h["path"], h["startLine"], h["endLine"]) for h in hits] == [("MEMORY.md", 1, 3)]

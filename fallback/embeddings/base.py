@@ -342,12 +342,17 @@ class BaseProvider:
         """Sanitise vectors and enforce one dimensionality; pad to ``count`` with ``[]``.
 
         Raises:
-            EmbeddingProviderError: a length differs from the configured ``dimensions``.
+            EmbeddingProviderError: a vector holds something other than numbers, or a length
+                differs from the configured ``dimensions``.
             EmbeddingDimensionsError: a length differs from the learned one (adopted first).
         """
         out: list[list[float]] = []
         for vector in vectors:
-            clean = sanitize_vector(vector, normalize=self.normalize) if vector else []
+            try:
+                clean = sanitize_vector(vector, normalize=self.normalize) if vector else []
+            except TypeError:
+                raise EmbeddingProviderError(self.provider_id, "response embedding is not a list of "
+                                             f"numbers (model {self.model})") from None
             if clean:
                 if self.dims is None:
                     self.dims = len(clean)

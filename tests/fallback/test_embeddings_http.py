@@ -196,6 +196,25 @@ async def test_wrong_dimensions_is_an_error() -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("name", ["openai", "ollama"])
+async def test_a_vector_of_non_numbers_is_a_provider_error(name: str) -> None:
+    def handler(req: Recorded) -> Reply:
+        if name == "ollama":
+            return Reply(200, {"embedding": ["0.1", None]})
+        return Reply(200, {"data": [{"index": i, "embedding": ["a", "b"]} for i in range(len(req.json["input"]))]})
+
+    with serve(handler) as srv:
+        p = make(name, srv.url, env={"OPENAI_API_KEY": "k"}, model="m")
+        try:
+            for call in (p.embed_query("x"), p.embed_batch(["x", "y"])):
+                with pytest.raises(EmbeddingProviderError) as info:
+                    await call
+                assert str(info.value) == f"{name} embedding failed: response embedding is not a list of numbers (model m)"
+        finally:
+            await p.aclose()
+
+
+@pytest.mark.anyio
 async def test_dimension_change_between_calls_is_an_error() -> None:
     def handler(req: Recorded) -> Reply:
         return openai_reply(req, dims=3 if len(srv.requests) == 1 else 5)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -44,6 +44,10 @@ from qmdbridge.qmd.errors import QmdBusyError, QmdIndexLostError, QmdQueryTooLon
 from qmdbridge.qmd.parse import clamp_injected
 from qmdbridge.qmd.query_text import search_limits
 from qmdbridge.sidecar import QmdSidecar
+
+if TYPE_CHECKING:  # the engine module is imported when the engine is first made
+    from fallback.engine.builtin import BuiltinEngine
+    from fallback.index.report import SyncReport
 
 __all__ = ["BlockingMemoryManager", "MemoryManager", "decorate_citations", "require_workspace"]
 
@@ -128,7 +132,7 @@ class MemoryManager:
         self._env = dict(os.environ if env is None else env)
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.tasks = BackgroundTasks(now_ms=self._now_ms)
-        self._builtin: MemoryBackend | None = None
+        self._builtin: BuiltinEngine | None = None
         self._builtin_started = False
         self._closed = False
         self.breaker = CircuitBreaker(qmd_home(agent.state_dir, agent.agent_id).breaker if self.backend_name == "qmd" else None,
@@ -165,7 +169,7 @@ class MemoryManager:
                              "use `async with MemoryManager(...)`")
         return self.tasks
 
-    async def builtin(self) -> MemoryBackend:
+    async def builtin(self) -> BuiltinEngine:
         """The builtin engine (created on first use)."""
         self._check_open()
         if self._builtin is None:
@@ -541,7 +545,7 @@ class MemoryManager:
             await self._qmd_started(wait=self.agent.memory.qmd.update.wait_for_boot_sync)
 
     async def sync(self, *, reason: str = "manual", force: bool = False,
-                   progress: ProgressCallback | None = None) -> None:
+                   progress: ProgressCallback | None = None) -> SyncReport:
         """Sync the configured backend (and the builtin index, which is the fallback).
 
         Args:
@@ -549,6 +553,10 @@ class MemoryManager:
             force: full rebuild, swapped in atomically.
             progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)`` for
                 the builtin sync.
+
+        Returns:
+            The builtin index's :class:`~fallback.index.report.SyncReport` (``full_reason``:
+            why it was rebuilt in full, or ``None``).
 
         Raises:
             IndexStoreError / BackendUnavailableError: the sync failed.
@@ -560,7 +568,7 @@ class MemoryManager:
             if backend is not None:
                 await backend.sync(reason=reason, force=force)
         engine = await self.builtin()
-        await engine.sync(reason=reason, force=force, progress=progress)
+        return await engine.sync(reason=reason, force=force, progress=progress)
 
     async def close(self) -> None:
         """Cancel the background task group (every task of both backends, their qmd children
@@ -621,9 +629,9 @@ class BlockingMemoryManager:
         """See :meth:`MemoryManager.status`."""
         return self._call(self._manager.status)
 
-    def sync(self, *, reason: str = "manual", force: bool = False) -> None:
+    def sync(self, *, reason: str = "manual", force: bool = False) -> SyncReport:
         """See :meth:`MemoryManager.sync`."""
-        self._call(lambda: self._manager.sync(reason=reason, force=force))
+        return self._call(lambda: self._manager.sync(reason=reason, force=force))
 
     def start(self) -> None:
         """See :meth:`MemoryManager.start`."""

@@ -163,15 +163,19 @@ async def _status(agent: Any, args: argparse.Namespace) -> int:
     return print_answer(args, st.to_json_dict(), served_by="process")
 
 
+# Full rebuilds the index line does not explain: none, one asked for, the first build of a store.
+_UNTOLD_REBUILDS = (None, "force", "no index metadata")
+
+
 async def _index(agent: Any, args: argparse.Namespace) -> int:
     async with _manager(agent, args) as m:
         with sync_progress(enabled=args.progress or not args.json,
                            index_writer=_index_writer(agent)) as on_progress:
-            await m.sync(reason="cli", force=args.force, progress=on_progress)
+            report = await m.sync(reason="cli", force=args.force, progress=on_progress)
         st = await m.status()
         notices = (await m.builtin()).take_notices()  # a corrupt store moved aside ...
     if args.json:
-        emit_json({"ok": True, "forced": args.force, "status": st.to_json_dict()})
+        emit_json({"ok": True, "forced": args.force, "rebuilt": report.full_reason, "status": st.to_json_dict()})
     else:
         # a status that failed to read the index (a postgres statement timeout) shows no counts
         sys.stderr.write("".join(f"warning: {n}\n" for n in [*notices, *filter(None, [st.last_error])]))
@@ -181,7 +185,8 @@ async def _index(agent: Any, args: argparse.Namespace) -> int:
         sys.stdout.write(f"Memory index updated ({agent.agent_id}): {st.files} files, {st.chunks} chunks"
                          f"{', ' + str(skipped) + ' skipped' if skipped else ''}"
                          f"{', ' + str(caveats) + ' indexed with a caveat' if caveats else ''}"
-                         f"{'; ' + str(st.dirty_reason) if pending else ''}.\n")
+                         f"{'; ' + str(st.dirty_reason) if pending else ''}"
+                         f"{f'; rebuilt in full ({report.full_reason})' if report.full_reason not in _UNTOLD_REBUILDS else ''}.\n")
     return EXIT_OK
 
 

@@ -301,3 +301,39 @@ def test_memory_paths_that_are_not_notes_say_what_to_do(tmp_path: Path, env: dic
          "hint": other}]
     hits = orjson.loads(run(["search", "router WAN", *args, "--json"], env).stdout)["results"]
     assert [(h["path"], h["startLine"], h["endLine"]) for h in hits] == [("MEMORY.md", 1, 3)]
+
+
+def test_index_says_why_it_rebuilt_in_full(tmp_path: Path, env: dict[str, str]) -> None:
+    from tests.fallback.embeddings_fake_server import serve
+    from tests.fallback.test_embeddings_http import openai_reply
+
+    ws = tmp_path / "ws"
+    (ws / "extra").mkdir(parents=True)
+    (ws / "MEMORY.md").write_text("# Notes\n\nThe router dropped the WAN link.\n")
+    (ws / "extra" / "more.md").write_text("# More\n\nThe switch was replaced.\n")
+    cfg = tmp_path / "cfg.json5"
+    args = ["index", "--workspace", str(ws), "--config", str(cfg)]
+    with serve(openai_reply, max_requests=1000) as srv:
+        steps = [
+            ("{provider: 'none'}", None),
+            ("{provider: 'none', extraPaths: ['extra']}", "scope changed"),
+            (f"{{provider: 'openai', model: 'text-embedding-3-small', extraPaths: ['extra'], "
+             f"remote: {{baseUrl: '{srv.url}', apiKey: 'sk-test-1', headers: {{'X-Team': 'a'}}}}}}",
+             "model changed (fts-only -> text-embedding-3-small)"),
+            (f"{{provider: 'openai', model: 'text-embedding-3-small', extraPaths: ['extra'], "
+             f"remote: {{baseUrl: '{srv.url}', apiKey: 'sk-test-1', headers: {{'X-Team': 'b'}}}}}}",
+             "provider settings changed"),
+            (f"{{provider: 'mistral', model: 'text-embedding-3-small', extraPaths: ['extra'], "
+             f"remote: {{baseUrl: '{srv.url}', apiKey: 'sk-test-1', headers: {{'X-Team': 'b'}}}}}}",
+             "provider changed (openai -> mistral)"),
+        ]
+        for search, why in steps:
+            cfg.write_text(f"{{agents: {{defaults: {{memorySearch: {search}}}}}}}")
+            first = run(args, env)
+            files = 1 if why is None else 2
+            assert (first.returncode, first.stdout) == (0, f"Memory index updated (main): {files} files, {files} "
+                                                           f"chunks{f'; rebuilt in full ({why})' if why else ''}.\n")
+            again = orjson.loads(run([*args, "--json"], env).stdout)  # nothing changed since
+            assert (again["forced"], again["rebuilt"]) == (False, None)
+        forced = orjson.loads(run([*args, "--force", "--json"], env).stdout)
+        assert (forced["forced"], forced["rebuilt"]) == (True, "force")

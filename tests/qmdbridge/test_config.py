@@ -132,6 +132,14 @@ def test_json5_file_with_unknown_keys_loads(tmp_path: Path) -> None:
     ("{memory: []}", "memory", "an object"),
     ("{agents: {defaults: {memorySearch: {query: {timeoutMs: 5}}}}}",
      "agents.defaults.memorySearch.query.timeoutMs", "milliseconds from 100 to 600000"),
+    ("{memory: {qmd: {update: {interval: -5}}}}", "memory.qmd.update.interval", "a non-negative duration"),
+    ("{memory: {qmd: {update: {embedInterval: Infinity}}}}", "memory.qmd.update.embedInterval",
+     "invalid value inf (expected a non-negative duration)"),
+    ("{memory: {qmd: {limits: {timeoutMs: NaN}}}}", "memory.qmd.limits.timeoutMs",
+     "invalid value nan (expected a finite number)"),
+    ("{agents: {defaults: {memorySearch: {chunking: {tokens: -Infinity}}}}}",
+     "agents.defaults.memorySearch.chunking.tokens", "(expected a finite number)"),
+    ("{agents: {defaults: {workspace: 42}}}", "agents.defaults.workspace", "invalid value 42 (expected a path string)"),
 ])
 def test_bad_values_name_file_key_and_expectation(tmp_path: Path, text: str, key: str, expected: str) -> None:
     p = _write(tmp_path, text)
@@ -156,6 +164,10 @@ def test_syntax_errors_and_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid UTF-8 at byte 20"):
         load_config(bad)
     assert load_config(_write(tmp_path, "  \n")).memory.backend == "builtin"
+    (tmp_path / "folder.json5").mkdir()
+    with pytest.raises(ConfigError) as folder:
+        load_config(tmp_path / "folder.json5")
+    assert str(folder.value) == f"{tmp_path / 'folder.json5'}: cannot read config file: Is a directory"
 
 
 def test_default_config_path_is_used_when_present(tmp_path: Path) -> None:

@@ -132,3 +132,25 @@ def test_read_file_and_sync_through_the_blocking_facade(tmp_path: Path) -> None:
         m.read_file("MEMORY.md")
     with pytest.raises(ManagerClosedError, match="memory manager is closed"):
         m.sync()
+
+
+def test_read_file_refuses_bad_ranges_and_non_notes_with_the_reason(tmp_path: Path) -> None:
+    from qmdbridge import PathRefusedError, UsageError
+
+    agent, env = _agent(tmp_path)
+    (tmp_path / "ws" / "memory" / "queue.md").parent.mkdir(exist_ok=True)
+    os.mkfifo(tmp_path / "ws" / "memory" / "queue.md")
+    with BlockingMemoryManager(agent, env=env) as m:
+        for kwargs, message in (({"lines": 0}, "lines must be between 1 and 2147483647"),
+                                ({"from_line": 0}, "from must be between 1 and 2147483647")):
+            with pytest.raises(UsageError) as usage:
+                m.read_file("MEMORY.md", **kwargs)
+            assert str(usage.value) == message
+        for path, reason in ((".", "not a memory path"), ("memory", "not a memory path"),
+                             ("memory/queue.md", "not a regular file")):
+            with pytest.raises(PathRefusedError) as refused:
+                m.read_file(path)
+            assert str(refused.value) == f"path refused: {path!r}: {reason}"
+        page = m.read_file("MEMORY.md", from_line=3, lines=1)
+        assert (page.path, page.text) == ("MEMORY.md", "Router: Omada ER605 with AdGuard at 192.168.10.2.\n\n"
+                                                       "[More content available. Use from=4 to continue.]")

@@ -234,3 +234,12 @@ def test_export_lock_held_elsewhere_times_out_and_writes_nothing(dirs: tuple[Pat
     report = export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS, lock_timeout_ms=40)
     assert report.written == ["s1.md"]
     assert (export / ".export.lock").read_text() == ""  # the pass released and cleared its record
+
+
+def test_a_transcript_name_with_a_backslash_is_not_exported(dirs: tuple[Path, Path]) -> None:
+    sessions, export = dirs
+    write_jsonl(sessions / "a\\b.jsonl", [msg("user", "kestrel")])
+    write_jsonl(sessions / "good.jsonl", [msg("user", "giraffe")])
+    report = export_sessions(sessions, export, retention_days=None, now_ms=NOW_MS)
+    assert report.errors == ["a\\b.jsonl: not exported: qmd skips a file name with a backslash"]
+    assert (report.written, sorted(p.name for p in export.iterdir() if p.suffix == ".md")) == (["good.md"], ["good.md"])

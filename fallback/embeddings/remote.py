@@ -148,11 +148,14 @@ class OpenAIWireProvider(_HttpProvider):
         if not isinstance(data, list):
             raise EmbeddingProviderError(self.provider_id, "response has no 'data' list")
         out: list[list[float]] = [[] for _ in texts]
-        for pos, item in enumerate(data):  # placed by "index"; entries without one become []
+        for pos, item in enumerate(data):  # placed by "index" (its position when it has none)
             index = item.get("index", pos) if isinstance(item, dict) else None
             vector = item.get("embedding") if isinstance(item, dict) else None
             if isinstance(index, int) and 0 <= index < len(texts) and isinstance(vector, list):
                 out[index] = vector
+        if missing := sum(not v for v in out):  # else the chunks would wait for a vector forever
+            raise EmbeddingProviderError(self.provider_id, f"response has no embedding for {missing} "
+                                                           f"of {len(texts)} inputs")
         return out
 
     async def _request_query(self, text: str) -> list[float]:

@@ -215,6 +215,23 @@ async def test_a_vector_of_non_numbers_is_a_provider_error(name: str) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_response_missing_an_embedding_is_a_provider_error() -> None:
+    def handler(req: Recorded) -> Reply:  # the first input's embedding only, or none at all
+        return Reply(200, {"data": [] if req.json["input"] == ["x"] else openai_reply(req).body["data"][-1:]})
+
+    with serve(handler) as srv:
+        p = make("openai", srv.url, env={"OPENAI_API_KEY": "k"})
+        try:
+            for call, message in ((p.embed_query("x"), "no embedding for 1 of 1 inputs"),
+                                  (p.embed_batch(["a", "bb", "ccc"]), "no embedding for 2 of 3 inputs")):
+                with pytest.raises(EmbeddingProviderError) as info:
+                    await call
+                assert (str(info.value), info.value.retryable) == (f"openai embedding failed: response has {message}", False)
+        finally:
+            await p.aclose()
+
+
+@pytest.mark.anyio
 async def test_dimension_change_between_calls_is_an_error() -> None:
     def handler(req: Recorded) -> Reply:
         return openai_reply(req, dims=3 if len(srv.requests) == 1 else 5)

@@ -318,6 +318,8 @@ def _transfer(client: httpx.Client, uri: str, url: str, part: Path, expected: _E
             if status == 404:
                 raise ModelDownloadError(uri, f"not found on the hub: {url} (HTTP 404); check the "
                                               "owner, repository and file name of the hf: URI")
+            if status == 429 or status >= 500:  # busy or failing for now: retried, the partial kept
+                raise _Dropped(f"the hub answered HTTP {status}")
             if status >= 400:
                 raise ModelDownloadError(uri, f"download of {url} failed with HTTP {status}")
             match = _CONTENT_RANGE_RE.match(response.headers.get("content-range", ""))

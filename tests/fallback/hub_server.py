@@ -4,7 +4,8 @@
 ``X-Linked-Etag`` (the file's sha256, or a configured wrong one) and ``X-Linked-Size``, as the
 hub does for LFS files; ``/cdn/<file>`` streams the bytes, honouring ``Range: bytes=N-`` with a
 206 (unless ``ranges=False``). ``drop_after`` makes the first body transfers stop after that
-many bytes and close the connection, as a flaky network does. Every request is recorded.
+many bytes and close the connection, as a flaky network does; ``unavailable_left`` makes the
+first body requests answer 503, as an overloaded CDN does. Every request is recorded.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Hub:
     drop_after: int | None = None
     drops_left: int = 0
     ranges: bool = True
+    unavailable_left: int = 0
     body_bytes_sent: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,6 +112,12 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             self._send(404, {}, b"no route")
 
         def _stream(self, data: bytes) -> None:
+            with hub.lock:
+                unavailable = hub.unavailable_left > 0
+                hub.unavailable_left -= unavailable
+            if unavailable:
+                self._send(503, {"Content-Type": "text/plain"}, b"Service Unavailable")
+                return
             start = 0
             wanted = self.headers.get("Range")
             status, headers = 200, {"Content-Type": "application/octet-stream"}

@@ -175,6 +175,24 @@ def test_interrupted_download_is_kept_and_resumed_by_the_next_run(tmp_path: Path
     assert not part.exists()
 
 
+def test_a_busy_hub_is_retried_and_the_partial_download_kept(tmp_path: Path, model_data: bytes) -> None:
+    cut = 4_000_000
+    part = REF.cache_path(tmp_path).with_name(TEST_MODEL_NAME + ".part")
+    with serve_hub({KEY: HubFile(model_data)}, drop_after=cut, drops_left=1) as hub:
+        with pytest.raises(ModelDownloadError):
+            fetch_model(REF, tmp_path, base_url=hub.url, attempts=1)
+        hub.unavailable_left = 3  # every attempt of the next run
+        with pytest.raises(ModelDownloadError) as info:
+            fetch_model(REF, tmp_path, base_url=hub.url)
+        assert info.value.reason == (f"download of hf:{KEY} interrupted after 4.0 MB (the hub answered HTTP "
+                                     f"503); run again to resume from {part}")
+        assert part.stat().st_size == cut
+        hub.unavailable_left = 2  # the third attempt gets the rest
+        result = fetch_model(REF, tmp_path, base_url=hub.url)
+        assert [r.range for r in hub.requests if r.path.startswith("/cdn/")][-3:] == [f"bytes={cut}-"] * 3
+    assert result.resumed_from == cut and result.path.read_bytes() == model_data
+
+
 def test_a_server_without_ranges_restarts_from_zero(tmp_path: Path, model_data: bytes) -> None:
     with serve_hub({KEY: HubFile(model_data)}, drop_after=3_000_000, drops_left=1, ranges=False) as hub:
         result = fetch_model(REF, tmp_path, base_url=hub.url)

@@ -66,3 +66,18 @@ def test_warmup_names_the_failed_model_download(setup: dict[str, Any]) -> None:
     assert lines[0] == "[1/2] qmd embed (first run downloads models; this can take minutes)..."
     assert re.fullmatch(r"    failed in \d+ ms: (.*)", lines[1]) is not None
     assert lines[1].endswith(": " + hint) and len(lines) == 2
+
+
+def test_a_search_before_any_collection_holds_a_note_answers_empty_from_qmd(setup: dict[str, Any]) -> None:
+    ws = setup["ws"]
+    (ws / "MEMORY.md").unlink()
+    (ws / "memory" / "2026-03-01.md").unlink()
+    args = ["search", "heron weir", "--workspace", str(ws), "--json"]
+    empty = run_cli_in_process(args, setup["env"])
+    doc = orjson.loads(empty.stdout)
+    assert (empty.returncode, doc["backend"], doc["fallback"], doc["results"], doc["warnings"]) == (
+        0, "qmd", None, [], [])
+    (ws / "memory" / "2026-03-02.md").write_text("# Day\n\nThe heron nests by the weir.\n")
+    found = orjson.loads(run_cli_in_process(args, setup["env"]).stdout)
+    assert (found["backend"], [(h["path"], h["startLine"], h["endLine"]) for h in found["results"]]) == (
+        "qmd", [("memory/2026-03-02.md", 1, 3)])

@@ -5,13 +5,16 @@ stand-in hub on 127.0.0.1 (``HF_ENDPOINT``) that holds no model."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
+from qmdbridge.paths import child_env, qmd_home
 from tests.e2e.cli_proc import run_cli_in_process
 from tests.fallback.hub_server import serve_hub
 
@@ -81,3 +84,23 @@ def test_a_search_before_any_collection_holds_a_note_answers_empty_from_qmd(setu
     found = orjson.loads(run_cli_in_process(args, setup["env"]).stdout)
     assert (found["backend"], [(h["path"], h["startLine"], h["endLine"]) for h in found["results"]]) == (
         "qmd", [("memory/2026-03-02.md", 1, 3)])
+
+
+def test_a_collection_the_user_added_for_the_memory_folder_is_rebound(setup: dict[str, Any], qmd_bin: Path) -> None:
+    """qmd refuses our add of a folder and pattern another collection holds: that one is
+    removed and ours added, so the memory folder is searched under the managed name."""
+    ws, env = setup["ws"], setup["env"]
+    home = qmd_home(Path(env["OPENCLAW_STATE_DIR"]), "main")
+    home.config_dir.mkdir(parents=True)
+    home.xdg_cache.mkdir(parents=True)
+    qmd_env = child_env(home, parent_env=env, path_env=os.environ["PATH"])
+    added = subprocess.run([str(qmd_bin), "collection", "add", "--name", "old-notes", "--mask", "**/*.md",
+                            "--index", "index", "--", str(ws / "memory")], env=qmd_env, capture_output=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    assert added.returncode == 0, added.stderr
+    found = orjson.loads(run_cli_in_process(["search", "heron weir", "--workspace", str(ws), "--json"], env).stdout)
+    assert (found["backend"], found["warnings"], [h["path"] for h in found["results"]]) == (
+        "qmd", [], ["memory/2026-03-01.md"])
+    p = run_cli_in_process(["qmd", "collections", "--workspace", str(ws)], env)
+    assert p.stdout.decode() == (f"memory-root-main\t{ws}\tMEMORY.md\n"
+                                 f"memory-dir-main\t{ws / 'memory'}\t**/*.md\n")

@@ -193,6 +193,19 @@ def test_a_busy_hub_is_retried_and_the_partial_download_kept(tmp_path: Path, mod
     assert result.resumed_from == cut and result.path.read_bytes() == model_data
 
 
+def test_a_partial_download_longer_than_the_file_starts_over(tmp_path: Path, model_data: bytes) -> None:
+    """A ``.part`` left by another version of the file: the hub answers 416 with the real size,
+    so the part is dropped and the file fetched from the start in the same run."""
+    part = REF.cache_path(tmp_path).with_name(TEST_MODEL_NAME + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"x" * (len(model_data) + 10))
+    with serve_hub({KEY: HubFile(model_data)}) as hub:
+        result = fetch_model(REF, tmp_path, base_url=hub.url)
+        assert [r.range for r in hub.requests if r.path.startswith("/cdn/")] == [f"bytes={len(model_data) + 10}-", None]
+    assert (result.resumed_from, result.verified_by) == (0, "hub")
+    assert result.path.read_bytes() == model_data and not part.exists()
+
+
 def test_a_server_without_ranges_restarts_from_zero(tmp_path: Path, model_data: bytes) -> None:
     with serve_hub({KEY: HubFile(model_data)}, drop_after=3_000_000, drops_left=1, ranges=False) as hub:
         result = fetch_model(REF, tmp_path, base_url=hub.url)

@@ -6,6 +6,10 @@ times, per query, warm, in one process:
 - **bare FTS5**: ``SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH <OR of the query's
   non-stop-words> ORDER BY bm25(chunks_fts) LIMIT 10`` on the same store: the floor any keyword
   search pays;
+- **bare FTS5 search with hits**: the reference system's keyword statement over this store
+  (``SELECT id, path, source, start_line, end_line, text, bm25(chunks_fts)`` of the chunks whose
+  ``chunks_fts`` row matches the same OR, ``source IN ('memory')``, ``ORDER BY rank LIMIT 10``),
+  rows fetched: a search that returns hits (paths, line ranges, their text) with nothing around it;
 - **its statements**: the SQL statements that search runs for the query, alone (the chunk
   counts of its parts, its ranked rows, ``highlight()`` of its 10 hits): what the plan costs
   before any Python;
@@ -18,8 +22,8 @@ times, per query, warm, in one process:
   the engine's freshness check, snippets, citations; answered in the caller's thread when
   nothing is due), ``maxResults`` 10.
 
-Each search row also gives its p50 as a multiple of the bare FTS5 query's p50 (floors: keyword
-search 1.2x, manager search 3x on a LoCoMo conversation).
+Each search row also gives its p50 as a multiple of the bare FTS5 query's p50 and of the bare
+search with hits' p50 (floors: keyword search 1.2x, manager search 3x on a LoCoMo conversation).
 
 Workspaces: each LoCoMo conversation of ``--data`` converted as its README says (read from
 there, never copied; skipped when the folder is missing); all of them copied side by side
@@ -162,7 +166,8 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int,
     search = MemorySearchSettings.model_validate({"provider": "none"})
     engine = BuiltinEngine(EngineSettings.for_workspace(ws, state_dir=state, search=search),
                            provider_selection=select_provider(search, env={}))
-    out: dict[str, Any] = {"bare": [], "statements": [], "keyword": [], "engine": []}
+    out: dict[str, Any] = {"bare": [], "bare_hits": [], "statements": [], "keyword": [],
+                           "engine": []}
     try:
         t = time.perf_counter()
         await engine.sync(reason="bench")
@@ -182,6 +187,11 @@ async def measure(ws: Path, state: Path, queries: list[str], repeats: int,
                 out["bare"].append(timed(lambda m=match: store.query(  # type: ignore[misc]
                     "SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?"
                     " ORDER BY bm25(chunks_fts) LIMIT 10", [m]), repeats, clock))
+                out["bare_hits"].append(timed(lambda m=match: store.query(  # type: ignore[misc]
+                    "SELECT c.id, c.path, c.source, c.start_line, c.end_line, c.text,"
+                    " bm25(chunks_fts) AS rank FROM chunks_fts JOIN chunks c"
+                    " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ?"
+                    " AND c.source IN ('memory') ORDER BY rank LIMIT 10", [m]), repeats, clock))
             plan = search_plan(store, q)
             if plan is not None and plan.match and plan.mark_match:
                 cands = candidate_count(10, q_cfg.hybrid.candidate_multiplier)
@@ -231,11 +241,17 @@ def rows_for(section: str, m: dict[str, Any], target_ms: float | None, unit: str
     note = f"{m['chunks']} chunks, {len(kw)} queries"
 
     def ratio(ms: list[float]) -> str:
-        return f"x{median(ms) / median(bare):.1f} bare" if ms and bare and median(bare) > 0 else ""
+        """The p50 as multiples of the bare query's and of the bare search with hits' p50."""
+        out = [f"x{median(ms) / median(base):.1f} {name}"
+               for name, base in (("bare", bare), ("bare hits", m["bare_hits"]))
+               if ms and base and median(base) > 0 and base is not ms]
+        return ", ".join(out)
 
     return [
         Row(section, "full index (keyword-only)", m["index_s"], "s", note=note),
         Row(section, "bare FTS5 query p50", median(bare) if bare else None, unit),
+        Row(section, "bare FTS5 search with hits p50",
+            median(m["bare_hits"]) if m["bare_hits"] else None, unit, note=ratio(m["bare_hits"])),
         Row(section, "its SQL statements p50", median(m["statements"]) if m["statements"] else None,
             unit, note=ratio(m["statements"])),
         Row(section, "keyword search p50", median(kw), unit,

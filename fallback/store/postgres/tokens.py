@@ -32,8 +32,8 @@ __all__ = ["MAIN", "TRIGRAM", "Fts5Tokenizer", "Postings"]
 # (columns, tokenize) of the SQLite store's chunks_fts (unicode61 stores) and chunks_trigram.
 MAIN = (FTS_COLUMNS, WORD_TOKENIZE)
 TRIGRAM = (("text",), TRIGRAM_TOKENIZE)
-# Most distinct words whose tokens a tokenizer keeps (cleared when full): a chat corpus of
-# 15,000 chunks holds some tens of thousands, a word's entry is about 200 bytes.
+# Most distinct words whose tokens a tokenizer keeps (cleared when full before a batch): a chat
+# corpus of 15,000 chunks holds some tens of thousands.
 WORD_CACHE_MAX = 200_000
 
 
@@ -74,33 +74,50 @@ class Postings:
 def _postings(names: Sequence[str], ids: Any, chunk: Any, positions: Any, doc_len: Any,
               columns: int) -> Postings:
     """:class:`Postings` of token instances given in chunk order and, within a chunk, in
-    position order: ``ids`` (any int ids, ``names[id]`` the token), their chunk indexes and
-    positions (numpy arrays of one length), the chunks' token counts ``doc_len``."""
+    position order: ``ids`` (int ids below ``len(names)``, ``names[id]`` the token), their
+    chunk indexes and positions (numpy arrays of one length), the chunks' token counts
+    ``doc_len``."""
     import numpy as np
 
     if not len(ids):
         empty = np.zeros(0, dtype=np.int32)
         return Postings([], doc_len, empty, empty, np.zeros((0, columns), dtype=np.int32),
                         np.zeros(0, dtype=np.int64), empty)
-    used, local = np.unique(ids, return_inverse=True)
+    present = np.zeros(len(names), dtype=bool)
+    present[ids] = True
+    used = np.flatnonzero(present)
     found = [names[i] for i in used.tolist()]
     order = sorted(range(len(found)), key=found.__getitem__)
-    rank = np.empty(len(order), dtype=np.int32)
-    rank[order] = np.arange(len(order), dtype=np.int32)
-    term_of = rank[local.ravel()]
-    # Stable: a term's instances stay in (chunk, position) order.
-    by_term = np.argsort(term_of, kind="stable")
+    rank = np.empty(len(names), dtype=np.int32)
+    rank[used[order]] = np.arange(len(order), dtype=np.int32)
+    term_of = rank[ids]
+    # Stable: a term's instances stay in (chunk, position) order; 16-bit keys sort by radix.
+    by_term = np.argsort(term_of.astype(np.uint16) if len(order) <= 1 << 16 else term_of, kind="stable")
     term_of, chunk, positions = term_of[by_term], chunk[by_term], positions[by_term]
     first = np.empty(len(term_of), dtype=bool)
     first[0] = True
     first[1:] = (term_of[1:] != term_of[:-1]) | (chunk[1:] != chunk[:-1])
     starts = np.flatnonzero(first)
-    column = positions >> POSITION_COLUMN_SHIFT
-    hits = np.stack([np.add.reduceat((column == c).astype(np.int32), starts) for c in range(columns)],
-                    axis=1)
+    posting = np.cumsum(first) - 1
+    hits = np.bincount(posting * columns + (positions >> POSITION_COLUMN_SHIFT),
+                       minlength=len(starts) * columns).reshape(len(starts), columns).astype(np.int32)
     ends = np.append(starts[1:], len(term_of)).astype(np.int64)
     return Postings([found[i] for i in order], doc_len, term_of[starts], chunk[starts].astype(np.int32),
                     hits, ends, positions.astype(np.int32))
+
+
+class _Words(dict[str, int]):
+    """word -> the id of its token sequence; a word not seen before takes the next id and is
+    listed in ``new`` until its tokens are known."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.new: list[str] = []
+
+    def __missing__(self, word: str) -> int:
+        self[word] = seq = len(self)
+        self.new.append(word)
+        return seq
 
 
 class Fts5Tokenizer:
@@ -123,8 +140,13 @@ class Fts5Tokenizer:
         self._conn.execute("CREATE VIRTUAL TABLE v USING fts5vocab(t, instance)")
         self._columns = columns
         self._by_word = not tokenize.startswith("trigram")  # trigrams span whitespace
-        self._words: dict[str, tuple[int, ...]] = {}  # word -> its tokens' ids (MAIN only)
-        self._ids: dict[str, int] = {}  # token -> its id (MAIN only)
+        import numpy as np
+
+        # MAIN only: word -> the id of its token sequence, whose token ids are
+        # _gtok[_gstart[id]:][:_glen[id]]; token -> its id, and id -> token
+        self._words = _Words()
+        self._glen = self._gtok = self._gstart = np.zeros(0, dtype=np.int32)
+        self._ids: dict[str, int] = {}
         self._names: list[str] = []  # id -> token
         self._insert = (f"INSERT INTO t(rowid, {', '.join(columns)})"
                         f" VALUES (?, {', '.join('?' for _ in columns)})")
@@ -149,24 +171,51 @@ class Fts5Tokenizer:
 
     def _word_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """:meth:`postings` from the tokens of each row's words (see the module docstring): a
-        word's tokens are cached as token ids, and the batch's ids are laid out by C loops
-        (``str.split``, ``map``, ``chain``) into one array; offsets follow from the words'
-        token counts (numpy), no Python step per word or token."""
+        word maps to the id of its cached token sequence by one C loop over the batch's words
+        (``str.split``, ``chain``, ``map``); the words not seen before are tokenized by FTS5
+        afterwards, and the sequences are expanded into token ids and offsets by numpy: no
+        Python step per word or token."""
         import numpy as np
 
+        words = self._words
+        if len(words) > WORD_CACHE_MAX:
+            words.clear()
+            self._ids.clear()
+            self._names.clear()
+            self._glen = self._gtok = np.zeros(0, dtype=np.int32)
         segments = [value.split() for row in rows for value in row]  # row after row, column after column
-        words = list(chain.from_iterable(segments))
-        cache, ids, names = self._words, self._ids, self._names
-        missing = list(set(words).difference(cache))
-        if len(cache) + len(missing) > WORD_CACHE_MAX:
-            cache.clear()
-            ids.clear()
-            names.clear()
-            missing = list(set(words))
-        for first in range(0, len(missing), 5000):
-            part = missing[first:first + 5000]
+        count = np.fromiter(map(len, segments), dtype=np.int64, count=len(segments))
+        group = np.fromiter(map(words.__getitem__, chain.from_iterable(segments)), dtype=np.int64,
+                            count=int(count.sum()))
+        if words.new:
+            self._tokenize_words(words.new)
+            words.new = []
+            self._gstart = np.cumsum(self._glen, dtype=np.int64) - self._glen
+        lens = self._glen[group]
+        upto = np.concatenate(([0], np.cumsum(lens, dtype=np.int64)))
+        token_ids = self._gtok[np.repeat(self._gstart[group] - upto[:-1], lens) + np.arange(upto[-1])]
+        # tokens per row per column: the tokens of its words, summed over each segment's words
+        last = np.cumsum(count)
+        size = upto[last] - upto[last - count]
+        columns = len(self._columns)
+        doc_len = size.reshape(len(rows), columns).sum(axis=1)
+        column = np.repeat(np.tile(np.arange(columns, dtype=np.int32), len(rows)), size)
+        offset = np.arange(len(token_ids), dtype=np.int32) - np.repeat(
+            (np.cumsum(size) - size).astype(np.int32), size)
+        return _postings(self._names, token_ids, np.repeat(np.arange(len(rows), dtype=np.int32), doc_len),
+                         (column << POSITION_COLUMN_SHIFT) | offset, doc_len, columns)
+
+    def _tokenize_words(self, new: list[str]) -> None:
+        """Tokenize the words that got the next token-sequence ids (``new``, in id order) by
+        FTS5, 5,000 a statement, and append their sequences to ``_glen`` / ``_gtok``."""
+        import numpy as np
+
+        conn, ids, names = self._conn, self._ids, self._names
+        lens: list[int] = []
+        flat: list[int] = []
+        for first in range(0, len(new), 5000):
+            part = new[first:first + 5000]
             found: dict[int, list[int]] = {}
-            conn = self._conn
             conn.executemany(self._insert, [(i + 1, w, *("" for _ in self._columns[1:]))
                                             for i, w in enumerate(part)])
             for doc, term in conn.execute('SELECT doc, term FROM v ORDER BY doc, "offset"'):
@@ -176,20 +225,12 @@ class Fts5Tokenizer:
                     names.append(term)
                 found.setdefault(doc, []).append(token)
             conn.execute(self._clear)
-            cache.update((w, tuple(found.get(i + 1, ()))) for i, w in enumerate(part))
-        tokens = list(map(cache.__getitem__, words))
-        token_ids = np.fromiter(chain.from_iterable(tokens), dtype=np.int32)
-        # tokens per row per column: the tokens of its words, summed over each segment's words
-        upto = np.concatenate(([0], np.cumsum(np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens)))))
-        last = np.cumsum(np.fromiter(map(len, segments), dtype=np.int64, count=len(segments)))
-        size = upto[last] - upto[np.concatenate(([0], last[:-1]))]
-        columns = len(self._columns)
-        doc_len = size.reshape(len(rows), columns).sum(axis=1)
-        column = np.repeat(np.tile(np.arange(columns, dtype=np.int32), len(rows)), size)
-        offset = np.arange(len(token_ids), dtype=np.int32) - np.repeat(
-            (np.cumsum(size) - size).astype(np.int32), size)
-        return _postings(names, token_ids, np.repeat(np.arange(len(rows), dtype=np.int32), doc_len),
-                         (column << POSITION_COLUMN_SHIFT) | offset, doc_len, columns)
+            for i in range(len(part)):
+                tokens = found.get(i + 1, ())
+                lens.append(len(tokens))
+                flat += tokens
+        self._glen = np.concatenate((self._glen, np.asarray(lens, dtype=np.int32)))
+        self._gtok = np.concatenate((self._gtok, np.asarray(flat, dtype=np.int32)))
 
     def _row_postings(self, rows: Sequence[tuple[str, ...]]) -> Postings:
         """:meth:`postings` by FTS5 over whole rows (the lock held)."""

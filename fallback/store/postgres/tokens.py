@@ -65,10 +65,11 @@ class Postings:
         """Per chunk (row order), its distinct terms in code point order."""
         import numpy as np
 
-        by_chunk = self.term[np.argsort(self.chunk, kind="stable")].tolist()
+        # Stable: a chunk's postings stay in term order; 16-bit keys sort by radix.
+        chunk = self.chunk.astype(np.uint16) if len(self.doc_len) <= 1 << 16 else self.chunk
+        terms = np.asarray(self.terms, dtype=object)[self.term[np.argsort(chunk, kind="stable")]].tolist()
         cuts = np.cumsum(np.bincount(self.chunk, minlength=len(self.doc_len))).tolist()
-        names = self.terms.__getitem__
-        return [list(map(names, by_chunk[a:b])) for a, b in zip([0, *cuts], cuts, strict=False)]
+        return [terms[a:b] for a, b in zip([0, *cuts], cuts, strict=False)]
 
 
 def _postings(names: Sequence[str], ids: Any, chunk: Any, positions: Any, doc_len: Any,

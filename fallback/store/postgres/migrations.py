@@ -18,7 +18,8 @@ Schema (every data row carries ``agent_id`` and ``workspace``):
 - ``chunks(chunk_rowid, agent_id, workspace, id, path, source, start_line, end_line, hash, model,
   text, doc_len, terms, gen_from, gen_to)``; ``doc_len`` is the chunk's token count over its three
   indexed columns (text, title, derived terms), as FTS5 counts it for ``bm25()``; ``terms`` its
-  distinct terms, space-separated (``m009``).
+  distinct terms, space-separated (``m009``). Its rows and ``posting_blocks``' stay uncompressed
+  up to 8,160 bytes (``m011``).
 - ``posting_blocks(agent_id, workspace, term, chunk_rowid, rowids, lens, tf_text, tf_title,
   tf_terms, ends, positions, source, gen_from)`` (``m009``, replacing ``postings``): per term,
   the postings of up to 64 chunks of one write and source, keyed by the first chunk: ``rowids``
@@ -285,10 +286,19 @@ def m010_no_vector_index(cur: Any, schema: str) -> None:
         cur.execute(f'DROP INDEX {_q(schema)}."{name}"')
 
 
+def m011_rows_uncompressed(cur: Any, schema: str) -> None:
+    """Keep the rows of ``chunks`` and ``posting_blocks`` whole and uncompressed in their pages
+    up to 8,160 bytes (``toast_tuple_target``; by default PostgreSQL compresses a row above
+    about 2 kB): compressing a chunk's text and a common term's positions (pglz) on every write
+    was a large share of the server's work, for little space. Rows written from now on."""
+    for table in ("chunks", "posting_blocks"):
+        cur.execute(f"ALTER TABLE {_q(schema)}.{table} SET (toast_tuple_target = 8160)")
+
+
 MIGRATIONS: tuple[Callable[[Any, str], None], ...] = (
     m001_core, m002_vectors, m003_row_level_security, m004_trigram_postings,
     m005_posting_impacts, m006_vector_windows, m007_term_stats, m008_file_text, m009_posting_blocks,
-    m010_no_vector_index)
+    m010_no_vector_index, m011_rows_uncompressed)
 
 
 def migrate(conn: Any, schema: str) -> list[str]:

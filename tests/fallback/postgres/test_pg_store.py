@@ -681,6 +681,28 @@ def test_m010_drops_the_vector_indexes_the_syncs_before_created(pg_dsn: str) -> 
         store.close()
 
 
+def test_rows_of_a_few_kb_are_stored_whole_and_uncompressed(pg_dsn: str) -> None:
+    """A chunk row and a posting block of 3 to 4 kB (a long text, a word repeated in it) are
+    written uncompressed in their pages (``m011``: PostgreSQL compressed such rows with pglz,
+    a large share of a write's server work)."""
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        text = " ".join(["otter"] * 400 + [f"w{i}" for i in range(200)])
+        lease = store.sync_lease()
+        assert lease is not None
+        lease.write_file("memory/o.md", "memory", content_hash="o", mtime_ms=1, size=len(text), title="o",
+                         chunks=[ChunkRow("o-0", 1, 1, "h0", "", text, "")])
+        lease.publish()
+        with psycopg.connect(pg_dsn) as conn:
+            assert conn.execute("SELECT octet_length(text), pg_column_compression(text),"
+                                " pg_column_size(text) FROM qmdbridge.chunks").fetchone() == (3289, None, 3293)
+            assert conn.execute("SELECT pg_column_compression(positions), pg_column_size(positions)"
+                                " FROM qmdbridge.posting_blocks WHERE term = 'otter'").fetchone() == (None, 1624)
+        assert found(store, "otter") == ["o-0"]
+    finally:
+        store.close()
+
+
 def test_a_second_sync_waits_for_the_first_and_then_runs(pg_dsn: str) -> None:
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:
@@ -1045,7 +1067,7 @@ def test_m009_turns_each_posting_into_a_block_and_keeps_the_grants(
                              " ON CONFLICT (agent_id, workspace, term) DO UPDATE SET df = 2,"
                              " min_dl = 3", (term, hits, n))
         monkeypatch.setattr(migrations, "MIGRATIONS", MIGRATIONS)
-        assert migrate(conn, s) == ["m009_posting_blocks", "m010_no_vector_index"]
+        assert migrate(conn, s) == ["m009_posting_blocks", "m010_no_vector_index", "m011_rows_uncompressed"]
         assert migrate(conn, s) == []
         assert conn.execute("SELECT to_regclass('qmdbridge.postings')").fetchone() == (None,)
         blocks = conn.execute(f"SELECT c.id, b.term, b.rowids = ARRAY[c.chunk_rowid], b.lens,"

@@ -1547,11 +1547,17 @@ class SyncLease:
             # with every path a write replaces. A small sync skips it (autovacuum's analyze
             # follows the drift; ANALYZE of a large table after every small sync took CPU from
             # the searches). A role that does not own the tables is skipped by ANALYZE with a
-            # notice.
+            # notice. The largest table is analysed on the second writer's connection meanwhile.
             if self.chunks_written * ANALYZE_SHARE >= count:
-                for table in ("files", "chunks", "posting_blocks", "trigram_postings", "term_stats",
-                              "chunk_vectors"):
+                tables = ["files", "chunks", "trigram_postings", "term_stats", "chunk_vectors"]
+                blocks = f"ANALYZE {s}.posting_blocks"
+                aside = self._writer.submit(self._conns[1].execute, blocks) if len(self._conns) > 1 else None
+                for table in tables:
                     self._conn.execute(f"ANALYZE {s}.{table}")
+                if aside is None:
+                    self._conn.execute(blocks)
+                else:
+                    aside.result()
         stats = ScopeStats(self.generation, int(count), int(tokens), None, int(tri_count),
                            int(tri_tokens))
         self.close()

@@ -1172,6 +1172,33 @@ def test_a_write_commits_while_the_one_before_it_waits_and_each_draws_its_own_ro
         fresh.close()
 
 
+def test_a_publish_after_writes_on_both_connections_analyses_every_table(
+        pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync whose writes ran on both writer connections analyses the posting blocks on the
+    second one while the first analyses the other tables: the planner's row counts of both
+    are the written ones after the publish."""
+    from fallback.store.postgres import store as store_module
+    from fallback.store.postgres.store import FileRows
+
+    monkeypatch.setattr(store_module, "WRITE_CHUNKS", 1)  # a write per file
+    store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
+    try:
+        lease = store.sync_lease()
+        assert lease is not None
+        for i in range(4):
+            lease.write_files([FileRows(f"memory/{i}.md", "memory", f"h{i}", 1, 1, "t",
+                                        (ChunkRow(f"{i}#1", 1, 1, f"c{i}", "", f"walrus w{i}", ""),))])
+        assert len(lease._conns) == 2
+        lease.publish()
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT relname, reltuples FROM pg_class WHERE relnamespace ="
+                                " 'qmdbridge'::regnamespace AND relname IN ('chunks', 'posting_blocks')"
+                                " ORDER BY 1").fetchall() == [("chunks", 4), ("posting_blocks", 12)]
+        assert found(store, "walrus") == ["0#1", "1#1", "2#1", "3#1"]
+    finally:
+        store.close()
+
+
 def test_files_of_several_calls_are_written_as_one_write_and_close_writes_the_ones_gathered(
         pg_dsn: str) -> None:
     """write_files gathers files across calls until they hold WRITE_CHUNKS chunks: two calls of

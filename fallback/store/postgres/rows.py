@@ -39,7 +39,8 @@ class Column:
         kind: ``text``, ``int8``, ``int4`` (one value per row), ``int8[]``, ``int4[]`` (an
             array per row) or ``vector`` (pgvector, an array of float4 per row).
         values: ``text``: a sequence of ``str``, one per row; ``int8`` / ``int4``: a numpy
-            integer array, one per row; an array kind: all rows' elements, row after row (a
+            integer array, one per row (a masked array: its masked rows are ``NULL``); an
+            array kind: all rows' elements, row after row (a
             numpy array: integers, float32 for ``vector``).
         counts: an array kind's element count per row (numpy integers); else ``None``.
     """
@@ -50,27 +51,34 @@ class Column:
     counts: Any = None
 
 
-def write_rows(cur: Any, table: str, columns: Sequence[Column], *, copy: bool) -> None:
+def write_rows(cur: Any, table: str, columns: Sequence[Column], *, copy: bool,
+               returning: str | None = None) -> list[Any]:
     """Write the rows given by ``columns`` (each with a value for every row) into ``table``.
 
     Args:
         cur: a psycopg cursor (in the caller's transaction).
         table: the schema-qualified table.
-        columns: the columns written, one value per row each (no ``NULL``).
+        columns: the columns written, one value per row each (``NULL`` only where an integer
+            column's values are masked).
         copy: send ``COPY ... FROM STDIN (FORMAT BINARY)``; else one ``INSERT ... SELECT``
             (for a role that row-level security applies to: PostgreSQL refuses it ``COPY``).
+        returning: with the ``INSERT``, a column whose values to return (a column the table
+            generates, drawn in row order).
+
+    Returns:
+        The ``returning`` column's values of the rows in row order (``[]`` without it).
 
     Raises:
         psycopg.Error: for the caller to translate.
     """
     rows = len(columns[0].values) if columns[0].counts is None else len(columns[0].counts)
     if not rows:
-        return
+        return []
     if copy:  # the text columns first (see _copy_data)
         columns = sorted(columns, key=lambda c: c.kind != "text")
         with cur.copy(f"COPY {table} ({', '.join(c.name for c in columns)}) FROM STDIN (FORMAT BINARY)") as out:
             out.write(_copy_data(columns, rows))
-        return
+        return []
     names = ", ".join(c.name for c in columns)
     items, selects, args = [], [], {}
     for i, c in enumerate(columns):
@@ -90,9 +98,12 @@ def write_rows(cur: Any, table: str, columns: Sequence[Column], *, copy: bool) -
             element = "real" if c.kind == "vector" else sql_type.removesuffix("[]")
             selects.append(f"(%(a{i})s::{element}[])[x.s{i}:x.e{i}]"
                            + ("::vector" if c.kind == "vector" else ""))
+    # Identity values are drawn in the order the SELECT gives its rows.
+    order = (" WITH ORDINALITY", ", i", f" ORDER BY x.i RETURNING {returning}") if returning else ("", "", "")
     cur.execute(f"INSERT INTO {table} ({names}) SELECT {', '.join(selects)}"
-                f" FROM unnest({', '.join(a for a, _ in items)}) AS x({', '.join(n for _, n in items)})",
-                args)
+                f" FROM unnest({', '.join(a for a, _ in items)}){order[0]}"
+                f" AS x({', '.join(n for _, n in items)}{order[1]}){order[2]}", args)
+    return [r[0] for r in cur.fetchall()] if returning else []
 
 
 def _copy_data(columns: Sequence[Column], rows: int) -> bytes:
@@ -114,8 +125,8 @@ def _copy_data(columns: Sequence[Column], rows: int) -> bytes:
     sizes = []
     for c in numeric:
         per = _KINDS[c.kind][2]
-        if c.counts is None:
-            sizes.append(np.full(rows, 1 + per, dtype=np.int64))
+        if c.counts is None:  # a NULL is its length word alone
+            sizes.append(1 + per * ~np.ma.getmaskarray(c.values))
         elif c.kind == "vector":
             sizes.append(2 + np.asarray(c.counts, dtype=np.int64))
         else:
@@ -126,8 +137,9 @@ def _copy_data(columns: Sequence[Column], rows: int) -> bytes:
     for c, size in zip(numeric, sizes, strict=True):
         _, oid, per = _KINDS[c.kind]
         if c.counts is None:
-            out[at] = 4 * per
-            _put(out, at + 1, np.asarray(c.values), per)
+            null = np.ma.getmaskarray(c.values)
+            out[at] = np.where(null, 0xFFFFFFFF, 4 * per)  # length -1: NULL
+            _put(out, (at + 1)[~null], np.ma.getdata(c.values)[~null], per)
         else:
             counts = np.asarray(c.counts, dtype=np.int64)
             row = np.repeat(np.arange(rows), counts)

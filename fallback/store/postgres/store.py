@@ -1254,6 +1254,13 @@ class SyncLease:
             # security applies (an agent's own role): INSERTs there.
             self._copy = not conn.execute("SELECT row_security_active(%s)",
                                           (f"{s}.posting_blocks",)).fetchone()[0]
+            # The chunks' identity sequence, when this role may draw from it: a write draws
+            # its chunks' row ids first and COPYs the chunks with them (else an INSERT
+            # returns them).
+            seq = conn.execute("SELECT pg_get_serial_sequence(%s, 'chunk_rowid')",
+                               (f"{s}.chunks",)).fetchone()[0]
+            self._ids_seq = seq if self._copy and conn.execute(
+                "SELECT has_sequence_privilege(%s, 'USAGE')", (seq,)).fetchone()[0] else None
             # (path, source) of the files with chunks in generation P + 1 (its posting blocks)
             self._held = set(conn.execute(
                 f"SELECT DISTINCT path, source FROM {s}.chunks WHERE agent_id = %(agent)s"
@@ -1366,9 +1373,11 @@ class SyncLease:
         post = store._tokenizer.postings([(c.text, f.title, c.derived_terms) for f, c in chunks])
         cjk = [i for i, (_, c) in enumerate(chunks) if contains_unspaced(c.text)]
         trigrams = store._trigrams.postings([(chunks[i][1].text,) for i in cjk])
-        tri_len: list[int | None] = [None] * len(chunks)
-        for i, n in zip(cjk, trigrams.doc_len.tolist(), strict=True):
-            tri_len[i] = n
+        import numpy as np
+
+        # per chunk, its trigram count (NULL: no CJK text)
+        tri_len = np.ma.masked_all(len(chunks), dtype=np.int64)
+        tri_len[cjk] = trigrams.doc_len
         args = {**self._scope, "gen": self.generation,
                 "paths": _text_array(f.path for f in files),
                 "sources": _text_array(f.source for f in files)}
@@ -1391,7 +1400,7 @@ class SyncLease:
 
     def _write(self, conn: Any, files: Sequence[FileRows], chunks: list[tuple[FileRows, ChunkRow]],
                post: Postings, cjk: list[int], trigrams: Postings, args: dict[str, Any],
-               tri_len: list[int | None]) -> _TermCounts:
+               tri_len: Any) -> _TermCounts:
         """The transaction of :meth:`write_files` on ``conn`` (on a writer thread); the term
         counts it changed."""
         import numpy as np
@@ -1411,32 +1420,32 @@ class SyncLease:
                          "ftexts": [f.text for f in files]})
             if not chunks:
                 return counts
-            chunk_args = {**args, "ids": _text_array(c.chunk_id for _, c in chunks),
-                          "cpaths": _text_array(f.path for f, _ in chunks),
-                          "csources": _text_array(f.source for f, _ in chunks),
-                          "starts": _int_array(c.start_line for _, c in chunks),
-                          "ends": _int_array(c.end_line for _, c in chunks),
-                          "hashes": _text_array(c.content_hash for _, c in chunks),
-                          "models": _text_array(c.model for _, c in chunks),
-                          "texts": _text_array(c.text for _, c in chunks),
-                          "lens": _int_array(post.doc_len),
-                          "terms": _text_array(map(" ".join, post.chunk_terms())),
-                          "tris": _int_array(tri_len)}
+            n = len(chunks)
+            columns = [Column("agent_id", "text", [self._scope["agent"]] * n),
+                       Column("workspace", "text", [self._scope["ws"]] * n),
+                       Column("id", "text", [c.chunk_id for _, c in chunks]),
+                       Column("path", "text", [f.path for f, _ in chunks]),
+                       Column("source", "text", [f.source for f, _ in chunks]),
+                       Column("start_line", "int4", np.fromiter((c.start_line for _, c in chunks), np.int64, n)),
+                       Column("end_line", "int4", np.fromiter((c.end_line for _, c in chunks), np.int64, n)),
+                       Column("hash", "text", [c.content_hash for _, c in chunks]),
+                       Column("model", "text", [c.model for _, c in chunks]),
+                       Column("text", "text", [c.text for _, c in chunks]),
+                       Column("doc_len", "int4", post.doc_len),
+                       Column("trigram_len", "int4", tri_len),
+                       Column("terms", "text", list(map(" ".join, post.chunk_terms()))),
+                       Column("gen_from", "int8", np.full(n, self.generation, dtype=np.int64))]
             # The row ids of one write after another's: a range of its own (see _new_blocks).
             with self._rowids:
-                cur.execute(f"INSERT INTO {s}.chunks (agent_id, workspace, id, path, source, start_line,"
-                            " end_line, hash, model, text, doc_len, trigram_len, terms, gen_from)"
-                            " SELECT %(agent)s, %(ws)s, x.id, x.p, x.src, x.s, x.e, x.h, x.m, x.t, x.n,"
-                            " x.tri, x.terms, %(gen)s FROM unnest(%(ids)s::text[], %(cpaths)s::text[],"
-                            " %(csources)s::text[], %(starts)s::int[], %(ends)s::int[], %(hashes)s::text[],"
-                            " %(models)s::text[], %(texts)s::text[], %(lens)s::int[], %(tris)s::int[],"
-                            " %(terms)s::text[])"
-                            " WITH ORDINALITY AS x(id, p, src, s, e, h, m, t, n, tri, terms, i)"
-                            " ORDER BY x.i RETURNING chunk_rowid",
-                            chunk_args)
-                returned = cur.fetchall()
-            # Identity values are drawn in the order the SELECT gives its rows (ORDER BY).
-            rowids = np.sort(np.fromiter((r[0] for r in returned), dtype=np.int64, count=len(chunks)))
+                if self._ids_seq is None:
+                    rowids = np.asarray(write_rows(cur, f"{s}.chunks", columns, copy=False,
+                                                   returning="chunk_rowid"), dtype=np.int64)
+                else:
+                    cur.execute("SELECT nextval(%s::regclass) FROM generate_series(1, %s)", (self._ids_seq, n))
+                    rowids = np.fromiter((r[0] for r in cur.fetchall()), dtype=np.int64, count=n)
+            rowids = np.sort(rowids)
+            if self._ids_seq is not None:
+                write_rows(cur, f"{s}.chunks", [Column("chunk_rowid", "int8", rowids), *columns], copy=True)
             counts.add_postings(post)
             sources = [f.source for f, _ in chunks]
             _write_blocks(cur, f"{s}.posting_blocks", self._scope,

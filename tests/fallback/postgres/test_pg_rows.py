@@ -32,18 +32,23 @@ def test_every_column_kind_reads_back_as_written(pg_dsn: str, copy: bool) -> Non
     floats = np.linspace(-1, 1, 3 * rows, dtype=np.float32) / 7
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute("CREATE TABLE t (k int, s text, b bigint, i int, bs bigint[], xs int[], v vector)")
+        conn.execute("CREATE TABLE t (g bigint GENERATED ALWAYS AS IDENTITY (START 10), k int,"
+                     " s text, b bigint, i int, n int, bs bigint[], xs int[], v vector)")
         with conn.transaction(), conn.cursor() as cur:
-            write_rows(cur, "t", [
+            drawn = write_rows(cur, "t", [
                 Column("k", "int4", np.arange(rows)), Column("s", "text", TEXTS),
                 Column("b", "int8", big), Column("i", "int4", big % 1000 - 500),
+                Column("n", "int4", np.ma.masked_array(np.arange(rows) - 3, mask=np.arange(rows) % 3 == 1)),
                 Column("bs", "int8[]", longs, counts), Column("xs", "int4[]", ints, counts),
-                Column("v", "vector", floats, dims)], copy=copy)
+                Column("v", "vector", floats, dims)], copy=copy, returning=None if copy else "g")
         # a float4 printed shortest reads back as the same float4
-        got = [(*r[:5], np.asarray(r[5], dtype=np.float32).tolist())
-               for r in conn.execute("SELECT s, b, i, bs, xs, v::real[] FROM t ORDER BY k")]
+        got = [(*r[:6], np.asarray(r[6], dtype=np.float32).tolist())
+               for r in conn.execute("SELECT s, b, i, n, bs, xs, v::real[] FROM t ORDER BY k")]
+        # the INSERT returns the identity drawn for each row, in row order
+        assert drawn == ([] if copy else list(range(10, 10 + rows)))
     ends = np.cumsum(counts).tolist()
     starts = [0, *ends[:-1]]
-    assert got == [(TEXTS[r], int(big[r]), int(big[r] % 1000 - 500), longs[starts[r]:ends[r]].tolist(),
+    assert got == [(TEXTS[r], int(big[r]), int(big[r] % 1000 - 500), None if r % 3 == 1 else r - 3,
+                    longs[starts[r]:ends[r]].tolist(),
                     ints[starts[r]:ends[r]].tolist(), floats[3 * r:3 * r + 3].tolist())
                    for r in range(rows)]

@@ -1817,11 +1817,12 @@ def _write_limited(cur: Any, table: str, scope: dict[str, Any], columns: list[Co
                    copy: bool) -> None:
     """``rows.write_rows`` of ``columns`` with the scope's ``agent_id`` and ``workspace``, by
     statements of at most :data:`POSTINGS_PER_STATEMENT` rows, or elements of the first array
-    column (one row more when a single row holds more): the statement deadline bounds each
-    statement, so a write of any size goes through."""
+    column (one row more when a single row holds more; a ``vector`` counts as one, the server
+    reads it whole): the statement deadline bounds each statement, so a write of any size goes
+    through."""
     import numpy as np
 
-    weighted = next((c.counts for c in columns if c.counts is not None), None)
+    weighted = next((c.counts for c in columns if c.counts is not None and c.kind != "vector"), None)
     rows = len(columns[0].values) if columns[0].counts is None else len(columns[0].counts)
     weight = np.ones(rows, dtype=np.int64) if weighted is None else np.asarray(weighted)
     before = np.cumsum(weight) - weight

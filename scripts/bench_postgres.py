@@ -13,7 +13,7 @@ index; postgres: one database, ``fallback/store/postgres``):
 - **index**: chunks written per second (pre-chunked rows: chunk rows, FTS tokenization and
   postings, vectors; one transaction per file on SQLite; on postgres ``WRITE_BATCH_FILES`` (25)
   files a ``write_files`` call, as the engine hands them over, which the sync lease writes
-  ``WRITE_CHUNKS`` (500) chunks a transaction); the SQLite store indexes one agent; postgres
+  ``WRITE_CHUNKS`` (1,000) chunks a transaction); the SQLite store indexes one agent; postgres
   indexes agent 0 alone (the like-for-like figure, target: at least SQLite's), then the other
   agents four at a time (one sync per agent, as separate hosts would);
 - **keyword search** p50/p95: the keyword rows of a question's plan (``search_plan`` on the

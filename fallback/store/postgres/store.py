@@ -86,6 +86,10 @@ _BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 # Most postings one INSERT writes (a write batch of many files is several statements, each well
 # inside the statement deadline on a loaded server).
 POSTINGS_PER_STATEMENT = 5000
+# Most postings (or rows) one statement of a write's new rows carries (COPY, or INSERT where
+# row-level security applies): larger statements cost the client less per row, and such a
+# statement still takes the server a small share of the statement deadline.
+WRITE_POSTINGS_PER_STATEMENT = 20_000
 # Most chunks of one posting block (a term's postings of one write, migration m009): a block of
 # a common word stays a few KB, so reading one chunk's posting from it costs little.
 BLOCK_CHUNKS = 64
@@ -1339,7 +1343,7 @@ class SyncLease:
         ``INSERT`` each over arrays sent as array literals; the posting blocks, trigram
         postings and vectors built column-wise (numpy) and sent by binary ``COPY``
         (``rows.write_rows``; an ``INSERT`` where row-level security applies), by statements
-        of at most :data:`POSTINGS_PER_STATEMENT` postings.
+        of at most :data:`WRITE_POSTINGS_PER_STATEMENT` postings.
 
         Args:
             files: the files, each with its chunks (a path at most once).
@@ -1794,7 +1798,7 @@ def _kept_blocks(rows: Sequence[Sequence[Any]], gone: Sequence[int]) -> _Blocks:
 
 def _write_blocks(cur: Any, table: str, scope: dict[str, Any], blocks: _Blocks, *, copy: bool) -> None:
     """Write posting blocks (``rows.write_rows``: binary ``COPY`` with ``copy``, else an
-    ``INSERT``) by statements of at most :data:`POSTINGS_PER_STATEMENT` postings."""
+    ``INSERT``) by statements of at most :data:`WRITE_POSTINGS_PER_STATEMENT` postings."""
     import numpy as np
 
     size = blocks.size
@@ -1816,7 +1820,7 @@ def _write_blocks(cur: Any, table: str, scope: dict[str, Any], blocks: _Blocks, 
 def _write_limited(cur: Any, table: str, scope: dict[str, Any], columns: list[Column], *,
                    copy: bool) -> None:
     """``rows.write_rows`` of ``columns`` with the scope's ``agent_id`` and ``workspace``, by
-    statements of at most :data:`POSTINGS_PER_STATEMENT` rows, or elements of the first array
+    statements of at most :data:`WRITE_POSTINGS_PER_STATEMENT` rows, or elements of the first array
     column (one row more when a single row holds more; a ``vector`` counts as one, the server
     reads it whole): the statement deadline bounds each statement, so a write of any size goes
     through."""
@@ -1826,7 +1830,7 @@ def _write_limited(cur: Any, table: str, scope: dict[str, Any], columns: list[Co
     rows = len(columns[0].values) if columns[0].counts is None else len(columns[0].counts)
     weight = np.ones(rows, dtype=np.int64) if weighted is None else np.asarray(weighted)
     before = np.cumsum(weight) - weight
-    cuts = np.flatnonzero(np.diff(before // POSTINGS_PER_STATEMENT, prepend=-1)).tolist() + [rows]
+    cuts = np.flatnonzero(np.diff(before // WRITE_POSTINGS_PER_STATEMENT, prepend=-1)).tolist() + [rows]
     for a, b in itertools.pairwise(cuts):
         part = [_rows_of(c, a, b) for c in columns]
         part += [Column("agent_id", "text", [scope["agent"]] * (b - a)),

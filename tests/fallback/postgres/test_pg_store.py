@@ -804,7 +804,7 @@ def test_postings_keep_a_scope_and_terms_holding_tabs_backslashes_and_newlines(p
 
 
 def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: str) -> None:
-    from fallback.store.postgres.store import POSTINGS_PER_STATEMENT, FileRows
+    from fallback.store.postgres.store import POSTINGS_PER_STATEMENT, WRITE_POSTINGS_PER_STATEMENT, FileRows
 
     store = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws")
     try:
@@ -817,10 +817,10 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
             conn.execute("CREATE TRIGGER record_insert AFTER INSERT ON qmdbridge.posting_blocks"
                          " REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT"
                          " EXECUTE FUNCTION public.record_insert()")
-        # 60 files of 3 chunks, each chunk 100 distinct words: 18,000 postings in one call.
+        # 60 files of 3 chunks, each chunk 250 distinct words: 45,000 postings in one call.
         files = [FileRows(f"memory/{f}.md", "memory", f"h{f}", 1, 1, "",
                           tuple(ChunkRow(f"{f}#{c}", c, c, f"c{f}-{c}", "",
-                                         " ".join(f"w{f}x{c}x{w}" for w in range(100)), "")
+                                         " ".join(f"w{f}x{c}x{w}" for w in range(250)), "")
                                 for c in range(3))) for f in range(60)]
         lease = store.sync_lease()
         assert lease is not None
@@ -828,8 +828,8 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
         assert lease.publish().chunk_count == 180
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             sizes = [r[0] for r in conn.execute("SELECT n FROM public.insert_sizes")]
-        assert sum(sizes) == 18_000 and len(sizes) == 4
-        assert max(sizes) <= POSTINGS_PER_STATEMENT
+        assert sum(sizes) == 45_000 and len(sizes) == 3
+        assert max(sizes) <= WRITE_POSTINGS_PER_STATEMENT
         assert found(store, "w59x2x99") == ["59#2"]
         # Publishing their removal takes their postings out of the blocks by bounded
         # statements too: each DELETE records the postings of the blocks it took.
@@ -849,8 +849,8 @@ def test_a_large_write_batch_is_written_by_statements_of_bounded_size(pg_dsn: st
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             sizes = [r[0] for r in conn.execute("SELECT n FROM public.delete_sizes")]
             left = conn.execute("SELECT sum(cardinality(rowids)) FROM qmdbridge.posting_blocks").fetchone()
-        assert sum(sizes) == 17_700 and len(sizes) == 4 and max(sizes) <= POSTINGS_PER_STATEMENT
-        assert left == (300,)
+        assert sum(sizes) == 44_250 and len(sizes) == 9 and max(sizes) <= POSTINGS_PER_STATEMENT
+        assert left == (750,)
         assert found(store, "w59x2x99") == [] and found(store, "w0x2x99") == ["0#2"]
     finally:
         store.close()

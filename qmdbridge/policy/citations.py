@@ -8,7 +8,9 @@ import re
 
 __all__ = ["cite", "citation_lines", "citations_enabled", "format_citation", "session_key_rest"]
 
-_CITATION = re.compile(r"(?P<path>.+\.md)#L(?P<start>[1-9][0-9]*)(?:-L(?P<end>[1-9][0-9]*))?")
+# A citation (``path#La-Lb``), or a hit's range as plain CLI output prints it (``path:a-b``).
+_CITATION = re.compile(r"(?P<path>.+\.md)(?:#L(?P<start>[1-9][0-9]*)(?:-L(?P<end>[1-9][0-9]*))?"
+                       r"|:(?P<start_plain>[1-9][0-9]*)(?:-(?P<end_plain>[1-9][0-9]*))?)")
 
 
 def format_citation(path: str, start_line: int, end_line: int) -> str:
@@ -20,12 +22,13 @@ def format_citation(path: str, start_line: int, end_line: int) -> str:
 
 def citation_lines(text: str) -> tuple[str, int, int] | None:
     """``(path, start_line, end_line)`` of a :func:`format_citation` string of a Markdown file
-    (``memory/x.md#L3-L9``), else ``None``."""
+    (``memory/x.md#L3-L9``) or of a hit's range in ``qmdbridge search``'s plain output
+    (``memory/x.md:3-9``), else ``None``."""
     m = _CITATION.fullmatch(text.strip())
     if m is None:
         return None
-    start = int(m["start"])
-    return m["path"], start, max(start, int(m["end"] or start))
+    start = int(m["start"] or m["start_plain"])
+    return m["path"], start, max(start, int(m["end"] or m["end_plain"] or start))
 
 
 def cite(path: str, snippet_start_line: int, snippet_end_line: int, snippet: str, *,

@@ -120,6 +120,10 @@ async def test_read_file_refuses_and_reads(tmp_path: Path) -> None:
         with pytest.raises(PathRefusedError) as caught:
             await m.read_file("memory/2026-03-01.md#L7")
         assert caught.value.hint == "that is a citation: read it with path 'memory/2026-03-01.md', from 7, lines 1"
+        # a hit as plain `qmdbridge search` output prints it (`path:start-end`), copied as the path
+        with pytest.raises(PathRefusedError) as caught:
+            await m.read_file("memory/2026-03-01.md:3-4")
+        assert caught.value.hint == "that is a citation: read it with path 'memory/2026-03-01.md', from 3, lines 2"
 
 
 async def test_scope_denies_group_chat_with_reason(tmp_path: Path) -> None:

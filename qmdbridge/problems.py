@@ -142,8 +142,11 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
                          "rename the file: qmd indexes valid UTF-8 names without a backslash")
                 for s in view.get("skipped") or [] if str(s.get("reason")).startswith(_UNDECODABLE_NAME)
                 or "\\x5c" in str(s.get("path"))]
-    out += [_problem("memory paths", str(i), _issue_hint(str(i)))
-            for i in view.get("issues") or [] if not str(i).startswith(_NORMAL_ISSUES)]
+    issues = [str(i) for i in view.get("issues") or []]
+    if view is not status:  # qmd mode: qmd's status checks its collections' paths, also before a sync
+        issues += [i for i in map(str, (backends.get("qmd") or {}).get("issues") or [])
+                   if _issue_hint(i) and i not in issues]
+    out += [_problem("memory paths", i, _issue_hint(i)) for i in issues if not i.startswith(_NORMAL_ISSUES)]
     failed = (view.get("custom") or {}).get("syncFailure")
     if failed:  # recorded with the store, so every process tells it (postgres counts no files)
         waiting = failed.get("filesWaiting")

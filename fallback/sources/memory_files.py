@@ -23,7 +23,7 @@ from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
 __all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
-           "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "MARKDOWN_SUFFIX", "NEVER_MATCHES",
+           "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "MARKDOWN_SUFFIX", "NEVER_MATCHES",
            "MEMORY_DIR_NAME", "MemoryFile", "MemoryRoot", "PatternedPath", "ROOT_MEMORY_FILE",
            "RootFile", "SKIP_DIR_NAMES", "classify_changed_path", "describe_extra_path",
            "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
@@ -45,6 +45,8 @@ MARKDOWN_SUFFIX = ".md"
 DEFAULT_PATTERN = "**/*.md"
 # How the scan issue of an extra folder whose pattern admits no memory file starts.
 NEVER_MATCHES = "extra path pattern can never match a memory file:"
+# How the scan issue of an extra path that does not exist starts (then the path).
+EXTRA_PATH_MISSING = "extra path missing:"
 # Discovery stops walking after this many directory entries (an extra path such as the home
 # folder would walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -420,7 +422,7 @@ def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:
         return
     st = _lstat(path)
     if st is None:
-        col.issues.append(f"{what} missing: {path}")
+        col.issues.append(f"{EXTRA_PATH_MISSING} {path}" if r.kind == "extra" else f"{what} missing: {path}")
     elif stat.S_ISLNK(st.st_mode):
         if not col.followed_elsewhere(path):
             col.issues.append(f"{what} is a symlink (not followed): {path}")

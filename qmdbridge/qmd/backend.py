@@ -23,6 +23,7 @@ from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, 
 from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
+from fallback.sources.memory_files import EXTRA_PATH_MISSING
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import child_env as build_child_env
@@ -550,8 +551,11 @@ class QmdBackend:
         unusable = self.reconcile_state.no_usable_collection(self.collections)
         probe_error = f"qmd search probe failed: {probe}" if probe else None
         embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None
+        # the memory-file rule's issue of a custom path not there (yet): known without a sync
+        missing = [f"{EXTRA_PATH_MISSING} {c.path}" for c in self.collections
+                   if c.kind == "custom" and not os.path.lexists(c.path)]
         issues = [i for i in (
-            self.health.problem, unusable, *self.reconcile_state.warnings,
+            self.health.problem, unusable, *self.reconcile_state.warnings, *missing,
             *(f"qmd start-up: {p}" for p in self.startup_problems), *self.hit_problems,
             VEC0_HINT if self.mode_override else None, probe_error,
             count_error if not (indexing and count_error and is_busy(count_error)) else None,

@@ -72,6 +72,23 @@ async def test_missing_custom_paths_are_not_created_and_are_problems_until_they_
     assert problems == []
 
 
+
+async def test_the_next_command_lists_the_missing_paths_without_a_sync(tmp_path: Path,
+                                                                       qmd_bin: Path) -> None:
+    """The command after the one that reconciled the collections (its marker holds them, so it
+    reconciles nothing) and before any builtin sync lists the missing paths too: they were known
+    only to the builtin engine's scan, so ``status`` said ``Problems: none`` and ``doctor``
+    passed."""
+    agent = _agent(tmp_path, qmd_bin)
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
+        assert (await m.search("router")).backend == "qmd"
+    async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:  # the next command
+        status = (await m.status()).to_json_dict()
+    assert (status["backend"], status["backends"]["builtin"]["lastSyncAtMs"]) == ("qmd", None)
+    assert [(p["check"], p["message"]) for p in status_problems(status)] == [
+        ("memory paths", f"extra path missing: {tmp_path / 'later'}"),
+        ("memory paths", f"extra path missing: {tmp_path / 'lists' / 'todo.md'}")]
+
 async def test_serve_adds_a_custom_collection_once_its_folder_exists(tmp_path: Path,
                                                                     qmd_bin: Path) -> None:
     agent = _agent(tmp_path, qmd_bin)

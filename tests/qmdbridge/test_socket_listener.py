@@ -1,7 +1,8 @@
 """The daemon socket's replies to malformed requests, in this process (the listener and
 ``serve``'s line handler over a real Unix socket): a line that is not JSON (or nested too deep
 to read) is answered and the connection keeps serving; a line past ``MAX_LINE_BYTES`` is
-refused and the connection closed."""
+refused and the connection closed; a client gone before its reply costs that reply only; a lone
+surrogate escape is answered."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import argparse
 import json
 import socket
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import TaskGroup
 
 from qmdbridge import MemoryManager
 from qmdbridge.cli.serve import start_daemon_socket
@@ -35,7 +39,9 @@ async def _reply(stream: Any) -> dict[str, Any]:
     return json.loads(data)
 
 
-async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@asynccontextmanager
+async def _daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[MemoryManager, TaskGroup, str]]:
+    """A manager of a small workspace and its daemon socket, listening in the task group."""
     ws = make_workspace(tmp_path)
     env = cli_env(tmp_path / "state", tmp_path / "home")
     for key in ("OPENCLAW_STATE_DIR", "HOME"):
@@ -45,6 +51,11 @@ async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest
     async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
         path = await start_daemon_socket(tg, manager, agent, args)
         assert path is not None
+        yield manager, tg, path
+
+
+async def test_bad_json_and_an_overlong_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with _daemon(tmp_path, monkeypatch) as (manager, tg, path):
         with anyio.fail_after(DEADLINE_S):
             async with await anyio.connect_unix(path) as stream:
                 await stream.send(b'{"id": 1, "tool": \n')
@@ -70,15 +81,7 @@ async def test_a_client_gone_before_its_reply_leaves_the_daemon_serving(
     """A client that sends a request and closes the connection before the reply (a CLI killed
     while it waits) costs that reply only: the listener, and the ``serve`` it runs in, keep
     answering other connections."""
-    ws = make_workspace(tmp_path)
-    env = cli_env(tmp_path / "state", tmp_path / "home")
-    for key in ("OPENCLAW_STATE_DIR", "HOME"):
-        monkeypatch.setenv(key, env[key])
-    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
-    args = argparse.Namespace(config=None, backend=None)
-    async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
-        path = await start_daemon_socket(tg, manager, agent, args)
-        assert path is not None
+    async with _daemon(tmp_path, monkeypatch) as (manager, tg, path):
         with anyio.fail_after(DEADLINE_S):
             for _ in range(3):
                 # blocking calls, no await between them: each connection is closed before the
@@ -103,16 +106,8 @@ async def test_a_lone_surrogate_escape_is_answered_under_its_request_id(
     answers it, and a path holding one is refused with the reason, each under its request id
     (the line was refused as invalid JSON with id null, and a reply echoing the path could not be
     encoded)."""
-    ws = make_workspace(tmp_path)
-    env = cli_env(tmp_path / "state", tmp_path / "home")
-    for key in ("OPENCLAW_STATE_DIR", "HOME"):
-        monkeypatch.setenv(key, env[key])
-    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
-    args = argparse.Namespace(config=None, backend=None)
-    async with MemoryManager(agent, mode="cli", env=env) as manager, anyio.create_task_group() as tg:
+    async with _daemon(tmp_path, monkeypatch) as (manager, tg, path):
         library = await manager.search("Kestrel \ud83d")
-        path = await start_daemon_socket(tg, manager, agent, args)
-        assert path is not None
         with anyio.fail_after(DEADLINE_S):
             async with await anyio.connect_unix(path) as stream:
                 await stream.send(b'{"id": 1, "tool": "memory_search", "params": {"query": "Kestrel \\ud83d"}}\n')

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import anyio
 import anyio.abc
 
 from fallback.background import BackgroundTasks
+from fallback.index.racy import racily_clean
 from fallback.settings import ExtraPath
 from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
 
@@ -34,8 +36,9 @@ class QmdFreshness:
         self.tasks = tasks
         self.update_debounce_ms = max(0, update_debounce_ms)
         self._now = now_ms
-        self.dirty = False
-        self.dirty_reason: str | None = None
+        self._dirty = False
+        self._reason: str | None = None
+        self._batch: set[str] = set()  # the paths of the change being handled
         self.last_error: str | None = None
         # When the watcher's pending update starts (epoch ms; it may run already), else None.
         self._update_at_ms: int | None = None
@@ -44,24 +47,51 @@ class QmdFreshness:
                                      debounce_ms=watch_debounce_ms, retry=tasks.policy,
                                      on_error=self._update_failed)
 
+    @property
+    def dirty(self) -> bool:
+        """Whether a change the watcher saw may be missing from qmd's index: not once an update
+        that began after it (a ``sync`` request's) has read it."""
+        return self._dirty and not self._indexed(self._batch)
+
+    @property
+    def dirty_reason(self) -> str | None:
+        """Why :attr:`dirty` (``1 file(s) changed``, ``rescan``, ``watcher dead: ...``), else ``None``."""
+        return self._reason if self.dirty else None
+
+    def _indexed(self, paths: set[str]) -> bool:
+        """Whether the last completed update began clearly after each of ``paths`` last changed
+        (not racily clean), so it read them: a ``sync`` request's update that ran after a save
+        the watcher tells later. A path gone (when is unknown) or a rescan never is."""
+        started = self.cycle.scan_started_ms
+        if started is None or not paths or RESCAN_MARKER in paths:
+            return False
+        for path in paths:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                return False
+            if racily_clean(max(st.st_mtime_ns, st.st_ctime_ns), started):
+                return False
+        return True
+
     async def _on_change(self, paths: set[str], reason: str) -> None:
         """Watcher callback; raises when the update fails (the watcher keeps the paths and retries)."""
         files = paths - {RESCAN_MARKER}
-        self.dirty = True
-        self.dirty_reason = f"{len(files)} file(s) changed" if files else "rescan"
+        self._dirty, self._batch = True, paths
+        self._reason = f"{len(files)} file(s) changed" if files else "rescan"
         last = self.cycle.last_update_at
         wait_ms = 0 if last is None else max(0, self.update_debounce_ms - (self._now() - last))
         self._update_at_ms = self._now() + wait_ms
         try:
             if wait_ms > 0:
                 await anyio.sleep(wait_ms / 1000)
-            await self.cycle.run("watch")
+            if not self._indexed(paths):  # else a sync's update read them meanwhile
+                await self.cycle.run("watch")
         finally:
             self._update_at_ms = None
             self._settled.set()
             self._settled = anyio.Event()
-        self.dirty = False
-        self.dirty_reason = None
+        self._dirty, self._batch, self._reason = False, set(), None
         self.last_error = None
         if self.watcher.state.failures:  # the retry of a failed update worked
             self.tasks.recovered("watch update", self.watcher.state.failures)
@@ -74,17 +104,17 @@ class QmdFreshness:
         """Re-arm a dead watcher in the background and return the cause; ``None`` when it is healthy."""
         cause = self.watcher.rearm_if_dead(self.tasks, "qmd")
         if cause is not None:
-            self.dirty = True
-            self.dirty_reason = f"watcher dead: {cause}"
+            self._dirty, self._batch = True, {RESCAN_MARKER}
+            self._reason = f"watcher dead: {cause}"
         return cause
 
     def _update_due_in_ms(self) -> int | None:
         """ms until the next watcher update starts (0: running), or ``None`` when none is coming."""
         now = self._now()
-        if self._update_at_ms is not None:
+        if self._update_at_ms is not None and not self._indexed(self._batch):
             return max(0, self._update_at_ms - now)
         delivery = self.watcher.pending_delivery_in_ms()
-        if delivery is None:
+        if delivery is None or self._indexed(self.watcher.unsent()[1]):
             return None
         last = self.cycle.last_update_at
         debounce_left = 0 if last is None else self.update_debounce_ms - (now - last)
@@ -109,7 +139,7 @@ class QmdFreshness:
         index may miss the newest content), or ``None`` when the index holds what was seen."""
         if not self.dirty and self._update_due_in_ms() is None:
             return None
-        return (f"index stale: {self.dirty_reason or 'memory files changed'}; qmd's update is still "
+        return (f"index stale: {self._reason or 'memory files changed'}; qmd's update is still "
                 "due; the newest content may be missing")
 
     def snapshot(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from tenacity import (
 
 from fallback.errors import BackendTimeoutError, BackendUnavailableError, LockTimeoutError
 from fallback.fs.lock import PidFileLock
+from fallback.index.racy import wall_clock_ms
 from qmdbridge.qmd.runner import is_busy
 
 __all__ = ["EmbedState", "UpdateCycle", "file_lock", "embed_jitter_ms", "needs_null_byte_repair",
@@ -143,6 +144,9 @@ class UpdateCycle:
         self.closed = False
         self.updates_run = 0
         self.last_update_at: int | None = None
+        # when the last completed ``qmd update`` began, wall clock epoch ms: it read every file
+        # changed clearly before then (fallback.index.racy)
+        self.scan_started_ms: int | None = None
         self.last_error: str | None = None
         self.embed = EmbedState()
 
@@ -190,9 +194,11 @@ class UpdateCycle:
     async def _body(self, reason: str, *, force: bool) -> None:
         start = self._now()
         async with file_lock(self._write_lock, budget_ms=self._lock_budget_ms):
+            scan_started = wall_clock_ms()
             if self._export is not None:
                 await self._export()
             await self._update_with_retries(reason)
+        self.scan_started_ms = scan_started
         self.updates_run += 1
         self._last_done_ms = self._now()
         self.last_error = None

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from fallback.background import BackgroundTasks
+from fallback.index.racy import racily_clean, wall_clock_ms
 from fallback.request import SearchRequest
 from qmdbridge.config import parse_config, resolve_agent
 from qmdbridge.qmd.backend import QmdBackend
@@ -149,6 +150,36 @@ async def test_the_root_collection_follows_the_root_file_while_serving(
         (ws / "MEMORY.md").unlink()
         await b.sync(reason="serve")
         assert (await found("quokka photo"), await found("wombat burrow")) == ([], ["memory.md"])
+        await b.close()
+
+
+async def test_a_note_a_sync_indexed_leaves_no_stale_warning(
+        tmp_path: Path, qmd_bin: Path, base_path_env: str) -> None:
+    """The watcher's event of a save that a ``sync`` request's update indexed (it started after
+    the save) is no change for qmd: the answers after it carry no ``index stale`` warning and
+    status is clean. (Every answer warned, and status was dirty, until the watcher's own update,
+    ``update.debounceMs`` later: a minute here.)"""
+    b = _backend(tmp_path, qmd_bin, base_path_env, debounce_ms=60_000)
+    note = b.agent.workspace_dir / "memory" / "2026-05-03.md"
+    async with BackgroundTasks() as tasks:
+        await b.start(tasks)
+        assert b.freshness is not None
+        with anyio.fail_after(DEADLINE_S):
+            while not b.freshness.watcher.snapshot()["alive"]:  # its observer runs
+                await anyio.sleep(0.02)
+        seen = b.freshness.watcher.unsent()[0]
+        _save(note, "# Day\n\npelican on the quay\n")
+        saved_ns = max(note.stat().st_mtime_ns, note.stat().st_ctime_ns)
+        with anyio.fail_after(DEADLINE_S):  # the update must start clearly after the save
+            while racily_clean(saved_ns, wall_clock_ms()):
+                await anyio.sleep(0.01)
+        await b.sync(reason="serve")
+        with anyio.fail_after(DEADLINE_S):  # the watcher saw the save (pending, or handed over)
+            while b.freshness.watcher.unsent()[0] == seen:
+                await anyio.sleep(0.02)
+        found = await b.search(SearchRequest.of("pelican", min_score=0))
+        assert ([r.path for r in found.results], found.warnings) == (["memory/2026-05-03.md"], [])
+        assert (b.freshness.dirty, b.freshness.stale_warning()) == (False, None)
         await b.close()
 
 async def test_a_search_waits_only_for_an_update_due_within_its_wait(

@@ -27,6 +27,7 @@ __all__ = ["FlushPlan", "FlushPlanner", "flush_threshold_tokens", "should_flush"
 # Longest readable part of a state file name; a hash suffix keeps distinct keys distinct.
 _MAX_KEY_NAME_CHARS = 80
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_DEFAULTS = CompactionSettings()  # the functions' defaults are agents.defaults.compaction's
 
 
 def _is_count(value: object) -> bool:
@@ -37,8 +38,8 @@ def _is_count(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
-def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 20_000,
-                           soft_threshold_tokens: int = 4000) -> int | None:
+def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = _DEFAULTS.reserve_tokens_floor,
+                           soft_threshold_tokens: int = _DEFAULTS.memory_flush.soft_threshold_tokens) -> int | None:
     """The session size (tokens) at which the flush is due:
     ``context_window - reserve_tokens_floor - soft_threshold_tokens``.
 
@@ -60,8 +61,8 @@ def flush_threshold_tokens(context_window: int, *, reserve_tokens_floor: int = 2
     return threshold if threshold > 0 else None
 
 
-def should_flush(session_tokens: int, context_window: int, *, reserve_tokens_floor: int = 20_000,
-                 soft_threshold_tokens: int = 4000) -> bool:
+def should_flush(session_tokens: int, context_window: int, *, reserve_tokens_floor: int = _DEFAULTS.reserve_tokens_floor,
+                 soft_threshold_tokens: int = _DEFAULTS.memory_flush.soft_threshold_tokens) -> bool:
     """Whether ``session_tokens`` (> 0) reached :func:`flush_threshold_tokens` of the other
     arguments (tokens, as there); False for an invalid input or threshold."""
     if not _is_count(session_tokens) or session_tokens <= 0:

@@ -20,10 +20,11 @@ from fallback.embeddings import select_provider
 from fallback.embeddings.base import probe
 from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import MemorySearchError
+from fallback.sources import memory_files as files
 from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
 from fallback.store.vectors import probe_sqlite_vec
 from qmdbridge.config import ResolvedAgent
-from qmdbridge.problems import model_missing_problem
+from qmdbridge.problems import model_missing_problem, status_problems
 from qmdbridge.qmd.backend import QmdBackend
 from qmdbridge.qmd.index_health import is_corrupt
 from qmdbridge.qmd.locate import probe_qmd
@@ -136,18 +137,19 @@ def _check_root(ws: Path, fix: bool) -> Check:
                      f"{_index_hint(ws)}; or pass --workspace / set agents.defaults.workspace")
     state = root_memory_state(ws)
     linked = root_memory_file(ws).symlinked
+    # the problem status lists once a sync read the root: a symlinked root file, the legacy split
+    told = status_problems({"backend": "builtin", "issues": [files.LEGACY_SPLIT] if state == "split" else [],
+                            "skipped": [{"path": n, "reason": files.SYMLINK_SKIP} for n in linked[:1]]})
     if linked and state in ("canonical", "none"):
-        return Check("root memory file", "warn",
-                     f"{' and '.join(linked)} is a symlink: not memory (symlinks are never followed)",
-                     "replace the symlink with the file itself")
+        return Check("root memory file", "error", told[0]["message"], told[0]["hint"])
     if state == "canonical":
         return Check("root memory file", "ok", "MEMORY.md")
     if state == "none":
         return Check("root memory file", "warn", "no MEMORY.md in the workspace",
                      "create MEMORY.md for curated long-term facts")
-    hint = "run `qmdbridge doctor --fix` to archive memory.md and merge it into MEMORY.md"
-    detail = ("both MEMORY.md and legacy memory.md exist; memory.md is not indexed"
-              if state == "split" else "only the legacy memory.md exists (indexed as fallback)")
+    detail, hint = (told[-1]["message"], told[-1]["hint"]) if state == "split" else (
+        "only the legacy memory.md exists (indexed as fallback)",
+        "run `qmdbridge doctor --fix` to archive memory.md and merge it into MEMORY.md")
     if not fix:
         return Check("root memory file", "warn" if state == "legacy-only" else "error", detail, hint)
     try:

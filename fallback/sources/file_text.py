@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fallback.skipped import DEFAULT_MAX_FILE_BYTES, SkippedFile
-from fallback.sources.memory_files import MemoryFile
+from fallback.sources.memory_files import SYMLINK_SKIP, MemoryFile
 from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 
@@ -63,7 +63,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
 
     Returns:
         :class:`FileContent`, or a :class:`~fallback.skipped.SkippedFile` with reason
-        :data:`VANISHED`, ``symlink (not followed)``, ``unreadable: <OS reason>``, ``not a
+        :data:`VANISHED`, :data:`SYMLINK_SKIP`, ``unreadable: <OS reason>``, ``not a
         regular file``, ``too large (N bytes > cap M)`` or :data:`BINARY_FILE`.
     """
     def skipped(reason: str) -> SkippedFile:
@@ -76,7 +76,7 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return skipped(VANISHED)
         if exc.errno == errno.ELOOP:
-            return skipped("symlink (not followed)")
+            return skipped(SYMLINK_SKIP)
         return skipped(f"unreadable: {exc.strerror or exc}")
     try:
         st = os.fstat(fd)

@@ -23,9 +23,10 @@ from fallback.sources.stamps import change_time_ns
 from fallback.text.path_names import printable_path
 
 __all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
-           "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "MARKDOWN_SUFFIX", "NEVER_MATCHES",
+           "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT", "MARKDOWN_SUFFIX",
+           "NEVER_MATCHES",
            "MEMORY_DIR_NAME", "MemoryFile", "MemoryRoot", "PatternedPath", "ROOT_MEMORY_FILE",
-           "RootFile", "SKIP_DIR_NAMES", "classify_changed_path", "describe_extra_path",
+           "RootFile", "SKIP_DIR_NAMES", "SYMLINK_SKIP", "classify_changed_path", "describe_extra_path",
            "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
            "list_memory_files", "locate_memory_path", "memory_roots", "normalize_extra_paths",
            "root_memory_file", "split_pattern"]
@@ -37,6 +38,8 @@ SKIP_DIR_NAMES = frozenset({
 })
 ROOT_MEMORY_FILE = "MEMORY.md"
 LEGACY_ROOT_MEMORY_FILE = "memory.md"
+# The scan issue of a workspace holding both root files (status lists it, doctor --fix merges them).
+LEGACY_SPLIT = "both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed (merge memory.md into MEMORY.md)"
 # The dreaming diary at the workspace root: never memory, whatever root holds it.
 DREAMS_FILE = "DREAMS.md"
 MEMORY_DIR_NAME = "memory"
@@ -47,6 +50,8 @@ DEFAULT_PATTERN = "**/*.md"
 NEVER_MATCHES = "extra path pattern can never match a memory file:"
 # How the scan issue of an extra path that does not exist starts (then the path).
 EXTRA_PATH_MISSING = "extra path missing:"
+# The skip reason of a symlinked note, memory folder entry or root file (never followed).
+SYMLINK_SKIP = "symlink (not followed)"
 # Discovery stops walking after this many directory entries (an extra path such as the home
 # folder would walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -379,7 +384,7 @@ class _Collector:
                 if entry.is_symlink():
                     if (entry.name.endswith(MARKDOWN_SUFFIX) or entry.is_dir()) and (
                             not self.followed_elsewhere(entry.path)):
-                        self.skip(entry.path, "symlink (not followed)")
+                        self.skip(entry.path, SYMLINK_SKIP)
                     continue
                 if entry.is_dir(follow_symlinks=False):
                     if root.recursive and entry.name not in SKIP_DIR_NAMES:
@@ -402,7 +407,7 @@ class _Collector:
 def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:
     for name in root.symlinked:
         if not col.followed_elsewhere(os.path.join(workspace, name)):
-            col.skip(os.path.join(workspace, name), "symlink (not followed)")
+            col.skip(os.path.join(workspace, name), SYMLINK_SKIP)
     if root.name is None:
         return
     path = os.path.join(workspace, root.name)
@@ -410,8 +415,7 @@ def _add_root_file(col: _Collector, workspace: str, root: RootFile) -> None:
     if st is not None and stat.S_ISREG(st.st_mode):
         col.add_file(path, st)
     if root.legacy_shadowed:
-        col.issues.append("both MEMORY.md and legacy memory.md exist; only MEMORY.md is indexed "
-                          "(merge memory.md into MEMORY.md)")
+        col.issues.append(LEGACY_SPLIT)
 
 
 def _add_folder_root(col: _Collector, r: MemoryRoot) -> None:

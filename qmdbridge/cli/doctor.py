@@ -16,16 +16,15 @@ from qmdbridge.problems import QMD_UNHEALTHY, status_problems
 
 __all__ = ["doctor", "problem_checks"]
 
-# Problems the doctor's own checks already report, with their repair (--fix) or a live probe.
+# Problems the doctor's own checks already report, with a live probe.
 _OWN_CHECKS = ("embedding provider",)
-_OWN_ISSUES = ("legacy memory.md",)
 
 
-def problem_checks(problems: list[dict[str, Any]]) -> list[Any]:
-    """The status problems as doctor ``error`` checks, without those the doctor checks
-    itself (the provider, the legacy split, a failing qmd test search)."""
+def problem_checks(problems: list[dict[str, Any]], told: list[Check]) -> list[Any]:
+    """The status problems as doctor ``error`` checks, without those the doctor checks itself
+    (the provider, a failing qmd test search) or ``told`` already (the root file, in status's words)."""
     return [Check(p["check"], "error", p["message"], p["hint"]) for p in problems
-            if p["check"] not in _OWN_CHECKS and not any(s in p["message"] for s in _OWN_ISSUES)
+            if p["check"] not in _OWN_CHECKS and p["message"] not in {c.detail for c in told}
             and not p["message"].startswith(QMD_UNHEALTHY)]  # doctor's qmd check ran that search
 
 
@@ -37,7 +36,7 @@ async def doctor(agent: Any, args: argparse.Namespace) -> int:
     unusable = any(c.name == "index" and c.level == "error" for c in report.checks)
     if agent.workspace_dir.is_dir() and not unusable:
         async with MemoryManager(agent, backend=args.backend) as m:
-            report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict())))
+            report.checks.extend(problem_checks(status_problems((await m.status()).to_json_dict()), report.checks))
     if args.json:
         emit_json(report.to_json())
     else:

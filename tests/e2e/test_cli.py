@@ -247,6 +247,37 @@ def test_doctor_json(ws: Path, env: dict[str, str]) -> None:
     assert root["fixed"] is True and not (ws / "memory.md").exists()
 
 
+def test_doctor_tells_a_symlinked_root_file_once_as_status_does_before_and_after_a_sync(
+        ws: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """doctor's own root-file check and the status problem it adds after a sync are one problem:
+    the same message, level and fix as ``status`` lists, reported once, with or without an index."""
+    (tmp_path / "real.md").write_bytes((ws / "MEMORY.md").read_bytes())
+    (ws / "MEMORY.md").unlink()
+    (ws / "MEMORY.md").symlink_to(tmp_path / "real.md")
+    expected = {"name": "root memory file", "level": "error",
+                "detail": "MEMORY.md is not indexed: symlink (not followed)", "hint": LINK_FIX, "fixed": False}
+    before = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    assert {"check": "memory file", "message": expected["detail"], "hint": LINK_FIX} in status["problems"]
+    after = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
+    for doc in (before, after):
+        told = [c for c in doc["checks"] if "MEMORY.md" in c["detail"] and "symlink" in c["detail"]]
+        assert told == [expected] and doc["ok"] is False
+
+
+def test_doctor_tells_the_legacy_split_in_the_words_of_status(ws: Path, env: dict[str, str]) -> None:
+    """Both root files: doctor's root-file check says what ``status`` lists, once."""
+    (ws / "memory.md").write_text("legacy\n")
+    assert run(["index", "--workspace", str(ws)], env).returncode == 0
+    status = orjson.loads(run(["status", "--workspace", str(ws), "--json"], env).stdout)
+    problem = next(p for p in status["problems"] if "legacy memory.md" in p["message"])
+    doctor = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
+    told = [c for c in doctor["checks"] if "legacy memory.md" in c["detail"]]
+    assert told == [{"name": "root memory file", "level": "error", "detail": problem["message"],
+                     "hint": problem["hint"], "fixed": False}]
+
+
 def test_an_extra_path_whose_pattern_admits_nothing_is_a_problem(ws: Path, env: dict[str, str],
                                                                  tmp_path: Path) -> None:
     notes = tmp_path / "notes"

@@ -48,7 +48,7 @@ async def test_symlinked_root_file_is_not_memory(tmp_path: Path) -> None:
                           env={"OPENCLAW_STATE_DIR": str(tmp_path / "state")})
     report = await run_doctor(agent, env={"PATH": os.environ.get("PATH", "")})
     check = next(c for c in report.checks if c.name == "root memory file")
-    assert (check.level, check.detail) == ("warn", "MEMORY.md is a symlink: not memory (symlinks are never followed)")
+    assert (check.level, check.detail) == ("error", "MEMORY.md is not indexed: symlink (not followed)")
     (ws / "memory.md").write_text("legacy\n")
     assert root_memory_state(ws) == "legacy-only"
     assert repair_root_memory(ws) == "MEMORY.md is a symlink (never followed): replace it with a regular file first"

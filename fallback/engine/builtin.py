@@ -510,7 +510,7 @@ class BuiltinEngine:
         if self._live is not None:
             dead = self._live.check_watcher()  # a dead watcher is re-armed in the background
             if dead is not None:
-                self.mark_dirty(f"watcher dead: {dead}; re-arming")
+                self.mark_dirty(dead)
             elif changed := self._live.unsynced_changes():  # saved within the debounce
                 self.mark_dirty(f"files changed: {changed}")
         store, read_only = await self._stores.open_search()  # read-only: answer without a sync

@@ -16,7 +16,7 @@ import anyio
 
 from fallback.background import BackgroundTasks
 from fallback.sources.transcripts import SessionDeltaTracker
-from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
+from fallback.sources.watcher import DEAD_WATCHER, RESCAN_MARKER, MemoryWatcher
 from fallback.text.counts import counted
 
 if TYPE_CHECKING:
@@ -215,8 +215,8 @@ class LiveSync:
             watcher.dead_reason() is None and watcher.unsent()[0] <= self._events_searched)))
 
     def check_watcher(self) -> str | None:
-        """When the watcher is dead, re-arm it in the background and return the cause; ``None``
-        when it is healthy or absent."""
+        """When the watcher is dead, re-arm it in the background and return why
+        (``watcher.DEAD_WATCHER``); ``None`` when it is healthy or absent."""
         if self.watcher is None or self._closed:
             return None
         return self.watcher.rearm_if_dead(self._tasks, "memory")
@@ -243,11 +243,11 @@ class LiveSync:
         return events, 0 if events <= self._events_searched else count
 
     def snapshot(self, dead: str | None = None) -> LiveSnapshot:
-        """The live part of a status (``dead``: a cause :meth:`check_watcher` just found); its
+        """The live part of a status (``dead``: what :meth:`check_watcher` just found); its
         ``custom`` entries are ``{"watcher": MemoryWatcher.snapshot() | None, "live":
         {"degraded", "syncs": {reason: count}, "sessionsPending", "stale"}}`` (``stale``:
         :meth:`stale_reason`)."""
-        degraded = f"watcher dead: {dead}; re-arming" if dead else self.degraded_reason
+        degraded = dead or self.degraded_reason
         stale = self.stale_reason()
         return LiveSnapshot(degraded, {
             "watcher": self.watcher.snapshot() if self.watcher is not None else None,
@@ -283,7 +283,7 @@ class LiveSync:
         if watcher is not None:
             dead = watcher.dead_reason()
             if dead is not None:
-                return f"watcher dead: {dead}; re-arming"
+                return DEAD_WATCHER.format(cause=dead)
             last = watcher.state.last_rearm
             if watcher.state.rearms > self._rearms_synced and last is not None:
                 return f"watcher re-armed after: {last['cause']}; rescan pending"

@@ -38,7 +38,7 @@ from fallback.sources.memory_files import (
 )
 from fallback.sources.transcripts import is_transcript_name
 
-__all__ = ["MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
+__all__ = ["DEAD_WATCHER", "MAX_WATCH_DEPTH", "MISSED_GRACE_MS", "MemoryWatcher", "RESCAN_MARKER", "WatchState"]
 
 # How often the run loop looks at the observer's health, in ms (searches and status look too).
 HEALTH_CHECK_MS = 1000
@@ -47,6 +47,8 @@ HEALTH_CHECK_MS = 1000
 MISSED_GRACE_MS = 3000
 # Pending-set marker for "events may have been lost: rescan everything".
 RESCAN_MARKER = "<rescan>"
+# How both backends tell a dead watcher (a status's dirty reason, a search's stale warning).
+DEAD_WATCHER = "watcher dead: {cause}; re-arming"
 # The polling observer descends at most this many folders below a watched root (the periodic
 # rescan of the watcher's owner finds changes deeper down).
 MAX_WATCH_DEPTH = 12
@@ -406,12 +408,13 @@ class MemoryWatcher:
 
     def rearm_if_dead(self, tasks: BackgroundTasks, whose: str) -> str | None:
         """When the watcher is dead, :meth:`rearm` it on ``tasks`` (one re-arm at a time) and
-        return the cause; ``None`` when it is healthy. ``whose`` names it in the log (``memory``, ``qmd``)."""
+        return :data:`DEAD_WATCHER` of the cause; ``None`` when it is healthy. ``whose`` names it
+        in the log (``memory``, ``qmd``)."""
         cause = self.dead_reason()
         if cause is not None and tasks.is_open and not tasks.is_active("watcher re-arm"):
             log.warning("%s file watcher is dead (%s); re-arming it", whose, cause)
             tasks.start_soon("watcher re-arm", lambda: anyio.to_thread.run_sync(self.rearm))
-        return cause
+        return None if cause is None else DEAD_WATCHER.format(cause=cause)
 
     def rearm(self) -> bool:
         """Replace a dead observer with a new one and queue a rescan (blocking); a dead native

@@ -572,8 +572,7 @@ class QmdBackend:
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
             last_error=last_error,
             dirty=bool(indexing or (self.freshness and (self.freshness.dirty or dead_watcher))),
-            dirty_reason=(f"watcher dead: {dead_watcher}; re-arming" if dead_watcher else indexing
-                          or (self.freshness.dirty_reason if self.freshness else None)),
+            dirty_reason=(dead_watcher or indexing or (self.freshness.dirty_reason if self.freshness else None)),
             custom={"qmd": {
                 "binary": str(self.location.path), "version": getattr(self.location, "version", None),
                 "collections": len(self.collections),

@@ -101,12 +101,12 @@ class QmdFreshness:
         self.tasks.report("watch update", exc, failures=failures, retry_in_ms=retry_in_ms)
 
     def check_watcher(self) -> str | None:
-        """Re-arm a dead watcher in the background and return the cause; ``None`` when it is healthy."""
-        cause = self.watcher.rearm_if_dead(self.tasks, "qmd")
-        if cause is not None:
-            self._dirty, self._batch = True, {RESCAN_MARKER}
-            self._reason = f"watcher dead: {cause}"
-        return cause
+        """Re-arm a dead watcher in the background and return why (the dirty reason,
+        ``watcher.DEAD_WATCHER``); ``None`` when it is healthy."""
+        dead = self.watcher.rearm_if_dead(self.tasks, "qmd")
+        if dead is not None:
+            self._dirty, self._batch, self._reason = True, {RESCAN_MARKER}, dead
+        return dead
 
     def _update_due_in_ms(self) -> int | None:
         """ms until the next watcher update starts (0: running), or ``None`` when none is coming."""

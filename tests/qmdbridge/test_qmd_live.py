@@ -89,6 +89,9 @@ async def test_saved_file_becomes_searchable_through_the_watcher(tmp_path: Path,
         # the file watcher and the warm qmd mcp child (interval "0"; search mode has no embed timer)
         assert tasks.running == 2
         kill_observer(b.freshness.watcher)  # a dead watcher: noticed, re-armed, rescanned
+        # told as the builtin engine tells it (test_engine_live.py), in status and stale warnings
+        assert b.freshness.check_watcher() == b.freshness.dirty_reason == (
+            "watcher dead: native watcher thread died; re-arming")
         with anyio.fail_after(DEADLINE_S):
             while True:
                 st = await b.status()

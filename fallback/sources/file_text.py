@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fallback.skipped import DEFAULT_MAX_FILE_BYTES, SkippedFile
-from fallback.sources.memory_files import SYMLINK_SKIP, MemoryFile
+from fallback.sources.memory_files import NOFOLLOW_READ, SYMLINK_ERRNOS, SYMLINK_SKIP, MemoryFile
 from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 
@@ -69,13 +69,12 @@ def read_memory_text(f: MemoryFile, *, max_file_bytes: int) -> FileContent | Ski
     def skipped(reason: str) -> SkippedFile:
         return SkippedFile(path=f.rel_path, reason=reason)
 
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(f.abs_path, flags)
+        fd = os.open(f.abs_path, NOFOLLOW_READ)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return skipped(VANISHED)
-        if exc.errno == errno.ELOOP:
+        if exc.errno in SYMLINK_ERRNOS:
             return skipped(SYMLINK_SKIP)
         return skipped(f"unreadable: {exc.strerror or exc}")
     try:

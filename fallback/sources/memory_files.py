@@ -24,9 +24,9 @@ from fallback.text.path_names import printable_path
 
 __all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
            "EXTRA_PATH_MISSING", "ExtraPathEntry", "LEGACY_ROOT_MEMORY_FILE", "LEGACY_SPLIT", "MARKDOWN_SUFFIX",
-           "NEVER_MATCHES",
-           "MEMORY_DIR_NAME", "MemoryFile", "MemoryRoot", "PatternedPath", "ROOT_MEMORY_FILE",
-           "RootFile", "SKIP_DIR_NAMES", "SYMLINK_SKIP", "classify_changed_path", "describe_extra_path",
+           "NEVER_MATCHES", "MEMORY_DIR_NAME", "MemoryFile", "NOFOLLOW_READ", "MemoryRoot", "PatternedPath",
+           "ROOT_MEMORY_FILE", "RootFile", "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "classify_changed_path",
+           "describe_extra_path",
            "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
            "list_memory_files", "locate_memory_path", "memory_roots", "normalize_extra_paths",
            "root_memory_file", "split_pattern"]
@@ -52,6 +52,10 @@ NEVER_MATCHES = "extra path pattern can never match a memory file:"
 EXTRA_PATH_MISSING = "extra path missing:"
 # The skip reason of a symlinked note, memory folder entry or root file (never followed).
 SYMLINK_SKIP = "symlink (not followed)"
+# How a memory file is opened: never through a symlink, never blocking (a FIFO named like a note);
+# a symlink then fails with one of SYMLINK_ERRNOS (BSDs answer EMLINK rather than ELOOP).
+NOFOLLOW_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+SYMLINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
 # Discovery stops walking after this many directory entries (an extra path such as the home
 # folder would walk the whole disk); the cut is reported.
 MAX_WALK_ENTRIES = 200_000
@@ -345,7 +349,7 @@ class _Collector:
             self.skip(path, f"too large ({st.st_size} bytes > cap {self.max_file_bytes})")
             return
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(path, NOFOLLOW_READ)
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 return

@@ -50,7 +50,9 @@ from fallback.sources.memory_files import (
     LEGACY_ROOT_MEMORY_FILE,
     MARKDOWN_SUFFIX,
     MEMORY_DIR_NAME,
+    NOFOLLOW_READ,
     ROOT_MEMORY_FILE,
+    SYMLINK_ERRNOS,
     ExtraPathEntry,
     MemoryRoot,
     is_excluded,
@@ -96,9 +98,6 @@ _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR})
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-# BSDs answer EMLINK instead of ELOOP when O_NOFOLLOW meets a symlink.
-_SYMLINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK})
 # openat-style walks need os.open(..., dir_fd=...) (every POSIX platform; not Windows).
 _HAS_DIR_FD = os.open in os.supports_dir_fd
 
@@ -331,7 +330,7 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
     try:
         return os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in _SYMLINK_ERRNOS:
+        if exc.errno in SYMLINK_ERRNOS:
             raise PathRefusedError(shown, "symlinked directory", hint=SYMLINK_HINT) from exc
         if exc.errno == errno.ENOTDIR:  # a symlink (O_NOFOLLOW | O_DIRECTORY on Linux) or a file
             with contextlib.suppress(FileNotFoundError):
@@ -372,9 +371,9 @@ def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_bas
             os.close(dfd)
             dfd = nfd
         try:
-            fd = os.open(inner[-1], os.O_RDONLY | _O_NOFOLLOW | _O_NONBLOCK | _O_CLOEXEC, dir_fd=dfd)
+            fd = os.open(inner[-1], NOFOLLOW_READ | _O_CLOEXEC, dir_fd=dfd)
         except OSError as exc:
-            if exc.errno in _SYMLINK_ERRNOS:
+            if exc.errno in SYMLINK_ERRNOS:
                 raise PathRefusedError(shown, "symlink", hint=SYMLINK_HINT) from exc
             if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                 raise MemoryFileNotFoundError(shown) from exc

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
     from fallback.background import BackgroundTasks
     from fallback.request import SearchRequest
 
-__all__ = ["MemoryBackend", "ProgressCallback", "SearchOutcome"]
+__all__ = ["STALE_WARNING", "MemoryBackend", "ProgressCallback", "SearchOutcome"]
+
+# The warning of an answer given while the index may miss changes it knows of (either backend).
+STALE_WARNING = "index stale: {reason}; the newest content may be missing"
 
 # Sync progress: ``progress(files_done, files_total, chunks_embedded, chunks_written)``, called
 # after each file and each committed embedding batch.

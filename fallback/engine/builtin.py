@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from fallback.background import BackgroundTasks
-from fallback.contract import ProgressCallback, SearchOutcome
+from fallback.contract import STALE_WARNING, ProgressCallback, SearchOutcome
 from fallback.embeddings.base import EmbeddingProvider
 from fallback.engine.presearch import (
     STILL_SYNCING,
@@ -478,7 +478,7 @@ class BuiltinEngine:
         live = self._live
         if live is not None and (stale := live.stale_reason(memory=False, below_delta=False)):
             return replace(outcome, warnings=[
-                *outcome.warnings, f"index stale: {stale}; the newest content may be missing"])
+                *outcome.warnings, STALE_WARNING.format(reason=stale)])
         return outcome
 
     def _finish(self, outcome: SearchOutcome) -> SearchOutcome:
@@ -548,7 +548,7 @@ class BuiltinEngine:
             budget_ms=budget_ms, sync=partial(self._search_sync, deadline, progress), live=self._live)
         if ran is not None:
             store = (await self._stores.open_search())[0]  # it may have replaced a corrupt store
-            warnings += [STILL_SYNCING.format(budget_ms=budget_ms)] if ran == "running" else []
+            warnings += [STALE_WARNING.format(reason=STILL_SYNCING.format(budget_ms=budget_ms))] if ran == "running" else []
             if state.held_workspace is not None:
                 state = await anyio.to_thread.run_sync(read_index_state, store, ws, identity)
         if state.held_workspace is not None:  # not re-indexed: not this workspace's memory

@@ -19,9 +19,8 @@ __all__ = ["STILL_SYNCING", "IndexState", "PresearchSync", "foreign_index_warnin
            "run_presearch_sync"]
 
 PresearchSync = Literal["await", "budget"]
-# The warning of a live-mode answer given while the sync it waited for runs on past its budget.
-STILL_SYNCING = ("index stale: the sync before this search still runs after its {budget_ms} ms "
-                 "budget; the newest content may be missing")
+# Why a live-mode answer is stale while the sync it waited for runs on past its budget.
+STILL_SYNCING = "the sync before this search still runs after its {budget_ms} ms budget"
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ async def run_presearch_sync(state: IndexState, *, synced: bool, dirty: bool, on
 
     Returns: ``None`` when no sync was due; ``"running"`` when live mode's sync of changes seen
     since this process synced (``synced`` and ``dirty``; not its first sync) still runs past the
-    budget (the answer comes from the index as it is: :data:`STILL_SYNCING`); else ``"done"``.
+    budget (the answer comes from the index as it is: :data:`STILL_SYNCING`, the ``contract.STALE_WARNING``); else ``"done"``.
     The store file may have been replaced unless ``None``.
     """
     kind = presearch_sync(state, synced=synced, dirty=dirty, on_search=on_search)

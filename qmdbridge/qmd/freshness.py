@@ -12,6 +12,7 @@ import anyio
 import anyio.abc
 
 from fallback.background import BackgroundTasks
+from fallback.contract import STALE_WARNING
 from fallback.index.racy import racily_clean
 from fallback.settings import ExtraPath
 from fallback.sources.watcher import RESCAN_MARKER, MemoryWatcher
@@ -139,8 +140,7 @@ class QmdFreshness:
         index may miss the newest content), or ``None`` when the index holds what was seen."""
         if not self.dirty and self._update_due_in_ms() is None:
             return None
-        return (f"index stale: {self._reason or 'memory files changed'}; qmd's update is still "
-                "due; the newest content may be missing")
+        return STALE_WARNING.format(reason=f"{self._reason or 'memory files changed'}; qmd's update is still due")
 
     def snapshot(self) -> dict[str, Any]:
         """Status view: dirty flag, reason, last error and the watcher's own state."""

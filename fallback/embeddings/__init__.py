@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import get_args
 
 from fallback.embeddings.base import BaseProvider, CallPolicy, EmbeddingProvider, probe
-from fallback.errors import EmbeddingProviderUnavailableError
+from fallback.errors import EmbeddingProviderUnavailableError, SearchUnavailableError
 from fallback.settings import MemorySearchSettings, ProviderName
 
 __all__ = ["AUTO_ENV_KEYS", "AUTO_ORDER", "ENV_KEYS", "PROVIDERS", "BaseProvider", "CallPolicy",
@@ -63,13 +63,18 @@ AUTO_ENV_KEYS: tuple[str, ...] = tuple(k for name in AUTO_ORDER for k in ENV_KEY
 @dataclass(frozen=True)
 class ProviderSelection:
     """The outcome of :func:`select_provider`: the ``provider`` (None: keyword-only), the
-    ``requested`` name, why it is not in use, and the ``error`` when search must report
-    itself unavailable."""
+    ``requested`` name, why it is not in use, and the ``failure`` a search raises when it must
+    report itself unavailable (its text: :attr:`error`)."""
 
     provider: EmbeddingProvider | None
     requested: str
     unavailable_reason: str | None = None
-    error: str | None = None
+    failure: SearchUnavailableError | None = None
+
+    @property
+    def error(self) -> str | None:
+        """``memory search unavailable: <provider>: <reason>`` (``failure``'s text), or ``None``."""
+        return None if self.failure is None else str(self.failure)
 
 
 def create_provider(name: str, settings: MemorySearchSettings, *,
@@ -123,12 +128,13 @@ def select_provider(settings: MemorySearchSettings, *, env: Mapping[str, str] | 
                                                  registry=registry), requested)
     except EmbeddingProviderUnavailableError as exc:
         reason = exc.reason
-    error = f"memory search unavailable: {requested}: {reason}"
+    detail = reason
     fallback = (settings.fallback or "none").strip()
     if fallback not in ("none", "", requested):  # the fallback selected as if it were configured
         chosen = select_provider(settings.model_copy(update={"provider": fallback, "fallback": "none"}),
                                  env=environ, registry=registry)
         if chosen.provider is not None:
             return ProviderSelection(chosen.provider, requested, unavailable_reason=reason)
-        error += f"; fallback {fallback}: {chosen.unavailable_reason}"
-    return ProviderSelection(None, requested, unavailable_reason=reason, error=error)
+        detail += f"; fallback {fallback}: {chosen.unavailable_reason}"
+    return ProviderSelection(None, requested, unavailable_reason=reason,
+                             failure=SearchUnavailableError(requested, detail))

@@ -158,11 +158,9 @@ class BuiltinEngine:
         return self._provider_selection().provider
 
     def _fail_closed(self) -> None:
-        sel = self._provider_selection()
-        if sel.error:
-            message = str(sel.error)
-            prefix = f"memory search unavailable: {sel.requested}: "
-            raise SearchUnavailableError(sel.requested, message.removeprefix(prefix))
+        failure = self._provider_selection().failure
+        if failure is not None:  # a new one each time (a raise keeps its traceback)
+            raise SearchUnavailableError(failure.provider, failure.reason)
 
     def _vector_index(self) -> Any:
         if self._stores.is_postgres:  # the store answers the vector side itself

@@ -89,9 +89,11 @@ def test_explicit_provider_falls_back() -> None:
 
 def test_explicit_provider_unavailable_is_an_error() -> None:
     sel = select_provider(cfg(provider="voyage"), env={"OPENAI_API_KEY": "sk"})
-    assert sel == ProviderSelection(
-        None, "voyage", unavailable_reason="no API key found for voyage",
-        error="memory search unavailable: voyage: no API key found for voyage")
+    assert (sel.provider, sel.requested, sel.unavailable_reason, sel.error) == (
+        None, "voyage", "no API key found for voyage",
+        "memory search unavailable: voyage: no API key found for voyage")
+    assert sel.failure is not None and (sel.failure.provider, sel.failure.reason) == (
+        "voyage", "no API key found for voyage")
     both = select_provider(cfg(provider="openai", fallback="mistral"), env={})
     assert both.error == ("memory search unavailable: openai: no API key found for openai; "
                           "fallback mistral: no API key found for mistral")

@@ -14,6 +14,7 @@ from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import (
     BackendUnavailableError,
     ManagerClosedError,
+    SearchUnavailableError,
     UsageError,
 )
 from fallback.request import SearchRequest
@@ -243,7 +244,7 @@ async def test_failed_query_embedding_answers_keyword_only_unless_strict(ws: Pat
 async def test_explicit_unavailable_provider_fails_closed(ws: Path) -> None:
     settings = EngineSettings.for_workspace(ws, search=MemorySearchSettings(provider="openai"))
     sel = ProviderSelection(None, "openai", unavailable_reason="No API key found for provider openai",
-                            error="No API key found for provider openai")
+                            failure=SearchUnavailableError("openai", "No API key found for provider openai"))
     engine = BuiltinEngine(settings, provider_selection=sel)
     with pytest.raises(BackendUnavailableError) as info:
         await engine.search(SearchRequest.of("alpha"))

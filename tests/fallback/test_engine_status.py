@@ -13,6 +13,7 @@ import pytest
 from fallback.embeddings import ProviderSelection, select_provider
 from fallback.embeddings.local_gguf import LLAMA_CPP_MISSING
 from fallback.engine.builtin import BuiltinEngine
+from fallback.errors import SearchUnavailableError
 from fallback.settings import EngineSettings, MemorySearchSettings
 
 
@@ -62,7 +63,7 @@ async def test_a_configured_provider_that_cannot_load_is_unavailable_not_keyword
     local = settings_for(ws, provider="local")
     # what select_provider answers on a machine without llama-cpp-python
     selection = ProviderSelection(None, "local", unavailable_reason=LLAMA_CPP_MISSING,
-                                  error=f"memory search unavailable: local: {LLAMA_CPP_MISSING}")
+                                  failure=SearchUnavailableError("local", LLAMA_CPP_MISSING))
     engine = BuiltinEngine(local, provider_selection=selection)
     try:
         st = await engine.status()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fallback.errors import UsageError
 
-__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest", "check_limits"]
+__all__ = ["MAX_LIMIT", "ReadRequest", "SearchRequest", "check_limits", "require_workspace", "workspace_relative"]
 
 # Upper bound of counts and line numbers a caller may pass (keeps JSON integers in range).
 MAX_LIMIT = 2**31 - 1
@@ -118,3 +118,18 @@ def workspace_relative(path: str, workspace: Path) -> str:
         if candidate.is_relative_to(workspace):
             return candidate.relative_to(workspace).as_posix()
     return Path(os.path.relpath(p, workspace)).as_posix()
+
+
+def require_workspace(workspace_dir: Path) -> None:
+    """Refuse a workspace that is not a folder: a caller's mistake, not an empty memory (a sync
+    of it would empty the index, and ``status`` would create a store for nothing).
+
+    Raises:
+        UsageError: ``workspace does not exist: <path> (create it, pass --workspace or set
+            agents.defaults.workspace)`` (``is not a directory`` for a file, without ``create it``).
+    """
+    if not workspace_dir.is_dir():
+        exists = workspace_dir.exists()
+        raise UsageError(f"workspace {'is not a directory' if exists else 'does not exist'}: "
+                         f"{workspace_dir} ({'' if exists else 'create it, '}pass --workspace or set "
+                         "agents.defaults.workspace)")

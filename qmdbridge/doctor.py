@@ -19,7 +19,8 @@ import anyio
 from fallback.embeddings import select_provider
 from fallback.embeddings.base import probe
 from fallback.engine.builtin import BuiltinEngine
-from fallback.errors import MemorySearchError
+from fallback.errors import MemorySearchError, UsageError
+from fallback.request import require_workspace
 from fallback.sources import memory_files as files
 from fallback.sources.memory_files import LEGACY_ROOT_MEMORY_FILE, ROOT_MEMORY_FILE, root_memory_file
 from fallback.store.vectors import probe_sqlite_vec
@@ -132,9 +133,10 @@ def _index_hint(ws: Path) -> str:
 
 
 def _check_root(ws: Path, fix: bool) -> Check:
-    if not ws.is_dir():
-        return Check("workspace", "error", f"workspace missing: {ws}",
-                     f"{_index_hint(ws)}; or pass --workspace / set agents.defaults.workspace")
+    try:
+        require_workspace(ws)  # in the words of every command that needs one
+    except UsageError as exc:
+        return Check("workspace", "error", str(exc), f"{_index_hint(ws)}; or pass --workspace / set agents.defaults.workspace")
     state = root_memory_state(ws)
     linked = root_memory_file(ws).symlinked
     # the problem status lists once a sync read the root: a symlinked root file, the legacy split

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -33,7 +32,7 @@ from fallback.models import (
     SearchResponse,
     Source,
 )
-from fallback.request import ReadRequest, SearchRequest, workspace_relative
+from fallback.request import ReadRequest, SearchRequest, require_workspace, workspace_relative
 from fallback.sources.read_page import shared_name, transcript_name
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import qmd_home
@@ -66,21 +65,6 @@ BUILTIN_PREPARE_LEAD_MS = 1000
 BACKSTOP_GRACE_MS = 4000
 # The warning of a qmd answer to a search that asked for the ranking trace.
 NO_QMD_EXPLAIN = "explain: qmd answered and reports no ranking trace; use --backend builtin"
-
-
-def require_workspace(workspace_dir: Path) -> None:
-    """Refuse a workspace that is not a folder: a caller's mistake, not an empty memory (a sync
-    of it would empty the index, and ``status`` would create a store for nothing).
-
-    Raises:
-        UsageError: ``workspace does not exist: <path> (create it, pass --workspace or set
-            agents.defaults.workspace)`` (``is not a directory`` for a file, without ``create it``).
-    """
-    if not workspace_dir.is_dir():
-        exists = workspace_dir.exists()
-        raise UsageError(f"workspace {'is not a directory' if exists else 'does not exist'}: "
-                         f"{workspace_dir} ({'' if exists else 'create it, '}pass --workspace or set "
-                         "agents.defaults.workspace)")
 
 
 def decorate_citations(results: list[MemorySearchResult], *, include: bool,

@@ -122,6 +122,19 @@ def test_status_and_doctor_without_a_workspace_create_nothing(env: dict[str, str
     assert not list(state.rglob("*.sqlite*")) and not (state / "memory").exists()
 
 
+def test_doctor_and_status_tell_a_workspace_that_is_a_file_alike(env: dict[str, str], tmp_path: Path) -> None:
+    """A file where the workspace should be: doctor's workspace check says what ``status`` says
+    (it said ``workspace missing``, as for a path that does not exist)."""
+    ws = tmp_path / "notes.md"
+    ws.write_text("not a folder\n")
+    st = run(["status", "--workspace", str(ws)], env)
+    assert st.returncode == 2
+    doc = orjson.loads(run(["doctor", "--workspace", str(ws), "--json"], env).stdout)
+    check = next(c for c in doc["checks"] if c["name"] == "workspace")
+    assert f"qmdbridge: {check['detail']}\n" == st.stderr == (
+        f"qmdbridge: workspace is not a directory: {ws} (pass --workspace or set agents.defaults.workspace)\n")
+
+
 def test_status_and_doctor_report_the_same_problems(ws: Path, env: dict[str, str], tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.json5"
     cfg.write_text("{agents: {defaults: {memorySearch: {maxFileBytes: 2000, extraPaths: ['notes', 'journal.md']}}}}")

@@ -145,6 +145,32 @@ def _path_arg(value: str) -> str:
     return value
 
 
+class _JoinWords(argparse.Action):
+    """A positional of ``nargs="+"`` stored as one string: its words joined by single spaces."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, " ".join(values) if isinstance(values, list) else values)
+
+
+def _command_first(raw: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``raw`` with the options typed before the command (``qmdbridge --json search x``) moved
+    after it, where the command's parser reads them (an option that takes a value keeps the
+    token after it); ``raw`` itself when it starts with the command, ``-h``/``--help``/``--version``
+    or when no command follows the options."""
+    if not raw or not raw[0].startswith("-") or raw[0] in ("-h", "--help", "--version"):
+        return raw
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    takes_value = {flag for command in sub.choices.values()
+                   for flag, action in command._option_string_actions.items() if action.nargs != 0}
+    i = 0
+    while i < len(raw) and raw[i].startswith("-") and raw[i] != "--":
+        i += 2 if raw[i] in takes_value else 1
+    if i < len(raw) and raw[i] in sub.choices:
+        return [raw[i], *raw[:i], *raw[i + 1:]]
+    return raw
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workspace", metavar="DIR", type=_path_arg, help="agent workspace (default: from config)")
     p.add_argument("--agent", metavar="ID", help="agent id (default: the config's default agent, else 'main')")
@@ -171,8 +197,9 @@ def build_parser(only: str | None = None, *, json_errors: bool = False) -> argpa
         return sub.add_parser(name, **{"epilog": EPILOG, **kwargs}) if only in (None, name) else None
 
     if p := add("search", help="search memory (memory_search)"):
-        p.add_argument("query", help="what to look for (one that starts with '-' goes after '--': "
-                                     "qmdbridge search -- -flag)")
+        p.add_argument("query", nargs="+", action=_JoinWords,
+                       help="what to look for; several words are one query (qmdbridge search what did we "
+                            "decide); one that starts with '-' goes after '--': qmdbridge search -- -flag")
         p.add_argument("--max-results", type=int, metavar="N",
                        help="hits wanted (default query.maxResults, %(config_query_max_results)s; on qmd "
                             "memory.qmd.limits.maxResults, %(config_qmd_max_results)s)")
@@ -298,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raw = list(sys.argv[1:] if argv is None else argv)
         json_errors = "--json" in raw[: raw.index("--")] if "--" in raw else "--json" in raw
         only = raw[0] if raw and raw[0] in DAEMON_COMMANDS else None
-        args = build_parser(only, json_errors=json_errors).parse_args(raw)
+        parser = build_parser(only, json_errors=json_errors)
+        raw = _command_first(raw, parser)
+        args = parser.parse_args(raw)
         if args.command in DAEMON_COMMANDS:
             # a running `qmdbridge serve` for this agent answers without any heavy import
             served = try_daemon(args)

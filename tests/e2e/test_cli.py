@@ -95,14 +95,43 @@ def test_a_query_that_starts_with_a_dash_says_to_put_it_after_double_dash(ws: Pa
     j = run(["search", "router", "-x", "--workspace", str(ws), "--json"], env)
     assert (j.returncode, orjson.loads(j.stdout)) == (2, {
         "error": f"qmdbridge: unrecognized arguments: -x {hint}", "errorType": "UsageError", "exitCode": 2})
-    late = run(["search", "--", "-flag", "--workspace", str(ws)], env)
-    assert late.returncode == 2
-    assert late.stderr.decode().splitlines()[-1] == (
-        f"qmdbridge: error: unrecognized arguments: --workspace {ws} {hint}")
     ok = run(["search", "--workspace", str(ws), "--json", "--", "-router dropped the WAN link"], env)
     assert ok.returncode == 0 and orjson.loads(ok.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
     helped = run(["search", "--help"], env).stdout.decode()
     assert "one that starts with '-' goes after '--'" in " ".join(helped.split())
+
+
+def test_an_unquoted_query_of_several_words_is_one_query(ws: Path, env: dict[str, str]) -> None:
+    """``qmdbridge search router dropped the WAN link`` (no quotes) searches the words joined by
+    single spaces, as the quoted query, also after ``--``; ``get`` still takes one path."""
+    quoted = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--json"], env)
+    words = run(["search", "router", "dropped", "the", "WAN", "link", "--workspace", str(ws), "--json"], env)
+    late = run(["search", "--workspace", str(ws), "--json", "--", "-router", "dropped", "the", "WAN", "link"], env)
+    assert (words.returncode, late.returncode) == (0, 0), words.stderr + late.stderr
+    assert orjson.loads(words.stdout)["results"] == orjson.loads(quoted.stdout)["results"]
+    assert orjson.loads(late.stdout)["results"][0]["path"] == "memory/2026-11-05.md"
+    from qmdbridge.cli.main import build_parser
+
+    assert build_parser("search").parse_args(["search", "what", "did", "we", "decide"]).query == "what did we decide"
+    two = run(["get", "MEMORY.md", "memory/2026-11-05.md", "--workspace", str(ws)], env)
+    assert two.returncode == 2
+    assert two.stderr.decode().splitlines()[-1] == "qmdbridge: error: unrecognized arguments: memory/2026-11-05.md"
+    helped = " ".join(run(["search", "--help"], env).stdout.decode().split())
+    assert "several words are one query (qmdbridge search what did we decide)" in helped
+
+
+def test_options_before_the_command_are_read_as_the_commands(ws: Path, env: dict[str, str]) -> None:
+    """``qmdbridge --json search x`` and ``qmdbridge --workspace DIR search x``: the options typed
+    before the command are the command's (they were refused with the '-' query hint)."""
+    after = run(["search", "router dropped the WAN link", "--workspace", str(ws), "--json"], env)
+    before = run(["--json", "--workspace", str(ws), "search", "router dropped the WAN link"], env)
+    assert before.returncode == 0, before.stdout + before.stderr
+    assert orjson.loads(before.stdout) == orjson.loads(after.stdout)
+    # an option's value that names a command is still that option's value
+    named = run(["--agent", "search", "--workspace", str(ws), "search", "router", "--json"], env)
+    assert (named.returncode, orjson.loads(named.stdout)) == (2, {
+        "error": "unknown agent 'search' (known: main)", "errorType": "UsageError", "exitCode": 2})
+    assert run(["--version"], env).stdout.startswith(b"qmdbridge ")
 
 
 @pytest.mark.slow

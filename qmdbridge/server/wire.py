@@ -67,7 +67,8 @@ def decode_line(line: bytes) -> Any:
     """One request line of ``serve`` (stdin or the daemon socket) as JSON. ``json.loads``, not
     orjson: it reads a lone surrogate escape (``"\\ud83d"``, half an emoji, as JavaScript's
     ``JSON.stringify`` writes a string cut inside a surrogate pair) as the MCP route and the
-    library take it, where orjson refuses the whole line.
+    library take it, where orjson refuses the whole line. One leading UTF-8 BOM (a Windows
+    client's first line) is read past, as ``json.loads`` reads bytes; orjson refuses it too.
 
     Raises:
         ValueError: the line is not JSON (``NaN`` and ``Infinity`` are not), not UTF-8, or

@@ -2,7 +2,7 @@
 ``serve``'s line handler over a real Unix socket): a line that is not JSON (or nested too deep
 to read) is answered and the connection keeps serving; a line past ``MAX_LINE_BYTES`` is
 refused and the connection closed; a client gone before its reply costs that reply only; a lone
-surrogate escape is answered."""
+surrogate escape is answered; a UTF-8 BOM before a request is read past."""
 
 from __future__ import annotations
 
@@ -120,3 +120,20 @@ async def test_a_lone_surrogate_escape_is_answered_under_its_request_id(
         (h.path, h.start_line) for h in library.results] != []
     assert (get["id"], get["result"]["path"], get["result"]["refused"]) == (2, "memory/\ud83d.md", True)
     assert get["result"]["error"].startswith("path refused: 'memory/\\ud83d.md': invalid characters")
+
+
+async def test_a_request_line_that_starts_with_a_utf8_bom_is_answered(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Windows client's first line starts with a UTF-8 BOM: the request is answered, one
+    leading BOM read past as the config reader reads such a file (a reader of the line as text,
+    or orjson, refuses it as invalid JSON with id null); a second BOM is not JSON."""
+    async with _daemon(tmp_path, monkeypatch) as (manager, tg, path):
+        with anyio.fail_after(DEADLINE_S):
+            async with await anyio.connect_unix(path) as stream:
+                await stream.send(b'\xef\xbb\xbf{"id": 7, "tool": "status"}\n')
+                status = await _reply(stream)
+                await stream.send(b'\xef\xbb\xbf\xef\xbb\xbf{"id": 8, "tool": "status"}\n')
+                twice = await _reply(stream)
+                tg.cancel_scope.cancel()
+    assert (status["id"], status["result"]["backend"]) == (7, "builtin")
+    assert (twice["id"], twice["error"].startswith("invalid JSON: ")) == (None, True)

@@ -124,7 +124,8 @@ def files_checked(status: dict[str, Any]) -> bool:
 
 def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     """The problems of a status document (camelCase keys; in qmd mode
-    ``backends.builtin`` supplies skipped files and path issues), in a stable order.
+    ``backends.builtin`` supplies skipped files and path issues, and ``backends.qmd`` those its
+    discovery found before the builtin engine's sync), in a stable order.
 
     Returns:
         ``[{"check", "message", "hint"}]``, ``check`` one of ``memory file``, ``memory
@@ -133,14 +134,18 @@ def status_problems(status: dict[str, Any]) -> list[dict[str, Any]]:
     """
     backends: dict[str, Any] = status.get("backends") or {}
     view = _files_view(status)
+    skipped: list[dict[str, Any]] = list(view.get("skipped") or [])
+    if view is not status:  # qmd mode: qmd's status runs the memory-file discovery, also before a sync
+        seen = {s.get("path") for s in skipped}
+        skipped += [s for s in (backends.get("qmd") or {}).get("skipped") or [] if s.get("path") not in seen]
     out = [_problem("memory file", f"{s.get('path')} is not indexed: {s.get('reason')}",
                     next((fix for start, fix in _SKIP_HINTS if str(s.get("reason")).startswith(start)), None))
-           for s in view.get("skipped") or [] if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
+           for s in skipped if not str(s.get("reason")).startswith(_NOT_PROBLEMS)]
     if backends.get("qmd"):  # qmd skips such a file ("unreadable"): only the builtin engine has it
         out += [_problem("memory file", f"{s.get('path')} is not indexed by qmd: {s.get('reason')}; qmd "
                          "skips it, so only the builtin engine's answers (a fallback) can find it",
                          "rename the file: qmd indexes valid UTF-8 names without a backslash")
-                for s in view.get("skipped") or [] if str(s.get("reason")).startswith(_UNDECODABLE_NAME)
+                for s in skipped if str(s.get("reason")).startswith(_UNDECODABLE_NAME)
                 or "\\x5c" in str(s.get("path"))]
     issues = [str(i) for i in view.get("issues") or []]
     if view is not status:  # qmd mode: qmd's status checks its collections' paths, also before a sync

@@ -23,7 +23,7 @@ from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, 
 from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
-from fallback.sources.memory_files import EXTRA_PATH_MISSING
+from fallback.sources.memory_files import EXTRA_PATH_MISSING, list_memory_files
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import child_env as build_child_env
@@ -551,9 +551,12 @@ class QmdBackend:
         unusable = self.reconcile_state.no_usable_collection(self.collections)
         probe_error = f"qmd search probe failed: {probe}" if probe else None
         embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None
-        # the memory-file rule's issue of a custom path not there (yet): known without a sync
-        missing = [f"{EXTRA_PATH_MISSING} {c.path}" for c in self.collections
-                   if c.kind == "custom" and not os.path.lexists(c.path)]
+        # the memory-file discovery by stat, as the builtin scan does it, so without a sync too:
+        # the notes it skips (a symlink, too large, not a regular file) and extra paths not there
+        found = await anyio.to_thread.run_sync(lambda: list_memory_files(
+            self.agent.workspace_dir, rule_extra_paths(self.agent),
+            max_file_bytes=self.agent.engine.search.max_file_bytes))
+        missing = [i for i in found.issues if i.startswith(EXTRA_PATH_MISSING)]
         issues = [i for i in (
             self.health.problem, unusable, *self.reconcile_state.warnings, *missing,
             *(f"qmd start-up: {p}" for p in self.startup_problems), *self.hit_problems,
@@ -568,7 +571,7 @@ class QmdBackend:
             requested_provider="qmd", model="qmd", search_mode=mode,
             sources=sources,
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
-            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
+            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues, skipped=found.skipped,
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
             last_error=last_error,
             dirty=bool(indexing or (self.freshness and (self.freshness.dirty or dead_watcher))),

@@ -23,6 +23,8 @@ from fallback.models import MemoryReadResult, MemorySearchResult, MemoryStatus, 
 from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
+from fallback.skipped import SkippedFile
+from fallback.sources.file_text import BINARY_FILE, starts_binary
 from fallback.sources.memory_files import EXTRA_PATH_MISSING, list_memory_files
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
@@ -556,6 +558,8 @@ class QmdBackend:
         found = await anyio.to_thread.run_sync(lambda: list_memory_files(
             self.agent.workspace_dir, rule_extra_paths(self.agent),
             max_file_bytes=self.agent.engine.search.max_file_bytes))
+        binary = await anyio.to_thread.run_sync(lambda: [  # a note's head tells, no full read
+            SkippedFile(path=f.rel_path, reason=BINARY_FILE) for f in found.files if starts_binary(f.abs_path)])
         missing = [i for i in found.issues if i.startswith(EXTRA_PATH_MISSING)]
         issues = [i for i in (
             self.health.problem, unusable, *self.reconcile_state.warnings, *missing,
@@ -571,7 +575,8 @@ class QmdBackend:
             requested_provider="qmd", model="qmd", search_mode=mode,
             sources=sources,
             source_counts=[SourceCount(source=s, files=n, chunks=n) for s, n in sorted(by_source.items())],
-            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues, skipped=found.skipped,
+            vector={"enabled": self.cfg.search_mode != "search"}, issues=issues,
+            skipped=[*found.skipped, *binary],
             last_sync_at_ms=self.cycle.last_update_at, healthy=last_error is None,
             last_error=last_error,
             dirty=bool(indexing or (self.freshness and (self.freshness.dirty or dead_watcher))),

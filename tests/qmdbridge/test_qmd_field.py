@@ -196,10 +196,13 @@ async def test_query_timeout_names_the_setting_and_the_empty_model_cache(
         assert not list((b.home.xdg_cache / "qmd" / "models").glob("*.gguf"))
         with pytest.raises(BackendTimeoutError) as info:
             await b.search(SearchRequest.of("alpha root", min_score=0))
-        assert str(info.value) == (
-            "qmd unavailable: qmd query --json -n 6 -c memory-root-main -- alpha root timed out after "
-            "1500ms (memory.qmd.limits.timeoutMs); models missing or downloading? qmd's model cache "
-            "is empty; run `qmdbridge warmup` once, online")
+        # Both collections' calls run at once and a timeout is told before other failures; in one
+        # CI run under load the root's call failed another way, so the directory's timeout was told.
+        told = str(info.value)
+        assert told in [(
+            f"qmd unavailable: qmd query --json -n 6 -c memory-{name}-main -- alpha root timed out "
+            "after 1500ms (memory.qmd.limits.timeoutMs); models missing or downloading? qmd's model "
+            "cache is empty; run `qmdbridge warmup` once, online") for name in ("root", "dir")], told
         assert b.last_search_error == str(info.value.reason)
     finally:
         await b.close()

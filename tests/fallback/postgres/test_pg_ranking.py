@@ -85,6 +85,21 @@ def build_postgres(dsn: str, files: dict[str, list[tuple[int, int, str]]]) -> Po
     return store
 
 
+def fts5_ranked(lite: Store, expr: str, limit: int) -> list[tuple[Any, ...]]:
+    """FTS5's own ranking of the MATCH ``expr`` on ``lite``: ``limit`` rows of ``(chunk id,
+    bm25)``, best first, ties by path."""
+    return lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
+                      " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
+                      " LIMIT ?", [expr, limit])
+
+
+def assert_ranked_as_fts5(got: list[Any], want: list[tuple[Any, ...]]) -> None:
+    """The postgres store's ``keyword_rows`` answer ``got`` holds FTS5's chunks in FTS5's order
+    with its scores (relative 1e-9)."""
+    assert [r[0] for r in got] == [r[0] for r in want]
+    assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+
+
 @pytest.mark.parametrize(("block_chunks", "candidates", "by_key", "probe"), [
     (64, 1, pg_store.BY_KEY_POSTINGS, pg_store.PROBE_POSTINGS), (3, 1, 0, 0), (3, 1, 10**9, 0),
     (64, pg_store.CANDIDATES_PER_ROW, pg_store.BY_KEY_POSTINGS, pg_store.PROBE_POSTINGS)])
@@ -177,16 +192,13 @@ def test_a_common_word_beating_the_rare_words_later_rows_is_read_in_a_second_rou
     pg = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
     try:
         expr = '"zebra" OR "apple"'
-        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
-                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
-                          " LIMIT 40", [expr])
+        want = fts5_ranked(lite, expr, 40)
         got: list[Any] = []
         # check; BEGIN + statistics; the rare word's round; one round of both; texts + ROLLBACK
         assert round_trips(pg, tmp_path / "libpq.trace",
                            lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 5
         assert [r[5] for r in got[:12]] == [f"zebra q{i}" for i in range(10)] + ["apple y0", "apple y1"]
-        assert [r[0] for r in got] == [r[0] for r in want]
-        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert_ranked_as_fts5(got, want)
     finally:
         lite.close()
         pg.close()
@@ -207,16 +219,13 @@ def test_copies_of_a_note_tied_past_the_first_candidates_are_ranked_in_one_more_
     pg = PostgresStore(resolve_target(pg_dsn), agent_id="main", workspace="/ws", pool_size=1)
     try:
         expr = '"zebra" OR "apple" OR NEAR("zebra" "apple", 10)'
-        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
-                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
-                          " LIMIT 40", [expr])
+        want = fts5_ranked(lite, expr, 40)
         got: list[Any] = []
         # check; BEGIN + statistics; the first round; the round of every tie; texts + ROLLBACK
         assert round_trips(pg, tmp_path / "libpq.trace",
                            lambda: got.extend(pg.keyword_rows(expr, sources=["memory"], limit=40))) == 5
         assert [r[1] for r in got] == [f"memory/a{i:03d}.md" for i in range(40)]
-        assert [r[0] for r in got] == [r[0] for r in want]
-        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert_ranked_as_fts5(got, want)
     finally:
         lite.close()
         pg.close()
@@ -246,13 +255,10 @@ def test_the_rare_words_best_shares_make_a_weightier_word_non_essential(
     monkeypatch.setattr(psycopg.ClientCursor, "execute", spy)
     try:
         expr = '"zebra" OR "apple"'
-        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
-                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
-                          " LIMIT 40", [expr])
+        want = fts5_ranked(lite, expr, 40)
         got = pg.keyword_rows(expr, sources=["memory"], limit=40)
         assert scanned == [["zebra"]]
-        assert [r[0] for r in got] == [r[0] for r in want]
-        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert_ranked_as_fts5(got, want)
     finally:
         lite.close()
         pg.close()
@@ -280,13 +286,10 @@ def test_a_plan_with_a_phrase_of_two_words_ranks_its_best_candidates_only(
     monkeypatch.setattr(pg_store, "rank_rows", counted)
     try:
         expr = '"melanie" OR ("self care" OR "selfcare") OR NEAR("melanie" "self care", 10)'
-        want = lite.query("SELECT c.id, bm25(chunks_fts, 1.0, 2.0, 1.0) FROM chunks_fts JOIN chunks c"
-                          " ON c.rowid = chunks_fts.rowid WHERE chunks_fts MATCH ? ORDER BY 2, c.path"
-                          " LIMIT 10", [expr])
+        want = fts5_ranked(lite, expr, 10)
         got = pg.keyword_rows(expr, sources=["memory"], limit=10)
         assert [r[5] for r in got[:3]] == [f"self care matters to melanie {i}" for i in range(3)]
-        assert [r[0] for r in got] == [r[0] for r in want]
-        assert [r[6] for r in got] == pytest.approx([r[1] for r in want], rel=1e-9)
+        assert_ranked_as_fts5(got, want)
         assert 0 < sum(ranked) <= 100, ranked
     finally:
         lite.close()

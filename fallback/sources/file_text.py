@@ -18,7 +18,7 @@ from fallback.sources.stamps import change_time_ns
 from fallback.text.scripts import sha256_hex
 
 __all__ = ["BINARY_FILE", "VANISHED", "FileContent", "is_binary", "is_binary_file", "list_session_files",
-           "read_memory_text", "read_session_text", "starts_binary"]
+           "read_memory_text", "read_session_text"]
 
 # Skip reason of a file that disappeared between discovery and reading (not reported).
 VANISHED = "vanished before read"
@@ -148,23 +148,6 @@ def is_binary_file(fd: int, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> bool:
 
     complete = os.fstat(fd).st_size <= max_bytes
     return any(b"\x00" in block for block in blocks()) and is_binary(blocks(), complete=complete)
-
-
-def starts_binary(path: Path, *, head_bytes: int = 4096) -> bool:
-    """Whether the first ``head_bytes`` bytes of the file at ``path`` (opened without following
-    a symlink) already make it binary (:func:`is_binary` of a prefix): a cheap look at a note
-    without reading it whole; ``False`` when it cannot be opened or read. A file it calls binary
-    is binary by :func:`read_memory_text` too; one binary only further on is not caught."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return False
-    try:
-        return is_binary_file(fd, max_bytes=head_bytes)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def list_session_files(sessions_dir: Path) -> tuple[list[MemoryFile], str | None]:

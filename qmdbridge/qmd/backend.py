@@ -24,8 +24,8 @@ from fallback.request import SearchRequest
 from fallback.search.fusion import select_results
 from fallback.settings import ExtraPath
 from fallback.skipped import SkippedFile
-from fallback.sources.file_text import BINARY_FILE, starts_binary
-from fallback.sources.memory_files import EXTRA_PATH_MISSING, list_memory_files
+from fallback.sources.file_text import BINARY_FILE, read_memory_text
+from fallback.sources.memory_files import EXTRA_PATH_MISSING, Discovery, list_memory_files
 from fallback.sources.read_page import read_memory_page
 from qmdbridge.config import ResolvedAgent
 from qmdbridge.paths import child_env as build_child_env
@@ -530,6 +530,13 @@ class QmdBackend:
         answered, else why not, one line. Needs no start-up."""
         return await probe_search(self._run_search, timeout_ms=self.cfg.limits.timeout_ms)
 
+    def _skipped_notes(self) -> tuple[Discovery, list[SkippedFile]]:
+        """The memory-file discovery, and the notes the builtin read calls binary (blocking)."""
+        cap = self.agent.engine.search.max_file_bytes
+        found = list_memory_files(self.agent.workspace_dir, rule_extra_paths(self.agent), max_file_bytes=cap)
+        read = (read_memory_text(f, max_file_bytes=cap) for f in found.files)
+        return found, [r for r in read if isinstance(r, SkippedFile) and r.reason == BINARY_FILE]
+
     async def status(self) -> MemoryStatus:
         """Counts from qmd's index and qmd's health, tried by a real search probe; ``custom.qmd`` holds
         qmd's own state (warm child, models, freshness, start-up problems, last errors)."""
@@ -553,13 +560,9 @@ class QmdBackend:
         unusable = self.reconcile_state.no_usable_collection(self.collections)
         probe_error = f"qmd search probe failed: {probe}" if probe else None
         embed_error = f"qmd embed failed: {embed_state.last_error}" if embed_state.last_error else None
-        # the memory-file discovery by stat, as the builtin scan does it, so without a sync too:
-        # the notes it skips (a symlink, too large, not a regular file) and extra paths not there
-        found = await anyio.to_thread.run_sync(lambda: list_memory_files(
-            self.agent.workspace_dir, rule_extra_paths(self.agent),
-            max_file_bytes=self.agent.engine.search.max_file_bytes))
-        binary = await anyio.to_thread.run_sync(lambda: [  # a note's head tells, no full read
-            SkippedFile(path=f.rel_path, reason=BINARY_FILE) for f in found.files if starts_binary(f.abs_path)])
+        # the memory-file discovery and read as the builtin scan does them, so without a sync too:
+        # the notes it skips (a symlink, too large, binary) and extra paths not there
+        found, binary = await anyio.to_thread.run_sync(self._skipped_notes)
         missing = [i for i in found.issues if i.startswith(EXTRA_PATH_MISSING)]
         issues = [i for i in (
             self.health.problem, unusable, *self.reconcile_state.warnings, *missing,

@@ -92,14 +92,17 @@ async def test_the_next_command_lists_the_missing_paths_without_a_sync(tmp_path:
 async def test_skipped_notes_are_problems_without_a_builtin_sync(tmp_path: Path, qmd_bin: Path) -> None:
     """A note symlinked out of the workspace, a FIFO with a note's name and a binary note are
     listed by qmd mode's status before any builtin sync, as the builtin scan lists them: the
-    memory-file discovery's skip reasons, found by stat, and the binary rule on the note's head
-    (``status`` said ``Problems: none``)."""
+    memory-file discovery's skip reasons, found by stat, and the builtin read's binary rule on
+    the whole note (``status`` said ``Problems: none``; a note binary after its first 4 KiB was
+    not listed)."""
     agent = _agent(tmp_path, qmd_bin)
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "plans.md").write_text("# Plans\n\nThe kiln is fired on Sundays.\n")
     (agent.workspace_dir / "memory" / "plans.md").symlink_to(tmp_path / "outside" / "plans.md")
     os.mkfifo(agent.workspace_dir / "memory" / "pipe.md")
     (agent.workspace_dir / "memory" / "x.md").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + b"\x00" * 9000)
+    # text for its first 5,000 bytes, binary after them: the builtin read's rule, not the head's
+    (agent.workspace_dir / "memory" / "late.md").write_bytes(b"# Late\n" + b"a" * 5000 + b"\x00\x01\x02")
     async with MemoryManager(agent, mode="cli", env=_env(tmp_path)) as m:
         status = (await m.status()).to_json_dict()
     assert (status["backend"], status["backends"]["builtin"]["lastSyncAtMs"]) == ("qmd", None)
@@ -109,6 +112,8 @@ async def test_skipped_notes_are_problems_without_a_builtin_sync(tmp_path: Path,
         ("memory file", "memory/plans.md is not indexed: symlink (not followed)",
          "symlinks are never followed: replace the link with what it points to, or add the "
          "target's real path to memorySearch.extraPaths"),
+        ("memory file", "memory/late.md is not indexed: binary file (NUL bytes)",
+         "memory files are Markdown text; move the file out of the memory folders"),
         ("memory file", "memory/x.md is not indexed: binary file (NUL bytes)",
          "memory files are Markdown text; move the file out of the memory folders"),
         ("memory paths", f"extra path missing: {tmp_path / 'later'}",

@@ -14,10 +14,8 @@ import ntpath
 import os
 import re
 import shutil
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from pathlib import Path
 
 from fallback.errors import BackendTimeoutError
@@ -25,7 +23,7 @@ from qmdbridge.command_line import is_windows_path, program_of
 from qmdbridge.qmd.errors import QmdCommandError
 from qmdbridge.qmd.runner import RunResult, run_command
 
-__all__ = ["QmdLocation", "QmdLocator", "npm_global_prefix", "probe_qmd", "repo_tools_qmd"]
+__all__ = ["QmdLocation", "npm_global_prefix", "probe_qmd", "repo_tools_qmd"]
 
 # Deadline of the `qmd --version` probe, in ms.
 PROBE_TIMEOUT_MS = 5_000
@@ -112,133 +110,71 @@ def _first_line(text: str) -> str:
     return next((line.strip()[:_QUOTE_CHARS] for line in text.splitlines() if line.strip()), "")
 
 
-class QmdLocator:
-    """Finds and probes qmd for one environment (``env``, default ``os.environ``): ``repo_tools``
-    also tries this repository's ``.tools/bin/qmd``, ``usual_dirs`` replaces the usual install
-    folders, ``cwd`` resolves relative paths, ``timeout_ms`` bounds each ``--version`` probe (ms)."""
+def _candidates(token: str, searched: list[str], *, env: Mapping[str, str], path_env: str, cwd: Path,
+                usual_dirs: Sequence[str] | None, repo_tools: bool) -> Iterator[str]:
+    """Candidate executables, lazily (the usual folders are worked out only when ``PATH`` has none);
+    ``searched`` is filled as folders are seen."""
+    if "/" in token or "\\" in token:
+        exe = token if os.path.isabs(token) or is_windows_path(token) else os.path.normpath(cwd / token)
+        searched.append(ntpath.dirname(exe) if is_windows_path(exe) else os.path.dirname(exe))
+        if os.path.isfile(exe):
+            yield exe
+        return
+    seen: set[str] = set()
 
-    def __init__(self, *, env: Mapping[str, str] | None = None, repo_tools: bool = True,
-                 usual_dirs: Sequence[str] | None = None, cwd: Path | str | None = None,
-                 timeout_ms: int = PROBE_TIMEOUT_MS) -> None:
-        self.env: dict[str, str] = dict(os.environ if env is None else env)
-        self.repo_tools = repo_tools
-        self.usual_dirs = None if usual_dirs is None else list(usual_dirs)
-        self.cwd = Path(cwd) if cwd is not None else Path.cwd()
-        self.timeout_ms = timeout_ms
+    def look(folder: str) -> str | None:
+        if folder in searched:
+            return None
+        searched.append(folder)
+        exe = os.path.abspath(os.path.join(folder, token))
+        if exe in seen or not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+            return None
+        seen.add(exe)
+        return exe
 
-    @property
-    def path_env(self) -> str:
-        """The ``PATH`` searched (``os.defpath`` when the env has none)."""
-        return self.env.get("PATH") or os.defpath
+    for folder in [d for d in path_env.split(os.pathsep) if d]:
+        if (candidate := look(folder)) is not None:
+            yield candidate
+    if usual_dirs is None:
+        npm_prefix = npm_global_prefix(env, path_env=path_env)
+        usual_dirs = [*([os.path.join(env["HOME"], ".bun", "bin")] if env.get("HOME") else []),
+                      *_FIXED_DIRS, *([os.path.join(npm_prefix, "bin")] if npm_prefix else [])]
+    for folder in usual_dirs:
+        if (candidate := look(folder)) is not None:
+            yield candidate
+    if repo_tools and token == "qmd":
+        tools = repo_tools_qmd()
+        if look(str(tools.parent)) is not None:
+            yield str(tools)
 
-    @cached_property
-    def npm_global_bin(self) -> str | None:
-        """``<npm global prefix>/bin`` (:func:`npm_global_prefix`), or ``None``."""
-        prefix = npm_global_prefix(self.env, path_env=self.path_env)
-        return os.path.join(prefix, "bin") if prefix else None
 
-    def _usual_dirs(self) -> list[str]:
-        if self.usual_dirs is not None:
-            return list(self.usual_dirs)
-        dirs: list[str] = []
-        home = self.env.get("HOME")
-        if home:
-            dirs.append(os.path.join(home, ".bun", "bin"))
-        dirs.extend(_FIXED_DIRS)
-        if self.npm_global_bin:
-            dirs.append(self.npm_global_bin)
-        return dirs
+async def _probe_path(exe: str, *, env: Mapping[str, str], path_env: str, cwd: Path,
+                      timeout_ms: int) -> QmdLocation:
+    """Run ``exe --version`` with ``PATH`` plus its folder and its interpreter's, and classify the answer."""
+    interp = _interpreter_dir(exe, path_env)
+    child_path = _append_dirs(path_env, [os.path.dirname(exe), *([interp] if interp else [])])
 
-    async def _iter_candidates(self, token: str, searched: list[str]) -> AsyncGenerator[str, None]:
-        """Candidate executables, lazily; ``searched`` is filled as folders are seen."""
-        if "/" in token or "\\" in token:
-            exe = token if os.path.isabs(token) or is_windows_path(token) else (
-                os.path.normpath(self.cwd / token))
-            searched.append(ntpath.dirname(exe) if is_windows_path(exe) else os.path.dirname(exe))
-            if os.path.isfile(exe):
-                yield exe
-            return
-        seen: set[str] = set()
+    def loc(*, runtime_ok: bool, version: str | None, reason: str | None) -> QmdLocation:
+        return QmdLocation(path=exe, found=True, runtime_ok=runtime_ok, version=version,
+                           reason=reason, searched=[], path_env=path_env, child_path=child_path)
 
-        def look(folder: str) -> str | None:
-            if folder in searched:
-                return None
-            searched.append(folder)
-            exe = os.path.abspath(os.path.join(folder, token))
-            if exe in seen or not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
-                return None
-            seen.add(exe)
-            return exe
-
-        for folder in [d for d in self.path_env.split(os.pathsep) if d]:
-            if (candidate := look(folder)) is not None:
-                yield candidate
-        for folder in self._usual_dirs():
-            if (candidate := look(folder)) is not None:
-                yield candidate
-        if self.repo_tools and token == "qmd":
-            tools = repo_tools_qmd()
-            if look(str(tools.parent)) is not None:
-                yield str(tools)
-
-    def child_path_for(self, exe: str) -> str:
-        """``PATH`` for running ``exe``: the searched PATH plus its folder and interpreter's."""
-        extra = [os.path.dirname(exe)]
-        interp = _interpreter_dir(exe, self.path_env)
-        if interp:
-            extra.append(interp)
-        return _append_dirs(self.path_env, extra)
-
-    async def probe_path(self, exe: str) -> QmdLocation:
-        """Run ``exe --version`` and classify the answer."""
-        child_path = self.child_path_for(exe)
-        env = {**self.env, "PATH": child_path, "NO_COLOR": "1"}
-
-        def loc(*, runtime_ok: bool, version: str | None, reason: str | None) -> QmdLocation:
-            return QmdLocation(path=exe, found=True, runtime_ok=runtime_ok, version=version,
-                               reason=reason, searched=[], path_env=self.path_env,
-                               child_path=child_path)
-
-        # A missing cwd would also fail the spawn with ENOENT and look like a missing runtime;
-        # `--version` reads nothing from the cwd, so probe from "/" then.
-        probe_cwd = self.cwd if self.cwd.is_dir() else Path("/")
-        try:
-            result = await run_command([exe, "--version"], env=env, cwd=probe_cwd,
-                                       timeout_ms=self.timeout_ms, max_chars=16_384)
-        except QmdCommandError as exc:
-            if exc.errno == errno.ENOENT and os.path.isfile(exe):
-                return loc(runtime_ok=False, version=None,
-                           reason=f"qmd found at {exe} but its runtime (node/bun) is missing: "
-                                  f"{exc.os_error}")
+    # A missing cwd would also fail the spawn with ENOENT and look like a missing runtime;
+    # `--version` reads nothing from the cwd, so probe from "/" then.
+    try:
+        result = await run_command([exe, "--version"], env={**env, "PATH": child_path, "NO_COLOR": "1"},
+                                   cwd=cwd if cwd.is_dir() else Path("/"), timeout_ms=timeout_ms,
+                                   max_chars=16_384)
+    except QmdCommandError as exc:
+        if exc.errno == errno.ENOENT and os.path.isfile(exe):
             return loc(runtime_ok=False, version=None,
-                       reason=f"qmd found at {exe} but cannot be started: {exc.os_error}")
-        except BackendTimeoutError as exc:
-            return loc(runtime_ok=True, version=None,
-                       reason=f"qmd at {exe} did not answer --version: {exc.reason}")
-        runtime_ok, version, reason = _classify(exe, result)
-        return loc(runtime_ok=runtime_ok, version=version, reason=reason)
-
-    async def probe(self, command: str | Sequence[str] = "qmd") -> QmdLocation:
-        """Search for ``command`` and probe each candidate until a real qmd answers: its location, else
-        the first failing candidate's, else a not-found one; never raises for a missing or broken qmd."""
-        searched: list[str] = []
-        first_bad: QmdLocation | None = None
-        skipped: list[str] = []
-        async with aclosing(self._iter_candidates(program_of(command), searched)) as found:
-            async for exe in found:
-                location = await self.probe_path(exe)
-                if location.usable:
-                    return replace(location, searched=list(searched), skipped=skipped)
-                skipped.append(location.reason or f"unusable: {exe}")
-                if first_bad is None:
-                    first_bad = location
-        if first_bad is not None:
-            return replace(first_bad, searched=searched, skipped=skipped[1:])
-        token = program_of(command)
-        return QmdLocation(path=None, found=False, runtime_ok=False, version=None,
-                           reason=f"qmd not found (command {token!r}); searched: "
-                                  + ", ".join(searched),
-                           searched=searched, path_env=self.path_env, child_path=self.path_env)
+                       reason=f"qmd found at {exe} but its runtime (node/bun) is missing: {exc.os_error}")
+        return loc(runtime_ok=False, version=None,
+                   reason=f"qmd found at {exe} but cannot be started: {exc.os_error}")
+    except BackendTimeoutError as exc:
+        return loc(runtime_ok=True, version=None,
+                   reason=f"qmd at {exe} did not answer --version: {exc.reason}")
+    runtime_ok, version, reason = _classify(exe, result)
+    return loc(runtime_ok=runtime_ok, version=version, reason=reason)
 
 
 def npm_global_prefix(env: Mapping[str, str], *, path_env: str) -> str | None:
@@ -299,11 +235,31 @@ async def probe_qmd(command: str | Sequence[str] = "qmd", *, env: Mapping[str, s
                     repo_tools: bool = True, usual_dirs: Sequence[str] | None = None,
                     cwd: Path | str | None = None,
                     timeout_ms: int = PROBE_TIMEOUT_MS) -> QmdLocation:
-    """Locate ``command`` (``memory.qmd.command``) and probe it: :meth:`QmdLocator.probe`.
+    """Locate ``command`` (``memory.qmd.command``) in ``env`` (default ``os.environ``) and probe each
+    candidate until a real qmd answers: ``repo_tools`` also tries this repository's
+    ``.tools/bin/qmd``, ``usual_dirs`` replaces the usual install folders, ``cwd`` resolves
+    relative paths, ``timeout_ms`` bounds each ``--version`` probe (ms).
 
     Returns:
-        A :class:`QmdLocation`; problems are in ``reason``, never raised.
+        A :class:`QmdLocation`: the real qmd's, else the first failing candidate's, else a
+        not-found one; problems are in ``reason``, never raised.
     """
-    locator = QmdLocator(env=env, repo_tools=repo_tools, usual_dirs=usual_dirs, cwd=cwd,
-                         timeout_ms=timeout_ms)
-    return await locator.probe(command)
+    env = dict(os.environ if env is None else env)
+    path_env = env.get("PATH") or os.defpath
+    cwd = Path(cwd) if cwd is not None else Path.cwd()
+    token = program_of(command)
+    searched: list[str] = []
+    skipped: list[str] = []
+    first_bad: QmdLocation | None = None
+    for exe in _candidates(token, searched, env=env, path_env=path_env, cwd=cwd,
+                           usual_dirs=usual_dirs, repo_tools=repo_tools):
+        location = await _probe_path(exe, env=env, path_env=path_env, cwd=cwd, timeout_ms=timeout_ms)
+        if location.usable:
+            return replace(location, searched=list(searched), skipped=skipped)
+        skipped.append(location.reason or f"unusable: {exe}")
+        first_bad = first_bad or location
+    if first_bad is not None:
+        return replace(first_bad, searched=searched, skipped=skipped[1:])
+    return QmdLocation(path=None, found=False, runtime_ok=False, version=None,
+                       reason=f"qmd not found (command {token!r}); searched: " + ", ".join(searched),
+                       searched=searched, path_env=path_env, child_path=path_env)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -29,7 +29,7 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdBusyError, QmdCommandError, QmdOutputError, QmdQueryTooLongError, one_line
 from qmdbridge.qmd.models import default_kinds, missing_models, model_kinds
 from qmdbridge.qmd.parse import index_locked, merge_best
-from qmdbridge.qmd.query_text import POOL_FACTOR, SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
+from qmdbridge.qmd.query_text import SEARCH_BUSY_TIMEOUT_MS, is_lex_call, search_call
 from qmdbridge.qmd.results_json import QmdEntry, parse_qmd_json
 from qmdbridge.qmd.runner import (
     RunResult,
@@ -70,12 +70,7 @@ RunSearch = Callable[[list[str], list[str], int], Awaitable[RunResult]]
 class WarmSearch(Protocol):
     """What may answer a collection's call instead of a spawned qmd (``warm.WarmChild``)."""
 
-    def serves(self, mode: str) -> bool: ...
-
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None: ...
-
-    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
-                         *, limit: int) -> list[QmdEntry] | None: ...
 
 
 class FlagRejected(Exception):
@@ -238,8 +233,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
                              run: RunSearch, warm: WarmSearch | None = None,
                              limiter: anyio.CapacityLimiter | None = None
                              ) -> list[tuple[QmdEntry, str | None]]:
-    """Search each of ``colls`` in its own call (``run``; the ``warm`` child first in a mode it
-    serves; at most ``limiter`` at once, default :data:`MAX_PARALLEL_CALLS`) and merge the hits.
+    """Search each of ``colls`` in its own call (``run``; the ``warm`` child first; at most ``limiter`` at once, default :data:`MAX_PARALLEL_CALLS`) and merge the hits.
 
     Returns:
         ``[(entry, collection name)]``, best score first, one per hit.
@@ -254,11 +248,7 @@ async def search_collections(q: str, colls: list[ManagedCollection], plan: CallP
     async def one(i: int, coll: ManagedCollection) -> None:
         async with limiter:
             try:
-                answer = None
-                if warm is not None and plan.lex and plan.mode == "search":
-                    answer = await warm.search_lex(plan.lex, coll, plan, limit=POOL_FACTOR * plan.limit)
-                elif warm is not None and warm.serves(plan.mode):
-                    answer = await warm.search(q, coll, plan)
+                answer = None if warm is None else await warm.search(q, coll, plan)
                 answers[i] = answer if answer is not None else await _one(q, coll, plan, run)
             except (FlagRejected, MissingCollection, VectorModuleMissing, BackendUnavailableError) as exc:
                 answers[i] = exc

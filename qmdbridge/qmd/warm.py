@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from qmdbridge.qmd.collections import ManagedCollection
 from qmdbridge.qmd.errors import QmdMcpError
 from qmdbridge.qmd.index_health import db_identity
 from qmdbridge.qmd.mcp_client import EOF_REASON, McpStdioClient
-from qmdbridge.qmd.query_text import encode_query
+from qmdbridge.qmd.query_text import POOL_FACTOR, encode_query
 from qmdbridge.qmd.results_json import QmdEntry, entry_from_json, is_result_object
 from qmdbridge.qmd.runner import kill_and_reap, parent_death_argv, process_command
 from qmdbridge.qmd.search_calls import CallPlan
@@ -30,16 +30,16 @@ __all__ = ["WarmChild", "entries_from_mcp", "strip_line_numbers"]
 
 log = logging.getLogger("qmdbridge.qmd.warm")
 
-# The search modes the child answers exactly as the spawned command (module docstring).
-WARM_MODES = ("query",)
-# What the child serves, as status reports it: those modes and ``search``-mode questions.
-SERVES = (*WARM_MODES, "search")
+# What the child serves, as status reports it: ``query`` searches and ``search``-mode questions.
+SERVES = ("query", "search")
 # A child that served this long before it died restarts after the first backoff step again, ms.
 STABLE_UPTIME_MS = 60_000
 # A child that closed its stdout gets this long to exit, so its exit status is reported, seconds.
 EXIT_GRACE_S = 1.0
 # Characters of the child's stderr kept for error messages (the tail).
 TAIL_CHARS = 4_000
+
+
 def strip_line_numbers(snippet: str, first_line: int) -> str:
     """Undo qmd's ``addLineNumbers(snippet, first_line)``.
 
@@ -274,40 +274,30 @@ class WarmChild:
         log.info("qmd mcp child ready (pid %s, stdio, %d ms)", self.pid, self.startup_ms)
         self._notify()
 
-    def serves(self, mode: str) -> bool:
-        """Whether searches in ``mode`` go to the child (``query`` only)."""
-        return mode in WARM_MODES and not self._closed
-
     async def search(self, q: str, coll: ManagedCollection, plan: CallPlan) -> list[QmdEntry] | None:
-        """One collection's ``query`` search through the child, ``-n plan.limit`` (``plan.no_rerank``):
-        entries in qmd's order as ``qmd query --json``'s, or ``None`` when the spawn path must answer
-        (not ready, which launches it, or the call failed).
+        """One collection's call through the child, in qmd's order as ``qmd query --json`` gives it:
+        in ``search`` mode with ``plan.lex`` one call of typed ``lex`` sub-searches (no model, no
+        rerank; ``POOL_FACTOR * plan.limit`` documents, score ``1 / rank``), in ``query`` mode the
+        query ``-n plan.limit`` (``plan.no_rerank``). ``None`` when the spawn path must answer
+        (another mode, the child not ready, which launches it, or the call failed).
 
         Raises:
             BackendTimeoutError: past the search deadline (names ``memory.qmd.limits.timeoutMs``).
         """
-        args: dict[str, Any] = {"query": encode_query(q, "query"), "limit": plan.limit,
-                                "minScore": 0, "collections": [coll.name]}
+        target = {"minScore": 0, "collections": [coll.name]}
+        if plan.mode == "search" and plan.lex:
+            limit = POOL_FACTOR * plan.limit
+            searches = [{"type": "lex", "query": t} for t in plan.lex]
+            return await self._call({**target, "searches": searches, "limit": limit, "rerank": False},
+                                    plan, f"qmd lex searches -n {limit} -c {coll.name} -- "
+                                    f"{' | '.join(plan.lex)}", hung_on_timeout=True)
+        if plan.mode != "query" or self._closed:
+            return None
+        args: dict[str, Any] = {**target, "query": encode_query(q, "query"), "limit": plan.limit}
         if plan.no_rerank:
             args["rerank"] = False
         return await self._call(args, plan, f"qmd query --json -n {plan.limit}"
                                 f"{' --no-rerank' if plan.no_rerank else ''} -c {coll.name} -- {q}")
-
-    async def search_lex(self, queries: Sequence[str], coll: ManagedCollection, plan: CallPlan,
-                         *, limit: int) -> list[QmdEntry] | None:
-        """One collection's documents for a ``search``-mode question: one call of typed ``lex``
-        sub-searches (``queries``, most important first, at most 10; no model, no rerank), ``limit``
-        documents in fused order with ``score`` ``1 / rank``; ``None`` as for :meth:`search`.
-
-        Raises:
-            BackendTimeoutError: past the search deadline.
-        """
-        args: dict[str, Any] = {"searches": [{"type": "lex", "query": q} for q in queries],
-                                "limit": limit, "minScore": 0, "rerank": False,
-                                "collections": [coll.name]}
-        shown = " | ".join(queries)
-        return await self._call(args, plan, f"qmd lex searches -n {limit} -c {coll.name} -- {shown}",
-                                hung_on_timeout=True)
 
     async def _call(self, args: dict[str, Any], plan: CallPlan, what: str, *,
                     hung_on_timeout: bool = False) -> list[QmdEntry] | None:

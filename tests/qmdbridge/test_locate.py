@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qmdbridge.qmd.locate import QmdLocator, npm_global_prefix, probe_qmd, repo_tools_qmd
+from qmdbridge.qmd.locate import npm_global_prefix, probe_qmd, repo_tools_qmd
 
 pytestmark = pytest.mark.anyio
 
@@ -163,23 +163,13 @@ async def test_explicit_path_missing_does_not_search_further(tmp_path: Path,
     assert location.reason == f"qmd not found (command '{missing}'); searched: {missing.parent}"
 
 
-async def test_npm_prefix_asked_once_and_cached(tmp_path: Path) -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not on PATH")
-    expected = subprocess.run([npm, "prefix", "-g"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k.lower() != "npm_config_prefix"}
-    locator = QmdLocator(env=env, repo_tools=False, cwd=tmp_path)
-    assert locator.npm_global_bin == os.path.join(expected, "bin")
-    locator.env["PATH"] = str(tmp_path)  # npm no longer reachable: the cached value is used
-    assert locator.npm_global_bin == os.path.join(expected, "bin")
-
-
-async def test_npm_prefix_from_env(tmp_path: Path) -> None:
-    locator = QmdLocator(env={"PATH": str(tmp_path), "npm_config_prefix": "/srv/npm"},
-                         cwd=tmp_path)
-    assert locator.npm_global_bin == "/srv/npm/bin"
+async def test_the_usual_folders_and_the_npm_global_bin_are_searched_after_path(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": str(empty), "HOME": str(tmp_path), "npm_config_prefix": "/srv/npm"}
+    location = await probe_qmd(env=env, repo_tools=False, cwd=tmp_path)
+    assert (location.found, location.searched) == (False, [
+        str(empty), f"{tmp_path}/.bun/bin", "/opt/homebrew/bin", "/usr/local/bin", "/srv/npm/bin"])
 
 
 def test_repo_tools_path() -> None:
@@ -198,8 +188,8 @@ async def test_npm_prefix_from_npmrc_and_from_nodes_folder(tmp_path: Path) -> No
     home = tmp_path / "home"
     home.mkdir()
     (home / ".npmrc").write_text("; comment\nregistry=https://registry.npmjs.org/\nprefix = ~/.npm-global\n")
-    locator = QmdLocator(env={"PATH": str(tmp_path), "HOME": str(home)}, cwd=tmp_path)
-    assert locator.npm_global_bin == f"{home}/.npm-global/bin"
+    assert npm_global_prefix({"PATH": str(tmp_path), "HOME": str(home)}, path_env=str(tmp_path)) == (
+        f"{home}/.npm-global")
     node_dir = tmp_path / "node" / "bin"
     node_dir.mkdir(parents=True)
     (node_dir / "node").write_text("#!/bin/sh\n")

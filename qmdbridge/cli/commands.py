@@ -31,6 +31,7 @@ from qmdbridge.cli.common import (
 )
 from qmdbridge.cli.progress import sync_progress
 from qmdbridge.cli.render import keyword_notice, print_answer
+from qmdbridge.manager import MemoryManager, require_workspace
 from qmdbridge.problems import is_indexed_caveat, store_failure_hint
 
 __all__ = ["exit_code_for", "run_command"]
@@ -119,12 +120,6 @@ def run_command(args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
         return code
 
 
-def _manager(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> Any:
-    from qmdbridge.manager import MemoryManager
-
-    return MemoryManager(agent, backend=args.backend, qmd_runner=qmd_runner)
-
-
 def _index_writer(agent: Any) -> Callable[[], int | None]:
     """``() -> pid`` of the process holding the agent's index writer lock, or ``None``."""
     from fallback.store.lock import StoreWriteLock
@@ -133,7 +128,7 @@ def _index_writer(agent: Any) -> Callable[[], int | None]:
 
 
 async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = None) -> int:
-    async with _manager(agent, args, qmd_runner=qmd_runner) as m:
+    async with MemoryManager(agent, backend=args.backend, qmd_runner=qmd_runner) as m:
         with sync_progress(enabled=args.progress or not args.json,
                            index_writer=_index_writer(agent)) as on_progress:
             # the first search of a workspace indexes it first
@@ -146,7 +141,7 @@ async def _search(agent: Any, args: argparse.Namespace, *, qmd_runner: Any = Non
 
 
 async def _get(agent: Any, args: argparse.Namespace) -> int:
-    async with _manager(agent, args) as m:
+    async with MemoryManager(agent, backend=args.backend) as m:
         result = await m.read_file(args.path, from_line=args.from_line, lines=args.lines,
                                    corpus=args.corpus, from_char=args.from_char)
     if result.missing:  # the tool answers empty text; a command says so with its exit code
@@ -155,10 +150,8 @@ async def _get(agent: Any, args: argparse.Namespace) -> int:
 
 
 async def _status(agent: Any, args: argparse.Namespace) -> int:
-    from qmdbridge.manager import require_workspace
-
     require_workspace(agent.workspace_dir)  # without one, status must not create an index store
-    async with _manager(agent, args) as m:
+    async with MemoryManager(agent, backend=args.backend) as m:
         st = await m.status()
     return print_answer(args, st.to_json_dict(), served_by="process")
 
@@ -168,7 +161,7 @@ _UNTOLD_REBUILDS = (None, "force", "no index metadata")
 
 
 async def _index(agent: Any, args: argparse.Namespace) -> int:
-    async with _manager(agent, args) as m:
+    async with MemoryManager(agent, backend=args.backend) as m:
         with sync_progress(enabled=args.progress or not args.json,
                            index_writer=_index_writer(agent)) as on_progress:
             report = await m.sync(reason="cli", force=args.force, progress=on_progress)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import anyio
 
@@ -23,7 +23,7 @@ from fallback.errors import UsageError
 from fallback.models import SearchResponse
 from fallback.request import check_limits
 from fallback.settings import EngineSettings, MemorySearchSettings, ProviderName
-from qmdbridge.config import OpenClawConfig, ResolvedAgent, resolve_agent
+from qmdbridge.config import OpenClawConfig, QmdConfig, ResolvedAgent, resolve_agent
 from qmdbridge.evaluation.locomo import CATEGORY_NAMES, load_locomo, locomo_files, write_workspace
 from qmdbridge.evaluation.metrics import (
     EvalMetrics,
@@ -43,13 +43,13 @@ from qmdbridge.qmd.query_text import search_limits
 
 __all__ = [
     "DEFAULT_MAX_RESULTS",
-    "BackendTally",
     "EvalBackend",
     "EvalOptions",
     "EvalReport",
     "ProgressCallback",
     "WorkspaceReport",
     "WorkspaceRun",
+    "backend_tally",
     "check_options",
     "eval_agent",
     "evaluate_workspace",
@@ -66,7 +66,6 @@ ProgressCallback = Callable[[str, int, int], None]
 """``on_progress(workspace_name, questions_done, questions_total)``, called after each search."""
 
 EvalBackend = Literal["builtin", "qmd"]
-QmdSearchMode = Literal["search", "vsearch", "query"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class EvalOptions:
         cache_dir: keep each workspace's state dir in ``<cache_dir>/<workspace name>`` across
             runs, so a rerun embeds only new text; ``None``: everything is temporary.
         backend: ``builtin`` or ``qmd`` (falling back to the builtin engine as for an agent).
-        qmd_search_mode: overrides ``memory.qmd.searchMode`` (``qmd`` backend only).
+        qmd_search_mode: overrides ``memory.qmd.searchMode``, one of its values (``qmd`` backend only).
         long_lived: search through a started ``full``-mode manager, as ``serve`` and ``mcp``
             do (qmd: its warm child waited for first); ``False``: as one-shot CLI commands.
     """
@@ -92,7 +91,7 @@ class EvalOptions:
     model_path: str | None = None
     cache_dir: Path | None = None
     backend: EvalBackend = "builtin"
-    qmd_search_mode: QmdSearchMode | None = None
+    qmd_search_mode: str | None = None
     long_lived: bool = False
 
     def state_dir(self, name: str, scratch: Path) -> Path:
@@ -111,7 +110,7 @@ class WorkspaceReport(EvalModel):
         questions / evidence: questions searched and their evidence items.
         recall_at5: R@5 of this workspace alone (``None`` without evidence).
         index_ms: wall time of the sync in ms.
-        answered_by / fallbacks / first_fallback_reason: see :class:`BackendTally`.
+        answered_by / fallbacks / first_fallback_reason: see :func:`backend_tally`.
     """
 
     name: str
@@ -139,7 +138,7 @@ class EvalReport(EvalModel):
         metrics / workspaces: the recall metrics; one row per indexed workspace.
         misses: every question R@5 missed (:class:`~qmdbridge.evaluation.metrics.Miss`), in order.
         warnings: distinct warnings of the search responses.
-        answered_by / fallbacks / first_fallback_reason / warm_calls: see :class:`BackendTally`.
+        answered_by / fallbacks / first_fallback_reason / warm_calls: see :func:`backend_tally`.
         long_lived: searched through a long-lived manager.
         all_fell_back: ``backend`` is ``qmd`` and qmd answered no search (the CLI exits 1).
     """
@@ -165,61 +164,30 @@ class EvalReport(EvalModel):
     all_fell_back: bool
 
 
-@dataclass
-class BackendTally:
-    """Which backend answered a run's searches.
-
-    Attributes:
-        qmd / builtin: searches answered by each backend.
-        fallbacks: answers with ``fallback`` set; first_fallback_reason: the first one's reason.
-        warm_calls: ``{"answered", "spawned"}`` collection searches of the warm ``qmd mcp``
-            child (long-lived qmd runs), else ``None``.
-    """
-
-    qmd: int = 0
-    builtin: int = 0
-    fallbacks: int = 0
-    first_fallback_reason: str | None = None
-    warm_calls: dict[str, int] | None = None
-
-    def add(self, response: SearchResponse) -> None:
-        """Count one search answer."""
-        if response.backend == "qmd":
-            self.qmd += 1
-        else:
-            self.builtin += 1
-        if response.fallback is not None:
-            self.fallbacks += 1
-            if self.first_fallback_reason is None:
-                self.first_fallback_reason = response.fallback.reason
-
-    def merge(self, other: BackendTally) -> None:
-        """Add ``other``'s counts (its first reason is kept when this one has none)."""
-        self.qmd += other.qmd
-        self.builtin += other.builtin
-        self.fallbacks += other.fallbacks
-        self.first_fallback_reason = self.first_fallback_reason or other.first_fallback_reason
-        if other.warm_calls is not None:
-            mine = self.warm_calls or {"answered": 0, "spawned": 0}
-            self.warm_calls = {k: mine[k] + other.warm_calls[k] for k in mine}
-
-    @property
-    def answered_by(self) -> dict[str, int]:
-        """``{"qmd": n, "builtin": n}``, both keys always present."""
-        return {"qmd": self.qmd, "builtin": self.builtin}
+def backend_tally(answers: Sequence[tuple[str, str | None]]) -> dict[str, Any]:
+    """Which backend answered a run's searches, from each answer's ``(backend, fallback reason or
+    None)``: ``{"answered_by": {"qmd": n, "builtin": n}, "fallbacks": n, "first_fallback_reason"}``
+    (every backend but qmd counts as builtin)."""
+    qmd = sum(backend == "qmd" for backend, _ in answers)
+    reasons = [reason for _, reason in answers if reason is not None]
+    return {"answered_by": {"qmd": qmd, "builtin": len(answers) - qmd}, "fallbacks": len(reasons),
+            "first_fallback_reason": next(iter(reasons), None)}
 
 
 @dataclass
 class WorkspaceRun:
     """One workspace's run: outcomes and misses in order, the summary row, the answer naming
-    what answered (the measured backend's first, else the first), warnings and the tally."""
+    what answered (the measured backend's first, else the first), warnings, each answer's
+    ``(backend, fallback reason)`` and the warm ``qmd mcp`` child's ``{"answered", "spawned"}``
+    collection searches (``None``: no warm child)."""
 
     outcomes: list[QuestionOutcome]
     misses: list[Miss]
     workspace: WorkspaceReport
     first: SearchResponse | None
     warnings: list[str]
-    tally: BackendTally
+    answers: list[tuple[str, str | None]]
+    warm_calls: dict[str, int] | None
 
 
 def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, state_dir: Path,
@@ -229,13 +197,9 @@ def eval_agent(cfg: OpenClawConfig, *, agent_id: str | None, workspace: Path, st
 
     Raises:
         ConfigError: the merged settings are invalid.
-        UsageError: an unknown provider, ``model_path`` with a provider other than ``local``,
-            or see :func:`check_options`.
+        UsageError: ``model_path`` with a provider other than ``local``, or see :func:`check_options`.
     """
     check_options(options)
-    if options.provider is not None and options.provider not in get_args(ProviderName):
-        raise UsageError(f"unknown embedding provider {options.provider!r} "
-                         f"(one of: {', '.join(get_args(ProviderName))})")
     agent = resolve_agent(cfg, agent_id, workspace=workspace, env={"OPENCLAW_STATE_DIR": str(state_dir)})
     raw = agent.memory_search.model_dump(by_alias=True)
     raw["store"]["path"] = None
@@ -271,7 +235,7 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
     misses: list[Miss] = []
     first: SearchResponse | None = None
     warnings: list[str] = []
-    tally = BackendTally()
+    answers: list[tuple[str, str | None]] = []
     if options.backend == "qmd":  # an earlier run's failure must not make this one fall back
         home = qmd_home(agent.state_dir, agent.agent_id)
         for breaker in (home.breaker, home.startup_breaker):
@@ -296,32 +260,28 @@ async def evaluate_workspace(agent: ResolvedAgent, questions: Sequence[EvalQuest
             outcomes.append(judge(question, response.results, latency_ms=latency_ms))
             if (miss := find_miss(question, response.results, workspace=name)) is not None:
                 misses.append(miss)
-            tally.add(response)
+            answers.append((response.backend, response.fallback.reason if response.fallback else None))
             if first is None or (first.backend != options.backend and response.backend == options.backend):
                 first = response
             warnings.extend(w for w in response.warnings if w not in warnings)
             if on_progress is not None:
                 on_progress(name, done, len(questions))
-        if warm is not None:
-            tally.warm_calls = {"answered": warm.answered, "spawned": warm.spawn_fallbacks}
+        warm_calls = None if warm is None else {"answered": warm.answered, "spawned": warm.spawn_fallbacks}
     items = [ev for q in outcomes for ev in q.evidence]
     report = WorkspaceReport(name=name, source=source, files=status.files, chunks=status.chunks,
                              questions=len(outcomes), evidence=len(items),
                              recall_at5=recall_at(items, 5, lambda e: e.line_rank), index_ms=index_ms,
-                             answered_by=tally.answered_by, fallbacks=tally.fallbacks,
-                             first_fallback_reason=tally.first_fallback_reason)
-    return WorkspaceRun(outcomes, misses, report, first, warnings, tally)
+                             **backend_tally(answers))
+    return WorkspaceRun(outcomes, misses, report, first, warnings, answers, warm_calls)
 
 
 def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list[WorkspaceRun], *,
             agent: ResolvedAgent, options: EvalOptions, categories: Sequence[str]) -> EvalReport:
     # the run of the measured backend that answered first names what answered
-    first = next((r.first for r in runs if r.tally.answered_by[options.backend]), runs[0].first if runs else None)
-    warnings: list[str] = []
-    tally = BackendTally()
-    for run in runs:
-        warnings.extend(w for w in run.warnings if w not in warnings)
-        tally.merge(run.tally)
+    first = next((r.first for r in runs if r.workspace.answered_by[options.backend]), runs[0].first if runs else None)
+    warnings = list(dict.fromkeys(w for r in runs for w in r.warnings))
+    tally = backend_tally([a for r in runs for a in r.answers])
+    answered, warm = tally["answered_by"], [r.warm_calls for r in runs if r.warm_calls is not None]
     max_results, min_score = options.max_results, options.min_score
     if options.backend == "qmd":  # what the qmd backend applies
         max_results, min_score = search_limits(agent.memory.qmd.limits.max_results, max_results, min_score)
@@ -334,26 +294,26 @@ def _report(dataset: Literal["locomo", "queries"], inputs: list[str], runs: list
         index_ms=sum(r.workspace.index_ms for r in runs),
         metrics=summarize([o for r in runs for o in r.outcomes], categories=categories),
         workspaces=[r.workspace for r in runs], misses=[m for r in runs for m in r.misses],
-        warnings=warnings,
-        answered_by=tally.answered_by, fallbacks=tally.fallbacks,
-        first_fallback_reason=tally.first_fallback_reason, long_lived=options.long_lived,
-        warm_calls=tally.warm_calls,
-        all_fell_back=options.backend == "qmd" and tally.qmd == 0 and tally.builtin > 0)
+        warnings=warnings, **tally, long_lived=options.long_lived,
+        warm_calls={k: sum(w[k] for w in warm) for k in ("answered", "spawned")} if warm else None,
+        all_fell_back=options.backend == "qmd" and answered["qmd"] == 0 and answered["builtin"] > 0)
 
 
 def check_options(options: EvalOptions) -> None:
     """Check the limits and that every option applies to the backend measured.
 
     Raises:
-        UsageError: limits out of range (``fallback.request.check_limits``), an unknown backend or
-            search mode, ``provider``/``model_path`` with qmd, ``qmd_search_mode`` with builtin.
+        UsageError: limits out of range (``fallback.request.check_limits``), an unknown backend,
+            provider or search mode, ``provider``/``model_path`` with qmd, ``qmd_search_mode`` with
+            builtin.
     """
     check_limits(max_results=options.max_results, min_score=options.min_score)
-    if options.backend not in get_args(EvalBackend):
-        raise UsageError(f"unknown backend {options.backend!r} (one of: {', '.join(get_args(EvalBackend))})")
-    if options.qmd_search_mode is not None and options.qmd_search_mode not in get_args(QmdSearchMode):
-        raise UsageError(f"unknown qmd search mode {options.qmd_search_mode!r} "
-                         f"(one of: {', '.join(get_args(QmdSearchMode))})")
+    for what, value, allowed in (("backend", options.backend, get_args(EvalBackend)),
+                                 ("embedding provider", options.provider, get_args(ProviderName)),
+                                 ("qmd search mode", options.qmd_search_mode,
+                                  get_args(QmdConfig.model_fields["search_mode"].annotation))):
+        if value is not None and value not in allowed:
+            raise UsageError(f"unknown {what} {value!r} (one of: {', '.join(allowed)})")
     if options.backend == "qmd":
         given = [flag for flag, value in (("--provider", options.provider), ("--model", options.model_path))
                  if value is not None]

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from fallback.errors import UsageError
-from fallback.models import FallbackInfo, SearchResponse
 from qmdbridge.config import OpenClawConfig, parse_config
 from qmdbridge.evaluation.queries import load_queries
 from qmdbridge.evaluation.runner import (
-    BackendTally,
     EvalOptions,
+    backend_tally,
     check_options,
     eval_agent,
     run_locomo,
@@ -198,24 +197,14 @@ def test_options_of_the_other_backend_are_usage_errors(tmp_path: Path, options: 
 
 
 def test_backend_tally_counts_answers_and_keeps_the_first_fallback_reason() -> None:
-    def answer(backend: str, reason: str | None = None) -> SearchResponse:
-        fallback = FallbackInfo(from_backend="qmd", reason=reason) if reason else None
-        return SearchResponse(backend=backend, fallback=fallback)
-
-    tally = BackendTally()
-    for response in (answer("qmd"), answer("builtin", "qmd search timed out"), answer("qmd"),
-                     answer("builtin", "circuit open")):
-        tally.add(response)
-    assert (tally.answered_by, tally.fallbacks, tally.first_fallback_reason) == (
-        {"qmd": 2, "builtin": 2}, 2, "qmd search timed out")
-    total = BackendTally()
-    total.merge(BackendTally(qmd=3))
-    total.merge(tally)
-    assert (total.answered_by, total.fallbacks, total.first_fallback_reason) == (
-        {"qmd": 5, "builtin": 2}, 2, "qmd search timed out")
-    plain = BackendTally()
-    plain.add(answer("builtin"))  # the builtin engine measured: an answer, no fallback
-    assert (plain.answered_by, plain.fallbacks, plain.first_fallback_reason) == ({"qmd": 0, "builtin": 1}, 0, None)
+    answers = [("qmd", None), ("builtin", "qmd search timed out"), ("qmd", None), ("builtin", "circuit open")]
+    assert backend_tally(answers) == {"answered_by": {"qmd": 2, "builtin": 2}, "fallbacks": 2,
+                                      "first_fallback_reason": "qmd search timed out"}
+    assert backend_tally([("qmd", None)] * 3 + answers) == {
+        "answered_by": {"qmd": 5, "builtin": 2}, "fallbacks": 2, "first_fallback_reason": "qmd search timed out"}
+    # the builtin engine measured: an answer, no fallback
+    assert backend_tally([("builtin", None)]) == {"answered_by": {"qmd": 0, "builtin": 1}, "fallbacks": 0,
+                                                  "first_fallback_reason": None}
 
 
 @pytest.mark.anyio

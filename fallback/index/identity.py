@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fallback.index.windows import EMBED_WINDOW_OVERLAP, EMBED_WINDOW_TOKENS
-from fallback.sources.memory_files import normalize_extra_paths
+from fallback.sources.memory_files import extra_roots
 from fallback.text.chunking import CHUNKING_VERSION
 from fallback.text.scripts import sha256_hex
 
@@ -48,8 +48,8 @@ def index_identity(settings: EngineSettings, provider: EmbeddingProvider | None)
     import orjson
 
     s = settings.search
-    extra = sorted(str(p).replace("\\", "/") for p in normalize_extra_paths(
-        settings.workspace_dir, s.extra_paths))
+    roots = extra_roots(settings.workspace_dir, s.extra_paths)
+    extra = sorted({str(r.entry).replace("\\", "/") for r in roots})
     scope = {"extraPaths": extra,
              "multimodal": {"enabled": False, "modalities": [], "maxFileBytes": s.max_file_bytes}}
     return {

@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_PATTERN", "DREAMS_FILE", "Discovery",
            "ROOT_MEMORY_FILE", "RootFile", "SKIP_DIR_NAMES", "SYMLINK_ERRNOS", "SYMLINK_SKIP", "classify_changed_path",
            "describe_extra_path",
            "escape_glob", "extra_roots", "is_excluded", "is_root_level_auxiliary",
-           "list_memory_files", "locate_memory_path", "memory_roots", "normalize_extra_paths",
+           "list_memory_files", "locate_memory_path", "memory_roots",
            "root_memory_file", "split_pattern"]
 
 # Folders never descended below a root: tool, VCS and build folders that hold no notes.
@@ -213,23 +213,11 @@ def describe_extra_path(entry: ExtraPathEntry) -> str:
     return f"{raw} (pattern {pattern})" if pattern else raw
 
 
-def normalize_extra_paths(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[Path]:
-    """The configured ``extraPaths`` as absolute paths (patterns dropped): trimmed, ``~``
-    expanded, resolved against ``workspace`` and collapsed lexically (no symlink resolved),
-    blanks and duplicates dropped, in configured order. Nothing is checked on disk."""
-    ws = os.path.abspath(workspace)
-    out: list[Path] = []
-    for entry in extra_paths:
-        raw, _ = _entry_parts(entry)
-        if raw and Path(_absolute(ws, raw)) not in out:
-            out.append(Path(_absolute(ws, raw)))
-    return out
-
-
 def extra_roots(workspace: Path, extra_paths: Sequence[ExtraPathEntry]) -> list[MemoryRoot]:
-    """The configured extra paths as :class:`MemoryRoot` entries, in configured order,
-    normalised as :func:`normalize_extra_paths` does: a folder with its pattern, a regular
-    file as its folder with the glob-escaped name as the pattern (as qmd indexes a file)."""
+    """The configured extra paths as :class:`MemoryRoot` entries, in configured order: each
+    path trimmed, ``~`` expanded, resolved against ``workspace`` and collapsed lexically (no
+    symlink resolved; its ``entry``), blanks and duplicates dropped; a folder with its pattern,
+    a regular file as its folder with the glob-escaped name as the pattern (as qmd indexes a file)."""
     ws = os.path.abspath(workspace)
     out: list[MemoryRoot] = []
     for entry in extra_paths:
@@ -473,23 +461,16 @@ def list_memory_files(workspace: Path, extra_paths: Sequence[ExtraPathEntry], *,
     for r in roots[1:]:
         _add_folder_root(col, r)
 
-    files: list[MemoryFile] = []
-    seen: set[str] = set()
+    by_real: dict[str, MemoryFile] = {}
     real_dirs: dict[str, str] = {}
     for path, fst in col.candidates:
         # Only a candidate's folders can be symlinks: resolve each folder once.
         folder, name = os.path.split(path)
         if folder not in real_dirs:
-            try:
-                real_dirs[folder] = os.path.realpath(folder)
-            except OSError:
-                real_dirs[folder] = folder
-        real = os.path.join(real_dirs[folder], name)
-        if real in seen:
-            continue
-        seen.add(real)
-        files.append(MemoryFile.from_stat(Path(path), _shown(path, ws), fst))
-    return Discovery(files=files, skipped=col.skipped, issues=col.issues)
+            real_dirs[folder] = os.path.realpath(folder)
+        if (real := os.path.join(real_dirs[folder], name)) not in by_real:
+            by_real[real] = MemoryFile.from_stat(Path(path), _shown(path, ws), fst)
+    return Discovery(files=list(by_real.values()), skipped=col.skipped, issues=col.issues)
 
 
 def classify_changed_path(workspace: Path, extra_paths: Sequence[ExtraPathEntry],

@@ -112,16 +112,6 @@ def _page_window(from_line: int | None, lines: int | None) -> tuple[int, int]:
     return max(1, int(from_line or 1)), max(1, int(lines or DEFAULT_READ_LINES))
 
 
-def _continuation_notice(next_from: int | None, cut: tuple[int, int] | None) -> str:
-    """The notice a truncated page ends with: where to read on by line, or, after a line cut
-    at the budget (``cut``: its number and the ``fromChar`` it goes on at), by character."""
-    if cut is not None:
-        line, from_char = cut
-        return (f"\n\n[More content available. Line {line} is cut at the maxChars budget. "
-                f"Use from={line} fromChar={from_char} to continue.]")
-    return f"\n\n[More content available. Use from={next_from} to continue.]"
-
-
 def page_text(text: str, *, from_line: int | None, lines: int | None,
               max_chars: int = DEFAULT_READ_MAX_CHARS, line_offset: int = 0,
               from_char: int | None = None) -> tuple[str, int, int, bool, int | None]:
@@ -160,9 +150,7 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
     selected = all_lines[before:before + take]
     more_remain = before + len(selected) < len(all_lines)
     if skip and selected:  # the rest of the first line, its line break kept
-        first = selected[0]
-        body = len(first.rstrip("\r\n"))
-        selected[0] = first[min(skip, body):]
+        selected[0] = selected[0][min(skip, len(selected[0].rstrip("\r\n"))):]
 
     included, size = 0, 0
     for line in selected:  # the longest run of whole lines within the budget (at least one)
@@ -170,18 +158,17 @@ def page_text(text: str, *, from_line: int | None, lines: int | None,
         if included and grown - line.endswith("\n") > max_chars:
             break
         included, size = included + 1, grown
-    page = "".join(selected[:included])
-    if page.endswith("\n"):
-        page = page[:-1]
-    cut = None
+    page = "".join(selected[:included]).removesuffix("\n")
+    next_from, truncated = None, True
     if len(page) > max_chars:  # one line (included == 1) too long: cut, read on by character
         page = truncate_chars(page, max_chars)
-        cut = (start, skip + len(page) + 1)
-    dropped = included < len(selected)
-    truncated = cut is not None or dropped or more_remain
-    next_from = start + included if truncated and cut is None else None
-    if truncated:
-        page += _continuation_notice(next_from, cut)
+        page += (f"\n\n[More content available. Line {start} is cut at the maxChars budget. "
+                 f"Use from={start} fromChar={skip + len(page) + 1} to continue.]")
+    elif included < len(selected) or more_remain:
+        next_from = start + included
+        page += f"\n\n[More content available. Use from={next_from} to continue.]"
+    else:
+        truncated = False
     return page, start, included, truncated, next_from
 
 
@@ -314,15 +301,6 @@ def _resolve(workspace: Path, extra_paths: Sequence[ExtraPathEntry], rel_path: s
     if root.kind == "memory":
         return ResolvedMemoryPath(Path(ws), (MEMORY_DIR_NAME, *rel.split("/")), display, True)
     return ResolvedMemoryPath(root.path, tuple(rel.split("/")), display, root.entry != root.path)
-
-
-def _missing_page(requested: str, display: str) -> MemoryReadResult:
-    """Empty text with ``missing: True``, or the ``encoded characters`` refusal."""
-    encoded = _encoded(requested)
-    if encoded is not None:
-        raise encoded from None  # called while handling the not-found error
-    return MemoryReadResult.model_validate(
-        {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
 
 
 def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str) -> int:
@@ -460,7 +438,10 @@ def _read_page(read: Callable[[], tuple[str, int] | None], *, shown: str, displa
     try:
         got = retrying(read)
     except MemoryFileNotFoundError:
-        return _missing_page(shown, display)
+        if (encoded := _encoded(shown)) is not None:
+            raise encoded from None
+        return MemoryReadResult.model_validate(
+            {"path": display, "text": "", "from_line": 1, "lines": 0, "missing": True})
     except OSError as exc:
         raise BackendUnavailableError(backend, f"cannot read {display}: {exc.strerror or exc}") from exc
     if got is None:  # what indexing skips, no reader may return

@@ -19,10 +19,10 @@ from fallback.sources.memory_files import (
     MemoryFile,
     MemoryRoot,
     RootFile,
+    extra_roots,
     list_memory_files,
     locate_memory_path,
     memory_roots,
-    normalize_extra_paths,
     root_memory_file,
     split_pattern,
 )
@@ -40,14 +40,14 @@ def _rels(ws: Path, extra: list[str] | None = None) -> list[str]:
 
 def test_case1_normalize_extra_paths(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
-    out = normalize_extra_paths(ws, [" notes ", "./notes", "/shared-notes", "/shared-notes", ""])
-    assert out == [ws / "notes", Path("/shared-notes")]
+    out = extra_roots(ws, [" notes ", "./notes", "/shared-notes", "/shared-notes", ""])
+    assert [r.entry for r in out] == [ws / "notes", Path("/shared-notes")]
 
 
 def test_normalize_expands_tilde(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     home = Path(os.path.expanduser("~"))
-    assert normalize_extra_paths(ws, ["~/notes", "~", "a/../b"]) == [home / "notes", home, ws / "b"]
+    assert [r.entry for r in extra_roots(ws, ["~/notes", "~", "a/../b"])] == [home / "notes", home, ws / "b"]
 
 
 def test_case2_extra_dir_markdown_only(tmp_path: Path) -> None:

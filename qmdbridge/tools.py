@@ -19,6 +19,7 @@ from fallback.errors import (
 from fallback.request import MAX_LIMIT
 from fallback.settings import QuerySettings
 from fallback.sources.read_page import DEFAULT_READ_LINES
+from fallback.text.path_names import printable_path
 from qmdbridge.config import QmdLimits
 from qmdbridge.manager import MemoryManager
 from qmdbridge.policy.corpus import GET_CORPORA, SEARCH_CORPORA
@@ -178,7 +179,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
 
     Returns:
         ``{path, text, from, lines, truncated, nextFrom, missing}``, or ``{path, text: "",
-        disabled: true, error, refused}`` on failure (``refused``: not a memory file).
+        disabled: true, error, refused}`` on failure (``refused``: not a memory file; ``path``:
+        the request's, in its printable form, so a name byte that is not UTF-8 can be encoded).
     """
     path = params.get("path") if isinstance(params, dict) else None
     refused = False
@@ -196,8 +198,8 @@ async def handle_memory_get(manager: MemoryManager, params: dict[str, Any]) -> d
         except Exception as exc:  # tool edge
             log.exception("memory_get failed")
             error = f"{type(exc).__name__}: {exc}"
-    return {"path": path if isinstance(path, str) else "", "text": "", "disabled": True, "error": error,
-            "refused": refused}
+    return {"path": printable_path(path) if isinstance(path, str) else "", "text": "", "disabled": True,
+            "error": error, "refused": refused}
 
 
 async def call_tool(manager: MemoryManager, name: object, params: dict[str, Any], *,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Mapping
 
 from qmdbridge.cli.common import EXIT_REFUSED, print_config_warnings, print_error
@@ -17,6 +18,7 @@ from qmdbridge.server.wire import (
     client_fingerprint,
     daemon_dir,
     daemon_disabled,
+    peer_ids,
     remove_stale_socket,
     short_socket_path,
     state_dir,
@@ -36,7 +38,10 @@ _TOOL_PARAMS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
                            ("fromChar", "from_char"), ("corpus", "corpus"))),
     "status": ("status", ())}
 DAEMON_COMMANDS = tuple(_TOOL_PARAMS)
-# How long a served command waits for the daemon's answer (a first search may sync first).
+# How long a daemon has to take a request (the reply's first byte, sent before any work), s:
+# past it the daemon is stopped or hung and the command runs in-process.
+HANDSHAKE_S = 5.0
+# How long a served command then waits for the daemon's answer (a first search may sync first), s.
 REPLY_TIMEOUT_S = 120.0
 
 
@@ -57,8 +62,10 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
 
     Returns:
         The decoded reply, or ``None`` when nobody answers (no socket, a stale one, which is
-        removed, a refused peer, a timeout, a reply that is not one JSON object) or the request
-        cannot be sent (an argument holding bytes that are not UTF-8, as a file name may).
+        removed, a refused peer, a reply that is not one JSON object; a daemon that takes no
+        request in :data:`HANDSHAKE_S` or answers none in ``timeout_s`` is named on stderr) or
+        the request cannot be sent (an argument holding bytes that are not UTF-8, as a file
+        name may).
     """
     import socket  # here: a CLI that finds no socket file never loads it
 
@@ -67,21 +74,29 @@ def exchange(path: str, request: dict[str, Any], *, timeout_s: float = REPLY_TIM
     except UnicodeEncodeError:  # a surrogate escape: the command runs in-process
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
+    sock.settimeout(HANDSHAKE_S)
+    buf = bytearray()
     try:
         with short_socket_path(path) as where:
             sock.connect(where)
         sock.sendall(data)
-        buf = bytearray()
         while b"\n" not in buf:
             chunk = sock.recv(1 << 16)
             if not chunk:
                 break
             buf += chunk
+            sock.settimeout(timeout_s)  # taken: the answer may wait for a sync
             if len(buf) > MAX_LINE_BYTES:
                 return None
     except ConnectionRefusedError:
         remove_stale_socket(path)
+        return None
+    except TimeoutError:
+        pid = (peer_ids(sock) or (0, 0))[0] or "<pid>"
+        waited = f"answered nothing in {timeout_s:g} s" if buf else f"took no request in {HANDSHAKE_S:g} s"
+        sys.stderr.write(f"qmdbridge: the daemon (pid {pid}, socket {path}) {waited}, stopped or hung: "
+                         f"answered in-process; `kill -CONT {pid}` resumes a stopped daemon, `kill {pid}` "
+                         "ends a hung one (then start `qmdbridge serve` again)\n")
         return None
     except OSError:
         return None

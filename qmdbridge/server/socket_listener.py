@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,12 +26,13 @@ from qmdbridge.server.wire import (
     config_identity,
     decode_line,
     encode_line,
+    peer_ids,
     remove_stale_socket,
     short_socket_path,
     socket_path,
 )
 
-__all__ = ["DaemonIdentity", "LineHandler", "identity_for", "peer_uid", "serve_socket"]
+__all__ = ["DaemonIdentity", "LineHandler", "identity_for", "serve_socket"]
 
 LineHandler = Callable[[bytes], Awaitable[dict[str, Any]]]
 
@@ -99,17 +99,6 @@ def identity_for(agent: ResolvedAgent, *, config: str | None, backend: str | Non
         backend=backend or agent.memory.backend)
 
 
-def peer_uid(sock: socket.socket) -> int | None:
-    """The effective uid of the process at the other end of a Unix socket (``SO_PEERCRED``),
-    or ``None`` where the OS does not offer it."""
-    opt = getattr(socket, "SO_PEERCRED", None)
-    if opt is None:
-        return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return int(uid)
-
-
 def _bind(path: str) -> socket.socket:
     """Create the folder (0700) and a listening socket (0600) at ``path``; ``FileExistsError``
     when a live daemon listens there, ``OSError`` when either cannot be made."""
@@ -146,9 +135,9 @@ async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, h
     async with stream:
         with contextlib.suppress(anyio.BrokenResourceError):  # the peer went away
             raw = stream.extra(SocketAttribute.raw_socket)
-            uid = peer_uid(raw)
-            if uid is not None and uid != os.geteuid():
-                await stream.send(encode_line({"id": None, "error": f"refused: peer uid {uid} is not the daemon's owner"}) + b"\n")
+            ids = peer_ids(raw)
+            if ids is not None and ids[1] != os.geteuid():
+                await stream.send(encode_line({"id": None, "error": f"refused: peer uid {ids[1]} is not the daemon's owner"}) + b"\n")
                 return
             lines = BufferedByteReceiveStream(stream)
             while True:
@@ -159,7 +148,8 @@ async def _serve_connection(stream: SocketStream, *, identity: DaemonIdentity, h
                     return
                 except anyio.IncompleteRead:
                     return
-                if line.strip():
+                if line.strip():  # a reply's first byte, a space, says the request was taken
+                    await stream.send(b" ")
                     await stream.send(encode_line(await _answer(line, identity, handle)) + b"\n")
 
 

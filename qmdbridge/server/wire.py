@@ -28,6 +28,7 @@ __all__ = [
     "daemon_disabled",
     "decode_line",
     "encode_line",
+    "peer_ids",
     "remove_stale_socket",
     "short_socket_path",
     "socket_path",
@@ -94,6 +95,20 @@ def encode_line(doc: Any) -> bytes:
         return orjson.dumps(doc)
     except orjson.JSONEncodeError:
         return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def peer_ids(sock: Any) -> tuple[int, int] | None:
+    """``(pid, uid)`` of the process at the other end of a connected Unix socket (``SO_PEERCRED``:
+    for a client, the daemon that listens), or ``None`` where the OS does not offer it (pid 0:
+    not connected)."""
+    import socket
+    import struct
+
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))
+    return pid, uid
 
 
 def config_identity(explicit: str | None, state: str,

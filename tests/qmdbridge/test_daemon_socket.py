@@ -85,6 +85,29 @@ def test_search_get_status_are_served_by_the_daemon(setup: tuple[Path, dict[str,
     assert blank.returncode == 2 and orjson.loads(blank.stdout)["error"] == "query must not be empty"
 
 
+def test_a_stopped_daemon_is_named_and_the_command_answers_in_process(setup: tuple[Path, dict[str, str]],
+                                                                     daemon: subprocess.Popen[bytes]) -> None:
+    """A daemon that accepts a connection but never takes the request (stopped by SIGSTOP) costs
+    the handshake's wait, not the reply's 120 s: the command names it on stderr (pid, socket,
+    what to do) and answers in-process, exit 0, as it does without a daemon."""
+    ws, env = setup
+    sock = Path(env["OPENCLAW_STATE_DIR"]) / "daemon" / "main.sock"
+    args = ["search", "Kestrel migration", "--workspace", str(ws), "--json"]
+    alone = cli(args, {**env, "QMDBRIDGE_DAEMON": "off"})
+    daemon.send_signal(signal.SIGSTOP)
+    try:
+        assert os.WIFSTOPPED(os.waitpid(daemon.pid, os.WUNTRACED)[1])  # returns once it is stopped
+        stopped = cli(args, env)
+    finally:
+        daemon.send_signal(signal.SIGCONT)
+    assert (stopped.returncode, stopped.stdout) == (0, alone.stdout) and alone.returncode == 0
+    assert stopped.stderr.decode() == (
+        f"qmdbridge: the daemon (pid {daemon.pid}, socket {sock}) took no request in 5 s, stopped or hung: "
+        f"answered in-process; `kill -CONT {daemon.pid}` resumes a stopped daemon, `kill {daemon.pid}` ends a "
+        "hung one (then start `qmdbridge serve` again)\n")
+    assert orjson.loads(cli(args, env).stdout)["servedBy"] == "daemon"  # resumed, it serves again
+
+
 def test_an_argument_of_bytes_that_are_not_utf8_runs_in_process(setup: tuple[Path, dict[str, str]],
                                                                daemon: subprocess.Popen[bytes]) -> None:
     """A query or path holding bytes that are not UTF-8 (a shell passes a file name's bytes as

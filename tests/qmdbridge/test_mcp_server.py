@@ -251,3 +251,32 @@ async def test_http_client_sessions_that_end_leave_no_traceback(setup: tuple[Pat
         rest = proc.stderr.read().decode()
         assert stop(proc) == 0
     assert rest.splitlines() == ["qmdbridge mcp: bearer token from $QMDBRIDGE_MCP_TOKEN", "qmdbridge mcp: stopped"]
+
+
+async def test_a_name_that_is_not_utf8_over_the_sdk_client(setup: tuple[Path, dict[str, str]]) -> None:
+    """A note whose file name is not UTF-8 is cited and read in its printable form; a path holding
+    a lone surrogate (the name's own bytes, as Python decodes them) is refused with the path in
+    that form, and the session keeps serving (the reply echoing the path could not be encoded:
+    ``str is not valid UTF-8``). The SDK's own client session, in memory against the server."""
+    from mcp.shared.memory import create_connected_server_and_client_session
+
+    from qmdbridge import MemoryManager
+    from qmdbridge.config import parse_config, resolve_agent
+    from qmdbridge.server.mcp_server import build_server
+
+    ws, env = setup
+    (ws / "memory" / os.fsdecode(b"caf\xe9.md")).write_text("# note\n\nThe zanzibar plan.\n")
+    agent = resolve_agent(parse_config({}), "main", workspace=ws, env=env)
+    async with MemoryManager(agent, mode="cli", env=env) as manager, \
+            create_connected_server_and_client_session(build_server(manager)) as session:
+        found = await session.call_tool("memory_search", {"query": "zanzibar"})
+        assert [h["citation"] for h in (found.structuredContent or {})["results"]] == ["memory/caf\\xe9.md#L1-L3"]
+        page = await session.call_tool("memory_get", {"path": "memory/caf\\xe9.md"})
+        assert (page.isError, (page.structuredContent or {})["text"]) == (False, "# note\n\nThe zanzibar plan.")
+        refused = await session.call_tool("memory_get", {"path": "memory/caf\udce9.md"})
+        assert (refused.isError, refused.structuredContent) == (True, {
+            "path": "memory/caf\\xe9.md", "text": "", "disabled": True, "refused": True,
+            "error": "path refused: 'memory/caf\\udce9.md': invalid characters (a file name that is not "
+                     "UTF-8 is written with \\xHH escapes, as search cites it: memory/caf\\xe9.md)"})
+        status = await session.call_tool("status", {})
+        assert (status.structuredContent or {})["files"] == 3

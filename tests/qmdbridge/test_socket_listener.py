@@ -118,7 +118,7 @@ async def test_a_lone_surrogate_escape_is_answered_under_its_request_id(
     assert search["id"] == 1
     assert [(h["path"], h["startLine"]) for h in search["result"]["results"]] == [
         (h.path, h.start_line) for h in library.results] != []
-    assert (get["id"], get["result"]["path"], get["result"]["refused"]) == (2, "memory/\ud83d.md", True)
+    assert (get["id"], get["result"]["path"], get["result"]["refused"]) == (2, "memory/\\xed\\xa0\\xbd.md", True)
     assert get["result"]["error"].startswith("path refused: 'memory/\\ud83d.md': invalid characters")
 
 

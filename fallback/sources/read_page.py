@@ -321,7 +321,9 @@ def _open_dir(name: str | Path, dir_fd: int | None, *, follow: bool, shown: str)
 
 
 def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_base: bool = True) -> int:
-    """Open ``base/inner...`` read-only without following any symlink below ``base``.
+    """Open ``base/inner...`` read-only without following any symlink below ``base``; a name
+    that is not there as given is opened in its other Unicode form (NFC or NFD: macOS writes
+    names decomposed, most text and most agents compose them).
 
     Args:
         base: the root folder (absolute).
@@ -337,6 +339,18 @@ def open_memory_file(base: Path, inner: Sequence[str], *, shown: str, follow_bas
         MemoryFileNotFoundError: no such file or folder, or a parent is a regular file.
         OSError: any other failure to open (permission denied, ...).
     """
+    try:
+        return _open_exact(base, inner, shown=shown, follow_base=follow_base)
+    except MemoryFileNotFoundError:
+        for form in ("NFC", "NFD"):
+            other = [unicodedata.normalize(form, part) for part in inner]
+            if other != list(inner):
+                with contextlib.suppress(MemoryFileNotFoundError):
+                    return _open_exact(base, other, shown=shown, follow_base=follow_base)
+        raise
+
+
+def _open_exact(base: Path, inner: Sequence[str], *, shown: str, follow_base: bool) -> int:
     if not inner or any(part in ("", ".", "..") or "/" in part for part in inner):
         raise PathRefusedError(shown, "parent segment")
     if not _HAS_DIR_FD:

@@ -14,8 +14,8 @@ from fallback.engine.builtin import BuiltinEngine
 from fallback.errors import PathRefusedError, UsageError
 from fallback.request import SearchRequest
 from fallback.settings import EngineSettings, MemorySearchSettings
-from fallback.sources.memory_files import list_memory_files
-from fallback.sources.read_page import read_memory_page
+from fallback.sources.memory_files import MemoryRoot, list_memory_files
+from fallback.sources.read_page import read_memory_page, read_page_in_root
 from fallback.text.path_names import parse_printable_path, printable_path
 
 
@@ -103,6 +103,21 @@ def test_escapes_cannot_smuggle_a_parent_segment(ws: Path) -> None:
     with pytest.raises(PathRefusedError) as info:
         read_memory_page(ws, [], "memory/\\x2e\\x2e/\\x2e\\x2e/etc.md")
     assert info.value.reason == "parent segment"
+
+
+def test_a_name_in_its_other_unicode_form_reads_the_note(tmp_path: Path) -> None:
+    """NFC "résumé" reads the note macOS named in NFD, and NFD reads an NFC name: an agent
+    that composes a cited path does not find the note missing (folders too, every backend)."""
+    nfc, nfd = "r\u00e9sum\u00e9", "re\u0301sume\u0301"
+    (tmp_path / "memory" / nfd).mkdir(parents=True)
+    (tmp_path / "memory" / nfd / f"{nfd}.md").write_text("decomposed\n")
+    (tmp_path / "memory" / f"{nfc}.md").write_text("composed\n")
+    page = read_memory_page(tmp_path, [], f"memory/{nfc}/{nfc}.md")
+    assert (page.path, page.text, page.missing) == (f"memory/{nfc}/{nfc}.md", "decomposed", False)
+    assert read_memory_page(tmp_path, [], f"memory/{nfd}.md").text == "composed"
+    assert read_memory_page(tmp_path, [], f"memory/{nfd}.md.md").missing is True
+    coll = MemoryRoot(tmp_path / "memory", "**/*.md", "extra", tmp_path / "memory")  # a qmd collection
+    assert read_page_in_root(coll, f"{nfc}/{nfc}.md", shown="qmd/c/x.md", follow_base=False).text == "decomposed"
 
 
 @pytest.mark.anyio
